@@ -1,0 +1,41 @@
+#include "base/aligned_buffer.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "base/units.h"
+
+namespace strata {
+
+StatusOr<AlignedBuffer> AlignedBuffer::Allocate(size_t size_bytes, size_t alignment) {
+  if (alignment == 0 || (alignment & (alignment - 1)) != 0) {
+    return InvalidArgumentError(fmt::format("alignment {} is not a power of two", alignment));
+  }
+  AlignedBuffer b;
+  b.size_bytes_ = AlignUp(size_bytes, alignment);
+  if (b.size_bytes_ == 0) return b;
+  void* p = std::aligned_alloc(alignment, b.size_bytes_);
+  if (p == nullptr) {
+    return ResourceExhaustedError(
+        fmt::format("could not allocate {} of host memory", FormatBytes(b.size_bytes_)));
+  }
+  std::memset(p, 0, b.size_bytes_);
+  b.data_ = static_cast<std::byte*>(p);
+  return b;
+}
+
+AlignedBuffer& AlignedBuffer::operator=(AlignedBuffer&& o) noexcept {
+  if (this != &o) {
+    std::free(data_);
+    data_ = std::exchange(o.data_, nullptr);
+    size_bytes_ = std::exchange(o.size_bytes_, 0);
+  }
+  return *this;
+}
+
+AlignedBuffer::~AlignedBuffer() { std::free(data_); }
+
+}  // namespace strata

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages Strata builds and tests with. Safe to run again.
+set -euo pipefail
+pkgs=(build-essential cmake ninja-build pkg-config git ca-certificates
+      liburing-dev libtbb-dev libeigen3-dev libxxhash-dev nlohmann-json3-dev libcli11-dev
+      libfmt-dev libspdlog-dev libgtest-dev libgmock-dev libbenchmark-dev python3)
+missing=()
+for p in "${pkgs[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p"); done
+if ((${#missing[@]})); then
+  sudo=""; [[ $(id -u) == 0 ]] || sudo=sudo
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi

@@ -1,0 +1,35 @@
+#include "base/units.h"
+
+#include <gtest/gtest.h>
+
+namespace strata {
+namespace {
+
+TEST(ParseSize, AcceptsBinaryAndDecimalUnits) {
+  EXPECT_EQ(*ParseSize("4096"), 4096u);
+  EXPECT_EQ(*ParseSize("1e9"), 1000000000u);
+  EXPECT_EQ(*ParseSize("512MiB"), 512u << 20);
+  EXPECT_EQ(*ParseSize("8GiB"), 8ull << 30);
+  EXPECT_EQ(*ParseSize("2GB"), 2000000000u);
+  EXPECT_EQ(*ParseSize("1.5KiB"), 1536u);
+  EXPECT_EQ(*ParseSize("64KB"), 64000u);
+  EXPECT_EQ(*ParseSize("0"), 0u);
+}
+
+TEST(ParseSize, RejectsMalformedInputWithAMessageNamingIt) {
+  for (const char* bad : {"", "abc", "12XB", "-5", "1.5", "1e", "GiB", "1..2MiB", "1e30TiB"}) {
+    auto r = ParseSize(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find(std::string("'") + bad + "'"), std::string::npos);
+  }
+}
+
+TEST(FormatBytes, SaysWhichUnit) {
+  EXPECT_EQ(FormatBytes(512), "512 B");
+  EXPECT_EQ(FormatBytes(3 * kGiB / 2), "1.50 GiB");
+  EXPECT_EQ(FormatBytes(312 * kMiB), "312.0 MiB");
+}
+
+}  // namespace
+}  // namespace strata
