@@ -1,0 +1,123 @@
+// Internal to cpu_optim: the per-ISA kernel table and the fixed partitions that make
+// results independent of threading. Not part of the public API; tests and
+// benchmarks include it to pin a variant and compare variants with each other.
+//
+// Each ISA variant (kernels_generic.cc, kernels_avx2.cc, kernels_avx512.cc) compiles
+// the same loop bodies (kernels_impl.inc) with its own target flags, and is chosen
+// at run time by CPUID, after ggml-org/ggml src/ggml-cpu. The loops use only
+// correctly rounded IEEE operations (+ - * / sqrt, no FMA contraction: the library
+// is built with -ffp-contract=off) in a fixed order, and every reduction has a fixed
+// lane count, so all variants and the scalar reference give the same bits.
+//
+// The kernels assume the default floating-point environment (round to nearest);
+// the fp16/bf16 conversions give the same bits with or without FTZ/DAZ.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include "base/dtype.h"
+#include "base/status.h"
+#include "cpu_optim/adamw.h"
+#include "cpu_optim/grad_stats.h"
+
+namespace strata::cpu_optim::internal {
+
+// AdamW runs over tiles of this many elements, one oneTBB task each at most.
+inline constexpr int64_t kAdamWTileElems = 16384;
+// Gradient statistics, in this fixed order of fp64 additions (so sum_squares is
+// bit-identical for any thread count, tile size and ISA variant):
+//  - chunk c covers elements [c * kStatsChunkElems, (c + 1) * kStatsChunkElems);
+//    element i of a chunk is added to lane i % kStatsLanes, in index order, each
+//    lane starting at 0; the lanes are combined as ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7));
+//  - leaf l covers kStatsChunksPerLeaf chunks: 0.0 + chunk0 + chunk1 + ... in order;
+//  - the leaves are combined pairwise: sum(first, last) = sum(first, mid) +
+//    sum(mid, last), mid = first + (last - first) / 2 (PairwiseLeafSum).
+inline constexpr int64_t kStatsChunkElems = 4096;
+inline constexpr int64_t kStatsLanes = 8;
+inline constexpr int64_t kStatsChunksPerLeaf = 16;
+inline constexpr int64_t kStatsLeafElems = kStatsChunkElems * kStatsChunksPerLeaf;
+// Plain conversions run over tiles of this many elements.
+inline constexpr int64_t kConvertTileElems = 65536;
+
+enum class WeightDecayMode : uint8_t { kNone, kL2, kDecoupled };
+
+// Per-call constants, derived from AdamWConfig/AdamWStep in fp64 and rounded to
+// fp32 once (as PyTorch computes them in Python floats).
+struct AdamWScalars {
+  float beta1;
+  float beta2;
+  float one_minus_beta1;
+  float one_minus_beta2;
+  float eps;
+  float weight_decay;           // kL2: g += weight_decay * p
+  float decay;                  // kDecoupled: p *= 1 - lr * weight_decay
+  float step_size;              // lr / (1 - beta1^t), or lr
+  float bias_correction2_sqrt;  // sqrt(1 - beta2^t), or 1
+  float grad_scale;
+  WeightDecayMode weight_decay_mode;
+};
+
+// Base pointers of one AdamW call; kernels index them with [begin, end).
+struct AdamWBuffers {
+  float* master;
+  float* m;
+  float* v;
+  const void* grad;
+  DType grad_dtype;
+  void* out;  // nullptr: no copy-out
+  DType out_dtype;
+};
+
+// One ISA variant. Ranges are element indices [begin, end) into the base pointers.
+struct KernelTable {
+  const char* name;
+  void (*adamw)(const AdamWScalars& s, const AdamWBuffers& b, int64_t begin, int64_t end);
+  // Sum over [begin, end) of (scale * grad)^2 in fp64: chunks in order, each in
+  // kStatsLanes lanes. begin is a multiple of kStatsChunkElems.
+  double (*sum_squares)(const void* grad, DType dtype, double scale, int64_t begin, int64_t end);
+  // accum[i] = (overwrite ? float(grad[i]) : accum[i] + float(grad[i])); returns the
+  // sum of squares of the results as sum_squares does when want_stats, else 0.
+  double (*accumulate)(float* accum, const void* grad, DType dtype, bool overwrite, bool want_stats,
+                       int64_t begin, int64_t end);
+  void (*from_f32)(const float* src, void* dst, DType dst_dtype, int64_t begin, int64_t end);
+  void (*to_f32)(const void* src, DType src_dtype, float* dst, int64_t begin, int64_t end);
+  // Benchmark roofline, not an optimizer: reads and writes the bytes adamw does
+  // (p, m, v, grad -> p, m, v, out) with bit moves only, compiled for the same ISA.
+  // Scrambles the buffers (rotates p <- m <- v <- p). b.out must be set.
+  void (*adamw_traffic)(const AdamWBuffers& b, int64_t begin, int64_t end);
+};
+
+// Every variant this CPU can run, best first; always ends with the generic one.
+std::span<const KernelTable* const> SupportedKernelTables();
+const KernelTable& BestKernelTable();
+// nullptr when the name is unknown or the CPU cannot run it.
+const KernelTable* FindKernelTable(std::string_view name);
+
+bool IsValidDType(DType dtype);
+// kInvalidArgument for hyper-parameters PyTorch rejects (negative lr, eps or
+// weight_decay; betas outside [0, 1)), non-finite values, step < 1.
+Status ValidateAdamWParams(const AdamWConfig& config, const AdamWStep& step);
+// Null pointers, size mismatch, unknown dtypes, overlapping buffers.
+Status ValidateAdamWBuffers(std::span<float> master, std::span<float> m, std::span<float> v,
+                            GradView grad, CopyOut copy_out);
+AdamWScalars PrepareAdamW(const AdamWConfig& config, const AdamWStep& step);
+
+// The public functions with a given variant instead of the best one.
+Status AdamWUpdateWith(const KernelTable& kernels, const AdamWConfig& config, const AdamWStep& step,
+                       std::span<float> master, std::span<float> m, std::span<float> v,
+                       GradView grad, CopyOut copy_out = {});
+StatusOr<GradStats> ComputeGradStatsWith(const KernelTable& kernels, GradView grad,
+                                         int64_t num_elems, float scale = 1.0f);
+StatusOr<GradStats> AccumulateGradWith(const KernelTable& kernels, std::span<float> accum,
+                                       GradView grad, bool overwrite, bool want_stats);
+Status ConvertFromF32With(const KernelTable& kernels, const float* src, void* dst, DType dst_dtype,
+                          int64_t num_elems);
+Status ConvertToF32With(const KernelTable& kernels, const void* src, DType src_dtype, float* dst,
+                        int64_t num_elems);
+
+// True when [a, a + a_bytes) and [b, b + b_bytes) share a byte.
+bool Overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes);
+
+}  // namespace strata::cpu_optim::internal

@@ -1,0 +1,13 @@
+// The "avx2" kernel variant: kernels_impl.inc compiled for -mavx2 (see CMakeLists.txt); run only
+// where CPUID reports AVX2.
+#include "cpu_optim/kernels.h"
+
+namespace strata::cpu_optim::internal {
+namespace {
+#include "cpu_optim/kernels_impl.inc"
+}  // namespace
+
+extern const KernelTable kAvx2Kernels;
+constinit const KernelTable kAvx2Kernels = MakeKernelTable("avx2");
+
+}  // namespace strata::cpu_optim::internal

@@ -1,0 +1,120 @@
+// The offload engine: trains a Model whose state does not fit in device memory.
+//
+// Placement (DESIGN.md, "Data flow of one optimizer step"):
+//   working params p16 (fp16/bf16, or fp32)  device if resident, else streamed per
+//                                            block from pinned host or NVMe
+//   gradients g16                            device -> D2H -> pinned host bucket ->
+//                                            fp32 accumulators on the host
+//   master params p32, Adam m, v (fp32)      host memory or the NVMe swap store
+//
+// One optimizer step = grad_accum_steps micro-batches of forward (blocks 0..N-1,
+// keeping only block-boundary activations) and backward (N-1..0, recomputing
+// each block's forward), then a CPU AdamW over every block with the global
+// gradient norm and the overflow flag known: fused unscale (1/loss scale) and
+// clipping, fused copy-out of the new working params. An fp16 overflow skips
+// the update of every block and lowers the loss scale; master weights are never
+// touched by a non-finite value.
+//
+// Results do not depend on placement: the same seed trained with everything
+// resident or with params streamed and optimizer state on NVMe gives
+// bit-identical master weights.
+//
+// Thread-safety: an Engine is driven by one host thread. Internally it uses a
+// compute stream, an H2D stream and a D2H stream of the device.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "base/dtype.h"
+#include "base/status.h"
+#include "cpu_optim/adamw.h"
+#include "engine/loss_scaler.h"
+#include "engine/model.h"
+#include "engine/planner.h"
+#include "gpu/device.h"
+#include "io/io_backend.h"
+
+namespace strata::engine {
+
+struct EngineOptions {
+  DType precision = DType::kBF16;  // working params and gradients
+  MicroBatchShape micro_batch;     // shape of every training micro-batch
+  int grad_accum_steps = 1;
+  cpu_optim::AdamWConfig adamw;
+  float grad_clip_norm = 1.0f;     // clip by global L2 norm; 0 = off
+  LossScalerOptions loss_scaler;   // used when precision is fp16
+  PlacementOptions placement;      // budgets, homes, NVMe paths
+  io::IoBackendOptions io;
+  uint64_t seed = 1337;            // parameter initialisation
+};
+
+// One micro-batch of token ids, host memory, (B, T) int32 each, row-major.
+struct MicroBatch {
+  std::span<const int32_t> tokens;
+  std::span<const int32_t> targets;
+};
+
+struct StepResult {
+  float loss = 0;          // mean over the micro-batches
+  double grad_norm = 0;    // global L2 norm of the unscaled gradient (before clipping)
+  bool skipped = false;    // fp16 overflow: no parameter changed
+  float loss_scale = 1;    // the scale used for this step
+};
+
+struct EngineCounters {
+  uint64_t bytes_h2d = 0;
+  uint64_t bytes_d2h = 0;
+  uint64_t nvme_bytes_read = 0;
+  uint64_t nvme_bytes_written = 0;
+  uint64_t device_peak_bytes = 0;
+  uint64_t pinned_bytes = 0;
+};
+
+class Engine {
+ public:
+  // Plans placement, takes the device arena and pinned memory, lays out the swap
+  // store, initialises master weights from options.seed. Errors: an infeasible
+  // budget (kResourceExhausted naming what is short and by how much), bad
+  // options (kInvalidArgument), an unusable NVMe path (its Status, naming the
+  // path). model and device are not owned and must outlive the engine.
+  static StatusOr<std::unique_ptr<Engine>> Create(Model* model, gpu::Device* device,
+                                                  const EngineOptions& options);
+  ~Engine();
+
+  const Plan& plan() const;
+  std::string_view io_backend_name() const;  // "uring", "posix" or "memory"; "" without NVMe
+
+  // One optimizer step over micro_batches.size() == grad_accum_steps
+  // micro-batches of the configured shape. Token ids must be < vocab size.
+  StatusOr<StepResult> Step(std::span<const MicroBatch> micro_batches);
+
+  // Mean loss of a forward pass (no gradients); shape may be smaller than the
+  // training micro-batch.
+  StatusOr<float> EvaluateLoss(const MicroBatch& batch, MicroBatchShape shape);
+
+  // Logits (V floats) of the last position of one sequence of up to seq_len tokens.
+  StatusOr<std::vector<float>> NextTokenLogits(std::span<const int32_t> tokens);
+
+  // xxh3-64 of the fp32 master weights, block after block.
+  StatusOr<uint64_t> MasterWeightsXxh3();
+  // Copies the fp32 master weights of a block (for tests and export).
+  StatusOr<std::vector<float>> MasterWeights(int block);
+
+  // Learning rate of the following steps (a schedule is the caller's).
+  void SetLearningRate(float lr);
+
+  EngineCounters counters() const;
+  int64_t steps_taken() const;
+  float loss_scale() const;
+
+ private:
+  class Impl;
+  explicit Engine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace strata::engine

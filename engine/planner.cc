@@ -1,0 +1,239 @@
+#include "engine/planner.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "base/units.h"
+#include "gpu/device.h"
+
+namespace strata::engine {
+
+std::string_view ParamHomeName(ParamHome h) {
+  switch (h) {
+    case ParamHome::kDevice: return "device";
+    case ParamHome::kHost: return "host";
+    case ParamHome::kNvme: return "nvme";
+  }
+  return "?";
+}
+std::string_view OptimizerHomeName(OptimizerHome h) {
+  return h == OptimizerHome::kHost ? "host" : "nvme";
+}
+StatusOr<ParamHome> ParseParamHome(std::string_view s) {
+  if (s == "device") return ParamHome::kDevice;
+  if (s == "host") return ParamHome::kHost;
+  if (s == "nvme") return ParamHome::kNvme;
+  return InvalidArgumentError(
+      fmt::format("--offload-params '{}' is not one of device, host, nvme", s));
+}
+StatusOr<OptimizerHome> ParseOptimizerHome(std::string_view s) {
+  if (s == "host") return OptimizerHome::kHost;
+  if (s == "nvme") return OptimizerHome::kNvme;
+  return InvalidArgumentError(fmt::format("--offload-optimizer '{}' is not one of host, nvme", s));
+}
+
+int Plan::num_resident() const {
+  return static_cast<int>(std::count_if(blocks.begin(), blocks.end(),
+                                        [](const Block& b) { return b.resident; }));
+}
+
+namespace {
+uint64_t Aligned(uint64_t n) { return AlignUp(n, gpu::DeviceArena::kAlignment); }
+
+std::vector<DeviceRegion> FixedRegions(const Model& model, DType precision,
+                                       MicroBatchShape shape) {
+  const int n = model.num_blocks();
+  int64_t max_block_params = 0;
+  uint64_t max_scratch = 0;
+  for (int b = 0; b < n; ++b) {
+    max_block_params = std::max(max_block_params, model.block_num_params(b));
+    max_scratch = std::max<uint64_t>(max_scratch, model.scratch_bytes(b, shape));
+  }
+  const uint64_t act = static_cast<uint64_t>(model.activation_elems(shape)) * 4;
+  std::vector<DeviceRegion> fixed = {
+      {"tokens+targets", static_cast<uint64_t>(shape.tokens()) * 8},
+      {"loss", 4},
+      {fmt::format("boundary activations ({} x (B,T,C) fp32)", n - 1), act * (n - 1)},
+      {"activation gradients (2 x (B,T,C) fp32)", act * 2},
+      {"logits (B,T,V) fp32", static_cast<uint64_t>(model.logits_elems(shape)) * 4},
+      {"block scratch", max_scratch},
+      {"gradients of one block (fp32)", static_cast<uint64_t>(max_block_params) * 4},
+  };
+  if (precision != DType::kF32) {
+    fixed.push_back({"fp32 staging of one block's params",
+                     static_cast<uint64_t>(max_block_params) * 4});
+  }
+  return fixed;
+}
+
+}  // namespace
+
+uint64_t StreamingMinimumBytes(const Model& model, DType precision, MicroBatchShape shape,
+                               int streaming_slots) {
+  uint64_t total = 0;
+  for (const auto& r : FixedRegions(model, precision, shape)) total += Aligned(r.size_bytes);
+  int64_t max_block_params = 0;
+  for (int b = 0; b < model.num_blocks(); ++b) {
+    max_block_params = std::max(max_block_params, model.block_num_params(b));
+  }
+  const uint64_t slot = AlignUp(static_cast<uint64_t>(max_block_params) * SizeOf(precision), 4096);
+  return total + streaming_slots * Aligned(slot);
+}
+
+StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape shape,
+                        const PlacementOptions& o) {
+  if (o.device_budget_bytes == 0) {
+    return InvalidArgumentError("device budget is zero; give one with units, e.g. 64MiB");
+  }
+  if (shape.batch_size <= 0 || shape.seq_len <= 0 || shape.seq_len > model.max_seq_len()) {
+    return InvalidArgumentError(fmt::format(
+        "micro-batch {}x{} is invalid: need batch >= 1 and 1 <= seq_len <= {}", shape.batch_size,
+        shape.seq_len, model.max_seq_len()));
+  }
+  const bool nvme = o.param_home == ParamHome::kNvme || o.optimizer_home == OptimizerHome::kNvme;
+  if (nvme && o.nvme_paths.empty()) {
+    return InvalidArgumentError("state is placed on NVMe but no --nvme-path was given");
+  }
+  Plan p;
+  p.precision = precision;
+  p.shape = shape;
+  p.param_home = o.param_home;
+  p.optimizer_home = o.optimizer_home;
+  p.device_budget_bytes = o.device_budget_bytes;
+  const int n = model.num_blocks();
+  const size_t w = SizeOf(precision);
+  for (int b = 0; b < n; ++b) {
+    const int64_t np = model.block_num_params(b);
+    p.blocks.push_back({model.block_name(b), np, false});
+    p.model_params += np;
+    p.max_block_params = std::max(p.max_block_params, np);
+  }
+  p.slot_bytes = AlignUp(static_cast<uint64_t>(p.max_block_params) * w, 4096);
+  p.model_state_bytes = static_cast<uint64_t>(p.model_params) * (2 * w + 12);
+
+  // Fixed regions: everything but the parameter slots.
+  const std::vector<DeviceRegion> fixed = FixedRegions(model, precision, shape);
+  uint64_t fixed_total = 0;
+  for (const auto& r : fixed) fixed_total += Aligned(r.size_bytes);
+
+  const auto block_bytes = [&](int b) {
+    return static_cast<uint64_t>(p.blocks[b].num_params) * w;
+  };
+  uint64_t all_resident = fixed_total;
+  for (int b = 0; b < n; ++b) all_resident += Aligned(block_bytes(b));
+
+  if (o.param_home == ParamHome::kDevice || all_resident <= o.device_budget_bytes) {
+    if (all_resident > o.device_budget_bytes) {
+      return ResourceExhaustedError(fmt::format(
+          "device budget {} is {} short of keeping every block resident (--offload-params "
+          "device needs {}); raise --device-budget or use --offload-params host|nvme",
+          FormatBytes(o.device_budget_bytes), FormatBytes(all_resident - o.device_budget_bytes),
+          FormatBytes(all_resident)));
+    }
+    for (auto& b : p.blocks) b.resident = true;
+    p.streaming_slots = 0;
+  } else {
+    if (o.streaming_slots < 2) {
+      return InvalidArgumentError("streaming needs at least 2 slots (one computing, one loading)");
+    }
+    const uint64_t minimum = fixed_total + o.streaming_slots * Aligned(p.slot_bytes);
+    if (minimum > o.device_budget_bytes) {
+      return ResourceExhaustedError(fmt::format(
+          "device budget {} is {} short: streaming needs {} slots of {} (the largest block's "
+          "{} params) plus {} of activations, gradients and scratch for a {}x{} micro-batch; "
+          "raise --device-budget to at least {} or lower --micro-batch-size/--seq-len",
+          FormatBytes(o.device_budget_bytes), FormatBytes(minimum - o.device_budget_bytes),
+          o.streaming_slots, FormatBytes(p.slot_bytes), p.max_block_params,
+          FormatBytes(fixed_total), shape.batch_size, shape.seq_len, FormatBytes(minimum)));
+    }
+    p.streaming_slots = o.streaming_slots;
+    // Spend what is left on resident blocks, largest first (each saves the most
+    // traffic per byte... all blocks are used equally often, so largest first
+    // is simply the fewest copies per step).
+    uint64_t left = o.device_budget_bytes - minimum;
+    std::vector<int> order(n);
+    for (int b = 0; b < n; ++b) order[b] = b;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int a, int b) { return block_bytes(a) > block_bytes(b); });
+    for (int b : order) {
+      if (Aligned(block_bytes(b)) <= left) {
+        left -= Aligned(block_bytes(b));
+        p.blocks[b].resident = true;
+      }
+    }
+    if (p.num_resident() == n) p.streaming_slots = 0;
+  }
+
+  p.device_regions = fixed;
+  for (int b = 0; b < n; ++b) {
+    if (p.blocks[b].resident) {
+      p.device_regions.push_back({"resident params " + p.blocks[b].name, block_bytes(b)});
+    }
+  }
+  for (int s = 0; s < p.streaming_slots; ++s) {
+    p.device_regions.push_back({fmt::format("streaming slot {}", s), p.slot_bytes});
+  }
+  for (const auto& r : p.device_regions) p.device_total_bytes += Aligned(r.size_bytes);
+
+  // Host tiers.
+  const uint64_t params_w = static_cast<uint64_t>(p.model_params) * w;
+  const uint64_t padded_block_f32 = AlignUp(static_cast<uint64_t>(p.max_block_params) * 4, 4096);
+  p.pinned_bytes = 2 * p.slot_bytes;  // gradient landing buckets
+  if (o.param_home == ParamHome::kHost || o.param_home == ParamHome::kDevice) {
+    for (int b = 0; b < n; ++b) p.pinned_bytes += AlignUp(block_bytes(b), 4096);
+  } else {
+    p.pinned_bytes += (p.streaming_slots + 1) * p.slot_bytes;  // NVMe staging + copy-out
+  }
+  if (o.optimizer_home == OptimizerHome::kNvme) p.pinned_bytes += 3 * padded_block_f32;
+  p.host_bytes = static_cast<uint64_t>(p.model_params) * 4;  // fp32 gradient accumulators
+  if (o.optimizer_home == OptimizerHome::kHost) p.host_bytes += static_cast<uint64_t>(p.model_params) * 12;
+  if (o.param_home == ParamHome::kNvme) p.nvme_bytes += params_w;
+  if (o.optimizer_home == OptimizerHome::kNvme) p.nvme_bytes += static_cast<uint64_t>(p.model_params) * 12;
+  if (p.pinned_bytes > o.pinned_budget_bytes) {
+    return ResourceExhaustedError(fmt::format(
+        "pinned host budget {} is {} short: the plan pins {}", FormatBytes(o.pinned_budget_bytes),
+        FormatBytes(p.pinned_bytes - o.pinned_budget_bytes), FormatBytes(p.pinned_bytes)));
+  }
+  return p;
+}
+
+std::string Plan::Describe() const {
+  const size_t w = SizeOf(precision);
+  std::string s;
+  auto line = [&](fmt::string_view format, auto&&... args) {
+    s += fmt::vformat(format, fmt::make_format_args(args...));
+    s += '\n';
+  };
+  line("plan: {} params in {} blocks, {} working precision, micro-batch {}x{}", model_params,
+       blocks.size(), DTypeName(precision), shape.batch_size, shape.seq_len);
+  line("  model state {} ({} B/param: p{} + g{} + p32 + m + v)", FormatBytes(model_state_bytes),
+       2 * w + 12, w * 8, w * 8);
+  std::string resident, streamed;
+  for (const auto& b : blocks) (b.resident ? resident : streamed) += (b.name + " ");
+  line("  device   {} of {} budget: {} resident blocks, {} streaming slots of {}",
+       FormatBytes(device_total_bytes), FormatBytes(device_budget_bytes), num_resident(),
+       streaming_slots, FormatBytes(slot_bytes));
+  if (!resident.empty()) line("           resident: {}", resident);
+  if (!streamed.empty()) {
+    line("           streamed per use from {}: {}", ParamHomeName(param_home), streamed);
+  }
+  for (const auto& r : device_regions) {
+    if (r.label.rfind("resident params", 0) == 0 || r.label.rfind("streaming slot", 0) == 0) continue;
+    line("           {:>10}  {}", FormatBytes(r.size_bytes), r.label);
+  }
+  line("  pinned   {}: {}gradient landing buckets", FormatBytes(pinned_bytes),
+       param_home == ParamHome::kNvme ? "NVMe staging, " : "working params home, ");
+  line("  host     {}: fp32 gradient accumulators{}", FormatBytes(host_bytes),
+       optimizer_home == OptimizerHome::kHost ? ", fp32 master weights, Adam m and v" : "");
+  if (nvme_bytes > 0) {
+    line("  nvme     {}: {}{}", FormatBytes(nvme_bytes),
+         optimizer_home == OptimizerHome::kNvme ? "fp32 master weights, Adam m and v" : "",
+         param_home == ParamHome::kNvme
+             ? (optimizer_home == OptimizerHome::kNvme ? ", working params" : "working params")
+             : "");
+  }
+  return s;
+}
+
+}  // namespace strata::engine

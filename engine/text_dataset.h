@@ -1,0 +1,43 @@
+// Byte-level text data: every byte is a token (vocabulary 256). The file is
+// split into a training part (the first 90%) and a validation part (the rest).
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+
+namespace strata::engine {
+
+class TextDataset {
+ public:
+  // Reads the whole file. Errors: kNotFound / kPermissionDenied naming the path;
+  // kInvalidArgument when either split is shorter than seq_len + 1 bytes.
+  static StatusOr<TextDataset> Load(const std::string& path, int seq_len,
+                                    double train_fraction = 0.9);
+
+  size_t size_bytes() const { return bytes_.size(); }
+  size_t train_bytes() const { return split_; }
+  size_t val_bytes() const { return bytes_.size() - split_; }
+
+  // Fills tokens/targets (batch_size * seq_len each; targets are the tokens
+  // shifted by one) with windows at uniformly random offsets of the training
+  // split, drawn from `rng`: the data position is the rng state.
+  void SampleTrainBatch(std::mt19937_64& rng, int batch_size, int seq_len,
+                        std::vector<int32_t>* tokens, std::vector<int32_t>* targets) const;
+  // The i-th of `count` evenly spaced windows of the validation split.
+  void ValBatch(int index, int count, int batch_size, int seq_len, std::vector<int32_t>* tokens,
+                std::vector<int32_t>* targets) const;
+  // Tokens of `text` (bytes), for prompts.
+  static std::vector<int32_t> Encode(std::string_view text);
+
+ private:
+  void Window(size_t offset, int seq_len, int32_t* tokens, int32_t* targets) const;
+  std::vector<uint8_t> bytes_;
+  size_t split_ = 0;
+};
+
+}  // namespace strata::engine

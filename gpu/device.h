@@ -1,0 +1,179 @@
+// The device layer: memory kinds, a budgeted device arena, pinned host memory,
+// in-order streams and events (vocabulary after ggml-backend and CUDA).
+//
+// Device is the seam that makes the engine testable without a GPU. The host
+// backend (gpu/host/) runs each Stream on its own worker thread with an in-order
+// queue, so copies and compute really overlap and a missing event wait shows up
+// as a wrong answer in CI; it can throttle copy bandwidth to a PCIe-like figure.
+// A CUDA backend implements the same interface with cudaStream_t/cudaEvent_t.
+//
+// Memory kinds are in the types: DeviceSpan is device memory, PinnedSpan is
+// page-locked host memory. Async copies take only pinned host memory (a pageable
+// source would silently serialize a CUDA copy), so the API has no void* copy.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "base/dtype.h"
+#include "base/status.h"
+
+namespace strata::gpu {
+
+enum class DeviceKind { kHost, kCuda };
+std::string_view DeviceKindName(DeviceKind kind);  // "host", "cuda"
+
+// Non-owning view of device memory. Only kernels on a stream of the owning
+// device may dereference it (on the host backend: functions run by LaunchHost).
+struct DeviceSpan {
+  std::byte* data = nullptr;
+  size_t size_bytes = 0;
+  template <typename T>
+  T* as() const { return reinterpret_cast<T*>(data); }
+  DeviceSpan subspan(size_t offset_bytes, size_t size) const;  // STRATA_CHECKs bounds
+};
+
+// Non-owning view of pinned (page-locked, DMA-able) host memory, 4 KiB-aligned
+// when it comes from Device::AllocatePinned (so it can also be an O_DIRECT buffer).
+struct PinnedSpan {
+  std::byte* data = nullptr;
+  size_t size_bytes = 0;
+  template <typename T>
+  T* as() const { return reinterpret_cast<T*>(data); }
+  PinnedSpan subspan(size_t offset_bytes, size_t size) const;
+  std::span<std::byte> bytes() const { return {data, size_bytes}; }
+};
+
+// Owning pinned host allocation; returns its bytes to the device's pinned budget
+// when destroyed. Move-only. Destroy only after every copy and I/O using it has
+// completed (wait on the events of the last copies first).
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  PinnedBuffer(PinnedBuffer&&) noexcept;
+  PinnedBuffer& operator=(PinnedBuffer&&) noexcept;
+  ~PinnedBuffer();
+  PinnedSpan span() const { return {data_, size_bytes_}; }
+  std::byte* data() const { return data_; }
+  size_t size_bytes() const { return size_bytes_; }
+  template <typename T>
+  T* as() const { return reinterpret_cast<T*>(data_); }
+
+ private:
+  friend class Device;
+  using Deleter = std::function<void(std::byte*, size_t)>;
+  PinnedBuffer(std::byte* data, size_t size_bytes, Deleter deleter);
+  std::byte* data_ = nullptr;
+  size_t size_bytes_ = 0;
+  Deleter deleter_;
+};
+
+// Device memory taken once, up front, and carved by a bump allocator: no
+// allocation and no fragmentation inside a training step. Carve() is not
+// thread-safe (the engine carves during setup on one thread).
+class DeviceArena {
+ public:
+  static constexpr size_t kAlignment = 256;
+  virtual ~DeviceArena() = default;
+  // kResourceExhausted naming `label`, the request and what is left.
+  StatusOr<DeviceSpan> Carve(size_t size_bytes, std::string_view label);
+  size_t capacity_bytes() const { return capacity_bytes_; }
+  size_t used_bytes() const { return used_bytes_; }  // also the peak: nothing is freed
+
+ protected:
+  DeviceArena(std::byte* base, size_t capacity_bytes) : base_(base), capacity_bytes_(capacity_bytes) {}
+
+ private:
+  std::byte* base_;
+  size_t capacity_bytes_;
+  size_t used_bytes_ = 0;
+};
+
+// Marks a point in a stream's work. Record() on a stream captures all work
+// enqueued on that stream so far; Synchronize() blocks the calling host thread
+// until that work has completed. Re-recording is allowed (like cudaEventRecord).
+class Event {
+ public:
+  virtual ~Event() = default;
+  virtual Status Synchronize() = 0;  // host waits; returns the recording stream's first error
+  virtual bool Query() = 0;          // true when completed (or never recorded)
+};
+
+// An in-order queue of work. Enqueue calls return at once; errors in the work
+// itself (a failed kernel) are sticky and returned by Synchronize(). Methods may
+// be called from any host thread, but one thread per stream keeps order obvious.
+class Stream {
+ public:
+  virtual ~Stream() = default;
+  virtual std::string_view name() const = 0;
+  // Host-to-device copy of src.size_bytes bytes; dst.size_bytes >= src.size_bytes.
+  virtual Status CopyH2D(DeviceSpan dst, PinnedSpan src) = 0;
+  // Device-to-host copy of src.size_bytes bytes; dst.size_bytes >= src.size_bytes.
+  virtual Status CopyD2H(PinnedSpan dst, DeviceSpan src) = 0;
+  // Converts num_elems elements src (src_dtype) to dst (dst_dtype), multiplying by
+  // `scale` in fp32 first; round to nearest even, NaN kept, fp16 overflow -> inf.
+  // In place is allowed when dst.data == src.data (narrowing or same width).
+  virtual Status Convert(DeviceSpan dst, DType dst_dtype, DeviceSpan src, DType src_dtype,
+                         int64_t num_elems, float scale = 1.0f) = 0;
+  // Runs fn in stream order on the stream's own thread (host backend) or as a
+  // host callback in stream order (CUDA). A non-OK result makes the stream's
+  // error sticky; later work is skipped, events still complete.
+  virtual Status LaunchHost(std::function<Status()> fn) = 0;
+  virtual Status Record(Event& event) = 0;
+  // Later work on this stream waits until `event`'s recorded work completed.
+  virtual Status Wait(Event& event) = 0;
+  // Blocks the host until all enqueued work completed; returns the sticky error.
+  virtual Status Synchronize() = 0;
+};
+
+struct DeviceCounters {
+  uint64_t bytes_h2d = 0;
+  uint64_t bytes_d2h = 0;
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual DeviceKind kind() const = 0;
+  virtual std::string description() const = 0;  // "host (emulated device, 2 threads)"
+  // Takes device memory once; kResourceExhausted when it cannot be had.
+  virtual StatusOr<std::unique_ptr<DeviceArena>> CreateArena(size_t size_bytes) = 0;
+  // Pinned host memory, 4 KiB-aligned, zero-filled, counted against the pinned
+  // budget: kResourceExhausted naming the request, the budget and what is used.
+  StatusOr<PinnedBuffer> AllocatePinned(size_t size_bytes, std::string_view label);
+  virtual StatusOr<std::unique_ptr<Stream>> CreateStream(std::string name) = 0;
+  virtual StatusOr<std::unique_ptr<Event>> CreateEvent() = 0;
+  DeviceCounters counters() const;
+  size_t pinned_used_bytes() const { return pinned_used_.load(); }
+  size_t pinned_budget_bytes() const { return pinned_budget_bytes_; }
+
+ protected:
+  explicit Device(size_t pinned_budget_bytes) : pinned_budget_bytes_(pinned_budget_bytes) {}
+  virtual StatusOr<std::byte*> PinnedAlloc(size_t size_bytes) = 0;
+  virtual void PinnedFree(std::byte* data, size_t size_bytes) = 0;
+  std::atomic<uint64_t> bytes_h2d_{0};
+  std::atomic<uint64_t> bytes_d2h_{0};
+
+ private:
+  size_t pinned_budget_bytes_;
+  std::atomic<size_t> pinned_used_{0};
+};
+
+struct HostDeviceOptions {
+  // Copy bandwidth of H2D and D2H each, bytes/s; 0 = as fast as memcpy. Lets CI
+  // see PCIe-like costs and overlap.
+  double copy_bytes_per_second = 0;
+  size_t pinned_budget_bytes = size_t{1} << 40;
+};
+
+// The host emulation backend: device memory is host memory, streams are
+// worker threads. Thread-safe to create streams/events from any thread.
+StatusOr<std::unique_ptr<Device>> CreateHostDevice(const HostDeviceOptions& options);
+
+}  // namespace strata::gpu

@@ -1,0 +1,301 @@
+// Host emulation of a device: device memory is aligned host memory, each Stream
+// is a worker thread draining an in-order queue, an Event is a counter of
+// recorded vs completed work. Copies can be throttled to a PCIe-like bandwidth.
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "base/dtype.h"
+#include "base/thread_annotations.h"
+#include "base/units.h"
+#include "gpu/device.h"
+
+namespace strata::gpu {
+namespace {
+
+class HostEvent final : public Event {
+ public:
+  // Called when a stream enqueues a record: returns the ticket the stream
+  // completes later.
+  uint64_t NextTicket() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return ++recorded_;
+  }
+  void Complete(uint64_t ticket, const Status& stream_error) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (ticket > completed_) completed_ = ticket;
+    if (!stream_error.ok() && error_.ok()) error_ = stream_error;
+    cv_.notify_all();
+  }
+  // Waits until everything recorded up to `ticket` completed.
+  Status WaitFor(uint64_t ticket) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return completed_ >= ticket; });
+    return error_;
+  }
+  uint64_t recorded() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return recorded_;
+  }
+  Status Synchronize() override { return WaitFor(recorded()); }
+  bool Query() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return completed_ >= recorded_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t recorded_ STRATA_GUARDED_BY(mu_) = 0;
+  uint64_t completed_ STRATA_GUARDED_BY(mu_) = 0;
+  Status error_ STRATA_GUARDED_BY(mu_);
+};
+
+class HostStream final : public Stream {
+ public:
+  HostStream(std::string name, double copy_bytes_per_second, std::atomic<uint64_t>* h2d,
+             std::atomic<uint64_t>* d2h)
+      : name_(std::move(name)), copy_bps_(copy_bytes_per_second), h2d_(h2d), d2h_(d2h) {
+    worker_ = std::thread([this] { Run(); });
+  }
+  ~HostStream() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();
+  }
+
+  std::string_view name() const override { return name_; }
+
+  Status CopyH2D(DeviceSpan dst, PinnedSpan src) override {
+    if (dst.size_bytes < src.size_bytes || (src.size_bytes && (!dst.data || !src.data))) {
+      return InvalidArgumentError(fmt::format("{}: H2D copy of {} into a {} device span", name_,
+                                              src.size_bytes, dst.size_bytes));
+    }
+    Enqueue({[this, dst, src] { return Copy(dst.data, src.data, src.size_bytes, h2d_); }, false});
+    return Status::Ok();
+  }
+
+  Status CopyD2H(PinnedSpan dst, DeviceSpan src) override {
+    if (dst.size_bytes < src.size_bytes || (src.size_bytes && (!dst.data || !src.data))) {
+      return InvalidArgumentError(fmt::format("{}: D2H copy of {} into a {} pinned span", name_,
+                                              src.size_bytes, dst.size_bytes));
+    }
+    Enqueue({[this, dst, src] { return Copy(dst.data, src.data, src.size_bytes, d2h_); }, false});
+    return Status::Ok();
+  }
+
+  Status Convert(DeviceSpan dst, DType dst_dtype, DeviceSpan src, DType src_dtype,
+                 int64_t n, float scale) override {
+    if (n < 0 || src.size_bytes < n * SizeOf(src_dtype) || dst.size_bytes < n * SizeOf(dst_dtype)) {
+      return InvalidArgumentError(fmt::format("{}: convert of {} elements out of bounds", name_, n));
+    }
+    if (dst.data == src.data && SizeOf(dst_dtype) > SizeOf(src_dtype)) {
+      return InvalidArgumentError("in-place widening conversion is not supported");
+    }
+    Enqueue({[=] {
+               ConvertElems(dst.data, dst_dtype, src.data, src_dtype, n, scale);
+               return Status::Ok();
+             },
+             false});
+    return Status::Ok();
+  }
+
+  Status LaunchHost(std::function<Status()> fn) override {
+    Enqueue({std::move(fn), false});
+    return Status::Ok();
+  }
+
+  Status Record(Event& event) override {
+    auto& e = static_cast<HostEvent&>(event);
+    const uint64_t ticket = e.NextTicket();
+    Enqueue({[this, &e, ticket] {
+               e.Complete(ticket, error_snapshot());
+               return Status::Ok();
+             },
+             true});
+    return Status::Ok();
+  }
+
+  Status Wait(Event& event) override {
+    auto& e = static_cast<HostEvent&>(event);
+    const uint64_t ticket = e.recorded();
+    Enqueue({[&e, ticket] { return e.WaitFor(ticket); }, true});
+    return Status::Ok();
+  }
+
+  Status Synchronize() override {
+    std::unique_lock<std::mutex> lock(mu_);
+    idle_cv_.wait(lock, [&] { return queue_.empty() && !busy_; });
+    return error_;
+  }
+
+ private:
+  struct Work {
+    std::function<Status()> fn;
+    bool always_run;  // event bookkeeping runs even after an error
+  };
+
+  Status error_snapshot() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return error_;
+  }
+
+  void Enqueue(Work w) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(w));
+    }
+    cv_.notify_one();
+  }
+
+  Status Copy(std::byte* dst, const std::byte* src, size_t n, std::atomic<uint64_t>* counter) {
+    const auto start = std::chrono::steady_clock::now();
+    if (n) std::memcpy(dst, src, n);
+    *counter += n;
+    if (copy_bps_ > 0) {  // pretend the link is this fast
+      const auto target = start + std::chrono::duration<double>(static_cast<double>(n) / copy_bps_);
+      std::this_thread::sleep_until(target);
+    }
+    return Status::Ok();
+  }
+
+  static void ConvertElems(std::byte* dst, DType dt, const std::byte* src, DType st, int64_t n,
+                           float scale) {
+    auto load = [&](int64_t i) -> float {
+      switch (st) {
+        case DType::kF32: return reinterpret_cast<const float*>(src)[i];
+        case DType::kF16: return HalfToFloat(reinterpret_cast<const uint16_t*>(src)[i]);
+        case DType::kBF16: return Bf16ToFloat(reinterpret_cast<const uint16_t*>(src)[i]);
+      }
+      return 0;
+    };
+    // Ascending order makes narrowing in place safe: element i is read at
+    // i*sizeof(src) before anything at or after it is written.
+    for (int64_t i = 0; i < n; ++i) {
+      const float x = scale == 1.0f ? load(i) : load(i) * scale;
+      switch (dt) {
+        case DType::kF32: reinterpret_cast<float*>(dst)[i] = x; break;
+        case DType::kF16: reinterpret_cast<uint16_t*>(dst)[i] = FloatToHalf(x); break;
+        case DType::kBF16: reinterpret_cast<uint16_t*>(dst)[i] = FloatToBf16(x); break;
+      }
+    }
+  }
+
+  void Run() {
+    for (;;) {
+      Work w;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stop_ and drained
+        w = std::move(queue_.front());
+        queue_.pop_front();
+        busy_ = true;
+        if (!error_.ok() && !w.always_run) {
+          busy_ = false;
+          if (queue_.empty()) idle_cv_.notify_all();
+          continue;
+        }
+      }
+      Status s = w.fn();
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!s.ok() && error_.ok()) error_ = s.WithContext(fmt::format("stream '{}'", name_));
+        busy_ = false;
+        if (queue_.empty()) idle_cv_.notify_all();
+      }
+    }
+  }
+
+  const std::string name_;
+  const double copy_bps_;
+  std::atomic<uint64_t>* h2d_;
+  std::atomic<uint64_t>* d2h_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::condition_variable idle_cv_;
+  std::deque<Work> queue_ STRATA_GUARDED_BY(mu_);
+  bool busy_ STRATA_GUARDED_BY(mu_) = false;
+  bool stop_ STRATA_GUARDED_BY(mu_) = false;
+  Status error_ STRATA_GUARDED_BY(mu_);
+  std::thread worker_;
+};
+
+class HostArena final : public DeviceArena {
+ public:
+  HostArena(std::byte* base, size_t size) : DeviceArena(base, size), base_(base) {}
+  ~HostArena() override { std::free(base_); }
+
+ private:
+  std::byte* base_;
+};
+
+class HostDevice final : public Device {
+ public:
+  explicit HostDevice(const HostDeviceOptions& o) : Device(o.pinned_budget_bytes), options_(o) {}
+
+  DeviceKind kind() const override { return DeviceKind::kHost; }
+  std::string description() const override {
+    return fmt::format("host (emulated device, {} hardware threads{})",
+                       std::thread::hardware_concurrency(),
+                       options_.copy_bytes_per_second > 0
+                           ? fmt::format(", copies throttled to {}",
+                                         FormatRate(options_.copy_bytes_per_second))
+                           : "");
+  }
+
+  StatusOr<std::unique_ptr<DeviceArena>> CreateArena(size_t size_bytes) override {
+    const size_t size = AlignUp(std::max<size_t>(size_bytes, 1), 4096);
+    void* p = std::aligned_alloc(4096, size);
+    if (!p) {
+      return ResourceExhaustedError(
+          fmt::format("could not take {} for the device arena", FormatBytes(size)));
+    }
+    std::memset(p, 0, size);
+    return std::unique_ptr<DeviceArena>(
+        new HostArena(static_cast<std::byte*>(p), size_bytes));
+  }
+
+  StatusOr<std::unique_ptr<Stream>> CreateStream(std::string name) override {
+    return std::unique_ptr<Stream>(
+        new HostStream(std::move(name), options_.copy_bytes_per_second, &bytes_h2d_, &bytes_d2h_));
+  }
+
+  StatusOr<std::unique_ptr<Event>> CreateEvent() override {
+    return std::unique_ptr<Event>(new HostEvent());
+  }
+
+ protected:
+  StatusOr<std::byte*> PinnedAlloc(size_t size_bytes) override {
+    void* p = std::aligned_alloc(4096, AlignUp(size_bytes, 4096));
+    if (!p) {
+      return ResourceExhaustedError(fmt::format("out of host memory ({})", FormatBytes(size_bytes)));
+    }
+    std::memset(p, 0, size_bytes);
+    return static_cast<std::byte*>(p);
+  }
+  void PinnedFree(std::byte* data, size_t) override { std::free(data); }
+
+ private:
+  HostDeviceOptions options_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Device>> CreateHostDevice(const HostDeviceOptions& options) {
+  if (options.copy_bytes_per_second < 0) {
+    return InvalidArgumentError("copy bandwidth must be >= 0 (0 = unthrottled)");
+  }
+  return std::unique_ptr<Device>(new HostDevice(options));
+}
+
+}  // namespace strata::gpu

@@ -1,0 +1,120 @@
+// I/O backends: positional reads and writes of whole buffers, the layer under the swap store.
+//
+// Three named backends behind one interface (the choice is logged once by CreateIoBackend and can
+// be forced, after scylladb/seastar src/core/reactor_backend.cc):
+//   "uring"  - io_uring through liburing; pieces of a request are submitted in batches and kept in
+//              flight up to the queue depth. Works with O_DIRECT file descriptors.
+//   "posix"  - pread/pwrite, pieces spread over a small thread pool.
+//   "memory" - for tests: an in-process map from fd number to a byte vector. The fd is only a key;
+//              nothing touches the file system. Reads past the end of what was written hit end of
+//              file. Data is lost with the backend.
+//
+// Contract shared by all backends (io/transfer.h implements it once):
+//   - Read/Write transfer exactly buf.size() bytes and block the calling thread until the whole
+//     transfer has completed or failed. A request is split into pieces of block_size_bytes.
+//   - Every completion is checked for its full length: a short transfer is resubmitted for the
+//     remainder, EAGAIN and EINTR are retried (bounded), a read that hits end of file before the
+//     full length is kDataLoss. Other errors come back through ErrnoToStatus with a message naming
+//     the caller's `what` label, the offset and the errno; the codes are therefore those of
+//     ErrnoToStatus: kDataLoss (EIO), kResourceExhausted (ENOSPC, EDQUOT, EFBIG),
+//     kInvalidArgument (EBADF, EINVAL: e.g. misaligned O_DIRECT), kPermissionDenied, kUnavailable
+//     (EAGAIN that never stopped), ... When a call fails, no piece of it is still in flight:
+//     the buffer may be reused or freed at once.
+//   - For O_DIRECT fds the caller guarantees buf.data(), buf.size() and offset_bytes are multiples
+//     of 4096; block_size_bytes is a multiple of 4096 so every piece stays aligned.
+//   - Thread-safe: several threads may call concurrently, on different fds or the same one. Calls
+//     that overlap in the same file range race like concurrent pwrite calls do.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+
+#include "base/status.h"
+
+namespace strata::io {
+
+enum class BackendKind { kAuto, kUring, kPosix, kMemory };
+
+// "auto", "uring", "posix", "memory".
+std::string_view BackendKindName(BackendKind kind);
+// Inverse of BackendKindName. kInvalidArgument naming the text and the accepted choices.
+StatusOr<BackendKind> ParseBackendKind(std::string_view text);
+
+enum class IoOp { kRead, kWrite };
+std::string_view IoOpName(IoOp op);  // "read", "write"
+
+// Test seam (used by FaultInjectingBackend, io/fault_injection.h): sees every piece completion of
+// a backend before the backend acts on it, so injected faults go through the backend's own
+// resubmit and retry logic. Called on the thread that reaps the completion (the caller for
+// "uring" and "memory", a pool thread for "posix"), possibly from several threads at once.
+class CompletionHook {
+ public:
+  virtual ~CompletionHook() = default;
+  // `*result` is what the kernel reported for a submission of length_bytes at offset_bytes: a
+  // byte count or -errno. The hook may replace it with a smaller count or a -errno, and may block.
+  virtual void OnCompletion(IoOp op, int fd, uint64_t offset_bytes, size_t length_bytes,
+                            int64_t* result) = 0;
+};
+
+struct IoBackendOptions {
+  // kAuto: "uring" if ProbeUring() succeeds, else "posix"; the choice and the reason are logged.
+  BackendKind kind = BackendKind::kAuto;
+  int queue_depth = 32;               // pieces in flight per call, 1..4096 ("uring")
+  size_t block_size_bytes = 1 << 20;  // pieces of this size; multiple of 4096, at most 1 GiB
+  int posix_threads = 4;              // worker threads of "posix", 1..256 (1: caller's thread)
+  CompletionHook* completion_hook = nullptr;  // not owned, must outlive the backend; tests only
+};
+
+// kInvalidArgument naming the field when a value is out of range.
+Status ValidateIoBackendOptions(const IoBackendOptions& options);
+
+// OK when io_uring can be used here: a ring can be set up, the kernel knows IORING_OP_READ and
+// IORING_OP_WRITE, and a no-op round trip completes. Otherwise kUnavailable saying why (kernel
+// too old, kernel.io_uring_disabled, a seccomp filter refusing io_uring_setup, memlock limit).
+// Cheap (one short-lived ring); not cached.
+Status ProbeUring();
+
+// One piece of a batched call. `what` labels errors ("extent 'block3.m' in /nvme0/.../swap.0").
+struct ReadSegment {
+  int fd = -1;
+  uint64_t offset_bytes = 0;
+  std::span<std::byte> buf;
+  std::string_view what;
+};
+struct WriteSegment {
+  int fd = -1;
+  uint64_t offset_bytes = 0;
+  std::span<const std::byte> buf;
+  std::string_view what;
+};
+
+class IoBackend {
+ public:
+  virtual ~IoBackend() = default;
+
+  // "uring", "posix" or "memory".
+  virtual std::string_view name() const = 0;
+
+  // Reads/writes exactly buf.size() bytes at offset_bytes of fd (see the contract above). `what`
+  // names the file in error messages. buf is not retained after the call returns.
+  virtual Status Read(int fd, uint64_t offset_bytes, std::span<std::byte> buf,
+                      std::string_view what) = 0;
+  virtual Status Write(int fd, uint64_t offset_bytes, std::span<const std::byte> buf,
+                       std::string_view what) = 0;
+
+  // Several segments (possibly on different fds, e.g. one per drive) as one call: the backends
+  // keep pieces of all segments in flight together. Returns the first error; on error, other
+  // segments may or may not have been transferred. The default runs the segments one by one.
+  virtual Status ReadBatch(std::span<const ReadSegment> segments);
+  virtual Status WriteBatch(std::span<const WriteSegment> segments);
+};
+
+// Creates the backend named by options.kind (kAuto: see IoBackendOptions::kind). Errors:
+// kInvalidArgument for bad options; kUnavailable (with ProbeUring's reason) when kUring is forced
+// and io_uring is unusable; ring setup errors via ErrnoToStatus.
+StatusOr<std::unique_ptr<IoBackend>> CreateIoBackend(const IoBackendOptions& options);
+
+}  // namespace strata::io

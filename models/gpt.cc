@@ -1,0 +1,149 @@
+#include "models/gpt.h"
+
+#include <fmt/format.h>
+
+namespace strata::models {
+
+namespace {
+struct Preset {
+  const char* name;
+  GptShape shape;
+};
+// vocab 256 (bytes); max_seq_len, layers, heads, channels.
+const Preset kPresets[] = {
+    {"tiny", {256, 16, 2, 2, 16}},
+    {"small", {256, 64, 12, 4, 128}},
+    {"gpt2-124m", {256, 1024, 12, 12, 768}},
+    {"gpt2-350m", {256, 1024, 24, 16, 1024}},
+    {"gpt2-774m", {256, 1024, 36, 20, 1280}},
+    {"gpt2-1.5b", {256, 1024, 48, 25, 1600}},
+};
+}  // namespace
+
+StatusOr<GptShape> GptPreset(std::string_view name) {
+  for (const auto& p : kPresets) {
+    if (name == p.name) return p.shape;
+  }
+  std::string names;
+  for (const auto& p : kPresets) names += std::string(names.empty() ? "" : ", ") + p.name;
+  return InvalidArgumentError(fmt::format("unknown model preset '{}': choose one of {}", name, names));
+}
+
+std::vector<std::string> GptPresetNames() {
+  std::vector<std::string> v;
+  for (const auto& p : kPresets) v.emplace_back(p.name);
+  return v;
+}
+
+StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const GptShape& shape) {
+  STRATA_RETURN_IF_ERROR(ValidateShape(shape));
+  return std::unique_ptr<GptModel>(new GptModel(shape));
+}
+
+std::string GptModel::description() const {
+  return fmt::format("GPT: {} layers, {} heads, {} channels, context {}, vocabulary {}",
+                     shape_.num_layers, shape_.num_heads, shape_.channels, shape_.max_seq_len,
+                     shape_.vocab_size);
+}
+
+GptModel::Kind GptModel::kind(int block) const {
+  STRATA_CHECK(block >= 0 && block < num_blocks());
+  if (block == 0) return Kind::kEmbedding;
+  if (block == num_blocks() - 1) return Kind::kHead;
+  return Kind::kLayer;
+}
+
+std::string GptModel::block_name(int block) const {
+  switch (kind(block)) {
+    case Kind::kEmbedding: return "embedding";
+    case Kind::kHead: return "head";
+    case Kind::kLayer: break;
+  }
+  return fmt::format("layer{}", block - 1);
+}
+
+int64_t GptModel::block_num_params(int block) const {
+  switch (kind(block)) {
+    case Kind::kEmbedding: return EmbeddingNumParams(shape_);
+    case Kind::kHead: return HeadNumParams(shape_);
+    case Kind::kLayer: break;
+  }
+  return LayerNumParams(shape_);
+}
+
+int64_t GptModel::activation_elems(engine::MicroBatchShape s) const {
+  return s.tokens() * shape_.channels;
+}
+
+int64_t GptModel::logits_elems(engine::MicroBatchShape s) const {
+  return s.tokens() * shape_.vocab_size;
+}
+
+int64_t GptModel::scratch_bytes(int block, engine::MicroBatchShape s) const {
+  switch (kind(block)) {
+    case Kind::kEmbedding: return 0;
+    case Kind::kHead: return HeadScratchElems(shape_, s.batch_size, s.seq_len) * 4;
+    case Kind::kLayer: break;
+  }
+  return LayerScratchElems(shape_, s.batch_size, s.seq_len) * 4;
+}
+
+void GptModel::InitParams(int block, uint64_t seed, std::span<float> out) const {
+  STRATA_CHECK(static_cast<int64_t>(out.size()) == block_num_params(block));
+  switch (kind(block)) {
+    case Kind::kEmbedding: InitEmbeddingParams(shape_, seed, out.data()); return;
+    case Kind::kHead: InitHeadParams(shape_, seed, out.data()); return;
+    case Kind::kLayer: InitLayerParams(shape_, block - 1, seed, out.data()); return;
+  }
+}
+
+Status GptModel::Forward(int block, const engine::BlockBuffers& b, gpu::Stream& stream) {
+  const GptShape sh = shape_;
+  const int B = b.shape.batch_size, T = b.shape.seq_len;
+  switch (kind(block)) {
+    case Kind::kEmbedding:
+      return stream.LaunchHost([=] {
+        EmbeddingForward<float>(sh, b.params, b.tokens, B, T, b.x_out);
+        return Status::Ok();
+      });
+    case Kind::kLayer:
+      return stream.LaunchHost([=] {
+        LayerForward<float>(sh, b.params, b.x_in, b.x_out, B, T, b.scratch);
+        return Status::Ok();
+      });
+    case Kind::kHead:
+      return stream.LaunchHost([=] {
+        const float loss = HeadForward<float>(sh, b.params, b.x_in, b.targets, B, T, b.logits,
+                                              b.scratch);
+        if (b.targets && b.loss) *b.loss = loss;
+        return Status::Ok();
+      });
+  }
+  return InternalError("unreachable");
+}
+
+Status GptModel::Backward(int block, const engine::BlockBuffers& b, gpu::Stream& stream) {
+  const GptShape sh = shape_;
+  const int B = b.shape.batch_size, T = b.shape.seq_len;
+  switch (kind(block)) {
+    case Kind::kEmbedding:
+      return stream.LaunchHost([=] {
+        EmbeddingBackward<float>(sh, b.tokens, b.dx_out, B, T, b.grads);
+        return Status::Ok();
+      });
+    case Kind::kLayer:
+      return stream.LaunchHost([=] {
+        LayerBackward<float>(sh, b.params, b.x_in, b.dx_out, b.dx_in, b.grads, B, T, b.scratch);
+        return Status::Ok();
+      });
+    case Kind::kHead:
+      return stream.LaunchHost([=] {
+        HeadBackward<float>(sh, b.params, b.x_in, b.targets, b.dloss, B, T, b.dx_in, b.grads,
+                            b.logits, b.scratch);
+        return Status::Ok();
+      });
+  }
+  return InternalError("unreachable");
+}
+
+}  // namespace strata::models

@@ -1,0 +1,54 @@
+// The GPT reference model (pre-LayerNorm GPT-2 architecture; Radford et al.,
+// "Language Models are Unsupervised Multitask Learners", 2019) as an engine
+// Model: block 0 = token and position embeddings, blocks 1..L = transformer
+// layers, block L+1 = final LayerNorm and the untied LM head. Each block's
+// parameters are one contiguous chunk in the layout of gpt_kernels.h.
+//
+// On the host device backend each block's forward/backward is enqueued on the
+// compute stream as a host function running the kernels of gpt_kernels.h.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/model.h"
+#include "models/gpt_kernels.h"
+
+namespace strata::models {
+
+// Named shapes. "tiny" (tests), "small" (the default of `strata train`: trains
+// on 2 CPU cores in minutes), and GPT-2 family widths/depths/heads with a
+// byte-level vocabulary (256): "gpt2-124m", "gpt2-350m", "gpt2-774m", "gpt2-1.5b".
+// kInvalidArgument naming the choices for an unknown name.
+StatusOr<GptShape> GptPreset(std::string_view name);
+std::vector<std::string> GptPresetNames();
+
+class GptModel final : public engine::Model {
+ public:
+  // kInvalidArgument for an invalid shape (see ValidateShape).
+  static StatusOr<std::unique_ptr<GptModel>> Create(const GptShape& shape);
+
+  const GptShape& shape() const { return shape_; }
+  std::string description() const override;
+  int num_blocks() const override { return shape_.num_layers + 2; }
+  std::string block_name(int block) const override;
+  int64_t block_num_params(int block) const override;
+  int64_t activation_elems(engine::MicroBatchShape s) const override;
+  int64_t logits_elems(engine::MicroBatchShape s) const override;
+  int vocab_size() const override { return shape_.vocab_size; }
+  int max_seq_len() const override { return shape_.max_seq_len; }
+  int64_t scratch_bytes(int block, engine::MicroBatchShape s) const override;
+  void InitParams(int block, uint64_t seed, std::span<float> out) const override;
+  Status Forward(int block, const engine::BlockBuffers& buffers, gpu::Stream& stream) override;
+  Status Backward(int block, const engine::BlockBuffers& buffers, gpu::Stream& stream) override;
+
+ private:
+  explicit GptModel(const GptShape& shape) : shape_(shape) {}
+  enum class Kind { kEmbedding, kLayer, kHead };
+  Kind kind(int block) const;
+  GptShape shape_;
+};
+
+}  // namespace strata::models

@@ -1,0 +1,104 @@
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "base/dtype.h"
+#include "gpu/device.h"
+
+namespace strata::gpu {
+namespace {
+
+TEST(HostDevice, ArenaCarvesWithinItsBudgetAndReportsTheShortfall) {
+  auto dev = CreateHostDevice({});
+  ASSERT_TRUE(dev.ok());
+  auto arena = (*dev)->CreateArena(1000);
+  ASSERT_TRUE(arena.ok());
+  auto a = (*arena)->Carve(500, "a");
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ((*arena)->used_bytes(), 512u);  // 256-byte aligned
+  auto b = (*arena)->Carve(600, "block slot");
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(b.status().message().find("block slot"), std::string::npos);
+}
+
+TEST(HostDevice, PinnedBudgetIsEnforcedAndReturnedOnFree) {
+  HostDeviceOptions o;
+  o.pinned_budget_bytes = 8192;
+  auto dev = CreateHostDevice(o);
+  ASSERT_TRUE(dev.ok());
+  {
+    auto a = (*dev)->AllocatePinned(5000, "a");
+    ASSERT_TRUE(a.ok());
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(a->data()) % 4096, 0u);
+    auto b = (*dev)->AllocatePinned(1, "bucket");
+    EXPECT_EQ(b.status().code(), StatusCode::kResourceExhausted);
+    EXPECT_NE(b.status().message().find("bucket"), std::string::npos);
+  }
+  EXPECT_EQ((*dev)->pinned_used_bytes(), 0u);
+  EXPECT_TRUE((*dev)->AllocatePinned(8192, "all").ok());
+}
+
+TEST(HostDevice, EventOrdersWorkAcrossStreams) {
+  HostDeviceOptions o;
+  o.copy_bytes_per_second = 1e6;  // a 20 KB copy takes 20 ms
+  auto dev = CreateHostDevice(o);
+  auto arena = (*dev)->CreateArena(1 << 20);
+  auto h2d = (*dev)->CreateStream("h2d");
+  auto compute = (*dev)->CreateStream("compute");
+  auto ready = (*dev)->CreateEvent();
+  auto src = (*dev)->AllocatePinned(20000, "src");
+  std::memset(src->data(), 7, 20000);
+  auto dst = *(*arena)->Carve(20000, "dst");
+  ASSERT_TRUE((*h2d)->CopyH2D(dst, src->span().subspan(0, 20000)).ok());
+  ASSERT_TRUE((*h2d)->Record(**ready).ok());
+  ASSERT_TRUE((*compute)->Wait(**ready).ok());
+  std::atomic<int> seen{-1};
+  ASSERT_TRUE((*compute)->LaunchHost([&] {
+    int ok = 1;
+    for (int i = 0; i < 20000; ++i) ok &= dst.data[i] == std::byte{7};
+    seen = ok;
+    return Status::Ok();
+  }).ok());
+  ASSERT_TRUE((*compute)->Synchronize().ok());
+  EXPECT_EQ(seen.load(), 1);
+  EXPECT_EQ((*dev)->counters().bytes_h2d, 20000u);
+}
+
+TEST(HostDevice, ErrorsAreStickyAndEventsStillComplete) {
+  auto dev = CreateHostDevice({});
+  auto s = (*dev)->CreateStream("compute");
+  auto e = (*dev)->CreateEvent();
+  int ran = 0;
+  ASSERT_TRUE((*s)->LaunchHost([] { return InternalError("kernel failed"); }).ok());
+  ASSERT_TRUE((*s)->LaunchHost([&] { ++ran; return Status::Ok(); }).ok());
+  ASSERT_TRUE((*s)->Record(**e).ok());
+  const Status st = (*e)->Synchronize();
+  EXPECT_EQ(st.code(), StatusCode::kInternal);
+  EXPECT_NE(st.message().find("kernel failed"), std::string::npos);
+  EXPECT_EQ(ran, 0);
+  EXPECT_EQ((*s)->Synchronize().code(), StatusCode::kInternal);
+}
+
+TEST(HostDevice, ConvertMatchesScalarConversionsIncludingInPlace) {
+  auto dev = CreateHostDevice({});
+  auto arena = (*dev)->CreateArena(1 << 16);
+  auto s = (*dev)->CreateStream("compute");
+  auto buf = *(*arena)->Carve(4 * 1001, "x");
+  float* f = buf.as<float>();
+  std::vector<float> ref(1001);
+  for (int i = 0; i < 1001; ++i) ref[i] = f[i] = std::ldexp(1.0f + i * 0.37f, (i % 40) - 20) * (i % 3 ? 1 : -1);
+  f[5] = INFINITY;
+  ref[5] = INFINITY;
+  ASSERT_TRUE((*s)->Convert(buf, DType::kF16, buf, DType::kF32, 1001, 2.0f).ok());
+  ASSERT_TRUE((*s)->Synchronize().ok());
+  const auto* h = buf.as<uint16_t>();
+  for (int i = 0; i < 1001; ++i) ASSERT_EQ(h[i], FloatToHalf(ref[i] * 2.0f)) << i;
+}
+
+}  // namespace
+}  // namespace strata::gpu

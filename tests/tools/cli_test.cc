@@ -1,0 +1,148 @@
+// Runs the real `strata` binary as a user would.
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+namespace {
+
+struct Result {
+  int exit_code;
+  std::string out;  // stdout and stderr together
+  std::string err;  // stderr alone
+};
+
+Result RunStrata(const std::string& args) {
+  const auto dir = std::filesystem::temp_directory_path();
+  const std::string err_file = (dir / ("strata_cli_err_" + std::to_string(::getpid()))).string();
+  const std::string cmd = std::string(STRATA_BINARY) + " " + args + " 2>" + err_file;
+  Result r{-1, "", ""};
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int status = ::pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::ifstream e(err_file);
+  r.err.assign(std::istreambuf_iterator<char>(e), std::istreambuf_iterator<char>());
+  std::filesystem::remove(err_file);
+  return r;
+}
+
+int Lines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() / ("strata_cli_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string Small() const {
+    return std::string("train --data ") + STRATA_DATA + " --model tiny --seq-len 16 --eval-batches 2 "
+           "--nvme-path " + dir_.string();
+  }
+  std::filesystem::path dir_;
+};
+
+TEST_F(CliTest, TrainThreeStepsWritesASummaryWithEveryField) {
+  const auto json_path = dir_ / "summary.json";
+  const Result r = RunStrata(Small() + " --steps 3 --eval-every 3 --sample-bytes 20 --summary-json " +
+                             json_path.string());
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("plan:"), std::string::npos);
+  EXPECT_NE(r.out.find("sample:"), std::string::npos);
+  std::ifstream in(json_path);
+  ASSERT_TRUE(in.good());
+  const auto j = nlohmann::json::parse(in);
+  for (const char* key :
+       {"steps", "tokens_per_second", "loss_first", "loss_last", "val_loss", "device", "io_backend",
+        "precision", "model_params", "model_state_bytes", "device_budget_bytes",
+        "device_peak_bytes", "bytes_h2d", "bytes_d2h", "nvme_bytes_read", "nvme_bytes_written",
+        "master_weights_xxh3"}) {
+    EXPECT_TRUE(j.contains(key)) << key;
+  }
+  EXPECT_EQ(j["steps"], 3);
+  EXPECT_EQ(j["device"], "host");
+  EXPECT_EQ(j["precision"], "bf16");
+  EXPECT_TRUE(j["io_backend"] == "uring" || j["io_backend"] == "posix");
+  EXPECT_LE(j["device_peak_bytes"].get<uint64_t>(), j["device_budget_bytes"].get<uint64_t>());
+  EXPECT_GT(j["nvme_bytes_written"].get<uint64_t>(), 0u);
+  EXPECT_EQ(j["master_weights_xxh3"].get<std::string>().size(), 16u);
+  EXPECT_TRUE(j["val_loss"].is_number());
+  // The swap directory is private and removed at exit.
+  for (const auto& e : std::filesystem::directory_iterator(dir_)) {
+    EXPECT_EQ(e.path().filename(), "summary.json");
+  }
+}
+
+TEST_F(CliTest, DefaultModelStreamsUnderABudgetBelowItsWorkingParams) {
+  const auto json_path = dir_ / "default.json";
+  const Result r = RunStrata(std::string("train --data ") + STRATA_DATA +
+                             " --steps 1 --eval-every 0 --sample-bytes 0 --nvme-path " +
+                             dir_.string() + " --summary-json " + json_path.string());
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  std::ifstream in(json_path);
+  const auto j = nlohmann::json::parse(in);
+  const auto budget = j["device_budget_bytes"].get<uint64_t>();
+  EXPECT_LE(j["device_peak_bytes"].get<uint64_t>(), budget);
+  EXPECT_LT(budget, 2 * j["model_params"].get<uint64_t>());
+  EXPECT_LT(j["resident_blocks"].get<int>(), j["num_blocks"].get<int>());
+  EXPECT_GT(j["nvme_bytes_written"].get<uint64_t>(), 0u);
+  EXPECT_GT(j["bytes_h2d"].get<uint64_t>(), 0u);
+  EXPECT_GT(j["bytes_d2h"].get<uint64_t>(), 0u);
+}
+
+TEST_F(CliTest, SameSeedTrainsTheSameModel) {
+  const Result a = RunStrata(Small() + " --steps 2 --eval-every 0 --sample-bytes 0 --summary-json " +
+                             (dir_ / "a.json").string());
+  const Result b = RunStrata(Small() + " --steps 2 --eval-every 0 --sample-bytes 0 "
+                             "--offload-params host --offload-optimizer host --summary-json " +
+                             (dir_ / "b.json").string());
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  ASSERT_EQ(b.exit_code, 0) << b.err;
+  std::ifstream ia(dir_ / "a.json"), ib(dir_ / "b.json");
+  const auto ja = nlohmann::json::parse(ia), jb = nlohmann::json::parse(ib);
+  EXPECT_EQ(ja["master_weights_xxh3"], jb["master_weights_xxh3"]);
+  EXPECT_TRUE(ja["val_loss"].is_null());
+}
+
+struct BadInput {
+  const char* args;
+  const char* names;  // a word the one-line error must contain
+};
+
+TEST_F(CliTest, BadInputExitsNonZeroWithOneLineNamingTheProblem) {
+  const std::string file = (dir_ / "plain_file").string();
+  std::ofstream(file) << "x";
+  const BadInput cases[] = {
+      {"train --data /nonexistent/strata.txt --steps 1", "/nonexistent/strata.txt"},
+      {"train --no-such-flag", "--no-such-flag"},
+      {"train --steps 1 --device-budget 0", "zero"},
+      {"train --steps 1 --device-budget 12XB", "12XB"},
+      {"train --steps 1 --device-budget lots", "lots"},
+  };
+  for (const auto& c : cases) {
+    const Result r = RunStrata(std::string(c.args) + " --nvme-path " + dir_.string());
+    EXPECT_NE(r.exit_code, 0) << c.args;
+    EXPECT_EQ(Lines(r.err), 1) << c.args << ": " << r.err;
+    EXPECT_NE(r.err.find(c.names), std::string::npos) << c.args << ": " << r.err;
+  }
+  // An NVMe path that cannot hold a directory (it is under a regular file).
+  const Result r = RunStrata(Small() + " --steps 1 --nvme-path " + file + "/swap");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_EQ(Lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find(file + "/swap"), std::string::npos) << r.err;
+}
+
+}  // namespace

@@ -1,0 +1,46 @@
+// strata: one binary, git-style subcommands. The only place that reads flags.
+#include <cstdio>
+#include <string>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "base/logging.h"
+#include "tools/train_command.h"
+
+namespace {
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "strata: error: %s\n", message.c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  strata::SetLogLevel(strata::LogLevel::kWarning);
+  CLI::App app{"Strata: train models larger than GPU memory on one workstation"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "strata 0.1.0");
+  strata::tools::TrainFlags train;
+  CLI::App* train_cmd = app.add_subcommand(
+      "train", "Train a GPT on a text file with parameters and optimizer state offloaded");
+  strata::tools::AddTrainFlags(*train_cmd, train);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::string what = e.what();
+    if (what.empty()) what = "bad command line";
+    return Fail(what + " (see 'strata --help' or 'strata train --help')");
+  }
+  strata::Status status;
+  if (train_cmd->parsed()) status = strata::tools::RunTrain(train);
+  if (!status.ok()) return Fail(status.message());
+  return 0;
+}

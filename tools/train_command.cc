@@ -1,0 +1,313 @@
+#include "tools/train_command.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "base/dtype.h"
+#include "base/units.h"
+#include "engine/engine.h"
+#include "engine/text_dataset.h"
+#include "gpu/device.h"
+#include "io/io_backend.h"
+#include "models/gpt.h"
+
+namespace strata::tools {
+
+void AddTrainFlags(CLI::App& cmd, TrainFlags& f) {
+  cmd.add_option("--data", f.data, "Text file to train on, byte-level tokens, 90/10 train/val split")
+      ->capture_default_str();
+  cmd.add_option("--model", f.model, "Model preset: tiny, small, gpt2-124m, gpt2-350m, ...")
+      ->capture_default_str();
+  cmd.add_option("--steps", f.steps, "Optimizer steps")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd.add_option("--micro-batch-size", f.micro_batch_size, "Sequences per micro-batch")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  cmd.add_option("--seq-len", f.seq_len, "Tokens per sequence (<= the model's context)")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  cmd.add_option("--grad-accum-steps", f.grad_accum_steps, "Micro-batches per optimizer step")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  cmd.add_option("--lr", f.lr, "Peak AdamW learning rate (linear warmup, cosine decay to 10%)")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  cmd.add_option("--warmup-steps", f.warmup_steps, "Learning-rate warmup steps")->capture_default_str();
+  cmd.add_option("--weight-decay", f.weight_decay, "AdamW decoupled weight decay")->capture_default_str();
+  cmd.add_option("--grad-clip", f.grad_clip, "Clip the global gradient norm to this; 0 = off")
+      ->capture_default_str();
+  cmd.add_option("--seed", f.seed, "Seed of initialisation, data order and sampling")->capture_default_str();
+  cmd.add_option("--precision", f.precision, "Working params and gradients: bf16, fp16 (dynamic loss "
+                 "scaling) or fp32")->capture_default_str();
+  cmd.add_option("--device", f.device, "auto, host (CPU emulation of a device) or cuda")
+      ->capture_default_str();
+  cmd.add_option("--device-budget", f.device_budget,
+                 "Device memory for the whole arena, e.g. 64MiB, 2GiB, 1e9 (GB = 1e9 B, GiB = 2^30 B); "
+                 "auto = midway between the streaming minimum and the working params alone")
+      ->capture_default_str();
+  cmd.add_option("--offload-params", f.offload_params,
+                 "Home of working params between uses: device (all resident), host (pinned) or nvme")
+      ->capture_default_str();
+  cmd.add_option("--offload-optimizer", f.offload_optimizer,
+                 "Home of fp32 master weights and Adam m, v: host or nvme")->capture_default_str();
+  cmd.add_option("--nvme-path", f.nvme_paths,
+                 "Directory for swap files (repeat for several drives; extents are striped); a "
+                 "private 0700 subdirectory is made and removed at exit. Default: .");
+  cmd.add_option("--io-backend", f.io_backend, "NVMe I/O backend: auto (io_uring if allowed), uring or posix")
+      ->capture_default_str();
+  cmd.add_option("--summary-json", f.summary_json, "Write the run's summary as one JSON object here");
+  cmd.add_option("--eval-every", f.eval_every, "Validation loss every N steps and at the end; 0 = off")
+      ->capture_default_str();
+  cmd.add_option("--eval-batches", f.eval_batches, "Micro-batches per validation pass")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  cmd.add_option("--sample-bytes", f.sample_bytes, "Bytes of text to sample at the end; 0 = off")
+      ->capture_default_str();
+  cmd.add_option("--log-every", f.log_every, "Print a progress line every N steps")->capture_default_str();
+  cmd.add_option("--copy-bandwidth", f.copy_bandwidth,
+                 "Host device only: throttle H2D/D2H copies to this many bytes/s (0 = memcpy speed)")
+      ->capture_default_str();
+}
+
+namespace {
+
+std::string ResolveData(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::exists(path, ec) || path != TrainFlags{}.data) return path;
+  // The default also works from outside the source tree.
+  return std::string(STRATA_SOURCE_DIR) + "/" + path;
+}
+
+float LearningRate(const TrainFlags& f, int64_t step) {  // step is 0-based
+  if (step < f.warmup_steps) return static_cast<float>(f.lr * (step + 1) / f.warmup_steps);
+  const double span = std::max<int64_t>(1, f.steps - f.warmup_steps);
+  const double progress = std::min(1.0, (step - f.warmup_steps) / span);
+  return static_cast<float>(f.lr * (0.1 + 0.9 * 0.5 * (1 + std::cos(M_PI * progress))));
+}
+
+StatusOr<float> Evaluate(engine::Engine& e, const engine::TextDataset& data, const TrainFlags& f) {
+  std::vector<int32_t> tokens, targets;
+  double sum = 0;
+  for (int i = 0; i < f.eval_batches; ++i) {
+    data.ValBatch(i, f.eval_batches, f.micro_batch_size, f.seq_len, &tokens, &targets);
+    STRATA_ASSIGN_OR_RETURN(float loss, e.EvaluateLoss({tokens, targets},
+                                                       {f.micro_batch_size, f.seq_len}));
+    sum += loss;
+  }
+  return static_cast<float>(sum / f.eval_batches);
+}
+
+StatusOr<std::string> Sample(engine::Engine& e, const TrainFlags& f, std::mt19937_64& rng) {
+  std::vector<int32_t> context = engine::TextDataset::Encode("\n");
+  std::string out;
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  const double temperature = 0.8;
+  while (static_cast<int64_t>(out.size()) < f.sample_bytes) {
+    const size_t keep = std::min<size_t>(context.size(), f.seq_len);
+    STRATA_ASSIGN_OR_RETURN(auto logits,
+                            e.NextTokenLogits(std::span(context).last(keep)));
+    double maxv = -INFINITY;
+    for (float l : logits) maxv = std::max<double>(maxv, l);
+    std::vector<double> p(logits.size());
+    double z = 0;
+    for (size_t i = 0; i < p.size(); ++i) z += p[i] = std::exp((logits[i] - maxv) / temperature);
+    double r = uniform(rng) * z;
+    size_t tok = 0;
+    while (tok + 1 < p.size() && r >= p[tok]) r -= p[tok++];
+    context.push_back(static_cast<int32_t>(tok));
+    out.push_back(static_cast<char>(tok));
+  }
+  return out;
+}
+
+std::string Printable(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s) out += (c == '\n' || c == '\t' || (c >= 32 && c < 127)) ? char(c) : '?';
+  return out;
+}
+
+}  // namespace
+
+Status RunTrain(const TrainFlags& f) {
+  const auto t_start = std::chrono::steady_clock::now();
+  STRATA_ASSIGN_OR_RETURN(DType precision, ParseDType(f.precision));
+  STRATA_ASSIGN_OR_RETURN(auto param_home, engine::ParseParamHome(f.offload_params));
+  STRATA_ASSIGN_OR_RETURN(auto optim_home, engine::ParseOptimizerHome(f.offload_optimizer));
+  STRATA_ASSIGN_OR_RETURN(auto io_kind, io::ParseBackendKind(f.io_backend));
+  if (io_kind == io::BackendKind::kMemory) {
+    return InvalidArgumentError("--io-backend memory is for tests; use auto, uring or posix");
+  }
+  if (f.device != "auto" && f.device != "host" && f.device != "cuda") {
+    return InvalidArgumentError(fmt::format("--device '{}' is not one of auto, host, cuda", f.device));
+  }
+  if (f.device == "cuda") {
+    return UnavailableError(
+        "--device cuda: this build of strata has no CUDA device backend yet; use --device host "
+        "(or auto)");
+  }
+  STRATA_ASSIGN_OR_RETURN(auto shape, models::GptPreset(f.model));
+  if (f.seq_len > shape.max_seq_len) {
+    return InvalidArgumentError(fmt::format("--seq-len {} exceeds the '{}' model's context of {}",
+                                            f.seq_len, f.model, shape.max_seq_len));
+  }
+  STRATA_ASSIGN_OR_RETURN(auto data, engine::TextDataset::Load(ResolveData(f.data), f.seq_len));
+  STRATA_ASSIGN_OR_RETURN(auto model, models::GptModel::Create(shape));
+  const engine::MicroBatchShape mb{f.micro_batch_size, f.seq_len};
+
+  engine::EngineOptions o;
+  o.precision = precision;
+  o.micro_batch = mb;
+  o.grad_accum_steps = f.grad_accum_steps;
+  o.adamw.lr = LearningRate(f, 0);
+  o.adamw.weight_decay = static_cast<float>(f.weight_decay);
+  o.grad_clip_norm = static_cast<float>(f.grad_clip);
+  o.seed = f.seed;
+  o.io.kind = io_kind;
+  o.placement.param_home = param_home;
+  o.placement.optimizer_home = optim_home;
+  o.placement.nvme_paths = f.nvme_paths.empty() ? std::vector<std::string>{"."} : f.nvme_paths;
+  if (f.device_budget == "auto") {
+    // Midway between the streaming minimum and the working params alone, so
+    // some blocks stay resident and the rest really stream.
+    const uint64_t minimum = engine::StreamingMinimumBytes(*model, precision, mb);
+    const uint64_t working = static_cast<uint64_t>(model->num_params()) * SizeOf(precision);
+    o.placement.device_budget_bytes = working > minimum ? minimum + (working - minimum) / 2 : minimum;
+  } else {
+    STRATA_ASSIGN_OR_RETURN(o.placement.device_budget_bytes, ParseSize(f.device_budget));
+    if (o.placement.device_budget_bytes == 0) {
+      return InvalidArgumentError(
+          fmt::format("--device-budget '{}' is zero; give a size such as 64MiB", f.device_budget));
+    }
+  }
+
+  gpu::HostDeviceOptions dev_opts;
+  dev_opts.copy_bytes_per_second = f.copy_bandwidth;
+  STRATA_ASSIGN_OR_RETURN(auto device, gpu::CreateHostDevice(dev_opts));
+  std::printf("strata train: %s\n", model->description().c_str());
+  std::printf("data: %s, %zu bytes (train %zu, val %zu); device: %s\n", ResolveData(f.data).c_str(),
+              data.size_bytes(), data.train_bytes(), data.val_bytes(),
+              device->description().c_str());
+  STRATA_ASSIGN_OR_RETURN(auto engine, engine::Engine::Create(model.get(), device.get(), o));
+  std::printf("%s", engine->plan().Describe().c_str());
+  if (!engine->io_backend_name().empty()) {
+    std::printf("  io       %s backend, swap under %s\n", std::string(engine->io_backend_name()).c_str(),
+                fmt::format("{}", fmt::join(o.placement.nvme_paths, ", ")).c_str());
+  }
+  std::fflush(stdout);
+
+  std::mt19937_64 data_rng(f.seed ^ 0x5eedda7aull);
+  std::vector<std::vector<int32_t>> toks(f.grad_accum_steps), tgts(f.grad_accum_steps);
+  std::vector<engine::MicroBatch> batches(f.grad_accum_steps);
+  const int64_t tokens_per_step = mb.tokens() * f.grad_accum_steps;
+  float loss_first = NAN, loss_last = NAN, val_loss = NAN;
+  int64_t skipped = 0;
+  const auto t_train = std::chrono::steady_clock::now();
+  auto t_log = t_train;
+  auto last = engine->counters();
+  double eval_seconds = 0;
+  for (int64_t step = 0; step < f.steps; ++step) {
+    for (int i = 0; i < f.grad_accum_steps; ++i) {
+      data.SampleTrainBatch(data_rng, mb.batch_size, mb.seq_len, &toks[i], &tgts[i]);
+      batches[i] = {toks[i], tgts[i]};
+    }
+    engine->SetLearningRate(LearningRate(f, step));
+    STRATA_ASSIGN_OR_RETURN(auto r, engine->Step(batches));
+    if (step == 0) loss_first = r.loss;
+    loss_last = r.loss;
+    skipped += r.skipped;
+    const bool log = f.log_every > 0 && ((step + 1) % f.log_every == 0 || step == 0 || step + 1 == f.steps);
+    if (log) {
+      const auto now = std::chrono::steady_clock::now();
+      const auto c = engine->counters();
+      const double dt = std::chrono::duration<double>(now - t_log).count();
+      const int64_t steps_in = step == 0 ? 1 : (step + 1) % f.log_every == 0 ? f.log_every : (step + 1) % f.log_every;
+      std::printf(
+          "step %5lld/%lld | loss %.4f | norm %6.3f | lr %.2e | %7.0f tok/s | h2d %s d2h %s | "
+          "nvme r %s w %s%s\n",
+          static_cast<long long>(step + 1), static_cast<long long>(f.steps), r.loss, r.grad_norm,
+          LearningRate(f, step), tokens_per_step * steps_in / dt,
+          FormatBytes(c.bytes_h2d - last.bytes_h2d).c_str(),
+          FormatBytes(c.bytes_d2h - last.bytes_d2h).c_str(),
+          FormatBytes(c.nvme_bytes_read - last.nvme_bytes_read).c_str(),
+          FormatBytes(c.nvme_bytes_written - last.nvme_bytes_written).c_str(),
+          r.skipped ? " | skipped (overflow)" : "");
+      std::fflush(stdout);
+      t_log = now;
+      last = c;
+    }
+    if (f.eval_every > 0 && (step + 1) % f.eval_every == 0 && step + 1 != f.steps) {
+      const auto t0 = std::chrono::steady_clock::now();
+      STRATA_ASSIGN_OR_RETURN(float v, Evaluate(*engine, data, f));
+      eval_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::printf("step %5lld | val loss %.4f\n", static_cast<long long>(step + 1), v);
+      t_log = std::chrono::steady_clock::now();
+    }
+  }
+  const double train_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_train).count() - eval_seconds;
+  const auto counters = engine->counters();
+  if (f.eval_every > 0) {
+    STRATA_ASSIGN_OR_RETURN(val_loss, Evaluate(*engine, data, f));
+    std::printf("validation loss %.4f nats/byte (uniform is %.2f)\n", val_loss, std::log(256.0));
+  }
+  STRATA_ASSIGN_OR_RETURN(uint64_t master_hash, engine->MasterWeightsXxh3());
+  if (f.sample_bytes > 0) {
+    std::mt19937_64 sample_rng(f.seed ^ 0x5a3b1eull);
+    STRATA_ASSIGN_OR_RETURN(std::string text, Sample(*engine, f, sample_rng));
+    std::printf("sample:\n%s\n", Printable(text).c_str());
+  }
+  const double tps = static_cast<double>(tokens_per_step * f.steps) / train_seconds;
+  std::printf("done: %lld steps in %.1f s, %.0f tokens/s, %lld skipped; device peak %s of %s; "
+              "master weights xxh3 %016llx\n",
+              static_cast<long long>(f.steps), train_seconds, tps, static_cast<long long>(skipped),
+              FormatBytes(counters.device_peak_bytes).c_str(),
+              FormatBytes(engine->plan().device_budget_bytes).c_str(),
+              static_cast<unsigned long long>(master_hash));
+
+  if (!f.summary_json.empty()) {
+    auto num_or_null = [](float v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(); };
+    const auto& plan = engine->plan();
+    nlohmann::json j = {
+        {"steps", f.steps},
+        {"tokens_per_second", tps},
+        {"train_seconds", train_seconds},
+        {"wall_seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count()},
+        {"loss_first", num_or_null(loss_first)},
+        {"loss_last", num_or_null(loss_last)},
+        {"val_loss", num_or_null(val_loss)},
+        {"skipped_steps", skipped},
+        {"loss_scale", engine->loss_scale()},
+        {"device", "host"},
+        {"io_backend", engine->io_backend_name().empty() ? nlohmann::json()
+                                                         : nlohmann::json(engine->io_backend_name())},
+        {"precision", DTypeName(precision)},
+        {"model", f.model},
+        {"model_params", plan.model_params},
+        {"model_state_bytes", plan.model_state_bytes},
+        {"device_budget_bytes", plan.device_budget_bytes},
+        {"device_peak_bytes", counters.device_peak_bytes},
+        {"resident_blocks", plan.num_resident()},
+        {"num_blocks", plan.blocks.size()},
+        {"pinned_bytes", counters.pinned_bytes},
+        {"bytes_h2d", counters.bytes_h2d},
+        {"bytes_d2h", counters.bytes_d2h},
+        {"nvme_bytes_read", counters.nvme_bytes_read},
+        {"nvme_bytes_written", counters.nvme_bytes_written},
+        {"master_weights_xxh3", fmt::format("{:016x}", master_hash)},
+        {"micro_batch_size", f.micro_batch_size},
+        {"seq_len", f.seq_len},
+        {"grad_accum_steps", f.grad_accum_steps},
+        {"seed", f.seed},
+    };
+    std::ofstream out(f.summary_json);
+    out << j.dump(2) << "\n";
+    out.close();
+    if (!out) {
+      return ErrnoToStatus(errno, fmt::format("writing --summary-json '{}'", f.summary_json));
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace strata::tools

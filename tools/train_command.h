@@ -1,0 +1,46 @@
+// `strata train`: flags -> options, then the training loop with progress,
+// evaluation, sampling and the summary JSON.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "base/status.h"
+
+namespace strata::tools {
+
+struct TrainFlags {
+  std::string data = "data/tinyshakespeare.txt";
+  std::string model = "small";
+  int64_t steps = 300;
+  int micro_batch_size = 1;
+  int seq_len = 64;
+  int grad_accum_steps = 8;
+  double lr = 3e-3;
+  int64_t warmup_steps = 20;
+  double weight_decay = 0.0;
+  double grad_clip = 1.0;
+  uint64_t seed = 1337;
+  std::string precision = "bf16";
+  std::string device = "auto";
+  std::string device_budget = "auto";
+  std::string offload_params = "nvme";
+  std::string offload_optimizer = "nvme";
+  std::vector<std::string> nvme_paths;
+  std::string io_backend = "auto";
+  std::string summary_json;
+  int64_t eval_every = 100;
+  int eval_batches = 16;
+  int64_t sample_bytes = 200;
+  int64_t log_every = 10;
+  double copy_bandwidth = 0;
+};
+
+void AddTrainFlags(CLI::App& cmd, TrainFlags& f);
+// Runs the whole job; a non-OK Status is printed by main as one line.
+Status RunTrain(const TrainFlags& f);
+
+}  // namespace strata::tools
