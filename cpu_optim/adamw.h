@@ -26,13 +26,15 @@
 // Units: every length is num_elems (elements, not bytes); master, m, v and the
 // gradient have master.size() elements. Alignment: none required (aligned buffers
 // are faster). Ownership: the caller owns every buffer; nothing is retained after
-// the call returns. No allocation.
+// the call returns. No buffers are allocated (oneTBB allocates its task objects).
 //
 // Threading: the work runs on the calling thread and oneTBB workers (in the
 // caller's task_arena, so tbb::task_arena / tbb::global_control bound it), in tiles
 // of a fixed size; each element is computed independently, so the results are
 // bit-identical whatever the thread count and tile size, and equal to
-// AdamWUpdateReference bit for bit. Different buffers may be updated concurrently
+// AdamWUpdateReference bit for bit on every ISA variant (where a result is NaN it
+// is NaN in both; when two NaN operands meet, which payload x86 keeps depends on
+// the operand order the compiler chose). Different buffers may be updated concurrently
 // from several threads; buffers of one call must not be touched by others until it
 // returns.
 //

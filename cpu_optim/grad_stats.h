@@ -7,7 +7,8 @@
 // loss scaling as in Micikevicius et al., "Mixed Precision Training", ICLR 2018.
 //
 // Units: num_elems are elements, not bytes. Alignment: none required. Ownership:
-// the caller owns every buffer; nothing is retained. No allocation.
+// the caller owns every buffer; nothing is retained. No buffers are allocated
+// (oneTBB allocates its task objects).
 //
 // Determinism: sum_squares is accumulated in fp64 per fixed chunk of 4096
 // elements (in 8 fixed lanes), chunks are summed in order within leaves of 64Ki

@@ -40,8 +40,11 @@ struct Fault {
   // to completions nth .. nth + times - 1 (kForever: all from nth on).
   uint64_t nth = 1;
   uint64_t times = 1;
-  int errno_value = 0;                   // kErrno: EIO, ENOSPC, EAGAIN, ...
-  uint64_t transfer_bytes = 0;           // kShortTransfer; 0 on a read reads as end of file
+  int errno_value = 0;  // kErrno: EIO, ENOSPC, EAGAIN, ...
+  // kShortTransfer. 0 on a read is end of file. On a 4096-aligned piece the backend resumes at the
+  // aligned point below the bytes done, and a read cut short twice at the same unaligned point is
+  // end of file too (as a real O_DIRECT read at end of file would be).
+  uint64_t transfer_bytes = 0;
   std::chrono::microseconds latency{0};  // kLatency
 
   static Fault Errno(std::optional<IoOp> op, int errno_value, uint64_t nth = 1, uint64_t times = 1);

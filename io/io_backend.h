@@ -24,6 +24,7 @@
 //     of 4096; block_size_bytes is a multiple of 4096 so every piece stays aligned.
 //   - Thread-safe: several threads may call concurrently, on different fds or the same one. Calls
 //     that overlap in the same file range race like concurrent pwrite calls do.
+//   - A backend must not be destroyed while a call on it is in flight.
 #pragma once
 
 #include <cstddef>

@@ -17,6 +17,7 @@
 //
 // Thread-safety: all methods may be called concurrently, for different extents. Concurrent Write
 // and Read/Write of the same extent is a caller bug, reported as kFailedPrecondition.
+// Lifetime: the store must not be destroyed while a call on it is in flight.
 #pragma once
 
 #include <sys/types.h>

@@ -20,6 +20,12 @@ std::string Context(IoOp op, const Piece& piece) {
                      piece.next_size_bytes(), piece.next_offset_bytes());
 }
 
+Status EndOfFileError(const Piece& piece, size_t end_bytes) {
+  return DataLossError(fmt::format(
+      "{}: short read: end of file at offset {} with {} of {} bytes still missing", piece.what,
+      piece.offset_bytes + end_bytes, piece.size_bytes - end_bytes, piece.size_bytes));
+}
+
 Status CheckSegment(int fd, uint64_t offset_bytes, size_t size_bytes, std::string_view what) {
   if (fd < 0) return InvalidArgumentError(fmt::format("{}: invalid file descriptor {}", what, fd));
   constexpr uint64_t kMaxOffset = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
@@ -84,10 +90,7 @@ Outcome ApplyCompletion(IoOp op, int64_t result, Piece& piece, Status* error) {
   }
   if (result == 0) {
     if (op == IoOp::kRead) {
-      *error = DataLossError(
-          fmt::format("{}: short read: end of file at offset {} with {} of {} "
-                      "bytes still missing",
-                      piece.what, piece.next_offset_bytes(), requested, piece.size_bytes));
+      *error = EndOfFileError(piece, piece.resume_bytes);
       return Outcome::kFailed;
     }
     if (++piece.retries > kMaxRetries) {
@@ -104,7 +107,14 @@ Outcome ApplyCompletion(IoOp op, int64_t result, Piece& piece, Status* error) {
   // EINVAL: resume at the aligned position at or below the bytes done instead.
   const size_t resume_bytes =
       piece.aligned ? done_bytes / kDirectIoAlignment * kDirectIoAlignment : done_bytes;
+  const size_t previous_end_bytes = piece.end_bytes;
+  piece.end_bytes = std::max(piece.end_bytes, done_bytes);
   if (resume_bytes <= piece.resume_bytes) {
+    // No aligned progress. A read that stops at the same point again has hit end of file.
+    if (op == IoOp::kRead && done_bytes == previous_end_bytes) {
+      *error = EndOfFileError(piece, done_bytes);
+      return Outcome::kFailed;
+    }
     if (++piece.retries > kMaxRetries) {
       *error = DataLossError(fmt::format(
           "{}: short {}: only {} of {} bytes transferred, no aligned progress after {} attempts",

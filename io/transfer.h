@@ -39,6 +39,7 @@ struct Piece {
   // an O_DIRECT fd, so resubmissions must start at aligned positions too.
   bool aligned = false;
   size_t resume_bytes = 0;  // the next submission starts here (relative to the piece)
+  size_t end_bytes = 0;     // the furthest point a completion has reached
   int retries = 0;          // consecutive retries without progress
 
   uint64_t next_offset_bytes() const { return offset_bytes + resume_bytes; }
@@ -73,9 +74,10 @@ enum class Outcome {
 // `piece`. Short transfers advance the piece and ask for a resubmission of the remainder, as in
 // axboe/liburing examples/io_uring-cp.c; for an aligned piece the remainder starts at the aligned
 // position below the bytes done (rereading or rewriting a few bytes is harmless and O_DIRECT
-// needs it). EAGAIN/EINTR and writes of 0 bytes are retried up to kMaxRetries times; a read of 0
-// bytes is end of file: kDataLoss. Other errors: ErrnoToStatus naming piece.what, the offset and
-// the errno.
+// needs it). EAGAIN/EINTR and writes of 0 bytes are retried up to kMaxRetries times. End of file
+// on a read is kDataLoss: a read of 0 bytes, or, for an aligned piece, a short read that twice
+// ends at the same unaligned point (an O_DIRECT read stops at end of file). Other errors:
+// ErrnoToStatus naming piece.what, the offset and the errno.
 Outcome ApplyCompletion(IoOp op, int64_t result, Piece& piece, Status* error);
 
 // Sleeps a little longer with each retry (tens of microseconds up to about a millisecond).

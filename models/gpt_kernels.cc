@@ -873,9 +873,9 @@ Real HeadForward(const GptShape& s, const Real* params, const Real* x_in, const 
       losses[r] = std::log(SumExpShifted(row, V, mx)) + mx - row[targets[r]];
     }
   });
-  Real total = 0;
+  double total = 0;  // in token order, in double whatever Real is
   for (int64_t r = 0; r < N; ++r) total += losses[r];
-  return total / Real(N);
+  return static_cast<Real>(total / static_cast<double>(N));
 }
 
 template <typename Real>

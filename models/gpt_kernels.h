@@ -29,9 +29,14 @@
 // outside the range is a STRATA_CHECK failure, never an out-of-bounds read).
 //
 // Determinism: every function gives bit-identical results across runs and
-// independent of the number of threads (fixed blocking everywhere; reductions
-// over rows run in a fixed order; matrix products go through
-// gpu::host::Gemm, which is deterministic in the same sense).
+// independent of the number of threads, for one binary on one CPU (fixed
+// blocking everywhere; sums over rows run in a fixed order; transcendental
+// functions take the same vector code path for every element; matrix products
+// go through gpu::host::Gemm, deterministic in the same sense).
+//
+// Memory: no allocation inside the kernels beyond oneTBB's own and the GEMM's
+// per-thread packing buffers (grown once); all activations live in the
+// caller's buffers and scratch.
 //
 // Thread-safety: all functions are reentrant and keep no state; they run
 // oneTBB parallel loops internally (and may be called from inside oneTBB

@@ -128,9 +128,9 @@ void GenericTile(const Operands<Real>& o, int64_t i0, int64_t mb, int64_t j0, in
 constexpr int64_t kMr = 6;    // rows of the micro-tile
 constexpr int64_t kKc = 128;  // depth of one packed block
 
+// Columns of the micro-tile: two 256-bit vectors, 16 floats or 8 doubles.
 template <typename Real>
-constexpr int64_t kNr = 64 /
-                        static_cast<int64_t>(sizeof(Real));  // two 256-bit vectors: 16 f32, 8 f64
+constexpr int64_t kNr = 64 / static_cast<int64_t>(sizeof(Real));
 
 // Packs the block X(k0 .. k0+kc, x0 .. x0+width) of a row-major matrix X whose
 // rows are indexed by k (stride ld) as panels of kPanel columns: panel p holds,
@@ -175,7 +175,8 @@ void PackRowsByX(const Real* X, int64_t ld, int64_t k0, int64_t kc, int64_t x0, 
       }
     } else {
       for (int64_t k = 0; k < kc; ++k) {
-        for (int64_t c = 0; c < kPanel; ++c) dst[k * kPanel + c] = c < n ? src[c * ld + k] : Real(0);
+        for (int64_t c = 0; c < kPanel; ++c)
+          dst[k * kPanel + c] = c < n ? src[c * ld + k] : Real(0);
       }
     }
   }
@@ -204,37 +205,36 @@ void PackB(const Operands<Real>& o, int64_t k0, int64_t kc, int64_t j0, int64_t 
 // c (kMr x kNr, row stride ldc) = alpha * sum_k a[k] b[k]^T + (load_c ? beta * c : 0).
 // The sum over k runs in order, one FMA per k, in each lane. The twelve
 // accumulators are named variables so that they stay in registers.
-#define STRATA_MICRO_KERNEL(Real, Vec, W, SET0, LOAD, STORE, BCAST, SET1, MUL, FMA)           \
-  STRATA_TARGET_AVX2 void MicroKernel(int64_t kc, const Real* a, const Real* b, Real alpha,  \
-                                      Real beta, bool load_c, Real* c, int64_t ldc) {        \
-    Vec c00 = SET0(), c01 = SET0(), c10 = SET0(), c11 = SET0(), c20 = SET0(), c21 = SET0();  \
-    Vec c30 = SET0(), c31 = SET0(), c40 = SET0(), c41 = SET0(), c50 = SET0(), c51 = SET0();  \
-    for (int64_t k = 0; k < kc; ++k, a += kMr, b += 2 * W) {                                 \
-      const Vec b0 = LOAD(b), b1 = LOAD(b + W);                                              \
-      Vec av = BCAST(a + 0);                                                                 \
-      c00 = FMA(av, b0, c00), c01 = FMA(av, b1, c01);                                        \
-      av = BCAST(a + 1);                                                                     \
-      c10 = FMA(av, b0, c10), c11 = FMA(av, b1, c11);                                        \
-      av = BCAST(a + 2);                                                                     \
-      c20 = FMA(av, b0, c20), c21 = FMA(av, b1, c21);                                        \
-      av = BCAST(a + 3);                                                                     \
-      c30 = FMA(av, b0, c30), c31 = FMA(av, b1, c31);                                        \
-      av = BCAST(a + 4);                                                                     \
-      c40 = FMA(av, b0, c40), c41 = FMA(av, b1, c41);                                        \
-      av = BCAST(a + 5);                                                                     \
-      c50 = FMA(av, b0, c50), c51 = FMA(av, b1, c51);                                        \
-    }                                                                                        \
-    const Vec va = SET1(alpha), vb = SET1(beta);                                             \
-    Vec* accs[2 * kMr] = {&c00, &c01, &c10, &c11, &c20, &c21,                                \
-                          &c30, &c31, &c40, &c41, &c50, &c51};                               \
-    for (int64_t r = 0; r < kMr; ++r) {                                                      \
-      for (int64_t h = 0; h < 2; ++h) {                                                      \
-        Real* dst = c + r * ldc + h * W;                                                     \
-        Vec out = MUL(va, *accs[2 * r + h]);                                                 \
-        if (load_c) out = FMA(vb, LOAD(dst), out);                                           \
-        STORE(dst, out);                                                                     \
-      }                                                                                      \
-    }                                                                                        \
+#define STRATA_MICRO_KERNEL(Real, Vec, W, SET0, LOAD, STORE, BCAST, SET1, MUL, FMA)                \
+  STRATA_TARGET_AVX2 void MicroKernel(int64_t kc, const Real* a, const Real* b, Real alpha,        \
+                                      Real beta, bool load_c, Real* c, int64_t ldc) {              \
+    Vec c00 = SET0(), c01 = SET0(), c10 = SET0(), c11 = SET0(), c20 = SET0(), c21 = SET0();        \
+    Vec c30 = SET0(), c31 = SET0(), c40 = SET0(), c41 = SET0(), c50 = SET0(), c51 = SET0();        \
+    for (int64_t k = 0; k < kc; ++k, a += kMr, b += 2 * W) {                                       \
+      const Vec b0 = LOAD(b), b1 = LOAD(b + W);                                                    \
+      Vec av = BCAST(a + 0);                                                                       \
+      c00 = FMA(av, b0, c00), c01 = FMA(av, b1, c01);                                              \
+      av = BCAST(a + 1);                                                                           \
+      c10 = FMA(av, b0, c10), c11 = FMA(av, b1, c11);                                              \
+      av = BCAST(a + 2);                                                                           \
+      c20 = FMA(av, b0, c20), c21 = FMA(av, b1, c21);                                              \
+      av = BCAST(a + 3);                                                                           \
+      c30 = FMA(av, b0, c30), c31 = FMA(av, b1, c31);                                              \
+      av = BCAST(a + 4);                                                                           \
+      c40 = FMA(av, b0, c40), c41 = FMA(av, b1, c41);                                              \
+      av = BCAST(a + 5);                                                                           \
+      c50 = FMA(av, b0, c50), c51 = FMA(av, b1, c51);                                              \
+    }                                                                                              \
+    const Vec va = SET1(alpha), vb = SET1(beta);                                                   \
+    Vec* accs[2 * kMr] = {&c00, &c01, &c10, &c11, &c20, &c21, &c30, &c31, &c40, &c41, &c50, &c51}; \
+    for (int64_t r = 0; r < kMr; ++r) {                                                            \
+      for (int64_t h = 0; h < 2; ++h) {                                                            \
+        Real* dst = c + r * ldc + h * W;                                                           \
+        Vec out = MUL(va, *accs[2 * r + h]);                                                       \
+        if (load_c) out = FMA(vb, LOAD(dst), out);                                                 \
+        STORE(dst, out);                                                                           \
+      }                                                                                            \
+    }                                                                                              \
   }
 
 STRATA_MICRO_KERNEL(float, __m256, 8, _mm256_setzero_ps, _mm256_loadu_ps, _mm256_storeu_ps,

@@ -6,16 +6,16 @@
 //   beta == 0 means C is not read (it may hold NaN or garbage).
 //   M, N, K >= 0; with K == 0 the product is zero and C becomes beta * C.
 //
-// Through Eigen (strided Maps), parallel over tiles of C with oneTBB. The tiling
-// is a function of (M, N, K) only, never of the thread count, each tile of C is
-// computed by exactly one task, and Eigen runs single-threaded inside a task:
-// results are bit-identical across runs and across thread counts (on the same
-// binary and CPU).
+// Parallel over tiles of C with oneTBB. The tiling is a function of (M, N, K)
+// only, never of the thread count; each tile of C is computed start to end by
+// one task, with a fixed summation order over K. So results are bit-identical
+// across runs and across thread counts, for one binary on one CPU.
 //
-// Inside a tile, the product runs on a packed AVX2/FMA micro-kernel when the
-// CPU has AVX2 and FMA (chosen at run time; the binary stays x86-64 baseline),
-// else through Eigen (SSE2). The two differ in the last bits, so bit-identity
-// holds for one binary on one CPU.
+// Inside a tile the product runs on a packed, register-blocked AVX2/FMA
+// micro-kernel (the GotoBLAS/BLIS structure) when the CPU has AVX2 and FMA,
+// chosen once at run time (the binary stays x86-64 baseline); otherwise
+// through Eigen on strided Maps (single-threaded inside the tile). The two
+// implementations agree to rounding, not bit for bit.
 //
 // Thread-safety: reentrant; concurrent calls on disjoint C are safe, including
 // calls from inside oneTBB tasks (nested parallelism). C must not alias A or B.

@@ -105,6 +105,24 @@ TEST_P(BackendTest, ReadPastEndOfFileIsDataLossNamingTheFile) {
   EXPECT_THAT(s.message(), HasSubstr("end of file"));
 }
 
+TEST_P(BackendTest, ReadPastEndOfAnODirectFileIsDataLossAtTheRightOffset) {
+  if (!real_files()) GTEST_SKIP() << "the memory backend does not see the truncation";
+  TempDir dir;
+  auto backend = MakeBackend(GetParam());
+  ASSERT_NE(backend, nullptr);
+  UniqueFd fd = OpenFile(dir.File("direct"), /*direct=*/true);
+  ASSERT_TRUE(fd.valid());
+  AlignedBuffer data = RandomAligned(2 * kBlockBytes, 14);
+  ASSERT_TRUE(backend->Write(fd.get(), 0, data.span(), "direct file").ok());
+  ASSERT_EQ(::ftruncate(fd.get(), kBlockBytes + 5000), 0);  // ends inside the second piece
+  AlignedBuffer back = ZeroAligned(2 * kBlockBytes);
+  const Status s = backend->Read(fd.get(), 0, back.span(), "direct file");
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s.ToString();
+  EXPECT_THAT(s.message(), HasSubstr("direct file"));
+  EXPECT_THAT(s.message(),
+              HasSubstr("end of file at offset " + std::to_string(kBlockBytes + 5000)));
+}
+
 TEST_P(BackendTest, ErrorNamesTheFileTheOffsetAndTheErrno) {
   if (!real_files()) GTEST_SKIP() << "the memory backend makes no system calls on the fd";
   TempDir dir;

@@ -53,13 +53,15 @@ TEST_P(FaultInjectionTest, ShortWriteIsResubmittedForTheRemainder) {
 TEST_P(FaultInjectionTest, RepeatedShortReadsAreResubmittedUntilComplete) {
   FaultFixture f(GetParam());
   ASSERT_NE(f.backend, nullptr);
-  const std::vector<std::byte> data = RandomBytes(3 * kBlockBytes, 2);  // 3 pieces
-  ASSERT_TRUE(f.backend->Write(f.fd.get(), 0, data, "data file").ok());
+  // An unaligned buffer: pieces resume exactly where the short read stopped.
+  constexpr size_t kSize = 3 * kBlockBytes;  // 3 pieces
+  AlignedBuffer data = RandomAligned(kSize + 4096, 2);
+  ASSERT_TRUE(f.backend->Write(f.fd.get(), 0, data.span().subspan(1, kSize), "data file").ok());
   f.backend->AddFault(Fault::ShortTransfer(IoOp::kRead, 100, /*nth=*/1, /*times=*/3));
-  std::vector<std::byte> back(data.size());
-  const Status s = f.backend->Read(f.fd.get(), 0, back, "data file");
+  AlignedBuffer back = ZeroAligned(kSize + 4096);
+  const Status s = f.backend->Read(f.fd.get(), 0, back.span().subspan(1, kSize), "data file");
   ASSERT_TRUE(s.ok()) << s.ToString();
-  EXPECT_TRUE(back == data);
+  EXPECT_TRUE(SameBytes(back.data() + 1, data.data() + 1, kSize));
   EXPECT_EQ(f.backend->faults_injected(), 3u);
   EXPECT_EQ(f.backend->completions(IoOp::kRead), 6u);  // 3 pieces + 3 remainders
 }

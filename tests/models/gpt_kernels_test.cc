@@ -31,17 +31,17 @@ struct Case {
 // Tiny config from the spec: one attention row block, one group.
 Case TinyCase() { return {{17, 8, 2, 2, 8}, 2, 5}; }
 // T above the attention row block (64) and B above the group size
-// (ceil(256 / 70) = 4 sequences): two row blocks, groups of 4 and 1.
-Case LongCase() { return {{11, 80, 1, 2, 8}, 5, 70}; }
+// (ceil(256 / 65) = 4 sequences): two row blocks, groups of 4 and 1.
+Case LongCase() { return {{5, 65, 1, 2, 4}, 5, 65}; }
 
 bool Close(double got, double want, double atol, double rtol) {
   return std::abs(got - want) <= atol + rtol * std::max(std::abs(got), std::abs(want));
 }
 
 // Central differences of the loss (double) against the analytic gradient for
-// every element of every parameter tensor of every block, and for the
-// embedding output.
-void CheckAgainstFiniteDifferences(const Case& c, uint64_t seed) {
+// every element of every parameter tensor of every block, and for every
+// dx_stride-th element of the embedding output.
+void CheckAgainstFiniteDifferences(const Case& c, uint64_t seed, size_t dx_stride) {
   ASSERT_TRUE(ValidateShape(c.shape).ok());
   Model<double> m = RandomModel(c.shape, seed);
   const int n = c.B * c.T;
@@ -81,7 +81,7 @@ void CheckAgainstFiniteDifferences(const Case& c, uint64_t seed) {
     }
   }
   const std::vector<double> x0 = run.Embed(m, tokens);
-  for (size_t i = 0; i < x0.size(); ++i) {
+  for (size_t i = 0; i < x0.size(); i += dx_stride) {
     std::vector<double> x = x0;
     x[i] = x0[i] + kEps;
     const double up = run.LossFromX0(m, x, targets.data());
@@ -93,11 +93,11 @@ void CheckAgainstFiniteDifferences(const Case& c, uint64_t seed) {
 }
 
 TEST(GptBackward, MatchesCentralFiniteDifferencesForEveryParameter) {
-  CheckAgainstFiniteDifferences(TinyCase(), 1234);
+  CheckAgainstFiniteDifferences(TinyCase(), 1234, /*dx_stride=*/1);
 }
 
 TEST(GptBackward, MatchesFiniteDifferencesWithLongSequencesAndSeveralGroups) {
-  CheckAgainstFiniteDifferences(LongCase(), 99);
+  CheckAgainstFiniteDifferences(LongCase(), 99, /*dx_stride=*/7);
 }
 
 // Tolerance for float results against double: relative to the magnitude of
@@ -110,7 +110,7 @@ void ExpectFloatClose(const std::string& what, const std::vector<float>& f,
   for (double v : d) scale = std::max(scale, std::abs(v));
   int failures = 0;
   for (size_t i = 0; i < d.size(); ++i) {
-    if (!Close(f[i], d[i], 2e-4 * scale, 2e-3) && ++failures <= 10) {
+    if (!Close(f[i], d[i], 2e-5 * scale, 2e-4) && ++failures <= 10) {
       ADD_FAILURE() << what << "[" << i << "]: float " << f[i] << " double " << d[i]
                     << " (tensor max " << scale << ")";
     }
