@@ -1,12 +1,12 @@
 #include "engine/engine.h"
 
+#include <fmt/format.h>
+#include <xxhash.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <deque>
-
-#include <fmt/format.h>
-#include <xxhash.h>
 
 #include "base/aligned_buffer.h"
 #include "base/logging.h"
@@ -101,9 +101,7 @@ class Engine::Impl {
   Status ProcessLanding(bool first_mb, bool last_mb);
   Status OptimizerStep(float grad_scale);
   // Copy-out target for block b's new working params (pinned).
-  gpu::PinnedSpan WorkingHome(int b) {
-    return nvme_params() ? copy_out_.span() : home_[b].span();
-  }
+  gpu::PinnedSpan WorkingHome(int b) { return nvme_params() ? copy_out_.span() : home_[b].span(); }
   Status PublishWorkingParams(int b);  // working home -> NVMe and/or resident slot
   Status LoadOptimState(int b, float** p32, float** m, float** v);
   Status StoreOptimState(int b);
@@ -148,7 +146,7 @@ class Engine::Impl {
   std::unique_ptr<gpu::Event> io_done_;
   gpu::PinnedBuffer optim_staging_;  // NVMe optimizer: [p32 | m | v] of one block
 
-  std::vector<AlignedBuffer> accum_;  // fp32 gradient accumulators per block
+  std::vector<AlignedBuffer> accum_;        // fp32 gradient accumulators per block
   std::vector<AlignedBuffer> p32_, m_, v_;  // host optimizer home
 
   std::unique_ptr<io::IoBackend> io_;
@@ -226,7 +224,8 @@ Status Engine::Impl::Init() {
 
   // Pinned and host memory.
   for (int i = 0; i < 2; ++i) {
-    STRATA_ASSIGN_OR_RETURN(bucket_[i], device_->AllocatePinned(plan_.slot_bytes, "gradient bucket"));
+    STRATA_ASSIGN_OR_RETURN(bucket_[i],
+                            device_->AllocatePinned(plan_.slot_bytes, "gradient bucket"));
     STRATA_ASSIGN_OR_RETURN(landed_[i], event());
   }
   STRATA_ASSIGN_OR_RETURN(grad_ready_, event());
@@ -334,8 +333,8 @@ Status Engine::Impl::EnsureLoaded(int b, std::span<const int> protect) {
   if (nvme_params()) {
     // The pinned staging may still feed the slot's previous copy.
     STRATA_RETURN_IF_ERROR(victim->ready->Synchronize());
-    STRATA_RETURN_IF_ERROR(swap_->Read(
-        ParamsExtent(b), victim->staging.span().bytes().subspan(0, io::SwapStore::PaddedSize(bytes))));
+    STRATA_RETURN_IF_ERROR(swap_->Read(ParamsExtent(b), victim->staging.span().bytes().subspan(
+                                                            0, io::SwapStore::PaddedSize(bytes))));
     STRATA_RETURN_IF_ERROR(h2d_->CopyH2D(victim->dev, victim->staging.span().subspan(0, bytes)));
   } else {
     STRATA_RETURN_IF_ERROR(h2d_->CopyH2D(victim->dev, home_[b].span().subspan(0, bytes)));
@@ -372,7 +371,8 @@ StatusOr<const float*> Engine::Impl::AcquireParams(int b, std::span<const int> w
   }
   // Once the params are staged (or, for fp32, after this block's op) the slot
   // is free; record the release after the op for fp32, here otherwise.
-  if (slot && o_.precision != DType::kF32) STRATA_RETURN_IF_ERROR(compute_->Record(*slot->released));
+  if (slot && o_.precision != DType::kF32)
+    STRATA_RETURN_IF_ERROR(compute_->Record(*slot->released));
   // Prefetch the next blocks of the sequence into the other slots; the window
   // (this block and the next ones) is never evicted.
   const size_t depth = slots_.empty() ? 0 : slots_.size() - 1;
@@ -448,16 +448,17 @@ Status Engine::Impl::ProcessLanding(bool first_mb, bool last_mb) {
   STRATA_RETURN_IF_ERROR(landed_[l.bucket]->Synchronize());
   const cpu_optim::GradView g{bucket_[l.bucket].data(), o_.precision};
   STRATA_ASSIGN_OR_RETURN(
-      auto stats, cpu_optim::AccumulateGrad(std::span<float>(accum_[l.block].as<float>(), np(l.block)),
-                                            g, first_mb, last_mb));
+      auto stats,
+      cpu_optim::AccumulateGrad(std::span<float>(accum_[l.block].as<float>(), np(l.block)), g,
+                                first_mb, last_mb));
   if (last_mb) cpu_optim::Merge(stats_, stats);
   return Status::Ok();
 }
 
 StatusOr<StepResult> Engine::Impl::Step(std::span<const MicroBatch> mbs) {
   if (static_cast<int>(mbs.size()) != o_.grad_accum_steps) {
-    return InvalidArgumentError(fmt::format("Step got {} micro-batches, expected {}", mbs.size(),
-                                            o_.grad_accum_steps));
+    return InvalidArgumentError(
+        fmt::format("Step got {} micro-batches, expected {}", mbs.size(), o_.grad_accum_steps));
   }
   const MicroBatchShape shape = o_.micro_batch;
   // The order blocks are used in: forward 0..n-1, backward n-1..0, per micro-batch.
@@ -476,7 +477,8 @@ StatusOr<StepResult> Engine::Impl::Step(std::span<const MicroBatch> mbs) {
     STRATA_RETURN_IF_ERROR(ForwardPass(shape, true, static_cast<int>(i), seq, &cursor));
     for (int b = n_ - 1; b >= 0; --b, ++cursor) {
       STRATA_CHECK(seq[cursor] == b);
-      STRATA_ASSIGN_OR_RETURN(const float* params, AcquireParams(b, std::span(seq).subspan(cursor)));
+      STRATA_ASSIGN_OR_RETURN(const float* params,
+                              AcquireParams(b, std::span(seq).subspan(cursor)));
       BlockBuffers buf;
       buf.params = params;
       buf.grads = grads_.as<float>();
@@ -508,8 +510,7 @@ StatusOr<StepResult> Engine::Impl::Step(std::span<const MicroBatch> mbs) {
       const int k = next_bucket_;
       next_bucket_ ^= 1;
       STRATA_RETURN_IF_ERROR(d2h_->Wait(*grad_ready_));
-      STRATA_RETURN_IF_ERROR(
-          d2h_->CopyD2H(bucket_[k].span(), grads_.subspan(0, np(b) * w_)));
+      STRATA_RETURN_IF_ERROR(d2h_->CopyD2H(bucket_[k].span(), grads_.subspan(0, np(b) * w_)));
       STRATA_RETURN_IF_ERROR(d2h_->Record(*landed_[k]));
       // The next backward overwrites grads_: only after the copy has read it.
       STRATA_RETURN_IF_ERROR(compute_->Wait(*landed_[k]));
@@ -532,8 +533,8 @@ StatusOr<StepResult> Engine::Impl::Step(std::span<const MicroBatch> mbs) {
   result.grad_norm = overflow ? INFINITY : std::sqrt(stats_.sum_squares) / scale;
   if (scaler_.Update(overflow)) {
     result.skipped = true;
-    STRATA_LOG_WARNING("step {}: non-finite gradient, update skipped; loss scale now {}",
-                       step_ + 1, scaler_.scale());
+    STRATA_LOG_WARNING("step {}: non-finite gradient, update skipped; loss scale now {}", step_ + 1,
+                       scaler_.scale());
     ++step_;
     return result;
   }
@@ -584,8 +585,8 @@ StatusOr<std::vector<float>> Engine::Impl::NextTokenLogits(std::span<const int32
   const MicroBatchShape shape{1, static_cast<int>(tokens.size())};
   if (tokens.empty() || shape.tokens() > o_.micro_batch.tokens() ||
       shape.seq_len > model_->max_seq_len()) {
-    return InvalidArgumentError(fmt::format("context of {} tokens is empty or too long",
-                                            tokens.size()));
+    return InvalidArgumentError(
+        fmt::format("context of {} tokens is empty or too long", tokens.size()));
   }
   STRATA_RETURN_IF_ERROR(UploadTokens(MicroBatch{tokens, {}}, shape, /*with_targets=*/false));
   std::vector<int> seq(n_);
@@ -631,8 +632,8 @@ Engine::~Engine() = default;
 StatusOr<std::unique_ptr<Engine>> Engine::Create(Model* model, gpu::Device* device,
                                                  const EngineOptions& options) {
   if (!model || !device) return InvalidArgumentError("Engine::Create needs a model and a device");
-  STRATA_ASSIGN_OR_RETURN(Plan plan, MakePlan(*model, options.precision, options.micro_batch,
-                                              options.placement));
+  STRATA_ASSIGN_OR_RETURN(
+      Plan plan, MakePlan(*model, options.precision, options.micro_batch, options.placement));
   auto impl = std::make_unique<Impl>(model, device, options, std::move(plan));
   STRATA_RETURN_IF_ERROR(impl->Init());
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
@@ -648,7 +649,9 @@ StatusOr<std::vector<float>> Engine::NextTokenLogits(std::span<const int32_t> to
   return impl_->NextTokenLogits(tokens);
 }
 StatusOr<uint64_t> Engine::MasterWeightsXxh3() { return impl_->MasterWeightsXxh3(); }
-StatusOr<std::vector<float>> Engine::MasterWeights(int block) { return impl_->MasterWeights(block); }
+StatusOr<std::vector<float>> Engine::MasterWeights(int block) {
+  return impl_->MasterWeights(block);
+}
 void Engine::SetLearningRate(float lr) { impl_->SetLearningRate(lr); }
 EngineCounters Engine::counters() const { return impl_->counters(); }
 int64_t Engine::steps_taken() const { return impl_->steps_taken(); }

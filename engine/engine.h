@@ -45,11 +45,11 @@ struct EngineOptions {
   MicroBatchShape micro_batch;     // shape of every training micro-batch
   int grad_accum_steps = 1;
   cpu_optim::AdamWConfig adamw;
-  float grad_clip_norm = 1.0f;     // clip by global L2 norm; 0 = off
-  LossScalerOptions loss_scaler;   // used when precision is fp16
-  PlacementOptions placement;      // budgets, homes, NVMe paths
+  float grad_clip_norm = 1.0f;    // clip by global L2 norm; 0 = off
+  LossScalerOptions loss_scaler;  // used when precision is fp16
+  PlacementOptions placement;     // budgets, homes, NVMe paths
   io::IoBackendOptions io;
-  uint64_t seed = 1337;            // parameter initialisation
+  uint64_t seed = 1337;  // parameter initialisation
 };
 
 // One micro-batch of token ids, host memory, (B, T) int32 each, row-major.
@@ -59,10 +59,10 @@ struct MicroBatch {
 };
 
 struct StepResult {
-  float loss = 0;          // mean over the micro-batches
-  double grad_norm = 0;    // global L2 norm of the unscaled gradient (before clipping)
-  bool skipped = false;    // fp16 overflow: no parameter changed
-  float loss_scale = 1;    // the scale used for this step
+  float loss = 0;        // mean over the micro-batches
+  double grad_norm = 0;  // global L2 norm of the unscaled gradient (before clipping)
+  bool skipped = false;  // fp16 overflow: no parameter changed
+  float loss_scale = 1;  // the scale used for this step
 };
 
 struct EngineCounters {

@@ -10,10 +10,10 @@
 namespace strata::engine {
 
 struct LossScalerOptions {
-  bool dynamic = true;            // false: the scale stays at initial_scale
+  bool dynamic = true;             // false: the scale stays at initial_scale
   float initial_scale = 65536.0f;  // 2^16
   float min_scale = 1.0f;
-  float max_scale = 16777216.0f;   // 2^24
+  float max_scale = 16777216.0f;  // 2^24
   float backoff_factor = 0.5f;
   float growth_factor = 2.0f;
   int64_t growth_interval = 1000;  // clean steps before growing

@@ -30,18 +30,18 @@ struct MicroBatchShape {
 // Device pointers for one block's forward or backward on a micro-batch. Fields
 // not used by a block's role are null. All buffers are device memory.
 struct BlockBuffers {
-  const float* params = nullptr;   // (num_params) fp32 working parameters
-  float* grads = nullptr;          // (num_params) fp32, overwritten by Backward
-  const float* x_in = nullptr;     // (B, T, C) boundary activation in; null for the first block
-  float* x_out = nullptr;          // (B, T, C) out; null for the last block
-  const float* dx_out = nullptr;   // (B, T, C) gradient of x_out (Backward, not the last block)
-  float* dx_in = nullptr;          // (B, T, C) gradient of x_in (Backward, not the first block)
+  const float* params = nullptr;     // (num_params) fp32 working parameters
+  float* grads = nullptr;            // (num_params) fp32, overwritten by Backward
+  const float* x_in = nullptr;       // (B, T, C) boundary activation in; null for the first block
+  float* x_out = nullptr;            // (B, T, C) out; null for the last block
+  const float* dx_out = nullptr;     // (B, T, C) gradient of x_out (Backward, not the last block)
+  float* dx_in = nullptr;            // (B, T, C) gradient of x_in (Backward, not the first block)
   const int32_t* tokens = nullptr;   // (B, T) first block
   const int32_t* targets = nullptr;  // (B, T) last block; null in Forward = no loss
-  float* logits = nullptr;         // (B, T, V) last block
-  float* loss = nullptr;           // (1) last block Forward: mean cross-entropy over B*T
-  float dloss = 1.0f;              // last block Backward: d(objective)/d(mean loss), incl. loss scale
-  float* scratch = nullptr;        // ScratchBytes(shape) bytes
+  float* logits = nullptr;           // (B, T, V) last block
+  float* loss = nullptr;             // (1) last block Forward: mean cross-entropy over B*T
+  float dloss = 1.0f;        // last block Backward: d(objective)/d(mean loss), incl. loss scale
+  float* scratch = nullptr;  // ScratchBytes(shape) bytes
   MicroBatchShape shape;
 };
 

@@ -1,8 +1,8 @@
 #include "engine/planner.h"
 
-#include <algorithm>
-
 #include <fmt/format.h>
+
+#include <algorithm>
 
 #include "base/units.h"
 #include "gpu/device.h"
@@ -11,9 +11,12 @@ namespace strata::engine {
 
 std::string_view ParamHomeName(ParamHome h) {
   switch (h) {
-    case ParamHome::kDevice: return "device";
-    case ParamHome::kHost: return "host";
-    case ParamHome::kNvme: return "nvme";
+    case ParamHome::kDevice:
+      return "device";
+    case ParamHome::kHost:
+      return "host";
+    case ParamHome::kNvme:
+      return "nvme";
   }
   return "?";
 }
@@ -34,15 +37,14 @@ StatusOr<OptimizerHome> ParseOptimizerHome(std::string_view s) {
 }
 
 int Plan::num_resident() const {
-  return static_cast<int>(std::count_if(blocks.begin(), blocks.end(),
-                                        [](const Block& b) { return b.resident; }));
+  return static_cast<int>(
+      std::count_if(blocks.begin(), blocks.end(), [](const Block& b) { return b.resident; }));
 }
 
 namespace {
 uint64_t Aligned(uint64_t n) { return AlignUp(n, gpu::DeviceArena::kAlignment); }
 
-std::vector<DeviceRegion> FixedRegions(const Model& model, DType precision,
-                                       MicroBatchShape shape) {
+std::vector<DeviceRegion> FixedRegions(const Model& model, DType precision, MicroBatchShape shape) {
   const int n = model.num_blocks();
   int64_t max_block_params = 0;
   uint64_t max_scratch = 0;
@@ -61,8 +63,8 @@ std::vector<DeviceRegion> FixedRegions(const Model& model, DType precision,
       {"gradients of one block (fp32)", static_cast<uint64_t>(max_block_params) * 4},
   };
   if (precision != DType::kF32) {
-    fixed.push_back({"fp32 staging of one block's params",
-                     static_cast<uint64_t>(max_block_params) * 4});
+    fixed.push_back(
+        {"fp32 staging of one block's params", static_cast<uint64_t>(max_block_params) * 4});
   }
   return fixed;
 }
@@ -87,9 +89,9 @@ StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape sha
     return InvalidArgumentError("device budget is zero; give one with units, e.g. 64MiB");
   }
   if (shape.batch_size <= 0 || shape.seq_len <= 0 || shape.seq_len > model.max_seq_len()) {
-    return InvalidArgumentError(fmt::format(
-        "micro-batch {}x{} is invalid: need batch >= 1 and 1 <= seq_len <= {}", shape.batch_size,
-        shape.seq_len, model.max_seq_len()));
+    return InvalidArgumentError(
+        fmt::format("micro-batch {}x{} is invalid: need batch >= 1 and 1 <= seq_len <= {}",
+                    shape.batch_size, shape.seq_len, model.max_seq_len()));
   }
   const bool nvme = o.param_home == ParamHome::kNvme || o.optimizer_home == OptimizerHome::kNvme;
   if (nvme && o.nvme_paths.empty()) {
@@ -117,9 +119,7 @@ StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape sha
   uint64_t fixed_total = 0;
   for (const auto& r : fixed) fixed_total += Aligned(r.size_bytes);
 
-  const auto block_bytes = [&](int b) {
-    return static_cast<uint64_t>(p.blocks[b].num_params) * w;
-  };
+  const auto block_bytes = [&](int b) { return static_cast<uint64_t>(p.blocks[b].num_params) * w; };
   uint64_t all_resident = fixed_total;
   for (int b = 0; b < n; ++b) all_resident += Aligned(block_bytes(b));
 
@@ -187,9 +187,11 @@ StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape sha
   }
   if (o.optimizer_home == OptimizerHome::kNvme) p.pinned_bytes += 3 * padded_block_f32;
   p.host_bytes = static_cast<uint64_t>(p.model_params) * 4;  // fp32 gradient accumulators
-  if (o.optimizer_home == OptimizerHome::kHost) p.host_bytes += static_cast<uint64_t>(p.model_params) * 12;
+  if (o.optimizer_home == OptimizerHome::kHost)
+    p.host_bytes += static_cast<uint64_t>(p.model_params) * 12;
   if (o.param_home == ParamHome::kNvme) p.nvme_bytes += params_w;
-  if (o.optimizer_home == OptimizerHome::kNvme) p.nvme_bytes += static_cast<uint64_t>(p.model_params) * 12;
+  if (o.optimizer_home == OptimizerHome::kNvme)
+    p.nvme_bytes += static_cast<uint64_t>(p.model_params) * 12;
   if (p.pinned_bytes > o.pinned_budget_bytes) {
     return ResourceExhaustedError(fmt::format(
         "pinned host budget {} is {} short: the plan pins {}", FormatBytes(o.pinned_budget_bytes),
@@ -219,7 +221,8 @@ std::string Plan::Describe() const {
     line("           streamed per use from {}: {}", ParamHomeName(param_home), streamed);
   }
   for (const auto& r : device_regions) {
-    if (r.label.rfind("resident params", 0) == 0 || r.label.rfind("streaming slot", 0) == 0) continue;
+    if (r.label.rfind("resident params", 0) == 0 || r.label.rfind("streaming slot", 0) == 0)
+      continue;
     line("           {:>10}  {}", FormatBytes(r.size_bytes), r.label);
   }
   line("  pinned   {}: {}gradient landing buckets", FormatBytes(pinned_bytes),

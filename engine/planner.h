@@ -25,12 +25,12 @@ StatusOr<ParamHome> ParseParamHome(std::string_view s);
 StatusOr<OptimizerHome> ParseOptimizerHome(std::string_view s);
 
 struct PlacementOptions {
-  uint64_t device_budget_bytes = 0;         // the whole device arena; must be > 0
+  uint64_t device_budget_bytes = 0;  // the whole device arena; must be > 0
   uint64_t pinned_budget_bytes = 64ull << 30;
   ParamHome param_home = ParamHome::kNvme;  // kDevice: every block must be resident
   OptimizerHome optimizer_home = OptimizerHome::kNvme;
-  std::vector<std::string> nvme_paths;      // required when anything lives on NVMe
-  int streaming_slots = 2;                  // >= 2 when any block streams
+  std::vector<std::string> nvme_paths;  // required when anything lives on NVMe
+  int streaming_slots = 2;              // >= 2 when any block streams
 };
 
 struct DeviceRegion {
@@ -52,14 +52,14 @@ struct Plan {
   int streaming_slots = 0;
   int64_t model_params = 0;
   int64_t max_block_params = 0;
-  uint64_t slot_bytes = 0;             // one block's working params, padded
+  uint64_t slot_bytes = 0;  // one block's working params, padded
   std::vector<DeviceRegion> device_regions;
   uint64_t device_budget_bytes = 0;
-  uint64_t device_total_bytes = 0;     // sum of regions (each aligned to 256 B)
-  uint64_t pinned_bytes = 0;           // param home or NVMe staging, gradient buckets
-  uint64_t host_bytes = 0;             // fp32 gradient accumulators (+ optimizer state if on host)
-  uint64_t nvme_bytes = 0;             // swap store payload
-  uint64_t model_state_bytes = 0;      // p16 + g16 + p32 + m + v over all params
+  uint64_t device_total_bytes = 0;  // sum of regions (each aligned to 256 B)
+  uint64_t pinned_bytes = 0;        // param home or NVMe staging, gradient buckets
+  uint64_t host_bytes = 0;          // fp32 gradient accumulators (+ optimizer state if on host)
+  uint64_t nvme_bytes = 0;          // swap store payload
+  uint64_t model_state_bytes = 0;   // p16 + g16 + p32 + m + v over all params
 
   int num_resident() const;
   // The plan in plain words, one tier per line.

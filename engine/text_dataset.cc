@@ -1,9 +1,9 @@
 #include "engine/text_dataset.h"
 
+#include <fmt/format.h>
+
 #include <cerrno>
 #include <fstream>
-
-#include <fmt/format.h>
 
 namespace strata::engine {
 

@@ -16,8 +16,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <span>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -35,7 +35,9 @@ struct DeviceSpan {
   std::byte* data = nullptr;
   size_t size_bytes = 0;
   template <typename T>
-  T* as() const { return reinterpret_cast<T*>(data); }
+  T* as() const {
+    return reinterpret_cast<T*>(data);
+  }
   DeviceSpan subspan(size_t offset_bytes, size_t size) const;  // STRATA_CHECKs bounds
 };
 
@@ -45,7 +47,9 @@ struct PinnedSpan {
   std::byte* data = nullptr;
   size_t size_bytes = 0;
   template <typename T>
-  T* as() const { return reinterpret_cast<T*>(data); }
+  T* as() const {
+    return reinterpret_cast<T*>(data);
+  }
   PinnedSpan subspan(size_t offset_bytes, size_t size) const;
   std::span<std::byte> bytes() const { return {data, size_bytes}; }
 };
@@ -63,7 +67,9 @@ class PinnedBuffer {
   std::byte* data() const { return data_; }
   size_t size_bytes() const { return size_bytes_; }
   template <typename T>
-  T* as() const { return reinterpret_cast<T*>(data_); }
+  T* as() const {
+    return reinterpret_cast<T*>(data_);
+  }
 
  private:
   friend class Device;
@@ -87,7 +93,8 @@ class DeviceArena {
   size_t used_bytes() const { return used_bytes_; }  // also the peak: nothing is freed
 
  protected:
-  DeviceArena(std::byte* base, size_t capacity_bytes) : base_(base), capacity_bytes_(capacity_bytes) {}
+  DeviceArena(std::byte* base, size_t capacity_bytes)
+      : base_(base), capacity_bytes_(capacity_bytes) {}
 
  private:
   std::byte* base_;

@@ -26,7 +26,8 @@ StatusOr<GptShape> GptPreset(std::string_view name) {
   }
   std::string names;
   for (const auto& p : kPresets) names += std::string(names.empty() ? "" : ", ") + p.name;
-  return InvalidArgumentError(fmt::format("unknown model preset '{}': choose one of {}", name, names));
+  return InvalidArgumentError(
+      fmt::format("unknown model preset '{}': choose one of {}", name, names));
 }
 
 std::vector<std::string> GptPresetNames() {
@@ -55,18 +56,24 @@ GptModel::Kind GptModel::kind(int block) const {
 
 std::string GptModel::block_name(int block) const {
   switch (kind(block)) {
-    case Kind::kEmbedding: return "embedding";
-    case Kind::kHead: return "head";
-    case Kind::kLayer: break;
+    case Kind::kEmbedding:
+      return "embedding";
+    case Kind::kHead:
+      return "head";
+    case Kind::kLayer:
+      break;
   }
   return fmt::format("layer{}", block - 1);
 }
 
 int64_t GptModel::block_num_params(int block) const {
   switch (kind(block)) {
-    case Kind::kEmbedding: return EmbeddingNumParams(shape_);
-    case Kind::kHead: return HeadNumParams(shape_);
-    case Kind::kLayer: break;
+    case Kind::kEmbedding:
+      return EmbeddingNumParams(shape_);
+    case Kind::kHead:
+      return HeadNumParams(shape_);
+    case Kind::kLayer:
+      break;
   }
   return LayerNumParams(shape_);
 }
@@ -81,9 +88,12 @@ int64_t GptModel::logits_elems(engine::MicroBatchShape s) const {
 
 int64_t GptModel::scratch_bytes(int block, engine::MicroBatchShape s) const {
   switch (kind(block)) {
-    case Kind::kEmbedding: return 0;
-    case Kind::kHead: return HeadScratchElems(shape_, s.batch_size, s.seq_len) * 4;
-    case Kind::kLayer: break;
+    case Kind::kEmbedding:
+      return 0;
+    case Kind::kHead:
+      return HeadScratchElems(shape_, s.batch_size, s.seq_len) * 4;
+    case Kind::kLayer:
+      break;
   }
   return LayerScratchElems(shape_, s.batch_size, s.seq_len) * 4;
 }
@@ -91,9 +101,15 @@ int64_t GptModel::scratch_bytes(int block, engine::MicroBatchShape s) const {
 void GptModel::InitParams(int block, uint64_t seed, std::span<float> out) const {
   STRATA_CHECK(static_cast<int64_t>(out.size()) == block_num_params(block));
   switch (kind(block)) {
-    case Kind::kEmbedding: InitEmbeddingParams(shape_, seed, out.data()); return;
-    case Kind::kHead: InitHeadParams(shape_, seed, out.data()); return;
-    case Kind::kLayer: InitLayerParams(shape_, block - 1, seed, out.data()); return;
+    case Kind::kEmbedding:
+      InitEmbeddingParams(shape_, seed, out.data());
+      return;
+    case Kind::kHead:
+      InitHeadParams(shape_, seed, out.data());
+      return;
+    case Kind::kLayer:
+      InitLayerParams(shape_, block - 1, seed, out.data());
+      return;
   }
 }
 
@@ -113,8 +129,8 @@ Status GptModel::Forward(int block, const engine::BlockBuffers& b, gpu::Stream& 
       });
     case Kind::kHead:
       return stream.LaunchHost([=] {
-        const float loss = HeadForward<float>(sh, b.params, b.x_in, b.targets, B, T, b.logits,
-                                              b.scratch);
+        const float loss =
+            HeadForward<float>(sh, b.params, b.x_in, b.targets, B, T, b.logits, b.scratch);
         if (b.targets && b.loss) *b.loss = loss;
         return Status::Ok();
       });

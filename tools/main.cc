@@ -1,9 +1,9 @@
 // strata: one binary, git-style subcommands. The only place that reads flags.
-#include <cstdio>
-#include <string>
+#include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
-#include <fmt/format.h>
+#include <cstdio>
+#include <string>
 
 #include "base/logging.h"
 #include "tools/train_command.h"

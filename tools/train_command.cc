@@ -1,14 +1,14 @@
 #include "tools/train_command.h"
 
+#include <fmt/format.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <random>
-
-#include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <random>
 
 #include "base/dtype.h"
 #include "base/units.h"
@@ -21,52 +21,73 @@
 namespace strata::tools {
 
 void AddTrainFlags(CLI::App& cmd, TrainFlags& f) {
-  cmd.add_option("--data", f.data, "Text file to train on, byte-level tokens, 90/10 train/val split")
+  cmd.add_option("--data", f.data,
+                 "Text file to train on, byte-level tokens, 90/10 train/val split")
       ->capture_default_str();
   cmd.add_option("--model", f.model, "Model preset: tiny, small, gpt2-124m, gpt2-350m, ...")
       ->capture_default_str();
-  cmd.add_option("--steps", f.steps, "Optimizer steps")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd.add_option("--steps", f.steps, "Optimizer steps")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cmd.add_option("--micro-batch-size", f.micro_batch_size, "Sequences per micro-batch")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cmd.add_option("--seq-len", f.seq_len, "Tokens per sequence (<= the model's context)")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cmd.add_option("--grad-accum-steps", f.grad_accum_steps, "Micro-batches per optimizer step")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cmd.add_option("--lr", f.lr, "Peak AdamW learning rate (linear warmup, cosine decay to 10%)")
-      ->capture_default_str()->check(CLI::PositiveNumber);
-  cmd.add_option("--warmup-steps", f.warmup_steps, "Learning-rate warmup steps")->capture_default_str();
-  cmd.add_option("--weight-decay", f.weight_decay, "AdamW decoupled weight decay")->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd.add_option("--warmup-steps", f.warmup_steps, "Learning-rate warmup steps")
+      ->capture_default_str();
+  cmd.add_option("--weight-decay", f.weight_decay, "AdamW decoupled weight decay")
+      ->capture_default_str();
   cmd.add_option("--grad-clip", f.grad_clip, "Clip the global gradient norm to this; 0 = off")
       ->capture_default_str();
-  cmd.add_option("--seed", f.seed, "Seed of initialisation, data order and sampling")->capture_default_str();
-  cmd.add_option("--precision", f.precision, "Working params and gradients: bf16, fp16 (dynamic loss "
-                 "scaling) or fp32")->capture_default_str();
+  cmd.add_option("--seed", f.seed, "Seed of initialisation, data order and sampling")
+      ->capture_default_str();
+  cmd.add_option("--precision", f.precision,
+                 "Working params and gradients: bf16, fp16 (dynamic loss "
+                 "scaling) or fp32")
+      ->capture_default_str();
   cmd.add_option("--device", f.device, "auto, host (CPU emulation of a device) or cuda")
       ->capture_default_str();
-  cmd.add_option("--device-budget", f.device_budget,
-                 "Device memory for the whole arena, e.g. 64MiB, 2GiB, 1e9 (GB = 1e9 B, GiB = 2^30 B); "
-                 "auto = midway between the streaming minimum and the working params alone")
+  cmd.add_option(
+         "--device-budget", f.device_budget,
+         "Device memory for the whole arena, e.g. 64MiB, 2GiB, 1e9 (GB = 1e9 B, GiB = 2^30 B); "
+         "auto = midway between the streaming minimum and the working params alone")
       ->capture_default_str();
-  cmd.add_option("--offload-params", f.offload_params,
-                 "Home of working params between uses: device (all resident), host (pinned) or nvme")
+  cmd.add_option(
+         "--offload-params", f.offload_params,
+         "Home of working params between uses: device (all resident), host (pinned) or nvme")
       ->capture_default_str();
   cmd.add_option("--offload-optimizer", f.offload_optimizer,
-                 "Home of fp32 master weights and Adam m, v: host or nvme")->capture_default_str();
+                 "Home of fp32 master weights and Adam m, v: host or nvme")
+      ->capture_default_str();
   cmd.add_option("--nvme-path", f.nvme_paths,
                  "Directory for swap files (repeat for several drives; extents are striped); a "
                  "private 0700 subdirectory is made and removed at exit. Default: .");
-  cmd.add_option("--io-backend", f.io_backend, "NVMe I/O backend: auto (io_uring if allowed), uring or posix")
+  cmd.add_option("--io-backend", f.io_backend,
+                 "NVMe I/O backend: auto (io_uring if allowed), uring or posix")
       ->capture_default_str();
-  cmd.add_option("--summary-json", f.summary_json, "Write the run's summary as one JSON object here");
-  cmd.add_option("--eval-every", f.eval_every, "Validation loss every N steps and at the end; 0 = off")
+  cmd.add_option("--summary-json", f.summary_json,
+                 "Write the run's summary as one JSON object here");
+  cmd.add_option("--eval-every", f.eval_every,
+                 "Validation loss every N steps and at the end; 0 = off")
       ->capture_default_str();
   cmd.add_option("--eval-batches", f.eval_batches, "Micro-batches per validation pass")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cmd.add_option("--sample-bytes", f.sample_bytes, "Bytes of text to sample at the end; 0 = off")
       ->capture_default_str();
-  cmd.add_option("--log-every", f.log_every, "Print a progress line every N steps")->capture_default_str();
-  cmd.add_option("--copy-bandwidth", f.copy_bandwidth,
-                 "Host device only: throttle H2D/D2H copies to this many bytes/s (0 = memcpy speed)")
+  cmd.add_option("--log-every", f.log_every, "Print a progress line every N steps")
+      ->capture_default_str();
+  cmd.add_option(
+         "--copy-bandwidth", f.copy_bandwidth,
+         "Host device only: throttle H2D/D2H copies to this many bytes/s (0 = memcpy speed)")
       ->capture_default_str();
 }
 
@@ -91,8 +112,8 @@ StatusOr<float> Evaluate(engine::Engine& e, const engine::TextDataset& data, con
   double sum = 0;
   for (int i = 0; i < f.eval_batches; ++i) {
     data.ValBatch(i, f.eval_batches, f.micro_batch_size, f.seq_len, &tokens, &targets);
-    STRATA_ASSIGN_OR_RETURN(float loss, e.EvaluateLoss({tokens, targets},
-                                                       {f.micro_batch_size, f.seq_len}));
+    STRATA_ASSIGN_OR_RETURN(float loss,
+                            e.EvaluateLoss({tokens, targets}, {f.micro_batch_size, f.seq_len}));
     sum += loss;
   }
   return static_cast<float>(sum / f.eval_batches);
@@ -105,8 +126,7 @@ StatusOr<std::string> Sample(engine::Engine& e, const TrainFlags& f, std::mt1993
   const double temperature = 0.8;
   while (static_cast<int64_t>(out.size()) < f.sample_bytes) {
     const size_t keep = std::min<size_t>(context.size(), f.seq_len);
-    STRATA_ASSIGN_OR_RETURN(auto logits,
-                            e.NextTokenLogits(std::span(context).last(keep)));
+    STRATA_ASSIGN_OR_RETURN(auto logits, e.NextTokenLogits(std::span(context).last(keep)));
     double maxv = -INFINITY;
     for (float l : logits) maxv = std::max<double>(maxv, l);
     std::vector<double> p(logits.size());
@@ -139,7 +159,8 @@ Status RunTrain(const TrainFlags& f) {
     return InvalidArgumentError("--io-backend memory is for tests; use auto, uring or posix");
   }
   if (f.device != "auto" && f.device != "host" && f.device != "cuda") {
-    return InvalidArgumentError(fmt::format("--device '{}' is not one of auto, host, cuda", f.device));
+    return InvalidArgumentError(
+        fmt::format("--device '{}' is not one of auto, host, cuda", f.device));
   }
   if (f.device == "cuda") {
     return UnavailableError(
@@ -172,7 +193,8 @@ Status RunTrain(const TrainFlags& f) {
     // some blocks stay resident and the rest really stream.
     const uint64_t minimum = engine::StreamingMinimumBytes(*model, precision, mb);
     const uint64_t working = static_cast<uint64_t>(model->num_params()) * SizeOf(precision);
-    o.placement.device_budget_bytes = working > minimum ? minimum + (working - minimum) / 2 : minimum;
+    o.placement.device_budget_bytes =
+        working > minimum ? minimum + (working - minimum) / 2 : minimum;
   } else {
     STRATA_ASSIGN_OR_RETURN(o.placement.device_budget_bytes, ParseSize(f.device_budget));
     if (o.placement.device_budget_bytes == 0) {
@@ -191,7 +213,8 @@ Status RunTrain(const TrainFlags& f) {
   STRATA_ASSIGN_OR_RETURN(auto engine, engine::Engine::Create(model.get(), device.get(), o));
   std::printf("%s", engine->plan().Describe().c_str());
   if (!engine->io_backend_name().empty()) {
-    std::printf("  io       %s backend, swap under %s\n", std::string(engine->io_backend_name()).c_str(),
+    std::printf("  io       %s backend, swap under %s\n",
+                std::string(engine->io_backend_name()).c_str(),
                 fmt::format("{}", fmt::join(o.placement.nvme_paths, ", ")).c_str());
   }
   std::fflush(stdout);
@@ -216,12 +239,15 @@ Status RunTrain(const TrainFlags& f) {
     if (step == 0) loss_first = r.loss;
     loss_last = r.loss;
     skipped += r.skipped;
-    const bool log = f.log_every > 0 && ((step + 1) % f.log_every == 0 || step == 0 || step + 1 == f.steps);
+    const bool log =
+        f.log_every > 0 && ((step + 1) % f.log_every == 0 || step == 0 || step + 1 == f.steps);
     if (log) {
       const auto now = std::chrono::steady_clock::now();
       const auto c = engine->counters();
       const double dt = std::chrono::duration<double>(now - t_log).count();
-      const int64_t steps_in = step == 0 ? 1 : (step + 1) % f.log_every == 0 ? f.log_every : (step + 1) % f.log_every;
+      const int64_t steps_in = step == 0                       ? 1
+                               : (step + 1) % f.log_every == 0 ? f.log_every
+                                                               : (step + 1) % f.log_every;
       std::printf(
           "step %5lld/%lld | loss %.4f | norm %6.3f | lr %.2e | %7.0f tok/s | h2d %s d2h %s | "
           "nvme r %s w %s%s\n",
@@ -245,7 +271,8 @@ Status RunTrain(const TrainFlags& f) {
     }
   }
   const double train_seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_train).count() - eval_seconds;
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_train).count() -
+      eval_seconds;
   const auto counters = engine->counters();
   if (f.eval_every > 0) {
     STRATA_ASSIGN_OR_RETURN(val_loss, Evaluate(*engine, data, f));
@@ -258,29 +285,34 @@ Status RunTrain(const TrainFlags& f) {
     std::printf("sample:\n%s\n", Printable(text).c_str());
   }
   const double tps = static_cast<double>(tokens_per_step * f.steps) / train_seconds;
-  std::printf("done: %lld steps in %.1f s, %.0f tokens/s, %lld skipped; device peak %s of %s; "
-              "master weights xxh3 %016llx\n",
-              static_cast<long long>(f.steps), train_seconds, tps, static_cast<long long>(skipped),
-              FormatBytes(counters.device_peak_bytes).c_str(),
-              FormatBytes(engine->plan().device_budget_bytes).c_str(),
-              static_cast<unsigned long long>(master_hash));
+  std::printf(
+      "done: %lld steps in %.1f s, %.0f tokens/s, %lld skipped; device peak %s of %s; "
+      "master weights xxh3 %016llx\n",
+      static_cast<long long>(f.steps), train_seconds, tps, static_cast<long long>(skipped),
+      FormatBytes(counters.device_peak_bytes).c_str(),
+      FormatBytes(engine->plan().device_budget_bytes).c_str(),
+      static_cast<unsigned long long>(master_hash));
 
   if (!f.summary_json.empty()) {
-    auto num_or_null = [](float v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(); };
+    auto num_or_null = [](float v) {
+      return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json();
+    };
     const auto& plan = engine->plan();
     nlohmann::json j = {
         {"steps", f.steps},
         {"tokens_per_second", tps},
         {"train_seconds", train_seconds},
-        {"wall_seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count()},
+        {"wall_seconds",
+         std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count()},
         {"loss_first", num_or_null(loss_first)},
         {"loss_last", num_or_null(loss_last)},
         {"val_loss", num_or_null(val_loss)},
         {"skipped_steps", skipped},
         {"loss_scale", engine->loss_scale()},
         {"device", "host"},
-        {"io_backend", engine->io_backend_name().empty() ? nlohmann::json()
-                                                         : nlohmann::json(engine->io_backend_name())},
+        {"io_backend", engine->io_backend_name().empty()
+                           ? nlohmann::json()
+                           : nlohmann::json(engine->io_backend_name())},
         {"precision", DTypeName(precision)},
         {"model", f.model},
         {"model_params", plan.model_params},

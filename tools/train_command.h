@@ -2,11 +2,10 @@
 // evaluation, sampling and the summary JSON.
 #pragma once
 
+#include <CLI/CLI.hpp>
 #include <cstdint>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
 
 #include "base/status.h"
 

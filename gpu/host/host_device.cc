@@ -1,6 +1,8 @@
 // Host emulation of a device: device memory is aligned host memory, each Stream
 // is a worker thread draining an in-order queue, an Event is a counter of
 // recorded vs completed work. Copies can be throttled to a PCIe-like bandwidth.
+#include <fmt/format.h>
+
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -8,8 +10,6 @@
 #include <deque>
 #include <mutex>
 #include <thread>
-
-#include <fmt/format.h>
 
 #include "base/dtype.h"
 #include "base/thread_annotations.h"
@@ -93,10 +93,11 @@ class HostStream final : public Stream {
     return Status::Ok();
   }
 
-  Status Convert(DeviceSpan dst, DType dst_dtype, DeviceSpan src, DType src_dtype,
-                 int64_t n, float scale) override {
+  Status Convert(DeviceSpan dst, DType dst_dtype, DeviceSpan src, DType src_dtype, int64_t n,
+                 float scale) override {
     if (n < 0 || src.size_bytes < n * SizeOf(src_dtype) || dst.size_bytes < n * SizeOf(dst_dtype)) {
-      return InvalidArgumentError(fmt::format("{}: convert of {} elements out of bounds", name_, n));
+      return InvalidArgumentError(
+          fmt::format("{}: convert of {} elements out of bounds", name_, n));
     }
     if (dst.data == src.data && SizeOf(dst_dtype) > SizeOf(src_dtype)) {
       return InvalidArgumentError("in-place widening conversion is not supported");
@@ -172,9 +173,12 @@ class HostStream final : public Stream {
                            float scale) {
     auto load = [&](int64_t i) -> float {
       switch (st) {
-        case DType::kF32: return reinterpret_cast<const float*>(src)[i];
-        case DType::kF16: return HalfToFloat(reinterpret_cast<const uint16_t*>(src)[i]);
-        case DType::kBF16: return Bf16ToFloat(reinterpret_cast<const uint16_t*>(src)[i]);
+        case DType::kF32:
+          return reinterpret_cast<const float*>(src)[i];
+        case DType::kF16:
+          return HalfToFloat(reinterpret_cast<const uint16_t*>(src)[i]);
+        case DType::kBF16:
+          return Bf16ToFloat(reinterpret_cast<const uint16_t*>(src)[i]);
       }
       return 0;
     };
@@ -183,9 +187,15 @@ class HostStream final : public Stream {
     for (int64_t i = 0; i < n; ++i) {
       const float x = scale == 1.0f ? load(i) : load(i) * scale;
       switch (dt) {
-        case DType::kF32: reinterpret_cast<float*>(dst)[i] = x; break;
-        case DType::kF16: reinterpret_cast<uint16_t*>(dst)[i] = FloatToHalf(x); break;
-        case DType::kBF16: reinterpret_cast<uint16_t*>(dst)[i] = FloatToBf16(x); break;
+        case DType::kF32:
+          reinterpret_cast<float*>(dst)[i] = x;
+          break;
+        case DType::kF16:
+          reinterpret_cast<uint16_t*>(dst)[i] = FloatToHalf(x);
+          break;
+        case DType::kBF16:
+          reinterpret_cast<uint16_t*>(dst)[i] = FloatToBf16(x);
+          break;
       }
     }
   }
@@ -245,12 +255,11 @@ class HostDevice final : public Device {
 
   DeviceKind kind() const override { return DeviceKind::kHost; }
   std::string description() const override {
-    return fmt::format("host (emulated device, {} hardware threads{})",
-                       std::thread::hardware_concurrency(),
-                       options_.copy_bytes_per_second > 0
-                           ? fmt::format(", copies throttled to {}",
-                                         FormatRate(options_.copy_bytes_per_second))
-                           : "");
+    return fmt::format(
+        "host (emulated device, {} hardware threads{})", std::thread::hardware_concurrency(),
+        options_.copy_bytes_per_second > 0
+            ? fmt::format(", copies throttled to {}", FormatRate(options_.copy_bytes_per_second))
+            : "");
   }
 
   StatusOr<std::unique_ptr<DeviceArena>> CreateArena(size_t size_bytes) override {
@@ -261,8 +270,7 @@ class HostDevice final : public Device {
           fmt::format("could not take {} for the device arena", FormatBytes(size)));
     }
     std::memset(p, 0, size);
-    return std::unique_ptr<DeviceArena>(
-        new HostArena(static_cast<std::byte*>(p), size_bytes));
+    return std::unique_ptr<DeviceArena>(new HostArena(static_cast<std::byte*>(p), size_bytes));
   }
 
   StatusOr<std::unique_ptr<Stream>> CreateStream(std::string name) override {
@@ -278,7 +286,8 @@ class HostDevice final : public Device {
   StatusOr<std::byte*> PinnedAlloc(size_t size_bytes) override {
     void* p = std::aligned_alloc(4096, AlignUp(size_bytes, 4096));
     if (!p) {
-      return ResourceExhaustedError(fmt::format("out of host memory ({})", FormatBytes(size_bytes)));
+      return ResourceExhaustedError(
+          fmt::format("out of host memory ({})", FormatBytes(size_bytes)));
     }
     std::memset(p, 0, size_bytes);
     return static_cast<std::byte*>(p);
