@@ -28,9 +28,12 @@ function(strata_cc_test)
   endif()
   # One CTest entry per test case, so a GTEST_SKIP() shows as skipped, not passed.
   set(props TIMEOUT ${A_TIMEOUT} SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]")
-  if(A_LABELS)
-    list(APPEND props LABELS "${A_LABELS}")
+  # Without LABELS a test carries the name of its folder (tests/engine -> `engine`), so that
+  # `ctest -L` can pick folders (the tsan preset runs io, uring, cpu_optim and engine).
+  if(NOT A_LABELS)
+    get_filename_component(A_LABELS ${CMAKE_CURRENT_SOURCE_DIR} NAME)
   endif()
+  list(APPEND props LABELS "${A_LABELS}")
   gtest_discover_tests(${A_NAME} DISCOVERY_TIMEOUT 120 PROPERTIES ${props})
 endfunction()
 
@@ -43,4 +46,28 @@ function(strata_cc_benchmark)
   add_executable(${A_NAME} ${A_SRCS})
   target_link_libraries(${A_NAME} PRIVATE ${A_DEPS} benchmark::benchmark)
   target_compile_options(${A_NAME} PRIVATE ${STRATA_WARNINGS})
+endfunction()
+
+# strata_fuzz_target(NAME parse_size_fuzz SRCS f.cc DEPS strata::base)
+# A libFuzzer executable (STRATA_BUILD_FUZZERS, clang), plus a CTest entry labelled `fuzz` that
+# runs it for STRATA_FUZZ_SECONDS on a scratch copy of its committed seed corpus
+# tests/fuzz/corpus/<NAME>/ (new inputs it finds are not written back into the source tree).
+function(strata_fuzz_target)
+  cmake_parse_arguments(A "" "NAME" "SRCS;DEPS" ${ARGN})
+  add_executable(${A_NAME} ${A_SRCS})
+  target_link_libraries(${A_NAME} PRIVATE ${A_DEPS})
+  target_compile_options(${A_NAME} PRIVATE ${STRATA_WARNINGS})
+  target_link_options(${A_NAME} PRIVATE -fsanitize=fuzzer)
+  if(NOT TARGET fuzzers)
+    add_custom_target(fuzzers)  # what the `fuzz` build preset builds
+  endif()
+  add_dependencies(fuzzers ${A_NAME})
+  set(corpus ${CMAKE_CURRENT_SOURCE_DIR}/corpus/${A_NAME})
+  set(scratch ${CMAKE_CURRENT_BINARY_DIR}/corpus-${A_NAME})
+  add_test(NAME ${A_NAME}
+    COMMAND ${CMAKE_COMMAND} -E env ASAN_OPTIONS=detect_leaks=1
+            ${CMAKE_COMMAND} -DFUZZER=$<TARGET_FILE:${A_NAME}> -DCORPUS=${corpus}
+            -DSCRATCH=${scratch} -DSECONDS=${STRATA_FUZZ_SECONDS}
+            -P ${PROJECT_SOURCE_DIR}/cmake/RunFuzzer.cmake)
+  set_tests_properties(${A_NAME} PROPERTIES LABELS fuzz TIMEOUT 600)
 endfunction()

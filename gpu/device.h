@@ -23,6 +23,7 @@
 
 #include "base/dtype.h"
 #include "base/status.h"
+#include "base/trace.h"
 
 namespace strata::gpu {
 
@@ -177,6 +178,14 @@ struct HostDeviceOptions {
   // see PCIe-like costs and overlap.
   double copy_bytes_per_second = 0;
   size_t pinned_budget_bytes = size_t{1} << 40;
+  // Delaying mode, for tests of stream ordering: each copy, conversion and kernel starts after a
+  // random delay of 0..max_random_delay_us microseconds (uniform, per stream seeded from
+  // random_delay_seed), so work whose event wait is missing runs too early and is caught.
+  int64_t max_random_delay_us = 0;
+  uint64_t random_delay_seed = 1;
+  // Not owned; must outlive the device. Each stream records its copies (h2d/d2h), conversions and
+  // kernels (compute) on a track named after the stream. nullptr: no tracing.
+  trace::TraceRecorder* trace = nullptr;
 };
 
 // The host emulation backend: device memory is host memory, streams are

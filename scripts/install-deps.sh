@@ -1,9 +1,18 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages Strata builds and tests with. Safe to run again.
+#   --python  also PyTorch for the Python package's tests (large: about 1 GB)
+#   --fuzz    also clang and libFuzzer for scripts/check.sh fuzz
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config git ca-certificates
       liburing-dev libtbb-dev libeigen3-dev libxxhash-dev nlohmann-json3-dev libcli11-dev
       libfmt-dev libspdlog-dev libgtest-dev libgmock-dev libbenchmark-dev python3)
+for arg in "$@"; do
+  case "$arg" in
+    --python) pkgs+=(python3-torch python3-numpy) ;;
+    --fuzz) pkgs+=(clang libclang-rt-14-dev llvm) ;;
+    *) echo "install-deps.sh: unknown option '$arg' (--python, --fuzz)" >&2; exit 2 ;;
+  esac
+done
 missing=()
 for p in "${pkgs[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p"); done
 if ((${#missing[@]})); then

@@ -9,10 +9,12 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <random>
 #include <thread>
 
 #include "base/dtype.h"
 #include "base/thread_annotations.h"
+#include "base/trace.h"
 #include "base/units.h"
 #include "gpu/device.h"
 
@@ -59,9 +61,16 @@ class HostEvent final : public Event {
 
 class HostStream final : public Stream {
  public:
-  HostStream(std::string name, double copy_bytes_per_second, std::atomic<uint64_t>* h2d,
-             std::atomic<uint64_t>* d2h)
-      : name_(std::move(name)), copy_bps_(copy_bytes_per_second), h2d_(h2d), d2h_(d2h) {
+  HostStream(std::string name, const HostDeviceOptions& options, uint64_t delay_seed,
+             std::atomic<uint64_t>* h2d, std::atomic<uint64_t>* d2h)
+      : name_(std::move(name)),
+        copy_bps_(options.copy_bytes_per_second),
+        max_delay_us_(options.max_random_delay_us),
+        delay_rng_(delay_seed),
+        trace_(options.trace),
+        track_(trace_ ? trace_->RegisterTrack(name_) : 0),
+        h2d_(h2d),
+        d2h_(d2h) {
     worker_ = std::thread([this] { Run(); });
   }
   ~HostStream() override {
@@ -80,7 +89,8 @@ class HostStream final : public Stream {
       return InvalidArgumentError(fmt::format("{}: H2D copy of {} into a {} device span", name_,
                                               src.size_bytes, dst.size_bytes));
     }
-    Enqueue({[this, dst, src] { return Copy(dst.data, src.data, src.size_bytes, h2d_); }, false});
+    Enqueue({[this, dst, src] { return Copy(dst.data, src.data, src.size_bytes, h2d_); }, false,
+             "H2D copy", trace::Category::kH2D});
     return Status::Ok();
   }
 
@@ -89,7 +99,8 @@ class HostStream final : public Stream {
       return InvalidArgumentError(fmt::format("{}: D2H copy of {} into a {} pinned span", name_,
                                               src.size_bytes, dst.size_bytes));
     }
-    Enqueue({[this, dst, src] { return Copy(dst.data, src.data, src.size_bytes, d2h_); }, false});
+    Enqueue({[this, dst, src] { return Copy(dst.data, src.data, src.size_bytes, d2h_); }, false,
+             "D2H copy", trace::Category::kD2H});
     return Status::Ok();
   }
 
@@ -106,12 +117,12 @@ class HostStream final : public Stream {
                ConvertElems(dst.data, dst_dtype, src.data, src_dtype, n, scale);
                return Status::Ok();
              },
-             false});
+             false, "convert", trace::Category::kCompute});
     return Status::Ok();
   }
 
   Status LaunchHost(std::function<Status()> fn) override {
-    Enqueue({std::move(fn), false});
+    Enqueue({std::move(fn), false, "kernel", trace::Category::kCompute});
     return Status::Ok();
   }
 
@@ -142,7 +153,9 @@ class HostStream final : public Stream {
  private:
   struct Work {
     std::function<Status()> fn;
-    bool always_run;  // event bookkeeping runs even after an error
+    bool always_run;             // event bookkeeping runs even after an error
+    const char* name = nullptr;  // traced work; nullptr: bookkeeping, not traced or delayed
+    trace::Category category = trace::Category::kOther;
   };
 
   Status error_snapshot() {
@@ -216,7 +229,13 @@ class HostStream final : public Stream {
           continue;
         }
       }
+      if (w.name && max_delay_us_ > 0) {  // delaying mode: work starts late, at random
+        std::uniform_int_distribution<int64_t> us(0, max_delay_us_);
+        std::this_thread::sleep_for(std::chrono::microseconds(us(delay_rng_)));
+      }
+      const int64_t begin_ns = trace_ && w.name ? trace_->NowNs() : 0;
       Status s = w.fn();
+      if (trace_ && w.name) trace_->Record(track_, w.name, w.category, begin_ns, trace_->NowNs());
       {
         std::lock_guard<std::mutex> lock(mu_);
         if (!s.ok() && error_.ok()) error_ = s.WithContext(fmt::format("stream '{}'", name_));
@@ -228,6 +247,10 @@ class HostStream final : public Stream {
 
   const std::string name_;
   const double copy_bps_;
+  const int64_t max_delay_us_;
+  std::mt19937_64 delay_rng_;  // worker thread only
+  trace::TraceRecorder* const trace_;
+  const int track_;
   std::atomic<uint64_t>* h2d_;
   std::atomic<uint64_t>* d2h_;
   std::mutex mu_;
@@ -274,8 +297,9 @@ class HostDevice final : public Device {
   }
 
   StatusOr<std::unique_ptr<Stream>> CreateStream(std::string name) override {
+    const uint64_t delay_seed = options_.random_delay_seed + streams_created_.fetch_add(1);
     return std::unique_ptr<Stream>(
-        new HostStream(std::move(name), options_.copy_bytes_per_second, &bytes_h2d_, &bytes_d2h_));
+        new HostStream(std::move(name), options_, delay_seed, &bytes_h2d_, &bytes_d2h_));
   }
 
   StatusOr<std::unique_ptr<Event>> CreateEvent() override {
@@ -296,6 +320,7 @@ class HostDevice final : public Device {
 
  private:
   HostDeviceOptions options_;
+  std::atomic<uint64_t> streams_created_{0};
 };
 
 }  // namespace
@@ -303,6 +328,9 @@ class HostDevice final : public Device {
 StatusOr<std::unique_ptr<Device>> CreateHostDevice(const HostDeviceOptions& options) {
   if (options.copy_bytes_per_second < 0) {
     return InvalidArgumentError("copy bandwidth must be >= 0 (0 = unthrottled)");
+  }
+  if (options.max_random_delay_us < 0) {
+    return InvalidArgumentError("max_random_delay_us must be >= 0 (0 = no delays)");
   }
   return std::unique_ptr<Device>(new HostDevice(options));
 }

@@ -1,10 +1,11 @@
+#include <gtest/gtest.h>
+
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <thread>
-
-#include <gtest/gtest.h>
+#include <vector>
 
 #include "base/dtype.h"
 #include "gpu/device.h"
@@ -58,12 +59,14 @@ TEST(HostDevice, EventOrdersWorkAcrossStreams) {
   ASSERT_TRUE((*h2d)->Record(**ready).ok());
   ASSERT_TRUE((*compute)->Wait(**ready).ok());
   std::atomic<int> seen{-1};
-  ASSERT_TRUE((*compute)->LaunchHost([&] {
-    int ok = 1;
-    for (int i = 0; i < 20000; ++i) ok &= dst.data[i] == std::byte{7};
-    seen = ok;
-    return Status::Ok();
-  }).ok());
+  ASSERT_TRUE((*compute)
+                  ->LaunchHost([&] {
+                    int ok = 1;
+                    for (int i = 0; i < 20000; ++i) ok &= dst.data[i] == std::byte{7};
+                    seen = ok;
+                    return Status::Ok();
+                  })
+                  .ok());
   ASSERT_TRUE((*compute)->Synchronize().ok());
   EXPECT_EQ(seen.load(), 1);
   EXPECT_EQ((*dev)->counters().bytes_h2d, 20000u);
@@ -75,7 +78,11 @@ TEST(HostDevice, ErrorsAreStickyAndEventsStillComplete) {
   auto e = (*dev)->CreateEvent();
   int ran = 0;
   ASSERT_TRUE((*s)->LaunchHost([] { return InternalError("kernel failed"); }).ok());
-  ASSERT_TRUE((*s)->LaunchHost([&] { ++ran; return Status::Ok(); }).ok());
+  ASSERT_TRUE((*s)->LaunchHost([&] {
+                    ++ran;
+                    return Status::Ok();
+                  })
+                  .ok());
   ASSERT_TRUE((*s)->Record(**e).ok());
   const Status st = (*e)->Synchronize();
   EXPECT_EQ(st.code(), StatusCode::kInternal);
@@ -91,13 +98,78 @@ TEST(HostDevice, ConvertMatchesScalarConversionsIncludingInPlace) {
   auto buf = *(*arena)->Carve(4 * 1001, "x");
   float* f = buf.as<float>();
   std::vector<float> ref(1001);
-  for (int i = 0; i < 1001; ++i) ref[i] = f[i] = std::ldexp(1.0f + i * 0.37f, (i % 40) - 20) * (i % 3 ? 1 : -1);
+  for (int i = 0; i < 1001; ++i)
+    ref[i] = f[i] = std::ldexp(1.0f + i * 0.37f, (i % 40) - 20) * (i % 3 ? 1 : -1);
   f[5] = INFINITY;
   ref[5] = INFINITY;
   ASSERT_TRUE((*s)->Convert(buf, DType::kF16, buf, DType::kF32, 1001, 2.0f).ok());
   ASSERT_TRUE((*s)->Synchronize().ok());
   const auto* h = buf.as<uint16_t>();
   for (int i = 0; i < 1001; ++i) ASSERT_EQ(h[i], FloatToHalf(ref[i] * 2.0f)) << i;
+}
+
+TEST(HostDevice, TracesCopiesAndKernelsPerStreamWithTheirCategories) {
+  trace::TraceRecorder recorder(/*keep_events=*/true);
+  HostDeviceOptions o;
+  o.trace = &recorder;
+  auto dev = CreateHostDevice(o);
+  ASSERT_TRUE(dev.ok());
+  auto arena = (*dev)->CreateArena(1 << 16);
+  auto h2d = (*dev)->CreateStream("h2d");
+  auto compute = (*dev)->CreateStream("compute");
+  auto pinned = (*dev)->AllocatePinned(4096, "p");
+  auto d = *(*arena)->Carve(4096, "d");
+  ASSERT_TRUE((*h2d)->CopyH2D(d, pinned->span()).ok());
+  ASSERT_TRUE((*compute)
+                  ->LaunchHost([] {
+                    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+                    return Status::Ok();
+                  })
+                  .ok());
+  ASSERT_TRUE((*compute)->CopyD2H(pinned->span(), d).ok());
+  ASSERT_TRUE((*h2d)->Synchronize().ok());
+  ASSERT_TRUE((*compute)->Synchronize().ok());
+  EXPECT_EQ(recorder.num_events(), 3u);  // event records and waits are not traced
+  const trace::Breakdown b = recorder.breakdown();
+  EXPECT_GE(b[trace::Category::kCompute], 0.005);
+  EXPECT_GT(b[trace::Category::kH2D], 0.0);
+  EXPECT_GT(b[trace::Category::kD2H], 0.0);     // by operation, not by stream
+  EXPECT_EQ(recorder.RegisterTrack("h2d"), 0);  // one track per stream, in creation order
+  EXPECT_EQ(recorder.RegisterTrack("compute"), 1);
+}
+
+TEST(HostDevice, DelayingModeKeepsStreamOrderAndEventOrdering) {
+  HostDeviceOptions o;
+  o.max_random_delay_us = 2000;
+  o.random_delay_seed = 42;
+  auto dev = CreateHostDevice(o);
+  ASSERT_TRUE(dev.ok());
+  auto arena = (*dev)->CreateArena(1 << 16);
+  auto h2d = (*dev)->CreateStream("h2d");
+  auto compute = (*dev)->CreateStream("compute");
+  auto ready = (*dev)->CreateEvent();
+  auto src = (*dev)->AllocatePinned(4096, "src");
+  auto dst = *(*arena)->Carve(4096, "dst");
+  std::vector<int> seen;
+  for (int round = 0; round < 20; ++round) {
+    std::memset(src->data(), round, 4096);
+    ASSERT_TRUE((*h2d)->CopyH2D(dst, src->span()).ok());
+    ASSERT_TRUE((*h2d)->Record(**ready).ok());
+    ASSERT_TRUE((*compute)->Wait(**ready).ok());
+    ASSERT_TRUE((*compute)
+                    ->LaunchHost([&seen, dst] {
+                      seen.push_back(static_cast<int>(dst.data[4095]));
+                      return Status::Ok();
+                    })
+                    .ok());
+    ASSERT_TRUE((*compute)->Synchronize().ok());  // src is rewritten next round
+  }
+  std::vector<int> expected(20);
+  for (int i = 0; i < 20; ++i) expected[i] = i;
+  EXPECT_EQ(seen, expected);
+  HostDeviceOptions bad;
+  bad.max_random_delay_us = -1;
+  EXPECT_EQ(CreateHostDevice(bad).status().code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace

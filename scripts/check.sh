@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The continuous checks beyond the README's test command (issue 7), each a build preset of its
+# own so they never mix with the release build:
+#   asan  - ASan + UBSan build of everything that runs without a GPU, the full test suite
+#   tsan  - TSan build of the io, cpu_optim and engine tests, run
+#   fuzz  - clang + libFuzzer: every parser of outside data fuzzed for a few seconds each from its
+#           committed seed corpus (tests/fuzz/corpus/<target>/)
+# Usage: scripts/check.sh [asan] [tsan] [fuzz]   (no argument: all three). Zero reports or it fails.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=${STRATA_JOBS:-$(nproc)}
+checks=("$@")
+((${#checks[@]})) || checks=(asan tsan fuzz)
+
+for check in "${checks[@]}"; do
+  echo "=== check: $check ==="
+  case "$check" in
+    asan)
+      cmake --preset asan
+      cmake --build --preset asan -j "$jobs"
+      ctest --preset asan -j "$jobs"
+      ;;
+    tsan)
+      cmake --preset tsan
+      cmake --build --preset tsan -j "$jobs" --target cpu_optim_test io_test io_uring_test engine_test
+      ctest --preset tsan -j "$jobs"
+      ;;
+    fuzz)
+      ./scripts/install-deps.sh --fuzz
+      cmake --preset fuzz
+      cmake --build --preset fuzz -j "$jobs"
+      ctest --preset fuzz -j "$jobs"
+      ;;
+    *)
+      echo "scripts/check.sh: unknown check '$check' (asan, tsan or fuzz)" >&2
+      exit 2
+      ;;
+  esac
+done
