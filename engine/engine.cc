@@ -10,6 +10,7 @@
 
 #include "base/aligned_buffer.h"
 #include "base/logging.h"
+#include "base/trace.h"
 #include "base/units.h"
 #include "cpu_optim/grad_stats.h"
 #include "io/swap_store.h"
@@ -120,6 +121,7 @@ class Engine::Impl {
 
   std::unique_ptr<gpu::DeviceArena> arena_;
   std::unique_ptr<gpu::Stream> compute_, h2d_, d2h_;
+  int host_track_ = 0;  // o_.trace track of the driving thread's CPU optimizer and NVMe work
   gpu::DeviceSpan tokens_, targets_, loss_, logits_, scratch_, grads_, staging_;
   std::vector<gpu::DeviceSpan> acts_;  // acts_[b] = output of block b, b < n-1
   gpu::DeviceSpan dx_[2];
@@ -170,6 +172,7 @@ Status Engine::Impl::Init() {
   }
 
   STRATA_ASSIGN_OR_RETURN(arena_, device_->CreateArena(plan_.device_total_bytes));
+  if (o_.trace) host_track_ = o_.trace->RegisterTrack("host: optimizer + nvme");
   STRATA_ASSIGN_OR_RETURN(compute_, device_->CreateStream("compute"));
   STRATA_ASSIGN_OR_RETURN(h2d_, device_->CreateStream("h2d"));
   STRATA_ASSIGN_OR_RETURN(d2h_, device_->CreateStream("d2h"));
@@ -284,6 +287,8 @@ Status Engine::Impl::Init() {
 
 Status Engine::Impl::LoadOptimState(int b, float** p32, float** m, float** v) {
   if (nvme_optim()) {
+    trace::ScopedTraceEvent t(o_.trace, host_track_, "read optimizer state",
+                              trace::Category::kNvmeRead);
     STRATA_RETURN_IF_ERROR(
         swap_->Read(OptimExtent(b), optim_staging_.span().bytes().subspan(0, 3 * padded_f32(b))));
     *p32 = optim_staging_.as<float>();
@@ -298,12 +303,15 @@ Status Engine::Impl::LoadOptimState(int b, float** p32, float** m, float** v) {
 }
 
 Status Engine::Impl::StoreOptimState(int b) {
+  trace::ScopedTraceEvent t(o_.trace, host_track_, "write optimizer state",
+                            trace::Category::kNvmeWrite);
   return swap_->Write(OptimExtent(b), optim_staging_.span().bytes().subspan(0, 3 * padded_f32(b)));
 }
 
 Status Engine::Impl::PublishWorkingParams(int b) {
   const gpu::PinnedSpan src = WorkingHome(b);
   if (nvme_params()) {
+    trace::ScopedTraceEvent t(o_.trace, host_track_, "write params", trace::Category::kNvmeWrite);
     STRATA_RETURN_IF_ERROR(swap_->Write(
         ParamsExtent(b), src.bytes().subspan(0, io::SwapStore::PaddedSize(np(b) * w_))));
   }
@@ -333,6 +341,7 @@ Status Engine::Impl::EnsureLoaded(int b, std::span<const int> protect) {
   if (nvme_params()) {
     // The pinned staging may still feed the slot's previous copy.
     STRATA_RETURN_IF_ERROR(victim->ready->Synchronize());
+    trace::ScopedTraceEvent t(o_.trace, host_track_, "read params", trace::Category::kNvmeRead);
     STRATA_RETURN_IF_ERROR(swap_->Read(ParamsExtent(b), victim->staging.span().bytes().subspan(
                                                             0, io::SwapStore::PaddedSize(bytes))));
     STRATA_RETURN_IF_ERROR(h2d_->CopyH2D(victim->dev, victim->staging.span().subspan(0, bytes)));
@@ -446,6 +455,8 @@ Status Engine::Impl::ProcessLanding(bool first_mb, bool last_mb) {
   const Landing l = pending_.front();
   pending_.pop_front();
   STRATA_RETURN_IF_ERROR(landed_[l.bucket]->Synchronize());
+  trace::ScopedTraceEvent t(o_.trace, host_track_, "fold gradient bucket",
+                            trace::Category::kCpuOptimizer);
   const cpu_optim::GradView g{bucket_[l.bucket].data(), o_.precision};
   STRATA_ASSIGN_OR_RETURN(
       auto stats,
@@ -554,11 +565,14 @@ Status Engine::Impl::OptimizerStep(float grad_scale) {
     float *p32, *m, *v;
     STRATA_RETURN_IF_ERROR(LoadOptimState(b, &p32, &m, &v));
     const auto n = static_cast<size_t>(np(b));
-    STRATA_RETURN_IF_ERROR(cpu_optim::AdamWUpdate(
-        o_.adamw, cpu_optim::AdamWStep{adam_t_, grad_scale}, std::span<float>(p32, n),
-        std::span<float>(m, n), std::span<float>(v, n),
-        cpu_optim::GradView{accum_[b].data(), DType::kF32},
-        cpu_optim::CopyOut{WorkingHome(b).data, o_.precision}));
+    {
+      trace::ScopedTraceEvent t(o_.trace, host_track_, "adamw", trace::Category::kCpuOptimizer);
+      STRATA_RETURN_IF_ERROR(cpu_optim::AdamWUpdate(
+          o_.adamw, cpu_optim::AdamWStep{adam_t_, grad_scale}, std::span<float>(p32, n),
+          std::span<float>(m, n), std::span<float>(v, n),
+          cpu_optim::GradView{accum_[b].data(), DType::kF32},
+          cpu_optim::CopyOut{WorkingHome(b).data, o_.precision}));
+    }
     if (nvme_optim()) STRATA_RETURN_IF_ERROR(StoreOptimState(b));
     STRATA_RETURN_IF_ERROR(PublishWorkingParams(b));
   }

@@ -31,6 +31,7 @@
 
 #include "base/dtype.h"
 #include "base/status.h"
+#include "base/trace.h"
 #include "cpu_optim/adamw.h"
 #include "engine/loss_scaler.h"
 #include "engine/model.h"
@@ -50,6 +51,10 @@ struct EngineOptions {
   PlacementOptions placement;     // budgets, homes, NVMe paths
   io::IoBackendOptions io;
   uint64_t seed = 1337;  // parameter initialisation
+  // Not owned, may be null: the driving thread's CPU optimizer work and NVMe reads/writes are
+  // recorded on a track "host: optimizer + nvme" (the device records its streams itself when
+  // given the same recorder in its options).
+  trace::TraceRecorder* trace = nullptr;
 };
 
 // One micro-batch of token ids, host memory, (B, T) int32 each, row-major.

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -11,6 +12,7 @@
 #include <random>
 
 #include "base/dtype.h"
+#include "base/trace.h"
 #include "base/units.h"
 #include "engine/engine.h"
 #include "engine/text_dataset.h"
@@ -85,6 +87,9 @@ void AddTrainFlags(CLI::App& cmd, TrainFlags& f) {
       ->capture_default_str();
   cmd.add_option("--log-every", f.log_every, "Print a progress line every N steps")
       ->capture_default_str();
+  cmd.add_option("--trace", f.trace,
+                 "Write a Chrome trace-event JSON of the run here: one track per stream and "
+                 "thread (open in https://ui.perfetto.dev or chrome://tracing)");
   cmd.add_option(
          "--copy-bandwidth", f.copy_bandwidth,
          "Host device only: throttle H2D/D2H copies to this many bytes/s (0 = memcpy speed)")
@@ -203,8 +208,12 @@ Status RunTrain(const TrainFlags& f) {
     }
   }
 
+  // Declared before the device and the engine, which record into it until they are destroyed.
+  trace::TraceRecorder recorder(/*keep_events=*/!f.trace.empty());
+  o.trace = &recorder;
   gpu::HostDeviceOptions dev_opts;
   dev_opts.copy_bytes_per_second = f.copy_bandwidth;
+  dev_opts.trace = &recorder;
   STRATA_ASSIGN_OR_RETURN(auto device, gpu::CreateHostDevice(dev_opts));
   std::printf("strata train: %s\n", model->description().c_str());
   std::printf("data: %s, %zu bytes (train %zu, val %zu); device: %s\n", ResolveData(f.data).c_str(),
@@ -229,13 +238,24 @@ Status RunTrain(const TrainFlags& f) {
   auto t_log = t_train;
   auto last = engine->counters();
   double eval_seconds = 0;
+  // Busy time per part over the training steps only (evaluation and sampling excluded).
+  trace::Breakdown parts;
+  double step_seconds = 0;
   for (int64_t step = 0; step < f.steps; ++step) {
     for (int i = 0; i < f.grad_accum_steps; ++i) {
       data.SampleTrainBatch(data_rng, mb.batch_size, mb.seq_len, &toks[i], &tgts[i]);
       batches[i] = {toks[i], tgts[i]};
     }
     engine->SetLearningRate(LearningRate(f, step));
+    const trace::Breakdown before = recorder.breakdown();
+    const auto t_step = std::chrono::steady_clock::now();
     STRATA_ASSIGN_OR_RETURN(auto r, engine->Step(batches));
+    step_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t_step).count();
+    const trace::Breakdown after = recorder.breakdown();
+    for (int i = 0; i < trace::kNumCategories; ++i) {
+      parts.seconds[i] += after.seconds[i] - before.seconds[i];
+    }
     if (step == 0) loss_first = r.loss;
     loss_last = r.loss;
     skipped += r.skipped;
@@ -285,6 +305,27 @@ Status RunTrain(const TrainFlags& f) {
     std::printf("sample:\n%s\n", Printable(text).c_str());
   }
   const double tps = static_cast<double>(tokens_per_step * f.steps) / train_seconds;
+  // overlap_efficiency = the largest part / step time: 1.0 when everything else hides under it.
+  nlohmann::json breakdown = nlohmann::json::object();
+  double largest_part = 0;
+  std::string parts_line;
+  for (int i = 0; i < trace::kNumCategories; ++i) {
+    const auto c = static_cast<trace::Category>(i);
+    if (c == trace::Category::kOther) continue;
+    breakdown[std::string(trace::CategoryName(c))] = parts.seconds[i];
+    largest_part = std::max(largest_part, parts.seconds[i]);
+    parts_line += fmt::format("{}{} {:.2f} s", parts_line.empty() ? "" : ", ",
+                              trace::CategoryName(c), parts.seconds[i]);
+  }
+  breakdown["step"] = step_seconds;
+  const double overlap_efficiency = step_seconds > 0 ? largest_part / step_seconds : 0.0;
+  std::printf("time in steps %.2f s: %s; overlap efficiency %.2f (largest part / step time)\n",
+              step_seconds, parts_line.c_str(), overlap_efficiency);
+  if (!f.trace.empty()) {
+    STRATA_RETURN_IF_ERROR(recorder.WriteChromeTrace(f.trace));
+    std::printf("trace: %s (%zu events; open in https://ui.perfetto.dev or chrome://tracing)\n",
+                f.trace.c_str(), recorder.num_events());
+  }
   std::printf(
       "done: %lld steps in %.1f s, %.0f tokens/s, %lld skipped; device peak %s of %s; "
       "master weights xxh3 %016llx\n",
@@ -331,6 +372,8 @@ Status RunTrain(const TrainFlags& f) {
         {"seq_len", f.seq_len},
         {"grad_accum_steps", f.grad_accum_steps},
         {"seed", f.seed},
+        {"time_breakdown", breakdown},
+        {"overlap_efficiency", overlap_efficiency},
     };
     std::ofstream out(f.summary_json);
     out << j.dump(2) << "\n";

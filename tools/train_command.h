@@ -31,6 +31,7 @@ struct TrainFlags {
   std::vector<std::string> nvme_paths;
   std::string io_backend = "auto";
   std::string summary_json;
+  std::string trace;  // Chrome trace-event JSON path; empty = none
   int64_t eval_every = 100;
   int eval_batches = 16;
   int64_t sample_bytes = 200;

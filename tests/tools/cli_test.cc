@@ -1,13 +1,14 @@
 // Runs the real `strata` binary as a user would.
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <string>
-
-#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <string>
 
 namespace {
 
@@ -49,27 +50,28 @@ class CliTest : public ::testing::Test {
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
   std::string Small() const {
-    return std::string("train --data ") + STRATA_DATA + " --model tiny --seq-len 16 --eval-batches 2 "
-           "--nvme-path " + dir_.string();
+    return std::string("train --data ") + STRATA_DATA +
+           " --model tiny --seq-len 16 --eval-batches 2 "
+           "--nvme-path " +
+           dir_.string();
   }
   std::filesystem::path dir_;
 };
 
 TEST_F(CliTest, TrainThreeStepsWritesASummaryWithEveryField) {
   const auto json_path = dir_ / "summary.json";
-  const Result r = RunStrata(Small() + " --steps 3 --eval-every 3 --sample-bytes 20 --summary-json " +
-                             json_path.string());
+  const Result r = RunStrata(
+      Small() + " --steps 3 --eval-every 3 --sample-bytes 20 --summary-json " + json_path.string());
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("plan:"), std::string::npos);
   EXPECT_NE(r.out.find("sample:"), std::string::npos);
   std::ifstream in(json_path);
   ASSERT_TRUE(in.good());
   const auto j = nlohmann::json::parse(in);
-  for (const char* key :
-       {"steps", "tokens_per_second", "loss_first", "loss_last", "val_loss", "device", "io_backend",
-        "precision", "model_params", "model_state_bytes", "device_budget_bytes",
-        "device_peak_bytes", "bytes_h2d", "bytes_d2h", "nvme_bytes_read", "nvme_bytes_written",
-        "master_weights_xxh3"}) {
+  for (const char* key : {"steps", "tokens_per_second", "loss_first", "loss_last", "val_loss",
+                          "device", "io_backend", "precision", "model_params", "model_state_bytes",
+                          "device_budget_bytes", "device_peak_bytes", "bytes_h2d", "bytes_d2h",
+                          "nvme_bytes_read", "nvme_bytes_written", "master_weights_xxh3"}) {
     EXPECT_TRUE(j.contains(key)) << key;
   }
   EXPECT_EQ(j["steps"], 3);
@@ -104,9 +106,11 @@ TEST_F(CliTest, DefaultModelStreamsUnderABudgetBelowItsWorkingParams) {
 }
 
 TEST_F(CliTest, SameSeedTrainsTheSameModel) {
-  const Result a = RunStrata(Small() + " --steps 2 --eval-every 0 --sample-bytes 0 --summary-json " +
-                             (dir_ / "a.json").string());
-  const Result b = RunStrata(Small() + " --steps 2 --eval-every 0 --sample-bytes 0 "
+  const Result a =
+      RunStrata(Small() + " --steps 2 --eval-every 0 --sample-bytes 0 --summary-json " +
+                (dir_ / "a.json").string());
+  const Result b = RunStrata(Small() +
+                             " --steps 2 --eval-every 0 --sample-bytes 0 "
                              "--offload-params host --offload-optimizer host --summary-json " +
                              (dir_ / "b.json").string());
   ASSERT_EQ(a.exit_code, 0) << a.err;
@@ -143,6 +147,53 @@ TEST_F(CliTest, BadInputExitsNonZeroWithOneLineNamingTheProblem) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_EQ(Lines(r.err), 1) << r.err;
   EXPECT_NE(r.err.find(file + "/swap"), std::string::npos) << r.err;
+}
+
+TEST_F(CliTest, TraceWritesOneTrackPerStreamAndTheSummaryHasTheTimeBreakdown) {
+  const auto json_path = dir_ / "summary.json";
+  const auto trace_path = dir_ / "trace.json";
+  const Result r = RunStrata(Small() + " --steps 2 --eval-every 0 --sample-bytes 0 --trace " +
+                             trace_path.string() + " --summary-json " + json_path.string());
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  std::ifstream sin(json_path);
+  const auto summary = nlohmann::json::parse(sin);
+  const auto& parts = summary.at("time_breakdown");
+  double largest = 0;
+  for (const char* part : {"compute", "h2d", "d2h", "cpu_optimizer", "nvme_read", "nvme_write"}) {
+    ASSERT_TRUE(parts.contains(part)) << part;
+    EXPECT_GE(parts.at(part).get<double>(), 0.0) << part;
+    largest = std::max(largest, parts.at(part).get<double>());
+  }
+  EXPECT_GT(parts.at("compute").get<double>(), 0.0);
+  EXPECT_GT(parts.at("nvme_read").get<double>(), 0.0);  // optimizer state lives on NVMe
+  const double step = parts.at("step").get<double>();
+  ASSERT_GT(step, 0.0);
+  EXPECT_DOUBLE_EQ(summary.at("overlap_efficiency").get<double>(), largest / step);
+
+  std::ifstream tin(trace_path);
+  const auto trace = nlohmann::json::parse(tin);
+  std::set<std::string> tracks, categories;
+  for (const auto& e : trace.at("traceEvents")) {
+    if (e.at("ph") == "M" && e.at("name") == "thread_name") tracks.insert(e["args"]["name"]);
+    if (e.at("ph") == "X") {
+      categories.insert(e.at("cat").get<std::string>());
+      EXPECT_GE(e.at("dur").get<double>(), 0.0);
+    }
+  }
+  for (const char* t : {"compute", "h2d", "d2h", "host: optimizer + nvme"}) {
+    EXPECT_EQ(tracks.count(t), 1u) << t;
+  }
+  for (const char* c : {"compute", "h2d", "d2h", "cpu_optimizer", "nvme_read", "nvme_write"}) {
+    EXPECT_EQ(categories.count(c), 1u) << c;
+  }
+}
+
+TEST_F(CliTest, TraceToAnUnwritablePathIsAOneLineError) {
+  const Result r = RunStrata(Small() + " --steps 1 --eval-every 0 --sample-bytes 0 --trace " +
+                             (dir_ / "no-such-dir" / "t.json").string());
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("no-such-dir"), std::string::npos) << r.err;
+  EXPECT_EQ(Lines(r.err), 1) << r.err;
 }
 
 }  // namespace
