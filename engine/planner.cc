@@ -197,6 +197,23 @@ StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape sha
         "pinned host budget {} is {} short: the plan pins {}", FormatBytes(o.pinned_budget_bytes),
         FormatBytes(p.pinned_bytes - o.pinned_budget_bytes), FormatBytes(p.pinned_bytes)));
   }
+  const uint64_t host_total = p.host_bytes + p.pinned_bytes;
+  if (o.host_budget_bytes > 0 && host_total > o.host_budget_bytes) {
+    return ResourceExhaustedError(fmt::format(
+        "host budget {} is {} short: the plan needs {} ({} pinned + {} of fp32 gradient "
+        "accumulators{}); raise --host-budget{}",
+        FormatBytes(o.host_budget_bytes), FormatBytes(host_total - o.host_budget_bytes),
+        FormatBytes(host_total), FormatBytes(p.pinned_bytes), FormatBytes(p.host_bytes),
+        o.optimizer_home == OptimizerHome::kHost ? " and optimizer state" : "",
+        o.optimizer_home == OptimizerHome::kHost ? " or use --offload-optimizer nvme" : ""));
+  }
+  if (o.nvme_capacity_bytes > 0 && p.nvme_bytes > o.nvme_capacity_bytes) {
+    return ResourceExhaustedError(fmt::format(
+        "NVMe paths have {} free, {} short of the {} the plan swaps there; add a --nvme-path on "
+        "another drive or free space",
+        FormatBytes(o.nvme_capacity_bytes), FormatBytes(p.nvme_bytes - o.nvme_capacity_bytes),
+        FormatBytes(p.nvme_bytes)));
+  }
   return p;
 }
 

@@ -27,6 +27,10 @@ StatusOr<OptimizerHome> ParseOptimizerHome(std::string_view s);
 struct PlacementOptions {
   uint64_t device_budget_bytes = 0;  // the whole device arena; must be > 0
   uint64_t pinned_budget_bytes = 64ull << 30;
+  // Host memory for everything the plan keeps there, pinned included; 0 = not checked.
+  uint64_t host_budget_bytes = 0;
+  // Free bytes over all NVMe paths (distinct file systems summed); 0 = not checked.
+  uint64_t nvme_capacity_bytes = 0;
   ParamHome param_home = ParamHome::kNvme;  // kDevice: every block must be resident
   OptimizerHome optimizer_home = OptimizerHome::kNvme;
   std::vector<std::string> nvme_paths;  // required when anything lives on NVMe
@@ -73,7 +77,8 @@ uint64_t StreamingMinimumBytes(const Model& model, DType precision, MicroBatchSh
 
 // Errors: kInvalidArgument (zero budget, no NVMe path for NVMe placement,
 // streaming_slots < 2); kResourceExhausted when the device budget cannot hold
-// the minimum (what is short and by how much, and what the minimum is made of).
+// the minimum (what is short and by how much, and what the minimum is made of),
+// or when the pinned, host or NVMe needs exceed their budgets (which, by how much).
 StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape shape,
                         const PlacementOptions& options);
 

@@ -17,6 +17,10 @@ const Preset kPresets[] = {
     {"gpt2-350m", {256, 1024, 24, 16, 1024}},
     {"gpt2-774m", {256, 1024, 36, 20, 1280}},
     {"gpt2-1.5b", {256, 1024, 48, 25, 1600}},
+    // The width, depth and heads of the well-known 7B and 13B decoder shapes (randomly
+    // initialised, GPT-2 blocks), for planning and benchmarks.
+    {"gpt-7b", {256, 2048, 32, 32, 4096}},
+    {"gpt-13b", {256, 2048, 40, 40, 5120}},
 };
 }  // namespace
 

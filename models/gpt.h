@@ -20,7 +20,8 @@ namespace strata::models {
 
 // Named shapes. "tiny" (tests), "small" (the default of `strata train`: trains
 // on 2 CPU cores in minutes), and GPT-2 family widths/depths/heads with a
-// byte-level vocabulary (256): "gpt2-124m", "gpt2-350m", "gpt2-774m", "gpt2-1.5b".
+// byte-level vocabulary (256): "gpt2-124m", "gpt2-350m", "gpt2-774m", "gpt2-1.5b",
+// and "gpt-7b" (32 layers, 32 heads, 4096 channels), "gpt-13b" (40, 40, 5120) with context 2048.
 // kInvalidArgument naming the choices for an unknown name.
 StatusOr<GptShape> GptPreset(std::string_view name);
 std::vector<std::string> GptPresetNames();

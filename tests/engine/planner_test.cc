@@ -52,5 +52,54 @@ TEST(Planner, DeviceHomeNeedsEveryBlockResident) {
   EXPECT_NE(plan.status().message().find("--offload-params device"), std::string::npos);
 }
 
+TEST(Planner, HostBudgetAndNvmeCapacityAreCheckedWithTheShortfall) {
+  auto model = models::GptModel::Create(*models::GptPreset("small"));
+  ASSERT_TRUE(model.ok());
+  const MicroBatchShape mb{1, 64};
+  PlacementOptions o;
+  o.nvme_paths = {"/tmp"};
+  o.device_budget_bytes = 1 << 30;
+  auto unlimited = MakePlan(**model, DType::kBF16, mb, o);
+  ASSERT_TRUE(unlimited.ok()) << unlimited.status().ToString();
+  const uint64_t host_need = unlimited->host_bytes + unlimited->pinned_bytes;
+  const uint64_t nvme_need = unlimited->nvme_bytes;
+  ASSERT_GT(nvme_need, 0u);
+
+  o.host_budget_bytes = host_need;  // exactly enough
+  o.nvme_capacity_bytes = nvme_need;
+  EXPECT_TRUE(MakePlan(**model, DType::kBF16, mb, o).ok());
+
+  o.host_budget_bytes = host_need - 1;
+  auto host_short = MakePlan(**model, DType::kBF16, mb, o);
+  EXPECT_EQ(host_short.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(host_short.status().message().find("host budget"), std::string::npos);
+  EXPECT_NE(host_short.status().message().find("1 B short"), std::string::npos)
+      << host_short.status().message();
+
+  o.host_budget_bytes = 0;  // unchecked
+  o.nvme_capacity_bytes = nvme_need - 4096;
+  auto nvme_short = MakePlan(**model, DType::kBF16, mb, o);
+  EXPECT_EQ(nvme_short.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(nvme_short.status().message().find("4.0 KiB short"), std::string::npos)
+      << nvme_short.status().message();
+}
+
+TEST(Planner, SevenBillionShapeFitsAn8GiBDeviceByStreaming) {
+  auto model = models::GptModel::Create(*models::GptPreset("gpt-7b"));
+  ASSERT_TRUE(model.ok());
+  // 12 * layers * channels^2 + embeddings: about 6.5e9 parameters.
+  EXPECT_GT((*model)->num_params(), 6'400'000'000);
+  EXPECT_LT((*model)->num_params(), 6'600'000'000);
+  PlacementOptions o;
+  o.nvme_paths = {"/nvme0"};
+  o.device_budget_bytes = 8ull << 30;
+  auto plan = MakePlan(**model, DType::kBF16, {1, 2048}, o);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_LE(plan->device_total_bytes, o.device_budget_bytes);
+  EXPECT_GT(plan->num_resident(), 0);
+  EXPECT_LT(plan->num_resident(), (*model)->num_blocks());  // 12 GiB of bf16 params do not fit
+  EXPECT_EQ(plan->nvme_bytes, static_cast<uint64_t>((*model)->num_params()) * (2 + 12));
+}
+
 }  // namespace
 }  // namespace strata::engine

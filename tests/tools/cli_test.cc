@@ -196,4 +196,37 @@ TEST_F(CliTest, TraceToAnUnwritablePathIsAOneLineError) {
   EXPECT_EQ(Lines(r.err), 1) << r.err;
 }
 
+TEST_F(CliTest, EstimatePrintsThePlanOrTheShortfallWithoutTraining) {
+  const Result ok =
+      RunStrata("estimate --preset gpt-7b --device-budget 24GiB --host-budget 128GiB");
+  ASSERT_EQ(ok.exit_code, 0) << ok.out << ok.err;
+  EXPECT_NE(ok.out.find("plan:"), std::string::npos) << ok.out;
+  EXPECT_NE(ok.out.find("verdict: feasible"), std::string::npos) << ok.out;
+
+  const Result json = RunStrata(
+      "estimate --model small --device-budget 1GiB --host-budget 4GiB "
+      "--json --nvme-path " +
+      dir_.string());
+  ASSERT_EQ(json.exit_code, 0) << json.out << json.err;
+  const auto j = nlohmann::json::parse(json.out);
+  EXPECT_TRUE(j.at("feasible").get<bool>());
+  EXPECT_EQ(j.at("num_blocks").get<int>(), 14);
+  EXPECT_EQ(j.at("resident_blocks").get<int>(), 14);  // 1 GiB holds the small model
+  EXPECT_GT(j.at("nvme_free_bytes").get<uint64_t>(), 0u);
+
+  const Result short_device = RunStrata("estimate --preset gpt-7b --device-budget 64MiB");
+  EXPECT_EQ(short_device.exit_code, 1);
+  EXPECT_NE(short_device.err.find("short"), std::string::npos) << short_device.err;
+  EXPECT_EQ(Lines(short_device.err), 1) << short_device.err;
+
+  const Result short_host =
+      RunStrata("estimate --preset gpt-13b --device-budget 24GiB --host-budget 16GiB");
+  EXPECT_EQ(short_host.exit_code, 1);
+  EXPECT_NE(short_host.err.find("host budget"), std::string::npos) << short_host.err;
+
+  const Result missing = RunStrata("estimate --preset gpt-7b");
+  EXPECT_NE(missing.exit_code, 0);
+  EXPECT_NE(missing.err.find("--device-budget"), std::string::npos) << missing.err;
+}
+
 }  // namespace

@@ -1,0 +1,166 @@
+#include "tools/estimate_command.h"
+
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "base/dtype.h"
+#include "base/units.h"
+#include "engine/planner.h"
+#include "models/gpt.h"
+
+namespace strata::tools {
+namespace {
+
+StatusOr<uint64_t> MemTotalBytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    std::string key;
+    uint64_t kib = 0;
+    if (fields >> key >> kib && key == "MemTotal:") return kib * 1024;
+  }
+  return UnavailableError("cannot read MemTotal from /proc/meminfo; give --host-budget");
+}
+
+// Free bytes over the paths, each file system counted once.
+StatusOr<uint64_t> NvmeFreeBytes(const std::vector<std::string>& paths) {
+  std::set<dev_t> seen;
+  uint64_t total = 0;
+  for (const auto& path : paths) {
+    struct stat st {};
+    struct statvfs vfs {};
+    if (::stat(path.c_str(), &st) != 0 || ::statvfs(path.c_str(), &vfs) != 0) {
+      return ErrnoToStatus(errno, fmt::format("--nvme-path '{}'", path));
+    }
+    if (!S_ISDIR(st.st_mode)) {
+      return InvalidArgumentError(fmt::format("--nvme-path '{}' is not a directory", path));
+    }
+    if (seen.insert(st.st_dev).second) {
+      total += static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+    }
+  }
+  return total;
+}
+
+StatusOr<uint64_t> ParseBudget(const std::string& flag, const std::string& text) {
+  STRATA_ASSIGN_OR_RETURN(uint64_t bytes, ParseSize(text));
+  if (bytes == 0) {
+    return InvalidArgumentError(
+        fmt::format("{} '{}' is zero; give a size such as 24GiB", flag, text));
+  }
+  return bytes;
+}
+
+}  // namespace
+
+void AddEstimateFlags(CLI::App& cmd, EstimateFlags& f) {
+  cmd.add_option("--model,--preset", f.model,
+                 "Model preset: tiny, small, gpt2-124m ... gpt2-1.5b, gpt-7b, gpt-13b")
+      ->capture_default_str();
+  cmd.add_option("--device-budget", f.device_budget,
+                 "Device memory for the whole arena, e.g. 24GiB (GB = 1e9 B, GiB = 2^30 B)")
+      ->required();
+  cmd.add_option("--host-budget", f.host_budget,
+                 "Host memory for pinned buffers, gradient accumulators and host-resident "
+                 "optimizer state; auto = this machine's total memory")
+      ->capture_default_str();
+  cmd.add_option("--pinned-budget", f.pinned_budget,
+                 "Pinned (page-locked) host memory; auto = the host budget")
+      ->capture_default_str();
+  cmd.add_option("--nvme-path", f.nvme_paths,
+                 "Swap directories (repeatable); their free space is checked against the plan");
+  cmd.add_option("--micro-batch-size", f.micro_batch_size, "Sequences per micro-batch")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd.add_option("--seq-len", f.seq_len, "Tokens per sequence; 0 = the model's context")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd.add_option("--precision", f.precision, "Working params and gradients: bf16, fp16 or fp32")
+      ->capture_default_str();
+  cmd.add_option("--offload-params", f.offload_params, "device, host or nvme")
+      ->capture_default_str();
+  cmd.add_option("--offload-optimizer", f.offload_optimizer, "host or nvme")->capture_default_str();
+  cmd.add_flag("--json", f.json, "Print the plan as one JSON object");
+}
+
+Status RunEstimate(const EstimateFlags& f) {
+  STRATA_ASSIGN_OR_RETURN(DType precision, ParseDType(f.precision));
+  STRATA_ASSIGN_OR_RETURN(auto shape, models::GptPreset(f.model));
+  const int seq_len = f.seq_len == 0 ? shape.max_seq_len : f.seq_len;
+  if (seq_len > shape.max_seq_len) {
+    return InvalidArgumentError(fmt::format("--seq-len {} exceeds the '{}' model's context of {}",
+                                            seq_len, f.model, shape.max_seq_len));
+  }
+  STRATA_ASSIGN_OR_RETURN(auto model, models::GptModel::Create(shape));
+  engine::PlacementOptions o;
+  STRATA_ASSIGN_OR_RETURN(o.param_home, engine::ParseParamHome(f.offload_params));
+  STRATA_ASSIGN_OR_RETURN(o.optimizer_home, engine::ParseOptimizerHome(f.offload_optimizer));
+  STRATA_ASSIGN_OR_RETURN(o.device_budget_bytes, ParseBudget("--device-budget", f.device_budget));
+  if (f.host_budget == "auto") {
+    STRATA_ASSIGN_OR_RETURN(o.host_budget_bytes, MemTotalBytes());
+  } else {
+    STRATA_ASSIGN_OR_RETURN(o.host_budget_bytes, ParseBudget("--host-budget", f.host_budget));
+  }
+  if (f.pinned_budget == "auto") {
+    o.pinned_budget_bytes = o.host_budget_bytes;
+  } else {
+    STRATA_ASSIGN_OR_RETURN(o.pinned_budget_bytes, ParseBudget("--pinned-budget", f.pinned_budget));
+  }
+  // Without a path the plan is still made (NVMe capacity unchecked), so that a user can size a
+  // machine they do not have.
+  o.nvme_paths = f.nvme_paths.empty() ? std::vector<std::string>{"(unchecked)"} : f.nvme_paths;
+  if (!f.nvme_paths.empty()) {
+    STRATA_ASSIGN_OR_RETURN(o.nvme_capacity_bytes, NvmeFreeBytes(f.nvme_paths));
+  }
+  const engine::MicroBatchShape mb{f.micro_batch_size, seq_len};
+  STRATA_ASSIGN_OR_RETURN(engine::Plan plan, engine::MakePlan(*model, precision, mb, o));
+
+  if (f.json) {
+    const nlohmann::json j = {
+        {"model", f.model},
+        {"model_params", plan.model_params},
+        {"model_state_bytes", plan.model_state_bytes},
+        {"feasible", true},
+        {"precision", DTypeName(precision)},
+        {"micro_batch_size", mb.batch_size},
+        {"seq_len", mb.seq_len},
+        {"num_blocks", plan.blocks.size()},
+        {"resident_blocks", plan.num_resident()},
+        {"streaming_slots", plan.streaming_slots},
+        {"device_budget_bytes", plan.device_budget_bytes},
+        {"device_total_bytes", plan.device_total_bytes},
+        {"pinned_bytes", plan.pinned_bytes},
+        {"host_bytes", plan.host_bytes},
+        {"host_budget_bytes", o.host_budget_bytes},
+        {"nvme_bytes", plan.nvme_bytes},
+        {"nvme_free_bytes",
+         f.nvme_paths.empty() ? nlohmann::json() : nlohmann::json(o.nvme_capacity_bytes)},
+    };
+    std::printf("%s\n", j.dump(2).c_str());
+    return Status::Ok();
+  }
+  std::printf("strata estimate: %s\n", model->description().c_str());
+  std::printf("%s", plan.Describe().c_str());
+  std::printf("verdict: feasible: device %s of %s, host %s of %s%s\n",
+              FormatBytes(plan.device_total_bytes).c_str(),
+              FormatBytes(plan.device_budget_bytes).c_str(),
+              FormatBytes(plan.host_bytes + plan.pinned_bytes).c_str(),
+              FormatBytes(o.host_budget_bytes).c_str(),
+              f.nvme_paths.empty()
+                  ? (plan.nvme_bytes > 0 ? ", NVMe free space unchecked (no --nvme-path)" : "")
+                  : fmt::format(", NVMe {} of {} free", FormatBytes(plan.nvme_bytes),
+                                FormatBytes(o.nvme_capacity_bytes))
+                        .c_str());
+  return Status::Ok();
+}
+
+}  // namespace strata::tools

@@ -1,0 +1,32 @@
+// `strata estimate`: the planner's verdict for a model shape and budgets, without training
+// (DESIGN.md, "Planner"): the same plan `strata train` prints, or the same error when a budget is
+// short.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+
+namespace strata::tools {
+
+struct EstimateFlags {
+  std::string model = "small";
+  std::string device_budget;            // required
+  std::string host_budget = "auto";     // auto: this machine's total memory
+  std::string pinned_budget = "auto";   // auto: the host budget
+  std::vector<std::string> nvme_paths;  // free space is checked when given
+  int micro_batch_size = 1;
+  int seq_len = 0;  // 0: the model's context
+  std::string precision = "bf16";
+  std::string offload_params = "nvme";
+  std::string offload_optimizer = "nvme";
+  bool json = false;
+};
+
+void AddEstimateFlags(CLI::App& cmd, EstimateFlags& f);
+// Prints the plan; a non-OK Status (bad flags, a budget that is short) is printed by main.
+Status RunEstimate(const EstimateFlags& f);
+
+}  // namespace strata::tools
