@@ -54,8 +54,9 @@ class _StrataOptimizer(torch.optim.Optimizer):
     # -- torch.optim.Optimizer protocol ----------------------------------------
 
     def __setstate__(self, state):
+        # load_state_dict() and unpickling come here; hyper-parameters are sent to
+        # the handle at every step, so an existing handle stays valid.
         super().__setstate__(state)
-        self._handle = None
         for group in self.param_groups:
             for key, value in self._group_defaults().items():
                 group.setdefault(key, value)
@@ -65,9 +66,17 @@ class _StrataOptimizer(torch.optim.Optimizer):
 
     def __del__(self):
         handle = getattr(self, "_handle", None)
-        if handle is not None:
-            _lib.lib().strata_optimizer_destroy(handle)
-            self._handle = None
+        destroy = getattr(self, "_destroy", None)
+        if handle is not None and destroy is not None:
+            destroy(handle)
+        self._handle = None
+
+    def __getstate__(self):
+        # torch's state plus the thread count; not the C handle (a copy or an
+        # unpickled optimizer makes its own on its first step).
+        state = super().__getstate__()
+        state["_num_threads"] = getattr(self, "_num_threads", 0)
+        return state
 
     @torch.no_grad()
     def step(self, closure=None, *, grads=None, grad_scale=1.0):
@@ -135,6 +144,8 @@ class _StrataOptimizer(torch.optim.Optimizer):
             _lib.check(library.strata_optimizer_create(
                 self._kind, ctypes.byref(config), ctypes.byref(options), ctypes.byref(handle)))
             self._handle = handle
+            # Kept on the instance: module globals may be gone when __del__ runs at exit.
+            self._destroy = library.strata_optimizer_destroy
         return self._handle
 
     def _collect(self, grads):

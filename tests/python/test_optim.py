@@ -250,6 +250,23 @@ class OptimizerTwinTest(unittest.TestCase):
         self.check_continuation(strata.optim.Adam, torch.optim.Adam, kwargs,
                                 torch.float32)
 
+    def test_deepcopy_and_pickle_make_an_independent_working_optimizer(self):
+        import pickle
+        params = leaves(make_params(51))
+        opt = strata.optim.AdamW(params, lr=1e-2, num_threads=1)
+        gen = torch.Generator().manual_seed(52)
+        opt.step(grads=make_grads(gen, params, torch.bfloat16))
+        # One deepcopy of both keeps the optimizer's references to its parameters.
+        twin, twin_params = copy.deepcopy((opt, params))
+        restored = pickle.loads(pickle.dumps(opt))
+        self.assertEqual(restored._num_threads, 1)
+        grads = make_grads(gen, params, torch.bfloat16)
+        opt.step(grads=grads)
+        twin.step(grads=grads)
+        for p, tp in zip(params, twin_params):
+            self.assertTrue(torch.equal(p.detach(), tp.detach()))
+            self.assertTrue(torch.equal(opt.state[p]["exp_avg"], twin.state[tp]["exp_avg"]))
+
     def test_results_do_not_depend_on_num_threads(self):
         values = [torch.randn(300001, generator=torch.Generator().manual_seed(31))]
         results = []
