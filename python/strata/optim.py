@@ -12,7 +12,8 @@ ZeRO-Offload-style training). Gradients are p.grad (fp32), or, for 16-bit
 gradients (torch does not let an fp32 parameter hold a bf16/fp16 .grad), the
 tensors passed to step(grads=...): one per parameter in param_groups order, fp32,
 bf16 or fp16, None to skip a parameter. 16-bit gradients are widened exactly
-inside the kernel, with no fp32 copy.
+inside the kernel, with no fp32 copy. step(copy_out=...) writes the updated
+weights as bf16/fp16 (e.g. a 16-bit model's weights) in the same pass.
 
 Adding an optimizer is one small class: its torch twin, its strata kind and state
 names, and how a param group becomes its C config struct.
@@ -79,7 +80,7 @@ class _StrataOptimizer(torch.optim.Optimizer):
         return state
 
     @torch.no_grad()
-    def step(self, closure=None, *, grads=None, grad_scale=1.0):
+    def step(self, closure=None, *, grads=None, grad_scale=1.0, copy_out=None):
         """One optimizer step over every parameter with a gradient.
 
         closure: as torch.optim (re-evaluates the model, returns the loss).
@@ -88,6 +89,10 @@ class _StrataOptimizer(torch.optim.Optimizer):
           like the parameter.
         grad_scale: every gradient is multiplied by it first (e.g. clip_coef /
           loss_scale); 1.0 for none.
+        copy_out: optional output tensors, one per parameter in param_groups order
+          (None for none): bf16, fp16 or fp32 CPU tensors shaped like the parameter
+          that receive the updated weights in the same pass (round to nearest
+          even, as tensor.to(dtype)), e.g. a bf16 model's weights.
 
         Every parameter, gradient and state tensor is checked before any is
         updated: TypeError/ValueError for a bad dtype, device, layout or shape, and
@@ -99,7 +104,7 @@ class _StrataOptimizer(torch.optim.Optimizer):
         if not math.isfinite(grad_scale):
             raise ValueError(f"grad_scale must be finite, got {grad_scale}")
 
-        work = self._collect(grads)  # [(group, param, grad)], all checked
+        work = self._collect(grads, copy_out)  # [(group, param, grad, out)], checked
         if not work:
             return loss
         library = _lib.lib()
@@ -107,7 +112,7 @@ class _StrataOptimizer(torch.optim.Optimizer):
         num_state = len(self._state_keys)
         state_ptrs = (ctypes.c_void_p * num_state)()
         current_group = None
-        for group, p, g in work:
+        for group, p, g, out in work:
             if group is not current_group:
                 config = self._config(group)
                 _lib.check(library.strata_optimizer_set_config(handle, ctypes.byref(config)))
@@ -122,7 +127,8 @@ class _StrataOptimizer(torch.optim.Optimizer):
                 state_ptrs[i] = state[key].data_ptr()
             _lib.check(library.strata_optimizer_step(
                 handle, int(state["step"].item()), float(grad_scale), p.data_ptr(), state_ptrs,
-                num_state, g.data_ptr(), DTYPES[g.dtype], None, _lib.DTYPE_F32, p.numel()))
+                num_state, g.data_ptr(), DTYPES[g.dtype], None if out is None else out.data_ptr(),
+                _lib.DTYPE_F32 if out is None else DTYPES[out.dtype], p.numel()))
         return loss
 
     # -- helpers -----------------------------------------------------------------
@@ -148,8 +154,9 @@ class _StrataOptimizer(torch.optim.Optimizer):
             self._destroy = library.strata_optimizer_destroy
         return self._handle
 
-    def _collect(self, grads):
-        """Checks every parameter that will be stepped, its gradient and its state."""
+    def _collect(self, grads, copy_out):
+        """Checks every parameter that will be stepped, its gradient, its copy-out
+        tensor and its state."""
         flat = [p for group in self.param_groups for p in group["params"]]
         if grads is not None:
             grads = list(grads)
@@ -157,12 +164,19 @@ class _StrataOptimizer(torch.optim.Optimizer):
                 raise ValueError(f"{self._name()}.step: grads has {len(grads)} entries, the "
                                  f"optimizer has {len(flat)} parameters (one per parameter, "
                                  "None to skip)")
+        if copy_out is not None:
+            copy_out = list(copy_out)
+            if len(copy_out) != len(flat):
+                raise ValueError(f"{self._name()}.step: copy_out has {len(copy_out)} entries, "
+                                 f"the optimizer has {len(flat)} parameters (one per "
+                                 "parameter, None for none)")
         work = []
         index = 0
         for gi, group in enumerate(self.param_groups):
             self._check_group(group)
             for pi, p in enumerate(group["params"]):
                 g = grads[index] if grads is not None else p.grad
+                out = copy_out[index] if copy_out is not None else None
                 index += 1
                 if g is None:
                     continue
@@ -186,7 +200,13 @@ class _StrataOptimizer(torch.optim.Optimizer):
                         if t.shape != p.shape:
                             raise ValueError(f"{what}: state['{key}'] has shape "
                                              f"{tuple(t.shape)}, the parameter {tuple(p.shape)}")
-                work.append((group, p, g))
+                if out is not None:
+                    check_cpu_contiguous(f"{what}: its copy_out", out)
+                    dtype_code(f"{what}: its copy_out", out, _GRAD_DTYPES)
+                    if out.shape != p.shape:
+                        raise ValueError(f"{what}: copy_out shape {tuple(out.shape)} differs "
+                                         f"from the parameter's {tuple(p.shape)}")
+                work.append((group, p, g, out))
         return work
 
     def _check_group(self, group):

@@ -190,6 +190,27 @@ class OptimizerTwinTest(unittest.TestCase):
             s_opt.step(grads=scaled, grad_scale=1.0 / 1024)
         self.assert_same_state(s_opt, t_opt, s_params, t_params, "grad_scale")
 
+    def test_copy_out_writes_the_updated_weights_rounded_as_torch(self):
+        values = make_params(61)
+        params = leaves(values)
+        opt = strata.optim.Adam(params, lr=1e-2, weight_decay=0.01)
+        outs = [torch.zeros(p.shape, dtype=dtype) for p, dtype in
+                zip(params, [torch.bfloat16, torch.float16, torch.bfloat16, torch.float32,
+                             torch.float16])]
+        outs[0] = None  # no copy-out for this one
+        gen = torch.Generator().manual_seed(62)
+        for _ in range(3):
+            opt.step(grads=make_grads(gen, values, torch.bfloat16, zeros=False),
+                     copy_out=outs)
+        for p, out in zip(params[1:], outs[1:]):
+            expected = p.detach().to(out.dtype)
+            self.assertTrue(torch.equal(out, expected), f"{out.dtype}")
+        with self.assertRaisesRegex(ValueError, "copy_out shape"):
+            opt.step(grads=make_grads(gen, values, torch.bfloat16),
+                     copy_out=[None, torch.zeros(3, dtype=torch.bfloat16), None, None, None])
+        with self.assertRaisesRegex(ValueError, "copy_out has 1 entries"):
+            opt.step(copy_out=[None])
+
     def test_state_dict_has_torch_keys_and_layout(self):
         for strata_cls, torch_cls in ((strata.optim.AdamW, torch.optim.AdamW),
                                       (strata.optim.Adam, torch.optim.Adam)):
