@@ -1,0 +1,41 @@
+// Internal to capi/: the bridge between strata::Status and the C ABI of
+// include/strata/strata.h. Every exported function converts its result here, so no
+// C++ exception and no Status crosses the ABI.
+#pragma once
+
+#include <exception>
+#include <new>
+#include <optional>
+#include <string>
+
+#include "base/dtype.h"
+#include "base/status.h"
+#include "strata/strata.h"
+
+namespace strata::capi {
+
+// Records status as the calling thread's strata_last_error() message when it is
+// not OK, and returns its code as a strata_status.
+strata_status Report(const Status& status);
+
+// The DType of a C dtype; nullopt for a value outside strata_dtype.
+std::optional<DType> ToDType(strata_dtype dtype);
+// An INVALID_ARGUMENT Status naming the parameter and the bad dtype value.
+Status BadDType(const char* what, strata_dtype dtype);
+
+// Runs fn() -> Status and reports it; an exception (from oneTBB or an allocation)
+// becomes RESOURCE_EXHAUSTED or INTERNAL instead of unwinding through C frames.
+template <typename F>
+strata_status Guard(const F& fn) {
+  try {
+    return Report(fn());
+  } catch (const std::bad_alloc&) {
+    return Report(ResourceExhaustedError("out of memory"));
+  } catch (const std::exception& e) {
+    return Report(InternalError(std::string("unexpected exception: ") + e.what()));
+  } catch (...) {
+    return Report(InternalError("unexpected exception of unknown type"));
+  }
+}
+
+}  // namespace strata::capi

@@ -1,0 +1,288 @@
+/* Strata C API: the CPU optimizers and gradient passes of libstrata.so behind a
+ * stable C ABI, for frameworks and languages that cannot link C++ (the Python
+ * package python/strata/ uses it through ctypes).
+ *
+ * Shape of the API
+ *   - Opaque handles: a strata_optimizer holds an optimizer's hyper-parameters and
+ *     its threading options; it owns no tensor memory.
+ *   - Caller-owned buffers: parameters (fp32 master weights), optimizer state and
+ *     gradients are the caller's, laid out as torch.optim keeps them (one flat
+ *     fp32 buffer per state tensor: exp_avg, exp_avg_sq, ...), so a PyTorch
+ *     state_dict can be used as is. Nothing is retained after a call returns.
+ *   - Explicit dtypes (strata_dtype) and lengths in ELEMENTS (num_elems), never
+ *     bytes. No alignment is required (64-byte aligned buffers are faster).
+ *   - Every fallible function returns a strata_status (the codes of
+ *     strata::StatusCode, chosen by what the caller should do) and, when it is not
+ *     STRATA_OK, sets a message for the calling thread: strata_last_error(). On an
+ *     error no buffer has been modified, unless stated otherwise.
+ *
+ * Thread-safety: every function may be called from any thread. A strata_optimizer
+ * may run strata_optimizer_step from several threads at once on different buffers;
+ * strata_optimizer_set_config and strata_optimizer_destroy must not run
+ * concurrently with any other use of the same handle. Buffers passed to one call
+ * must not be read or written by anyone else until it returns.
+ *
+ * Numerics: formulas and hyper-parameter rules are those of torch.optim (see each
+ * optimizer below); every result is bit-identical whatever the thread count and
+ * whatever the ISA variant (AVX-512, AVX2, generic) chosen at run time by CPUID.
+ *
+ * Link with -lstrata (CMake: find_package(Strata) and Strata::strata). The header
+ * is C99 and C++ compatible. */
+#ifndef STRATA_STRATA_H_
+#define STRATA_STRATA_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#define STRATA_API
+#elif defined(__GNUC__) || defined(__clang__)
+#define STRATA_API __attribute__((visibility("default")))
+#else
+#define STRATA_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------------------
+ * Version
+ * ------------------------------------------------------------------------- */
+
+/* The version of this header. The library's own version is strata_version(); a
+ * program built against this header runs with any libstrata.so.0 whose major
+ * version is the same and whose minor version is at least this one. */
+#define STRATA_VERSION_MAJOR 0
+#define STRATA_VERSION_MINOR 1
+#define STRATA_VERSION_PATCH 0
+/* MAJOR * 10000 + MINOR * 100 + PATCH, comparable with strata_version_number(). */
+#define STRATA_VERSION_NUMBER \
+  (STRATA_VERSION_MAJOR * 10000 + STRATA_VERSION_MINOR * 100 + STRATA_VERSION_PATCH)
+
+/* "MAJOR.MINOR.PATCH" of the loaded library; a static string, never freed. */
+STRATA_API const char* strata_version(void);
+/* The loaded library's STRATA_VERSION_NUMBER. */
+STRATA_API int strata_version_number(void);
+
+/* ---------------------------------------------------------------------------
+ * Status codes and errors
+ * ------------------------------------------------------------------------- */
+
+/* The canonical codes of strata::StatusCode (base/status.h), same values. */
+typedef enum strata_status {
+  STRATA_OK = 0,
+  STRATA_CANCELLED = 1,
+  STRATA_UNKNOWN = 2,
+  STRATA_INVALID_ARGUMENT = 3, /* fix the arguments; nothing was modified */
+  STRATA_DEADLINE_EXCEEDED = 4,
+  STRATA_NOT_FOUND = 5,
+  STRATA_ALREADY_EXISTS = 6,
+  STRATA_PERMISSION_DENIED = 7,
+  STRATA_RESOURCE_EXHAUSTED = 8, /* memory or threads could not be had */
+  STRATA_FAILED_PRECONDITION = 9,
+  STRATA_ABORTED = 10,
+  STRATA_OUT_OF_RANGE = 11,
+  STRATA_UNIMPLEMENTED = 12, /* a feature this version does not have */
+  STRATA_INTERNAL = 13,      /* a bug or a failure of a dependency (oneTBB) */
+  STRATA_UNAVAILABLE = 14,
+  STRATA_DATA_LOSS = 15
+} strata_status;
+
+/* "OK", "INVALID_ARGUMENT", ... as strata::StatusCodeName; "UNKNOWN_CODE" for a
+ * value outside the enum. A static string. */
+STRATA_API const char* strata_status_name(strata_status status);
+
+/* The message of the last non-OK status returned to the calling thread, e.g.
+ * "INVALID_ARGUMENT: AdamW: lr must be finite and >= 0, got -1"; "" if there was
+ * none. Thread-local: calls on other threads do not change it. The pointer stays
+ * valid until the next failing Strata call on this thread; copy it to keep it. */
+STRATA_API const char* strata_last_error(void);
+
+/* ---------------------------------------------------------------------------
+ * Element types
+ * ------------------------------------------------------------------------- */
+
+typedef enum strata_dtype {
+  STRATA_DTYPE_F32 = 0, /* IEEE binary32 */
+  STRATA_DTYPE_F16 = 1, /* IEEE binary16 */
+  STRATA_DTYPE_BF16 = 2 /* bfloat16: the upper 16 bits of a binary32 */
+} strata_dtype;
+
+/* Size of one element in bytes (4 or 2); 0 for an unknown dtype. */
+STRATA_API size_t strata_dtype_size(strata_dtype dtype);
+
+/* ---------------------------------------------------------------------------
+ * Optimizers
+ * ------------------------------------------------------------------------- */
+
+/* Values are stable across versions. Kinds 3 (Adagrad), 4 (Lion) and 5 (SGD) are
+ * reserved for the optimizers of the next minor version. */
+typedef enum strata_optimizer_kind {
+  /* torch.optim.AdamW: Loshchilov & Hutter, "Decoupled Weight Decay
+   * Regularization", ICLR 2019. Config: strata_adamw_config. State buffers, in
+   * this order: exp_avg (m), exp_avg_sq (v). */
+  STRATA_OPTIMIZER_ADAMW = 1,
+  /* torch.optim.Adam (weight decay as an L2 term added to the gradient): Kingma &
+   * Ba, "Adam: A Method for Stochastic Optimization", ICLR 2015. Config:
+   * strata_adamw_config. State buffers: exp_avg, exp_avg_sq. */
+  STRATA_OPTIMIZER_ADAM = 2
+} strata_optimizer_kind;
+
+/* Hyper-parameters of AdamW and Adam, with torch.optim's meaning. Per element, in
+ * fp32, in this order (t = the step argument of strata_optimizer_step):
+ *   g = float(grad[i]) * grad_scale
+ *   Adam,  weight_decay != 0:   g = g + weight_decay * p
+ *   AdamW, weight_decay != 0:   p = p * (1 - lr * weight_decay)
+ *   m = beta1 * m + (1 - beta1) * g
+ *   v = beta2 * v + ((1 - beta2) * g) * g
+ *   denom = sqrt(v) / sqrt(1 - beta2^t) + eps     (sqrt(v) + eps without bias correction)
+ *   p = p - ((lr / (1 - beta1^t)) * m) / denom    (lr * m / denom without bias correction)
+ * The per-step scalars are computed in fp64 and rounded to fp32 once, as PyTorch
+ * computes them in Python floats; results equal PyTorch's in exact arithmetic (the
+ * rounding of the last bits may differ: PyTorch writes m as a lerp in newer
+ * versions). Valid values are those torch.optim accepts: lr, eps, weight_decay
+ * finite and >= 0; beta1, beta2 in [0, 1). */
+typedef struct strata_adamw_config {
+  size_t struct_size;  /* = sizeof(strata_adamw_config); checked, for ABI evolution */
+  float lr;            /* learning rate, e.g. 1e-3 */
+  float beta1;         /* e.g. 0.9 */
+  float beta2;         /* e.g. 0.999 */
+  float eps;           /* added to the denominator, e.g. 1e-8 */
+  float weight_decay;  /* AdamW: decoupled (torch default 1e-2); Adam: L2 (torch default 0) */
+  int bias_correction; /* 1: Adam's bias correction (as torch); 0: none (DeepSpeed option) */
+  int amsgrad;  /* must be 0: STRATA_UNIMPLEMENTED otherwise (planned: a third state buffer) */
+  int maximize; /* must be 0: STRATA_UNIMPLEMENTED otherwise (planned: g = -g) */
+} strata_adamw_config;
+
+/* Fills *config with torch.optim.AdamW's defaults (lr 1e-3, betas (0.9, 0.999),
+ * eps 1e-8, weight_decay 1e-2, bias correction on, amsgrad and maximize off) and
+ * sets struct_size. For Adam set weight_decay to 0 (torch.optim.Adam's default). */
+STRATA_API void strata_adamw_config_init(strata_adamw_config* config);
+
+/* Threading options of an optimizer handle. */
+typedef struct strata_optimizer_options {
+  size_t struct_size; /* = sizeof(strata_optimizer_options); checked */
+  /* Worker threads of a step, the calling thread included: 0 = oneTBB's default
+   * (all CPUs this process may use), 1 = the calling thread only, n > 1 = a
+   * private oneTBB arena of n threads. Results do not depend on it. */
+  int num_threads;
+} strata_optimizer_options;
+
+/* Fills *options with the defaults (num_threads 0) and sets struct_size. */
+STRATA_API void strata_optimizer_options_init(strata_optimizer_options* options);
+
+typedef struct strata_optimizer strata_optimizer;
+
+/* Creates an optimizer of the given kind. config points to the kind's config
+ * struct (see strata_optimizer_kind) with struct_size set; options may be NULL for
+ * the defaults. On success *out is a new handle owned by the caller (free it with
+ * strata_optimizer_destroy). Errors: STRATA_INVALID_ARGUMENT for a NULL config or
+ * out, an unknown kind, a struct_size that does not match the kind's struct, a
+ * hyper-parameter torch.optim rejects, num_threads < 0; STRATA_UNIMPLEMENTED for a
+ * feature flag this version lacks (amsgrad, maximize); STRATA_RESOURCE_EXHAUSTED
+ * when memory or the thread arena cannot be had. *out is NULL on error. */
+STRATA_API strata_status strata_optimizer_create(strata_optimizer_kind kind, const void* config,
+                                                 const strata_optimizer_options* options,
+                                                 strata_optimizer** out);
+
+/* Frees the handle. NULL is allowed and does nothing. */
+STRATA_API void strata_optimizer_destroy(strata_optimizer* optimizer);
+
+/* Replaces the hyper-parameters (e.g. a learning-rate schedule changing lr) with
+ * config, of the handle's kind; same checks and errors as strata_optimizer_create.
+ * On error the handle keeps its previous hyper-parameters. Not thread-safe with
+ * respect to other calls on the same handle. */
+STRATA_API strata_status strata_optimizer_set_config(strata_optimizer* optimizer,
+                                                     const void* config);
+
+/* The handle's kind; the number of state buffers strata_optimizer_step expects
+ * (AdamW, Adam: 2). Both are 0 for a NULL handle. */
+STRATA_API strata_optimizer_kind strata_optimizer_get_kind(const strata_optimizer* optimizer);
+STRATA_API int strata_optimizer_num_state(const strata_optimizer* optimizer);
+
+/* One optimizer step over one flat tensor of num_elems elements:
+ *   params      fp32 master weights, updated in place;
+ *   state       num_state pointers to fp32 state buffers of num_elems elements each,
+ *               in the kind's order (AdamW/Adam: exp_avg, exp_avg_sq), updated in
+ *               place; zero-initialized before the first step, as in torch;
+ *   grad        num_elems gradient elements of grad_dtype (F32, F16 or BF16), read
+ *               only; 16-bit gradients are widened exactly;
+ *   step        t >= 1, the 1-based step count used by bias correction (torch's
+ *               state['step'] after its increment);
+ *   grad_scale  every gradient element is multiplied by it first, e.g.
+ *               clip_coef / loss_scale; 1 for none; must be finite;
+ *   copy_out    NULL, or num_elems elements of copy_out_dtype receiving the updated
+ *               weights (round to nearest even, NaN kept), e.g. the bf16 working
+ *               copy for the next forward pass; ignored when NULL.
+ * No buffer may overlap another. Non-finite gradients are not an error (a NaN
+ * gradient makes NaN weights): check strata_grad_stats_compute's nonfinite first.
+ * Errors (nothing modified): STRATA_INVALID_ARGUMENT for a NULL handle, num_state
+ * different from strata_optimizer_num_state, a NULL pointer with num_elems > 0,
+ * num_elems < 0, an unknown dtype, overlapping buffers, step < 1, a non-finite
+ * grad_scale. STRATA_RESOURCE_EXHAUSTED / STRATA_INTERNAL when oneTBB fails (the
+ * buffers may then be partly updated). Runs on the calling thread and the handle's
+ * workers; returns when the step is complete. */
+STRATA_API strata_status strata_optimizer_step(const strata_optimizer* optimizer, int64_t step,
+                                               float grad_scale, float* params, float* const* state,
+                                               int num_state, const void* grad,
+                                               strata_dtype grad_dtype, void* copy_out,
+                                               strata_dtype copy_out_dtype, int64_t num_elems);
+
+/* ---------------------------------------------------------------------------
+ * Gradient passes (stateless; run on the calling thread and oneTBB's default
+ * arena, or the innermost tbb::task_arena of the caller)
+ *
+ * Global-norm clipping as in Pascanu et al., "On the difficulty of training
+ * recurrent neural networks", ICML 2013; overflow detection for dynamic loss
+ * scaling as in Micikevicius et al., "Mixed Precision Training", ICLR 2018.
+ * ------------------------------------------------------------------------- */
+
+/* Statistics of a gradient bucket. */
+typedef struct strata_grad_stats {
+  double sum_squares; /* sum of (scale * g)^2, each product and the sum in fp64 */
+  int nonfinite;      /* 1 if some element is +-inf or NaN, else 0 */
+  int64_t num_elems;  /* elements covered */
+} strata_grad_stats;
+
+/* *out = statistics of num_elems elements of grad (dtype F32, F16 or BF16), each
+ * multiplied by scale (e.g. 1 / loss_scale) before squaring. The sum is
+ * bit-identical for any thread count (fixed fp64 summation order). The global
+ * norm of several buckets is sqrt of the sum of their sum_squares, merged in a
+ * fixed order. Errors (STRATA_INVALID_ARGUMENT): NULL grad with num_elems > 0,
+ * NULL out, num_elems < 0, unknown dtype, non-finite scale. */
+STRATA_API strata_status strata_grad_stats_compute(const void* grad, strata_dtype dtype,
+                                                   int64_t num_elems, float scale,
+                                                   strata_grad_stats* out);
+
+/* Gradient accumulation over micro-batches into an fp32 buffer of num_elems:
+ *   overwrite != 0:  accum[i] = float(grad[i])            (exact)
+ *   overwrite == 0:  accum[i] = accum[i] + float(grad[i])  (one fp32 rounding)
+ * When stats is not NULL it receives the statistics of the resulting accum values
+ * (scale 1), computed in the same pass. accum and grad must not overlap. Errors
+ * (STRATA_INVALID_ARGUMENT, nothing modified): NULL pointers with num_elems > 0,
+ * num_elems < 0, unknown dtype, overlap. */
+STRATA_API strata_status strata_grad_accumulate(float* accum, const void* grad,
+                                                strata_dtype grad_dtype, int64_t num_elems,
+                                                int overwrite, strata_grad_stats* stats);
+
+/* dst[i] = dst_dtype(src[i]) for num_elems elements: round to nearest even, NaN
+ * kept (quiet), overflow to inf, denormals kept. F32 copies the bits. Errors
+ * (STRATA_INVALID_ARGUMENT): NULL pointers with num_elems > 0, num_elems < 0,
+ * unknown dtype, overlapping buffers. */
+STRATA_API strata_status strata_convert_from_f32(const float* src, void* dst,
+                                                 strata_dtype dst_dtype, int64_t num_elems);
+
+/* dst[i] = float(src[i]) for num_elems elements (exact). Errors as above. */
+STRATA_API strata_status strata_convert_to_f32(const void* src, strata_dtype src_dtype, float* dst,
+                                               int64_t num_elems);
+
+/* The CPU kernel variant in use, chosen once by CPUID: "avx512", "avx2" or
+ * "generic". A static string. */
+STRATA_API const char* strata_kernel_name(void);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* STRATA_STRATA_H_ */

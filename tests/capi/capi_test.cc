@@ -1,0 +1,508 @@
+// The C API (include/strata/strata.h) as a client sees it: libstrata.so against
+// the C++ scalar reference of cpu_optim (bit for bit) and float64 references,
+// errors with codes and messages, thread-local last error, exported symbols.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "base/dtype.h"
+#include "cpu_optim/adamw.h"
+#include "strata/strata.h"
+#include "tests/capi/c_header_check.h"
+
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+// Random values spanning large and tiny magnitudes, with zeros and negatives.
+std::vector<float> RandomValues(size_t n, uint32_t seed, float scale) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<int> exponent(-20, 4);
+  std::vector<float> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    out[i] = i % 97 == 3 ? 0.0f : scale * normal(rng) * std::ldexp(1.0f, exponent(rng));
+  }
+  return out;
+}
+
+// Gradient bytes of the given dtype holding the values of g (rounded as base/dtype.h).
+std::vector<uint16_t> To16(const std::vector<float>& g, strata_dtype dtype) {
+  std::vector<uint16_t> out(g.size());
+  for (size_t i = 0; i < g.size(); ++i) {
+    out[i] = dtype == STRATA_DTYPE_BF16 ? strata::FloatToBf16(g[i]) : strata::FloatToHalf(g[i]);
+  }
+  return out;
+}
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return false;
+  return std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+strata_optimizer* MakeOptimizer(strata_optimizer_kind kind, const strata_adamw_config& config,
+                                int num_threads = 0) {
+  strata_optimizer_options options;
+  strata_optimizer_options_init(&options);
+  options.num_threads = num_threads;
+  strata_optimizer* opt = nullptr;
+  EXPECT_EQ(strata_optimizer_create(kind, &config, &options, &opt), STRATA_OK)
+      << strata_last_error();
+  return opt;
+}
+
+strata_adamw_config NonDefaultConfig() {
+  strata_adamw_config c;
+  strata_adamw_config_init(&c);
+  c.lr = 3e-3f;
+  c.beta1 = 0.85f;
+  c.beta2 = 0.995f;
+  c.eps = 1e-7f;
+  c.weight_decay = 0.05f;
+  return c;
+}
+
+TEST(CApiVersion, MatchesHeaderMacros) {
+  char expected[32];
+  std::snprintf(expected, sizeof(expected), "%d.%d.%d", STRATA_VERSION_MAJOR, STRATA_VERSION_MINOR,
+                STRATA_VERSION_PATCH);
+  EXPECT_STREQ(strata_version(), expected);
+  EXPECT_EQ(strata_version_number(), STRATA_VERSION_NUMBER);
+}
+
+TEST(CApiStatus, NamesMirrorStatusCodes) {
+  EXPECT_STREQ(strata_status_name(STRATA_OK), "OK");
+  EXPECT_STREQ(strata_status_name(STRATA_INVALID_ARGUMENT), "INVALID_ARGUMENT");
+  EXPECT_STREQ(strata_status_name(STRATA_UNIMPLEMENTED), "UNIMPLEMENTED");
+  EXPECT_STREQ(strata_status_name(STRATA_DATA_LOSS), "DATA_LOSS");
+  EXPECT_STREQ(strata_status_name(static_cast<strata_status>(16)), "UNKNOWN_CODE");
+  EXPECT_STREQ(strata_status_name(static_cast<strata_status>(-1)), "UNKNOWN_CODE");
+}
+
+TEST(CApiDType, SizesAndUnknownValues) {
+  EXPECT_EQ(strata_dtype_size(STRATA_DTYPE_F32), 4u);
+  EXPECT_EQ(strata_dtype_size(STRATA_DTYPE_F16), 2u);
+  EXPECT_EQ(strata_dtype_size(STRATA_DTYPE_BF16), 2u);
+  EXPECT_EQ(strata_dtype_size(static_cast<strata_dtype>(3)), 0u);
+  // 256 would alias kF32 if the API truncated to the C++ enum's uint8_t.
+  EXPECT_EQ(strata_dtype_size(static_cast<strata_dtype>(256)), 0u);
+}
+
+TEST(CApiKernel, NameIsAKnownVariant) {
+  const std::string name = strata_kernel_name();
+  EXPECT_TRUE(name == "avx512" || name == "avx2" || name == "generic") << name;
+}
+
+// AdamW and Adam through the C API equal cpu_optim's scalar reference bit for bit,
+// for every gradient dtype and copy-out dtype, over several steps, on an odd length
+// that spans many tiles.
+TEST(CApiOptimizer, AdamWAndAdamEqualScalarReferenceBitForBit) {
+  constexpr size_t n = 100003;
+  for (strata_optimizer_kind kind : {STRATA_OPTIMIZER_ADAMW, STRATA_OPTIMIZER_ADAM}) {
+    for (strata_dtype grad_dtype : {STRATA_DTYPE_F32, STRATA_DTYPE_F16, STRATA_DTYPE_BF16}) {
+      for (int out_kind = 0; out_kind < 4; ++out_kind) {  // none, f32, f16, bf16
+        SCOPED_TRACE(testing::Message()
+                     << "kind " << kind << " grad " << grad_dtype << " out " << out_kind);
+        const strata_adamw_config c = NonDefaultConfig();
+        strata_optimizer* opt = MakeOptimizer(kind, c);
+        ASSERT_NE(opt, nullptr);
+        const strata::cpu_optim::AdamWConfig ref_config{
+            .lr = c.lr,
+            .beta1 = c.beta1,
+            .beta2 = c.beta2,
+            .eps = c.eps,
+            .weight_decay = c.weight_decay,
+            .decoupled_weight_decay = kind == STRATA_OPTIMIZER_ADAMW,
+            .bias_correction = true};
+        std::vector<float> p = RandomValues(n, 1, 1.0f), m(n, 0.0f), v(n, 0.0f);
+        std::vector<float> rp = p, rm = m, rv = v;
+        std::vector<uint16_t> out16(n), rout16(n);
+        std::vector<float> out32(n), rout32(n);
+        const strata_dtype out_dtype = out_kind == 1   ? STRATA_DTYPE_F32
+                                       : out_kind == 2 ? STRATA_DTYPE_F16
+                                                       : STRATA_DTYPE_BF16;
+        void* out = out_kind == 0   ? nullptr
+                    : out_kind == 1 ? static_cast<void*>(out32.data())
+                                    : static_cast<void*>(out16.data());
+        void* rout = out_kind == 0   ? nullptr
+                     : out_kind == 1 ? static_cast<void*>(rout32.data())
+                                     : static_cast<void*>(rout16.data());
+        for (int64_t step = 1; step <= 3; ++step) {
+          const std::vector<float> g = RandomValues(n, 100 + step, 0.1f);
+          const std::vector<uint16_t> g16 =
+              grad_dtype == STRATA_DTYPE_F32 ? std::vector<uint16_t>() : To16(g, grad_dtype);
+          const void* grad =
+              grad_dtype == STRATA_DTYPE_F32 ? static_cast<const void*>(g.data()) : g16.data();
+          float* state[2] = {m.data(), v.data()};
+          ASSERT_EQ(strata_optimizer_step(opt, step, 0.5f, p.data(), state, 2, grad, grad_dtype,
+                                          out, out_dtype, n),
+                    STRATA_OK)
+              << strata_last_error();
+          ASSERT_TRUE(strata::cpu_optim::AdamWUpdateReference(
+                          ref_config, {.step = step, .grad_scale = 0.5f}, rp, rm, rv,
+                          {grad, static_cast<strata::DType>(grad_dtype)},
+                          {rout, static_cast<strata::DType>(out_dtype)})
+                          .ok());
+        }
+        EXPECT_TRUE(SameBits(p, rp));
+        EXPECT_TRUE(SameBits(m, rm));
+        EXPECT_TRUE(SameBits(v, rv));
+        EXPECT_EQ(out16, rout16);
+        EXPECT_TRUE(SameBits(out32, rout32));
+        strata_optimizer_destroy(opt);
+      }
+    }
+  }
+}
+
+// One AdamW step against float64 arithmetic (torch.optim.AdamW's formula): the
+// fp32 result is within a few fp32 roundings of it, relative to the update size.
+TEST(CApiOptimizer, AdamWStepMatchesFloat64Reference) {
+  constexpr size_t n = 4099;
+  const strata_adamw_config c = NonDefaultConfig();
+  strata_optimizer* opt = MakeOptimizer(STRATA_OPTIMIZER_ADAMW, c);
+  ASSERT_NE(opt, nullptr);
+  std::vector<float> p = RandomValues(n, 7, 1.0f), m = RandomValues(n, 8, 0.01f), v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = m[i] * m[i] * 2.0f;
+  const std::vector<float> g = RandomValues(n, 9, 0.1f);
+  const std::vector<float> p0 = p, m0 = m, v0 = v;
+  constexpr int64_t t = 10;
+  float* state[2] = {m.data(), v.data()};
+  ASSERT_EQ(strata_optimizer_step(opt, t, 1.0f, p.data(), state, 2, g.data(), STRATA_DTYPE_F32,
+                                  nullptr, STRATA_DTYPE_F32, n),
+            STRATA_OK)
+      << strata_last_error();
+  const double lr = c.lr, b1 = c.beta1, b2 = c.beta2, eps = c.eps, wd = c.weight_decay;
+  for (size_t i = 0; i < n; ++i) {
+    const double gd = g[i];
+    const double md = b1 * m0[i] + (1 - b1) * gd;
+    const double vd = b2 * v0[i] + (1 - b2) * gd * gd;
+    const double denom = std::sqrt(vd) / std::sqrt(1 - std::pow(b2, t)) + eps;
+    const double step_size = lr / (1 - std::pow(b1, t));
+    const double update = step_size * md / denom;
+    const double pd = p0[i] * (1 - lr * wd) - update;
+    // Each of the ~12 fp32 operations contributes at most 2^-24 relative error
+    // to its term; the terms are bounded by |p| and |update|.
+    const double tol = 16 * 0x1p-24 * (std::abs(p0[i]) + std::abs(update)) + 1e-30;
+    ASSERT_NEAR(p[i], pd, tol) << "element " << i;
+    ASSERT_NEAR(m[i], md, 4 * 0x1p-24 * (std::abs(m0[i]) + std::abs(gd)) + 1e-30) << i;
+    ASSERT_NEAR(v[i], vd, 4 * 0x1p-24 * (std::abs(v0[i]) + gd * gd) + 1e-38) << i;
+  }
+  strata_optimizer_destroy(opt);
+}
+
+TEST(CApiOptimizer, ResultsAreBitIdenticalForAnyThreadCount) {
+  constexpr size_t n = 300001;
+  const strata_adamw_config c = NonDefaultConfig();
+  const std::vector<float> p0 = RandomValues(n, 11, 1.0f);
+  const std::vector<uint16_t> g = To16(RandomValues(n, 12, 0.1f), STRATA_DTYPE_BF16);
+  std::vector<float> first_p;
+  for (int threads : {0, 1, 2, 7}) {
+    SCOPED_TRACE(threads);
+    strata_optimizer* opt = MakeOptimizer(STRATA_OPTIMIZER_ADAMW, c, threads);
+    ASSERT_NE(opt, nullptr);
+    std::vector<float> p = p0, m(n, 0.0f), v(n, 0.0f);
+    float* state[2] = {m.data(), v.data()};
+    for (int64_t step = 1; step <= 2; ++step) {
+      ASSERT_EQ(strata_optimizer_step(opt, step, 1.0f, p.data(), state, 2, g.data(),
+                                      STRATA_DTYPE_BF16, nullptr, STRATA_DTYPE_BF16, n),
+                STRATA_OK);
+    }
+    if (first_p.empty()) {
+      first_p = p;
+    } else {
+      EXPECT_TRUE(SameBits(p, first_p));
+    }
+    strata_optimizer_destroy(opt);
+  }
+}
+
+TEST(CApiOptimizer, SetConfigChangesLearningRateAndKeepsOldOnError) {
+  strata_adamw_config c = NonDefaultConfig();
+  strata_optimizer* opt = MakeOptimizer(STRATA_OPTIMIZER_ADAM, c);
+  ASSERT_NE(opt, nullptr);
+  EXPECT_EQ(strata_optimizer_get_kind(opt), STRATA_OPTIMIZER_ADAM);
+  c.lr = 0.25f;
+  ASSERT_EQ(strata_optimizer_set_config(opt, &c), STRATA_OK);
+  strata_adamw_config bad = c;
+  bad.lr = -1.0f;
+  EXPECT_EQ(strata_optimizer_set_config(opt, &bad), STRATA_INVALID_ARGUMENT);
+  EXPECT_THAT(strata_last_error(), HasSubstr("lr"));
+  // Step 1 with bias correction and v = g^2 (1 - beta2) ... the first Adam step
+  // moves each weight by lr * sign(g) up to eps: check against the reference.
+  std::vector<float> p = {1.0f, 2.0f, -3.0f}, m(3, 0.0f), v(3, 0.0f);
+  std::vector<float> rp = p, rm = m, rv = v;
+  const std::vector<float> g = {0.5f, -0.25f, 2.0f};
+  float* state[2] = {m.data(), v.data()};
+  ASSERT_EQ(strata_optimizer_step(opt, 1, 1.0f, p.data(), state, 2, g.data(), STRATA_DTYPE_F32,
+                                  nullptr, STRATA_DTYPE_F32, 3),
+            STRATA_OK);
+  ASSERT_TRUE(strata::cpu_optim::AdamWUpdateReference({.lr = 0.25f,
+                                                       .beta1 = c.beta1,
+                                                       .beta2 = c.beta2,
+                                                       .eps = c.eps,
+                                                       .weight_decay = c.weight_decay,
+                                                       .decoupled_weight_decay = false},
+                                                      {.step = 1}, rp, rm, rv,
+                                                      {g.data(), strata::DType::kF32})
+                  .ok());
+  EXPECT_TRUE(SameBits(p, rp));
+  strata_optimizer_destroy(opt);
+}
+
+TEST(CApiOptimizer, CreateRejectsBadArgumentsWithMessages) {
+  strata_adamw_config c;
+  strata_adamw_config_init(&c);
+  strata_optimizer* opt = reinterpret_cast<strata_optimizer*>(0x1);
+  EXPECT_EQ(strata_optimizer_create(static_cast<strata_optimizer_kind>(3), &c, nullptr, &opt),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_EQ(opt, nullptr);
+  EXPECT_THAT(strata_last_error(), StartsWith("INVALID_ARGUMENT: "));
+  EXPECT_THAT(strata_last_error(), HasSubstr("unknown optimizer kind 3"));
+
+  EXPECT_EQ(strata_optimizer_create(STRATA_OPTIMIZER_ADAMW, nullptr, nullptr, &opt),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_EQ(strata_optimizer_create(STRATA_OPTIMIZER_ADAMW, &c, nullptr, nullptr),
+            STRATA_INVALID_ARGUMENT);
+
+  strata_adamw_config wrong_size = c;
+  wrong_size.struct_size = 8;
+  EXPECT_EQ(strata_optimizer_create(STRATA_OPTIMIZER_ADAMW, &wrong_size, nullptr, &opt),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_THAT(strata_last_error(), HasSubstr("struct_size"));
+
+  for (auto mutate : std::vector<void (*)(strata_adamw_config&)>{
+           [](strata_adamw_config& x) { x.lr = -1e-3f; },
+           [](strata_adamw_config& x) { x.eps = NAN; },
+           [](strata_adamw_config& x) { x.beta1 = 1.0f; },
+           [](strata_adamw_config& x) { x.beta2 = -0.1f; },
+           [](strata_adamw_config& x) { x.weight_decay = INFINITY; }}) {
+    strata_adamw_config bad = c;
+    mutate(bad);
+    EXPECT_EQ(strata_optimizer_create(STRATA_OPTIMIZER_ADAMW, &bad, nullptr, &opt),
+              STRATA_INVALID_ARGUMENT);
+    EXPECT_EQ(opt, nullptr);
+  }
+
+  strata_adamw_config ams = c;
+  ams.amsgrad = 1;
+  EXPECT_EQ(strata_optimizer_create(STRATA_OPTIMIZER_ADAM, &ams, nullptr, &opt),
+            STRATA_UNIMPLEMENTED);
+  EXPECT_THAT(strata_last_error(), HasSubstr("amsgrad"));
+  strata_adamw_config maximize = c;
+  maximize.maximize = 1;
+  EXPECT_EQ(strata_optimizer_create(STRATA_OPTIMIZER_ADAMW, &maximize, nullptr, &opt),
+            STRATA_UNIMPLEMENTED);
+
+  strata_optimizer_options options;
+  strata_optimizer_options_init(&options);
+  options.num_threads = -2;
+  EXPECT_EQ(strata_optimizer_create(STRATA_OPTIMIZER_ADAMW, &c, &options, &opt),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_THAT(strata_last_error(), HasSubstr("num_threads"));
+  options.num_threads = 1;
+  options.struct_size = 0;
+  EXPECT_EQ(strata_optimizer_create(STRATA_OPTIMIZER_ADAMW, &c, &options, &opt),
+            STRATA_INVALID_ARGUMENT);
+  strata_optimizer_destroy(nullptr);  // allowed
+}
+
+TEST(CApiOptimizer, StepRejectsBadArgumentsAndModifiesNothing) {
+  strata_adamw_config c;
+  strata_adamw_config_init(&c);
+  strata_optimizer* opt = MakeOptimizer(STRATA_OPTIMIZER_ADAMW, c);
+  ASSERT_NE(opt, nullptr);
+  constexpr size_t n = 64;
+  std::vector<float> p = RandomValues(n, 3, 1.0f), m(n, 0.5f), v(n, 0.25f);
+  const std::vector<float> g = RandomValues(n, 4, 1.0f);
+  const std::vector<float> p0 = p, m0 = m, v0 = v;
+  float* state[2] = {m.data(), v.data()};
+  auto step = [&](int64_t t, float scale, float* params, float* const* st, int ns, strata_dtype gd,
+                  void* out, int64_t count) {
+    return strata_optimizer_step(opt, t, scale, params, st, ns, g.data(), gd, out,
+                                 STRATA_DTYPE_BF16, count);
+  };
+  EXPECT_EQ(strata_optimizer_step(nullptr, 1, 1.0f, p.data(), state, 2, g.data(), STRATA_DTYPE_F32,
+                                  nullptr, STRATA_DTYPE_F32, n),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_EQ(step(0, 1.0f, p.data(), state, 2, STRATA_DTYPE_F32, nullptr, n),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_THAT(strata_last_error(), HasSubstr("step"));
+  EXPECT_EQ(step(1, NAN, p.data(), state, 2, STRATA_DTYPE_F32, nullptr, n),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_EQ(step(1, 1.0f, p.data(), state, 1, STRATA_DTYPE_F32, nullptr, n),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_THAT(strata_last_error(), HasSubstr("num_state is 1, expected 2"));
+  EXPECT_EQ(step(1, 1.0f, p.data(), nullptr, 2, STRATA_DTYPE_F32, nullptr, n),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_EQ(step(1, 1.0f, nullptr, state, 2, STRATA_DTYPE_F32, nullptr, n),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_EQ(step(1, 1.0f, p.data(), state, 2, static_cast<strata_dtype>(256), nullptr, n),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_THAT(strata_last_error(), HasSubstr("unknown dtype 256"));
+  EXPECT_EQ(step(1, 1.0f, p.data(), state, 2, STRATA_DTYPE_F32, nullptr, -1),
+            STRATA_INVALID_ARGUMENT);
+  // m and v overlapping; copy-out on top of the params.
+  float* overlapping[2] = {m.data(), m.data() + 1};
+  EXPECT_EQ(step(1, 1.0f, p.data(), overlapping, 2, STRATA_DTYPE_F32, nullptr, n - 1),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_EQ(step(1, 1.0f, p.data(), state, 2, STRATA_DTYPE_F32, p.data(), n),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_TRUE(SameBits(p, p0));
+  EXPECT_TRUE(SameBits(m, m0));
+  EXPECT_TRUE(SameBits(v, v0));
+  // Zero elements is a valid empty step.
+  EXPECT_EQ(step(1, 1.0f, nullptr, state, 2, STRATA_DTYPE_F32, nullptr, 0), STRATA_OK);
+  strata_optimizer_destroy(opt);
+}
+
+TEST(CApiErrors, LastErrorIsPerThread) {
+  EXPECT_EQ(strata_optimizer_create(STRATA_OPTIMIZER_ADAMW, nullptr, nullptr, nullptr),
+            STRATA_INVALID_ARGUMENT);
+  const std::string here = strata_last_error();
+  EXPECT_THAT(here, HasSubstr("out is NULL"));
+  std::string other = "unset";
+  std::thread([&] { other = strata_last_error(); }).join();
+  EXPECT_EQ(other, "");
+  std::thread([] {
+    strata_grad_stats s;
+    EXPECT_EQ(strata_grad_stats_compute(nullptr, STRATA_DTYPE_F32, 1, 1.0f, &s),
+              STRATA_INVALID_ARGUMENT);
+  }).join();
+  EXPECT_EQ(strata_last_error(), here);
+  // A successful call leaves the last message in place.
+  EXPECT_STREQ(strata_status_name(STRATA_OK), "OK");
+  EXPECT_EQ(strata_last_error(), here);
+}
+
+TEST(CApiGrad, StatsMatchFloat64AndFlagNonFinite) {
+  constexpr size_t n = 200003;
+  const std::vector<uint16_t> g = To16(RandomValues(n, 21, 3.0f), STRATA_DTYPE_BF16);
+  const float scale = 0.125f;
+  double expected = 0.0;
+  for (uint16_t h : g) {
+    const double x = static_cast<double>(strata::Bf16ToFloat(h)) * scale;
+    expected += x * x;
+  }
+  strata_grad_stats s{};
+  ASSERT_EQ(strata_grad_stats_compute(g.data(), STRATA_DTYPE_BF16, n, scale, &s), STRATA_OK);
+  EXPECT_EQ(s.num_elems, static_cast<int64_t>(n));
+  EXPECT_EQ(s.nonfinite, 0);
+  // Both sums are of the same exact fp64 squares, in different orders.
+  EXPECT_NEAR(s.sum_squares, expected, 1e-12 * expected);
+
+  std::vector<uint16_t> bad = g;
+  bad[n / 2] = 0x7f80;  // +inf in bf16
+  ASSERT_EQ(strata_grad_stats_compute(bad.data(), STRATA_DTYPE_BF16, n, scale, &s), STRATA_OK);
+  EXPECT_EQ(s.nonfinite, 1);
+  EXPECT_EQ(strata_grad_stats_compute(g.data(), static_cast<strata_dtype>(5), n, 1.0f, &s),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_EQ(strata_grad_stats_compute(g.data(), STRATA_DTYPE_BF16, n, 1.0f, nullptr),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_EQ(strata_grad_stats_compute(g.data(), STRATA_DTYPE_BF16, n, INFINITY, &s),
+            STRATA_INVALID_ARGUMENT);
+}
+
+TEST(CApiGrad, AccumulateOverwritesThenAddsInFp32) {
+  constexpr size_t n = 70001;
+  const std::vector<float> a = RandomValues(n, 31, 1.0f), b = RandomValues(n, 32, 1.0f);
+  const std::vector<uint16_t> a16 = To16(a, STRATA_DTYPE_F16), b16 = To16(b, STRATA_DTYPE_F16);
+  std::vector<float> accum(n, 123.0f);
+  ASSERT_EQ(strata_grad_accumulate(accum.data(), a16.data(), STRATA_DTYPE_F16, n, 1, nullptr),
+            STRATA_OK);
+  strata_grad_stats s{};
+  ASSERT_EQ(strata_grad_accumulate(accum.data(), b16.data(), STRATA_DTYPE_F16, n, 0, &s),
+            STRATA_OK);
+  double sum = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    const float expected = strata::HalfToFloat(a16[i]) + strata::HalfToFloat(b16[i]);
+    ASSERT_EQ(std::bit_cast<uint32_t>(accum[i]), std::bit_cast<uint32_t>(expected)) << i;
+    sum += static_cast<double>(expected) * expected;
+  }
+  EXPECT_EQ(s.num_elems, static_cast<int64_t>(n));
+  EXPECT_NEAR(s.sum_squares, sum, 1e-12 * sum);
+  EXPECT_EQ(strata_grad_accumulate(accum.data(), accum.data(), STRATA_DTYPE_F32, n, 0, nullptr),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_EQ(strata_grad_accumulate(accum.data(), nullptr, STRATA_DTYPE_F32, n, 0, nullptr),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_EQ(strata_grad_accumulate(accum.data(), b16.data(), STRATA_DTYPE_F16, -5, 0, nullptr),
+            STRATA_INVALID_ARGUMENT);
+}
+
+TEST(CApiGrad, ConversionsRoundToNearestEvenAndKeepNaN) {
+  std::vector<float> src = RandomValues(5003, 41, 100.0f);
+  src[0] = NAN;
+  src[1] = INFINITY;
+  src[2] = 1e30f;        // past fp16 range -> inf
+  src[3] = 1e-41f;       // denormal
+  src[4] = 1.00390625f;  // halfway between two bf16 values: ties to even
+  for (strata_dtype d : {STRATA_DTYPE_F16, STRATA_DTYPE_BF16}) {
+    std::vector<uint16_t> dst(src.size());
+    ASSERT_EQ(strata_convert_from_f32(src.data(), dst.data(), d, src.size()), STRATA_OK);
+    EXPECT_EQ(dst, To16(src, d));
+    std::vector<float> back(src.size());
+    ASSERT_EQ(strata_convert_to_f32(dst.data(), d, back.data(), src.size()), STRATA_OK);
+    for (size_t i = 0; i < src.size(); ++i) {
+      const float expected =
+          d == STRATA_DTYPE_BF16 ? strata::Bf16ToFloat(dst[i]) : strata::HalfToFloat(dst[i]);
+      ASSERT_EQ(std::bit_cast<uint32_t>(back[i]), std::bit_cast<uint32_t>(expected)) << i;
+    }
+    EXPECT_TRUE(std::isnan(back[0]));
+  }
+  std::vector<uint16_t> dst(4);
+  EXPECT_EQ(strata_convert_from_f32(src.data(), dst.data(), static_cast<strata_dtype>(-1), 4),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_EQ(strata_convert_to_f32(dst.data(), STRATA_DTYPE_F16, nullptr, 4),
+            STRATA_INVALID_ARGUMENT);
+}
+
+TEST(CApiC, HeaderCompilesAsCAndSmokeStepMatchesReference) {
+  float params[3];
+  ASSERT_EQ(strata_capi_c_smoke(params), 0);
+  std::vector<float> rp = {1.0f, -2.0f, 0.5f}, rm(3, 0.0f), rv(3, 0.0f);
+  const std::vector<float> g = {0.5f, 0.25f, -1.0f};
+  ASSERT_TRUE(strata::cpu_optim::AdamWUpdateReference({.lr = 0.1f, .weight_decay = 1e-2f},
+                                                      {.step = 1}, rp, rm, rv,
+                                                      {g.data(), strata::DType::kF32})
+                  .ok());
+  EXPECT_TRUE(SameBits(std::vector<float>(params, params + 3), rp));
+}
+
+// libstrata.so exports the C API and nothing else (no C++ symbols of cpu_optim,
+// fmt or spdlog that could clash with a host framework's own copies).
+TEST(CApiLibrary, ExportsOnlyStrataCSymbols) {
+  const std::string cmd = std::string("nm -D --defined-only ") + STRATA_SHARED_LIBRARY_PATH;
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (pipe == nullptr) GTEST_SKIP() << "cannot run nm";
+  std::set<std::string> symbols;
+  char line[1024];
+  while (std::fgets(line, sizeof(line), pipe) != nullptr) {
+    std::string s(line);
+    while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
+    // "address type name"; type A is the version node (STRATA_0), not a symbol.
+    const size_t space = s.rfind(' ');
+    if (space == std::string::npos || space < 2 || s[space - 1] == 'A') continue;
+    std::string name = s.substr(space + 1);
+    name = name.substr(0, name.find('@'));  // "strata_x@@STRATA_0" with symbol versions
+    symbols.insert(name);
+  }
+  if (pclose(pipe) != 0 && symbols.empty()) GTEST_SKIP() << "nm is not available: " << cmd;
+  EXPECT_TRUE(symbols.count("strata_optimizer_step"));
+  EXPECT_TRUE(symbols.count("strata_last_error"));
+  for (const std::string& s : symbols) {
+    EXPECT_THAT(s, StartsWith("strata_")) << "unexpected export from libstrata.so";
+  }
+}
+
+}  // namespace
