@@ -6,6 +6,7 @@
 #include <string>
 
 #include "base/logging.h"
+#include "tools/doctor_command.h"
 #include "tools/train_command.h"
 
 namespace {
@@ -26,6 +27,10 @@ int main(int argc, char** argv) {
   CLI::App* train_cmd = app.add_subcommand(
       "train", "Train a GPT on a text file with parameters and optimizer state offloaded");
   strata::tools::AddTrainFlags(*train_cmd, train);
+  strata::tools::DoctorFlags doctor;
+  CLI::App* doctor_cmd = app.add_subcommand(
+      "doctor", "Check what this host offers for offload: io_uring, O_DIRECT, memory, CPU, GPU");
+  strata::tools::AddDoctorFlags(*doctor_cmd, doctor);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -41,6 +46,7 @@ int main(int argc, char** argv) {
   }
   strata::Status status;
   if (train_cmd->parsed()) status = strata::tools::RunTrain(train);
+  if (doctor_cmd->parsed()) status = strata::tools::RunDoctor(doctor);
   if (!status.ok()) return Fail(status.message());
   return 0;
 }
