@@ -428,11 +428,13 @@ void PathChecks(const std::string& path, io::IoBackend* io, double seconds,
       fd.reset();
     }
   }
+  const int direct_errno = open_errno;  // why O_DIRECT was refused
   if (!is_direct && (open_errno == EINVAL || open_errno == EOPNOTSUPP)) {
     fd.reset(::open(file.c_str(), base_flags, 0600));
+    if (!fd.valid()) open_errno = errno;
   }
   if (!fd.valid()) {
-    direct.value = fmt::format("cannot create a file: {}", std::strerror(errno));
+    direct.value = fmt::format("cannot create a file: {}", std::strerror(open_errno));
     direct.verdict = Verdict::kFail;
     direct.advice = "check permissions and quota of the directory";
     checks->push_back(std::move(direct));
@@ -444,7 +446,7 @@ void PathChecks(const std::string& path, io::IoBackend* io, double seconds,
     direct.value = "supported";
     direct.advice = "swap I/O bypasses the page cache";
   } else {
-    direct.value = fmt::format("refused by {} ({})", fs, std::strerror(open_errno));
+    direct.value = fmt::format("refused by {} ({})", fs, std::strerror(direct_errno));
     direct.verdict = Verdict::kWarn;
     direct.advice = "buffered I/O fallback (page cache, extra copies); use ext4/xfs on NVMe";
   }

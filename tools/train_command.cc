@@ -263,11 +263,15 @@ Status RunTrain(const TrainFlags& f) {
   STRATA_ASSIGN_OR_RETURN(auto engine, engine::Engine::Create(model.get(), device.get(), o));
   std::printf("%s", engine->plan().Describe().c_str());
   if (!engine->io_backend_name().empty()) {
-    std::printf(
-        "  io       %s backend (block %s, queue depth %d, %d posix thread%s), swap under %s\n",
-        std::string(engine->io_backend_name()).c_str(), FormatBytes(o.io.block_size_bytes).c_str(),
-        o.io.queue_depth, o.io.posix_threads, o.io.posix_threads == 1 ? "" : "s",
-        fmt::format("{}", fmt::join(o.placement.nvme_paths, ", ")).c_str());
+    const std::string_view backend = engine->io_backend_name();
+    const std::string threads =
+        backend == "posix"
+            ? fmt::format(", {} thread{}", o.io.posix_threads, o.io.posix_threads == 1 ? "" : "s")
+            : "";
+    std::printf("  io       %s backend (block %s, queue depth %d%s), swap under %s\n",
+                std::string(backend).c_str(), FormatBytes(o.io.block_size_bytes).c_str(),
+                o.io.queue_depth, threads.c_str(),
+                fmt::format("{}", fmt::join(o.placement.nvme_paths, ", ")).c_str());
   }
   std::fflush(stdout);
 

@@ -169,6 +169,15 @@ TEST_F(DoctorConfigCliTest, DoctorFailsForAMissingPathAndNamesIt) {
   ASSERT_NE(path, nullptr);
   EXPECT_EQ((*path)["verdict"], "FAIL");
   EXPECT_EQ((*path)["path"], missing);
+
+  // A regular file is not a directory for swap files either; the good path still passes.
+  const std::string file = WriteConfig("plain", "x");
+  const Result f =
+      RunStrata("doctor --probe-seconds 0 --path " + dir_.string() + " --path " + file);
+  EXPECT_EQ(f.exit_code, 1);
+  EXPECT_NE(f.out.find("not a directory"), std::string::npos) << f.out;
+  EXPECT_NE(f.err.find("path " + file), std::string::npos) << f.err;
+  EXPECT_NE(f.err.find("1 check(s) failed"), std::string::npos) << f.err;
 }
 
 TEST_F(DoctorConfigCliTest, TrainAcceptsTheIobenchSweepBlockUnchanged) {
@@ -184,7 +193,7 @@ TEST_F(DoctorConfigCliTest, TrainAcceptsTheIobenchSweepBlockUnchanged) {
   EXPECT_EQ(j["io_backend"], "posix");
   EXPECT_GT(j["nvme_bytes_written"].get<uint64_t>(), 0u);
   // The aio block reached the engine's I/O options.
-  EXPECT_NE(r.out.find("posix backend (block 256.0 KiB, queue depth 8, 2 posix threads)"),
+  EXPECT_NE(r.out.find("posix backend (block 256.0 KiB, queue depth 8, 2 threads)"),
             std::string::npos)
       << r.out;
 }
@@ -244,11 +253,10 @@ TEST_F(DoctorConfigCliTest, IoFlagsReachTheEngineAndChangeHowNotWhatIsTransferre
                              (dir_ / "b.json").string());
   ASSERT_EQ(a.exit_code, 0) << a.err;
   ASSERT_EQ(b.exit_code, 0) << b.err;
-  EXPECT_NE(a.out.find("posix backend (block 1.0 MiB, queue depth 32, 4 posix threads)"),
+  EXPECT_NE(a.out.find("posix backend (block 1.0 MiB, queue depth 32, 4 threads)"),
             std::string::npos)
       << a.out;
-  EXPECT_NE(b.out.find("posix backend (block 8.0 KiB, queue depth 1, 1 posix thread)"),
-            std::string::npos)
+  EXPECT_NE(b.out.find("posix backend (block 8.0 KiB, queue depth 1, 1 thread)"), std::string::npos)
       << b.out;
   const auto ja = ReadJson("a.json"), jb = ReadJson("b.json");
   EXPECT_EQ(ja["master_weights_xxh3"], jb["master_weights_xxh3"]);
