@@ -308,16 +308,20 @@ std::string FsTypeName(long type) {
 constexpr size_t kProbeRequestBytes = 32 << 20;
 
 struct ProbeResult {
-  double write_bytes_per_s = 0;
+  double first_write_bytes_per_s = 0;  // into newly allocated blocks
+  double write_bytes_per_s = 0;        // overwriting them, as swap does from step 2 on
   double read_bytes_per_s = 0;
   uint64_t write_bytes = 0;
   uint64_t read_bytes = 0;
-  uint64_t file_bytes = 0;
+  uint64_t file_bytes = 0;  // what the first pass laid out
 };
 
-// Writes for `seconds` (then fdatasync, inside the timing), drops the cache, reads for
-// `seconds`, and checks the last chunk read back. The fd's file is already unlinked.
-StatusOr<ProbeResult> Probe(io::IoBackend& io, int fd, bool direct, uint64_t file_bytes,
+// Three timed passes of up to `seconds` each, every write pass ending in fdatasync inside its
+// timing: (1) lay the file out sequentially up to max_file_bytes (first writes allocate blocks,
+// which is slower on most filesystems), (2) overwrite it, wrapping around, (3) read it back after
+// dropping the page cache, wrapping around; the last chunk read is compared with what was
+// written. The fd's file is already unlinked.
+StatusOr<ProbeResult> Probe(io::IoBackend& io, int fd, bool direct, uint64_t max_file_bytes,
                             double seconds, const std::string& what) {
   constexpr size_t kChunk = kProbeRequestBytes;
   STRATA_ASSIGN_OR_RETURN(AlignedBuffer src, AlignedBuffer::Allocate(kChunk));
@@ -325,20 +329,29 @@ StatusOr<ProbeResult> Probe(io::IoBackend& io, int fd, bool direct, uint64_t fil
   std::mt19937_64 rng(0x5eed);
   for (size_t i = 0; i < kChunk / 8; ++i) src.as<uint64_t>()[i] = rng();  // incompressible
   ProbeResult r;
-  r.file_bytes = file_bytes;
   using Clock = std::chrono::steady_clock;
   const auto budget = std::chrono::duration<double>(seconds);
-  uint64_t offset = 0, high_water = 0;
+  const auto since = [](Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+  };
+
   auto t0 = Clock::now();
+  do {
+    STRATA_RETURN_IF_ERROR(io.Write(fd, r.file_bytes, src.span(), what));
+    r.file_bytes += kChunk;
+  } while (r.file_bytes < max_file_bytes && Clock::now() - t0 < budget);
+  if (::fdatasync(fd) != 0) return ErrnoToStatus(errno, "fdatasync " + what);
+  r.first_write_bytes_per_s = r.file_bytes / since(t0);
+
+  uint64_t offset = 0;
+  t0 = Clock::now();
   do {
     STRATA_RETURN_IF_ERROR(io.Write(fd, offset, src.span(), what));
     r.write_bytes += kChunk;
-    offset += kChunk;
-    high_water = std::max(high_water, offset);
-    if (offset >= file_bytes) offset = 0;
+    offset = (offset + kChunk) % r.file_bytes;
   } while (Clock::now() - t0 < budget);
   if (::fdatasync(fd) != 0) return ErrnoToStatus(errno, "fdatasync " + what);
-  r.write_bytes_per_s = r.write_bytes / std::chrono::duration<double>(Clock::now() - t0).count();
+  r.write_bytes_per_s = r.write_bytes / since(t0);
   if (!direct) ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
 
   offset = 0;
@@ -346,10 +359,9 @@ StatusOr<ProbeResult> Probe(io::IoBackend& io, int fd, bool direct, uint64_t fil
   do {
     STRATA_RETURN_IF_ERROR(io.Read(fd, offset, dst.span(), what));
     r.read_bytes += kChunk;
-    offset += kChunk;
-    if (offset >= high_water) offset = 0;
+    offset = (offset + kChunk) % r.file_bytes;
   } while (Clock::now() - t0 < budget);
-  r.read_bytes_per_s = r.read_bytes / std::chrono::duration<double>(Clock::now() - t0).count();
+  r.read_bytes_per_s = r.read_bytes / since(t0);
   if (std::memcmp(src.data(), dst.data(), kChunk) != 0) {
     return DataLossError(fmt::format("{}: data read back differs from what was written", what));
   }
@@ -482,9 +494,11 @@ void PathChecks(const std::string& path, io::IoBackend* io, double seconds,
     checks->push_back(std::move(probe));
     return;
   }
-  probe.value = fmt::format("write {}, read {} ({}, {} file)", Gbps(r->write_bytes_per_s),
+  probe.value = fmt::format("write {} (first {}), read {} ({}, {} file)",
+                            Gbps(r->write_bytes_per_s), Gbps(r->first_write_bytes_per_s),
                             Gbps(r->read_bytes_per_s), io->name(), FormatBytes(r->file_bytes));
   probe.raw = {{"write_gb_per_s", r->write_bytes_per_s / 1e9},
+               {"first_write_gb_per_s", r->first_write_bytes_per_s / 1e9},
                {"read_gb_per_s", r->read_bytes_per_s / 1e9},
                {"write_bytes", r->write_bytes},
                {"read_bytes", r->read_bytes},

@@ -3,13 +3,16 @@
 //   kernel, io_uring (io::ProbeUring and its reason), memlock (RLIMIT_MEMLOCK), cpu (model),
 //   cpu isa (base/cpu_info.h, and the cpu_optim kernel variant that will run), cores, numa,
 //   memory, gpu (driver files and nvidia-smi only; no CUDA is linked), and per --path: path,
-//   o_direct, free space, probe (a write then read of about probe_seconds each through
-//   io::CreateIoBackend, reported in GB/s = 1e9 B/s).
+//   o_direct, free space, probe (through io::CreateIoBackend, in GB/s = 1e9 B/s: a first write
+//   that lays the file out, an overwrite and a read, up to probe_seconds each; see below).
 //
 // The probe file is created in the path with O_CREAT | O_EXCL | O_NOFOLLOW, mode 0600, and
-// unlinked as soon as it is open, so nothing is left behind even if doctor is killed. Its size is
-// at most 1 GiB and a quarter of the free space; reads drop the page cache first (O_DIRECT, or
-// fdatasync + POSIX_FADV_DONTNEED where O_DIRECT is refused) so they measure the drive.
+// unlinked as soon as it is open, so nothing is left behind even if doctor is killed. It grows
+// to at most 1 GiB and a quarter of the free space, in 32 MiB requests (1 MiB pieces, queue
+// depth 32). "first" is the rate of writes that allocate blocks; "write" overwrites allocated
+// blocks, as the swap store does after its first step; each write pass ends with fdatasync,
+// inside its timing. Reads drop the page cache first (O_DIRECT, or fdatasync +
+// POSIX_FADV_DONTNEED where O_DIRECT is refused) so they measure the drive.
 //
 // --json prints one object instead: {"strata_doctor": 1, "ok": bool, "checks": [{"name",
 // "value", "verdict", "advice", ...raw numbers such as "free_bytes", "read_gb_per_s"}]}.

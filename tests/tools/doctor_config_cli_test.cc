@@ -131,6 +131,9 @@ TEST_F(DoctorConfigCliTest, DoctorJsonHasEveryCheckWithSaneNumbers) {
   const auto* probe = FindCheck(report, "probe");
   ASSERT_NE(probe, nullptr);
   EXPECT_GT((*probe)["write_gb_per_s"].get<double>(), 0.0);
+  EXPECT_GT((*probe)["first_write_gb_per_s"].get<double>(), 0.0);
+  EXPECT_GE((*probe)["file_bytes"].get<uint64_t>(), (*probe)["request_bytes"].get<uint64_t>());
+  EXPECT_LE((*probe)["file_bytes"].get<uint64_t>(), 1ull << 30);
   EXPECT_GT((*probe)["read_gb_per_s"].get<double>(), 0.0);
   EXPECT_GT((*probe)["read_bytes"].get<uint64_t>(), 0u);
   const std::string backend = (*probe)["backend"];
