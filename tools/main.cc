@@ -6,6 +6,7 @@
 #include <string>
 
 #include "base/logging.h"
+#include "tools/doctor_command.h"
 #include "tools/estimate_command.h"
 #include "tools/train_command.h"
 
@@ -31,6 +32,10 @@ int main(int argc, char** argv) {
   CLI::App* estimate_cmd = app.add_subcommand(
       "estimate", "Print the placement plan for a model and budgets without training");
   strata::tools::AddEstimateFlags(*estimate_cmd, estimate);
+  strata::tools::DoctorFlags doctor;
+  CLI::App* doctor_cmd = app.add_subcommand(
+      "doctor", "Check what this host offers for offload: io_uring, O_DIRECT, memory, CPU, GPU");
+  strata::tools::AddDoctorFlags(*doctor_cmd, doctor);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -47,6 +52,7 @@ int main(int argc, char** argv) {
   strata::Status status;
   if (train_cmd->parsed()) status = strata::tools::RunTrain(train);
   if (estimate_cmd->parsed()) status = strata::tools::RunEstimate(estimate);
+  if (doctor_cmd->parsed()) status = strata::tools::RunDoctor(doctor);
   if (!status.ok()) return Fail(status.message());
   return 0;
 }

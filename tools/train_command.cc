@@ -19,10 +19,22 @@
 #include "gpu/device.h"
 #include "io/io_backend.h"
 #include "models/gpt.h"
+#include "tools/config.h"
 
 namespace strata::tools {
 
 void AddTrainFlags(CLI::App& cmd, TrainFlags& f) {
+  // Registered first: CLI11 runs option callbacks in registration order, so the file is applied
+  // before every flag given explicitly, and those flags override it (tools/config.h).
+  cmd.add_option_function<std::string>(
+      "--config",
+      [&f](const std::string& path) {
+        f.config = path;
+        const Status s = ApplyTrainConfigFile(path, &f);
+        if (!s.ok()) throw CLI::ValidationError("--config", s.message());
+      },
+      "DeepSpeed-style JSON config (zero_optimization.offload_*, aio, optimizer, fp16/bf16, "
+      "batch sizes, and a \"strata\" section); flags given on the command line override it");
   cmd.add_option("--data", f.data,
                  "Text file to train on, byte-level tokens, 90/10 train/val split")
       ->capture_default_str();
@@ -74,6 +86,16 @@ void AddTrainFlags(CLI::App& cmd, TrainFlags& f) {
                  "private 0700 subdirectory is made and removed at exit. Default: .");
   cmd.add_option("--io-backend", f.io_backend,
                  "NVMe I/O backend: auto (io_uring if allowed), uring or posix")
+      ->capture_default_str();
+  cmd.add_option("--io-queue-depth", f.io_queue_depth,
+                 "NVMe I/O pieces kept in flight per request (1..4096; DeepSpeed aio.queue_depth)")
+      ->capture_default_str();
+  cmd.add_option("--io-block-size", f.io_block_size,
+                 "NVMe I/O piece size: a multiple of 4 KiB up to 1 GiB, e.g. 1MiB, 131072 "
+                 "(DeepSpeed aio.block_size)")
+      ->capture_default_str();
+  cmd.add_option("--io-threads", f.io_threads,
+                 "Worker threads of the posix I/O backend (1..256; DeepSpeed aio.thread_count)")
       ->capture_default_str();
   cmd.add_option("--summary-json", f.summary_json,
                  "Write the run's summary as one JSON object here");
@@ -187,9 +209,37 @@ Status RunTrain(const TrainFlags& f) {
   o.grad_accum_steps = f.grad_accum_steps;
   o.adamw.lr = LearningRate(f, 0);
   o.adamw.weight_decay = static_cast<float>(f.weight_decay);
+  o.adamw.beta1 = static_cast<float>(f.adam_beta1);
+  o.adamw.beta2 = static_cast<float>(f.adam_beta2);
+  o.adamw.eps = static_cast<float>(f.adam_eps);
+  o.adamw.decoupled_weight_decay = f.adam_decoupled_weight_decay;
+  o.adamw.bias_correction = f.adam_bias_correction;
+  o.loss_scaler.dynamic = f.fp16_dynamic_loss_scale;
+  o.loss_scaler.initial_scale = static_cast<float>(f.fp16_initial_scale);
+  o.loss_scaler.growth_interval = f.fp16_scale_window;
+  o.loss_scaler.min_scale = static_cast<float>(f.fp16_min_scale);
   o.grad_clip_norm = static_cast<float>(f.grad_clip);
   o.seed = f.seed;
   o.io.kind = io_kind;
+  o.io.queue_depth = f.io_queue_depth;
+  o.io.posix_threads = f.io_threads;
+  auto block_size = ParseSize(f.io_block_size);
+  if (!block_size.ok()) return block_size.status().WithContext("--io-block-size");
+  o.io.block_size_bytes = *block_size;
+  if (f.io_queue_depth < 1 || f.io_queue_depth > 4096) {
+    return InvalidArgumentError(
+        fmt::format("--io-queue-depth {} is out of range: use 1..4096", f.io_queue_depth));
+  }
+  if (o.io.block_size_bytes == 0 || o.io.block_size_bytes % 4096 != 0 ||
+      o.io.block_size_bytes > kGiB) {
+    return InvalidArgumentError(
+        fmt::format("--io-block-size '{}' must be a multiple of 4096 bytes between 4KiB and 1GiB",
+                    f.io_block_size));
+  }
+  if (f.io_threads < 1 || f.io_threads > 256) {
+    return InvalidArgumentError(
+        fmt::format("--io-threads {} is out of range: use 1..256", f.io_threads));
+  }
   o.placement.param_home = param_home;
   o.placement.optimizer_home = optim_home;
   o.placement.nvme_paths = f.nvme_paths.empty() ? std::vector<std::string>{"."} : f.nvme_paths;
@@ -222,8 +272,14 @@ Status RunTrain(const TrainFlags& f) {
   STRATA_ASSIGN_OR_RETURN(auto engine, engine::Engine::Create(model.get(), device.get(), o));
   std::printf("%s", engine->plan().Describe().c_str());
   if (!engine->io_backend_name().empty()) {
-    std::printf("  io       %s backend, swap under %s\n",
-                std::string(engine->io_backend_name()).c_str(),
+    const std::string_view backend = engine->io_backend_name();
+    const std::string threads =
+        backend == "posix"
+            ? fmt::format(", {} thread{}", o.io.posix_threads, o.io.posix_threads == 1 ? "" : "s")
+            : "";
+    std::printf("  io       %s backend (block %s, queue depth %d%s), swap under %s\n",
+                std::string(backend).c_str(), FormatBytes(o.io.block_size_bytes).c_str(),
+                o.io.queue_depth, threads.c_str(),
                 fmt::format("{}", fmt::join(o.placement.nvme_paths, ", ")).c_str());
   }
   std::fflush(stdout);

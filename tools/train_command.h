@@ -37,6 +37,23 @@ struct TrainFlags {
   int64_t sample_bytes = 200;
   int64_t log_every = 10;
   double copy_bandwidth = 0;
+
+  // --config FILE: a DeepSpeed-style JSON config applied before the other flags (tools/config.h).
+  std::string config;
+  // Settable from a config file only (optimizer.* and fp16.* of tools/config.h).
+  bool adam_decoupled_weight_decay = true;  // AdamW; false: Adam with L2 weight decay
+  double adam_beta1 = 0.9;
+  double adam_beta2 = 0.999;
+  double adam_eps = 1e-8;
+  bool adam_bias_correction = true;
+  bool fp16_dynamic_loss_scale = true;
+  double fp16_initial_scale = 65536.0;  // 2^16; the static scale when not dynamic
+  int64_t fp16_scale_window = 1000;     // clean steps before the scale doubles
+  double fp16_min_scale = 1.0;
+  // NVMe I/O (io::IoBackendOptions): pieces in flight per call, piece size, posix threads.
+  int io_queue_depth = 32;
+  std::string io_block_size = "1MiB";
+  int io_threads = 4;
 };
 
 void AddTrainFlags(CLI::App& cmd, TrainFlags& f);

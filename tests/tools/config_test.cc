@@ -1,0 +1,262 @@
+// tools/config: every accepted key lands in the right TrainFlags field; every kind of bad input
+// is an error that names the file and the key.
+#include "tools/config.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace strata::tools {
+namespace {
+
+Status Apply(const std::string& text, TrainFlags* f) {
+  return ApplyTrainConfigText(text, "run.json", f);
+}
+
+// The error for `text`, which must not parse.
+std::string ErrorOf(const std::string& text) {
+  TrainFlags f;
+  const Status s = Apply(text, &f);
+  EXPECT_FALSE(s.ok()) << text;
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_EQ(s.message().rfind("run.json: ", 0), 0u) << s.message();
+  return s.message();
+}
+
+TEST(TrainConfig, EveryAcceptedKeyParsesToItsField) {
+  const std::string text = R"({
+    "train_micro_batch_size_per_gpu": 4,
+    "gradient_accumulation_steps": 3,
+    "train_batch_size": 12,
+    "gradient_clipping": 0.5,
+    "steps_per_print": 7,
+    "fp16": {"enabled": true, "loss_scale": 0, "initial_scale_power": 12,
+             "loss_scale_window": 200, "min_loss_scale": 0.25},
+    "bf16": {"enabled": false},
+    "optimizer": {"type": "Adam",
+                  "params": {"lr": 2e-4, "betas": [0.8, 0.95], "eps": 1e-6,
+                             "weight_decay": 0.1, "bias_correction": false,
+                             "adam_w_mode": false}},
+    "zero_optimization": {
+      "stage": 3,
+      "offload_optimizer": {"device": "cpu", "nvme_path": ["/a", "/b"], "pin_memory": true},
+      "offload_param": {"device": "nvme", "nvme_path": ["/a", "/b"], "pin_memory": false}},
+    "aio": {"block_size": 262144, "queue_depth": 16, "thread_count": 2},
+    "strata": {"io_backend": "posix", "device": "host", "device_budget": "64MiB",
+               "model": "tiny", "data": "/data/x.txt", "steps": 9, "seq_len": 32, "seed": 5,
+               "warmup_steps": 2, "eval_every": 3, "eval_batches": 4, "sample_bytes": 0,
+               "summary_json": "/tmp/s.json", "copy_bandwidth": 25e9}
+  })";
+  TrainFlags f;
+  const Status s = Apply(text, &f);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(f.micro_batch_size, 4);
+  EXPECT_EQ(f.grad_accum_steps, 3);
+  EXPECT_DOUBLE_EQ(f.grad_clip, 0.5);
+  EXPECT_EQ(f.log_every, 7);
+  EXPECT_EQ(f.precision, "fp16");
+  EXPECT_TRUE(f.fp16_dynamic_loss_scale);
+  EXPECT_DOUBLE_EQ(f.fp16_initial_scale, 4096.0);
+  EXPECT_EQ(f.fp16_scale_window, 200);
+  EXPECT_DOUBLE_EQ(f.fp16_min_scale, 0.25);
+  EXPECT_FALSE(f.adam_decoupled_weight_decay);
+  EXPECT_DOUBLE_EQ(f.lr, 2e-4);
+  EXPECT_DOUBLE_EQ(f.adam_beta1, 0.8);
+  EXPECT_DOUBLE_EQ(f.adam_beta2, 0.95);
+  EXPECT_DOUBLE_EQ(f.adam_eps, 1e-6);
+  EXPECT_DOUBLE_EQ(f.weight_decay, 0.1);
+  EXPECT_FALSE(f.adam_bias_correction);
+  EXPECT_EQ(f.offload_optimizer, "host");
+  EXPECT_EQ(f.offload_params, "nvme");
+  EXPECT_EQ(f.nvme_paths, (std::vector<std::string>{"/a", "/b"}));
+  EXPECT_EQ(f.io_block_size, "262144");
+  EXPECT_EQ(f.io_queue_depth, 16);
+  EXPECT_EQ(f.io_threads, 2);
+  EXPECT_EQ(f.io_backend, "posix");
+  EXPECT_EQ(f.device, "host");
+  EXPECT_EQ(f.device_budget, std::to_string(64ull << 20));
+  EXPECT_EQ(f.model, "tiny");
+  EXPECT_EQ(f.data, "/data/x.txt");
+  EXPECT_EQ(f.steps, 9);
+  EXPECT_EQ(f.seq_len, 32);
+  EXPECT_EQ(f.seed, 5u);
+  EXPECT_EQ(f.warmup_steps, 2);
+  EXPECT_EQ(f.eval_every, 3);
+  EXPECT_EQ(f.eval_batches, 4);
+  EXPECT_EQ(f.sample_bytes, 0);
+  EXPECT_EQ(f.summary_json, "/tmp/s.json");
+  EXPECT_DOUBLE_EQ(f.copy_bandwidth, 25e9);
+}
+
+TEST(TrainConfig, KeysNotInTheFileKeepTheirValues) {
+  TrainFlags f;
+  f.steps = 77;
+  f.nvme_paths = {"/keep"};
+  ASSERT_TRUE(Apply(R"({"aio": {"queue_depth": 8}})", &f).ok());
+  const TrainFlags defaults;
+  EXPECT_EQ(f.io_queue_depth, 8);
+  EXPECT_EQ(f.steps, 77);
+  EXPECT_EQ(f.nvme_paths, std::vector<std::string>{"/keep"});
+  EXPECT_EQ(f.precision, defaults.precision);
+  EXPECT_EQ(f.io_block_size, defaults.io_block_size);
+  EXPECT_EQ(f.micro_batch_size, defaults.micro_batch_size);
+}
+
+TEST(TrainConfig, TheIobenchSweepBlockIsAcceptedUnchanged) {
+  TrainFlags f;
+  const Status s = Apply(
+      R"({"aio": {"block_size": 1048576, "queue_depth": 32, "thread_count": 4},
+          "strata": {"io_backend": "uring"}})",
+      &f);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(f.io_block_size, "1048576");
+  EXPECT_EQ(f.io_queue_depth, 32);
+  EXPECT_EQ(f.io_threads, 4);
+  EXPECT_EQ(f.io_backend, "uring");
+}
+
+TEST(TrainConfig, PrecisionAndOptimizerFollowDeepSpeedSemantics) {
+  TrainFlags f;
+  ASSERT_TRUE(Apply(R"({"bf16": {"enabled": true}, "fp16": {"enabled": false}})", &f).ok());
+  EXPECT_EQ(f.precision, "bf16");
+  ASSERT_TRUE(Apply(R"({"bf16": {"enabled": false}, "fp16": {"enabled": false}})", &f).ok());
+  EXPECT_EQ(f.precision, "fp32");
+  TrainFlags g;
+  ASSERT_TRUE(Apply(R"({"fp16": {"enabled": false}})", &g).ok());
+  EXPECT_EQ(g.precision, TrainFlags{}.precision);  // one section disabled: no change
+  // A static loss scale.
+  ASSERT_TRUE(Apply(R"({"fp16": {"enabled": true, "loss_scale": 128}})", &g).ok());
+  EXPECT_FALSE(g.fp16_dynamic_loss_scale);
+  EXPECT_DOUBLE_EQ(g.fp16_initial_scale, 128.0);
+  // DeepSpeed's "Adam" is AdamW unless adam_w_mode is false.
+  TrainFlags h;
+  h.adam_decoupled_weight_decay = false;
+  ASSERT_TRUE(Apply(R"({"optimizer": {"type": "adam"}})", &h).ok());
+  EXPECT_TRUE(h.adam_decoupled_weight_decay);
+  // offload_param "none" keeps every block resident; "cpu" means pinned host memory.
+  ASSERT_TRUE(Apply(R"({"zero_optimization": {"offload_param": {"device": "none"}}})", &h).ok());
+  EXPECT_EQ(h.offload_params, "device");
+  ASSERT_TRUE(Apply(R"({"zero_optimization": {"offload_param": {"device": "cpu",
+                        "nvme_path": "/one"}}})",
+                    &h)
+                  .ok());
+  EXPECT_EQ(h.offload_params, "host");
+  EXPECT_EQ(h.nvme_paths, std::vector<std::string>{"/one"});
+}
+
+TEST(TrainConfig, TrainBatchSizeIsCheckedOrDerivedForOneProcess) {
+  TrainFlags f;
+  ASSERT_TRUE(Apply(R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4})", &f).ok());
+  EXPECT_EQ(f.grad_accum_steps, 8);
+  ASSERT_TRUE(Apply(R"({"train_batch_size": 32, "gradient_accumulation_steps": 16})", &f).ok());
+  EXPECT_EQ(f.micro_batch_size, 2);
+  ASSERT_TRUE(Apply(R"({"train_batch_size": 6})", &f).ok());
+  EXPECT_EQ(f.micro_batch_size, 6);
+  EXPECT_EQ(f.grad_accum_steps, 1);
+  EXPECT_NE(ErrorOf(R"({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 4,
+                        "gradient_accumulation_steps": 2})")
+                .find("'train_batch_size' 10 != "),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(R"({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 4})")
+                .find("not a multiple"),
+            std::string::npos);
+}
+
+TEST(TrainConfig, UnknownKeysAreRejectedByTheirJsonPathWithTheAcceptedOnes) {
+  EXPECT_EQ(ErrorOf(R"({"zero_optimization": {"offload_param": {"device": "cpu", "foo": 1}}})"),
+            "run.json: unknown key 'zero_optimization.offload_param.foo'; accepted: device, "
+            "nvme_path, pin_memory");
+  const std::string top = ErrorOf(R"({"wall_clock_breakdown": false})");
+  EXPECT_NE(top.find("unknown key 'wall_clock_breakdown'"), std::string::npos) << top;
+  EXPECT_NE(top.find("train_micro_batch_size_per_gpu"), std::string::npos) << top;
+  EXPECT_NE(ErrorOf(R"({"aio": {"single_submit": false}})").find("'aio.single_submit'"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(R"({"strata": {"stpes": 3}})").find("'strata.stpes'"), std::string::npos);
+  EXPECT_NE(
+      ErrorOf(R"({"optimizer": {"params": {"amsgrad": true}}})").find("'optimizer.params.amsgrad'"),
+      std::string::npos);
+}
+
+TEST(TrainConfig, WrongTypesNameTheKeyTheExpectationAndWhatCame) {
+  EXPECT_EQ(ErrorOf(R"({"train_micro_batch_size_per_gpu": "4"})"),
+            "run.json: 'train_micro_batch_size_per_gpu' must be an integer in 1..2147483647, got "
+            "\"4\" (a string)");
+  EXPECT_NE(ErrorOf(R"({"optimizer": {"params": {"lr": "auto"}}})").find("Hugging Face"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(R"({"aio": {"queue_depth": 8.5}})").find("'aio.queue_depth'"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(R"({"fp16": {"enabled": 1}})").find("'fp16.enabled' must be true or false"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(R"({"zero_optimization": {"offload_optimizer": []}})")
+                .find("'zero_optimization.offload_optimizer' must be an object"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(R"({"optimizer": {"params": {"betas": [0.9]}}})")
+                .find("'optimizer.params.betas' must be [beta1, beta2]"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(R"({"strata": {"model": 3}})").find("'strata.model' must be a string"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(R"([1, 2])").find("top level must be a JSON object"), std::string::npos);
+}
+
+TEST(TrainConfig, OutOfRangeValuesNameTheKeyAndTheRange) {
+  EXPECT_EQ(ErrorOf(R"({"aio": {"queue_depth": 0}})"),
+            "run.json: 'aio.queue_depth' must be an integer in 1..4096, got 0");
+  EXPECT_NE(ErrorOf(R"({"aio": {"thread_count": 257}})").find("1..256"), std::string::npos);
+  EXPECT_NE(ErrorOf(R"({"aio": {"block_size": 1000}})").find("multiple of 4096"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(R"({"aio": {"block_size": 2147483648}})").find("'aio.block_size'"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(R"({"optimizer": {"params": {"betas": [0.9, 1.0]}}})")
+                .find("'optimizer.params.betas[1]' must be a number in [0, 1)"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(R"({"optimizer": {"params": {"lr": 0}}})").find("> 0"), std::string::npos);
+  EXPECT_NE(ErrorOf(R"({"gradient_clipping": -1})").find("'gradient_clipping'"), std::string::npos);
+  EXPECT_NE(ErrorOf(R"({"fp16": {"initial_scale_power": 40}})").find("0..24"), std::string::npos);
+  const std::string stage = ErrorOf(R"({"zero_optimization": {"stage": 2}})");
+  EXPECT_NE(stage.find("'zero_optimization.stage' 2 is not supported"), std::string::npos);
+  EXPECT_NE(stage.find("use 3"), std::string::npos);
+  EXPECT_NE(ErrorOf(R"({"zero_optimization": {"offload_optimizer": {"device": "disk"}}})")
+                .find("one of \"cpu\", \"nvme\""),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(R"({"optimizer": {"type": "Lamb"}})").find("\"Lamb\" is not supported"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(R"({"strata": {"device_budget": "12XB"}})").find("'strata.device_budget'"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(R"({"strata": {"steps": 0}})").find("'strata.steps'"), std::string::npos);
+  EXPECT_NE(ErrorOf(R"({"fp16": {"enabled": true}, "bf16": {"enabled": true}})").find("both true"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(R"({"zero_optimization": {"offload_optimizer": {"nvme_path": "/a"},
+                        "offload_param": {"nvme_path": "/b"}}})")
+                .find("differs"),
+            std::string::npos);
+}
+
+TEST(TrainConfig, MalformedJsonSaysWhere) {
+  const std::string e = ErrorOf("{\n  \"aio\": {\"queue_depth\": 8,}\n}");
+  EXPECT_NE(e.find("malformed JSON"), std::string::npos) << e;
+  EXPECT_NE(e.find("line 2"), std::string::npos) << e;
+  EXPECT_NE(ErrorOf("").find("malformed JSON"), std::string::npos);
+}
+
+TEST(TrainConfig, FilesAreReadAndAMissingFileIsNotFound) {
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("strata_config_test_" + std::to_string(::getpid()) + ".json");
+  {
+    std::ofstream out(path);
+    out << R"({"strata": {"steps": 12}})";
+  }
+  TrainFlags f;
+  const Status ok = ApplyTrainConfigFile(path.string(), &f);
+  std::filesystem::remove(path);
+  ASSERT_TRUE(ok.ok()) << ok.ToString();
+  EXPECT_EQ(f.steps, 12);
+  const Status missing = ApplyTrainConfigFile(path.string(), &f);
+  EXPECT_EQ(missing.code(), StatusCode::kNotFound);
+  EXPECT_NE(missing.message().find(path.string()), std::string::npos) << missing.message();
+}
+
+}  // namespace
+}  // namespace strata::tools
