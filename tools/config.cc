@@ -440,6 +440,9 @@ Status ApplyTrainConfigText(std::string_view text, std::string_view source, Trai
     const auto pos = what.find("parse error");
     if (pos != std::string::npos) what = what.substr(pos);
     return r.Error(fmt::format("malformed JSON: {}", what));
+  } catch (const json::exception& e) {
+    // out_of_range: a number too large for a double (e.g. 1e999).
+    return r.Error(fmt::format("malformed JSON: {}", e.what()));
   }
   STRATA_RETURN_IF_ERROR(
       r.CheckObject(root, "",

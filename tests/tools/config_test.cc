@@ -239,6 +239,10 @@ TEST(TrainConfig, MalformedJsonSaysWhere) {
   EXPECT_NE(e.find("malformed JSON"), std::string::npos) << e;
   EXPECT_NE(e.find("line 2"), std::string::npos) << e;
   EXPECT_NE(ErrorOf("").find("malformed JSON"), std::string::npos);
+  // Found by tests/fuzz/train_config_fuzz: a number beyond double range threw past the parser.
+  EXPECT_NE(ErrorOf("33E3733332").find("malformed JSON"), std::string::npos);
+  EXPECT_NE(ErrorOf(R"({"aio": {"queue_depth": 1e999}})").find("malformed JSON"),
+            std::string::npos);
 }
 
 TEST(TrainConfig, FilesAreReadAndAMissingFileIsNotFound) {
