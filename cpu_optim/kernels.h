@@ -19,13 +19,17 @@
 
 #include "base/dtype.h"
 #include "base/status.h"
+#include "cpu_optim/adagrad.h"
 #include "cpu_optim/adamw.h"
 #include "cpu_optim/grad_stats.h"
+#include "cpu_optim/lion.h"
+#include "cpu_optim/sgd.h"
 
 namespace strata::cpu_optim::internal {
 
-// AdamW runs over tiles of this many elements, one oneTBB task each at most.
+// Every optimizer runs over tiles of this many elements, one oneTBB task each at most.
 inline constexpr int64_t kAdamWTileElems = 16384;
+inline constexpr int64_t kOptimTileElems = kAdamWTileElems;
 // Gradient statistics, in this fixed order of fp64 additions (so sum_squares is
 // bit-identical for any thread count, tile size and ISA variant):
 //  - chunk c covers elements [c * kStatsChunkElems, (c + 1) * kStatsChunkElems);
@@ -55,8 +59,13 @@ struct AdamWScalars {
   float decay;                  // kDecoupled: p *= 1 - lr * weight_decay
   float step_size;              // lr / (1 - beta1^t), or lr
   float bias_correction2_sqrt;  // sqrt(1 - beta2^t), or 1
-  float grad_scale;
+  float grad_scale;             // negated when maximize
+  // torch's lerp(m, g, w), w = one_minus_beta1: lerp_small (w < 0.5) picks
+  // m + w * (g - m), else g - (g - m) * lerp_one_minus_w (= 1 - w in fp32).
+  bool lerp_small;
+  float lerp_one_minus_w;
   WeightDecayMode weight_decay_mode;
+  bool amsgrad;
 };
 
 // Base pointers of one AdamW call; kernels index them with [begin, end).
@@ -68,12 +77,60 @@ struct AdamWBuffers {
   DType grad_dtype;
   void* out;  // nullptr: no copy-out
   DType out_dtype;
+  float* max_v;  // amsgrad's max_exp_avg_sq; nullptr unless amsgrad
+};
+
+// Per-call constants of Adagrad, Lion and SGD (fp64 from the config, rounded once).
+struct AdagradScalars {
+  float clr;  // lr / (1 + (t - 1) * lr_decay)
+  float weight_decay;
+  float eps;
+  float grad_scale;  // negated when maximize
+  bool has_weight_decay;
+};
+
+struct LionScalars {
+  float lr;
+  float decay;  // 1 - lr * weight_decay
+  float beta1, one_minus_beta1, beta2, one_minus_beta2;
+  float grad_scale;  // negated when maximize
+  bool has_weight_decay;
+};
+
+enum class SgdMomentumMode : uint8_t {
+  kNone,    // momentum == 0: no buffer
+  kInit,    // step 1: buf = g
+  kUpdate,  // buf = momentum * buf + (1 - dampening) * g
+};
+
+struct SgdScalars {
+  float lr;
+  float momentum;
+  float one_minus_dampening;
+  float weight_decay;
+  float grad_scale;  // negated when maximize
+  bool has_weight_decay;
+  bool nesterov;
+  SgdMomentumMode momentum_mode;
+};
+
+// Base pointers of one Adagrad, Lion or SGD call (one fp32 state buffer each).
+struct StateBuffers {
+  float* master;
+  float* state;  // state_sum, exp_avg or momentum_buffer (nullptr: SGD without momentum)
+  const void* grad;
+  DType grad_dtype;
+  void* out;  // nullptr: no copy-out
+  DType out_dtype;
 };
 
 // One ISA variant. Ranges are element indices [begin, end) into the base pointers.
 struct KernelTable {
   const char* name;
   void (*adamw)(const AdamWScalars& s, const AdamWBuffers& b, int64_t begin, int64_t end);
+  void (*adagrad)(const AdagradScalars& s, const StateBuffers& b, int64_t begin, int64_t end);
+  void (*lion)(const LionScalars& s, const StateBuffers& b, int64_t begin, int64_t end);
+  void (*sgd)(const SgdScalars& s, const StateBuffers& b, int64_t begin, int64_t end);
   // Sum over [begin, end) of (scale * grad)^2 in fp64: chunks in order, each in
   // kStatsLanes lanes. begin is a multiple of kStatsChunkElems.
   double (*sum_squares)(const void* grad, DType dtype, double scale, int64_t begin, int64_t end);
@@ -99,15 +156,44 @@ bool IsValidDType(DType dtype);
 // kInvalidArgument for hyper-parameters PyTorch rejects (negative lr, eps or
 // weight_decay; betas outside [0, 1)), non-finite values, step < 1.
 Status ValidateAdamWParams(const AdamWConfig& config, const AdamWStep& step);
-// Null pointers, size mismatch, unknown dtypes, overlapping buffers.
-Status ValidateAdamWBuffers(std::span<float> master, std::span<float> m, std::span<float> v,
-                            GradView grad, CopyOut copy_out);
+// A state buffer and its name for error messages.
+struct NamedState {
+  std::span<float> data;
+  const char* name;
+};
+// Null pointers, size mismatch, unknown dtypes, overlapping buffers; `optimizer`
+// prefixes the messages.
+Status ValidateBuffers(std::string_view optimizer, std::span<float> master,
+                       std::span<const NamedState> states, GradView grad, CopyOut copy_out);
+Status ValidateAdamWBuffers(const AdamWConfig& config, std::span<float> master, std::span<float> m,
+                            std::span<float> v, std::span<float> max_exp_avg_sq, GradView grad,
+                            CopyOut copy_out);
 AdamWScalars PrepareAdamW(const AdamWConfig& config, const AdamWStep& step);
+
+Status ValidateAdagradParams(const AdagradConfig& config, const OptimStep& step);
+AdagradScalars PrepareAdagrad(const AdagradConfig& config, const OptimStep& step);
+Status ValidateLionParams(const LionConfig& config, const OptimStep& step);
+LionScalars PrepareLion(const LionConfig& config, const OptimStep& step);
+Status ValidateSgdParams(const SgdConfig& config, const OptimStep& step);
+SgdScalars PrepareSgd(const SgdConfig& config, const OptimStep& step);
+
+// base/dtype.h conversions for the scalar references.
+float ReferenceLoad(GradView grad, size_t i);
+void ReferenceStore(CopyOut out, size_t i, float p);
 
 // The public functions with a given variant instead of the best one.
 Status AdamWUpdateWith(const KernelTable& kernels, const AdamWConfig& config, const AdamWStep& step,
                        std::span<float> master, std::span<float> m, std::span<float> v,
-                       GradView grad, CopyOut copy_out = {});
+                       GradView grad, CopyOut copy_out = {}, std::span<float> max_exp_avg_sq = {});
+Status AdagradUpdateWith(const KernelTable& kernels, const AdagradConfig& config,
+                         const OptimStep& step, std::span<float> master, std::span<float> state_sum,
+                         GradView grad, CopyOut copy_out = {});
+Status LionUpdateWith(const KernelTable& kernels, const LionConfig& config, const OptimStep& step,
+                      std::span<float> master, std::span<float> exp_avg, GradView grad,
+                      CopyOut copy_out = {});
+Status SgdUpdateWith(const KernelTable& kernels, const SgdConfig& config, const OptimStep& step,
+                     std::span<float> master, std::span<float> momentum_buffer, GradView grad,
+                     CopyOut copy_out = {});
 StatusOr<GradStats> ComputeGradStatsWith(const KernelTable& kernels, GradView grad,
                                          int64_t num_elems, float scale = 1.0f);
 StatusOr<GradStats> AccumulateGradWith(const KernelTable& kernels, std::span<float> accum,

@@ -1,19 +1,29 @@
 // CPU optimizer step throughput against the memory traffic that bounds it.
 //
-//   BM_AdamW/params/grad/threads         AdamWUpdate, bf16 copy-out
-//   BM_AdamWTraffic/params/grad/threads  the same bytes read and written, no arithmetic
-//   BM_AdamWReference/params/grad        the scalar reference (one thread)
-//   BM_AdamWVariant/<isa>/...            AdamW with each ISA variant this CPU runs
-//   BM_Triad/params/threads              STREAM triad a = b + s * c over fp32 arrays
+//   BM_AdamW/<isa>/params/grad/threads         AdamW step with the <isa> kernel variant
+//   BM_AdamWTraffic/<isa>/params/grad/threads  the same bytes read and written, no
+//                                              arithmetic (the memory-only limit)
+//   BM_AdamWReference/params/grad              the scalar reference (one thread)
+//   BM_Adagrad, BM_Lion, BM_Sgd/params/grad/threads  the other optimizers (best variant)
+//   BM_Triad/params/threads                    STREAM triad a = b + s * c over fp32 arrays
 //
-// grad: 0 = fp32, 2 = bf16 (DType values). Bytes per parameter (reported as
-// bytes_per_second): reads p32, m, v (12 B) + the gradient (4 or 2 B), writes p32,
-// m, v (12 B) + the bf16 copy-out (2 B): 28 B with bf16 gradients, 30 B with fp32.
-// items_per_second is parameters per second. Times are wall-clock (the work runs
-// on oneTBB workers), median and spread over repetitions.
+// <isa> is every variant this CPU runs (avx512, avx2, generic). grad: 0 = fp32,
+// 1 = fp16, 2 = bf16 (DType values). Copy-out is always bf16, so bf16 gradients are
+// the engine's case and the headline. Bytes per parameter (bytes_per_second): AdamW
+// reads p32, m, v (12 B) + the gradient (4 or 2 B) and writes p32, m, v (12 B) + the
+// bf16 copy-out (2 B): 28 B with 16-bit gradients, 30 B with fp32. Adagrad, Lion and
+// SGD with momentum move one fp32 state instead of two: 20 B (22 B with fp32).
+// items_per_second (and the params_per_second counter) is parameters per second.
+// Times are wall-clock (the work runs on oneTBB workers).
 //
-// The 100M-parameter cases need ~2 GB and minutes; skip them with
-//   --benchmark_filter='params:10000000/'
+// Sizes: 10M parameters for every variant, gradient dtype and thread count; 100M
+// for every variant with bf16 gradients (and the best variant with fp32/fp16);
+// 500M (~8 GB of state) for the best variant with bf16 gradients. A full run takes
+// 5-10 minutes on a 2-core VM:
+//   bench_cpu_optim --benchmark_repetitions=3 --benchmark_out=cpu_optim.json \
+//     --benchmark_out_format=json
+//   python3 bench/cpu_optim/summarize.py cpu_optim.json
+// Skip the big cases with --benchmark_filter='params:10000000/'.
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
 #include <tbb/blocked_range.h>
@@ -25,14 +35,18 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "base/aligned_buffer.h"
 #include "base/dtype.h"
+#include "cpu_optim/adagrad.h"
 #include "cpu_optim/adamw.h"
 #include "cpu_optim/kernels.h"
+#include "cpu_optim/lion.h"
+#include "cpu_optim/sgd.h"
 
 namespace strata::cpu_optim {
 namespace {
@@ -70,6 +84,8 @@ struct Buffers {
         const float gi = 1e-3f * static_cast<float>(static_cast<int>(i % 97) - 48) / 48.0f + 1e-5f;
         if (grad_dtype == DType::kF32) {
           static_cast<float*>(g)[i] = gi;
+        } else if (grad_dtype == DType::kF16) {
+          static_cast<uint16_t*>(g)[i] = FloatToHalf(gi);
         } else {
           static_cast<uint16_t*>(g)[i] = FloatToBf16(gi);
         }
@@ -77,13 +93,22 @@ struct Buffers {
     });
     return b;
   }
-  size_t bytes_per_param() const { return 12 + SizeOf(grad_dtype) + 12 + 2; }
+  // AdamW's bytes; optimizers with one state buffer move 8 B less.
+  size_t bytes_per_param(int num_states = 2) const {
+    return 4 * (1 + num_states) * 2 + SizeOf(grad_dtype) + 2;
+  }
+  std::span<float> span(AlignedBuffer& buf) const {
+    return {buf.as<float>(), static_cast<size_t>(n)};
+  }
 };
 
-void SetCounters(benchmark::State& state, const Buffers& b) {
+void SetCounters(benchmark::State& state, const Buffers& b, int num_states = 2) {
+  const auto bytes = static_cast<int64_t>(b.bytes_per_param(num_states));
   state.SetItemsProcessed(state.iterations() * b.n);
-  state.SetBytesProcessed(state.iterations() * b.n * static_cast<int64_t>(b.bytes_per_param()));
-  state.counters["bytes_per_param"] = static_cast<double>(b.bytes_per_param());
+  state.SetBytesProcessed(state.iterations() * b.n * bytes);
+  state.counters["bytes_per_param"] = static_cast<double>(bytes);
+  state.counters["params_per_second"] = benchmark::Counter(
+      static_cast<double>(state.iterations() * b.n), benchmark::Counter::kIsRate);
 }
 
 void RunAdamW(benchmark::State& state, const internal::KernelTable& kernels) {
@@ -108,14 +133,11 @@ void RunAdamW(benchmark::State& state, const internal::KernelTable& kernels) {
   SetCounters(state, *b);
 }
 
-void BM_AdamW(benchmark::State& state) { RunAdamW(state, internal::BestKernelTable()); }
-
 // The same bytes as BM_AdamW with bit moves only, compiled for the same ISA
 // variant as the AdamW kernel (internal::KernelTable::adamw_traffic).
-void BM_AdamWTraffic(benchmark::State& state) {
+void RunAdamWTraffic(benchmark::State& state, const internal::KernelTable& kernels) {
   const auto b = Buffers::Make(state.range(0), static_cast<DType>(state.range(1)));
   if (!b) return state.SkipWithError("allocation failed");
-  const internal::KernelTable& kernels = internal::BestKernelTable();
   const internal::AdamWBuffers bufs{.master = b->p.as<float>(),
                                     .m = b->m.as<float>(),
                                     .v = b->v.as<float>(),
@@ -153,6 +175,47 @@ void BM_AdamWReference(benchmark::State& state) {
   SetCounters(state, *b);
 }
 
+// Adagrad, Lion or SGD (momentum 0.9, Nesterov) with the best variant: one fp32
+// state buffer, bf16 copy-out.
+template <typename Update>
+void RunOneStateOptimizer(benchmark::State& state, const Update& update) {
+  const auto b = Buffers::Make(state.range(0), static_cast<DType>(state.range(1)));
+  if (!b) return state.SkipWithError("allocation failed");
+  tbb::task_arena arena(static_cast<int>(state.range(2)));
+  int64_t t = 0;
+  for (auto _ : state) {
+    Status s;
+    const OptimStep step{.step = ++t, .grad_scale = 0.5f};
+    arena.execute([&] {
+      s = update(step, b->span(b->p), b->span(b->m), GradView{b->grad.data(), b->grad_dtype},
+                 CopyOut{b->out.data(), DType::kBF16});
+    });
+    if (!s.ok()) return state.SkipWithError(s.ToString().c_str());
+  }
+  SetCounters(state, *b, 1);
+}
+
+void BM_Adagrad(benchmark::State& state) {
+  const AdagradConfig config{.lr = 1e-2f, .weight_decay = 0.01f};
+  RunOneStateOptimizer(state, [&](const OptimStep& st, auto p, auto s, GradView g, CopyOut o) {
+    return AdagradUpdate(config, st, p, s, g, o);
+  });
+}
+
+void BM_Lion(benchmark::State& state) {
+  const LionConfig config{.lr = 1e-4f, .weight_decay = 0.1f};
+  RunOneStateOptimizer(state, [&](const OptimStep& st, auto p, auto s, GradView g, CopyOut o) {
+    return LionUpdate(config, st, p, s, g, o);
+  });
+}
+
+void BM_Sgd(benchmark::State& state) {
+  const SgdConfig config{.lr = 1e-2f, .momentum = 0.9f, .weight_decay = 0.01f, .nesterov = true};
+  RunOneStateOptimizer(state, [&](const OptimStep& st, auto p, auto s, GradView g, CopyOut o) {
+    return SgdUpdate(config, st, p, s, g, o);
+  });
+}
+
 // STREAM triad over three fp32 arrays of params elements: 12 B per element
 // (write-allocate traffic not counted, as STREAM).
 void BM_Triad(benchmark::State& state) {
@@ -178,41 +241,71 @@ void BM_Triad(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * n * 12);
 }
 
+// One thread and all threads (oneTBB's default concurrency).
 std::vector<int64_t> ThreadCounts() {
   std::vector<int64_t> t = {1};
   const int all = tbb::info::default_concurrency();
-  if (all >= 2) t.push_back(2);
-  if (all > 2) t.push_back(all);
+  if (all > 1) t.push_back(all);
   return t;
 }
 
 void Register() {
-  const std::vector<int64_t> params = {10'000'000, 100'000'000};
-  const std::vector<int64_t> grads = {static_cast<int64_t>(DType::kF32),
-                                      static_cast<int64_t>(DType::kBF16)};
-  auto common = [](benchmark::internal::Benchmark* b) {
-    b->UseRealTime()->Unit(benchmark::kMillisecond)->Repetitions(5)->ReportAggregatesOnly(true);
+  constexpr int64_t k10M = 10'000'000, k100M = 100'000'000, k500M = 500'000'000;
+  const auto f32 = static_cast<int64_t>(DType::kF32), f16 = static_cast<int64_t>(DType::kF16),
+             bf16 = static_cast<int64_t>(DType::kBF16);
+  const std::vector<int64_t> threads = ThreadCounts();
+  // 10M: a time budget; bigger sizes: fixed iterations (one 500M step moves 14 GB).
+  auto sized = [](benchmark::internal::Benchmark* b, int64_t params) {
+    b->UseRealTime()->Unit(benchmark::kMillisecond)->ReportAggregatesOnly(true);
+    if (params <= k10M) {
+      b->MinTime(0.3);
+    } else {
+      b->Iterations(params >= k500M ? 1 : 3);
+    }
+    return b;
   };
-  common(benchmark::RegisterBenchmark("BM_AdamW", BM_AdamW)
-             ->ArgNames({"params", "grad", "threads"})
-             ->ArgsProduct({params, grads, ThreadCounts()}));
-  common(benchmark::RegisterBenchmark("BM_AdamWTraffic", BM_AdamWTraffic)
-             ->ArgNames({"params", "grad", "threads"})
-             ->ArgsProduct({params, grads, ThreadCounts()}));
-  common(benchmark::RegisterBenchmark("BM_AdamWReference", BM_AdamWReference)
-             ->ArgNames({"params", "grad"})
-             ->ArgsProduct({params, grads}));
-  // Every ISA variant this CPU runs, on the engine's case (bf16 gradients, all threads).
+  const internal::KernelTable& best = internal::BestKernelTable();
   for (const internal::KernelTable* kernels : internal::SupportedKernelTables()) {
-    common(benchmark::RegisterBenchmark(
-               (std::string("BM_AdamWVariant/") + kernels->name).c_str(),
-               [kernels](benchmark::State& state) { RunAdamW(state, *kernels); })
-               ->ArgNames({"params", "grad", "threads"})
-               ->Args({10'000'000, static_cast<int64_t>(DType::kBF16), ThreadCounts().back()}));
+    const bool is_best = kernels == &best;
+    struct Case {
+      int64_t params;
+      std::vector<int64_t> grads;
+    };
+    std::vector<Case> cases = {{k10M, {f32, f16, bf16}}};
+    cases.push_back({k100M, is_best ? std::vector<int64_t>{f32, f16, bf16} : std::vector{bf16}});
+    if (is_best) cases.push_back({k500M, {bf16}});
+    for (const Case& c : cases) {
+      const std::string isa = kernels->name;
+      sized(benchmark::RegisterBenchmark(
+                ("BM_AdamW/" + isa).c_str(),
+                [kernels](benchmark::State& state) { RunAdamW(state, *kernels); })
+                ->ArgNames({"params", "grad", "threads"})
+                ->ArgsProduct({{c.params}, c.grads, threads}),
+            c.params);
+      sized(benchmark::RegisterBenchmark(
+                ("BM_AdamWTraffic/" + isa).c_str(),
+                [kernels](benchmark::State& state) { RunAdamWTraffic(state, *kernels); })
+                ->ArgNames({"params", "grad", "threads"})
+                ->ArgsProduct({{c.params}, c.grads, threads}),
+            c.params);
+    }
   }
-  common(benchmark::RegisterBenchmark("BM_Triad", BM_Triad)
-             ->ArgNames({"params", "threads"})
-             ->ArgsProduct({params, ThreadCounts()}));
+  // The scalar reference is single-threaded: compare with the best variant at 1 thread.
+  sized(benchmark::RegisterBenchmark("BM_AdamWReference", BM_AdamWReference)
+            ->ArgNames({"params", "grad"})
+            ->Args({k10M, bf16}),
+        k10M);
+  for (auto [name, fn] : {std::pair{"BM_Adagrad", &BM_Adagrad}, std::pair{"BM_Lion", &BM_Lion},
+                          std::pair{"BM_Sgd", &BM_Sgd}}) {
+    sized(benchmark::RegisterBenchmark(name, fn)
+              ->ArgNames({"params", "grad", "threads"})
+              ->ArgsProduct({{k100M}, {bf16}, threads}),
+          k100M);
+  }
+  sized(benchmark::RegisterBenchmark("BM_Triad", BM_Triad)
+            ->ArgNames({"params", "threads"})
+            ->ArgsProduct({{k100M}, threads}),
+        k100M);
 }
 
 }  // namespace

@@ -2,12 +2,14 @@
 // signed zeros, and on request inf/NaN), in every gradient dtype.
 #pragma once
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -172,6 +174,76 @@ class Mismatches {
   std::string what_;
   std::string first_;
   int64_t count_ = 0;
+};
+
+// ---- Float64 references with a running error bound ----
+//
+// Bounded{v, err}: v is the exact value of a quantity (computed in float64, whose
+// own rounding is 2^29 times smaller than fp32's), err a bound on how far the fp32
+// kernel's value of the same quantity can be from v when every fp32 operation is
+// correctly rounded (unit roundoff kU = 2^-24; a result in the denormal range may
+// carry an absolute error of up to kTiny). The operators propagate the bound, so a
+// float64 formula written from the paper yields, element by element, the
+// tolerance that fp32 arithmetic allows: derived from the dtype, not guessed.
+inline constexpr double kU = 0x1p-24;
+inline constexpr double kTiny = 0x1p-149;
+
+struct Bounded {
+  double v = 0.0;
+  double err = 0.0;
+};
+
+// An fp32 input, exact.
+inline Bounded Exact(double x) { return {x, 0.0}; }
+// A per-call scalar computed in fp64 and rounded to fp32 once.
+inline Bounded RoundedOnce(double exact) { return {exact, kU * std::abs(exact) + kTiny}; }
+
+inline Bounded Rounding(double v, double e) { return {v, e + kU * (std::abs(v) + e) + kTiny}; }
+inline Bounded operator-(Bounded a) { return {-a.v, a.err}; }
+inline Bounded operator+(Bounded a, Bounded b) { return Rounding(a.v + b.v, a.err + b.err); }
+inline Bounded operator-(Bounded a, Bounded b) { return a + (-b); }
+inline Bounded operator*(Bounded a, Bounded b) {
+  return Rounding(a.v * b.v, std::abs(a.v) * b.err + std::abs(b.v) * a.err + a.err * b.err);
+}
+inline Bounded operator/(Bounded a, Bounded b) {
+  const double lo = std::abs(b.v) - b.err;
+  if (!(lo > 0.0)) return {a.v / b.v, std::numeric_limits<double>::infinity()};
+  return Rounding(a.v / b.v, a.err / lo + std::abs(a.v) * b.err / (lo * std::abs(b.v)));
+}
+inline Bounded Sqrt(Bounded a) {
+  const double v = std::sqrt(std::max(a.v, 0.0));
+  const double e = v > 0.0 ? std::min(std::sqrt(a.err), a.err / v) : std::sqrt(a.err);
+  return Rounding(v, e);
+}
+// torch.maximum: 1-Lipschitz in each operand.
+inline Bounded Max(Bounded a, Bounded b) { return {std::max(a.v, b.v), std::max(a.err, b.err)}; }
+
+// Whether the fp32 result x lies within the bound (with 2x slack for the float64
+// evaluation of v and err themselves).
+// A value beyond fp32's range (after its error) must have overflowed to inf, and
+// inf is right only for such a value.
+inline bool Within(float x, Bounded b) {
+  constexpr double kMax = std::numeric_limits<float>::max();
+  if (std::abs(b.v) - 2.0 * b.err > kMax) return std::isinf(x) && (x > 0) == (b.v > 0);
+  if (std::isinf(x)) return (x > 0) == (b.v > 0) && std::abs(b.v) + 2.0 * b.err >= kMax;
+  return std::abs(static_cast<double>(x) - b.v) <= 2.0 * b.err + 0x1p-50 * std::abs(b.v);
+}
+
+// fp32 state of n elements starting at a chosen element offset inside a larger
+// vector (offset 1: 4-byte aligned only, so the vector loops see misaligned
+// pointers).
+class FloatBuffer {
+ public:
+  FloatBuffer() = default;
+  FloatBuffer(int64_t n, int64_t offset) : offset_(offset), data_(n + offset, 0.0f) {}
+  std::span<float> span() { return {data_.data() + offset_, data_.size() - offset_}; }
+  float& operator[](int64_t i) { return data_[offset_ + i]; }
+  float operator[](int64_t i) const { return data_[offset_ + i]; }
+  int64_t size() const { return static_cast<int64_t>(data_.size()) - offset_; }
+
+ private:
+  int64_t offset_ = 0;
+  std::vector<float> data_;
 };
 
 }  // namespace strata::cpu_optim::testing
