@@ -6,6 +6,7 @@
 #include <string>
 
 #include "base/logging.h"
+#include "tools/iobench_command.h"
 #include "tools/train_command.h"
 
 namespace {
@@ -26,6 +27,10 @@ int main(int argc, char** argv) {
   CLI::App* train_cmd = app.add_subcommand(
       "train", "Train a GPT on a text file with parameters and optimizer state offloaded");
   strata::tools::AddTrainFlags(*train_cmd, train);
+  strata::tools::IobenchFlags iobench;
+  strata::tools::AddIobenchFlags(
+      *app.add_subcommand("iobench", "Measure sequential/random read/write throughput of paths"),
+      iobench);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -41,6 +46,7 @@ int main(int argc, char** argv) {
   }
   strata::Status status;
   if (train_cmd->parsed()) status = strata::tools::RunTrain(train);
+  if (app.got_subcommand("iobench")) status = strata::tools::RunIobench(iobench);
   if (!status.ok()) return Fail(status.message());
   return 0;
 }
