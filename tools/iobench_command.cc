@@ -52,6 +52,10 @@ struct RunResult {
   double lat_mean_us = 0;
   double lat_p99_us = 0;
   bool direct = true;
+  uint64_t submissions = 0;
+  uint64_t fixed_buffer_submissions = 0;
+  uint64_t short_resubmits = 0;
+  uint64_t eagain_retries = 0;
   double gb_per_s() const { return seconds > 0 ? bytes / seconds / 1e9 : 0; }
   double gib_per_s() const { return seconds > 0 ? bytes / seconds / kGiB : 0; }
   double iops() const { return seconds > 0 ? (bytes / config.block_bytes) / seconds : 0; }
@@ -293,6 +297,10 @@ StatusOr<RunResult> RunOne(const RunConfig& c, bool progress) {
   const io::IoStats stats = backend->stats();
   r.lat_mean_us = stats.latency->MeanNs() / 1e3;
   r.lat_p99_us = static_cast<double>(stats.latency->QuantileNs(0.99)) / 1e3;
+  r.short_resubmits = stats.short_transfer_resubmits;
+  r.eagain_retries = stats.eagain_retries;
+  r.fixed_buffer_submissions = stats.fixed_buffer_submissions;
+  r.submissions = stats.submissions;
   r.direct = std::all_of(files.begin(), files.end(), [](const BenchFile& f) { return f.direct; });
   return r;
 }
@@ -312,7 +320,11 @@ nlohmann::json ToJson(const RunResult& r) {
           {"iops", r.iops()},
           {"lat_mean_us", r.lat_mean_us},
           {"lat_p99_us", r.lat_p99_us},
-          {"cpu_s_per_gb", r.cpu_s_per_gb()}};
+          {"cpu_s_per_gb", r.cpu_s_per_gb()},
+          {"submissions", r.submissions},
+          {"fixed_buffer_submissions", r.fixed_buffer_submissions},
+          {"short_transfer_resubmits", r.short_resubmits},
+          {"eagain_retries", r.eagain_retries}};
 }
 
 std::string ToLine(const RunResult& r) {
