@@ -437,8 +437,11 @@ class UringBackend final : public SegmentBackend {
       if (prepared > 0 && *healthy) {
         const int r = more ? io_uring_submit(ring) : io_uring_submit_and_wait(ring, 1);
         if (r > 0) {
-          prepared -= static_cast<unsigned>(r);
-          in_kernel += static_cast<unsigned>(r);
+          // With SQPOLL, liburing reports every entry the SQ thread has not consumed yet, also
+          // those flushed by an earlier call: count each entry once.
+          const unsigned taken = std::min(static_cast<unsigned>(r), prepared);
+          prepared -= taken;
+          in_kernel += taken;
           submit_retries = 0;
         } else if (r == 0 || r == -EINTR || r == -EAGAIN || r == -EBUSY) {
           // Transient; with requests in flight, reaping one frees resources. Otherwise back off.
