@@ -20,7 +20,6 @@
 #include <thread>
 #include <vector>
 
-#include "base/aligned_buffer.h"
 #include "base/logging.h"
 #include "base/unique_fd.h"
 #include "base/units.h"
