@@ -77,7 +77,7 @@ struct AdamWBuffers {
   DType grad_dtype;
   void* out;  // nullptr: no copy-out
   DType out_dtype;
-  float* max_v;  // amsgrad's max_exp_avg_sq; nullptr unless amsgrad
+  float* max_v = nullptr;  // amsgrad's max_exp_avg_sq; nullptr unless amsgrad
 };
 
 // Per-call constants of Adagrad, Lion and SGD (fp64 from the config, rounded once).

@@ -43,7 +43,7 @@ struct ThreadingOptions {
   // Logical CPU ids (as sched_setaffinity and /proc/cpuinfo number them) to bind
   // to; each must be in the process's current affinity mask, none twice. Empty: no
   // binding.
-  std::vector<int> cores;
+  std::vector<int> cores = {};
 };
 
 class WorkerArena {

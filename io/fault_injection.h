@@ -79,6 +79,14 @@ class FaultInjectingBackend final : public IoBackend, private CompletionHook {
                std::string_view what) override;
   Status ReadBatch(std::span<const ReadSegment> segments) override;
   Status WriteBatch(std::span<const WriteSegment> segments) override;
+  // Forwarded to the inner backend (its counters include the injected faults' resubmissions).
+  Status RegisterBuffers(std::span<const std::span<std::byte>> regions) override {
+    return inner_->RegisterBuffers(regions);
+  }
+  Status RegisterFiles(std::span<const int> fds) override { return inner_->RegisterFiles(fds); }
+  void UnregisterFiles(std::span<const int> fds) override { inner_->UnregisterFiles(fds); }
+  IoStats stats() const override { return inner_->stats(); }
+  void ResetStats() override { inner_->ResetStats(); }
 
  private:
   struct ActiveFault {

@@ -25,7 +25,7 @@ class MemoryBackend final : public SegmentBackend {
  protected:
   Status Transfer(IoOp op, std::span<const Segment> segments) override {
     for (PieceCursor cursor(segments, options_.block_size_bytes); !cursor.done();) {
-      STRATA_RETURN_IF_ERROR(RunPieceSync(op, cursor.Next(), options_.completion_hook,
+      STRATA_RETURN_IF_ERROR(RunPieceSync(op, cursor.Next(), options_.completion_hook, stats_,
                                           [&](const Piece& p) { return Attempt(op, p); }));
     }
     return Status::Ok();

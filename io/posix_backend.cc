@@ -90,7 +90,7 @@ class PosixBackend final : public SegmentBackend {
 
  private:
   Status RunPiece(IoOp op, const Piece& piece) {
-    return RunPieceSync(op, piece, options_.completion_hook,
+    return RunPieceSync(op, piece, options_.completion_hook, stats_,
                         [op](const Piece& p) { return PosixAttempt(op, p); });
   }
 

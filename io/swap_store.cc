@@ -77,6 +77,12 @@ StatusOr<std::unique_ptr<SwapStore>> SwapStore::Create(IoBackend* backend,
     std::lock_guard<std::mutex> lock(store->mu_);
     store->file_end_bytes_.assign(store->files_.size(), 0);
   }
+  if (store->options_.register_files) {
+    std::vector<int> fds;
+    for (const File& f : store->files_) fds.push_back(f.fd.get());
+    STRATA_RETURN_IF_ERROR(store->backend_->RegisterFiles(fds));
+    store->files_registered_ = true;
+  }
   store->keep_ = store->options_.keep;
   return store;
 }
@@ -138,6 +144,11 @@ Status SwapStore::OpenDir(size_t index, const std::string& parent_dir) {
 }
 
 SwapStore::~SwapStore() {
+  if (files_registered_) {  // before closing: a registered file outlives its fd otherwise
+    std::vector<int> fds;
+    for (const File& f : files_) fds.push_back(f.fd.get());
+    backend_->UnregisterFiles(fds);
+  }
   for (File& f : files_) {
     f.fd.reset();
     if (!keep_ && !f.path.empty() && ::unlink(f.path.c_str()) != 0 && errno != ENOENT) {
@@ -324,6 +335,9 @@ Status SwapStore::Write(std::string_view name, std::span<const std::byte> buf) {
                         buf.subspan(run.buf_offset_bytes, run.size_bytes), labels[run.file]});
   }
   Status status = backend_->WriteBatch(segments);
+  if (status.code() == StatusCode::kResourceExhausted) {
+    status = OutOfSpaceError(name, size_bytes, status);
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     Extent& e = extents_.find(name)->second;  // extents are never erased once allocated
@@ -333,6 +347,27 @@ Status SwapStore::Write(std::string_view name, std::span<const std::byte> buf) {
   }
   if (status.ok()) bytes_written_.fetch_add(size_bytes, std::memory_order_relaxed);
   return status;
+}
+
+Status SwapStore::OutOfSpaceError(std::string_view name, uint64_t size_bytes,
+                                  const Status& cause) const {
+  const std::vector<uint64_t> share_bytes = ShareBytes(PaddedSize(size_bytes));
+  std::vector<std::string> parts;
+  for (size_t j = 0; j < files_.size(); ++j) {
+    if (share_bytes[j] == 0) continue;
+    struct statvfs sv;
+    if (::statvfs(files_[j].private_dir.c_str(), &sv) != 0) continue;
+    const uint64_t free_bytes = static_cast<uint64_t>(sv.f_bavail) * sv.f_frsize;
+    // The extent's share may be partly written already; what is free now is what is left.
+    parts.push_back(
+        fmt::format("'{}' needs {} for it, {} free ({} short)", files_[j].path,
+                    FormatBytes(share_bytes[j]), FormatBytes(free_bytes),
+                    FormatBytes(share_bytes[j] > free_bytes ? share_bytes[j] - free_bytes : 0)));
+  }
+  return ResourceExhaustedError(fmt::format(
+      "swap store out of space writing extent '{}' ({} bytes): {}; free space on the swap "
+      "drive(s) or pass other swap directories ({})",
+      name, size_bytes, fmt::join(parts, "; "), cause.message()));
 }
 
 Status SwapStore::Read(std::string_view name, std::span<std::byte> buf) {

@@ -50,6 +50,9 @@ struct SwapStoreOptions {
   bool verify_checksums = true;
   // Leave the files and private directories in place at destruction (for `strata inspect`).
   bool keep = false;
+  // Register the swap files with the backend (IoBackend::RegisterFiles; "uring" then submits
+  // with IOSQE_FIXED_FILE) for the life of the store.
+  bool register_files = true;
 };
 
 class SwapStore {
@@ -82,9 +85,19 @@ class SwapStore {
   // whose last Write failed, or concurrent use of one extent); kDataLoss naming the extent ("extent
   // 'block3.m' ...") for a short read or a checksum mismatch; backend errors (io_backend.h) with
   // the extent and file in the message. A failed Write leaves the extent unreadable until it is
-  // written again.
+  // written again. Running out of space during a Write (possible where fallocate is unsupported,
+  // or on thin-provisioned storage) is kResourceExhausted naming the swap file(s), the bytes the
+  // extent needs there, the bytes free and the shortfall.
   Status Write(std::string_view name, std::span<const std::byte> buf);
   Status Read(std::string_view name, std::span<std::byte> buf);
+
+  // Registers the caller's long-lived buffers, typically the pinned host arena, with the backend
+  // (IoBackend::RegisterBuffers: "uring" then reads and writes extents from/to them with
+  // READ_FIXED/WRITE_FIXED). Same contract and errors as IoBackend::RegisterBuffers; the memory
+  // must outlive the store or be replaced by another call. Not while I/O is in flight.
+  Status RegisterBuffers(std::span<const std::span<std::byte>> regions) {
+    return backend_->RegisterBuffers(regions);
+  }
 
   // Payload bytes (extent sizes, not padded) moved by successful calls.
   uint64_t bytes_read() const { return bytes_read_.load(std::memory_order_relaxed); }
@@ -139,10 +152,12 @@ class SwapStore {
   Status Reserve(std::string_view name, const std::vector<uint64_t>& file_offset_bytes,
                  const std::vector<uint64_t>& share_bytes);
   std::vector<std::string> Labels(std::string_view name) const;
+  Status OutOfSpaceError(std::string_view name, uint64_t size_bytes, const Status& cause) const;
 
   IoBackend* const backend_;
   const SwapStoreOptions options_;
-  bool keep_;                // false while Create has not succeeded
+  bool keep_;  // false while Create has not succeeded
+  bool files_registered_ = false;
   std::vector<File> files_;  // fixed after Create
 
   mutable std::mutex mu_;

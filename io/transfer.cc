@@ -128,6 +128,25 @@ Outcome ApplyCompletion(IoOp op, int64_t result, Piece& piece, Status* error) {
   return Outcome::kResubmit;
 }
 
+IoStats StatsCollector::Snapshot() const {
+  IoStats s;
+  s.submissions = submissions_.load(std::memory_order_relaxed);
+  s.fixed_buffer_submissions = fixed_buffer_.load(std::memory_order_relaxed);
+  s.fixed_file_submissions = fixed_file_.load(std::memory_order_relaxed);
+  s.short_transfer_resubmits = short_.load(std::memory_order_relaxed);
+  s.eagain_retries = eagain_.load(std::memory_order_relaxed);
+  s.bytes_transferred = bytes_.load(std::memory_order_relaxed);
+  s.latency = &latency_;
+  return s;
+}
+
+void StatsCollector::Reset() {
+  for (auto* counter : {&submissions_, &fixed_buffer_, &fixed_file_, &short_, &eagain_, &bytes_}) {
+    counter->store(0, std::memory_order_relaxed);
+  }
+  latency_.Reset();
+}
+
 void BackoffBeforeRetry(int retries) {
   const int steps = std::min(retries, 20);
   std::this_thread::sleep_for(std::chrono::microseconds(50 * steps));

@@ -3,6 +3,8 @@
 // and SegmentBackend, the base class that maps the public IoBackend calls onto one Transfer().
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -41,6 +43,7 @@ struct Piece {
   size_t resume_bytes = 0;  // the next submission starts here (relative to the piece)
   size_t end_bytes = 0;     // the furthest point a completion has reached
   int retries = 0;          // consecutive retries without progress
+  uint64_t submit_ns = 0;   // MonotonicNs() when the current submission went to the kernel
 
   uint64_t next_offset_bytes() const { return offset_bytes + resume_bytes; }
   std::byte* next_data() const { return data + resume_bytes; }
@@ -80,20 +83,67 @@ enum class Outcome {
 // ErrnoToStatus naming piece.what, the offset and the errno.
 Outcome ApplyCompletion(IoOp op, int64_t result, Piece& piece, Status* error);
 
+// CLOCK_MONOTONIC in nanoseconds (vDSO, tens of nanoseconds).
+inline uint64_t MonotonicNs() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+}
+
+// The counters behind IoBackend::stats(); all updates are relaxed atomics. Thread-safe.
+class StatsCollector {
+ public:
+  // One submission completed with `result` (bytes or -errno) after latency_ns, and
+  // ApplyCompletion decided `outcome`.
+  void OnCompletion(int64_t result, Outcome outcome, uint64_t latency_ns) {
+    submissions_.fetch_add(1, std::memory_order_relaxed);
+    latency_.Record(latency_ns);
+    if (result > 0) bytes_.fetch_add(static_cast<uint64_t>(result), std::memory_order_relaxed);
+    if (outcome == Outcome::kResubmit || outcome == Outcome::kRetryLater) {
+      if (result < 0) {
+        eagain_.fetch_add(1, std::memory_order_relaxed);
+      } else {
+        short_.fetch_add(1, std::memory_order_relaxed);
+      }
+    }
+  }
+  void OnFixed(bool fixed_buffer, bool fixed_file) {
+    if (fixed_buffer) fixed_buffer_.fetch_add(1, std::memory_order_relaxed);
+    if (fixed_file) fixed_file_.fetch_add(1, std::memory_order_relaxed);
+  }
+  IoStats Snapshot() const;
+  void Reset();
+
+ private:
+  std::atomic<uint64_t> submissions_{0};
+  std::atomic<uint64_t> fixed_buffer_{0};
+  std::atomic<uint64_t> fixed_file_{0};
+  std::atomic<uint64_t> short_{0};
+  std::atomic<uint64_t> eagain_{0};
+  std::atomic<uint64_t> bytes_{0};
+  LatencyHistogram latency_;
+};
+
 // Sleeps a little longer with each retry (tens of microseconds up to about a millisecond).
 void BackoffBeforeRetry(int retries);
 
 // Runs one piece to completion on the calling thread. `attempt(piece)` submits piece.next_*()
 // once and returns the byte count or -errno.
+// Every attempt is counted in `stats` (latency: the duration of attempt() and the hook).
 template <typename Attempt>
-Status RunPieceSync(IoOp op, Piece piece, CompletionHook* hook, Attempt&& attempt) {
+Status RunPieceSync(IoOp op, Piece piece, CompletionHook* hook, StatsCollector& stats,
+                    Attempt&& attempt) {
   while (true) {
+    const uint64_t start_ns = MonotonicNs();
     int64_t result = attempt(piece);
     if (hook != nullptr) {
       hook->OnCompletion(op, piece.fd, piece.next_offset_bytes(), piece.next_size_bytes(), &result);
     }
+    const uint64_t latency_ns = MonotonicNs() - start_ns;  // a hook's injected delay included
     Status error;
-    switch (ApplyCompletion(op, result, piece, &error)) {
+    const Outcome outcome = ApplyCompletion(op, result, piece, &error);
+    stats.OnCompletion(result, outcome, latency_ns);
+    switch (outcome) {
       case Outcome::kDone:
         return Status::Ok();
       case Outcome::kFailed:
@@ -115,8 +165,12 @@ class SegmentBackend : public IoBackend {
                std::string_view what) final;
   Status ReadBatch(std::span<const ReadSegment> segments) final;
   Status WriteBatch(std::span<const WriteSegment> segments) final;
+  IoStats stats() const override { return stats_.Snapshot(); }
+  void ResetStats() override { stats_.Reset(); }
 
  protected:
+  StatsCollector stats_;
+
   // Transfers all segments (some may be empty) and returns only when no piece of them is in
   // flight any more. Thread-safe.
   virtual Status Transfer(IoOp op, std::span<const Segment> segments) = 0;

@@ -8,6 +8,7 @@
 #include "base/logging.h"
 #include "tools/doctor_command.h"
 #include "tools/estimate_command.h"
+#include "tools/iobench_command.h"
 #include "tools/train_command.h"
 
 namespace {
@@ -36,6 +37,10 @@ int main(int argc, char** argv) {
   CLI::App* doctor_cmd = app.add_subcommand(
       "doctor", "Check what this host offers for offload: io_uring, O_DIRECT, memory, CPU, GPU");
   strata::tools::AddDoctorFlags(*doctor_cmd, doctor);
+  strata::tools::IobenchFlags iobench;
+  strata::tools::AddIobenchFlags(
+      *app.add_subcommand("iobench", "Measure sequential/random read/write throughput of paths"),
+      iobench);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -53,6 +58,7 @@ int main(int argc, char** argv) {
   if (train_cmd->parsed()) status = strata::tools::RunTrain(train);
   if (estimate_cmd->parsed()) status = strata::tools::RunEstimate(estimate);
   if (doctor_cmd->parsed()) status = strata::tools::RunDoctor(doctor);
+  if (app.got_subcommand("iobench")) status = strata::tools::RunIobench(iobench);
   if (!status.ok()) return Fail(status.message());
   return 0;
 }

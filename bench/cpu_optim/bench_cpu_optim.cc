@@ -20,8 +20,8 @@
 // for every variant with bf16 gradients (and the best variant with fp32/fp16);
 // 500M (~8 GB of state) for the best variant with bf16 gradients. A full run takes
 // 5-10 minutes on a 2-core VM:
-//   bench_cpu_optim --benchmark_repetitions=3 --benchmark_out=cpu_optim.json \
-//     --benchmark_out_format=json
+//   bench_cpu_optim --benchmark_repetitions=3 --benchmark_out=cpu_optim.json
+//       --benchmark_out_format=json   (one command line)
 //   python3 bench/cpu_optim/summarize.py cpu_optim.json
 // Skip the big cases with --benchmark_filter='params:10000000/'.
 #include <benchmark/benchmark.h>

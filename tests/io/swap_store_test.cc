@@ -266,6 +266,10 @@ TEST_P(SwapStoreTest, EnospcOnWriteIsResourceExhaustedAndLeavesTheExtentUnreadab
   Status s = f.store->Write("block7.m", data.span());
   EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.ToString();
   EXPECT_THAT(s.message(), HasSubstr("extent 'block7.m'"));
+  // Names the swap files and how much is missing.
+  EXPECT_THAT(s.message(), HasSubstr(f.store->file_paths()[0]));
+  EXPECT_THAT(s.message(), HasSubstr(f.store->file_paths()[1]));
+  EXPECT_THAT(s.message(), HasSubstr(" short)"));
   AlignedBuffer back = ZeroAligned(SwapStore::PaddedSize(size));
   s = f.store->Read("block7.m", back.span());
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "io/io_backend.h"
+#include "io/swap_store.h"
 #include "tests/io/io_test_util.h"
 
 namespace strata::io::testing {
@@ -63,6 +64,88 @@ TEST_F(UringTest, RingPoolServesMoreThreadsThanItHasRings) {
   }
   for (std::thread& t : threads) t.join();
   for (int t = 0; t < kThreads; ++t) EXPECT_TRUE(ok[t]) << "thread " << t;
+}
+
+TEST_F(UringTest, SwapStoreRegistersItsFilesAndItsArenaTakesTheFixedPath) {
+  auto backend = CreateIoBackend(SmallOptions(BackendKind::kUring));
+  ASSERT_TRUE(backend.ok());
+  TempDir d0, d1;
+  SwapStoreOptions options;
+  options.dirs = {d0.path(), d1.path()};
+  options.stripe_unit_bytes = kStripeBytes;
+  const uint64_t size = 9 * kStripeBytes + 77;
+  AlignedBuffer arena = ZeroAligned(2 * SwapStore::PaddedSize(size));
+  std::span<std::byte> src = arena.span().subspan(0, SwapStore::PaddedSize(size));
+  std::span<std::byte> dst = arena.span().subspan(SwapStore::PaddedSize(size));
+  FillRandom(src, 77);
+  for (int round = 0; round < 2; ++round) {  // a second store reuses fds and rings
+    SCOPED_TRACE(::testing::Message() << "store " << round);
+    auto store = SwapStore::Create(backend->get(), options);
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    const std::span<std::byte> region = arena.span();
+    ASSERT_TRUE((*store)->RegisterBuffers({&region, 1}).ok());
+    (*backend)->ResetStats();
+    ASSERT_TRUE((*store)->Allocate("block1.v", size).ok());
+    ASSERT_TRUE((*store)->Write("block1.v", src).ok());
+    std::fill(dst.begin(), dst.end(), std::byte{0});
+    const Status s = (*store)->Read("block1.v", dst);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_TRUE(SameBytes(dst.data(), src.data(), size));
+    const IoStats stats = (*backend)->stats();
+    EXPECT_GT(stats.submissions, 0u);
+    EXPECT_EQ(stats.fixed_file_submissions, stats.submissions);
+    EXPECT_EQ(stats.fixed_buffer_submissions, stats.submissions);
+  }
+}
+
+TEST_F(UringTest, FixedBuffersWorkFromManyThreadsEachOnItsOwnRing) {
+  auto backend = CreateIoBackend(SmallOptions(BackendKind::kUring));
+  ASSERT_TRUE(backend.ok());
+  constexpr int kThreads = 6;
+  constexpr size_t kPerThread = 5 * kBlockBytes + 4096;
+  AlignedBuffer arena = ZeroAligned(2 * kThreads * kPerThread);
+  const std::span<std::byte> region = arena.span();
+  ASSERT_TRUE((*backend)->RegisterBuffers({&region, 1}).ok());
+  TempDir dir;
+  UniqueFd fd = OpenFile(dir.File("f"), /*direct=*/true);
+  std::vector<char> ok(kThreads, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::span<std::byte> src = arena.span().subspan(2 * t * kPerThread, kPerThread);
+      std::span<std::byte> dst = arena.span().subspan((2 * t + 1) * kPerThread, kPerThread);
+      for (int round = 0; round < 5; ++round) {
+        FillRandom(src, static_cast<uint64_t>(t * 10 + round));
+        const uint64_t offset = static_cast<uint64_t>(t) * kPerThread;
+        if (!(*backend)->Write(fd.get(), offset, src, "f").ok()) return;
+        if (!(*backend)->Read(fd.get(), offset, dst, "f").ok()) return;
+        if (!SameBytes(dst.data(), src.data(), kPerThread)) return;
+      }
+      ok[t] = 1;
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int t = 0; t < kThreads; ++t) EXPECT_TRUE(ok[t]) << "thread " << t;
+  const IoStats stats = (*backend)->stats();
+  EXPECT_EQ(stats.fixed_buffer_submissions, stats.submissions);
+}
+
+TEST_F(UringTest, SqpollRoundTripsOrIsRefusedNamingSqpoll) {
+  IoBackendOptions options = SmallOptions(BackendKind::kUring);
+  options.sqpoll = true;
+  auto backend = CreateIoBackend(options);
+  if (!backend.ok()) {
+    EXPECT_NE(backend.status().message().find("SQPOLL"), std::string::npos)
+        << backend.status().ToString();
+    GTEST_SKIP() << "SQPOLL refused here: " << backend.status().ToString();
+  }
+  TempDir dir;
+  UniqueFd fd = OpenFile(dir.File("f"), /*direct=*/true);
+  AlignedBuffer data = RandomAligned(7 * kBlockBytes, 5);
+  ASSERT_TRUE((*backend)->Write(fd.get(), 0, data.span(), "f").ok());
+  AlignedBuffer back = ZeroAligned(7 * kBlockBytes);
+  ASSERT_TRUE((*backend)->Read(fd.get(), 0, back.span(), "f").ok());
+  EXPECT_TRUE(SameBytes(back.data(), data.data(), data.size_bytes()));
 }
 
 }  // namespace

@@ -1,0 +1,518 @@
+#include "tools/iobench_command.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "base/logging.h"
+#include "base/unique_fd.h"
+#include "base/units.h"
+#include "io/io_backend.h"
+
+namespace strata::tools {
+namespace {
+
+using io::IoBackend;
+
+constexpr uint64_t kAlign = 4096;
+
+struct RunConfig {
+  std::vector<std::string> paths;
+  uint64_t size_bytes = 0;
+  uint64_t block_bytes = 0;
+  int queue_depth = 0;
+  std::string rw;
+  std::string backend;
+  int threads = 1;
+  double runtime_s = 0;
+  int loops = 1;
+};
+
+struct RunResult {
+  RunConfig config;
+  uint64_t bytes = 0;
+  double seconds = 0;
+  double cpu_s = 0;
+  double lat_mean_us = 0;
+  double lat_p99_us = 0;
+  bool direct = true;
+  uint64_t submissions = 0;
+  uint64_t fixed_buffer_submissions = 0;
+  uint64_t short_resubmits = 0;
+  uint64_t eagain_retries = 0;
+  double gb_per_s() const { return seconds > 0 ? bytes / seconds / 1e9 : 0; }
+  double gib_per_s() const { return seconds > 0 ? bytes / seconds / kGiB : 0; }
+  double iops() const { return seconds > 0 ? (bytes / config.block_bytes) / seconds : 0; }
+  double cpu_s_per_gb() const { return bytes > 0 ? cpu_s / (bytes / 1e9) : 0; }
+};
+
+// One benchmark file per directory: "<dir>/strata-iobench.<i>". A file that already exists (a
+// regular file, not a link) is reused and left in place; one made here is removed afterwards.
+struct BenchFile {
+  std::string path;
+  UniqueFd fd;
+  bool created = false;
+  bool direct = true;
+  uint64_t size_bytes = 0;  // this file's share
+};
+
+// I/O buffers on transparent huge pages where the kernel allows it (MADV_HUGEPAGE): physically
+// contiguous 2 MiB pages keep a 1 MiB request within the device's segment limit (virtio-blk
+// allows 254 segments: 4 KiB pages would split every 1 MiB request in two). As fio's buffers
+// often are; otherwise plain pages. Owned, unmapped at destruction.
+class IoBuffer {
+ public:
+  static StatusOr<IoBuffer> Allocate(size_t size_bytes) {
+    constexpr size_t kHuge = 2 * kMiB;
+    const size_t map_bytes = AlignUp(size_bytes, kHuge) + kHuge;
+    void* p =
+        ::mmap(nullptr, map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+      return ErrnoToStatus(
+          errno, fmt::format("iobench: mmap of {} for I/O buffers", FormatBytes(map_bytes)));
+    }
+    IoBuffer b;
+    b.map_ = p;
+    b.map_bytes_ = map_bytes;
+    b.data_ = reinterpret_cast<std::byte*>(AlignUp(reinterpret_cast<uintptr_t>(p), kHuge));
+    b.size_bytes_ = size_bytes;
+    ::madvise(b.data_, AlignUp(size_bytes, kHuge), MADV_HUGEPAGE);  // advisory
+    for (size_t i = 0; i < size_bytes; i += kAlign) b.data_[i] = std::byte{0x5a};
+    return b;
+  }
+  IoBuffer(IoBuffer&& o) noexcept { *this = std::move(o); }
+  IoBuffer& operator=(IoBuffer&& o) noexcept {
+    std::swap(map_, o.map_);
+    std::swap(map_bytes_, o.map_bytes_);
+    std::swap(data_, o.data_);
+    std::swap(size_bytes_, o.size_bytes_);
+    return *this;
+  }
+  ~IoBuffer() {
+    if (map_ != nullptr) ::munmap(map_, map_bytes_);
+  }
+  std::span<std::byte> span() const { return {data_, size_bytes_}; }
+
+ private:
+  IoBuffer() = default;
+  void* map_ = nullptr;
+  size_t map_bytes_ = 0;
+  std::byte* data_ = nullptr;
+  size_t size_bytes_ = 0;
+};
+
+double CpuSeconds() {
+  rusage ru{};
+  ::getrusage(RUSAGE_SELF, &ru);
+  auto sec = [](const timeval& tv) { return tv.tv_sec + tv.tv_usec / 1e6; };
+  return sec(ru.ru_utime) + sec(ru.ru_stime);
+}
+
+Status OpenFiles(const RunConfig& c, std::vector<BenchFile>* files) {
+  const uint64_t units = c.size_bytes / c.block_bytes;
+  const uint64_t n = c.paths.size();
+  for (uint64_t i = 0; i < n; ++i) {
+    const std::string& dir = c.paths[i];
+    struct stat st;
+    if (::stat(dir.c_str(), &st) != 0) {
+      return ErrnoToStatus(errno, fmt::format("--path '{}'", dir));
+    }
+    if (!S_ISDIR(st.st_mode)) {
+      return InvalidArgumentError(fmt::format("--path '{}' is not a directory", dir));
+    }
+    BenchFile& f = files->emplace_back();
+    f.path = fmt::format("{}/strata-iobench.{}", dir, i);
+    f.size_bytes = (units / n + (i < units % n ? 1 : 0)) * c.block_bytes;
+    const int base = O_RDWR | O_NOFOLLOW | O_CLOEXEC;
+    int fd = ::open(f.path.c_str(), base | O_CREAT | O_EXCL | O_DIRECT, 0600);
+    f.created = fd >= 0;
+    if (fd < 0 && errno == EEXIST) fd = ::open(f.path.c_str(), base | O_DIRECT);
+    if (fd < 0 && errno == EINVAL) {  // the file system refuses O_DIRECT (tmpfs)
+      fd = ::open(f.path.c_str(), base | O_CREAT, 0600);
+      f.created = true;
+      f.direct = false;
+    }
+    if (fd < 0) {
+      return ErrnoToStatus(errno, fmt::format("--path '{}': cannot open '{}' for reading and "
+                                              "writing",
+                                              dir, f.path));
+    }
+    f.fd.reset(fd);
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      return InvalidArgumentError(fmt::format("'{}' exists and is not a regular file", f.path));
+    }
+    if (!f.direct) {
+      STRATA_LOG_WARNING(
+          "iobench: the file system of '{}' refuses O_DIRECT; using buffered I/O and dropping "
+          "the page cache (posix_fadvise DONTNEED) before each pass",
+          dir);
+    }
+  }
+  return Status::Ok();
+}
+
+void DropCache(const std::vector<BenchFile>& files) {
+  for (const BenchFile& f : files) {
+    if (!f.direct) {
+      ::fdatasync(f.fd.get());
+      ::posix_fadvise(f.fd.get(), 0, 0, POSIX_FADV_DONTNEED);
+    }
+  }
+}
+
+// Moves `units` (indices of block-sized stripe units) in large batched calls so that the backend
+// always has queue_depth blocks in flight, as fio keeps its queue full. Buffers: queue_depth
+// blocks per thread, reused round-robin (contents are not checked).
+Status RunUnits(IoBackend& backend, const RunConfig& c, const std::vector<BenchFile>& files,
+                bool write, std::span<const uint64_t> units, std::span<std::byte> buffers,
+                const std::atomic<bool>& stop, std::atomic<uint64_t>& done_bytes) {
+  const uint64_t n = files.size();
+  const size_t depth = static_cast<size_t>(c.queue_depth);
+  const size_t batch_units =
+      std::max<size_t>(16 * depth, static_cast<size_t>(256 * kMiB / c.block_bytes));
+  std::vector<io::ReadSegment> reads;
+  std::vector<io::WriteSegment> writes;
+  for (size_t first = 0; first < units.size() && !stop.load(std::memory_order_relaxed);
+       first += batch_units) {
+    const size_t count = std::min(batch_units, units.size() - first);
+    reads.clear();
+    writes.clear();
+    for (size_t i = 0; i < count; ++i) {
+      const uint64_t k = units[first + i];
+      const BenchFile& f = files[k % n];
+      const uint64_t offset = (k / n) * c.block_bytes;
+      std::span<std::byte> buf = buffers.subspan((i % depth) * c.block_bytes, c.block_bytes);
+      if (write) {
+        writes.push_back({f.fd.get(), offset, buf, f.path});
+      } else {
+        reads.push_back({f.fd.get(), offset, buf, f.path});
+      }
+    }
+    STRATA_RETURN_IF_ERROR(write ? backend.WriteBatch(writes) : backend.ReadBatch(reads));
+    done_bytes.fetch_add(count * c.block_bytes, std::memory_order_relaxed);
+  }
+  return Status::Ok();
+}
+
+StatusOr<RunResult> RunOne(const RunConfig& c, bool progress) {
+  io::IoBackendOptions options;
+  STRATA_ASSIGN_OR_RETURN(options.kind, io::ParseBackendKind(c.backend));
+  options.queue_depth = c.queue_depth;
+  options.block_size_bytes = c.block_bytes;
+  options.posix_threads = std::min(c.queue_depth, 256);  // posix: concurrency = threads
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<IoBackend> backend, io::CreateIoBackend(options));
+
+  std::vector<BenchFile> files;
+  struct Cleanup {
+    std::vector<BenchFile>* files;
+    ~Cleanup() {
+      for (BenchFile& f : *files) {
+        f.fd.reset();
+        if (f.created) ::unlink(f.path.c_str());
+      }
+    }
+  } cleanup{&files};
+  STRATA_RETURN_IF_ERROR(OpenFiles(c, &files));
+  std::vector<int> fds;
+  for (const BenchFile& f : files) fds.push_back(f.fd.get());
+  STRATA_RETURN_IF_ERROR(backend->RegisterFiles(fds));
+
+  const uint64_t total_units = c.size_bytes / c.block_bytes;
+  const int threads = c.threads;
+  const size_t per_thread_buf = static_cast<size_t>(c.queue_depth) * c.block_bytes;
+  std::vector<IoBuffer> buffers;
+  std::vector<std::span<std::byte>> regions;
+  for (int t = 0; t < threads; ++t) {
+    STRATA_ASSIGN_OR_RETURN(IoBuffer b, IoBuffer::Allocate(per_thread_buf));
+    regions.push_back(b.span());
+    buffers.push_back(std::move(b));
+  }
+  if (Status s = backend->RegisterBuffers(regions); !s.ok()) {
+    STRATA_LOG_WARNING("iobench: fixed buffers not registered, plain reads/writes: {}",
+                       s.ToString());
+  }
+
+  const bool write = c.rw == "write" || c.rw == "randwrite";
+  const bool random = c.rw == "randread" || c.rw == "randwrite";
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> done_bytes{0};
+
+  // Per-thread unit lists: contiguous shares of the stripe units.
+  std::vector<std::vector<uint64_t>> shares(static_cast<size_t>(threads));
+  for (int t = 0; t < threads; ++t) {
+    const uint64_t lo = total_units * t / threads;
+    const uint64_t hi = total_units * (t + 1) / threads;
+    shares[t].resize(hi - lo);
+    std::iota(shares[t].begin(), shares[t].end(), lo);
+  }
+
+  auto run_threads = [&](bool measured_write, int pass) -> Status {
+    std::vector<Status> statuses(static_cast<size_t>(threads));
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t) {
+      pool.emplace_back([&, t] {
+        std::vector<uint64_t> units = shares[t];
+        if (random) {
+          std::mt19937_64 rng(static_cast<uint64_t>(pass) * 1000003 + t);
+          std::shuffle(units.begin(), units.end(), rng);
+        }
+        statuses[t] = RunUnits(*backend, c, files, measured_write, units, buffers[t].span(), stop,
+                               done_bytes);
+      });
+    }
+    for (std::thread& th : pool) th.join();
+    for (Status& s : statuses) STRATA_RETURN_IF_ERROR(s);
+    return Status::Ok();
+  };
+
+  // Lay out the files for reads (unless an existing file is already large enough).
+  bool need_layout = false;
+  for (const BenchFile& f : files) {
+    struct stat st;
+    ::fstat(f.fd.get(), &st);
+    if (static_cast<uint64_t>(st.st_size) < f.size_bytes) need_layout = true;
+  }
+  if (!write && need_layout) {
+    if (progress)
+      std::fprintf(stderr, "iobench: laying out %s for reads\n", FormatBytes(c.size_bytes).c_str());
+    STRATA_RETURN_IF_ERROR(run_threads(true, -1));
+    for (const BenchFile& f : files) ::fdatasync(f.fd.get());
+  }
+  DropCache(files);
+  done_bytes.store(0);
+  backend->ResetStats();
+
+  // Progress every 2 s on long runs.
+  std::atomic<bool> finished{false};
+  const auto start = std::chrono::steady_clock::now();
+  std::thread reporter([&] {
+    auto next = start + std::chrono::seconds(2);
+    while (!finished.load()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      const auto now = std::chrono::steady_clock::now();
+      if (c.runtime_s > 0 && now - start >= std::chrono::duration<double>(c.runtime_s)) {
+        stop.store(true);
+      }
+      if (progress && now >= next) {
+        const double s = std::chrono::duration<double>(now - start).count();
+        std::fprintf(stderr, "iobench: %s %.1f s, %s moved, %s\n", c.rw.c_str(), s,
+                     FormatBytes(done_bytes.load()).c_str(),
+                     FormatRate(done_bytes.load() / s).c_str());
+        next += std::chrono::seconds(2);
+      }
+    }
+  });
+  const double cpu0 = CpuSeconds();
+  Status status;
+  for (int pass = 0; status.ok(); ++pass) {
+    if (c.runtime_s > 0 ? stop.load() : pass >= c.loops) break;
+    if (pass > 0) DropCache(files);
+    status = run_threads(write, pass);
+  }
+  const double cpu1 = CpuSeconds();
+  const auto end = std::chrono::steady_clock::now();
+  finished.store(true);
+  reporter.join();
+  STRATA_RETURN_IF_ERROR(status);
+  backend->UnregisterFiles(fds);
+
+  RunResult r;
+  r.config = c;
+  r.config.backend = std::string(backend->name());
+  r.bytes = done_bytes.load();
+  r.seconds = std::chrono::duration<double>(end - start).count();
+  r.cpu_s = cpu1 - cpu0;
+  const io::IoStats stats = backend->stats();
+  r.lat_mean_us = stats.latency->MeanNs() / 1e3;
+  r.lat_p99_us = static_cast<double>(stats.latency->QuantileNs(0.99)) / 1e3;
+  r.short_resubmits = stats.short_transfer_resubmits;
+  r.eagain_retries = stats.eagain_retries;
+  r.fixed_buffer_submissions = stats.fixed_buffer_submissions;
+  r.submissions = stats.submissions;
+  r.direct = std::all_of(files.begin(), files.end(), [](const BenchFile& f) { return f.direct; });
+  return r;
+}
+
+nlohmann::json ToJson(const RunResult& r) {
+  return {{"rw", r.config.rw},
+          {"backend", r.config.backend},
+          {"block_size_bytes", r.config.block_bytes},
+          {"queue_depth", r.config.queue_depth},
+          {"threads", r.config.threads},
+          {"paths", r.config.paths},
+          {"direct", r.direct},
+          {"bytes", r.bytes},
+          {"seconds", r.seconds},
+          {"gb_per_s", r.gb_per_s()},
+          {"gib_per_s", r.gib_per_s()},
+          {"iops", r.iops()},
+          {"lat_mean_us", r.lat_mean_us},
+          {"lat_p99_us", r.lat_p99_us},
+          {"cpu_s_per_gb", r.cpu_s_per_gb()},
+          {"submissions", r.submissions},
+          {"fixed_buffer_submissions", r.fixed_buffer_submissions},
+          {"short_transfer_resubmits", r.short_resubmits},
+          {"eagain_retries", r.eagain_retries}};
+}
+
+std::string ToLine(const RunResult& r) {
+  return fmt::format(
+      "{:<9} {:<5} bs={:<9} qd={:<3} threads={} {}: {} in {:.2f} s: {:.3f} GB/s ({:.3f} GiB/s), "
+      "{:.0f} IOPS, lat mean {:.1f} us p99 {:.1f} us, CPU {:.4f} s/GB",
+      r.config.rw, r.config.backend, FormatBytes(r.config.block_bytes), r.config.queue_depth,
+      r.config.threads, r.direct ? "O_DIRECT" : "buffered", FormatBytes(r.bytes), r.seconds,
+      r.gb_per_s(), r.gib_per_s(), r.iops(), r.lat_mean_us, r.lat_p99_us, r.cpu_s_per_gb());
+}
+
+nlohmann::json ConfigBlock(const RunResult& best) {
+  return {{"aio",
+           {{"block_size", best.config.block_bytes},
+            {"queue_depth", best.config.queue_depth},
+            {"thread_count", best.config.threads}}},
+          {"strata", {{"io_backend", best.config.backend}}}};
+}
+
+Status CheckConfig(const RunConfig& c) {
+  if (c.paths.empty()) return InvalidArgumentError("iobench needs at least one --path DIR");
+  if (c.block_bytes == 0 || c.block_bytes % kAlign != 0) {
+    return InvalidArgumentError(fmt::format(
+        "--block-size {} bytes: use a positive multiple of 4096 (O_DIRECT)", c.block_bytes));
+  }
+  if (c.queue_depth < 1 || c.queue_depth > 4096) {
+    return InvalidArgumentError(fmt::format("--queue-depth {}: use 1..4096", c.queue_depth));
+  }
+  if (c.threads < 1 || c.threads > 256) {
+    return InvalidArgumentError(fmt::format("--threads {}: use 1..256", c.threads));
+  }
+  const uint64_t min_bytes = c.block_bytes * static_cast<uint64_t>(c.threads);
+  if (c.size_bytes < min_bytes) {
+    return InvalidArgumentError(
+        fmt::format("--size {} is too small: at least block size x threads ({}) is needed",
+                    FormatBytes(c.size_bytes), FormatBytes(min_bytes)));
+  }
+  if (c.rw != "read" && c.rw != "write" && c.rw != "randread" && c.rw != "randwrite") {
+    return InvalidArgumentError(
+        fmt::format("--rw '{}': use read, write, randread or randwrite", c.rw));
+  }
+  if (c.backend != "uring" && c.backend != "posix") {
+    return InvalidArgumentError(fmt::format("--backend '{}': use uring or posix", c.backend));
+  }
+  if (c.loops < 1) return InvalidArgumentError(fmt::format("--loops {}: use >= 1", c.loops));
+  return Status::Ok();
+}
+
+}  // namespace
+
+void AddIobenchFlags(CLI::App& cmd, IobenchFlags& f) {
+  cmd.add_option("--path", f.paths,
+                 "Directory for a benchmark file (repeatable: striped over all, like the swap "
+                 "store); an existing strata-iobench.<i> file there is reused and kept")
+      ->required();
+  cmd.add_option("--size", f.size, "Total bytes over all files, e.g. 4GiB")->capture_default_str();
+  cmd.add_option("--block-size", f.block_size, "Bytes per I/O, multiple of 4096, e.g. 1MiB")
+      ->capture_default_str();
+  cmd.add_option("--queue-depth", f.queue_depth, "I/Os in flight per thread")
+      ->capture_default_str();
+  cmd.add_option("--rw", f.rw, "read|write|randread|randwrite")->capture_default_str();
+  cmd.add_option("--backend", f.backend, "uring|posix")->capture_default_str();
+  cmd.add_option("--threads", f.threads, "Submitting threads, each with its own queue")
+      ->capture_default_str();
+  auto* runtime =
+      cmd.add_option("--runtime", f.runtime_s, "Seconds to run (passes repeat); else --loops");
+  cmd.add_option("--loops", f.loops, "Passes over the file")
+      ->capture_default_str()
+      ->excludes(runtime);
+  cmd.add_flag("--json", f.json, "One JSON object per run on stdout");
+  cmd.add_flag("--sweep", f.sweep,
+               "Grid of block sizes (128KiB,1MiB,4MiB) x queue depths (8,32,64) x threads (1,2) "
+               "x backends (uring,posix); prints the best settings as a train --config block");
+  cmd.add_option("--config-out", f.config_out,
+                 "With --sweep: also write the best-settings config block (alone) to this file");
+}
+
+Status RunIobench(const IobenchFlags& f) {
+  RunConfig base;
+  base.paths = f.paths;
+  STRATA_ASSIGN_OR_RETURN(base.size_bytes, ParseSize(f.size));
+  STRATA_ASSIGN_OR_RETURN(base.block_bytes, ParseSize(f.block_size));
+  base.queue_depth = f.queue_depth;
+  base.rw = f.rw;
+  base.backend = f.backend;
+  base.threads = f.threads;
+  base.runtime_s = f.runtime_s;
+  base.loops = f.loops;
+  if (!f.config_out.empty() && !f.sweep) {
+    return InvalidArgumentError("--config-out needs --sweep");
+  }
+  if (!f.sweep) {
+    STRATA_RETURN_IF_ERROR(CheckConfig(base));
+    STRATA_ASSIGN_OR_RETURN(RunResult r, RunOne(base, /*progress=*/true));
+    std::printf("%s\n", f.json ? ToJson(r).dump().c_str() : ToLine(r).c_str());
+    return Status::Ok();
+  }
+
+  std::vector<RunResult> results;
+  std::vector<std::string> backends = {"uring", "posix"};
+  if (Status probe = io::ProbeUring(); !probe.ok()) {
+    std::fprintf(stderr, "iobench: skipping uring in the sweep: %s\n", probe.ToString().c_str());
+    backends = {"posix"};
+  }
+  for (uint64_t bs : {128 * kKiB, kMiB, 4 * kMiB}) {
+    for (int qd : {8, 32, 64}) {
+      for (int threads : {1, 2}) {
+        for (const std::string& backend : backends) {
+          RunConfig c = base;
+          c.block_bytes = bs;
+          c.queue_depth = qd;
+          c.threads = threads;
+          c.backend = backend;
+          STRATA_RETURN_IF_ERROR(CheckConfig(c));
+          std::fprintf(stderr, "iobench: sweep %zu/%zu: %s bs=%s qd=%d threads=%d\n",
+                       results.size() + 1, 18 * backends.size(), backend.c_str(),
+                       FormatBytes(bs).c_str(), qd, threads);
+          STRATA_ASSIGN_OR_RETURN(RunResult r, RunOne(c, /*progress=*/false));
+          if (f.json) std::printf("%s\n", ToJson(r).dump().c_str());
+          std::fflush(stdout);
+          results.push_back(std::move(r));
+        }
+      }
+    }
+  }
+  std::sort(results.begin(), results.end(),
+            [](const RunResult& a, const RunResult& b) { return a.gb_per_s() > b.gb_per_s(); });
+  if (!f.json) {
+    std::printf("# sweep, sorted by throughput\n");
+    for (const RunResult& r : results) std::printf("%s\n", ToLine(r).c_str());
+  }
+  const std::string block = ConfigBlock(results.front()).dump(2);
+  std::fprintf(stderr, "# best settings: save as a file and pass to strata train --config FILE\n");
+  std::fflush(stderr);
+  std::printf("%s\n", block.c_str());
+  if (!f.config_out.empty()) {
+    std::ofstream out(f.config_out);
+    out << block << "\n";
+    out.close();
+    if (!out) {
+      return ErrnoToStatus(errno, fmt::format("--config-out '{}': cannot write", f.config_out));
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace strata::tools
