@@ -26,6 +26,14 @@ int main(int argc, char** argv) {
   CLI::App* train_cmd = app.add_subcommand(
       "train", "Train a GPT on a text file with parameters and optimizer state offloaded");
   strata::tools::AddTrainFlags(*train_cmd, train);
+  strata::tools::InspectFlags inspect;
+  CLI::App* inspect_cmd = app.add_subcommand(
+      "inspect", "List a checkpoint's tensors and verify every file's size and xxh3");
+  strata::tools::AddInspectFlags(*inspect_cmd, inspect);
+  strata::tools::ExportFlags export_flags;
+  CLI::App* export_cmd = app.add_subcommand(
+      "export", "Write a checkpoint's weights as one safetensors file under GPT-2 tensor names");
+  strata::tools::AddExportFlags(*export_cmd, export_flags);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -41,6 +49,12 @@ int main(int argc, char** argv) {
   }
   strata::Status status;
   if (train_cmd->parsed()) status = strata::tools::RunTrain(train);
+  if (inspect_cmd->parsed()) status = strata::tools::RunInspect(inspect);
+  if (export_cmd->parsed()) status = strata::tools::RunExport(export_flags);
+  if (status.code() == strata::StatusCode::kCancelled && strata::tools::StopSignal() != 0) {
+    std::fprintf(stderr, "strata: %s\n", status.message().c_str());
+    return 128 + strata::tools::StopSignal();  // 130 for SIGINT, 143 for SIGTERM
+  }
   if (!status.ok()) return Fail(status.message());
   return 0;
 }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "tools/checkpoint_commands.h"
 
 namespace strata::tools {
 
@@ -36,6 +37,7 @@ struct TrainFlags {
   int64_t sample_bytes = 200;
   int64_t log_every = 10;
   double copy_bandwidth = 0;
+  CheckpointFlags checkpoint;
 };
 
 void AddTrainFlags(CLI::App& cmd, TrainFlags& f);
