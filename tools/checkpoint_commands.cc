@@ -4,8 +4,10 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -68,7 +70,10 @@ StatusOr<int64_t> ResumeTraining(engine::Engine& engine, const CheckpointFlags& 
     path = flags.save_dir;
   }
   engine::TrainerState state;
+  const auto t0 = std::chrono::steady_clock::now();
   STRATA_RETURN_IF_ERROR(engine.LoadCheckpoint(path, &state).WithContext("--resume"));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::istringstream in(state.data_rng);
   std::mt19937_64 rng;
   in >> rng;
@@ -79,8 +84,9 @@ StatusOr<int64_t> ResumeTraining(engine::Engine& engine, const CheckpointFlags& 
   }
   *data_rng = rng;
   STRATA_ASSIGN_OR_RETURN(std::string dir, engine::ResolveCheckpointDir(path));
-  std::printf("resumed from %s at step %lld (%lld tokens seen)\n", dir.c_str(),
-              static_cast<long long>(state.step), static_cast<long long>(state.tokens_seen));
+  std::printf("resumed from %s at step %lld (%lld tokens seen), loaded in %.3f s\n", dir.c_str(),
+              static_cast<long long>(state.step), static_cast<long long>(state.tokens_seen),
+              seconds);
   return state.step;
 }
 
@@ -95,8 +101,19 @@ StatusOr<std::string> SaveTraining(engine::Engine& engine, const CheckpointFlags
   state.lr_schedule_json = p.lr_schedule_json;
   state.model_json = p.model_json;
   std::string dir;
+  const auto t0 = std::chrono::steady_clock::now();
   STRATA_RETURN_IF_ERROR(
       engine.SaveCheckpoint(flags.save_dir, state, {.keep_last = flags.keep_last}, &dir));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  uint64_t bytes = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    bytes += e.is_regular_file(ec) ? e.file_size(ec) : 0;
+  }
+  std::printf("checkpoint %s saved: %s in %.3f s\n", dir.c_str(), FormatBytes(bytes).c_str(),
+              seconds);
+  std::fflush(stdout);
   return dir;
 }
 
