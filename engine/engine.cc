@@ -760,12 +760,21 @@ Status Engine::Impl::LoadCheckpoint(const std::string& path, TrainerState* train
                                     [&](const ManifestFile& f) { return f.name == name; });
     if (!listed) return DataLossError(fmt::format("{}: the manifest lists no '{}'", dir, name));
   }
+  // Every listed file, whole, against its manifest size and xxh3; the tensor files are checked
+  // through the same descriptors phase 2 reads from, so what is loaded is what was verified.
   STRATA_RETURN_IF_ERROR(VerifyCheckpointFiles(dir, m));
   std::vector<OpenSafetensors> files;
   std::vector<std::vector<const SafetensorsTensor*>> tensors(4);
   for (int i = 0; i < 4; ++i) {
     const std::string file = dir + "/" + names[i];
     STRATA_ASSIGN_OR_RETURN(auto f, OpenSafetensorsFile(file));
+    uint64_t size = 0;
+    STRATA_ASSIGN_OR_RETURN(uint64_t hash, FdXxh3(f.fd.get(), file, &size));
+    const auto listed = std::find_if(m.files.begin(), m.files.end(),
+                                     [&](const ManifestFile& mf) { return mf.name == names[i]; });
+    if (size != listed->size_bytes || hash != listed->xxh3) {
+      return DataLossError(fmt::format("'{}' changed while it was being verified", file));
+    }
     const DType want = i < 3 ? DType::kF32 : o_.precision;
     if (static_cast<int>(f.header.tensors.size()) != n_) {
       return DataLossError(fmt::format("'{}' holds {} tensors, the model has {} blocks", file,

@@ -329,6 +329,10 @@ StatusOr<SafetensorsWriter::Result> SafetensorsWriter::Finish() {
 StatusOr<uint64_t> FileXxh3(const std::string& path, uint64_t* size_bytes) {
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
   if (!fd.valid()) return ErrnoToStatus(errno, fmt::format("opening '{}'", path));
+  return FdXxh3(fd.get(), path, size_bytes);
+}
+
+StatusOr<uint64_t> FdXxh3(int fd, std::string_view what, uint64_t* size_bytes) {
   std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(),
                                                                  &XXH3_freeState);
   if (!state) return ResourceExhaustedError("could not allocate an xxh3 state");
@@ -336,9 +340,9 @@ StatusOr<uint64_t> FileXxh3(const std::string& path, uint64_t* size_bytes) {
   std::vector<char> buf(1 << 20);
   uint64_t total = 0;
   for (;;) {
-    const ssize_t r = ::read(fd.get(), buf.data(), buf.size());
+    const ssize_t r = ::pread(fd, buf.data(), buf.size(), static_cast<off_t>(total));
     if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return ErrnoToStatus(errno, fmt::format("reading '{}'", path));
+    if (r < 0) return ErrnoToStatus(errno, fmt::format("reading '{}'", what));
     if (r == 0) break;
     XXH3_64bits_update(state.get(), buf.data(), static_cast<size_t>(r));
     total += static_cast<uint64_t>(r);

@@ -126,5 +126,7 @@ class SafetensorsWriter {
 
 // XXH3_64bits of a whole file, read in pieces; errors name the path.
 StatusOr<uint64_t> FileXxh3(const std::string& path, uint64_t* size_bytes);
+// The same over an open file descriptor (read with pread from offset 0); `what` names it in errors.
+StatusOr<uint64_t> FdXxh3(int fd, std::string_view what, uint64_t* size_bytes);
 
 }  // namespace strata::engine

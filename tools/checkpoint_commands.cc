@@ -69,6 +69,7 @@ StatusOr<int64_t> ResumeTraining(engine::Engine& engine, const CheckpointFlags& 
     }
     path = flags.save_dir;
   }
+  // (RunTrain checks the same before building the engine.)
   engine::TrainerState state;
   const auto t0 = std::chrono::steady_clock::now();
   STRATA_RETURN_IF_ERROR(engine.LoadCheckpoint(path, &state).WithContext("--resume"));

@@ -182,6 +182,9 @@ Status RunTrain(const TrainFlags& f) {
         "--device cuda: this build of strata has no CUDA device backend yet; use --device host "
         "(or auto)");
   }
+  if (f.checkpoint.resume == "latest" && f.checkpoint.save_dir.empty()) {
+    return InvalidArgumentError("--resume latest needs --save-dir (the directory with 'latest')");
+  }
   STRATA_ASSIGN_OR_RETURN(auto shape, models::GptPreset(f.model));
   if (f.seq_len > shape.max_seq_len) {
     return InvalidArgumentError(fmt::format("--seq-len {} exceeds the '{}' model's context of {}",

@@ -259,6 +259,27 @@ print('safetensors-ok')
   }
 }
 
+TEST_F(CheckpointCliTest, SigintWithoutSaveOnSignalExits130AndSaysNoCheckpoint) {
+  const fs::path out = dir_ / "run.txt";
+  Proc p = Spawn(Tiny() + std::vector<std::string>{"--steps", "100000", "--log-every", "1"}, out);
+  ASSERT_GT(p.pid, 0);
+  for (int i = 0; i < 600 && ReadFile(out).find("step     2/") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ::kill(p.pid, SIGINT);
+  const int code = Wait(p);
+  const std::string text = ReadFile(out);
+  EXPECT_EQ(code, 130) << text;
+  EXPECT_NE(text.find("stopped by signal 2 after step"), std::string::npos) << text;
+  EXPECT_NE(text.find("no checkpoint saved"), std::string::npos) << text;
+  EXPECT_TRUE(fs::is_empty(dir_ / "swap"));
+  // --resume latest without --save-dir is refused up front.
+  const Result r = Run(Tiny() + std::vector<std::string>{"--steps", "1", "--resume", "latest"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("needs --save-dir"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("plan:"), std::string::npos) << r.out;
+}
+
 TEST_F(CheckpointCliTest, SigtermFinishesTheStepSavesAndExits143) {
   const std::string save = (dir_ / "save").string();
   const fs::path out = dir_ / "run.txt";
