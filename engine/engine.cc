@@ -13,6 +13,7 @@
 #include "base/trace.h"
 #include "base/units.h"
 #include "cpu_optim/grad_stats.h"
+#include "engine/safetensors.h"
 #include "io/swap_store.h"
 
 namespace strata::engine {
@@ -66,6 +67,9 @@ class Engine::Impl {
   StatusOr<std::vector<float>> NextTokenLogits(std::span<const int32_t> tokens);
   StatusOr<uint64_t> MasterWeightsXxh3();
   StatusOr<std::vector<float>> MasterWeights(int block);
+  Status SaveCheckpoint(const std::string& save_dir, const TrainerState& trainer,
+                        const SaveCheckpointOptions& options, std::string* checkpoint_dir);
+  Status LoadCheckpoint(const std::string& path, TrainerState* trainer);
 
   const Plan& plan() const { return plan_; }
   std::string_view io_backend_name() const { return swap_ ? swap_->backend_name() : ""; }
@@ -108,6 +112,12 @@ class Engine::Impl {
   Status StoreOptimState(int b);
   Status ForwardPass(MicroBatchShape shape, bool with_targets, int loss_index,
                      std::span<const int> seq, size_t* cursor);
+  Status WriteCheckpoint(const std::string& save_dir, const std::string& temp_dir,
+                         const TrainerState& trainer, const SaveCheckpointOptions& options,
+                         std::string* checkpoint_dir);
+  Status CheckManifestMatchesModel(const Manifest& m) const;
+  // Working params of block b as they are now (reads the swap store for the NVMe home).
+  StatusOr<const std::byte*> WorkingParamsBytes(int b);
 
   Model* model_;
   gpu::Device* device_;
@@ -118,6 +128,8 @@ class Engine::Impl {
   DynamicLossScaler scaler_;
   int64_t step_ = 0;    // optimizer steps attempted
   int64_t adam_t_ = 0;  // updates applied (Adam's t)
+  // Set while a checkpoint load copies validated data into the stores; stays set if that fails.
+  bool partially_loaded_ = false;
 
   std::unique_ptr<gpu::DeviceArena> arena_;
   std::unique_ptr<gpu::Stream> compute_, h2d_, d2h_;
@@ -161,7 +173,12 @@ Status Engine::Impl::Init() {
   const MicroBatchShape shape = o_.micro_batch;
 
   if (plan_.param_home == ParamHome::kNvme || plan_.optimizer_home == OptimizerHome::kNvme) {
-    STRATA_ASSIGN_OR_RETURN(io_, io::CreateIoBackend(o_.io));
+    if (o_.io_backend_factory) {
+      STRATA_ASSIGN_OR_RETURN(io_, o_.io_backend_factory(o_.io));
+      if (!io_) return InvalidArgumentError("EngineOptions::io_backend_factory returned null");
+    } else {
+      STRATA_ASSIGN_OR_RETURN(io_, io::CreateIoBackend(o_.io));
+    }
     io::SwapStoreOptions so;
     so.dirs = o_.placement.nvme_paths;
     STRATA_ASSIGN_OR_RETURN(swap_, io::SwapStore::Create(io_.get(), so));
@@ -471,6 +488,11 @@ StatusOr<StepResult> Engine::Impl::Step(std::span<const MicroBatch> mbs) {
     return InvalidArgumentError(
         fmt::format("Step got {} micro-batches, expected {}", mbs.size(), o_.grad_accum_steps));
   }
+  if (partially_loaded_) {
+    return FailedPreconditionError(
+        "a checkpoint load failed half-way (see its error); load a checkpoint again before "
+        "training");
+  }
   const MicroBatchShape shape = o_.micro_batch;
   // The order blocks are used in: forward 0..n-1, backward n-1..0, per micro-batch.
   std::vector<int> seq;
@@ -640,6 +662,186 @@ StatusOr<uint64_t> Engine::Impl::MasterWeightsXxh3() {
   return h;
 }
 
+StatusOr<const std::byte*> Engine::Impl::WorkingParamsBytes(int b) {
+  if (!nvme_params()) return home_[b].data();
+  STRATA_RETURN_IF_ERROR(swap_->Read(
+      ParamsExtent(b), copy_out_.span().bytes().subspan(0, io::SwapStore::PaddedSize(np(b) * w_))));
+  return copy_out_.data();
+}
+
+Status Engine::Impl::SaveCheckpoint(const std::string& save_dir, const TrainerState& trainer,
+                                    const SaveCheckpointOptions& options,
+                                    std::string* checkpoint_dir) {
+  if (partially_loaded_) {
+    return FailedPreconditionError("the engine holds a half-loaded checkpoint; nothing to save");
+  }
+  // The working-params copies of the last step must have landed.
+  STRATA_RETURN_IF_ERROR(h2d_->Synchronize());
+  STRATA_ASSIGN_OR_RETURN(std::string temp_dir, CreateCheckpointTempDir(save_dir, trainer.step));
+  Status s = WriteCheckpoint(save_dir, temp_dir, trainer, options, checkpoint_dir);
+  if (!s.ok()) {
+    RemoveTree(temp_dir);
+    return s.WithContext(fmt::format("saving checkpoint step-{} in '{}'", trainer.step, save_dir));
+  }
+  return Status::Ok();
+}
+
+Status Engine::Impl::WriteCheckpoint(const std::string& save_dir, const std::string& temp_dir,
+                                     const TrainerState& trainer,
+                                     const SaveCheckpointOptions& options,
+                                     std::string* checkpoint_dir) {
+  std::vector<SafetensorsWriter::TensorSpec> f32_specs, working_specs;
+  for (int b = 0; b < n_; ++b) {
+    f32_specs.push_back({model_->block_name(b), DType::kF32, {np(b)}});
+    working_specs.push_back({model_->block_name(b), o_.precision, {np(b)}});
+  }
+  const char* names[4] = {kMasterFile, kExpAvgFile, kExpAvgSqFile, kWorkingFile};
+  const char* contents[4] = {"fp32 master weights", "AdamW exp_avg (m)", "AdamW exp_avg_sq (v)",
+                             "working weights"};
+  std::vector<SafetensorsWriter> writers;
+  for (int i = 0; i < 4; ++i) {
+    STRATA_ASSIGN_OR_RETURN(
+        auto w,
+        SafetensorsWriter::Create(temp_dir + "/" + names[i], i < 3 ? f32_specs : working_specs,
+                                  {{"format", "strata"}, {"content", contents[i]}}));
+    writers.push_back(std::move(w));
+  }
+  // Block by block: one block's state in memory at a time.
+  for (int b = 0; b < n_; ++b) {
+    float *p32, *m, *v;
+    STRATA_RETURN_IF_ERROR(LoadOptimState(b, &p32, &m, &v));
+    const size_t n = static_cast<size_t>(np(b));
+    STRATA_RETURN_IF_ERROR(writers[0].Append(std::as_bytes(std::span(p32, n))));
+    STRATA_RETURN_IF_ERROR(writers[1].Append(std::as_bytes(std::span(m, n))));
+    STRATA_RETURN_IF_ERROR(writers[2].Append(std::as_bytes(std::span(v, n))));
+    STRATA_ASSIGN_OR_RETURN(const std::byte* working, WorkingParamsBytes(b));
+    STRATA_RETURN_IF_ERROR(writers[3].Append(std::span(working, n * w_)));
+  }
+  Manifest manifest;
+  for (int i = 0; i < 4; ++i) {
+    STRATA_ASSIGN_OR_RETURN(auto r, writers[i].Finish());
+    manifest.files.push_back({names[i], r.size_bytes, r.xxh3});
+  }
+  manifest.precision = std::string(DTypeName(o_.precision));
+  manifest.model_description = model_->description();
+  for (int b = 0; b < n_; ++b) {
+    manifest.block_names.push_back(model_->block_name(b));
+    manifest.block_num_params.push_back(np(b));
+  }
+  manifest.vocab_size = model_->vocab_size();
+  manifest.max_seq_len = model_->max_seq_len();
+  manifest.engine_steps = step_;
+  manifest.adam_steps = adam_t_;
+  manifest.loss_scaler = {scaler_.scale(), scaler_.clean_steps(), scaler_.overflows()};
+  manifest.adamw = o_.adamw;
+  manifest.grad_clip_norm = o_.grad_clip_norm;
+  manifest.trainer = trainer;
+  return CommitCheckpoint(save_dir, temp_dir, manifest, options.keep_last, checkpoint_dir);
+}
+
+Status Engine::Impl::CheckManifestMatchesModel(const Manifest& m) const {
+  if (m.precision != DTypeName(o_.precision)) {
+    return InvalidArgumentError(
+        fmt::format("the checkpoint was trained with --precision {}, this run uses {}", m.precision,
+                    DTypeName(o_.precision)));
+  }
+  if (static_cast<int>(m.block_names.size()) != n_ || m.vocab_size != model_->vocab_size() ||
+      m.max_seq_len != model_->max_seq_len()) {
+    return InvalidArgumentError(fmt::format(
+        "the checkpoint's model ({}: {} blocks, vocabulary {}, context {}) is not this run's "
+        "({}: {} blocks, vocabulary {}, context {})",
+        m.model_description, m.block_names.size(), m.vocab_size, m.max_seq_len,
+        model_->description(), n_, model_->vocab_size(), model_->max_seq_len()));
+  }
+  for (int b = 0; b < n_; ++b) {
+    if (m.block_names[b] != model_->block_name(b) || m.block_num_params[b] != np(b)) {
+      return InvalidArgumentError(fmt::format(
+          "checkpoint block {} is '{}' with {} parameters, this model's is '{}' with {}", b,
+          m.block_names[b].substr(0, 80), m.block_num_params[b], model_->block_name(b), np(b)));
+    }
+  }
+  return Status::Ok();
+}
+
+Status Engine::Impl::LoadCheckpoint(const std::string& path, TrainerState* trainer) {
+  // Phase 1: validate everything; no engine state changes.
+  STRATA_ASSIGN_OR_RETURN(std::string dir, ResolveCheckpointDir(path));
+  STRATA_ASSIGN_OR_RETURN(Manifest m, ReadManifest(dir));
+  STRATA_RETURN_IF_ERROR(CheckManifestMatchesModel(m).WithContext(dir));
+  const char* names[4] = {kMasterFile, kExpAvgFile, kExpAvgSqFile, kWorkingFile};
+  for (const char* name : names) {
+    const bool listed = std::any_of(m.files.begin(), m.files.end(),
+                                    [&](const ManifestFile& f) { return f.name == name; });
+    if (!listed) return DataLossError(fmt::format("{}: the manifest lists no '{}'", dir, name));
+  }
+  // Every listed file, whole, against its manifest size and xxh3; the tensor files are checked
+  // through the same descriptors phase 2 reads from, so what is loaded is what was verified.
+  STRATA_RETURN_IF_ERROR(VerifyCheckpointFiles(dir, m));
+  std::vector<OpenSafetensors> files;
+  std::vector<std::vector<const SafetensorsTensor*>> tensors(4);
+  for (int i = 0; i < 4; ++i) {
+    const std::string file = dir + "/" + names[i];
+    STRATA_ASSIGN_OR_RETURN(auto f, OpenSafetensorsFile(file));
+    uint64_t size = 0;
+    STRATA_ASSIGN_OR_RETURN(uint64_t hash, FdXxh3(f.fd.get(), file, &size));
+    const auto listed = std::find_if(m.files.begin(), m.files.end(),
+                                     [&](const ManifestFile& mf) { return mf.name == names[i]; });
+    if (size != listed->size_bytes || hash != listed->xxh3) {
+      return DataLossError(fmt::format("'{}' changed while it was being verified", file));
+    }
+    const DType want = i < 3 ? DType::kF32 : o_.precision;
+    if (static_cast<int>(f.header.tensors.size()) != n_) {
+      return DataLossError(fmt::format("'{}' holds {} tensors, the model has {} blocks", file,
+                                       f.header.tensors.size(), n_));
+    }
+    for (int b = 0; b < n_; ++b) {
+      const SafetensorsTensor* t = f.header.Find(model_->block_name(b));
+      if (!t || t->dtype != want || t->shape != std::vector<int64_t>{np(b)}) {
+        return DataLossError(fmt::format("'{}': tensor '{}' is missing or not {} [{}]", file,
+                                         model_->block_name(b), SafetensorsDTypeName(want), np(b)));
+      }
+      tensors[i].push_back(t);
+    }
+    files.push_back(std::move(f));
+  }
+
+  // Phase 2: stream the validated tensors into the stores, block by block.
+  partially_loaded_ = true;
+  for (int b = 0; b < n_; ++b) {
+    const size_t n = static_cast<size_t>(np(b));
+    float *p32, *mm, *vv;
+    if (nvme_optim()) {
+      p32 = optim_staging_.as<float>();
+      mm = reinterpret_cast<float*>(optim_staging_.data() + padded_f32(b));
+      vv = reinterpret_cast<float*>(optim_staging_.data() + 2 * padded_f32(b));
+    } else {
+      p32 = p32_[b].as<float>();
+      mm = m_[b].as<float>();
+      vv = v_[b].as<float>();
+    }
+    STRATA_RETURN_IF_ERROR(
+        ReadTensorBytes(files[0], *tensors[0][b], 0, std::as_writable_bytes(std::span(p32, n))));
+    STRATA_RETURN_IF_ERROR(
+        ReadTensorBytes(files[1], *tensors[1][b], 0, std::as_writable_bytes(std::span(mm, n))));
+    STRATA_RETURN_IF_ERROR(
+        ReadTensorBytes(files[2], *tensors[2][b], 0, std::as_writable_bytes(std::span(vv, n))));
+    if (nvme_optim()) STRATA_RETURN_IF_ERROR(StoreOptimState(b));
+    STRATA_RETURN_IF_ERROR(h2d_->Synchronize());  // the working home may feed a copy
+    STRATA_RETURN_IF_ERROR(
+        ReadTensorBytes(files[3], *tensors[3][b], 0, WorkingHome(b).bytes().subspan(0, n * w_)));
+    STRATA_RETURN_IF_ERROR(PublishWorkingParams(b));
+  }
+  STRATA_RETURN_IF_ERROR(h2d_->Synchronize());
+  for (auto& s : slots_) s.block = -1;
+  step_ = m.engine_steps;
+  adam_t_ = m.adam_steps;
+  scaler_.Restore(m.loss_scaler.scale, m.loss_scaler.clean_steps, m.loss_scaler.overflows);
+  o_.adamw.lr = m.adamw.lr;
+  partially_loaded_ = false;
+  *trainer = m.trainer;
+  return Status::Ok();
+}
+
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Engine::~Engine() = default;
 
@@ -667,6 +869,14 @@ StatusOr<std::vector<float>> Engine::MasterWeights(int block) {
   return impl_->MasterWeights(block);
 }
 void Engine::SetLearningRate(float lr) { impl_->SetLearningRate(lr); }
+Status Engine::SaveCheckpoint(const std::string& save_dir, const TrainerState& trainer,
+                              const SaveCheckpointOptions& options, std::string* checkpoint_dir) {
+  return impl_->SaveCheckpoint(save_dir, trainer, options, checkpoint_dir);
+}
+Status Engine::LoadCheckpoint(const std::string& path, TrainerState* trainer) {
+  if (!trainer) return InvalidArgumentError("LoadCheckpoint needs a TrainerState to fill");
+  return impl_->LoadCheckpoint(path, trainer);
+}
 EngineCounters Engine::counters() const { return impl_->counters(); }
 int64_t Engine::steps_taken() const { return impl_->steps_taken(); }
 float Engine::loss_scale() const { return impl_->loss_scale(); }

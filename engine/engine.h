@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -33,6 +34,7 @@
 #include "base/status.h"
 #include "base/trace.h"
 #include "cpu_optim/adamw.h"
+#include "engine/checkpoint.h"
 #include "engine/loss_scaler.h"
 #include "engine/model.h"
 #include "engine/planner.h"
@@ -55,6 +57,17 @@ struct EngineOptions {
   // recorded on a track "host: optimizer + nvme" (the device records its streams itself when
   // given the same recorder in its options).
   trace::TraceRecorder* trace = nullptr;
+  // Test-only seam: when set, the swap store's I/O backend is made by this function (called once,
+  // from Create, with `io`) instead of io::CreateIoBackend; tests pass one that returns an
+  // io::FaultInjectingBackend to inject ENOSPC, EIO or short transfers during training.
+  std::function<StatusOr<std::unique_ptr<io::IoBackend>>(const io::IoBackendOptions&)>
+      io_backend_factory;
+};
+
+struct SaveCheckpointOptions {
+  // > 0: after the save, keep only the newest keep_last complete checkpoints in the save
+  // directory (never the one `latest` names). 0 keeps all.
+  int keep_last = 0;
 };
 
 // One micro-batch of token ids, host memory, (B, T) int32 each, row-major.
@@ -111,6 +124,33 @@ class Engine {
 
   // Learning rate of the following steps (a schedule is the caller's).
   void SetLearningRate(float lr);
+
+  // Writes a checkpoint of the whole training state (engine/checkpoint.h: directory layout and
+  // the crash-safe protocol) as save_dir/step-{trainer.step} and points save_dir/latest at it.
+  // Tensors stream block by block out of the engine's stores (host memory, or the swap store
+  // through the I/O engine): host memory use is one block's state, never a whole-model copy.
+  // Call between steps. On success *checkpoint_dir (if not null) is the new directory.
+  // Errors: file-system errors naming the path and the cause (kResourceExhausted for ENOSPC,
+  // kDataLoss for EIO, ...), swap store read errors. A failed save removes its temporary
+  // directory and leaves the previous checkpoints and `latest` as they were; the engine's state
+  // is not changed by a save.
+  Status SaveCheckpoint(const std::string& save_dir, const TrainerState& trainer,
+                        const SaveCheckpointOptions& options = {},
+                        std::string* checkpoint_dir = nullptr);
+
+  // Restores the training state from `path`: a checkpoint directory, or a save directory whose
+  // `latest` file names one. Everything is validated BEFORE any engine state changes: manifest
+  // syntax and format version (kFailedPrecondition for another version), every file's size and
+  // xxh3 (kDataLoss naming the file), the model structure (block names and sizes, vocabulary,
+  // context) and precision against this engine (kInvalidArgument naming the difference), and
+  // every tensor's name, dtype, shape and offsets (kDataLoss). A load that fails validation leaves
+  // the engine exactly as it was. Only an I/O error while copying validated data into the stores
+  // (a failing disk) leaves the engine partially loaded; it then refuses to Step
+  // (kFailedPrecondition) until a later LoadCheckpoint succeeds.
+  // On success the engine continues bit-identically to the run that saved (step counter, Adam's
+  // t, loss scaler state; the learning rate is that of the saved step until SetLearningRate) and
+  // *trainer receives the trainer's state.
+  Status LoadCheckpoint(const std::string& path, TrainerState* trainer);
 
   EngineCounters counters() const;
   int64_t steps_taken() const;

@@ -25,6 +25,14 @@ class DynamicLossScaler {
   explicit DynamicLossScaler(const LossScalerOptions& o) : o_(o), scale_(o.initial_scale) {}
   float scale() const { return scale_; }
   int64_t overflows() const { return overflows_; }
+  // Clean steps since the last overflow or growth (the growth counter).
+  int64_t clean_steps() const { return clean_steps_; }
+  // Restores the state saved in a checkpoint (scale, growth counter, overflow count).
+  void Restore(float scale, int64_t clean_steps, int64_t overflows) {
+    scale_ = scale;
+    clean_steps_ = clean_steps;
+    overflows_ = overflows;
+  }
   // Call once per optimizer step with whether any gradient was non-finite.
   // Returns true when the step must be skipped.
   bool Update(bool overflow) {

@@ -41,6 +41,14 @@ int main(int argc, char** argv) {
   strata::tools::AddIobenchFlags(
       *app.add_subcommand("iobench", "Measure sequential/random read/write throughput of paths"),
       iobench);
+  strata::tools::InspectFlags inspect;
+  CLI::App* inspect_cmd = app.add_subcommand(
+      "inspect", "List a checkpoint's tensors and verify every file's size and xxh3");
+  strata::tools::AddInspectFlags(*inspect_cmd, inspect);
+  strata::tools::ExportFlags export_flags;
+  CLI::App* export_cmd = app.add_subcommand(
+      "export", "Write a checkpoint's weights as one safetensors file under GPT-2 tensor names");
+  strata::tools::AddExportFlags(*export_cmd, export_flags);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -59,6 +67,12 @@ int main(int argc, char** argv) {
   if (estimate_cmd->parsed()) status = strata::tools::RunEstimate(estimate);
   if (doctor_cmd->parsed()) status = strata::tools::RunDoctor(doctor);
   if (app.got_subcommand("iobench")) status = strata::tools::RunIobench(iobench);
+  if (inspect_cmd->parsed()) status = strata::tools::RunInspect(inspect);
+  if (export_cmd->parsed()) status = strata::tools::RunExport(export_flags);
+  if (status.code() == strata::StatusCode::kCancelled && strata::tools::StopSignal() != 0) {
+    std::fprintf(stderr, "strata: %s\n", status.message().c_str());
+    return 128 + strata::tools::StopSignal();  // 130 for SIGINT, 143 for SIGTERM
+  }
   if (!status.ok()) return Fail(status.message());
   return 0;
 }

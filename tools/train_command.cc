@@ -116,6 +116,7 @@ void AddTrainFlags(CLI::App& cmd, TrainFlags& f) {
          "--copy-bandwidth", f.copy_bandwidth,
          "Host device only: throttle H2D/D2H copies to this many bytes/s (0 = memcpy speed)")
       ->capture_default_str();
+  AddCheckpointFlags(cmd, f.checkpoint);
 }
 
 namespace {
@@ -168,6 +169,20 @@ StatusOr<std::string> Sample(engine::Engine& e, const TrainFlags& f, std::mt1993
   return out;
 }
 
+// The schedule of LearningRate and the GPT shape, for the checkpoint manifest.
+std::string ScheduleJson(const TrainFlags& f, int64_t next_step) {
+  return nlohmann::json{
+      {"kind", "linear_warmup_cosine"}, {"peak_lr", f.lr},     {"warmup_steps", f.warmup_steps},
+      {"total_steps", f.steps},         {"min_lr_ratio", 0.1}, {"next_step", next_step}}
+      .dump();
+}
+std::string ModelJson(const TrainFlags& f, const models::GptShape& s) {
+  return nlohmann::json{
+      {"preset", f.model},          {"vocab_size", s.vocab_size}, {"max_seq_len", s.max_seq_len},
+      {"num_layers", s.num_layers}, {"num_heads", s.num_heads},   {"channels", s.channels}}
+      .dump();
+}
+
 std::string Printable(const std::string& s) {
   std::string out;
   for (unsigned char c : s) out += (c == '\n' || c == '\t' || (c >= 32 && c < 127)) ? char(c) : '?';
@@ -193,6 +208,9 @@ Status RunTrain(const TrainFlags& f) {
     return UnavailableError(
         "--device cuda: this build of strata has no CUDA device backend yet; use --device host "
         "(or auto)");
+  }
+  if (f.checkpoint.resume == "latest" && f.checkpoint.save_dir.empty()) {
+    return InvalidArgumentError("--resume latest needs --save-dir (the directory with 'latest')");
   }
   STRATA_ASSIGN_OR_RETURN(auto shape, models::GptPreset(f.model));
   if (f.seq_len > shape.max_seq_len) {
@@ -285,6 +303,13 @@ Status RunTrain(const TrainFlags& f) {
   std::fflush(stdout);
 
   std::mt19937_64 data_rng(f.seed ^ 0x5eedda7aull);
+  const CheckpointFlags& ckpt = f.checkpoint;
+  int64_t start_step = 0;
+  if (!ckpt.resume.empty()) {
+    STRATA_ASSIGN_OR_RETURN(start_step, ResumeTraining(*engine, ckpt, &data_rng));
+  }
+  std::string last_checkpoint;
+  InstallStopSignalHandlers();
   std::vector<std::vector<int32_t>> toks(f.grad_accum_steps), tgts(f.grad_accum_steps);
   std::vector<engine::MicroBatch> batches(f.grad_accum_steps);
   const int64_t tokens_per_step = mb.tokens() * f.grad_accum_steps;
@@ -297,7 +322,7 @@ Status RunTrain(const TrainFlags& f) {
   // Busy time per part over the training steps only (evaluation and sampling excluded).
   trace::Breakdown parts;
   double step_seconds = 0;
-  for (int64_t step = 0; step < f.steps; ++step) {
+  for (int64_t step = start_step; step < f.steps; ++step) {
     for (int i = 0; i < f.grad_accum_steps; ++i) {
       data.SampleTrainBatch(data_rng, mb.batch_size, mb.seq_len, &toks[i], &tgts[i]);
       batches[i] = {toks[i], tgts[i]};
@@ -312,7 +337,7 @@ Status RunTrain(const TrainFlags& f) {
     for (int i = 0; i < trace::kNumCategories; ++i) {
       parts.seconds[i] += after.seconds[i] - before.seconds[i];
     }
-    if (step == 0) loss_first = r.loss;
+    if (step == start_step) loss_first = r.loss;
     loss_last = r.loss;
     skipped += r.skipped;
     const bool log =
@@ -345,6 +370,22 @@ Status RunTrain(const TrainFlags& f) {
       std::printf("step %5lld | val loss %.4f\n", static_cast<long long>(step + 1), v);
       t_log = std::chrono::steady_clock::now();
     }
+    const bool periodic = ckpt.save_every > 0 && (step + 1) % ckpt.save_every == 0;
+    const bool stopping = StopSignal() != 0;
+    if (!ckpt.save_dir.empty() &&
+        (periodic || step + 1 == f.steps || (stopping && ckpt.save_on_signal))) {
+      STRATA_ASSIGN_OR_RETURN(last_checkpoint,
+                              SaveTraining(*engine, ckpt,
+                                           {step + 1, (step + 1) * tokens_per_step, &data_rng,
+                                            ScheduleJson(f, step + 1), ModelJson(f, shape)}));
+    }
+    if (stopping) {
+      return CancelledError(fmt::format(
+          "stopped by signal {} after step {}; {}", StopSignal(), step + 1,
+          !last_checkpoint.empty()
+              ? "last checkpoint: " + last_checkpoint
+              : std::string("no checkpoint saved (use --save-dir with --save-on-signal)")));
+    }
   }
   const double train_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_train).count() -
@@ -360,7 +401,8 @@ Status RunTrain(const TrainFlags& f) {
     STRATA_ASSIGN_OR_RETURN(std::string text, Sample(*engine, f, sample_rng));
     std::printf("sample:\n%s\n", Printable(text).c_str());
   }
-  const double tps = static_cast<double>(tokens_per_step * f.steps) / train_seconds;
+  const double tps =
+      static_cast<double>(tokens_per_step * (f.steps - start_step)) / std::max(train_seconds, 1e-9);
   // overlap_efficiency = the largest part / step time: 1.0 when everything else hides under it.
   nlohmann::json breakdown = nlohmann::json::object();
   double largest_part = 0;
@@ -424,6 +466,10 @@ Status RunTrain(const TrainFlags& f) {
         {"nvme_bytes_read", counters.nvme_bytes_read},
         {"nvme_bytes_written", counters.nvme_bytes_written},
         {"master_weights_xxh3", fmt::format("{:016x}", master_hash)},
+        {"master_xxh3", fmt::format("{:016x}", master_hash)},
+        {"start_step", start_step},
+        {"checkpoint",
+         last_checkpoint.empty() ? nlohmann::json() : nlohmann::json(last_checkpoint)},
         {"micro_batch_size", f.micro_batch_size},
         {"seq_len", f.seq_len},
         {"grad_accum_steps", f.grad_accum_steps},

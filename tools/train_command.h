@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "tools/checkpoint_commands.h"
 
 namespace strata::tools {
 
@@ -54,6 +55,7 @@ struct TrainFlags {
   int io_queue_depth = 32;
   std::string io_block_size = "1MiB";
   int io_threads = 4;
+  CheckpointFlags checkpoint;
 };
 
 void AddTrainFlags(CLI::App& cmd, TrainFlags& f);

@@ -1,0 +1,432 @@
+#include "engine/checkpoint.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "base/unique_fd.h"
+#include "engine/safetensors.h"
+
+namespace strata::engine {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr uint64_t kMaxManifestBytes = 16 << 20;
+
+Status FsyncPath(const std::string& path) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!fd.valid()) return ErrnoToStatus(errno, fmt::format("opening directory '{}'", path));
+  if (::fsync(fd.get()) != 0) return ErrnoToStatus(errno, fmt::format("fsync '{}'", path));
+  return Status::Ok();
+}
+
+// Writes a small file with O_CREAT | O_EXCL | O_NOFOLLOW, mode 0600, and fsyncs it.
+Status WriteNewFile(const std::string& path, std::string_view text) {
+  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                     S_IRUSR | S_IWUSR));
+  if (!fd.valid()) return ErrnoToStatus(errno, fmt::format("creating '{}'", path));
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t r = ::write(fd.get(), text.data() + done, text.size() - done);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return ErrnoToStatus(errno, fmt::format("writing '{}'", path));
+    done += static_cast<size_t>(r);
+  }
+  if (::fsync(fd.get()) != 0) return ErrnoToStatus(errno, fmt::format("fsync '{}'", path));
+  if (::close(fd.release()) != 0) return ErrnoToStatus(errno, fmt::format("close '{}'", path));
+  return Status::Ok();
+}
+
+StatusOr<std::string> ReadSmallFile(const std::string& path, uint64_t limit) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd.valid()) return ErrnoToStatus(errno, fmt::format("opening '{}'", path));
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return ErrnoToStatus(errno, fmt::format("stat '{}'", path));
+  if (!S_ISREG(st.st_mode)) return DataLossError(fmt::format("'{}' is not a regular file", path));
+  if (static_cast<uint64_t>(st.st_size) > limit) {
+    return DataLossError(
+        fmt::format("'{}' is {} bytes, more than the {} allowed", path, st.st_size, limit));
+  }
+  std::string out(static_cast<size_t>(st.st_size), '\0');
+  size_t done = 0;
+  while (done < out.size()) {
+    const ssize_t r = ::read(fd.get(), out.data() + done, out.size() - done);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return ErrnoToStatus(errno, fmt::format("reading '{}'", path));
+    if (r == 0) break;
+    done += static_cast<size_t>(r);
+  }
+  out.resize(done);
+  return out;
+}
+
+// Typed field access that reports the JSON path of what is missing or wrong.
+class Fields {
+ public:
+  Fields(const json& j, std::string where) : j_(j), where_(std::move(where)) {}
+  StatusOr<const json*> Get(const char* key, json::value_t type) const {
+    if (!j_.is_object()) return DataLossError(fmt::format("manifest: {} is not an object", where_));
+    const auto it = j_.find(key);
+    const bool ok =
+        it != j_.end() &&
+        (it->type() == type || (type == json::value_t::number_float && it->is_number()) ||
+         (type == json::value_t::number_integer && it->is_number_integer()) ||
+         (type == json::value_t::number_unsigned && it->is_number_unsigned()));
+    if (!ok) {
+      return DataLossError(fmt::format("manifest: {}.{} is missing or not a {}", where_, key,
+                                       json(type).type_name()));
+    }
+    return &*it;
+  }
+  StatusOr<int64_t> Int(const char* key, int64_t lo, int64_t hi) const {
+    STRATA_ASSIGN_OR_RETURN(const json* v, Get(key, json::value_t::number_integer));
+    const bool too_big = v->is_number_unsigned() && v->get<uint64_t>() > INT64_MAX;
+    const int64_t x = too_big ? 0 : v->get<int64_t>();
+    if (too_big || x < lo || x > hi) {
+      return DataLossError(
+          fmt::format("manifest: {}.{} = {} is outside [{}, {}]", where_, key, v->dump(), lo, hi));
+    }
+    return x;
+  }
+  StatusOr<float> Float(const char* key) const {
+    STRATA_ASSIGN_OR_RETURN(const json* v, Get(key, json::value_t::number_float));
+    return v->get<float>();
+  }
+  StatusOr<std::string> String(const char* key) const {
+    STRATA_ASSIGN_OR_RETURN(const json* v, Get(key, json::value_t::string));
+    return v->get<std::string>();
+  }
+  StatusOr<bool> Bool(const char* key) const {
+    STRATA_ASSIGN_OR_RETURN(const json* v, Get(key, json::value_t::boolean));
+    return v->get<bool>();
+  }
+  StatusOr<std::string> ObjectText(const char* key) const {
+    STRATA_ASSIGN_OR_RETURN(const json* v, Get(key, json::value_t::object));
+    return v->dump();
+  }
+
+ private:
+  const json& j_;
+  std::string where_;
+};
+
+StatusOr<uint64_t> ParseHex64(const std::string& s, std::string_view what) {
+  if (s.size() != 16 || !std::all_of(s.begin(), s.end(), [](char c) { return std::isxdigit(c); })) {
+    return DataLossError(
+        fmt::format("manifest: {} '{}' is not 16 hex digits", what, s.substr(0, 40)));
+  }
+  return std::strtoull(s.c_str(), nullptr, 16);
+}
+
+// Checkpoint directories are "step-N"; returns N, or -1 for any other name.
+int64_t StepOfName(std::string_view name) {
+  if (name.substr(0, 5) != "step-" || name.size() == 5 || name.size() > 24) return -1;
+  int64_t n = 0;
+  for (char c : name.substr(5)) {
+    if (c < '0' || c > '9') return -1;
+    n = n * 10 + (c - '0');
+  }
+  return n;
+}
+
+}  // namespace
+
+bool IsPlainFileName(std::string_view name) {
+  if (name.empty() || name.size() > 255 || name[0] == '.') return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+           c == '_' || c == '-';
+  });
+}
+
+std::string SerializeManifest(const Manifest& m) {
+  json files = json::array();
+  for (const auto& f : m.files) {
+    files.push_back(
+        {{"name", f.name}, {"size_bytes", f.size_bytes}, {"xxh3", fmt::format("{:016x}", f.xxh3)}});
+  }
+  const auto object_or_empty = [](const std::string& text) {
+    json j = json::parse(text, nullptr, false);
+    return j.is_object() ? j : json::object();
+  };
+  json j = {
+      {"format", "strata-checkpoint"},
+      {"format_version", m.format_version},
+      {"precision", m.precision},
+      {"model",
+       {{"description", m.model_description},
+        {"block_names", m.block_names},
+        {"block_num_params", m.block_num_params},
+        {"vocab_size", m.vocab_size},
+        {"max_seq_len", m.max_seq_len},
+        {"config", object_or_empty(m.trainer.model_json)}}},
+      {"engine",
+       {{"steps", m.engine_steps},
+        {"adam_steps", m.adam_steps},
+        {"loss_scale", m.loss_scaler.scale},
+        {"loss_scaler_clean_steps", m.loss_scaler.clean_steps},
+        {"loss_scaler_overflows", m.loss_scaler.overflows},
+        {"grad_clip_norm", m.grad_clip_norm}}},
+      {"optimizer",
+       {{"name", m.adamw.decoupled_weight_decay ? "adamw" : "adam"},
+        {"lr", m.adamw.lr},
+        {"beta1", m.adamw.beta1},
+        {"beta2", m.adamw.beta2},
+        {"eps", m.adamw.eps},
+        {"weight_decay", m.adamw.weight_decay},
+        {"decoupled_weight_decay", m.adamw.decoupled_weight_decay},
+        {"bias_correction", m.adamw.bias_correction}}},
+      {"trainer",
+       {{"step", m.trainer.step},
+        {"tokens_seen", m.trainer.tokens_seen},
+        {"data_rng", m.trainer.data_rng},
+        {"sample_rng", m.trainer.sample_rng},
+        {"lr_schedule", object_or_empty(m.trainer.lr_schedule_json)}}},
+      {"files", files},
+  };
+  return j.dump(2) + "\n";
+}
+
+StatusOr<Manifest> ParseManifest(std::string_view text) {
+  const json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return DataLossError("manifest is not a JSON object");
+  Manifest m;
+  const Fields top(j, "manifest");
+  STRATA_ASSIGN_OR_RETURN(std::string format, top.String("format"));
+  if (format != "strata-checkpoint") {
+    return DataLossError(
+        fmt::format("manifest format '{}' is not strata-checkpoint", format.substr(0, 40)));
+  }
+  STRATA_ASSIGN_OR_RETURN(int64_t version, top.Int("format_version", 0, INT32_MAX));
+  if (version != kCheckpointFormatVersion) {
+    return FailedPreconditionError(
+        fmt::format("checkpoint format version {} is not the version {} this strata reads", version,
+                    kCheckpointFormatVersion));
+  }
+  m.format_version = static_cast<int>(version);
+  STRATA_ASSIGN_OR_RETURN(m.precision, top.String("precision"));
+  if (m.precision != "fp32" && m.precision != "fp16" && m.precision != "bf16") {
+    return DataLossError(fmt::format("manifest precision '{}' is not fp32, fp16 or bf16",
+                                     m.precision.substr(0, 20)));
+  }
+
+  STRATA_ASSIGN_OR_RETURN(const json* model, top.Get("model", json::value_t::object));
+  const Fields mf(*model, "model");
+  STRATA_ASSIGN_OR_RETURN(m.model_description, mf.String("description"));
+  STRATA_ASSIGN_OR_RETURN(const json* names, mf.Get("block_names", json::value_t::array));
+  STRATA_ASSIGN_OR_RETURN(const json* sizes, mf.Get("block_num_params", json::value_t::array));
+  if (names->size() != sizes->size() || names->empty() || names->size() > 1'000'000) {
+    return DataLossError(fmt::format(
+        "manifest: model.block_names ({}) and model.block_num_params ({}) differ or are empty",
+        names->size(), sizes->size()));
+  }
+  for (size_t b = 0; b < names->size(); ++b) {
+    if (!(*names)[b].is_string() || !(*sizes)[b].is_number_unsigned() ||
+        (*sizes)[b].get<uint64_t>() > (uint64_t{1} << 48)) {
+      return DataLossError(fmt::format("manifest: model block {} has a bad name or size", b));
+    }
+    m.block_names.push_back((*names)[b].get<std::string>());
+    m.block_num_params.push_back(static_cast<int64_t>((*sizes)[b].get<uint64_t>()));
+  }
+  STRATA_ASSIGN_OR_RETURN(int64_t vocab, mf.Int("vocab_size", 1, INT32_MAX));
+  STRATA_ASSIGN_OR_RETURN(int64_t seq, mf.Int("max_seq_len", 1, INT32_MAX));
+  m.vocab_size = static_cast<int>(vocab);
+  m.max_seq_len = static_cast<int>(seq);
+  STRATA_ASSIGN_OR_RETURN(m.trainer.model_json, mf.ObjectText("config"));
+
+  STRATA_ASSIGN_OR_RETURN(const json* eng, top.Get("engine", json::value_t::object));
+  const Fields ef(*eng, "engine");
+  STRATA_ASSIGN_OR_RETURN(m.engine_steps, ef.Int("steps", 0, INT64_MAX));
+  STRATA_ASSIGN_OR_RETURN(m.adam_steps, ef.Int("adam_steps", 0, m.engine_steps));
+  STRATA_ASSIGN_OR_RETURN(m.loss_scaler.scale, ef.Float("loss_scale"));
+  if (!(m.loss_scaler.scale > 0) || !std::isfinite(m.loss_scaler.scale)) {
+    return DataLossError("manifest: engine.loss_scale is not a positive finite number");
+  }
+  STRATA_ASSIGN_OR_RETURN(m.loss_scaler.clean_steps,
+                          ef.Int("loss_scaler_clean_steps", 0, INT64_MAX));
+  STRATA_ASSIGN_OR_RETURN(m.loss_scaler.overflows, ef.Int("loss_scaler_overflows", 0, INT64_MAX));
+  STRATA_ASSIGN_OR_RETURN(m.grad_clip_norm, ef.Float("grad_clip_norm"));
+
+  STRATA_ASSIGN_OR_RETURN(const json* opt, top.Get("optimizer", json::value_t::object));
+  const Fields of(*opt, "optimizer");
+  STRATA_ASSIGN_OR_RETURN(m.adamw.lr, of.Float("lr"));
+  STRATA_ASSIGN_OR_RETURN(m.adamw.beta1, of.Float("beta1"));
+  STRATA_ASSIGN_OR_RETURN(m.adamw.beta2, of.Float("beta2"));
+  STRATA_ASSIGN_OR_RETURN(m.adamw.eps, of.Float("eps"));
+  STRATA_ASSIGN_OR_RETURN(m.adamw.weight_decay, of.Float("weight_decay"));
+  STRATA_ASSIGN_OR_RETURN(m.adamw.decoupled_weight_decay, of.Bool("decoupled_weight_decay"));
+  STRATA_ASSIGN_OR_RETURN(m.adamw.bias_correction, of.Bool("bias_correction"));
+
+  STRATA_ASSIGN_OR_RETURN(const json* tr, top.Get("trainer", json::value_t::object));
+  const Fields tf(*tr, "trainer");
+  STRATA_ASSIGN_OR_RETURN(m.trainer.step, tf.Int("step", 0, INT64_MAX));
+  STRATA_ASSIGN_OR_RETURN(m.trainer.tokens_seen, tf.Int("tokens_seen", 0, INT64_MAX));
+  STRATA_ASSIGN_OR_RETURN(m.trainer.data_rng, tf.String("data_rng"));
+  STRATA_ASSIGN_OR_RETURN(m.trainer.sample_rng, tf.String("sample_rng"));
+  STRATA_ASSIGN_OR_RETURN(m.trainer.lr_schedule_json, tf.ObjectText("lr_schedule"));
+
+  STRATA_ASSIGN_OR_RETURN(const json* files, top.Get("files", json::value_t::array));
+  if (files->size() > 64) return DataLossError("manifest: more than 64 files");
+  for (size_t i = 0; i < files->size(); ++i) {
+    const Fields ff((*files)[i], fmt::format("files[{}]", i));
+    ManifestFile f;
+    STRATA_ASSIGN_OR_RETURN(f.name, ff.String("name"));
+    if (!IsPlainFileName(f.name) || f.name == kManifestFileName) {
+      return DataLossError(
+          fmt::format("manifest: files[{}].name '{}' is not a plain file name of this checkpoint",
+                      i, f.name.substr(0, 80)));
+    }
+    for (const auto& other : m.files) {
+      if (other.name == f.name) {
+        return DataLossError(fmt::format("manifest: file '{}' is listed twice", f.name));
+      }
+    }
+    STRATA_ASSIGN_OR_RETURN(int64_t size, ff.Int("size_bytes", 0, INT64_MAX));
+    f.size_bytes = static_cast<uint64_t>(size);
+    STRATA_ASSIGN_OR_RETURN(std::string hex, ff.String("xxh3"));
+    STRATA_ASSIGN_OR_RETURN(f.xxh3, ParseHex64(hex, "xxh3"));
+    m.files.push_back(std::move(f));
+  }
+  return m;
+}
+
+StatusOr<std::string> ResolveCheckpointDir(const std::string& path) {
+  struct stat st;
+  const std::string manifest = path + "/" + kManifestFileName;
+  if (::lstat(manifest.c_str(), &st) == 0) return path;
+  const std::string latest = path + "/" + kLatestFileName;
+  if (::lstat(latest.c_str(), &st) != 0) {
+    return NotFoundError(
+        fmt::format("'{}' is neither a checkpoint (no {}) nor a save directory (no '{}' file)",
+                    path, kManifestFileName, kLatestFileName));
+  }
+  STRATA_ASSIGN_OR_RETURN(std::string name, ReadSmallFile(latest, 4096));
+  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+  if (!IsPlainFileName(name)) {
+    return DataLossError(fmt::format("'{}' names '{}', which is not a checkpoint directory name",
+                                     latest, name.substr(0, 80)));
+  }
+  return path + "/" + name;
+}
+
+StatusOr<Manifest> ReadManifest(const std::string& dir) {
+  const std::string path = dir + "/" + kManifestFileName;
+  STRATA_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(path, kMaxManifestBytes));
+  auto m = ParseManifest(text);
+  if (!m.ok()) return m.status().WithContext(path);
+  return m;
+}
+
+Status VerifyCheckpointFiles(const std::string& dir, const Manifest& manifest) {
+  for (const auto& f : manifest.files) {
+    const std::string path = dir + "/" + f.name;
+    uint64_t size = 0;
+    STRATA_ASSIGN_OR_RETURN(uint64_t hash, FileXxh3(path, &size));
+    if (size != f.size_bytes) {
+      return DataLossError(
+          fmt::format("'{}' is {} bytes, the manifest says {} (truncated or "
+                      "extended)",
+                      path, size, f.size_bytes));
+    }
+    if (hash != f.xxh3) {
+      return DataLossError(
+          fmt::format("'{}': xxh3 {:016x} does not match the manifest's {:016x} "
+                      "(the file is corrupted)",
+                      path, hash, f.xxh3));
+    }
+  }
+  return Status::Ok();
+}
+
+StatusOr<std::string> CreateCheckpointTempDir(const std::string& save_dir, int64_t step) {
+  if (::mkdir(save_dir.c_str(), S_IRWXU) != 0 && errno != EEXIST) {
+    return ErrnoToStatus(errno, fmt::format("creating the save directory '{}'", save_dir));
+  }
+  struct stat st;
+  if (::stat(save_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return InvalidArgumentError(fmt::format("save directory '{}' is not a directory", save_dir));
+  }
+  std::string templ = fmt::format("{}/.tmp-step-{}-XXXXXX", save_dir, step);
+  if (::mkdtemp(templ.data()) == nullptr) {
+    return ErrnoToStatus(errno, fmt::format("creating a checkpoint directory in '{}'", save_dir));
+  }
+  return templ;
+}
+
+void RemoveTree(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);  // does not follow symlinks
+}
+
+Status CommitCheckpoint(const std::string& save_dir, const std::string& temp_dir,
+                        const Manifest& manifest, int keep_last, std::string* final_dir) {
+  STRATA_RETURN_IF_ERROR(
+      WriteNewFile(temp_dir + "/" + kManifestFileName, SerializeManifest(manifest)));
+  STRATA_RETURN_IF_ERROR(FsyncPath(temp_dir));
+  const std::string name = fmt::format("step-{}", manifest.trainer.step);
+  const std::string target = save_dir + "/" + name;
+  std::string displaced;
+  struct stat st;
+  if (::lstat(target.c_str(), &st) == 0) {
+    // A checkpoint of this step exists (a save after a resume from it): move it aside first.
+    displaced = fmt::format("{}/.old-{}-XXXXXX", save_dir, name);
+    if (::mkdtemp(displaced.data()) == nullptr) {
+      return ErrnoToStatus(errno, fmt::format("making room for '{}'", target));
+    }
+    if (::rename(target.c_str(), displaced.c_str()) != 0) {
+      return ErrnoToStatus(errno, fmt::format("moving aside '{}'", target));
+    }
+  }
+  if (::rename(temp_dir.c_str(), target.c_str()) != 0) {
+    return ErrnoToStatus(errno, fmt::format("renaming '{}' to '{}'", temp_dir, target));
+  }
+  STRATA_RETURN_IF_ERROR(FsyncPath(save_dir));
+  const std::string latest_tmp = save_dir + "/" + kLatestFileName + ".tmp";
+  if (::unlink(latest_tmp.c_str()) != 0 && errno != ENOENT) {
+    return ErrnoToStatus(errno, fmt::format("removing stale '{}'", latest_tmp));
+  }
+  STRATA_RETURN_IF_ERROR(WriteNewFile(latest_tmp, name + "\n"));
+  const std::string latest = save_dir + "/" + kLatestFileName;
+  if (::rename(latest_tmp.c_str(), latest.c_str()) != 0) {
+    return ErrnoToStatus(errno, fmt::format("renaming '{}' to '{}'", latest_tmp, latest));
+  }
+  STRATA_RETURN_IF_ERROR(FsyncPath(save_dir));
+  if (!displaced.empty()) RemoveTree(displaced);
+  if (final_dir) *final_dir = target;
+
+  // Retention and leftovers of interrupted saves.
+  if (keep_last > 0) {
+    std::vector<std::pair<int64_t, std::string>> complete;
+    std::vector<std::string> leftovers;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(save_dir, ec)) {
+      const std::string n = e.path().filename().string();
+      if (n.rfind(".tmp-step-", 0) == 0 || n.rfind(".old-step-", 0) == 0) {
+        leftovers.push_back(e.path().string());
+      } else if (const int64_t s = StepOfName(n);
+                 s >= 0 && n != name && e.is_directory(ec) && !e.is_symlink(ec)) {
+        complete.emplace_back(s, e.path().string());
+      }
+    }
+    std::sort(complete.rbegin(), complete.rend());  // newest first
+    // `latest` names the new checkpoint, which is not in `complete`; it counts as one kept.
+    for (size_t i = keep_last > 0 ? keep_last - 1 : 0; i < complete.size(); ++i) {
+      RemoveTree(complete[i].second);
+    }
+    for (const auto& l : leftovers) RemoveTree(l);
+  }
+  return Status::Ok();
+}
+
+}  // namespace strata::engine

@@ -1,0 +1,284 @@
+// The safetensors writer and the validating header parser, on good and hostile input.
+#include "engine/safetensors.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "engine/checkpoint.h"
+
+namespace strata::engine {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A file image: 8-byte little-endian length, the header text, then data_bytes zero bytes.
+std::vector<std::byte> Image(const std::string& header, size_t data_bytes) {
+  std::vector<std::byte> v(8 + header.size() + data_bytes);
+  const uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) v[i] = static_cast<std::byte>((n >> (8 * i)) & 0xff);
+  std::memcpy(v.data() + 8, header.data(), header.size());
+  return v;
+}
+
+StatusOr<SafetensorsHeader> Parse(const std::string& header, size_t data_bytes) {
+  const auto img = Image(header, data_bytes);
+  return ParseSafetensorsHeader(img, img.size());
+}
+
+void ExpectError(const StatusOr<SafetensorsHeader>& r, StatusCode code, const std::string& needle) {
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), code) << r.status().ToString();
+  EXPECT_NE(r.status().message().find(needle), std::string::npos) << r.status().ToString();
+}
+
+TEST(SafetensorsHeader, ValidHeaderWithMetadataParses) {
+  auto r = Parse(R"({"b":{"dtype":"BF16","shape":[3],"data_offsets":[8,14]},)"
+                 R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                 R"("__metadata__":{"format":"pt"}})",
+                 14);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->tensors.size(), 2u);
+  EXPECT_EQ(r->tensors[0].name, "a");  // sorted by offset
+  EXPECT_EQ(r->tensors[1].dtype, DType::kBF16);
+  EXPECT_EQ(r->tensors[1].shape, std::vector<int64_t>{3});
+  EXPECT_EQ(r->metadata.at("format"), "pt");
+  EXPECT_NE(r->Find("b"), nullptr);
+  EXPECT_EQ(r->Find("c"), nullptr);
+}
+
+TEST(SafetensorsHeader, ScalarAndEmptyTensorsAreAllowed) {
+  auto r = Parse(R"({"s":{"dtype":"F32","shape":[],"data_offsets":[0,4]},)"
+                 R"("e":{"dtype":"F16","shape":[0,5],"data_offsets":[4,4]}})",
+                 4);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->Find("s")->num_elems, 1);
+  EXPECT_EQ(r->Find("e")->num_elems, 0);
+}
+
+TEST(SafetensorsHeader, HostileHeadersAreClearErrors) {
+  // Lengths.
+  {
+    const std::vector<std::byte> tiny(5);
+    ExpectError(ParseSafetensorsHeader(tiny, tiny.size()), StatusCode::kDataLoss, "8-byte");
+    auto img = Image("{}", 0);
+    img[7] = std::byte{0x80};  // header length 2^63 + 2
+    ExpectError(ParseSafetensorsHeader(img, img.size()), StatusCode::kDataLoss, "does not fit");
+    img = Image(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 4);
+    ExpectError(ParseSafetensorsHeader(std::span(img).first(20), img.size()), StatusCode::kDataLoss,
+                "truncated");
+  }
+  ExpectError(Parse("{\"a\":", 0), StatusCode::kDataLoss, "not a JSON object");
+  ExpectError(Parse("[1,2]", 0), StatusCode::kDataLoss, "not a JSON object");
+  ExpectError(Parse(R"({"a":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}})", 8),
+              StatusCode::kInvalidArgument, "'I64' is not supported");
+  ExpectError(Parse(R"({"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", 4),
+              StatusCode::kDataLoss, "non-negative integer");
+  ExpectError(Parse(R"({"a":{"dtype":"F32","shape":[1.5],"data_offsets":[0,4]}})", 4),
+              StatusCode::kDataLoss, "non-negative integer");
+  ExpectError(
+      Parse(R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,4]}})", 4),
+      StatusCode::kDataLoss, "overflows");
+  ExpectError(
+      Parse(R"({"a":{"dtype":"F32","shape":[4611686018427387904],"data_offsets":[0,4]}})", 4),
+      StatusCode::kDataLoss, "overflows");
+  ExpectError(Parse(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 4),
+              StatusCode::kDataLoss, "not inside the data section");
+  ExpectError(Parse(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,0]}})", 4),
+              StatusCode::kDataLoss, "not inside the data section");
+  ExpectError(Parse(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}})", 4),
+              StatusCode::kDataLoss, "need 8");
+  ExpectError(Parse(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                    R"("b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+                    8),
+              StatusCode::kDataLoss, "overlap");
+  ExpectError(Parse(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8),
+              StatusCode::kDataLoss, "hole");
+  ExpectError(Parse(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 12),
+              StatusCode::kDataLoss, "cover 4");
+  ExpectError(Parse(R"({"a\u0001":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 4),
+              StatusCode::kDataLoss, "printable");
+  ExpectError(Parse(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":1}})", 4),
+              StatusCode::kDataLoss, "unknown field");
+  ExpectError(Parse(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0]}})", 4),
+              StatusCode::kDataLoss, "two non-negative integers");
+  ExpectError(Parse(R"({"a":[1]})", 4), StatusCode::kDataLoss, "not a JSON object");
+  ExpectError(Parse(R"({"__metadata__":{"k":1}})", 0), StatusCode::kDataLoss, "not a string");
+}
+
+// Every prefix and every single-byte change of a valid file is either parsed into a header whose
+// tensors lie inside the file, or rejected: never a crash (run under ASan by the lead's CI).
+TEST(SafetensorsHeader, EveryTruncationAndByteFlipIsParsedSafely) {
+  const auto img = Image(R"({"w":{"dtype":"F16","shape":[2,3],"data_offsets":[0,12]},)"
+                         R"("b":{"dtype":"F32","shape":[3],"data_offsets":[12,24]}})",
+                         24);
+  for (size_t n = 0; n <= img.size(); ++n) {
+    auto r = ParseSafetensorsHeader(std::span(img).first(n), n);
+    if (n != img.size()) {
+      EXPECT_FALSE(r.ok()) << n;
+    }
+  }
+  int accepted = 0;
+  for (size_t i = 0; i < img.size() - 24; ++i) {
+    for (int bit = 0; bit < 8; ++bit) {
+      auto copy = img;
+      copy[i] ^= static_cast<std::byte>(1 << bit);
+      auto r = ParseSafetensorsHeader(copy, copy.size());
+      if (!r.ok()) continue;
+      ++accepted;
+      for (const auto& t : r->tensors) {
+        EXPECT_LE(r->data_offset_bytes + t.end_bytes, copy.size());
+      }
+    }
+  }
+  EXPECT_GT(accepted, 0);  // e.g. a flipped letter in a name is still a valid file
+}
+
+class SafetensorsFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("strata_st_test_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  fs::path dir_;
+};
+
+TEST_F(SafetensorsFileTest, WriterStreamsPiecesAndReaderReturnsThem) {
+  const std::string path = (dir_ / "a.safetensors").string();
+  std::vector<float> a(7);
+  std::vector<uint16_t> b(5);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = 0.5f * i - 1;
+  for (size_t i = 0; i < b.size(); ++i) b[i] = FloatToBf16(3.0f * i);
+  auto w = SafetensorsWriter::Create(
+      path, {{"a", DType::kF32, {7}}, {"h.0.b", DType::kBF16, {1, 5}}}, {{"k", "v"}});
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  const auto ab = std::as_bytes(std::span(a));
+  ASSERT_TRUE(w->Append(ab.first(5)).ok());  // pieces need not follow tensor boundaries
+  ASSERT_TRUE(w->Append(ab.subspan(5)).ok());
+  ASSERT_TRUE(w->Append(std::as_bytes(std::span(b))).ok());
+  EXPECT_EQ(w->Append(std::as_bytes(std::span(b))).code(), StatusCode::kFailedPrecondition);
+  auto res = w->Finish();
+  ASSERT_TRUE(res.ok()) << res.status().ToString();
+  uint64_t size = 0;
+  auto hash = FileXxh3(path, &size);
+  ASSERT_TRUE(hash.ok());
+  EXPECT_EQ(size, res->size_bytes);
+  EXPECT_EQ(*hash, res->xxh3);
+  EXPECT_EQ(fs::status(path).permissions() & fs::perms::all,
+            fs::perms::owner_read | fs::perms::owner_write);
+
+  auto f = OpenSafetensorsFile(path);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  EXPECT_EQ(f->header.data_offset_bytes % 8, 0u);
+  EXPECT_EQ(f->header.metadata.at("k"), "v");
+  const auto* ta = f->header.Find("a");
+  const auto* tb = f->header.Find("h.0.b");
+  ASSERT_TRUE(ta && tb);
+  EXPECT_EQ(tb->shape, (std::vector<int64_t>{1, 5}));
+  std::vector<float> a2(7);
+  std::vector<uint16_t> b2(5);
+  ASSERT_TRUE(ReadTensorBytes(*f, *ta, 0, std::as_writable_bytes(std::span(a2))).ok());
+  ASSERT_TRUE(ReadTensorBytes(*f, *tb, 0, std::as_writable_bytes(std::span(b2))).ok());
+  EXPECT_EQ(a, a2);
+  EXPECT_EQ(b, b2);
+  EXPECT_EQ(ReadTensorBytes(*f, *tb, 2, std::as_writable_bytes(std::span(b2))).code(),
+            StatusCode::kOutOfRange);
+
+  // Existing files are never overwritten; symlinks are not followed.
+  EXPECT_EQ(SafetensorsWriter::Create(path, {}, {}).status().code(), StatusCode::kAlreadyExists);
+  fs::create_symlink(path, dir_ / "link");
+  EXPECT_FALSE(OpenSafetensorsFile((dir_ / "link").string()).ok());
+}
+
+TEST_F(SafetensorsFileTest, UnfinishedOrShortWritesAreReported) {
+  const std::string path = (dir_ / "b.safetensors").string();
+  auto w = SafetensorsWriter::Create(path, {{"a", DType::kF32, {4}}}, {});
+  ASSERT_TRUE(w.ok());
+  const float x[2] = {1, 2};
+  ASSERT_TRUE(w->Append(std::as_bytes(std::span(x))).ok());
+  EXPECT_EQ(w->Finish().status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(SafetensorsWriter::Create((dir_ / "c").string(),
+                                      {{"a", DType::kF32, {1}}, {"a", DType::kF32, {1}}}, {})
+                .status()
+                .code(),
+            StatusCode::kInvalidArgument);
+  // A file cut inside its data section is rejected when opened.
+  auto w2 = SafetensorsWriter::Create((dir_ / "d").string(), {{"a", DType::kF32, {4}}}, {});
+  const float y[4] = {1, 2, 3, 4};
+  ASSERT_TRUE(w2->Append(std::as_bytes(std::span(y))).ok());
+  ASSERT_TRUE(w2->Finish().ok());
+  fs::resize_file(dir_ / "d", fs::file_size(dir_ / "d") - 1);
+  auto f = OpenSafetensorsFile((dir_ / "d").string());
+  ASSERT_FALSE(f.ok());
+  EXPECT_EQ(f.status().code(), StatusCode::kDataLoss);
+}
+
+TEST(Manifest, RoundTripsAndRejectsBadInput) {
+  Manifest m;
+  m.precision = "fp16";
+  m.model_description = "GPT";
+  m.block_names = {"embedding", "head"};
+  m.block_num_params = {10, 20};
+  m.vocab_size = 256;
+  m.max_seq_len = 16;
+  m.engine_steps = 9;
+  m.adam_steps = 7;
+  m.loss_scaler = {32768.0f, 3, 2};
+  m.adamw.lr = 1.25e-3f;
+  m.adamw.weight_decay = 0.1f;
+  m.grad_clip_norm = 1.0f;
+  m.trainer.step = 9;
+  m.trainer.tokens_seen = 900;
+  m.trainer.data_rng = "1 2 3";
+  m.trainer.lr_schedule_json = R"({"next_step":9})";
+  m.trainer.model_json = R"({"channels":16})";
+  m.files = {{"master.safetensors", 123, 0xfedcba9876543210ull}};
+  const std::string text = SerializeManifest(m);
+  auto p = ParseManifest(text);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(p->block_names, m.block_names);
+  EXPECT_EQ(p->block_num_params, m.block_num_params);
+  EXPECT_EQ(p->adam_steps, 7);
+  EXPECT_EQ(p->loss_scaler.scale, 32768.0f);
+  EXPECT_EQ(p->loss_scaler.clean_steps, 3);
+  EXPECT_EQ(p->loss_scaler.overflows, 2);
+  EXPECT_EQ(p->adamw.lr, 1.25e-3f);
+  EXPECT_EQ(p->trainer.data_rng, "1 2 3");
+  EXPECT_EQ(p->trainer.lr_schedule_json, R"({"next_step":9})");
+  EXPECT_EQ(p->trainer.model_json, R"({"channels":16})");
+  ASSERT_EQ(p->files.size(), 1u);
+  EXPECT_EQ(p->files[0].xxh3, 0xfedcba9876543210ull);
+
+  auto replace = [&](const std::string& from, const std::string& to) {
+    std::string t = text;
+    const auto pos = t.find(from);
+    EXPECT_NE(pos, std::string::npos) << from;
+    return ParseManifest(t.replace(pos, from.size(), to));
+  };
+  EXPECT_EQ(ParseManifest("").status().code(), StatusCode::kDataLoss);
+  EXPECT_EQ(ParseManifest("[]").status().code(), StatusCode::kDataLoss);
+  EXPECT_EQ(replace("\"format_version\": 1", "\"format_version\": 2").status().code(),
+            StatusCode::kFailedPrecondition);
+  for (const char* bad :
+       {"../master.safetensors", "/etc/passwd", ".hidden", "a/b", "", "manifest.json"}) {
+    auto r = replace("\"master.safetensors\"", std::string("\"") + bad + "\"");
+    EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << bad;
+  }
+  EXPECT_EQ(replace("\"size_bytes\": 123", "\"size_bytes\": -1").status().code(),
+            StatusCode::kDataLoss);
+  EXPECT_EQ(replace("\"size_bytes\": 123", "\"size_bytes\": 1e300").status().code(),
+            StatusCode::kDataLoss);
+  EXPECT_EQ(replace("fedcba9876543210", "fedcba98765432zz").status().code(), StatusCode::kDataLoss);
+  EXPECT_EQ(replace("\"adam_steps\": 7", "\"adam_steps\": 10").status().code(),
+            StatusCode::kDataLoss);  // more updates than steps
+  EXPECT_EQ(replace("20\n", "20, 30\n").status().code(), StatusCode::kDataLoss);
+  EXPECT_EQ(replace("\"loss_scale\": 32768.0", "\"loss_scale\": -1.0").status().code(),
+            StatusCode::kDataLoss);
+}
+
+}  // namespace
+}  // namespace strata::engine

@@ -1,0 +1,347 @@
+// `strata train` checkpoint flags, signals, `strata inspect` and `strata export`, run as a user
+// would: the real binary, real files, real signals (SIGTERM, SIGKILL at random moments).
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern char** environ;
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string ReadFile(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+struct Proc {
+  pid_t pid = -1;
+};
+
+// Starts `strata args...` with stdout and stderr into out_file.
+Proc Spawn(const std::vector<std::string>& args, const fs::path& out_file) {
+  std::vector<std::string> argv_s = {STRATA_BINARY};
+  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : argv_s) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, out_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  Proc p;
+  if (posix_spawn(&p.pid, argv[0], &fa, nullptr, argv.data(), environ) != 0) p.pid = -1;
+  posix_spawn_file_actions_destroy(&fa);
+  return p;
+}
+
+// Exit code, or 128 + signal for a killed process.
+int Wait(Proc p) {
+  int status = 0;
+  if (waitpid(p.pid, &status, 0) != p.pid) return -1;
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+struct Result {
+  int code;
+  std::string out;
+};
+
+class CheckpointCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("strata_ckpt_cli_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_ / "swap");
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::vector<std::string> Tiny(const std::string& precision = "bf16",
+                                const std::string& optim = "nvme") {
+    return {"train",
+            "--data",
+            STRATA_DATA,
+            "--model",
+            "tiny",
+            "--seq-len",
+            "16",
+            "--grad-accum-steps",
+            "2",
+            "--eval-every",
+            "0",
+            "--sample-bytes",
+            "0",
+            "--precision",
+            precision,
+            "--offload-optimizer",
+            optim,
+            "--offload-params",
+            optim == "nvme" ? "nvme" : "host",
+            "--nvme-path",
+            (dir_ / "swap").string()};
+  }
+  Result Run(std::vector<std::string> args) {
+    const fs::path out = dir_ / "out.txt";
+    const int code = Wait(Spawn(args, out));
+    return {code, ReadFile(out)};
+  }
+  nlohmann::json Summary(const fs::path& p) { return nlohmann::json::parse(ReadFile(p)); }
+
+  fs::path dir_;
+};
+
+std::vector<std::string> operator+(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+class ResumeCliTest : public CheckpointCliTest,
+                      public ::testing::WithParamInterface<std::tuple<const char*, const char*>> {};
+
+TEST_P(ResumeCliTest, ResumeFromStepNGivesTheSameMasterWeightsAsTheUninterruptedRun) {
+  const auto [precision, optim] = GetParam();
+  const std::string save = (dir_ / "save").string();
+  const auto straight = dir_ / "straight.json", resumed = dir_ / "resumed.json";
+  Result r = Run(Tiny(precision, optim) +
+                 std::vector<std::string>{"--steps", "6", "--save-every", "2", "--save-dir", save,
+                                          "--summary-json", straight.string()});
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(fs::is_directory(save + "/step-2"));
+  EXPECT_TRUE(fs::is_directory(save + "/step-6"));
+  EXPECT_EQ(ReadFile(save + "/latest"), "step-6\n");
+  r = Run(Tiny(precision, optim) + std::vector<std::string>{"--steps", "6", "--resume",
+                                                            save + "/step-2", "--summary-json",
+                                                            resumed.string()});
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("resumed from " + save + "/step-2 at step 2"), std::string::npos) << r.out;
+  const auto a = Summary(straight), b = Summary(resumed);
+  EXPECT_EQ(b["start_step"], 2);
+  EXPECT_EQ(a["master_xxh3"], b["master_xxh3"]);
+  EXPECT_EQ(a["loss_scale"], b["loss_scale"]);
+  EXPECT_EQ(a["loss_last"], b["loss_last"]);
+  // A different start (no resume) gives different weights: the comparison can fail.
+  r = Run(Tiny(precision, optim) +
+          std::vector<std::string>{"--steps", "4", "--summary-json", resumed.string()});
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(Summary(resumed)["master_xxh3"], a["master_xxh3"]);
+}
+
+INSTANTIATE_TEST_SUITE_P(PrecisionAndOptimizerHome, ResumeCliTest,
+                         ::testing::Combine(::testing::Values("fp16", "bf16"),
+                                            ::testing::Values("nvme", "host")),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param)) + "_" +
+                                  std::get<1>(info.param);
+                         });
+
+TEST_F(CheckpointCliTest, InspectListsTensorsAndReportsTheFirstCorruptFile) {
+  const std::string save = (dir_ / "save").string();
+  Result r = Run(Tiny() + std::vector<std::string>{"--steps", "2", "--save-dir", save});
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = Run({"inspect", save});
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("step 2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("master.safetensors"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("layer1"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("BF16"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("verified: 4 files"), std::string::npos) << r.out;
+  // Flip one byte in the data of the second file.
+  const fs::path victim = fs::path(save) / "step-2" / "exp_avg.safetensors";
+  std::string bytes = ReadFile(victim);
+  bytes[bytes.size() - 5] ^= 1;
+  fs::remove(victim);
+  std::ofstream(victim, std::ios::binary) << bytes;
+  r = Run({"inspect", save + "/step-2"});
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("exp_avg.safetensors': xxh3"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("verified:"), std::string::npos) << r.out;
+  // And resuming from it refuses before training.
+  r = Run(Tiny() + std::vector<std::string>{"--steps", "3", "--resume", save});
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("corrupted"), std::string::npos) << r.out;
+}
+
+TEST_F(CheckpointCliTest, ExportWritesGpt2NamesThatPythonCanLoad) {
+  const std::string save = (dir_ / "save").string();
+  Result r = Run(Tiny() + std::vector<std::string>{"--steps", "1", "--save-dir", save});
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* dtype : {"fp32", "bf16"}) {
+    const std::string out = (dir_ / (std::string(dtype) + ".safetensors")).string();
+    r = Run({"export", "--checkpoint", save, "--safetensors", out, "--dtype", dtype});
+    ASSERT_EQ(r.code, 0) << r.out;
+    // Exporting onto an existing file is refused.
+    EXPECT_EQ(Run({"export", "--checkpoint", save, "--safetensors", out}).code, 1);
+    // An independent reader: Python's standard library parses the header and checks names,
+    // shapes, offsets, and that ln weights are 1-ish and lm_head is the transpose of the
+    // checkpoint's (C, V) head matrix.
+    const fs::path script = dir_ / "check.py";
+    std::ofstream(script) << R"PY(
+import json, struct, sys
+path, dtype, master = sys.argv[1], sys.argv[2], sys.argv[3]
+raw = open(path, 'rb').read()
+n = struct.unpack('<Q', raw[:8])[0]
+header = json.loads(raw[8:8 + n]); data = raw[8 + n:]
+assert (8 + n) % 8 == 0
+meta = header.pop('__metadata__')
+C, V, T, L = 16, 256, 16, 2
+want = {'wte.weight': [V, C], 'wpe.weight': [T, C], 'ln_f.weight': [C], 'ln_f.bias': [C],
+        'lm_head.weight': [V, C]}
+for i in range(L):
+    for k, s in [('ln_1.weight', [C]), ('ln_1.bias', [C]), ('attn.c_attn.weight', [C, 3 * C]),
+                 ('attn.c_attn.bias', [3 * C]), ('attn.c_proj.weight', [C, C]),
+                 ('attn.c_proj.bias', [C]), ('ln_2.weight', [C]), ('ln_2.bias', [C]),
+                 ('mlp.c_fc.weight', [C, 4 * C]), ('mlp.c_fc.bias', [4 * C]),
+                 ('mlp.c_proj.weight', [4 * C, C]), ('mlp.c_proj.bias', [C])]:
+        want['h.%d.%s' % (i, k)] = s
+assert sorted(header) == sorted(want), sorted(set(header) ^ set(want))
+size = 4 if dtype == 'fp32' else 2
+def values(name):
+    t = header[name]; b, e = t['data_offsets']
+    assert t['shape'] == want[name], (name, t['shape'])
+    assert t['dtype'] == ('F32' if dtype == 'fp32' else 'BF16')
+    count = e - b
+    if dtype == 'fp32': return list(struct.unpack('<%df' % (count // 4), data[b:e]))
+    return [struct.unpack('<f', struct.pack('<I', h << 16))[0]
+            for h in struct.unpack('<%dH' % (count // 2), data[b:e])]
+end = max(t['data_offsets'][1] for t in header.values())
+assert end == len(data)
+ln = values('h.0.ln_1.weight')
+assert all(0.8 < x < 1.2 for x in ln), ln
+# lm_head.weight[v][c] == the checkpoint's head block at lnf (2C) + c * V + v
+mraw = open(master, 'rb').read(); mn = struct.unpack('<Q', mraw[:8])[0]
+mh = json.loads(mraw[8:8 + mn]); mdata = mraw[8 + mn:]
+hb, he = mh['head']['data_offsets']
+head = struct.unpack('<%df' % ((he - hb) // 4), mdata[hb:he])
+lm = values('lm_head.weight')
+tol = 0 if dtype == 'fp32' else 1e-2
+for v in (0, 7, 255):
+    for c in (0, 5, 15):
+        x, y = lm[v * C + c], head[2 * C + c * V + v]
+        assert abs(x - y) <= tol * abs(y), (v, c, x, y)
+try:
+    from safetensors.numpy import load_file
+except ImportError:
+    print('stdlib-ok'); sys.exit(0)
+if dtype == 'fp32':
+    t = load_file(path)
+    assert sorted(t) == sorted(want)
+    assert list(t['lm_head.weight'].shape) == [V, C]
+print('safetensors-ok')
+)PY";
+    const fs::path py_out = dir_ / "py.txt";
+    const std::string master = save + "/step-1/master.safetensors";
+    const std::string cmd = "/usr/bin/python3 " + script.string() + " " + out + " " + dtype + " " +
+                            master + " > " + py_out.string() + " 2>&1";
+    if (::access("/usr/bin/python3", X_OK) != 0) GTEST_SKIP() << "no /usr/bin/python3";
+    const int rc = std::system(cmd.c_str());
+    const std::string py = ReadFile(py_out);
+    EXPECT_EQ(rc, 0) << py;
+    EXPECT_TRUE(py.find("stdlib-ok") != std::string::npos ||
+                py.find("safetensors-ok") != std::string::npos)
+        << py;
+  }
+}
+
+TEST_F(CheckpointCliTest, SigintWithoutSaveOnSignalExits130AndSaysNoCheckpoint) {
+  const fs::path out = dir_ / "run.txt";
+  Proc p = Spawn(Tiny() + std::vector<std::string>{"--steps", "100000", "--log-every", "1"}, out);
+  ASSERT_GT(p.pid, 0);
+  for (int i = 0; i < 600 && ReadFile(out).find("step     2/") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ::kill(p.pid, SIGINT);
+  const int code = Wait(p);
+  const std::string text = ReadFile(out);
+  EXPECT_EQ(code, 130) << text;
+  EXPECT_NE(text.find("stopped by signal 2 after step"), std::string::npos) << text;
+  EXPECT_NE(text.find("no checkpoint saved"), std::string::npos) << text;
+  EXPECT_TRUE(fs::is_empty(dir_ / "swap"));
+  // --resume latest without --save-dir is refused up front.
+  const Result r = Run(Tiny() + std::vector<std::string>{"--steps", "1", "--resume", "latest"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("needs --save-dir"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("plan:"), std::string::npos) << r.out;
+}
+
+TEST_F(CheckpointCliTest, SigtermFinishesTheStepSavesAndExits143) {
+  const std::string save = (dir_ / "save").string();
+  const fs::path out = dir_ / "run.txt";
+  Proc p = Spawn(Tiny() + std::vector<std::string>{"--steps", "100000", "--save-dir", save,
+                                                   "--save-on-signal", "--log-every", "1"},
+                 out);
+  ASSERT_GT(p.pid, 0);
+  // Wait until training runs, then ask it to stop.
+  for (int i = 0; i < 600 && ReadFile(out).find("step     3/") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ::kill(p.pid, SIGTERM);
+  const int code = Wait(p);
+  const std::string text = ReadFile(out);
+  EXPECT_EQ(code, 143) << text;
+  EXPECT_NE(text.find("stopped by signal 15 after step"), std::string::npos) << text;
+  EXPECT_NE(text.find("last checkpoint: " + save + "/step-"), std::string::npos) << text;
+  EXPECT_EQ(Run({"inspect", save}).code, 0);
+  // The swap space was removed on the way out.
+  EXPECT_TRUE(fs::is_empty(dir_ / "swap"));
+  const int64_t step = std::stoll(ReadFile(fs::path(save) / "latest").substr(5));
+  EXPECT_GE(step, 3);
+  const Result r = Run(Tiny() + std::vector<std::string>{"--steps", std::to_string(step + 1),
+                                                         "--save-dir", save, "--resume", "latest"});
+  EXPECT_EQ(r.code, 0) << r.out;
+}
+
+// SIGKILL at random moments, many times, while a checkpoint is saved after every step: `latest`
+// always names a complete checkpoint that inspect verifies and that --resume latest continues.
+TEST_F(CheckpointCliTest, SigkillAtRandomMomentsAlwaysLeavesALoadableLatest) {
+  const std::string save = (dir_ / "save").string();
+  std::mt19937_64 rng(20261122);
+  int with_latest = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(150);
+  int iterations = 0;
+  for (; iterations < 30 && std::chrono::steady_clock::now() < deadline; ++iterations) {
+    std::vector<std::string> args =
+        Tiny() + std::vector<std::string>{"--steps",      "1000000", "--save-dir",  save,
+                                          "--save-every", "1",       "--keep-last", "2"};
+    // From the second run on, continue from the last checkpoint: a resume that fails would exit
+    // at once with code 1 instead of being killed.
+    if (fs::exists(fs::path(save) / "latest"))
+      args = args + std::vector<std::string>{"--resume", "latest"};
+    Proc p = Spawn(args, dir_ / "run.txt");
+    ASSERT_GT(p.pid, 0);
+    std::this_thread::sleep_for(std::chrono::microseconds(300000 + rng() % 1200000));
+    ::kill(p.pid, SIGKILL);
+    EXPECT_EQ(Wait(p), 128 + SIGKILL);
+    if (!fs::exists(fs::path(save) / "latest")) continue;
+    ++with_latest;
+    const Result inspect = Run({"inspect", save});
+    ASSERT_EQ(inspect.code, 0) << "iteration " << iterations << "\n" << inspect.out;
+  }
+  EXPECT_GE(with_latest, iterations / 2);
+  // And a last resume runs one more step to completion.
+  ASSERT_TRUE(fs::exists(fs::path(save) / "latest"));
+  const std::string name = ReadFile(fs::path(save) / "latest");
+  const int64_t step = std::stoll(name.substr(5));
+  const Result r = Run(Tiny() + std::vector<std::string>{"--steps", std::to_string(step + 1),
+                                                         "--save-dir", save, "--resume", "latest"});
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("at step " + std::to_string(step)), std::string::npos) << r.out;
+}
+
+}  // namespace

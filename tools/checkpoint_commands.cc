@@ -1,0 +1,319 @@
+#include "tools/checkpoint_commands.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "base/dtype.h"
+#include "base/units.h"
+#include "engine/checkpoint.h"
+#include "engine/safetensors.h"
+#include "models/gpt_kernels.h"
+
+namespace strata::tools {
+namespace {
+
+volatile std::sig_atomic_t g_stop_signal = 0;
+
+void OnStopSignal(int sig) { g_stop_signal = sig; }
+
+}  // namespace
+
+void AddCheckpointFlags(CLI::App& cmd, CheckpointFlags& f) {
+  cmd.add_option(
+      "--save-dir", f.save_dir,
+      "Write checkpoints here as step-N directories, with a 'latest' pointer (crash-safe: "
+      "temporary name, fsync, rename); also saves after the last step");
+  cmd.add_option("--save-every", f.save_every,
+                 "Save a checkpoint every N steps; 0 = only at the end")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd.add_option("--keep-last", f.keep_last,
+                 "Keep only the newest K checkpoints in --save-dir (never the one 'latest' names); "
+                 "0 = keep all")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd.add_option("--resume", f.resume,
+                 "Continue exactly from a checkpoint: its directory, a save directory (uses its "
+                 "'latest'), or 'latest' (the --save-dir's); --steps is the total");
+  cmd.add_flag("--save-on-signal", f.save_on_signal,
+               "On SIGINT/SIGTERM finish the current step and save a checkpoint before exiting "
+               "(exit code 130/143)");
+}
+
+void InstallStopSignalHandlers() {
+  struct sigaction sa = {};
+  sa.sa_handler = OnStopSignal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;  // interrupted system calls resume; the loop polls the flag
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
+
+int StopSignal() { return g_stop_signal; }
+
+StatusOr<int64_t> ResumeTraining(engine::Engine& engine, const CheckpointFlags& flags,
+                                 std::mt19937_64* data_rng) {
+  std::string path = flags.resume;
+  if (path == "latest") {
+    if (flags.save_dir.empty()) {
+      return InvalidArgumentError("--resume latest needs --save-dir (the directory with 'latest')");
+    }
+    path = flags.save_dir;
+  }
+  // (RunTrain checks the same before building the engine.)
+  engine::TrainerState state;
+  const auto t0 = std::chrono::steady_clock::now();
+  STRATA_RETURN_IF_ERROR(engine.LoadCheckpoint(path, &state).WithContext("--resume"));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::istringstream in(state.data_rng);
+  std::mt19937_64 rng;
+  in >> rng;
+  if (in.fail()) {
+    // Validated before use: the engine has loaded, but training does not start.
+    return DataLossError(
+        fmt::format("--resume '{}': the manifest's data position is not a mt19937_64 state", path));
+  }
+  *data_rng = rng;
+  STRATA_ASSIGN_OR_RETURN(std::string dir, engine::ResolveCheckpointDir(path));
+  std::printf("resumed from %s at step %lld (%lld tokens seen), loaded in %.3f s\n", dir.c_str(),
+              static_cast<long long>(state.step), static_cast<long long>(state.tokens_seen),
+              seconds);
+  return state.step;
+}
+
+StatusOr<std::string> SaveTraining(engine::Engine& engine, const CheckpointFlags& flags,
+                                   const TrainProgress& p) {
+  engine::TrainerState state;
+  state.step = p.step;
+  state.tokens_seen = p.tokens_seen;
+  std::ostringstream rng;
+  rng << *p.data_rng;
+  state.data_rng = rng.str();
+  state.lr_schedule_json = p.lr_schedule_json;
+  state.model_json = p.model_json;
+  std::string dir;
+  const auto t0 = std::chrono::steady_clock::now();
+  STRATA_RETURN_IF_ERROR(
+      engine.SaveCheckpoint(flags.save_dir, state, {.keep_last = flags.keep_last}, &dir));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  uint64_t bytes = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    bytes += e.is_regular_file(ec) ? e.file_size(ec) : 0;
+  }
+  std::printf("checkpoint %s saved: %s in %.3f s\n", dir.c_str(), FormatBytes(bytes).c_str(),
+              seconds);
+  std::fflush(stdout);
+  return dir;
+}
+
+void AddInspectFlags(CLI::App& cmd, InspectFlags& f) {
+  cmd.add_option("dir", f.path, "A checkpoint directory, or a save directory with 'latest'")
+      ->required();
+}
+
+Status RunInspect(const InspectFlags& f) {
+  STRATA_ASSIGN_OR_RETURN(std::string dir, engine::ResolveCheckpointDir(f.path));
+  STRATA_ASSIGN_OR_RETURN(engine::Manifest m, engine::ReadManifest(dir));
+  std::printf("checkpoint %s\n", dir.c_str());
+  std::printf("  format %d, step %lld, %lld tokens seen, precision %s, loss scale %g\n",
+              m.format_version, static_cast<long long>(m.trainer.step),
+              static_cast<long long>(m.trainer.tokens_seen), m.precision.c_str(),
+              m.loss_scaler.scale);
+  std::printf("  model: %s\n", m.model_description.c_str());
+  for (const auto& file : m.files) {
+    std::printf("%s (%s, xxh3 %016llx)\n", file.name.c_str(), FormatBytes(file.size_bytes).c_str(),
+                static_cast<unsigned long long>(file.xxh3));
+    if (!file.name.ends_with(".safetensors")) continue;
+    auto st = engine::OpenSafetensorsFile(dir + "/" + file.name);
+    if (!st.ok()) {
+      // Reported, then the checksum pass below names the damaged file.
+      std::printf("  header unreadable: %s\n", st.status().message().c_str());
+      continue;
+    }
+    for (const auto& t : st->header.tensors) {
+      std::printf("  %-24s %-5s [%s] %llu bytes\n", t.name.c_str(),
+                  std::string(engine::SafetensorsDTypeName(t.dtype)).c_str(),
+                  fmt::format("{}", fmt::join(t.shape, ", ")).c_str(),
+                  static_cast<unsigned long long>(t.size_bytes()));
+    }
+  }
+  STRATA_RETURN_IF_ERROR(engine::VerifyCheckpointFiles(dir, m));
+  std::printf("verified: %zu files, sizes and xxh3 match the manifest\n", m.files.size());
+  return Status::Ok();
+}
+
+void AddExportFlags(CLI::App& cmd, ExportFlags& f) {
+  cmd.add_option("--checkpoint", f.checkpoint,
+                 "A checkpoint directory, or a save directory with 'latest'")
+      ->required();
+  cmd.add_option("--safetensors", f.out, "Output file (must not exist)")->required();
+  cmd.add_option("--dtype", f.dtype, "bf16 or fp32")->capture_default_str();
+}
+
+namespace {
+
+// Our chunk tensor names -> Hugging Face GPT-2 names (transformers GPT2Model / GPT2LMHeadModel).
+// Our weights are (in, out) row-major like HF's Conv1D, so only the LM head (nn.Linear,
+// (out, in)) is transposed.
+const std::map<std::string, std::string>& LayerNameMap() {
+  static const auto* m = new std::map<std::string, std::string>{
+      {"ln1_w", "ln_1.weight"},
+      {"ln1_b", "ln_1.bias"},
+      {"attn_qkv_w", "attn.c_attn.weight"},
+      {"attn_qkv_b", "attn.c_attn.bias"},
+      {"attn_proj_w", "attn.c_proj.weight"},
+      {"attn_proj_b", "attn.c_proj.bias"},
+      {"ln2_w", "ln_2.weight"},
+      {"ln2_b", "ln_2.bias"},
+      {"mlp_fc_w", "mlp.c_fc.weight"},
+      {"mlp_fc_b", "mlp.c_fc.bias"},
+      {"mlp_proj_w", "mlp.c_proj.weight"},
+      {"mlp_proj_b", "mlp.c_proj.bias"},
+  };
+  return *m;
+}
+
+StatusOr<models::GptShape> ShapeFromManifest(const engine::Manifest& m) {
+  const auto j = nlohmann::json::parse(m.trainer.model_json, nullptr, false);
+  models::GptShape s;
+  auto get = [&](const char* key, int* out) -> Status {
+    if (!j.is_object() || !j.contains(key) || !j[key].is_number_integer()) {
+      return DataLossError(fmt::format(
+          "the checkpoint's model config has no integer '{}' (not a GPT checkpoint?)", key));
+    }
+    const int64_t v = j[key].get<int64_t>();
+    if (v < 1 || v > (1 << 24)) return DataLossError(fmt::format("model config {} = {}", key, v));
+    *out = static_cast<int>(v);
+    return Status::Ok();
+  };
+  STRATA_RETURN_IF_ERROR(get("vocab_size", &s.vocab_size));
+  STRATA_RETURN_IF_ERROR(get("max_seq_len", &s.max_seq_len));
+  STRATA_RETURN_IF_ERROR(get("num_layers", &s.num_layers));
+  STRATA_RETURN_IF_ERROR(get("num_heads", &s.num_heads));
+  STRATA_RETURN_IF_ERROR(get("channels", &s.channels));
+  STRATA_RETURN_IF_ERROR(models::ValidateShape(s));
+  const int n = s.num_layers + 2;
+  bool ok = static_cast<int>(m.block_num_params.size()) == n &&
+            m.block_num_params[0] == models::EmbeddingNumParams(s) &&
+            m.block_num_params[n - 1] == models::HeadNumParams(s);
+  for (int b = 1; ok && b < n - 1; ++b) ok = m.block_num_params[b] == models::LayerNumParams(s);
+  if (!ok) return DataLossError("the checkpoint's blocks do not match its GPT model config");
+  return s;
+}
+
+struct ExportTensor {
+  std::string name;
+  int block;
+  models::TensorInfo info;
+  bool transpose = false;  // (C, V) -> (V, C)
+};
+
+}  // namespace
+
+Status RunExport(const ExportFlags& f) {
+  STRATA_ASSIGN_OR_RETURN(DType dtype, ParseDType(f.dtype));
+  if (dtype == DType::kF16) return InvalidArgumentError("--dtype must be bf16 or fp32");
+  STRATA_ASSIGN_OR_RETURN(std::string dir, engine::ResolveCheckpointDir(f.checkpoint));
+  STRATA_ASSIGN_OR_RETURN(engine::Manifest m, engine::ReadManifest(dir));
+  STRATA_RETURN_IF_ERROR(engine::VerifyCheckpointFiles(dir, m));
+  STRATA_ASSIGN_OR_RETURN(models::GptShape shape, ShapeFromManifest(m));
+  STRATA_ASSIGN_OR_RETURN(auto master,
+                          engine::OpenSafetensorsFile(dir + "/" + engine::kMasterFile));
+
+  std::vector<ExportTensor> out;
+  for (const auto& t : models::EmbeddingTensors(shape)) out.push_back({t.name + ".weight", 0, t});
+  for (int l = 0; l < shape.num_layers; ++l) {
+    for (const auto& t : models::LayerTensors(shape)) {
+      const auto it = LayerNameMap().find(t.name);
+      if (it == LayerNameMap().end()) {
+        return InternalError(fmt::format("no GPT-2 name for layer tensor '{}'", t.name));
+      }
+      out.push_back({fmt::format("h.{}.{}", l, it->second), l + 1, t});
+    }
+  }
+  for (const auto& t : models::HeadTensors(shape)) {
+    if (t.name == "lnf_w")
+      out.push_back({"ln_f.weight", shape.num_layers + 1, t});
+    else if (t.name == "lnf_b")
+      out.push_back({"ln_f.bias", shape.num_layers + 1, t});
+    else if (t.name == "lm_head_w")
+      out.push_back({"lm_head.weight", shape.num_layers + 1, t, true});
+    else
+      return InternalError(fmt::format("no GPT-2 name for head tensor '{}'", t.name));
+  }
+  std::vector<engine::SafetensorsWriter::TensorSpec> specs;
+  for (const auto& t : out) {
+    auto dims = t.info.shape;
+    if (t.transpose) std::swap(dims[0], dims[1]);
+    specs.push_back({t.name, dtype, dims});
+  }
+  const std::string tmp = f.out + ".tmp";
+  STRATA_ASSIGN_OR_RETURN(
+      auto writer,
+      engine::SafetensorsWriter::Create(
+          tmp, specs,
+          {{"format", "pt"},
+           {"source", fmt::format("strata checkpoint {} (step {})", dir, m.trainer.step)}}));
+  Status status;
+  std::vector<float> block;
+  int loaded = -1;
+  for (const auto& t : out) {
+    if (t.block != loaded) {
+      const std::string name = m.block_names[t.block];
+      const auto* st = master.header.Find(name);
+      if (!st || st->dtype != DType::kF32 || st->num_elems != m.block_num_params[t.block]) {
+        status = DataLossError(fmt::format("{}: no F32 tensor '{}'", engine::kMasterFile, name));
+        break;
+      }
+      block.resize(st->num_elems);
+      status = engine::ReadTensorBytes(master, *st, 0, std::as_writable_bytes(std::span(block)));
+      if (!status.ok()) break;
+      loaded = t.block;
+    }
+    if (t.info.offset + t.info.num_elems > static_cast<int64_t>(block.size())) {
+      status = InternalError(fmt::format("tensor '{}' lies outside its block", t.name));
+      break;
+    }
+    std::vector<float> values(block.begin() + t.info.offset,
+                              block.begin() + t.info.offset + t.info.num_elems);
+    if (t.transpose) {
+      const int64_t rows = t.info.shape[0], cols = t.info.shape[1];
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t c = 0; c < cols; ++c)
+          values[c * rows + r] = block[t.info.offset + r * cols + c];
+      }
+    }
+    if (dtype == DType::kF32) {
+      status = writer.Append(std::as_bytes(std::span(values)));
+    } else {
+      std::vector<uint16_t> half(values.size());
+      for (size_t i = 0; i < values.size(); ++i) half[i] = FloatToBf16(values[i]);
+      status = writer.Append(std::as_bytes(std::span(half)));
+    }
+    if (!status.ok()) break;
+  }
+  if (status.ok()) status = writer.Finish().status();
+  // link() does not replace an existing file (rename would).
+  if (status.ok() && ::link(tmp.c_str(), f.out.c_str()) != 0) {
+    status = ErrnoToStatus(errno, fmt::format("creating '{}'", f.out));
+  }
+  ::unlink(tmp.c_str());
+  if (!status.ok()) return status;
+  std::printf("exported %zu tensors (%s) from %s to %s\n", out.size(),
+              std::string(DTypeName(dtype)).c_str(), dir.c_str(), f.out.c_str());
+  return Status::Ok();
+}
+
+}  // namespace strata::tools

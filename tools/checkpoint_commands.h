@@ -1,0 +1,64 @@
+// Checkpoint parts of the CLI: `strata train` checkpoint flags and stop signals, `strata inspect`
+// and `strata export`.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <random>
+#include <string>
+
+#include "base/status.h"
+#include "engine/engine.h"
+
+namespace strata::tools {
+
+// --save-dir, --save-every, --keep-last, --resume, --save-on-signal of `strata train`.
+struct CheckpointFlags {
+  std::string save_dir;
+  int64_t save_every = 0;  // 0: only at the end (when save_dir is set)
+  int keep_last = 0;       // 0: keep all
+  std::string resume;      // a checkpoint dir, a save dir, or "latest" (= the --save-dir)
+  bool save_on_signal = false;
+};
+void AddCheckpointFlags(CLI::App& cmd, CheckpointFlags& f);
+
+// SIGINT / SIGTERM set a flag (and nothing else) that the training loop checks between steps.
+void InstallStopSignalHandlers();
+// The signal that asked to stop (SIGINT, SIGTERM), or 0.
+int StopSignal();
+
+// Trainer glue. The data position is the data sampler's std::mt19937_64.
+struct TrainProgress {
+  int64_t step = 0;  // optimizer steps completed
+  int64_t tokens_seen = 0;
+  const std::mt19937_64* data_rng = nullptr;
+  std::string lr_schedule_json = "{}";
+  std::string model_json = "{}";
+};
+// --resume: loads the checkpoint into `engine`, restores *data_rng, returns the step to continue
+// from (prints one line saying from where). kInvalidArgument for "latest" without --save-dir.
+StatusOr<int64_t> ResumeTraining(engine::Engine& engine, const CheckpointFlags& flags,
+                                 std::mt19937_64* data_rng);
+// Saves a checkpoint into --save-dir; returns its directory.
+StatusOr<std::string> SaveTraining(engine::Engine& engine, const CheckpointFlags& flags,
+                                   const TrainProgress& progress);
+
+// `strata inspect DIR`: lists the tensors of a checkpoint (or of the one `latest` names in a save
+// directory) and verifies every file's size and xxh3; the first mismatch is a kDataLoss error.
+struct InspectFlags {
+  std::string path;
+};
+void AddInspectFlags(CLI::App& cmd, InspectFlags& f);
+Status RunInspect(const InspectFlags& f);
+
+// `strata export --checkpoint DIR --safetensors OUT [--dtype bf16|fp32]`: the master weights under
+// Hugging Face GPT-2 tensor names and layouts (see checkpoint_commands.cc), one safetensors file.
+struct ExportFlags {
+  std::string checkpoint;
+  std::string out;
+  std::string dtype = "fp32";
+};
+void AddExportFlags(CLI::App& cmd, ExportFlags& f);
+Status RunExport(const ExportFlags& f);
+
+}  // namespace strata::tools
