@@ -229,4 +229,40 @@ TEST_F(CliTest, EstimatePrintsThePlanOrTheShortfallWithoutTraining) {
   EXPECT_NE(missing.err.find("--device-budget"), std::string::npos) << missing.err;
 }
 
+// Issue 3: the block `strata iobench --sweep` prints is a config `strata train --config` takes
+// unchanged, and the settings reach the engine (the plan's io line shows them).
+TEST_F(CliTest, IobenchSweepConfigRoundTripsThroughTrainConfig) {
+  const auto config = dir_ / "best.json";
+  const Result sweep = RunStrata("iobench --path " + dir_.string() +
+                                 " --size 16MiB --sweep --config-out " + config.string());
+  ASSERT_EQ(sweep.exit_code, 0) << sweep.out << sweep.err;
+  std::ifstream in(config);
+  ASSERT_TRUE(in.good());
+  const auto block = nlohmann::json::parse(in);
+  const auto block_size = block.at("aio").at("block_size").get<uint64_t>();
+  const auto queue_depth = block.at("aio").at("queue_depth").get<int>();
+  const auto backend = block.at("strata").at("io_backend").get<std::string>();
+  // The same block is the last thing on stdout.
+  const auto brace = sweep.out.rfind("{\n  \"aio\"");
+  ASSERT_NE(brace, std::string::npos) << sweep.out;
+  EXPECT_EQ(nlohmann::json::parse(sweep.out.substr(brace)), block);
+
+  const auto summary = dir_ / "summary.json";
+  const Result train = RunStrata(Small() + " --steps 2 --eval-every 0 --sample-bytes 0 --config " +
+                                 config.string() + " --summary-json " + summary.string());
+  ASSERT_EQ(train.exit_code, 0) << train.out << train.err;
+  std::ifstream sin(summary);
+  EXPECT_EQ(nlohmann::json::parse(sin).at("io_backend"), backend);
+  const auto io_line = train.out.find("  io ");
+  ASSERT_NE(io_line, std::string::npos) << train.out;
+  const std::string line = train.out.substr(io_line, train.out.find('\n', io_line) - io_line);
+  EXPECT_NE(line.find(backend), std::string::npos) << line;
+  EXPECT_NE(line.find("queue depth " + std::to_string(queue_depth)), std::string::npos) << line;
+  // The sweep's block sizes are 128 KiB, 1 MiB and 4 MiB; the plan prints them as FormatBytes does.
+  const std::string size_text = block_size % (1u << 20) == 0
+                                    ? std::to_string(block_size >> 20) + ".0 MiB"
+                                    : std::to_string(block_size >> 10) + ".0 KiB";
+  EXPECT_NE(line.find("block " + size_text), std::string::npos) << line;
+}
+
 }  // namespace
