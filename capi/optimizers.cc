@@ -2,7 +2,6 @@
 // is one OptimizerOps entry in kOptimizers (its config struct, its state buffers,
 // how it validates and steps); adding an optimizer is adding one entry.
 #include <fmt/format.h>
-#include <tbb/task_arena.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -10,12 +9,14 @@
 #include <memory>
 #include <span>
 #include <variant>
+#include <vector>
 
 #include "capi/capi_internal.h"
 #include "cpu_optim/adagrad.h"
 #include "cpu_optim/adamw.h"
 #include "cpu_optim/lion.h"
 #include "cpu_optim/sgd.h"
+#include "cpu_optim/threading.h"
 #include "strata/strata.h"
 
 namespace strata::capi {
@@ -212,8 +213,9 @@ Status ParseConfig(const OptimizerOps& ops, const void* config, OptimizerConfig*
 struct strata_optimizer {
   const strata::capi::OptimizerOps* ops;
   strata::capi::OptimizerConfig config;
-  // Private arena when num_threads > 0; nullptr runs in the caller's arena.
-  std::unique_ptr<tbb::task_arena> arena;
+  // Private arena when num_threads > 0 or cores are given; nullptr runs in the
+  // caller's arena.
+  std::unique_ptr<strata::cpu_optim::WorkerArena> arena;
 };
 
 extern "C" {
@@ -272,6 +274,8 @@ void strata_optimizer_options_init(strata_optimizer_options* options) {
   *options = strata_optimizer_options{};
   options->struct_size = sizeof(strata_optimizer_options);
   options->num_threads = 0;
+  options->cores = nullptr;
+  options->num_cores = 0;
 }
 
 strata_status strata_optimizer_create(strata_optimizer_kind kind, const void* config,
@@ -292,25 +296,37 @@ strata_status strata_optimizer_create(strata_optimizer_kind kind, const void* co
     strata_optimizer_options opts;
     strata_optimizer_options_init(&opts);
     if (options != nullptr) {
-      if (options->struct_size != sizeof(strata_optimizer_options)) {
+      // The 0.1.0 struct ended after num_threads; its callers get no binding.
+      constexpr size_t kSize010 = offsetof(strata_optimizer_options, cores);
+      if (options->struct_size != sizeof(strata_optimizer_options) &&
+          options->struct_size != kSize010) {
         return InvalidArgumentError(
             fmt::format("strata_optimizer_create: options->struct_size is {}, expected {}: "
                         "initialize options with strata_optimizer_options_init",
                         options->struct_size, sizeof(strata_optimizer_options)));
       }
-      opts = *options;
+      std::memcpy(&opts, options, options->struct_size);
+      opts.struct_size = sizeof(strata_optimizer_options);
     }
     if (opts.num_threads < 0) {
       return InvalidArgumentError(
           fmt::format("strata_optimizer_create: num_threads must be >= 0 (0 = all CPUs), got {}",
                       opts.num_threads));
     }
+    if (opts.num_cores < 0 || (opts.num_cores > 0 && opts.cores == nullptr)) {
+      return InvalidArgumentError(
+          fmt::format("strata_optimizer_create: cores must list num_cores >= 0 ids, got "
+                      "num_cores {} and cores {}",
+                      opts.num_cores, opts.cores == nullptr ? "NULL" : "set"));
+    }
     auto handle = std::make_unique<strata_optimizer>();
     handle->ops = ops;
     STRATA_RETURN_IF_ERROR(ParseConfig(*ops, config, &handle->config));
-    if (opts.num_threads > 0) {
-      handle->arena = std::make_unique<tbb::task_arena>(opts.num_threads);
-      handle->arena->initialize();
+    if (opts.num_threads > 0 || opts.num_cores > 0) {
+      cpu_optim::ThreadingOptions threading{
+          .num_threads = opts.num_threads,
+          .cores = std::vector<int>(opts.cores, opts.cores + opts.num_cores)};
+      STRATA_ASSIGN_OR_RETURN(handle->arena, cpu_optim::WorkerArena::Create(threading));
     }
     *out = handle.release();
     return Status::Ok();
@@ -381,7 +397,7 @@ strata_status strata_optimizer_step(const strata_optimizer* optimizer, int64_t s
     }
     if (optimizer->arena == nullptr) return ops.step(optimizer->config, args);
     Status status;
-    optimizer->arena->execute([&] { status = ops.step(optimizer->config, args); });
+    optimizer->arena->Execute([&] { status = ops.step(optimizer->config, args); });
     return status;
   });
 }

@@ -254,14 +254,25 @@ STRATA_API void strata_sgd_config_init(strata_sgd_config* config);
 
 /* Threading options of an optimizer handle. */
 typedef struct strata_optimizer_options {
-  size_t struct_size; /* = sizeof(strata_optimizer_options); checked */
+  size_t struct_size; /* = sizeof(strata_optimizer_options); checked (the 0.1.0 layout,
+                         which ends after num_threads, is accepted too) */
   /* Worker threads of a step, the calling thread included: 0 = oneTBB's default
-   * (all CPUs this process may use), 1 = the calling thread only, n > 1 = a
-   * private oneTBB arena of n threads. Results do not depend on it. */
+   * (all CPUs this process may use; with cores: one per listed core), 1 = the
+   * calling thread only, n > 1 = a private oneTBB arena of n threads. Results do
+   * not depend on it. */
   int num_threads;
+  /* Optional core binding (cpu_optim::WorkerArena): num_cores logical CPU ids (as
+   * sched_setaffinity and /proc/cpuinfo number them), each in the process's
+   * affinity mask, none twice; the handle's threads, and the calling thread for the
+   * duration of a step, are bound to them while they run its steps (thread slot i
+   * to cores[i % num_cores]), e.g. to keep the optimizer off the cores that feed
+   * the GPU and on the NUMA node that holds the state. The ids are copied at
+   * create; NULL / 0 = no binding. Binding never changes results. Linux only. */
+  const int* cores;
+  int num_cores;
 } strata_optimizer_options;
 
-/* Fills *options with the defaults (num_threads 0) and sets struct_size. */
+/* Fills *options with the defaults (num_threads 0, no binding) and sets struct_size. */
 STRATA_API void strata_optimizer_options_init(strata_optimizer_options* options);
 
 typedef struct strata_optimizer strata_optimizer;
@@ -273,7 +284,9 @@ typedef struct strata_optimizer strata_optimizer;
  * out, an unknown kind, a struct_size that does not match the kind's struct (it
  * catches a header/library version mismatch; it cannot tell apart structs of
  * equal size, so pass the struct that belongs to kind), a
- * hyper-parameter torch.optim rejects, num_threads < 0; STRATA_RESOURCE_EXHAUSTED
+ * hyper-parameter torch.optim rejects, num_threads < 0, num_cores < 0, cores NULL with
+ * num_cores > 0, a core id out of range, listed twice or outside the process's
+ * affinity mask; STRATA_UNIMPLEMENTED for core binding off Linux; STRATA_RESOURCE_EXHAUSTED
  * when memory or the thread arena cannot be had. *out is NULL on error. */
 STRATA_API strata_status strata_optimizer_create(strata_optimizer_kind kind, const void* config,
                                                  const strata_optimizer_options* options,

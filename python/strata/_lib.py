@@ -102,7 +102,12 @@ class SgdConfig(ctypes.Structure):
 
 class OptimizerOptions(ctypes.Structure):
     """strata_optimizer_options."""
-    _fields_ = [("struct_size", ctypes.c_size_t), ("num_threads", ctypes.c_int)]
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("num_threads", ctypes.c_int),
+        ("cores", ctypes.POINTER(ctypes.c_int)),
+        ("num_cores", ctypes.c_int),
+    ]
 
 
 class GradStats(ctypes.Structure):

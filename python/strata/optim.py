@@ -49,13 +49,20 @@ class _StrataOptimizer(torch.optim.Optimizer):
     _kind = None
     _keys = ()
 
-    def __init__(self, params, defaults, num_threads):
+    def __init__(self, params, defaults, num_threads, cores=None):
         if not isinstance(num_threads, int) or num_threads < 0:
             raise ValueError(f"num_threads must be an int >= 0 (0 = all CPUs), got "
                              f"{num_threads!r}")
+        if cores is not None:
+            cores = tuple(cores)
+            if not all(isinstance(c, int) and c >= 0 for c in cores):
+                raise ValueError(f"cores must be logical CPU ids (ints >= 0), got {cores!r}")
         self._num_threads = num_threads
+        self._cores = cores or None
         self._handle = None
         super().__init__(params, defaults)
+        if self._cores:
+            self._get_handle()  # a bad core list fails here, not at the first step
 
     # -- torch.optim.Optimizer protocol ----------------------------------------
 
@@ -82,6 +89,7 @@ class _StrataOptimizer(torch.optim.Optimizer):
         # unpickled optimizer makes its own on its first step).
         state = super().__getstate__()
         state["_num_threads"] = getattr(self, "_num_threads", 0)
+        state["_cores"] = getattr(self, "_cores", None)
         return state
 
     @torch.no_grad()
@@ -168,6 +176,12 @@ class _StrataOptimizer(torch.optim.Optimizer):
             options = _lib.OptimizerOptions()
             library.strata_optimizer_options_init(ctypes.byref(options))
             options.num_threads = getattr(self, "_num_threads", 0)
+            cores = getattr(self, "_cores", None)
+            if cores:
+                # Copied by strata_optimizer_create; only needs to live until it returns.
+                core_ids = (ctypes.c_int * len(cores))(*cores)
+                options.cores = ctypes.cast(core_ids, ctypes.POINTER(ctypes.c_int))
+                options.num_cores = len(cores)
             config = self._config(self.param_groups[0])
             handle = ctypes.c_void_p()
             _lib.check(library.strata_optimizer_create(
@@ -303,7 +317,8 @@ class _AdamBase(_StrataOptimizer):
             state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
         return state
 
-    def __init__(self, params, lr, betas, eps, weight_decay, amsgrad, options, num_threads):
+    def __init__(self, params, lr, betas, eps, weight_decay, amsgrad, options, num_threads,
+                 cores):
         name = f"strata.optim.{type(self).__name__}"
         _check_adam_args(lr, betas, eps, weight_decay)
         given = _check_twin_options(name, self._twin, options)
@@ -312,7 +327,7 @@ class _AdamBase(_StrataOptimizer):
         _add_twin_defaults(self._twin, defaults, given,
                            ("maximize", "foreach", "capturable", "differentiable", "fused"))
         _reject_unsupported(name, defaults)
-        super().__init__(params, defaults, num_threads)
+        super().__init__(params, defaults, num_threads, cores)
 
     def _config(self, group):
         config = _lib.AdamWConfig()
@@ -340,17 +355,20 @@ class AdamW(_AdamBase):
     and state_dict as torch's, amsgrad and maximize included; foreach is accepted
     and has no effect (one fused pass per tensor either way); capturable,
     differentiable and fused=True raise ValueError. num_threads: 0 = all CPUs
-    (oneTBB), n = n threads; results do not depend on it."""
+    (oneTBB; with cores, one per core), n = n threads; cores: logical CPU ids to
+    bind the step's threads to (strata_optimizer_options.cores; Linux). Results
+    depend on neither."""
 
     _twin = torch.optim.AdamW
     _kind = _lib.OPTIMIZER_ADAMW
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
                  amsgrad=False, *, maximize=_UNSET, foreach=_UNSET, capturable=_UNSET,
-                 differentiable=_UNSET, fused=_UNSET, num_threads=0):
+                 differentiable=_UNSET, fused=_UNSET, num_threads=0, cores=None):
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad,
                          dict(maximize=maximize, foreach=foreach, capturable=capturable,
-                              differentiable=differentiable, fused=fused), num_threads)
+                              differentiable=differentiable, fused=fused),
+                         num_threads, cores)
 
 
 class Adam(_AdamBase):
@@ -363,10 +381,11 @@ class Adam(_AdamBase):
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0,
                  amsgrad=False, *, foreach=_UNSET, maximize=_UNSET, capturable=_UNSET,
-                 differentiable=_UNSET, fused=_UNSET, num_threads=0):
+                 differentiable=_UNSET, fused=_UNSET, num_threads=0, cores=None):
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad,
                          dict(maximize=maximize, foreach=foreach, capturable=capturable,
-                              differentiable=differentiable, fused=fused), num_threads)
+                              differentiable=differentiable, fused=fused),
+                         num_threads, cores)
 
 
 class Adagrad(_StrataOptimizer):
@@ -375,7 +394,7 @@ class Adagrad(_StrataOptimizer):
     2011). Same arguments and state_dict as torch's: like torch, the state
     ('step', and 'sum' filled with initial_accumulator_value) is created by the
     constructor. foreach is accepted and has no effect; differentiable=True raises
-    ValueError. num_threads as strata.optim.AdamW."""
+    ValueError. num_threads and cores as strata.optim.AdamW."""
 
     _twin = torch.optim.Adagrad
     _kind = _lib.OPTIMIZER_ADAGRAD
@@ -383,7 +402,7 @@ class Adagrad(_StrataOptimizer):
 
     def __init__(self, params, lr=1e-2, lr_decay=0, weight_decay=0, initial_accumulator_value=0,
                  eps=1e-10, foreach=None, *, maximize=_UNSET, differentiable=_UNSET,
-                 num_threads=0):
+                 num_threads=0, cores=None):
         name = "strata.optim.Adagrad"
         # The checks and messages of torch.optim.Adagrad.
         if not 0.0 <= lr:
@@ -403,7 +422,7 @@ class Adagrad(_StrataOptimizer):
                         initial_accumulator_value=initial_accumulator_value, foreach=foreach)
         _add_twin_defaults(self._twin, defaults, given, ("maximize", "differentiable"))
         _reject_unsupported(name, defaults)
-        super().__init__(params, defaults, num_threads)
+        super().__init__(params, defaults, num_threads, cores)
         for group in self.param_groups:
             for p in group["params"]:
                 self.state[p].update(self._new_state(group, p))
@@ -431,14 +450,14 @@ class SGD(_StrataOptimizer):
     in deep learning", ICML 2013). Same arguments and state_dict as torch's: no
     'step'; 'momentum_buffer' created from the first gradient, None when momentum
     is 0. foreach is accepted and has no effect; differentiable=True raises
-    ValueError. num_threads as strata.optim.AdamW."""
+    ValueError. num_threads and cores as strata.optim.AdamW."""
 
     _twin = torch.optim.SGD
     _kind = _lib.OPTIMIZER_SGD
 
     def __init__(self, params, lr=_REQUIRED, momentum=0, dampening=0,
                  weight_decay=0, nesterov=False, *, maximize=_UNSET, foreach=_UNSET,
-                 differentiable=_UNSET, num_threads=0):
+                 differentiable=_UNSET, num_threads=0, cores=None):
         name = "strata.optim.SGD"
         # The checks and messages of torch.optim.SGD.
         if lr is not _REQUIRED and lr < 0.0:
@@ -457,7 +476,7 @@ class SGD(_StrataOptimizer):
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError("Nesterov momentum requires a momentum and zero dampening")
         _reject_unsupported(name, defaults)
-        super().__init__(params, defaults, num_threads)
+        super().__init__(params, defaults, num_threads, cores)
 
     def _state_keys(self, group):
         return ("momentum_buffer",) if group["momentum"] != 0 else ()
@@ -500,13 +519,13 @@ class Lion(_StrataOptimizer):
     has no Lion: the constructor and state are those of the lion-pytorch package
     (lr=1e-4, betas=(0.9, 0.99), weight_decay=0; state 'exp_avg' only, no 'step'),
     plus maximize. Lion wants an lr 3-10x smaller and a weight_decay 3-10x larger
-    than AdamW's. num_threads as strata.optim.AdamW."""
+    than AdamW's. num_threads and cores as strata.optim.AdamW."""
 
     _kind = _lib.OPTIMIZER_LION
     _keys = ("exp_avg",)
 
     def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0, *,
-                 maximize=False, num_threads=0):
+                 maximize=False, num_threads=0, cores=None):
         if not 0.0 <= lr:
             raise ValueError(f"Invalid learning rate: {lr}")
         if not all(0.0 <= beta <= 1.0 for beta in betas):
@@ -514,7 +533,7 @@ class Lion(_StrataOptimizer):
         if not 0.0 <= weight_decay:
             raise ValueError(f"Invalid weight_decay value: {weight_decay}")
         defaults = dict(lr=lr, betas=betas, weight_decay=weight_decay, maximize=maximize)
-        super().__init__(params, defaults, num_threads)
+        super().__init__(params, defaults, num_threads, cores)
 
     def _new_state(self, group, p):
         return {"exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format)}

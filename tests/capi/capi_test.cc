@@ -3,9 +3,11 @@
 // errors with codes and messages, thread-local last error, exported symbols.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 
 #include <bit>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -559,6 +561,92 @@ TEST(CApiOptimizer, ResultsAreBitIdenticalForAnyThreadCount) {
     }
     strata_optimizer_destroy(opt);
   }
+}
+
+// Core binding (strata_optimizer_options.cores) through cpu_optim::WorkerArena:
+// bound steps equal unbound ones bit for bit, the caller's affinity mask is
+// restored after a step, and bad core lists are refused.
+TEST(CApiOptimizer, CoreBindingKeepsResultsAndRestoresCallerAffinity) {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(allowed), &allowed), 0);
+  std::vector<int> cores;
+  for (int c = 0; c < CPU_SETSIZE && cores.size() < 2; ++c) {
+    if (CPU_ISSET(c, &allowed)) cores.push_back(c);
+  }
+  ASSERT_FALSE(cores.empty());
+  constexpr size_t n = 100003;
+  strata_lion_config c;
+  strata_lion_config_init(&c);
+  c.lr = 1e-3f;
+  c.weight_decay = 0.1f;
+  const std::vector<float> p0 = RandomValues(n, 61, 1.0f);
+  const std::vector<uint16_t> g = To16(RandomValues(n, 62, 0.1f), STRATA_DTYPE_BF16);
+  std::vector<std::vector<float>> results;
+  for (int bind : {0, 1}) {
+    strata_optimizer_options options;
+    strata_optimizer_options_init(&options);
+    options.num_threads = 3;
+    if (bind) {
+      options.cores = cores.data();
+      options.num_cores = static_cast<int>(cores.size());
+    }
+    strata_optimizer* opt = nullptr;
+    ASSERT_EQ(strata_optimizer_create(STRATA_OPTIMIZER_LION, &c, &options, &opt), STRATA_OK)
+        << strata_last_error();
+    std::vector<float> p = p0, m(n, 0.0f);
+    float* state[1] = {m.data()};
+    for (int64_t step = 1; step <= 3; ++step) {
+      ASSERT_EQ(strata_optimizer_step(opt, step, 1.0f, p.data(), state, 1, g.data(),
+                                      STRATA_DTYPE_BF16, nullptr, STRATA_DTYPE_F32, n),
+                STRATA_OK)
+          << strata_last_error();
+    }
+    cpu_set_t after;
+    CPU_ZERO(&after);
+    ASSERT_EQ(sched_getaffinity(0, sizeof(after), &after), 0);
+    EXPECT_TRUE(CPU_EQUAL(&after, &allowed)) << "the caller's affinity mask was not restored";
+    results.push_back(p);
+    strata_optimizer_destroy(opt);
+  }
+  EXPECT_TRUE(SameBits(results[0], results[1]));
+  EXPECT_FALSE(SameBits(results[0], p0));
+
+  strata_optimizer_options options;
+  strata_optimizer_options_init(&options);
+  strata_optimizer* opt = reinterpret_cast<strata_optimizer*>(0x1);
+  const int twice[2] = {cores[0], cores[0]};
+  options.cores = twice;
+  options.num_cores = 2;
+  EXPECT_EQ(strata_optimizer_create(STRATA_OPTIMIZER_LION, &c, &options, &opt),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_THAT(strata_last_error(), HasSubstr("listed twice"));
+  EXPECT_EQ(opt, nullptr);
+  const int out_of_range[1] = {CPU_SETSIZE + 5};
+  options.cores = out_of_range;
+  options.num_cores = 1;
+  EXPECT_EQ(strata_optimizer_create(STRATA_OPTIMIZER_LION, &c, &options, &opt),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_THAT(strata_last_error(), HasSubstr("out of range"));
+  options.cores = nullptr;
+  EXPECT_EQ(strata_optimizer_create(STRATA_OPTIMIZER_LION, &c, &options, &opt),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_THAT(strata_last_error(), HasSubstr("num_cores"));
+  options.cores = cores.data();
+  options.num_cores = -1;
+  EXPECT_EQ(strata_optimizer_create(STRATA_OPTIMIZER_LION, &c, &options, &opt),
+            STRATA_INVALID_ARGUMENT);
+
+  // A caller built against the 0.1.0 header passes the shorter struct: accepted,
+  // without binding (the fields after num_threads are not read).
+  strata_optimizer_options old;
+  strata_optimizer_options_init(&old);
+  old.struct_size = offsetof(strata_optimizer_options, cores);
+  old.num_threads = 2;
+  old.num_cores = -7;  // beyond the old struct: must be ignored
+  ASSERT_EQ(strata_optimizer_create(STRATA_OPTIMIZER_LION, &c, &old, &opt), STRATA_OK)
+      << strata_last_error();
+  strata_optimizer_destroy(opt);
 }
 
 TEST(CApiOptimizer, SetConfigChangesLearningRateAndKeepsOldOnError) {

@@ -387,6 +387,26 @@ class OptimizerTwinTest(unittest.TestCase):
         for r in results[1:]:
             self.assertTrue(torch.equal(r, results[0]))
 
+    def test_core_binding_does_not_change_results(self):
+        allowed = sorted(os.sched_getaffinity(0))
+        values = [torch.randn(300001, generator=torch.Generator().manual_seed(33))]
+        results = []
+        for cores in (None, allowed[:1], allowed[:2]):
+            params = leaves(values)
+            opt = strata.optim.SGD(params, lr=1e-2, momentum=0.9, num_threads=2, cores=cores)
+            gen = torch.Generator().manual_seed(34)
+            for _ in range(3):
+                opt.step(grads=make_grads(gen, values, torch.bfloat16))
+            results.append(params[0].detach().clone())
+        self.assertEqual(os.sched_getaffinity(0), set(allowed))
+        for r in results[1:]:
+            self.assertTrue(torch.equal(r, results[0]))
+        self.assertFalse(torch.equal(results[0], values[0]))
+        with self.assertRaisesRegex(strata.StrataError, "listed twice"):
+            strata.optim.Lion(leaves(values), cores=[allowed[0], allowed[0]])
+        with self.assertRaisesRegex(ValueError, "cores must be"):
+            strata.optim.AdamW(leaves(values), cores=[-1])
+
 
 class BadInputTest(unittest.TestCase):
     def test_bad_parameters_are_rejected_before_anything_changes(self):
