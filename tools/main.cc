@@ -24,7 +24,7 @@ int main(int argc, char** argv) {
   strata::SetLogLevel(strata::LogLevel::kWarning);
   CLI::App app{"Strata: train models larger than GPU memory on one workstation"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "strata 0.1.0");
+  app.set_version_flag("--version", "strata " STRATA_VERSION_STRING);
   strata::tools::TrainFlags train;
   CLI::App* train_cmd = app.add_subcommand(
       "train", "Train a GPT on a text file with parameters and optimizer state offloaded");

@@ -17,7 +17,7 @@ from strata._lib import (
     library_version,
 )
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "StrataError",

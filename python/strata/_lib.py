@@ -16,7 +16,7 @@ import threading
 # The C API major version this package speaks (STRATA_VERSION_MAJOR), and the
 # minor version that has every function declared below.
 ABI_MAJOR = 0
-ABI_MINOR = 1
+ABI_MINOR = 2
 
 # strata_dtype
 DTYPE_F32 = 0
@@ -33,6 +33,9 @@ STATUS_NAMES = (
 # strata_optimizer_kind
 OPTIMIZER_ADAMW = 1
 OPTIMIZER_ADAM = 2
+OPTIMIZER_ADAGRAD = 3
+OPTIMIZER_LION = 4
+OPTIMIZER_SGD = 5
 
 
 class StrataError(RuntimeError):
@@ -59,9 +62,52 @@ class AdamWConfig(ctypes.Structure):
     ]
 
 
+class AdagradConfig(ctypes.Structure):
+    """strata_adagrad_config."""
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("lr", ctypes.c_float),
+        ("lr_decay", ctypes.c_float),
+        ("weight_decay", ctypes.c_float),
+        ("initial_accumulator_value", ctypes.c_float),
+        ("eps", ctypes.c_float),
+        ("maximize", ctypes.c_int),
+    ]
+
+
+class LionConfig(ctypes.Structure):
+    """strata_lion_config."""
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("lr", ctypes.c_float),
+        ("beta1", ctypes.c_float),
+        ("beta2", ctypes.c_float),
+        ("weight_decay", ctypes.c_float),
+        ("maximize", ctypes.c_int),
+    ]
+
+
+class SgdConfig(ctypes.Structure):
+    """strata_sgd_config."""
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("lr", ctypes.c_float),
+        ("momentum", ctypes.c_float),
+        ("dampening", ctypes.c_float),
+        ("weight_decay", ctypes.c_float),
+        ("nesterov", ctypes.c_int),
+        ("maximize", ctypes.c_int),
+    ]
+
+
 class OptimizerOptions(ctypes.Structure):
     """strata_optimizer_options."""
-    _fields_ = [("struct_size", ctypes.c_size_t), ("num_threads", ctypes.c_int)]
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("num_threads", ctypes.c_int),
+        ("cores", ctypes.POINTER(ctypes.c_int)),
+        ("num_cores", ctypes.c_int),
+    ]
 
 
 class GradStats(ctypes.Structure):
@@ -115,6 +161,9 @@ def _declare(lib):
         "strata_dtype_size": (c_size_t, [c_int]),
         "strata_kernel_name": (c_char_p, []),
         "strata_adamw_config_init": (None, [ctypes.POINTER(AdamWConfig)]),
+        "strata_adagrad_config_init": (None, [ctypes.POINTER(AdagradConfig)]),
+        "strata_lion_config_init": (None, [ctypes.POINTER(LionConfig)]),
+        "strata_sgd_config_init": (None, [ctypes.POINTER(SgdConfig)]),
         "strata_optimizer_options_init": (None, [ctypes.POINTER(OptimizerOptions)]),
         "strata_optimizer_create": (
             c_int, [c_int, c_void_p, ctypes.POINTER(OptimizerOptions), ctypes.POINTER(c_void_p)]),

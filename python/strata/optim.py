@@ -2,10 +2,12 @@
 multithreaded kernels (AVX-512 / AVX2 chosen at run time).
 
 Each class takes the constructor arguments of its torch.optim twin and keeps the
-same state_dict (param_groups with the twin's keys; per parameter 'step' as a
-float32 scalar tensor, 'exp_avg', 'exp_avg_sq' as fp32 tensors shaped like the
-parameter), so a state_dict saved from one loads into the other and training
-continues identically.
+same state_dict (param_groups with the twin's keys; per parameter the twin's
+state: 'step' as a float32 scalar tensor where torch keeps one, and fp32 tensors
+shaped like the parameter: AdamW/Adam 'exp_avg', 'exp_avg_sq' (+ 'max_exp_avg_sq'
+with amsgrad), Adagrad 'sum', SGD 'momentum_buffer' (None without momentum), Lion
+'exp_avg' (as the lion-pytorch package; torch has no Lion)), so a state_dict
+saved from one loads into the other and training continues identically.
 
 Parameters must be fp32, contiguous, on the CPU (the fp32 master weights of
 ZeRO-Offload-style training). Gradients are p.grad (fp32), or, for 16-bit
@@ -24,11 +26,12 @@ import inspect
 import math
 
 import torch
+from torch.optim.optimizer import required as _REQUIRED
 
 from strata import _lib
 from strata._tensors import DTYPES, check_cpu_contiguous, dtype_code
 
-__all__ = ["Adam", "AdamW"]
+__all__ = ["Adagrad", "Adam", "AdamW", "Lion", "SGD"]
 
 _GRAD_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -37,20 +40,29 @@ class _StrataOptimizer(torch.optim.Optimizer):
     """Base of the strata optimizers. Subclasses set:
       _twin        the torch.optim class whose arguments and state_dict they mirror
       _kind        strata_optimizer_kind
-      _state_keys  per-parameter fp32 state tensors, in the C API's order
-    and implement _config(group) -> ctypes config struct."""
+      _keys        per-parameter fp32 state tensors, in the C API's order
+    and implement _config(group) -> ctypes config struct. Optimizers whose state
+    differs from "a 'step' tensor plus zero-initialised _keys" (amsgrad, SGD,
+    Lion, Adagrad) override _state_keys, _new_state and _advance."""
 
     _twin = None
     _kind = None
-    _state_keys = ()
+    _keys = ()
 
-    def __init__(self, params, defaults, num_threads):
+    def __init__(self, params, defaults, num_threads, cores=None):
         if not isinstance(num_threads, int) or num_threads < 0:
             raise ValueError(f"num_threads must be an int >= 0 (0 = all CPUs), got "
                              f"{num_threads!r}")
+        if cores is not None:
+            cores = tuple(cores)
+            if not all(isinstance(c, int) and c >= 0 for c in cores):
+                raise ValueError(f"cores must be logical CPU ids (ints >= 0), got {cores!r}")
         self._num_threads = num_threads
+        self._cores = cores or None
         self._handle = None
         super().__init__(params, defaults)
+        if self._cores:
+            self._get_handle()  # a bad core list fails here, not at the first step
 
     # -- torch.optim.Optimizer protocol ----------------------------------------
 
@@ -77,6 +89,7 @@ class _StrataOptimizer(torch.optim.Optimizer):
         # unpickled optimizer makes its own on its first step).
         state = super().__getstate__()
         state["_num_threads"] = getattr(self, "_num_threads", 0)
+        state["_cores"] = getattr(self, "_cores", None)
         return state
 
     @torch.no_grad()
@@ -109,25 +122,23 @@ class _StrataOptimizer(torch.optim.Optimizer):
             return loss
         library = _lib.lib()
         handle = self._get_handle()
-        num_state = len(self._state_keys)
-        state_ptrs = (ctypes.c_void_p * num_state)()
         current_group = None
         for group, p, g, out in work:
             if group is not current_group:
                 config = self._config(group)
                 _lib.check(library.strata_optimizer_set_config(handle, ctypes.byref(config)))
+                keys = self._state_keys(group)
+                state_ptrs = (ctypes.c_void_p * max(len(keys), 1))()
                 current_group = group
             state = self.state[p]
             if len(state) == 0:
-                state["step"] = torch.tensor(0.0)
-                for key in self._state_keys:
-                    state[key] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            state["step"] += 1
-            for i, key in enumerate(self._state_keys):
+                state.update(self._new_state(group, p))
+            t = self._advance(group, p, state)
+            for i, key in enumerate(keys):
                 state_ptrs[i] = state[key].data_ptr()
             _lib.check(library.strata_optimizer_step(
-                handle, int(state["step"].item()), float(grad_scale), p.data_ptr(), state_ptrs,
-                num_state, g.data_ptr(), DTYPES[g.dtype], None if out is None else out.data_ptr(),
+                handle, t, float(grad_scale), p.data_ptr(), state_ptrs, len(keys),
+                g.data_ptr(), DTYPES[g.dtype], None if out is None else out.data_ptr(),
                 _lib.DTYPE_F32 if out is None else DTYPES[out.dtype], p.numel()))
         return loss
 
@@ -135,6 +146,26 @@ class _StrataOptimizer(torch.optim.Optimizer):
 
     def _name(self):
         return f"strata.optim.{type(self).__name__}"
+
+    def _state_keys(self, group):
+        """The state tensors a step of this group passes, in the C API's order."""
+        return self._keys
+
+    def _new_state(self, group, p):
+        """The state of a parameter before its first step (torch's lazy init)."""
+        state = {"step": torch.tensor(0.0)}
+        for key in self._keys:
+            state[key] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        return state
+
+    def _advance(self, group, p, state):
+        """Counts the step in state as torch does; returns the C API's step t."""
+        state["step"] += 1
+        return int(state["step"].item())
+
+    def _stored_keys(self, group, state):
+        """The state tensors an existing (possibly loaded) state must have."""
+        return self._state_keys(group)
 
     def _group_defaults(self):
         return {k: v for k, v in self.defaults.items() if k != "params"}
@@ -145,6 +176,12 @@ class _StrataOptimizer(torch.optim.Optimizer):
             options = _lib.OptimizerOptions()
             library.strata_optimizer_options_init(ctypes.byref(options))
             options.num_threads = getattr(self, "_num_threads", 0)
+            cores = getattr(self, "_cores", None)
+            if cores:
+                # Copied by strata_optimizer_create; only needs to live until it returns.
+                core_ids = (ctypes.c_int * len(cores))(*cores)
+                options.cores = ctypes.cast(core_ids, ctypes.POINTER(ctypes.c_int))
+                options.num_cores = len(cores)
             config = self._config(self.param_groups[0])
             handle = ctypes.c_void_p()
             _lib.check(library.strata_optimizer_create(
@@ -190,7 +227,7 @@ class _StrataOptimizer(torch.optim.Optimizer):
                                      f"parameter's {tuple(p.shape)}")
                 state = self.state.get(p)
                 if state:
-                    for key in self._state_keys:
+                    for key in self._stored_keys(group, state):
                         t = state.get(key)
                         if t is None:
                             raise ValueError(f"{what}: state has no '{key}' (a state_dict of "
@@ -215,15 +252,7 @@ class _StrataOptimizer(torch.optim.Optimizer):
 
 
 def _reject_unsupported(name, options):
-    """NotImplementedError / ValueError for torch options strata does not support."""
-    if options.get("amsgrad", False):
-        raise NotImplementedError(
-            f"{name}: amsgrad=True is not supported by libstrata 0.1 yet; use amsgrad=False "
-            "(or torch.optim for AMSGrad)")
-    if options.get("maximize", False):
-        raise NotImplementedError(
-            f"{name}: maximize=True is not supported by libstrata 0.1 yet; negate the loss "
-            "instead")
+    """ValueError for torch options that make no sense for strata's CPU kernels."""
     if options.get("capturable", False):
         raise ValueError(f"{name}: capturable=True is for CUDA graph capture; strata optimizers "
                          "update CPU tensors: leave capturable=False")
@@ -254,26 +283,51 @@ def _check_adam_args(lr, betas, eps, weight_decay):
         raise ValueError(f"Invalid weight_decay value: {weight_decay}")
 
 
-class _AdamBase(_StrataOptimizer):
-    _state_keys = ("exp_avg", "exp_avg_sq")
+def _check_twin_options(name, twin, options):
+    """TypeError for a keyword the installed torch's twin does not have; returns
+    the given (not _UNSET) options."""
+    accepted = _twin_keywords(twin)
+    given = {k: v for k, v in options.items() if v is not _UNSET}
+    for key in given:
+        if key not in accepted:
+            raise TypeError(f"{name}: torch {torch.__version__}'s {twin.__name__} has "
+                            f"no argument {key!r}")
+    return given
 
-    def __init__(self, params, lr, betas, eps, weight_decay, amsgrad, options, num_threads):
+
+def _add_twin_defaults(twin, defaults, given, keys):
+    """Adds the twin's keyword-only group keys it has (given value, else torch's
+    default), so that param_groups match torch's key for key."""
+    accepted = _twin_keywords(twin)
+    twin_defaults = inspect.signature(twin.__init__).parameters
+    for key in keys:
+        if key in accepted:
+            defaults[key] = given.get(key, twin_defaults[key].default)
+
+
+class _AdamBase(_StrataOptimizer):
+    _keys = ("exp_avg", "exp_avg_sq")
+
+    def _state_keys(self, group):
+        return self._keys + ("max_exp_avg_sq",) if group["amsgrad"] else self._keys
+
+    def _new_state(self, group, p):
+        state = super()._new_state(group, p)
+        if group["amsgrad"]:
+            state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        return state
+
+    def __init__(self, params, lr, betas, eps, weight_decay, amsgrad, options, num_threads,
+                 cores):
         name = f"strata.optim.{type(self).__name__}"
         _check_adam_args(lr, betas, eps, weight_decay)
-        accepted = _twin_keywords(self._twin)
-        given = {k: v for k, v in options.items() if v is not _UNSET}
-        for key in given:
-            if key not in accepted:
-                raise TypeError(f"{name}: torch {torch.__version__}'s {self._twin.__name__} has "
-                                f"no argument {key!r}")
+        given = _check_twin_options(name, self._twin, options)
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad)
         # The twin's group keys and defaults, so state_dicts match key for key.
-        twin_defaults = inspect.signature(self._twin.__init__).parameters
-        for key in ("maximize", "foreach", "capturable", "differentiable", "fused"):
-            if key in accepted:
-                defaults[key] = given.get(key, twin_defaults[key].default)
+        _add_twin_defaults(self._twin, defaults, given,
+                           ("maximize", "foreach", "capturable", "differentiable", "fused"))
         _reject_unsupported(name, defaults)
-        super().__init__(params, defaults, num_threads)
+        super().__init__(params, defaults, num_threads, cores)
 
     def _config(self, group):
         config = _lib.AdamWConfig()
@@ -282,6 +336,8 @@ class _AdamBase(_StrataOptimizer):
         config.beta1, config.beta2 = group["betas"]
         config.eps = group["eps"]
         config.weight_decay = group["weight_decay"]
+        config.amsgrad = int(bool(group["amsgrad"]))
+        config.maximize = int(bool(group.get("maximize", False)))
         return config
 
 
@@ -295,21 +351,24 @@ _UNSET = _Unset()
 
 class AdamW(_AdamBase):
     """torch.optim.AdamW on CPU tensors (Loshchilov & Hutter, "Decoupled Weight Decay
-    Regularization", ICLR 2019). Same arguments and state_dict as torch's; foreach
-    is accepted and has no effect (one fused pass per tensor either way);
-    amsgrad/maximize=True raise NotImplementedError; capturable, differentiable and
-    fused=True raise ValueError. num_threads: 0 = all CPUs (oneTBB), n = n threads;
-    results do not depend on it."""
+    Regularization", ICLR 2019; amsgrad: Reddi et al., ICLR 2018). Same arguments
+    and state_dict as torch's, amsgrad and maximize included; foreach is accepted
+    and has no effect (one fused pass per tensor either way); capturable,
+    differentiable and fused=True raise ValueError. num_threads: 0 = all CPUs
+    (oneTBB; with cores, one per core), n = n threads; cores: logical CPU ids to
+    bind the step's threads to (strata_optimizer_options.cores; Linux). Results
+    depend on neither."""
 
     _twin = torch.optim.AdamW
     _kind = _lib.OPTIMIZER_ADAMW
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
                  amsgrad=False, *, maximize=_UNSET, foreach=_UNSET, capturable=_UNSET,
-                 differentiable=_UNSET, fused=_UNSET, num_threads=0):
+                 differentiable=_UNSET, fused=_UNSET, num_threads=0, cores=None):
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad,
                          dict(maximize=maximize, foreach=foreach, capturable=capturable,
-                              differentiable=differentiable, fused=fused), num_threads)
+                              differentiable=differentiable, fused=fused),
+                         num_threads, cores)
 
 
 class Adam(_AdamBase):
@@ -322,7 +381,171 @@ class Adam(_AdamBase):
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0,
                  amsgrad=False, *, foreach=_UNSET, maximize=_UNSET, capturable=_UNSET,
-                 differentiable=_UNSET, fused=_UNSET, num_threads=0):
+                 differentiable=_UNSET, fused=_UNSET, num_threads=0, cores=None):
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad,
                          dict(maximize=maximize, foreach=foreach, capturable=capturable,
-                              differentiable=differentiable, fused=fused), num_threads)
+                              differentiable=differentiable, fused=fused),
+                         num_threads, cores)
+
+
+class Adagrad(_StrataOptimizer):
+    """torch.optim.Adagrad on CPU tensors (Duchi, Hazan & Singer, "Adaptive
+    Subgradient Methods for Online Learning and Stochastic Optimization", JMLR
+    2011). Same arguments and state_dict as torch's: like torch, the state
+    ('step', and 'sum' filled with initial_accumulator_value) is created by the
+    constructor. foreach is accepted and has no effect; differentiable=True raises
+    ValueError. num_threads and cores as strata.optim.AdamW."""
+
+    _twin = torch.optim.Adagrad
+    _kind = _lib.OPTIMIZER_ADAGRAD
+    _keys = ("sum",)
+
+    def __init__(self, params, lr=1e-2, lr_decay=0, weight_decay=0, initial_accumulator_value=0,
+                 eps=1e-10, foreach=None, *, maximize=_UNSET, differentiable=_UNSET,
+                 num_threads=0, cores=None):
+        name = "strata.optim.Adagrad"
+        # The checks and messages of torch.optim.Adagrad.
+        if not 0.0 <= lr:
+            raise ValueError(f"Invalid learning rate: {lr}")
+        if not 0.0 <= lr_decay:
+            raise ValueError(f"Invalid lr_decay value: {lr_decay}")
+        if not 0.0 <= weight_decay:
+            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        if not 0.0 <= initial_accumulator_value:
+            raise ValueError(f"Invalid initial_accumulator_value value: "
+                             f"{initial_accumulator_value}")
+        if not 0.0 <= eps:
+            raise ValueError(f"Invalid epsilon value: {eps}")
+        given = _check_twin_options(name, self._twin,
+                                    dict(maximize=maximize, differentiable=differentiable))
+        defaults = dict(lr=lr, lr_decay=lr_decay, eps=eps, weight_decay=weight_decay,
+                        initial_accumulator_value=initial_accumulator_value, foreach=foreach)
+        _add_twin_defaults(self._twin, defaults, given, ("maximize", "differentiable"))
+        _reject_unsupported(name, defaults)
+        super().__init__(params, defaults, num_threads, cores)
+        for group in self.param_groups:
+            for p in group["params"]:
+                self.state[p].update(self._new_state(group, p))
+
+    def _new_state(self, group, p):
+        return {"step": torch.tensor(0.0),
+                "sum": torch.full_like(p, group["initial_accumulator_value"],
+                                       memory_format=torch.preserve_format)}
+
+    def _config(self, group):
+        config = _lib.AdagradConfig()
+        _lib.lib().strata_adagrad_config_init(ctypes.byref(config))
+        config.lr = group["lr"]
+        config.lr_decay = group["lr_decay"]
+        config.weight_decay = group["weight_decay"]
+        config.initial_accumulator_value = group["initial_accumulator_value"]
+        config.eps = group["eps"]
+        config.maximize = int(bool(group.get("maximize", False)))
+        return config
+
+
+class SGD(_StrataOptimizer):
+    """torch.optim.SGD on CPU tensors, with momentum, dampening and Nesterov
+    momentum (Sutskever et al., "On the importance of initialization and momentum
+    in deep learning", ICML 2013). Same arguments and state_dict as torch's: no
+    'step'; 'momentum_buffer' created from the first gradient, None when momentum
+    is 0. foreach is accepted and has no effect; differentiable=True raises
+    ValueError. num_threads and cores as strata.optim.AdamW."""
+
+    _twin = torch.optim.SGD
+    _kind = _lib.OPTIMIZER_SGD
+
+    def __init__(self, params, lr=_REQUIRED, momentum=0, dampening=0,
+                 weight_decay=0, nesterov=False, *, maximize=_UNSET, foreach=_UNSET,
+                 differentiable=_UNSET, num_threads=0, cores=None):
+        name = "strata.optim.SGD"
+        # The checks and messages of torch.optim.SGD.
+        if lr is not _REQUIRED and lr < 0.0:
+            raise ValueError(f"Invalid learning rate: {lr}")
+        if momentum < 0.0:
+            raise ValueError(f"Invalid momentum value: {momentum}")
+        if weight_decay < 0.0:
+            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        given = _check_twin_options(
+            name, self._twin, dict(maximize=maximize, foreach=foreach,
+                                   differentiable=differentiable))
+        defaults = dict(lr=lr, momentum=momentum, dampening=dampening,
+                        weight_decay=weight_decay, nesterov=nesterov)
+        _add_twin_defaults(self._twin, defaults, given,
+                           ("maximize", "foreach", "differentiable"))
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
+        _reject_unsupported(name, defaults)
+        super().__init__(params, defaults, num_threads, cores)
+
+    def _state_keys(self, group):
+        return ("momentum_buffer",) if group["momentum"] != 0 else ()
+
+    def _stored_keys(self, group, state):
+        # A None buffer (a step taken without momentum) is created afresh, as torch.
+        if state.get("momentum_buffer") is None:
+            return ()
+        return self._state_keys(group)
+
+    def _new_state(self, group, p):
+        return {}
+
+    def _advance(self, group, p, state):
+        # torch: the buffer starts as a clone of the gradient (the C API's t == 1),
+        # and is updated with momentum and dampening afterwards (t > 1).
+        if group["momentum"] == 0:
+            state["momentum_buffer"] = None
+            return 1
+        if state.get("momentum_buffer") is None:
+            state["momentum_buffer"] = torch.empty_like(p, memory_format=torch.preserve_format)
+            return 1
+        return 2
+
+    def _config(self, group):
+        config = _lib.SgdConfig()
+        _lib.lib().strata_sgd_config_init(ctypes.byref(config))
+        config.lr = group["lr"]
+        config.momentum = group["momentum"]
+        config.dampening = group["dampening"]
+        config.weight_decay = group["weight_decay"]
+        config.nesterov = int(bool(group["nesterov"]))
+        config.maximize = int(bool(group.get("maximize", False)))
+        return config
+
+
+class Lion(_StrataOptimizer):
+    """Lion, EvoLved Sign Momentum (Chen et al., "Symbolic Discovery of
+    Optimization Algorithms", NeurIPS 2023), with decoupled weight decay. torch.optim
+    has no Lion: the constructor and state are those of the lion-pytorch package
+    (lr=1e-4, betas=(0.9, 0.99), weight_decay=0; state 'exp_avg' only, no 'step'),
+    plus maximize. Lion wants an lr 3-10x smaller and a weight_decay 3-10x larger
+    than AdamW's. num_threads and cores as strata.optim.AdamW."""
+
+    _kind = _lib.OPTIMIZER_LION
+    _keys = ("exp_avg",)
+
+    def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0, *,
+                 maximize=False, num_threads=0, cores=None):
+        if not 0.0 <= lr:
+            raise ValueError(f"Invalid learning rate: {lr}")
+        if not all(0.0 <= beta <= 1.0 for beta in betas):
+            raise ValueError(f"Invalid betas {betas}: each must lie in [0, 1]")
+        if not 0.0 <= weight_decay:
+            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        defaults = dict(lr=lr, betas=betas, weight_decay=weight_decay, maximize=maximize)
+        super().__init__(params, defaults, num_threads, cores)
+
+    def _new_state(self, group, p):
+        return {"exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format)}
+
+    def _advance(self, group, p, state):
+        return 1  # Lion does not use the step count
+
+    def _config(self, group):
+        config = _lib.LionConfig()
+        _lib.lib().strata_lion_config_init(ctypes.byref(config))
+        config.lr = group["lr"]
+        config.beta1, config.beta2 = group["betas"]
+        config.weight_decay = group["weight_decay"]
+        config.maximize = int(bool(group.get("maximize", False)))
+        return config

@@ -1,9 +1,11 @@
-"""strata.optim.AdamW / Adam against their torch.optim twins.
+"""strata.optim.AdamW / Adam / Adagrad / SGD against their torch.optim twins, and
+strata.optim.Lion against a float64 implementation of the paper's update.
 
 Comparison rule (assert_close): element-wise relative error <= 1e-5, where the
 relative error of an element is |strata - torch| / max(|torch|, floor), and floor
-is 5% of the largest magnitude of that quantity (weights, exp_avg or exp_avg_sq)
-over all parameter tensors of the problem: elements below it are held to an
+is 5% of the largest magnitude of that quantity (the weights, or one kind of
+state tensor: exp_avg, exp_avg_sq, max_exp_avg_sq, sum, momentum_buffer) over all
+parameter tensors of the problem: elements below it are held to an
 absolute error of 5e-7 x that largest magnitude (about 4 fp32 ulps of it). The
 floor is for elements that end small by cancellation (a weight crossing zero, a
 first moment of gradients of alternating sign): their rounding error is relative
@@ -71,15 +73,25 @@ class OptimizerTwinTest(unittest.TestCase):
         self.assertLessEqual(err, REL_TOL, f"{what}: worst relative error {err:.3g}")
 
     def assert_same_state(self, a_opt, b_opt, a_params, b_params, what):
+        """Weights and every state entry of b_opt (the reference) match a_opt's:
+        same keys, same step counts, tensors within the comparison rule."""
         floors = {"param": floor_of([p.detach() for p in b_params])}
-        for key in ("exp_avg", "exp_avg_sq"):
-            floors[key] = floor_of([b_opt.state[p][key] for p in b_params])
+        keys = [k for k, v in b_opt.state[b_params[0]].items() if k != "step"]
+        self.assertTrue(keys or isinstance(b_opt, torch.optim.SGD), f"{what}: no state")
+        for key in keys:
+            if torch.is_tensor(b_opt.state[b_params[0]][key]):
+                floors[key] = floor_of([b_opt.state[p][key] for p in b_params])
         for i, (pa, pb) in enumerate(zip(a_params, b_params)):
             self.assert_close(pa.detach(), pb.detach(), floors["param"], f"{what} param {i}")
             sa, sb = a_opt.state[pa], b_opt.state[pb]
-            self.assertEqual(float(sa["step"]), float(sb["step"]))
-            for key in ("exp_avg", "exp_avg_sq"):
-                self.assert_close(sa[key], sb[key], floors[key], f"{what} param {i} {key}")
+            self.assertEqual(sa.keys(), sb.keys(), f"{what} param {i}")
+            if "step" in sb:
+                self.assertEqual(float(sa["step"]), float(sb["step"]))
+            for key in keys:
+                if sb[key] is None:
+                    self.assertIsNone(sa[key], f"{what} param {i} {key}")
+                else:
+                    self.assert_close(sa[key], sb[key], floors[key], f"{what} param {i} {key}")
 
     def step_both(self, s_opt, t_opt, s_params, t_params, grads):
         """One step of each: strata gets grads as they are (16-bit through
@@ -108,7 +120,7 @@ class OptimizerTwinTest(unittest.TestCase):
                 for opt in (s_opt, t_opt):
                     for group in opt.param_groups:
                         group["lr"] *= lr_schedule
-            grads = make_grads(gen, values, grad_dtype, zeros=torch_cls is torch.optim.AdamW)
+            grads = make_grads(gen, values, grad_dtype, zeros=torch_cls is not torch.optim.Adam)
             self.step_both(s_opt, t_opt, s_params, t_params, grads)
             if step % 10 == 9:
                 self.assert_same_state(s_opt, t_opt, s_params, t_params, f"step {step + 1}")
@@ -138,6 +150,52 @@ class OptimizerTwinTest(unittest.TestCase):
         self.run_twins(strata.optim.Adam, torch.optim.Adam,
                        dict(lr=3e-3, betas=(0.95, 0.995), eps=1e-6, weight_decay=0.01),
                        torch.bfloat16, seed=9)
+
+    def test_adamw_amsgrad_matches_torch(self):
+        self.run_twins(strata.optim.AdamW, torch.optim.AdamW,
+                       dict(lr=1e-2, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.1,
+                            amsgrad=True), torch.float32, seed=13)
+
+    def test_adamw_maximize_and_amsgrad_match_torch_bf16_grads(self):
+        self.run_twins(strata.optim.AdamW, torch.optim.AdamW,
+                       dict(lr=5e-3, betas=(0.85, 0.99), eps=1e-7, weight_decay=0.05,
+                            maximize=True), torch.bfloat16, seed=15)
+        self.run_twins(strata.optim.AdamW, torch.optim.AdamW,
+                       dict(lr=5e-3, betas=(0.9, 0.97), weight_decay=0.02, amsgrad=True,
+                            maximize=True), torch.float16, seed=16)
+
+    def test_adam_amsgrad_and_maximize_match_torch(self):
+        self.run_twins(strata.optim.Adam, torch.optim.Adam,
+                       dict(lr=1e-2, betas=(0.7, 0.9), eps=1e-5, weight_decay=0.03,
+                            amsgrad=True), torch.float32, seed=17)
+        self.run_twins(strata.optim.Adam, torch.optim.Adam,
+                       dict(lr=3e-3, betas=(0.9, 0.99), eps=1e-6, weight_decay=0.01,
+                            amsgrad=True, maximize=True), torch.bfloat16, seed=18)
+
+    def test_adagrad_matches_torch_over_100_steps(self):
+        kwargs = dict(lr=5e-2, lr_decay=1e-2, weight_decay=0.02, initial_accumulator_value=0.1,
+                      eps=1e-6)
+        self.run_twins(strata.optim.Adagrad, torch.optim.Adagrad, kwargs, torch.float32,
+                       seed=19)
+        self.run_twins(strata.optim.Adagrad, torch.optim.Adagrad, dict(kwargs, maximize=True),
+                       torch.bfloat16, seed=20)
+
+    def test_sgd_momentum_dampening_matches_torch_over_100_steps(self):
+        self.run_twins(strata.optim.SGD, torch.optim.SGD,
+                       dict(lr=2e-2, momentum=0.9, dampening=0.2, weight_decay=0.01),
+                       torch.float32, seed=23)
+
+    def test_sgd_nesterov_maximize_matches_torch_over_100_steps(self):
+        self.run_twins(strata.optim.SGD, torch.optim.SGD,
+                       dict(lr=1e-2, momentum=0.8, nesterov=True, weight_decay=0.05,
+                            maximize=True), torch.bfloat16, seed=24)
+        self.run_twins(strata.optim.SGD, torch.optim.SGD,
+                       dict(lr=1e-2, momentum=0.7, nesterov=True), torch.float16, seed=25)
+
+    def test_sgd_without_momentum_matches_torch(self):
+        self.run_twins(strata.optim.SGD, torch.optim.SGD,
+                       dict(lr=3e-2, weight_decay=0.1, maximize=True), torch.float32, seed=26,
+                       lr_schedule=0.97)
 
     def test_as_close_to_float64_as_torch(self):
         """strata (fp32) and torch (fp32) against torch run in float64 on the same
@@ -212,9 +270,14 @@ class OptimizerTwinTest(unittest.TestCase):
             opt.step(copy_out=[None])
 
     def test_state_dict_has_torch_keys_and_layout(self):
-        for strata_cls, torch_cls in ((strata.optim.AdamW, torch.optim.AdamW),
-                                      (strata.optim.Adam, torch.optim.Adam)):
-            s_opt, t_opt, _, _ = self.run_twins(strata_cls, torch_cls, dict(lr=1e-3),
+        for strata_cls, torch_cls, kwargs in (
+                (strata.optim.AdamW, torch.optim.AdamW, dict(lr=1e-3)),
+                (strata.optim.AdamW, torch.optim.AdamW, dict(lr=1e-3, amsgrad=True)),
+                (strata.optim.Adam, torch.optim.Adam, dict(lr=1e-3, maximize=True)),
+                (strata.optim.Adagrad, torch.optim.Adagrad, dict(lr=1e-3)),
+                (strata.optim.SGD, torch.optim.SGD, dict(lr=1e-3)),
+                (strata.optim.SGD, torch.optim.SGD, dict(lr=1e-3, momentum=0.5))):
+            s_opt, t_opt, _, _ = self.run_twins(strata_cls, torch_cls, kwargs,
                                                 torch.float32, steps=2)
             s_sd, t_sd = s_opt.state_dict(), t_opt.state_dict()
             self.assertEqual(s_sd["param_groups"], t_sd["param_groups"])
@@ -224,6 +287,9 @@ class OptimizerTwinTest(unittest.TestCase):
                 self.assertEqual(s_state.keys(), t_state.keys())
                 for key, t_val in t_state.items():
                     s_val = s_state[key]
+                    if t_val is None:
+                        self.assertIsNone(s_val, key)
+                        continue
                     self.assertEqual((s_val.dtype, s_val.shape, s_val.device),
                                      (t_val.dtype, t_val.shape, t_val.device), key)
 
@@ -255,7 +321,8 @@ class OptimizerTwinTest(unittest.TestCase):
             step(a_opt, a_params, grads)
             step(b_opt, b_params, grads)
         self.assert_same_state(b_opt, a_opt, b_params, a_params, "continued")
-        self.assertEqual(float(b_opt.state[b_params[0]]["step"]), 100.0)
+        if "step" in a_opt.state[a_params[0]]:
+            self.assertEqual(float(b_opt.state[b_params[0]]["step"]), 100.0)
 
     def test_torch_state_dict_loads_into_strata_and_continues(self):
         kwargs = dict(lr=1e-2, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.1)
@@ -270,6 +337,25 @@ class OptimizerTwinTest(unittest.TestCase):
                                 torch.bfloat16)
         self.check_continuation(strata.optim.Adam, torch.optim.Adam, kwargs,
                                 torch.float32)
+
+    def test_new_optimizers_state_dicts_load_both_ways_and_continue(self):
+        cases = (
+            (strata.optim.AdamW, torch.optim.AdamW,
+             dict(lr=1e-2, betas=(0.8, 0.95), weight_decay=0.1, amsgrad=True), torch.float32),
+            (strata.optim.Adam, torch.optim.Adam,
+             dict(lr=1e-2, weight_decay=0.05, amsgrad=True, maximize=True), torch.bfloat16),
+            (strata.optim.Adagrad, torch.optim.Adagrad,
+             dict(lr=5e-2, lr_decay=1e-2, weight_decay=0.02, initial_accumulator_value=0.1,
+                  eps=1e-6), torch.float32),
+            (strata.optim.SGD, torch.optim.SGD,
+             dict(lr=1e-2, momentum=0.9, dampening=0.1, weight_decay=0.01), torch.bfloat16),
+            (strata.optim.SGD, torch.optim.SGD,
+             dict(lr=1e-2, momentum=0.8, nesterov=True, maximize=True), torch.float32),
+        )
+        for strata_cls, torch_cls, kwargs, dtype in cases:
+            with self.subTest(optimizer=strata_cls.__name__, kwargs=kwargs):
+                self.check_continuation(torch_cls, strata_cls, kwargs, dtype)
+                self.check_continuation(strata_cls, torch_cls, kwargs, dtype)
 
     def test_deepcopy_and_pickle_make_an_independent_working_optimizer(self):
         import pickle
@@ -300,6 +386,26 @@ class OptimizerTwinTest(unittest.TestCase):
             results.append(params[0].detach().clone())
         for r in results[1:]:
             self.assertTrue(torch.equal(r, results[0]))
+
+    def test_core_binding_does_not_change_results(self):
+        allowed = sorted(os.sched_getaffinity(0))
+        values = [torch.randn(300001, generator=torch.Generator().manual_seed(33))]
+        results = []
+        for cores in (None, allowed[:1], allowed[:2]):
+            params = leaves(values)
+            opt = strata.optim.SGD(params, lr=1e-2, momentum=0.9, num_threads=2, cores=cores)
+            gen = torch.Generator().manual_seed(34)
+            for _ in range(3):
+                opt.step(grads=make_grads(gen, values, torch.bfloat16))
+            results.append(params[0].detach().clone())
+        self.assertEqual(os.sched_getaffinity(0), set(allowed))
+        for r in results[1:]:
+            self.assertTrue(torch.equal(r, results[0]))
+        self.assertFalse(torch.equal(results[0], values[0]))
+        with self.assertRaisesRegex(strata.StrataError, "listed twice"):
+            strata.optim.Lion(leaves(values), cores=[allowed[0], allowed[0]])
+        with self.assertRaisesRegex(ValueError, "cores must be"):
+            strata.optim.AdamW(leaves(values), cores=[-1])
 
 
 class BadInputTest(unittest.TestCase):
@@ -337,10 +443,6 @@ class BadInputTest(unittest.TestCase):
 
     def test_unsupported_options_are_rejected_with_reasons(self):
         p = [torch.nn.Parameter(torch.randn(3))]
-        with self.assertRaisesRegex(NotImplementedError, "amsgrad"):
-            strata.optim.AdamW(p, amsgrad=True)
-        with self.assertRaisesRegex(NotImplementedError, "maximize"):
-            strata.optim.Adam(p, maximize=True)
         with self.assertRaisesRegex(ValueError, "capturable"):
             strata.optim.AdamW(p, capturable=True)
         with self.assertRaisesRegex(ValueError, "Invalid learning rate"):
@@ -364,15 +466,141 @@ class BadInputTest(unittest.TestCase):
                         with self.assertRaisesRegex(TypeError, f"no argument '{name}'"):
                             cls(p, **{name: True})
 
-    def test_loaded_amsgrad_group_is_rejected_at_step(self):
+    def test_amsgrad_turned_on_over_a_state_without_max_is_rejected(self):
         p = torch.nn.Parameter(torch.randn(3))
         p.grad = torch.randn(3)
-        t_opt = torch.optim.AdamW([p], amsgrad=True)
-        t_opt.step()
         s_opt = strata.optim.AdamW([p])
-        s_opt.load_state_dict(t_opt.state_dict())
-        with self.assertRaisesRegex(NotImplementedError, "amsgrad"):
+        s_opt.step()
+        before = p.detach().clone()
+        s_opt.param_groups[0]["amsgrad"] = True
+        with self.assertRaisesRegex(ValueError, "no 'max_exp_avg_sq'"):
             s_opt.step()
+        self.assertTrue(torch.equal(p.detach(), before))
+
+    def test_new_optimizers_check_arguments_as_torch(self):
+        p = [torch.nn.Parameter(torch.randn(3))]
+        for kwargs in (dict(lr=-1.0), dict(lr_decay=-0.1), dict(weight_decay=-1.0),
+                       dict(initial_accumulator_value=-1.0), dict(eps=-1.0)):
+            with self.subTest(kwargs=kwargs):
+                with self.assertRaisesRegex(ValueError, "Invalid"):
+                    strata.optim.Adagrad(p, **kwargs)
+                with self.assertRaisesRegex(ValueError, "Invalid"):
+                    torch.optim.Adagrad(p, **kwargs)
+        with self.assertRaisesRegex(ValueError, "Nesterov momentum requires"):
+            strata.optim.SGD(p, lr=0.1, nesterov=True)
+        with self.assertRaisesRegex(ValueError, "Nesterov momentum requires"):
+            strata.optim.SGD(p, lr=0.1, momentum=0.9, dampening=0.1, nesterov=True)
+        with self.assertRaisesRegex(ValueError, "Invalid momentum"):
+            strata.optim.SGD(p, lr=0.1, momentum=-0.5)
+        with self.assertRaisesRegex(ValueError, "differentiable"):
+            strata.optim.SGD(p, lr=0.1, differentiable=True)
+        # lr is required, as for torch.optim.SGD (checked when the group is added).
+        with self.assertRaisesRegex(ValueError, "lr"):
+            strata.optim.SGD(p)
+        with self.assertRaisesRegex(ValueError, "betas"):
+            strata.optim.Lion(p, betas=(0.9, 1.5))
+        with self.assertRaisesRegex(ValueError, "Invalid learning rate"):
+            strata.optim.Lion(p, lr=-1e-4)
+        with self.assertRaisesRegex(TypeError, "capturable"):
+            strata.optim.SGD(p, lr=0.1, capturable=False)
+
+
+def lion_reference_step(params, exp_avgs, grads, lr, betas, weight_decay, maximize):
+    """The update of Chen et al. 2023, Algorithm 2 (decoupled weight decay), in
+    float64 on float64 tensors, in place."""
+    beta1, beta2 = betas
+    for p, m, g in zip(params, exp_avgs, grads):
+        g = -g if maximize else g
+        p.mul_(1.0 - lr * weight_decay)
+        c = beta1 * m + (1.0 - beta1) * g
+        p.sub_(lr * torch.sign(c))
+        m.mul_(beta2).add_((1.0 - beta2) * g)
+
+
+class LionTest(unittest.TestCase):
+    """strata.optim.Lion against lion_reference_step in float64 over 100 steps,
+    with the comparison rule of the module docstring. The hyper-parameters are
+    given as fp32-representable values, so both sides use the same numbers."""
+
+    def run_lion(self, kwargs, grad_dtype, seed, lr_schedule=None):
+        values = make_params(seed)
+        s_params = leaves(values)
+        d_params = [v.double().clone() for v in values]
+        d_avgs = [torch.zeros_like(p) for p in d_params]
+        s_opt = strata.optim.Lion([{"params": s_params[:2]},
+                                   {"params": s_params[2:], "lr": kwargs["lr"] * 0.5}],
+                                  **kwargs)
+        lrs = [kwargs["lr"]] * 2 + [kwargs["lr"] * 0.5] * (len(values) - 2)
+        gen = torch.Generator().manual_seed(seed + 1)
+        betas = kwargs.get("betas", (0.9, 0.99))
+        for step in range(100):
+            if lr_schedule is not None:
+                for group in s_opt.param_groups:
+                    group["lr"] *= lr_schedule
+                lrs = [lr * lr_schedule for lr in lrs]
+            grads = make_grads(gen, values, grad_dtype)
+            if grad_dtype == torch.float32:
+                for p, g in zip(s_params, grads):
+                    p.grad = g.clone()
+                s_opt.step()
+            else:
+                s_opt.step(grads=grads)
+            for i in range(len(values)):
+                # strata receives lr as fp32: the reference uses that same value.
+                lr = float(torch.tensor(s_opt.param_groups[0 if i < 2 else 1]["lr"],
+                                        dtype=torch.float32))
+                lion_reference_step([d_params[i]], [d_avgs[i]], [grads[i].double()], lr,
+                                    [float(torch.tensor(b, dtype=torch.float32))
+                                     for b in betas],
+                                    float(torch.tensor(kwargs.get("weight_decay", 0.0),
+                                                       dtype=torch.float32)),
+                                    kwargs.get("maximize", False))
+            if step % 10 == 9:
+                p_floor = floor_of(d_params)
+                m_floor = floor_of(d_avgs)
+                for i, p in enumerate(s_params):
+                    err = worst_rel_error(p.detach().double(), d_params[i], p_floor)
+                    self.assertLessEqual(err, REL_TOL, f"step {step + 1} param {i}: {err:.3g}")
+                    m = s_opt.state[p]["exp_avg"].double()
+                    err = worst_rel_error(m, d_avgs[i], m_floor)
+                    self.assertLessEqual(err, REL_TOL, f"step {step + 1} exp_avg {i}: {err:.3g}")
+        # The state is lion-pytorch's: exp_avg only.
+        self.assertEqual(set(s_opt.state[s_params[0]].keys()), {"exp_avg"})
+        # The weights moved by about lr per step (a no-op would fail above, too).
+        self.assertGreater((s_params[0].detach() - values[0]).abs().max().item(),
+                           10 * kwargs["lr"] * 0.5)
+
+    def test_lion_matches_float64_reference_fp32_grads(self):
+        self.run_lion(dict(lr=2.0 ** -12, betas=(0.875, 0.984375), weight_decay=0.5),
+                      torch.float32, seed=71)
+
+    def test_lion_matches_float64_reference_bf16_grads_maximize(self):
+        self.run_lion(dict(lr=2.0 ** -11, betas=(0.9375, 0.99609375), weight_decay=0.25,
+                           maximize=True), torch.bfloat16, seed=72)
+
+    def test_lion_defaults_are_lion_pytorchs(self):
+        opt = strata.optim.Lion([torch.nn.Parameter(torch.randn(3))])
+        group = opt.param_groups[0]
+        self.assertEqual((group["lr"], group["betas"], group["weight_decay"]),
+                         (1e-4, (0.9, 0.99), 0.0))
+
+    def test_lion_state_dict_round_trip_continues_identically(self):
+        values = make_params(73)
+        a_params = leaves(values)
+        a_opt = strata.optim.Lion(a_params, lr=1e-3, weight_decay=0.1)
+        gen = torch.Generator().manual_seed(74)
+        for _ in range(5):
+            a_opt.step(grads=make_grads(gen, values, torch.bfloat16))
+        b_params = leaves([p.detach() for p in a_params])
+        b_opt = strata.optim.Lion(b_params, lr=1e-3, weight_decay=0.1)
+        b_opt.load_state_dict(copy.deepcopy(a_opt.state_dict()))
+        for _ in range(5):
+            grads = make_grads(gen, values, torch.bfloat16)
+            a_opt.step(grads=grads)
+            b_opt.step(grads=grads)
+        for pa, pb in zip(a_params, b_params):
+            self.assertTrue(torch.equal(pa.detach(), pb.detach()))
+            self.assertTrue(torch.equal(a_opt.state[pa]["exp_avg"], b_opt.state[pb]["exp_avg"]))
 
 
 if __name__ == "__main__":
