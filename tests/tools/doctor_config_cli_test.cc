@@ -10,37 +10,13 @@
 #include <sstream>
 #include <string>
 
+#include "run_strata.h"
+
 namespace {
 
-struct Result {
-  int exit_code;
-  std::string out;  // stdout
-  std::string err;  // stderr
-};
-
-Result RunStrata(const std::string& args) {
-  const auto dir = std::filesystem::temp_directory_path();
-  const std::string err_file = (dir / ("strata_dc_err_" + std::to_string(::getpid()))).string();
-  const std::string cmd = std::string(STRATA_BINARY) + " " + args + " 2>" + err_file;
-  Result r{-1, "", ""};
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int status = ::pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream e(err_file);
-  r.err.assign(std::istreambuf_iterator<char>(e), std::istreambuf_iterator<char>());
-  std::filesystem::remove(err_file);
-  return r;
-}
-
-int Lines(const std::string& s) {
-  int n = 0;
-  for (char c : s) n += c == '\n';
-  return n;
-}
+using strata::cli_test::Lines;
+using strata::cli_test::Result;
+using strata::cli_test::RunStrata;
 
 uint64_t MemTotalFromProc() {
   std::ifstream in("/proc/meminfo");
