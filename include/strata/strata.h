@@ -70,7 +70,15 @@ STRATA_API int strata_version_number(void);
  * ------------------------------------------------------------------------- */
 
 /* The canonical codes of strata::StatusCode (base/status.h), same values. */
-typedef enum strata_status {
+/* In C++ the enums get int as their fixed underlying type: C passes them as int, and a caller may
+ * pass any int (an unknown value is STRATA_INVALID_ARGUMENT, not undefined behaviour). */
+#ifdef __cplusplus
+#define STRATA_ENUM_INT : int
+#else
+#define STRATA_ENUM_INT
+#endif
+
+typedef enum strata_status STRATA_ENUM_INT {
   STRATA_OK = 0,
   STRATA_CANCELLED = 1,
   STRATA_UNKNOWN = 2,
@@ -103,7 +111,7 @@ STRATA_API const char* strata_last_error(void);
  * Element types
  * ------------------------------------------------------------------------- */
 
-typedef enum strata_dtype {
+typedef enum strata_dtype STRATA_ENUM_INT {
   STRATA_DTYPE_F32 = 0, /* IEEE binary32 */
   STRATA_DTYPE_F16 = 1, /* IEEE binary16 */
   STRATA_DTYPE_BF16 = 2 /* bfloat16: the upper 16 bits of a binary32 */
@@ -117,7 +125,7 @@ STRATA_API size_t strata_dtype_size(strata_dtype dtype);
  * ------------------------------------------------------------------------- */
 
 /* Values are stable across versions. */
-typedef enum strata_optimizer_kind {
+typedef enum strata_optimizer_kind STRATA_ENUM_INT {
   /* torch.optim.AdamW: Loshchilov & Hutter, "Decoupled Weight Decay
    * Regularization", ICLR 2019. Config: strata_adamw_config. State buffers, in
    * this order: exp_avg (m), exp_avg_sq (v), and max_exp_avg_sq when amsgrad != 0
