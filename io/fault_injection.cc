@@ -5,35 +5,37 @@
 
 namespace strata::io {
 
-Fault Fault::Errno(std::optional<IoOp> op, int errno_value, uint64_t nth, uint64_t times) {
+namespace {
+
+// The fields every kind of fault has; the factories below add their own.
+Fault MakeFault(Fault::Kind kind, std::optional<IoOp> op, uint64_t nth, uint64_t times) {
   Fault f;
-  f.kind = Kind::kErrno;
+  f.kind = kind;
   f.op = op;
-  f.errno_value = errno_value;
   f.nth = nth;
   f.times = times;
+  return f;
+}
+
+}  // namespace
+
+Fault Fault::Errno(std::optional<IoOp> op, int errno_value, uint64_t nth, uint64_t times) {
+  Fault f = MakeFault(Kind::kErrno, op, nth, times);
+  f.errno_value = errno_value;
   return f;
 }
 
 Fault Fault::ShortTransfer(std::optional<IoOp> op, uint64_t transfer_bytes, uint64_t nth,
                            uint64_t times) {
-  Fault f;
-  f.kind = Kind::kShortTransfer;
-  f.op = op;
+  Fault f = MakeFault(Kind::kShortTransfer, op, nth, times);
   f.transfer_bytes = transfer_bytes;
-  f.nth = nth;
-  f.times = times;
   return f;
 }
 
 Fault Fault::Latency(std::optional<IoOp> op, std::chrono::microseconds latency, uint64_t nth,
                      uint64_t times) {
-  Fault f;
-  f.kind = Kind::kLatency;
-  f.op = op;
+  Fault f = MakeFault(Kind::kLatency, op, nth, times);
   f.latency = latency;
-  f.nth = nth;
-  f.times = times;
   return f;
 }
 

@@ -1,9 +1,9 @@
 #include "engine/engine.h"
 
+#include <gtest/gtest.h>
+
 #include <filesystem>
 #include <random>
-
-#include <gtest/gtest.h>
 
 #include "gpu/device.h"
 #include "models/gpt.h"
@@ -86,7 +86,8 @@ class EngineTest : public ::testing::Test {
     size_t k = 0;
     for (int s = 0; s < steps; ++s) {
       std::vector<MicroBatch> mbs;
-      for (int i = 0; i < o.grad_accum_steps; ++i, k += 2) mbs.push_back({tokens[k], tokens[k + 1]});
+      for (int i = 0; i < o.grad_accum_steps; ++i, k += 2)
+        mbs.push_back({tokens[k], tokens[k + 1]});
       auto r = e.Step(mbs);
       EXPECT_TRUE(r.ok()) << r.status().ToString();
       if (!r.ok()) return run;
@@ -108,7 +109,8 @@ void ExpectBitIdentical(const TrainRun& a, const TrainRun& b) {
   for (size_t blk = 0; blk < a.master.size(); ++blk) {
     ASSERT_EQ(a.master[blk].size(), b.master[blk].size());
     for (size_t i = 0; i < a.master[blk].size(); ++i) {
-      ASSERT_EQ(std::bit_cast<uint32_t>(a.master[blk][i]), std::bit_cast<uint32_t>(b.master[blk][i]))
+      ASSERT_EQ(std::bit_cast<uint32_t>(a.master[blk][i]),
+                std::bit_cast<uint32_t>(b.master[blk][i]))
           << "block " << blk << " element " << i;
     }
   }
