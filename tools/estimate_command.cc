@@ -6,11 +6,10 @@
 
 #include <cerrno>
 #include <cstdio>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <sstream>
 
+#include "base/cpu_info.h"
 #include "base/dtype.h"
 #include "base/units.h"
 #include "engine/planner.h"
@@ -18,18 +17,6 @@
 
 namespace strata::tools {
 namespace {
-
-StatusOr<uint64_t> MemTotalBytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    std::istringstream fields(line);
-    std::string key;
-    uint64_t kib = 0;
-    if (fields >> key >> kib && key == "MemTotal:") return kib * 1024;
-  }
-  return UnavailableError("cannot read MemTotal from /proc/meminfo; give --host-budget");
-}
 
 // Free bytes over the paths, each file system counted once.
 StatusOr<uint64_t> NvmeFreeBytes(const std::vector<std::string>& paths) {
@@ -106,7 +93,8 @@ Status RunEstimate(const EstimateFlags& f) {
   STRATA_ASSIGN_OR_RETURN(o.optimizer_home, engine::ParseOptimizerHome(f.offload_optimizer));
   STRATA_ASSIGN_OR_RETURN(o.device_budget_bytes, ParseBudget("--device-budget", f.device_budget));
   if (f.host_budget == "auto") {
-    STRATA_ASSIGN_OR_RETURN(o.host_budget_bytes, MemTotalBytes());
+    STRATA_ASSIGN_OR_RETURN(CpuInfo host, DetectCpuInfo());
+    o.host_budget_bytes = host.mem_total_bytes;
   } else {
     STRATA_ASSIGN_OR_RETURN(o.host_budget_bytes, ParseBudget("--host-budget", f.host_budget));
   }
