@@ -5,32 +5,69 @@
 
 #include <algorithm>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
-#include <deque>
+#include <mutex>
 
 #include "base/aligned_buffer.h"
 #include "base/logging.h"
+#include "base/thread_annotations.h"
 #include "base/trace.h"
 #include "base/units.h"
 #include "cpu_optim/grad_stats.h"
+#include "engine/optimizer_pipeline.h"
 #include "engine/safetensors.h"
+#include "engine/work_queue.h"
 #include "io/swap_store.h"
 
 namespace strata::engine {
 namespace {
 
-// A device slot that holds one streamed block's working params at a time.
-struct Slot {
+// Where one block's working params sit on the device: a streaming slot (shared by the
+// streamed blocks, least recently used first) or a resident block's own region.
+struct DeviceCopy {
   gpu::DeviceSpan dev;
-  gpu::PinnedBuffer staging;  // NVMe -> pinned -> device (NVMe home only)
+  gpu::PinnedBuffer staging;  // streaming slots with the NVMe home: NVMe -> pinned -> device
   int block = -1;
+  int64_t version = -1;      // the block's param version the copy holds (or is loading)
   int64_t last_use = -1;
+  uint64_t load_ticket = 0;  // loader ticket of the load that fills it
   std::unique_ptr<gpu::Event> ready;     // H2D into dev completed
   std::unique_ptr<gpu::Event> released;  // compute finished reading dev
 };
 
 std::string ParamsExtent(int b) { return fmt::format("block{}.params", b); }
 std::string OptimExtent(int b) { return fmt::format("block{}.optim", b); }
+
+// Pinned gradient landing buckets: a bucket returns to the pool only after its D2H copy
+// landed and its fold (the consumer) finished reading it.
+class BucketPool {
+ public:
+  void Reset(int n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.clear();
+    for (int i = 0; i < n; ++i) free_.push_back(i);
+  }
+  int Acquire() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !free_.empty(); });
+    const int i = free_.front();
+    free_.erase(free_.begin());
+    return i;
+  }
+  void Release(int i) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      free_.push_back(i);
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<int> free_ STRATA_GUARDED_BY(mu_);
+};
 
 }  // namespace
 
@@ -46,7 +83,10 @@ class Engine::Impl {
         scaler_(ScalerOptions(options)) {}
 
   ~Impl() {
-    // Drain every stream before the memory they use goes away.
+    // Drain the host queues, then every stream, before the memory they use goes away.
+    if (loader_) loader_->Drain().IgnoreError();
+    if (folder_) folder_->Drain().IgnoreError();
+    if (pipeline_) pipeline_->Drain().IgnoreError();
     for (auto* s : {compute_.get(), h2d_.get(), d2h_.get()}) {
       if (s) s->Synchronize().IgnoreError();
     }
@@ -63,6 +103,7 @@ class Engine::Impl {
 
   Status Init();
   StatusOr<StepResult> Step(std::span<const MicroBatch> mbs);
+  Status Flush();
   StatusOr<float> EvaluateLoss(const MicroBatch& batch, MicroBatchShape shape);
   StatusOr<std::vector<float>> NextTokenLogits(std::span<const int32_t> tokens);
   StatusOr<uint64_t> MasterWeightsXxh3();
@@ -84,6 +125,7 @@ class Engine::Impl {
     }
     c.device_peak_bytes = arena_ ? arena_->used_bytes() : 0;
     c.pinned_bytes = device_->pinned_used_bytes();
+    c.buckets_poisoned = buckets_poisoned_.load();
     return c;
   }
   int64_t steps_taken() const { return step_; }
@@ -91,25 +133,58 @@ class Engine::Impl {
   float loss_scale() const { return scaler_.scale(); }
 
  private:
+  struct Acquired {
+    const float* params;
+    DeviceCopy* copy;
+  };
+  // The hyper-parameters of the update round in flight: written by the driving thread before
+  // it submits a round (after the previous round drained), read by the pipeline's update stage.
+  struct RoundParams {
+    cpu_optim::AdamWConfig adamw;
+    cpu_optim::AdamWStep step;
+  };
+
   int64_t np(int b) const { return model_->block_num_params(b); }
   uint64_t padded_f32(int b) const { return AlignUp(static_cast<uint64_t>(np(b)) * 4, 4096); }
   bool nvme_params() const { return plan_.param_home == ParamHome::kNvme; }
   bool nvme_optim() const { return plan_.optimizer_home == OptimizerHome::kNvme; }
+  bool resident(int b) const { return plan_.blocks[b].resident; }
 
   StatusOr<gpu::DeviceSpan> Carve(uint64_t size, std::string_view label) {
     return arena_->Carve(size, label);
   }
   Status UploadTokens(const MicroBatch& mb, MicroBatchShape shape, bool with_targets);
-  Status EnsureLoaded(int b, std::span<const int> protect);
-  // Makes block b's fp32 params available to compute; returns the pointer.
-  StatusOr<const float*> AcquireParams(int b, std::span<const int> window);
-  Status ProcessLanding(bool first_mb, bool last_mb);
-  Status OptimizerStep(float grad_scale);
-  // Copy-out target for block b's new working params (pinned).
-  gpu::PinnedSpan WorkingHome(int b) { return nvme_params() ? copy_out_.span() : home_[b].span(); }
-  Status PublishWorkingParams(int b);  // working home -> NVMe and/or resident slot
-  Status LoadOptimState(int b, float** p32, float** m, float** v);
-  Status StoreOptimState(int b);
+
+  // --- Working params on the device (prefetch) ---
+  // Returns the device copy that holds (or is loading) block b's current params, starting a
+  // load into the least recently used slot outside `protect` when there is none.
+  DeviceCopy* Request(int b, std::span<const int> protect);
+  void StartLoad(DeviceCopy& c, int b);
+  // Waits for block b's load and stages its params as fp32 for compute.
+  StatusOr<Acquired> AcquireParams(int b, std::span<const int> window);
+  // After enqueuing the op at seq[cursor]: record the copy's release (fp32) and start the loads
+  // of the next prefetch_depth blocks of the sequence.
+  Status AfterOp(const Acquired& a, std::span<const int> window);
+
+  // --- Gradient streaming ---
+  Status StreamGradients(int b, bool first_mb, bool last_mb);
+  void Fold(int b, int bucket, bool first_mb, bool last_mb);
+
+  // --- CPU optimizer pipeline ---
+  void SubmitUpdate(int b);
+  float* StateP32(int b, int buffer);
+  float* StateM(int b, int buffer);
+  float* StateV(int b, int buffer);
+  // Copy-out target of block b's new working params: its pinned home, or the pipeline buffer's
+  // copy-out area for streamed blocks whose home is NVMe.
+  gpu::PinnedSpan WorkingHome(int b, int buffer);
+  Status ReadState(int b, int buffer);
+  Status UpdateBlock(int b, int buffer);
+  Status WriteBack(int b, int buffer);
+  // Master weights, m, v of block b for reading or restoring (after Flush): in host memory, or
+  // read into pipeline buffer 0.
+  Status LoadOptimState(int b, float** p32, float** m, float** v, bool read = true);
+
   Status ForwardPass(MicroBatchShape shape, bool with_targets, int loss_index,
                      std::span<const int> seq, size_t* cursor);
   Status WriteCheckpoint(const std::string& save_dir, const std::string& temp_dir,
@@ -118,6 +193,10 @@ class Engine::Impl {
   Status CheckManifestMatchesModel(const Manifest& m) const;
   // Working params of block b as they are now (reads the swap store for the NVMe home).
   StatusOr<const std::byte*> WorkingParamsBytes(int b);
+  Status FoldError() {
+    std::lock_guard<std::mutex> lock(fold_mu_);
+    return fold_error_;
+  }
 
   Model* model_;
   gpu::Device* device_;
@@ -133,43 +212,62 @@ class Engine::Impl {
 
   std::unique_ptr<gpu::DeviceArena> arena_;
   std::unique_ptr<gpu::Stream> compute_, h2d_, d2h_;
-  int host_track_ = 0;  // o_.trace track of the driving thread's CPU optimizer and NVMe work
+  // Trace tracks of the host threads (o_.trace).
+  int load_track_ = 0, fold_track_ = 0, read_track_ = 0, update_track_ = 0, write_track_ = 0;
   gpu::DeviceSpan tokens_, targets_, loss_, logits_, scratch_, grads_, staging_;
   std::vector<gpu::DeviceSpan> acts_;  // acts_[b] = output of block b, b < n-1
   gpu::DeviceSpan dx_[2];
 
-  std::vector<gpu::DeviceSpan> resident_;  // empty span when streamed
-  std::vector<std::unique_ptr<gpu::Event>> resident_ready_;
-  std::vector<Slot> slots_;
+  // Params on the device. param_version_[b] counts the updates submitted for block b; a copy
+  // holding an older version is stale. Driving thread only.
+  std::vector<DeviceCopy> resident_;  // per block; dev empty when streamed
+  std::vector<DeviceCopy> slots_;
+  std::vector<int64_t> param_version_;
   int64_t use_clock_ = 0;
 
-  std::vector<gpu::PinnedBuffer> home_;  // working params, host/device home
-  gpu::PinnedBuffer copy_out_;           // NVMe home: new working params before the write
-  gpu::PinnedBuffer bucket_[2];          // gradient landing buckets
-  std::unique_ptr<gpu::Event> landed_[2];
-  std::unique_ptr<gpu::Event> grad_ready_;
-  int next_bucket_ = 0;
-  struct Landing {
-    int block;
-    int bucket;
-  };
-  std::deque<Landing> pending_;
-  cpu_optim::GradStats stats_;
+  std::vector<gpu::PinnedBuffer> home_;  // pinned working params: host/device home, resident
+  std::vector<gpu::PinnedBuffer> opt_buf_;  // pipeline buffers: [p32 | m | v][p16 copy-out]
+  uint64_t opt_state_bytes_ = 0;            // the [p32 | m | v] part (0: state in host memory)
+
+  // Gradients: device bucket j (16-bit) -> D2H -> pinned bucket i -> fold (CPU worker).
+  gpu::DeviceSpan dbucket_[2];
+  std::unique_ptr<gpu::Event> dgrad_ready_[2], dbucket_free_[2];
+  int next_dbucket_ = 0;
+  std::vector<gpu::PinnedBuffer> hbucket_;
+  std::vector<std::unique_ptr<gpu::Event>> landed_;
+  BucketPool pool_;
+  std::mutex fold_mu_;
+  Status fold_error_ STRATA_GUARDED_BY(fold_mu_);
+  cpu_optim::GradStats stats_;  // written by the fold worker; read after folder_->Drain()
+  bool eager_ = false;
+  bool eager_overflow_ = false;  // fold worker only, reset by the driving thread between steps
+  std::atomic<uint64_t> buckets_poisoned_{0};
+  RoundParams round_;
 
   gpu::PinnedBuffer io_pinned_;  // tokens, targets, losses, logits row
   std::unique_ptr<gpu::Event> io_done_;
-  gpu::PinnedBuffer optim_staging_;  // NVMe optimizer: [p32 | m | v] of one block
 
   std::vector<AlignedBuffer> accum_;        // fp32 gradient accumulators per block
   std::vector<AlignedBuffer> p32_, m_, v_;  // host optimizer home
 
   std::unique_ptr<io::IoBackend> io_;
   std::unique_ptr<io::SwapStore> swap_;
+  // Host threads; declared last so they are destroyed (joined) first.
+  std::unique_ptr<WorkQueue> loader_, folder_;
+  std::unique_ptr<OptimizerPipeline> pipeline_;
 };
 
 Status Engine::Impl::Init() {
   if (n_ < 2) return InvalidArgumentError("a model needs at least two blocks");
   if (o_.grad_accum_steps < 1) return InvalidArgumentError("--grad-accum-steps must be >= 1");
+  if (o_.eager_update) {
+    if (o_.precision == DType::kF16 || o_.grad_clip_norm > 0) {
+      return InvalidArgumentError(
+          "eager updates need bf16 or fp32 and no gradient clipping (--grad-clip 0): with fp16 "
+          "loss scaling or clipping a block's update depends on the whole gradient");
+    }
+    eager_ = o_.overlap;
+  }
   const MicroBatchShape shape = o_.micro_batch;
 
   if (plan_.param_home == ParamHome::kNvme || plan_.optimizer_home == OptimizerHome::kNvme) {
@@ -189,7 +287,13 @@ Status Engine::Impl::Init() {
   }
 
   STRATA_ASSIGN_OR_RETURN(arena_, device_->CreateArena(plan_.device_total_bytes));
-  if (o_.trace) host_track_ = o_.trace->RegisterTrack("host: optimizer + nvme");
+  if (o_.trace) {
+    load_track_ = o_.trace->RegisterTrack("host: prefetch (nvme read)");
+    fold_track_ = o_.trace->RegisterTrack("host: gradient fold");
+    read_track_ = o_.trace->RegisterTrack("host: optimizer state read");
+    update_track_ = o_.trace->RegisterTrack("host: cpu optimizer");
+    write_track_ = o_.trace->RegisterTrack("host: optimizer state write");
+  }
   STRATA_ASSIGN_OR_RETURN(compute_, device_->CreateStream("compute"));
   STRATA_ASSIGN_OR_RETURN(h2d_, device_->CreateStream("h2d"));
   STRATA_ASSIGN_OR_RETURN(d2h_, device_->CreateStream("d2h"));
@@ -199,41 +303,43 @@ Status Engine::Impl::Init() {
   const uint64_t act_bytes = static_cast<uint64_t>(model_->activation_elems(shape)) * 4;
   size_t r = 0;
   const auto& regions = plan_.device_regions;
-  STRATA_ASSIGN_OR_RETURN(auto tt, Carve(regions[r].size_bytes, regions[r].label));
-  ++r;
+  auto next = [&]() {
+    const DeviceRegion& region = regions[r++];
+    return Carve(region.size_bytes, region.label);
+  };
+  STRATA_ASSIGN_OR_RETURN(auto tt, next());
   tokens_ = tt.subspan(0, shape.tokens() * 4);
   targets_ = tt.subspan(shape.tokens() * 4, shape.tokens() * 4);
-  STRATA_ASSIGN_OR_RETURN(loss_, Carve(regions[r].size_bytes, regions[r].label));
-  ++r;
-  STRATA_ASSIGN_OR_RETURN(auto acts, Carve(regions[r].size_bytes, regions[r].label));
-  ++r;
+  STRATA_ASSIGN_OR_RETURN(loss_, next());
+  STRATA_ASSIGN_OR_RETURN(auto acts, next());
   for (int b = 0; b < n_ - 1; ++b) acts_.push_back(acts.subspan(b * act_bytes, act_bytes));
-  STRATA_ASSIGN_OR_RETURN(auto dx, Carve(regions[r].size_bytes, regions[r].label));
-  ++r;
+  STRATA_ASSIGN_OR_RETURN(auto dx, next());
   dx_[0] = dx.subspan(0, act_bytes);
   dx_[1] = dx.subspan(act_bytes, act_bytes);
-  STRATA_ASSIGN_OR_RETURN(logits_, Carve(regions[r].size_bytes, regions[r].label));
-  ++r;
-  STRATA_ASSIGN_OR_RETURN(scratch_, Carve(regions[r].size_bytes, regions[r].label));
-  ++r;
-  STRATA_ASSIGN_OR_RETURN(grads_, Carve(regions[r].size_bytes, regions[r].label));
-  ++r;
+  STRATA_ASSIGN_OR_RETURN(logits_, next());
+  STRATA_ASSIGN_OR_RETURN(scratch_, next());
+  STRATA_ASSIGN_OR_RETURN(grads_, next());
+  STRATA_ASSIGN_OR_RETURN(auto dbuckets, next());
+  const uint64_t dbucket_bytes = dbuckets.size_bytes / 2;
+  for (int j = 0; j < 2; ++j) {
+    dbucket_[j] = dbuckets.subspan(j * dbucket_bytes, dbucket_bytes);
+    STRATA_ASSIGN_OR_RETURN(dgrad_ready_[j], event());
+    STRATA_ASSIGN_OR_RETURN(dbucket_free_[j], event());
+  }
   if (o_.precision != DType::kF32) {
-    STRATA_ASSIGN_OR_RETURN(staging_, Carve(regions[r].size_bytes, regions[r].label));
-    ++r;
+    STRATA_ASSIGN_OR_RETURN(staging_, next());
   }
   resident_.resize(n_);
-  resident_ready_.resize(n_);
   for (int b = 0; b < n_; ++b) {
-    if (!plan_.blocks[b].resident) continue;
-    STRATA_ASSIGN_OR_RETURN(resident_[b], Carve(regions[r].size_bytes, regions[r].label));
-    ++r;
-    STRATA_ASSIGN_OR_RETURN(resident_ready_[b], event());
+    if (!resident(b)) continue;
+    STRATA_ASSIGN_OR_RETURN(resident_[b].dev, next());
+    resident_[b].block = b;
+    STRATA_ASSIGN_OR_RETURN(resident_[b].ready, event());
+    STRATA_ASSIGN_OR_RETURN(resident_[b].released, event());
   }
   slots_.resize(plan_.streaming_slots);
   for (auto& s : slots_) {
-    STRATA_ASSIGN_OR_RETURN(s.dev, Carve(regions[r].size_bytes, regions[r].label));
-    ++r;
+    STRATA_ASSIGN_OR_RETURN(s.dev, next());
     STRATA_ASSIGN_OR_RETURN(s.ready, event());
     STRATA_ASSIGN_OR_RETURN(s.released, event());
     if (nvme_params()) {
@@ -241,31 +347,38 @@ Status Engine::Impl::Init() {
     }
   }
   STRATA_CHECK(r == regions.size());
+  param_version_.assign(n_, 0);
 
   // Pinned and host memory.
-  for (int i = 0; i < 2; ++i) {
-    STRATA_ASSIGN_OR_RETURN(bucket_[i],
-                            device_->AllocatePinned(plan_.slot_bytes, "gradient bucket"));
-    STRATA_ASSIGN_OR_RETURN(landed_[i], event());
+  for (int i = 0; i < plan_.host_grad_buckets; ++i) {
+    STRATA_ASSIGN_OR_RETURN(auto bucket,
+                            device_->AllocatePinned(plan_.grad_bucket_bytes, "gradient bucket"));
+    hbucket_.push_back(std::move(bucket));
+    STRATA_ASSIGN_OR_RETURN(auto e, event());
+    landed_.push_back(std::move(e));
   }
-  STRATA_ASSIGN_OR_RETURN(grad_ready_, event());
+  pool_.Reset(plan_.host_grad_buckets);
   STRATA_ASSIGN_OR_RETURN(io_done_, event());
   const uint64_t io_bytes = shape.tokens() * 8 + o_.grad_accum_steps * 4 + 4 +
                             static_cast<uint64_t>(model_->vocab_size()) * 4;
   STRATA_ASSIGN_OR_RETURN(io_pinned_, device_->AllocatePinned(io_bytes, "token staging"));
-  if (nvme_params()) {
-    STRATA_ASSIGN_OR_RETURN(copy_out_, device_->AllocatePinned(plan_.slot_bytes, "copy-out"));
-  } else {
-    home_.resize(n_);
-    for (int b = 0; b < n_; ++b) {
-      STRATA_ASSIGN_OR_RETURN(home_[b], device_->AllocatePinned(np(b) * w_, "working params"));
+  home_.resize(n_);
+  for (int b = 0; b < n_; ++b) {
+    if (!nvme_params() || resident(b)) {
+      STRATA_ASSIGN_OR_RETURN(
+          home_[b], device_->AllocatePinned(io::SwapStore::PaddedSize(np(b) * w_), "working params"));
     }
   }
-  uint64_t max_padded = 0;
-  for (int b = 0; b < n_; ++b) max_padded = std::max(max_padded, padded_f32(b));
+  opt_state_bytes_ = 0;
   if (nvme_optim()) {
-    STRATA_ASSIGN_OR_RETURN(optim_staging_,
-                            device_->AllocatePinned(3 * max_padded, "optimizer staging"));
+    for (int b = 0; b < n_; ++b) opt_state_bytes_ = std::max(opt_state_bytes_, 3 * padded_f32(b));
+  }
+  if (plan_.optimizer_buffer_bytes > 0) {
+    for (int i = 0; i < plan_.optimizer_buffers; ++i) {
+      STRATA_ASSIGN_OR_RETURN(auto buf, device_->AllocatePinned(plan_.optimizer_buffer_bytes,
+                                                                "optimizer pipeline buffer"));
+      opt_buf_.push_back(std::move(buf));
+    }
   }
   for (int b = 0; b < n_; ++b) {
     STRATA_ASSIGN_OR_RETURN(auto acc, AlignedBuffer::Allocate(np(b) * 4, 64));
@@ -278,135 +391,167 @@ Status Engine::Impl::Init() {
     }
   }
 
+  loader_ = std::make_unique<WorkQueue>("prefetch");
+  folder_ = std::make_unique<WorkQueue>("gradient fold");
+  OptimizerPipeline::Stages stages;
+  if (nvme_optim()) stages.read = [this](int b, int i) { return ReadState(b, i); };
+  stages.update = [this](int b, int i) { return UpdateBlock(b, i); };
+  if (swap_) stages.write = [this](int b, int i) { return WriteBack(b, i); };
+  pipeline_ = std::make_unique<OptimizerPipeline>(
+      n_, std::max<int>(1, static_cast<int>(opt_buf_.size())), std::move(stages));
+
   // Initial master weights, zero Adam state, working params in their homes.
   for (int b = 0; b < n_; ++b) {
     float *p32, *m, *v;
-    if (nvme_optim()) {
-      std::memset(optim_staging_.data(), 0, optim_staging_.size_bytes());
-      p32 = optim_staging_.as<float>();
-      m = reinterpret_cast<float*>(optim_staging_.data() + padded_f32(b));
-      v = reinterpret_cast<float*>(optim_staging_.data() + 2 * padded_f32(b));
-    } else {
-      p32 = p32_[b].as<float>();
-      m = m_[b].as<float>();
-      v = v_[b].as<float>();
-    }
-    (void)m;
-    (void)v;
+    STRATA_RETURN_IF_ERROR(LoadOptimState(b, &p32, &m, &v, /*read=*/false));
+    if (nvme_optim()) std::memset(opt_buf_[0].data(), 0, opt_state_bytes_);
     model_->InitParams(b, o_.seed, std::span<float>(p32, np(b)));
     STRATA_RETURN_IF_ERROR(
-        cpu_optim::ConvertFromF32(p32, WorkingHome(b).data, o_.precision, np(b)));
-    if (nvme_optim()) STRATA_RETURN_IF_ERROR(StoreOptimState(b));
-    STRATA_RETURN_IF_ERROR(PublishWorkingParams(b));
+        cpu_optim::ConvertFromF32(p32, WorkingHome(b, 0).data, o_.precision, np(b)));
+    if (swap_) STRATA_RETURN_IF_ERROR(WriteBack(b, 0));
   }
   return Status::Ok();
 }
 
-Status Engine::Impl::LoadOptimState(int b, float** p32, float** m, float** v) {
-  if (nvme_optim()) {
-    trace::ScopedTraceEvent t(o_.trace, host_track_, "read optimizer state",
-                              trace::Category::kNvmeRead);
-    STRATA_RETURN_IF_ERROR(
-        swap_->Read(OptimExtent(b), optim_staging_.span().bytes().subspan(0, 3 * padded_f32(b))));
-    *p32 = optim_staging_.as<float>();
-    *m = reinterpret_cast<float*>(optim_staging_.data() + padded_f32(b));
-    *v = reinterpret_cast<float*>(optim_staging_.data() + 2 * padded_f32(b));
-  } else {
-    *p32 = p32_[b].as<float>();
-    *m = m_[b].as<float>();
-    *v = v_[b].as<float>();
-  }
+float* Engine::Impl::StateP32(int b, int i) {
+  return nvme_optim() ? opt_buf_[i].as<float>() : p32_[b].as<float>();
+}
+float* Engine::Impl::StateM(int b, int i) {
+  return nvme_optim() ? reinterpret_cast<float*>(opt_buf_[i].data() + padded_f32(b))
+                      : m_[b].as<float>();
+}
+float* Engine::Impl::StateV(int b, int i) {
+  return nvme_optim() ? reinterpret_cast<float*>(opt_buf_[i].data() + 2 * padded_f32(b))
+                      : v_[b].as<float>();
+}
+
+gpu::PinnedSpan Engine::Impl::WorkingHome(int b, int i) {
+  if (!nvme_params() || resident(b)) return home_[b].span();
+  return opt_buf_[i].span().subspan(opt_state_bytes_, plan_.slot_bytes);
+}
+
+Status Engine::Impl::LoadOptimState(int b, float** p32, float** m, float** v, bool read) {
+  if (nvme_optim() && read) STRATA_RETURN_IF_ERROR(ReadState(b, 0));
+  *p32 = StateP32(b, 0);
+  *m = StateM(b, 0);
+  *v = StateV(b, 0);
   return Status::Ok();
 }
 
-Status Engine::Impl::StoreOptimState(int b) {
-  trace::ScopedTraceEvent t(o_.trace, host_track_, "write optimizer state",
+Status Engine::Impl::ReadState(int b, int i) {
+  trace::ScopedTraceEvent t(o_.trace, read_track_, "read optimizer state",
+                            trace::Category::kNvmeRead);
+  return swap_->Read(OptimExtent(b), opt_buf_[i].span().bytes().subspan(0, 3 * padded_f32(b)));
+}
+
+Status Engine::Impl::UpdateBlock(int b, int i) {
+  trace::ScopedTraceEvent t(o_.trace, update_track_, "adamw", trace::Category::kCpuOptimizer);
+  const auto n = static_cast<size_t>(np(b));
+  return cpu_optim::AdamWUpdate(
+      round_.adamw, round_.step, std::span<float>(StateP32(b, i), n),
+      std::span<float>(StateM(b, i), n), std::span<float>(StateV(b, i), n),
+      cpu_optim::GradView{accum_[b].data(), DType::kF32},
+      cpu_optim::CopyOut{WorkingHome(b, i).data, o_.precision});
+}
+
+Status Engine::Impl::WriteBack(int b, int i) {
+  trace::ScopedTraceEvent t(o_.trace, write_track_, "write optimizer state + params",
                             trace::Category::kNvmeWrite);
-  return swap_->Write(OptimExtent(b), optim_staging_.span().bytes().subspan(0, 3 * padded_f32(b)));
-}
-
-Status Engine::Impl::PublishWorkingParams(int b) {
-  const gpu::PinnedSpan src = WorkingHome(b);
-  if (nvme_params()) {
-    trace::ScopedTraceEvent t(o_.trace, host_track_, "write params", trace::Category::kNvmeWrite);
-    STRATA_RETURN_IF_ERROR(swap_->Write(
-        ParamsExtent(b), src.bytes().subspan(0, io::SwapStore::PaddedSize(np(b) * w_))));
+  if (nvme_optim()) {
+    STRATA_RETURN_IF_ERROR(
+        swap_->Write(OptimExtent(b), opt_buf_[i].span().bytes().subspan(0, 3 * padded_f32(b))));
   }
-  if (plan_.blocks[b].resident) {
-    STRATA_RETURN_IF_ERROR(h2d_->CopyH2D(resident_[b], src.subspan(0, np(b) * w_)));
-    STRATA_RETURN_IF_ERROR(h2d_->Record(*resident_ready_[b]));
-    // The copy-out buffer is reused for the next block: wait for this copy.
-    if (nvme_params()) STRATA_RETURN_IF_ERROR(resident_ready_[b]->Synchronize());
+  if (nvme_params()) {
+    STRATA_RETURN_IF_ERROR(swap_->Write(
+        ParamsExtent(b),
+        WorkingHome(b, i).bytes().subspan(0, io::SwapStore::PaddedSize(np(b) * w_))));
   }
   return Status::Ok();
 }
 
-Status Engine::Impl::EnsureLoaded(int b, std::span<const int> protect) {
-  if (plan_.blocks[b].resident) return Status::Ok();
-  for (auto& s : slots_) {
-    if (s.block == b) return Status::Ok();
+void Engine::Impl::SubmitUpdate(int b) { pipeline_->Submit(b); }
+
+void Engine::Impl::StartLoad(DeviceCopy& c, int b) {
+  c.block = b;
+  c.version = param_version_[b];
+  const uint64_t bytes = np(b) * w_;
+  const bool from_nvme = nvme_params() && !resident(b);
+  const gpu::DeviceSpan dst = c.dev;
+  const gpu::PinnedSpan staging = c.staging.span();
+  gpu::Event* ready = c.ready.get();
+  gpu::Event* released = c.released.get();
+  c.load_ticket = loader_->Submit([=, this]() -> Status {
+    // Block b's update (if one is in flight) must have written its new params.
+    STRATA_RETURN_IF_ERROR(pipeline_->WaitBlock(b));
+    // The device copy may still be read by compute: order the H2D after it.
+    STRATA_RETURN_IF_ERROR(h2d_->Wait(*released));
+    gpu::PinnedSpan src;
+    if (from_nvme) {
+      // The pinned staging may still feed the slot's previous copy.
+      STRATA_RETURN_IF_ERROR(ready->Synchronize());
+      trace::ScopedTraceEvent t(o_.trace, load_track_, "read params", trace::Category::kNvmeRead);
+      STRATA_RETURN_IF_ERROR(swap_->Read(
+          ParamsExtent(b), staging.bytes().subspan(0, io::SwapStore::PaddedSize(bytes))));
+      src = staging.subspan(0, bytes);
+    } else {
+      src = home_[b].span().subspan(0, bytes);
+    }
+    STRATA_RETURN_IF_ERROR(h2d_->CopyH2D(dst, src));
+    return h2d_->Record(*ready);
+  });
+}
+
+DeviceCopy* Engine::Impl::Request(int b, std::span<const int> protect) {
+  if (resident(b)) {
+    DeviceCopy& c = resident_[b];
+    if (c.version != param_version_[b]) StartLoad(c, b);
+    return &c;
   }
-  Slot* victim = nullptr;
   for (auto& s : slots_) {
-    if (std::find(protect.begin(), protect.end(), s.block) != protect.end()) continue;
+    if (s.block == b && s.version == param_version_[b]) return &s;
+  }
+  // Least recently used among the slots that hold nothing needed soon (stale copies are free).
+  DeviceCopy* victim = nullptr;
+  for (auto& s : slots_) {
+    const bool fresh = s.block >= 0 && s.version == param_version_[s.block];
+    if (fresh && std::find(protect.begin(), protect.end(), s.block) != protect.end()) continue;
     if (!victim || s.last_use < victim->last_use) victim = &s;
   }
   STRATA_CHECK_MSG(victim != nullptr, "no streaming slot free outside the prefetch window");
-  const uint64_t bytes = np(b) * w_;
-  // The device slot may still be read by compute: order the copy after it.
-  STRATA_RETURN_IF_ERROR(h2d_->Wait(*victim->released));
-  if (nvme_params()) {
-    // The pinned staging may still feed the slot's previous copy.
-    STRATA_RETURN_IF_ERROR(victim->ready->Synchronize());
-    trace::ScopedTraceEvent t(o_.trace, host_track_, "read params", trace::Category::kNvmeRead);
-    STRATA_RETURN_IF_ERROR(swap_->Read(ParamsExtent(b), victim->staging.span().bytes().subspan(
-                                                            0, io::SwapStore::PaddedSize(bytes))));
-    STRATA_RETURN_IF_ERROR(h2d_->CopyH2D(victim->dev, victim->staging.span().subspan(0, bytes)));
-  } else {
-    STRATA_RETURN_IF_ERROR(h2d_->CopyH2D(victim->dev, home_[b].span().subspan(0, bytes)));
-  }
-  STRATA_RETURN_IF_ERROR(h2d_->Record(*victim->ready));
-  victim->block = b;
+  StartLoad(*victim, b);
   victim->last_use = use_clock_++;
-  return Status::Ok();
+  return victim;
 }
 
-StatusOr<const float*> Engine::Impl::AcquireParams(int b, std::span<const int> window) {
-  gpu::DeviceSpan src;
-  gpu::Event* ready;
-  Slot* slot = nullptr;
-  if (plan_.blocks[b].resident) {
-    src = resident_[b];
-    ready = resident_ready_[b].get();
-  } else {
-    STRATA_RETURN_IF_ERROR(EnsureLoaded(b, window.subspan(0, 1)));
-    for (auto& s : slots_) {
-      if (s.block == b) slot = &s;
-    }
-    slot->last_use = use_clock_++;
-    src = slot->dev;
-    ready = slot->ready.get();
-  }
-  STRATA_RETURN_IF_ERROR(compute_->Wait(*ready));
+StatusOr<Engine::Impl::Acquired> Engine::Impl::AcquireParams(int b,
+                                                             std::span<const int> window) {
+  DeviceCopy* c = Request(b, window.subspan(0, 1));
+  c->last_use = use_clock_++;
+  STRATA_RETURN_IF_ERROR(loader_->WaitFor(c->load_ticket));
+  if (!o_.overlap) STRATA_RETURN_IF_ERROR(h2d_->Synchronize());
+  STRATA_RETURN_IF_ERROR(compute_->Wait(*c->ready));
   const float* params;
   if (o_.precision == DType::kF32) {
-    params = src.as<const float>();
+    params = c->dev.as<const float>();
   } else {
-    STRATA_RETURN_IF_ERROR(compute_->Convert(staging_, DType::kF32, src, o_.precision, np(b)));
+    STRATA_RETURN_IF_ERROR(compute_->Convert(staging_, DType::kF32, c->dev, o_.precision, np(b)));
     params = staging_.as<const float>();
+    // Once staged as fp32 the device copy is free.
+    STRATA_RETURN_IF_ERROR(compute_->Record(*c->released));
   }
-  // Once the params are staged (or, for fp32, after this block's op) the slot
-  // is free; record the release after the op for fp32, here otherwise.
-  if (slot && o_.precision != DType::kF32)
-    STRATA_RETURN_IF_ERROR(compute_->Record(*slot->released));
-  // Prefetch the next blocks of the sequence into the other slots; the window
-  // (this block and the next ones) is never evicted.
-  const size_t depth = slots_.empty() ? 0 : slots_.size() - 1;
+  return Acquired{params, c};
+}
+
+Status Engine::Impl::AfterOp(const Acquired& a, std::span<const int> window) {
+  // fp32 compute reads the copy itself: it is free after the op.
+  if (o_.precision == DType::kF32) STRATA_RETURN_IF_ERROR(compute_->Record(*a.copy->released));
+  if (!o_.overlap) return compute_->Synchronize();
+  // Prefetch the next blocks of the sequence; the window (this block and the next ones) is
+  // never evicted.
+  const size_t depth = static_cast<size_t>(plan_.prefetch_depth);
   const auto protect = window.subspan(0, std::min(depth + 1, window.size()));
-  for (size_t i = 1; i < protect.size(); ++i) {
-    STRATA_RETURN_IF_ERROR(EnsureLoaded(protect[i], protect));
-  }
-  return params;
+  for (size_t i = 1; i < protect.size(); ++i) Request(protect[i], protect);
+  return Status::Ok();
 }
 
 Status Engine::Impl::UploadTokens(const MicroBatch& mb, MicroBatchShape shape, bool with_targets) {
@@ -440,9 +585,10 @@ Status Engine::Impl::ForwardPass(MicroBatchShape shape, bool with_targets, int l
                                  std::span<const int> seq, size_t* cursor) {
   for (int b = 0; b < n_; ++b, ++*cursor) {
     STRATA_CHECK(seq[*cursor] == b);
-    STRATA_ASSIGN_OR_RETURN(const float* params, AcquireParams(b, seq.subspan(*cursor)));
+    const auto window = seq.subspan(*cursor);
+    STRATA_ASSIGN_OR_RETURN(const Acquired a, AcquireParams(b, window));
     BlockBuffers buf;
-    buf.params = params;
+    buf.params = a.params;
     buf.shape = shape;
     buf.scratch = scratch_.as<float>();
     if (b == 0) buf.tokens = tokens_.as<const int32_t>();
@@ -455,11 +601,7 @@ Status Engine::Impl::ForwardPass(MicroBatchShape shape, bool with_targets, int l
       buf.loss = loss_.as<float>();
     }
     STRATA_RETURN_IF_ERROR(model_->Forward(b, buf, *compute_));
-    if (!plan_.blocks[b].resident && o_.precision == DType::kF32) {
-      for (auto& s : slots_) {
-        if (s.block == b) STRATA_RETURN_IF_ERROR(compute_->Record(*s.released));
-      }
-    }
+    STRATA_RETURN_IF_ERROR(AfterOp(a, window));
   }
   if (with_targets && loss_index >= 0) {
     const size_t off = o_.micro_batch.tokens() * 8 + loss_index * 4;
@@ -468,19 +610,75 @@ Status Engine::Impl::ForwardPass(MicroBatchShape shape, bool with_targets, int l
   return Status::Ok();
 }
 
-Status Engine::Impl::ProcessLanding(bool first_mb, bool last_mb) {
-  const Landing l = pending_.front();
-  pending_.pop_front();
-  STRATA_RETURN_IF_ERROR(landed_[l.bucket]->Synchronize());
-  trace::ScopedTraceEvent t(o_.trace, host_track_, "fold gradient bucket",
-                            trace::Category::kCpuOptimizer);
-  const cpu_optim::GradView g{bucket_[l.bucket].data(), o_.precision};
-  STRATA_ASSIGN_OR_RETURN(
-      auto stats,
-      cpu_optim::AccumulateGrad(std::span<float>(accum_[l.block].as<float>(), np(l.block)), g,
-                                first_mb, last_mb));
-  if (last_mb) cpu_optim::Merge(stats_, stats);
+Status Engine::Impl::StreamGradients(int b, bool first_mb, bool last_mb) {
+  // fp32 gradients -> working precision into device bucket j, once the D2H that last read j is
+  // done; then D2H into a free pinned bucket on the D2H stream, folded by the CPU worker.
+  const int j = next_dbucket_;
+  next_dbucket_ ^= 1;
+  const uint64_t bytes = np(b) * w_;
+  STRATA_RETURN_IF_ERROR(compute_->Wait(*dbucket_free_[j]));
+  STRATA_RETURN_IF_ERROR(
+      compute_->Convert(dbucket_[j], o_.precision, grads_, DType::kF32, np(b)));
+  STRATA_RETURN_IF_ERROR(compute_->Record(*dgrad_ready_[j]));
+  // Blocks this (driving) thread only when every pinned bucket is still being folded.
+  const int i = pool_.Acquire();
+  STRATA_RETURN_IF_ERROR(d2h_->Wait(*dgrad_ready_[j]));
+  STRATA_RETURN_IF_ERROR(d2h_->CopyD2H(hbucket_[i].span(), dbucket_[j].subspan(0, bytes)));
+  STRATA_RETURN_IF_ERROR(d2h_->Record(*landed_[i]));
+  STRATA_RETURN_IF_ERROR(d2h_->Record(*dbucket_free_[j]));
+  if (eager_ && last_mb) ++param_version_[b];  // the fold submits b's update
+  folder_->Submit([=, this]() -> Status {
+    Fold(b, i, first_mb, last_mb);
+    return Status::Ok();
+  });
+  if (!o_.overlap) {
+    STRATA_RETURN_IF_ERROR(d2h_->Synchronize());
+    STRATA_RETURN_IF_ERROR(folder_->Drain());
+    STRATA_RETURN_IF_ERROR(FoldError());
+  }
   return Status::Ok();
+}
+
+// Runs on the fold worker. Never fails the queue: an error is kept in fold_error_ and every
+// bucket still goes back to the pool, so the driving thread cannot wait forever for one.
+void Engine::Impl::Fold(int b, int bucket, bool first_mb, bool last_mb) {
+  Status s = FoldError();
+  if (s.ok()) s = landed_[bucket]->Synchronize();
+  if (s.ok()) {
+    trace::ScopedTraceEvent t(o_.trace, fold_track_, "fold gradient bucket",
+                              trace::Category::kCpuOptimizer);
+    const cpu_optim::GradView g{hbucket_[bucket].data(), o_.precision};
+    auto stats = cpu_optim::AccumulateGrad(std::span<float>(accum_[b].as<float>(), np(b)), g,
+                                           first_mb, last_mb);
+    if (!stats.ok()) {
+      s = stats.status();
+    } else if (last_mb) {
+      cpu_optim::Merge(stats_, *stats);
+      if (eager_) {
+        // Eager mode: b's gradient is complete; update it now unless a gradient of this step
+        // was non-finite (then this and every later block keep their weights).
+        if (stats->nonfinite || !std::isfinite(stats->sum_squares)) eager_overflow_ = true;
+        if (!eager_overflow_) SubmitUpdate(b);
+      }
+    }
+  }
+  if (o_.poison_released_buckets) {
+    // NaN in every dtype: a fold that read a bucket before its copy landed, or a copy into a
+    // bucket still being folded, shows up as a non-finite gradient.
+    std::memset(hbucket_[bucket].data(), 0xFF, hbucket_[bucket].size_bytes());
+    buckets_poisoned_.fetch_add(1, std::memory_order_relaxed);
+  }
+  pool_.Release(bucket);
+  if (!s.ok()) {
+    std::lock_guard<std::mutex> lock(fold_mu_);
+    if (fold_error_.ok()) fold_error_ = std::move(s);
+  }
+}
+
+Status Engine::Impl::Flush() {
+  STRATA_RETURN_IF_ERROR(folder_->Drain());
+  STRATA_RETURN_IF_ERROR(FoldError());
+  return pipeline_->Drain();
 }
 
 StatusOr<StepResult> Engine::Impl::Step(std::span<const MicroBatch> mbs) {
@@ -502,18 +700,26 @@ StatusOr<StepResult> Engine::Impl::Step(std::span<const MicroBatch> mbs) {
   }
   size_t cursor = 0;
   stats_ = {};
+  eager_overflow_ = false;
   const float scale = scaler_.scale();
   const float dloss = scale / static_cast<float>(mbs.size());
   for (size_t i = 0; i < mbs.size(); ++i) {
     const bool first_mb = i == 0, last_mb = i + 1 == mbs.size();
     STRATA_RETURN_IF_ERROR(UploadTokens(mbs[i], shape, /*with_targets=*/true));
     STRATA_RETURN_IF_ERROR(ForwardPass(shape, true, static_cast<int>(i), seq, &cursor));
+    if (eager_ && last_mb) {
+      // Every block's previous update is done (this forward waited on each); the round's
+      // hyper-parameters can be set for the updates the folds will submit. No clipping and
+      // scale 1 in eager mode: the gradient scale is exactly that of an exact step.
+      STRATA_RETURN_IF_ERROR(pipeline_->Drain());
+      round_ = {o_.adamw, cpu_optim::AdamWStep{adam_t_ + 1, 1.0f / scale}};
+    }
     for (int b = n_ - 1; b >= 0; --b, ++cursor) {
       STRATA_CHECK(seq[cursor] == b);
-      STRATA_ASSIGN_OR_RETURN(const float* params,
-                              AcquireParams(b, std::span(seq).subspan(cursor)));
+      const auto window = std::span<const int>(seq).subspan(cursor);
+      STRATA_ASSIGN_OR_RETURN(const Acquired a, AcquireParams(b, window));
       BlockBuffers buf;
-      buf.params = params;
+      buf.params = a.params;
       buf.grads = grads_.as<float>();
       buf.shape = shape;
       buf.scratch = scratch_.as<float>();
@@ -530,29 +736,13 @@ StatusOr<StepResult> Engine::Impl::Step(std::span<const MicroBatch> mbs) {
         buf.dloss = dloss;
       }
       STRATA_RETURN_IF_ERROR(model_->Backward(b, buf, *compute_));
-      if (!plan_.blocks[b].resident && o_.precision == DType::kF32) {
-        for (auto& s : slots_) {
-          if (s.block == b) STRATA_RETURN_IF_ERROR(compute_->Record(*s.released));
-        }
-      }
-      // Gradients: fp32 -> working precision in place, then D2H into a landing bucket.
-      if (o_.precision != DType::kF32) {
-        STRATA_RETURN_IF_ERROR(compute_->Convert(grads_, o_.precision, grads_, DType::kF32, np(b)));
-      }
-      STRATA_RETURN_IF_ERROR(compute_->Record(*grad_ready_));
-      const int k = next_bucket_;
-      next_bucket_ ^= 1;
-      STRATA_RETURN_IF_ERROR(d2h_->Wait(*grad_ready_));
-      STRATA_RETURN_IF_ERROR(d2h_->CopyD2H(bucket_[k].span(), grads_.subspan(0, np(b) * w_)));
-      STRATA_RETURN_IF_ERROR(d2h_->Record(*landed_[k]));
-      // The next backward overwrites grads_: only after the copy has read it.
-      STRATA_RETURN_IF_ERROR(compute_->Wait(*landed_[k]));
-      pending_.push_back({b, k});
-      // Fold the previous block's landed bucket while this one computes.
-      if (pending_.size() > 1) STRATA_RETURN_IF_ERROR(ProcessLanding(first_mb, last_mb));
+      STRATA_RETURN_IF_ERROR(StreamGradients(b, first_mb, last_mb));
+      STRATA_RETURN_IF_ERROR(AfterOp(a, window));
     }
-    while (!pending_.empty()) STRATA_RETURN_IF_ERROR(ProcessLanding(first_mb, last_mb));
   }
+  // When backward ends the folds have the global norm and the overflow flag.
+  STRATA_RETURN_IF_ERROR(folder_->Drain());
+  STRATA_RETURN_IF_ERROR(FoldError());
   STRATA_RETURN_IF_ERROR(compute_->Synchronize());
 
   StepResult result;
@@ -564,43 +754,43 @@ StatusOr<StepResult> Engine::Impl::Step(std::span<const MicroBatch> mbs) {
   result.loss = loss_sum / static_cast<float>(mbs.size());
   const bool overflow = stats_.nonfinite || !std::isfinite(stats_.sum_squares);
   result.grad_norm = overflow ? INFINITY : std::sqrt(stats_.sum_squares) / scale;
+  ++step_;
+  if (eager_) {
+    // The updates were submitted as gradients landed.
+    ++adam_t_;
+    if (overflow) {
+      result.skipped = true;
+      scaler_.Update(true);
+      STRATA_LOG_WARNING(
+          "step {}: non-finite gradient in eager mode; blocks whose gradients landed before it "
+          "were updated, the rest kept their weights",
+          step_);
+    }
+    if (!o_.overlap) STRATA_RETURN_IF_ERROR(pipeline_->Drain());
+    return result;
+  }
   if (scaler_.Update(overflow)) {
     result.skipped = true;
-    STRATA_LOG_WARNING("step {}: non-finite gradient, update skipped; loss scale now {}", step_ + 1,
+    STRATA_LOG_WARNING("step {}: non-finite gradient, update skipped; loss scale now {}", step_,
                        scaler_.scale());
-    ++step_;
     return result;
   }
   float clip = 1.0f;
   if (o_.grad_clip_norm > 0 && result.grad_norm > o_.grad_clip_norm) {
     clip = static_cast<float>(o_.grad_clip_norm / (result.grad_norm + 1e-6));
   }
-  ++step_;
-  STRATA_RETURN_IF_ERROR(OptimizerStep(clip / scale));
-  return result;
-}
-
-Status Engine::Impl::OptimizerStep(float grad_scale) {
   // Adam's step count t counts applied updates; skipped steps do not advance it.
-  adam_t_ += 1;
+  ++adam_t_;
+  STRATA_RETURN_IF_ERROR(pipeline_->Drain());
+  round_ = {o_.adamw, cpu_optim::AdamWStep{adam_t_, clip / scale}};
+  // Exact step, hidden under the next forward: blocks update in forward order on the CPU
+  // pipeline while this call returns; the next forward of block b waits only on b's update.
   for (int b = 0; b < n_; ++b) {
-    float *p32, *m, *v;
-    STRATA_RETURN_IF_ERROR(LoadOptimState(b, &p32, &m, &v));
-    const auto n = static_cast<size_t>(np(b));
-    {
-      trace::ScopedTraceEvent t(o_.trace, host_track_, "adamw", trace::Category::kCpuOptimizer);
-      STRATA_RETURN_IF_ERROR(cpu_optim::AdamWUpdate(
-          o_.adamw, cpu_optim::AdamWStep{adam_t_, grad_scale}, std::span<float>(p32, n),
-          std::span<float>(m, n), std::span<float>(v, n),
-          cpu_optim::GradView{accum_[b].data(), DType::kF32},
-          cpu_optim::CopyOut{WorkingHome(b).data, o_.precision}));
-    }
-    if (nvme_optim()) STRATA_RETURN_IF_ERROR(StoreOptimState(b));
-    STRATA_RETURN_IF_ERROR(PublishWorkingParams(b));
+    ++param_version_[b];
+    SubmitUpdate(b);
+    if (!o_.overlap) STRATA_RETURN_IF_ERROR(pipeline_->WaitBlock(b));
   }
-  // Streamed blocks changed: every slot's copy is stale.
-  for (auto& s : slots_) s.block = -1;
-  return h2d_->Synchronize();
+  return result;
 }
 
 StatusOr<float> Engine::Impl::EvaluateLoss(const MicroBatch& batch, MicroBatchShape shape) {
@@ -641,12 +831,14 @@ StatusOr<std::vector<float>> Engine::Impl::NextTokenLogits(std::span<const int32
 
 StatusOr<std::vector<float>> Engine::Impl::MasterWeights(int block) {
   if (block < 0 || block >= n_) return OutOfRangeError(fmt::format("no block {}", block));
+  STRATA_RETURN_IF_ERROR(Flush());
   float *p32, *m, *v;
   STRATA_RETURN_IF_ERROR(LoadOptimState(block, &p32, &m, &v));
   return std::vector<float>(p32, p32 + np(block));
 }
 
 StatusOr<uint64_t> Engine::Impl::MasterWeightsXxh3() {
+  STRATA_RETURN_IF_ERROR(Flush());
   XXH3_state_t* state = XXH3_createState();
   if (!state) return ResourceExhaustedError("could not allocate an xxh3 state");
   XXH3_64bits_reset(state);
@@ -663,10 +855,11 @@ StatusOr<uint64_t> Engine::Impl::MasterWeightsXxh3() {
 }
 
 StatusOr<const std::byte*> Engine::Impl::WorkingParamsBytes(int b) {
-  if (!nvme_params()) return home_[b].data();
+  const gpu::PinnedSpan home = WorkingHome(b, 0);
+  if (!nvme_params() || resident(b)) return home.data;
   STRATA_RETURN_IF_ERROR(swap_->Read(
-      ParamsExtent(b), copy_out_.span().bytes().subspan(0, io::SwapStore::PaddedSize(np(b) * w_))));
-  return copy_out_.data();
+      ParamsExtent(b), home.bytes().subspan(0, io::SwapStore::PaddedSize(np(b) * w_))));
+  return home.data;
 }
 
 Status Engine::Impl::SaveCheckpoint(const std::string& save_dir, const TrainerState& trainer,
@@ -675,8 +868,8 @@ Status Engine::Impl::SaveCheckpoint(const std::string& save_dir, const TrainerSt
   if (partially_loaded_) {
     return FailedPreconditionError("the engine holds a half-loaded checkpoint; nothing to save");
   }
-  // The working-params copies of the last step must have landed.
-  STRATA_RETURN_IF_ERROR(h2d_->Synchronize());
+  // The last step's update must have been applied.
+  STRATA_RETURN_IF_ERROR(Flush());
   STRATA_ASSIGN_OR_RETURN(std::string temp_dir, CreateCheckpointTempDir(save_dir, trainer.step));
   Status s = WriteCheckpoint(save_dir, temp_dir, trainer, options, checkpoint_dir);
   if (!s.ok()) {
@@ -805,34 +998,27 @@ Status Engine::Impl::LoadCheckpoint(const std::string& path, TrainerState* train
     files.push_back(std::move(f));
   }
 
-  // Phase 2: stream the validated tensors into the stores, block by block.
+  // Phase 2: stream the validated tensors into the stores, block by block, once nothing reads
+  // them any more (the last update applied, no H2D copy from a pinned home in flight).
+  STRATA_RETURN_IF_ERROR(Flush());
+  STRATA_RETURN_IF_ERROR(loader_->Drain());
+  STRATA_RETURN_IF_ERROR(h2d_->Synchronize());
   partially_loaded_ = true;
   for (int b = 0; b < n_; ++b) {
     const size_t n = static_cast<size_t>(np(b));
     float *p32, *mm, *vv;
-    if (nvme_optim()) {
-      p32 = optim_staging_.as<float>();
-      mm = reinterpret_cast<float*>(optim_staging_.data() + padded_f32(b));
-      vv = reinterpret_cast<float*>(optim_staging_.data() + 2 * padded_f32(b));
-    } else {
-      p32 = p32_[b].as<float>();
-      mm = m_[b].as<float>();
-      vv = v_[b].as<float>();
-    }
+    STRATA_RETURN_IF_ERROR(LoadOptimState(b, &p32, &mm, &vv, /*read=*/false));
     STRATA_RETURN_IF_ERROR(
         ReadTensorBytes(files[0], *tensors[0][b], 0, std::as_writable_bytes(std::span(p32, n))));
     STRATA_RETURN_IF_ERROR(
         ReadTensorBytes(files[1], *tensors[1][b], 0, std::as_writable_bytes(std::span(mm, n))));
     STRATA_RETURN_IF_ERROR(
         ReadTensorBytes(files[2], *tensors[2][b], 0, std::as_writable_bytes(std::span(vv, n))));
-    if (nvme_optim()) STRATA_RETURN_IF_ERROR(StoreOptimState(b));
-    STRATA_RETURN_IF_ERROR(h2d_->Synchronize());  // the working home may feed a copy
     STRATA_RETURN_IF_ERROR(
-        ReadTensorBytes(files[3], *tensors[3][b], 0, WorkingHome(b).bytes().subspan(0, n * w_)));
-    STRATA_RETURN_IF_ERROR(PublishWorkingParams(b));
+        ReadTensorBytes(files[3], *tensors[3][b], 0, WorkingHome(b, 0).bytes().subspan(0, n * w_)));
+    if (swap_) STRATA_RETURN_IF_ERROR(WriteBack(b, 0));
+    ++param_version_[b];  // every device copy is stale
   }
-  STRATA_RETURN_IF_ERROR(h2d_->Synchronize());
-  for (auto& s : slots_) s.block = -1;
   step_ = m.engine_steps;
   adam_t_ = m.adam_steps;
   scaler_.Restore(m.loss_scaler.scale, m.loss_scaler.clean_steps, m.loss_scaler.overflows);
@@ -858,6 +1044,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(Model* model, gpu::Device* devi
 const Plan& Engine::plan() const { return impl_->plan(); }
 std::string_view Engine::io_backend_name() const { return impl_->io_backend_name(); }
 StatusOr<StepResult> Engine::Step(std::span<const MicroBatch> mbs) { return impl_->Step(mbs); }
+Status Engine::Flush() { return impl_->Flush(); }
 StatusOr<float> Engine::EvaluateLoss(const MicroBatch& batch, MicroBatchShape shape) {
   return impl_->EvaluateLoss(batch, shape);
 }

@@ -19,8 +19,22 @@
 // resident or with params streamed and optimizer state on NVMe gives
 // bit-identical master weights.
 //
-// Thread-safety: an Engine is driven by one host thread. Internally it uses a
-// compute stream, an H2D stream and a D2H stream of the device.
+// Overlap (DESIGN.md steps 1-3). The driving thread only enqueues; the work runs on
+//   - the device's compute, H2D and D2H streams;
+//   - a prefetch thread that loads the working params of the next prefetch_depth blocks
+//     (NVMe -> pinned -> device, reverse order in backward) while a block computes;
+//   - a gradient-fold thread: as each block's backward ends, its 16-bit gradients go D2H into a
+//     pinned bucket, and this thread folds the landed bucket into the fp32 accumulators and the
+//     running statistics (sum of squares, inf/nan) while backward goes on; a bucket returns to
+//     its pool only after its copy landed and its fold finished;
+//   - the CPU-optimizer pipeline (engine/optimizer_pipeline.h): with the global norm and the
+//     overflow flag known when backward ends, blocks update in forward order (read state of
+//     b+1, update b, write b-1 for state on NVMe) while Step returns; the next forward of block
+//     b waits only on block b's update. No stale update: the numbers are those of a sequential
+//     step, bit for bit.
+// Eager mode (bf16/fp32, no clipping) starts a block's update as soon as its gradients landed.
+//
+// Thread-safety: an Engine is driven by one host thread.
 #pragma once
 
 #include <cstdint>
@@ -53,10 +67,24 @@ struct EngineOptions {
   PlacementOptions placement;     // budgets, homes, NVMe paths
   io::IoBackendOptions io;
   uint64_t seed = 1337;  // parameter initialisation
-  // Not owned, may be null: the driving thread's CPU optimizer work and NVMe reads/writes are
-  // recorded on a track "host: optimizer + nvme" (the device records its streams itself when
+  // Not owned, may be null: the engine's host threads record their work on tracks "host:
+  // prefetch (nvme read)", "host: gradient fold", "host: optimizer state read", "host: cpu
+  // optimizer" and "host: optimizer state write" (the device records its streams itself when
   // given the same recorder in its options).
   trace::TraceRecorder* trace = nullptr;
+  // false: the sequential pipeline, for comparison and debugging: every load, kernel, copy,
+  // fold and block update completes before the next starts, nothing is prefetched, and Step
+  // returns with its update applied. Results are bit-identical either way.
+  bool overlap = true;
+  // Eager mode: a block's update starts as soon as its last micro-batch's gradients have
+  // landed, during backward. Needs bf16 or fp32 and grad_clip_norm == 0 (kInvalidArgument
+  // otherwise). Bit-identical to the exact step, except on a non-finite gradient: then the
+  // blocks updated before it was seen keep their update and the rest are skipped.
+  bool eager_update = false;
+  // Test seam: fill each pinned gradient bucket with NaN bytes when it returns to its pool, so a
+  // bucket read before its copy landed, or reused while still being read, makes the step's
+  // gradient non-finite.
+  bool poison_released_buckets = false;
   // Test-only seam: when set, the swap store's I/O backend is made by this function (called once,
   // from Create, with `io`) instead of io::CreateIoBackend; tests pass one that returns an
   // io::FaultInjectingBackend to inject ENOSPC, EIO or short transfers during training.
@@ -90,6 +118,7 @@ struct EngineCounters {
   uint64_t nvme_bytes_written = 0;
   uint64_t device_peak_bytes = 0;
   uint64_t pinned_bytes = 0;
+  uint64_t buckets_poisoned = 0;  // EngineOptions::poison_released_buckets
 };
 
 class Engine {
@@ -108,7 +137,17 @@ class Engine {
 
   // One optimizer step over micro_batches.size() == grad_accum_steps
   // micro-batches of the configured shape. Token ids must be < vocab size.
+  // Returns when backward has finished and the update is known (loss, norm, skipped); the
+  // update itself runs on the CPU pipeline behind the return and the next call's forward pass.
+  // An error of that update (an NVMe write failing, say) comes back from the next call that
+  // needs its result: Step, EvaluateLoss, NextTokenLogits, Flush, MasterWeights* or a
+  // checkpoint save. After an error the engine's state is unknown: recreate it and resume from
+  // a checkpoint.
   StatusOr<StepResult> Step(std::span<const MicroBatch> micro_batches);
+
+  // Waits until the last Step's update has been applied everywhere (master weights, optimizer
+  // state and working params in their homes, NVMe included); its error, if any.
+  Status Flush();
 
   // Mean loss of a forward pass (no gradients); shape may be smaller than the
   // training micro-batch.

@@ -61,6 +61,8 @@ std::vector<DeviceRegion> FixedRegions(const Model& model, DType precision, Micr
       {"logits (B,T,V) fp32", static_cast<uint64_t>(model.logits_elems(shape)) * 4},
       {"block scratch", max_scratch},
       {"gradients of one block (fp32)", static_cast<uint64_t>(max_block_params) * 4},
+      {fmt::format("gradient buckets (2 x one block, {})", DTypeName(precision)),
+       2 * Aligned(static_cast<uint64_t>(max_block_params) * SizeOf(precision))},
   };
   if (precision != DType::kF32) {
     fixed.push_back(
@@ -134,20 +136,25 @@ StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape sha
     for (auto& b : p.blocks) b.resident = true;
     p.streaming_slots = 0;
   } else {
-    if (o.streaming_slots < 2) {
+    if (o.streaming_slots != 0 && o.streaming_slots < 2) {
       return InvalidArgumentError("streaming needs at least 2 slots (one computing, one loading)");
     }
-    const uint64_t minimum = fixed_total + o.streaming_slots * Aligned(p.slot_bytes);
+    // Auto: a third slot lets the prefetch run two blocks ahead, when the budget holds it.
+    int slots = o.streaming_slots;
+    if (slots == 0) {
+      slots = fixed_total + 3 * Aligned(p.slot_bytes) <= o.device_budget_bytes ? 3 : 2;
+    }
+    const uint64_t minimum = fixed_total + slots * Aligned(p.slot_bytes);
     if (minimum > o.device_budget_bytes) {
       return ResourceExhaustedError(fmt::format(
           "device budget {} is {} short: streaming needs {} slots of {} (the largest block's "
           "{} params) plus {} of activations, gradients and scratch for a {}x{} micro-batch; "
           "raise --device-budget to at least {} or lower --micro-batch-size/--seq-len",
           FormatBytes(o.device_budget_bytes), FormatBytes(minimum - o.device_budget_bytes),
-          o.streaming_slots, FormatBytes(p.slot_bytes), p.max_block_params,
-          FormatBytes(fixed_total), shape.batch_size, shape.seq_len, FormatBytes(minimum)));
+          slots, FormatBytes(p.slot_bytes), p.max_block_params, FormatBytes(fixed_total),
+          shape.batch_size, shape.seq_len, FormatBytes(minimum)));
     }
-    p.streaming_slots = o.streaming_slots;
+    p.streaming_slots = slots;
     // Spend what is left on resident blocks, largest first (each saves the most
     // traffic per byte... all blocks are used equally often, so largest first
     // is simply the fewest copies per step).
@@ -175,17 +182,34 @@ StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape sha
     p.device_regions.push_back({fmt::format("streaming slot {}", s), p.slot_bytes});
   }
   for (const auto& r : p.device_regions) p.device_total_bytes += Aligned(r.size_bytes);
+  p.prefetch_depth = std::max(0, p.streaming_slots - 1);
+
+  // Pipelines.
+  if (o.host_grad_buckets != 0 && o.host_grad_buckets < 2) {
+    return InvalidArgumentError("host_grad_buckets must be >= 2 (one landing, one folding)");
+  }
+  if (o.optimizer_buffers < 0) return InvalidArgumentError("optimizer_buffers must be >= 0");
+  p.host_grad_buckets = o.host_grad_buckets != 0 ? o.host_grad_buckets : 3;
+  p.optimizer_buffers = o.optimizer_buffers != 0 ? o.optimizer_buffers : (nvme ? 3 : 1);
+  p.grad_bucket_bytes = p.slot_bytes;
 
   // Host tiers.
   const uint64_t params_w = static_cast<uint64_t>(p.model_params) * w;
   const uint64_t padded_block_f32 = AlignUp(static_cast<uint64_t>(p.max_block_params) * 4, 4096);
-  p.pinned_bytes = 2 * p.slot_bytes;  // gradient landing buckets
+  p.pinned_bytes = p.host_grad_buckets * p.grad_bucket_bytes;  // gradient landing buckets
   if (o.param_home == ParamHome::kHost || o.param_home == ParamHome::kDevice) {
     for (int b = 0; b < n; ++b) p.pinned_bytes += AlignUp(block_bytes(b), 4096);
   } else {
-    p.pinned_bytes += (p.streaming_slots + 1) * p.slot_bytes;  // NVMe staging + copy-out
+    // Resident blocks keep a pinned copy (refreshed after each update); streamed ones have the
+    // slots' NVMe staging and the pipeline's copy-out.
+    for (int b = 0; b < n; ++b) {
+      if (p.blocks[b].resident) p.pinned_bytes += AlignUp(block_bytes(b), 4096);
+    }
+    p.pinned_bytes += p.streaming_slots * p.slot_bytes;
   }
-  if (o.optimizer_home == OptimizerHome::kNvme) p.pinned_bytes += 3 * padded_block_f32;
+  if (o.optimizer_home == OptimizerHome::kNvme) p.optimizer_buffer_bytes += 3 * padded_block_f32;
+  if (o.param_home == ParamHome::kNvme) p.optimizer_buffer_bytes += p.slot_bytes;
+  p.pinned_bytes += p.optimizer_buffers * p.optimizer_buffer_bytes;
   p.host_bytes = static_cast<uint64_t>(p.model_params) * 4;  // fp32 gradient accumulators
   if (o.optimizer_home == OptimizerHome::kHost)
     p.host_bytes += static_cast<uint64_t>(p.model_params) * 12;
@@ -242,8 +266,27 @@ std::string Plan::Describe() const {
       continue;
     line("           {:>10}  {}", FormatBytes(r.size_bytes), r.label);
   }
-  line("  pinned   {}: {}gradient landing buckets", FormatBytes(pinned_bytes),
-       param_home == ParamHome::kNvme ? "NVMe staging, " : "working params home, ");
+  line("  pinned   {}: {}{} gradient landing buckets of {}{}", FormatBytes(pinned_bytes),
+       param_home == ParamHome::kNvme ? "NVMe staging, " : "working params home, ",
+       host_grad_buckets, FormatBytes(grad_bucket_bytes),
+       optimizer_buffer_bytes > 0
+           ? fmt::format(", {} optimizer pipeline buffers of {}", optimizer_buffers,
+                         FormatBytes(optimizer_buffer_bytes))
+           : "");
+  if (streaming_slots > 0) {
+    line("  overlap  prefetch {} block{} ahead of compute; gradients stream D2H through {} device "
+         "buckets;",
+         prefetch_depth, prefetch_depth == 1 ? "" : "s", device_grad_buckets);
+  } else {
+    line("  overlap  every block resident; gradients stream D2H through {} device buckets;",
+         device_grad_buckets);
+  }
+  line("           the CPU optimizer updates blocks in forward order ({}) while the next "
+       "forward pass runs; block b's forward waits only on block b's update",
+       optimizer_buffer_bytes > 0
+           ? fmt::format("NVMe pipeline: read b+1, update b, write b-1 through {} buffers",
+                         optimizer_buffers)
+           : "state in host memory");
   line("  host     {}: fp32 gradient accumulators{}", FormatBytes(host_bytes),
        optimizer_home == OptimizerHome::kHost ? ", fp32 master weights, Adam m and v" : "");
   if (nvme_bytes > 0) {

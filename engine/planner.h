@@ -34,7 +34,14 @@ struct PlacementOptions {
   ParamHome param_home = ParamHome::kNvme;  // kDevice: every block must be resident
   OptimizerHome optimizer_home = OptimizerHome::kNvme;
   std::vector<std::string> nvme_paths;  // required when anything lives on NVMe
-  int streaming_slots = 2;              // >= 2 when any block streams
+  // Device slots shared by the streamed blocks; prefetch depth = slots - 1. 0 = the planner
+  // decides: 3 (prefetch two blocks ahead) when the budget holds them, else 2. Else >= 2.
+  int streaming_slots = 0;
+  // Pinned host gradient buckets (D2H landing, folded by a CPU worker); 0 = 3. Else >= 2.
+  int host_grad_buckets = 0;
+  // Pinned buffers cycling through the optimizer pipeline (read b+1, update b, write b-1);
+  // 0 = 3 when optimizer state or params live on NVMe, else 1.
+  int optimizer_buffers = 0;
 };
 
 struct DeviceRegion {
@@ -54,6 +61,12 @@ struct Plan {
   ParamHome param_home = ParamHome::kNvme;
   OptimizerHome optimizer_home = OptimizerHome::kNvme;
   int streaming_slots = 0;
+  int prefetch_depth = 0;       // blocks loaded ahead of the one computing: slots - 1
+  int device_grad_buckets = 2;  // 16-bit gradient buckets on the device (one copying, one filling)
+  int host_grad_buckets = 3;    // pinned landing buckets
+  int optimizer_buffers = 1;    // pinned buffers of the optimizer pipeline
+  uint64_t grad_bucket_bytes = 0;       // one block's 16-bit gradients, padded
+  uint64_t optimizer_buffer_bytes = 0;  // NVMe: [p32 | m | v] of the largest block (+ p16)
   int64_t model_params = 0;
   int64_t max_block_params = 0;
   uint64_t slot_bytes = 0;  // one block's working params, padded
@@ -71,12 +84,12 @@ struct Plan {
 };
 
 // The smallest device budget that trains with every block streamed through
-// `streaming_slots` slots: activations, gradients, scratch and the slots.
+// `streaming_slots` slots: activations, gradients, gradient buckets, scratch and the slots.
 uint64_t StreamingMinimumBytes(const Model& model, DType precision, MicroBatchShape shape,
                                int streaming_slots = 2);
 
 // Errors: kInvalidArgument (zero budget, no NVMe path for NVMe placement,
-// streaming_slots < 2); kResourceExhausted when the device budget cannot hold
+// streaming_slots, host_grad_buckets or optimizer_buffers given but too small); kResourceExhausted when the device budget cannot hold
 // the minimum (what is short and by how much, and what the minimum is made of),
 // or when the pinned, host or NVMe needs exceed their budgets (which, by how much).
 StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape shape,

@@ -116,6 +116,26 @@ void AddTrainFlags(CLI::App& cmd, TrainFlags& f) {
          "--copy-bandwidth", f.copy_bandwidth,
          "Host device only: throttle H2D/D2H copies to this many bytes/s (0 = memcpy speed)")
       ->capture_default_str();
+  cmd.add_flag("--no-overlap", f.no_overlap,
+               "Run the sequential pipeline: every load, kernel, copy, fold and block update "
+               "finishes before the next starts (same numbers, for comparison)");
+  cmd.add_flag("--eager-update", f.eager_update,
+               "Update each block as soon as its gradients land, during backward (bf16/fp32 "
+               "with --grad-clip 0 only)");
+  cmd.add_option("--prefetch-depth", f.prefetch_depth,
+                 "Blocks loaded ahead of the one computing (streaming slots - 1); 0 = the "
+                 "planner decides (2 when the device budget holds the slots, else 1)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd.add_option("--grad-buckets", f.grad_buckets,
+                 "Pinned gradient landing buckets (>= 2); 0 = the planner decides (3)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd.add_option("--optimizer-buffers", f.optimizer_buffers,
+                 "Pinned buffers of the optimizer pipeline (read b+1, update b, write b-1); 0 = "
+                 "the planner decides (3 with NVMe, else 1)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   AddCheckpointFlags(cmd, f.checkpoint);
 }
 
@@ -260,6 +280,11 @@ Status RunTrain(const TrainFlags& f) {
   }
   o.placement.param_home = param_home;
   o.placement.optimizer_home = optim_home;
+  o.placement.streaming_slots = f.prefetch_depth > 0 ? f.prefetch_depth + 1 : 0;
+  o.placement.host_grad_buckets = f.grad_buckets;
+  o.placement.optimizer_buffers = f.optimizer_buffers;
+  o.overlap = !f.no_overlap;
+  o.eager_update = f.eager_update;
   o.placement.nvme_paths = f.nvme_paths.empty() ? std::vector<std::string>{"."} : f.nvme_paths;
   if (f.device_budget == "auto") {
     // Midway between the streaming minimum and the working params alone, so
@@ -322,21 +347,26 @@ Status RunTrain(const TrainFlags& f) {
   // Busy time per part over the training steps only (evaluation and sampling excluded).
   trace::Breakdown parts;
   double step_seconds = 0;
+  // Runs fn (a Step, or the Flush that ends the update a Step left running) as training time.
+  auto timed = [&](auto&& fn) {
+    const trace::Breakdown before = recorder.breakdown();
+    const auto t0 = std::chrono::steady_clock::now();
+    auto result = fn();
+    step_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const trace::Breakdown after = recorder.breakdown();
+    for (int i = 0; i < trace::kNumCategories; ++i) {
+      parts.seconds[i] += after.seconds[i] - before.seconds[i];
+    }
+    return result;
+  };
+  auto flush = [&] { return timed([&] { return engine->Flush(); }); };
   for (int64_t step = start_step; step < f.steps; ++step) {
     for (int i = 0; i < f.grad_accum_steps; ++i) {
       data.SampleTrainBatch(data_rng, mb.batch_size, mb.seq_len, &toks[i], &tgts[i]);
       batches[i] = {toks[i], tgts[i]};
     }
     engine->SetLearningRate(LearningRate(f, step));
-    const trace::Breakdown before = recorder.breakdown();
-    const auto t_step = std::chrono::steady_clock::now();
-    STRATA_ASSIGN_OR_RETURN(auto r, engine->Step(batches));
-    step_seconds +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t_step).count();
-    const trace::Breakdown after = recorder.breakdown();
-    for (int i = 0; i < trace::kNumCategories; ++i) {
-      parts.seconds[i] += after.seconds[i] - before.seconds[i];
-    }
+    STRATA_ASSIGN_OR_RETURN(auto r, timed([&] { return engine->Step(batches); }));
     if (step == start_step) loss_first = r.loss;
     loss_last = r.loss;
     skipped += r.skipped;
@@ -364,6 +394,7 @@ Status RunTrain(const TrainFlags& f) {
       last = c;
     }
     if (f.eval_every > 0 && (step + 1) % f.eval_every == 0 && step + 1 != f.steps) {
+      STRATA_RETURN_IF_ERROR(flush());
       const auto t0 = std::chrono::steady_clock::now();
       STRATA_ASSIGN_OR_RETURN(float v, Evaluate(*engine, data, f));
       eval_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -374,6 +405,7 @@ Status RunTrain(const TrainFlags& f) {
     const bool stopping = StopSignal() != 0;
     if (!ckpt.save_dir.empty() &&
         (periodic || step + 1 == f.steps || (stopping && ckpt.save_on_signal))) {
+      STRATA_RETURN_IF_ERROR(flush());
       STRATA_ASSIGN_OR_RETURN(last_checkpoint,
                               SaveTraining(*engine, ckpt,
                                            {step + 1, (step + 1) * tokens_per_step, &data_rng,
@@ -387,6 +419,7 @@ Status RunTrain(const TrainFlags& f) {
               : std::string("no checkpoint saved (use --save-dir with --save-on-signal)")));
     }
   }
+  STRATA_RETURN_IF_ERROR(flush());  // the last step's update
   const double train_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_train).count() -
       eval_seconds;

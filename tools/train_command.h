@@ -38,6 +38,12 @@ struct TrainFlags {
   int64_t sample_bytes = 200;
   int64_t log_every = 10;
   double copy_bandwidth = 0;
+  // Overlap (engine/engine.h): off = the sequential pipeline, for comparison.
+  bool no_overlap = false;
+  bool eager_update = false;
+  int prefetch_depth = 0;     // 0 = the planner decides
+  int grad_buckets = 0;       // pinned gradient buckets; 0 = the planner decides
+  int optimizer_buffers = 0;  // optimizer pipeline buffers; 0 = the planner decides
 
   // --config FILE: a DeepSpeed-style JSON config applied before the other flags (tools/config.h).
   std::string config;
