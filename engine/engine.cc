@@ -29,9 +29,9 @@ struct DeviceCopy {
   gpu::DeviceSpan dev;
   gpu::PinnedBuffer staging;  // streaming slots with the NVMe home: NVMe -> pinned -> device
   int block = -1;
-  int64_t version = -1;      // the block's param version the copy holds (or is loading)
+  int64_t version = -1;  // the block's param version the copy holds (or is loading)
   int64_t last_use = -1;
-  uint64_t load_ticket = 0;  // loader ticket of the load that fills it
+  uint64_t load_ticket = 0;              // loader ticket of the load that fills it
   std::unique_ptr<gpu::Event> ready;     // H2D into dev completed
   std::unique_ptr<gpu::Event> released;  // compute finished reading dev
 };
@@ -225,7 +225,7 @@ class Engine::Impl {
   std::vector<int64_t> param_version_;
   int64_t use_clock_ = 0;
 
-  std::vector<gpu::PinnedBuffer> home_;  // pinned working params: host/device home, resident
+  std::vector<gpu::PinnedBuffer> home_;     // pinned working params: host/device home, resident
   std::vector<gpu::PinnedBuffer> opt_buf_;  // pipeline buffers: [p32 | m | v][p16 copy-out]
   uint64_t opt_state_bytes_ = 0;            // the [p32 | m | v] part (0: state in host memory)
 
@@ -366,7 +366,8 @@ Status Engine::Impl::Init() {
   for (int b = 0; b < n_; ++b) {
     if (!nvme_params() || resident(b)) {
       STRATA_ASSIGN_OR_RETURN(
-          home_[b], device_->AllocatePinned(io::SwapStore::PaddedSize(np(b) * w_), "working params"));
+          home_[b],
+          device_->AllocatePinned(io::SwapStore::PaddedSize(np(b) * w_), "working params"));
     }
   }
   opt_state_bytes_ = 0;
@@ -447,11 +448,11 @@ Status Engine::Impl::ReadState(int b, int i) {
 Status Engine::Impl::UpdateBlock(int b, int i) {
   trace::ScopedTraceEvent t(o_.trace, update_track_, "adamw", trace::Category::kCpuOptimizer);
   const auto n = static_cast<size_t>(np(b));
-  return cpu_optim::AdamWUpdate(
-      round_.adamw, round_.step, std::span<float>(StateP32(b, i), n),
-      std::span<float>(StateM(b, i), n), std::span<float>(StateV(b, i), n),
-      cpu_optim::GradView{accum_[b].data(), DType::kF32},
-      cpu_optim::CopyOut{WorkingHome(b, i).data, o_.precision});
+  return cpu_optim::AdamWUpdate(round_.adamw, round_.step, std::span<float>(StateP32(b, i), n),
+                                std::span<float>(StateM(b, i), n),
+                                std::span<float>(StateV(b, i), n),
+                                cpu_optim::GradView{accum_[b].data(), DType::kF32},
+                                cpu_optim::CopyOut{WorkingHome(b, i).data, o_.precision});
 }
 
 Status Engine::Impl::WriteBack(int b, int i) {
@@ -462,9 +463,9 @@ Status Engine::Impl::WriteBack(int b, int i) {
         swap_->Write(OptimExtent(b), opt_buf_[i].span().bytes().subspan(0, 3 * padded_f32(b))));
   }
   if (nvme_params()) {
-    STRATA_RETURN_IF_ERROR(swap_->Write(
-        ParamsExtent(b),
-        WorkingHome(b, i).bytes().subspan(0, io::SwapStore::PaddedSize(np(b) * w_))));
+    STRATA_RETURN_IF_ERROR(
+        swap_->Write(ParamsExtent(b),
+                     WorkingHome(b, i).bytes().subspan(0, io::SwapStore::PaddedSize(np(b) * w_))));
   }
   return Status::Ok();
 }
@@ -523,8 +524,7 @@ DeviceCopy* Engine::Impl::Request(int b, std::span<const int> protect) {
   return victim;
 }
 
-StatusOr<Engine::Impl::Acquired> Engine::Impl::AcquireParams(int b,
-                                                             std::span<const int> window) {
+StatusOr<Engine::Impl::Acquired> Engine::Impl::AcquireParams(int b, std::span<const int> window) {
   DeviceCopy* c = Request(b, window.subspan(0, 1));
   c->last_use = use_clock_++;
   STRATA_RETURN_IF_ERROR(loader_->WaitFor(c->load_ticket));
@@ -617,8 +617,7 @@ Status Engine::Impl::StreamGradients(int b, bool first_mb, bool last_mb) {
   next_dbucket_ ^= 1;
   const uint64_t bytes = np(b) * w_;
   STRATA_RETURN_IF_ERROR(compute_->Wait(*dbucket_free_[j]));
-  STRATA_RETURN_IF_ERROR(
-      compute_->Convert(dbucket_[j], o_.precision, grads_, DType::kF32, np(b)));
+  STRATA_RETURN_IF_ERROR(compute_->Convert(dbucket_[j], o_.precision, grads_, DType::kF32, np(b)));
   STRATA_RETURN_IF_ERROR(compute_->Record(*dgrad_ready_[j]));
   // Blocks this (driving) thread only when every pinned bucket is still being folded.
   const int i = pool_.Acquire();
@@ -857,8 +856,8 @@ StatusOr<uint64_t> Engine::Impl::MasterWeightsXxh3() {
 StatusOr<const std::byte*> Engine::Impl::WorkingParamsBytes(int b) {
   const gpu::PinnedSpan home = WorkingHome(b, 0);
   if (!nvme_params() || resident(b)) return home.data;
-  STRATA_RETURN_IF_ERROR(swap_->Read(
-      ParamsExtent(b), home.bytes().subspan(0, io::SwapStore::PaddedSize(np(b) * w_))));
+  STRATA_RETURN_IF_ERROR(
+      swap_->Read(ParamsExtent(b), home.bytes().subspan(0, io::SwapStore::PaddedSize(np(b) * w_))));
   return home.data;
 }
 

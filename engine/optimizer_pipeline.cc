@@ -21,8 +21,8 @@ void OptimizerPipeline::Submit(int block) {
   const uint64_t k = submissions_++;
   const int buffer = static_cast<int>(k % num_buffers_);
   const uint64_t ticket = k + 1;
-  const uint64_t frees_buffer = ticket > static_cast<uint64_t>(num_buffers_) ? ticket - num_buffers_
-                                                                              : 0;
+  const uint64_t frees_buffer =
+      ticket > static_cast<uint64_t>(num_buffers_) ? ticket - num_buffers_ : 0;
   read_.Submit([this, block, buffer, frees_buffer]() -> Status {
     // The buffer's previous user must have finished its write-back.
     STRATA_RETURN_IF_ERROR(write_.WaitFor(frees_buffer));

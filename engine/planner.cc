@@ -150,9 +150,9 @@ StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape sha
           "device budget {} is {} short: streaming needs {} slots of {} (the largest block's "
           "{} params) plus {} of activations, gradients and scratch for a {}x{} micro-batch; "
           "raise --device-budget to at least {} or lower --micro-batch-size/--seq-len",
-          FormatBytes(o.device_budget_bytes), FormatBytes(minimum - o.device_budget_bytes),
-          slots, FormatBytes(p.slot_bytes), p.max_block_params, FormatBytes(fixed_total),
-          shape.batch_size, shape.seq_len, FormatBytes(minimum)));
+          FormatBytes(o.device_budget_bytes), FormatBytes(minimum - o.device_budget_bytes), slots,
+          FormatBytes(p.slot_bytes), p.max_block_params, FormatBytes(fixed_total), shape.batch_size,
+          shape.seq_len, FormatBytes(minimum)));
     }
     p.streaming_slots = slots;
     // Spend what is left on resident blocks, largest first (each saves the most
@@ -274,19 +274,21 @@ std::string Plan::Describe() const {
                          FormatBytes(optimizer_buffer_bytes))
            : "");
   if (streaming_slots > 0) {
-    line("  overlap  prefetch {} block{} ahead of compute; gradients stream D2H through {} device "
-         "buckets;",
-         prefetch_depth, prefetch_depth == 1 ? "" : "s", device_grad_buckets);
+    line(
+        "  overlap  prefetch {} block{} ahead of compute; gradients stream D2H through {} device "
+        "buckets;",
+        prefetch_depth, prefetch_depth == 1 ? "" : "s", device_grad_buckets);
   } else {
     line("  overlap  every block resident; gradients stream D2H through {} device buckets;",
          device_grad_buckets);
   }
-  line("           the CPU optimizer updates blocks in forward order ({}) while the next "
-       "forward pass runs; block b's forward waits only on block b's update",
-       optimizer_buffer_bytes > 0
-           ? fmt::format("NVMe pipeline: read b+1, update b, write b-1 through {} buffers",
-                         optimizer_buffers)
-           : "state in host memory");
+  line(
+      "           the CPU optimizer updates blocks in forward order ({}) while the next "
+      "forward pass runs; block b's forward waits only on block b's update",
+      optimizer_buffer_bytes > 0
+          ? fmt::format("NVMe pipeline: read b+1, update b, write b-1 through {} buffers",
+                        optimizer_buffers)
+          : "state in host memory");
   line("  host     {}: fp32 gradient accumulators{}", FormatBytes(host_bytes),
        optimizer_home == OptimizerHome::kHost ? ", fp32 master weights, Adam m and v" : "");
   if (nvme_bytes > 0) {

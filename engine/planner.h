@@ -89,9 +89,10 @@ uint64_t StreamingMinimumBytes(const Model& model, DType precision, MicroBatchSh
                                int streaming_slots = 2);
 
 // Errors: kInvalidArgument (zero budget, no NVMe path for NVMe placement,
-// streaming_slots, host_grad_buckets or optimizer_buffers given but too small); kResourceExhausted when the device budget cannot hold
-// the minimum (what is short and by how much, and what the minimum is made of),
-// or when the pinned, host or NVMe needs exceed their budgets (which, by how much).
+// streaming_slots, host_grad_buckets or optimizer_buffers given but too small); kResourceExhausted
+// when the device budget cannot hold the minimum (what is short and by how much, and what the
+// minimum is made of), or when the pinned, host or NVMe needs exceed their budgets (which, by how
+// much).
 StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape shape,
                         const PlacementOptions& options);
 

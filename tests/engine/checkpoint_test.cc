@@ -400,8 +400,7 @@ TEST_P(IoFaultTest, FaultDuringTrainingIsClearAndResumingFromTheLastCheckpointIs
     const Status status = r.ok() ? e->Flush() : r.status();
     ASSERT_FALSE(status.ok());
     const std::string msg = status.message();
-    EXPECT_EQ(status.code(),
-              err == ENOSPC ? StatusCode::kResourceExhausted : StatusCode::kDataLoss)
+    EXPECT_EQ(status.code(), err == ENOSPC ? StatusCode::kResourceExhausted : StatusCode::kDataLoss)
         << msg;
     EXPECT_NE(msg.find((root_ / "swap").string()), std::string::npos) << msg;  // the path
     EXPECT_NE(msg.find(std::strerror(err)), std::string::npos) << msg;         // the cause

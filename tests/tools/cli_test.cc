@@ -156,9 +156,9 @@ TEST_F(CliTest, TraceWritesOneTrackPerStreamAndTheSummaryHasTheTimeBreakdown) {
       EXPECT_GE(e.at("dur").get<double>(), 0.0);
     }
   }
-  for (const char* t : {"compute", "h2d", "d2h", "host: prefetch (nvme read)", "host: gradient fold",
-                        "host: optimizer state read", "host: cpu optimizer",
-                        "host: optimizer state write"}) {
+  for (const char* t :
+       {"compute", "h2d", "d2h", "host: prefetch (nvme read)", "host: gradient fold",
+        "host: optimizer state read", "host: cpu optimizer", "host: optimizer state write"}) {
     EXPECT_EQ(tracks.count(t), 1u) << t;
   }
   for (const char* c : {"compute", "h2d", "d2h", "cpu_optimizer", "nvme_read", "nvme_write"}) {
