@@ -1,0 +1,162 @@
+// One training step of the offload engine against the largest of its parts (DESIGN.md,
+// "Performance contract"): GPU compute, H2D, D2H, CPU optimizer, NVMe read and write. Runs on
+// the host backend, whose H2D/D2H copies are throttled to a PCIe-like rate scaled to what the
+// emulated "GPU" (the CPU) computes, with params and optimizer state on NVMe in a real file
+// under $STRATA_BENCH_DIR (default /var/tmp; tmpfs would measure memory, not a drive).
+//
+// Each benchmark runs the same model, data and placement twice per configuration: the
+// overlapped engine and the sequential pipeline (EngineOptions::overlap = false). Counters per
+// step, in seconds: compute, h2d, d2h, cpu_optimizer, nvme_read, nvme_write (busy time from
+// the trace recorder), and
+//   overlap_efficiency = largest part / step time (1.0 = every other part hidden under it);
+//   bound_vs_sequential = largest part of the sequential run (measured without contention in
+//     the same process, just before) / this run's step time: a figure the overlapped run
+//     cannot flatter by slowing its parts down through contention for the CPU.
+// Iterations are steps; time is wall time (UseRealTime); the update a step leaves running is
+// waited for inside the timed region of the next step, and the last one before reporting.
+#include <benchmark/benchmark.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+
+#include "base/logging.h"
+#include "base/trace.h"
+#include "base/units.h"
+#include "engine/engine.h"
+#include "gpu/device.h"
+#include "models/gpt.h"
+
+namespace strata::engine {
+namespace {
+
+std::string BenchDir() {
+  const char* dir = std::getenv("STRATA_BENCH_DIR");
+  return dir != nullptr && *dir != '\0' ? dir : "/var/tmp";
+}
+
+// The largest part of the last sequential run of each configuration, seconds per step.
+double g_sequential_bound[8] = {};
+
+// state.range(0): 1 = overlapped, 0 = sequential; state.range(1): configuration index.
+void BM_TrainStep(benchmark::State& state) {
+  const bool overlap = state.range(0) != 0;
+  const int config = static_cast<int>(state.range(1));
+  // 14 blocks of ~200k params (the "small" preset), 4 micro-batches of 2x64 tokens per step:
+  // compute, copies, the CPU step and NVMe traffic each take tens to hundreds of milliseconds.
+  const models::GptShape shape{256, 64, 12, 4, 128};
+  const MicroBatchShape mb{2, 64};
+  constexpr int kAccum = 4;
+  const double copy_bps = config == 0 ? 100e6 : 200e6;
+
+  trace::TraceRecorder recorder(/*keep_events=*/false);
+  gpu::HostDeviceOptions d;
+  d.copy_bytes_per_second = copy_bps;
+  d.trace = &recorder;
+  auto device = gpu::CreateHostDevice(d);
+  auto model = models::GptModel::Create(shape);
+  if (!device.ok() || !model.ok()) {
+    state.SkipWithError("could not create the host device or the model");
+    return;
+  }
+  EngineOptions o;
+  o.precision = DType::kBF16;
+  o.micro_batch = mb;
+  o.grad_accum_steps = kAccum;
+  o.adamw.lr = 1e-3f;
+  o.placement.param_home = ParamHome::kNvme;
+  o.placement.optimizer_home = OptimizerHome::kNvme;
+  o.placement.nvme_paths = {BenchDir()};
+  o.placement.device_budget_bytes =
+      StreamingMinimumBytes(**model, o.precision, mb, 3) + 2 * (**model).block_num_params(1) * 2;
+  o.overlap = overlap;
+  o.trace = &recorder;
+  auto engine = Engine::Create(model->get(), device->get(), o);
+  if (!engine.ok()) {
+    state.SkipWithError(engine.status().ToString().c_str());
+    return;
+  }
+  auto& e = **engine;
+  std::mt19937_64 rng(1);
+  std::vector<int32_t> tokens(mb.tokens()), targets(mb.tokens());
+  for (auto& t : tokens) t = static_cast<int32_t>(rng() % 256);
+  for (auto& t : targets) t = static_cast<int32_t>(rng() % 256);
+  const std::vector<MicroBatch> batch(kAccum, MicroBatch{tokens, targets});
+  for (int i = 0; i < 2; ++i) {  // warm-up: swap files laid out, page cache state settled
+    if (!e.Step(batch).ok()) {
+      state.SkipWithError("warm-up step failed");
+      return;
+    }
+  }
+  if (!e.Flush().ok()) {
+    state.SkipWithError("warm-up flush failed");
+    return;
+  }
+  const trace::Breakdown before = recorder.breakdown();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (auto _ : state) {
+    auto r = e.Step(batch);
+    if (!r.ok()) {
+      state.SkipWithError(r.status().ToString().c_str());
+      return;
+    }
+  }
+  if (!e.Flush().ok()) {
+    state.SkipWithError("flush failed");
+    return;
+  }
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const trace::Breakdown after = recorder.breakdown();
+  const double steps = static_cast<double>(state.iterations());
+  const double step_s = wall / steps;
+  double largest = 0;
+  for (int i = 0; i < trace::kNumCategories; ++i) {
+    const auto c = static_cast<trace::Category>(i);
+    if (c == trace::Category::kOther) continue;
+    const double part = (after.seconds[i] - before.seconds[i]) / steps;
+    state.counters[std::string(trace::CategoryName(c))] = part;
+    largest = std::max(largest, part);
+  }
+  state.counters["step_s"] = step_s;
+  state.counters["overlap_efficiency"] = largest / step_s;
+  if (!overlap) g_sequential_bound[config] = largest;
+  if (overlap && g_sequential_bound[config] > 0) {
+    state.counters["bound_vs_sequential"] = g_sequential_bound[config] / step_s;
+  }
+  state.counters["tokens_per_s"] = static_cast<double>(mb.tokens() * kAccum) / step_s;
+  state.SetLabel(fmt::format("{}, copies {:.0f} MB/s, {} resident of {} blocks, prefetch {}",
+                             overlap ? "overlapped" : "sequential", copy_bps / 1e6,
+                             e.plan().num_resident(), e.plan().blocks.size(),
+                             e.plan().prefetch_depth));
+}
+
+// Sequential first so the overlapped run can compare against its parts.
+BENCHMARK(BM_TrainStep)
+    ->ArgNames({"overlap", "config"})
+    ->Args({0, 0})
+    ->Args({1, 0})
+    ->Args({0, 1})
+    ->Args({1, 1})
+    ->Iterations(8)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
+}  // namespace
+}  // namespace strata::engine
+
+int main(int argc, char** argv) {
+  strata::SetLogLevel(strata::LogLevel::kWarning);
+  benchmark::AddCustomContext(
+      "backend", "host (emulated device), NVMe swap under " + strata::engine::BenchDir());
+  benchmark::AddCustomContext("hardware_threads",
+                              std::to_string(std::thread::hardware_concurrency()));
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
