@@ -185,8 +185,9 @@ class Engine::Impl {
   // read into pipeline buffer 0.
   Status LoadOptimState(int b, float** p32, float** m, float** v, bool read = true);
 
+  // save_acts: offloaded activations are copied out for a backward pass to come.
   Status ForwardPass(MicroBatchShape shape, bool with_targets, int loss_index,
-                     std::span<const int> seq, size_t* cursor);
+                     std::span<const int> seq, size_t* cursor, bool save_acts = false);
   Status WriteCheckpoint(const std::string& save_dir, const std::string& temp_dir,
                          const TrainerState& trainer, const SaveCheckpointOptions& options,
                          std::string* checkpoint_dir);
@@ -215,7 +216,18 @@ class Engine::Impl {
   // Trace tracks of the host threads (o_.trace).
   int load_track_ = 0, fold_track_ = 0, read_track_ = 0, update_track_ = 0, write_track_ = 0;
   gpu::DeviceSpan tokens_, targets_, loss_, logits_, scratch_, grads_, staging_;
-  std::vector<gpu::DeviceSpan> acts_;  // acts_[b] = output of block b, b < n-1
+  // Boundary activations. Resident: acts_[b] = output of block b, b < n-1. Offloaded: two
+  // device buffers, block b's output in acts_[b % 2] and D2H into host_acts_[b]; act_saved_[i]
+  // (d2h) after the copy out of buffer i, act_free_[i] (compute) after the last op reading it,
+  // act_ready_[i] (h2d) after a load back into it.
+  std::vector<gpu::DeviceSpan> acts_;
+  std::vector<gpu::PinnedBuffer> host_acts_;
+  std::unique_ptr<gpu::Event> act_written_, act_saved_[2], act_free_[2], act_ready_[2];
+  gpu::DeviceSpan Act(int b) const { return acts_[plan_.offload_activations ? b % 2 : b]; }
+  // Offloaded activations: the forward's copy out of block b's output, and the load of act k
+  // back into its device buffer (issued after backward k+3, the buffer's last reader).
+  Status SaveActivation(int b);
+  Status LoadActivation(int k);
   gpu::DeviceSpan dx_[2];
 
   // Params on the device. param_version_[b] counts the updates submitted for block b; a copy
@@ -312,7 +324,20 @@ Status Engine::Impl::Init() {
   targets_ = tt.subspan(shape.tokens() * 4, shape.tokens() * 4);
   STRATA_ASSIGN_OR_RETURN(loss_, next());
   STRATA_ASSIGN_OR_RETURN(auto acts, next());
-  for (int b = 0; b < n_ - 1; ++b) acts_.push_back(acts.subspan(b * act_bytes, act_bytes));
+  const int num_acts = plan_.offload_activations ? 2 : n_ - 1;
+  for (int b = 0; b < num_acts; ++b) acts_.push_back(acts.subspan(b * act_bytes, act_bytes));
+  if (plan_.offload_activations) {
+    STRATA_ASSIGN_OR_RETURN(act_written_, event());
+    for (int i = 0; i < 2; ++i) {
+      STRATA_ASSIGN_OR_RETURN(act_saved_[i], event());
+      STRATA_ASSIGN_OR_RETURN(act_free_[i], event());
+      STRATA_ASSIGN_OR_RETURN(act_ready_[i], event());
+    }
+    for (int b = 0; b < n_ - 1; ++b) {
+      STRATA_ASSIGN_OR_RETURN(auto a, device_->AllocatePinned(act_bytes, "boundary activation"));
+      host_acts_.push_back(std::move(a));
+    }
+  }
   STRATA_ASSIGN_OR_RETURN(auto dx, next());
   dx_[0] = dx.subspan(0, act_bytes);
   dx_[1] = dx.subspan(act_bytes, act_bytes);
@@ -581,8 +606,28 @@ Status Engine::Impl::UploadTokens(const MicroBatch& mb, MicroBatchShape shape, b
   return compute_->Record(*io_done_);
 }
 
+Status Engine::Impl::SaveActivation(int b) {
+  STRATA_RETURN_IF_ERROR(compute_->Record(*act_written_));
+  STRATA_RETURN_IF_ERROR(d2h_->Wait(*act_written_));
+  const gpu::DeviceSpan act = Act(b);
+  STRATA_RETURN_IF_ERROR(d2h_->CopyD2H(host_acts_[b].span(), act));
+  return d2h_->Record(*act_saved_[b % 2]);
+}
+
+Status Engine::Impl::LoadActivation(int k) {
+  // After the buffer's last reader (compute) and after the forward's copy out of act k (d2h,
+  // in order: the buffer's latest save covers it).
+  STRATA_RETURN_IF_ERROR(h2d_->Wait(*act_free_[k % 2]));
+  STRATA_RETURN_IF_ERROR(h2d_->Wait(*act_saved_[k % 2]));
+  const gpu::DeviceSpan act = Act(k);
+  STRATA_RETURN_IF_ERROR(h2d_->CopyH2D(act, host_acts_[k].span().subspan(0, act.size_bytes)));
+  STRATA_RETURN_IF_ERROR(h2d_->Record(*act_ready_[k % 2]));
+  if (!o_.overlap) return h2d_->Synchronize();
+  return Status::Ok();
+}
+
 Status Engine::Impl::ForwardPass(MicroBatchShape shape, bool with_targets, int loss_index,
-                                 std::span<const int> seq, size_t* cursor) {
+                                 std::span<const int> seq, size_t* cursor, bool save_acts) {
   for (int b = 0; b < n_; ++b, ++*cursor) {
     STRATA_CHECK(seq[*cursor] == b);
     const auto window = seq.subspan(*cursor);
@@ -592,15 +637,20 @@ Status Engine::Impl::ForwardPass(MicroBatchShape shape, bool with_targets, int l
     buf.shape = shape;
     buf.scratch = scratch_.as<float>();
     if (b == 0) buf.tokens = tokens_.as<const int32_t>();
-    if (b > 0) buf.x_in = acts_[b - 1].as<const float>();
+    if (b > 0) buf.x_in = Act(b - 1).as<const float>();
     if (b < n_ - 1) {
-      buf.x_out = acts_[b].as<float>();
+      buf.x_out = Act(b).as<float>();
+      // Offloaded: the buffer's previous content (block b-2's output) must have been copied out.
+      if (plan_.offload_activations) STRATA_RETURN_IF_ERROR(compute_->Wait(*act_saved_[b % 2]));
     } else {
       buf.targets = with_targets ? targets_.as<const int32_t>() : nullptr;
       buf.logits = logits_.as<float>();
       buf.loss = loss_.as<float>();
     }
     STRATA_RETURN_IF_ERROR(model_->Forward(b, buf, *compute_));
+    if (plan_.offload_activations && b < n_ - 1 && save_acts) {
+      STRATA_RETURN_IF_ERROR(SaveActivation(b));
+    }
     STRATA_RETURN_IF_ERROR(AfterOp(a, window));
   }
   if (with_targets && loss_index >= 0) {
@@ -705,7 +755,8 @@ StatusOr<StepResult> Engine::Impl::Step(std::span<const MicroBatch> mbs) {
   for (size_t i = 0; i < mbs.size(); ++i) {
     const bool first_mb = i == 0, last_mb = i + 1 == mbs.size();
     STRATA_RETURN_IF_ERROR(UploadTokens(mbs[i], shape, /*with_targets=*/true));
-    STRATA_RETURN_IF_ERROR(ForwardPass(shape, true, static_cast<int>(i), seq, &cursor));
+    STRATA_RETURN_IF_ERROR(
+        ForwardPass(shape, true, static_cast<int>(i), seq, &cursor, /*save_acts=*/true));
     if (eager_ && last_mb) {
       // Every block's previous update is done (this forward waited on each); the round's
       // hyper-parameters can be set for the updates the folds will submit. No clipping and
@@ -724,8 +775,13 @@ StatusOr<StepResult> Engine::Impl::Step(std::span<const MicroBatch> mbs) {
       buf.scratch = scratch_.as<float>();
       if (b == 0) buf.tokens = tokens_.as<const int32_t>();
       if (b > 0) {
-        buf.x_in = acts_[b - 1].as<const float>();
+        buf.x_in = Act(b - 1).as<const float>();
         buf.dx_in = dx_[b % 2].as<float>();
+        // Offloaded: acts n-2 and n-3 are still on the device after forward; older ones were
+        // loaded back (LoadActivation) one block ahead.
+        if (plan_.offload_activations && b - 1 <= n_ - 4) {
+          STRATA_RETURN_IF_ERROR(compute_->Wait(*act_ready_[(b - 1) % 2]));
+        }
       }
       if (b < n_ - 1) {
         buf.dx_out = dx_[(b + 1) % 2].as<const float>();
@@ -735,6 +791,11 @@ StatusOr<StepResult> Engine::Impl::Step(std::span<const MicroBatch> mbs) {
         buf.dloss = dloss;
       }
       STRATA_RETURN_IF_ERROR(model_->Backward(b, buf, *compute_));
+      if (plan_.offload_activations && b > 0) {
+        STRATA_RETURN_IF_ERROR(compute_->Record(*act_free_[(b - 1) % 2]));
+        // Backward b was the last reader of buffer (b-1) % 2: bring act b-3 back into it.
+        if (b - 3 >= 0) STRATA_RETURN_IF_ERROR(LoadActivation(b - 3));
+      }
       STRATA_RETURN_IF_ERROR(StreamGradients(b, first_mb, last_mb));
       STRATA_RETURN_IF_ERROR(AfterOp(a, window));
     }

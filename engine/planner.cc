@@ -44,7 +44,8 @@ int Plan::num_resident() const {
 namespace {
 uint64_t Aligned(uint64_t n) { return AlignUp(n, gpu::DeviceArena::kAlignment); }
 
-std::vector<DeviceRegion> FixedRegions(const Model& model, DType precision, MicroBatchShape shape) {
+std::vector<DeviceRegion> FixedRegions(const Model& model, DType precision, MicroBatchShape shape,
+                                       bool offload_activations) {
   const int n = model.num_blocks();
   int64_t max_block_params = 0;
   uint64_t max_scratch = 0;
@@ -56,7 +57,11 @@ std::vector<DeviceRegion> FixedRegions(const Model& model, DType precision, Micr
   std::vector<DeviceRegion> fixed = {
       {"tokens+targets", static_cast<uint64_t>(shape.tokens()) * 8},
       {"loss", 4},
-      {fmt::format("boundary activations ({} x (B,T,C) fp32)", n - 1), act * (n - 1)},
+      offload_activations
+          ? DeviceRegion{"boundary activations (2 x (B,T,C) fp32; the rest offloaded to pinned)",
+                         act * 2}
+          : DeviceRegion{fmt::format("boundary activations ({} x (B,T,C) fp32)", n - 1),
+                         act * (n - 1)},
       {"activation gradients (2 x (B,T,C) fp32)", act * 2},
       {"logits (B,T,V) fp32", static_cast<uint64_t>(model.logits_elems(shape)) * 4},
       {"block scratch", max_scratch},
@@ -74,9 +79,11 @@ std::vector<DeviceRegion> FixedRegions(const Model& model, DType precision, Micr
 }  // namespace
 
 uint64_t StreamingMinimumBytes(const Model& model, DType precision, MicroBatchShape shape,
-                               int streaming_slots) {
+                               int streaming_slots, bool offload_activations) {
   uint64_t total = 0;
-  for (const auto& r : FixedRegions(model, precision, shape)) total += Aligned(r.size_bytes);
+  for (const auto& r : FixedRegions(model, precision, shape, offload_activations)) {
+    total += Aligned(r.size_bytes);
+  }
   int64_t max_block_params = 0;
   for (int b = 0; b < model.num_blocks(); ++b) {
     max_block_params = std::max(max_block_params, model.block_num_params(b));
@@ -117,7 +124,9 @@ StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape sha
   p.model_state_bytes = static_cast<uint64_t>(p.model_params) * (2 * w + 12);
 
   // Fixed regions: everything but the parameter slots.
-  const std::vector<DeviceRegion> fixed = FixedRegions(model, precision, shape);
+  const std::vector<DeviceRegion> fixed =
+      FixedRegions(model, precision, shape, o.offload_activations);
+  p.offload_activations = o.offload_activations;
   uint64_t fixed_total = 0;
   for (const auto& r : fixed) fixed_total += Aligned(r.size_bytes);
 
@@ -197,6 +206,10 @@ StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape sha
   const uint64_t params_w = static_cast<uint64_t>(p.model_params) * w;
   const uint64_t padded_block_f32 = AlignUp(static_cast<uint64_t>(p.max_block_params) * 4, 4096);
   p.pinned_bytes = p.host_grad_buckets * p.grad_bucket_bytes;  // gradient landing buckets
+  if (o.offload_activations) {
+    p.pinned_bytes +=
+        AlignUp(static_cast<uint64_t>(model.activation_elems(shape)) * 4, 4096) * (n - 1);
+  }
   if (o.param_home == ParamHome::kHost || o.param_home == ParamHome::kDevice) {
     for (int b = 0; b < n; ++b) p.pinned_bytes += AlignUp(block_bytes(b), 4096);
   } else {
@@ -289,6 +302,10 @@ std::string Plan::Describe() const {
           ? fmt::format("NVMe pipeline: read b+1, update b, write b-1 through {} buffers",
                         optimizer_buffers)
           : "state in host memory");
+  if (offload_activations) {
+    line("           boundary activations: {} of {} in pinned host memory, 2 on the device",
+         blocks.size() - 1, FormatBytes(device_regions[2].size_bytes / 2));
+  }
   line("  host     {}: fp32 gradient accumulators{}", FormatBytes(host_bytes),
        optimizer_home == OptimizerHome::kHost ? ", fp32 master weights, Adam m and v" : "");
   if (nvme_bytes > 0) {

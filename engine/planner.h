@@ -37,6 +37,10 @@ struct PlacementOptions {
   // Device slots shared by the streamed blocks; prefetch depth = slots - 1. 0 = the planner
   // decides: 3 (prefetch two blocks ahead) when the budget holds them, else 2. Else >= 2.
   int streaming_slots = 0;
+  // Keep only two boundary activations on the device and the rest in pinned host memory: each
+  // block's output goes D2H after its forward and comes back H2D one block ahead of its
+  // backward (activation checkpointing at block boundaries either way).
+  bool offload_activations = false;
   // Pinned host gradient buckets (D2H landing, folded by a CPU worker); 0 = 3. Else >= 2.
   int host_grad_buckets = 0;
   // Pinned buffers cycling through the optimizer pipeline (read b+1, update b, write b-1);
@@ -61,7 +65,8 @@ struct Plan {
   ParamHome param_home = ParamHome::kNvme;
   OptimizerHome optimizer_home = OptimizerHome::kNvme;
   int streaming_slots = 0;
-  int prefetch_depth = 0;       // blocks loaded ahead of the one computing: slots - 1
+  int prefetch_depth = 0;  // blocks loaded ahead of the one computing: slots - 1
+  bool offload_activations = false;
   int device_grad_buckets = 2;  // 16-bit gradient buckets on the device (one copying, one filling)
   int host_grad_buckets = 3;    // pinned landing buckets
   int optimizer_buffers = 1;    // pinned buffers of the optimizer pipeline
@@ -86,7 +91,7 @@ struct Plan {
 // The smallest device budget that trains with every block streamed through
 // `streaming_slots` slots: activations, gradients, gradient buckets, scratch and the slots.
 uint64_t StreamingMinimumBytes(const Model& model, DType precision, MicroBatchShape shape,
-                               int streaming_slots = 2);
+                               int streaming_slots = 2, bool offload_activations = false);
 
 // Errors: kInvalidArgument (zero budget, no NVMe path for NVMe placement,
 // streaming_slots, host_grad_buckets or optimizer_buffers given but too small); kResourceExhausted

@@ -122,6 +122,9 @@ void AddTrainFlags(CLI::App& cmd, TrainFlags& f) {
   cmd.add_flag("--eager-update", f.eager_update,
                "Update each block as soon as its gradients land, during backward (bf16/fp32 "
                "with --grad-clip 0 only)");
+  cmd.add_flag("--offload-activations", f.offload_activations,
+               "Keep two block-boundary activations on the device and the rest in pinned host "
+               "memory (D2H after forward, H2D one block ahead of backward)");
   cmd.add_option("--prefetch-depth", f.prefetch_depth,
                  "Blocks loaded ahead of the one computing (streaming slots - 1); 0 = the "
                  "planner decides (2 when the device budget holds the slots, else 1)")
@@ -284,12 +287,14 @@ Status RunTrain(const TrainFlags& f) {
   o.placement.host_grad_buckets = f.grad_buckets;
   o.placement.optimizer_buffers = f.optimizer_buffers;
   o.overlap = !f.no_overlap;
+  o.placement.offload_activations = f.offload_activations;
   o.eager_update = f.eager_update;
   o.placement.nvme_paths = f.nvme_paths.empty() ? std::vector<std::string>{"."} : f.nvme_paths;
   if (f.device_budget == "auto") {
     // Midway between the streaming minimum and the working params alone, so
     // some blocks stay resident and the rest really stream.
-    const uint64_t minimum = engine::StreamingMinimumBytes(*model, precision, mb);
+    const uint64_t minimum =
+        engine::StreamingMinimumBytes(*model, precision, mb, 2, f.offload_activations);
     const uint64_t working = static_cast<uint64_t>(model->num_params()) * SizeOf(precision);
     o.placement.device_budget_bytes =
         working > minimum ? minimum + (working - minimum) / 2 : minimum;

@@ -41,6 +41,7 @@ struct TrainFlags {
   // Overlap (engine/engine.h): off = the sequential pipeline, for comparison.
   bool no_overlap = false;
   bool eager_update = false;
+  bool offload_activations = false;
   int prefetch_depth = 0;     // 0 = the planner decides
   int grad_buckets = 0;       // pinned gradient buckets; 0 = the planner decides
   int optimizer_buffers = 0;  // optimizer pipeline buffers; 0 = the planner decides

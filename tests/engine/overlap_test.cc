@@ -209,6 +209,37 @@ TEST_F(OverlapTest, LateCopiesAndEventsStillGiveBitIdenticalResults) {
   }
 }
 
+TEST_F(OverlapTest, OffloadedBoundaryActivationsGiveBitIdenticalResultsOnLessDeviceMemory) {
+  for (DType precision : {DType::kBF16, DType::kF32}) {
+    for (int accum : {2}) {
+      SCOPED_TRACE(fmt::format("{} accum {}", DTypeName(precision), accum));
+      auto ref_options = Options(precision, ParamHome::kDevice, OptimizerHome::kHost, accum);
+      ref_options.overlap = false;
+      const TrainRun reference = Train(ref_options, 2);
+      // Streamed params (loads of params and activations share the H2D stream) and resident
+      // ones (in backward the activation loads are the only H2D traffic).
+      for (ParamHome params : {ParamHome::kNvme, ParamHome::kDevice}) {
+        auto o = Options(precision, params, OptimizerHome::kNvme, accum);
+        o.placement.offload_activations = true;
+        if (params != ParamHome::kDevice) {
+          o.placement.device_budget_bytes =
+              StreamingMinimumBytes(*model_, precision, o.micro_batch, 3, /*offload=*/true) + 1024;
+        }
+        // Slow copies (a 4 KiB activation takes 20 ms with resident params) and random delays:
+        // a load back that is not waited for is read before it lands.
+        const TrainRun offloaded = Train(o, 2, /*max_delay_us=*/1000,
+                                         /*copy_bps=*/params == ParamHome::kDevice ? 2e5 : 2e7);
+        EXPECT_TRUE(offloaded.plan.offload_activations);
+        if (params != ParamHome::kDevice) {
+          EXPECT_LT(offloaded.counters.device_peak_bytes,
+                    StreamingMinimumBytes(*model_, precision, o.micro_batch, 3, false));
+        }
+        ExpectBitIdentical(reference, offloaded);
+      }
+    }
+  }
+}
+
 TEST_F(OverlapTest, PoisonedBucketsAreNeverReadBeforeTheirCopyLands) {
   // Two buckets only, so each is reused at once; NaN poison on release would make any early
   // read or early reuse a non-finite gradient (a skipped step) and different weights.
