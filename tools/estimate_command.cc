@@ -76,6 +76,20 @@ void AddEstimateFlags(CLI::App& cmd, EstimateFlags& f) {
   cmd.add_option("--offload-params", f.offload_params, "device, host or nvme")
       ->capture_default_str();
   cmd.add_option("--offload-optimizer", f.offload_optimizer, "host or nvme")->capture_default_str();
+  cmd.add_flag("--offload-activations", f.offload_activations,
+               "Keep two block-boundary activations on the device, the rest in pinned memory");
+  cmd.add_option("--prefetch-depth", f.prefetch_depth,
+                 "Blocks loaded ahead of the one computing; 0 = the planner decides")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd.add_option("--grad-buckets", f.grad_buckets,
+                 "Pinned gradient landing buckets (>= 2); 0 = the planner decides")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd.add_option("--optimizer-buffers", f.optimizer_buffers,
+                 "Optimizer pipeline buffers; 0 = the planner decides")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   cmd.add_flag("--json", f.json, "Print the plan as one JSON object");
 }
 
@@ -92,6 +106,10 @@ Status RunEstimate(const EstimateFlags& f) {
   STRATA_ASSIGN_OR_RETURN(o.param_home, engine::ParseParamHome(f.offload_params));
   STRATA_ASSIGN_OR_RETURN(o.optimizer_home, engine::ParseOptimizerHome(f.offload_optimizer));
   STRATA_ASSIGN_OR_RETURN(o.device_budget_bytes, ParseBudget("--device-budget", f.device_budget));
+  o.offload_activations = f.offload_activations;
+  o.streaming_slots = f.prefetch_depth > 0 ? f.prefetch_depth + 1 : 0;
+  o.host_grad_buckets = f.grad_buckets;
+  o.optimizer_buffers = f.optimizer_buffers;
   if (f.host_budget == "auto") {
     STRATA_ASSIGN_OR_RETURN(CpuInfo host, DetectCpuInfo());
     o.host_budget_bytes = host.mem_total_bytes;
@@ -124,6 +142,12 @@ Status RunEstimate(const EstimateFlags& f) {
         {"num_blocks", plan.blocks.size()},
         {"resident_blocks", plan.num_resident()},
         {"streaming_slots", plan.streaming_slots},
+        {"prefetch_depth", plan.prefetch_depth},
+        {"device_grad_buckets", plan.device_grad_buckets},
+        {"host_grad_buckets", plan.host_grad_buckets},
+        {"optimizer_buffers", plan.optimizer_buffers},
+        {"optimizer_buffer_bytes", plan.optimizer_buffer_bytes},
+        {"offload_activations", plan.offload_activations},
         {"device_budget_bytes", plan.device_budget_bytes},
         {"device_total_bytes", plan.device_total_bytes},
         {"pinned_bytes", plan.pinned_bytes},

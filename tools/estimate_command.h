@@ -22,6 +22,10 @@ struct EstimateFlags {
   std::string precision = "bf16";
   std::string offload_params = "nvme";
   std::string offload_optimizer = "nvme";
+  bool offload_activations = false;
+  int prefetch_depth = 0;     // 0: the planner decides
+  int grad_buckets = 0;       // 0: the planner decides
+  int optimizer_buffers = 0;  // 0: the planner decides
   bool json = false;
 };
 

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include "base/units.h"
 #include "models/gpt.h"
 
 namespace strata::engine {
@@ -99,6 +100,71 @@ TEST(Planner, SevenBillionShapeFitsAn8GiBDeviceByStreaming) {
   EXPECT_GT(plan->num_resident(), 0);
   EXPECT_LT(plan->num_resident(), (*model)->num_blocks());  // 12 GiB of bf16 params do not fit
   EXPECT_EQ(plan->nvme_bytes, static_cast<uint64_t>((*model)->num_params()) * (2 + 12));
+}
+
+TEST(Planner, DecidesSlotsBucketsAndPipelineBuffersFromTheBudgets) {
+  auto model = models::GptModel::Create(*models::GptPreset("small"));
+  ASSERT_TRUE(model.ok());
+  const MicroBatchShape mb{1, 64};
+  PlacementOptions o;
+  o.nvme_paths = {"/tmp"};
+  // Room for exactly three slots: the planner prefetches two blocks ahead.
+  o.device_budget_bytes = StreamingMinimumBytes(**model, DType::kBF16, mb, 3);
+  auto plan = MakePlan(**model, DType::kBF16, mb, o);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_EQ(plan->streaming_slots, 3);
+  EXPECT_EQ(plan->prefetch_depth, 2);
+  EXPECT_EQ(plan->num_resident(), 0);
+  EXPECT_EQ(plan->host_grad_buckets, 3);
+  EXPECT_EQ(plan->optimizer_buffers, 3);  // read b+1, update b, write b-1
+  EXPECT_EQ(plan->device_total_bytes, o.device_budget_bytes);
+  const std::string words = plan->Describe();
+  EXPECT_NE(words.find("prefetch 2 blocks ahead"), std::string::npos) << words;
+  EXPECT_NE(words.find("read b+1, update b, write b-1 through 3 buffers"), std::string::npos)
+      << words;
+  // One byte less: two slots.
+  o.device_budget_bytes -= 1;
+  plan = MakePlan(**model, DType::kBF16, mb, o);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->streaming_slots, 2);
+  EXPECT_EQ(plan->prefetch_depth, 1);
+  // Explicit choices are kept; state in host memory needs one pipeline buffer.
+  o.host_grad_buckets = 5;
+  o.param_home = ParamHome::kHost;
+  o.optimizer_home = OptimizerHome::kHost;
+  plan = MakePlan(**model, DType::kBF16, mb, o);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->host_grad_buckets, 5);
+  EXPECT_EQ(plan->optimizer_buffers, 1);
+  EXPECT_EQ(plan->optimizer_buffer_bytes, 0u);
+  // Too few slots or buckets is an error that says so.
+  o.streaming_slots = 1;
+  EXPECT_EQ(MakePlan(**model, DType::kBF16, mb, o).status().code(), StatusCode::kInvalidArgument);
+  o.streaming_slots = 0;
+  o.host_grad_buckets = 1;
+  EXPECT_EQ(MakePlan(**model, DType::kBF16, mb, o).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(Planner, OffloadedActivationsMoveAllButTwoToPinnedMemory) {
+  auto model = models::GptModel::Create(*models::GptPreset("small"));
+  ASSERT_TRUE(model.ok());
+  const MicroBatchShape mb{4, 64};
+  PlacementOptions o;
+  o.nvme_paths = {"/tmp"};
+  o.device_budget_bytes = 1ull << 30;
+  o.param_home = ParamHome::kHost;
+  auto kept = MakePlan(**model, DType::kBF16, mb, o);
+  o.offload_activations = true;
+  auto offloaded = MakePlan(**model, DType::kBF16, mb, o);
+  ASSERT_TRUE(kept.ok() && offloaded.ok());
+  const uint64_t act = static_cast<uint64_t>((*model)->activation_elems(mb)) * 4;
+  const int n = (*model)->num_blocks();
+  EXPECT_EQ(kept->device_total_bytes - offloaded->device_total_bytes, (n - 3) * act);
+  EXPECT_EQ(offloaded->pinned_bytes - kept->pinned_bytes, (n - 1) * AlignUp(act, 4096));
+  EXPECT_LT(StreamingMinimumBytes(**model, DType::kBF16, mb, 2, true),
+            StreamingMinimumBytes(**model, DType::kBF16, mb, 2, false));
+  EXPECT_NE(offloaded->Describe().find("in pinned host memory, 2 on the device"),
+            std::string::npos);
 }
 
 }  // namespace
