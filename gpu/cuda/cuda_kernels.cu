@@ -1,12 +1,12 @@
 // Kernels of the CUDA backend; see cuda_kernels.cuh for the contracts. The scalar
-// conversions are the device twins of base/dtype.h and must stay bit-identical to it
-// (tests/gpu/cuda_kernels_test.cc compares them element by element).
+// conversions are in cuda_dtype.cuh (host and device).
 // No fmt here: fmt 9's headers do not compile under nvcc, so messages are built with
 // std::to_string.
 #include <algorithm>
 #include <cstdint>
 #include <string>
 
+#include "gpu/cuda/cuda_dtype.cuh"
 #include "gpu/cuda/cuda_kernels.cuh"
 #include "gpu/cuda/cuda_status.h"
 
@@ -22,58 +22,6 @@ constexpr int64_t kReduceElemsPerBlock = int64_t{kBlock} * 16;
 constexpr int kFirstChunkThreads = 1024;
 constexpr int kFirstChunkPerThread = 4;
 constexpr int64_t kFirstChunk = int64_t{kFirstChunkThreads} * kFirstChunkPerThread;
-
-__device__ __forceinline__ float Bf16ToFloatDev(uint16_t h) {
-  return __uint_as_float(static_cast<uint32_t>(h) << 16);
-}
-
-__device__ __forceinline__ uint16_t FloatToBf16Dev(float f) {
-  uint32_t u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);  // NaN
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even; overflow rounds to inf
-  return static_cast<uint16_t>(u >> 16);
-}
-
-__device__ __forceinline__ float HalfToFloatDev(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1fu;
-  const uint32_t mant = h & 0x3ffu;
-  uint32_t bits;
-  if (exp == 0x1f) {
-    bits = sign | 0x7f800000u | (mant << 13) | (mant ? 0x00400000u : 0u);
-  } else if (exp != 0) {
-    bits = sign | ((exp + 112u) << 23) | (mant << 13);
-  } else if (mant == 0) {
-    bits = sign;
-  } else {                               // denormal: shift the leading one into the implicit bit
-    const int shift = __clz(mant) - 21;  // mant < 2^10: 1..10 shifts put bit 10 on top
-    bits =
-        sign | ((113u - static_cast<uint32_t>(shift)) << 23) | (((mant << shift) & 0x3ffu) << 13);
-  }
-  return __uint_as_float(bits);
-}
-
-__device__ __forceinline__ uint16_t FloatToHalfDev(float f) {
-  const uint32_t u = __float_as_uint(f);
-  const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
-  const uint32_t a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return sign | 0x7e00u | static_cast<uint16_t>((a >> 13) & 0x3ffu);  // NaN
-  if (a >= 0x477ff000u) return sign | 0x7c00u;  // rounds past 65504 -> inf (also inf)
-  if (a < 0x38800000u) {                        // result is fp16 denormal or zero
-    if (a < 0x33000000u) return sign;           // < 2^-25: rounds to zero
-    const uint32_t exp = a >> 23;
-    const uint32_t mant = (a & 0x7fffffu) | 0x800000u;
-    const uint32_t shift = 126u - exp;  // 14..24
-    uint32_t r = mant >> shift;
-    const uint32_t rem = mant & ((1u << shift) - 1u);
-    const uint32_t half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (r & 1u))) ++r;
-    return sign | static_cast<uint16_t>(r);
-  }
-  uint32_t r = a - 0x38000000u;  // rebias exponent 127 -> 15
-  r += 0xfffu + ((r >> 13) & 1u);
-  return sign | static_cast<uint16_t>(r >> 13);
-}
 
 __device__ __forceinline__ float Load(const void* p, DType t, int64_t i) {
   switch (t) {
@@ -99,13 +47,6 @@ __device__ __forceinline__ void Store(void* p, DType t, int64_t i, float x) {
       static_cast<uint16_t*>(p)[i] = FloatToBf16Dev(x);
       break;
   }
-}
-
-// x * scale as the host reference computes it on x86-64: a NaN keeps its sign and
-// payload and comes back quiet (NVIDIA's FMUL would return the canonical NaN instead).
-__device__ __forceinline__ float ScaleDev(float x, float scale) {
-  if (isnan(x)) return __uint_as_float(__float_as_uint(x) | 0x00400000u);
-  return x * scale;
 }
 
 // Elements [begin, end), grid-stride. Each element is read and written by one thread.
