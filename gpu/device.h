@@ -132,6 +132,11 @@ class Stream {
   // Runs fn in stream order on the stream's own thread (host backend) or as a
   // host callback in stream order (CUDA). A non-OK result makes the stream's
   // error sticky; later work is skipped, events still complete.
+  // CUDA backend: fn runs on a CUDA runtime thread (cudaLaunchHostFunc), must not call
+  // the CUDA API, and blocks its stream while it runs; the runtime may run the host
+  // functions of all streams on one thread, so long CPU work belongs on its own thread,
+  // ordered by events. Only host functions are skipped after an error there: copies and
+  // kernels already enqueued still run.
   virtual Status LaunchHost(std::function<Status()> fn) = 0;
   virtual Status Record(Event& event) = 0;
   // Later work on this stream waits until `event`'s recorded work completed.

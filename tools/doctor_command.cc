@@ -25,6 +25,9 @@
 #include "base/units.h"
 #include "cpu_optim/adamw.h"
 #include "io/io_backend.h"
+#ifdef STRATA_HAVE_CUDA
+#include "gpu/cuda/cuda_device.h"
+#endif
 
 namespace strata::tools {
 namespace {
@@ -275,7 +278,18 @@ Check GpuCheck() {
   }
   c.value = fmt::format("{} /dev/nvidiaN device{}, driver {}{}", devices, devices == 1 ? "" : "s",
                         driver.empty() ? "?" : driver, smi.empty() ? "" : "; " + smi);
-  c.advice = "this build trains on the host device; the CUDA backend is not built yet";
+#ifdef STRATA_HAVE_CUDA
+  const StatusOr<int> cuda = gpu::CudaDeviceCount();
+  c.raw["cuda_runtime_devices"] = cuda.ok() ? *cuda : -1;
+  c.advice = !cuda.ok()   ? "the CUDA runtime failed: " + cuda.status().message()
+             : *cuda == 0 ? "the CUDA runtime sees no GPU: training runs on the host device"
+                          : fmt::format("CUDA backend built; the CUDA runtime sees {} GPU{}", *cuda,
+                                        *cuda == 1 ? "" : "s");
+#else
+  c.advice =
+      "this build has no CUDA backend (no nvcc at build time): training runs on the host "
+      "device";
+#endif
   return c;
 }
 

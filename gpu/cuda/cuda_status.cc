@@ -1,0 +1,103 @@
+#include "gpu/cuda/cuda_status.h"
+
+#include <fmt/format.h>
+
+namespace strata::gpu::cuda {
+namespace {
+
+Status MakeStatus(StatusCode code, std::string message) {
+  switch (code) {
+    case StatusCode::kResourceExhausted:
+      return ResourceExhaustedError(std::move(message));
+    case StatusCode::kInvalidArgument:
+      return InvalidArgumentError(std::move(message));
+    case StatusCode::kUnavailable:
+      return UnavailableError(std::move(message));
+    default:
+      return InternalError(std::move(message));
+  }
+}
+
+StatusCode CudaCode(cudaError_t error) {
+  switch (error) {
+    case cudaErrorMemoryAllocation:
+      return StatusCode::kResourceExhausted;
+    case cudaErrorInvalidValue:
+    case cudaErrorInvalidConfiguration:
+    case cudaErrorInvalidPitchValue:
+    case cudaErrorInvalidDevicePointer:
+    case cudaErrorInvalidMemcpyDirection:
+    case cudaErrorInvalidResourceHandle:
+    case cudaErrorInvalidDevice:
+      return StatusCode::kInvalidArgument;
+    case cudaErrorNoDevice:
+    case cudaErrorInsufficientDriver:
+    case cudaErrorDevicesUnavailable:
+    case cudaErrorSystemDriverMismatch:
+    case cudaErrorCompatNotSupportedOnDevice:
+    case cudaErrorNoKernelImageForDevice:
+      return StatusCode::kUnavailable;
+    default:
+      return StatusCode::kInternal;
+  }
+}
+
+}  // namespace
+
+Status CudaStatus(cudaError_t error, const char* call) {
+  if (error == cudaSuccess) return Status::Ok();
+  cudaGetLastError();  // consumed here; sticky (context-wide) errors stay sticky in the driver
+  return MakeStatus(
+      CudaCode(error),
+      fmt::format("{} failed: {} ({})", call, cudaGetErrorName(error), cudaGetErrorString(error)));
+}
+
+const char* CublasStatusName(cublasStatus_t status) {
+  switch (status) {
+    case CUBLAS_STATUS_SUCCESS:
+      return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+      return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED:
+      return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE:
+      return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH:
+      return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_MAPPING_ERROR:
+      return "CUBLAS_STATUS_MAPPING_ERROR";
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+      return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR:
+      return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+      return "CUBLAS_STATUS_NOT_SUPPORTED";
+    case CUBLAS_STATUS_LICENSE_ERROR:
+      return "CUBLAS_STATUS_LICENSE_ERROR";
+  }
+  return "CUBLAS_STATUS_UNKNOWN";
+}
+
+Status CublasStatus(cublasStatus_t status, const char* call) {
+  if (status == CUBLAS_STATUS_SUCCESS) return Status::Ok();
+  StatusCode code = StatusCode::kInternal;
+  switch (status) {
+    case CUBLAS_STATUS_ALLOC_FAILED:
+      code = StatusCode::kResourceExhausted;
+      break;
+    case CUBLAS_STATUS_INVALID_VALUE:
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+    case CUBLAS_STATUS_ARCH_MISMATCH:
+      code = StatusCode::kInvalidArgument;
+      break;
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+      code = StatusCode::kUnavailable;
+      break;
+    default:
+      break;
+  }
+  return MakeStatus(code, fmt::format("{} failed: {} ({})", call, CublasStatusName(status),
+                                      cublasGetStatusString(status)));
+}
+
+}  // namespace strata::gpu::cuda
