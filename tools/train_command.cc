@@ -229,8 +229,8 @@ Status RunTrain(const TrainFlags& f) {
   }
   if (f.device == "cuda") {
     return UnavailableError(
-        "--device cuda: this build of strata has no CUDA device backend yet; use --device host "
-        "(or auto)");
+        "--device cuda: the GPT model has no CUDA kernels yet (the CUDA device backend itself is "
+        "in gpu/cuda/); use --device host, or auto, which trains on the host backend until then");
   }
   if (f.checkpoint.resume == "latest" && f.checkpoint.save_dir.empty()) {
     return InvalidArgumentError("--resume latest needs --save-dir (the directory with 'latest')");
