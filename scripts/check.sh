@@ -22,7 +22,8 @@ for check in "${checks[@]}"; do
       ;;
     tsan)
       cmake --preset tsan
-      cmake --build --preset tsan -j "$jobs" --target io_test io_uring_test engine_test
+      cmake --build --preset tsan -j "$jobs" --target io_test io_uring_test engine_test optimizer_pipeline_test \
+        overlap_test
       ctest --preset tsan -j "$jobs"
       ;;
     fuzz)
