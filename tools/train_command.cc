@@ -293,8 +293,9 @@ Status RunTrain(const TrainFlags& f) {
   if (f.device_budget == "auto") {
     // Midway between the streaming minimum and the working params alone, so
     // some blocks stay resident and the rest really stream.
-    const uint64_t minimum =
-        engine::StreamingMinimumBytes(*model, precision, mb, 2, f.offload_activations);
+    const uint64_t minimum = engine::StreamingMinimumBytes(
+        *model, precision, mb, f.prefetch_depth > 0 ? f.prefetch_depth + 1 : 2,
+        f.offload_activations);
     const uint64_t working = static_cast<uint64_t>(model->num_params()) * SizeOf(precision);
     o.placement.device_budget_bytes =
         working > minimum ? minimum + (working - minimum) / 2 : minimum;
