@@ -49,8 +49,15 @@ Status OptimizerPipeline::WaitBlock(int block) {
 }
 
 Status OptimizerPipeline::Drain() {
-  // The write stage's last task waits on everything before it.
-  return write_.Drain();
+  // Every stage, in pipeline order: after a failure the write stage skips its tasks at once while
+  // read tasks may still be queued, and those wait on the write stage (the destructor relies on
+  // nothing being left on any stage).
+  Status read = read_.Drain();
+  Status update = update_.Drain();
+  Status write = write_.Drain();
+  if (!write.ok()) return write;
+  if (!update.ok()) return update;
+  return read;
 }
 
 }  // namespace strata::engine

@@ -5,7 +5,9 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <memory>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "engine/work_queue.h"
@@ -146,6 +148,27 @@ TEST(OptimizerPipeline, AFailedReadComesBackFromEveryLaterWait) {
   EXPECT_EQ(p.WaitBlock(3).code(), StatusCode::kDataLoss);
   EXPECT_EQ(p.Drain().code(), StatusCode::kDataLoss);
   EXPECT_LE(updates.load(), 1);  // at most block 0: nothing after the failure is updated
+}
+
+TEST(OptimizerPipeline, DestroyingItAfterAFailedWriteWaitsForEveryStage) {
+  // The write stage fails at once and skips the rest while reads are still queued; those reads
+  // wait on the write stage, which must outlive them (ASan checks this).
+  std::atomic<int> reads{0};
+  {
+    OptimizerPipeline::Stages st;
+    st.read = [&](int, int) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));  // a slow drive
+      ++reads;
+      return Status::Ok();
+    };
+    st.update = [](int, int) { return Status::Ok(); };
+    st.write = [](int, int) {
+      return DataLossError("writing extent block0.optim failed: No space left on device");
+    };
+    auto p = std::make_unique<OptimizerPipeline>(16, 2, st);
+    for (int b = 0; b < 16; ++b) p->Submit(b);
+  }
+  EXPECT_GE(reads.load(), 1);  // (reads after the failure are skipped: they wait on the write)
 }
 
 TEST(OptimizerPipeline, WaitingOnABlockNeverSubmittedReturnsAtOnce) {
