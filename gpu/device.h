@@ -120,6 +120,9 @@ class Stream {
  public:
   virtual ~Stream() = default;
   virtual std::string_view name() const = 0;
+  // The backend this stream belongs to (the owning Device's kind()), so that code
+  // launching its own kernels (models/) can pick the host or the CUDA path.
+  virtual DeviceKind device_kind() const = 0;
   // Host-to-device copy of src.size_bytes bytes; dst.size_bytes >= src.size_bytes.
   virtual Status CopyH2D(DeviceSpan dst, PinnedSpan src) = 0;
   // Device-to-host copy of src.size_bytes bytes; dst.size_bytes >= src.size_bytes.

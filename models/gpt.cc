@@ -2,6 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
+#include "models/cuda/gpt_cuda.h"
+
 namespace strata::models {
 
 namespace {
@@ -95,11 +99,17 @@ int64_t GptModel::scratch_bytes(int block, engine::MicroBatchShape s) const {
     case Kind::kEmbedding:
       return 0;
     case Kind::kHead:
-      return HeadScratchElems(shape_, s.batch_size, s.seq_len) * 4;
+      return std::max(HeadScratchElems(shape_, s.batch_size, s.seq_len),
+                      cuda::CudaHeadScratchElems(shape_, s.batch_size, s.seq_len)) *
+             4;
     case Kind::kLayer:
       break;
   }
-  return LayerScratchElems(shape_, s.batch_size, s.seq_len) * 4;
+  // One figure for both backends (the model does not know the device here): the CUDA layer
+  // keeps whole T x T attention gradients where the host keeps row blocks.
+  return std::max(LayerScratchElems(shape_, s.batch_size, s.seq_len),
+                  cuda::CudaLayerScratchElems(shape_, s.batch_size, s.seq_len)) *
+         4;
 }
 
 void GptModel::InitParams(int block, uint64_t seed, std::span<float> out) const {
@@ -117,9 +127,63 @@ void GptModel::InitParams(int block, uint64_t seed, std::span<float> out) const 
   }
 }
 
+namespace {
+
+bool OnCuda(const gpu::Stream& stream) { return stream.device_kind() == gpu::DeviceKind::kCuda; }
+
+#ifndef STRATA_HAVE_CUDA
+// The message for a CUDA stream in a binary built without the CUDA backend (cannot
+// happen through CreateDeviceFromFlag, which refuses `cuda` in such a build).
+Status NoCudaKernels() {
+  return FailedPreconditionError(
+      "the GPT got a CUDA stream, but this strata was built without the CUDA backend "
+      "(no nvcc at build time); rebuild with nvcc or use --device host");
+}
+#else
+Status CudaForward(const GptShape& sh, GptModel::Kind kind, const engine::BlockBuffers& b,
+                   gpu::Stream& stream) {
+  const int B = b.shape.batch_size, T = b.shape.seq_len;
+  switch (kind) {
+    case GptModel::Kind::kEmbedding:
+      return cuda::CudaEmbeddingForward(sh, stream, b.params, b.tokens, B, T, b.x_out);
+    case GptModel::Kind::kLayer:
+      return cuda::CudaLayerForward(sh, stream, b.params, b.x_in, b.x_out, B, T, b.scratch);
+    case GptModel::Kind::kHead:
+      return cuda::CudaHeadForward(sh, stream, b.params, b.x_in, b.targets, B, T, b.logits,
+                                   b.scratch, b.loss);
+  }
+  return InternalError("unreachable");
+}
+
+Status CudaBackward(const GptShape& sh, GptModel::Kind kind, const engine::BlockBuffers& b,
+                    gpu::Stream& stream) {
+  const int B = b.shape.batch_size, T = b.shape.seq_len;
+  switch (kind) {
+    case GptModel::Kind::kEmbedding:
+      return cuda::CudaEmbeddingBackward(sh, stream, b.tokens, b.dx_out, B, T, b.grads);
+    case GptModel::Kind::kLayer:
+      return cuda::CudaLayerBackward(sh, stream, b.params, b.x_in, b.dx_out, b.dx_in, b.grads, B, T,
+                                     b.scratch);
+    case GptModel::Kind::kHead:
+      return cuda::CudaHeadBackward(sh, stream, b.params, b.x_in, b.targets, b.dloss, B, T, b.dx_in,
+                                    b.grads, b.logits, b.scratch);
+  }
+  return InternalError("unreachable");
+}
+#endif
+
+}  // namespace
+
 Status GptModel::Forward(int block, const engine::BlockBuffers& b, gpu::Stream& stream) {
   const GptShape sh = shape_;
   const int B = b.shape.batch_size, T = b.shape.seq_len;
+  if (OnCuda(stream)) {
+#ifdef STRATA_HAVE_CUDA
+    return CudaForward(sh, kind(block), b, stream);
+#else
+    return NoCudaKernels();
+#endif
+  }
   switch (kind(block)) {
     case Kind::kEmbedding:
       return stream.LaunchHost([=] {
@@ -145,6 +209,13 @@ Status GptModel::Forward(int block, const engine::BlockBuffers& b, gpu::Stream& 
 Status GptModel::Backward(int block, const engine::BlockBuffers& b, gpu::Stream& stream) {
   const GptShape sh = shape_;
   const int B = b.shape.batch_size, T = b.shape.seq_len;
+  if (OnCuda(stream)) {
+#ifdef STRATA_HAVE_CUDA
+    return CudaBackward(sh, kind(block), b, stream);
+#else
+    return NoCudaKernels();
+#endif
+  }
   switch (kind(block)) {
     case Kind::kEmbedding:
       return stream.LaunchHost([=] {

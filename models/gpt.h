@@ -4,8 +4,12 @@
 // layers, block L+1 = final LayerNorm and the untied LM head. Each block's
 // parameters are one contiguous chunk in the layout of gpt_kernels.h.
 //
-// On the host device backend each block's forward/backward is enqueued on the
-// compute stream as a host function running the kernels of gpt_kernels.h.
+// Forward/Backward dispatch on the stream's backend (gpu::Stream::device_kind()):
+// on the host backend each block's forward/backward is enqueued on the compute
+// stream as a host function running the kernels of gpt_kernels.h; on the CUDA
+// backend (binaries built with STRATA_HAVE_CUDA) the block functions of
+// models/cuda/gpt_cuda.h launch CUDA kernels and cuBLAS GEMMs on the stream, on the
+// same device buffers and chunk layouts. scratch_bytes covers both paths.
 #pragma once
 
 #include <memory>
@@ -28,6 +32,9 @@ std::vector<std::string> GptPresetNames();
 
 class GptModel final : public engine::Model {
  public:
+  // What a block is: embedding (block 0), transformer layer, or head (the last).
+  enum class Kind { kEmbedding, kLayer, kHead };
+
   // kInvalidArgument for an invalid shape (see ValidateShape).
   static StatusOr<std::unique_ptr<GptModel>> Create(const GptShape& shape);
 
@@ -47,7 +54,6 @@ class GptModel final : public engine::Model {
 
  private:
   explicit GptModel(const GptShape& shape) : shape_(shape) {}
-  enum class Kind { kEmbedding, kLayer, kHead };
   Kind kind(int block) const;
   GptShape shape_;
 };

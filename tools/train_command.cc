@@ -20,6 +20,7 @@
 #include "io/io_backend.h"
 #include "models/gpt.h"
 #include "tools/config.h"
+#include "tools/device_select.h"
 
 namespace strata::tools {
 
@@ -67,7 +68,9 @@ void AddTrainFlags(CLI::App& cmd, TrainFlags& f) {
                  "Working params and gradients: bf16, fp16 (dynamic loss "
                  "scaling) or fp32")
       ->capture_default_str();
-  cmd.add_option("--device", f.device, "auto, host (CPU emulation of a device) or cuda")
+  cmd.add_option("--device", f.device,
+                 "auto, host (CPU emulation of a device) or cuda (the GPT's CUDA kernels; explicit "
+                 "opt-in: auto trains on host until they are verified on a GPU)")
       ->capture_default_str();
   cmd.add_option(
          "--device-budget", f.device_budget,
@@ -227,11 +230,6 @@ Status RunTrain(const TrainFlags& f) {
     return InvalidArgumentError(
         fmt::format("--device '{}' is not one of auto, host, cuda", f.device));
   }
-  if (f.device == "cuda") {
-    return UnavailableError(
-        "--device cuda: the GPT model has no CUDA kernels yet (the CUDA device backend itself is "
-        "in gpu/cuda/); use --device host, or auto, which trains on the host backend until then");
-  }
   if (f.checkpoint.resume == "latest" && f.checkpoint.save_dir.empty()) {
     return InvalidArgumentError("--resume latest needs --save-dir (the directory with 'latest')");
   }
@@ -313,7 +311,17 @@ Status RunTrain(const TrainFlags& f) {
   gpu::HostDeviceOptions dev_opts;
   dev_opts.copy_bytes_per_second = f.copy_bandwidth;
   dev_opts.trace = &recorder;
-  STRATA_ASSIGN_OR_RETURN(auto device, gpu::CreateHostDevice(dev_opts));
+  // `cuda` is an explicit opt-in; `auto` stays on the host backend for training until the GPT's
+  // CUDA kernels have been verified on a GPU.
+  if (f.device == "auto" && CudaGpuVisible()) {
+    std::printf(
+        "note: a CUDA GPU is visible; --device auto trains on host for now, "
+        "--device cuda opts in to the GPT's CUDA kernels\n");
+  }
+  DeviceSelectOptions select;
+  select.host = dev_opts;
+  STRATA_ASSIGN_OR_RETURN(auto device,
+                          CreateDeviceFromFlag(f.device == "cuda" ? "cuda" : "host", select));
   std::printf("strata train: %s\n", model->description().c_str());
   std::printf("data: %s, %zu bytes (train %zu, val %zu); device: %s\n", ResolveData(f.data).c_str(),
               data.size_bytes(), data.train_bytes(), data.val_bytes(),
@@ -487,7 +495,7 @@ Status RunTrain(const TrainFlags& f) {
         {"val_loss", num_or_null(val_loss)},
         {"skipped_steps", skipped},
         {"loss_scale", engine->loss_scale()},
-        {"device", "host"},
+        {"device", std::string(gpu::DeviceKindName(device->kind()))},
         {"io_backend", engine->io_backend_name().empty()
                            ? nlohmann::json()
                            : nlohmann::json(engine->io_backend_name())},

@@ -97,6 +97,7 @@ class CudaStream final : public Stream {
   }
 
   std::string_view name() const override { return name_; }
+  DeviceKind device_kind() const override { return DeviceKind::kCuda; }
 
   Status CopyH2D(DeviceSpan dst, PinnedSpan src) override {
     if (dst.size_bytes < src.size_bytes || (src.size_bytes && (!dst.data || !src.data))) {

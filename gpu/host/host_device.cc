@@ -83,6 +83,7 @@ class HostStream final : public Stream {
   }
 
   std::string_view name() const override { return name_; }
+  DeviceKind device_kind() const override { return DeviceKind::kHost; }
 
   Status CopyH2D(DeviceSpan dst, PinnedSpan src) override {
     if (dst.size_bytes < src.size_bytes || (src.size_bytes && (!dst.data || !src.data))) {

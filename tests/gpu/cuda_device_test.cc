@@ -49,6 +49,7 @@ TEST(CudaDeviceWithoutGpu, NativeStreamOfAHostStreamIsAProgrammingError) {
 TEST_F(CudaTest, DescriptionNamesTheGpuAndVersions) {
   const std::string d = device_->description();
   EXPECT_EQ(device_->kind(), DeviceKind::kCuda);
+  EXPECT_EQ(stream_->device_kind(), DeviceKind::kCuda);  // what models/ dispatches on
   EXPECT_NE(d.find("compute capability"), std::string::npos) << d;
   EXPECT_NE(d.find("driver"), std::string::npos) << d;
   EXPECT_NE(d.find("runtime"), std::string::npos) << d;

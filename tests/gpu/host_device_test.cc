@@ -51,6 +51,7 @@ TEST(HostDevice, EventOrdersWorkAcrossStreams) {
   auto arena = (*dev)->CreateArena(1 << 20);
   auto h2d = (*dev)->CreateStream("h2d");
   auto compute = (*dev)->CreateStream("compute");
+  EXPECT_EQ((*compute)->device_kind(), DeviceKind::kHost);  // what models/ dispatches on
   auto ready = (*dev)->CreateEvent();
   auto src = (*dev)->AllocatePinned(20000, "src");
   std::memset(src->data(), 7, 20000);

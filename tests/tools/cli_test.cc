@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -123,6 +124,25 @@ TEST_F(CliTest, BadInputExitsNonZeroWithOneLineNamingTheProblem) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_EQ(Lines(r.err), 1) << r.err;
   EXPECT_NE(r.err.find(file + "/swap"), std::string::npos) << r.err;
+}
+
+// `--device cuda` is an explicit opt-in; with no GPU visible (hidden here through
+// CUDA_VISIBLE_DEVICES, which the child inherits) or in a build without CUDA it must fail
+// with one line saying why, never fall back to the host silently.
+TEST_F(CliTest, DeviceCudaWithoutAVisibleGpuFailsWithOneLine) {
+  const char* old = std::getenv("CUDA_VISIBLE_DEVICES");
+  const std::string saved = old ? old : "";
+  ::setenv("CUDA_VISIBLE_DEVICES", "", 1);
+  const Result r = RunStrata(Small() + " --steps 1 --device cuda");
+  if (old) {
+    ::setenv("CUDA_VISIBLE_DEVICES", saved.c_str(), 1);
+  } else {
+    ::unsetenv("CUDA_VISIBLE_DEVICES");
+  }
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_EQ(Lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("--device cuda"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--device host"), std::string::npos) << r.err;  // what to do instead
 }
 
 TEST_F(CliTest, TraceWritesOneTrackPerStreamAndTheSummaryHasTheTimeBreakdown) {

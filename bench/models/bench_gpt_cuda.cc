@@ -1,0 +1,126 @@
+// Throughput of one GPT transformer layer on the CUDA backend (models/cuda/gpt_cuda.h):
+// forward, and backward (which recomputes the forward, as the engine runs it).
+//
+//   BM_GptCudaLayer/<preset>/<pass>/<T>
+//
+// <preset>: 0 = gpt2-124m (C = 768, 12 heads), 1 = gpt2-1.5b (C = 1600, 25 heads);
+// <pass>: 0 = forward, 1 = backward; <T>: sequence length; B = 8192 / T sequences (8192
+// tokens per micro-batch). Parameters, activations and scratch are fp32 device memory
+// (the arena), filled with small values. Time between CUDA events around 5 calls (manual
+// time); tokens/s and TFLOP/s (the matrix products only: 24 B T C^2 + 4 B T^2 C per
+// forward, twice that plus the recomputed forward per backward) as counters; medians of
+// 5 repetitions. Without a GPU each case reports the reason (SkipWithError).
+//   bench_gpt_cuda --benchmark_out=gpt_cuda.json --benchmark_out_format=json
+#include <benchmark/benchmark.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+
+#include "bench/gpu/bench_common.h"
+#include "gpu/cuda/cuda_native.h"
+#include "models/cuda/gpt_cuda.h"
+#include "models/gpt.h"
+
+namespace strata::models {
+namespace {
+
+constexpr int kCallsPerIteration = 5;
+constexpr int64_t kTokens = 8192;
+
+void BM_GptCudaLayer(benchmark::State& state) {
+  gpu::bench::GpuContext& ctx = gpu::bench::Gpu();
+  if (!ctx.device) {
+    state.SkipWithError(ctx.why_not.c_str());
+    return;
+  }
+  auto shape_or = GptPreset(state.range(0) == 0 ? "gpt2-124m" : "gpt2-1.5b");
+  const bool backward = state.range(1) == 1;
+  const int T = static_cast<int>(state.range(2));
+  const int B = static_cast<int>(kTokens / T);
+  const GptShape s = *shape_or;
+  const int64_t C = s.channels, N = int64_t{B} * T;
+  const int64_t params = LayerNumParams(s), act = N * C;
+  const int64_t scratch = cuda::CudaLayerScratchElems(s, B, T);
+  auto stream_or = ctx.device->CreateStream("bench");
+  auto arena_or = ctx.device->CreateArena((2 * params + 4 * act + scratch) * 4 + 8 * 4096);
+  if (!stream_or.ok() || !arena_or.ok()) {
+    state.SkipWithError(!stream_or.ok() ? stream_or.status().ToString().c_str()
+                                        : arena_or.status().ToString().c_str());
+    return;
+  }
+  gpu::Stream& stream = **stream_or;
+  gpu::DeviceArena& arena = **arena_or;
+  auto carve = [&](int64_t elems) { return arena.Carve(elems * 4, "bench")->as<float>(); };
+  float* p = carve(params);
+  float* g = carve(params);
+  float* x = carve(act);
+  float* y = carve(act);
+  float* dy = carve(act);
+  float* dx = carve(act);
+  float* sc = carve(scratch);
+  // Small finite values: 0x3c003c00 reads as ~0.0078 in fp32 (the arena starts zeroed, which
+  // would make LayerNorm divide a zero variance by eps only).
+  const cudaStream_t cs = gpu::NativeStream(stream);
+  for (float* buf : {p, x, dy}) {
+    const int64_t n = buf == p ? params : act;
+    if (cudaMemsetAsync(buf, 0x3c, n * 4, cs) != cudaSuccess) {
+      state.SkipWithError("cudaMemsetAsync failed");
+      return;
+    }
+  }
+  auto run = [&]() -> Status {
+    return backward ? cuda::CudaLayerBackward(s, stream, p, x, dy, dx, g, B, T, sc)
+                    : cuda::CudaLayerForward(s, stream, p, x, y, B, T, sc);
+  };
+  if (Status st = run(); !st.ok() || !(st = stream.Synchronize()).ok()) {  // warm-up
+    state.SkipWithError(st.ToString().c_str());
+    return;
+  }
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  for (auto _ : state) {
+    cudaEventRecord(start, cs);
+    for (int i = 0; i < kCallsPerIteration; ++i) {
+      if (Status st = run(); !st.ok()) {
+        state.SkipWithError(st.ToString().c_str());
+        break;
+      }
+    }
+    cudaEventRecord(stop, cs);
+    cudaEventSynchronize(stop);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, start, stop);
+    state.SetIterationTime(ms / 1e3);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  const double fwd_flops = 24.0 * N * C * C + 4.0 * B * double(T) * T * C;
+  const double flops = (backward ? 3.0 : 1.0) * fwd_flops * kCallsPerIteration;
+  state.counters["tokens_per_s"] = benchmark::Counter(
+      double(N) * kCallsPerIteration, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["TFLOP_per_s"] =
+      benchmark::Counter(flops / 1e12, benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(std::string(backward ? "backward" : "forward") + " B=" + std::to_string(B) +
+                 " T=" + std::to_string(T));
+}
+
+BENCHMARK(BM_GptCudaLayer)
+    ->ArgsProduct({{0, 1}, {0, 1}, {256, 1024}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Repetitions(5)
+    ->ReportAggregatesOnly(true);
+
+}  // namespace
+}  // namespace strata::models
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  strata::gpu::bench::Gpu();  // context lines before the first result
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
