@@ -11,6 +11,7 @@
 #include <string>
 
 #include "gpu/host/host_gemm.h"
+#include "models/gpt_layout.h"
 
 namespace strata::models {
 namespace {
@@ -70,33 +71,6 @@ std::vector<TensorInfo> Lay(const std::vector<TensorSpec>& specs) {
 int64_t Total(const std::vector<TensorInfo>& tensors) {
   return tensors.empty() ? 0 : tensors.back().offset + tensors.back().num_elems;
 }
-
-// Pointers into a layer chunk, in layout order.
-template <typename P>
-struct LayerParams {
-  P ln1_w, ln1_b, qkv_w, qkv_b, attn_proj_w, attn_proj_b, ln2_w, ln2_b, fc_w, fc_b, mlp_proj_w,
-      mlp_proj_b;
-  LayerParams(P base, int64_t C) {
-    P p = base;
-    auto take = [&p](int64_t n) {
-      P r = p;
-      p += n;
-      return r;
-    };
-    ln1_w = take(C);
-    ln1_b = take(C);
-    qkv_w = take(C * 3 * C);
-    qkv_b = take(3 * C);
-    attn_proj_w = take(C * C);
-    attn_proj_b = take(C);
-    ln2_w = take(C);
-    ln2_b = take(C);
-    fc_w = take(C * 4 * C);
-    fc_b = take(4 * C);
-    mlp_proj_w = take(4 * C * C);
-    mlp_proj_b = take(C);
-  }
-};
 
 // ---------------------------------------------------------------------------
 // Deterministic parallel loops.

@@ -9,6 +9,7 @@
 #include "gpu/cuda/cuda_status.h"
 #include "models/cuda/gpt_cuda.cuh"
 #include "models/cuda/gpt_cuda.h"
+#include "models/gpt_layout.h"
 
 namespace strata::models::cuda {
 namespace {
@@ -550,31 +551,6 @@ StatusOr<cudaStream_t> Prepare(const char* what, const GptShape& s, gpu::Stream&
   return gpu::NativeStream(stream);
 }
 
-template <typename P>
-struct LayerParams {
-  P ln1_w, ln1_b, qkv_w, qkv_b, attn_proj_w, attn_proj_b, ln2_w, ln2_b, fc_w, fc_b, mlp_proj_w,
-      mlp_proj_b;
-  LayerParams(P base, int64_t C) {
-    P p = base;
-    auto take = [&p](int64_t n) {
-      P r = p;
-      p += n;
-      return r;
-    };
-    ln1_w = take(C);
-    ln1_b = take(C);
-    qkv_w = take(C * 3 * C);
-    qkv_b = take(3 * C);
-    attn_proj_w = take(C * C);
-    attn_proj_b = take(C);
-    ln2_w = take(C);
-    ln2_b = take(C);
-    fc_w = take(C * 4 * C);
-    fc_b = take(4 * C);
-    mlp_proj_w = take(4 * C * C);
-    mlp_proj_b = take(C);
-  }
-};
 
 struct LayerScratch {
   float* mean1;  // (R)
