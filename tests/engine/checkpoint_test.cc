@@ -21,20 +21,12 @@
 #include "gpu/device.h"
 #include "io/fault_injection.h"
 #include "models/gpt.h"
+#include "tests/engine/engine_test_util.h"
 
 namespace strata::engine {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::vector<std::vector<int32_t>> MakeTokens(int count_batches, int64_t count, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<std::vector<int32_t>> v(count_batches, std::vector<int32_t>(count));
-  for (auto& t : v) {
-    for (auto& x : t) x = static_cast<int32_t>(rng() % 256);
-  }
-  return v;
-}
 
 std::string ReadFile(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -58,7 +50,7 @@ class CheckpointTest : public ::testing::Test {
     fs::remove_all(root_);
     fs::create_directories(root_ / "swap");
     save_dir_ = (root_ / "ckpt").string();
-    tokens_ = MakeTokens(64, 2 * 16, 99);
+    tokens_ = testing::RandomTokenVectors(64, 2 * 16, 99);
     auto device = gpu::CreateHostDevice({});
     ASSERT_TRUE(device.ok());
     device_ = std::move(*device);

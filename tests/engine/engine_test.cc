@@ -7,27 +7,14 @@
 
 #include "gpu/device.h"
 #include "models/gpt.h"
+#include "tests/engine/engine_test_util.h"
 
 namespace strata::engine {
 namespace {
 
-// A deterministic stream of byte-like micro-batches.
-std::vector<std::vector<int32_t>> MakeTokens(int steps, int accum, int64_t count, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<std::vector<int32_t>> v(steps * accum * 2, std::vector<int32_t>(count));
-  for (auto& t : v) {
-    for (auto& x : t) x = static_cast<int32_t>(rng() % 256);
-  }
-  return v;
-}
-
-struct TrainRun {
-  std::vector<std::vector<float>> master;
-  uint64_t hash = 0;
-  EngineCounters counters;
-  Plan plan;
-  std::vector<StepResult> results;
-};
+using testing::ExpectBitIdentical;
+using testing::RandomTokenVectors;
+using testing::TrainRun;
 
 class EngineTest : public ::testing::Test {
  protected:
@@ -82,7 +69,8 @@ class EngineTest : public ::testing::Test {
     EXPECT_TRUE(engine.ok()) << engine.status().ToString();
     if (!engine.ok()) return run;
     auto& e = **engine;
-    const auto tokens = MakeTokens(steps, o.grad_accum_steps, o.micro_batch.tokens(), 99);
+    const auto tokens =
+        RandomTokenVectors(steps * o.grad_accum_steps * 2, o.micro_batch.tokens(), 99);
     size_t k = 0;
     for (int s = 0; s < steps; ++s) {
       std::vector<MicroBatch> mbs;
@@ -103,19 +91,6 @@ class EngineTest : public ::testing::Test {
   std::unique_ptr<models::GptModel> model_;
   std::filesystem::path swap_dir_;
 };
-
-void ExpectBitIdentical(const TrainRun& a, const TrainRun& b) {
-  ASSERT_EQ(a.master.size(), b.master.size());
-  for (size_t blk = 0; blk < a.master.size(); ++blk) {
-    ASSERT_EQ(a.master[blk].size(), b.master[blk].size());
-    for (size_t i = 0; i < a.master[blk].size(); ++i) {
-      ASSERT_EQ(std::bit_cast<uint32_t>(a.master[blk][i]),
-                std::bit_cast<uint32_t>(b.master[blk][i]))
-          << "block " << blk << " element " << i;
-    }
-  }
-  EXPECT_EQ(a.hash, b.hash);
-}
 
 TEST_F(EngineTest, StreamedParamsAndNvmeOptimizerGiveBitIdenticalMasterWeights) {
   for (DType precision : {DType::kBF16, DType::kF32}) {
@@ -142,7 +117,7 @@ TEST_F(EngineTest, LossDecreasesOnARepeatedBatch) {
   auto device = gpu::CreateHostDevice({});
   auto engine = Engine::Create(model_.get(), device->get(), o);
   ASSERT_TRUE(engine.ok()) << engine.status().ToString();
-  const auto tokens = MakeTokens(1, 1, o.micro_batch.tokens(), 3);
+  const auto tokens = RandomTokenVectors(2, o.micro_batch.tokens(), 3);
   std::vector<MicroBatch> mbs = {{tokens[0], tokens[1]}};
   float first = 0, last = 0;
   for (int s = 0; s < 30; ++s) {
@@ -168,7 +143,7 @@ TEST_F(EngineTest, Fp16OverflowSkipsTheStepHalvesTheScaleAndKeepsMasterWeights) 
   std::vector<std::vector<float>> before;
   for (int b = 0; b < model_->num_blocks(); ++b) before.push_back(*e.MasterWeights(b));
   const uint64_t hash_before = *e.MasterWeightsXxh3();
-  const auto tokens = MakeTokens(1, 2, o.micro_batch.tokens(), 5);
+  const auto tokens = RandomTokenVectors(4, o.micro_batch.tokens(), 5);
   std::vector<MicroBatch> mbs = {{tokens[0], tokens[1]}, {tokens[2], tokens[3]}};
   auto r = e.Step(mbs);
   ASSERT_TRUE(r.ok()) << r.status().ToString();

@@ -12,18 +12,14 @@
 #include "engine/engine.h"
 #include "gpu/device.h"
 #include "models/gpt.h"
+#include "tests/engine/engine_test_util.h"
 
 namespace strata::engine {
 namespace {
 
-std::vector<std::vector<int32_t>> MakeTokens(int count_vectors, int64_t count, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<std::vector<int32_t>> v(count_vectors, std::vector<int32_t>(count));
-  for (auto& t : v) {
-    for (auto& x : t) x = static_cast<int32_t>(rng() % 256);
-  }
-  return v;
-}
+using testing::ExpectBitIdentical;
+using testing::RandomTokenVectors;
+using testing::TrainRun;
 
 // Forwards to a model and, when armed, makes one element of one block's gradient +inf right
 // after that block's backward (in stream order, like a real overflow).
@@ -63,13 +59,6 @@ class OverflowInjector final : public Model {
  private:
   Model* inner_;
   int armed_block_ = -1;
-};
-
-struct TrainRun {
-  std::vector<std::vector<float>> master;
-  std::vector<StepResult> results;
-  EngineCounters counters;
-  Plan plan;
 };
 
 class OverlapTest : public ::testing::Test {
@@ -123,7 +112,8 @@ class OverlapTest : public ::testing::Test {
     EXPECT_TRUE(engine.ok()) << engine.status().ToString();
     if (!engine.ok()) return run;
     auto& e = **engine;
-    const auto tokens = MakeTokens(steps * o.grad_accum_steps * 2, o.micro_batch.tokens(), 99);
+    const auto tokens =
+        RandomTokenVectors(steps * o.grad_accum_steps * 2, o.micro_batch.tokens(), 99);
     size_t k = 0;
     for (int s = 0; s < steps; ++s) {
       std::vector<MicroBatch> mbs;
@@ -144,25 +134,6 @@ class OverlapTest : public ::testing::Test {
   std::unique_ptr<models::GptModel> model_;
   std::filesystem::path swap_dir_;
 };
-
-void ExpectBitIdentical(const TrainRun& a, const TrainRun& b) {
-  ASSERT_EQ(a.master.size(), b.master.size());
-  ASSERT_EQ(a.results.size(), b.results.size());
-  for (size_t s = 0; s < a.results.size(); ++s) {
-    EXPECT_EQ(std::bit_cast<uint32_t>(a.results[s].loss),
-              std::bit_cast<uint32_t>(b.results[s].loss))
-        << "step " << s;
-    EXPECT_EQ(a.results[s].skipped, b.results[s].skipped) << "step " << s;
-  }
-  for (size_t blk = 0; blk < a.master.size(); ++blk) {
-    ASSERT_EQ(a.master[blk].size(), b.master[blk].size());
-    for (size_t i = 0; i < a.master[blk].size(); ++i) {
-      ASSERT_EQ(std::bit_cast<uint32_t>(a.master[blk][i]),
-                std::bit_cast<uint32_t>(b.master[blk][i]))
-          << "block " << blk << " element " << i;
-    }
-  }
-}
 
 TEST_F(OverlapTest, EveryPlacementPrecisionAndAccumulationMatchesTheSequentialResidentRun) {
   for (DType precision : {DType::kBF16, DType::kF16, DType::kF32}) {
@@ -293,7 +264,7 @@ TEST_F(OverlapTest, Fp16OverflowInAnyBlockSkipsEveryBlocksUpdate) {
     auto engine = Engine::Create(&model, device->get(), o);
     ASSERT_TRUE(engine.ok()) << engine.status().ToString();
     auto& e = **engine;
-    const auto tokens = MakeTokens(12, o.micro_batch.tokens(), 5);
+    const auto tokens = RandomTokenVectors(12, o.micro_batch.tokens(), 5);
     auto batch = [&](int s) {
       return std::vector<MicroBatch>{{tokens[4 * s], tokens[4 * s + 1]},
                                      {tokens[4 * s + 2], tokens[4 * s + 3]}};
@@ -337,7 +308,7 @@ TEST_F(OverlapTest, KMicroBatchesOfBEqualOneBatchOfKTimesB) {
   whole.placement.device_budget_bytes =
       StreamingMinimumBytes(*model_, DType::kF32, whole.micro_batch, 3) + 1024;
 
-  const auto tokens = MakeTokens(6, accumulated.micro_batch.tokens(), 21);
+  const auto tokens = RandomTokenVectors(6, accumulated.micro_batch.tokens(), 21);
   std::vector<int32_t> all_tokens, all_targets;
   for (int i = 0; i < 3; ++i) {
     all_tokens.insert(all_tokens.end(), tokens[2 * i].begin(), tokens[2 * i].end());
