@@ -6,7 +6,8 @@ flat (issue 7). Stdlib only.
 
 Samples /proc/<pid>/status (VmRSS) and /proc/<pid>/fd once a second while the run trains. The
 first --warmup-fraction of the samples (allocation of the arena, pinned memory, swap store, first
-evaluation) are not judged. Of the rest, the median RSS of the last quarter may exceed the median
+evaluation) and the last --cooldown-fraction (the final flush of the update in flight, the
+master-weight hash, teardown closing the swap files) are not judged. Of the rest, the median RSS of the last quarter may exceed the median
 of the first quarter by at most --rss-slack-mib (default 16 MiB) and the number of open file
 descriptors may not change at all. Prints one JSON line with the figures; exit 0 when flat, 1 when
 not, 2 when the run itself failed.
@@ -36,6 +37,7 @@ def main():
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--interval", type=float, default=1.0, help="seconds between samples")
     ap.add_argument("--warmup-fraction", type=float, default=0.2)
+    ap.add_argument("--cooldown-fraction", type=float, default=0.1)
     ap.add_argument("--rss-slack-mib", type=float, default=16.0)
     ap.add_argument("train_args", nargs="*", help="extra `strata train` flags (after --)")
     a = ap.parse_args()
@@ -56,7 +58,8 @@ def main():
         print(f"soak: `{' '.join(cmd)}` failed with exit {proc.returncode}: {stderr.strip()}",
               file=sys.stderr)
         return 2
-    judged = samples[int(len(samples) * a.warmup_fraction):]
+    judged = samples[int(len(samples) * a.warmup_fraction):
+                     len(samples) - int(len(samples) * a.cooldown_fraction)]
     if len(judged) < 8:
         print(f"soak: only {len(samples)} samples in {seconds:.0f} s; run more steps", file=sys.stderr)
         return 2
