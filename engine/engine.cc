@@ -170,8 +170,7 @@ class Engine::Impl {
   Status StreamGradients(int b, bool first_mb, bool last_mb);
   void Fold(int b, int bucket, bool first_mb, bool last_mb);
 
-  // --- CPU optimizer pipeline ---
-  void SubmitUpdate(int b);
+  // --- CPU optimizer pipeline (pipeline_->Submit(b) queues block b's update) ---
   float* StateP32(int b, int buffer);
   float* StateM(int b, int buffer);
   float* StateV(int b, int buffer);
@@ -495,8 +494,6 @@ Status Engine::Impl::WriteBack(int b, int i) {
   return Status::Ok();
 }
 
-void Engine::Impl::SubmitUpdate(int b) { pipeline_->Submit(b); }
-
 void Engine::Impl::StartLoad(DeviceCopy& c, int b) {
   c.block = b;
   c.version = param_version_[b];
@@ -707,7 +704,7 @@ void Engine::Impl::Fold(int b, int bucket, bool first_mb, bool last_mb) {
         // Eager mode: b's gradient is complete; update it now unless a gradient of this step
         // was non-finite (then this and every later block keep their weights).
         if (stats->nonfinite || !std::isfinite(stats->sum_squares)) eager_overflow_ = true;
-        if (!eager_overflow_) SubmitUpdate(b);
+        if (!eager_overflow_) pipeline_->Submit(b);
       }
     }
   }
@@ -847,7 +844,7 @@ StatusOr<StepResult> Engine::Impl::Step(std::span<const MicroBatch> mbs) {
   // pipeline while this call returns; the next forward of block b waits only on b's update.
   for (int b = 0; b < n_; ++b) {
     ++param_version_[b];
-    SubmitUpdate(b);
+    pipeline_->Submit(b);
     if (!o_.overlap) STRATA_RETURN_IF_ERROR(pipeline_->WaitBlock(b));
   }
   return result;

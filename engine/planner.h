@@ -88,8 +88,9 @@ struct Plan {
   std::string Describe() const;
 };
 
-// The smallest device budget that trains with every block streamed through
-// `streaming_slots` slots: activations, gradients, gradient buckets, scratch and the slots.
+// The smallest device budget, in bytes, that trains with every block streamed through
+// `streaming_slots` slots: boundary activations (all n-1, or 2 with offload_activations),
+// activation gradients, gradients, gradient buckets, scratch and the slots. Pure; thread-safe.
 uint64_t StreamingMinimumBytes(const Model& model, DType precision, MicroBatchShape shape,
                                int streaming_slots = 2, bool offload_activations = false);
 

@@ -46,11 +46,6 @@ bool WorkQueue::Done(uint64_t ticket) {
   return completed_ >= ticket;
 }
 
-Status WorkQueue::error() {
-  std::lock_guard<std::mutex> lock(mu_);
-  return error_;
-}
-
 void WorkQueue::Run() {
   for (;;) {
     std::function<Status()> fn;

@@ -43,8 +43,6 @@ class WorkQueue {
   Status Drain();
   // True when `ticket` has completed (never blocks).
   bool Done(uint64_t ticket);
-  // The sticky error (OK if none).
-  Status error();
 
  private:
   void Run();

@@ -551,7 +551,6 @@ StatusOr<cudaStream_t> Prepare(const char* what, const GptShape& s, gpu::Stream&
   return gpu::NativeStream(stream);
 }
 
-
 struct LayerScratch {
   float* mean1;  // (R)
   float* rstd1;  // (R)
