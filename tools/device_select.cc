@@ -16,15 +16,6 @@ bool BuiltWithCuda() {
 #endif
 }
 
-bool CudaGpuVisible() {
-#ifdef STRATA_HAVE_CUDA
-  const StatusOr<int> count = gpu::CudaDeviceCount();
-  return count.ok() && *count > 0;
-#else
-  return false;
-#endif
-}
-
 StatusOr<gpu::DeviceKind> ResolveDeviceFlag(std::string_view flag, bool built_with_cuda,
                                             const StatusOr<int>& cuda_device_count) {
   if (flag == "host") return gpu::DeviceKind::kHost;

@@ -30,11 +30,6 @@ struct DeviceSelectOptions {
   int cuda_device_ordinal = 0;
 };
 
-// True when this binary has the CUDA backend and the runtime sees at least one GPU
-// (false on any CUDA runtime error). Initializes the CUDA runtime (~100 ms) when built
-// with it. For notes such as `train`'s "auto still trains on host".
-bool CudaGpuVisible();
-
 // Resolves `flag` for this binary and this machine, then creates the device.
 StatusOr<std::unique_ptr<gpu::Device>> CreateDeviceFromFlag(std::string_view flag,
                                                             const DeviceSelectOptions& options);

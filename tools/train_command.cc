@@ -69,8 +69,8 @@ void AddTrainFlags(CLI::App& cmd, TrainFlags& f) {
                  "scaling) or fp32")
       ->capture_default_str();
   cmd.add_option("--device", f.device,
-                 "auto, host (CPU emulation of a device) or cuda (the GPT's CUDA kernels; explicit "
-                 "opt-in: auto trains on host until they are verified on a GPU)")
+                 "auto (cuda when this build has the CUDA backend and a GPU is visible, else host), "
+                 "host (CPU emulation of a device) or cuda (a clear error without a GPU)")
       ->capture_default_str();
   cmd.add_option(
          "--device-budget", f.device_budget,
@@ -311,17 +311,16 @@ Status RunTrain(const TrainFlags& f) {
   gpu::HostDeviceOptions dev_opts;
   dev_opts.copy_bytes_per_second = f.copy_bandwidth;
   dev_opts.trace = &recorder;
-  // `cuda` is an explicit opt-in; `auto` stays on the host backend for training until the GPT's
-  // CUDA kernels have been verified on a GPU.
-  if (f.device == "auto" && CudaGpuVisible()) {
-    std::printf(
-        "note: a CUDA GPU is visible; --device auto trains on host for now, "
-        "--device cuda opts in to the GPT's CUDA kernels\n");
-  }
+  // --copy-bandwidth emulates a bus on the host backend; checked before a GPU is looked for, so
+  // the message is the same on machines with and without one.
+  const Status throttle_on_gpu = InvalidArgumentError(
+      "--copy-bandwidth throttles the host backend's emulated copies; a GPU copies at the speed "
+      "of its bus. Drop the flag, or add --device host");
+  if (f.device == "cuda" && f.copy_bandwidth > 0) return throttle_on_gpu;
   DeviceSelectOptions select;
   select.host = dev_opts;
-  STRATA_ASSIGN_OR_RETURN(auto device,
-                          CreateDeviceFromFlag(f.device == "cuda" ? "cuda" : "host", select));
+  STRATA_ASSIGN_OR_RETURN(auto device, CreateDeviceFromFlag(f.device, select));
+  if (device->kind() != gpu::DeviceKind::kHost && f.copy_bandwidth > 0) return throttle_on_gpu;
   std::printf("strata train: %s\n", model->description().c_str());
   std::printf("data: %s, %zu bytes (train %zu, val %zu); device: %s\n", ResolveData(f.data).c_str(),
               data.size_bytes(), data.train_bytes(), data.val_bytes(),

@@ -112,6 +112,7 @@ TEST_F(CliTest, BadInputExitsNonZeroWithOneLineNamingTheProblem) {
       {"train --steps 1 --device-budget 0", "zero"},
       {"train --steps 1 --device-budget 12XB", "12XB"},
       {"train --steps 1 --device-budget lots", "lots"},
+      {"train --steps 1 --device cuda --copy-bandwidth 1e9", "--copy-bandwidth"},
   };
   for (const auto& c : cases) {
     const Result r = RunStrata(std::string(c.args) + " --nvme-path " + dir_.string());
@@ -126,7 +127,7 @@ TEST_F(CliTest, BadInputExitsNonZeroWithOneLineNamingTheProblem) {
   EXPECT_NE(r.err.find(file + "/swap"), std::string::npos) << r.err;
 }
 
-// `--device cuda` is an explicit opt-in; with no GPU visible (hidden here through
+// `--device cuda` asks for a GPU; with no GPU visible (hidden here through
 // CUDA_VISIBLE_DEVICES, which the child inherits) or in a build without CUDA it must fail
 // with one line saying why, never fall back to the host silently.
 TEST_F(CliTest, DeviceCudaWithoutAVisibleGpuFailsWithOneLine) {
