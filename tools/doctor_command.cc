@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <sstream>
 
@@ -25,6 +26,7 @@
 #include "base/units.h"
 #include "cpu_optim/adamw.h"
 #include "io/io_backend.h"
+#include "tools/pinned_bandwidth.h"
 #ifdef STRATA_HAVE_CUDA
 #include "gpu/cuda/cuda_device.h"
 #endif
@@ -291,6 +293,52 @@ Check GpuCheck() {
       "device";
 #endif
   return c;
+}
+
+// Pinned host <-> GPU copy bandwidth (tools/pinned_bandwidth.h) of GPU 0, when this build has
+// the CUDA backend and the runtime sees a GPU; nullopt otherwise (the gpu check says why).
+std::optional<Check> PinnedBandwidthCheck() {
+#ifdef STRATA_HAVE_CUDA
+  const StatusOr<int> n = gpu::CudaDeviceCount();
+  if (!n.ok() || *n == 0) return std::nullopt;
+  Check c = NewCheck("pinned bandwidth");
+  constexpr size_t kBytes = size_t{256} << 20;
+  constexpr int kRepetitions = 5;
+  gpu::CudaDeviceOptions o;
+  o.pinned_budget_bytes = 2 * kBytes;
+  StatusOr<PinnedBandwidth> bw = Status::Ok();
+  if (auto device = gpu::CreateCudaDevice(o); !device.ok()) {
+    bw = device.status();
+  } else {
+    bw = MeasurePinnedBandwidth(**device, kBytes, kRepetitions);
+  }
+  if (!bw.ok()) {
+    c.verdict = Verdict::kFail;
+    c.value = "could not be measured";
+    c.advice = bw.status().message();
+    return c;
+  }
+  c.value = fmt::format("H2D {}, D2H {}, both directions {} ({} pinned, median of {})",
+                        Gbps(bw->h2d_bytes_per_second), Gbps(bw->d2h_bytes_per_second),
+                        Gbps(bw->both_bytes_per_second), FormatBytes(kBytes), kRepetitions);
+  c.raw = {{"h2d_bytes_per_second", bw->h2d_bytes_per_second},
+           {"d2h_bytes_per_second", bw->d2h_bytes_per_second},
+           {"both_bytes_per_second", bw->both_bytes_per_second},
+           {"size_bytes", kBytes}};
+  // A PCIe Gen3 x16 link moves ~12 GB/s each way, Gen4 ~25, Gen5 ~50.
+  if (std::min(bw->h2d_bytes_per_second, bw->d2h_bytes_per_second) < 10e9) {
+    c.verdict = Verdict::kWarn;
+    c.advice =
+        "below a PCIe Gen3 x16 link: streamed params and gradients will wait on the bus; check "
+        "the link width and generation (nvidia-smi -q -d PCIE) and that the GPU sits in a CPU-"
+        "attached x16 slot";
+  } else {
+    c.advice = "the rate the engine's prefetch and gradient streaming can count on";
+  }
+  return c;
+#else
+  return std::nullopt;
+#endif
 }
 
 std::string FsTypeName(long type) {
@@ -571,6 +619,7 @@ Status RunDoctor(const DoctorFlags& f) {
   checks.push_back(MemlockCheck());
   CpuChecks(&checks);
   checks.push_back(GpuCheck());
+  if (auto bw = PinnedBandwidthCheck()) checks.push_back(std::move(*bw));
 
   io::IoBackendOptions io_options;  // kAuto: uring where the probe allows it, else posix
   auto io = io::CreateIoBackend(io_options);
