@@ -11,6 +11,7 @@
 #include "base/logging.h"
 #include "base/thread_annotations.h"
 #include "base/units.h"
+#include "gpu/cuda/cublas_loader.h"
 #include "gpu/cuda/cuda_kernels.cuh"
 #include "gpu/cuda/cuda_native.h"
 #include "gpu/cuda/cuda_status.h"
@@ -89,7 +90,7 @@ class CudaStream final : public Stream {
   ~CudaStream() override {
     if (cudaSetDevice(ordinal_) == cudaSuccess) {
       cudaStreamSynchronize(stream_);  // no copy, kernel or host function outlives it
-      if (cublas_) cublasDestroy(cublas_);
+      if (cublas_) cuda::Cublas().value()->Destroy(cublas_);  // loaded: it made cublas_
       if (cublas_workspace_) cudaFree(cublas_workspace_);
       cudaStreamDestroy(stream_);
     }
@@ -158,13 +159,15 @@ class CudaStream final : public Stream {
   cudaStream_t native() const { return stream_; }
 
   // Creates the handle on first use; no CUDA call runs under the lock (a racing
-  // second creator destroys its own handle and uses the first).
+  // second creator destroys its own handle and uses the first). cuBLAS itself is
+  // loaded here, on the first handle of the process (cublas_loader.h).
   StatusOr<cublasHandle_t> cublas() {
     STRATA_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));  // cuBLAS calls follow on this thread
     {
       std::lock_guard<std::mutex> lock(cublas_mu_);
       if (cublas_) return cublas_;
     }
+    STRATA_ASSIGN_OR_RETURN(const cuda::CublasApi* blas, cuda::Cublas());
     void* workspace = nullptr;
     const cudaError_t e = cudaMalloc(&workspace, kCublasWorkspaceBytes);
     if (e != cudaSuccess) {
@@ -173,18 +176,18 @@ class CudaStream final : public Stream {
                                    FormatBytes(kCublasWorkspaceBytes)));
     }
     cublasHandle_t handle = nullptr;
-    Status s = cuda::CublasStatus(cublasCreate(&handle), "cublasCreate");
-    if (s.ok()) s = cuda::CublasStatus(cublasSetStream(handle, stream_), "cublasSetStream");
+    Status s = cuda::CublasStatus(blas->Create(&handle), "cublasCreate");
+    if (s.ok()) s = cuda::CublasStatus(blas->SetStream(handle, stream_), "cublasSetStream");
     if (s.ok()) {
-      s = cuda::CublasStatus(cublasSetWorkspace(handle, workspace, kCublasWorkspaceBytes),
+      s = cuda::CublasStatus(blas->SetWorkspace(handle, workspace, kCublasWorkspaceBytes),
                              "cublasSetWorkspace");
     }
     if (s.ok()) {
-      s = cuda::CublasStatus(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_HOST),
+      s = cuda::CublasStatus(blas->SetPointerMode(handle, CUBLAS_POINTER_MODE_HOST),
                              "cublasSetPointerMode");
     }
     if (s.ok()) {
-      s = cuda::CublasStatus(cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+      s = cuda::CublasStatus(blas->SetMathMode(handle, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
     }
     bool installed = false;
     if (s.ok()) {
@@ -196,7 +199,7 @@ class CudaStream final : public Stream {
       }
     }
     if (!installed) {
-      if (handle) cublasDestroy(handle);
+      if (handle) blas->Destroy(handle);
       cudaFree(workspace);
       if (!s.ok()) return s;
     }

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "gpu/cuda/cublas_loader.h"
 #include "gpu/cuda/cuda_native.h"
 #include "gpu/cuda/cuda_status.h"
 
@@ -78,10 +79,11 @@ Status Gemm(Stream& stream, bool trans_a, bool trans_b, int64_t M, int64_t N, in
       CheckGemm(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, ab_dtype, c_dtype));
   if (M == 0 || N == 0) return Status::Ok();
   STRATA_ASSIGN_OR_RETURN(cublasHandle_t handle, CublasHandle(stream));
+  STRATA_ASSIGN_OR_RETURN(const CublasApi* blas, Cublas());  // loaded: the handle came from it
   const cudaDataType_t ab = CudaType(ab_dtype);
   // Column-major C^T(N, M) = op(B)^T(N, K) * op(A)^T(K, M).
   STRATA_CUBLAS_RETURN_IF_ERROR(
-      cublasGemmEx(handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+      blas->GemmEx(handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
                    static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), &alpha, B, ab,
                    static_cast<int>(ldb), A, ab, static_cast<int>(lda), &beta, C, CudaType(c_dtype),
                    static_cast<int>(ldc), ComputeType(ab_dtype, options), CUBLAS_GEMM_DEFAULT));
@@ -107,8 +109,9 @@ Status GemmStridedBatched(Stream& stream, bool trans_a, bool trans_b, int64_t M,
   }
   if (M == 0 || N == 0 || batch_count == 0) return Status::Ok();
   STRATA_ASSIGN_OR_RETURN(cublasHandle_t handle, CublasHandle(stream));
+  STRATA_ASSIGN_OR_RETURN(const CublasApi* blas, Cublas());  // loaded: the handle came from it
   const cudaDataType_t ab = CudaType(ab_dtype);
-  STRATA_CUBLAS_RETURN_IF_ERROR(cublasGemmStridedBatchedEx(
+  STRATA_CUBLAS_RETURN_IF_ERROR(blas->GemmStridedBatchedEx(
       handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
       static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), &alpha, B, ab,
       static_cast<int>(ldb), stride_b, A, ab, static_cast<int>(lda), stride_a, &beta, C,

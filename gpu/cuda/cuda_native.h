@@ -23,8 +23,10 @@ cudaStream_t NativeStream(Stream& stream);
 // (cublasSetStream) with a 32 MiB workspace owned by the stream (cublasSetWorkspace),
 // so cuBLAS allocates nothing during a step. Pointer mode host (alpha and beta are
 // host scalars); math mode CUBLAS_DEFAULT_MATH (no TF32 unless a GEMM option asks).
-// Errors of cublasCreate or of the workspace cudaMalloc come back as Status (the first
-// call may fail with kResourceExhausted; the next call retries). Each call also makes
+// The first handle of the process loads cuBLAS (gpu/cuda/cublas_loader.h); a missing
+// libcublas is kUnavailable, naming the library. Errors of cublasCreate or of the
+// workspace cudaMalloc come back as Status (the first call may fail with
+// kResourceExhausted; the next call retries). Each call also makes
 // the stream's device current on the calling thread. STRATA_CHECKs as
 // NativeStream does. Thread-safe; calls on one handle must still come from one thread
 // at a time (cuBLAS rule), which "one thread per stream" gives.

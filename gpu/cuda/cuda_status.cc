@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "gpu/cuda/cublas_loader.h"
+
 namespace strata::gpu::cuda {
 namespace {
 
@@ -96,8 +98,13 @@ Status CublasStatus(cublasStatus_t status, const char* call) {
     default:
       break;
   }
+  // cuBLAS is loaded when one of its calls returned `status`; the description is left out
+  // only for a status that came from elsewhere while the library cannot be loaded.
+  const StatusOr<const CublasApi*> blas = Cublas();
+  if (!blas.ok())
+    return MakeStatus(code, fmt::format("{} failed: {}", call, CublasStatusName(status)));
   return MakeStatus(code, fmt::format("{} failed: {} ({})", call, CublasStatusName(status),
-                                      cublasGetStatusString(status)));
+                                      (*blas)->GetStatusString(status)));
 }
 
 }  // namespace strata::gpu::cuda

@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "gpu/cuda/cublas_loader.h"
 #include "gpu/cuda/cuda_native.h"
 #include "tests/gpu/cuda_test_util.h"
 
@@ -243,7 +244,9 @@ TEST_F(CudaTest, CublasHandleIsCreatedOncePerStreamAndBoundToIt) {
   ASSERT_TRUE(h1.ok() && h2.ok()) << h1.status().ToString();
   EXPECT_EQ(*h1, *h2);
   cudaStream_t bound = nullptr;
-  ASSERT_EQ(cublasGetStream(*h1, &bound), CUBLAS_STATUS_SUCCESS);
+  auto blas = cuda::Cublas();  // cuBLAS is loaded at run time, not linked
+  ASSERT_TRUE(blas.ok()) << blas.status().ToString();
+  ASSERT_EQ((*blas)->GetStream(*h1, &bound), CUBLAS_STATUS_SUCCESS);
   EXPECT_EQ(bound, NativeStream(*stream_));
   auto other = device_->CreateStream("other");
   ASSERT_TRUE(other.ok());

@@ -1,0 +1,132 @@
+// Loads cuBLAS with dlopen on first use; see cublas_loader.h for the contract.
+#include "gpu/cuda/cublas_loader.h"
+
+#include <dlfcn.h>
+#include <fmt/format.h>
+#include <link.h>
+
+#include <type_traits>
+
+#include "base/logging.h"
+
+namespace strata::gpu::cuda {
+namespace {
+
+#define STRATA_CUBLAS_STRINGIFY_INNER_(x) #x
+#define STRATA_CUBLAS_STRINGIFY_(x) STRATA_CUBLAS_STRINGIFY_INNER_(x)
+
+constexpr char kCublasLibraryName[] = "libcublas.so." STRATA_CUBLAS_STRINGIFY_(CUBLAS_VER_MAJOR);
+constexpr char kCublasHeaderVersion[] =
+    STRATA_CUBLAS_STRINGIFY_(CUBLAS_VER_MAJOR) "." STRATA_CUBLAS_STRINGIFY_(CUBLAS_VER_MINOR);
+
+// dlerror() is per thread (glibc); it is read right after the failing call.
+std::string DlError() {
+  const char* e = dlerror();
+  return e ? e : "no reason given";
+}
+
+// Closes the library unless released (a half-resolved table leaves nothing loaded).
+class LibraryHandle {
+ public:
+  explicit LibraryHandle(void* handle) : handle_(handle) {}
+  ~LibraryHandle() {
+    if (handle_) dlclose(handle_);
+  }
+  LibraryHandle(const LibraryHandle&) = delete;
+  LibraryHandle& operator=(const LibraryHandle&) = delete;
+  void* get() const { return handle_; }
+  void Release() { handle_ = nullptr; }
+
+ private:
+  void* handle_;
+};
+
+template <typename Fn>
+Status Resolve(void* library, const std::string& library_name, const char* symbol, Fn* out) {
+  static_assert(std::is_pointer_v<Fn> && std::is_function_v<std::remove_pointer_t<Fn>>);
+  dlerror();  // clear a stale error, so the one read below is this lookup's
+  void* address = dlsym(library, symbol);
+  if (address == nullptr) {
+    return UnavailableError(fmt::format(
+        "{} has no entry point {} (dlsym: {}): it is older than the cuBLAS {} headers this "
+        "strata was built with; install cuBLAS {} or newer, or use --device host",
+        library_name, symbol, DlError(), kCublasHeaderVersion, kCublasHeaderVersion));
+  }
+  // POSIX guarantees that a dlsym address of a function converts to a function pointer.
+  *out = reinterpret_cast<Fn>(address);
+  return Status::Ok();
+}
+
+std::string LoadedPath(void* library, const std::string& fallback) {
+  struct link_map* map = nullptr;
+  if (dlinfo(library, RTLD_DI_LINKMAP, &map) == 0 && map != nullptr && map->l_name != nullptr &&
+      map->l_name[0] != '\0') {
+    return map->l_name;
+  }
+  return fallback;
+}
+
+}  // namespace
+
+const char* CublasLibraryName() { return kCublasLibraryName; }
+
+namespace internal {
+
+StatusOr<CublasApi> LoadCublas(const std::string& library_name) {
+  // RTLD_NOW: an unresolvable symbol inside cuBLAS (or a missing libcublasLt) fails here,
+  // not later in the middle of a step; RTLD_LOCAL: its symbols stay out of the global
+  // namespace of the process.
+  LibraryHandle library(dlopen(library_name.c_str(), RTLD_NOW | RTLD_LOCAL));
+  if (library.get() == nullptr) {
+    return UnavailableError(
+        fmt::format("{} not found or not loadable (dlopen: {}): install the CUDA toolkit's cuBLAS "
+                    "(libcublas{}) or add its directory to LD_LIBRARY_PATH, or use --device host",
+                    library_name, DlError(), CUBLAS_VER_MAJOR));
+  }
+  CublasApi api{};
+  void* const lib = library.get();
+  // Each dlsym name is checked against the member's type: the name is the exported symbol
+  // of the very declaration the member's type was taken from.
+#define STRATA_CUBLAS_RESOLVE_(member, symbol)                                       \
+  static_assert(std::is_same_v<decltype(api.member), decltype(&::symbol)>, #symbol); \
+  STRATA_RETURN_IF_ERROR(Resolve(lib, library_name, #symbol, &api.member))
+  STRATA_CUBLAS_RESOLVE_(Create, cublasCreate_v2);
+  STRATA_CUBLAS_RESOLVE_(Destroy, cublasDestroy_v2);
+  STRATA_CUBLAS_RESOLVE_(SetStream, cublasSetStream_v2);
+  STRATA_CUBLAS_RESOLVE_(GetStream, cublasGetStream_v2);
+  STRATA_CUBLAS_RESOLVE_(SetWorkspace, cublasSetWorkspace_v2);
+  STRATA_CUBLAS_RESOLVE_(SetPointerMode, cublasSetPointerMode_v2);
+  STRATA_CUBLAS_RESOLVE_(SetMathMode, cublasSetMathMode);
+  STRATA_CUBLAS_RESOLVE_(GetStatusName, cublasGetStatusName);
+  STRATA_CUBLAS_RESOLVE_(GetStatusString, cublasGetStatusString);
+  STRATA_CUBLAS_RESOLVE_(GetProperty, cublasGetProperty);
+#undef STRATA_CUBLAS_RESOLVE_
+  // The two overloaded names: their member types select the exported overload
+  // (cublas_loader.h), so only the names are given here.
+  STRATA_RETURN_IF_ERROR(Resolve(lib, library_name, "cublasGemmEx", &api.GemmEx));
+  STRATA_RETURN_IF_ERROR(
+      Resolve(lib, library_name, "cublasGemmStridedBatchedEx", &api.GemmStridedBatchedEx));
+  api.path = LoadedPath(lib, library_name);
+  library.Release();  // loaded for the life of the process
+  return api;
+}
+
+}  // namespace internal
+
+StatusOr<const CublasApi*> Cublas() {
+  // Loaded once (a function-local static is initialized exactly once, thread-safely) and
+  // never destroyed: streams may still destroy their handles during static destruction.
+  static const StatusOr<CublasApi>* const loaded = [] {
+    auto* result = new StatusOr<CublasApi>(internal::LoadCublas(kCublasLibraryName));
+    if (result->ok()) {
+      STRATA_LOG_DEBUG("cuBLAS loaded from {}", (*result)->path);
+    } else {
+      STRATA_LOG_DEBUG("cuBLAS not loaded: {}", result->status().message());
+    }
+    return result;
+  }();
+  if (!loaded->ok()) return loaded->status();
+  return &loaded->value();
+}
+
+}  // namespace strata::gpu::cuda
