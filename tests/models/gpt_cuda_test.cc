@@ -244,6 +244,46 @@ class GptCudaTest : public gpu::testing::CudaTest {
     const Status st = stream_->Synchronize();
     ASSERT_TRUE(st.ok()) << st.ToString();
   }
+  // One layer's forward and backward on the GPU against the host kernels in double: outputs,
+  // input gradient and every parameter gradient, element by element; the scratch's guard
+  // stays intact.
+  void CheckLayer(const GptShape& s, const std::vector<double>& pd, int B, int T) {
+    SCOPED_TRACE("C=" + std::to_string(s.channels) + " H=" + std::to_string(s.num_heads) +
+                 " B=" + std::to_string(B) + " T=" + std::to_string(T));
+    const int64_t N = int64_t{B} * T, C = s.channels;
+    const std::vector<double> x = RandomVector(N * C, 1.0, 22);
+    const std::vector<double> dy = RandomVector(N * C, 1.0, 23);
+    std::vector<double> y_ref(N * C), dx_ref(N * C), g_ref(pd.size());
+    std::vector<double> scratch(LayerScratchElems(s, B, T));
+    LayerForward<double>(s, pd.data(), x.data(), y_ref.data(), B, T, scratch.data());
+    LayerBackward<double>(s, pd.data(), x.data(), dy.data(), dx_ref.data(), g_ref.data(), B, T,
+                          scratch.data());
+
+    const gpu::DeviceSpan p = Put(ToFloat(pd)), xi = Put(ToFloat(x)), d = Put(ToFloat(dy));
+    const gpu::DeviceSpan y = Poisoned(N * C), dx = Poisoned(N * C), g = Poisoned(pd.size());
+    const size_t scratch_elems = cuda::CudaLayerScratchElems(s, B, T);
+    const gpu::DeviceSpan sc = GuardedScratch(scratch_elems);
+    gpu::Stream& stream = *stream_;
+    Status st = cuda::CudaLayerForward(s, stream, p.as<float>(), xi.as<float>(), y.as<float>(), B,
+                                       T, sc.as<float>());
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    st = cuda::CudaLayerBackward(s, stream, p.as<float>(), xi.as<float>(), d.as<float>(),
+                                 dx.as<float>(), g.as<float>(), B, T, sc.as<float>());
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    Sync();
+    ExpectGuardIntact(sc, scratch_elems, "the layer");
+    const double L = LayerChain(s, B, T);
+    ExpectClose(Get(y, N * C), y_ref, L, "x_out");
+    ExpectClose(Get(dx, N * C), dx_ref, 2 * L, "dx_in");
+    const std::vector<float> grads = Get(g, pd.size());
+    for (const TensorInfo& t : LayerTensors(s)) {
+      const std::vector<float> got(grads.begin() + t.offset,
+                                   grads.begin() + t.offset + t.num_elems);
+      const std::vector<double> ref(g_ref.begin() + t.offset,
+                                    g_ref.begin() + t.offset + t.num_elems);
+      ExpectClose(got, ref, 2 * L, "d" + t.name);
+    }
+  }
 };
 
 // ---- Each op alone, against a double reference written out here (the host kernels'
@@ -461,42 +501,16 @@ TEST_F(GptCudaTest, EmbeddingForwardAndBackwardAreBitIdenticalToTheHost) {
 TEST_F(GptCudaTest, LayerForwardAndBackwardMatchTheHostInDouble) {
   const GptShape s = OddShape(1, 128);
   const Model<double> md = RandomModel(s, 21);
-  const std::vector<double>& pd = md.blocks[1];
-  for (const Batch& b : kBatches) {
-    SCOPED_TRACE("B=" + std::to_string(b.B) + " T=" + std::to_string(b.T));
-    const int64_t N = int64_t{b.B} * b.T, C = s.channels;
-    const std::vector<double> x = RandomVector(N * C, 1.0, 22);
-    const std::vector<double> dy = RandomVector(N * C, 1.0, 23);
-    std::vector<double> y_ref(N * C), dx_ref(N * C), g_ref(pd.size());
-    std::vector<double> scratch(LayerScratchElems(s, b.B, b.T));
-    LayerForward<double>(s, pd.data(), x.data(), y_ref.data(), b.B, b.T, scratch.data());
-    LayerBackward<double>(s, pd.data(), x.data(), dy.data(), dx_ref.data(), g_ref.data(), b.B, b.T,
-                          scratch.data());
+  for (const Batch& b : kBatches) CheckLayer(s, md.blocks[1], b.B, b.T);
+}
 
-    const gpu::DeviceSpan p = Put(ToFloat(pd)), xi = Put(ToFloat(x)), d = Put(ToFloat(dy));
-    const gpu::DeviceSpan y = Poisoned(N * C), dx = Poisoned(N * C), g = Poisoned(pd.size());
-    const size_t scratch_elems = cuda::CudaLayerScratchElems(s, b.B, b.T);
-    const gpu::DeviceSpan sc = GuardedScratch(scratch_elems);
-    Status st = cuda::CudaLayerForward(s, *stream_, p.as<float>(), xi.as<float>(), y.as<float>(),
-                                       b.B, b.T, sc.as<float>());
-    ASSERT_TRUE(st.ok()) << st.ToString();
-    st = cuda::CudaLayerBackward(s, *stream_, p.as<float>(), xi.as<float>(), d.as<float>(),
-                                 dx.as<float>(), g.as<float>(), b.B, b.T, sc.as<float>());
-    ASSERT_TRUE(st.ok()) << st.ToString();
-    Sync();
-    ExpectGuardIntact(sc, scratch_elems, "the layer");
-    const double L = LayerChain(s, b.B, b.T);
-    ExpectClose(Get(y, N * C), y_ref, L, "x_out");
-    ExpectClose(Get(dx, N * C), dx_ref, 2 * L, "dx_in");
-    const std::vector<float> grads = Get(g, pd.size());
-    for (const TensorInfo& t : LayerTensors(s)) {
-      const std::vector<float> got(grads.begin() + t.offset,
-                                   grads.begin() + t.offset + t.num_elems);
-      const std::vector<double> ref(g_ref.begin() + t.offset,
-                                    g_ref.begin() + t.offset + t.num_elems);
-      ExpectClose(got, ref, 2 * L, "d" + t.name);
-    }
-  }
+// GPT-2 small's width and head size (C = 768, 12 heads of 64) at T = 256: cuBLAS at
+// realistic shapes, LayerNorm rows of 24 elements per lane, softmax rows of up to 8 per
+// lane, and two groups (G = 1 at T = 256), so the parameter gradients also take the
+// accumulate path.
+TEST_F(GptCudaTest, LayerAtGpt2SmallWidthMatchesTheHostInDouble) {
+  const GptShape s{256, 256, 1, 12, 768};
+  CheckLayer(s, RandomModel(s, 24).blocks[1], 2, 256);
 }
 
 TEST_F(GptCudaTest, HeadForwardAndBackwardMatchTheHostInDouble) {
