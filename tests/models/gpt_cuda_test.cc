@@ -588,17 +588,16 @@ TEST_F(GptCudaTest, LayerBackwardIsBitIdenticalFromRunToRun) {
   }
 }
 
-// Synchronizes after a launch that returned `launched`, prints the outcome and exits the
-// (death-test child) process: 0 when the launch was accepted and the stream then reported
-// a kernel fault, 1 when the stream reported nothing (the bad index was read silently),
-// 2 when the launch itself was refused.
+// Ends a death-test child after a block call that returned `launched`: synchronizes the
+// stream when the call succeeded, prints the outcome and exits with 0 when a kernel fault
+// was reported (by the synchronization, or already by a later launch check inside the
+// call: cudaGetLastError also returns errors of earlier asynchronous kernels), 1 when
+// nothing was reported (the bad index was read silently), 2 when the call was refused by
+// an argument check before launching.
 [[noreturn]] void ExitWithStreamOutcome(const Status& launched, gpu::Stream& stream) {
-  if (!launched.ok()) {
-    std::fprintf(stderr, "launch refused: %s\n", launched.ToString().c_str());
-    std::_Exit(2);
-  }
-  const Status st = stream.Synchronize();
+  const Status st = launched.ok() ? stream.Synchronize() : launched;
   std::fprintf(stderr, "stream: %s\n", st.ToString().c_str());
+  if (st.code() == StatusCode::kInvalidArgument) std::_Exit(2);
   std::_Exit(st.ok() ? 1 : 0);
 }
 
