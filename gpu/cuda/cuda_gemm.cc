@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "gpu/cuda/cublas_loader.h"
+#include "gpu/cuda/cuda_gemm_mapping.h"
 #include "gpu/cuda/cuda_native.h"
 #include "gpu/cuda/cuda_status.h"
 
@@ -46,8 +47,8 @@ Status CheckGemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, co
         "fp32->fp32)",
         DTypeName(ab_dtype), DTypeName(c_dtype)));
   }
-  const int64_t a_row = trans_a ? M : K;
-  const int64_t b_row = trans_b ? K : N;
+  const LeadingDims min_ld = RowMajorMinLeadingDims(trans_a, trans_b, M, N, K);
+  const int64_t a_row = min_ld.lda, b_row = min_ld.ldb;
   if (!FitsInt(lda) || !FitsInt(ldb) || !FitsInt(ldc) || lda < std::max<int64_t>(a_row, 1) ||
       ldb < std::max<int64_t>(b_row, 1) || ldc < std::max<int64_t>(N, 1)) {
     return InvalidArgumentError(fmt::format(
@@ -81,12 +82,13 @@ Status Gemm(Stream& stream, bool trans_a, bool trans_b, int64_t M, int64_t N, in
   STRATA_ASSIGN_OR_RETURN(cublasHandle_t handle, CublasHandle(stream));
   STRATA_ASSIGN_OR_RETURN(const CublasApi* blas, Cublas());  // loaded: the handle came from it
   const cudaDataType_t ab = CudaType(ab_dtype);
-  // Column-major C^T(N, M) = op(B)^T(N, K) * op(A)^T(K, M).
-  STRATA_CUBLAS_RETURN_IF_ERROR(
-      blas->GemmEx(handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
-                   static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), &alpha, B, ab,
-                   static_cast<int>(ldb), A, ab, static_cast<int>(lda), &beta, C, CudaType(c_dtype),
-                   static_cast<int>(ldc), ComputeType(ab_dtype, options), CUBLAS_GEMM_DEFAULT));
+  // Column-major C^T(N, M) = op(B)^T(N, K) * op(A)^T(K, M): cuBLAS' A is B (cuda_gemm_mapping.h).
+  const ColumnMajorGemm g = RowMajorAsColumnMajor(trans_a, trans_b, M, N, K, lda, ldb, ldc);
+  STRATA_CUBLAS_RETURN_IF_ERROR(blas->GemmEx(
+      handle, g.transa ? CUBLAS_OP_T : CUBLAS_OP_N, g.transb ? CUBLAS_OP_T : CUBLAS_OP_N,
+      static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k), &alpha, B, ab,
+      static_cast<int>(g.lda), A, ab, static_cast<int>(g.ldb), &beta, C, CudaType(c_dtype),
+      static_cast<int>(g.ldc), ComputeType(ab_dtype, options), CUBLAS_GEMM_DEFAULT));
   return Status::Ok();
 }
 
@@ -111,11 +113,12 @@ Status GemmStridedBatched(Stream& stream, bool trans_a, bool trans_b, int64_t M,
   STRATA_ASSIGN_OR_RETURN(cublasHandle_t handle, CublasHandle(stream));
   STRATA_ASSIGN_OR_RETURN(const CublasApi* blas, Cublas());  // loaded: the handle came from it
   const cudaDataType_t ab = CudaType(ab_dtype);
+  const ColumnMajorGemm g = RowMajorAsColumnMajor(trans_a, trans_b, M, N, K, lda, ldb, ldc);
   STRATA_CUBLAS_RETURN_IF_ERROR(blas->GemmStridedBatchedEx(
-      handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
-      static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), &alpha, B, ab,
-      static_cast<int>(ldb), stride_b, A, ab, static_cast<int>(lda), stride_a, &beta, C,
-      CudaType(c_dtype), static_cast<int>(ldc), stride_c, static_cast<int>(batch_count),
+      handle, g.transa ? CUBLAS_OP_T : CUBLAS_OP_N, g.transb ? CUBLAS_OP_T : CUBLAS_OP_N,
+      static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k), &alpha, B, ab,
+      static_cast<int>(g.lda), stride_b, A, ab, static_cast<int>(g.ldb), stride_a, &beta, C,
+      CudaType(c_dtype), static_cast<int>(g.ldc), stride_c, static_cast<int>(batch_count),
       ComputeType(ab_dtype, options), CUBLAS_GEMM_DEFAULT));
   return Status::Ok();
 }

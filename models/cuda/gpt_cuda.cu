@@ -9,6 +9,7 @@
 #include "gpu/cuda/cuda_status.h"
 #include "models/cuda/gpt_cuda.cuh"
 #include "models/cuda/gpt_cuda.h"
+#include "models/cuda/gpt_cuda_layout.h"
 #include "models/gpt_layout.h"
 
 namespace strata::models::cuda {
@@ -551,6 +552,7 @@ StatusOr<cudaStream_t> Prepare(const char* what, const GptShape& s, gpu::Stream&
   return gpu::NativeStream(stream);
 }
 
+// The scratch regions of a micro-batch (gpt_cuda_layout.h) as pointers.
 struct LayerScratch {
   float* mean1;  // (R)
   float* rstd1;  // (R)
@@ -558,100 +560,100 @@ struct LayerScratch {
   float* rstd2;  // (R)
   float* qkv;    // (R, 3C)
   float* probs;  // (G, H, T, T)
-  float* work;   // max(8 R C, 5 R C + G H T T)
+  float* work;   // CudaLayerWorkLayout
 };
 
 LayerScratch CarveLayerScratch(const GptShape& s, int B, int T, float* scratch) {
-  const int64_t G = CudaLayerGroupSeqs(B, T), R = G * T, C = s.channels;
-  LayerScratch sc;
-  float* p = scratch;
-  sc.mean1 = p, p += R;
-  sc.rstd1 = p, p += R;
-  sc.mean2 = p, p += R;
-  sc.rstd2 = p, p += R;
-  sc.qkv = p, p += 3 * R * C;
-  sc.probs = p, p += G * s.num_heads * int64_t{T} * T;
-  sc.work = p;
-  return sc;
+  const CudaLayerScratchLayout l = CudaLayerScratchLayoutFor(s, B, T);
+  return {scratch + l.mean1.offset, scratch + l.rstd1.offset, scratch + l.mean2.offset,
+          scratch + l.rstd2.offset, scratch + l.qkv.offset,   scratch + l.probs.offset,
+          scratch + l.work.offset};
 }
 
-struct AttnDims {
-  int64_t seqs, T, C, H, hs;
-  float scale() const { return 1.0f / sqrtf(static_cast<float>(hs)); }
+// Device pointers of the attention's buffers (AttnBuffer order); read through `in`,
+// written through `out` (null where a buffer is read-only in that pass).
+struct AttnBuffers {
+  const float* in[kNumAttnBuffers] = {};
+  float* out[kNumAttnBuffers] = {};
 };
+
+// One attention GEMM of gpt_cuda_layout.h on the device.
+Status RunAttnGemm(gpu::Stream& s, const AttnGemm& g, const AttnBuffers& p) {
+  auto in = [&p](const AttnOperand& o) { return p.in[static_cast<int>(o.buffer)] + o.offset; };
+  float* c = p.out[static_cast<int>(g.c.buffer)];
+  STRATA_CHECK_MSG(c != nullptr && p.in[static_cast<int>(g.a.buffer)] != nullptr &&
+                       p.in[static_cast<int>(g.b.buffer)] != nullptr,
+                   "attention GEMM on a buffer that this pass does not provide");
+  return GemmBatched(s, g.trans_a, g.trans_b, g.M, g.N, g.K, g.alpha, in(g.a), g.a.ld, g.a.stride,
+                     in(g.b), g.b.ld, g.b.stride, 0.0f, c + g.c.offset, g.c.ld, g.c.stride,
+                     g.batch);
+}
 
 // probs (seqs, H, T, T) = causal softmax(scale q k^T) per (sequence, head), then
 // y (seqs, T, C) = probs v. One strided-batched GEMM per head over the sequences.
-Status AttentionForward(gpu::Stream& s, cudaStream_t cs, const AttnDims& d, const float* qkv,
+Status AttentionForward(gpu::Stream& s, cudaStream_t cs, const AttnShape& d, const float* qkv,
                         float* probs, float* y) {
-  const int64_t T = d.T, C = d.C, ld3 = 3 * C, TT = T * T, sq = T * ld3;
-  for (int64_t h = 0; h < d.H; ++h) {
-    const float* q = qkv + h * d.hs;
-    STRATA_RETURN_IF_ERROR(GemmBatched(s, false, true, T, T, d.hs, d.scale(), q, ld3, sq, q + C,
-                                       ld3, sq, 0.0f, probs + h * TT, T, d.H * TT, d.seqs));
-  }
-  STRATA_RETURN_IF_ERROR(LaunchCausalSoftmaxForward(cs, probs, d.seqs * d.H, static_cast<int>(T)));
-  for (int64_t h = 0; h < d.H; ++h) {
-    STRATA_RETURN_IF_ERROR(GemmBatched(s, false, false, T, d.hs, T, 1.0f, probs + h * TT, T,
-                                       d.H * TT, qkv + 2 * C + h * d.hs, ld3, sq, 0.0f,
-                                       y + h * d.hs, C, T * C, d.seqs));
-  }
+  AttnBuffers p;
+  p.in[static_cast<int>(AttnBuffer::kQkv)] = qkv;
+  p.in[static_cast<int>(AttnBuffer::kProbs)] = probs;
+  p.out[static_cast<int>(AttnBuffer::kProbs)] = probs;
+  p.out[static_cast<int>(AttnBuffer::kOut)] = y;
+  for (int64_t h = 0; h < d.H; ++h) STRATA_RETURN_IF_ERROR(RunAttnGemm(s, AttnScoresGemm(d, h), p));
+  STRATA_RETURN_IF_ERROR(
+      LaunchCausalSoftmaxForward(cs, probs, d.seqs * d.H, static_cast<int>(d.T)));
+  for (int64_t h = 0; h < d.H; ++h) STRATA_RETURN_IF_ERROR(RunAttnGemm(s, AttnValuesGemm(d, h), p));
   return Status::Ok();
 }
 
-Status AttentionValues(gpu::Stream& s, const AttnDims& d, const float* qkv, const float* probs,
+// y recomputed from the saved probabilities.
+Status AttentionValues(gpu::Stream& s, const AttnShape& d, const float* qkv, const float* probs,
                        float* y) {
-  const int64_t T = d.T, C = d.C, ld3 = 3 * C, TT = T * T, sq = T * ld3;
-  for (int64_t h = 0; h < d.H; ++h) {
-    STRATA_RETURN_IF_ERROR(GemmBatched(s, false, false, T, d.hs, T, 1.0f, probs + h * TT, T,
-                                       d.H * TT, qkv + 2 * C + h * d.hs, ld3, sq, 0.0f,
-                                       y + h * d.hs, C, T * C, d.seqs));
-  }
+  AttnBuffers p;
+  p.in[static_cast<int>(AttnBuffer::kQkv)] = qkv;
+  p.in[static_cast<int>(AttnBuffer::kProbs)] = probs;
+  p.out[static_cast<int>(AttnBuffer::kOut)] = y;
+  for (int64_t h = 0; h < d.H; ++h) STRATA_RETURN_IF_ERROR(RunAttnGemm(s, AttnValuesGemm(d, h), p));
   return Status::Ok();
 }
 
 // dqkv (seqs, T, 3C) from dy (seqs, T, C). probs is overwritten with the score
 // gradients; dprobs: seqs H T T elements of scratch.
-Status AttentionBackward(gpu::Stream& s, cudaStream_t cs, const AttnDims& d, const float* qkv,
+Status AttentionBackward(gpu::Stream& s, cudaStream_t cs, const AttnShape& d, const float* qkv,
                          float* probs, const float* dy, float* dqkv, float* dprobs) {
-  const int64_t T = d.T, C = d.C, ld3 = 3 * C, TT = T * T, sq = T * ld3, HTT = d.H * TT;
+  AttnBuffers p;
+  p.in[static_cast<int>(AttnBuffer::kQkv)] = qkv;
+  p.in[static_cast<int>(AttnBuffer::kProbs)] = probs;
+  p.in[static_cast<int>(AttnBuffer::kOut)] = dy;
+  p.in[static_cast<int>(AttnBuffer::kDprobs)] = dprobs;
+  p.out[static_cast<int>(AttnBuffer::kDqkv)] = dqkv;
+  p.out[static_cast<int>(AttnBuffer::kDprobs)] = dprobs;
   for (int64_t h = 0; h < d.H; ++h) {
-    const float* v = qkv + 2 * C + h * d.hs;
-    const float* g = dy + h * d.hs;
-    // dv = p^T g;  dp = g v^T.
-    STRATA_RETURN_IF_ERROR(GemmBatched(s, true, false, T, d.hs, T, 1.0f, probs + h * TT, T, HTT, g,
-                                       C, T * C, 0.0f, dqkv + 2 * C + h * d.hs, ld3, sq, d.seqs));
-    STRATA_RETURN_IF_ERROR(GemmBatched(s, false, true, T, T, d.hs, 1.0f, g, C, T * C, v, ld3, sq,
-                                       0.0f, dprobs + h * TT, T, HTT, d.seqs));
+    STRATA_RETURN_IF_ERROR(RunAttnGemm(s, AttnGradValuesGemm(d, h), p));  // dv = p^T dy
+    STRATA_RETURN_IF_ERROR(RunAttnGemm(s, AttnGradProbsGemm(d, h), p));   // dp = dy v^T
   }
   STRATA_RETURN_IF_ERROR(
-      LaunchCausalSoftmaxBackward(cs, probs, dprobs, d.seqs * d.H, static_cast<int>(T)));
+      LaunchCausalSoftmaxBackward(cs, probs, dprobs, d.seqs * d.H, static_cast<int>(d.T)));
   for (int64_t h = 0; h < d.H; ++h) {
-    const float* q = qkv + h * d.hs;
-    // dq = scale ds k;  dk = scale ds^T q.
-    STRATA_RETURN_IF_ERROR(GemmBatched(s, false, false, T, d.hs, T, d.scale(), probs + h * TT, T,
-                                       HTT, q + C, ld3, sq, 0.0f, dqkv + h * d.hs, ld3, sq,
-                                       d.seqs));
-    STRATA_RETURN_IF_ERROR(GemmBatched(s, true, false, T, d.hs, T, d.scale(), probs + h * TT, T,
-                                       HTT, q, ld3, sq, 0.0f, dqkv + C + h * d.hs, ld3, sq,
-                                       d.seqs));
+    STRATA_RETURN_IF_ERROR(RunAttnGemm(s, AttnGradQueriesGemm(d, h), p));  // dq = scale ds k
+    STRATA_RETURN_IF_ERROR(RunAttnGemm(s, AttnGradKeysGemm(d, h), p));     // dk = scale ds^T q
   }
   return Status::Ok();
 }
 
 // Forward of one group, as the host's LayerForwardGroup: x (r, C) -> x2 (written to
-// x2); with mlp_output x2 becomes the layer output, else it stops after the GELU.
-// Work area afterwards: fc pre-activation at [0, 4rC), GELU output at [4rC, 8rC).
+// x2); with mlp_output x2 becomes the layer output, else it stops after the GELU
+// (fch and gelu of CudaLayerWorkLayout then hold what the backward needs).
 Status LayerForwardGroup(gpu::Stream& s, cudaStream_t cs, const GptShape& shape,
                          const LayerParams<const float*>& p, const float* x, float* x2,
                          int64_t seqs, int T, const LayerScratch& sc, bool mlp_output) {
   const int64_t C = shape.channels, r = seqs * T;
-  const AttnDims dims{seqs, T, C, shape.num_heads, C / shape.num_heads};
-  float* ln1 = sc.work;
-  float* atty = sc.work;
-  float* fch = sc.work;
-  float* ln2 = sc.work + 4 * r * C;
-  float* gelu = sc.work + 4 * r * C;
+  const AttnShape dims{seqs, T, C, shape.num_heads};
+  const CudaLayerWorkLayout wl = CudaLayerWorkLayoutFor(shape, seqs, T);
+  float* ln1 = sc.work + wl.ln1.offset;
+  float* atty = sc.work + wl.atty.offset;
+  float* fch = sc.work + wl.fch.offset;
+  float* ln2 = sc.work + wl.ln2.offset;
+  float* gelu = sc.work + wl.gelu.offset;
 
   STRATA_RETURN_IF_ERROR(
       LaunchLayerNormForward(cs, x, p.ln1_w, p.ln1_b, r, C, ln1, sc.mean1, sc.rstd1));
@@ -682,8 +684,9 @@ Status LayerBackwardGroup(gpu::Stream& s, cudaStream_t cs, const GptShape& shape
                           const LayerParams<const float*>& p, const LayerParams<float*>& dp,
                           const float* x, const float* dout, float* dx, int64_t seqs, int T,
                           const LayerScratch& sc, bool accumulate) {
-  const int64_t C = shape.channels, r = seqs * T, rC = r * C;
-  const AttnDims dims{seqs, T, C, shape.num_heads, C / shape.num_heads};
+  const int64_t C = shape.channels, r = seqs * T;
+  const AttnShape dims{seqs, T, C, shape.num_heads};
+  const CudaLayerWorkLayout wl = CudaLayerWorkLayoutFor(shape, seqs, T);
   const float beta = accumulate ? 1.0f : 0.0f;
   float* w = sc.work;
 
@@ -691,20 +694,20 @@ Status LayerBackwardGroup(gpu::Stream& s, cudaStream_t cs, const GptShape& shape
   const float* x2 = dx;
 
   // MLP projection.
-  float* fch = w;
-  float* gelu = w + 4 * rC;
+  float* fch = w + wl.fch.offset;
+  float* gelu = w + wl.gelu.offset;
   STRATA_RETURN_IF_ERROR(
       Gemm(s, true, false, 4 * C, C, r, 1.0f, gelu, 4 * C, dout, C, beta, dp.mlp_proj_w, C));
   STRATA_RETURN_IF_ERROR(LaunchColumnSums(cs, dout, r, C, dp.mlp_proj_b, accumulate));
-  float* dfch = w + 4 * rC;  // replaces gelu
+  float* dfch = w + wl.dfch.offset;  // replaces gelu
   STRATA_RETURN_IF_ERROR(
       Gemm(s, false, true, r, 4 * C, C, 1.0f, dout, C, p.mlp_proj_w, C, 0.0f, dfch, 4 * C));
   STRATA_RETURN_IF_ERROR(LaunchGeluBackward(cs, fch, dfch, r * 4 * C, dfch));
 
   // MLP fc; ln2 recomputed over the dead fch.
   STRATA_RETURN_IF_ERROR(LaunchColumnSums(cs, dfch, r, 4 * C, dp.fc_b, accumulate));
-  float* ln2 = w;
-  float* dln2 = w + rC;
+  float* ln2 = w + wl.ln2_again.offset;
+  float* dln2 = w + wl.dln2.offset;
   STRATA_RETURN_IF_ERROR(
       LaunchLayerNormApply(cs, x2, p.ln2_w, p.ln2_b, sc.mean2, sc.rstd2, r, C, ln2));
   STRATA_RETURN_IF_ERROR(
@@ -719,8 +722,8 @@ Status LayerBackwardGroup(gpu::Stream& s, cudaStream_t cs, const GptShape& shape
       LaunchLayerNormInputGrad(cs, x2, p.ln2_w, dln2, sc.mean2, sc.rstd2, dout, r, C, dx));
 
   // Attention projection; atty recomputed.
-  float* atty = w;
-  float* datty = w + rC;
+  float* atty = w + wl.atty_again.offset;
+  float* datty = w + wl.datty.offset;
   STRATA_RETURN_IF_ERROR(AttentionValues(s, dims, sc.qkv, sc.probs, atty));
   STRATA_RETURN_IF_ERROR(
       Gemm(s, true, false, C, C, r, 1.0f, atty, C, dx, C, beta, dp.attn_proj_w, C));
@@ -728,15 +731,15 @@ Status LayerBackwardGroup(gpu::Stream& s, cudaStream_t cs, const GptShape& shape
   STRATA_RETURN_IF_ERROR(
       Gemm(s, false, true, r, C, C, 1.0f, dx, C, p.attn_proj_w, C, 0.0f, datty, C));
 
-  // Attention core: dqkv at [2rC, 5rC), the probability gradients after it.
-  float* dqkv = w + 2 * rC;
-  float* dprobs = w + 5 * rC;
+  // Attention core: dqkv, then the probability gradients of the whole group.
+  float* dqkv = w + wl.dqkv.offset;
+  float* dprobs = w + wl.dprobs.offset;
   STRATA_RETURN_IF_ERROR(AttentionBackward(s, cs, dims, sc.qkv, sc.probs, datty, dqkv, dprobs));
 
   // qkv = ln1 Wqkv + bqkv; ln1 recomputed.
   STRATA_RETURN_IF_ERROR(LaunchColumnSums(cs, dqkv, r, 3 * C, dp.qkv_b, accumulate));
-  float* ln1 = w;
-  float* dln1 = w + rC;
+  float* ln1 = w + wl.ln1_again.offset;
+  float* dln1 = w + wl.dln1.offset;
   STRATA_RETURN_IF_ERROR(
       LaunchLayerNormApply(cs, x, p.ln1_w, p.ln1_b, sc.mean1, sc.rstd1, r, C, ln1));
   STRATA_RETURN_IF_ERROR(

@@ -3,7 +3,7 @@
 // recompute-from-x_in activation checkpointing), launched on a CUDA stream.
 //
 // This header is plain C++ (no CUDA headers), so models/gpt.cc includes it in every
-// build; the scratch sizes below are always available, the block functions are
+// build; the scratch sizes (gpt_cuda_layout.h) are always available, the block functions are
 // defined only when the binary has the CUDA backend (STRATA_HAVE_CUDA). The per-op
 // kernels behind them are in models/cuda/gpt_cuda.cuh.
 //
@@ -21,9 +21,12 @@
 //     running kernels surface at the stream's next synchronization.
 //   - Token and target values cannot be checked on the host (they are in device
 //     memory): a value outside [0, V) stops the kernel that reads it with a device
-//     trap (the stream then reports cudaErrorLaunchFailure), never an out-of-bounds
-//     access. The caller validates data, as for the host kernels.
-//   - Nothing is allocated: intermediate values live in `scratch` (sizes below) and
+//     trap, never an out-of-bounds access. A trap is a kernel fault: the next
+//     synchronization reports it (cudaErrorLaunchFailure), and the CUDA context of the
+//     whole process is then unusable (every later CUDA call fails; only a new process
+//     recovers), as with any fault. So the caller validates data, as for the host
+//     kernels (whose check is a STRATA_CHECK).
+//   - Nothing is allocated: intermediate values live in `scratch` (sizes in gpt_cuda_layout.h) and
 //     cuBLAS uses the stream's own workspace (gpu/cuda/cuda_native.h).
 //   - Matrix products go through gpu::cuda::Gemm / GemmStridedBatched with fp32 inputs,
 //     fp32 accumulation and TF32 off. Reductions use a fixed order and a fixed launch
@@ -36,40 +39,17 @@
 //     concurrent calls must not share output or scratch buffers.
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 
 #include "base/status.h"
 #include "gpu/device.h"
+#include "models/cuda/gpt_cuda_layout.h"
 #include "models/gpt_kernels.h"
 
 namespace strata::models::cuda {
 
-// Sequences per group of the CUDA layer (as the host's: whole sequences, at least 256
-// rows per matrix product when B allows): min(B, ceil(256 / T)). B, T >= 1.
-inline int64_t CudaLayerGroupSeqs(int B, int T) {
-  return std::min<int64_t>(B, std::max<int64_t>(1, (256 + T - 1) / T));
-}
-
-// Scratch of CudaLayerForward / CudaLayerBackward in fp32 elements. With G =
-// CudaLayerGroupSeqs(B, T), R = G T rows, H heads:
-//   4 R (LayerNorm mean, rstd x2) + 3 R C (qkv) + G H T^2 (attention probabilities)
-//   + max(8 R C, 5 R C + G H T^2) (work area; the backward keeps the full T x T
-//     probability gradients of the group there, where the host keeps row blocks).
-// Not smaller than the host's LayerScratchElems for any shape (the host's work area
-// is max(8 R C, 5 R C + G H min(T, 64) T)). B >= 1, 1 <= T <= max_seq_len.
-inline int64_t CudaLayerScratchElems(const GptShape& s, int B, int T) {
-  const int64_t G = CudaLayerGroupSeqs(B, T), R = G * T, C = s.channels;
-  const int64_t probs = G * s.num_heads * int64_t{T} * T;
-  return 4 * R + 3 * R * C + probs + std::max(8 * R * C, 5 * R * C + probs);
-}
-
-// Scratch of CudaHeadForward / CudaHeadBackward in fp32 elements: the host's
-// HeadScratchElems, B T C (final LayerNorm output) + 3 B T (mean, rstd, per-token loss).
-inline int64_t CudaHeadScratchElems(const GptShape& s, int B, int T) {
-  const int64_t N = int64_t{B} * T;
-  return N * s.channels + 3 * N;
-}
+// CudaLayerGroupSeqs, CudaLayerScratchElems and CudaHeadScratchElems (the scratch sizes
+// of the blocks below) are in models/cuda/gpt_cuda_layout.h, with the layout behind them.
 
 // x_out[b, t] = wte[tokens[b, t]] + wpe[t]. params: embedding chunk; tokens (B, T);
 // x_out (B, T, C). Bit-identical to the host's EmbeddingForward.

@@ -55,6 +55,19 @@ double Elem(const std::vector<std::byte>& raw, DType t, size_t i) {
   return t == DType::kF16 ? HalfToFloat(h) : Bf16ToFloat(h);
 }
 
+// One quiet NaN of `t`, raw (0x7e00 would be NaN in fp16 but the finite 2^125 in bf16).
+std::vector<std::byte> NaNElem(DType t) {
+  std::vector<std::byte> out(SizeOf(t));
+  if (t == DType::kF32) {
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    std::memcpy(out.data(), &nan, 4);
+  } else {
+    const uint16_t nan = t == DType::kF16 ? 0x7e00 : 0x7fc0;
+    std::memcpy(out.data(), &nan, 2);
+  }
+  return out;
+}
+
 double UnitRoundoff(DType t) {
   return t == DType::kF32 ? 0x1p-24 : (t == DType::kF16 ? 0x1p-11 : 0x1p-8);
 }
@@ -89,14 +102,9 @@ class CudaGemmTest : public CudaTest {
     const Matrix B = Random(c.ab, sb * c.batch, rng);
     Matrix C0 = Random(c.c, sc * c.batch, rng);
     if (c.beta == 0.0f) {  // C must not be read: fill it with NaN
+      const std::vector<std::byte> nan = NaNElem(c.c);
       for (int64_t i = 0; i < sc * c.batch; ++i) {
-        if (c.c == DType::kF32) {
-          const float nan = std::numeric_limits<float>::quiet_NaN();
-          std::memcpy(&C0.raw[i * 4], &nan, 4);
-        } else {
-          const uint16_t nan = 0x7e00;
-          std::memcpy(&C0.raw[i * 2], &nan, 2);
-        }
+        std::memcpy(&C0.raw[i * nan.size()], nan.data(), nan.size());
       }
     }
     DeviceSpan dA = Carve(A.raw.size()), dB = Carve(B.raw.size()), dC = Carve(C0.raw.size());
@@ -178,10 +186,18 @@ TEST_F(CudaGemmTest, MatchesADoubleReferenceOnOddShapesAllDtypesAndTransposes) {
 }
 
 TEST_F(CudaGemmTest, BetaZeroDoesNotReadC) {
-  for (DType t : {DType::kF32, DType::kBF16}) {
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
     Case c{false, true, 33, 7, 129, t, t};
     c.beta = 0.0f;
     Check(c, 77);
+  }
+}
+
+// The poison of BetaZeroDoesNotReadC is NaN in every output type (else reading C with
+// beta 0 would go unnoticed). No GPU needed.
+TEST(CudaGemmPoison, IsNaNInEveryOutputType) {
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
+    EXPECT_TRUE(std::isnan(Elem(NaNElem(t), t, 0))) << DTypeName(t);
   }
 }
 
