@@ -6,7 +6,7 @@
 #   device run: command "bash scripts/gpu_session.sh", carry [".gpudebs"], timeout_s 600
 #
 # Steps, each time-limited, each run even when an earlier one failed; the whole stays under
-# $STRATA_SESSION_BUDGET_S (default 560 s):
+# $STRATA_SESSION_BUDGET_S (default 550 s; a step past its limit is killed 10 s later at most):
 #   env        nvidia-smi, CPU, memory, disk, compilers
 #   deps       the libraries of scripts/install-deps.sh: present, or unpacked from .gpudebs/*.deb
 #              into /tmp/strata-gpudeps (dpkg-deb -x; nothing is installed into /), or installed
@@ -62,7 +62,7 @@ export GPU_SESSION_BUILD_DIR=$build_dir
 
 out=${OUT:-$root/build/gpu-session-out}
 log=$out/session.log
-budget=${STRATA_SESSION_BUDGET_S:-560}
+budget=${STRATA_SESSION_BUDGET_S:-550}
 jobs=${STRATA_JOBS:-16}
 t_start=$SECONDS
 deps_dir=/tmp/strata-gpudeps
