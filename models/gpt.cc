@@ -6,6 +6,10 @@
 
 #include "models/cuda/gpt_cuda.h"
 
+#ifdef STRATA_HAVE_CUDA
+#include "gpu/cuda/cuda_device.h"  // plain C++: ScopedComputeSpan
+#endif
+
 namespace strata::models {
 
 namespace {
@@ -140,17 +144,25 @@ Status NoCudaKernels() {
       "(no nvcc at build time); rebuild with nvcc or use --device host");
 }
 #else
+// The CUDA blocks launch their kernels on the native stream, past the Stream's own operations,
+// so each block call is traced as one compute span (a no-op unless the device traces).
 Status CudaForward(const GptShape& sh, GptModel::Kind kind, const engine::BlockBuffers& b,
                    gpu::Stream& stream) {
   const int B = b.shape.batch_size, T = b.shape.seq_len;
   switch (kind) {
-    case GptModel::Kind::kEmbedding:
+    case GptModel::Kind::kEmbedding: {
+      gpu::ScopedComputeSpan span(stream, "embedding forward");
       return cuda::CudaEmbeddingForward(sh, stream, b.params, b.tokens, B, T, b.x_out);
-    case GptModel::Kind::kLayer:
+    }
+    case GptModel::Kind::kLayer: {
+      gpu::ScopedComputeSpan span(stream, "layer forward");
       return cuda::CudaLayerForward(sh, stream, b.params, b.x_in, b.x_out, B, T, b.scratch);
-    case GptModel::Kind::kHead:
+    }
+    case GptModel::Kind::kHead: {
+      gpu::ScopedComputeSpan span(stream, "head forward");
       return cuda::CudaHeadForward(sh, stream, b.params, b.x_in, b.targets, B, T, b.logits,
                                    b.scratch, b.loss);
+    }
   }
   return InternalError("unreachable");
 }
@@ -159,14 +171,21 @@ Status CudaBackward(const GptShape& sh, GptModel::Kind kind, const engine::Block
                     gpu::Stream& stream) {
   const int B = b.shape.batch_size, T = b.shape.seq_len;
   switch (kind) {
-    case GptModel::Kind::kEmbedding:
+    case GptModel::Kind::kEmbedding: {
+      gpu::ScopedComputeSpan span(stream, "embedding backward");
       return cuda::CudaEmbeddingBackward(sh, stream, b.tokens, b.dx_out, B, T, b.grads);
-    case GptModel::Kind::kLayer:
+    }
+    case GptModel::Kind::kLayer: {
+      // Includes the recomputed forward (activation checkpointing).
+      gpu::ScopedComputeSpan span(stream, "layer backward");
       return cuda::CudaLayerBackward(sh, stream, b.params, b.x_in, b.dx_out, b.dx_in, b.grads, B, T,
                                      b.scratch);
-    case GptModel::Kind::kHead:
+    }
+    case GptModel::Kind::kHead: {
+      gpu::ScopedComputeSpan span(stream, "head backward");
       return cuda::CudaHeadBackward(sh, stream, b.params, b.x_in, b.targets, b.dloss, B, T, b.dx_in,
                                     b.grads, b.logits, b.scratch);
+    }
   }
   return InternalError("unreachable");
 }

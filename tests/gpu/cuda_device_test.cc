@@ -4,14 +4,20 @@
 #include "gpu/cuda/cuda_device.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include "base/trace.h"
 #include "gpu/cuda/cublas_loader.h"
 #include "gpu/cuda/cuda_native.h"
 #include "tests/gpu/cuda_test_util.h"
@@ -253,6 +259,290 @@ TEST_F(CudaTest, CublasHandleIsCreatedOncePerStreamAndBoundToIt) {
   auto h3 = CublasHandle(**other);
   ASSERT_TRUE(h3.ok());
   EXPECT_NE(*h3, *h1);
+}
+
+// ---- Tracing (cuda_device.h "Tracing") ----
+
+// One complete event of a Chrome trace, times in nanoseconds of TraceRecorder::NowNs().
+struct TracedSpan {
+  std::string name;
+  std::string category;
+  double begin_ns = 0;
+  double end_ns = 0;
+};
+
+// The spans recorded on `track`, in time order, read back through the Chrome trace the recorder
+// writes (what `strata train --trace` writes).
+std::vector<TracedSpan> SpansOn(const trace::TraceRecorder& recorder, int track) {
+  const std::string path =
+      ::testing::TempDir() + "/strata_cuda_trace_" + std::to_string(::getpid()) + ".json";
+  const Status s = recorder.WriteChromeTrace(path);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  std::ifstream in(path);
+  const nlohmann::json j = nlohmann::json::parse(in);
+  std::vector<TracedSpan> out;
+  for (const auto& e : j["traceEvents"]) {
+    if (e["ph"] != "X" || e["tid"].get<int>() != track) continue;
+    const double ts_us = e["ts"].get<double>(), dur_us = e["dur"].get<double>();
+    out.push_back({e["name"].get<std::string>(), e["cat"].get<std::string>(), ts_us * 1e3,
+                   (ts_us + dur_us) * 1e3});
+  }
+  std::sort(out.begin(), out.end(),
+            [](const TracedSpan& a, const TracedSpan& b) { return a.begin_ns < b.begin_ns; });
+  return out;
+}
+
+// How far a span may stray outside the host times around it: the clock anchor's error (half
+// its host window, microseconds) plus cudaEventElapsedTime's resolution, with a wide margin.
+// A wrong mapping (units, sign, offset) is off by milliseconds or more.
+constexpr double kClockToleranceNs = 200'000;
+
+// Every span on its track lies within [before_ns, after_ns] (with the tolerance), lasts a
+// positive time, and starts no earlier than the previous one ended.
+void ExpectWithinAndNotOverlapping(const std::vector<TracedSpan>& spans, int64_t before_ns,
+                                   int64_t after_ns) {
+  for (size_t i = 0; i < spans.size(); ++i) {
+    const TracedSpan& s = spans[i];
+    EXPECT_GT(s.end_ns, s.begin_ns) << s.name;
+    EXPECT_GE(s.begin_ns, before_ns - kClockToleranceNs) << s.name;
+    EXPECT_LE(s.end_ns, after_ns + kClockToleranceNs) << s.name;
+    if (i > 0) {  // 1 ns: the trace file's microsecond doubles round
+      EXPECT_GE(s.begin_ns, spans[i - 1].end_ns - 1.0) << s.name << " overlaps its predecessor";
+    }
+  }
+}
+
+// A traced CUDA device (events kept) with a 256 MiB arena. Skips without a GPU.
+class TracedCudaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    STRATA_SKIP_WITHOUT_CUDA();
+    CudaDeviceOptions o;
+    o.pinned_budget_bytes = size_t{1} << 30;
+    o.trace = &recorder_;
+    auto dev = CreateCudaDevice(o);
+    ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+    device_ = std::move(*dev);
+    auto arena = device_->CreateArena(size_t{256} << 20);
+    ASSERT_TRUE(arena.ok()) << arena.status().ToString();
+    arena_ = std::move(*arena);
+  }
+  void TearDown() override {
+    arena_.reset();
+    device_.reset();
+  }
+
+  std::unique_ptr<Stream> MakeStream(const std::string& name) {
+    auto s = device_->CreateStream(name);
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    return s.ok() ? std::move(*s) : nullptr;
+  }
+  DeviceSpan Carve(size_t size_bytes) {
+    auto s = arena_->Carve(size_bytes, "test");
+    STRATA_CHECK_MSG(s.ok(), s.status().ToString());
+    return *s;
+  }
+
+  trace::TraceRecorder recorder_{/*keep_events=*/true};  // outlives the device
+  std::unique_ptr<Device> device_;
+  std::unique_ptr<DeviceArena> arena_;
+};
+
+TEST_F(TracedCudaTest, CopiesConvertAndHostFunctionsAreTimedOnTheStreamsTrackInOrder) {
+  constexpr size_t kBytes = size_t{64} << 20;
+  constexpr int64_t kElems = kBytes / 4;
+  auto src = device_->AllocatePinned(kBytes, "src");
+  auto dst = device_->AllocatePinned(kBytes, "dst");
+  ASSERT_TRUE(src.ok() && dst.ok());
+  for (int64_t i = 0; i < kElems; ++i) src->as<float>()[i] = static_cast<float>(i % 1000) * 0.5f;
+  auto stream = MakeStream("traced");
+  ASSERT_TRUE(stream);
+  const int track = recorder_.RegisterTrack("traced");
+  DeviceSpan f32 = Carve(kBytes);
+  DeviceSpan f16 = Carve(kBytes / 2);
+
+  const int64_t before_ns = recorder_.NowNs();
+  ASSERT_TRUE(stream->CopyH2D(f32, src->span()).ok());
+  ASSERT_TRUE(stream
+                  ->LaunchHost([] {
+                    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+                    return Status::Ok();
+                  })
+                  .ok());
+  ASSERT_TRUE(stream->Convert(f16, DType::kF16, f32, DType::kF32, kElems).ok());
+  ASSERT_TRUE(stream->CopyD2H(dst->span(), f32).ok());
+  ASSERT_TRUE(stream->Synchronize().ok());
+  const int64_t after_ns = recorder_.NowNs();
+  ASSERT_EQ(std::memcmp(dst->data(), src->data(), kBytes), 0);
+
+  // Synchronize returned only after every span was recorded.
+  const std::vector<TracedSpan> spans = SpansOn(recorder_, track);
+  ASSERT_EQ(spans.size(), 4u);
+  EXPECT_EQ(spans[0].name, "H2D copy");
+  EXPECT_EQ(spans[0].category, "h2d");
+  EXPECT_EQ(spans[1].name, "kernel");
+  EXPECT_EQ(spans[1].category, "compute");
+  EXPECT_EQ(spans[2].name, "convert");
+  EXPECT_EQ(spans[2].category, "compute");
+  EXPECT_EQ(spans[3].name, "D2H copy");
+  EXPECT_EQ(spans[3].category, "d2h");
+  ExpectWithinAndNotOverlapping(spans, before_ns, after_ns);
+  // 64 MiB cannot cross PCIe/NVLink-C2C faster than 1 TB/s: a copy span shorter than that is
+  // mis-scaled. The host function slept 2 ms.
+  const double min_copy_ns = static_cast<double>(kBytes) / 1e12 * 1e9;
+  EXPECT_GE(spans[0].end_ns - spans[0].begin_ns, min_copy_ns);
+  EXPECT_GE(spans[3].end_ns - spans[3].begin_ns, min_copy_ns);
+  EXPECT_GE(spans[1].end_ns - spans[1].begin_ns, 2e6);
+
+  const trace::Breakdown b = recorder_.breakdown();
+  EXPECT_GT(b[trace::Category::kH2D], 0.0);
+  EXPECT_GT(b[trace::Category::kD2H], 0.0);
+  EXPECT_GE(b[trace::Category::kCompute], 2e-3);
+  EXPECT_NEAR(b[trace::Category::kH2D], (spans[0].end_ns - spans[0].begin_ns) * 1e-9, 1e-6);
+  EXPECT_EQ(device_->counters().bytes_h2d, kBytes);
+  EXPECT_EQ(device_->counters().bytes_d2h, kBytes);
+}
+
+TEST_F(TracedCudaTest, EachStreamHasItsOwnTrackAndTheHarvesterRecordsWithoutASynchronize) {
+  constexpr size_t kBytes = size_t{16} << 20;
+  auto src = device_->AllocatePinned(kBytes, "src");
+  ASSERT_TRUE(src.ok());
+  auto h2d = MakeStream("h2d");
+  auto d2h = MakeStream("d2h");
+  auto ready = device_->CreateEvent();
+  ASSERT_TRUE(h2d && d2h && ready.ok());
+  DeviceSpan d = Carve(kBytes);
+  const int64_t before_ns = recorder_.NowNs();
+  ASSERT_TRUE(h2d->CopyH2D(d, src->span()).ok());
+  ASSERT_TRUE(h2d->Record(**ready).ok());
+  ASSERT_TRUE(d2h->Wait(**ready).ok());
+  ASSERT_TRUE(d2h->CopyD2H(src->span(), d).ok());
+  ASSERT_TRUE(d2h->Record(**ready).ok());
+  ASSERT_TRUE((*ready)->Synchronize().ok());  // an event wait, not a stream Synchronize
+  const int64_t after_ns = recorder_.NowNs();
+  // The harvester thread records completed spans on its own (it polls every millisecond).
+  for (int i = 0; i < 5000 && recorder_.num_events() < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  const std::vector<TracedSpan> up = SpansOn(recorder_, recorder_.RegisterTrack("h2d"));
+  const std::vector<TracedSpan> down = SpansOn(recorder_, recorder_.RegisterTrack("d2h"));
+  ASSERT_EQ(up.size(), 1u);
+  ASSERT_EQ(down.size(), 1u);
+  EXPECT_EQ(up[0].category, "h2d");
+  EXPECT_EQ(down[0].category, "d2h");
+  ExpectWithinAndNotOverlapping(up, before_ns, after_ns);
+  ExpectWithinAndNotOverlapping(down, before_ns, after_ns);
+  // The D2H waited for the H2D's event: on the GPU's one clock it starts after the H2D ended
+  // (up to the error of two anchors, should the anchor have been renewed in between).
+  EXPECT_GE(down[0].begin_ns, up[0].end_ns - 50'000);
+}
+
+TEST_F(TracedCudaTest, ComputeSpanTimesKernelsLaunchedOnTheNativeStream) {
+  constexpr int kN = 4096;  // SGEMM of 2 N^3 = 137 GFLOP
+  auto stream = MakeStream("compute");
+  ASSERT_TRUE(stream);
+  const int track = recorder_.RegisterTrack("compute");
+  DeviceSpan a = Carve(size_t{kN} * kN * 4), b = Carve(size_t{kN} * kN * 4);
+  DeviceSpan c = Carve(size_t{kN} * kN * 4), h = Carve(size_t{kN} * kN * 2);
+  auto handle = CublasHandle(*stream);
+  ASSERT_TRUE(handle.ok()) << handle.status().ToString();
+  const int64_t before_ns = recorder_.NowNs();
+  {
+    ScopedComputeSpan span(*stream, "test gemm");
+    const float one = 1.0f, zero = 0.0f;
+    ASSERT_EQ(cublasSgemm(*handle, CUBLAS_OP_N, CUBLAS_OP_N, kN, kN, kN, &one, a.as<float>(), kN,
+                          b.as<float>(), kN, &zero, c.as<float>(), kN),
+              CUBLAS_STATUS_SUCCESS);
+    // A Stream operation inside an open span is part of it, not a span of its own.
+    ASSERT_TRUE(stream->Convert(h, DType::kF16, c, DType::kF32, int64_t{kN} * kN).ok());
+    ScopedComputeSpan nested(*stream, "nested");  // spans do not nest: records nothing
+  }
+  ASSERT_TRUE(stream->Synchronize().ok());
+  const int64_t after_ns = recorder_.NowNs();
+  const std::vector<TracedSpan> spans = SpansOn(recorder_, track);
+  ASSERT_EQ(spans.size(), 1u);
+  EXPECT_EQ(spans[0].name, "test gemm");
+  EXPECT_EQ(spans[0].category, "compute");
+  ExpectWithinAndNotOverlapping(spans, before_ns, after_ns);
+  // No GPU does fp32 GEMM (TF32 off) at 1 PFLOP/s: a shorter span is mis-scaled or empty.
+  const double min_ns = 2.0 * kN * kN * kN / 1e15 * 1e9;
+  EXPECT_GE(spans[0].end_ns - spans[0].begin_ns, min_ns);
+  EXPECT_GT(recorder_.breakdown()[trace::Category::kCompute], min_ns * 1e-9);
+  // After the span closed, Stream operations are timed on their own again.
+  ASSERT_TRUE(stream->Convert(h, DType::kF16, c, DType::kF32, 1000).ok());
+  ASSERT_TRUE(stream->Synchronize().ok());
+  EXPECT_EQ(SpansOn(recorder_, track).size(), 2u);
+}
+
+TEST_F(TracedCudaTest, DestroyingAStreamRightAfterEnqueueStillRecordsEverything) {
+  constexpr size_t kBytes = size_t{64} << 20;
+  auto src = device_->AllocatePinned(kBytes, "src");
+  ASSERT_TRUE(src.ok());
+  DeviceSpan d = Carve(kBytes);
+  const int64_t before_ns = recorder_.NowNs();
+  {
+    auto stream = MakeStream("short-lived");
+    ASSERT_TRUE(stream);
+    // More spans than the stream's initial pool of 64 event pairs: unless the harvester keeps
+    // up, the pool grows.
+    for (int i = 0; i < 100; ++i) {
+      ASSERT_TRUE(stream->CopyH2D(d, src->span().subspan(0, kBytes / 100)).ok());
+    }
+    ASSERT_TRUE(stream->CopyH2D(d, src->span()).ok());
+    ASSERT_TRUE(stream->CopyD2H(src->span(), d).ok());
+  }  // destroyed with the copies in flight, no Synchronize
+  const int64_t after_ns = recorder_.NowNs();
+  const std::vector<TracedSpan> spans = SpansOn(recorder_, recorder_.RegisterTrack("short-lived"));
+  ASSERT_EQ(spans.size(), 102u);
+  EXPECT_EQ(spans[100].name, "H2D copy");
+  EXPECT_EQ(spans[101].name, "D2H copy");
+  ExpectWithinAndNotOverlapping(spans, before_ns, after_ns);
+}
+
+TEST_F(TracedCudaTest, SpansAfterTheClockAnchorWasRenewedStayOnTheHostClock) {
+  constexpr size_t kBytes = size_t{32} << 20;
+  auto src = device_->AllocatePinned(kBytes, "src");
+  ASSERT_TRUE(src.ok());
+  auto stream = MakeStream("slow");
+  ASSERT_TRUE(stream);
+  DeviceSpan d = Carve(kBytes);
+  ASSERT_TRUE(stream->CopyH2D(d, src->span()).ok());
+  ASSERT_TRUE(stream->Synchronize().ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // past the 1 s anchor lifetime
+  const int64_t before_ns = recorder_.NowNs();
+  ASSERT_TRUE(stream->CopyH2D(d, src->span()).ok());
+  ASSERT_TRUE(stream->Synchronize().ok());
+  const int64_t after_ns = recorder_.NowNs();
+  const std::vector<TracedSpan> spans = SpansOn(recorder_, recorder_.RegisterTrack("slow"));
+  ASSERT_EQ(spans.size(), 2u);
+  ExpectWithinAndNotOverlapping({spans[1]}, before_ns, after_ns);
+  EXPECT_GE(spans[1].begin_ns - spans[0].end_ns, 2.5e9 - kClockToleranceNs);
+}
+
+TEST(CudaDeviceTracing, WithoutARecorderNothingIsRecordedWithOneTheSameWorkIs) {
+  STRATA_SKIP_WITHOUT_CUDA();
+  trace::TraceRecorder recorder(/*keep_events=*/true);
+  for (const bool traced : {false, true}) {
+    CudaDeviceOptions o;
+    o.pinned_budget_bytes = size_t{64} << 20;
+    o.trace = traced ? &recorder : nullptr;
+    auto dev = CreateCudaDevice(o);
+    ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+    auto arena = (*dev)->CreateArena(size_t{8} << 20);
+    auto pinned = (*dev)->AllocatePinned(size_t{8} << 20, "p");
+    auto stream = (*dev)->CreateStream(traced ? "with" : "without");
+    ASSERT_TRUE(arena.ok() && pinned.ok() && stream.ok());
+    DeviceSpan d = *(*arena)->Carve(size_t{8} << 20, "d");
+    ASSERT_TRUE((*stream)->CopyH2D(d, pinned->span()).ok());
+    {
+      ScopedComputeSpan span(**stream, "untraced span");  // a no-op without a recorder
+      ASSERT_TRUE((*stream)->Convert(d, DType::kF16, d, DType::kF32, 1000).ok());
+    }
+    ASSERT_TRUE((*stream)->LaunchHost([] { return Status::Ok(); }).ok());
+    ASSERT_TRUE((*stream)->CopyD2H(pinned->span(), d).ok());
+    ASSERT_TRUE((*stream)->Synchronize().ok());
+    EXPECT_EQ(recorder.num_events(), traced ? 4u : 0u) << (traced ? "traced" : "untraced");
+  }
 }
 
 }  // namespace
