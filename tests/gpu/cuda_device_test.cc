@@ -19,6 +19,7 @@
 
 #include "base/trace.h"
 #include "gpu/cuda/cublas_loader.h"
+#include "gpu/cuda/cuda_gemm.h"
 #include "gpu/cuda/cuda_native.h"
 #include "tests/gpu/cuda_test_util.h"
 
@@ -444,15 +445,12 @@ TEST_F(TracedCudaTest, ComputeSpanTimesKernelsLaunchedOnTheNativeStream) {
   const int track = recorder_.RegisterTrack("compute");
   DeviceSpan a = Carve(size_t{kN} * kN * 4), b = Carve(size_t{kN} * kN * 4);
   DeviceSpan c = Carve(size_t{kN} * kN * 4), h = Carve(size_t{kN} * kN * 2);
-  auto handle = CublasHandle(*stream);
-  ASSERT_TRUE(handle.ok()) << handle.status().ToString();
   const int64_t before_ns = recorder_.NowNs();
   {
     ScopedComputeSpan span(*stream, "test gemm");
-    const float one = 1.0f, zero = 0.0f;
-    ASSERT_EQ(cublasSgemm(*handle, CUBLAS_OP_N, CUBLAS_OP_N, kN, kN, kN, &one, a.as<float>(), kN,
-                          b.as<float>(), kN, &zero, c.as<float>(), kN),
-              CUBLAS_STATUS_SUCCESS);
+    ASSERT_TRUE(cuda::Gemm(*stream, false, false, kN, kN, kN, 1.0f, a.data, kN, b.data, kN, 0.0f,
+                           c.data, kN, DType::kF32, DType::kF32)
+                    .ok());
     // A Stream operation inside an open span is part of it, not a span of its own.
     ASSERT_TRUE(stream->Convert(h, DType::kF16, c, DType::kF32, int64_t{kN} * kN).ok());
     ScopedComputeSpan nested(*stream, "nested");  // spans do not nest: records nothing
