@@ -48,9 +48,10 @@ std::vector<std::string> GptPresetNames() {
   return v;
 }
 
-StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const GptShape& shape) {
+StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const GptShape& shape,
+                                                     const GptOptions& options) {
   STRATA_RETURN_IF_ERROR(ValidateShape(shape));
-  return std::unique_ptr<GptModel>(new GptModel(shape));
+  return std::unique_ptr<GptModel>(new GptModel(shape, options));
 }
 
 std::string GptModel::description() const {
@@ -146,9 +147,10 @@ Status NoCudaKernels() {
 #else
 // The CUDA blocks launch their kernels on the native stream, past the Stream's own operations,
 // so each block call is traced as one compute span (a no-op unless the device traces).
-Status CudaForward(const GptShape& sh, GptModel::Kind kind, const engine::BlockBuffers& b,
-                   gpu::Stream& stream) {
+Status CudaForward(const GptShape& sh, const GptOptions& options, GptModel::Kind kind,
+                   const engine::BlockBuffers& b, gpu::Stream& stream) {
   const int B = b.shape.batch_size, T = b.shape.seq_len;
+  const cuda::GptCudaOptions o{.allow_tf32 = options.allow_tf32};
   switch (kind) {
     case GptModel::Kind::kEmbedding: {
       gpu::ScopedComputeSpan span(stream, "embedding forward");
@@ -156,20 +158,21 @@ Status CudaForward(const GptShape& sh, GptModel::Kind kind, const engine::BlockB
     }
     case GptModel::Kind::kLayer: {
       gpu::ScopedComputeSpan span(stream, "layer forward");
-      return cuda::CudaLayerForward(sh, stream, b.params, b.x_in, b.x_out, B, T, b.scratch);
+      return cuda::CudaLayerForward(sh, stream, b.params, b.x_in, b.x_out, B, T, b.scratch, o);
     }
     case GptModel::Kind::kHead: {
       gpu::ScopedComputeSpan span(stream, "head forward");
       return cuda::CudaHeadForward(sh, stream, b.params, b.x_in, b.targets, B, T, b.logits,
-                                   b.scratch, b.loss);
+                                   b.scratch, b.loss, o);
     }
   }
   return InternalError("unreachable");
 }
 
-Status CudaBackward(const GptShape& sh, GptModel::Kind kind, const engine::BlockBuffers& b,
-                    gpu::Stream& stream) {
+Status CudaBackward(const GptShape& sh, const GptOptions& options, GptModel::Kind kind,
+                    const engine::BlockBuffers& b, gpu::Stream& stream) {
   const int B = b.shape.batch_size, T = b.shape.seq_len;
+  const cuda::GptCudaOptions o{.allow_tf32 = options.allow_tf32};
   switch (kind) {
     case GptModel::Kind::kEmbedding: {
       gpu::ScopedComputeSpan span(stream, "embedding backward");
@@ -179,12 +182,12 @@ Status CudaBackward(const GptShape& sh, GptModel::Kind kind, const engine::Block
       // Includes the recomputed forward (activation checkpointing).
       gpu::ScopedComputeSpan span(stream, "layer backward");
       return cuda::CudaLayerBackward(sh, stream, b.params, b.x_in, b.dx_out, b.dx_in, b.grads, B, T,
-                                     b.scratch);
+                                     b.scratch, o);
     }
     case GptModel::Kind::kHead: {
       gpu::ScopedComputeSpan span(stream, "head backward");
       return cuda::CudaHeadBackward(sh, stream, b.params, b.x_in, b.targets, b.dloss, B, T, b.dx_in,
-                                    b.grads, b.logits, b.scratch);
+                                    b.grads, b.logits, b.scratch, o);
     }
   }
   return InternalError("unreachable");
@@ -198,7 +201,7 @@ Status GptModel::Forward(int block, const engine::BlockBuffers& b, gpu::Stream& 
   const int B = b.shape.batch_size, T = b.shape.seq_len;
   if (OnCuda(stream)) {
 #ifdef STRATA_HAVE_CUDA
-    return CudaForward(sh, kind(block), b, stream);
+    return CudaForward(sh, options_, kind(block), b, stream);
 #else
     return NoCudaKernels();
 #endif
@@ -230,7 +233,7 @@ Status GptModel::Backward(int block, const engine::BlockBuffers& b, gpu::Stream&
   const int B = b.shape.batch_size, T = b.shape.seq_len;
   if (OnCuda(stream)) {
 #ifdef STRATA_HAVE_CUDA
-    return CudaBackward(sh, kind(block), b, stream);
+    return CudaBackward(sh, options_, kind(block), b, stream);
 #else
     return NoCudaKernels();
 #endif

@@ -30,15 +30,25 @@ namespace strata::models {
 StatusOr<GptShape> GptPreset(std::string_view name);
 std::vector<std::string> GptPresetNames();
 
+// How the model computes; the shape says what it computes.
+struct GptOptions {
+  // CUDA backend only: the layer and head matrix products run on TF32 tensor cores (inputs
+  // rounded to a 10-bit mantissa, fp32 accumulation; several times faster on Ampere and
+  // Hopper). The host backend computes in fp32 either way.
+  bool allow_tf32 = false;
+};
+
 class GptModel final : public engine::Model {
  public:
   // What a block is: embedding (block 0), transformer layer, or head (the last).
   enum class Kind { kEmbedding, kLayer, kHead };
 
   // kInvalidArgument for an invalid shape (see ValidateShape).
-  static StatusOr<std::unique_ptr<GptModel>> Create(const GptShape& shape);
+  static StatusOr<std::unique_ptr<GptModel>> Create(const GptShape& shape,
+                                                    const GptOptions& options = {});
 
   const GptShape& shape() const { return shape_; }
+  const GptOptions& options() const { return options_; }
   std::string description() const override;
   int num_blocks() const override { return shape_.num_layers + 2; }
   std::string block_name(int block) const override;
@@ -53,9 +63,10 @@ class GptModel final : public engine::Model {
   Status Backward(int block, const engine::BlockBuffers& buffers, gpu::Stream& stream) override;
 
  private:
-  explicit GptModel(const GptShape& shape) : shape_(shape) {}
+  GptModel(const GptShape& shape, const GptOptions& options) : shape_(shape), options_(options) {}
   Kind kind(int block) const;
   GptShape shape_;
+  GptOptions options_;
 };
 
 }  // namespace strata::models

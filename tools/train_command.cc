@@ -68,9 +68,10 @@ void AddTrainFlags(CLI::App& cmd, TrainFlags& f) {
                  "Working params and gradients: bf16, fp16 (dynamic loss "
                  "scaling) or fp32")
       ->capture_default_str();
-  cmd.add_option("--device", f.device,
-                 "auto (cuda when this build has the CUDA backend and a GPU is visible, else host), "
-                 "host (CPU emulation of a device) or cuda (a clear error without a GPU)")
+  cmd.add_option(
+         "--device", f.device,
+         "auto (cuda when this build has the CUDA backend and a GPU is visible, else host), "
+         "host (CPU emulation of a device) or cuda (a clear error without a GPU)")
       ->capture_default_str();
   cmd.add_option(
          "--device-budget", f.device_budget,
@@ -125,6 +126,9 @@ void AddTrainFlags(CLI::App& cmd, TrainFlags& f) {
   cmd.add_flag("--eager-update", f.eager_update,
                "Update each block as soon as its gradients land, during backward (bf16/fp32 "
                "with --grad-clip 0 only)");
+  cmd.add_flag("--tf32", f.tf32,
+               "GPU only: the GPT's fp32 matrix products on TF32 tensor cores (10-bit mantissa "
+               "inputs, fp32 accumulation; several times faster on Ampere/Hopper)");
   cmd.add_flag("--offload-activations", f.offload_activations,
                "Keep two block-boundary activations on the device and the rest in pinned host "
                "memory (D2H after forward, H2D one block ahead of backward)");
@@ -239,7 +243,7 @@ Status RunTrain(const TrainFlags& f) {
                                             f.seq_len, f.model, shape.max_seq_len));
   }
   STRATA_ASSIGN_OR_RETURN(auto data, engine::TextDataset::Load(ResolveData(f.data), f.seq_len));
-  STRATA_ASSIGN_OR_RETURN(auto model, models::GptModel::Create(shape));
+  STRATA_ASSIGN_OR_RETURN(auto model, models::GptModel::Create(shape, {.allow_tf32 = f.tf32}));
   const engine::MicroBatchShape mb{f.micro_batch_size, f.seq_len};
 
   engine::EngineOptions o;
@@ -317,10 +321,15 @@ Status RunTrain(const TrainFlags& f) {
       "--copy-bandwidth throttles the host backend's emulated copies; a GPU copies at the speed "
       "of its bus. Drop the flag, or add --device host");
   if (f.device == "cuda" && f.copy_bandwidth > 0) return throttle_on_gpu;
+  const Status tf32_on_host = InvalidArgumentError(
+      "--tf32 selects the GPU's TF32 tensor cores; the host backend computes in fp32. Drop the "
+      "flag, or train on a GPU (--device cuda)");
+  if (f.device == "host" && f.tf32) return tf32_on_host;
   DeviceSelectOptions select;
   select.host = dev_opts;
   STRATA_ASSIGN_OR_RETURN(auto device, CreateDeviceFromFlag(f.device, select));
   if (device->kind() != gpu::DeviceKind::kHost && f.copy_bandwidth > 0) return throttle_on_gpu;
+  if (device->kind() == gpu::DeviceKind::kHost && f.tf32) return tf32_on_host;
   std::printf("strata train: %s\n", model->description().c_str());
   std::printf("data: %s, %zu bytes (train %zu, val %zu); device: %s\n", ResolveData(f.data).c_str(),
               data.size_bytes(), data.train_bytes(), data.val_bytes(),
@@ -499,6 +508,7 @@ Status RunTrain(const TrainFlags& f) {
                            ? nlohmann::json()
                            : nlohmann::json(engine->io_backend_name())},
         {"precision", DTypeName(precision)},
+        {"tf32", f.tf32},
         {"model", f.model},
         {"model_params", plan.model_params},
         {"model_state_bytes", plan.model_state_bytes},

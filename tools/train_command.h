@@ -42,6 +42,7 @@ struct TrainFlags {
   bool no_overlap = false;
   bool eager_update = false;
   bool offload_activations = false;
+  bool tf32 = false;          // the GPT's matrix products on TF32 tensor cores (CUDA only)
   int prefetch_depth = 0;     // 0 = the planner decides
   int grad_buckets = 0;       // pinned gradient buckets; 0 = the planner decides
   int optimizer_buffers = 0;  // optimizer pipeline buffers; 0 = the planner decides

@@ -524,19 +524,26 @@ Status LaunchCrossEntropyBackward(cudaStream_t stream, float* logits, const int3
 
 namespace {
 
-// Row-major fp32 GEMM, fp32 accumulate, TF32 off (gpu/cuda/cuda_gemm.h).
-Status Gemm(gpu::Stream& s, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+// The stream the matrix products go to, with how they may compute (GptCudaOptions).
+struct Matmul {
+  gpu::Stream& stream;
+  gpu::cuda::GemmOptions options;
+};
+
+// Row-major fp32 GEMM, fp32 accumulate; TF32 only with options.allow_tf32 (cuda_gemm.h).
+Status Gemm(const Matmul& s, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
             const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
             int64_t ldc) {
-  return gpu::cuda::Gemm(s, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, DType::kF32,
-                         DType::kF32);
+  return gpu::cuda::Gemm(s.stream, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
+                         DType::kF32, DType::kF32, s.options);
 }
 
-Status GemmBatched(gpu::Stream& s, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+Status GemmBatched(const Matmul& s, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
                    const float* A, int64_t lda, int64_t sa, const float* B, int64_t ldb, int64_t sb,
                    float beta, float* C, int64_t ldc, int64_t sc, int64_t batch) {
-  return gpu::cuda::GemmStridedBatched(s, ta, tb, M, N, K, alpha, A, lda, sa, B, ldb, sb, beta, C,
-                                       ldc, sc, batch, DType::kF32, DType::kF32);
+  return gpu::cuda::GemmStridedBatched(s.stream, ta, tb, M, N, K, alpha, A, lda, sa, B, ldb, sb,
+                                       beta, C, ldc, sc, batch, DType::kF32, DType::kF32,
+                                       s.options);
 }
 
 // Checks B and T and makes the stream's device current; returns its cudaStream_t.
@@ -578,7 +585,7 @@ struct AttnBuffers {
 };
 
 // One attention GEMM of gpt_cuda_layout.h on the device.
-Status RunAttnGemm(gpu::Stream& s, const AttnGemm& g, const AttnBuffers& p) {
+Status RunAttnGemm(const Matmul& s, const AttnGemm& g, const AttnBuffers& p) {
   auto in = [&p](const AttnOperand& o) { return p.in[static_cast<int>(o.buffer)] + o.offset; };
   float* c = p.out[static_cast<int>(g.c.buffer)];
   STRATA_CHECK_MSG(c != nullptr && p.in[static_cast<int>(g.a.buffer)] != nullptr &&
@@ -591,7 +598,7 @@ Status RunAttnGemm(gpu::Stream& s, const AttnGemm& g, const AttnBuffers& p) {
 
 // probs (seqs, H, T, T) = causal softmax(scale q k^T) per (sequence, head), then
 // y (seqs, T, C) = probs v. One strided-batched GEMM per head over the sequences.
-Status AttentionForward(gpu::Stream& s, cudaStream_t cs, const AttnShape& d, const float* qkv,
+Status AttentionForward(const Matmul& s, cudaStream_t cs, const AttnShape& d, const float* qkv,
                         float* probs, float* y) {
   AttnBuffers p;
   p.in[static_cast<int>(AttnBuffer::kQkv)] = qkv;
@@ -606,7 +613,7 @@ Status AttentionForward(gpu::Stream& s, cudaStream_t cs, const AttnShape& d, con
 }
 
 // y recomputed from the saved probabilities.
-Status AttentionValues(gpu::Stream& s, const AttnShape& d, const float* qkv, const float* probs,
+Status AttentionValues(const Matmul& s, const AttnShape& d, const float* qkv, const float* probs,
                        float* y) {
   AttnBuffers p;
   p.in[static_cast<int>(AttnBuffer::kQkv)] = qkv;
@@ -618,7 +625,7 @@ Status AttentionValues(gpu::Stream& s, const AttnShape& d, const float* qkv, con
 
 // dqkv (seqs, T, 3C) from dy (seqs, T, C). probs is overwritten with the score
 // gradients; dprobs: seqs H T T elements of scratch.
-Status AttentionBackward(gpu::Stream& s, cudaStream_t cs, const AttnShape& d, const float* qkv,
+Status AttentionBackward(const Matmul& s, cudaStream_t cs, const AttnShape& d, const float* qkv,
                          float* probs, const float* dy, float* dqkv, float* dprobs) {
   AttnBuffers p;
   p.in[static_cast<int>(AttnBuffer::kQkv)] = qkv;
@@ -643,7 +650,7 @@ Status AttentionBackward(gpu::Stream& s, cudaStream_t cs, const AttnShape& d, co
 // Forward of one group, as the host's LayerForwardGroup: x (r, C) -> x2 (written to
 // x2); with mlp_output x2 becomes the layer output, else it stops after the GELU
 // (fch and gelu of CudaLayerWorkLayout then hold what the backward needs).
-Status LayerForwardGroup(gpu::Stream& s, cudaStream_t cs, const GptShape& shape,
+Status LayerForwardGroup(const Matmul& s, cudaStream_t cs, const GptShape& shape,
                          const LayerParams<const float*>& p, const float* x, float* x2,
                          int64_t seqs, int T, const LayerScratch& sc, bool mlp_output) {
   const int64_t C = shape.channels, r = seqs * T;
@@ -680,7 +687,7 @@ Status LayerForwardGroup(gpu::Stream& s, cudaStream_t cs, const GptShape& shape,
 }
 
 // Backward of one group, as the host's LayerBackwardGroup. dx first holds x2.
-Status LayerBackwardGroup(gpu::Stream& s, cudaStream_t cs, const GptShape& shape,
+Status LayerBackwardGroup(const Matmul& s, cudaStream_t cs, const GptShape& shape,
                           const LayerParams<const float*>& p, const LayerParams<float*>& dp,
                           const float* x, const float* dout, float* dx, int64_t seqs, int T,
                           const LayerScratch& sc, bool accumulate) {
@@ -775,8 +782,10 @@ Status CudaEmbeddingBackward(const GptShape& shape, gpu::Stream& stream, const i
 }
 
 Status CudaLayerForward(const GptShape& shape, gpu::Stream& stream, const float* params,
-                        const float* x_in, float* x_out, int B, int T, float* scratch) {
+                        const float* x_in, float* x_out, int B, int T, float* scratch,
+                        const GptCudaOptions& options) {
   STRATA_ASSIGN_OR_RETURN(cudaStream_t cs, Prepare("CudaLayerForward", shape, stream, B, T));
+  const Matmul mm{stream, {.allow_tf32 = options.allow_tf32}};
   STRATA_RETURN_IF_ERROR(CheckPointers("CudaLayerForward", {params, x_in, x_out, scratch}));
   const int64_t C = shape.channels, G = CudaLayerGroupSeqs(B, T);
   const LayerParams<const float*> p(params, C);
@@ -784,15 +793,16 @@ Status CudaLayerForward(const GptShape& shape, gpu::Stream& stream, const float*
   for (int64_t b0 = 0; b0 < B; b0 += G) {
     const int64_t seqs = std::min<int64_t>(G, B - b0), off = b0 * T * C;
     STRATA_RETURN_IF_ERROR(
-        LayerForwardGroup(stream, cs, shape, p, x_in + off, x_out + off, seqs, T, sc, true));
+        LayerForwardGroup(mm, cs, shape, p, x_in + off, x_out + off, seqs, T, sc, true));
   }
   return Status::Ok();
 }
 
 Status CudaLayerBackward(const GptShape& shape, gpu::Stream& stream, const float* params,
                          const float* x_in, const float* dx_out, float* dx_in, float* dparams,
-                         int B, int T, float* scratch) {
+                         int B, int T, float* scratch, const GptCudaOptions& options) {
   STRATA_ASSIGN_OR_RETURN(cudaStream_t cs, Prepare("CudaLayerBackward", shape, stream, B, T));
+  const Matmul mm{stream, {.allow_tf32 = options.allow_tf32}};
   STRATA_RETURN_IF_ERROR(
       CheckPointers("CudaLayerBackward", {params, x_in, dx_out, dx_in, dparams, scratch}));
   const int64_t C = shape.channels, G = CudaLayerGroupSeqs(B, T);
@@ -801,7 +811,7 @@ Status CudaLayerBackward(const GptShape& shape, gpu::Stream& stream, const float
   const LayerScratch sc = CarveLayerScratch(shape, B, T, scratch);
   for (int64_t b0 = 0; b0 < B; b0 += G) {
     const int64_t seqs = std::min<int64_t>(G, B - b0), off = b0 * T * C;
-    STRATA_RETURN_IF_ERROR(LayerBackwardGroup(stream, cs, shape, p, dp, x_in + off, dx_out + off,
+    STRATA_RETURN_IF_ERROR(LayerBackwardGroup(mm, cs, shape, p, dp, x_in + off, dx_out + off,
                                               dx_in + off, seqs, T, sc, b0 > 0));
   }
   return Status::Ok();
@@ -809,8 +819,9 @@ Status CudaLayerBackward(const GptShape& shape, gpu::Stream& stream, const float
 
 Status CudaHeadForward(const GptShape& shape, gpu::Stream& stream, const float* params,
                        const float* x_in, const int32_t* targets, int B, int T, float* logits,
-                       float* scratch, float* loss) {
+                       float* scratch, float* loss, const GptCudaOptions& options) {
   STRATA_ASSIGN_OR_RETURN(cudaStream_t cs, Prepare("CudaHeadForward", shape, stream, B, T));
+  const Matmul mm{stream, {.allow_tf32 = options.allow_tf32}};
   STRATA_RETURN_IF_ERROR(CheckPointers("CudaHeadForward", {params, x_in, logits, scratch}));
   const int64_t C = shape.channels, V = shape.vocab_size, N = int64_t{B} * T;
   float* lnf = scratch;
@@ -820,7 +831,7 @@ Status CudaHeadForward(const GptShape& shape, gpu::Stream& stream, const float* 
   STRATA_RETURN_IF_ERROR(
       LaunchLayerNormForward(cs, x_in, params, params + C, N, C, lnf, mean, rstd));
   STRATA_RETURN_IF_ERROR(
-      Gemm(stream, false, false, N, V, C, 1.0f, lnf, C, params + 2 * C, V, 0.0f, logits, V));
+      Gemm(mm, false, false, N, V, C, 1.0f, lnf, C, params + 2 * C, V, 0.0f, logits, V));
   if (targets == nullptr || loss == nullptr) return Status::Ok();
   STRATA_RETURN_IF_ERROR(
       LaunchCrossEntropyForward(cs, logits, targets, N, static_cast<int>(V), losses));
@@ -829,8 +840,10 @@ Status CudaHeadForward(const GptShape& shape, gpu::Stream& stream, const float* 
 
 Status CudaHeadBackward(const GptShape& shape, gpu::Stream& stream, const float* params,
                         const float* x_in, const int32_t* targets, float dloss, int B, int T,
-                        float* dx_in, float* dparams, float* logits, float* scratch) {
+                        float* dx_in, float* dparams, float* logits, float* scratch,
+                        const GptCudaOptions& options) {
   STRATA_ASSIGN_OR_RETURN(cudaStream_t cs, Prepare("CudaHeadBackward", shape, stream, B, T));
+  const Matmul mm{stream, {.allow_tf32 = options.allow_tf32}};
   STRATA_RETURN_IF_ERROR(
       CheckPointers("CudaHeadBackward", {params, x_in, targets, dx_in, dparams, logits, scratch}));
   const int64_t C = shape.channels, V = shape.vocab_size, N = int64_t{B} * T;
@@ -841,17 +854,14 @@ Status CudaHeadBackward(const GptShape& shape, gpu::Stream& stream, const float*
   float* rstd = mean + N;
   STRATA_RETURN_IF_ERROR(
       LaunchLayerNormForward(cs, x_in, lnf_w, params + C, N, C, lnf, mean, rstd));
-  STRATA_RETURN_IF_ERROR(
-      Gemm(stream, false, false, N, V, C, 1.0f, lnf, C, wlm, V, 0.0f, logits, V));
+  STRATA_RETURN_IF_ERROR(Gemm(mm, false, false, N, V, C, 1.0f, lnf, C, wlm, V, 0.0f, logits, V));
   STRATA_RETURN_IF_ERROR(LaunchCrossEntropyBackward(cs, logits, targets, N, static_cast<int>(V),
                                                     dloss / static_cast<float>(N)));
   float* dlnf_w = dparams;
   float* dlnf_b = dparams + C;
   float* dwlm = dparams + 2 * C;
-  STRATA_RETURN_IF_ERROR(
-      Gemm(stream, true, false, C, V, N, 1.0f, lnf, C, logits, V, 0.0f, dwlm, V));
-  STRATA_RETURN_IF_ERROR(
-      Gemm(stream, false, true, N, C, V, 1.0f, logits, V, wlm, V, 0.0f, dx_in, C));
+  STRATA_RETURN_IF_ERROR(Gemm(mm, true, false, C, V, N, 1.0f, lnf, C, logits, V, 0.0f, dwlm, V));
+  STRATA_RETURN_IF_ERROR(Gemm(mm, false, true, N, C, V, 1.0f, logits, V, wlm, V, 0.0f, dx_in, C));
   STRATA_RETURN_IF_ERROR(
       LaunchLayerNormParamGrads(cs, x_in, dx_in, mean, rstd, N, C, dlnf_w, dlnf_b, false));
   return LaunchLayerNormInputGrad(cs, x_in, lnf_w, dx_in, mean, rstd, nullptr, N, C, dx_in);

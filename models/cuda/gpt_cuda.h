@@ -29,9 +29,9 @@
 //   - Nothing is allocated: intermediate values live in `scratch` (sizes in gpt_cuda_layout.h) and
 //     cuBLAS uses the stream's own workspace (gpu/cuda/cuda_native.h).
 //   - Matrix products go through gpu::cuda::Gemm / GemmStridedBatched with fp32 inputs,
-//     fp32 accumulation and TF32 off. Reductions use a fixed order and a fixed launch
-//     shape for a given problem, and there are no atomics: results are bit-identical
-//     from run to run on one GPU and cuBLAS version (cuBLAS's default algorithms are
+//     fp32 accumulation and TF32 off unless GptCudaOptions::allow_tf32. Reductions use a fixed
+//     order and a fixed launch shape for a given problem, and there are no atomics: results are
+//     bit-identical from run to run on one GPU and cuBLAS version (cuBLAS's default algorithms are
 //     deterministic for a fixed stream/workspace). They are NOT bit-identical to the
 //     host kernels (other summation orders, the GPU's expf/tanhf): they agree to fp32
 //     rounding, which tests/models/gpt_cuda_test.cc checks element by element.
@@ -47,6 +47,14 @@
 #include "models/gpt_kernels.h"
 
 namespace strata::models::cuda {
+
+// How the layer and head blocks compute their matrix products.
+struct GptCudaOptions {
+  // fp32 products on TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32: inputs rounded to a
+  // 10-bit mantissa, fp32 accumulation; on Hopper several times the fp32 rate). Off: exact fp32
+  // products, the results tests compare with the host kernels at fp32 rounding.
+  bool allow_tf32 = false;
+};
 
 // CudaLayerGroupSeqs, CudaLayerScratchElems and CudaHeadScratchElems (the scratch sizes
 // of the blocks below) are in models/cuda/gpt_cuda_layout.h, with the layout behind them.
@@ -66,26 +74,28 @@ Status CudaEmbeddingBackward(const GptShape& shape, gpu::Stream& stream, const i
 // One transformer layer, x_in -> x_out (B, T, C); scratch: CudaLayerScratchElems.
 // x_out must not overlap x_in.
 Status CudaLayerForward(const GptShape& shape, gpu::Stream& stream, const float* params,
-                        const float* x_in, float* x_out, int B, int T, float* scratch);
+                        const float* x_in, float* x_out, int B, int T, float* scratch,
+                        const GptCudaOptions& options = {});
 
 // Recomputes the forward from x_in, then writes dx_in (B, T, C) and dparams (layer
 // chunk, OVERWRITTEN) from dx_out. dx_in must not overlap x_in or dx_out.
 Status CudaLayerBackward(const GptShape& shape, gpu::Stream& stream, const float* params,
                          const float* x_in, const float* dx_out, float* dx_in, float* dparams,
-                         int B, int T, float* scratch);
+                         int B, int T, float* scratch, const GptCudaOptions& options = {});
 
 // Final LayerNorm and LM head: logits (B, T, V) written. With targets (B, T) non-null
 // and loss non-null, *loss (one fp32 in device memory) receives the mean cross-entropy
 // over the B T tokens (summed in double, fixed order). scratch: CudaHeadScratchElems.
 Status CudaHeadForward(const GptShape& shape, gpu::Stream& stream, const float* params,
                        const float* x_in, const int32_t* targets, int B, int T, float* logits,
-                       float* scratch, float* loss);
+                       float* scratch, float* loss, const GptCudaOptions& options = {});
 
 // Gradient of dloss * (mean cross-entropy): recomputes the forward, writes dx_in
 // (B, T, C) and dparams (head chunk, OVERWRITTEN). targets must not be null. logits
 // (B, T, V) is scratch (holds the logit gradients on return), as on the host.
 Status CudaHeadBackward(const GptShape& shape, gpu::Stream& stream, const float* params,
                         const float* x_in, const int32_t* targets, float dloss, int B, int T,
-                        float* dx_in, float* dparams, float* logits, float* scratch);
+                        float* dx_in, float* dparams, float* logits, float* scratch,
+                        const GptCudaOptions& options = {});
 
 }  // namespace strata::models::cuda

@@ -513,6 +513,54 @@ TEST_F(GptCudaTest, LayerAtGpt2SmallWidthMatchesTheHostInDouble) {
   CheckLayer(s, RandomModel(s, 24).blocks[1], 2, 256);
 }
 
+// GptCudaOptions::allow_tf32 really puts the products on TF32 tensor cores: the layer's
+// output and input gradient move off the exact-fp32 result in most elements, and stay within
+// a TF32 bound of the double reference: |got - ref| <= 32 * 2^-11 * (|ref| + rms(ref)) (inputs
+// rounded to 10 mantissa bits, fp32 accumulation; an indexing bug is off by O(rms)).
+TEST_F(GptCudaTest, Tf32LayerDiffersFromFp32AndStaysWithinTheTf32Bound) {
+  const GptShape s{256, 256, 1, 12, 768};
+  const std::vector<double> pd = RandomModel(s, 24).blocks[1];
+  const int B = 2, T = 256;
+  const int64_t N = int64_t{B} * T, C = s.channels;
+  const std::vector<double> x = RandomVector(N * C, 1.0, 22), dy = RandomVector(N * C, 1.0, 23);
+  std::vector<double> y_ref(N * C), dx_ref(N * C), g_ref(pd.size());
+  std::vector<double> scratch(LayerScratchElems(s, B, T));
+  LayerForward<double>(s, pd.data(), x.data(), y_ref.data(), B, T, scratch.data());
+  LayerBackward<double>(s, pd.data(), x.data(), dy.data(), dx_ref.data(), g_ref.data(), B, T,
+                        scratch.data());
+  const gpu::DeviceSpan p = Put(ToFloat(pd)), xi = Put(ToFloat(x)), d = Put(ToFloat(dy));
+  const gpu::DeviceSpan sc = GuardedScratch(cuda::CudaLayerScratchElems(s, B, T));
+  std::vector<float> y[2], dx[2];
+  for (int tf32 = 0; tf32 < 2; ++tf32) {
+    const cuda::GptCudaOptions o{.allow_tf32 = tf32 == 1};
+    const gpu::DeviceSpan yo = Poisoned(N * C), dxo = Poisoned(N * C), g = Poisoned(pd.size());
+    Status st = cuda::CudaLayerForward(s, *stream_, p.as<float>(), xi.as<float>(), yo.as<float>(),
+                                       B, T, sc.as<float>(), o);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    st = cuda::CudaLayerBackward(s, *stream_, p.as<float>(), xi.as<float>(), d.as<float>(),
+                                 dxo.as<float>(), g.as<float>(), B, T, sc.as<float>(), o);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    Sync();
+    y[tf32] = Get(yo, N * C);
+    dx[tf32] = Get(dxo, N * C);
+  }
+  const auto check = [](const std::vector<float>& fp32, const std::vector<float>& tf32,
+                        const std::vector<double>& ref, const char* what) {
+    double ss = 0;
+    for (double r : ref) ss += r * r;
+    const double rms = std::sqrt(ss / static_cast<double>(ref.size()));
+    size_t differ = 0, outside = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      differ += fp32[i] != tf32[i];
+      outside += std::abs(double{tf32[i]} - ref[i]) > 32 * 0x1p-11 * (std::abs(ref[i]) + rms);
+    }
+    EXPECT_GT(differ, ref.size() / 2) << what << ": TF32 left most results as exact fp32";
+    EXPECT_EQ(outside, 0u) << what << ": outside the TF32 bound";
+  };
+  check(y[0], y[1], y_ref, "x_out");
+  check(dx[0], dx[1], dx_ref, "dx_in");
+}
+
 TEST_F(GptCudaTest, HeadForwardAndBackwardMatchTheHostInDouble) {
   const GptShape s = OddShape(1, 128);
   const Model<double> md = RandomModel(s, 31);

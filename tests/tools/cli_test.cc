@@ -45,10 +45,11 @@ TEST_F(CliTest, TrainThreeStepsWritesASummaryWithEveryField) {
   std::ifstream in(json_path);
   ASSERT_TRUE(in.good());
   const auto j = nlohmann::json::parse(in);
-  for (const char* key : {"steps", "tokens_per_second", "loss_first", "loss_last", "val_loss",
-                          "device", "io_backend", "precision", "model_params", "model_state_bytes",
-                          "device_budget_bytes", "device_peak_bytes", "bytes_h2d", "bytes_d2h",
-                          "nvme_bytes_read", "nvme_bytes_written", "master_weights_xxh3"}) {
+  for (const char* key :
+       {"steps", "tokens_per_second", "loss_first", "loss_last", "val_loss", "device", "io_backend",
+        "precision", "tf32", "model_params", "model_state_bytes", "device_budget_bytes",
+        "device_peak_bytes", "bytes_h2d", "bytes_d2h", "nvme_bytes_read", "nvme_bytes_written",
+        "master_weights_xxh3"}) {
     EXPECT_TRUE(j.contains(key)) << key;
   }
   EXPECT_EQ(j["steps"], 3);
@@ -113,6 +114,7 @@ TEST_F(CliTest, BadInputExitsNonZeroWithOneLineNamingTheProblem) {
       {"train --steps 1 --device-budget 12XB", "12XB"},
       {"train --steps 1 --device-budget lots", "lots"},
       {"train --steps 1 --device cuda --copy-bandwidth 1e9", "--copy-bandwidth"},
+      {"train --steps 1 --device host --tf32", "--tf32"},
   };
   for (const auto& c : cases) {
     const Result r = RunStrata(std::string(c.args) + " --nvme-path " + dir_.string());
