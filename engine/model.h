@@ -72,4 +72,38 @@ class Model {
   }
 };
 
+// A Model that forwards every call to `inner` (not owned; must outlive this). Derive from it and
+// override what changes: a test's injected fault, a benchmark's cached initial weights. Thread-
+// safety and errors are those of `inner`.
+class ForwardingModel : public Model {
+ public:
+  explicit ForwardingModel(Model* inner) : inner_(inner) {}
+  std::string description() const override { return inner_->description(); }
+  int num_blocks() const override { return inner_->num_blocks(); }
+  std::string block_name(int block) const override { return inner_->block_name(block); }
+  int64_t block_num_params(int block) const override { return inner_->block_num_params(block); }
+  int64_t activation_elems(MicroBatchShape s) const override { return inner_->activation_elems(s); }
+  int64_t logits_elems(MicroBatchShape s) const override { return inner_->logits_elems(s); }
+  int vocab_size() const override { return inner_->vocab_size(); }
+  int max_seq_len() const override { return inner_->max_seq_len(); }
+  int64_t scratch_bytes(int block, MicroBatchShape s) const override {
+    return inner_->scratch_bytes(block, s);
+  }
+  void InitParams(int block, uint64_t seed, std::span<float> out) const override {
+    inner_->InitParams(block, seed, out);
+  }
+  Status Forward(int block, const BlockBuffers& buffers, gpu::Stream& stream) override {
+    return inner_->Forward(block, buffers, stream);
+  }
+  Status Backward(int block, const BlockBuffers& buffers, gpu::Stream& stream) override {
+    return inner_->Backward(block, buffers, stream);
+  }
+
+ protected:
+  Model* inner() const { return inner_; }
+
+ private:
+  Model* inner_;
+};
+
 }  // namespace strata::engine

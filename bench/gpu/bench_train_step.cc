@@ -142,7 +142,7 @@ constexpr uint64_t kSeed = 1337;
 // copied out by InitParams; everything else is GptModel's. GptModel::InitParams is a serial
 // Box-Muller sampler (about 20 s for gpt2-1.5b on one core) that Engine::Create calls block by
 // block; the copies are bit-identical to it. Memory: 4 bytes per parameter.
-class CachedInitModel final : public Model {
+class CachedInitModel final : public ForwardingModel {
  public:
   static StatusOr<std::unique_ptr<CachedInitModel>> Create(const std::string& preset) {
     STRATA_ASSIGN_OR_RETURN(models::GptShape shape, models::GptPreset(preset));
@@ -166,32 +166,15 @@ class CachedInitModel final : public Model {
   const std::string& preset() const { return preset_; }
   const models::GptShape& shape() const { return gpt_->shape(); }
 
-  std::string description() const override { return gpt_->description(); }
-  int num_blocks() const override { return gpt_->num_blocks(); }
-  std::string block_name(int block) const override { return gpt_->block_name(block); }
-  int64_t block_num_params(int block) const override { return gpt_->block_num_params(block); }
-  int64_t activation_elems(MicroBatchShape s) const override { return gpt_->activation_elems(s); }
-  int64_t logits_elems(MicroBatchShape s) const override { return gpt_->logits_elems(s); }
-  int vocab_size() const override { return gpt_->vocab_size(); }
-  int max_seq_len() const override { return gpt_->max_seq_len(); }
-  int64_t scratch_bytes(int block, MicroBatchShape s) const override {
-    return gpt_->scratch_bytes(block, s);
-  }
   void InitParams(int block, uint64_t seed, std::span<float> out) const override {
     if (seed != kSeed) return gpt_->InitParams(block, seed, out);
     STRATA_CHECK(out.size() == init_[block].size());
     std::memcpy(out.data(), init_[block].data(), out.size_bytes());
   }
-  Status Forward(int block, const BlockBuffers& buffers, gpu::Stream& stream) override {
-    return gpt_->Forward(block, buffers, stream);
-  }
-  Status Backward(int block, const BlockBuffers& buffers, gpu::Stream& stream) override {
-    return gpt_->Backward(block, buffers, stream);
-  }
 
  private:
   CachedInitModel(std::string preset, std::unique_ptr<models::GptModel> gpt)
-      : preset_(std::move(preset)), gpt_(std::move(gpt)) {}
+      : ForwardingModel(gpt.get()), preset_(std::move(preset)), gpt_(std::move(gpt)) {}
   std::string preset_;
   std::unique_ptr<models::GptModel> gpt_;
   std::vector<std::vector<float>> init_;  // per block, InitParams(block, kSeed)

@@ -5,11 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <bit>
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <vector>
 
 #include "engine/engine.h"
+#include "engine/model.h"
 
 namespace strata::engine::testing {
 
@@ -23,6 +25,26 @@ inline std::vector<std::vector<int32_t>> RandomTokenVectors(int num_vectors, int
   }
   return v;
 }
+
+// Forwards to a model and, when armed, makes one element of one block's gradient non-finite
+// right after that block's backward, in stream order (like a real overflow), through
+// Stream::Convert: x * inf is +-inf (NaN for x == 0) on either backend, with no host access to
+// device memory.
+class OverflowInjector final : public ForwardingModel {
+ public:
+  using ForwardingModel::ForwardingModel;
+  void Arm(int block) { armed_block_ = block; }
+  void Disarm() { armed_block_ = -1; }
+  Status Backward(int b, const BlockBuffers& buf, gpu::Stream& s) override {
+    STRATA_RETURN_IF_ERROR(inner()->Backward(b, buf, s));
+    if (b != armed_block_) return Status::Ok();
+    const gpu::DeviceSpan g{reinterpret_cast<std::byte*>(buf.grads + block_num_params(b) / 2), 4};
+    return s.Convert(g, DType::kF32, g, DType::kF32, 1, INFINITY);
+  }
+
+ private:
+  int armed_block_ = -1;
+};
 
 struct TrainRun {
   std::vector<std::vector<float>> master;  // per block, after the last step

@@ -18,48 +18,9 @@ namespace strata::engine {
 namespace {
 
 using testing::ExpectBitIdentical;
+using testing::OverflowInjector;
 using testing::RandomTokenVectors;
 using testing::TrainRun;
-
-// Forwards to a model and, when armed, makes one element of one block's gradient +inf right
-// after that block's backward (in stream order, like a real overflow).
-class OverflowInjector final : public Model {
- public:
-  explicit OverflowInjector(Model* inner) : inner_(inner) {}
-  void Arm(int block) { armed_block_ = block; }
-  void Disarm() { armed_block_ = -1; }
-
-  std::string description() const override { return inner_->description(); }
-  int num_blocks() const override { return inner_->num_blocks(); }
-  std::string block_name(int b) const override { return inner_->block_name(b); }
-  int64_t block_num_params(int b) const override { return inner_->block_num_params(b); }
-  int64_t activation_elems(MicroBatchShape s) const override { return inner_->activation_elems(s); }
-  int64_t logits_elems(MicroBatchShape s) const override { return inner_->logits_elems(s); }
-  int vocab_size() const override { return inner_->vocab_size(); }
-  int max_seq_len() const override { return inner_->max_seq_len(); }
-  int64_t scratch_bytes(int b, MicroBatchShape s) const override {
-    return inner_->scratch_bytes(b, s);
-  }
-  void InitParams(int b, uint64_t seed, std::span<float> out) const override {
-    inner_->InitParams(b, seed, out);
-  }
-  Status Forward(int b, const BlockBuffers& buf, gpu::Stream& s) override {
-    return inner_->Forward(b, buf, s);
-  }
-  Status Backward(int b, const BlockBuffers& buf, gpu::Stream& s) override {
-    STRATA_RETURN_IF_ERROR(inner_->Backward(b, buf, s));
-    if (b != armed_block_) return Status::Ok();
-    float* g = buf.grads + inner_->block_num_params(b) / 2;
-    return s.LaunchHost([g] {
-      *g = INFINITY;
-      return Status::Ok();
-    });
-  }
-
- private:
-  Model* inner_;
-  int armed_block_ = -1;
-};
 
 class OverlapTest : public ::testing::Test {
  protected:
