@@ -31,8 +31,10 @@ namespace strata::engine {
 namespace {
 
 using testing::ExpectBitIdentical;
+using testing::MixedPlacementOptions;
 using testing::OverflowInjector;
 using testing::RandomTokenVectors;
+using testing::TrainOn;
 using testing::TrainRun;
 
 // Empty when a CUDA GPU can be used, else why not.
@@ -64,24 +66,9 @@ class CudaEngineTest : public ::testing::Test {
   }
 
   EngineOptions Options(DType precision, ParamHome params, OptimizerHome optim) {
-    EngineOptions o;
-    o.precision = precision;
-    o.micro_batch = {2, 16};
-    o.grad_accum_steps = 2;
-    o.adamw.lr = kLr;
-    o.adamw.weight_decay = 0.01f;
-    o.grad_clip_norm = 1.0f;
-    o.seed = 7;
-    o.placement.param_home = params;
-    o.placement.optimizer_home = optim;
-    o.placement.nvme_paths = {swap_dir_.string()};
-    o.placement.device_budget_bytes =
-        params == ParamHome::kDevice
-            ? (64 << 20)
-            // Room for one resident layer besides the 3 slots: resident and streamed mixed.
-            : StreamingMinimumBytes(*model_, precision, o.micro_batch, 3) +
-                  model_->block_num_params(1) * SizeOf(precision) + 1024;
-    o.io.kind = io::BackendKind::kAuto;
+    EngineOptions o =
+        MixedPlacementOptions(*model_, precision, params, optim, /*accum=*/2, swap_dir_.string());
+    EXPECT_EQ(o.adamw.lr, kLr);  // the bound of ExpectCloseToHost
     return o;
   }
 
@@ -105,40 +92,12 @@ class CudaEngineTest : public ::testing::Test {
   TrainRun Train(gpu::DeviceKind kind, const EngineOptions& o, int steps,
                  OverflowInjector* injector = nullptr, int overflow_step = -1,
                  int overflow_block = -1) {
-    TrainRun run;
     auto device = MakeDevice(kind);
-    if (!device) return run;
-    Model* model = injector ? static_cast<Model*>(injector) : model_.get();
-    auto engine = Engine::Create(model, device.get(), o);
-    EXPECT_TRUE(engine.ok()) << engine.status().ToString();
-    if (!engine.ok()) return run;
-    auto& e = **engine;
-    const auto tokens =
-        RandomTokenVectors(steps * o.grad_accum_steps * 2, o.micro_batch.tokens(), 99);
-    size_t k = 0;
-    for (int s = 0; s < steps; ++s) {
-      if (injector) injector->Arm(s == overflow_step ? overflow_block : -1);
-      std::vector<MicroBatch> mbs;
-      for (int i = 0; i < o.grad_accum_steps; ++i, k += 2) {
-        mbs.push_back({tokens[k], tokens[k + 1]});
-      }
-      auto r = e.Step(mbs);
-      EXPECT_TRUE(r.ok()) << r.status().ToString();
-      if (!r.ok()) return run;
-      run.results.push_back(*r);
-    }
-    if (injector) injector->Arm(-1);
-    for (int b = 0; b < model->num_blocks(); ++b) {
-      auto w = e.MasterWeights(b);
-      EXPECT_TRUE(w.ok()) << w.status().ToString();
-      if (!w.ok()) return run;
-      run.master.push_back(std::move(*w));
-    }
-    auto hash = e.MasterWeightsXxh3();
-    EXPECT_TRUE(hash.ok());
-    if (hash.ok()) run.hash = *hash;
-    run.counters = e.counters();
-    run.plan = e.plan();
+    if (!device) return {};
+    if (!injector) return TrainOn(*device, *model_, o, steps);
+    TrainRun run = TrainOn(*device, *injector, o, steps,
+                           [&](int s) { injector->Arm(s == overflow_step ? overflow_block : -1); });
+    injector->Disarm();
     return run;
   }
 

@@ -62,30 +62,10 @@ class EngineTest : public ::testing::Test {
   }
 
   TrainRun Train(const EngineOptions& o, int steps) {
-    TrainRun run;
     auto device = gpu::CreateHostDevice({});
     EXPECT_TRUE(device.ok());
-    auto engine = Engine::Create(model_.get(), device->get(), o);
-    EXPECT_TRUE(engine.ok()) << engine.status().ToString();
-    if (!engine.ok()) return run;
-    auto& e = **engine;
-    const auto tokens =
-        RandomTokenVectors(steps * o.grad_accum_steps * 2, o.micro_batch.tokens(), 99);
-    size_t k = 0;
-    for (int s = 0; s < steps; ++s) {
-      std::vector<MicroBatch> mbs;
-      for (int i = 0; i < o.grad_accum_steps; ++i, k += 2)
-        mbs.push_back({tokens[k], tokens[k + 1]});
-      auto r = e.Step(mbs);
-      EXPECT_TRUE(r.ok()) << r.status().ToString();
-      if (!r.ok()) return run;
-      run.results.push_back(*r);
-    }
-    for (int b = 0; b < model_->num_blocks(); ++b) run.master.push_back(*e.MasterWeights(b));
-    run.hash = *e.MasterWeightsXxh3();
-    run.counters = e.counters();
-    run.plan = e.plan();
-    return run;
+    if (!device.ok()) return {};
+    return testing::TrainOn(**device, *model_, o, steps);
   }
 
   std::unique_ptr<models::GptModel> model_;

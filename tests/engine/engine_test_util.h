@@ -7,11 +7,15 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "engine/engine.h"
 #include "engine/model.h"
+#include "engine/planner.h"
+#include "gpu/device.h"
 
 namespace strata::engine::testing {
 
@@ -73,6 +77,70 @@ inline void ExpectBitIdentical(const TrainRun& a, const TrainRun& b) {
     }
   }
   EXPECT_EQ(a.hash, b.hash);
+}
+
+// Trains `steps` optimizer steps of `model` on `device` from a fixed token stream (seed 99; each
+// micro-batch takes two vectors, tokens and targets). `before_step(s)`, when given, runs before
+// step s (to arm a fault). Returns the losses per step, the master weights per block, their
+// xxh3, the counters and the plan; a failing call is a test failure and ends the run early
+// (the TrainRun then holds what was done).
+inline TrainRun TrainOn(gpu::Device& device, Model& model, const EngineOptions& o, int steps,
+                        const std::function<void(int)>& before_step = {}) {
+  TrainRun run;
+  auto engine = Engine::Create(&model, &device, o);
+  EXPECT_TRUE(engine.ok()) << engine.status().ToString();
+  if (!engine.ok()) return run;
+  Engine& e = **engine;
+  const auto tokens =
+      RandomTokenVectors(steps * o.grad_accum_steps * 2, o.micro_batch.tokens(), 99);
+  size_t k = 0;
+  for (int s = 0; s < steps; ++s) {
+    if (before_step) before_step(s);
+    std::vector<MicroBatch> mbs;
+    for (int i = 0; i < o.grad_accum_steps; ++i, k += 2) mbs.push_back({tokens[k], tokens[k + 1]});
+    auto r = e.Step(mbs);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    if (!r.ok()) return run;
+    run.results.push_back(*r);
+  }
+  for (int b = 0; b < model.num_blocks(); ++b) {
+    auto w = e.MasterWeights(b);
+    EXPECT_TRUE(w.ok()) << w.status().ToString();
+    if (!w.ok()) return run;
+    run.master.push_back(std::move(*w));
+  }
+  auto hash = e.MasterWeightsXxh3();
+  EXPECT_TRUE(hash.ok()) << hash.status().ToString();
+  if (hash.ok()) run.hash = *hash;
+  run.counters = e.counters();
+  run.plan = e.plan();
+  return run;
+}
+
+// The options the overlap tests train their 8-block model with (AdamW lr 1e-2, weight decay
+// 0.01, clipping at 1, micro-batches of 2 x 16 tokens, seed 7): with params on the device
+// everything is resident in a 64 MiB budget; otherwise the budget holds 3 streaming slots and
+// one resident layer, so resident and streamed blocks mix.
+inline EngineOptions MixedPlacementOptions(const Model& model, DType precision, ParamHome params,
+                                           OptimizerHome optim, int accum,
+                                           const std::string& swap_dir) {
+  EngineOptions o;
+  o.precision = precision;
+  o.micro_batch = {2, 16};
+  o.grad_accum_steps = accum;
+  o.adamw.lr = 1e-2f;
+  o.adamw.weight_decay = 0.01f;
+  o.grad_clip_norm = 1.0f;
+  o.seed = 7;
+  o.placement.param_home = params;
+  o.placement.optimizer_home = optim;
+  o.placement.nvme_paths = {swap_dir};
+  o.placement.device_budget_bytes =
+      params == ParamHome::kDevice ? (64 << 20)
+                                   : StreamingMinimumBytes(model, precision, o.micro_batch, 3) +
+                                         model.block_num_params(1) * SizeOf(precision) + 1024;
+  o.io.kind = io::BackendKind::kAuto;
+  return o;
 }
 
 }  // namespace strata::engine::testing

@@ -18,8 +18,10 @@ namespace strata::engine {
 namespace {
 
 using testing::ExpectBitIdentical;
+using testing::MixedPlacementOptions;
 using testing::OverflowInjector;
 using testing::RandomTokenVectors;
+using testing::TrainOn;
 using testing::TrainRun;
 
 class OverlapTest : public ::testing::Test {
@@ -36,60 +38,21 @@ class OverlapTest : public ::testing::Test {
   void TearDown() override { std::filesystem::remove_all(swap_dir_); }
 
   EngineOptions Options(DType precision, ParamHome params, OptimizerHome optim, int accum) {
-    EngineOptions o;
-    o.precision = precision;
-    o.micro_batch = {2, 16};
-    o.grad_accum_steps = accum;
-    o.adamw.lr = 1e-2f;
-    o.adamw.weight_decay = 0.01f;
-    o.grad_clip_norm = 1.0f;
-    o.seed = 7;
-    o.placement.param_home = params;
-    o.placement.optimizer_home = optim;
-    o.placement.nvme_paths = {swap_dir_.string()};
-    o.placement.device_budget_bytes =
-        params == ParamHome::kDevice
-            ? (64 << 20)
-            // Room for one resident layer besides the 3 slots: resident and streamed mixed.
-            : StreamingMinimumBytes(*model_, precision, o.micro_batch, 3) +
-                  model_->block_num_params(1) * SizeOf(precision) + 1024;
-    o.io.kind = io::BackendKind::kAuto;
-    return o;
+    return MixedPlacementOptions(*model_, precision, params, optim, accum, swap_dir_.string());
   }
 
   // Trains `steps` steps on a fixed token stream; the device delays every operation by up to
   // max_delay_us (0: no delay) and throttles copies when copy_bps > 0.
   TrainRun Train(const EngineOptions& o, int steps, int64_t max_delay_us = 0, double copy_bps = 0,
                  Model* model = nullptr) {
-    TrainRun run;
     gpu::HostDeviceOptions d;
     d.max_random_delay_us = max_delay_us;
     d.random_delay_seed = 12345;
     d.copy_bytes_per_second = copy_bps;
     auto device = gpu::CreateHostDevice(d);
     EXPECT_TRUE(device.ok());
-    if (!model) model = model_.get();
-    auto engine = Engine::Create(model, device->get(), o);
-    EXPECT_TRUE(engine.ok()) << engine.status().ToString();
-    if (!engine.ok()) return run;
-    auto& e = **engine;
-    const auto tokens =
-        RandomTokenVectors(steps * o.grad_accum_steps * 2, o.micro_batch.tokens(), 99);
-    size_t k = 0;
-    for (int s = 0; s < steps; ++s) {
-      std::vector<MicroBatch> mbs;
-      for (int i = 0; i < o.grad_accum_steps; ++i, k += 2) {
-        mbs.push_back({tokens[k], tokens[k + 1]});
-      }
-      auto r = e.Step(mbs);
-      EXPECT_TRUE(r.ok()) << r.status().ToString();
-      if (!r.ok()) return run;
-      run.results.push_back(*r);
-    }
-    for (int b = 0; b < model->num_blocks(); ++b) run.master.push_back(*e.MasterWeights(b));
-    run.counters = e.counters();
-    run.plan = e.plan();
-    return run;
+    if (!device.ok()) return {};
+    return TrainOn(**device, model ? *model : *model_, o, steps);
   }
 
   std::unique_ptr<models::GptModel> model_;
