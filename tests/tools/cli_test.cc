@@ -38,7 +38,8 @@ class CliTest : public ::testing::Test {
 TEST_F(CliTest, TrainThreeStepsWritesASummaryWithEveryField) {
   const auto json_path = dir_ / "summary.json";
   const Result r = RunStrata(
-      Small() + " --steps 3 --eval-every 3 --sample-bytes 20 --summary-json " + json_path.string());
+      Small() + " --device host --steps 3 --eval-every 3 --sample-bytes 20 --summary-json " +
+      json_path.string());
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("plan:"), std::string::npos);
   EXPECT_NE(r.out.find("sample:"), std::string::npos);
@@ -129,23 +130,39 @@ TEST_F(CliTest, BadInputExitsNonZeroWithOneLineNamingTheProblem) {
   EXPECT_NE(r.err.find(file + "/swap"), std::string::npos) << r.err;
 }
 
-// `--device cuda` asks for a GPU; with no GPU visible (hidden here through
-// CUDA_VISIBLE_DEVICES, which the child inherits) or in a build without CUDA it must fail
-// with one line saying why, never fall back to the host silently.
-TEST_F(CliTest, DeviceCudaWithoutAVisibleGpuFailsWithOneLine) {
+// Runs strata with no GPU visible to it: CUDA_VISIBLE_DEVICES="" (the child inherits it).
+Result RunStrataWithoutAGpu(const std::string& args) {
   const char* old = std::getenv("CUDA_VISIBLE_DEVICES");
   const std::string saved = old ? old : "";
   ::setenv("CUDA_VISIBLE_DEVICES", "", 1);
-  const Result r = RunStrata(Small() + " --steps 1 --device cuda");
+  Result r = RunStrata(args);
   if (old) {
     ::setenv("CUDA_VISIBLE_DEVICES", saved.c_str(), 1);
   } else {
     ::unsetenv("CUDA_VISIBLE_DEVICES");
   }
+  return r;
+}
+
+// `--device cuda` asks for a GPU; with none visible, or in a build without CUDA, it must fail
+// with one line saying why, never fall back to the host silently.
+TEST_F(CliTest, DeviceCudaWithoutAVisibleGpuFailsWithOneLine) {
+  const Result r = RunStrataWithoutAGpu(Small() + " --steps 1 --device cuda");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_EQ(Lines(r.err), 1) << r.err;
   EXPECT_NE(r.err.find("--device cuda"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("--device host"), std::string::npos) << r.err;  // what to do instead
+}
+
+// `--device auto` (the default) trains on the host backend when no GPU is visible (on a machine
+// with one it picks CUDA: device_select_test checks the resolution there).
+TEST_F(CliTest, DeviceAutoWithoutAVisibleGpuTrainsOnTheHost) {
+  const auto json_path = dir_ / "auto.json";
+  const Result r = RunStrataWithoutAGpu(Small() + " --steps 1 --eval-every 0 --sample-bytes 0 " +
+                                        "--summary-json " + json_path.string());
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  std::ifstream in(json_path);
+  EXPECT_EQ(nlohmann::json::parse(in)["device"], "host");
 }
 
 TEST_F(CliTest, TraceWritesOneTrackPerStreamAndTheSummaryHasTheTimeBreakdown) {
