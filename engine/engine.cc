@@ -306,6 +306,8 @@ Status Engine::Impl::Init() {
     write_track_ = o_.trace->RegisterTrack("host: optimizer state write");
   }
   STRATA_ASSIGN_OR_RETURN(compute_, device_->CreateStream("compute"));
+  // What the model's kernels need beyond the arena is taken now, never inside a step.
+  STRATA_RETURN_IF_ERROR(model_->PrepareComputeStream(*compute_));
   STRATA_ASSIGN_OR_RETURN(h2d_, device_->CreateStream("h2d"));
   STRATA_ASSIGN_OR_RETURN(d2h_, device_->CreateStream("d2h"));
   auto event = [&]() { return device_->CreateEvent(); };

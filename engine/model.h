@@ -64,6 +64,11 @@ class Model {
   // in stream order; errors surface through the stream.
   virtual Status Forward(int block, const BlockBuffers& buffers, gpu::Stream& stream) = 0;
   virtual Status Backward(int block, const BlockBuffers& buffers, gpu::Stream& stream) = 0;
+  // Called once by Engine::Create with the stream Forward/Backward will run on, before any
+  // step: the model takes here whatever its kernels need outside the arena (the GPT on CUDA:
+  // the stream's cuBLAS handle and its workspace), so that nothing is allocated inside a step.
+  // Errors (kResourceExhausted, kUnavailable for a missing library) fail Engine::Create.
+  virtual Status PrepareComputeStream(gpu::Stream& stream) { return Status::Ok(); }
 
   int64_t num_params() const {
     int64_t n = 0;
@@ -97,6 +102,9 @@ class ForwardingModel : public Model {
   }
   Status Backward(int block, const BlockBuffers& buffers, gpu::Stream& stream) override {
     return inner_->Backward(block, buffers, stream);
+  }
+  Status PrepareComputeStream(gpu::Stream& stream) override {
+    return inner_->PrepareComputeStream(stream);
   }
 
  protected:

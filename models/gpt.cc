@@ -196,6 +196,15 @@ Status CudaBackward(const GptShape& sh, const GptOptions& options, GptModel::Kin
 
 }  // namespace
 
+Status GptModel::PrepareComputeStream(gpu::Stream& stream) {
+  if (!OnCuda(stream)) return Status::Ok();
+#ifdef STRATA_HAVE_CUDA
+  return cuda::CudaPrepareStream(stream);
+#else
+  return NoCudaKernels();
+#endif
+}
+
 Status GptModel::Forward(int block, const engine::BlockBuffers& b, gpu::Stream& stream) {
   const GptShape sh = shape_;
   const int B = b.shape.batch_size, T = b.shape.seq_len;

@@ -61,6 +61,9 @@ class GptModel final : public engine::Model {
   void InitParams(int block, uint64_t seed, std::span<float> out) const override;
   Status Forward(int block, const engine::BlockBuffers& buffers, gpu::Stream& stream) override;
   Status Backward(int block, const engine::BlockBuffers& buffers, gpu::Stream& stream) override;
+  // CUDA stream: creates its cuBLAS handle and workspace (gpu/cuda/cuda_native.h) now rather
+  // than at the first matrix product inside a step. Host stream: nothing.
+  Status PrepareComputeStream(gpu::Stream& stream) override;
 
  private:
   GptModel(const GptShape& shape, const GptOptions& options) : shape_(shape), options_(options) {}

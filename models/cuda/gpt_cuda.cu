@@ -762,6 +762,8 @@ Status LayerBackwardGroup(const Matmul& s, cudaStream_t cs, const GptShape& shap
 
 }  // namespace
 
+Status CudaPrepareStream(gpu::Stream& stream) { return gpu::CublasHandle(stream).status(); }
+
 Status CudaEmbeddingForward(const GptShape& shape, gpu::Stream& stream, const float* params,
                             const int32_t* tokens, int B, int T, float* x_out) {
   STRATA_ASSIGN_OR_RETURN(cudaStream_t cs, Prepare("CudaEmbeddingForward", shape, stream, B, T));

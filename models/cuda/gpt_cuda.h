@@ -59,6 +59,12 @@ struct GptCudaOptions {
 // CudaLayerGroupSeqs, CudaLayerScratchElems and CudaHeadScratchElems (the scratch sizes
 // of the blocks below) are in models/cuda/gpt_cuda_layout.h, with the layout behind them.
 
+// Takes what the blocks need from `stream` beyond their scratch, once, before any block
+// runs: the stream's cuBLAS handle with its workspace (gpu::CublasHandle). Errors as
+// CublasHandle's (kUnavailable when cuBLAS cannot be loaded, kResourceExhausted for the
+// workspace).
+Status CudaPrepareStream(gpu::Stream& stream);
+
 // x_out[b, t] = wte[tokens[b, t]] + wpe[t]. params: embedding chunk; tokens (B, T);
 // x_out (B, T, C). Bit-identical to the host's EmbeddingForward.
 Status CudaEmbeddingForward(const GptShape& shape, gpu::Stream& stream, const float* params,

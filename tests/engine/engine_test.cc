@@ -91,6 +91,43 @@ TEST_F(EngineTest, StreamedParamsAndNvmeOptimizerGiveBitIdenticalMasterWeights) 
   }
 }
 
+// The model gets the compute stream once, at Engine::Create (the GPT on CUDA takes its cuBLAS
+// workspace there, not inside a step); an error there fails Create and names the cause.
+class PrepareRecorder final : public ForwardingModel {
+ public:
+  using ForwardingModel::ForwardingModel;
+  Status PrepareComputeStream(gpu::Stream& stream) override {
+    ++calls;
+    stream_name = std::string(stream.name());
+    return fail ? ResourceExhaustedError("no room for the workspace") : Status::Ok();
+  }
+  int calls = 0;
+  std::string stream_name;
+  bool fail = false;
+};
+
+TEST_F(EngineTest, ModelPreparesTheComputeStreamOnceAtCreate) {
+  auto device = gpu::CreateHostDevice({});
+  ASSERT_TRUE(device.ok());
+  PrepareRecorder model(model_.get());
+  const EngineOptions o = Resident(DType::kBF16);
+  auto engine = Engine::Create(&model, device->get(), o);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  EXPECT_EQ(model.calls, 1);
+  EXPECT_EQ(model.stream_name, "compute");
+  const auto tokens = RandomTokenVectors(4, o.micro_batch.tokens(), 3);
+  const std::vector<MicroBatch> batch{{tokens[0], tokens[1]}, {tokens[2], tokens[3]}};
+  ASSERT_TRUE((*engine)->Step(batch).ok());
+  EXPECT_EQ(model.calls, 1);  // not again in a step
+
+  PrepareRecorder failing(model_.get());
+  failing.fail = true;
+  auto refused = Engine::Create(&failing, device->get(), o);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.status().message().find("workspace"), std::string::npos);
+}
+
 TEST_F(EngineTest, LossDecreasesOnARepeatedBatch) {
   auto o = Streamed(DType::kBF16, ParamHome::kNvme);
   o.grad_accum_steps = 1;
