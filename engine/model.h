@@ -67,7 +67,8 @@ class Model {
   // Called once by Engine::Create with the stream Forward/Backward will run on, before any
   // step: the model takes here whatever its kernels need outside the arena (the GPT on CUDA:
   // the stream's cuBLAS handle and its workspace), so that nothing is allocated inside a step.
-  // Errors (kResourceExhausted, kUnavailable for a missing library) fail Engine::Create.
+  // Runs on the thread calling Engine::Create, before any other call on `stream`. Errors
+  // (kResourceExhausted, kUnavailable for a missing library) fail Engine::Create.
   virtual Status PrepareComputeStream(gpu::Stream& stream) { return Status::Ok(); }
 
   int64_t num_params() const {

@@ -25,6 +25,7 @@
 
 #ifdef STRATA_HAVE_CUDA
 #include "gpu/cuda/cuda_device.h"
+#include "tests/gpu/cuda_test_util.h"
 #endif
 
 namespace strata::engine {
@@ -40,10 +41,7 @@ using testing::TrainRun;
 // Empty when a CUDA GPU can be used, else why not.
 std::string NoCudaReason() {
 #ifdef STRATA_HAVE_CUDA
-  auto n = gpu::CudaDeviceCount();
-  if (!n.ok()) return "no usable CUDA runtime: " + n.status().message();
-  if (*n == 0) return "no CUDA device (no NVIDIA driver or no GPU visible)";
-  return "";
+  return gpu::testing::NoCudaReason();
 #else
   return "this build has no CUDA backend (no nvcc at configure time)";
 #endif

@@ -212,6 +212,27 @@ TEST(GptCudaScratch, CoversTheHostFigureAndTheModelTakesTheMaximum) {
 // ---------------------------------------------------------------------------
 // On a GPU.
 
+// A layer's forward and backward in double on random input (x, dy uniform in [-1, 1], seeds
+// 22 and 23): the reference the CUDA layer is compared with. Shapes as in gpt_kernels.h.
+struct LayerReference {
+  std::vector<double> x, dy;  // (B, T, C)
+  std::vector<double> y, dx;  // (B, T, C)
+  std::vector<double> grads;  // the layer chunk
+};
+
+LayerReference ComputeLayerReference(const GptShape& s, const std::vector<double>& pd, int B,
+                                     int T) {
+  const int64_t N = int64_t{B} * T, C = s.channels;
+  LayerReference r{RandomVector(N * C, 1.0, 22), RandomVector(N * C, 1.0, 23),
+                   std::vector<double>(N * C), std::vector<double>(N * C),
+                   std::vector<double>(pd.size())};
+  std::vector<double> scratch(LayerScratchElems(s, B, T));
+  LayerForward<double>(s, pd.data(), r.x.data(), r.y.data(), B, T, scratch.data());
+  LayerBackward<double>(s, pd.data(), r.x.data(), r.dy.data(), r.dx.data(), r.grads.data(), B, T,
+                        scratch.data());
+  return r;
+}
+
 class GptCudaTest : public gpu::testing::CudaTest {
  protected:
   template <typename T>
@@ -251,13 +272,9 @@ class GptCudaTest : public gpu::testing::CudaTest {
     SCOPED_TRACE("C=" + std::to_string(s.channels) + " H=" + std::to_string(s.num_heads) +
                  " B=" + std::to_string(B) + " T=" + std::to_string(T));
     const int64_t N = int64_t{B} * T, C = s.channels;
-    const std::vector<double> x = RandomVector(N * C, 1.0, 22);
-    const std::vector<double> dy = RandomVector(N * C, 1.0, 23);
-    std::vector<double> y_ref(N * C), dx_ref(N * C), g_ref(pd.size());
-    std::vector<double> scratch(LayerScratchElems(s, B, T));
-    LayerForward<double>(s, pd.data(), x.data(), y_ref.data(), B, T, scratch.data());
-    LayerBackward<double>(s, pd.data(), x.data(), dy.data(), dx_ref.data(), g_ref.data(), B, T,
-                          scratch.data());
+    const LayerReference ref = ComputeLayerReference(s, pd, B, T);
+    const std::vector<double>&x = ref.x, &dy = ref.dy, &y_ref = ref.y, &dx_ref = ref.dx,
+          &g_ref = ref.grads;
 
     const gpu::DeviceSpan p = Put(ToFloat(pd)), xi = Put(ToFloat(x)), d = Put(ToFloat(dy));
     const gpu::DeviceSpan y = Poisoned(N * C), dx = Poisoned(N * C), g = Poisoned(pd.size());
@@ -522,12 +539,8 @@ TEST_F(GptCudaTest, Tf32LayerDiffersFromFp32AndStaysWithinTheTf32Bound) {
   const std::vector<double> pd = RandomModel(s, 24).blocks[1];
   const int B = 2, T = 256;
   const int64_t N = int64_t{B} * T, C = s.channels;
-  const std::vector<double> x = RandomVector(N * C, 1.0, 22), dy = RandomVector(N * C, 1.0, 23);
-  std::vector<double> y_ref(N * C), dx_ref(N * C), g_ref(pd.size());
-  std::vector<double> scratch(LayerScratchElems(s, B, T));
-  LayerForward<double>(s, pd.data(), x.data(), y_ref.data(), B, T, scratch.data());
-  LayerBackward<double>(s, pd.data(), x.data(), dy.data(), dx_ref.data(), g_ref.data(), B, T,
-                        scratch.data());
+  const LayerReference ref = ComputeLayerReference(s, pd, B, T);
+  const std::vector<double>&x = ref.x, &dy = ref.dy, &y_ref = ref.y, &dx_ref = ref.dx;
   const gpu::DeviceSpan p = Put(ToFloat(pd)), xi = Put(ToFloat(x)), d = Put(ToFloat(dy));
   const gpu::DeviceSpan sc = GuardedScratch(cuda::CudaLayerScratchElems(s, B, T));
   std::vector<float> y[2], dx[2];
