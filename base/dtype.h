@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string_view>
+#include <type_traits>
 
 #include "base/status.h"
 
@@ -74,6 +75,68 @@ inline uint16_t FloatToHalf(float f) {
   uint32_t r = a - 0x38000000u;  // rebias exponent 127 -> 15
   r += 0xfffu + ((r >> 13) & 1u);
   return sign | static_cast<uint16_t>(r >> 13);
+}
+
+// Host storage types of one 16-bit value: the bits, nothing else. Host kernels load them with
+// ToFloat, compute in fp32 and store with FromFloat<S> (one rounding, to nearest even), so a
+// host kernel templated on its storage type S in {float, double, Bf16, Fp16} rounds exactly
+// where a GPU kernel that keeps __nv_bfloat16 / __half in memory does. Trivially copyable,
+// 2 bytes, no arithmetic operators: every use spells out where a value is rounded.
+struct Bf16 {
+  uint16_t bits;
+};
+struct Fp16 {
+  uint16_t bits;
+};
+static_assert(sizeof(Bf16) == 2 && sizeof(Fp16) == 2);
+
+inline float ToFloat(Bf16 x) { return Bf16ToFloat(x.bits); }
+inline float ToFloat(Fp16 x) { return HalfToFloat(x.bits); }
+inline float ToFloat(float x) { return x; }
+inline double ToFloat(double x) { return x; }  // the double reference keeps double
+
+// The compute type of storage type S: float for float, Bf16 and Fp16; double for double.
+template <typename S>
+using ComputeType = decltype(ToFloat(S{}));
+
+// Rounds an fp32 (or double, for S = double) value to storage type S.
+template <typename S>
+inline S FromFloat(ComputeType<S> x) {
+  if constexpr (std::is_same_v<S, Bf16>) {
+    return Bf16{FloatToBf16(x)};
+  } else if constexpr (std::is_same_v<S, Fp16>) {
+    return Fp16{FloatToHalf(x)};
+  } else {
+    return x;
+  }
+}
+
+// The DType of a storage type (double has none: it is a test reference only).
+template <typename S>
+constexpr DType DTypeOf() {
+  if constexpr (std::is_same_v<S, Bf16>) {
+    return DType::kBF16;
+  } else if constexpr (std::is_same_v<S, Fp16>) {
+    return DType::kF16;
+  } else {
+    static_assert(std::is_same_v<S, float>, "no DType for this storage type");
+    return DType::kF32;
+  }
+}
+
+// Calls f.template operator()<S>() with the storage type S of `dtype` (float, Fp16, Bf16) and
+// returns its result: one switch where a run-time dtype picks a compile-time kernel.
+template <typename F>
+decltype(auto) DispatchDType(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::kF16:
+      return f.template operator()<Fp16>();
+    case DType::kBF16:
+      return f.template operator()<Bf16>();
+    case DType::kF32:
+      break;
+  }
+  return f.template operator()<float>();
 }
 
 }  // namespace strata

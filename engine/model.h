@@ -4,18 +4,27 @@
 // layers, head). Each block's parameters are ONE contiguous chunk of
 // num_params elements: one H2D copy, one NVMe extent, addressable by
 // (offset, length) so a later data-parallel engine can partition it. Blocks pass
-// one boundary activation of activation_elems() fp32 elements between them; the
+// one boundary activation of activation_elems() elements between them; the
 // first block reads tokens, the last block produces logits and the loss.
 //
-// The engine owns all memory. It stages a block's working parameters as fp32 on
-// the device, and gives the block fp32 gradient and scratch buffers it carved
-// from the device arena; the block writes nothing else.
+// Blocks compute in the working precision (DESIGN.md, "Data flow of one optimizer step"): they
+// read their working parameters where they sit (a resident region or a streaming slot, fp32,
+// fp16 or bf16, no staging copy), keep activations, activation gradients and logits in the same
+// dtype, and write their weight gradients in it straight into the device gradient bucket (fp32
+// accumulation inside each matrix product, one rounding). Only the loss and the statistics
+// inside a block (LayerNorm, softmax) are fp32. Every buffer carries its dtype.
+//
+// The engine owns all memory: every buffer a block sees was carved from the device arena; the
+// block writes nothing else.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
+#include <type_traits>
 
+#include "base/dtype.h"
 #include "base/status.h"
 #include "gpu/device.h"
 
@@ -27,21 +36,55 @@ struct MicroBatchShape {
   int64_t tokens() const { return int64_t{batch_size} * seq_len; }
 };
 
-// Device pointers for one block's forward or backward on a micro-batch. Fields
-// not used by a block's role are null. All buffers are device memory.
+// A typed view of device memory that crosses the Model interface: where it is, the element type
+// and how many elements (DLPack's DLTensor reduced to what a block needs; the shape is in the
+// field's comment). Byte is std::byte (TensorRef) or const std::byte (ConstTensorRef). Non-owning.
+template <typename Byte>
+struct BasicTensorRef {
+  Byte* data = nullptr;
+  DType dtype = DType::kF32;
+  int64_t num_elems = 0;
+
+  BasicTensorRef() = default;
+  BasicTensorRef(Byte* d, DType t, int64_t n) : data(d), dtype(t), num_elems(n) {}
+  // TensorRef -> ConstTensorRef.
+  template <typename Other>
+    requires(std::is_const_v<Byte> && !std::is_const_v<Other>)
+  BasicTensorRef(const BasicTensorRef<Other>& o)  // NOLINT(google-explicit-constructor)
+      : data(o.data), dtype(o.dtype), num_elems(o.num_elems) {}
+
+  bool empty() const { return data == nullptr; }
+  size_t size_bytes() const { return static_cast<size_t>(num_elems) * SizeOf(dtype); }
+  // The elements as storage type S (float, Fp16, Bf16); STRATA_CHECKs that S is the dtype.
+  template <typename S>
+  auto as() const {
+    STRATA_CHECK_MSG(data == nullptr || DTypeOf<S>() == dtype,
+                     std::string("buffer is ") + std::string(DTypeName(dtype)) + ", read as " +
+                         std::string(DTypeName(DTypeOf<S>())));
+    using Elem = std::conditional_t<std::is_const_v<Byte>, const S, S>;
+    return reinterpret_cast<Elem*>(data);
+  }
+};
+using TensorRef = BasicTensorRef<std::byte>;
+using ConstTensorRef = BasicTensorRef<const std::byte>;
+
+// Device buffers for one block's forward or backward on a micro-batch. Fields not used by a
+// block's role are empty. All buffers are device memory. The typed ones are all of one dtype,
+// the working precision (`precision`); a block checks that (kInvalidArgument otherwise).
 struct BlockBuffers {
-  const float* params = nullptr;     // (num_params) fp32 working parameters
-  float* grads = nullptr;            // (num_params) fp32, overwritten by Backward
-  const float* x_in = nullptr;       // (B, T, C) boundary activation in; null for the first block
-  float* x_out = nullptr;            // (B, T, C) out; null for the last block
-  const float* dx_out = nullptr;     // (B, T, C) gradient of x_out (Backward, not the last block)
-  float* dx_in = nullptr;            // (B, T, C) gradient of x_in (Backward, not the first block)
+  DType precision = DType::kF32;
+  ConstTensorRef params;  // (num_params) working parameters, as they sit on the device
+  TensorRef grads;        // (num_params) weight gradients, OVERWRITTEN by Backward
+  ConstTensorRef x_in;    // (B, T, C) boundary activation in; empty for the first block
+  TensorRef x_out;        // (B, T, C) out; empty for the last block
+  ConstTensorRef dx_out;  // (B, T, C) gradient of x_out (Backward, not the last block)
+  TensorRef dx_in;        // (B, T, C) gradient of x_in (Backward, not the first block)
   const int32_t* tokens = nullptr;   // (B, T) first block
   const int32_t* targets = nullptr;  // (B, T) last block; null in Forward = no loss
-  float* logits = nullptr;           // (B, T, V) last block
-  float* loss = nullptr;             // (1) last block Forward: mean cross-entropy over B*T
-  float dloss = 1.0f;        // last block Backward: d(objective)/d(mean loss), incl. loss scale
-  float* scratch = nullptr;  // ScratchBytes(shape) bytes
+  TensorRef logits;                  // (B, T, V) last block
+  float* loss = nullptr;             // (1) fp32, last block Forward: mean cross-entropy over B*T
+  float dloss = 1.0f;       // last block Backward: d(objective)/d(mean loss), incl. loss scale
+  gpu::DeviceSpan scratch;  // scratch_bytes(block, shape, precision) bytes, contents undefined
   MicroBatchShape shape;
 };
 
@@ -56,7 +99,10 @@ class Model {
   virtual int64_t logits_elems(MicroBatchShape shape) const = 0;      // (B, T, V)
   virtual int vocab_size() const = 0;
   virtual int max_seq_len() const = 0;
-  virtual int64_t scratch_bytes(int block, MicroBatchShape shape) const = 0;
+  // Device scratch of one Forward/Backward of `block` computing in `precision`, in bytes; the
+  // engine gives every block one region of the largest. Must hold for every backend the model
+  // runs on (the model does not know the device here).
+  virtual int64_t scratch_bytes(int block, MicroBatchShape shape, DType precision) const = 0;
   // fp32 initial master weights of a block, deterministic from seed.
   virtual void InitParams(int block, uint64_t seed, std::span<float> out) const = 0;
   // Enqueue the block's forward / backward (backward recomputes the forward from
@@ -92,8 +138,8 @@ class ForwardingModel : public Model {
   int64_t logits_elems(MicroBatchShape s) const override { return inner_->logits_elems(s); }
   int vocab_size() const override { return inner_->vocab_size(); }
   int max_seq_len() const override { return inner_->max_seq_len(); }
-  int64_t scratch_bytes(int block, MicroBatchShape s) const override {
-    return inner_->scratch_bytes(block, s);
+  int64_t scratch_bytes(int block, MicroBatchShape s, DType precision) const override {
+    return inner_->scratch_bytes(block, s, precision);
   }
   void InitParams(int block, uint64_t seed, std::span<float> out) const override {
     inner_->InitParams(block, seed, out);

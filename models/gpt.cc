@@ -99,22 +99,24 @@ int64_t GptModel::logits_elems(engine::MicroBatchShape s) const {
   return s.tokens() * shape_.vocab_size;
 }
 
-int64_t GptModel::scratch_bytes(int block, engine::MicroBatchShape s) const {
-  switch (kind(block)) {
-    case Kind::kEmbedding:
-      return 0;
-    case Kind::kHead:
-      return std::max(HeadScratchElems(shape_, s.batch_size, s.seq_len),
-                      cuda::CudaHeadScratchElems(shape_, s.batch_size, s.seq_len)) *
-             4;
-    case Kind::kLayer:
-      break;
-  }
-  // One figure for both backends (the model does not know the device here): the CUDA layer
-  // keeps whole T x T attention gradients where the host keeps row blocks.
-  return std::max(LayerScratchElems(shape_, s.batch_size, s.seq_len),
-                  cuda::CudaLayerScratchElems(shape_, s.batch_size, s.seq_len)) *
-         4;
+int64_t GptModel::scratch_bytes(int block, engine::MicroBatchShape s,
+                                DType precision) const {
+  const int B = s.batch_size, T = s.seq_len;
+  // One figure for both backends (the model does not know the device here).
+  return DispatchDType(precision, [&]<typename S>() -> int64_t {
+    switch (kind(block)) {
+      case Kind::kEmbedding:
+        return std::max(EmbeddingScratchBytes<S>(shape_, B, T),
+                        cuda::CudaEmbeddingScratchBytes<S>(shape_, B, T));
+      case Kind::kHead:
+        return std::max(HeadScratchBytes<S>(shape_, B, T),
+                        cuda::CudaHeadScratchBytes<S>(shape_, B, T));
+      case Kind::kLayer:
+        break;
+    }
+    return std::max(LayerScratchBytes<S>(shape_, B, T),
+                    cuda::CudaLayerScratchBytes<S>(shape_, B, T));
+  });
 }
 
 void GptModel::InitParams(int block, uint64_t seed, std::span<float> out) const {
@@ -136,6 +138,45 @@ namespace {
 
 bool OnCuda(const gpu::Stream& stream) { return stream.device_kind() == gpu::DeviceKind::kCuda; }
 
+// Every typed buffer a block is given must be of the working precision and hold what the
+// block reads or writes; kInvalidArgument naming the buffer otherwise.
+Status CheckBuffers(const GptModel& model, int block, const engine::BlockBuffers& b,
+                    bool backward) {
+  const DType want = b.precision;
+  const int64_t act = model.activation_elems(b.shape);
+  const int64_t n = model.num_blocks();
+  auto check = [&](std::string_view name, const auto& t, int64_t elems, bool needed) -> Status {
+    if (!needed) return Status::Ok();
+    if (t.empty()) {
+      return InvalidArgumentError(fmt::format("GPT block {}: buffer {} is missing", block, name));
+    }
+    if (t.dtype != want) {
+      return InvalidArgumentError(fmt::format("GPT block {}: buffer {} is {}, the working "
+                                              "precision is {}",
+                                              block, name, DTypeName(t.dtype), DTypeName(want)));
+    }
+    if (t.num_elems < elems) {
+      return InvalidArgumentError(fmt::format("GPT block {}: buffer {} has {} elements, needs {}",
+                                              block, name, t.num_elems, elems));
+    }
+    return Status::Ok();
+  };
+  const bool first = block == 0, last = block == n - 1;
+  STRATA_RETURN_IF_ERROR(check("params", b.params, model.block_num_params(block), true));
+  STRATA_RETURN_IF_ERROR(check("grads", b.grads, model.block_num_params(block), backward));
+  STRATA_RETURN_IF_ERROR(check("x_in", b.x_in, act, !first));
+  STRATA_RETURN_IF_ERROR(check("x_out", b.x_out, act, !last && !backward));
+  STRATA_RETURN_IF_ERROR(check("dx_out", b.dx_out, act, !last && backward));
+  STRATA_RETURN_IF_ERROR(check("dx_in", b.dx_in, act, !first && backward));
+  STRATA_RETURN_IF_ERROR(check("logits", b.logits, model.logits_elems(b.shape), last));
+  const int64_t scratch = model.scratch_bytes(block, b.shape, want);
+  if (static_cast<int64_t>(b.scratch.size_bytes) < scratch) {
+    return InvalidArgumentError(fmt::format("GPT block {}: scratch has {} bytes, needs {}", block,
+                                            b.scratch.size_bytes, scratch));
+  }
+  return Status::Ok();
+}
+
 #ifndef STRATA_HAVE_CUDA
 // The message for a CUDA stream in a binary built without the CUDA backend (cannot
 // happen through CreateDeviceFromFlag, which refuses `cuda` in such a build).
@@ -147,52 +188,120 @@ Status NoCudaKernels() {
 #else
 // The CUDA blocks launch their kernels on the native stream, past the Stream's own operations,
 // so each block call is traced as one compute span (a no-op unless the device traces).
+template <typename S>
 Status CudaForward(const GptShape& sh, const GptOptions& options, GptModel::Kind kind,
                    const engine::BlockBuffers& b, gpu::Stream& stream) {
   const int B = b.shape.batch_size, T = b.shape.seq_len;
   const cuda::GptCudaOptions o{.allow_tf32 = options.allow_tf32};
+  void* scratch = b.scratch.data;
   switch (kind) {
     case GptModel::Kind::kEmbedding: {
       gpu::ScopedComputeSpan span(stream, "embedding forward");
-      return cuda::CudaEmbeddingForward(sh, stream, b.params, b.tokens, B, T, b.x_out);
+      return cuda::CudaEmbeddingForward<S>(sh, stream, b.params.as<S>(), b.tokens, B, T,
+                                           b.x_out.as<S>());
     }
     case GptModel::Kind::kLayer: {
       gpu::ScopedComputeSpan span(stream, "layer forward");
-      return cuda::CudaLayerForward(sh, stream, b.params, b.x_in, b.x_out, B, T, b.scratch, o);
+      return cuda::CudaLayerForward<S>(sh, stream, b.params.as<S>(), b.x_in.as<S>(),
+                                       b.x_out.as<S>(), B, T, scratch, o);
     }
     case GptModel::Kind::kHead: {
       gpu::ScopedComputeSpan span(stream, "head forward");
-      return cuda::CudaHeadForward(sh, stream, b.params, b.x_in, b.targets, B, T, b.logits,
-                                   b.scratch, b.loss, o);
+      return cuda::CudaHeadForward<S>(sh, stream, b.params.as<S>(), b.x_in.as<S>(), b.targets, B,
+                                      T, b.logits.as<S>(), scratch, b.loss, o);
     }
   }
   return InternalError("unreachable");
 }
 
+template <typename S>
 Status CudaBackward(const GptShape& sh, const GptOptions& options, GptModel::Kind kind,
                     const engine::BlockBuffers& b, gpu::Stream& stream) {
   const int B = b.shape.batch_size, T = b.shape.seq_len;
   const cuda::GptCudaOptions o{.allow_tf32 = options.allow_tf32};
+  void* scratch = b.scratch.data;
   switch (kind) {
     case GptModel::Kind::kEmbedding: {
       gpu::ScopedComputeSpan span(stream, "embedding backward");
-      return cuda::CudaEmbeddingBackward(sh, stream, b.tokens, b.dx_out, B, T, b.grads);
+      return cuda::CudaEmbeddingBackward<S>(sh, stream, b.tokens, b.dx_out.as<S>(), B, T,
+                                            b.grads.as<S>(), scratch);
     }
     case GptModel::Kind::kLayer: {
       // Includes the recomputed forward (activation checkpointing).
       gpu::ScopedComputeSpan span(stream, "layer backward");
-      return cuda::CudaLayerBackward(sh, stream, b.params, b.x_in, b.dx_out, b.dx_in, b.grads, B, T,
-                                     b.scratch, o);
+      return cuda::CudaLayerBackward<S>(sh, stream, b.params.as<S>(), b.x_in.as<S>(),
+                                        b.dx_out.as<S>(), b.dx_in.as<S>(), b.grads.as<S>(), B, T,
+                                        scratch, o);
     }
     case GptModel::Kind::kHead: {
       gpu::ScopedComputeSpan span(stream, "head backward");
-      return cuda::CudaHeadBackward(sh, stream, b.params, b.x_in, b.targets, b.dloss, B, T, b.dx_in,
-                                    b.grads, b.logits, b.scratch, o);
+      return cuda::CudaHeadBackward<S>(sh, stream, b.params.as<S>(), b.x_in.as<S>(), b.targets,
+                                       b.dloss, B, T, b.dx_in.as<S>(), b.grads.as<S>(),
+                                       b.logits.as<S>(), scratch, o);
     }
   }
   return InternalError("unreachable");
 }
 #endif
+
+// The host blocks: each block's kernels run as one host function on the compute stream.
+template <typename S>
+Status HostForward(const GptShape& sh, GptModel::Kind kind, const engine::BlockBuffers& b,
+                   gpu::Stream& stream) {
+  const int B = b.shape.batch_size, T = b.shape.seq_len;
+  const S* params = b.params.as<S>();
+  void* scratch = b.scratch.data;
+  switch (kind) {
+    case GptModel::Kind::kEmbedding:
+      return stream.LaunchHost([=, tokens = b.tokens, x_out = b.x_out.as<S>()] {
+        EmbeddingForward<S>(sh, params, tokens, B, T, x_out);
+        return Status::Ok();
+      });
+    case GptModel::Kind::kLayer:
+      return stream.LaunchHost([=, x_in = b.x_in.as<S>(), x_out = b.x_out.as<S>()] {
+        LayerForward<S>(sh, params, x_in, x_out, B, T, scratch);
+        return Status::Ok();
+      });
+    case GptModel::Kind::kHead:
+      return stream.LaunchHost([=, x_in = b.x_in.as<S>(), logits = b.logits.as<S>(),
+                                targets = b.targets, loss_out = b.loss] {
+        const float loss = HeadForward<S>(sh, params, x_in, targets, B, T, logits, scratch);
+        if (targets && loss_out) *loss_out = loss;
+        return Status::Ok();
+      });
+  }
+  return InternalError("unreachable");
+}
+
+template <typename S>
+Status HostBackward(const GptShape& sh, GptModel::Kind kind, const engine::BlockBuffers& b,
+                    gpu::Stream& stream) {
+  const int B = b.shape.batch_size, T = b.shape.seq_len;
+  const S* params = b.params.as<S>();
+  S* grads = b.grads.as<S>();
+  void* scratch = b.scratch.data;
+  switch (kind) {
+    case GptModel::Kind::kEmbedding:
+      return stream.LaunchHost([=, tokens = b.tokens, dx_out = b.dx_out.as<S>()] {
+        EmbeddingBackward<S>(sh, tokens, dx_out, B, T, grads, scratch);
+        return Status::Ok();
+      });
+    case GptModel::Kind::kLayer:
+      return stream.LaunchHost([=, x_in = b.x_in.as<S>(), dx_out = b.dx_out.as<S>(),
+                                dx_in = b.dx_in.as<S>()] {
+        LayerBackward<S>(sh, params, x_in, dx_out, dx_in, grads, B, T, scratch);
+        return Status::Ok();
+      });
+    case GptModel::Kind::kHead:
+      return stream.LaunchHost([=, x_in = b.x_in.as<S>(), dx_in = b.dx_in.as<S>(),
+                                logits = b.logits.as<S>(), targets = b.targets,
+                                dloss = b.dloss] {
+        HeadBackward<S>(sh, params, x_in, targets, dloss, B, T, dx_in, grads, logits, scratch);
+        return Status::Ok();
+      });
+  }
+  return InternalError("unreachable");
+}
 
 }  // namespace
 
@@ -206,66 +315,35 @@ Status GptModel::PrepareComputeStream(gpu::Stream& stream) {
 }
 
 Status GptModel::Forward(int block, const engine::BlockBuffers& b, gpu::Stream& stream) {
-  const GptShape sh = shape_;
-  const int B = b.shape.batch_size, T = b.shape.seq_len;
+  STRATA_RETURN_IF_ERROR(CheckBuffers(*this, block, b, /*backward=*/false));
+  const Kind k = kind(block);
   if (OnCuda(stream)) {
 #ifdef STRATA_HAVE_CUDA
-    return CudaForward(sh, options_, kind(block), b, stream);
+    return DispatchDType(b.precision, [&]<typename S>() {
+      return CudaForward<S>(shape_, options_, k, b, stream);
+    });
 #else
     return NoCudaKernels();
 #endif
   }
-  switch (kind(block)) {
-    case Kind::kEmbedding:
-      return stream.LaunchHost([=] {
-        EmbeddingForward<float>(sh, b.params, b.tokens, B, T, b.x_out);
-        return Status::Ok();
-      });
-    case Kind::kLayer:
-      return stream.LaunchHost([=] {
-        LayerForward<float>(sh, b.params, b.x_in, b.x_out, B, T, b.scratch);
-        return Status::Ok();
-      });
-    case Kind::kHead:
-      return stream.LaunchHost([=] {
-        const float loss =
-            HeadForward<float>(sh, b.params, b.x_in, b.targets, B, T, b.logits, b.scratch);
-        if (b.targets && b.loss) *b.loss = loss;
-        return Status::Ok();
-      });
-  }
-  return InternalError("unreachable");
+  return DispatchDType(b.precision,
+                       [&]<typename S>() { return HostForward<S>(shape_, k, b, stream); });
 }
 
 Status GptModel::Backward(int block, const engine::BlockBuffers& b, gpu::Stream& stream) {
-  const GptShape sh = shape_;
-  const int B = b.shape.batch_size, T = b.shape.seq_len;
+  STRATA_RETURN_IF_ERROR(CheckBuffers(*this, block, b, /*backward=*/true));
+  const Kind k = kind(block);
   if (OnCuda(stream)) {
 #ifdef STRATA_HAVE_CUDA
-    return CudaBackward(sh, options_, kind(block), b, stream);
+    return DispatchDType(b.precision, [&]<typename S>() {
+      return CudaBackward<S>(shape_, options_, k, b, stream);
+    });
 #else
     return NoCudaKernels();
 #endif
   }
-  switch (kind(block)) {
-    case Kind::kEmbedding:
-      return stream.LaunchHost([=] {
-        EmbeddingBackward<float>(sh, b.tokens, b.dx_out, B, T, b.grads);
-        return Status::Ok();
-      });
-    case Kind::kLayer:
-      return stream.LaunchHost([=] {
-        LayerBackward<float>(sh, b.params, b.x_in, b.dx_out, b.dx_in, b.grads, B, T, b.scratch);
-        return Status::Ok();
-      });
-    case Kind::kHead:
-      return stream.LaunchHost([=] {
-        HeadBackward<float>(sh, b.params, b.x_in, b.targets, b.dloss, B, T, b.dx_in, b.grads,
-                            b.logits, b.scratch);
-        return Status::Ok();
-      });
-  }
-  return InternalError("unreachable");
+  return DispatchDType(b.precision,
+                       [&]<typename S>() { return HostBackward<S>(shape_, k, b, stream); });
 }
 
 }  // namespace strata::models

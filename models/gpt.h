@@ -9,7 +9,10 @@
 // stream as a host function running the kernels of gpt_kernels.h; on the CUDA
 // backend (binaries built with STRATA_HAVE_CUDA) the block functions of
 // models/cuda/gpt_cuda.h launch CUDA kernels and cuBLAS GEMMs on the stream, on the
-// same device buffers and chunk layouts. scratch_bytes covers both paths.
+// same device buffers and chunk layouts. Blocks compute in the working precision of their
+// buffers (BlockBuffers::precision: fp32, fp16 or bf16) with the rounding points of
+// gpt_kernels.h on both backends; Forward/Backward check every buffer's dtype and size first
+// (kInvalidArgument naming the buffer). scratch_bytes covers both paths.
 #pragma once
 
 #include <memory>
@@ -57,7 +60,7 @@ class GptModel final : public engine::Model {
   int64_t logits_elems(engine::MicroBatchShape s) const override;
   int vocab_size() const override { return shape_.vocab_size; }
   int max_seq_len() const override { return shape_.max_seq_len; }
-  int64_t scratch_bytes(int block, engine::MicroBatchShape s) const override;
+  int64_t scratch_bytes(int block, engine::MicroBatchShape s, DType precision) const override;
   void InitParams(int block, uint64_t seed, std::span<float> out) const override;
   Status Forward(int block, const engine::BlockBuffers& buffers, gpu::Stream& stream) override;
   Status Backward(int block, const engine::BlockBuffers& buffers, gpu::Stream& stream) override;

@@ -23,10 +23,41 @@
 // each, hs = C / H.
 //
 // Notation: V vocab_size, C channels, H num_heads, hs = C / H, B sequences of
-// T tokens per micro-batch (1 <= T <= max_seq_len), activations (B, T, C) are
-// row-major with B*T rows of C. Real is the compute type, float or double;
-// tokens and targets are int32 in [0, V) (the caller validates data; a value
-// outside the range is a STRATA_CHECK failure, never an out-of-bounds read).
+// T tokens per micro-batch (1 <= T <= max_seq_len), N = B T rows; activations (B, T, C) are
+// row-major with N rows of C. Tokens and targets are int32 in [0, V) (the caller validates
+// data; a value outside the range is a STRATA_CHECK failure, never an out-of-bounds read).
+//
+// Storage and rounding (issue 13: compute in 16 bits). Every kernel is a template on its
+// storage type S: float, Bf16 or Fp16 (base/dtype.h) for the engine's working precision, and
+// double for the tests' reference. Parameters, activations, activation gradients, logits and
+// weight gradients are stored as S; arithmetic is in ComputeType<S> (fp32, or double for the
+// reference); LayerNorm statistics, softmax statistics and the loss are never rounded to S.
+// A value is rounded to S exactly where a GPU kernel keeps it in 16-bit memory, so the host
+// backend produces the numbers the CUDA kernels of models/cuda/ produce (up to summation
+// order) and CI tests them. The rounding points, each one rounding of an fp32 value:
+//   embedding   x = S(wte[tok] + wpe[t])
+//               dwte[v] = S(sum of dx rows with token v), dwpe[t] = S(sum over b of dx[b, t])
+//   matmul      out = S(in W (+ bias) (+ residual)): fp32 accumulation, the bias and the
+//               residual added to the fp32 sum (a cuBLASLt bias epilogue and beta = 1)
+//               dW = S(in^T dout), db = S(column sums of dout) (the BGRADB epilogue)
+//   layer fwd   ln1 = S(LN(x));  qkv = S(ln1 Wqkv + bqkv);  att = S(attention(qkv));
+//               x2 = S(x + att Wo + bo);  ln2 = S(LN(x2));  h = S(ln2 Wfc + bfc) (the
+//               pre-activation kept for the backward, the GELU_AUX epilogue's aux);
+//               g = S(gelu(fp32 h before rounding));  y = S(x2 + g Wp + bp)
+//   attention   FlashAttention-2 semantics (Dao, 2023): scores and softmax in fp32
+//               (row max and log-sum-exp kept in fp32), probabilities rounded to S before
+//               the product with V, the output accumulated in fp32 and rounded once.
+//               Backward: D = rowsum(dO * O) fp32, probabilities recomputed from q, k and
+//               the log-sum-exp, dS = P (dP - D) rounded to S before its products,
+//               dq, dk, dv accumulated in fp32 and rounded once each.
+//   layer bwd   dh = S((dy Wp^T) * gelu'(h)) (the DGELU epilogue); dln = S(dout W^T);
+//               LayerNorm backward in fp32 from S inputs, the residual gradient added before
+//               the one rounding: dx2 = S(dy + LN2'(dln2)), dx = S(dx2 + LN1'(dln1));
+//               dln_w, dln_b = S(fp32 column sums)
+//   head        lnf = S(LN(x)); logits = S(lnf Wlm); loss in fp32 from the S logits;
+//               dlogits = S(dloss / N (softmax - onehot)); dWlm = S(lnf^T dlogits);
+//               dx = S(LNf'(S(dlogits Wlm^T)))
+// For S = float every S(.) is the identity and the kernels are the fp32 path.
 //
 // Determinism: every function gives bit-identical results across runs and
 // independent of the number of threads, for one binary on one CPU (fixed
@@ -34,9 +65,9 @@
 // functions take the same vector code path for every element; matrix products
 // go through gpu::host::Gemm, deterministic in the same sense).
 //
-// Memory: no allocation inside the kernels beyond oneTBB's own and the GEMM's
-// per-thread packing buffers (grown once); all activations live in the
-// caller's buffers and scratch.
+// Memory: no allocation inside the kernels beyond oneTBB's own, the GEMM's per-thread packing
+// buffers and per-thread attention tiles (grown once); activations live in the caller's
+// buffers and scratch (sizes below, in bytes, for storage type S).
 //
 // Thread-safety: all functions are reentrant and keep no state; they run
 // oneTBB parallel loops internally (and may be called from inside oneTBB
@@ -48,6 +79,7 @@
 #include <string>
 #include <vector>
 
+#include "base/dtype.h"
 #include "base/status.h"
 
 namespace strata::models {
@@ -92,66 +124,59 @@ void InitEmbeddingParams(const GptShape& shape, uint64_t seed, float* params);
 void InitLayerParams(const GptShape& shape, int layer_index, uint64_t seed, float* params);
 void InitHeadParams(const GptShape& shape, uint64_t seed, float* params);
 
-// Scratch, in elements of Real, that LayerForward / LayerBackward need for a
-// micro-batch of B sequences of T tokens (forward and backward share one
-// scratch: the backward recomputes the forward from x_in, i.e. activation
-// checkpointing at block boundaries). The layer works on groups of G whole
-// sequences at a time, G = min(B, ceil(256 / T)) (at least 256 rows per
-// matrix product when B allows), so the scratch does not grow with B beyond G.
-// With R = G*T rows and rb = min(T, 64) (the attention row block):
-//   LayerScratchElems = 4 R                            LayerNorm mean, rstd x2
-//                     + 3 R C                          qkv
-//                     + G H T^2                        attention probabilities
-//                     + max(8 R C, 5 R C + G H rb T)   work area
-// The work area holds, at different times, ln1 / attention output / ln2 /
-// fc pre-activation (4 R C) / GELU output (4 R C), and in the backward their
-// gradients; LayerNorm outputs and the attention output are recomputed in the
-// backward instead of being kept.
-int64_t LayerScratchElems(const GptShape& shape, int B, int T);
-// HeadScratchElems = B T C (final LayerNorm output) + 3 B T (mean, rstd,
-// per-token loss); the (B, T, V) logits buffer is separate.
-int64_t HeadScratchElems(const GptShape& shape, int B, int T);
+// Scratch in bytes of each block function for storage type S and a micro-batch of B
+// sequences of T tokens; forward and backward of a block share one scratch (the backward
+// recomputes the forward from x_in: activation checkpointing at block boundaries). B >= 1,
+// 1 <= T <= max_seq_len (STRATA_CHECK). Pure, thread-safe.
+template <typename S>
+int64_t EmbeddingScratchBytes(const GptShape& shape, int B, int T);
+template <typename S>
+int64_t LayerScratchBytes(const GptShape& shape, int B, int T);
+template <typename S>
+int64_t HeadScratchBytes(const GptShape& shape, int B, int T);
 
-// x_out[b, t] = wte[tokens[b, t]] + wpe[t].
+// x_out[b, t] = S(wte[tokens[b, t]] + wpe[t]).
 //   params: embedding chunk; tokens: (B, T) int32; x_out: (B, T, C).
-template <typename Real>
-void EmbeddingForward(const GptShape& shape, const Real* params, const int32_t* tokens, int B,
-                      int T, Real* x_out);
+template <typename S>
+void EmbeddingForward(const GptShape& shape, const S* params, const int32_t* tokens, int B, int T,
+                      S* x_out);
 
 // dparams (embedding chunk, OVERWRITTEN; rows of wpe at positions >= T and of
-// wte for tokens not present are zero) from dx_out: (B, T, C).
-template <typename Real>
-void EmbeddingBackward(const GptShape& shape, const int32_t* tokens, const Real* dx_out, int B,
-                       int T, Real* dparams);
+// wte for tokens not present are zero) from dx_out: (B, T, C); each row summed in fp32 in token
+// order and rounded once. scratch: EmbeddingScratchBytes<S>.
+template <typename S>
+void EmbeddingBackward(const GptShape& shape, const int32_t* tokens, const S* dx_out, int B, int T,
+                       S* dparams, void* scratch);
 
 // One transformer layer. params: layer chunk; x_in, x_out: (B, T, C);
-// scratch: LayerScratchElems(shape, B, T) elements, contents undefined after.
-template <typename Real>
-void LayerForward(const GptShape& shape, const Real* params, const Real* x_in, Real* x_out, int B,
-                  int T, Real* scratch);
+// scratch: LayerScratchBytes<S>, contents undefined after.
+template <typename S>
+void LayerForward(const GptShape& shape, const S* params, const S* x_in, S* x_out, int B, int T,
+                  void* scratch);
 
 // Recomputes the forward from x_in, then writes dx_in: (B, T, C) and dparams
 // (the whole layer chunk, OVERWRITTEN, not accumulated) from dx_out: (B, T, C).
 // scratch as for LayerForward. dx_in must not overlap x_in or dx_out.
-template <typename Real>
-void LayerBackward(const GptShape& shape, const Real* params, const Real* x_in, const Real* dx_out,
-                   Real* dx_in, Real* dparams, int B, int T, Real* scratch);
+template <typename S>
+void LayerBackward(const GptShape& shape, const S* params, const S* x_in, const S* dx_out,
+                   S* dx_in, S* dparams, int B, int T, void* scratch);
 
 // Final LayerNorm and LM head. params: head chunk; x_in: (B, T, C);
 // targets: (B, T) int32 or nullptr; logits: (B, T, V) written;
-// scratch: HeadScratchElems(shape, B, T) elements.
-// Returns the mean cross-entropy over the B*T tokens, or 0 when targets is null.
-template <typename Real>
-Real HeadForward(const GptShape& shape, const Real* params, const Real* x_in,
-                 const int32_t* targets, int B, int T, Real* logits, Real* scratch);
+// scratch: HeadScratchBytes<S>.
+// Returns the mean cross-entropy over the B*T tokens (summed in double in token order), or 0
+// when targets is null.
+template <typename S>
+ComputeType<S> HeadForward(const GptShape& shape, const S* params, const S* x_in,
+                           const int32_t* targets, int B, int T, S* logits, void* scratch);
 
 // Gradient of dloss * (mean cross-entropy): recomputes the forward from x_in,
 // writes dx_in: (B, T, C) and dparams (head chunk, OVERWRITTEN). targets must
 // not be null. logits: (B, T, V) is used as scratch (its contents on return
-// are the logit gradients). scratch: HeadScratchElems(shape, B, T) elements.
-template <typename Real>
-void HeadBackward(const GptShape& shape, const Real* params, const Real* x_in,
-                  const int32_t* targets, Real dloss, int B, int T, Real* dx_in, Real* dparams,
-                  Real* logits, Real* scratch);
+// are the logit gradients). scratch: HeadScratchBytes<S>.
+template <typename S>
+void HeadBackward(const GptShape& shape, const S* params, const S* x_in, const int32_t* targets,
+                  ComputeType<S> dloss, int B, int T, S* dx_in, S* dparams, S* logits,
+                  void* scratch);
 
 }  // namespace strata::models

@@ -11,8 +11,8 @@
 //   - `stream` is a CUDA backend stream (gpu::NativeStream STRATA_CHECKs it); all work
 //     is enqueued on it in order and runs asynchronously. The call makes the stream's
 //     device current on the calling thread (through gpu::CublasHandle).
-//   - Every pointer is DEVICE memory of that device, fp32 (tokens/targets int32),
-//     4-byte aligned; shapes as in gpt_kernels.h: activations (B, T, C) row-major,
+//   - Every pointer is DEVICE memory of that device, of the storage type S (tokens/targets
+//     int32), 16-byte aligned; shapes as in gpt_kernels.h: activations (B, T, C) row-major,
 //     logits (B, T, V), chunks in the layout of EmbeddingTensors/LayerTensors/
 //     HeadTensors.
 //   - Arguments are checked before anything is launched: kInvalidArgument naming the
@@ -56,8 +56,10 @@ struct GptCudaOptions {
   bool allow_tf32 = false;
 };
 
-// CudaLayerGroupSeqs, CudaLayerScratchElems and CudaHeadScratchElems (the scratch sizes
-// of the blocks below) are in models/cuda/gpt_cuda_layout.h, with the layout behind them.
+// Scratch of the block functions below in bytes, for storage type S (float, Bf16, Fp16) and a
+// micro-batch of B sequences of T tokens: CudaEmbeddingScratchBytes, CudaLayerScratchBytes and
+// CudaHeadScratchBytes are in models/cuda/gpt_cuda_layout.h (plain C++, always built), with
+// the layout behind them.
 
 // Takes what the blocks need from `stream` beyond their scratch, once, before any block
 // runs: the stream's cuBLAS handle with its workspace (gpu::CublasHandle). Errors as
@@ -65,43 +67,52 @@ struct GptCudaOptions {
 // workspace).
 Status CudaPrepareStream(gpu::Stream& stream);
 
-// x_out[b, t] = wte[tokens[b, t]] + wpe[t]. params: embedding chunk; tokens (B, T);
-// x_out (B, T, C). Bit-identical to the host's EmbeddingForward.
-Status CudaEmbeddingForward(const GptShape& shape, gpu::Stream& stream, const float* params,
-                            const int32_t* tokens, int B, int T, float* x_out);
+// Every block function is a template on the storage type S of its typed buffers: float (the
+// fp32 path), Bf16 or Fp16 (base/dtype.h; __nv_bfloat16 / __half in device code), with the
+// rounding points of models/gpt_kernels.h ("Storage and rounding"). Instantiated for those
+// three.
 
-// dparams (embedding chunk, OVERWRITTEN) from dx_out (B, T, C). Deterministic without
-// atomics: each thread owns one column of a slice of wte rows (and one element of
-// wpe) and adds the token rows in token order, exactly the host's order, so the result
-// is bit-identical to the host's EmbeddingBackward.
+// x_out[b, t] = S(wte[tokens[b, t]] + wpe[t]). params: embedding chunk; tokens (B, T);
+// x_out (B, T, C).
+template <typename S>
+Status CudaEmbeddingForward(const GptShape& shape, gpu::Stream& stream, const S* params,
+                            const int32_t* tokens, int B, int T, S* x_out);
+
+// dparams (embedding chunk, OVERWRITTEN) from dx_out (B, T, C), deterministic without
+// atomics: each wte row sums the rows of its tokens in token order in fp32 and rounds once.
+// scratch: CudaEmbeddingScratchBytes<S>.
+template <typename S>
 Status CudaEmbeddingBackward(const GptShape& shape, gpu::Stream& stream, const int32_t* tokens,
-                             const float* dx_out, int B, int T, float* dparams);
+                             const S* dx_out, int B, int T, S* dparams, void* scratch);
 
-// One transformer layer, x_in -> x_out (B, T, C); scratch: CudaLayerScratchElems.
+// One transformer layer, x_in -> x_out (B, T, C); scratch: CudaLayerScratchBytes<S>.
 // x_out must not overlap x_in.
-Status CudaLayerForward(const GptShape& shape, gpu::Stream& stream, const float* params,
-                        const float* x_in, float* x_out, int B, int T, float* scratch,
+template <typename S>
+Status CudaLayerForward(const GptShape& shape, gpu::Stream& stream, const S* params,
+                        const S* x_in, S* x_out, int B, int T, void* scratch,
                         const GptCudaOptions& options = {});
 
 // Recomputes the forward from x_in, then writes dx_in (B, T, C) and dparams (layer
 // chunk, OVERWRITTEN) from dx_out. dx_in must not overlap x_in or dx_out.
-Status CudaLayerBackward(const GptShape& shape, gpu::Stream& stream, const float* params,
-                         const float* x_in, const float* dx_out, float* dx_in, float* dparams,
-                         int B, int T, float* scratch, const GptCudaOptions& options = {});
+template <typename S>
+Status CudaLayerBackward(const GptShape& shape, gpu::Stream& stream, const S* params,
+                         const S* x_in, const S* dx_out, S* dx_in, S* dparams, int B, int T,
+                         void* scratch, const GptCudaOptions& options = {});
 
 // Final LayerNorm and LM head: logits (B, T, V) written. With targets (B, T) non-null
 // and loss non-null, *loss (one fp32 in device memory) receives the mean cross-entropy
-// over the B T tokens (summed in double, fixed order). scratch: CudaHeadScratchElems.
-Status CudaHeadForward(const GptShape& shape, gpu::Stream& stream, const float* params,
-                       const float* x_in, const int32_t* targets, int B, int T, float* logits,
-                       float* scratch, float* loss, const GptCudaOptions& options = {});
+// over the B T tokens (summed in double, fixed order). scratch: CudaHeadScratchBytes<S>.
+template <typename S>
+Status CudaHeadForward(const GptShape& shape, gpu::Stream& stream, const S* params, const S* x_in,
+                       const int32_t* targets, int B, int T, S* logits, void* scratch, float* loss,
+                       const GptCudaOptions& options = {});
 
 // Gradient of dloss * (mean cross-entropy): recomputes the forward, writes dx_in
 // (B, T, C) and dparams (head chunk, OVERWRITTEN). targets must not be null. logits
 // (B, T, V) is scratch (holds the logit gradients on return), as on the host.
-Status CudaHeadBackward(const GptShape& shape, gpu::Stream& stream, const float* params,
-                        const float* x_in, const int32_t* targets, float dloss, int B, int T,
-                        float* dx_in, float* dparams, float* logits, float* scratch,
-                        const GptCudaOptions& options = {});
+template <typename S>
+Status CudaHeadBackward(const GptShape& shape, gpu::Stream& stream, const S* params, const S* x_in,
+                        const int32_t* targets, float dloss, int B, int T, S* dx_in, S* dparams,
+                        S* logits, void* scratch, const GptCudaOptions& options = {});
 
 }  // namespace strata::models::cuda

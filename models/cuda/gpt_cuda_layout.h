@@ -81,6 +81,22 @@ inline int64_t CudaHeadScratchElems(const GptShape& s, int B, int T) {
   return N * s.channels + 3 * N;
 }
 
+// Scratch of the typed block functions of models/cuda/gpt_cuda.h, in bytes, for storage type
+// S (float, Bf16, Fp16). Until the typed CUDA kernels define their own layout these are the fp32
+// layout's sizes (an upper bound for 16-bit storage). B >= 1, 1 <= T <= max_seq_len.
+template <typename S>
+int64_t CudaEmbeddingScratchBytes(const GptShape& s, int B, int T) {
+  return 0;
+}
+template <typename S>
+int64_t CudaLayerScratchBytes(const GptShape& s, int B, int T) {
+  return CudaLayerScratchElems(s, B, T) * 4;
+}
+template <typename S>
+int64_t CudaHeadScratchBytes(const GptShape& s, int B, int T) {
+  return CudaHeadScratchElems(s, B, T) * 4;
+}
+
 // Buffers of one group of `seqs` sequences inside the work area, relative to its start,
 // in the order the layer uses them (r = seqs T rows).
 struct CudaLayerWorkLayout {
