@@ -134,7 +134,7 @@ class Engine::Impl {
 
  private:
   struct Acquired {
-    const float* params;
+    ConstTensorRef params;  // the block's working params where they sit (resident or a slot)
     DeviceCopy* copy;
   };
   // The hyper-parameters of the update round in flight: written by the driving thread before
@@ -160,13 +160,16 @@ class Engine::Impl {
   // load into the least recently used slot outside `protect` when there is none.
   DeviceCopy* Request(int b, std::span<const int> protect);
   void StartLoad(DeviceCopy& c, int b);
-  // Waits for block b's load and stages its params as fp32 for compute.
+  // Makes the compute stream wait for block b's load; the block reads the params in place.
   StatusOr<Acquired> AcquireParams(int b, std::span<const int> window);
-  // After enqueuing the op at seq[cursor]: record the copy's release (fp32) and start the loads
+  // After enqueuing the op at seq[cursor]: record the copy's release and start the loads
   // of the next prefetch_depth blocks of the sequence.
   Status AfterOp(const Acquired& a, std::span<const int> window);
 
   // --- Gradient streaming ---
+  // The device bucket block b's backward writes its gradients into (the compute stream waits
+  // until the bucket's previous D2H is done), then its trip to the host after the backward.
+  StatusOr<TensorRef> NextGradBucket(int b);
   Status StreamGradients(int b, bool first_mb, bool last_mb);
   void Fold(int b, int bucket, bool first_mb, bool last_mb);
 
@@ -214,7 +217,11 @@ class Engine::Impl {
   std::unique_ptr<gpu::Stream> compute_, h2d_, d2h_;
   // Trace tracks of the host threads (o_.trace).
   int load_track_ = 0, fold_track_ = 0, read_track_ = 0, update_track_ = 0, write_track_ = 0;
-  gpu::DeviceSpan tokens_, targets_, loss_, logits_, scratch_, grads_, staging_;
+  gpu::DeviceSpan tokens_, targets_, loss_, logits_, scratch_;
+  // A (B, T, C) activation-sized buffer, or the logits, as the typed view a block sees.
+  TensorRef Typed(gpu::DeviceSpan span) const {
+    return TensorRef(span.data, o_.precision, static_cast<int64_t>(span.size_bytes / w_));
+  }
   // Boundary activations. Resident: acts_[b] = output of block b, b < n-1. Offloaded: two
   // device buffers, block b's output in acts_[b % 2] and D2H into host_acts_[b]; act_saved_[i]
   // (d2h) after the copy out of buffer i, act_free_[i] (compute) after the last op reading it,
@@ -313,7 +320,7 @@ Status Engine::Impl::Init() {
   auto event = [&]() { return device_->CreateEvent(); };
 
   // Carve exactly the planner's regions, in its order.
-  const uint64_t act_bytes = static_cast<uint64_t>(model_->activation_elems(shape)) * 4;
+  const uint64_t act_bytes = static_cast<uint64_t>(model_->activation_elems(shape)) * w_;
   size_t r = 0;
   const auto& regions = plan_.device_regions;
   auto next = [&]() {
@@ -342,18 +349,15 @@ Status Engine::Impl::Init() {
   STRATA_ASSIGN_OR_RETURN(auto dx, next());
   dx_[0] = dx.subspan(0, act_bytes);
   dx_[1] = dx.subspan(act_bytes, act_bytes);
-  STRATA_ASSIGN_OR_RETURN(logits_, next());
+  STRATA_ASSIGN_OR_RETURN(auto logits, next());
+  logits_ = logits.subspan(0, static_cast<size_t>(model_->logits_elems(shape)) * w_);
   STRATA_ASSIGN_OR_RETURN(scratch_, next());
-  STRATA_ASSIGN_OR_RETURN(grads_, next());
   STRATA_ASSIGN_OR_RETURN(auto dbuckets, next());
   const uint64_t dbucket_bytes = dbuckets.size_bytes / 2;
   for (int j = 0; j < 2; ++j) {
     dbucket_[j] = dbuckets.subspan(j * dbucket_bytes, dbucket_bytes);
     STRATA_ASSIGN_OR_RETURN(dgrad_ready_[j], event());
     STRATA_ASSIGN_OR_RETURN(dbucket_free_[j], event());
-  }
-  if (o_.precision != DType::kF32) {
-    STRATA_ASSIGN_OR_RETURN(staging_, next());
   }
   resident_.resize(n_);
   for (int b = 0; b < n_; ++b) {
@@ -554,21 +558,12 @@ StatusOr<Engine::Impl::Acquired> Engine::Impl::AcquireParams(int b, std::span<co
   STRATA_RETURN_IF_ERROR(loader_->WaitFor(c->load_ticket));
   if (!o_.overlap) STRATA_RETURN_IF_ERROR(h2d_->Synchronize());
   STRATA_RETURN_IF_ERROR(compute_->Wait(*c->ready));
-  const float* params;
-  if (o_.precision == DType::kF32) {
-    params = c->dev.as<const float>();
-  } else {
-    STRATA_RETURN_IF_ERROR(compute_->Convert(staging_, DType::kF32, c->dev, o_.precision, np(b)));
-    params = staging_.as<const float>();
-    // Once staged as fp32 the device copy is free.
-    STRATA_RETURN_IF_ERROR(compute_->Record(*c->released));
-  }
-  return Acquired{params, c};
+  return Acquired{ConstTensorRef(c->dev.data, o_.precision, np(b)), c};
 }
 
 Status Engine::Impl::AfterOp(const Acquired& a, std::span<const int> window) {
-  // fp32 compute reads the copy itself: it is free after the op.
-  if (o_.precision == DType::kF32) STRATA_RETURN_IF_ERROR(compute_->Record(*a.copy->released));
+  // The block read its params in place: the copy is free once the op is done.
+  STRATA_RETURN_IF_ERROR(compute_->Record(*a.copy->released));
   if (!o_.overlap) return compute_->Synchronize();
   // Prefetch the next blocks of the sequence; the window (this block and the next ones) is
   // never evicted.
@@ -632,18 +627,19 @@ Status Engine::Impl::ForwardPass(MicroBatchShape shape, bool with_targets, int l
     const auto window = seq.subspan(*cursor);
     STRATA_ASSIGN_OR_RETURN(const Acquired a, AcquireParams(b, window));
     BlockBuffers buf;
+    buf.precision = o_.precision;
     buf.params = a.params;
     buf.shape = shape;
-    buf.scratch = scratch_.as<float>();
+    buf.scratch = scratch_;
     if (b == 0) buf.tokens = tokens_.as<const int32_t>();
-    if (b > 0) buf.x_in = Act(b - 1).as<const float>();
+    if (b > 0) buf.x_in = Typed(Act(b - 1));
     if (b < n_ - 1) {
-      buf.x_out = Act(b).as<float>();
+      buf.x_out = Typed(Act(b));
       // Offloaded: the buffer's previous content (block b-2's output) must have been copied out.
       if (plan_.offload_activations) STRATA_RETURN_IF_ERROR(compute_->Wait(*act_saved_[b % 2]));
     } else {
       buf.targets = with_targets ? targets_.as<const int32_t>() : nullptr;
-      buf.logits = logits_.as<float>();
+      buf.logits = Typed(logits_);
       buf.loss = loss_.as<float>();
     }
     STRATA_RETURN_IF_ERROR(model_->Forward(b, buf, *compute_));
@@ -659,14 +655,20 @@ Status Engine::Impl::ForwardPass(MicroBatchShape shape, bool with_targets, int l
   return Status::Ok();
 }
 
+StatusOr<TensorRef> Engine::Impl::NextGradBucket(int b) {
+  // The block's backward writes its gradients into device bucket j once the D2H that last read
+  // j is done.
+  const int j = next_dbucket_;
+  STRATA_RETURN_IF_ERROR(compute_->Wait(*dbucket_free_[j]));
+  return TensorRef(dbucket_[j].data, o_.precision, np(b));
+}
+
 Status Engine::Impl::StreamGradients(int b, bool first_mb, bool last_mb) {
-  // fp32 gradients -> working precision into device bucket j, once the D2H that last read j is
-  // done; then D2H into a free pinned bucket on the D2H stream, folded by the CPU worker.
+  // The gradients the backward wrote into device bucket j go D2H into a free pinned bucket on
+  // the D2H stream, folded by the CPU worker.
   const int j = next_dbucket_;
   next_dbucket_ ^= 1;
   const uint64_t bytes = np(b) * w_;
-  STRATA_RETURN_IF_ERROR(compute_->Wait(*dbucket_free_[j]));
-  STRATA_RETURN_IF_ERROR(compute_->Convert(dbucket_[j], o_.precision, grads_, DType::kF32, np(b)));
   STRATA_RETURN_IF_ERROR(compute_->Record(*dgrad_ready_[j]));
   // Blocks this (driving) thread only when every pinned bucket is still being folded.
   const int i = pool_.Acquire();
@@ -768,14 +770,15 @@ StatusOr<StepResult> Engine::Impl::Step(std::span<const MicroBatch> mbs) {
       const auto window = std::span<const int>(seq).subspan(cursor);
       STRATA_ASSIGN_OR_RETURN(const Acquired a, AcquireParams(b, window));
       BlockBuffers buf;
+      buf.precision = o_.precision;
       buf.params = a.params;
-      buf.grads = grads_.as<float>();
+      STRATA_ASSIGN_OR_RETURN(buf.grads, NextGradBucket(b));
       buf.shape = shape;
-      buf.scratch = scratch_.as<float>();
+      buf.scratch = scratch_;
       if (b == 0) buf.tokens = tokens_.as<const int32_t>();
       if (b > 0) {
-        buf.x_in = Act(b - 1).as<const float>();
-        buf.dx_in = dx_[b % 2].as<float>();
+        buf.x_in = Typed(Act(b - 1));
+        buf.dx_in = Typed(dx_[b % 2]);
         // Offloaded: acts n-2 and n-3 are still on the device after forward; older ones were
         // loaded back (LoadActivation) one block ahead.
         if (plan_.offload_activations && b - 1 <= n_ - 4) {
@@ -783,10 +786,10 @@ StatusOr<StepResult> Engine::Impl::Step(std::span<const MicroBatch> mbs) {
         }
       }
       if (b < n_ - 1) {
-        buf.dx_out = dx_[(b + 1) % 2].as<const float>();
+        buf.dx_out = Typed(dx_[(b + 1) % 2]);
       } else {
         buf.targets = targets_.as<const int32_t>();
-        buf.logits = logits_.as<float>();
+        buf.logits = Typed(logits_);
         buf.dloss = dloss;
       }
       STRATA_RETURN_IF_ERROR(model_->Backward(b, buf, *compute_));
@@ -880,12 +883,17 @@ StatusOr<std::vector<float>> Engine::Impl::NextTokenLogits(std::span<const int32
   STRATA_RETURN_IF_ERROR(ForwardPass(shape, false, -1, seq, &cursor));
   const int vocab = model_->vocab_size();
   const size_t off = o_.micro_batch.tokens() * 8 + o_.grad_accum_steps * 4 + 4;
-  const auto dst = io_pinned_.span().subspan(off, vocab * 4);
+  const auto dst = io_pinned_.span().subspan(off, vocab * w_);
   STRATA_RETURN_IF_ERROR(
-      compute_->CopyD2H(dst, logits_.subspan((tokens.size() - 1) * vocab * 4, vocab * 4)));
+      compute_->CopyD2H(dst, logits_.subspan((tokens.size() - 1) * vocab * w_, vocab * w_)));
   STRATA_RETURN_IF_ERROR(compute_->Synchronize());
-  const auto* p = dst.as<const float>();
-  return std::vector<float>(p, p + vocab);
+  // The logits are in the working precision; widen them on the host (exact).
+  return DispatchDType(o_.precision, [&]<typename S>() {
+    const auto* p = dst.as<const S>();
+    std::vector<float> out(vocab);
+    for (int v = 0; v < vocab; ++v) out[v] = ToFloat(p[v]);
+    return out;
+  });
 }
 
 StatusOr<std::vector<float>> Engine::Impl::MasterWeights(int block) {

@@ -51,28 +51,30 @@ std::vector<DeviceRegion> FixedRegions(const Model& model, DType precision, Micr
   uint64_t max_scratch = 0;
   for (int b = 0; b < n; ++b) {
     max_block_params = std::max(max_block_params, model.block_num_params(b));
-    max_scratch = std::max<uint64_t>(max_scratch, model.scratch_bytes(b, shape));
+    max_scratch = std::max<uint64_t>(max_scratch, model.scratch_bytes(b, shape, precision));
   }
-  const uint64_t act = static_cast<uint64_t>(model.activation_elems(shape)) * 4;
+  // Blocks compute in the working precision: activations, their gradients, the logits and the
+  // gradients (written straight into the buckets) are all of it; params are read in place.
+  const size_t w = SizeOf(precision);
+  const std::string_view dt = DTypeName(precision);
+  const uint64_t act = static_cast<uint64_t>(model.activation_elems(shape)) * w;
   std::vector<DeviceRegion> fixed = {
       {"tokens+targets", static_cast<uint64_t>(shape.tokens()) * 8},
       {"loss", 4},
       offload_activations
-          ? DeviceRegion{"boundary activations (2 x (B,T,C) fp32; the rest offloaded to pinned)",
+          ? DeviceRegion{fmt::format(
+                             "boundary activations (2 x (B,T,C) {}; the rest offloaded to pinned)",
+                             dt),
                          act * 2}
-          : DeviceRegion{fmt::format("boundary activations ({} x (B,T,C) fp32)", n - 1),
+          : DeviceRegion{fmt::format("boundary activations ({} x (B,T,C) {})", n - 1, dt),
                          act * (n - 1)},
-      {"activation gradients (2 x (B,T,C) fp32)", act * 2},
-      {"logits (B,T,V) fp32", static_cast<uint64_t>(model.logits_elems(shape)) * 4},
-      {"block scratch", max_scratch},
-      {"gradients of one block (fp32)", static_cast<uint64_t>(max_block_params) * 4},
-      {fmt::format("gradient buckets (2 x one block, {})", DTypeName(precision)),
-       2 * Aligned(static_cast<uint64_t>(max_block_params) * SizeOf(precision))},
+      {fmt::format("activation gradients (2 x (B,T,C) {})", dt), act * 2},
+      {fmt::format("logits (B,T,V) {}", dt),
+       static_cast<uint64_t>(model.logits_elems(shape)) * w},
+      {fmt::format("block scratch ({} compute)", dt), max_scratch},
+      {fmt::format("gradient buckets (2 x one block, {}; blocks write their gradients here)", dt),
+       2 * Aligned(static_cast<uint64_t>(max_block_params) * w)},
   };
-  if (precision != DType::kF32) {
-    fixed.push_back(
-        {"fp32 staging of one block's params", static_cast<uint64_t>(max_block_params) * 4});
-  }
   return fixed;
 }
 
@@ -208,7 +210,7 @@ StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape sha
   p.pinned_bytes = p.host_grad_buckets * p.grad_bucket_bytes;  // gradient landing buckets
   if (o.offload_activations) {
     p.pinned_bytes +=
-        AlignUp(static_cast<uint64_t>(model.activation_elems(shape)) * 4, 4096) * (n - 1);
+        AlignUp(static_cast<uint64_t>(model.activation_elems(shape)) * w, 4096) * (n - 1);
   }
   if (o.param_home == ParamHome::kHost || o.param_home == ParamHome::kDevice) {
     for (int b = 0; b < n; ++b) p.pinned_bytes += AlignUp(block_bytes(b), 4096);

@@ -90,7 +90,9 @@ struct Plan {
 
 // The smallest device budget, in bytes, that trains with every block streamed through
 // `streaming_slots` slots: boundary activations (all n-1, or 2 with offload_activations),
-// activation gradients, gradients, gradient buckets, scratch and the slots. Pure; thread-safe.
+// activation gradients, logits, gradient buckets and scratch, all in the working precision
+// (blocks read their params in place and write their gradients into the buckets: no fp32
+// staging and no fp32 gradient region), and the slots. Pure; thread-safe.
 uint64_t StreamingMinimumBytes(const Model& model, DType precision, MicroBatchShape shape,
                                int streaming_slots = 2, bool offload_activations = false);
 

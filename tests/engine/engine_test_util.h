@@ -42,8 +42,9 @@ class OverflowInjector final : public ForwardingModel {
   Status Backward(int b, const BlockBuffers& buf, gpu::Stream& s) override {
     STRATA_RETURN_IF_ERROR(inner()->Backward(b, buf, s));
     if (b != armed_block_) return Status::Ok();
-    const gpu::DeviceSpan g{reinterpret_cast<std::byte*>(buf.grads + block_num_params(b) / 2), 4};
-    return s.Convert(g, DType::kF32, g, DType::kF32, 1, INFINITY);
+    const size_t w = SizeOf(buf.grads.dtype);
+    const gpu::DeviceSpan g{buf.grads.data + block_num_params(b) / 2 * w, w};
+    return s.Convert(g, buf.grads.dtype, g, buf.grads.dtype, 1, INFINITY);
   }
 
  private:

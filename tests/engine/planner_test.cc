@@ -157,7 +157,7 @@ TEST(Planner, OffloadedActivationsMoveAllButTwoToPinnedMemory) {
   o.offload_activations = true;
   auto offloaded = MakePlan(**model, DType::kBF16, mb, o);
   ASSERT_TRUE(kept.ok() && offloaded.ok());
-  const uint64_t act = static_cast<uint64_t>((*model)->activation_elems(mb)) * 4;
+  const uint64_t act = static_cast<uint64_t>((*model)->activation_elems(mb)) * 2;  // bf16
   const int n = (*model)->num_blocks();
   EXPECT_EQ(kept->device_total_bytes - offloaded->device_total_bytes, (n - 3) * act);
   EXPECT_EQ(offloaded->pinned_bytes - kept->pinned_bytes, (n - 1) * AlignUp(act, 4096));
@@ -165,6 +165,45 @@ TEST(Planner, OffloadedActivationsMoveAllButTwoToPinnedMemory) {
             StreamingMinimumBytes(**model, DType::kBF16, mb, 2, false));
   EXPECT_NE(offloaded->Describe().find("in pinned host memory, 2 on the device"),
             std::string::npos);
+}
+
+// Issue 13: blocks compute in the working precision, so a 16-bit plan has no fp32 region at all:
+// no staging copy of a block's params, no fp32 block gradients, and activations, activation
+// gradients and logits at half their fp32 size; only the scratch differs otherwise.
+TEST(Planner, SixteenBitPlanHasNoFp32RegionsAndHalvesActivations) {
+  auto model = models::GptModel::Create(*models::GptPreset("gpt2-124m"));
+  ASSERT_TRUE(model.ok());
+  const MicroBatchShape mb{4, 256};
+  PlacementOptions o;
+  o.nvme_paths = {"/tmp"};
+  o.device_budget_bytes = 1ull << 30;
+  o.param_home = ParamHome::kHost;
+  auto bf16 = MakePlan(**model, DType::kBF16, mb, o);
+  auto fp32 = MakePlan(**model, DType::kF32, mb, o);
+  ASSERT_TRUE(bf16.ok() && fp32.ok()) << bf16.status().ToString() << fp32.status().ToString();
+  ASSERT_EQ(bf16->device_regions.size(), fp32->device_regions.size());
+  for (const DeviceRegion& r : bf16->device_regions) {
+    EXPECT_EQ(r.label.find("fp32"), std::string::npos) << r.label;
+    EXPECT_EQ(r.label.find("staging"), std::string::npos) << r.label;
+  }
+  const uint64_t act = static_cast<uint64_t>((*model)->activation_elems(mb));
+  const uint64_t logits = static_cast<uint64_t>((*model)->logits_elems(mb));
+  auto region = [](const Plan& p, std::string_view prefix) -> uint64_t {
+    for (const DeviceRegion& r : p.device_regions) {
+      if (r.label.starts_with(prefix)) return r.size_bytes;
+    }
+    ADD_FAILURE() << "no region " << prefix;
+    return 0;
+  };
+  const int n = (*model)->num_blocks();
+  for (const auto& [p, w] : {std::pair{&*bf16, 2u}, std::pair{&*fp32, 4u}}) {
+    EXPECT_EQ(region(*p, "boundary activations"), (n - 1) * act * w);
+    EXPECT_EQ(region(*p, "activation gradients"), 2 * act * w);
+    EXPECT_EQ(region(*p, "logits"), logits * w);
+  }
+  EXPECT_LT(region(*bf16, "block scratch"), region(*fp32, "block scratch"));
+  EXPECT_LT(StreamingMinimumBytes(**model, DType::kBF16, mb),
+            StreamingMinimumBytes(**model, DType::kF32, mb) / 2 + 4096 * 16);
 }
 
 }  // namespace
