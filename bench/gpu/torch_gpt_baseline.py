@@ -213,7 +213,11 @@ def main():
     result["peak_bf16_tflops"] = peak or None
 
     torch.manual_seed(1337)
-    model = Gpt(max_seq_len, layers, heads, channels).to(device)
+    if hasattr(torch.device, "__enter__"):  # torch >= 2.0: built and initialised on the device
+        with device:
+            model = Gpt(max_seq_len, layers, heads, channels)
+    else:
+        model = Gpt(max_seq_len, layers, heads, channels).to(device)
     assert sum(p.numel() for p in model.parameters()) == result["params_run"]
     # fused AdamW (one multi-tensor kernel) on the GPU; torch < 2.0 has no fused option.
     fused = {"fused": True} if device.type == "cuda" else {}
