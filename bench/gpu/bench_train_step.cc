@@ -3,8 +3,9 @@
 //
 //   TrainStep/<preset>/<placement>
 //
-// <preset>: gpt2-124m (the small case) and gpt2-1.5b, byte-level vocabulary (256), so
-//   gpt2-124m has P = 86,235,648 and gpt2-1.5b P = 1,478,019,200 parameters.
+// <preset>: gpt2-124m (the small case), gpt2-1.5b and gpt-7b (32 layers, 32 heads, C = 4096,
+//   context 2048), byte-level vocabulary (256), so gpt2-124m has P = 86,235,648, gpt2-1.5b
+//   P = 1,478,019,200 and gpt-7b P = 6,454,648,832 parameters.
 // <placement>, in this order for each preset (the plan comes from engine::MakePlan inside
 // Engine::Create, as in `strata train`):
 //   resident  working params of every block on the GPU (ParamHome::kDevice, device budget
@@ -18,11 +19,16 @@
 //             store under $STRATA_BENCH_DIR (default /var/tmp; a real drive, not tmpfs).
 //
 // Micro-batch: B = 8 sequences of T = 1024 tokens, gradient accumulation 1 (8192 tokens per
-// step) for both presets. The GPT's CUDA layer runs fp32 GEMMs with TF32 off (models/cuda), so
-// gpt2-1.5b's forward + backward + recomputed forward (8 * P * 8192 = 9.7e13 FLOP plus
-// attention) should take about 2-3 s on an H200's fp32 units (~50 TFLOP/s): long enough to
-// hide the CPU AdamW over 1.5e9 parameters (16 cores, memory-bound) and the 6 GB of parameter
-// H2D per step, short enough that the program stays within its time budget.
+// step) for the GPT-2 presets; gpt-7b B = 2 sequences of its full context T = 2048 (4096 tokens:
+// ~2.1e14 FLOP per step with the recomputed forward, a few seconds, while its host state needs
+// 16 B/param = 103 GB of the machine's 128 GiB, so each case is short; 2 timed steps). A case
+// whose plan needs more host memory than /proc/meminfo's MemAvailable (less 4 GiB) is skipped
+// with the planner's message (PlacementOptions::host_budget_bytes), not killed by the kernel. The
+// GPT's CUDA layer runs fp32 GEMMs with TF32 off (models/cuda), so gpt2-1.5b's forward + backward +
+// recomputed forward (8 * P * 8192 = 9.7e13 FLOP plus attention) should take about 2-3 s on an
+// H200's fp32 units (~50 TFLOP/s): long enough to hide the CPU AdamW over 1.5e9 parameters (16
+// cores, memory-bound) and the 6 GB of parameter H2D per step, short enough that the program stays
+// within its time budget.
 //
 // Memory, gpt2-1.5b: host placements keep p32, m, v and the fp32 gradient accumulators on the
 // host (16 B/param = 23.6 GB) plus the pinned 16-bit working params (2 B/param = 3.0 GB); the
@@ -42,7 +48,14 @@
 //   model_TFLOP_per_s (6 * P * tokens + 12 * L * T * C * tokens) / step_s / 1e12: the model FLOPs
 //                     of "PaLM" (Chowdhery et al. 2022, appendix B): 6 per parameter and token
 //                     for forward + backward, plus attention's QK^T and AV; the recomputed
-//                     forward (activation checkpointing) is not counted.
+//                     forward (activation checkpointing) is not counted. The same formula as
+//                     bench/gpu/torch_gpt_baseline.py, the PyTorch baseline of the same shapes.
+//   MFU               model_TFLOP_per_s / the GPU's dense bf16 peak: --peak-tflops=X, else by
+//                     the device name (H100 SXM and H200 989, H100 PCIe 756, A100 312 TFLOP/s;
+//                     the context line peak_bf16_tflops says which); absent for an unknown GPU.
+//                     Against the bf16 peak whatever the kernels compute in: the GPT's CUDA
+//                     layer runs fp32 GEMMs (TF32 off), so a small MFU here says how far that
+//                     is from what the tensor cores could do.
 //   compute, h2d, d2h, cpu_optimizer, nvme_read, nvme_write
 //                     busy seconds per step of each part, from the trace::TraceRecorder given to
 //                     both the CUDA device (CudaDeviceOptions::trace) and the engine, over the
@@ -57,12 +70,15 @@
 //   loss              of the last step (about ln 256 = 5.5 on the random tokens used here)
 //
 // Time: the whole program stays under 4 minutes on the H200 machine. gpt2-1.5b runs 3 timed
-// steps (2 on NVMe, whose step moves ~44 GB through the drive), gpt2-124m 6. After the warm-up
-// a case whose timed steps would, at the warm-up's pace, end past $STRATA_BENCH_BUDGET_S
-// (default 210) seconds since the program started is skipped with that reason; so is a case
-// that would start when the previous case's duration no longer fits in the budget.
-// Without a GPU every case is skipped with the reason (SkipWithError) and the program exits 0.
-//   bench_train_step --benchmark_out=train_step.json --benchmark_out_format=json
+// steps (2 on NVMe, whose step moves ~44 GB through the drive), gpt2-124m 6, gpt-7b 2.
+// scripts/gpu_session.sh runs gpt2-1.5b and gpt-7b, resident and host, with --benchmark_filter.
+// After the warm-up a case whose timed steps would, at the warm-up's pace, end past
+// $STRATA_BENCH_BUDGET_S (default 210) seconds since the program started is skipped with that
+// reason; so is a case that would start when the previous case's duration no longer fits in the
+// budget. Without a GPU every case is skipped with the reason (SkipWithError) and the program exits
+// 0.
+//   bench_train_step [--peak-tflops=989] --benchmark_out=train_step.json
+//   --benchmark_out_format=json
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
 
@@ -70,13 +86,16 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <iterator>
 #include <memory>
 #include <random>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -116,11 +135,36 @@ struct Preset {
   int grad_accum_steps;
   int timed_steps;       // resident and host placements
   int timed_steps_nvme;  // nvme placement
+  // Every layer block starts from layer 0's initial weights (see CachedInitModel).
+  bool replicate_layer_init = false;
 };
 constexpr Preset kPresets[] = {
     {"gpt2-124m", {8, 1024}, 1, 6, 6},
     {"gpt2-1.5b", {8, 1024}, 1, 3, 2},
+    {"gpt-7b", {2, 2048}, 1, 2, 2, /*replicate_layer_init=*/true},
 };
+
+// The GPU's dense bf16 peak in TFLOP/s: --peak-tflops, else by name; 0 when unknown.
+double g_peak_tflops = 0;
+double PeakBf16TflopsByName(const std::string& description) {
+  auto has = [&](const char* s) { return description.find(s) != std::string::npos; };
+  if (has("H100") && (has("PCIe") || has("PCIE"))) return 756;
+  if (has("H100") || has("H200") || has("GH200")) return 989;  // SXM / NVL dense bf16
+  if (has("A100")) return 312;
+  return 0;
+}
+
+// MemAvailable of /proc/meminfo in bytes; 0 when unreadable.
+uint64_t HostMemAvailableBytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  uint64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return 0;
+}
 
 enum class Placement { kResident, kHost, kNvme };
 constexpr Placement kPlacements[] = {Placement::kResident, Placement::kHost, Placement::kNvme};
@@ -141,22 +185,35 @@ constexpr uint64_t kSeed = 1337;
 // The GPT of a preset, whose initial master weights are computed once, on every core, and
 // copied out by InitParams; everything else is GptModel's. GptModel::InitParams is a serial
 // Box-Muller sampler (about 20 s for gpt2-1.5b on one core) that Engine::Create calls block by
-// block; the copies are bit-identical to it. Memory: 4 bytes per parameter.
+// block; the copies are bit-identical to it. Memory: 4 bytes per parameter. With
+// `replicate_layers` (gpt-7b, whose 26 GB copy would not fit beside its 103 GB of host state)
+// only the embedding, layer 0 and the head are computed, and every layer starts from layer 0's
+// weights: the same distribution (GPT-2's init depends on the depth, not the layer index), not
+// the same values as GptModel's, which a throughput benchmark does not need.
 class CachedInitModel final : public ForwardingModel {
  public:
-  static StatusOr<std::unique_ptr<CachedInitModel>> Create(const std::string& preset) {
+  static StatusOr<std::unique_ptr<CachedInitModel>> Create(const std::string& preset,
+                                                           bool replicate_layers) {
     STRATA_ASSIGN_OR_RETURN(models::GptShape shape, models::GptPreset(preset));
     STRATA_ASSIGN_OR_RETURN(auto gpt, models::GptModel::Create(shape));
     std::unique_ptr<CachedInitModel> m(new CachedInitModel(preset, std::move(gpt)));
+    m->replicate_layers_ = replicate_layers;
     const int n = m->gpt_->num_blocks();
     m->init_.resize(n);
-    for (int b = 0; b < n; ++b) m->init_[b].resize(m->gpt_->block_num_params(b));
-    std::atomic<int> next{0};
+    std::vector<int> computed;
+    for (int b = 0; b < n; ++b) {
+      if (m->CacheIndex(b) != b) continue;
+      m->init_[b].resize(m->gpt_->block_num_params(b));
+      computed.push_back(b);
+    }
+    std::atomic<size_t> next{0};
     std::vector<std::thread> workers;
     const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
     for (unsigned i = 0; i < threads; ++i) {
       workers.emplace_back([&] {
-        for (int b = next++; b < n; b = next++) m->gpt_->InitParams(b, kSeed, m->init_[b]);
+        for (size_t k = next++; k < computed.size(); k = next++) {
+          m->gpt_->InitParams(computed[k], kSeed, m->init_[computed[k]]);
+        }
       });
     }
     for (auto& w : workers) w.join();
@@ -168,24 +225,34 @@ class CachedInitModel final : public ForwardingModel {
 
   void InitParams(int block, uint64_t seed, std::span<float> out) const override {
     if (seed != kSeed) return gpt_->InitParams(block, seed, out);
-    STRATA_CHECK(out.size() == init_[block].size());
-    std::memcpy(out.data(), init_[block].data(), out.size_bytes());
+    const std::vector<float>& init = init_[CacheIndex(block)];
+    STRATA_CHECK(out.size() == init.size());
+    std::memcpy(out.data(), init.data(), out.size_bytes());
   }
 
  private:
   CachedInitModel(std::string preset, std::unique_ptr<models::GptModel> gpt)
       : ForwardingModel(gpt.get()), preset_(std::move(preset)), gpt_(std::move(gpt)) {}
   std::string preset_;
+  // The block whose cached weights `block` starts from: itself, or layer 0 (block 1) for every
+  // layer block (1..L) when replicating.
+  int CacheIndex(int block) const {
+    const int layers = gpt_->shape().num_layers;
+    return replicate_layers_ && block >= 1 && block <= layers ? 1 : block;
+  }
+
   std::unique_ptr<models::GptModel> gpt_;
-  std::vector<std::vector<float>> init_;  // per block, InitParams(block, kSeed)
+  bool replicate_layers_ = false;
+  std::vector<std::vector<float>> init_;  // per block, InitParams(block, kSeed); empty if unused
 };
 
 // The model of the preset running now; the previous preset's is released first.
-StatusOr<CachedInitModel*> ModelFor(const std::string& preset) {
+StatusOr<CachedInitModel*> ModelFor(const Preset& preset) {
   static std::unique_ptr<CachedInitModel> model;
-  if (!model || model->preset() != preset) {
+  if (!model || model->preset() != preset.name) {
     model.reset();
-    STRATA_ASSIGN_OR_RETURN(model, CachedInitModel::Create(preset));
+    STRATA_ASSIGN_OR_RETURN(model,
+                            CachedInitModel::Create(preset.name, preset.replicate_layer_init));
   }
   return model.get();
 }
@@ -220,7 +287,7 @@ void BM_TrainStep(benchmark::State& state, int preset_index, Placement placement
     Clock::time_point t0;
     ~CaseTimer() { g_last_case_s = Since(t0); }
   } case_timer{t_case};
-  auto model_or = ModelFor(preset.name);
+  auto model_or = ModelFor(preset);
   if (!model_or.ok()) return Skip(state, model_or.status().ToString());
   CachedInitModel& model = **model_or;
   const MicroBatchShape mb = preset.micro_batch;
@@ -255,6 +322,12 @@ void BM_TrainStep(benchmark::State& state, int preset_index, Placement placement
       p.streaming_slots = 3;
       p.device_budget_bytes = StreamingMinimumBytes(model, o.precision, mb, p.streaming_slots);
       break;
+  }
+  // The planner refuses (kResourceExhausted, saying what is short) a plan that needs more host
+  // memory than is available now, the initial weights above already taken; 4 GiB are left for
+  // the rest of the process and the system.
+  if (const uint64_t avail = HostMemAvailableBytes(); avail > 8 * kGiB) {
+    p.host_budget_bytes = avail - 4 * kGiB;
   }
   if (placement == Placement::kNvme) {
     p.nvme_paths = {BenchDir()};
@@ -344,6 +417,7 @@ void BM_TrainStep(benchmark::State& state, int preset_index, Placement placement
   state.counters["wall_per_step_s"] = wall_per_step;
   state.counters["tokens_per_s"] = tokens_per_step / median;
   state.counters["model_TFLOP_per_s"] = flops / median / 1e12;
+  if (g_peak_tflops > 0) state.counters["MFU"] = flops / median / 1e12 / g_peak_tflops;
   state.counters["overlap_efficiency"] = largest / wall_per_step;
   state.counters["h2d_GB"] = static_cast<double>(c1.bytes_h2d - c0.bytes_h2d) / n / 1e9;
   state.counters["d2h_GB"] = static_cast<double>(c1.bytes_d2h - c0.bytes_d2h) / n / 1e9;
@@ -377,8 +451,29 @@ int main(int argc, char** argv) {
   using namespace strata::engine;
   strata::SetLogLevel(strata::LogLevel::kWarning);
   benchmark::Initialize(&argc, argv);
+  // Our one flag, --peak-tflops=X, taken out before Google Benchmark checks the rest.
+  int kept = 1;
+  for (int i = 1; i < argc; ++i) {
+    constexpr std::string_view kPeak = "--peak-tflops=";
+    if (std::string_view(argv[i]).starts_with(kPeak)) {
+      g_peak_tflops = std::atof(argv[i] + kPeak.size());
+      if (g_peak_tflops <= 0) {
+        std::fprintf(stderr, "bench_train_step: %s: a positive number is needed\n", argv[i]);
+        return 2;
+      }
+    } else {
+      argv[kept++] = argv[i];
+    }
+  }
+  argc = kept;
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  strata::gpu::bench::Gpu();  // context lines before the first result
+  strata::gpu::bench::GpuContext& ctx = strata::gpu::bench::Gpu();  // context lines first
+  if (g_peak_tflops == 0 && ctx.device)
+    g_peak_tflops = PeakBf16TflopsByName(ctx.device->description());
+  benchmark::AddCustomContext("peak_bf16_tflops",
+                              g_peak_tflops > 0
+                                  ? fmt::format("{:.0f}", g_peak_tflops)
+                                  : std::string("unknown (no MFU; give --peak-tflops=X)"));
   benchmark::AddCustomContext("nvme_dir", BenchDir());
   benchmark::AddCustomContext("time_budget_s", fmt::format("{:.0f}", BudgetSeconds()));
   benchmark::AddCustomContext("hardware_threads",

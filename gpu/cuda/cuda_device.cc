@@ -86,6 +86,8 @@ struct GpuAnchor {
 using AnchorRef = std::shared_ptr<const GpuAnchor>;
 
 // A timing event: created without cudaEventDisableTiming, so cudaEventElapsedTime can read it.
+// Nor with cudaEventBlockingSync: the only host wait on one is the clock anchor's, whose window
+// should be as narrow as spinning makes it (a wake-up from a blocking wait adds its latency).
 Status CreateTimingEvent(cudaEvent_t* event) {
   return cuda::CudaStatus(cudaEventCreateWithFlags(event, cudaEventDefault),
                           "cudaEventCreateWithFlags");
@@ -731,7 +733,9 @@ class CudaDevice final : public Device {
   StatusOr<std::unique_ptr<Event>> CreateEvent() override {
     STRATA_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device_ordinal));
     cudaEvent_t event = nullptr;
-    STRATA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+    // Host threads wait on these (Event::Synchronize): blocking sync, not a spinning core.
+    STRATA_CUDA_RETURN_IF_ERROR(
+        cudaEventCreateWithFlags(&event, cudaEventBlockingSync | cudaEventDisableTiming));
     return std::unique_ptr<Event>(new CudaEvent(options_.device_ordinal, event));
   }
 
@@ -767,6 +771,36 @@ class CudaDevice final : public Device {
   const std::string description_;
   const std::unique_ptr<Harvester> harvester_;  // null: not traced
 };
+
+// Asks for cudaDeviceScheduleBlockingSync on the primary context of GPU `ordinal`: as the context
+// is created (cudaInitDevice with the flags), or, where it already exists (created earlier in the
+// process, by another device object or another library), by changing its flags
+// (cudaSetDeviceFlags, which CUDA 12 and later allow on an initialized device). A runtime that
+// refuses the change because the context is active (cudaErrorSetOnActiveProcess) keeps its
+// flags; that is not an error. Leaves the device current on the calling thread. Returns whether
+// the context's flags (cudaGetDeviceFlags) now say blocking sync.
+StatusOr<bool> RequestBlockingSync(int ordinal) {
+  cudaError_t e =
+      cudaInitDevice(ordinal, cudaDeviceScheduleBlockingSync, cudaInitDeviceFlagsAreValid);
+  if (e == cudaErrorSetOnActiveProcess) {
+    cudaGetLastError();
+    e = cudaSuccess;
+  }
+  STRATA_CUDA_RETURN_IF_ERROR(e);
+  STRATA_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal));
+  unsigned flags = 0;
+  STRATA_CUDA_RETURN_IF_ERROR(cudaGetDeviceFlags(&flags));
+  if ((flags & cudaDeviceScheduleMask) != cudaDeviceScheduleBlockingSync) {
+    e = cudaSetDeviceFlags((flags & ~cudaDeviceScheduleMask) | cudaDeviceScheduleBlockingSync);
+    if (e == cudaErrorSetOnActiveProcess) {
+      cudaGetLastError();
+    } else {
+      STRATA_CUDA_RETURN_IF_ERROR(e);
+    }
+    STRATA_CUDA_RETURN_IF_ERROR(cudaGetDeviceFlags(&flags));
+  }
+  return (flags & cudaDeviceScheduleMask) == cudaDeviceScheduleBlockingSync;
+}
 
 CudaStream& AsCudaStream(Stream& stream) {
   auto* s = dynamic_cast<CudaStream*>(&stream);
@@ -812,16 +846,25 @@ StatusOr<std::unique_ptr<Device>> CreateCudaDevice(const CudaDeviceOptions& opti
                                             options.device_ordinal, count,
                                             count == 1 ? " is" : "s are"));
   }
-  STRATA_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device_ordinal));
+  STRATA_ASSIGN_OR_RETURN(const bool blocking_sync, RequestBlockingSync(options.device_ordinal));
+  if (!blocking_sync) {
+    STRATA_LOG_WARNING(
+        "cuda:{}: the CUDA context existed with other scheduling flags and the runtime kept them "
+        "(cudaErrorSetOnActiveProcess): stream and device synchronizes may spin a core; event "
+        "waits still block (cudaEventBlockingSync)",
+        options.device_ordinal);
+  }
   cudaDeviceProp prop{};
   STRATA_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, options.device_ordinal));
   int driver = 0, runtime = 0;
   STRATA_CUDA_RETURN_IF_ERROR(cudaDriverGetVersion(&driver));
   STRATA_CUDA_RETURN_IF_ERROR(cudaRuntimeGetVersion(&runtime));
   std::string description = fmt::format(
-      "cuda:{} {} (compute capability {}.{}, {} memory, {} SMs, driver {}, runtime {})",
+      "cuda:{} {} (compute capability {}.{}, {} memory, {} SMs, driver {}, runtime {}, host "
+      "waits {})",
       options.device_ordinal, prop.name, prop.major, prop.minor, FormatBytes(prop.totalGlobalMem),
-      prop.multiProcessorCount, VersionString(driver), VersionString(runtime));
+      prop.multiProcessorCount, VersionString(driver), VersionString(runtime),
+      blocking_sync ? "block" : "spin on stream syncs (context flags kept)");
   std::unique_ptr<Harvester> harvester;
   if (options.trace) {
     STRATA_ASSIGN_OR_RETURN(harvester, Harvester::Create(options.device_ordinal, options.trace));

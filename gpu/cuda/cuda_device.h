@@ -2,7 +2,8 @@
 //
 //   Stream  -> a cudaStream_t created with cudaStreamNonBlocking (never synchronizes
 //              with the legacy default stream), owned by the Stream object.
-//   Event   -> a cudaEvent_t created with cudaEventDisableTiming (ordering only).
+//   Event   -> a cudaEvent_t created with cudaEventBlockingSync | cudaEventDisableTiming
+//              (ordering only; a host thread waiting in Event::Synchronize sleeps).
 //   Arena   -> ONE cudaMalloc of the whole budget at CreateArena, zero-filled,
 //              carved by DeviceArena (256-byte aligned slots); freed with the arena.
 //              Peak use = used_bytes(), since nothing is freed.
@@ -25,6 +26,19 @@
 // Event::Synchronize reports the sticky error of the stream that last recorded it,
 // as of the moment the wait returns (it may include a failure of host work that
 // was enqueued after the record).
+//
+// Waiting: host threads that wait for the GPU block instead of spinning, so the cores stay free
+// for the CPU optimizer and I/O threads that run beside the GPU (a spinning wait takes a whole
+// core for as long as the GPU runs). CreateCudaDevice asks for cudaDeviceScheduleBlockingSync
+// on the GPU's primary context, as it is created (cudaInitDevice) or, where the process created
+// it earlier, by changing its flags (cudaSetDeviceFlags); Stream::Synchronize
+// (cudaStreamSynchronize) then blocks too. A runtime that refuses to change an active context
+// (cudaErrorSetOnActiveProcess) keeps its flags: a warning is logged, the description says
+// "host waits spin on stream syncs", and events still block (cudaEventBlockingSync is a per-event
+// flag). The flag is process-wide for that GPU: it applies to other users of the primary context
+// (cuBLAS, a host framework) as well. Cost: a blocking wake-up takes some microseconds longer
+// than a spin; the waits of this backend are per bucket or per step, not per kernel. The timing
+// events of tracing (below) keep timing and spin, for the precision of the clock anchor.
 //
 // Threading: Device methods are thread-safe. Each call that launches work makes
 // the device's ordinal current on the calling thread (cudaSetDevice), so streams

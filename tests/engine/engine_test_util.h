@@ -4,17 +4,20 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
 #include <functional>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "engine/engine.h"
 #include "engine/model.h"
 #include "engine/planner.h"
+#include "engine/safetensors.h"
 #include "gpu/device.h"
 
 namespace strata::engine::testing {
@@ -53,7 +56,10 @@ class OverflowInjector final : public ForwardingModel {
 
 struct TrainRun {
   std::vector<std::vector<float>> master;  // per block, after the last step
-  uint64_t hash = 0;                       // MasterWeightsXxh3 (0 when not taken)
+  // Per block, Adam's second moment v after the last step; only when TrainOn was given a
+  // checkpoint directory (read back from the checkpoint's exp_avg_sq.safetensors).
+  std::vector<std::vector<float>> exp_avg_sq;
+  uint64_t hash = 0;  // MasterWeightsXxh3 (0 when not taken)
   EngineCounters counters;
   Plan plan;
   std::vector<StepResult> results;
@@ -82,18 +88,25 @@ inline void ExpectBitIdentical(const TrainRun& a, const TrainRun& b) {
 
 // Trains `steps` optimizer steps of `model` on `device` from a fixed token stream (seed 99; each
 // micro-batch takes two vectors, tokens and targets). `before_step(s)`, when given, runs before
-// step s (to arm a fault). Returns the losses per step, the master weights per block, their
-// xxh3, the counters and the plan; a failing call is a test failure and ends the run early
-// (the TrainRun then holds what was done).
+// step s (to arm a fault). With `swap_sequences`, the first two sequences of every micro-batch
+// trade places: the same loss and gradient in exact arithmetic, summed in another order (a
+// legitimate reordering, for tests of tolerances). With `checkpoint_dir`, the run is saved there
+// at the end and Adam's v read back into exp_avg_sq. Returns the losses per step, the master
+// weights per block, their xxh3, the counters and the plan; a failing call is a test failure and
+// ends the run early (the TrainRun then holds what was done).
 inline TrainRun TrainOn(gpu::Device& device, Model& model, const EngineOptions& o, int steps,
-                        const std::function<void(int)>& before_step = {}) {
+                        const std::function<void(int)>& before_step = {},
+                        bool swap_sequences = false, const std::string& checkpoint_dir = "") {
   TrainRun run;
   auto engine = Engine::Create(&model, &device, o);
   EXPECT_TRUE(engine.ok()) << engine.status().ToString();
   if (!engine.ok()) return run;
   Engine& e = **engine;
-  const auto tokens =
-      RandomTokenVectors(steps * o.grad_accum_steps * 2, o.micro_batch.tokens(), 99);
+  auto tokens = RandomTokenVectors(steps * o.grad_accum_steps * 2, o.micro_batch.tokens(), 99);
+  if (swap_sequences && o.micro_batch.batch_size >= 2) {
+    const int64_t T = o.micro_batch.seq_len;
+    for (auto& v : tokens) std::swap_ranges(v.begin(), v.begin() + T, v.begin() + T);
+  }
   size_t k = 0;
   for (int s = 0; s < steps; ++s) {
     if (before_step) before_step(s);
@@ -109,6 +122,24 @@ inline TrainRun TrainOn(gpu::Device& device, Model& model, const EngineOptions& 
     EXPECT_TRUE(w.ok()) << w.status().ToString();
     if (!w.ok()) return run;
     run.master.push_back(std::move(*w));
+  }
+  if (!checkpoint_dir.empty()) {
+    std::string dir;
+    const Status saved = e.SaveCheckpoint(checkpoint_dir, TrainerState{}, {}, &dir);
+    EXPECT_TRUE(saved.ok()) << saved.ToString();
+    if (!saved.ok()) return run;
+    auto file = OpenSafetensorsFile(dir + "/exp_avg_sq.safetensors");
+    EXPECT_TRUE(file.ok()) << file.status().ToString();
+    if (!file.ok()) return run;
+    for (int b = 0; b < model.num_blocks(); ++b) {
+      const SafetensorsTensor* t = file->header.Find(model.block_name(b));
+      EXPECT_NE(t, nullptr) << model.block_name(b);
+      if (t == nullptr) return run;
+      std::vector<float> v(t->num_elems);
+      const Status read = ReadTensorBytes(*file, *t, 0, std::as_writable_bytes(std::span(v)));
+      EXPECT_TRUE(read.ok()) << read.ToString();
+      run.exp_avg_sq.push_back(std::move(v));
+    }
   }
   auto hash = e.MasterWeightsXxh3();
   EXPECT_TRUE(hash.ok()) << hash.status().ToString();

@@ -3,6 +3,7 @@
 // the tests of the no-GPU paths run instead.
 #include "gpu/cuda/cuda_device.h"
 
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -61,6 +62,28 @@ TEST_F(CudaTest, DescriptionNamesTheGpuAndVersions) {
   EXPECT_NE(d.find("compute capability"), std::string::npos) << d;
   EXPECT_NE(d.find("driver"), std::string::npos) << d;
   EXPECT_NE(d.find("runtime"), std::string::npos) << d;
+}
+
+TEST_F(CudaTest, HostThreadsWaitWithBlockingSync) {
+  // CreateCudaDevice asked for blocking sync on the primary context; the CUDA 12+ runtime of
+  // this build grants it whether or not the context existed before (cuda_device.h, "Waiting").
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  unsigned flags = 0;
+  ASSERT_EQ(cudaGetDeviceFlags(&flags), cudaSuccess);
+  EXPECT_EQ(flags & cudaDeviceScheduleMask, unsigned{cudaDeviceScheduleBlockingSync}) << flags;
+  EXPECT_NE(device_->description().find("host waits block"), std::string::npos)
+      << device_->description();
+  // A second device over the same (now active) context keeps it so.
+  auto again = CreateCudaDevice({});
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  ASSERT_EQ(cudaGetDeviceFlags(&flags), cudaSuccess);
+  EXPECT_EQ(flags & cudaDeviceScheduleMask, unsigned{cudaDeviceScheduleBlockingSync}) << flags;
+  // Events that host threads wait on still order and complete.
+  auto event = device_->CreateEvent();
+  ASSERT_TRUE(event.ok()) << event.status().ToString();
+  ASSERT_TRUE(stream_->Record(**event).ok());
+  EXPECT_TRUE((*event)->Synchronize().ok());
+  EXPECT_TRUE((*event)->Query());
 }
 
 TEST_F(CudaTest, OrdinalPastTheLastGpuIsInvalid) {
