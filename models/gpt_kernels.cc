@@ -2,13 +2,16 @@
 
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
 
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <numbers>
 #include <random>
 #include <string>
+#include <type_traits>
 
 #include "gpu/host/host_gemm.h"
 #include "models/gpt_layout.h"
@@ -19,22 +22,17 @@ namespace {
 using gpu::host::Gemm;
 
 constexpr double kLayerNormEps = 1e-5;
-// The layer processes groups of whole sequences with at least this many rows.
-constexpr int64_t kMinGroupRows = 256;
-// Attention works on blocks of this many query (or key) rows.
+// Attention works on blocks of this many query rows.
 constexpr int64_t kAttnRowBlock = 64;
-// Column reductions (bias and LayerNorm parameter gradients) run one task per
-// block of this many columns, each summing all rows in order.
+// Column reductions (bias and LayerNorm parameter gradients, embedding rows) run one task per
+// block of this many columns, each summing its rows in order.
 constexpr int64_t kColBlock = 64;
 // Row-parallel loops aim at this many elements per task.
 constexpr int64_t kGrainElems = 1 << 14;
+// Sub-buffers of a scratch start at multiples of this many bytes.
+constexpr int64_t kScratchAlign = 64;
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-int64_t GroupSeqs(int B, int T) {
-  return std::min<int64_t>(B, std::max<int64_t>(1, CeilDiv(kMinGroupRows, T)));
-}
-int64_t AttnRowBlock(int T) { return std::min<int64_t>(T, kAttnRowBlock); }
 
 void CheckBatch(const GptShape& s, int B, int T) {
   STRATA_CHECK_MSG(B >= 1 && T >= 1 && T <= s.max_seq_len,
@@ -73,6 +71,28 @@ int64_t Total(const std::vector<TensorInfo>& tensors) {
 }
 
 // ---------------------------------------------------------------------------
+// Scratch carving. One walk over the layout serves both the size (base == nullptr) and the
+// pointers, so the two cannot disagree.
+
+class Carver {
+ public:
+  explicit Carver(void* base) : base_(static_cast<char*>(base)) {}
+
+  template <typename T>
+  T* Take(int64_t num_elems) {
+    T* p = base_ == nullptr ? nullptr : reinterpret_cast<T*>(base_ + offset_bytes_);
+    offset_bytes_ +=
+        CeilDiv(num_elems * static_cast<int64_t>(sizeof(T)), kScratchAlign) * kScratchAlign;
+    return p;
+  }
+  int64_t size_bytes() const { return offset_bytes_; }
+
+ private:
+  char* base_;
+  int64_t offset_bytes_ = 0;
+};
+
+// ---------------------------------------------------------------------------
 // Deterministic parallel loops.
 
 // f(begin, end) over row ranges; rows are independent, so any split gives the
@@ -105,479 +125,537 @@ void ParallelColumnBlocks(int64_t cols, F&& f) {
 }
 
 // ---------------------------------------------------------------------------
+// Per-thread work buffers (compute-type copies of 16-bit GEMM operands, attention tiles),
+// grown once. A lease holds them for one product or one attention task; a nested lease on
+// the same thread (oneTBB may run another of our tasks on a thread that waits inside a
+// parallel loop) gets private heap buffers instead, so no two users ever share one.
+
+constexpr int kNumWorkBuffers = 12;
+
+template <typename F>
+struct WorkBuffers {
+  std::vector<F> buf[kNumWorkBuffers];
+  bool busy = false;
+};
+
+template <typename F>
+class WorkLease {
+ public:
+  WorkLease() {
+    thread_local WorkBuffers<F> tls;
+    if (tls.busy) {
+      own_ = std::make_unique<WorkBuffers<F>>();
+      w_ = own_.get();
+    } else {
+      tls.busy = true;
+      w_ = &tls;
+    }
+  }
+  ~WorkLease() {
+    if (own_ == nullptr) w_->busy = false;
+  }
+  WorkLease(const WorkLease&) = delete;
+  WorkLease& operator=(const WorkLease&) = delete;
+
+  // Buffer i with room for at least n elements (contents unspecified).
+  F* Get(int i, int64_t n) {
+    std::vector<F>& v = w_->buf[i];
+    if (static_cast<int64_t>(v.size()) < n) v.resize(n);
+    return v.data();
+  }
+
+ private:
+  WorkBuffers<F>* w_ = nullptr;
+  std::unique_ptr<WorkBuffers<F>> own_;
+};
+
+// ---------------------------------------------------------------------------
 // Elementwise transcendental functions. Every element goes through Eigen's
-// code path for a fixed-size, aligned array of kVec elements (padded at the
-// tail), so the result for an element never depends on its address or on where
-// a range was split (Eigen's vectorized exp/tanh differ from the scalar ones in
-// the last bits).
+// code path for a fixed-size array of kVec elements (padded at the tail), so
+// the result for an element never depends on its address or on where a range
+// was split (Eigen's vectorized exp/tanh differ from the scalar ones in the
+// last bits). Loads convert with ToFloat, stores round with FromFloat.
 
 constexpr int kVec = 16;
-template <typename Real>
-using Vec = Eigen::Array<Real, kVec, 1>;
+template <typename F>
+using Vec = Eigen::Array<F, kVec, 1>;
 
-template <typename Real>
-Vec<Real> Load(const Real* x, int64_t len) {
-  Vec<Real> v;
-  std::copy(x, x + len, v.data());
-  std::fill(v.data() + len, v.data() + kVec, Real(0));
+template <typename T>
+Vec<ComputeType<T>> LoadVec(const T* x, int64_t len) {
+  Vec<ComputeType<T>> v;
+  for (int64_t j = 0; j < len; ++j) v[j] = ToFloat(x[j]);
+  for (int64_t j = len; j < kVec; ++j) v[j] = 0;
   return v;
 }
 
-template <typename Real>
-void Store(const Vec<Real>& v, int64_t len, Real* y) {
-  std::copy(v.data(), v.data() + len, y);
+template <typename T>
+void StoreVec(const Vec<ComputeType<T>>& v, int64_t len, T* y) {
+  for (int64_t j = 0; j < len; ++j) y[j] = FromFloat<T>(v[j]);
 }
 
-template <typename Real>
-constexpr Real kGeluScale = Real(0.7978845608028654);  // sqrt(2 / pi)
-template <typename Real>
-constexpr Real kGeluCubic = Real(0.044715);
+template <typename F>
+constexpr F kGeluScale = F(0.7978845608028654);  // sqrt(2 / pi)
+template <typename F>
+constexpr F kGeluCubic = F(0.044715);
 
-// y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); y may equal x.
-template <typename Real>
-void GeluForward(const Real* x, int64_t n, Real* y) {
-  for (int64_t i = 0; i < n; i += kVec) {
-    const int64_t len = std::min<int64_t>(kVec, n - i);
-    const Vec<Real> v = Load(x + i, len);
-    const Vec<Real> u = kGeluScale<Real> * (v + kGeluCubic<Real> * v * v * v);
-    const Vec<Real> th = u.tanh();
-    const Vec<Real> out = Real(0.5) * v * (Real(1) + th);
-    Store(out, len, y + i);
-  }
+// gelu(v) = 0.5 v (1 + tanh(sqrt(2/pi) (v + 0.044715 v^3))).
+template <typename F>
+Vec<F> Gelu(const Vec<F>& v) {
+  const Vec<F> u = kGeluScale<F> * (v + kGeluCubic<F> * v * v * v);
+  return F(0.5) * v * (F(1) + u.tanh());
 }
 
-// dx = dy * gelu'(x); dx may equal dy.
-template <typename Real>
-void GeluBackward(const Real* x, const Real* dy, int64_t n, Real* dx) {
-  for (int64_t i = 0; i < n; i += kVec) {
-    const int64_t len = std::min<int64_t>(kVec, n - i);
-    const Vec<Real> v = Load(x + i, len);
-    const Vec<Real> g = Load(dy + i, len);
-    const Vec<Real> v2 = v * v;
-    const Vec<Real> u = kGeluScale<Real> * (v + kGeluCubic<Real> * v2 * v);
-    const Vec<Real> th = u.tanh();
-    const Vec<Real> du = kGeluScale<Real> * (Real(1) + Real(3) * kGeluCubic<Real> * v2);
-    const Vec<Real> d = Real(0.5) * (Real(1) + th) + Real(0.5) * v * (Real(1) - th * th) * du;
-    Store(Vec<Real>(g * d), len, dx + i);
-  }
+// gelu'(v).
+template <typename F>
+Vec<F> GeluGrad(const Vec<F>& v) {
+  const Vec<F> v2 = v * v;
+  const Vec<F> th = (kGeluScale<F> * (v + kGeluCubic<F> * v2 * v)).tanh();
+  const Vec<F> du = kGeluScale<F> * (F(1) + F(3) * kGeluCubic<F> * v2);
+  return F(0.5) * (F(1) + th) + F(0.5) * v * (F(1) - th * th) * du;
 }
 
-// x[i] = exp(x[i] - shift); returns the sum, added in index order.
-template <typename Real>
-Real ExpShiftedInPlace(Real* x, int64_t n, Real shift) {
-  Real sum = 0;
+// Sum of exp(x[i] - shift), added in index order.
+template <typename T>
+ComputeType<T> SumExpShifted(const T* x, int64_t n, ComputeType<T> shift) {
+  ComputeType<T> sum = 0;
   for (int64_t i = 0; i < n; i += kVec) {
     const int64_t len = std::min<int64_t>(kVec, n - i);
-    const Vec<Real> e = (Load(x + i, len) - shift).exp();
-    Store(e, len, x + i);
+    const Vec<ComputeType<T>> e = (LoadVec(x + i, len) - shift).exp();
     for (int64_t j = 0; j < len; ++j) sum += e[j];
   }
   return sum;
 }
 
-template <typename Real>
-Real MaxOf(const Real* x, int64_t n) {
-  Real m = x[0];
-  for (int64_t i = 1; i < n; ++i) m = std::max(m, x[i]);
+template <typename T>
+ComputeType<T> MaxOf(const T* x, int64_t n) {
+  ComputeType<T> m = ToFloat(x[0]);
+  for (int64_t i = 1; i < n; ++i) m = std::max(m, ToFloat(x[i]));
   return m;
 }
 
 // ---------------------------------------------------------------------------
-// Row-wise helpers.
+// Matrix products with an fp32 (double for the reference) result and one rounding to S.
 
-// out[r, :] = (x ? x[r, :] : 0) + bias.  out may equal x.
-template <typename Real>
-void RowsPlusBias(const Real* x, const Real* bias, int64_t rows, int64_t cols, Real* out) {
-  ParallelRows(rows, cols, [&](int64_t r0, int64_t r1) {
+// Writes the rounded product: out_row[c] = S(acc[c]).
+struct PlainEpilogue {};
+
+// out(M, N) (row stride N) = epilogue of op(A) op(B) (see gpu::host::Gemm for op and the
+// strides). The product runs through Gemm<ComputeType<S>>; 16-bit operands are converted to
+// fp32 first (exact), and the fp32 result goes through epi(row, acc_row, out_row) once, which
+// adds what it adds to the fp32 value and rounds once. For S = float or double the result is
+// computed in place in out (acc_row == out_row: an epilogue reads each element before it
+// writes it).
+template <typename S, typename Epi>
+void MatMul(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const S* A, int64_t lda,
+            const S* B, int64_t ldb, S* out, const Epi& epi) {
+  using F = ComputeType<S>;
+  constexpr bool kPlain = std::is_same_v<Epi, PlainEpilogue>;
+  if constexpr (std::is_same_v<S, F>) {
+    Gemm<F>(trans_a, trans_b, M, N, K, F(1), A, lda, B, ldb, F(0), out, N);
+    if constexpr (!kPlain) {
+      ParallelRows(M, N, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) epi(r, out + r * N, out + r * N);
+      });
+    }
+  } else {
+    WorkLease<float> work;
+    auto widen = [&](const S* x, int64_t ld, int64_t rows, int64_t cols, float* y) {
+      ParallelRows(rows, cols, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          for (int64_t c = 0; c < cols; ++c) y[r * cols + c] = ToFloat(x[r * ld + c]);
+        }
+      });
+    };
+    const int64_t a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
+    const int64_t b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
+    float* af = work.Get(0, a_rows * a_cols);
+    float* bf = work.Get(1, b_rows * b_cols);
+    float* acc = work.Get(2, M * N);
+    widen(A, lda, a_rows, a_cols, af);
+    widen(B, ldb, b_rows, b_cols, bf);
+    Gemm<float>(trans_a, trans_b, M, N, K, 1.0f, af, a_cols, bf, b_cols, 0.0f, acc, N);
+    ParallelRows(M, N, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        if constexpr (kPlain) {
+          for (int64_t c = 0; c < N; ++c) out[r * N + c] = FromFloat<S>(acc[r * N + c]);
+        } else {
+          epi(r, acc + r * N, out + r * N);
+        }
+      }
+    });
+  }
+}
+
+template <typename S>
+void MatMul(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const S* A, int64_t lda,
+            const S* B, int64_t ldb, S* out) {
+  MatMul(trans_a, trans_b, M, N, K, A, lda, B, ldb, out, PlainEpilogue{});
+}
+
+// out = S(acc + bias (+ residual)): the cuBLASLt bias epilogue with beta = 1 on the residual.
+template <typename S>
+struct BiasEpilogue {
+  const S* bias;
+  const S* residual;  // (M, N) or nullptr
+  int64_t N;
+  void operator()(int64_t r, const ComputeType<S>* acc, S* out) const {
+    const S* res = residual != nullptr ? residual + r * N : nullptr;
+    for (int64_t c = 0; c < N; ++c) {
+      ComputeType<S> v = acc[c] + ToFloat(bias[c]);
+      if (res != nullptr) v += ToFloat(res[c]);
+      out[c] = FromFloat<S>(v);
+    }
+  }
+};
+
+// pre = S(acc + bias), out = S(gelu(acc + bias)) from the unrounded sum (GELU_AUX).
+template <typename S>
+struct BiasGeluEpilogue {
+  const S* bias;
+  S* pre;  // (M, N)
+  int64_t N;
+  void operator()(int64_t r, const ComputeType<S>* acc, S* out) const {
+    for (int64_t c = 0; c < N; c += kVec) {
+      const int64_t len = std::min<int64_t>(kVec, N - c);
+      const Vec<ComputeType<S>> v = LoadVec(acc + c, len) + LoadVec(bias + c, len);
+      StoreVec<S>(v, len, pre + r * N + c);
+      StoreVec<S>(Gelu(v), len, out + c);
+    }
+  }
+};
+
+// out = S(acc * gelu'(pre)), pre read from S (DGELU).
+template <typename S>
+struct GeluGradEpilogue {
+  const S* pre;  // (M, N)
+  int64_t N;
+  void operator()(int64_t r, const ComputeType<S>* acc, S* out) const {
+    for (int64_t c = 0; c < N; c += kVec) {
+      const int64_t len = std::min<int64_t>(kVec, N - c);
+      const Vec<ComputeType<S>> g = LoadVec(acc + c, len) * GeluGrad(LoadVec(pre + r * N + c, len));
+      StoreVec<S>(g, len, out + c);
+    }
+  }
+};
+
+// ---------------------------------------------------------------------------
+// Sums over rows and LayerNorm (Ba et al. 2016).
+
+// out = S(sum over rows of x (rows, cols)), in ComputeType, rows in order.
+template <typename S>
+void ColumnSums(const S* x, int64_t rows, int64_t cols, S* out) {
+  ParallelColumnBlocks(cols, [&](int64_t c0, int64_t c1) {
+    ComputeType<S> acc[kColBlock] = {};
+    const int64_t w = c1 - c0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const S* xr = x + r * cols + c0;
+      for (int64_t j = 0; j < w; ++j) acc[j] += ToFloat(xr[j]);
+    }
+    for (int64_t j = 0; j < w; ++j) out[c0 + j] = FromFloat<S>(acc[j]);
+  });
+}
+
+// y = S((x - mean) * rstd * w + b) over the last dimension C of x (rows, C), rstd =
+// 1 / sqrt(var + eps) with the biased variance; mean and rstd kept in ComputeType.
+template <typename S>
+void LayerNormForward(const S* x, const S* w, const S* b, int64_t rows, int64_t C, S* y,
+                      ComputeType<S>* mean, ComputeType<S>* rstd) {
+  using F = ComputeType<S>;
+  ParallelRows(rows, C, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      Real* o = out + r * cols;
-      if (x != nullptr) {
-        const Real* xr = x + r * cols;
-        for (int64_t c = 0; c < cols; ++c) o[c] = xr[c] + bias[c];
-      } else {
-        std::copy(bias, bias + cols, o);
+      const S* xr = x + r * C;
+      F sum = 0;
+      for (int64_t c = 0; c < C; ++c) sum += ToFloat(xr[c]);
+      const F m = sum / F(C);
+      F var = 0;
+      for (int64_t c = 0; c < C; ++c) var += (ToFloat(xr[c]) - m) * (ToFloat(xr[c]) - m);
+      var /= F(C);
+      const F s = F(1) / std::sqrt(var + F(kLayerNormEps));
+      mean[r] = m;
+      rstd[r] = s;
+      S* yr = y + r * C;
+      for (int64_t c = 0; c < C; ++c) {
+        yr[c] = FromFloat<S>((ToFloat(xr[c]) - m) * s * ToFloat(w[c]) + ToFloat(b[c]));
       }
     }
   });
 }
 
-// out (+)= sum over rows of x (rows, cols); fixed order per column.
-template <typename Real>
-void ColumnSums(const Real* x, int64_t rows, int64_t cols, Real* out, bool accumulate) {
-  ParallelColumnBlocks(cols, [&](int64_t c0, int64_t c1) {
-    Real acc[kColBlock] = {};
-    const int64_t w = c1 - c0;
-    for (int64_t r = 0; r < rows; ++r) {
-      const Real* xr = x + r * cols + c0;
-      for (int64_t j = 0; j < w; ++j) acc[j] += xr[j];
-    }
-    for (int64_t j = 0; j < w; ++j) out[c0 + j] = accumulate ? out[c0 + j] + acc[j] : acc[j];
-  });
-}
-
-// LayerNorm (Ba et al. 2016) over the last dimension C of x (rows, C):
-// y = (x - mean) * rstd * w + b, rstd = 1 / sqrt(var + eps), biased variance.
-template <typename Real>
-inline void LayerNormApplyRow(const Real* x, const Real* w, const Real* b, Real mean, Real rstd,
-                              int64_t C, Real* y) {
-  for (int64_t c = 0; c < C; ++c) y[c] = (x[c] - mean) * rstd * w[c] + b[c];
-}
-
-template <typename Real>
-void LayerNormForward(const Real* x, const Real* w, const Real* b, int64_t rows, int64_t C, Real* y,
-                      Real* mean, Real* rstd) {
-  ParallelRows(rows, C, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const Real* xr = x + r * C;
-      Real sum = 0;
-      for (int64_t c = 0; c < C; ++c) sum += xr[c];
-      const Real m = sum / Real(C);
-      Real var = 0;
-      for (int64_t c = 0; c < C; ++c) var += (xr[c] - m) * (xr[c] - m);
-      var /= Real(C);
-      const Real s = Real(1) / std::sqrt(var + Real(kLayerNormEps));
-      mean[r] = m;
-      rstd[r] = s;
-      LayerNormApplyRow(xr, w, b, m, s, C, y + r * C);
-    }
-  });
-}
-
-// Recomputes y from x and saved statistics (bit-identical to the forward).
-template <typename Real>
-void LayerNormRecompute(const Real* x, const Real* w, const Real* b, const Real* mean,
-                        const Real* rstd, int64_t rows, int64_t C, Real* y) {
-  ParallelRows(rows, C, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      LayerNormApplyRow(x + r * C, w, b, mean[r], rstd[r], C, y + r * C);
-    }
-  });
-}
-
-// dw (+)= sum_r dy * xhat, db (+)= sum_r dy, xhat = (x - mean) * rstd.
-template <typename Real>
-void LayerNormParamGrads(const Real* x, const Real* dy, const Real* mean, const Real* rstd,
-                         int64_t rows, int64_t C, Real* dw, Real* db, bool accumulate) {
+// dw = S(sum_r dy * xhat), db = S(sum_r dy), xhat = (x - mean) * rstd; rows in order.
+template <typename S>
+void LayerNormParamGrads(const S* x, const S* dy, const ComputeType<S>* mean,
+                         const ComputeType<S>* rstd, int64_t rows, int64_t C, S* dw, S* db) {
+  using F = ComputeType<S>;
   ParallelColumnBlocks(C, [&](int64_t c0, int64_t c1) {
-    Real acc_w[kColBlock] = {};
-    Real acc_b[kColBlock] = {};
+    F acc_w[kColBlock] = {};
+    F acc_b[kColBlock] = {};
     const int64_t w = c1 - c0;
     for (int64_t r = 0; r < rows; ++r) {
-      const Real* xr = x + r * C + c0;
-      const Real* dr = dy + r * C + c0;
-      const Real m = mean[r], s = rstd[r];
+      const S* xr = x + r * C + c0;
+      const S* dr = dy + r * C + c0;
+      const F m = mean[r], s = rstd[r];
       for (int64_t j = 0; j < w; ++j) {
-        acc_w[j] += dr[j] * ((xr[j] - m) * s);
-        acc_b[j] += dr[j];
+        const F d = ToFloat(dr[j]);
+        acc_w[j] += d * ((ToFloat(xr[j]) - m) * s);
+        acc_b[j] += d;
       }
     }
     for (int64_t j = 0; j < w; ++j) {
-      dw[c0 + j] = accumulate ? dw[c0 + j] + acc_w[j] : acc_w[j];
-      db[c0 + j] = accumulate ? db[c0 + j] + acc_b[j] : acc_b[j];
+      dw[c0 + j] = FromFloat<S>(acc_w[j]);
+      db[c0 + j] = FromFloat<S>(acc_b[j]);
     }
   });
 }
 
-// dx = (residual ? residual : 0) + LayerNorm input gradient:
+// dx = S((residual ? residual : 0) + LayerNorm input gradient), in ComputeType:
 //   g = dy * w;  dx = rstd * (g - mean(g) - xhat * mean(g * xhat)).
-// Row-local and element-by-element read-before-write, so dx may equal x, dy or
-// residual.
-template <typename Real>
-void LayerNormInputGrad(const Real* x, const Real* w, const Real* dy, const Real* mean,
-                        const Real* rstd, const Real* residual, int64_t rows, int64_t C, Real* dx) {
+// Row-local and element-by-element read-before-write, so dx may equal dy or residual.
+template <typename S>
+void LayerNormInputGrad(const S* x, const S* w, const S* dy, const ComputeType<S>* mean,
+                        const ComputeType<S>* rstd, const S* residual, int64_t rows, int64_t C,
+                        S* dx) {
+  using F = ComputeType<S>;
   ParallelRows(rows, 2 * C, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      const Real* xr = x + r * C;
-      const Real* dr = dy + r * C;
-      const Real m = mean[r], s = rstd[r];
-      Real g_mean = 0, gx_mean = 0;
+      const S* xr = x + r * C;
+      const S* dr = dy + r * C;
+      const F m = mean[r], s = rstd[r];
+      F g_mean = 0, gx_mean = 0;
       for (int64_t c = 0; c < C; ++c) {
-        const Real g = dr[c] * w[c];
+        const F g = ToFloat(dr[c]) * ToFloat(w[c]);
         g_mean += g;
-        gx_mean += g * ((xr[c] - m) * s);
+        gx_mean += g * ((ToFloat(xr[c]) - m) * s);
       }
-      g_mean /= Real(C);
-      gx_mean /= Real(C);
-      Real* out = dx + r * C;
-      const Real* res = residual != nullptr ? residual + r * C : nullptr;
+      g_mean /= F(C);
+      gx_mean /= F(C);
+      S* out = dx + r * C;
+      const S* res = residual != nullptr ? residual + r * C : nullptr;
       for (int64_t c = 0; c < C; ++c) {
-        const Real xhat = (xr[c] - m) * s;
-        const Real v = s * (dr[c] * w[c] - g_mean - xhat * gx_mean);
-        out[c] = res != nullptr ? res[c] + v : v;
+        const F xhat = (ToFloat(xr[c]) - m) * s;
+        F v = s * (ToFloat(dr[c]) * ToFloat(w[c]) - g_mean - xhat * gx_mean);
+        if (res != nullptr) v = ToFloat(res[c]) + v;
+        out[c] = FromFloat<S>(v);
       }
     }
   });
 }
 
 // ---------------------------------------------------------------------------
-// Causal multi-head self-attention (Vaswani et al. 2017) on a group of `seqs`
-// sequences. qkv: (seqs, T, 3C); probs: (seqs, H, T, T), zero above the
-// diagonal; y: (seqs, T, C). One task per (sequence, head); the T x T products
-// run in blocks of rb query rows (or key columns) and skip the masked part.
+// Causal multi-head self-attention (Vaswani et al. 2017) with the storage and rounding of
+// FlashAttention-2 (Dao, 2023). One task per (sequence, head); the task copies q, k, v of its
+// head into compute-type tiles and works on blocks of kAttnRowBlock query rows, each block's
+// scores against all keys up to its last row at once (instead of an online softmax: the same
+// probabilities, one pass). qkv: (B, T, 3C); att: (B, T, C); lse: (B, H, T).
 
 struct AttnDims {
-  int64_t seqs, T, C, H, hs, rb;
+  int64_t B, T, C, H, hs;
 };
 
-template <typename Real>
-Real AttnScale(const AttnDims& d) {
-  return Real(1) / std::sqrt(Real(d.hs));
+template <typename F>
+F AttnScale(const AttnDims& d) {
+  return F(1) / std::sqrt(F(d.hs));
 }
 
-template <typename F>
-void ForEachHead(const AttnDims& d, F&& f) {
-  tbb::parallel_for(tbb::blocked_range<int64_t>(0, d.seqs * d.H, 1),
+template <typename Fn>
+void ForEachHead(const AttnDims& d, Fn&& f) {
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, d.B * d.H, 1),
                     [&](const tbb::blocked_range<int64_t>& r) {
-                      for (int64_t bh = r.begin(); bh != r.end(); ++bh) f(bh / d.H, bh % d.H, bh);
+                      for (int64_t bh = r.begin(); bh != r.end(); ++bh) {
+                        // Isolated: while this task waits inside a Gemm, its thread runs
+                        // only that Gemm's tiles, never another head (which would find the
+                        // work buffers leased and allocate its own).
+                        tbb::this_task_arena::isolate([&] { f(bh / d.H, bh % d.H, bh); });
+                      }
                     });
 }
 
-// y[b, :, head h] = probs[b, h] v[b, h] for one (b, h).
-template <typename Real>
-void AttentionValuesOneHead(const AttnDims& d, const Real* qkv, const Real* probs, Real* y,
-                            int64_t b, int64_t h, int64_t bh) {
-  const int64_t T = d.T, C = d.C, ld3 = 3 * C;
-  const Real* v = qkv + b * T * ld3 + 2 * C + h * d.hs;
-  const Real* p = probs + bh * T * T;
-  Real* yo = y + b * T * C + h * d.hs;
-  for (int64_t t0 = 0; t0 < T; t0 += d.rb) {
-    const int64_t t1 = std::min(T, t0 + d.rb);
-    Gemm<Real>(false, false, t1 - t0, d.hs, t1, Real(1), p + t0 * T, T, v, ld3, Real(0),
-               yo + t0 * C, C);
+// dst (T, hs) = ToFloat of the head-h columns at column offset `col` of rows of stride ld.
+template <typename S>
+void LoadHead(const S* src, int64_t ld, int64_t T, int64_t hs, ComputeType<S>* dst) {
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t j = 0; j < hs; ++j) dst[t * hs + j] = ToFloat(src[t * ld + j]);
   }
 }
 
-template <typename Real>
-void AttentionForward(const AttnDims& d, const Real* qkv, Real* probs, Real* y) {
-  const int64_t T = d.T, C = d.C, ld3 = 3 * C;
-  const Real scale = AttnScale<Real>(d);
+template <typename S>
+void StoreHead(const ComputeType<S>* src, int64_t T, int64_t hs, S* dst, int64_t ld) {
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t j = 0; j < hs; ++j) dst[t * ld + j] = FromFloat<S>(src[t * hs + j]);
+  }
+}
+
+// Scores of query rows t0..t0+nq against keys 0..nk (nk = t0 + nq), as a (nq, nk) tile:
+// scale * q k^T. Forward and backward make this same call, so the backward's scores are the
+// forward's bit for bit.
+template <typename F>
+void Scores(const AttnDims& d, const F* qf, const F* kf, int64_t t0, int64_t nq, F* sc) {
+  const int64_t nk = t0 + nq;
+  Gemm<F>(false, true, nq, nk, d.hs, AttnScale<F>(d), qf + t0 * d.hs, d.hs, kf, d.hs, F(0), sc, nk);
+}
+
+// Replaces the scores of query row t (sc, nk wide) by P = S(exp(score - lse)) for keys <= t
+// (as ComputeType values) and zero for the masked keys.
+template <typename S>
+void ProbabilitiesInPlace(ComputeType<S>* row, int64_t t, int64_t nk, ComputeType<S> lse) {
+  using F = ComputeType<S>;
+  const int64_t n = t + 1;
+  for (int64_t i = 0; i < n; i += kVec) {
+    const int64_t len = std::min<int64_t>(kVec, n - i);
+    const Vec<F> p = (LoadVec(row + i, len) - lse).exp();
+    for (int64_t j = 0; j < len; ++j) row[i + j] = ToFloat(FromFloat<S>(p[j]));
+  }
+  std::fill(row + n, row + nk, F(0));
+}
+
+template <typename S>
+void AttentionForward(const AttnDims& d, const S* qkv, S* att, ComputeType<S>* lse) {
+  using F = ComputeType<S>;
+  const int64_t T = d.T, C = d.C, hs = d.hs, ld3 = 3 * C;
+  const int64_t rb = std::min(T, kAttnRowBlock);
   ForEachHead(d, [&](int64_t b, int64_t h, int64_t bh) {
-    const Real* q = qkv + b * T * ld3 + h * d.hs;
-    const Real* k = q + C;
-    Real* p = probs + bh * T * T;
-    for (int64_t t0 = 0; t0 < T; t0 += d.rb) {
-      const int64_t t1 = std::min(T, t0 + d.rb);
-      // Scores of query rows t0..t1 against keys 0..t1.
-      Gemm<Real>(false, true, t1 - t0, t1, d.hs, scale, q + t0 * ld3, ld3, k, ld3, Real(0),
-                 p + t0 * T, T);
-      for (int64_t t = t0; t < t1; ++t) {
-        Real* row = p + t * T;
-        const Real sum = ExpShiftedInPlace(row, t + 1, MaxOf(row, t + 1));
-        const Real inv = Real(1) / sum;
-        for (int64_t s = 0; s <= t; ++s) row[s] *= inv;
-        std::fill(row + t + 1, row + T, Real(0));
+    WorkLease<F> work;
+    F* qf = work.Get(0, T * hs);
+    F* kf = work.Get(1, T * hs);
+    F* vf = work.Get(2, T * hs);
+    F* sc = work.Get(3, rb * T);
+    F* of = work.Get(4, rb * hs);
+    const S* base = qkv + b * T * ld3 + h * hs;
+    LoadHead(base, ld3, T, hs, qf);
+    LoadHead(base + C, ld3, T, hs, kf);
+    LoadHead(base + 2 * C, ld3, T, hs, vf);
+    F* lse_bh = lse + bh * T;
+    for (int64_t t0 = 0; t0 < T; t0 += rb) {
+      const int64_t nq = std::min(rb, T - t0), nk = t0 + nq;
+      Scores(d, qf, kf, t0, nq, sc);
+      for (int64_t i = 0; i < nq; ++i) {
+        const int64_t t = t0 + i;
+        F* row = sc + i * nk;
+        const F m = MaxOf(row, t + 1);
+        lse_bh[t] = m + std::log(SumExpShifted(row, t + 1, m));
+        ProbabilitiesInPlace<S>(row, t, nk, lse_bh[t]);
       }
+      Gemm<F>(false, false, nq, hs, nk, F(1), sc, nk, vf, hs, F(0), of, hs);
+      StoreHead<S>(of, nq, hs, att + (b * T + t0) * C + h * hs, C);
     }
-    AttentionValuesOneHead(d, qkv, probs, y, b, h, bh);
   });
 }
 
-// Recomputes y from saved probabilities.
-template <typename Real>
-void AttentionValues(const AttnDims& d, const Real* qkv, const Real* probs, Real* y) {
+// dqkv: (B, T, 3C) from datt: (B, T, C), the forward's qkv, att (the output O) and lse.
+template <typename S>
+void AttentionBackward(const AttnDims& d, const S* qkv, const S* att, const S* datt,
+                       const ComputeType<S>* lse, S* dqkv) {
+  using F = ComputeType<S>;
+  const int64_t T = d.T, C = d.C, hs = d.hs, ld3 = 3 * C;
+  const int64_t rb = std::min(T, kAttnRowBlock);
+  const F scale = AttnScale<F>(d);
   ForEachHead(d, [&](int64_t b, int64_t h, int64_t bh) {
-    AttentionValuesOneHead(d, qkv, probs, y, b, h, bh);
-  });
-}
-
-// dqkv: (seqs, T, 3C) from dy: (seqs, T, C). probs is overwritten with the
-// score gradients. temp: seqs * H * rb * T elements.
-template <typename Real>
-void AttentionBackward(const AttnDims& d, const Real* qkv, Real* probs, const Real* dy, Real* dqkv,
-                       Real* temp) {
-  const int64_t T = d.T, C = d.C, ld3 = 3 * C, hs = d.hs;
-  const Real scale = AttnScale<Real>(d);
-  ForEachHead(d, [&](int64_t b, int64_t h, int64_t bh) {
-    const Real* q = qkv + b * T * ld3 + h * hs;
-    const Real* k = q + C;
-    const Real* v = q + 2 * C;
-    Real* dq = dqkv + b * T * ld3 + h * hs;
-    Real* dk = dq + C;
-    Real* dv = dq + 2 * C;
-    const Real* g = dy + b * T * C + h * hs;
-    Real* p = probs + bh * T * T;
-    Real* dp = temp + bh * d.rb * T;
-    // dv[s] = sum_{t >= s} p[t, s] g[t], by blocks of keys s0..s1.
-    for (int64_t s0 = 0; s0 < T; s0 += d.rb) {
-      const int64_t s1 = std::min(T, s0 + d.rb);
-      Gemm<Real>(true, false, s1 - s0, hs, T - s0, Real(1), p + s0 * T + s0, T, g + s0 * C, C,
-                 Real(0), dv + s0 * ld3, ld3);
+    WorkLease<F> work;
+    F* qf = work.Get(0, T * hs);
+    F* kf = work.Get(1, T * hs);
+    F* vf = work.Get(2, T * hs);
+    F* dof = work.Get(3, T * hs);
+    F* dk = work.Get(4, T * hs);
+    F* dv = work.Get(5, T * hs);
+    F* p = work.Get(6, rb * T);
+    F* ds = work.Get(7, rb * T);
+    F* dq = work.Get(8, rb * hs);
+    F* dsum = work.Get(9, T);
+    const S* base = qkv + b * T * ld3 + h * hs;
+    LoadHead(base, ld3, T, hs, qf);
+    LoadHead(base + C, ld3, T, hs, kf);
+    LoadHead(base + 2 * C, ld3, T, hs, vf);
+    LoadHead(datt + b * T * C + h * hs, C, T, hs, dof);
+    // D[t] = rowsum(dO * O).
+    const S* o = att + b * T * C + h * hs;
+    for (int64_t t = 0; t < T; ++t) {
+      F sum = 0;
+      for (int64_t j = 0; j < hs; ++j) sum += dof[t * hs + j] * ToFloat(o[t * C + j]);
+      dsum[t] = sum;
     }
-    // Softmax backward by blocks of queries: dp = g v^T, then in place
-    // p[t, s] <- p[t, s] * (dp[t, s] - sum_s' p[t, s'] dp[t, s']).
-    for (int64_t t0 = 0; t0 < T; t0 += d.rb) {
-      const int64_t t1 = std::min(T, t0 + d.rb);
-      Gemm<Real>(false, true, t1 - t0, t1, hs, Real(1), g + t0 * C, C, v, ld3, Real(0), dp, t1);
-      for (int64_t t = t0; t < t1; ++t) {
-        Real* row = p + t * T;
-        const Real* drow = dp + (t - t0) * t1;
-        Real dot = 0;
-        for (int64_t s = 0; s <= t; ++s) dot += row[s] * drow[s];
-        for (int64_t s = 0; s <= t; ++s) row[s] *= drow[s] - dot;
+    std::fill(dk, dk + T * hs, F(0));
+    std::fill(dv, dv + T * hs, F(0));
+    const F* lse_bh = lse + bh * T;
+    S* dq_out = dqkv + b * T * ld3 + h * hs;
+    for (int64_t t0 = 0; t0 < T; t0 += rb) {
+      const int64_t nq = std::min(rb, T - t0), nk = t0 + nq;
+      Scores(d, qf, kf, t0, nq, p);
+      for (int64_t i = 0; i < nq; ++i)
+        ProbabilitiesInPlace<S>(p + i * nk, t0 + i, nk, lse_bh[t0 + i]);
+      // dP = dO v^T; dS = S(P (dP - D)), zero where masked (P is zero there).
+      Gemm<F>(false, true, nq, nk, hs, F(1), dof + t0 * hs, hs, vf, hs, F(0), ds, nk);
+      for (int64_t i = 0; i < nq; ++i) {
+        const F dd = dsum[t0 + i];
+        F* drow = ds + i * nk;
+        const F* prow = p + i * nk;
+        for (int64_t s = 0; s < nk; ++s) drow[s] = ToFloat(FromFloat<S>(prow[s] * (drow[s] - dd)));
       }
+      // dv += P^T dO;  dq = scale dS k;  dk += scale dS^T q.
+      Gemm<F>(true, false, nk, hs, nq, F(1), p, nk, dof + t0 * hs, hs, F(1), dv, hs);
+      Gemm<F>(false, false, nq, hs, nk, scale, ds, nk, kf, hs, F(0), dq, hs);
+      Gemm<F>(true, false, nk, hs, nq, scale, ds, nk, qf + t0 * hs, hs, F(1), dk, hs);
+      StoreHead<S>(dq, nq, hs, dq_out + t0 * ld3, ld3);
     }
-    // dq = scale * ds k;  dk[s] = scale * sum_{t >= s} ds[t, s] q[t].
-    for (int64_t t0 = 0; t0 < T; t0 += d.rb) {
-      const int64_t t1 = std::min(T, t0 + d.rb);
-      Gemm<Real>(false, false, t1 - t0, hs, t1, scale, p + t0 * T, T, k, ld3, Real(0),
-                 dq + t0 * ld3, ld3);
-    }
-    for (int64_t s0 = 0; s0 < T; s0 += d.rb) {
-      const int64_t s1 = std::min(T, s0 + d.rb);
-      Gemm<Real>(true, false, s1 - s0, hs, T - s0, scale, p + s0 * T + s0, T, q + s0 * ld3, ld3,
-                 Real(0), dk + s0 * ld3, ld3);
-    }
+    StoreHead<S>(dk, T, hs, dq_out + C, ld3);
+    StoreHead<S>(dv, T, hs, dq_out + 2 * C, ld3);
   });
 }
 
 // ---------------------------------------------------------------------------
-// Transformer layer on one group of whole sequences.
+// Transformer layer over all N = B T rows.
 
-// Scratch carved for groups of up to G sequences (R = G*T rows); see the
-// layout in the header.
-template <typename Real>
+// The layer scratch (see LayerScratchBytes in the header).
+template <typename S>
 struct LayerScratch {
-  Real* mean1;  // (R)
-  Real* rstd1;  // (R)
-  Real* mean2;  // (R)
-  Real* rstd2;  // (R)
-  Real* qkv;    // (R, 3C)
-  Real* probs;  // (G, H, T, T)
-  Real* work;   // max(8 R C, 5 R C + G H rb T)
+  using F = ComputeType<S>;
+  F *mean1, *rstd1, *mean2, *rstd2;  // (N)
+  F* lse;                            // (B, H, T)
+  S* ln1;                            // (N, C)
+  S* qkv;                            // (N, 3C)
+  S* att;                            // (N, C)
+  S* x2;                             // (N, C)
+  S* ln2;                            // (N, C)
+  S* h;                              // (N, 4C)
+  S* g;                              // (N, 4C)
+  int64_t size_bytes;
 };
 
-struct LayerScratchSizes {
-  int64_t rows, qkv, probs, work;
-  int64_t total() const { return 4 * rows + qkv + probs + work; }
-};
-
-LayerScratchSizes LayerScratchSizesFor(const GptShape& s, int B, int T) {
-  const int64_t G = GroupSeqs(B, T), R = G * T, C = s.channels, H = s.num_heads;
-  return {R, 3 * R * C, G * H * T * T,
-          std::max(8 * R * C, 5 * R * C + G * H * AttnRowBlock(T) * T)};
-}
-
-template <typename Real>
-LayerScratch<Real> CarveLayerScratch(const GptShape& s, int B, int T, Real* scratch) {
-  const LayerScratchSizes z = LayerScratchSizesFor(s, B, T);
-  LayerScratch<Real> sc;
-  Real* p = scratch;
-  sc.mean1 = p, p += z.rows;
-  sc.rstd1 = p, p += z.rows;
-  sc.mean2 = p, p += z.rows;
-  sc.rstd2 = p, p += z.rows;
-  sc.qkv = p, p += z.qkv;
-  sc.probs = p, p += z.probs;
-  sc.work = p;
+template <typename S>
+LayerScratch<S> CarveLayerScratch(const GptShape& s, int B, int T, void* scratch) {
+  using F = ComputeType<S>;
+  const int64_t N = int64_t{B} * T, C = s.channels;
+  Carver c(scratch);
+  LayerScratch<S> sc;
+  sc.mean1 = c.Take<F>(N);
+  sc.rstd1 = c.Take<F>(N);
+  sc.mean2 = c.Take<F>(N);
+  sc.rstd2 = c.Take<F>(N);
+  sc.lse = c.Take<F>(N * s.num_heads);
+  sc.ln1 = c.Take<S>(N * C);
+  sc.qkv = c.Take<S>(3 * N * C);
+  sc.att = c.Take<S>(N * C);
+  sc.x2 = c.Take<S>(N * C);
+  sc.ln2 = c.Take<S>(N * C);
+  sc.h = c.Take<S>(4 * N * C);
+  sc.g = c.Take<S>(4 * N * C);
+  sc.size_bytes = c.size_bytes();
   return sc;
 }
 
-template <typename Real>
-void GeluForwardRows(const Real* x, int64_t rows, int64_t cols, Real* y) {
-  ParallelRows(rows, cols, [&](int64_t r0, int64_t r1) {
-    GeluForward(x + r0 * cols, (r1 - r0) * cols, y + r0 * cols);
-  });
-}
-
-template <typename Real>
-void GeluBackwardRows(const Real* x, const Real* dy, int64_t rows, int64_t cols, Real* dx) {
-  ParallelRows(rows, cols, [&](int64_t r0, int64_t r1) {
-    GeluBackward(x + r0 * cols, dy + r0 * cols, (r1 - r0) * cols, dx + r0 * cols);
-  });
-}
-
-// Forward of one group: x (r, C) -> x2 = x + attention (written to x2). With
-// mlp_output, x2 is then updated in place to the layer output; without, the
-// forward stops after the GELU (all the backward needs). Work area afterwards:
-// fc pre-activation at [0, 4rC), GELU output at [4rC, 8rC).
-template <typename Real>
-void LayerForwardGroup(const GptShape& s, const LayerParams<const Real*>& p, const Real* x,
-                       Real* x2, int64_t seqs, int T, const LayerScratch<Real>& sc,
-                       bool mlp_output) {
-  const int64_t C = s.channels, r = seqs * T;
-  const AttnDims dims{seqs, T, C, s.num_heads, C / s.num_heads, AttnRowBlock(T)};
-  Real* ln1 = sc.work;               // (r, C), until the qkv product
-  Real* atty = sc.work;              // (r, C), until the projection
-  Real* fch = sc.work;               // (r, 4C)
-  Real* ln2 = sc.work + 4 * r * C;   // (r, C), until the fc product
-  Real* gelu = sc.work + 4 * r * C;  // (r, 4C)
-
-  LayerNormForward(x, p.ln1_w, p.ln1_b, r, C, ln1, sc.mean1, sc.rstd1);
-  RowsPlusBias<Real>(nullptr, p.qkv_b, r, 3 * C, sc.qkv);
-  Gemm<Real>(false, false, r, 3 * C, C, Real(1), ln1, C, p.qkv_w, 3 * C, Real(1), sc.qkv, 3 * C);
-  AttentionForward(dims, sc.qkv, sc.probs, atty);
-  RowsPlusBias(x, p.attn_proj_b, r, C, x2);
-  Gemm<Real>(false, false, r, C, C, Real(1), atty, C, p.attn_proj_w, C, Real(1), x2, C);
-
-  LayerNormForward(x2, p.ln2_w, p.ln2_b, r, C, ln2, sc.mean2, sc.rstd2);
-  RowsPlusBias<Real>(nullptr, p.fc_b, r, 4 * C, fch);
-  Gemm<Real>(false, false, r, 4 * C, C, Real(1), ln2, C, p.fc_w, 4 * C, Real(1), fch, 4 * C);
-  GeluForwardRows(fch, r, 4 * C, gelu);
-  if (mlp_output) {
-    RowsPlusBias(x2, p.mlp_proj_b, r, C, x2);
-    Gemm<Real>(false, false, r, C, 4 * C, Real(1), gelu, 4 * C, p.mlp_proj_w, C, Real(1), x2, C);
-  }
-}
-
-// Backward of one group. dx (r, C) receives dx_in; it first holds x2. With
-// accumulate, parameter gradients are added to dp (later groups), else written.
-template <typename Real>
-void LayerBackwardGroup(const GptShape& s, const LayerParams<const Real*>& p,
-                        const LayerParams<Real*>& dp, const Real* x, const Real* dout, Real* dx,
-                        int64_t seqs, int T, const LayerScratch<Real>& sc, bool accumulate) {
-  const int64_t C = s.channels, r = seqs * T, rC = r * C;
-  const AttnDims dims{seqs, T, C, s.num_heads, C / s.num_heads, AttnRowBlock(T)};
-  const Real beta = accumulate ? Real(1) : Real(0);
-  Real* w = sc.work;
-
-  LayerForwardGroup(s, p, x, dx, seqs, T, sc, /*mlp_output=*/false);
-  const Real* x2 = dx;
-
-  // MLP projection: out = x2 + gelu Wp + bp.
-  Real* fch = w;            // [0, 4rC)
-  Real* gelu = w + 4 * rC;  // [4rC, 8rC)
-  Gemm<Real>(true, false, 4 * C, C, r, Real(1), gelu, 4 * C, dout, C, beta, dp.mlp_proj_w, C);
-  ColumnSums(dout, r, C, dp.mlp_proj_b, accumulate);
-  Real* dfch = w + 4 * rC;  // replaces gelu
-  Gemm<Real>(false, true, r, 4 * C, C, Real(1), dout, C, p.mlp_proj_w, C, Real(0), dfch, 4 * C);
-  GeluBackwardRows(fch, dfch, r, 4 * C, dfch);
-
-  // MLP fc: fch = ln2 Wfc + bfc; ln2 recomputed over the dead fch.
-  ColumnSums(dfch, r, 4 * C, dp.fc_b, accumulate);
-  Real* ln2 = w;        // [0, rC)
-  Real* dln2 = w + rC;  // [rC, 2rC)
-  LayerNormRecompute(x2, p.ln2_w, p.ln2_b, sc.mean2, sc.rstd2, r, C, ln2);
-  Gemm<Real>(true, false, C, 4 * C, r, Real(1), ln2, C, dfch, 4 * C, beta, dp.fc_w, 4 * C);
-  Gemm<Real>(false, true, r, C, 4 * C, Real(1), dfch, 4 * C, p.fc_w, 4 * C, Real(0), dln2, C);
-
-  // LayerNorm 2 and the MLP residual: dx <- dout + d(ln2)/d(x2), over x2.
-  LayerNormParamGrads(x2, dln2, sc.mean2, sc.rstd2, r, C, dp.ln2_w, dp.ln2_b, accumulate);
-  LayerNormInputGrad(x2, p.ln2_w, dln2, sc.mean2, sc.rstd2, dout, r, C, dx);
-
-  // Attention projection: x2 = x + atty Wo + bo; atty recomputed.
-  Real* atty = w;        // [0, rC)
-  Real* datty = w + rC;  // [rC, 2rC)
-  AttentionValues(dims, sc.qkv, sc.probs, atty);
-  Gemm<Real>(true, false, C, C, r, Real(1), atty, C, dx, C, beta, dp.attn_proj_w, C);
-  ColumnSums(dx, r, C, dp.attn_proj_b, accumulate);
-  Gemm<Real>(false, true, r, C, C, Real(1), dx, C, p.attn_proj_w, C, Real(0), datty, C);
-
-  // Attention core.
-  Real* dqkv = w + 2 * rC;  // [2rC, 5rC)
-  Real* temp = w + 5 * rC;  // seqs * H * rb * T
-  AttentionBackward(dims, sc.qkv, sc.probs, datty, dqkv, temp);
-
-  // qkv = ln1 Wqkv + bqkv; ln1 recomputed.
-  ColumnSums(dqkv, r, 3 * C, dp.qkv_b, accumulate);
-  Real* ln1 = w;        // [0, rC)
-  Real* dln1 = w + rC;  // [rC, 2rC)
-  LayerNormRecompute(x, p.ln1_w, p.ln1_b, sc.mean1, sc.rstd1, r, C, ln1);
-  Gemm<Real>(true, false, C, 3 * C, r, Real(1), ln1, C, dqkv, 3 * C, beta, dp.qkv_w, 3 * C);
-  Gemm<Real>(false, true, r, C, 3 * C, Real(1), dqkv, 3 * C, p.qkv_w, 3 * C, Real(0), dln1, C);
-
-  // LayerNorm 1 and the attention residual: dx += d(ln1)/dx.
-  LayerNormParamGrads(x, dln1, sc.mean1, sc.rstd1, r, C, dp.ln1_w, dp.ln1_b, accumulate);
-  LayerNormInputGrad(x, p.ln1_w, dln1, sc.mean1, sc.rstd1, dx, r, C, dx);
+// The forward up to the GELU output g (all the backward needs), every value in scratch.
+template <typename S>
+void LayerForwardToGelu(const GptShape& s, const LayerParams<const S*>& p, const S* x, int B, int T,
+                        const LayerScratch<S>& sc) {
+  const int64_t C = s.channels, N = int64_t{B} * T;
+  const AttnDims dims{B, T, C, s.num_heads, C / s.num_heads};
+  LayerNormForward(x, p.ln1_w, p.ln1_b, N, C, sc.ln1, sc.mean1, sc.rstd1);
+  MatMul(false, false, N, 3 * C, C, sc.ln1, C, p.qkv_w, 3 * C, sc.qkv,
+         BiasEpilogue<S>{p.qkv_b, nullptr, 3 * C});
+  AttentionForward(dims, sc.qkv, sc.att, sc.lse);
+  MatMul(false, false, N, C, C, sc.att, C, p.attn_proj_w, C, sc.x2,
+         BiasEpilogue<S>{p.attn_proj_b, x, C});
+  LayerNormForward(sc.x2, p.ln2_w, p.ln2_b, N, C, sc.ln2, sc.mean2, sc.rstd2);
+  MatMul(false, false, N, 4 * C, C, sc.ln2, C, p.fc_w, 4 * C, sc.g,
+         BiasGeluEpilogue<S>{p.fc_b, sc.h, 4 * C});
 }
 
 // ---------------------------------------------------------------------------
@@ -633,19 +711,6 @@ double ResidualInitStd(const GptShape& s) {
   return kInitStd / std::sqrt(2.0 * static_cast<double>(s.num_layers));
 }
 
-// Row-wise logsumexp of logits: returns (max, sum of exp(x - max)) without
-// modifying the row.
-template <typename Real>
-Real SumExpShifted(const Real* x, int64_t n, Real shift) {
-  Real sum = 0;
-  for (int64_t i = 0; i < n; i += kVec) {
-    const int64_t len = std::min<int64_t>(kVec, n - i);
-    const Vec<Real> e = (Load(x + i, len) - shift).exp();
-    for (int64_t j = 0; j < len; ++j) sum += e[j];
-  }
-  return sum;
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -698,15 +763,67 @@ int64_t EmbeddingNumParams(const GptShape& s) { return Total(EmbeddingTensors(s)
 int64_t LayerNumParams(const GptShape& s) { return Total(LayerTensors(s)); }
 int64_t HeadNumParams(const GptShape& s) { return Total(HeadTensors(s)); }
 
-int64_t LayerScratchElems(const GptShape& s, int B, int T) {
-  CheckBatch(s, B, T);
-  return LayerScratchSizesFor(s, B, T).total();
+// ---------------------------------------------------------------------------
+// Scratch sizes.
+
+namespace {
+
+// The embedding backward's counting sort: first[V + 1] (where each token's positions start)
+// and order[N] (positions sorted by token id, in token order within an id).
+struct EmbeddingScratch {
+  int32_t* first;
+  int32_t* order;
+  int64_t size_bytes;
+};
+
+EmbeddingScratch CarveEmbeddingScratch(const GptShape& s, int B, int T, void* scratch) {
+  Carver c(scratch);
+  EmbeddingScratch sc;
+  sc.first = c.Take<int32_t>(int64_t{s.vocab_size} + 1);
+  sc.order = c.Take<int32_t>(int64_t{B} * T);
+  sc.size_bytes = c.size_bytes();
+  return sc;
 }
 
-int64_t HeadScratchElems(const GptShape& s, int B, int T) {
-  CheckBatch(s, B, T);
+template <typename S>
+struct HeadScratch {
+  S* lnf;                               // (N, C)
+  ComputeType<S>*mean, *rstd, *losses;  // (N)
+  int64_t size_bytes;
+};
+
+template <typename S>
+HeadScratch<S> CarveHeadScratch(const GptShape& s, int B, int T, void* scratch) {
+  using F = ComputeType<S>;
   const int64_t N = int64_t{B} * T;
-  return N * s.channels + 3 * N;
+  Carver c(scratch);
+  HeadScratch<S> sc;
+  sc.lnf = c.Take<S>(N * s.channels);
+  sc.mean = c.Take<F>(N);
+  sc.rstd = c.Take<F>(N);
+  sc.losses = c.Take<F>(N);
+  sc.size_bytes = c.size_bytes();
+  return sc;
+}
+
+}  // namespace
+
+template <typename S>
+int64_t EmbeddingScratchBytes(const GptShape& s, int B, int T) {
+  CheckBatch(s, B, T);
+  return CarveEmbeddingScratch(s, B, T, nullptr).size_bytes;
+}
+
+template <typename S>
+int64_t LayerScratchBytes(const GptShape& s, int B, int T) {
+  CheckBatch(s, B, T);
+  return CarveLayerScratch<S>(s, B, T, nullptr).size_bytes;
+}
+
+template <typename S>
+int64_t HeadScratchBytes(const GptShape& s, int B, int T) {
+  CheckBatch(s, B, T);
+  return CarveHeadScratch<S>(s, B, T, nullptr).size_bytes;
 }
 
 // ---------------------------------------------------------------------------
@@ -747,44 +864,61 @@ void InitHeadParams(const GptShape& s, uint64_t seed, float* params) {
 // ---------------------------------------------------------------------------
 // Embedding.
 
-template <typename Real>
-void EmbeddingForward(const GptShape& s, const Real* params, const int32_t* tokens, int B, int T,
-                      Real* x_out) {
+template <typename S>
+void EmbeddingForward(const GptShape& s, const S* params, const int32_t* tokens, int B, int T,
+                      S* x_out) {
   CheckBatch(s, B, T);
   const int64_t C = s.channels;
-  const Real* wte = params;
-  const Real* wpe = params + int64_t{s.vocab_size} * C;
+  const S* wte = params;
+  const S* wpe = params + int64_t{s.vocab_size} * C;
   ParallelRows(int64_t{B} * T, C, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       CheckToken(tokens[r], s.vocab_size);
-      const Real* te = wte + tokens[r] * C;
-      const Real* pe = wpe + (r % T) * C;
-      Real* o = x_out + r * C;
-      for (int64_t c = 0; c < C; ++c) o[c] = te[c] + pe[c];
+      const S* te = wte + tokens[r] * C;
+      const S* pe = wpe + (r % T) * C;
+      S* o = x_out + r * C;
+      for (int64_t c = 0; c < C; ++c) o[c] = FromFloat<S>(ToFloat(te[c]) + ToFloat(pe[c]));
     }
   });
 }
 
-template <typename Real>
-void EmbeddingBackward(const GptShape& s, const int32_t* tokens, const Real* dx_out, int B, int T,
-                       Real* dparams) {
+template <typename S>
+void EmbeddingBackward(const GptShape& s, const int32_t* tokens, const S* dx_out, int B, int T,
+                       S* dparams, void* scratch) {
+  using F = ComputeType<S>;
   CheckBatch(s, B, T);
-  const int64_t C = s.channels, N = int64_t{B} * T;
-  for (int64_t r = 0; r < N; ++r) CheckToken(tokens[r], s.vocab_size);
-  Real* dwte = dparams;
-  Real* dwpe = dparams + int64_t{s.vocab_size} * C;
-  ParallelRows(int64_t{s.vocab_size} + s.max_seq_len, C, [&](int64_t r0, int64_t r1) {
-    std::fill(dparams + r0 * C, dparams + r1 * C, Real(0));
-  });
-  // Each column block adds the rows in token order: deterministic.
-  ParallelColumnBlocks(C, [&](int64_t c0, int64_t c1) {
-    for (int64_t r = 0; r < N; ++r) {
-      const Real* g = dx_out + r * C;
-      Real* te = dwte + tokens[r] * C;
-      Real* pe = dwpe + (r % T) * C;
-      for (int64_t c = c0; c < c1; ++c) {
-        te[c] += g[c];
-        pe[c] += g[c];
+  const int64_t C = s.channels, N = int64_t{B} * T, V = s.vocab_size;
+  const EmbeddingScratch sc = CarveEmbeddingScratch(s, B, T, scratch);
+  // Counting sort of the positions by token id, stable (token order within an id).
+  std::fill(sc.first, sc.first + V + 1, 0);
+  for (int64_t r = 0; r < N; ++r) {
+    CheckToken(tokens[r], s.vocab_size);
+    ++sc.first[tokens[r] + 1];
+  }
+  for (int64_t v = 0; v < V; ++v) sc.first[v + 1] += sc.first[v];
+  for (int64_t r = 0; r < N; ++r) sc.order[sc.first[tokens[r]]++] = static_cast<int32_t>(r);
+  // first[v] now holds the end of token v's run, which is where token v + 1's starts.
+  auto run_begin = [&](int64_t v) { return v == 0 ? 0 : sc.first[v - 1]; };
+
+  S* dwte = dparams;
+  S* dwpe = dparams + V * C;
+  // wte row v: its positions' dx rows in token order; wpe row t < T: dx[b, t] over b in order.
+  ParallelRows(V + s.max_seq_len, C, [&](int64_t r0, int64_t r1) {
+    F acc[kColBlock];
+    for (int64_t row = r0; row < r1; ++row) {
+      const bool is_wte = row < V;
+      S* out = is_wte ? dwte + row * C : dwpe + (row - V) * C;
+      const int64_t t = row - V;
+      const int64_t count = is_wte ? sc.first[row] - run_begin(row) : (t < T ? B : 0);
+      for (int64_t c0 = 0; c0 < C; c0 += kColBlock) {
+        const int64_t w = std::min(kColBlock, C - c0);
+        std::fill(acc, acc + w, F(0));
+        for (int64_t i = 0; i < count; ++i) {
+          const int64_t pos = is_wte ? sc.order[run_begin(row) + i] : i * T + t;
+          const S* g = dx_out + pos * C + c0;
+          for (int64_t j = 0; j < w; ++j) acc[j] += ToFloat(g[j]);
+        }
+        for (int64_t j = 0; j < w; ++j) out[c0 + j] = FromFloat<S>(acc[j]);
       }
     }
   });
@@ -793,119 +927,158 @@ void EmbeddingBackward(const GptShape& s, const int32_t* tokens, const Real* dx_
 // ---------------------------------------------------------------------------
 // Layer.
 
-template <typename Real>
-void LayerForward(const GptShape& s, const Real* params, const Real* x_in, Real* x_out, int B,
-                  int T, Real* scratch) {
+template <typename S>
+void LayerForward(const GptShape& s, const S* params, const S* x_in, S* x_out, int B, int T,
+                  void* scratch) {
   CheckBatch(s, B, T);
-  const int64_t C = s.channels, G = GroupSeqs(B, T);
-  const LayerParams<const Real*> p(params, C);
-  const LayerScratch<Real> sc = CarveLayerScratch(s, B, T, scratch);
-  for (int64_t b0 = 0; b0 < B; b0 += G) {
-    const int64_t seqs = std::min<int64_t>(G, B - b0), off = b0 * T * C;
-    LayerForwardGroup(s, p, x_in + off, x_out + off, seqs, T, sc, /*mlp_output=*/true);
-  }
+  const int64_t C = s.channels, N = int64_t{B} * T;
+  const LayerParams<const S*> p(params, C);
+  const LayerScratch<S> sc = CarveLayerScratch<S>(s, B, T, scratch);
+  LayerForwardToGelu(s, p, x_in, B, T, sc);
+  MatMul(false, false, N, C, 4 * C, sc.g, 4 * C, p.mlp_proj_w, C, x_out,
+         BiasEpilogue<S>{p.mlp_proj_b, sc.x2, C});
 }
 
-template <typename Real>
-void LayerBackward(const GptShape& s, const Real* params, const Real* x_in, const Real* dx_out,
-                   Real* dx_in, Real* dparams, int B, int T, Real* scratch) {
+template <typename S>
+void LayerBackward(const GptShape& s, const S* params, const S* x_in, const S* dx_out, S* dx_in,
+                   S* dparams, int B, int T, void* scratch) {
   CheckBatch(s, B, T);
-  const int64_t C = s.channels, G = GroupSeqs(B, T);
-  const LayerParams<const Real*> p(params, C);
-  const LayerParams<Real*> dp(dparams, C);
-  const LayerScratch<Real> sc = CarveLayerScratch(s, B, T, scratch);
-  for (int64_t b0 = 0; b0 < B; b0 += G) {
-    const int64_t seqs = std::min<int64_t>(G, B - b0), off = b0 * T * C;
-    LayerBackwardGroup(s, p, dp, x_in + off, dx_out + off, dx_in + off, seqs, T, sc,
-                       /*accumulate=*/b0 > 0);
-  }
+  const int64_t C = s.channels, N = int64_t{B} * T;
+  const AttnDims dims{B, T, C, s.num_heads, C / s.num_heads};
+  const LayerParams<const S*> p(params, C);
+  const LayerParams<S*> dp(dparams, C);
+  const LayerScratch<S> sc = CarveLayerScratch<S>(s, B, T, scratch);
+  LayerForwardToGelu(s, p, x_in, B, T, sc);
+  const S* dy = dx_out;
+
+  // MLP projection y = x2 + g Wp + bp.
+  MatMul(true, false, 4 * C, C, N, sc.g, 4 * C, dy, C, dp.mlp_proj_w);
+  ColumnSums(dy, N, C, dp.mlp_proj_b);
+  S* dh = sc.g;  // g is dead
+  MatMul(false, true, N, 4 * C, C, dy, C, p.mlp_proj_w, C, dh, GeluGradEpilogue<S>{sc.h, 4 * C});
+
+  // MLP fc h = ln2 Wfc + bfc.
+  ColumnSums(dh, N, 4 * C, dp.fc_b);
+  MatMul(true, false, C, 4 * C, N, sc.ln2, C, dh, 4 * C, dp.fc_w);
+  S* dln2 = sc.h;  // h is dead
+  MatMul(false, true, N, C, 4 * C, dh, 4 * C, p.fc_w, 4 * C, dln2);
+
+  // LayerNorm 2 and the MLP residual: dx2 = S(dy + LN2'(dln2)).
+  LayerNormParamGrads(sc.x2, dln2, sc.mean2, sc.rstd2, N, C, dp.ln2_w, dp.ln2_b);
+  S* dx2 = sc.ln2;  // ln2 is dead
+  LayerNormInputGrad(sc.x2, p.ln2_w, dln2, sc.mean2, sc.rstd2, dy, N, C, dx2);
+
+  // Attention projection x2 = x + att Wo + bo.
+  ColumnSums(dx2, N, C, dp.attn_proj_b);
+  MatMul(true, false, C, C, N, sc.att, C, dx2, C, dp.attn_proj_w);
+  S* datt = sc.x2;  // x2 is dead
+  MatMul(false, true, N, C, C, dx2, C, p.attn_proj_w, C, datt);
+
+  // Attention core.
+  S* dqkv = sc.g;  // dh is dead
+  AttentionBackward(dims, sc.qkv, sc.att, datt, sc.lse, dqkv);
+
+  // qkv = ln1 Wqkv + bqkv.
+  ColumnSums(dqkv, N, 3 * C, dp.qkv_b);
+  MatMul(true, false, C, 3 * C, N, sc.ln1, C, dqkv, 3 * C, dp.qkv_w);
+  S* dln1 = sc.h;  // dln2 is dead
+  MatMul(false, true, N, C, 3 * C, dqkv, 3 * C, p.qkv_w, 3 * C, dln1);
+
+  // LayerNorm 1 and the attention residual: dx = S(dx2 + LN1'(dln1)).
+  LayerNormParamGrads(x_in, dln1, sc.mean1, sc.rstd1, N, C, dp.ln1_w, dp.ln1_b);
+  LayerNormInputGrad(x_in, p.ln1_w, dln1, sc.mean1, sc.rstd1, dx2, N, C, dx_in);
 }
 
 // ---------------------------------------------------------------------------
 // Head.
 
-template <typename Real>
-Real HeadForward(const GptShape& s, const Real* params, const Real* x_in, const int32_t* targets,
-                 int B, int T, Real* logits, Real* scratch) {
+template <typename S>
+ComputeType<S> HeadForward(const GptShape& s, const S* params, const S* x_in,
+                           const int32_t* targets, int B, int T, S* logits, void* scratch) {
+  using F = ComputeType<S>;
   CheckBatch(s, B, T);
   const int64_t C = s.channels, V = s.vocab_size, N = int64_t{B} * T;
-  const Real* lnf_w = params;
-  const Real* lnf_b = params + C;
-  const Real* wlm = params + 2 * C;
-  Real* lnf = scratch;       // (N, C)
-  Real* mean = lnf + N * C;  // (N)
-  Real* rstd = mean + N;     // (N)
-  Real* losses = rstd + N;   // (N)
-  LayerNormForward(x_in, lnf_w, lnf_b, N, C, lnf, mean, rstd);
-  Gemm<Real>(false, false, N, V, C, Real(1), lnf, C, wlm, V, Real(0), logits, V);
-  if (targets == nullptr) return Real(0);
+  const S* lnf_w = params;
+  const S* lnf_b = params + C;
+  const S* wlm = params + 2 * C;
+  const HeadScratch<S> sc = CarveHeadScratch<S>(s, B, T, scratch);
+  LayerNormForward(x_in, lnf_w, lnf_b, N, C, sc.lnf, sc.mean, sc.rstd);
+  MatMul(false, false, N, V, C, sc.lnf, C, wlm, V, logits);
+  if (targets == nullptr) return F(0);
   ParallelRows(N, V, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       CheckToken(targets[r], s.vocab_size);
-      const Real* row = logits + r * V;
-      const Real mx = MaxOf(row, V);
-      losses[r] = std::log(SumExpShifted(row, V, mx)) + mx - row[targets[r]];
+      const S* row = logits + r * V;
+      const F mx = MaxOf(row, V);
+      sc.losses[r] = std::log(SumExpShifted(row, V, mx)) + mx - ToFloat(row[targets[r]]);
     }
   });
-  double total = 0;  // in token order, in double whatever Real is
-  for (int64_t r = 0; r < N; ++r) total += losses[r];
-  return static_cast<Real>(total / static_cast<double>(N));
+  double total = 0;  // in token order, in double whatever S is
+  for (int64_t r = 0; r < N; ++r) total += sc.losses[r];
+  return static_cast<F>(total / static_cast<double>(N));
 }
 
-template <typename Real>
-void HeadBackward(const GptShape& s, const Real* params, const Real* x_in, const int32_t* targets,
-                  Real dloss, int B, int T, Real* dx_in, Real* dparams, Real* logits,
-                  Real* scratch) {
+template <typename S>
+void HeadBackward(const GptShape& s, const S* params, const S* x_in, const int32_t* targets,
+                  ComputeType<S> dloss, int B, int T, S* dx_in, S* dparams, S* logits,
+                  void* scratch) {
+  using F = ComputeType<S>;
   CheckBatch(s, B, T);
   STRATA_CHECK(targets != nullptr);
   const int64_t C = s.channels, V = s.vocab_size, N = int64_t{B} * T;
-  const Real* lnf_w = params;
-  const Real* lnf_b = params + C;
-  const Real* wlm = params + 2 * C;
-  Real* lnf = scratch;       // (N, C)
-  Real* mean = lnf + N * C;  // (N)
-  Real* rstd = mean + N;     // (N)
-  LayerNormForward(x_in, lnf_w, lnf_b, N, C, lnf, mean, rstd);
-  Gemm<Real>(false, false, N, V, C, Real(1), lnf, C, wlm, V, Real(0), logits, V);
+  const S* lnf_w = params;
+  const S* lnf_b = params + C;
+  const S* wlm = params + 2 * C;
+  const HeadScratch<S> sc = CarveHeadScratch<S>(s, B, T, scratch);
+  LayerNormForward(x_in, lnf_w, lnf_b, N, C, sc.lnf, sc.mean, sc.rstd);
+  MatMul(false, false, N, V, C, sc.lnf, C, wlm, V, logits);
 
-  // dlogits = dloss / N * (softmax(logits) - onehot(target)), in place.
-  const Real scale = dloss / Real(N);
+  // dlogits = S(dloss / N * (softmax(logits) - onehot(target))), in place.
+  const F scale = dloss / F(N);
   ParallelRows(N, V, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       CheckToken(targets[r], s.vocab_size);
-      Real* row = logits + r * V;
-      const Real sum = ExpShiftedInPlace(row, V, MaxOf(row, V));
-      const Real factor = scale / sum;
-      for (int64_t v = 0; v < V; ++v) row[v] *= factor;
-      row[targets[r]] -= scale;
+      S* row = logits + r * V;
+      const F mx = MaxOf(row, V);
+      const F factor = scale / SumExpShifted(row, V, mx);
+      const int64_t target = targets[r];
+      for (int64_t i = 0; i < V; i += kVec) {
+        const int64_t len = std::min<int64_t>(kVec, V - i);
+        Vec<F> d = (LoadVec(row + i, len) - mx).exp() * factor;
+        if (target >= i && target < i + len) d[target - i] -= scale;
+        StoreVec<S>(d, len, row + i);
+      }
     }
   });
 
-  Real* dlnf_w = dparams;
-  Real* dlnf_b = dparams + C;
-  Real* dwlm = dparams + 2 * C;
-  Gemm<Real>(true, false, C, V, N, Real(1), lnf, C, logits, V, Real(0), dwlm, V);
-  Gemm<Real>(false, true, N, C, V, Real(1), logits, V, wlm, V, Real(0), dx_in, C);  // dlnf
-  LayerNormParamGrads(x_in, dx_in, mean, rstd, N, C, dlnf_w, dlnf_b, /*accumulate=*/false);
-  LayerNormInputGrad<Real>(x_in, lnf_w, dx_in, mean, rstd, nullptr, N, C, dx_in);
+  S* dlnf_w = dparams;
+  S* dlnf_b = dparams + C;
+  S* dwlm = dparams + 2 * C;
+  MatMul(true, false, C, V, N, sc.lnf, C, logits, V, dwlm);
+  MatMul(false, true, N, C, V, logits, V, wlm, V, dx_in);  // dlnf
+  LayerNormParamGrads(x_in, dx_in, sc.mean, sc.rstd, N, C, dlnf_w, dlnf_b);
+  LayerNormInputGrad<S>(x_in, lnf_w, dx_in, sc.mean, sc.rstd, nullptr, N, C, dx_in);
 }
 
-#define STRATA_INSTANTIATE_GPT_KERNELS(Real)                                                       \
-  template void EmbeddingForward<Real>(const GptShape&, const Real*, const int32_t*, int, int,     \
-                                       Real*);                                                     \
-  template void EmbeddingBackward<Real>(const GptShape&, const int32_t*, const Real*, int, int,    \
-                                        Real*);                                                    \
-  template void LayerForward<Real>(const GptShape&, const Real*, const Real*, Real*, int, int,     \
-                                   Real*);                                                         \
-  template void LayerBackward<Real>(const GptShape&, const Real*, const Real*, const Real*, Real*, \
-                                    Real*, int, int, Real*);                                       \
-  template Real HeadForward<Real>(const GptShape&, const Real*, const Real*, const int32_t*, int,  \
-                                  int, Real*, Real*);                                              \
-  template void HeadBackward<Real>(const GptShape&, const Real*, const Real*, const int32_t*,      \
-                                   Real, int, int, Real*, Real*, Real*, Real*);
+#define STRATA_INSTANTIATE_GPT_KERNELS(S)                                                          \
+  template int64_t EmbeddingScratchBytes<S>(const GptShape&, int, int);                            \
+  template int64_t LayerScratchBytes<S>(const GptShape&, int, int);                                \
+  template int64_t HeadScratchBytes<S>(const GptShape&, int, int);                                 \
+  template void EmbeddingForward<S>(const GptShape&, const S*, const int32_t*, int, int, S*);      \
+  template void EmbeddingBackward<S>(const GptShape&, const int32_t*, const S*, int, int, S*,      \
+                                     void*);                                                       \
+  template void LayerForward<S>(const GptShape&, const S*, const S*, S*, int, int, void*);         \
+  template void LayerBackward<S>(const GptShape&, const S*, const S*, const S*, S*, S*, int, int,  \
+                                 void*);                                                           \
+  template ComputeType<S> HeadForward<S>(const GptShape&, const S*, const S*, const int32_t*, int, \
+                                         int, S*, void*);                                          \
+  template void HeadBackward<S>(const GptShape&, const S*, const S*, const int32_t*,               \
+                                ComputeType<S>, int, int, S*, S*, S*, void*);
 
 STRATA_INSTANTIATE_GPT_KERNELS(float)
 STRATA_INSTANTIATE_GPT_KERNELS(double)
+STRATA_INSTANTIATE_GPT_KERNELS(Bf16)
+STRATA_INSTANTIATE_GPT_KERNELS(Fp16)
 
 #undef STRATA_INSTANTIATE_GPT_KERNELS
 

@@ -127,7 +127,15 @@ void InitHeadParams(const GptShape& shape, uint64_t seed, float* params);
 // Scratch in bytes of each block function for storage type S and a micro-batch of B
 // sequences of T tokens; forward and backward of a block share one scratch (the backward
 // recomputes the forward from x_in: activation checkpointing at block boundaries). B >= 1,
-// 1 <= T <= max_seq_len (STRATA_CHECK). Pure, thread-safe.
+// 1 <= T <= max_seq_len (STRATA_CHECK). Pure, thread-safe. The scratch is a sequence of
+// sub-buffers, each starting at a multiple of 64 bytes from the scratch's start (the scratch
+// itself must be aligned to at least alignof(ComputeType<S>)); F = ComputeType<S>, N = B T:
+//   Embedding: first (V + 1) int32, order (N) int32 (a counting sort of positions by token).
+//   Layer:     mean1, rstd1, mean2, rstd2 (N) F; lse (B, H, T) F (attention log-sum-exp);
+//              ln1 (N, C), qkv (N, 3C), att (N, C), x2 (N, C), ln2 (N, C), h (N, 4C), g (N, 4C)
+//              in S (15 N C elements; the backward reuses them for the gradients). No T x T
+//              buffer: attention works on per-thread tiles.
+//   Head:      lnf (N, C) S; mean, rstd, loss (N) F.
 template <typename S>
 int64_t EmbeddingScratchBytes(const GptShape& shape, int B, int T);
 template <typename S>
@@ -158,8 +166,8 @@ void LayerForward(const GptShape& shape, const S* params, const S* x_in, S* x_ou
 // (the whole layer chunk, OVERWRITTEN, not accumulated) from dx_out: (B, T, C).
 // scratch as for LayerForward. dx_in must not overlap x_in or dx_out.
 template <typename S>
-void LayerBackward(const GptShape& shape, const S* params, const S* x_in, const S* dx_out,
-                   S* dx_in, S* dparams, int B, int T, void* scratch);
+void LayerBackward(const GptShape& shape, const S* params, const S* x_in, const S* dx_out, S* dx_in,
+                   S* dparams, int B, int T, void* scratch);
 
 // Final LayerNorm and LM head. params: head chunk; x_in: (B, T, C);
 // targets: (B, T) int32 or nullptr; logits: (B, T, V) written;

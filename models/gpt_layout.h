@@ -7,7 +7,8 @@
 namespace strata::models {
 
 // Pointers into a layer chunk of a model with C channels, in layout order. P is a (const)
-// float* or double*; the pointers are computed, never dereferenced, here.
+// S* for a storage type S (float, double, Bf16, Fp16); the pointers are computed, never
+// dereferenced, here.
 template <typename P>
 struct LayerParams {
   P ln1_w, ln1_b, qkv_w, qkv_b, attn_proj_w, attn_proj_b, ln2_w, ln2_b, fc_w, fc_b, mlp_proj_w,

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -18,10 +19,16 @@ namespace {
 using test_model::BlockName;
 using test_model::BlockTensors;
 using test_model::CastModel;
+using test_model::CastVector;
+using test_model::GuardedScratch;
 using test_model::Model;
+using test_model::PoisonedVector;
 using test_model::RandomModel;
 using test_model::RandomTokens;
+using test_model::RoundedModel;
 using test_model::Runner;
+using test_model::ToDouble;
+using test_model::ToDoubles;
 
 struct Case {
   GptShape shape;
@@ -193,24 +200,27 @@ TEST(GptKernels, HeadForwardWithoutTargetsReturnsZeroAndTheSameLogits) {
   EXPECT_EQ(run.logits(), logits);
 }
 
-TEST(GptKernels, BitIdenticalAcrossRunsAndThreadCounts) {
+// Every run of a model (forward and backward, every block) gives the same bits: twice in the
+// default arena, once on one thread, once on all threads.
+template <typename S>
+void ExpectBitIdenticalAcrossRunsAndThreadCounts() {
   const Case c = MediumCase();
-  const Model<float> m = CastModel<float>(RandomModel(c.shape, 31));
+  const Model<S> m = CastModel<S>(RandomModel(c.shape, 31));
   const std::vector<int32_t> tokens = RandomTokens(c.B * c.T, c.shape.vocab_size, 32);
   const std::vector<int32_t> targets = RandomTokens(c.B * c.T, c.shape.vocab_size, 33);
   struct Result {
-    float loss;
-    std::vector<std::vector<float>> grads;
-    std::vector<float> dx0;
+    ComputeType<S> loss;
+    std::vector<std::vector<S>> grads;
+    std::vector<S> dx0;
   };
   auto run = [&] {
-    Runner<float> r(c.shape, c.B, c.T);
+    Runner<S> r(c.shape, c.B, c.T);
     Result res;
     res.loss = r.Backward(m, tokens, targets, &res.grads, &res.dx0);
     return res;
   };
-  auto same_bits = [](const std::vector<float>& x, const std::vector<float>& y) {
-    return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+  auto same_bits = [](const std::vector<S>& x, const std::vector<S>& y) {
+    return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(S)) == 0;
   };
   const Result first = run();
   Result others[3];
@@ -218,7 +228,7 @@ TEST(GptKernels, BitIdenticalAcrossRunsAndThreadCounts) {
   tbb::task_arena(1).execute([&] { others[1] = run(); });
   tbb::task_arena(tbb::info::default_concurrency()).execute([&] { others[2] = run(); });
   for (const Result& o : others) {
-    EXPECT_EQ(std::memcmp(&first.loss, &o.loss, sizeof(float)), 0);
+    EXPECT_EQ(std::memcmp(&first.loss, &o.loss, sizeof(first.loss)), 0);
     EXPECT_TRUE(same_bits(first.dx0, o.dx0));
     for (size_t b = 0; b < first.grads.size(); ++b) {
       EXPECT_TRUE(same_bits(first.grads[b], o.grads[b])) << BlockName(c.shape, b);
@@ -226,23 +236,309 @@ TEST(GptKernels, BitIdenticalAcrossRunsAndThreadCounts) {
   }
 }
 
-TEST(GptKernels, ScratchSizesFollowTheDocumentedFormula) {
-  // GPT-2 small, B = 8, T = 1024: one sequence per group.
+TEST(GptKernels, FloatRunsAreBitIdenticalAcrossRunsAndThreadCounts) {
+  ExpectBitIdenticalAcrossRunsAndThreadCounts<float>();
+}
+TEST(GptKernels, Bf16RunsAreBitIdenticalAcrossRunsAndThreadCounts) {
+  ExpectBitIdenticalAcrossRunsAndThreadCounts<Bf16>();
+}
+TEST(GptKernels, Fp16RunsAreBitIdenticalAcrossRunsAndThreadCounts) {
+  ExpectBitIdenticalAcrossRunsAndThreadCounts<Fp16>();
+}
+
+// Byte sizes from the layout documented next to the declarations: 64-byte aligned
+// sub-buffers, statistics in ComputeType, activations in S.
+int64_t Aligned(int64_t bytes) { return (bytes + 63) / 64 * 64; }
+
+TEST(GptKernels, ScratchSizesFollowTheDocumentedLayout) {
   const GptShape gpt2{50257, 1024, 12, 12, 768};
-  const int64_t R = 1024, C = 768, H = 12, T = 1024;
-  EXPECT_EQ(LayerScratchElems(gpt2, 8, 1024),
-            4 * R + 3 * R * C + H * T * T + std::max(8 * R * C, 5 * R * C + H * 64 * T));
-  EXPECT_EQ(LayerScratchElems(gpt2, 1, 1024), LayerScratchElems(gpt2, 8, 1024));
-  // Short sequences: groups of ceil(256 / 64) = 4 sequences, capped by B.
-  const GptShape small{256, 64, 4, 4, 128};
-  const int64_t r2 = 2 * 64, r4 = 4 * 64, c2 = 128;
-  EXPECT_EQ(LayerScratchElems(small, 2, 64),
-            4 * r2 + 3 * r2 * c2 + 2 * 4 * 64 * 64 +
-                std::max(8 * r2 * c2, 5 * r2 * c2 + 2 * 4 * 64 * 64));
-  EXPECT_EQ(LayerScratchElems(small, 16, 64),
-            4 * r4 + 3 * r4 * c2 + 4 * 4 * 64 * 64 +
-                std::max(8 * r4 * c2, 5 * r4 * c2 + 4 * 4 * 64 * 64));
-  EXPECT_EQ(HeadScratchElems(gpt2, 8, 1024), 8 * 1024 * (768 + 3));
+  const int64_t N = 8 * 1024, C = 768, H = 12, V = 50257;
+  for (int64_t es : {2, 4, 8}) {
+    const int64_t fs = es == 8 ? 8 : 4;
+    const int64_t layer = 4 * Aligned(N * fs) + Aligned(H * N * fs) + 4 * Aligned(N * C * es) +
+                          Aligned(3 * N * C * es) + 2 * Aligned(4 * N * C * es);
+    const int64_t head = Aligned(N * C * es) + 3 * Aligned(N * fs);
+    const int64_t got_layer = es == 2   ? LayerScratchBytes<Bf16>(gpt2, 8, 1024)
+                              : es == 4 ? LayerScratchBytes<float>(gpt2, 8, 1024)
+                                        : LayerScratchBytes<double>(gpt2, 8, 1024);
+    const int64_t got_head = es == 2   ? HeadScratchBytes<Fp16>(gpt2, 8, 1024)
+                             : es == 4 ? HeadScratchBytes<float>(gpt2, 8, 1024)
+                                       : HeadScratchBytes<double>(gpt2, 8, 1024);
+    EXPECT_EQ(got_layer, layer) << es;
+    EXPECT_EQ(got_head, head) << es;
+  }
+  EXPECT_EQ(EmbeddingScratchBytes<Bf16>(gpt2, 8, 1024), Aligned((V + 1) * 4) + Aligned(N * 4));
+  // No T x T buffer: the layer scratch grows linearly with T.
+  EXPECT_EQ(LayerScratchBytes<Bf16>(gpt2, 1, 1024), 8 * LayerScratchBytes<Bf16>(gpt2, 1, 128));
+}
+
+// ---------------------------------------------------------------------------
+// Each block in S = float, Bf16, Fp16 against the double reference on the same (rounded)
+// inputs, element by element.
+//
+// Error model. Every rounding to S of a value v adds at most u |v| (u = 2^-8 bf16, 2^-11 fp16,
+// 2^-24 fp32); an fp32 sum of K terms adds at most K 2^-24 times the sum of their magnitudes.
+// With the test's data (unit-scale activations, weights scaled to unit-variance outputs,
+// LayerNorm renormalizing), each intermediate is O(rms) of the tensor it feeds, and each
+// rounding on the path to an output perturbs the output by about u (|out| + rms(out)): the
+// linear maps after it have gain of order one. So the bound for one output element is
+//     |got - ref| <= k * (u + K * 2^-24) * (|ref| + rms(ref)),
+// k = (number of roundings to S on the path) * (a gain margin of 2), K = the longest fp32 sum
+// on the path. The k of each tensor is written beside it. For S = float u + K 2^-24 is
+// dominated by K, for 16-bit storage by u.
+
+template <typename S>
+constexpr double kUnitRoundoff = std::is_same_v<S, Bf16>   ? 0x1p-8
+                                 : std::is_same_v<S, Fp16> ? 0x1p-11
+                                                           : 0x1p-24;
+
+double Rms(const std::vector<double>& v) {
+  double sum = 0;
+  for (double x : v) sum += x * x;
+  return v.empty() ? 0 : std::sqrt(sum / static_cast<double>(v.size()));
+}
+
+// Returns max |got - ref| / bound so callers can print how tight the bound is.
+double ExpectWithinBound(const std::string& what, const std::vector<double>& got,
+                         const std::vector<double>& ref, double k, double eps) {
+  EXPECT_EQ(got.size(), ref.size()) << what;
+  const double scale = Rms(ref);
+  double worst = 0;
+  int failures = 0;
+  for (size_t i = 0; i < ref.size() && i < got.size(); ++i) {
+    const double bound = k * eps * (std::abs(ref[i]) + scale);
+    const double err = std::abs(got[i] - ref[i]);
+    worst = std::max(worst, err / bound);
+    if (!(err <= bound) && ++failures <= 5) {
+      ADD_FAILURE() << what << "[" << i << "]: got " << got[i] << " reference " << ref[i]
+                    << " error " << err << " bound " << bound;
+    }
+  }
+  EXPECT_EQ(failures, 0) << what << ": " << failures << " elements out of bounds";
+  // How tight the bound is, in the XML report (--gtest_output=xml).
+  ::testing::Test::RecordProperty("worst_error_over_bound " + what, std::to_string(worst));
+  return worst;
+}
+
+std::vector<double> RandomValues(size_t n, double amplitude, uint64_t seed) {
+  std::mt19937_64 gen(seed);
+  std::uniform_real_distribution<double> u(-amplitude, amplitude);
+  std::vector<double> v(n);
+  for (double& x : v) x = u(gen);
+  return v;
+}
+
+std::vector<double> Slice(const std::vector<double>& v, const TensorInfo& t) {
+  return std::vector<double>(v.begin() + t.offset, v.begin() + t.offset + t.num_elems);
+}
+
+// Odd sizes: C = 48 with 4 heads (hs = 12), B = 3, T = 70 (two attention row blocks, the
+// second partial), V = 67; and T = 1.
+const Case kOddCase{{67, 80, 1, 4, 48}, 3, 70};
+const Case kSingleTokenCase{{67, 80, 1, 4, 48}, 3, 1};
+
+template <typename S>
+class GptBlockTest : public ::testing::Test {};
+using StorageTypes = ::testing::Types<float, Bf16, Fp16>;
+TYPED_TEST_SUITE(GptBlockTest, StorageTypes);
+
+// The data of one block test in S and the same values in double.
+template <typename S>
+struct BlockData {
+  std::vector<S> params, x, dy;
+  std::vector<double> params_d, x_d, dy_d;
+};
+
+template <typename S>
+BlockData<S> MakeBlockData(const std::vector<double>& params, size_t n_x, size_t n_dy,
+                           uint64_t seed) {
+  BlockData<S> d;
+  d.params = CastVector<S>(params);
+  d.x = CastVector<S>(RandomValues(n_x, 1.0, seed));
+  d.dy = CastVector<S>(RandomValues(n_dy, 1.0, seed + 1));
+  d.params_d = ToDoubles(d.params);
+  d.x_d = ToDoubles(d.x);
+  d.dy_d = ToDoubles(d.dy);
+  return d;
+}
+
+template <typename S>
+void CheckEmbedding(const Case& c) {
+  const GptShape& s = c.shape;
+  const int64_t N = int64_t{c.B} * c.T, C = s.channels;
+  const Model<double> m = RandomModel(s, 41);
+  const BlockData<S> d = MakeBlockData<S>(m.blocks[0], 0, N * C, 42);
+  // Few distinct tokens, so that wte rows sum many positions (and some rows none).
+  std::vector<int32_t> tokens = RandomTokens(c.B * c.T, 7, 43);
+  for (int32_t& t : tokens) t = t * 9 % s.vocab_size;
+
+  std::vector<S> x = PoisonedVector<S>(N * C);
+  std::vector<double> x_ref(N * C);
+  EmbeddingForward<S>(s, d.params.data(), tokens.data(), c.B, c.T, x.data());
+  EmbeddingForward<double>(s, d.params_d.data(), tokens.data(), c.B, c.T, x_ref.data());
+  const double u = kUnitRoundoff<S>;
+  // x = S(wte + wpe): one rounding, k = 1 (no gain).
+  ExpectWithinBound("embedding x", ToDoubles(x), x_ref, 1, u);
+
+  std::vector<S> g = PoisonedVector<S>(d.params.size());
+  std::vector<double> g_ref(d.params.size());
+  GuardedScratch scratch(EmbeddingScratchBytes<S>(s, c.B, c.T));
+  GuardedScratch scratch_d(EmbeddingScratchBytes<double>(s, c.B, c.T));
+  EmbeddingBackward<S>(s, tokens.data(), d.dy.data(), c.B, c.T, g.data(), scratch.Poisoned());
+  scratch.CheckGuard("EmbeddingBackward");
+  EmbeddingBackward<double>(s, tokens.data(), d.dy_d.data(), c.B, c.T, g_ref.data(),
+                            scratch_d.Poisoned());
+  // One fp32 sum of up to N terms of magnitude <= 1 (|sum| up to sqrt(N) rms), then one
+  // rounding: k = 1 for the rounding, K = N for the sum.
+  for (const TensorInfo& t : EmbeddingTensors(s)) {
+    ExpectWithinBound("embedding d" + t.name, Slice(ToDoubles(g), t), Slice(g_ref, t), 1,
+                      u + N * 0x1p-24);
+  }
+  // Rows of absent tokens and of positions >= T are exactly zero.
+  for (int64_t v = 0; v < s.vocab_size; ++v) {
+    if (std::find(tokens.begin(), tokens.end(), v) != tokens.end()) continue;
+    for (int64_t j = 0; j < C; ++j) ASSERT_EQ(ToDouble(g[v * C + j]), 0.0) << "wte row " << v;
+  }
+  for (int64_t i = (int64_t{s.vocab_size} + c.T) * C; i < static_cast<int64_t>(g.size()); ++i) {
+    ASSERT_EQ(ToDouble(g[i]), 0.0) << "wpe element " << i;
+  }
+}
+
+TYPED_TEST(GptBlockTest, EmbeddingMatchesDoubleWithinOneRounding) {
+  CheckEmbedding<TypeParam>(kOddCase);
+  CheckEmbedding<TypeParam>(kSingleTokenCase);
+}
+
+// k of each layer output: the roundings to S on its path, no margin (the layer's data keep the
+// gains near one). Forward y: ln1, qkv, P, att, x2, ln2, h/g, y = 8. Backward, in the order
+// the gradients are formed (the recomputed forward's roundings included where the tensor
+// depends on them): dmlp_proj_b = S(colsum dy) 1; dmlp_proj_w = S(g^T dy) 8; dh 9 (dfc_b,
+// dfc_w); dln2 10 (dln2_w, dln2_b); dx2 11 (dattn_proj_b, dattn_proj_w); datt 12, dS 13,
+// dqkv 14 (dqkv_b, dqkv_w); dln1 15 (dln1_w, dln1_b); dx 16.
+constexpr double kLayerForwardK = 8;
+constexpr double kLayerDxK = 16;
+double LayerGradK(const std::string& name) {
+  if (name == "mlp_proj_b") return 1;
+  if (name == "mlp_proj_w") return 8;
+  if (name == "mlp_fc_b" || name == "mlp_fc_w") return 9;
+  if (name == "ln2_w" || name == "ln2_b") return 10;
+  if (name == "attn_proj_b" || name == "attn_proj_w") return 11;
+  if (name == "attn_qkv_b" || name == "attn_qkv_w") return 14;
+  return 15;  // ln1_w, ln1_b
+}
+
+template <typename S>
+void CheckLayer(const Case& c) {
+  const GptShape& s = c.shape;
+  const int64_t N = int64_t{c.B} * c.T, C = s.channels;
+  const Model<double> m = RandomModel(s, 51);
+  const BlockData<S> d = MakeBlockData<S>(m.blocks[1], N * C, N * C, 52);
+  // Longest fp32 sum: a weight gradient over N rows, or the fc projection over 4C.
+  const double eps = kUnitRoundoff<S> + std::max<int64_t>(N, 4 * C) * 0x1p-24;
+
+  GuardedScratch scratch(LayerScratchBytes<S>(s, c.B, c.T));
+  GuardedScratch scratch_d(LayerScratchBytes<double>(s, c.B, c.T));
+  std::vector<S> y = PoisonedVector<S>(N * C);
+  std::vector<double> y_ref(N * C);
+  LayerForward<S>(s, d.params.data(), d.x.data(), y.data(), c.B, c.T, scratch.Poisoned());
+  scratch.CheckGuard("LayerForward");
+  LayerForward<double>(s, d.params_d.data(), d.x_d.data(), y_ref.data(), c.B, c.T,
+                       scratch_d.Poisoned());
+  ExpectWithinBound("layer y", ToDoubles(y), y_ref, kLayerForwardK, eps);
+
+  std::vector<S> dx = PoisonedVector<S>(N * C), g = PoisonedVector<S>(d.params.size());
+  std::vector<double> dx_ref(N * C), g_ref(d.params.size());
+  LayerBackward<S>(s, d.params.data(), d.x.data(), d.dy.data(), dx.data(), g.data(), c.B, c.T,
+                   scratch.Poisoned());
+  scratch.CheckGuard("LayerBackward");
+  LayerBackward<double>(s, d.params_d.data(), d.x_d.data(), d.dy_d.data(), dx_ref.data(),
+                        g_ref.data(), c.B, c.T, scratch_d.Poisoned());
+  ExpectWithinBound("layer dx", ToDoubles(dx), dx_ref, kLayerDxK, eps);
+  const std::vector<double> gd = ToDoubles(g);
+  for (const TensorInfo& t : LayerTensors(s)) {
+    ExpectWithinBound("layer d" + t.name, Slice(gd, t), Slice(g_ref, t), LayerGradK(t.name), eps);
+  }
+}
+
+TYPED_TEST(GptBlockTest, LayerMatchesDoubleWithinTheRoundingsOnEachPath) {
+  CheckLayer<TypeParam>(kOddCase);
+  CheckLayer<TypeParam>(kSingleTokenCase);
+}
+
+// Head: lnf, logits (2 roundings: k = 4 with the margin); the loss from S logits (the logits'
+// error, k = 4, scaled by |loss| + rms); backward dlogits, dWlm, dlnf, dx (+ the forward's 2:
+// 6 roundings, k = 12).
+template <typename S>
+void CheckHead(const Case& c) {
+  const GptShape& s = c.shape;
+  const int64_t N = int64_t{c.B} * c.T, C = s.channels, V = s.vocab_size;
+  const Model<double> m = RandomModel(s, 61);
+  const BlockData<S> d = MakeBlockData<S>(m.blocks.back(), N * C, 0, 62);
+  const std::vector<int32_t> targets = RandomTokens(c.B * c.T, s.vocab_size, 63);
+  const double eps = kUnitRoundoff<S> + std::max<int64_t>(N, V) * 0x1p-24;
+
+  GuardedScratch scratch(HeadScratchBytes<S>(s, c.B, c.T));
+  GuardedScratch scratch_d(HeadScratchBytes<double>(s, c.B, c.T));
+  std::vector<S> logits = PoisonedVector<S>(N * V);
+  std::vector<double> logits_ref(N * V);
+  const double loss = HeadForward<S>(s, d.params.data(), d.x.data(), targets.data(), c.B, c.T,
+                                     logits.data(), scratch.Poisoned());
+  scratch.CheckGuard("HeadForward");
+  const double loss_ref = HeadForward<double>(s, d.params_d.data(), d.x_d.data(), targets.data(),
+                                              c.B, c.T, logits_ref.data(), scratch_d.Poisoned());
+  ExpectWithinBound("head logits", ToDoubles(logits), logits_ref, 4, eps);
+  ExpectWithinBound("head loss", {loss}, {loss_ref}, 4, eps);
+
+  std::vector<S> dx = PoisonedVector<S>(N * C), g = PoisonedVector<S>(d.params.size());
+  std::vector<double> dx_ref(N * C), g_ref(d.params.size());
+  HeadBackward<S>(s, d.params.data(), d.x.data(), targets.data(), 1.0f, c.B, c.T, dx.data(),
+                  g.data(), logits.data(), scratch.Poisoned());
+  scratch.CheckGuard("HeadBackward");
+  HeadBackward<double>(s, d.params_d.data(), d.x_d.data(), targets.data(), 1.0, c.B, c.T,
+                       dx_ref.data(), g_ref.data(), logits_ref.data(), scratch_d.Poisoned());
+  ExpectWithinBound("head dlogits", ToDoubles(logits), logits_ref, 12, eps);
+  ExpectWithinBound("head dx", ToDoubles(dx), dx_ref, 12, eps);
+  const std::vector<double> gd = ToDoubles(g);
+  for (const TensorInfo& t : HeadTensors(s)) {
+    ExpectWithinBound("head d" + t.name, Slice(gd, t), Slice(g_ref, t), 12, eps);
+  }
+}
+
+TYPED_TEST(GptBlockTest, HeadMatchesDoubleWithinTheRoundingsOnEachPath) {
+  CheckHead<TypeParam>(kOddCase);
+  CheckHead<TypeParam>(kSingleTokenCase);
+}
+
+// The whole model in bf16 (embedding -> 2 layers -> head and back) against double on the
+// same rounded parameters. Every gradient passes through the head's backward and each layer's
+// backward after it: roundings on the longest path (dx0): head 6 + 2 layers x 16 + the
+// embedding 1 = 39, k = 2 * 39 = 78; for the logits and loss, the forward path
+// 1 + 2 x 8 + 2 = 19, k = 38.
+TEST(GptKernels, Bf16WholeModelGradientsMatchDoubleWithinTheRoundingsOnTheirPath) {
+  const Case c{{67, 80, 2, 4, 48}, 3, 70};
+  const Model<double> md = RandomModel(c.shape, 71);
+  const Model<Bf16> mb = CastModel<Bf16>(md);
+  const Model<double> mr = RoundedModel<Bf16>(md);
+  const std::vector<int32_t> tokens = RandomTokens(c.B * c.T, c.shape.vocab_size, 72);
+  const std::vector<int32_t> targets = RandomTokens(c.B * c.T, c.shape.vocab_size, 73);
+  Runner<double> rd(c.shape, c.B, c.T);
+  Runner<Bf16> rb(c.shape, c.B, c.T);
+  std::vector<std::vector<double>> gd;
+  std::vector<std::vector<Bf16>> gb;
+  std::vector<double> dxd;
+  std::vector<Bf16> dxb;
+  const double loss_d = rd.Backward(mr, tokens, targets, &gd, &dxd);
+  const double loss_b = rb.Backward(mb, tokens, targets, &gb, &dxb);
+  const double eps = 0x1p-8 + 4 * c.shape.channels * 0x1p-24;
+  ExpectWithinBound("loss", {loss_b}, {loss_d}, 38, eps);
+  for (size_t b = 0; b < gd.size(); ++b) {
+    const std::vector<double> g = ToDoubles(gb[b]);
+    for (const TensorInfo& t : BlockTensors(c.shape, b)) {
+      ExpectWithinBound(BlockName(c.shape, b) + ".d" + t.name, Slice(g, t), Slice(gd[b], t), 78,
+                        eps);
+    }
+  }
+  ExpectWithinBound("d(embedding output)", ToDoubles(dxb), dxd, 78, eps);
 }
 
 }  // namespace

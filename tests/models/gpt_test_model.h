@@ -2,8 +2,8 @@
 // kernels in the order the engine runs them (embedding -> layers -> head, and
 // back). Output and scratch buffers are filled with NaN before every call, so
 // a kernel that reads before writing, or accumulates instead of overwriting,
-// shows up; the scratch has a guard region after LayerScratchElems /
-// HeadScratchElems elements that must stay untouched.
+// shows up; each scratch has a guard region after its *ScratchBytes that must
+// stay untouched. Templated on the storage type S (float, double, Bf16, Fp16).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -13,8 +13,10 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#include "base/dtype.h"
 #include "models/gpt_kernels.h"
 
 namespace strata::models::test_model {
@@ -69,10 +71,47 @@ inline Model<double> RandomModel(const GptShape& s, uint64_t seed) {
   return m;
 }
 
-template <typename Real>
-Model<Real> CastModel(const Model<double>& m) {
-  Model<Real> out{m.shape, {}};
-  for (const auto& b : m.blocks) out.blocks.emplace_back(b.begin(), b.end());
+// A double value stored as S: one rounding (through fp32 for the 16-bit types).
+template <typename S>
+S FromDouble(double v) {
+  if constexpr (std::is_same_v<S, double>) {
+    return v;
+  } else {
+    return FromFloat<S>(static_cast<float>(v));
+  }
+}
+
+template <typename S>
+double ToDouble(S v) {
+  return static_cast<double>(ToFloat(v));
+}
+
+template <typename S>
+std::vector<S> CastVector(const std::vector<double>& v) {
+  std::vector<S> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = FromDouble<S>(v[i]);
+  return out;
+}
+
+template <typename S>
+std::vector<double> ToDoubles(const std::vector<S>& v) {
+  std::vector<double> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = ToDouble(v[i]);
+  return out;
+}
+
+template <typename S>
+Model<S> CastModel(const Model<double>& m) {
+  Model<S> out{m.shape, {}};
+  for (const auto& b : m.blocks) out.blocks.push_back(CastVector<S>(b));
+  return out;
+}
+
+// The values of a model stored as S, in double: the reference's inputs for an S run.
+template <typename S>
+Model<double> RoundedModel(const Model<double>& m) {
+  Model<double> out{m.shape, {}};
+  for (const auto& b : m.blocks) out.blocks.push_back(ToDoubles(CastVector<S>(b)));
   return out;
 }
 
@@ -84,91 +123,121 @@ inline std::vector<int32_t> RandomTokens(int n, int vocab, uint64_t seed) {
   return t;
 }
 
-template <typename Real>
+// Scratch of `size_bytes` poisoned with all-ones bytes (NaN in every storage type) before each
+// call, followed by a guard region that must stay untouched.
+class GuardedScratch {
+ public:
+  static constexpr size_t kGuardBytes = 64;
+  static constexpr unsigned char kGuardByte = 0xa5;
+
+  explicit GuardedScratch(int64_t size_bytes)
+      : size_bytes_(static_cast<size_t>(size_bytes)),
+        words_((size_bytes_ + kGuardBytes + sizeof(double) - 1) / sizeof(double)) {}
+
+  void* Poisoned() {
+    auto* p = reinterpret_cast<unsigned char*>(words_.data());
+    std::memset(p, 0xff, size_bytes_);
+    std::memset(p + size_bytes_, kGuardByte, kGuardBytes);
+    return p;
+  }
+  void CheckGuard(const char* what) const {
+    const auto* p = reinterpret_cast<const unsigned char*>(words_.data());
+    for (size_t i = 0; i < kGuardBytes; ++i) {
+      ASSERT_EQ(p[size_bytes_ + i], kGuardByte) << what << " wrote past its scratch size";
+    }
+  }
+
+ private:
+  size_t size_bytes_;
+  std::vector<double> words_;  // 8-byte aligned
+};
+
+// n values of S with all bits set (NaN in every storage type).
+template <typename S>
+std::vector<S> PoisonedVector(size_t n) {
+  std::vector<S> v(n);
+  std::memset(v.data(), 0xff, n * sizeof(S));
+  return v;
+}
+
+template <typename S>
 class Runner {
  public:
-  static constexpr int64_t kGuard = 64;
+  using F = ComputeType<S>;
 
-  Runner(const GptShape& s, int B, int T) : s_(s), B_(B), T_(T), N_(int64_t{B} * T) {
-    layer_scratch_.resize(LayerScratchElems(s, B, T) + kGuard);
-    head_scratch_.resize(HeadScratchElems(s, B, T) + kGuard);
+  Runner(const GptShape& s, int B, int T)
+      : s_(s),
+        B_(B),
+        T_(T),
+        N_(int64_t{B} * T),
+        embedding_scratch_(EmbeddingScratchBytes<S>(s, B, T)),
+        layer_scratch_(LayerScratchBytes<S>(s, B, T)),
+        head_scratch_(HeadScratchBytes<S>(s, B, T)) {
     logits_.resize(N_ * s.vocab_size);
   }
 
   // Loss from the embedding output x0: (B, T, C). Keeps the logits.
-  Real LossFromX0(const Model<Real>& m, const std::vector<Real>& x0, const int32_t* targets) {
+  F LossFromX0(const Model<S>& m, const std::vector<S>& x0, const int32_t* targets) {
     xs_.assign(1, x0);
     for (int l = 0; l < s_.num_layers; ++l) {
-      std::vector<Real> out = Poisoned(N_ * s_.channels);
-      LayerForward<Real>(s_, m.blocks[1 + l].data(), xs_.back().data(), out.data(), B_, T_,
-                         PoisonScratch(layer_scratch_));
-      CheckGuard(layer_scratch_, "LayerForward");
+      std::vector<S> out = PoisonedVector<S>(N_ * s_.channels);
+      LayerForward<S>(s_, m.blocks[1 + l].data(), xs_.back().data(), out.data(), B_, T_,
+                      layer_scratch_.Poisoned());
+      layer_scratch_.CheckGuard("LayerForward");
       xs_.push_back(std::move(out));
     }
-    std::fill(logits_.begin(), logits_.end(), NaN());
-    const Real loss = HeadForward<Real>(s_, m.blocks.back().data(), xs_.back().data(), targets, B_,
-                                        T_, logits_.data(), PoisonScratch(head_scratch_));
-    CheckGuard(head_scratch_, "HeadForward");
+    logits_ = PoisonedVector<S>(logits_.size());
+    const F loss = HeadForward<S>(s_, m.blocks.back().data(), xs_.back().data(), targets, B_, T_,
+                                  logits_.data(), head_scratch_.Poisoned());
+    head_scratch_.CheckGuard("HeadForward");
     return loss;
   }
 
-  Real Loss(const Model<Real>& m, const std::vector<int32_t>& tokens, const int32_t* targets) {
+  F Loss(const Model<S>& m, const std::vector<int32_t>& tokens, const int32_t* targets) {
     return LossFromX0(m, Embed(m, tokens), targets);
   }
 
-  std::vector<Real> Embed(const Model<Real>& m, const std::vector<int32_t>& tokens) {
-    std::vector<Real> x0 = Poisoned(N_ * s_.channels);
-    EmbeddingForward<Real>(s_, m.blocks[0].data(), tokens.data(), B_, T_, x0.data());
+  std::vector<S> Embed(const Model<S>& m, const std::vector<int32_t>& tokens) {
+    std::vector<S> x0 = PoisonedVector<S>(N_ * s_.channels);
+    EmbeddingForward<S>(s_, m.blocks[0].data(), tokens.data(), B_, T_, x0.data());
     return x0;
   }
 
   // Gradients of the mean loss (dloss = 1) for every block, and of the
   // embedding output; returns the loss.
-  Real Backward(const Model<Real>& m, const std::vector<int32_t>& tokens,
-                const std::vector<int32_t>& targets, std::vector<std::vector<Real>>* grads,
-                std::vector<Real>* dx0) {
-    const Real loss = Loss(m, tokens, targets.data());
+  F Backward(const Model<S>& m, const std::vector<int32_t>& tokens,
+             const std::vector<int32_t>& targets, std::vector<std::vector<S>>* grads,
+             std::vector<S>* dx0) {
+    const F loss = Loss(m, tokens, targets.data());
     grads->clear();
-    for (const auto& b : m.blocks) grads->push_back(Poisoned(b.size()));
-    std::vector<Real> dx = Poisoned(N_ * s_.channels);
-    HeadBackward<Real>(s_, m.blocks.back().data(), xs_.back().data(), targets.data(), Real(1), B_,
-                       T_, dx.data(), grads->back().data(), logits_.data(),
-                       PoisonScratch(head_scratch_));
-    CheckGuard(head_scratch_, "HeadBackward");
+    for (const auto& b : m.blocks) grads->push_back(PoisonedVector<S>(b.size()));
+    std::vector<S> dx = PoisonedVector<S>(N_ * s_.channels);
+    HeadBackward<S>(s_, m.blocks.back().data(), xs_.back().data(), targets.data(), F(1), B_, T_,
+                    dx.data(), grads->back().data(), logits_.data(), head_scratch_.Poisoned());
+    head_scratch_.CheckGuard("HeadBackward");
     for (int l = s_.num_layers - 1; l >= 0; --l) {
-      std::vector<Real> dx_in = Poisoned(N_ * s_.channels);
-      LayerBackward<Real>(s_, m.blocks[1 + l].data(), xs_[l].data(), dx.data(), dx_in.data(),
-                          (*grads)[1 + l].data(), B_, T_, PoisonScratch(layer_scratch_));
-      CheckGuard(layer_scratch_, "LayerBackward");
+      std::vector<S> dx_in = PoisonedVector<S>(N_ * s_.channels);
+      LayerBackward<S>(s_, m.blocks[1 + l].data(), xs_[l].data(), dx.data(), dx_in.data(),
+                       (*grads)[1 + l].data(), B_, T_, layer_scratch_.Poisoned());
+      layer_scratch_.CheckGuard("LayerBackward");
       dx = std::move(dx_in);
     }
-    EmbeddingBackward<Real>(s_, tokens.data(), dx.data(), B_, T_, (*grads)[0].data());
+    EmbeddingBackward<S>(s_, tokens.data(), dx.data(), B_, T_, (*grads)[0].data(),
+                         embedding_scratch_.Poisoned());
+    embedding_scratch_.CheckGuard("EmbeddingBackward");
     *dx0 = std::move(dx);
     return loss;
   }
 
-  const std::vector<Real>& logits() const { return logits_; }
+  const std::vector<S>& logits() const { return logits_; }
 
  private:
-  static Real NaN() { return std::numeric_limits<Real>::quiet_NaN(); }
-  static std::vector<Real> Poisoned(size_t n) { return std::vector<Real>(n, NaN()); }
-
-  static Real* PoisonScratch(std::vector<Real>& scratch) {
-    std::fill(scratch.begin(), scratch.end() - kGuard, NaN());
-    std::fill(scratch.end() - kGuard, scratch.end(), Real(12345));
-    return scratch.data();
-  }
-  static void CheckGuard(const std::vector<Real>& scratch, const char* what) {
-    for (auto it = scratch.end() - kGuard; it != scratch.end(); ++it) {
-      ASSERT_EQ(*it, Real(12345)) << what << " wrote past its scratch size";
-    }
-  }
-
   GptShape s_;
   int B_, T_;
   int64_t N_;
-  std::vector<Real> layer_scratch_, head_scratch_, logits_;
-  std::vector<std::vector<Real>> xs_;  // inputs of layer 0..L-1, then of the head
+  GuardedScratch embedding_scratch_, layer_scratch_, head_scratch_;
+  std::vector<S> logits_;
+  std::vector<std::vector<S>> xs_;  // inputs of layer 0..L-1, then of the head
 };
 
 }  // namespace strata::models::test_model
