@@ -22,18 +22,6 @@ static_assert(static_cast<uint32_t>(LtEpilogue::kGeluAuxBias) == CUBLASLT_EPILOG
 static_assert(static_cast<uint32_t>(LtEpilogue::kDGelu) == CUBLASLT_EPILOGUE_DGELU);
 static_assert(static_cast<uint32_t>(LtEpilogue::kBgradA) == CUBLASLT_EPILOGUE_BGRADA);
 
-cudaDataType_t CudaType(DType t) {
-  switch (t) {
-    case DType::kF32:
-      return CUDA_R_32F;
-    case DType::kF16:
-      return CUDA_R_16F;
-    case DType::kBF16:
-      return CUDA_R_16BF;
-  }
-  return CUDA_R_32F;
-}
-
 uint32_t Align(const void* p) { return LtAlignmentBytes(reinterpret_cast<uintptr_t>(p)); }
 
 // Everything that picks the algorithm.
@@ -124,6 +112,18 @@ Status Check(const LtMatmulArgs& a) {
 
 }  // namespace
 
+cudaDataType_t CudaDataType(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return CUDA_R_32F;
+    case DType::kF16:
+      return CUDA_R_16F;
+    case DType::kBF16:
+      return CUDA_R_16BF;
+  }
+  return CUDA_R_32F;
+}
+
 Status PrepareLtForCurrentDevice() {
   STRATA_ASSIGN_OR_RETURN(const CublasLtApi* lt, CublasLt());
   int device = 0;
@@ -139,7 +139,7 @@ Status LtMatmul(cudaStream_t stream, const LtMatmulArgs& a, void* workspace,
   STRATA_ASSIGN_OR_RETURN(cublasLtHandle_t handle, HandleForCurrentDevice(*lt, &device));
   const LtMatmulMapping m = RowMajorAsLt(a.trans_a, a.trans_b, a.M, a.N, a.K, a.lda, a.ldb,
                                          a.C ? a.ldc : a.ldd, a.epilogue, a.aux_ld);
-  const cudaDataType_t type = CudaType(a.dtype);
+  const cudaDataType_t type = CudaDataType(a.dtype);
   const cublasComputeType_t compute =
       a.dtype == DType::kF32 && a.allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   const ColumnMajorGemm& g = m.gemm;

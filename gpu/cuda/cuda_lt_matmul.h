@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cuda_runtime_api.h>
+#include <library_types.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -34,6 +35,9 @@
 #include "gpu/cuda/cuda_lt_mapping.h"
 
 namespace strata::gpu::cuda {
+
+// The cudaDataType of a DType (CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF), for cuBLAS and cuBLASLt.
+cudaDataType_t CudaDataType(DType t);
 
 struct LtMatmulArgs {
   bool trans_a = false, trans_b = false;

@@ -147,35 +147,63 @@ Products<S> MakeProducts(cudaStream_t cs, void* workspace, float* partials,
   return Products<S>{cs, workspace, o.allow_tf32, partials};
 }
 
+// The layer scratch (gpt_cuda_layout.h) as typed pointers.
+template <typename S>
+struct LayerBuffers {
+  S *ln1, *qkv, *att, *x2, *ln2, *h, *g, *dln;
+  float *mean1, *rstd1, *mean2, *rstd2, *lse, *delta, *partials;
+  void* workspace;
+  LayerBuffers(const CudaLayerScratchLayout& l, void* scratch)
+      : ln1(At<S>(scratch, l.ln1)),
+        qkv(At<S>(scratch, l.qkv)),
+        att(At<S>(scratch, l.att)),
+        x2(At<S>(scratch, l.x2)),
+        ln2(At<S>(scratch, l.ln2)),
+        h(At<S>(scratch, l.h)),
+        g(At<S>(scratch, l.g)),
+        dln(At<S>(scratch, l.dln)),
+        mean1(At<float>(scratch, l.mean1)),
+        rstd1(At<float>(scratch, l.rstd1)),
+        mean2(At<float>(scratch, l.mean2)),
+        rstd2(At<float>(scratch, l.rstd2)),
+        lse(At<float>(scratch, l.lse)),
+        delta(At<float>(scratch, l.delta)),
+        partials(At<float>(scratch, l.ln_partials)),
+        workspace(At<void>(scratch, l.lt_workspace)) {}
+};
+
 // The layer forward into the scratch regions: ln1, qkv, att, lse, x2, ln2, h, g; with x_out
 // non-null also the layer output.
 template <typename S>
 Status LayerForwardInto(const GptShape& shape, cudaStream_t cs, const Products<S>& mm,
                         const LayerParams<const S*>& p, const S* x, int B, int T,
-                        const CudaLayerScratchLayout& l, void* scratch, S* x_out) {
+                        const LayerBuffers<S>& w, S* x_out) {
   const int64_t C = shape.channels, N = int64_t{B} * T;
-  S* ln1 = At<S>(scratch, l.ln1);
-  S* qkv = At<S>(scratch, l.qkv);
-  S* att = At<S>(scratch, l.att);
-  S* x2 = At<S>(scratch, l.x2);
-  S* ln2 = At<S>(scratch, l.ln2);
-  S* h = At<S>(scratch, l.h);
-  S* g = At<S>(scratch, l.g);
-  STRATA_RETURN_IF_ERROR(LaunchLayerNormForward(cs, D(x), D(p.ln1_w), D(p.ln1_b), N, C, D(ln1),
-                                                At<float>(scratch, l.mean1),
-                                                At<float>(scratch, l.rstd1)));
-  STRATA_RETURN_IF_ERROR(mm.Linear(N, C, 3 * C, ln1, p.qkv_w, p.qkv_b, nullptr, qkv));
-  STRATA_RETURN_IF_ERROR(LaunchAttentionForward(
-      cs, D(qkv), B, T, static_cast<int>(C), shape.num_heads, D(att), At<float>(scratch, l.lse)));
-  STRATA_RETURN_IF_ERROR(mm.Linear(N, C, C, att, p.attn_proj_w, p.attn_proj_b, x, x2));
-  STRATA_RETURN_IF_ERROR(LaunchLayerNormForward(cs, D(x2), D(p.ln2_w), D(p.ln2_b), N, C, D(ln2),
-                                                At<float>(scratch, l.mean2),
-                                                At<float>(scratch, l.rstd2)));
+  STRATA_RETURN_IF_ERROR(
+      LaunchLayerNormForward(cs, D(x), D(p.ln1_w), D(p.ln1_b), N, C, D(w.ln1), w.mean1, w.rstd1));
+  STRATA_RETURN_IF_ERROR(mm.Linear(N, C, 3 * C, w.ln1, p.qkv_w, p.qkv_b, nullptr, w.qkv));
+  STRATA_RETURN_IF_ERROR(LaunchAttentionForward(cs, D(w.qkv), B, T, static_cast<int>(C),
+                                                shape.num_heads, D(w.att), w.lse));
+  STRATA_RETURN_IF_ERROR(mm.Linear(N, C, C, w.att, p.attn_proj_w, p.attn_proj_b, x, w.x2));
+  STRATA_RETURN_IF_ERROR(LaunchLayerNormForward(cs, D(w.x2), D(p.ln2_w), D(p.ln2_b), N, C, D(w.ln2),
+                                                w.mean2, w.rstd2));
   // g = D(gelu(P)), h = D(P), P = ln2 Wfc + bfc in fp32 (the GELU_AUX_BIAS epilogue).
-  STRATA_RETURN_IF_ERROR(mm.Run(false, false, N, 4 * C, C, ln2, C, p.fc_w, 4 * C, g, 4 * C,
-                                RowEpilogue::kGeluAuxBias, p.fc_b, nullptr, h, 4 * C));
+  STRATA_RETURN_IF_ERROR(mm.Run(false, false, N, 4 * C, C, w.ln2, C, p.fc_w, 4 * C, w.g, 4 * C,
+                                RowEpilogue::kGeluAuxBias, p.fc_b, nullptr, w.h, 4 * C));
   if (x_out == nullptr) return Status::Ok();
-  return mm.Linear(N, 4 * C, C, g, p.mlp_proj_w, p.mlp_proj_b, x2, x_out);
+  return mm.Linear(N, 4 * C, C, w.g, p.mlp_proj_w, p.mlp_proj_b, w.x2, x_out);
+}
+
+// lnf = D(LN(x)) with its statistics, then logits = D(lnf Wlm): the head's forward.
+template <typename S>
+Status HeadLogits(const GptShape& shape, cudaStream_t cs, const Products<S>& mm, const S* params,
+                  const S* x, int64_t N, const CudaHeadScratchLayout& l, void* scratch, S* logits) {
+  const int64_t C = shape.channels, V = shape.vocab_size;
+  S* lnf = At<S>(scratch, l.lnf);
+  STRATA_RETURN_IF_ERROR(LaunchLayerNormForward(cs, D(x), D(params), D(params + C), N, C, D(lnf),
+                                                At<float>(scratch, l.mean),
+                                                At<float>(scratch, l.rstd)));
+  return mm.Run(false, false, N, V, C, lnf, C, params + 2 * C, V, logits, V);
 }
 
 }  // namespace
@@ -218,11 +246,10 @@ Status CudaLayerForward(const GptShape& shape, gpu::Stream& stream, const S* par
   STRATA_ASSIGN_OR_RETURN(cudaStream_t cs,
                           Prepare("CudaLayerForward", shape, stream, B, T, scratch));
   STRATA_RETURN_IF_ERROR(CheckPointers("CudaLayerForward", {params, x_in, x_out, scratch}));
-  const CudaLayerScratchLayout l = CudaLayerScratchLayoutFor<S>(shape, B, T);
-  const auto mm = MakeProducts<S>(cs, At<void>(scratch, l.lt_workspace),
-                                  At<float>(scratch, l.ln_partials), options);
+  const LayerBuffers<S> w(CudaLayerScratchLayoutFor<S>(shape, B, T), scratch);
+  const auto mm = MakeProducts<S>(cs, w.workspace, w.partials, options);
   const LayerParams<const S*> p(params, shape.channels);
-  return LayerForwardInto<S>(shape, cs, mm, p, x_in, B, T, l, scratch, x_out);
+  return LayerForwardInto<S>(shape, cs, mm, p, x_in, B, T, w, x_out);
 }
 
 template <typename S>
@@ -235,27 +262,18 @@ Status CudaLayerBackward(const GptShape& shape, gpu::Stream& stream, const S* pa
       CheckPointers("CudaLayerBackward", {params, x_in, dx_out, dx_in, dparams, scratch}));
   const int64_t C = shape.channels, N = int64_t{B} * T;
   const int H = shape.num_heads;
-  const CudaLayerScratchLayout l = CudaLayerScratchLayoutFor<S>(shape, B, T);
-  float* partials = At<float>(scratch, l.ln_partials);
-  const auto mm = MakeProducts<S>(cs, At<void>(scratch, l.lt_workspace), partials, options);
+  const LayerBuffers<S> w(CudaLayerScratchLayoutFor<S>(shape, B, T), scratch);
+  const auto mm = MakeProducts<S>(cs, w.workspace, w.partials, options);
   const LayerParams<const S*> p(params, C);
   const LayerParams<S*> dp(dparams, C);
-  STRATA_RETURN_IF_ERROR(LayerForwardInto<S>(shape, cs, mm, p, x_in, B, T, l, scratch, nullptr));
+  STRATA_RETURN_IF_ERROR(LayerForwardInto<S>(shape, cs, mm, p, x_in, B, T, w, nullptr));
   const S* dy = dx_out;
-  S* ln1 = At<S>(scratch, l.ln1);
-  S* qkv = At<S>(scratch, l.qkv);
-  S* att = At<S>(scratch, l.att);
-  S* x2 = At<S>(scratch, l.x2);
-  S* ln2 = At<S>(scratch, l.ln2);
-  S* h = At<S>(scratch, l.h);
-  S* g = At<S>(scratch, l.g);
+  S *ln1 = w.ln1, *qkv = w.qkv, *att = w.att, *x2 = w.x2, *ln2 = w.ln2, *h = w.h, *g = w.g;
   S* dh = g;    // over g, dead after the mlp_proj_w gradient
   S* dqkv = h;  // over h, dead after the DGELU product
-  S* dln = At<S>(scratch, l.dln);
-  const float* mean1 = At<float>(scratch, l.mean1);
-  const float* rstd1 = At<float>(scratch, l.rstd1);
-  const float* mean2 = At<float>(scratch, l.mean2);
-  const float* rstd2 = At<float>(scratch, l.rstd2);
+  S* dln = w.dln;
+  float* partials = w.partials;
+  const float *mean1 = w.mean1, *rstd1 = w.rstd1, *mean2 = w.mean2, *rstd2 = w.rstd2;
 
   // MLP: y = x2 + g Wp + bp, g = gelu(h).
   STRATA_RETURN_IF_ERROR(mm.WeightGrad(N, 4 * C, C, g, dy, dp.mlp_proj_w, dp.mlp_proj_b));
@@ -273,9 +291,8 @@ Status CudaLayerBackward(const GptShape& shape, gpu::Stream& stream, const S* pa
   // Attention: x2 = x + att Wo + bo.
   STRATA_RETURN_IF_ERROR(mm.WeightGrad(N, C, C, att, dx2, dp.attn_proj_w, dp.attn_proj_b));
   STRATA_RETURN_IF_ERROR(mm.InputGrad(N, C, C, dx2, p.attn_proj_w, dln));  // datt
-  STRATA_RETURN_IF_ERROR(
-      LaunchAttentionBackward(cs, D(qkv), D(att), D(dln), At<float>(scratch, l.lse), B, T,
-                              static_cast<int>(C), H, At<float>(scratch, l.delta), D(dqkv)));
+  STRATA_RETURN_IF_ERROR(LaunchAttentionBackward(cs, D(qkv), D(att), D(dln), w.lse, B, T,
+                                                 static_cast<int>(C), H, w.delta, D(dqkv)));
   STRATA_RETURN_IF_ERROR(mm.WeightGrad(N, C, 3 * C, ln1, dqkv, dp.qkv_w, dp.qkv_b));
   STRATA_RETURN_IF_ERROR(mm.InputGrad(N, C, 3 * C, dqkv, p.qkv_w, dln));  // dln1
   STRATA_RETURN_IF_ERROR(LaunchLayerNormParamGrads(cs, D(x_in), D(dln), mean1, rstd1, N, C,
