@@ -84,8 +84,8 @@ Status LaunchMeanLoss(cudaStream_t stream, const float* losses, int64_t N, float
 // scaled scores (the backward recomputes the probabilities from it). Scores scaled by
 // 1 / sqrt(hs) in fp32; online softmax in fp32; unnormalized probabilities rounded to D
 // before the product with V; output accumulated in fp32 and rounded once. hs <= 128.
-// Tensor cores (WMMA, fp32 accumulation) for D 16-bit and hs in {64, 128}; CUDA cores
-// otherwise.
+// CUDA cores for every head dim (fp32 FMAs on values converted from D); a tensor-core path
+// (mma.sync / WMMA, bf16 and fp16, hs 64 and 128) is still to come.
 template <typename D>
 Status LaunchAttentionForward(cudaStream_t stream, const D* qkv, int B, int T, int C, int H, D* out,
                               float* lse);
