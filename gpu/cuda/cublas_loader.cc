@@ -16,6 +16,8 @@ namespace {
 #define STRATA_CUBLAS_STRINGIFY_(x) STRATA_CUBLAS_STRINGIFY_INNER_(x)
 
 constexpr char kCublasLibraryName[] = "libcublas.so." STRATA_CUBLAS_STRINGIFY_(CUBLAS_VER_MAJOR);
+constexpr char kCublasLtLibraryName[] =
+    "libcublasLt.so." STRATA_CUBLAS_STRINGIFY_(CUBLAS_VER_MAJOR);
 constexpr char kCublasHeaderVersion[] =
     STRATA_CUBLAS_STRINGIFY_(CUBLAS_VER_MAJOR) "." STRATA_CUBLAS_STRINGIFY_(CUBLAS_VER_MINOR);
 
@@ -69,6 +71,7 @@ std::string LoadedPath(void* library, const std::string& fallback) {
 }  // namespace
 
 const char* CublasLibraryName() { return kCublasLibraryName; }
+const char* CublasLtLibraryName() { return kCublasLtLibraryName; }
 
 namespace internal {
 
@@ -111,7 +114,56 @@ StatusOr<CublasApi> LoadCublas(const std::string& library_name) {
   return api;
 }
 
+StatusOr<CublasLtApi> LoadCublasLt(const std::string& library_name) {
+  LibraryHandle library(dlopen(library_name.c_str(), RTLD_NOW | RTLD_LOCAL));
+  if (library.get() == nullptr) {
+    return UnavailableError(
+        fmt::format("{} not found or not loadable (dlopen: {}): install the CUDA toolkit's cuBLAS "
+                    "(libcublasLt{}) or add its directory to LD_LIBRARY_PATH, or use --device host",
+                    library_name, DlError(), CUBLAS_VER_MAJOR));
+  }
+  CublasLtApi api{};
+  void* const lib = library.get();
+#define STRATA_CUBLASLT_RESOLVE_(member, symbol)                                     \
+  static_assert(std::is_same_v<decltype(api.member), decltype(&::symbol)>, #symbol); \
+  STRATA_RETURN_IF_ERROR(Resolve(lib, library_name, #symbol, &api.member))
+  STRATA_CUBLASLT_RESOLVE_(Create, cublasLtCreate);
+  STRATA_CUBLASLT_RESOLVE_(Destroy, cublasLtDestroy);
+  STRATA_CUBLASLT_RESOLVE_(MatmulDescCreate, cublasLtMatmulDescCreate);
+  STRATA_CUBLASLT_RESOLVE_(MatmulDescDestroy, cublasLtMatmulDescDestroy);
+  STRATA_CUBLASLT_RESOLVE_(MatmulDescSetAttribute, cublasLtMatmulDescSetAttribute);
+  STRATA_CUBLASLT_RESOLVE_(MatrixLayoutCreate, cublasLtMatrixLayoutCreate);
+  STRATA_CUBLASLT_RESOLVE_(MatrixLayoutDestroy, cublasLtMatrixLayoutDestroy);
+  STRATA_CUBLASLT_RESOLVE_(MatmulPreferenceCreate, cublasLtMatmulPreferenceCreate);
+  STRATA_CUBLASLT_RESOLVE_(MatmulPreferenceDestroy, cublasLtMatmulPreferenceDestroy);
+  STRATA_CUBLASLT_RESOLVE_(MatmulPreferenceSetAttribute, cublasLtMatmulPreferenceSetAttribute);
+  STRATA_CUBLASLT_RESOLVE_(MatmulAlgoGetHeuristic, cublasLtMatmulAlgoGetHeuristic);
+  STRATA_CUBLASLT_RESOLVE_(Matmul, cublasLtMatmul);
+#undef STRATA_CUBLASLT_RESOLVE_
+  api.path = LoadedPath(lib, library_name);
+  library.Release();  // loaded for the life of the process
+  return api;
+}
+
 }  // namespace internal
+
+StatusOr<const CublasLtApi*> CublasLt() {
+  static const StatusOr<CublasLtApi>* const loaded = [] {
+    auto* result = new StatusOr<CublasLtApi>(internal::LoadCublasLt(kCublasLtLibraryName));
+    if (!result->ok()) {  // an unversioned development link, where only that exists
+      auto fallback = internal::LoadCublasLt("libcublasLt.so");
+      if (fallback.ok()) *result = std::move(fallback);
+    }
+    if (result->ok()) {
+      STRATA_LOG_DEBUG("cuBLASLt loaded from {}", (*result)->path);
+    } else {
+      STRATA_LOG_DEBUG("cuBLASLt not loaded: {}", result->status().message());
+    }
+    return result;
+  }();
+  if (!loaded->ok()) return loaded->status();
+  return &loaded->value();
+}
 
 StatusOr<const CublasApi*> Cublas() {
   // Loaded once (a function-local static is initialized exactly once, thread-safely) and

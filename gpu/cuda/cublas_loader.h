@@ -20,6 +20,7 @@
 // them). Only the types and constants of cublas_v2.h are used from the headers.
 #pragma once
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 
 #include <string>
@@ -80,6 +81,34 @@ const char* CublasLibraryName();
 //   - an entry point is missing (a cuBLAS older than the headers): names the symbol.
 StatusOr<const CublasApi*> Cublas();
 
+// cuBLASLt (the matrix products with epilogues of models/cuda/), loaded the same way:
+// libcublasLt.so.<CUBLAS_VER_MAJOR> (falling back to libcublasLt.so), RTLD_NOW | RTLD_LOCAL,
+// never closed. Members typed with decltype of the declarations in cublasLt.h.
+struct CublasLtApi {
+  decltype(&::cublasLtCreate) Create;
+  decltype(&::cublasLtDestroy) Destroy;
+  decltype(&::cublasLtMatmulDescCreate) MatmulDescCreate;
+  decltype(&::cublasLtMatmulDescDestroy) MatmulDescDestroy;
+  decltype(&::cublasLtMatmulDescSetAttribute) MatmulDescSetAttribute;
+  decltype(&::cublasLtMatrixLayoutCreate) MatrixLayoutCreate;
+  decltype(&::cublasLtMatrixLayoutDestroy) MatrixLayoutDestroy;
+  decltype(&::cublasLtMatmulPreferenceCreate) MatmulPreferenceCreate;
+  decltype(&::cublasLtMatmulPreferenceDestroy) MatmulPreferenceDestroy;
+  decltype(&::cublasLtMatmulPreferenceSetAttribute) MatmulPreferenceSetAttribute;
+  decltype(&::cublasLtMatmulAlgoGetHeuristic) MatmulAlgoGetHeuristic;
+  decltype(&::cublasLtMatmul) Matmul;
+  std::string path;  // where the dynamic linker found it
+};
+
+// "libcublasLt.so.13". Thread-safe.
+const char* CublasLtLibraryName();
+
+// The process-wide cuBLASLt table, loaded on the first call (the outcome is kept, as for
+// Cublas()). Thread-safe. kUnavailable naming the library when it is not found (install the
+// CUDA toolkit's cuBLAS, which ships libcublasLt, or use --device host), or naming a missing
+// entry point.
+StatusOr<const CublasLtApi*> CublasLt();
+
 namespace internal {
 
 // What Cublas() does once, with the library name as a parameter (for tests: a name that
@@ -87,6 +116,9 @@ namespace internal {
 // dlopens `library_name` again (raising its reference count), and on success the
 // library is never closed; on failure nothing stays loaded. Thread-safe.
 StatusOr<CublasApi> LoadCublas(const std::string& library_name);
+
+// What CublasLt() does once, for one library name (tests). Not cached.
+StatusOr<CublasLtApi> LoadCublasLt(const std::string& library_name);
 
 }  // namespace internal
 }  // namespace strata::gpu::cuda

@@ -8,23 +8,12 @@
 
 #include "gpu/cuda/cublas_loader.h"
 #include "gpu/cuda/cuda_gemm_mapping.h"
+#include "gpu/cuda/cuda_lt_matmul.h"  // CudaDataType
 #include "gpu/cuda/cuda_native.h"
 #include "gpu/cuda/cuda_status.h"
 
 namespace strata::gpu::cuda {
 namespace {
-
-cudaDataType_t CudaType(DType t) {
-  switch (t) {
-    case DType::kF32:
-      return CUDA_R_32F;
-    case DType::kF16:
-      return CUDA_R_16F;
-    case DType::kBF16:
-      return CUDA_R_16BF;
-  }
-  return CUDA_R_32F;
-}
 
 bool FitsInt(int64_t v) { return v >= 0 && v <= std::numeric_limits<int>::max(); }
 
@@ -81,13 +70,13 @@ Status Gemm(Stream& stream, bool trans_a, bool trans_b, int64_t M, int64_t N, in
   if (M == 0 || N == 0) return Status::Ok();
   STRATA_ASSIGN_OR_RETURN(cublasHandle_t handle, CublasHandle(stream));
   STRATA_ASSIGN_OR_RETURN(const CublasApi* blas, Cublas());  // loaded: the handle came from it
-  const cudaDataType_t ab = CudaType(ab_dtype);
+  const cudaDataType_t ab = CudaDataType(ab_dtype);
   // Column-major C^T(N, M) = op(B)^T(N, K) * op(A)^T(K, M): cuBLAS' A is B (cuda_gemm_mapping.h).
   const ColumnMajorGemm g = RowMajorAsColumnMajor(trans_a, trans_b, M, N, K, lda, ldb, ldc);
   STRATA_CUBLAS_RETURN_IF_ERROR(blas->GemmEx(
       handle, g.transa ? CUBLAS_OP_T : CUBLAS_OP_N, g.transb ? CUBLAS_OP_T : CUBLAS_OP_N,
       static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k), &alpha, B, ab,
-      static_cast<int>(g.lda), A, ab, static_cast<int>(g.ldb), &beta, C, CudaType(c_dtype),
+      static_cast<int>(g.lda), A, ab, static_cast<int>(g.ldb), &beta, C, CudaDataType(c_dtype),
       static_cast<int>(g.ldc), ComputeType(ab_dtype, options), CUBLAS_GEMM_DEFAULT));
   return Status::Ok();
 }
@@ -112,13 +101,13 @@ Status GemmStridedBatched(Stream& stream, bool trans_a, bool trans_b, int64_t M,
   if (M == 0 || N == 0 || batch_count == 0) return Status::Ok();
   STRATA_ASSIGN_OR_RETURN(cublasHandle_t handle, CublasHandle(stream));
   STRATA_ASSIGN_OR_RETURN(const CublasApi* blas, Cublas());  // loaded: the handle came from it
-  const cudaDataType_t ab = CudaType(ab_dtype);
+  const cudaDataType_t ab = CudaDataType(ab_dtype);
   const ColumnMajorGemm g = RowMajorAsColumnMajor(trans_a, trans_b, M, N, K, lda, ldb, ldc);
   STRATA_CUBLAS_RETURN_IF_ERROR(blas->GemmStridedBatchedEx(
       handle, g.transa ? CUBLAS_OP_T : CUBLAS_OP_N, g.transb ? CUBLAS_OP_T : CUBLAS_OP_N,
       static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k), &alpha, B, ab,
       static_cast<int>(g.lda), stride_b, A, ab, static_cast<int>(g.ldb), stride_a, &beta, C,
-      CudaType(c_dtype), static_cast<int>(g.ldc), stride_c, static_cast<int>(batch_count),
+      CudaDataType(c_dtype), static_cast<int>(g.ldc), stride_c, static_cast<int>(batch_count),
       ComputeType(ab_dtype, options), CUBLAS_GEMM_DEFAULT));
   return Status::Ok();
 }

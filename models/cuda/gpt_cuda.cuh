@@ -1,23 +1,21 @@
-// The GPT's per-op CUDA kernels (fp32), the pieces of the blocks in gpt_cuda.h.
-// Each one is the GPU counterpart of a host helper in models/gpt_kernels.cc, with the
-// same formula (see the comments there and in gpt_kernels.h for the papers).
+// The GPT's per-op CUDA kernels, the pieces of the blocks in gpt_cuda.h, each the GPU
+// counterpart of a host helper of models/gpt_kernels.cc with the rounding points of
+// models/gpt_kernels.h ("Storage and rounding"). Templates on the device storage type D:
+// float, __half or __nv_bfloat16 (instantiated for those three); arithmetic in fp32, each
+// output rounded once (round to nearest even).
 //
-// Every entry point takes an explicit cudaStream_t, allocates nothing, checks its
-// arguments before launching (kInvalidArgument naming the problem: negative sizes,
-// null pointers when there is work), and returns the launch error (cudaGetLastError)
-// as a Status; faults of the running kernel surface at the stream's next
-// synchronization. Pointers are device memory, fp32 (int32 for tokens/targets),
-// 4-byte aligned; sizes are in ELEMENTS; matrices are row-major. Zero rows launch
-// nothing. The caller makes the stream's device current. Launches touch no shared
-// host state (thread-safe); concurrent kernels must not share outputs.
+// Every entry point takes an explicit cudaStream_t, allocates nothing, checks its arguments
+// before launching (kInvalidArgument), and returns the launch error (cudaGetLastError) as a
+// Status; faults of the running kernel surface at the stream's next synchronization.
+// Pointers are device memory; sizes in ELEMENTS; matrices row-major; N = B T rows. The caller
+// makes the stream's device current. Tokens or targets outside [0, V) trap (__trap).
 //
-// Determinism: no atomics; every reduction has a fixed order for a given shape
-// (warp butterflies, fixed shared-memory trees, sequential loops), so results are
-// bit-identical from run to run. Not bit-identical to the host (other orders, the
-// GPU's expf/tanhf), except where noted. Built without --use_fast_math: expf, tanhf,
-// logf and sqrtf are the accurate (few-ulp) CUDA versions.
+// Determinism: no floating-point atomics; every reduction has a fixed order for a given shape,
+// so results are bit-identical from run to run. Built without --use_fast_math.
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -26,83 +24,78 @@
 
 namespace strata::models::cuda {
 
-// x_out[r, :] = wte[tokens[r], :] + wpe[r % T, :] for r in [0, N), N = B T.
-// wte (V, C), wpe (>= T, C), tokens (N), x_out (N, C). Bit-identical to the host.
-// A token outside [0, V) traps (see gpt_cuda.h).
-Status LaunchEmbeddingForward(cudaStream_t stream, const float* wte, const float* wpe,
-                              const int32_t* tokens, int64_t N, int T, int64_t C, int V,
-                              float* x_out);
+// x_out[r] = D(wte[tokens[r]] + wpe[r % T]); wte (V, C), wpe (>= T, C), x_out (N, C).
+template <typename D>
+Status LaunchEmbeddingForward(cudaStream_t stream, const D* wte, const D* wpe,
+                              const int32_t* tokens, int64_t N, int T, int64_t C, int V, D* x_out);
 
-// dwte (V, C) and dwpe (max_seq_len, C) OVERWRITTEN with the sums of dx_out (N, C)
-// rows by token and by position (positions >= T and absent tokens get zeros). Each
-// thread owns its output elements and adds rows in row order: bit-identical to the
-// host. A token outside [0, V) traps.
-Status LaunchEmbeddingBackward(cudaStream_t stream, const int32_t* tokens, const float* dx_out,
-                               int64_t N, int T, int64_t C, int V, int max_seq_len, float* dwte,
-                               float* dwpe);
+// dwte (V, C), dwpe (max_seq_len, C) OVERWRITTEN: a stable counting sort of the N positions by
+// token (counts, offsets, cursor: V, V + 1, V int32; order: N int32, all device scratch), then
+// dwte[v] = D(sum of dx_out rows of token v in increasing row order, fp32), and
+// dwpe[t] = D(sum over b of dx_out[b T + t]) for t < T, 0 beyond.
+template <typename D>
+Status LaunchEmbeddingBackward(cudaStream_t stream, const int32_t* tokens, const D* dx_out,
+                               int64_t N, int T, int64_t C, int V, int max_seq_len, D* dwte,
+                               D* dwpe, int32_t* counts, int32_t* offsets, int32_t* cursor,
+                               int32_t* order);
 
 // LayerNorm (Ba et al. 2016, biased variance, eps 1e-5) of each row of x (rows, C):
-// y = (x - mean) rstd w + b, rstd = 1 / sqrt(var + eps); mean, rstd (rows) saved.
-// Two passes over the row (mean, then the centred variance), one warp per row.
-Status LaunchLayerNormForward(cudaStream_t stream, const float* x, const float* w, const float* b,
-                              int64_t rows, int64_t C, float* y, float* mean, float* rstd);
+// y = D((x - mean) rstd w + b); mean, rstd (rows) fp32. One warp per row, two passes.
+template <typename D>
+Status LaunchLayerNormForward(cudaStream_t stream, const D* x, const D* w, const D* b, int64_t rows,
+                              int64_t C, D* y, float* mean, float* rstd);
 
-// y = (x - mean) rstd w + b from saved statistics (bit-identical to the forward's y).
-Status LaunchLayerNormApply(cudaStream_t stream, const float* x, const float* w, const float* b,
-                            const float* mean, const float* rstd, int64_t rows, int64_t C,
-                            float* y);
+// dx = D((residual ? residual : 0) + rstd (g - mean(g) - xhat mean(g xhat))), g = dy w, xhat
+// = (x - mean) rstd, all in fp32 from the D inputs (the one rounding after the residual is
+// added). dx may equal residual (row-local, read before write); not x or dy.
+template <typename D>
+Status LaunchLayerNormBackward(cudaStream_t stream, const D* x, const D* w, const D* dy,
+                               const float* mean, const float* rstd, const D* residual,
+                               int64_t rows, int64_t C, D* dx);
 
-// dw (+)= sum_r dy xhat and db (+)= sum_r dy, xhat = (x - mean) rstd, over rows
-// (accumulate: added to the old values, else overwritten).
-Status LaunchLayerNormParamGrads(cudaStream_t stream, const float* x, const float* dy,
-                                 const float* mean, const float* rstd, int64_t rows, int64_t C,
-                                 float* dw, float* db, bool accumulate);
+// dw = D(sum_r dy xhat), db = D(sum_r dy), deterministic two-pass column reduction: pass 1
+// sums blocks of kLnRowsPerPartial rows into partials ((LnPartials(rows), 2 C) fp32), pass 2
+// adds the partials of each column in order.
+template <typename D>
+Status LaunchLayerNormParamGrads(cudaStream_t stream, const D* x, const D* dy, const float* mean,
+                                 const float* rstd, int64_t rows, int64_t C, float* partials, D* dw,
+                                 D* db);
 
-// dx = (residual ? residual : 0) + rstd (g - mean(g) - xhat mean(g xhat)), g = dy w.
-// Row-local and read-before-write per element, so dx may equal x, dy or residual
-// (residual may be null).
-Status LaunchLayerNormInputGrad(cudaStream_t stream, const float* x, const float* w,
-                                const float* dy, const float* mean, const float* rstd,
-                                const float* residual, int64_t rows, int64_t C, float* dx);
+// out[c] = D(sum over rows of x[r, c]) (a bias gradient), the same two passes;
+// partials: (LnPartials(rows), cols) fp32.
+template <typename D>
+Status LaunchColumnSums(cudaStream_t stream, const D* x, int64_t rows, int64_t cols,
+                        float* partials, D* out);
 
-// out[r, :] = (x ? x[r, :] : 0) + bias (cols). out may equal x. Bit-identical to the host.
-Status LaunchRowsPlusBias(cudaStream_t stream, const float* x, const float* bias, int64_t rows,
-                          int64_t cols, float* out);
+// Per row of logits (N, V): losses[r] = logsumexp - logits[r, targets[r]] in fp32 from the D
+// logits; with write_grad the row is then OVERWRITTEN in place with
+// D(grad_scale (softmax - onehot(target))). One block per row.
+template <typename D>
+Status LaunchCrossEntropy(cudaStream_t stream, D* logits, const int32_t* targets, int64_t N, int V,
+                          float* losses, bool write_grad, float grad_scale);
 
-// out[c] (+)= sum over rows of x[r, c] (the bias gradient). Each column is summed by
-// 8 threads over interleaved rows, then their partial sums in a fixed order.
-Status LaunchColumnSums(cudaStream_t stream, const float* x, int64_t rows, int64_t cols, float* out,
-                        bool accumulate);
-
-// GELU, tanh approximation (Hendrycks & Gimpel 2016):
-// y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), n elements; y may equal x.
-Status LaunchGeluForward(cudaStream_t stream, const float* x, int64_t n, float* y);
-
-// dx = dy gelu'(x), n elements; dx may equal dy.
-Status LaunchGeluBackward(cudaStream_t stream, const float* x, const float* dy, int64_t n,
-                          float* dx);
-
-// In place on num_mats (T, T) row-major score matrices (already scaled by
-// 1/sqrt(head size)): row t becomes softmax over its columns 0..t (max-shifted),
-// columns > t become 0 (the causal mask). One warp per row.
-Status LaunchCausalSoftmaxForward(cudaStream_t stream, float* scores, int64_t num_mats, int T);
-
-// Softmax backward in place: probs[t, s] <- probs[t, s] (dprobs[t, s] - sum_s'
-// probs[t, s'] dprobs[t, s']) for s <= t, 0 for s > t, on num_mats (T, T) matrices.
-Status LaunchCausalSoftmaxBackward(cudaStream_t stream, float* probs, const float* dprobs,
-                                   int64_t num_mats, int T);
-
-// losses[r] = logsumexp(logits[r, :]) - logits[r, targets[r]], logits (N, V).
-// A target outside [0, V) traps.
-Status LaunchCrossEntropyForward(cudaStream_t stream, const float* logits, const int32_t* targets,
-                                 int64_t N, int V, float* losses);
-
-// *loss = float(sum of losses (N), in double, fixed order / N), one block. N >= 1.
+// *loss = float(sum of losses (N) in double, fixed order, / N). One block. N >= 1.
 Status LaunchMeanLoss(cudaStream_t stream, const float* losses, int64_t N, float* loss);
 
-// In place: logits[r, :] <- scale (softmax(logits[r, :]) - onehot(targets[r])), the
-// gradient of scale * sum_r cross-entropy_r (scale = dloss / N for the mean).
-Status LaunchCrossEntropyBackward(cudaStream_t stream, float* logits, const int32_t* targets,
-                                  int64_t N, int V, float scale);
+// Causal multi-head self-attention, fused in the manner of FlashAttention-2 (Dao,
+// "FlashAttention-2: Faster Attention with Better Parallelism and Work Partitioning", 2023).
+// qkv (B, T, 3C): head h of q at column h hs, of k at C + h hs, of v at 2C + h hs.
+// out (B, T, C): head h at column h hs. lse (B, H, T) fp32: log-sum-exp of each query's
+// scaled scores (the backward recomputes the probabilities from it). Scores scaled by
+// 1 / sqrt(hs) in fp32; online softmax in fp32; unnormalized probabilities rounded to D
+// before the product with V; output accumulated in fp32 and rounded once. hs <= 128.
+// CUDA cores for every head dim (fp32 FMAs on values converted from D); a tensor-core path
+// (mma.sync / WMMA, bf16 and fp16, hs 64 and 128) is still to come.
+template <typename D>
+Status LaunchAttentionForward(cudaStream_t stream, const D* qkv, int B, int T, int C, int H, D* out,
+                              float* lse);
+
+// dqkv (B, T, 3C) from dout (B, T, C), the forward's out and lse: delta = rowsum(dout out)
+// (fp32, (B, H, T) scratch), P recomputed, dS = D(P (dP - delta)), dq, dk, dv accumulated in
+// fp32 and rounded once. No atomics: one block per (b, h, key tile) owns its dk, dv and loops
+// over the query tiles; a separate pass writes dq. dqkv must not overlap the inputs.
+template <typename D>
+Status LaunchAttentionBackward(cudaStream_t stream, const D* qkv, const D* out, const D* dout,
+                               const float* lse, int B, int T, int C, int H, float* delta, D* dqkv);
 
 }  // namespace strata::models::cuda

@@ -26,15 +26,21 @@
 //     whole process is then unusable (every later CUDA call fails; only a new process
 //     recovers), as with any fault. So the caller validates data, as for the host
 //     kernels (whose check is a STRATA_CHECK).
-//   - Nothing is allocated: intermediate values live in `scratch` (sizes in gpt_cuda_layout.h) and
-//     cuBLAS uses the stream's own workspace (gpu/cuda/cuda_native.h).
-//   - Matrix products go through gpu::cuda::Gemm / GemmStridedBatched with fp32 inputs,
-//     fp32 accumulation and TF32 off unless GptCudaOptions::allow_tf32. Reductions use a fixed
-//     order and a fixed launch shape for a given problem, and there are no atomics: results are
-//     bit-identical from run to run on one GPU and cuBLAS version (cuBLAS's default algorithms are
-//     deterministic for a fixed stream/workspace). They are NOT bit-identical to the
-//     host kernels (other summation orders, the GPU's expf/tanhf): they agree to fp32
-//     rounding, which tests/models/gpt_cuda_test.cc checks element by element.
+//   - Nothing is allocated: intermediate values live in `scratch` (sizes and layout in
+//     gpt_cuda_layout.h; 16-byte aligned, 256 for the fastest products), which also holds the
+//     cuBLASLt workspace. All N = B T rows are computed at once; matrix products go through
+//     cuBLASLt with fused epilogues (gpu/cuda/cuda_lt_matmul.h; algorithm chosen once per
+//     shape and cached); attention is fused (FlashAttention-2 style, no T x T matrix).
+//     CudaPrepareStream loads cuBLAS and cuBLASLt and makes the device's Lt handle before the
+//     first step: kUnavailable when either library is absent.
+//   - Products take S inputs and outputs with fp32 accumulation (CUBLAS_COMPUTE_32F; TF32 for
+//     the fp32 path only with GptCudaOptions::allow_tf32). Reductions use a fixed order and a
+//     fixed launch shape for a given problem, and there are no floating-point atomics (the
+//     embedding's counting sort counts with integer atomics, whose result does not depend on
+//     their order): results are bit-identical from run to run on one GPU and cuBLAS version.
+//     They are NOT bit-identical to the host kernels (other summation orders, the GPU's
+//     expf/tanhf, cuBLASLt's GELU): they agree to the rounding of S, which
+//     tests/models/gpt_cuda_test.cc checks element by element.
 //   - Thread-safety: calls on one stream from one thread at a time (cuBLAS rule);
 //     concurrent calls must not share output or scratch buffers.
 #pragma once
@@ -88,16 +94,15 @@ Status CudaEmbeddingBackward(const GptShape& shape, gpu::Stream& stream, const i
 // One transformer layer, x_in -> x_out (B, T, C); scratch: CudaLayerScratchBytes<S>.
 // x_out must not overlap x_in.
 template <typename S>
-Status CudaLayerForward(const GptShape& shape, gpu::Stream& stream, const S* params,
-                        const S* x_in, S* x_out, int B, int T, void* scratch,
-                        const GptCudaOptions& options = {});
+Status CudaLayerForward(const GptShape& shape, gpu::Stream& stream, const S* params, const S* x_in,
+                        S* x_out, int B, int T, void* scratch, const GptCudaOptions& options = {});
 
 // Recomputes the forward from x_in, then writes dx_in (B, T, C) and dparams (layer
 // chunk, OVERWRITTEN) from dx_out. dx_in must not overlap x_in or dx_out.
 template <typename S>
-Status CudaLayerBackward(const GptShape& shape, gpu::Stream& stream, const S* params,
-                         const S* x_in, const S* dx_out, S* dx_in, S* dparams, int B, int T,
-                         void* scratch, const GptCudaOptions& options = {});
+Status CudaLayerBackward(const GptShape& shape, gpu::Stream& stream, const S* params, const S* x_in,
+                         const S* dx_out, S* dx_in, S* dparams, int B, int T, void* scratch,
+                         const GptCudaOptions& options = {});
 
 // Final LayerNorm and LM head: logits (B, T, V) written. With targets (B, T) non-null
 // and loss non-null, *loss (one fp32 in device memory) receives the mean cross-entropy

@@ -1,247 +1,197 @@
-// Host-callable layout of the CUDA layer (models/cuda/gpt_cuda.cu): where its scratch
-// regions lie, where each intermediate buffer of a group lives inside the work area, and
-// the argument lists of the attention's strided-batched GEMMs. Plain C++ (no CUDA
-// headers): gpt_cuda.cu takes every offset, leading dimension and stride from here, and
-// tests/models/gpt_cuda_layout_test.cc checks them without a GPU (scratch bounds, buffers
-// that are live at the same time do not overlap, and the attention GEMMs run through a
-// row-major GEMM emulation reproduce a naive causal attention forward and backward).
+// Host-callable layout of the CUDA blocks (models/cuda/gpt_cuda.cu): where each buffer of a
+// block's scratch lies. Plain C++ (no CUDA headers): gpt_cuda.cu takes every offset from
+// here, and tests/models/gpt_cuda_layout_test.cc checks it without a GPU (every region inside
+// the scratch, aligned, and the buffers that are live at the same time disjoint).
 //
-// All sizes and offsets are in fp32 ELEMENTS. Notation as in models/gpt_kernels.h: C
-// channels, H heads, hs = C / H, G = CudaLayerGroupSeqs(B, T) sequences per group,
-// R = G T rows; a group of `seqs` <= G sequences has r = seqs T rows. Pure functions,
-// thread-safe.
+// All sizes and offsets are in BYTES; every region starts at a multiple of kScratchAlign
+// (scratch itself must be kScratchAlign-aligned: the engine's arena slots are). Notation as in
+// models/gpt_kernels.h: N = B T rows, C channels, H heads, V vocabulary, S the storage type
+// (e bytes per element: 4 for float, 2 for Bf16 / Fp16). Only O(N C) buffers of S plus fp32
+// statistics: no T x T matrix (attention is fused, FlashAttention-2 style). Pure, thread-safe.
 #pragma once
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "models/gpt_kernels.h"
 
 namespace strata::models::cuda {
 
-// Sequences per group of the CUDA layer (as the host's: whole sequences, at least 256
-// rows per matrix product when B allows): min(B, ceil(256 / T)). B, T >= 1.
-inline int64_t CudaLayerGroupSeqs(int B, int T) {
-  return std::min<int64_t>(B, std::max<int64_t>(1, (256 + int64_t{T} - 1) / T));
-}
+inline constexpr int64_t kScratchAlign = 256;
+// cuBLASLt workspace inside the layer and head scratch (split-K and stream-K algorithms).
+inline constexpr int64_t kLtWorkspaceBytes = int64_t{4} << 20;
+// Rows per partial sum of the LayerNorm parameter gradients (two-pass column reduction).
+inline constexpr int64_t kLnRowsPerPartial = 64;
 
-// [offset, offset + elems) of a buffer.
+inline int64_t LnPartials(int64_t N) { return (N + kLnRowsPerPartial - 1) / kLnRowsPerPartial; }
+
+// [offset, offset + bytes) of a buffer.
 struct Region {
   int64_t offset = 0;
-  int64_t elems = 0;
-  int64_t end() const { return offset + elems; }
+  int64_t bytes = 0;
+  int64_t end() const { return offset + bytes; }
 };
 
-// The layer scratch, in this order:
-//   mean1, rstd1, mean2, rstd2 (R each)   LayerNorm statistics, forward to backward
-//   qkv (R, 3C)                           forward to backward
-//   probs (G, H, T, T)                    attention probabilities, forward to backward
-//   work  max(8 R C, 5 R C + G H T^2)     intermediates (CudaLayerWorkLayout)
-// The backward keeps the full T x T probability gradients of a group in the work area
-// (the host keeps row blocks of rb = min(T, 64) rows), so the total is never smaller
-// than the host's LayerScratchElems.
-struct CudaLayerScratchLayout {
-  int64_t group_seqs = 0;  // G
-  Region mean1, rstd1, mean2, rstd2, qkv, probs, work;
-  int64_t total() const { return work.end(); }
+// A region with its name, for the tests' overlap messages.
+struct NamedRegion {
+  std::string name;
+  Region region;
 };
 
-inline CudaLayerScratchLayout CudaLayerScratchLayoutFor(const GptShape& s, int B, int T) {
-  const int64_t G = CudaLayerGroupSeqs(B, T), R = G * T, C = s.channels;
-  const int64_t probs = G * s.num_heads * int64_t{T} * T;
-  CudaLayerScratchLayout l;
-  l.group_seqs = G;
-  int64_t at = 0;
-  auto take = [&at](int64_t n) {
-    const Region r{at, n};
-    at += n;
+namespace layout_internal {
+class Carver {
+ public:
+  Region Take(int64_t bytes) {
+    at_ = (at_ + kScratchAlign - 1) / kScratchAlign * kScratchAlign;
+    const Region r{at_, bytes};
+    at_ += bytes;
     return r;
-  };
-  l.mean1 = take(R);
-  l.rstd1 = take(R);
-  l.mean2 = take(R);
-  l.rstd2 = take(R);
-  l.qkv = take(3 * R * C);
-  l.probs = take(probs);
-  l.work = take(std::max(8 * R * C, 5 * R * C + probs));
+  }
+  int64_t total() const { return (at_ + kScratchAlign - 1) / kScratchAlign * kScratchAlign; }
+
+ private:
+  int64_t at_ = 0;
+};
+}  // namespace layout_internal
+
+// ---------------------------------------------------------------------------
+// Layer. Forward: ln1 -> qkv -> att (+ lse) -> x2 -> ln2 -> h (aux) / g -> x_out. The backward
+// recomputes that forward into the same regions (x_out is not written), then reuses dead ones:
+//   dh   over g    (g is dead once mlp_proj_w's gradient is taken)
+//   dqkv over h    (h is dead once the DGELU product has run)
+//   dln  holds dln2, then datt, then dln1 (each dead before the next is written)
+// dx2 lives in the caller's dx_in, and LayerNorm 1's backward adds to it in place.
+struct CudaLayerScratchLayout {
+  Region lt_workspace;                // kLtWorkspaceBytes
+  Region mean1, rstd1, mean2, rstd2;  // (N) fp32 LayerNorm statistics
+  Region lse;                         // (B, H, T) fp32 attention log-sum-exp
+  Region delta;                       // (B, H, T) fp32 rowsum(dO * O) of the backward
+  Region ln_partials;                 // (LnPartials(N), 4 C) fp32 column-sum partials
+  Region ln1;                         // (N, C) S
+  Region qkv;                         // (N, 3C) S
+  Region att;                         // (N, C) S attention output
+  Region x2;                          // (N, C) S residual after attention
+  Region ln2;                         // (N, C) S
+  Region h;                           // (N, 4C) S fc pre-activation (GELU aux); then dqkv (N, 3C)
+  Region g;                           // (N, 4C) S GELU output; then dh (N, 4C)
+  Region dln;                         // (N, C) S dln2, datt, dln1 in turn
+  int64_t total = 0;
+};
+
+template <typename S>
+CudaLayerScratchLayout CudaLayerScratchLayoutFor(const GptShape& s, int B, int T) {
+  const int64_t N = int64_t{B} * T, C = s.channels, e = sizeof(S);
+  const int64_t stats = int64_t{B} * s.num_heads * T * 4;
+  layout_internal::Carver c;
+  CudaLayerScratchLayout l;
+  l.lt_workspace = c.Take(kLtWorkspaceBytes);
+  l.mean1 = c.Take(N * 4);
+  l.rstd1 = c.Take(N * 4);
+  l.mean2 = c.Take(N * 4);
+  l.rstd2 = c.Take(N * 4);
+  l.lse = c.Take(stats);
+  l.delta = c.Take(stats);
+  l.ln_partials = c.Take(LnPartials(N) * 4 * C * 4);
+  l.ln1 = c.Take(N * C * e);
+  l.qkv = c.Take(3 * N * C * e);
+  l.att = c.Take(N * C * e);
+  l.x2 = c.Take(N * C * e);
+  l.ln2 = c.Take(N * C * e);
+  l.h = c.Take(4 * N * C * e);
+  l.g = c.Take(4 * N * C * e);
+  l.dln = c.Take(N * C * e);
+  l.total = c.total();
   return l;
 }
 
-// Scratch of CudaLayerForward / CudaLayerBackward in fp32 elements (the layout above).
-// B >= 1, 1 <= T <= max_seq_len.
-inline int64_t CudaLayerScratchElems(const GptShape& s, int B, int T) {
-  return CudaLayerScratchLayoutFor(s, B, T).total();
-}
-
-// Scratch of CudaHeadForward / CudaHeadBackward in fp32 elements: the host's
-// HeadScratchElems, B T C (final LayerNorm output) + 3 B T (mean, rstd, per-token loss).
-inline int64_t CudaHeadScratchElems(const GptShape& s, int B, int T) {
-  const int64_t N = int64_t{B} * T;
-  return N * s.channels + 3 * N;
-}
-
-// Scratch of the typed block functions of models/cuda/gpt_cuda.h, in bytes, for storage type
-// S (float, Bf16, Fp16). Until the typed CUDA kernels define their own layout these are the fp32
-// layout's sizes (an upper bound for 16-bit storage). B >= 1, 1 <= T <= max_seq_len.
+// The buffers live at the same time in each phase of the layer backward (the forward's
+// phases are subsets of the first). Each entry: (phase name, regions).
 template <typename S>
-int64_t CudaEmbeddingScratchBytes(const GptShape& s, int B, int T) {
-  return 0;
-}
-template <typename S>
-int64_t CudaLayerScratchBytes(const GptShape& s, int B, int T) {
-  return CudaLayerScratchElems(s, B, T) * 4;
-}
-template <typename S>
-int64_t CudaHeadScratchBytes(const GptShape& s, int B, int T) {
-  return CudaHeadScratchElems(s, B, T) * 4;
-}
-
-// Buffers of one group of `seqs` sequences inside the work area, relative to its start,
-// in the order the layer uses them (r = seqs T rows).
-struct CudaLayerWorkLayout {
-  // Forward (and the backward's recomputation of it, which stops after the GELU).
-  Region ln1;   // (r, C) LayerNorm 1 output, until the qkv product
-  Region atty;  // (r, C) attention output, until the projection
-  Region fch;   // (r, 4C) fc pre-activation; alive into the backward's GELU backward
-  Region ln2;   // (r, C) LayerNorm 2 output, until the fc product
-  Region gelu;  // (r, 4C) GELU output; alive into the backward's mlp_proj_w gradient
-  // Backward.
-  Region dfch;        // (r, 4C) over gelu (dead once mlp_proj_w's gradient is taken)
-  Region ln2_again;   // (r, C) LayerNorm 2 recomputed, over the dead fch
-  Region dln2;        // (r, C)
-  Region atty_again;  // (r, C) attention output recomputed
-  Region datty;       // (r, C)
-  Region dqkv;        // (r, 3C)
-  Region dprobs;      // (seqs, H, T, T) probability gradients
-  Region ln1_again;   // (r, C) LayerNorm 1 recomputed
-  Region dln1;        // (r, C)
-};
-
-inline CudaLayerWorkLayout CudaLayerWorkLayoutFor(const GptShape& s, int64_t seqs, int T) {
-  const int64_t r = seqs * T, rC = r * s.channels;
-  CudaLayerWorkLayout w;
-  w.ln1 = {0, rC};
-  w.atty = {0, rC};
-  w.fch = {0, 4 * rC};
-  w.ln2 = {4 * rC, rC};
-  w.gelu = {4 * rC, 4 * rC};
-  w.dfch = {4 * rC, 4 * rC};
-  w.ln2_again = {0, rC};
-  w.dln2 = {rC, rC};
-  w.atty_again = {0, rC};
-  w.datty = {rC, rC};
-  w.dqkv = {2 * rC, 3 * rC};
-  w.dprobs = {5 * rC, seqs * s.num_heads * int64_t{T} * T};
-  w.ln1_again = {0, rC};
-  w.dln1 = {rC, rC};
-  return w;
+std::vector<std::pair<std::string, std::vector<NamedRegion>>> CudaLayerLivePhases(const GptShape& s,
+                                                                                  int B, int T) {
+  const CudaLayerScratchLayout l = CudaLayerScratchLayoutFor<S>(s, B, T);
+  const int64_t N = int64_t{B} * T, e = sizeof(S), C = s.channels;
+  const NamedRegion ws{"lt_workspace", l.lt_workspace}, m1{"mean1", l.mean1}, r1{"rstd1", l.rstd1},
+      m2{"mean2", l.mean2}, r2{"rstd2", l.rstd2}, lse{"lse", l.lse}, delta{"delta", l.delta},
+      part{"ln_partials", l.ln_partials}, ln1{"ln1", l.ln1}, qkv{"qkv", l.qkv}, att{"att", l.att},
+      x2{"x2", l.x2}, ln2{"ln2", l.ln2}, h{"h", l.h}, g{"g", l.g}, dh{"dh", l.g},
+      dqkv{"dqkv", {l.h.offset, 3 * N * C * e}}, dln2{"dln2", l.dln}, datt{"datt", l.dln},
+      dln1{"dln1", l.dln};
+  return {
+      {"forward", {ws, m1, r1, m2, r2, lse, ln1, qkv, att, x2, ln2, h, g}},
+      {"mlp backward", {ws, m1, r1, m2, r2, lse, ln1, qkv, att, x2, ln2, h, dh, dln2, part}},
+      {"attention backward", {ws, m1, r1, lse, delta, ln1, qkv, att, datt, dqkv}},
+      {"qkv backward", {ws, m1, r1, ln1, dqkv, dln1, part}},
+  };
 }
 
 // ---------------------------------------------------------------------------
-// Attention (Vaswani et al. 2017, causal, multi-head) of one group as strided-batched
-// GEMMs, one per head, batched over the group's sequences. Layouts (row-major):
-//   qkv   (seqs, T, 3C): row t of sequence b at (b T + t) 3C; head h of q at column
-//          h hs, of k at C + h hs, of v at 2C + h hs (as the host's qkv).
-//   probs, dprobs (seqs, H, T, T): matrix (b, h) at (b H + h) T T.
-//   out   (seqs, T, C): the attention output y (forward) or its gradient dy
-//          (backward); head h at column h hs.
-//   dqkv  (seqs, T, 3C): like qkv.
-
-struct AttnShape {
-  int64_t seqs = 0, T = 0, C = 0, H = 0;
-  int64_t hs() const { return C / H; }
-  // 1 / sqrt(hs) in fp32, as the host's AttnScale<float>.
-  float scale() const { return 1.0f / std::sqrt(static_cast<float>(hs())); }
+// Head: lnf = S(LN(x)), logits (the caller's (N, V) buffer), per-row losses, and in the
+// backward dlnf = S(dlogits Wlm^T) before the LayerNorm backward writes dx_in.
+struct CudaHeadScratchLayout {
+  Region lt_workspace;  // kLtWorkspaceBytes
+  Region mean, rstd;    // (N) fp32
+  Region losses;        // (N) fp32 per-row cross-entropy
+  Region ln_partials;   // (LnPartials(N), 4 C) fp32 (2 C used)
+  Region lnf;           // (N, C) S
+  Region dlnf;          // (N, C) S
+  int64_t total = 0;
 };
 
-enum class AttnBuffer { kQkv, kProbs, kOut, kDqkv, kDprobs };
-inline constexpr int kNumAttnBuffers = 5;
+template <typename S>
+CudaHeadScratchLayout CudaHeadScratchLayoutFor(const GptShape& s, int B, int T) {
+  const int64_t N = int64_t{B} * T, C = s.channels, e = sizeof(S);
+  layout_internal::Carver c;
+  CudaHeadScratchLayout l;
+  l.lt_workspace = c.Take(kLtWorkspaceBytes);
+  l.mean = c.Take(N * 4);
+  l.rstd = c.Take(N * 4);
+  l.losses = c.Take(N * 4);
+  l.ln_partials = c.Take(LnPartials(N) * 4 * C * 4);
+  l.lnf = c.Take(N * C * e);
+  l.dlnf = c.Take(N * C * e);
+  l.total = c.total();
+  return l;
+}
 
-// One GEMM operand: matrix i of the batch starts at element offset + i stride of the
-// buffer; ld is its row stride.
-struct AttnOperand {
-  AttnBuffer buffer = AttnBuffer::kQkv;
-  int64_t offset = 0, ld = 0, stride = 0;
+// ---------------------------------------------------------------------------
+// Embedding backward: a counting sort of the N positions by token (stable: positions of one
+// token in increasing order), then each wte row sums its positions in that order.
+struct CudaEmbeddingScratchLayout {
+  Region counts;   // (V) int32 positions per token
+  Region offsets;  // (V + 1) int32 exclusive prefix sums of counts
+  Region cursor;   // (V) int32 next free slot per token while placing
+  Region order;    // (N) int32 positions sorted by token
+  int64_t total = 0;
 };
 
-// C = alpha op(A) op(B) with beta 0 (gpu::cuda::GemmStridedBatched argument order), over
-// `batch` matrices.
-struct AttnGemm {
-  bool trans_a = false, trans_b = false;
-  int64_t M = 0, N = 0, K = 0;
-  float alpha = 1.0f;
-  AttnOperand a, b, c;
-  int64_t batch = 0;
-};
-
-namespace attn_internal {
-inline AttnOperand Qkv(const AttnShape& d, int64_t col) {
-  return {AttnBuffer::kQkv, col, 3 * d.C, d.T * 3 * d.C};
-}
-inline AttnOperand Dqkv(const AttnShape& d, int64_t col) {
-  return {AttnBuffer::kDqkv, col, 3 * d.C, d.T * 3 * d.C};
-}
-inline AttnOperand Out(const AttnShape& d, int64_t h) {
-  return {AttnBuffer::kOut, h * d.hs(), d.C, d.T * d.C};
-}
-inline AttnOperand Square(AttnBuffer buffer, const AttnShape& d, int64_t h) {
-  return {buffer, h * d.T * d.T, d.T, d.H * d.T * d.T};
-}
-inline AttnGemm Make(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-                     AttnOperand a, AttnOperand b, AttnOperand c, int64_t batch) {
-  return {trans_a, trans_b, M, N, K, alpha, a, b, c, batch};
-}
-}  // namespace attn_internal
-
-// Forward, head h: probs[:, h] = scale q_h k_h^T (the full T x T scores; the causal
-// softmax then masks and normalizes them in place).
-inline AttnGemm AttnScoresGemm(const AttnShape& d, int64_t h) {
-  using namespace attn_internal;
-  const int64_t q = h * d.hs(), k = d.C + h * d.hs();
-  return Make(false, true, d.T, d.T, d.hs(), d.scale(), Qkv(d, q), Qkv(d, k),
-              Square(AttnBuffer::kProbs, d, h), d.seqs);
+inline CudaEmbeddingScratchLayout CudaEmbeddingScratchLayoutFor(const GptShape& s, int B, int T) {
+  const int64_t N = int64_t{B} * T, V = s.vocab_size;
+  layout_internal::Carver c;
+  CudaEmbeddingScratchLayout l;
+  l.counts = c.Take(V * 4);
+  l.offsets = c.Take((V + 1) * 4);
+  l.cursor = c.Take(V * 4);
+  l.order = c.Take(N * 4);
+  l.total = c.total();
+  return l;
 }
 
-// Forward (and the backward's recomputation), head h: out[:, :, h] = probs[:, h] v_h.
-inline AttnGemm AttnValuesGemm(const AttnShape& d, int64_t h) {
-  using namespace attn_internal;
-  const int64_t v = 2 * d.C + h * d.hs();
-  return Make(false, false, d.T, d.hs(), d.T, 1.0f, Square(AttnBuffer::kProbs, d, h), Qkv(d, v),
-              Out(d, h), d.seqs);
+// Scratch of the typed block functions of models/cuda/gpt_cuda.h, in bytes, for storage type
+// S (float, Bf16, Fp16). B >= 1, 1 <= T <= max_seq_len.
+template <typename S>
+int64_t CudaEmbeddingScratchBytes(const GptShape& s, int B, int T) {
+  return CudaEmbeddingScratchLayoutFor(s, B, T).total;
 }
-
-// Backward, head h: dv_h = probs[:, h]^T dy_h (probs is zero above the diagonal).
-inline AttnGemm AttnGradValuesGemm(const AttnShape& d, int64_t h) {
-  using namespace attn_internal;
-  const int64_t v = 2 * d.C + h * d.hs();
-  return Make(true, false, d.T, d.hs(), d.T, 1.0f, Square(AttnBuffer::kProbs, d, h), Out(d, h),
-              Dqkv(d, v), d.seqs);
+template <typename S>
+int64_t CudaLayerScratchBytes(const GptShape& s, int B, int T) {
+  return CudaLayerScratchLayoutFor<S>(s, B, T).total;
 }
-
-// Backward, head h: dprobs[:, h] = dy_h v_h^T.
-inline AttnGemm AttnGradProbsGemm(const AttnShape& d, int64_t h) {
-  using namespace attn_internal;
-  const int64_t v = 2 * d.C + h * d.hs();
-  return Make(false, true, d.T, d.T, d.hs(), 1.0f, Out(d, h), Qkv(d, v),
-              Square(AttnBuffer::kDprobs, d, h), d.seqs);
-}
-
-// Backward, head h, after the softmax backward turned probs into the score gradients
-// ds: dq_h = scale ds k_h.
-inline AttnGemm AttnGradQueriesGemm(const AttnShape& d, int64_t h) {
-  using namespace attn_internal;
-  const int64_t q = h * d.hs(), k = d.C + h * d.hs();
-  return Make(false, false, d.T, d.hs(), d.T, d.scale(), Square(AttnBuffer::kProbs, d, h),
-              Qkv(d, k), Dqkv(d, q), d.seqs);
-}
-
-// Backward, head h: dk_h = scale ds^T q_h.
-inline AttnGemm AttnGradKeysGemm(const AttnShape& d, int64_t h) {
-  using namespace attn_internal;
-  const int64_t q = h * d.hs(), k = d.C + h * d.hs();
-  return Make(true, false, d.T, d.hs(), d.T, d.scale(), Square(AttnBuffer::kProbs, d, h), Qkv(d, q),
-              Dqkv(d, k), d.seqs);
+template <typename S>
+int64_t CudaHeadScratchBytes(const GptShape& s, int B, int T) {
+  return CudaHeadScratchLayoutFor<S>(s, B, T).total;
 }
 
 }  // namespace strata::models::cuda

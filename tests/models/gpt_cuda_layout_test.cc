@@ -1,331 +1,340 @@
-// The CUDA layer's host-callable layout (models/cuda/gpt_cuda_layout.h), checked without a
-// GPU: the scratch regions tile CudaLayerScratchElems exactly and cover the host's figure;
-// every buffer of a group fits the work area, and buffers that are alive at the same time
-// do not overlap, for shapes up to gpt-13b; and the attention's strided-batched GEMMs, run
-// through a row-major GEMM emulation (with cuBLAS' argument rules checked and every access
-// bounds-checked against the documented buffer sizes), reproduce a naive causal multi-head
-// attention forward and backward in double.
+// The CUDA blocks' host-callable layout (models/cuda/gpt_cuda_layout.h) and the row-major ->
+// cuBLASLt argument mapping (gpu/cuda/cuda_lt_mapping.h), checked without a GPU: every scratch
+// region is aligned and inside the scratch, buffers that are live at the same time do not
+// overlap, the scratch grows linearly in T (no T x T buffer), for float, Bf16 and Fp16 and
+// shapes up to gpt-13b; and the products the blocks ask for, run through an emulation of
+// cuBLASLt's documented column-major semantics (epilogues included), equal the row-major
+// products computed naively.
 #include "models/cuda/gpt_cuda_layout.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <limits>
 #include <random>
 #include <string>
-#include <utility>
 #include <vector>
 
+#include "base/dtype.h"
+#include "gpu/cuda/cuda_lt_mapping.h"
 #include "models/gpt_kernels.h"
 
 namespace strata::models::cuda {
 namespace {
-
-// ---------------------------------------------------------------------------
-// Scratch layout.
 
 struct NamedShape {
   const char* name;
   GptShape shape;
 };
 const NamedShape kShapes[] = {
+    {"tiny", {256, 64, 2, 4, 32}},
     {"odd", {256, 128, 2, 3, 48}},
-    {"gpt2-124m", {256, 1024, 12, 12, 768}},
-    {"gpt2-1.5b", {256, 1024, 48, 25, 1600}},
-    {"gpt-13b", {256, 2048, 40, 40, 5120}},
+    {"gpt2-124m", {50257, 1024, 12, 12, 768}},
+    {"gpt2-1.5b", {50257, 1024, 48, 25, 1600}},
+    {"gpt-13b", {50257, 2048, 40, 40, 5120}},
 };
+struct BT {
+  int B, T;
+};
+const BT kBatches[] = {{1, 1}, {1, 7}, {2, 67}, {4, 64}, {8, 1024}};
 
 bool Disjoint(const Region& a, const Region& b) {
-  return a.end() <= b.offset || b.end() <= a.offset;
+  return a.bytes == 0 || b.bytes == 0 || a.end() <= b.offset || b.end() <= a.offset;
 }
 
-// Pairs of work-area buffers that gpt_cuda.cu keeps alive at the same time (one is read
-// while the other is written, or both are read later), so they must not overlap.
-std::vector<std::pair<const char*, std::pair<Region, Region>>> LiveTogether(
-    const CudaLayerWorkLayout& w) {
-  return {
-      {"fc product reads ln2, writes fch", {w.ln2, w.fch}},
-      {"GELU reads fch, writes gelu", {w.fch, w.gelu}},
-      {"GELU backward reads fch, writes dfch", {w.fch, w.dfch}},
-      {"fc_w gradient reads ln2 (recomputed) and dfch", {w.ln2_again, w.dfch}},
-      {"dln2 product reads dfch", {w.dln2, w.dfch}},
-      {"attention backward reads datty, writes dqkv", {w.datty, w.dqkv}},
-      {"attention backward reads datty, writes dprobs", {w.datty, w.dprobs}},
-      {"softmax backward reads dprobs; dqkv is alive", {w.dqkv, w.dprobs}},
-      {"qkv_w gradient reads ln1 (recomputed) and dqkv", {w.ln1_again, w.dqkv}},
-      {"dln1 product reads dqkv", {w.dln1, w.dqkv}},
-      {"LayerNorm 1 gradients read dln1 after ln1 was used", {w.ln1_again, w.dln1}},
-  };
+void ExpectPlaced(const std::vector<NamedRegion>& regions, int64_t total, const std::string& what) {
+  for (const NamedRegion& r : regions) {
+    EXPECT_EQ(r.region.offset % kScratchAlign, 0) << what << " " << r.name;
+    EXPECT_GE(r.region.bytes, 0) << what << " " << r.name;
+    EXPECT_LE(r.region.end(), total) << what << " " << r.name;
+  }
 }
 
-TEST(GptCudaLayout, ScratchRegionsTileTheScratchAndCoverTheHostFigure) {
-  for (const NamedShape& ns : kShapes) {
-    const GptShape& s = ns.shape;
-    for (int B : {1, 2, 3, 5, 40, 64}) {
-      for (int T : {1, 7, 64, 67, 256, 1024, 2048}) {
-        if (T > s.max_seq_len) continue;
-        SCOPED_TRACE(std::string(ns.name) + " B=" + std::to_string(B) + " T=" + std::to_string(T));
-        const CudaLayerScratchLayout l = CudaLayerScratchLayoutFor(s, B, T);
-        const int64_t G = l.group_seqs, R = G * T, C = s.channels;
-        EXPECT_EQ(G, std::min<int64_t>(B, (256 + T - 1) / T));
-        const Region order[] = {l.mean1, l.rstd1, l.mean2, l.rstd2, l.qkv, l.probs, l.work};
-        EXPECT_EQ(order[0].offset, 0);
-        for (size_t i = 1; i < std::size(order); ++i)
-          EXPECT_EQ(order[i].offset, order[i - 1].end());
-        EXPECT_EQ(l.mean1.elems, R);
-        EXPECT_EQ(l.qkv.elems, 3 * R * C);
-        EXPECT_EQ(l.probs.elems, G * s.num_heads * int64_t{T} * T);
-        EXPECT_EQ(l.total(), CudaLayerScratchElems(s, B, T));
+template <typename S>
+void CheckLayouts(const GptShape& s, int B, int T, const std::string& what) {
+  const int64_t N = int64_t{B} * T, C = s.channels, e = sizeof(S);
+  const CudaLayerScratchLayout l = CudaLayerScratchLayoutFor<S>(s, B, T);
+  EXPECT_EQ(l.total, CudaLayerScratchBytes<S>(s, B, T));
+  for (const auto& [phase, live] : CudaLayerLivePhases<S>(s, B, T)) {
+    ExpectPlaced(live, l.total, what + " layer " + phase);
+    for (size_t i = 0; i < live.size(); ++i) {
+      for (size_t j = i + 1; j < live.size(); ++j) {
+        EXPECT_TRUE(Disjoint(live[i].region, live[j].region))
+            << what << " layer " << phase << ": " << live[i].name << " overlaps " << live[j].name;
       }
+    }
+  }
+  // The sizes the kernels rely on.
+  EXPECT_EQ(l.qkv.bytes, 3 * N * C * e);
+  EXPECT_GE(l.h.bytes, 3 * N * C * e) << "dqkv lives over h";
+  EXPECT_EQ(l.g.bytes, 4 * N * C * e);
+  EXPECT_EQ(l.lse.bytes, int64_t{B} * s.num_heads * T * 4);
+  EXPECT_GE(l.ln_partials.bytes, LnPartials(N) * 4 * C * 4) << "bias-gradient partials of 4C";
+  EXPECT_EQ(l.lt_workspace.bytes, kLtWorkspaceBytes);
+
+  const CudaHeadScratchLayout hl = CudaHeadScratchLayoutFor<S>(s, B, T);
+  EXPECT_EQ(hl.total, CudaHeadScratchBytes<S>(s, B, T));
+  const std::vector<NamedRegion> head = {{"lt_workspace", hl.lt_workspace},
+                                         {"mean", hl.mean},
+                                         {"rstd", hl.rstd},
+                                         {"losses", hl.losses},
+                                         {"ln_partials", hl.ln_partials},
+                                         {"lnf", hl.lnf},
+                                         {"dlnf", hl.dlnf}};
+  ExpectPlaced(head, hl.total, what + " head");
+  for (size_t i = 0; i < head.size(); ++i) {
+    for (size_t j = i + 1; j < head.size(); ++j) {
+      EXPECT_TRUE(Disjoint(head[i].region, head[j].region))
+          << what << " head: " << head[i].name << " overlaps " << head[j].name;
+    }
+  }
+  EXPECT_GE(hl.ln_partials.bytes, LnPartials(N) * 2 * C * 4);
+
+  const CudaEmbeddingScratchLayout el = CudaEmbeddingScratchLayoutFor(s, B, T);
+  EXPECT_EQ(el.total, CudaEmbeddingScratchBytes<S>(s, B, T));
+  const std::vector<NamedRegion> emb = {
+      {"counts", el.counts}, {"offsets", el.offsets}, {"cursor", el.cursor}, {"order", el.order}};
+  ExpectPlaced(emb, el.total, what + " embedding");
+  for (size_t i = 0; i < emb.size(); ++i) {
+    for (size_t j = i + 1; j < emb.size(); ++j) {
+      EXPECT_TRUE(Disjoint(emb[i].region, emb[j].region)) << what << " embedding";
+    }
+  }
+  EXPECT_EQ(el.offsets.bytes, (int64_t{s.vocab_size} + 1) * 4);
+  EXPECT_EQ(el.order.bytes, N * 4);
+}
+
+TEST(GptCudaLayout, RegionsAreAlignedInsideTheScratchAndLiveBuffersDoNotOverlap) {
+  for (const NamedShape& ns : kShapes) {
+    for (const BT& bt : kBatches) {
+      if (bt.T > ns.shape.max_seq_len) continue;
+      const std::string what =
+          std::string(ns.name) + " B=" + std::to_string(bt.B) + " T=" + std::to_string(bt.T);
+      CheckLayouts<float>(ns.shape, bt.B, bt.T, what + " fp32");
+      CheckLayouts<Bf16>(ns.shape, bt.B, bt.T, what + " bf16");
+      CheckLayouts<Fp16>(ns.shape, bt.B, bt.T, what + " fp16");
     }
   }
 }
 
-TEST(GptCudaLayout, EveryGroupBufferFitsTheWorkAreaAndLiveBuffersDoNotOverlap) {
-  for (const NamedShape& ns : kShapes) {
-    const GptShape& s = ns.shape;
-    for (int B : {1, 3, 5, 40, 64}) {
-      for (int T : {1, 7, 64, 67, 1024, 2048}) {
-        if (T > s.max_seq_len) continue;
-        const CudaLayerScratchLayout l = CudaLayerScratchLayoutFor(s, B, T);
-        const int64_t G = l.group_seqs;
-        // A full group and the last (possibly partial) group of the micro-batch.
-        for (int64_t seqs : {G, B - (B - 1) / G * G}) {
-          SCOPED_TRACE(std::string(ns.name) + " B=" + std::to_string(B) +
-                       " T=" + std::to_string(T) + " seqs=" + std::to_string(seqs));
-          const CudaLayerWorkLayout w = CudaLayerWorkLayoutFor(s, seqs, T);
-          const Region all[] = {w.ln1,  w.atty,      w.fch,       w.ln2,        w.gelu,
-                                w.dfch, w.ln2_again, w.dln2,      w.atty_again, w.datty,
-                                w.dqkv, w.dprobs,    w.ln1_again, w.dln1};
-          for (const Region& r : all) {
-            EXPECT_GE(r.offset, 0);
-            EXPECT_GT(r.elems, 0);
-            EXPECT_LE(r.end(), l.work.elems);
-          }
-          for (const auto& [why, pair] : LiveTogether(w)) {
-            EXPECT_TRUE(Disjoint(pair.first, pair.second)) << why;
-          }
-          // In place by design: dfch replaces gelu (dead after the mlp_proj_w gradient).
-          EXPECT_EQ(w.dfch.offset, w.gelu.offset);
-        }
-      }
-    }
-  }
-}
-
-// The figure a user of gpt-13b pays per layer scratch, pinned so a change shows up here:
-// G = 1 sequence of 2048 tokens, 40 heads: 4 R + 3 R C + H T^2 + (5 R C + H T^2) elements.
-TEST(GptCudaLayout, Gpt13bLayerScratchIsOnePointFiveSixGiB) {
-  const GptShape s{256, 2048, 40, 40, 5120};
-  const int64_t R = 2048, C = 5120, probs = int64_t{40} * 2048 * 2048;
-  EXPECT_EQ(CudaLayerScratchElems(s, 64, 2048), 4 * R + 3 * R * C + probs + 5 * R * C + probs);
-  EXPECT_EQ(CudaLayerScratchElems(s, 64, 2048) * 4, int64_t{1677754368});
+TEST(GptCudaLayout, LayerScratchIsLinearInTheSequenceLengthAndHalvesWith16BitStorage) {
+  const GptShape s = kShapes[4].shape;  // gpt-13b, T up to 2048
+  const int64_t fixed = kLtWorkspaceBytes;
+  const int64_t t512 = CudaLayerScratchBytes<Bf16>(s, 1, 512) - fixed;
+  const int64_t t2048 = CudaLayerScratchBytes<Bf16>(s, 1, 2048) - fixed;
+  EXPECT_LE(t2048, 4 * t512 + 64 * kScratchAlign) << "a T x T term would grow 16-fold";
+  // 16 N C elements of S plus fp32 statistics: 16 * 2048 * 5120 * 2 bytes = 320 MiB in bf16.
+  const int64_t N = 2048, C = s.channels;
+  EXPECT_GE(t2048, 16 * N * C * 2);
+  EXPECT_LE(t2048, 16 * N * C * 2 + N * (4 * 4 + 8 * s.num_heads + 4 * C * 4 / 64) + 32 * 256);
+  EXPECT_LT(CudaLayerScratchBytes<Bf16>(s, 1, 2048), CudaLayerScratchBytes<float>(s, 1, 2048));
 }
 
 // ---------------------------------------------------------------------------
-// Attention GEMMs.
+// cuBLASLt mapping.
 
-using Buffers = std::vector<std::vector<double>>;  // indexed by AttnBuffer
+using gpu::cuda::LtEpilogue;
+using gpu::cuda::LtMatmulMapping;
+using gpu::cuda::RowEpilogue;
 
-// gpu::cuda::GemmStridedBatched's row-major contract, in double: for i in [0, batch),
-// C_i = alpha op(A_i) op(B_i), beta = 0 (C not read). The argument rules that
-// gpu/cuda/cuda_gemm.cc enforces (and cuBLAS needs) are EXPECTed; accesses outside a
-// buffer throw.
-void EmulateGemm(const AttnGemm& g, Buffers& buf) {
-  EXPECT_NE(g.c.buffer, g.a.buffer) << "C must not alias A";
-  EXPECT_NE(g.c.buffer, g.b.buffer) << "C must not alias B";
-  EXPECT_GE(g.a.ld, std::max<int64_t>(1, g.trans_a ? g.M : g.K)) << "lda";
-  EXPECT_GE(g.b.ld, std::max<int64_t>(1, g.trans_b ? g.K : g.N)) << "ldb";
-  EXPECT_GE(g.c.ld, std::max<int64_t>(1, g.N)) << "ldc";
-  if (g.batch > 1) {
-    EXPECT_GE(g.c.stride, g.M * g.c.ld) << "batch outputs overlap";
-  }
-  const std::vector<double>& A = buf[static_cast<int>(g.a.buffer)];
-  const std::vector<double>& B = buf[static_cast<int>(g.b.buffer)];
-  std::vector<double>& Cm = buf[static_cast<int>(g.c.buffer)];
-  for (int64_t n = 0; n < g.batch; ++n) {
-    for (int64_t i = 0; i < g.M; ++i) {
-      for (int64_t j = 0; j < g.N; ++j) {
-        double dot = 0;
-        for (int64_t k = 0; k < g.K; ++k) {
-          const int64_t ai =
-              g.a.offset + n * g.a.stride + (g.trans_a ? k * g.a.ld + i : i * g.a.ld + k);
-          const int64_t bi =
-              g.b.offset + n * g.b.stride + (g.trans_b ? j * g.b.ld + k : k * g.b.ld + j);
-          dot += A.at(ai) * B.at(bi);
-        }
-        Cm.at(g.c.offset + n * g.c.stride + i * g.c.ld + j) = static_cast<double>(g.alpha) * dot;
+double Gelu(double x) {
+  return 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+}
+double GeluGrad(double x) {
+  const double u = 0.7978845608028654 * (x + 0.044715 * x * x * x);
+  const double t = std::tanh(u);
+  return 0.5 * (1.0 + t) +
+         0.5 * x * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 3 * 0.044715 * x * x);
+}
+
+// Buffers of one product; the row-major and the column-major view share them.
+struct Problem {
+  bool trans_a = false, trans_b = false;
+  int64_t M = 0, N = 0, K = 0, lda = 0, ldb = 0, ldd = 0, aux_ld = 0;
+  bool residual = false;
+  RowEpilogue epilogue = RowEpilogue::kNone;
+  std::vector<double> A, B, C, bias, aux_in;
+};
+
+struct Result {
+  std::vector<double> D, aux, bias_grad;
+};
+
+// cuBLASLt as documented: column-major D(m, n) = epilogue(op(A) op(B) + beta C), bias one
+// value per row of D, aux (m, n) with leading dimension AUX_LD, BGRADA = sums of op(A)'s rows
+// over k. Every access is bounds-checked.
+Result RunLt(const LtMatmulMapping& mp, const Problem& p) {
+  const auto& g = mp.gemm;
+  auto at = [](const std::vector<double>& v, int64_t i) {
+    EXPECT_TRUE(i >= 0 && i < static_cast<int64_t>(v.size())) << "out of bounds " << i;
+    return i >= 0 && i < static_cast<int64_t>(v.size()) ? v[i] : NAN;
+  };
+  // Lt's A is the row-major B and Lt's B the row-major A.
+  const std::vector<double>& la = p.B;
+  const std::vector<double>& lb = p.A;
+  auto opA = [&](int64_t i, int64_t k) {
+    return g.transa ? at(la, k + i * g.lda) : at(la, i + k * g.lda);
+  };
+  auto opB = [&](int64_t k, int64_t j) {
+    return g.transb ? at(lb, j + k * g.ldb) : at(lb, k + j * g.ldb);
+  };
+  Result r;
+  r.D.assign(p.M * p.ldd, NAN);
+  r.aux =
+      p.aux_in.empty() ? std::vector<double>(p.M * std::max<int64_t>(p.aux_ld, 1), NAN) : p.aux_in;
+  r.bias_grad.assign(mp.vector_len, NAN);
+  for (int64_t j = 0; j < g.n; ++j) {
+    for (int64_t i = 0; i < g.m; ++i) {
+      double acc = 0;
+      for (int64_t k = 0; k < g.k; ++k) acc += opA(i, k) * opB(k, j);
+      if (p.residual) acc += at(p.C, i + j * g.ldc);
+      double out = acc;
+      switch (mp.epilogue) {
+        case LtEpilogue::kDefault:
+        case LtEpilogue::kBgradA:
+          break;
+        case LtEpilogue::kBias:
+          out = acc + at(p.bias, i);
+          break;
+        case LtEpilogue::kGeluAuxBias:
+          at(r.aux, i + j * mp.aux_ld);
+          r.aux[i + j * mp.aux_ld] = acc + at(p.bias, i);
+          out = Gelu(acc + p.bias[i]);
+          break;
+        case LtEpilogue::kDGelu:
+          out = acc * GeluGrad(at(p.aux_in, i + j * mp.aux_ld));
+          break;
       }
+      at(r.D, i + j * g.ldc);
+      r.D[i + j * g.ldc] = out;
     }
   }
-}
-
-// The contracts of LaunchCausalSoftmaxForward/Backward (checked on a GPU in
-// gpt_cuda_test.cc), in double, on num_mats (T, T) matrices.
-void CausalSoftmax(std::vector<double>& p, int64_t num_mats, int64_t T) {
-  for (int64_t r = 0; r < num_mats * T; ++r) {
-    const int64_t t = r % T;
-    double* row = p.data() + r * T;
-    double mx = row[0], sum = 0;
-    for (int64_t s = 0; s <= t; ++s) mx = std::max(mx, row[s]);
-    for (int64_t s = 0; s <= t; ++s) sum += std::exp(row[s] - mx);
-    for (int64_t s = 0; s < T; ++s) row[s] = s <= t ? std::exp(row[s] - mx) / sum : 0.0;
+  if (mp.epilogue == LtEpilogue::kBgradA) {
+    for (int64_t i = 0; i < g.m; ++i) {
+      double s = 0;
+      for (int64_t k = 0; k < g.k; ++k) s += opA(i, k);
+      r.bias_grad[i] = s;
+    }
   }
+  return r;
 }
 
-void CausalSoftmaxBackward(std::vector<double>& p, const std::vector<double>& dp, int64_t num_mats,
-                           int64_t T) {
-  for (int64_t r = 0; r < num_mats * T; ++r) {
-    const int64_t t = r % T;
-    double* row = p.data() + r * T;
-    const double* drow = dp.data() + r * T;
-    double dot = 0;
-    for (int64_t s = 0; s <= t; ++s) dot += row[s] * drow[s];
-    for (int64_t s = 0; s < T; ++s) row[s] = s <= t ? row[s] * (drow[s] - dot) : 0.0;
+// The row-major meaning, naively.
+Result RunRowMajor(const Problem& p) {
+  auto a = [&](int64_t i, int64_t k) {
+    return p.trans_a ? p.A[k * p.lda + i] : p.A[i * p.lda + k];
+  };
+  auto b = [&](int64_t k, int64_t j) {
+    return p.trans_b ? p.B[j * p.ldb + k] : p.B[k * p.ldb + j];
+  };
+  Result r;
+  r.D.assign(p.M * p.ldd, NAN);
+  r.aux =
+      p.aux_in.empty() ? std::vector<double>(p.M * std::max<int64_t>(p.aux_ld, 1), NAN) : p.aux_in;
+  for (int64_t i = 0; i < p.M; ++i) {
+    for (int64_t j = 0; j < p.N; ++j) {
+      double acc = 0;
+      for (int64_t k = 0; k < p.K; ++k) acc += a(i, k) * b(k, j);
+      if (p.residual) acc += p.C[i * p.ldd + j];
+      double out = acc;
+      if (p.epilogue == RowEpilogue::kBias) out = acc + p.bias[j];
+      if (p.epilogue == RowEpilogue::kGeluAuxBias) {
+        r.aux[i * p.aux_ld + j] = acc + p.bias[j];
+        out = Gelu(acc + p.bias[j]);
+      }
+      if (p.epilogue == RowEpilogue::kDGelu) out = acc * GeluGrad(p.aux_in[i * p.aux_ld + j]);
+      r.D[i * p.ldd + j] = out;
+    }
   }
+  if (p.epilogue == RowEpilogue::kBiasGradB) {
+    r.bias_grad.assign(p.N, 0.0);
+    for (int64_t j = 0; j < p.N; ++j) {
+      for (int64_t k = 0; k < p.K; ++k) r.bias_grad[j] += b(k, j);
+    }
+  }
+  return r;
 }
 
-std::vector<double> Random(size_t n, uint64_t seed) {
-  std::mt19937_64 gen(seed);
-  std::uniform_real_distribution<double> u(-1.5, 1.5);
+std::vector<double> Random(int64_t n, std::mt19937_64& rng) {
+  std::uniform_real_distribution<double> u(-1, 1);
   std::vector<double> v(n);
-  for (double& x : v) x = u(gen);
+  for (double& x : v) x = u(rng);
   return v;
 }
 
-void ExpectNear(const std::vector<double>& got, const std::vector<double>& want,
+void ExpectSame(const std::vector<double>& got, const std::vector<double>& want,
                 const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
-  int shown = 0;
   for (size_t i = 0; i < got.size(); ++i) {
-    if (!(std::abs(got[i] - want[i]) <= 1e-12 * (1 + std::abs(want[i]))) && shown++ < 5) {
-      ADD_FAILURE() << what << "[" << i << "] = " << got[i] << ", naive attention gives "
-                    << want[i];
+    if (std::isnan(want[i])) {
+      EXPECT_TRUE(std::isnan(got[i])) << what << " wrote outside the output at " << i;
+    } else {
+      EXPECT_NEAR(got[i], want[i], 1e-12) << what << " at " << i;
     }
   }
 }
 
-// Naive causal multi-head attention (Vaswani et al. 2017) on qkv (seqs, T, 3C) in the
-// host's layout, forward y and, from dy, the backward dqkv.
-struct NaiveAttention {
-  std::vector<double> y, dqkv;
-};
-NaiveAttention Naive(const AttnShape& d, const std::vector<double>& qkv,
-                     const std::vector<double>& dy) {
-  const int64_t T = d.T, C = d.C, hs = d.hs();
-  const double scale = d.scale();
-  NaiveAttention out{std::vector<double>(d.seqs * T * C, 0.0),
-                     std::vector<double>(d.seqs * T * 3 * C, 0.0)};
-  auto q = [&](int64_t b, int64_t t, int64_t h, int64_t e) {
-    return qkv[(b * T + t) * 3 * C + h * hs + e];
+// The products of the GPT blocks (gpt_cuda.cu) with odd sizes and padded row strides.
+TEST(GptCudaLtMapping, BlockProductsThroughLtSemanticsEqualTheRowMajorProducts) {
+  std::mt19937_64 rng(13);
+  const int64_t M = 5, N = 8, K = 3, pad = 3;
+  struct Case {
+    const char* name;
+    bool trans_a, trans_b, residual;
+    RowEpilogue epilogue;
   };
-  auto k = [&](int64_t b, int64_t t, int64_t h, int64_t e) {
-    return qkv[(b * T + t) * 3 * C + C + h * hs + e];
+  const Case cases[] = {
+      {"linear with bias", false, false, false, RowEpilogue::kBias},
+      {"linear with bias and residual", false, false, true, RowEpilogue::kBias},
+      {"fc with GELU aux", false, false, false, RowEpilogue::kGeluAuxBias},
+      {"input gradient", false, true, false, RowEpilogue::kNone},
+      {"input gradient through DGELU", false, true, false, RowEpilogue::kDGelu},
+      {"weight gradient", true, false, false, RowEpilogue::kNone},
+      {"weight gradient with bias gradient", true, false, false, RowEpilogue::kBiasGradB},
   };
-  auto v = [&](int64_t b, int64_t t, int64_t h, int64_t e) {
-    return qkv[(b * T + t) * 3 * C + 2 * C + h * hs + e];
-  };
-  for (int64_t b = 0; b < d.seqs; ++b) {
-    for (int64_t h = 0; h < d.H; ++h) {
-      std::vector<double> P(T * T, 0.0), dS(T * T, 0.0);
-      for (int64_t t = 0; t < T; ++t) {
-        double mx = -std::numeric_limits<double>::infinity(), sum = 0;
-        std::vector<double> sc(t + 1);
-        for (int64_t s = 0; s <= t; ++s) {
-          double dot = 0;
-          for (int64_t e = 0; e < hs; ++e) dot += q(b, t, h, e) * k(b, s, h, e);
-          sc[s] = scale * dot;
-          mx = std::max(mx, sc[s]);
-        }
-        for (int64_t s = 0; s <= t; ++s) sum += std::exp(sc[s] - mx);
-        for (int64_t s = 0; s <= t; ++s) P[t * T + s] = std::exp(sc[s] - mx) / sum;
-        for (int64_t e = 0; e < hs; ++e) {
-          double acc = 0;
-          for (int64_t s = 0; s <= t; ++s) acc += P[t * T + s] * v(b, s, h, e);
-          out.y[(b * T + t) * C + h * hs + e] = acc;
-        }
-        // dP = dy v^T, dS = P (dP - sum P dP).
-        std::vector<double> dP(t + 1);
-        double dot = 0;
-        for (int64_t s = 0; s <= t; ++s) {
-          double acc = 0;
-          for (int64_t e = 0; e < hs; ++e) acc += dy[(b * T + t) * C + h * hs + e] * v(b, s, h, e);
-          dP[s] = acc;
-          dot += P[t * T + s] * acc;
-        }
-        for (int64_t s = 0; s <= t; ++s) dS[t * T + s] = P[t * T + s] * (dP[s] - dot);
-      }
-      for (int64_t t = 0; t < T; ++t) {
-        for (int64_t e = 0; e < hs; ++e) {
-          double dq = 0, dk = 0, dv = 0;
-          for (int64_t s = 0; s <= t; ++s) dq += dS[t * T + s] * k(b, s, h, e);
-          for (int64_t u = t; u < T; ++u) {  // t as a key: queries u >= t
-            dk += dS[u * T + t] * q(b, u, h, e);
-            dv += P[u * T + t] * dy[(b * T + u) * C + h * hs + e];
-          }
-          double* row = out.dqkv.data() + (b * T + t) * 3 * C + h * hs + e;
-          row[0] = scale * dq;
-          row[C] = scale * dk;
-          row[2 * C] = dv;
-        }
-      }
+  for (const Case& c : cases) {
+    Problem p;
+    p.trans_a = c.trans_a;
+    p.trans_b = c.trans_b;
+    p.M = M;
+    p.N = N;
+    p.K = K;
+    p.residual = c.residual;
+    p.epilogue = c.epilogue;
+    p.lda = (c.trans_a ? M : K) + pad;
+    p.ldb = (c.trans_b ? K : N) + pad;
+    p.ldd = N + pad;
+    p.aux_ld = 8 * ((N + 7) / 8) + 8;
+    p.A = Random((c.trans_a ? K : M) * p.lda, rng);
+    p.B = Random((c.trans_b ? N : K) * p.ldb, rng);
+    p.C = Random(M * p.ldd, rng);
+    p.bias = Random(N, rng);
+    if (c.epilogue == RowEpilogue::kDGelu) p.aux_in = Random(M * p.aux_ld, rng);
+    ASSERT_TRUE(gpu::cuda::LtMappingSupported(c.epilogue, c.trans_b)) << c.name;
+    const LtMatmulMapping mp = gpu::cuda::RowMajorAsLt(c.trans_a, c.trans_b, M, N, K, p.lda, p.ldb,
+                                                       p.ldd, c.epilogue, p.aux_ld);
+    const Result lt = RunLt(mp, p);
+    const Result want = RunRowMajor(p);
+    ExpectSame(lt.D, want.D, std::string(c.name) + ": D");
+    if (c.epilogue == RowEpilogue::kGeluAuxBias)
+      ExpectSame(lt.aux, want.aux, std::string(c.name) + ": aux");
+    if (c.epilogue == RowEpilogue::kBiasGradB) {
+      ExpectSame(lt.bias_grad, want.bias_grad, std::string(c.name) + ": bias gradient");
     }
   }
-  return out;
 }
 
-TEST(GptCudaLayout, AttentionGemmsReproduceNaiveCausalAttentionForwardAndBackward) {
-  const AttnShape shapes[] = {
-      {2, 5, 12, 3}, {1, 1, 8, 2}, {3, 7, 8, 1}, {2, 4, 6, 6}, {2, 9, 20, 4}};
-  const double nan = std::numeric_limits<double>::quiet_NaN();
-  uint64_t seed = 1;
-  for (const AttnShape& d : shapes) {
-    SCOPED_TRACE("seqs=" + std::to_string(d.seqs) + " T=" + std::to_string(d.T) +
-                 " C=" + std::to_string(d.C) + " H=" + std::to_string(d.H));
-    const int64_t rows = d.seqs * d.T, mats = d.seqs * d.H;
-    const std::vector<double> qkv = Random(rows * 3 * d.C, seed++);
-    const std::vector<double> dy = Random(rows * d.C, seed++);
-    const NaiveAttention want = Naive(d, qkv, dy);
-
-    // The buffers at exactly their documented sizes, outputs poisoned with NaN so that an
-    // element no GEMM writes shows up.
-    Buffers buf(kNumAttnBuffers);
-    buf[static_cast<int>(AttnBuffer::kQkv)] = qkv;
-    buf[static_cast<int>(AttnBuffer::kProbs)].assign(mats * d.T * d.T, nan);
-    buf[static_cast<int>(AttnBuffer::kOut)].assign(rows * d.C, nan);
-    buf[static_cast<int>(AttnBuffer::kDqkv)].assign(rows * 3 * d.C, nan);
-    buf[static_cast<int>(AttnBuffer::kDprobs)].assign(mats * d.T * d.T, nan);
-    std::vector<double>& probs = buf[static_cast<int>(AttnBuffer::kProbs)];
-
-    // Forward, in gpt_cuda.cu's order.
-    ASSERT_NO_THROW({
-      for (int64_t h = 0; h < d.H; ++h) EmulateGemm(AttnScoresGemm(d, h), buf);
-      CausalSoftmax(probs, mats, d.T);
-      for (int64_t h = 0; h < d.H; ++h) EmulateGemm(AttnValuesGemm(d, h), buf);
-    });
-    ExpectNear(buf[static_cast<int>(AttnBuffer::kOut)], want.y, "y");
-
-    // Backward: out now holds dy.
-    buf[static_cast<int>(AttnBuffer::kOut)] = dy;
-    ASSERT_NO_THROW({
-      for (int64_t h = 0; h < d.H; ++h) {
-        EmulateGemm(AttnGradValuesGemm(d, h), buf);
-        EmulateGemm(AttnGradProbsGemm(d, h), buf);
-      }
-      CausalSoftmaxBackward(probs, buf[static_cast<int>(AttnBuffer::kDprobs)], mats, d.T);
-      for (int64_t h = 0; h < d.H; ++h) {
-        EmulateGemm(AttnGradQueriesGemm(d, h), buf);
-        EmulateGemm(AttnGradKeysGemm(d, h), buf);
-      }
-    });
-    ExpectNear(buf[static_cast<int>(AttnBuffer::kDqkv)], want.dqkv, "dqkv");
-  }
-}
-
-// The scale is the host's fp32 1/sqrt(hs).
-TEST(GptCudaLayout, AttentionScaleIsTheHostsFp32Value) {
-  EXPECT_EQ(AttnShape({1, 1, 64, 4}).scale(), 0.25f);
-  EXPECT_EQ(AttnShape({1, 1, 5120, 40}).scale(), 1.0f / std::sqrt(128.0f));
+TEST(GptCudaLtMapping, EpiloguesAndAlignmentsAreTheDocumentedValues) {
+  using gpu::cuda::LtAlignmentBytes;
+  EXPECT_EQ(
+      gpu::cuda::RowMajorAsLt(false, false, 2, 3, 4, 4, 3, 3, RowEpilogue::kBias, 0).vector_len, 3);
+  EXPECT_EQ(
+      gpu::cuda::RowMajorAsLt(true, false, 2, 3, 4, 2, 3, 3, RowEpilogue::kBiasGradB, 0).epilogue,
+      LtEpilogue::kBgradA);
+  EXPECT_FALSE(gpu::cuda::LtMappingSupported(RowEpilogue::kBiasGradB, true));
+  EXPECT_EQ(LtAlignmentBytes(0), 256u);
+  EXPECT_EQ(LtAlignmentBytes(4096 + 2), 2u);
+  EXPECT_EQ(LtAlignmentBytes(4096 + 16), 16u);
+  EXPECT_EQ(LtAlignmentBytes(512), 256u);
 }
 
 }  // namespace

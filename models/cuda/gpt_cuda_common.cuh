@@ -1,0 +1,81 @@
+// Device helpers shared by the GPT's .cu files (internal to models/cuda/).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <initializer_list>
+#include <string>
+
+#include "base/status.h"
+#include "gpu/cuda/cuda_status.h"
+
+namespace strata::models::cuda::internal {
+
+constexpr int kWarp = 32;
+constexpr int64_t kMaxGrid = 65535;
+
+inline int GridFor(int64_t n, int64_t per_block) {
+  return static_cast<int>(std::clamp<int64_t>((n + per_block - 1) / per_block, 1, kMaxGrid));
+}
+
+inline Status Launched(const char* kernel) {
+  return gpu::cuda::CudaStatus(cudaGetLastError(), kernel);
+}
+
+inline Status CheckPointers(const char* op, std::initializer_list<const void*> ptrs) {
+  for (const void* p : ptrs) {
+    if (p == nullptr) {
+      return InvalidArgumentError(std::string(op) + ": a required device pointer is null");
+    }
+  }
+  return Status::Ok();
+}
+
+inline Status CheckSizes(const char* op, std::initializer_list<int64_t> sizes) {
+  for (int64_t s : sizes) {
+    if (s < 0) return InvalidArgumentError(std::string(op) + ": a size is negative");
+  }
+  return Status::Ok();
+}
+
+// fp32 <-> storage, round to nearest even.
+__device__ __forceinline__ float ToF(float x) { return x; }
+__device__ __forceinline__ float ToF(__half x) { return __half2float(x); }
+__device__ __forceinline__ float ToF(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename D>
+__device__ __forceinline__ D FromF(float x);
+template <>
+__device__ __forceinline__ float FromF<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ __half FromF<__half>(float x) {
+  return __float2half_rn(x);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 FromF<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+// x rounded to D and back (where the contract rounds a value that stays in registers).
+template <typename D>
+__device__ __forceinline__ float RoundTo(float x) {
+  return ToF(FromF<D>(x));
+}
+
+__device__ __forceinline__ float WarpSum(float v) {
+  for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float WarpMax(float v) {
+  for (int o = kWarp / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+__device__ __forceinline__ void CheckTokenOnDevice(int32_t token, int V) {
+  if (token < 0 || token >= V) __trap();
+}
+
+}  // namespace strata::models::cuda::internal
