@@ -525,6 +525,13 @@ class CudaStream final : public Stream {
 
   cudaStream_t native() const { return stream_; }
 
+  // The workspace installed with the handle; call cublas() first.
+  DeviceSpan cublas_workspace() {
+    std::lock_guard<std::mutex> lock(cublas_mu_);
+    return DeviceSpan{static_cast<std::byte*>(cublas_workspace_),
+                      cublas_workspace_ ? kCublasWorkspaceBytes : 0};
+  }
+
   // Creates the handle on first use; no CUDA call runs under the lock (a racing
   // second creator destroys its own handle and uses the first). cuBLAS itself is
   // loaded here, on the first handle of the process (cublas_loader.h).
@@ -876,6 +883,11 @@ StatusOr<std::unique_ptr<Device>> CreateCudaDevice(const CudaDeviceOptions& opti
 cudaStream_t NativeStream(Stream& stream) { return AsCudaStream(stream).native(); }
 
 StatusOr<cublasHandle_t> CublasHandle(Stream& stream) { return AsCudaStream(stream).cublas(); }
+
+StatusOr<DeviceSpan> CublasWorkspace(Stream& stream) {
+  STRATA_RETURN_IF_ERROR(AsCudaStream(stream).cublas().status());
+  return AsCudaStream(stream).cublas_workspace();
+}
 
 ScopedComputeSpan::ScopedComputeSpan(Stream& stream, const char* name) : stream_(&stream) {
   std::optional<uint64_t> id = AsCudaStream(stream).BeginComputeSpan(name);

@@ -32,4 +32,10 @@ cudaStream_t NativeStream(Stream& stream);
 // at a time (cuBLAS rule), which "one thread per stream" gives.
 StatusOr<cublasHandle_t> CublasHandle(Stream& stream);
 
+// The stream's cuBLAS workspace (the 32 MiB of CublasHandle, created with the handle if it does
+// not exist yet): device memory owned by the stream, for cuBLASLt products enqueued on the same
+// stream (they run in stream order with the handle's own calls, so sharing it is safe). Not part
+// of the device arena, like the handle. Errors and thread-safety as CublasHandle's.
+StatusOr<DeviceSpan> CublasWorkspace(Stream& stream);
+
 }  // namespace strata::gpu

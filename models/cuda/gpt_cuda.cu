@@ -83,7 +83,7 @@ Status CheckPointers(const char* op, std::initializer_list<const void*> ptrs) {
 template <typename S>
 struct Products {
   cudaStream_t stream;
-  void* workspace;
+  gpu::DeviceSpan workspace;  // the stream's cuBLAS workspace (gpu::CublasWorkspace)
   bool allow_tf32;
   float* partials;  // (LnPartials(N), >= cols) fp32, for the unfused bias-gradient path
 
@@ -114,7 +114,7 @@ struct Products {
     a.aux = aux;
     a.aux_ld = aux_ld;
     a.allow_tf32 = allow_tf32;
-    return gpu::cuda::LtMatmul(stream, a, workspace, static_cast<size_t>(kLtWorkspaceBytes));
+    return gpu::cuda::LtMatmul(stream, a, workspace.data, workspace.size_bytes);
   }
 
   // y = D(x W + b (+ residual)): x (rows, in), W (in, out), y (rows, out).
@@ -142,8 +142,9 @@ struct Products {
 };
 
 template <typename S>
-Products<S> MakeProducts(cudaStream_t cs, void* workspace, float* partials,
-                         const GptCudaOptions& o) {
+StatusOr<Products<S>> MakeProducts(gpu::Stream& stream, cudaStream_t cs, float* partials,
+                                   const GptCudaOptions& o) {
+  STRATA_ASSIGN_OR_RETURN(const gpu::DeviceSpan workspace, gpu::CublasWorkspace(stream));
   return Products<S>{cs, workspace, o.allow_tf32, partials};
 }
 
@@ -152,7 +153,6 @@ template <typename S>
 struct LayerBuffers {
   S *ln1, *qkv, *att, *x2, *ln2, *h, *g, *dln;
   float *mean1, *rstd1, *mean2, *rstd2, *lse, *delta, *partials;
-  void* workspace;
   LayerBuffers(const CudaLayerScratchLayout& l, void* scratch)
       : ln1(At<S>(scratch, l.ln1)),
         qkv(At<S>(scratch, l.qkv)),
@@ -168,8 +168,7 @@ struct LayerBuffers {
         rstd2(At<float>(scratch, l.rstd2)),
         lse(At<float>(scratch, l.lse)),
         delta(At<float>(scratch, l.delta)),
-        partials(At<float>(scratch, l.ln_partials)),
-        workspace(At<void>(scratch, l.lt_workspace)) {}
+        partials(At<float>(scratch, l.ln_partials)) {}
 };
 
 // The layer forward into the scratch regions: ln1, qkv, att, lse, x2, ln2, h, g; with x_out
@@ -247,7 +246,7 @@ Status CudaLayerForward(const GptShape& shape, gpu::Stream& stream, const S* par
                           Prepare("CudaLayerForward", shape, stream, B, T, scratch));
   STRATA_RETURN_IF_ERROR(CheckPointers("CudaLayerForward", {params, x_in, x_out, scratch}));
   const LayerBuffers<S> w(CudaLayerScratchLayoutFor<S>(shape, B, T), scratch);
-  const auto mm = MakeProducts<S>(cs, w.workspace, w.partials, options);
+  STRATA_ASSIGN_OR_RETURN(const auto mm, MakeProducts<S>(stream, cs, w.partials, options));
   const LayerParams<const S*> p(params, shape.channels);
   return LayerForwardInto<S>(shape, cs, mm, p, x_in, B, T, w, x_out);
 }
@@ -263,7 +262,7 @@ Status CudaLayerBackward(const GptShape& shape, gpu::Stream& stream, const S* pa
   const int64_t C = shape.channels, N = int64_t{B} * T;
   const int H = shape.num_heads;
   const LayerBuffers<S> w(CudaLayerScratchLayoutFor<S>(shape, B, T), scratch);
-  const auto mm = MakeProducts<S>(cs, w.workspace, w.partials, options);
+  STRATA_ASSIGN_OR_RETURN(const auto mm, MakeProducts<S>(stream, cs, w.partials, options));
   const LayerParams<const S*> p(params, C);
   const LayerParams<S*> dp(dparams, C);
   STRATA_RETURN_IF_ERROR(LayerForwardInto<S>(shape, cs, mm, p, x_in, B, T, w, nullptr));
@@ -311,8 +310,8 @@ Status CudaHeadForward(const GptShape& shape, gpu::Stream& stream, const S* para
   STRATA_RETURN_IF_ERROR(CheckPointers("CudaHeadForward", {params, x_in, logits, scratch}));
   const int64_t C = shape.channels, V = shape.vocab_size, N = int64_t{B} * T;
   const CudaHeadScratchLayout l = CudaHeadScratchLayoutFor<S>(shape, B, T);
-  const auto mm = MakeProducts<S>(cs, At<void>(scratch, l.lt_workspace),
-                                  At<float>(scratch, l.ln_partials), options);
+  STRATA_ASSIGN_OR_RETURN(const auto mm,
+                          MakeProducts<S>(stream, cs, At<float>(scratch, l.ln_partials), options));
   S* lnf = At<S>(scratch, l.lnf);
   STRATA_RETURN_IF_ERROR(LaunchLayerNormForward(cs, D(x_in), D(params), D(params + C), N, C, D(lnf),
                                                 At<float>(scratch, l.mean),
@@ -336,7 +335,7 @@ Status CudaHeadBackward(const GptShape& shape, gpu::Stream& stream, const S* par
   const int64_t C = shape.channels, V = shape.vocab_size, N = int64_t{B} * T;
   const CudaHeadScratchLayout l = CudaHeadScratchLayoutFor<S>(shape, B, T);
   float* partials = At<float>(scratch, l.ln_partials);
-  const auto mm = MakeProducts<S>(cs, At<void>(scratch, l.lt_workspace), partials, options);
+  STRATA_ASSIGN_OR_RETURN(const auto mm, MakeProducts<S>(stream, cs, partials, options));
   const float* mean = At<float>(scratch, l.mean);
   const float* rstd = At<float>(scratch, l.rstd);
   S* lnf = At<S>(scratch, l.lnf);

@@ -27,8 +27,9 @@
 //     recovers), as with any fault. So the caller validates data, as for the host
 //     kernels (whose check is a STRATA_CHECK).
 //   - Nothing is allocated: intermediate values live in `scratch` (sizes and layout in
-//     gpt_cuda_layout.h; 16-byte aligned, 256 for the fastest products), which also holds the
-//     cuBLASLt workspace. All N = B T rows are computed at once; matrix products go through
+//     gpt_cuda_layout.h; 16-byte aligned, 256 for the fastest products); the cuBLASLt
+//     products use the stream's cuBLAS workspace (gpu::CublasWorkspace, 32 MiB outside the
+//     arena, taken by CudaPrepareStream). All N = B T rows are computed at once; matrix products go through
 //     cuBLASLt with fused epilogues (gpu/cuda/cuda_lt_matmul.h; algorithm chosen once per
 //     shape and cached); attention is fused (FlashAttention-2 style, no T x T matrix).
 //     CudaPrepareStream loads cuBLAS and cuBLASLt and makes the device's Lt handle before the

@@ -20,8 +20,6 @@
 namespace strata::models::cuda {
 
 inline constexpr int64_t kScratchAlign = 256;
-// cuBLASLt workspace inside the layer and head scratch (split-K and stream-K algorithms).
-inline constexpr int64_t kLtWorkspaceBytes = int64_t{4} << 20;
 // Rows per partial sum of the LayerNorm parameter gradients (two-pass column reduction).
 inline constexpr int64_t kLnRowsPerPartial = 64;
 
@@ -64,7 +62,6 @@ class Carver {
 //   dln  holds dln2, then datt, then dln1 (each dead before the next is written)
 // dx2 lives in the caller's dx_in, and LayerNorm 1's backward adds to it in place.
 struct CudaLayerScratchLayout {
-  Region lt_workspace;                // kLtWorkspaceBytes
   Region mean1, rstd1, mean2, rstd2;  // (N) fp32 LayerNorm statistics
   Region lse;                         // (B, H, T) fp32 attention log-sum-exp
   Region delta;                       // (B, H, T) fp32 rowsum(dO * O) of the backward
@@ -86,7 +83,6 @@ CudaLayerScratchLayout CudaLayerScratchLayoutFor(const GptShape& s, int B, int T
   const int64_t stats = int64_t{B} * s.num_heads * T * 4;
   layout_internal::Carver c;
   CudaLayerScratchLayout l;
-  l.lt_workspace = c.Take(kLtWorkspaceBytes);
   l.mean1 = c.Take(N * 4);
   l.rstd1 = c.Take(N * 4);
   l.mean2 = c.Take(N * 4);
@@ -113,17 +109,17 @@ std::vector<std::pair<std::string, std::vector<NamedRegion>>> CudaLayerLivePhase
                                                                                   int B, int T) {
   const CudaLayerScratchLayout l = CudaLayerScratchLayoutFor<S>(s, B, T);
   const int64_t N = int64_t{B} * T, e = sizeof(S), C = s.channels;
-  const NamedRegion ws{"lt_workspace", l.lt_workspace}, m1{"mean1", l.mean1}, r1{"rstd1", l.rstd1},
+  const NamedRegion m1{"mean1", l.mean1}, r1{"rstd1", l.rstd1},
       m2{"mean2", l.mean2}, r2{"rstd2", l.rstd2}, lse{"lse", l.lse}, delta{"delta", l.delta},
       part{"ln_partials", l.ln_partials}, ln1{"ln1", l.ln1}, qkv{"qkv", l.qkv}, att{"att", l.att},
       x2{"x2", l.x2}, ln2{"ln2", l.ln2}, h{"h", l.h}, g{"g", l.g}, dh{"dh", l.g},
       dqkv{"dqkv", {l.h.offset, 3 * N * C * e}}, dln2{"dln2", l.dln}, datt{"datt", l.dln},
       dln1{"dln1", l.dln};
   return {
-      {"forward", {ws, m1, r1, m2, r2, lse, ln1, qkv, att, x2, ln2, h, g}},
-      {"mlp backward", {ws, m1, r1, m2, r2, lse, ln1, qkv, att, x2, ln2, h, dh, dln2, part}},
-      {"attention backward", {ws, m1, r1, lse, delta, ln1, qkv, att, datt, dqkv}},
-      {"qkv backward", {ws, m1, r1, ln1, dqkv, dln1, part}},
+      {"forward", {m1, r1, m2, r2, lse, ln1, qkv, att, x2, ln2, h, g}},
+      {"mlp backward", {m1, r1, m2, r2, lse, ln1, qkv, att, x2, ln2, h, dh, dln2, part}},
+      {"attention backward", {m1, r1, lse, delta, ln1, qkv, att, datt, dqkv}},
+      {"qkv backward", {m1, r1, ln1, dqkv, dln1, part}},
   };
 }
 
@@ -131,7 +127,6 @@ std::vector<std::pair<std::string, std::vector<NamedRegion>>> CudaLayerLivePhase
 // Head: lnf = S(LN(x)), logits (the caller's (N, V) buffer), per-row losses, and in the
 // backward dlnf = S(dlogits Wlm^T) before the LayerNorm backward writes dx_in.
 struct CudaHeadScratchLayout {
-  Region lt_workspace;  // kLtWorkspaceBytes
   Region mean, rstd;    // (N) fp32
   Region losses;        // (N) fp32 per-row cross-entropy
   Region ln_partials;   // (LnPartials(N), 4 C) fp32 (2 C used)
@@ -145,7 +140,6 @@ CudaHeadScratchLayout CudaHeadScratchLayoutFor(const GptShape& s, int B, int T) 
   const int64_t N = int64_t{B} * T, C = s.channels, e = sizeof(S);
   layout_internal::Carver c;
   CudaHeadScratchLayout l;
-  l.lt_workspace = c.Take(kLtWorkspaceBytes);
   l.mean = c.Take(N * 4);
   l.rstd = c.Take(N * 4);
   l.losses = c.Take(N * 4);

@@ -69,12 +69,10 @@ void CheckLayouts(const GptShape& s, int B, int T, const std::string& what) {
   EXPECT_EQ(l.g.bytes, 4 * N * C * e);
   EXPECT_EQ(l.lse.bytes, int64_t{B} * s.num_heads * T * 4);
   EXPECT_GE(l.ln_partials.bytes, LnPartials(N) * 4 * C * 4) << "bias-gradient partials of 4C";
-  EXPECT_EQ(l.lt_workspace.bytes, kLtWorkspaceBytes);
 
   const CudaHeadScratchLayout hl = CudaHeadScratchLayoutFor<S>(s, B, T);
   EXPECT_EQ(hl.total, CudaHeadScratchBytes<S>(s, B, T));
-  const std::vector<NamedRegion> head = {{"lt_workspace", hl.lt_workspace},
-                                         {"mean", hl.mean},
+  const std::vector<NamedRegion> head = {{"mean", hl.mean},
                                          {"rstd", hl.rstd},
                                          {"losses", hl.losses},
                                          {"ln_partials", hl.ln_partials},
@@ -118,9 +116,8 @@ TEST(GptCudaLayout, RegionsAreAlignedInsideTheScratchAndLiveBuffersDoNotOverlap)
 
 TEST(GptCudaLayout, LayerScratchIsLinearInTheSequenceLengthAndHalvesWith16BitStorage) {
   const GptShape s = kShapes[4].shape;  // gpt-13b, T up to 2048
-  const int64_t fixed = kLtWorkspaceBytes;
-  const int64_t t512 = CudaLayerScratchBytes<Bf16>(s, 1, 512) - fixed;
-  const int64_t t2048 = CudaLayerScratchBytes<Bf16>(s, 1, 2048) - fixed;
+  const int64_t t512 = CudaLayerScratchBytes<Bf16>(s, 1, 512);
+  const int64_t t2048 = CudaLayerScratchBytes<Bf16>(s, 1, 2048);
   EXPECT_LE(t2048, 4 * t512 + 64 * kScratchAlign) << "a T x T term would grow 16-fold";
   // 16 N C elements of S plus fp32 statistics: 16 * 2048 * 5120 * 2 bytes = 320 MiB in bf16.
   const int64_t N = 2048, C = s.channels;
