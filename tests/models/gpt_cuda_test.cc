@@ -6,13 +6,21 @@
 //   - against a double reference (the host kernels at S = double, fed the same S-rounded
 //     inputs), with bounds derived from the unit roundoff u of S, written beside each check;
 //   - attention for head dims 8, 64 and 128 with T not a multiple of any tile;
-//   - determinism: two runs bit-identical.
+//   - determinism: two runs bit-identical;
+//   - the whole model through GptModel::Forward/Backward with typed BlockBuffers as the engine
+//     lays them out, on the CUDA device against the host device: the loss and every block's
+//     gradient, element by element;
+//   - a token or target outside [0, V) in device memory stops the kernel reading it with a
+//     device trap, reported at the next synchronization (a death test: the fault ends the
+//     process's CUDA context).
 // Label gpu: without a GPU every test skips with the reason (tests/gpu/cuda_test_util.h).
 #include "models/cuda/gpt_cuda.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -20,11 +28,15 @@
 #include <vector>
 
 #include "base/dtype.h"
+#include "engine/model.h"
 #include "gpu/cuda/cuda_native.h"
 #include "models/cuda/gpt_cuda.cuh"
 #include "models/cuda/gpt_cuda_layout.h"
+#include "models/gpt.h"
 #include "models/gpt_kernels.h"
 #include "tests/gpu/cuda_test_util.h"
+#include "tests/models/gpt_model_run.h"
+#include "tests/models/gpt_test_model.h"
 
 namespace strata::models {
 namespace {
@@ -408,6 +420,167 @@ TYPED_TEST(GptCudaTypedTest, EmbeddingAndHeadMatchTheHostAndDouble) {
   ExpectWithin(this->Get(dph, PH), Widen(dph_host), 32, u, "head dparams vs host");
   ExpectWithin(this->Get(dxh, N * C), dxh_ref, 64, u, "head dx vs double");
   ExpectWithin(this->Get(dph, PH), dph_ref, 64, u, "head dparams vs double");
+}
+
+// ---------------------------------------------------------------------------
+// The whole model through GptModel with engine-laid-out typed BlockBuffers
+// (tests/models/gpt_model_run.h): embedding -> layers -> head, then head -> layers -> embedding,
+// activations and gradients in S, scratch the largest scratch_bytes over the blocks.
+//
+// Bound (test_model::WholeModelBoundFor, the host suite's whole-model reasoning): a run in S is
+// within k eps (|exact| + rms(exact)) of exact arithmetic on the same S inputs, eps = u + K 2^-24,
+// k = 2 x the roundings to S on the longest path (loss: 3 + 8 L; gradients: 7 + 16 L). The host
+// meets it on these cases with 0.003 (fp32), 0.22 (bf16), 0.31 (fp16) of it (gpt_model_test).
+// The CUDA run rounds at the same points and sums in other orders, so it is held to the same
+// bound against double (the host kernels at S = double on the S-rounded parameters), and to the
+// sum of the two runs' bounds, 2 k, against the host run. fp32 is the sharp check of indexing and
+// masking (its bound is K 2^-24 relative); 16 bits checks the storage paths to their rounding.
+template <typename S>
+void ExpectWholeModelMatches(const test_model::WholeModelCase& c, gpu::Device& cuda_device,
+                             gpu::Stream& cuda_stream) {
+  SCOPED_TRACE("layers=" + std::to_string(c.shape.num_layers) +
+               " C=" + std::to_string(c.shape.channels) + " B=" + std::to_string(c.B) +
+               " T=" + std::to_string(c.T));
+  const test_model::Model<double> md = test_model::RandomModel(c.shape, 81);
+  const test_model::Model<S> m = test_model::CastModel<S>(md);
+  const std::vector<int32_t> tokens = test_model::RandomTokens(c.B * c.T, c.shape.vocab_size, 82);
+  const std::vector<int32_t> targets = test_model::RandomTokens(c.B * c.T, c.shape.vocab_size, 83);
+
+  auto model = GptModel::Create(c.shape);
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  auto host_device = gpu::CreateHostDevice({});
+  ASSERT_TRUE(host_device.ok()) << host_device.status().ToString();
+  auto host_stream = (*host_device)->CreateStream("host compute");
+  ASSERT_TRUE(host_stream.ok()) << host_stream.status().ToString();
+  auto on_cuda = test_model::ModelRun<S>::Create(**model, cuda_device, {c.B, c.T});
+  ASSERT_TRUE(on_cuda.ok()) << on_cuda.status().ToString();
+  auto on_host = test_model::ModelRun<S>::Create(**model, **host_device, {c.B, c.T});
+  ASSERT_TRUE(on_host.ok()) << on_host.status().ToString();
+  const auto r_cuda = (*on_cuda)->ForwardBackward(cuda_stream, m, tokens, targets);
+  ASSERT_TRUE(r_cuda.ok()) << "CUDA: " << r_cuda.status().ToString();
+  const auto r_host = (*on_host)->ForwardBackward(**host_stream, m, tokens, targets);
+  ASSERT_TRUE(r_host.ok()) << "host: " << r_host.status().ToString();
+
+  test_model::Runner<double> exact(c.shape, c.B, c.T);
+  std::vector<std::vector<double>> g_exact;
+  std::vector<double> dx0_exact;
+  const double loss_exact =
+      exact.Backward(test_model::RoundedModel<S>(md), tokens, targets, &g_exact, &dx0_exact);
+
+  const test_model::WholeModelBound bound = test_model::WholeModelBoundFor<S>(c.shape, c.B, c.T);
+  const double e = bound.eps;
+  ExpectWithin({r_cuda->loss}, {r_host->loss}, 2 * bound.loss_k, e, "loss vs host", 0);
+  ExpectWithin({r_cuda->loss}, {loss_exact}, bound.loss_k, e, "loss vs double", 0);
+  for (size_t b = 0; b < g_exact.size(); ++b) {
+    const std::vector<double> g = Widen(r_cuda->grads[b]), g_host = Widen(r_host->grads[b]);
+    for (const TensorInfo& t : test_model::BlockTensors(c.shape, b)) {
+      const auto slice = [&](const std::vector<double>& v) {
+        return std::vector<double>(v.begin() + t.offset, v.begin() + t.offset + t.num_elems);
+      };
+      const std::string what = test_model::BlockName(c.shape, b) + ".d" + t.name;
+      ExpectWithin(slice(g), slice(g_host), 2 * bound.grad_k, e, what + " vs host", 0);
+      ExpectWithin(slice(g), slice(g_exact[b]), bound.grad_k, e, what + " vs double", 0);
+    }
+  }
+  const std::vector<double> dx0 = Widen(r_cuda->dx0);
+  ExpectWithin(dx0, Widen(r_host->dx0), 2 * bound.grad_k, e, "d(embedding output) vs host", 0);
+  ExpectWithin(dx0, dx0_exact, bound.grad_k, e, "d(embedding output) vs double", 0);
+}
+
+TYPED_TEST(GptCudaTypedTest, WholeModelLossAndEveryBlockGradientMatchTheHostDevice) {
+  for (const test_model::WholeModelCase& c : test_model::WholeModelCases()) {
+    ExpectWholeModelMatches<TypeParam>(c, *this->device_, *this->stream_);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Tokens and targets outside [0, V).
+
+// Ends a death-test child after a block call that returned `launched`: synchronizes the stream
+// when the call succeeded, prints the outcome and exits with 0 when a kernel fault was reported
+// (kInternal: by the synchronization, or already by a launch check inside the call, since
+// cudaGetLastError also returns the errors of earlier asynchronous kernels), 1 when nothing was
+// reported (the bad index was read silently), 2 when an argument check refused the call, 3 for
+// any other error.
+[[noreturn]] void ExitWithStreamOutcome(const Status& launched, gpu::Stream& stream) {
+  const Status st = launched.ok() ? stream.Synchronize() : launched;
+  std::fprintf(stderr, "stream: %s\n", st.ToString().c_str());
+  if (st.ok()) std::_Exit(1);
+  if (st.code() == StatusCode::kInvalidArgument) std::_Exit(2);
+  std::_Exit(st.code() == StatusCode::kInternal ? 0 : 3);
+}
+
+// A token (embedding) or target (cross-entropy) outside [0, V) stops the kernel that reads it
+// with a device trap (gpt_cuda.h): the stream reports a fault at its next synchronization instead
+// of the kernel reading a neighbouring row (wpe right after wte for token V, memory before the
+// chunk for -1). The fault leaves the process's CUDA context unusable, so each case runs in its
+// own child process (a death test, re-executed: "threadsafe" style). fp32 storage: the check is
+// the same function in every storage type's kernels.
+using GptCudaDeathTest = GptCudaTypedTest<float>;
+
+TEST_F(GptCudaDeathTest, TokenOrTargetOutsideTheVocabularyTrapsOnTheDevice) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const GptShape s = OddShape();
+  const int B = 2, T = 7;
+  const size_t N = size_t(B) * T, C = s.channels, V = s.vocab_size;
+  const test_model::Model<float> m = test_model::CastModel<float>(test_model::RandomModel(s, 7));
+  const std::vector<float> x = Round<float>(Random(N * C, 1.0, 9));
+  for (const int32_t bad : {s.vocab_size, -1}) {
+    SCOPED_TRACE("bad index " + std::to_string(bad));
+    std::vector<int32_t> ids = RandomTokens(N, s.vocab_size, 8);
+    ids[N - 3] = bad;
+    // Each runs in the child: uploads, launches, synchronizes, exits (no return).
+    // The head's products need cuBLAS: a failure to load it is not the fault looked for.
+    auto prepare = [&] {
+      const Status st = cuda::CudaPrepareStream(*stream_);
+      if (!st.ok()) {
+        std::fprintf(stderr, "prepare: %s\n", st.ToString().c_str());
+        std::_Exit(3);
+      }
+    };
+    auto embedding_forward = [&] {
+      const gpu::DeviceSpan p = Put(m.blocks[0]), t = Put(ids), xo = Poisoned(N * C * 4);
+      ExitWithStreamOutcome(
+          cuda::CudaEmbeddingForward<float>(s, *stream_, Ptr(p), t.as<int32_t>(), B, T, Ptr(xo)),
+          *stream_);
+    };
+    auto embedding_backward = [&] {
+      const gpu::DeviceSpan t = Put(ids), d = Put(x), g = Poisoned(m.blocks[0].size() * 4);
+      const gpu::DeviceSpan sc = Poisoned(cuda::CudaEmbeddingScratchBytes<float>(s, B, T));
+      ExitWithStreamOutcome(cuda::CudaEmbeddingBackward<float>(s, *stream_, t.as<int32_t>(), Ptr(d),
+                                                               B, T, Ptr(g), sc.as<void>()),
+                            *stream_);
+    };
+    auto cross_entropy_forward = [&] {
+      prepare();
+      const gpu::DeviceSpan p = Put(m.blocks.back()), t = Put(ids), xi = Put(x);
+      const gpu::DeviceSpan logits = Poisoned(N * V * 4), loss = Poisoned(4);
+      const gpu::DeviceSpan sc = Poisoned(cuda::CudaHeadScratchBytes<float>(s, B, T));
+      ExitWithStreamOutcome(
+          cuda::CudaHeadForward<float>(s, *stream_, Ptr(p), Ptr(xi), t.as<int32_t>(), B, T,
+                                       Ptr(logits), sc.as<void>(), loss.as<float>()),
+          *stream_);
+    };
+    auto cross_entropy_backward = [&] {
+      prepare();
+      const gpu::DeviceSpan p = Put(m.blocks.back()), t = Put(ids), xi = Put(x);
+      const gpu::DeviceSpan logits = Poisoned(N * V * 4), dx = Poisoned(N * C * 4);
+      const gpu::DeviceSpan g = Poisoned(m.blocks.back().size() * 4);
+      const gpu::DeviceSpan sc = Poisoned(cuda::CudaHeadScratchBytes<float>(s, B, T));
+      ExitWithStreamOutcome(
+          cuda::CudaHeadBackward<float>(s, *stream_, Ptr(p), Ptr(xi), t.as<int32_t>(), 1.0f, B, T,
+                                        Ptr(dx), Ptr(g), Ptr(logits), sc.as<void>()),
+          *stream_);
+    };
+    EXPECT_EXIT(embedding_forward(), ::testing::ExitedWithCode(0), "stream: INTERNAL")
+        << "embedding forward";
+    EXPECT_EXIT(embedding_backward(), ::testing::ExitedWithCode(0), "stream: INTERNAL")
+        << "embedding backward";
+    EXPECT_EXIT(cross_entropy_forward(), ::testing::ExitedWithCode(0), "stream: INTERNAL")
+        << "cross-entropy forward";
+    EXPECT_EXIT(cross_entropy_backward(), ::testing::ExitedWithCode(0), "stream: INTERNAL")
+        << "cross-entropy backward";
+  }
 }
 
 // ---------------------------------------------------------------------------

@@ -1,0 +1,240 @@
+// Test helper: one micro-batch of a whole model through engine::Model::Forward/Backward on a
+// gpu::Device (the host emulation or CUDA), with the buffers the engine gives the blocks
+// (engine/engine.cc: ForwardPass and the backward loop): typed BlockBuffers in the working
+// precision S, each block's parameters and gradient chunk, one boundary activation per block
+// output, two activation-gradient buffers used in turn (dx_in of block b is dx[b % 2]), the
+// logits, the fp32 loss, and one scratch region of the largest scratch_bytes(block, shape, S)
+// over the blocks. Everything lives in one arena span; the inputs are uploaded once and every
+// other byte starts as 0xff (NaN in every storage type), so a block that reads an output before
+// writing it shows up.
+//
+// Also the whole model's error bound in the terms of the host suite (gpt_kernels_test.cc,
+// "Error model" and the whole-model Bf16 test), shared by the host and the CUDA tests.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <type_traits>
+#include <vector>
+
+#include "base/dtype.h"
+#include "base/status.h"
+#include "engine/model.h"
+#include "gpu/device.h"
+#include "models/gpt.h"
+#include "models/gpt_kernels.h"
+#include "tests/models/gpt_test_model.h"
+
+namespace strata::models::test_model {
+
+// What one forward and backward leaves behind, copied back to the host.
+template <typename S>
+struct ModelRunResult {
+  float loss = 0;                     // mean cross-entropy over B T tokens (the head's Forward)
+  std::vector<std::vector<S>> grads;  // per block: its chunk's gradient (dloss = 1)
+  std::vector<S> dx0;                 // (B, T, C) gradient of the embedding's output
+};
+
+template <typename S>
+class ModelRun {
+ public:
+  // Carves one span from a new arena of `device` and a pinned image of it. `model` must outlive
+  // the run. kResourceExhausted when the device cannot hold it.
+  static StatusOr<std::unique_ptr<ModelRun>> Create(engine::Model& model, gpu::Device& device,
+                                                    engine::MicroBatchShape shape) {
+    std::unique_ptr<ModelRun> run(new ModelRun(model, shape));
+    STRATA_ASSIGN_OR_RETURN(run->arena_, device.CreateArena(run->size_bytes_));
+    STRATA_ASSIGN_OR_RETURN(run->all_, run->arena_->Carve(run->size_bytes_, "model run"));
+    STRATA_ASSIGN_OR_RETURN(run->image_, device.AllocatePinned(run->size_bytes_, "model run"));
+    return run;
+  }
+
+  // The buffers of block `b`'s Forward and Backward, as the engine fills them.
+  engine::BlockBuffers ForwardBuffers(int b) const {
+    engine::BlockBuffers buf = Common(b);
+    if (b > 0) buf.x_in = Typed(acts_[b - 1], act_elems_);
+    if (b < num_blocks_ - 1) {
+      buf.x_out = Typed(acts_[b], act_elems_);
+    } else {
+      buf.targets = Span(targets_).template as<const int32_t>();
+      buf.logits = Typed(logits_, logits_elems_);
+      buf.loss = Span(loss_).template as<float>();
+    }
+    return buf;
+  }
+  engine::BlockBuffers BackwardBuffers(int b) const {
+    engine::BlockBuffers buf = Common(b);
+    buf.grads = Typed(grads_[b], model_.block_num_params(b));
+    if (b > 0) {
+      buf.x_in = Typed(acts_[b - 1], act_elems_);
+      buf.dx_in = Typed(dx_[b % 2], act_elems_);
+    }
+    if (b < num_blocks_ - 1) {
+      buf.dx_out = Typed(dx_[(b + 1) % 2], act_elems_);
+    } else {
+      buf.targets = Span(targets_).template as<const int32_t>();
+      buf.logits = Typed(logits_, logits_elems_);
+      buf.dloss = 1.0f;
+    }
+    return buf;
+  }
+
+  // Poisons every byte, then copies the parameters (one chunk of S per block), tokens and
+  // targets (B T each) in; waits for the copy.
+  Status Upload(gpu::Stream& stream, const Model<S>& params, const std::vector<int32_t>& tokens,
+                const std::vector<int32_t>& targets) {
+    STRATA_CHECK(static_cast<int>(params.blocks.size()) == num_blocks_);
+    STRATA_CHECK(static_cast<int64_t>(tokens.size()) == shape_.tokens());
+    STRATA_CHECK(static_cast<int64_t>(targets.size()) == shape_.tokens());
+    std::memset(image_.data(), 0xff, size_bytes_);
+    for (int b = 0; b < num_blocks_; ++b) {
+      STRATA_CHECK(static_cast<int64_t>(params.blocks[b].size()) == model_.block_num_params(b));
+      Put(params_[b], params.blocks[b]);
+    }
+    Put(tokens_, tokens);
+    Put(targets_, targets);
+    STRATA_RETURN_IF_ERROR(stream.CopyH2D(all_, image_.span().subspan(0, size_bytes_)));
+    return stream.Synchronize();
+  }
+
+  // Prepares the stream, uploads, runs every block's Forward (embedding -> layers -> head) and
+  // Backward (head -> layers -> embedding) on `stream`, and copies the results back.
+  StatusOr<ModelRunResult<S>> ForwardBackward(gpu::Stream& stream, const Model<S>& params,
+                                              const std::vector<int32_t>& tokens,
+                                              const std::vector<int32_t>& targets) {
+    STRATA_RETURN_IF_ERROR(model_.PrepareComputeStream(stream));
+    STRATA_RETURN_IF_ERROR(Upload(stream, params, tokens, targets));
+    for (int b = 0; b < num_blocks_; ++b) {
+      STRATA_RETURN_IF_ERROR(
+          model_.Forward(b, ForwardBuffers(b), stream).WithContext(model_.block_name(b)));
+    }
+    for (int b = num_blocks_ - 1; b >= 0; --b) {
+      STRATA_RETURN_IF_ERROR(
+          model_.Backward(b, BackwardBuffers(b), stream).WithContext(model_.block_name(b)));
+    }
+    STRATA_RETURN_IF_ERROR(stream.CopyD2H(image_.span().subspan(0, size_bytes_), all_));
+    STRATA_RETURN_IF_ERROR(stream.Synchronize());
+    ModelRunResult<S> r;
+    std::memcpy(&r.loss, image_.data() + loss_.offset, sizeof(float));
+    for (int b = 0; b < num_blocks_; ++b) r.grads.push_back(Get(grads_[b]));
+    r.dx0 = Get(dx_[1]);  // the embedding's dx_out
+    return r;
+  }
+
+ private:
+  struct Region {
+    size_t offset = 0;
+    size_t size_bytes = 0;
+  };
+
+  ModelRun(engine::Model& model, engine::MicroBatchShape shape)
+      : model_(model),
+        shape_(shape),
+        num_blocks_(model.num_blocks()),
+        act_elems_(model.activation_elems(shape)),
+        logits_elems_(model.logits_elems(shape)) {
+    const size_t act_bytes = static_cast<size_t>(act_elems_) * sizeof(S);
+    int64_t scratch_bytes = 0;
+    for (int b = 0; b < num_blocks_; ++b) {
+      const size_t chunk = static_cast<size_t>(model.block_num_params(b)) * sizeof(S);
+      params_.push_back(Add(chunk));
+      grads_.push_back(Add(chunk));
+      scratch_bytes = std::max(scratch_bytes, model.scratch_bytes(b, shape, DTypeOf<S>()));
+    }
+    for (int b = 0; b + 1 < num_blocks_; ++b) acts_.push_back(Add(act_bytes));
+    dx_[0] = Add(act_bytes);
+    dx_[1] = Add(act_bytes);
+    tokens_ = Add(static_cast<size_t>(shape.tokens()) * sizeof(int32_t));
+    targets_ = Add(static_cast<size_t>(shape.tokens()) * sizeof(int32_t));
+    logits_ = Add(static_cast<size_t>(logits_elems_) * sizeof(S));
+    loss_ = Add(sizeof(float));
+    scratch_ = Add(static_cast<size_t>(scratch_bytes));
+  }
+
+  // Regions start at the arena's alignment, as the engine's carves do.
+  Region Add(size_t size_bytes) {
+    const size_t a = gpu::DeviceArena::kAlignment;
+    const Region r{(size_bytes_ + a - 1) / a * a, size_bytes};
+    size_bytes_ = r.offset + std::max<size_t>(size_bytes, 1);
+    return r;
+  }
+  gpu::DeviceSpan Span(const Region& r) const { return all_.subspan(r.offset, r.size_bytes); }
+  engine::TensorRef Typed(const Region& r, int64_t num_elems) const {
+    return {Span(r).data, DTypeOf<S>(), num_elems};
+  }
+  engine::BlockBuffers Common(int b) const {
+    engine::BlockBuffers buf;
+    buf.precision = DTypeOf<S>();
+    buf.params = Typed(params_[b], model_.block_num_params(b));
+    buf.shape = shape_;
+    buf.scratch = Span(scratch_);
+    if (b == 0) buf.tokens = Span(tokens_).template as<const int32_t>();
+    return buf;
+  }
+  template <typename T>
+  void Put(const Region& r, const std::vector<T>& v) {
+    STRATA_CHECK(v.size() * sizeof(T) == r.size_bytes);
+    std::memcpy(image_.data() + r.offset, v.data(), r.size_bytes);
+  }
+  std::vector<S> Get(const Region& r) const {
+    std::vector<S> v(r.size_bytes / sizeof(S));
+    std::memcpy(v.data(), image_.data() + r.offset, r.size_bytes);
+    return v;
+  }
+
+  engine::Model& model_;
+  engine::MicroBatchShape shape_;
+  int num_blocks_;
+  int64_t act_elems_, logits_elems_;
+  size_t size_bytes_ = 0;
+  std::vector<Region> params_, grads_, acts_;
+  Region dx_[2], tokens_, targets_, logits_, loss_, scratch_;
+  std::unique_ptr<gpu::DeviceArena> arena_;
+  gpu::DeviceSpan all_;
+  gpu::PinnedBuffer image_;  // the span's contents on the host
+};
+
+// The whole model's error against exact arithmetic on the same S inputs, as the host suite
+// bounds it (gpt_kernels_test.cc, "Error model" and its whole-model Bf16 test): every rounding to
+// S on an output's path adds at most u (|out| + rms(out)) and every fp32 sum of K terms K 2^-24
+// of the same, times a gain margin of 2, so
+//     |got - exact| <= k eps (|exact| + rms(exact)),   eps = u + K 2^-24,   k = 2 R,
+// R the roundings to S on the longest path and K the longest fp32 sum (a weight gradient over
+// N = B T rows, the MLP's 4C, the head's V). R as the host suite counts it per block: for the
+// loss 1 (embedding) + 8 per layer forward + 2 (lnf, logits); for a gradient (every block's,
+// and dx0) 6 (head backward with its forward) + 16 per layer backward (with its recomputed
+// forward) + 1 (embedding). Measured on the host (gpt_model_test, WholeModelCases): the worst
+// element uses 0.003 of it in fp32, 0.22 in bf16, 0.31 in fp16.
+struct WholeModelBound {
+  double eps;
+  double loss_k;
+  double grad_k;
+};
+
+template <typename S>
+WholeModelBound WholeModelBoundFor(const GptShape& s, int B, int T) {
+  const double u = std::is_same_v<S, Bf16> ? 0x1p-8 : std::is_same_v<S, Fp16> ? 0x1p-11 : 0x1p-24;
+  const int64_t K = std::max({int64_t{B} * T, int64_t{4} * s.channels, int64_t{s.vocab_size}});
+  const double loss_roundings = 1.0 + 8.0 * s.num_layers + 2.0;
+  const double grad_roundings = 6.0 + 16.0 * s.num_layers + 1.0;
+  return {u + static_cast<double>(K) * 0x1p-24, 2 * loss_roundings, 2 * grad_roundings};
+}
+
+// The whole-model cases of the host and the CUDA tests: the `tiny` preset (2 layers, C = 16,
+// 2 heads) at T = 16 and 7; a 3-layer shape with C = 48 and 3 heads (head size 16) at T = 7, 67
+// (not a multiple of any tile or row block) and 1.
+struct WholeModelCase {
+  GptShape shape;
+  int B, T;
+};
+inline std::vector<WholeModelCase> WholeModelCases() {
+  const StatusOr<GptShape> tiny = GptPreset("tiny");
+  STRATA_CHECK(tiny.ok());
+  const GptShape odd{256, 72, 3, 3, 48};
+  return {{*tiny, 3, 16}, {*tiny, 5, 7}, {odd, 5, 7}, {odd, 2, 67}, {odd, 3, 1}};
+}
+
+}  // namespace strata::models::test_model
