@@ -205,8 +205,9 @@ TEST(Planner, SixteenBitPlanHasNoFp32RegionsAndHalvesActivations) {
     EXPECT_EQ(region(*p, "logits"), logits * w);
   }
   EXPECT_LT(region(*bf16, "block scratch"), region(*fp32, "block scratch"));
+  // Everything on the device halves except the fp32 statistics inside the scratch.
   EXPECT_LT(StreamingMinimumBytes(**model, DType::kBF16, mb),
-            StreamingMinimumBytes(**model, DType::kF32, mb) / 2 + 4096 * 16);
+            StreamingMinimumBytes(**model, DType::kF32, mb) * 51 / 100);
 }
 
 }  // namespace
