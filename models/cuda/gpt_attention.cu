@@ -8,6 +8,10 @@
 // kKvKeys keys (kKeysPerWarp per warp, their dk and dv in registers) and streams the query rows
 // that see them in chunks of kQueryChunk; the block owns its dk, dv rows, so there are no
 // atomics and every sum runs in a fixed order: results are bit-identical from run to run.
+//
+// These CUDA-core kernels serve every storage type and head dim <= 128 and are the reference;
+// for bf16 and fp16 with hs 64 or 128 the launchers run the tensor-core kernels of
+// gpt_attention_tc.cu instead unless told otherwise (AttentionPath, gpt_attention_tiles.h).
 #include <cstdint>
 #include <initializer_list>
 #include <string>
