@@ -8,8 +8,16 @@
 // kKvKeys keys (kKeysPerWarp per warp, their dk and dv in registers) and streams the query rows
 // that see them in chunks of kQueryChunk; the block owns its dk, dv rows, so there are no
 // atomics and every sum runs in a fixed order: results are bit-identical from run to run.
+//
+// These CUDA-core kernels serve every storage type and head dim <= 128 and are the reference;
+// for bf16 and fp16 with hs 64 or 128 the launchers run the tensor-core kernels of
+// gpt_attention_tc.cu instead unless told otherwise (AttentionPath, gpt_attention_tiles.h).
 #include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <type_traits>
 
+#include "models/cuda/gpt_attention_tc.cuh"
 #include "models/cuda/gpt_cuda.cuh"
 #include "models/cuda/gpt_cuda_common.cuh"
 
@@ -297,14 +305,36 @@ Status WithDims(int hs, F&& f) {
   }
 }
 
+// Whether to run the tensor-core kernels (gpt_attention_tc.cu): kAuto takes them where they
+// apply; kTensorCores where they do not is an error.
+template <typename D>
+StatusOr<bool> UseTensorCores(const char* op, AttentionPath path, int hs,
+                              std::initializer_list<const void*> ptrs) {
+  if (path == AttentionPath::kCudaCores) return false;
+  bool ok =
+      attention_tiles::TensorCoreAttentionSupports(hs, sizeof(D)) && !std::is_same_v<D, float>;
+  for (const void* p : ptrs) ok = ok && reinterpret_cast<uintptr_t>(p) % 16 == 0;
+  if (path == AttentionPath::kTensorCores && !ok) {
+    return InvalidArgumentError(std::string(op) +
+                                ": the tensor-core path needs bf16 or fp16, head dim 64 or 128 "
+                                "and 16-byte aligned buffers");
+  }
+  return ok;
+}
+
 }  // namespace
 
 template <typename D>
 Status LaunchAttentionForward(cudaStream_t stream, const D* qkv, int B, int T, int C, int H, D* out,
-                              float* lse) {
+                              float* lse, AttentionPath path) {
   STRATA_RETURN_IF_ERROR(CheckAttention("LaunchAttentionForward", B, T, C, H));
   STRATA_RETURN_IF_ERROR(CheckPointers("LaunchAttentionForward", {qkv, out, lse}));
   const AttnDims a = Dims(B, T, C, H);
+  STRATA_ASSIGN_OR_RETURN(const bool tc,
+                          UseTensorCores<D>("LaunchAttentionForward", path, a.hs, {qkv, out}));
+  if constexpr (!std::is_same_v<D, float>) {
+    if (tc) return LaunchAttentionForwardTc<D>(stream, qkv, B, T, C, H, out, lse);
+  }
   const dim3 grid((T + kQueryWarps - 1) / kQueryWarps, B * H);
   return WithDims(a.hs, [&]<int kDims>() {
     AttentionForwardKernel<D, kDims><<<grid, kQueryWarps * kWarp, 0, stream>>>(qkv, a, out, lse);
@@ -314,15 +344,20 @@ Status LaunchAttentionForward(cudaStream_t stream, const D* qkv, int B, int T, i
 
 template <typename D>
 Status LaunchAttentionBackward(cudaStream_t stream, const D* qkv, const D* out, const D* dout,
-                               const float* lse, int B, int T, int C, int H, float* delta,
-                               D* dqkv) {
+                               const float* lse, int B, int T, int C, int H, float* delta, D* dqkv,
+                               AttentionPath path) {
   STRATA_RETURN_IF_ERROR(CheckAttention("LaunchAttentionBackward", B, T, C, H));
   STRATA_RETURN_IF_ERROR(
       CheckPointers("LaunchAttentionBackward", {qkv, out, dout, lse, delta, dqkv}));
   const AttnDims a = Dims(B, T, C, H);
+  STRATA_ASSIGN_OR_RETURN(
+      const bool tc, UseTensorCores<D>("LaunchAttentionBackward", path, a.hs, {qkv, dout, dqkv}));
   AttentionDeltaKernel<D>
       <<<GridFor(int64_t{B} * T * H, 8), 8 * kWarp, 0, stream>>>(out, dout, a, delta);
   STRATA_RETURN_IF_ERROR(Launched("AttentionDeltaKernel"));
+  if constexpr (!std::is_same_v<D, float>) {
+    if (tc) return LaunchAttentionBackwardTc<D>(stream, qkv, dout, lse, delta, B, T, C, H, dqkv);
+  }
   return WithDims(a.hs, [&]<int kDims>() -> Status {
     const dim3 q_grid((T + kQueryWarps - 1) / kQueryWarps, B * H);
     AttentionDqKernel<D, kDims>
@@ -337,9 +372,10 @@ Status LaunchAttentionBackward(cudaStream_t stream, const D* qkv, const D* out, 
 
 #define STRATA_INSTANTIATE_ATTENTION(D)                                                     \
   template Status LaunchAttentionForward<D>(cudaStream_t, const D*, int, int, int, int, D*, \
-                                            float*);                                        \
+                                            float*, AttentionPath);                         \
   template Status LaunchAttentionBackward<D>(cudaStream_t, const D*, const D*, const D*,    \
-                                             const float*, int, int, int, int, float*, D*);
+                                             const float*, int, int, int, int, float*, D*,  \
+                                             AttentionPath);
 STRATA_INSTANTIATE_ATTENTION(float)
 STRATA_INSTANTIATE_ATTENTION(__half)
 STRATA_INSTANTIATE_ATTENTION(__nv_bfloat16)

@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "base/status.h"
+#include "models/cuda/gpt_attention_tiles.h"
 
 namespace strata::models::cuda {
 
@@ -84,18 +85,23 @@ Status LaunchMeanLoss(cudaStream_t stream, const float* losses, int64_t N, float
 // scaled scores (the backward recomputes the probabilities from it). Scores scaled by
 // 1 / sqrt(hs) in fp32; online softmax in fp32; unnormalized probabilities rounded to D
 // before the product with V; output accumulated in fp32 and rounded once. hs <= 128.
-// CUDA cores for every head dim (fp32 FMAs on values converted from D); a tensor-core path
-// (mma.sync / WMMA, bf16 and fp16, hs 64 and 128) is still to come.
+// Two implementations with these rounding points, chosen by `path` (gpt_attention_tiles.h):
+// tensor cores (mma.sync m16n8k16, gpt_attention_tc.cu) for bf16 and fp16 with hs 64 or 128
+// and qkv, out (and dout, dqkv) 16-byte aligned; CUDA cores (fp32 FMAs on values converted
+// from D) for everything, the fallback and the reference. kAuto picks the tensor cores where
+// they apply; kTensorCores where they do not is kInvalidArgument.
 template <typename D>
 Status LaunchAttentionForward(cudaStream_t stream, const D* qkv, int B, int T, int C, int H, D* out,
-                              float* lse);
+                              float* lse, AttentionPath path = AttentionPath::kAuto);
 
 // dqkv (B, T, 3C) from dout (B, T, C), the forward's out and lse: delta = rowsum(dout out)
 // (fp32, (B, H, T) scratch), P recomputed, dS = D(P (dP - delta)), dq, dk, dv accumulated in
 // fp32 and rounded once. No atomics: one block per (b, h, key tile) owns its dk, dv and loops
-// over the query tiles; a separate pass writes dq. dqkv must not overlap the inputs.
+// over the query tiles; a separate pass writes dq. dqkv must not overlap the inputs. `path` as
+// for the forward (the two need not match: both recompute from the same lse contract).
 template <typename D>
 Status LaunchAttentionBackward(cudaStream_t stream, const D* qkv, const D* out, const D* dout,
-                               const float* lse, int B, int T, int C, int H, float* delta, D* dqkv);
+                               const float* lse, int B, int T, int C, int H, float* delta, D* dqkv,
+                               AttentionPath path = AttentionPath::kAuto);
 
 }  // namespace strata::models::cuda

@@ -5,7 +5,8 @@
 //     so each output agrees to a few roundings of S;
 //   - against a double reference (the host kernels at S = double, fed the same S-rounded
 //     inputs), with bounds derived from the unit roundoff u of S, written beside each check;
-//   - attention for head dims 8, 64 and 128 with T not a multiple of any tile;
+//   - attention for head dims 8, 64 and 128 with T not a multiple of any tile; the
+//     tensor-core attention (bf16, fp16; hs 64, 128) against the CUDA-core kernels and double;
 //   - determinism: two runs bit-identical;
 //   - the whole model through GptModel::Forward/Backward with typed BlockBuffers as the engine
 //     lays them out, on the CUDA device against the host device: the loss and every block's
@@ -24,6 +25,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -136,6 +138,7 @@ TYPED_TEST_SUITE(GptCudaTypedTest, StorageTypes);
 
 struct AttnRef {
   std::vector<double> out, dqkv, out_abs, dqkv_abs;  // abs: sums of |terms| per output
+  std::vector<double> lse, score_abs;  // (B, H, T); score_abs: max_j scale sum_d |q_d k_d|
 };
 
 // qkv (B, T, 3C), dout (B, T, C), in double from the S-rounded values.
@@ -148,6 +151,8 @@ AttnRef NaiveAttention(const std::vector<double>& qkv, const std::vector<double>
   r.out_abs = r.out;
   r.dqkv.assign(size_t(B) * T * 3 * C, 0);
   r.dqkv_abs = r.dqkv;
+  r.lse.assign(size_t(B) * H * T, 0);
+  r.score_abs = r.lse;
   auto q = [&](int b, int t, int h, int d) {
     return qkv[(size_t(b) * T + t) * 3 * C + h * hs + d];
   };
@@ -161,16 +166,22 @@ AttnRef NaiveAttention(const std::vector<double>& qkv, const std::vector<double>
     for (int h = 0; h < H; ++h) {
       std::vector<double> P(size_t(T) * T, 0), dS(size_t(T) * T, 0), dSabs(size_t(T) * T, 0);
       for (int i = 0; i < T; ++i) {
-        double mx = -INFINITY;
+        double mx = -INFINITY, sa = 0;
         std::vector<double> s(i + 1);
         for (int j = 0; j <= i; ++j) {
-          double dot = 0;
-          for (int d = 0; d < hs; ++d) dot += q(b, i, h, d) * k(b, j, h, d);
+          double dot = 0, dot_abs = 0;
+          for (int d = 0; d < hs; ++d) {
+            dot += q(b, i, h, d) * k(b, j, h, d);
+            dot_abs += std::abs(q(b, i, h, d) * k(b, j, h, d));
+          }
           s[j] = dot * scale;
           mx = std::max(mx, s[j]);
+          sa = std::max(sa, dot_abs * scale);
         }
         double l = 0;
         for (int j = 0; j <= i; ++j) l += std::exp(s[j] - mx);
+        r.lse[(size_t(b) * H + h) * T + i] = mx + std::log(l);
+        r.score_abs[(size_t(b) * H + h) * T + i] = sa;
         for (int j = 0; j <= i; ++j) P[size_t(i) * T + j] = std::exp(s[j] - mx) / l;
         double delta = 0;
         for (int d = 0; d < hs; ++d) {
@@ -275,6 +286,104 @@ TYPED_TEST(GptCudaTypedTest, AttentionMatchesANaiveDoubleReferenceForHeadDims8To
     const std::vector<S> b = this->template Download<S>(dq2, N * 3 * C);
     EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(S)), 0)
         << "attention backward differs between two runs";
+  }
+}
+
+// ---------------------------------------------------------------------------
+// The tensor-core attention (bf16, fp16; hs 64 and 128) against the CUDA-core kernels and the
+// double reference, each path forced through AttentionPath.
+
+// One forward and backward's device buffers.
+struct AttnRun {
+  gpu::DeviceSpan out, lse, delta, dqkv;
+};
+
+template <typename S>
+class GptCudaTensorCoreAttentionTest : public GptCudaTypedTest<S> {};
+using SixteenBitTypes = ::testing::Types<Bf16, Fp16>;
+TYPED_TEST_SUITE(GptCudaTensorCoreAttentionTest, SixteenBitTypes);
+
+// lse in fp32 from S inputs (exact in fp32): each score's dot product is within hs 2^-24 of
+// its sum of |terms| (score_abs), the running max and sum of up to T exponentials within T
+// 2^-24 relative (log: absolute), expf and logf a few ulp: bound 2^-24 (2 hs score_abs + 2 T
+// + 16 (|lse| + 1)).
+void ExpectLseWithin(const std::vector<float>& got, const std::vector<double>& ref,
+                     const std::vector<double>& score_abs, int hs, int T, const std::string& what,
+                     double factor = 1) {
+  int64_t bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double tol =
+        factor * 0x1p-24 * (2.0 * hs * score_abs[i] + 2.0 * T + 16 * (std::abs(ref[i]) + 1));
+    if (!(std::abs(got[i] - ref[i]) <= tol) && ++bad <= 5) {
+      ADD_FAILURE() << what << "[" << i << "]: got " << got[i] << " want " << ref[i]
+                    << " (tolerance " << tol << ")";
+    }
+  }
+  EXPECT_EQ(bad, 0) << what;
+}
+
+TYPED_TEST(GptCudaTensorCoreAttentionTest, MatchesTheCudaCoreKernelsAndDoubleAndIsDeterministic) {
+  using S = TypeParam;
+  using cuda::AttentionPath;
+  const double u = UnitRoundoff<S>();
+  const int B = 2, H = 2;
+  for (const int hs : {64, 128}) {
+    // Below, at and above one 64-row tile, a ragged multiple, and a long sequence.
+    for (const int T : {1, 63, 64, 65, 200, 1024}) {
+      const int C = H * hs;
+      const size_t N = size_t(B) * T, NH = N * H;
+      SCOPED_TRACE("hs=" + std::to_string(hs) + " T=" + std::to_string(T));
+      const std::vector<S> qkv = Round<S>(Random(N * 3 * C, 1.0, 11 + T));
+      const std::vector<S> dout = Round<S>(Random(N * C, 1.0, 12 + T));
+      const AttnRef ref = NaiveAttention(Widen(qkv), Widen(dout), B, T, C, H);
+      const gpu::DeviceSpan qd = this->Put(qkv), gd = this->Put(dout);
+      cudaStream_t cs = gpu::NativeStream(*this->stream_);
+      // Runs 0 and 1: tensor cores (twice, for determinism); run 2: CUDA cores.
+      std::vector<AttnRun> runs;
+      for (const AttentionPath path :
+           {AttentionPath::kTensorCores, AttentionPath::kTensorCores, AttentionPath::kCudaCores}) {
+        AttnRun r{this->Poisoned(N * C * sizeof(S)), this->Poisoned(NH * 4), this->Poisoned(NH * 4),
+                  this->Poisoned(N * 3 * C * sizeof(S))};
+        ASSERT_TRUE(cuda::LaunchAttentionForward(cs, this->DevPtr(qd), B, T, C, H,
+                                                 this->DevPtr(r.out), r.lse.as<float>(), path)
+                        .ok());
+        ASSERT_TRUE(cuda::LaunchAttentionBackward(cs, this->DevPtr(qd), this->DevPtr(r.out),
+                                                  this->DevPtr(gd), r.lse.as<float>(), B, T, C, H,
+                                                  r.delta.as<float>(), this->DevPtr(r.dqkv), path)
+                        .ok());
+        runs.push_back(r);
+      }
+      this->Sync();
+      const std::vector<double> out_tc = this->Get(runs[0].out, N * C),
+                                out_cc = this->Get(runs[2].out, N * C);
+      const std::vector<double> dqkv_tc = this->Get(runs[0].dqkv, N * 3 * C),
+                                dqkv_cc = this->Get(runs[2].dqkv, N * 3 * C);
+      const std::vector<float> lse_tc = this->template Download<float>(runs[0].lse, NH),
+                               lse_cc = this->template Download<float>(runs[2].lse, NH);
+      // Against double, as the CUDA-core test above: out 4 u of the sum of |terms| (P rounded,
+      // u; out rounded, u; fp32 sums), dq, dk, dv 16 u (out and dout in delta, P, dS and the
+      // result each rounded).
+      ExpectWithinAbs(out_tc, ref.out, ref.out_abs, 4, u, "tensor-core out vs double");
+      ExpectWithinAbs(dqkv_tc, ref.dqkv, ref.dqkv_abs, 16, u, "tensor-core dqkv vs double");
+      ExpectLseWithin(lse_tc, ref.lse, ref.score_abs, hs, T, "tensor-core lse vs double");
+      // Against the CUDA-core kernels: the same rounding points, other summation orders and
+      // tile boundaries (P rounded relative to another running max), so each is within the
+      // bound above of double and the two within the sum of both bounds: 8 u and 32 u.
+      ExpectWithinAbs(out_tc, out_cc, ref.out_abs, 8, u, "out, tensor vs CUDA cores");
+      ExpectWithinAbs(dqkv_tc, dqkv_cc, ref.dqkv_abs, 32, u, "dqkv, tensor vs CUDA cores");
+      ExpectLseWithin(lse_tc, std::vector<double>(lse_cc.begin(), lse_cc.end()), ref.score_abs, hs,
+                      T, "lse, tensor vs CUDA cores", 2);
+      // Determinism: two tensor-core runs bit-identical.
+      for (const auto& [a, b, bytes, what] :
+           {std::tuple{runs[0].out, runs[1].out, N * C * sizeof(S), "out"},
+            std::tuple{runs[0].lse, runs[1].lse, NH * 4, "lse"},
+            std::tuple{runs[0].dqkv, runs[1].dqkv, N * 3 * C * sizeof(S), "dqkv"}}) {
+        const std::vector<uint8_t> x = this->template Download<uint8_t>(a, bytes),
+                                   y = this->template Download<uint8_t>(b, bytes);
+        EXPECT_EQ(std::memcmp(x.data(), y.data(), bytes), 0)
+            << what << " differs between two tensor-core runs";
+      }
+    }
   }
 }
 
@@ -597,6 +706,22 @@ TEST(GptCudaArguments, OpLaunchersRejectBadArgumentsBeforeLaunching) {
       cuda::LaunchAttentionForward<float>(nullptr, &dummy, 1, 4, 258, 2, &dummy, &dummy).code(),
       StatusCode::kInvalidArgument)
       << "head dim 129 is past the kernels' 128";
+  EXPECT_EQ(cuda::LaunchAttentionForward<float>(nullptr, &dummy, 1, 4, 128, 2, &dummy, &dummy,
+                                                cuda::AttentionPath::kTensorCores)
+                .code(),
+            StatusCode::kInvalidArgument)
+      << "fp32 has no tensor-core attention";
+  alignas(16) __nv_bfloat16 bf[16] = {};
+  EXPECT_EQ(cuda::LaunchAttentionForward<__nv_bfloat16>(nullptr, bf, 1, 4, 64, 2, bf, &dummy,
+                                                        cuda::AttentionPath::kTensorCores)
+                .code(),
+            StatusCode::kInvalidArgument)
+      << "head dim 32 has no tensor-core attention";
+  EXPECT_EQ(cuda::LaunchAttentionForward<__nv_bfloat16>(nullptr, bf + 1, 1, 4, 128, 2, bf, &dummy,
+                                                        cuda::AttentionPath::kTensorCores)
+                .code(),
+            StatusCode::kInvalidArgument)
+      << "the tensor-core path needs 16-byte aligned buffers";
   EXPECT_TRUE(cuda::LaunchLayerNormForward<float>(nullptr, nullptr, nullptr, nullptr, 0, 4, nullptr,
                                                   nullptr, nullptr)
                   .ok())
