@@ -4,40 +4,55 @@
 // offloaded activations changing no bit. Skipped with the reason without a GPU or without the
 // CUDA backend in this build.
 //
-// GPU and host kernels sum in different orders (gpt_cuda.h), so a GPU run is compared with the
-// host run to rounding, not bit for bit: losses per step within a relative 1e-4 (fp32 working
-// params) or 2e-3 (16-bit), every master weight within 2 lr per step of the host's (Adam's
-// largest move; a wrong kernel moves most weights by ~lr = 1e-2), and closer than that:
+// How close a GPU run must be to the host run. GPU and host kernels sum in different orders
+// (gpt_cuda.h), and blocks compute in the working precision (gpt_kernels.h, issue 13: every
+// activation, gradient and matmul output rounded to bf16/fp16), so the runs differ by rounding
+// that every step feeds into the next; in 16-bit compute one 16-bit ulp flip anywhere cascades
+// through the next steps' roundings, and legitimate summation orders end up differing by the
+// 16-bit scale, not by fp32 rounding. No constant models that: the noise is MEASURED. The host
+// run is repeated kNoiseRuns = 4 times, each a computation that is the same in exact arithmetic
+// with its sums in another order: the sequences of each micro-batch reversed (the sums over rows:
+// weight, bias, LayerNorm and embedding gradients, the loss) and the channels permuted
+// (ChannelPermutedGpt: residual channels, MLP hidden units, heads, head dimensions and vocabulary,
+// so that every sum over channels runs in another order: matrix products forward and backward,
+// LayerNorm statistics, attention scores, the softmax over the vocabulary). Per parameter tensor,
+// r_q is the largest over those runs of the q-quantile of |reordered - host| over its master
+// weights, for q = 0.99 and the max; a run passes when for every tensor
+//   quantile_0.99 |run - host| <= F r_0.99 + floor   and   max |run - host| <= F r_max + floor,
+// floor = 4 * 2^-24 * max |w| over the tensor (4 fp32 ulps of its largest weight), so that a tensor
+// the noise runs leave bit-identical does not demand bit equality. The tensors: wte, wpe; a
+// layer's twelve with attn_qkv_b split into q, k and v; lnf_w, lnf_b, lm_head_w. The key bias is
+// its own tensor because its gradient is zero in exact arithmetic (the bias adds q_i . b_k /
+// sqrt(d) to every score of row i, a shift the softmax cancels), so what the kernels compute for
+// it is rounding noise near eps, which Adam turns into moves of up to lr per step in any order;
+// pooled with the q and v biases it would set their bound.
 //
-// fp32: EVERY master weight within its own bound, close + steps * lr * delta / (sqrt(v^) + eps),
-// with close = 1e-7. The second term is how far Adam's update moves when its gradient moves by
-// delta: d/dg of lr * m^ / (sqrt(v^) + eps) is about lr / (sqrt(v^) + eps) (first step: exactly
-// lr * eps / (|g| + eps)^2), per step. v^ is the host run's bias-corrected second moment of the
-// weight (read from a checkpoint), so sqrt(v^) is its gradient's size. delta, the fp32 rounding
-// noise of a gradient element, scales with the terms summed into it, not with their sum: it is
-// kNoise * 2^-24 * the RMS of sqrt(v^) over the weight's tensor (its neighbours' gradient size).
-// kNoise = 512 is a calibration, not a derivation: sums over the 64 tokens of a step (sqrt(64) =
-// 8) through a few layers of backward give ~64, and the final v^ understates the sensitivity of
-// the early steps (after step 1, v^ is g1^2 alone): with 64 the reordering below reached 4.8
-// times its bound at 5 weights, with 512 at most 0.69, while a wrong beta2 exceeds it up to 293
-// times at 74,279 weights. Where a gradient is as large as its tensor's, the term is
-// ~lr * steps * 3e-5 = 1.2e-6; where a gradient nearly cancels, it grows as 1 / sqrt(v^). The
-// extreme case is the attention key bias, whose gradient is zero in exact arithmetic: the bias adds
-// q_i . b_k / sqrt(d) to every score of row i, a per-row shift that the softmax cancels (causal
-// mask or not), so dL/db_k = sum_i q_i / sqrt(d) * sum_j dS_ij, and every row of the softmax
-// backward sums to zero (dS_ij = P_ij (dP_ij - sum_l P_il dP_il)). What the kernels compute for it
-// is rounding noise, 1e-10 to 1e-8, the size of eps = 1e-8, and any two summation orders move it by
-// 1e-5 to 1e-3. The fixed fraction this replaces (99.9% within 1e-7) did not hold even on the host
-// alone: swapping the two sequences of each micro-batch moved 298 of 93,184 weights by more than
-// 1e-7 (176 key biases, 122 others whose gradients nearly cancel), the fraction allowing 93.
+// F = 8. The noise runs reorder the sums the GPU reorders except the attention sums over
+// positions (the FlashAttention tiles) and round exp and tanh the host's way: at most about twice
+// as many independently perturbed roundings as theirs, sqrt(2) in a random walk. And a tensor's
+// largest deviation after the cascade is an extreme of a chaotic process: a further legitimate
+// run scatters around the envelope of four by a few times (in 16 bits a cascade happens or does
+// not: after one bf16 step, three of five channel permutations were bit-identical to the host and
+// two moved 41,143 weights). sqrt(2) times a scatter of 4, to a power of two.
+// Measured, not fitted: against the envelope, eight further reorderings reached at most 1.9
+// (bf16), 4.1 (fp16), 1.9 (fp32) times it with F = 1. One permutation of the sequences alone is
+// no stand-in for a GPU: in bf16 it left all but 3 of 93,184 weights bit-identical after 4 steps
+// (the fp32 row sums of bf16 products rarely cross a bf16 rounding boundary), and in fp32 a
+// channel-permuted run was up to 21 times as far from the host as it.
 //
-// 16-bit working params: a master weight near a rounding boundary of its 16-bit copy can round
-// to the other neighbour on one side, which changes the forward by a 16-bit ulp; that noise is
-// not the fp32 rounding modelled above, so these keep a fraction: 99% of the weights (key biases
-// excepted, for the reason above) within 1e-6 of the host's.
+// What it cannot see: beta2 0.99 instead of 0.999 changes Adam's update by about 0.5% in 4 steps
+// (the bias-corrected v weighs 4 gradients nearly alike either way), a 16-bit ulp; in 16-bit
+// compute that is inside the reordering noise (0.22 bf16, 0.09 fp16 of the bound), in fp32 160
+// times past it. A gradient kernel that never ran is seen in every precision.
 //
-// The tests CloseToHostAcceptsAReorderedBatch and CloseToHostRejectsAChangedBeta2 check the
-// comparison with the host backend standing in for the GPU, so they run without one.
+// Outside the measured bound: losses per step within a relative 1e-4 (fp32) or u * sqrt(8 L + 2)
+// (16-bit: u = 2^-8 bf16, 2^-11 fp16, 8 roundings per layer and 2 in the head between the
+// weights and the loss, a random walk), the same steps skipped, and no master weight further
+// than 2 lr per step from the host's (Adam's largest move; a wrong kernel moves most weights by
+// ~lr = 1e-2).
+//
+// The CloseToHost tests check the comparison with the host backend standing in for the GPU, so
+// they run without one.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -46,6 +61,9 @@
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <numeric>
+#include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -78,6 +96,129 @@ std::string NoCudaReason() {
   return "this build has no CUDA backend (no nvcc at configure time)";
 #endif
 }
+
+// The GPT model with its channels in another order, for a reordering that reaches every sum over
+// channels (see the top of the file): the residual channels by one permutation shared by every
+// block, each layer's MLP hidden units, heads and head dimensions (the same one for q, k and v)
+// by permutations of their own, and the vocabulary (embedding rows, head columns, token ids).
+// The network computes the same function of the same initial weights; only its sums run in
+// another order. InitParams permutes the inner model's initial chunk; Unpermute brings master
+// weights back to the inner model's layout.
+class ChannelPermutedGpt final : public ForwardingModel {
+ public:
+  ChannelPermutedGpt(models::GptModel* gpt, uint64_t seed) : ForwardingModel(gpt) {
+    const models::GptShape& shape = gpt->shape();
+    const int64_t C = shape.channels, H = shape.num_heads, hs = C / H, V = shape.vocab_size;
+    std::mt19937_64 rng(seed);
+    auto shuffled = [&rng](int64_t n) {
+      std::vector<int64_t> p(n);
+      std::iota(p.begin(), p.end(), 0);
+      std::shuffle(p.begin(), p.end(), rng);
+      return p;
+    };
+    const std::vector<int64_t> channels = shuffled(C), vocab = shuffled(V);
+    token_ids_.resize(V);
+    for (int64_t v = 0; v < V; ++v) token_ids_[vocab[v]] = static_cast<int32_t>(v);
+    for (int b = 0; b < gpt->num_blocks(); ++b) {
+      std::vector<int64_t>& from = from_.emplace_back();
+      auto vec = [&from](const std::vector<int64_t>& p) {
+        const int64_t base = static_cast<int64_t>(from.size());
+        for (int64_t i : p) from.push_back(base + i);
+      };
+      // An (in, out) matrix: new row r, column c is the old row rows[r], column cols[c].
+      auto mat = [&from](const std::vector<int64_t>& rows, const std::vector<int64_t>& cols) {
+        const int64_t base = static_cast<int64_t>(from.size());
+        const auto K = static_cast<int64_t>(cols.size());
+        for (int64_t r : rows) {
+          for (int64_t c : cols) from.push_back(base + r * K + c);
+        }
+      };
+      if (b == 0) {
+        mat(vocab, channels);  // wte
+        std::vector<int64_t> positions(shape.max_seq_len);
+        std::iota(positions.begin(), positions.end(), 0);
+        mat(positions, channels);  // wpe
+      } else if (b == shape.num_layers + 1) {
+        vec(channels);  // lnf_w
+        vec(channels);  // lnf_b
+        mat(channels, vocab);
+      } else {
+        const std::vector<int64_t> hidden = shuffled(4 * C), heads = shuffled(H),
+                                   dims = shuffled(hs);
+        std::vector<int64_t> qkv, att;  // (3C) qkv columns, (C) attention output columns
+        for (int64_t part = 0; part < 3; ++part) {
+          for (int64_t h = 0; h < H; ++h) {
+            for (int64_t d = 0; d < hs; ++d) qkv.push_back(part * C + heads[h] * hs + dims[d]);
+          }
+        }
+        for (int64_t h = 0; h < H; ++h) {
+          for (int64_t d = 0; d < hs; ++d) att.push_back(heads[h] * hs + dims[d]);
+        }
+        vec(channels);  // ln1_w
+        vec(channels);  // ln1_b
+        mat(channels, qkv);
+        vec(qkv);
+        mat(att, channels);  // attn_proj_w
+        vec(channels);       // attn_proj_b
+        vec(channels);       // ln2_w
+        vec(channels);       // ln2_b
+        mat(channels, hidden);
+        vec(hidden);
+        mat(hidden, channels);  // mlp_proj_w
+        vec(channels);          // mlp_proj_b
+      }
+      STRATA_CHECK(static_cast<int64_t>(from.size()) == gpt->block_num_params(b));
+    }
+  }
+
+  void InitParams(int block, uint64_t seed, std::span<float> out) const override {
+    std::vector<float> inner_params(out.size());
+    inner()->InitParams(block, seed, inner_params);
+    for (size_t i = 0; i < out.size(); ++i) out[i] = inner_params[from_[block][i]];
+  }
+
+  // Master weights of block `block` in the inner model's layout.
+  std::vector<float> Unpermute(int block, const std::vector<float>& w) const {
+    std::vector<float> inner_params(w.size());
+    for (size_t i = 0; i < w.size(); ++i) inner_params[from_[block][i]] = w[i];
+    return inner_params;
+  }
+
+  // The id the permuted model knows token t by.
+  const std::vector<int32_t>& token_ids() const { return token_ids_; }
+
+ private:
+  std::vector<std::vector<int64_t>> from_;  // [block][i]: the inner chunk's index of element i
+  std::vector<int32_t> token_ids_;
+};
+
+// Forwards to a model and zeroes elements [begin, end) of block `block`'s gradient right after
+// its backward, in stream order, through Stream::Convert (x * 0): a gradient kernel that never
+// ran.
+class GradientDropper final : public ForwardingModel {
+ public:
+  GradientDropper(Model* inner, int block, int64_t begin, int64_t end)
+      : ForwardingModel(inner), block_(block), begin_(begin), end_(end) {}
+  Status Backward(int b, const BlockBuffers& buf, gpu::Stream& s) override {
+    STRATA_RETURN_IF_ERROR(inner()->Backward(b, buf, s));
+    if (b != block_) return Status::Ok();
+    const size_t w = SizeOf(buf.grads.dtype);
+    const gpu::DeviceSpan g{buf.grads.data + begin_ * w, static_cast<size_t>(end_ - begin_) * w};
+    return s.Convert(g, buf.grads.dtype, g, buf.grads.dtype, end_ - begin_, 0.0f);
+  }
+
+ private:
+  int block_;
+  int64_t begin_, end_;
+};
+
+// A legitimate reordering of a host run (see the top of the file): its sequences dealt to the
+// micro-batches in another order (TrainOn), and with channel_seed != 0 its channels permuted
+// (ChannelPermutedGpt).
+struct HostReordering {
+  std::vector<int> sequence_order;
+  uint64_t channel_seed = 0;
+};
 
 // The model, options and comparisons of the tests below; runs on any machine. CudaEngineTest
 // adds the GPU.
@@ -118,17 +259,23 @@ class EngineComparisonTest : public ::testing::Test {
     return device.ok() ? std::move(*device) : nullptr;
   }
 
-  // Trains `steps` steps on a fixed token stream. With `injector`, arms block
-  // `overflow_block` in step `overflow_step` (and disarms it afterwards).
-  // The host reference run: also Adam's v, through a checkpoint (for CompareToHost).
-  TrainRun TrainHostReference(const EngineOptions& o, int steps, bool swap_sequences = false) {
+  // Trains `steps` steps on the host backend; the master weights come back in the model's own
+  // layout (the hash is of the permuted ones).
+  TrainRun TrainHost(const EngineOptions& o, int steps, const HostReordering& r = {}) {
     auto device = MakeDevice(gpu::DeviceKind::kHost);
     if (!device) return {};
-    const std::filesystem::path dir = swap_dir_ / "reference_checkpoint";
-    std::filesystem::remove_all(dir);
-    return TrainOn(*device, *model_, o, steps, {}, swap_sequences, dir.string());
+    if (r.channel_seed == 0) return TrainOn(*device, *model_, o, steps, {}, {r.sequence_order, {}});
+    ChannelPermutedGpt permuted(model_.get(), r.channel_seed);
+    TrainRun run =
+        TrainOn(*device, permuted, o, steps, {}, {r.sequence_order, permuted.token_ids()});
+    for (size_t b = 0; b < run.master.size(); ++b) {
+      run.master[b] = permuted.Unpermute(static_cast<int>(b), run.master[b]);
+    }
+    return run;
   }
 
+  // Trains `steps` steps on a fixed token stream. With `injector`, arms block
+  // `overflow_block` in step `overflow_step` (and disarms it afterwards).
   TrainRun Train(gpu::DeviceKind kind, const EngineOptions& o, int steps,
                  OverflowInjector* injector = nullptr, int overflow_step = -1,
                  int overflow_block = -1) {
@@ -141,123 +288,213 @@ class EngineComparisonTest : public ::testing::Test {
     return run;
   }
 
-  // How far a run's master weights are from the host run's (see the top of the file).
-  struct Closeness {
-    bool per_weight = false;     // fp32: every weight within its own bound
-    size_t checked = 0;          // weights held to the close criterion (16-bit: not key biases)
-    size_t within = 0;           // of those, within it
-    size_t key_bias = 0;         // key-bias weights
-    size_t key_bias_within = 0;  // of those, within `close` (for the record)
-    size_t past_bound = 0;       // weights further than `bound` (2 lr per step)
-    double close = 0, bound = 0, required = 0;
-    double worst_ratio = 0;  // fp32: the largest distance / own bound
-    bool ok() const {
-      if (past_bound != 0) return false;
-      return per_weight ? within == checked
-                        : static_cast<double>(within) >= required * static_cast<double>(checked);
+  // The noise runs' order of sequences: those of each micro-batch reversed.
+  static std::vector<int> ReversedInEachMicroBatch(const EngineOptions& o) {
+    const int B = o.micro_batch.batch_size;
+    std::vector<int> order;
+    for (int i = 0; i < o.grad_accum_steps; ++i) {
+      for (int b = B - 1; b >= 0; --b) order.push_back(i * B + b);
     }
-    std::string ToString() const {
-      return fmt::format(
-          "{} of {} master weights within {} (needed: {:.1f}%{}), {} of {} key-bias weights "
-          "within {}; {} further than {}",
-          within, checked, per_weight ? "their own bounds" : fmt::format("{}", close),
-          100 * required,
-          per_weight ? fmt::format(", worst distance/bound {:.3g}", worst_ratio) : "",
-          key_bias_within, key_bias, close, past_bound, bound);
-    }
+    return order;
+  }
+
+  // One parameter tensor of a block: a name and its [begin, end) element range.
+  struct Tensor {
+    std::string name;
+    int64_t begin = 0, end = 0;
   };
 
-  // The tensors of block `b` as [begin, end) element ranges: a layer's twelve (models/
-  // gpt_layout.h), the embedding and head blocks as one each. `key_bias` is the k third of
-  // attn_qkv_b (empty outside layers).
-  struct Tensors {
-    std::vector<std::pair<int64_t, int64_t>> ranges;
-    std::pair<int64_t, int64_t> key_bias{0, 0};
-  };
-  Tensors BlockTensors(int b) const {
-    Tensors t;
+  // The tensors of block `b` (models/gpt_kernels.h, "Chunk layouts"): wte and wpe; a layer's
+  // twelve (models/gpt_layout.h) with attn_qkv_b split into its q, k and v thirds (the key
+  // bias's gradient is rounding noise alone; see the top of the file); lnf_w, lnf_b and
+  // lm_head_w.
+  std::vector<Tensor> BlockTensors(int b) const {
     const int64_t n = model_->block_num_params(b);
-    if (b < 1 || b > model_->shape().num_layers) {  // blocks 1..L are the layers
-      t.ranges = {{0, n}};
-      return t;
-    }
     const int64_t C = model_->shape().channels;
+    if (b == 0) {
+      const int64_t wpe = int64_t{model_->shape().vocab_size} * C;
+      return {{"wte", 0, wpe}, {"wpe", wpe, n}};
+    }
+    if (b == model_->shape().num_layers + 1) {
+      return {{"lnf_w", 0, C}, {"lnf_b", C, 2 * C}, {"lm_head_w", 2 * C, n}};
+    }
     const std::vector<float> base(1);
     const models::LayerParams<const float*> l(base.data(), C);
-    const float* starts[] = {l.ln1_w, l.ln1_b, l.qkv_w, l.qkv_b, l.attn_proj_w, l.attn_proj_b,
-                             l.ln2_w, l.ln2_b, l.fc_w,  l.fc_b,  l.mlp_proj_w,  l.mlp_proj_b};
+    const std::pair<const char*, const float*> starts[] = {{"ln1_w", l.ln1_w},
+                                                           {"ln1_b", l.ln1_b},
+                                                           {"attn_qkv_w", l.qkv_w},
+                                                           {"attn_qkv_b.q", l.qkv_b},
+                                                           {"attn_qkv_b.k", l.qkv_b + C},
+                                                           {"attn_qkv_b.v", l.qkv_b + 2 * C},
+                                                           {"attn_proj_w", l.attn_proj_w},
+                                                           {"attn_proj_b", l.attn_proj_b},
+                                                           {"ln2_w", l.ln2_w},
+                                                           {"ln2_b", l.ln2_b},
+                                                           {"mlp_fc_w", l.fc_w},
+                                                           {"mlp_fc_b", l.fc_b},
+                                                           {"mlp_proj_w", l.mlp_proj_w},
+                                                           {"mlp_proj_b", l.mlp_proj_b}};
+    std::vector<Tensor> t;
     for (size_t k = 0; k < std::size(starts); ++k) {
-      const int64_t begin = starts[k] - base.data();
-      const int64_t end = k + 1 < std::size(starts) ? starts[k + 1] - base.data() : n;
-      t.ranges.push_back({begin, end});
+      const int64_t begin = starts[k].second - base.data();
+      const int64_t end = k + 1 < std::size(starts) ? starts[k + 1].second - base.data() : n;
+      t.push_back({starts[k].first, begin, end});
     }
-    const int64_t k_bias = (l.qkv_b - base.data()) + C;
-    t.key_bias = {k_bias, k_bias + C};
     return t;
   }
 
-  static constexpr double kNoise = 512;  // see the top of the file
+  // The 0.99-quantile (nearest rank) and the largest of |a - b| over a tensor; NaN counts as
+  // infinitely far.
+  struct Spread {
+    double q99 = 0, max = 0;
+  };
+  static Spread SpreadOf(const std::vector<float>& a, const std::vector<float>& b,
+                         const Tensor& t) {
+    std::vector<double> d;
+    for (int64_t i = t.begin; i < t.end; ++i) {
+      const double x = std::abs(double{a[i]} - double{b[i]});
+      d.push_back(std::isnan(x) ? INFINITY : x);
+    }
+    if (d.empty()) return {};
+    const size_t rank = static_cast<size_t>(std::ceil(0.99 * static_cast<double>(d.size()))) - 1;
+    std::nth_element(d.begin(), d.begin() + rank, d.end());
+    return {d[rank], *std::max_element(d.begin(), d.end())};
+  }
 
-  // `host` must come from TrainOn with a checkpoint directory (its exp_avg_sq), `o` the options
-  // both ran with.
-  Closeness CompareToHost(const TrainRun& host, const TrainRun& run, const EngineOptions& o,
-                          int steps) const {
-    const bool fp32 = o.precision == DType::kF32;
-    Closeness c;
-    c.per_weight = fp32;
-    c.close = fp32 ? 1e-7 : 1e-6;
-    c.bound = 2.0 * kLr * steps;
-    c.required = fp32 ? 1.0 : 0.99;
-    const double v_correction = 1.0 - std::pow(double{o.adamw.beta2}, steps);
-    const double lr = o.adamw.lr, eps = o.adamw.eps;
-    for (size_t b = 0; b < host.master.size(); ++b) {
-      const Tensors tensors = BlockTensors(static_cast<int>(b));
-      for (const auto& [begin, end] : tensors.ranges) {
-        double sum_v = 0;  // the tensor's mean v^
-        for (int64_t i = begin; i < end; ++i) sum_v += host.exp_avg_sq[b][i] / v_correction;
-        const double delta = kNoise * 0x1p-24 * std::sqrt(sum_v / double(end - begin));
-        for (int64_t i = begin; i < end; ++i) {
-          const double d = std::abs(double{run.master[b][i]} - double{host.master[b][i]});
-          c.past_bound += !(d <= c.bound);  // NaN counts
-          const bool key_bias = i >= tensors.key_bias.first && i < tensors.key_bias.second;
-          if (key_bias) {
-            ++c.key_bias;
-            c.key_bias_within += d <= c.close;
-          }
-          if (fp32) {
-            const double sqrt_v = std::sqrt(host.exp_avg_sq[b][i] / v_correction);
-            const double own = c.close + steps * lr * delta / (sqrt_v + eps);
-            ++c.checked;
-            c.within += d <= own;
-            c.worst_ratio = std::max(c.worst_ratio, d / own);
-          } else if (!key_bias) {
-            ++c.checked;
-            c.within += d <= c.close;
-          }
+  // The legitimate reorderings the noise is measured over: the channels permuted by seeds
+  // 1..kNoiseRuns, the sequences of each micro-batch reversed (see the top of the file).
+  static constexpr int kNoiseRuns = 4;
+  static HostReordering NoiseReordering(const EngineOptions& o, int run) {
+    return {ReversedInEachMicroBatch(o), static_cast<uint64_t>(run + 1)};
+  }
+
+  // The host run, and per tensor of every block how far legitimate reorderings move its master
+  // weights: each quantile the largest over the kNoiseRuns runs (see the top of the file).
+  struct Reference {
+    TrainRun run;
+    std::vector<std::vector<Spread>> noise;  // [block][tensor of BlockTensors]
+  };
+  Reference TrainHostReference(const EngineOptions& o, int steps) {
+    Reference ref;
+    ref.run = TrainHost(o, steps);
+    for (size_t b = 0; b < ref.run.master.size(); ++b) {
+      ref.noise.emplace_back(BlockTensors(static_cast<int>(b)).size());
+    }
+    for (int r = 0; r < kNoiseRuns; ++r) {
+      const TrainRun reordered = TrainHost(o, steps, NoiseReordering(o, r));
+      EXPECT_EQ(reordered.master.size(), ref.run.master.size());
+      if (reordered.master.size() != ref.run.master.size()) return ref;
+      for (size_t b = 0; b < ref.run.master.size(); ++b) {
+        const std::vector<Tensor> tensors = BlockTensors(static_cast<int>(b));
+        for (size_t k = 0; k < tensors.size(); ++k) {
+          const Spread s = SpreadOf(reordered.master[b], ref.run.master[b], tensors[k]);
+          Spread& noise = ref.noise[b][k];
+          noise = {std::max(noise.q99, s.q99), std::max(noise.max, s.max)};
         }
+      }
+    }
+    return ref;
+  }
+
+  // How far a GPU run may be from the host run, in units of the noise runs' envelope (see the top
+  // of the file).
+  static constexpr double kReorderFactor = 8;
+
+  // One tensor of a run against the host reference.
+  struct TensorCloseness {
+    std::string name;  // "block 3 mlp_fc_w"
+    Spread distance;   // |run - host|
+    Spread noise;      // |reordered host - host|, the envelope of the noise runs
+    double floor = 0;  // 4 fp32 ulps of the tensor's largest weight
+    double q99_bound() const { return kReorderFactor * noise.q99 + floor; }
+    double max_bound() const { return kReorderFactor * noise.max + floor; }
+    static double Ratio(double d, double bound) { return d == 0 ? 0 : d / bound; }
+    double ratio() const {
+      return std::max(Ratio(distance.q99, q99_bound()), Ratio(distance.max, max_bound()));
+    }
+  };
+
+  // How far a run's master weights are from the host run's (see the top of the file).
+  struct Closeness {
+    std::vector<TensorCloseness> tensors;
+    size_t weights = 0;
+    size_t past_bound = 0;  // weights further than `bound` (Adam's largest move) or NaN
+    double bound = 0;
+    const TensorCloseness& worst() const {
+      return *std::max_element(tensors.begin(), tensors.end(),
+                               [](const auto& a, const auto& b) { return a.ratio() < b.ratio(); });
+    }
+    size_t tensors_over() const {
+      return std::count_if(tensors.begin(), tensors.end(),
+                           [](const auto& t) { return !(t.ratio() <= 1); });
+    }
+    bool ok() const { return !tensors.empty() && past_bound == 0 && tensors_over() == 0; }
+    std::string ToString() const {
+      if (tensors.empty()) return "no tensors compared";
+      const TensorCloseness& w = worst();
+      return fmt::format(
+          "{} of {} tensors past F * noise + floor (F = {}); worst {}: ratio {:.3g} (0.99-quantile "
+          "{:.3g} / ({} * {:.3g} + {:.3g}) = {:.3g}, max {:.3g} / ({} * {:.3g} + {:.3g}) = "
+          "{:.3g}); "
+          "{} of {} weights further than {:.3g}",
+          tensors_over(), tensors.size(), kReorderFactor, w.name, w.ratio(), w.distance.q99,
+          kReorderFactor, w.noise.q99, w.floor,
+          TensorCloseness::Ratio(w.distance.q99, w.q99_bound()), w.distance.max, kReorderFactor,
+          w.noise.max, w.floor, TensorCloseness::Ratio(w.distance.max, w.max_bound()), past_bound,
+          weights, bound);
+    }
+  };
+
+  Closeness CompareToHost(const Reference& host, const TrainRun& run, int steps) const {
+    Closeness c;
+    c.bound = 2.0 * kLr * steps;
+    for (size_t b = 0; b < host.run.master.size() && b < run.master.size(); ++b) {
+      const std::vector<float>& h = host.run.master[b];
+      const std::vector<Tensor> tensors = BlockTensors(static_cast<int>(b));
+      for (size_t k = 0; k < tensors.size(); ++k) {
+        const Tensor& t = tensors[k];
+        TensorCloseness tc;
+        tc.name = fmt::format("block {} {}", b, t.name);
+        tc.distance = SpreadOf(run.master[b], h, t);
+        tc.noise = host.noise[b][k];
+        double largest = 0;
+        for (int64_t i = t.begin; i < t.end; ++i) {
+          largest = std::max(largest, std::abs(double{h[i]}));
+          const double d = std::abs(double{run.master[b][i]} - double{h[i]});
+          c.past_bound += !(d <= c.bound);  // NaN counts
+          ++c.weights;
+        }
+        tc.floor = 4 * 0x1p-24 * largest;
+        c.tensors.push_back(std::move(tc));
       }
     }
     return c;
   }
 
-  // The run agrees with the host run to fp32 rounding (see the top of the file).
-  void ExpectCloseToHost(const TrainRun& host, const TrainRun& run, const EngineOptions& o,
+  // The relative bound on a step's loss (see the top of the file).
+  double LossTolerance(DType precision) const {
+    if (precision == DType::kF32) return 1e-4;
+    const double u = precision == DType::kBF16 ? 0x1p-8 : 0x1p-11;
+    return u * std::sqrt(8.0 * model_->shape().num_layers + 2);
+  }
+
+  // The run agrees with the host run to the measured reordering noise (see the top of the file).
+  void ExpectCloseToHost(const Reference& host, const TrainRun& run, const EngineOptions& o,
                          int steps) const {
-    const bool fp32 = o.precision == DType::kF32;
-    ASSERT_EQ(host.results.size(), run.results.size());
-    for (size_t s = 0; s < host.results.size(); ++s) {
-      EXPECT_EQ(host.results[s].skipped, run.results[s].skipped) << "step " << s;
-      EXPECT_NEAR(run.results[s].loss, host.results[s].loss,
-                  (fp32 ? 1e-4 : 2e-3) * std::abs(host.results[s].loss))
+    ASSERT_EQ(host.run.results.size(), run.results.size());
+    const double loss_tolerance = LossTolerance(o.precision);
+    for (size_t s = 0; s < host.run.results.size(); ++s) {
+      EXPECT_EQ(host.run.results[s].skipped, run.results[s].skipped) << "step " << s;
+      EXPECT_NEAR(run.results[s].loss, host.run.results[s].loss,
+                  loss_tolerance * std::abs(host.run.results[s].loss))
           << "step " << s;
     }
-    ASSERT_EQ(host.master.size(), run.master.size());
-    ASSERT_EQ(host.exp_avg_sq.size(), host.master.size());
-    for (size_t b = 0; b < host.master.size(); ++b) {
-      ASSERT_EQ(host.master[b].size(), run.master[b].size());
-      ASSERT_EQ(host.exp_avg_sq[b].size(), host.master[b].size());
+    ASSERT_EQ(host.run.master.size(), run.master.size());
+    ASSERT_EQ(host.noise.size(), host.run.master.size());
+    for (size_t b = 0; b < host.run.master.size(); ++b) {
+      ASSERT_EQ(host.run.master[b].size(), run.master[b].size());
     }
-    const Closeness c = CompareToHost(host, run, o, steps);
+    const Closeness c = CompareToHost(host, run, steps);
     EXPECT_TRUE(c.ok()) << c.ToString();
   }
 
@@ -275,34 +512,64 @@ class CudaEngineTest : public EngineComparisonTest {
 };
 
 // The host backend standing in for the GPU: a reordering that changes nothing in exact
-// arithmetic passes the comparison in every precision...
+// arithmetic, other than every noise run's (channels permuted by another seed, sequences in the
+// host's order), passes the comparison in every precision...
 TEST_F(EngineComparisonTest, CloseToHostAcceptsAReorderedBatch) {
   constexpr int kSteps = 4;
   for (DType precision : {DType::kBF16, DType::kF16, DType::kF32}) {
     SCOPED_TRACE(std::string(DTypeName(precision)));
     const EngineOptions o = Options(precision, ParamHome::kDevice, OptimizerHome::kHost);
-    const TrainRun host = TrainHostReference(o, kSteps);
-    const TrainRun swapped = TrainHostReference(o, kSteps, /*swap_sequences=*/true);
-    ASSERT_EQ(swapped.master.size(), host.master.size());
-    const Closeness c = CompareToHost(host, swapped, o, kSteps);
-    std::cout << DTypeName(precision) << ", two sequences swapped: " << c.ToString() << "\n";
-    ExpectCloseToHost(host, swapped, o, kSteps);
+    const Reference host = TrainHostReference(o, kSteps);
+    const TrainRun reordered = TrainHost(o, kSteps, {{}, kNoiseRuns + 1});
+    ASSERT_EQ(reordered.master.size(), host.run.master.size());
+    const Closeness c = CompareToHost(host, reordered, kSteps);
+    std::cout << DTypeName(precision) << ", channels in another order: " << c.ToString() << "\n";
+    ExpectCloseToHost(host, reordered, o, kSteps);
   }
 }
 
-// ...and one that is wrong fails it: Adam's beta2 0.99 instead of 0.999 on one side.
+// ...and wrong ones fail it. Adam's beta2 0.99 instead of 0.999 on one side, with fp32 working
+// params. In 16-bit compute this error is inside the noise (see the top of the file): printed for
+// the record, not asserted.
 TEST_F(EngineComparisonTest, CloseToHostRejectsAChangedBeta2) {
   constexpr int kSteps = 4;
   for (DType precision : {DType::kBF16, DType::kF16, DType::kF32}) {
     SCOPED_TRACE(std::string(DTypeName(precision)));
     const EngineOptions o = Options(precision, ParamHome::kDevice, OptimizerHome::kHost);
-    const TrainRun host = TrainHostReference(o, kSteps);
+    const Reference host = TrainHostReference(o, kSteps);
     EngineOptions wrong = o;
     wrong.adamw.beta2 = 0.99f;
-    const TrainRun other = Train(gpu::DeviceKind::kHost, wrong, kSteps);
-    ASSERT_EQ(other.master.size(), host.master.size());
-    const Closeness c = CompareToHost(host, other, o, kSteps);
+    const TrainRun other = TrainHost(wrong, kSteps);
+    ASSERT_EQ(other.master.size(), host.run.master.size());
+    const Closeness c = CompareToHost(host, other, kSteps);
     std::cout << DTypeName(precision) << ", beta2 0.99 on one side: " << c.ToString() << "\n";
+    if (precision == DType::kF32) {
+      EXPECT_FALSE(c.ok()) << c.ToString();
+    }
+  }
+}
+
+// A gradient kernel that never ran: the attention projection's bias gradient of the middle layer
+// left at zero (a BGRADB epilogue missing), in every precision.
+TEST_F(EngineComparisonTest, CloseToHostRejectsAMissingBiasGradient) {
+  constexpr int kSteps = 4;
+  const int layer = model_->shape().num_layers / 2;
+  const auto tensors = BlockTensors(layer);
+  const auto bias = std::find_if(tensors.begin(), tensors.end(),
+                                 [](const Tensor& t) { return t.name == "attn_proj_b"; });
+  ASSERT_NE(bias, tensors.end());
+  for (DType precision : {DType::kBF16, DType::kF16, DType::kF32}) {
+    SCOPED_TRACE(std::string(DTypeName(precision)));
+    const EngineOptions o = Options(precision, ParamHome::kDevice, OptimizerHome::kHost);
+    const Reference host = TrainHostReference(o, kSteps);
+    GradientDropper dropper(model_.get(), layer, bias->begin, bias->end);
+    auto device = MakeDevice(gpu::DeviceKind::kHost);
+    ASSERT_NE(device, nullptr);
+    const TrainRun other = TrainOn(*device, dropper, o, kSteps);
+    ASSERT_EQ(other.master.size(), host.run.master.size());
+    const Closeness c = CompareToHost(host, other, kSteps);
+    std::cout << DTypeName(precision) << ", layer " << layer
+              << " attn_proj_b gradient zero on one side: " << c.ToString() << "\n";
     EXPECT_FALSE(c.ok()) << c.ToString();
   }
 }
@@ -310,9 +577,11 @@ TEST_F(EngineComparisonTest, CloseToHostRejectsAChangedBeta2) {
 TEST_F(CudaEngineTest, EveryPlacementAndPrecisionTrainsAsOnTheHostAndRepeatsBitForBit) {
   constexpr int kSteps = 4;
   for (DType precision : {DType::kBF16, DType::kF16, DType::kF32}) {
-    const TrainRun host =
+    const Reference host =
         TrainHostReference(Options(precision, ParamHome::kDevice, OptimizerHome::kHost), kSteps);
-    ASSERT_NE(host.results.front().loss, host.results.back().loss);  // training did something
+    ASSERT_FALSE(host.run.results.empty());
+    // training did something
+    ASSERT_NE(host.run.results.front().loss, host.run.results.back().loss);
     for (ParamHome params : {ParamHome::kDevice, ParamHome::kHost, ParamHome::kNvme}) {
       for (OptimizerHome optim : {OptimizerHome::kHost, OptimizerHome::kNvme}) {
         SCOPED_TRACE(fmt::format("{} params {} optimizer {}", DTypeName(precision),

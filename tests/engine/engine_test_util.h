@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <numeric>
 #include <random>
 #include <span>
 #include <string>
@@ -17,7 +18,6 @@
 #include "engine/engine.h"
 #include "engine/model.h"
 #include "engine/planner.h"
-#include "engine/safetensors.h"
 #include "gpu/device.h"
 
 namespace strata::engine::testing {
@@ -56,10 +56,7 @@ class OverflowInjector final : public ForwardingModel {
 
 struct TrainRun {
   std::vector<std::vector<float>> master;  // per block, after the last step
-  // Per block, Adam's second moment v after the last step; only when TrainOn was given a
-  // checkpoint directory (read back from the checkpoint's exp_avg_sq.safetensors).
-  std::vector<std::vector<float>> exp_avg_sq;
-  uint64_t hash = 0;  // MasterWeightsXxh3 (0 when not taken)
+  uint64_t hash = 0;                       // MasterWeightsXxh3 (0 when not taken)
   EngineCounters counters;
   Plan plan;
   std::vector<StepResult> results;
@@ -86,26 +83,58 @@ inline void ExpectBitIdentical(const TrainRun& a, const TrainRun& b) {
   EXPECT_EQ(a.hash, b.hash);
 }
 
+// A change of a training run that changes nothing in exact arithmetic, only the order of its
+// sums (for tests of tolerances).
+struct Reordering {
+  // Empty, or a permutation of the grad_accum_steps * batch_size sequences of a step: each
+  // step's sequences (tokens and targets alike) are dealt to its micro-batches in this order,
+  // micro-batch i, row b taking the step's sequence sequence_order[i * batch_size + b].
+  std::vector<int> sequence_order;
+  // Empty, or a permutation of the vocabulary: token (and target) t is fed as token_ids[t], for
+  // a model whose embedding rows and head columns are permuted to match.
+  std::vector<int32_t> token_ids;
+};
+
 // Trains `steps` optimizer steps of `model` on `device` from a fixed token stream (seed 99; each
 // micro-batch takes two vectors, tokens and targets). `before_step(s)`, when given, runs before
-// step s (to arm a fault). With `swap_sequences`, the first two sequences of every micro-batch
-// trade places: the same loss and gradient in exact arithmetic, summed in another order (a
-// legitimate reordering, for tests of tolerances). With `checkpoint_dir`, the run is saved there
-// at the end and Adam's v read back into exp_avg_sq. Returns the losses per step, the master
-// weights per block, their xxh3, the counters and the plan; a failing call is a test failure and
-// ends the run early (the TrainRun then holds what was done).
+// step s (to arm a fault). `reordering` changes the stream as it says. Returns the losses per
+// step, the master weights per block, their xxh3, the counters and the plan; a failing call is a
+// test failure and ends the run early (the TrainRun then holds what was done).
 inline TrainRun TrainOn(gpu::Device& device, Model& model, const EngineOptions& o, int steps,
                         const std::function<void(int)>& before_step = {},
-                        bool swap_sequences = false, const std::string& checkpoint_dir = "") {
+                        const Reordering& reordering = {}) {
   TrainRun run;
   auto engine = Engine::Create(&model, &device, o);
   EXPECT_TRUE(engine.ok()) << engine.status().ToString();
   if (!engine.ok()) return run;
   Engine& e = **engine;
   auto tokens = RandomTokenVectors(steps * o.grad_accum_steps * 2, o.micro_batch.tokens(), 99);
-  if (swap_sequences && o.micro_batch.batch_size >= 2) {
+  if (const std::vector<int>& order = reordering.sequence_order; !order.empty()) {
+    const int B = o.micro_batch.batch_size, A = o.grad_accum_steps;
     const int64_t T = o.micro_batch.seq_len;
-    for (auto& v : tokens) std::swap_ranges(v.begin(), v.begin() + T, v.begin() + T);
+    std::vector<int> sorted = order;
+    std::sort(sorted.begin(), sorted.end());
+    std::vector<int> identity(static_cast<size_t>(A) * B);
+    std::iota(identity.begin(), identity.end(), 0);
+    EXPECT_EQ(sorted, identity) << "sequence_order is not a permutation of a step's sequences";
+    if (sorted != identity) return run;
+    const auto dealt = tokens;
+    for (int s = 0; s < steps; ++s) {
+      for (int j = 0; j < A * B; ++j) {
+        for (int half : {0, 1}) {  // tokens, targets
+          const auto& src = dealt[(s * A + order[j] / B) * 2 + half];
+          std::copy_n(src.begin() + order[j] % B * T, T,
+                      tokens[(s * A + j / B) * 2 + half].begin() + j % B * T);
+        }
+      }
+    }
+  }
+  if (const std::vector<int32_t>& ids = reordering.token_ids; !ids.empty()) {
+    EXPECT_EQ(ids.size(), static_cast<size_t>(model.vocab_size()));
+    if (ids.size() != static_cast<size_t>(model.vocab_size())) return run;
+    for (auto& v : tokens) {
+      for (auto& t : v) t = ids[t];
+    }
   }
   size_t k = 0;
   for (int s = 0; s < steps; ++s) {
@@ -122,24 +151,6 @@ inline TrainRun TrainOn(gpu::Device& device, Model& model, const EngineOptions& 
     EXPECT_TRUE(w.ok()) << w.status().ToString();
     if (!w.ok()) return run;
     run.master.push_back(std::move(*w));
-  }
-  if (!checkpoint_dir.empty()) {
-    std::string dir;
-    const Status saved = e.SaveCheckpoint(checkpoint_dir, TrainerState{}, {}, &dir);
-    EXPECT_TRUE(saved.ok()) << saved.ToString();
-    if (!saved.ok()) return run;
-    auto file = OpenSafetensorsFile(dir + "/exp_avg_sq.safetensors");
-    EXPECT_TRUE(file.ok()) << file.status().ToString();
-    if (!file.ok()) return run;
-    for (int b = 0; b < model.num_blocks(); ++b) {
-      const SafetensorsTensor* t = file->header.Find(model.block_name(b));
-      EXPECT_NE(t, nullptr) << model.block_name(b);
-      if (t == nullptr) return run;
-      std::vector<float> v(t->num_elems);
-      const Status read = ReadTensorBytes(*file, *t, 0, std::as_writable_bytes(std::span(v)));
-      EXPECT_TRUE(read.ok()) << read.ToString();
-      run.exp_avg_sq.push_back(std::move(v));
-    }
   }
   auto hash = e.MasterWeightsXxh3();
   EXPECT_TRUE(hash.ok()) << hash.status().ToString();
