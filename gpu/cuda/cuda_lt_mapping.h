@@ -15,10 +15,16 @@
 //                 the column sums of the row-major B          -> Lt BGRADA (Lt's A is our B; the
 //                 reduction runs over Lt's k, giving m = N values)
 // where P is the fp32 product (plus beta C when a residual C is given).
+//
+// Storage types: A and B are in the product's dtype; C and D too, or fp32 with fp32_output
+// (16-bit A and B, fp32 C and D, fp32 compute and scale: the head's weight gradient
+// accumulated over chunks with beta = 1 on an fp32 accumulator, C == D). fp32_output only with
+// the plain epilogue (kNone).
 #pragma once
 
 #include <cstdint>
 
+#include "base/dtype.h"
 #include "gpu/cuda/cuda_gemm_mapping.h"
 
 namespace strata::gpu::cuda {
@@ -43,10 +49,19 @@ struct LtMatmulMapping {
   int64_t vector_len = 0;  // bias or bias-gradient length (m); 0 without one
 };
 
-// kBiasGradB needs B untransposed (its rows are the reduced dimension); callers check
-// LtMappingSupported first. Pure.
-constexpr bool LtMappingSupported(RowEpilogue e, bool trans_b) {
-  return e != RowEpilogue::kBiasGradB || !trans_b;
+// kBiasGradB needs B untransposed (its rows are the reduced dimension); fp32_output needs
+// kNone. Callers check LtMappingSupported first. Pure.
+constexpr bool LtMappingSupported(RowEpilogue e, bool trans_b, bool fp32_output = false) {
+  return (e != RowEpilogue::kBiasGradB || !trans_b) && (!fp32_output || e == RowEpilogue::kNone);
+}
+
+// The storage types of a product's operands (see above).
+struct LtOperandTypes {
+  DType a_b = DType::kF32;  // A and B (Lt's B and A)
+  DType c_d = DType::kF32;  // C and D
+};
+constexpr LtOperandTypes LtTypesFor(DType dtype, bool fp32_output) {
+  return {dtype, fp32_output ? DType::kF32 : dtype};
 }
 
 constexpr LtMatmulMapping RowMajorAsLt(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,

@@ -88,8 +88,9 @@ Status Check(const LtMatmulArgs& a) {
         "LtMatmul: row strides lda={} ldb={} ldc={} ldd={} below the stored row lengths", a.lda,
         a.ldb, a.ldc, a.ldd));
   }
-  if (!LtMappingSupported(a.epilogue, a.trans_b)) {
-    return InvalidArgumentError("LtMatmul: the bias gradient of B needs trans_b false");
+  if (!LtMappingSupported(a.epilogue, a.trans_b, a.fp32_output)) {
+    return InvalidArgumentError(
+        "LtMatmul: the bias gradient of B needs trans_b false, an fp32 output no epilogue");
   }
   if (a.M == 0 || a.N == 0) return Status::Ok();
   if (a.D == nullptr || (a.K > 0 && (a.A == nullptr || a.B == nullptr))) {
@@ -139,7 +140,9 @@ Status LtMatmul(cudaStream_t stream, const LtMatmulArgs& a, void* workspace,
   STRATA_ASSIGN_OR_RETURN(cublasLtHandle_t handle, HandleForCurrentDevice(*lt, &device));
   const LtMatmulMapping m = RowMajorAsLt(a.trans_a, a.trans_b, a.M, a.N, a.K, a.lda, a.ldb,
                                          a.C ? a.ldc : a.ldd, a.epilogue, a.aux_ld);
-  const cudaDataType_t type = CudaDataType(a.dtype);
+  const LtOperandTypes types = LtTypesFor(a.dtype, a.fp32_output);
+  const cudaDataType_t type = CudaDataType(types.a_b);
+  const cudaDataType_t cd_type = CudaDataType(types.c_d);
   const cublasComputeType_t compute =
       a.dtype == DType::kF32 && a.allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   const ColumnMajorGemm& g = m.gemm;
@@ -181,8 +184,8 @@ Status LtMatmul(cudaStream_t stream, const LtMatmulArgs& a, void* workspace,
   const uint64_t b_rows = g.transb ? g.n : g.k, b_cols = g.transb ? g.k : g.n;
   STRATA_CUBLAS_RETURN_IF_ERROR(lt->MatrixLayoutCreate(&d.a, type, a_rows, a_cols, g.lda));
   STRATA_CUBLAS_RETURN_IF_ERROR(lt->MatrixLayoutCreate(&d.b, type, b_rows, b_cols, g.ldb));
-  STRATA_CUBLAS_RETURN_IF_ERROR(lt->MatrixLayoutCreate(&d.c, type, g.m, g.n, ldc));
-  STRATA_CUBLAS_RETURN_IF_ERROR(lt->MatrixLayoutCreate(&d.d, type, g.m, g.n, a.ldd));
+  STRATA_CUBLAS_RETURN_IF_ERROR(lt->MatrixLayoutCreate(&d.c, cd_type, g.m, g.n, ldc));
+  STRATA_CUBLAS_RETURN_IF_ERROR(lt->MatrixLayoutCreate(&d.d, cd_type, g.m, g.n, a.ldd));
 
   const uint32_t al_a = Align(lt_a), al_b = Align(lt_b), al_c = Align(lt_c), al_d = Align(a.D);
   const uint32_t al_v = std::min({Align(vec), Align(a.aux), al_d});
@@ -196,7 +199,7 @@ Status LtMatmul(cudaStream_t stream, const LtMatmulArgs& a, void* workspace,
       ldc,
       a.ldd,
       static_cast<int>(g.transa) | (static_cast<int>(g.transb) << 1),
-      static_cast<int>(type),
+      static_cast<int>(type) | (static_cast<int>(cd_type) << 16),
       static_cast<int>(compute),
       static_cast<uint32_t>(m.epilogue),
       a.C != nullptr,

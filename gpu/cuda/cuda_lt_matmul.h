@@ -4,7 +4,9 @@
 //   D(M, N) = epilogue(op(A) op(B) + (C ? C : 0))
 // op(A) is (M, K) (A stored (K, M) when trans_a), op(B) is (K, N); C, when given, is the
 // residual (beta = 1) with the same shape as D and row stride ldc (C may equal D). A, B, C, D
-// and bias / bias_grad / aux all have dtype `dtype` (fp32, fp16 or bf16); products
+// and bias / bias_grad / aux all have dtype `dtype` (fp32, fp16 or bf16) — except C and D
+// with fp32_output, which are fp32 (16-bit A and B accumulated into an fp32 D; epilogue kNone
+// only; cuda_lt_mapping.h); products
 // accumulate in fp32 (CUBLAS_COMPUTE_32F; CUBLAS_COMPUTE_32F_FAST_TF32 for fp32 inputs when
 // allow_tf32) and each output is rounded once. Epilogues (gpu/cuda/cuda_lt_mapping.h):
 // kBias (bias (N)), kGeluAuxBias (D = gelu(P + bias), aux (M, N) row stride aux_ld gets
@@ -51,6 +53,7 @@ struct LtMatmulArgs {
   void* D = nullptr;
   int64_t ldd = 0;
   DType dtype = DType::kF32;
+  bool fp32_output = false;  // C and D fp32 whatever dtype is (epilogue kNone)
   RowEpilogue epilogue = RowEpilogue::kNone;
   const void* bias = nullptr;  // kBias, kGeluAuxBias: (N)
   void* bias_grad = nullptr;   // kBiasGradB: (N), written

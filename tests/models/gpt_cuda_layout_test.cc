@@ -287,6 +287,8 @@ TEST(GptCudaLtMapping, BlockProductsThroughLtSemanticsEqualTheRowMajorProducts) 
       {"input gradient through DGELU", false, true, false, RowEpilogue::kDGelu},
       {"weight gradient", true, false, false, RowEpilogue::kNone},
       {"weight gradient with bias gradient", true, false, false, RowEpilogue::kBiasGradB},
+      // The head's chunked dWlm: beta = 1 on the (fp32) accumulator.
+      {"weight gradient accumulated (beta 1)", true, false, true, RowEpilogue::kNone},
   };
   for (const Case& c : cases) {
     Problem p;
@@ -328,6 +330,16 @@ TEST(GptCudaLtMapping, EpiloguesAndAlignmentsAreTheDocumentedValues) {
       gpu::cuda::RowMajorAsLt(true, false, 2, 3, 4, 2, 3, 3, RowEpilogue::kBiasGradB, 0).epilogue,
       LtEpilogue::kBgradA);
   EXPECT_FALSE(gpu::cuda::LtMappingSupported(RowEpilogue::kBiasGradB, true));
+  // 16-bit A and B into fp32 C and D: the plain epilogue only; C and D fp32, A and B as given.
+  EXPECT_TRUE(gpu::cuda::LtMappingSupported(RowEpilogue::kNone, false, /*fp32_output=*/true));
+  EXPECT_FALSE(gpu::cuda::LtMappingSupported(RowEpilogue::kBias, false, /*fp32_output=*/true));
+  EXPECT_FALSE(gpu::cuda::LtMappingSupported(RowEpilogue::kBiasGradB, false, /*fp32_output=*/true));
+  for (DType t : {DType::kBF16, DType::kF16, DType::kF32}) {
+    EXPECT_EQ(gpu::cuda::LtTypesFor(t, true).a_b, t);
+    EXPECT_EQ(gpu::cuda::LtTypesFor(t, true).c_d, DType::kF32);
+    EXPECT_EQ(gpu::cuda::LtTypesFor(t, false).a_b, t);
+    EXPECT_EQ(gpu::cuda::LtTypesFor(t, false).c_d, t);
+  }
   EXPECT_EQ(LtAlignmentBytes(0), 256u);
   EXPECT_EQ(LtAlignmentBytes(4096 + 2), 2u);
   EXPECT_EQ(LtAlignmentBytes(4096 + 16), 16u);
