@@ -789,7 +789,6 @@ StatusOr<StepResult> Engine::Impl::Step(std::span<const MicroBatch> mbs) {
         buf.dx_out = Typed(dx_[(b + 1) % 2]);
       } else {
         buf.targets = targets_.as<const int32_t>();
-        buf.logits = Typed(logits_);
         buf.dloss = dloss;
       }
       STRATA_RETURN_IF_ERROR(model_->Backward(b, buf, *compute_));
@@ -884,8 +883,8 @@ StatusOr<std::vector<float>> Engine::Impl::NextTokenLogits(std::span<const int32
   const int vocab = model_->vocab_size();
   const size_t off = o_.micro_batch.tokens() * 8 + o_.grad_accum_steps * 4 + 4;
   const auto dst = io_pinned_.span().subspan(off, vocab * w_);
-  STRATA_RETURN_IF_ERROR(
-      compute_->CopyD2H(dst, logits_.subspan((tokens.size() - 1) * vocab * w_, vocab * w_)));
+  // Shape {1, T}: row 0 of the (B, V) last-position logits is position T - 1.
+  STRATA_RETURN_IF_ERROR(compute_->CopyD2H(dst, logits_.subspan(0, vocab * w_)));
   STRATA_RETURN_IF_ERROR(compute_->Synchronize());
   // The logits are in the working precision; widen them on the host (exact).
   return DispatchDType(o_.precision, [&]<typename S>() {

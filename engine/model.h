@@ -81,9 +81,9 @@ struct BlockBuffers {
   TensorRef dx_in;        // (B, T, C) gradient of x_in (Backward, not the first block)
   const int32_t* tokens = nullptr;   // (B, T) first block
   const int32_t* targets = nullptr;  // (B, T) last block; null in Forward = no loss
-  TensorRef logits;                  // (B, T, V) last block
-  float* loss = nullptr;             // (1) fp32, last block Forward: mean cross-entropy over B*T
-  float dloss = 1.0f;       // last block Backward: d(objective)/d(mean loss), incl. loss scale
+  TensorRef logits;       // (B, V) last block Forward: the logits of each sequence's last position
+  float* loss = nullptr;  // (1) fp32, last block Forward: mean cross-entropy over B*T
+  float dloss = 1.0f;     // last block Backward: d(objective)/d(mean loss), incl. loss scale
   gpu::DeviceSpan scratch;  // scratch_bytes(block, shape, precision) bytes, contents undefined
   MicroBatchShape shape;
 };
@@ -96,7 +96,10 @@ class Model {
   virtual std::string block_name(int block) const = 0;  // "embedding", "layer3", "head"
   virtual int64_t block_num_params(int block) const = 0;
   virtual int64_t activation_elems(MicroBatchShape shape) const = 0;  // (B, T, C)
-  virtual int64_t logits_elems(MicroBatchShape shape) const = 0;      // (B, T, V)
+  // (B, V): the head's Forward writes the logits of the last position (t = T - 1) of each
+  // sequence, all generation needs; the (B, T, V) logits never exist (the head computes the
+  // loss in chunks of rows inside its scratch).
+  virtual int64_t logits_elems(MicroBatchShape shape) const = 0;
   virtual int vocab_size() const = 0;
   virtual int max_seq_len() const = 0;
   // Device scratch of one Forward/Backward of `block` computing in `precision`, in bytes; the

@@ -69,7 +69,7 @@ std::vector<DeviceRegion> FixedRegions(const Model& model, DType precision, Micr
           : DeviceRegion{fmt::format("boundary activations ({} x (B,T,C) {})", n - 1, dt),
                          act * (n - 1)},
       {fmt::format("activation gradients (2 x (B,T,C) {})", dt), act * 2},
-      {fmt::format("logits (B,T,V) {}", dt),
+      {fmt::format("last-position logits (B,V) {}", dt),
        static_cast<uint64_t>(model.logits_elems(shape)) * w},
       {fmt::format("block scratch ({} compute)", dt), max_scratch},
       {fmt::format("gradient buckets (2 x one block, {}; blocks write their gradients here)", dt),

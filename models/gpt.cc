@@ -96,7 +96,7 @@ int64_t GptModel::activation_elems(engine::MicroBatchShape s) const {
 }
 
 int64_t GptModel::logits_elems(engine::MicroBatchShape s) const {
-  return s.tokens() * shape_.vocab_size;
+  return int64_t{s.batch_size} * shape_.vocab_size;  // the last position of each sequence
 }
 
 int64_t GptModel::scratch_bytes(int block, engine::MicroBatchShape s,
@@ -168,7 +168,7 @@ Status CheckBuffers(const GptModel& model, int block, const engine::BlockBuffers
   STRATA_RETURN_IF_ERROR(check("x_out", b.x_out, act, !last && !backward));
   STRATA_RETURN_IF_ERROR(check("dx_out", b.dx_out, act, !last && backward));
   STRATA_RETURN_IF_ERROR(check("dx_in", b.dx_in, act, !first && backward));
-  STRATA_RETURN_IF_ERROR(check("logits", b.logits, model.logits_elems(b.shape), last));
+  STRATA_RETURN_IF_ERROR(check("logits", b.logits, model.logits_elems(b.shape), last && !backward));
   const int64_t scratch = model.scratch_bytes(block, b.shape, want);
   if (static_cast<int64_t>(b.scratch.size_bytes) < scratch) {
     return InvalidArgumentError(fmt::format("GPT block {}: scratch has {} bytes, needs {}", block,
@@ -236,8 +236,7 @@ Status CudaBackward(const GptShape& sh, const GptOptions& options, GptModel::Kin
     case GptModel::Kind::kHead: {
       gpu::ScopedComputeSpan span(stream, "head backward");
       return cuda::CudaHeadBackward<S>(sh, stream, b.params.as<S>(), b.x_in.as<S>(), b.targets,
-                                       b.dloss, B, T, b.dx_in.as<S>(), b.grads.as<S>(),
-                                       b.logits.as<S>(), scratch, o);
+                                       b.dloss, B, T, b.dx_in.as<S>(), b.grads.as<S>(), scratch, o);
     }
   }
   return InternalError("unreachable");
@@ -294,9 +293,8 @@ Status HostBackward(const GptShape& sh, GptModel::Kind kind, const engine::Block
       });
     case GptModel::Kind::kHead:
       return stream.LaunchHost([=, x_in = b.x_in.as<S>(), dx_in = b.dx_in.as<S>(),
-                                logits = b.logits.as<S>(), targets = b.targets,
-                                dloss = b.dloss] {
-        HeadBackward<S>(sh, params, x_in, targets, dloss, B, T, dx_in, grads, logits, scratch);
+                                targets = b.targets, dloss = b.dloss] {
+        HeadBackward<S>(sh, params, x_in, targets, dloss, B, T, dx_in, grads, scratch);
         return Status::Ok();
       });
   }

@@ -789,19 +789,26 @@ template <typename S>
 struct HeadScratch {
   S* lnf;                               // (N, C)
   ComputeType<S>*mean, *rstd, *losses;  // (N)
+  S* chunk;                             // (chunk_rows, V) logits, then their gradients
+  float* dwlm_acc;                      // (C, V) fp32 for 16-bit S; null for float and double
   int64_t size_bytes;
 };
 
 template <typename S>
-HeadScratch<S> CarveHeadScratch(const GptShape& s, int B, int T, void* scratch) {
+HeadScratch<S> CarveHeadScratch(const GptShape& s, int B, int T, int64_t chunk_rows,
+                                void* scratch) {
   using F = ComputeType<S>;
-  const int64_t N = int64_t{B} * T;
+  const int64_t N = int64_t{B} * T, C = s.channels, V = s.vocab_size;
+  STRATA_CHECK_MSG(chunk_rows >= 1 && chunk_rows <= N,
+                   "chunk_rows=" + std::to_string(chunk_rows) + " N=" + std::to_string(N));
   Carver c(scratch);
   HeadScratch<S> sc;
-  sc.lnf = c.Take<S>(N * s.channels);
+  sc.lnf = c.Take<S>(N * C);
   sc.mean = c.Take<F>(N);
   sc.rstd = c.Take<F>(N);
   sc.losses = c.Take<F>(N);
+  sc.chunk = c.Take<S>(chunk_rows * V);
+  sc.dwlm_acc = std::is_same_v<S, F> ? nullptr : c.Take<float>(C * V);
   sc.size_bytes = c.size_bytes();
   return sc;
 }
@@ -823,7 +830,15 @@ int64_t LayerScratchBytes(const GptShape& s, int B, int T) {
 template <typename S>
 int64_t HeadScratchBytes(const GptShape& s, int B, int T) {
   CheckBatch(s, B, T);
-  return CarveHeadScratch<S>(s, B, T, nullptr).size_bytes;
+  return internal::HeadScratchBytesWithChunkRows<S>(s, B, T,
+                                                    HeadChunkRows(int64_t{B} * T, s.vocab_size));
+}
+
+template <typename S>
+int64_t internal::HeadScratchBytesWithChunkRows(const GptShape& s, int B, int T,
+                                                int64_t chunk_rows) {
+  CheckBatch(s, B, T);
+  return CarveHeadScratch<S>(s, B, T, chunk_rows, nullptr).size_bytes;
 }
 
 // ---------------------------------------------------------------------------
@@ -992,36 +1007,100 @@ void LayerBackward(const GptShape& s, const S* params, const S* x_in, const S* d
 // ---------------------------------------------------------------------------
 // Head.
 
+namespace {
+
+// acc (M, N) (row stride N) = op(A) op(B) + beta acc in the compute type: the head's weight
+// gradient accumulated over chunks. 16-bit operands are widened to fp32 first (exact) and the
+// product runs in fp32 into the fp32 accumulator; for S = float or double directly.
+template <typename S>
+void AccumulateProduct(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const S* A,
+                       int64_t lda, const S* B, int64_t ldb, ComputeType<S> beta,
+                       ComputeType<S>* acc) {
+  using F = ComputeType<S>;
+  if constexpr (std::is_same_v<S, F>) {
+    Gemm<F>(trans_a, trans_b, M, N, K, F(1), A, lda, B, ldb, beta, acc, N);
+  } else {
+    WorkLease<float> work;
+    auto widen = [&](const S* x, int64_t ld, int64_t rows, int64_t cols, float* y) {
+      ParallelRows(rows, cols, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          for (int64_t c = 0; c < cols; ++c) y[r * cols + c] = ToFloat(x[r * ld + c]);
+        }
+      });
+    };
+    const int64_t a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
+    const int64_t b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
+    float* af = work.Get(0, a_rows * a_cols);
+    float* bf = work.Get(1, b_rows * b_cols);
+    widen(A, lda, a_rows, a_cols, af);
+    widen(B, ldb, b_rows, b_cols, bf);
+    Gemm<float>(trans_a, trans_b, M, N, K, 1.0f, af, a_cols, bf, b_cols, beta, acc, N);
+  }
+}
+
+// The chunk's logits: chunk (rows, V) = S(lnf[r0, r0 + rows) Wlm).
+template <typename S>
+void ChunkLogits(const GptShape& s, const S* wlm, const HeadScratch<S>& sc, int64_t r0,
+                 int64_t rows) {
+  const int64_t C = s.channels, V = s.vocab_size;
+  MatMul(false, false, rows, V, C, sc.lnf + r0 * C, C, wlm, V, sc.chunk);
+}
+
+}  // namespace
+
 template <typename S>
 ComputeType<S> HeadForward(const GptShape& s, const S* params, const S* x_in,
                            const int32_t* targets, int B, int T, S* logits, void* scratch) {
+  CheckBatch(s, B, T);
+  return internal::HeadForwardWithChunkRows(s, params, x_in, targets, B, T, logits, scratch,
+                                            HeadChunkRows(int64_t{B} * T, s.vocab_size));
+}
+
+template <typename S>
+void HeadBackward(const GptShape& s, const S* params, const S* x_in, const int32_t* targets,
+                  ComputeType<S> dloss, int B, int T, S* dx_in, S* dparams, void* scratch) {
+  CheckBatch(s, B, T);
+  internal::HeadBackwardWithChunkRows(s, params, x_in, targets, dloss, B, T, dx_in, dparams,
+                                      scratch, HeadChunkRows(int64_t{B} * T, s.vocab_size));
+}
+
+template <typename S>
+ComputeType<S> internal::HeadForwardWithChunkRows(const GptShape& s, const S* params, const S* x_in,
+                                                  const int32_t* targets, int B, int T, S* logits,
+                                                  void* scratch, int64_t chunk_rows) {
   using F = ComputeType<S>;
   CheckBatch(s, B, T);
   const int64_t C = s.channels, V = s.vocab_size, N = int64_t{B} * T;
   const S* lnf_w = params;
   const S* lnf_b = params + C;
   const S* wlm = params + 2 * C;
-  const HeadScratch<S> sc = CarveHeadScratch<S>(s, B, T, scratch);
+  const HeadScratch<S> sc = CarveHeadScratch<S>(s, B, T, chunk_rows, scratch);
   LayerNormForward(x_in, lnf_w, lnf_b, N, C, sc.lnf, sc.mean, sc.rstd);
-  MatMul(false, false, N, V, C, sc.lnf, C, wlm, V, logits);
+  // The last position of each sequence: rows T-1, 2T-1, ... of lnf (row stride T C).
+  MatMul(false, false, B, V, C, sc.lnf + (T - 1) * C, T * C, wlm, V, logits);
   if (targets == nullptr) return F(0);
-  ParallelRows(N, V, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      CheckToken(targets[r], s.vocab_size);
-      const S* row = logits + r * V;
-      const F mx = MaxOf(row, V);
-      sc.losses[r] = std::log(SumExpShifted(row, V, mx)) + mx - ToFloat(row[targets[r]]);
-    }
-  });
+  for (int64_t r0 = 0; r0 < N; r0 += chunk_rows) {
+    const int64_t rows = std::min(chunk_rows, N - r0);
+    ChunkLogits(s, wlm, sc, r0, rows);
+    ParallelRows(rows, V, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        const int64_t r = r0 + i;
+        CheckToken(targets[r], s.vocab_size);
+        const S* row = sc.chunk + i * V;
+        const F mx = MaxOf(row, V);
+        sc.losses[r] = std::log(SumExpShifted(row, V, mx)) + mx - ToFloat(row[targets[r]]);
+      }
+    });
+  }
   double total = 0;  // in token order, in double whatever S is
   for (int64_t r = 0; r < N; ++r) total += sc.losses[r];
   return static_cast<F>(total / static_cast<double>(N));
 }
 
 template <typename S>
-void HeadBackward(const GptShape& s, const S* params, const S* x_in, const int32_t* targets,
-                  ComputeType<S> dloss, int B, int T, S* dx_in, S* dparams, S* logits,
-                  void* scratch) {
+void internal::HeadBackwardWithChunkRows(const GptShape& s, const S* params, const S* x_in,
+                                         const int32_t* targets, ComputeType<S> dloss, int B, int T,
+                                         S* dx_in, S* dparams, void* scratch, int64_t chunk_rows) {
   using F = ComputeType<S>;
   CheckBatch(s, B, T);
   STRATA_CHECK(targets != nullptr);
@@ -1029,33 +1108,48 @@ void HeadBackward(const GptShape& s, const S* params, const S* x_in, const int32
   const S* lnf_w = params;
   const S* lnf_b = params + C;
   const S* wlm = params + 2 * C;
-  const HeadScratch<S> sc = CarveHeadScratch<S>(s, B, T, scratch);
-  LayerNormForward(x_in, lnf_w, lnf_b, N, C, sc.lnf, sc.mean, sc.rstd);
-  MatMul(false, false, N, V, C, sc.lnf, C, wlm, V, logits);
-
-  // dlogits = S(dloss / N * (softmax(logits) - onehot(target))), in place.
-  const F scale = dloss / F(N);
-  ParallelRows(N, V, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      CheckToken(targets[r], s.vocab_size);
-      S* row = logits + r * V;
-      const F mx = MaxOf(row, V);
-      const F factor = scale / SumExpShifted(row, V, mx);
-      const int64_t target = targets[r];
-      for (int64_t i = 0; i < V; i += kVec) {
-        const int64_t len = std::min<int64_t>(kVec, V - i);
-        Vec<F> d = (LoadVec(row + i, len) - mx).exp() * factor;
-        if (target >= i && target < i + len) d[target - i] -= scale;
-        StoreVec<S>(d, len, row + i);
-      }
-    }
-  });
-
   S* dlnf_w = dparams;
   S* dlnf_b = dparams + C;
   S* dwlm = dparams + 2 * C;
-  MatMul(true, false, C, V, N, sc.lnf, C, logits, V, dwlm);
-  MatMul(false, true, N, C, V, logits, V, wlm, V, dx_in);  // dlnf
+  const HeadScratch<S> sc = CarveHeadScratch<S>(s, B, T, chunk_rows, scratch);
+  F* acc;
+  if constexpr (std::is_same_v<S, F>) {
+    acc = dwlm;
+  } else {
+    acc = sc.dwlm_acc;
+  }
+  LayerNormForward(x_in, lnf_w, lnf_b, N, C, sc.lnf, sc.mean, sc.rstd);
+
+  const F scale = dloss / F(N);
+  for (int64_t r0 = 0; r0 < N; r0 += chunk_rows) {
+    const int64_t rows = std::min(chunk_rows, N - r0);
+    ChunkLogits(s, wlm, sc, r0, rows);
+    // dlogits = S(dloss / N * (softmax(logits) - onehot(target))), in place.
+    ParallelRows(rows, V, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        const int64_t target = targets[r0 + i];
+        CheckToken(static_cast<int32_t>(target), s.vocab_size);
+        S* row = sc.chunk + i * V;
+        const F mx = MaxOf(row, V);
+        const F factor = scale / SumExpShifted(row, V, mx);
+        for (int64_t v = 0; v < V; v += kVec) {
+          const int64_t len = std::min<int64_t>(kVec, V - v);
+          Vec<F> d = (LoadVec(row + v, len) - mx).exp() * factor;
+          if (target >= v && target < v + len) d[target - v] -= scale;
+          StoreVec<S>(d, len, row + v);
+        }
+      }
+    });
+    // acc (+)= lnf_chunk^T dlogits (beta 0 on the first chunk), in chunk order.
+    AccumulateProduct<S>(true, false, C, V, rows, sc.lnf + r0 * C, C, sc.chunk, V,
+                         r0 == 0 ? F(0) : F(1), acc);
+    MatMul(false, true, rows, C, V, sc.chunk, V, wlm, V, dx_in + r0 * C);  // dlnf rows
+  }
+  if constexpr (!std::is_same_v<S, F>) {
+    ParallelRows(C, V, [&](int64_t c0, int64_t c1) {
+      for (int64_t i = c0 * V; i < c1 * V; ++i) dwlm[i] = FromFloat<S>(acc[i]);
+    });
+  }
   LayerNormParamGrads(x_in, dx_in, sc.mean, sc.rstd, N, C, dlnf_w, dlnf_b);
   LayerNormInputGrad<S>(x_in, lnf_w, dx_in, sc.mean, sc.rstd, nullptr, N, C, dx_in);
 }
@@ -1073,7 +1167,13 @@ void HeadBackward(const GptShape& s, const S* params, const S* x_in, const int32
   template ComputeType<S> HeadForward<S>(const GptShape&, const S*, const S*, const int32_t*, int, \
                                          int, S*, void*);                                          \
   template void HeadBackward<S>(const GptShape&, const S*, const S*, const int32_t*,               \
-                                ComputeType<S>, int, int, S*, S*, S*, void*);
+                                ComputeType<S>, int, int, S*, S*, void*);                          \
+  template int64_t internal::HeadScratchBytesWithChunkRows<S>(const GptShape&, int, int, int64_t); \
+  template ComputeType<S> internal::HeadForwardWithChunkRows<S>(                                   \
+      const GptShape&, const S*, const S*, const int32_t*, int, int, S*, void*, int64_t);          \
+  template void internal::HeadBackwardWithChunkRows<S>(const GptShape&, const S*, const S*,        \
+                                                       const int32_t*, ComputeType<S>, int, int,   \
+                                                       S*, S*, void*, int64_t);
 
 STRATA_INSTANTIATE_GPT_KERNELS(float)
 STRATA_INSTANTIATE_GPT_KERNELS(double)

@@ -54,9 +54,18 @@
 //               LayerNorm backward in fp32 from S inputs, the residual gradient added before
 //               the one rounding: dx2 = S(dy + LN2'(dln2)), dx = S(dx2 + LN1'(dln1));
 //               dln_w, dln_b = S(fp32 column sums)
-//   head        lnf = S(LN(x)); logits = S(lnf Wlm); loss in fp32 from the S logits;
-//               dlogits = S(dloss / N (softmax - onehot)); dWlm = S(lnf^T dlogits);
-//               dx = S(LNf'(S(dlogits Wlm^T)))
+//   head        lnf = S(LN(x)); then in chunks of R = HeadChunkRows(N, V) rows (the (N, V)
+//               logits never exist; chunks in row order): logits = S(lnf Wlm) (fp32
+//               accumulation) in a (R, V) chunk buffer; loss per row in fp32 from the S
+//               logits; the mean over N summed in double in token order. The (B, V) logits
+//               the head returns are those of the last position of each sequence, their own
+//               product: S(lnf[b, T-1] Wlm). Backward, per chunk: dlogits =
+//               S(dloss / N (softmax - onehot)) in place in the chunk buffer; dlnf rows =
+//               S(dlogits Wlm^T) (each row from its own dlogits row, as unchunked);
+//               lnf^T dlogits added into an fp32 (C, V) accumulator (fp32 GEMM, beta = 1; for
+//               S = float the accumulator is dWlm itself), rounded once at the end: dWlm =
+//               S(sum over chunks in chunk order); then dx = S(LNf'(dlnf)). The accumulator,
+//               4 C V bytes, is smaller than the (N, V) logits in S whenever N > 2 C.
 // For S = float every S(.) is the identity and the kernels are the fp32 path.
 //
 // Determinism: every function gives bit-identical results across runs and
@@ -75,6 +84,7 @@
 // comment says otherwise, input and output buffers must not overlap.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -135,7 +145,9 @@ void InitHeadParams(const GptShape& shape, uint64_t seed, float* params);
 //              ln1 (N, C), qkv (N, 3C), att (N, C), x2 (N, C), ln2 (N, C), h (N, 4C), g (N, 4C)
 //              in S (15 N C elements; the backward reuses them for the gradients). No T x T
 //              buffer: attention works on per-thread tiles.
-//   Head:      lnf (N, C) S; mean, rstd, loss (N) F.
+//   Head:      lnf (N, C) S; mean, rstd, loss (N) F; logits chunk (R, V) S with
+//              R = HeadChunkRows(N, V); dWlm accumulator (C, V) fp32 for 16-bit S (none for
+//              S = float or double: the accumulator is the output).
 template <typename S>
 int64_t EmbeddingScratchBytes(const GptShape& shape, int B, int T);
 template <typename S>
@@ -169,22 +181,47 @@ template <typename S>
 void LayerBackward(const GptShape& shape, const S* params, const S* x_in, const S* dx_out, S* dx_in,
                    S* dparams, int B, int T, void* scratch);
 
+// The head computes its logits and the cross-entropy in chunks of rows, so that no (N, V)
+// logits buffer exists: R = HeadChunkRows(N, V) is the largest R <= N with R V <=
+// kHeadChunkElems (2^22 elements: 8 MiB in bf16, 16 MiB in fp32; at V = 50257, 83 rows, a
+// product large enough to keep a GPU busy), and at least 1. A function of (N, V) only, so the
+// chunking, and with it every result, is fixed for a given problem. N, V >= 1. Inline: the
+// CUDA layout (models/cuda/gpt_cuda_layout.h) is header-only.
+inline constexpr int64_t kHeadChunkElems = int64_t{1} << 22;
+constexpr int64_t HeadChunkRows(int64_t N, int64_t V) {
+  return std::clamp<int64_t>(kHeadChunkElems / std::max<int64_t>(V, 1), 1, std::max<int64_t>(N, 1));
+}
+
 // Final LayerNorm and LM head. params: head chunk; x_in: (B, T, C);
-// targets: (B, T) int32 or nullptr; logits: (B, T, V) written;
-// scratch: HeadScratchBytes<S>.
+// targets: (B, T) int32 or nullptr; logits: (B, V) written, the logits of the last position
+// (t = T - 1) of each sequence (what generation needs); scratch: HeadScratchBytes<S>.
 // Returns the mean cross-entropy over the B*T tokens (summed in double in token order), or 0
-// when targets is null.
+// when targets is null (then no chunk is computed: only the B last-position rows).
 template <typename S>
 ComputeType<S> HeadForward(const GptShape& shape, const S* params, const S* x_in,
                            const int32_t* targets, int B, int T, S* logits, void* scratch);
 
-// Gradient of dloss * (mean cross-entropy): recomputes the forward from x_in,
-// writes dx_in: (B, T, C) and dparams (head chunk, OVERWRITTEN). targets must
-// not be null. logits: (B, T, V) is used as scratch (its contents on return
-// are the logit gradients). scratch: HeadScratchBytes<S>.
+// Gradient of dloss * (mean cross-entropy): recomputes the forward from x_in chunk by chunk,
+// writes dx_in: (B, T, C) and dparams (head chunk, OVERWRITTEN). targets must not be null.
+// No logits are written. scratch: HeadScratchBytes<S>.
 template <typename S>
 void HeadBackward(const GptShape& shape, const S* params, const S* x_in, const int32_t* targets,
-                  ComputeType<S> dloss, int B, int T, S* dx_in, S* dparams, S* logits,
-                  void* scratch);
+                  ComputeType<S> dloss, int B, int T, S* dx_in, S* dparams, void* scratch);
+
+// The head with an explicit number of rows per chunk (chunk_rows in [1, N], STRATA_CHECK), for
+// tests that compare chunkings; scratch: HeadScratchBytesWithChunkRows<S>. The functions
+// above are these with chunk_rows = HeadChunkRows(N, V).
+namespace internal {
+template <typename S>
+int64_t HeadScratchBytesWithChunkRows(const GptShape& shape, int B, int T, int64_t chunk_rows);
+template <typename S>
+ComputeType<S> HeadForwardWithChunkRows(const GptShape& shape, const S* params, const S* x_in,
+                                        const int32_t* targets, int B, int T, S* logits,
+                                        void* scratch, int64_t chunk_rows);
+template <typename S>
+void HeadBackwardWithChunkRows(const GptShape& shape, const S* params, const S* x_in,
+                               const int32_t* targets, ComputeType<S> dloss, int B, int T, S* dx_in,
+                               S* dparams, void* scratch, int64_t chunk_rows);
+}  // namespace internal
 
 }  // namespace strata::models

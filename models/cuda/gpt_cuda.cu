@@ -4,11 +4,13 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <type_traits>
 
 #include "base/dtype.h"
+#include "gpu/cuda/cuda_kernels.cuh"
 #include "gpu/cuda/cuda_lt_matmul.h"
 #include "gpu/cuda/cuda_native.h"
 #include "gpu/cuda/cuda_status.h"
@@ -193,16 +195,13 @@ Status LayerForwardInto(const GptShape& shape, cudaStream_t cs, const Products<S
   return mm.Linear(N, 4 * C, C, w.g, p.mlp_proj_w, p.mlp_proj_b, w.x2, x_out);
 }
 
-// lnf = D(LN(x)) with its statistics, then logits = D(lnf Wlm): the head's forward.
+// The head's LayerNorm: lnf = D(LN(x)) with its statistics into the scratch.
 template <typename S>
-Status HeadLogits(const GptShape& shape, cudaStream_t cs, const Products<S>& mm, const S* params,
-                  const S* x, int64_t N, const CudaHeadScratchLayout& l, void* scratch, S* logits) {
-  const int64_t C = shape.channels, V = shape.vocab_size;
-  S* lnf = At<S>(scratch, l.lnf);
-  STRATA_RETURN_IF_ERROR(LaunchLayerNormForward(cs, D(x), D(params), D(params + C), N, C, D(lnf),
-                                                At<float>(scratch, l.mean),
-                                                At<float>(scratch, l.rstd)));
-  return mm.Run(false, false, N, V, C, lnf, C, params + 2 * C, V, logits, V);
+Status HeadLayerNorm(const GptShape& shape, cudaStream_t cs, const S* params, const S* x, int64_t N,
+                     const CudaHeadScratchLayout& l, void* scratch) {
+  const int64_t C = shape.channels;
+  return LaunchLayerNormForward(cs, D(x), D(params), D(params + C), N, C, D(At<S>(scratch, l.lnf)),
+                                At<float>(scratch, l.mean), At<float>(scratch, l.rstd));
 }
 
 }  // namespace
@@ -312,26 +311,37 @@ Status CudaHeadForward(const GptShape& shape, gpu::Stream& stream, const S* para
   const CudaHeadScratchLayout l = CudaHeadScratchLayoutFor<S>(shape, B, T);
   STRATA_ASSIGN_OR_RETURN(const auto mm,
                           MakeProducts<S>(stream, cs, At<float>(scratch, l.ln_partials), options));
+  const S* wlm = params + 2 * C;
   S* lnf = At<S>(scratch, l.lnf);
-  STRATA_RETURN_IF_ERROR(LaunchLayerNormForward(cs, D(x_in), D(params), D(params + C), N, C, D(lnf),
-                                                At<float>(scratch, l.mean),
-                                                At<float>(scratch, l.rstd)));
-  STRATA_RETURN_IF_ERROR(mm.Run(false, false, N, V, C, lnf, C, params + 2 * C, V, logits, V));
+  STRATA_RETURN_IF_ERROR(HeadLayerNorm<S>(shape, cs, params, x_in, N, l, scratch));
+  // The last position of each sequence: rows T-1, 2T-1, ... of lnf, gathered into (B, C).
+  S* lnf_last = At<S>(scratch, l.lnf_last);
+  const size_t row_bytes = static_cast<size_t>(C) * sizeof(S);
+  STRATA_RETURN_IF_ERROR(gpu::cuda::CudaStatus(
+      cudaMemcpy2DAsync(lnf_last, row_bytes, lnf + (T - 1) * C, static_cast<size_t>(T) * row_bytes,
+                        row_bytes, static_cast<size_t>(B), cudaMemcpyDeviceToDevice, cs),
+      "cudaMemcpy2DAsync"));
+  STRATA_RETURN_IF_ERROR(mm.Run(false, false, B, V, C, lnf_last, C, wlm, V, logits, V));
   if (targets == nullptr || loss == nullptr) return Status::Ok();
   float* losses = At<float>(scratch, l.losses);
-  STRATA_RETURN_IF_ERROR(
-      LaunchCrossEntropy(cs, D(logits), targets, N, static_cast<int>(V), losses, false, 0.0f));
+  S* chunk = At<S>(scratch, l.chunk);
+  for (int64_t r0 = 0; r0 < N; r0 += l.chunk_rows) {
+    const int64_t rows = std::min(l.chunk_rows, N - r0);
+    STRATA_RETURN_IF_ERROR(mm.Run(false, false, rows, V, C, lnf + r0 * C, C, wlm, V, chunk, V));
+    STRATA_RETURN_IF_ERROR(LaunchCrossEntropy(cs, D(chunk), targets + r0, rows, static_cast<int>(V),
+                                              losses + r0, false, 0.0f));
+  }
   return LaunchMeanLoss(cs, losses, N, loss);
 }
 
 template <typename S>
 Status CudaHeadBackward(const GptShape& shape, gpu::Stream& stream, const S* params, const S* x_in,
                         const int32_t* targets, float dloss, int B, int T, S* dx_in, S* dparams,
-                        S* logits, void* scratch, const GptCudaOptions& options) {
+                        void* scratch, const GptCudaOptions& options) {
   STRATA_ASSIGN_OR_RETURN(cudaStream_t cs,
                           Prepare("CudaHeadBackward", shape, stream, B, T, scratch));
   STRATA_RETURN_IF_ERROR(
-      CheckPointers("CudaHeadBackward", {params, x_in, targets, dx_in, dparams, logits, scratch}));
+      CheckPointers("CudaHeadBackward", {params, x_in, targets, dx_in, dparams, scratch}));
   const int64_t C = shape.channels, V = shape.vocab_size, N = int64_t{B} * T;
   const CudaHeadScratchLayout l = CudaHeadScratchLayoutFor<S>(shape, B, T);
   float* partials = At<float>(scratch, l.ln_partials);
@@ -340,17 +350,44 @@ Status CudaHeadBackward(const GptShape& shape, gpu::Stream& stream, const S* par
   const float* rstd = At<float>(scratch, l.rstd);
   S* lnf = At<S>(scratch, l.lnf);
   S* dlnf = At<S>(scratch, l.dlnf);
+  S* chunk = At<S>(scratch, l.chunk);
   const S* wlm = params + 2 * C;
-  STRATA_RETURN_IF_ERROR(LaunchLayerNormForward(cs, D(x_in), D(params), D(params + C), N, C, D(lnf),
-                                                At<float>(scratch, l.mean),
-                                                At<float>(scratch, l.rstd)));
-  STRATA_RETURN_IF_ERROR(mm.Run(false, false, N, V, C, lnf, C, wlm, V, logits, V));
-  // dlogits = D(dloss / N (softmax - onehot)), in place.
-  STRATA_RETURN_IF_ERROR(LaunchCrossEntropy(cs, D(logits), targets, N, static_cast<int>(V),
-                                            At<float>(scratch, l.losses), true,
-                                            dloss / static_cast<float>(N)));
-  STRATA_RETURN_IF_ERROR(mm.WeightGrad(N, C, V, lnf, logits, dparams + 2 * C, nullptr));
-  STRATA_RETURN_IF_ERROR(mm.InputGrad(N, C, V, logits, wlm, dlnf));
+  S* dwlm = dparams + 2 * C;
+  constexpr bool kFp32 = std::is_same_v<S, float>;
+  // dWlm accumulates in fp32: in place for float, else in the scratch's accumulator.
+  void* acc = kFp32 ? static_cast<void*>(dwlm) : At<void>(scratch, l.dwlm_acc);
+  STRATA_RETURN_IF_ERROR(HeadLayerNorm<S>(shape, cs, params, x_in, N, l, scratch));
+  for (int64_t r0 = 0; r0 < N; r0 += l.chunk_rows) {
+    const int64_t rows = std::min(l.chunk_rows, N - r0);
+    STRATA_RETURN_IF_ERROR(mm.Run(false, false, rows, V, C, lnf + r0 * C, C, wlm, V, chunk, V));
+    // dlogits = D(dloss / N (softmax - onehot)), in place in the chunk.
+    STRATA_RETURN_IF_ERROR(LaunchCrossEntropy(cs, D(chunk), targets + r0, rows, static_cast<int>(V),
+                                              At<float>(scratch, l.losses) + r0, true,
+                                              dloss / static_cast<float>(N)));
+    // acc (+)= lnf_chunk^T dlogits: beta 0 on the first chunk, 1 after (C == D), fp32 C and D.
+    gpu::cuda::LtMatmulArgs a;
+    a.trans_a = true;
+    a.M = C;
+    a.N = V;
+    a.K = rows;
+    a.A = lnf + r0 * C;
+    a.lda = C;
+    a.B = chunk;
+    a.ldb = V;
+    a.C = r0 == 0 ? nullptr : acc;
+    a.ldc = V;
+    a.D = acc;
+    a.ldd = V;
+    a.dtype = DTypeOf<S>();
+    a.fp32_output = !kFp32;
+    a.allow_tf32 = mm.allow_tf32;
+    STRATA_RETURN_IF_ERROR(gpu::cuda::LtMatmul(cs, a, mm.workspace.data, mm.workspace.size_bytes));
+    STRATA_RETURN_IF_ERROR(mm.InputGrad(rows, C, V, chunk, wlm, dlnf + r0 * C));
+  }
+  if constexpr (!kFp32) {  // dWlm = S(acc), one rounding
+    STRATA_RETURN_IF_ERROR(
+        gpu::cuda::LaunchConvert(cs, dwlm, DTypeOf<S>(), acc, DType::kF32, C * V, 1.0f));
+  }
   STRATA_RETURN_IF_ERROR(LaunchLayerNormParamGrads(cs, D(x_in), D(dlnf), mean, rstd, N, C, partials,
                                                    D(dparams), D(dparams + C)));
   return LaunchLayerNormBackward(cs, D(x_in), D(params), D(dlnf), mean, rstd,
@@ -370,7 +407,7 @@ Status CudaHeadBackward(const GptShape& shape, gpu::Stream& stream, const S* par
                                      const int32_t*, int, int, S*, void*, float*,                  \
                                      const GptCudaOptions&);                                       \
   template Status CudaHeadBackward<S>(const GptShape&, gpu::Stream&, const S*, const S*,           \
-                                      const int32_t*, float, int, int, S*, S*, S*, void*,          \
+                                      const int32_t*, float, int, int, S*, S*, void*,              \
                                       const GptCudaOptions&);
 STRATA_INSTANTIATE_GPT_CUDA(float)
 STRATA_INSTANTIATE_GPT_CUDA(Bf16)

@@ -13,7 +13,7 @@
 //     device current on the calling thread (through gpu::CublasHandle).
 //   - Every pointer is DEVICE memory of that device, of the storage type S (tokens/targets
 //     int32), 16-byte aligned; shapes as in gpt_kernels.h: activations (B, T, C) row-major,
-//     logits (B, T, V), chunks in the layout of EmbeddingTensors/LayerTensors/
+//     last-position logits (B, V), chunks in the layout of EmbeddingTensors/LayerTensors/
 //     HeadTensors.
 //   - Arguments are checked before anything is launched: kInvalidArgument naming the
 //     problem (B < 1, T outside [1, max_seq_len], a null pointer that is needed).
@@ -29,11 +29,12 @@
 //   - Nothing is allocated: intermediate values live in `scratch` (sizes and layout in
 //     gpt_cuda_layout.h; 16-byte aligned, 256 for the fastest products); the cuBLASLt
 //     products use the stream's cuBLAS workspace (gpu::CublasWorkspace, 32 MiB outside the
-//     arena, taken by CudaPrepareStream). All N = B T rows are computed at once; matrix products go through
-//     cuBLASLt with fused epilogues (gpu/cuda/cuda_lt_matmul.h; algorithm chosen once per
-//     shape and cached); attention is fused (FlashAttention-2 style, no T x T matrix).
-//     CudaPrepareStream loads cuBLAS and cuBLASLt and makes the device's Lt handle before the
-//     first step: kUnavailable when either library is absent.
+//     arena, taken by CudaPrepareStream). All N = B T rows are computed at once (the head's logits
+//     in chunks of rows); matrix products go through cuBLASLt with fused epilogues
+//     (gpu/cuda/cuda_lt_matmul.h; algorithm chosen once per shape and cached); attention is fused
+//     (FlashAttention-2 style, no T x T matrix). CudaPrepareStream loads cuBLAS and cuBLASLt and
+//     makes the device's Lt handle before the first step: kUnavailable when either library is
+//     absent.
 //   - Products take S inputs and outputs with fp32 accumulation (CUBLAS_COMPUTE_32F; TF32 for
 //     the fp32 path only with GptCudaOptions::allow_tf32). Reductions use a fixed order and a
 //     fixed launch shape for a given problem, and there are no floating-point atomics (the
@@ -105,20 +106,23 @@ Status CudaLayerBackward(const GptShape& shape, gpu::Stream& stream, const S* pa
                          const S* dx_out, S* dx_in, S* dparams, int B, int T, void* scratch,
                          const GptCudaOptions& options = {});
 
-// Final LayerNorm and LM head: logits (B, T, V) written. With targets (B, T) non-null
-// and loss non-null, *loss (one fp32 in device memory) receives the mean cross-entropy
-// over the B T tokens (summed in double, fixed order). scratch: CudaHeadScratchBytes<S>.
+// Final LayerNorm and LM head: logits (B, V) written, those of the last position (t = T - 1)
+// of each sequence. With targets (B, T) non-null and loss non-null, *loss (one fp32 in device
+// memory) receives the mean cross-entropy over the B T tokens (summed in double, fixed order),
+// computed in chunks of HeadChunkRows(N, V) rows in the scratch (no (N, V) logits).
+// scratch: CudaHeadScratchBytes<S>.
 template <typename S>
 Status CudaHeadForward(const GptShape& shape, gpu::Stream& stream, const S* params, const S* x_in,
                        const int32_t* targets, int B, int T, S* logits, void* scratch, float* loss,
                        const GptCudaOptions& options = {});
 
-// Gradient of dloss * (mean cross-entropy): recomputes the forward, writes dx_in
-// (B, T, C) and dparams (head chunk, OVERWRITTEN). targets must not be null. logits
-// (B, T, V) is scratch (holds the logit gradients on return), as on the host.
+// Gradient of dloss * (mean cross-entropy): recomputes the forward chunk by chunk, writes
+// dx_in (B, T, C) and dparams (head chunk, OVERWRITTEN); dWlm accumulated over the chunks in
+// fp32 (cuBLASLt with 16-bit A and B, fp32 C and D, beta = 1), rounded once, as on the host.
+// targets must not be null.
 template <typename S>
 Status CudaHeadBackward(const GptShape& shape, gpu::Stream& stream, const S* params, const S* x_in,
                         const int32_t* targets, float dloss, int B, int T, S* dx_in, S* dparams,
-                        S* logits, void* scratch, const GptCudaOptions& options = {});
+                        void* scratch, const GptCudaOptions& options = {});
 
 }  // namespace strata::models::cuda

@@ -7,7 +7,9 @@
 // (scratch itself must be kScratchAlign-aligned: the engine's arena slots are). Notation as in
 // models/gpt_kernels.h: N = B T rows, C channels, H heads, V vocabulary, S the storage type
 // (e bytes per element: 4 for float, 2 for Bf16 / Fp16). Only O(N C) buffers of S plus fp32
-// statistics: no T x T matrix (attention is fused, FlashAttention-2 style). Pure, thread-safe.
+// statistics: no T x T matrix (attention is fused, FlashAttention-2 style) and no (N, V) logits
+// (the head works in chunks of rows, plus an fp32 (C, V) weight-gradient accumulator for 16-bit
+// S). Pure, thread-safe.
 #pragma once
 
 #include <algorithm>
@@ -124,28 +126,40 @@ std::vector<std::pair<std::string, std::vector<NamedRegion>>> CudaLayerLivePhase
 }
 
 // ---------------------------------------------------------------------------
-// Head: lnf = S(LN(x)), logits (the caller's (N, V) buffer), per-row losses, and in the
-// backward dlnf = S(dlogits Wlm^T) before the LayerNorm backward writes dx_in.
+// Head: lnf = S(LN(x)); the forward's (B, V) last-position logits come from lnf_last (the B
+// rows t = T - 1 of lnf, gathered); the loss and the backward run over chunks of R =
+// HeadChunkRows(N, V) rows (models/gpt_kernels.h): the chunk's logits, then its logit gradients,
+// in `chunk`; the backward writes dlnf = S(dlogits Wlm^T) chunk by chunk and adds
+// lnf^T dlogits into dwlm_acc (fp32; for S = float the accumulator is the head's dWlm itself,
+// and the region is empty) before the LayerNorm backward writes dx_in.
 struct CudaHeadScratchLayout {
-  Region mean, rstd;    // (N) fp32
-  Region losses;        // (N) fp32 per-row cross-entropy
-  Region ln_partials;   // (LnPartials(N), 4 C) fp32 (2 C used)
-  Region lnf;           // (N, C) S
-  Region dlnf;          // (N, C) S
+  Region mean, rstd;       // (N) fp32
+  Region losses;           // (N) fp32 per-row cross-entropy
+  Region ln_partials;      // (LnPartials(N), 4 C) fp32 (2 C used)
+  Region lnf;              // (N, C) S
+  Region dlnf;             // (N, C) S
+  Region lnf_last;         // (B, C) S
+  Region chunk;            // (R, V) S logits of one chunk, then their gradients
+  Region dwlm_acc;         // (C, V) fp32 for 16-bit S; 0 bytes for float
+  int64_t chunk_rows = 0;  // R
   int64_t total = 0;
 };
 
 template <typename S>
 CudaHeadScratchLayout CudaHeadScratchLayoutFor(const GptShape& s, int B, int T) {
-  const int64_t N = int64_t{B} * T, C = s.channels, e = sizeof(S);
+  const int64_t N = int64_t{B} * T, C = s.channels, V = s.vocab_size, e = sizeof(S);
   layout_internal::Carver c;
   CudaHeadScratchLayout l;
+  l.chunk_rows = HeadChunkRows(N, V);
   l.mean = c.Take(N * 4);
   l.rstd = c.Take(N * 4);
   l.losses = c.Take(N * 4);
   l.ln_partials = c.Take(LnPartials(N) * 4 * C * 4);
   l.lnf = c.Take(N * C * e);
   l.dlnf = c.Take(N * C * e);
+  l.lnf_last = c.Take(int64_t{B} * C * e);
+  l.chunk = c.Take(l.chunk_rows * V * e);
+  l.dwlm_acc = c.Take(e == 4 ? 0 : C * V * 4);
   l.total = c.total();
   return l;
 }

@@ -72,12 +72,11 @@ void CheckLayouts(const GptShape& s, int B, int T, const std::string& what) {
 
   const CudaHeadScratchLayout hl = CudaHeadScratchLayoutFor<S>(s, B, T);
   EXPECT_EQ(hl.total, CudaHeadScratchBytes<S>(s, B, T));
-  const std::vector<NamedRegion> head = {{"mean", hl.mean},
-                                         {"rstd", hl.rstd},
-                                         {"losses", hl.losses},
-                                         {"ln_partials", hl.ln_partials},
-                                         {"lnf", hl.lnf},
-                                         {"dlnf", hl.dlnf}};
+  const std::vector<NamedRegion> head = {{"mean", hl.mean},         {"rstd", hl.rstd},
+                                         {"losses", hl.losses},     {"ln_partials", hl.ln_partials},
+                                         {"lnf", hl.lnf},           {"dlnf", hl.dlnf},
+                                         {"lnf_last", hl.lnf_last}, {"chunk", hl.chunk},
+                                         {"dwlm_acc", hl.dwlm_acc}};
   ExpectPlaced(head, hl.total, what + " head");
   for (size_t i = 0; i < head.size(); ++i) {
     for (size_t j = i + 1; j < head.size(); ++j) {
@@ -86,6 +85,14 @@ void CheckLayouts(const GptShape& s, int B, int T, const std::string& what) {
     }
   }
   EXPECT_GE(hl.ln_partials.bytes, LnPartials(N) * 2 * C * 4);
+  // No (N, V) logits: a chunk of HeadChunkRows(N, V) rows, and the fp32 (C, V) dWlm
+  // accumulator for 16-bit storage only (fp32 accumulates in the gradient itself).
+  const int64_t V = s.vocab_size;
+  EXPECT_EQ(hl.chunk_rows, HeadChunkRows(N, V));
+  EXPECT_EQ(hl.chunk.bytes, hl.chunk_rows * V * e);
+  EXPECT_LE(hl.chunk_rows * V, std::max<int64_t>(kHeadChunkElems, V));
+  EXPECT_EQ(hl.lnf_last.bytes, int64_t{B} * C * e);
+  EXPECT_EQ(hl.dwlm_acc.bytes, e == 4 ? 0 : C * V * 4);
 
   const CudaEmbeddingScratchLayout el = CudaEmbeddingScratchLayoutFor(s, B, T);
   EXPECT_EQ(el.total, CudaEmbeddingScratchBytes<S>(s, B, T));

@@ -470,7 +470,7 @@ TYPED_TEST(GptCudaTypedTest, EmbeddingAndHeadMatchTheHostAndDouble) {
                        dx_out = Round<S>(Random(N * C, 1.0, 10));
 
   // Host, same storage type.
-  std::vector<S> xe_host(N * C), dpe_host(PE), logits_host(N * V), dxh_host(N * C), dph_host(PH);
+  std::vector<S> xe_host(N * C), dpe_host(PE), logits_host(B * V), dxh_host(N * C), dph_host(PH);
   std::vector<uint8_t> esc(EmbeddingScratchBytes<S>(s, B, T) + 1),
       hsc(HeadScratchBytes<S>(s, B, T));
   EmbeddingForward<S>(s, pe.data(), tokens.data(), B, T, xe_host.data());
@@ -478,21 +478,21 @@ TYPED_TEST(GptCudaTypedTest, EmbeddingAndHeadMatchTheHostAndDouble) {
   const float loss_host =
       HeadForward<S>(s, ph.data(), x.data(), targets.data(), B, T, logits_host.data(), hsc.data());
   HeadBackward<S>(s, ph.data(), x.data(), targets.data(), 1.0f, B, T, dxh_host.data(),
-                  dph_host.data(), logits_host.data(), hsc.data());
+                  dph_host.data(), hsc.data());
   // Double reference.
   const std::vector<double> phw = Widen(ph), xw = Widen(x);
-  std::vector<double> logits_ref(N * V), dxh_ref(N * C), dph_ref(PH);
+  std::vector<double> logits_ref(B * V), dxh_ref(N * C), dph_ref(PH);
   std::vector<uint8_t> hscd(HeadScratchBytes<double>(s, B, T));
   const double loss_ref = HeadForward<double>(s, phw.data(), xw.data(), targets.data(), B, T,
                                               logits_ref.data(), hscd.data());
   HeadBackward<double>(s, phw.data(), xw.data(), targets.data(), 1.0, B, T, dxh_ref.data(),
-                       dph_ref.data(), logits_ref.data(), hscd.data());
+                       dph_ref.data(), hscd.data());
 
   const gpu::DeviceSpan ped = this->Put(pe), phd = this->Put(ph), tok = this->Put(tokens),
                         tgt = this->Put(targets), xd = this->Put(x), dxo = this->Put(dx_out);
   const gpu::DeviceSpan xe = this->Poisoned(N * C * sizeof(S)),
                         dpe = this->Poisoned(PE * sizeof(S));
-  const gpu::DeviceSpan logits = this->Poisoned(N * V * sizeof(S));
+  const gpu::DeviceSpan logits = this->Poisoned(B * V * sizeof(S));  // last positions
   const gpu::DeviceSpan dxh = this->Poisoned(N * C * sizeof(S)),
                         dph = this->Poisoned(PH * sizeof(S));
   const gpu::DeviceSpan loss = this->Poisoned(4);
@@ -509,11 +509,10 @@ TYPED_TEST(GptCudaTypedTest, EmbeddingAndHeadMatchTheHostAndDouble) {
   ASSERT_TRUE(cuda::CudaHeadForward<S>(s, st, this->Ptr(phd), this->Ptr(xd), tgt.as<int32_t>(), B,
                                        T, this->Ptr(logits), hsd.as<void>(), loss.as<float>())
                   .ok());
-  const std::vector<double> logits_fwd = this->Get(logits, N * V);
+  const std::vector<double> logits_fwd = this->Get(logits, B * V);
   const float loss_gpu = this->template Download<float>(loss, 1)[0];
   ASSERT_TRUE(cuda::CudaHeadBackward<S>(s, st, this->Ptr(phd), this->Ptr(xd), tgt.as<int32_t>(),
-                                        1.0f, B, T, this->Ptr(dxh), this->Ptr(dph),
-                                        this->Ptr(logits), hsd.as<void>())
+                                        1.0f, B, T, this->Ptr(dxh), this->Ptr(dph), hsd.as<void>())
                   .ok());
   this->Sync();
   // Embedding: one rounding of an fp32 sum; the host sums in the same (token) order, so the
@@ -522,7 +521,7 @@ TYPED_TEST(GptCudaTypedTest, EmbeddingAndHeadMatchTheHostAndDouble) {
   ExpectWithin(this->Get(dpe, PE), Widen(dpe_host), 2, u, "embedding dparams vs host");
   // Head: lnf and logits two roundings; the loss in fp32 from the S logits (64 2^-24 relative);
   // gradients through dlogits, dlnf and dx: 32 u (host), 64 u (double).
-  ExpectWithin(logits_fwd, Widen(logits_host), 8, u, "logits vs host");
+  ExpectWithin(logits_fwd, Widen(logits_host), 8, u, "last-position logits vs host");
   EXPECT_NEAR(loss_gpu, loss_host, 64 * 0x1p-24 * std::abs(loss_host) + 8 * u) << "loss vs host";
   EXPECT_NEAR(loss_gpu, loss_ref, 16 * u * std::abs(loss_ref)) << "loss vs double";
   ExpectWithin(this->Get(dxh, N * C), Widen(dxh_host), 32, u, "head dx vs host");
@@ -663,7 +662,7 @@ TEST_F(GptCudaDeathTest, TokenOrTargetOutsideTheVocabularyTrapsOnTheDevice) {
     auto cross_entropy_forward = [&] {
       prepare();
       const gpu::DeviceSpan p = Put(m.blocks.back()), t = Put(ids), xi = Put(x);
-      const gpu::DeviceSpan logits = Poisoned(N * V * 4), loss = Poisoned(4);
+      const gpu::DeviceSpan logits = Poisoned(B * V * 4), loss = Poisoned(4);
       const gpu::DeviceSpan sc = Poisoned(cuda::CudaHeadScratchBytes<float>(s, B, T));
       ExitWithStreamOutcome(
           cuda::CudaHeadForward<float>(s, *stream_, Ptr(p), Ptr(xi), t.as<int32_t>(), B, T,
@@ -673,12 +672,12 @@ TEST_F(GptCudaDeathTest, TokenOrTargetOutsideTheVocabularyTrapsOnTheDevice) {
     auto cross_entropy_backward = [&] {
       prepare();
       const gpu::DeviceSpan p = Put(m.blocks.back()), t = Put(ids), xi = Put(x);
-      const gpu::DeviceSpan logits = Poisoned(N * V * 4), dx = Poisoned(N * C * 4);
+      const gpu::DeviceSpan dx = Poisoned(N * C * 4);
       const gpu::DeviceSpan g = Poisoned(m.blocks.back().size() * 4);
       const gpu::DeviceSpan sc = Poisoned(cuda::CudaHeadScratchBytes<float>(s, B, T));
       ExitWithStreamOutcome(
           cuda::CudaHeadBackward<float>(s, *stream_, Ptr(p), Ptr(xi), t.as<int32_t>(), 1.0f, B, T,
-                                        Ptr(dx), Ptr(g), Ptr(logits), sc.as<void>()),
+                                        Ptr(dx), Ptr(g), sc.as<void>()),
           *stream_);
     };
     EXPECT_EXIT(embedding_forward(), ::testing::ExitedWithCode(0), "stream: INTERNAL")

@@ -157,7 +157,7 @@ TEST(GptKernels, FloatAgreesWithDouble) {
   ExpectFloatClose("d(embedding output)", dxf, dxd);
 }
 
-TEST(GptKernels, LogitsUpToPositionTDoNotDependOnLaterTokens) {
+TEST(GptKernels, PositionsUpToTDoNotDependOnLaterTokens) {
   const Case c = MediumCase();
   const Model<float> m = CastModel<float>(RandomModel(c.shape, 21));
   const int t_last = 40;  // changed tokens span the attention row block at 64
@@ -169,22 +169,26 @@ TEST(GptKernels, LogitsUpToPositionTDoNotDependOnLaterTokens) {
     }
   }
   Runner<float> run(c.shape, c.B, c.T);
-  const int64_t V = c.shape.vocab_size;
+  const int64_t C = c.shape.channels, V = c.shape.vocab_size;
   run.Loss(m, a, nullptr);
-  const std::vector<float> logits_a = run.logits();
+  const std::vector<float> x_a = run.head_input(), logits_a = run.logits();
   run.Loss(m, b, nullptr);
-  const std::vector<float> logits_b = run.logits();
+  const std::vector<float> x_b = run.head_input(), logits_b = run.logits();
   for (int seq = 0; seq < c.B; ++seq) {
     for (int t = 0; t < c.T; ++t) {
-      const float* la = logits_a.data() + (int64_t{seq} * c.T + t) * V;
-      const float* lb = logits_b.data() + (int64_t{seq} * c.T + t) * V;
-      const bool same = std::equal(la, la + V, lb);
+      const float* xa = x_a.data() + (int64_t{seq} * c.T + t) * C;
+      const float* xb = x_b.data() + (int64_t{seq} * c.T + t) * C;
+      const bool same = std::equal(xa, xa + C, xb);
       if (t <= t_last) {
         EXPECT_TRUE(same) << "sequence " << seq << " position " << t << " saw a later token";
       } else {
         EXPECT_FALSE(same) << "sequence " << seq << " position " << t << " ignored its tokens";
       }
     }
+    // The last position's logits see the changed tokens.
+    EXPECT_FALSE(std::equal(logits_a.begin() + seq * V, logits_a.begin() + (seq + 1) * V,
+                            logits_b.begin() + seq * V))
+        << "sequence " << seq;
   }
 }
 
@@ -257,7 +261,11 @@ TEST(GptKernels, ScratchSizesFollowTheDocumentedLayout) {
     const int64_t fs = es == 8 ? 8 : 4;
     const int64_t layer = 4 * Aligned(N * fs) + Aligned(H * N * fs) + 4 * Aligned(N * C * es) +
                           Aligned(3 * N * C * es) + 2 * Aligned(4 * N * C * es);
-    const int64_t head = Aligned(N * C * es) + 3 * Aligned(N * fs);
+    // lnf, mean / rstd / losses, the (R, V) logits chunk and, for 16-bit S, the (C, V) fp32
+    // dWlm accumulator.
+    const int64_t R = (int64_t{1} << 22) / V;
+    const int64_t head = Aligned(N * C * es) + 3 * Aligned(N * fs) + Aligned(R * V * es) +
+                         (es == 2 ? Aligned(C * V * 4) : 0);
     const int64_t got_layer = es == 2   ? LayerScratchBytes<Bf16>(gpt2, 8, 1024)
                               : es == 4 ? LayerScratchBytes<float>(gpt2, 8, 1024)
                                         : LayerScratchBytes<double>(gpt2, 8, 1024);
@@ -465,48 +473,112 @@ TYPED_TEST(GptBlockTest, LayerMatchesDoubleWithinTheRoundingsOnEachPath) {
   CheckLayer<TypeParam>(kSingleTokenCase);
 }
 
-// Head: lnf, logits (2 roundings: k = 4 with the margin); the loss from S logits (the logits'
-// error, k = 4, scaled by |loss| + rms); backward dlogits, dWlm, dlnf, dx (+ the forward's 2:
-// 6 roundings, k = 12).
+// Head: lnf, logits (2 roundings: k = 4 with the margin) — the last-position logits (B, V)
+// and, through the chunks' logits, the loss (the logits' error, k = 4, scaled by |loss| + rms);
+// backward dlogits, dWlm (fp32 accumulation over the chunks, one rounding), dlnf, dx (+ the
+// forward's 2: 6 roundings, k = 12). chunk_rows 0: the default HeadChunkRows(N, V).
+struct HeadResult {
+  double loss = 0;
+  std::vector<double> logits, dx, grads;
+};
+
 template <typename S>
-void CheckHead(const Case& c) {
+HeadResult RunHead(const Case& c, const BlockData<S>& d, const std::vector<int32_t>& targets,
+                   int64_t chunk_rows) {
   const GptShape& s = c.shape;
   const int64_t N = int64_t{c.B} * c.T, C = s.channels, V = s.vocab_size;
+  if (chunk_rows == 0) chunk_rows = HeadChunkRows(N, V);
+  GuardedScratch scratch(internal::HeadScratchBytesWithChunkRows<S>(s, c.B, c.T, chunk_rows));
+  std::vector<S> logits = PoisonedVector<S>(int64_t{c.B} * V);
+  HeadResult r;
+  r.loss =
+      internal::HeadForwardWithChunkRows<S>(s, d.params.data(), d.x.data(), targets.data(), c.B,
+                                            c.T, logits.data(), scratch.Poisoned(), chunk_rows);
+  scratch.CheckGuard("HeadForward");
+  std::vector<S> dx = PoisonedVector<S>(N * C), g = PoisonedVector<S>(d.params.size());
+  internal::HeadBackwardWithChunkRows<S>(s, d.params.data(), d.x.data(), targets.data(),
+                                         ComputeType<S>(1), c.B, c.T, dx.data(), g.data(),
+                                         scratch.Poisoned(), chunk_rows);
+  scratch.CheckGuard("HeadBackward");
+  r.logits = ToDoubles(logits);
+  r.dx = ToDoubles(dx);
+  r.grads = ToDoubles(g);
+  return r;
+}
+
+template <typename S>
+void CheckHead(const Case& c, int64_t chunk_rows = 0) {
+  const GptShape& s = c.shape;
+  const int64_t N = int64_t{c.B} * c.T, V = s.vocab_size;
   const Model<double> m = RandomModel(s, 61);
-  const BlockData<S> d = MakeBlockData<S>(m.blocks.back(), N * C, 0, 62);
+  const BlockData<S> d = MakeBlockData<S>(m.blocks.back(), N * s.channels, 0, 62);
+  const BlockData<double> dd{d.params_d, d.x_d, {}, d.params_d, d.x_d, {}};
   const std::vector<int32_t> targets = RandomTokens(c.B * c.T, s.vocab_size, 63);
   const double eps = kUnitRoundoff<S> + std::max<int64_t>(N, V) * 0x1p-24;
+  const std::string what = "head (chunk rows " + std::to_string(chunk_rows) + ") ";
 
-  GuardedScratch scratch(HeadScratchBytes<S>(s, c.B, c.T));
-  GuardedScratch scratch_d(HeadScratchBytes<double>(s, c.B, c.T));
-  std::vector<S> logits = PoisonedVector<S>(N * V);
-  std::vector<double> logits_ref(N * V);
-  const double loss = HeadForward<S>(s, d.params.data(), d.x.data(), targets.data(), c.B, c.T,
-                                     logits.data(), scratch.Poisoned());
-  scratch.CheckGuard("HeadForward");
-  const double loss_ref = HeadForward<double>(s, d.params_d.data(), d.x_d.data(), targets.data(),
-                                              c.B, c.T, logits_ref.data(), scratch_d.Poisoned());
-  ExpectWithinBound("head logits", ToDoubles(logits), logits_ref, 4, eps);
-  ExpectWithinBound("head loss", {loss}, {loss_ref}, 4, eps);
-
-  std::vector<S> dx = PoisonedVector<S>(N * C), g = PoisonedVector<S>(d.params.size());
-  std::vector<double> dx_ref(N * C), g_ref(d.params.size());
-  HeadBackward<S>(s, d.params.data(), d.x.data(), targets.data(), 1.0f, c.B, c.T, dx.data(),
-                  g.data(), logits.data(), scratch.Poisoned());
-  scratch.CheckGuard("HeadBackward");
-  HeadBackward<double>(s, d.params_d.data(), d.x_d.data(), targets.data(), 1.0, c.B, c.T,
-                       dx_ref.data(), g_ref.data(), logits_ref.data(), scratch_d.Poisoned());
-  ExpectWithinBound("head dlogits", ToDoubles(logits), logits_ref, 12, eps);
-  ExpectWithinBound("head dx", ToDoubles(dx), dx_ref, 12, eps);
-  const std::vector<double> gd = ToDoubles(g);
+  const HeadResult got = RunHead<S>(c, d, targets, chunk_rows);
+  const HeadResult ref = RunHead<double>(c, dd, targets, 0);
+  ExpectWithinBound(what + "last-position logits", got.logits, ref.logits, 4, eps);
+  ExpectWithinBound(what + "loss", {got.loss}, {ref.loss}, 4, eps);
+  ExpectWithinBound(what + "dx", got.dx, ref.dx, 12, eps);
   for (const TensorInfo& t : HeadTensors(s)) {
-    ExpectWithinBound("head d" + t.name, Slice(gd, t), Slice(g_ref, t), 12, eps);
+    ExpectWithinBound(what + "d" + t.name, Slice(got.grads, t), Slice(ref.grads, t), 12, eps);
   }
 }
 
 TYPED_TEST(GptBlockTest, HeadMatchesDoubleWithinTheRoundingsOnEachPath) {
   CheckHead<TypeParam>(kOddCase);
   CheckHead<TypeParam>(kSingleTokenCase);
+  // Several chunks: one row each, an odd chunk with a remainder (210 = 2 x 97 + 16), and the
+  // last chunk a single row (210 = 11 x 19 + 1).
+  for (int64_t rows : {1, 97, 19}) CheckHead<TypeParam>(kOddCase, rows);
+}
+
+TEST(GptKernels, HeadChunkRowsIsTheLargestWithinTheChunkBudget) {
+  EXPECT_EQ(kHeadChunkElems, int64_t{1} << 22);
+  EXPECT_EQ(HeadChunkRows(8192, 50257), (int64_t{1} << 22) / 50257);  // 83 rows
+  EXPECT_EQ(HeadChunkRows(8192, 256), 8192);                          // (N, V) fits: one chunk
+  EXPECT_EQ(HeadChunkRows(10, 256), 10);
+  EXPECT_EQ(HeadChunkRows(8192, int64_t{1} << 23), 1);  // at least one row
+  EXPECT_EQ(HeadChunkRows(1, 1), 1);
+  for (int64_t V : {67, 256, 50257, 151936}) {
+    const int64_t r = HeadChunkRows(1 << 20, V);
+    EXPECT_LE(r * V, kHeadChunkElems) << V;
+    EXPECT_GT((r + 1) * V, kHeadChunkElems) << V;
+  }
+}
+
+// Chunking changes only summation groupings: the loss and dx rows are computed row by row
+// (equal up to the products' blocking), dWlm sums the same N terms per element in fp32 in
+// other groups before its one rounding. So chunked and one-chunk results agree within one
+// rounding of S plus an fp32 sum over N (k = 2), and every chunking repeats bit for bit.
+template <typename S>
+void ExpectChunkedMatchesOneChunkAndRepeatsBitIdentically() {
+  const Case c = kOddCase;
+  const GptShape& s = c.shape;
+  const int64_t N = int64_t{c.B} * c.T;
+  const Model<double> m = RandomModel(s, 65);
+  const BlockData<S> d = MakeBlockData<S>(m.blocks.back(), N * s.channels, 0, 66);
+  const std::vector<int32_t> targets = RandomTokens(c.B * c.T, s.vocab_size, 67);
+  const double eps = kUnitRoundoff<S> + N * 0x1p-24;
+  const HeadResult one = RunHead<S>(c, d, targets, N);
+  for (int64_t rows : {1, 19, 97}) {
+    const std::string what = "chunk rows " + std::to_string(rows) + " ";
+    const HeadResult chunked = RunHead<S>(c, d, targets, rows);
+    EXPECT_EQ(chunked.logits, one.logits) << what << "last-position logits (their own product)";
+    ExpectWithinBound(what + "loss", {chunked.loss}, {one.loss}, 2, eps);
+    ExpectWithinBound(what + "dx", chunked.dx, one.dx, 2, eps);
+    ExpectWithinBound(what + "grads", chunked.grads, one.grads, 2, eps);
+    const HeadResult again = RunHead<S>(c, d, targets, rows);
+    EXPECT_EQ(std::memcmp(&again.loss, &chunked.loss, sizeof(double)), 0) << what;
+    EXPECT_EQ(again.dx, chunked.dx) << what;
+    EXPECT_EQ(again.grads, chunked.grads) << what;
+  }
+}
+
+TYPED_TEST(GptBlockTest, HeadChunkedMatchesOneChunkWithinRoundingAndRepeatsBitIdentically) {
+  ExpectChunkedMatchesOneChunkAndRepeatsBitIdentically<TypeParam>();
 }
 
 // The whole model in bf16 (embedding -> 2 layers -> head and back) against double on the

@@ -3,10 +3,10 @@
 // (engine/engine.cc: ForwardPass and the backward loop): typed BlockBuffers in the working
 // precision S, each block's parameters and gradient chunk, one boundary activation per block
 // output, two activation-gradient buffers used in turn (dx_in of block b is dx[b % 2]), the
-// logits, the fp32 loss, and one scratch region of the largest scratch_bytes(block, shape, S)
-// over the blocks. Everything lives in one arena span; the inputs are uploaded once and every
-// other byte starts as 0xff (NaN in every storage type), so a block that reads an output before
-// writing it shows up.
+// last-position logits (B, V), the fp32 loss, and one scratch region of the largest
+// scratch_bytes(block, shape, S) over the blocks. Everything lives in one arena span; the inputs
+// are uploaded once and every other byte starts as 0xff (NaN in every storage type), so a block
+// that reads an output before writing it shows up.
 //
 // Also the whole model's error bound in the terms of the host suite (gpt_kernels_test.cc,
 // "Error model" and the whole-model Bf16 test), shared by the host and the CUDA tests.
@@ -76,7 +76,6 @@ class ModelRun {
       buf.dx_out = Typed(dx_[(b + 1) % 2], act_elems_);
     } else {
       buf.targets = Span(targets_).template as<const int32_t>();
-      buf.logits = Typed(logits_, logits_elems_);
       buf.dloss = 1.0f;
     }
     return buf;

@@ -173,10 +173,10 @@ class Runner {
         embedding_scratch_(EmbeddingScratchBytes<S>(s, B, T)),
         layer_scratch_(LayerScratchBytes<S>(s, B, T)),
         head_scratch_(HeadScratchBytes<S>(s, B, T)) {
-    logits_.resize(N_ * s.vocab_size);
+    logits_.resize(int64_t{B} * s.vocab_size);
   }
 
-  // Loss from the embedding output x0: (B, T, C). Keeps the logits.
+  // Loss from the embedding output x0: (B, T, C). Keeps the last-position logits (B, V).
   F LossFromX0(const Model<S>& m, const std::vector<S>& x0, const int32_t* targets) {
     xs_.assign(1, x0);
     for (int l = 0; l < s_.num_layers; ++l) {
@@ -213,7 +213,7 @@ class Runner {
     for (const auto& b : m.blocks) grads->push_back(PoisonedVector<S>(b.size()));
     std::vector<S> dx = PoisonedVector<S>(N_ * s_.channels);
     HeadBackward<S>(s_, m.blocks.back().data(), xs_.back().data(), targets.data(), F(1), B_, T_,
-                    dx.data(), grads->back().data(), logits_.data(), head_scratch_.Poisoned());
+                    dx.data(), grads->back().data(), head_scratch_.Poisoned());
     head_scratch_.CheckGuard("HeadBackward");
     for (int l = s_.num_layers - 1; l >= 0; --l) {
       std::vector<S> dx_in = PoisonedVector<S>(N_ * s_.channels);
@@ -229,7 +229,8 @@ class Runner {
     return loss;
   }
 
-  const std::vector<S>& logits() const { return logits_; }
+  const std::vector<S>& logits() const { return logits_; }         // (B, V) last positions
+  const std::vector<S>& head_input() const { return xs_.back(); }  // (B, T, C)
 
  private:
   GptShape s_;
