@@ -530,6 +530,67 @@ TYPED_TEST(GptCudaTypedTest, EmbeddingAndHeadMatchTheHostAndDouble) {
   ExpectWithin(this->Get(dph, PH), dph_ref, 64, u, "head dparams vs double");
 }
 
+// A GPT-2 vocabulary makes the head work in several chunks: N = 128 rows, HeadChunkRows(128,
+// 50257) = 83, so a chunk of 83 rows and one of 45; dWlm accumulates over both in fp32 (16-bit
+// S: cuBLASLt with fp32 C and D, beta 1 on the second chunk). The last-position logits, the
+// loss, dx and the head's gradients match the host (the same chunking) and double with the
+// bounds of the one-chunk test above, and a second backward repeats the first bit for bit.
+TYPED_TEST(GptCudaTypedTest, HeadInSeveralChunksMatchesTheHostAndDouble) {
+  using S = TypeParam;
+  const double u = UnitRoundoff<S>();
+  const GptShape s{50257, 64, 1, 4, 48};
+  const int B = 2, T = 64;
+  const size_t N = size_t(B) * T, C = s.channels, V = s.vocab_size, PH = HeadNumParams(s);
+  ASSERT_EQ(HeadChunkRows(N, V), 83);
+  const std::vector<int32_t> targets = RandomTokens(N, s.vocab_size, 16);
+  const std::vector<S> ph = Round<S>(Random(PH, 0.2, 17)), x = Round<S>(Random(N * C, 1.0, 18));
+
+  std::vector<S> logits_host(B * V), dx_host(N * C), dp_host(PH);
+  std::vector<uint8_t> hsc(HeadScratchBytes<S>(s, B, T));
+  const float loss_host =
+      HeadForward<S>(s, ph.data(), x.data(), targets.data(), B, T, logits_host.data(), hsc.data());
+  HeadBackward<S>(s, ph.data(), x.data(), targets.data(), 1.0f, B, T, dx_host.data(),
+                  dp_host.data(), hsc.data());
+  const std::vector<double> phw = Widen(ph), xw = Widen(x);
+  std::vector<double> logits_ref(B * V), dx_ref(N * C), dp_ref(PH);
+  std::vector<uint8_t> hscd(HeadScratchBytes<double>(s, B, T));
+  const double loss_ref = HeadForward<double>(s, phw.data(), xw.data(), targets.data(), B, T,
+                                              logits_ref.data(), hscd.data());
+  HeadBackward<double>(s, phw.data(), xw.data(), targets.data(), 1.0, B, T, dx_ref.data(),
+                       dp_ref.data(), hscd.data());
+
+  const gpu::DeviceSpan phd = this->Put(ph), tgt = this->Put(targets), xd = this->Put(x);
+  const gpu::DeviceSpan logits = this->Poisoned(B * V * sizeof(S)), loss = this->Poisoned(4);
+  const gpu::DeviceSpan dx = this->Poisoned(N * C * sizeof(S)), dp = this->Poisoned(PH * sizeof(S)),
+                        dp2 = this->Poisoned(PH * sizeof(S));
+  const gpu::DeviceSpan hsd = this->Poisoned(cuda::CudaHeadScratchBytes<S>(s, B, T));
+  ASSERT_TRUE(cuda::CudaPrepareStream(*this->stream_).ok());
+  auto& st = *this->stream_;
+  ASSERT_TRUE(cuda::CudaHeadForward<S>(s, st, this->Ptr(phd), this->Ptr(xd), tgt.as<int32_t>(), B,
+                                       T, this->Ptr(logits), hsd.as<void>(), loss.as<float>())
+                  .ok());
+  ASSERT_TRUE(cuda::CudaHeadBackward<S>(s, st, this->Ptr(phd), this->Ptr(xd), tgt.as<int32_t>(),
+                                        1.0f, B, T, this->Ptr(dx), this->Ptr(dp), hsd.as<void>())
+                  .ok());
+  ASSERT_TRUE(cuda::CudaHeadBackward<S>(s, st, this->Ptr(phd), this->Ptr(xd), tgt.as<int32_t>(),
+                                        1.0f, B, T, this->Ptr(dx), this->Ptr(dp2), hsd.as<void>())
+                  .ok());
+  this->Sync();
+  const float loss_gpu = this->template Download<float>(loss, 1)[0];
+  ExpectWithin(this->Get(logits, B * V), Widen(logits_host), 8, u, "last-position logits vs host");
+  ExpectWithin(this->Get(logits, B * V), logits_ref, 16, u, "last-position logits vs double");
+  EXPECT_NEAR(loss_gpu, loss_host, 64 * 0x1p-24 * std::abs(loss_host) + 8 * u) << "loss vs host";
+  EXPECT_NEAR(loss_gpu, loss_ref, 16 * u * std::abs(loss_ref)) << "loss vs double";
+  ExpectWithin(this->Get(dx, N * C), Widen(dx_host), 32, u, "head dx vs host");
+  ExpectWithin(this->Get(dp, PH), Widen(dp_host), 32, u, "head dparams vs host");
+  ExpectWithin(this->Get(dx, N * C), dx_ref, 64, u, "head dx vs double");
+  ExpectWithin(this->Get(dp, PH), dp_ref, 64, u, "head dparams vs double");
+  const std::vector<S> a = this->template Download<S>(dp, PH),
+                       b = this->template Download<S>(dp2, PH);
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), PH * sizeof(S)), 0)
+      << "head backward not deterministic";
+}
+
 // ---------------------------------------------------------------------------
 // The whole model through GptModel with engine-laid-out typed BlockBuffers
 // (tests/models/gpt_model_run.h): embedding -> layers -> head, then head -> layers -> embedding,

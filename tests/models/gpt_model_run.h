@@ -36,6 +36,7 @@ struct ModelRunResult {
   float loss = 0;                     // mean cross-entropy over B T tokens (the head's Forward)
   std::vector<std::vector<S>> grads;  // per block: its chunk's gradient (dloss = 1)
   std::vector<S> dx0;                 // (B, T, C) gradient of the embedding's output
+  std::vector<S> logits;              // (B, V) the head's last-position logits (its Forward)
 };
 
 template <typename S>
@@ -120,6 +121,7 @@ class ModelRun {
     std::memcpy(&r.loss, image_.data() + loss_.offset, sizeof(float));
     for (int b = 0; b < num_blocks_; ++b) r.grads.push_back(Get(grads_[b]));
     r.dx0 = Get(dx_[1]);  // the embedding's dx_out
+    r.logits = Get(logits_);
     return r;
   }
 

@@ -104,6 +104,8 @@ TYPED_TEST(GptModelHostTest, WholeModelRunsTheHostKernelsBitForBit) {
       EXPECT_TRUE(AllFinite(grads[b])) << BlockName(c.shape, b) << ": unwritten (NaN) gradients";
     }
     EXPECT_TRUE(SameBits(r->dx0, dx0)) << "d(embedding output)";
+    EXPECT_TRUE(SameBits(r->logits, kernels.logits())) << "last-position logits";
+    EXPECT_TRUE(AllFinite(r->logits)) << "unwritten (NaN) logits";
   }
 }
 
