@@ -49,8 +49,8 @@ struct BasicTensorRef {
   BasicTensorRef(Byte* d, DType t, int64_t n) : data(d), dtype(t), num_elems(n) {}
   // TensorRef -> ConstTensorRef.
   template <typename Other>
-    requires(std::is_const_v<Byte> && !std::is_const_v<Other>)
-  BasicTensorRef(const BasicTensorRef<Other>& o)  // NOLINT(google-explicit-constructor)
+  requires(std::is_const_v<Byte> && !std::is_const_v<Other>)
+      BasicTensorRef(const BasicTensorRef<Other>& o)  // NOLINT(google-explicit-constructor)
       : data(o.data), dtype(o.dtype), num_elems(o.num_elems) {}
 
   bool empty() const { return data == nullptr; }
@@ -73,12 +73,12 @@ using ConstTensorRef = BasicTensorRef<const std::byte>;
 // the working precision (`precision`); a block checks that (kInvalidArgument otherwise).
 struct BlockBuffers {
   DType precision = DType::kF32;
-  ConstTensorRef params;  // (num_params) working parameters, as they sit on the device
-  TensorRef grads;        // (num_params) weight gradients, OVERWRITTEN by Backward
-  ConstTensorRef x_in;    // (B, T, C) boundary activation in; empty for the first block
-  TensorRef x_out;        // (B, T, C) out; empty for the last block
-  ConstTensorRef dx_out;  // (B, T, C) gradient of x_out (Backward, not the last block)
-  TensorRef dx_in;        // (B, T, C) gradient of x_in (Backward, not the first block)
+  ConstTensorRef params;             // (num_params) working parameters, as they sit on the device
+  TensorRef grads;                   // (num_params) weight gradients, OVERWRITTEN by Backward
+  ConstTensorRef x_in;               // (B, T, C) boundary activation in; empty for the first block
+  TensorRef x_out;                   // (B, T, C) out; empty for the last block
+  ConstTensorRef dx_out;             // (B, T, C) gradient of x_out (Backward, not the last block)
+  TensorRef dx_in;                   // (B, T, C) gradient of x_in (Backward, not the first block)
   const int32_t* tokens = nullptr;   // (B, T) first block
   const int32_t* targets = nullptr;  // (B, T) last block; null in Forward = no loss
   TensorRef logits;       // (B, V) last block Forward: the logits of each sequence's last position

@@ -99,8 +99,7 @@ int64_t GptModel::logits_elems(engine::MicroBatchShape s) const {
   return int64_t{s.batch_size} * shape_.vocab_size;  // the last position of each sequence
 }
 
-int64_t GptModel::scratch_bytes(int block, engine::MicroBatchShape s,
-                                DType precision) const {
+int64_t GptModel::scratch_bytes(int block, engine::MicroBatchShape s, DType precision) const {
   const int B = s.batch_size, T = s.seq_len;
   // One figure for both backends (the model does not know the device here).
   return DispatchDType(precision, [&]<typename S>() -> int64_t {
@@ -151,9 +150,10 @@ Status CheckBuffers(const GptModel& model, int block, const engine::BlockBuffers
       return InvalidArgumentError(fmt::format("GPT block {}: buffer {} is missing", block, name));
     }
     if (t.dtype != want) {
-      return InvalidArgumentError(fmt::format("GPT block {}: buffer {} is {}, the working "
-                                              "precision is {}",
-                                              block, name, DTypeName(t.dtype), DTypeName(want)));
+      return InvalidArgumentError(
+          fmt::format("GPT block {}: buffer {} is {}, the working "
+                      "precision is {}",
+                      block, name, DTypeName(t.dtype), DTypeName(want)));
     }
     if (t.num_elems < elems) {
       return InvalidArgumentError(fmt::format("GPT block {}: buffer {} has {} elements, needs {}",
@@ -207,8 +207,8 @@ Status CudaForward(const GptShape& sh, const GptOptions& options, GptModel::Kind
     }
     case GptModel::Kind::kHead: {
       gpu::ScopedComputeSpan span(stream, "head forward");
-      return cuda::CudaHeadForward<S>(sh, stream, b.params.as<S>(), b.x_in.as<S>(), b.targets, B,
-                                      T, b.logits.as<S>(), scratch, b.loss, o);
+      return cuda::CudaHeadForward<S>(sh, stream, b.params.as<S>(), b.x_in.as<S>(), b.targets, B, T,
+                                      b.logits.as<S>(), scratch, b.loss, o);
     }
   }
   return InternalError("unreachable");
@@ -286,11 +286,11 @@ Status HostBackward(const GptShape& sh, GptModel::Kind kind, const engine::Block
         return Status::Ok();
       });
     case GptModel::Kind::kLayer:
-      return stream.LaunchHost([=, x_in = b.x_in.as<S>(), dx_out = b.dx_out.as<S>(),
-                                dx_in = b.dx_in.as<S>()] {
-        LayerBackward<S>(sh, params, x_in, dx_out, dx_in, grads, B, T, scratch);
-        return Status::Ok();
-      });
+      return stream.LaunchHost(
+          [=, x_in = b.x_in.as<S>(), dx_out = b.dx_out.as<S>(), dx_in = b.dx_in.as<S>()] {
+            LayerBackward<S>(sh, params, x_in, dx_out, dx_in, grads, B, T, scratch);
+            return Status::Ok();
+          });
     case GptModel::Kind::kHead:
       return stream.LaunchHost([=, x_in = b.x_in.as<S>(), dx_in = b.dx_in.as<S>(),
                                 targets = b.targets, dloss = b.dloss] {
@@ -317,9 +317,8 @@ Status GptModel::Forward(int block, const engine::BlockBuffers& b, gpu::Stream& 
   const Kind k = kind(block);
   if (OnCuda(stream)) {
 #ifdef STRATA_HAVE_CUDA
-    return DispatchDType(b.precision, [&]<typename S>() {
-      return CudaForward<S>(shape_, options_, k, b, stream);
-    });
+    return DispatchDType(
+        b.precision, [&]<typename S>() { return CudaForward<S>(shape_, options_, k, b, stream); });
 #else
     return NoCudaKernels();
 #endif
@@ -333,9 +332,8 @@ Status GptModel::Backward(int block, const engine::BlockBuffers& b, gpu::Stream&
   const Kind k = kind(block);
   if (OnCuda(stream)) {
 #ifdef STRATA_HAVE_CUDA
-    return DispatchDType(b.precision, [&]<typename S>() {
-      return CudaBackward<S>(shape_, options_, k, b, stream);
-    });
+    return DispatchDType(
+        b.precision, [&]<typename S>() { return CudaBackward<S>(shape_, options_, k, b, stream); });
 #else
     return NoCudaKernels();
 #endif

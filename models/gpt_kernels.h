@@ -184,9 +184,9 @@ void LayerBackward(const GptShape& shape, const S* params, const S* x_in, const 
 // The head computes its logits and the cross-entropy in chunks of rows, so that no (N, V)
 // logits buffer exists: R = HeadChunkRows(N, V) is the largest R <= N with R V <=
 // kHeadChunkElems (2^22 elements: 8 MiB in bf16, 16 MiB in fp32; 83 rows at V = 50257, so
-// that each chunk's product has more than a handful of rows), and at least 1. A function of (N, V) only, so the
-// chunking, and with it every result, is fixed for a given problem. N, V >= 1. Inline: the
-// CUDA layout (models/cuda/gpt_cuda_layout.h) is header-only.
+// that each chunk's product has more than a handful of rows), and at least 1. A function of (N, V)
+// only, so the chunking, and with it every result, is fixed for a given problem. N, V >= 1. Inline:
+// the CUDA layout (models/cuda/gpt_cuda_layout.h) is header-only.
 inline constexpr int64_t kHeadChunkElems = int64_t{1} << 22;
 constexpr int64_t HeadChunkRows(int64_t N, int64_t V) {
   return std::clamp<int64_t>(kHeadChunkElems / std::max<int64_t>(V, 1), 1, std::max<int64_t>(N, 1));

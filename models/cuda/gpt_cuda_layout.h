@@ -111,8 +111,8 @@ std::vector<std::pair<std::string, std::vector<NamedRegion>>> CudaLayerLivePhase
                                                                                   int B, int T) {
   const CudaLayerScratchLayout l = CudaLayerScratchLayoutFor<S>(s, B, T);
   const int64_t N = int64_t{B} * T, e = sizeof(S), C = s.channels;
-  const NamedRegion m1{"mean1", l.mean1}, r1{"rstd1", l.rstd1},
-      m2{"mean2", l.mean2}, r2{"rstd2", l.rstd2}, lse{"lse", l.lse}, delta{"delta", l.delta},
+  const NamedRegion m1{"mean1", l.mean1}, r1{"rstd1", l.rstd1}, m2{"mean2", l.mean2},
+      r2{"rstd2", l.rstd2}, lse{"lse", l.lse}, delta{"delta", l.delta},
       part{"ln_partials", l.ln_partials}, ln1{"ln1", l.ln1}, qkv{"qkv", l.qkv}, att{"att", l.att},
       x2{"x2", l.x2}, ln2{"ln2", l.ln2}, h{"h", l.h}, g{"g", l.g}, dh{"dh", l.g},
       dqkv{"dqkv", {l.h.offset, 3 * N * C * e}}, dln2{"dln2", l.dln}, datt{"datt", l.dln},
