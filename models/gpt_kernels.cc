@@ -236,6 +236,35 @@ ComputeType<T> MaxOf(const T* x, int64_t n) {
 // ---------------------------------------------------------------------------
 // Matrix products with an fp32 (double for the reference) result and one rounding to S.
 
+// The stored A and B of op(A) op(B) widened to fp32 (exact) into buffers 0 and 1 of `work`,
+// densely packed: lda and ldb are their stored row lengths.
+struct WidenedOperands {
+  const float* a;
+  int64_t lda;
+  const float* b;
+  int64_t ldb;
+};
+
+template <typename S>
+WidenedOperands WidenOperands(WorkLease<float>& work, bool trans_a, bool trans_b, int64_t M,
+                              int64_t N, int64_t K, const S* A, int64_t lda, const S* B,
+                              int64_t ldb) {
+  auto widen = [](const S* x, int64_t ld, int64_t rows, int64_t cols, float* y) {
+    ParallelRows(rows, cols, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        for (int64_t c = 0; c < cols; ++c) y[r * cols + c] = ToFloat(x[r * ld + c]);
+      }
+    });
+  };
+  const int64_t a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
+  const int64_t b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
+  float* af = work.Get(0, a_rows * a_cols);
+  float* bf = work.Get(1, b_rows * b_cols);
+  widen(A, lda, a_rows, a_cols, af);
+  widen(B, ldb, b_rows, b_cols, bf);
+  return {af, a_cols, bf, b_cols};
+}
+
 // Writes the rounded product: out_row[c] = S(acc[c]).
 struct PlainEpilogue {};
 
@@ -259,21 +288,9 @@ void MatMul(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const S
     }
   } else {
     WorkLease<float> work;
-    auto widen = [&](const S* x, int64_t ld, int64_t rows, int64_t cols, float* y) {
-      ParallelRows(rows, cols, [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; ++r) {
-          for (int64_t c = 0; c < cols; ++c) y[r * cols + c] = ToFloat(x[r * ld + c]);
-        }
-      });
-    };
-    const int64_t a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
-    const int64_t b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
-    float* af = work.Get(0, a_rows * a_cols);
-    float* bf = work.Get(1, b_rows * b_cols);
+    const WidenedOperands w = WidenOperands(work, trans_a, trans_b, M, N, K, A, lda, B, ldb);
     float* acc = work.Get(2, M * N);
-    widen(A, lda, a_rows, a_cols, af);
-    widen(B, ldb, b_rows, b_cols, bf);
-    Gemm<float>(trans_a, trans_b, M, N, K, 1.0f, af, a_cols, bf, b_cols, 0.0f, acc, N);
+    Gemm<float>(trans_a, trans_b, M, N, K, 1.0f, w.a, w.lda, w.b, w.ldb, 0.0f, acc, N);
     ParallelRows(M, N, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         if constexpr (kPlain) {
@@ -1021,20 +1038,8 @@ void AccumulateProduct(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
     Gemm<F>(trans_a, trans_b, M, N, K, F(1), A, lda, B, ldb, beta, acc, N);
   } else {
     WorkLease<float> work;
-    auto widen = [&](const S* x, int64_t ld, int64_t rows, int64_t cols, float* y) {
-      ParallelRows(rows, cols, [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; ++r) {
-          for (int64_t c = 0; c < cols; ++c) y[r * cols + c] = ToFloat(x[r * ld + c]);
-        }
-      });
-    };
-    const int64_t a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
-    const int64_t b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
-    float* af = work.Get(0, a_rows * a_cols);
-    float* bf = work.Get(1, b_rows * b_cols);
-    widen(A, lda, a_rows, a_cols, af);
-    widen(B, ldb, b_rows, b_cols, bf);
-    Gemm<float>(trans_a, trans_b, M, N, K, 1.0f, af, a_cols, bf, b_cols, beta, acc, N);
+    const WidenedOperands w = WidenOperands(work, trans_a, trans_b, M, N, K, A, lda, B, ldb);
+    Gemm<float>(trans_a, trans_b, M, N, K, 1.0f, w.a, w.lda, w.b, w.ldb, beta, acc, N);
   }
 }
 
