@@ -436,7 +436,7 @@ Status Engine::Impl::Init() {
     float *p32, *m, *v;
     STRATA_RETURN_IF_ERROR(LoadOptimState(b, &p32, &m, &v, /*read=*/false));
     if (nvme_optim()) std::memset(opt_buf_[0].data(), 0, opt_state_bytes_);
-    model_->InitParams(b, o_.seed, std::span<float>(p32, np(b)));
+    STRATA_RETURN_IF_ERROR(model_->InitParams(b, o_.seed, std::span<float>(p32, np(b))));
     STRATA_RETURN_IF_ERROR(
         cpu_optim::ConvertFromF32(p32, WorkingHome(b, 0).data, o_.precision, np(b)));
     if (swap_) STRATA_RETURN_IF_ERROR(WriteBack(b, 0));

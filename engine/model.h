@@ -75,6 +75,12 @@ struct BlockBuffers {
   DType precision = DType::kF32;
   ConstTensorRef params;             // (num_params) working parameters, as they sit on the device
   TensorRef grads;                   // (num_params) weight gradients, OVERWRITTEN by Backward
+  // Tied parameters (Model::tied_block(b) = t >= 0): block t's working params, read as well as
+  // the block's own, and this block's gradient contribution to block t's chunk, (num_params of
+  // t), OVERWRITTEN by Backward (zero where the block uses none of t's params). The engine folds
+  // it into block t's accumulator with t's own gradient. Both empty when the block ties nothing.
+  ConstTensorRef tied_params;
+  TensorRef tied_grads;
   ConstTensorRef x_in;               // (B, T, C) boundary activation in; empty for the first block
   TensorRef x_out;                   // (B, T, C) out; empty for the last block
   ConstTensorRef dx_out;             // (B, T, C) gradient of x_out (Backward, not the last block)
@@ -106,8 +112,17 @@ class Model {
   // engine gives every block one region of the largest. Must hold for every backend the model
   // runs on (the model does not know the device here).
   virtual int64_t scratch_bytes(int block, MicroBatchShape shape, DType precision) const = 0;
-  // fp32 initial master weights of a block, deterministic from seed.
-  virtual void InitParams(int block, uint64_t seed, std::span<float> out) const = 0;
+  // Tied parameters (tied embeddings: the LM head reads the token embedding): the block whose
+  // chunk `block` reads besides its own, or -1. It must be an earlier block that ties nothing
+  // itself, and at most one block may tie a given chunk (Engine::Create checks:
+  // kInvalidArgument). The engine keeps one chunk, hands it to both blocks, and folds both
+  // gradient contributions into one accumulator (BlockBuffers::tied_params, tied_grads).
+  virtual int tied_block(int block) const { return -1; }
+  // fp32 initial master weights of a block: deterministic from seed for a random
+  // initialisation, or read from the weights the model was created with (an imported Hugging
+  // Face checkpoint). Errors: those of reading the weights (I/O, kDataLoss naming the file).
+  // Called by Engine::Create, block after block, from one thread.
+  virtual Status InitParams(int block, uint64_t seed, std::span<float> out) const = 0;
   // Enqueue the block's forward / backward (backward recomputes the forward from
   // x_in: activation checkpointing at block boundaries) on `stream`. Work runs
   // in stream order; errors surface through the stream.
@@ -144,8 +159,9 @@ class ForwardingModel : public Model {
   int64_t scratch_bytes(int block, MicroBatchShape s, DType precision) const override {
     return inner_->scratch_bytes(block, s, precision);
   }
-  void InitParams(int block, uint64_t seed, std::span<float> out) const override {
-    inner_->InitParams(block, seed, out);
+  int tied_block(int block) const override { return inner_->tied_block(block); }
+  Status InitParams(int block, uint64_t seed, std::span<float> out) const override {
+    return inner_->InitParams(block, seed, out);
   }
   Status Forward(int block, const BlockBuffers& buffers, gpu::Stream& stream) override {
     return inner_->Forward(block, buffers, stream);

@@ -118,19 +118,20 @@ int64_t GptModel::scratch_bytes(int block, engine::MicroBatchShape s, DType prec
   });
 }
 
-void GptModel::InitParams(int block, uint64_t seed, std::span<float> out) const {
+Status GptModel::InitParams(int block, uint64_t seed, std::span<float> out) const {
   STRATA_CHECK(static_cast<int64_t>(out.size()) == block_num_params(block));
   switch (kind(block)) {
     case Kind::kEmbedding:
       InitEmbeddingParams(shape_, seed, out.data());
-      return;
+      break;
     case Kind::kHead:
       InitHeadParams(shape_, seed, out.data());
-      return;
+      break;
     case Kind::kLayer:
       InitLayerParams(shape_, block - 1, seed, out.data());
-      return;
+      break;
   }
+  return Status::Ok();
 }
 
 namespace {

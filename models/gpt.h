@@ -61,7 +61,7 @@ class GptModel final : public engine::Model {
   int vocab_size() const override { return shape_.vocab_size; }
   int max_seq_len() const override { return shape_.max_seq_len; }
   int64_t scratch_bytes(int block, engine::MicroBatchShape s, DType precision) const override;
-  void InitParams(int block, uint64_t seed, std::span<float> out) const override;
+  Status InitParams(int block, uint64_t seed, std::span<float> out) const override;
   Status Forward(int block, const engine::BlockBuffers& buffers, gpu::Stream& stream) override;
   Status Backward(int block, const engine::BlockBuffers& buffers, gpu::Stream& stream) override;
   // CUDA stream: creates its cuBLAS handle and workspace (gpu/cuda/cuda_native.h) now rather

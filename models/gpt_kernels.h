@@ -100,6 +100,11 @@ struct GptShape {
   int num_layers = 0;
   int num_heads = 0;
   int channels = 0;
+  // Tied embeddings (Hugging Face GPT2LMHeadModel): the head chunk is lnf_w, lnf_b only and the
+  // logits are lnf wte^T with wte (V, C) read from the embedding chunk (BlockBuffers::
+  // tied_params); its gradient goes to tied_grads. false: the untied (C, V) lm_head_w.
+  bool tie_embeddings = false;
+  double layer_norm_eps = 1e-5;  // every LayerNorm (Hugging Face layer_norm_epsilon)
 };
 
 // kInvalidArgument unless every field is positive and channels % num_heads == 0.

@@ -212,7 +212,7 @@ class CachedInitModel final : public ForwardingModel {
     for (unsigned i = 0; i < threads; ++i) {
       workers.emplace_back([&] {
         for (size_t k = next++; k < computed.size(); k = next++) {
-          m->gpt_->InitParams(computed[k], kSeed, m->init_[computed[k]]);
+          m->gpt_->InitParams(computed[k], kSeed, m->init_[computed[k]]).IgnoreError();
         }
       });
     }
@@ -223,11 +223,12 @@ class CachedInitModel final : public ForwardingModel {
   const std::string& preset() const { return preset_; }
   const models::GptShape& shape() const { return gpt_->shape(); }
 
-  void InitParams(int block, uint64_t seed, std::span<float> out) const override {
+  Status InitParams(int block, uint64_t seed, std::span<float> out) const override {
     if (seed != kSeed) return gpt_->InitParams(block, seed, out);
     const std::vector<float>& init = init_[CacheIndex(block)];
     STRATA_CHECK(out.size() == init.size());
     std::memcpy(out.data(), init.data(), out.size_bytes());
+    return Status::Ok();
   }
 
  private:

@@ -171,10 +171,11 @@ class ChannelPermutedGpt final : public ForwardingModel {
     }
   }
 
-  void InitParams(int block, uint64_t seed, std::span<float> out) const override {
+  Status InitParams(int block, uint64_t seed, std::span<float> out) const override {
     std::vector<float> inner_params(out.size());
-    inner()->InitParams(block, seed, inner_params);
+    STRATA_RETURN_IF_ERROR(inner()->InitParams(block, seed, inner_params));
     for (size_t i = 0; i < out.size(); ++i) out[i] = inner_params[from_[block][i]];
+    return Status::Ok();
   }
 
   // Master weights of block `block` in the inner model's layout.

@@ -253,7 +253,7 @@ TEST_F(OverlapTest, KMicroBatchesOfBEqualOneBatchOfKTimesB) {
   double max_update = 0;
   for (int b = 0; b < model_->num_blocks(); ++b) {
     std::vector<float> init(model_->block_num_params(b));
-    model_->InitParams(b, accumulated.seed, init);
+    ASSERT_TRUE(model_->InitParams(b, accumulated.seed, init).ok());
     const auto pa = *(*a)->MasterWeights(b);
     const auto pw = *(*w)->MasterWeights(b);
     for (size_t i = 0; i < pa.size(); ++i) {
