@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <optional>
 
 #include "base/aligned_buffer.h"
 #include "base/logging.h"
@@ -145,6 +146,7 @@ class Engine::Impl {
   };
 
   int64_t np(int b) const { return model_->block_num_params(b); }
+  int tied(int b) const { return tied_[b]; }
   uint64_t padded_f32(int b) const { return AlignUp(static_cast<uint64_t>(np(b)) * 4, 4096); }
   bool nvme_params() const { return plan_.param_home == ParamHome::kNvme; }
   bool nvme_optim() const { return plan_.optimizer_home == OptimizerHome::kNvme; }
@@ -161,17 +163,26 @@ class Engine::Impl {
   DeviceCopy* Request(int b, std::span<const int> protect);
   void StartLoad(DeviceCopy& c, int b);
   // Makes the compute stream wait for block b's load; the block reads the params in place.
-  StatusOr<Acquired> AcquireParams(int b, std::span<const int> window);
+  // Neither the copies of window[0] nor those of `held` (blocks acquired for the same op) are
+  // evicted by the load.
+  StatusOr<Acquired> AcquireParams(int b, std::span<const int> window,
+                                   std::span<const int> held = {});
+  // The order blocks use their params in one forward pass (0..n-1) or one backward pass
+  // (n-1..0); a block that reads a tied chunk uses that chunk right before its own.
+  std::vector<int> UseOrder(bool backward) const;
   // After enqueuing the op at seq[cursor]: record the copy's release and start the loads
   // of the next prefetch_depth blocks of the sequence.
   Status AfterOp(const Acquired& a, std::span<const int> window);
 
   // --- Gradient streaming ---
-  // The device bucket block b's backward writes its gradients into (the compute stream waits
-  // until the bucket's previous D2H is done), then its trip to the host after the backward.
-  StatusOr<TensorRef> NextGradBucket(int b);
-  Status StreamGradients(int b, bool first_mb, bool last_mb);
-  void Fold(int b, int bucket, bool first_mb, bool last_mb);
+  // The device bucket for the gradients of chunk `chunk` that the next backward writes, k = 0
+  // for the block's own chunk, k = 1 for its tied chunk (the compute stream waits until the
+  // bucket's previous D2H is done); then each bucket's trip to the host after the backward, in
+  // the same order. Fold flags: `overwrite` starts the chunk's accumulator (its first
+  // contribution of the step), `last` is its last contribution (statistics, eager update).
+  StatusOr<TensorRef> NextGradBucket(int chunk, int k = 0);
+  Status StreamGradients(int chunk, bool overwrite, bool last);
+  void Fold(int b, int bucket, bool overwrite, bool last);
 
   // --- CPU optimizer pipeline (pipeline_->Submit(b) queues block b's update) ---
   float* StateP32(int b, int buffer);
@@ -207,6 +218,8 @@ class Engine::Impl {
   Plan plan_;
   const int n_;
   const size_t w_;
+  std::vector<int> tied_;       // Model::tied_block per block
+  std::vector<int> tied_user_;  // the block that ties chunk b, or -1
   DynamicLossScaler scaler_;
   int64_t step_ = 0;    // optimizer steps attempted
   int64_t adam_t_ = 0;  // updates applied (Adam's t)
@@ -277,6 +290,20 @@ class Engine::Impl {
 
 Status Engine::Impl::Init() {
   if (n_ < 2) return InvalidArgumentError("a model needs at least two blocks");
+  tied_.assign(n_, -1);
+  tied_user_.assign(n_, -1);
+  for (int b = 0; b < n_; ++b) {
+    const int t = model_->tied_block(b);
+    if (t == -1) continue;
+    if (t < 0 || t >= b || model_->tied_block(t) != -1 || tied_user_[t] != -1) {
+      return InvalidArgumentError(fmt::format(
+          "block {} ('{}') ties block {}: a tied chunk must belong to an earlier block that ties "
+          "nothing itself, and be tied by one block only",
+          b, model_->block_name(b), t));
+    }
+    tied_[b] = t;
+    tied_user_[t] = b;
+  }
   if (o_.grad_accum_steps < 1) return InvalidArgumentError("--grad-accum-steps must be >= 1");
   if (o_.eager_update) {
     if (o_.precision == DType::kF16 || o_.grad_clip_norm > 0) {
@@ -552,8 +579,21 @@ DeviceCopy* Engine::Impl::Request(int b, std::span<const int> protect) {
   return victim;
 }
 
-StatusOr<Engine::Impl::Acquired> Engine::Impl::AcquireParams(int b, std::span<const int> window) {
-  DeviceCopy* c = Request(b, window.subspan(0, 1));
+std::vector<int> Engine::Impl::UseOrder(bool backward) const {
+  std::vector<int> seq;
+  for (int i = 0; i < n_; ++i) {
+    const int b = backward ? n_ - 1 - i : i;
+    if (tied(b) >= 0) seq.push_back(tied(b));
+    seq.push_back(b);
+  }
+  return seq;
+}
+
+StatusOr<Engine::Impl::Acquired> Engine::Impl::AcquireParams(int b, std::span<const int> window,
+                                                             std::span<const int> held) {
+  std::vector<int> protect(held.begin(), held.end());
+  protect.push_back(window[0]);
+  DeviceCopy* c = Request(b, protect);
   c->last_use = use_clock_++;
   STRATA_RETURN_IF_ERROR(loader_->WaitFor(c->load_ticket));
   if (!o_.overlap) STRATA_RETURN_IF_ERROR(h2d_->Synchronize());
@@ -623,12 +663,22 @@ Status Engine::Impl::LoadActivation(int k) {
 Status Engine::Impl::ForwardPass(MicroBatchShape shape, bool with_targets, int loss_index,
                                  std::span<const int> seq, size_t* cursor, bool save_acts) {
   for (int b = 0; b < n_; ++b, ++*cursor) {
+    std::optional<Acquired> tied_copy;
+    if (tied(b) >= 0) {
+      STRATA_CHECK(seq[*cursor] == tied(b));
+      STRATA_ASSIGN_OR_RETURN(tied_copy, AcquireParams(tied(b), seq.subspan(*cursor)));
+      ++*cursor;
+    }
     STRATA_CHECK(seq[*cursor] == b);
     const auto window = seq.subspan(*cursor);
-    STRATA_ASSIGN_OR_RETURN(const Acquired a, AcquireParams(b, window));
+    const int held[1] = {tied(b)};
+    STRATA_ASSIGN_OR_RETURN(
+        const Acquired a,
+        AcquireParams(b, window, tied_copy ? std::span<const int>(held) : std::span<const int>()));
     BlockBuffers buf;
     buf.precision = o_.precision;
     buf.params = a.params;
+    if (tied_copy) buf.tied_params = tied_copy->params;
     buf.shape = shape;
     buf.scratch = scratch_;
     if (b == 0) buf.tokens = tokens_.as<const int32_t>();
@@ -646,6 +696,8 @@ Status Engine::Impl::ForwardPass(MicroBatchShape shape, bool with_targets, int l
     if (plan_.offload_activations && b < n_ - 1 && save_acts) {
       STRATA_RETURN_IF_ERROR(SaveActivation(b));
     }
+    // The tied copy is free once the op is done; recorded before AfterOp's prefetch may reuse it.
+    if (tied_copy) STRATA_RETURN_IF_ERROR(compute_->Record(*tied_copy->copy->released));
     STRATA_RETURN_IF_ERROR(AfterOp(a, window));
   }
   if (with_targets && loss_index >= 0) {
@@ -655,15 +707,15 @@ Status Engine::Impl::ForwardPass(MicroBatchShape shape, bool with_targets, int l
   return Status::Ok();
 }
 
-StatusOr<TensorRef> Engine::Impl::NextGradBucket(int b) {
+StatusOr<TensorRef> Engine::Impl::NextGradBucket(int chunk, int k) {
   // The block's backward writes its gradients into device bucket j once the D2H that last read
   // j is done.
-  const int j = next_dbucket_;
+  const int j = (next_dbucket_ + k) % 2;
   STRATA_RETURN_IF_ERROR(compute_->Wait(*dbucket_free_[j]));
-  return TensorRef(dbucket_[j].data, o_.precision, np(b));
+  return TensorRef(dbucket_[j].data, o_.precision, np(chunk));
 }
 
-Status Engine::Impl::StreamGradients(int b, bool first_mb, bool last_mb) {
+Status Engine::Impl::StreamGradients(int b, bool overwrite, bool last) {
   // The gradients the backward wrote into device bucket j go D2H into a free pinned bucket on
   // the D2H stream, folded by the CPU worker.
   const int j = next_dbucket_;
@@ -676,9 +728,9 @@ Status Engine::Impl::StreamGradients(int b, bool first_mb, bool last_mb) {
   STRATA_RETURN_IF_ERROR(d2h_->CopyD2H(hbucket_[i].span(), dbucket_[j].subspan(0, bytes)));
   STRATA_RETURN_IF_ERROR(d2h_->Record(*landed_[i]));
   STRATA_RETURN_IF_ERROR(d2h_->Record(*dbucket_free_[j]));
-  if (eager_ && last_mb) ++param_version_[b];  // the fold submits b's update
+  if (eager_ && last) ++param_version_[b];  // the fold submits b's update
   folder_->Submit([=, this]() -> Status {
-    Fold(b, i, first_mb, last_mb);
+    Fold(b, i, overwrite, last);
     return Status::Ok();
   });
   if (!o_.overlap) {
@@ -691,7 +743,7 @@ Status Engine::Impl::StreamGradients(int b, bool first_mb, bool last_mb) {
 
 // Runs on the fold worker. Never fails the queue: an error is kept in fold_error_ and every
 // bucket still goes back to the pool, so the driving thread cannot wait forever for one.
-void Engine::Impl::Fold(int b, int bucket, bool first_mb, bool last_mb) {
+void Engine::Impl::Fold(int b, int bucket, bool overwrite, bool last) {
   Status s = FoldError();
   if (s.ok()) s = landed_[bucket]->Synchronize();
   if (s.ok()) {
@@ -699,10 +751,10 @@ void Engine::Impl::Fold(int b, int bucket, bool first_mb, bool last_mb) {
                               trace::Category::kCpuOptimizer);
     const cpu_optim::GradView g{hbucket_[bucket].data(), o_.precision};
     auto stats = cpu_optim::AccumulateGrad(std::span<float>(accum_[b].as<float>(), np(b)), g,
-                                           first_mb, last_mb);
+                                           overwrite, last);
     if (!stats.ok()) {
       s = stats.status();
-    } else if (last_mb) {
+    } else if (last) {
       cpu_optim::Merge(stats_, *stats);
       if (eager_) {
         // Eager mode: b's gradient is complete; update it now unless a gradient of this step
@@ -744,9 +796,10 @@ StatusOr<StepResult> Engine::Impl::Step(std::span<const MicroBatch> mbs) {
   const MicroBatchShape shape = o_.micro_batch;
   // The order blocks are used in: forward 0..n-1, backward n-1..0, per micro-batch.
   std::vector<int> seq;
+  const std::vector<int> fwd = UseOrder(false), bwd = UseOrder(true);
   for (size_t i = 0; i < mbs.size(); ++i) {
-    for (int b = 0; b < n_; ++b) seq.push_back(b);
-    for (int b = n_ - 1; b >= 0; --b) seq.push_back(b);
+    seq.insert(seq.end(), fwd.begin(), fwd.end());
+    seq.insert(seq.end(), bwd.begin(), bwd.end());
   }
   size_t cursor = 0;
   stats_ = {};
@@ -766,13 +819,28 @@ StatusOr<StepResult> Engine::Impl::Step(std::span<const MicroBatch> mbs) {
       round_ = {o_.adamw, cpu_optim::AdamWStep{adam_t_ + 1, 1.0f / scale}};
     }
     for (int b = n_ - 1; b >= 0; --b, ++cursor) {
+      const int t = tied(b);
+      std::optional<Acquired> tied_copy;
+      if (t >= 0) {
+        STRATA_CHECK(seq[cursor] == t);
+        STRATA_ASSIGN_OR_RETURN(tied_copy,
+                                AcquireParams(t, std::span<const int>(seq).subspan(cursor)));
+        ++cursor;
+      }
       STRATA_CHECK(seq[cursor] == b);
       const auto window = std::span<const int>(seq).subspan(cursor);
-      STRATA_ASSIGN_OR_RETURN(const Acquired a, AcquireParams(b, window));
+      const int held[1] = {t};
+      STRATA_ASSIGN_OR_RETURN(const Acquired a, AcquireParams(b, window,
+                                                              tied_copy ? std::span<const int>(held)
+                                                                        : std::span<const int>()));
       BlockBuffers buf;
       buf.precision = o_.precision;
       buf.params = a.params;
       STRATA_ASSIGN_OR_RETURN(buf.grads, NextGradBucket(b));
+      if (tied_copy) {
+        buf.tied_params = tied_copy->params;
+        STRATA_ASSIGN_OR_RETURN(buf.tied_grads, NextGradBucket(t, 1));
+      }
       buf.shape = shape;
       buf.scratch = scratch_;
       if (b == 0) buf.tokens = tokens_.as<const int32_t>();
@@ -797,7 +865,13 @@ StatusOr<StepResult> Engine::Impl::Step(std::span<const MicroBatch> mbs) {
         // Backward b was the last reader of buffer (b-1) % 2: bring act b-3 back into it.
         if (b - 3 >= 0) STRATA_RETURN_IF_ERROR(LoadActivation(b - 3));
       }
-      STRATA_RETURN_IF_ERROR(StreamGradients(b, first_mb, last_mb));
+      // Chunk b's accumulator starts with its first contribution of the step: its tying
+      // block's, when it has one (that block's backward runs first).
+      STRATA_RETURN_IF_ERROR(StreamGradients(b, first_mb && tied_user_[b] < 0, last_mb));
+      if (tied_copy) {
+        STRATA_RETURN_IF_ERROR(StreamGradients(t, first_mb, /*last=*/false));
+        STRATA_RETURN_IF_ERROR(compute_->Record(*tied_copy->copy->released));
+      }
       STRATA_RETURN_IF_ERROR(AfterOp(a, window));
     }
   }
@@ -860,8 +934,7 @@ StatusOr<float> Engine::Impl::EvaluateLoss(const MicroBatch& batch, MicroBatchSh
     return InvalidArgumentError("evaluation batch is larger than the training micro-batch");
   }
   STRATA_RETURN_IF_ERROR(UploadTokens(batch, shape, /*with_targets=*/true));
-  std::vector<int> seq(n_);
-  for (int b = 0; b < n_; ++b) seq[b] = b;
+  const std::vector<int> seq = UseOrder(false);
   size_t cursor = 0;
   STRATA_RETURN_IF_ERROR(ForwardPass(shape, true, 0, seq, &cursor));
   STRATA_RETURN_IF_ERROR(compute_->Synchronize());
@@ -876,8 +949,7 @@ StatusOr<std::vector<float>> Engine::Impl::NextTokenLogits(std::span<const int32
         fmt::format("context of {} tokens is empty or too long", tokens.size()));
   }
   STRATA_RETURN_IF_ERROR(UploadTokens(MicroBatch{tokens, {}}, shape, /*with_targets=*/false));
-  std::vector<int> seq(n_);
-  for (int b = 0; b < n_; ++b) seq[b] = b;
+  const std::vector<int> seq = UseOrder(false);
   size_t cursor = 0;
   STRATA_RETURN_IF_ERROR(ForwardPass(shape, false, -1, seq, &cursor));
   const int vocab = model_->vocab_size();
