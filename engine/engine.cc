@@ -314,6 +314,11 @@ Status Engine::Impl::Init() {
     eager_ = o_.overlap;
   }
   const MicroBatchShape shape = o_.micro_batch;
+  if (o_.inference_only && (nvme_params() || nvme_optim())) {
+    return InvalidArgumentError(
+        "inference keeps the working params on the device or in pinned host memory and has no "
+        "optimizer state: use --offload-params device|host and no NVMe optimizer");
+  }
 
   if (plan_.param_home == ParamHome::kNvme || plan_.optimizer_home == OptimizerHome::kNvme) {
     if (o_.io_backend_factory) {
@@ -438,7 +443,7 @@ Status Engine::Impl::Init() {
       opt_buf_.push_back(std::move(buf));
     }
   }
-  for (int b = 0; b < n_; ++b) {
+  for (int b = 0; b < n_ && !o_.inference_only; ++b) {
     STRATA_ASSIGN_OR_RETURN(auto acc, AlignedBuffer::Allocate(np(b) * 4, 64));
     accum_.push_back(std::move(acc));
     if (!nvme_optim()) {
@@ -458,6 +463,17 @@ Status Engine::Impl::Init() {
   pipeline_ = std::make_unique<OptimizerPipeline>(
       n_, std::max<int>(1, static_cast<int>(opt_buf_.size())), std::move(stages));
 
+  if (o_.inference_only) {
+    // Working params only, through one block-sized fp32 buffer.
+    STRATA_ASSIGN_OR_RETURN(auto f32, AlignedBuffer::Allocate(plan_.max_block_params * 4, 64));
+    for (int b = 0; b < n_; ++b) {
+      const std::span<float> p32(f32.as<float>(), np(b));
+      STRATA_RETURN_IF_ERROR(model_->InitParams(b, o_.seed, p32));
+      STRATA_RETURN_IF_ERROR(
+          cpu_optim::ConvertFromF32(p32.data(), WorkingHome(b, 0).data, o_.precision, np(b)));
+    }
+    return Status::Ok();
+  }
   // Initial master weights, zero Adam state, working params in their homes.
   for (int b = 0; b < n_; ++b) {
     float *p32, *m, *v;
@@ -784,6 +800,7 @@ Status Engine::Impl::Flush() {
 }
 
 StatusOr<StepResult> Engine::Impl::Step(std::span<const MicroBatch> mbs) {
+  if (o_.inference_only) return FailedPreconditionError("an inference-only engine cannot train");
   if (static_cast<int>(mbs.size()) != o_.grad_accum_steps) {
     return InvalidArgumentError(
         fmt::format("Step got {} micro-batches, expected {}", mbs.size(), o_.grad_accum_steps));
@@ -969,6 +986,8 @@ StatusOr<std::vector<float>> Engine::Impl::NextTokenLogits(std::span<const int32
 
 StatusOr<std::vector<float>> Engine::Impl::MasterWeights(int block) {
   if (block < 0 || block >= n_) return OutOfRangeError(fmt::format("no block {}", block));
+  if (o_.inference_only)
+    return FailedPreconditionError("an inference-only engine has no master weights");
   STRATA_RETURN_IF_ERROR(Flush());
   float *p32, *m, *v;
   STRATA_RETURN_IF_ERROR(LoadOptimState(block, &p32, &m, &v));
@@ -976,6 +995,8 @@ StatusOr<std::vector<float>> Engine::Impl::MasterWeights(int block) {
 }
 
 StatusOr<uint64_t> Engine::Impl::MasterWeightsXxh3() {
+  if (o_.inference_only)
+    return FailedPreconditionError("an inference-only engine has no master weights");
   STRATA_RETURN_IF_ERROR(Flush());
   XXH3_state_t* state = XXH3_createState();
   if (!state) return ResourceExhaustedError("could not allocate an xxh3 state");
@@ -1006,6 +1027,8 @@ Status Engine::Impl::SaveCheckpoint(const std::string& save_dir, const TrainerSt
   if (partially_loaded_) {
     return FailedPreconditionError("the engine holds a half-loaded checkpoint; nothing to save");
   }
+  if (o_.inference_only)
+    return FailedPreconditionError("an inference-only engine has no training state to save");
   // The last step's update must have been applied.
   STRATA_RETURN_IF_ERROR(Flush());
   STRATA_ASSIGN_OR_RETURN(std::string temp_dir, CreateCheckpointTempDir(save_dir, trainer.step));
@@ -1071,7 +1094,7 @@ Status Engine::Impl::WriteCheckpoint(const std::string& save_dir, const std::str
 }
 
 Status Engine::Impl::CheckManifestMatchesModel(const Manifest& m) const {
-  if (m.precision != DTypeName(o_.precision)) {
+  if (m.precision != DTypeName(o_.precision) && !o_.inference_only) {
     return InvalidArgumentError(
         fmt::format("the checkpoint was trained with --precision {}, this run uses {}", m.precision,
                     DTypeName(o_.precision)));
@@ -1120,7 +1143,10 @@ Status Engine::Impl::LoadCheckpoint(const std::string& path, TrainerState* train
     if (size != listed->size_bytes || hash != listed->xxh3) {
       return DataLossError(fmt::format("'{}' changed while it was being verified", file));
     }
-    const DType want = i < 3 ? DType::kF32 : o_.precision;
+    DType want = i < 3 ? DType::kF32 : o_.precision;
+    if (i == 3 && o_.inference_only) {
+      STRATA_ASSIGN_OR_RETURN(want, ParseDType(m.precision));
+    }
     if (static_cast<int>(f.header.tensors.size()) != n_) {
       return DataLossError(fmt::format("'{}' holds {} tensors, the model has {} blocks", file,
                                        f.header.tensors.size(), n_));
@@ -1142,6 +1168,21 @@ Status Engine::Impl::LoadCheckpoint(const std::string& path, TrainerState* train
   STRATA_RETURN_IF_ERROR(loader_->Drain());
   STRATA_RETURN_IF_ERROR(h2d_->Synchronize());
   partially_loaded_ = true;
+  if (o_.inference_only) {
+    // The master weights, converted to this engine's precision.
+    STRATA_ASSIGN_OR_RETURN(auto f32, AlignedBuffer::Allocate(plan_.max_block_params * 4, 64));
+    for (int b = 0; b < n_; ++b) {
+      const std::span<float> p32(f32.as<float>(), np(b));
+      STRATA_RETURN_IF_ERROR(
+          ReadTensorBytes(files[0], *tensors[0][b], 0, std::as_writable_bytes(p32)));
+      STRATA_RETURN_IF_ERROR(
+          cpu_optim::ConvertFromF32(p32.data(), WorkingHome(b, 0).data, o_.precision, np(b)));
+      ++param_version_[b];
+    }
+    partially_loaded_ = false;
+    *trainer = m.trainer;
+    return Status::Ok();
+  }
   for (int b = 0; b < n_; ++b) {
     const size_t n = static_cast<size_t>(np(b));
     float *p32, *mm, *vv;

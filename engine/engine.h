@@ -81,6 +81,13 @@ struct EngineOptions {
   // otherwise). Bit-identical to the exact step, except on a non-finite gradient: then the
   // blocks updated before it was seen keep their update and the rest are skipped.
   bool eager_update = false;
+  // Inference only (`strata eval`, `strata generate`): no optimizer state, no gradient
+  // accumulators and no NVMe; the working params live in their device or pinned host home,
+  // made from the model's InitParams (or a checkpoint's master weights, converted) through one
+  // block-sized fp32 buffer. Step, MasterWeights*, and SaveCheckpoint return
+  // kFailedPrecondition; LoadCheckpoint accepts a checkpoint of any precision. Needs
+  // placement.param_home device or host and optimizer_home host (kInvalidArgument otherwise).
+  bool inference_only = false;
   // Test seam: fill each pinned gradient bucket with NaN bytes when it returns to its pool, so a
   // bucket read before its copy landed, or reused while still being read, makes the step's
   // gradient non-finite.

@@ -186,6 +186,54 @@ TEST_F(EngineTest, Fp16OverflowSkipsTheStepHalvesTheScaleAndKeepsMasterWeights) 
   EXPECT_NE(*e.MasterWeightsXxh3(), hash_before);
 }
 
+TEST_F(EngineTest, InferenceOnlyEngineEvaluatesACheckpointOfAnyPrecisionAndRefusesToTrain) {
+  auto o = Resident(DType::kF32);
+  o.grad_accum_steps = 1;
+  auto device = gpu::CreateHostDevice({});
+  auto trained = Engine::Create(model_.get(), device->get(), o);
+  ASSERT_TRUE(trained.ok()) << trained.status().ToString();
+  const auto tokens = RandomTokenVectors(2, o.micro_batch.tokens(), 11);
+  std::vector<MicroBatch> mbs = {{tokens[0], tokens[1]}};
+  for (int s = 0; s < 5; ++s) ASSERT_TRUE((*trained)->Step(mbs).ok());
+  const std::string save_dir = (swap_dir_ / "ckpt").string();
+  ASSERT_TRUE((*trained)->SaveCheckpoint(save_dir, TrainerState{5}).ok());
+  auto trained_loss = (*trained)->EvaluateLoss(mbs[0], o.micro_batch);
+  ASSERT_TRUE(trained_loss.ok());
+
+  for (DType precision : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(std::string(DTypeName(precision)));
+    auto io = Resident(precision);
+    io.placement.param_home = ParamHome::kHost;
+    io.placement.device_budget_bytes =
+        StreamingMinimumBytes(*model_, precision, io.micro_batch) + 1024;
+    io.inference_only = true;
+    auto e = Engine::Create(model_.get(), device->get(), io);
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    auto fresh = (*e)->EvaluateLoss(mbs[0], o.micro_batch);
+    ASSERT_TRUE(fresh.ok());
+    TrainerState state;
+    ASSERT_TRUE((*e)->LoadCheckpoint(save_dir, &state).ok());
+    EXPECT_EQ(state.step, 5);
+    auto loss = (*e)->EvaluateLoss(mbs[0], o.micro_batch);
+    ASSERT_TRUE(loss.ok());
+    EXPECT_NE(*loss, *fresh);  // the checkpoint's weights, not the initial ones
+    if (precision == DType::kF32) {
+      EXPECT_EQ(*loss, *trained_loss);
+    } else {
+      EXPECT_NEAR(*loss, *trained_loss, 0.05 * *trained_loss);
+    }
+    auto step = (*e)->Step(mbs);
+    ASSERT_FALSE(step.ok());
+    EXPECT_EQ(step.status().code(), StatusCode::kFailedPrecondition);
+    EXPECT_EQ((*e)->SaveCheckpoint(save_dir, state).code(), StatusCode::kFailedPrecondition);
+  }
+  auto nvme = Streamed(DType::kBF16, ParamHome::kNvme);
+  nvme.inference_only = true;
+  auto refused = Engine::Create(model_.get(), device->get(), nvme);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST_F(EngineTest, InfeasibleBudgetSaysWhatIsShortAndByHowMuch) {
   auto o = Streamed(DType::kBF16, ParamHome::kNvme);
   o.placement.device_budget_bytes = 4096;
