@@ -109,6 +109,7 @@ class Engine::Impl {
   StatusOr<std::vector<float>> NextTokenLogits(std::span<const int32_t> tokens);
   StatusOr<uint64_t> MasterWeightsXxh3();
   StatusOr<std::vector<float>> MasterWeights(int block);
+  StatusOr<std::vector<float>> AccumulatedGradient(int block);
   Status SaveCheckpoint(const std::string& save_dir, const TrainerState& trainer,
                         const SaveCheckpointOptions& options, std::string* checkpoint_dir);
   Status LoadCheckpoint(const std::string& path, TrainerState* trainer);
@@ -994,6 +995,16 @@ StatusOr<std::vector<float>> Engine::Impl::MasterWeights(int block) {
   return std::vector<float>(p32, p32 + np(block));
 }
 
+StatusOr<std::vector<float>> Engine::Impl::AccumulatedGradient(int block) {
+  if (block < 0 || block >= n_) return OutOfRangeError(fmt::format("no block {}", block));
+  if (o_.inference_only || step_ == 0) {
+    return FailedPreconditionError("no gradient: the engine has not taken a step");
+  }
+  STRATA_RETURN_IF_ERROR(Flush());
+  const float* g = accum_[block].as<float>();
+  return std::vector<float>(g, g + np(block));
+}
+
 StatusOr<uint64_t> Engine::Impl::MasterWeightsXxh3() {
   if (o_.inference_only)
     return FailedPreconditionError("an inference-only engine has no master weights");
@@ -1231,6 +1242,9 @@ StatusOr<std::vector<float>> Engine::NextTokenLogits(std::span<const int32_t> to
   return impl_->NextTokenLogits(tokens);
 }
 StatusOr<uint64_t> Engine::MasterWeightsXxh3() { return impl_->MasterWeightsXxh3(); }
+StatusOr<std::vector<float>> Engine::AccumulatedGradient(int block) {
+  return impl_->AccumulatedGradient(block);
+}
 StatusOr<std::vector<float>> Engine::MasterWeights(int block) {
   return impl_->MasterWeights(block);
 }

@@ -167,6 +167,11 @@ class Engine {
   StatusOr<uint64_t> MasterWeightsXxh3();
   // Copies the fp32 master weights of a block (for tests and export).
   StatusOr<std::vector<float>> MasterWeights(int block);
+  // The gradient the last Step accumulated for a block's chunk (tied contributions included), as
+  // the optimizer read it: fp32, the mean over the step's micro-batches times the loss scale
+  // (1 unless fp16). For tests and gradient checks. kFailedPrecondition before any step or on an
+  // inference-only engine.
+  StatusOr<std::vector<float>> AccumulatedGradient(int block);
 
   // Learning rate of the following steps (a schedule is the caller's).
   void SetLearningRate(float lr);
