@@ -1,0 +1,50 @@
+// Causal self-attention (Vaswani et al., "Attention Is All You Need", 2017) with
+// grouped-query attention (Ainslie et al., "GQA", 2023: query head h reads kv head
+// h / (H / Hkv), as Hugging Face's repeat_kv) and the storage and rounding of FlashAttention-2
+// (Dao, 2023). Scale 1 / sqrt(head_dim).
+//
+// Storage and rounding: S in {float, double, Bf16, Fp16}. Scores and softmax in ComputeType<S>
+// (row max and log-sum-exp kept in fp32, never rounded to S); the probabilities rounded to S
+// before their product with V; the output accumulated in fp32 and rounded once. Backward:
+// D = rowsum(dO * O) in fp32; probabilities recomputed from q, k and the log-sum-exp (the
+// forward's scores bit for bit); dS = P (dP - D) rounded to S before its products; dq, dk, dv
+// accumulated in fp32 and rounded once each (dk, dv summed over the query heads of their group
+// in head order before that rounding).
+//
+// Strided rows: q, k and v (and dq, dk, dv) are rows of row_stride elements, so they may be
+// column blocks of one fused projection output (the GPT's qkv (B, T, 3C): q = qkv, k = qkv + C,
+// v = qkv + 2C, row_stride 3C). Head h of q uses columns h hs .. (h + 1) hs of its row.
+//
+// Work: one task per (sequence, kv head) ((sequence, head) in the forward), per-thread compute
+// tiles grown once; no T x T buffer. Deterministic (bit-identical across runs and thread
+// counts), reentrant, oneTBB loops inside.
+#pragma once
+
+#include <cstdint>
+
+#include "base/dtype.h"
+
+namespace strata::models::ops {
+
+struct AttentionDims {
+  int batch_size, seq_len, num_heads, num_kv_heads, head_dim;
+  int64_t row_stride;  // elements between consecutive token rows of q, k, v (and dq, dk, dv)
+};
+
+// q: (B, T, H, hs) rows of row_stride; k, v: (B, T, Hkv, hs) rows of row_stride;
+// out: (B, T, H hs) contiguous; lse: (B, H, T) ComputeType<S> (log-sum-exp, kept for backward).
+// Requirements (STRATA_CHECK): all dims >= 1, H % Hkv == 0, row_stride >= H hs. out must not
+// overlap q, k or v.
+template <typename S>
+void AttentionForward(const AttentionDims& d, const S* q, const S* k, const S* v, S* out,
+                      ComputeType<S>* lse);
+
+// dq, dk, dv OVERWRITTEN (same strides as q, k, v; dk/dv summed in fp32 over the query heads of
+// their group, rounded once); out and lse from AttentionForward on the same q, k, v; dout
+// (B, T, H hs) contiguous. dq, dk, dv may be column blocks of one buffer (the columns each
+// writes are disjoint); they must not overlap the inputs.
+template <typename S>
+void AttentionBackward(const AttentionDims& d, const S* q, const S* k, const S* v, const S* out,
+                       const S* dout, const ComputeType<S>* lse, S* dq, S* dk, S* dv);
+
+}  // namespace strata::models::ops

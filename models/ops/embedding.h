@@ -1,0 +1,37 @@
+// Token embedding lookup (and learned position embeddings, GPT-2 style), forward and backward.
+//
+// Storage and rounding: S in {float, double, Bf16, Fp16}; the forward's sum of the two rows in
+// ComputeType<S>, rounded once; each gradient row an fp32 sum in token order, rounded once.
+// Token ids are int32 in [0, V): a value outside is a STRATA_CHECK failure (the caller
+// validates data), never an out-of-bounds access.
+//
+// Deterministic (bit-identical across runs and thread counts), reentrant, oneTBB loops inside.
+#pragma once
+
+#include <cstdint>
+
+#include "base/dtype.h"
+
+namespace strata::models::ops {
+
+// out[r] = S(table[tokens[r]] (+ positions[r % T])) for r < rows; table (V, C); out (rows, C);
+// positions (T', C) with T' >= T nullable (learned positions, T = seq_len given, rows a multiple
+// of T: sequences of T tokens).
+template <typename S>
+void EmbeddingForward(const S* table, const int32_t* tokens, int64_t rows, int64_t C, int V, S* out,
+                      const S* positions = nullptr, int seq_len = 0);
+
+// Scratch of EmbeddingBackward in bytes (a counting sort of the rows by token: (V + 1) + rows
+// int32, each part 64-byte aligned from the scratch's start). Pure.
+int64_t EmbeddingBackwardScratchBytes(int64_t rows, int V);
+
+// dtable (V, C) OVERWRITTEN: row v = S(fp32 sum of the dout rows with token v, in token order),
+// zero for absent tokens. dpositions (seq_len, C) nullable: row t = S(fp32 sum over b of
+// dout[b, t], b in order) (rows beyond seq_len left untouched: the caller zeroes them); rows a
+// multiple of seq_len then. dout (rows, C). scratch: EmbeddingBackwardScratchBytes(rows, V),
+// 4-byte aligned, contents undefined after.
+template <typename S>
+void EmbeddingBackward(const int32_t* tokens, const S* dout, int64_t rows, int64_t C, int V,
+                       S* dtable, void* scratch, S* dpositions = nullptr, int seq_len = 0);
+
+}  // namespace strata::models::ops
