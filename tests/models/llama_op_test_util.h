@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <random>
 #include <string>
@@ -105,6 +106,38 @@ inline double ExpectWithinBound(const std::string& what, const std::vector<doubl
   ::testing::Test::RecordProperty("worst_error_over_bound " + what, std::to_string(worst));
   return worst;
 }
+
+// Scratch of `size_bytes` (64-byte aligned) poisoned with all-ones bytes (NaN in every storage
+// type) before each call, followed by a guard region that must stay untouched.
+class GuardedScratch {
+ public:
+  static constexpr size_t kGuardBytes = 64;
+  static constexpr unsigned char kGuardByte = 0xa5;
+
+  explicit GuardedScratch(int64_t size_bytes)
+      : size_bytes_(static_cast<size_t>(size_bytes)), bytes_(size_bytes_ + kGuardBytes + 64) {}
+
+  void* Poisoned() {
+    unsigned char* p = Base();
+    std::memset(p, 0xff, size_bytes_);
+    std::memset(p + size_bytes_, kGuardByte, kGuardBytes);
+    return p;
+  }
+  void CheckGuard(const std::string& what) {
+    const unsigned char* p = Base();
+    for (size_t i = 0; i < kGuardBytes; ++i) {
+      ASSERT_EQ(p[size_bytes_ + i], kGuardByte) << what << " wrote past its scratch size";
+    }
+  }
+
+ private:
+  unsigned char* Base() {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(bytes_.data());
+    return bytes_.data() + ((64 - a % 64) % 64);
+  }
+  size_t size_bytes_;
+  std::vector<unsigned char> bytes_;
+};
 
 // |a - b| <= atol + rtol max(|a|, |b|).
 inline bool Close(double a, double b, double atol, double rtol) {
