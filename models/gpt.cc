@@ -55,9 +55,13 @@ StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const GptShape& shape,
 }
 
 std::string GptModel::description() const {
-  return fmt::format("GPT: {} layers, {} heads, {} channels, context {}, vocabulary {}",
+  return fmt::format("GPT: {} layers, {} heads, {} channels, context {}, vocabulary {}{}",
                      shape_.num_layers, shape_.num_heads, shape_.channels, shape_.max_seq_len,
-                     shape_.vocab_size);
+                     shape_.vocab_size, shape_.tie_embeddings ? ", tied embeddings" : "");
+}
+
+int GptModel::tied_block(int block) const {
+  return shape_.tie_embeddings && kind(block) == Kind::kHead ? 0 : -1;
 }
 
 GptModel::Kind GptModel::kind(int block) const {
@@ -170,6 +174,14 @@ Status CheckBuffers(const GptModel& model, int block, const engine::BlockBuffers
   STRATA_RETURN_IF_ERROR(check("dx_out", b.dx_out, act, !last && backward));
   STRATA_RETURN_IF_ERROR(check("dx_in", b.dx_in, act, !first && backward));
   STRATA_RETURN_IF_ERROR(check("logits", b.logits, model.logits_elems(b.shape), last && !backward));
+  // A tied head reads the embedding chunk (wte in its first V C elements) and writes its
+  // gradient contribution to that chunk.
+  const int tied = model.tied_block(block);
+  if (tied >= 0) {
+    const int64_t tied_elems = model.block_num_params(tied);
+    STRATA_RETURN_IF_ERROR(check("tied_params", b.tied_params, tied_elems, true));
+    STRATA_RETURN_IF_ERROR(check("tied_grads", b.tied_grads, tied_elems, backward));
+  }
   const int64_t scratch = model.scratch_bytes(block, b.shape, want);
   if (static_cast<int64_t>(b.scratch.size_bytes) < scratch) {
     return InvalidArgumentError(fmt::format("GPT block {}: scratch has {} bytes, needs {}", block,
@@ -189,9 +201,24 @@ Status NoCudaKernels() {
 #else
 // The CUDA blocks launch their kernels on the native stream, past the Stream's own operations,
 // so each block call is traced as one compute span (a no-op unless the device traces).
+// What the CUDA blocks do not implement yet: a tied head (its product with the transposed wte)
+// and a LayerNorm eps other than the kernels' 1e-5.
+Status CudaSupports(const GptShape& sh, GptModel::Kind kind) {
+  if (sh.layer_norm_eps != 1e-5) {
+    return UnimplementedError(
+        fmt::format("the GPT's CUDA kernels use LayerNorm eps 1e-5, not {}; use --device host",
+                    sh.layer_norm_eps));
+  }
+  if (sh.tie_embeddings && kind == GptModel::Kind::kHead) {
+    return UnimplementedError("a GPT with tied embeddings has no CUDA head yet; use --device host");
+  }
+  return Status::Ok();
+}
+
 template <typename S>
 Status CudaForward(const GptShape& sh, const GptOptions& options, GptModel::Kind kind,
                    const engine::BlockBuffers& b, gpu::Stream& stream) {
+  STRATA_RETURN_IF_ERROR(CudaSupports(sh, kind));
   const int B = b.shape.batch_size, T = b.shape.seq_len;
   const cuda::GptCudaOptions o{.allow_tf32 = options.allow_tf32};
   void* scratch = b.scratch.data;
@@ -218,6 +245,7 @@ Status CudaForward(const GptShape& sh, const GptOptions& options, GptModel::Kind
 template <typename S>
 Status CudaBackward(const GptShape& sh, const GptOptions& options, GptModel::Kind kind,
                     const engine::BlockBuffers& b, gpu::Stream& stream) {
+  STRATA_RETURN_IF_ERROR(CudaSupports(sh, kind));
   const int B = b.shape.batch_size, T = b.shape.seq_len;
   const cuda::GptCudaOptions o{.allow_tf32 = options.allow_tf32};
   void* scratch = b.scratch.data;
@@ -264,8 +292,9 @@ Status HostForward(const GptShape& sh, GptModel::Kind kind, const engine::BlockB
       });
     case GptModel::Kind::kHead:
       return stream.LaunchHost([=, x_in = b.x_in.as<S>(), logits = b.logits.as<S>(),
-                                targets = b.targets, loss_out = b.loss] {
-        const float loss = HeadForward<S>(sh, params, x_in, targets, B, T, logits, scratch);
+                                targets = b.targets, loss_out = b.loss,
+                                tied = b.tied_params.as<S>()] {
+        const float loss = HeadForward<S>(sh, params, x_in, targets, B, T, logits, scratch, tied);
         if (targets && loss_out) *loss_out = loss;
         return Status::Ok();
       });
@@ -294,8 +323,10 @@ Status HostBackward(const GptShape& sh, GptModel::Kind kind, const engine::Block
           });
     case GptModel::Kind::kHead:
       return stream.LaunchHost([=, x_in = b.x_in.as<S>(), dx_in = b.dx_in.as<S>(),
-                                targets = b.targets, dloss = b.dloss] {
-        HeadBackward<S>(sh, params, x_in, targets, dloss, B, T, dx_in, grads, scratch);
+                                targets = b.targets, dloss = b.dloss, tied = b.tied_params.as<S>(),
+                                tied_grads = b.tied_grads.as<S>()] {
+        HeadBackward<S>(sh, params, x_in, targets, dloss, B, T, dx_in, grads, scratch, tied,
+                        tied_grads);
         return Status::Ok();
       });
   }

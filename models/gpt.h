@@ -1,7 +1,8 @@
 // The GPT reference model (pre-LayerNorm GPT-2 architecture; Radford et al.,
 // "Language Models are Unsupervised Multitask Learners", 2019) as an engine
 // Model: block 0 = token and position embeddings, blocks 1..L = transformer
-// layers, block L+1 = final LayerNorm and the untied LM head. Each block's
+// layers, block L+1 = final LayerNorm and the LM head (its own (C, V) weight, or with
+// tie_embeddings the embedding's wte, BlockBuffers::tied_params). Each block's
 // parameters are one contiguous chunk in the layout of gpt_kernels.h.
 //
 // Forward/Backward dispatch on the stream's backend (gpu::Stream::device_kind()):
@@ -61,6 +62,8 @@ class GptModel final : public engine::Model {
   int vocab_size() const override { return shape_.vocab_size; }
   int max_seq_len() const override { return shape_.max_seq_len; }
   int64_t scratch_bytes(int block, engine::MicroBatchShape s, DType precision) const override;
+  // With shape().tie_embeddings the head (the last block) ties the embedding (block 0).
+  int tied_block(int block) const override;
   Status InitParams(int block, uint64_t seed, std::span<float> out) const override;
   Status Forward(int block, const engine::BlockBuffers& buffers, gpu::Stream& stream) override;
   Status Backward(int block, const engine::BlockBuffers& buffers, gpu::Stream& stream) override;

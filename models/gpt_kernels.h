@@ -5,8 +5,8 @@
 // embeddings; num_layers blocks of
 //   x2 = x + Proj(CausalSelfAttention(LayerNorm1(x)))
 //   y  = x2 + Proj(GELU(Fc(LayerNorm2(x2))))
-// a final LayerNorm, an untied LM head without bias, and cross-entropy.
-// LayerNorm as in Ba, Kiros & Hinton, "Layer Normalization", 2016 (eps 1e-5);
+// a final LayerNorm, an LM head without bias (untied, or tied to wte), and cross-entropy.
+// LayerNorm as in Ba, Kiros & Hinton, "Layer Normalization", 2016 (eps GptShape::layer_norm_eps);
 // GELU with the tanh approximation of Hendrycks & Gimpel, "Gaussian Error
 // Linear Units (GELUs)", 2016.
 //
@@ -18,7 +18,8 @@
 //   Layer:     ln1_w (C), ln1_b (C), attn_qkv_w (C, 3C), attn_qkv_b (3C),
 //              attn_proj_w (C, C), attn_proj_b (C), ln2_w (C), ln2_b (C),
 //              mlp_fc_w (C, 4C), mlp_fc_b (4C), mlp_proj_w (4C, C), mlp_proj_b (C)
-//   Head:      lnf_w (C), lnf_b (C), lm_head_w (C, V)
+//   Head:      lnf_w (C), lnf_b (C), lm_head_w (C, V); tied: lnf_w (C), lnf_b (C) (the head reads
+//              wte of the embedding chunk as its (V, C) weight)
 // qkv columns are [q (C) | k (C) | v (C)]; head h uses columns h*hs..(h+1)*hs of
 // each, hs = C / H.
 //
@@ -66,7 +67,10 @@
 //               S = float the accumulator is dWlm itself), rounded once at the end: dWlm =
 //               S(sum over chunks in chunk order); then dx = S(LNf'(dlnf)). The accumulator,
 //               4 C V bytes, is smaller than the (N, V) logits in S whenever N > 2 C.
+// With tied embeddings Wlm is wte^T (read in place from the embedding chunk), dWlm is dwte.
 // For S = float every S(.) is the identity and the kernels are the fp32 path.
+// Every block is a composition of the shared host ops of models/ops/ (embedding, layer_norm,
+// matmul, attention, gelu, cross_entropy), whose headers state these rounding points op by op.
 //
 // Determinism: every function gives bit-identical results across runs and
 // independent of the number of threads, for one binary on one CPU (fixed
@@ -91,6 +95,7 @@
 
 #include "base/dtype.h"
 #include "base/status.h"
+#include "models/ops/cross_entropy.h"
 
 namespace strata::models {
 
@@ -107,7 +112,8 @@ struct GptShape {
   double layer_norm_eps = 1e-5;  // every LayerNorm (Hugging Face layer_norm_epsilon)
 };
 
-// kInvalidArgument unless every field is positive and channels % num_heads == 0.
+// kInvalidArgument unless every field is positive (layer_norm_eps finite) and
+// channels % num_heads == 0.
 Status ValidateShape(const GptShape& shape);
 
 // One tensor of a block's chunk; offset and num_elems in elements from the
@@ -121,12 +127,13 @@ struct TensorInfo {
 
 std::vector<TensorInfo> EmbeddingTensors(const GptShape& shape);  // "wte", "wpe"
 std::vector<TensorInfo> LayerTensors(const GptShape& shape);      // "ln1_w", ..., "mlp_proj_b"
-std::vector<TensorInfo> HeadTensors(const GptShape& shape);       // "lnf_w", "lnf_b", "lm_head_w"
+// "lnf_w", "lnf_b", "lm_head_w"; without "lm_head_w" when tie_embeddings.
+std::vector<TensorInfo> HeadTensors(const GptShape& shape);
 
 // Chunk sizes in elements.
 int64_t EmbeddingNumParams(const GptShape& shape);  // (V + max_seq_len) * C
 int64_t LayerNumParams(const GptShape& shape);      // 12 C^2 + 13 C
-int64_t HeadNumParams(const GptShape& shape);       // 2 C + C V
+int64_t HeadNumParams(const GptShape& shape);       // 2 C + C V (2 C when tied)
 
 // GPT-2 initialisation of a chunk (fp32): embedding and linear weights
 // N(0, 0.02), residual projections (attn_proj_w, mlp_proj_w)
@@ -150,8 +157,9 @@ void InitHeadParams(const GptShape& shape, uint64_t seed, float* params);
 //              ln1 (N, C), qkv (N, 3C), att (N, C), x2 (N, C), ln2 (N, C), h (N, 4C), g (N, 4C)
 //              in S (15 N C elements; the backward reuses them for the gradients). No T x T
 //              buffer: attention works on per-thread tiles.
-//   Head:      lnf (N, C) S; mean, rstd, loss (N) F; logits chunk (R, V) S with
-//              R = HeadChunkRows(N, V); dWlm accumulator (C, V) fp32 for 16-bit S (none for
+//   Head:      lnf (N, C) S; mean, rstd (N) F; then the LM head's scratch
+//              (ops::LmHeadScratchBytes: loss (N) F; logits chunk (R, V) S with
+//              R = HeadChunkRows(N, V); dWlm accumulator (C, V) fp32 for 16-bit S, none for
 //              S = float or double: the accumulator is the output).
 template <typename S>
 int64_t EmbeddingScratchBytes(const GptShape& shape, int B, int T);
@@ -187,31 +195,33 @@ void LayerBackward(const GptShape& shape, const S* params, const S* x_in, const 
                    S* dparams, int B, int T, void* scratch);
 
 // The head computes its logits and the cross-entropy in chunks of rows, so that no (N, V)
-// logits buffer exists: R = HeadChunkRows(N, V) is the largest R <= N with R V <=
-// kHeadChunkElems (2^22 elements: 8 MiB in bf16, 16 MiB in fp32; 83 rows at V = 50257, so
-// that each chunk's product has more than a handful of rows), and at least 1. A function of (N, V)
-// only, so the chunking, and with it every result, is fixed for a given problem. N, V >= 1. Inline:
-// the CUDA layout (models/cuda/gpt_cuda_layout.h) is header-only.
-inline constexpr int64_t kHeadChunkElems = int64_t{1} << 22;
-constexpr int64_t HeadChunkRows(int64_t N, int64_t V) {
-  return std::clamp<int64_t>(kHeadChunkElems / std::max<int64_t>(V, 1), 1, std::max<int64_t>(N, 1));
-}
+// logits buffer exists: R = HeadChunkRows(N, V) (models/ops/cross_entropy.h: the largest R <= N
+// with R V <= kHeadChunkElems = 2^22, at least 1), a function of (N, V) only, so the chunking,
+// and with it every result, is fixed for a given problem.
+using ops::HeadChunkRows;
+using ops::kHeadChunkElems;
 
 // Final LayerNorm and LM head. params: head chunk; x_in: (B, T, C);
 // targets: (B, T) int32 or nullptr; logits: (B, V) written, the logits of the last position
 // (t = T - 1) of each sequence (what generation needs); scratch: HeadScratchBytes<S>.
 // Returns the mean cross-entropy over the B*T tokens (summed in double in token order), or 0
 // when targets is null (then no chunk is computed: only the B last-position rows).
+// tied_params: with shape.tie_embeddings the embedding chunk (its first V C elements are wte
+// (V, C), the LM head's weight: logits = lnf wte^T), required (STRATA_CHECK); else unused.
 template <typename S>
 ComputeType<S> HeadForward(const GptShape& shape, const S* params, const S* x_in,
-                           const int32_t* targets, int B, int T, S* logits, void* scratch);
+                           const int32_t* targets, int B, int T, S* logits, void* scratch,
+                           const S* tied_params = nullptr);
 
 // Gradient of dloss * (mean cross-entropy): recomputes the forward from x_in chunk by chunk,
 // writes dx_in: (B, T, C) and dparams (head chunk, OVERWRITTEN). targets must not be null.
-// No logits are written. scratch: HeadScratchBytes<S>.
+// No logits are written. scratch: HeadScratchBytes<S>. With shape.tie_embeddings, tied_params
+// as for HeadForward and tied_grads (EmbeddingNumParams elements, OVERWRITTEN): dwte in its
+// first V C elements (rounded once, as dWlm), zero in the rest (the wpe part); both required.
 template <typename S>
 void HeadBackward(const GptShape& shape, const S* params, const S* x_in, const int32_t* targets,
-                  ComputeType<S> dloss, int B, int T, S* dx_in, S* dparams, void* scratch);
+                  ComputeType<S> dloss, int B, int T, S* dx_in, S* dparams, void* scratch,
+                  const S* tied_params = nullptr, S* tied_grads = nullptr);
 
 // The head with an explicit number of rows per chunk (chunk_rows in [1, N], STRATA_CHECK), for
 // tests that compare chunkings; scratch: HeadScratchBytesWithChunkRows<S>. The functions
@@ -222,11 +232,13 @@ int64_t HeadScratchBytesWithChunkRows(const GptShape& shape, int B, int T, int64
 template <typename S>
 ComputeType<S> HeadForwardWithChunkRows(const GptShape& shape, const S* params, const S* x_in,
                                         const int32_t* targets, int B, int T, S* logits,
-                                        void* scratch, int64_t chunk_rows);
+                                        void* scratch, int64_t chunk_rows,
+                                        const S* tied_params = nullptr);
 template <typename S>
 void HeadBackwardWithChunkRows(const GptShape& shape, const S* params, const S* x_in,
                                const int32_t* targets, ComputeType<S> dloss, int B, int T, S* dx_in,
-                               S* dparams, void* scratch, int64_t chunk_rows);
+                               S* dparams, void* scratch, int64_t chunk_rows,
+                               const S* tied_params = nullptr, S* tied_grads = nullptr);
 }  // namespace internal
 
 }  // namespace strata::models
