@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,7 @@ struct Case {
   LlamaConfig config;
   int B, T;
 };
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
 LlamaConfig Config(int V, int C, int I, int L, int H, int Hkv, int hs, int max_seq) {
   LlamaConfig c;

@@ -7,8 +7,6 @@
 //   - Forward and Backward refuse wrong buffers with kInvalidArgument naming the buffer;
 //   - presets, parameter counts, description, tied_block, and InitParams with and without a
 //     weight source.
-#include "models/llama.h"
-
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -19,6 +17,7 @@
 #include "base/dtype.h"
 #include "engine/model.h"
 #include "gpu/device.h"
+#include "models/llama.h"
 #include "models/llama_kernels.h"
 #include "tests/models/llama_test_model.h"
 
@@ -73,11 +72,13 @@ class ModelRun {
     logits_ = Add(model.logits_elems(shape) * sizeof(S));
     loss_ = Add(sizeof(float));
     scratch_ = Add(static_cast<size_t>(scratch));
+    size_ = (size_ + gpu::DeviceArena::kAlignment - 1) / gpu::DeviceArena::kAlignment *
+            gpu::DeviceArena::kAlignment;  // Carve rounds up to the alignment
     auto arena = device.CreateArena(size_);
     STRATA_CHECK(arena.ok());
     arena_ = std::move(*arena);
     auto all = arena_->Carve(size_, "llama run");
-    STRATA_CHECK(all.ok());
+    STRATA_CHECK_MSG(all.ok(), all.status().ToString());
     all_ = *all;
     auto image = device.AllocatePinned(size_, "llama run");
     STRATA_CHECK(image.ok());
@@ -131,7 +132,8 @@ class ModelRun {
     Put(tokens_, tokens);
     Put(targets_, targets);
     STRATA_RETURN_IF_ERROR(stream.CopyH2D(all_, image_.span().subspan(0, size_)));
-    for (int b = 0; b < n_; ++b) STRATA_RETURN_IF_ERROR(model_.Forward(b, ForwardBuffers(b), stream));
+    for (int b = 0; b < n_; ++b)
+      STRATA_RETURN_IF_ERROR(model_.Forward(b, ForwardBuffers(b), stream));
     for (int b = n_ - 1; b >= 0; --b) {
       STRATA_RETURN_IF_ERROR(model_.Backward(b, BackwardBuffers(b), stream));
     }
