@@ -1,0 +1,285 @@
+#include "models/llama.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "models/llama_kernels.h"
+
+namespace strata::models {
+
+namespace {
+
+LlamaConfig Llama2(int vocab, int C, int I, int layers, int heads, int kv_heads, int context) {
+  LlamaConfig c;
+  c.vocab_size = vocab;
+  c.hidden_size = C;
+  c.intermediate_size = I;
+  c.num_layers = layers;
+  c.num_heads = heads;
+  c.num_kv_heads = kv_heads;
+  c.head_dim = C / heads;
+  c.max_seq_len = context;
+  c.rms_norm_eps = 1e-5;
+  c.rope_theta = 10000.0;
+  c.tie_embeddings = false;
+  return c;
+}
+
+struct Preset {
+  const char* name;
+  LlamaConfig config;
+};
+
+std::vector<Preset> Presets() {
+  return {{"llama-tiny", Llama2(256, 64, 96, 2, 4, 2, 64)},
+          {"llama-1b", Llama2(32000, 2048, 5632, 22, 32, 4, 2048)},
+          {"llama-7b", Llama2(32000, 4096, 11008, 32, 32, 32, 4096)},
+          {"llama-13b", Llama2(32000, 5120, 13824, 40, 40, 40, 4096)}};
+}
+
+bool OnCuda(const gpu::Stream& stream) { return stream.device_kind() == gpu::DeviceKind::kCuda; }
+
+Status NoCudaKernels() {
+  return UnimplementedError("the llama family has no CUDA kernels yet; use --device host");
+}
+
+}  // namespace
+
+StatusOr<LlamaConfig> LlamaPreset(std::string_view name) {
+  for (const Preset& p : Presets()) {
+    if (name == p.name) return p.config;
+  }
+  return InvalidArgumentError(fmt::format("unknown llama preset '{}': choose one of {}", name,
+                                          fmt::join(LlamaPresetNames(), ", ")));
+}
+
+std::vector<std::string> LlamaPresetNames() {
+  std::vector<std::string> v;
+  for (const Preset& p : Presets()) v.emplace_back(p.name);
+  return v;
+}
+
+StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(
+    const LlamaConfig& config, std::shared_ptr<const WeightSource> weights) {
+  STRATA_RETURN_IF_ERROR(ValidateLlamaConfig(config));
+  return std::unique_ptr<LlamaModel>(new LlamaModel(config, std::move(weights)));
+}
+
+std::string LlamaModel::description() const {
+  const LlamaConfig& c = config_;
+  std::string s = fmt::format(
+      "Llama: {} layers, {} heads ({} key/value), {} channels, head dim {}, MLP {}, context {}, "
+      "vocabulary {}",
+      c.num_layers, c.num_heads, c.num_kv_heads, c.hidden_size, c.head_dim, c.intermediate_size,
+      c.max_seq_len, c.vocab_size);
+  if (c.tie_embeddings) s += ", tied embeddings";
+  if (c.rope_llama3) s += fmt::format(", llama3 RoPE scaling x{}", c.rope_factor);
+  return s;
+}
+
+LlamaModel::Kind LlamaModel::kind(int block) const {
+  STRATA_CHECK(block >= 0 && block < num_blocks());
+  if (block == 0) return Kind::kEmbedding;
+  if (block == num_blocks() - 1) return Kind::kHead;
+  return Kind::kLayer;
+}
+
+std::string LlamaModel::block_name(int block) const {
+  switch (kind(block)) {
+    case Kind::kEmbedding:
+      return "embedding";
+    case Kind::kHead:
+      return "head";
+    case Kind::kLayer:
+      break;
+  }
+  return fmt::format("layer{}", block - 1);
+}
+
+int64_t LlamaModel::block_num_params(int block) const {
+  switch (kind(block)) {
+    case Kind::kEmbedding:
+      return LlamaEmbeddingNumParams(config_);
+    case Kind::kHead:
+      return LlamaHeadNumParams(config_);
+    case Kind::kLayer:
+      break;
+  }
+  return LlamaLayerNumParams(config_);
+}
+
+int64_t LlamaModel::activation_elems(engine::MicroBatchShape s) const {
+  return s.tokens() * config_.hidden_size;
+}
+
+int64_t LlamaModel::logits_elems(engine::MicroBatchShape s) const {
+  return int64_t{s.batch_size} * config_.vocab_size;
+}
+
+int64_t LlamaModel::scratch_bytes(int block, engine::MicroBatchShape s, DType precision) const {
+  const int B = s.batch_size, T = s.seq_len;
+  return DispatchDType(precision, [&]<typename S>() -> int64_t {
+    switch (kind(block)) {
+      case Kind::kEmbedding:
+        return LlamaEmbeddingScratchBytes<S>(config_, B, T);
+      case Kind::kHead:
+        return LlamaHeadScratchBytes<S>(config_, B, T);
+      case Kind::kLayer:
+        break;
+    }
+    return LlamaLayerScratchBytes<S>(config_, B, T);
+  });
+}
+
+int LlamaModel::tied_block(int block) const {
+  return config_.tie_embeddings && kind(block) == Kind::kHead ? 0 : -1;
+}
+
+Status LlamaModel::InitParams(int block, uint64_t seed, std::span<float> out) const {
+  STRATA_CHECK(static_cast<int64_t>(out.size()) == block_num_params(block));
+  if (weights_ != nullptr) return weights_->ReadBlock(block, out);
+  switch (kind(block)) {
+    case Kind::kEmbedding:
+      InitLlamaEmbeddingParams(config_, seed, out.data());
+      break;
+    case Kind::kHead:
+      InitLlamaHeadParams(config_, seed, out.data());
+      break;
+    case Kind::kLayer:
+      InitLlamaLayerParams(config_, block - 1, seed, out.data());
+      break;
+  }
+  return Status::Ok();
+}
+
+Status LlamaModel::CheckBuffers(int block, const engine::BlockBuffers& b, bool backward) const {
+  const DType want = b.precision;
+  const int64_t act = activation_elems(b.shape);
+  auto check = [&](std::string_view name, const auto& t, int64_t elems, bool needed) -> Status {
+    if (!needed) return Status::Ok();
+    if (t.empty()) {
+      return InvalidArgumentError(fmt::format("Llama block {}: buffer {} is missing", block, name));
+    }
+    if (t.dtype != want) {
+      return InvalidArgumentError(
+          fmt::format("Llama block {}: buffer {} is {}, the working precision is {}", block, name,
+                      DTypeName(t.dtype), DTypeName(want)));
+    }
+    if (t.num_elems < elems) {
+      return InvalidArgumentError(fmt::format("Llama block {}: buffer {} has {} elements, needs {}",
+                                              block, name, t.num_elems, elems));
+    }
+    return Status::Ok();
+  };
+  const bool first = block == 0, last = block == num_blocks() - 1;
+  const bool tied = tied_block(block) >= 0;
+  if (b.shape.batch_size < 1 || b.shape.seq_len < 1 || b.shape.seq_len > config_.max_seq_len) {
+    return InvalidArgumentError(
+        fmt::format("Llama block {}: micro-batch of {} sequences of {} tokens; the context is {}",
+                    block, b.shape.batch_size, b.shape.seq_len, config_.max_seq_len));
+  }
+  STRATA_RETURN_IF_ERROR(check("params", b.params, block_num_params(block), true));
+  STRATA_RETURN_IF_ERROR(check("grads", b.grads, block_num_params(block), backward));
+  STRATA_RETURN_IF_ERROR(check("tied_params", b.tied_params, tied ? block_num_params(0) : 0, tied));
+  STRATA_RETURN_IF_ERROR(
+      check("tied_grads", b.tied_grads, tied ? block_num_params(0) : 0, tied && backward));
+  STRATA_RETURN_IF_ERROR(check("x_in", b.x_in, act, !first));
+  STRATA_RETURN_IF_ERROR(check("x_out", b.x_out, act, !last && !backward));
+  STRATA_RETURN_IF_ERROR(check("dx_out", b.dx_out, act, !last && backward));
+  STRATA_RETURN_IF_ERROR(check("dx_in", b.dx_in, act, !first && backward));
+  STRATA_RETURN_IF_ERROR(check("logits", b.logits, logits_elems(b.shape), last && !backward));
+  if (first && b.tokens == nullptr) {
+    return InvalidArgumentError(fmt::format("Llama block {}: tokens are missing", block));
+  }
+  if (last && backward && b.targets == nullptr) {
+    return InvalidArgumentError(fmt::format("Llama block {}: targets are missing", block));
+  }
+  const int64_t scratch = scratch_bytes(block, b.shape, want);
+  if (static_cast<int64_t>(b.scratch.size_bytes) < scratch) {
+    return InvalidArgumentError(fmt::format("Llama block {}: scratch has {} bytes, needs {}", block,
+                                            b.scratch.size_bytes, scratch));
+  }
+  return Status::Ok();
+}
+
+namespace {
+
+template <typename S>
+Status HostForward(const LlamaConfig& c, LlamaModel::Kind kind, const engine::BlockBuffers& b,
+                   gpu::Stream& stream) {
+  const int B = b.shape.batch_size, T = b.shape.seq_len;
+  const S* params = b.params.as<S>();
+  void* scratch = b.scratch.data;
+  switch (kind) {
+    case LlamaModel::Kind::kEmbedding:
+      return stream.LaunchHost([=, tokens = b.tokens, x_out = b.x_out.as<S>()] {
+        LlamaEmbeddingForward<S>(c, params, tokens, B, T, x_out);
+        return Status::Ok();
+      });
+    case LlamaModel::Kind::kLayer:
+      return stream.LaunchHost([=, x_in = b.x_in.as<S>(), x_out = b.x_out.as<S>()] {
+        LlamaLayerForward<S>(c, params, x_in, x_out, B, T, scratch);
+        return Status::Ok();
+      });
+    case LlamaModel::Kind::kHead:
+      return stream.LaunchHost([=, tied = b.tied_params.as<S>(), x_in = b.x_in.as<S>(),
+                                logits = b.logits.as<S>(), targets = b.targets, loss_out = b.loss] {
+        const float loss =
+            LlamaHeadForward<S>(c, params, tied, x_in, targets, B, T, logits, scratch);
+        if (targets && loss_out) *loss_out = loss;
+        return Status::Ok();
+      });
+  }
+  return InternalError("unreachable");
+}
+
+template <typename S>
+Status HostBackward(const LlamaConfig& c, LlamaModel::Kind kind, const engine::BlockBuffers& b,
+                    gpu::Stream& stream) {
+  const int B = b.shape.batch_size, T = b.shape.seq_len;
+  const S* params = b.params.as<S>();
+  S* grads = b.grads.as<S>();
+  void* scratch = b.scratch.data;
+  switch (kind) {
+    case LlamaModel::Kind::kEmbedding:
+      return stream.LaunchHost([=, tokens = b.tokens, dx_out = b.dx_out.as<S>()] {
+        LlamaEmbeddingBackward<S>(c, tokens, dx_out, B, T, grads, scratch);
+        return Status::Ok();
+      });
+    case LlamaModel::Kind::kLayer:
+      return stream.LaunchHost(
+          [=, x_in = b.x_in.as<S>(), dx_out = b.dx_out.as<S>(), dx_in = b.dx_in.as<S>()] {
+            LlamaLayerBackward<S>(c, params, x_in, dx_out, dx_in, grads, B, T, scratch);
+            return Status::Ok();
+          });
+    case LlamaModel::Kind::kHead:
+      return stream.LaunchHost([=, tied = b.tied_params.as<S>(), tied_grads = b.tied_grads.as<S>(),
+                                x_in = b.x_in.as<S>(), dx_in = b.dx_in.as<S>(), targets = b.targets,
+                                dloss = b.dloss] {
+        LlamaHeadBackward<S>(c, params, tied, x_in, targets, dloss, B, T, dx_in, grads, tied_grads,
+                             scratch);
+        return Status::Ok();
+      });
+  }
+  return InternalError("unreachable");
+}
+
+}  // namespace
+
+Status LlamaModel::Forward(int block, const engine::BlockBuffers& b, gpu::Stream& stream) {
+  STRATA_RETURN_IF_ERROR(CheckBuffers(block, b, /*backward=*/false));
+  if (OnCuda(stream)) return NoCudaKernels();
+  const Kind k = kind(block);
+  return DispatchDType(b.precision,
+                       [&]<typename S>() { return HostForward<S>(config_, k, b, stream); });
+}
+
+Status LlamaModel::Backward(int block, const engine::BlockBuffers& b, gpu::Stream& stream) {
+  STRATA_RETURN_IF_ERROR(CheckBuffers(block, b, /*backward=*/true));
+  if (OnCuda(stream)) return NoCudaKernels();
+  const Kind k = kind(block);
+  return DispatchDType(b.precision,
+                       [&]<typename S>() { return HostBackward<S>(config_, k, b, stream); });
+}
+
+}  // namespace strata::models

@@ -1,0 +1,74 @@
+// The Llama family (Hugging Face LlamaForCausalLM; MistralForCausalLM without a sliding window)
+// as an engine Model: block 0 = token embedding, blocks 1..L = decoder layers, block L+1 = final
+// RMSNorm and LM head. Chunk layouts: models/llama_config.h; the block computations:
+// models/llama_kernels.h. With tie_embeddings the head's chunk is model.norm.weight only and the
+// head reads embed_tokens from the embedding chunk (tied_block(head) = 0,
+// BlockBuffers::tied_params) and writes its gradient contribution to tied_grads.
+//
+// Forward/Backward check every buffer's dtype and size first (kInvalidArgument naming the
+// buffer), then dispatch on the stream's backend: on the host backend each block runs as one
+// host function on the compute stream in the working precision of its buffers (fp32, fp16 or
+// bf16); on a CUDA stream they return kUnimplemented (no CUDA kernels yet).
+//
+// Thread-safety: const methods are thread-safe; Forward/Backward keep no state beyond the work
+// they enqueue. The weight source is shared and read only from InitParams (one call at a time,
+// as Engine::Create makes them).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/model.h"
+#include "models/llama_config.h"
+#include "models/weight_source.h"
+
+namespace strata::models {
+
+// Named configs with random initialisation (all vocabulary 32000, rms_norm_eps 1e-5, theta 10000,
+// untied): "llama-1b" (TinyLlama-1.1B's Llama-2 architecture: C 2048, I 5632, 22 layers, 32 heads,
+// 4 key/value heads, context 2048), "llama-7b" (4096, 11008, 32, 32, 32, 4096), "llama-13b" (5120,
+// 13824, 40, 40, 40, 4096); and "llama-tiny" for tests (vocabulary 256, C 64, I 96, 2 layers,
+// 4 heads, 2 key/value heads, context 64). kInvalidArgument naming the choices for another name.
+StatusOr<LlamaConfig> LlamaPreset(std::string_view name);
+std::vector<std::string> LlamaPresetNames();
+
+class LlamaModel final : public engine::Model {
+ public:
+  enum class Kind { kEmbedding, kLayer, kHead };
+
+  // kInvalidArgument for an invalid config (ValidateLlamaConfig). With `weights`, InitParams
+  // reads each block from it instead of initialising randomly.
+  static StatusOr<std::unique_ptr<LlamaModel>> Create(
+      const LlamaConfig& config, std::shared_ptr<const WeightSource> weights = nullptr);
+
+  const LlamaConfig& config() const { return config_; }
+  std::string description() const override;
+  int num_blocks() const override { return config_.num_layers + 2; }
+  std::string block_name(int block) const override;
+  int64_t block_num_params(int block) const override;
+  int64_t activation_elems(engine::MicroBatchShape s) const override;
+  int64_t logits_elems(engine::MicroBatchShape s) const override;
+  int vocab_size() const override { return config_.vocab_size; }
+  int max_seq_len() const override { return config_.max_seq_len; }
+  int64_t scratch_bytes(int block, engine::MicroBatchShape s, DType precision) const override;
+  // The head reads the embedding chunk when the embeddings are tied: 0 for the head then.
+  int tied_block(int block) const override;
+  // Random (InitLlama*Params, from seed) or the weight source's block (its errors returned).
+  Status InitParams(int block, uint64_t seed, std::span<float> out) const override;
+  Status Forward(int block, const engine::BlockBuffers& buffers, gpu::Stream& stream) override;
+  Status Backward(int block, const engine::BlockBuffers& buffers, gpu::Stream& stream) override;
+
+  Kind kind(int block) const;
+
+ private:
+  LlamaModel(const LlamaConfig& config, std::shared_ptr<const WeightSource> weights)
+      : config_(config), weights_(std::move(weights)) {}
+  Status CheckBuffers(int block, const engine::BlockBuffers& b, bool backward) const;
+
+  LlamaConfig config_;
+  std::shared_ptr<const WeightSource> weights_;
+};
+
+}  // namespace strata::models

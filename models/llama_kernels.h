@@ -1,0 +1,120 @@
+// Host (CPU) forward and backward of the Llama family's blocks (LlamaForCausalLM semantics;
+// models/llama_config.h), each a list of shared op calls (models/ops/) with their shapes.
+//
+// Blocks and chunks (the layouts of llama_config.h, Hugging Face tensor order, nn.Linear weights
+// (out, in), kOutIn): block 0 = embedding (embed_tokens (V, C)); blocks 1..L = decoder layers;
+// block L+1 = head (final RMSNorm and the LM head: the untied lm_head.weight (V, C) in the head
+// chunk, or, tied, embed_tokens read from the embedding chunk). In a layer chunk q_proj, k_proj,
+// v_proj are consecutive rows, so they are used as ONE (Dqkv, C) matrix, Dqkv = (H + 2 Hkv) hs,
+// and gate_proj, up_proj as ONE (2I, C) matrix: one product each.
+//
+// Notation: V vocab, C hidden_size, I intermediate_size, H heads, Hkv key/value heads,
+// hs head_dim, Dq = H hs, B sequences of T tokens, N = B T rows; activations (N, C) row-major.
+//
+// Layer forward (x: (N, C)):
+//   xn   = RmsNorm(x; w_in)                      (N, C)       rstd1 (N) fp32
+//   qkv  = xn Wqkv^T                             (N, Dqkv)    [q (Dq) | k (Hkv hs) | v (Hkv hs)]
+//   RoPE in place on the H + Hkv heads of q and k, position t = row % T
+//   att  = Attention(q, k, v; GQA, causal)       (N, Dq)      lse (B, H, T) fp32
+//   x2   = x + att Wo^T                          (N, C)       (residual fused into the product)
+//   xn2  = RmsNorm(x2; w_post)                   (N, C)       rstd2 (N) fp32
+//   gu   = xn2 Wgu^T                             (N, 2I)      [gate | up]
+//   h    = SwiGLU(gu)                            (N, I)
+//   y    = x2 + h Wd^T                           (N, C)
+// Head: xn = RmsNorm(x; w_norm); loss and last-position logits from the fused LM head
+// (models/ops/cross_entropy.h) on xn with the (V, C) weight.
+//
+// Storage and rounding: templates on S in {float, double, Bf16, Fp16}; every op rounds where its
+// header says (models/gpt_kernels.h "Storage and rounding"; ops/rms_norm.h, ops/rope.h,
+// ops/swiglu.h, ops/matmul.h, ops/attention.h, ops/cross_entropy.h, ops/embedding.h). The
+// backward of a layer recomputes the forward from x_in (activation checkpointing at block
+// boundaries), then: dx2 = S(dy + RMS2'(dxn2)), dx = S(dx2 + RMS1'(dxn)) (residual gradients
+// added before the one rounding), RoPE's backward on dq and dk, and every weight gradient one
+// rounded product (the q/k/v and gate/up gradients one product each).
+//
+// Determinism, memory and thread-safety: as models/gpt_kernels.h (bit-identical across runs and
+// thread counts; no allocation beyond the ops' per-thread buffers; reentrant, oneTBB inside;
+// concurrent calls must not share outputs or scratch). B >= 1, 1 <= T <= max_seq_len and token /
+// target ids in [0, V) are STRATA_CHECKed. Inputs and outputs must not overlap.
+#pragma once
+
+#include <cstdint>
+
+#include "base/dtype.h"
+#include "models/llama_config.h"
+#include "models/ops/rope.h"
+
+namespace strata::models {
+
+// Chunk sizes in elements (the totals of LlamaEmbeddingTensors / LlamaLayerTensors /
+// LlamaHeadTensors).
+int64_t LlamaEmbeddingNumParams(const LlamaConfig& c);  // V C
+int64_t LlamaLayerNumParams(const LlamaConfig& c);      // 2 C + (Dqkv + 2 I) C + C Dq + I C
+int64_t LlamaHeadNumParams(const LlamaConfig& c);       // C (+ V C untied)
+
+// The rotary embedding of a config (head_dim, rope_theta, rope_scaling).
+ops::RopeParams LlamaRopeParams(const LlamaConfig& c);
+
+// Random initialisation of a chunk (fp32), Hugging Face's _init_weights with initializer_range
+// 0.02: every weight matrix and the embedding N(0, 0.02), RMSNorm weights 1. Deterministic: a
+// function of (config, seed, block) only (std::mt19937_64 seeded from (seed, block) and our own
+// Box-Muller transform). Every element is written. layer in [0, num_layers).
+void InitLlamaEmbeddingParams(const LlamaConfig& c, uint64_t seed, float* params);
+void InitLlamaLayerParams(const LlamaConfig& c, int layer, uint64_t seed, float* params);
+void InitLlamaHeadParams(const LlamaConfig& c, uint64_t seed, float* params);
+
+// Scratch in bytes of each block for storage type S and B sequences of T tokens; forward and
+// backward of a block share one scratch. Pure. The scratch must be aligned to 64 bytes; it is
+// carved (one walk, each part 64-byte aligned; F = ComputeType<S>) as
+//   Embedding: ops::EmbeddingBackwardScratchBytes(N, V).
+//   Layer:     rstd1, rstd2 (N) F; lse (B, H, T) F; cos, sin (T, hs/2) F; then in S:
+//              xn (N, C), qkv (N, Dqkv), att (N, Dq), x2 (N, C), xn2 (N, C), gu (N, 2I),
+//              h (N, I), a gradient buffer (N, max(C, I, Dq)) and dqkv (N, Dqkv).
+//   Head:      rstd (N) F; xn (N, C) S; ops::LmHeadScratchBytes<S>(B, T, C, V).
+template <typename S>
+int64_t LlamaEmbeddingScratchBytes(const LlamaConfig& c, int B, int T);
+template <typename S>
+int64_t LlamaLayerScratchBytes(const LlamaConfig& c, int B, int T);
+template <typename S>
+int64_t LlamaHeadScratchBytes(const LlamaConfig& c, int B, int T);
+
+// x_out (B, T, C) = S(embed_tokens[tokens]) (an exact copy). params: embedding chunk; tokens
+// (B, T).
+template <typename S>
+void LlamaEmbeddingForward(const LlamaConfig& c, const S* params, const int32_t* tokens, int B,
+                           int T, S* x_out);
+
+// dparams (embedding chunk, OVERWRITTEN; rows of absent tokens zero) from dx_out (B, T, C).
+template <typename S>
+void LlamaEmbeddingBackward(const LlamaConfig& c, const int32_t* tokens, const S* dx_out, int B,
+                            int T, S* dparams, void* scratch);
+
+// One decoder layer. params: layer chunk; x_in, x_out (B, T, C).
+template <typename S>
+void LlamaLayerForward(const LlamaConfig& c, const S* params, const S* x_in, S* x_out, int B, int T,
+                       void* scratch);
+
+// Recomputes the forward from x_in, then writes dx_in (B, T, C) and dparams (the whole layer
+// chunk, OVERWRITTEN) from dx_out (B, T, C).
+template <typename S>
+void LlamaLayerBackward(const LlamaConfig& c, const S* params, const S* x_in, const S* dx_out,
+                        S* dx_in, S* dparams, int B, int T, void* scratch);
+
+// Final RMSNorm and LM head. params: head chunk; tied_embed: the embedding chunk (embed_tokens
+// (V, C)) when c.tie_embeddings, else ignored (may be null); x_in (B, T, C); targets (B, T) or
+// null; logits (B, V): the last position's logits of each sequence. Returns the mean
+// cross-entropy over B T tokens, or 0 when targets is null.
+template <typename S>
+ComputeType<S> LlamaHeadForward(const LlamaConfig& c, const S* params, const S* tied_embed,
+                                const S* x_in, const int32_t* targets, int B, int T, S* logits,
+                                void* scratch);
+
+// Gradient of dloss * mean cross-entropy: dx_in (B, T, C) and dparams (head chunk) OVERWRITTEN;
+// tied: tied_dembed (V, C), the gradient of embed_tokens through the head, OVERWRITTEN (untied:
+// ignored, may be null). targets must not be null.
+template <typename S>
+void LlamaHeadBackward(const LlamaConfig& c, const S* params, const S* tied_embed, const S* x_in,
+                       const int32_t* targets, ComputeType<S> dloss, int B, int T, S* dx_in,
+                       S* dparams, S* tied_dembed, void* scratch);
+
+}  // namespace strata::models

@@ -1,0 +1,83 @@
+#include "models/ops/rms_norm.h"
+
+#include <cmath>
+
+#include "base/status.h"
+#include "models/ops/parallel.h"
+
+namespace strata::models::ops {
+
+template <typename S>
+void RmsNormForward(const S* x, const S* w, double eps, int64_t rows, int64_t C, S* y,
+                    ComputeType<S>* rstd) {
+  using F = ComputeType<S>;
+  STRATA_CHECK(rows >= 0 && C >= 1);
+  ParallelRows(rows, C, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const S* xr = x + r * C;
+      F sum_sq = 0;
+      for (int64_t c = 0; c < C; ++c) {
+        const F v = ToFloat(xr[c]);
+        sum_sq += v * v;
+      }
+      const F s = F(1) / std::sqrt(sum_sq / F(C) + F(eps));
+      rstd[r] = s;
+      S* yr = y + r * C;
+      for (int64_t c = 0; c < C; ++c) yr[c] = FromFloat<S>((ToFloat(xr[c]) * s) * ToFloat(w[c]));
+    }
+  });
+}
+
+template <typename S>
+void RmsNormBackward(const S* x, const S* w, const ComputeType<S>* rstd, const S* dy,
+                     const S* dresidual, int64_t rows, int64_t C, S* dx, S* dw) {
+  using F = ComputeType<S>;
+  STRATA_CHECK(rows >= 0 && C >= 1);
+  if (dw != nullptr) {
+    // dw[c] = sum over rows (in order) of dy xhat.
+    ParallelColumnBlocks(C, [&](int64_t c0, int64_t c1) {
+      F acc[kColBlock] = {};
+      const int64_t width = c1 - c0;
+      for (int64_t r = 0; r < rows; ++r) {
+        const S* xr = x + r * C + c0;
+        const S* dr = dy + r * C + c0;
+        const F s = rstd[r];
+        for (int64_t j = 0; j < width; ++j) acc[j] += ToFloat(dr[j]) * (ToFloat(xr[j]) * s);
+      }
+      for (int64_t j = 0; j < width; ++j) dw[c0 + j] = FromFloat<S>(acc[j]);
+    });
+  }
+  ParallelRows(rows, 2 * C, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const S* xr = x + r * C;
+      const S* dr = dy + r * C;
+      const F s = rstd[r];
+      F gx_mean = 0;
+      for (int64_t c = 0; c < C; ++c) {
+        gx_mean += ToFloat(dr[c]) * ToFloat(w[c]) * (ToFloat(xr[c]) * s);
+      }
+      gx_mean /= F(C);
+      const S* res = dresidual != nullptr ? dresidual + r * C : nullptr;
+      S* out = dx + r * C;
+      for (int64_t c = 0; c < C; ++c) {
+        const F xhat = ToFloat(xr[c]) * s;
+        F v = s * (ToFloat(dr[c]) * ToFloat(w[c]) - xhat * gx_mean);
+        if (res != nullptr) v = ToFloat(res[c]) + v;
+        out[c] = FromFloat<S>(v);
+      }
+    }
+  });
+}
+
+#define STRATA_INSTANTIATE_RMS_NORM(S)                                                            \
+  template void RmsNormForward<S>(const S*, const S*, double, int64_t, int64_t, S*,               \
+                                  ComputeType<S>*);                                               \
+  template void RmsNormBackward<S>(const S*, const S*, const ComputeType<S>*, const S*, const S*, \
+                                   int64_t, int64_t, S*, S*);
+STRATA_INSTANTIATE_RMS_NORM(float)
+STRATA_INSTANTIATE_RMS_NORM(double)
+STRATA_INSTANTIATE_RMS_NORM(Bf16)
+STRATA_INSTANTIATE_RMS_NORM(Fp16)
+#undef STRATA_INSTANTIATE_RMS_NORM
+
+}  // namespace strata::models::ops

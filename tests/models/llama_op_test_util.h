@@ -1,0 +1,147 @@
+// Test helpers shared by the tests of the Llama ops and blocks (rms_norm, rope, swiglu,
+// llama_kernels): random data, casts between S and double, and the element-by-element
+// comparison of an S result with the double reference under the error model of
+// tests/models/gpt_kernels_test.cc ("Error model"): one output element may be off by
+//     k * (u + K 2^-24) * (|ref| + rms(ref)),
+// u the unit roundoff of S, K the longest fp32 sum on the path, k the number of roundings on the
+// path times a gain margin.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "base/dtype.h"
+
+namespace strata::models::op_test {
+
+template <typename S>
+constexpr double kUnitRoundoff = std::is_same_v<S, Bf16>    ? 0x1p-8
+                                 : std::is_same_v<S, Fp16>  ? 0x1p-11
+                                 : std::is_same_v<S, float> ? 0x1p-24
+                                                            : 0x1p-53;
+
+// u + K 2^-24 for S (the fp32 accumulation error of a K-term sum; none for double beyond u).
+template <typename S>
+double Eps(double K) {
+  return kUnitRoundoff<S> + (std::is_same_v<S, double> ? K * 0x1p-53 : K * 0x1p-24);
+}
+
+// One rounding of v to S (through fp32 for the 16-bit types).
+template <typename S>
+S FromDouble(double v) {
+  if constexpr (std::is_same_v<S, double>) {
+    return v;
+  } else {
+    return FromFloat<S>(static_cast<float>(v));
+  }
+}
+
+template <typename S>
+std::vector<S> Cast(const std::vector<double>& v) {
+  std::vector<S> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = FromDouble<S>(v[i]);
+  return out;
+}
+
+template <typename S>
+std::vector<double> ToDoubles(const std::vector<S>& v) {
+  std::vector<double> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = static_cast<double>(ToFloat(v[i]));
+  return out;
+}
+
+// The values v takes once stored as S, in double: the reference's inputs for an S run.
+template <typename S>
+std::vector<double> Rounded(const std::vector<double>& v) {
+  return ToDoubles(Cast<S>(v));
+}
+
+inline std::vector<double> RandomValues(size_t n, double amplitude, uint64_t seed) {
+  std::mt19937_64 gen(seed);
+  std::uniform_real_distribution<double> u(-amplitude, amplitude);
+  std::vector<double> v(n);
+  for (double& x : v) x = u(gen);
+  return v;
+}
+
+// n values of S with all bits set (NaN in every storage type).
+template <typename S>
+std::vector<S> Poisoned(size_t n) {
+  std::vector<S> v(n);
+  std::memset(v.data(), 0xff, n * sizeof(S));
+  return v;
+}
+
+inline double Rms(const std::vector<double>& v) {
+  double sum = 0;
+  for (double x : v) sum += x * x;
+  return v.empty() ? 0 : std::sqrt(sum / static_cast<double>(v.size()));
+}
+
+// Element by element: |got - ref| <= k eps (|ref| + rms(ref)). Returns the worst ratio.
+inline double ExpectWithinBound(const std::string& what, const std::vector<double>& got,
+                                const std::vector<double>& ref, double k, double eps) {
+  EXPECT_EQ(got.size(), ref.size()) << what;
+  const double scale = Rms(ref);
+  double worst = 0;
+  int failures = 0;
+  for (size_t i = 0; i < ref.size() && i < got.size(); ++i) {
+    const double bound = k * eps * (std::abs(ref[i]) + scale);
+    const double err = std::abs(got[i] - ref[i]);
+    if (bound > 0) worst = std::max(worst, err / bound);
+    if (!(err <= bound) && ++failures <= 5) {
+      ADD_FAILURE() << what << "[" << i << "]: got " << got[i] << " reference " << ref[i]
+                    << " error " << err << " bound " << bound;
+    }
+  }
+  EXPECT_EQ(failures, 0) << what << ": " << failures << " elements out of bounds";
+  ::testing::Test::RecordProperty("worst_error_over_bound " + what, std::to_string(worst));
+  return worst;
+}
+
+// Scratch of `size_bytes` (64-byte aligned) poisoned with all-ones bytes (NaN in every storage
+// type) before each call, followed by a guard region that must stay untouched.
+class GuardedScratch {
+ public:
+  static constexpr size_t kGuardBytes = 64;
+  static constexpr unsigned char kGuardByte = 0xa5;
+
+  explicit GuardedScratch(int64_t size_bytes)
+      : size_bytes_(static_cast<size_t>(size_bytes)), bytes_(size_bytes_ + kGuardBytes + 64) {}
+
+  void* Poisoned() {
+    unsigned char* p = Base();
+    std::memset(p, 0xff, size_bytes_);
+    std::memset(p + size_bytes_, kGuardByte, kGuardBytes);
+    return p;
+  }
+  void CheckGuard(const std::string& what) {
+    const unsigned char* p = Base();
+    for (size_t i = 0; i < kGuardBytes; ++i) {
+      ASSERT_EQ(p[size_bytes_ + i], kGuardByte) << what << " wrote past its scratch size";
+    }
+  }
+
+ private:
+  unsigned char* Base() {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(bytes_.data());
+    return bytes_.data() + ((64 - a % 64) % 64);
+  }
+  size_t size_bytes_;
+  std::vector<unsigned char> bytes_;
+};
+
+// |a - b| <= atol + rtol max(|a|, |b|).
+inline bool Close(double a, double b, double atol, double rtol) {
+  return std::abs(a - b) <= atol + rtol * std::max(std::abs(a), std::abs(b));
+}
+
+}  // namespace strata::models::op_test
