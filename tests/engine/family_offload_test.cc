@@ -1,0 +1,142 @@
+// The offload-equivalence tests for the Hugging Face families: a Llama (grouped-query attention,
+// untied and tied head) and a tied GPT-2 train to bit-identical master weights in every
+// placement, precision and accumulation, with the tied embedding streamed, prefetched, folded
+// from two contributions and swapped to NVMe like any other chunk.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <memory>
+
+#include "engine/engine.h"
+#include "gpu/device.h"
+#include "models/gpt.h"
+#include "models/llama.h"
+#include "tests/engine/engine_test_util.h"
+
+namespace strata::engine {
+namespace {
+
+using testing::ExpectBitIdentical;
+using testing::MixedPlacementOptions;
+using testing::OverflowInjector;
+using testing::TrainOn;
+using testing::TrainRun;
+
+struct Family {
+  const char* name;
+  std::function<std::unique_ptr<Model>()> make;
+};
+
+models::LlamaConfig TinyLlama(bool tied) {
+  models::LlamaConfig c;
+  c.vocab_size = 256;  // the test tokens are bytes
+  c.hidden_size = 24;
+  c.intermediate_size = 40;
+  c.num_layers = 4;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 6;
+  c.max_seq_len = 16;
+  c.rms_norm_eps = 1e-5;
+  c.tie_embeddings = tied;
+  return c;
+}
+
+std::vector<Family> Families() {
+  return {
+      {"llama",
+       [] { return std::unique_ptr<Model>(*models::LlamaModel::Create(TinyLlama(false))); }},
+      {"llama_tied",
+       [] { return std::unique_ptr<Model>(*models::LlamaModel::Create(TinyLlama(true))); }},
+      {"gpt2_tied",
+       [] {
+         models::GptShape s{256, 16, 5, 2, 32};
+         s.tie_embeddings = true;
+         return std::unique_ptr<Model>(*models::GptModel::Create(s));
+       }},
+  };
+}
+
+class FamilyOffloadTest : public ::testing::TestWithParam<Family> {
+ protected:
+  void SetUp() override {
+    model_ = GetParam().make();
+    swap_dir_ = std::filesystem::temp_directory_path() /
+                fmt::format("strata_family_test_{}_{}", GetParam().name, ::getpid());
+    std::filesystem::create_directories(swap_dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(swap_dir_); }
+
+  TrainRun Train(const EngineOptions& o, int steps, int64_t max_delay_us = 0,
+                 Model* model = nullptr) {
+    gpu::HostDeviceOptions d;
+    d.max_random_delay_us = max_delay_us;
+    d.random_delay_seed = 777;
+    auto device = gpu::CreateHostDevice(d);
+    EXPECT_TRUE(device.ok());
+    if (!device.ok()) return {};
+    return TrainOn(**device, model ? *model : *model_, o, steps);
+  }
+  EngineOptions Options(DType precision, ParamHome params, OptimizerHome optim, int accum) {
+    return MixedPlacementOptions(*model_, precision, params, optim, accum, swap_dir_.string());
+  }
+
+  std::unique_ptr<Model> model_;
+  std::filesystem::path swap_dir_;
+};
+
+TEST_P(FamilyOffloadTest, EveryPlacementPrecisionAndAccumulationMatchesTheSequentialResidentRun) {
+  for (DType precision : {DType::kBF16, DType::kF16, DType::kF32}) {
+    for (int accum : {1, 2}) {
+      auto ref_options = Options(precision, ParamHome::kDevice, OptimizerHome::kHost, accum);
+      ref_options.overlap = false;
+      const TrainRun reference = Train(ref_options, 4);
+      ASSERT_FALSE(reference.results.empty());
+      ASSERT_NE(reference.results.front().loss, reference.results.back().loss);
+      for (ParamHome params : {ParamHome::kDevice, ParamHome::kHost, ParamHome::kNvme}) {
+        for (OptimizerHome optim : {OptimizerHome::kHost, OptimizerHome::kNvme}) {
+          SCOPED_TRACE(fmt::format("{} accum {} params {} optimizer {}", DTypeName(precision),
+                                   accum, ParamHomeName(params), OptimizerHomeName(optim)));
+          const TrainRun run = Train(Options(precision, params, optim, accum), 4);
+          if (params != ParamHome::kDevice) {
+            EXPECT_LT(run.plan.num_resident(), model_->num_blocks() - 1);
+          }
+          EXPECT_LE(run.counters.device_peak_bytes, run.plan.device_budget_bytes);
+          ExpectBitIdentical(reference, run);
+        }
+      }
+    }
+  }
+}
+
+TEST_P(FamilyOffloadTest, LateCopiesAndEventsStillGiveBitIdenticalResults) {
+  auto ref_options = Options(DType::kBF16, ParamHome::kDevice, OptimizerHome::kHost, 2);
+  ref_options.overlap = false;
+  const TrainRun reference = Train(ref_options, 3);
+  auto o = Options(DType::kBF16, ParamHome::kNvme, OptimizerHome::kNvme, 2);
+  o.poison_released_buckets = true;
+  const TrainRun delayed = Train(o, 3, /*max_delay_us=*/300);
+  ExpectBitIdentical(reference, delayed);
+  for (const auto& r : delayed.results) EXPECT_FALSE(r.skipped);
+}
+
+TEST_P(FamilyOffloadTest, Fp16OverflowInTheHeadSkipsEveryBlocksUpdateTiedChunkIncluded) {
+  auto o = Options(DType::kF16, ParamHome::kNvme, OptimizerHome::kNvme, 1);
+  OverflowInjector injected(model_.get());
+  injected.Arm(model_->num_blocks() - 1);
+  const TrainRun run = Train(o, 1, 0, &injected);
+  ASSERT_EQ(run.results.size(), 1u);
+  EXPECT_TRUE(run.results[0].skipped);
+  for (int b = 0; b < model_->num_blocks(); ++b) {
+    std::vector<float> init(model_->block_num_params(b));
+    ASSERT_TRUE(model_->InitParams(b, o.seed, init).ok());
+    ASSERT_EQ(run.master[b], init) << "block " << b;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, FamilyOffloadTest, ::testing::ValuesIn(Families()),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+}  // namespace
+}  // namespace strata::engine
