@@ -49,9 +49,10 @@ std::vector<std::string> GptPresetNames() {
 }
 
 StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const GptShape& shape,
-                                                     const GptOptions& options) {
+                                                     const GptOptions& options,
+                                                     std::shared_ptr<const WeightSource> weights) {
   STRATA_RETURN_IF_ERROR(ValidateShape(shape));
-  return std::unique_ptr<GptModel>(new GptModel(shape, options));
+  return std::unique_ptr<GptModel>(new GptModel(shape, options, std::move(weights)));
 }
 
 std::string GptModel::description() const {
@@ -124,6 +125,7 @@ int64_t GptModel::scratch_bytes(int block, engine::MicroBatchShape s, DType prec
 
 Status GptModel::InitParams(int block, uint64_t seed, std::span<float> out) const {
   STRATA_CHECK(static_cast<int64_t>(out.size()) == block_num_params(block));
+  if (weights_) return weights_->ReadBlock(block, out);
   switch (kind(block)) {
     case Kind::kEmbedding:
       InitEmbeddingParams(shape_, seed, out.data());

@@ -23,6 +23,7 @@
 
 #include "engine/model.h"
 #include "models/gpt_kernels.h"
+#include "models/weight_source.h"
 
 namespace strata::models {
 
@@ -47,9 +48,12 @@ class GptModel final : public engine::Model {
   // What a block is: embedding (block 0), transformer layer, or head (the last).
   enum class Kind { kEmbedding, kLayer, kHead };
 
-  // kInvalidArgument for an invalid shape (see ValidateShape).
-  static StatusOr<std::unique_ptr<GptModel>> Create(const GptShape& shape,
-                                                    const GptOptions& options = {});
+  // kInvalidArgument for an invalid shape (see ValidateShape). With `weights` (an imported
+  // Hugging Face checkpoint, models/hf_checkpoint.h), InitParams reads each block from it
+  // instead of the random initialisation; the source must describe this shape's chunks.
+  static StatusOr<std::unique_ptr<GptModel>> Create(
+      const GptShape& shape, const GptOptions& options = {},
+      std::shared_ptr<const WeightSource> weights = nullptr);
 
   const GptShape& shape() const { return shape_; }
   const GptOptions& options() const { return options_; }
@@ -72,10 +76,13 @@ class GptModel final : public engine::Model {
   Status PrepareComputeStream(gpu::Stream& stream) override;
 
  private:
-  GptModel(const GptShape& shape, const GptOptions& options) : shape_(shape), options_(options) {}
+  GptModel(const GptShape& shape, const GptOptions& options,
+           std::shared_ptr<const WeightSource> weights)
+      : shape_(shape), options_(options), weights_(std::move(weights)) {}
   Kind kind(int block) const;
   GptShape shape_;
   GptOptions options_;
+  std::shared_ptr<const WeightSource> weights_;  // null: random initialisation
 };
 
 }  // namespace strata::models
