@@ -10,6 +10,7 @@
 #include <string>
 
 #include "models/gpt_layout.h"
+#include "models/init.h"
 #include "models/ops/attention.h"
 #include "models/ops/cross_entropy.h"
 #include "models/ops/embedding.h"
@@ -146,49 +147,11 @@ void LayerForwardToGelu(const GptShape& s, const LayerParams<const S*>& p, const
 // ---------------------------------------------------------------------------
 // Initialisation.
 
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-// Block tags for the per-block random streams.
-constexpr uint64_t kEmbeddingTag = 0;
-constexpr uint64_t kHeadTag = ~uint64_t{0};
-uint64_t LayerTag(int layer_index) { return 1 + static_cast<uint64_t>(layer_index); }
-
-// Standard normal samples: Box-Muller on 53-bit uniforms from std::mt19937_64
-// (whose output sequence the standard fixes).
-class NormalSampler {
- public:
-  NormalSampler(uint64_t seed, uint64_t tag) : gen_(SplitMix64(seed ^ SplitMix64(tag))) {}
-
-  double Next() {
-    if (has_spare_) {
-      has_spare_ = false;
-      return spare_;
-    }
-    const double u1 = Uniform();  // (0, 1): log(u1) is finite
-    const double u2 = Uniform();
-    const double radius = std::sqrt(-2.0 * std::log(u1));
-    const double angle = 2.0 * std::numbers::pi * u2;
-    spare_ = radius * std::sin(angle);
-    has_spare_ = true;
-    return radius * std::cos(angle);
-  }
-
- private:
-  double Uniform() { return (static_cast<double>(gen_() >> 11) + 0.5) * 0x1.0p-53; }
-
-  std::mt19937_64 gen_;
-  bool has_spare_ = false;
-  double spare_ = 0;
-};
-
-void FillNormal(NormalSampler& rng, double stddev, int64_t n, float* out) {
-  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(stddev * rng.Next());
-}
+using init::FillNormal;
+using init::kEmbeddingTag;
+using init::kHeadTag;
+using init::LayerTag;
+using init::NormalSampler;
 
 constexpr double kInitStd = 0.02;
 
