@@ -107,6 +107,9 @@ Status ParseRopeScaling(const Fields& f, const json* scaling, LlamaConfig& c) {
     }
   }
   if (type == "default") return Status::Ok();  // transformers' name for no scaling
+  if (type.empty()) {
+    return f.Error("rope_scaling", "has no \"rope_type\" (or \"type\") string (supported: llama3)");
+  }
   if (type != "llama3") {
     return f.Error("rope_scaling",
                    fmt::format("type '{}' is not supported (supported: llama3, or null)", type));

@@ -191,6 +191,18 @@ TEST(HfConfig, UnsupportedFeaturesAreNamed) {
       LlamaConfigText(s, R"(, "rope_scaling": {"type": "linear", "factor": 2.0})"), kPath);
   ExpectOneLineError(linear, "rope_scaling");
   EXPECT_THAT(linear.status().message(), AllOf(HasSubstr("linear"), HasSubstr("llama3")));
+  ExpectOneLineError(
+      ParseHfConfig(LlamaConfigText(s, R"(, "rope_scaling": {"factor": 2.0})"), kPath),
+      "rope_scaling");
+  ExpectOneLineError(ParseHfConfig(LlamaConfigText(s, R"(, "rope_scaling": {"rope_type": "llama3",
+      "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0})"),
+                                   kPath),
+                     "rope_scaling.original_max_position_embeddings");
+  // A "default" rope_type is transformers' spelling of no scaling.
+  const auto plain =
+      ParseHfConfig(LlamaConfigText(s, R"(, "rope_scaling": {"rope_type": "default"})"), kPath);
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  EXPECT_FALSE(plain->llama.rope_llama3);
   Gpt2TestShape g;
   ExpectOneLineError(
       ParseHfConfig(R"({"model_type": "gpt2", "n_embd": 16, "n_layer": 1, "n_head": 2,

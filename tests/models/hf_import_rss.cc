@@ -3,7 +3,8 @@
 //
 //   hf_import_rss create DIR   writes DIR/config.json and DIR/model.safetensors: an fp32 Llama
 //                              (vocab 8192, hidden 1024, intermediate 2816, 24 layers, 16 heads,
-//                              8 kv heads) of 1.15 GiB of weights
+//                              8 kv heads): 299,943,936 parameters, 1.117 GiB
+//                              (1,199,775,744 bytes) of weights
 //   hf_import_rss import DIR   opens DIR with HfCheckpoint and reads every block into one reused
 //                              buffer of the largest block; prints sizes and a checksum
 //
