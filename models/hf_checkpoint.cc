@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -166,9 +167,18 @@ StatusOr<std::shared_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::string& di
   for (const std::string& name : shard_names) {
     auto shard = std::make_unique<Shard>();
     shard->path = dir + "/" + name;
-    auto file = engine::OpenSafetensorsFile(shard->path);
+    // The Hugging Face hub cache links every file of a snapshot to a blob: follow a link the
+    // directory holds (OpenSafetensorsFile itself opens with O_NOFOLLOW).
+    std::string open_path = shard->path;
+    std::error_code ec;
+    if (std::filesystem::is_symlink(open_path, ec)) {
+      const auto target = std::filesystem::canonical(open_path, ec);
+      if (!ec) open_path = target.string();
+    }
+    auto file = engine::OpenSafetensorsFile(open_path);
     if (!file.ok()) {
-      Status s = NameUnsupportedDtype(shard->path, file.status());
+      Status s = NameUnsupportedDtype(open_path, file.status());
+      if (open_path != shard->path) s = s.WithContext(shard->path);
       if (indexed && s.code() == StatusCode::kNotFound) {
         std::string first_tensor;
         for (const auto& [tensor, shard_name] : weight_map) {

@@ -19,6 +19,8 @@
 // entry missing, wrong dtype or shape, unexpected tensor, bad shard name), kDataLoss (a
 // safetensors file whose header is malformed or whose data ranges lie outside the file).
 //
+// Files may be symbolic links (the Hugging Face hub cache's snapshots link to blobs).
+//
 // Memory: the shard files stay open (one fd each) with their parsed headers; ReadBlock stages at
 // most kStagingBytes of file data at a time besides its output.
 #pragma once

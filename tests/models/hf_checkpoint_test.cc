@@ -142,6 +142,23 @@ TEST(HfCheckpoint, ReadsTensorsLargerThanTheStagingInPiecesWithOddRemainders) {
   ExpectBlocksEqual(**ck, tensors);
 }
 
+TEST(HfCheckpoint, FollowsSymlinksLikeTheHubCacheSnapshots) {
+  TempDir tmp;
+  LlamaTestShape s;
+  auto tensors = LlamaTestTensors(s);
+  FillRandom(tensors, "F16", 9);
+  WriteModelDir(tmp.path() + "/blobs", LlamaConfigText(s), tensors, /*num_shards=*/2);
+  const std::string snap = tmp.path() + "/snapshots/abc";
+  std::filesystem::create_directories(snap);
+  for (const char* f :
+       {"config.json", "model.safetensors.index.json", "w-0.safetensors", "w-1.safetensors"}) {
+    std::filesystem::create_symlink(tmp.path() + "/blobs/" + f, snap + "/" + f);
+  }
+  auto ck = HfCheckpoint::Open(snap);
+  ASSERT_TRUE(ck.ok()) << ck.status().ToString();
+  ExpectBlocksEqual(**ck, tensors);
+}
+
 TEST(HfCheckpoint, ReadBlockChecksTheBufferSize) {
   TempDir tmp;
   LlamaTestShape s;
