@@ -312,17 +312,20 @@ TEST(HfConfig, Gpt2PresetsHaveThePublishedShapesAndParameterCounts) {
   EXPECT_THAT(bad.status().message(), AllOf(HasSubstr("gpt3"), HasSubstr("gpt2-xl")));
 }
 
-TEST(HfConfig, UntiedGpt2BlocksHaveTheGptModelChunkSizes) {
-  Gpt2TestShape s;
-  s.tied = false;
-  auto c = ParseHfConfig(Gpt2ConfigText(s), kPath);
-  ASSERT_TRUE(c.ok());
-  auto model = GptModel::Create(c->gpt2);
-  ASSERT_TRUE(model.ok()) << model.status().ToString();
-  ASSERT_EQ(HfNumBlocks(*c), (*model)->num_blocks());
-  for (int b = 0; b < HfNumBlocks(*c); ++b) {
-    EXPECT_EQ(HfBlockNumParams(*c, b), (*model)->block_num_params(b)) << b;
-    EXPECT_EQ(HfBlockName(*c, b), (*model)->block_name(b));
+TEST(HfConfig, Gpt2BlocksHaveTheGptModelChunkSizesTiedAndUntied) {
+  for (bool tied : {false, true}) {
+    Gpt2TestShape s;
+    s.tied = tied;
+    auto c = ParseHfConfig(Gpt2ConfigText(s), kPath);
+    ASSERT_TRUE(c.ok());
+    auto model = GptModel::Create(c->gpt2);
+    ASSERT_TRUE(model.ok()) << model.status().ToString();
+    ASSERT_EQ(HfNumBlocks(*c), (*model)->num_blocks());
+    for (int b = 0; b < HfNumBlocks(*c); ++b) {
+      EXPECT_EQ(HfBlockNumParams(*c, b), (*model)->block_num_params(b)) << tied << " " << b;
+      EXPECT_EQ(HfBlockName(*c, b), (*model)->block_name(b));
+    }
+    EXPECT_EQ((*model)->tied_block(HfNumBlocks(*c) - 1), tied ? 0 : -1);
   }
 }
 
