@@ -1,0 +1,349 @@
+#include "models/hf_checkpoint.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "base/unique_fd.h"
+#include "cpu_optim/grad_stats.h"
+
+namespace strata::models {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr uint64_t kMaxIndexBytes = 100'000'000;
+
+bool IsRegularFile(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+bool EndsWith(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+// Buffers Hugging Face saves with some checkpoints that are not parameters.
+bool IsIgnoredBuffer(std::string_view name) {
+  return EndsWith(name, ".attn.bias") || EndsWith(name, ".attn.masked_bias") ||
+         EndsWith(name, "rotary_emb.inv_freq") || name == "attn.bias" || name == "attn.masked_bias";
+}
+
+// A shard name in an index must be a plain file name inside the model directory.
+bool PlainFileName(std::string_view name) {
+  if (name.empty() || name.size() > 255 || name == "." || name == "..") return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    const auto u = static_cast<unsigned char>(c);
+    return u >= 0x20 && u != 0x7f && c != '/' && c != '\\';
+  });
+}
+
+std::string Printable(std::string_view s) {
+  std::string out;
+  for (char c : s.substr(0, 120)) {
+    const auto u = static_cast<unsigned char>(c);
+    out += (u >= 0x20 && u < 0x7f) ? std::string(1, c) : fmt::format("\\x{:02x}", u);
+  }
+  return s.size() > 120 ? out + "..." : out;
+}
+
+StatusOr<std::string> ReadSmallFile(const std::string& path, uint64_t max_bytes) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) return ErrnoToStatus(errno, fmt::format("opening '{}'", path));
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return ErrnoToStatus(errno, fmt::format("stat '{}'", path));
+  if (!S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) > max_bytes) {
+    return InvalidArgumentError(
+        fmt::format("{}: not a regular file of at most {} bytes", path, max_bytes));
+  }
+  std::string text(static_cast<size_t>(st.st_size), '\0');
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t r =
+        ::pread(fd.get(), text.data() + done, text.size() - done, static_cast<off_t>(done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return ErrnoToStatus(errno, fmt::format("reading '{}'", path));
+    if (r == 0) break;
+    done += static_cast<size_t>(r);
+  }
+  text.resize(done);
+  return text;
+}
+
+// OpenSafetensorsFile rejects a dtype other than F32/F16/BF16 without naming the tensor; this
+// names it by reading the header's JSON again. Returns `original` when it finds nothing better.
+Status NameUnsupportedDtype(const std::string& path, const Status& original) {
+  if (original.code() != StatusCode::kInvalidArgument) return original;
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  uint8_t len[8];
+  if (!fd.valid() || ::pread(fd.get(), len, 8, 0) != 8) return original;
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | len[i];
+  if (n > engine::kMaxSafetensorsHeaderBytes) return original;
+  std::string text(n, '\0');
+  if (::pread(fd.get(), text.data(), n, 8) != static_cast<ssize_t>(n)) return original;
+  const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return original;
+  for (const auto& [name, entry] : j.items()) {
+    if (name == "__metadata__" || !entry.is_object()) continue;
+    const auto dt = entry.find("dtype");
+    if (dt == entry.end() || !dt->is_string()) continue;
+    const std::string& d = dt->get_ref<const std::string&>();
+    if (d != "F32" && d != "F16" && d != "BF16") {
+      return InvalidArgumentError(
+          fmt::format("{}: tensor '{}' has dtype {} (F32, F16 and BF16 are supported)", path,
+                      Printable(name), Printable(d)));
+    }
+  }
+  return original;
+}
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
+
+// GPT-2 checkpoints may store the GPT2Model's names without the "transformer." prefix.
+std::vector<std::string> CandidateNames(const HfModelConfig& config, const std::string& name) {
+  std::vector<std::string> out = {name};
+  constexpr std::string_view kPrefix = "transformer.";
+  if (config.family == HfModelConfig::Family::kGpt2 && name.starts_with(kPrefix)) {
+    out.push_back(name.substr(kPrefix.size()));
+  }
+  return out;
+}
+
+}  // namespace
+
+StatusOr<std::shared_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::string& dir) {
+  std::shared_ptr<HfCheckpoint> ck(new HfCheckpoint());
+  ck->dir_ = dir;
+  STRATA_ASSIGN_OR_RETURN(ck->config_, ReadHfConfig(dir));
+  const HfModelConfig& config = ck->config_;
+
+  // Which files hold the weights; with an index, which file each tensor is in.
+  const std::string single_path = dir + "/model.safetensors";
+  const std::string index_path = dir + "/model.safetensors.index.json";
+  std::map<std::string, std::string> weight_map;  // tensor -> shard file name
+  std::vector<std::string> shard_names;
+  const bool indexed = !IsRegularFile(single_path) && IsRegularFile(index_path);
+  if (!indexed) {
+    if (!IsRegularFile(single_path)) {
+      return NotFoundError(fmt::format(
+          "{}: no model.safetensors and no model.safetensors.index.json in the directory", dir));
+    }
+    shard_names.push_back("model.safetensors");
+  } else {
+    STRATA_ASSIGN_OR_RETURN(const std::string text, ReadSmallFile(index_path, kMaxIndexBytes));
+    const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
+      return InvalidArgumentError(
+          fmt::format("{}: not a JSON object with a \"weight_map\" object", index_path));
+    }
+    std::set<std::string> names;
+    for (const auto& [tensor, shard] : j["weight_map"].items()) {
+      if (!shard.is_string() || !PlainFileName(shard.get_ref<const std::string&>())) {
+        return InvalidArgumentError(
+            fmt::format("{}: weight_map entry of tensor '{}' must be a plain file name in the "
+                        "directory, got {}",
+                        index_path, Printable(tensor), Printable(shard.dump())));
+      }
+      weight_map[tensor] = shard.get<std::string>();
+      names.insert(shard.get<std::string>());
+    }
+    shard_names.assign(names.begin(), names.end());
+  }
+
+  // Open every file and read its header (no tensor data).
+  std::map<std::string, std::pair<int, const engine::SafetensorsTensor*>> present;
+  for (const std::string& name : shard_names) {
+    auto shard = std::make_unique<Shard>();
+    shard->path = dir + "/" + name;
+    // The Hugging Face hub cache links every file of a snapshot to a blob: follow a link the
+    // directory holds (OpenSafetensorsFile itself opens with O_NOFOLLOW).
+    std::string open_path = shard->path;
+    std::error_code ec;
+    if (std::filesystem::is_symlink(open_path, ec)) {
+      const auto target = std::filesystem::canonical(open_path, ec);
+      if (!ec) open_path = target.string();
+    }
+    auto file = engine::OpenSafetensorsFile(open_path);
+    if (!file.ok()) {
+      Status s = NameUnsupportedDtype(open_path, file.status());
+      if (open_path != shard->path) s = s.WithContext(shard->path);
+      if (indexed && s.code() == StatusCode::kNotFound) {
+        std::string first_tensor;
+        for (const auto& [tensor, shard_name] : weight_map) {
+          if (shard_name == name) {
+            first_tensor = tensor;
+            break;
+          }
+        }
+        s = NotFoundError(fmt::format("{}: shard '{}' (holding tensor '{}') is missing: {}",
+                                      index_path, Printable(name), Printable(first_tensor),
+                                      s.message()));
+      }
+      return s;
+    }
+    shard->file = std::move(*file);
+    const int index = static_cast<int>(ck->shards_.size());
+    for (const engine::SafetensorsTensor& t : shard->file.header.tensors) {
+      const auto [it, inserted] = present.emplace(t.name, std::make_pair(index, &t));
+      if (!inserted) {
+        return InvalidArgumentError(fmt::format("{}: tensor '{}' is also in {}", shard->path,
+                                                Printable(t.name),
+                                                ck->shards_[it->second.first]->path));
+      }
+    }
+    ck->shards_.push_back(std::move(shard));
+  }
+
+  // Every tensor the config implies: where it is, its dtype and shape.
+  std::set<std::string> used;
+  const int num_blocks = HfNumBlocks(config);
+  for (int b = 0; b < num_blocks; ++b) {
+    std::vector<Source> sources;
+    int64_t num_params = 0;
+    for (HfTensor& layout : HfBlockTensors(config, b)) {
+      const std::vector<std::string> candidates = CandidateNames(config, layout.name);
+      std::string found;
+      for (const std::string& name : candidates) {
+        if (indexed ? weight_map.contains(name) : present.contains(name)) {
+          found = name;
+          break;
+        }
+      }
+      if (found.empty()) {
+        return InvalidArgumentError(
+            indexed
+                ? fmt::format("{}: tensor '{}' has no entry in weight_map", index_path, layout.name)
+                : fmt::format("{}: tensor '{}' is missing", single_path, layout.name));
+      }
+      const auto it = present.find(found);
+      if (indexed && (it == present.end() ||
+                      ck->shards_[it->second.first]->path != dir + "/" + weight_map[found])) {
+        return InvalidArgumentError(
+            fmt::format("{}/{}: tensor '{}' is not in the file (the index maps it there)", dir,
+                        weight_map[found], found));
+      }
+      const auto [shard, tensor] = it->second;
+      const std::string& path = ck->shards_[shard]->path;
+      if (tensor->shape != layout.shape) {
+        return InvalidArgumentError(
+            fmt::format("{}: tensor '{}' has shape {}, config.json needs {}", path, found,
+                        ShapeString(tensor->shape), ShapeString(layout.shape)));
+      }
+      used.insert(found);
+      num_params += layout.num_elems;
+      sources.push_back({std::move(layout), shard, tensor});
+    }
+    ck->blocks_.push_back(std::move(sources));
+    ck->block_num_params_.push_back(num_params);
+    ck->block_names_.push_back(HfBlockName(config, b));
+  }
+
+  // Tensors nothing uses: the config and the weights disagree.
+  const bool tied = config.family == HfModelConfig::Family::kLlama ? config.llama.tie_embeddings
+                                                                   : config.gpt2.tie_embeddings;
+  std::vector<std::string> extra;
+  std::string extra_file;
+  auto check_extra = [&](const std::string& name, const std::string& file) {
+    if (used.contains(name) || IsIgnoredBuffer(name) || (tied && name == "lm_head.weight")) return;
+    if (extra.empty()) extra_file = file;
+    extra.push_back(fmt::format("'{}'", Printable(name)));
+  };
+  for (const auto& [name, where] : present) check_extra(name, ck->shards_[where.first]->path);
+  for (const auto& [name, shard] : weight_map) {
+    if (!present.contains(name)) check_extra(name, index_path);
+  }
+  if (!extra.empty()) {
+    const size_t shown = std::min<size_t>(extra.size(), 8);
+    return InvalidArgumentError(fmt::format(
+        "{}: {} tensor(s) the config.json model does not have: {}{} (config and weights "
+        "disagree)",
+        extra_file, extra.size(),
+        fmt::join(std::vector<std::string>(extra.begin(), extra.begin() + shown), ", "),
+        extra.size() > shown ? ", ..." : ""));
+  }
+
+  for (const char* name : {"tokenizer.model", "tokenizer.json", "tokenizer_config.json",
+                           "special_tokens_map.json", "vocab.json", "merges.txt"}) {
+    const std::string path = dir + "/" + name;
+    if (IsRegularFile(path)) ck->tokenizer_files_.push_back(path);
+  }
+  return ck;
+}
+
+int64_t HfCheckpoint::block_num_params(int block) const {
+  STRATA_CHECK(block >= 0 && block < num_blocks());
+  return block_num_params_[block];
+}
+
+std::vector<std::string> HfCheckpoint::weight_files() const {
+  std::vector<std::string> out;
+  for (const auto& s : shards_) out.push_back(s->path);
+  return out;
+}
+
+Status HfCheckpoint::ReadBlock(int block, std::span<float> out) const {
+  if (block < 0 || block >= num_blocks()) {
+    return InvalidArgumentError(
+        fmt::format("{}: block {} out of range [0, {})", dir_, block, num_blocks()));
+  }
+  if (static_cast<int64_t>(out.size()) != block_num_params_[block]) {
+    return InvalidArgumentError(fmt::format("{}: block {} has {} parameters, the buffer {}", dir_,
+                                            block_names_[block], block_num_params_[block],
+                                            out.size()));
+  }
+  std::vector<std::byte> staging;  // 16-bit file data
+  std::vector<float> rows;         // fp32 rows of a transposed tensor
+  for (const Source& src : blocks_[block]) {
+    const Shard& shard = *shards_[src.shard];
+    const engine::SafetensorsTensor& t = *src.tensor;
+    const int64_t elem_bytes = static_cast<int64_t>(SizeOf(t.dtype));
+    float* dst = out.data() + src.layout.chunk_offset;
+    auto read = [&](int64_t first_elem, int64_t num_elems, std::byte* into) -> Status {
+      Status s = engine::ReadTensorBytes(
+          shard.file, t, static_cast<uint64_t>(first_elem * elem_bytes),
+          std::span<std::byte>(into, static_cast<size_t>(num_elems * elem_bytes)));
+      return s.ok() ? s : s.WithContext(shard.path);
+    };
+    // Reads elements [first, first + n) as fp32 into `to`.
+    auto read_f32 = [&](int64_t first, int64_t n, float* to) -> Status {
+      if (t.dtype == DType::kF32) return read(first, n, reinterpret_cast<std::byte*>(to));
+      staging.resize(static_cast<size_t>(n * elem_bytes));
+      STRATA_RETURN_IF_ERROR(read(first, n, staging.data()));
+      return cpu_optim::ConvertToF32(staging.data(), t.dtype, to, n);
+    };
+    if (!src.layout.transposed) {
+      const int64_t piece = kStagingBytes / elem_bytes;
+      for (int64_t e = 0; e < t.num_elems; e += piece) {
+        STRATA_RETURN_IF_ERROR(read_f32(e, std::min(piece, t.num_elems - e), dst + e));
+      }
+      continue;
+    }
+    // Stored (R, K), chunk (K, R): read whole rows, scatter them as columns.
+    const int64_t R = t.shape[0], K = t.shape[1];
+    const int64_t piece_rows = std::max<int64_t>(1, kStagingBytes / (K * 4));
+    for (int64_t r0 = 0; r0 < R; r0 += piece_rows) {
+      const int64_t nr = std::min(piece_rows, R - r0);
+      rows.resize(static_cast<size_t>(nr * K));
+      STRATA_RETURN_IF_ERROR(read_f32(r0 * K, nr * K, rows.data()));
+      for (int64_t k = 0; k < K; ++k) {
+        float* col = dst + k * R + r0;
+        for (int64_t r = 0; r < nr; ++r) col[r] = rows[r * K + k];
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace strata::models

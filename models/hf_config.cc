@@ -1,0 +1,482 @@
+#include "models/hf_config.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <optional>
+
+#include "base/unique_fd.h"
+
+namespace strata::models {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr uint64_t kMaxConfigBytes = 16u << 20;
+
+// Field access with one-line errors "PATH: field 'NAME' ...".
+class Fields {
+ public:
+  Fields(const json& j, const std::string& path) : j_(j), path_(path) {}
+
+  Status Error(std::string_view field, std::string_view what) const {
+    return InvalidArgumentError(fmt::format("{}: field '{}' {}", path_, field, what));
+  }
+  // The value of `field`, or nullptr when it is absent or JSON null.
+  const json* Find(std::string_view field) const {
+    const auto it = j_.find(field);
+    if (it == j_.end() || it->is_null()) return nullptr;
+    return &*it;
+  }
+  StatusOr<int> Int(std::string_view field, std::optional<int> fallback = std::nullopt) const {
+    const json* v = Find(field);
+    if (v == nullptr) {
+      if (fallback) return *fallback;
+      return Error(field, "is missing");
+    }
+    if (!v->is_number_integer())
+      return Error(field, fmt::format("must be an integer, got {}", Dump(*v)));
+    const int64_t x = v->get<int64_t>();
+    if (x <= 0 || x > INT_MAX) {
+      return Error(field, fmt::format("= {} is out of range (1..{})", x, INT_MAX));
+    }
+    return static_cast<int>(x);
+  }
+  StatusOr<double> Double(std::string_view field, std::optional<double> fallback) const {
+    const json* v = Find(field);
+    if (v == nullptr) {
+      if (fallback) return *fallback;
+      return Error(field, "is missing");
+    }
+    if (!v->is_number()) return Error(field, fmt::format("must be a number, got {}", Dump(*v)));
+    return v->get<double>();
+  }
+  StatusOr<bool> Bool(std::string_view field, bool fallback) const {
+    const json* v = Find(field);
+    if (v == nullptr) return fallback;
+    if (!v->is_boolean())
+      return Error(field, fmt::format("must be true or false, got {}", Dump(*v)));
+    return v->get<bool>();
+  }
+  StatusOr<std::string> String(std::string_view field, std::string fallback) const {
+    const json* v = Find(field);
+    if (v == nullptr) return fallback;
+    if (!v->is_string()) return Error(field, fmt::format("must be a string, got {}", Dump(*v)));
+    return v->get<std::string>();
+  }
+  // A field that must be false or absent (a feature the family does not implement).
+  Status FalseOrAbsent(std::string_view field, std::string_view why) const {
+    STRATA_ASSIGN_OR_RETURN(const bool v, Bool(field, false));
+    if (v) return Error(field, fmt::format("= true is not supported ({})", why));
+    return Status::Ok();
+  }
+
+  static std::string Dump(const json& v) {
+    std::string s = v.dump();
+    if (s.size() > 60) s = s.substr(0, 57) + "...";
+    return s;
+  }
+
+ private:
+  const json& j_;
+  const std::string& path_;
+};
+
+constexpr std::string_view kSupportedModelTypes = "llama, mistral, gpt2";
+constexpr std::string_view kSupportedArchitectures =
+    "LlamaForCausalLM, MistralForCausalLM, GPT2LMHeadModel";
+
+Status ParseRopeScaling(const Fields& f, const json* scaling, LlamaConfig& c) {
+  if (scaling == nullptr) return Status::Ok();
+  if (!scaling->is_object()) {
+    return f.Error("rope_scaling",
+                   fmt::format("must be null or an object, got {}", Fields::Dump(*scaling)));
+  }
+  const Fields s(*scaling, "");
+  std::string type;
+  for (const char* key : {"rope_type", "type"}) {
+    const json* t = s.Find(key);
+    if (t != nullptr && t->is_string()) {
+      type = t->get<std::string>();
+      break;
+    }
+  }
+  if (type == "default") return Status::Ok();  // transformers' name for no scaling
+  if (type.empty()) {
+    return f.Error("rope_scaling", "has no \"rope_type\" (or \"type\") string (supported: llama3)");
+  }
+  if (type != "llama3") {
+    return f.Error("rope_scaling",
+                   fmt::format("type '{}' is not supported (supported: llama3, or null)", type));
+  }
+  auto num = [&](const char* key) -> StatusOr<double> {
+    const json* v = s.Find(key);
+    if (v == nullptr || !v->is_number()) {
+      return f.Error(fmt::format("rope_scaling.{}", key), "is missing or not a number");
+    }
+    return v->get<double>();
+  };
+  c.rope_llama3 = true;
+  STRATA_ASSIGN_OR_RETURN(c.rope_factor, num("factor"));
+  STRATA_ASSIGN_OR_RETURN(c.rope_low_freq_factor, num("low_freq_factor"));
+  STRATA_ASSIGN_OR_RETURN(c.rope_high_freq_factor, num("high_freq_factor"));
+  STRATA_ASSIGN_OR_RETURN(const double orig, num("original_max_position_embeddings"));
+  if (!(orig >= 1 && orig <= INT_MAX) || orig != static_cast<int>(orig)) {
+    return f.Error("rope_scaling.original_max_position_embeddings",
+                   fmt::format("= {} must be a positive integer", orig));
+  }
+  c.rope_original_max_position = static_cast<int>(orig);
+  return Status::Ok();
+}
+
+StatusOr<LlamaConfig> ParseLlama(const Fields& f, bool mistral, const std::string& path) {
+  LlamaConfig c;
+  STRATA_ASSIGN_OR_RETURN(c.vocab_size, f.Int("vocab_size"));
+  STRATA_ASSIGN_OR_RETURN(c.hidden_size, f.Int("hidden_size"));
+  STRATA_ASSIGN_OR_RETURN(c.intermediate_size, f.Int("intermediate_size"));
+  STRATA_ASSIGN_OR_RETURN(c.num_layers, f.Int("num_hidden_layers"));
+  STRATA_ASSIGN_OR_RETURN(c.num_heads, f.Int("num_attention_heads"));
+  STRATA_ASSIGN_OR_RETURN(c.num_kv_heads, f.Int("num_key_value_heads", c.num_heads));
+  if (f.Find("head_dim") == nullptr && c.hidden_size % c.num_heads != 0) {
+    return f.Error("hidden_size", fmt::format("= {} is not a multiple of num_attention_heads = {} "
+                                              "(and there is no head_dim)",
+                                              c.hidden_size, c.num_heads));
+  }
+  STRATA_ASSIGN_OR_RETURN(c.head_dim, f.Int("head_dim", c.hidden_size / c.num_heads));
+  STRATA_ASSIGN_OR_RETURN(c.max_seq_len, f.Int("max_position_embeddings"));
+  STRATA_ASSIGN_OR_RETURN(c.rms_norm_eps, f.Double("rms_norm_eps", 1e-6));
+  STRATA_ASSIGN_OR_RETURN(c.rope_theta, f.Double("rope_theta", 10000.0));
+  STRATA_RETURN_IF_ERROR(ParseRopeScaling(f, f.Find("rope_scaling"), c));
+  STRATA_ASSIGN_OR_RETURN(c.tie_embeddings, f.Bool("tie_word_embeddings", false));
+  STRATA_ASSIGN_OR_RETURN(const std::string act, f.String("hidden_act", "silu"));
+  if (act != "silu") {
+    return f.Error("hidden_act",
+                   fmt::format("'{}' is not supported (the Llama MLP is SwiGLU: silu)", act));
+  }
+  STRATA_RETURN_IF_ERROR(f.FalseOrAbsent("attention_bias", "Llama attention has no biases"));
+  STRATA_RETURN_IF_ERROR(f.FalseOrAbsent("mlp_bias", "the Llama MLP has no biases"));
+  if (mistral) {
+    if (const json* w = f.Find("sliding_window"); w != nullptr) {
+      if (!w->is_number_integer()) {
+        return f.Error("sliding_window",
+                       fmt::format("must be null or an integer, got {}", Fields::Dump(*w)));
+      }
+      if (w->get<int64_t>() < c.max_seq_len) {
+        return f.Error(
+            "sliding_window",
+            fmt::format("= {} is smaller than max_position_embeddings = {}: sliding-window "
+                        "attention is not supported (null or >= max_position_embeddings is)",
+                        w->get<int64_t>(), c.max_seq_len));
+      }
+    }
+  }
+  if (Status s = ValidateLlamaConfig(c); !s.ok()) return s.WithContext(path);
+  return c;
+}
+
+StatusOr<GptShape> ParseGpt2(const Fields& f, const std::string& path) {
+  GptShape g;
+  STRATA_ASSIGN_OR_RETURN(g.vocab_size, f.Int("vocab_size", 50257));
+  STRATA_ASSIGN_OR_RETURN(g.channels, f.Int("n_embd"));
+  STRATA_ASSIGN_OR_RETURN(g.num_layers, f.Int("n_layer"));
+  STRATA_ASSIGN_OR_RETURN(g.num_heads, f.Int("n_head"));
+  if (f.Find("n_positions") != nullptr) {
+    STRATA_ASSIGN_OR_RETURN(g.max_seq_len, f.Int("n_positions"));
+  } else {
+    STRATA_ASSIGN_OR_RETURN(g.max_seq_len, f.Int("n_ctx"));  // older configs
+  }
+  STRATA_ASSIGN_OR_RETURN(g.layer_norm_eps, f.Double("layer_norm_epsilon", 1e-5));
+  if (!(g.layer_norm_eps > 0)) {
+    return f.Error("layer_norm_epsilon", fmt::format("= {} must be positive", g.layer_norm_eps));
+  }
+  STRATA_ASSIGN_OR_RETURN(g.tie_embeddings, f.Bool("tie_word_embeddings", true));
+  STRATA_ASSIGN_OR_RETURN(const std::string act, f.String("activation_function", "gelu_new"));
+  if (act != "gelu_new" && act != "gelu_pytorch_tanh") {
+    return f.Error(
+        "activation_function",
+        fmt::format("'{}' is not supported (the tanh GELU is: gelu_new, gelu_pytorch_tanh)", act));
+  }
+  if (const json* inner = f.Find("n_inner"); inner != nullptr) {
+    if (!inner->is_number_integer() || inner->get<int64_t>() != 4 * int64_t{g.channels}) {
+      return f.Error("n_inner", fmt::format("= {} is not supported (null or 4 n_embd = {} is)",
+                                            Fields::Dump(*inner), 4 * int64_t{g.channels}));
+    }
+  }
+  STRATA_ASSIGN_OR_RETURN(const bool scale_attn, f.Bool("scale_attn_weights", true));
+  if (!scale_attn) return f.Error("scale_attn_weights", "= false is not supported");
+  STRATA_RETURN_IF_ERROR(f.FalseOrAbsent("scale_attn_by_inverse_layer_idx",
+                                         "attention scores scale by 1/sqrt(hs) only"));
+  STRATA_RETURN_IF_ERROR(f.FalseOrAbsent("add_cross_attention", "a decoder-only model"));
+  if (Status s = ValidateShape(g); !s.ok()) return s.WithContext(path);
+  return g;
+}
+
+std::string TorchDtype(DType dtype) {
+  switch (dtype) {
+    case DType::kF16:
+      return "float16";
+    case DType::kBF16:
+      return "bfloat16";
+    case DType::kF32:
+      break;
+  }
+  return "float32";
+}
+
+}  // namespace
+
+StatusOr<HfModelConfig> ParseHfConfig(std::string_view json_text, const std::string& path) {
+  HfModelConfig config;
+  config.raw = json::parse(json_text.begin(), json_text.end(), nullptr, /*allow_exceptions=*/false);
+  if (config.raw.is_discarded())
+    return InvalidArgumentError(fmt::format("{}: not valid JSON", path));
+  if (!config.raw.is_object())
+    return InvalidArgumentError(fmt::format("{}: not a JSON object", path));
+  const Fields f(config.raw, path);
+  STRATA_ASSIGN_OR_RETURN(std::string model_type, f.String("model_type", ""));
+  std::string architecture;
+  if (const json* arch = f.Find("architectures"); arch != nullptr) {
+    if (!arch->is_array() || arch->size() != 1 || !(*arch)[0].is_string()) {
+      return f.Error("architectures",
+                     fmt::format("must be a list of one name, got {}", Fields::Dump(*arch)));
+    }
+    architecture = (*arch)[0].get<std::string>();
+  }
+  if (model_type.empty()) {
+    if (architecture.empty()) {
+      return f.Error(
+          "model_type",
+          fmt::format("is missing (and so is architectures); supported: {}", kSupportedModelTypes));
+    }
+    model_type = architecture == "LlamaForCausalLM"     ? "llama"
+                 : architecture == "MistralForCausalLM" ? "mistral"
+                 : architecture == "GPT2LMHeadModel"    ? "gpt2"
+                                                        : "";
+    if (model_type.empty()) {
+      return f.Error("architectures", fmt::format("'{}' is not supported (supported: {})",
+                                                  architecture, kSupportedArchitectures));
+    }
+  }
+  std::string_view expected_arch;
+  if (model_type == "llama" || model_type == "mistral") {
+    expected_arch = model_type == "llama" ? "LlamaForCausalLM" : "MistralForCausalLM";
+  } else if (model_type == "gpt2") {
+    expected_arch = "GPT2LMHeadModel";
+  } else {
+    return f.Error("model_type", fmt::format("'{}' is not supported (supported: {})", model_type,
+                                             kSupportedModelTypes));
+  }
+  if (!architecture.empty() && architecture != expected_arch) {
+    return f.Error("architectures",
+                   fmt::format("'{}' is not supported for model_type '{}' (supported: {})",
+                               architecture, model_type, expected_arch));
+  }
+  if (model_type == "gpt2") {
+    config.family = HfModelConfig::Family::kGpt2;
+    STRATA_ASSIGN_OR_RETURN(config.gpt2, ParseGpt2(f, path));
+  } else {
+    config.family = HfModelConfig::Family::kLlama;
+    STRATA_ASSIGN_OR_RETURN(config.llama, ParseLlama(f, model_type == "mistral", path));
+  }
+  return config;
+}
+
+StatusOr<HfModelConfig> ReadHfConfig(const std::string& dir) {
+  const std::string path = dir + "/config.json";
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) return ErrnoToStatus(errno, fmt::format("opening '{}'", path));
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return ErrnoToStatus(errno, fmt::format("stat '{}'", path));
+  if (!S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) > kMaxConfigBytes) {
+    return InvalidArgumentError(
+        fmt::format("{}: not a regular file of at most {} bytes", path, kMaxConfigBytes));
+  }
+  std::string text(static_cast<size_t>(st.st_size), '\0');
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t r =
+        ::pread(fd.get(), text.data() + done, text.size() - done, static_cast<off_t>(done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return ErrnoToStatus(errno, fmt::format("reading '{}'", path));
+    if (r == 0) break;
+    done += static_cast<size_t>(r);
+  }
+  text.resize(done);
+  return ParseHfConfig(text, path);
+}
+
+std::string HfConfigJson(const HfModelConfig& config, DType torch_dtype) {
+  json j = json::object();
+  if (config.family == HfModelConfig::Family::kLlama) {
+    const LlamaConfig& c = config.llama;
+    j["architectures"] = {"LlamaForCausalLM"};
+    j["model_type"] = "llama";
+    j["vocab_size"] = c.vocab_size;
+    j["hidden_size"] = c.hidden_size;
+    j["intermediate_size"] = c.intermediate_size;
+    j["num_hidden_layers"] = c.num_layers;
+    j["num_attention_heads"] = c.num_heads;
+    j["num_key_value_heads"] = c.num_kv_heads;
+    j["head_dim"] = c.head_dim;
+    j["max_position_embeddings"] = c.max_seq_len;
+    j["rms_norm_eps"] = c.rms_norm_eps;
+    j["rope_theta"] = c.rope_theta;
+    if (c.rope_llama3) {
+      j["rope_scaling"] = {{"rope_type", "llama3"},
+                           {"factor", c.rope_factor},
+                           {"low_freq_factor", c.rope_low_freq_factor},
+                           {"high_freq_factor", c.rope_high_freq_factor},
+                           {"original_max_position_embeddings", c.rope_original_max_position}};
+    } else {
+      j["rope_scaling"] = nullptr;
+    }
+    j["tie_word_embeddings"] = c.tie_embeddings;
+    j["hidden_act"] = "silu";
+    j["attention_bias"] = false;
+    j["mlp_bias"] = false;
+    j["attention_dropout"] = 0.0;
+    j["initializer_range"] = 0.02;
+    j["pretraining_tp"] = 1;
+    j["use_cache"] = true;
+  } else {
+    const GptShape& g = config.gpt2;
+    j["architectures"] = {"GPT2LMHeadModel"};
+    j["model_type"] = "gpt2";
+    j["vocab_size"] = g.vocab_size;
+    j["n_embd"] = g.channels;
+    j["n_layer"] = g.num_layers;
+    j["n_head"] = g.num_heads;
+    j["n_positions"] = g.max_seq_len;
+    j["n_ctx"] = g.max_seq_len;
+    j["n_inner"] = nullptr;
+    j["layer_norm_epsilon"] = g.layer_norm_eps;
+    j["activation_function"] = "gelu_new";
+    j["tie_word_embeddings"] = g.tie_embeddings;
+    j["scale_attn_weights"] = true;
+    j["scale_attn_by_inverse_layer_idx"] = false;
+    j["reorder_and_upcast_attn"] = false;
+    j["initializer_range"] = 0.02;
+    j["use_cache"] = true;
+  }
+  if (config.raw.is_object()) {
+    for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id"}) {
+      const auto it = config.raw.find(key);
+      if (it != config.raw.end()) j[key] = *it;
+    }
+  }
+  j["torch_dtype"] = TorchDtype(torch_dtype);
+  return j.dump(2) + "\n";
+}
+
+StatusOr<GptShape> Gpt2Preset(std::string_view name) {
+  GptShape g;
+  g.vocab_size = 50257;
+  g.max_seq_len = 1024;
+  g.tie_embeddings = true;
+  g.layer_norm_eps = 1e-5;
+  auto set = [&g](int layers, int heads, int channels) {
+    g.num_layers = layers;
+    g.num_heads = heads;
+    g.channels = channels;
+    return g;
+  };
+  if (name == "gpt2") return set(12, 12, 768);
+  if (name == "gpt2-medium") return set(24, 16, 1024);
+  if (name == "gpt2-large") return set(36, 20, 1280);
+  if (name == "gpt2-xl") return set(48, 25, 1600);
+  return InvalidArgumentError(fmt::format("unknown GPT-2 preset '{}' (choices: {})", name,
+                                          fmt::join(Gpt2PresetNames(), ", ")));
+}
+
+std::vector<std::string> Gpt2PresetNames() {
+  return {"gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"};
+}
+
+// ---------------------------------------------------------------------------
+// Block layouts.
+
+int HfNumBlocks(const HfModelConfig& config) {
+  return (config.family == HfModelConfig::Family::kLlama ? config.llama.num_layers
+                                                         : config.gpt2.num_layers) +
+         2;
+}
+
+std::string HfBlockName(const HfModelConfig& config, int block) {
+  STRATA_CHECK(block >= 0 && block < HfNumBlocks(config));
+  if (block == 0) return "embedding";
+  if (block == HfNumBlocks(config) - 1) return "head";
+  return fmt::format("layer{}", block - 1);
+}
+
+namespace {
+
+std::vector<HfTensor> FromLlama(const std::vector<LlamaTensor>& tensors) {
+  std::vector<HfTensor> out;
+  for (const LlamaTensor& t : tensors)
+    out.push_back({t.name, t.shape, t.num_elems, t.offset, false});
+  return out;
+}
+
+// The GPT chunk layout (gpt_kernels.h) in GPT2LMHeadModel's names: Conv1D weights are stored
+// (in, out) like our chunk, so only the untied lm_head is transposed.
+std::vector<HfTensor> Gpt2Tensors(const GptShape& g, int block, int num_blocks) {
+  const int64_t C = g.channels, V = g.vocab_size;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> specs;
+  bool transpose_last = false;
+  if (block == 0) {
+    specs = {{"transformer.wte.weight", {V, C}}, {"transformer.wpe.weight", {g.max_seq_len, C}}};
+  } else if (block == num_blocks - 1) {
+    specs = {{"transformer.ln_f.weight", {C}}, {"transformer.ln_f.bias", {C}}};
+    if (!g.tie_embeddings) {
+      specs.push_back({"lm_head.weight", {V, C}});
+      transpose_last = true;
+    }
+  } else {
+    const std::string p = fmt::format("transformer.h.{}.", block - 1);
+    specs = {{p + "ln_1.weight", {C}},
+             {p + "ln_1.bias", {C}},
+             {p + "attn.c_attn.weight", {C, 3 * C}},
+             {p + "attn.c_attn.bias", {3 * C}},
+             {p + "attn.c_proj.weight", {C, C}},
+             {p + "attn.c_proj.bias", {C}},
+             {p + "ln_2.weight", {C}},
+             {p + "ln_2.bias", {C}},
+             {p + "mlp.c_fc.weight", {C, 4 * C}},
+             {p + "mlp.c_fc.bias", {4 * C}},
+             {p + "mlp.c_proj.weight", {4 * C, C}},
+             {p + "mlp.c_proj.bias", {C}}};
+  }
+  std::vector<HfTensor> out;
+  int64_t offset = 0;
+  for (auto& [name, shape] : specs) {
+    const int64_t n = shape.size() == 1 ? shape[0] : shape[0] * shape[1];
+    out.push_back({std::move(name), std::move(shape), n, offset, false});
+    offset += n;
+  }
+  if (transpose_last) out.back().transposed = true;
+  return out;
+}
+
+}  // namespace
+
+std::vector<HfTensor> HfBlockTensors(const HfModelConfig& config, int block) {
+  const int n = HfNumBlocks(config);
+  STRATA_CHECK(block >= 0 && block < n);
+  if (config.family == HfModelConfig::Family::kGpt2) return Gpt2Tensors(config.gpt2, block, n);
+  if (block == 0) return FromLlama(LlamaEmbeddingTensors(config.llama));
+  if (block == n - 1) return FromLlama(LlamaHeadTensors(config.llama));
+  return FromLlama(LlamaLayerTensors(config.llama, block - 1));
+}
+
+int64_t HfBlockNumParams(const HfModelConfig& config, int block) {
+  int64_t n = 0;
+  for (const HfTensor& t : HfBlockTensors(config, block)) n += t.num_elems;
+  return n;
+}
+
+}  // namespace strata::models

@@ -1,0 +1,45 @@
+// Writes a model as a Hugging Face model directory that transformers' from_pretrained loads:
+//
+//   OUT/config.json                        HfConfigJson(config, dtype)
+//   OUT/model.safetensors                  all tensors, when they fit max_shard_bytes; else
+//   OUT/model-00001-of-0000N.safetensors   shards of at most max_shard_bytes of tensor data
+//   OUT/model.safetensors.index.json       (a tensor larger than that gets a shard of its own)
+//                                          and {"metadata": {"total_size": B}, "weight_map"}
+//   OUT/<tokenizer files>                  copies of the files named
+//
+// Tensors carry the family's Hugging Face names, shapes and layouts (HfBlockTensors: the GPT-2
+// untied lm_head transposed back to (V, C); a tied model has no lm_head.weight), in block order,
+// safetensors metadata {"format": "pt"}. Values are rounded from fp32 to `dtype` to nearest even
+// (fp32: the bits as they are, so an fp32 import then export is byte-identical).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "base/dtype.h"
+#include "base/status.h"
+#include "models/hf_config.h"
+
+namespace strata::models {
+
+// read_block(b, out) writes block b's fp32 chunk (HfBlockNumParams(config, b) elements, the
+// layout of HfBlockTensors) into out; it is called once per block, in order, with one reused
+// buffer of the largest block: the whole model is never in memory.
+//
+// Crash safety: out_dir must not exist or be an empty directory (else kAlreadyExists naming it);
+// everything is written and fsynced into a temporary sibling directory ".NAME.tmp-export-XXXXXX"
+// that is renamed to out_dir at the end, so out_dir appears complete or not at all. On any error
+// the temporary directory is removed and out_dir is left as it was.
+//
+// Errors: kInvalidArgument (config out of range, max_shard_bytes == 0, two tokenizer files with
+// one name), kAlreadyExists, the first error of read_block, errno-derived I/O errors naming the
+// file (a missing tokenizer file: kNotFound).
+Status WriteHfDirectory(const std::string& out_dir, const HfModelConfig& config,
+                        const std::function<Status(int block, std::span<float> out)>& read_block,
+                        DType dtype, uint64_t max_shard_bytes,
+                        const std::vector<std::string>& tokenizer_files);
+
+}  // namespace strata::models

@@ -1,0 +1,333 @@
+#include "models/hf_config.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "models/gpt.h"
+#include "tests/models/hf_test_dir.h"
+
+namespace strata::models {
+namespace {
+
+using ::testing::AllOf;
+using testing::Gpt2ConfigText;
+using testing::Gpt2TestShape;
+using ::testing::HasSubstr;
+using testing::LlamaConfigText;
+using testing::LlamaTestShape;
+using ::testing::Not;
+
+constexpr char kPath[] = "/m/config.json";
+
+// Every config error is one line naming the file and the field.
+void ExpectOneLineError(const StatusOr<HfModelConfig>& r, const std::string& field) {
+  ASSERT_FALSE(r.ok()) << "expected an error about " << field;
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(),
+              AllOf(HasSubstr(kPath), HasSubstr(field), Not(HasSubstr("\n"))));
+}
+
+TEST(HfConfig, ParsesLlamaFieldsAndDefaults) {
+  const auto r = ParseHfConfig(R"({"model_type": "llama", "vocab_size": 100, "hidden_size": 64,
+      "intermediate_size": 96, "num_hidden_layers": 3, "num_attention_heads": 8,
+      "max_position_embeddings": 128})",
+                               kPath);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->family, HfModelConfig::Family::kLlama);
+  const LlamaConfig& c = r->llama;
+  EXPECT_EQ(c.vocab_size, 100);
+  EXPECT_EQ(c.hidden_size, 64);
+  EXPECT_EQ(c.intermediate_size, 96);
+  EXPECT_EQ(c.num_layers, 3);
+  EXPECT_EQ(c.num_heads, 8);
+  EXPECT_EQ(c.num_kv_heads, 8);  // default = heads
+  EXPECT_EQ(c.head_dim, 8);      // default hidden / heads
+  EXPECT_EQ(c.max_seq_len, 128);
+  EXPECT_EQ(c.rms_norm_eps, 1e-6);
+  EXPECT_EQ(c.rope_theta, 10000.0);
+  EXPECT_FALSE(c.rope_llama3);
+  EXPECT_FALSE(c.tie_embeddings);
+}
+
+TEST(HfConfig, ParsesLlamaGqaExplicitHeadDimAndLlama3RopeScaling) {
+  LlamaTestShape s;
+  s.tied = true;
+  const auto r =
+      ParseHfConfig(LlamaConfigText(s, R"(, "rope_scaling": {"rope_type": "llama3", "factor": 32.0,
+        "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})"),
+                    kPath);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const LlamaConfig& c = r->llama;
+  EXPECT_EQ(c.num_kv_heads, 2);
+  EXPECT_EQ(c.head_dim, 4);
+  EXPECT_EQ(c.rms_norm_eps, 1e-5);
+  EXPECT_EQ(c.rope_theta, 500000.0);
+  EXPECT_TRUE(c.tie_embeddings);
+  EXPECT_TRUE(c.rope_llama3);
+  EXPECT_EQ(c.rope_factor, 32.0);
+  EXPECT_EQ(c.rope_low_freq_factor, 1.0);
+  EXPECT_EQ(c.rope_high_freq_factor, 4.0);
+  EXPECT_EQ(c.rope_original_max_position, 8192);
+}
+
+TEST(HfConfig, MistralWithoutSlidingWindowIsALlama) {
+  for (const char* window : {"null", "4096", "100000"}) {
+    const auto r = ParseHfConfig(
+        fmt::format(R"({{"architectures": ["MistralForCausalLM"], "model_type": "mistral",
+          "vocab_size": 32000, "hidden_size": 64, "intermediate_size": 96,
+          "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2,
+          "max_position_embeddings": 4096, "sliding_window": {}}})",
+                    window),
+        kPath);
+    ASSERT_TRUE(r.ok()) << window << ": " << r.status().ToString();
+    EXPECT_EQ(r->family, HfModelConfig::Family::kLlama);
+    EXPECT_EQ(r->llama.num_kv_heads, 2);
+  }
+}
+
+TEST(HfConfig, MistralWithSlidingWindowIsRejectedNamingTheField) {
+  ExpectOneLineError(ParseHfConfig(R"({"model_type": "mistral", "vocab_size": 32000,
+      "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+      "num_attention_heads": 8, "max_position_embeddings": 32768, "sliding_window": 4096})",
+                                   kPath),
+                     "sliding_window");
+}
+
+TEST(HfConfig, ParsesGpt2FieldsAndTheOlderNCtx) {
+  Gpt2TestShape s;
+  s.tied = false;
+  auto r = ParseHfConfig(Gpt2ConfigText(s), kPath);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->family, HfModelConfig::Family::kGpt2);
+  EXPECT_EQ(r->gpt2.vocab_size, 41);
+  EXPECT_EQ(r->gpt2.channels, 12);
+  EXPECT_EQ(r->gpt2.num_layers, 2);
+  EXPECT_EQ(r->gpt2.num_heads, 3);
+  EXPECT_EQ(r->gpt2.max_seq_len, 20);
+  EXPECT_FALSE(r->gpt2.tie_embeddings);
+  EXPECT_EQ(r->gpt2.layer_norm_eps, 1e-5);
+
+  r = ParseHfConfig(R"({"model_type": "gpt2", "n_embd": 16, "n_layer": 1, "n_head": 2,
+      "n_ctx": 64, "layer_norm_epsilon": 1e-6, "activation_function": "gelu_pytorch_tanh"})",
+                    kPath);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->gpt2.max_seq_len, 64);
+  EXPECT_EQ(r->gpt2.vocab_size, 50257);
+  EXPECT_TRUE(r->gpt2.tie_embeddings);  // GPT-2's default
+  EXPECT_EQ(r->gpt2.layer_norm_eps, 1e-6);
+}
+
+TEST(HfConfig, ArchitectureAloneSelectsTheFamily) {
+  const auto r = ParseHfConfig(R"({"architectures": ["GPT2LMHeadModel"], "n_embd": 16,
+      "n_layer": 1, "n_head": 2, "n_positions": 8})",
+                               kPath);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->family, HfModelConfig::Family::kGpt2);
+}
+
+TEST(HfConfig, UnknownModelTypeListsTheSupportedOnes) {
+  const auto r = ParseHfConfig(R"({"model_type": "bert", "hidden_size": 8})", kPath);
+  ExpectOneLineError(r, "model_type");
+  EXPECT_THAT(r.status().message(), AllOf(HasSubstr("bert"), HasSubstr("llama"),
+                                          HasSubstr("mistral"), HasSubstr("gpt2")));
+  const auto a = ParseHfConfig(R"({"architectures": ["BertForMaskedLM"]})", kPath);
+  ExpectOneLineError(a, "architectures");
+  EXPECT_THAT(a.status().message(),
+              AllOf(HasSubstr("LlamaForCausalLM"), HasSubstr("GPT2LMHeadModel")));
+  ExpectOneLineError(
+      ParseHfConfig(R"({"model_type": "llama", "architectures": ["GPT2LMHeadModel"]})", kPath),
+      "architectures");
+}
+
+TEST(HfConfig, MissingFieldIsNamed) {
+  ExpectOneLineError(ParseHfConfig(R"({"model_type": "llama", "vocab_size": 10, "hidden_size": 8,
+      "num_hidden_layers": 1, "num_attention_heads": 2, "max_position_embeddings": 8})",
+                                   kPath),
+                     "intermediate_size");
+  ExpectOneLineError(ParseHfConfig(R"({"model_type": "gpt2", "n_embd": 16, "n_layer": 1,
+      "n_head": 2})",
+                                   kPath),
+                     "n_ctx");
+}
+
+TEST(HfConfig, FieldsOutOfRangeAreNamed) {
+  LlamaTestShape s;
+  s.H = 4;
+  s.Hkv = 3;  // 4 heads are not a multiple of 3 kv heads
+  ExpectOneLineError(ParseHfConfig(LlamaConfigText(s), kPath), "num_key_value_heads");
+  s = LlamaTestShape();
+  s.C = 0;
+  ExpectOneLineError(ParseHfConfig(LlamaConfigText(s), kPath), "hidden_size");
+  s = LlamaTestShape();
+  s.hs = 3;  // rotary embeddings need an even head_dim
+  ExpectOneLineError(ParseHfConfig(LlamaConfigText(s), kPath), "head_dim");
+  ExpectOneLineError(ParseHfConfig(R"({"model_type": "llama", "vocab_size": 10,
+      "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1,
+      "num_attention_heads": 2, "max_position_embeddings": 8, "rms_norm_eps": -1})",
+                                   kPath),
+                     "rms_norm_eps");
+  ExpectOneLineError(ParseHfConfig(R"({"model_type": "llama", "vocab_size": 10,
+      "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 99999999999,
+      "num_attention_heads": 2, "max_position_embeddings": 8})",
+                                   kPath),
+                     "num_hidden_layers");
+  ExpectOneLineError(ParseHfConfig(R"({"model_type": "llama", "vocab_size": "many"})", kPath),
+                     "vocab_size");
+  ExpectOneLineError(ParseHfConfig(R"({"model_type": "gpt2", "n_embd": 16, "n_layer": 1,
+      "n_head": 3, "n_positions": 8})",
+                                   kPath),
+                     "channels");
+}
+
+TEST(HfConfig, UnsupportedFeaturesAreNamed) {
+  LlamaTestShape s;
+  ExpectOneLineError(ParseHfConfig(LlamaConfigText(s, R"(, "attention_bias": true)"), kPath),
+                     "attention_bias");
+  ExpectOneLineError(ParseHfConfig(LlamaConfigText(s, R"(, "mlp_bias": true)"), kPath), "mlp_bias");
+  // A repeated key: the last one counts (nlohmann::json, like Python's json).
+  ExpectOneLineError(ParseHfConfig(LlamaConfigText(s, R"(, "hidden_act": "gelu")"), kPath),
+                     "hidden_act");
+  const auto linear = ParseHfConfig(
+      LlamaConfigText(s, R"(, "rope_scaling": {"type": "linear", "factor": 2.0})"), kPath);
+  ExpectOneLineError(linear, "rope_scaling");
+  EXPECT_THAT(linear.status().message(), AllOf(HasSubstr("linear"), HasSubstr("llama3")));
+  ExpectOneLineError(
+      ParseHfConfig(LlamaConfigText(s, R"(, "rope_scaling": {"factor": 2.0})"), kPath),
+      "rope_scaling");
+  ExpectOneLineError(ParseHfConfig(LlamaConfigText(s, R"(, "rope_scaling": {"rope_type": "llama3",
+      "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0})"),
+                                   kPath),
+                     "rope_scaling.original_max_position_embeddings");
+  // A "default" rope_type is transformers' spelling of no scaling.
+  const auto plain =
+      ParseHfConfig(LlamaConfigText(s, R"(, "rope_scaling": {"rope_type": "default"})"), kPath);
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  EXPECT_FALSE(plain->llama.rope_llama3);
+  Gpt2TestShape g;
+  ExpectOneLineError(
+      ParseHfConfig(R"({"model_type": "gpt2", "n_embd": 16, "n_layer": 1, "n_head": 2,
+          "n_positions": 8, "activation_function": "relu"})",
+                    kPath),
+      "activation_function");
+  ExpectOneLineError(ParseHfConfig(R"({"model_type": "gpt2", "n_embd": 16, "n_layer": 1,
+      "n_head": 2, "n_positions": 8, "n_inner": 48})",
+                                   kPath),
+                     "n_inner");
+  ExpectOneLineError(
+      ParseHfConfig(Gpt2ConfigText(g, R"(, "scale_attn_by_inverse_layer_idx": true)"), kPath),
+      "scale_attn_by_inverse_layer_idx");
+}
+
+TEST(HfConfig, NotJsonIsOneLineNamingTheFile) {
+  const auto r = ParseHfConfig("{\"model_type\": \n", kPath);
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), AllOf(HasSubstr(kPath), Not(HasSubstr("\n"))));
+}
+
+TEST(HfConfig, ConfigJsonParsesBackToTheSameLlama) {
+  LlamaTestShape s;
+  s.tied = true;
+  auto c = ParseHfConfig(LlamaConfigText(s, R"(, "rope_scaling": {"type": "llama3", "factor": 8.0,
+        "low_freq_factor": 1.5, "high_freq_factor": 4.0, "original_max_position_embeddings": 16})"),
+                         kPath);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  const std::string text = HfConfigJson(*c, DType::kBF16);
+  auto back = ParseHfConfig(text, "written");
+  ASSERT_TRUE(back.ok()) << back.status().ToString() << "\n" << text;
+  const LlamaConfig &a = c->llama, &b = back->llama;
+  EXPECT_EQ(back->family, HfModelConfig::Family::kLlama);
+  EXPECT_EQ(a.vocab_size, b.vocab_size);
+  EXPECT_EQ(a.hidden_size, b.hidden_size);
+  EXPECT_EQ(a.intermediate_size, b.intermediate_size);
+  EXPECT_EQ(a.num_layers, b.num_layers);
+  EXPECT_EQ(a.num_heads, b.num_heads);
+  EXPECT_EQ(a.num_kv_heads, b.num_kv_heads);
+  EXPECT_EQ(a.head_dim, b.head_dim);
+  EXPECT_EQ(a.max_seq_len, b.max_seq_len);
+  EXPECT_EQ(a.rms_norm_eps, b.rms_norm_eps);
+  EXPECT_EQ(a.rope_theta, b.rope_theta);
+  EXPECT_EQ(a.rope_llama3, b.rope_llama3);
+  EXPECT_EQ(a.rope_factor, b.rope_factor);
+  EXPECT_EQ(a.rope_low_freq_factor, b.rope_low_freq_factor);
+  EXPECT_EQ(a.rope_high_freq_factor, b.rope_high_freq_factor);
+  EXPECT_EQ(a.rope_original_max_position, b.rope_original_max_position);
+  EXPECT_EQ(a.tie_embeddings, b.tie_embeddings);
+  EXPECT_EQ(back->raw["torch_dtype"], "bfloat16");
+  EXPECT_EQ(back->raw["architectures"][0], "LlamaForCausalLM");
+  EXPECT_EQ(back->raw["bos_token_id"], 1);
+  EXPECT_EQ(back->raw["eos_token_id"], 2);
+}
+
+TEST(HfConfig, ConfigJsonParsesBackToTheSameGpt2) {
+  for (bool tied : {true, false}) {
+    Gpt2TestShape s;
+    s.tied = tied;
+    auto c = ParseHfConfig(Gpt2ConfigText(s), kPath);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    c->gpt2.layer_norm_eps = 3e-6;
+    auto back = ParseHfConfig(HfConfigJson(*c, DType::kF16), "written");
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    EXPECT_EQ(back->family, HfModelConfig::Family::kGpt2);
+    const GptShape &a = c->gpt2, &b = back->gpt2;
+    EXPECT_EQ(a.vocab_size, b.vocab_size);
+    EXPECT_EQ(a.max_seq_len, b.max_seq_len);
+    EXPECT_EQ(a.num_layers, b.num_layers);
+    EXPECT_EQ(a.num_heads, b.num_heads);
+    EXPECT_EQ(a.channels, b.channels);
+    EXPECT_EQ(a.tie_embeddings, b.tie_embeddings);
+    EXPECT_EQ(a.layer_norm_eps, b.layer_norm_eps);
+    EXPECT_EQ(back->raw["torch_dtype"], "float16");
+    EXPECT_EQ(back->raw["architectures"][0], "GPT2LMHeadModel");
+  }
+}
+
+TEST(HfConfig, Gpt2PresetsHaveThePublishedShapesAndParameterCounts) {
+  struct Want {
+    const char* name;
+    int layers, heads, channels;
+    int64_t params;  // GPT2LMHeadModel.num_parameters() (tied)
+  };
+  for (const Want& w :
+       {Want{"gpt2", 12, 12, 768, 124'439'808}, Want{"gpt2-medium", 24, 16, 1024, 354'823'168},
+        Want{"gpt2-large", 36, 20, 1280, 774'030'080},
+        Want{"gpt2-xl", 48, 25, 1600, 1'557'611'200}}) {
+    auto g = Gpt2Preset(w.name);
+    ASSERT_TRUE(g.ok()) << w.name;
+    EXPECT_EQ(g->num_layers, w.layers);
+    EXPECT_EQ(g->num_heads, w.heads);
+    EXPECT_EQ(g->channels, w.channels);
+    EXPECT_EQ(g->vocab_size, 50257);
+    EXPECT_EQ(g->max_seq_len, 1024);
+    EXPECT_TRUE(g->tie_embeddings);
+    EXPECT_EQ(g->layer_norm_eps, 1e-5);
+    HfModelConfig c;
+    c.family = HfModelConfig::Family::kGpt2;
+    c.gpt2 = *g;
+    int64_t total = 0;
+    for (int b = 0; b < HfNumBlocks(c); ++b) total += HfBlockNumParams(c, b);
+    EXPECT_EQ(total, w.params) << w.name;
+  }
+  const auto bad = Gpt2Preset("gpt3");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), AllOf(HasSubstr("gpt3"), HasSubstr("gpt2-xl")));
+}
+
+TEST(HfConfig, Gpt2BlocksHaveTheGptModelChunkSizesTiedAndUntied) {
+  for (bool tied : {false, true}) {
+    Gpt2TestShape s;
+    s.tied = tied;
+    auto c = ParseHfConfig(Gpt2ConfigText(s), kPath);
+    ASSERT_TRUE(c.ok());
+    auto model = GptModel::Create(c->gpt2);
+    ASSERT_TRUE(model.ok()) << model.status().ToString();
+    ASSERT_EQ(HfNumBlocks(*c), (*model)->num_blocks());
+    for (int b = 0; b < HfNumBlocks(*c); ++b) {
+      EXPECT_EQ(HfBlockNumParams(*c, b), (*model)->block_num_params(b)) << tied << " " << b;
+      EXPECT_EQ(HfBlockName(*c, b), (*model)->block_name(b));
+    }
+    EXPECT_EQ((*model)->tied_block(HfNumBlocks(*c) - 1), tied ? 0 : -1);
+  }
+}
+
+}  // namespace
+}  // namespace strata::models
