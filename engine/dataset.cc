@@ -118,16 +118,15 @@ StatusOr<TrainingData> OpenTrainingData(const TrainingDataOptions& o) {
                               100 * (1 - o.train_fraction));
   } else {
     std::string val_what;
-    STRATA_ASSIGN_OR_RETURN(
-        val, OpenTokens(o.val_data, out.tokenizer.get(), o.vocab_size, &val_what));
+    STRATA_ASSIGN_OR_RETURN(val,
+                            OpenTokens(o.val_data, out.tokenizer.get(), o.vocab_size, &val_what));
     description = fmt::format("{}; validation {}", train_what, val_what);
   }
   STRATA_RETURN_IF_ERROR(CheckLongEnough(train.num_tokens(), o.seq_len,
                                          fmt::format("the training split of {}", train_what)));
-  STRATA_RETURN_IF_ERROR(
-      CheckLongEnough(val.num_tokens(), o.seq_len, fmt::format("the validation split of {}",
-                                                               o.val_data.empty() ? train_what
-                                                                                  : o.val_data[0])));
+  STRATA_RETURN_IF_ERROR(CheckLongEnough(
+      val.num_tokens(), o.seq_len,
+      fmt::format("the validation split of {}", o.val_data.empty() ? train_what : o.val_data[0])));
   out.dataset =
       std::make_unique<TokenTrainingData>(std::move(train), std::move(val), std::move(description));
   return out;

@@ -33,8 +33,7 @@ class TextDataset final : public Dataset {
   // shifted by one) with windows at uniformly random offsets of the training
   // split, drawn from `rng`: the data position is the rng state.
   void SampleTrainBatch(std::mt19937_64& rng, int batch_size, int seq_len,
-                        std::vector<int32_t>* tokens,
-                        std::vector<int32_t>* targets) const override;
+                        std::vector<int32_t>* tokens, std::vector<int32_t>* targets) const override;
   // The i-th of `count` evenly spaced windows of the validation split.
   void ValBatch(int index, int count, int batch_size, int seq_len, std::vector<int32_t>* tokens,
                 std::vector<int32_t>* targets) const override;

@@ -20,7 +20,8 @@
 namespace strata::engine {
 
 // The format is little-endian; tokens are read and written in the host's order.
-static_assert(std::endian::native == std::endian::little, "token files assume a little-endian host");
+static_assert(std::endian::native == std::endian::little,
+              "token files assume a little-endian host");
 
 struct TokenDataset::Shard {
   Shard() = default;
@@ -60,7 +61,8 @@ StatusOr<std::vector<std::string>> Expand(const std::string& pattern) {
   }
   ::globfree(&g);
   if (r == GLOB_NOMATCH) {
-    return InvalidArgumentError(fmt::format("token files '{}': the pattern matches no file", pattern));
+    return InvalidArgumentError(
+        fmt::format("token files '{}': the pattern matches no file", pattern));
   }
   if (r == GLOB_NOSPACE) {
     return ResourceExhaustedError(fmt::format("token files '{}': out of memory in glob", pattern));
@@ -142,12 +144,11 @@ StatusOr<std::shared_ptr<TokenDataset::Shard>> TokenDataset::OpenShard(const std
   }
   shard->count = header[2];
   shard->tokens = static_cast<const uint8_t*>(map) + kTokenFileHeaderBytes;
-  const int64_t bad =
-      shard->width == 2
-          ? FirstTokenAtOrAbove(reinterpret_cast<const uint16_t*>(shard->tokens), shard->count,
-                                static_cast<uint64_t>(vocab_size))
-          : FirstTokenAtOrAbove(reinterpret_cast<const uint32_t*>(shard->tokens), shard->count,
-                                static_cast<uint64_t>(vocab_size));
+  const int64_t bad = shard->width == 2
+                          ? FirstTokenAtOrAbove(reinterpret_cast<const uint16_t*>(shard->tokens),
+                                                shard->count, static_cast<uint64_t>(vocab_size))
+                          : FirstTokenAtOrAbove(reinterpret_cast<const uint32_t*>(shard->tokens),
+                                                shard->count, static_cast<uint64_t>(vocab_size));
   if (bad >= 0) {
     const uint32_t value = shard->width == 2
                                ? reinterpret_cast<const uint16_t*>(shard->tokens)[bad]
@@ -194,7 +195,7 @@ int TokenDataset::max_token_bytes() const {
 
 TokenDataset TokenDataset::Slice(int64_t begin, int64_t end) const {
   STRATA_CHECK_MSG(0 <= begin && begin <= end && end <= num_tokens(),
-               fmt::format("slice [{}, {}) of {} tokens", begin, end, num_tokens()));
+                   fmt::format("slice [{}, {}) of {} tokens", begin, end, num_tokens()));
   TokenDataset d = *this;
   d.begin_ = begin_ + begin;
   d.end_ = begin_ + end;
@@ -203,7 +204,7 @@ TokenDataset TokenDataset::Slice(int64_t begin, int64_t end) const {
 
 void TokenDataset::Read(int64_t offset, int64_t n, int32_t* out) const {
   STRATA_CHECK_MSG(offset >= 0 && n >= 0 && offset + n <= num_tokens(),
-               fmt::format("read [{}, {}) of {} tokens", offset, offset + n, num_tokens()));
+                   fmt::format("read [{}, {}) of {} tokens", offset, offset + n, num_tokens()));
   if (n == 0) return;
   int64_t g = begin_ + offset;
   size_t s = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), g) -
@@ -237,7 +238,7 @@ void TokenDataset::SampleTrainBatch(std::mt19937_64& rng, int batch_size, int se
                                     std::vector<int32_t>* tokens,
                                     std::vector<int32_t>* targets) const {
   STRATA_CHECK_MSG(num_tokens() > seq_len && seq_len > 0,
-               fmt::format("{} tokens for windows of {} + 1", num_tokens(), seq_len));
+                   fmt::format("{} tokens for windows of {} + 1", num_tokens(), seq_len));
   tokens->resize(static_cast<size_t>(batch_size) * seq_len);
   targets->resize(tokens->size());
   const uint64_t positions = static_cast<uint64_t>(num_tokens() - seq_len);
@@ -251,8 +252,8 @@ void TokenDataset::SampleTrainBatch(std::mt19937_64& rng, int batch_size, int se
 void TokenDataset::ValBatch(int index, int count, int batch_size, int seq_len,
                             std::vector<int32_t>* tokens, std::vector<int32_t>* targets) const {
   STRATA_CHECK_MSG(num_tokens() > seq_len && seq_len > 0 && 0 <= index && index < count,
-               fmt::format("validation batch {} of {} over {} tokens, windows of {} + 1", index,
-                           count, num_tokens(), seq_len));
+                   fmt::format("validation batch {} of {} over {} tokens, windows of {} + 1", index,
+                               count, num_tokens(), seq_len));
   tokens->resize(static_cast<size_t>(batch_size) * seq_len);
   targets->resize(tokens->size());
   const uint64_t positions = static_cast<uint64_t>(num_tokens() - seq_len);
@@ -271,10 +272,9 @@ int64_t TokenDataset::num_windows(int seq_len, int64_t max_tokens) const {
   return n > seq_len ? (n - 1) / seq_len : 0;
 }
 
-void TokenDataset::EvalWindow(int64_t index, int seq_len, int32_t* tokens,
-                              int32_t* targets) const {
+void TokenDataset::EvalWindow(int64_t index, int seq_len, int32_t* tokens, int32_t* targets) const {
   STRATA_CHECK_MSG(index >= 0 && index < num_windows(seq_len),
-               fmt::format("evaluation window {} of {}", index, num_windows(seq_len)));
+                   fmt::format("evaluation window {} of {}", index, num_windows(seq_len)));
   Window(index * seq_len, seq_len, tokens, targets);
 }
 
@@ -287,9 +287,8 @@ Status WriteTokenFile(const std::string& path, std::span<const int32_t> tokens) 
   int32_t max = 0;
   for (size_t i = 0; i < tokens.size(); ++i) {
     if (tokens[i] < 0) {
-      return InvalidArgumentError(
-          fmt::format("token file '{}': token {} at token offset {} is negative", path,
-                      tokens[i], i));
+      return InvalidArgumentError(fmt::format(
+          "token file '{}': token {} at token offset {} is negative", path, tokens[i], i));
     }
     max = std::max(max, tokens[i]);
   }
@@ -297,7 +296,10 @@ Status WriteTokenFile(const std::string& path, std::span<const int32_t> tokens) 
   const auto nanos = std::chrono::steady_clock::now().time_since_epoch().count();
   const std::string temp = fmt::format("{}.tmp-{}-{}", path, ::getpid(), nanos);
   UniqueFd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
-  if (!fd.valid()) return ErrnoToStatus(errno, fmt::format("creating token file '{}'", temp));
+  if (!fd.valid()) {
+    return ErrnoToStatus(errno,
+                         fmt::format("cannot create token file '{}' (as '{}' first)", path, temp));
+  }
   auto fail = [&](Status s) {
     fd.reset();
     ::unlink(temp.c_str());
@@ -345,8 +347,8 @@ Status WriteTokenFile(const std::string& path, std::span<const int32_t> tokens) 
   const std::filesystem::path dir = parent.empty() ? std::filesystem::path(".") : parent;
   UniqueFd dir_fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!dir_fd.valid() || ::fsync(dir_fd.get()) != 0) {
-    return ErrnoToStatus(errno,
-                         fmt::format("fsync directory '{}' of token file '{}'", dir.string(), path));
+    return ErrnoToStatus(
+        errno, fmt::format("fsync directory '{}' of token file '{}'", dir.string(), path));
   }
   return Status::Ok();
 }

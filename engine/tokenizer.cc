@@ -63,9 +63,15 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& path) {
   auto impl = std::make_unique<Impl>();
   const auto status = impl->sp.LoadFromSerializedProto(bytes);
   if (!status.ok()) {
+    // SentencePiece's message for bytes that do not parse names its own source line; say it
+    // plainly.
+    const std::string why =
+        std::string_view(status.message()).find("ParseFromArray") != std::string_view::npos
+            ? "not a serialized SentencePiece model"
+            : OneLine(status.message());
     return InvalidArgumentError(
-        fmt::format("tokenizer file '{}' does not load as a SentencePiece model: {}", path,
-                    OneLine(status.ToString())));
+        fmt::format("tokenizer file '{}' ({} bytes) does not load as a SentencePiece model: {}",
+                    path, bytes.size(), why));
   }
   if (impl->sp.GetPieceSize() <= 0) {
     return InvalidArgumentError(
@@ -93,9 +99,9 @@ StatusOr<std::string> Tokenizer::Decode(std::span<const int32_t> ids) const {
   const int vocab = vocab_size();
   for (size_t i = 0; i < ids.size(); ++i) {
     if (ids[i] < 0 || ids[i] >= vocab) {
-      return InvalidArgumentError(fmt::format(
-          "tokenizer '{}': id {} at position {} is outside its vocabulary [0, {})", path_, ids[i],
-          i, vocab));
+      return InvalidArgumentError(
+          fmt::format("tokenizer '{}': id {} at position {} is outside its vocabulary [0, {})",
+                      path_, ids[i], i, vocab));
     }
   }
   std::string text;

@@ -3,6 +3,7 @@
 // source.
 #include "engine/token_dataset.h"
 
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -191,7 +192,7 @@ TEST_F(TokenDatasetTest, EveryReadAcrossShardBoundariesMatchesTheConcatenation) 
   std::vector<std::string> paths;
   std::vector<int32_t> all;
   for (size_t i = 0; i < shards.size(); ++i) {
-    paths.push_back(Write("s" + std::to_string(i) + ".bin", shards[i]));
+    paths.push_back(Write(fmt::format("s{}.bin", i), shards[i]));
     all.insert(all.end(), shards[i].begin(), shards[i].end());
   }
   auto d = TokenDataset::Open(paths, 90001);
@@ -260,7 +261,7 @@ TEST_F(TokenDatasetTest, TrainBatchesAreWindowsAtOffsetsDrawnFromTheRng) {
   for (int s = 0; s < 3; ++s) {
     auto shard = Ramp(0, 0);
     for (int i = 0; i < 37 + s; ++i) shard.push_back(static_cast<int32_t>(gen() % 50000));
-    Write("s" + std::to_string(s) + ".bin", shard);
+    Write(fmt::format("s{}.bin", s), shard);
     all.insert(all.end(), shard.begin(), shard.end());
   }
   auto d = TokenDataset::Open({Path("s*.bin")}, 50000);

@@ -222,7 +222,7 @@ TEST_F(TokenizerTest, AFileThatIsNotAModelIsAOneLineErrorNamingIt) {
   WriteFile(cut, model.substr(0, model.size() / 2));
   auto c = Tokenizer::Load(cut.string());
   ASSERT_FALSE(c.ok());
-  EXPECT_THAT(c.status().message(), HasSubstr("'" + cut.string() + "'"));
+  EXPECT_THAT(c.status().message(), HasSubstr(fmt::format("'{}'", cut.string())));
   EXPECT_THAT(c.status().message(), Not(HasSubstr("\n")));
 }
 
