@@ -90,8 +90,8 @@ StatusOr<TrainingData> OpenTrainingData(const TrainingDataOptions& o) {
     if (!o.val_data.empty()) {
       return InvalidArgumentError(fmt::format(
           "validation data '{}' needs token files or a tokenizer: byte-level text '{}' holds out "
-          "its last 10% instead",
-          o.val_data[0], o.data[0]));
+          "its last {:.0f}% instead",
+          o.val_data[0], o.data[0], 100 * (1 - o.train_fraction)));
     }
     if (o.vocab_size < 256) {
       return InvalidArgumentError(

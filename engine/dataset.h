@@ -71,9 +71,10 @@ struct TrainingData {
 };
 
 // Chooses the data source:
-//   - the first file `data` names starts with the llm.c magic (20240520), or is named *.bin or
-//     *.tokens: token files (TokenDataset::Open: every file is validated, every token checked
-//     against vocab_size); validation from `val_data`, else the last 10% held out;
+//   - the first entry of `data` is a glob, is named *.bin or *.tokens, or is a file that starts
+//     with the llm.c magic (20240520): token files (TokenDataset::Open: every file is validated,
+//     every token checked against vocab_size); validation from `val_data`, else the last 1 -
+//     train_fraction (10%) held out;
 //   - else, with `tokenizer`: `data` is one text file, tokenized into its cache (made or
 //     reused), then as token files; `val_data` may be text (tokenized the same way) or tokens;
 //   - else: one text file, byte-level, split 90/10 exactly as TextDataset::Load always did
