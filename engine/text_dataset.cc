@@ -14,6 +14,7 @@ StatusOr<TextDataset> TextDataset::Load(const std::string& path, int seq_len,
     return ErrnoToStatus(errno ? errno : ENOENT, fmt::format("cannot open data file '{}'", path));
   }
   TextDataset d;
+  d.path_ = path;
   d.bytes_.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   if (in.bad()) return ErrnoToStatus(errno, fmt::format("reading data file '{}'", path));
   d.split_ = static_cast<size_t>(static_cast<double>(d.bytes_.size()) * train_fraction);
@@ -56,6 +57,11 @@ void TextDataset::ValBatch(int index, int count, int batch_size, int seq_len,
     const size_t o = split_ + static_cast<size_t>(k * positions / windows);
     Window(o, seq_len, tokens->data() + b * seq_len, targets->data() + b * seq_len);
   }
+}
+
+std::string TextDataset::Describe() const {
+  return fmt::format("'{}' as bytes, {} bytes (train {}, val {})", path_, size_bytes(),
+                     train_bytes(), val_bytes());
 }
 
 std::vector<int32_t> TextDataset::Encode(std::string_view text) {

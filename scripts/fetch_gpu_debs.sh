@@ -18,8 +18,8 @@ cd "$(dirname "$0")/.."
 dest=.gpudebs
 pkgs=(liburing-dev liburing2 libtbb-dev libtbb12 libtbbmalloc2 libtbbbind-2-5 libeigen3-dev libxxhash-dev
       libxxhash0 nlohmann-json3-dev libcli11-dev libfmt-dev libfmt9 libspdlog-dev libspdlog1.10
-      libgtest-dev libgmock-dev libbenchmark-dev libbenchmark1debian pkgconf pkgconf-bin
-      libpkgconf3)
+      libgtest-dev libgmock-dev libbenchmark-dev libbenchmark1debian libsentencepiece-dev
+      libsentencepiece0 pkgconf pkgconf-bin libpkgconf3)
 
 if ! command -v apt-get >/dev/null; then
   echo "fetch_gpu_debs.sh: apt-get not found: run this on a Debian 12 machine" >&2

@@ -170,6 +170,7 @@ declare -A headers=(
   [liburing]=liburing.h [oneTBB]=oneapi/tbb.h [Eigen]=eigen3/Eigen/Core [xxHash]=xxhash.h
   [nlohmann-json]=nlohmann/json.hpp [CLI11]=CLI/CLI.hpp [fmt]=fmt/core.h [spdlog]=spdlog/spdlog.h
   [GoogleTest]=gtest/gtest.h [GoogleMock]=gmock/gmock.h [Google-Benchmark]=benchmark/benchmark.h
+  [SentencePiece]=sentencepiece_processor.h
 )
 missing_libs() {
   local lib h d found miss=()

@@ -5,7 +5,8 @@
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config git ca-certificates
       liburing-dev libtbb-dev libeigen3-dev libxxhash-dev nlohmann-json3-dev libcli11-dev
-      libfmt-dev libspdlog-dev libgtest-dev libgmock-dev libbenchmark-dev python3)
+      libfmt-dev libspdlog-dev libgtest-dev libgmock-dev libbenchmark-dev libsentencepiece-dev
+      python3)
 for arg in "$@"; do
   case "$arg" in
     --python) pkgs+=(python3-torch python3-numpy) ;;

@@ -9,6 +9,7 @@
 #include "tools/doctor_command.h"
 #include "tools/estimate_command.h"
 #include "tools/iobench_command.h"
+#include "tools/tokenize_command.h"
 #include "tools/train_command.h"
 
 namespace {
@@ -49,6 +50,10 @@ int main(int argc, char** argv) {
   CLI::App* export_cmd = app.add_subcommand(
       "export", "Write a checkpoint's weights as one safetensors file under GPT-2 tensor names");
   strata::tools::AddExportFlags(*export_cmd, export_flags);
+  strata::tools::TokenizeFlags tokenize;
+  CLI::App* tokenize_cmd = app.add_subcommand(
+      "tokenize", "Tokenize a text file with a SentencePiece model into an llm.c token file");
+  strata::tools::AddTokenizeFlags(*tokenize_cmd, tokenize);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -69,6 +74,7 @@ int main(int argc, char** argv) {
   if (app.got_subcommand("iobench")) status = strata::tools::RunIobench(iobench);
   if (inspect_cmd->parsed()) status = strata::tools::RunInspect(inspect);
   if (export_cmd->parsed()) status = strata::tools::RunExport(export_flags);
+  if (tokenize_cmd->parsed()) status = strata::tools::RunTokenize(tokenize);
   if (status.code() == strata::StatusCode::kCancelled && strata::tools::StopSignal() != 0) {
     std::fprintf(stderr, "strata: %s\n", status.message().c_str());
     return 128 + strata::tools::StopSignal();  // 130 for SIGINT, 143 for SIGTERM

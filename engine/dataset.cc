@@ -1,0 +1,135 @@
+#include "engine/dataset.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <filesystem>
+
+#include "base/unique_fd.h"
+#include "engine/text_dataset.h"
+#include "engine/token_dataset.h"
+#include "engine/tokenizer.h"
+
+namespace strata::engine {
+namespace {
+
+// Whether --data names llm.c token files rather than text: a glob (text is one file), a
+// *.bin / *.tokens name, or a file that starts with the magic.
+bool LooksLikeTokenFiles(const std::string& first) {
+  if (first.find_first_of("*?[") != std::string::npos) return true;
+  const std::string ext = std::filesystem::path(first).extension().string();
+  if (ext == ".bin" || ext == ".tokens") return true;
+  UniqueFd fd(::open(first.c_str(), O_RDONLY | O_CLOEXEC));
+  int32_t magic = 0;
+  return fd.valid() && ::pread(fd.get(), &magic, sizeof magic, 0) == sizeof magic &&
+         magic == kTokenFileMagic;
+}
+
+std::string NameFiles(const std::vector<std::string>& paths) {
+  if (paths.size() == 1) return fmt::format("token file '{}'", paths[0]);
+  return fmt::format("{} token files ('{}' ... '{}')", paths.size(), paths.front(), paths.back());
+}
+
+Status CheckLongEnough(int64_t tokens, int seq_len, std::string_view what) {
+  if (tokens > seq_len) return Status::Ok();
+  return InvalidArgumentError(fmt::format("{} has {} tokens: too few for one window of {} tokens",
+                                          what, tokens, int64_t{seq_len} + 1));
+}
+
+// `paths` as token files: tokenized into the cache first when they are one text file and a
+// tokenizer is given. `what` receives their description.
+StatusOr<TokenDataset> OpenTokens(const std::vector<std::string>& paths, const Tokenizer* tokenizer,
+                                  int vocab_size, std::string* what) {
+  if (tokenizer != nullptr && !LooksLikeTokenFiles(paths[0])) {
+    if (paths.size() != 1) {
+      return InvalidArgumentError(fmt::format(
+          "{} text files given ('{}', ...): tokenized text is one file", paths.size(), paths[0]));
+    }
+    bool reused = false;
+    STRATA_ASSIGN_OR_RETURN(std::string cache,
+                            TokenizeTextFileCached(*tokenizer, paths[0], &reused));
+    *what = fmt::format("'{}' tokenized by '{}' (cache '{}', {})", paths[0], tokenizer->path(),
+                        cache, reused ? "reused" : "made now");
+    return TokenDataset::Open({cache}, vocab_size);
+  }
+  STRATA_ASSIGN_OR_RETURN(TokenDataset d, TokenDataset::Open(paths, vocab_size));
+  *what = NameFiles(d.paths());
+  return d;
+}
+
+}  // namespace
+
+StatusOr<TrainingData> OpenTrainingData(const TrainingDataOptions& o) {
+  if (o.data.empty()) return InvalidArgumentError("no training data given (--data)");
+  if (o.seq_len <= 0) {
+    return InvalidArgumentError(fmt::format("sequence length {} is not positive", o.seq_len));
+  }
+  if (!(o.train_fraction > 0 && o.train_fraction < 1)) {
+    return InvalidArgumentError(
+        fmt::format("training fraction {} is not in (0, 1)", o.train_fraction));
+  }
+  TrainingData out;
+  if (!o.tokenizer.empty()) {
+    STRATA_ASSIGN_OR_RETURN(out.tokenizer, Tokenizer::Load(o.tokenizer));
+    if (out.tokenizer->vocab_size() > o.vocab_size) {
+      return InvalidArgumentError(
+          fmt::format("tokenizer file '{}' has {} pieces, more than the model's vocabulary of {}",
+                      o.tokenizer, out.tokenizer->vocab_size(), o.vocab_size));
+    }
+  }
+  if (out.tokenizer == nullptr && !LooksLikeTokenFiles(o.data[0])) {
+    if (o.data.size() != 1) {
+      return InvalidArgumentError(fmt::format(
+          "{} text files given ('{}', ...): byte-level text is one file; several files must be "
+          "token files",
+          o.data.size(), o.data[0]));
+    }
+    if (!o.val_data.empty()) {
+      return InvalidArgumentError(fmt::format(
+          "validation data '{}' needs token files or a tokenizer: byte-level text '{}' holds out "
+          "its last {:.0f}% instead",
+          o.val_data[0], o.data[0], 100 * (1 - o.train_fraction)));
+    }
+    if (o.vocab_size < 256) {
+      return InvalidArgumentError(
+          fmt::format("byte-level text '{}' needs a vocabulary of 256; the model has {}", o.data[0],
+                      o.vocab_size));
+    }
+    STRATA_ASSIGN_OR_RETURN(TextDataset text,
+                            TextDataset::Load(o.data[0], o.seq_len, o.train_fraction));
+    out.dataset = std::make_unique<TextDataset>(std::move(text));
+    out.byte_level = true;
+    return out;
+  }
+  std::string train_what;
+  STRATA_ASSIGN_OR_RETURN(TokenDataset train,
+                          OpenTokens(o.data, out.tokenizer.get(), o.vocab_size, &train_what));
+  TokenDataset val = train;
+  std::string description;
+  if (o.val_data.empty()) {
+    const int64_t n = train.num_tokens();
+    const auto split = static_cast<int64_t>(std::floor(static_cast<double>(n) * o.train_fraction));
+    val = train.Slice(split, n);
+    train = train.Slice(0, split);
+    description = fmt::format("{}, the last {:.0f}% held out for validation", train_what,
+                              100 * (1 - o.train_fraction));
+  } else {
+    std::string val_what;
+    STRATA_ASSIGN_OR_RETURN(val,
+                            OpenTokens(o.val_data, out.tokenizer.get(), o.vocab_size, &val_what));
+    description = fmt::format("{}; validation {}", train_what, val_what);
+  }
+  STRATA_RETURN_IF_ERROR(CheckLongEnough(train.num_tokens(), o.seq_len,
+                                         fmt::format("the training split of {}", train_what)));
+  STRATA_RETURN_IF_ERROR(CheckLongEnough(
+      val.num_tokens(), o.seq_len,
+      fmt::format("the validation split of {}", o.val_data.empty() ? train_what : o.val_data[0])));
+  out.dataset =
+      std::make_unique<TokenTrainingData>(std::move(train), std::move(val), std::move(description));
+  return out;
+}
+
+}  // namespace strata::engine

@@ -1,0 +1,126 @@
+// Token data in llm.c's file format, read through read-only memory maps (no copy in RAM).
+//
+// File format (all integers little-endian):
+//   header  256 int32: [0] magic 20240520, [1] version (1: uint16 tokens, 2: uint32 tokens),
+//           [2] token count N, the rest unused (written as 0)
+//   tokens  N uint16 or uint32
+// so a file is exactly 1024 + N * (2 or 4) bytes.
+//
+// A TokenDataset is one or more such files (shards) read as one sequence of tokens, in order;
+// a Slice of it is a contiguous range of that sequence. Copies share the maps (cheap).
+//
+// Thread-safety: immutable after Open; every const method may run concurrently.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "engine/dataset.h"
+
+namespace strata::engine {
+
+inline constexpr int32_t kTokenFileMagic = 20240520;
+inline constexpr int kTokenFileHeaderInts = 256;
+inline constexpr int64_t kTokenFileHeaderBytes = kTokenFileHeaderInts * 4;
+
+class TokenDataset {
+ public:
+  // Opens `patterns` in order: each a path, or a glob(3) pattern whose matches are taken in
+  // sorted order. Maps every file and checks it: header present, magic, version, count equal
+  // to what the file size holds, every token < vocab_size (one pass over the tokens).
+  // Errors, each one line naming the file (and token offset):
+  //   kInvalidArgument  no pattern; a glob that matches nothing; a file shorter than the
+  //                     header; a bad magic; an unsupported version; a count that disagrees
+  //                     with the file size (both given); a token >= vocab_size
+  //   kNotFound / kPermissionDenied / ...  a file that cannot be opened, mapped or stat'ed
+  static StatusOr<TokenDataset> Open(const std::vector<std::string>& patterns, int vocab_size);
+
+  // Tokens in this dataset (or slice).
+  int64_t num_tokens() const { return end_ - begin_; }
+  // The files, in order, and their token widths in bytes (2 or 4).
+  std::vector<std::string> paths() const;
+  int max_token_bytes() const;
+
+  // Tokens [begin, end) of this dataset, sharing its maps. Precondition (checked):
+  // 0 <= begin <= end <= num_tokens().
+  TokenDataset Slice(int64_t begin, int64_t end) const;
+
+  // Copies tokens [offset, offset + n) into out[0, n) as int32, across shard boundaries.
+  // Precondition (checked): 0 <= offset, 0 <= n, offset + n <= num_tokens().
+  void Read(int64_t offset, int64_t n, int32_t* out) const;
+
+  // batch_size windows (see dataset.h) at uniformly random offsets, drawn from `rng` as
+  // TextDataset does: offset = rng() % (num_tokens() - seq_len). tokens/targets are resized
+  // to batch_size * seq_len. Precondition (checked): num_tokens() > seq_len.
+  void SampleTrainBatch(std::mt19937_64& rng, int batch_size, int seq_len,
+                        std::vector<int32_t>* tokens, std::vector<int32_t>* targets) const;
+  // Batch `index` of `count` batches of evenly spaced windows, as TextDataset::ValBatch.
+  void ValBatch(int index, int count, int batch_size, int seq_len, std::vector<int32_t>* tokens,
+                std::vector<int32_t>* targets) const;
+
+  // Evaluation windows, consecutive from the start: window i has inputs
+  // tokens[i * seq_len, i * seq_len + seq_len) and targets tokens[i * seq_len + 1,
+  // i * seq_len + seq_len + 1). num_windows counts the full windows within the first
+  // max_tokens tokens (max_tokens <= 0: all): floor((N - 1) / seq_len) for N = min(max_tokens,
+  // num_tokens()) tokens, 0 when N < seq_len + 1.
+  int64_t num_windows(int seq_len, int64_t max_tokens = 0) const;
+  // tokens/targets: seq_len each. Precondition (checked): index < num_windows(seq_len).
+  void EvalWindow(int64_t index, int seq_len, int32_t* tokens, int32_t* targets) const;
+
+ private:
+  struct Shard;
+  TokenDataset() = default;
+  // Maps and validates one file (see Open).
+  static StatusOr<std::shared_ptr<Shard>> OpenShard(const std::string& path, int vocab_size);
+  void Window(int64_t offset, int seq_len, int32_t* tokens, int32_t* targets) const;
+
+  // Shards in order; starts_[i] is the first global token of shards_[i] (starts_.back() is the
+  // total), both over the whole file list, not only this slice.
+  std::vector<std::shared_ptr<const Shard>> shards_;
+  std::vector<int64_t> starts_;
+  int64_t begin_ = 0;
+  int64_t end_ = 0;
+};
+
+// Writes `tokens` as an llm.c token file at `path`: version 1 (uint16) when every token is
+// below 65536, else version 2 (uint32). Crash-safe: written to a temporary file in the same
+// directory, fsynced, renamed over `path`, and the directory fsynced; on error `path` is left
+// as it was and the temporary file removed.
+// Errors: kInvalidArgument for a negative token or more than 2^31 - 1 tokens; errno-mapped
+// codes (kResourceExhausted for ENOSPC, kPermissionDenied, ...) naming the file.
+Status WriteTokenFile(const std::string& path, std::span<const int32_t> tokens);
+
+// The llm.c token files as the trainer's Dataset: a training set and a validation set.
+class TokenTrainingData final : public Dataset {
+ public:
+  // `description` names the source for Describe() (e.g. the files, or "text.txt tokenized").
+  TokenTrainingData(TokenDataset train, TokenDataset val, std::string description);
+
+  const TokenDataset& train() const { return train_; }
+  const TokenDataset& val() const { return val_; }
+
+  int64_t train_tokens() const override { return train_.num_tokens(); }
+  int64_t val_tokens() const override { return val_.num_tokens(); }
+  void SampleTrainBatch(std::mt19937_64& rng, int batch_size, int seq_len,
+                        std::vector<int32_t>* tokens,
+                        std::vector<int32_t>* targets) const override {
+    train_.SampleTrainBatch(rng, batch_size, seq_len, tokens, targets);
+  }
+  void ValBatch(int index, int count, int batch_size, int seq_len, std::vector<int32_t>* tokens,
+                std::vector<int32_t>* targets) const override {
+    val_.ValBatch(index, count, batch_size, seq_len, tokens, targets);
+  }
+  std::string Describe() const override;
+
+ private:
+  TokenDataset train_;
+  TokenDataset val_;
+  std::string description_;
+};
+
+}  // namespace strata::engine

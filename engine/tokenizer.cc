@@ -1,0 +1,158 @@
+#include "engine/tokenizer.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sentencepiece_processor.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cerrno>
+
+#include "base/unique_fd.h"
+#include "engine/token_dataset.h"
+
+namespace strata::engine {
+
+struct Tokenizer::Impl {
+  sentencepiece::SentencePieceProcessor sp;
+};
+
+namespace {
+
+// The whole file at `path`; `what` names it in errors ("tokenizer file", "text file").
+StatusOr<std::string> ReadWholeFile(const std::string& path, std::string_view what) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) return ErrnoToStatus(errno, fmt::format("cannot open {} '{}'", what, path));
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) {
+    return ErrnoToStatus(errno, fmt::format("cannot stat {} '{}'", what, path));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return InvalidArgumentError(fmt::format("{} '{}' is not a regular file", what, path));
+  }
+  std::string out(static_cast<size_t>(st.st_size), '\0');
+  size_t done = 0;
+  while (done < out.size()) {
+    const ssize_t r = ::read(fd.get(), out.data() + done, out.size() - done);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return ErrnoToStatus(errno, fmt::format("reading {} '{}'", what, path));
+    if (r == 0) break;  // the file shrank meanwhile: keep what was there
+    done += static_cast<size_t>(r);
+  }
+  out.resize(done);
+  return out;
+}
+
+// SentencePiece's message, on one line.
+std::string OneLine(std::string s) {
+  std::replace(s.begin(), s.end(), '\n', ' ');
+  return s;
+}
+
+}  // namespace
+
+Tokenizer::Tokenizer(std::unique_ptr<Impl> impl, std::string path, uint64_t fingerprint)
+    : impl_(std::move(impl)), path_(std::move(path)), fingerprint_(fingerprint) {}
+
+Tokenizer::~Tokenizer() = default;
+
+StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& path) {
+  STRATA_ASSIGN_OR_RETURN(std::string bytes, ReadWholeFile(path, "tokenizer file"));
+  auto impl = std::make_unique<Impl>();
+  const auto status = impl->sp.LoadFromSerializedProto(bytes);
+  if (!status.ok()) {
+    // SentencePiece's message for bytes that do not parse names its own source line; say it
+    // plainly.
+    const std::string why =
+        std::string_view(status.message()).find("ParseFromArray") != std::string_view::npos
+            ? "not a serialized SentencePiece model"
+            : OneLine(status.message());
+    return InvalidArgumentError(
+        fmt::format("tokenizer file '{}' ({} bytes) does not load as a SentencePiece model: {}",
+                    path, bytes.size(), why));
+  }
+  if (impl->sp.GetPieceSize() <= 0) {
+    return InvalidArgumentError(
+        fmt::format("tokenizer file '{}' is a SentencePiece model without pieces", path));
+  }
+  const uint64_t fingerprint = XXH3_64bits(bytes.data(), bytes.size());
+  return std::unique_ptr<Tokenizer>(new Tokenizer(std::move(impl), path, fingerprint));
+}
+
+int Tokenizer::vocab_size() const { return impl_->sp.GetPieceSize(); }
+int Tokenizer::bos_id() const { return impl_->sp.bos_id(); }
+int Tokenizer::eos_id() const { return impl_->sp.eos_id(); }
+
+StatusOr<std::vector<int32_t>> Tokenizer::Encode(std::string_view text) const {
+  std::vector<int> ids;
+  const auto status = impl_->sp.Encode(text, &ids);
+  if (!status.ok()) {
+    return InternalError(fmt::format("tokenizer '{}' failed to encode {} bytes: {}", path_,
+                                     text.size(), OneLine(status.ToString())));
+  }
+  return std::vector<int32_t>(ids.begin(), ids.end());
+}
+
+StatusOr<std::string> Tokenizer::Decode(std::span<const int32_t> ids) const {
+  const int vocab = vocab_size();
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= vocab) {
+      return InvalidArgumentError(
+          fmt::format("tokenizer '{}': id {} at position {} is outside its vocabulary [0, {})",
+                      path_, ids[i], i, vocab));
+    }
+  }
+  std::string text;
+  const auto status = impl_->sp.Decode(std::vector<int>(ids.begin(), ids.end()), &text);
+  if (!status.ok()) {
+    return InternalError(
+        fmt::format("tokenizer '{}' failed to decode: {}", path_, OneLine(status.ToString())));
+  }
+  return text;
+}
+
+StatusOr<std::vector<int32_t>> TokenizeTextFile(const Tokenizer& tokenizer,
+                                                const std::string& text_path) {
+  STRATA_ASSIGN_OR_RETURN(std::string text, ReadWholeFile(text_path, "text file"));
+  STRATA_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer.Encode(text));
+  if (tokenizer.bos_id() >= 0) ids.insert(ids.begin(), tokenizer.bos_id());
+  return ids;
+}
+
+std::string TokenCachePath(const std::string& text_path, const Tokenizer& tokenizer) {
+  return fmt::format("{}.{:016x}.tokens", text_path, tokenizer.fingerprint());
+}
+
+namespace {
+
+bool NewerThan(const struct stat& a, const struct stat& b) {
+  if (a.st_mtim.tv_sec != b.st_mtim.tv_sec) return a.st_mtim.tv_sec > b.st_mtim.tv_sec;
+  return a.st_mtim.tv_nsec > b.st_mtim.tv_nsec;
+}
+
+}  // namespace
+
+StatusOr<std::string> TokenizeTextFileCached(const Tokenizer& tokenizer,
+                                             const std::string& text_path, bool* reused) {
+  const std::string cache = TokenCachePath(text_path, tokenizer);
+  struct stat text_st, tokenizer_st, cache_st;
+  if (::stat(text_path.c_str(), &text_st) != 0) {
+    return ErrnoToStatus(errno, fmt::format("cannot stat text file '{}'", text_path));
+  }
+  if (::stat(tokenizer.path().c_str(), &tokenizer_st) != 0) {
+    return ErrnoToStatus(errno, fmt::format("cannot stat tokenizer file '{}'", tokenizer.path()));
+  }
+  if (::stat(cache.c_str(), &cache_st) == 0 && NewerThan(cache_st, text_st) &&
+      NewerThan(cache_st, tokenizer_st)) {
+    if (reused != nullptr) *reused = true;
+    return cache;
+  }
+  STRATA_ASSIGN_OR_RETURN(std::vector<int32_t> ids, TokenizeTextFile(tokenizer, text_path));
+  STRATA_RETURN_IF_ERROR(WriteTokenFile(cache, ids));
+  if (reused != nullptr) *reused = false;
+  return cache;
+}
+
+}  // namespace strata::engine

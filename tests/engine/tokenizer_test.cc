@@ -1,0 +1,363 @@
+// SentencePiece tokenization: a tiny model trained here, with the library's trainer, on text the
+// test writes; encode/decode, the token file of a text file and its cache, and the one-line
+// error of a tokenizer file that does not load.
+#include "engine/tokenizer.h"
+
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sentencepiece_trainer.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/dataset.h"
+#include "engine/token_dataset.h"
+
+namespace strata::engine {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+// Options with the given data and the rest defaulted.
+TrainingDataOptions Opts(std::vector<std::string> data, int seq_len, int vocab_size,
+                         std::vector<std::string> val_data = {}, std::string tokenizer = "") {
+  TrainingDataOptions o;
+  o.data = std::move(data);
+  o.val_data = std::move(val_data);
+  o.tokenizer = std::move(tokenizer);
+  o.seq_len = seq_len;
+  o.vocab_size = vocab_size;
+  return o;
+}
+
+constexpr int kVocab = 128;
+
+// Words of one to three consonant-vowel syllables, the same list for every seed.
+std::vector<std::string> Words() {
+  const std::string consonants = "bdfgklmnprstvz", vowels = "aeiou";
+  std::mt19937 gen(12345);
+  std::vector<std::string> words;
+  for (int i = 0; i < 300; ++i) {
+    std::string w;
+    const int syllables = 1 + static_cast<int>(gen() % 3);
+    for (int s = 0; s < syllables; ++s) {
+      w += consonants[gen() % consonants.size()];
+      w += vowels[gen() % vowels.size()];
+    }
+    words.push_back(w);
+  }
+  return words;
+}
+
+// Lines of words drawn with a skewed frequency (the repetition a subword model needs).
+std::string MakeText(uint32_t seed, int sentences) {
+  static const std::vector<std::string> words = Words();
+  std::mt19937 gen(seed);
+  std::string out;
+  for (int s = 0; s < sentences; ++s) {
+    const int n = 4 + static_cast<int>(gen() % 8);
+    for (int w = 0; w < n; ++w) {
+      if (w > 0) out += ' ';
+      const size_t a = gen() % words.size(), b = gen() % words.size();
+      out += words[std::min(a, b)];
+    }
+    out += ".\n";
+  }
+  return out;
+}
+
+void WriteFile(const fs::path& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary);
+  out << bytes;
+}
+
+std::string ReadFile(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+void SetMtime(const fs::path& path, std::chrono::seconds from_now) {
+  fs::last_write_time(path, fs::file_time_type::clock::now() + from_now);
+}
+
+class TokenizerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new fs::path(fs::temp_directory_path() /
+                        ("strata_tokenizer_" + std::to_string(::getpid())));
+    fs::remove_all(*dir_);
+    fs::create_directories(*dir_);
+    const fs::path corpus = *dir_ / "corpus.txt";
+    WriteFile(corpus, MakeText(1, 400));
+    // Identity normalization and kept whitespace: decode(encode(x)) == x for text of the
+    // corpus' characters on one line.
+    const std::string args = fmt::format(
+        "--input={} --model_prefix={} --vocab_size={} --model_type=unigram "
+        "--character_coverage=1.0 --normalization_rule_name=identity "
+        "--remove_extra_whitespaces=false --num_threads=1 --minloglevel=2",
+        corpus.string(), (*dir_ / "tiny").string(), kVocab);
+    const auto status = sentencepiece::SentencePieceTrainer::Train(args);
+    train_error_ = new std::string(status.ok() ? "" : status.ToString());
+    model_path_ = new std::string((*dir_ / "tiny.model").string());
+  }
+  static void TearDownTestSuite() {
+    fs::remove_all(*dir_);
+    delete dir_;
+    delete model_path_;
+    delete train_error_;
+  }
+  void SetUp() override {
+    // A failure (not a skip) in every test when the model could not be trained.
+    ASSERT_EQ(*train_error_, "") << "training the SentencePiece model failed";
+    work_ = *dir_ / ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    fs::create_directories(work_);
+    // A copy per test, so that changing its time does not affect other tests.
+    model_ = (work_ / "tokenizer.model").string();
+    fs::copy_file(*model_path_, model_);
+  }
+
+  std::unique_ptr<Tokenizer> LoadModel() {
+    auto t = Tokenizer::Load(model_);
+    EXPECT_TRUE(t.ok()) << t.status().ToString();
+    return t.ok() ? std::move(*t) : nullptr;
+  }
+
+  static std::vector<int32_t> ReadTokens(const std::string& path, int vocab) {
+    auto d = TokenDataset::Open({path}, vocab);
+    EXPECT_TRUE(d.ok()) << d.status().ToString();
+    if (!d.ok()) return {};
+    std::vector<int32_t> out(d->num_tokens());
+    d->Read(0, d->num_tokens(), out.data());
+    return out;
+  }
+
+  static fs::path* dir_;
+  static std::string* model_path_;
+  static std::string* train_error_;
+  fs::path work_;
+  std::string model_;
+};
+
+fs::path* TokenizerTest::dir_ = nullptr;
+std::string* TokenizerTest::model_path_ = nullptr;
+std::string* TokenizerTest::train_error_ = nullptr;
+
+TEST_F(TokenizerTest, TheTrainedModelHasItsVocabularyAndSpecialIds) {
+  auto t = LoadModel();
+  ASSERT_NE(t, nullptr);
+  EXPECT_EQ(t->vocab_size(), kVocab);
+  EXPECT_EQ(t->bos_id(), 1);  // SentencePiece's defaults: unk 0, bos 1, eos 2
+  EXPECT_EQ(t->eos_id(), 2);
+  EXPECT_EQ(t->path(), model_);
+  EXPECT_EQ(t->fingerprint(), [&] {
+    const std::string bytes = ReadFile(model_);
+    return XXH3_64bits(bytes.data(), bytes.size());
+  }());
+}
+
+TEST_F(TokenizerTest, EncodeThenDecodeGivesTheTextBack) {
+  auto t = LoadModel();
+  ASSERT_NE(t, nullptr);
+  // A line like the corpus' (newline dropped: SentencePiece trains on lines, so it has no piece
+  // for one), unseen words made of its letters, one letter, nothing.
+  std::string line = MakeText(99, 1);
+  line.pop_back();
+  for (const std::string& text :
+       {line, std::string("zobavu kiremo tusapi"), std::string("a"), std::string("")}) {
+    auto ids = t->Encode(text);
+    ASSERT_TRUE(ids.ok()) << ids.status().ToString();
+    for (int32_t id : *ids) {
+      EXPECT_GE(id, 0);
+      EXPECT_LT(id, kVocab);
+      EXPECT_NE(id, 0) << "unknown piece in '" << text << "'";
+    }
+    auto back = t->Decode(*ids);
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    EXPECT_EQ(*back, text);
+  }
+}
+
+TEST_F(TokenizerTest, FrequentWordsTakeFewerTokensThanBytes) {
+  auto t = LoadModel();
+  ASSERT_NE(t, nullptr);
+  const std::vector<std::string> words = Words();
+  std::string text;
+  for (int i = 0; i < 10; ++i) text += (i ? " " : "") + words[i];
+  auto ids = t->Encode(text);
+  ASSERT_TRUE(ids.ok()) << ids.status().ToString();
+  EXPECT_LT(ids->size() * 2, text.size());
+}
+
+TEST_F(TokenizerTest, DecodeRejectsAnIdOutsideTheVocabulary) {
+  auto t = LoadModel();
+  ASSERT_NE(t, nullptr);
+  for (int32_t bad : {kVocab, -1}) {
+    auto text = t->Decode(std::vector<int32_t>{5, bad});
+    ASSERT_FALSE(text.ok());
+    EXPECT_EQ(text.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_THAT(text.status().message(), HasSubstr(fmt::format("id {} at position 1", bad)));
+  }
+}
+
+TEST_F(TokenizerTest, AFileThatIsNotAModelIsAOneLineErrorNamingIt) {
+  const fs::path bad = work_ / "not_a_model.model";
+  WriteFile(bad, "this is not a serialized SentencePiece model\n\x01\x02\xff");
+  auto t = Tokenizer::Load(bad.string());
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(t.status().message(), HasSubstr("tokenizer file '" + bad.string() + "'"));
+  EXPECT_THAT(t.status().message(), Not(HasSubstr("\n")));
+  // A truncated real model.
+  const fs::path cut = work_ / "cut.model";
+  const std::string model = ReadFile(model_);
+  WriteFile(cut, model.substr(0, model.size() / 2));
+  auto c = Tokenizer::Load(cut.string());
+  ASSERT_FALSE(c.ok());
+  EXPECT_THAT(c.status().message(), HasSubstr(fmt::format("'{}'", cut.string())));
+  EXPECT_THAT(c.status().message(), Not(HasSubstr("\n")));
+}
+
+TEST_F(TokenizerTest, AMissingTokenizerFileIsNotFoundNamingIt) {
+  const std::string missing = (work_ / "missing.model").string();
+  auto t = Tokenizer::Load(missing);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), StatusCode::kNotFound);
+  EXPECT_THAT(t.status().message(), HasSubstr("'" + missing + "'"));
+  EXPECT_THAT(t.status().message(), Not(HasSubstr("\n")));
+}
+
+TEST_F(TokenizerTest, ATextFileIsOneDocumentWithBosFirst) {
+  auto t = LoadModel();
+  ASSERT_NE(t, nullptr);
+  const std::string text = MakeText(2, 20);
+  WriteFile(work_ / "doc.txt", text);
+  auto ids = TokenizeTextFile(*t, (work_ / "doc.txt").string());
+  ASSERT_TRUE(ids.ok()) << ids.status().ToString();
+  auto whole = t->Encode(text);
+  ASSERT_TRUE(whole.ok());
+  ASSERT_EQ(ids->size(), whole->size() + 1);
+  EXPECT_EQ((*ids)[0], 1);
+  for (size_t i = 0; i < whole->size(); ++i) ASSERT_EQ((*ids)[i + 1], (*whole)[i]) << i;
+}
+
+TEST_F(TokenizerTest, TheCacheIsATokenFileBesideTheTextNamedByTheTokenizerHash) {
+  auto t = LoadModel();
+  ASSERT_NE(t, nullptr);
+  const std::string text_path = (work_ / "train.txt").string();
+  WriteFile(text_path, MakeText(3, 50));
+  SetMtime(text_path, std::chrono::seconds(-100));
+  SetMtime(model_, std::chrono::seconds(-100));
+  const std::string want_path = fmt::format("{}.{:016x}.tokens", text_path, t->fingerprint());
+  EXPECT_EQ(TokenCachePath(text_path, *t), want_path);
+  bool reused = true;
+  auto cache = TokenizeTextFileCached(*t, text_path, &reused);
+  ASSERT_TRUE(cache.ok()) << cache.status().ToString();
+  EXPECT_EQ(*cache, want_path);
+  EXPECT_FALSE(reused);
+  auto ids = TokenizeTextFile(*t, text_path);
+  ASSERT_TRUE(ids.ok());
+  EXPECT_EQ(ReadTokens(*cache, kVocab), *ids);
+}
+
+TEST_F(TokenizerTest, ACacheNewerThanBothInputsIsReusedAsIs) {
+  auto t = LoadModel();
+  ASSERT_NE(t, nullptr);
+  const std::string text_path = (work_ / "train.txt").string();
+  WriteFile(text_path, MakeText(4, 50));
+  SetMtime(text_path, std::chrono::seconds(-100));
+  SetMtime(model_, std::chrono::seconds(-100));
+  bool reused = true;
+  auto first = TokenizeTextFileCached(*t, text_path, &reused);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_FALSE(reused);
+  // Replace the cache with other tokens, newer than both inputs: a reuse keeps them.
+  ASSERT_TRUE(WriteTokenFile(*first, std::vector<int32_t>{7, 8, 9}).ok());
+  auto second = TokenizeTextFileCached(*t, text_path, &reused);
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  EXPECT_TRUE(reused);
+  EXPECT_EQ(*second, *first);
+  EXPECT_EQ(ReadTokens(*second, kVocab), (std::vector<int32_t>{7, 8, 9}));
+}
+
+TEST_F(TokenizerTest, ACacheOlderThanTheTextOrTheTokenizerIsMadeAgain) {
+  auto t = LoadModel();
+  ASSERT_NE(t, nullptr);
+  const std::string text_path = (work_ / "train.txt").string();
+  WriteFile(text_path, MakeText(5, 50));
+  SetMtime(text_path, std::chrono::seconds(-100));
+  SetMtime(model_, std::chrono::seconds(-100));
+  bool reused = true;
+  auto cache = TokenizeTextFileCached(*t, text_path, &reused);
+  ASSERT_TRUE(cache.ok()) << cache.status().ToString();
+  // The text changes after the cache was made.
+  WriteFile(text_path, MakeText(6, 30));
+  SetMtime(*cache, std::chrono::seconds(-50));
+  auto again = TokenizeTextFileCached(*t, text_path, &reused);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_FALSE(reused);
+  auto ids = TokenizeTextFile(*t, text_path);
+  ASSERT_TRUE(ids.ok());
+  EXPECT_EQ(ReadTokens(*again, kVocab), *ids);
+  // The tokenizer file is touched after the cache: made again too.
+  SetMtime(text_path, std::chrono::seconds(-100));
+  SetMtime(*cache, std::chrono::seconds(-50));
+  SetMtime(model_, std::chrono::seconds(-10));
+  ASSERT_TRUE(WriteTokenFile(*cache, std::vector<int32_t>{7}).ok());
+  SetMtime(*cache, std::chrono::seconds(-50));
+  auto third = TokenizeTextFileCached(*t, text_path, &reused);
+  ASSERT_TRUE(third.ok()) << third.status().ToString();
+  EXPECT_FALSE(reused);
+  EXPECT_EQ(ReadTokens(*third, kVocab), *ids);
+}
+
+TEST_F(TokenizerTest, TrainingDataFromTextAndATokenizerAreItsTokenizedCache) {
+  const std::string text_path = (work_ / "train.txt").string();
+  WriteFile(text_path, MakeText(7, 200));
+  const int T = 8;
+  auto data = OpenTrainingData(Opts({text_path}, T, 256, {}, model_));
+  ASSERT_TRUE(data.ok()) << data.status().ToString();
+  ASSERT_NE(data->tokenizer, nullptr);
+  EXPECT_FALSE(data->byte_level);
+  EXPECT_THAT(data->dataset->Describe(), HasSubstr("tokenized by"));
+  auto ids = TokenizeTextFile(*data->tokenizer, text_path);
+  ASSERT_TRUE(ids.ok());
+  const auto n = static_cast<int64_t>(ids->size());
+  const int64_t split = static_cast<int64_t>(static_cast<double>(n) * 0.9);
+  EXPECT_EQ(data->dataset->train_tokens(), split);
+  EXPECT_EQ(data->dataset->val_tokens(), n - split);
+  EXPECT_TRUE(fs::exists(TokenCachePath(text_path, *data->tokenizer)));
+  std::mt19937_64 rng(3), reference(3);
+  std::vector<int32_t> tokens, targets;
+  data->dataset->SampleTrainBatch(rng, 2, T, &tokens, &targets);
+  for (int b = 0; b < 2; ++b) {
+    const uint64_t o = reference() % static_cast<uint64_t>(split - T);
+    for (int i = 0; i < T; ++i) {
+      EXPECT_EQ(tokens[b * T + i], (*ids)[o + i]);
+      EXPECT_EQ(targets[b * T + i], (*ids)[o + i + 1]);
+    }
+  }
+}
+
+TEST_F(TokenizerTest, ATokenizerLargerThanTheModelVocabularyIsAnError) {
+  const std::string text_path = (work_ / "train.txt").string();
+  WriteFile(text_path, MakeText(8, 50));
+  auto data = OpenTrainingData(Opts({text_path}, 4, kVocab - 1, {}, model_));
+  ASSERT_FALSE(data.ok());
+  EXPECT_EQ(data.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(data.status().message(), HasSubstr(fmt::format("has {} pieces", kVocab)));
+  for (const auto& e : fs::directory_iterator(work_)) {
+    EXPECT_NE(e.path().extension(), ".tokens") << "a cache was written: " << e.path();
+  }
+}
+
+}  // namespace
+}  // namespace strata::engine

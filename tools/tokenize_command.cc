@@ -1,0 +1,49 @@
+#include "tools/tokenize_command.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+
+#include "engine/token_dataset.h"
+#include "engine/tokenizer.h"
+
+namespace strata::tools {
+
+void AddTokenizeFlags(CLI::App& cmd, TokenizeFlags& f) {
+  cmd.add_option("--tokenizer", f.tokenizer, "SentencePiece model file (tokenizer.model)")
+      ->required();
+  cmd.add_option("--input", f.input, "Text file, tokenized as one document")->required();
+  cmd.add_option("--output", f.output,
+                 "Token file to write (llm.c format: uint16 tokens when every id < 65536, else "
+                 "uint32); replaced crash-safely")
+      ->required();
+}
+
+Status RunTokenize(const TokenizeFlags& f) {
+  std::error_code ec;
+  if (std::filesystem::equivalent(f.input, f.output, ec)) {
+    return InvalidArgumentError(
+        fmt::format("--output '{}' is the input file; name another file", f.output));
+  }
+  STRATA_ASSIGN_OR_RETURN(auto tokenizer, engine::Tokenizer::Load(f.tokenizer));
+  STRATA_ASSIGN_OR_RETURN(auto tokens, engine::TokenizeTextFile(*tokenizer, f.input));
+  STRATA_RETURN_IF_ERROR(engine::WriteTokenFile(f.output, tokens));
+  const auto text_bytes = std::filesystem::file_size(f.input, ec);
+  const auto out_bytes = std::filesystem::file_size(f.output, ec);
+  int32_t max_token = 0;
+  for (int32_t t : tokens) max_token = std::max(max_token, t);
+  // Bytes of text per token, the BOS not counted.
+  const size_t text_tokens = tokens.size() - (tokenizer->bos_id() >= 0 ? 1 : 0);
+  const double per_token =
+      text_tokens > 0 ? static_cast<double>(text_bytes) / static_cast<double>(text_tokens) : 0.0;
+  std::printf(
+      "tokenized '%s' with '%s' (vocabulary %d): %zu tokens, %.3f bytes/token; wrote '%s' "
+      "(%s, %ju bytes)\n",
+      f.input.c_str(), f.tokenizer.c_str(), tokenizer->vocab_size(), tokens.size(), per_token,
+      f.output.c_str(), max_token < 65536 ? "uint16" : "uint32", static_cast<uintmax_t>(out_bytes));
+  return Status::Ok();
+}
+
+}  // namespace strata::tools
