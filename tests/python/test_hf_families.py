@@ -566,7 +566,9 @@ class Model:
         self.name, self.cfg, self.storage, self.shards = name, cfg, storage, shards
         self.gpt2_prefix, self.gpt2_buffers = gpt2_prefix, gpt2_buffers
         self.params = random_params(cfg, seed, storage)
-        self.dir = None
+        self.dir = None     # set by write()
+        self.tokens = None  # (N,) int64 evaluation tokens, set by Fixture
+        self.data = None    # their llm.c token file
 
     def write(self, root):
         self.dir = os.path.join(root, self.name)
@@ -1204,7 +1206,7 @@ class StrataBadInputTest(unittest.TestCase):
 
 if __name__ == "__main__":
     if torch is None:
-        print(f"SKIPPED: torch is not importable by {sys.executable} ({_IMPORT_ERROR}); install "
+        print(f"SKIPPED: torch (or numpy) is not importable by {sys.executable} ({_IMPORT_ERROR}); install "
               "python3-torch (Debian) to run the Hugging Face family tests")
         sys.exit(SKIP)
     unittest.main(verbosity=2)
