@@ -17,6 +17,8 @@
 #include "engine/checkpoint.h"
 #include "engine/safetensors.h"
 #include "models/gpt_kernels.h"
+#include "models/hf_export.h"
+#include "tools/model_spec.h"
 
 namespace strata::tools {
 namespace {
@@ -158,9 +160,68 @@ void AddExportFlags(CLI::App& cmd, ExportFlags& f) {
   cmd.add_option("--checkpoint", f.checkpoint,
                  "A checkpoint directory, or a save directory with 'latest'")
       ->required();
-  cmd.add_option("--safetensors", f.out, "Output file (must not exist)")->required();
-  cmd.add_option("--dtype", f.dtype, "bf16 or fp32")->capture_default_str();
+  cmd.add_option("--hf-dir", f.hf_dir,
+                 "Output Hugging Face model directory (must not exist or be empty)");
+  cmd.add_option("--safetensors", f.out,
+                 "Instead: one safetensors file under GPT-2 names (byte-level GPT checkpoints)");
+  cmd.add_option("--dtype", f.dtype, "fp32, bf16 or fp16 (--safetensors: fp32 or bf16)")
+      ->capture_default_str();
+  cmd.add_option("--max-shard-size", f.max_shard_size,
+                 "Largest safetensors shard, e.g. 5GB, 2GiB; above it the weights are sharded "
+                 "with an index")
+      ->capture_default_str();
 }
+
+namespace {
+
+Status ExportHfDirectory(const ExportFlags& f) {
+  STRATA_ASSIGN_OR_RETURN(DType dtype, ParseDType(f.dtype));
+  STRATA_ASSIGN_OR_RETURN(uint64_t max_shard, ParseSize(f.max_shard_size));
+  if (max_shard == 0) return InvalidArgumentError("--max-shard-size must be positive");
+  STRATA_ASSIGN_OR_RETURN(std::string dir, engine::ResolveCheckpointDir(f.checkpoint));
+  STRATA_ASSIGN_OR_RETURN(engine::Manifest m, engine::ReadManifest(dir));
+  STRATA_RETURN_IF_ERROR(engine::VerifyCheckpointFiles(dir, m));
+  STRATA_ASSIGN_OR_RETURN(ModelSpec spec, ModelSpecFromJson(m.trainer.model_json));
+  STRATA_ASSIGN_OR_RETURN(auto model, BuildModel(spec, /*load_weights=*/false));
+  if (model->num_blocks() != static_cast<int>(m.block_num_params.size())) {
+    return DataLossError(fmt::format("{}: the manifest's {} blocks do not match its model ({})",
+                                     dir, m.block_num_params.size(), model->description()));
+  }
+  for (int b = 0; b < model->num_blocks(); ++b) {
+    if (m.block_num_params[b] != model->block_num_params(b)) {
+      return DataLossError(fmt::format("{}: block {} has {} parameters, its model's has {}", dir, b,
+                                       m.block_num_params[b], model->block_num_params(b)));
+    }
+  }
+  STRATA_ASSIGN_OR_RETURN(auto master,
+                          engine::OpenSafetensorsFile(dir + "/" + engine::kMasterFile));
+  auto read_block = [&](int b, std::span<float> out) -> Status {
+    const auto* t = master.header.Find(m.block_names[b]);
+    if (!t || t->dtype != DType::kF32 || t->num_elems != static_cast<int64_t>(out.size())) {
+      return DataLossError(fmt::format("{}/{}: no F32 tensor '{}' of {} elements", dir,
+                                       engine::kMasterFile, m.block_names[b], out.size()));
+    }
+    return engine::ReadTensorBytes(master, *t, 0, std::as_writable_bytes(out));
+  };
+  std::vector<std::string> tokenizer_files;
+  for (const auto& file : spec.tokenizer_files) {
+    std::error_code ec;
+    if (std::filesystem::exists(file, ec)) {
+      tokenizer_files.push_back(file);
+    } else {
+      std::fprintf(stderr, "strata: warning: tokenizer file '%s' of the run is gone; not copied\n",
+                   file.c_str());
+    }
+  }
+  STRATA_RETURN_IF_ERROR(models::WriteHfDirectory(f.hf_dir, spec.config, read_block, dtype,
+                                                  max_shard, tokenizer_files));
+  std::printf("exported %s (%s, step %lld) from %s to %s\n", model->description().c_str(),
+              std::string(DTypeName(dtype)).c_str(), static_cast<long long>(m.trainer.step),
+              dir.c_str(), f.hf_dir.c_str());
+  return Status::Ok();
+}
+
+}  // namespace
 
 namespace {
 
@@ -223,6 +284,10 @@ struct ExportTensor {
 }  // namespace
 
 Status RunExport(const ExportFlags& f) {
+  if (f.hf_dir.empty() == f.out.empty()) {
+    return InvalidArgumentError("give exactly one of --hf-dir DIR and --safetensors FILE");
+  }
+  if (!f.hf_dir.empty()) return ExportHfDirectory(f);
   STRATA_ASSIGN_OR_RETURN(DType dtype, ParseDType(f.dtype));
   if (dtype == DType::kF16) return InvalidArgumentError("--dtype must be bf16 or fp32");
   STRATA_ASSIGN_OR_RETURN(std::string dir, engine::ResolveCheckpointDir(f.checkpoint));

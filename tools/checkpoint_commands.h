@@ -51,12 +51,17 @@ struct InspectFlags {
 void AddInspectFlags(CLI::App& cmd, InspectFlags& f);
 Status RunInspect(const InspectFlags& f);
 
-// `strata export --checkpoint DIR --safetensors OUT [--dtype bf16|fp32]`: the master weights under
-// Hugging Face GPT-2 tensor names and layouts (see checkpoint_commands.cc), one safetensors file.
+// `strata export --checkpoint DIR --hf-dir OUT [--dtype fp32|bf16|fp16] [--max-shard-size 5GB]`:
+// the master weights as a Hugging Face model directory (config.json, safetensors shards with an
+// index above the shard size, the tokenizer files the run used) that transformers'
+// from_pretrained loads, under the family's own tensor names and layouts (models/hf_export.h).
+// `--safetensors OUT` instead: a byte-level GPT's weights as one file under GPT-2 names.
 struct ExportFlags {
   std::string checkpoint;
-  std::string out;
+  std::string out;     // --safetensors
+  std::string hf_dir;  // --hf-dir
   std::string dtype = "fp32";
+  std::string max_shard_size = "5GB";
 };
 void AddExportFlags(CLI::App& cmd, ExportFlags& f);
 Status RunExport(const ExportFlags& f);

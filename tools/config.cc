@@ -392,7 +392,8 @@ Status ApplyStrata(const Reader& r, const json& s, TrainFlags* f) {
     STRATA_ASSIGN_OR_RETURN(f->model, r.String(*v, "strata.model"));
   }
   if (const json* v = Find(s, "data")) {
-    STRATA_ASSIGN_OR_RETURN(f->data, r.String(*v, "strata.data"));
+    STRATA_ASSIGN_OR_RETURN(std::string data, r.String(*v, "strata.data"));
+    f->data = {data};
   }
   if (const json* v = Find(s, "summary_json")) {
     STRATA_ASSIGN_OR_RETURN(f->summary_json, r.String(*v, "strata.summary_json"));

@@ -13,7 +13,7 @@
 #include "base/dtype.h"
 #include "base/units.h"
 #include "engine/planner.h"
-#include "models/gpt.h"
+#include "tools/model_spec.h"
 
 namespace strata::tools {
 namespace {
@@ -50,9 +50,10 @@ StatusOr<uint64_t> ParseBudget(const std::string& flag, const std::string& text)
 }  // namespace
 
 void AddEstimateFlags(CLI::App& cmd, EstimateFlags& f) {
-  cmd.add_option("--model,--preset", f.model,
-                 "Model preset: tiny, small, gpt2-124m ... gpt2-1.5b, gpt-7b, gpt-13b")
+  cmd.add_option("--model,--preset", f.model, "Model preset: " + PresetNames())
       ->capture_default_str();
+  cmd.add_option("--model-dir", f.model_dir,
+                 "A Hugging Face model directory: the shapes of its config.json");
   cmd.add_option("--device-budget", f.device_budget,
                  "Device memory for the whole arena, e.g. 24GiB (GB = 1e9 B, GiB = 2^30 B)")
       ->required();
@@ -95,13 +96,15 @@ void AddEstimateFlags(CLI::App& cmd, EstimateFlags& f) {
 
 Status RunEstimate(const EstimateFlags& f) {
   STRATA_ASSIGN_OR_RETURN(DType precision, ParseDType(f.precision));
-  STRATA_ASSIGN_OR_RETURN(auto shape, models::GptPreset(f.model));
-  const int seq_len = f.seq_len == 0 ? shape.max_seq_len : f.seq_len;
-  if (seq_len > shape.max_seq_len) {
-    return InvalidArgumentError(fmt::format("--seq-len {} exceeds the '{}' model's context of {}",
-                                            seq_len, f.model, shape.max_seq_len));
+  // Shapes only: a directory's config.json is enough (no weights are read).
+  STRATA_ASSIGN_OR_RETURN(ModelSpec spec,
+                          ResolveModelSpec(f.model, f.model_dir, /*config_only=*/true));
+  STRATA_ASSIGN_OR_RETURN(auto model, BuildModel(spec, /*load_weights=*/false));
+  const int seq_len = f.seq_len == 0 ? model->max_seq_len() : f.seq_len;
+  if (seq_len > model->max_seq_len()) {
+    return InvalidArgumentError(fmt::format("--seq-len {} exceeds the model's context of {}",
+                                            seq_len, model->max_seq_len()));
   }
-  STRATA_ASSIGN_OR_RETURN(auto model, models::GptModel::Create(shape));
   engine::PlacementOptions o;
   STRATA_ASSIGN_OR_RETURN(o.param_home, engine::ParseParamHome(f.offload_params));
   STRATA_ASSIGN_OR_RETURN(o.optimizer_home, engine::ParseOptimizerHome(f.offload_optimizer));
@@ -132,7 +135,7 @@ Status RunEstimate(const EstimateFlags& f) {
 
   if (f.json) {
     const nlohmann::json j = {
-        {"model", f.model},
+        {"model", f.model_dir.empty() ? f.model : f.model_dir},
         {"model_params", plan.model_params},
         {"model_state_bytes", plan.model_state_bytes},
         {"feasible", true},

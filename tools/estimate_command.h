@@ -13,9 +13,10 @@ namespace strata::tools {
 
 struct EstimateFlags {
   std::string model = "small";
-  std::string device_budget;            // required
-  std::string host_budget = "auto";     // auto: this machine's total memory
-  std::string pinned_budget = "auto";   // auto: the host budget
+  std::string model_dir;               // a Hugging Face directory (config.json) instead of a preset
+  std::string device_budget;           // required
+  std::string host_budget = "auto";    // auto: this machine's total memory
+  std::string pinned_budget = "auto";  // auto: the host budget
   std::vector<std::string> nvme_paths;  // free space is checked when given
   int micro_batch_size = 1;
   int seq_len = 0;  // 0: the model's context

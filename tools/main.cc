@@ -8,6 +8,7 @@
 #include "base/logging.h"
 #include "tools/doctor_command.h"
 #include "tools/estimate_command.h"
+#include "tools/eval_command.h"
 #include "tools/iobench_command.h"
 #include "tools/tokenize_command.h"
 #include "tools/train_command.h"
@@ -28,7 +29,9 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "strata " STRATA_VERSION_STRING);
   strata::tools::TrainFlags train;
   CLI::App* train_cmd = app.add_subcommand(
-      "train", "Train a GPT on a text file with parameters and optimizer state offloaded");
+      "train",
+      "Train or fine-tune a model (GPT preset, Llama, GPT-2) with parameters and optimizer state "
+      "offloaded");
   strata::tools::AddTrainFlags(*train_cmd, train);
   strata::tools::EstimateFlags estimate;
   CLI::App* estimate_cmd = app.add_subcommand(
@@ -48,12 +51,20 @@ int main(int argc, char** argv) {
   strata::tools::AddInspectFlags(*inspect_cmd, inspect);
   strata::tools::ExportFlags export_flags;
   CLI::App* export_cmd = app.add_subcommand(
-      "export", "Write a checkpoint's weights as one safetensors file under GPT-2 tensor names");
+      "export", "Write a checkpoint as a Hugging Face model directory (config.json, safetensors)");
   strata::tools::AddExportFlags(*export_cmd, export_flags);
   strata::tools::TokenizeFlags tokenize;
   CLI::App* tokenize_cmd = app.add_subcommand(
       "tokenize", "Tokenize a text file with a SentencePiece model into an llm.c token file");
   strata::tools::AddTokenizeFlags(*tokenize_cmd, tokenize);
+  strata::tools::EvalFlags eval;
+  CLI::App* eval_cmd =
+      app.add_subcommand("eval", "Mean cross-entropy and perplexity of a model on a token file");
+  strata::tools::AddEvalFlags(*eval_cmd, eval);
+  strata::tools::GenerateFlags generate;
+  CLI::App* generate_cmd =
+      app.add_subcommand("generate", "Sample text from a model, continuing a prompt");
+  strata::tools::AddGenerateFlags(*generate_cmd, generate);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -75,6 +86,8 @@ int main(int argc, char** argv) {
   if (inspect_cmd->parsed()) status = strata::tools::RunInspect(inspect);
   if (export_cmd->parsed()) status = strata::tools::RunExport(export_flags);
   if (tokenize_cmd->parsed()) status = strata::tools::RunTokenize(tokenize);
+  if (eval_cmd->parsed()) status = strata::tools::RunEval(eval);
+  if (generate_cmd->parsed()) status = strata::tools::RunGenerate(generate);
   if (status.code() == strata::StatusCode::kCancelled && strata::tools::StopSignal() != 0) {
     std::fprintf(stderr, "strata: %s\n", status.message().c_str());
     return 128 + strata::tools::StopSignal();  // 130 for SIGINT, 143 for SIGTERM

@@ -14,13 +14,15 @@
 #include "base/dtype.h"
 #include "base/trace.h"
 #include "base/units.h"
+#include "engine/dataset.h"
 #include "engine/engine.h"
 #include "engine/text_dataset.h"
+#include "engine/tokenizer.h"
 #include "gpu/device.h"
 #include "io/io_backend.h"
-#include "models/gpt.h"
 #include "tools/config.h"
 #include "tools/device_select.h"
+#include "tools/model_spec.h"
 
 namespace strata::tools {
 
@@ -37,10 +39,19 @@ void AddTrainFlags(CLI::App& cmd, TrainFlags& f) {
       "DeepSpeed-style JSON config (zero_optimization.offload_*, aio, optimizer, fp16/bf16, "
       "batch sizes, and a \"strata\" section); flags given on the command line override it");
   cmd.add_option("--data", f.data,
-                 "Text file to train on, byte-level tokens, 90/10 train/val split")
+                 "Token files in llm.c's format (several, or globs: shards read in order), or "
+                 "one text file: byte-level tokens, or tokenized with --tokenizer (cached beside "
+                 "it); 90/10 train/val split unless --val-data")
       ->capture_default_str();
-  cmd.add_option("--model", f.model, "Model preset: tiny, small, gpt2-124m, gpt2-350m, ...")
+  cmd.add_option("--val-data", f.val_data, "Validation token files (or text with --tokenizer)");
+  cmd.add_option("--tokenizer", f.tokenizer,
+                 "SentencePiece model (tokenizer.model) for text data; default: the --model-dir's "
+                 "tokenizer.model when the model is not byte-level");
+  cmd.add_option("--model", f.model, "Model preset (random initialisation): " + PresetNames())
       ->capture_default_str();
+  cmd.add_option("--model-dir", f.model_dir,
+                 "Fine-tune a Hugging Face model directory (config.json + safetensors; Llama, "
+                 "Mistral without sliding window, GPT-2)");
   cmd.add_option("--steps", f.steps, "Optimizer steps")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
@@ -153,7 +164,7 @@ namespace {
 
 std::string ResolveData(const std::string& path) {
   std::error_code ec;
-  if (std::filesystem::exists(path, ec) || path != TrainFlags{}.data) return path;
+  if (std::filesystem::exists(path, ec) || path != TrainFlags{}.data[0]) return path;
   // The default also works from outside the source tree.
   return std::string(STRATA_SOURCE_DIR) + "/" + path;
 }
@@ -165,7 +176,7 @@ float LearningRate(const TrainFlags& f, int64_t step) {  // step is 0-based
   return static_cast<float>(f.lr * (0.1 + 0.9 * 0.5 * (1 + std::cos(M_PI * progress))));
 }
 
-StatusOr<float> Evaluate(engine::Engine& e, const engine::TextDataset& data, const TrainFlags& f) {
+StatusOr<float> Evaluate(engine::Engine& e, const engine::Dataset& data, const TrainFlags& f) {
   std::vector<int32_t> tokens, targets;
   double sum = 0;
   for (int i = 0; i < f.eval_batches; ++i) {
@@ -177,8 +188,19 @@ StatusOr<float> Evaluate(engine::Engine& e, const engine::TextDataset& data, con
   return static_cast<float>(sum / f.eval_batches);
 }
 
-StatusOr<std::string> Sample(engine::Engine& e, const TrainFlags& f, std::mt19937_64& rng) {
+// A text sample of about f.sample_bytes bytes: byte-level tokens, or decoded by the tokenizer.
+StatusOr<std::string> Sample(engine::Engine& e, const TrainFlags& f, std::mt19937_64& rng,
+                             const engine::Tokenizer* tokenizer) {
   std::vector<int32_t> context = engine::TextDataset::Encode("\n");
+  if (tokenizer) {
+    context.clear();
+    if (tokenizer->bos_id() >= 0) {
+      context.push_back(tokenizer->bos_id());
+    } else {
+      STRATA_ASSIGN_OR_RETURN(context, tokenizer->Encode("\n"));
+    }
+  }
+  std::vector<int32_t> sampled;
   std::string out;
   std::uniform_real_distribution<double> uniform(0.0, 1.0);
   const double temperature = 0.8;
@@ -194,7 +216,13 @@ StatusOr<std::string> Sample(engine::Engine& e, const TrainFlags& f, std::mt1993
     size_t tok = 0;
     while (tok + 1 < p.size() && r >= p[tok]) r -= p[tok++];
     context.push_back(static_cast<int32_t>(tok));
-    out.push_back(static_cast<char>(tok));
+    if (tokenizer) {
+      if (static_cast<int>(tok) == tokenizer->eos_id()) break;
+      sampled.push_back(static_cast<int32_t>(tok));
+      STRATA_ASSIGN_OR_RETURN(out, tokenizer->Decode(sampled));
+    } else {
+      out.push_back(static_cast<char>(tok));
+    }
   }
   return out;
 }
@@ -204,12 +232,6 @@ std::string ScheduleJson(const TrainFlags& f, int64_t next_step) {
   return nlohmann::json{
       {"kind", "linear_warmup_cosine"}, {"peak_lr", f.lr},     {"warmup_steps", f.warmup_steps},
       {"total_steps", f.steps},         {"min_lr_ratio", 0.1}, {"next_step", next_step}}
-      .dump();
-}
-std::string ModelJson(const TrainFlags& f, const models::GptShape& s) {
-  return nlohmann::json{
-      {"preset", f.model},          {"vocab_size", s.vocab_size}, {"max_seq_len", s.max_seq_len},
-      {"num_layers", s.num_layers}, {"num_heads", s.num_heads},   {"channels", s.channels}}
       .dump();
 }
 
@@ -237,13 +259,31 @@ Status RunTrain(const TrainFlags& f) {
   if (f.checkpoint.resume == "latest" && f.checkpoint.save_dir.empty()) {
     return InvalidArgumentError("--resume latest needs --save-dir (the directory with 'latest')");
   }
-  STRATA_ASSIGN_OR_RETURN(auto shape, models::GptPreset(f.model));
-  if (f.seq_len > shape.max_seq_len) {
-    return InvalidArgumentError(fmt::format("--seq-len {} exceeds the '{}' model's context of {}",
-                                            f.seq_len, f.model, shape.max_seq_len));
+  STRATA_ASSIGN_OR_RETURN(ModelSpec spec, ResolveModelSpec(f.model, f.model_dir));
+  STRATA_ASSIGN_OR_RETURN(auto model, BuildModel(spec, /*load_weights=*/true, f.tf32));
+  if (f.seq_len > model->max_seq_len()) {
+    return InvalidArgumentError(fmt::format("--seq-len {} exceeds the model's context of {}",
+                                            f.seq_len, model->max_seq_len()));
   }
-  STRATA_ASSIGN_OR_RETURN(auto data, engine::TextDataset::Load(ResolveData(f.data), f.seq_len));
-  STRATA_ASSIGN_OR_RETURN(auto model, models::GptModel::Create(shape, {.allow_tf32 = f.tf32}));
+  engine::TrainingDataOptions data_options;
+  for (const auto& d : f.data) data_options.data.push_back(ResolveData(d));
+  data_options.val_data = f.val_data;
+  data_options.tokenizer = f.tokenizer;
+  if (data_options.tokenizer.empty() && !spec.byte_level()) {
+    for (const auto& file : spec.tokenizer_files) {
+      if (std::filesystem::path(file).filename() == "tokenizer.model") {
+        data_options.tokenizer = file;
+      }
+    }
+  }
+  if (!f.tokenizer.empty()) {
+    spec.tokenizer_files.push_back(std::filesystem::absolute(f.tokenizer).string());
+  }
+  data_options.seq_len = f.seq_len;
+  data_options.vocab_size = model->vocab_size();
+  STRATA_ASSIGN_OR_RETURN(engine::TrainingData training_data,
+                          engine::OpenTrainingData(data_options));
+  const engine::Dataset& data = *training_data.dataset;
   const engine::MicroBatchShape mb{f.micro_batch_size, f.seq_len};
 
   engine::EngineOptions o;
@@ -331,9 +371,7 @@ Status RunTrain(const TrainFlags& f) {
   if (device->kind() != gpu::DeviceKind::kHost && f.copy_bandwidth > 0) return throttle_on_gpu;
   if (device->kind() == gpu::DeviceKind::kHost && f.tf32) return tf32_on_host;
   std::printf("strata train: %s\n", model->description().c_str());
-  std::printf("data: %s, %zu bytes (train %zu, val %zu); device: %s\n", ResolveData(f.data).c_str(),
-              data.size_bytes(), data.train_bytes(), data.val_bytes(),
-              device->description().c_str());
+  std::printf("%s; device: %s\n", data.Describe().c_str(), device->description().c_str());
   STRATA_ASSIGN_OR_RETURN(auto engine, engine::Engine::Create(model.get(), device.get(), o));
   std::printf("%s", engine->plan().Describe().c_str());
   if (!engine->io_backend_name().empty()) {
@@ -431,7 +469,7 @@ Status RunTrain(const TrainFlags& f) {
       STRATA_ASSIGN_OR_RETURN(last_checkpoint,
                               SaveTraining(*engine, ckpt,
                                            {step + 1, (step + 1) * tokens_per_step, &data_rng,
-                                            ScheduleJson(f, step + 1), ModelJson(f, shape)}));
+                                            ScheduleJson(f, step + 1), ModelSpecJson(spec)}));
     }
     if (stopping) {
       return CancelledError(fmt::format(
@@ -448,12 +486,15 @@ Status RunTrain(const TrainFlags& f) {
   const auto counters = engine->counters();
   if (f.eval_every > 0) {
     STRATA_ASSIGN_OR_RETURN(val_loss, Evaluate(*engine, data, f));
-    std::printf("validation loss %.4f nats/byte (uniform is %.2f)\n", val_loss, std::log(256.0));
+    std::printf("validation loss %.4f nats/%s (uniform is %.2f)\n", val_loss,
+                training_data.byte_level ? "byte" : "token",
+                std::log(static_cast<double>(model->vocab_size())));
   }
   STRATA_ASSIGN_OR_RETURN(uint64_t master_hash, engine->MasterWeightsXxh3());
-  if (f.sample_bytes > 0) {
+  if (f.sample_bytes > 0 && (training_data.byte_level || training_data.tokenizer)) {
     std::mt19937_64 sample_rng(f.seed ^ 0x5a3b1eull);
-    STRATA_ASSIGN_OR_RETURN(std::string text, Sample(*engine, f, sample_rng));
+    STRATA_ASSIGN_OR_RETURN(std::string text,
+                            Sample(*engine, f, sample_rng, training_data.tokenizer.get()));
     std::printf("sample:\n%s\n", Printable(text).c_str());
   }
   const double tps =
@@ -509,7 +550,7 @@ Status RunTrain(const TrainFlags& f) {
                            : nlohmann::json(engine->io_backend_name())},
         {"precision", DTypeName(precision)},
         {"tf32", f.tf32},
-        {"model", f.model},
+        {"model", spec.model_dir.empty() ? f.model : spec.model_dir},
         {"model_params", plan.model_params},
         {"model_state_bytes", plan.model_state_bytes},
         {"device_budget_bytes", plan.device_budget_bytes},

@@ -13,8 +13,12 @@
 namespace strata::tools {
 
 struct TrainFlags {
-  std::string data = "data/tinyshakespeare.txt";
+  // Text (byte-level, or with --tokenizer) or token files in llm.c's format (several: shards).
+  std::vector<std::string> data = {"data/tinyshakespeare.txt"};
+  std::vector<std::string> val_data;  // empty: the last 10% of --data
+  std::string tokenizer;              // a SentencePiece model for text data
   std::string model = "small";
+  std::string model_dir;  // a Hugging Face directory: fine-tune from its weights
   int64_t steps = 300;
   int micro_batch_size = 1;
   int seq_len = 64;

@@ -1,0 +1,248 @@
+#include "tools/eval_command.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "base/dtype.h"
+#include "base/units.h"
+#include "engine/checkpoint.h"
+#include "engine/engine.h"
+#include "engine/token_dataset.h"
+#include "engine/tokenizer.h"
+#include "tools/device_select.h"
+#include "tools/model_spec.h"
+
+namespace strata::tools {
+namespace {
+
+void AddInferenceFlags(CLI::App& cmd, InferenceFlags& f) {
+  cmd.add_option("--model-dir", f.model_dir,
+                 "A Hugging Face model directory (config.json + safetensors)");
+  cmd.add_option("--checkpoint", f.checkpoint,
+                 "A Strata checkpoint directory, or a save directory with 'latest'");
+  cmd.add_option("--precision", f.precision,
+                 "Working precision: bf16, fp16, fp32, or auto (the checkpoint's, else bf16)")
+      ->capture_default_str();
+  cmd.add_option("--device", f.device, "auto, host or cuda")->capture_default_str();
+  cmd.add_option("--device-budget", f.device_budget,
+                 "Device memory for the arena, e.g. 8GiB; auto = midway between the streaming "
+                 "minimum and the working params alone")
+      ->capture_default_str();
+}
+
+// A model with its working params ready: an inference-only engine on a device.
+struct Loaded {
+  ModelSpec spec;
+  std::unique_ptr<engine::Model> model;
+  std::unique_ptr<gpu::Device> device;
+  std::unique_ptr<engine::Engine> engine;
+};
+
+StatusOr<Loaded> Load(const InferenceFlags& f, engine::MicroBatchShape shape) {
+  if (f.model_dir.empty() == f.checkpoint.empty()) {
+    return InvalidArgumentError("give exactly one of --model-dir DIR and --checkpoint DIR");
+  }
+  Loaded l;
+  std::string checkpoint_dir;
+  std::string precision_name = f.precision;
+  if (!f.checkpoint.empty()) {
+    STRATA_ASSIGN_OR_RETURN(checkpoint_dir, engine::ResolveCheckpointDir(f.checkpoint));
+    STRATA_ASSIGN_OR_RETURN(engine::Manifest m, engine::ReadManifest(checkpoint_dir));
+    STRATA_ASSIGN_OR_RETURN(l.spec, ModelSpecFromJson(m.trainer.model_json));
+    if (precision_name == "auto") precision_name = m.precision;
+  } else {
+    STRATA_ASSIGN_OR_RETURN(l.spec, ResolveModelSpec("", f.model_dir));
+  }
+  if (precision_name == "auto") precision_name = "bf16";
+  STRATA_ASSIGN_OR_RETURN(DType precision, ParseDType(precision_name));
+  STRATA_ASSIGN_OR_RETURN(l.model, BuildModel(l.spec, /*load_weights=*/checkpoint_dir.empty()));
+  if (shape.seq_len > l.model->max_seq_len()) {
+    return InvalidArgumentError(fmt::format("--seq-len {} exceeds the model's context of {}",
+                                            shape.seq_len, l.model->max_seq_len()));
+  }
+  engine::EngineOptions o;
+  o.precision = precision;
+  o.micro_batch = shape;
+  o.inference_only = true;
+  o.placement.param_home = engine::ParamHome::kHost;
+  o.placement.optimizer_home = engine::OptimizerHome::kHost;
+  if (f.device_budget == "auto") {
+    const uint64_t minimum = engine::StreamingMinimumBytes(*l.model, precision, shape);
+    const uint64_t working = static_cast<uint64_t>(l.model->num_params()) * SizeOf(precision);
+    o.placement.device_budget_bytes =
+        working > minimum ? minimum + (working - minimum) / 2 : minimum;
+  } else {
+    STRATA_ASSIGN_OR_RETURN(o.placement.device_budget_bytes, ParseSize(f.device_budget));
+  }
+  STRATA_ASSIGN_OR_RETURN(l.device, CreateDeviceFromFlag(f.device, {}));
+  STRATA_ASSIGN_OR_RETURN(l.engine, engine::Engine::Create(l.model.get(), l.device.get(), o));
+  if (!checkpoint_dir.empty()) {
+    engine::TrainerState trainer;
+    STRATA_RETURN_IF_ERROR(l.engine->LoadCheckpoint(checkpoint_dir, &trainer));
+  }
+  return l;
+}
+
+}  // namespace
+
+void AddEvalFlags(CLI::App& cmd, EvalFlags& f) {
+  AddInferenceFlags(cmd, f.model);
+  cmd.add_option("--data", f.data,
+                 "Token files in llm.c's format (several, or a glob: shards read in order)")
+      ->required();
+  cmd.add_option("--seq-len", f.seq_len, "Tokens per window (<= the model's context)")
+      ->required()
+      ->check(CLI::PositiveNumber);
+  cmd.add_option("--max-tokens", f.max_tokens,
+                 "Only the windows within the first N tokens; 0 = the whole data")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd.add_option("--micro-batch-size", f.micro_batch_size, "Windows per forward pass")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd.add_flag("--json", f.json,
+               "Print one JSON object: loss, perplexity, tokens (target positions), windows");
+}
+
+Status RunEval(const EvalFlags& f) {
+  const int T = f.seq_len;
+  STRATA_ASSIGN_OR_RETURN(Loaded l, Load(f.model, {f.micro_batch_size, T}));
+  STRATA_ASSIGN_OR_RETURN(auto data, engine::TokenDataset::Open(f.data, l.model->vocab_size()));
+  const int64_t windows = data.num_windows(T, f.max_tokens);
+  if (windows == 0) {
+    return InvalidArgumentError(fmt::format(
+        "the data holds no full window of {} + 1 tokens{}", T,
+        f.max_tokens > 0 ? fmt::format(" within the first {} tokens", f.max_tokens) : ""));
+  }
+  double sum = 0;  // of per-token losses
+  std::vector<int32_t> tokens, targets;
+  for (int64_t w = 0; w < windows; w += f.micro_batch_size) {
+    const int B = static_cast<int>(std::min<int64_t>(f.micro_batch_size, windows - w));
+    tokens.resize(static_cast<size_t>(B) * T);
+    targets.resize(tokens.size());
+    for (int b = 0; b < B; ++b) {
+      data.EvalWindow(w + b, T, tokens.data() + b * T, targets.data() + b * T);
+    }
+    STRATA_ASSIGN_OR_RETURN(float loss, l.engine->EvaluateLoss({tokens, targets}, {B, T}));
+    sum += static_cast<double>(loss) * B * T;
+  }
+  const int64_t counted = windows * T;
+  const double loss = sum / static_cast<double>(counted);
+  if (f.json) {
+    std::printf("%s\n", nlohmann::json{{"loss", loss},
+                                       {"perplexity", std::exp(loss)},
+                                       {"tokens", counted},
+                                       {"windows", windows}}
+                            .dump()
+                            .c_str());
+  } else {
+    std::printf("%s\n", l.model->description().c_str());
+    std::printf(
+        "eval: %lld windows of %d tokens (%lld targets): loss %.6f nats/token, "
+        "perplexity %.4f\n",
+        static_cast<long long>(windows), T, static_cast<long long>(counted), loss, std::exp(loss));
+  }
+  return Status::Ok();
+}
+
+void AddGenerateFlags(CLI::App& cmd, GenerateFlags& f) {
+  AddInferenceFlags(cmd, f.model);
+  cmd.add_option("--prompt", f.prompt, "Text to continue")->required();
+  cmd.add_option("--tokenizer", f.tokenizer,
+                 "SentencePiece model (default: tokenizer.model of the model or run; byte-level "
+                 "models need none)");
+  cmd.add_option("--max-new-tokens", f.max_new_tokens, "Tokens to sample")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd.add_option("--temperature", f.temperature, "Sampling temperature; 0 = greedy")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd.add_option("--top-k", f.top_k, "Sample among the k most likely tokens; 0 = all")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd.add_option("--seed", f.seed, "Sampling seed")->capture_default_str();
+}
+
+Status RunGenerate(const GenerateFlags& f) {
+  // The model first (its spec names the tokenizer), with a context of one sequence.
+  InferenceFlags mf = f.model;
+  ModelSpec spec;
+  if (!mf.checkpoint.empty()) {
+    STRATA_ASSIGN_OR_RETURN(std::string dir, engine::ResolveCheckpointDir(mf.checkpoint));
+    STRATA_ASSIGN_OR_RETURN(engine::Manifest m, engine::ReadManifest(dir));
+    STRATA_ASSIGN_OR_RETURN(spec, ModelSpecFromJson(m.trainer.model_json));
+  } else if (!mf.model_dir.empty()) {
+    STRATA_ASSIGN_OR_RETURN(spec, ResolveModelSpec("", mf.model_dir));
+  } else {
+    return InvalidArgumentError("give exactly one of --model-dir DIR and --checkpoint DIR");
+  }
+  std::string tokenizer_path = f.tokenizer;
+  if (tokenizer_path.empty()) {
+    for (const auto& file : spec.tokenizer_files) {
+      if (std::filesystem::path(file).filename() == "tokenizer.model") tokenizer_path = file;
+    }
+  }
+  std::unique_ptr<engine::Tokenizer> tokenizer;
+  std::vector<int32_t> context;
+  if (!tokenizer_path.empty()) {
+    STRATA_ASSIGN_OR_RETURN(tokenizer, engine::Tokenizer::Load(tokenizer_path));
+    if (tokenizer->bos_id() >= 0) context.push_back(tokenizer->bos_id());
+    STRATA_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer->Encode(f.prompt));
+    context.insert(context.end(), ids.begin(), ids.end());
+  } else if (spec.byte_level()) {
+    for (unsigned char c : f.prompt) context.push_back(c);
+  } else {
+    return InvalidArgumentError(
+        "this model's vocabulary is not bytes: give --tokenizer tokenizer.model (SentencePiece)");
+  }
+  if (context.empty()) return InvalidArgumentError("the prompt has no tokens");
+  const int max_len = std::min<int>(spec.config.family == models::HfModelConfig::Family::kLlama
+                                        ? spec.config.llama.max_seq_len
+                                        : spec.config.gpt2.max_seq_len,
+                                    static_cast<int>(context.size()) + f.max_new_tokens);
+  STRATA_ASSIGN_OR_RETURN(Loaded l, Load(mf, {1, max_len}));
+  std::mt19937_64 rng(f.seed);
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  std::vector<int32_t> generated;
+  for (int i = 0; i < f.max_new_tokens; ++i) {
+    const size_t keep = std::min<size_t>(context.size(), max_len);
+    STRATA_ASSIGN_OR_RETURN(auto logits, l.engine->NextTokenLogits(std::span(context).last(keep)));
+    std::vector<int32_t> order(logits.size());
+    for (size_t v = 0; v < order.size(); ++v) order[v] = static_cast<int32_t>(v);
+    // Ties broken by token id, so the choice is deterministic.
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+    int32_t next = order[0];
+    if (f.temperature > 0) {
+      const size_t k = f.top_k > 0 ? std::min<size_t>(f.top_k, order.size()) : order.size();
+      std::vector<double> p(k);
+      double z = 0;
+      for (size_t j = 0; j < k; ++j) {
+        z += p[j] = std::exp((logits[order[j]] - logits[order[0]]) / f.temperature);
+      }
+      double r = uniform(rng) * z;
+      size_t j = 0;
+      while (j + 1 < k && r >= p[j]) r -= p[j++];
+      next = order[j];
+    }
+    if (tokenizer && next == tokenizer->eos_id()) break;
+    context.push_back(next);
+    generated.push_back(next);
+  }
+  std::string text;
+  if (tokenizer) {
+    STRATA_ASSIGN_OR_RETURN(text, tokenizer->Decode(generated));
+  } else {
+    for (int32_t t : generated) text.push_back(static_cast<char>(t));
+  }
+  std::printf("%s%s\n", f.prompt.c_str(), text.c_str());
+  return Status::Ok();
+}
+
+}  // namespace strata::tools

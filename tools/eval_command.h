@@ -1,0 +1,50 @@
+// `strata eval` (loss and perplexity of a model on a token file) and `strata generate` (text
+// from a prompt), on a Hugging Face directory or a checkpoint, through an inference-only engine
+// (engine/engine.h: working params only, streamed like in training when the device budget is
+// small).
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+
+namespace strata::tools {
+
+// The model and where it runs, shared by both commands.
+struct InferenceFlags {
+  std::string model_dir;
+  std::string checkpoint;
+  std::string precision = "auto";  // auto: the checkpoint's precision, else bf16
+  std::string device = "auto";
+  std::string device_budget = "auto";
+};
+
+struct EvalFlags {
+  InferenceFlags model;
+  std::vector<std::string> data;
+  int seq_len = 0;
+  int64_t max_tokens = 0;  // 0 = the whole file
+  int micro_batch_size = 8;
+  bool json = false;
+};
+void AddEvalFlags(CLI::App& cmd, EvalFlags& f);
+// Mean cross-entropy in nats per target token over every full window of the first max_tokens
+// tokens: window i has inputs tokens[i T, i T + T) and targets tokens[i T + 1, i T + T + 1).
+Status RunEval(const EvalFlags& f);
+
+struct GenerateFlags {
+  InferenceFlags model;
+  std::string prompt;
+  std::string tokenizer;  // default: the model directory's tokenizer.model
+  int max_new_tokens = 64;
+  double temperature = 0.8;
+  int top_k = 40;  // 0 = the whole vocabulary
+  uint64_t seed = 1337;
+};
+void AddGenerateFlags(CLI::App& cmd, GenerateFlags& f);
+Status RunGenerate(const GenerateFlags& f);
+
+}  // namespace strata::tools
