@@ -203,16 +203,12 @@ Status NoCudaKernels() {
 #else
 // The CUDA blocks launch their kernels on the native stream, past the Stream's own operations,
 // so each block call is traced as one compute span (a no-op unless the device traces).
-// What the CUDA blocks do not implement yet: a tied head (its product with the transposed wte)
-// and a LayerNorm eps other than the kernels' 1e-5.
-Status CudaSupports(const GptShape& sh, GptModel::Kind kind) {
+// What the CUDA blocks do not implement yet: a LayerNorm eps other than the kernels' 1e-5.
+Status CudaSupports(const GptShape& sh) {
   if (sh.layer_norm_eps != 1e-5) {
     return UnimplementedError(
         fmt::format("the GPT's CUDA kernels use LayerNorm eps 1e-5, not {}; use --device host",
                     sh.layer_norm_eps));
-  }
-  if (sh.tie_embeddings && kind == GptModel::Kind::kHead) {
-    return UnimplementedError("a GPT with tied embeddings has no CUDA head yet; use --device host");
   }
   return Status::Ok();
 }
@@ -220,7 +216,7 @@ Status CudaSupports(const GptShape& sh, GptModel::Kind kind) {
 template <typename S>
 Status CudaForward(const GptShape& sh, const GptOptions& options, GptModel::Kind kind,
                    const engine::BlockBuffers& b, gpu::Stream& stream) {
-  STRATA_RETURN_IF_ERROR(CudaSupports(sh, kind));
+  STRATA_RETURN_IF_ERROR(CudaSupports(sh));
   const int B = b.shape.batch_size, T = b.shape.seq_len;
   const cuda::GptCudaOptions o{.allow_tf32 = options.allow_tf32};
   void* scratch = b.scratch.data;
@@ -238,7 +234,7 @@ Status CudaForward(const GptShape& sh, const GptOptions& options, GptModel::Kind
     case GptModel::Kind::kHead: {
       gpu::ScopedComputeSpan span(stream, "head forward");
       return cuda::CudaHeadForward<S>(sh, stream, b.params.as<S>(), b.x_in.as<S>(), b.targets, B, T,
-                                      b.logits.as<S>(), scratch, b.loss, o);
+                                      b.logits.as<S>(), scratch, b.loss, o, b.tied_params.as<S>());
     }
   }
   return InternalError("unreachable");
@@ -247,7 +243,7 @@ Status CudaForward(const GptShape& sh, const GptOptions& options, GptModel::Kind
 template <typename S>
 Status CudaBackward(const GptShape& sh, const GptOptions& options, GptModel::Kind kind,
                     const engine::BlockBuffers& b, gpu::Stream& stream) {
-  STRATA_RETURN_IF_ERROR(CudaSupports(sh, kind));
+  STRATA_RETURN_IF_ERROR(CudaSupports(sh));
   const int B = b.shape.batch_size, T = b.shape.seq_len;
   const cuda::GptCudaOptions o{.allow_tf32 = options.allow_tf32};
   void* scratch = b.scratch.data;
@@ -267,7 +263,8 @@ Status CudaBackward(const GptShape& sh, const GptOptions& options, GptModel::Kin
     case GptModel::Kind::kHead: {
       gpu::ScopedComputeSpan span(stream, "head backward");
       return cuda::CudaHeadBackward<S>(sh, stream, b.params.as<S>(), b.x_in.as<S>(), b.targets,
-                                       b.dloss, B, T, b.dx_in.as<S>(), b.grads.as<S>(), scratch, o);
+                                       b.dloss, B, T, b.dx_in.as<S>(), b.grads.as<S>(), scratch, o,
+                                       b.tied_params.as<S>(), b.tied_grads.as<S>());
     }
   }
   return InternalError("unreachable");

@@ -204,6 +204,18 @@ Status HeadLayerNorm(const GptShape& shape, cudaStream_t cs, const S* params, co
                                 At<float>(scratch, l.mean), At<float>(scratch, l.rstd));
 }
 
+// A tied head (shape.tie_embeddings) needs the embedding chunk (and, backward, its gradient);
+// an untied one takes neither.
+template <typename S>
+Status CheckTied(const char* what, const GptShape& shape, const S* tied_params, const S* tied_grads,
+                 bool backward) {
+  if (shape.tie_embeddings && (tied_params == nullptr || (backward && tied_grads == nullptr))) {
+    return InvalidArgumentError(std::string(what) +
+                                ": a tied head needs the embedding chunk and its gradient");
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status CudaPrepareStream(gpu::Stream& stream) {
@@ -303,7 +315,7 @@ Status CudaLayerBackward(const GptShape& shape, gpu::Stream& stream, const S* pa
 template <typename S>
 Status CudaHeadForward(const GptShape& shape, gpu::Stream& stream, const S* params, const S* x_in,
                        const int32_t* targets, int B, int T, S* logits, void* scratch, float* loss,
-                       const GptCudaOptions& options) {
+                       const GptCudaOptions& options, const S* tied_params) {
   STRATA_ASSIGN_OR_RETURN(cudaStream_t cs,
                           Prepare("CudaHeadForward", shape, stream, B, T, scratch));
   STRATA_RETURN_IF_ERROR(CheckPointers("CudaHeadForward", {params, x_in, logits, scratch}));
@@ -311,7 +323,11 @@ Status CudaHeadForward(const GptShape& shape, gpu::Stream& stream, const S* para
   const CudaHeadScratchLayout l = CudaHeadScratchLayoutFor<S>(shape, B, T);
   STRATA_ASSIGN_OR_RETURN(const auto mm,
                           MakeProducts<S>(stream, cs, At<float>(scratch, l.ln_partials), options));
-  const S* wlm = params + 2 * C;
+  STRATA_RETURN_IF_ERROR(CheckTied<S>("CudaHeadForward", shape, tied_params, nullptr, false));
+  // Untied: Wlm (C, V) from the chunk; tied: wte (V, C), read transposed.
+  const bool tied = shape.tie_embeddings;
+  const S* wlm = tied ? tied_params : params + 2 * C;
+  const int64_t ldw = tied ? C : V;
   S* lnf = At<S>(scratch, l.lnf);
   STRATA_RETURN_IF_ERROR(HeadLayerNorm<S>(shape, cs, params, x_in, N, l, scratch));
   // The last position of each sequence: rows T-1, 2T-1, ... of lnf, gathered into (B, C).
@@ -321,13 +337,13 @@ Status CudaHeadForward(const GptShape& shape, gpu::Stream& stream, const S* para
       cudaMemcpy2DAsync(lnf_last, row_bytes, lnf + (T - 1) * C, static_cast<size_t>(T) * row_bytes,
                         row_bytes, static_cast<size_t>(B), cudaMemcpyDeviceToDevice, cs),
       "cudaMemcpy2DAsync"));
-  STRATA_RETURN_IF_ERROR(mm.Run(false, false, B, V, C, lnf_last, C, wlm, V, logits, V));
+  STRATA_RETURN_IF_ERROR(mm.Run(false, tied, B, V, C, lnf_last, C, wlm, ldw, logits, V));
   if (targets == nullptr || loss == nullptr) return Status::Ok();
   float* losses = At<float>(scratch, l.losses);
   S* chunk = At<S>(scratch, l.chunk);
   for (int64_t r0 = 0; r0 < N; r0 += l.chunk_rows) {
     const int64_t rows = std::min(l.chunk_rows, N - r0);
-    STRATA_RETURN_IF_ERROR(mm.Run(false, false, rows, V, C, lnf + r0 * C, C, wlm, V, chunk, V));
+    STRATA_RETURN_IF_ERROR(mm.Run(false, tied, rows, V, C, lnf + r0 * C, C, wlm, ldw, chunk, V));
     STRATA_RETURN_IF_ERROR(LaunchCrossEntropy(cs, D(chunk), targets + r0, rows, static_cast<int>(V),
                                               losses + r0, false, 0.0f));
   }
@@ -337,7 +353,8 @@ Status CudaHeadForward(const GptShape& shape, gpu::Stream& stream, const S* para
 template <typename S>
 Status CudaHeadBackward(const GptShape& shape, gpu::Stream& stream, const S* params, const S* x_in,
                         const int32_t* targets, float dloss, int B, int T, S* dx_in, S* dparams,
-                        void* scratch, const GptCudaOptions& options) {
+                        void* scratch, const GptCudaOptions& options, const S* tied_params,
+                        S* tied_grads) {
   STRATA_ASSIGN_OR_RETURN(cudaStream_t cs,
                           Prepare("CudaHeadBackward", shape, stream, B, T, scratch));
   STRATA_RETURN_IF_ERROR(
@@ -351,38 +368,55 @@ Status CudaHeadBackward(const GptShape& shape, gpu::Stream& stream, const S* par
   S* lnf = At<S>(scratch, l.lnf);
   S* dlnf = At<S>(scratch, l.dlnf);
   S* chunk = At<S>(scratch, l.chunk);
-  const S* wlm = params + 2 * C;
-  S* dwlm = dparams + 2 * C;
+  STRATA_RETURN_IF_ERROR(CheckTied<S>("CudaHeadBackward", shape, tied_params, tied_grads, true));
+  // Untied: Wlm (C, V) and dWlm in the chunk; tied: wte (V, C) read transposed, dwte (V, C) into
+  // the first V C elements of tied_grads, whose wpe part gets zeros.
+  const bool tied = shape.tie_embeddings;
+  const S* wlm = tied ? tied_params : params + 2 * C;
+  S* dwlm = tied ? tied_grads : dparams + 2 * C;
+  const int64_t ldw = tied ? C : V;
+  if (tied) {
+    STRATA_RETURN_IF_ERROR(gpu::cuda::CudaStatus(
+        cudaMemsetAsync(tied_grads + V * C, 0,
+                        static_cast<size_t>(shape.max_seq_len) * C * sizeof(S), cs),
+        "cudaMemsetAsync"));
+  }
   constexpr bool kFp32 = std::is_same_v<S, float>;
   // dWlm accumulates in fp32: in place for float, else in the scratch's accumulator.
   void* acc = kFp32 ? static_cast<void*>(dwlm) : At<void>(scratch, l.dwlm_acc);
   STRATA_RETURN_IF_ERROR(HeadLayerNorm<S>(shape, cs, params, x_in, N, l, scratch));
   for (int64_t r0 = 0; r0 < N; r0 += l.chunk_rows) {
     const int64_t rows = std::min(l.chunk_rows, N - r0);
-    STRATA_RETURN_IF_ERROR(mm.Run(false, false, rows, V, C, lnf + r0 * C, C, wlm, V, chunk, V));
+    STRATA_RETURN_IF_ERROR(mm.Run(false, tied, rows, V, C, lnf + r0 * C, C, wlm, ldw, chunk, V));
     // dlogits = D(dloss / N (softmax - onehot)), in place in the chunk.
     STRATA_RETURN_IF_ERROR(LaunchCrossEntropy(cs, D(chunk), targets + r0, rows, static_cast<int>(V),
                                               At<float>(scratch, l.losses) + r0, true,
                                               dloss / static_cast<float>(N)));
-    // acc (+)= lnf_chunk^T dlogits: beta 0 on the first chunk, 1 after (C == D), fp32 C and D.
+    // acc (+)= lnf_chunk^T dlogits (C, V), tied dlogits^T lnf_chunk (V, C): beta 0 on the first
+    // chunk, 1 after (C == D), fp32 C and D.
     gpu::cuda::LtMatmulArgs a;
     a.trans_a = true;
-    a.M = C;
-    a.N = V;
+    a.M = tied ? V : C;
+    a.N = tied ? C : V;
     a.K = rows;
-    a.A = lnf + r0 * C;
-    a.lda = C;
-    a.B = chunk;
-    a.ldb = V;
+    a.A = tied ? chunk : lnf + r0 * C;
+    a.lda = tied ? V : C;
+    a.B = tied ? lnf + r0 * C : chunk;
+    a.ldb = tied ? C : V;
     a.C = r0 == 0 ? nullptr : acc;
-    a.ldc = V;
+    a.ldc = a.N;
     a.D = acc;
-    a.ldd = V;
+    a.ldd = a.N;
     a.dtype = DTypeOf<S>();
     a.fp32_output = !kFp32;
     a.allow_tf32 = mm.allow_tf32;
     STRATA_RETURN_IF_ERROR(gpu::cuda::LtMatmul(cs, a, mm.workspace.data, mm.workspace.size_bytes));
-    STRATA_RETURN_IF_ERROR(mm.InputGrad(rows, C, V, chunk, wlm, dlnf + r0 * C));
+    // dlnf rows = D(dlogits Wlm^T), tied D(dlogits wte).
+    if (tied) {
+      STRATA_RETURN_IF_ERROR(mm.Run(false, false, rows, C, V, chunk, V, wlm, C, dlnf + r0 * C, C));
+    } else {
+      STRATA_RETURN_IF_ERROR(mm.InputGrad(rows, C, V, chunk, wlm, dlnf + r0 * C));
+    }
   }
   if constexpr (!kFp32) {  // dWlm = S(acc), one rounding
     STRATA_RETURN_IF_ERROR(
@@ -405,10 +439,10 @@ Status CudaHeadBackward(const GptShape& shape, gpu::Stream& stream, const S* par
                                        const S*, S*, S*, int, int, void*, const GptCudaOptions&);  \
   template Status CudaHeadForward<S>(const GptShape&, gpu::Stream&, const S*, const S*,            \
                                      const int32_t*, int, int, S*, void*, float*,                  \
-                                     const GptCudaOptions&);                                       \
+                                     const GptCudaOptions&, const S*);                             \
   template Status CudaHeadBackward<S>(const GptShape&, gpu::Stream&, const S*, const S*,           \
                                       const int32_t*, float, int, int, S*, S*, void*,              \
-                                      const GptCudaOptions&);
+                                      const GptCudaOptions&, const S*, S*);
 STRATA_INSTANTIATE_GPT_CUDA(float)
 STRATA_INSTANTIATE_GPT_CUDA(Bf16)
 STRATA_INSTANTIATE_GPT_CUDA(Fp16)

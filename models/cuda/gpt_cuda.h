@@ -110,19 +110,24 @@ Status CudaLayerBackward(const GptShape& shape, gpu::Stream& stream, const S* pa
 // of each sequence. With targets (B, T) non-null and loss non-null, *loss (one fp32 in device
 // memory) receives the mean cross-entropy over the B T tokens (summed in double, fixed order),
 // computed in chunks of HeadChunkRows(N, V) rows in the scratch (no (N, V) logits).
-// scratch: CudaHeadScratchBytes<S>.
+// scratch: CudaHeadScratchBytes<S>. With shape.tie_embeddings, tied_params is the embedding
+// chunk (its first V C elements: wte (V, C), the head's weight, read transposed; null is
+// kInvalidArgument); else unused.
 template <typename S>
 Status CudaHeadForward(const GptShape& shape, gpu::Stream& stream, const S* params, const S* x_in,
                        const int32_t* targets, int B, int T, S* logits, void* scratch, float* loss,
-                       const GptCudaOptions& options = {});
+                       const GptCudaOptions& options = {}, const S* tied_params = nullptr);
 
 // Gradient of dloss * (mean cross-entropy): recomputes the forward chunk by chunk, writes
 // dx_in (B, T, C) and dparams (head chunk, OVERWRITTEN); dWlm accumulated over the chunks in
 // fp32 (cuBLASLt with 16-bit A and B, fp32 C and D, beta = 1), rounded once, as on the host.
-// targets must not be null.
+// targets must not be null. Tied (shape.tie_embeddings): tied_params as for CudaHeadForward and
+// tied_grads (EmbeddingNumParams elements, OVERWRITTEN): dwte (V, C) in its first V C elements,
+// accumulated and rounded as dWlm, zeros in the rest (wpe); both required.
 template <typename S>
 Status CudaHeadBackward(const GptShape& shape, gpu::Stream& stream, const S* params, const S* x_in,
                         const int32_t* targets, float dloss, int B, int T, S* dx_in, S* dparams,
-                        void* scratch, const GptCudaOptions& options = {});
+                        void* scratch, const GptCudaOptions& options = {},
+                        const S* tied_params = nullptr, S* tied_grads = nullptr);
 
 }  // namespace strata::models::cuda

@@ -1,5 +1,8 @@
 #include "models/ops/matmul.h"
 
+#include <algorithm>
+#include <type_traits>
+
 #include "models/ops/parallel.h"
 #include "models/ops/product.h"
 
@@ -21,7 +24,21 @@ void ColumnSums(const S* x, int64_t rows, int64_t cols, S* out) {
 template <typename S>
 void MatmulForward(const S* in, const S* w, WeightLayout layout, const S* bias, S* out,
                    int64_t rows, int64_t in_dim, int64_t out_dim, const S* residual) {
+  using F = ComputeType<S>;
   const bool out_in = layout == WeightLayout::kOutIn;
+  if constexpr (std::is_same_v<S, F>) {
+    // For float and double the product is computed in place in out (product.h), which would
+    // overwrite an aliasing residual before the epilogue reads it: read a copy instead, so the
+    // result is the non-aliased one bit for bit.
+    if (residual != nullptr && residual == out) {
+      WorkLease<F> work;
+      F* copy = work.Get(0, rows * out_dim);
+      std::copy(residual, residual + rows * out_dim, copy);
+      LinearProduct(in, w, out_in, out, rows, in_dim, out_dim,
+                    BiasEpilogue<S>{bias, copy, out_dim});
+      return;
+    }
+  }
   if (bias == nullptr && residual == nullptr) {
     LinearProduct(in, w, out_in, out, rows, in_dim, out_dim, PlainEpilogue{});
   } else {

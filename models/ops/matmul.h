@@ -29,7 +29,7 @@ enum class WeightLayout { kInOut, kOutIn };
 
 // out (rows, out_dim) = S(in (rows, in_dim) W (+ bias (out_dim)) (+ residual (rows, out_dim))),
 // fp32 (ComputeType<S>) accumulation, one rounding. bias and residual nullable; residual may
-// alias out (each element is read before it is written). rows, in_dim, out_dim >= 1.
+// be out itself (the same pointer; no other overlap). rows, in_dim, out_dim >= 1.
 template <typename S>
 void MatmulForward(const S* in, const S* w, WeightLayout layout, const S* bias, S* out,
                    int64_t rows, int64_t in_dim, int64_t out_dim, const S* residual = nullptr);

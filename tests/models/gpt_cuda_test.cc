@@ -651,6 +651,11 @@ void ExpectWholeModelMatches(const test_model::WholeModelCase& c, gpu::Device& c
       ExpectWithin(slice(g), slice(g_exact[b]), bound.grad_k, e, what + " vs double", 0);
     }
   }
+  if (c.shape.tie_embeddings) {  // the head's contribution to the embedding chunk
+    const std::vector<double> tg = Widen(r_cuda->tied_grads.back());
+    ExpectWithin(tg, Widen(r_host->tied_grads.back()), 2 * bound.grad_k, e, "head dwte vs host", 0);
+    ExpectWithin(tg, exact.head_tied_grads(), bound.grad_k, e, "head dwte vs double", 0);
+  }
   const std::vector<double> dx0 = Widen(r_cuda->dx0);
   ExpectWithin(dx0, Widen(r_host->dx0), 2 * bound.grad_k, e, "d(embedding output) vs host", 0);
   ExpectWithin(dx0, dx0_exact, bound.grad_k, e, "d(embedding output) vs double", 0);
@@ -658,6 +663,17 @@ void ExpectWholeModelMatches(const test_model::WholeModelCase& c, gpu::Device& c
 
 TYPED_TEST(GptCudaTypedTest, WholeModelLossAndEveryBlockGradientMatchTheHostDevice) {
   for (const test_model::WholeModelCase& c : test_model::WholeModelCases()) {
+    ExpectWholeModelMatches<TypeParam>(c, *this->device_, *this->stream_);
+  }
+}
+
+// Tied embeddings: the head reads wte (V, C) transposed from the embedding chunk and writes dwte
+// to tied_grads; V not a multiple of any tile, T across the attention tiles.
+TYPED_TEST(GptCudaTypedTest, TiedWholeModelLossAndEveryGradientMatchTheHostDevice) {
+  for (test_model::WholeModelCase c : test_model::WholeModelCases()) {
+    if (c.T == 1) continue;
+    c.shape.tie_embeddings = true;
+    c.shape.vocab_size = 97;
     ExpectWholeModelMatches<TypeParam>(c, *this->device_, *this->stream_);
   }
 }

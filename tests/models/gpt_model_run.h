@@ -3,10 +3,11 @@
 // (engine/engine.cc: ForwardPass and the backward loop): typed BlockBuffers in the working
 // precision S, each block's parameters and gradient chunk, one boundary activation per block
 // output, two activation-gradient buffers used in turn (dx_in of block b is dx[b % 2]), the
-// last-position logits (B, V), the fp32 loss, and one scratch region of the largest
-// scratch_bytes(block, shape, S) over the blocks. Everything lives in one arena span; the inputs
-// are uploaded once and every other byte starts as 0xff (NaN in every storage type), so a block
-// that reads an output before writing it shows up.
+// last-position logits (B, V), the fp32 loss, a tied block's tied_params (the tied block's
+// parameters) and tied_grads (its own region per tying block), and one scratch region of the
+// largest scratch_bytes(block, shape, S) over the blocks. Everything lives in one arena span; the
+// inputs are uploaded once and every other byte starts as 0xff (NaN in every storage type), so a
+// block that reads an output before writing it shows up.
 //
 // Also the whole model's error bound in the terms of the host suite (gpt_kernels_test.cc,
 // "Error model" and the whole-model Bf16 test), shared by the host and the CUDA tests.
@@ -35,8 +36,11 @@ template <typename S>
 struct ModelRunResult {
   float loss = 0;                     // mean cross-entropy over B T tokens (the head's Forward)
   std::vector<std::vector<S>> grads;  // per block: its chunk's gradient (dloss = 1)
-  std::vector<S> dx0;                 // (B, T, C) gradient of the embedding's output
-  std::vector<S> logits;              // (B, V) the head's last-position logits (its Forward)
+  // per block: its contribution to the tied block's chunk (BlockBuffers::tied_grads); empty for
+  // a block that ties nothing.
+  std::vector<std::vector<S>> tied_grads;
+  std::vector<S> dx0;     // (B, T, C) gradient of the embedding's output
+  std::vector<S> logits;  // (B, V) the head's last-position logits (its Forward)
 };
 
 template <typename S>
@@ -69,6 +73,9 @@ class ModelRun {
   engine::BlockBuffers BackwardBuffers(int b) const {
     engine::BlockBuffers buf = Common(b);
     buf.grads = Typed(grads_[b], model_.block_num_params(b));
+    if (const int t = model_.tied_block(b); t >= 0) {
+      buf.tied_grads = Typed(tied_grads_[b], model_.block_num_params(t));
+    }
     if (b > 0) {
       buf.x_in = Typed(acts_[b - 1], act_elems_);
       buf.dx_in = Typed(dx_[b % 2], act_elems_);
@@ -119,7 +126,10 @@ class ModelRun {
     STRATA_RETURN_IF_ERROR(stream.Synchronize());
     ModelRunResult<S> r;
     std::memcpy(&r.loss, image_.data() + loss_.offset, sizeof(float));
-    for (int b = 0; b < num_blocks_; ++b) r.grads.push_back(Get(grads_[b]));
+    for (int b = 0; b < num_blocks_; ++b) {
+      r.grads.push_back(Get(grads_[b]));
+      r.tied_grads.push_back(model_.tied_block(b) >= 0 ? Get(tied_grads_[b]) : std::vector<S>());
+    }
     r.dx0 = Get(dx_[1]);  // the embedding's dx_out
     r.logits = Get(logits_);
     return r;
@@ -143,6 +153,9 @@ class ModelRun {
       const size_t chunk = static_cast<size_t>(model.block_num_params(b)) * sizeof(S);
       params_.push_back(Add(chunk));
       grads_.push_back(Add(chunk));
+      const int t = model.tied_block(b);
+      tied_grads_.push_back(t >= 0 ? Add(static_cast<size_t>(model.block_num_params(t)) * sizeof(S))
+                                   : Region{});
       scratch_bytes = std::max(scratch_bytes, model.scratch_bytes(b, shape, DTypeOf<S>()));
     }
     for (int b = 0; b + 1 < num_blocks_; ++b) acts_.push_back(Add(act_bytes));
@@ -170,6 +183,9 @@ class ModelRun {
     engine::BlockBuffers buf;
     buf.precision = DTypeOf<S>();
     buf.params = Typed(params_[b], model_.block_num_params(b));
+    if (const int t = model_.tied_block(b); t >= 0) {
+      buf.tied_params = Typed(params_[t], model_.block_num_params(t));
+    }
     buf.shape = shape_;
     buf.scratch = Span(scratch_);
     if (b == 0) buf.tokens = Span(tokens_).template as<const int32_t>();
@@ -191,7 +207,7 @@ class ModelRun {
   int num_blocks_;
   int64_t act_elems_, logits_elems_;
   size_t size_bytes_ = 0;
-  std::vector<Region> params_, grads_, acts_;
+  std::vector<Region> params_, grads_, tied_grads_, acts_;
   Region dx_[2], tokens_, targets_, logits_, loss_, scratch_;
   std::unique_ptr<gpu::DeviceArena> arena_;
   gpu::DeviceSpan all_;

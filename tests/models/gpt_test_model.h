@@ -188,7 +188,7 @@ class Runner {
     }
     logits_ = PoisonedVector<S>(logits_.size());
     const F loss = HeadForward<S>(s_, m.blocks.back().data(), xs_.back().data(), targets, B_, T_,
-                                  logits_.data(), head_scratch_.Poisoned());
+                                  logits_.data(), head_scratch_.Poisoned(), Tied(m));
     head_scratch_.CheckGuard("HeadForward");
     return loss;
   }
@@ -212,8 +212,11 @@ class Runner {
     grads->clear();
     for (const auto& b : m.blocks) grads->push_back(PoisonedVector<S>(b.size()));
     std::vector<S> dx = PoisonedVector<S>(N_ * s_.channels);
+    head_tied_grads_.clear();
+    if (s_.tie_embeddings) head_tied_grads_ = PoisonedVector<S>(m.blocks[0].size());
     HeadBackward<S>(s_, m.blocks.back().data(), xs_.back().data(), targets.data(), F(1), B_, T_,
-                    dx.data(), grads->back().data(), head_scratch_.Poisoned());
+                    dx.data(), grads->back().data(), head_scratch_.Poisoned(), Tied(m),
+                    s_.tie_embeddings ? head_tied_grads_.data() : nullptr);
     head_scratch_.CheckGuard("HeadBackward");
     for (int l = s_.num_layers - 1; l >= 0; --l) {
       std::vector<S> dx_in = PoisonedVector<S>(N_ * s_.channels);
@@ -229,6 +232,9 @@ class Runner {
     return loss;
   }
 
+  // With tied embeddings: the head's gradient contribution to the embedding chunk (dwte, zero
+  // wpe) of the last Backward; grads[0] is the embedding block's own. Empty when untied.
+  const std::vector<S>& head_tied_grads() const { return head_tied_grads_; }
   const std::vector<S>& logits() const { return logits_; }         // (B, V) last positions
   const std::vector<S>& head_input() const { return xs_.back(); }  // (B, T, C)
 
@@ -237,7 +243,12 @@ class Runner {
   int B_, T_;
   int64_t N_;
   GuardedScratch embedding_scratch_, layer_scratch_, head_scratch_;
+  const S* Tied(const Model<S>& m) const {
+    return s_.tie_embeddings ? m.blocks[0].data() : nullptr;
+  }
+
   std::vector<S> logits_;
+  std::vector<S> head_tied_grads_;
   std::vector<std::vector<S>> xs_;  // inputs of layer 0..L-1, then of the head
 };
 

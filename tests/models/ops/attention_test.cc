@@ -1,0 +1,210 @@
+// models/ops/attention.h: causal grouped-query attention on strided rows, the double
+// instantiation against a plain softmax reference (forward and backward, with k and v repeated
+// per query head as Hugging Face's repeat_kv), every storage type against double.
+#include "models/ops/attention.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "tests/models/ops/op_test_util.h"
+
+namespace strata::models::ops {
+namespace {
+
+using testing::AllPoisoned;
+using testing::BoundEps;
+using testing::Cast;
+using testing::ExpectNearReference;
+using testing::ExpectWithinBound;
+using testing::Poisoned;
+using testing::RandomDoubles;
+using testing::Rounded;
+using testing::ToDoubles;
+
+// One fused projection output per token row: [q (H hs) | k (Hkv hs) | v (Hkv hs) | pad], so q, k
+// and v are strided column blocks of one buffer, with padding columns nobody may write.
+struct Layout {
+  AttentionDims d;
+  int64_t q_off, k_off, v_off;
+  int64_t rows() const { return int64_t{d.batch_size} * d.seq_len; }
+  int64_t qkv_elems() const { return rows() * d.row_stride; }
+  int64_t out_elems() const { return rows() * d.num_heads * d.head_dim; }
+};
+
+Layout MakeLayout(int B, int T, int H, int Hkv, int hs, int pad) {
+  const int64_t q = int64_t{H} * hs, kv = int64_t{Hkv} * hs;
+  return {{B, T, H, Hkv, hs, q + 2 * kv + pad}, 0, q, q + kv};
+}
+
+std::string Name(const Layout& l) {
+  return "B=" + std::to_string(l.d.batch_size) + " T=" + std::to_string(l.d.seq_len) +
+         " H=" + std::to_string(l.d.num_heads) + " Hkv=" + std::to_string(l.d.num_kv_heads) +
+         " hs=" + std::to_string(l.d.head_dim) + " stride=" + std::to_string(l.d.row_stride);
+}
+
+// The cases: H / Hkv in {1, 2, 4}; T across the attention row block (64) and not a multiple of
+// it; padded rows.
+std::vector<Layout> Cases() {
+  return {MakeLayout(2, 67, 4, 4, 8, 3), MakeLayout(3, 19, 4, 2, 7, 1),
+          MakeLayout(2, 70, 4, 1, 5, 2), MakeLayout(1, 1, 2, 1, 3, 0)};
+}
+
+// The reference: per (b, h), plain softmax attention with kv head h / (H / Hkv).
+struct Ref {
+  std::vector<double> out, lse, dqkv;  // dqkv in the fused layout, padding zero
+};
+
+Ref Reference(const Layout& l, const std::vector<double>& qkv, const std::vector<double>& dout) {
+  const AttentionDims& d = l.d;
+  const int64_t T = d.seq_len, H = d.num_heads, hs = d.head_dim, ld = d.row_stride;
+  const int64_t group = H / d.num_kv_heads, ldo = H * hs;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
+  Ref r{std::vector<double>(l.out_elems()), std::vector<double>(int64_t{d.batch_size} * H * T),
+        std::vector<double>(l.qkv_elems(), 0.0)};
+  for (int64_t b = 0; b < d.batch_size; ++b) {
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t kvh = h / group;
+      auto q = [&](int64_t t, int64_t j) { return qkv[(b * T + t) * ld + l.q_off + h * hs + j]; };
+      auto k = [&](int64_t t, int64_t j) { return qkv[(b * T + t) * ld + l.k_off + kvh * hs + j]; };
+      auto v = [&](int64_t t, int64_t j) { return qkv[(b * T + t) * ld + l.v_off + kvh * hs + j]; };
+      for (int64_t t = 0; t < T; ++t) {
+        std::vector<double> p(t + 1);
+        double mx = -INFINITY;
+        for (int64_t s = 0; s <= t; ++s) {
+          double sc = 0;
+          for (int64_t j = 0; j < hs; ++j) sc += q(t, j) * k(s, j);
+          p[s] = sc * scale;
+          mx = std::max(mx, p[s]);
+        }
+        double sum = 0;
+        for (int64_t s = 0; s <= t; ++s) sum += std::exp(p[s] - mx);
+        r.lse[(b * H + h) * T + t] = mx + std::log(sum);
+        for (int64_t s = 0; s <= t; ++s) p[s] = std::exp(p[s] - mx) / sum;
+        std::vector<double> o(hs, 0.0);
+        for (int64_t s = 0; s <= t; ++s) {
+          for (int64_t j = 0; j < hs; ++j) o[j] += p[s] * v(s, j);
+        }
+        for (int64_t j = 0; j < hs; ++j) r.out[(b * T + t) * ldo + h * hs + j] = o[j];
+        // Backward of this row: dp = dO v^T; D = dO . O; ds = p (dp - D).
+        const double* dot = dout.data() + (b * T + t) * ldo + h * hs;
+        double D = 0;
+        for (int64_t j = 0; j < hs; ++j) D += dot[j] * o[j];
+        for (int64_t s = 0; s <= t; ++s) {
+          double dp = 0;
+          for (int64_t j = 0; j < hs; ++j) dp += dot[j] * v(s, j);
+          const double ds = p[s] * (dp - D);
+          for (int64_t j = 0; j < hs; ++j) {
+            r.dqkv[(b * T + t) * ld + l.q_off + h * hs + j] += scale * ds * k(s, j);
+            r.dqkv[(b * T + s) * ld + l.k_off + kvh * hs + j] += scale * ds * q(t, j);
+            r.dqkv[(b * T + s) * ld + l.v_off + kvh * hs + j] += p[s] * dot[j];
+          }
+        }
+      }
+    }
+  }
+  return r;
+}
+
+template <typename S>
+struct Got {
+  std::vector<S> out, dqkv;
+  std::vector<ComputeType<S>> lse;
+};
+
+template <typename S>
+Got<S> RunOp(const Layout& l, const std::vector<double>& qkv_d, const std::vector<double>& dout_d) {
+  const std::vector<S> qkv = Cast<S>(qkv_d), dout = Cast<S>(dout_d);
+  Got<S> g{Poisoned<S>(l.out_elems()), Poisoned<S>(l.qkv_elems()),
+           std::vector<ComputeType<S>>(int64_t{l.d.batch_size} * l.d.num_heads * l.d.seq_len)};
+  const S* base = qkv.data();
+  AttentionForward<S>(l.d, base + l.q_off, base + l.k_off, base + l.v_off, g.out.data(),
+                      g.lse.data());
+  S* dbase = g.dqkv.data();
+  AttentionBackward<S>(l.d, base + l.q_off, base + l.k_off, base + l.v_off, g.out.data(),
+                       dout.data(), g.lse.data(), dbase + l.q_off, dbase + l.k_off,
+                       dbase + l.v_off);
+  return g;
+}
+
+// The q, k, v columns of the fused layout (padding excluded).
+template <typename T>
+std::vector<double> Columns(const Layout& l, const std::vector<T>& fused, int64_t off,
+                            int64_t width) {
+  std::vector<double> v;
+  for (int64_t r = 0; r < l.rows(); ++r) {
+    for (int64_t j = 0; j < width; ++j) {
+      v.push_back(static_cast<double>(ToFloat(fused[r * l.d.row_stride + off + j])));
+    }
+  }
+  return v;
+}
+
+std::vector<double> Inputs(const Layout& l, uint64_t seed) {
+  return RandomDoubles(l.qkv_elems(), seed, 1.5);
+}
+
+TEST(AttentionOp, DoubleMatchesThePlainSoftmaxReferenceWithGroupedKvAndStridedRows) {
+  for (const Layout& l : Cases()) {
+    SCOPED_TRACE(Name(l));
+    const std::vector<double> qkv = Inputs(l, 1), dout = RandomDoubles(l.out_elems(), 2);
+    const Got<double> g = RunOp<double>(l, qkv, dout);
+    const Ref r = Reference(l, qkv, dout);
+    ExpectNearReference("out", g.out, r.out);
+    ExpectNearReference("lse", g.lse, r.lse);
+    const int64_t qw = int64_t{l.d.num_heads} * l.d.head_dim;
+    const int64_t kvw = int64_t{l.d.num_kv_heads} * l.d.head_dim;
+    ExpectNearReference("dq", Columns(l, g.dqkv, l.q_off, qw), Columns(l, r.dqkv, l.q_off, qw));
+    ExpectNearReference("dk", Columns(l, g.dqkv, l.k_off, kvw), Columns(l, r.dqkv, l.k_off, kvw));
+    ExpectNearReference("dv", Columns(l, g.dqkv, l.v_off, kvw), Columns(l, r.dqkv, l.v_off, kvw));
+  }
+}
+
+template <typename S>
+class AttentionOpTest : public ::testing::Test {};
+using StorageTypes = ::testing::Types<float, Bf16, Fp16>;
+TYPED_TEST_SUITE(AttentionOpTest, StorageTypes);
+
+// Roundings on the path: out 2 (P, out), dq/dk 3 (P, dS, the result), dv 2; fp32 sums over up
+// to T keys times the group's heads (dk, dv) plus the head size. dq and dk are sums of dS whose
+// rows sum to zero (softmax's Jacobian), so they cancel: a gain margin of 4 instead of 2 there.
+TYPED_TEST(AttentionOpTest, IsWithinItsRoundingsOfDoubleForEveryGroupSize) {
+  using S = TypeParam;
+  for (const Layout& l : Cases()) {
+    SCOPED_TRACE(Name(l));
+    const std::vector<double> qkv = Inputs(l, 3), dout = RandomDoubles(l.out_elems(), 4);
+    const Got<S> g = RunOp<S>(l, qkv, dout);
+    const Got<double> r = RunOp<double>(l, Rounded<S>(qkv), Rounded<S>(dout));
+    const int64_t K = int64_t{l.d.seq_len} * (l.d.num_heads / l.d.num_kv_heads) + l.d.head_dim;
+    ExpectWithinBound("out", ToDoubles(g.out), r.out, 4, BoundEps<S>(K));
+    std::vector<double> lse(g.lse.begin(), g.lse.end());
+    ExpectWithinBound("lse", lse, r.lse, 2, BoundEps<float>(K));
+    const int64_t qw = int64_t{l.d.num_heads} * l.d.head_dim;
+    const int64_t kvw = int64_t{l.d.num_kv_heads} * l.d.head_dim;
+    ExpectWithinBound("dq", Columns(l, g.dqkv, l.q_off, qw), Columns(l, r.dqkv, l.q_off, qw), 12,
+                      BoundEps<S>(K));
+    ExpectWithinBound("dk", Columns(l, g.dqkv, l.k_off, kvw), Columns(l, r.dqkv, l.k_off, kvw), 12,
+                      BoundEps<S>(K));
+    ExpectWithinBound("dv", Columns(l, g.dqkv, l.v_off, kvw), Columns(l, r.dqkv, l.v_off, kvw), 4,
+                      BoundEps<S>(K));
+  }
+}
+
+// The padding columns between rows are neither read into the result nor written.
+TYPED_TEST(AttentionOpTest, PaddingColumnsOfStridedRowsAreLeftUntouched) {
+  using S = TypeParam;
+  const Layout l = MakeLayout(2, 67, 4, 2, 8, 5);
+  const std::vector<double> qkv = Inputs(l, 5), dout = RandomDoubles(l.out_elems(), 6);
+  const Got<S> g = RunOp<S>(l, qkv, dout);
+  const int64_t used = l.v_off + int64_t{l.d.num_kv_heads} * l.d.head_dim;
+  for (int64_t r = 0; r < l.rows(); ++r) {
+    ASSERT_TRUE(AllPoisoned(g.dqkv.data() + r * l.d.row_stride + used, l.d.row_stride - used))
+        << "row " << r;
+  }
+}
+
+}  // namespace
+}  // namespace strata::models::ops

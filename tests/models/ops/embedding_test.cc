@@ -1,0 +1,154 @@
+// models/ops/embedding.h: token (and learned position) embedding lookup and its gradients, the
+// double instantiation against a scalar reference, every storage type against double.
+#include "models/ops/embedding.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "tests/models/ops/op_test_util.h"
+
+namespace strata::models::ops {
+namespace {
+
+using testing::AllPoisoned;
+using testing::BoundEps;
+using testing::Cast;
+using testing::ExpectNearReference;
+using testing::ExpectWithinBound;
+using testing::Poisoned;
+using testing::RandomDoubles;
+using testing::RandomTokens;
+using testing::Rounded;
+using testing::ToDoubles;
+
+// V larger than the rows' distinct tokens (absent tokens), C not a multiple of the column block.
+constexpr int kV = 53, kB = 3, kT = 13, kMaxT = 17;
+constexpr int64_t kC = 71, kRows = int64_t{kB} * kT;
+
+struct Data {
+  std::vector<double> table, positions, dout;
+  std::vector<int32_t> tokens;
+};
+
+Data MakeData(uint64_t seed) {
+  std::vector<int32_t> tokens = RandomTokens(kRows, kV / 2, seed + 3);  // tokens >= V/2 absent
+  tokens[5] = tokens[20] = tokens[33] = 7;                              // a repeated token
+  return {RandomDoubles(int64_t{kV} * kC, seed), RandomDoubles(kMaxT * kC, seed + 1),
+          RandomDoubles(kRows * kC, seed + 2), tokens};
+}
+
+template <typename S>
+struct Result {
+  std::vector<S> out, dtable, dpositions;
+};
+
+template <typename S>
+Result<S> RunOp(const Data& d, bool positions) {
+  const std::vector<S> table = Cast<S>(d.table), pos = Cast<S>(d.positions), dout = Cast<S>(d.dout);
+  Result<S> r{Poisoned<S>(kRows * kC), Poisoned<S>(int64_t{kV} * kC), Poisoned<S>(kMaxT * kC)};
+  EmbeddingForward<S>(table.data(), d.tokens.data(), kRows, kC, kV, r.out.data(),
+                      positions ? pos.data() : nullptr, positions ? kT : 0);
+  std::vector<unsigned char> scratch(EmbeddingBackwardScratchBytes(kRows, kV));
+  EmbeddingBackward<S>(d.tokens.data(), dout.data(), kRows, kC, kV, r.dtable.data(), scratch.data(),
+                       positions ? r.dpositions.data() : nullptr, positions ? kT : 0);
+  return r;
+}
+
+struct Ref {
+  std::vector<double> out, dtable, dpositions;
+};
+
+Ref Reference(const Data& d, bool positions) {
+  Ref r{std::vector<double>(kRows * kC), std::vector<double>(int64_t{kV} * kC, 0.0),
+        std::vector<double>(kT * kC, 0.0)};
+  for (int64_t row = 0; row < kRows; ++row) {
+    for (int64_t c = 0; c < kC; ++c) {
+      const double g = d.dout[row * kC + c];
+      r.out[row * kC + c] =
+          d.table[d.tokens[row] * kC + c] + (positions ? d.positions[(row % kT) * kC + c] : 0.0);
+      r.dtable[d.tokens[row] * kC + c] += g;
+      r.dpositions[(row % kT) * kC + c] += g;
+    }
+  }
+  return r;
+}
+
+TEST(EmbeddingOp, DoubleMatchesTheScalarReferenceWithAndWithoutPositions) {
+  const Data d = MakeData(1);
+  for (bool positions : {false, true}) {
+    SCOPED_TRACE(positions ? "positions" : "no positions");
+    const Result<double> r = RunOp<double>(d, positions);
+    const Ref ref = Reference(d, positions);
+    ExpectNearReference("out", r.out, ref.out);
+    ExpectNearReference("dtable", r.dtable, ref.dtable);
+    if (positions) {
+      ExpectNearReference("dpositions",
+                          std::vector<double>(r.dpositions.begin(), r.dpositions.begin() + kT * kC),
+                          ref.dpositions);
+    }
+  }
+}
+
+template <typename S>
+class EmbeddingOpTest : public ::testing::Test {};
+using StorageTypes = ::testing::Types<float, Bf16, Fp16>;
+TYPED_TEST_SUITE(EmbeddingOpTest, StorageTypes);
+
+TYPED_TEST(EmbeddingOpTest, IsWithinOneRoundingOfDouble) {
+  using S = TypeParam;
+  const Data d = MakeData(2);
+  const Data rd{Rounded<S>(d.table), Rounded<S>(d.positions), Rounded<S>(d.dout), d.tokens};
+  for (bool positions : {false, true}) {
+    SCOPED_TRACE(positions ? "positions" : "no positions");
+    const Result<S> got = RunOp<S>(d, positions);
+    const Result<double> ref = RunOp<double>(rd, positions);
+    ExpectWithinBound("out", ToDoubles(got.out), ref.out, 2, BoundEps<S>(2));
+    ExpectWithinBound("dtable", ToDoubles(got.dtable), ref.dtable, 2, BoundEps<S>(kRows));
+    if (positions) {
+      ExpectWithinBound(
+          "dpositions", ToDoubles(got.dpositions.data(), kT * kC),
+          std::vector<double>(ref.dpositions.begin(), ref.dpositions.begin() + kT * kC), 2,
+          BoundEps<S>(kB));
+    }
+  }
+}
+
+// Absent tokens get exact zero rows; position rows at and beyond seq_len are left to the caller;
+// without positions the lookup is the table row itself, bit for bit.
+TYPED_TEST(EmbeddingOpTest, AbsentTokensAreZeroAndRowsBeyondSeqLenUntouched) {
+  using S = TypeParam;
+  const Data d = MakeData(3);
+  const Result<S> r = RunOp<S>(d, /*positions=*/true);
+  std::vector<bool> present(kV, false);
+  for (int32_t t : d.tokens) present[t] = true;
+  for (int v = 0; v < kV; ++v) {
+    if (present[v]) continue;
+    for (int64_t c = 0; c < kC; ++c) {
+      ASSERT_EQ(ToFloat(r.dtable[v * kC + c]), 0.0f) << "token " << v;
+    }
+  }
+  EXPECT_TRUE(AllPoisoned(r.dpositions.data() + kT * kC, (kMaxT - kT) * kC));
+  const Result<S> plain = RunOp<S>(d, /*positions=*/false);
+  const std::vector<S> table = Cast<S>(d.table);
+  for (int64_t row = 0; row < kRows; ++row) {
+    ASSERT_EQ(
+        std::memcmp(plain.out.data() + row * kC, table.data() + d.tokens[row] * kC, kC * sizeof(S)),
+        0)
+        << "row " << row;
+  }
+}
+
+TEST(EmbeddingOpDeathTest, ATokenOutsideTheVocabularyIsABrokenInvariant) {
+  const Data d = MakeData(4);
+  std::vector<int32_t> tokens = d.tokens;
+  tokens[kRows - 1] = kV;
+  const std::vector<float> table = Cast<float>(d.table);
+  std::vector<float> out(kRows * kC);
+  EXPECT_DEATH(EmbeddingForward<float>(table.data(), tokens.data(), kRows, kC, kV, out.data()),
+               "outside");
+}
+
+}  // namespace
+}  // namespace strata::models::ops
