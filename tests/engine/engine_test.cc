@@ -196,7 +196,9 @@ TEST_F(EngineTest, InferenceOnlyEngineEvaluatesACheckpointOfAnyPrecisionAndRefus
   std::vector<MicroBatch> mbs = {{tokens[0], tokens[1]}};
   for (int s = 0; s < 5; ++s) ASSERT_TRUE((*trained)->Step(mbs).ok());
   const std::string save_dir = (swap_dir_ / "ckpt").string();
-  ASSERT_TRUE((*trained)->SaveCheckpoint(save_dir, TrainerState{5}).ok());
+  TrainerState saved;
+  saved.step = 5;
+  ASSERT_TRUE((*trained)->SaveCheckpoint(save_dir, saved).ok());
   auto trained_loss = (*trained)->EvaluateLoss(mbs[0], o.micro_batch);
   ASSERT_TRUE(trained_loss.ok());
 

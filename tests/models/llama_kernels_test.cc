@@ -218,7 +218,8 @@ TYPED_TEST(LlamaBlockTest, LayerForwardAndBackwardAgreeWithDouble) {
   scratch.CheckGuard("LlamaLayerForward");
   LlamaLayerForward<double>(c, in.params_d.data(), in.x_d.data(), y_ref.data(), B, T,
                             scratch_d.Poisoned());
-  const double K = std::max<double>({C, c.intermediate_size, T});
+  const double K = std::max<double>(
+      {static_cast<double>(C), static_cast<double>(c.intermediate_size), static_cast<double>(T)});
   // xn, qkv, rope, P, att, x2, xn2, gu, h, y: 10 roundings.
   ExpectWithinBound("layer y", ToDoubles(y), y_ref, 20, Eps<S>(K));
 
@@ -429,7 +430,9 @@ TEST(LlamaKernels, RandomInitIsDeterministicWithUnitNormsAndInitializerRangeWeig
     double sum = 0, sq = 0;
     for (int64_t i = 0; i < t.num_elems; ++i) {
       const double v = a[t.offset + i];
-      if (norm) ASSERT_EQ(v, 1.0) << t.name;
+      if (norm) {
+        ASSERT_EQ(v, 1.0) << t.name;
+      }
       sum += v;
       sq += v * v;
     }

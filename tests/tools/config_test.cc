@@ -79,7 +79,7 @@ TEST(TrainConfig, EveryAcceptedKeyParsesToItsField) {
   EXPECT_EQ(f.device, "host");
   EXPECT_EQ(f.device_budget, std::to_string(64ull << 20));
   EXPECT_EQ(f.model, "tiny");
-  EXPECT_EQ(f.data, "/data/x.txt");
+  EXPECT_EQ(f.data, std::vector<std::string>{"/data/x.txt"});
   EXPECT_EQ(f.steps, 9);
   EXPECT_EQ(f.seq_len, 32);
   EXPECT_EQ(f.seed, 5u);
