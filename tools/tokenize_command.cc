@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <vector>
 
 #include "engine/token_dataset.h"
 #include "engine/tokenizer.h"
@@ -12,8 +15,12 @@
 namespace strata::tools {
 
 void AddTokenizeFlags(CLI::App& cmd, TokenizeFlags& f) {
-  cmd.add_option("--tokenizer", f.tokenizer, "SentencePiece model file (tokenizer.model)")
-      ->required();
+  auto* tok =
+      cmd.add_option("--tokenizer", f.tokenizer, "SentencePiece model file (tokenizer.model)");
+  auto* bytes = cmd.add_flag("--byte-level", f.byte_level,
+                             "Every byte is a token (vocabulary 256) instead of a tokenizer");
+  tok->excludes(bytes);
+  bytes->excludes(tok);
   cmd.add_option("--input", f.input, "Text file, tokenized as one document")->required();
   cmd.add_option("--output", f.output,
                  "Token file to write (llm.c format: uint16 tokens when every id < 65536, else "
@@ -26,6 +33,21 @@ Status RunTokenize(const TokenizeFlags& f) {
   if (std::filesystem::equivalent(f.input, f.output, ec)) {
     return InvalidArgumentError(
         fmt::format("--output '{}' is the input file; name another file", f.output));
+  }
+  if (f.byte_level) {
+    std::ifstream in(f.input, std::ios::binary);
+    if (!in) return ErrnoToStatus(errno, fmt::format("reading --input '{}'", f.input));
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (in.bad()) return ErrnoToStatus(errno, fmt::format("reading --input '{}'", f.input));
+    std::vector<int32_t> tokens(text.begin(), text.end());
+    for (auto& t : tokens) t &= 0xFF;
+    STRATA_RETURN_IF_ERROR(engine::WriteTokenFile(f.output, tokens));
+    std::printf("wrote '%s': %zu byte-level tokens (uint16) of '%s'\n", f.output.c_str(),
+                tokens.size(), f.input.c_str());
+    return Status::Ok();
+  }
+  if (f.tokenizer.empty()) {
+    return InvalidArgumentError("give --tokenizer tokenizer.model (SentencePiece) or --byte-level");
   }
   STRATA_ASSIGN_OR_RETURN(auto tokenizer, engine::Tokenizer::Load(f.tokenizer));
   STRATA_ASSIGN_OR_RETURN(auto tokens, engine::TokenizeTextFile(*tokenizer, f.input));

@@ -131,4 +131,23 @@ TEST_F(TokenizeCliTest, AnOutputThatIsTheInputIsRefused) {
   EXPECT_EQ(ReadFile(text_), before);
 }
 
+TEST_F(TokenizeCliTest, ByteLevelWritesEveryByteAsATokenAndNeedsNoTokenizer) {
+  std::ofstream(text_, std::ios::binary) << std::string("a\xff\n\x01z", 5);
+  const std::string out = (dir_ / "bytes.bin").string();
+  const Result r = RunStrata("tokenize --byte-level --input " + text_ + " --output " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const std::string bytes = ReadFile(out);
+  ASSERT_EQ(bytes.size(), 1024u + 2 * 5);
+  const uint16_t want[5] = {'a', 0xff, '\n', 1, 'z'};
+  for (int i = 0; i < 5; ++i) {
+    uint16_t t;
+    std::memcpy(&t, bytes.data() + 1024 + 2 * i, 2);
+    EXPECT_EQ(t, want[i]) << i;
+  }
+  const Result neither = RunStrata("tokenize --input " + text_ + " --output " + out + ".2");
+  EXPECT_EQ(neither.exit_code, 1);
+  EXPECT_THAT(neither.err, HasSubstr("--byte-level"));
+  EXPECT_FALSE(fs::exists(out + ".2"));
+}
+
 }  // namespace
