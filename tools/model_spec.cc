@@ -41,7 +41,9 @@ StatusOr<ModelSpec> PresetSpec(const std::string& name) {
 }  // namespace
 
 bool ModelSpec::byte_level() const {
-  return config.family == Family::kGpt2 && config.gpt2.vocab_size == 256;
+  const int vocab =
+      config.family == Family::kGpt2 ? config.gpt2.vocab_size : config.llama.vocab_size;
+  return vocab == 256;
 }
 
 std::string PresetNames() {

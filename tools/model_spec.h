@@ -20,7 +20,7 @@ struct ModelSpec {
   std::string model_dir;         // the Hugging Face directory (absolute), or ""
   models::HfModelConfig config;  // family and shape; the byte-level presets are untied GPT-2s
   std::vector<std::string> tokenizer_files;  // absolute paths (model_dir's, or --tokenizer)
-  bool byte_level() const;                   // vocabulary of bytes: text needs no tokenizer
+  bool byte_level() const;  // a vocabulary of 256: tokens are bytes, text needs no tokenizer
 };
 
 // Exactly one of preset / model_dir (a non-empty model_dir wins over the default preset).
