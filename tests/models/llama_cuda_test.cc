@@ -245,7 +245,7 @@ TYPED_TEST(LlamaCudaTest, SwigluMatchesTheHostOpAndDouble) {
 // ---------------------------------------------------------------------------
 // Grouped-query attention on strided [q | k | v | pad] rows. Rounding points (ops/attention.h):
 // out one rounding after the probabilities' rounding (k = 4 with T-term fp32 sums); dq, dk, dv
-// through the rounded dS and P (k = 8, sums of T group terms).
+// through the rounded dS and P (k = 12 as the host op's own test, sums of T group terms).
 TYPED_TEST(LlamaCudaTest, GqaAttentionMatchesTheHostOpAndDoubleAndIsDeterministic) {
   using S = TypeParam;
   using Dev = DevOf<S>;
