@@ -3,7 +3,14 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+
+#include "models/cuda/llama_cuda.h"
 #include "models/llama_kernels.h"
+
+#ifdef STRATA_HAVE_CUDA
+#include "gpu/cuda/cuda_device.h"  // plain C++: ScopedComputeSpan
+#endif
 
 namespace strata::models {
 
@@ -39,9 +46,14 @@ std::vector<Preset> Presets() {
 
 bool OnCuda(const gpu::Stream& stream) { return stream.device_kind() == gpu::DeviceKind::kCuda; }
 
+#ifndef STRATA_HAVE_CUDA
+// The message for a CUDA stream in a binary built without the CUDA backend.
 Status NoCudaKernels() {
-  return UnimplementedError("the llama family has no CUDA kernels yet; use --device host");
+  return FailedPreconditionError(
+      "the Llama model got a CUDA stream, but this strata was built without the CUDA backend "
+      "(no nvcc at build time); rebuild with nvcc or use --device host");
 }
+#endif
 
 }  // namespace
 
@@ -118,16 +130,20 @@ int64_t LlamaModel::logits_elems(engine::MicroBatchShape s) const {
 
 int64_t LlamaModel::scratch_bytes(int block, engine::MicroBatchShape s, DType precision) const {
   const int B = s.batch_size, T = s.seq_len;
+  // One figure for both backends (the model does not know the device here).
   return DispatchDType(precision, [&]<typename S>() -> int64_t {
     switch (kind(block)) {
       case Kind::kEmbedding:
-        return LlamaEmbeddingScratchBytes<S>(config_, B, T);
+        return std::max(LlamaEmbeddingScratchBytes<S>(config_, B, T),
+                        cuda::LlamaCudaEmbeddingScratchBytes<S>(config_, B, T));
       case Kind::kHead:
-        return LlamaHeadScratchBytes<S>(config_, B, T);
+        return std::max(LlamaHeadScratchBytes<S>(config_, B, T),
+                        cuda::LlamaCudaHeadScratchBytes<S>(config_, B, T));
       case Kind::kLayer:
         break;
     }
-    return LlamaLayerScratchBytes<S>(config_, B, T);
+    return std::max(LlamaLayerScratchBytes<S>(config_, B, T),
+                    cuda::LlamaCudaLayerScratchBytes<S>(config_, B, T));
   });
 }
 
@@ -264,20 +280,101 @@ Status HostBackward(const LlamaConfig& c, LlamaModel::Kind kind, const engine::B
   return InternalError("unreachable");
 }
 
+#ifdef STRATA_HAVE_CUDA
+// The CUDA blocks (models/cuda/llama_cuda.h) launch on the native stream, past the Stream's own
+// operations, so each block call is traced as one compute span.
+template <typename S>
+Status CudaForward(const LlamaConfig& c, LlamaModel::Kind kind, const engine::BlockBuffers& b,
+                   gpu::Stream& stream) {
+  const int B = b.shape.batch_size, T = b.shape.seq_len;
+  void* scratch = b.scratch.data;
+  switch (kind) {
+    case LlamaModel::Kind::kEmbedding: {
+      gpu::ScopedComputeSpan span(stream, "embedding forward");
+      return cuda::LlamaCudaEmbeddingForward<S>(c, stream, b.params.as<S>(), b.tokens, B, T,
+                                                b.x_out.as<S>());
+    }
+    case LlamaModel::Kind::kLayer: {
+      gpu::ScopedComputeSpan span(stream, "layer forward");
+      return cuda::LlamaCudaLayerForward<S>(c, stream, b.params.as<S>(), b.x_in.as<S>(),
+                                            b.x_out.as<S>(), B, T, scratch);
+    }
+    case LlamaModel::Kind::kHead: {
+      gpu::ScopedComputeSpan span(stream, "head forward");
+      return cuda::LlamaCudaHeadForward<S>(c, stream, b.params.as<S>(), b.tied_params.as<S>(),
+                                           b.x_in.as<S>(), b.targets, B, T, b.logits.as<S>(),
+                                           scratch, b.loss);
+    }
+  }
+  return InternalError("unreachable");
+}
+
+template <typename S>
+Status CudaBackward(const LlamaConfig& c, LlamaModel::Kind kind, const engine::BlockBuffers& b,
+                    gpu::Stream& stream) {
+  const int B = b.shape.batch_size, T = b.shape.seq_len;
+  void* scratch = b.scratch.data;
+  switch (kind) {
+    case LlamaModel::Kind::kEmbedding: {
+      gpu::ScopedComputeSpan span(stream, "embedding backward");
+      return cuda::LlamaCudaEmbeddingBackward<S>(c, stream, b.tokens, b.dx_out.as<S>(), B, T,
+                                                 b.grads.as<S>(), scratch);
+    }
+    case LlamaModel::Kind::kLayer: {
+      // Includes the recomputed forward (activation checkpointing).
+      gpu::ScopedComputeSpan span(stream, "layer backward");
+      return cuda::LlamaCudaLayerBackward<S>(c, stream, b.params.as<S>(), b.x_in.as<S>(),
+                                             b.dx_out.as<S>(), b.dx_in.as<S>(), b.grads.as<S>(), B,
+                                             T, scratch);
+    }
+    case LlamaModel::Kind::kHead: {
+      gpu::ScopedComputeSpan span(stream, "head backward");
+      return cuda::LlamaCudaHeadBackward<S>(
+          c, stream, b.params.as<S>(), b.tied_params.as<S>(), b.x_in.as<S>(), b.targets, b.dloss, B,
+          T, b.dx_in.as<S>(), b.grads.as<S>(), b.tied_grads.as<S>(), scratch);
+    }
+  }
+  return InternalError("unreachable");
+}
+#endif
+
 }  // namespace
+
+Status LlamaModel::PrepareComputeStream(gpu::Stream& stream) {
+  if (!OnCuda(stream)) return Status::Ok();
+#ifdef STRATA_HAVE_CUDA
+  return cuda::LlamaCudaPrepareStream(stream);
+#else
+  return NoCudaKernels();
+#endif
+}
 
 Status LlamaModel::Forward(int block, const engine::BlockBuffers& b, gpu::Stream& stream) {
   STRATA_RETURN_IF_ERROR(CheckBuffers(block, b, /*backward=*/false));
-  if (OnCuda(stream)) return NoCudaKernels();
   const Kind k = kind(block);
+  if (OnCuda(stream)) {
+#ifdef STRATA_HAVE_CUDA
+    return DispatchDType(b.precision,
+                         [&]<typename S>() { return CudaForward<S>(config_, k, b, stream); });
+#else
+    return NoCudaKernels();
+#endif
+  }
   return DispatchDType(b.precision,
                        [&]<typename S>() { return HostForward<S>(config_, k, b, stream); });
 }
 
 Status LlamaModel::Backward(int block, const engine::BlockBuffers& b, gpu::Stream& stream) {
   STRATA_RETURN_IF_ERROR(CheckBuffers(block, b, /*backward=*/true));
-  if (OnCuda(stream)) return NoCudaKernels();
   const Kind k = kind(block);
+  if (OnCuda(stream)) {
+#ifdef STRATA_HAVE_CUDA
+    return DispatchDType(b.precision,
+                         [&]<typename S>() { return CudaBackward<S>(config_, k, b, stream); });
+#else
+    return NoCudaKernels();
+#endif
+  }
   return DispatchDType(b.precision,
                        [&]<typename S>() { return HostBackward<S>(config_, k, b, stream); });
 }

@@ -8,7 +8,9 @@
 // Forward/Backward check every buffer's dtype and size first (kInvalidArgument naming the
 // buffer), then dispatch on the stream's backend: on the host backend each block runs as one
 // host function on the compute stream in the working precision of its buffers (fp32, fp16 or
-// bf16); on a CUDA stream they return kUnimplemented (no CUDA kernels yet).
+// bf16); on a CUDA stream the blocks of models/cuda/llama_cuda.h run (binaries built with
+// STRATA_HAVE_CUDA; without it a CUDA stream is kFailedPrecondition). scratch_bytes is the
+// larger of the two backends' figures.
 //
 // Thread-safety: const methods are thread-safe; Forward/Backward keep no state beyond the work
 // they enqueue. The weight source is shared and read only from InitParams (one call at a time,
@@ -59,6 +61,8 @@ class LlamaModel final : public engine::Model {
   Status InitParams(int block, uint64_t seed, std::span<float> out) const override;
   Status Forward(int block, const engine::BlockBuffers& buffers, gpu::Stream& stream) override;
   Status Backward(int block, const engine::BlockBuffers& buffers, gpu::Stream& stream) override;
+  // On a CUDA stream: the cuBLAS/cuBLASLt handles and workspace (cuda::LlamaCudaPrepareStream).
+  Status PrepareComputeStream(gpu::Stream& stream) override;
 
   Kind kind(int block) const;
 

@@ -25,7 +25,8 @@
 
 namespace strata::models::cuda {
 
-// x_out[r] = D(wte[tokens[r]] + wpe[r % T]); wte (V, C), wpe (>= T, C), x_out (N, C).
+// x_out[r] = D(wte[tokens[r]] + wpe[r % T]); wte (V, C), wpe (>= T, C), x_out (N, C). wpe may be
+// null (no position table, the Llama family): x_out[r] = wte[tokens[r]], an exact copy.
 template <typename D>
 Status LaunchEmbeddingForward(cudaStream_t stream, const D* wte, const D* wpe,
                               const int32_t* tokens, int64_t N, int T, int64_t C, int V, D* x_out);
@@ -33,7 +34,7 @@ Status LaunchEmbeddingForward(cudaStream_t stream, const D* wte, const D* wpe,
 // dwte (V, C), dwpe (max_seq_len, C) OVERWRITTEN: a stable counting sort of the N positions by
 // token (counts, offsets, cursor: V, V + 1, V int32; order: N int32, all device scratch), then
 // dwte[v] = D(sum of dx_out rows of token v in increasing row order, fp32), and
-// dwpe[t] = D(sum over b of dx_out[b T + t]) for t < T, 0 beyond.
+// dwpe[t] = D(sum over b of dx_out[b T + t]) for t < T, 0 beyond (dwpe null: not computed).
 template <typename D>
 Status LaunchEmbeddingBackward(cudaStream_t stream, const int32_t* tokens, const D* dx_out,
                                int64_t N, int T, int64_t C, int V, int max_seq_len, D* dwte,

@@ -38,7 +38,9 @@ __global__ void EmbeddingForwardKernel(const D* wte, const D* wpe, const int32_t
     const int64_t r = i / C, c = i % C;
     const int32_t tok = tokens[r];
     CheckTokenOnDevice(tok, V);
-    x_out[i] = FromF<D>(ToF(wte[tok * C + c]) + ToF(wpe[(r % T) * C + c]));
+    // Without wpe (the Llama family) the row is copied exactly.
+    x_out[i] = wpe == nullptr ? wte[tok * C + c]
+                              : FromF<D>(ToF(wte[tok * C + c]) + ToF(wpe[(r % T) * C + c]));
   }
 }
 
@@ -302,7 +304,7 @@ Status LaunchEmbeddingForward(cudaStream_t stream, const D* wte, const D* wpe,
   STRATA_RETURN_IF_ERROR(CheckSizes("LaunchEmbeddingForward", {N, C}));
   if (T < 1 || V < 1) return InvalidArgumentError("LaunchEmbeddingForward: T and V must be >= 1");
   if (N == 0 || C == 0) return Status::Ok();
-  STRATA_RETURN_IF_ERROR(CheckPointers("LaunchEmbeddingForward", {wte, wpe, tokens, x_out}));
+  STRATA_RETURN_IF_ERROR(CheckPointers("LaunchEmbeddingForward", {wte, tokens, x_out}));
   EmbeddingForwardKernel<D>
       <<<GridFor(N * C, kBlock), kBlock, 0, stream>>>(wte, wpe, tokens, N, T, C, V, x_out);
   return Launched("EmbeddingForwardKernel");
@@ -320,8 +322,7 @@ Status LaunchEmbeddingBackward(cudaStream_t stream, const int32_t* tokens, const
         "N < 2^31");
   }
   if (C == 0) return Status::Ok();
-  STRATA_RETURN_IF_ERROR(
-      CheckPointers("LaunchEmbeddingBackward", {dwte, dwpe, counts, offsets, cursor}));
+  STRATA_RETURN_IF_ERROR(CheckPointers("LaunchEmbeddingBackward", {dwte, counts, offsets, cursor}));
   if (N > 0) {
     STRATA_RETURN_IF_ERROR(CheckPointers("LaunchEmbeddingBackward", {tokens, dx_out, order}));
   }
@@ -341,6 +342,7 @@ Status LaunchEmbeddingBackward(cudaStream_t stream, const int32_t* tokens, const
                   static_cast<unsigned>(std::min<int64_t>(V, kMaxGrid)));
   EmbeddingWteKernel<D><<<grid, kBlock, 0, stream>>>(dx_out, offsets, order, C, V, dwte);
   STRATA_RETURN_IF_ERROR(Launched("EmbeddingWteKernel"));
+  if (dwpe == nullptr) return Status::Ok();
   EmbeddingWpeKernel<D><<<GridFor(int64_t{max_seq_len} * C, kBlock), kBlock, 0, stream>>>(
       dx_out, N, T, C, max_seq_len, dwpe);
   return Launched("EmbeddingWpeKernel");

@@ -1,0 +1,86 @@
+// The Llama family's blocks on the CUDA backend: the same forward and backward as the host
+// kernels of models/llama_kernels.h (same chunk layouts, shapes, rounding points and
+// recompute-from-x_in activation checkpointing), composed from the CUDA ops of
+// models/ops/cuda/llama_ops.cuh, the GPT's embedding and cross-entropy kernels
+// (models/cuda/gpt_cuda.cuh) and cuBLASLt products (gpu/cuda/cuda_lt_matmul.h): q/k/v as one
+// (Dqkv, C) kOutIn product (a transposed-B GEMM), gate/up as one (2I, C), o_proj and down_proj
+// with the residual added by the product (beta = 1).
+//
+// Plain C++ header (no CUDA headers), so models/llama.cc includes it in every build; the block
+// functions are defined only when the binary has the CUDA backend (STRATA_HAVE_CUDA). The
+// scratch sizes and layout are in models/cuda/llama_cuda_layout.h (always built).
+//
+// Conventions (as models/cuda/gpt_cuda.h): `stream` is a CUDA backend stream, all work enqueued
+// on it in order; every pointer is DEVICE memory of its device, of storage type S (tokens and
+// targets int32), 16-byte aligned, scratch kScratchAlign-aligned and at least the layout's
+// bytes; arguments checked before anything is launched (kInvalidArgument naming the problem:
+// an invalid config, B < 1, T outside [1, max_seq_len], head_dim > 128, a required pointer
+// null); cuBLAS and launch failures come back as Status; token and target values outside
+// [0, V) trap on the device. Nothing is allocated. Products take S inputs and outputs with fp32
+// accumulation (no TF32: the fp32 path is exact fp32). Deterministic: bit-identical from run to
+// run on one GPU and cuBLAS version; NOT bit-identical to the host kernels (summation order, the
+// GPU's expf and sqrtf): they agree to the rounding of S, which tests/models/llama_cuda_test.cc
+// checks element by element. Thread-safety: calls on one stream from one thread at a time;
+// concurrent calls must not share output or scratch buffers.
+#pragma once
+
+#include <cstdint>
+
+#include "base/status.h"
+#include "gpu/device.h"
+#include "models/cuda/llama_cuda_layout.h"
+#include "models/llama_config.h"
+
+namespace strata::models::cuda {
+
+// Takes the stream's cuBLAS handle and workspace and makes the device's cuBLASLt handle, once,
+// before any block runs (as CudaPrepareStream of gpt_cuda.h, which it calls).
+Status LlamaCudaPrepareStream(gpu::Stream& stream);
+
+// Templates on S in {float, Bf16, Fp16} (instantiated for those three).
+
+// x_out (B, T, C) = embed_tokens[tokens] (an exact copy). params: embedding chunk (V, C).
+template <typename S>
+Status LlamaCudaEmbeddingForward(const LlamaConfig& c, gpu::Stream& stream, const S* params,
+                                 const int32_t* tokens, int B, int T, S* x_out);
+
+// dparams (V, C) OVERWRITTEN: each row the sum of the dx_out rows of its token in row order
+// (fp32, rounded once; zero for absent tokens). scratch: LlamaCudaEmbeddingScratchBytes<S>.
+template <typename S>
+Status LlamaCudaEmbeddingBackward(const LlamaConfig& c, gpu::Stream& stream, const int32_t* tokens,
+                                  const S* dx_out, int B, int T, S* dparams, void* scratch);
+
+// One decoder layer x_in -> x_out (B, T, C). scratch: LlamaCudaLayerScratchBytes<S>. x_out must
+// not overlap x_in.
+template <typename S>
+Status LlamaCudaLayerForward(const LlamaConfig& c, gpu::Stream& stream, const S* params,
+                             const S* x_in, S* x_out, int B, int T, void* scratch);
+
+// Recomputes the forward from x_in, then writes dx_in (B, T, C) and dparams (the layer chunk,
+// OVERWRITTEN) from dx_out. dx_in must not overlap x_in or dx_out.
+template <typename S>
+Status LlamaCudaLayerBackward(const LlamaConfig& c, gpu::Stream& stream, const S* params,
+                              const S* x_in, const S* dx_out, S* dx_in, S* dparams, int B, int T,
+                              void* scratch);
+
+// Final RMSNorm and LM head with the (V, C) weight (the head chunk's lm_head, or, tied,
+// tied_params = the embedding chunk; null then is kInvalidArgument). logits (B, V): the last
+// position of each sequence. With targets (B, T) and loss non-null, *loss (one fp32 in device
+// memory) = mean cross-entropy over the B T tokens (chunks of HeadChunkRows(N, V) rows; no
+// (N, V) logits). scratch: LlamaCudaHeadScratchBytes<S>.
+template <typename S>
+Status LlamaCudaHeadForward(const LlamaConfig& c, gpu::Stream& stream, const S* params,
+                            const S* tied_params, const S* x_in, const int32_t* targets, int B,
+                            int T, S* logits, void* scratch, float* loss);
+
+// Gradient of dloss * mean cross-entropy: dx_in (B, T, C) and dparams (head chunk) OVERWRITTEN;
+// the (V, C) weight gradient accumulated over the chunks in fp32 and rounded once, into the
+// head chunk (untied) or tied_grads (tied: the whole embedding chunk, OVERWRITTEN; required
+// then). targets must not be null.
+template <typename S>
+Status LlamaCudaHeadBackward(const LlamaConfig& c, gpu::Stream& stream, const S* params,
+                             const S* tied_params, const S* x_in, const int32_t* targets,
+                             float dloss, int B, int T, S* dx_in, S* dparams, S* tied_grads,
+                             void* scratch);
+
+}  // namespace strata::models::cuda

@@ -1,0 +1,464 @@
+// The Llama family on CUDA in fp32, bf16 and fp16, on random data with odd shapes:
+//   - each CUDA op (models/ops/cuda/llama_ops.cuh: RMSNorm forward/backward/weight gradient,
+//     the rotary table and rotation, SwiGLU, grouped-query attention with strided rows) against
+//     the host op of the same storage type (which rounds at the same points: the differences are
+//     summation orders and the GPU's expf/sqrtf) and against the host op at S = double fed the
+//     same S-rounded inputs, element by element, with bounds k eps (|ref| + rms(ref)),
+//     eps = u + K 2^-24 (op_test::Eps, u the unit roundoff of S, K the longest fp32 sum) and k
+//     the rounding points on the path, written beside each check;
+//   - attention for MHA, GQA and MQA groupings, head dims 24 and 64, T across the key tiles;
+//     determinism of the backward (two runs bit-identical);
+//   - the whole model through LlamaModel::Forward/Backward with the engine's buffer layout
+//     (tests/models/gpt_model_run.h), tied and untied, on the CUDA device against the host
+//     device and against the double block functions: the loss, the logits, every block's
+//     gradient tensor by tensor, the tied gradient and the embedding output's gradient.
+// Label gpu: without a GPU every device test skips with the reason; the argument checks (which
+// run before any CUDA call) run anyway.
+#include "models/cuda/llama_cuda.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "base/dtype.h"
+#include "gpu/cuda/cuda_native.h"
+#include "gpu/device.h"
+#include "models/llama.h"
+#include "models/llama_kernels.h"
+#include "models/ops/attention.h"
+#include "models/ops/cuda/llama_ops.cuh"
+#include "models/ops/rms_norm.h"
+#include "models/ops/rope.h"
+#include "models/ops/swiglu.h"
+#include "tests/gpu/cuda_test_util.h"
+#include "tests/models/gpt_model_run.h"
+#include "tests/models/llama_op_test_util.h"
+#include "tests/models/llama_test_model.h"
+
+namespace strata::models {
+namespace {
+
+namespace lops = ops::cuda;
+using op_test::Cast;
+using op_test::Eps;
+using op_test::ExpectWithinBound;
+using op_test::RandomValues;
+using op_test::Rounded;
+using op_test::ToDoubles;
+
+template <typename S>
+using DevOf = std::conditional_t<std::is_same_v<S, Bf16>, __nv_bfloat16,
+                                 std::conditional_t<std::is_same_v<S, Fp16>, __half, float>>;
+
+template <typename T>
+T* As(gpu::DeviceSpan d) {
+  return d.as<T>();
+}
+
+template <typename S>
+class LlamaCudaTest : public gpu::testing::CudaTest {
+ protected:
+  using Dev = DevOf<S>;
+
+  template <typename T>
+  gpu::DeviceSpan Put(const std::vector<T>& v) {
+    gpu::DeviceSpan d = Carve(std::max<size_t>(v.size() * sizeof(T), 256));
+    Upload(d, v);
+    return d;
+  }
+  // Device memory of NaN bytes (0xff), so unwritten outputs show.
+  gpu::DeviceSpan Poisoned(size_t bytes) {
+    gpu::DeviceSpan d = Carve(std::max<size_t>(bytes, 256));
+    Upload(d, std::vector<uint8_t>(d.size_bytes, 0xff));
+    return d;
+  }
+  std::vector<double> Get(gpu::DeviceSpan d, size_t n) {
+    return ToDoubles(this->template Download<S>(d, n));
+  }
+  cudaStream_t Native() { return gpu::NativeStream(*this->stream_); }
+  void Sync() { ASSERT_TRUE(this->stream_->Synchronize().ok()); }
+};
+
+using StorageTypes = ::testing::Types<float, Bf16, Fp16>;
+TYPED_TEST_SUITE(LlamaCudaTest, StorageTypes);
+
+// ---------------------------------------------------------------------------
+// RMSNorm: y = S(x rstd w) one rounding; dx = S(dres + RMS'(dy)) one rounding after C-term fp32
+// sums; dw = S(column sum) one rounding after a rows-term fp32 sum.
+TYPED_TEST(LlamaCudaTest, RmsNormMatchesTheHostOpAndDouble) {
+  using S = TypeParam;
+  using Dev = DevOf<S>;
+  const int64_t rows = 131, C = 77;  // rows span three weight-gradient partials
+  const double eps = 1e-5;
+  const std::vector<double> x = Rounded<S>(RandomValues(rows * C, 1.5, 1));
+  std::vector<double> w = RandomValues(C, 0.3, 2);
+  for (double& v : w) v += 1.0;
+  w = Rounded<S>(w);
+  const std::vector<double> dy = Rounded<S>(RandomValues(rows * C, 1.0, 3));
+  const std::vector<double> dres = Rounded<S>(RandomValues(rows * C, 1.0, 4));
+
+  auto gx = this->Put(Cast<S>(x)), gw = this->Put(Cast<S>(w)), gdy = this->Put(Cast<S>(dy)),
+       gres = this->Put(Cast<S>(dres));
+  auto gy = this->Poisoned(rows * C * sizeof(S)), grstd = this->Poisoned(rows * 4),
+       gdx = this->Poisoned(rows * C * sizeof(S)), gdw = this->Poisoned(C * sizeof(S)),
+       gpart = this->Poisoned(lops::RmsPartials(rows) * C * 4);
+  cudaStream_t cs = this->Native();
+  ASSERT_TRUE(lops::LaunchRmsNormForward(cs, As<Dev>(gx), As<Dev>(gw), static_cast<float>(eps),
+                                         rows, C, As<Dev>(gy), As<float>(grstd))
+                  .ok());
+  ASSERT_TRUE(lops::LaunchRmsNormWeightGrad(cs, As<Dev>(gx), As<float>(grstd), As<Dev>(gdy), rows,
+                                            C, As<float>(gpart), As<Dev>(gdw))
+                  .ok());
+  ASSERT_TRUE(lops::LaunchRmsNormBackward(cs, As<Dev>(gx), As<Dev>(gw), As<float>(grstd),
+                                          As<Dev>(gdy), As<Dev>(gres), rows, C, As<Dev>(gdx))
+                  .ok());
+  this->Sync();
+
+  // Host op in S, and in double.
+  std::vector<S> y_h(rows * C), dx_h(rows * C), dw_h(C);
+  std::vector<float> rstd_h(rows);
+  const std::vector<S> xs = Cast<S>(x), ws = Cast<S>(w), dys = Cast<S>(dy), ress = Cast<S>(dres);
+  ops::RmsNormForward<S>(xs.data(), ws.data(), eps, rows, C, y_h.data(), rstd_h.data());
+  ops::RmsNormBackward<S>(xs.data(), ws.data(), rstd_h.data(), dys.data(), ress.data(), rows, C,
+                          dx_h.data(), dw_h.data());
+  std::vector<double> y_d(rows * C), dx_d(rows * C), dw_d(C), rstd_d(rows);
+  ops::RmsNormForward<double>(x.data(), w.data(), eps, rows, C, y_d.data(), rstd_d.data());
+  ops::RmsNormBackward<double>(x.data(), w.data(), rstd_d.data(), dy.data(), dres.data(), rows, C,
+                               dx_d.data(), dw_d.data());
+
+  const std::vector<double> y = this->Get(gy, rows * C), dx = this->Get(gdx, rows * C),
+                            dw = this->Get(gdw, C);
+  const std::vector<float> rstd = this->template Download<float>(grstd, rows);
+  ExpectWithinBound("rstd vs double", std::vector<double>(rstd.begin(), rstd.end()), rstd_d, 4,
+                    Eps<float>(C));
+  ExpectWithinBound("y vs double", y, y_d, 2, Eps<S>(C));  // one rounding + fp32 rstd
+  ExpectWithinBound("y vs host", y, ToDoubles(y_h), 4, Eps<S>(C));
+  ExpectWithinBound("dx vs double", dx, dx_d, 4, Eps<S>(C));
+  ExpectWithinBound("dx vs host", dx, ToDoubles(dx_h), 8, Eps<S>(C));
+  ExpectWithinBound("dw vs double", dw, dw_d, 2, Eps<S>(rows));
+  ExpectWithinBound("dw vs host", dw, ToDoubles(dw_h), 4, Eps<S>(rows));
+}
+
+// ---------------------------------------------------------------------------
+// Rotary embeddings: the device table against RopeTable<float> (the same double evaluation,
+// rounded once: equal up to one fp32 ulp where the device's double cos/sin round the other way);
+// the rotation in place on the q and k heads of a strided [q | k | v | pad] buffer (one rounding
+// per output after a two-term fp32 sum), the v and pad columns untouched bit for bit.
+TYPED_TEST(LlamaCudaTest, RopeTableAndRotationMatchTheHostOpAndDouble) {
+  using S = TypeParam;
+  using Dev = DevOf<S>;
+  ops::RopeParams p;
+  p.head_dim = 16;
+  p.theta = 500000.0;
+  p.llama3 = true;
+  p.original_max_position = 16;  // puts frequencies in all three llama3 bands
+  const int B = 2, T = 37, H = 4, Hkv = 2, hs = p.head_dim, half = hs / 2;
+  const int64_t rows = int64_t{B} * T, stride = int64_t{H + 2 * Hkv} * hs + 5;
+  const std::vector<double> x = Rounded<S>(RandomValues(rows * stride, 1.0, 11));
+
+  auto gcos = this->Poisoned(int64_t{T} * half * 4), gsin = this->Poisoned(int64_t{T} * half * 4);
+  auto gx = this->Put(Cast<S>(x)), gdx = this->Put(Cast<S>(x));
+  cudaStream_t cs = this->Native();
+  ASSERT_TRUE(lops::LaunchRopeTable(cs, p, T, As<float>(gcos), As<float>(gsin)).ok());
+  ASSERT_TRUE(lops::LaunchRope(cs, As<Dev>(gx), rows, stride, H + Hkv, hs, T, As<float>(gcos),
+                               As<float>(gsin), false)
+                  .ok());
+  ASSERT_TRUE(lops::LaunchRope(cs, As<Dev>(gdx), rows, stride, H + Hkv, hs, T, As<float>(gcos),
+                               As<float>(gsin), true)
+                  .ok());
+  this->Sync();
+
+  std::vector<float> cos_h(int64_t{T} * half), sin_h(int64_t{T} * half);
+  ops::RopeTable<float>(p, T, cos_h.data(), sin_h.data());
+  std::vector<double> cos_d(int64_t{T} * half), sin_d(int64_t{T} * half);
+  ops::RopeTable<double>(p, T, cos_d.data(), sin_d.data());
+  const std::vector<float> cos_g = this->template Download<float>(gcos, cos_h.size()),
+                           sin_g = this->template Download<float>(gsin, sin_h.size());
+  for (size_t i = 0; i < cos_h.size(); ++i) {
+    // One rounding of the double value: within one fp32 unit roundoff of it (and of the host's).
+    EXPECT_LE(std::abs(cos_g[i] - cos_d[i]), 0x1p-24 * std::abs(cos_d[i]) + 1e-30) << i;
+    EXPECT_LE(std::abs(sin_g[i] - sin_d[i]), 0x1p-24 * std::abs(sin_d[i]) + 1e-30) << i;
+  }
+
+  for (bool inverse : {false, true}) {
+    SCOPED_TRACE(inverse ? "backward" : "forward");
+    std::vector<S> xh = Cast<S>(x);
+    std::vector<double> xd = x;
+    if (inverse) {
+      ops::RopeBackward<S>(xh.data(), rows, stride, H + Hkv, hs, T, cos_h.data(), sin_h.data());
+      ops::RopeBackward<double>(xd.data(), rows, stride, H + Hkv, hs, T, cos_d.data(),
+                                sin_d.data());
+    } else {
+      ops::RopeForward<S>(xh.data(), rows, stride, H + Hkv, hs, T, cos_h.data(), sin_h.data());
+      ops::RopeForward<double>(xd.data(), rows, stride, H + Hkv, hs, T, cos_d.data(), sin_d.data());
+    }
+    const std::vector<S> got_s = this->template Download<S>(inverse ? gdx : gx, rows * stride);
+    const std::vector<double> got = ToDoubles(got_s);
+    ExpectWithinBound("rotated vs double", got, xd, 2, Eps<S>(2));
+    ExpectWithinBound("rotated vs host", got, ToDoubles(xh), 4, Eps<S>(2));
+    const std::vector<S> in = Cast<S>(x);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = int64_t{H + Hkv} * hs; c < stride; ++c) {
+        ASSERT_EQ(std::memcmp(&got_s[r * stride + c], &in[r * stride + c], sizeof(S)), 0)
+            << "column " << c << " of row " << r << " is not a q or k column but changed";
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// SwiGLU: one rounding per output of a few fp32 operations (expf within 2 ulp on the GPU).
+TYPED_TEST(LlamaCudaTest, SwigluMatchesTheHostOpAndDouble) {
+  using S = TypeParam;
+  using Dev = DevOf<S>;
+  const int64_t rows = 19, I = 45;
+  const std::vector<double> gu = Rounded<S>(RandomValues(rows * 2 * I, 4.0, 21));
+  const std::vector<double> dh = Rounded<S>(RandomValues(rows * I, 1.0, 22));
+  auto ggu = this->Put(Cast<S>(gu)), gdh = this->Put(Cast<S>(dh));
+  auto gh = this->Poisoned(rows * I * sizeof(S));
+  auto gdgu = this->Put(Cast<S>(gu));  // the backward in place over a copy of gate_up
+  cudaStream_t cs = this->Native();
+  ASSERT_TRUE(lops::LaunchSwigluForward(cs, As<Dev>(ggu), rows, I, As<Dev>(gh)).ok());
+  ASSERT_TRUE(
+      lops::LaunchSwigluBackward(cs, As<Dev>(gdgu), As<Dev>(gdh), rows, I, As<Dev>(gdgu)).ok());
+  this->Sync();
+
+  const std::vector<S> gus = Cast<S>(gu), dhs = Cast<S>(dh);
+  std::vector<S> h_h(rows * I), dgu_h(rows * 2 * I);
+  ops::SwigluForward<S>(gus.data(), rows, I, h_h.data());
+  ops::SwigluBackward<S>(gus.data(), dhs.data(), rows, I, dgu_h.data());
+  std::vector<double> h_d(rows * I), dgu_d(rows * 2 * I);
+  ops::SwigluForward<double>(gu.data(), rows, I, h_d.data());
+  ops::SwigluBackward<double>(gu.data(), dh.data(), rows, I, dgu_d.data());
+
+  const std::vector<double> h = this->Get(gh, rows * I), dgu = this->Get(gdgu, rows * 2 * I);
+  ExpectWithinBound("h vs double", h, h_d, 2, Eps<S>(8));
+  ExpectWithinBound("h vs host", h, ToDoubles(h_h), 4, Eps<S>(8));
+  ExpectWithinBound("dgate_up vs double", dgu, dgu_d, 2, Eps<S>(16));
+  ExpectWithinBound("dgate_up vs host", dgu, ToDoubles(dgu_h), 4, Eps<S>(16));
+}
+
+// ---------------------------------------------------------------------------
+// Grouped-query attention on strided [q | k | v | pad] rows. Rounding points (ops/attention.h):
+// out one rounding after the probabilities' rounding (k = 4 with T-term fp32 sums); dq, dk, dv
+// through the rounded dS and P (k = 12 as the host op's own test, sums of T group terms).
+TYPED_TEST(LlamaCudaTest, GqaAttentionMatchesTheHostOpAndDoubleAndIsDeterministic) {
+  using S = TypeParam;
+  using Dev = DevOf<S>;
+  struct Case {
+    int B, T, H, Hkv, hs;
+  };
+  for (const Case& k : {Case{2, 45, 4, 2, 24}, Case{1, 70, 4, 1, 64}, Case{2, 33, 3, 3, 24}}) {
+    SCOPED_TRACE("B=" + std::to_string(k.B) + " T=" + std::to_string(k.T) +
+                 " H=" + std::to_string(k.H) + " Hkv=" + std::to_string(k.Hkv) +
+                 " hs=" + std::to_string(k.hs));
+    const int64_t N = int64_t{k.B} * k.T, Dq = int64_t{k.H} * k.hs, Dkv = int64_t{k.Hkv} * k.hs;
+    const int64_t ld = Dq + 2 * Dkv + 3;
+    const ops::AttentionDims hd{k.B, k.T, k.H, k.Hkv, k.hs, ld};
+    const lops::GqaDims gd{k.B, k.T, k.H, k.Hkv, k.hs, ld};
+    const std::vector<double> qkv = Rounded<S>(RandomValues(N * ld, 1.5, 31 + k.T));
+    const std::vector<double> dout = Rounded<S>(RandomValues(N * Dq, 1.0, 32 + k.T));
+
+    auto gqkv = this->Put(Cast<S>(qkv)), gdout = this->Put(Cast<S>(dout));
+    auto gout = this->Poisoned(N * Dq * sizeof(S)),
+         glse = this->Poisoned(int64_t{k.B} * k.H * k.T * 4),
+         gdelta = this->Poisoned(int64_t{k.B} * k.H * k.T * 4),
+         gd1 = this->Poisoned(N * ld * sizeof(S)), gd2 = this->Poisoned(N * ld * sizeof(S));
+    cudaStream_t cs = this->Native();
+    const Dev* q = As<Dev>(gqkv);
+    ASSERT_TRUE(lops::LaunchGqaAttentionForward(cs, gd, q, q + Dq, q + Dq + Dkv, As<Dev>(gout),
+                                                As<float>(glse))
+                    .ok());
+    for (gpu::DeviceSpan dst : {gd1, gd2}) {
+      Dev* d = As<Dev>(dst);
+      ASSERT_TRUE(lops::LaunchGqaAttentionBackward(cs, gd, q, q + Dq, q + Dq + Dkv, As<Dev>(gout),
+                                                   As<Dev>(gdout), As<float>(glse),
+                                                   As<float>(gdelta), d, d + Dq, d + Dq + Dkv)
+                      .ok());
+    }
+    this->Sync();
+
+    const std::vector<S> qkv_s = Cast<S>(qkv), dout_s = Cast<S>(dout);
+    std::vector<S> out_h(N * Dq), dqkv_h = op_test::Poisoned<S>(N * ld);
+    std::vector<float> lse_h(int64_t{k.B} * k.H * k.T);
+    ops::AttentionForward<S>(hd, qkv_s.data(), qkv_s.data() + Dq, qkv_s.data() + Dq + Dkv,
+                             out_h.data(), lse_h.data());
+    ops::AttentionBackward<S>(hd, qkv_s.data(), qkv_s.data() + Dq, qkv_s.data() + Dq + Dkv,
+                              out_h.data(), dout_s.data(), lse_h.data(), dqkv_h.data(),
+                              dqkv_h.data() + Dq, dqkv_h.data() + Dq + Dkv);
+    std::vector<double> out_d(N * Dq), dqkv_d(N * ld, 0.0), lse_d(lse_h.size());
+    ops::AttentionForward<double>(hd, qkv.data(), qkv.data() + Dq, qkv.data() + Dq + Dkv,
+                                  out_d.data(), lse_d.data());
+    ops::AttentionBackward<double>(hd, qkv.data(), qkv.data() + Dq, qkv.data() + Dq + Dkv,
+                                   out_d.data(), dout.data(), lse_d.data(), dqkv_d.data(),
+                                   dqkv_d.data() + Dq, dqkv_d.data() + Dq + Dkv);
+
+    const double K = k.T * (k.H / k.Hkv) + k.hs;
+    const std::vector<double> out = this->Get(gout, N * Dq);
+    ExpectWithinBound("out vs double", out, out_d, 4, Eps<S>(K));
+    ExpectWithinBound("out vs host", out, ToDoubles(out_h), 8, Eps<S>(K));
+    const std::vector<float> lse = this->template Download<float>(glse, lse_h.size());
+    ExpectWithinBound("lse vs double", std::vector<double>(lse.begin(), lse.end()), lse_d, 4,
+                      Eps<float>(K));
+    // The gradient columns (the pad columns are not written by either side).
+    const std::vector<S> d1 = this->template Download<S>(gd1, N * ld);
+    const std::vector<S> d2 = this->template Download<S>(gd2, N * ld);
+    EXPECT_EQ(std::memcmp(d1.data(), d2.data(), d1.size() * sizeof(S)), 0)
+        << "two backward runs differ";
+    const auto columns = [&](const std::vector<double>& v, int64_t c0, int64_t width) {
+      std::vector<double> out_cols;
+      for (int64_t r = 0; r < N; ++r) {
+        for (int64_t c = c0; c < c0 + width; ++c) out_cols.push_back(v[r * ld + c]);
+      }
+      return out_cols;
+    };
+    const std::vector<double> d1d = ToDoubles(d1), dqkv_hd = ToDoubles(dqkv_h);
+    const std::pair<const char*, std::pair<int64_t, int64_t>> blocks[] = {
+        {"dq", {0, Dq}}, {"dk", {Dq, Dkv}}, {"dv", {Dq + Dkv, Dkv}}};
+    for (const auto& [name, cw] : blocks) {
+      const std::vector<double> got = columns(d1d, cw.first, cw.second);
+      ExpectWithinBound(std::string(name) + " vs double", got, columns(dqkv_d, cw.first, cw.second),
+                        12, Eps<S>(K));
+      ExpectWithinBound(std::string(name) + " vs host", got, columns(dqkv_hd, cw.first, cw.second),
+                        24, Eps<S>(K));
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// The whole model through LlamaModel on the CUDA device against the host device and the double
+// block functions (llama_test::Runner<double> on the S-rounded parameters). Bound: the host block
+// tests (llama_kernels_test) hold a layer's output to 20 and its gradients to 40 eps roundings;
+// through L layers, the embedding and the head the loss is held to 8 + 20 L and the gradients to
+// 10 + 40 (L + 1), eps = Eps<S>(max(K, N)) with K the longest fp32 sum (the widest product or the
+// attention's T); the CUDA run against the host run to twice that (the sum of both runs' bounds).
+LlamaConfig WholeModelConfig(bool tied) {
+  LlamaConfig c = *LlamaPreset("llama-tiny");
+  c.vocab_size = 53;
+  c.hidden_size = 48;
+  c.intermediate_size = 37;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 12;
+  c.num_layers = 2;
+  c.tie_embeddings = tied;
+  c.rope_llama3 = tied;  // both rotary settings covered
+  c.rope_original_max_position = 16;
+  return c;
+}
+
+template <typename S>
+void ExpectWholeModelMatches(const LlamaConfig& c, int B, int T, gpu::Device& cuda_device,
+                             gpu::Stream& cuda_stream) {
+  SCOPED_TRACE(std::string(c.tie_embeddings ? "tied" : "untied") + " B=" + std::to_string(B) +
+               " T=" + std::to_string(T));
+  const std::vector<std::vector<double>> md = llama_test::RandomLlama(c, 91);
+  test_model::Model<S> m;
+  m.blocks = llama_test::CastBlocks<S>(md);
+  std::vector<std::vector<double>> rounded;
+  for (const auto& b : m.blocks) rounded.push_back(ToDoubles(b));
+  const std::vector<int32_t> tokens = llama_test::RandomTokens(B * T, c.vocab_size, 92);
+  const std::vector<int32_t> targets = llama_test::RandomTokens(B * T, c.vocab_size, 93);
+
+  auto model = LlamaModel::Create(c);
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  auto host_device = gpu::CreateHostDevice({});
+  ASSERT_TRUE(host_device.ok()) << host_device.status().ToString();
+  auto host_stream = (*host_device)->CreateStream("host compute");
+  ASSERT_TRUE(host_stream.ok()) << host_stream.status().ToString();
+  auto on_cuda = test_model::ModelRun<S>::Create(**model, cuda_device, {B, T});
+  ASSERT_TRUE(on_cuda.ok()) << on_cuda.status().ToString();
+  auto on_host = test_model::ModelRun<S>::Create(**model, **host_device, {B, T});
+  ASSERT_TRUE(on_host.ok()) << on_host.status().ToString();
+  const auto r_cuda = (*on_cuda)->ForwardBackward(cuda_stream, m, tokens, targets);
+  ASSERT_TRUE(r_cuda.ok()) << "CUDA: " << r_cuda.status().ToString();
+  const auto r_host = (*on_host)->ForwardBackward(**host_stream, m, tokens, targets);
+  ASSERT_TRUE(r_host.ok()) << "host: " << r_host.status().ToString();
+
+  llama_test::Runner<double> exact(c, B, T);
+  std::vector<std::vector<double>> g_exact;
+  std::vector<double> tied_exact, dx0_exact;
+  const double loss_exact =
+      exact.Backward(rounded, tokens, targets, &g_exact, &tied_exact, &dx0_exact);
+  exact.Loss(rounded, tokens, targets.data());
+  const std::vector<double> logits_exact = exact.logits();
+
+  const int L = c.num_layers;
+  const int64_t N = int64_t{B} * T;
+  const double K =
+      std::max<double>({static_cast<double>(N), static_cast<double>(c.intermediate_size) * 2,
+                        static_cast<double>(c.vocab_size), static_cast<double>(T) * 2});
+  const double e = Eps<S>(K), loss_k = 8 + 20.0 * L, grad_k = 10 + 40.0 * (L + 1);
+  ExpectWithinBound("loss vs double", {r_cuda->loss}, {loss_exact}, loss_k, e);
+  ExpectWithinBound("loss vs host", {r_cuda->loss}, {r_host->loss}, 2 * loss_k, e);
+  ExpectWithinBound("logits vs double", ToDoubles(r_cuda->logits), logits_exact, loss_k, e);
+  ExpectWithinBound("logits vs host", ToDoubles(r_cuda->logits), ToDoubles(r_host->logits),
+                    2 * loss_k, e);
+  for (size_t b = 0; b < g_exact.size(); ++b) {
+    const std::vector<double> g = ToDoubles(r_cuda->grads[b]), gh = ToDoubles(r_host->grads[b]);
+    for (const LlamaTensor& t : llama_test::BlockTensors(c, static_cast<int>(b))) {
+      const auto slice = [&](const std::vector<double>& v) {
+        return std::vector<double>(v.begin() + t.offset, v.begin() + t.offset + t.num_elems);
+      };
+      ExpectWithinBound(t.name + " grad vs double", slice(g), slice(g_exact[b]), grad_k, e);
+      ExpectWithinBound(t.name + " grad vs host", slice(g), slice(gh), 2 * grad_k, e);
+    }
+  }
+  if (c.tie_embeddings) {
+    const std::vector<double> tg = ToDoubles(r_cuda->tied_grads.back());
+    ExpectWithinBound("head d(embed_tokens) vs double", tg, tied_exact, grad_k, e);
+    ExpectWithinBound("head d(embed_tokens) vs host", tg, ToDoubles(r_host->tied_grads.back()),
+                      2 * grad_k, e);
+  }
+  ExpectWithinBound("d(embedding output) vs double", ToDoubles(r_cuda->dx0), dx0_exact, grad_k, e);
+  ExpectWithinBound("d(embedding output) vs host", ToDoubles(r_cuda->dx0), ToDoubles(r_host->dx0),
+                    2 * grad_k, e);
+}
+
+TYPED_TEST(LlamaCudaTest, WholeModelLossAndEveryGradientMatchTheHostDeviceAndDouble) {
+  for (bool tied : {false, true}) {
+    for (const auto& [B, T] : {std::pair{3, 11}, std::pair{2, 40}, std::pair{1, 1}}) {
+      ExpectWholeModelMatches<TypeParam>(WholeModelConfig(tied), B, T, *this->device_,
+                                         *this->stream_);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Argument checks run before any CUDA call, so they hold without a GPU.
+TEST(LlamaCudaArguments, OpLaunchersRejectBadArgumentsBeforeLaunching) {
+  float* p = reinterpret_cast<float*>(uintptr_t{256});  // never dereferenced
+  const auto invalid = [](const Status& s) { return s.code() == StatusCode::kInvalidArgument; };
+  EXPECT_TRUE(invalid(lops::LaunchRmsNormForward<float>(nullptr, p, p, 1e-5f, 4, 0, p, p)));
+  EXPECT_TRUE(invalid(lops::LaunchRmsNormForward<float>(nullptr, p, p, 0.0f, 4, 8, p, p)));
+  EXPECT_TRUE(invalid(lops::LaunchRmsNormForward<float>(nullptr, p, nullptr, 1e-5f, 4, 8, p, p)));
+  EXPECT_TRUE(invalid(lops::LaunchRmsNormBackward<float>(nullptr, p, p, p, nullptr, p, 4, 8, p)));
+  EXPECT_TRUE(invalid(lops::LaunchRmsNormWeightGrad<float>(nullptr, p, p, p, -1, 8, p, p)));
+  ops::RopeParams odd;
+  odd.head_dim = 7;
+  EXPECT_TRUE(invalid(lops::LaunchRopeTable(nullptr, odd, 4, p, p)));
+  ops::RopeParams wide;
+  wide.head_dim = 2 * lops::kRopeMaxHeadDim;
+  EXPECT_TRUE(invalid(lops::LaunchRopeTable(nullptr, wide, 4, p, p)));
+  EXPECT_TRUE(invalid(lops::LaunchRope<float>(nullptr, p, 4, 15, 2, 8, 4, p, p, false)))
+      << "row_stride < num_heads head_dim";
+  EXPECT_TRUE(invalid(lops::LaunchSwigluForward<float>(nullptr, p, 4, 0, p)));
+  EXPECT_TRUE(invalid(lops::LaunchSwigluBackward<float>(nullptr, p, nullptr, 4, 8, p)));
+  const lops::GqaDims not_grouped{1, 8, 3, 2, 8, 64};  // 3 % 2 != 0
+  EXPECT_TRUE(invalid(lops::LaunchGqaAttentionForward<float>(nullptr, not_grouped, p, p, p, p, p)));
+  const lops::GqaDims too_wide{1, 8, 2, 1, 2 * lops::kGqaMaxHeadDim, 1024};
+  EXPECT_TRUE(invalid(lops::LaunchGqaAttentionForward<float>(nullptr, too_wide, p, p, p, p, p)));
+  const lops::GqaDims narrow_rows{1, 8, 4, 2, 8, 31};  // row_stride < H hs
+  EXPECT_TRUE(invalid(
+      lops::LaunchGqaAttentionBackward<float>(nullptr, narrow_rows, p, p, p, p, p, p, p, p, p, p)));
+  const lops::GqaDims ok{1, 8, 4, 2, 8, 64};
+  EXPECT_TRUE(invalid(
+      lops::LaunchGqaAttentionBackward<float>(nullptr, ok, p, p, p, p, p, p, nullptr, p, p, p)));
+}
+
+}  // namespace
+}  // namespace strata::models
