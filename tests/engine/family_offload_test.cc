@@ -135,6 +135,47 @@ TEST_P(FamilyOffloadTest, Fp16OverflowInTheHeadSkipsEveryBlocksUpdateTiedChunkIn
   }
 }
 
+TEST_P(FamilyOffloadTest, CheckpointOnNvmeResumesBitIdentically) {
+  // Params and optimizer state on NVMe, the tied chunk included: n steps, save, a fresh engine
+  // loads and runs m more == n + m straight.
+  const int n = 3, m = 3;
+  const auto o = Options(DType::kBF16, ParamHome::kNvme, OptimizerHome::kNvme, 2);
+  auto device = gpu::CreateHostDevice({});
+  ASSERT_TRUE(device.ok());
+  const auto tokens = testing::RandomTokenVectors(4 * (n + m), o.micro_batch.tokens(), 5);
+  auto run = [&](Engine& e, int from, int to) {
+    for (int s = from; s < to; ++s) {
+      const std::vector<MicroBatch> mbs = {{tokens[4 * s], tokens[4 * s + 1]},
+                                           {tokens[4 * s + 2], tokens[4 * s + 3]}};
+      auto r = e.Step(mbs);
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+    }
+  };
+  uint64_t straight = 0;
+  {
+    auto e = Engine::Create(model_.get(), device->get(), o);
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    run(**e, 0, n + m);
+    straight = *(*e)->MasterWeightsXxh3();
+  }
+  const std::string save_dir = (swap_dir_ / "ckpt").string();
+  {
+    auto e = Engine::Create(model_.get(), device->get(), o);
+    ASSERT_TRUE(e.ok());
+    run(**e, 0, n);
+    TrainerState state;
+    state.step = n;
+    ASSERT_TRUE((*e)->SaveCheckpoint(save_dir, state).ok());
+  }
+  auto e = Engine::Create(model_.get(), device->get(), o);
+  ASSERT_TRUE(e.ok());
+  TrainerState state;
+  ASSERT_TRUE((*e)->LoadCheckpoint(save_dir, &state).ok());
+  EXPECT_EQ(state.step, n);
+  run(**e, n, n + m);
+  EXPECT_EQ(*(*e)->MasterWeightsXxh3(), straight);
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, FamilyOffloadTest, ::testing::ValuesIn(Families()),
                          [](const auto& info) { return std::string(info.param.name); });
 
