@@ -73,8 +73,8 @@ using ConstTensorRef = BasicTensorRef<const std::byte>;
 // the working precision (`precision`); a block checks that (kInvalidArgument otherwise).
 struct BlockBuffers {
   DType precision = DType::kF32;
-  ConstTensorRef params;             // (num_params) working parameters, as they sit on the device
-  TensorRef grads;                   // (num_params) weight gradients, OVERWRITTEN by Backward
+  ConstTensorRef params;  // (num_params) working parameters, as they sit on the device
+  TensorRef grads;        // (num_params) weight gradients, OVERWRITTEN by Backward
   // Tied parameters (Model::tied_block(b) = t >= 0): block t's working params, read as well as
   // the block's own, and this block's gradient contribution to block t's chunk, (num_params of
   // t), OVERWRITTEN by Backward (zero where the block uses none of t's params). The engine folds
@@ -141,6 +141,15 @@ class Model {
     return n;
   }
 };
+
+// What a block's Forward (backward = false) or Backward checks before it enqueues anything: a
+// micro-batch shape within the model's context; every buffer its role uses present, of the
+// working precision b.precision and large enough (params and grads: the block's num_params;
+// tied_params/tied_grads: the tied block's; activations: activation_elems; logits:
+// logits_elems); tokens for the first block, targets for the last block's backward; scratch of
+// scratch_bytes. kInvalidArgument naming the block and the buffer otherwise. Reads only the
+// Model's const interface; thread-safe if the model's const methods are.
+Status CheckBlockBuffers(const Model& model, int block, const BlockBuffers& b, bool backward);
 
 // A Model that forwards every call to `inner` (not owned; must outlive this). Derive from it and
 // override what changes: a test's injected fault, a benchmark's cached initial weights. Thread-

@@ -65,24 +65,9 @@ int GptModel::tied_block(int block) const {
   return shape_.tie_embeddings && kind(block) == Kind::kHead ? 0 : -1;
 }
 
-GptModel::Kind GptModel::kind(int block) const {
-  STRATA_CHECK(block >= 0 && block < num_blocks());
-  if (block == 0) return Kind::kEmbedding;
-  if (block == num_blocks() - 1) return Kind::kHead;
-  return Kind::kLayer;
-}
+GptModel::Kind GptModel::kind(int block) const { return DecoderBlockOf(block, num_blocks()); }
 
-std::string GptModel::block_name(int block) const {
-  switch (kind(block)) {
-    case Kind::kEmbedding:
-      return "embedding";
-    case Kind::kHead:
-      return "head";
-    case Kind::kLayer:
-      break;
-  }
-  return fmt::format("layer{}", block - 1);
-}
+std::string GptModel::block_name(int block) const { return DecoderBlockName(block, num_blocks()); }
 
 int64_t GptModel::block_num_params(int block) const {
   switch (kind(block)) {
@@ -143,54 +128,6 @@ Status GptModel::InitParams(int block, uint64_t seed, std::span<float> out) cons
 namespace {
 
 bool OnCuda(const gpu::Stream& stream) { return stream.device_kind() == gpu::DeviceKind::kCuda; }
-
-// Every typed buffer a block is given must be of the working precision and hold what the
-// block reads or writes; kInvalidArgument naming the buffer otherwise.
-Status CheckBuffers(const GptModel& model, int block, const engine::BlockBuffers& b,
-                    bool backward) {
-  const DType want = b.precision;
-  const int64_t act = model.activation_elems(b.shape);
-  const int64_t n = model.num_blocks();
-  auto check = [&](std::string_view name, const auto& t, int64_t elems, bool needed) -> Status {
-    if (!needed) return Status::Ok();
-    if (t.empty()) {
-      return InvalidArgumentError(fmt::format("GPT block {}: buffer {} is missing", block, name));
-    }
-    if (t.dtype != want) {
-      return InvalidArgumentError(
-          fmt::format("GPT block {}: buffer {} is {}, the working "
-                      "precision is {}",
-                      block, name, DTypeName(t.dtype), DTypeName(want)));
-    }
-    if (t.num_elems < elems) {
-      return InvalidArgumentError(fmt::format("GPT block {}: buffer {} has {} elements, needs {}",
-                                              block, name, t.num_elems, elems));
-    }
-    return Status::Ok();
-  };
-  const bool first = block == 0, last = block == n - 1;
-  STRATA_RETURN_IF_ERROR(check("params", b.params, model.block_num_params(block), true));
-  STRATA_RETURN_IF_ERROR(check("grads", b.grads, model.block_num_params(block), backward));
-  STRATA_RETURN_IF_ERROR(check("x_in", b.x_in, act, !first));
-  STRATA_RETURN_IF_ERROR(check("x_out", b.x_out, act, !last && !backward));
-  STRATA_RETURN_IF_ERROR(check("dx_out", b.dx_out, act, !last && backward));
-  STRATA_RETURN_IF_ERROR(check("dx_in", b.dx_in, act, !first && backward));
-  STRATA_RETURN_IF_ERROR(check("logits", b.logits, model.logits_elems(b.shape), last && !backward));
-  // A tied head reads the embedding chunk (wte in its first V C elements) and writes its
-  // gradient contribution to that chunk.
-  const int tied = model.tied_block(block);
-  if (tied >= 0) {
-    const int64_t tied_elems = model.block_num_params(tied);
-    STRATA_RETURN_IF_ERROR(check("tied_params", b.tied_params, tied_elems, true));
-    STRATA_RETURN_IF_ERROR(check("tied_grads", b.tied_grads, tied_elems, backward));
-  }
-  const int64_t scratch = model.scratch_bytes(block, b.shape, want);
-  if (static_cast<int64_t>(b.scratch.size_bytes) < scratch) {
-    return InvalidArgumentError(fmt::format("GPT block {}: scratch has {} bytes, needs {}", block,
-                                            b.scratch.size_bytes, scratch));
-  }
-  return Status::Ok();
-}
 
 #ifndef STRATA_HAVE_CUDA
 // The message for a CUDA stream in a binary built without the CUDA backend (cannot
@@ -344,7 +281,7 @@ Status GptModel::PrepareComputeStream(gpu::Stream& stream) {
 }
 
 Status GptModel::Forward(int block, const engine::BlockBuffers& b, gpu::Stream& stream) {
-  STRATA_RETURN_IF_ERROR(CheckBuffers(*this, block, b, /*backward=*/false));
+  STRATA_RETURN_IF_ERROR(engine::CheckBlockBuffers(*this, block, b, /*backward=*/false));
   const Kind k = kind(block);
   if (OnCuda(stream)) {
 #ifdef STRATA_HAVE_CUDA
@@ -359,7 +296,7 @@ Status GptModel::Forward(int block, const engine::BlockBuffers& b, gpu::Stream& 
 }
 
 Status GptModel::Backward(int block, const engine::BlockBuffers& b, gpu::Stream& stream) {
-  STRATA_RETURN_IF_ERROR(CheckBuffers(*this, block, b, /*backward=*/true));
+  STRATA_RETURN_IF_ERROR(engine::CheckBlockBuffers(*this, block, b, /*backward=*/true));
   const Kind k = kind(block);
   if (OnCuda(stream)) {
 #ifdef STRATA_HAVE_CUDA

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "engine/model.h"
+#include "models/decoder_blocks.h"
 #include "models/gpt_kernels.h"
 #include "models/weight_source.h"
 
@@ -46,7 +47,7 @@ struct GptOptions {
 class GptModel final : public engine::Model {
  public:
   // What a block is: embedding (block 0), transformer layer, or head (the last).
-  enum class Kind { kEmbedding, kLayer, kHead };
+  using Kind = DecoderBlock;
 
   // kInvalidArgument for an invalid shape (see ValidateShape). With `weights` (an imported
   // Hugging Face checkpoint, models/hf_checkpoint.h), InitParams reads each block from it

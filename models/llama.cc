@@ -89,23 +89,10 @@ std::string LlamaModel::description() const {
   return s;
 }
 
-LlamaModel::Kind LlamaModel::kind(int block) const {
-  STRATA_CHECK(block >= 0 && block < num_blocks());
-  if (block == 0) return Kind::kEmbedding;
-  if (block == num_blocks() - 1) return Kind::kHead;
-  return Kind::kLayer;
-}
+LlamaModel::Kind LlamaModel::kind(int block) const { return DecoderBlockOf(block, num_blocks()); }
 
 std::string LlamaModel::block_name(int block) const {
-  switch (kind(block)) {
-    case Kind::kEmbedding:
-      return "embedding";
-    case Kind::kHead:
-      return "head";
-    case Kind::kLayer:
-      break;
-  }
-  return fmt::format("layer{}", block - 1);
+  return DecoderBlockName(block, num_blocks());
 }
 
 int64_t LlamaModel::block_num_params(int block) const {
@@ -164,56 +151,6 @@ Status LlamaModel::InitParams(int block, uint64_t seed, std::span<float> out) co
     case Kind::kLayer:
       InitLlamaLayerParams(config_, block - 1, seed, out.data());
       break;
-  }
-  return Status::Ok();
-}
-
-Status LlamaModel::CheckBuffers(int block, const engine::BlockBuffers& b, bool backward) const {
-  const DType want = b.precision;
-  const int64_t act = activation_elems(b.shape);
-  auto check = [&](std::string_view name, const auto& t, int64_t elems, bool needed) -> Status {
-    if (!needed) return Status::Ok();
-    if (t.empty()) {
-      return InvalidArgumentError(fmt::format("Llama block {}: buffer {} is missing", block, name));
-    }
-    if (t.dtype != want) {
-      return InvalidArgumentError(
-          fmt::format("Llama block {}: buffer {} is {}, the working precision is {}", block, name,
-                      DTypeName(t.dtype), DTypeName(want)));
-    }
-    if (t.num_elems < elems) {
-      return InvalidArgumentError(fmt::format("Llama block {}: buffer {} has {} elements, needs {}",
-                                              block, name, t.num_elems, elems));
-    }
-    return Status::Ok();
-  };
-  const bool first = block == 0, last = block == num_blocks() - 1;
-  const bool tied = tied_block(block) >= 0;
-  if (b.shape.batch_size < 1 || b.shape.seq_len < 1 || b.shape.seq_len > config_.max_seq_len) {
-    return InvalidArgumentError(
-        fmt::format("Llama block {}: micro-batch of {} sequences of {} tokens; the context is {}",
-                    block, b.shape.batch_size, b.shape.seq_len, config_.max_seq_len));
-  }
-  STRATA_RETURN_IF_ERROR(check("params", b.params, block_num_params(block), true));
-  STRATA_RETURN_IF_ERROR(check("grads", b.grads, block_num_params(block), backward));
-  STRATA_RETURN_IF_ERROR(check("tied_params", b.tied_params, tied ? block_num_params(0) : 0, tied));
-  STRATA_RETURN_IF_ERROR(
-      check("tied_grads", b.tied_grads, tied ? block_num_params(0) : 0, tied && backward));
-  STRATA_RETURN_IF_ERROR(check("x_in", b.x_in, act, !first));
-  STRATA_RETURN_IF_ERROR(check("x_out", b.x_out, act, !last && !backward));
-  STRATA_RETURN_IF_ERROR(check("dx_out", b.dx_out, act, !last && backward));
-  STRATA_RETURN_IF_ERROR(check("dx_in", b.dx_in, act, !first && backward));
-  STRATA_RETURN_IF_ERROR(check("logits", b.logits, logits_elems(b.shape), last && !backward));
-  if (first && b.tokens == nullptr) {
-    return InvalidArgumentError(fmt::format("Llama block {}: tokens are missing", block));
-  }
-  if (last && backward && b.targets == nullptr) {
-    return InvalidArgumentError(fmt::format("Llama block {}: targets are missing", block));
-  }
-  const int64_t scratch = scratch_bytes(block, b.shape, want);
-  if (static_cast<int64_t>(b.scratch.size_bytes) < scratch) {
-    return InvalidArgumentError(fmt::format("Llama block {}: scratch has {} bytes, needs {}", block,
-                                            b.scratch.size_bytes, scratch));
   }
   return Status::Ok();
 }
@@ -350,7 +287,7 @@ Status LlamaModel::PrepareComputeStream(gpu::Stream& stream) {
 }
 
 Status LlamaModel::Forward(int block, const engine::BlockBuffers& b, gpu::Stream& stream) {
-  STRATA_RETURN_IF_ERROR(CheckBuffers(block, b, /*backward=*/false));
+  STRATA_RETURN_IF_ERROR(engine::CheckBlockBuffers(*this, block, b, /*backward=*/false));
   const Kind k = kind(block);
   if (OnCuda(stream)) {
 #ifdef STRATA_HAVE_CUDA
@@ -365,7 +302,7 @@ Status LlamaModel::Forward(int block, const engine::BlockBuffers& b, gpu::Stream
 }
 
 Status LlamaModel::Backward(int block, const engine::BlockBuffers& b, gpu::Stream& stream) {
-  STRATA_RETURN_IF_ERROR(CheckBuffers(block, b, /*backward=*/true));
+  STRATA_RETURN_IF_ERROR(engine::CheckBlockBuffers(*this, block, b, /*backward=*/true));
   const Kind k = kind(block);
   if (OnCuda(stream)) {
 #ifdef STRATA_HAVE_CUDA

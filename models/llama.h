@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "engine/model.h"
+#include "models/decoder_blocks.h"
 #include "models/llama_config.h"
 #include "models/weight_source.h"
 
@@ -38,7 +39,7 @@ std::vector<std::string> LlamaPresetNames();
 
 class LlamaModel final : public engine::Model {
  public:
-  enum class Kind { kEmbedding, kLayer, kHead };
+  using Kind = DecoderBlock;
 
   // kInvalidArgument for an invalid config (ValidateLlamaConfig). With `weights`, InitParams
   // reads each block from it instead of initialising randomly.
@@ -69,7 +70,6 @@ class LlamaModel final : public engine::Model {
  private:
   LlamaModel(const LlamaConfig& config, std::shared_ptr<const WeightSource> weights)
       : config_(config), weights_(std::move(weights)) {}
-  Status CheckBuffers(int block, const engine::BlockBuffers& b, bool backward) const;
 
   LlamaConfig config_;
   std::shared_ptr<const WeightSource> weights_;

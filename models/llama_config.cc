@@ -45,8 +45,7 @@ Status ValidateLlamaConfig(const LlamaConfig& c) {
   }
   if (c.rope_llama3) {
     if (!(c.rope_factor >= 1.0) || !(c.rope_low_freq_factor > 0) ||
-        !(c.rope_high_freq_factor > c.rope_low_freq_factor) ||
-        c.rope_original_max_position <= 0) {
+        !(c.rope_high_freq_factor > c.rope_low_freq_factor) || c.rope_original_max_position <= 0) {
       return InvalidArgumentError(fmt::format(
           "rope_scaling (llama3) needs factor >= 1, high_freq_factor > low_freq_factor > 0 and "
           "original_max_position_embeddings > 0; got factor {}, low_freq_factor {}, "
@@ -79,8 +78,8 @@ std::vector<LlamaTensor> LlamaLayerTensors(const LlamaConfig& c, int layer) {
 
 std::vector<LlamaTensor> LlamaHeadTensors(const LlamaConfig& c) {
   if (c.tie_embeddings) return Lay({{"model.norm.weight", {c.hidden_size}}});
-  return Lay({{"model.norm.weight", {c.hidden_size}},
-              {"lm_head.weight", {c.vocab_size, c.hidden_size}}});
+  return Lay(
+      {{"model.norm.weight", {c.hidden_size}}, {"lm_head.weight", {c.vocab_size, c.hidden_size}}});
 }
 
 }  // namespace strata::models

@@ -16,6 +16,7 @@
 #include "gpu/cuda/cuda_status.h"
 #include "models/cuda/gpt_cuda.cuh"
 #include "models/cuda/gpt_cuda.h"
+#include "models/cuda/gpt_cuda_common.cuh"
 #include "models/cuda/gpt_cuda_layout.h"
 #include "models/gpt_layout.h"
 
@@ -24,38 +25,10 @@ namespace {
 
 using gpu::cuda::RowEpilogue;
 
-// The device type of host storage type S (same size and bits).
-template <typename S>
-struct DeviceOf;
-template <>
-struct DeviceOf<float> {
-  using type = float;
-};
-template <>
-struct DeviceOf<Bf16> {
-  using type = __nv_bfloat16;
-};
-template <>
-struct DeviceOf<Fp16> {
-  using type = __half;
-};
-template <typename S>
-using Dev = typename DeviceOf<S>::type;
-static_assert(sizeof(Dev<Bf16>) == sizeof(Bf16) && sizeof(Dev<Fp16>) == sizeof(Fp16));
-
-template <typename S>
-const Dev<S>* D(const S* p) {
-  return reinterpret_cast<const Dev<S>*>(p);
-}
-template <typename S>
-Dev<S>* D(S* p) {
-  return reinterpret_cast<Dev<S>*>(p);
-}
-
-template <typename T>
-T* At(void* scratch, const Region& r) {
-  return reinterpret_cast<T*>(static_cast<char*>(scratch) + r.offset);
-}
+using internal::At;
+using internal::CheckPointers;
+using internal::D;
+using internal::Dev;
 
 StatusOr<cudaStream_t> Prepare(const char* what, const GptShape& s, gpu::Stream& stream, int B,
                                int T, const void* scratch) {
@@ -70,15 +43,6 @@ StatusOr<cudaStream_t> Prepare(const char* what, const GptShape& s, gpu::Stream&
   }
   STRATA_RETURN_IF_ERROR(gpu::CublasHandle(stream).status());  // also cudaSetDevice
   return gpu::NativeStream(stream);
-}
-
-Status CheckPointers(const char* op, std::initializer_list<const void*> ptrs) {
-  for (const void* p : ptrs) {
-    if (p == nullptr) {
-      return InvalidArgumentError(std::string(op) + ": a required device pointer is null");
-    }
-  }
-  return Status::Ok();
 }
 
 // The products of one block call: stream, workspace, dtype and the TF32 choice.

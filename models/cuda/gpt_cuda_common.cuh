@@ -1,4 +1,4 @@
-// Device helpers shared by the GPT's .cu files (internal to models/cuda/).
+// Device helpers shared by the CUDA files of models/ (models/cuda/, models/ops/cuda/; internal).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -8,6 +8,7 @@
 #include <initializer_list>
 #include <string>
 
+#include "base/dtype.h"
 #include "base/status.h"
 #include "gpu/cuda/cuda_status.h"
 
@@ -31,6 +32,41 @@ inline Status CheckPointers(const char* op, std::initializer_list<const void*> p
     }
   }
   return Status::Ok();
+}
+
+// The device type of host storage type S (same size and bits): float, __nv_bfloat16, __half.
+template <typename S>
+struct DeviceOf;
+template <>
+struct DeviceOf<float> {
+  using type = float;
+};
+template <>
+struct DeviceOf<Bf16> {
+  using type = __nv_bfloat16;
+};
+template <>
+struct DeviceOf<Fp16> {
+  using type = __half;
+};
+template <typename S>
+using Dev = typename DeviceOf<S>::type;
+static_assert(sizeof(Dev<Bf16>) == sizeof(Bf16) && sizeof(Dev<Fp16>) == sizeof(Fp16));
+
+// A host-typed device pointer as its device type.
+template <typename S>
+const Dev<S>* D(const S* p) {
+  return reinterpret_cast<const Dev<S>*>(p);
+}
+template <typename S>
+Dev<S>* D(S* p) {
+  return reinterpret_cast<Dev<S>*>(p);
+}
+
+// The region r (a layout Region: offset in bytes) of a block's scratch, as T*.
+template <typename T, typename Region>
+T* At(void* scratch, const Region& r) {
+  return reinterpret_cast<T*>(static_cast<char*>(scratch) + r.offset);
 }
 
 inline Status CheckSizes(const char* op, std::initializer_list<int64_t> sizes) {
