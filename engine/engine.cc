@@ -608,9 +608,12 @@ std::vector<int> Engine::Impl::UseOrder(bool backward) const {
 
 StatusOr<Engine::Impl::Acquired> Engine::Impl::AcquireParams(int b, std::span<const int> window,
                                                              std::span<const int> held) {
-  std::vector<int> protect(held.begin(), held.end());
-  protect.push_back(window[0]);
-  DeviceCopy* c = Request(b, protect);
+  // At most one held block (a tied chunk) and the window's first: no allocation per block.
+  STRATA_CHECK(held.size() <= 1);
+  int protect[2];
+  std::copy(held.begin(), held.end(), protect);
+  protect[held.size()] = window[0];
+  DeviceCopy* c = Request(b, std::span<const int>(protect, held.size() + 1));
   c->last_use = use_clock_++;
   STRATA_RETURN_IF_ERROR(loader_->WaitFor(c->load_ticket));
   if (!o_.overlap) STRATA_RETURN_IF_ERROR(h2d_->Synchronize());
