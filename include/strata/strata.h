@@ -1,4 +1,4 @@
-/* Strata C API: the CPU optimizers and gradient passes of libstrata.so behind a
+/* Strata C API: the CPU optimizers, gradient passes and the offload optimizer of libstrata.so behind a
  * stable C ABI, for frameworks and languages that cannot link C++ (the Python
  * package python/strata/ uses it through ctypes).
  *
@@ -54,7 +54,7 @@ extern "C" {
  * program built against this header runs with any libstrata.so.0 whose major
  * version is the same and whose minor version is at least this one. */
 #define STRATA_VERSION_MAJOR 0
-#define STRATA_VERSION_MINOR 2
+#define STRATA_VERSION_MINOR 3
 #define STRATA_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH, comparable with strata_version_number(). */
 #define STRATA_VERSION_NUMBER \
@@ -393,6 +393,228 @@ STRATA_API strata_status strata_convert_from_f32(const float* src, void* dst,
 /* dst[i] = float(src[i]) for num_elems elements (exact). Errors as above. */
 STRATA_API strata_status strata_convert_to_f32(const void* src, strata_dtype src_dtype, float* dst,
                                                int64_t num_elems);
+
+/* ---------------------------------------------------------------------------
+ * Offload optimizer (ZeRO-Offload for any framework)
+ *
+ * Ren et al., "ZeRO-Offload: Democratizing Billion-Scale Model Training", USENIX
+ * ATC 2021; optimizer state on NVMe as in Rajbhandari et al., "ZeRO-Infinity",
+ * SC 2021. The C face of strata::engine::OffloadOptimizer
+ * (engine/offload_optimizer.h, which has the full contract).
+ *
+ * The caller owns its model and working parameters; Strata owns the fp32 master
+ * weights and the optimizer state, in host memory or on NVMe (the swap store:
+ * striped over the given directories, xxh3-checked, removed at destroy).
+ *   group   an optimizer kind and its hyper-parameters (the config structs above)
+ *           with its own step count t, as torch.optim's param_groups;
+ *   bucket  the unit of gradient hand-off, update and write-back: an ordered list
+ *           of the caller's parameter buffers (segments) of one dtype, in one group.
+ * A training step: during backward, hand each bucket's gradients in
+ * (strata_offload_submit_grad, from a staging buffer or the caller's memory); the
+ * call returns at once and Strata's threads fold them into fp32 accumulators with
+ * their statistics. strata_offload_step then starts the update of every bucket in
+ * bucket order (global-norm clipping, loss-scale unscaling, the overflow skip) and
+ * returns; each bucket's new weights are written into the caller's segments, and
+ * strata_offload_wait_bucket returns when that happened, so the next forward
+ * waits per bucket, not per step. Results are those of a sequential step, bit for
+ * bit, whatever the threads, the home of the state or the timing.
+ *
+ * Errors: every call returns a strata_status and sets strata_last_error(); no
+ * call aborts the process. Bad use (unknown bucket, dtype or size mismatch, a
+ * step before every segment received its gradient) is INVALID_ARGUMENT or
+ * FAILED_PRECONDITION and changes nothing. An error of the asynchronous work (an
+ * NVMe write failing, a checksum mismatch) is sticky: it comes back from the next
+ * call that waits on that work and, as FAILED_PRECONDITION naming it, from every
+ * later call; destroy the handle and load a saved state into a new one.
+ *
+ * Thread-safety: calls on one handle must not run concurrently, except
+ * strata_offload_wait_bucket, which may run concurrently with any call but
+ * strata_offload_destroy.
+ * ------------------------------------------------------------------------- */
+
+typedef struct strata_offload strata_offload;
+
+typedef enum strata_offload_device STRATA_ENUM_INT {
+  STRATA_OFFLOAD_CPU = 0, /* master weights and state in host memory */
+  STRATA_OFFLOAD_NVME = 1 /* in the NVMe swap store under nvme_paths */
+} strata_offload_device;
+
+typedef struct strata_offload_options {
+  size_t struct_size;           /* = sizeof(strata_offload_options); checked */
+  strata_offload_device device; /* default STRATA_OFFLOAD_CPU */
+  /* STRATA_OFFLOAD_NVME: num_nvme_paths parent directories, one per drive; a
+   * private 0700 directory is made in each. Copied at create. */
+  const char* const* nvme_paths;
+  int num_nvme_paths;
+  /* Threads of the folds and updates; 0 (default) = all CPUs. */
+  int num_threads;
+  /* NVMe read/update/write pipeline buffers, >= 2 (default 4; DeepSpeed's
+   * offload_optimizer.buffer_count). */
+  int buffer_count;
+  /* Gradient staging buffers, >= 1 (default 4). */
+  int staging_buffers;
+  /* 1 (default): page-lock staging and pipeline buffers (DeepSpeed's
+   * pin_memory); a refused mlock logs one warning and goes on unpinned. */
+  int pin_memory;
+  /* "auto" (default, NULL too), "uring" or "posix": the NVMe I/O backend. */
+  const char* io_backend;
+} strata_offload_options;
+
+/* Fills *options with the defaults and sets struct_size. */
+STRATA_API void strata_offload_options_init(strata_offload_options* options);
+
+/* Creates an offload optimizer; *out is owned by the caller (strata_offload_destroy).
+ * Errors: INVALID_ARGUMENT for bad options (NVME without paths, buffer_count < 2,
+ * an unknown io_backend, a struct_size mismatch); the swap store's errors naming
+ * an unusable directory (PERMISSION_DENIED, NOT_FOUND, ...). *out is NULL on
+ * error. */
+STRATA_API strata_status strata_offload_create(const strata_offload_options* options,
+                                               strata_offload** out);
+
+/* Waits for the work in flight, frees everything and removes the swap files.
+ * NULL does nothing. */
+STRATA_API void strata_offload_destroy(strata_offload* offload);
+
+/* A new parameter group of an optimizer kind, with config its config struct
+ * (struct_size set); *group receives its index (0, 1, ...). Errors: as
+ * strata_optimizer_create. */
+STRATA_API strata_status strata_offload_add_group(strata_offload* offload,
+                                                  strata_optimizer_kind kind, const void* config,
+                                                  int* group);
+
+/* Replaces a group's hyper-parameters from the next update on (a learning-rate
+ * schedule). The kind is the group's; amsgrad and SGD momentum on/off must stay.
+ * Errors: INVALID_ARGUMENT; the group keeps its previous config. */
+STRATA_API strata_status strata_offload_set_group_config(strata_offload* offload, int group,
+                                                         const void* config);
+
+/* A group's step count t (updates applied), and setting it (>= 0; to restore a
+ * saved state by other means than strata_offload_load). */
+STRATA_API strata_status strata_offload_get_group_step(const strata_offload* offload, int group,
+                                                       int64_t* step);
+STRATA_API strata_status strata_offload_set_group_step(strata_offload* offload, int group,
+                                                       int64_t step);
+
+/* A new bucket of `group` over num_segments caller buffers: segments[i] holds
+ * segment_num_elems[i] > 0 elements of param_dtype (F32, F16 or BF16). The
+ * segments are read now into the fp32 master weights; Strata writes them at each
+ * update of the bucket, so they must stay valid until strata_offload_destroy, and
+ * the caller must not read them between strata_offload_step and
+ * strata_offload_wait_bucket. Buckets are updated in the order they were added:
+ * add them in the order the next forward uses them. *bucket receives the index.
+ * Errors: INVALID_ARGUMENT (unknown group or dtype, NULL or empty segments);
+ * FAILED_PRECONDITION after the first step; RESOURCE_EXHAUSTED for memory or a
+ * full drive. */
+STRATA_API strata_status strata_offload_add_bucket(strata_offload* offload, int group,
+                                                   strata_dtype param_dtype,
+                                                   void* const* segments,
+                                                   const int64_t* segment_num_elems,
+                                                   int num_segments, int* bucket);
+
+/* Elements of a bucket (the sum of its segments), or -1 for an unknown bucket. */
+STRATA_API int64_t strata_offload_bucket_num_elems(const strata_offload* offload, int bucket);
+
+/* A staging buffer for one whole-bucket gradient of grad_dtype: the bucket's
+ * element count, 64-byte aligned, pinned when pin_memory. Blocks until a buffer
+ * is free. Fill it and hand it back with strata_offload_submit_grad(bucket, -1,
+ * *data, ...); it returns to the pool when that gradient is folded. */
+STRATA_API strata_status strata_offload_acquire_staging(strata_offload* offload, int bucket,
+                                                        strata_dtype grad_dtype, void** data);
+
+/* One micro-batch's gradient for segment `segment` of `bucket` (-1: the whole
+ * bucket, segment after segment): num_elems elements of grad_dtype (F32, F16,
+ * BF16). Returns at once; Strata folds it on its thread, after cuda_event (a
+ * cudaEvent_t, or NULL) has completed — e.g. recorded after the copy that fills
+ * grad — and after the bucket's previous update. grad must stay unchanged until
+ * the fold is done (strata_offload_wait_grads, _step and _synchronize wait for
+ * it). The first gradient after a step overwrites the accumulator; later ones
+ * add to it (gradient accumulation). Errors (nothing queued): INVALID_ARGUMENT for
+ * an unknown bucket or segment, NULL grad, a size or dtype mismatch;
+ * FAILED_PRECONDITION for a second gradient of a segment in one micro-batch, or a
+ * cuda_event without a CUDA runtime in the process. */
+STRATA_API strata_status strata_offload_submit_grad(strata_offload* offload, int bucket,
+                                                    int segment, const void* grad,
+                                                    strata_dtype grad_dtype, int64_t num_elems,
+                                                    void* cuda_event);
+
+/* Waits until every submitted gradient is folded. */
+STRATA_API strata_status strata_offload_wait_grads(strata_offload* offload);
+
+typedef struct strata_offload_step_options {
+  size_t struct_size;   /* = sizeof(strata_offload_step_options); checked */
+  double max_grad_norm; /* clip to this global L2 norm as torch's clip_grad_norm_;
+                           0 (default) = none */
+  float loss_scale;     /* gradients are divided by it; finite, > 0; default 1 */
+} strata_offload_step_options;
+
+/* Fills *options with the defaults and sets struct_size. */
+STRATA_API void strata_offload_step_options_init(strata_offload_step_options* options);
+
+typedef struct strata_offload_step_result {
+  double grad_norm;  /* global L2 norm of the unscaled gradient before clipping */
+  int skipped;       /* 1: a non-finite gradient; nothing changed */
+  int micro_batches; /* gradients each segment received for this step */
+} strata_offload_step_result;
+
+/* Starts the update of every bucket and returns once it is queued (options NULL:
+ * the defaults). Every segment must have received the same number n >= 1 of
+ * gradients since the last step (FAILED_PRECONDITION naming the first that did
+ * not; nothing changes). A non-finite gradient skips the step: no master weight,
+ * state, step count or caller buffer changes, result->skipped = 1. */
+STRATA_API strata_status strata_offload_step(strata_offload* offload,
+                                             const strata_offload_step_options* options,
+                                             strata_offload_step_result* result);
+
+/* Waits until bucket's new weights are in the caller's segments (and its state on
+ * the drive). Safe to call concurrently with the other calls. */
+STRATA_API strata_status strata_offload_wait_bucket(strata_offload* offload, int bucket);
+
+/* Waits for every fold and update. */
+STRATA_API strata_status strata_offload_synchronize(strata_offload* offload);
+
+/* The number of state tensors of a bucket's group (strata_optimizer_num_state),
+ * and the name of tensor `tensor`: 0 "master", 1.. the state's ("exp_avg",
+ * "exp_avg_sq", ...; torch.optim's keys). NULL / -1 for unknown indices. */
+STRATA_API int strata_offload_bucket_num_state(const strata_offload* offload, int bucket);
+STRATA_API const char* strata_offload_tensor_name(const strata_offload* offload, int bucket,
+                                                  int tensor);
+
+/* Reads / replaces tensor `tensor` (0 master weights, 1 + i state buffer i) of a
+ * bucket: bucket_num_elems fp32 values. Waits for the work in flight first.
+ * Writing the master weights also writes them, rounded, into the caller's
+ * segments. */
+STRATA_API strata_status strata_offload_read_state(strata_offload* offload, int bucket,
+                                                   int tensor, float* out, int64_t num_elems);
+STRATA_API strata_status strata_offload_write_state(strata_offload* offload, int bucket,
+                                                    int tensor, const float* in,
+                                                    int64_t num_elems);
+
+/* Reads the caller's segments into the bucket's master weights again (after the
+ * caller loaded new weights into its model). */
+STRATA_API strata_status strata_offload_reload_masters(strata_offload* offload, int bucket);
+
+/* Saves the whole optimizer state into directory `dir` (crash-safe: written under
+ * a temporary name, fsynced, renamed over dir), in Strata's checkpoint format
+ * (safetensors plus a JSON manifest with xxh3 checksums), bucket by bucket; and
+ * loads it into an optimizer with the same groups and buckets (checked before
+ * anything changes: INVALID_ARGUMENT naming a difference, DATA_LOSS for a damaged
+ * file). Loading writes the master weights into the caller's segments. */
+STRATA_API strata_status strata_offload_save(strata_offload* offload, const char* dir);
+STRATA_API strata_status strata_offload_load(strata_offload* offload, const char* dir);
+
+typedef struct strata_offload_stats {
+  int64_t steps;               /* updates applied */
+  int64_t skipped_steps;       /* steps skipped for a non-finite gradient */
+  uint64_t nvme_bytes_read;    /* swap store payload bytes */
+  uint64_t nvme_bytes_written;
+  double update_seconds; /* wall time of the updates, step start to last write-back */
+  double wait_seconds;   /* time callers spent blocked on updates; 1 - wait/update
+                            is the fraction of the update hidden under their work */
+  uint64_t host_state_bytes; /* host memory of masters, state, accumulators */
+} strata_offload_stats;
+
+STRATA_API strata_status strata_offload_get_stats(const strata_offload* offload,
+                                                  strata_offload_stats* stats);
 
 /* The CPU kernel variant in use, chosen once by CPUID: "avx512", "avx2" or
  * "generic". A static string. */
