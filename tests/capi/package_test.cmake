@@ -3,7 +3,8 @@
 # The installed CMake package, as a user sees it. Installs libstrata (capi/) and
 # libstrata_engine with its C++ headers (package/) into WORK_DIR/prefix, then:
 #   1. the exported targets carry no dependency a consumer would have to find (no third-party
-#      target, no CUDA toolkit);
+#      target, no CUDA toolkit), and libstrata_engine.so exports strata's symbols only (with
+#      -DNM=<nm>: C++ symbols of namespace strata, their typeinfo, vtables and thunks);
 #   2. every installed header includes only installed headers or C/C++/POSIX system headers,
 #      and compiles on its own (twice in one translation unit) against Strata::engine;
 #   3. a C consumer of Strata::strata builds and runs (tests/capi/package/);
@@ -48,6 +49,23 @@ foreach(target Strata::strata Strata::engine)
     message(FATAL_ERROR "${targets_files} has no shared imported target ${target}")
   endif()
 endforeach()
+
+if(NM)
+  file(GLOB engine_library ${prefix}/lib*/libstrata_engine.so)
+  execute_process(COMMAND ${NM} -DC --defined-only ${engine_library}
+                  OUTPUT_VARIABLE symbols RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0 OR NOT symbols MATCHES "strata::engine::Engine::Create")
+    message(FATAL_ERROR "${NM} -DC ${engine_library} failed (${rc}) or lists no Engine::Create")
+  endif()
+  string(REPLACE "\n" ";" symbols "${symbols}")
+  foreach(line IN LISTS symbols)
+    # "<address> <type> <name>"; the name must be strata's.
+    if(line MATCHES "^[0-9a-f]+ [A-Za-z] (.*)$" AND NOT CMAKE_MATCH_1 MATCHES
+       "^((typeinfo|typeinfo name|vtable|VTT|guard variable) for |(non-)?virtual thunk to )?strata::")
+      message(FATAL_ERROR "${engine_library} exports a symbol not of Strata: ${CMAKE_MATCH_1}")
+    endif()
+  endforeach()
+endif()
 
 # 2. The include closure of the installed headers, then each header on its own.
 set(include_root ${prefix}/include/strata)
