@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
 namespace offload_mlp {
 namespace {
@@ -27,7 +26,6 @@ float HashUniform(uint64_t key) {
 // widened, t (N, C) the tanh outputs (then their gradients), dw (fan_in + 1, C) the weight
 // gradients before rounding.
 struct Kernel {
-  int block = 0;
   int rows = 0;  // N = B * T positions
   int fan_in = 0;
   int width = 0;  // C
@@ -225,7 +223,6 @@ Status MlpRegressor::Launch(int block, const BlockBuffers& b, strata::gpu::Strea
     return strata::InvalidArgumentError("offload_mlp: input_dim must be in [2, 64]");
   }
   Kernel k;
-  k.block = block;
   k.rows = static_cast<int>(b.shape.tokens());
   k.fan_in = fan_in(block);
   k.width = c_.width;
