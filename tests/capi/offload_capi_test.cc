@@ -190,25 +190,31 @@ class Reference {
     EXPECT_EQ(strata_optimizer_set_config(groups_[0], &c), STRATA_OK);
   }
 
-  // One step over the micro-batches: accumulate (the first overwrites, the others add in
-  // fp32), merge the statistics in bucket order, skip on a non-finite gradient, else clip
-  // and unscale as torch.nn.utils.clip_grad_norm_ and step every bucket in order.
+  // One step over the micro-batches: accumulate segment by segment (the first micro-batch
+  // overwrites, the others add in fp32), with the statistics of each segment's accumulated
+  // gradient merged in bucket and segment order; skip on a non-finite gradient; else clip as
+  // torch.nn.utils.clip_grad_norm_ (coef = max_norm / (norm + 1e-6) when < 1, rounded to fp32)
+  // and unscale (grad_scale = coef / loss_scale in fp32), and step every bucket in order.
   strata_offload_step_result Step(const std::vector<MicroBatch>& micro, double max_norm,
                                   float loss_scale) {
     std::vector<std::vector<float>> acc(Specs().size());
     double sum_squares = 0;
     bool nonfinite = false;
     for (size_t b = 0; b < Specs().size(); ++b) {
-      const int64_t n = static_cast<int64_t>(masters_[b].size());
       acc[b].resize(masters_[b].size());
-      strata_grad_stats stats{};
-      for (size_t m = 0; m < micro.size(); ++m) {
-        EXPECT_EQ(strata_grad_accumulate(acc[b].data(), micro[m].values[b].data(), STRATA_DTYPE_F32,
-                                         n, m == 0 ? 1 : 0, &stats),
-                  STRATA_OK);
+      int64_t offset = 0;
+      for (int64_t len : Specs()[b].lengths) {
+        strata_grad_stats stats{};
+        for (size_t m = 0; m < micro.size(); ++m) {
+          EXPECT_EQ(
+              strata_grad_accumulate(acc[b].data() + offset, micro[m].values[b].data() + offset,
+                                     STRATA_DTYPE_F32, len, m == 0 ? 1 : 0, &stats),
+              STRATA_OK);
+        }
+        sum_squares += stats.sum_squares;
+        nonfinite = nonfinite || stats.nonfinite != 0;
+        offset += len;
       }
-      sum_squares += stats.sum_squares;
-      nonfinite = nonfinite || stats.nonfinite != 0;
     }
     strata_offload_step_result result{};
     result.micro_batches = static_cast<int>(micro.size());
@@ -217,9 +223,12 @@ class Reference {
       result.skipped = 1;
       return result;
     }
-    double clip = 1.0;
-    if (max_norm > 0) clip = std::min(1.0, max_norm / (result.grad_norm + 1e-6));
-    const float grad_scale = static_cast<float>(clip / loss_scale);
+    float clip = 1.0f;
+    if (max_norm > 0) {
+      const double coef = max_norm / (result.grad_norm + 1e-6);
+      if (coef < 1.0) clip = static_cast<float>(coef);
+    }
+    const float grad_scale = clip / loss_scale;
     ++steps_[0];
     ++steps_[1];
     for (size_t b = 0; b < Specs().size(); ++b) {
