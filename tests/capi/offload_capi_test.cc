@@ -294,6 +294,7 @@ struct HarnessOptions {
   // Bucket 1's lengths, to build an optimizer of another structure.
   std::vector<int64_t> bucket1_lengths = Specs()[1].lengths;
   int num_groups = 2;
+  const char* io_backend = nullptr;  // strata_offload_options.io_backend
 };
 
 HarnessOptions OneGroup() {
@@ -317,6 +318,7 @@ class Harness {
     o.buffer_count = 3;
     o.staging_buffers = 2;
     o.pin_memory = 0;  // CI's memlock limit; pinning changes no number
+    o.io_backend = options.io_backend;
     EXPECT_EQ(strata_offload_create(&o, &h_), STRATA_OK) << strata_last_error();
     if (h_ == nullptr) return;
     const strata_adamw_config adamw = GroupAdamW();
@@ -518,6 +520,7 @@ struct RunCase {
   strata_offload_device device;
   int num_threads;
   bool staging;
+  const char* io_backend;
 };
 
 class OffloadCApiRun : public ::testing::TestWithParam<RunCase> {};
@@ -525,10 +528,12 @@ class OffloadCApiRun : public ::testing::TestWithParam<RunCase> {};
 TEST_P(OffloadCApiRun, MatchesSequentialReferenceBitForBit) {
   const RunCase c = GetParam();
   TempDir dir;
-  HarnessOptions o{.device = c.device,
-                   .nvme_path = dir.path(),
-                   .num_threads = c.num_threads,
-                   .staging = c.staging};
+  HarnessOptions o;
+  o.device = c.device;
+  o.nvme_path = dir.path();
+  o.num_threads = c.num_threads;
+  o.staging = c.staging;
+  o.io_backend = c.io_backend;
   Harness h(o);
   ASSERT_NE(h.get(), nullptr);
   const auto results = Train(h, 0, kSteps);
@@ -549,16 +554,22 @@ TEST_P(OffloadCApiRun, MatchesSequentialReferenceBitForBit) {
 
 // Host and NVMe, one and two threads, staging buffers and per-segment submission: each run
 // equals the same reference bit for bit, so they equal each other.
-INSTANTIATE_TEST_SUITE_P(
-    HomesThreadsAndSubmission, OffloadCApiRun,
-    ::testing::Values(RunCase{STRATA_OFFLOAD_CPU, 1, true}, RunCase{STRATA_OFFLOAD_CPU, 2, true},
-                      RunCase{STRATA_OFFLOAD_CPU, 2, false}, RunCase{STRATA_OFFLOAD_NVME, 1, true},
-                      RunCase{STRATA_OFFLOAD_NVME, 2, false}),
-    [](const ::testing::TestParamInfo<RunCase>& info) {
-      return std::string(info.param.device == STRATA_OFFLOAD_NVME ? "Nvme" : "Host") +
-             std::to_string(info.param.num_threads) + "Threads" +
-             (info.param.staging ? "Staging" : "PerSegment");
-    });
+INSTANTIATE_TEST_SUITE_P(HomesThreadsAndSubmission, OffloadCApiRun,
+                         ::testing::Values(RunCase{STRATA_OFFLOAD_CPU, 1, true, nullptr},
+                                           RunCase{STRATA_OFFLOAD_CPU, 2, true, nullptr},
+                                           RunCase{STRATA_OFFLOAD_CPU, 2, false, nullptr},
+                                           RunCase{STRATA_OFFLOAD_NVME, 1, true, nullptr},
+                                           RunCase{STRATA_OFFLOAD_NVME, 2, false, "auto"},
+                                           RunCase{STRATA_OFFLOAD_NVME, 2, true, "posix"}),
+                         [](const ::testing::TestParamInfo<RunCase>& info) {
+                           return std::string(info.param.device == STRATA_OFFLOAD_NVME ? "Nvme"
+                                                                                       : "Host") +
+                                  std::to_string(info.param.num_threads) + "Threads" +
+                                  (info.param.staging ? "Staging" : "PerSegment") +
+                                  (info.param.io_backend == nullptr                ? ""
+                                   : std::string(info.param.io_backend) == "posix" ? "Posix"
+                                                                                   : "Auto");
+                         });
 
 TEST(OffloadCApi, HostAndNvmeRunsAreBitIdentical) {
   TempDir dir;
