@@ -1,218 +1,25 @@
-// strata_optimizer: the C handle over the cpu_optim optimizers. Each optimizer kind
-// is one OptimizerOps entry in kOptimizers (its config struct, its state buffers,
-// how it validates and steps); adding an optimizer is adding one entry.
+// strata_optimizer: the C handle over the cpu_optim optimizers. A handle holds one
+// cpu_optim::AnyOptimizer (its config parsed by capi/optimizer_configs.h, shared with the
+// offload optimizer's groups) and steps it with cpu_optim::Update.
 #include <fmt/format.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <span>
-#include <variant>
 #include <vector>
 
 #include "capi/capi_internal.h"
-#include "cpu_optim/adagrad.h"
-#include "cpu_optim/adamw.h"
-#include "cpu_optim/lion.h"
-#include "cpu_optim/sgd.h"
+#include "capi/optimizer_configs.h"
+#include "cpu_optim/any_optimizer.h"
 #include "cpu_optim/threading.h"
 #include "strata/strata.h"
 
-namespace strata::capi {
-namespace {
-
-// The C++ hyper-parameters a handle holds, one alternative per config type.
-using OptimizerConfig = std::variant<cpu_optim::AdamWConfig, cpu_optim::AdagradConfig,
-                                     cpu_optim::LionConfig, cpu_optim::SgdConfig>;
-
-// One strata_optimizer_step call, checked for null handle and dtypes.
-struct StepArgs {
-  int64_t step;
-  float grad_scale;
-  float* params;
-  float* const* state;  // OptimizerOps::num_state(config) pointers
-  cpu_optim::GradView grad;
-  cpu_optim::CopyOut copy_out;
-  size_t num_elems;
-};
-
-struct OptimizerOps {
-  strata_optimizer_kind kind;
-  const char* name;
-  // State buffers the config needs, in the order the header documents.
-  int (*num_state)(const OptimizerConfig& config);
-  size_t config_size;  // sizeof the kind's C config struct
-  // Converts and validates the C config (its struct_size already checked).
-  Status (*parse_config)(const void* c_config, OptimizerConfig* out);
-  Status (*step)(const OptimizerConfig& config, const StepArgs& args);
-};
-
-// --- AdamW and Adam -------------------------------------------------------------
-
-Status ParseAdamW(const strata_adamw_config& c, bool decoupled, OptimizerConfig* out) {
-  const cpu_optim::AdamWConfig config{.lr = c.lr,
-                                      .beta1 = c.beta1,
-                                      .beta2 = c.beta2,
-                                      .eps = c.eps,
-                                      .weight_decay = c.weight_decay,
-                                      .decoupled_weight_decay = decoupled,
-                                      .bias_correction = c.bias_correction != 0,
-                                      .amsgrad = c.amsgrad != 0,
-                                      .maximize = c.maximize != 0};
-  // An empty update checks the hyper-parameters with cpu_optim's own rules (the
-  // torch.optim ones) and touches nothing.
-  STRATA_RETURN_IF_ERROR(cpu_optim::AdamWUpdate(config, cpu_optim::AdamWStep{}, {}, {}, {},
-                                                cpu_optim::GradView{nullptr, DType::kF32}));
-  *out = config;
-  return Status::Ok();
-}
-
-Status ParseAdamWConfig(const void* c, OptimizerConfig* out) {
-  return ParseAdamW(*static_cast<const strata_adamw_config*>(c), /*decoupled=*/true, out);
-}
-Status ParseAdamConfig(const void* c, OptimizerConfig* out) {
-  return ParseAdamW(*static_cast<const strata_adamw_config*>(c), /*decoupled=*/false, out);
-}
-
-int NumStateAdamW(const OptimizerConfig& config) {
-  return std::get<cpu_optim::AdamWConfig>(config).amsgrad ? 3 : 2;
-}
-
-Status StepAdamW(const OptimizerConfig& config, const StepArgs& a) {
-  const size_t n = a.num_elems;
-  const auto& c = std::get<cpu_optim::AdamWConfig>(config);
-  return cpu_optim::AdamWUpdate(c, cpu_optim::AdamWStep{.step = a.step, .grad_scale = a.grad_scale},
-                                std::span<float>(a.params, n), std::span<float>(a.state[0], n),
-                                std::span<float>(a.state[1], n), a.grad, a.copy_out,
-                                c.amsgrad ? std::span<float>(a.state[2], n) : std::span<float>());
-}
-
-// --- Adagrad --------------------------------------------------------------------
-
-Status ParseAdagradConfig(const void* raw, OptimizerConfig* out) {
-  const auto& c = *static_cast<const strata_adagrad_config*>(raw);
-  const cpu_optim::AdagradConfig config{.lr = c.lr,
-                                        .lr_decay = c.lr_decay,
-                                        .weight_decay = c.weight_decay,
-                                        .initial_accumulator_value = c.initial_accumulator_value,
-                                        .eps = c.eps,
-                                        .maximize = c.maximize != 0};
-  STRATA_RETURN_IF_ERROR(cpu_optim::AdagradUpdate(config, cpu_optim::OptimStep{}, {}, {},
-                                                  cpu_optim::GradView{nullptr, DType::kF32}));
-  *out = config;
-  return Status::Ok();
-}
-
-int NumStateOne(const OptimizerConfig&) { return 1; }
-
-Status StepAdagrad(const OptimizerConfig& config, const StepArgs& a) {
-  const size_t n = a.num_elems;
-  return cpu_optim::AdagradUpdate(std::get<cpu_optim::AdagradConfig>(config),
-                                  cpu_optim::OptimStep{.step = a.step, .grad_scale = a.grad_scale},
-                                  std::span<float>(a.params, n), std::span<float>(a.state[0], n),
-                                  a.grad, a.copy_out);
-}
-
-// --- Lion -----------------------------------------------------------------------
-
-Status ParseLionConfig(const void* raw, OptimizerConfig* out) {
-  const auto& c = *static_cast<const strata_lion_config*>(raw);
-  const cpu_optim::LionConfig config{.lr = c.lr,
-                                     .beta1 = c.beta1,
-                                     .beta2 = c.beta2,
-                                     .weight_decay = c.weight_decay,
-                                     .maximize = c.maximize != 0};
-  STRATA_RETURN_IF_ERROR(cpu_optim::LionUpdate(config, cpu_optim::OptimStep{}, {}, {},
-                                               cpu_optim::GradView{nullptr, DType::kF32}));
-  *out = config;
-  return Status::Ok();
-}
-
-Status StepLion(const OptimizerConfig& config, const StepArgs& a) {
-  const size_t n = a.num_elems;
-  return cpu_optim::LionUpdate(std::get<cpu_optim::LionConfig>(config),
-                               cpu_optim::OptimStep{.step = a.step, .grad_scale = a.grad_scale},
-                               std::span<float>(a.params, n), std::span<float>(a.state[0], n),
-                               a.grad, a.copy_out);
-}
-
-// --- SGD ------------------------------------------------------------------------
-
-Status ParseSgdConfig(const void* raw, OptimizerConfig* out) {
-  const auto& c = *static_cast<const strata_sgd_config*>(raw);
-  const cpu_optim::SgdConfig config{.lr = c.lr,
-                                    .momentum = c.momentum,
-                                    .dampening = c.dampening,
-                                    .weight_decay = c.weight_decay,
-                                    .nesterov = c.nesterov != 0,
-                                    .maximize = c.maximize != 0};
-  STRATA_RETURN_IF_ERROR(cpu_optim::SgdUpdate(config, cpu_optim::OptimStep{}, {}, {},
-                                              cpu_optim::GradView{nullptr, DType::kF32}));
-  *out = config;
-  return Status::Ok();
-}
-
-int NumStateSgd(const OptimizerConfig& config) {
-  return std::get<cpu_optim::SgdConfig>(config).momentum != 0.0f ? 1 : 0;
-}
-
-Status StepSgd(const OptimizerConfig& config, const StepArgs& a) {
-  const size_t n = a.num_elems;
-  const auto& c = std::get<cpu_optim::SgdConfig>(config);
-  return cpu_optim::SgdUpdate(
-      c, cpu_optim::OptimStep{.step = a.step, .grad_scale = a.grad_scale},
-      std::span<float>(a.params, n),
-      c.momentum != 0.0f ? std::span<float>(a.state[0], n) : std::span<float>(), a.grad,
-      a.copy_out);
-}
-
-constexpr OptimizerOps kOptimizers[] = {
-    {STRATA_OPTIMIZER_ADAMW, "AdamW", NumStateAdamW, sizeof(strata_adamw_config), ParseAdamWConfig,
-     StepAdamW},
-    {STRATA_OPTIMIZER_ADAM, "Adam", NumStateAdamW, sizeof(strata_adamw_config), ParseAdamConfig,
-     StepAdamW},
-    {STRATA_OPTIMIZER_ADAGRAD, "Adagrad", NumStateOne, sizeof(strata_adagrad_config),
-     ParseAdagradConfig, StepAdagrad},
-    {STRATA_OPTIMIZER_LION, "Lion", NumStateOne, sizeof(strata_lion_config), ParseLionConfig,
-     StepLion},
-    {STRATA_OPTIMIZER_SGD, "SGD", NumStateSgd, sizeof(strata_sgd_config), ParseSgdConfig, StepSgd},
-};
-
-const OptimizerOps* FindOps(strata_optimizer_kind kind) {
-  for (const OptimizerOps& ops : kOptimizers) {
-    if (ops.kind == kind) return &ops;
-  }
-  return nullptr;
-}
-
-// Checks that config points to the kind's struct (by its leading struct_size).
-Status ParseConfig(const OptimizerOps& ops, const void* config, OptimizerConfig* out) {
-  if (config == nullptr) {
-    return InvalidArgumentError(fmt::format("{}: config is NULL", ops.name));
-  }
-  size_t struct_size;
-  static_assert(offsetof(strata_adamw_config, struct_size) == 0 &&
-                offsetof(strata_adagrad_config, struct_size) == 0 &&
-                offsetof(strata_lion_config, struct_size) == 0 &&
-                offsetof(strata_sgd_config, struct_size) == 0);
-  std::memcpy(&struct_size, config, sizeof(struct_size));
-  if (struct_size != ops.config_size) {
-    return InvalidArgumentError(
-        fmt::format("{}: config->struct_size is {}, expected {}: initialize the config with its "
-                    "strata_*_config_init function, and pass the struct that belongs to this kind",
-                    ops.name, struct_size, ops.config_size));
-  }
-  return ops.parse_config(config, out);
-}
-
-}  // namespace
-}  // namespace strata::capi
-
 // The handle: hyper-parameters and threading; no tensor memory.
 struct strata_optimizer {
-  const strata::capi::OptimizerOps* ops;
-  strata::capi::OptimizerConfig config;
+  strata::cpu_optim::AnyOptimizer optimizer;
   // Private arena when num_threads > 0 or cores are given; nullptr runs in the
   // caller's arena.
   std::unique_ptr<strata::cpu_optim::WorkerArena> arena;
@@ -286,13 +93,8 @@ strata_status strata_optimizer_create(strata_optimizer_kind kind, const void* co
   if (out != nullptr) *out = nullptr;
   return Guard([&]() -> Status {
     if (out == nullptr) return InvalidArgumentError("strata_optimizer_create: out is NULL");
-    const OptimizerOps* ops = FindOps(kind);
-    if (ops == nullptr) {
-      return InvalidArgumentError(
-          fmt::format("strata_optimizer_create: unknown optimizer kind {} (this library has "
-                      "STRATA_OPTIMIZER_ADAMW, _ADAM, _ADAGRAD, _LION and _SGD)",
-                      static_cast<int>(kind)));
-    }
+    const auto cpp_kind = ToOptimizerKind(kind);
+    if (!cpp_kind) return BadOptimizerKind("strata_optimizer_create", kind);
     strata_optimizer_options opts;
     strata_optimizer_options_init(&opts);
     if (options != nullptr) {
@@ -320,8 +122,7 @@ strata_status strata_optimizer_create(strata_optimizer_kind kind, const void* co
                       opts.num_cores, opts.cores == nullptr ? "NULL" : "set"));
     }
     auto handle = std::make_unique<strata_optimizer>();
-    handle->ops = ops;
-    STRATA_RETURN_IF_ERROR(ParseConfig(*ops, config, &handle->config));
+    STRATA_ASSIGN_OR_RETURN(handle->optimizer, ParseOptimizerConfig(*cpp_kind, config));
     if (opts.num_threads > 0 || opts.num_cores > 0) {
       cpu_optim::ThreadingOptions threading{
           .num_threads = opts.num_threads,
@@ -342,19 +143,20 @@ strata_status strata_optimizer_set_config(strata_optimizer* optimizer, const voi
     if (optimizer == nullptr) {
       return InvalidArgumentError("strata_optimizer_set_config: optimizer is NULL");
     }
-    OptimizerConfig parsed;
-    STRATA_RETURN_IF_ERROR(ParseConfig(*optimizer->ops, config, &parsed));
-    optimizer->config = parsed;
+    STRATA_ASSIGN_OR_RETURN(cpu_optim::AnyOptimizer parsed,
+                            ParseOptimizerConfig(optimizer->optimizer.kind, config));
+    optimizer->optimizer = std::move(parsed);
     return Status::Ok();
   });
 }
 
 strata_optimizer_kind strata_optimizer_get_kind(const strata_optimizer* optimizer) {
-  return optimizer == nullptr ? static_cast<strata_optimizer_kind>(0) : optimizer->ops->kind;
+  return optimizer == nullptr ? static_cast<strata_optimizer_kind>(0)
+                              : static_cast<strata_optimizer_kind>(optimizer->optimizer.kind);
 }
 
 int strata_optimizer_num_state(const strata_optimizer* optimizer) {
-  return optimizer == nullptr ? 0 : optimizer->ops->num_state(optimizer->config);
+  return optimizer == nullptr ? 0 : strata::cpu_optim::NumState(optimizer->optimizer);
 }
 
 strata_status strata_optimizer_step(const strata_optimizer* optimizer, int64_t step,
@@ -368,36 +170,40 @@ strata_status strata_optimizer_step(const strata_optimizer* optimizer, int64_t s
     if (optimizer == nullptr) {
       return InvalidArgumentError("strata_optimizer_step: optimizer is NULL");
     }
-    const OptimizerOps& ops = *optimizer->ops;
+    const cpu_optim::AnyOptimizer& opt = optimizer->optimizer;
+    const std::string_view name = cpu_optim::OptimizerKindName(opt.kind);
     if (num_elems < 0) {
       return InvalidArgumentError(
-          fmt::format("{} step: num_elems must be >= 0, got {}", ops.name, num_elems));
+          fmt::format("{} step: num_elems must be >= 0, got {}", name, num_elems));
     }
-    const int expected_state = ops.num_state(optimizer->config);
+    const int expected_state = cpu_optim::NumState(opt);
     if (num_state != expected_state) {
-      return InvalidArgumentError(fmt::format("{} step: num_state is {}, expected {}", ops.name,
-                                              num_state, expected_state));
+      return InvalidArgumentError(
+          fmt::format("{} step: num_state is {}, expected {}", name, num_state, expected_state));
     }
     if (state == nullptr && num_state > 0) {
-      return InvalidArgumentError(fmt::format("{} step: state is NULL", ops.name));
+      return InvalidArgumentError(fmt::format("{} step: state is NULL", name));
     }
     const auto gd = ToDType(grad_dtype);
     if (!gd) return BadDType("strata_optimizer_step grad_dtype", grad_dtype);
-    StepArgs args{.step = step,
-                  .grad_scale = grad_scale,
-                  .params = params,
-                  .state = state,
-                  .grad = cpu_optim::GradView{grad, *gd},
-                  .copy_out = {},
-                  .num_elems = static_cast<size_t>(num_elems)};
+    cpu_optim::CopyOut out;
     if (copy_out != nullptr) {
       const auto od = ToDType(copy_out_dtype);
       if (!od) return BadDType("strata_optimizer_step copy_out_dtype", copy_out_dtype);
-      args.copy_out = cpu_optim::CopyOut{copy_out, *od};
+      out = cpu_optim::CopyOut{copy_out, *od};
     }
-    if (optimizer->arena == nullptr) return ops.step(optimizer->config, args);
+    const size_t n = static_cast<size_t>(num_elems);
+    std::array<std::span<float>, 3> spans;
+    for (int i = 0; i < num_state; ++i) spans[i] = std::span<float>(state[i], n);
+    auto run = [&] {
+      return cpu_optim::Update(opt, cpu_optim::OptimStep{.step = step, .grad_scale = grad_scale},
+                               std::span<float>(params, n),
+                               std::span<const std::span<float>>(spans.data(), num_state),
+                               cpu_optim::GradView{grad, *gd}, out);
+    };
+    if (optimizer->arena == nullptr) return run();
     Status status;
-    optimizer->arena->Execute([&] { status = ops.step(optimizer->config, args); });
+    optimizer->arena->Execute([&] { status = run(); });
     return status;
   });
 }

@@ -502,9 +502,10 @@ STRATA_API strata_status strata_offload_set_group_step(strata_offload* offload, 
  * the caller must not read them between strata_offload_step and
  * strata_offload_wait_bucket. Buckets are updated in the order they were added:
  * add them in the order the next forward uses them. *bucket receives the index.
- * Errors: INVALID_ARGUMENT (unknown group or dtype, NULL or empty segments);
- * FAILED_PRECONDITION after the first step; RESOURCE_EXHAUSTED for memory or a
- * full drive. */
+ * Errors: INVALID_ARGUMENT (unknown group or dtype, NULL or empty segments, a
+ * segment not aligned to its element size); FAILED_PRECONDITION once a gradient,
+ * a staging buffer, a state access or a step happened; RESOURCE_EXHAUSTED for
+ * memory or a full drive. */
 STRATA_API strata_status strata_offload_add_bucket(strata_offload* offload, int group,
                                                    strata_dtype param_dtype,
                                                    void* const* segments,
@@ -560,7 +561,8 @@ typedef struct strata_offload_step_result {
  * the defaults). Every segment must have received the same number n >= 1 of
  * gradients since the last step (FAILED_PRECONDITION naming the first that did
  * not; nothing changes). A non-finite gradient skips the step: no master weight,
- * state, step count or caller buffer changes, result->skipped = 1. */
+ * state, step count or caller buffer changes, result->skipped = 1. result may be
+ * NULL. */
 STRATA_API strata_status strata_offload_step(strata_offload* offload,
                                              const strata_offload_step_options* options,
                                              strata_offload_step_result* result);
@@ -598,7 +600,8 @@ STRATA_API strata_status strata_offload_reload_masters(strata_offload* offload, 
  * (safetensors plus a JSON manifest with xxh3 checksums), bucket by bucket; and
  * loads it into an optimizer with the same groups and buckets (checked before
  * anything changes: INVALID_ARGUMENT naming a difference, DATA_LOSS for a damaged
- * file). Loading writes the master weights into the caller's segments. */
+ * file, FAILED_PRECONDITION for another format version). Loading writes the master
+ * weights into the caller's segments. */
 STRATA_API strata_status strata_offload_save(strata_offload* offload, const char* dir);
 STRATA_API strata_status strata_offload_load(strata_offload* offload, const char* dir);
 
