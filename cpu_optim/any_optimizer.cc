@@ -113,8 +113,8 @@ Status Update(const AnyOptimizer& o, const OptimStep& step, std::span<float> mas
     case OptimizerKind::kLion:
       return LionUpdate(std::get<LionConfig>(o.config), step, master, s(0), grad, copy_out);
     case OptimizerKind::kSgd:
-      return SgdUpdate(std::get<SgdConfig>(o.config), step, master, want ? s(0) : std::span<float>(),
-                       grad, copy_out);
+      return SgdUpdate(std::get<SgdConfig>(o.config), step, master,
+                       want ? s(0) : std::span<float>(), grad, copy_out);
   }
   return InvalidArgumentError("unknown optimizer kind " + std::to_string(static_cast<int>(o.kind)));
 }

@@ -119,10 +119,10 @@ struct OffloadStepOptions {
 };
 
 struct OffloadStepResult {
-  double grad_norm = 0;     // global L2 norm of the unscaled gradient, before clipping; inf/nan
-                            // when skipped
-  bool skipped = false;     // a non-finite gradient: nothing changed, the step counts did not move
-  int micro_batches = 0;    // gradients each segment received for this step
+  double grad_norm = 0;   // global L2 norm of the unscaled gradient, before clipping; inf/nan
+                          // when skipped
+  bool skipped = false;   // a non-finite gradient: nothing changed, the step counts did not move
+  int micro_batches = 0;  // gradients each segment received for this step
 };
 
 struct OffloadCounters {
@@ -168,9 +168,9 @@ class OffloadOptimizer {
   // order: put buckets in the order the next forward uses them). param_dtype kF32, kF16 or
   // kBF16. Reads the segments into the master weights (exactly widened) and initializes the
   // state (InitialStateValue), in host memory or on NVMe. Every segment has num_elems > 0 and a
-  // non-null, 2-byte-aligned data; segments of one optimizer must not overlap.
-  // kFailedPrecondition after the first Step. Swap-store errors (kResourceExhausted for a full
-  // drive) leave no bucket behind.
+  // non-null data aligned to its elements; segments of one optimizer must not overlap.
+  // kFailedPrecondition after the first gradient, staging buffer or Step. Swap-store errors
+  // (kResourceExhausted for a full drive) leave no bucket behind.
   StatusOr<int> AddBucket(int group, DType param_dtype, std::span<const OffloadSegment> segments);
   int num_buckets() const;
   int64_t bucket_num_elems(int bucket) const;
@@ -229,7 +229,7 @@ class OffloadOptimizer {
   // Reads the caller's segments into the master weights again (after the caller loaded new
   // weights into its model).
   Status ReloadMasters(int bucket);
-  int64_t group_step(int group) const;  // t: updates applied to the group
+  int64_t group_step(int group) const;           // t: updates applied to the group
   Status SetGroupStep(int group, int64_t step);  // >= 0
 
   // --- Checkpoints ----------------------------------------------------------------------------

@@ -1,0 +1,1249 @@
+#include "engine/offload_optimizer.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <utility>
+
+#include "base/aligned_buffer.h"
+#include "base/logging.h"
+#include "base/thread_annotations.h"
+#include "base/units.h"
+#include "cpu_optim/grad_stats.h"
+#include "cpu_optim/threading.h"
+#include "engine/checkpoint.h"
+#include "engine/optimizer_pipeline.h"
+#include "engine/safetensors.h"
+#include "engine/work_queue.h"
+#include "io/swap_store.h"
+
+namespace strata::engine {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using Json = nlohmann::json;
+
+constexpr const char* kOffloadFormat = "strata-offload-optimizer";
+constexpr int kOffloadFormatVersion = 1;
+constexpr const char* kOffloadTensorFile = "optimizer.safetensors";
+
+// Bytes of one fp32 tensor of n elements inside a bucket's state block (4096-aligned, so the
+// block is one O_DIRECT extent and each tensor starts on its own page).
+uint64_t TensorStride(int64_t n) { return io::SwapStore::PaddedSize(static_cast<uint64_t>(n) * 4); }
+
+std::string StateExtent(int b) { return fmt::format("bucket{}.state", b); }
+
+// Host memory that is page-locked when asked to (and when the memlock limit allows).
+class HostBuffer {
+ public:
+  static StatusOr<HostBuffer> Allocate(size_t size_bytes, bool pin, std::atomic<bool>* warned) {
+    HostBuffer h;
+    STRATA_ASSIGN_OR_RETURN(h.buf_, AlignedBuffer::Allocate(std::max<size_t>(size_bytes, 1)));
+    if (pin) {
+      if (::mlock(h.buf_.data(), h.buf_.size_bytes()) == 0) {
+        h.locked_ = true;
+      } else if (!warned->exchange(true)) {
+        STRATA_LOG_WARNING(
+            "offload optimizer: could not pin (mlock) {} of staging/pipeline buffers ({}); they "
+            "stay pageable. Raise the memlock limit (ulimit -l) to pin them",
+            FormatBytes(h.buf_.size_bytes()), std::strerror(errno));
+      }
+    }
+    return h;
+  }
+  HostBuffer() = default;
+  HostBuffer(HostBuffer&& o) noexcept
+      : buf_(std::move(o.buf_)), locked_(std::exchange(o.locked_, false)) {}
+  HostBuffer& operator=(HostBuffer&& o) noexcept {
+    Unlock();
+    buf_ = std::move(o.buf_);
+    locked_ = std::exchange(o.locked_, false);
+    return *this;
+  }
+  ~HostBuffer() { Unlock(); }
+  std::byte* data() const { return buf_.data(); }
+  size_t size_bytes() const { return buf_.size_bytes(); }
+
+ private:
+  void Unlock() {
+    if (locked_) ::munlock(buf_.data(), buf_.size_bytes());
+    locked_ = false;
+  }
+  AlignedBuffer buf_;
+  bool locked_ = false;
+};
+
+Json ConfigToJson(const cpu_optim::AnyOptimizer& o) {
+  Json j;
+  j["kind"] = std::string(cpu_optim::OptimizerKindName(o.kind));
+  if (const auto* c = std::get_if<cpu_optim::AdamWConfig>(&o.config)) {
+    j["lr"] = c->lr;
+    j["beta1"] = c->beta1;
+    j["beta2"] = c->beta2;
+    j["eps"] = c->eps;
+    j["weight_decay"] = c->weight_decay;
+    j["decoupled_weight_decay"] = c->decoupled_weight_decay;
+    j["bias_correction"] = c->bias_correction;
+    j["amsgrad"] = c->amsgrad;
+    j["maximize"] = c->maximize;
+  } else if (const auto* c = std::get_if<cpu_optim::AdagradConfig>(&o.config)) {
+    j["lr"] = c->lr;
+    j["lr_decay"] = c->lr_decay;
+    j["weight_decay"] = c->weight_decay;
+    j["initial_accumulator_value"] = c->initial_accumulator_value;
+    j["eps"] = c->eps;
+    j["maximize"] = c->maximize;
+  } else if (const auto* c = std::get_if<cpu_optim::LionConfig>(&o.config)) {
+    j["lr"] = c->lr;
+    j["beta1"] = c->beta1;
+    j["beta2"] = c->beta2;
+    j["weight_decay"] = c->weight_decay;
+    j["maximize"] = c->maximize;
+  } else if (const auto* c = std::get_if<cpu_optim::SgdConfig>(&o.config)) {
+    j["lr"] = c->lr;
+    j["momentum"] = c->momentum;
+    j["dampening"] = c->dampening;
+    j["weight_decay"] = c->weight_decay;
+    j["nesterov"] = c->nesterov;
+    j["maximize"] = c->maximize;
+  }
+  return j;
+}
+
+// The hyper-parameters of a saved group, read into a copy of `like` (whose kind the caller has
+// checked). Throws nlohmann's exceptions for missing or mistyped fields.
+cpu_optim::AnyOptimizer ConfigFromJson(const Json& j, cpu_optim::AnyOptimizer like) {
+  if (auto* c = std::get_if<cpu_optim::AdamWConfig>(&like.config)) {
+    c->lr = j.at("lr").get<float>();
+    c->beta1 = j.at("beta1").get<float>();
+    c->beta2 = j.at("beta2").get<float>();
+    c->eps = j.at("eps").get<float>();
+    c->weight_decay = j.at("weight_decay").get<float>();
+    c->decoupled_weight_decay = j.at("decoupled_weight_decay").get<bool>();
+    c->bias_correction = j.at("bias_correction").get<bool>();
+    c->amsgrad = j.at("amsgrad").get<bool>();
+    c->maximize = j.at("maximize").get<bool>();
+  } else if (auto* c = std::get_if<cpu_optim::AdagradConfig>(&like.config)) {
+    c->lr = j.at("lr").get<float>();
+    c->lr_decay = j.at("lr_decay").get<float>();
+    c->weight_decay = j.at("weight_decay").get<float>();
+    c->initial_accumulator_value = j.at("initial_accumulator_value").get<float>();
+    c->eps = j.at("eps").get<float>();
+    c->maximize = j.at("maximize").get<bool>();
+  } else if (auto* c = std::get_if<cpu_optim::LionConfig>(&like.config)) {
+    c->lr = j.at("lr").get<float>();
+    c->beta1 = j.at("beta1").get<float>();
+    c->beta2 = j.at("beta2").get<float>();
+    c->weight_decay = j.at("weight_decay").get<float>();
+    c->maximize = j.at("maximize").get<bool>();
+  } else if (auto* c = std::get_if<cpu_optim::SgdConfig>(&like.config)) {
+    c->lr = j.at("lr").get<float>();
+    c->momentum = j.at("momentum").get<float>();
+    c->dampening = j.at("dampening").get<float>();
+    c->weight_decay = j.at("weight_decay").get<float>();
+    c->nesterov = j.at("nesterov").get<bool>();
+    c->maximize = j.at("maximize").get<bool>();
+  }
+  return like;
+}
+
+Status FsyncPath(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoToStatus(errno, fmt::format("opening '{}' to fsync it", path));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) return ErrnoToStatus(err, fmt::format("fsync of '{}'", path));
+  return Status::Ok();
+}
+
+Status WriteSmallFile(const std::string& path, std::string_view text) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) return ErrnoToStatus(errno, fmt::format("creating '{}'", path));
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : EIO;
+      ::close(fd);
+      return ErrnoToStatus(err, fmt::format("writing '{}'", path));
+    }
+    done += static_cast<size_t>(n);
+  }
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) return ErrnoToStatus(err, fmt::format("fsync of '{}'", path));
+  return Status::Ok();
+}
+
+StatusOr<std::string> ReadSmallFile(const std::string& path, size_t limit) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return ErrnoToStatus(errno, fmt::format("opening '{}'", path));
+  std::string text;
+  char buf[65536];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      return ErrnoToStatus(err, fmt::format("reading '{}'", path));
+    }
+    if (n == 0) break;
+    text.append(buf, static_cast<size_t>(n));
+    if (text.size() > limit) {
+      ::close(fd);
+      return DataLossError(fmt::format("'{}' is larger than {} bytes", path, limit));
+    }
+  }
+  ::close(fd);
+  return text;
+}
+
+}  // namespace
+
+class OffloadOptimizer::Impl {
+ public:
+  explicit Impl(OffloadOptimizerOptions o) : o_(std::move(o)) {}
+  ~Impl() {
+    if (folder_) folder_->Drain().IgnoreError();
+    if (pipeline_) pipeline_->Drain().IgnoreError();
+  }
+
+  Status Init();
+
+  // --- set-up ---
+  StatusOr<int> AddGroup(const cpu_optim::AnyOptimizer& optimizer);
+  Status SetGroupOptimizer(int group, const cpu_optim::AnyOptimizer& optimizer);
+  StatusOr<int> AddBucket(int group, DType dtype, std::span<const OffloadSegment> segments);
+
+  // --- gradients ---
+  StatusOr<std::span<std::byte>> AcquireStaging(int bucket, DType dtype);
+  Status SubmitGradient(int bucket, int segment, const void* grad, DType dtype, int64_t n,
+                        std::function<Status()> ready);
+  Status WaitGradients();
+
+  // --- step ---
+  Status Step(const OffloadStepOptions& options, OffloadStepResult* result);
+  Status WaitBucket(int bucket);
+  Status Synchronize();
+
+  // --- state ---
+  Status ReadState(int bucket, int tensor, std::span<float> out);
+  Status WriteState(int bucket, int tensor, std::span<const float> in);
+  Status ReloadMasters(int bucket);
+  Status SetGroupStep(int group, int64_t step);
+  Status Save(const std::string& dir);
+  Status Load(const std::string& dir);
+
+  OffloadCounters counters() const;
+
+  struct Group {
+    cpu_optim::AnyOptimizer optimizer;
+    int64_t step = 0;
+  };
+  struct Bucket {
+    int group = 0;
+    DType dtype = DType::kF32;
+    std::vector<OffloadSegment> segments;
+    std::vector<int64_t> offsets;  // element offset of each segment in the flat bucket
+    int64_t num_elems = 0;
+    int num_tensors = 1;            // master + the group's state buffers
+    HostBuffer state;               // host home: [master | state 0 | ...], TensorStride apart
+    AlignedBuffer accum;            // fp32 gradient accumulator, num_elems
+    std::vector<int64_t> received;  // gradients per segment since the last step
+    std::vector<cpu_optim::GradStats> stats;  // of the accumulator after its last fold
+  };
+
+  const OffloadOptimizerOptions o_;
+  std::vector<Group> groups_;
+  std::vector<Bucket> buckets_;
+  std::unique_ptr<io::IoBackend> io_;
+  std::unique_ptr<io::SwapStore> swap_;
+
+ private:
+  bool nvme() const { return o_.home == OffloadOptimizerOptions::Home::kNvme; }
+  uint64_t StateBytes(const Bucket& b) const { return b.num_tensors * TensorStride(b.num_elems); }
+  Status CheckUsable() const;
+  Status Fail(Status status);
+  Status CheckBucket(int bucket, const char* what) const;
+  // Allocates the staging pool and the pipeline on first use; fixes the bucket list.
+  Status Freeze();
+  // Runs fn in the worker arena (or the caller's when num_threads == 0).
+  Status InArena(const std::function<Status()>& fn);
+  // Stages of the update pipeline (optimizer_pipeline.h).
+  Status ReadStage(int b, int i);
+  Status UpdateStage(int b, int i);
+  Status WriteStage(int b, int i);
+  Status Fold(int b, int segment, const void* grad, DType dtype, bool overwrite_first);
+  // A bucket's state block in host memory: its home, or (NVMe) a temporary buffer read from the
+  // drive. `scratch` keeps the temporary alive.
+  StatusOr<float*> LoadStateBlock(int b, HostBuffer* scratch);
+  Status StoreStateBlock(int b, float* block);
+  Status CopyOutMasters(int b, const float* master);
+  Status WidenSegments(int b, float* master);
+  void AddWait(Clock::time_point since);
+
+  std::atomic<bool> pin_warned_{false};
+  std::unique_ptr<cpu_optim::WorkerArena> arena_;
+  bool frozen_ = false;
+  Status error_;  // sticky: the first error of asynchronous work
+  mutable std::mutex error_mu_;
+
+  // Staging pool.
+  std::mutex staging_mu_;
+  std::condition_variable staging_cv_;
+  std::vector<HostBuffer> staging_;
+  std::vector<bool> staging_free_ STRATA_GUARDED_BY(staging_mu_);
+
+  // The update of one step, read by the pipeline stages (set by Step after every fold, so after
+  // every update of the previous step finished).
+  struct Round {
+    std::vector<cpu_optim::AnyOptimizer> optimizers;
+    std::vector<int64_t> steps;
+    float grad_scale = 1.0f;
+    Clock::time_point start;
+  } round_;
+  std::vector<HostBuffer> pipe_buf_;
+  std::unique_ptr<WorkQueue> folder_;
+  std::unique_ptr<OptimizerPipeline> pipeline_;
+
+  int fold_track_ = 0, read_track_ = 0, update_track_ = 0, write_track_ = 0;
+  std::atomic<int64_t> steps_{0}, skipped_{0};
+  std::atomic<int64_t> update_ns_{0}, wait_ns_{0};
+};
+
+Status OffloadOptimizer::Impl::Init() {
+  if (o_.buffer_count < 2) {
+    return InvalidArgumentError(fmt::format(
+        "offload optimizer: buffer_count must be >= 2 (3 keeps read, update and write busy), "
+        "got {}",
+        o_.buffer_count));
+  }
+  if (o_.staging_buffers < 1) {
+    return InvalidArgumentError(
+        fmt::format("offload optimizer: staging_buffers must be >= 1, got {}", o_.staging_buffers));
+  }
+  if (o_.num_threads < 0) {
+    return InvalidArgumentError(fmt::format(
+        "offload optimizer: num_threads must be >= 0 (0 = all CPUs), got {}", o_.num_threads));
+  }
+  if (nvme()) {
+    if (o_.nvme_paths.empty()) {
+      return InvalidArgumentError(
+          "offload optimizer: offload to NVMe needs at least one directory (nvme_path)");
+    }
+    STRATA_RETURN_IF_ERROR(io::ValidateIoBackendOptions(o_.io));
+    if (o_.io_backend_factory) {
+      STRATA_ASSIGN_OR_RETURN(io_, o_.io_backend_factory(o_.io));
+    } else {
+      STRATA_ASSIGN_OR_RETURN(io_, io::CreateIoBackend(o_.io));
+    }
+    io::SwapStoreOptions so;
+    so.dirs = o_.nvme_paths;
+    STRATA_ASSIGN_OR_RETURN(swap_, io::SwapStore::Create(io_.get(), so));
+  }
+  if (o_.num_threads > 0) {
+    STRATA_ASSIGN_OR_RETURN(
+        arena_,
+        cpu_optim::WorkerArena::Create(cpu_optim::ThreadingOptions{.num_threads = o_.num_threads}));
+  }
+  if (o_.trace) {
+    fold_track_ = o_.trace->RegisterTrack("offload: gradient fold");
+    read_track_ = o_.trace->RegisterTrack("offload: state read");
+    update_track_ = o_.trace->RegisterTrack("offload: cpu optimizer");
+    write_track_ = o_.trace->RegisterTrack("offload: state write");
+  }
+  folder_ = std::make_unique<WorkQueue>("offload gradient fold");
+  return Status::Ok();
+}
+
+Status OffloadOptimizer::Impl::CheckUsable() const {
+  std::lock_guard lock(error_mu_);
+  if (error_.ok()) return Status::Ok();
+  return FailedPreconditionError(fmt::format(
+      "offload optimizer: unusable after an earlier error ({}); create a new one and load a "
+      "saved state",
+      error_.ToString()));
+}
+
+Status OffloadOptimizer::Impl::Fail(Status status) {
+  if (!status.ok()) {
+    std::lock_guard lock(error_mu_);
+    if (error_.ok()) error_ = status;
+  }
+  return status;
+}
+
+Status OffloadOptimizer::Impl::CheckBucket(int bucket, const char* what) const {
+  if (bucket < 0 || bucket >= static_cast<int>(buckets_.size())) {
+    return InvalidArgumentError(
+        fmt::format("{}: unknown bucket {} (there are {})", what, bucket, buckets_.size()));
+  }
+  return Status::Ok();
+}
+
+Status OffloadOptimizer::Impl::InArena(const std::function<Status()>& fn) {
+  if (!arena_) return fn();
+  Status s;
+  arena_->Execute([&] { s = fn(); });
+  return s;
+}
+
+void OffloadOptimizer::Impl::AddWait(Clock::time_point since) {
+  wait_ns_.fetch_add(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - since).count(),
+      std::memory_order_relaxed);
+}
+
+StatusOr<int> OffloadOptimizer::Impl::AddGroup(const cpu_optim::AnyOptimizer& optimizer) {
+  STRATA_RETURN_IF_ERROR(CheckUsable());
+  STRATA_RETURN_IF_ERROR(cpu_optim::Validate(optimizer));
+  groups_.push_back(Group{optimizer, 0});
+  return static_cast<int>(groups_.size()) - 1;
+}
+
+Status OffloadOptimizer::Impl::SetGroupOptimizer(int group,
+                                                 const cpu_optim::AnyOptimizer& optimizer) {
+  if (group < 0 || group >= static_cast<int>(groups_.size())) {
+    return InvalidArgumentError(
+        fmt::format("offload optimizer: unknown group {} (there are {})", group, groups_.size()));
+  }
+  STRATA_RETURN_IF_ERROR(cpu_optim::Validate(optimizer));
+  const cpu_optim::AnyOptimizer& old = groups_[group].optimizer;
+  if (optimizer.kind != old.kind || cpu_optim::NumState(optimizer) != cpu_optim::NumState(old)) {
+    return InvalidArgumentError(fmt::format(
+        "offload optimizer: group {} is {} with {} state buffers; its new config is {} with {}: "
+        "the kind, amsgrad and SGD momentum on/off cannot change after the group was added",
+        group, cpu_optim::OptimizerKindName(old.kind), cpu_optim::NumState(old),
+        cpu_optim::OptimizerKindName(optimizer.kind), cpu_optim::NumState(optimizer)));
+  }
+  groups_[group].optimizer = optimizer;
+  return Status::Ok();
+}
+
+Status OffloadOptimizer::Impl::WidenSegments(int b, float* master) {
+  const Bucket& k = buckets_[b];
+  for (size_t s = 0; s < k.segments.size(); ++s) {
+    STRATA_RETURN_IF_ERROR(cpu_optim::ConvertToF32(k.segments[s].data, k.dtype,
+                                                   master + k.offsets[s], k.segments[s].num_elems));
+  }
+  return Status::Ok();
+}
+
+Status OffloadOptimizer::Impl::CopyOutMasters(int b, const float* master) {
+  const Bucket& k = buckets_[b];
+  for (size_t s = 0; s < k.segments.size(); ++s) {
+    STRATA_RETURN_IF_ERROR(cpu_optim::ConvertFromF32(master + k.offsets[s], k.segments[s].data,
+                                                     k.dtype, k.segments[s].num_elems));
+  }
+  return Status::Ok();
+}
+
+StatusOr<int> OffloadOptimizer::Impl::AddBucket(int group, DType dtype,
+                                                std::span<const OffloadSegment> segments) {
+  STRATA_RETURN_IF_ERROR(CheckUsable());
+  if (frozen_) {
+    return FailedPreconditionError(
+        "offload optimizer: add every bucket before the first gradient, state access or step");
+  }
+  if (group < 0 || group >= static_cast<int>(groups_.size())) {
+    return InvalidArgumentError(fmt::format(
+        "offload optimizer: AddBucket: unknown group {} (there are {})", group, groups_.size()));
+  }
+  if (dtype != DType::kF32 && dtype != DType::kF16 && dtype != DType::kBF16) {
+    return InvalidArgumentError(fmt::format(
+        "offload optimizer: AddBucket: parameter dtype must be fp32, fp16 or bf16, got {}",
+        DTypeName(dtype)));
+  }
+  if (segments.empty()) {
+    return InvalidArgumentError("offload optimizer: AddBucket: a bucket needs >= 1 segment");
+  }
+  const size_t elem = SizeOf(dtype);
+  Bucket k;
+  k.group = group;
+  k.dtype = dtype;
+  for (size_t s = 0; s < segments.size(); ++s) {
+    const OffloadSegment& seg = segments[s];
+    if (seg.data == nullptr || seg.num_elems <= 0) {
+      return InvalidArgumentError(fmt::format(
+          "offload optimizer: AddBucket: segment {} has data {} and {} elements; each needs "
+          "memory and > 0 elements",
+          s, seg.data, seg.num_elems));
+    }
+    if (reinterpret_cast<uintptr_t>(seg.data) % elem != 0) {
+      return InvalidArgumentError(fmt::format(
+          "offload optimizer: AddBucket: segment {} at {} is not aligned to its {}-byte elements",
+          s, seg.data, elem));
+    }
+    k.segments.push_back(seg);
+    k.offsets.push_back(k.num_elems);
+    k.num_elems += seg.num_elems;
+  }
+  // No segment may overlap another of any bucket: an update would write one with two values.
+  std::vector<std::pair<uintptr_t, uintptr_t>> ranges;
+  auto add_ranges = [&](const Bucket& bk) {
+    for (const OffloadSegment& seg : bk.segments) {
+      const auto a = reinterpret_cast<uintptr_t>(seg.data);
+      ranges.emplace_back(a, a + seg.num_elems * SizeOf(bk.dtype));
+    }
+  };
+  for (const Bucket& bk : buckets_) add_ranges(bk);
+  add_ranges(k);
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t i = 1; i < ranges.size(); ++i) {
+    if (ranges[i].first < ranges[i - 1].second) {
+      return InvalidArgumentError(
+          "offload optimizer: AddBucket: a segment overlaps another segment of this optimizer");
+    }
+  }
+  const cpu_optim::AnyOptimizer& opt = groups_[group].optimizer;
+  k.num_tensors = 1 + cpu_optim::NumState(opt);
+  k.received.assign(k.segments.size(), 0);
+  k.stats.assign(k.segments.size(), cpu_optim::GradStats{});
+  STRATA_ASSIGN_OR_RETURN(k.accum, AlignedBuffer::Allocate(k.num_elems * sizeof(float), 64));
+
+  const int b = static_cast<int>(buckets_.size());
+  const uint64_t stride = TensorStride(k.num_elems);
+  STRATA_ASSIGN_OR_RETURN(HostBuffer block,
+                          HostBuffer::Allocate(k.num_tensors * stride, false, &pin_warned_));
+  auto* base = reinterpret_cast<float*>(block.data());
+  buckets_.push_back(std::move(k));
+  Bucket& kb = buckets_.back();
+  Status s = WidenSegments(b, base);
+  for (int t = 1; s.ok() && t < kb.num_tensors; ++t) {
+    float* state = reinterpret_cast<float*>(block.data() + t * stride);
+    std::fill(state, state + kb.num_elems, cpu_optim::InitialStateValue(opt, t - 1));
+  }
+  if (s.ok() && nvme()) {
+    s = swap_->Allocate(StateExtent(b), StateBytes(kb));
+    if (s.ok()) s = swap_->Write(StateExtent(b), std::span(block.data(), StateBytes(kb)));
+  } else if (s.ok()) {
+    kb.state = std::move(block);
+  }
+  if (!s.ok()) {
+    // An extent allocated for a bucket that failed stays unused (the store frees nothing), and
+    // a retry uses the same name: that is kAlreadyExists, so say how to recover.
+    buckets_.pop_back();
+    if (nvme()) return Fail(s);
+    return s;
+  }
+  return b;
+}
+
+Status OffloadOptimizer::Impl::Freeze() {
+  if (frozen_) return Status::Ok();
+  if (buckets_.empty()) {
+    return FailedPreconditionError("offload optimizer: no bucket was added (AddBucket)");
+  }
+  uint64_t max_grad_bytes = 0, max_state_bytes = 0;
+  for (const Bucket& k : buckets_) {
+    max_grad_bytes = std::max<uint64_t>(max_grad_bytes, k.num_elems * sizeof(float));
+    max_state_bytes = std::max(max_state_bytes, StateBytes(k));
+  }
+  std::vector<HostBuffer> staging;
+  for (int i = 0; i < o_.staging_buffers; ++i) {
+    STRATA_ASSIGN_OR_RETURN(HostBuffer h,
+                            HostBuffer::Allocate(max_grad_bytes, o_.pin_memory, &pin_warned_));
+    staging.push_back(std::move(h));
+  }
+  if (nvme()) {
+    for (int i = 0; i < o_.buffer_count; ++i) {
+      STRATA_ASSIGN_OR_RETURN(HostBuffer h,
+                              HostBuffer::Allocate(max_state_bytes, o_.pin_memory, &pin_warned_));
+      pipe_buf_.push_back(std::move(h));
+    }
+  }
+  {
+    std::lock_guard lock(staging_mu_);
+    staging_ = std::move(staging);
+    staging_free_.assign(staging_.size(), true);
+  }
+  OptimizerPipeline::Stages stages;
+  if (nvme()) {
+    stages.read = [this](int b, int i) { return ReadStage(b, i); };
+    stages.write = [this](int b, int i) { return WriteStage(b, i); };
+  }
+  stages.update = [this](int b, int i) { return UpdateStage(b, i); };
+  pipeline_ = std::make_unique<OptimizerPipeline>(static_cast<int>(buckets_.size()),
+                                                  nvme() ? o_.buffer_count : 1, std::move(stages));
+  frozen_ = true;
+  return Status::Ok();
+}
+
+StatusOr<std::span<std::byte>> OffloadOptimizer::Impl::AcquireStaging(int bucket, DType dtype) {
+  STRATA_RETURN_IF_ERROR(CheckUsable());
+  STRATA_RETURN_IF_ERROR(CheckBucket(bucket, "offload optimizer: AcquireStaging"));
+  if (dtype != DType::kF32 && dtype != DType::kF16 && dtype != DType::kBF16) {
+    return InvalidArgumentError(fmt::format(
+        "offload optimizer: AcquireStaging: gradient dtype must be fp32, fp16 or bf16, got {}",
+        DTypeName(dtype)));
+  }
+  STRATA_RETURN_IF_ERROR(Freeze());
+  const auto t0 = Clock::now();
+  std::unique_lock lock(staging_mu_);
+  int index = -1;
+  for (;;) {
+    for (size_t i = 0; i < staging_free_.size(); ++i) {
+      if (staging_free_[i]) {
+        index = static_cast<int>(i);
+        break;
+      }
+    }
+    if (index >= 0) break;
+    // Folds return staging buffers; a fold that failed returns its buffer too, so this wakes.
+    staging_cv_.wait(lock);
+  }
+  staging_free_[index] = false;
+  lock.unlock();
+  AddWait(t0);
+  return std::span<std::byte>(staging_[index].data(), buckets_[bucket].num_elems * SizeOf(dtype));
+}
+
+Status OffloadOptimizer::Impl::Fold(int b, int segment, const void* grad, DType dtype,
+                                    bool overwrite_first) {
+  trace::ScopedTraceEvent t(o_.trace, fold_track_, "fold gradient", trace::Category::kCpuOptimizer);
+  Bucket& k = buckets_[b];
+  const size_t elem = SizeOf(dtype);
+  const int first = segment < 0 ? 0 : segment;
+  const int last = segment < 0 ? static_cast<int>(k.segments.size()) : segment + 1;
+  const auto* src = static_cast<const std::byte*>(grad);
+  return InArena([&]() -> Status {
+    for (int s = first; s < last; ++s) {
+      const int64_t n = k.segments[s].num_elems;
+      // Whole-bucket gradients are folded segment by segment, so the statistics (and thus the
+      // norm) do not depend on how the gradient was handed in.
+      const std::byte* g = segment < 0 ? src + k.offsets[s] * elem : src;
+      // received[s] was counted at submission; this is the first gradient since the last step
+      // when the submission said so.
+      STRATA_ASSIGN_OR_RETURN(
+          k.stats[s], cpu_optim::AccumulateGrad(
+                          std::span<float>(k.accum.as<float>() + k.offsets[s], n),
+                          cpu_optim::GradView{g, dtype}, overwrite_first, /*want_stats=*/true));
+    }
+    return Status::Ok();
+  });
+}
+
+Status OffloadOptimizer::Impl::SubmitGradient(int bucket, int segment, const void* grad,
+                                              DType dtype, int64_t n,
+                                              std::function<Status()> ready) {
+  STRATA_RETURN_IF_ERROR(CheckUsable());
+  STRATA_RETURN_IF_ERROR(CheckBucket(bucket, "offload optimizer: SubmitGradient"));
+  Bucket& k = buckets_[bucket];
+  if (segment < -1 || segment >= static_cast<int>(k.segments.size())) {
+    return InvalidArgumentError(
+        fmt::format("offload optimizer: SubmitGradient: bucket {} has no segment {} (it has {}; "
+                    "-1 = the whole bucket)",
+                    bucket, segment, k.segments.size()));
+  }
+  if (dtype != DType::kF32 && dtype != DType::kF16 && dtype != DType::kBF16) {
+    return InvalidArgumentError(fmt::format(
+        "offload optimizer: SubmitGradient: gradient dtype must be fp32, fp16 or bf16, got {}",
+        DTypeName(dtype)));
+  }
+  const int64_t want = segment < 0 ? k.num_elems : k.segments[segment].num_elems;
+  if (n != want) {
+    return InvalidArgumentError(fmt::format(
+        "offload optimizer: SubmitGradient: bucket {} {} has {} elements, the gradient {}", bucket,
+        segment < 0 ? std::string("(whole)") : fmt::format("segment {}", segment), want, n));
+  }
+  if (grad == nullptr) {
+    return InvalidArgumentError("offload optimizer: SubmitGradient: grad is NULL");
+  }
+  STRATA_RETURN_IF_ERROR(Freeze());
+  // Each micro-batch hands every segment once: a segment may be at most one gradient ahead of
+  // the least-served segment of the optimizer.
+  int64_t least = INT64_MAX;
+  for (const Bucket& bk : buckets_) {
+    for (int64_t r : bk.received) least = std::min(least, r);
+  }
+  const int first = segment < 0 ? 0 : segment;
+  const int last = segment < 0 ? static_cast<int>(k.segments.size()) : segment + 1;
+  for (int s = first; s < last; ++s) {
+    if (k.received[s] > least) {
+      return FailedPreconditionError(fmt::format(
+          "offload optimizer: bucket {} segment {} already has {} gradient(s) since the last "
+          "step while another segment has {}: each micro-batch hands every segment exactly once",
+          bucket, s, k.received[s], least));
+    }
+  }
+  const bool overwrite = k.received[first] == 0;
+  for (int s = first; s < last; ++s) ++k.received[s];
+
+  // Is grad one of our staging buffers? Then the fold hands it back.
+  int staging_index = -1;
+  for (size_t i = 0; i < staging_.size(); ++i) {
+    if (staging_[i].data() == grad) staging_index = static_cast<int>(i);
+  }
+  folder_->Submit([=, this, ready = std::move(ready)]() -> Status {
+    Status s = Status::Ok();
+    if (ready) s = ready();
+    // The bucket's previous update reads the accumulator: fold after it finished.
+    if (s.ok()) s = pipeline_->WaitBlock(bucket);
+    if (s.ok()) s = Fold(bucket, segment, grad, dtype, overwrite);
+    if (staging_index >= 0) {
+      std::lock_guard lock(staging_mu_);
+      staging_free_[staging_index] = true;
+      staging_cv_.notify_all();
+    }
+    return s;
+  });
+  return Status::Ok();
+}
+
+Status OffloadOptimizer::Impl::WaitGradients() {
+  STRATA_RETURN_IF_ERROR(CheckUsable());
+  if (!folder_) return Status::Ok();
+  return Fail(folder_->Drain());
+}
+
+Status OffloadOptimizer::Impl::Step(const OffloadStepOptions& options, OffloadStepResult* result) {
+  STRATA_RETURN_IF_ERROR(CheckUsable());
+  if (!std::isfinite(options.loss_scale) || options.loss_scale <= 0) {
+    return InvalidArgumentError(fmt::format(
+        "offload optimizer: Step: loss_scale must be finite and > 0, got {}", options.loss_scale));
+  }
+  if (!std::isfinite(options.max_grad_norm) || options.max_grad_norm < 0) {
+    return InvalidArgumentError(fmt::format(
+        "offload optimizer: Step: max_grad_norm must be finite and >= 0 (0 = no clipping), got {}",
+        options.max_grad_norm));
+  }
+  if (buckets_.empty()) {
+    return FailedPreconditionError("offload optimizer: Step: no bucket was added (AddBucket)");
+  }
+  const int64_t n = buckets_[0].received[0];
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    for (size_t s = 0; s < buckets_[b].received.size(); ++s) {
+      if (buckets_[b].received[s] != n || n == 0) {
+        return FailedPreconditionError(fmt::format(
+            "offload optimizer: Step before every gradient arrived: bucket {} segment {} has {} "
+            "gradient(s) since the last step, bucket 0 segment 0 has {}; hand every segment its "
+            "gradient for each micro-batch (SubmitGradient) before stepping",
+            b, s, buckets_[b].received[s], n));
+      }
+    }
+  }
+  STRATA_RETURN_IF_ERROR(Freeze());
+  // Every fold waited for its bucket's previous update, so once the folds are done, the
+  // previous step's update is complete too and round_ may be replaced.
+  const auto t0 = Clock::now();
+  STRATA_RETURN_IF_ERROR(Fail(folder_->Drain()));
+  STRATA_RETURN_IF_ERROR(Fail(pipeline_->Drain()));
+  AddWait(t0);
+
+  cpu_optim::GradStats total;
+  for (const Bucket& k : buckets_) {
+    for (const cpu_optim::GradStats& s : k.stats) cpu_optim::Merge(total, s);
+  }
+  for (Bucket& k : buckets_) std::fill(k.received.begin(), k.received.end(), 0);
+  OffloadStepResult r;
+  r.micro_batches = static_cast<int>(n);
+  r.grad_norm = std::sqrt(total.sum_squares) / options.loss_scale;
+  if (total.nonfinite || !std::isfinite(r.grad_norm)) {
+    r.skipped = true;
+    skipped_.fetch_add(1, std::memory_order_relaxed);
+    if (result) *result = r;
+    return Status::Ok();
+  }
+  // torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6), applied when < 1.
+  float clip = 1.0f;
+  if (options.max_grad_norm > 0) {
+    const double coef = options.max_grad_norm / (r.grad_norm + 1e-6);
+    if (coef < 1.0) clip = static_cast<float>(coef);
+  }
+  round_.optimizers.clear();
+  round_.steps.clear();
+  for (Group& g : groups_) {
+    ++g.step;
+    round_.optimizers.push_back(g.optimizer);
+    round_.steps.push_back(g.step);
+  }
+  round_.grad_scale = options.loss_scale == 1.0f ? clip : clip / options.loss_scale;
+  round_.start = Clock::now();
+  steps_.fetch_add(1, std::memory_order_relaxed);
+  for (int b = 0; b < static_cast<int>(buckets_.size()); ++b) pipeline_->Submit(b);
+  if (result) *result = r;
+  return Status::Ok();
+}
+
+Status OffloadOptimizer::Impl::ReadStage(int b, int i) {
+  trace::ScopedTraceEvent t(o_.trace, read_track_, "read optimizer state",
+                            trace::Category::kNvmeRead);
+  return swap_->Read(StateExtent(b), std::span(pipe_buf_[i].data(), StateBytes(buckets_[b])));
+}
+
+Status OffloadOptimizer::Impl::UpdateStage(int b, int i) {
+  Status s;
+  {
+    trace::ScopedTraceEvent t(o_.trace, update_track_, "optimizer update",
+                              trace::Category::kCpuOptimizer);
+    Bucket& k = buckets_[b];
+    std::byte* block = nvme() ? pipe_buf_[i].data() : k.state.data();
+    const uint64_t stride = TensorStride(k.num_elems);
+    const cpu_optim::AnyOptimizer& opt = round_.optimizers[k.group];
+    const cpu_optim::OptimStep step{.step = round_.steps[k.group], .grad_scale = round_.grad_scale};
+    s = InArena([&]() -> Status {
+      std::span<float> state[3];
+      for (size_t seg = 0; seg < k.segments.size(); ++seg) {
+        const int64_t off = k.offsets[seg];
+        const auto len = static_cast<size_t>(k.segments[seg].num_elems);
+        auto tensor = [&](int t) {
+          return std::span<float>(reinterpret_cast<float*>(block + t * stride) + off, len);
+        };
+        for (int t = 1; t < k.num_tensors; ++t) state[t - 1] = tensor(t);
+        // The optimizer is elementwise: a bucket updated segment by segment is bit-identical to
+        // one call over its flat arrays, and each segment's new weights go straight into it.
+        STRATA_RETURN_IF_ERROR(cpu_optim::Update(
+            opt, step, tensor(0), std::span<const std::span<float>>(state, k.num_tensors - 1),
+            cpu_optim::GradView{k.accum.as<float>() + off, DType::kF32},
+            cpu_optim::CopyOut{k.segments[seg].data, k.dtype}));
+      }
+      return Status::Ok();
+    });
+  }
+  if (s.ok() && !nvme() && b + 1 == static_cast<int>(buckets_.size())) {
+    update_ns_.fetch_add(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - round_.start).count(),
+        std::memory_order_relaxed);
+  }
+  return s;
+}
+
+Status OffloadOptimizer::Impl::WriteStage(int b, int i) {
+  Status s;
+  {
+    trace::ScopedTraceEvent t(o_.trace, write_track_, "write optimizer state",
+                              trace::Category::kNvmeWrite);
+    s = swap_->Write(StateExtent(b), std::span(pipe_buf_[i].data(), StateBytes(buckets_[b])));
+  }
+  if (s.ok() && b + 1 == static_cast<int>(buckets_.size())) {
+    update_ns_.fetch_add(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - round_.start).count(),
+        std::memory_order_relaxed);
+  }
+  return s;
+}
+
+Status OffloadOptimizer::Impl::WaitBucket(int bucket) {
+  STRATA_RETURN_IF_ERROR(CheckUsable());
+  STRATA_RETURN_IF_ERROR(CheckBucket(bucket, "offload optimizer: WaitBucket"));
+  if (!pipeline_) return Status::Ok();
+  const auto t0 = Clock::now();
+  Status s = pipeline_->WaitBlock(bucket);
+  AddWait(t0);
+  return Fail(s);
+}
+
+Status OffloadOptimizer::Impl::Synchronize() {
+  STRATA_RETURN_IF_ERROR(CheckUsable());
+  const auto t0 = Clock::now();
+  Status s = folder_->Drain();
+  if (s.ok() && pipeline_) s = pipeline_->Drain();
+  AddWait(t0);
+  return Fail(s);
+}
+
+StatusOr<float*> OffloadOptimizer::Impl::LoadStateBlock(int b, HostBuffer* scratch) {
+  if (!nvme()) return reinterpret_cast<float*>(buckets_[b].state.data());
+  const uint64_t bytes = StateBytes(buckets_[b]);
+  STRATA_ASSIGN_OR_RETURN(*scratch, HostBuffer::Allocate(bytes, false, &pin_warned_));
+  STRATA_RETURN_IF_ERROR(Fail(swap_->Read(StateExtent(b), std::span(scratch->data(), bytes))));
+  return reinterpret_cast<float*>(scratch->data());
+}
+
+Status OffloadOptimizer::Impl::StoreStateBlock(int b, float* block) {
+  if (!nvme()) return Status::Ok();  // the block is the home itself
+  return Fail(swap_->Write(
+      StateExtent(b), std::span(reinterpret_cast<std::byte*>(block), StateBytes(buckets_[b]))));
+}
+
+Status OffloadOptimizer::Impl::ReadState(int bucket, int tensor, std::span<float> out) {
+  STRATA_RETURN_IF_ERROR(CheckBucket(bucket, "offload optimizer: ReadState"));
+  const Bucket& k = buckets_[bucket];
+  if (tensor < 0 || tensor >= k.num_tensors) {
+    return InvalidArgumentError(fmt::format(
+        "offload optimizer: ReadState: bucket {} has tensors 0..{} (0 = master weights), not {}",
+        bucket, k.num_tensors - 1, tensor));
+  }
+  if (static_cast<int64_t>(out.size()) != k.num_elems) {
+    return InvalidArgumentError(
+        fmt::format("offload optimizer: ReadState: bucket {} has {} elements, the buffer {}",
+                    bucket, k.num_elems, out.size()));
+  }
+  STRATA_RETURN_IF_ERROR(Synchronize());
+  HostBuffer scratch;
+  STRATA_ASSIGN_OR_RETURN(float* block, LoadStateBlock(bucket, &scratch));
+  const float* src = reinterpret_cast<const float*>(reinterpret_cast<std::byte*>(block) +
+                                                    tensor * TensorStride(k.num_elems));
+  std::memcpy(out.data(), src, k.num_elems * sizeof(float));
+  return Status::Ok();
+}
+
+Status OffloadOptimizer::Impl::WriteState(int bucket, int tensor, std::span<const float> in) {
+  STRATA_RETURN_IF_ERROR(CheckBucket(bucket, "offload optimizer: WriteState"));
+  const Bucket& k = buckets_[bucket];
+  if (tensor < 0 || tensor >= k.num_tensors) {
+    return InvalidArgumentError(fmt::format(
+        "offload optimizer: WriteState: bucket {} has tensors 0..{} (0 = master weights), not {}",
+        bucket, k.num_tensors - 1, tensor));
+  }
+  if (static_cast<int64_t>(in.size()) != k.num_elems) {
+    return InvalidArgumentError(
+        fmt::format("offload optimizer: WriteState: bucket {} has {} elements, the buffer {}",
+                    bucket, k.num_elems, in.size()));
+  }
+  STRATA_RETURN_IF_ERROR(Synchronize());
+  HostBuffer scratch;
+  STRATA_ASSIGN_OR_RETURN(float* block, LoadStateBlock(bucket, &scratch));
+  float* dst = reinterpret_cast<float*>(reinterpret_cast<std::byte*>(block) +
+                                        tensor * TensorStride(k.num_elems));
+  std::memcpy(dst, in.data(), k.num_elems * sizeof(float));
+  STRATA_RETURN_IF_ERROR(StoreStateBlock(bucket, block));
+  if (tensor == 0) STRATA_RETURN_IF_ERROR(CopyOutMasters(bucket, dst));
+  return Status::Ok();
+}
+
+Status OffloadOptimizer::Impl::ReloadMasters(int bucket) {
+  STRATA_RETURN_IF_ERROR(CheckBucket(bucket, "offload optimizer: ReloadMasters"));
+  STRATA_RETURN_IF_ERROR(Synchronize());
+  HostBuffer scratch;
+  STRATA_ASSIGN_OR_RETURN(float* block, LoadStateBlock(bucket, &scratch));
+  STRATA_RETURN_IF_ERROR(WidenSegments(bucket, block));
+  return StoreStateBlock(bucket, block);
+}
+
+Status OffloadOptimizer::Impl::SetGroupStep(int group, int64_t step) {
+  if (group < 0 || group >= static_cast<int>(groups_.size())) {
+    return InvalidArgumentError(
+        fmt::format("offload optimizer: unknown group {} (there are {})", group, groups_.size()));
+  }
+  if (step < 0) {
+    return InvalidArgumentError(
+        fmt::format("offload optimizer: a step count must be >= 0, got {}", step));
+  }
+  STRATA_RETURN_IF_ERROR(Synchronize());
+  groups_[group].step = step;
+  return Status::Ok();
+}
+
+Status OffloadOptimizer::Impl::Save(const std::string& dir) {
+  STRATA_RETURN_IF_ERROR(Synchronize());
+  if (dir.empty()) return InvalidArgumentError("offload optimizer: Save: empty directory name");
+  std::filesystem::path target = std::filesystem::absolute(dir).lexically_normal();
+  if (target.filename().empty()) target = target.parent_path();
+  const std::string parent = target.parent_path().string();
+  std::string temp = fmt::format("{}/.{}.tmp-XXXXXX", parent, target.filename().string());
+  if (::mkdtemp(temp.data()) == nullptr) {
+    return ErrnoToStatus(errno, fmt::format("offload optimizer: Save: creating a temporary "
+                                            "directory in '{}'",
+                                            parent));
+  }
+  Status s = [&]() -> Status {
+    std::vector<SafetensorsWriter::TensorSpec> specs;
+    Json buckets = Json::array();
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      const Bucket& k = buckets_[b];
+      const cpu_optim::AnyOptimizer& opt = groups_[k.group].optimizer;
+      for (int t = 0; t < k.num_tensors; ++t) {
+        specs.push_back({fmt::format("bucket{}.{}", b,
+                                     t == 0 ? std::string("master")
+                                            : std::string(cpu_optim::StateName(opt, t - 1))),
+                         DType::kF32,
+                         {k.num_elems}});
+      }
+      Json segs = Json::array();
+      for (const OffloadSegment& seg : k.segments) segs.push_back(seg.num_elems);
+      buckets.push_back(
+          {{"group", k.group}, {"dtype", std::string(DTypeName(k.dtype))}, {"segments", segs}});
+    }
+    const std::string file = temp + "/" + kOffloadTensorFile;
+    STRATA_ASSIGN_OR_RETURN(SafetensorsWriter w,
+                            SafetensorsWriter::Create(file, specs, {{"format", kOffloadFormat}}));
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      HostBuffer scratch;
+      STRATA_ASSIGN_OR_RETURN(float* block, LoadStateBlock(static_cast<int>(b), &scratch));
+      const Bucket& k = buckets_[b];
+      for (int t = 0; t < k.num_tensors; ++t) {
+        STRATA_RETURN_IF_ERROR(w.Append(
+            std::span(reinterpret_cast<const std::byte*>(block) + t * TensorStride(k.num_elems),
+                      k.num_elems * sizeof(float))));
+      }
+    }
+    STRATA_ASSIGN_OR_RETURN(SafetensorsWriter::Result written, w.Finish());
+    Json groups = Json::array();
+    for (const Group& g : groups_) {
+      groups.push_back({{"optimizer", ConfigToJson(g.optimizer)}, {"step", g.step}});
+    }
+    Json manifest = {{"format", kOffloadFormat},
+                     {"format_version", kOffloadFormatVersion},
+                     {"groups", groups},
+                     {"buckets", buckets},
+                     {"files", Json::array({{{"name", kOffloadTensorFile},
+                                             {"size_bytes", written.size_bytes},
+                                             {"xxh3", fmt::format("{:016x}", written.xxh3)}}})}};
+    STRATA_RETURN_IF_ERROR(WriteSmallFile(temp + "/" + kManifestFileName, manifest.dump(2) + "\n"));
+    STRATA_RETURN_IF_ERROR(FsyncPath(temp));
+    // Swap the new directory in: the old one (if any) is moved aside first, so a crash leaves
+    // one complete state under `dir` or its aside name.
+    std::string aside;
+    struct stat st;
+    if (::lstat(target.c_str(), &st) == 0) {
+      aside = fmt::format("{}/.{}.old-XXXXXX", parent, target.filename().string());
+      if (::mkdtemp(aside.data()) == nullptr || ::rename(target.c_str(), aside.c_str()) != 0) {
+        return ErrnoToStatus(
+            errno, fmt::format("offload optimizer: Save: moving aside '{}'", target.string()));
+      }
+    }
+    if (::rename(temp.c_str(), target.c_str()) != 0) {
+      return ErrnoToStatus(errno, fmt::format("offload optimizer: Save: renaming '{}' to '{}'",
+                                              temp, target.string()));
+    }
+    STRATA_RETURN_IF_ERROR(FsyncPath(parent));
+    if (!aside.empty()) RemoveTree(aside);
+    return Status::Ok();
+  }();
+  if (!s.ok()) RemoveTree(temp);
+  return s;
+}
+
+Status OffloadOptimizer::Impl::Load(const std::string& dir) {
+  STRATA_RETURN_IF_ERROR(Synchronize());
+  const std::string where = fmt::format("offload optimizer: Load '{}'", dir);
+  STRATA_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(dir + "/" + kManifestFileName, 64 << 20));
+  // Everything is checked before anything changes.
+  std::vector<cpu_optim::AnyOptimizer> new_optimizers;
+  std::vector<int64_t> new_steps;
+  std::string file_name;
+  uint64_t file_size = 0, file_xxh3 = 0;
+  try {
+    const Json m = Json::parse(text);
+    if (m.at("format").get<std::string>() != kOffloadFormat) {
+      return InvalidArgumentError(fmt::format("{}: not an offload optimizer state (format '{}')",
+                                              where, m.at("format").get<std::string>()));
+    }
+    const int version = m.at("format_version").get<int>();
+    if (version != kOffloadFormatVersion) {
+      return FailedPreconditionError(
+          fmt::format("{}: format version {}, this build reads version {}", where, version,
+                      kOffloadFormatVersion));
+    }
+    const Json& groups = m.at("groups");
+    if (groups.size() != groups_.size()) {
+      return InvalidArgumentError(
+          fmt::format("{}: the saved state has {} groups, this optimizer {}", where, groups.size(),
+                      groups_.size()));
+    }
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      const Json& opt = groups[g].at("optimizer");
+      const std::string kind = opt.at("kind").get<std::string>();
+      if (kind != cpu_optim::OptimizerKindName(groups_[g].optimizer.kind)) {
+        return InvalidArgumentError(
+            fmt::format("{}: group {} was {}, here it is {}", where, g, kind,
+                        cpu_optim::OptimizerKindName(groups_[g].optimizer.kind)));
+      }
+      cpu_optim::AnyOptimizer o = ConfigFromJson(opt, groups_[g].optimizer);
+      if (Status v = cpu_optim::Validate(o); !v.ok()) {
+        return DataLossError(fmt::format("{}: group {}: {}", where, g, v.message()));
+      }
+      if (cpu_optim::NumState(o) != cpu_optim::NumState(groups_[g].optimizer)) {
+        return InvalidArgumentError(fmt::format(
+            "{}: group {} has {} state buffers saved, {} here (amsgrad or SGD momentum differ)",
+            where, g, cpu_optim::NumState(o), cpu_optim::NumState(groups_[g].optimizer)));
+      }
+      const int64_t step = groups[g].at("step").get<int64_t>();
+      if (step < 0) return DataLossError(fmt::format("{}: group {} step {}", where, g, step));
+      new_optimizers.push_back(o);
+      new_steps.push_back(step);
+    }
+    const Json& buckets = m.at("buckets");
+    if (buckets.size() != buckets_.size()) {
+      return InvalidArgumentError(
+          fmt::format("{}: the saved state has {} buckets, this optimizer {}", where,
+                      buckets.size(), buckets_.size()));
+    }
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      const Json& jb = buckets[b];
+      const Bucket& k = buckets_[b];
+      const std::vector<int64_t> segs = jb.at("segments").get<std::vector<int64_t>>();
+      std::vector<int64_t> mine;
+      for (const OffloadSegment& seg : k.segments) mine.push_back(seg.num_elems);
+      if (jb.at("group").get<int>() != k.group ||
+          jb.at("dtype").get<std::string>() != DTypeName(k.dtype) || segs != mine) {
+        return InvalidArgumentError(fmt::format(
+            "{}: bucket {} differs: saved group {}, dtype {}, {} segments of {} elements; here "
+            "group {}, dtype {}, {} segments of {} elements",
+            where, b, jb.at("group").get<int>(), jb.at("dtype").get<std::string>(), segs.size(),
+            fmt::join(segs, "+"), k.group, DTypeName(k.dtype), mine.size(), fmt::join(mine, "+")));
+      }
+    }
+    const Json& files = m.at("files");
+    if (files.size() != 1 || files[0].at("name").get<std::string>() != kOffloadTensorFile) {
+      return DataLossError(
+          fmt::format("{}: the manifest must list exactly '{}'", where, kOffloadTensorFile));
+    }
+    file_name = kOffloadTensorFile;
+    file_size = files[0].at("size_bytes").get<uint64_t>();
+    file_xxh3 = std::stoull(files[0].at("xxh3").get<std::string>(), nullptr, 16);
+  } catch (const std::exception& e) {
+    return DataLossError(
+        fmt::format("{}: {} is not a valid manifest: {}", where, kManifestFileName, e.what()));
+  }
+  const std::string path = dir + "/" + file_name;
+  uint64_t size = 0;
+  STRATA_ASSIGN_OR_RETURN(uint64_t xxh3, FileXxh3(path, &size));
+  if (size != file_size || xxh3 != file_xxh3) {
+    return DataLossError(fmt::format(
+        "{}: '{}' is damaged: {} bytes with xxh3 {:016x}, the manifest says {} bytes, {:016x}",
+        where, file_name, size, xxh3, file_size, file_xxh3));
+  }
+  STRATA_ASSIGN_OR_RETURN(OpenSafetensors file, OpenSafetensorsFile(path));
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    const Bucket& k = buckets_[b];
+    for (int t = 0; t < k.num_tensors; ++t) {
+      const std::string name = fmt::format(
+          "bucket{}.{}", b,
+          t == 0 ? std::string("master")
+                 : std::string(cpu_optim::StateName(groups_[k.group].optimizer, t - 1)));
+      const SafetensorsTensor* st = file.header.Find(name);
+      if (st == nullptr || st->dtype != DType::kF32 ||
+          st->shape != std::vector<int64_t>{k.num_elems}) {
+        return DataLossError(
+            fmt::format("{}: tensor '{}' is missing or not F32 [{}]", where, name, k.num_elems));
+      }
+    }
+  }
+  // Validated: now change state. An I/O error from here on leaves the optimizer unusable.
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    groups_[g].optimizer = new_optimizers[g];
+    groups_[g].step = new_steps[g];
+  }
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    const Bucket& k = buckets_[b];
+    HostBuffer scratch;
+    float* block;
+    if (nvme()) {
+      STRATA_ASSIGN_OR_RETURN(scratch, HostBuffer::Allocate(StateBytes(k), false, &pin_warned_));
+      block = reinterpret_cast<float*>(scratch.data());
+    } else {
+      block = reinterpret_cast<float*>(k.state.data());
+    }
+    for (int t = 0; t < k.num_tensors; ++t) {
+      const std::string name = fmt::format(
+          "bucket{}.{}", b,
+          t == 0 ? std::string("master")
+                 : std::string(cpu_optim::StateName(groups_[k.group].optimizer, t - 1)));
+      const SafetensorsTensor* st = file.header.Find(name);
+      STRATA_RETURN_IF_ERROR(Fail(ReadTensorBytes(
+          file, *st, 0,
+          std::span(reinterpret_cast<std::byte*>(block) + t * TensorStride(k.num_elems),
+                    k.num_elems * sizeof(float)))));
+    }
+    STRATA_RETURN_IF_ERROR(StoreStateBlock(static_cast<int>(b), block));
+    STRATA_RETURN_IF_ERROR(CopyOutMasters(static_cast<int>(b), block));
+  }
+  return Status::Ok();
+}
+
+OffloadCounters OffloadOptimizer::Impl::counters() const {
+  OffloadCounters c;
+  c.steps = steps_.load(std::memory_order_relaxed);
+  c.skipped_steps = skipped_.load(std::memory_order_relaxed);
+  if (swap_) {
+    c.nvme_bytes_read = swap_->bytes_read();
+    c.nvme_bytes_written = swap_->bytes_written();
+  }
+  c.update_seconds = update_ns_.load(std::memory_order_relaxed) * 1e-9;
+  c.wait_seconds = wait_ns_.load(std::memory_order_relaxed) * 1e-9;
+  for (const Bucket& k : buckets_) {
+    c.host_state_bytes += k.state.size_bytes() * (k.state.data() != nullptr) + k.accum.size_bytes();
+  }
+  for (const HostBuffer& h : pipe_buf_) c.host_state_bytes += h.size_bytes();
+  for (const HostBuffer& h : staging_) c.host_state_bytes += h.size_bytes();
+  return c;
+}
+
+// --- OffloadOptimizer -------------------------------------------------------------------------
+
+StatusOr<std::unique_ptr<OffloadOptimizer>> OffloadOptimizer::Create(
+    OffloadOptimizerOptions options) {
+  auto impl = std::make_unique<Impl>(std::move(options));
+  STRATA_RETURN_IF_ERROR(impl->Init());
+  return std::unique_ptr<OffloadOptimizer>(new OffloadOptimizer(std::move(impl)));
+}
+
+OffloadOptimizer::OffloadOptimizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+OffloadOptimizer::~OffloadOptimizer() = default;
+
+StatusOr<int> OffloadOptimizer::AddGroup(const cpu_optim::AnyOptimizer& optimizer) {
+  return impl_->AddGroup(optimizer);
+}
+Status OffloadOptimizer::SetGroupOptimizer(int group, const cpu_optim::AnyOptimizer& optimizer) {
+  return impl_->SetGroupOptimizer(group, optimizer);
+}
+const cpu_optim::AnyOptimizer& OffloadOptimizer::group_optimizer(int group) const {
+  return impl_->groups_.at(group).optimizer;
+}
+int OffloadOptimizer::num_groups() const { return static_cast<int>(impl_->groups_.size()); }
+StatusOr<int> OffloadOptimizer::AddBucket(int group, DType param_dtype,
+                                          std::span<const OffloadSegment> segments) {
+  return impl_->AddBucket(group, param_dtype, segments);
+}
+int OffloadOptimizer::num_buckets() const { return static_cast<int>(impl_->buckets_.size()); }
+int64_t OffloadOptimizer::bucket_num_elems(int bucket) const {
+  return impl_->buckets_.at(bucket).num_elems;
+}
+int OffloadOptimizer::bucket_group(int bucket) const { return impl_->buckets_.at(bucket).group; }
+DType OffloadOptimizer::bucket_dtype(int bucket) const { return impl_->buckets_.at(bucket).dtype; }
+std::span<const OffloadSegment> OffloadOptimizer::bucket_segments(int bucket) const {
+  return impl_->buckets_.at(bucket).segments;
+}
+StatusOr<std::span<std::byte>> OffloadOptimizer::AcquireStaging(int bucket, DType grad_dtype) {
+  return impl_->AcquireStaging(bucket, grad_dtype);
+}
+Status OffloadOptimizer::SubmitGradient(int bucket, int segment, const void* grad, DType dtype,
+                                        int64_t num_elems, std::function<Status()> ready) {
+  return impl_->SubmitGradient(bucket, segment, grad, dtype, num_elems, std::move(ready));
+}
+Status OffloadOptimizer::WaitGradients() { return impl_->WaitGradients(); }
+Status OffloadOptimizer::Step(const OffloadStepOptions& options, OffloadStepResult* result) {
+  return impl_->Step(options, result);
+}
+Status OffloadOptimizer::WaitBucket(int bucket) { return impl_->WaitBucket(bucket); }
+Status OffloadOptimizer::Synchronize() { return impl_->Synchronize(); }
+Status OffloadOptimizer::ReadState(int bucket, int tensor, std::span<float> out) {
+  return impl_->ReadState(bucket, tensor, out);
+}
+Status OffloadOptimizer::WriteState(int bucket, int tensor, std::span<const float> in) {
+  return impl_->WriteState(bucket, tensor, in);
+}
+Status OffloadOptimizer::ReloadMasters(int bucket) { return impl_->ReloadMasters(bucket); }
+int64_t OffloadOptimizer::group_step(int group) const { return impl_->groups_.at(group).step; }
+Status OffloadOptimizer::SetGroupStep(int group, int64_t step) {
+  return impl_->SetGroupStep(group, step);
+}
+Status OffloadOptimizer::Save(const std::string& dir) { return impl_->Save(dir); }
+Status OffloadOptimizer::Load(const std::string& dir) { return impl_->Load(dir); }
+OffloadCounters OffloadOptimizer::counters() const { return impl_->counters(); }
+std::string_view OffloadOptimizer::io_backend_name() const {
+  return impl_->io_ ? impl_->io_->name() : std::string_view();
+}
+
+}  // namespace strata::engine

@@ -1,0 +1,573 @@
+// OffloadOptimizer against a sequential reference built from cpu_optim's primitives (gradient
+// accumulation, statistics, the optimizers: each tested against its own fp64 reference in
+// tests/cpu_optim), bit for bit: host and NVMe homes, thread counts, staging and per-segment
+// hand-off, gradient accumulation, clipping, loss scaling, the overflow skip, save/load, and the
+// errors of bad use and of a failing drive.
+#include "engine/offload_optimizer.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "base/dtype.h"
+#include "cpu_optim/grad_stats.h"
+#include "io/fault_injection.h"
+
+namespace strata::engine {
+namespace {
+
+using cpu_optim::AnyOptimizer;
+using cpu_optim::OptimizerKind;
+
+std::string TempDir(const std::string& tag) {
+  const char* base = std::getenv("TMPDIR");
+  std::string dir = fmt::format("{}/strata-offload-test-{}-XXXXXX", base ? base : "/tmp", tag);
+  EXPECT_NE(::mkdtemp(dir.data()), nullptr);
+  return dir;
+}
+
+// One bucket as the caller holds it: param_dtype storage split into segments.
+struct CallerBucket {
+  int group = 0;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> lengths;
+  std::vector<std::vector<uint16_t>> p16;  // 16-bit params, one vector per segment
+  std::vector<std::vector<float>> p32;     // fp32 params
+
+  int64_t total() const {
+    int64_t n = 0;
+    for (int64_t l : lengths) n += l;
+    return n;
+  }
+  void* data(size_t s) {
+    return dtype == DType::kF32 ? static_cast<void*>(p32[s].data())
+                                : static_cast<void*>(p16[s].data());
+  }
+  // The segments' values widened, flat.
+  std::vector<float> Values() const {
+    std::vector<float> out;
+    for (size_t s = 0; s < lengths.size(); ++s) {
+      for (int64_t i = 0; i < lengths[s]; ++i) {
+        if (dtype == DType::kF32) {
+          out.push_back(p32[s][i]);
+        } else if (dtype == DType::kBF16) {
+          out.push_back(Bf16ToFloat(p16[s][i]));
+        } else {
+          out.push_back(HalfToFloat(p16[s][i]));
+        }
+      }
+    }
+    return out;
+  }
+};
+
+// The model of the tests: three buckets in two groups (AdamW, SGD with momentum), every dtype,
+// odd segment lengths.
+struct TestModel {
+  std::vector<AnyOptimizer> groups;
+  std::vector<CallerBucket> buckets;
+};
+
+TestModel MakeModel(uint64_t seed) {
+  TestModel s;
+  cpu_optim::AdamWConfig adamw{.lr = 1e-2f, .weight_decay = 0.1f};
+  s.groups.push_back(AnyOptimizer{OptimizerKind::kAdamW, adamw});
+  cpu_optim::SgdConfig sgd{.lr = 5e-2f, .momentum = 0.9f, .weight_decay = 1e-3f};
+  s.groups.push_back(AnyOptimizer{OptimizerKind::kSgd, sgd});
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  auto add = [&](int group, DType dtype, std::vector<int64_t> lengths) {
+    CallerBucket b;
+    b.group = group;
+    b.dtype = dtype;
+    b.lengths = lengths;
+    for (int64_t l : lengths) {
+      std::vector<float> v(l);
+      for (float& x : v) x = normal(rng);
+      if (dtype == DType::kF32) {
+        b.p32.push_back(v);
+      } else {
+        std::vector<uint16_t> h(l);
+        for (int64_t i = 0; i < l; ++i) {
+          h[i] = dtype == DType::kBF16 ? FloatToBf16(v[i]) : FloatToHalf(v[i]);
+        }
+        b.p16.push_back(h);
+      }
+    }
+    s.buckets.push_back(std::move(b));
+  };
+  add(0, DType::kBF16, {1000, 3, 4097});
+  add(1, DType::kF32, {777, 65});
+  add(0, DType::kF16, {5001});
+  return s;
+}
+
+// Gradients of one micro-batch: per bucket, flat, of grad dtype `dtype` (as raw bytes).
+struct Grads {
+  DType dtype;
+  std::vector<std::vector<std::byte>> per_bucket;
+};
+
+Grads MakeGrads(const TestModel& s, DType dtype, uint64_t seed, float scale) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, scale);
+  Grads g{dtype, {}};
+  for (const CallerBucket& b : s.buckets) {
+    std::vector<std::byte> bytes(b.total() * SizeOf(dtype));
+    for (int64_t i = 0; i < b.total(); ++i) {
+      const float v = normal(rng);
+      if (dtype == DType::kF32) {
+        std::memcpy(bytes.data() + 4 * i, &v, 4);
+      } else {
+        const uint16_t h = dtype == DType::kBF16 ? FloatToBf16(v) : FloatToHalf(v);
+        std::memcpy(bytes.data() + 2 * i, &h, 2);
+      }
+    }
+    g.per_bucket.push_back(std::move(bytes));
+  }
+  return g;
+}
+
+std::unique_ptr<OffloadOptimizer> Create(TestModel& s, OffloadOptimizerOptions o) {
+  auto opt = OffloadOptimizer::Create(std::move(o));
+  EXPECT_TRUE(opt.ok()) << opt.status().ToString();
+  if (!opt.ok()) return nullptr;
+  for (const AnyOptimizer& g : s.groups) {
+    auto id = (*opt)->AddGroup(g);
+    EXPECT_TRUE(id.ok()) << id.status().ToString();
+  }
+  for (CallerBucket& b : s.buckets) {
+    std::vector<OffloadSegment> segs;
+    for (size_t i = 0; i < b.lengths.size(); ++i) segs.push_back({b.data(i), b.lengths[i]});
+    auto id = (*opt)->AddBucket(b.group, b.dtype, segs);
+    EXPECT_TRUE(id.ok()) << id.status().ToString();
+  }
+  return std::move(*opt);
+}
+
+enum class HandOff { kWhole, kStaging, kSegments };
+
+void Submit(OffloadOptimizer& opt, const TestModel& s, const Grads& g, HandOff how) {
+  // Backward order: the last bucket first.
+  for (int b = static_cast<int>(s.buckets.size()) - 1; b >= 0; --b) {
+    const std::vector<std::byte>& bytes = g.per_bucket[b];
+    switch (how) {
+      case HandOff::kWhole:
+        ASSERT_TRUE(opt.SubmitGradient(b, -1, bytes.data(), g.dtype, s.buckets[b].total()).ok());
+        break;
+      case HandOff::kStaging: {
+        auto staging = opt.AcquireStaging(b, g.dtype);
+        ASSERT_TRUE(staging.ok()) << staging.status().ToString();
+        ASSERT_EQ(staging->size(), bytes.size());
+        std::memcpy(staging->data(), bytes.data(), bytes.size());
+        ASSERT_TRUE(opt.SubmitGradient(b, -1, staging->data(), g.dtype, s.buckets[b].total()).ok());
+        break;
+      }
+      case HandOff::kSegments: {
+        int64_t off = 0;
+        const auto& lengths = s.buckets[b].lengths;
+        for (int seg = static_cast<int>(lengths.size()) - 1; seg >= 0; --seg) {
+          off = 0;
+          for (int i = 0; i < seg; ++i) off += lengths[i];
+          ASSERT_TRUE(opt.SubmitGradient(b, seg, bytes.data() + off * SizeOf(g.dtype), g.dtype,
+                                         lengths[seg])
+                          .ok());
+        }
+        break;
+      }
+    }
+  }
+}
+
+// The sequential reference: fp32 masters and state per bucket, stepped with cpu_optim directly.
+struct Reference {
+  std::vector<std::vector<float>> master;
+  std::vector<std::vector<std::vector<float>>> state;
+  std::vector<int64_t> steps;
+
+  explicit Reference(const TestModel& s) : steps(s.groups.size(), 0) {
+    for (const CallerBucket& b : s.buckets) {
+      master.push_back(b.Values());
+      std::vector<std::vector<float>> st;
+      const AnyOptimizer& o = s.groups[b.group];
+      for (int i = 0; i < cpu_optim::NumState(o); ++i) {
+        st.emplace_back(b.total(), cpu_optim::InitialStateValue(o, i));
+      }
+      state.push_back(std::move(st));
+    }
+  }
+
+  // Returns whether the step was applied (false: a non-finite gradient).
+  bool Step(const TestModel& s, const std::vector<Grads>& micro, double max_norm,
+            float loss_scale) {
+    std::vector<std::vector<float>> accum;
+    cpu_optim::GradStats total;
+    for (size_t b = 0; b < s.buckets.size(); ++b) {
+      const CallerBucket& cb = s.buckets[b];
+      std::vector<float> acc(cb.total());
+      int64_t off = 0;
+      for (int64_t len : cb.lengths) {
+        cpu_optim::GradStats last;
+        for (size_t m = 0; m < micro.size(); ++m) {
+          const auto* g = micro[m].per_bucket[b].data() + off * SizeOf(micro[m].dtype);
+          auto st = cpu_optim::AccumulateGrad(std::span<float>(acc.data() + off, len),
+                                              {g, micro[m].dtype}, m == 0, true);
+          EXPECT_TRUE(st.ok());
+          last = *st;
+        }
+        cpu_optim::Merge(total, last);
+        off += len;
+      }
+      accum.push_back(std::move(acc));
+    }
+    const double norm = std::sqrt(total.sum_squares) / loss_scale;
+    if (total.nonfinite || !std::isfinite(norm)) return false;
+    float clip = 1.0f;
+    if (max_norm > 0 && max_norm / (norm + 1e-6) < 1.0) {
+      clip = static_cast<float>(max_norm / (norm + 1e-6));
+    }
+    const float grad_scale = loss_scale == 1.0f ? clip : clip / loss_scale;
+    for (int64_t& t : steps) ++t;
+    for (size_t b = 0; b < s.buckets.size(); ++b) {
+      const AnyOptimizer& o = s.groups[s.buckets[b].group];
+      std::vector<std::span<float>> st;
+      for (auto& v : state[b]) st.emplace_back(v);
+      EXPECT_TRUE(
+          cpu_optim::Update(
+              o, cpu_optim::OptimStep{.step = steps[s.buckets[b].group], .grad_scale = grad_scale},
+              master[b], st, {accum[b].data(), DType::kF32})
+              .ok());
+    }
+    return true;
+  }
+};
+
+void ExpectEqualsReference(OffloadOptimizer& opt, const TestModel& s, const Reference& ref) {
+  for (size_t b = 0; b < s.buckets.size(); ++b) {
+    ASSERT_TRUE(opt.WaitBucket(static_cast<int>(b)).ok());
+    const int64_t n = s.buckets[b].total();
+    std::vector<float> got(n);
+    ASSERT_TRUE(opt.ReadState(static_cast<int>(b), 0, got).ok());
+    ASSERT_EQ(0, std::memcmp(got.data(), ref.master[b].data(), n * 4)) << "masters of bucket " << b;
+    for (size_t t = 0; t < ref.state[b].size(); ++t) {
+      ASSERT_TRUE(opt.ReadState(static_cast<int>(b), static_cast<int>(t) + 1, got).ok());
+      ASSERT_EQ(0, std::memcmp(got.data(), ref.state[b][t].data(), n * 4))
+          << "state " << t << " of bucket " << b;
+    }
+    // The caller's segments hold the masters rounded to their dtype.
+    const std::vector<float> values = s.buckets[b].Values();
+    for (int64_t i = 0; i < n; ++i) {
+      float want = ref.master[b][i];
+      if (s.buckets[b].dtype == DType::kBF16) want = Bf16ToFloat(FloatToBf16(want));
+      if (s.buckets[b].dtype == DType::kF16) want = HalfToFloat(FloatToHalf(want));
+      ASSERT_EQ(values[i], want) << "bucket " << b << " element " << i;
+    }
+  }
+}
+
+struct Variant {
+  OffloadOptimizerOptions::Home home;
+  int threads;
+  HandOff hand_off;
+  DType grad_dtype;
+};
+
+class OffloadEquivalence : public ::testing::TestWithParam<Variant> {};
+
+TEST_P(OffloadEquivalence, StepsMatchTheSequentialReferenceBitForBit) {
+  const Variant v = GetParam();
+  TestModel s = MakeModel(7);
+  Reference ref(s);
+  OffloadOptimizerOptions o;
+  o.home = v.home;
+  o.num_threads = v.threads;
+  o.staging_buffers = 2;  // fewer than buckets: acquiring waits for folds
+  o.buffer_count = 2;
+  std::string dir;
+  if (v.home == OffloadOptimizerOptions::Home::kNvme) {
+    dir = TempDir("eq");
+    o.nvme_paths = {dir};
+  }
+  auto opt = Create(s, o);
+  ASSERT_NE(opt, nullptr);
+  // 4 steps: accumulation of 2, clipping that bites, an fp16-style loss scale.
+  for (int step = 0; step < 4; ++step) {
+    const float loss_scale = step == 3 ? 1024.0f : 1.0f;
+    std::vector<Grads> micro = {MakeGrads(s, v.grad_dtype, 100 + 2 * step, 0.5f * loss_scale),
+                                MakeGrads(s, v.grad_dtype, 101 + 2 * step, 0.5f * loss_scale)};
+    for (const Grads& g : micro) Submit(*opt, s, g, v.hand_off);
+    OffloadStepResult r;
+    ASSERT_TRUE(opt->Step({.max_grad_norm = 20.0, .loss_scale = loss_scale}, &r).ok());
+    EXPECT_FALSE(r.skipped);
+    EXPECT_EQ(r.micro_batches, 2);
+    ASSERT_TRUE(ref.Step(s, micro, 20.0, loss_scale));
+    ExpectEqualsReference(*opt, s, ref);
+  }
+  EXPECT_EQ(opt->group_step(0), 4);
+  EXPECT_EQ(opt->counters().steps, 4);
+  if (v.home == OffloadOptimizerOptions::Home::kNvme) {
+    EXPECT_GT(opt->counters().nvme_bytes_written, 0u);
+    opt.reset();
+    std::filesystem::remove_all(dir);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Homes, OffloadEquivalence,
+    ::testing::Values(
+        Variant{OffloadOptimizerOptions::Home::kHost, 1, HandOff::kWhole, DType::kBF16},
+        Variant{OffloadOptimizerOptions::Home::kHost, 2, HandOff::kStaging, DType::kF16},
+        Variant{OffloadOptimizerOptions::Home::kHost, 0, HandOff::kSegments, DType::kF32},
+        Variant{OffloadOptimizerOptions::Home::kNvme, 2, HandOff::kWhole, DType::kF32},
+        Variant{OffloadOptimizerOptions::Home::kNvme, 1, HandOff::kStaging, DType::kBF16},
+        Variant{OffloadOptimizerOptions::Home::kNvme, 2, HandOff::kSegments, DType::kF16}));
+
+TEST(OffloadOptimizer, NonFiniteGradientSkipsTheStepAndChangesNothing) {
+  TestModel s = MakeModel(3);
+  auto opt = Create(s, {});
+  ASSERT_NE(opt, nullptr);
+  Grads g = MakeGrads(s, DType::kF16, 1, 1.0f);
+  Submit(*opt, s, g, HandOff::kWhole);
+  ASSERT_TRUE(opt->Step({}, nullptr).ok());
+  ASSERT_TRUE(opt->Synchronize().ok());
+  const TestModel before = s;
+  std::vector<float> master_before(s.buckets[1].total());
+  ASSERT_TRUE(opt->ReadState(1, 0, master_before).ok());
+
+  Grads bad = MakeGrads(s, DType::kF16, 2, 1.0f);
+  const uint16_t inf = 0x7c00;
+  std::memcpy(bad.per_bucket[2].data() + 2 * 4000, &inf, 2);
+  Submit(*opt, s, bad, HandOff::kWhole);
+  OffloadStepResult r;
+  ASSERT_TRUE(opt->Step({.loss_scale = 65536.0f}, &r).ok());
+  EXPECT_TRUE(r.skipped);
+  EXPECT_FALSE(std::isfinite(r.grad_norm));
+  ASSERT_TRUE(opt->Synchronize().ok());
+  for (size_t b = 0; b < s.buckets.size(); ++b) {
+    EXPECT_EQ(s.buckets[b].p16, before.buckets[b].p16);
+    EXPECT_EQ(s.buckets[b].p32, before.buckets[b].p32);
+  }
+  std::vector<float> master_after(s.buckets[1].total());
+  ASSERT_TRUE(opt->ReadState(1, 0, master_after).ok());
+  EXPECT_EQ(master_before, master_after);
+  EXPECT_EQ(opt->group_step(0), 1);
+  EXPECT_EQ(opt->counters().skipped_steps, 1);
+  // The next clean step works and counts from where it was.
+  Submit(*opt, s, g, HandOff::kWhole);
+  ASSERT_TRUE(opt->Step({}, &r).ok());
+  EXPECT_FALSE(r.skipped);
+  EXPECT_EQ(opt->group_step(0), 2);
+}
+
+TEST(OffloadOptimizer, SaveLoadIntoANewOptimizerContinuesBitIdentically) {
+  for (auto home : {OffloadOptimizerOptions::Home::kHost, OffloadOptimizerOptions::Home::kNvme}) {
+    SCOPED_TRACE(home == OffloadOptimizerOptions::Home::kHost ? "host" : "nvme");
+    const std::string dir = TempDir("ckpt");
+    OffloadOptimizerOptions o;
+    o.home = home;
+    if (home == OffloadOptimizerOptions::Home::kNvme) o.nvme_paths = {dir};
+    auto grads = [&](const TestModel& s, int step) {
+      return MakeGrads(s, DType::kBF16, 500 + step, 0.3f);
+    };
+    // Uninterrupted: 4 steps.
+    TestModel a = MakeModel(11);
+    auto opt_a = Create(a, o);
+    for (int step = 0; step < 4; ++step) {
+      const Grads g = grads(a, step);  // must outlive its fold: Step waits for it
+      Submit(*opt_a, a, g, HandOff::kWhole);
+      ASSERT_TRUE(opt_a->Step({.max_grad_norm = 5.0}, nullptr).ok());
+    }
+    ASSERT_TRUE(opt_a->Synchronize().ok());
+    // Interrupted: 2 steps, save, a new optimizer over a fresh model, load, 2 steps.
+    TestModel b = MakeModel(11);
+    auto opt_b = Create(b, o);
+    for (int step = 0; step < 2; ++step) {
+      const Grads g = grads(b, step);
+      Submit(*opt_b, b, g, HandOff::kWhole);
+      ASSERT_TRUE(opt_b->Step({.max_grad_norm = 5.0}, nullptr).ok());
+    }
+    const std::string ckpt = dir + "/opt";
+    ASSERT_TRUE(opt_b->Save(ckpt).ok());
+    ASSERT_TRUE(opt_b->Save(ckpt).ok());  // replacing an existing save works
+    opt_b.reset();
+    TestModel c = MakeModel(999);  // different initial weights: the load must replace them
+    auto opt_c = Create(c, o);
+    const Status loaded = opt_c->Load(ckpt);
+    ASSERT_TRUE(loaded.ok()) << loaded.ToString();
+    EXPECT_EQ(opt_c->group_step(0), 2);
+    for (size_t k = 0; k < c.buckets.size(); ++k) {
+      EXPECT_EQ(b.buckets[k].Values(), c.buckets[k].Values()) << "after load, bucket " << k;
+    }
+    for (int step = 2; step < 4; ++step) {
+      const Grads g = grads(c, step);
+      Submit(*opt_c, c, g, HandOff::kWhole);
+      ASSERT_TRUE(opt_c->Step({.max_grad_norm = 5.0}, nullptr).ok());
+    }
+    ASSERT_TRUE(opt_c->Synchronize().ok());
+    for (size_t k = 0; k < a.buckets.size(); ++k) {
+      EXPECT_EQ(a.buckets[k].Values(), c.buckets[k].Values()) << "bucket " << k;
+      for (int t = 0; t < 3 && t <= cpu_optim::NumState(a.groups[a.buckets[k].group]); ++t) {
+        std::vector<float> x(a.buckets[k].total()), y(a.buckets[k].total());
+        ASSERT_TRUE(opt_a->ReadState(static_cast<int>(k), t, x).ok());
+        ASSERT_TRUE(opt_c->ReadState(static_cast<int>(k), t, y).ok());
+        EXPECT_EQ(0, std::memcmp(x.data(), y.data(), x.size() * 4)) << "bucket " << k << " t " << t;
+      }
+    }
+
+    // Another structure is refused before anything changes.
+    TestModel other = MakeModel(11);
+    other.buckets[1].lengths = {777, 64};
+    other.buckets[1].p32[1].resize(64);
+    auto opt_o = Create(other, o);
+    const Status wrong = opt_o->Load(ckpt);
+    EXPECT_EQ(wrong.code(), StatusCode::kInvalidArgument) << wrong.ToString();
+    EXPECT_NE(wrong.message().find("bucket 1 differs"), std::string::npos) << wrong.ToString();
+    EXPECT_EQ(opt_o->group_step(0), 0);
+
+    // A damaged file is kDataLoss.
+    {
+      std::fstream f(ckpt + "/optimizer.safetensors",
+                     std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(-5, std::ios::end);
+      f.put('\x7f');
+    }
+    TestModel d = MakeModel(11);
+    auto opt_d = Create(d, o);
+    const Status damaged = opt_d->Load(ckpt);
+    EXPECT_EQ(damaged.code(), StatusCode::kDataLoss) << damaged.ToString();
+    opt_a.reset();
+    opt_c.reset();
+    opt_o.reset();
+    opt_d.reset();
+    std::filesystem::remove_all(dir);
+  }
+}
+
+TEST(OffloadOptimizer, BadUseIsAClearErrorAndChangesNothing) {
+  TestModel s = MakeModel(5);
+  auto opt = Create(s, {});
+  ASSERT_NE(opt, nullptr);
+  Grads g = MakeGrads(s, DType::kF32, 1, 1.0f);
+  const void* p = g.per_bucket[0].data();
+  EXPECT_EQ(opt->SubmitGradient(7, -1, p, DType::kF32, 10).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(opt->SubmitGradient(0, 3, p, DType::kF32, 10).code(), StatusCode::kInvalidArgument);
+  const Status size = opt->SubmitGradient(0, 0, p, DType::kF32, 999);
+  EXPECT_EQ(size.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(size.message().find("1000 elements"), std::string::npos) << size.ToString();
+  EXPECT_EQ(opt->SubmitGradient(0, 0, nullptr, DType::kF32, 1000).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(opt->SubmitGradient(0, 0, p, static_cast<DType>(9), 1000).code(),
+            StatusCode::kInvalidArgument);
+
+  // A step before every segment received its gradient.
+  ASSERT_TRUE(opt->SubmitGradient(0, -1, p, DType::kF32, s.buckets[0].total()).ok());
+  const Status early = opt->Step({}, nullptr);
+  EXPECT_EQ(early.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(early.message().find("bucket 1 segment 0 has 0"), std::string::npos)
+      << early.ToString();
+  EXPECT_EQ(opt->group_step(0), 0);
+  // The same segment twice in one micro-batch.
+  const Status twice =
+      opt->SubmitGradient(0, 1, static_cast<const std::byte*>(p) + 4000, DType::kF32, 3);
+  EXPECT_EQ(twice.code(), StatusCode::kFailedPrecondition) << twice.ToString();
+  // Completing the micro-batch makes the step work.
+  for (int b = 1; b < 3; ++b) {
+    ASSERT_TRUE(
+        opt->SubmitGradient(b, -1, g.per_bucket[b].data(), DType::kF32, s.buckets[b].total()).ok());
+  }
+  OffloadStepResult r;
+  ASSERT_TRUE(opt->Step({}, &r).ok());
+  EXPECT_EQ(r.micro_batches, 1);
+  // Buckets are fixed once gradients flowed.
+  std::vector<float> extra(10);
+  const OffloadSegment seg{extra.data(), 10};
+  EXPECT_EQ(opt->AddBucket(0, DType::kF32, {&seg, 1}).status().code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(opt->Step({.loss_scale = 0.0f}, nullptr).code(), StatusCode::kInvalidArgument);
+  // Overlapping segments and a kind change are refused.
+  TestModel t = MakeModel(5);
+  auto opt2 = Create(t, {});
+  const OffloadSegment overlap{t.buckets[1].p32[0].data() + 10, 5};
+  EXPECT_EQ(opt2->AddBucket(1, DType::kF32, {&overlap, 1}).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      opt2->SetGroupOptimizer(0, AnyOptimizer{OptimizerKind::kSgd, cpu_optim::SgdConfig{}}).code(),
+      StatusCode::kInvalidArgument);
+  cpu_optim::AdamWConfig lr_changed{.lr = 3e-4f, .weight_decay = 0.1f};
+  EXPECT_TRUE(opt2->SetGroupOptimizer(0, AnyOptimizer{OptimizerKind::kAdamW, lr_changed}).ok());
+}
+
+TEST(OffloadOptimizer, UnusableNvmePathIsAnError) {
+  OffloadOptimizerOptions o;
+  o.home = OffloadOptimizerOptions::Home::kNvme;
+  EXPECT_EQ(OffloadOptimizer::Create(o).status().code(), StatusCode::kInvalidArgument);
+  const std::string dir = TempDir("file");
+  const std::string file = dir + "/not-a-dir";
+  std::ofstream(file) << "x";
+  o.nvme_paths = {file};
+  const auto made = OffloadOptimizer::Create(o);
+  EXPECT_FALSE(made.ok());
+  EXPECT_NE(made.status().message().find("not-a-dir"), std::string::npos)
+      << made.status().ToString();
+  std::filesystem::remove_all(dir);
+}
+
+TEST(OffloadOptimizer, AnNvmeWriteErrorIsStickyAndNamed) {
+  const std::string dir = TempDir("eio");
+  io::FaultInjectingBackend* faults = nullptr;
+  OffloadOptimizerOptions o;
+  o.home = OffloadOptimizerOptions::Home::kNvme;
+  o.nvme_paths = {dir};
+  o.io.kind = io::BackendKind::kPosix;
+  o.io_backend_factory =
+      [&](const io::IoBackendOptions& io) -> StatusOr<std::unique_ptr<io::IoBackend>> {
+    STRATA_ASSIGN_OR_RETURN(auto f, io::FaultInjectingBackend::Create(io));
+    faults = f.get();
+    return std::unique_ptr<io::IoBackend>(std::move(f));
+  };
+  TestModel s = MakeModel(9);
+  auto opt = Create(s, o);
+  ASSERT_NE(opt, nullptr);
+  ASSERT_NE(faults, nullptr);
+  faults->AddFault(io::Fault::Errno(io::IoOp::kWrite, EIO));
+  const Grads g = MakeGrads(s, DType::kBF16, 1, 1.0f);
+  Submit(*opt, s, g, HandOff::kWhole);
+  ASSERT_TRUE(opt->Step({}, nullptr).ok());  // the update runs behind the return
+  const Status failed = opt->Synchronize();
+  EXPECT_FALSE(failed.ok());
+  EXPECT_NE(failed.ToString().find("bucket"), std::string::npos) << failed.ToString();
+  // Every later call says so.
+  const Status later = opt->Step({}, nullptr);
+  EXPECT_EQ(later.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(later.message().find("earlier error"), std::string::npos) << later.ToString();
+  opt.reset();
+  std::filesystem::remove_all(dir);
+}
+
+TEST(OffloadOptimizer, CountersReportTheUpdateAndTheWaits) {
+  TestModel s = MakeModel(2);
+  auto opt = Create(s, {});
+  const Grads g = MakeGrads(s, DType::kF32, 1, 1.0f);
+  Submit(*opt, s, g, HandOff::kWhole);
+  ASSERT_TRUE(opt->Step({}, nullptr).ok());
+  ASSERT_TRUE(opt->Synchronize().ok());
+  const OffloadCounters c = opt->counters();
+  EXPECT_EQ(c.steps, 1);
+  EXPECT_GT(c.update_seconds, 0.0);
+  EXPECT_GE(c.wait_seconds, 0.0);
+  // Masters + AdamW's 2 or SGD's 1 state buffers + the accumulator, per bucket.
+  EXPECT_GE(c.host_state_bytes, (5101 + 5001) * 4u * 4 + 842 * 4u * 3);
+}
+
+}  // namespace
+}  // namespace strata::engine
