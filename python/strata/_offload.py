@@ -225,6 +225,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._handle = handle
         # Kept on the instance: module globals may be gone when __del__ runs at exit.
         self._destroy = library.strata_offload_destroy
+        self._cuda_events = True
         self._names = {}
         if module is not None:
             self._names = {p: n for n, p in module.named_parameters()}
@@ -453,7 +454,10 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self.__getstate__()
 
     def __del__(self):
-        self.close()
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: torch may be half torn down
+            pass
 
     # -- Strata-specific ------------------------------------------------------------
 
@@ -714,15 +718,25 @@ class OffloadOptimizer(torch.optim.Optimizer):
         event = None
         if b.is_cuda:
             # The copies above are queued on the current stream; Strata folds after
-            # this event (or, without an event handle, after we wait here).
+            # this event (cudaEvent_t handed to strata_offload_submit_grad). Without
+            # an event handle, or when libstrata finds no CUDA runtime, we wait here.
             ev = torch.cuda.Event()
             ev.record()
-            event = getattr(ev, "cuda_event", None)
+            event = getattr(ev, "cuda_event", None) if self._cuda_events else None
             if event is None:
                 ev.synchronize()
             b.events.append(ev)
-        _lib.check(library.strata_offload_submit_grad(self._handle, b.index, -1, b.staging_ptr,
-                                                      DTYPES[b.dtype], b.num_elems, event))
+        status = library.strata_offload_submit_grad(self._handle, b.index, -1, b.staging_ptr,
+                                                    DTYPES[b.dtype], b.num_elems, event)
+        if status == _lib.STATUS_FAILED_PRECONDITION and event is not None:
+            # No CUDA runtime that libstrata can use: nothing was queued; submit
+            # after a host-side wait from now on.
+            self._cuda_events = False
+            b.events[-1].synchronize()
+            status = library.strata_offload_submit_grad(self._handle, b.index, -1,
+                                                        b.staging_ptr, DTYPES[b.dtype],
+                                                        b.num_elems, None)
+        _lib.check(status)
         b.staging = None
         b.staging_ptr = None
         b.arrived = [False] * len(b.params)

@@ -204,6 +204,24 @@ class EquivalenceTest(OffloadTestCase):
                 ref_sd = ref_opt.state_dict()
                 self.assertEqual(set(sd["state"][0]), set(ref_sd["state"][0]))
 
+    def test_param_groups_with_their_own_hyper_parameters_match_torch(self):
+        model, ref = make_model(9), make_model(9)
+
+        def groups(m):
+            decay = [p for n, p in m.named_parameters() if p.dim() >= 2]
+            no_decay = [p for n, p in m.named_parameters() if p.dim() < 2]
+            return [{"params": decay, "weight_decay": 0.1},
+                    {"params": no_decay, "weight_decay": 0.0, "lr": 1e-3}]
+
+        opt = st.OffloadAdamW(groups(model), lr=3e-3, module=model, bucket_size=5000)
+        ref_opt = torch.optim.AdamW(groups(ref), lr=3e-3)
+        losses, ref_losses = [], []
+        train(model, opt, 10, losses=losses)
+        train(ref, ref_opt, 10, losses=ref_losses)
+        self.assert_losses_equal(losses, ref_losses, "two param groups")
+        self.assert_params_close(model, ref, "two param groups")
+        self.assertEqual(opt.state_dict()["param_groups"], ref_opt.state_dict()["param_groups"])
+
     def test_lion_matches_strata_optim_lion(self):
         import strata.optim
         model, ref = make_model(3), make_model(3)
