@@ -219,7 +219,9 @@ class OffloadOptimizer(torch.optim.Optimizer):
         if status != _lib.STATUS_OK:
             message = library.strata_last_error().decode(errors="replace")
             where = f" (nvme_path {', '.join(paths)})" if paths else ""
-            raise _lib.StrataError(_lib.STATUS_NAMES[status],
+            code = (_lib.STATUS_NAMES[status] if 0 <= status < len(_lib.STATUS_NAMES)
+                    else f"status {status}")
+            raise _lib.StrataError(code,
                                    f"{name}: cannot create the offload optimizer{where}: "
                                    f"{message}")
         self._handle = handle
