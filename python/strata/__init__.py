@@ -4,6 +4,11 @@ include/strata/strata.h) and drop-in torch.optim CPU optimizers.
     import strata.optim
     opt = strata.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
 
+and ZeRO-Offload for any PyTorch model (state in host memory or on NVMe):
+
+    import strata.torch
+    opt = strata.torch.OffloadAdamW(model, lr=3e-4, offload="nvme", nvme_path="/mnt/nvme0")
+
 libstrata.so is looked up, in this order: the file named by the STRATA_LIBRARY
 environment variable; libstrata.so.0 (or libstrata.so) beside this package;
 libstrata.so.0 on the system library path (LD_LIBRARY_PATH, ldconfig).
@@ -17,7 +22,7 @@ from strata._lib import (
     library_version,
 )
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "StrataError",
@@ -26,13 +31,14 @@ __all__ = [
     "library_path",
     "library_version",
     "optim",
+    "torch",
 ]
 
 
 def __getattr__(name):
-    # strata.optim and strata.functional import torch; load them on first use so
-    # that `import strata` works without torch.
-    if name in ("optim", "functional"):
+    # strata.optim, strata.functional and strata.torch import torch; load them on
+    # first use so that `import strata` works without torch.
+    if name in ("optim", "functional", "torch"):
         import importlib
 
         return importlib.import_module(f"strata.{name}")

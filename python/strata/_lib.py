@@ -16,7 +16,7 @@ import threading
 # The C API major version this package speaks (STRATA_VERSION_MAJOR), and the
 # minor version that has every function declared below.
 ABI_MAJOR = 0
-ABI_MINOR = 2
+ABI_MINOR = 3
 
 # strata_dtype
 DTYPE_F32 = 0
@@ -25,6 +25,7 @@ DTYPE_BF16 = 2
 
 # strata_status
 STATUS_OK = 0
+STATUS_FAILED_PRECONDITION = 9
 STATUS_NAMES = (
     "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
     "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
@@ -36,6 +37,10 @@ OPTIMIZER_ADAM = 2
 OPTIMIZER_ADAGRAD = 3
 OPTIMIZER_LION = 4
 OPTIMIZER_SGD = 5
+
+# strata_offload_device
+OFFLOAD_CPU = 0
+OFFLOAD_NVME = 1
 
 
 class StrataError(RuntimeError):
@@ -119,6 +124,52 @@ class GradStats(ctypes.Structure):
     ]
 
 
+class OffloadOptions(ctypes.Structure):
+    """strata_offload_options."""
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("device", ctypes.c_int),
+        ("nvme_paths", ctypes.POINTER(ctypes.c_char_p)),
+        ("num_nvme_paths", ctypes.c_int),
+        ("num_threads", ctypes.c_int),
+        ("buffer_count", ctypes.c_int),
+        ("staging_buffers", ctypes.c_int),
+        ("pin_memory", ctypes.c_int),
+        ("io_backend", ctypes.c_char_p),
+    ]
+
+
+class OffloadStepOptions(ctypes.Structure):
+    """strata_offload_step_options."""
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("max_grad_norm", ctypes.c_double),
+        ("loss_scale", ctypes.c_float),
+    ]
+
+
+class OffloadStepResult(ctypes.Structure):
+    """strata_offload_step_result."""
+    _fields_ = [
+        ("grad_norm", ctypes.c_double),
+        ("skipped", ctypes.c_int),
+        ("micro_batches", ctypes.c_int),
+    ]
+
+
+class OffloadStats(ctypes.Structure):
+    """strata_offload_stats."""
+    _fields_ = [
+        ("steps", ctypes.c_int64),
+        ("skipped_steps", ctypes.c_int64),
+        ("nvme_bytes_read", ctypes.c_uint64),
+        ("nvme_bytes_written", ctypes.c_uint64),
+        ("update_seconds", ctypes.c_double),
+        ("wait_seconds", ctypes.c_double),
+        ("host_state_bytes", ctypes.c_uint64),
+    ]
+
+
 class _DlInfo(ctypes.Structure):
     _fields_ = [
         ("dli_fname", ctypes.c_char_p),
@@ -179,9 +230,45 @@ def _declare(lib):
             c_int, [float_p, c_void_p, c_int, c_int64, c_int, ctypes.POINTER(GradStats)]),
         "strata_convert_from_f32": (c_int, [c_void_p, c_void_p, c_int, c_int64]),
         "strata_convert_to_f32": (c_int, [c_void_p, c_int, c_void_p, c_int64]),
+        # Offload optimizer (strata_offload*: an opaque handle, passed as c_void_p).
+        "strata_offload_options_init": (None, [ctypes.POINTER(OffloadOptions)]),
+        "strata_offload_create": (
+            c_int, [ctypes.POINTER(OffloadOptions), ctypes.POINTER(c_void_p)]),
+        "strata_offload_destroy": (None, [c_void_p]),
+        "strata_offload_add_group": (c_int, [c_void_p, c_int, c_void_p, ctypes.POINTER(c_int)]),
+        "strata_offload_set_group_config": (c_int, [c_void_p, c_int, c_void_p]),
+        "strata_offload_get_group_step": (c_int, [c_void_p, c_int, ctypes.POINTER(c_int64)]),
+        "strata_offload_set_group_step": (c_int, [c_void_p, c_int, c_int64]),
+        "strata_offload_add_bucket": (
+            c_int, [c_void_p, c_int, c_int, ctypes.POINTER(c_void_p), ctypes.POINTER(c_int64),
+                    c_int, ctypes.POINTER(c_int)]),
+        "strata_offload_bucket_num_elems": (c_int64, [c_void_p, c_int]),
+        "strata_offload_acquire_staging": (
+            c_int, [c_void_p, c_int, c_int, ctypes.POINTER(c_void_p)]),
+        "strata_offload_submit_grad": (
+            c_int, [c_void_p, c_int, c_int, c_void_p, c_int, c_int64, c_void_p]),
+        "strata_offload_wait_grads": (c_int, [c_void_p]),
+        "strata_offload_step_options_init": (None, [ctypes.POINTER(OffloadStepOptions)]),
+        "strata_offload_step": (
+            c_int, [c_void_p, ctypes.POINTER(OffloadStepOptions),
+                    ctypes.POINTER(OffloadStepResult)]),
+        "strata_offload_wait_bucket": (c_int, [c_void_p, c_int]),
+        "strata_offload_synchronize": (c_int, [c_void_p]),
+        "strata_offload_bucket_num_state": (c_int, [c_void_p, c_int]),
+        "strata_offload_tensor_name": (c_char_p, [c_void_p, c_int, c_int]),
+        "strata_offload_read_state": (c_int, [c_void_p, c_int, c_int, float_p, c_int64]),
+        "strata_offload_write_state": (c_int, [c_void_p, c_int, c_int, float_p, c_int64]),
+        "strata_offload_reload_masters": (c_int, [c_void_p, c_int]),
+        "strata_offload_save": (c_int, [c_void_p, c_char_p]),
+        "strata_offload_load": (c_int, [c_void_p, c_char_p]),
+        "strata_offload_get_stats": (c_int, [c_void_p, ctypes.POINTER(OffloadStats)]),
     }
     for name, (restype, argtypes) in protos.items():
-        fn = getattr(lib, name)
+        # A library older than ABI_MINOR lacks some: the version check after this
+        # reports it; a call of a missing function is an AttributeError.
+        fn = getattr(lib, name, None)
+        if fn is None:
+            continue
         fn.restype = restype
         fn.argtypes = argtypes
 

@@ -329,7 +329,8 @@ class _AdamBase(_StrataOptimizer):
         _reject_unsupported(name, defaults)
         super().__init__(params, defaults, num_threads, cores)
 
-    def _config(self, group):
+    @staticmethod
+    def _config(group):
         config = _lib.AdamWConfig()
         _lib.lib().strata_adamw_config_init(ctypes.byref(config))
         config.lr = group["lr"]
@@ -432,7 +433,8 @@ class Adagrad(_StrataOptimizer):
                 "sum": torch.full_like(p, group["initial_accumulator_value"],
                                        memory_format=torch.preserve_format)}
 
-    def _config(self, group):
+    @staticmethod
+    def _config(group):
         config = _lib.AdagradConfig()
         _lib.lib().strata_adagrad_config_init(ctypes.byref(config))
         config.lr = group["lr"]
@@ -501,7 +503,8 @@ class SGD(_StrataOptimizer):
             return 1
         return 2
 
-    def _config(self, group):
+    @staticmethod
+    def _config(group):
         config = _lib.SgdConfig()
         _lib.lib().strata_sgd_config_init(ctypes.byref(config))
         config.lr = group["lr"]
@@ -541,7 +544,8 @@ class Lion(_StrataOptimizer):
     def _advance(self, group, p, state):
         return 1  # Lion does not use the step count
 
-    def _config(self, group):
+    @staticmethod
+    def _config(group):
         config = _lib.LionConfig()
         _lib.lib().strata_lion_config_init(ctypes.byref(config))
         config.lr = group["lr"]

@@ -1,0 +1,168 @@
+"""strata.torch.from_deepspeed_config: a strata.torch optimizer (and loss
+scaler) from a DeepSpeed configuration, for users coming from DeepSpeed's
+ZeRO-Offload / ZeRO-Infinity."""
+
+import json
+import os
+
+from strata import _offload
+from strata._scaler import GradScaler
+
+__all__ = ["from_deepspeed_config"]
+
+# Top-level keys that only concern DeepSpeed's engine, launcher or logging: they
+# change nothing in what the optimizer computes, and are ignored.
+_IGNORED_TOP = {
+    "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+    "steps_per_print", "wall_clock_breakdown", "dump_state", "memory_breakdown",
+    "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "tensorboard",
+    "wandb", "csv_monitor", "comms_logger", "flops_profiler", "aio", "activation_checkpointing",
+    "checkpoint", "bf16", "seed",
+}
+_IGNORED_ZERO = {
+    "stage", "contiguous_gradients", "overlap_comm", "reduce_scatter", "allgather_partitions",
+    "allgather_bucket_size", "round_robin_gradients", "sub_group_size", "elastic_checkpoint",
+    "load_from_fp32_weights", "stage3_max_live_parameters", "stage3_max_reuse_distance",
+    "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
+    "stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
+    "memory_efficient_linear", "ignore_unused_parameters", "cpu_offload",
+}
+_IGNORED_OFFLOAD = {"fast_init", "pipeline", "pipeline_read", "pipeline_write"}
+_OPTIMIZERS = {
+    "adamw": _offload.OffloadAdamW,
+    "adam": _offload.OffloadAdamW,  # DeepSpeed's "Adam" is AdamW unless adam_w_mode is false
+    "adagrad": _offload.OffloadAdagrad,
+    "lion": _offload.OffloadLion,
+    "sgd": _offload.OffloadSGD,
+}
+
+
+def _error(where, message):
+    return ValueError(f"strata.torch.from_deepspeed_config: {where}: {message}")
+
+
+def _check_keys(where, section, known):
+    if not isinstance(section, dict):
+        raise _error(where, f"must be a JSON object, got {type(section).__name__}")
+    for key in section:
+        if key not in known:
+            raise _error(where, f"unknown or unsupported key {key!r} (strata.torch reads "
+                         f"{', '.join(sorted(known))}; keys that only tune DeepSpeed's own "
+                         "engine are ignored, others are refused rather than silently dropped)")
+
+
+def from_deepspeed_config(config, params, *, module=None, num_threads=0, bucket_size=None):
+    """(optimizer, scaler) for a DeepSpeed config: a dict, or the path of a JSON
+    file. params as for the optimizers (an nn.Module, or parameters / param groups
+    with module= for the overlap hooks).
+
+    Read:
+      optimizer.type        AdamW, Adam (AdamW unless params.adam_w_mode is false, as
+                            DeepSpeed's), Adagrad, Lion, SGD; case-insensitive
+      optimizer.params      the optimizer's arguments (lr, betas, eps, weight_decay,
+                            amsgrad, momentum, ...); adam_w_mode, torch_adam are read;
+                            bias_correction must be true
+      zero_optimization.offload_optimizer
+                            device "cpu" | "nvme" ("none" or no section: "cpu"),
+                            nvme_path, pin_memory, buffer_count; ratio must be 1
+      zero_optimization.reduce_bucket_size   the bucket size (elements)
+      gradient_clipping     max_grad_norm
+      fp16                  enabled; loss_scale (0 = dynamic: initial_scale_power
+                            (16), loss_scale_window (1000), min_loss_scale (1));
+                            hysteresis must be 1 (DeepSpeed's delayed backoff is not
+                            implemented); consecutive_hysteresis is then moot
+    Ignored (they tune DeepSpeed's engine, launcher or logging, not what the
+    optimizer computes): train_batch_size, train_micro_batch_size_per_gpu,
+    gradient_accumulation_steps (your loop decides when to call step(); every
+    backward before it accumulates), steps_per_print, wall_clock_breakdown, aio
+    (Strata's I/O engine has its own), activation_checkpointing, bf16 (a bf16
+    model needs no loss scaling), logging and monitoring sections; and in
+    zero_optimization: stage, overlap_comm, contiguous_gradients, the allgather /
+    reduce-scatter / stage3 bucket and prefetch settings, sub_group_size;
+    offload_optimizer.fast_init and pipeline*.
+    Refused with a ValueError naming the key: everything else, among it scheduler
+    (use a torch.optim.lr_scheduler on the returned optimizer), offload_param (the
+    parameters stay where the model keeps them), amp, prescale_gradients,
+    gradient_predivide_factor, fp16.auto_cast, any unknown key.
+
+    Returns the optimizer and a strata.torch.GradScaler (disabled unless fp16 is
+    enabled, so the training loop reads the same either way)."""
+    if isinstance(config, (str, os.PathLike)):
+        with open(config) as f:
+            config = json.load(f)
+    if not isinstance(config, dict):
+        raise _error("config", f"must be a dict or a JSON file path, got "
+                     f"{type(config).__name__}")
+    _check_keys("config", config, _IGNORED_TOP | {
+        "optimizer", "zero_optimization", "gradient_clipping", "fp16"})
+
+    optimizer = config.get("optimizer")
+    if optimizer is None:
+        raise _error("optimizer", "missing: strata.torch needs optimizer.type and "
+                     "optimizer.params")
+    _check_keys("optimizer", optimizer, {"type", "params"})
+    kind = str(optimizer.get("type", "")).lower()
+    if kind not in _OPTIMIZERS:
+        raise _error("optimizer.type", f"{optimizer.get('type')!r} is not one of AdamW, Adam, "
+                     "Adagrad, Lion, SGD")
+    args = dict(optimizer.get("params", {}))
+    cls = _OPTIMIZERS[kind]
+    adam_w_mode = args.pop("adam_w_mode", True)
+    args.pop("torch_adam", None)
+    if kind == "adam" and not adam_w_mode:
+        cls = _offload.OffloadAdam
+    if not args.pop("bias_correction", True):
+        raise _error("optimizer.params.bias_correction", "false is not supported")
+    if "betas" in args:
+        args["betas"] = tuple(args["betas"])
+
+    zero = config.get("zero_optimization", {})
+    _check_keys("zero_optimization", zero, _IGNORED_ZERO | {
+        "offload_optimizer", "reduce_bucket_size"})
+    offload = zero.get("offload_optimizer") or {}
+    _check_keys("zero_optimization.offload_optimizer", offload, _IGNORED_OFFLOAD | {
+        "device", "nvme_path", "pin_memory", "buffer_count", "ratio"})
+    device = offload.get("device", "cpu")
+    if device == "none":
+        device = "cpu"
+    if device not in ("cpu", "nvme"):
+        raise _error("zero_optimization.offload_optimizer.device",
+                     f"{device!r} is not \"cpu\", \"nvme\" or \"none\"")
+    if float(offload.get("ratio", 1.0)) != 1.0:
+        raise _error("zero_optimization.offload_optimizer.ratio",
+                     "partial offload is not supported (ratio must be 1)")
+    options = dict(
+        offload=device,
+        nvme_path=offload.get("nvme_path") if device == "nvme" else None,
+        pin_memory=bool(offload.get("pin_memory", True)),
+        buffer_count=int(offload.get("buffer_count", 4)),
+        max_grad_norm=float(config.get("gradient_clipping", 0.0)),
+        num_threads=num_threads,
+        module=module,
+    )
+    if device == "nvme" and not options["nvme_path"]:
+        raise _error("zero_optimization.offload_optimizer.nvme_path",
+                     "device \"nvme\" needs nvme_path")
+    if bucket_size is not None:
+        options["bucket_size"] = int(bucket_size)
+    elif "reduce_bucket_size" in zero:
+        options["bucket_size"] = int(float(zero["reduce_bucket_size"]))
+
+    fp16 = config.get("fp16", {})
+    _check_keys("fp16", fp16, {"enabled", "loss_scale", "initial_scale_power",
+                               "loss_scale_window", "hysteresis", "min_loss_scale",
+                               "consecutive_hysteresis"})
+    if fp16.get("enabled", False):
+        if int(fp16.get("hysteresis", 1)) != 1:
+            raise _error("fp16.hysteresis", "only 1 is supported (back off at the first "
+                         "overflow, as torch's GradScaler)")
+        loss_scale = float(fp16.get("loss_scale", 0))
+        if loss_scale > 0:
+            scaler = GradScaler(init_scale=loss_scale, dynamic=False)
+        else:
+            scaler = GradScaler(init_scale=2.0 ** int(fp16.get("initial_scale_power", 16)),
+                                growth_interval=int(fp16.get("loss_scale_window", 1000)),
+                                min_scale=float(fp16.get("min_loss_scale", 1)))
+    else:
+        scaler = GradScaler(enabled=False)
+    return cls(params, **args, **options), scaler

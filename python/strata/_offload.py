@@ -1,0 +1,932 @@
+"""strata.torch's optimizers: ZeRO-Offload for any PyTorch model over the
+strata_offload C API (include/strata/strata.h; Ren et al., "ZeRO-Offload:
+Democratizing Billion-Scale Model Training", USENIX ATC 2021, and for state on
+NVMe Rajbhandari et al., "ZeRO-Infinity", SC 2021).
+
+How a training step flows (see OffloadOptimizer below for the contract):
+  backward  a hook on each parameter's AccumulateGrad node (torch 1.13 has no
+            register_post_accumulate_grad_hook; the node is reached as
+            p.expand_as(p).grad_fn.next_functions[0][0] and its post hook runs once
+            per backward, after the parameter's gradient is complete in p.grad)
+            copies p.grad into its bucket's staging buffer
+            (strata_offload_acquire_staging) and drops p.grad; the bucket's last
+            parameter submits the bucket (strata_offload_submit_grad, segment -1).
+            Strata folds it into fp32 accumulators on its own threads.
+  step()    sends each param group's hyper-parameters, starts the update of every
+            bucket (strata_offload_step) and returns.
+  forward   a forward pre-hook on each module that owns parameters waits for their
+            buckets (strata_offload_wait_bucket) before the module runs, so the
+            update of later buckets overlaps the forward of earlier ones.
+
+This module is imported as strata.torch (python/strata/torch.py re-exports it);
+it imports the real torch with an absolute import.
+"""
+
+import ctypes
+import json
+import math
+import os
+
+import torch
+
+from strata import _lib
+from strata import optim as _optim
+from strata._tensors import DTYPES
+
+__all__ = [
+    "OffloadAdagrad",
+    "OffloadAdam",
+    "OffloadAdamW",
+    "OffloadLion",
+    "OffloadOptimizer",
+    "OffloadSGD",
+]
+
+_PARAM_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_PARAM_GROUPS_FILE = "torch_param_groups.json"
+DEFAULT_BUCKET_SIZE = 1 << 22  # elements: 16 MiB of fp32 gradient per staging buffer
+
+
+class _Bucket:
+    """Consecutive parameters of one param group, dtype and device: the unit of
+    gradient hand-off and update (a strata_offload bucket)."""
+
+    def __init__(self, group_index, params, names):
+        self.group_index = group_index
+        self.params = params
+        self.names = names
+        self.numels = [p.numel() for p in params]
+        self.offsets = []
+        offset = 0
+        for n in self.numels:
+            self.offsets.append(offset)
+            offset += n
+        self.num_elems = offset
+        self.dtype = params[0].dtype
+        self.device = params[0].device
+        self.index = -1  # the C API's bucket index
+        # CUDA parameters: a CPU mirror (pinned when pin_memory) whose slices are
+        # the bucket's segments; copied into the parameters after each update.
+        self.mirror = None
+        # This backward's gradients.
+        self.staging = None
+        self.staging_ptr = None
+        self.arrived = [False] * len(params)
+        self.count = 0
+        self.events = []  # CUDA events of this step's gradient copies, kept alive
+        self.micro_batches = 0  # whole-bucket gradients submitted since the last step
+        self.pending = False  # an update whose write-back nobody waited for yet
+
+    @property
+    def is_cuda(self):
+        return self.device.type == "cuda"
+
+
+def _host_view(ptr, num_elems, dtype):
+    """A torch tensor over num_elems elements of dtype at host address ptr (not
+    owned: valid while Strata keeps that memory)."""
+    size = torch.empty((), dtype=dtype).element_size()
+    buf = (ctypes.c_char * (num_elems * size)).from_address(ptr)
+    return torch.frombuffer(buf, dtype=dtype, count=num_elems)
+
+
+class OffloadOptimizer(torch.optim.Optimizer):
+    """Base of the strata.torch optimizers: a torch.optim.Optimizer whose fp32
+    master weights and optimizer state live in Strata (host memory, or the NVMe
+    swap store with offload="nvme"), never in torch memory, and whose gradients
+    never stay in torch memory either (p.grad is None after backward).
+
+    Parameters: fp32, fp16 or bf16, contiguous, on the CPU or on CUDA; moved to
+    their device BEFORE the optimizer is made, and never re-assigned (p.data = ...)
+    afterwards. CPU parameters are the bucket segments themselves (Strata writes
+    the updated weights into them); CUDA parameters get a pinned CPU mirror per
+    bucket that Strata writes and that is copied to the device when the bucket is
+    waited for. Parameters with requires_grad=False (or no elements) when the
+    optimizer is made are left out: no state, never updated.
+
+    Every trainable parameter must receive a gradient in every backward pass
+    (freeze an unused one with requires_grad_(False) before making the optimizer):
+    a bucket left incomplete is a RuntimeError naming the parameter at step() (or
+    when one of its parameters gets a second gradient first). Several backward
+    passes before one step() accumulate (a sum, as torch's .grad). zero_grad() has
+    nothing to clear; it raises when gradients were already handed to Strata since
+    the last step (Strata cannot discard them, torch would have).
+
+    Overlap: pass the model as params (OffloadAdamW(model, ...)) or as module=
+    (or call attach(model)): a forward pre-hook on each module that owns
+    parameters waits for its buckets, so the update overlaps the next forward.
+    Without an attached module, step() waits for the whole update before it
+    returns. Either way, call synchronize() before reading parameters outside the
+    attached modules' forward (e.g. model.state_dict(), an evaluation that calls a
+    parameter directly); state_dict(), save() and the like synchronize themselves.
+
+    Options (keyword-only, besides the optimizer's own):
+      offload         "cpu" (state in host memory) or "nvme" (the swap store)
+      nvme_path       offload="nvme": a directory, or a list of them (one per
+                      drive; extents are striped over them); a private 0700
+                      directory is made in each and removed when the optimizer is
+                      closed
+      max_grad_norm   clip the gradient to this global L2 norm (as
+                      torch.nn.utils.clip_grad_norm_, applied inside Strata); 0 = no
+                      clipping. An attribute: may be changed between steps
+      bucket_size     elements per bucket (a parameter larger than it is a bucket
+                      of its own)
+      num_threads     Strata's fold and update threads; 0 = all CPUs
+      pin_memory      page-lock staging and pipeline buffers (and the CUDA mirrors)
+      buffer_count    NVMe read/update/write pipeline buffers, >= 2
+      staging_buffers gradient staging buffers, >= 1
+      io_backend      "auto", "uring" or "posix" (offload="nvme")
+      module          an nn.Module to attach (see Overlap)
+
+    After step(): grad_norm (the global L2 norm of the unscaled gradient before
+    clipping, inf/nan when skipped) and skipped (True when a non-finite gradient
+    skipped the step: nothing changed).
+
+    Not picklable or copyable (it owns a native handle): use state_dict() /
+    load_state_dict() (torch.optim's format, in memory) or save(dir) / load(dir)
+    (Strata's checkpoint, streamed bucket by bucket, for NVMe-sized state).
+    close() frees the native state (also done when the optimizer is collected).
+    """
+
+    _twin = None  # the strata.optim class whose arguments, defaults and config we use
+    _kind = None
+    _has_step = True  # per-parameter 'step' in torch's state_dict
+
+    def __init__(self, params, twin_args, *, offload, nvme_path, max_grad_norm, bucket_size,
+                 num_threads, pin_memory, buffer_count, staging_buffers=4, io_backend=None,
+                 module=None):
+        name = f"strata.torch.{type(self).__name__}"
+        self._handle = None
+        self._buckets = []
+        self._hooks = []
+        self._module_hooks = []
+        self._ready = False
+        self._stepped = False
+        if isinstance(params, torch.nn.Module):
+            if module is not None and module is not params:
+                raise ValueError(f"{name}: params is a module and module= another one")
+            module = params
+            params = [p for p in params.parameters()]
+        if offload not in ("cpu", "nvme"):
+            raise ValueError(f"{name}: offload must be \"cpu\" or \"nvme\", got {offload!r}")
+        if offload == "nvme":
+            if not nvme_path:
+                raise ValueError(f"{name}: offload=\"nvme\" needs nvme_path (a directory on "
+                                 "the drive, or a list of them)")
+            paths = [nvme_path] if isinstance(nvme_path, (str, os.PathLike)) else list(nvme_path)
+            paths = [os.fspath(p) for p in paths]
+        else:
+            if nvme_path:
+                raise ValueError(f"{name}: nvme_path is given but offload is \"cpu\" (state in "
+                                 "host memory): pass offload=\"nvme\" to use the drive")
+            paths = []
+        if not isinstance(bucket_size, int) or bucket_size < 1:
+            raise ValueError(f"{name}: bucket_size must be an int >= 1 (elements), got "
+                             f"{bucket_size!r}")
+        if not isinstance(staging_buffers, int) or staging_buffers < 1:
+            raise ValueError(f"{name}: staging_buffers must be an int >= 1, got "
+                             f"{staging_buffers!r}")
+        self._check_max_grad_norm(max_grad_norm)
+        # The twin validates the arguments and makes the defaults of torch's
+        # optimizer (param_groups match torch's key for key); it is not stepped.
+        defaults = self._twin([torch.nn.Parameter(torch.zeros(1))], **twin_args).defaults
+        self.max_grad_norm = float(max_grad_norm)
+        self.grad_norm = None
+        self.skipped = False
+        self._offload = offload
+        self._nvme_paths = paths
+        self._bucket_size = bucket_size
+        self._staging_buffers = staging_buffers
+        self._pin_memory = bool(pin_memory)
+        super().__init__(params, defaults)
+
+        library = _lib.lib()
+        options = _lib.OffloadOptions()
+        library.strata_offload_options_init(ctypes.byref(options))
+        options.device = _lib.OFFLOAD_NVME if offload == "nvme" else _lib.OFFLOAD_CPU
+        encoded = [os.fsencode(p) for p in paths]
+        path_array = (ctypes.c_char_p * max(len(encoded), 1))(*encoded)
+        options.nvme_paths = ctypes.cast(path_array, ctypes.POINTER(ctypes.c_char_p))
+        options.num_nvme_paths = len(encoded)
+        options.num_threads = num_threads
+        options.buffer_count = buffer_count
+        options.staging_buffers = staging_buffers
+        options.pin_memory = int(bool(pin_memory))
+        if io_backend is not None:
+            options.io_backend = io_backend.encode()
+        handle = ctypes.c_void_p()
+        status = library.strata_offload_create(ctypes.byref(options), ctypes.byref(handle))
+        if status != _lib.STATUS_OK:
+            message = library.strata_last_error().decode(errors="replace")
+            where = f" (nvme_path {', '.join(paths)})" if paths else ""
+            code = (_lib.STATUS_NAMES[status] if 0 <= status < len(_lib.STATUS_NAMES)
+                    else f"status {status}")
+            raise _lib.StrataError(code,
+                                   f"{name}: cannot create the offload optimizer{where}: "
+                                   f"{message}")
+        self._handle = handle
+        # Kept on the instance: module globals may be gone when __del__ runs at exit.
+        self._destroy = library.strata_offload_destroy
+        self._cuda_events = True
+        self._names = {}
+        if module is not None:
+            self._names = {p: n for n, p in module.named_parameters()}
+        for gi, group in enumerate(self.param_groups):
+            self._register_group(gi, group)
+        self._ready = True
+        if module is not None:
+            self.attach(module)
+
+    # -- torch.optim.Optimizer protocol ---------------------------------------------
+
+    def add_param_group(self, param_group):
+        if getattr(self, "_stepped", False):
+            raise RuntimeError(f"{self._name()}.add_param_group: parameter groups must be added "
+                               "before the first step()")
+        super().add_param_group(param_group)
+        if getattr(self, "_ready", False):
+            self._register_group(len(self.param_groups) - 1, self.param_groups[-1])
+
+    def zero_grad(self, set_to_none=True):
+        """Nothing to clear: gradients are handed to Strata during backward. Raises
+        RuntimeError when some were handed over since the last step() (they cannot
+        be taken back: torch would have discarded them here)."""
+        if any(b.micro_batches or b.count for b in self._buckets):
+            raise RuntimeError(
+                f"{self._name()}.zero_grad() after backward() and before step(): the gradients "
+                "of that backward are already accumulated in Strata and cannot be discarded; "
+                "call zero_grad() only before backward() or after step()")
+        for group in self.param_groups:
+            for p in group["params"]:
+                p.grad = None
+
+    @torch.no_grad()
+    def step(self, closure=None, *, loss_scale=1.0):
+        """Starts the update of every bucket with the gradients of the backward
+        passes since the last step, and returns closure()'s loss (or None).
+
+        loss_scale: the gradients are the true ones times it (fp16 loss scaling);
+        Strata divides by it, and skips the step when a gradient is inf/nan
+        (self.skipped; nothing changes). strata.torch.GradScaler passes it.
+
+        Errors: RuntimeError naming a parameter that received no gradient (or
+        fewer than the others); StrataError for an error of Strata's threads
+        (an NVMe write that failed: the optimizer is then unusable; load a saved
+        state into a new one)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if not math.isfinite(loss_scale) or loss_scale <= 0:
+            raise ValueError(f"{self._name()}.step: loss_scale must be finite and > 0, got "
+                             f"{loss_scale}")
+        self._check_max_grad_norm(self.max_grad_norm)
+        self._check_complete()
+        library = _lib.lib()
+        handle = self._live_handle()
+        for gi, group in enumerate(self.param_groups):
+            config = self._config(group)
+            _lib.check(library.strata_offload_set_group_config(handle, gi, ctypes.byref(config)))
+        options = _lib.OffloadStepOptions()
+        library.strata_offload_step_options_init(ctypes.byref(options))
+        options.max_grad_norm = float(self.max_grad_norm)
+        options.loss_scale = float(loss_scale)
+        result = _lib.OffloadStepResult()
+        _lib.check(library.strata_offload_step(handle, ctypes.byref(options),
+                                               ctypes.byref(result)))
+        self._stepped = True
+        self.grad_norm = result.grad_norm
+        self.skipped = bool(result.skipped)
+        for b in self._buckets:
+            b.micro_batches = 0
+            b.events = []
+            b.pending = not self.skipped
+        if not self._module_hooks:
+            self.synchronize()
+        return loss
+
+    def state_dict(self):
+        """torch.optim's state_dict of the twin (torch.optim.AdamW for
+        OffloadAdamW, ...): 'param_groups' as torch's, and per parameter the twin's
+        state ('step' as a float32 scalar tensor; fp32 tensors shaped like the
+        parameter: 'exp_avg', 'exp_avg_sq', ...), read from Strata, plus 'master'
+        (the fp32 master weights) for fp16/bf16 parameters. State tensors are on
+        the CPU. A parameter has no entry before the first step (torch's lazy
+        state), except with Adagrad. Materializes the whole state in host memory:
+        for NVMe-sized state use save(dir)."""
+        self.synchronize()
+        library = _lib.lib()
+        handle = self._live_handle()
+        index_of = {}
+        param_groups = []
+        for group in self.param_groups:
+            packed = {k: v for k, v in group.items() if k != "params"}
+            packed["params"] = []
+            for p in group["params"]:
+                index_of.setdefault(id(p), len(index_of))
+                packed["params"].append(index_of[id(p)])
+            param_groups.append(packed)
+        state = {}
+        for b in self._buckets:
+            step = self._group_step(b.group_index)
+            if step == 0 and self._lazy_state():
+                continue
+            num_state = library.strata_offload_bucket_num_state(handle, b.index)
+            tensors = {}
+            for t in range(num_state + 1):
+                if t == 0 and b.dtype == torch.float32:
+                    continue
+                key = library.strata_offload_tensor_name(handle, b.index, t).decode()
+                flat = torch.empty(b.num_elems, dtype=torch.float32)
+                _lib.check(library.strata_offload_read_state(
+                    handle, b.index, t, ctypes.cast(flat.data_ptr(), ctypes.POINTER(
+                        ctypes.c_float)), b.num_elems))
+                tensors[key] = flat
+            for p, offset, n in zip(b.params, b.offsets, b.numels):
+                entry = {}
+                if self._has_step:
+                    entry["step"] = torch.tensor(float(step))
+                for key, flat in tensors.items():
+                    entry[key] = flat[offset:offset + n].view(p.shape).clone()
+                entry.update(self._extra_state(self.param_groups[b.group_index], entry))
+                state[index_of[id(p)]] = entry
+        return {"state": state, "param_groups": param_groups}
+
+    def load_state_dict(self, state_dict):
+        """Loads a state_dict of this optimizer or of its torch twin (same groups,
+        same parameter counts per group, tensors shaped like the parameters).
+        Hyper-parameters come from it, as torch.optim. The master weights come from
+        'master' where present, else from the parameters as they are now (load the
+        model's weights first). Everything is checked before anything changes."""
+        self.synchronize()
+        groups = self.param_groups
+        saved_groups = state_dict["param_groups"]
+        if len(groups) != len(saved_groups):
+            raise ValueError("loaded state dict has a different number of parameter groups")
+        for g, sg in zip(groups, saved_groups):
+            if len(g["params"]) != len(sg["params"]):
+                raise ValueError("loaded state dict contains a parameter group that doesn't "
+                                 "match the size of optimizer's group")
+        saved_state = state_dict["state"]
+        index_of = {}
+        for g, sg in zip(groups, saved_groups):
+            for p, i in zip(g["params"], sg["params"]):
+                index_of[id(p)] = i
+        new_groups = []
+        for g, sg in zip(groups, saved_groups):
+            ng = {k: v for k, v in sg.items() if k != "params"}
+            ng["params"] = g["params"]
+            for key, value in self.defaults.items():
+                ng.setdefault(key, value)
+            if isinstance(ng.get("betas"), list):
+                ng["betas"] = tuple(ng["betas"])
+            new_groups.append(ng)
+        library = _lib.lib()
+        handle = self._live_handle()
+        # Check everything first: configs, then each bucket's tensors.
+        configs = [self._config(ng) for ng in new_groups]
+        plan = []  # (bucket, {tensor index: flat fp32 or None (reload)}, step or None)
+        group_steps = {}
+        for b in self._buckets:
+            entries = [saved_state.get(index_of[id(p)]) for p in b.params]
+            present = [e is not None and len(e) > 0 for e in entries]
+            num_state = library.strata_offload_bucket_num_state(handle, b.index)
+            names = [library.strata_offload_tensor_name(handle, b.index, t).decode()
+                     for t in range(num_state + 1)]
+            if not any(present):
+                writes = {t: self._initial_state(new_groups[b.group_index], names[t], b.num_elems)
+                          for t in range(1, num_state + 1)}
+                writes[0] = None
+                step = 0
+            else:
+                if not all(present):
+                    missing = b.names[present.index(False)]
+                    raise ValueError(f"{self._name()}.load_state_dict: no state for {missing} "
+                                     "while other parameters have one")
+                writes = {}
+                for t in range(num_state + 1):
+                    key = names[t]
+                    if t == 0 and not all(key in e for e in entries):
+                        writes[0] = None  # the masters: from the parameters
+                        continue
+                    parts = []
+                    for e, p, name in zip(entries, b.params, b.names):
+                        value = e.get(key)
+                        if not torch.is_tensor(value):
+                            raise ValueError(f"{self._name()}.load_state_dict: {name} has no "
+                                             f"state '{key}' (a state_dict of another "
+                                             "optimizer, or other options?)")
+                        if value.numel() != p.numel():
+                            raise ValueError(f"{self._name()}.load_state_dict: state '{key}' of "
+                                             f"{name} has shape {tuple(value.shape)}, the "
+                                             f"parameter {tuple(p.shape)}")
+                        parts.append(value.detach().reshape(-1).to("cpu", torch.float32))
+                    writes[t] = torch.cat(parts).contiguous()
+                step = self._loaded_step(entries, b)
+            previous = group_steps.setdefault(b.group_index, step)
+            if previous != step:
+                raise ValueError(f"{self._name()}.load_state_dict: parameters of param group "
+                                 f"{b.group_index} have different step counts ({previous} and "
+                                 f"{step}); Strata keeps one step count per group")
+            plan.append((b, writes))
+        for gi, config in enumerate(configs):
+            _lib.check(library.strata_offload_set_group_config(handle, gi, ctypes.byref(config)))
+        self.param_groups = new_groups
+        for gi, step in group_steps.items():
+            _lib.check(library.strata_offload_set_group_step(handle, gi, step))
+        for b, writes in plan:
+            for t, flat in writes.items():
+                if flat is None:
+                    _lib.check(library.strata_offload_reload_masters(handle, b.index)) \
+                        if b.mirror is None else self._reload_cuda_masters(b)
+                else:
+                    _lib.check(library.strata_offload_write_state(
+                        handle, b.index, t,
+                        ctypes.cast(flat.data_ptr(), ctypes.POINTER(ctypes.c_float)),
+                        b.num_elems))
+            if b.mirror is not None:
+                b.pending = True  # write_state(0) rewrote the mirror
+        self.synchronize()
+
+    def __getstate__(self):
+        raise TypeError(f"{self._name()} owns native state and cannot be pickled or copied; "
+                        "use state_dict() or save(dir)")
+
+    def __deepcopy__(self, memo):
+        self.__getstate__()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: torch may be half torn down
+            pass
+
+    # -- Strata-specific ------------------------------------------------------------
+
+    def attach(self, module):
+        """Installs a forward pre-hook on every module of `module` that owns some of
+        this optimizer's parameters: it waits for their buckets' update (and, for
+        CUDA parameters, copies them to the device) before the module runs. From
+        then on step() returns before the update finished."""
+        for name, p in module.named_parameters():
+            self._names.setdefault(p, name)
+        for b in self._buckets:
+            b.names = [self._param_name(p) for p in b.params]
+        bucket_of = {}
+        for b in self._buckets:
+            for p in b.params:
+                bucket_of[p] = b
+        for m in module.modules():
+            mine = sorted({bucket_of[p].index for p in m.parameters(recurse=False)
+                           if p in bucket_of})
+            if not mine:
+                continue
+            buckets = [self._buckets[i] for i in mine]
+
+            def pre_hook(mod, inputs, buckets=buckets):
+                self._wait(buckets)
+
+            self._module_hooks.append(m.register_forward_pre_hook(pre_hook))
+
+    def synchronize(self):
+        """Waits for every gradient fold and update; afterwards the parameters hold
+        the updated weights."""
+        if self._handle is None:
+            return
+        _lib.check(_lib.lib().strata_offload_synchronize(self._handle))
+        self._wait(self._buckets)
+
+    def save(self, path):
+        """Writes the whole optimizer state (masters, state, step counts,
+        hyper-parameters) to directory `path` in Strata's checkpoint format
+        (crash-safe: a temporary directory renamed over `path`), streamed bucket by
+        bucket, plus the torch param_groups' hyper-parameters. The model's weights
+        are not included: save them yourself (model.state_dict())."""
+        self.synchronize()
+        path = os.fspath(path)
+        _lib.check(_lib.lib().strata_offload_save(self._live_handle(), os.fsencode(path)))
+        groups = [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]
+        tmp = os.path.join(path, _PARAM_GROUPS_FILE + ".tmp")
+        with open(tmp, "w") as f:
+            json.dump(groups, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, os.path.join(path, _PARAM_GROUPS_FILE))
+
+    def load(self, path):
+        """Restores a state written by save() into an optimizer over the same model
+        (same groups, dtypes and parameter sizes; checked before anything changes).
+        The parameters receive the saved master weights (rounded to their dtype)."""
+        self.synchronize()
+        path = os.fspath(path)
+        groups_file = os.path.join(path, _PARAM_GROUPS_FILE)
+        groups = None
+        if os.path.exists(groups_file):
+            with open(groups_file) as f:
+                groups = json.load(f)
+            if len(groups) != len(self.param_groups):
+                raise ValueError(f"{self._name()}.load: {path} has {len(groups)} parameter "
+                                 f"groups, this optimizer {len(self.param_groups)}")
+        _lib.check(_lib.lib().strata_offload_load(self._live_handle(), os.fsencode(path)))
+        if groups is not None:
+            for group, saved in zip(self.param_groups, groups):
+                for key, value in saved.items():
+                    group[key] = tuple(value) if key == "betas" else value
+        for b in self._buckets:
+            b.pending = b.mirror is not None
+        self.synchronize()
+
+    def stats(self):
+        """Strata's counters: a dict of steps, skipped_steps, nvme_bytes_read,
+        nvme_bytes_written, update_seconds, wait_seconds (1 - wait/update is the
+        fraction of the update hidden under the caller's work), host_state_bytes."""
+        s = _lib.OffloadStats()
+        _lib.check(_lib.lib().strata_offload_get_stats(self._live_handle(), ctypes.byref(s)))
+        return {name: getattr(s, name) for name, _ in _lib.OffloadStats._fields_}
+
+    def close(self):
+        """Removes the hooks, waits for the work in flight and frees Strata's state
+        (the NVMe swap files are removed). The optimizer is unusable afterwards."""
+        for h in getattr(self, "_hooks", []) + getattr(self, "_module_hooks", []):
+            h.remove()
+        self._hooks = []
+        self._module_hooks = []
+        handle = getattr(self, "_handle", None)
+        destroy = getattr(self, "_destroy", None)
+        self._handle = None
+        if handle is not None and destroy is not None:
+            destroy(handle)
+
+    # -- helpers --------------------------------------------------------------------
+
+    def _name(self):
+        return f"strata.torch.{type(self).__name__}"
+
+    def _param_name(self, p, gi=None, pi=None):
+        name = self._names.get(p)
+        if name is None and gi is not None:
+            name = f"param_groups[{gi}]['params'][{pi}]"
+        if name is None:
+            for gj, group in enumerate(self.param_groups):
+                for pj, q in enumerate(group["params"]):
+                    if q is p:
+                        name = f"param_groups[{gj}]['params'][{pj}]"
+        return f"{name} (shape {tuple(p.shape)})"
+
+    def _live_handle(self):
+        if self._handle is None:
+            raise RuntimeError(f"{self._name()} was closed")
+        return self._handle
+
+    @staticmethod
+    def _check_max_grad_norm(value):
+        if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise ValueError(f"max_grad_norm must be finite and >= 0 (0 = no clipping), got "
+                             f"{value!r}")
+
+    def _config(self, group):
+        _optim._reject_unsupported(self._name(), group)
+        return self._twin._config(group)
+
+    def _group_step(self, gi):
+        step = ctypes.c_int64()
+        _lib.check(_lib.lib().strata_offload_get_group_step(self._live_handle(), gi,
+                                                            ctypes.byref(step)))
+        return step.value
+
+    def _lazy_state(self):
+        return True
+
+    def _extra_state(self, group, entry):
+        return {}
+
+    def _initial_state(self, group, name, num_elems):
+        return torch.zeros(num_elems, dtype=torch.float32)
+
+    def _loaded_step(self, entries, bucket):
+        steps = {int(torch.as_tensor(e["step"]).item()) if "step" in e else None
+                 for e in entries}
+        if len(steps) != 1 or None in steps:
+            raise ValueError(f"{self._name()}.load_state_dict: the parameters of one bucket "
+                             f"({bucket.names[0]}, ...) have different or missing 'step' "
+                             "counts; Strata keeps one step count per param group")
+        return steps.pop()
+
+    def _register_group(self, gi, group):
+        """Adds the C group of param group gi and its buckets, and the gradient
+        hooks of its parameters."""
+        library = _lib.lib()
+        handle = self._handle
+        config = self._config(group)
+        index = ctypes.c_int()
+        _lib.check(library.strata_offload_add_group(handle, self._kind, ctypes.byref(config),
+                                                    ctypes.byref(index)))
+        if index.value != gi:
+            raise RuntimeError(f"{self._name()}: internal: group {gi} became {index.value}")
+        current, size = [], 0
+        for pi, p in enumerate(group["params"]):
+            if not p.requires_grad or p.numel() == 0:
+                continue
+            what = f"{self._name()}: {self._param_name(p, gi, pi)}"
+            if p.dtype not in _PARAM_DTYPES:
+                raise TypeError(f"{what} has dtype {p.dtype}; strata.torch supports float32, "
+                                "float16 and bfloat16 parameters")
+            if p.device.type not in ("cpu", "cuda"):
+                raise ValueError(f"{what} is on {p.device}; strata.torch supports CPU and CUDA "
+                                 "parameters")
+            if p.layout != torch.strided or not p.is_contiguous():
+                raise ValueError(f"{what} is not a dense contiguous tensor")
+            if current and (p.dtype != current[0].dtype or p.device != current[0].device
+                            or size + p.numel() > self._bucket_size):
+                self._add_bucket(gi, current)
+                current, size = [], 0
+            current.append(p)
+            size += p.numel()
+        if current:
+            self._add_bucket(gi, current)
+
+    def _add_bucket(self, gi, params):
+        library = _lib.lib()
+        b = _Bucket(gi, params, [self._param_name(p) for p in params])
+        if b.is_cuda:
+            mirror = torch.empty(b.num_elems, dtype=b.dtype)
+            if self._pin_memory and torch.cuda.is_available():
+                mirror = mirror.pin_memory()
+            for p, offset, n in zip(params, b.offsets, b.numels):
+                mirror[offset:offset + n].copy_(p.detach().reshape(-1))
+            b.mirror = mirror
+            base = mirror.data_ptr()
+            size = mirror.element_size()
+            pointers = [base + offset * size for offset in b.offsets]
+        else:
+            pointers = [p.data_ptr() for p in params]
+        segments = (ctypes.c_void_p * len(params))(*pointers)
+        lengths = (ctypes.c_int64 * len(params))(*b.numels)
+        index = ctypes.c_int()
+        _lib.check(library.strata_offload_add_bucket(self._handle, gi, DTYPES[b.dtype], segments,
+                                                     lengths, len(params), ctypes.byref(index)))
+        b.index = index.value
+        self._buckets.append(b)
+        with torch.enable_grad():
+            for slot, p in enumerate(params):
+                # The AccumulateGrad node of p; kept alive by the hook handle's
+                # closure list below (a dropped node loses its hook).
+                accumulate = p.expand_as(p).grad_fn.next_functions[0][0]
+
+                def hook(*unused, b=b, slot=slot):
+                    self._on_gradient(b, slot)
+
+                self._hooks.append(_NodeHook(accumulate, accumulate.register_hook(hook)))
+
+    def _on_gradient(self, b, slot):
+        """AccumulateGrad post hook: p.grad holds this backward's gradient of
+        b.params[slot]."""
+        p = b.params[slot]
+        g = p.grad
+        if g is None:
+            return
+        if b.arrived[slot]:
+            missing = [n for n, done in zip(b.names, b.arrived) if not done]
+            raise RuntimeError(
+                f"{self._name()}: {b.names[slot]} received a second gradient before "
+                f"{missing[0]} received one: every trainable parameter must receive a gradient "
+                "in every backward (freeze unused ones with requires_grad_(False) before making "
+                "the optimizer)")
+        if g.layout != torch.strided:
+            raise RuntimeError(f"{self._name()}: {b.names[slot]} has a sparse gradient; "
+                               "strata.torch needs dense gradients")
+        library = _lib.lib()
+        if b.staging is None:
+            open_buckets = [c for c in self._buckets if c.staging is not None]
+            if len(open_buckets) >= self._staging_buffers:
+                waiting = [f"{c.names[c.arrived.index(False)]}" for c in open_buckets]
+                raise RuntimeError(
+                    f"{self._name()}: {len(open_buckets)} buckets wait for gradients of "
+                    f"{', '.join(waiting)} and hold every staging buffer: every trainable "
+                    "parameter must receive a gradient in every backward (or raise "
+                    "staging_buffers)")
+            ptr = ctypes.c_void_p()
+            _lib.check(library.strata_offload_acquire_staging(self._handle, b.index,
+                                                              DTYPES[b.dtype], ctypes.byref(ptr)))
+            b.staging_ptr = ptr.value
+            b.staging = _host_view(ptr.value, b.num_elems, b.dtype)
+        offset, n = b.offsets[slot], b.numels[slot]
+        b.staging[offset:offset + n].copy_(g.reshape(-1), non_blocking=b.is_cuda)
+        p.grad = None
+        b.arrived[slot] = True
+        b.count += 1
+        if b.count < len(b.params):
+            return
+        event = None
+        if b.is_cuda:
+            # The copies above are queued on the current stream; Strata folds after
+            # this event (cudaEvent_t handed to strata_offload_submit_grad). Without
+            # an event handle, or when libstrata finds no CUDA runtime, we wait here.
+            ev = torch.cuda.Event()
+            ev.record()
+            event = getattr(ev, "cuda_event", None) if self._cuda_events else None
+            if event is None:
+                ev.synchronize()
+            b.events.append(ev)
+        status = library.strata_offload_submit_grad(self._handle, b.index, -1, b.staging_ptr,
+                                                    DTYPES[b.dtype], b.num_elems, event)
+        if status == _lib.STATUS_FAILED_PRECONDITION and event is not None:
+            # No CUDA runtime that libstrata can use: nothing was queued; submit
+            # after a host-side wait from now on.
+            self._cuda_events = False
+            b.events[-1].synchronize()
+            status = library.strata_offload_submit_grad(self._handle, b.index, -1,
+                                                        b.staging_ptr, DTYPES[b.dtype],
+                                                        b.num_elems, None)
+        _lib.check(status)
+        b.staging = None
+        b.staging_ptr = None
+        b.arrived = [False] * len(b.params)
+        b.count = 0
+        b.micro_batches += 1
+
+    def _check_complete(self):
+        for b in self._buckets:
+            if b.count:
+                missing = [n for n, done in zip(b.names, b.arrived) if not done]
+                raise RuntimeError(
+                    f"{self._name()}.step: {missing[0]} received no gradient in the last "
+                    "backward while other parameters did: every trainable parameter must "
+                    "receive a gradient in every backward (freeze unused ones with "
+                    "requires_grad_(False) before making the optimizer); this optimizer "
+                    "cannot be used further")
+        counts = [b.micro_batches for b in self._buckets]
+        if not counts:
+            return
+        if max(counts) == 0:
+            raise RuntimeError(f"{self._name()}.step: no gradient since the last step (call "
+                               "backward() first)")
+        most = max(counts)
+        for b in self._buckets:
+            if b.micro_batches != most:
+                raise RuntimeError(
+                    f"{self._name()}.step: {b.names[0]} received gradients in "
+                    f"{b.micro_batches} of {most} backward passes since the last step: every "
+                    "trainable parameter must receive a gradient in every backward")
+
+    def _wait(self, buckets):
+        library = None
+        for b in buckets:
+            if not b.pending:
+                continue
+            library = library or _lib.lib()
+            _lib.check(library.strata_offload_wait_bucket(self._live_handle(), b.index))
+            if b.mirror is not None:
+                with torch.no_grad():
+                    for p, offset, n in zip(b.params, b.offsets, b.numels):
+                        p.copy_(b.mirror[offset:offset + n].view(p.shape), non_blocking=True)
+            b.pending = False
+
+    def _reload_cuda_masters(self, b):
+        with torch.no_grad():
+            for p, offset, n in zip(b.params, b.offsets, b.numels):
+                b.mirror[offset:offset + n].copy_(p.detach().reshape(-1))
+        _lib.check(_lib.lib().strata_offload_reload_masters(self._live_handle(), b.index))
+
+
+class _NodeHook:
+    """A hook's RemovableHandle together with its autograd node, which must stay
+    alive for the hook to stay registered."""
+
+    def __init__(self, node, handle):
+        self.node = node
+        self.handle = handle
+
+    def remove(self):
+        self.handle.remove()
+        self.node = None
+
+
+def _offload_kwargs(offload, nvme_path, max_grad_norm, bucket_size, num_threads, pin_memory,
+                    buffer_count, staging_buffers, io_backend, module):
+    return dict(offload=offload, nvme_path=nvme_path, max_grad_norm=max_grad_norm,
+                bucket_size=bucket_size, num_threads=num_threads, pin_memory=pin_memory,
+                buffer_count=buffer_count, staging_buffers=staging_buffers,
+                io_backend=io_backend, module=module)
+
+
+class OffloadAdamW(OffloadOptimizer):
+    """torch.optim.AdamW (Loshchilov & Hutter, ICLR 2019) with master weights and
+    state in Strata: same arguments, param_groups and state_dict as torch's (see
+    strata.optim.AdamW for the accepted torch options), plus the offload options
+    of OffloadOptimizer."""
+
+    _twin = _optim.AdamW
+    _kind = _lib.OPTIMIZER_ADAMW
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
+                 amsgrad=False, *, maximize=_optim._UNSET, foreach=_optim._UNSET,
+                 offload="cpu", nvme_path=None, max_grad_norm=0.0,
+                 bucket_size=DEFAULT_BUCKET_SIZE, num_threads=0, pin_memory=True,
+                 buffer_count=4, staging_buffers=4, io_backend=None, module=None):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                                      amsgrad=amsgrad, maximize=maximize, foreach=foreach),
+                         **_offload_kwargs(offload, nvme_path, max_grad_norm, bucket_size,
+                                           num_threads, pin_memory, buffer_count,
+                                           staging_buffers, io_backend, module))
+
+
+class OffloadAdam(OffloadOptimizer):
+    """torch.optim.Adam (Kingma & Ba, ICLR 2015; weight decay as L2) with master
+    weights and state in Strata; as OffloadAdamW."""
+
+    _twin = _optim.Adam
+    _kind = _lib.OPTIMIZER_ADAM
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0,
+                 amsgrad=False, *, maximize=_optim._UNSET, foreach=_optim._UNSET,
+                 offload="cpu", nvme_path=None, max_grad_norm=0.0,
+                 bucket_size=DEFAULT_BUCKET_SIZE, num_threads=0, pin_memory=True,
+                 buffer_count=4, staging_buffers=4, io_backend=None, module=None):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                                      amsgrad=amsgrad, maximize=maximize, foreach=foreach),
+                         **_offload_kwargs(offload, nvme_path, max_grad_norm, bucket_size,
+                                           num_threads, pin_memory, buffer_count,
+                                           staging_buffers, io_backend, module))
+
+
+class OffloadAdagrad(OffloadOptimizer):
+    """torch.optim.Adagrad (Duchi, Hazan & Singer, JMLR 2011) with master weights
+    and state in Strata; state_dict as torch's ('step', 'sum', present from the
+    start)."""
+
+    _twin = _optim.Adagrad
+    _kind = _lib.OPTIMIZER_ADAGRAD
+
+    def __init__(self, params, lr=1e-2, lr_decay=0, weight_decay=0, initial_accumulator_value=0,
+                 eps=1e-10, *, maximize=_optim._UNSET, offload="cpu", nvme_path=None,
+                 max_grad_norm=0.0, bucket_size=DEFAULT_BUCKET_SIZE, num_threads=0,
+                 pin_memory=True, buffer_count=4, staging_buffers=4, io_backend=None,
+                 module=None):
+        super().__init__(params, dict(lr=lr, lr_decay=lr_decay, weight_decay=weight_decay,
+                                      initial_accumulator_value=initial_accumulator_value,
+                                      eps=eps, maximize=maximize),
+                         **_offload_kwargs(offload, nvme_path, max_grad_norm, bucket_size,
+                                           num_threads, pin_memory, buffer_count,
+                                           staging_buffers, io_backend, module))
+
+    def _lazy_state(self):
+        return False
+
+    def _initial_state(self, group, name, num_elems):
+        return torch.full((num_elems,), float(group["initial_accumulator_value"]),
+                          dtype=torch.float32)
+
+
+class OffloadSGD(OffloadOptimizer):
+    """torch.optim.SGD with momentum, dampening and Nesterov momentum, with master
+    weights and state in Strata; state_dict as torch's ('momentum_buffer', None
+    without momentum; no 'step')."""
+
+    _twin = _optim.SGD
+    _kind = _lib.OPTIMIZER_SGD
+    _has_step = False
+
+    def __init__(self, params, lr=_optim._REQUIRED, momentum=0, dampening=0, weight_decay=0,
+                 nesterov=False, *, maximize=_optim._UNSET, foreach=_optim._UNSET,
+                 offload="cpu", nvme_path=None, max_grad_norm=0.0,
+                 bucket_size=DEFAULT_BUCKET_SIZE, num_threads=0, pin_memory=True,
+                 buffer_count=4, staging_buffers=4, io_backend=None, module=None):
+        if lr is _optim._REQUIRED:
+            raise TypeError("strata.torch.OffloadSGD: lr is required")
+        super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening,
+                                      weight_decay=weight_decay, nesterov=nesterov,
+                                      maximize=maximize, foreach=foreach),
+                         **_offload_kwargs(offload, nvme_path, max_grad_norm, bucket_size,
+                                           num_threads, pin_memory, buffer_count,
+                                           staging_buffers, io_backend, module))
+
+    def _extra_state(self, group, entry):
+        return {} if group["momentum"] != 0 else {"momentum_buffer": None}
+
+    def _loaded_step(self, entries, bucket):
+        # torch keeps no step count for SGD: t = 1 starts the momentum buffer as
+        # the gradient, t > 1 uses it; a loaded buffer means t >= 1.
+        return 1
+
+
+class OffloadLion(OffloadOptimizer):
+    """Lion (Chen et al., NeurIPS 2023) with master weights and state in Strata;
+    arguments and state_dict as strata.optim.Lion ('exp_avg', no 'step')."""
+
+    _twin = _optim.Lion
+    _kind = _lib.OPTIMIZER_LION
+    _has_step = False
+
+    def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0, *, maximize=False,
+                 offload="cpu", nvme_path=None, max_grad_norm=0.0,
+                 bucket_size=DEFAULT_BUCKET_SIZE, num_threads=0, pin_memory=True,
+                 buffer_count=4, staging_buffers=4, io_backend=None, module=None):
+        super().__init__(params, dict(lr=lr, betas=betas, weight_decay=weight_decay,
+                                      maximize=maximize),
+                         **_offload_kwargs(offload, nvme_path, max_grad_norm, bucket_size,
+                                           num_threads, pin_memory, buffer_count,
+                                           staging_buffers, io_backend, module))
+
+    def _loaded_step(self, entries, bucket):
+        return 1  # Lion does not use the step count
