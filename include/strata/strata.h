@@ -504,7 +504,7 @@ STRATA_API strata_status strata_offload_set_group_step(strata_offload* offload, 
  * add them in the order the next forward uses them. *bucket receives the index.
  * Errors: INVALID_ARGUMENT (unknown group or dtype, NULL or empty segments, a
  * segment not aligned to its element size); FAILED_PRECONDITION once a gradient,
- * a staging buffer, a state access or a step happened; RESOURCE_EXHAUSTED for
+ * a staging buffer or a step happened; RESOURCE_EXHAUSTED for
  * memory or a full drive. */
 STRATA_API strata_status strata_offload_add_bucket(strata_offload* offload, int group,
                                                    strata_dtype param_dtype,
