@@ -171,7 +171,7 @@ def bench_hidden(args):
             "nvme_read_per_step": rd, "nvme_written_per_step": wr}
 
 
-def memory_child(mode, layers, width, batch, steps, nvme_dir, threads):
+def memory_child(mode, layers, width, batch, steps, nvme_dir, threads, bucket_size):
     """One training run in this process (the parent measures its peak RSS)."""
     torch.set_num_threads(threads)
     model = make_model(layers, width)
@@ -183,7 +183,7 @@ def memory_child(mode, layers, width, batch, steps, nvme_dir, threads):
     else:
         opt = strata.torch.OffloadAdamW(model, lr=1e-4, offload=mode,
                                         nvme_path=nvme_dir if mode == "nvme" else None,
-                                        num_threads=threads)
+                                        num_threads=threads, bucket_size=bucket_size)
     for x, y in data:
         if mode in ("baseline", "torch"):
             opt.zero_grad(set_to_none=True)
@@ -207,17 +207,18 @@ def bench_memory(args):
     if not os.path.exists("/usr/bin/time"):
         print("\n## memory: skipped (/usr/bin/time missing: apt-get install time)")
         return None
-    layers, width = args.memory_layers, args.width
+    layers, width = args.memory_layers, args.memory_width
     n = layers * (width * width + width)
     state = 12 * n
     print(f"\n## memory: {n / 1e6:.1f}M fp32 params, fp32 optimizer state (masters + m + v) "
           f"{state / 1e6:.0f} MB; peak RSS of one training process each ({args.memory_steps} "
-          f"steps, /usr/bin/time -v)")
+          f"steps, /usr/bin/time -v); strata buckets of {args.memory_bucket_size} elements")
     rss = {}
     with tempfile.TemporaryDirectory(dir=args.nvme_dir) as d:
         for mode in ("baseline", "torch", "cpu", "nvme"):
             cmd = [sys.executable, os.path.abspath(__file__), "--memory-child", mode,
-                   "--memory-layers", str(layers), "--width", str(width), "--batch",
+                   "--memory-layers", str(layers), "--memory-width", str(width),
+                   "--memory-bucket-size", str(args.memory_bucket_size), "--batch",
                    str(args.batch), "--memory-steps", str(args.memory_steps),
                    "--threads", str(args.threads), "--nvme-dir", d]
             rss[mode] = peak_rss_kib(cmd) * 1024
@@ -240,15 +241,19 @@ def main():
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--steps", type=int, default=7)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--memory-layers", type=int, default=9, help="9 x 2048^2: 453 MB of state")
+    # Strata's host buffers beside the fp32 gradient accumulator (4 B/param) scale with the
+    # largest bucket: staging_buffers x 4 B + buffer_count x 12 B per element (see README).
+    ap.add_argument("--memory-layers", type=int, default=36, help="36 x 1024^2: 453 MB of state")
+    ap.add_argument("--memory-width", type=int, default=1024)
+    ap.add_argument("--memory-bucket-size", type=int, default=1 << 20)
     ap.add_argument("--memory-steps", type=int, default=4)
     ap.add_argument("--nvme-dir", default=None, help="directory on the drive to offload to")
     ap.add_argument("--json", default=None, help="also write the results here")
     ap.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.memory_child:
-        memory_child(args.memory_child, args.memory_layers, args.width, args.batch,
-                     args.memory_steps, args.nvme_dir, args.threads)
+        memory_child(args.memory_child, args.memory_layers, args.memory_width, args.batch,
+                     args.memory_steps, args.nvme_dir, args.threads, args.memory_bucket_size)
         return
     header(args.threads)
     results = {}
