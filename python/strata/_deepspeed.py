@@ -69,8 +69,8 @@ def from_deepspeed_config(config, params, *, module=None, num_threads=0, bucket_
       gradient_clipping     max_grad_norm
       fp16                  enabled; loss_scale (0 = dynamic: initial_scale_power
                             (16), loss_scale_window (1000), min_loss_scale (1));
-                            hysteresis must be 1 (DeepSpeed's delayed backoff is not
-                            implemented); consecutive_hysteresis is then moot
+                            hysteresis (2: back off at the second overflow) and
+                            consecutive_hysteresis, as DeepSpeed's DynamicLossScaler
     Ignored (they tune DeepSpeed's engine, launcher or logging, not what the
     optimizer computes): train_batch_size, train_micro_batch_size_per_gpu,
     gradient_accumulation_steps (your loop decides when to call step(); every
@@ -153,16 +153,19 @@ def from_deepspeed_config(config, params, *, module=None, num_threads=0, bucket_
                                "loss_scale_window", "hysteresis", "min_loss_scale",
                                "consecutive_hysteresis"})
     if fp16.get("enabled", False):
-        if int(fp16.get("hysteresis", 1)) != 1:
-            raise _error("fp16.hysteresis", "only 1 is supported (back off at the first "
-                         "overflow, as torch's GradScaler)")
+        hysteresis = int(fp16.get("hysteresis", 2))  # DeepSpeed's default
+        if hysteresis < 1:
+            raise _error("fp16.hysteresis", f"must be >= 1, got {hysteresis}")
         loss_scale = float(fp16.get("loss_scale", 0))
         if loss_scale > 0:
             scaler = GradScaler(init_scale=loss_scale, dynamic=False)
         else:
             scaler = GradScaler(init_scale=2.0 ** int(fp16.get("initial_scale_power", 16)),
                                 growth_interval=int(fp16.get("loss_scale_window", 1000)),
-                                min_scale=float(fp16.get("min_loss_scale", 1)))
+                                min_scale=float(fp16.get("min_loss_scale", 1)),
+                                hysteresis=hysteresis,
+                                consecutive_hysteresis=bool(
+                                    fp16.get("consecutive_hysteresis", False)))
     else:
         scaler = GradScaler(enabled=False)
     return cls(params, **args, **options), scaler

@@ -32,8 +32,11 @@ class GradScaler:
     backoff_factor=0.5, growth_interval=2000, enabled=True); the scale halves after
     each skipped step and doubles after growth_interval steps in a row without one.
     Extras (for DeepSpeed's fp16 section): dynamic=False keeps the scale fixed (a
-    static loss scale; an overflow still skips the step), and min_scale is a floor
-    for backoff.
+    static loss scale; an overflow still skips the step), min_scale is a floor
+    for backoff, and hysteresis=n backs off only at the n-th overflow (each
+    overflow before it only skips the step), as DeepSpeed's DynamicLossScaler
+    (delayed_shift); the count restarts when the scale grows, or after every
+    clean step with consecutive_hysteresis=True.
 
     unscale_() is not available: the gradients are in Strata, not in torch; clip
     with the optimizer's max_grad_norm (applied by Strata after unscaling, to the
@@ -42,7 +45,8 @@ class GradScaler:
     """
 
     def __init__(self, init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5,
-                 growth_interval=2000, enabled=True, *, dynamic=True, min_scale=None):
+                 growth_interval=2000, enabled=True, *, dynamic=True, min_scale=None,
+                 hysteresis=1, consecutive_hysteresis=False):
         if enabled:
             if not (math.isfinite(init_scale) and init_scale > 0):
                 raise ValueError(f"init_scale must be finite and > 0, got {init_scale}")
@@ -51,6 +55,8 @@ class GradScaler:
                     raise ValueError("The growth factor must be > 1.0.")
                 if not backoff_factor < 1.0:
                     raise ValueError("The backoff factor must be < 1.0.")
+                if not (isinstance(hysteresis, int) and hysteresis >= 1):
+                    raise ValueError(f"hysteresis must be an int >= 1, got {hysteresis!r}")
                 if not (isinstance(growth_interval, int) and growth_interval > 0):
                     raise ValueError(f"growth_interval must be an int > 0, got "
                                      f"{growth_interval!r}")
@@ -62,6 +68,9 @@ class GradScaler:
         self._growth_tracker = 0
         self._dynamic = bool(dynamic)
         self._min_scale = None if min_scale is None else _f32(min_scale)
+        self._hysteresis = int(hysteresis)
+        self._hysteresis_left = int(hysteresis)  # overflows until the next backoff
+        self._consecutive_hysteresis = bool(consecutive_hysteresis)
         self._found_inf = {}  # id(optimizer) -> skipped, since the last update()
 
     def scale(self, outputs):
@@ -116,18 +125,24 @@ class GradScaler:
                 raise RuntimeError("No inf checks were recorded prior to update.")
             if self._dynamic:
                 if any(self._found_inf.values()):
-                    scale = self._scale * self._backoff_factor
-                    if self._min_scale is not None:
-                        scale = max(scale, self._min_scale)
-                    self._scale = _f32(scale)
+                    if self._hysteresis_left <= 1:
+                        scale = self._scale * self._backoff_factor
+                        if self._min_scale is not None:
+                            scale = max(scale, self._min_scale)
+                        self._scale = _f32(scale)
+                    else:
+                        self._hysteresis_left -= 1
                     self._growth_tracker = 0
                 else:
+                    if self._consecutive_hysteresis:
+                        self._hysteresis_left = self._hysteresis
                     successful = self._growth_tracker + 1
                     if successful == self._growth_interval:
                         grown = _f32(self._scale * self._growth_factor)
                         if math.isfinite(grown):
                             self._scale = grown
                         self._growth_tracker = 0
+                        self._hysteresis_left = self._hysteresis
                     else:
                         self._growth_tracker = successful
         self._found_inf = {}

@@ -275,6 +275,30 @@ class StateTest(OffloadTestCase):
                                             p.float()) for i, p in enumerate(model.parameters())),
                         "the masters must carry more precision than the bf16 weights")
 
+    def test_hysteresis_backs_off_at_the_nth_overflow_as_deepspeed(self):
+        model = make_model(6)
+        opt = st.OffloadAdamW(model, lr=1e-3)
+        scaler = st.GradScaler(init_scale=1024.0, growth_interval=2, hysteresis=2)
+        victim = model.blocks[1].fc.weight
+        scales = []
+        # overflow, overflow, clean, clean (growth), overflow, overflow
+        for step, overflow in enumerate([True, True, False, False, True, True]):
+            handle = None
+            if overflow:
+                handle = victim.register_hook(
+                    lambda g: g.index_fill(0, torch.tensor([0]), math.inf))
+            scaler.scale(model(*batch(step))).backward()
+            if handle:
+                handle.remove()
+            scaler.step(opt)
+            self.assertEqual(opt.skipped, overflow)
+            scaler.update()
+            scales.append(scaler.get_scale())
+        # The first overflow only skips; the second backs off; growth restores the
+        # hysteresis, so again only the second overflow after it backs off.
+        self.assertEqual(scales, [1024.0, 512.0, 512.0, 1024.0, 1024.0, 512.0])
+        opt.synchronize()
+
     def test_overflow_skips_the_step_and_leaves_everything_bit_identical(self):
         model = make_model(6)
         opt = st.OffloadAdamW(model, lr=1e-3)
@@ -386,7 +410,7 @@ class DeepSpeedConfigTest(OffloadTestCase):
         for patch, key in [({"scheduler": {"type": "WarmupLR"}}, "scheduler"),
                            ({"zero_optimization": {"offload_param": {"device": "cpu"}}},
                             "offload_param"),
-                           ({"fp16": {"enabled": True, "hysteresis": 2}}, "hysteresis"),
+                           ({"fp16": {"enabled": True, "hysteresis": 0}}, "hysteresis"),
                            ({"optimizer": {"type": "Adafactor", "params": {}}}, "Adafactor")]:
             with self.subTest(key):
                 config = dict(self.config(), **patch)
