@@ -696,8 +696,9 @@ Status OffloadOptimizer::Impl::SubmitGradient(int bucket, int segment, const voi
   folder_->Submit([=, this, ready = std::move(ready)]() -> Status {
     Status s = Status::Ok();
     if (ready) s = ready();
-    // The bucket's previous update reads the accumulator: fold after it finished.
-    if (s.ok()) s = pipeline_->WaitBlock(bucket);
+    // The bucket's previous update reads the accumulator: fold after it finished (its NVMe
+    // write-back does not touch the accumulator and may still run).
+    if (s.ok()) s = pipeline_->WaitUpdated(bucket);
     if (s.ok()) s = Fold(bucket, segment, grad, dtype, overwrite);
     if (staging_index >= 0) {
       std::lock_guard lock(staging_mu_);
@@ -847,7 +848,7 @@ Status OffloadOptimizer::Impl::WaitBucket(int bucket) {
   STRATA_RETURN_IF_ERROR(CheckBucket(bucket, "offload optimizer: WaitBucket"));
   if (!pipeline_) return Status::Ok();
   const auto t0 = Clock::now();
-  Status s = pipeline_->WaitBlock(bucket);
+  Status s = pipeline_->WaitUpdated(bucket);
   AddWait(t0);
   return Fail(s);
 }

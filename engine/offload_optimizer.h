@@ -211,8 +211,9 @@ class OffloadOptimizer {
   // nothing changes). The group step counts advance by one unless skipped.
   Status Step(const OffloadStepOptions& options, OffloadStepResult* result);
 
-  // Waits until bucket b's last update has written its new weights into the caller's segments
-  // (and, on NVMe, its state back to the drive). OK at once when no update is in flight.
+  // Waits until bucket b's last update has written its new weights into the caller's segments.
+  // On NVMe the bucket's state may still be on its way to the drive (Synchronize waits for that;
+  // a failed write comes back from a later call). OK at once when no update is in flight.
   Status WaitBucket(int bucket);
   // Waits for every fold and every update.
   Status Synchronize();

@@ -48,6 +48,15 @@ Status OptimizerPipeline::WaitBlock(int block) {
   return write_.WaitFor(ticket);
 }
 
+Status OptimizerPipeline::WaitUpdated(int block) {
+  uint64_t ticket;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ticket = done_ticket_.at(block);
+  }
+  return update_.WaitFor(ticket);
+}
+
 Status OptimizerPipeline::Drain() {
   // Every stage, in pipeline order: after a failure the write stage skips its tasks at once while
   // read tasks may still be queued, and those wait on the write stage (the destructor relies on

@@ -55,6 +55,11 @@ class OptimizerPipeline {
   // Waits until the last submitted update of `block` has been written (OK at once if none was
   // submitted); the sticky error of any stage.
   Status WaitBlock(int block) STRATA_EXCLUDES(mu_);
+  // Waits only until the last submitted update stage of `block` has returned (its write-back may
+  // still run): what a reader of the update's outputs outside the pipeline buffers needs (the
+  // offload optimizer's caller buffers). Errors: the update stage's sticky error (which includes
+  // a failed read, and a failed write once a later read waited on it).
+  Status WaitUpdated(int block) STRATA_EXCLUDES(mu_);
   // Waits for every submitted update.
   Status Drain();
 

@@ -567,8 +567,10 @@ STRATA_API strata_status strata_offload_step(strata_offload* offload,
                                              const strata_offload_step_options* options,
                                              strata_offload_step_result* result);
 
-/* Waits until bucket's new weights are in the caller's segments (and its state on
- * the drive). Safe to call concurrently with the other calls. */
+/* Waits until bucket's new weights are in the caller's segments. With state on
+ * NVMe the bucket's state may still be on its way to the drive (synchronize waits
+ * for that; a failed write comes back from a later call). Safe to call
+ * concurrently with the other calls. */
 STRATA_API strata_status strata_offload_wait_bucket(strata_offload* offload, int bucket);
 
 /* Waits for every fold and update. */
