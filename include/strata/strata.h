@@ -1,6 +1,6 @@
-/* Strata C API: the CPU optimizers, gradient passes and the offload optimizer of libstrata.so behind a
- * stable C ABI, for frameworks and languages that cannot link C++ (the Python
- * package python/strata/ uses it through ctypes).
+/* Strata C API: the CPU optimizers, gradient passes and the offload optimizer of libstrata.so
+ * behind a stable C ABI, for frameworks and languages that cannot link C++ (the Python package
+ * python/strata/ uses it through ctypes).
  *
  * Shape of the API
  *   - Opaque handles: a strata_optimizer holds an optimizer's hyper-parameters and
@@ -507,8 +507,7 @@ STRATA_API strata_status strata_offload_set_group_step(strata_offload* offload, 
  * a staging buffer or a step happened; RESOURCE_EXHAUSTED for
  * memory or a full drive. */
 STRATA_API strata_status strata_offload_add_bucket(strata_offload* offload, int group,
-                                                   strata_dtype param_dtype,
-                                                   void* const* segments,
+                                                   strata_dtype param_dtype, void* const* segments,
                                                    const int64_t* segment_num_elems,
                                                    int num_segments, int* bucket);
 
@@ -587,11 +586,10 @@ STRATA_API const char* strata_offload_tensor_name(const strata_offload* offload,
  * bucket: bucket_num_elems fp32 values. Waits for the work in flight first.
  * Writing the master weights also writes them, rounded, into the caller's
  * segments. */
-STRATA_API strata_status strata_offload_read_state(strata_offload* offload, int bucket,
-                                                   int tensor, float* out, int64_t num_elems);
-STRATA_API strata_status strata_offload_write_state(strata_offload* offload, int bucket,
-                                                    int tensor, const float* in,
-                                                    int64_t num_elems);
+STRATA_API strata_status strata_offload_read_state(strata_offload* offload, int bucket, int tensor,
+                                                   float* out, int64_t num_elems);
+STRATA_API strata_status strata_offload_write_state(strata_offload* offload, int bucket, int tensor,
+                                                    const float* in, int64_t num_elems);
 
 /* Reads the caller's segments into the bucket's master weights again (after the
  * caller loaded new weights into its model). */
@@ -608,13 +606,13 @@ STRATA_API strata_status strata_offload_save(strata_offload* offload, const char
 STRATA_API strata_status strata_offload_load(strata_offload* offload, const char* dir);
 
 typedef struct strata_offload_stats {
-  int64_t steps;               /* updates applied */
-  int64_t skipped_steps;       /* steps skipped for a non-finite gradient */
-  uint64_t nvme_bytes_read;    /* swap store payload bytes */
+  int64_t steps;            /* updates applied */
+  int64_t skipped_steps;    /* steps skipped for a non-finite gradient */
+  uint64_t nvme_bytes_read; /* swap store payload bytes */
   uint64_t nvme_bytes_written;
-  double update_seconds; /* wall time of the updates, step start to last write-back */
-  double wait_seconds;   /* time callers spent blocked on updates; 1 - wait/update
-                            is the fraction of the update hidden under their work */
+  double update_seconds;     /* wall time of the updates, step start to last write-back */
+  double wait_seconds;       /* time callers spent blocked on updates; 1 - wait/update
+                                is the fraction of the update hidden under their work */
   uint64_t host_state_bytes; /* host memory of masters, state, accumulators */
 } strata_offload_stats;
 
