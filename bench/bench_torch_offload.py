@@ -26,7 +26,6 @@ Run (a release build first):
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -37,6 +36,7 @@ import torch
 
 import strata
 import strata.torch
+from bench_vs_torch import cpu_model  # bench/ is on sys.path: this script's folder
 
 
 def make_model(layers, width, dtype=torch.float32):
@@ -61,19 +61,8 @@ def loss_of(model, x, y):
     return torch.nn.functional.mse_loss(model(x), y)
 
 
-def cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
-
-
 def header(threads):
-    print(f"# {cpu_name()}, {os.cpu_count()} CPUs visible, torch {torch.__version__} "
+    print(f"# {cpu_model()}, {os.cpu_count()} CPUs visible, torch {torch.__version__} "
           f"({threads} threads), libstrata {strata.library_version()} "
           f"kernel {strata.kernel_name()}")
 

@@ -24,53 +24,6 @@ using json = nlohmann::json;
 
 constexpr uint64_t kMaxManifestBytes = 16 << 20;
 
-Status FsyncPath(const std::string& path) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!fd.valid()) return ErrnoToStatus(errno, fmt::format("opening directory '{}'", path));
-  if (::fsync(fd.get()) != 0) return ErrnoToStatus(errno, fmt::format("fsync '{}'", path));
-  return Status::Ok();
-}
-
-// Writes a small file with O_CREAT | O_EXCL | O_NOFOLLOW, mode 0600, and fsyncs it.
-Status WriteNewFile(const std::string& path, std::string_view text) {
-  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
-                     S_IRUSR | S_IWUSR));
-  if (!fd.valid()) return ErrnoToStatus(errno, fmt::format("creating '{}'", path));
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t r = ::write(fd.get(), text.data() + done, text.size() - done);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return ErrnoToStatus(errno, fmt::format("writing '{}'", path));
-    done += static_cast<size_t>(r);
-  }
-  if (::fsync(fd.get()) != 0) return ErrnoToStatus(errno, fmt::format("fsync '{}'", path));
-  if (::close(fd.release()) != 0) return ErrnoToStatus(errno, fmt::format("close '{}'", path));
-  return Status::Ok();
-}
-
-StatusOr<std::string> ReadSmallFile(const std::string& path, uint64_t limit) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
-  if (!fd.valid()) return ErrnoToStatus(errno, fmt::format("opening '{}'", path));
-  struct stat st;
-  if (::fstat(fd.get(), &st) != 0) return ErrnoToStatus(errno, fmt::format("stat '{}'", path));
-  if (!S_ISREG(st.st_mode)) return DataLossError(fmt::format("'{}' is not a regular file", path));
-  if (static_cast<uint64_t>(st.st_size) > limit) {
-    return DataLossError(
-        fmt::format("'{}' is {} bytes, more than the {} allowed", path, st.st_size, limit));
-  }
-  std::string out(static_cast<size_t>(st.st_size), '\0');
-  size_t done = 0;
-  while (done < out.size()) {
-    const ssize_t r = ::read(fd.get(), out.data() + done, out.size() - done);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return ErrnoToStatus(errno, fmt::format("reading '{}'", path));
-    if (r == 0) break;
-    done += static_cast<size_t>(r);
-  }
-  out.resize(done);
-  return out;
-}
-
 // Typed field access that reports the JSON path of what is missing or wrong.
 class Fields {
  public:
@@ -301,6 +254,76 @@ StatusOr<Manifest> ParseManifest(std::string_view text) {
   return m;
 }
 
+Status FsyncPath(const std::string& path) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!fd.valid()) return ErrnoToStatus(errno, fmt::format("opening directory '{}'", path));
+  if (::fsync(fd.get()) != 0) return ErrnoToStatus(errno, fmt::format("fsync '{}'", path));
+  return Status::Ok();
+}
+
+Status WriteNewFile(const std::string& path, std::string_view text) {
+  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                     S_IRUSR | S_IWUSR));
+  if (!fd.valid()) return ErrnoToStatus(errno, fmt::format("creating '{}'", path));
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t r = ::write(fd.get(), text.data() + done, text.size() - done);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return ErrnoToStatus(errno, fmt::format("writing '{}'", path));
+    done += static_cast<size_t>(r);
+  }
+  if (::fsync(fd.get()) != 0) return ErrnoToStatus(errno, fmt::format("fsync '{}'", path));
+  if (::close(fd.release()) != 0) return ErrnoToStatus(errno, fmt::format("close '{}'", path));
+  return Status::Ok();
+}
+
+StatusOr<std::string> ReadSmallFile(const std::string& path, uint64_t limit) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd.valid()) return ErrnoToStatus(errno, fmt::format("opening '{}'", path));
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return ErrnoToStatus(errno, fmt::format("stat '{}'", path));
+  if (!S_ISREG(st.st_mode)) return DataLossError(fmt::format("'{}' is not a regular file", path));
+  if (static_cast<uint64_t>(st.st_size) > limit) {
+    return DataLossError(
+        fmt::format("'{}' is {} bytes, more than the {} allowed", path, st.st_size, limit));
+  }
+  std::string out(static_cast<size_t>(st.st_size), '\0');
+  size_t done = 0;
+  while (done < out.size()) {
+    const ssize_t r = ::read(fd.get(), out.data() + done, out.size() - done);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return ErrnoToStatus(errno, fmt::format("reading '{}'", path));
+    if (r == 0) break;
+    done += static_cast<size_t>(r);
+  }
+  out.resize(done);
+  return out;
+}
+
+Status MoveIntoPlace(const std::string& temp_dir, const std::string& target,
+                     std::string* displaced) {
+  displaced->clear();
+  const std::filesystem::path t(target);
+  const std::string parent = t.parent_path().empty() ? "." : t.parent_path().string();
+  struct stat st;
+  if (::lstat(target.c_str(), &st) == 0) {
+    std::string aside = fmt::format("{}/.old-{}-XXXXXX", parent, t.filename().string());
+    if (::mkdtemp(aside.data()) == nullptr) {
+      return ErrnoToStatus(errno, fmt::format("making room for '{}'", target));
+    }
+    if (::rename(target.c_str(), aside.c_str()) != 0) {
+      const Status moved = ErrnoToStatus(errno, fmt::format("moving aside '{}'", target));
+      ::rmdir(aside.c_str());
+      return moved;
+    }
+    *displaced = aside;
+  }
+  if (::rename(temp_dir.c_str(), target.c_str()) != 0) {
+    return ErrnoToStatus(errno, fmt::format("renaming '{}' to '{}'", temp_dir, target));
+  }
+  return FsyncPath(parent);
+}
+
 StatusOr<std::string> ResolveCheckpointDir(const std::string& path) {
   struct stat st;
   const std::string manifest = path + "/" + kManifestFileName;
@@ -376,22 +399,9 @@ Status CommitCheckpoint(const std::string& save_dir, const std::string& temp_dir
   STRATA_RETURN_IF_ERROR(FsyncPath(temp_dir));
   const std::string name = fmt::format("step-{}", manifest.trainer.step);
   const std::string target = save_dir + "/" + name;
+  // A checkpoint of this step may exist (a save after a resume from it): it is moved aside.
   std::string displaced;
-  struct stat st;
-  if (::lstat(target.c_str(), &st) == 0) {
-    // A checkpoint of this step exists (a save after a resume from it): move it aside first.
-    displaced = fmt::format("{}/.old-{}-XXXXXX", save_dir, name);
-    if (::mkdtemp(displaced.data()) == nullptr) {
-      return ErrnoToStatus(errno, fmt::format("making room for '{}'", target));
-    }
-    if (::rename(target.c_str(), displaced.c_str()) != 0) {
-      return ErrnoToStatus(errno, fmt::format("moving aside '{}'", target));
-    }
-  }
-  if (::rename(temp_dir.c_str(), target.c_str()) != 0) {
-    return ErrnoToStatus(errno, fmt::format("renaming '{}' to '{}'", temp_dir, target));
-  }
-  STRATA_RETURN_IF_ERROR(FsyncPath(save_dir));
+  STRATA_RETURN_IF_ERROR(MoveIntoPlace(temp_dir, target, &displaced));
   const std::string latest_tmp = save_dir + "/" + kLatestFileName + ".tmp";
   if (::unlink(latest_tmp.c_str()) != 0 && errno != ENOENT) {
     return ErrnoToStatus(errno, fmt::format("removing stale '{}'", latest_tmp));

@@ -88,133 +88,50 @@ class HostBuffer {
   bool locked_ = false;
 };
 
-Json ConfigToJson(const cpu_optim::AnyOptimizer& o) {
+// Every hyper-parameter of a config, by name, once: fn(name, field) for each; both the manifest
+// writer and its reader walk this list.
+template <typename F>
+void ForEachField(cpu_optim::AdamWConfig& c, F&& fn) {
+  fn("lr", c.lr), fn("beta1", c.beta1), fn("beta2", c.beta2), fn("eps", c.eps);
+  fn("weight_decay", c.weight_decay), fn("decoupled_weight_decay", c.decoupled_weight_decay);
+  fn("bias_correction", c.bias_correction), fn("amsgrad", c.amsgrad), fn("maximize", c.maximize);
+}
+template <typename F>
+void ForEachField(cpu_optim::AdagradConfig& c, F&& fn) {
+  fn("lr", c.lr), fn("lr_decay", c.lr_decay), fn("weight_decay", c.weight_decay);
+  fn("initial_accumulator_value", c.initial_accumulator_value), fn("eps", c.eps);
+  fn("maximize", c.maximize);
+}
+template <typename F>
+void ForEachField(cpu_optim::LionConfig& c, F&& fn) {
+  fn("lr", c.lr), fn("beta1", c.beta1), fn("beta2", c.beta2);
+  fn("weight_decay", c.weight_decay), fn("maximize", c.maximize);
+}
+template <typename F>
+void ForEachField(cpu_optim::SgdConfig& c, F&& fn) {
+  fn("lr", c.lr), fn("momentum", c.momentum), fn("dampening", c.dampening);
+  fn("weight_decay", c.weight_decay), fn("nesterov", c.nesterov), fn("maximize", c.maximize);
+}
+
+Json ConfigToJson(cpu_optim::AnyOptimizer o) {
   Json j;
   j["kind"] = std::string(cpu_optim::OptimizerKindName(o.kind));
-  if (const auto* c = std::get_if<cpu_optim::AdamWConfig>(&o.config)) {
-    j["lr"] = c->lr;
-    j["beta1"] = c->beta1;
-    j["beta2"] = c->beta2;
-    j["eps"] = c->eps;
-    j["weight_decay"] = c->weight_decay;
-    j["decoupled_weight_decay"] = c->decoupled_weight_decay;
-    j["bias_correction"] = c->bias_correction;
-    j["amsgrad"] = c->amsgrad;
-    j["maximize"] = c->maximize;
-  } else if (const auto* c = std::get_if<cpu_optim::AdagradConfig>(&o.config)) {
-    j["lr"] = c->lr;
-    j["lr_decay"] = c->lr_decay;
-    j["weight_decay"] = c->weight_decay;
-    j["initial_accumulator_value"] = c->initial_accumulator_value;
-    j["eps"] = c->eps;
-    j["maximize"] = c->maximize;
-  } else if (const auto* c = std::get_if<cpu_optim::LionConfig>(&o.config)) {
-    j["lr"] = c->lr;
-    j["beta1"] = c->beta1;
-    j["beta2"] = c->beta2;
-    j["weight_decay"] = c->weight_decay;
-    j["maximize"] = c->maximize;
-  } else if (const auto* c = std::get_if<cpu_optim::SgdConfig>(&o.config)) {
-    j["lr"] = c->lr;
-    j["momentum"] = c->momentum;
-    j["dampening"] = c->dampening;
-    j["weight_decay"] = c->weight_decay;
-    j["nesterov"] = c->nesterov;
-    j["maximize"] = c->maximize;
-  }
+  std::visit([&](auto& c) { ForEachField(c, [&](const char* name, auto& v) { j[name] = v; }); },
+             o.config);
   return j;
 }
 
 // The hyper-parameters of a saved group, read into a copy of `like` (whose kind the caller has
 // checked). Throws nlohmann's exceptions for missing or mistyped fields.
 cpu_optim::AnyOptimizer ConfigFromJson(const Json& j, cpu_optim::AnyOptimizer like) {
-  if (auto* c = std::get_if<cpu_optim::AdamWConfig>(&like.config)) {
-    c->lr = j.at("lr").get<float>();
-    c->beta1 = j.at("beta1").get<float>();
-    c->beta2 = j.at("beta2").get<float>();
-    c->eps = j.at("eps").get<float>();
-    c->weight_decay = j.at("weight_decay").get<float>();
-    c->decoupled_weight_decay = j.at("decoupled_weight_decay").get<bool>();
-    c->bias_correction = j.at("bias_correction").get<bool>();
-    c->amsgrad = j.at("amsgrad").get<bool>();
-    c->maximize = j.at("maximize").get<bool>();
-  } else if (auto* c = std::get_if<cpu_optim::AdagradConfig>(&like.config)) {
-    c->lr = j.at("lr").get<float>();
-    c->lr_decay = j.at("lr_decay").get<float>();
-    c->weight_decay = j.at("weight_decay").get<float>();
-    c->initial_accumulator_value = j.at("initial_accumulator_value").get<float>();
-    c->eps = j.at("eps").get<float>();
-    c->maximize = j.at("maximize").get<bool>();
-  } else if (auto* c = std::get_if<cpu_optim::LionConfig>(&like.config)) {
-    c->lr = j.at("lr").get<float>();
-    c->beta1 = j.at("beta1").get<float>();
-    c->beta2 = j.at("beta2").get<float>();
-    c->weight_decay = j.at("weight_decay").get<float>();
-    c->maximize = j.at("maximize").get<bool>();
-  } else if (auto* c = std::get_if<cpu_optim::SgdConfig>(&like.config)) {
-    c->lr = j.at("lr").get<float>();
-    c->momentum = j.at("momentum").get<float>();
-    c->dampening = j.at("dampening").get<float>();
-    c->weight_decay = j.at("weight_decay").get<float>();
-    c->nesterov = j.at("nesterov").get<bool>();
-    c->maximize = j.at("maximize").get<bool>();
-  }
+  std::visit(
+      [&](auto& c) {
+        ForEachField(c, [&](const char* name, auto& v) {
+          v = j.at(name).template get<std::remove_reference_t<decltype(v)>>();
+        });
+      },
+      like.config);
   return like;
-}
-
-Status FsyncPath(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoToStatus(errno, fmt::format("opening '{}' to fsync it", path));
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  if (rc != 0) return ErrnoToStatus(err, fmt::format("fsync of '{}'", path));
-  return Status::Ok();
-}
-
-Status WriteSmallFile(const std::string& path, std::string_view text) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (fd < 0) return ErrnoToStatus(errno, fmt::format("creating '{}'", path));
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = n < 0 ? errno : EIO;
-      ::close(fd);
-      return ErrnoToStatus(err, fmt::format("writing '{}'", path));
-    }
-    done += static_cast<size_t>(n);
-  }
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  if (rc != 0) return ErrnoToStatus(err, fmt::format("fsync of '{}'", path));
-  return Status::Ok();
-}
-
-StatusOr<std::string> ReadSmallFile(const std::string& path, size_t limit) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0) return ErrnoToStatus(errno, fmt::format("opening '{}'", path));
-  std::string text;
-  char buf[65536];
-  for (;;) {
-    const ssize_t n = ::read(fd, buf, sizeof(buf));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int err = errno;
-      ::close(fd);
-      return ErrnoToStatus(err, fmt::format("reading '{}'", path));
-    }
-    if (n == 0) break;
-    text.append(buf, static_cast<size_t>(n));
-    if (text.size() > limit) {
-      ::close(fd);
-      return DataLossError(fmt::format("'{}' is larger than {} bytes", path, limit));
-    }
-  }
-  ::close(fd);
-  return text;
 }
 
 }  // namespace
@@ -281,6 +198,13 @@ class OffloadOptimizer::Impl {
  private:
   bool nvme() const { return o_.home == OffloadOptimizerOptions::Home::kNvme; }
   uint64_t StateBytes(const Bucket& b) const { return b.num_tensors * TensorStride(b.num_elems); }
+  // "bucket{b}.master", "bucket{b}.exp_avg", ...: tensor t of bucket b in a saved state.
+  std::string TensorName(int b, int t) const {
+    const Bucket& k = buckets_[b];
+    return fmt::format("bucket{}.{}", b,
+                       t == 0 ? std::string_view("master")
+                              : cpu_optim::StateName(groups_[k.group].optimizer, t - 1));
+  }
   Status CheckUsable() const;
   Status Fail(Status status);
   Status CheckBucket(int bucket, const char* what) const;
@@ -962,13 +886,8 @@ Status OffloadOptimizer::Impl::Save(const std::string& dir) {
     Json buckets = Json::array();
     for (size_t b = 0; b < buckets_.size(); ++b) {
       const Bucket& k = buckets_[b];
-      const cpu_optim::AnyOptimizer& opt = groups_[k.group].optimizer;
       for (int t = 0; t < k.num_tensors; ++t) {
-        specs.push_back({fmt::format("bucket{}.{}", b,
-                                     t == 0 ? std::string("master")
-                                            : std::string(cpu_optim::StateName(opt, t - 1))),
-                         DType::kF32,
-                         {k.num_elems}});
+        specs.push_back({TensorName(static_cast<int>(b), t), DType::kF32, {k.num_elems}});
       }
       Json segs = Json::array();
       for (const OffloadSegment& seg : k.segments) segs.push_back(seg.num_elems);
@@ -1000,25 +919,13 @@ Status OffloadOptimizer::Impl::Save(const std::string& dir) {
                      {"files", Json::array({{{"name", kOffloadTensorFile},
                                              {"size_bytes", written.size_bytes},
                                              {"xxh3", fmt::format("{:016x}", written.xxh3)}}})}};
-    STRATA_RETURN_IF_ERROR(WriteSmallFile(temp + "/" + kManifestFileName, manifest.dump(2) + "\n"));
+    STRATA_RETURN_IF_ERROR(WriteNewFile(temp + "/" + kManifestFileName, manifest.dump(2) + "\n"));
     STRATA_RETURN_IF_ERROR(FsyncPath(temp));
-    // Swap the new directory in: the old one (if any) is moved aside first, so a crash leaves
-    // one complete state under `dir` or its aside name.
-    std::string aside;
-    struct stat st;
-    if (::lstat(target.c_str(), &st) == 0) {
-      aside = fmt::format("{}/.{}.old-XXXXXX", parent, target.filename().string());
-      if (::mkdtemp(aside.data()) == nullptr || ::rename(target.c_str(), aside.c_str()) != 0) {
-        return ErrnoToStatus(
-            errno, fmt::format("offload optimizer: Save: moving aside '{}'", target.string()));
-      }
-    }
-    if (::rename(temp.c_str(), target.c_str()) != 0) {
-      return ErrnoToStatus(errno, fmt::format("offload optimizer: Save: renaming '{}' to '{}'",
-                                              temp, target.string()));
-    }
-    STRATA_RETURN_IF_ERROR(FsyncPath(parent));
-    if (!aside.empty()) RemoveTree(aside);
+    // The old state (if any) is moved aside first: a crash leaves one complete state under
+    // `dir` or its aside name.
+    std::string displaced;
+    STRATA_RETURN_IF_ERROR(MoveIntoPlace(temp, target.string(), &displaced));
+    if (!displaced.empty()) RemoveTree(displaced);
     return Status::Ok();
   }();
   if (!s.ok()) RemoveTree(temp);
@@ -1119,10 +1026,7 @@ Status OffloadOptimizer::Impl::Load(const std::string& dir) {
   for (size_t b = 0; b < buckets_.size(); ++b) {
     const Bucket& k = buckets_[b];
     for (int t = 0; t < k.num_tensors; ++t) {
-      const std::string name = fmt::format(
-          "bucket{}.{}", b,
-          t == 0 ? std::string("master")
-                 : std::string(cpu_optim::StateName(groups_[k.group].optimizer, t - 1)));
+      const std::string name = TensorName(static_cast<int>(b), t);
       const SafetensorsTensor* st = file.header.Find(name);
       if (st == nullptr || st->dtype != DType::kF32 ||
           st->shape != std::vector<int64_t>{k.num_elems}) {
@@ -1147,10 +1051,7 @@ Status OffloadOptimizer::Impl::Load(const std::string& dir) {
       block = reinterpret_cast<float*>(k.state.data());
     }
     for (int t = 0; t < k.num_tensors; ++t) {
-      const std::string name = fmt::format(
-          "bucket{}.{}", b,
-          t == 0 ? std::string("master")
-                 : std::string(cpu_optim::StateName(groups_[k.group].optimizer, t - 1)));
+      const std::string name = TensorName(static_cast<int>(b), t);
       const SafetensorsTensor* st = file.header.Find(name);
       STRATA_RETURN_IF_ERROR(Fail(ReadTensorBytes(
           file, *st, 0,
@@ -1174,7 +1075,7 @@ OffloadCounters OffloadOptimizer::Impl::counters() const {
   c.update_seconds = update_ns_.load(std::memory_order_relaxed) * 1e-9;
   c.wait_seconds = wait_ns_.load(std::memory_order_relaxed) * 1e-9;
   for (const Bucket& k : buckets_) {
-    c.host_state_bytes += k.state.size_bytes() * (k.state.data() != nullptr) + k.accum.size_bytes();
+    c.host_state_bytes += k.state.size_bytes() + k.accum.size_bytes();
   }
   for (const HostBuffer& h : pipe_buf_) c.host_state_bytes += h.size_bytes();
   for (const HostBuffer& h : staging_) c.host_state_bytes += h.size_bytes();

@@ -170,7 +170,8 @@ class OffloadOptimizer {
   // state (InitialStateValue), in host memory or on NVMe. Every segment has num_elems > 0 and a
   // non-null data aligned to its elements; segments of one optimizer must not overlap.
   // kFailedPrecondition after the first gradient, staging buffer or Step. Swap-store errors
-  // (kResourceExhausted for a full drive) leave no bucket behind.
+  // (kResourceExhausted for a full drive) leave no bucket behind and are sticky (the failed
+  // extent keeps its name in the store): make a new optimizer with room on the drive.
   StatusOr<int> AddBucket(int group, DType param_dtype, std::span<const OffloadSegment> segments);
   int num_buckets() const;
   int64_t bucket_num_elems(int bucket) const;
