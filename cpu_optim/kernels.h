@@ -19,6 +19,7 @@
 
 #include "base/dtype.h"
 #include "base/status.h"
+#include "cpu_optim/adafactor_kernels.h"
 #include "cpu_optim/adagrad.h"
 #include "cpu_optim/adamw.h"
 #include "cpu_optim/grad_stats.h"
@@ -144,6 +145,24 @@ struct KernelTable {
   // (p, m, v, grad -> p, m, v, out) with bit moves only, compiled for the same ISA.
   // Scrambles the buffers (rotates p <- m <- v <- p). b.out must be set.
   void (*adamw_traffic)(const AdamWBuffers& b, int64_t begin, int64_t end);
+  // Adafactor (adafactor.h; summation order in adafactor_kernels.h), u = g * g + eps1.
+  // Factored, one tile t: row_sums[i - t.row_begin] and col_sums[j - t.col_begin] are
+  // the tile's partial sums of u over row i and column j.
+  void (*adafactor_sums)(const AdafactorScalars& s, const AdafactorBuffers& b,
+                         const AdafactorTile& t, double* row_sums, double* col_sums);
+  // Factored: the tile's sum of update^2, update = (row_factor[i] * col_factor[j]) * g.
+  double (*adafactor_update_sq)(const AdafactorScalars& s, const AdafactorBuffers& b,
+                                const AdafactorTile& t);
+  // Factored: p (and exp_avg) from update * step_size; copy-out.
+  void (*adafactor_apply)(const AdafactorScalars& s, const AdafactorBuffers& b,
+                          const AdafactorTile& t);
+  // Not factored, [begin, end) with begin a multiple of kStatsChunkElems: updates
+  // exp_avg_sq in place and returns the sum of (rsqrt(V) * g)^2 as sum_squares adds.
+  double (*adafactor_vector_sq)(const AdafactorScalars& s, const AdafactorBuffers& b, int64_t begin,
+                                int64_t end);
+  // Not factored: p (and exp_avg) from rsqrt(V) * g * step_size; copy-out.
+  void (*adafactor_vector_apply)(const AdafactorScalars& s, const AdafactorBuffers& b,
+                                 int64_t begin, int64_t end);
 };
 
 // Every variant this CPU can run, best first; always ends with the generic one.
@@ -202,6 +221,10 @@ Status ConvertFromF32With(const KernelTable& kernels, const float* src, void* ds
                           int64_t num_elems);
 Status ConvertToF32With(const KernelTable& kernels, const void* src, DType src_dtype, float* dst,
                         int64_t num_elems);
+Status AdafactorUpdateWith(const KernelTable& kernels, const AdafactorConfig& config,
+                           const OptimStep& step, std::span<const int64_t> shape,
+                           std::span<float> master, const AdafactorState& state, GradView grad,
+                           CopyOut copy_out = {});
 
 // True when [a, a + a_bytes) and [b, b + b_bytes) share a byte.
 bool Overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes);
