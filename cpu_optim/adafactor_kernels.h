@@ -3,22 +3,26 @@
 // reference and the ISA variants (kernels_impl.inc). Not part of the public API.
 //
 // Summation order (fp64 additions of fp32 values; it depends on the shape alone, so
-// results are bit-identical for any thread count and ISA variant):
+// results are bit-identical for any thread count and ISA variant). "Lanes" below are
+// kAdafactorLanes fp64 partial sums, combined pairwise: ((l0 + l1) + (l2 + l3)) + ...
+// (32 lanes, not sum_squares' 8: the additions of one lane form a dependency chain,
+// and 8 chains cap an AVX-512 core at 2 elements per fp64 add latency).
 //  - RMS(p): the order of KernelTable::sum_squares over master (kernels.h).
-//  - Not factored, RMS(update): the same chunks, lanes and leaves as sum_squares.
+//  - Not factored, RMS(update): the chunks and leaves of sum_squares, element i of a
+//    chunk in lane i % kAdafactorLanes.
 //  - Factored: the (rows, cols) matrix is cut into tiles of tile_rows x tile_cols
 //    (AdafactorTiling, the last row and column blocks shorter); tile (rb, cb) has
 //    index rb * num_col_blocks + cb.
 //    - Row sum of u over one tile: element (i, j) is added to lane
-//      (j - col_begin) % kStatsLanes of row i, in index order from 0; the lanes are
-//      combined as kernels.h's CombineLanes. Row i's sum is
+//      (j - col_begin) % kAdafactorLanes of row i, in index order from 0, lanes
+//      combined at the row's end. Row i's sum is
 //      0.0 + tile(rb, 0) + tile(rb, 1) + ... over its column blocks in order.
 //    - Column sum of u over one tile: 0.0 + u[row_begin, j] + u[row_begin + 1, j] +
 //      ...; column j's sum is 0.0 + tile(0, cb) + tile(1, cb) + ... in order.
 //    - mean(R): 0.0 + R[0] + R[1] + ... in index order.
 //    - RMS(update): per tile, element (i, j) is added to lane (j - col_begin) %
-//      kStatsLanes, rows in order, lanes starting at 0 for the tile and combined as
-//      CombineLanes; the tiles are combined pairwise by index (PairwiseLeafSum).
+//      kAdafactorLanes, rows in order, lanes starting at 0 for the tile and combined
+//      at its end; the tiles are combined pairwise by index (PairwiseLeafSum).
 #pragma once
 
 #include <cstdint>
@@ -35,6 +39,7 @@ namespace strata::cpu_optim::internal {
 // wide ones tiles of kAdafactorMinTileCols columns or more.
 inline constexpr int64_t kAdafactorTileElems = 65536;
 inline constexpr int64_t kAdafactorMinTileCols = 1024;
+inline constexpr int64_t kAdafactorLanes = 32;
 
 // The partition of a (rows, cols) matrix, rows, cols >= 1:
 //   tile_cols = min(cols, max(kAdafactorMinTileCols, ceil(kAdafactorTileElems / rows)))

@@ -12,10 +12,14 @@
 namespace strata::cpu_optim {
 namespace {
 
+using internal::kAdafactorLanes;
 using internal::kStatsLanes;
 
-double CombineLanes(const double (&acc)[kStatsLanes]) {
-  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+// Lanes summed pairwise: sum(first, last) = sum(first, mid) + sum(mid, last).
+double CombineLanes(const double* acc, int64_t first, int64_t last) {
+  if (last - first == 1) return acc[first];
+  const int64_t mid = first + (last - first) / 2;
+  return CombineLanes(acc, first, mid) + CombineLanes(acc, mid, last);
 }
 
 // PairwiseLeafSum of parallel.h, serially.
@@ -28,9 +32,9 @@ double Pairwise(int64_t first, int64_t last, const LeafFn& leaf) {
   return left + right;
 }
 
-// sum_squares' order over [0, n): chunks of kStatsChunkElems in kStatsLanes lanes,
+// sum_squares' order over [0, n): chunks of kStatsChunkElems in kLanes lanes,
 // leaves of kStatsChunksPerLeaf chunks, leaves pairwise. term(i) is element i's term.
-template <typename TermFn>
+template <int64_t kLanes, typename TermFn>
 double ChunkedSum(int64_t n, const TermFn& term) {
   if (n == 0) return 0.0;
   auto leaf = [&](int64_t l) {
@@ -38,10 +42,10 @@ double ChunkedSum(int64_t n, const TermFn& term) {
     const int64_t end = std::min(n, begin + internal::kStatsLeafElems);
     double sum = 0.0;
     for (int64_t c = begin; c < end; c += internal::kStatsChunkElems) {
-      double acc[kStatsLanes] = {};
+      double acc[kLanes] = {};
       const int64_t chunk_end = std::min(end, c + internal::kStatsChunkElems);
-      for (int64_t i = c; i < chunk_end; ++i) acc[(i - c) % kStatsLanes] += term(i);
-      sum += CombineLanes(acc);
+      for (int64_t i = c; i < chunk_end; ++i) acc[(i - c) % kLanes] += term(i);
+      sum += CombineLanes(acc, 0, kLanes);
     }
     return sum;
   };
@@ -77,7 +81,7 @@ Status AdafactorUpdateReference(const AdafactorConfig& config, const OptimStep& 
   if (n == 0) return Status::Ok();
   double sum_squares_p = 0.0;
   if (config.scale_parameter) {
-    sum_squares_p = ChunkedSum(n, [&](int64_t i) {
+    sum_squares_p = ChunkedSum<kStatsLanes>(n, [&](int64_t i) {
       const double p = master[i];
       return p * p;
     });
@@ -92,7 +96,7 @@ Status AdafactorUpdateReference(const AdafactorConfig& config, const OptimStep& 
 
   if (!geo.factored) {
     std::span<float> v = state.exp_avg_sq;
-    const double sum_u = ChunkedSum(n, [&](int64_t i) {
+    const double sum_u = ChunkedSum<kAdafactorLanes>(n, [&](int64_t i) {
       v[i] = s.beta2t * v[i] + s.one_minus_beta2t * u_at(i);
       const double y = Rsqrt(v[i]) * g_at(i);
       return y * y;
@@ -120,11 +124,11 @@ Status AdafactorUpdateReference(const AdafactorConfig& config, const OptimStep& 
       const internal::AdafactorTile t =
           internal::AdafactorTileAt(tiling, rb * tiling.num_col_blocks + cb);
       for (int64_t i = t.row_begin; i < t.row_end; ++i) {
-        double acc[kStatsLanes] = {};
+        double acc[kAdafactorLanes] = {};
         for (int64_t j = t.col_begin; j < t.col_end; ++j) {
-          acc[(j - t.col_begin) % kStatsLanes] += u_at(i * cols + j);
+          acc[(j - t.col_begin) % kAdafactorLanes] += u_at(i * cols + j);
         }
-        row_sum[i] += CombineLanes(acc);
+        row_sum[i] += CombineLanes(acc, 0, kAdafactorLanes);
       }
       for (int64_t j = t.col_begin; j < t.col_end; ++j) {
         double tile = 0.0;
@@ -152,14 +156,14 @@ Status AdafactorUpdateReference(const AdafactorConfig& config, const OptimStep& 
   };
   const double sum_u = Pairwise(0, tiling.num_tiles(), [&](int64_t k) {
     const internal::AdafactorTile t = internal::AdafactorTileAt(tiling, k);
-    double acc[kStatsLanes] = {};
+    double acc[kAdafactorLanes] = {};
     for (int64_t i = t.row_begin; i < t.row_end; ++i) {
       for (int64_t j = t.col_begin; j < t.col_end; ++j) {
         const double y = update_at(i, j);
-        acc[(j - t.col_begin) % kStatsLanes] += y * y;
+        acc[(j - t.col_begin) % kAdafactorLanes] += y * y;
       }
     }
-    return CombineLanes(acc);
+    return CombineLanes(acc, 0, kAdafactorLanes);
   });
   s.step_size = internal::AdafactorStepSize(config, lr, sum_u, n);
   for (int64_t i = 0; i < rows; ++i) {

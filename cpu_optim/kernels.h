@@ -157,7 +157,7 @@ struct KernelTable {
   void (*adafactor_apply)(const AdafactorScalars& s, const AdafactorBuffers& b,
                           const AdafactorTile& t);
   // Not factored, [begin, end) with begin a multiple of kStatsChunkElems: updates
-  // exp_avg_sq in place and returns the sum of (rsqrt(V) * g)^2 as sum_squares adds.
+  // exp_avg_sq in place and returns the sum of (rsqrt(V) * g)^2 (adafactor_kernels.h).
   double (*adafactor_vector_sq)(const AdafactorScalars& s, const AdafactorBuffers& b, int64_t begin,
                                 int64_t end);
   // Not factored: p (and exp_avg) from rsqrt(V) * g * step_size; copy-out.

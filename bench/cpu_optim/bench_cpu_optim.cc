@@ -6,6 +6,9 @@
 //   BM_AdamWReference/params/grad              the scalar reference (one thread)
 //   BM_Adagrad, BM_Lion, BM_Sgd/params/grad/threads  the other optimizers (best variant)
 //   BM_Triad/params/threads                    STREAM triad a = b + s * c over fp32 arrays
+//   BM_Adafactor/<isa>/params/grad/threads/factored  Adafactor step (beta1 = 0, bf16
+//                                              copy-out): factored 1 = a (params / 4096,
+//                                              4096) matrix, 0 = a vector
 //
 // <isa> is every variant this CPU runs (avx512, avx2, generic). grad: 0 = fp32,
 // 1 = fp16, 2 = bf16 (DType values). Copy-out is always bf16, so bf16 gradients are
@@ -13,6 +16,10 @@
 // reads p32, m, v (12 B) + the gradient (4 or 2 B) and writes p32, m, v (12 B) + the
 // bf16 copy-out (2 B): 28 B with 16-bit gradients, 30 B with fp32. Adagrad, Lion and
 // SGD with momentum move one fp32 state instead of two: 20 B (22 B with fp32).
+// Adafactor reads the gradient three times when factored (row/column sums,
+// RMS(update), the update) and moves p32 and the copy-out: 3 * grad + 10 B (16 B with
+// bf16 gradients); as a vector it reads the gradient twice and v twice and writes v:
+// 2 * grad + 22 B (26 B).
 // items_per_second (and the params_per_second counter) is parameters per second.
 // Times are wall-clock (the work runs on oneTBB workers).
 //
@@ -42,6 +49,7 @@
 
 #include "base/aligned_buffer.h"
 #include "base/dtype.h"
+#include "cpu_optim/adafactor.h"
 #include "cpu_optim/adagrad.h"
 #include "cpu_optim/adamw.h"
 #include "cpu_optim/kernels.h"
@@ -241,6 +249,45 @@ void BM_Triad(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * n * 12);
 }
 
+// Adafactor with the given variant: state zeroed once, then steps on it.
+void RunAdafactor(benchmark::State& state, const internal::KernelTable& kernels) {
+  const auto b = Buffers::Make(state.range(0), static_cast<DType>(state.range(1)));
+  if (!b) return state.SkipWithError("allocation failed");
+  const bool factored = state.range(3) != 0;
+  constexpr int64_t kCols = 4096;
+  const std::vector<int64_t> shape =
+      factored ? std::vector<int64_t>{b->n / kCols, kCols} : std::vector<int64_t>{b->n};
+  if (factored && b->n % kCols != 0) return state.SkipWithError("params not a multiple of 4096");
+  // Factored state lives in the first rows + cols floats of m; v is the vector's.
+  std::fill_n(b->m.as<float>(), factored ? b->n / kCols + kCols : 0, 0.0f);
+  std::fill_n(b->v.as<float>(), b->n, 0.0f);
+  const std::span<float> m = b->span(b->m);
+  const AdafactorState st =
+      factored ? AdafactorState{.exp_avg_sq_row = m.first(static_cast<size_t>(b->n / kCols)),
+                                .exp_avg_sq_col = m.subspan(static_cast<size_t>(b->n / kCols),
+                                                            static_cast<size_t>(kCols))}
+               : AdafactorState{.exp_avg_sq = b->span(b->v)};
+  const AdafactorConfig config{.lr = 1e-3f, .weight_decay = 0.01f};
+  tbb::task_arena arena(static_cast<int>(state.range(2)));
+  int64_t t = 0;
+  for (auto _ : state) {
+    Status s;
+    arena.execute([&] {
+      s = internal::AdafactorUpdateWith(kernels, config, {.step = ++t, .grad_scale = 0.5f}, shape,
+                                        b->span(b->p), st, GradView{b->grad.data(), b->grad_dtype},
+                                        CopyOut{b->out.data(), DType::kBF16});
+    });
+    if (!s.ok()) return state.SkipWithError(s.ToString().c_str());
+  }
+  const int64_t g = static_cast<int64_t>(SizeOf(b->grad_dtype));
+  const int64_t bytes = factored ? 3 * g + 10 : 2 * g + 22;
+  state.SetItemsProcessed(state.iterations() * b->n);
+  state.SetBytesProcessed(state.iterations() * b->n * bytes);
+  state.counters["bytes_per_param"] = static_cast<double>(bytes);
+  state.counters["params_per_second"] = benchmark::Counter(
+      static_cast<double>(state.iterations() * b->n), benchmark::Counter::kIsRate);
+}
+
 // One thread and all threads (oneTBB's default concurrency).
 std::vector<int64_t> ThreadCounts() {
   std::vector<int64_t> t = {1};
@@ -289,6 +336,14 @@ void Register() {
                 ->ArgsProduct({{c.params}, c.grads, threads}),
             c.params);
     }
+  }
+  for (const internal::KernelTable* kernels : internal::SupportedKernelTables()) {
+    sized(benchmark::RegisterBenchmark(
+              (std::string("BM_Adafactor/") + kernels->name).c_str(),
+              [kernels](benchmark::State& state) { RunAdafactor(state, *kernels); })
+              ->ArgNames({"params", "grad", "threads", "factored"})
+              ->ArgsProduct({{k10M / 4096 * 4096}, {bf16}, threads, {0, 1}}),
+          k10M);
   }
   // The scalar reference is single-threaded: compare with the best variant at 1 thread.
   sized(benchmark::RegisterBenchmark("BM_AdamWReference", BM_AdamWReference)
