@@ -22,6 +22,7 @@
 #include "cpu_optim/adafactor_kernels.h"
 #include "cpu_optim/adagrad.h"
 #include "cpu_optim/adamw.h"
+#include "cpu_optim/adamw8bit.h"
 #include "cpu_optim/grad_stats.h"
 #include "cpu_optim/lion.h"
 #include "cpu_optim/sgd.h"
@@ -125,6 +126,48 @@ struct StateBuffers {
   DType out_dtype;
 };
 
+// ---- 8-bit block-wise quantization (adamw8bit.h) ----
+// The fast quantizer looks the code of y = x / absmax up by y's bits u: s = u >> 31
+// (forced to 0, with the magnitude, for negative y on the unsigned map), a = u &
+// 0x7fffffff (0 when NaN), key = clamp(a >> kShift, kLo, kHi) - kLo (the binade
+// and top kMantBits mantissa bits: every bucket holds at most one decision
+// threshold), e = buckets[s * kPerSign + key]; then code = (e & 0xff) + ((a's low
+// kShift bits >= e >> 8) ^ s): the code at the bucket's lowest y, plus one where y
+// is past the bucket's threshold. Built and verified against the thresholds by
+// adamw8bit.cc. Buckets below kLo hold no threshold (everything there is the zero
+// code); kHi is the bucket of 1.0.
+template <bool kSigned>
+struct Quant8Layout {
+  static constexpr int kMantBits = kSigned ? 6 : 7;
+  static constexpr int kShift = 23 - kMantBits;
+  static constexpr uint32_t kLo = 102u << kMantBits;  // 2^-25
+  static constexpr uint32_t kHi = 127u << kMantBits;  // 1.0
+  static constexpr uint32_t kPerSign = kHi - kLo + 1;
+  static constexpr uint32_t kNumBuckets = (kSigned ? 2 : 1) * kPerSign;
+};
+
+// One quantization map and its lookup tables (static storage, built once).
+struct Quant8Map {
+  const float* values;      // (256) ascending
+  const uint32_t* buckets;  // (Quant8Layout<signed>::kNumBuckets)
+};
+
+// Base pointers of one 8-bit AdamW call; kernels index them with [begin, end),
+// begin a multiple of kQuantBlockElems; absmax index = element / kQuantBlockElems.
+struct AdamW8bitBuffers {
+  float* master;
+  uint8_t* m_codes;
+  float* m_absmax;
+  uint8_t* v_codes;
+  float* v_absmax;
+  const void* grad;
+  DType grad_dtype;
+  void* out;  // nullptr: no copy-out
+  DType out_dtype;
+  Quant8Map m_map;  // signed
+  Quant8Map v_map;  // unsigned
+};
+
 // One ISA variant. Ranges are element indices [begin, end) into the base pointers.
 struct KernelTable {
   const char* name;
@@ -163,6 +206,17 @@ struct KernelTable {
   // Not factored: p (and exp_avg) from rsqrt(V) * g * step_size; copy-out.
   void (*adafactor_vector_apply)(const AdafactorScalars& s, const AdafactorBuffers& b,
                                  int64_t begin, int64_t end);
+  // 8-bit block-wise AdamW (adamw8bit.h); begin is a multiple of kQuantBlockElems.
+  void (*adamw8bit)(const AdamWScalars& s, const AdamW8bitBuffers& b, int64_t begin, int64_t end);
+  // Block-wise quantization of in[begin, end) into codes and absmax (indices as
+  // AdamW8bitBuffers), and its inverse; begin is a multiple of kQuantBlockElems.
+  void (*quantize8)(const Quant8Map& map, bool is_signed, const float* in, uint8_t* codes,
+                    float* absmax, int64_t begin, int64_t end);
+  void (*dequantize8)(const Quant8Map& map, const uint8_t* codes, const float* absmax, float* out,
+                      int64_t begin, int64_t end);
+  // Benchmark roofline of adamw8bit: its bytes (p, m and v codes and absmax, grad ->
+  // p, codes, absmax, out) with bit moves only. Scrambles the buffers. b.out must be set.
+  void (*adamw8bit_traffic)(const AdamW8bitBuffers& b, int64_t begin, int64_t end);
 };
 
 // Every variant this CPU can run, best first; always ends with the generic one.
@@ -213,6 +267,21 @@ Status LionUpdateWith(const KernelTable& kernels, const LionConfig& config, cons
 Status SgdUpdateWith(const KernelTable& kernels, const SgdConfig& config, const OptimStep& step,
                      std::span<float> master, std::span<float> momentum_buffer, GradView grad,
                      CopyOut copy_out = {});
+Status AdamW8bitUpdateWith(const KernelTable& kernels, const AdamWConfig& config,
+                           const OptimStep& step, std::span<float> master, QuantizedState m,
+                           QuantizedState v, GradView grad, CopyOut copy_out = {});
+Status QuantizeBlockwiseWith(const KernelTable& kernels, std::span<const float> in, bool is_signed,
+                             QuantizedState out);
+Status DequantizeBlockwiseWith(const KernelTable& kernels, ConstQuantizedState state,
+                               bool is_signed, std::span<float> out);
+// The tables of the signed (m) or unsigned (v) map.
+const Quant8Map& GetQuant8Map(bool is_signed);
+// The argument checks of AdamW8bitUpdate (adamw8bit.h).
+Status ValidateAdamW8bit(const AdamWConfig& config, const OptimStep& step, std::span<float> master,
+                         QuantizedState m, QuantizedState v, GradView grad, CopyOut copy_out);
+// The nearest code of y by binary search over the map's thresholds (the scalar
+// reference of the bucket lookup).
+uint8_t SearchQuant8Code(bool is_signed, float y);
 StatusOr<GradStats> ComputeGradStatsWith(const KernelTable& kernels, GradView grad,
                                          int64_t num_elems, float scale = 1.0f);
 StatusOr<GradStats> AccumulateGradWith(const KernelTable& kernels, std::span<float> accum,
