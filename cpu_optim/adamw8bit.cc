@@ -69,7 +69,7 @@ void BuildBuckets(MapTables* t) {
   using L = Quant8Layout<kSigned>;
   constexpr uint32_t kLowCount = 1u << L::kShift;
   t->buckets.assign(L::kNumBuckets, 0);
-  for (uint32_t s = 0; s < (kSigned ? 2u : 1u); ++s) {
+  for (uint32_t s = 0; s < 2; ++s) {
     for (uint32_t key = L::kLo; key <= L::kHi; ++key) {
       // The bucket's magnitudes [first, last]; y = +-magnitude.
       const uint32_t first = key << L::kShift, last = first + kLowCount - 1;
@@ -94,7 +94,7 @@ void BuildBuckets(MapTables* t) {
   // The lowest bucket holds no threshold, so that clamping tiny values to it is exact.
   const float lowest_last = std::bit_cast<float>(((L::kLo + 1) << L::kShift) - 1);
   STRATA_CHECK(SearchCode(*t, lowest_last) == t->zero_code);
-  if (kSigned) STRATA_CHECK(SearchCode(*t, -lowest_last) == t->zero_code);
+  STRATA_CHECK(SearchCode(*t, -lowest_last) == t->zero_code);
 }
 
 MapTables BuildMap(bool is_signed) {

@@ -127,15 +127,16 @@ struct StateBuffers {
 };
 
 // ---- 8-bit block-wise quantization (adamw8bit.h) ----
-// The fast quantizer looks the code of y = x / absmax up by y's bits u: s = u >> 31
-// (forced to 0, with the magnitude, for negative y on the unsigned map), a = u &
-// 0x7fffffff (0 when NaN), key = clamp(a >> kShift, kLo, kHi) - kLo (the binade
+// The fast quantizer looks the code of y = x / absmax up by y's bits u: s = u >> 31,
+// a = u & 0x7fffffff (0 when NaN), key = clamp(a >> kShift, kLo, kHi) - kLo (the binade
 // and top kMantBits mantissa bits: every bucket holds at most one decision
 // threshold), e = buckets[s * kPerSign + key]; then code = (e & 0xff) + ((a's low
 // kShift bits >= e >> 8) ^ s): the code at the bucket's lowest y, plus one where y
 // is past the bucket's threshold. Built and verified against the thresholds by
 // adamw8bit.cc. Buckets below kLo hold no threshold (everything there is the zero
-// code); kHi is the bucket of 1.0.
+// code); kHi is the bucket of 1.0. The unsigned map has a negative half too (all
+// code 0, never touched by v >= 0): the same index arithmetic for both maps keeps
+// the lookup a 32-bit-index gather.
 template <bool kSigned>
 struct Quant8Layout {
   static constexpr int kMantBits = kSigned ? 6 : 7;
@@ -143,7 +144,7 @@ struct Quant8Layout {
   static constexpr uint32_t kLo = 102u << kMantBits;  // 2^-25
   static constexpr uint32_t kHi = 127u << kMantBits;  // 1.0
   static constexpr uint32_t kPerSign = kHi - kLo + 1;
-  static constexpr uint32_t kNumBuckets = (kSigned ? 2 : 1) * kPerSign;
+  static constexpr uint32_t kNumBuckets = 2 * kPerSign;
 };
 
 // One quantization map and its lookup tables (static storage, built once).

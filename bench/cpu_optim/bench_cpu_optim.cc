@@ -4,6 +4,8 @@
 //   BM_AdamWTraffic/<isa>/params/grad/threads  the same bytes read and written, no
 //                                              arithmetic (the memory-only limit)
 //   BM_AdamWReference/params/grad              the scalar reference (one thread)
+//   BM_AdamW8bit/<isa>/params/grad/threads     AdamW with 8-bit block-wise m, v (adamw8bit.h)
+//   BM_AdamW8bitTraffic/<isa>/params/grad/threads  its bytes with bit moves only
 //   BM_Adagrad, BM_Lion, BM_Sgd/params/grad/threads  the other optimizers (best variant)
 //   BM_Triad/params/threads                    STREAM triad a = b + s * c over fp32 arrays
 //   BM_Adafactor/<isa>/params/grad/threads/factored  Adafactor step (beta1 = 0, bf16
@@ -20,6 +22,9 @@
 // RMS(update), the update) and moves p32 and the copy-out: 3 * grad + 10 B (16 B with
 // bf16 gradients); as a vector it reads the gradient twice and v twice and writes v:
 // 2 * grad + 22 B (26 B).
+// AdamW8bit reads p32 (4 B), the m and v codes (2 B) and the gradient, and writes
+// p32, the codes and the bf16 copy-out: 16 B with 16-bit gradients, 18 B with fp32,
+// plus 16 B of absmax per 2048 parameters (counted).
 // items_per_second (and the params_per_second counter) is parameters per second.
 // Times are wall-clock (the work runs on oneTBB workers).
 //
@@ -52,6 +57,7 @@
 #include "cpu_optim/adafactor.h"
 #include "cpu_optim/adagrad.h"
 #include "cpu_optim/adamw.h"
+#include "cpu_optim/adamw8bit.h"
 #include "cpu_optim/kernels.h"
 #include "cpu_optim/lion.h"
 #include "cpu_optim/sgd.h"
@@ -164,6 +170,117 @@ void RunAdamWTraffic(benchmark::State& state, const internal::KernelTable& kerne
     benchmark::ClobberMemory();
   }
   SetCounters(state, *b);
+}
+
+// The 8-bit state of one benchmark: p32, m and v codes with their absmax, the
+// gradient and a bf16 copy-out; the moments start quantized from small values.
+struct Buffers8bit {
+  AlignedBuffer p, m_codes, v_codes, m_absmax, v_absmax, grad, out;
+  int64_t n = 0, blocks = 0;
+  DType grad_dtype = DType::kBF16;
+
+  static std::unique_ptr<Buffers8bit> Make(int64_t n, DType grad_dtype) {
+    const std::unique_ptr<Buffers> f = Buffers::Make(n, grad_dtype);
+    if (!f) return nullptr;
+    auto b = std::make_unique<Buffers8bit>();
+    b->n = n;
+    b->blocks = QuantizedAbsmaxCount(n);
+    b->grad_dtype = grad_dtype;
+    auto alloc = [](size_t bytes) {
+      StatusOr<AlignedBuffer> buf = AlignedBuffer::Allocate(bytes);
+      return buf.ok() ? std::move(buf).value() : AlignedBuffer();
+    };
+    b->p = std::move(f->p);
+    b->grad = std::move(f->grad);
+    b->out = std::move(f->out);
+    b->m_codes = alloc(n);
+    b->v_codes = alloc(n);
+    b->m_absmax = alloc(b->blocks * 4);
+    b->v_absmax = alloc(b->blocks * 4);
+    if (!b->m_codes.data() || !b->v_codes.data() || !b->m_absmax.data() || !b->v_absmax.data()) {
+      return nullptr;
+    }
+    // Moments as after a few steps: m ~ 1e-4 with a spread, v ~ 1e-8.
+    float* m = f->m.as<float>();
+    float* v = f->v.as<float>();
+    tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, kTile), [&](const auto& r) {
+      for (int64_t i = r.begin(); i < r.end(); ++i) {
+        m[i] = 1e-4f * static_cast<float>(static_cast<int>(i % 89) - 44) / 44.0f;
+        v[i] = 1e-8f * static_cast<float>(1 + i % 53);
+      }
+    });
+    if (!QuantizeBlockwise({m, static_cast<size_t>(n)}, true, b->m_state()).ok() ||
+        !QuantizeBlockwise({v, static_cast<size_t>(n)}, false, b->v_state()).ok()) {
+      return nullptr;
+    }
+    return b;
+  }
+  QuantizedState m_state() {
+    return {{m_codes.as<uint8_t>(), static_cast<size_t>(n)},
+            {m_absmax.as<float>(), static_cast<size_t>(blocks)}};
+  }
+  QuantizedState v_state() {
+    return {{v_codes.as<uint8_t>(), static_cast<size_t>(n)},
+            {v_absmax.as<float>(), static_cast<size_t>(blocks)}};
+  }
+};
+
+void SetCounters8bit(benchmark::State& state, const Buffers8bit& b) {
+  const int64_t bytes =
+      b.n * static_cast<int64_t>(2 * (4 + 2) + SizeOf(b.grad_dtype) + 2) + b.blocks * 2 * (4 + 4);
+  state.SetItemsProcessed(state.iterations() * b.n);
+  state.SetBytesProcessed(state.iterations() * bytes);
+  state.counters["bytes_per_param"] = static_cast<double>(bytes) / static_cast<double>(b.n);
+  state.counters["params_per_second"] = benchmark::Counter(
+      static_cast<double>(state.iterations() * b.n), benchmark::Counter::kIsRate);
+}
+
+void RunAdamW8bit(benchmark::State& state, const internal::KernelTable& kernels) {
+  const auto b = Buffers8bit::Make(state.range(0), static_cast<DType>(state.range(1)));
+  if (!b) return state.SkipWithError("allocation failed");
+  AdamWConfig config;
+  config.weight_decay = 0.01f;
+  tbb::task_arena arena(static_cast<int>(state.range(2)));
+  int64_t t = 10;
+  for (auto _ : state) {
+    Status s;
+    arena.execute([&] {
+      s = internal::AdamW8bitUpdateWith(kernels, config, {.step = ++t, .grad_scale = 0.5f},
+                                        {b->p.as<float>(), static_cast<size_t>(b->n)}, b->m_state(),
+                                        b->v_state(), GradView{b->grad.data(), b->grad_dtype},
+                                        CopyOut{b->out.data(), DType::kBF16});
+    });
+    if (!s.ok()) return state.SkipWithError(s.ToString().c_str());
+  }
+  SetCounters8bit(state, *b);
+}
+
+// The same bytes as BM_AdamW8bit with bit moves only, the same ISA variant and tiles.
+void RunAdamW8bitTraffic(benchmark::State& state, const internal::KernelTable& kernels) {
+  const auto b = Buffers8bit::Make(state.range(0), static_cast<DType>(state.range(1)));
+  if (!b) return state.SkipWithError("allocation failed");
+  const internal::AdamW8bitBuffers bufs{.master = b->p.as<float>(),
+                                        .m_codes = b->m_codes.as<uint8_t>(),
+                                        .m_absmax = b->m_absmax.as<float>(),
+                                        .v_codes = b->v_codes.as<uint8_t>(),
+                                        .v_absmax = b->v_absmax.as<float>(),
+                                        .grad = b->grad.data(),
+                                        .grad_dtype = b->grad_dtype,
+                                        .out = b->out.data(),
+                                        .out_dtype = DType::kBF16,
+                                        .m_map = {},
+                                        .v_map = {}};
+  tbb::task_arena arena(static_cast<int>(state.range(2)));
+  const int64_t num_tiles = (b->n + kTile - 1) / kTile;
+  for (auto _ : state) {
+    arena.execute([&] {
+      tbb::parallel_for(tbb::blocked_range<int64_t>(0, num_tiles), [&](const auto& r) {
+        kernels.adamw8bit_traffic(bufs, r.begin() * kTile, std::min(b->n, r.end() * kTile));
+      });
+    });
+    benchmark::ClobberMemory();
+  }
+  SetCounters8bit(state, *b);
 }
 
 void BM_AdamWReference(benchmark::State& state) {
@@ -344,6 +461,29 @@ void Register() {
               ->ArgNames({"params", "grad", "threads", "factored"})
               ->ArgsProduct({{k10M / 4096 * 4096}, {bf16}, threads, {0, 1}}),
           k10M);
+  }
+  // 8-bit AdamW next to its traffic kernel: every variant at 10M (bf16; the best also
+  // fp32 and fp16 gradients) and the best at 100M, bf16.
+  for (const internal::KernelTable* kernels : internal::SupportedKernelTables()) {
+    const bool is_best = kernels == &best;
+    std::vector<std::pair<int64_t, std::vector<int64_t>>> cases = {
+        {k10M, is_best ? std::vector<int64_t>{f32, f16, bf16} : std::vector{bf16}}};
+    if (is_best) cases.push_back({k100M, {bf16}});
+    for (const auto& [params, grads] : cases) {
+      const std::string isa = kernels->name;
+      sized(benchmark::RegisterBenchmark(
+                ("BM_AdamW8bit/" + isa).c_str(),
+                [kernels](benchmark::State& state) { RunAdamW8bit(state, *kernels); })
+                ->ArgNames({"params", "grad", "threads"})
+                ->ArgsProduct({{params}, grads, threads}),
+            params);
+      sized(benchmark::RegisterBenchmark(
+                ("BM_AdamW8bitTraffic/" + isa).c_str(),
+                [kernels](benchmark::State& state) { RunAdamW8bitTraffic(state, *kernels); })
+                ->ArgNames({"params", "grad", "threads"})
+                ->ArgsProduct({{params}, grads, threads}),
+            params);
+    }
   }
   // The scalar reference is single-threaded: compare with the best variant at 1 thread.
   sized(benchmark::RegisterBenchmark("BM_AdamWReference", BM_AdamWReference)
