@@ -1,5 +1,9 @@
 #include "cpu_optim/any_optimizer.h"
 
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <numeric>
 #include <string>
 
 namespace strata::cpu_optim {
@@ -16,6 +20,10 @@ std::string_view OptimizerKindName(OptimizerKind kind) {
       return "Lion";
     case OptimizerKind::kSgd:
       return "SGD";
+    case OptimizerKind::kAdamW8bit:
+      return "AdamW8bit";
+    case OptimizerKind::kAdafactor:
+      return "Adafactor";
   }
   return "unknown";
 }
@@ -36,6 +44,10 @@ bool ConfigMatchesKind(const AnyOptimizer& o) {
       return std::holds_alternative<LionConfig>(o.config);
     case OptimizerKind::kSgd:
       return std::holds_alternative<SgdConfig>(o.config);
+    case OptimizerKind::kAdamW8bit:
+      return std::holds_alternative<AdamWConfig>(o.config);
+    case OptimizerKind::kAdafactor:
+      return std::holds_alternative<AdafactorConfig>(o.config);
   }
   return false;
 }
@@ -50,7 +62,17 @@ Status Validate(const AnyOptimizer& o) {
         " (AdamW and Adam take an AdamWConfig with decoupled_weight_decay true / false)");
   }
   // An empty update checks the hyper-parameters with the kind's own rules and touches nothing.
-  return Update(o, OptimStep{}, {}, {}, GradView{nullptr, DType::kF32});
+  switch (o.kind) {
+    case OptimizerKind::kAdamW8bit:
+      return AdamW8bitUpdate(o.adamw(), OptimStep{}, {}, {}, {}, GradView{nullptr, DType::kF32});
+    case OptimizerKind::kAdafactor: {
+      const int64_t empty[1] = {0};
+      return AdafactorUpdate(std::get<AdafactorConfig>(o.config), OptimStep{}, empty, {}, {},
+                             GradView{nullptr, DType::kF32});
+    }
+    default:
+      return Update(o, OptimStep{}, {}, {}, GradView{nullptr, DType::kF32});
+  }
 }
 
 int NumState(const AnyOptimizer& o) {
@@ -63,6 +85,9 @@ int NumState(const AnyOptimizer& o) {
       return 1;
     case OptimizerKind::kSgd:
       return std::get<SgdConfig>(o.config).momentum != 0.0f ? 1 : 0;
+    case OptimizerKind::kAdamW8bit:
+    case OptimizerKind::kAdafactor:
+      return 0;
   }
   return 0;
 }
@@ -78,6 +103,9 @@ std::string_view StateName(const AnyOptimizer& o, int index) {
       return "exp_avg";
     case OptimizerKind::kSgd:
       return "momentum_buffer";
+    case OptimizerKind::kAdamW8bit:
+    case OptimizerKind::kAdafactor:
+      break;
   }
   return "unknown";
 }
@@ -115,8 +143,178 @@ Status Update(const AnyOptimizer& o, const OptimStep& step, std::span<float> mas
     case OptimizerKind::kSgd:
       return SgdUpdate(std::get<SgdConfig>(o.config), step, master,
                        want ? s(0) : std::span<float>(), grad, copy_out);
+    case OptimizerKind::kAdamW8bit:
+    case OptimizerKind::kAdafactor:
+      return InvalidArgumentError(std::string(OptimizerKindName(o.kind)) +
+                                  " state is not one fp32 value per parameter: use UpdateState");
   }
   return InvalidArgumentError("unknown optimizer kind " + std::to_string(static_cast<int>(o.kind)));
+}
+
+namespace {
+
+int64_t NumElems(const std::vector<int64_t>& shape) {
+  return std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<>());
+}
+
+int64_t TotalElems(std::span<const std::vector<int64_t>> shapes) {
+  int64_t n = 0;
+  for (const auto& shape : shapes) n += NumElems(shape);
+  return n;
+}
+
+// Adafactor's sections: the rows and columns of the factored tensors and the elements of the
+// others, summed over the tensors in order.
+struct AdafactorSections {
+  int64_t rows = 0, cols = 0, unfactored = 0;
+};
+AdafactorSections AdafactorSectionSizes(std::span<const std::vector<int64_t>> shapes) {
+  AdafactorSections f;
+  for (const auto& shape : shapes) {
+    if (AdafactorFactored(shape)) {
+      f.rows += NumElems(shape) / std::max<int64_t>(1, shape.back());
+      f.cols += shape.back();
+    } else {
+      f.unfactored += NumElems(shape);
+    }
+  }
+  return f;
+}
+
+// Element `offset` of a buffer of `dtype`.
+const void* Offset(const void* p, DType dtype, int64_t offset) {
+  return static_cast<const std::byte*>(p) + offset * static_cast<int64_t>(SizeOf(dtype));
+}
+
+// Adafactor over the tensors of `shapes`, one after the other, each with its slices of the
+// sections (in StateLayout's order).
+Status AdafactorUpdateTensors(const AdafactorConfig& c, const OptimStep& step,
+                              std::span<const std::vector<int64_t>> shapes, std::span<float> master,
+                              std::span<const std::span<float>> sections, GradView grad,
+                              CopyOut copy_out) {
+  const AdafactorSections sizes = AdafactorSectionSizes(shapes);
+  // The sections present, in order: row, col, unfactored, exp_avg (zero-sized ones left out).
+  size_t next = 0;
+  auto take = [&](int64_t elems) { return elems > 0 ? sections[next++] : std::span<float>(); };
+  std::span<float> row = take(sizes.rows), col = take(sizes.cols),
+                   unfactored = take(sizes.unfactored);
+  std::span<float> exp_avg =
+      c.beta1 > 0 ? take(static_cast<int64_t>(master.size())) : std::span<float>();
+  int64_t offset = 0, row_at = 0, col_at = 0, unfactored_at = 0;
+  for (const auto& shape : shapes) {
+    const int64_t n = NumElems(shape);
+    AdafactorState state;
+    if (AdafactorFactored(shape)) {
+      const int64_t cols = shape.back(), rows = n / std::max<int64_t>(1, cols);
+      state.exp_avg_sq_row = row.subspan(row_at, rows);
+      state.exp_avg_sq_col = col.subspan(col_at, cols);
+      row_at += rows;
+      col_at += cols;
+    } else {
+      state.exp_avg_sq = unfactored.subspan(unfactored_at, n);
+      unfactored_at += n;
+    }
+    if (!exp_avg.empty()) state.exp_avg = exp_avg.subspan(offset, n);
+    CopyOut out = copy_out;
+    if (out.data) out.data = const_cast<void*>(Offset(out.data, out.dtype, offset));
+    STRATA_RETURN_IF_ERROR(
+        AdafactorUpdate(c, step, shape, master.subspan(offset, n), state,
+                        GradView{Offset(grad.data, grad.dtype, offset), grad.dtype}, out));
+    offset += n;
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::vector<StateSpec> StateLayout(const AnyOptimizer& o,
+                                   std::span<const std::vector<int64_t>> shapes) {
+  std::vector<StateSpec> specs;
+  const int64_t n = TotalElems(shapes);
+  if (n == 0) return specs;
+  auto add = [&](std::string name, StateDType dtype, int64_t elems, uint8_t code = 0) {
+    if (elems > 0) specs.push_back({std::move(name), dtype, elems, 0.0f, code});
+  };
+  if (o.kind == OptimizerKind::kAdamW8bit) {
+    const int64_t blocks = QuantizedAbsmaxCount(n);
+    add("exp_avg", StateDType::kU8, n, QuantizedZeroCode(/*is_signed=*/true));
+    add("exp_avg.absmax", StateDType::kF32, blocks);
+    add("exp_avg_sq", StateDType::kU8, n, QuantizedZeroCode(/*is_signed=*/false));
+    add("exp_avg_sq.absmax", StateDType::kF32, blocks);
+    return specs;
+  }
+  if (o.kind == OptimizerKind::kAdafactor) {
+    const AdafactorSections f = AdafactorSectionSizes(shapes);
+    add("exp_avg_sq_row", StateDType::kF32, f.rows);
+    add("exp_avg_sq_col", StateDType::kF32, f.cols);
+    add("exp_avg_sq", StateDType::kF32, f.unfactored);
+    const auto* c = std::get_if<AdafactorConfig>(&o.config);
+    if (c != nullptr && c->beta1 > 0) add("exp_avg", StateDType::kF32, n);
+    return specs;
+  }
+  for (int i = 0; i < NumState(o); ++i) {
+    specs.push_back({std::string(StateName(o, i)), StateDType::kF32, n, InitialStateValue(o, i)});
+  }
+  return specs;
+}
+
+void InitializeState(const StateSpec& spec, std::span<std::byte> bytes) {
+  if (spec.dtype == StateDType::kU8) {
+    std::memset(bytes.data(), spec.initial_code, bytes.size());
+    return;
+  }
+  auto* f = reinterpret_cast<float*>(bytes.data());
+  std::fill(f, f + bytes.size() / sizeof(float), spec.initial_value);
+}
+
+Status UpdateState(const AnyOptimizer& o, const OptimStep& step,
+                   std::span<const std::vector<int64_t>> shapes, std::span<float> master,
+                   std::span<const std::span<std::byte>> state, GradView grad, CopyOut copy_out) {
+  if (!ConfigMatchesKind(o)) return Validate(o);
+  if (TotalElems(shapes) != static_cast<int64_t>(master.size())) {
+    return InvalidArgumentError(std::string(OptimizerKindName(o.kind)) +
+                                ": the tensor shapes cover " + std::to_string(TotalElems(shapes)) +
+                                " elements, the buffer has " + std::to_string(master.size()));
+  }
+  const std::vector<StateSpec> specs = StateLayout(o, shapes);
+  if (state.size() != specs.size()) {
+    return InvalidArgumentError(std::string(OptimizerKindName(o.kind)) + ": " +
+                                std::to_string(state.size()) + " state sections given, expected " +
+                                std::to_string(specs.size()));
+  }
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (state[i].size() != specs[i].size_bytes() ||
+        reinterpret_cast<uintptr_t>(state[i].data()) % 4 != 0) {
+      return InvalidArgumentError(std::string(OptimizerKindName(o.kind)) + ": state section '" +
+                                  specs[i].name + "' must be " +
+                                  std::to_string(specs[i].size_bytes()) +
+                                  " bytes, 4-byte aligned; got " + std::to_string(state[i].size()));
+    }
+  }
+  std::vector<std::span<float>> f32;
+  for (const auto& s : state) {
+    f32.emplace_back(reinterpret_cast<float*>(s.data()), s.size() / sizeof(float));
+  }
+  if (o.kind == OptimizerKind::kAdamW8bit) {
+    auto codes = [&](size_t i) {
+      return std::span<uint8_t>(reinterpret_cast<uint8_t*>(state[i].data()), state[i].size());
+    };
+    return AdamW8bitUpdate(o.adamw(), step, master, QuantizedState{codes(0), f32[1]},
+                           QuantizedState{codes(2), f32[3]}, grad, copy_out);
+  }
+  if (o.kind == OptimizerKind::kAdafactor) {
+    return AdafactorUpdateTensors(std::get<AdafactorConfig>(o.config), step, shapes, master, f32,
+                                  grad, copy_out);
+  }
+  return Update(o, step, master, f32, grad, copy_out);
+}
+
+float LearningRate(const AnyOptimizer& o) {
+  return std::visit([](const auto& c) { return c.lr; }, o.config);
+}
+
+void SetLearningRate(AnyOptimizer& o, float lr) {
+  std::visit([lr](auto& c) { c.lr = lr; }, o.config);
 }
 
 }  // namespace strata::cpu_optim

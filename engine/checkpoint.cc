@@ -15,6 +15,8 @@
 #include <nlohmann/json.hpp>
 
 #include "base/unique_fd.h"
+#include "engine/optimizer_json.h"
+#include "engine/optimizer_state.h"
 #include "engine/safetensors.h"
 
 namespace strata::engine {
@@ -93,6 +95,13 @@ int64_t StepOfName(std::string_view name) {
   return n;
 }
 
+// The optimizer object of a manifest: OptimizerToJson plus the `strata train --optimizer` name.
+json OptimizerManifestJson(const cpu_optim::AnyOptimizer& optimizer) {
+  json j = OptimizerToJson(optimizer);
+  j["name"] = OptimizerFlagName(optimizer);
+  return j;
+}
+
 }  // namespace
 
 bool IsPlainFileName(std::string_view name) {
@@ -131,15 +140,7 @@ std::string SerializeManifest(const Manifest& m) {
         {"loss_scaler_clean_steps", m.loss_scaler.clean_steps},
         {"loss_scaler_overflows", m.loss_scaler.overflows},
         {"grad_clip_norm", m.grad_clip_norm}}},
-      {"optimizer",
-       {{"name", m.adamw.decoupled_weight_decay ? "adamw" : "adam"},
-        {"lr", m.adamw.lr},
-        {"beta1", m.adamw.beta1},
-        {"beta2", m.adamw.beta2},
-        {"eps", m.adamw.eps},
-        {"weight_decay", m.adamw.weight_decay},
-        {"decoupled_weight_decay", m.adamw.decoupled_weight_decay},
-        {"bias_correction", m.adamw.bias_correction}}},
+      {"optimizer", OptimizerManifestJson(m.optimizer)},
       {"trainer",
        {{"step", m.trainer.step},
         {"tokens_seen", m.trainer.tokens_seen},
@@ -162,9 +163,9 @@ StatusOr<Manifest> ParseManifest(std::string_view text) {
         fmt::format("manifest format '{}' is not strata-checkpoint", format.substr(0, 40)));
   }
   STRATA_ASSIGN_OR_RETURN(int64_t version, top.Int("format_version", 0, INT32_MAX));
-  if (version != kCheckpointFormatVersion) {
+  if (version != kCheckpointFormatVersion && version != 1) {
     return FailedPreconditionError(
-        fmt::format("checkpoint format version {} is not the version {} this strata reads", version,
+        fmt::format("checkpoint format version {} is not one this strata reads (1 to {})", version,
                     kCheckpointFormatVersion));
   }
   m.format_version = static_cast<int>(version);
@@ -212,15 +213,22 @@ StatusOr<Manifest> ParseManifest(std::string_view text) {
   STRATA_ASSIGN_OR_RETURN(m.grad_clip_norm, ef.Float("grad_clip_norm"));
 
   STRATA_ASSIGN_OR_RETURN(const json* opt, top.Get("optimizer", json::value_t::object));
-  const Fields of(*opt, "optimizer");
-  STRATA_ASSIGN_OR_RETURN(m.adamw.lr, of.Float("lr"));
-  STRATA_ASSIGN_OR_RETURN(m.adamw.beta1, of.Float("beta1"));
-  STRATA_ASSIGN_OR_RETURN(m.adamw.beta2, of.Float("beta2"));
-  STRATA_ASSIGN_OR_RETURN(m.adamw.eps, of.Float("eps"));
-  STRATA_ASSIGN_OR_RETURN(m.adamw.weight_decay, of.Float("weight_decay"));
-  STRATA_ASSIGN_OR_RETURN(m.adamw.decoupled_weight_decay, of.Bool("decoupled_weight_decay"));
-  STRATA_ASSIGN_OR_RETURN(m.adamw.bias_correction, of.Bool("bias_correction"));
-
+  if (version == 1) {
+    // Version 1 held AdamW or Adam only, with these fields.
+    const Fields of(*opt, "optimizer");
+    cpu_optim::AdamWConfig& c = m.optimizer.adamw();
+    STRATA_ASSIGN_OR_RETURN(c.lr, of.Float("lr"));
+    STRATA_ASSIGN_OR_RETURN(c.beta1, of.Float("beta1"));
+    STRATA_ASSIGN_OR_RETURN(c.beta2, of.Float("beta2"));
+    STRATA_ASSIGN_OR_RETURN(c.eps, of.Float("eps"));
+    STRATA_ASSIGN_OR_RETURN(c.weight_decay, of.Float("weight_decay"));
+    STRATA_ASSIGN_OR_RETURN(c.decoupled_weight_decay, of.Bool("decoupled_weight_decay"));
+    STRATA_ASSIGN_OR_RETURN(c.bias_correction, of.Bool("bias_correction"));
+    m.optimizer.kind = c.decoupled_weight_decay ? cpu_optim::OptimizerKind::kAdamW
+                                                : cpu_optim::OptimizerKind::kAdam;
+  } else {
+    STRATA_ASSIGN_OR_RETURN(m.optimizer, OptimizerFromJson(*opt, "manifest: optimizer"));
+  }
   STRATA_ASSIGN_OR_RETURN(const json* tr, top.Get("trainer", json::value_t::object));
   const Fields tf(*tr, "trainer");
   STRATA_ASSIGN_OR_RETURN(m.trainer.step, tf.Int("step", 0, INT64_MAX));

@@ -3,13 +3,21 @@
 // A checkpoint is a directory (mode 0700) of files (mode 0600):
 //   master.safetensors      fp32 master weights, one F32 tensor [num_params] per engine block,
 //                           named after the block ("embedding", "layer0", ..., "head")
-//   exp_avg.safetensors     Adam first moment m, same names and shapes
-//   exp_avg_sq.safetensors  Adam second moment v, same names and shapes
+//   SECTION.safetensors     one file per section of the optimizer's state
+//                           (engine/optimizer_state.h), named after it: for AdamW
+//                           exp_avg.safetensors (m) and exp_avg_sq.safetensors (v), F32
+//                           [num_params] per block; for AdamW8bit the same two files with U8
+//                           codes (F32 for the embedding block) and exp_avg.absmax /
+//                           exp_avg_sq.absmax F32 [blocks]; for Adafactor exp_avg_sq_row,
+//                           exp_avg_sq_col, exp_avg_sq (, exp_avg); ... A block without a
+//                           section has no tensor in that file.
 //   working.safetensors     the 16-bit (or fp32) working weights, dtype of the run's precision
 //   manifest.json           format version, model structure, engine and trainer state (step,
 //                           tokens seen, data position = serialized std::mt19937_64, loss scaler
-//                           state, AdamW hyper-parameters, LR schedule), and per file its size in
-//                           bytes and XXH3_64bits over the whole file
+//                           state, the optimizer's kind and hyper-parameters, LR schedule), and
+//                           per file its size in bytes and XXH3_64bits over the whole file
+// A checkpoint loads only into a run of the same optimizer kind: the state's layout follows from
+// the kind and the model (Engine::LoadCheckpoint says which kind the checkpoint holds).
 //
 // Save protocol (a crash at any moment leaves the previous checkpoint and `latest` intact):
 //   1. mkdtemp SAVE_DIR/.tmp-step-N-XXXXXX (0700); write every file (O_EXCL | O_NOFOLLOW, 0600),
@@ -31,17 +39,18 @@
 #include <vector>
 
 #include "base/status.h"
-#include "cpu_optim/adamw.h"
+#include "cpu_optim/any_optimizer.h"
 
 namespace strata::engine {
 
-inline constexpr int kCheckpointFormatVersion = 1;
+// Version 2 records any optimizer kind; version 1 (AdamW/Adam only) is still read.
+inline constexpr int kCheckpointFormatVersion = 2;
 inline constexpr const char* kManifestFileName = "manifest.json";
 inline constexpr const char* kLatestFileName = "latest";
-// The tensor files, in the order they are written.
+// The tensor files: master weights first, the optimizer's sections, the working weights last.
 inline constexpr const char* kMasterFile = "master.safetensors";
-inline constexpr const char* kExpAvgFile = "exp_avg.safetensors";
-inline constexpr const char* kExpAvgSqFile = "exp_avg_sq.safetensors";
+inline constexpr const char* kExpAvgFile = "exp_avg.safetensors";  // AdamW's m
+inline constexpr const char* kExpAvgSqFile = "exp_avg_sq.safetensors";  // AdamW's v
 inline constexpr const char* kWorkingFile = "working.safetensors";
 
 // What the training loop (not the engine) needs to continue exactly where it stopped. Stored
@@ -78,7 +87,7 @@ struct Manifest {
   int64_t engine_steps = 0;  // optimizer steps attempted (incl. skipped ones)
   int64_t adam_steps = 0;    // updates applied: Adam's t
   LossScalerState loss_scaler;
-  cpu_optim::AdamWConfig adamw;  // lr = the rate of the last step
+  cpu_optim::AnyOptimizer optimizer;  // lr = the rate of the last step
   float grad_clip_norm = 0;
   TrainerState trainer;
   std::vector<ManifestFile> files;
@@ -86,8 +95,8 @@ struct Manifest {
 
 // JSON text of a manifest (pretty-printed; uint64 checksums as 16 hex digits).
 std::string SerializeManifest(const Manifest& manifest);
-// Parses and validates manifest JSON: every field present with its type, format_version ==
-// kCheckpointFormatVersion (else kFailedPrecondition naming both versions), consistent block
+// Parses and validates manifest JSON: every field present with its type, format_version 1 or
+// kCheckpointFormatVersion (else kFailedPrecondition naming both), consistent block
 // lists, file names that are plain names (kDataLoss otherwise). Pure function; never crashes.
 StatusOr<Manifest> ParseManifest(std::string_view json);
 

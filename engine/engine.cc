@@ -17,6 +17,7 @@
 #include "base/units.h"
 #include "cpu_optim/grad_stats.h"
 #include "engine/optimizer_pipeline.h"
+#include "engine/optimizer_state.h"
 #include "engine/safetensors.h"
 #include "engine/work_queue.h"
 #include "io/swap_store.h"
@@ -131,7 +132,7 @@ class Engine::Impl {
     return c;
   }
   int64_t steps_taken() const { return step_; }
-  void SetLearningRate(float lr) { o_.adamw.lr = lr; }
+  void SetLearningRate(float lr) { cpu_optim::SetLearningRate(o_.optimizer, lr); }
   float loss_scale() const { return scaler_.scale(); }
 
  private:
@@ -142,13 +143,14 @@ class Engine::Impl {
   // The hyper-parameters of the update round in flight: written by the driving thread before
   // it submits a round (after the previous round drained), read by the pipeline's update stage.
   struct RoundParams {
-    cpu_optim::AdamWConfig adamw;
-    cpu_optim::AdamWStep step;
+    cpu_optim::AnyOptimizer optimizer;
+    cpu_optim::OptimStep step;
   };
 
   int64_t np(int b) const { return model_->block_num_params(b); }
   int tied(int b) const { return tied_[b]; }
-  uint64_t padded_f32(int b) const { return AlignUp(static_cast<uint64_t>(np(b)) * 4, 4096); }
+  // Block b's host gradient: in the working precision (HostGradInWorkingPrecision) or fp32.
+  DType grad_dtype(int b) const { return grad16_[b] ? o_.precision : DType::kF32; }
   bool nvme_params() const { return plan_.param_home == ParamHome::kNvme; }
   bool nvme_optim() const { return plan_.optimizer_home == OptimizerHome::kNvme; }
   bool resident(int b) const { return plan_.blocks[b].resident; }
@@ -186,18 +188,22 @@ class Engine::Impl {
   void Fold(int b, int bucket, bool overwrite, bool last);
 
   // --- CPU optimizer pipeline (pipeline_->Submit(b) queues block b's update) ---
-  float* StateP32(int b, int buffer);
-  float* StateM(int b, int buffer);
-  float* StateV(int b, int buffer);
+  // Block b's state region (optimizer_state.h: [p32 | section 0 | ...]): in host memory, or
+  // the pipeline buffer `buffer`; and its parts.
+  std::byte* Region(int b, int buffer);
+  float* Master(int b, int buffer) { return reinterpret_cast<float*>(Region(b, buffer)); }
+  std::span<std::byte> Section(int b, int buffer, size_t k) {
+    return {Region(b, buffer) + state_[b].offsets[k], state_[b].sections[k].size_bytes()};
+  }
   // Copy-out target of block b's new working params: its pinned home, or the pipeline buffer's
   // copy-out area for streamed blocks whose home is NVMe.
   gpu::PinnedSpan WorkingHome(int b, int buffer);
   Status ReadState(int b, int buffer);
   Status UpdateBlock(int b, int buffer);
   Status WriteBack(int b, int buffer);
-  // Master weights, m, v of block b for reading or restoring (after Flush): in host memory, or
-  // read into pipeline buffer 0.
-  Status LoadOptimState(int b, float** p32, float** m, float** v, bool read = true);
+  // Block b's state region for reading or restoring (after Flush): in host memory, or read into
+  // pipeline buffer 0 (read = false: not read, to be overwritten). Returns Region(b, 0).
+  StatusOr<std::byte*> LoadOptimState(int b, bool read = true);
 
   // save_acts: offloaded activations are copied out for a backward pass to come.
   Status ForwardPass(MicroBatchShape shape, bool with_targets, int loss_index,
@@ -258,8 +264,8 @@ class Engine::Impl {
   int64_t use_clock_ = 0;
 
   std::vector<gpu::PinnedBuffer> home_;     // pinned working params: host/device home, resident
-  std::vector<gpu::PinnedBuffer> opt_buf_;  // pipeline buffers: [p32 | m | v][p16 copy-out]
-  uint64_t opt_state_bytes_ = 0;            // the [p32 | m | v] part (0: state in host memory)
+  std::vector<gpu::PinnedBuffer> opt_buf_;  // pipeline buffers: [state region][p16 copy-out]
+  uint64_t opt_state_bytes_ = 0;            // the state region part (0: state in host memory)
 
   // Gradients: device bucket j (16-bit) -> D2H -> pinned bucket i -> fold (CPU worker).
   gpu::DeviceSpan dbucket_[2];
@@ -279,8 +285,10 @@ class Engine::Impl {
   gpu::PinnedBuffer io_pinned_;  // tokens, targets, losses, logits row
   std::unique_ptr<gpu::Event> io_done_;
 
-  std::vector<AlignedBuffer> accum_;        // fp32 gradient accumulators per block
-  std::vector<AlignedBuffer> p32_, m_, v_;  // host optimizer home
+  std::vector<BlockState> state_;        // the optimizer state layout per block
+  std::vector<bool> grad16_;             // HostGradInWorkingPrecision per block
+  std::vector<AlignedBuffer> accum_;     // host gradients per block (fp32 or grad_dtype)
+  std::vector<AlignedBuffer> opt_home_;  // host optimizer home: each block's state region
 
   std::unique_ptr<io::IoBackend> io_;
   std::unique_ptr<io::SwapStore> swap_;
@@ -306,6 +314,12 @@ Status Engine::Impl::Init() {
     tied_user_[t] = b;
   }
   if (o_.grad_accum_steps < 1) return InvalidArgumentError("--grad-accum-steps must be >= 1");
+  STRATA_RETURN_IF_ERROR(cpu_optim::Validate(o_.optimizer));
+  for (int b = 0; b < n_; ++b) {
+    state_.push_back(LayoutBlockState(*model_, b, o_.optimizer));
+    grad16_.push_back(!o_.fp32_host_grads && o_.precision != DType::kF32 &&
+                      HostGradInWorkingPrecision(*model_, b, o_.grad_accum_steps));
+  }
   if (o_.eager_update) {
     if (o_.precision == DType::kF16 || o_.grad_clip_norm > 0) {
       return InvalidArgumentError(
@@ -333,7 +347,9 @@ Status Engine::Impl::Init() {
     STRATA_ASSIGN_OR_RETURN(swap_, io::SwapStore::Create(io_.get(), so));
     for (int b = 0; b < n_; ++b) {
       if (nvme_params()) STRATA_RETURN_IF_ERROR(swap_->Allocate(ParamsExtent(b), np(b) * w_));
-      if (nvme_optim()) STRATA_RETURN_IF_ERROR(swap_->Allocate(OptimExtent(b), 3 * padded_f32(b)));
+      if (nvme_optim()) {
+        STRATA_RETURN_IF_ERROR(swap_->Allocate(OptimExtent(b), state_[b].region_bytes));
+      }
     }
   }
 
@@ -435,7 +451,9 @@ Status Engine::Impl::Init() {
   }
   opt_state_bytes_ = 0;
   if (nvme_optim()) {
-    for (int b = 0; b < n_; ++b) opt_state_bytes_ = std::max(opt_state_bytes_, 3 * padded_f32(b));
+    for (int b = 0; b < n_; ++b) {
+      opt_state_bytes_ = std::max(opt_state_bytes_, state_[b].region_bytes);
+    }
   }
   if (plan_.optimizer_buffer_bytes > 0) {
     for (int i = 0; i < plan_.optimizer_buffers; ++i) {
@@ -445,13 +463,11 @@ Status Engine::Impl::Init() {
     }
   }
   for (int b = 0; b < n_ && !o_.inference_only; ++b) {
-    STRATA_ASSIGN_OR_RETURN(auto acc, AlignedBuffer::Allocate(np(b) * 4, 64));
+    STRATA_ASSIGN_OR_RETURN(auto acc, AlignedBuffer::Allocate(np(b) * SizeOf(grad_dtype(b)), 64));
     accum_.push_back(std::move(acc));
     if (!nvme_optim()) {
-      for (auto* vec : {&p32_, &m_, &v_}) {
-        STRATA_ASSIGN_OR_RETURN(auto buf, AlignedBuffer::Allocate(np(b) * 4, 64));
-        vec->push_back(std::move(buf));
-      }
+      STRATA_ASSIGN_OR_RETURN(auto home, AlignedBuffer::Allocate(state_[b].region_bytes, 4096));
+      opt_home_.push_back(std::move(home));
     }
   }
 
@@ -475,11 +491,14 @@ Status Engine::Impl::Init() {
     }
     return Status::Ok();
   }
-  // Initial master weights, zero Adam state, working params in their homes.
+  // Initial master weights, the optimizer's initial state, working params in their homes.
   for (int b = 0; b < n_; ++b) {
-    float *p32, *m, *v;
-    STRATA_RETURN_IF_ERROR(LoadOptimState(b, &p32, &m, &v, /*read=*/false));
-    if (nvme_optim()) std::memset(opt_buf_[0].data(), 0, opt_state_bytes_);
+    STRATA_ASSIGN_OR_RETURN(std::byte * region, LoadOptimState(b, /*read=*/false));
+    std::memset(region, 0, state_[b].region_bytes);  // padding included: no stale bytes on NVMe
+    for (size_t k = 0; k < state_[b].sections.size(); ++k) {
+      cpu_optim::InitializeState(state_[b].sections[k], Section(b, 0, k));
+    }
+    float* p32 = Master(b, 0);
     STRATA_RETURN_IF_ERROR(model_->InitParams(b, o_.seed, std::span<float>(p32, np(b))));
     STRATA_RETURN_IF_ERROR(
         cpu_optim::ConvertFromF32(p32, WorkingHome(b, 0).data, o_.precision, np(b)));
@@ -488,16 +507,8 @@ Status Engine::Impl::Init() {
   return Status::Ok();
 }
 
-float* Engine::Impl::StateP32(int b, int i) {
-  return nvme_optim() ? opt_buf_[i].as<float>() : p32_[b].as<float>();
-}
-float* Engine::Impl::StateM(int b, int i) {
-  return nvme_optim() ? reinterpret_cast<float*>(opt_buf_[i].data() + padded_f32(b))
-                      : m_[b].as<float>();
-}
-float* Engine::Impl::StateV(int b, int i) {
-  return nvme_optim() ? reinterpret_cast<float*>(opt_buf_[i].data() + 2 * padded_f32(b))
-                      : v_[b].as<float>();
+std::byte* Engine::Impl::Region(int b, int i) {
+  return nvme_optim() ? opt_buf_[i].data() : opt_home_[b].data();
 }
 
 gpu::PinnedSpan Engine::Impl::WorkingHome(int b, int i) {
@@ -505,27 +516,25 @@ gpu::PinnedSpan Engine::Impl::WorkingHome(int b, int i) {
   return opt_buf_[i].span().subspan(opt_state_bytes_, plan_.slot_bytes);
 }
 
-Status Engine::Impl::LoadOptimState(int b, float** p32, float** m, float** v, bool read) {
+StatusOr<std::byte*> Engine::Impl::LoadOptimState(int b, bool read) {
   if (nvme_optim() && read) STRATA_RETURN_IF_ERROR(ReadState(b, 0));
-  *p32 = StateP32(b, 0);
-  *m = StateM(b, 0);
-  *v = StateV(b, 0);
-  return Status::Ok();
+  return Region(b, 0);
 }
 
 Status Engine::Impl::ReadState(int b, int i) {
   trace::ScopedTraceEvent t(o_.trace, read_track_, "read optimizer state",
                             trace::Category::kNvmeRead);
-  return swap_->Read(OptimExtent(b), opt_buf_[i].span().bytes().subspan(0, 3 * padded_f32(b)));
+  return swap_->Read(OptimExtent(b), opt_buf_[i].span().bytes().subspan(0, state_[b].region_bytes));
 }
 
 Status Engine::Impl::UpdateBlock(int b, int i) {
-  trace::ScopedTraceEvent t(o_.trace, update_track_, "adamw", trace::Category::kCpuOptimizer);
-  const auto n = static_cast<size_t>(np(b));
-  return cpu_optim::AdamWUpdate(round_.adamw, round_.step, std::span<float>(StateP32(b, i), n),
-                                std::span<float>(StateM(b, i), n),
-                                std::span<float>(StateV(b, i), n),
-                                cpu_optim::GradView{accum_[b].data(), DType::kF32},
+  trace::ScopedTraceEvent t(o_.trace, update_track_, "optimizer update",
+                            trace::Category::kCpuOptimizer);
+  std::vector<std::span<std::byte>> sections;
+  for (size_t k = 0; k < state_[b].sections.size(); ++k) sections.push_back(Section(b, i, k));
+  return cpu_optim::UpdateState(BlockOptimizer(round_.optimizer, state_[b]), round_.step,
+                                state_[b].shapes, std::span<float>(Master(b, i), np(b)), sections,
+                                cpu_optim::GradView{accum_[b].data(), grad_dtype(b)},
                                 cpu_optim::CopyOut{WorkingHome(b, i).data, o_.precision});
 }
 
@@ -533,8 +542,8 @@ Status Engine::Impl::WriteBack(int b, int i) {
   trace::ScopedTraceEvent t(o_.trace, write_track_, "write optimizer state + params",
                             trace::Category::kNvmeWrite);
   if (nvme_optim()) {
-    STRATA_RETURN_IF_ERROR(
-        swap_->Write(OptimExtent(b), opt_buf_[i].span().bytes().subspan(0, 3 * padded_f32(b))));
+    STRATA_RETURN_IF_ERROR(swap_->Write(
+        OptimExtent(b), opt_buf_[i].span().bytes().subspan(0, state_[b].region_bytes)));
   }
   if (nvme_params()) {
     STRATA_RETURN_IF_ERROR(
@@ -770,8 +779,17 @@ void Engine::Impl::Fold(int b, int bucket, bool overwrite, bool last) {
     trace::ScopedTraceEvent t(o_.trace, fold_track_, "fold gradient bucket",
                               trace::Category::kCpuOptimizer);
     const cpu_optim::GradView g{hbucket_[bucket].data(), o_.precision};
-    auto stats = cpu_optim::AccumulateGrad(std::span<float>(accum_[b].as<float>(), np(b)), g,
-                                           overwrite, last);
+    StatusOr<cpu_optim::GradStats> stats = cpu_optim::GradStats{};
+    if (grad16_[b]) {
+      // The chunk's only contribution: kept as it landed (the same statistics, bit for bit, as
+      // widening it into an fp32 accumulator would give).
+      STRATA_CHECK(overwrite && last);
+      std::memcpy(accum_[b].data(), hbucket_[bucket].data(), np(b) * w_);
+      stats = cpu_optim::ComputeGradStats(g, np(b));
+    } else {
+      stats = cpu_optim::AccumulateGrad(std::span<float>(accum_[b].as<float>(), np(b)), g,
+                                        overwrite, last);
+    }
     if (!stats.ok()) {
       s = stats.status();
     } else if (last) {
@@ -837,7 +855,7 @@ StatusOr<StepResult> Engine::Impl::Step(std::span<const MicroBatch> mbs) {
       // hyper-parameters can be set for the updates the folds will submit. No clipping and
       // scale 1 in eager mode: the gradient scale is exactly that of an exact step.
       STRATA_RETURN_IF_ERROR(pipeline_->Drain());
-      round_ = {o_.adamw, cpu_optim::AdamWStep{adam_t_ + 1, 1.0f / scale}};
+      round_ = {o_.optimizer, cpu_optim::OptimStep{adam_t_ + 1, 1.0f / scale}};
     }
     for (int b = n_ - 1; b >= 0; --b, ++cursor) {
       const int t = tied(b);
@@ -938,7 +956,7 @@ StatusOr<StepResult> Engine::Impl::Step(std::span<const MicroBatch> mbs) {
   // Adam's step count t counts applied updates; skipped steps do not advance it.
   ++adam_t_;
   STRATA_RETURN_IF_ERROR(pipeline_->Drain());
-  round_ = {o_.adamw, cpu_optim::AdamWStep{adam_t_, clip / scale}};
+  round_ = {o_.optimizer, cpu_optim::OptimStep{adam_t_, clip / scale}};
   // Exact step, hidden under the next forward: blocks update in forward order on the CPU
   // pipeline while this call returns; the next forward of block b waits only on b's update.
   for (int b = 0; b < n_; ++b) {
@@ -993,8 +1011,8 @@ StatusOr<std::vector<float>> Engine::Impl::MasterWeights(int block) {
   if (o_.inference_only)
     return FailedPreconditionError("an inference-only engine has no master weights");
   STRATA_RETURN_IF_ERROR(Flush());
-  float *p32, *m, *v;
-  STRATA_RETURN_IF_ERROR(LoadOptimState(block, &p32, &m, &v));
+  STRATA_RETURN_IF_ERROR(LoadOptimState(block).status());
+  const float* p32 = Master(block, 0);
   return std::vector<float>(p32, p32 + np(block));
 }
 
@@ -1004,8 +1022,10 @@ StatusOr<std::vector<float>> Engine::Impl::AccumulatedGradient(int block) {
     return FailedPreconditionError("no gradient: the engine has not taken a step");
   }
   STRATA_RETURN_IF_ERROR(Flush());
-  const float* g = accum_[block].as<float>();
-  return std::vector<float>(g, g + np(block));
+  std::vector<float> g(np(block));
+  STRATA_RETURN_IF_ERROR(
+      cpu_optim::ConvertToF32(accum_[block].data(), grad_dtype(block), g.data(), np(block)));
+  return g;
 }
 
 StatusOr<uint64_t> Engine::Impl::MasterWeightsXxh3() {
@@ -1017,9 +1037,8 @@ StatusOr<uint64_t> Engine::Impl::MasterWeightsXxh3() {
   XXH3_64bits_reset(state);
   Status status;
   for (int b = 0; b < n_ && status.ok(); ++b) {
-    float *p32, *m, *v;
-    status = LoadOptimState(b, &p32, &m, &v);
-    if (status.ok()) XXH3_64bits_update(state, p32, np(b) * 4);
+    status = LoadOptimState(b).status();
+    if (status.ok()) XXH3_64bits_update(state, Master(b, 0), np(b) * 4);
   }
   const uint64_t h = XXH3_64bits_digest(state);
   XXH3_freeState(state);
@@ -1054,6 +1073,36 @@ Status Engine::Impl::SaveCheckpoint(const std::string& save_dir, const TrainerSt
   return Status::Ok();
 }
 
+namespace {
+
+// The checkpoint files of the optimizer's state: one per section name, in order of first use,
+// holding that section of every block that has it (optimizer_state.h).
+struct StateFile {
+  std::string name;  // "exp_avg", ...; the file is name + ".safetensors"
+  std::vector<SafetensorsWriter::TensorSpec> tensors;
+  std::vector<std::pair<int, size_t>> blocks;  // (block, section index), in tensor order
+};
+
+std::vector<StateFile> StateFiles(const Model& model, const std::vector<BlockState>& states) {
+  std::vector<StateFile> files;
+  for (int b = 0; b < static_cast<int>(states.size()); ++b) {
+    for (size_t k = 0; k < states[b].sections.size(); ++k) {
+      const cpu_optim::StateSpec& spec = states[b].sections[k];
+      auto it = std::find_if(files.begin(), files.end(),
+                             [&](const StateFile& f) { return f.name == spec.name; });
+      if (it == files.end()) it = files.insert(files.end(), StateFile{spec.name, {}, {}});
+      it->tensors.push_back(
+          {model.block_name(b),
+           spec.dtype == cpu_optim::StateDType::kU8 ? TensorDType::U8() : TensorDType(DType::kF32),
+           {spec.num_elems}});
+      it->blocks.emplace_back(b, k);
+    }
+  }
+  return files;
+}
+
+}  // namespace
+
 Status Engine::Impl::WriteCheckpoint(const std::string& save_dir, const std::string& temp_dir,
                                      const TrainerState& trainer,
                                      const SaveCheckpointOptions& options,
@@ -1063,30 +1112,46 @@ Status Engine::Impl::WriteCheckpoint(const std::string& save_dir, const std::str
     f32_specs.push_back({model_->block_name(b), DType::kF32, {np(b)}});
     working_specs.push_back({model_->block_name(b), o_.precision, {np(b)}});
   }
-  const char* names[4] = {kMasterFile, kExpAvgFile, kExpAvgSqFile, kWorkingFile};
-  const char* contents[4] = {"fp32 master weights", "AdamW exp_avg (m)", "AdamW exp_avg_sq (v)",
-                             "working weights"};
+  const std::vector<StateFile> state_files = StateFiles(*model_, state_);
+  const std::string optimizer = OptimizerFlagName(o_.optimizer);
+  // Files: master, the state sections, working (the order of the manifest's list).
+  std::vector<std::string> names = {kMasterFile};
   std::vector<SafetensorsWriter> writers;
-  for (int i = 0; i < 4; ++i) {
+  STRATA_ASSIGN_OR_RETURN(
+      auto master,
+      SafetensorsWriter::Create(temp_dir + "/" + kMasterFile, f32_specs,
+                                {{"format", "strata"}, {"content", "fp32 master weights"}}));
+  writers.push_back(std::move(master));
+  for (const StateFile& f : state_files) {
+    names.push_back(f.name + ".safetensors");
     STRATA_ASSIGN_OR_RETURN(
-        auto w,
-        SafetensorsWriter::Create(temp_dir + "/" + names[i], i < 3 ? f32_specs : working_specs,
-                                  {{"format", "strata"}, {"content", contents[i]}}));
+        auto w, SafetensorsWriter::Create(
+                    temp_dir + "/" + names.back(), f.tensors,
+                    {{"format", "strata"}, {"content", optimizer + " state " + f.name}}));
     writers.push_back(std::move(w));
   }
-  // Block by block: one block's state in memory at a time.
+  names.push_back(kWorkingFile);
+  STRATA_ASSIGN_OR_RETURN(
+      auto working,
+      SafetensorsWriter::Create(temp_dir + "/" + kWorkingFile, working_specs,
+                                {{"format", "strata"}, {"content", "working weights"}}));
+  writers.push_back(std::move(working));
+  // Block by block: one block's state in memory at a time. Each writer takes its tensors in
+  // block order, so every file is appended to in order.
   for (int b = 0; b < n_; ++b) {
-    float *p32, *m, *v;
-    STRATA_RETURN_IF_ERROR(LoadOptimState(b, &p32, &m, &v));
-    const size_t n = static_cast<size_t>(np(b));
-    STRATA_RETURN_IF_ERROR(writers[0].Append(std::as_bytes(std::span(p32, n))));
-    STRATA_RETURN_IF_ERROR(writers[1].Append(std::as_bytes(std::span(m, n))));
-    STRATA_RETURN_IF_ERROR(writers[2].Append(std::as_bytes(std::span(v, n))));
-    STRATA_ASSIGN_OR_RETURN(const std::byte* working, WorkingParamsBytes(b));
-    STRATA_RETURN_IF_ERROR(writers[3].Append(std::span(working, n * w_)));
+    STRATA_RETURN_IF_ERROR(LoadOptimState(b).status());
+    STRATA_RETURN_IF_ERROR(
+        writers[0].Append(std::as_bytes(std::span(Master(b, 0), static_cast<size_t>(np(b))))));
+    for (size_t f = 0; f < state_files.size(); ++f) {
+      for (const auto& [block, k] : state_files[f].blocks) {
+        if (block == b) STRATA_RETURN_IF_ERROR(writers[1 + f].Append(Section(b, 0, k)));
+      }
+    }
+    STRATA_ASSIGN_OR_RETURN(const std::byte* w, WorkingParamsBytes(b));
+    STRATA_RETURN_IF_ERROR(writers.back().Append(std::span(w, np(b) * w_)));
   }
   Manifest manifest;
-  for (int i = 0; i < 4; ++i) {
+  for (size_t i = 0; i < writers.size(); ++i) {
     STRATA_ASSIGN_OR_RETURN(auto r, writers[i].Finish());
     manifest.files.push_back({names[i], r.size_bytes, r.xxh3});
   }
@@ -1101,7 +1166,7 @@ Status Engine::Impl::WriteCheckpoint(const std::string& save_dir, const std::str
   manifest.engine_steps = step_;
   manifest.adam_steps = adam_t_;
   manifest.loss_scaler = {scaler_.scale(), scaler_.clean_steps(), scaler_.overflows()};
-  manifest.adamw = o_.adamw;
+  manifest.optimizer = o_.optimizer;
   manifest.grad_clip_norm = o_.grad_clip_norm;
   manifest.trainer = trainer;
   return CommitCheckpoint(save_dir, temp_dir, manifest, options.keep_last, checkpoint_dir);
@@ -1136,45 +1201,93 @@ Status Engine::Impl::LoadCheckpoint(const std::string& path, TrainerState* train
   STRATA_ASSIGN_OR_RETURN(std::string dir, ResolveCheckpointDir(path));
   STRATA_ASSIGN_OR_RETURN(Manifest m, ReadManifest(dir));
   STRATA_RETURN_IF_ERROR(CheckManifestMatchesModel(m).WithContext(dir));
-  const char* names[4] = {kMasterFile, kExpAvgFile, kExpAvgSqFile, kWorkingFile};
-  for (const char* name : names) {
+  // The optimizer's state is read only by the same kind (inference reads the master weights).
+  const std::vector<StateFile> state_files =
+      o_.inference_only ? std::vector<StateFile>() : StateFiles(*model_, state_);
+  if (!o_.inference_only && m.optimizer.kind != o_.optimizer.kind) {
+    return InvalidArgumentError(fmt::format(
+        "{}: the checkpoint holds {} optimizer state, this run uses {}; resume with --optimizer "
+        "{} (or start a new run)",
+        dir, OptimizerFlagName(m.optimizer), OptimizerFlagName(o_.optimizer),
+        OptimizerFlagName(m.optimizer)));
+  }
+  // Files: master, the state sections, working (WriteCheckpoint's order).
+  struct Expected {
+    std::string name;
+    std::vector<SafetensorsWriter::TensorSpec> tensors;
+  };
+  std::vector<Expected> expected;
+  {
+    std::vector<SafetensorsWriter::TensorSpec> f32, working;
+    DType working_dtype = o_.precision;
+    if (o_.inference_only) {
+      STRATA_ASSIGN_OR_RETURN(working_dtype, ParseDType(m.precision));
+    }
+    for (int b = 0; b < n_; ++b) {
+      f32.push_back({model_->block_name(b), DType::kF32, {np(b)}});
+      working.push_back({model_->block_name(b), working_dtype, {np(b)}});
+    }
+    expected.push_back({kMasterFile, f32});
+    for (const StateFile& f : state_files) expected.push_back({f.name + ".safetensors", f.tensors});
+    expected.push_back({kWorkingFile, working});
+  }
+  for (const Expected& e : expected) {
     const bool listed = std::any_of(m.files.begin(), m.files.end(),
-                                    [&](const ManifestFile& f) { return f.name == name; });
-    if (!listed) return DataLossError(fmt::format("{}: the manifest lists no '{}'", dir, name));
+                                    [&](const ManifestFile& f) { return f.name == e.name; });
+    if (!listed) {
+      return (e.name == kMasterFile || e.name == kWorkingFile)
+                 ? DataLossError(fmt::format("{}: the manifest lists no '{}'", dir, e.name))
+                 : InvalidArgumentError(fmt::format(
+                       "{}: the checkpoint's {} state has no '{}', which this run's {} state "
+                       "needs (amsgrad, momentum or beta1 differ from the saved run's?)",
+                       dir, OptimizerFlagName(m.optimizer), e.name,
+                       OptimizerFlagName(o_.optimizer)));
+    }
+  }
+  if (!o_.inference_only) {
+    for (const ManifestFile& f : m.files) {
+      const bool known = std::any_of(expected.begin(), expected.end(),
+                                     [&](const Expected& e) { return e.name == f.name; });
+      if (!known) {
+        return InvalidArgumentError(fmt::format(
+            "{}: the checkpoint's {} state has '{}', which this run's {} state does not use "
+            "(amsgrad, momentum or beta1 differ from the saved run's?)",
+            dir, OptimizerFlagName(m.optimizer), f.name, OptimizerFlagName(o_.optimizer)));
+      }
+    }
   }
   // Every listed file, whole, against its manifest size and xxh3; the tensor files are checked
   // through the same descriptors phase 2 reads from, so what is loaded is what was verified.
   STRATA_RETURN_IF_ERROR(VerifyCheckpointFiles(dir, m));
   std::vector<OpenSafetensors> files;
-  std::vector<std::vector<const SafetensorsTensor*>> tensors(4);
-  for (int i = 0; i < 4; ++i) {
-    const std::string file = dir + "/" + names[i];
+  std::vector<std::vector<const SafetensorsTensor*>> tensors(expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const std::string file = dir + "/" + expected[i].name;
     STRATA_ASSIGN_OR_RETURN(auto f, OpenSafetensorsFile(file));
     uint64_t size = 0;
     STRATA_ASSIGN_OR_RETURN(uint64_t hash, FdXxh3(f.fd.get(), file, &size));
-    const auto listed = std::find_if(m.files.begin(), m.files.end(),
-                                     [&](const ManifestFile& mf) { return mf.name == names[i]; });
+    const auto listed = std::find_if(m.files.begin(), m.files.end(), [&](const ManifestFile& mf) {
+      return mf.name == expected[i].name;
+    });
     if (size != listed->size_bytes || hash != listed->xxh3) {
       return DataLossError(fmt::format("'{}' changed while it was being verified", file));
     }
-    DType want = i < 3 ? DType::kF32 : o_.precision;
-    if (i == 3 && o_.inference_only) {
-      STRATA_ASSIGN_OR_RETURN(want, ParseDType(m.precision));
+    if (f.header.tensors.size() != expected[i].tensors.size()) {
+      return DataLossError(fmt::format("'{}' holds {} tensors, expected {}", file,
+                                       f.header.tensors.size(), expected[i].tensors.size()));
     }
-    if (static_cast<int>(f.header.tensors.size()) != n_) {
-      return DataLossError(fmt::format("'{}' holds {} tensors, the model has {} blocks", file,
-                                       f.header.tensors.size(), n_));
-    }
-    for (int b = 0; b < n_; ++b) {
-      const SafetensorsTensor* t = f.header.Find(model_->block_name(b));
-      if (!t || t->dtype != want || t->shape != std::vector<int64_t>{np(b)}) {
+    for (const auto& want : expected[i].tensors) {
+      const SafetensorsTensor* t = f.header.Find(want.name);
+      if (!t || t->dtype != want.dtype || t->shape != want.shape) {
         return DataLossError(fmt::format("'{}': tensor '{}' is missing or not {} [{}]", file,
-                                         model_->block_name(b), SafetensorsDTypeName(want), np(b)));
+                                         want.name, SafetensorsDTypeName(want.dtype),
+                                         want.shape[0]));
       }
       tensors[i].push_back(t);
     }
     files.push_back(std::move(f));
   }
+  const size_t working_file = expected.size() - 1;
 
   // Phase 2: stream the validated tensors into the stores, block by block, once nothing reads
   // them any more (the last update applied, no H2D copy from a pinned home in flight).
@@ -1199,23 +1312,26 @@ Status Engine::Impl::LoadCheckpoint(const std::string& path, TrainerState* train
   }
   for (int b = 0; b < n_; ++b) {
     const size_t n = static_cast<size_t>(np(b));
-    float *p32, *mm, *vv;
-    STRATA_RETURN_IF_ERROR(LoadOptimState(b, &p32, &mm, &vv, /*read=*/false));
-    STRATA_RETURN_IF_ERROR(
-        ReadTensorBytes(files[0], *tensors[0][b], 0, std::as_writable_bytes(std::span(p32, n))));
-    STRATA_RETURN_IF_ERROR(
-        ReadTensorBytes(files[1], *tensors[1][b], 0, std::as_writable_bytes(std::span(mm, n))));
-    STRATA_RETURN_IF_ERROR(
-        ReadTensorBytes(files[2], *tensors[2][b], 0, std::as_writable_bytes(std::span(vv, n))));
-    STRATA_RETURN_IF_ERROR(
-        ReadTensorBytes(files[3], *tensors[3][b], 0, WorkingHome(b, 0).bytes().subspan(0, n * w_)));
+    STRATA_RETURN_IF_ERROR(LoadOptimState(b, /*read=*/false).status());
+    STRATA_RETURN_IF_ERROR(ReadTensorBytes(files[0], *tensors[0][b], 0,
+                                           std::as_writable_bytes(std::span(Master(b, 0), n))));
+    for (size_t f = 0; f < state_files.size(); ++f) {
+      for (size_t j = 0; j < state_files[f].blocks.size(); ++j) {
+        const auto [block, k] = state_files[f].blocks[j];
+        if (block != b) continue;
+        STRATA_RETURN_IF_ERROR(
+            ReadTensorBytes(files[1 + f], *tensors[1 + f][j], 0, Section(b, 0, k)));
+      }
+    }
+    STRATA_RETURN_IF_ERROR(ReadTensorBytes(files[working_file], *tensors[working_file][b], 0,
+                                           WorkingHome(b, 0).bytes().subspan(0, n * w_)));
     if (swap_) STRATA_RETURN_IF_ERROR(WriteBack(b, 0));
     ++param_version_[b];  // every device copy is stale
   }
   step_ = m.engine_steps;
   adam_t_ = m.adam_steps;
   scaler_.Restore(m.loss_scaler.scale, m.loss_scaler.clean_steps, m.loss_scaler.overflows);
-  o_.adamw.lr = m.adamw.lr;
+  cpu_optim::SetLearningRate(o_.optimizer, cpu_optim::LearningRate(m.optimizer));
   partially_loaded_ = false;
   *trainer = m.trainer;
   return Status::Ok();
@@ -1228,7 +1344,8 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(Model* model, gpu::Device* devi
                                                  const EngineOptions& options) {
   if (!model || !device) return InvalidArgumentError("Engine::Create needs a model and a device");
   STRATA_ASSIGN_OR_RETURN(
-      Plan plan, MakePlan(*model, options.precision, options.micro_batch, options.placement));
+      Plan plan, MakePlan(*model, options.precision, options.micro_batch, options.placement,
+                          PlanOptimizer{options.optimizer, std::max(1, options.grad_accum_steps)}));
   auto impl = std::make_unique<Impl>(model, device, options, std::move(plan));
   STRATA_RETURN_IF_ERROR(impl->Init());
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));

@@ -4,12 +4,15 @@
 //   working params p16 (fp16/bf16, or fp32)  device if resident, else streamed per
 //                                            block from pinned host or NVMe
 //   gradients g16                            device -> D2H -> pinned host bucket ->
-//                                            fp32 accumulators on the host
-//   master params p32, Adam m, v (fp32)      host memory or the NVMe swap store
+//                                            fp32 accumulators on the host, or kept 16-bit
+//                                            when a step has one micro-batch (planner.h)
+//   master params p32, optimizer state       host memory or the NVMe swap store
+//                                            (optimizer_state.h: AdamW's fp32 m and v, 8-bit
+//                                            AdamW, Adafactor, ...)
 //
 // One optimizer step = grad_accum_steps micro-batches of forward (blocks 0..N-1,
 // keeping only block-boundary activations) and backward (N-1..0, recomputing
-// each block's forward), then a CPU AdamW over every block with the global
+// each block's forward), then a CPU optimizer step over every block with the global
 // gradient norm and the overflow flag known: fused unscale (1/loss scale) and
 // clipping, fused copy-out of the new working params. An fp16 overflow skips
 // the update of every block and lowers the loss scale; master weights are never
@@ -47,7 +50,7 @@
 #include "base/dtype.h"
 #include "base/status.h"
 #include "base/trace.h"
-#include "cpu_optim/adamw.h"
+#include "cpu_optim/any_optimizer.h"
 #include "engine/checkpoint.h"
 #include "engine/loss_scaler.h"
 #include "engine/model.h"
@@ -61,7 +64,9 @@ struct EngineOptions {
   DType precision = DType::kBF16;  // working params and gradients
   MicroBatchShape micro_batch;     // shape of every training micro-batch
   int grad_accum_steps = 1;
-  cpu_optim::AdamWConfig adamw;
+  // The CPU optimizer and its hyper-parameters (cpu_optim/any_optimizer.h): AdamW by default;
+  // every kind there, with its state laid out per block as engine/optimizer_state.h says.
+  cpu_optim::AnyOptimizer optimizer;
   float grad_clip_norm = 1.0f;    // clip by global L2 norm; 0 = off
   LossScalerOptions loss_scaler;  // used when precision is fp16
   PlacementOptions placement;     // budgets, homes, NVMe paths
@@ -88,6 +93,9 @@ struct EngineOptions {
   // kFailedPrecondition; LoadCheckpoint accepts a checkpoint of any precision. Needs
   // placement.param_home device or host and optimizer_home host (kInvalidArgument otherwise).
   bool inference_only = false;
+  // Test seam: keep fp32 gradient accumulators for every block even where the host would keep
+  // the 16-bit gradient (planner.h, HostGradInWorkingPrecision), to compare the two paths.
+  bool fp32_host_grads = false;
   // Test seam: fill each pinned gradient bucket with NaN bytes when it returns to its pool, so a
   // bucket read before its copy landed, or reused while still being read, makes the step's
   // gradient non-finite.

@@ -23,6 +23,7 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "base/dtype.h"
 #include "base/status.h"
@@ -101,6 +102,13 @@ class Model {
   virtual int num_blocks() const = 0;
   virtual std::string block_name(int block) const = 0;  // "embedding", "layer3", "head"
   virtual int64_t block_num_params(int block) const = 0;
+  // The shapes of the tensors a block's chunk holds, in chunk order, back to back (their element
+  // counts sum to block_num_params). Optimizers whose state depends on a tensor's shape
+  // (Adafactor factors the second moment of every tensor of two or more dimensions) read them;
+  // the default, one flat tensor, makes every tensor one-dimensional to them.
+  virtual std::vector<std::vector<int64_t>> block_tensor_shapes(int block) const {
+    return {{block_num_params(block)}};
+  }
   virtual int64_t activation_elems(MicroBatchShape shape) const = 0;  // (B, T, C)
   // (B, V): the head's Forward writes the logits of the last position (t = T - 1) of each
   // sequence, all generation needs; the (B, T, V) logits never exist (the head computes the
@@ -161,6 +169,9 @@ class ForwardingModel : public Model {
   int num_blocks() const override { return inner_->num_blocks(); }
   std::string block_name(int block) const override { return inner_->block_name(block); }
   int64_t block_num_params(int block) const override { return inner_->block_num_params(block); }
+  std::vector<std::vector<int64_t>> block_tensor_shapes(int block) const override {
+    return inner_->block_tensor_shapes(block);
+  }
   int64_t activation_elems(MicroBatchShape s) const override { return inner_->activation_elems(s); }
   int64_t logits_elems(MicroBatchShape s) const override { return inner_->logits_elems(s); }
   int vocab_size() const override { return inner_->vocab_size(); }

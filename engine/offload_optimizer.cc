@@ -27,6 +27,7 @@
 #include "cpu_optim/grad_stats.h"
 #include "cpu_optim/threading.h"
 #include "engine/checkpoint.h"
+#include "engine/optimizer_json.h"
 #include "engine/optimizer_pipeline.h"
 #include "engine/safetensors.h"
 #include "engine/work_queue.h"
@@ -87,52 +88,6 @@ class HostBuffer {
   AlignedBuffer buf_;
   bool locked_ = false;
 };
-
-// Every hyper-parameter of a config, by name, once: fn(name, field) for each; both the manifest
-// writer and its reader walk this list.
-template <typename F>
-void ForEachField(cpu_optim::AdamWConfig& c, F&& fn) {
-  fn("lr", c.lr), fn("beta1", c.beta1), fn("beta2", c.beta2), fn("eps", c.eps);
-  fn("weight_decay", c.weight_decay), fn("decoupled_weight_decay", c.decoupled_weight_decay);
-  fn("bias_correction", c.bias_correction), fn("amsgrad", c.amsgrad), fn("maximize", c.maximize);
-}
-template <typename F>
-void ForEachField(cpu_optim::AdagradConfig& c, F&& fn) {
-  fn("lr", c.lr), fn("lr_decay", c.lr_decay), fn("weight_decay", c.weight_decay);
-  fn("initial_accumulator_value", c.initial_accumulator_value), fn("eps", c.eps);
-  fn("maximize", c.maximize);
-}
-template <typename F>
-void ForEachField(cpu_optim::LionConfig& c, F&& fn) {
-  fn("lr", c.lr), fn("beta1", c.beta1), fn("beta2", c.beta2);
-  fn("weight_decay", c.weight_decay), fn("maximize", c.maximize);
-}
-template <typename F>
-void ForEachField(cpu_optim::SgdConfig& c, F&& fn) {
-  fn("lr", c.lr), fn("momentum", c.momentum), fn("dampening", c.dampening);
-  fn("weight_decay", c.weight_decay), fn("nesterov", c.nesterov), fn("maximize", c.maximize);
-}
-
-Json ConfigToJson(cpu_optim::AnyOptimizer o) {
-  Json j;
-  j["kind"] = std::string(cpu_optim::OptimizerKindName(o.kind));
-  std::visit([&](auto& c) { ForEachField(c, [&](const char* name, auto& v) { j[name] = v; }); },
-             o.config);
-  return j;
-}
-
-// The hyper-parameters of a saved group, read into a copy of `like` (whose kind the caller has
-// checked). Throws nlohmann's exceptions for missing or mistyped fields.
-cpu_optim::AnyOptimizer ConfigFromJson(const Json& j, cpu_optim::AnyOptimizer like) {
-  std::visit(
-      [&](auto& c) {
-        ForEachField(c, [&](const char* name, auto& v) {
-          v = j.at(name).template get<std::remove_reference_t<decltype(v)>>();
-        });
-      },
-      like.config);
-  return like;
-}
 
 }  // namespace
 
@@ -910,7 +865,7 @@ Status OffloadOptimizer::Impl::Save(const std::string& dir) {
     STRATA_ASSIGN_OR_RETURN(SafetensorsWriter::Result written, w.Finish());
     Json groups = Json::array();
     for (const Group& g : groups_) {
-      groups.push_back({{"optimizer", ConfigToJson(g.optimizer)}, {"step", g.step}});
+      groups.push_back({{"optimizer", OptimizerToJson(g.optimizer)}, {"step", g.step}});
     }
     Json manifest = {{"format", kOffloadFormat},
                      {"format_version", kOffloadFormatVersion},
@@ -967,7 +922,8 @@ Status OffloadOptimizer::Impl::Load(const std::string& dir) {
             fmt::format("{}: group {} was {}, here it is {}", where, g, kind,
                         cpu_optim::OptimizerKindName(groups_[g].optimizer.kind)));
       }
-      cpu_optim::AnyOptimizer o = ConfigFromJson(opt, groups_[g].optimizer);
+      STRATA_ASSIGN_OR_RETURN(cpu_optim::AnyOptimizer o,
+                              OptimizerFromJson(opt, fmt::format("{}: group {}", where, g)));
       if (Status v = cpu_optim::Validate(o); !v.ok()) {
         return DataLossError(fmt::format("{}: group {}: {}", where, g, v.message()));
       }

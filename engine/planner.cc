@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "base/units.h"
+#include "engine/optimizer_state.h"
 #include "gpu/device.h"
 
 namespace strata::engine {
@@ -94,8 +95,16 @@ uint64_t StreamingMinimumBytes(const Model& model, DType precision, MicroBatchSh
   return total + streaming_slots * Aligned(slot);
 }
 
+bool HostGradInWorkingPrecision(const Model& model, int block, int grad_accum_steps) {
+  if (grad_accum_steps != 1) return false;
+  for (int b = 0; b < model.num_blocks(); ++b) {
+    if (model.tied_block(b) == block) return false;
+  }
+  return true;
+}
+
 StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape shape,
-                        const PlacementOptions& o) {
+                        const PlacementOptions& o, const PlanOptimizer& optimizer) {
   if (o.device_budget_bytes == 0) {
     return InvalidArgumentError("device budget is zero; give one with units, e.g. 64MiB");
   }
@@ -123,7 +132,18 @@ StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape sha
     p.max_block_params = std::max(p.max_block_params, np);
   }
   p.slot_bytes = AlignUp(static_cast<uint64_t>(p.max_block_params) * w, 4096);
-  p.model_state_bytes = static_cast<uint64_t>(p.model_params) * (2 * w + 12);
+  // The optimizer's state, block by block as the engine lays it out.
+  std::vector<BlockState> states;
+  uint64_t max_region = 0, master_bytes = 0;
+  for (int b = 0; b < n; ++b) {
+    states.push_back(LayoutBlockState(model, b, optimizer.optimizer));
+    p.optimizer_state_bytes += states.back().state_bytes();
+    master_bytes += states.back().master_bytes;
+    max_region = std::max(max_region, states.back().region_bytes);
+  }
+  p.optimizer_name = OptimizerFlagName(optimizer.optimizer);
+  p.model_state_bytes =
+      static_cast<uint64_t>(p.model_params) * (2 * w + 4) + p.optimizer_state_bytes;
 
   // Fixed regions: everything but the parameter slots.
   const std::vector<DeviceRegion> fixed =
@@ -206,7 +226,6 @@ StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape sha
 
   // Host tiers.
   const uint64_t params_w = static_cast<uint64_t>(p.model_params) * w;
-  const uint64_t padded_block_f32 = AlignUp(static_cast<uint64_t>(p.max_block_params) * 4, 4096);
   p.pinned_bytes = p.host_grad_buckets * p.grad_bucket_bytes;  // gradient landing buckets
   if (o.offload_activations) {
     p.pinned_bytes +=
@@ -222,15 +241,21 @@ StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape sha
     }
     p.pinned_bytes += p.streaming_slots * p.slot_bytes;
   }
-  if (o.optimizer_home == OptimizerHome::kNvme) p.optimizer_buffer_bytes += 3 * padded_block_f32;
+  if (o.optimizer_home == OptimizerHome::kNvme) p.optimizer_buffer_bytes += max_region;
   if (o.param_home == ParamHome::kNvme) p.optimizer_buffer_bytes += p.slot_bytes;
   p.pinned_bytes += p.optimizer_buffers * p.optimizer_buffer_bytes;
-  p.host_bytes = static_cast<uint64_t>(p.model_params) * 4;  // fp32 gradient accumulators
+  for (int b = 0; b < n; ++b) {
+    const bool grad16 = HostGradInWorkingPrecision(model, b, optimizer.grad_accum_steps);
+    p.host_grad_bytes += static_cast<uint64_t>(p.blocks[b].num_params) * (grad16 ? w : 4);
+    if (grad16 && w < 4) p.host_grad16_params += p.blocks[b].num_params;
+  }
+  p.host_bytes = p.host_grad_bytes;
   if (o.optimizer_home == OptimizerHome::kHost)
-    p.host_bytes += static_cast<uint64_t>(p.model_params) * 12;
+    p.host_bytes += master_bytes + p.optimizer_state_bytes;
   if (o.param_home == ParamHome::kNvme) p.nvme_bytes += params_w;
-  if (o.optimizer_home == OptimizerHome::kNvme)
-    p.nvme_bytes += static_cast<uint64_t>(p.model_params) * 12;
+  if (o.optimizer_home == OptimizerHome::kNvme) {
+    p.nvme_bytes += master_bytes + p.optimizer_state_bytes;
+  }
   if (p.pinned_bytes > o.pinned_budget_bytes) {
     return ResourceExhaustedError(fmt::format(
         "pinned host budget {} is {} short: the plan pins {}", FormatBytes(o.pinned_budget_bytes),
@@ -239,8 +264,8 @@ StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape sha
   const uint64_t host_total = p.host_bytes + p.pinned_bytes;
   if (o.host_budget_bytes > 0 && host_total > o.host_budget_bytes) {
     return ResourceExhaustedError(fmt::format(
-        "host budget {} is {} short: the plan needs {} ({} pinned + {} of fp32 gradient "
-        "accumulators{}); raise --host-budget{}",
+        "host budget {} is {} short: the plan needs {} ({} pinned + {} of host gradients{}); "
+        "raise --host-budget{}",
         FormatBytes(o.host_budget_bytes), FormatBytes(host_total - o.host_budget_bytes),
         FormatBytes(host_total), FormatBytes(p.pinned_bytes), FormatBytes(p.host_bytes),
         o.optimizer_home == OptimizerHome::kHost ? " and optimizer state" : "",
@@ -265,8 +290,11 @@ std::string Plan::Describe() const {
   };
   line("plan: {} params in {} blocks, {} working precision, micro-batch {}x{}", model_params,
        blocks.size(), DTypeName(precision), shape.batch_size, shape.seq_len);
-  line("  model state {} ({} B/param: p{} + g{} + p32 + m + v)", FormatBytes(model_state_bytes),
-       2 * w + 12, w * 8, w * 8);
+  line("  model state {} ({:.2f} B/param: p{} + g{} + p32 + {} state {:.2f} B/param)",
+       FormatBytes(model_state_bytes),
+       static_cast<double>(model_state_bytes) / static_cast<double>(model_params), w * 8, w * 8,
+       optimizer_name,
+       static_cast<double>(optimizer_state_bytes) / static_cast<double>(model_params));
   std::string resident, streamed;
   for (const auto& b : blocks) (b.resident ? resident : streamed) += (b.name + " ");
   line("  device   {} of {} budget: {} resident blocks, {} streaming slots of {}",
@@ -308,11 +336,18 @@ std::string Plan::Describe() const {
     line("           boundary activations: {} of {} in pinned host memory, 2 on the device",
          blocks.size() - 1, FormatBytes(device_regions[2].size_bytes / 2));
   }
-  line("  host     {}: fp32 gradient accumulators{}", FormatBytes(host_bytes),
-       optimizer_home == OptimizerHome::kHost ? ", fp32 master weights, Adam m and v" : "");
+  const std::string grads =
+      host_grad16_params == model_params ? fmt::format("{} gradients", DTypeName(precision))
+      : host_grad16_params == 0
+          ? std::string("fp32 gradient accumulators")
+          : fmt::format("gradients ({} params {}, the rest fp32 accumulators)", host_grad16_params,
+                        DTypeName(precision));
+  const std::string state = fmt::format("fp32 master weights, {} state", optimizer_name);
+  line("  host     {}: {} {}{}", FormatBytes(host_bytes), grads, FormatBytes(host_grad_bytes),
+       optimizer_home == OptimizerHome::kHost ? ", " + state : "");
   if (nvme_bytes > 0) {
     line("  nvme     {}: {}{}", FormatBytes(nvme_bytes),
-         optimizer_home == OptimizerHome::kNvme ? "fp32 master weights, Adam m and v" : "",
+         optimizer_home == OptimizerHome::kNvme ? state : "",
          param_home == ParamHome::kNvme
              ? (optimizer_home == OptimizerHome::kNvme ? ", working params" : "working params")
              : "");

@@ -13,6 +13,7 @@
 
 #include "base/dtype.h"
 #include "base/status.h"
+#include "cpu_optim/any_optimizer.h"
 #include "engine/model.h"
 
 namespace strata::engine {
@@ -48,6 +49,19 @@ struct PlacementOptions {
   int optimizer_buffers = 0;
 };
 
+// The optimizer a plan is made for: its state per block (engine/optimizer_state.h) and how
+// gradients accumulate on the host.
+struct PlanOptimizer {
+  cpu_optim::AnyOptimizer optimizer;  // AdamW by default
+  int grad_accum_steps = 1;
+};
+
+// Whether the host keeps block `block`'s gradient in the working precision (2 B/param for
+// fp16/bf16) instead of an fp32 accumulator: when a step has one micro-batch and the chunk gets
+// one contribution (no other block ties it). The optimizer then reads the 16-bit gradient as it
+// landed, which gives the same bits as widening it to fp32 first. fp32 runs keep fp32 either way.
+bool HostGradInWorkingPrecision(const Model& model, int block, int grad_accum_steps);
+
 struct DeviceRegion {
   std::string label;  // "activations", "slot.layer3", ...
   uint64_t size_bytes;
@@ -71,17 +85,21 @@ struct Plan {
   int host_grad_buckets = 3;    // pinned landing buckets
   int optimizer_buffers = 1;    // pinned buffers of the optimizer pipeline
   uint64_t grad_bucket_bytes = 0;       // one block's 16-bit gradients, padded
-  uint64_t optimizer_buffer_bytes = 0;  // NVMe: [p32 | m | v] of the largest block (+ p16)
+  uint64_t optimizer_buffer_bytes = 0;  // NVMe: the largest block's state region (+ p16)
   int64_t model_params = 0;
   int64_t max_block_params = 0;
   uint64_t slot_bytes = 0;  // one block's working params, padded
   std::vector<DeviceRegion> device_regions;
   uint64_t device_budget_bytes = 0;
-  uint64_t device_total_bytes = 0;  // sum of regions (each aligned to 256 B)
-  uint64_t pinned_bytes = 0;        // param home or NVMe staging, gradient buckets
-  uint64_t host_bytes = 0;          // fp32 gradient accumulators (+ optimizer state if on host)
-  uint64_t nvme_bytes = 0;          // swap store payload
-  uint64_t model_state_bytes = 0;   // p16 + g16 + p32 + m + v over all params
+  uint64_t device_total_bytes = 0;     // sum of regions (each aligned to 256 B)
+  uint64_t pinned_bytes = 0;           // param home or NVMe staging, gradient buckets
+  uint64_t host_bytes = 0;             // host gradients (+ master weights and state if on host)
+  uint64_t host_grad_bytes = 0;        // of which host gradients (fp32 or working precision)
+  int64_t host_grad16_params = 0;      // params whose host gradient stays 16-bit
+  uint64_t nvme_bytes = 0;             // swap store payload
+  uint64_t model_state_bytes = 0;      // p16 + g16 + p32 + optimizer state over all params
+  std::string optimizer_name;          // "adamw", "adamw8bit", ... (OptimizerFlagName)
+  uint64_t optimizer_state_bytes = 0;  // the optimizer's state over all blocks, padded
 
   int num_resident() const;
   // The plan in plain words, one tier per line.
@@ -102,6 +120,6 @@ uint64_t StreamingMinimumBytes(const Model& model, DType precision, MicroBatchSh
 // minimum is made of), or when the pinned, host or NVMe needs exceed their budgets (which, by how
 // much).
 StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape shape,
-                        const PlacementOptions& options);
+                        const PlacementOptions& options, const PlanOptimizer& optimizer = {});
 
 }  // namespace strata::engine

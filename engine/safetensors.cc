@@ -17,12 +17,14 @@ namespace {
 
 using json = nlohmann::json;
 
-StatusOr<DType> DTypeFromSafetensors(std::string_view name) {
-  if (name == "F32") return DType::kF32;
-  if (name == "F16") return DType::kF16;
-  if (name == "BF16") return DType::kBF16;
-  return InvalidArgumentError(fmt::format(
-      "safetensors dtype '{}' is not supported here (F32, F16 and BF16 are)", name.substr(0, 32)));
+StatusOr<TensorDType> DTypeFromSafetensors(std::string_view name) {
+  if (name == "F32") return TensorDType(DType::kF32);
+  if (name == "F16") return TensorDType(DType::kF16);
+  if (name == "BF16") return TensorDType(DType::kBF16);
+  if (name == "U8") return TensorDType::U8();
+  return InvalidArgumentError(
+      fmt::format("safetensors dtype '{}' is not supported here (F32, F16, BF16 and U8 are)",
+                  name.substr(0, 32)));
 }
 
 // A tensor name is a key: 1..1024 printable ASCII characters.
@@ -86,7 +88,7 @@ StatusOr<SafetensorsTensor> ParseTensor(const std::string& name, const json& ent
     t.shape.push_back(static_cast<int64_t>(dim));
   }
   uint64_t size_bytes = 0;
-  if (__builtin_mul_overflow(num_elems, SizeOf(t.dtype), &size_bytes) ||
+  if (__builtin_mul_overflow(num_elems, t.dtype.size(), &size_bytes) ||
       num_elems > static_cast<uint64_t>(INT64_MAX)) {
     return DataLossError(what + ": the shape's byte size overflows");
   }
@@ -110,8 +112,9 @@ StatusOr<SafetensorsTensor> ParseTensor(const std::string& name, const json& ent
 
 }  // namespace
 
-std::string_view SafetensorsDTypeName(DType dtype) {
-  switch (dtype) {
+std::string_view SafetensorsDTypeName(TensorDType dtype) {
+  if (dtype.is_u8()) return "U8";
+  switch (dtype.dtype()) {
     case DType::kF32:
       return "F32";
     case DType::kF16:
@@ -263,7 +266,7 @@ StatusOr<SafetensorsWriter> SafetensorsWriter::Create(
       return InvalidArgumentError(fmt::format(
           "tensor name {} is empty, not printable, reserved or repeated", Quoted(t.name)));
     }
-    uint64_t n = SizeOf(t.dtype);
+    uint64_t n = t.dtype.size();
     for (int64_t d : t.shape) {
       if (d < 0 || __builtin_mul_overflow(n, static_cast<uint64_t>(d), &n)) {
         return InvalidArgumentError(fmt::format("tensor '{}': bad shape", t.name));

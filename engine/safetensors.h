@@ -2,7 +2,7 @@
 //
 //   [8 bytes: N, little-endian uint64] [N bytes: UTF-8 JSON header] [data section]
 //
-// The header is a JSON object {name: {"dtype": "F32"|"F16"|"BF16", "shape": [d0, ...],
+// The header is a JSON object {name: {"dtype": "F32"|"F16"|"BF16"|"U8", "shape": [d0, ...],
 // "data_offsets": [begin, end]}, ..., "__metadata__": {string: string}}. Offsets are bytes
 // relative to the start of the data section; the tensors cover the data section exactly, without
 // holes or overlaps. Our writer pads the header with spaces so the data section starts at a
@@ -36,12 +36,32 @@ namespace strata::engine {
 // Largest JSON header we accept (the reference implementation's limit is 100 MB).
 inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100'000'000;
 
-// "F32", "F16", "BF16" (the safetensors spelling).
-std::string_view SafetensorsDTypeName(DType dtype);
+// A tensor's element type: one of the engine's DTypes, or U8 (the codes of 8-bit optimizer state,
+// engine/optimizer_state.h). Converts implicitly from DType, so `tensor.dtype == DType::kF32`
+// reads as it should; dtype() is the DType of a non-U8 type.
+class TensorDType {
+ public:
+  constexpr TensorDType(DType dtype)  // NOLINT(google-explicit-constructor)
+      : code_(static_cast<uint8_t>(dtype)) {}
+  static constexpr TensorDType U8() { return TensorDType(kU8Code); }
+  constexpr bool is_u8() const { return code_ == kU8Code; }
+  // The DType; kF32 for U8 (check is_u8() first where U8 can occur).
+  constexpr DType dtype() const { return is_u8() ? DType::kF32 : static_cast<DType>(code_); }
+  constexpr size_t size() const { return is_u8() ? 1 : SizeOf(dtype()); }
+  friend constexpr bool operator==(TensorDType a, TensorDType b) { return a.code_ == b.code_; }
+
+ private:
+  static constexpr uint8_t kU8Code = 0xff;
+  explicit constexpr TensorDType(uint8_t code) : code_(code) {}
+  uint8_t code_;
+};
+
+// "F32", "F16", "BF16", "U8" (the safetensors spelling).
+std::string_view SafetensorsDTypeName(TensorDType dtype);
 
 struct SafetensorsTensor {
   std::string name;
-  DType dtype = DType::kF32;
+  TensorDType dtype = DType::kF32;
   std::vector<int64_t> shape;  // empty = scalar
   int64_t num_elems = 0;
   uint64_t begin_bytes = 0;  // offsets within the data section
@@ -90,7 +110,7 @@ class SafetensorsWriter {
  public:
   struct TensorSpec {
     std::string name;
-    DType dtype;
+    TensorDType dtype;
     std::vector<int64_t> shape;
   };
   // Errors: kInvalidArgument (duplicate or non-printable name, negative dimension, overflow),

@@ -69,6 +69,24 @@ GptModel::Kind GptModel::kind(int block) const { return DecoderBlockOf(block, nu
 
 std::string GptModel::block_name(int block) const { return DecoderBlockName(block, num_blocks()); }
 
+std::vector<std::vector<int64_t>> GptModel::block_tensor_shapes(int block) const {
+  std::vector<TensorInfo> tensors;
+  switch (kind(block)) {
+    case Kind::kEmbedding:
+      tensors = EmbeddingTensors(shape_);
+      break;
+    case Kind::kHead:
+      tensors = HeadTensors(shape_);
+      break;
+    case Kind::kLayer:
+      tensors = LayerTensors(shape_);
+      break;
+  }
+  std::vector<std::vector<int64_t>> shapes;
+  for (const TensorInfo& t : tensors) shapes.push_back(t.shape);
+  return shapes;
+}
+
 int64_t GptModel::block_num_params(int block) const {
   switch (kind(block)) {
     case Kind::kEmbedding:

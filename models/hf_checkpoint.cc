@@ -236,6 +236,10 @@ StatusOr<std::shared_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::string& di
       }
       const auto [shard, tensor] = it->second;
       const std::string& path = ck->shards_[shard]->path;
+      if (tensor->dtype.is_u8()) {
+        return InvalidArgumentError(fmt::format(
+            "{}: tensor '{}' has dtype U8 (F32, F16 and BF16 are supported)", path, found));
+      }
       if (tensor->shape != layout.shape) {
         return InvalidArgumentError(
             fmt::format("{}: tensor '{}' has shape {}, config.json needs {}", path, found,
@@ -308,7 +312,7 @@ Status HfCheckpoint::ReadBlock(int block, std::span<float> out) const {
   for (const Source& src : blocks_[block]) {
     const Shard& shard = *shards_[src.shard];
     const engine::SafetensorsTensor& t = *src.tensor;
-    const int64_t elem_bytes = static_cast<int64_t>(SizeOf(t.dtype));
+    const int64_t elem_bytes = static_cast<int64_t>(t.dtype.size());
     float* dst = out.data() + src.layout.chunk_offset;
     auto read = [&](int64_t first_elem, int64_t num_elems, std::byte* into) -> Status {
       Status s = engine::ReadTensorBytes(
@@ -321,7 +325,7 @@ Status HfCheckpoint::ReadBlock(int block, std::span<float> out) const {
       if (t.dtype == DType::kF32) return read(first, n, reinterpret_cast<std::byte*>(to));
       staging.resize(static_cast<size_t>(n * elem_bytes));
       STRATA_RETURN_IF_ERROR(read(first, n, staging.data()));
-      return cpu_optim::ConvertToF32(staging.data(), t.dtype, to, n);
+      return cpu_optim::ConvertToF32(staging.data(), t.dtype.dtype(), to, n);
     };
     if (!src.layout.transposed) {
       const int64_t piece = kStagingBytes / elem_bytes;

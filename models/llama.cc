@@ -95,6 +95,24 @@ std::string LlamaModel::block_name(int block) const {
   return DecoderBlockName(block, num_blocks());
 }
 
+std::vector<std::vector<int64_t>> LlamaModel::block_tensor_shapes(int block) const {
+  std::vector<LlamaTensor> tensors;
+  switch (kind(block)) {
+    case Kind::kEmbedding:
+      tensors = LlamaEmbeddingTensors(config_);
+      break;
+    case Kind::kHead:
+      tensors = LlamaHeadTensors(config_);
+      break;
+    case Kind::kLayer:
+      tensors = LlamaLayerTensors(config_, block - 1);
+      break;
+  }
+  std::vector<std::vector<int64_t>> shapes;
+  for (const LlamaTensor& t : tensors) shapes.push_back(t.shape);
+  return shapes;
+}
+
 int64_t LlamaModel::block_num_params(int block) const {
   switch (kind(block)) {
     case Kind::kEmbedding:

@@ -51,6 +51,7 @@ class LlamaModel final : public engine::Model {
   int num_blocks() const override { return config_.num_layers + 2; }
   std::string block_name(int block) const override;
   int64_t block_num_params(int block) const override;
+  std::vector<std::vector<int64_t>> block_tensor_shapes(int block) const override;
   int64_t activation_elems(engine::MicroBatchShape s) const override;
   int64_t logits_elems(engine::MicroBatchShape s) const override;
   int vocab_size() const override { return config_.vocab_size; }

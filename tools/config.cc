@@ -183,21 +183,26 @@ Status ApplyOptimizer(const Reader& r, const json& opt, TrainFlags* f) {
   STRATA_RETURN_IF_ERROR(r.CheckObject(opt, "optimizer", {"type", "params"}));
   std::string type = "adamw";
   if (const json* t = Find(opt, "type")) {
-    if (!t->is_string()) return r.WrongValue("optimizer.type", *t, "\"AdamW\" or \"Adam\"");
+    constexpr std::string_view kTypes =
+        "\"AdamW\", \"Adam\", \"AdamW8bit\", \"Adafactor\", \"Lion\", \"SGD\" or \"Adagrad\"";
+    if (!t->is_string()) return r.WrongValue("optimizer.type", *t, kTypes);
     type = t->get<std::string>();
     for (char& c : type) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    if (type != "adamw" && type != "adam") {
-      return r.Error(fmt::format(
-          "'optimizer.type' {} is not supported: Strata's CPU optimizer is \"AdamW\" or \"Adam\"",
-          t->dump()));
+    if (type != "adamw" && type != "adam" && type != "adamw8bit" && type != "adafactor" &&
+        type != "lion" && type != "sgd" && type != "adagrad") {
+      return r.Error(
+          fmt::format("'optimizer.type' {} is not supported: Strata's CPU optimizers are {}",
+                      t->dump(), kTypes));
     }
   }
-  f->adam_decoupled_weight_decay = true;  // DeepSpeed: "Adam" is AdamW unless adam_w_mode=false
+  // DeepSpeed: "Adam" is AdamW unless adam_w_mode=false.
+  f->optimizer = type == "adam" ? "adamw" : type;
+  f->adam_decoupled_weight_decay = true;
   const json* params = Find(opt, "params");
   if (params == nullptr) return Status::Ok();
-  STRATA_RETURN_IF_ERROR(
-      r.CheckObject(*params, "optimizer.params",
-                    {"lr", "betas", "eps", "weight_decay", "bias_correction", "adam_w_mode"}));
+  STRATA_RETURN_IF_ERROR(r.CheckObject(
+      *params, "optimizer.params",
+      {"lr", "betas", "eps", "weight_decay", "bias_correction", "adam_w_mode", "momentum"}));
   if (const json* v = Find(*params, "lr")) {
     STRATA_ASSIGN_OR_RETURN(f->lr, r.Number(*v, "optimizer.params.lr", 0, true));
   }
@@ -221,6 +226,10 @@ Status ApplyOptimizer(const Reader& r, const json& opt, TrainFlags* f) {
     STRATA_ASSIGN_OR_RETURN(f->adam_bias_correction,
                             r.Bool(*v, "optimizer.params.bias_correction"));
   }
+  if (const json* v = Find(*params, "momentum")) {
+    if (type != "sgd") return r.Error("'optimizer.params.momentum' is for type \"SGD\" only");
+    STRATA_ASSIGN_OR_RETURN(f->momentum, r.Number(*v, "optimizer.params.momentum", 0, false));
+  }
   if (const json* v = Find(*params, "adam_w_mode")) {
     STRATA_ASSIGN_OR_RETURN(bool w, r.Bool(*v, "optimizer.params.adam_w_mode"));
     if (type == "adamw" && !w) {
@@ -229,6 +238,7 @@ Status ApplyOptimizer(const Reader& r, const json& opt, TrainFlags* f) {
           "for L2 weight decay");
     }
     f->adam_decoupled_weight_decay = w;
+    if (type == "adam") f->optimizer = w ? "adamw" : "adam";
   }
   return Status::Ok();
 }

@@ -16,8 +16,10 @@
 //   fp16.initial_scale_power                -> fp16_initial_scale = 2^p     integer 0..24
 //   fp16.loss_scale_window                  -> fp16_scale_window           integer >= 1
 //   fp16.min_loss_scale                     -> fp16_min_scale              number > 0
-//   optimizer.type                          "AdamW" | "Adam" (case-insensitive). As in DeepSpeed,
-//                                            "Adam" means decoupled weight decay (AdamW) unless
+//   optimizer.type                          -> optimizer: "AdamW" | "Adam" | "AdamW8bit" |
+//                                            "Adafactor" | "Lion" | "SGD" | "Adagrad"
+//                                            (case-insensitive). As in DeepSpeed, "Adam" means
+//                                            decoupled weight decay (AdamW) unless
 //                                            optimizer.params.adam_w_mode is false (then L2).
 //   optimizer.params.lr                     -> lr (peak of the warmup + cosine schedule) > 0
 //   optimizer.params.betas                  -> adam_beta1, adam_beta2      [b1, b2], each in [0, 1)
@@ -25,6 +27,7 @@
 //   optimizer.params.weight_decay           -> weight_decay                number >= 0
 //   optimizer.params.bias_correction        -> adam_bias_correction        bool
 //   optimizer.params.adam_w_mode            bool (type "Adam" only)
+//   optimizer.params.momentum               -> momentum                    number >= 0 (SGD only)
 //   zero_optimization.stage                 3 only (Strata partitions and streams parameters,
 //                                            gradients and optimizer state like ZeRO-3)
 //   zero_optimization.offload_optimizer.device      "cpu" -> "host", "nvme"; -> offload_optimizer

@@ -14,6 +14,7 @@
 #include "base/units.h"
 #include "engine/planner.h"
 #include "tools/model_spec.h"
+#include "tools/train_command.h"
 
 namespace strata::tools {
 namespace {
@@ -91,6 +92,15 @@ void AddEstimateFlags(CLI::App& cmd, EstimateFlags& f) {
                  "Optimizer pipeline buffers; 0 = the planner decides")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  cmd.add_option("--optimizer", f.optimizer,
+                 "CPU optimizer, as strata train's: its state sets host or NVMe bytes")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"adamw", "adam", "adamw8bit", "adafactor", "lion", "sgd", "adagrad"}));
+  cmd.add_option("--grad-accum-steps", f.grad_accum_steps,
+                 "Micro-batches per step; at 1 the host keeps 16-bit gradients, else fp32 "
+                 "accumulators")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cmd.add_flag("--json", f.json, "Print the plan as one JSON object");
 }
 
@@ -131,7 +141,12 @@ Status RunEstimate(const EstimateFlags& f) {
     STRATA_ASSIGN_OR_RETURN(o.nvme_capacity_bytes, NvmeFreeBytes(f.nvme_paths));
   }
   const engine::MicroBatchShape mb{f.micro_batch_size, seq_len};
-  STRATA_ASSIGN_OR_RETURN(engine::Plan plan, engine::MakePlan(*model, precision, mb, o));
+  TrainFlags train;
+  train.optimizer = f.optimizer;
+  STRATA_ASSIGN_OR_RETURN(cpu_optim::AnyOptimizer optimizer, BuildOptimizer(train));
+  STRATA_ASSIGN_OR_RETURN(engine::Plan plan,
+                          engine::MakePlan(*model, precision, mb, o,
+                                           engine::PlanOptimizer{optimizer, f.grad_accum_steps}));
 
   if (f.json) {
     const nlohmann::json j = {
@@ -155,6 +170,10 @@ Status RunEstimate(const EstimateFlags& f) {
         {"device_total_bytes", plan.device_total_bytes},
         {"pinned_bytes", plan.pinned_bytes},
         {"host_bytes", plan.host_bytes},
+        {"host_grad_bytes", plan.host_grad_bytes},
+        {"grad_accum_steps", f.grad_accum_steps},
+        {"optimizer", plan.optimizer_name},
+        {"optimizer_state_bytes", plan.optimizer_state_bytes},
         {"host_budget_bytes", o.host_budget_bytes},
         {"nvme_bytes", plan.nvme_bytes},
         {"nvme_free_bytes",

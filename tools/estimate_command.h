@@ -27,6 +27,8 @@ struct EstimateFlags {
   int prefetch_depth = 0;     // 0: the planner decides
   int grad_buckets = 0;       // 0: the planner decides
   int optimizer_buffers = 0;  // 0: the planner decides
+  std::string optimizer = "adamw";  // as strata train --optimizer
+  int grad_accum_steps = 1;         // 1: host gradients stay 16-bit (planner.h)
   bool json = false;
 };
 

@@ -64,12 +64,31 @@ void AddTrainFlags(CLI::App& cmd, TrainFlags& f) {
   cmd.add_option("--grad-accum-steps", f.grad_accum_steps, "Micro-batches per optimizer step")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  cmd.add_option("--lr", f.lr, "Peak AdamW learning rate (linear warmup, cosine decay to 10%)")
+  cmd.add_option("--optimizer", f.optimizer,
+                 "CPU optimizer: adamw, adam, adamw8bit (8-bit block-wise m and v), adafactor "
+                 "(factored second moment), lion, sgd or adagrad")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"adamw", "adam", "adamw8bit", "adafactor", "lion", "sgd", "adagrad"}));
+  cmd.add_option("--beta1", f.adam_beta1,
+                 "First-moment decay (adamw, adam, adamw8bit: 0.9; lion 0.9; adafactor 0 = no "
+                 "first moment)");
+  cmd.add_option("--beta2", f.adam_beta2, "Second-moment decay (adam*: 0.999; lion 0.99)");
+  cmd.add_option("--eps", f.adam_eps, "Denominator epsilon (adam*: 1e-8; adagrad 1e-10)");
+  cmd.add_option("--momentum", f.momentum, "SGD momentum")->capture_default_str();
+  cmd.add_option("--adafactor-decay-rate", f.adafactor_decay_rate,
+                 "Adafactor's second-moment schedule beta2_t = 1 - t^rate")
+      ->capture_default_str();
+  cmd.add_option("--adafactor-clip-threshold", f.adafactor_clip_threshold,
+                 "Adafactor's update clipping threshold (RMS of the update)")
+      ->capture_default_str();
+  cmd.add_option("--lr", f.lr, "Peak learning rate (linear warmup, cosine decay to 10%)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   cmd.add_option("--warmup-steps", f.warmup_steps, "Learning-rate warmup steps")
       ->capture_default_str();
-  cmd.add_option("--weight-decay", f.weight_decay, "AdamW decoupled weight decay")
+  cmd.add_option("--weight-decay", f.weight_decay,
+                 "Weight decay (decoupled for adamw, adamw8bit, lion, adafactor; L2 for adam, "
+                 "sgd, adagrad)")
       ->capture_default_str();
   cmd.add_option("--grad-clip", f.grad_clip, "Clip the global gradient norm to this; 0 = off")
       ->capture_default_str();
@@ -243,6 +262,65 @@ std::string Printable(const std::string& s) {
 
 }  // namespace
 
+StatusOr<cpu_optim::AnyOptimizer> BuildOptimizer(const TrainFlags& f) {
+  using cpu_optim::OptimizerKind;
+  const auto lr = LearningRate(f, 0);
+  const auto wd = static_cast<float>(f.weight_decay);
+  const auto or_default = [](const std::optional<double>& v, double d) {
+    return static_cast<float>(v.value_or(d));
+  };
+  cpu_optim::AnyOptimizer o;
+  if (f.optimizer == "adamw" || f.optimizer == "adam" || f.optimizer == "adamw8bit") {
+    cpu_optim::AdamWConfig c;
+    c.lr = lr;
+    c.weight_decay = wd;
+    c.beta1 = or_default(f.adam_beta1, 0.9);
+    c.beta2 = or_default(f.adam_beta2, 0.999);
+    c.eps = or_default(f.adam_eps, 1e-8);
+    // "adam" is Adam with L2 weight decay; a config file may also ask for it (adam_w_mode).
+    c.decoupled_weight_decay = f.optimizer != "adam" && f.adam_decoupled_weight_decay;
+    c.bias_correction = f.adam_bias_correction;
+    o.config = c;
+    o.kind = f.optimizer == "adamw8bit" ? OptimizerKind::kAdamW8bit
+             : c.decoupled_weight_decay ? OptimizerKind::kAdamW
+                                        : OptimizerKind::kAdam;
+  } else if (f.optimizer == "adafactor") {
+    cpu_optim::AdafactorConfig c;
+    c.lr = lr;
+    c.weight_decay = wd;
+    c.beta1 = or_default(f.adam_beta1, 0.0);
+    c.decay_rate = static_cast<float>(f.adafactor_decay_rate);
+    c.clip_threshold = static_cast<float>(f.adafactor_clip_threshold);
+    if (f.adam_eps) c.eps1 = static_cast<float>(*f.adam_eps);
+    o = {OptimizerKind::kAdafactor, c};
+  } else if (f.optimizer == "lion") {
+    cpu_optim::LionConfig c;
+    c.lr = lr;
+    c.weight_decay = wd;
+    c.beta1 = or_default(f.adam_beta1, 0.9);
+    c.beta2 = or_default(f.adam_beta2, 0.99);
+    o = {OptimizerKind::kLion, c};
+  } else if (f.optimizer == "sgd") {
+    cpu_optim::SgdConfig c;
+    c.lr = lr;
+    c.weight_decay = wd;
+    c.momentum = static_cast<float>(f.momentum);
+    o = {OptimizerKind::kSgd, c};
+  } else if (f.optimizer == "adagrad") {
+    cpu_optim::AdagradConfig c;
+    c.lr = lr;
+    c.weight_decay = wd;
+    c.eps = or_default(f.adam_eps, 1e-10);
+    o = {OptimizerKind::kAdagrad, c};
+  } else {
+    return InvalidArgumentError(fmt::format(
+        "--optimizer {} is not one of adamw, adam, adamw8bit, adafactor, lion, sgd, adagrad",
+        f.optimizer));
+  }
+  STRATA_RETURN_IF_ERROR(cpu_optim::Validate(o).WithContext("--optimizer " + f.optimizer));
+  return o;
+}
+
 Status RunTrain(const TrainFlags& f) {
   const auto t_start = std::chrono::steady_clock::now();
   STRATA_ASSIGN_OR_RETURN(DType precision, ParseDType(f.precision));
@@ -290,13 +368,7 @@ Status RunTrain(const TrainFlags& f) {
   o.precision = precision;
   o.micro_batch = mb;
   o.grad_accum_steps = f.grad_accum_steps;
-  o.adamw.lr = LearningRate(f, 0);
-  o.adamw.weight_decay = static_cast<float>(f.weight_decay);
-  o.adamw.beta1 = static_cast<float>(f.adam_beta1);
-  o.adamw.beta2 = static_cast<float>(f.adam_beta2);
-  o.adamw.eps = static_cast<float>(f.adam_eps);
-  o.adamw.decoupled_weight_decay = f.adam_decoupled_weight_decay;
-  o.adamw.bias_correction = f.adam_bias_correction;
+  STRATA_ASSIGN_OR_RETURN(o.optimizer, BuildOptimizer(f));
   o.loss_scaler.dynamic = f.fp16_dynamic_loss_scale;
   o.loss_scaler.initial_scale = static_cast<float>(f.fp16_initial_scale);
   o.loss_scaler.growth_interval = f.fp16_scale_window;

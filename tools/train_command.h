@@ -4,10 +4,12 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "base/status.h"
+#include "cpu_optim/any_optimizer.h"
 #include "tools/checkpoint_commands.h"
 
 namespace strata::tools {
@@ -23,9 +25,16 @@ struct TrainFlags {
   int micro_batch_size = 1;
   int seq_len = 64;
   int grad_accum_steps = 8;
+  // The CPU optimizer: adamw, adam, adamw8bit, adafactor, lion, sgd or adagrad
+  // (BuildOptimizer). Its betas and eps default to the optimizer's own (torch.optim's; Adafactor:
+  // beta1 0, no first moment) unless given.
+  std::string optimizer = "adamw";
   double lr = 3e-3;
   int64_t warmup_steps = 20;
   double weight_decay = 0.0;
+  double momentum = 0.9;                  // sgd
+  double adafactor_decay_rate = -0.8;     // adafactor: beta2_t = 1 - t^decay_rate
+  double adafactor_clip_threshold = 1.0;  // adafactor: update clipping (RMS)
   double grad_clip = 1.0;
   uint64_t seed = 1337;
   std::string precision = "bf16";
@@ -53,11 +62,12 @@ struct TrainFlags {
 
   // --config FILE: a DeepSpeed-style JSON config applied before the other flags (tools/config.h).
   std::string config;
-  // Settable from a config file only (optimizer.* and fp16.* of tools/config.h).
+  // Settable from a config file only (optimizer.* and fp16.* of tools/config.h), except the
+  // betas and eps (--beta1, --beta2, --eps).
   bool adam_decoupled_weight_decay = true;  // AdamW; false: Adam with L2 weight decay
-  double adam_beta1 = 0.9;
-  double adam_beta2 = 0.999;
-  double adam_eps = 1e-8;
+  std::optional<double> adam_beta1;  // --beta1, optimizer.params.betas[0]
+  std::optional<double> adam_beta2;  // --beta2
+  std::optional<double> adam_eps;    // --eps
   bool adam_bias_correction = true;
   bool fp16_dynamic_loss_scale = true;
   double fp16_initial_scale = 65536.0;  // 2^16; the static scale when not dynamic
@@ -71,6 +81,9 @@ struct TrainFlags {
 };
 
 void AddTrainFlags(CLI::App& cmd, TrainFlags& f);
+// The engine's optimizer from --optimizer and its hyper-parameters (lr = the schedule's first).
+// kInvalidArgument naming an unknown optimizer or a hyper-parameter it rejects.
+StatusOr<cpu_optim::AnyOptimizer> BuildOptimizer(const TrainFlags& f);
 // Runs the whole job; a non-OK Status is printed by main as one line.
 Status RunTrain(const TrainFlags& f);
 

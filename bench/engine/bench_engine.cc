@@ -67,7 +67,7 @@ void BM_TrainStep(benchmark::State& state) {
   o.precision = DType::kBF16;
   o.micro_batch = mb;
   o.grad_accum_steps = kAccum;
-  o.adamw.lr = 1e-3f;
+  o.optimizer.adamw().lr = 1e-3f;
   o.placement.param_home = ParamHome::kNvme;
   o.placement.optimizer_home = OptimizerHome::kNvme;
   o.placement.nvme_paths = {BenchDir()};

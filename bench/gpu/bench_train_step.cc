@@ -305,7 +305,7 @@ void BM_TrainStep(benchmark::State& state, int preset_index, Placement placement
   o.precision = DType::kBF16;
   o.micro_batch = mb;
   o.grad_accum_steps = accum;
-  o.adamw.lr = 1e-4f;
+  o.optimizer.adamw().lr = 1e-4f;
   o.seed = kSeed;
   o.trace = &recorder;
   PlacementOptions& p = o.placement;

@@ -60,7 +60,7 @@ int main(int argc, char** argv) {
   strata::engine::EngineOptions o;
   o.precision = strata::DType::kBF16;  // working params, activations and gradients
   o.micro_batch = {/*batch_size=*/8, /*seq_len=*/16};
-  o.adamw.lr = 1e-3f;
+  o.optimizer.adamw().lr = 1e-3f;
   o.grad_clip_norm = 1.0f;
   o.placement.param_home = strata::engine::ParamHome::kNvme;
   o.placement.optimizer_home = strata::engine::OptimizerHome::kNvme;

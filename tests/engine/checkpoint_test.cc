@@ -62,8 +62,8 @@ class CheckpointTest : public ::testing::Test {
     o.precision = precision;
     o.micro_batch = {2, 16};
     o.grad_accum_steps = 2;
-    o.adamw.lr = 1e-2f;
-    o.adamw.weight_decay = 0.01f;
+    o.optimizer.adamw().lr = 1e-2f;
+    o.optimizer.adamw().weight_decay = 0.01f;
     o.seed = 7;
     o.placement.nvme_paths = {(root_ / "swap").string()};
     o.placement.optimizer_home = optim;

@@ -241,7 +241,7 @@ class EngineComparisonTest : public ::testing::Test {
   EngineOptions Options(DType precision, ParamHome params, OptimizerHome optim) {
     EngineOptions o =
         MixedPlacementOptions(*model_, precision, params, optim, /*accum=*/2, swap_dir_.string());
-    EXPECT_EQ(o.adamw.lr, kLr);  // the bound of ExpectCloseToHost
+    EXPECT_EQ(o.optimizer.adamw().lr, kLr);  // the bound of ExpectCloseToHost
     return o;
   }
 
@@ -539,7 +539,7 @@ TEST_F(EngineComparisonTest, CloseToHostRejectsAChangedBeta2) {
     const EngineOptions o = Options(precision, ParamHome::kDevice, OptimizerHome::kHost);
     const Reference host = TrainHostReference(o, kSteps);
     EngineOptions wrong = o;
-    wrong.adamw.beta2 = 0.99f;
+    wrong.optimizer.adamw().beta2 = 0.99f;
     const TrainRun other = TrainHost(wrong, kSteps);
     ASSERT_EQ(other.master.size(), host.run.master.size());
     const Closeness c = CompareToHost(host, other, kSteps);

@@ -171,8 +171,8 @@ inline EngineOptions MixedPlacementOptions(const Model& model, DType precision, 
   o.precision = precision;
   o.micro_batch = {2, 16};
   o.grad_accum_steps = accum;
-  o.adamw.lr = 1e-2f;
-  o.adamw.weight_decay = 0.01f;
+  o.optimizer.adamw().lr = 1e-2f;
+  o.optimizer.adamw().weight_decay = 0.01f;
   o.grad_clip_norm = 1.0f;
   o.seed = 7;
   o.placement.param_home = params;

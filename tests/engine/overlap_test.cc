@@ -224,7 +224,7 @@ TEST_F(OverlapTest, KMicroBatchesOfBEqualOneBatchOfKTimesB) {
   // differ only by the rounding of the gradient sums.
   auto accumulated = Options(DType::kF32, ParamHome::kNvme, OptimizerHome::kNvme, 3);
   accumulated.micro_batch = {2, 16};
-  accumulated.adamw.eps = 1.0f;
+  accumulated.optimizer.adamw().eps = 1.0f;
   accumulated.grad_clip_norm = 0;
   auto whole = accumulated;
   whole.grad_accum_steps = 1;

@@ -64,7 +64,7 @@ Curve Train(DType precision, int steps) {
   EngineOptions o;
   o.precision = precision;
   o.micro_batch = {4, 16};
-  o.adamw.lr = 1e-2f;
+  o.optimizer.adamw().lr = 1e-2f;
   o.grad_clip_norm = 1.0f;
   o.seed = 3;
   o.placement.param_home = ParamHome::kDevice;

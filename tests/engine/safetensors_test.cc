@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "engine/checkpoint.h"
@@ -228,8 +229,8 @@ TEST(Manifest, RoundTripsAndRejectsBadInput) {
   m.engine_steps = 9;
   m.adam_steps = 7;
   m.loss_scaler = {32768.0f, 3, 2};
-  m.adamw.lr = 1.25e-3f;
-  m.adamw.weight_decay = 0.1f;
+  m.optimizer.kind = cpu_optim::OptimizerKind::kLion;
+  m.optimizer.config = cpu_optim::LionConfig{.lr = 1.25e-3f, .weight_decay = 0.1f};
   m.grad_clip_norm = 1.0f;
   m.trainer.step = 9;
   m.trainer.tokens_seen = 900;
@@ -246,7 +247,9 @@ TEST(Manifest, RoundTripsAndRejectsBadInput) {
   EXPECT_EQ(p->loss_scaler.scale, 32768.0f);
   EXPECT_EQ(p->loss_scaler.clean_steps, 3);
   EXPECT_EQ(p->loss_scaler.overflows, 2);
-  EXPECT_EQ(p->adamw.lr, 1.25e-3f);
+  EXPECT_EQ(p->optimizer.kind, cpu_optim::OptimizerKind::kLion);
+  EXPECT_EQ(std::get<cpu_optim::LionConfig>(p->optimizer.config).lr, 1.25e-3f);
+  EXPECT_EQ(std::get<cpu_optim::LionConfig>(p->optimizer.config).weight_decay, 0.1f);
   EXPECT_EQ(p->trainer.data_rng, "1 2 3");
   EXPECT_EQ(p->trainer.lr_schedule_json, R"({"next_step":9})");
   EXPECT_EQ(p->trainer.model_json, R"({"channels":16})");
@@ -261,8 +264,12 @@ TEST(Manifest, RoundTripsAndRejectsBadInput) {
   };
   EXPECT_EQ(ParseManifest("").status().code(), StatusCode::kDataLoss);
   EXPECT_EQ(ParseManifest("[]").status().code(), StatusCode::kDataLoss);
-  EXPECT_EQ(replace("\"format_version\": 1", "\"format_version\": 2").status().code(),
+  EXPECT_EQ(replace("\"format_version\": 2", "\"format_version\": 3").status().code(),
             StatusCode::kFailedPrecondition);
+  EXPECT_EQ(replace("\"kind\": \"Lion\"", "\"kind\": \"Lamb\"").status().code(),
+            StatusCode::kDataLoss);
+  EXPECT_EQ(replace("\"maximize\": false", "\"maximize\": 0").status().code(),
+            StatusCode::kDataLoss);
   for (const char* bad :
        {"../master.safetensors", "/etc/passwd", ".hidden", "a/b", "", "manifest.json"}) {
     auto r = replace("\"master.safetensors\"", std::string("\"") + bad + "\"");
@@ -278,6 +285,34 @@ TEST(Manifest, RoundTripsAndRejectsBadInput) {
   EXPECT_EQ(replace("20\n", "20, 30\n").status().code(), StatusCode::kDataLoss);
   EXPECT_EQ(replace("\"loss_scale\": 32768.0", "\"loss_scale\": -1.0").status().code(),
             StatusCode::kDataLoss);
+}
+
+TEST(Manifest, ReadsVersionOneAsAdamW) {
+  // A manifest of format version 1 (before any optimizer but AdamW/Adam): its optimizer object.
+  Manifest m;
+  m.precision = "bf16";
+  m.model_description = "GPT";
+  m.block_names = {"embedding", "head"};
+  m.block_num_params = {10, 20};
+  m.vocab_size = 256;
+  m.max_seq_len = 16;
+  m.files = {{"master.safetensors", 123, 1}};
+  nlohmann::json j = nlohmann::json::parse(SerializeManifest(m));
+  j["format_version"] = 1;
+  j["optimizer"] = {{"name", "adam"},
+                    {"lr", 0.5},
+                    {"beta1", 0.8},
+                    {"beta2", 0.9},
+                    {"eps", 1e-6},
+                    {"weight_decay", 0.25},
+                    {"decoupled_weight_decay", false},
+                    {"bias_correction", true}};
+  auto p = ParseManifest(j.dump());
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(p->optimizer.kind, cpu_optim::OptimizerKind::kAdam);
+  EXPECT_EQ(p->optimizer.adamw().lr, 0.5f);
+  EXPECT_EQ(p->optimizer.adamw().beta1, 0.8f);
+  EXPECT_FALSE(p->optimizer.adamw().decoupled_weight_decay);
 }
 
 }  // namespace

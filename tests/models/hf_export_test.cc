@@ -23,7 +23,7 @@ std::function<Status(int, std::span<float>)> Reader(const HfCheckpoint& ck) {
 
 // Every tensor of every safetensors file in `dir`: name -> (dtype, shape, raw data bytes).
 struct RawTensor {
-  DType dtype;
+  engine::TensorDType dtype = DType::kF32;
   std::vector<int64_t> shape;
   std::string bytes;
   std::string file;

@@ -76,8 +76,8 @@ Status Run(const Args& a) {
   engine::EngineOptions o;
   o.precision = DType::kF32;
   o.micro_batch = {B, T};
-  o.adamw.lr = 0;
-  o.adamw.weight_decay = 0;
+  o.optimizer.adamw().lr = 0;
+  o.optimizer.adamw().weight_decay = 0;
   o.grad_clip_norm = 0;
   o.placement.param_home = engine::ParamHome::kDevice;
   o.placement.optimizer_home = engine::OptimizerHome::kHost;

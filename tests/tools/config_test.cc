@@ -64,9 +64,9 @@ TEST(TrainConfig, EveryAcceptedKeyParsesToItsField) {
   EXPECT_DOUBLE_EQ(f.fp16_min_scale, 0.25);
   EXPECT_FALSE(f.adam_decoupled_weight_decay);
   EXPECT_DOUBLE_EQ(f.lr, 2e-4);
-  EXPECT_DOUBLE_EQ(f.adam_beta1, 0.8);
-  EXPECT_DOUBLE_EQ(f.adam_beta2, 0.95);
-  EXPECT_DOUBLE_EQ(f.adam_eps, 1e-6);
+  EXPECT_DOUBLE_EQ(f.adam_beta1.value_or(-1), 0.8);
+  EXPECT_DOUBLE_EQ(f.adam_beta2.value_or(-1), 0.95);
+  EXPECT_DOUBLE_EQ(f.adam_eps.value_or(-1), 1e-6);
   EXPECT_DOUBLE_EQ(f.weight_decay, 0.1);
   EXPECT_FALSE(f.adam_bias_correction);
   EXPECT_EQ(f.offload_optimizer, "host");

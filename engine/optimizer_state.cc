@@ -1,0 +1,56 @@
+#include "engine/optimizer_state.h"
+
+#include "base/units.h"
+
+namespace strata::engine {
+
+BlockState LayoutBlockState(const Model& model, int block,
+                            const cpu_optim::AnyOptimizer& optimizer) {
+  BlockState s;
+  s.kind = optimizer.kind;
+  const auto* adamw = std::get_if<cpu_optim::AdamWConfig>(&optimizer.config);
+  if (optimizer.kind == cpu_optim::OptimizerKind::kAdamW8bit && adamw != nullptr &&
+      model.block_name(block) == "embedding") {
+    s.kind = adamw->decoupled_weight_decay ? cpu_optim::OptimizerKind::kAdamW
+                                           : cpu_optim::OptimizerKind::kAdam;
+  }
+  s.shapes = model.block_tensor_shapes(block);
+  s.sections = cpu_optim::StateLayout(BlockOptimizer(optimizer, s), s.shapes);
+  s.master_bytes = AlignUp(static_cast<uint64_t>(model.block_num_params(block)) * 4, kStateAlign);
+  uint64_t offset = s.master_bytes;
+  for (const auto& section : s.sections) {
+    s.offsets.push_back(offset);
+    offset += AlignUp(section.size_bytes(), kStateAlign);
+  }
+  s.region_bytes = offset;
+  return s;
+}
+
+cpu_optim::AnyOptimizer BlockOptimizer(const cpu_optim::AnyOptimizer& optimizer,
+                                       const BlockState& state) {
+  cpu_optim::AnyOptimizer o = optimizer;
+  o.kind = state.kind;
+  return o;
+}
+
+std::string OptimizerFlagName(const cpu_optim::AnyOptimizer& optimizer) {
+  switch (optimizer.kind) {
+    case cpu_optim::OptimizerKind::kAdamW:
+      return "adamw";
+    case cpu_optim::OptimizerKind::kAdam:
+      return "adam";
+    case cpu_optim::OptimizerKind::kAdamW8bit:
+      return "adamw8bit";
+    case cpu_optim::OptimizerKind::kAdafactor:
+      return "adafactor";
+    case cpu_optim::OptimizerKind::kLion:
+      return "lion";
+    case cpu_optim::OptimizerKind::kSgd:
+      return "sgd";
+    case cpu_optim::OptimizerKind::kAdagrad:
+      return "adagrad";
+  }
+  return "unknown";
+}
+
+}  // namespace strata::engine
