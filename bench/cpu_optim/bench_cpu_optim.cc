@@ -10,10 +10,10 @@
 //   BM_Triad/params/threads                    STREAM triad a = b + s * c over fp32 arrays
 //
 // <isa> is every variant this CPU runs (avx512, avx2, generic). grad: 0 = fp32,
-// 1 = fp16, 2 = bf16 (DType values). Copy-out is always bf16, so bf16 gradients are
-// the engine's case and the headline. Bytes per parameter (bytes_per_second): AdamW
-// reads p32, m, v (12 B) + the gradient (4 or 2 B) and writes p32, m, v (12 B) + the
-// bf16 copy-out (2 B): 28 B with 16-bit gradients, 30 B with fp32. Adagrad, Lion and
+// 1 = fp16, 2 = bf16 (DType values). Copy-out is bf16 but in BM_AdamWCopyOut, so bf16
+// gradients are the engine's case and the headline. Bytes per parameter (bytes_per_second):
+// AdamW reads p32, m, v (12 B) + the gradient (4 or 2 B) and writes p32, m, v (12 B) + the
+// 16-bit copy-out (2 B): 28 B with 16-bit gradients, 30 B with fp32. Adagrad, Lion and
 // SGD with momentum move one fp32 state instead of two: 20 B (22 B with fp32).
 // items_per_second (and the params_per_second counter) is parameters per second.
 // Times are wall-clock (the work runs on oneTBB workers).
