@@ -33,7 +33,9 @@ Supported Probe() {
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
     s.tables[s.count++] = &kAvx512Kernels;
   }
-  if (__builtin_cpu_supports("avx2")) s.tables[s.count++] = &kAvx2Kernels;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) {
+    s.tables[s.count++] = &kAvx2Kernels;
+  }
 #endif
   s.tables[s.count++] = &kGenericKernels;
   return s;

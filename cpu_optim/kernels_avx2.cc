@@ -1,5 +1,5 @@
-// The "avx2" kernel variant: kernels_impl.inc compiled for -mavx2 (see CMakeLists.txt); run only
-// where CPUID reports AVX2.
+// The "avx2" kernel variant: kernels_impl.inc compiled for -mavx2 -mf16c, no FMA (see
+// CMakeLists.txt); run only where CPUID reports AVX2 and F16C.
 #include "cpu_optim/kernels.h"
 
 namespace strata::cpu_optim::internal {

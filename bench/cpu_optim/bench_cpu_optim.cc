@@ -3,6 +3,8 @@
 //   BM_AdamW/<isa>/params/grad/threads         AdamW step with the <isa> kernel variant
 //   BM_AdamWTraffic/<isa>/params/grad/threads  the same bytes read and written, no
 //                                              arithmetic (the memory-only limit)
+//   BM_AdamWCopyOut/<isa>/params/grad/out/threads  AdamW with 16-bit gradients and copy-out
+//                                              in each of fp16 and bf16 (out: DType value)
 //   BM_AdamWReference/params/grad              the scalar reference (one thread)
 //   BM_AdamW8bit/<isa>/params/grad/threads     AdamW with 8-bit block-wise m, v (adamw8bit.h)
 //   BM_AdamW8bitTraffic/<isa>/params/grad/threads  its bytes with bit moves only
@@ -13,10 +15,10 @@
 //                                              4096) matrix, 0 = a vector
 //
 // <isa> is every variant this CPU runs (avx512, avx2, generic). grad: 0 = fp32,
-// 1 = fp16, 2 = bf16 (DType values). Copy-out is always bf16, so bf16 gradients are
-// the engine's case and the headline. Bytes per parameter (bytes_per_second): AdamW
-// reads p32, m, v (12 B) + the gradient (4 or 2 B) and writes p32, m, v (12 B) + the
-// bf16 copy-out (2 B): 28 B with 16-bit gradients, 30 B with fp32. Adagrad, Lion and
+// 1 = fp16, 2 = bf16 (DType values). Copy-out is bf16 but in BM_AdamWCopyOut, so bf16
+// gradients are the engine's case and the headline. Bytes per parameter (bytes_per_second):
+// AdamW reads p32, m, v (12 B) + the gradient (4 or 2 B) and writes p32, m, v (12 B) + the
+// 16-bit copy-out (2 B): 28 B with 16-bit gradients, 30 B with fp32. Adagrad, Lion and
 // SGD with momentum move one fp32 state instead of two: 20 B (22 B with fp32).
 // Adafactor reads the gradient three times when factored (row/column sums,
 // RMS(update), the update) and moves p32 and the copy-out: 3 * grad + 10 B (16 B with
@@ -30,7 +32,8 @@
 //
 // Sizes: 10M parameters for every variant, gradient dtype and thread count; 100M
 // for every variant with bf16 gradients (and the best variant with fp32/fp16);
-// 500M (~8 GB of state) for the best variant with bf16 gradients. A full run takes
+// 500M (~8 GB of state) for the best variant with bf16 gradients. BM_AdamWCopyOut: 10M for
+// every variant, 100M for every variant but the generic one. A full run takes
 // 5-10 minutes on a 2-core VM:
 //   bench_cpu_optim --benchmark_repetitions=3 --benchmark_out=cpu_optim.json
 //       --benchmark_out_format=json   (one command line)
@@ -49,6 +52,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -125,12 +129,14 @@ void SetCounters(benchmark::State& state, const Buffers& b, int num_states = 2) 
       static_cast<double>(state.iterations() * b.n), benchmark::Counter::kIsRate);
 }
 
-void RunAdamW(benchmark::State& state, const internal::KernelTable& kernels) {
-  const auto b = Buffers::Make(state.range(0), static_cast<DType>(state.range(1)));
+// AdamW over params parameters with grad_dtype gradients and an out_dtype (16-bit) copy-out.
+void RunAdamWWith(benchmark::State& state, const internal::KernelTable& kernels, int64_t params,
+                  DType grad_dtype, DType out_dtype, int threads) {
+  const auto b = Buffers::Make(params, grad_dtype);
   if (!b) return state.SkipWithError("allocation failed");
   AdamWConfig config;
   config.weight_decay = 0.01f;
-  tbb::task_arena arena(static_cast<int>(state.range(2)));
+  tbb::task_arena arena(threads);
   int64_t t = 0;
   for (auto _ : state) {
     Status s;
@@ -140,11 +146,23 @@ void RunAdamW(benchmark::State& state, const internal::KernelTable& kernels) {
                                     {b->m.as<float>(), static_cast<size_t>(b->n)},
                                     {b->v.as<float>(), static_cast<size_t>(b->n)},
                                     GradView{b->grad.data(), b->grad_dtype},
-                                    CopyOut{b->out.data(), DType::kBF16});
+                                    CopyOut{b->out.data(), out_dtype});
     });
     if (!s.ok()) return state.SkipWithError(s.ToString().c_str());
   }
   SetCounters(state, *b);
+}
+
+// Arguments params, grad, threads; bf16 copy-out.
+void RunAdamW(benchmark::State& state, const internal::KernelTable& kernels) {
+  RunAdamWWith(state, kernels, state.range(0), static_cast<DType>(state.range(1)), DType::kBF16,
+               static_cast<int>(state.range(2)));
+}
+
+// Arguments params, grad, out, threads.
+void RunAdamWCopyOut(benchmark::State& state, const internal::KernelTable& kernels) {
+  RunAdamWWith(state, kernels, state.range(0), static_cast<DType>(state.range(1)),
+               static_cast<DType>(state.range(2)), static_cast<int>(state.range(3)));
 }
 
 // The same bytes as BM_AdamW with bit moves only, compiled for the same ISA
@@ -452,6 +470,17 @@ void Register() {
                 ->ArgNames({"params", "grad", "threads"})
                 ->ArgsProduct({{c.params}, c.grads, threads}),
             c.params);
+    }
+    // fp16 against bf16, in the gradient and in the copy-out.
+    const std::string_view isa = kernels->name;
+    for (int64_t params : {k10M, k100M}) {
+      if (params == k100M && isa == "generic") continue;
+      sized(benchmark::RegisterBenchmark(
+                ("BM_AdamWCopyOut/" + std::string(isa)).c_str(),
+                [kernels](benchmark::State& state) { RunAdamWCopyOut(state, *kernels); })
+                ->ArgNames({"params", "grad", "out", "threads"})
+                ->ArgsProduct({{params}, {bf16, f16}, {bf16, f16}, threads}),
+            params);
     }
   }
   for (const internal::KernelTable* kernels : internal::SupportedKernelTables()) {

@@ -11,6 +11,9 @@ repetitions) and prints:
     fraction of the memory-only limit reached (target >= 0.9 with bf16 gradients
     and bf16 copy-out at all threads, for the best variant);
   - the best variant at 1 thread against the scalar reference (target >= 5x);
+  - BM_AdamWCopyOut: each gradient/copy-out dtype pair against bf16/bf16 with the
+    same variant, size and threads (target: fp16/fp16 within 10 %, every variant
+    but the generic one);
   - params/s and GB/s of every optimizer benchmark.
 Standard library only. Exit status 0 always: this reports, it does not judge.
 """
@@ -22,6 +25,8 @@ NAME = re.compile(r"^(?P<family>BM_\w+?)(?:/(?P<isa>[a-z][a-z0-9]*))?"
                   r"/params:(?P<params>\d+)/grad:(?P<grad>\d+)(?:/threads:(?P<threads>\d+))?")
 SUFFIX = re.compile(r"/(min_time:[0-9.]+s?|iterations:\d+|repeats:\d+|real_time|manual_time)")
 GRAD = {"0": "fp32", "1": "fp16", "2": "bf16"}
+COPY_OUT = re.compile(r"^BM_AdamWCopyOut/(?P<isa>[a-z][a-z0-9]*)/params:(?P<params>\d+)"
+                      r"/grad:(?P<grad>\d+)/out:(?P<out>\d+)/threads:(?P<threads>\d+)")
 
 
 def load(path):
@@ -92,6 +97,24 @@ def main(argv):
                   "(target >= 5x: {})".format(best, p["params"], GRAD[p["grad"]], speedup,
                                               "met" if speedup >= 5 else "NOT met"))
             print("  reference: {}".format(fmt_rate(runs[r])))
+    print()
+    print("AdamW by gradient/copy-out dtype, time against bf16/bf16 (same variant, size, threads):")
+    copy_out = {n: COPY_OUT.match(n) for n in runs}
+    copy_out = {n: m.groupdict() for n, m in copy_out.items() if m}
+    for name in sorted(copy_out, key=lambda n: (
+            copy_out[n]["isa"], int(copy_out[n]["params"]), int(copy_out[n]["threads"]),
+            -int(copy_out[n]["grad"]), -int(copy_out[n]["out"]))):
+        d = copy_out[name]
+        base = runs.get(name.replace("/grad:{}/out:{}/".format(d["grad"], d["out"]),
+                                     "/grad:2/out:2/", 1))
+        ratio = (base["items_per_second"] / runs[name]["items_per_second"]
+                 if base else float("nan"))
+        mark = ""
+        if d["grad"] == "1" and d["out"] == "1" and d["isa"] != "generic":
+            mark = "  <- target <= 1.10: {}".format("met" if ratio <= 1.10 else "NOT met")
+        print("  {:8s} {:>10s} params {:4s}/{:4s} threads {:>2s}: {}  time x{:.3f}{}".format(
+            d["isa"], d["params"], GRAD[d["grad"]], GRAD[d["out"]], d["threads"],
+            fmt_rate(runs[name]), ratio, mark))
     print()
     print("Other optimizers (best variant, bf16 copy-out):")
     for name in sorted(runs):
