@@ -14,6 +14,14 @@
 //     cannot flatter by slowing its parts down through contention for the CPU.
 // Iterations are steps; time is wall time (UseRealTime); the update a step leaves running is
 // waited for inside the timed region of the next step, and the last one before reporting.
+//
+// BM_OptimizerState/optimizer:i compares the optimizers' state traffic (issue 16): the same
+// model with working params in pinned host memory and the master weights and optimizer state on
+// NVMe, one micro-batch per step (so compute is short and the NVMe pipeline bounds the step),
+// overlapped, for adamw (fp32 m, v: 12 B/param each way with the master weights), adamw8bit
+// (8-bit codes: about 6 B/param) and adafactor (factored second moment: about 4 B/param).
+// Counters: nvme_read_bytes and nvme_write_bytes per step (the engine's counters), step_s and
+// the time breakdown as BM_TrainStep's.
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
 
@@ -134,6 +142,93 @@ void BM_TrainStep(benchmark::State& state) {
                              e.plan().prefetch_depth));
 }
 
+void BM_OptimizerState(benchmark::State& state) {
+  const int which = static_cast<int>(state.range(0));
+  const models::GptShape shape{256, 64, 12, 4, 128};
+  const MicroBatchShape mb{1, 64};
+  trace::TraceRecorder recorder(/*keep_events=*/false);
+  gpu::HostDeviceOptions d;
+  d.copy_bytes_per_second = 200e6;
+  d.trace = &recorder;
+  auto device = gpu::CreateHostDevice(d);
+  auto model = models::GptModel::Create(shape);
+  if (!device.ok() || !model.ok()) {
+    state.SkipWithError("could not create the host device or the model");
+    return;
+  }
+  EngineOptions o;
+  o.precision = DType::kBF16;
+  o.micro_batch = mb;
+  o.grad_accum_steps = 1;
+  const char* names[3] = {"adamw", "adamw8bit", "adafactor"};
+  if (which == 1) {
+    o.optimizer = {cpu_optim::OptimizerKind::kAdamW8bit, cpu_optim::AdamWConfig{.lr = 1e-3f}};
+  } else if (which == 2) {
+    o.optimizer = {cpu_optim::OptimizerKind::kAdafactor, cpu_optim::AdafactorConfig{.lr = 1e-3f}};
+  } else {
+    o.optimizer.adamw().lr = 1e-3f;
+  }
+  o.placement.param_home = ParamHome::kHost;
+  o.placement.optimizer_home = OptimizerHome::kNvme;
+  o.placement.nvme_paths = {BenchDir()};
+  o.placement.device_budget_bytes =
+      StreamingMinimumBytes(**model, o.precision, mb, 3) + 2 * (**model).block_num_params(1) * 2;
+  o.trace = &recorder;
+  auto engine = Engine::Create(model->get(), device->get(), o);
+  if (!engine.ok()) {
+    state.SkipWithError(engine.status().ToString().c_str());
+    return;
+  }
+  auto& e = **engine;
+  std::mt19937_64 rng(1);
+  std::vector<int32_t> tokens(mb.tokens()), targets(mb.tokens());
+  for (auto& t : tokens) t = static_cast<int32_t>(rng() % 256);
+  for (auto& t : targets) t = static_cast<int32_t>(rng() % 256);
+  const std::vector<MicroBatch> batch(1, MicroBatch{tokens, targets});
+  for (int i = 0; i < 2; ++i) {
+    if (!e.Step(batch).ok()) {
+      state.SkipWithError("warm-up step failed");
+      return;
+    }
+  }
+  if (!e.Flush().ok()) {
+    state.SkipWithError("warm-up flush failed");
+    return;
+  }
+  const EngineCounters c0 = e.counters();
+  const trace::Breakdown before = recorder.breakdown();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (auto _ : state) {
+    if (auto r = e.Step(batch); !r.ok()) {
+      state.SkipWithError(r.status().ToString().c_str());
+      return;
+    }
+  }
+  if (!e.Flush().ok()) {
+    state.SkipWithError("flush failed");
+    return;
+  }
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const trace::Breakdown after = recorder.breakdown();
+  const EngineCounters c1 = e.counters();
+  const double steps = static_cast<double>(state.iterations());
+  for (int i = 0; i < trace::kNumCategories; ++i) {
+    const auto c = static_cast<trace::Category>(i);
+    if (c == trace::Category::kOther) continue;
+    state.counters[std::string(trace::CategoryName(c))] =
+        (after.seconds[i] - before.seconds[i]) / steps;
+  }
+  state.counters["step_s"] = wall / steps;
+  state.counters["nvme_read_bytes"] =
+      static_cast<double>(c1.nvme_bytes_read - c0.nvme_bytes_read) / steps;
+  state.counters["nvme_write_bytes"] =
+      static_cast<double>(c1.nvme_bytes_written - c0.nvme_bytes_written) / steps;
+  state.counters["state_bytes_per_param"] =
+      static_cast<double>(e.plan().optimizer_state_bytes) / static_cast<double>(e.plan().model_params);
+  state.SetLabel(fmt::format("{}, {} params, state on NVMe, params in pinned host memory",
+                             names[which], e.plan().model_params));
+}
+
 // Sequential first so the overlapped run can compare against its parts.
 BENCHMARK(BM_TrainStep)
     ->ArgNames({"overlap", "config"})
@@ -142,6 +237,15 @@ BENCHMARK(BM_TrainStep)
     ->Args({0, 1})
     ->Args({1, 1})
     ->Iterations(8)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
+BENCHMARK(BM_OptimizerState)
+    ->ArgNames({"optimizer"})
+    ->Args({0})
+    ->Args({1})
+    ->Args({2})
+    ->Iterations(12)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 
