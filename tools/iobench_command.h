@@ -24,6 +24,8 @@ struct IobenchFlags {
   int threads = 1;
   double runtime_s = 0;  // > 0: repeat passes until this many seconds have passed
   int loops = 1;         // passes over the file when runtime_s == 0
+  // Writes: measure writes into freshly fallocated blocks instead of overwrites of a laid-out file.
+  bool first_write = false;
   bool json = false;
   bool sweep = false;
   std::string config_out;  // --config-out FILE: with --sweep, write only the config block there
