@@ -8,6 +8,11 @@
 # strata/fio for throughput (want >= 0.95) and CPU time per GB (want <= 1), and a verdict for
 # sequential 1 MiB QD32 against huge-page fio.
 #
+# A last row, "1stwr", compares first writes (1 MiB QD32): fio writing a file it has just created
+# (fio fallocates a new file: the writes land in allocated but unwritten extents) against
+# `strata iobench --first-write` on that file (it deallocates and fallocates it again before
+# writing), the state of a swap store's extent at its first write. Set FIRST_WRITE=0 to skip it.
+#
 #   bench/io_vs_fio.sh [DIR] [SIZE]      DIR default /var/tmp, SIZE default 2GiB (fio: bytes)
 #   env: STRATA=path/to/strata (default build/release/tools/strata), RUNS=5, KEEP_RAW=dir
 #
@@ -23,8 +28,10 @@ set -euo pipefail
 DIR=${1:-/var/tmp}
 SIZE=${2:-2GiB}
 RUNS=${RUNS:-5}
+FIRST_WRITE=${FIRST_WRITE:-1}
 STRATA=${STRATA:-build/release/tools/strata}
 FILE="$DIR/strata-iobench.0"
+FW_DIR="$DIR/io_vs_fio.first-write"  # the first-write file, FW_DIR/strata-iobench.0
 CONFIGS=("1048576 32" "1048576 8" "131072 32")
 
 die() { echo "io_vs_fio: $*" >&2; exit 1; }
@@ -45,6 +52,7 @@ case "$FSTYPE" in
   tmpfs | ramfs) die "$DIR is on $FSTYPE (memory, not a disk): pick a directory on the drive (see df)" ;;
 esac
 [ -e "$FILE" ] && die "$FILE exists; remove it first"
+[ -e "$FW_DIR" ] && die "$FW_DIR exists; remove it first"
 
 SIZE_BYTES=$(python3 -c '
 import re,sys
@@ -82,6 +90,7 @@ fi
 RAW=$(mktemp -d "${TMPDIR:-/tmp}/io_vs_fio.XXXXXX")
 cleanup() {
   rm -f "$FILE"
+  rm -rf "$FW_DIR"
   [ "$HP_CHANGED" = 1 ] && echo "$HP_ORIG" >/proc/sys/vm/nr_hugepages
   if [ -n "${KEEP_RAW:-}" ]; then cp -r "$RAW" "$KEEP_RAW"; fi
   rm -rf "$RAW"
@@ -100,32 +109,44 @@ fio --name=layout --filename="$FILE" --rw=write --bs=1048576 --size="$SIZE_BYTES
 
 TOOLS=(fio strata)
 [ "$HUGE" = 1 ] && TOOLS=(fio fiohuge strata)
-run_tool() {  # tool rw bs qd i
+run_tool() {  # tool rw bs qd i; rw "1stwr": a first write (see the top)
   local tool=$1 rw=$2 bs=$3 qd=$4 i=$5
+  local file=$FILE fiorw=$rw path=$DIR first=""
+  if [ "$rw" = 1stwr ]; then
+    file="$FW_DIR/strata-iobench.0" fiorw=write path=$FW_DIR first=--first-write
+    [ "$tool" != strata ] && rm -f "$file"  # fio creates and fallocates it anew
+  fi
   case "$tool" in
     fio | fiohuge)
       local mem=malloc
       [ "$tool" = fiohuge ] && mem=shmhuge
-      fio --name=cmp --filename="$FILE" --rw="$rw" --bs="$bs" --iodepth="$qd" \
+      fio --name=cmp --filename="$file" --rw="$fiorw" --bs="$bs" --iodepth="$qd" \
           --size="$SIZE_BYTES" --direct=1 --ioengine=io_uring --numjobs=1 --mem="$mem" \
           --output-format=json --output="$RAW/$tool.$rw.$bs.$qd.$i.json" ;;
     strata)
-      "$STRATA" iobench --path "$DIR" --rw "$rw" --block-size "$bs" --queue-depth "$qd" \
-          --size "$SIZE_BYTES" --backend uring --threads 1 --loops 1 --json \
+      "$STRATA" iobench --path "$path" --rw "$fiorw" --block-size "$bs" --queue-depth "$qd" \
+          --size "$SIZE_BYTES" --backend uring --threads 1 --loops 1 --json $first \
           > "$RAW/strata.$rw.$bs.$qd.$i.json" ;;
   esac
 }
 
+PLAN=()
 for rw in write read; do
-  for cfg in "${CONFIGS[@]}"; do
-    set -- $cfg
-    bs=$1 qd=$2
-    for i in $(seq 1 "$RUNS"); do
-      echo "# $rw bs=$bs qd=$qd round $i/$RUNS" >&2
-      n=${#TOOLS[@]}
-      for k in $(seq 0 $((n - 1))); do  # rotate the order: each tool goes first in turn
-        run_tool "${TOOLS[$(( (i + k) % n ))]}" "$rw" "$bs" "$qd" "$i"
-      done
+  for cfg in "${CONFIGS[@]}"; do PLAN+=("$rw $cfg"); done
+done
+if [ "$FIRST_WRITE" = 1 ]; then
+  mkdir -p "$FW_DIR"
+  PLAN+=("1stwr 1048576 32")
+fi
+for item in "${PLAN[@]}"; do
+  set -- $item
+  rw=$1
+  bs=$2 qd=$3
+  for i in $(seq 1 "$RUNS"); do
+    echo "# $rw bs=$bs qd=$qd round $i/$RUNS" >&2
+    n=${#TOOLS[@]}
+    for k in $(seq 0 $((n - 1))); do  # rotate the order: each tool goes first in turn
+      run_tool "${TOOLS[$(( (i + k) % n ))]}" "$rw" "$bs" "$qd" "$i"
     done
   done
 done
@@ -139,7 +160,7 @@ for path in glob.glob(os.path.join(raw, "*.json")):
     with open(path) as f:
         if tool.startswith("fio"):
             job = json.load(f)["jobs"][0]
-            side = job[rw]
+            side = job["write" if rw == "1stwr" else rw]
             gbps = side["bw_bytes"] / 1e9
             cpu_s = (job["usr_cpu"] + job["sys_cpu"]) / 100.0 * job["job_runtime"] / 1000.0
             cpu_per_gb = cpu_s / (side["io_bytes"] / 1e9)
@@ -163,7 +184,7 @@ print("throughput GB/s (1e9 B/s) and CPU s/GB: per-tool medians; /fio, /fioH: me
       "strata/fio ratios (fioH: fio --mem=shmhuge)")
 print(head)
 verdict = {}
-for (rw, bs, qd) in sorted(rows, key=lambda k: (k[0] != "write", -k[1], -k[2])):
+for (rw, bs, qd) in sorted(rows, key=lambda k: ({"write": 0, "read": 1}.get(k[0], 2), -k[1], -k[2])):
     d = rows[(rw, bs, qd)]
     bs_txt = f"{bs >> 20}MiB" if bs >= 1 << 20 else f"{bs >> 10}KiB"
     line = f"{rw:<6}{bs_txt:>7}{qd:>4} "
@@ -181,7 +202,7 @@ for (rw, bs, qd) in sorted(rows, key=lambda k: (k[0] != "write", -k[1], -k[2])):
     for t, _ in refs:
         line += f"{ratios(d, t, 1):7.3f}"
     print(line + f"  {len(d['strata'])}")
-    if bs == 1 << 20 and qd == 32:
+    if bs == 1 << 20 and qd == 32 and rw != "1stwr":
         verdict[rw] = ratios(d, refs[-1][0], 0)
 ref_name = refs[-1][1]
 ok = all(v >= 0.95 for v in verdict.values())
