@@ -2,7 +2,9 @@
 // backends, on files striped over one or more directories like the swap store, reporting GB/s
 // (1e9 bytes/s) and GiB/s, IOPS, mean and p99 latency per block (submit -> completion, us) and
 // CPU time per GB; `--sweep` tries a grid and prints the best settings as the config block that
-// `strata train --config FILE` reads.
+// `strata train --config FILE` reads. A new or short file is laid out (written) before the
+// measured passes, so writes are overwrites unless `--first-write` asks for writes into freshly
+// fallocated blocks.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -24,6 +26,8 @@ struct IobenchFlags {
   int threads = 1;
   double runtime_s = 0;  // > 0: repeat passes until this many seconds have passed
   int loops = 1;         // passes over the file when runtime_s == 0
+  // Writes: measure writes into freshly fallocated blocks instead of overwrites of a laid-out file.
+  bool first_write = false;
   bool json = false;
   bool sweep = false;
   std::string config_out;  // --config-out FILE: with --sweep, write only the config block there

@@ -1,0 +1,111 @@
+// Runs the real `strata` binary: what `strata iobench` measures when it writes (overwrites of a
+// laid-out file, or with --first-write writes into freshly fallocated blocks) and what it leaves
+// behind. The "posix" backend keeps these independent of io_uring being allowed here.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "run_strata.h"
+
+namespace {
+
+using strata::cli_test::Result;
+using strata::cli_test::RunStrata;
+
+constexpr uint64_t kMiB = uint64_t{1} << 20;
+
+class IobenchCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() / ("strata_iob_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string BenchFile() const { return (dir_ / "strata-iobench.0").string(); }
+  // `strata iobench --json` on dir_ with 1 MiB blocks at queue depth 4 and `args`.
+  Result Iobench(const std::string& args) const {
+    return RunStrata("iobench --path " + dir_.string() +
+                     " --block-size 1MiB --queue-depth 4 --backend posix --json " + args);
+  }
+  std::filesystem::path dir_;
+};
+
+nlohmann::json LastJsonLine(const std::string& out) {
+  const size_t end = out.find_last_not_of('\n');
+  const size_t begin = out.rfind('\n', end);
+  return nlohmann::json::parse(out.substr(begin == std::string::npos ? 0 : begin + 1));
+}
+
+TEST_F(IobenchCliTest, WriteToANewFileLaysItOutFirstThenMeasuresOneOverwritePass) {
+  const Result r = Iobench("--rw write --size 8MiB");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.err.find("laying out"), std::string::npos) << r.err;
+  const nlohmann::json j = LastJsonLine(r.out);
+  EXPECT_FALSE(j.at("first_write").get<bool>());
+  // Only the measured pass is counted: 8 blocks of 1 MiB, not the layout's 8 more.
+  EXPECT_EQ(j.at("bytes").get<uint64_t>(), 8 * kMiB);
+  EXPECT_EQ(j.at("submissions").get<uint64_t>(), 8u);
+  // A --loops pass is one backend call: the queue drains once per pass.
+  EXPECT_EQ(j.at("bytes_per_call").get<uint64_t>(), 8 * kMiB);
+  // The file iobench made is removed.
+  EXPECT_FALSE(std::filesystem::exists(BenchFile()));
+}
+
+TEST_F(IobenchCliTest, WriteToALaidOutFileDoesNotLayItOutAgainAndKeepsIt) {
+  {
+    std::ofstream f(BenchFile(), std::ios::binary);
+    const std::string mib(kMiB, 'x');
+    for (int i = 0; i < 8; ++i) f << mib;
+  }
+  const Result r = Iobench("--rw write --size 8MiB --loops 2");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(r.err.find("laying out"), std::string::npos) << r.err;
+  EXPECT_EQ(LastJsonLine(r.out).at("bytes").get<uint64_t>(), 16 * kMiB);
+  ASSERT_TRUE(std::filesystem::exists(BenchFile()));
+  EXPECT_EQ(std::filesystem::file_size(BenchFile()), 8 * kMiB);
+}
+
+TEST_F(IobenchCliTest, FirstWriteWritesFreshlyAllocatedBlocksOfAnExistingFileEveryPass) {
+  // A laid-out file of 'x' bytes: --first-write gives its blocks back and allocates them again
+  // before each pass, so no 'x' survives and the file keeps its size and its blocks.
+  {
+    std::ofstream f(BenchFile(), std::ios::binary);
+    const std::string mib(kMiB, 'x');
+    for (int i = 0; i < 8; ++i) f << mib;
+  }
+  const Result r = Iobench("--rw write --size 8MiB --loops 3 --first-write");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(r.err.find("laying out"), std::string::npos) << r.err;
+  const nlohmann::json j = LastJsonLine(r.out);
+  EXPECT_TRUE(j.at("first_write").get<bool>());
+  EXPECT_EQ(j.at("bytes").get<uint64_t>(), 24 * kMiB);
+  EXPECT_EQ(j.at("submissions").get<uint64_t>(), 24u);
+
+  ASSERT_TRUE(std::filesystem::exists(BenchFile()));
+  EXPECT_EQ(std::filesystem::file_size(BenchFile()), 8 * kMiB);
+  struct stat st {};
+  ASSERT_EQ(::stat(BenchFile().c_str(), &st), 0);
+  EXPECT_GE(static_cast<uint64_t>(st.st_blocks) * 512, 8 * kMiB);
+  std::ifstream in(BenchFile(), std::ios::binary);
+  std::vector<char> bytes(8 * kMiB);
+  ASSERT_TRUE(in.read(bytes.data(), static_cast<std::streamsize>(bytes.size())));
+  for (size_t i = 0; i < bytes.size(); i += 4096) {
+    ASSERT_NE(bytes[i], 'x') << "byte " << i << " was never rewritten";
+  }
+}
+
+TEST_F(IobenchCliTest, FirstWriteWithReadsIsRefusedNamingTheFlag) {
+  const Result r = Iobench("--rw read --size 8MiB --first-write");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--first-write measures writes"), std::string::npos) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(BenchFile()));
+}
+
+}  // namespace
