@@ -688,11 +688,11 @@ TEST(CApiOptimizer, CreateRejectsBadArgumentsWithMessages) {
   strata_adamw_config c;
   strata_adamw_config_init(&c);
   strata_optimizer* opt = reinterpret_cast<strata_optimizer*>(0x1);
-  EXPECT_EQ(strata_optimizer_create(static_cast<strata_optimizer_kind>(6), &c, nullptr, &opt),
+  EXPECT_EQ(strata_optimizer_create(static_cast<strata_optimizer_kind>(8), &c, nullptr, &opt),
             STRATA_INVALID_ARGUMENT);
   EXPECT_EQ(opt, nullptr);
   EXPECT_THAT(strata_last_error(), StartsWith("INVALID_ARGUMENT: "));
-  EXPECT_THAT(strata_last_error(), HasSubstr("unknown optimizer kind 6"));
+  EXPECT_THAT(strata_last_error(), HasSubstr("unknown optimizer kind 8"));
   EXPECT_EQ(strata_optimizer_create(static_cast<strata_optimizer_kind>(0), &c, nullptr, &opt),
             STRATA_INVALID_ARGUMENT);
 
