@@ -1116,13 +1116,29 @@ Status OffloadOptimizer::Impl::Load(const std::string& dir) {
       } else {
         for (int64_t n : segs) shapes.push_back({n});
       }
-      if (segs == mine && shapes != k.shapes) {
-        std::vector<std::string> a, h;
-        for (const auto& x : shapes) a.push_back(fmt::format("[{}]", fmt::join(x, ", ")));
-        for (const auto& x : k.shapes) h.push_back(fmt::format("[{}]", fmt::join(x, ", ")));
-        return InvalidArgumentError(
-            fmt::format("{}: bucket {} differs: saved segment shapes {}; here {}", where, b,
-                        fmt::join(a, " "), fmt::join(h, " ")));
+      // Shapes matter where they change the state layout (Adafactor): the saved shapes must
+      // give this bucket's sections and per-segment parts.
+      if (segs == mine && shapes.size() == mine.size()) {
+        std::vector<std::vector<OffloadStateRange>> saved_ranges;
+        const auto saved =
+            BucketLayout(new_optimizers[static_cast<size_t>(k.group)], shapes, &saved_ranges);
+        bool same = SameLayout(saved, k.sections);
+        for (size_t s = 0; same && s < saved_ranges.size(); ++s) {
+          for (size_t x = 0; same && x < saved_ranges[s].size(); ++x) {
+            same = saved_ranges[s][x].offset_elems == k.ranges[s][x].offset_elems &&
+                   saved_ranges[s][x].num_elems == k.ranges[s][x].num_elems;
+          }
+        }
+        if (!same) {
+          std::vector<std::string> a, h;
+          for (const auto& x : shapes) a.push_back(fmt::format("[{}]", fmt::join(x, ", ")));
+          for (const auto& x : k.shapes) h.push_back(fmt::format("[{}]", fmt::join(x, ", ")));
+          return InvalidArgumentError(fmt::format(
+              "{}: bucket {} differs: saved segment shapes {} give the state ({}); here shapes "
+              "{} give ({})",
+              where, b, fmt::join(a, " "), LayoutString(saved), fmt::join(h, " "),
+              LayoutString(k.sections)));
+        }
       }
       if (jb.at("group").get<int>() != k.group ||
           jb.at("dtype").get<std::string>() != DTypeName(k.dtype) || segs != mine) {
