@@ -65,9 +65,19 @@ bool ValidBucket(const strata_offload* offload, int bucket) {
   return offload != nullptr && bucket >= 0 && bucket < offload->optimizer->num_buckets();
 }
 
-// The state tensors of a bucket besides the master weights.
+// The state tensors (sections) of a bucket besides the master weights.
 int NumState(const engine::OffloadOptimizer& o, int bucket) {
-  return cpu_optim::NumState(o.group_optimizer(o.bucket_group(bucket)));
+  return static_cast<int>(o.bucket_state_layout(bucket).size());
+}
+
+// Elements of tensor t (0 master, 1 + i section i) of a valid bucket and tensor.
+int64_t TensorElems(const engine::OffloadOptimizer& o, int bucket, int tensor) {
+  return tensor == 0 ? o.bucket_num_elems(bucket)
+                     : o.bucket_state_layout(bucket)[tensor - 1].num_elems;
+}
+int64_t TensorBytes(const engine::OffloadOptimizer& o, int bucket, int tensor) {
+  return tensor == 0 ? o.bucket_num_elems(bucket) * 4
+                     : static_cast<int64_t>(o.bucket_state_layout(bucket)[tensor - 1].size_bytes());
 }
 
 Status CheckTensor(const char* call, const engine::OffloadOptimizer& o, int bucket, int tensor) {
@@ -81,14 +91,22 @@ Status CheckTensor(const char* call, const engine::OffloadOptimizer& o, int buck
   return Status::Ok();
 }
 
-Status CheckStateBuffer(const char* call, const engine::OffloadOptimizer& o, int bucket,
+Status CheckStateBuffer(const char* call, const engine::OffloadOptimizer& o, int bucket, int tensor,
                         const void* data, int64_t num_elems) {
   if (data == nullptr) return InvalidArgumentError(fmt::format("{}: buffer is NULL", call));
-  if (num_elems != o.bucket_num_elems(bucket)) {
+  if (tensor > 0 && o.bucket_state_layout(bucket)[tensor - 1].dtype == cpu_optim::StateDType::kU8) {
     return InvalidArgumentError(
-        fmt::format("{}: num_elems is {}, bucket {} has {} elements (strata_offload_bucket_"
-                    "num_elems)",
-                    call, num_elems, bucket, o.bucket_num_elems(bucket)));
+        fmt::format("{}: tensor {} of bucket {} ('{}') holds 8-bit codes, not fp32 values: use "
+                    "strata_offload_read_state_bytes / strata_offload_write_state_bytes",
+                    call, tensor, bucket, o.bucket_state_layout(bucket)[tensor - 1].name));
+  }
+  const int64_t want = TensorElems(o, bucket, tensor);
+  if (num_elems != want) {
+    return InvalidArgumentError(
+        fmt::format("{}: num_elems is {}, tensor {} of bucket {} has {} elements (the "
+                    "masters: strata_offload_bucket_num_elems; a section: "
+                    "strata_offload_state_section)",
+                    call, num_elems, tensor, bucket, want));
   }
   return Status::Ok();
 }
@@ -153,6 +171,13 @@ StatusOr<engine::OffloadOptimizerOptions> ToOptions(const strata_offload_options
 }
 
 }  // namespace
+
+// strata_offload_add_bucket(_shaped); kCall names the C function in messages.
+strata_status AddBucket(const char* kCall, strata_offload* offload, int group,
+                        strata_dtype param_dtype, void* const* segments,
+                        const int64_t* segment_num_elems, const int64_t* const* segment_shapes,
+                        const int* segment_ndims, int num_segments, int* bucket);
+
 }  // namespace strata::capi
 
 extern "C" {
@@ -276,9 +301,29 @@ strata_status strata_offload_add_bucket(strata_offload* offload, int group,
                                         strata_dtype param_dtype, void* const* segments,
                                         const int64_t* segment_num_elems, int num_segments,
                                         int* bucket) {
-  using namespace strata;
-  using namespace strata::capi;
-  constexpr const char* kCall = "strata_offload_add_bucket";
+  return strata::capi::AddBucket("strata_offload_add_bucket", offload, group, param_dtype, segments,
+                                 segment_num_elems, nullptr, nullptr, num_segments, bucket);
+}
+
+strata_status strata_offload_add_bucket_shaped(strata_offload* offload, int group,
+                                               strata_dtype param_dtype, void* const* segments,
+                                               const int64_t* segment_num_elems,
+                                               const int64_t* const* segment_shapes,
+                                               const int* segment_ndims, int num_segments,
+                                               int* bucket) {
+  return strata::capi::AddBucket("strata_offload_add_bucket_shaped", offload, group, param_dtype,
+                                 segments, segment_num_elems, segment_shapes, segment_ndims,
+                                 num_segments, bucket);
+}
+
+}  // extern "C"
+
+namespace strata::capi {
+
+strata_status AddBucket(const char* kCall, strata_offload* offload, int group,
+                        strata_dtype param_dtype, void* const* segments,
+                        const int64_t* segment_num_elems, const int64_t* const* segment_shapes,
+                        const int* segment_ndims, int num_segments, int* bucket) {
   return Guard([&]() -> Status {
     if (offload == nullptr) return NullHandle(kCall);
     if (bucket == nullptr) return InvalidArgumentError(fmt::format("{}: bucket is NULL", kCall));
@@ -299,7 +344,18 @@ strata_status strata_offload_add_bucket(strata_offload* offload, int group,
             "{}: segment {} must be a non-NULL buffer of num_elems > 0, got {} with {} elements",
             kCall, i, segments[i] == nullptr ? "NULL" : "a buffer", segment_num_elems[i]));
       }
-      list[i] = engine::OffloadSegment{.data = segments[i], .num_elems = segment_num_elems[i]};
+      list[i] = engine::OffloadSegment{
+          .data = segments[i], .num_elems = segment_num_elems[i], .shape = {}};
+      if (segment_shapes != nullptr) {
+        if (segment_ndims == nullptr || segment_ndims[i] < 0 ||
+            (segment_ndims[i] > 0 && segment_shapes[i] == nullptr)) {
+          return InvalidArgumentError(
+              fmt::format("{}: segment {}'s shape must be segment_ndims[{}] >= 0 dimensions at "
+                          "segment_shapes[{}] (segment_ndims {})",
+                          kCall, i, i, i, segment_ndims == nullptr ? "NULL" : "set"));
+        }
+        list[i].shape.assign(segment_shapes[i], segment_shapes[i] + segment_ndims[i]);
+      }
     }
     auto index = offload->optimizer->AddBucket(group, *dtype, list);
     if (!index.ok()) return index.status().WithContext(kCall);
@@ -307,6 +363,10 @@ strata_status strata_offload_add_bucket(strata_offload* offload, int group,
     return Status::Ok();
   });
 }
+
+}  // namespace strata::capi
+
+extern "C" {
 
 int64_t strata_offload_bucket_num_elems(const strata_offload* offload, int bucket) {
   if (!strata::capi::ValidBucket(offload, bucket)) return -1;
@@ -460,8 +520,7 @@ const char* strata_offload_tensor_name(const strata_offload* offload, int bucket
   const engine::OffloadOptimizer& o = *offload->optimizer;
   if (tensor < 0 || tensor > capi::NumState(o, bucket)) return nullptr;
   const std::string_view name =
-      tensor == 0 ? std::string_view("master")
-                  : cpu_optim::StateName(o.group_optimizer(o.bucket_group(bucket)), tensor - 1);
+      tensor == 0 ? std::string_view("master") : o.bucket_state_layout(bucket)[tensor - 1].name;
   try {
     std::lock_guard<std::mutex> lock(offload->names_mu);
     auto it = offload->names.find(name);
@@ -482,7 +541,7 @@ strata_status strata_offload_read_state(strata_offload* offload, int bucket, int
     engine::OffloadOptimizer& o = *offload->optimizer;
     STRATA_RETURN_IF_ERROR(CheckBucket(kCall, o, bucket));
     STRATA_RETURN_IF_ERROR(CheckTensor(kCall, o, bucket, tensor));
-    STRATA_RETURN_IF_ERROR(CheckStateBuffer(kCall, o, bucket, out, num_elems));
+    STRATA_RETURN_IF_ERROR(CheckStateBuffer(kCall, o, bucket, tensor, out, num_elems));
     return o.ReadState(bucket, tensor, std::span<float>(out, static_cast<size_t>(num_elems)))
         .WithContext(kCall);
   });
@@ -498,7 +557,7 @@ strata_status strata_offload_write_state(strata_offload* offload, int bucket, in
     engine::OffloadOptimizer& o = *offload->optimizer;
     STRATA_RETURN_IF_ERROR(CheckBucket(kCall, o, bucket));
     STRATA_RETURN_IF_ERROR(CheckTensor(kCall, o, bucket, tensor));
-    STRATA_RETURN_IF_ERROR(CheckStateBuffer(kCall, o, bucket, in, num_elems));
+    STRATA_RETURN_IF_ERROR(CheckStateBuffer(kCall, o, bucket, tensor, in, num_elems));
     return o.WriteState(bucket, tensor, std::span<const float>(in, static_cast<size_t>(num_elems)))
         .WithContext(kCall);
   });
@@ -557,6 +616,96 @@ strata_status strata_offload_get_stats(const strata_offload* offload, strata_off
                                   .wait_seconds = c.wait_seconds,
                                   .host_state_bytes = c.host_state_bytes};
     return Status::Ok();
+  });
+}
+
+strata_status strata_offload_state_section(const strata_offload* offload, int bucket, int tensor,
+                                           strata_state_section* out) {
+  using namespace strata;
+  using namespace strata::capi;
+  constexpr const char* kCall = "strata_offload_state_section";
+  return Guard([&]() -> Status {
+    if (offload == nullptr) return NullHandle(kCall);
+    if (out == nullptr) return InvalidArgumentError(fmt::format("{}: out is NULL", kCall));
+    const engine::OffloadOptimizer& o = *offload->optimizer;
+    STRATA_RETURN_IF_ERROR(CheckBucket(kCall, o, bucket));
+    STRATA_RETURN_IF_ERROR(CheckTensor(kCall, o, bucket, tensor));
+    if (tensor == 0) {
+      *out = ToCSection(cpu_optim::StateSpec{.name = "master",
+                                             .dtype = cpu_optim::StateDType::kF32,
+                                             .num_elems = o.bucket_num_elems(bucket)});
+    } else {
+      *out = ToCSection(o.bucket_state_layout(bucket)[tensor - 1]);
+    }
+    return Status::Ok();
+  });
+}
+
+strata_status strata_offload_segment_state_range(const strata_offload* offload, int bucket,
+                                                 int segment, int tensor, int64_t* offset_elems,
+                                                 int64_t* num_elems) {
+  using namespace strata;
+  using namespace strata::capi;
+  constexpr const char* kCall = "strata_offload_segment_state_range";
+  return Guard([&]() -> Status {
+    if (offload == nullptr) return NullHandle(kCall);
+    if (offset_elems == nullptr || num_elems == nullptr) {
+      return InvalidArgumentError(fmt::format("{}: offset_elems or num_elems is NULL", kCall));
+    }
+    const engine::OffloadOptimizer& o = *offload->optimizer;
+    STRATA_RETURN_IF_ERROR(CheckBucket(kCall, o, bucket));
+    auto range = o.SegmentStateRange(bucket, segment, tensor);
+    if (!range.ok()) return range.status().WithContext(kCall);
+    *offset_elems = range->offset_elems;
+    *num_elems = range->num_elems;
+    return Status::Ok();
+  });
+}
+
+strata_status strata_offload_read_state_bytes(strata_offload* offload, int bucket, int tensor,
+                                              void* out, int64_t size_bytes) {
+  using namespace strata;
+  using namespace strata::capi;
+  constexpr const char* kCall = "strata_offload_read_state_bytes";
+  return Guard([&]() -> Status {
+    if (offload == nullptr) return NullHandle(kCall);
+    if (out == nullptr) return InvalidArgumentError(fmt::format("{}: out is NULL", kCall));
+    engine::OffloadOptimizer& o = *offload->optimizer;
+    STRATA_RETURN_IF_ERROR(CheckBucket(kCall, o, bucket));
+    STRATA_RETURN_IF_ERROR(CheckTensor(kCall, o, bucket, tensor));
+    if (size_bytes != TensorBytes(o, bucket, tensor)) {
+      return InvalidArgumentError(fmt::format("{}: size_bytes is {}, tensor {} of bucket {} has {}",
+                                              kCall, size_bytes, tensor, bucket,
+                                              TensorBytes(o, bucket, tensor)));
+    }
+    return o
+        .ReadStateBytes(bucket, tensor,
+                        std::span(static_cast<std::byte*>(out), static_cast<size_t>(size_bytes)))
+        .WithContext(kCall);
+  });
+}
+
+strata_status strata_offload_write_state_bytes(strata_offload* offload, int bucket, int tensor,
+                                               const void* in, int64_t size_bytes) {
+  using namespace strata;
+  using namespace strata::capi;
+  constexpr const char* kCall = "strata_offload_write_state_bytes";
+  return Guard([&]() -> Status {
+    if (offload == nullptr) return NullHandle(kCall);
+    if (in == nullptr) return InvalidArgumentError(fmt::format("{}: in is NULL", kCall));
+    engine::OffloadOptimizer& o = *offload->optimizer;
+    STRATA_RETURN_IF_ERROR(CheckBucket(kCall, o, bucket));
+    STRATA_RETURN_IF_ERROR(CheckTensor(kCall, o, bucket, tensor));
+    if (size_bytes != TensorBytes(o, bucket, tensor)) {
+      return InvalidArgumentError(fmt::format("{}: size_bytes is {}, tensor {} of bucket {} has {}",
+                                              kCall, size_bytes, tensor, bucket,
+                                              TensorBytes(o, bucket, tensor)));
+    }
+    return o
+        .WriteStateBytes(
+            bucket, tensor,
+            std::span(static_cast<const std::byte*>(in), static_cast<size_t>(size_bytes)))
+        .WithContext(kCall);
   });
 }
 

@@ -16,11 +16,15 @@ namespace strata::capi {
 // strata_optimizer_kind.
 std::optional<cpu_optim::OptimizerKind> ToOptimizerKind(strata_optimizer_kind kind);
 
+// A cpu_optim state section as the C struct (the name truncated to 47 bytes; none is longer).
+strata_state_section ToCSection(const cpu_optim::StateSpec& spec);
+
 // INVALID_ARGUMENT "<call>: unknown optimizer kind N (this library has ...)".
 Status BadOptimizerKind(const char* call, strata_optimizer_kind kind);
 
 // Reads config, which must point to the C struct of `kind` (strata_adamw_config for
-// AdamW and Adam, strata_adagrad_config, strata_lion_config, strata_sgd_config) with
+// AdamW, Adam and AdamW8bit, strata_adagrad_config, strata_lion_config,
+// strata_sgd_config, strata_adafactor_config) with
 // its struct_size set, and validates the hyper-parameters (cpu_optim::Validate: the
 // torch.optim rules). Errors, INVALID_ARGUMENT with a message naming the kind ("AdamW:
 // ..."): NULL config, a struct_size that is not the kind's struct's (it says how to

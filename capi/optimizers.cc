@@ -3,7 +3,9 @@
 // offload optimizer's groups) and steps it with cpu_optim::Update.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -24,6 +26,34 @@ struct strata_optimizer {
   // caller's arena.
   std::unique_ptr<strata::cpu_optim::WorkerArena> arena;
 };
+
+namespace strata::capi {
+namespace {
+
+// shape[0..ndim) checked: ndim >= 0, every dimension > 0, the product fits int64.
+StatusOr<std::vector<int64_t>> ParseShape(const char* call, const int64_t* shape, int ndim) {
+  if (ndim < 0 || (ndim > 0 && shape == nullptr)) {
+    return InvalidArgumentError(
+        fmt::format("{}: shape must list ndim >= 0 dimensions, got ndim {} "
+                    "and shape {}",
+                    call, ndim, shape == nullptr ? "NULL" : "set"));
+  }
+  std::vector<int64_t> dims(shape, shape + ndim);
+  int64_t n = 1;
+  for (int i = 0; i < ndim; ++i) {
+    if (dims[i] <= 0 || dims[i] > INT64_MAX / n) {
+      return InvalidArgumentError(
+          fmt::format("{}: dimension {} of the shape is {}; each must be > 0 (and the product "
+                      "fit in int64)",
+                      call, i, dims[i]));
+    }
+    n *= dims[i];
+  }
+  return dims;
+}
+
+}  // namespace
+}  // namespace strata::capi
 
 extern "C" {
 
@@ -74,6 +104,24 @@ void strata_sgd_config_init(strata_sgd_config* config) {
   config->weight_decay = 0.0f;
   config->nesterov = 0;
   config->maximize = 0;
+}
+
+void strata_adafactor_config_init(strata_adafactor_config* config) {
+  if (config == nullptr) return;
+  const strata::cpu_optim::AdafactorConfig d;
+  *config = strata_adafactor_config{};
+  config->struct_size = sizeof(strata_adafactor_config);
+  config->lr = d.lr;
+  config->eps1 = d.eps1;
+  config->eps2 = d.eps2;
+  config->clip_threshold = d.clip_threshold;
+  config->decay_rate = d.decay_rate;
+  config->beta1 = d.beta1;
+  config->weight_decay = d.weight_decay;
+  config->relative_step = d.relative_step ? 1 : 0;
+  config->scale_parameter = d.scale_parameter ? 1 : 0;
+  config->warmup_init = d.warmup_init ? 1 : 0;
+  config->maximize = d.maximize ? 1 : 0;
 }
 
 void strata_optimizer_options_init(strata_optimizer_options* options) {
@@ -176,6 +224,13 @@ strata_status strata_optimizer_step(const strata_optimizer* optimizer, int64_t s
       return InvalidArgumentError(
           fmt::format("{} step: num_elems must be >= 0, got {}", name, num_elems));
     }
+    if (opt.kind == cpu_optim::OptimizerKind::kAdamW8bit ||
+        opt.kind == cpu_optim::OptimizerKind::kAdafactor) {
+      return InvalidArgumentError(
+          fmt::format("{} step: its state is not one fp32 buffer per parameter: step it with "
+                      "strata_optimizer_step_state (layout: strata_optimizer_state_layout)",
+                      name));
+    }
     const int expected_state = cpu_optim::NumState(opt);
     if (num_state != expected_state) {
       return InvalidArgumentError(
@@ -200,6 +255,122 @@ strata_status strata_optimizer_step(const strata_optimizer* optimizer, int64_t s
                                std::span<float>(params, n),
                                std::span<const std::span<float>>(spans.data(), num_state),
                                cpu_optim::GradView{grad, *gd}, out);
+    };
+    if (optimizer->arena == nullptr) return run();
+    Status status;
+    optimizer->arena->Execute([&] { status = run(); });
+    return status;
+  });
+}
+
+strata_status strata_optimizer_state_layout(const strata_optimizer* optimizer, const int64_t* shape,
+                                            int ndim, strata_state_section* sections,
+                                            int max_sections, int* num_sections) {
+  using namespace strata;
+  using namespace strata::capi;
+  constexpr const char* kCall = "strata_optimizer_state_layout";
+  return Guard([&]() -> Status {
+    if (optimizer == nullptr)
+      return InvalidArgumentError(fmt::format("{}: optimizer is NULL", kCall));
+    if (num_sections == nullptr) {
+      return InvalidArgumentError(fmt::format("{}: num_sections is NULL", kCall));
+    }
+    if (max_sections < 0 || (max_sections > 0 && sections == nullptr)) {
+      return InvalidArgumentError(fmt::format(
+          "{}: sections must hold max_sections >= 0 entries, got max_sections {} and sections {}",
+          kCall, max_sections, sections == nullptr ? "NULL" : "set"));
+    }
+    STRATA_ASSIGN_OR_RETURN(std::vector<int64_t> dims, ParseShape(kCall, shape, ndim));
+    const std::vector<std::vector<int64_t>> shapes = {dims};
+    const std::vector<cpu_optim::StateSpec> layout =
+        cpu_optim::StateLayout(optimizer->optimizer, shapes);
+    *num_sections = static_cast<int>(layout.size());
+    for (int i = 0; i < std::min<int>(max_sections, static_cast<int>(layout.size())); ++i) {
+      sections[i] = ToCSection(layout[i]);
+    }
+    return Status::Ok();
+  });
+}
+
+strata_status strata_optimizer_init_state(const strata_optimizer* optimizer, const int64_t* shape,
+                                          int ndim, void* const* state, int num_sections) {
+  using namespace strata;
+  using namespace strata::capi;
+  constexpr const char* kCall = "strata_optimizer_init_state";
+  return Guard([&]() -> Status {
+    if (optimizer == nullptr)
+      return InvalidArgumentError(fmt::format("{}: optimizer is NULL", kCall));
+    STRATA_ASSIGN_OR_RETURN(std::vector<int64_t> dims, ParseShape(kCall, shape, ndim));
+    const std::vector<std::vector<int64_t>> shapes = {dims};
+    const std::vector<cpu_optim::StateSpec> layout =
+        cpu_optim::StateLayout(optimizer->optimizer, shapes);
+    if (num_sections != static_cast<int>(layout.size())) {
+      return InvalidArgumentError(fmt::format("{}: num_sections is {}, the layout has {}", kCall,
+                                              num_sections, layout.size()));
+    }
+    for (size_t i = 0; i < layout.size(); ++i) {
+      if (state == nullptr || state[i] == nullptr) {
+        return InvalidArgumentError(
+            fmt::format("{}: the buffer of section '{}' is NULL", kCall, layout[i].name));
+      }
+    }
+    for (size_t i = 0; i < layout.size(); ++i) {
+      cpu_optim::InitializeState(
+          layout[i], std::span(static_cast<std::byte*>(state[i]), layout[i].size_bytes()));
+    }
+    return Status::Ok();
+  });
+}
+
+strata_status strata_optimizer_step_state(const strata_optimizer* optimizer, int64_t step,
+                                          float grad_scale, float* params, const int64_t* shape,
+                                          int ndim, void* const* state,
+                                          const int64_t* state_size_bytes, int num_sections,
+                                          const void* grad, strata_dtype grad_dtype, void* copy_out,
+                                          strata_dtype copy_out_dtype) {
+  using namespace strata;
+  using namespace strata::capi;
+  constexpr const char* kCall = "strata_optimizer_step_state";
+  return Guard([&]() -> Status {
+    if (optimizer == nullptr)
+      return InvalidArgumentError(fmt::format("{}: optimizer is NULL", kCall));
+    const cpu_optim::AnyOptimizer& opt = optimizer->optimizer;
+    STRATA_ASSIGN_OR_RETURN(std::vector<int64_t> dims, ParseShape(kCall, shape, ndim));
+    int64_t n = 1;
+    for (int64_t d : dims) n *= d;
+    if (params == nullptr || grad == nullptr) {
+      return InvalidArgumentError(fmt::format("{}: params and grad must not be NULL", kCall));
+    }
+    if (num_sections < 0 ||
+        (num_sections > 0 && (state == nullptr || state_size_bytes == nullptr))) {
+      return InvalidArgumentError(
+          fmt::format("{}: state and state_size_bytes must hold num_sections >= 0 entries, got {}",
+                      kCall, num_sections));
+    }
+    const auto gd = ToDType(grad_dtype);
+    if (!gd) return BadDType("strata_optimizer_step_state grad_dtype", grad_dtype);
+    cpu_optim::CopyOut out;
+    if (copy_out != nullptr) {
+      const auto od = ToDType(copy_out_dtype);
+      if (!od) return BadDType("strata_optimizer_step_state copy_out_dtype", copy_out_dtype);
+      out = cpu_optim::CopyOut{copy_out, *od};
+    }
+    std::vector<std::span<std::byte>> spans;
+    for (int i = 0; i < num_sections; ++i) {
+      if (state[i] == nullptr || state_size_bytes[i] < 0) {
+        return InvalidArgumentError(fmt::format(
+            "{}: section {} is NULL or has a negative size ({})", kCall, i, state_size_bytes[i]));
+      }
+      spans.emplace_back(static_cast<std::byte*>(state[i]),
+                         static_cast<size_t>(state_size_bytes[i]));
+    }
+    const std::vector<std::vector<int64_t>> shapes = {dims};
+    auto run = [&] {
+      return cpu_optim::UpdateState(opt,
+                                    cpu_optim::OptimStep{.step = step, .grad_scale = grad_scale},
+                                    shapes, std::span<float>(params, static_cast<size_t>(n)), spans,
+                                    cpu_optim::GradView{grad, *gd}, out)
+          .WithContext(kCall);
     };
     if (optimizer->arena == nullptr) return run();
     Status status;

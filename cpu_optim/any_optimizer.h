@@ -119,9 +119,9 @@ std::vector<StateSpec> StateLayout(const AnyOptimizer& optimizer,
 void InitializeState(const StateSpec& spec, std::span<std::byte> bytes);
 
 // One step over the buffer `master` made of the tensors of `shapes`: state holds one byte span
-// per section of StateLayout(optimizer, shapes), in that order, each of its size and 4-byte
-// aligned (kInvalidArgument otherwise, naming the section). Numerics, threading and errors are
-// the kind's XxxUpdate's (optimizer.h).
+// per section of StateLayout(optimizer, shapes), in that order, each of its size, fp32 sections
+// 4-byte aligned (kInvalidArgument otherwise, naming the section; kU8 codes need no alignment).
+// Numerics, threading and errors are the kind's XxxUpdate's (optimizer.h).
 Status UpdateState(const AnyOptimizer& optimizer, const OptimStep& step,
                    std::span<const std::vector<int64_t>> shapes, std::span<float> master,
                    std::span<const std::span<std::byte>> state, GradView grad,

@@ -43,9 +43,65 @@ constexpr const char* kOffloadFormat = "strata-offload-optimizer";
 constexpr int kOffloadFormatVersion = 1;
 constexpr const char* kOffloadTensorFile = "optimizer.safetensors";
 
-// Bytes of one fp32 tensor of n elements inside a bucket's state block (4096-aligned, so the
-// block is one O_DIRECT extent and each tensor starts on its own page).
-uint64_t TensorStride(int64_t n) { return io::SwapStore::PaddedSize(static_cast<uint64_t>(n) * 4); }
+// Bytes a tensor of size_bytes takes inside a bucket's state block (4096-aligned, so the block
+// is one O_DIRECT extent and each tensor starts on its own page).
+uint64_t TensorStride(uint64_t size_bytes) { return io::SwapStore::PaddedSize(size_bytes); }
+
+// A segment's shape: its own, or flat {num_elems}.
+std::vector<int64_t> SegmentShape(const OffloadSegment& seg) {
+  return seg.shape.empty() ? std::vector<int64_t>{seg.num_elems} : seg.shape;
+}
+
+// The state sections of a bucket whose segments have these shapes: per name, the segments'
+// sections (cpu_optim::StateLayout of each segment alone) back to back, in the order of
+// StateLayout over all the shapes. ranges[s][i] receives segment s's part of section i.
+std::vector<cpu_optim::StateSpec> BucketLayout(
+    const cpu_optim::AnyOptimizer& optimizer, const std::vector<std::vector<int64_t>>& shapes,
+    std::vector<std::vector<OffloadStateRange>>* ranges) {
+  std::vector<cpu_optim::StateSpec> sections = cpu_optim::StateLayout(optimizer, shapes);
+  for (auto& section : sections) section.num_elems = 0;
+  std::vector<std::vector<OffloadStateRange>> r(shapes.size());
+  for (size_t s = 0; s < shapes.size(); ++s) {
+    const std::vector<cpu_optim::StateSpec> own =
+        cpu_optim::StateLayout(optimizer, std::span(&shapes[s], 1));
+    for (const cpu_optim::StateSpec& spec : own) {
+      auto it = std::find_if(sections.begin(), sections.end(),
+                             [&](const cpu_optim::StateSpec& x) { return x.name == spec.name; });
+      if (it == sections.end()) {
+        sections.push_back(spec);
+        it = sections.end() - 1;
+        it->num_elems = 0;
+      }
+      const size_t i = static_cast<size_t>(it - sections.begin());
+      r[s].resize(std::max(r[s].size(), i + 1));
+      r[s][i] = OffloadStateRange{it->num_elems, spec.num_elems};
+      it->num_elems += spec.num_elems;
+    }
+  }
+  for (auto& row : r) row.resize(sections.size());
+  if (ranges) *ranges = std::move(r);
+  return sections;
+}
+
+bool SameLayout(std::span<const cpu_optim::StateSpec> a, std::span<const cpu_optim::StateSpec> b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].name != b[i].name || a[i].dtype != b[i].dtype || a[i].num_elems != b[i].num_elems) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::string LayoutString(std::span<const cpu_optim::StateSpec> layout) {
+  std::vector<std::string> parts;
+  for (const auto& spec : layout) {
+    parts.push_back(fmt::format("{} {}[{}]", spec.name,
+                                spec.dtype == cpu_optim::StateDType::kU8 ? "u8" : "f32",
+                                spec.num_elems));
+  }
+  return parts.empty() ? std::string("no state") : fmt::format("{}", fmt::join(parts, ", "));
+}
 
 std::string StateExtent(int b) { return fmt::format("bucket{}.state", b); }
 
@@ -120,12 +176,16 @@ class OffloadOptimizer::Impl {
   // --- state ---
   Status ReadState(int bucket, int tensor, std::span<float> out);
   Status WriteState(int bucket, int tensor, std::span<const float> in);
+  Status ReadStateBytes(int bucket, int tensor, std::span<std::byte> out);
+  Status WriteStateBytes(int bucket, int tensor, std::span<const std::byte> in);
   Status ReloadMasters(int bucket);
   Status SetGroupStep(int group, int64_t step);
   Status Save(const std::string& dir);
   Status Load(const std::string& dir);
 
   OffloadCounters counters() const;
+  // kInvalidArgument for an unknown bucket or tensor (0 master, 1 + i section i).
+  Status CheckTensor(int bucket, int tensor, const char* what) const;
 
   struct Group {
     cpu_optim::AnyOptimizer optimizer;
@@ -135,12 +195,18 @@ class OffloadOptimizer::Impl {
     int group = 0;
     DType dtype = DType::kF32;
     std::vector<OffloadSegment> segments;
-    std::vector<int64_t> offsets;  // element offset of each segment in the flat bucket
+    std::vector<int64_t> offsets;              // element offset of each segment in the flat bucket
+    std::vector<std::vector<int64_t>> shapes;  // of each segment (SegmentShape)
     int64_t num_elems = 0;
-    int num_tensors = 1;            // master + the group's state buffers
-    HostBuffer state;               // host home: [master | state 0 | ...], TensorStride apart
-    AlignedBuffer accum;            // fp32 gradient accumulator, num_elems
-    std::vector<int64_t> received;  // gradients per segment since the last step
+    int num_tensors = 1;                         // master + the state sections
+    std::vector<cpu_optim::StateSpec> sections;  // BucketLayout of the group's optimizer
+    // [segment][section]: the segment's part of each section (BucketLayout).
+    std::vector<std::vector<OffloadStateRange>> ranges;
+    std::vector<uint64_t> tensor_offsets;  // byte offset of tensor t in the state block
+    uint64_t state_bytes = 0;              // the state block: every tensor, padded
+    HostBuffer state;     // host home: [master | section 0 | ...], each padded (TensorStride)
+    AlignedBuffer accum;  // fp32 gradient accumulator, num_elems
+    std::vector<int64_t> received;            // gradients per segment since the last step
     std::vector<cpu_optim::GradStats> stats;  // of the accumulator after its last fold
   };
 
@@ -152,14 +218,26 @@ class OffloadOptimizer::Impl {
 
  private:
   bool nvme() const { return o_.home == OffloadOptimizerOptions::Home::kNvme; }
-  uint64_t StateBytes(const Bucket& b) const { return b.num_tensors * TensorStride(b.num_elems); }
+  uint64_t StateBytes(const Bucket& b) const { return b.state_bytes; }
+  // Tensor t of a bucket: 0 master weights, 1 + i section i.
+  static bool TensorIsU8(const Bucket& k, int t) {
+    return t > 0 && k.sections[t - 1].dtype == cpu_optim::StateDType::kU8;
+  }
+  static int64_t TensorElems(const Bucket& k, int t) {
+    return t == 0 ? k.num_elems : k.sections[t - 1].num_elems;
+  }
+  static uint64_t TensorBytes(const Bucket& k, int t) {
+    return t == 0 ? static_cast<uint64_t>(k.num_elems) * 4 : k.sections[t - 1].size_bytes();
+  }
   // "bucket{b}.master", "bucket{b}.exp_avg", ...: tensor t of bucket b in a saved state.
   std::string TensorName(int b, int t) const {
     const Bucket& k = buckets_[b];
     return fmt::format("bucket{}.{}", b,
-                       t == 0 ? std::string_view("master")
-                              : cpu_optim::StateName(groups_[k.group].optimizer, t - 1));
+                       t == 0 ? std::string_view("master") : k.sections[t - 1].name);
   }
+  // Reads tensor `tensor` of a bucket into out (TensorBytes), or writes it from in.
+  Status CopyTensor(int bucket, int tensor, std::span<std::byte> out,
+                    std::span<const std::byte> in);
   Status CheckUsable() const;
   Status Fail(Status status);
   Status CheckBucket(int bucket, const char* what) const;
@@ -307,12 +385,18 @@ Status OffloadOptimizer::Impl::SetGroupOptimizer(int group,
   }
   STRATA_RETURN_IF_ERROR(cpu_optim::Validate(optimizer));
   const cpu_optim::AnyOptimizer& old = groups_[group].optimizer;
-  if (optimizer.kind != old.kind || cpu_optim::NumState(optimizer) != cpu_optim::NumState(old)) {
+  // The layout of a flat tensor stands for every bucket's, so a config that no bucket would
+  // notice yet (no bucket added so far) is refused the same way.
+  const std::vector<std::vector<int64_t>> probe = {{2, 3}, {5}};
+  const auto old_layout = BucketLayout(old, probe, nullptr);
+  const auto new_layout = BucketLayout(optimizer, probe, nullptr);
+  if (optimizer.kind != old.kind || !SameLayout(old_layout, new_layout)) {
     return InvalidArgumentError(fmt::format(
-        "offload optimizer: group {} is {} with {} state buffers; its new config is {} with {}: "
-        "the kind, amsgrad and SGD momentum on/off cannot change after the group was added",
-        group, cpu_optim::OptimizerKindName(old.kind), cpu_optim::NumState(old),
-        cpu_optim::OptimizerKindName(optimizer.kind), cpu_optim::NumState(optimizer)));
+        "offload optimizer: group {} is {} with state sections ({}); its new config is {} with "
+        "({}): the kind, amsgrad, SGD momentum and Adafactor's beta1 > 0 cannot change after "
+        "the group was added",
+        group, cpu_optim::OptimizerKindName(old.kind), LayoutString(old_layout),
+        cpu_optim::OptimizerKindName(optimizer.kind), LayoutString(new_layout)));
   }
   groups_[group].optimizer = optimizer;
   return Status::Ok();
@@ -372,7 +456,22 @@ StatusOr<int> OffloadOptimizer::Impl::AddBucket(int group, DType dtype,
           "offload optimizer: AddBucket: segment {} at {} is not aligned to its {}-byte elements",
           s, seg.data, elem));
     }
+    if (!seg.shape.empty()) {
+      int64_t product = 1;
+      bool positive = true;
+      for (int64_t d : seg.shape) {
+        positive = positive && d > 0;
+        if (positive) product = d > INT64_MAX / product ? -1 : product * d;
+      }
+      if (!positive || product != seg.num_elems) {
+        return InvalidArgumentError(fmt::format(
+            "offload optimizer: AddBucket: segment {} has shape [{}] for {} elements; a shape's "
+            "dimensions must be > 0 with product num_elems (or give no shape: flat)",
+            s, fmt::join(seg.shape, ", "), seg.num_elems));
+      }
+    }
     k.segments.push_back(seg);
+    k.shapes.push_back(SegmentShape(seg));
     k.offsets.push_back(k.num_elems);
     k.num_elems += seg.num_elems;
   }
@@ -394,22 +493,26 @@ StatusOr<int> OffloadOptimizer::Impl::AddBucket(int group, DType dtype,
     }
   }
   const cpu_optim::AnyOptimizer& opt = groups_[group].optimizer;
-  k.num_tensors = 1 + cpu_optim::NumState(opt);
+  k.sections = BucketLayout(opt, k.shapes, &k.ranges);
+  k.num_tensors = 1 + static_cast<int>(k.sections.size());
+  for (int t = 0; t < k.num_tensors; ++t) {
+    k.tensor_offsets.push_back(k.state_bytes);
+    k.state_bytes += TensorStride(TensorBytes(k, t));
+  }
   k.received.assign(k.segments.size(), 0);
   k.stats.assign(k.segments.size(), cpu_optim::GradStats{});
   STRATA_ASSIGN_OR_RETURN(k.accum, AlignedBuffer::Allocate(k.num_elems * sizeof(float), 64));
 
   const int b = static_cast<int>(buckets_.size());
-  const uint64_t stride = TensorStride(k.num_elems);
   STRATA_ASSIGN_OR_RETURN(HostBuffer block,
-                          HostBuffer::Allocate(k.num_tensors * stride, false, &pin_warned_));
+                          HostBuffer::Allocate(k.state_bytes, false, &pin_warned_));
   auto* base = reinterpret_cast<float*>(block.data());
   buckets_.push_back(std::move(k));
   Bucket& kb = buckets_.back();
   Status s = WidenSegments(b, base);
   for (int t = 1; s.ok() && t < kb.num_tensors; ++t) {
-    float* state = reinterpret_cast<float*>(block.data() + t * stride);
-    std::fill(state, state + kb.num_elems, cpu_optim::InitialStateValue(opt, t - 1));
+    cpu_optim::InitializeState(kb.sections[t - 1],
+                               std::span(block.data() + kb.tensor_offsets[t], TensorBytes(kb, t)));
   }
   if (s.ok() && nvme()) {
     s = swap_->Allocate(StateExtent(b), StateBytes(kb));
@@ -677,22 +780,29 @@ Status OffloadOptimizer::Impl::UpdateStage(int b, int i) {
                               trace::Category::kCpuOptimizer);
     Bucket& k = buckets_[b];
     std::byte* block = nvme() ? pipe_buf_[i].data() : k.state.data();
-    const uint64_t stride = TensorStride(k.num_elems);
     const cpu_optim::AnyOptimizer& opt = round_.optimizers[k.group];
     const cpu_optim::OptimStep step{.step = round_.steps[k.group], .grad_scale = round_.grad_scale};
     s = InArena([&]() -> Status {
-      std::span<float> state[3];
+      std::vector<std::span<std::byte>> state;
+      state.reserve(k.sections.size());
       for (size_t seg = 0; seg < k.segments.size(); ++seg) {
         const int64_t off = k.offsets[seg];
         const auto len = static_cast<size_t>(k.segments[seg].num_elems);
-        auto tensor = [&](int t) {
-          return std::span<float>(reinterpret_cast<float*>(block + t * stride) + off, len);
-        };
-        for (int t = 1; t < k.num_tensors; ++t) state[t - 1] = tensor(t);
-        // The optimizer is elementwise: a bucket updated segment by segment is bit-identical to
-        // one call over its flat arrays, and each segment's new weights go straight into it.
-        STRATA_RETURN_IF_ERROR(cpu_optim::Update(
-            opt, step, tensor(0), std::span<const std::span<float>>(state, k.num_tensors - 1),
+        // The segment's parts of the sections it has, in its own layout's order (which is
+        // the bucket's order with the sections it has no part in left out).
+        state.clear();
+        for (size_t x = 0; x < k.sections.size(); ++x) {
+          const OffloadStateRange r = k.ranges[seg][x];
+          if (r.num_elems == 0) continue;
+          const size_t elem = k.sections[x].dtype == cpu_optim::StateDType::kU8 ? 1 : 4;
+          state.emplace_back(block + k.tensor_offsets[x + 1] + r.offset_elems * elem,
+                             static_cast<size_t>(r.num_elems) * elem);
+        }
+        // Each segment is one tensor: a per-element optimizer gives the same bits as one call
+        // over the flat arrays, and each segment's new weights go straight into it.
+        STRATA_RETURN_IF_ERROR(cpu_optim::UpdateState(
+            opt, step, std::span(&k.shapes[seg], 1),
+            std::span<float>(reinterpret_cast<float*>(block) + off, len), state,
             cpu_optim::GradView{k.accum.as<float>() + off, DType::kF32},
             cpu_optim::CopyOut{k.segments[seg].data, k.dtype}));
       }
@@ -755,50 +865,91 @@ Status OffloadOptimizer::Impl::StoreStateBlock(int b, float* block) {
       StateExtent(b), std::span(reinterpret_cast<std::byte*>(block), StateBytes(buckets_[b]))));
 }
 
-Status OffloadOptimizer::Impl::ReadState(int bucket, int tensor, std::span<float> out) {
-  STRATA_RETURN_IF_ERROR(CheckBucket(bucket, "offload optimizer: ReadState"));
+Status OffloadOptimizer::Impl::CheckTensor(int bucket, int tensor, const char* what) const {
+  STRATA_RETURN_IF_ERROR(CheckBucket(bucket, what));
   const Bucket& k = buckets_[bucket];
   if (tensor < 0 || tensor >= k.num_tensors) {
-    return InvalidArgumentError(fmt::format(
-        "offload optimizer: ReadState: bucket {} has tensors 0..{} (0 = master weights), not {}",
-        bucket, k.num_tensors - 1, tensor));
-  }
-  if (static_cast<int64_t>(out.size()) != k.num_elems) {
     return InvalidArgumentError(
-        fmt::format("offload optimizer: ReadState: bucket {} has {} elements, the buffer {}",
-                    bucket, k.num_elems, out.size()));
+        fmt::format("{}: bucket {} has tensors 0..{} (0 = master weights, then {}), not {}", what,
+                    bucket, k.num_tensors - 1, LayoutString(k.sections), tensor));
   }
-  STRATA_RETURN_IF_ERROR(Synchronize());
-  HostBuffer scratch;
-  STRATA_ASSIGN_OR_RETURN(float* block, LoadStateBlock(bucket, &scratch));
-  const float* src = reinterpret_cast<const float*>(reinterpret_cast<std::byte*>(block) +
-                                                    tensor * TensorStride(k.num_elems));
-  std::memcpy(out.data(), src, k.num_elems * sizeof(float));
   return Status::Ok();
 }
 
-Status OffloadOptimizer::Impl::WriteState(int bucket, int tensor, std::span<const float> in) {
-  STRATA_RETURN_IF_ERROR(CheckBucket(bucket, "offload optimizer: WriteState"));
-  const Bucket& k = buckets_[bucket];
-  if (tensor < 0 || tensor >= k.num_tensors) {
-    return InvalidArgumentError(fmt::format(
-        "offload optimizer: WriteState: bucket {} has tensors 0..{} (0 = master weights), not {}",
-        bucket, k.num_tensors - 1, tensor));
-  }
-  if (static_cast<int64_t>(in.size()) != k.num_elems) {
-    return InvalidArgumentError(
-        fmt::format("offload optimizer: WriteState: bucket {} has {} elements, the buffer {}",
-                    bucket, k.num_elems, in.size()));
-  }
+Status OffloadOptimizer::Impl::CopyTensor(int bucket, int tensor, std::span<std::byte> out,
+                                          std::span<const std::byte> in) {
   STRATA_RETURN_IF_ERROR(Synchronize());
+  const Bucket& k = buckets_[bucket];
   HostBuffer scratch;
   STRATA_ASSIGN_OR_RETURN(float* block, LoadStateBlock(bucket, &scratch));
-  float* dst = reinterpret_cast<float*>(reinterpret_cast<std::byte*>(block) +
-                                        tensor * TensorStride(k.num_elems));
-  std::memcpy(dst, in.data(), k.num_elems * sizeof(float));
+  std::byte* at = reinterpret_cast<std::byte*>(block) + k.tensor_offsets[tensor];
+  if (!out.empty()) {
+    std::memcpy(out.data(), at, out.size());
+    return Status::Ok();
+  }
+  std::memcpy(at, in.data(), in.size());
   STRATA_RETURN_IF_ERROR(StoreStateBlock(bucket, block));
-  if (tensor == 0) STRATA_RETURN_IF_ERROR(CopyOutMasters(bucket, dst));
+  if (tensor == 0) STRATA_RETURN_IF_ERROR(CopyOutMasters(bucket, block));
   return Status::Ok();
+}
+
+Status OffloadOptimizer::Impl::ReadStateBytes(int bucket, int tensor, std::span<std::byte> out) {
+  const char* what = "offload optimizer: ReadStateBytes";
+  STRATA_RETURN_IF_ERROR(CheckTensor(bucket, tensor, what));
+  const uint64_t want = TensorBytes(buckets_[bucket], tensor);
+  if (out.size() != want) {
+    return InvalidArgumentError(fmt::format("{}: {} has {} bytes, the buffer {}", what,
+                                            TensorName(bucket, tensor), want, out.size()));
+  }
+  if (want == 0) return Synchronize();
+  return CopyTensor(bucket, tensor, out, {});
+}
+
+Status OffloadOptimizer::Impl::WriteStateBytes(int bucket, int tensor,
+                                               std::span<const std::byte> in) {
+  const char* what = "offload optimizer: WriteStateBytes";
+  STRATA_RETURN_IF_ERROR(CheckTensor(bucket, tensor, what));
+  const uint64_t want = TensorBytes(buckets_[bucket], tensor);
+  if (in.size() != want) {
+    return InvalidArgumentError(fmt::format("{}: {} has {} bytes, the buffer {}", what,
+                                            TensorName(bucket, tensor), want, in.size()));
+  }
+  if (want == 0) return Synchronize();
+  return CopyTensor(bucket, tensor, {}, in);
+}
+
+Status OffloadOptimizer::Impl::ReadState(int bucket, int tensor, std::span<float> out) {
+  const char* what = "offload optimizer: ReadState";
+  STRATA_RETURN_IF_ERROR(CheckTensor(bucket, tensor, what));
+  const Bucket& k = buckets_[bucket];
+  if (TensorIsU8(k, tensor)) {
+    return InvalidArgumentError(
+        fmt::format("{}: {} holds 8-bit codes, not fp32 values: read it with ReadStateBytes", what,
+                    TensorName(bucket, tensor)));
+  }
+  if (static_cast<int64_t>(out.size()) != TensorElems(k, tensor)) {
+    return InvalidArgumentError(fmt::format("{}: {} has {} elements, the buffer {}", what,
+                                            TensorName(bucket, tensor), TensorElems(k, tensor),
+                                            out.size()));
+  }
+  return CopyTensor(bucket, tensor, std::as_writable_bytes(out), {});
+}
+
+Status OffloadOptimizer::Impl::WriteState(int bucket, int tensor, std::span<const float> in) {
+  const char* what = "offload optimizer: WriteState";
+  STRATA_RETURN_IF_ERROR(CheckTensor(bucket, tensor, what));
+  const Bucket& k = buckets_[bucket];
+  if (TensorIsU8(k, tensor)) {
+    return InvalidArgumentError(
+        fmt::format("{}: {} holds 8-bit codes, not fp32 values: write it with WriteStateBytes",
+                    what, TensorName(bucket, tensor)));
+  }
+  if (static_cast<int64_t>(in.size()) != TensorElems(k, tensor)) {
+    return InvalidArgumentError(fmt::format("{}: {} has {} elements, the buffer {}", what,
+                                            TensorName(bucket, tensor), TensorElems(k, tensor),
+                                            in.size()));
+  }
+  return CopyTensor(bucket, tensor, {}, std::as_bytes(in));
 }
 
 Status OffloadOptimizer::Impl::ReloadMasters(int bucket) {
@@ -842,12 +993,16 @@ Status OffloadOptimizer::Impl::Save(const std::string& dir) {
     for (size_t b = 0; b < buckets_.size(); ++b) {
       const Bucket& k = buckets_[b];
       for (int t = 0; t < k.num_tensors; ++t) {
-        specs.push_back({TensorName(static_cast<int>(b), t), DType::kF32, {k.num_elems}});
+        specs.push_back({TensorName(static_cast<int>(b), t),
+                         TensorIsU8(k, t) ? TensorDType::U8() : TensorDType(DType::kF32),
+                         {TensorElems(k, t)}});
       }
       Json segs = Json::array();
       for (const OffloadSegment& seg : k.segments) segs.push_back(seg.num_elems);
-      buckets.push_back(
-          {{"group", k.group}, {"dtype", std::string(DTypeName(k.dtype))}, {"segments", segs}});
+      buckets.push_back({{"group", k.group},
+                         {"dtype", std::string(DTypeName(k.dtype))},
+                         {"segments", segs},
+                         {"shapes", k.shapes}});
     }
     const std::string file = temp + "/" + kOffloadTensorFile;
     STRATA_ASSIGN_OR_RETURN(SafetensorsWriter w,
@@ -857,9 +1012,8 @@ Status OffloadOptimizer::Impl::Save(const std::string& dir) {
       STRATA_ASSIGN_OR_RETURN(float* block, LoadStateBlock(static_cast<int>(b), &scratch));
       const Bucket& k = buckets_[b];
       for (int t = 0; t < k.num_tensors; ++t) {
-        STRATA_RETURN_IF_ERROR(w.Append(
-            std::span(reinterpret_cast<const std::byte*>(block) + t * TensorStride(k.num_elems),
-                      k.num_elems * sizeof(float))));
+        STRATA_RETURN_IF_ERROR(w.Append(std::span(
+            reinterpret_cast<const std::byte*>(block) + k.tensor_offsets[t], TensorBytes(k, t))));
       }
     }
     STRATA_ASSIGN_OR_RETURN(SafetensorsWriter::Result written, w.Finish());
@@ -927,10 +1081,16 @@ Status OffloadOptimizer::Impl::Load(const std::string& dir) {
       if (Status v = cpu_optim::Validate(o); !v.ok()) {
         return DataLossError(fmt::format("{}: group {}: {}", where, g, v.message()));
       }
-      if (cpu_optim::NumState(o) != cpu_optim::NumState(groups_[g].optimizer)) {
-        return InvalidArgumentError(fmt::format(
-            "{}: group {} has {} state buffers saved, {} here (amsgrad or SGD momentum differ)",
-            where, g, cpu_optim::NumState(o), cpu_optim::NumState(groups_[g].optimizer)));
+      for (size_t b = 0; b < buckets_.size(); ++b) {
+        const Bucket& k = buckets_[b];
+        if (k.group != static_cast<int>(g)) continue;
+        const auto saved = BucketLayout(o, k.shapes, nullptr);
+        if (!SameLayout(saved, k.sections)) {
+          return InvalidArgumentError(fmt::format(
+              "{}: group {}'s saved config gives bucket {} the state ({}), here it has ({}) "
+              "(amsgrad, SGD momentum or Adafactor's beta1 differ)",
+              where, g, b, LayoutString(saved), LayoutString(k.sections)));
+        }
       }
       const int64_t step = groups[g].at("step").get<int64_t>();
       if (step < 0) return DataLossError(fmt::format("{}: group {} step {}", where, g, step));
@@ -949,6 +1109,37 @@ Status OffloadOptimizer::Impl::Load(const std::string& dir) {
       const std::vector<int64_t> segs = jb.at("segments").get<std::vector<int64_t>>();
       std::vector<int64_t> mine;
       for (const OffloadSegment& seg : k.segments) mine.push_back(seg.num_elems);
+      // Saves before segment shapes existed hold flat segments.
+      std::vector<std::vector<int64_t>> shapes;
+      if (jb.contains("shapes")) {
+        shapes = jb.at("shapes").get<std::vector<std::vector<int64_t>>>();
+      } else {
+        for (int64_t n : segs) shapes.push_back({n});
+      }
+      // Shapes matter where they change the state layout (Adafactor): the saved shapes must
+      // give this bucket's sections and per-segment parts.
+      if (segs == mine && shapes.size() == mine.size()) {
+        std::vector<std::vector<OffloadStateRange>> saved_ranges;
+        const auto saved =
+            BucketLayout(new_optimizers[static_cast<size_t>(k.group)], shapes, &saved_ranges);
+        bool same = SameLayout(saved, k.sections);
+        for (size_t s = 0; same && s < saved_ranges.size(); ++s) {
+          for (size_t x = 0; same && x < saved_ranges[s].size(); ++x) {
+            same = saved_ranges[s][x].offset_elems == k.ranges[s][x].offset_elems &&
+                   saved_ranges[s][x].num_elems == k.ranges[s][x].num_elems;
+          }
+        }
+        if (!same) {
+          std::vector<std::string> a, h;
+          for (const auto& x : shapes) a.push_back(fmt::format("[{}]", fmt::join(x, ", ")));
+          for (const auto& x : k.shapes) h.push_back(fmt::format("[{}]", fmt::join(x, ", ")));
+          return InvalidArgumentError(fmt::format(
+              "{}: bucket {} differs: saved segment shapes {} give the state ({}); here shapes "
+              "{} give ({})",
+              where, b, fmt::join(a, " "), LayoutString(saved), fmt::join(h, " "),
+              LayoutString(k.sections)));
+        }
+      }
       if (jb.at("group").get<int>() != k.group ||
           jb.at("dtype").get<std::string>() != DTypeName(k.dtype) || segs != mine) {
         return InvalidArgumentError(fmt::format(
@@ -984,10 +1175,11 @@ Status OffloadOptimizer::Impl::Load(const std::string& dir) {
     for (int t = 0; t < k.num_tensors; ++t) {
       const std::string name = TensorName(static_cast<int>(b), t);
       const SafetensorsTensor* st = file.header.Find(name);
-      if (st == nullptr || st->dtype != DType::kF32 ||
-          st->shape != std::vector<int64_t>{k.num_elems}) {
-        return DataLossError(
-            fmt::format("{}: tensor '{}' is missing or not F32 [{}]", where, name, k.num_elems));
+      const TensorDType dtype = TensorIsU8(k, t) ? TensorDType::U8() : TensorDType(DType::kF32);
+      if (st == nullptr || !(st->dtype == dtype) ||
+          st->shape != std::vector<int64_t>{TensorElems(k, t)}) {
+        return DataLossError(fmt::format("{}: tensor '{}' is missing or not {} [{}]", where, name,
+                                         SafetensorsDTypeName(dtype), TensorElems(k, t)));
       }
     }
   }
@@ -1009,10 +1201,10 @@ Status OffloadOptimizer::Impl::Load(const std::string& dir) {
     for (int t = 0; t < k.num_tensors; ++t) {
       const std::string name = TensorName(static_cast<int>(b), t);
       const SafetensorsTensor* st = file.header.Find(name);
-      STRATA_RETURN_IF_ERROR(Fail(ReadTensorBytes(
-          file, *st, 0,
-          std::span(reinterpret_cast<std::byte*>(block) + t * TensorStride(k.num_elems),
-                    k.num_elems * sizeof(float)))));
+      STRATA_RETURN_IF_ERROR(
+          Fail(ReadTensorBytes(file, *st, 0,
+                               std::span(reinterpret_cast<std::byte*>(block) + k.tensor_offsets[t],
+                                         TensorBytes(k, t)))));
     }
     STRATA_RETURN_IF_ERROR(StoreStateBlock(static_cast<int>(b), block));
     STRATA_RETURN_IF_ERROR(CopyOutMasters(static_cast<int>(b), block));
@@ -1091,6 +1283,27 @@ Status OffloadOptimizer::ReadState(int bucket, int tensor, std::span<float> out)
 }
 Status OffloadOptimizer::WriteState(int bucket, int tensor, std::span<const float> in) {
   return impl_->WriteState(bucket, tensor, in);
+}
+Status OffloadOptimizer::ReadStateBytes(int bucket, int tensor, std::span<std::byte> out) {
+  return impl_->ReadStateBytes(bucket, tensor, out);
+}
+Status OffloadOptimizer::WriteStateBytes(int bucket, int tensor, std::span<const std::byte> in) {
+  return impl_->WriteStateBytes(bucket, tensor, in);
+}
+std::span<const cpu_optim::StateSpec> OffloadOptimizer::bucket_state_layout(int bucket) const {
+  return impl_->buckets_.at(bucket).sections;
+}
+StatusOr<OffloadStateRange> OffloadOptimizer::SegmentStateRange(int bucket, int segment,
+                                                                int tensor) const {
+  const char* what = "offload optimizer: SegmentStateRange";
+  STRATA_RETURN_IF_ERROR(impl_->CheckTensor(bucket, tensor, what));
+  const Impl::Bucket& k = impl_->buckets_[bucket];
+  if (segment < 0 || segment >= static_cast<int>(k.segments.size())) {
+    return InvalidArgumentError(fmt::format("{}: bucket {} has {} segments, not segment {}", what,
+                                            bucket, k.segments.size(), segment));
+  }
+  if (tensor == 0) return OffloadStateRange{k.offsets[segment], k.segments[segment].num_elems};
+  return k.ranges[segment][tensor - 1];
 }
 Status OffloadOptimizer::ReloadMasters(int bucket) { return impl_->ReloadMasters(bucket); }
 int64_t OffloadOptimizer::group_step(int group) const { return impl_->groups_.at(group).step; }

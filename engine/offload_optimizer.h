@@ -11,8 +11,20 @@
 //           step count (t), as torch.optim's param_groups.
 //   bucket  the unit of gradient hand-off, update and write-back: an ordered list of segments
 //           (the caller's parameter buffers, one dtype per bucket: fp32, fp16 or bf16), all of
-//           one group. Bucket b's master weights, gradient accumulator and each state tensor are
-//           flat fp32 arrays of the bucket's total length (segment after segment).
+//           one group. Bucket b's master weights and gradient accumulator are flat fp32 arrays
+//           of the bucket's total length (segment after segment).
+//   segment one tensor: the optimizer steps each segment on its own, with its shape (flat {n}
+//           unless given), through cpu_optim::UpdateState (any_optimizer.h).
+//   state   a bucket's optimizer state is the sections of cpu_optim::StateLayout: for each
+//           section name, the segments' sections of that name back to back, segment after
+//           segment (SegmentStateRange says where a segment's part lies). For the per-element
+//           kinds (AdamW, Adam, Adagrad, Lion, SGD) a section is a flat fp32 array of the
+//           bucket's length, as torch keeps it. AdamW8bit: exp_avg and exp_avg_sq are uint8
+//           codes (one per element) and exp_avg.absmax, exp_avg_sq.absmax fp32 values, one per
+//           quantization block of cpu_optim::kQuantBlockElems elements, blocks counted from
+//           each segment's start. Adafactor: exp_avg_sq_row and exp_avg_sq_col hold the rows and
+//           columns of the segments of >= 2 dimensions, exp_avg_sq the elements of the others,
+//           exp_avg (beta1 > 0) every element.
 //   micro-batch  every segment receives one gradient per micro-batch; the first after a step
 //           overwrites the accumulator, the others add to it (gradient accumulation: a sum, as
 //           torch's .grad; dividing the loss by the number of micro-batches is the caller's).
@@ -107,6 +119,17 @@ struct OffloadOptimizerOptions {
 struct OffloadSegment {
   void* data = nullptr;
   int64_t num_elems = 0;
+  // The tensor's shape (row-major, product num_elems; dimensions > 0); empty = flat {num_elems}.
+  // Only Adafactor's state depends on it (tensors of >= 2 dimensions are factored).
+  std::vector<int64_t> shape;
+};
+
+// Where segment s's part of a state section lies inside the bucket's section, in elements of
+// the section's dtype: [offset_elems, offset_elems + num_elems). num_elems is 0 when the segment
+// has no part in that section (an Adafactor vector in exp_avg_sq_row).
+struct OffloadStateRange {
+  int64_t offset_elems = 0;
+  int64_t num_elems = 0;
 };
 
 struct OffloadStepOptions {
@@ -158,8 +181,8 @@ class OffloadOptimizer {
   // cpu_optim::Validate rejects.
   StatusOr<int> AddGroup(const cpu_optim::AnyOptimizer& optimizer);
   // Replaces a group's hyper-parameters from the next update on (a learning-rate schedule).
-  // The kind and the number of state buffers must stay (kInvalidArgument otherwise: amsgrad or
-  // SGD momentum cannot be switched on or off).
+  // The kind and the state layout of every bucket of the group must stay (kInvalidArgument
+  // otherwise: amsgrad, SGD momentum or Adafactor's beta1 > 0 cannot be switched on or off).
   Status SetGroupOptimizer(int group, const cpu_optim::AnyOptimizer& optimizer);
   const cpu_optim::AnyOptimizer& group_optimizer(int group) const;
   int num_groups() const;
@@ -167,8 +190,9 @@ class OffloadOptimizer {
   // A new bucket of `group` over the caller's segments (their index, 0, 1, ... is the update
   // order: put buckets in the order the next forward uses them). param_dtype kF32, kF16 or
   // kBF16. Reads the segments into the master weights (exactly widened) and initializes the
-  // state (InitialStateValue), in host memory or on NVMe. Every segment has num_elems > 0 and a
-  // non-null data aligned to its elements; segments of one optimizer must not overlap.
+  // state (cpu_optim::InitializeState), in host memory or on NVMe. Every segment has
+  // num_elems > 0, a non-null data aligned to its elements and a shape that is empty or whose
+  // product is num_elems; segments of one optimizer must not overlap.
   // kFailedPrecondition after the first gradient, staging buffer or Step. Swap-store errors
   // (kResourceExhausted for a full drive) leave no bucket behind and are sticky (the failed
   // extent keeps its name in the store): make a new optimizer with room on the drive.
@@ -221,13 +245,27 @@ class OffloadOptimizer {
 
   // --- State access (waits for the work in flight first) -------------------------------------
 
-  // Tensor `tensor` of a bucket, bucket_num_elems(bucket) fp32 elements: 0 = master weights,
-  // 1 + i = state buffer i of the group's optimizer (cpu_optim::StateName). Read from host memory
-  // or the swap store (checksum verified).
+  // A bucket's tensors: 0 = the master weights (fp32, bucket_num_elems), 1 + i = state section
+  // i of bucket_state_layout(bucket) (name, dtype, element count; initial_value/initial_code
+  // are what AddBucket wrote). The span stays valid until the optimizer is destroyed.
+  std::span<const cpu_optim::StateSpec> bucket_state_layout(int bucket) const;
+  // Segment `segment`'s part of tensor `tensor` of a bucket (tensor 0: the segment's elements).
+  // kInvalidArgument for unknown indices.
+  StatusOr<OffloadStateRange> SegmentStateRange(int bucket, int segment, int tensor) const;
+
+  // Tensor `tensor` of a bucket as fp32 values: the master weights, or an fp32 section (its
+  // num_elems values). kInvalidArgument for an unknown tensor, a size mismatch or a uint8
+  // section (use ReadStateBytes). Read from host memory or the swap store (checksum verified).
   Status ReadState(int bucket, int tensor, std::span<float> out);
-  // Replaces tensor `tensor` of a bucket (e.g. torch's load_state_dict). Writing the master
-  // weights (tensor 0) also writes them, rounded, into the caller's segments.
+  // Replaces tensor `tensor` of a bucket (e.g. torch's load_state_dict); same checks. Writing
+  // the master weights (tensor 0) also writes them, rounded, into the caller's segments.
   Status WriteState(int bucket, int tensor, std::span<const float> in);
+  // The same for any tensor as raw bytes: num_elems * 4 bytes of fp32 (host byte order) or
+  // num_elems bytes of uint8 codes; kInvalidArgument for another size. A uint8 code may be any
+  // value (each indexes the 256-value map); an absmax written with a non-finite or negative
+  // value makes the dequantized state non-finite, as in any fp32 state.
+  Status ReadStateBytes(int bucket, int tensor, std::span<std::byte> out);
+  Status WriteStateBytes(int bucket, int tensor, std::span<const std::byte> in);
   // Reads the caller's segments into the master weights again (after the caller loaded new
   // weights into its model).
   Status ReloadMasters(int bucket);
@@ -237,16 +275,19 @@ class OffloadOptimizer {
   // --- Checkpoints ----------------------------------------------------------------------------
 
   // Writes the whole optimizer state to directory `dir` (created; replaced when it exists) as
-  //   optimizer.safetensors  per bucket b: "bucket{b}.master" and "bucket{b}.<state name>", F32,
+  //   optimizer.safetensors  per bucket b: "bucket{b}.master" (F32) and "bucket{b}.<section
+  //                          name>" (F32, or U8 for 8-bit codes), one dimension each,
   //                          streamed bucket by bucket (host memory use: one bucket)
   //   manifest.json          format "strata-offload-optimizer", version, groups (kind, every
   //                          hyper-parameter, step count), buckets (group, dtype, segment
-  //                          lengths), and the size and xxh3 of optimizer.safetensors
+  //                          lengths and shapes), and the size and xxh3 of
+  //                          optimizer.safetensors
   // into a temporary sibling directory that is fsynced and renamed over `dir`: a crash leaves
   // either the old or the new state. The caller's parameters are not saved (the model's).
   Status Save(const std::string& dir);
-  // Restores a state written by Save into an optimizer with the same groups (kinds) and buckets
-  // (dtypes, segment lengths): masters, state, hyper-parameters and step counts; the caller's
+  // Restores a state written by Save into an optimizer with the same groups (kinds, state
+  // layouts) and buckets (dtypes, segment lengths and shapes; a save without shapes is flat):
+  // masters, state, hyper-parameters and step counts; the caller's
   // segments receive the loaded master weights. Everything is checked (manifest, sizes, xxh3,
   // tensor names and shapes) before anything changes: kInvalidArgument naming the first
   // difference in structure, kDataLoss for a damaged file, kFailedPrecondition for another

@@ -9,6 +9,10 @@
  *     gradients are the caller's, laid out as torch.optim keeps them (one flat
  *     fp32 buffer per state tensor: exp_avg, exp_avg_sq, ...), so a PyTorch
  *     state_dict can be used as is. Nothing is retained after a call returns.
+ *     AdamW8bit and Adafactor keep state that is not one fp32 value per parameter
+ *     (8-bit codes, per-block scales, factored rows and columns): their state is
+ *     described by strata_optimizer_state_layout and stepped by
+ *     strata_optimizer_step_state (since 0.4), which serve every kind.
  *   - Explicit dtypes (strata_dtype) and lengths in ELEMENTS (num_elems), never
  *     bytes. No alignment is required (64-byte aligned buffers are faster).
  *   - Every fallible function returns a strata_status (the codes of
@@ -54,7 +58,7 @@ extern "C" {
  * program built against this header runs with any libstrata.so.0 whose major
  * version is the same and whose minor version is at least this one. */
 #define STRATA_VERSION_MAJOR 0
-#define STRATA_VERSION_MINOR 3
+#define STRATA_VERSION_MINOR 4
 #define STRATA_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH, comparable with strata_version_number(). */
 #define STRATA_VERSION_NUMBER \
@@ -151,7 +155,27 @@ typedef enum strata_optimizer_kind STRATA_ENUM_INT {
    * momentum in deep learning", ICML 2013). Config: strata_sgd_config. State
    * buffers: momentum_buffer when momentum != 0, none when momentum == 0
    * (strata_optimizer_num_state says which). */
-  STRATA_OPTIMIZER_SGD = 5
+  STRATA_OPTIMIZER_SGD = 5,
+  /* AdamW with 8-bit block-wise quantized moments (since 0.4): Dettmers, Lewis,
+   * Shleifer & Zettlemoyer, "8-bit Optimizers via Block-wise Quantization", ICLR
+   * 2022 (dynamic tree quantization; one fp32 absmax per block of 2048 values).
+   * Config: strata_adamw_config (decoupled weight decay as ADAMW; amsgrad must be
+   * 0). The update is AdamW's formulas on the dequantized moments, after which m
+   * and v are re-quantized (cpu_optim/adamw8bit.h has the exact definition).
+   * State sections (strata_optimizer_state_layout), for a tensor of n elements:
+   * exp_avg (U8, n codes, start 127), exp_avg.absmax (F32, ceil(n / 2048), start 0),
+   * exp_avg_sq (U8, n codes, start 0), exp_avg_sq.absmax (F32, ceil(n / 2048),
+   * start 0): about 2 bytes per parameter instead of 8. Stepped only by
+   * strata_optimizer_step_state (strata_optimizer_num_state is 0). */
+  STRATA_OPTIMIZER_ADAMW8BIT = 6,
+  /* Adafactor (since 0.4): Shazeer & Stern, "Adafactor: Adaptive Learning Rates
+   * with Sublinear Memory Cost", ICML 2018, with Hugging Face transformers'
+   * options. Config: strata_adafactor_config. A tensor of >= 2 dimensions keeps a
+   * factored second moment: exp_avg_sq_row (F32, prod(shape[:-1]) values) and
+   * exp_avg_sq_col (F32, shape[-1] values); another keeps exp_avg_sq (F32, one per
+   * element); beta1 > 0 adds exp_avg (F32, one per element). All start at 0.
+   * Stepped only by strata_optimizer_step_state, which takes the tensor's shape. */
+  STRATA_OPTIMIZER_ADAFACTOR = 7
 } strata_optimizer_kind;
 
 /* Hyper-parameters of AdamW and Adam, with torch.optim's meaning. Per element, in
@@ -260,6 +284,43 @@ typedef struct strata_sgd_config {
  * lr) and sets struct_size. */
 STRATA_API void strata_sgd_config_init(strata_sgd_config* config);
 
+/* Hyper-parameters of Adafactor (since 0.4), with the names and meaning of
+ * Hugging Face transformers' Adafactor. Per tensor, t = the step argument of
+ * strata_optimizer_step_state, RMS(x) = sqrt(mean(x^2)) over the tensor:
+ *   g = float(grad) * grad_scale;   maximize != 0:  g = -g
+ *   lr_t = relative_step ? min(warmup_init ? 1e-6 * t : 1e-2, 1 / sqrt(t)) : lr
+ *   scale_parameter != 0:  lr_t = lr_t * max(eps2, RMS(p))
+ *   beta2t = 1 - t^decay_rate;   u = g * g + eps1
+ *   >= 2 dims, as a (rows = prod(shape[:-1]), cols = shape[-1]) matrix:
+ *     R = beta2t * R + (1 - beta2t) * row means of u;  C likewise with column means
+ *     update = rsqrt(R[i] / mean(R)) * rsqrt(C[j]) * g
+ *   otherwise:  V = beta2t * V + (1 - beta2t) * u;  update = rsqrt(V) * g
+ *   update = update * (lr_t / max(1, RMS(update) / clip_threshold))
+ *   beta1 > 0:  M = beta1 * M + (1 - beta1) * update;  update = M
+ *   weight_decay != 0:  p = p * (1 - weight_decay * lr_t);   p = p - update
+ * Scalars in fp64 rounded once, element-wise arithmetic fp32, reductions as fp64
+ * sums in a fixed order (cpu_optim/adafactor.h): bit-identical on every thread
+ * count and ISA. Valid values: lr, eps1, eps2, weight_decay finite and >= 0;
+ * clip_threshold finite and > 0; decay_rate finite and <= 0; beta1 in [0, 1);
+ * warmup_init needs relative_step. */
+typedef struct strata_adafactor_config {
+  size_t struct_size;   /* = sizeof(strata_adafactor_config); checked */
+  float lr;             /* used when relative_step == 0; default 1e-3 */
+  float eps1;           /* added to g^2; default 1e-30 */
+  float eps2;           /* lower bound of RMS(p) with scale_parameter; default 1e-3 */
+  float clip_threshold; /* update clipping; default 1 */
+  float decay_rate;     /* beta2t = 1 - t^decay_rate; default -0.8 */
+  float beta1;          /* default 0: no first moment (no exp_avg section) */
+  float weight_decay;   /* default 0 */
+  int relative_step;    /* default 0 (transformers' default is 1, with lr None) */
+  int scale_parameter;  /* default 0 */
+  int warmup_init;      /* default 0 */
+  int maximize;         /* default 0 */
+} strata_adafactor_config;
+
+/* Fills *config with the defaults above and sets struct_size. */
+STRATA_API void strata_adafactor_config_init(strata_adafactor_config* config);
+
 /* Threading options of an optimizer handle. */
 typedef struct strata_optimizer_options {
   size_t struct_size; /* = sizeof(strata_optimizer_options); checked (the 0.1.0 layout,
@@ -312,7 +373,8 @@ STRATA_API strata_status strata_optimizer_set_config(strata_optimizer* optimizer
 
 /* The handle's kind; the number of state buffers strata_optimizer_step expects
  * with its current config (AdamW, Adam: 2, or 3 with amsgrad; Adagrad, Lion: 1;
- * SGD: 1, or 0 when momentum == 0). Both are 0 for a NULL handle. */
+ * SGD: 1, or 0 when momentum == 0; AdamW8bit, Adafactor: 0, they are stepped by
+ * strata_optimizer_step_state). Both are 0 for a NULL handle. */
 STRATA_API strata_optimizer_kind strata_optimizer_get_kind(const strata_optimizer* optimizer);
 STRATA_API int strata_optimizer_num_state(const strata_optimizer* optimizer);
 
@@ -345,6 +407,78 @@ STRATA_API strata_status strata_optimizer_step(const strata_optimizer* optimizer
                                                int num_state, const void* grad,
                                                strata_dtype grad_dtype, void* copy_out,
                                                strata_dtype copy_out_dtype, int64_t num_elems);
+
+/* ---- State of any kind: layout, initial values, step (since 0.4) ----
+ *
+ * An optimizer's state for one tensor is a list of sections, each a buffer of
+ * fp32 values or of 8-bit codes whose size may depend on the tensor's shape (see
+ * strata_optimizer_kind). For AdamW, Adam, Adagrad, Lion and SGD the sections are
+ * the state buffers of strata_optimizer_step (num_elems fp32 values each), so the
+ * calls below serve every kind. */
+
+/* A section's element type. */
+typedef enum strata_state_dtype STRATA_ENUM_INT {
+  STRATA_STATE_F32 = 0, /* IEEE binary32, host byte order; 4-byte aligned buffers */
+  STRATA_STATE_U8 = 1   /* uint8 codes (indices into a quantization map); any alignment */
+} strata_state_dtype;
+
+/* The most sections any kind has (a bound for arrays of strata_state_section). */
+#define STRATA_MAX_STATE_SECTIONS 8
+
+/* One section of a tensor's state. The layout of this struct never changes; a
+ * later version adds fields through a new struct and function. */
+typedef struct strata_state_section {
+  char name[48];            /* NUL-terminated: "exp_avg", "exp_avg.absmax", "exp_avg_sq_row", ...
+                               (torch.optim's key where there is one) */
+  strata_state_dtype dtype; /* STRATA_STATE_F32 or STRATA_STATE_U8 */
+  int64_t num_elems;        /* elements (values or codes) */
+  int64_t size_bytes;       /* num_elems * 4 (F32) or num_elems (U8) */
+  float initial_value;      /* F32: what every element starts at */
+  int initial_code;         /* U8: the code every element starts at (0..255) */
+} strata_state_section;
+
+/* The state sections of one tensor of shape shape[0..ndim) (row-major; ndim >= 0,
+ * ndim 0 = a scalar; every dimension > 0) for the handle's kind and current
+ * config: *num_sections receives their count (0..STRATA_MAX_STATE_SECTIONS), and
+ * the first min(count, max_sections) are written to sections (which may be NULL
+ * when max_sections is 0: a query of the count). Errors (INVALID_ARGUMENT, nothing
+ * written): NULL handle or num_sections, shape NULL with ndim > 0, ndim < 0, a
+ * dimension <= 0, sections NULL with max_sections > 0. Thread-safe as
+ * strata_optimizer_step. */
+STRATA_API strata_status strata_optimizer_state_layout(const strata_optimizer* optimizer,
+                                                       const int64_t* shape, int ndim,
+                                                       strata_state_section* sections,
+                                                       int max_sections, int* num_sections);
+
+/* Writes each section's initial value (initial_value / initial_code) into state,
+ * num_sections buffers of the layout's sizes, in its order (e.g. before a first
+ * step). Errors as strata_optimizer_state_layout, and INVALID_ARGUMENT for
+ * num_sections different from the layout's or a NULL buffer. */
+STRATA_API strata_status strata_optimizer_init_state(const strata_optimizer* optimizer,
+                                                     const int64_t* shape, int ndim,
+                                                     void* const* state, int num_sections);
+
+/* One step of any kind over one tensor of shape shape[0..ndim) (num_elems =
+ * the product of the dimensions; 1 for ndim 0):
+ *   params      num_elems fp32 master weights, updated in place;
+ *   state       num_sections buffers, one per section of
+ *               strata_optimizer_state_layout for this shape, in that order, each
+ *               state_size_bytes[i] == the section's size_bytes (F32 sections
+ *               4-byte aligned), updated in place;
+ *   grad, grad_dtype, copy_out, copy_out_dtype, step, grad_scale  as
+ *               strata_optimizer_step.
+ * Numerics as the kind's definition above; for the per-element kinds the same
+ * bits as strata_optimizer_step. No buffer may overlap another. Errors (nothing
+ * modified): INVALID_ARGUMENT for the layout's errors, a section count or size
+ * that differs from the layout (the message names the section), a NULL pointer,
+ * an unknown dtype, step < 1, a non-finite grad_scale, a rejected config (AdamW8bit
+ * with amsgrad); RESOURCE_EXHAUSTED / INTERNAL as strata_optimizer_step
+ * (Adafactor allocates fp64 partial sums of about num_elems / 64 values). */
+STRATA_API strata_status strata_optimizer_step_state(
+    const strata_optimizer* optimizer, int64_t step, float grad_scale, float* params,
+    const int64_t* shape, int ndim, void* const* state, const int64_t* state_size_bytes,
+    int num_sections, const void* grad, strata_dtype grad_dtype, void* copy_out,
+    strata_dtype copy_out_dtype);
 
 /* ---------------------------------------------------------------------------
  * Gradient passes (stateless; run on the calling thread and oneTBB's default
@@ -514,6 +648,20 @@ STRATA_API strata_status strata_offload_add_bucket(strata_offload* offload, int 
 /* Elements of a bucket (the sum of its segments), or -1 for an unknown bucket. */
 STRATA_API int64_t strata_offload_bucket_num_elems(const strata_offload* offload, int bucket);
 
+/* strata_offload_add_bucket with the segments' shapes (since 0.4): segment i is a
+ * tensor of shape segment_shapes[i][0..segment_ndims[i]) (dimensions > 0 whose
+ * product is segment_num_elems[i]); segment_shapes NULL, or segment_ndims[i] == 0,
+ * means flat. Only Adafactor's state depends on shapes (tensors of >= 2 dimensions
+ * are factored); every kind steps each segment as one tensor (AdamW8bit's
+ * quantization blocks start at each segment). The shapes are copied. Errors as
+ * strata_offload_add_bucket, and INVALID_ARGUMENT for a shape that does not
+ * match its length (segment_ndims NULL with segment_shapes set, a NULL shape
+ * with ndim > 0, a dimension <= 0). */
+STRATA_API strata_status strata_offload_add_bucket_shaped(
+    strata_offload* offload, int group, strata_dtype param_dtype, void* const* segments,
+    const int64_t* segment_num_elems, const int64_t* const* segment_shapes,
+    const int* segment_ndims, int num_segments, int* bucket);
+
 /* A staging buffer for one whole-bucket gradient of grad_dtype: the bucket's
  * element count, 64-byte aligned, pinned when pin_memory. Blocks until a buffer
  * is free. Fill it and hand it back with strata_offload_submit_grad(bucket, -1,
@@ -575,21 +723,57 @@ STRATA_API strata_status strata_offload_wait_bucket(strata_offload* offload, int
 /* Waits for every fold and update. */
 STRATA_API strata_status strata_offload_synchronize(strata_offload* offload);
 
-/* The number of state tensors of a bucket's group (strata_optimizer_num_state),
- * and the name of tensor `tensor`: 0 "master", 1.. the state's ("exp_avg",
- * "exp_avg_sq", ...; torch.optim's keys). NULL / -1 for unknown indices. */
+/* The number of state tensors (sections) of a bucket, and the name of tensor
+ * `tensor`: 0 "master", 1.. the state's ("exp_avg", "exp_avg_sq", ...; torch.optim's
+ * keys; AdamW8bit's and Adafactor's section names). A bucket's section is the
+ * sections of that name of its segments (each one tensor, see
+ * strata_offload_add_bucket_shaped), back to back, segment after segment; for
+ * AdamW, Adam, Adagrad, Lion and SGD that is one fp32 value per element of the
+ * bucket, as before 0.4. NULL / -1 for unknown indices. */
 STRATA_API int strata_offload_bucket_num_state(const strata_offload* offload, int bucket);
 STRATA_API const char* strata_offload_tensor_name(const strata_offload* offload, int bucket,
                                                   int tensor);
 
-/* Reads / replaces tensor `tensor` (0 master weights, 1 + i state buffer i) of a
- * bucket: bucket_num_elems fp32 values. Waits for the work in flight first.
- * Writing the master weights also writes them, rounded, into the caller's
- * segments. */
+/* Reads / replaces tensor `tensor` (0 master weights, 1 + i section i) of a
+ * bucket as fp32 values: num_elems must be the tensor's element count
+ * (bucket_num_elems for the masters and the per-element kinds' state; the
+ * section's num_elems otherwise). Waits for the work in flight first. Writing the
+ * master weights also writes them, rounded, into the caller's segments. Errors:
+ * INVALID_ARGUMENT for unknown indices, a NULL buffer, another count, or an 8-bit
+ * section (use strata_offload_read_state_bytes). */
 STRATA_API strata_status strata_offload_read_state(strata_offload* offload, int bucket, int tensor,
                                                    float* out, int64_t num_elems);
 STRATA_API strata_status strata_offload_write_state(strata_offload* offload, int bucket, int tensor,
                                                     const float* in, int64_t num_elems);
+
+/* Tensor `tensor` of a bucket described (since 0.4): tensor 0 is "master" (F32,
+ * bucket_num_elems); 1 + i is section i. Errors: INVALID_ARGUMENT for a NULL
+ * handle or out, unknown indices. */
+STRATA_API strata_status strata_offload_state_section(const strata_offload* offload, int bucket,
+                                                      int tensor, strata_state_section* out);
+
+/* Where segment `segment`'s part of tensor `tensor` lies inside the bucket's
+ * tensor, in elements of its dtype: [*offset_elems, *offset_elems + *num_elems);
+ * *num_elems is 0 when the segment has no part in it (a 1-D tensor has no
+ * Adafactor rows). With strata_optimizer_state_layout of the segment's shape it
+ * gives a per-parameter state_dict. Errors: INVALID_ARGUMENT for NULL pointers
+ * or unknown indices. */
+STRATA_API strata_status strata_offload_segment_state_range(const strata_offload* offload,
+                                                            int bucket, int segment, int tensor,
+                                                            int64_t* offset_elems,
+                                                            int64_t* num_elems);
+
+/* Reads / replaces tensor `tensor` of a bucket as raw bytes, any kind (since
+ * 0.4): size_bytes must be the tensor's size_bytes (F32 in host byte order, or U8
+ * codes). Waits for the work in flight first; writing the masters also writes the
+ * caller's segments. Errors: INVALID_ARGUMENT for unknown indices, a NULL buffer,
+ * another size; the errors of the work in flight and of the swap store. */
+STRATA_API strata_status strata_offload_read_state_bytes(strata_offload* offload, int bucket,
+                                                         int tensor, void* out,
+                                                         int64_t size_bytes);
+STRATA_API strata_status strata_offload_write_state_bytes(strata_offload* offload, int bucket,
+                                                          int tensor, const void* in,
+                                                          int64_t size_bytes);
 
 /* Reads the caller's segments into the bucket's master weights again (after the
  * caller loaded new weights into its model). */

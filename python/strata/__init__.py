@@ -22,7 +22,7 @@ from strata._lib import (
     library_version,
 )
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 __all__ = [
     "StrataError",

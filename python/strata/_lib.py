@@ -16,7 +16,7 @@ import threading
 # The C API major version this package speaks (STRATA_VERSION_MAJOR), and the
 # minor version that has every function declared below.
 ABI_MAJOR = 0
-ABI_MINOR = 3
+ABI_MINOR = 4
 
 # strata_dtype
 DTYPE_F32 = 0
@@ -37,6 +37,13 @@ OPTIMIZER_ADAM = 2
 OPTIMIZER_ADAGRAD = 3
 OPTIMIZER_LION = 4
 OPTIMIZER_SGD = 5
+OPTIMIZER_ADAMW8BIT = 6
+OPTIMIZER_ADAFACTOR = 7
+
+# strata_state_dtype
+STATE_F32 = 0
+STATE_U8 = 1
+MAX_STATE_SECTIONS = 8
 
 # strata_offload_device
 OFFLOAD_CPU = 0
@@ -102,6 +109,36 @@ class SgdConfig(ctypes.Structure):
         ("weight_decay", ctypes.c_float),
         ("nesterov", ctypes.c_int),
         ("maximize", ctypes.c_int),
+    ]
+
+
+class AdafactorConfig(ctypes.Structure):
+    """strata_adafactor_config."""
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("lr", ctypes.c_float),
+        ("eps1", ctypes.c_float),
+        ("eps2", ctypes.c_float),
+        ("clip_threshold", ctypes.c_float),
+        ("decay_rate", ctypes.c_float),
+        ("beta1", ctypes.c_float),
+        ("weight_decay", ctypes.c_float),
+        ("relative_step", ctypes.c_int),
+        ("scale_parameter", ctypes.c_int),
+        ("warmup_init", ctypes.c_int),
+        ("maximize", ctypes.c_int),
+    ]
+
+
+class StateSection(ctypes.Structure):
+    """strata_state_section."""
+    _fields_ = [
+        ("name", ctypes.c_char * 48),
+        ("dtype", ctypes.c_int),
+        ("num_elems", ctypes.c_int64),
+        ("size_bytes", ctypes.c_int64),
+        ("initial_value", ctypes.c_float),
+        ("initial_code", ctypes.c_int),
     ]
 
 
@@ -215,6 +252,7 @@ def _declare(lib):
         "strata_adagrad_config_init": (None, [ctypes.POINTER(AdagradConfig)]),
         "strata_lion_config_init": (None, [ctypes.POINTER(LionConfig)]),
         "strata_sgd_config_init": (None, [ctypes.POINTER(SgdConfig)]),
+        "strata_adafactor_config_init": (None, [ctypes.POINTER(AdafactorConfig)]),
         "strata_optimizer_options_init": (None, [ctypes.POINTER(OptimizerOptions)]),
         "strata_optimizer_create": (
             c_int, [c_int, c_void_p, ctypes.POINTER(OptimizerOptions), ctypes.POINTER(c_void_p)]),
@@ -224,6 +262,15 @@ def _declare(lib):
         "strata_optimizer_step": (
             c_int, [c_void_p, c_int64, c_float, c_void_p, ctypes.POINTER(c_void_p), c_int,
                     c_void_p, c_int, c_void_p, c_int, c_int64]),
+        "strata_optimizer_state_layout": (
+            c_int, [c_void_p, ctypes.POINTER(c_int64), c_int, ctypes.POINTER(StateSection), c_int,
+                    ctypes.POINTER(c_int)]),
+        "strata_optimizer_init_state": (
+            c_int, [c_void_p, ctypes.POINTER(c_int64), c_int, ctypes.POINTER(c_void_p), c_int]),
+        "strata_optimizer_step_state": (
+            c_int, [c_void_p, c_int64, c_float, c_void_p, ctypes.POINTER(c_int64), c_int,
+                    ctypes.POINTER(c_void_p), ctypes.POINTER(c_int64), c_int, c_void_p, c_int,
+                    c_void_p, c_int]),
         "strata_grad_stats_compute": (
             c_int, [c_void_p, c_int, c_int64, c_float, ctypes.POINTER(GradStats)]),
         "strata_grad_accumulate": (
@@ -243,6 +290,17 @@ def _declare(lib):
             c_int, [c_void_p, c_int, c_int, ctypes.POINTER(c_void_p), ctypes.POINTER(c_int64),
                     c_int, ctypes.POINTER(c_int)]),
         "strata_offload_bucket_num_elems": (c_int64, [c_void_p, c_int]),
+        "strata_offload_add_bucket_shaped": (
+            c_int, [c_void_p, c_int, c_int, ctypes.POINTER(c_void_p), ctypes.POINTER(c_int64),
+                    ctypes.POINTER(ctypes.POINTER(c_int64)), ctypes.POINTER(c_int), c_int,
+                    ctypes.POINTER(c_int)]),
+        "strata_offload_state_section": (
+            c_int, [c_void_p, c_int, c_int, ctypes.POINTER(StateSection)]),
+        "strata_offload_segment_state_range": (
+            c_int, [c_void_p, c_int, c_int, c_int, ctypes.POINTER(c_int64),
+                    ctypes.POINTER(c_int64)]),
+        "strata_offload_read_state_bytes": (c_int, [c_void_p, c_int, c_int, c_void_p, c_int64]),
+        "strata_offload_write_state_bytes": (c_int, [c_void_p, c_int, c_int, c_void_p, c_int64]),
         "strata_offload_acquire_staging": (
             c_int, [c_void_p, c_int, c_int, ctypes.POINTER(c_void_p)]),
         "strata_offload_submit_grad": (

@@ -17,6 +17,13 @@ bf16 or fp16, None to skip a parameter. 16-bit gradients are widened exactly
 inside the kernel, with no fp32 copy. step(copy_out=...) writes the updated
 weights as bf16/fp16 (e.g. a 16-bit model's weights) in the same pass.
 
+AdamW8bit and Adafactor keep state that is not one fp32 tensor per parameter; their
+state_dict holds each state section of the C API as a tensor: AdamW8bit 'exp_avg'
+and 'exp_avg_sq' as uint8 codes shaped like the parameter and 'exp_avg.absmax',
+'exp_avg_sq.absmax' as fp32 vectors (one per block of 2048 elements); Adafactor
+'exp_avg_sq_row' and 'exp_avg_sq_col' (fp32 vectors, parameters of >= 2 dims) or
+'exp_avg_sq' (shaped like the parameter), and 'exp_avg' with beta1 > 0.
+
 Adding an optimizer is one small class: its torch twin, its strata kind and state
 names, and how a param group becomes its C config struct.
 """
@@ -31,7 +38,7 @@ from torch.optim.optimizer import required as _REQUIRED
 from strata import _lib
 from strata._tensors import DTYPES, check_cpu_contiguous, dtype_code
 
-__all__ = ["Adagrad", "Adam", "AdamW", "Lion", "SGD"]
+__all__ = ["Adafactor", "Adagrad", "Adam", "AdamW", "AdamW8bit", "Lion", "SGD"]
 
 _GRAD_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -551,5 +558,182 @@ class Lion(_StrataOptimizer):
         config.lr = group["lr"]
         config.beta1, config.beta2 = group["betas"]
         config.weight_decay = group["weight_decay"]
+        config.maximize = int(bool(group.get("maximize", False)))
+        return config
+
+
+class _SectionOptimizer(_StrataOptimizer):
+    """Base of the optimizers whose state is described by the C API's state layout
+    (strata_optimizer_state_layout) and stepped by strata_optimizer_step_state: each
+    section is a state tensor, uint8 or float32, shaped like the parameter when it
+    has one value per element, else 1-D."""
+
+    def _stored_keys(self, group, state):
+        return ()  # checked against the layout in step()
+
+    def load_state_dict(self, state_dict):
+        # torch.optim casts every state tensor to the parameter's dtype: the uint8 codes
+        # are put back as they were saved (bit for bit).
+        super().load_state_dict(state_dict)
+        params = [p for g in self.param_groups for p in g["params"]]
+        ids = [i for g in state_dict["param_groups"] for i in g["params"]]
+        for p, i in zip(params, ids):
+            saved = state_dict["state"].get(i)
+            for key, value in (saved or {}).items():
+                if torch.is_tensor(value) and value.dtype == torch.uint8:
+                    self.state[p][key] = value.detach().to("cpu").clone().contiguous()
+
+    def _layout(self, handle, p):
+        library = _lib.lib()
+        shape = (ctypes.c_int64 * max(p.dim(), 1))(*p.shape)
+        sections = (_lib.StateSection * _lib.MAX_STATE_SECTIONS)()
+        count = ctypes.c_int()
+        _lib.check(library.strata_optimizer_state_layout(handle, shape, p.dim(), sections,
+                                                         _lib.MAX_STATE_SECTIONS,
+                                                         ctypes.byref(count)))
+        return shape, list(sections[:count.value])
+
+    @staticmethod
+    def _section_tensor(section, p):
+        dtype = torch.uint8 if section.dtype == _lib.STATE_U8 else torch.float32
+        fill = section.initial_code if section.dtype == _lib.STATE_U8 else section.initial_value
+        shape = p.shape if section.num_elems == p.numel() else (section.num_elems,)
+        return torch.full(shape, fill, dtype=dtype)
+
+    @torch.no_grad()
+    def step(self, closure=None, *, grads=None, grad_scale=1.0, copy_out=None):
+        """As strata.optim.AdamW.step (grads, grad_scale, copy_out)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if not math.isfinite(grad_scale):
+            raise ValueError(f"grad_scale must be finite, got {grad_scale}")
+        work = self._collect(grads, copy_out)
+        if not work:
+            return loss
+        library = _lib.lib()
+        handle = self._get_handle()
+        plan = []
+        current_group = None
+        # Check every state first: nothing changes when one is wrong.
+        for group, p, g, out in work:
+            if group is not current_group:
+                config = self._config(group)
+                _lib.check(library.strata_optimizer_set_config(handle, ctypes.byref(config)))
+                current_group = group
+            shape, sections = self._layout(handle, p)
+            state = self.state.get(p)
+            if state:
+                for sec in sections:
+                    key = sec.name.decode()
+                    t = state.get(key)
+                    want = torch.uint8 if sec.dtype == _lib.STATE_U8 else torch.float32
+                    what = f"{self._name()}: state['{key}'] of a parameter of shape {tuple(p.shape)}"
+                    if t is None:
+                        raise ValueError(f"{what} is missing (a state_dict of another optimizer, "
+                                         "or other options?)")
+                    if (not torch.is_tensor(t) or t.dtype != want or t.numel() != sec.num_elems
+                            or t.device.type != "cpu" or not t.is_contiguous()):
+                        raise ValueError(f"{what} must be a contiguous CPU {want} tensor of "
+                                         f"{sec.num_elems} elements")
+            plan.append((group, p, g, out, shape, sections))
+        current_group = None
+        for group, p, g, out, shape, sections in plan:
+            if group is not current_group:
+                config = self._config(group)
+                _lib.check(library.strata_optimizer_set_config(handle, ctypes.byref(config)))
+                current_group = group
+            state = self.state[p]
+            if len(state) == 0:
+                state["step"] = torch.tensor(0.0)
+                for sec in sections:
+                    state[sec.name.decode()] = self._section_tensor(sec, p)
+            state["step"] += 1
+            t = int(state["step"].item())
+            n = max(len(sections), 1)
+            ptrs = (ctypes.c_void_p * n)(*[state[s.name.decode()].data_ptr() for s in sections])
+            sizes = (ctypes.c_int64 * n)(*[s.size_bytes for s in sections])
+            _lib.check(library.strata_optimizer_step_state(
+                handle, t, float(grad_scale), p.data_ptr(), shape, p.dim(), ptrs, sizes,
+                len(sections), g.data_ptr(), DTYPES[g.dtype],
+                None if out is None else out.data_ptr(),
+                _lib.DTYPE_F32 if out is None else DTYPES[out.dtype]))
+        return loss
+
+
+class AdamW8bit(_SectionOptimizer):
+    """AdamW with 8-bit block-wise quantized moments (Dettmers et al., "8-bit
+    Optimizers via Block-wise Quantization", ICLR 2022): the arguments of
+    torch.optim.AdamW (amsgrad is not supported) and about 2 bytes of state per
+    parameter instead of 8. Each parameter is its own tensor: quantization blocks
+    of 2048 elements start at its first element. state_dict per parameter: 'step',
+    'exp_avg' and 'exp_avg_sq' (uint8 codes shaped like the parameter),
+    'exp_avg.absmax' and 'exp_avg_sq.absmax' (fp32, one per block). num_threads and
+    cores as strata.optim.AdamW."""
+
+    _kind = _lib.OPTIMIZER_ADAMW8BIT
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, *,
+                 maximize=False, num_threads=0, cores=None):
+        _check_adam_args(lr, betas, eps, weight_decay)
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                        amsgrad=False, maximize=maximize)
+        super().__init__(params, defaults, num_threads, cores)
+
+    def _check_group(self, group):
+        super()._check_group(group)
+        if group.get("amsgrad", False):
+            raise ValueError(f"{self._name()}: amsgrad is not supported with 8-bit state")
+
+    @staticmethod
+    def _config(group):
+        return _AdamBase._config(group)
+
+
+class Adafactor(_SectionOptimizer):
+    """Adafactor (Shazeer & Stern, "Adafactor: Adaptive Learning Rates with Sublinear
+    Memory Cost", ICML 2018) with the arguments of Hugging Face transformers'
+    Adafactor, except lr=None: relative_step=True uses the paper's relative step
+    size, else lr is required. Parameters of >= 2 dims keep a factored second
+    moment (one value per row and per column; a tensor of > 2 dims is factored as
+    the (prod(shape[:-1]), shape[-1]) matrix). state_dict per parameter: 'step',
+    'exp_avg_sq_row' and 'exp_avg_sq_col' (fp32 vectors) or 'exp_avg_sq' (shaped
+    like the parameter), and 'exp_avg' when beta1 > 0. num_threads and cores as
+    strata.optim.AdamW."""
+
+    _kind = _lib.OPTIMIZER_ADAFACTOR
+
+    def __init__(self, params, lr=None, eps=(1e-30, 1e-3), clip_threshold=1.0,
+                 decay_rate=-0.8, beta1=None, weight_decay=0.0, scale_parameter=True,
+                 relative_step=True, warmup_init=False, *, maximize=False, num_threads=0,
+                 cores=None):
+        if lr is not None and relative_step:
+            raise ValueError("Cannot combine manual `lr` and `relative_step=True` options")
+        if warmup_init and not relative_step:
+            raise ValueError("`warmup_init=True` requires `relative_step=True`")
+        if lr is None and not relative_step:
+            raise ValueError("lr is required without relative_step")
+        defaults = dict(lr=lr, eps=tuple(eps), clip_threshold=clip_threshold,
+                        decay_rate=decay_rate, beta1=beta1, weight_decay=weight_decay,
+                        scale_parameter=scale_parameter, relative_step=relative_step,
+                        warmup_init=warmup_init, maximize=maximize)
+        super().__init__(params, defaults, num_threads, cores)
+        self._get_handle()  # bad hyper-parameters fail here
+
+    @staticmethod
+    def _config(group):
+        config = _lib.AdafactorConfig()
+        _lib.lib().strata_adafactor_config_init(ctypes.byref(config))
+        if group["lr"] is not None:
+            config.lr = group["lr"]
+        config.eps1, config.eps2 = group["eps"]
+        config.clip_threshold = group["clip_threshold"]
+        config.decay_rate = group["decay_rate"]
+        config.beta1 = group["beta1"] or 0.0
+        config.weight_decay = group["weight_decay"]
+        config.relative_step = int(bool(group["relative_step"]))
+        config.scale_parameter = int(bool(group["scale_parameter"]))
+        config.warmup_init = int(bool(group["warmup_init"]))
         config.maximize = int(bool(group.get("maximize", False)))
         return config

@@ -20,8 +20,10 @@
 #include <vector>
 
 #include "base/dtype.h"
+#include "cpu_optim/adafactor.h"
 #include "cpu_optim/adagrad.h"
 #include "cpu_optim/adamw.h"
+#include "cpu_optim/adamw8bit.h"
 #include "cpu_optim/lion.h"
 #include "cpu_optim/sgd.h"
 #include "strata/strata.h"
@@ -686,11 +688,11 @@ TEST(CApiOptimizer, CreateRejectsBadArgumentsWithMessages) {
   strata_adamw_config c;
   strata_adamw_config_init(&c);
   strata_optimizer* opt = reinterpret_cast<strata_optimizer*>(0x1);
-  EXPECT_EQ(strata_optimizer_create(static_cast<strata_optimizer_kind>(6), &c, nullptr, &opt),
+  EXPECT_EQ(strata_optimizer_create(static_cast<strata_optimizer_kind>(8), &c, nullptr, &opt),
             STRATA_INVALID_ARGUMENT);
   EXPECT_EQ(opt, nullptr);
   EXPECT_THAT(strata_last_error(), StartsWith("INVALID_ARGUMENT: "));
-  EXPECT_THAT(strata_last_error(), HasSubstr("unknown optimizer kind 6"));
+  EXPECT_THAT(strata_last_error(), HasSubstr("unknown optimizer kind 8"));
   EXPECT_EQ(strata_optimizer_create(static_cast<strata_optimizer_kind>(0), &c, nullptr, &opt),
             STRATA_INVALID_ARGUMENT);
 
@@ -916,6 +918,270 @@ TEST(CApiLibrary, ExportsOnlyStrataCSymbols) {
   for (const std::string& s : symbols) {
     EXPECT_THAT(s, StartsWith("strata_")) << "unexpected export from libstrata.so";
   }
+}
+
+// ---- AdamW8bit and Adafactor: the state layout API (0.4) ----
+
+namespace cpu_optim = strata::cpu_optim;
+using strata::DType;
+using strata::FloatToBf16;
+
+struct SectionBuffers {
+  std::vector<strata_state_section> sections;
+  std::vector<std::vector<std::byte>> bytes;  // 4-byte aligned storage per section
+  std::vector<void*> ptrs;
+  std::vector<int64_t> sizes;
+};
+
+SectionBuffers MakeSections(strata_optimizer* opt, const std::vector<int64_t>& shape) {
+  SectionBuffers b;
+  int count = -1;
+  EXPECT_EQ(strata_optimizer_state_layout(opt, shape.data(), static_cast<int>(shape.size()),
+                                          nullptr, 0, &count),
+            STRATA_OK);
+  b.sections.resize(count);
+  EXPECT_EQ(strata_optimizer_state_layout(opt, shape.data(), static_cast<int>(shape.size()),
+                                          b.sections.data(), count, &count),
+            STRATA_OK);
+  for (const auto& s : b.sections) b.bytes.emplace_back(s.size_bytes + 4);
+  for (size_t i = 0; i < b.sections.size(); ++i) {
+    b.ptrs.push_back(b.bytes[i].data());
+    b.sizes.push_back(b.sections[i].size_bytes);
+  }
+  EXPECT_EQ(strata_optimizer_init_state(opt, shape.data(), static_cast<int>(shape.size()),
+                                        b.ptrs.data(), count),
+            STRATA_OK);
+  return b;
+}
+
+std::vector<float> RandomVector(size_t n, uint64_t seed, float scale) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(rng);
+  return v;
+}
+
+TEST(CApiStateLayout, AdamW8bitLayoutIsCodesAndBlockScales) {
+  strata_adamw_config c;
+  strata_adamw_config_init(&c);
+  strata_optimizer* opt = nullptr;
+  ASSERT_EQ(strata_optimizer_create(STRATA_OPTIMIZER_ADAMW8BIT, &c, nullptr, &opt), STRATA_OK);
+  EXPECT_EQ(strata_optimizer_get_kind(opt), STRATA_OPTIMIZER_ADAMW8BIT);
+  EXPECT_EQ(strata_optimizer_num_state(opt), 0);
+  const int64_t shape[2] = {3, 1500};  // 4500 elements: 3 blocks of 2048
+  strata_state_section sec[STRATA_MAX_STATE_SECTIONS];
+  int count = 0;
+  ASSERT_EQ(strata_optimizer_state_layout(opt, shape, 2, sec, STRATA_MAX_STATE_SECTIONS, &count),
+            STRATA_OK);
+  ASSERT_EQ(count, 4);
+  EXPECT_STREQ(sec[0].name, "exp_avg");
+  EXPECT_EQ(sec[0].dtype, STRATA_STATE_U8);
+  EXPECT_EQ(sec[0].num_elems, 4500);
+  EXPECT_EQ(sec[0].size_bytes, 4500);
+  EXPECT_EQ(sec[0].initial_code, 127);
+  EXPECT_STREQ(sec[1].name, "exp_avg.absmax");
+  EXPECT_EQ(sec[1].dtype, STRATA_STATE_F32);
+  EXPECT_EQ(sec[1].num_elems, 3);
+  EXPECT_EQ(sec[1].size_bytes, 12);
+  EXPECT_STREQ(sec[2].name, "exp_avg_sq");
+  EXPECT_EQ(sec[2].initial_code, 0);
+  EXPECT_STREQ(sec[3].name, "exp_avg_sq.absmax");
+  // Fewer slots than sections: the count, and only the slots given are written.
+  strata_state_section one[1];
+  ASSERT_EQ(strata_optimizer_state_layout(opt, shape, 2, one, 1, &count), STRATA_OK);
+  EXPECT_EQ(count, 4);
+  EXPECT_STREQ(one[0].name, "exp_avg");
+  strata_optimizer_destroy(opt);
+}
+
+TEST(CApiStateLayout, AdafactorFactorsTensorsOfTwoOrMoreDimensions) {
+  strata_adafactor_config c;
+  strata_adafactor_config_init(&c);
+  c.beta1 = 0.9f;
+  strata_optimizer* opt = nullptr;
+  ASSERT_EQ(strata_optimizer_create(STRATA_OPTIMIZER_ADAFACTOR, &c, nullptr, &opt), STRATA_OK);
+  strata_state_section sec[STRATA_MAX_STATE_SECTIONS];
+  int count = 0;
+  const int64_t matrix[3] = {2, 3, 7};
+  ASSERT_EQ(strata_optimizer_state_layout(opt, matrix, 3, sec, 8, &count), STRATA_OK);
+  ASSERT_EQ(count, 3);
+  EXPECT_STREQ(sec[0].name, "exp_avg_sq_row");
+  EXPECT_EQ(sec[0].num_elems, 6);
+  EXPECT_STREQ(sec[1].name, "exp_avg_sq_col");
+  EXPECT_EQ(sec[1].num_elems, 7);
+  EXPECT_STREQ(sec[2].name, "exp_avg");
+  EXPECT_EQ(sec[2].num_elems, 42);
+  const int64_t vec[1] = {10};
+  ASSERT_EQ(strata_optimizer_state_layout(opt, vec, 1, sec, 8, &count), STRATA_OK);
+  ASSERT_EQ(count, 2);
+  EXPECT_STREQ(sec[0].name, "exp_avg_sq");
+  EXPECT_EQ(sec[0].num_elems, 10);
+  ASSERT_EQ(strata_optimizer_state_layout(opt, nullptr, 0, sec, 8, &count), STRATA_OK);  // scalar
+  EXPECT_EQ(count, 2);
+  EXPECT_EQ(sec[0].num_elems, 1);
+  // Per-element kinds describe their torch.optim buffers.
+  strata_adamw_config a;
+  strata_adamw_config_init(&a);
+  strata_optimizer* adamw = nullptr;
+  ASSERT_EQ(strata_optimizer_create(STRATA_OPTIMIZER_ADAMW, &a, nullptr, &adamw), STRATA_OK);
+  ASSERT_EQ(strata_optimizer_state_layout(adamw, matrix, 3, sec, 8, &count), STRATA_OK);
+  ASSERT_EQ(count, 2);
+  EXPECT_STREQ(sec[1].name, "exp_avg_sq");
+  EXPECT_EQ(sec[1].num_elems, 42);
+  strata_optimizer_destroy(adamw);
+  strata_optimizer_destroy(opt);
+}
+
+TEST(CApiStateLayout, AdamW8bitStepEqualsTheCppKernelBitForBit) {
+  strata_adamw_config c;
+  strata_adamw_config_init(&c);
+  c.lr = 1e-2f;
+  c.weight_decay = 0.05f;
+  strata_optimizer_options o;
+  strata_optimizer_options_init(&o);
+  o.num_threads = 3;
+  strata_optimizer* opt = nullptr;
+  ASSERT_EQ(strata_optimizer_create(STRATA_OPTIMIZER_ADAMW8BIT, &c, &o, &opt), STRATA_OK);
+  const std::vector<int64_t> shape = {5001};
+  SectionBuffers b = MakeSections(opt, shape);
+  // The C++ reference state: the same initial values.
+  const size_t n = 5001, blocks = 3;
+  std::vector<uint8_t> m_codes(n, 127), v_codes(n, 0);
+  std::vector<float> m_abs(blocks, 0.0f), v_abs(blocks, 0.0f);
+  std::vector<float> p = RandomVector(n, 1, 1.0f), q = p;
+  std::vector<uint16_t> out(n), want_out(n);
+  const cpu_optim::AdamWConfig cfg{.lr = 1e-2f, .weight_decay = 0.05f};
+  for (int t = 1; t <= 4; ++t) {
+    std::vector<float> g32 = RandomVector(n, 10 + t, 0.1f);
+    std::vector<uint16_t> g(n);
+    for (size_t i = 0; i < n; ++i) g[i] = FloatToBf16(g32[i]);
+    ASSERT_EQ(strata_optimizer_step_state(opt, t, 0.5f, p.data(), shape.data(), 1, b.ptrs.data(),
+                                          b.sizes.data(), 4, g.data(), STRATA_DTYPE_BF16,
+                                          out.data(), STRATA_DTYPE_BF16),
+              STRATA_OK)
+        << strata_last_error();
+    ASSERT_TRUE(cpu_optim::AdamW8bitUpdate(
+                    cfg, {.step = t, .grad_scale = 0.5f}, q, {m_codes, m_abs}, {v_codes, v_abs},
+                    {g.data(), DType::kBF16}, {want_out.data(), DType::kBF16})
+                    .ok());
+    ASSERT_EQ(0, std::memcmp(p.data(), q.data(), n * 4)) << "step " << t;
+    ASSERT_EQ(0, std::memcmp(b.bytes[0].data(), m_codes.data(), n));
+    ASSERT_EQ(0, std::memcmp(b.bytes[1].data(), m_abs.data(), blocks * 4));
+    ASSERT_EQ(0, std::memcmp(b.bytes[2].data(), v_codes.data(), n));
+    ASSERT_EQ(0, std::memcmp(b.bytes[3].data(), v_abs.data(), blocks * 4));
+    ASSERT_EQ(out, want_out);
+  }
+  strata_optimizer_destroy(opt);
+}
+
+TEST(CApiStateLayout, AdafactorStepEqualsTheCppKernelBitForBit) {
+  for (float beta1 : {0.0f, 0.9f}) {
+    strata_adafactor_config c;
+    strata_adafactor_config_init(&c);
+    c.beta1 = beta1;
+    c.relative_step = 1;
+    c.scale_parameter = 1;
+    c.weight_decay = 0.01f;
+    strata_optimizer* opt = nullptr;
+    ASSERT_EQ(strata_optimizer_create(STRATA_OPTIMIZER_ADAFACTOR, &c, nullptr, &opt), STRATA_OK);
+    cpu_optim::AdafactorConfig cfg{
+        .weight_decay = 0.01f, .relative_step = true, .scale_parameter = true};
+    cfg.beta1 = beta1;
+    for (const std::vector<int64_t>& shape :
+         std::vector<std::vector<int64_t>>{{37, 53}, {3, 4, 5}, {101}}) {
+      SCOPED_TRACE(::testing::Message() << "beta1 " << beta1 << " ndim " << shape.size());
+      int64_t n = 1;
+      for (int64_t d : shape) n *= d;
+      SectionBuffers b = MakeSections(opt, shape);
+      const bool factored = shape.size() >= 2;
+      std::vector<float> row(factored ? n / shape.back() : 0, 0.0f);
+      std::vector<float> col(factored ? shape.back() : 0, 0.0f);
+      std::vector<float> full(factored ? 0 : n, 0.0f), m(beta1 > 0 ? n : 0, 0.0f);
+      std::vector<float> p = RandomVector(n, 3, 1.0f), q = p;
+      for (int t = 1; t <= 3; ++t) {
+        const std::vector<float> g = RandomVector(n, 20 + t, 0.3f);
+        ASSERT_EQ(strata_optimizer_step_state(
+                      opt, t, 1.0f, p.data(), shape.data(), static_cast<int>(shape.size()),
+                      b.ptrs.data(), b.sizes.data(), static_cast<int>(b.ptrs.size()), g.data(),
+                      STRATA_DTYPE_F32, nullptr, STRATA_DTYPE_F32),
+                  STRATA_OK)
+            << strata_last_error();
+        ASSERT_TRUE(cpu_optim::AdafactorUpdate(cfg, {.step = t}, shape, q, {row, col, full, m},
+                                               {g.data(), DType::kF32})
+                        .ok());
+        ASSERT_EQ(0, std::memcmp(p.data(), q.data(), n * 4)) << "step " << t;
+        size_t i = 0;
+        for (const std::vector<float>* want : {&row, &col, &full, &m}) {
+          if (want->empty()) continue;
+          ASSERT_EQ(0, std::memcmp(b.bytes[i].data(), want->data(), want->size() * 4))
+              << b.sections[i].name;
+          ++i;
+        }
+      }
+    }
+    strata_optimizer_destroy(opt);
+  }
+}
+
+TEST(CApiStateLayout, BadUseIsInvalidArgumentAndChangesNothing) {
+  strata_adamw_config c;
+  strata_adamw_config_init(&c);
+  strata_optimizer* opt = nullptr;
+  c.amsgrad = 1;  // 8-bit state has no AMSGrad
+  EXPECT_EQ(strata_optimizer_create(STRATA_OPTIMIZER_ADAMW8BIT, &c, nullptr, &opt),
+            STRATA_INVALID_ARGUMENT);
+  c.amsgrad = 0;
+  ASSERT_EQ(strata_optimizer_create(STRATA_OPTIMIZER_ADAMW8BIT, &c, nullptr, &opt), STRATA_OK);
+  strata_adafactor_config f;
+  strata_adafactor_config_init(&f);
+  EXPECT_EQ(strata_optimizer_set_config(opt, &f), STRATA_INVALID_ARGUMENT);  // not its struct
+  const int64_t shape[1] = {100};
+  SectionBuffers b = MakeSections(opt, {100});
+  std::vector<float> p(100, 1.0f), g(100, 0.5f);
+  // The per-element step refuses these kinds and says what to use.
+  float* none[1] = {nullptr};
+  EXPECT_EQ(strata_optimizer_step(opt, 1, 1.0f, p.data(), none, 0, g.data(), STRATA_DTYPE_F32,
+                                  nullptr, STRATA_DTYPE_F32, 100),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(strata_last_error()).find("strata_optimizer_step_state"),
+            std::string::npos);
+  // A wrong section size names the section.
+  std::vector<int64_t> sizes = b.sizes;
+  sizes[1] = 8;
+  EXPECT_EQ(
+      strata_optimizer_step_state(opt, 1, 1.0f, p.data(), shape, 1, b.ptrs.data(), sizes.data(), 4,
+                                  g.data(), STRATA_DTYPE_F32, nullptr, STRATA_DTYPE_F32),
+      STRATA_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(strata_last_error()).find("exp_avg.absmax"), std::string::npos);
+  // Too few sections, bad shapes, a bad step.
+  EXPECT_EQ(
+      strata_optimizer_step_state(opt, 1, 1.0f, p.data(), shape, 1, b.ptrs.data(), b.sizes.data(),
+                                  3, g.data(), STRATA_DTYPE_F32, nullptr, STRATA_DTYPE_F32),
+      STRATA_INVALID_ARGUMENT);
+  const int64_t bad_shape[2] = {10, 0};
+  int count = 0;
+  EXPECT_EQ(strata_optimizer_state_layout(opt, bad_shape, 2, nullptr, 0, &count),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_EQ(strata_optimizer_state_layout(opt, nullptr, 1, nullptr, 0, &count),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_EQ(strata_optimizer_state_layout(opt, shape, 1, nullptr, 2, &count),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_EQ(
+      strata_optimizer_step_state(opt, 0, 1.0f, p.data(), shape, 1, b.ptrs.data(), b.sizes.data(),
+                                  4, g.data(), STRATA_DTYPE_F32, nullptr, STRATA_DTYPE_F32),
+      STRATA_INVALID_ARGUMENT);
+  EXPECT_EQ(p, std::vector<float>(100, 1.0f));
+  for (size_t i = 0; i < b.sections.size(); ++i) {
+    for (int64_t k = 0; k < b.sections[i].size_bytes; ++k) {
+      if (b.sections[i].dtype == STRATA_STATE_U8) {
+        ASSERT_EQ(static_cast<int>(b.bytes[i][k]), b.sections[i].initial_code);
+      } else {
+        ASSERT_EQ(static_cast<int>(b.bytes[i][k]), 0);
+      }
+    }
+  }
+  strata_optimizer_destroy(opt);
 }
 
 }  // namespace

@@ -1049,4 +1049,219 @@ TEST(OffloadCApi, CudaEventWithoutCudaRuntimeIsRefused) {
   if (runtime) GTEST_SKIP() << "a CUDA runtime can be loaded here; the refusal is not reachable";
 }
 
+// ---- AdamW8bit and Adafactor (0.4): shaped buckets, sections, byte-level state ----
+
+// Reads tensor t of a bucket as bytes.
+std::vector<uint8_t> ReadBytes(strata_offload* o, int bucket, int t) {
+  strata_state_section sec;
+  EXPECT_EQ(strata_offload_state_section(o, bucket, t, &sec), STRATA_OK);
+  std::vector<uint8_t> v(static_cast<size_t>(sec.size_bytes));
+  EXPECT_EQ(strata_offload_read_state_bytes(o, bucket, t, v.data(), sec.size_bytes), STRATA_OK)
+      << strata_last_error();
+  return v;
+}
+
+TEST(OffloadCApi, AdamW8bitAndAdafactorBucketsStepAsTheStandaloneOptimizerPerSegment) {
+  for (strata_offload_device device : {STRATA_OFFLOAD_CPU, STRATA_OFFLOAD_NVME}) {
+    SCOPED_TRACE(device == STRATA_OFFLOAD_CPU ? "cpu" : "nvme");
+    TempDir dir;
+    const char* paths[1] = {dir.path().c_str()};
+    strata_offload_options opts;
+    strata_offload_options_init(&opts);
+    opts.device = device;
+    opts.num_threads = 2;
+    if (device == STRATA_OFFLOAD_NVME) {
+      opts.nvme_paths = paths;
+      opts.num_nvme_paths = 1;
+    }
+    strata_offload* o = nullptr;
+    ASSERT_EQ(strata_offload_create(&opts, &o), STRATA_OK) << strata_last_error();
+    strata_adamw_config a;
+    strata_adamw_config_init(&a);
+    a.lr = 1e-2f;
+    strata_adafactor_config f;
+    strata_adafactor_config_init(&f);
+    f.beta1 = 0.9f;
+    f.lr = 1e-2f;
+    const strata_optimizer_kind kinds[2] = {STRATA_OPTIMIZER_ADAMW8BIT, STRATA_OPTIMIZER_ADAFACTOR};
+    const void* configs[2] = {&a, &f};
+    int group = -1;
+    for (int g = 0; g < 2; ++g) {
+      ASSERT_EQ(strata_offload_add_group(o, kinds[g], configs[g], &group), STRATA_OK);
+    }
+    // Per group one bucket of a (31, 70) matrix and a vector of 2100 (two 8-bit blocks).
+    const std::vector<std::vector<int64_t>> shapes = {{31, 70}, {2100}};
+    std::vector<std::vector<float>> params[2];
+    std::vector<std::vector<float>> masters[2];  // the standalone optimizer's
+    for (int g = 0; g < 2; ++g) {
+      std::vector<void*> segs;
+      std::vector<int64_t> lens;
+      std::vector<const int64_t*> shape_ptrs;
+      std::vector<int> ndims;
+      for (size_t s = 0; s < shapes.size(); ++s) {
+        const int64_t n = shapes[s][0] * (shapes[s].size() > 1 ? shapes[s][1] : 1);
+        params[g].push_back(RandomValues(n, 5 + g * 10 + s, 1.0f, STRATA_DTYPE_F32));
+        masters[g].push_back(params[g].back());
+        lens.push_back(n);
+        shape_ptrs.push_back(shapes[s].data());
+        ndims.push_back(static_cast<int>(shapes[s].size()));
+      }
+      for (auto& p : params[g]) segs.push_back(p.data());
+      int bucket = -1;
+      ASSERT_EQ(strata_offload_add_bucket_shaped(o, g, STRATA_DTYPE_F32, segs.data(), lens.data(),
+                                                 shape_ptrs.data(), ndims.data(), 2, &bucket),
+                STRATA_OK)
+          << strata_last_error();
+      ASSERT_EQ(bucket, g);
+    }
+    // The 8-bit bucket: codes are U8, the float API refuses them.
+    strata_state_section sec;
+    ASSERT_EQ(strata_offload_state_section(o, 0, 1, &sec), STRATA_OK);
+    EXPECT_STREQ(sec.name, "exp_avg");
+    EXPECT_EQ(sec.dtype, STRATA_STATE_U8);
+    EXPECT_EQ(sec.num_elems, 31 * 70 + 2100);
+    EXPECT_STREQ(strata_offload_tensor_name(o, 0, 2), "exp_avg.absmax");
+    EXPECT_EQ(strata_offload_bucket_num_state(o, 0), 4);
+    std::vector<float> wrong(sec.num_elems);
+    EXPECT_EQ(strata_offload_read_state(o, 0, 1, wrong.data(), sec.num_elems),
+              STRATA_INVALID_ARGUMENT);
+    EXPECT_THAT(strata_last_error(), HasSubstr("strata_offload_read_state_bytes"));
+    uint8_t small[4];
+    EXPECT_EQ(strata_offload_read_state_bytes(o, 0, 1, small, 4), STRATA_INVALID_ARGUMENT);
+    // The Adafactor bucket: rows and columns of the matrix only.
+    ASSERT_EQ(strata_offload_state_section(o, 1, 1, &sec), STRATA_OK);
+    EXPECT_STREQ(sec.name, "exp_avg_sq_row");
+    EXPECT_EQ(sec.num_elems, 31);
+    int64_t off = -1, len = -1;
+    ASSERT_EQ(strata_offload_segment_state_range(o, 1, 1, 1, &off, &len), STRATA_OK);
+    EXPECT_EQ(len, 0);
+    EXPECT_EQ(strata_offload_segment_state_range(o, 1, 2, 1, &off, &len), STRATA_INVALID_ARGUMENT);
+
+    // Standalone handles with the same configs, and their per-segment state.
+    strata_optimizer* ref[2] = {nullptr, nullptr};
+    std::vector<std::vector<std::vector<uint8_t>>> ref_state[2];
+    for (int g = 0; g < 2; ++g) {
+      ASSERT_EQ(strata_optimizer_create(kinds[g], configs[g], nullptr, &ref[g]), STRATA_OK);
+      for (const auto& shape : shapes) {
+        strata_state_section secs[STRATA_MAX_STATE_SECTIONS];
+        int count = 0;
+        ASSERT_EQ(strata_optimizer_state_layout(ref[g], shape.data(),
+                                                static_cast<int>(shape.size()), secs, 8, &count),
+                  STRATA_OK);
+        std::vector<std::vector<uint8_t>> st;
+        std::vector<void*> ptrs;
+        for (int i = 0; i < count; ++i) st.emplace_back(secs[i].size_bytes);
+        for (auto& x : st) ptrs.push_back(x.data());
+        ASSERT_EQ(strata_optimizer_init_state(ref[g], shape.data(), static_cast<int>(shape.size()),
+                                              ptrs.data(), count),
+                  STRATA_OK);
+        ref_state[g].push_back(std::move(st));
+      }
+    }
+    for (int t = 1; t <= 3; ++t) {
+      std::vector<std::vector<float>> grads[2];
+      for (int g = 0; g < 2; ++g) {
+        for (size_t s = 0; s < shapes.size(); ++s) {
+          grads[g].push_back(RandomValues(static_cast<int64_t>(params[g][s].size()),
+                                          100 * t + 10 * g + s, 0.2f, STRATA_DTYPE_F32));
+          ASSERT_EQ(strata_offload_submit_grad(o, g, static_cast<int>(s), grads[g][s].data(),
+                                               STRATA_DTYPE_F32,
+                                               static_cast<int64_t>(grads[g][s].size()), nullptr),
+                    STRATA_OK);
+        }
+      }
+      ASSERT_EQ(strata_offload_step(o, nullptr, nullptr), STRATA_OK) << strata_last_error();
+      ASSERT_EQ(strata_offload_synchronize(o), STRATA_OK);
+      for (int g = 0; g < 2; ++g) {
+        for (size_t s = 0; s < shapes.size(); ++s) {
+          std::vector<void*> ptrs;
+          std::vector<int64_t> sizes;
+          for (auto& x : ref_state[g][s]) {
+            ptrs.push_back(x.data());
+            sizes.push_back(static_cast<int64_t>(x.size()));
+          }
+          ASSERT_EQ(strata_optimizer_step_state(
+                        ref[g], t, 1.0f, masters[g][s].data(), shapes[s].data(),
+                        static_cast<int>(shapes[s].size()), ptrs.data(), sizes.data(),
+                        static_cast<int>(ptrs.size()), grads[g][s].data(), STRATA_DTYPE_F32,
+                        nullptr, STRATA_DTYPE_F32),
+                    STRATA_OK)
+              << strata_last_error();
+          ASSERT_EQ(params[g][s], masters[g][s]) << "group " << g << " segment " << s;
+        }
+        // Every section of the bucket: the segments' parts back to back.
+        const int num = strata_offload_bucket_num_state(o, g);
+        for (int x = 1; x <= num; ++x) {
+          const std::vector<uint8_t> got = ReadBytes(o, g, x);
+          ASSERT_EQ(strata_offload_state_section(o, g, x, &sec), STRATA_OK);
+          const int64_t elem = sec.dtype == STRATA_STATE_U8 ? 1 : 4;
+          for (size_t s = 0; s < shapes.size(); ++s) {
+            ASSERT_EQ(strata_offload_segment_state_range(o, g, static_cast<int>(s), x, &off, &len),
+                      STRATA_OK);
+            if (len == 0) continue;
+            // The segment's own section of that name: its layout lists present sections only.
+            strata_state_section secs[STRATA_MAX_STATE_SECTIONS];
+            int count = 0;
+            ASSERT_EQ(
+                strata_optimizer_state_layout(ref[g], shapes[s].data(),
+                                              static_cast<int>(shapes[s].size()), secs, 8, &count),
+                STRATA_OK);
+            int k = 0;
+            while (k < count && std::strcmp(secs[k].name, sec.name) != 0) ++k;
+            ASSERT_LT(k, count) << sec.name;
+            ASSERT_EQ(len * elem, secs[k].size_bytes);
+            ASSERT_EQ(0, std::memcmp(got.data() + off * elem, ref_state[g][s][k].data(),
+                                     secs[k].size_bytes))
+                << "group " << g << " " << sec.name << " segment " << s << " step " << t;
+          }
+        }
+      }
+    }
+    // Save, load into a new handle over other weights: every byte comes back.
+    const std::string ckpt = dir.path() + "/ckpt";
+    ASSERT_EQ(strata_offload_save(o, ckpt.c_str()), STRATA_OK) << strata_last_error();
+    strata_offload* o2 = nullptr;
+    ASSERT_EQ(strata_offload_create(&opts, &o2), STRATA_OK);
+    std::vector<std::vector<float>> other[2];
+    for (int g = 0; g < 2; ++g) {
+      ASSERT_EQ(strata_offload_add_group(o2, kinds[g], configs[g], &group), STRATA_OK);
+    }
+    for (int g = 0; g < 2; ++g) {
+      std::vector<void*> segs;
+      std::vector<int64_t> lens;
+      std::vector<const int64_t*> shape_ptrs;
+      std::vector<int> ndims;
+      for (size_t s = 0; s < shapes.size(); ++s) {
+        other[g].push_back(std::vector<float>(params[g][s].size(), 0.5f));
+        lens.push_back(static_cast<int64_t>(params[g][s].size()));
+        shape_ptrs.push_back(shapes[s].data());
+        ndims.push_back(static_cast<int>(shapes[s].size()));
+      }
+      for (auto& p : other[g]) segs.push_back(p.data());
+      int bucket = -1;
+      ASSERT_EQ(strata_offload_add_bucket_shaped(o2, g, STRATA_DTYPE_F32, segs.data(), lens.data(),
+                                                 shape_ptrs.data(), ndims.data(), 2, &bucket),
+                STRATA_OK);
+    }
+    ASSERT_EQ(strata_offload_load(o2, ckpt.c_str()), STRATA_OK) << strata_last_error();
+    for (int g = 0; g < 2; ++g) {
+      EXPECT_EQ(other[g], params[g]);
+      for (int x = 0; x <= strata_offload_bucket_num_state(o, g); ++x) {
+        EXPECT_EQ(ReadBytes(o2, g, x), ReadBytes(o, g, x)) << "group " << g << " tensor " << x;
+      }
+    }
+    // Writing bytes back changes the state (and the masters reach the segments).
+    std::vector<uint8_t> m = ReadBytes(o2, 0, 0);
+    std::vector<float> ones(m.size() / 4, 1.0f);
+    ASSERT_EQ(
+        strata_offload_write_state_bytes(o2, 0, 0, ones.data(), static_cast<int64_t>(m.size())),
+        STRATA_OK);
+    EXPECT_EQ(other[0][1], std::vector<float>(2100, 1.0f));
+    strata_offload_destroy(o2);
+    strata_offload_destroy(o);
+    strata_optimizer_destroy(ref[0]);
+    strata_optimizer_destroy(ref[1]);
+  }
+}
+
 }  // namespace

@@ -15,11 +15,14 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "base/dtype.h"
+#include "cpu_optim/adafactor.h"
+#include "cpu_optim/adamw8bit.h"
 #include "cpu_optim/grad_stats.h"
 #include "io/fault_injection.h"
 
@@ -41,8 +44,9 @@ struct CallerBucket {
   int group = 0;
   DType dtype = DType::kF32;
   std::vector<int64_t> lengths;
-  std::vector<std::vector<uint16_t>> p16;  // 16-bit params, one vector per segment
-  std::vector<std::vector<float>> p32;     // fp32 params
+  std::vector<std::vector<uint16_t>> p16;    // 16-bit params, one vector per segment
+  std::vector<std::vector<float>> p32;       // fp32 params
+  std::vector<std::vector<int64_t>> shapes;  // per segment; empty: every segment flat
 
   int64_t total() const {
     int64_t n = 0;
@@ -148,7 +152,10 @@ std::unique_ptr<OffloadOptimizer> Create(TestModel& s, OffloadOptimizerOptions o
   }
   for (CallerBucket& b : s.buckets) {
     std::vector<OffloadSegment> segs;
-    for (size_t i = 0; i < b.lengths.size(); ++i) segs.push_back({b.data(i), b.lengths[i]});
+    for (size_t i = 0; i < b.lengths.size(); ++i) {
+      segs.push_back(
+          {b.data(i), b.lengths[i], b.shapes.empty() ? std::vector<int64_t>{} : b.shapes[i]});
+    }
     auto id = (*opt)->AddBucket(b.group, b.dtype, segs);
     EXPECT_TRUE(id.ok()) << id.status().ToString();
   }
@@ -490,14 +497,14 @@ TEST(OffloadOptimizer, BadUseIsAClearErrorAndChangesNothing) {
   EXPECT_EQ(r.micro_batches, 1);
   // Buckets are fixed once gradients flowed.
   std::vector<float> extra(10);
-  const OffloadSegment seg{extra.data(), 10};
+  const OffloadSegment seg{extra.data(), 10, {}};
   EXPECT_EQ(opt->AddBucket(0, DType::kF32, {&seg, 1}).status().code(),
             StatusCode::kFailedPrecondition);
   EXPECT_EQ(opt->Step({.loss_scale = 0.0f}, nullptr).code(), StatusCode::kInvalidArgument);
   // Overlapping segments and a kind change are refused.
   TestModel t = MakeModel(5);
   auto opt2 = Create(t, {});
-  const OffloadSegment overlap{t.buckets[1].p32[0].data() + 10, 5};
+  const OffloadSegment overlap{t.buckets[1].p32[0].data() + 10, 5, {}};
   EXPECT_EQ(opt2->AddBucket(1, DType::kF32, {&overlap, 1}).status().code(),
             StatusCode::kInvalidArgument);
   EXPECT_EQ(
@@ -568,6 +575,371 @@ TEST(OffloadOptimizer, CountersReportTheUpdateAndTheWaits) {
   // Masters + AdamW's 2 or SGD's 1 state buffers + the accumulator, per bucket.
   EXPECT_GE(c.host_state_bytes, (5101 + 5001) * 4u * 4 + 842 * 4u * 3);
 }
+
+namespace state_kinds {
+
+// AdamW8bit and Adafactor (with and without a first moment) over tensors of several shapes:
+// matrices and a 3-D tensor (Adafactor factors them), vectors and a scalar (it does not), and
+// lengths past one quantization block (AdamW8bit's blocks restart at each segment).
+TestModel MakeStateModel(uint64_t seed) {
+  TestModel s;
+  cpu_optim::AdamWConfig adamw{.lr = 1e-2f, .weight_decay = 0.1f};
+  s.groups.push_back(AnyOptimizer{OptimizerKind::kAdamW8bit, adamw});
+  s.groups.push_back(AnyOptimizer{OptimizerKind::kAdafactor,
+                                  cpu_optim::AdafactorConfig{.lr = 1e-2f, .weight_decay = 1e-2f}});
+  s.groups.push_back(
+      AnyOptimizer{OptimizerKind::kAdafactor,
+                   cpu_optim::AdafactorConfig{.relative_step = true, .scale_parameter = true}});
+  std::get<cpu_optim::AdafactorConfig>(s.groups[2].config).beta1 = 0.9f;
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  auto add = [&](int group, DType dtype, std::vector<std::vector<int64_t>> shapes) {
+    CallerBucket b;
+    b.group = group;
+    b.dtype = dtype;
+    b.shapes = shapes;
+    for (const auto& shape : shapes) {
+      int64_t l = 1;
+      for (int64_t d : shape) l *= d;
+      b.lengths.push_back(l);
+      std::vector<float> v(l);
+      for (float& x : v) x = normal(rng);
+      if (dtype == DType::kF32) {
+        b.p32.push_back(v);
+      } else {
+        std::vector<uint16_t> h(l);
+        for (int64_t i = 0; i < l; ++i) {
+          h[i] = dtype == DType::kBF16 ? FloatToBf16(v[i]) : FloatToHalf(v[i]);
+        }
+        b.p16.push_back(h);
+      }
+    }
+    s.buckets.push_back(std::move(b));
+  };
+  add(0, DType::kBF16, {{3001}, {45, 67}, {7}});
+  add(1, DType::kF32, {{33}, {50, 41}, {3, 5, 9}, {1}});
+  add(2, DType::kF16, {{20, 30}, {129}});
+  add(0, DType::kF32, {{2048}, {1}});
+  return s;
+}
+
+// Per segment, the state as cpu_optim's kernels keep it; stepped with AdamW8bitUpdate and
+// AdafactorUpdate directly.
+struct SegmentState {
+  std::vector<float> master;
+  std::map<std::string, std::vector<uint8_t>> u8;
+  std::map<std::string, std::vector<float>> f32;
+};
+
+struct StateReference {
+  std::vector<std::vector<SegmentState>> seg;  // [bucket][segment]
+  std::vector<int64_t> steps;
+
+  explicit StateReference(const TestModel& s) : steps(s.groups.size(), 0) {
+    for (const CallerBucket& b : s.buckets) {
+      std::vector<float> values = b.Values();
+      std::vector<SegmentState> segs;
+      int64_t off = 0;
+      const AnyOptimizer& o = s.groups[b.group];
+      for (size_t i = 0; i < b.lengths.size(); ++i) {
+        const int64_t n = b.lengths[i];
+        SegmentState st;
+        st.master.assign(values.begin() + off, values.begin() + off + n);
+        if (o.kind == OptimizerKind::kAdamW8bit) {
+          const int64_t blocks = cpu_optim::QuantizedAbsmaxCount(n);
+          st.u8["exp_avg"].assign(n, cpu_optim::QuantizedZeroCode(true));
+          st.u8["exp_avg_sq"].assign(n, cpu_optim::QuantizedZeroCode(false));
+          st.f32["exp_avg.absmax"].assign(blocks, 0.0f);
+          st.f32["exp_avg_sq.absmax"].assign(blocks, 0.0f);
+        } else {
+          const auto& c = std::get<cpu_optim::AdafactorConfig>(o.config);
+          const auto& shape = b.shapes[i];
+          if (cpu_optim::AdafactorFactored(shape)) {
+            st.f32["exp_avg_sq_row"].assign(n / shape.back(), 0.0f);
+            st.f32["exp_avg_sq_col"].assign(shape.back(), 0.0f);
+          } else {
+            st.f32["exp_avg_sq"].assign(n, 0.0f);
+          }
+          if (c.beta1 > 0) st.f32["exp_avg"].assign(n, 0.0f);
+        }
+        segs.push_back(std::move(st));
+        off += n;
+      }
+      seg.push_back(std::move(segs));
+    }
+  }
+
+  void Step(const TestModel& s, const Grads& g, double max_norm) {
+    std::vector<std::vector<float>> accum;
+    cpu_optim::GradStats total;
+    for (size_t b = 0; b < s.buckets.size(); ++b) {
+      std::vector<float> acc(s.buckets[b].total());
+      int64_t off = 0;
+      for (int64_t len : s.buckets[b].lengths) {
+        auto st = cpu_optim::AccumulateGrad(
+            std::span<float>(acc.data() + off, len),
+            {g.per_bucket[b].data() + off * SizeOf(g.dtype), g.dtype}, true, true);
+        ASSERT_TRUE(st.ok());
+        cpu_optim::Merge(total, *st);
+        off += len;
+      }
+      accum.push_back(std::move(acc));
+    }
+    const double norm = std::sqrt(total.sum_squares);
+    float clip = 1.0f;
+    if (max_norm > 0 && max_norm / (norm + 1e-6) < 1.0) {
+      clip = static_cast<float>(max_norm / (norm + 1e-6));
+    }
+    for (int64_t& t : steps) ++t;
+    for (size_t b = 0; b < s.buckets.size(); ++b) {
+      const CallerBucket& cb = s.buckets[b];
+      const AnyOptimizer& o = s.groups[cb.group];
+      const cpu_optim::OptimStep step{.step = steps[cb.group], .grad_scale = clip};
+      int64_t off = 0;
+      for (size_t i = 0; i < cb.lengths.size(); ++i) {
+        SegmentState& st = seg[b][i];
+        const cpu_optim::GradView grad{accum[b].data() + off, DType::kF32};
+        Status r;
+        if (o.kind == OptimizerKind::kAdamW8bit) {
+          r = cpu_optim::AdamW8bitUpdate(
+              o.adamw(), step, st.master,
+              cpu_optim::QuantizedState{st.u8["exp_avg"], st.f32["exp_avg.absmax"]},
+              cpu_optim::QuantizedState{st.u8["exp_avg_sq"], st.f32["exp_avg_sq.absmax"]}, grad);
+        } else {
+          auto span_of = [&](const char* name) {
+            auto it = st.f32.find(name);
+            return it == st.f32.end() ? std::span<float>() : std::span<float>(it->second);
+          };
+          r = cpu_optim::AdafactorUpdate(
+              std::get<cpu_optim::AdafactorConfig>(o.config), step, cb.shapes[i], st.master,
+              cpu_optim::AdafactorState{span_of("exp_avg_sq_row"), span_of("exp_avg_sq_col"),
+                                        span_of("exp_avg_sq"), span_of("exp_avg")},
+              grad);
+        }
+        ASSERT_TRUE(r.ok()) << r.ToString();
+        off += cb.lengths[i];
+      }
+    }
+  }
+
+  // The bucket's section `name` as the offload optimizer documents it: the segments' parts
+  // back to back, as bytes.
+  std::vector<std::byte> Section(size_t b, const std::string& name) const {
+    std::vector<std::byte> out;
+    for (const SegmentState& st : seg[b]) {
+      const std::byte* p = nullptr;
+      size_t n = 0;
+      if (auto it = st.u8.find(name); it != st.u8.end()) {
+        p = reinterpret_cast<const std::byte*>(it->second.data());
+        n = it->second.size();
+      } else if (auto jt = st.f32.find(name); jt != st.f32.end()) {
+        p = reinterpret_cast<const std::byte*>(jt->second.data());
+        n = jt->second.size() * 4;
+      }
+      out.insert(out.end(), p, p + n);
+    }
+    return out;
+  }
+  std::vector<float> Master(size_t b) const {
+    std::vector<float> out;
+    for (const SegmentState& st : seg[b]) out.insert(out.end(), st.master.begin(), st.master.end());
+    return out;
+  }
+};
+
+// Every tensor of every bucket of opt, as bytes.
+std::vector<std::vector<std::byte>> AllState(OffloadOptimizer& opt) {
+  std::vector<std::vector<std::byte>> out;
+  for (int b = 0; b < opt.num_buckets(); ++b) {
+    const auto layout = opt.bucket_state_layout(b);
+    for (int t = 0; t <= static_cast<int>(layout.size()); ++t) {
+      const size_t bytes = t == 0 ? opt.bucket_num_elems(b) * 4 : layout[t - 1].size_bytes();
+      std::vector<std::byte> v(bytes);
+      EXPECT_TRUE(opt.ReadStateBytes(b, t, v).ok());
+      out.push_back(std::move(v));
+    }
+  }
+  return out;
+}
+
+class OffloadStateKinds : public ::testing::TestWithParam<OffloadOptimizerOptions::Home> {};
+
+TEST_P(OffloadStateKinds, AdamW8bitAndAdafactorMatchTheirKernelsPerSegmentBitForBit) {
+  TestModel s = MakeStateModel(3);
+  StateReference ref(s);
+  OffloadOptimizerOptions o;
+  o.home = GetParam();
+  o.num_threads = 2;
+  o.buffer_count = 2;
+  std::string dir;
+  if (o.home == OffloadOptimizerOptions::Home::kNvme) {
+    dir = TempDir("kinds");
+    o.nvme_paths = {dir};
+  }
+  auto opt = Create(s, o);
+  ASSERT_NE(opt, nullptr);
+  // The documented layout: sections in StateLayout's order, segment parts back to back.
+  ASSERT_EQ(opt->bucket_state_layout(0).size(), 4u);
+  EXPECT_EQ(opt->bucket_state_layout(0)[0].name, "exp_avg");
+  EXPECT_EQ(opt->bucket_state_layout(0)[0].dtype, cpu_optim::StateDType::kU8);
+  EXPECT_EQ(opt->bucket_state_layout(0)[1].num_elems, 2 + 2 + 1);  // blocks restart per segment
+  auto r = opt->SegmentStateRange(0, 1, 2);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->offset_elems, 2);
+  EXPECT_EQ(r->num_elems, 2);
+  auto row = opt->SegmentStateRange(1, 2, 1);  // exp_avg_sq_row of the (3, 5, 9) tensor
+  ASSERT_TRUE(row.ok());
+  EXPECT_EQ(opt->bucket_state_layout(1)[0].name, "exp_avg_sq_row");
+  EXPECT_EQ(row->offset_elems, 50);
+  EXPECT_EQ(row->num_elems, 15);
+  auto none = opt->SegmentStateRange(1, 0, 1);  // the vector has no rows
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->num_elems, 0);
+  std::vector<float> f(5);
+  EXPECT_EQ(opt->ReadState(0, 1, f).code(), StatusCode::kInvalidArgument);  // codes are U8
+
+  for (int step = 0; step < 3; ++step) {
+    const Grads g = MakeGrads(s, DType::kBF16, 40 + step, 0.5f);
+    Submit(*opt, s, g, step == 1 ? HandOff::kSegments : HandOff::kWhole);
+    ASSERT_TRUE(opt->Step({.max_grad_norm = step == 2 ? 10.0 : 0.0}, nullptr).ok());
+    ref.Step(s, g, step == 2 ? 10.0 : 0.0);
+    for (size_t b = 0; b < s.buckets.size(); ++b) {
+      ASSERT_TRUE(opt->WaitBucket(static_cast<int>(b)).ok());
+      std::vector<float> master(s.buckets[b].total());
+      ASSERT_TRUE(opt->ReadState(static_cast<int>(b), 0, master).ok());
+      ASSERT_EQ(0, std::memcmp(master.data(), ref.Master(b).data(), master.size() * 4))
+          << "masters of bucket " << b << " step " << step;
+      const auto layout = opt->bucket_state_layout(static_cast<int>(b));
+      for (size_t t = 0; t < layout.size(); ++t) {
+        std::vector<std::byte> got(layout[t].size_bytes());
+        ASSERT_TRUE(opt->ReadStateBytes(static_cast<int>(b), static_cast<int>(t) + 1, got).ok());
+        ASSERT_EQ(got, ref.Section(b, layout[t].name))
+            << layout[t].name << " of bucket " << b << " step " << step;
+      }
+      const std::vector<float> values = s.buckets[b].Values();
+      const std::vector<float> want = ref.Master(b);
+      for (size_t i = 0; i < values.size(); ++i) {
+        float w = want[i];
+        if (s.buckets[b].dtype == DType::kBF16) w = Bf16ToFloat(FloatToBf16(w));
+        if (s.buckets[b].dtype == DType::kF16) w = HalfToFloat(FloatToHalf(w));
+        ASSERT_EQ(values[i], w) << "bucket " << b << " element " << i;
+      }
+    }
+  }
+  if (o.home == OffloadOptimizerOptions::Home::kNvme) {
+    EXPECT_GT(opt->counters().nvme_bytes_written, 0u);
+    opt.reset();
+    std::filesystem::remove_all(dir);
+  }
+}
+
+TEST_P(OffloadStateKinds, SaveLoadAndStateBytesRoundTripExactly) {
+  const std::string dir = TempDir("kinds-ckpt");
+  OffloadOptimizerOptions o;
+  o.home = GetParam();
+  if (o.home == OffloadOptimizerOptions::Home::kNvme) o.nvme_paths = {dir};
+  auto grads = [](const TestModel& s, int step) {
+    return MakeGrads(s, DType::kF16, 70 + step, 0.2f);
+  };
+  TestModel a = MakeStateModel(8);
+  auto opt_a = Create(a, o);
+  for (int step = 0; step < 3; ++step) {
+    const Grads g = grads(a, step);
+    Submit(*opt_a, a, g, HandOff::kWhole);
+    ASSERT_TRUE(opt_a->Step({}, nullptr).ok());
+  }
+  TestModel b = MakeStateModel(8);
+  auto opt_b = Create(b, o);
+  for (int step = 0; step < 2; ++step) {
+    const Grads g = grads(b, step);
+    Submit(*opt_b, b, g, HandOff::kWhole);
+    ASSERT_TRUE(opt_b->Step({}, nullptr).ok());
+  }
+  const std::string ckpt = dir + "/opt";
+  ASSERT_TRUE(opt_b->Save(ckpt).ok());
+  // Through the byte API: a third optimizer receives b's state tensor by tensor.
+  const auto b_state = AllState(*opt_b);
+  opt_b.reset();
+  TestModel c = MakeStateModel(77);
+  auto opt_c = Create(c, o);
+  const Status loaded = opt_c->Load(ckpt);
+  ASSERT_TRUE(loaded.ok()) << loaded.ToString();
+  EXPECT_EQ(AllState(*opt_c), b_state);
+  TestModel d = MakeStateModel(78);
+  auto opt_d = Create(d, o);
+  size_t i = 0;
+  for (int k = 0; k < opt_d->num_buckets(); ++k) {
+    for (int t = 0; t <= static_cast<int>(opt_d->bucket_state_layout(k).size()); ++t) {
+      ASSERT_TRUE(opt_d->WriteStateBytes(k, t, b_state[i++]).ok());
+    }
+  }
+  for (int g = 0; g < opt_d->num_groups(); ++g) ASSERT_TRUE(opt_d->SetGroupStep(g, 2).ok());
+  for (auto* x : {&c, &d}) {
+    auto& opt = x == &c ? opt_c : opt_d;
+    const Grads g = grads(*x, 2);
+    Submit(*opt, *x, g, HandOff::kWhole);
+    ASSERT_TRUE(opt->Step({}, nullptr).ok());
+    ASSERT_TRUE(opt->Synchronize().ok());
+  }
+  ASSERT_TRUE(opt_a->Synchronize().ok());
+  EXPECT_EQ(AllState(*opt_c), AllState(*opt_a));
+  EXPECT_EQ(AllState(*opt_d), AllState(*opt_a));
+  for (size_t k = 0; k < a.buckets.size(); ++k) {
+    EXPECT_EQ(a.buckets[k].Values(), c.buckets[k].Values()) << "bucket " << k;
+  }
+
+  // Other shapes (the layout of Adafactor's state changes) are refused before anything changes.
+  TestModel other = MakeStateModel(8);
+  other.buckets[1].shapes[1] = {41, 50};
+  auto opt_o = Create(other, o);
+  const Status wrong = opt_o->Load(ckpt);
+  EXPECT_EQ(wrong.code(), StatusCode::kInvalidArgument) << wrong.ToString();
+  EXPECT_NE(wrong.message().find("shapes"), std::string::npos) << wrong.ToString();
+  // So is another first-moment setting.
+  TestModel beta = MakeStateModel(8);
+  std::get<cpu_optim::AdafactorConfig>(beta.groups[1].config).beta1 = 0.5f;
+  auto opt_beta = Create(beta, o);
+  const Status moment = opt_beta->Load(ckpt);
+  EXPECT_EQ(moment.code(), StatusCode::kInvalidArgument) << moment.ToString();
+  // And a bad size through the byte API.
+  std::vector<std::byte> small(3);
+  EXPECT_EQ(opt_beta->WriteStateBytes(0, 1, small).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(opt_beta->group_step(1), 0);
+  // A config change that would change the layout is refused too.
+  auto changed = beta.groups[1];
+  std::get<cpu_optim::AdafactorConfig>(changed.config).beta1 = 0.0f;
+  EXPECT_EQ(opt_beta->SetGroupOptimizer(1, changed).code(), StatusCode::kInvalidArgument);
+  std::get<cpu_optim::AdafactorConfig>(changed.config).beta1 = 0.8f;
+  EXPECT_TRUE(opt_beta->SetGroupOptimizer(1, changed).ok());
+  opt_a.reset();
+  opt_c.reset();
+  opt_d.reset();
+  opt_o.reset();
+  opt_beta.reset();
+  std::filesystem::remove_all(dir);
+}
+
+TEST(OffloadOptimizer, ASegmentShapeMustCoverItsElements) {
+  auto opt = OffloadOptimizer::Create({});
+  ASSERT_TRUE(opt.ok());
+  ASSERT_TRUE(
+      (*opt)->AddGroup(AnyOptimizer{OptimizerKind::kAdafactor, cpu_optim::AdafactorConfig{}}).ok());
+  std::vector<float> p(12);
+  for (const std::vector<int64_t>& shape :
+       std::vector<std::vector<int64_t>>{{5, 2}, {12, 0}, {-3, -4}}) {
+    std::vector<OffloadSegment> segs = {{p.data(), 12, shape}};
+    auto b = (*opt)->AddBucket(0, DType::kF32, segs);
+    EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument);
+  }
+  std::vector<OffloadSegment> segs = {{p.data(), 12, {3, 4}}};
+  EXPECT_TRUE((*opt)->AddBucket(0, DType::kF32, segs).ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(Homes, OffloadStateKinds,
+                         ::testing::Values(OffloadOptimizerOptions::Home::kHost,
+                                           OffloadOptimizerOptions::Home::kNvme));
+
+}  // namespace state_kinds
 
 }  // namespace
 }  // namespace strata::engine
