@@ -161,7 +161,9 @@ TEST_F(EngineOptimizersTest, ACheckpointOfOneOptimizerRefusesToLoadIntoAnother) 
     auto sgd = Engine::Create(model_.get(), device_.get(),
                               Options(all[3], ParamHome::kHost, OptimizerHome::kHost));
     ASSERT_TRUE(sgd.ok());
-    ASSERT_TRUE((*sgd)->SaveCheckpoint(save, TrainerState{.step = 1}).ok());
+    TrainerState later;
+    later.step = 1;
+    ASSERT_TRUE((*sgd)->SaveCheckpoint(save, later).ok());
   }
   AnyOptimizer plain = all[3];
   std::get<cpu_optim::SgdConfig>(plain.config).momentum = 0;
