@@ -14,7 +14,7 @@
 #include "base/units.h"
 #include "engine/planner.h"
 #include "tools/model_spec.h"
-#include "tools/train_command.h"
+#include "tools/optimizer_flags.h"
 
 namespace strata::tools {
 namespace {

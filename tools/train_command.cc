@@ -23,6 +23,7 @@
 #include "tools/config.h"
 #include "tools/device_select.h"
 #include "tools/model_spec.h"
+#include "tools/optimizer_flags.h"
 
 namespace strata::tools {
 
@@ -81,8 +82,9 @@ void AddTrainFlags(CLI::App& cmd, TrainFlags& f) {
   cmd.add_option("--adafactor-clip-threshold", f.adafactor_clip_threshold,
                  "Adafactor's update clipping threshold (RMS of the update)")
       ->capture_default_str();
-  cmd.add_option("--lr", f.lr, "Peak learning rate (linear warmup, cosine decay to 10%)")
-      ->capture_default_str()
+  cmd.add_option("--lr", f.lr,
+                 "Peak learning rate (linear warmup, cosine decay to 10%); default by optimizer: "
+                 "3e-3 adamw/adam/adamw8bit, 1.5e-3 adafactor, 3e-4 lion, 0.1 sgd, 1e-2 adagrad")
       ->check(CLI::PositiveNumber);
   cmd.add_option("--warmup-steps", f.warmup_steps, "Learning-rate warmup steps")
       ->capture_default_str();
@@ -188,13 +190,6 @@ std::string ResolveData(const std::string& path) {
   return std::string(STRATA_SOURCE_DIR) + "/" + path;
 }
 
-float LearningRate(const TrainFlags& f, int64_t step) {  // step is 0-based
-  if (step < f.warmup_steps) return static_cast<float>(f.lr * (step + 1) / f.warmup_steps);
-  const double span = std::max<int64_t>(1, f.steps - f.warmup_steps);
-  const double progress = std::min(1.0, (step - f.warmup_steps) / span);
-  return static_cast<float>(f.lr * (0.1 + 0.9 * 0.5 * (1 + std::cos(M_PI * progress))));
-}
-
 StatusOr<float> Evaluate(engine::Engine& e, const engine::Dataset& data, const TrainFlags& f) {
   std::vector<int32_t> tokens, targets;
   double sum = 0;
@@ -248,9 +243,12 @@ StatusOr<std::string> Sample(engine::Engine& e, const TrainFlags& f, std::mt1993
 
 // The schedule of LearningRate and the GPT shape, for the checkpoint manifest.
 std::string ScheduleJson(const TrainFlags& f, int64_t next_step) {
-  return nlohmann::json{
-      {"kind", "linear_warmup_cosine"}, {"peak_lr", f.lr},     {"warmup_steps", f.warmup_steps},
-      {"total_steps", f.steps},         {"min_lr_ratio", 0.1}, {"next_step", next_step}}
+  return nlohmann::json{{"kind", "linear_warmup_cosine"},
+                        {"peak_lr", PeakLearningRate(f)},
+                        {"warmup_steps", f.warmup_steps},
+                        {"total_steps", f.steps},
+                        {"min_lr_ratio", 0.1},
+                        {"next_step", next_step}}
       .dump();
 }
 
@@ -261,65 +259,6 @@ std::string Printable(const std::string& s) {
 }
 
 }  // namespace
-
-StatusOr<cpu_optim::AnyOptimizer> BuildOptimizer(const TrainFlags& f) {
-  using cpu_optim::OptimizerKind;
-  const auto lr = LearningRate(f, 0);
-  const auto wd = static_cast<float>(f.weight_decay);
-  const auto or_default = [](const std::optional<double>& v, double d) {
-    return static_cast<float>(v.value_or(d));
-  };
-  cpu_optim::AnyOptimizer o;
-  if (f.optimizer == "adamw" || f.optimizer == "adam" || f.optimizer == "adamw8bit") {
-    cpu_optim::AdamWConfig c;
-    c.lr = lr;
-    c.weight_decay = wd;
-    c.beta1 = or_default(f.adam_beta1, 0.9);
-    c.beta2 = or_default(f.adam_beta2, 0.999);
-    c.eps = or_default(f.adam_eps, 1e-8);
-    // "adam" is Adam with L2 weight decay; a config file may also ask for it (adam_w_mode).
-    c.decoupled_weight_decay = f.optimizer != "adam" && f.adam_decoupled_weight_decay;
-    c.bias_correction = f.adam_bias_correction;
-    o.config = c;
-    o.kind = f.optimizer == "adamw8bit" ? OptimizerKind::kAdamW8bit
-             : c.decoupled_weight_decay ? OptimizerKind::kAdamW
-                                        : OptimizerKind::kAdam;
-  } else if (f.optimizer == "adafactor") {
-    cpu_optim::AdafactorConfig c;
-    c.lr = lr;
-    c.weight_decay = wd;
-    c.beta1 = or_default(f.adam_beta1, 0.0);
-    c.decay_rate = static_cast<float>(f.adafactor_decay_rate);
-    c.clip_threshold = static_cast<float>(f.adafactor_clip_threshold);
-    if (f.adam_eps) c.eps1 = static_cast<float>(*f.adam_eps);
-    o = {OptimizerKind::kAdafactor, c};
-  } else if (f.optimizer == "lion") {
-    cpu_optim::LionConfig c;
-    c.lr = lr;
-    c.weight_decay = wd;
-    c.beta1 = or_default(f.adam_beta1, 0.9);
-    c.beta2 = or_default(f.adam_beta2, 0.99);
-    o = {OptimizerKind::kLion, c};
-  } else if (f.optimizer == "sgd") {
-    cpu_optim::SgdConfig c;
-    c.lr = lr;
-    c.weight_decay = wd;
-    c.momentum = static_cast<float>(f.momentum);
-    o = {OptimizerKind::kSgd, c};
-  } else if (f.optimizer == "adagrad") {
-    cpu_optim::AdagradConfig c;
-    c.lr = lr;
-    c.weight_decay = wd;
-    c.eps = or_default(f.adam_eps, 1e-10);
-    o = {OptimizerKind::kAdagrad, c};
-  } else {
-    return InvalidArgumentError(fmt::format(
-        "--optimizer {} is not one of adamw, adam, adamw8bit, adafactor, lion, sgd, adagrad",
-        f.optimizer));
-  }
-  STRATA_RETURN_IF_ERROR(cpu_optim::Validate(o).WithContext("--optimizer " + f.optimizer));
-  return o;
-}
 
 Status RunTrain(const TrainFlags& f) {
   const auto t_start = std::chrono::steady_clock::now();

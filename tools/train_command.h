@@ -6,10 +6,10 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "base/status.h"
-#include "cpu_optim/any_optimizer.h"
 #include "tools/checkpoint_commands.h"
 
 namespace strata::tools {
@@ -29,7 +29,7 @@ struct TrainFlags {
   // (BuildOptimizer). Its betas and eps default to the optimizer's own (torch.optim's; Adafactor:
   // beta1 0, no first moment) unless given.
   std::string optimizer = "adamw";
-  double lr = 3e-3;
+  double lr = 0;  // peak learning rate; 0 = the optimizer's (DefaultLearningRate)
   int64_t warmup_steps = 20;
   double weight_decay = 0.0;
   double momentum = 0.9;                  // sgd
@@ -81,9 +81,6 @@ struct TrainFlags {
 };
 
 void AddTrainFlags(CLI::App& cmd, TrainFlags& f);
-// The engine's optimizer from --optimizer and its hyper-parameters (lr = the schedule's first).
-// kInvalidArgument naming an unknown optimizer or a hyper-parameter it rejects.
-StatusOr<cpu_optim::AnyOptimizer> BuildOptimizer(const TrainFlags& f);
 // Runs the whole job; a non-OK Status is printed by main as one line.
 Status RunTrain(const TrainFlags& f);
 

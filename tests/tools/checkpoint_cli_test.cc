@@ -151,6 +151,39 @@ INSTANTIATE_TEST_SUITE_P(PrecisionAndOptimizerHome, ResumeCliTest,
                                   std::get<1>(info.param);
                          });
 
+// --optimizer: adamw8bit and adafactor train, resume exactly with their compact state, and a
+// checkpoint refuses to resume under another optimizer, naming both.
+TEST_F(CheckpointCliTest, EachOptimizerResumesExactlyAndRefusesAnothersCheckpoint) {
+  for (const std::string optimizer : {"adamw8bit", "adafactor"}) {
+    SCOPED_TRACE(optimizer);
+    const std::string save = (dir_ / ("save-" + optimizer)).string();
+    const auto straight = dir_ / "straight.json", resumed = dir_ / "resumed.json";
+    const auto args = Tiny() + std::vector<std::string>{"--optimizer", optimizer, "--steps", "4"};
+    Result r = Run(args + std::vector<std::string>{"--save-every", "2", "--save-dir", save,
+                                                   "--summary-json", straight.string()});
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find(optimizer + " state"), std::string::npos) << r.out;  // the plan
+    r = Run(args + std::vector<std::string>{"--resume", save + "/step-2", "--summary-json",
+                                            resumed.string()});
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_EQ(Summary(straight)["master_xxh3"], Summary(resumed)["master_xxh3"]);
+    const nlohmann::json manifest =
+        nlohmann::json::parse(ReadFile(fs::path(save) / "step-2" / "manifest.json"));
+    EXPECT_EQ(manifest["optimizer"]["name"], optimizer);
+    // Under AdamW: refused with one line naming both optimizers.
+    r = Run(Tiny() + std::vector<std::string>{"--steps", "4", "--resume", save + "/step-2"});
+    EXPECT_NE(r.code, 0);
+    EXPECT_NE(r.out.find("holds " + optimizer + " optimizer state, this run uses adamw"),
+              std::string::npos)
+        << r.out;
+  }
+  // The 8-bit state files hold U8 codes.
+  Result r = Run({"inspect", (dir_ / "save-adamw8bit" / "step-2").string()});
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("U8"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("exp_avg.absmax"), std::string::npos) << r.out;
+}
+
 TEST_F(CheckpointCliTest, InspectListsTensorsAndReportsTheFirstCorruptFile) {
   const std::string save = (dir_ / "save").string();
   Result r = Run(Tiny() + std::vector<std::string>{"--steps", "2", "--save-dir", save});

@@ -247,6 +247,33 @@ TEST_F(CliTest, EstimatePrintsThePlanOrTheShortfallWithoutTraining) {
   EXPECT_NE(missing.err.find("--device-budget"), std::string::npos) << missing.err;
 }
 
+// Issue 16: 16-bit host gradients at one micro-batch halve the host gradient memory of gpt-7b,
+// and the optimizer's state sets the NVMe footprint.
+TEST_F(CliTest, EstimateShowsHalfTheHostGradientsAtOneMicroBatchAndEachOptimizersState) {
+  auto plan = [&](const std::string& extra) {
+    const Result r = RunStrata(
+        "estimate --preset gpt-7b --device-budget 24GiB --host-budget "
+        "512GiB --json " +
+        extra);
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+    return r.exit_code == 0 ? nlohmann::json::parse(r.out) : nlohmann::json::object();
+  };
+  const auto one = plan("--grad-accum-steps 1"), eight = plan("--grad-accum-steps 8");
+  const auto params = one.at("model_params").get<uint64_t>();
+  EXPECT_EQ(one.at("host_grad_bytes").get<uint64_t>(), 2 * params);
+  EXPECT_EQ(eight.at("host_grad_bytes").get<uint64_t>(), 4 * params);
+  EXPECT_EQ(eight.at("host_bytes").get<uint64_t>() - one.at("host_bytes").get<uint64_t>(),
+            2 * params);
+  const auto adamw = plan(""), q8 = plan("--optimizer adamw8bit"),
+             af = plan("--optimizer adafactor");
+  EXPECT_EQ(adamw.at("optimizer"), "adamw");
+  EXPECT_NEAR(adamw.at("optimizer_state_bytes").get<double>() / params, 8.0, 0.01);
+  EXPECT_NEAR(q8.at("optimizer_state_bytes").get<double>() / params, 2.0, 0.02);
+  EXPECT_LT(af.at("optimizer_state_bytes").get<double>() / params, 0.05);
+  EXPECT_GT(adamw.at("nvme_bytes").get<uint64_t>() - q8.at("nvme_bytes").get<uint64_t>(),
+            5 * params);
+}
+
 // Issue 3: the block `strata iobench --sweep` prints is a config `strata train --config` takes
 // unchanged, and the settings reach the engine (the plan's io line shows them).
 TEST_F(CliTest, IobenchSweepConfigRoundTripsThroughTrainConfig) {

@@ -8,6 +8,10 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
+#include <vector>
+
+#include "tools/optimizer_flags.h"
 
 namespace strata::tools {
 namespace {
@@ -63,6 +67,7 @@ TEST(TrainConfig, EveryAcceptedKeyParsesToItsField) {
   EXPECT_EQ(f.fp16_scale_window, 200);
   EXPECT_DOUBLE_EQ(f.fp16_min_scale, 0.25);
   EXPECT_FALSE(f.adam_decoupled_weight_decay);
+  EXPECT_EQ(f.optimizer, "adam");
   EXPECT_DOUBLE_EQ(f.lr, 2e-4);
   EXPECT_DOUBLE_EQ(f.adam_beta1.value_or(-1), 0.8);
   EXPECT_DOUBLE_EQ(f.adam_beta2.value_or(-1), 0.95);
@@ -145,6 +150,55 @@ TEST(TrainConfig, PrecisionAndOptimizerFollowDeepSpeedSemantics) {
                   .ok());
   EXPECT_EQ(h.offload_params, "host");
   EXPECT_EQ(h.nvme_paths, std::vector<std::string>{"/one"});
+}
+
+TEST(TrainConfig, OptimizerTypeNamesEveryStrataOptimizer) {
+  for (const auto& [type, name] :
+       std::vector<std::pair<std::string, std::string>>{{"AdamW", "adamw"},
+                                                        {"Adam", "adamw"},
+                                                        {"AdamW8bit", "adamw8bit"},
+                                                        {"Adafactor", "adafactor"},
+                                                        {"Lion", "lion"},
+                                                        {"SGD", "sgd"},
+                                                        {"Adagrad", "adagrad"}}) {
+    TrainFlags f;
+    const Status s = Apply(R"({"optimizer": {"type": ")" + type + R"("}})", &f);
+    ASSERT_TRUE(s.ok()) << type << ": " << s.ToString();
+    EXPECT_EQ(f.optimizer, name) << type;
+    EXPECT_TRUE(BuildOptimizer(f).ok()) << type;
+  }
+  TrainFlags f;
+  ASSERT_TRUE(Apply(R"({"optimizer": {"type": "SGD", "params": {"momentum": 0.5}}})", &f).ok());
+  EXPECT_DOUBLE_EQ(f.momentum, 0.5);
+  const Status momentum =
+      Apply(R"({"optimizer": {"type": "Lion", "params": {"momentum": 0.5}}})", &f);
+  EXPECT_EQ(momentum.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(momentum.message().find("momentum"), std::string::npos) << momentum.ToString();
+  const Status lamb = Apply(R"({"optimizer": {"type": "Lamb"}})", &f);
+  EXPECT_NE(lamb.message().find("AdamW8bit"), std::string::npos) << lamb.ToString();
+}
+
+TEST(TrainFlags, EachOptimizerHasItsDefaultLearningRateUnlessOneIsGiven) {
+  TrainFlags f;
+  EXPECT_DOUBLE_EQ(PeakLearningRate(f), 3e-3);
+  f.optimizer = "adafactor";
+  EXPECT_DOUBLE_EQ(PeakLearningRate(f), 1.5e-3);
+  auto o = BuildOptimizer(f);
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o->kind, cpu_optim::OptimizerKind::kAdafactor);
+  EXPECT_EQ(std::get<cpu_optim::AdafactorConfig>(o->config).beta1, 0.0f);  // no first moment
+  f.optimizer = "lion";
+  EXPECT_DOUBLE_EQ(PeakLearningRate(f), 3e-4);
+  f.lr = 5e-4;
+  EXPECT_DOUBLE_EQ(PeakLearningRate(f), 5e-4);
+  f.optimizer = "adamw8bit";
+  f.adam_beta2 = 0.95;
+  o = BuildOptimizer(f);
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o->kind, cpu_optim::OptimizerKind::kAdamW8bit);
+  EXPECT_EQ(o->adamw().beta2, 0.95f);
+  // LearningRate(f, 0) is the warmup's first step of the peak.
+  EXPECT_FLOAT_EQ(o->adamw().lr, static_cast<float>(5e-4 / f.warmup_steps));
 }
 
 TEST(TrainConfig, TrainBatchSizeIsCheckedOrDerivedForOneProcess) {

@@ -1,0 +1,90 @@
+#include "tools/optimizer_flags.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+
+namespace strata::tools {
+
+float LearningRate(const TrainFlags& f, int64_t step) {  // step is 0-based
+  const double peak = PeakLearningRate(f);
+  if (step < f.warmup_steps) return static_cast<float>(peak * (step + 1) / f.warmup_steps);
+  const double span = std::max<int64_t>(1, f.steps - f.warmup_steps);
+  const double progress = std::min(1.0, (step - f.warmup_steps) / span);
+  return static_cast<float>(peak * (0.1 + 0.9 * 0.5 * (1 + std::cos(M_PI * progress))));
+}
+
+double DefaultLearningRate(std::string_view optimizer) {
+  if (optimizer == "adafactor") return 1.5e-3;
+  if (optimizer == "lion") return 3e-4;
+  if (optimizer == "sgd") return 0.1;
+  if (optimizer == "adagrad") return 1e-2;
+  return 3e-3;
+}
+
+double PeakLearningRate(const TrainFlags& f) {
+  return f.lr > 0 ? f.lr : DefaultLearningRate(f.optimizer);
+}
+
+StatusOr<cpu_optim::AnyOptimizer> BuildOptimizer(const TrainFlags& f) {
+  using cpu_optim::OptimizerKind;
+  const auto lr = LearningRate(f, 0);
+  const auto wd = static_cast<float>(f.weight_decay);
+  const auto or_default = [](const std::optional<double>& v, double d) {
+    return static_cast<float>(v.value_or(d));
+  };
+  cpu_optim::AnyOptimizer o;
+  if (f.optimizer == "adamw" || f.optimizer == "adam" || f.optimizer == "adamw8bit") {
+    cpu_optim::AdamWConfig c;
+    c.lr = lr;
+    c.weight_decay = wd;
+    c.beta1 = or_default(f.adam_beta1, 0.9);
+    c.beta2 = or_default(f.adam_beta2, 0.999);
+    c.eps = or_default(f.adam_eps, 1e-8);
+    // "adam" is Adam with L2 weight decay; a config file may also ask for it (adam_w_mode).
+    c.decoupled_weight_decay = f.optimizer != "adam" && f.adam_decoupled_weight_decay;
+    c.bias_correction = f.adam_bias_correction;
+    o.config = c;
+    o.kind = f.optimizer == "adamw8bit" ? OptimizerKind::kAdamW8bit
+             : c.decoupled_weight_decay ? OptimizerKind::kAdamW
+                                        : OptimizerKind::kAdam;
+  } else if (f.optimizer == "adafactor") {
+    cpu_optim::AdafactorConfig c;
+    c.lr = lr;
+    c.weight_decay = wd;
+    c.beta1 = or_default(f.adam_beta1, 0.0);
+    c.decay_rate = static_cast<float>(f.adafactor_decay_rate);
+    c.clip_threshold = static_cast<float>(f.adafactor_clip_threshold);
+    if (f.adam_eps) c.eps1 = static_cast<float>(*f.adam_eps);
+    o = {OptimizerKind::kAdafactor, c};
+  } else if (f.optimizer == "lion") {
+    cpu_optim::LionConfig c;
+    c.lr = lr;
+    c.weight_decay = wd;
+    c.beta1 = or_default(f.adam_beta1, 0.9);
+    c.beta2 = or_default(f.adam_beta2, 0.99);
+    o = {OptimizerKind::kLion, c};
+  } else if (f.optimizer == "sgd") {
+    cpu_optim::SgdConfig c;
+    c.lr = lr;
+    c.weight_decay = wd;
+    c.momentum = static_cast<float>(f.momentum);
+    o = {OptimizerKind::kSgd, c};
+  } else if (f.optimizer == "adagrad") {
+    cpu_optim::AdagradConfig c;
+    c.lr = lr;
+    c.weight_decay = wd;
+    c.eps = or_default(f.adam_eps, 1e-10);
+    o = {OptimizerKind::kAdagrad, c};
+  } else {
+    return InvalidArgumentError(fmt::format(
+        "--optimizer {} is not one of adamw, adam, adamw8bit, adafactor, lion, sgd, adagrad",
+        f.optimizer));
+  }
+  STRATA_RETURN_IF_ERROR(cpu_optim::Validate(o).WithContext("--optimizer " + f.optimizer));
+  return o;
+}
+
+}  // namespace strata::tools
