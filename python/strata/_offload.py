@@ -392,6 +392,15 @@ class OffloadOptimizer(torch.optim.Optimizer):
             for key, value in self.defaults.items():
                 ng.setdefault(key, value)
             new_groups.append(self._tuples_as_defaults(ng))
+        for gi, (g, ng) in enumerate(zip(groups, new_groups)):
+            for key, value in self._layout_options(g).items():
+                saved = self._layout_options(ng)[key]
+                if saved != value:
+                    raise ValueError(
+                        f"{self._name()}.load_state_dict: param group {gi} was saved with "
+                        f"{key}={ng.get(key)!r}, this optimizer has {key}={g.get(key)!r}: it "
+                        "decides the kind of state kept, which cannot change; make the "
+                        "optimizer with the saved setting")
         library = _lib.lib()
         handle = self._live_handle()
         # Check everything first: configs, then each bucket's tensors.
@@ -649,6 +658,11 @@ class OffloadOptimizer(torch.optim.Optimizer):
     def _lazy_state(self):
         return True
 
+    def _layout_options(self, group):
+        """{option: what of it decides the state's layout} of a param group (fixed
+        once the group is added: amsgrad, momentum on/off, Adafactor's beta1 on/off)."""
+        return {}
+
     def _extra_state(self, group, entry):
         return {}
 
@@ -893,6 +907,9 @@ class OffloadAdamW(OffloadOptimizer):
                                            num_threads, pin_memory, buffer_count,
                                            staging_buffers, io_backend, module))
 
+    def _layout_options(self, group):
+        return {"amsgrad": bool(group.get("amsgrad", False))}
+
 
 class OffloadAdam(OffloadOptimizer):
     """torch.optim.Adam (Kingma & Ba, ICLR 2015; weight decay as L2) with master
@@ -911,6 +928,9 @@ class OffloadAdam(OffloadOptimizer):
                          **_offload_kwargs(offload, nvme_path, max_grad_norm, bucket_size,
                                            num_threads, pin_memory, buffer_count,
                                            staging_buffers, io_backend, module))
+
+    def _layout_options(self, group):
+        return {"amsgrad": bool(group.get("amsgrad", False))}
 
 
 class OffloadAdagrad(OffloadOptimizer):
@@ -966,6 +986,9 @@ class OffloadSGD(OffloadOptimizer):
 
     def _extra_state(self, group, entry):
         return {} if group["momentum"] != 0 else {"momentum_buffer": None}
+
+    def _layout_options(self, group):
+        return {"momentum": group["momentum"] != 0}
 
     def _loaded_step(self, entries, bucket):
         # torch keeps no step count for SGD: t = 1 starts the momentum buffer as
@@ -1040,6 +1063,9 @@ class OffloadAdafactor(OffloadOptimizer):
 
     _twin = _optim.Adafactor
     _kind = _lib.OPTIMIZER_ADAFACTOR
+
+    def _layout_options(self, group):
+        return {"beta1": bool(group.get("beta1"))}
 
     def __init__(self, params, lr=None, eps=(1e-30, 1e-3), clip_threshold=1.0,
                  decay_rate=-0.8, beta1=None, weight_decay=0.0, scale_parameter=True,

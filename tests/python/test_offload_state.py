@@ -267,6 +267,31 @@ class BadStateTest(OffloadStateTestCase):
         with self.assertRaisesRegex(ValueError, r"head\.weight.*exp_avg_sq_row"):
             opt.load_state_dict(sd)
 
+    def test_options_that_shape_the_state_cannot_change_on_load(self):
+        # Adafactor's beta1 on/off decides whether 'exp_avg' exists; two groups, so
+        # that a refusal after the first group's config was applied would show.
+        def groups(m):
+            return [{"params": [p for p in m.parameters() if p.dim() >= 2]},
+                    {"params": [p for p in m.parameters() if p.dim() < 2]}]
+
+        with_beta1 = make_model(23)
+        opt = st.OffloadAdafactor(groups(with_beta1), beta1=0.9)
+        train(with_beta1, opt, 1)
+        sd = opt.state_dict()
+        model = make_model(23)
+        plain = st.OffloadAdafactor(groups(model), lr=1e-2, relative_step=False)
+        train(model, plain, 1)
+        before = plain.state_dict()
+        sd["param_groups"][0]["beta1"] = None  # only the second group differs
+        with self.assertRaisesRegex(ValueError, r"param group 1 was saved with beta1=0\.9"):
+            plain.load_state_dict(sd)
+        self.assert_state_dicts_equal(plain.state_dict(), before, "after a refused load")
+        train(model, plain, 1, first_step=1)  # the configs in Strata are unchanged too
+        ref = make_model(23)
+        ref_opt = strata.optim.Adafactor(groups(ref), lr=1e-2, relative_step=False)
+        train(ref, ref_opt, 2)
+        self.assert_params_equal(model, ref, "after a refused load")
+
     def test_amsgrad_is_refused_by_the_8bit_optimizer(self):
         model = make_model(20)
         opt = self.offload("adamw8bit", model, "cpu")
