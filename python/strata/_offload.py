@@ -323,7 +323,10 @@ class OffloadOptimizer(torch.optim.Optimizer):
         OffloadAdamW, ...): 'param_groups' as torch's, and per parameter the twin's
         state ('step' as a float32 scalar tensor; fp32 tensors shaped like the
         parameter: 'exp_avg', 'exp_avg_sq', ...), read from Strata, plus 'master'
-        (the fp32 master weights) for fp16/bf16 parameters. State tensors are on
+        (the fp32 master weights) for fp16/bf16 parameters. OffloadAdamW8bit and
+        OffloadAdafactor: one tensor per state section of the parameter, as
+        strata.optim.AdamW8bit / Adafactor (uint8 codes or fp32; shaped like the
+        parameter when it has one value per element, else 1-D). State tensors are on
         the CPU. A parameter has no entry before the first step (torch's lazy
         state), except with Adagrad. Materializes the whole state in host memory:
         for NVMe-sized state use save(dir)."""
@@ -366,8 +369,11 @@ class OffloadOptimizer(torch.optim.Optimizer):
         return {"state": state, "param_groups": param_groups}
 
     def load_state_dict(self, state_dict):
-        """Loads a state_dict of this optimizer or of its torch twin (same groups,
-        same parameter counts per group, tensors shaped like the parameters).
+        """Loads a state_dict of this optimizer or of its twin (torch's, or
+        strata.optim's for the 8-bit and factored kinds; same groups, same parameter
+        counts per group, each tensor with the element count and kind (uint8 codes
+        or floating point) of this optimizer's state; amsgrad, momentum on/off and
+        Adafactor's beta1 on/off as this optimizer's).
         Hyper-parameters come from it, as torch.optim. The master weights come from
         'master' where present, else from the parameters as they are now (load the
         model's weights first). Everything is checked before anything changes."""
