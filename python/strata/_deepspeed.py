@@ -31,6 +31,8 @@ _IGNORED_OFFLOAD = {"fast_init", "pipeline", "pipeline_read", "pipeline_write"}
 _OPTIMIZERS = {
     "adamw": _offload.OffloadAdamW,
     "adam": _offload.OffloadAdamW,  # DeepSpeed's "Adam" is AdamW unless adam_w_mode is false
+    "adamw8bit": _offload.OffloadAdamW8bit,
+    "adafactor": _offload.OffloadAdafactor,
     "adagrad": _offload.OffloadAdagrad,
     "lion": _offload.OffloadLion,
     "sgd": _offload.OffloadSGD,
@@ -58,10 +60,14 @@ def from_deepspeed_config(config, params, *, module=None, num_threads=0, bucket_
 
     Read:
       optimizer.type        AdamW, Adam (AdamW unless params.adam_w_mode is false, as
-                            DeepSpeed's), Adagrad, Lion, SGD; case-insensitive
+                            DeepSpeed's), Adagrad, Lion, SGD; and, not DeepSpeed types,
+                            AdamW8bit and Adafactor (strata.torch.OffloadAdamW8bit /
+                            OffloadAdafactor); case-insensitive
       optimizer.params      the optimizer's arguments (lr, betas, eps, weight_decay,
-                            amsgrad, momentum, ...); adam_w_mode, torch_adam are read;
-                            bias_correction must be true
+                            amsgrad, momentum, ...; Adafactor's are transformers'
+                            names: beta1, relative_step, scale_parameter, ...);
+                            adam_w_mode, torch_adam are read; bias_correction must be
+                            true
       zero_optimization.offload_optimizer
                             device "cpu" | "nvme" ("none" or no section: "cpu"),
                             nvme_path, pin_memory, buffer_count; ratio must be 1
@@ -104,7 +110,7 @@ def from_deepspeed_config(config, params, *, module=None, num_threads=0, bucket_
     kind = str(optimizer.get("type", "")).lower()
     if kind not in _OPTIMIZERS:
         raise _error("optimizer.type", f"{optimizer.get('type')!r} is not one of AdamW, Adam, "
-                     "Adagrad, Lion, SGD")
+                     "Adagrad, Lion, SGD, AdamW8bit, Adafactor")
     args = dict(optimizer.get("params", {}))
     cls = _OPTIMIZERS[kind]
     adam_w_mode = args.pop("adam_w_mode", True)
@@ -113,8 +119,9 @@ def from_deepspeed_config(config, params, *, module=None, num_threads=0, bucket_
         cls = _offload.OffloadAdam
     if not args.pop("bias_correction", True):
         raise _error("optimizer.params.bias_correction", "false is not supported")
-    if "betas" in args:
-        args["betas"] = tuple(args["betas"])
+    for key in ("betas", "eps"):
+        if isinstance(args.get(key), list):
+            args[key] = tuple(args[key])
 
     zero = config.get("zero_optimization", {})
     _check_keys("zero_optimization", zero, _IGNORED_ZERO | {

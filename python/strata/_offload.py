@@ -34,9 +34,11 @@ from strata import optim as _optim
 from strata._tensors import DTYPES
 
 __all__ = [
+    "OffloadAdafactor",
     "OffloadAdagrad",
     "OffloadAdam",
     "OffloadAdamW",
+    "OffloadAdamW8bit",
     "OffloadLion",
     "OffloadOptimizer",
     "OffloadSGD",
@@ -88,6 +90,17 @@ def _host_view(ptr, num_elems, dtype):
     size = torch.empty((), dtype=dtype).element_size()
     buf = (ctypes.c_char * (num_elems * size)).from_address(ptr)
     return torch.frombuffer(buf, dtype=dtype, count=num_elems)
+
+
+def _section_dtype(section):
+    """The torch dtype of a strata_state_section: uint8 codes or fp32."""
+    return torch.uint8 if section.dtype == _lib.STATE_U8 else torch.float32
+
+
+def _state_shape(p, n):
+    """The shape of a state tensor of n values of parameter p in state_dict():
+    p's shape when it has one value per element, else 1-D (as strata.optim)."""
+    return p.shape if n == p.numel() else (n,)
 
 
 class OffloadOptimizer(torch.optim.Optimizer):
@@ -310,7 +323,10 @@ class OffloadOptimizer(torch.optim.Optimizer):
         OffloadAdamW, ...): 'param_groups' as torch's, and per parameter the twin's
         state ('step' as a float32 scalar tensor; fp32 tensors shaped like the
         parameter: 'exp_avg', 'exp_avg_sq', ...), read from Strata, plus 'master'
-        (the fp32 master weights) for fp16/bf16 parameters. State tensors are on
+        (the fp32 master weights) for fp16/bf16 parameters. OffloadAdamW8bit and
+        OffloadAdafactor: one tensor per state section of the parameter, as
+        strata.optim.AdamW8bit / Adafactor (uint8 codes or fp32; shaped like the
+        parameter when it has one value per element, else 1-D). State tensors are on
         the CPU. A parameter has no entry before the first step (torch's lazy
         state), except with Adagrad. Materializes the whole state in host memory:
         for NVMe-sized state use save(dir)."""
@@ -331,30 +347,33 @@ class OffloadOptimizer(torch.optim.Optimizer):
             step = self._group_step(b.group_index)
             if step == 0 and self._lazy_state():
                 continue
-            num_state = library.strata_offload_bucket_num_state(handle, b.index)
-            tensors = {}
-            for t in range(num_state + 1):
+            tensors = []  # (tensor index, name, the bucket's whole tensor)
+            for t, section in enumerate(self._sections(b)):
                 if t == 0 and b.dtype == torch.float32:
-                    continue
-                key = library.strata_offload_tensor_name(handle, b.index, t).decode()
-                flat = torch.empty(b.num_elems, dtype=torch.float32)
-                _lib.check(library.strata_offload_read_state(
-                    handle, b.index, t, ctypes.cast(flat.data_ptr(), ctypes.POINTER(
-                        ctypes.c_float)), b.num_elems))
-                tensors[key] = flat
-            for p, offset, n in zip(b.params, b.offsets, b.numels):
+                    continue  # fp32 parameters are their own masters
+                flat = torch.empty(section.num_elems, dtype=_section_dtype(section))
+                _lib.check(library.strata_offload_read_state_bytes(
+                    handle, b.index, t, ctypes.c_void_p(flat.data_ptr()), section.size_bytes))
+                tensors.append((t, section.name.decode(), flat))
+            for slot, p in enumerate(b.params):
                 entry = {}
                 if self._has_step:
                     entry["step"] = torch.tensor(float(step))
-                for key, flat in tensors.items():
-                    entry[key] = flat[offset:offset + n].view(p.shape).clone()
+                for t, key, flat in tensors:
+                    offset, n = self._segment_range(b, slot, t)
+                    if n == 0:
+                        continue  # e.g. Adafactor's rows of a 1-D parameter
+                    entry[key] = flat[offset:offset + n].view(_state_shape(p, n)).clone()
                 entry.update(self._extra_state(self.param_groups[b.group_index], entry))
                 state[index_of[id(p)]] = entry
         return {"state": state, "param_groups": param_groups}
 
     def load_state_dict(self, state_dict):
-        """Loads a state_dict of this optimizer or of its torch twin (same groups,
-        same parameter counts per group, tensors shaped like the parameters).
+        """Loads a state_dict of this optimizer or of its twin (torch's, or
+        strata.optim's for the 8-bit and factored kinds; same groups, same parameter
+        counts per group, each tensor with the element count and kind (uint8 codes
+        or floating point) of this optimizer's state; amsgrad, momentum on/off and
+        Adafactor's beta1 on/off as this optimizer's).
         Hyper-parameters come from it, as torch.optim. The master weights come from
         'master' where present, else from the parameters as they are now (load the
         model's weights first). Everything is checked before anything changes."""
@@ -378,24 +397,30 @@ class OffloadOptimizer(torch.optim.Optimizer):
             ng["params"] = g["params"]
             for key, value in self.defaults.items():
                 ng.setdefault(key, value)
-            if isinstance(ng.get("betas"), list):
-                ng["betas"] = tuple(ng["betas"])
-            new_groups.append(ng)
+            new_groups.append(self._tuples_as_defaults(ng))
+        for gi, (g, ng) in enumerate(zip(groups, new_groups)):
+            for key, value in self._layout_options(g).items():
+                saved = self._layout_options(ng)[key]
+                if saved != value:
+                    raise ValueError(
+                        f"{self._name()}.load_state_dict: param group {gi} was saved with "
+                        f"{key}={ng.get(key)!r}, this optimizer has {key}={g.get(key)!r}: it "
+                        "decides the kind of state kept, which cannot change; make the "
+                        "optimizer with the saved setting")
         library = _lib.lib()
         handle = self._live_handle()
         # Check everything first: configs, then each bucket's tensors.
         configs = [self._config(ng) for ng in new_groups]
-        plan = []  # (bucket, {tensor index: flat fp32 or None (reload)}, step or None)
+        plan = []  # (bucket, {tensor index: (section, whole tensor) or None (reload)})
         group_steps = {}
         for b in self._buckets:
             entries = [saved_state.get(index_of[id(p)]) for p in b.params]
             present = [e is not None and len(e) > 0 for e in entries]
-            num_state = library.strata_offload_bucket_num_state(handle, b.index)
-            names = [library.strata_offload_tensor_name(handle, b.index, t).decode()
-                     for t in range(num_state + 1)]
+            sections = self._sections(b)
             if not any(present):
-                writes = {t: self._initial_state(new_groups[b.group_index], names[t], b.num_elems)
-                          for t in range(1, num_state + 1)}
+                writes = {t: (sections[t], self._initial_state(new_groups[b.group_index],
+                                                                sections[t]))
+                          for t in range(1, len(sections))}
                 writes[0] = None
                 step = 0
             else:
@@ -404,24 +429,12 @@ class OffloadOptimizer(torch.optim.Optimizer):
                     raise ValueError(f"{self._name()}.load_state_dict: no state for {missing} "
                                      "while other parameters have one")
                 writes = {}
-                for t in range(num_state + 1):
-                    key = names[t]
+                for t, section in enumerate(sections):
+                    key = section.name.decode()
                     if t == 0 and not all(key in e for e in entries):
                         writes[0] = None  # the masters: from the parameters
                         continue
-                    parts = []
-                    for e, p, name in zip(entries, b.params, b.names):
-                        value = e.get(key)
-                        if not torch.is_tensor(value):
-                            raise ValueError(f"{self._name()}.load_state_dict: {name} has no "
-                                             f"state '{key}' (a state_dict of another "
-                                             "optimizer, or other options?)")
-                        if value.numel() != p.numel():
-                            raise ValueError(f"{self._name()}.load_state_dict: state '{key}' of "
-                                             f"{name} has shape {tuple(value.shape)}, the "
-                                             f"parameter {tuple(p.shape)}")
-                        parts.append(value.detach().reshape(-1).to("cpu", torch.float32))
-                    writes[t] = torch.cat(parts).contiguous()
+                    writes[t] = (section, self._gather_state(b, t, section, key, entries))
                 step = self._loaded_step(entries, b)
             previous = group_steps.setdefault(b.group_index, step)
             if previous != step:
@@ -435,15 +448,15 @@ class OffloadOptimizer(torch.optim.Optimizer):
         for gi, step in group_steps.items():
             _lib.check(library.strata_offload_set_group_step(handle, gi, step))
         for b, writes in plan:
-            for t, flat in writes.items():
-                if flat is None:
+            for t, write in writes.items():
+                if write is None:
                     _lib.check(library.strata_offload_reload_masters(handle, b.index)) \
                         if b.mirror is None else self._reload_cuda_masters(b)
                 else:
-                    _lib.check(library.strata_offload_write_state(
-                        handle, b.index, t,
-                        ctypes.cast(flat.data_ptr(), ctypes.POINTER(ctypes.c_float)),
-                        b.num_elems))
+                    section, flat = write
+                    _lib.check(library.strata_offload_write_state_bytes(
+                        handle, b.index, t, ctypes.c_void_p(flat.data_ptr()),
+                        section.size_bytes))
             if b.mirror is not None:
                 b.pending = True  # write_state(0) rewrote the mirror
         self.synchronize()
@@ -530,8 +543,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         _lib.check(_lib.lib().strata_offload_load(self._live_handle(), os.fsencode(path)))
         if groups is not None:
             for group, saved in zip(self.param_groups, groups):
-                for key, value in saved.items():
-                    group[key] = tuple(value) if key == "betas" else value
+                group.update(self._tuples_as_defaults(saved))
         for b in self._buckets:
             b.pending = b.mirror is not None
         self.synchronize()
@@ -594,14 +606,78 @@ class OffloadOptimizer(torch.optim.Optimizer):
                                                             ctypes.byref(step)))
         return step.value
 
+    def _tuples_as_defaults(self, group):
+        """group with JSON's lists turned back into tuples where the defaults have
+        tuples (betas, Adafactor's eps): param_groups as the constructor makes them."""
+        return {k: tuple(v) if isinstance(v, list) and isinstance(self.defaults.get(k), tuple)
+                else v for k, v in group.items()}
+
+    def _sections(self, b):
+        """The tensors of bucket b: [master, state section 0, ...] as
+        strata_state_section structs (name, dtype, num_elems, size_bytes, initial
+        value), the bucket's segments back to back in each."""
+        library = _lib.lib()
+        handle = self._live_handle()
+        sections = []
+        for t in range(library.strata_offload_bucket_num_state(handle, b.index) + 1):
+            section = _lib.StateSection()
+            _lib.check(library.strata_offload_state_section(handle, b.index, t,
+                                                            ctypes.byref(section)))
+            sections.append(section)
+        return sections
+
+    def _segment_range(self, b, slot, t):
+        """(offset, count) of parameter b.params[slot]'s part of tensor t of bucket b,
+        in elements of the tensor's dtype; count 0 when it has none."""
+        offset, n = ctypes.c_int64(), ctypes.c_int64()
+        _lib.check(_lib.lib().strata_offload_segment_state_range(
+            self._live_handle(), b.index, slot, t, ctypes.byref(offset), ctypes.byref(n)))
+        return offset.value, n.value
+
+    def _gather_state(self, b, t, section, key, entries):
+        """Tensor t of bucket b (dtype and size of section) from the state_dict
+        entries of its parameters; ValueError naming the parameter when one is
+        missing, of another size, or of another kind (uint8 codes vs fp32)."""
+        dtype = _section_dtype(section)
+        flat = torch.empty(section.num_elems, dtype=dtype)
+        for slot, (e, p, name) in enumerate(zip(entries, b.params, b.names)):
+            offset, n = self._segment_range(b, slot, t)
+            if n == 0:
+                continue
+            value = e.get(key)
+            if not torch.is_tensor(value):
+                raise ValueError(f"{self._name()}.load_state_dict: {name} has no state "
+                                 f"'{key}' (a state_dict of another optimizer, or other "
+                                 "options?)")
+            if value.numel() != n:
+                want = (f"the parameter {tuple(p.shape)}" if n == p.numel()
+                        else f"this optimizer keeps {n} values")
+                raise ValueError(f"{self._name()}.load_state_dict: state '{key}' of {name} has "
+                                 f"shape {tuple(value.shape)}, {want}")
+            if (dtype == torch.uint8) != (value.dtype == torch.uint8) or value.is_complex():
+                raise ValueError(f"{self._name()}.load_state_dict: state '{key}' of {name} is "
+                                 f"{value.dtype}; this optimizer keeps it as {dtype} (a "
+                                 "state_dict of another optimizer?)")
+            flat[offset:offset + n].copy_(value.detach().reshape(-1).to("cpu", dtype))
+        return flat
+
     def _lazy_state(self):
         return True
+
+    def _layout_options(self, group):
+        """{option: what of it decides the state's layout} of a param group (fixed
+        once the group is added: amsgrad, momentum on/off, Adafactor's beta1 on/off)."""
+        return {}
 
     def _extra_state(self, group, entry):
         return {}
 
-    def _initial_state(self, group, name, num_elems):
-        return torch.zeros(num_elems, dtype=torch.float32)
+    def _initial_state(self, group, section):
+        """A bucket's state section before its first step (section's initial value
+        or code)."""
+        if section.dtype == _lib.STATE_U8:
+            return torch.full((section.num_elems,), section.initial_code, dtype=torch.uint8)
+        return torch.full((section.num_elems,), section.initial_value, dtype=torch.float32)
 
     def _loaded_step(self, entries, bucket):
         steps = {int(torch.as_tensor(e["step"]).item()) if "step" in e else None
@@ -662,9 +738,16 @@ class OffloadOptimizer(torch.optim.Optimizer):
             pointers = [p.data_ptr() for p in params]
         segments = (ctypes.c_void_p * len(params))(*pointers)
         lengths = (ctypes.c_int64 * len(params))(*b.numels)
+        # Each parameter's shape (copied by the call): Adafactor factors the
+        # parameters of >= 2 dimensions; a 0-dim parameter is flat (one element).
+        dims = [(ctypes.c_int64 * max(p.dim(), 1))(*p.shape) for p in params]
+        shapes = (ctypes.POINTER(ctypes.c_int64) * len(params))(
+            *[ctypes.cast(d, ctypes.POINTER(ctypes.c_int64)) for d in dims])
+        ndims = (ctypes.c_int * len(params))(*[p.dim() for p in params])
         index = ctypes.c_int()
-        _lib.check(library.strata_offload_add_bucket(self._handle, gi, DTYPES[b.dtype], segments,
-                                                     lengths, len(params), ctypes.byref(index)))
+        _lib.check(library.strata_offload_add_bucket_shaped(
+            self._handle, gi, DTYPES[b.dtype], segments, lengths, shapes, ndims, len(params),
+            ctypes.byref(index)))
         b.index = index.value
         self._buckets.append(b)
         with torch.enable_grad():
@@ -830,6 +913,9 @@ class OffloadAdamW(OffloadOptimizer):
                                            num_threads, pin_memory, buffer_count,
                                            staging_buffers, io_backend, module))
 
+    def _layout_options(self, group):
+        return {"amsgrad": bool(group.get("amsgrad", False))}
+
 
 class OffloadAdam(OffloadOptimizer):
     """torch.optim.Adam (Kingma & Ba, ICLR 2015; weight decay as L2) with master
@@ -848,6 +934,9 @@ class OffloadAdam(OffloadOptimizer):
                          **_offload_kwargs(offload, nvme_path, max_grad_norm, bucket_size,
                                            num_threads, pin_memory, buffer_count,
                                            staging_buffers, io_backend, module))
+
+    def _layout_options(self, group):
+        return {"amsgrad": bool(group.get("amsgrad", False))}
 
 
 class OffloadAdagrad(OffloadOptimizer):
@@ -873,8 +962,8 @@ class OffloadAdagrad(OffloadOptimizer):
     def _lazy_state(self):
         return False
 
-    def _initial_state(self, group, name, num_elems):
-        return torch.full((num_elems,), float(group["initial_accumulator_value"]),
+    def _initial_state(self, group, section):
+        return torch.full((section.num_elems,), float(group["initial_accumulator_value"]),
                           dtype=torch.float32)
 
 
@@ -904,6 +993,9 @@ class OffloadSGD(OffloadOptimizer):
     def _extra_state(self, group, entry):
         return {} if group["momentum"] != 0 else {"momentum_buffer": None}
 
+    def _layout_options(self, group):
+        return {"momentum": group["momentum"] != 0}
+
     def _loaded_step(self, entries, bucket):
         # torch keeps no step count for SGD: t = 1 starts the momentum buffer as
         # the gradient, t > 1 uses it; a loaded buffer means t >= 1.
@@ -930,3 +1022,69 @@ class OffloadLion(OffloadOptimizer):
 
     def _loaded_step(self, entries, bucket):
         return 1  # Lion does not use the step count
+
+
+class OffloadAdamW8bit(OffloadOptimizer):
+    """AdamW with 8-bit block-wise quantized moments (Dettmers et al., "8-bit
+    Optimizers via Block-wise Quantization", ICLR 2022) with master weights and
+    state in Strata: about 2 bytes of state per parameter instead of AdamW's 8 (in
+    host memory, or on NVMe: a quarter of the drive traffic). Arguments, param_groups
+    and state_dict as strata.optim.AdamW8bit (torch.optim.AdamW's arguments without
+    amsgrad; per parameter 'step', 'exp_avg' and 'exp_avg_sq' as uint8 codes shaped
+    like the parameter, 'exp_avg.absmax' and 'exp_avg_sq.absmax' as fp32 vectors,
+    one per block of 2048 elements counted from the parameter's first element), so
+    the numbers are strata.optim.AdamW8bit's bit for bit; plus the offload options
+    of OffloadOptimizer."""
+
+    _twin = _optim.AdamW8bit
+    _kind = _lib.OPTIMIZER_ADAMW8BIT
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, *,
+                 maximize=False, offload="cpu", nvme_path=None, max_grad_norm=0.0,
+                 bucket_size=DEFAULT_BUCKET_SIZE, num_threads=0, pin_memory=True,
+                 buffer_count=4, staging_buffers=4, io_backend=None, module=None):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                                      maximize=maximize),
+                         **_offload_kwargs(offload, nvme_path, max_grad_norm, bucket_size,
+                                           num_threads, pin_memory, buffer_count,
+                                           staging_buffers, io_backend, module))
+
+    def _config(self, group):
+        if group.get("amsgrad", False):
+            raise ValueError(f"{self._name()}: amsgrad is not supported with 8-bit state")
+        return super()._config(group)
+
+
+class OffloadAdafactor(OffloadOptimizer):
+    """Adafactor (Shazeer & Stern, "Adafactor: Adaptive Learning Rates with Sublinear
+    Memory Cost", ICML 2018) with master weights and state in Strata. Arguments,
+    param_groups and state_dict as strata.optim.Adafactor (Hugging Face transformers'
+    Adafactor arguments; lr=None with relative_step=True; per parameter 'step',
+    'exp_avg_sq_row' and 'exp_avg_sq_col' (fp32 vectors) for parameters of >= 2
+    dimensions, else 'exp_avg_sq' shaped like the parameter, and 'exp_avg' when
+    beta1 > 0), so the numbers are strata.optim.Adafactor's bit for bit; plus the
+    offload options of OffloadOptimizer. Each parameter is factored with its own
+    shape, whatever bucket it shares. With relative_step=True param_groups' lr is
+    None: torch.optim.lr_scheduler cannot drive it (as transformers' Adafactor)."""
+
+    _twin = _optim.Adafactor
+    _kind = _lib.OPTIMIZER_ADAFACTOR
+
+    def _layout_options(self, group):
+        return {"beta1": bool(group.get("beta1"))}
+
+    def __init__(self, params, lr=None, eps=(1e-30, 1e-3), clip_threshold=1.0,
+                 decay_rate=-0.8, beta1=None, weight_decay=0.0, scale_parameter=True,
+                 relative_step=True, warmup_init=False, *, maximize=False, offload="cpu",
+                 nvme_path=None, max_grad_norm=0.0, bucket_size=DEFAULT_BUCKET_SIZE,
+                 num_threads=0, pin_memory=True, buffer_count=4, staging_buffers=4,
+                 io_backend=None, module=None):
+        super().__init__(params, dict(lr=lr, eps=eps, clip_threshold=clip_threshold,
+                                      decay_rate=decay_rate, beta1=beta1,
+                                      weight_decay=weight_decay,
+                                      scale_parameter=scale_parameter,
+                                      relative_step=relative_step, warmup_init=warmup_init,
+                                      maximize=maximize),
+                         **_offload_kwargs(offload, nvme_path, max_grad_norm, bucket_size,
+                                           num_threads, pin_memory, buffer_count,
+                                           staging_buffers, io_backend, module))

@@ -13,7 +13,9 @@ step() and overlaps the next forward.
         opt.step()
 
 OffloadAdamW, OffloadAdam, OffloadSGD, OffloadAdagrad, OffloadLion (torch.optim
-optimizers, state_dict in their torch twin's format), GradScaler (fp16 loss
+optimizers, state_dict in their torch twin's format), OffloadAdamW8bit and
+OffloadAdafactor (8-bit and factored state, state_dict in the format of
+strata.optim.AdamW8bit / Adafactor), GradScaler (fp16 loss
 scaling, torch.cuda.amp.GradScaler's interface) and from_deepspeed_config (the
 DeepSpeed zero_optimization.offload_optimizer keys). The implementation lives in
 strata._offload, strata._scaler and strata._deepspeed, which import the real
@@ -23,9 +25,11 @@ torch (absolute imports: this module's name does not shadow it).
 from strata._deepspeed import from_deepspeed_config
 from strata._offload import (
     DEFAULT_BUCKET_SIZE,
+    OffloadAdafactor,
     OffloadAdagrad,
     OffloadAdam,
     OffloadAdamW,
+    OffloadAdamW8bit,
     OffloadLion,
     OffloadOptimizer,
     OffloadSGD,
@@ -35,9 +39,11 @@ from strata._scaler import GradScaler
 __all__ = [
     "DEFAULT_BUCKET_SIZE",
     "GradScaler",
+    "OffloadAdafactor",
     "OffloadAdagrad",
     "OffloadAdam",
     "OffloadAdamW",
+    "OffloadAdamW8bit",
     "OffloadLion",
     "OffloadOptimizer",
     "OffloadSGD",

@@ -411,7 +411,7 @@ class DeepSpeedConfigTest(OffloadTestCase):
                            ({"zero_optimization": {"offload_param": {"device": "cpu"}}},
                             "offload_param"),
                            ({"fp16": {"enabled": True, "hysteresis": 0}}, "hysteresis"),
-                           ({"optimizer": {"type": "Adafactor", "params": {}}}, "Adafactor")]:
+                           ({"optimizer": {"type": "OneBitAdam", "params": {}}}, "OneBitAdam")]:
             with self.subTest(key):
                 config = dict(self.config(), **patch)
                 with self.assertRaisesRegex(ValueError, key):
