@@ -91,6 +91,20 @@ Status CheckTensor(const char* call, const engine::OffloadOptimizer& o, int buck
   return Status::Ok();
 }
 
+// A byte-level state transfer of tensor `tensor` of `bucket`: bucket, tensor and size checked.
+Status CheckStateBytes(const char* call, const engine::OffloadOptimizer& o, int bucket, int tensor,
+                       const void* data, int64_t size_bytes) {
+  if (data == nullptr) return InvalidArgumentError(fmt::format("{}: the buffer is NULL", call));
+  STRATA_RETURN_IF_ERROR(CheckBucket(call, o, bucket));
+  STRATA_RETURN_IF_ERROR(CheckTensor(call, o, bucket, tensor));
+  if (size_bytes != TensorBytes(o, bucket, tensor)) {
+    return InvalidArgumentError(fmt::format("{}: size_bytes is {}, tensor {} of bucket {} has {}",
+                                            call, size_bytes, tensor, bucket,
+                                            TensorBytes(o, bucket, tensor)));
+  }
+  return Status::Ok();
+}
+
 Status CheckStateBuffer(const char* call, const engine::OffloadOptimizer& o, int bucket, int tensor,
                         const void* data, int64_t num_elems) {
   if (data == nullptr) return InvalidArgumentError(fmt::format("{}: buffer is NULL", call));
@@ -669,15 +683,8 @@ strata_status strata_offload_read_state_bytes(strata_offload* offload, int bucke
   constexpr const char* kCall = "strata_offload_read_state_bytes";
   return Guard([&]() -> Status {
     if (offload == nullptr) return NullHandle(kCall);
-    if (out == nullptr) return InvalidArgumentError(fmt::format("{}: out is NULL", kCall));
     engine::OffloadOptimizer& o = *offload->optimizer;
-    STRATA_RETURN_IF_ERROR(CheckBucket(kCall, o, bucket));
-    STRATA_RETURN_IF_ERROR(CheckTensor(kCall, o, bucket, tensor));
-    if (size_bytes != TensorBytes(o, bucket, tensor)) {
-      return InvalidArgumentError(fmt::format("{}: size_bytes is {}, tensor {} of bucket {} has {}",
-                                              kCall, size_bytes, tensor, bucket,
-                                              TensorBytes(o, bucket, tensor)));
-    }
+    STRATA_RETURN_IF_ERROR(CheckStateBytes(kCall, o, bucket, tensor, out, size_bytes));
     return o
         .ReadStateBytes(bucket, tensor,
                         std::span(static_cast<std::byte*>(out), static_cast<size_t>(size_bytes)))
@@ -692,15 +699,8 @@ strata_status strata_offload_write_state_bytes(strata_offload* offload, int buck
   constexpr const char* kCall = "strata_offload_write_state_bytes";
   return Guard([&]() -> Status {
     if (offload == nullptr) return NullHandle(kCall);
-    if (in == nullptr) return InvalidArgumentError(fmt::format("{}: in is NULL", kCall));
     engine::OffloadOptimizer& o = *offload->optimizer;
-    STRATA_RETURN_IF_ERROR(CheckBucket(kCall, o, bucket));
-    STRATA_RETURN_IF_ERROR(CheckTensor(kCall, o, bucket, tensor));
-    if (size_bytes != TensorBytes(o, bucket, tensor)) {
-      return InvalidArgumentError(fmt::format("{}: size_bytes is {}, tensor {} of bucket {} has {}",
-                                              kCall, size_bytes, tensor, bucket,
-                                              TensorBytes(o, bucket, tensor)));
-    }
+    STRATA_RETURN_IF_ERROR(CheckStateBytes(kCall, o, bucket, tensor, in, size_bytes));
     return o
         .WriteStateBytes(
             bucket, tensor,

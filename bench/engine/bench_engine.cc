@@ -28,7 +28,9 @@
 #include <algorithm>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <random>
+#include <span>
 #include <string>
 #include <thread>
 
@@ -45,6 +47,71 @@ namespace {
 std::string BenchDir() {
   const char* dir = std::getenv("STRATA_BENCH_DIR");
   return dir != nullptr && *dir != '\0' ? dir : "/var/tmp";
+}
+
+// Random tokens and targets for `count` identical micro-batches of shape mb (kept alive by the
+// returned vectors).
+struct Batch {
+  std::vector<int32_t> tokens, targets;
+  std::vector<MicroBatch> micro_batches;
+};
+std::unique_ptr<Batch> RandomBatch(MicroBatchShape mb, int count) {
+  auto b = std::make_unique<Batch>();
+  std::mt19937_64 rng(1);
+  b->tokens.resize(mb.tokens());
+  b->targets.resize(mb.tokens());
+  for (auto& t : b->tokens) t = static_cast<int32_t>(rng() % 256);
+  for (auto& t : b->targets) t = static_cast<int32_t>(rng() % 256);
+  b->micro_batches.assign(count, MicroBatch{b->tokens, b->targets});
+  return b;
+}
+
+// Two warm-up steps (swap files laid out, page cache settled), then the timed steps of `state`;
+// each trace category's busy seconds per step go to state.counters. Returns the wall seconds per
+// step and the largest part, or nullopt after SkipWithError.
+struct StepTimes {
+  double step_s = 0;
+  double largest_s = 0;
+};
+std::optional<StepTimes> TimeSteps(benchmark::State& state, Engine& e,
+                                   std::span<const MicroBatch> batch,
+                                   trace::TraceRecorder& recorder) {
+  for (int i = 0; i < 2; ++i) {
+    if (!e.Step(batch).ok()) {
+      state.SkipWithError("warm-up step failed");
+      return std::nullopt;
+    }
+  }
+  if (!e.Flush().ok()) {
+    state.SkipWithError("warm-up flush failed");
+    return std::nullopt;
+  }
+  const trace::Breakdown before = recorder.breakdown();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (auto _ : state) {
+    if (auto r = e.Step(batch); !r.ok()) {
+      state.SkipWithError(r.status().ToString().c_str());
+      return std::nullopt;
+    }
+  }
+  if (!e.Flush().ok()) {
+    state.SkipWithError("flush failed");
+    return std::nullopt;
+  }
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const trace::Breakdown after = recorder.breakdown();
+  const double steps = static_cast<double>(state.iterations());
+  StepTimes t;
+  t.step_s = wall / steps;
+  for (int i = 0; i < trace::kNumCategories; ++i) {
+    const auto c = static_cast<trace::Category>(i);
+    if (c == trace::Category::kOther) continue;
+    const double part = (after.seconds[i] - before.seconds[i]) / steps;
+    state.counters[std::string(trace::CategoryName(c))] = part;
+    t.largest_s = std::max(t.largest_s, part);
+  }
+  state.counters["step_s"] = t.step_s;
+  return t;
 }
 
 // The largest part of the last sequential run of each configuration, seconds per step.
@@ -89,47 +156,10 @@ void BM_TrainStep(benchmark::State& state) {
     return;
   }
   auto& e = **engine;
-  std::mt19937_64 rng(1);
-  std::vector<int32_t> tokens(mb.tokens()), targets(mb.tokens());
-  for (auto& t : tokens) t = static_cast<int32_t>(rng() % 256);
-  for (auto& t : targets) t = static_cast<int32_t>(rng() % 256);
-  const std::vector<MicroBatch> batch(kAccum, MicroBatch{tokens, targets});
-  for (int i = 0; i < 2; ++i) {  // warm-up: swap files laid out, page cache state settled
-    if (!e.Step(batch).ok()) {
-      state.SkipWithError("warm-up step failed");
-      return;
-    }
-  }
-  if (!e.Flush().ok()) {
-    state.SkipWithError("warm-up flush failed");
-    return;
-  }
-  const trace::Breakdown before = recorder.breakdown();
-  const auto t0 = std::chrono::steady_clock::now();
-  for (auto _ : state) {
-    auto r = e.Step(batch);
-    if (!r.ok()) {
-      state.SkipWithError(r.status().ToString().c_str());
-      return;
-    }
-  }
-  if (!e.Flush().ok()) {
-    state.SkipWithError("flush failed");
-    return;
-  }
-  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const trace::Breakdown after = recorder.breakdown();
-  const double steps = static_cast<double>(state.iterations());
-  const double step_s = wall / steps;
-  double largest = 0;
-  for (int i = 0; i < trace::kNumCategories; ++i) {
-    const auto c = static_cast<trace::Category>(i);
-    if (c == trace::Category::kOther) continue;
-    const double part = (after.seconds[i] - before.seconds[i]) / steps;
-    state.counters[std::string(trace::CategoryName(c))] = part;
-    largest = std::max(largest, part);
-  }
-  state.counters["step_s"] = step_s;
+  const auto batch = RandomBatch(mb, kAccum);
+  const std::optional<StepTimes> t = TimeSteps(state, e, batch->micro_batches, recorder);
+  if (!t) return;
+  const double step_s = t->step_s, largest = t->largest_s;
   state.counters["overlap_efficiency"] = largest / step_s;
   if (!overlap) g_sequential_bound[config] = largest;
   if (overlap && g_sequential_bound[config] > 0) {
@@ -180,51 +210,18 @@ void BM_OptimizerState(benchmark::State& state) {
     return;
   }
   auto& e = **engine;
-  std::mt19937_64 rng(1);
-  std::vector<int32_t> tokens(mb.tokens()), targets(mb.tokens());
-  for (auto& t : tokens) t = static_cast<int32_t>(rng() % 256);
-  for (auto& t : targets) t = static_cast<int32_t>(rng() % 256);
-  const std::vector<MicroBatch> batch(1, MicroBatch{tokens, targets});
-  for (int i = 0; i < 2; ++i) {
-    if (!e.Step(batch).ok()) {
-      state.SkipWithError("warm-up step failed");
-      return;
-    }
-  }
-  if (!e.Flush().ok()) {
-    state.SkipWithError("warm-up flush failed");
-    return;
-  }
+  const auto batch = RandomBatch(mb, 1);
   const EngineCounters c0 = e.counters();
-  const trace::Breakdown before = recorder.breakdown();
-  const auto t0 = std::chrono::steady_clock::now();
-  for (auto _ : state) {
-    if (auto r = e.Step(batch); !r.ok()) {
-      state.SkipWithError(r.status().ToString().c_str());
-      return;
-    }
-  }
-  if (!e.Flush().ok()) {
-    state.SkipWithError("flush failed");
-    return;
-  }
-  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const trace::Breakdown after = recorder.breakdown();
+  const std::optional<StepTimes> t = TimeSteps(state, e, batch->micro_batches, recorder);
+  if (!t) return;
   const EngineCounters c1 = e.counters();
-  const double steps = static_cast<double>(state.iterations());
-  for (int i = 0; i < trace::kNumCategories; ++i) {
-    const auto c = static_cast<trace::Category>(i);
-    if (c == trace::Category::kOther) continue;
-    state.counters[std::string(trace::CategoryName(c))] =
-        (after.seconds[i] - before.seconds[i]) / steps;
-  }
-  state.counters["step_s"] = wall / steps;
+  const double steps = static_cast<double>(state.iterations()) + 2;  // the warm-up's too
   state.counters["nvme_read_bytes"] =
       static_cast<double>(c1.nvme_bytes_read - c0.nvme_bytes_read) / steps;
   state.counters["nvme_write_bytes"] =
       static_cast<double>(c1.nvme_bytes_written - c0.nvme_bytes_written) / steps;
-  state.counters["state_bytes_per_param"] =
-      static_cast<double>(e.plan().optimizer_state_bytes) / static_cast<double>(e.plan().model_params);
+  state.counters["state_bytes_per_param"] = static_cast<double>(e.plan().optimizer_state_bytes) /
+                                            static_cast<double>(e.plan().model_params);
   state.SetLabel(fmt::format("{}, {} params, state on NVMe, params in pinned host memory",
                              names[which], e.plan().model_params));
 }
