@@ -26,16 +26,22 @@
 // Element i belongs to block i / kQuantBlockElems, counted from the start of the
 // buffer (callers pass whole tensors or chunks; the last block may be short).
 // absmax[b] = max |x| over the block (fp32; +inf if the block holds an inf; if it
-// holds a NaN, the NaN whose bits with the sign cleared are largest), and codes[i] is the map value
-// nearest to y = x / absmax[b] (one correctly rounded fp32 division). Ties (y exactly halfway
-// between two map values) go to the value of smaller magnitude (toward zero). y NaN (absmax 0, i.e.
-// an all-zero block, or a non-finite block) gives the zero code. Dequantized x = map[codes[i]] *
-// absmax[b] (one fp32 multiplication). A block that held a non-finite value therefore dequantizes
-// to NaN (0 * inf or NaN * ...), as the element of an fp32 state would: the caller skips steps with
-// non-finite gradients (GradStats::nonfinite of grad_stats.h). Quantization is bit-identical on
-// every ISA variant and thread count: it is defined by the fp32 division and exact comparisons with
-// the 255 decision thresholds (the smallest fp32 values that round up, see DynamicQuantizationMap),
-// whatever search implements it.
+// holds a NaN, the NaN whose bits with the sign cleared are largest), r = 1 / absmax[b]
+// (one correctly rounded fp32 division per block), and codes[i] is the map value nearest
+// to y = x * r (one fp32 multiplication: no division per element, which would bound the
+// update's speed). A block whose absmax is below 2^-64 (or 0) is first scaled by 2^64,
+// x and absmax both (exact), so that r stays finite for every nonzero absmax. y carries at
+// most two roundings (about 1.2e-7 relative), far below the map's steps. Ties (y exactly
+// halfway between two map values) go to the value of smaller magnitude (toward zero). y NaN
+// gives the zero code: so an all-zero block (0 * inf) and a non-finite block (r = 0 or NaN)
+// hold zero codes only.
+// Dequantized x = map[codes[i]] * absmax[b] (one fp32 multiplication). A block that held a
+// non-finite value therefore dequantizes to NaN (0 * inf or NaN * ...), as the element of an
+// fp32 state would: the caller skips steps with non-finite gradients (GradStats::nonfinite
+// of grad_stats.h). Quantization is bit-identical on every ISA variant and thread count: it
+// is defined by the fp32 operations above and exact comparisons with the 255 decision
+// thresholds (the smallest fp32 values that round up, see DynamicQuantizationMap), whatever
+// search implements it.
 //
 // ---- The update ----
 // Per block: dequantize m and v as above; the AdamW / Adam formulas of adamw.h

@@ -51,10 +51,16 @@ Status AdamW8bitUpdateReference(const AdamWConfig& config, const OptimStep& step
     const float v_absmax = std::bit_cast<float>(v_absmax_bits);
     m.absmax[block] = m_absmax;
     v.absmax[block] = v_absmax;
-    for (size_t j = 0; j < len; ++j) {
-      m.codes[begin + j] = internal::SearchQuant8Code(true, m_new[j] / m_absmax);
-      v.codes[begin + j] = internal::SearchQuant8Code(false, v_new[j] / v_absmax);
-    }
+    // y = x * (1 / absmax), a block with absmax below 2^-64 first scaled by 2^64 (adamw8bit.h).
+    const auto quantize = [&](bool is_signed, float absmax, const float* x, uint8_t* codes) {
+      const float pre = absmax < 0x1p-64f ? 0x1p64f : 1.0f;
+      const float recip = 1.0f / (absmax * pre);
+      for (size_t j = 0; j < len; ++j) {
+        codes[j] = internal::SearchQuant8Code(is_signed, (x[j] * pre) * recip);
+      }
+    };
+    quantize(true, m_absmax, m_new, m.codes.data() + begin);
+    quantize(false, v_absmax, v_new, v.codes.data() + begin);
   }
   return Status::Ok();
 }

@@ -17,6 +17,13 @@
 #include <span>
 #include <string_view>
 
+#if defined(__AVX512F__)
+// The avx512 variant's explicit vector code in kernels_impl.inc (the 8-bit map lookups).
+// The intrinsics are always-inline (GCC: gnu_inline, clang: static), so no out-of-line
+// AVX-512 copy can reach another variant.
+#include <immintrin.h>
+#endif
+
 #include "base/dtype.h"
 #include "base/status.h"
 #include "cpu_optim/adafactor_kernels.h"
@@ -127,7 +134,7 @@ struct StateBuffers {
 };
 
 // ---- 8-bit block-wise quantization (adamw8bit.h) ----
-// The fast quantizer looks the code of y = x / absmax up by y's bits u: s = u >> 31,
+// The fast quantizer looks the code of y = x * (1 / absmax) up by y's bits u: s = u >> 31,
 // a = u & 0x7fffffff (0 when NaN), key = clamp(a >> kShift, kLo, kHi) - kLo (the binade
 // and top kMantBits mantissa bits: every bucket holds at most one decision
 // threshold), e = buckets[s * kPerSign + key]; then code = (e & 0xff) + ((a's low
