@@ -82,6 +82,22 @@ struct TestModel {
   std::vector<CallerBucket> buckets;
 };
 
+// Appends a tensor of l N(0, 1) values to the caller's bucket, in `dtype`.
+void AddRandomTensor(CallerBucket& b, DType dtype, int64_t l, std::mt19937_64& rng) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> v(l);
+  for (float& x : v) x = normal(rng);
+  if (dtype == DType::kF32) {
+    b.p32.push_back(v);
+    return;
+  }
+  std::vector<uint16_t> h(l);
+  for (int64_t i = 0; i < l; ++i) {
+    h[i] = dtype == DType::kBF16 ? FloatToBf16(v[i]) : FloatToHalf(v[i]);
+  }
+  b.p16.push_back(h);
+}
+
 TestModel MakeModel(uint64_t seed) {
   TestModel s;
   cpu_optim::AdamWConfig adamw{.lr = 1e-2f, .weight_decay = 0.1f};
@@ -89,24 +105,13 @@ TestModel MakeModel(uint64_t seed) {
   cpu_optim::SgdConfig sgd{.lr = 5e-2f, .momentum = 0.9f, .weight_decay = 1e-3f};
   s.groups.push_back(AnyOptimizer{OptimizerKind::kSgd, sgd});
   std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
   auto add = [&](int group, DType dtype, std::vector<int64_t> lengths) {
     CallerBucket b;
     b.group = group;
     b.dtype = dtype;
     b.lengths = lengths;
     for (int64_t l : lengths) {
-      std::vector<float> v(l);
-      for (float& x : v) x = normal(rng);
-      if (dtype == DType::kF32) {
-        b.p32.push_back(v);
-      } else {
-        std::vector<uint16_t> h(l);
-        for (int64_t i = 0; i < l; ++i) {
-          h[i] = dtype == DType::kBF16 ? FloatToBf16(v[i]) : FloatToHalf(v[i]);
-        }
-        b.p16.push_back(h);
-      }
+      AddRandomTensor(b, dtype, l, rng);
     }
     s.buckets.push_back(std::move(b));
   };
@@ -592,7 +597,6 @@ TestModel MakeStateModel(uint64_t seed) {
                    cpu_optim::AdafactorConfig{.relative_step = true, .scale_parameter = true}});
   std::get<cpu_optim::AdafactorConfig>(s.groups[2].config).beta1 = 0.9f;
   std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
   auto add = [&](int group, DType dtype, std::vector<std::vector<int64_t>> shapes) {
     CallerBucket b;
     b.group = group;
@@ -602,17 +606,7 @@ TestModel MakeStateModel(uint64_t seed) {
       int64_t l = 1;
       for (int64_t d : shape) l *= d;
       b.lengths.push_back(l);
-      std::vector<float> v(l);
-      for (float& x : v) x = normal(rng);
-      if (dtype == DType::kF32) {
-        b.p32.push_back(v);
-      } else {
-        std::vector<uint16_t> h(l);
-        for (int64_t i = 0; i < l; ++i) {
-          h[i] = dtype == DType::kBF16 ? FloatToBf16(v[i]) : FloatToHalf(v[i]);
-        }
-        b.p16.push_back(h);
-      }
+      AddRandomTensor(b, dtype, l, rng);
     }
     s.buckets.push_back(std::move(b));
   };
