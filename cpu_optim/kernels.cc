@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <iterator>
 
+#include "base/cpu_info.h"
 #include "base/logging.h"
 
 namespace strata::cpu_optim::internal {
@@ -27,15 +28,13 @@ struct Supported {
 Supported Probe() {
   Supported s;
 #if defined(STRATA_CPU_OPTIM_X86_VARIANTS)
-  // libgcc's probe also checks that the OS saves the YMM/ZMM state (XCR0).
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
+  // CPUID and XGETBV (the OS saves the YMM/ZMM state): base/cpu_info.h. Not
+  // __builtin_cpu_supports, which clang 14 cannot ask about F16C.
+  const CpuIsa isa = DetectCpuIsa();
+  if (isa.avx512f && isa.avx512bw && isa.avx512vl && isa.avx512dq) {
     s.tables[s.count++] = &kAvx512Kernels;
   }
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) {
-    s.tables[s.count++] = &kAvx2Kernels;
-  }
+  if (isa.avx2 && isa.f16c) s.tables[s.count++] = &kAvx2Kernels;
 #endif
   s.tables[s.count++] = &kGenericKernels;
   return s;

@@ -23,7 +23,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const uint64_t data_bytes = size - header->data_offset_bytes;
   for (const auto& t : header->tensors) {
     if (t.begin_bytes > t.end_bytes || t.end_bytes > data_bytes) std::abort();
-    if (t.size_bytes() != static_cast<uint64_t>(t.num_elems) * strata::SizeOf(t.dtype)) {
+    if (t.size_bytes() != static_cast<uint64_t>(t.num_elems) * t.dtype.size()) {
       std::abort();
     }
     if (header->Find(t.name) != &t) std::abort();
