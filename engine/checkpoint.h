@@ -49,7 +49,7 @@ inline constexpr const char* kManifestFileName = "manifest.json";
 inline constexpr const char* kLatestFileName = "latest";
 // The tensor files: master weights first, the optimizer's sections, the working weights last.
 inline constexpr const char* kMasterFile = "master.safetensors";
-inline constexpr const char* kExpAvgFile = "exp_avg.safetensors";  // AdamW's m
+inline constexpr const char* kExpAvgFile = "exp_avg.safetensors";       // AdamW's m
 inline constexpr const char* kExpAvgSqFile = "exp_avg_sq.safetensors";  // AdamW's v
 inline constexpr const char* kWorkingFile = "working.safetensors";
 

@@ -24,9 +24,9 @@ struct EstimateFlags {
   std::string offload_params = "nvme";
   std::string offload_optimizer = "nvme";
   bool offload_activations = false;
-  int prefetch_depth = 0;     // 0: the planner decides
-  int grad_buckets = 0;       // 0: the planner decides
-  int optimizer_buffers = 0;  // 0: the planner decides
+  int prefetch_depth = 0;           // 0: the planner decides
+  int grad_buckets = 0;             // 0: the planner decides
+  int optimizer_buffers = 0;        // 0: the planner decides
   std::string optimizer = "adamw";  // as strata train --optimizer
   int grad_accum_steps = 1;         // 1: host gradients stay 16-bit (planner.h)
   bool json = false;

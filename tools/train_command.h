@@ -65,9 +65,9 @@ struct TrainFlags {
   // Settable from a config file only (optimizer.* and fp16.* of tools/config.h), except the
   // betas and eps (--beta1, --beta2, --eps).
   bool adam_decoupled_weight_decay = true;  // AdamW; false: Adam with L2 weight decay
-  std::optional<double> adam_beta1;  // --beta1, optimizer.params.betas[0]
-  std::optional<double> adam_beta2;  // --beta2
-  std::optional<double> adam_eps;    // --eps
+  std::optional<double> adam_beta1;         // --beta1, optimizer.params.betas[0]
+  std::optional<double> adam_beta2;         // --beta2
+  std::optional<double> adam_eps;           // --eps
   bool adam_bias_correction = true;
   bool fp16_dynamic_loss_scale = true;
   double fp16_initial_scale = 65536.0;  // 2^16; the static scale when not dynamic

@@ -474,11 +474,11 @@ STRATA_API strata_status strata_optimizer_init_state(const strata_optimizer* opt
  * an unknown dtype, step < 1, a non-finite grad_scale, a rejected config (AdamW8bit
  * with amsgrad); RESOURCE_EXHAUSTED / INTERNAL as strata_optimizer_step
  * (Adafactor allocates fp64 partial sums of about num_elems / 64 values). */
-STRATA_API strata_status strata_optimizer_step_state(
-    const strata_optimizer* optimizer, int64_t step, float grad_scale, float* params,
-    const int64_t* shape, int ndim, void* const* state, const int64_t* state_size_bytes,
-    int num_sections, const void* grad, strata_dtype grad_dtype, void* copy_out,
-    strata_dtype copy_out_dtype);
+STRATA_API strata_status
+strata_optimizer_step_state(const strata_optimizer* optimizer, int64_t step, float grad_scale,
+                            float* params, const int64_t* shape, int ndim, void* const* state,
+                            const int64_t* state_size_bytes, int num_sections, const void* grad,
+                            strata_dtype grad_dtype, void* copy_out, strata_dtype copy_out_dtype);
 
 /* ---------------------------------------------------------------------------
  * Gradient passes (stateless; run on the calling thread and oneTBB's default
@@ -769,8 +769,7 @@ STRATA_API strata_status strata_offload_segment_state_range(const strata_offload
  * caller's segments. Errors: INVALID_ARGUMENT for unknown indices, a NULL buffer,
  * another size; the errors of the work in flight and of the swap store. */
 STRATA_API strata_status strata_offload_read_state_bytes(strata_offload* offload, int bucket,
-                                                         int tensor, void* out,
-                                                         int64_t size_bytes);
+                                                         int tensor, void* out, int64_t size_bytes);
 STRATA_API strata_status strata_offload_write_state_bytes(strata_offload* offload, int bucket,
                                                           int tensor, const void* in,
                                                           int64_t size_bytes);

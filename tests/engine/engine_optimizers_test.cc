@@ -39,7 +39,8 @@ std::vector<AnyOptimizer> Optimizers() {
   all.push_back({OptimizerKind::kLion, cpu_optim::LionConfig{.lr = 1e-3f, .weight_decay = 0.1f}});
   all.push_back({OptimizerKind::kSgd, cpu_optim::SgdConfig{.lr = 0.1f, .momentum = 0.9f}});
   all.push_back({OptimizerKind::kAdagrad, cpu_optim::AdagradConfig{.lr = 0.05f}});
-  all.push_back({OptimizerKind::kAdamW8bit, cpu_optim::AdamWConfig{.lr = 1e-2f, .weight_decay = 0.01f}});
+  all.push_back(
+      {OptimizerKind::kAdamW8bit, cpu_optim::AdamWConfig{.lr = 1e-2f, .weight_decay = 0.01f}});
   all.push_back({OptimizerKind::kAdafactor, cpu_optim::AdafactorConfig{.lr = 1e-2f}});
   all.push_back({OptimizerKind::kAdafactor,
                  cpu_optim::AdafactorConfig{.lr = 1e-2f, .beta1 = 0.9f, .weight_decay = 0.01f}});
