@@ -111,11 +111,14 @@ struct StateSpec {
 // The state of one parameter buffer for `optimizer`: the buffer holds the tensors of `shapes`,
 // in order, back to back (each shape's product is its element count; they sum to the buffer's
 // length; {n} for a flat buffer). Every kind whose state is per element (all but Adafactor)
-// ignores the shapes beyond their total. Sections of 0 elements are left out.
+// ignores the shapes beyond their total. Sections of 0 elements are left out. Sizes are element
+// counts (size_bytes() in bytes). Pure; thread-safe; no errors (a config that does not belong to
+// its kind gives the kind's per-element layout, or none: Validate first).
 std::vector<StateSpec> StateLayout(const AnyOptimizer& optimizer,
                                    std::span<const std::vector<int64_t>> shapes);
 
-// Writes a section's initial value into `bytes` (spec.size_bytes() bytes).
+// Writes a section's initial value into `bytes` (spec.size_bytes() bytes, 4-byte aligned for
+// kF32; the caller owns them). Thread-safe for distinct buffers.
 void InitializeState(const StateSpec& spec, std::span<std::byte> bytes);
 
 // One step over the buffer `master` made of the tensors of `shapes`: state holds one byte span
@@ -127,7 +130,7 @@ Status UpdateState(const AnyOptimizer& optimizer, const OptimStep& step,
                    std::span<const std::span<std::byte>> state, GradView grad,
                    CopyOut copy_out = {});
 
-// The learning rate of any kind's config, and setting it.
+// The learning rate of any kind's config, and setting it (the caller serializes writes).
 float LearningRate(const AnyOptimizer& optimizer);
 void SetLearningRate(AnyOptimizer& optimizer, float lr);
 

@@ -1101,41 +1101,48 @@ std::vector<StateFile> StateFiles(const Model& model, const std::vector<BlockSta
   return files;
 }
 
+// One tensor file of a checkpoint: its name, its `content` metadata and its tensors.
+struct CheckpointFile {
+  std::string name;
+  std::string content;
+  std::vector<SafetensorsWriter::TensorSpec> tensors;
+};
+
+// The tensor files of a checkpoint, in the manifest's order: the fp32 master weights, the
+// optimizer's state files (`state`), the working weights in `working`. `optimizer` names the
+// state in its files' metadata.
+std::vector<CheckpointFile> CheckpointFiles(const Model& model, const std::vector<StateFile>& state,
+                                            std::string_view optimizer, DType working) {
+  std::vector<SafetensorsWriter::TensorSpec> f32, work;
+  for (int b = 0; b < model.num_blocks(); ++b) {
+    f32.push_back({model.block_name(b), DType::kF32, {model.block_num_params(b)}});
+    work.push_back({model.block_name(b), working, {model.block_num_params(b)}});
+  }
+  std::vector<CheckpointFile> files = {{kMasterFile, "fp32 master weights", std::move(f32)}};
+  for (const StateFile& f : state) {
+    files.push_back(
+        {f.name + ".safetensors", fmt::format("{} state {}", optimizer, f.name), f.tensors});
+  }
+  files.push_back({kWorkingFile, "working weights", std::move(work)});
+  return files;
+}
+
 }  // namespace
 
 Status Engine::Impl::WriteCheckpoint(const std::string& save_dir, const std::string& temp_dir,
                                      const TrainerState& trainer,
                                      const SaveCheckpointOptions& options,
                                      std::string* checkpoint_dir) {
-  std::vector<SafetensorsWriter::TensorSpec> f32_specs, working_specs;
-  for (int b = 0; b < n_; ++b) {
-    f32_specs.push_back({model_->block_name(b), DType::kF32, {np(b)}});
-    working_specs.push_back({model_->block_name(b), o_.precision, {np(b)}});
-  }
   const std::vector<StateFile> state_files = StateFiles(*model_, state_);
-  const std::string optimizer = OptimizerFlagName(o_.optimizer);
-  // Files: master, the state sections, working (the order of the manifest's list).
-  std::vector<std::string> names = {kMasterFile};
+  const std::vector<CheckpointFile> files =
+      CheckpointFiles(*model_, state_files, OptimizerFlagName(o_.optimizer), o_.precision);
   std::vector<SafetensorsWriter> writers;
-  STRATA_ASSIGN_OR_RETURN(
-      auto master,
-      SafetensorsWriter::Create(temp_dir + "/" + kMasterFile, f32_specs,
-                                {{"format", "strata"}, {"content", "fp32 master weights"}}));
-  writers.push_back(std::move(master));
-  for (const StateFile& f : state_files) {
-    names.push_back(f.name + ".safetensors");
+  for (const CheckpointFile& f : files) {
     STRATA_ASSIGN_OR_RETURN(
-        auto w, SafetensorsWriter::Create(
-                    temp_dir + "/" + names.back(), f.tensors,
-                    {{"format", "strata"}, {"content", optimizer + " state " + f.name}}));
+        auto w, SafetensorsWriter::Create(temp_dir + "/" + f.name, f.tensors,
+                                          {{"format", "strata"}, {"content", f.content}}));
     writers.push_back(std::move(w));
   }
-  names.push_back(kWorkingFile);
-  STRATA_ASSIGN_OR_RETURN(
-      auto working,
-      SafetensorsWriter::Create(temp_dir + "/" + kWorkingFile, working_specs,
-                                {{"format", "strata"}, {"content", "working weights"}}));
-  writers.push_back(std::move(working));
   // Block by block: one block's state in memory at a time. Each writer takes its tensors in
   // block order, so every file is appended to in order.
   for (int b = 0; b < n_; ++b) {
@@ -1153,7 +1160,7 @@ Status Engine::Impl::WriteCheckpoint(const std::string& save_dir, const std::str
   Manifest manifest;
   for (size_t i = 0; i < writers.size(); ++i) {
     STRATA_ASSIGN_OR_RETURN(auto r, writers[i].Finish());
-    manifest.files.push_back({names[i], r.size_bytes, r.xxh3});
+    manifest.files.push_back({files[i].name, r.size_bytes, r.xxh3});
   }
   manifest.precision = std::string(DTypeName(o_.precision));
   manifest.model_description = model_->description();
@@ -1212,26 +1219,13 @@ Status Engine::Impl::LoadCheckpoint(const std::string& path, TrainerState* train
         OptimizerFlagName(m.optimizer)));
   }
   // Files: master, the state sections, working (WriteCheckpoint's order).
-  struct Expected {
-    std::string name;
-    std::vector<SafetensorsWriter::TensorSpec> tensors;
-  };
-  std::vector<Expected> expected;
-  {
-    std::vector<SafetensorsWriter::TensorSpec> f32, working;
-    DType working_dtype = o_.precision;
-    if (o_.inference_only) {
-      STRATA_ASSIGN_OR_RETURN(working_dtype, ParseDType(m.precision));
-    }
-    for (int b = 0; b < n_; ++b) {
-      f32.push_back({model_->block_name(b), DType::kF32, {np(b)}});
-      working.push_back({model_->block_name(b), working_dtype, {np(b)}});
-    }
-    expected.push_back({kMasterFile, f32});
-    for (const StateFile& f : state_files) expected.push_back({f.name + ".safetensors", f.tensors});
-    expected.push_back({kWorkingFile, working});
+  DType working_dtype = o_.precision;
+  if (o_.inference_only) {
+    STRATA_ASSIGN_OR_RETURN(working_dtype, ParseDType(m.precision));
   }
-  for (const Expected& e : expected) {
+  const std::vector<CheckpointFile> expected =
+      CheckpointFiles(*model_, state_files, OptimizerFlagName(o_.optimizer), working_dtype);
+  for (const CheckpointFile& e : expected) {
     const bool listed = std::any_of(m.files.begin(), m.files.end(),
                                     [&](const ManifestFile& f) { return f.name == e.name; });
     if (!listed) {
@@ -1247,7 +1241,7 @@ Status Engine::Impl::LoadCheckpoint(const std::string& path, TrainerState* train
   if (!o_.inference_only) {
     for (const ManifestFile& f : m.files) {
       const bool known = std::any_of(expected.begin(), expected.end(),
-                                     [&](const Expected& e) { return e.name == f.name; });
+                                     [&](const CheckpointFile& e) { return e.name == f.name; });
       if (!known) {
         return InvalidArgumentError(fmt::format(
             "{}: the checkpoint's {} state has '{}', which this run's {} state does not use "

@@ -1,5 +1,6 @@
 // `strata train --optimizer` and its hyper-parameters -> the engine's optimizer, and the
-// learning-rate schedule (linear warmup, cosine decay to 10 % of the peak).
+// learning-rate schedule (linear warmup, cosine decay to 10 % of the peak). Every function is
+// pure (reads only its arguments) and thread-safe; rates are per step, unitless.
 #pragma once
 
 #include <cstdint>

@@ -114,6 +114,41 @@ std::optional<StepTimes> TimeSteps(benchmark::State& state, Engine& e,
   return t;
 }
 
+// The benchmarks' model (the "small" preset's shape: 14 blocks of ~200k params) on a host device
+// whose copies run at copy_bps, traced into `recorder`; nullopt after SkipWithError.
+struct Setup {
+  std::unique_ptr<gpu::Device> device;
+  std::unique_ptr<models::GptModel> model;
+};
+std::optional<Setup> MakeSetup(benchmark::State& state, double copy_bps,
+                               trace::TraceRecorder& recorder) {
+  gpu::HostDeviceOptions d;
+  d.copy_bytes_per_second = copy_bps;
+  d.trace = &recorder;
+  auto device = gpu::CreateHostDevice(d);
+  auto model = models::GptModel::Create({256, 64, 12, 4, 128});
+  if (!device.ok() || !model.ok()) {
+    state.SkipWithError("could not create the host device or the model");
+    return std::nullopt;
+  }
+  return Setup{std::move(*device), std::move(*model)};
+}
+
+// bf16, micro-batch mb x accum, swap under BenchDir(), a device budget of three streaming slots
+// plus two resident layers, traced into `recorder`; the placement homes are the caller's.
+EngineOptions BenchOptions(const Model& model, MicroBatchShape mb, int accum,
+                           trace::TraceRecorder& recorder) {
+  EngineOptions o;
+  o.precision = DType::kBF16;
+  o.micro_batch = mb;
+  o.grad_accum_steps = accum;
+  o.placement.nvme_paths = {BenchDir()};
+  o.placement.device_budget_bytes =
+      StreamingMinimumBytes(model, o.precision, mb, 3) + 2 * model.block_num_params(1) * 2;
+  o.trace = &recorder;
+  return o;
+}
+
 // The largest part of the last sequential run of each configuration, seconds per step.
 double g_sequential_bound[8] = {};
 
@@ -123,34 +158,19 @@ void BM_TrainStep(benchmark::State& state) {
   const int config = static_cast<int>(state.range(1));
   // 14 blocks of ~200k params (the "small" preset), 4 micro-batches of 2x64 tokens per step:
   // compute, copies, the CPU step and NVMe traffic each take tens to hundreds of milliseconds.
-  const models::GptShape shape{256, 64, 12, 4, 128};
   const MicroBatchShape mb{2, 64};
   constexpr int kAccum = 4;
   const double copy_bps = config == 0 ? 100e6 : 200e6;
 
   trace::TraceRecorder recorder(/*keep_events=*/false);
-  gpu::HostDeviceOptions d;
-  d.copy_bytes_per_second = copy_bps;
-  d.trace = &recorder;
-  auto device = gpu::CreateHostDevice(d);
-  auto model = models::GptModel::Create(shape);
-  if (!device.ok() || !model.ok()) {
-    state.SkipWithError("could not create the host device or the model");
-    return;
-  }
-  EngineOptions o;
-  o.precision = DType::kBF16;
-  o.micro_batch = mb;
-  o.grad_accum_steps = kAccum;
+  std::optional<Setup> setup = MakeSetup(state, copy_bps, recorder);
+  if (!setup) return;
+  EngineOptions o = BenchOptions(*setup->model, mb, kAccum, recorder);
   o.optimizer.adamw().lr = 1e-3f;
   o.placement.param_home = ParamHome::kNvme;
   o.placement.optimizer_home = OptimizerHome::kNvme;
-  o.placement.nvme_paths = {BenchDir()};
-  o.placement.device_budget_bytes =
-      StreamingMinimumBytes(**model, o.precision, mb, 3) + 2 * (**model).block_num_params(1) * 2;
   o.overlap = overlap;
-  o.trace = &recorder;
-  auto engine = Engine::Create(model->get(), device->get(), o);
+  auto engine = Engine::Create(setup->model.get(), setup->device.get(), o);
   if (!engine.ok()) {
     state.SkipWithError(engine.status().ToString().c_str());
     return;
@@ -174,22 +194,11 @@ void BM_TrainStep(benchmark::State& state) {
 
 void BM_OptimizerState(benchmark::State& state) {
   const int which = static_cast<int>(state.range(0));
-  const models::GptShape shape{256, 64, 12, 4, 128};
   const MicroBatchShape mb{1, 64};
   trace::TraceRecorder recorder(/*keep_events=*/false);
-  gpu::HostDeviceOptions d;
-  d.copy_bytes_per_second = 200e6;
-  d.trace = &recorder;
-  auto device = gpu::CreateHostDevice(d);
-  auto model = models::GptModel::Create(shape);
-  if (!device.ok() || !model.ok()) {
-    state.SkipWithError("could not create the host device or the model");
-    return;
-  }
-  EngineOptions o;
-  o.precision = DType::kBF16;
-  o.micro_batch = mb;
-  o.grad_accum_steps = 1;
+  std::optional<Setup> setup = MakeSetup(state, 200e6, recorder);
+  if (!setup) return;
+  EngineOptions o = BenchOptions(*setup->model, mb, 1, recorder);
   const char* names[3] = {"adamw", "adamw8bit", "adafactor"};
   if (which == 1) {
     o.optimizer = {cpu_optim::OptimizerKind::kAdamW8bit, cpu_optim::AdamWConfig{.lr = 1e-3f}};
@@ -200,11 +209,7 @@ void BM_OptimizerState(benchmark::State& state) {
   }
   o.placement.param_home = ParamHome::kHost;
   o.placement.optimizer_home = OptimizerHome::kNvme;
-  o.placement.nvme_paths = {BenchDir()};
-  o.placement.device_budget_bytes =
-      StreamingMinimumBytes(**model, o.precision, mb, 3) + 2 * (**model).block_num_params(1) * 2;
-  o.trace = &recorder;
-  auto engine = Engine::Create(model->get(), device->get(), o);
+  auto engine = Engine::Create(setup->model.get(), setup->device.get(), o);
   if (!engine.ok()) {
     state.SkipWithError(engine.status().ToString().c_str());
     return;
