@@ -139,6 +139,7 @@ std::string SerializeManifest(const Manifest& m) {
         {"loss_scale", m.loss_scaler.scale},
         {"loss_scaler_clean_steps", m.loss_scaler.clean_steps},
         {"loss_scaler_overflows", m.loss_scaler.overflows},
+        {"loss_scaler_hysteresis_left", m.loss_scaler.hysteresis_left},
         {"grad_clip_norm", m.grad_clip_norm}}},
       {"optimizer", OptimizerManifestJson(m.optimizer)},
       {"trainer",
@@ -210,6 +211,10 @@ StatusOr<Manifest> ParseManifest(std::string_view text) {
   STRATA_ASSIGN_OR_RETURN(m.loss_scaler.clean_steps,
                           ef.Int("loss_scaler_clean_steps", 0, INT64_MAX));
   STRATA_ASSIGN_OR_RETURN(m.loss_scaler.overflows, ef.Int("loss_scaler_overflows", 0, INT64_MAX));
+  if (eng->contains("loss_scaler_hysteresis_left")) {
+    STRATA_ASSIGN_OR_RETURN(int64_t left, ef.Int("loss_scaler_hysteresis_left", 0, INT32_MAX));
+    m.loss_scaler.hysteresis_left = static_cast<int>(left);
+  }
   STRATA_ASSIGN_OR_RETURN(m.grad_clip_norm, ef.Float("grad_clip_norm"));
 
   STRATA_ASSIGN_OR_RETURN(const json* opt, top.Get("optimizer", json::value_t::object));

@@ -68,6 +68,7 @@ struct LossScalerState {
   float scale = 1.0f;
   int64_t clean_steps = 0;  // steps since the last overflow or growth (growth counter)
   int64_t overflows = 0;
+  int hysteresis_left = 0;  // 0: not recorded (format before hysteresis): the full allowance
 };
 
 struct ManifestFile {

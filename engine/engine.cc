@@ -134,6 +134,7 @@ class Engine::Impl {
   int64_t steps_taken() const { return step_; }
   void SetLearningRate(float lr) { cpu_optim::SetLearningRate(o_.optimizer, lr); }
   float loss_scale() const { return scaler_.scale(); }
+  int64_t skipped_steps() const { return scaler_.overflows(); }
 
  private:
   struct Acquired {
@@ -1172,7 +1173,8 @@ Status Engine::Impl::WriteCheckpoint(const std::string& save_dir, const std::str
   manifest.max_seq_len = model_->max_seq_len();
   manifest.engine_steps = step_;
   manifest.adam_steps = adam_t_;
-  manifest.loss_scaler = {scaler_.scale(), scaler_.clean_steps(), scaler_.overflows()};
+  manifest.loss_scaler = {scaler_.scale(), scaler_.clean_steps(), scaler_.overflows(),
+                          scaler_.hysteresis_left()};
   manifest.optimizer = o_.optimizer;
   manifest.grad_clip_norm = o_.grad_clip_norm;
   manifest.trainer = trainer;
@@ -1324,7 +1326,8 @@ Status Engine::Impl::LoadCheckpoint(const std::string& path, TrainerState* train
   }
   step_ = m.engine_steps;
   adam_t_ = m.adam_steps;
-  scaler_.Restore(m.loss_scaler.scale, m.loss_scaler.clean_steps, m.loss_scaler.overflows);
+  scaler_.Restore(m.loss_scaler.scale, m.loss_scaler.clean_steps, m.loss_scaler.overflows,
+                  m.loss_scaler.hysteresis_left);
   cpu_optim::SetLearningRate(o_.optimizer, cpu_optim::LearningRate(m.optimizer));
   partially_loaded_ = false;
   *trainer = m.trainer;
@@ -1374,5 +1377,6 @@ Status Engine::LoadCheckpoint(const std::string& path, TrainerState* trainer) {
 EngineCounters Engine::counters() const { return impl_->counters(); }
 int64_t Engine::steps_taken() const { return impl_->steps_taken(); }
 float Engine::loss_scale() const { return impl_->loss_scale(); }
+int64_t Engine::skipped_steps() const { return impl_->skipped_steps(); }
 
 }  // namespace strata::engine

@@ -214,6 +214,9 @@ class Engine {
   EngineCounters counters() const;
   int64_t steps_taken() const;
   float loss_scale() const;
+  // Steps skipped for a non-finite gradient since the run began (restored by LoadCheckpoint):
+  // a DeepSpeed-style learning-rate schedule does not advance on them.
+  int64_t skipped_steps() const;
 
  private:
   class Impl;

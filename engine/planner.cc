@@ -95,6 +95,18 @@ uint64_t StreamingMinimumBytes(const Model& model, DType precision, MicroBatchSh
   return total + streaming_slots * Aligned(slot);
 }
 
+uint64_t AllResidentBytes(const Model& model, DType precision, MicroBatchShape shape,
+                          bool offload_activations) {
+  uint64_t total = 0;
+  for (const auto& r : FixedRegions(model, precision, shape, offload_activations)) {
+    total += Aligned(r.size_bytes);
+  }
+  for (int b = 0; b < model.num_blocks(); ++b) {
+    total += Aligned(static_cast<uint64_t>(model.block_num_params(b)) * SizeOf(precision));
+  }
+  return total;
+}
+
 bool HostGradInWorkingPrecision(const Model& model, int block, int grad_accum_steps) {
   if (grad_accum_steps != 1) return false;
   for (int b = 0; b < model.num_blocks(); ++b) {
@@ -153,8 +165,7 @@ StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape sha
   for (const auto& r : fixed) fixed_total += Aligned(r.size_bytes);
 
   const auto block_bytes = [&](int b) { return static_cast<uint64_t>(p.blocks[b].num_params) * w; };
-  uint64_t all_resident = fixed_total;
-  for (int b = 0; b < n; ++b) all_resident += Aligned(block_bytes(b));
+  const uint64_t all_resident = AllResidentBytes(model, precision, shape, o.offload_activations);
 
   if (o.param_home == ParamHome::kDevice || all_resident <= o.device_budget_bytes) {
     if (all_resident > o.device_budget_bytes) {

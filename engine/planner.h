@@ -114,6 +114,12 @@ struct Plan {
 uint64_t StreamingMinimumBytes(const Model& model, DType precision, MicroBatchShape shape,
                                int streaming_slots = 2, bool offload_activations = false);
 
+// The device budget, in bytes, that keeps every block resident (ParamHome::kDevice): the same
+// fixed regions plus every block's working params, each region aligned as the arena aligns it.
+// Pure; thread-safe.
+uint64_t AllResidentBytes(const Model& model, DType precision, MicroBatchShape shape,
+                          bool offload_activations = false);
+
 // Errors: kInvalidArgument (zero budget, no NVMe path for NVMe placement,
 // streaming_slots, host_grad_buckets or optimizer_buffers given but too small); kResourceExhausted
 // when the device budget cannot hold the minimum (what is short and by how much, and what the
