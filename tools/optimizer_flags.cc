@@ -8,12 +8,23 @@
 
 namespace strata::tools {
 
+StatusOr<LrSchedule> MakeLrSchedule(const TrainFlags& f) {
+  LrSchedule s;
+  STRATA_ASSIGN_OR_RETURN(s.kind, ParseLrScheduleKind(f.lr_schedule));
+  STRATA_ASSIGN_OR_RETURN(s.warmup_type, ParseWarmupType(f.warmup_type));
+  s.peak_lr = PeakLearningRate(f);
+  s.warmup_steps = f.warmup_steps;
+  s.total_steps = s.kind == LrScheduleKind::kCosine || f.lr_total_steps <= 0 ? f.steps
+                                                                             : f.lr_total_steps;
+  s.warmup_min_lr = f.warmup_min_lr;
+  s.warmup_min_ratio = f.warmup_min_ratio;
+  s.cos_min_ratio = f.cos_min_ratio;
+  return s;
+}
+
 float LearningRate(const TrainFlags& f, int64_t step) {  // step is 0-based
-  const double peak = PeakLearningRate(f);
-  if (step < f.warmup_steps) return static_cast<float>(peak * (step + 1) / f.warmup_steps);
-  const double span = std::max<int64_t>(1, f.steps - f.warmup_steps);
-  const double progress = std::min(1.0, (step - f.warmup_steps) / span);
-  return static_cast<float>(peak * (0.1 + 0.9 * 0.5 * (1 + std::cos(M_PI * progress))));
+  auto s = MakeLrSchedule(f);
+  return s.ok() ? static_cast<float>(LearningRateAt(*s, step)) : 0.0f;
 }
 
 double DefaultLearningRate(std::string_view optimizer) {

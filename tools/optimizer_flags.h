@@ -8,6 +8,7 @@
 
 #include "base/status.h"
 #include "cpu_optim/any_optimizer.h"
+#include "tools/lr_schedule.h"
 #include "tools/train_command.h"
 
 namespace strata::tools {
@@ -22,8 +23,11 @@ double PeakLearningRate(const TrainFlags& f);
 // The engine's optimizer from --optimizer and its hyper-parameters (lr = the schedule's first).
 // kInvalidArgument naming an unknown optimizer or a hyper-parameter it rejects.
 StatusOr<cpu_optim::AnyOptimizer> BuildOptimizer(const TrainFlags& f);
-// The schedule's rate at 0-based step `step`: linear warmup over warmup_steps to the peak, then
-// cosine decay to 10 % of it at the last step.
+// The schedule of --lr-schedule and its parameters (tools/lr_schedule.h); kInvalidArgument
+// naming a bad schedule or warmup type.
+StatusOr<LrSchedule> MakeLrSchedule(const TrainFlags& f);
+// The schedule's rate at 0-based step `step` (LearningRateAt of MakeLrSchedule; flags already
+// validated).
 float LearningRate(const TrainFlags& f, int64_t step);
 
 }  // namespace strata::tools

@@ -108,7 +108,8 @@ void AddTrainFlags(CLI::App& cmd, TrainFlags& f) {
   cmd.add_option(
          "--device-budget", f.device_budget,
          "Device memory for the whole arena, e.g. 64MiB, 2GiB, 1e9 (GB = 1e9 B, GiB = 2^30 B); "
-         "auto = midway between the streaming minimum and the working params alone")
+         "auto = midway between the streaming minimum and the working params alone (with "
+         "--offload-params device: what keeping every block resident takes)")
       ->capture_default_str();
   cmd.add_option(
          "--offload-params", f.offload_params,
@@ -241,17 +242,6 @@ StatusOr<std::string> Sample(engine::Engine& e, const TrainFlags& f, std::mt1993
   return out;
 }
 
-// The schedule of LearningRate and the GPT shape, for the checkpoint manifest.
-std::string ScheduleJson(const TrainFlags& f, int64_t next_step) {
-  return nlohmann::json{{"kind", "linear_warmup_cosine"},
-                        {"peak_lr", PeakLearningRate(f)},
-                        {"warmup_steps", f.warmup_steps},
-                        {"total_steps", f.steps},
-                        {"min_lr_ratio", 0.1},
-                        {"next_step", next_step}}
-      .dump();
-}
-
 std::string Printable(const std::string& s) {
   std::string out;
   for (unsigned char c : s) out += (c == '\n' || c == '\t' || (c >= 32 && c < 127)) ? char(c) : '?';
@@ -266,6 +256,7 @@ Status RunTrain(const TrainFlags& f) {
   STRATA_ASSIGN_OR_RETURN(auto param_home, engine::ParseParamHome(f.offload_params));
   STRATA_ASSIGN_OR_RETURN(auto optim_home, engine::ParseOptimizerHome(f.offload_optimizer));
   STRATA_ASSIGN_OR_RETURN(auto io_kind, io::ParseBackendKind(f.io_backend));
+  STRATA_ASSIGN_OR_RETURN(const LrSchedule schedule, MakeLrSchedule(f));
   if (io_kind == io::BackendKind::kMemory) {
     return InvalidArgumentError("--io-backend memory is for tests; use auto, uring or posix");
   }
@@ -312,6 +303,8 @@ Status RunTrain(const TrainFlags& f) {
   o.loss_scaler.initial_scale = static_cast<float>(f.fp16_initial_scale);
   o.loss_scaler.growth_interval = f.fp16_scale_window;
   o.loss_scaler.min_scale = static_cast<float>(f.fp16_min_scale);
+  o.loss_scaler.hysteresis = f.fp16_hysteresis;
+  o.loss_scaler.consecutive_hysteresis = f.fp16_consecutive_hysteresis;
   o.grad_clip_norm = static_cast<float>(f.grad_clip);
   o.seed = f.seed;
   o.io.kind = io_kind;
@@ -343,7 +336,11 @@ Status RunTrain(const TrainFlags& f) {
   o.placement.offload_activations = f.offload_activations;
   o.eager_update = f.eager_update;
   o.placement.nvme_paths = f.nvme_paths.empty() ? std::vector<std::string>{"."} : f.nvme_paths;
-  if (f.device_budget == "auto") {
+  if (f.device_budget == "auto" && param_home == engine::ParamHome::kDevice) {
+    // Every block resident: exactly what that takes.
+    o.placement.device_budget_bytes =
+        engine::AllResidentBytes(*model, precision, mb, f.offload_activations);
+  } else if (f.device_budget == "auto") {
     // Midway between the streaming minimum and the working params alone, so
     // some blocks stay resident and the rest really stream.
     const uint64_t minimum = engine::StreamingMinimumBytes(
@@ -382,9 +379,27 @@ Status RunTrain(const TrainFlags& f) {
   if (device->kind() != gpu::DeviceKind::kHost && f.copy_bandwidth > 0) return throttle_on_gpu;
   if (device->kind() == gpu::DeviceKind::kHost && f.tf32) return tf32_on_host;
   std::printf("strata train: %s\n", model->description().c_str());
+  for (const auto& note : f.config_notes) std::printf("config: %s\n", note.c_str());
   std::printf("%s; device: %s\n", data.Describe().c_str(), device->description().c_str());
   STRATA_ASSIGN_OR_RETURN(auto engine, engine::Engine::Create(model.get(), device.get(), o));
   std::printf("%s", engine->plan().Describe().c_str());
+  std::printf("  batch    %d x %d tokens per micro-batch, %d micro-batch%s per step; gradient "
+              "clipping %s\n",
+              f.micro_batch_size, f.seq_len, f.grad_accum_steps,
+              f.grad_accum_steps == 1 ? "" : "es",
+              f.grad_clip > 0 ? fmt::format("at norm {:g}", f.grad_clip).c_str() : "off");
+  std::printf("  lr       %s\n", DescribeLrSchedule(schedule).c_str());
+  if (precision == DType::kF16) {
+    std::printf("  fp16     %s\n",
+                f.fp16_dynamic_loss_scale
+                    ? fmt::format("dynamic loss scale from {:g}, x2 after {} clean steps, "
+                                  "hysteresis {}{}, min {:g}",
+                                  f.fp16_initial_scale, f.fp16_scale_window, f.fp16_hysteresis,
+                                  f.fp16_consecutive_hysteresis ? " (consecutive)" : "",
+                                  f.fp16_min_scale)
+                          .c_str()
+                    : fmt::format("static loss scale {:g}", f.fp16_initial_scale).c_str());
+  }
   if (!engine->io_backend_name().empty()) {
     const std::string_view backend = engine->io_backend_name();
     const std::string threads =
@@ -436,7 +451,13 @@ Status RunTrain(const TrainFlags& f) {
       data.SampleTrainBatch(data_rng, mb.batch_size, mb.seq_len, &toks[i], &tgts[i]);
       batches[i] = {toks[i], tgts[i]};
     }
-    engine->SetLearningRate(LearningRate(f, step));
+    // DeepSpeed's schedulers do not advance on a skipped (overflowed) step; Strata's cosine runs
+    // by step number.
+    const bool deepspeed_schedule = schedule.kind != LrScheduleKind::kCosine &&
+                                    schedule.kind != LrScheduleKind::kConstant;
+    const float lr = static_cast<float>(
+        LearningRateAt(schedule, deepspeed_schedule ? step - engine->skipped_steps() : step));
+    engine->SetLearningRate(lr);
     STRATA_ASSIGN_OR_RETURN(auto r, timed([&] { return engine->Step(batches); }));
     if (step == start_step) loss_first = r.loss;
     loss_last = r.loss;
@@ -454,7 +475,7 @@ Status RunTrain(const TrainFlags& f) {
           "step %5lld/%lld | loss %.4f | norm %6.3f | lr %.2e | %7.0f tok/s | h2d %s d2h %s | "
           "nvme r %s w %s%s\n",
           static_cast<long long>(step + 1), static_cast<long long>(f.steps), r.loss, r.grad_norm,
-          LearningRate(f, step), tokens_per_step * steps_in / dt,
+          lr, tokens_per_step * steps_in / dt,
           FormatBytes(c.bytes_h2d - last.bytes_h2d).c_str(),
           FormatBytes(c.bytes_d2h - last.bytes_d2h).c_str(),
           FormatBytes(c.nvme_bytes_read - last.nvme_bytes_read).c_str(),
@@ -480,7 +501,7 @@ Status RunTrain(const TrainFlags& f) {
       STRATA_ASSIGN_OR_RETURN(last_checkpoint,
                               SaveTraining(*engine, ckpt,
                                            {step + 1, (step + 1) * tokens_per_step, &data_rng,
-                                            ScheduleJson(f, step + 1), ModelSpecJson(spec)}));
+                                            LrScheduleJson(schedule, step + 1), ModelSpecJson(spec)}));
     }
     if (stopping) {
       return CancelledError(fmt::format(
@@ -560,6 +581,12 @@ Status RunTrain(const TrainFlags& f) {
                            ? nlohmann::json()
                            : nlohmann::json(engine->io_backend_name())},
         {"precision", DTypeName(precision)},
+        {"param_home", std::string(engine::ParamHomeName(plan.param_home))},
+        {"optimizer_home", plan.optimizer_home == engine::OptimizerHome::kHost ? "host" : "nvme"},
+        {"optimizer", plan.optimizer_name},
+        {"lr_schedule", nlohmann::json::parse(LrScheduleJson(schedule, f.steps))},
+        {"grad_clip", f.grad_clip},
+        {"loss_scale_hysteresis", f.fp16_hysteresis},
         {"tf32", f.tf32},
         {"model", spec.model_dir.empty() ? f.model : spec.model_dir},
         {"model_params", plan.model_params},

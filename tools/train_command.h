@@ -31,6 +31,14 @@ struct TrainFlags {
   std::string optimizer = "adamw";
   double lr = 0;  // peak learning rate; 0 = the optimizer's (DefaultLearningRate)
   int64_t warmup_steps = 20;
+  // The schedule (tools/lr_schedule.h): cosine (Strata's), constant, or DeepSpeed's WarmupLR,
+  // WarmupDecayLR, WarmupCosineLR (flag spellings warmup, warmup-decay, warmup-cosine).
+  std::string lr_schedule = "cosine";
+  std::string warmup_type = "log";  // DeepSpeed schedules: log or linear warmup
+  double warmup_min_lr = 0;         // WarmupLR, WarmupDecayLR: the rate warmup starts from
+  int64_t lr_total_steps = 0;       // WarmupDecayLR, WarmupCosineLR total_num_steps; 0 = --steps
+  double warmup_min_ratio = 0;      // WarmupCosineLR
+  double cos_min_ratio = 1e-4;      // WarmupCosineLR
   double weight_decay = 0.0;
   double momentum = 0.9;                  // sgd
   double adafactor_decay_rate = -0.8;     // adafactor: beta2_t = 1 - t^decay_rate
@@ -73,6 +81,10 @@ struct TrainFlags {
   double fp16_initial_scale = 65536.0;  // 2^16; the static scale when not dynamic
   int64_t fp16_scale_window = 1000;     // clean steps before the scale doubles
   double fp16_min_scale = 1.0;
+  int fp16_hysteresis = 2;  // overflows before the scale is lowered (DeepSpeed's default)
+  bool fp16_consecutive_hysteresis = false;
+  // What a config file mapped to no-ops or adjusted, one line each, printed by RunTrain.
+  std::vector<std::string> config_notes;
   // NVMe I/O (io::IoBackendOptions): pieces in flight per call, piece size, posix threads.
   int io_queue_depth = 32;
   std::string io_block_size = "1MiB";
