@@ -1,6 +1,6 @@
 // The offload engine: trains a Model whose state does not fit in device memory.
 //
-// Placement (DESIGN.md, "Data flow of one optimizer step"):
+// Placement (docs/ARCHITECTURE.md, "Where each tensor lives"):
 //   working params p16 (fp16/bf16, or fp32)  device if resident, else streamed per
 //                                            block from pinned host or NVMe
 //   gradients g16                            device -> D2H -> pinned host bucket ->
@@ -22,7 +22,8 @@
 // resident or with params streamed and optimizer state on NVMe gives
 // bit-identical master weights.
 //
-// Overlap (DESIGN.md steps 1-3). The driving thread only enqueues; the work runs on
+// Overlap (docs/ARCHITECTURE.md, "One training step"). The driving thread only enqueues; the
+// work runs on
 //   - the device's compute, H2D and D2H streams;
 //   - a prefetch thread that loads the working params of the next prefetch_depth blocks
 //     (NVMe -> pinned -> device, reverse order in backward) while a block computes;

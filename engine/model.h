@@ -7,7 +7,7 @@
 // one boundary activation of activation_elems() elements between them; the
 // first block reads tokens, the last block produces logits and the loss.
 //
-// Blocks compute in the working precision (DESIGN.md, "Data flow of one optimizer step"): they
+// Blocks compute in the working precision (docs/ARCHITECTURE.md, "One training step"): they
 // read their working parameters where they sit (a resident region or a streaming slot, fp32,
 // fp16 or bf16, no staging copy), keep activations, activation gradients and logits in the same
 // dtype, and write their weight gradients in it straight into the device gradient bucket (fp32

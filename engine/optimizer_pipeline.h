@@ -1,6 +1,6 @@
-// The CPU-optimizer pipeline of DESIGN.md, "Data flow of one optimizer step", step 3: block
-// updates run on three host threads (WorkQueues) so that, for optimizer state on NVMe, the read
-// of block b+1's state, the update of block b and the write-back of block b-1 overlap:
+// The CPU-optimizer pipeline (docs/ARCHITECTURE.md, "The CPU optimizer pipeline and NVMe swap"):
+// block updates run on three host threads (WorkQueues) so that, for optimizer state on NVMe, the
+// read of block b+1's state, the update of block b and the write-back of block b-1 overlap:
 //
 //   read   stage:  NVMe -> pinned buffer (m, v, fp32 master weights)      "nvme read"
 //   update stage:  CPU optimizer on the buffer, copy-out of new p16        "cpu optimizer"

@@ -1,6 +1,6 @@
 // `strata estimate`: the planner's verdict for a model shape and budgets, without training
-// (DESIGN.md, "Planner"): the same plan `strata train` prints, or the same error when a budget is
-// short.
+// (docs/ARCHITECTURE.md, "Planner"): the same plan `strata train` prints, or the same error when a
+// budget is short.
 #pragma once
 
 #include <CLI/CLI.hpp>

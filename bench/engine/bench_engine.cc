@@ -1,8 +1,8 @@
-// One training step of the offload engine against the largest of its parts (DESIGN.md,
-// "Performance contract"): GPU compute, H2D, D2H, CPU optimizer, NVMe read and write. Runs on
-// the host backend, whose H2D/D2H copies are throttled to a PCIe-like rate scaled to what the
-// emulated "GPU" (the CPU) computes, with params and optimizer state on NVMe in a real file
-// under $STRATA_BENCH_DIR (default /var/tmp; tmpfs would measure memory, not a drive).
+// One training step of the offload engine against the largest of its parts
+// (docs/ARCHITECTURE.md, "Performance contract"): GPU compute, H2D, D2H, CPU optimizer, NVMe read
+// and write. Runs on the host backend, whose H2D/D2H copies are throttled to a PCIe-like rate
+// scaled to what the emulated "GPU" (the CPU) computes, with params and optimizer state on NVMe in
+// a real file under $STRATA_BENCH_DIR (default /var/tmp; tmpfs would measure memory, not a drive).
 //
 // Each benchmark runs the same model, data and placement twice per configuration: the
 // overlapped engine and the sequential pipeline (EngineOptions::overlap = false). Counters per

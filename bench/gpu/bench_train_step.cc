@@ -63,7 +63,8 @@
 //                     does not record reads 0)
 //   wall_per_step_s   (sum of the timed Step times + the final Flush) / steps: the wall time of
 //                     exactly the work the breakdown covers
-//   overlap_efficiency  largest part / wall_per_step_s (DESIGN.md, "Performance contract")
+//   overlap_efficiency  largest part / wall_per_step_s (docs/ARCHITECTURE.md, "Performance
+//                     contract")
 //   offload_cost      (host and nvme) step_s / step_s of the same preset's resident case, run
 //                     just before in this process
 //   h2d_GB, d2h_GB, nvme_read_GB, nvme_write_GB  bytes moved per step (engine counters), 1e9 B
