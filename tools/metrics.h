@@ -5,10 +5,11 @@
 //     (tools/tensorboard_event.proto, serialized with Debian's libprotobuf) in TFRecord framing:
 //       uint64 length (little endian), uint32 masked CRC-32C of those 8 bytes,
 //       data, uint32 masked CRC-32C of the data,
-//     with mask(crc) = ((crc >> 15) | (crc << 17)) + 0xa282ead8 (TensorFlow's record format,
-//     tensorflow/core/lib/io/record_writer.h and tensorflow/tsl/lib/hash/crc32c.h). CRC-32C is the
-//     Castagnoli polynomial 0x1EDC6F41 (reflected, init and final XOR 0xFFFFFFFF) of RFC 3720
-//     section 12.1 (iSCSI), computed by Boost.CRC. The first record is file_version
+//     with mask(crc) = ((crc >> 15) | (crc << 17)) + 0xa282ead8: TensorFlow's record format
+//     (RecordWriter::WriteRecord in tensorflow/core/lib/io/record_writer.cc, crc32c::Mask in
+//     tensorflow/core/lib/hash/crc32c.h). CRC-32C is the Castagnoli polynomial 0x1EDC6F41
+//     (reflected, init and final XOR 0xFFFFFFFF) of RFC 3720 section 12.1 (iSCSI; test vectors
+//     in its appendix B.4), computed by Boost.CRC. The first record is file_version
 //     "brain.Event:2"; then one Event with a Summary of simple_value scalars per Record call.
 //   - JSON lines (--metrics-jsonl FILE): one object per Record call,
 //     {"step":3,"wall_time":1700000000.5,"train/loss":2.51,...}; non-finite values are null.
@@ -104,9 +105,10 @@ class MetricsWriter {
 
 // Turns what the training loop already keeps (the step's result, running totals of the engine's
 // byte counters and of the trace breakdown) into the scalars of one optimizer step, and hands them
-// to a MetricsWriter. Per-step values are differences of the totals since the previous
-// RecordStep (bytes: or RecordEvaluation, so an evaluation's traffic is not charged to the next
-// step).
+// to a MetricsWriter. A step's bytes and times are the growth of the totals since the previous
+// record: times since the previous RecordStep (so a timed Flush before an evaluation or a
+// checkpoint counts in the next step), bytes since the previous RecordStep or RecordEvaluation
+// (an evaluation's traffic is not charged to the next step).
 //
 // Tags per step: train/loss, train/lr, train/grad_norm, train/loss_scale,
 // train/tokens_per_second (tokens of the step / time/step), train/skipped (0 or 1), bytes/h2d,
@@ -116,7 +118,8 @@ class MetricsWriter {
 // Thread-safety: not thread-safe, like the writer. Errors: the writer's.
 class TrainMetrics {
  public:
-  // Running totals at the start of training (what the deltas of the first step start from).
+  // Running totals the training loop keeps; the constructor takes them as they are before the
+  // first step.
   struct Totals {
     engine::EngineCounters counters;
     trace::Breakdown parts;   // busy seconds per category, cumulative
