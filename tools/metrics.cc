@@ -36,13 +36,13 @@ void AppendLittleEndian(uint64_t value, int num_bytes, std::string* out) {
 // Creates `dir` and its parents; names `flag` in every error.
 Status MakeDirectory(std::string_view flag, const std::string& dir) {
   std::error_code ec;
+  if (std::filesystem::exists(dir, ec) && !std::filesystem::is_directory(dir, ec)) {
+    return InvalidArgumentError(fmt::format("{} '{}' exists and is not a directory", flag, dir));
+  }
   std::filesystem::create_directories(dir, ec);
   if (std::filesystem::is_directory(dir)) return Status::Ok();
-  if (ec && ec.value() != EEXIST) {
-    return ErrnoToStatus(ec.value(),
-                         fmt::format("{} '{}': cannot create the directory", flag, dir));
-  }
-  return InvalidArgumentError(fmt::format("{} '{}' exists and is not a directory", flag, dir));
+  return ErrnoToStatus(ec ? ec.value() : ENOTDIR,
+                       fmt::format("{} '{}': cannot create the directory", flag, dir));
 }
 
 std::string HostName() {
