@@ -10,8 +10,8 @@
 # catch2 (spdlog's own tests), plus pkgconf for CMake's pkg_check_modules. libtbbbind is there
 # because oneTBB's CMake config checks that it exists; its libhwloc15 is not: oneTBB loads
 # tbbbind (thread binding to NUMA nodes) only when it can, and goes on without it.
-# About 3.2 MB in all; the script fails if the folder exceeds 48 MiB (a device call carries at
-# most 64 MiB, repository included).
+# About 16 MB in all (9.5 MB of it Boost's headers, for Boost.CRC); the script fails if the
+# folder exceeds 48 MiB (a device call carries at most 64 MiB, repository included).
 #   scripts/fetch_gpu_debs.sh            # then: run(..., carry=[".gpudebs"])
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +19,8 @@ dest=.gpudebs
 pkgs=(liburing-dev liburing2 libtbb-dev libtbb12 libtbbmalloc2 libtbbbind-2-5 libeigen3-dev libxxhash-dev
       libxxhash0 nlohmann-json3-dev libcli11-dev libfmt-dev libfmt9 libspdlog-dev libspdlog1.10
       libgtest-dev libgmock-dev libbenchmark-dev libbenchmark1debian libsentencepiece-dev
-      libsentencepiece0 pkgconf pkgconf-bin libpkgconf3)
+      libsentencepiece0 libprotobuf-dev libprotobuf32 libprotobuf-lite32 protobuf-compiler
+      libprotoc32 libboost-dev libboost1.74-dev pkgconf pkgconf-bin libpkgconf3)
 
 if ! command -v apt-get >/dev/null; then
   echo "fetch_gpu_debs.sh: apt-get not found: run this on a Debian 12 machine" >&2

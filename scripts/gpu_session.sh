@@ -2,7 +2,7 @@
 # The GPU session of issues 5 and 13 in ONE device call, WHOLE in under 10 minutes (a fresh
 # H100 or H200 machine, 16 cores, no network, 600 s per command, 8 files back from $OUT):
 #
-#   scripts/fetch_gpu_debs.sh                                   # here, once: .gpudebs/ (~3 MB)
+#   scripts/fetch_gpu_debs.sh                                   # here, once: .gpudebs/ (~16 MB)
 #   device run: command "bash scripts/gpu_session.sh", carry [".gpudebs"], timeout_s 600
 #
 # Steps in order of importance, each with its own time limit, each run even when an earlier one
@@ -170,7 +170,8 @@ declare -A headers=(
   [liburing]=liburing.h [oneTBB]=oneapi/tbb.h [Eigen]=eigen3/Eigen/Core [xxHash]=xxhash.h
   [nlohmann-json]=nlohmann/json.hpp [CLI11]=CLI/CLI.hpp [fmt]=fmt/core.h [spdlog]=spdlog/spdlog.h
   [GoogleTest]=gtest/gtest.h [GoogleMock]=gmock/gmock.h [Google-Benchmark]=benchmark/benchmark.h
-  [SentencePiece]=sentencepiece_processor.h
+  [SentencePiece]=sentencepiece_processor.h [protobuf]=google/protobuf/message_lite.h
+  [Boost]=boost/crc.hpp
 )
 missing_libs() {
   local lib h d found miss=()

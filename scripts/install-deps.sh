@@ -6,10 +6,10 @@ set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config git ca-certificates
       liburing-dev libtbb-dev libeigen3-dev libxxhash-dev nlohmann-json3-dev libcli11-dev
       libfmt-dev libspdlog-dev libgtest-dev libgmock-dev libbenchmark-dev libsentencepiece-dev
-      python3)
+      libprotobuf-dev protobuf-compiler libboost-dev python3)
 for arg in "$@"; do
   case "$arg" in
-    --python) pkgs+=(python3-torch python3-numpy) ;;
+    --python) pkgs+=(python3-torch python3-numpy python3-protobuf) ;;
     --fuzz) pkgs+=(clang libclang-rt-14-dev llvm) ;;
     *) echo "install-deps.sh: unknown option '$arg' (--python, --fuzz)" >&2; exit 2 ;;
   esac

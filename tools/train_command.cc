@@ -22,6 +22,7 @@
 #include "io/io_backend.h"
 #include "tools/config.h"
 #include "tools/device_select.h"
+#include "tools/metrics.h"
 #include "tools/model_spec.h"
 #include "tools/optimizer_flags.h"
 
@@ -149,6 +150,15 @@ void AddTrainFlags(CLI::App& cmd, TrainFlags& f) {
   cmd.add_option("--trace", f.trace,
                  "Write a Chrome trace-event JSON of the run here: one track per stream and "
                  "thread (open in https://ui.perfetto.dev or chrome://tracing)");
+  cmd.add_option("--tensorboard-dir", f.tensorboard_dir,
+                 "Write every step's metrics as a TensorBoard event file in this directory "
+                 "(created if missing; view with `tensorboard --logdir DIR`)");
+  cmd.add_option("--metrics-jsonl", f.metrics_jsonl,
+                 "Append every step's metrics (and each validation loss) to this file as JSON "
+                 "lines");
+  cmd.add_option("--metrics-csv-dir", f.metrics_csv_dir,
+                 "Append every step's metrics to one CSV file per metric in this directory "
+                 "(DeepSpeed csv_monitor layout: train_loss.csv with header step,train/loss)");
   cmd.add_option(
          "--copy-bandwidth", f.copy_bandwidth,
          "Host device only: throttle H2D/D2H copies to this many bytes/s (0 = memcpy speed)")
@@ -267,6 +277,12 @@ Status RunTrain(const TrainFlags& f) {
   if (f.checkpoint.resume == "latest" && f.checkpoint.save_dir.empty()) {
     return InvalidArgumentError("--resume latest needs --save-dir (the directory with 'latest')");
   }
+  // Opened before the model is built, so that a bad metrics path fails at once.
+  MetricsOptions metrics_options;
+  metrics_options.tensorboard_dir = f.tensorboard_dir;
+  metrics_options.jsonl_path = f.metrics_jsonl;
+  metrics_options.csv_dir = f.metrics_csv_dir;
+  STRATA_ASSIGN_OR_RETURN(auto metrics_writer, MetricsWriter::Create(metrics_options));
   STRATA_ASSIGN_OR_RETURN(ModelSpec spec, ResolveModelSpec(f.model, f.model_dir));
   STRATA_ASSIGN_OR_RETURN(auto model, BuildModel(spec, /*load_weights=*/true, f.tf32));
   if (f.seq_len > model->max_seq_len()) {
@@ -446,6 +462,7 @@ Status RunTrain(const TrainFlags& f) {
     return result;
   };
   auto flush = [&] { return timed([&] { return engine->Flush(); }); };
+  TrainMetrics metrics(metrics_writer.get(), {engine->counters(), parts, step_seconds});
   for (int64_t step = start_step; step < f.steps; ++step) {
     for (int i = 0; i < f.grad_accum_steps; ++i) {
       data.SampleTrainBatch(data_rng, mb.batch_size, mb.seq_len, &toks[i], &tgts[i]);
@@ -462,6 +479,8 @@ Status RunTrain(const TrainFlags& f) {
     if (step == start_step) loss_first = r.loss;
     loss_last = r.loss;
     skipped += r.skipped;
+    STRATA_RETURN_IF_ERROR(metrics.RecordStep(step + 1, r, LearningRate(f, step), tokens_per_step,
+                                              {engine->counters(), parts, step_seconds}));
     const bool log =
         f.log_every > 0 && ((step + 1) % f.log_every == 0 || step == 0 || step + 1 == f.steps);
     if (log) {
@@ -491,6 +510,7 @@ Status RunTrain(const TrainFlags& f) {
       STRATA_ASSIGN_OR_RETURN(float v, Evaluate(*engine, data, f));
       eval_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       std::printf("step %5lld | val loss %.4f\n", static_cast<long long>(step + 1), v);
+      STRATA_RETURN_IF_ERROR(metrics.RecordEvaluation(step + 1, v, engine->counters()));
       t_log = std::chrono::steady_clock::now();
     }
     const bool periodic = ckpt.save_every > 0 && (step + 1) % ckpt.save_every == 0;
@@ -518,6 +538,7 @@ Status RunTrain(const TrainFlags& f) {
   const auto counters = engine->counters();
   if (f.eval_every > 0) {
     STRATA_ASSIGN_OR_RETURN(val_loss, Evaluate(*engine, data, f));
+    STRATA_RETURN_IF_ERROR(metrics.RecordEvaluation(f.steps, val_loss, engine->counters()));
     std::printf("validation loss %.4f nats/%s (uniform is %.2f)\n", val_loss,
                 training_data.byte_level ? "byte" : "token",
                 std::log(static_cast<double>(model->vocab_size())));

@@ -54,6 +54,11 @@ struct TrainFlags {
   std::string io_backend = "auto";
   std::string summary_json;
   std::string trace;  // Chrome trace-event JSON path; empty = none
+  // Per-step metrics (tools/metrics.h); empty = off. The directories are the final ones (a
+  // DeepSpeed config's output_path/job_name is joined before it gets here).
+  std::string tensorboard_dir;  // TensorBoard event file
+  std::string metrics_jsonl;    // JSON lines
+  std::string metrics_csv_dir;  // one CSV per tag, like DeepSpeed's csv_monitor
   int64_t eval_every = 100;
   int eval_batches = 16;
   int64_t sample_bytes = 200;

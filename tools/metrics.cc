@@ -1,0 +1,254 @@
+#include "tools/metrics.h"
+
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <array>
+#include <boost/crc.hpp>
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "tools/tensorboard_event.pb.h"
+
+namespace strata::tools {
+namespace {
+
+// CRC-32C: polynomial 0x1EDC6F41, reflected input and output, init and final XOR all ones.
+using Crc32cEngine = boost::crc_optimal<32, 0x1EDC6F41, 0xFFFFFFFF, 0xFFFFFFFF, true, true>;
+
+constexpr uint32_t kCrcMaskDelta = 0xa282ead8u;
+constexpr const char* kFileVersion = "brain.Event:2";
+
+// errno after a failed stdio call; EIO when the library left it unset.
+Status StdioError(std::string_view context) {
+  return ErrnoToStatus(errno != 0 ? errno : EIO, context);
+}
+
+void AppendLittleEndian(uint64_t value, int num_bytes, std::string* out) {
+  for (int i = 0; i < num_bytes; ++i) out->push_back(static_cast<char>((value >> (8 * i)) & 0xff));
+}
+
+// Creates `dir` and its parents; names `flag` in every error.
+Status MakeDirectory(std::string_view flag, const std::string& dir) {
+  std::error_code ec;
+  if (std::filesystem::exists(dir, ec) && !std::filesystem::is_directory(dir, ec)) {
+    return InvalidArgumentError(fmt::format("{} '{}' exists and is not a directory", flag, dir));
+  }
+  std::filesystem::create_directories(dir, ec);
+  if (std::filesystem::is_directory(dir)) return Status::Ok();
+  return ErrnoToStatus(ec ? ec.value() : ENOTDIR,
+                       fmt::format("{} '{}': cannot create the directory", flag, dir));
+}
+
+std::string HostName() {
+  std::array<char, HOST_NAME_MAX + 1> name{};
+  if (::gethostname(name.data(), name.size() - 1) != 0 || name[0] == '\0') return "localhost";
+  return name.data();
+}
+
+// The shortest text that reads back as the same double ("0.1", "2.5e-05", "nan").
+std::string FormatValue(double v) { return fmt::format("{}", v); }
+
+// The CSV file of a tag, as DeepSpeed's csv_monitor names it: '/' and ' ' become '_'.
+std::string CsvFileName(std::string_view tag) {
+  std::string name(tag);
+  for (char& c : name) {
+    if (c == '/' || c == ' ') c = '_';
+  }
+  return name + ".csv";
+}
+
+}  // namespace
+
+uint32_t Crc32c(std::string_view data) {
+  Crc32cEngine crc;
+  crc.process_bytes(data.data(), data.size());
+  return crc.checksum();
+}
+
+uint32_t MaskCrc32c(uint32_t crc) { return ((crc >> 15) | (crc << 17)) + kCrcMaskDelta; }
+
+std::string FrameTfRecord(std::string_view data) {
+  std::string out;
+  out.reserve(data.size() + 16);
+  AppendLittleEndian(data.size(), 8, &out);
+  AppendLittleEndian(MaskCrc32c(Crc32c(out)), 4, &out);
+  out.append(data);
+  AppendLittleEndian(MaskCrc32c(Crc32c(data)), 4, &out);
+  return out;
+}
+
+double UnixSecondsNow() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+StatusOr<std::unique_ptr<MetricsWriter>> MetricsWriter::Create(const MetricsOptions& options) {
+  std::unique_ptr<MetricsWriter> w(new MetricsWriter(options));
+  if (!options.tensorboard_dir.empty()) {
+    STRATA_RETURN_IF_ERROR(MakeDirectory("--tensorboard-dir", options.tensorboard_dir));
+    const int64_t seconds = options.file_unix_seconds != 0
+                                ? options.file_unix_seconds
+                                : static_cast<int64_t>(std::floor(UnixSecondsNow()));
+    const std::string host = options.hostname.empty() ? HostName() : options.hostname;
+    const int64_t pid = options.pid != 0 ? options.pid : static_cast<int64_t>(::getpid());
+    w->event_path_ = (std::filesystem::path(options.tensorboard_dir) /
+                      fmt::format("events.out.tfevents.{}.{}.{}.0", seconds, host, pid))
+                         .string();
+    // "x": never append to, or replace, another run's file.
+    w->events_.reset(std::fopen(w->event_path_.c_str(), "wbx"));
+    if (!w->events_) {
+      return StdioError(fmt::format("--tensorboard-dir: cannot create '{}'", w->event_path_));
+    }
+    strata::tensorboard::Event first;
+    first.set_wall_time(UnixSecondsNow());
+    first.set_file_version(kFileVersion);
+    STRATA_RETURN_IF_ERROR(w->WriteEvent(first.SerializeAsString()));
+    if (std::fflush(w->events_.get()) != 0) {
+      return StdioError(fmt::format("--tensorboard-dir: writing '{}'", w->event_path_));
+    }
+  }
+  if (!options.jsonl_path.empty()) {
+    w->jsonl_.reset(std::fopen(options.jsonl_path.c_str(), "ab"));
+    if (!w->jsonl_) {
+      return StdioError(
+          fmt::format("--metrics-jsonl '{}': cannot open for appending", options.jsonl_path));
+    }
+  }
+  if (!options.csv_dir.empty()) {
+    STRATA_RETURN_IF_ERROR(MakeDirectory("--metrics-csv-dir", options.csv_dir));
+    // The per-tag files come with their first values; make sure they can.
+    if (::access(options.csv_dir.c_str(), W_OK | X_OK) != 0) {
+      return StdioError(
+          fmt::format("--metrics-csv-dir '{}': cannot write into the directory", options.csv_dir));
+    }
+  }
+  return w;
+}
+
+MetricsWriter::~MetricsWriter() = default;
+
+Status MetricsWriter::WriteEvent(std::string_view serialized_event) {
+  const std::string record = FrameTfRecord(serialized_event);
+  if (std::fwrite(record.data(), 1, record.size(), events_.get()) != record.size()) {
+    return StdioError(fmt::format("--tensorboard-dir: writing '{}'", event_path_));
+  }
+  return Status::Ok();
+}
+
+Status MetricsWriter::WriteCsv(int64_t step, const Scalar& scalar) {
+  auto it = csv_files_.find(scalar.tag);
+  const std::string path =
+      (std::filesystem::path(options_.csv_dir) / CsvFileName(scalar.tag)).string();
+  if (it == csv_files_.end()) {
+    File file(std::fopen(path.c_str(), "ab"));
+    if (!file) return StdioError(fmt::format("--metrics-csv-dir: cannot open '{}'", path));
+    struct stat st {};
+    if (::fstat(::fileno(file.get()), &st) != 0) {
+      return StdioError(fmt::format("--metrics-csv-dir: stat '{}'", path));
+    }
+    if (st.st_size == 0 && std::fprintf(file.get(), "step,%s\n", scalar.tag.c_str()) < 0) {
+      return StdioError(fmt::format("--metrics-csv-dir: writing '{}'", path));
+    }
+    it = csv_files_.emplace(scalar.tag, std::move(file)).first;
+  }
+  const std::string row = fmt::format("{},{}\n", step, FormatValue(scalar.value));
+  if (std::fwrite(row.data(), 1, row.size(), it->second.get()) != row.size()) {
+    return StdioError(fmt::format("--metrics-csv-dir: writing '{}'", path));
+  }
+  return Status::Ok();
+}
+
+Status MetricsWriter::Record(int64_t step, double wall_time_seconds,
+                             std::span<const Scalar> scalars) {
+  if (events_) {
+    strata::tensorboard::Event event;
+    event.set_wall_time(wall_time_seconds);
+    event.set_step(step);
+    strata::tensorboard::Summary* summary = event.mutable_summary();
+    for (const Scalar& s : scalars) {
+      strata::tensorboard::Summary::Value* v = summary->add_value();
+      v->set_tag(s.tag);
+      v->set_simple_value(static_cast<float>(s.value));
+    }
+    STRATA_RETURN_IF_ERROR(WriteEvent(event.SerializeAsString()));
+    if (std::fflush(events_.get()) != 0) {
+      return StdioError(fmt::format("--tensorboard-dir: writing '{}'", event_path_));
+    }
+  }
+  if (jsonl_) {
+    nlohmann::ordered_json line = nlohmann::ordered_json::object();
+    line["step"] = step;
+    line["wall_time"] = wall_time_seconds;
+    for (const Scalar& s : scalars) {
+      line[s.tag] =
+          std::isfinite(s.value) ? nlohmann::ordered_json(s.value) : nlohmann::ordered_json();
+    }
+    const std::string text = line.dump() + "\n";
+    if (std::fwrite(text.data(), 1, text.size(), jsonl_.get()) != text.size() ||
+        std::fflush(jsonl_.get()) != 0) {
+      return StdioError(fmt::format("--metrics-jsonl: writing '{}'", options_.jsonl_path));
+    }
+  }
+  if (!options_.csv_dir.empty()) {
+    for (const Scalar& s : scalars) STRATA_RETURN_IF_ERROR(WriteCsv(step, s));
+    for (auto& [tag, file] : csv_files_) {
+      if (std::fflush(file.get()) != 0) {
+        return StdioError(fmt::format("--metrics-csv-dir: writing the file of '{}' in '{}'", tag,
+                                      options_.csv_dir));
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+std::vector<Scalar> TrainMetrics::StepScalars(const engine::StepResult& result, double lr,
+                                              int64_t tokens, const Totals& before,
+                                              const Totals& after) {
+  const double step_seconds = after.step_seconds - before.step_seconds;
+  auto delta = [](uint64_t b, uint64_t a) { return static_cast<double>(a - b); };
+  std::vector<Scalar> s = {
+      {"train/loss", result.loss},
+      {"train/lr", lr},
+      {"train/grad_norm", result.grad_norm},
+      {"train/loss_scale", result.loss_scale},
+      {"train/tokens_per_second",
+       step_seconds > 0 ? static_cast<double>(tokens) / step_seconds : 0.0},
+      {"train/skipped", result.skipped ? 1.0 : 0.0},
+      {"bytes/h2d", delta(before.counters.bytes_h2d, after.counters.bytes_h2d)},
+      {"bytes/d2h", delta(before.counters.bytes_d2h, after.counters.bytes_d2h)},
+      {"bytes/nvme_read", delta(before.counters.nvme_bytes_read, after.counters.nvme_bytes_read)},
+      {"bytes/nvme_write",
+       delta(before.counters.nvme_bytes_written, after.counters.nvme_bytes_written)},
+  };
+  for (int i = 0; i < trace::kNumCategories; ++i) {
+    const auto c = static_cast<trace::Category>(i);
+    if (c == trace::Category::kOther) continue;
+    s.push_back({fmt::format("time/{}", trace::CategoryName(c)),
+                 after.parts.seconds[i] - before.parts.seconds[i]});
+  }
+  s.push_back({"time/step", step_seconds});
+  return s;
+}
+
+Status TrainMetrics::RecordStep(int64_t step, const engine::StepResult& result, double lr,
+                                int64_t tokens, const Totals& totals) {
+  if (writer_ == nullptr) return Status::Ok();
+  const std::vector<Scalar> scalars = StepScalars(result, lr, tokens, last_, totals);
+  last_ = totals;
+  return writer_->Record(step, UnixSecondsNow(), scalars);
+}
+
+Status TrainMetrics::RecordEvaluation(int64_t step, double val_loss,
+                                      const engine::EngineCounters& counters) {
+  if (writer_ == nullptr) return Status::Ok();
+  last_.counters = counters;
+  const Scalar scalar{"val/loss", val_loss};
+  return writer_->Record(step, UnixSecondsNow(), std::span(&scalar, 1));
+}
+
+}  // namespace strata::tools
