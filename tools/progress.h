@@ -13,6 +13,7 @@
 //   both terminals: kLiveCommitted. Only the live line; at the plain lines' cadence it is
 //     "committed": drawn once more and ended with a newline, so the scrollback keeps a history
 //     and a new live line starts below it. (A plain line on the same terminal would repeat it.)
+//   --log-every 0 (log_every 0) turns off the plain lines and the commits, not the live line.
 //
 // The live line: `\r` + text + `\x1b[K` (erase to end of line), no newline, redrawn after each
 // step, at most once per 0.1 s (kMinRedrawSeconds) except that the first step, the last step and
