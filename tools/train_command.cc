@@ -1,6 +1,7 @@
 #include "tools/train_command.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -25,6 +26,7 @@
 #include "tools/metrics.h"
 #include "tools/model_spec.h"
 #include "tools/optimizer_flags.h"
+#include "tools/progress.h"
 
 namespace strata::tools {
 
@@ -443,8 +445,20 @@ Status RunTrain(const TrainFlags& f) {
   float loss_first = NAN, loss_last = NAN, val_loss = NAN;
   int64_t skipped = 0;
   const auto t_train = std::chrono::steady_clock::now();
-  auto t_log = t_train;
-  auto last = engine->counters();
+  ProgressOptions progress_options;
+  progress_options.mode = ProgressModeFor(::isatty(STDOUT_FILENO), ::isatty(STDERR_FILENO));
+  progress_options.total_steps = f.steps;
+  progress_options.log_every = f.log_every;
+  progress_options.tokens_per_step = tokens_per_step;
+  {
+    const auto c = engine->counters();
+    progress_options.start = {.bytes_h2d = c.bytes_h2d,
+                              .bytes_d2h = c.bytes_d2h,
+                              .nvme_bytes_read = c.nvme_bytes_read,
+                              .nvme_bytes_written = c.nvme_bytes_written};
+  }
+  // Ends its live line with a newline on every way out of this function, errors included.
+  ProgressLine progress(std::move(progress_options), stdout, stderr);
   double eval_seconds = 0;
   // Busy time per part over the training steps only (evaluation and sampling excluded).
   trace::Breakdown parts;
@@ -479,44 +493,34 @@ Status RunTrain(const TrainFlags& f) {
     if (step == start_step) loss_first = r.loss;
     loss_last = r.loss;
     skipped += r.skipped;
-    STRATA_RETURN_IF_ERROR(metrics.RecordStep(step + 1, r, LearningRate(f, step), tokens_per_step,
+    STRATA_RETURN_IF_ERROR(metrics.RecordStep(step + 1, r, lr, tokens_per_step,
                                               {engine->counters(), parts, step_seconds}));
-    const bool log =
-        f.log_every > 0 && ((step + 1) % f.log_every == 0 || step == 0 || step + 1 == f.steps);
-    if (log) {
-      const auto now = std::chrono::steady_clock::now();
+    {
       const auto c = engine->counters();
-      const double dt = std::chrono::duration<double>(now - t_log).count();
-      const int64_t steps_in = step == 0                       ? 1
-                               : (step + 1) % f.log_every == 0 ? f.log_every
-                                                               : (step + 1) % f.log_every;
-      std::printf(
-          "step %5lld/%lld | loss %.4f | norm %6.3f | lr %.2e | %7.0f tok/s | h2d %s d2h %s | "
-          "nvme r %s w %s%s\n",
-          static_cast<long long>(step + 1), static_cast<long long>(f.steps), r.loss, r.grad_norm,
-          lr, tokens_per_step * steps_in / dt,
-          FormatBytes(c.bytes_h2d - last.bytes_h2d).c_str(),
-          FormatBytes(c.bytes_d2h - last.bytes_d2h).c_str(),
-          FormatBytes(c.nvme_bytes_read - last.nvme_bytes_read).c_str(),
-          FormatBytes(c.nvme_bytes_written - last.nvme_bytes_written).c_str(),
-          r.skipped ? " | skipped (overflow)" : "");
-      std::fflush(stdout);
-      t_log = now;
-      last = c;
+      progress.Update({.step = step + 1,
+                       .loss = r.loss,
+                       .grad_norm = r.grad_norm,
+                       .lr = lr,
+                       .skipped = r.skipped,
+                       .bytes_h2d = c.bytes_h2d,
+                       .bytes_d2h = c.bytes_d2h,
+                       .nvme_bytes_read = c.nvme_bytes_read,
+                       .nvme_bytes_written = c.nvme_bytes_written});
     }
     if (f.eval_every > 0 && (step + 1) % f.eval_every == 0 && step + 1 != f.steps) {
+      const auto pause = progress.Suspend();
       STRATA_RETURN_IF_ERROR(flush());
       const auto t0 = std::chrono::steady_clock::now();
       STRATA_ASSIGN_OR_RETURN(float v, Evaluate(*engine, data, f));
       eval_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       std::printf("step %5lld | val loss %.4f\n", static_cast<long long>(step + 1), v);
       STRATA_RETURN_IF_ERROR(metrics.RecordEvaluation(step + 1, v, engine->counters()));
-      t_log = std::chrono::steady_clock::now();
     }
     const bool periodic = ckpt.save_every > 0 && (step + 1) % ckpt.save_every == 0;
     const bool stopping = StopSignal() != 0;
     if (!ckpt.save_dir.empty() &&
         (periodic || step + 1 == f.steps || (stopping && ckpt.save_on_signal))) {
+      const auto pause = progress.Suspend();  // SaveTraining prints the checkpoint line
       STRATA_RETURN_IF_ERROR(flush());
       STRATA_ASSIGN_OR_RETURN(last_checkpoint,
                               SaveTraining(*engine, ckpt,
@@ -531,6 +535,7 @@ Status RunTrain(const TrainFlags& f) {
               : std::string("no checkpoint saved (use --save-dir with --save-on-signal)")));
     }
   }
+  progress.Finish();
   STRATA_RETURN_IF_ERROR(flush());  // the last step's update
   const double train_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_train).count() -
