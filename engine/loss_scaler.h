@@ -20,8 +20,8 @@ struct LossScalerOptions {
   float max_scale = 16777216.0f;  // 2^24
   float backoff_factor = 0.5f;
   float growth_factor = 2.0f;
-  int64_t growth_interval = 1000;  // clean steps before growing
-  int hysteresis = 1;              // overflows until the scale is lowered; 1 = at the first
+  int64_t growth_interval = 1000;       // clean steps before growing
+  int hysteresis = 1;                   // overflows until the scale is lowered; 1 = at the first
   bool consecutive_hysteresis = false;  // restore the allowance after every clean step
 };
 

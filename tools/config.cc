@@ -2,12 +2,14 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <fstream>
 #include <initializer_list>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
@@ -19,6 +21,239 @@ namespace strata::tools {
 namespace {
 
 using json = nlohmann::json;
+
+// ---------------------------------------------------------------------------------------------
+// DeepSpeed's keys. A path is a key of the file as `a.b.c`; what is not listed is unknown.
+
+enum class Treat {
+  kMapped,   // read by an Apply* function below
+  kSection,  // an object whose keys are listed (mapped or not)
+  kNoop,     // accepted, named in a note
+  kNoopAny,  // accepted with whatever it holds (a section too deep to list), named in a note
+};
+
+// Why a no-op has no meaning here: the note's wording.
+enum class Why { kNone, kComm, kPartition, kParallel, kFeature, kMonitor, kAlways, kPrecision };
+
+constexpr std::string_view WhyText(Why w) {
+  switch (w) {
+    case Why::kComm:
+      return "communication between GPUs; one device has none";
+    case Why::kPartition:
+      return "ZeRO partitioning and bucketing tunables; Strata plans its buffers per block";
+    case Why::kParallel:
+      return "model, tensor, expert or pipeline parallelism; not in Strata";
+    case Why::kFeature:
+      return "DeepSpeed features Strata does not have";
+    case Why::kMonitor:
+      return "services Strata does not log to (it writes --tensorboard-dir, --metrics-jsonl)";
+    case Why::kAlways:
+      return "what Strata always does (pinned staging, pipelined and overlapped transfers)";
+    case Why::kPrecision:
+      return "Strata keeps fp32 master weights, fp32 optimizer state and fp32 accumulation";
+    case Why::kNone:
+      break;
+  }
+  return "";
+}
+
+struct KnownKey {
+  std::string_view path;
+  Treat treat;
+  Why why = Why::kNone;
+};
+
+constexpr Treat M = Treat::kMapped, S = Treat::kSection, N = Treat::kNoop, A = Treat::kNoopAny;
+
+// clang-format off
+constexpr KnownKey kKnownKeys[] = {
+    // Batch, clipping, logging.
+    {"train_batch_size", M}, {"train_micro_batch_size_per_gpu", M},
+    {"gradient_accumulation_steps", M}, {"gradient_clipping", M}, {"steps_per_print", M},
+    {"wall_clock_breakdown", M}, {"dump_state", N, Why::kFeature},
+    {"managed_gradient_accumulation", N, Why::kFeature},
+    // Optimizer and scheduler: their params are checked per type.
+    {"optimizer", S}, {"optimizer.type", M}, {"optimizer.params", M},
+    {"scheduler", S}, {"scheduler.type", M}, {"scheduler.params", M},
+    {"zero_allow_untested_optimizer", N, Why::kFeature},
+    {"zero_force_ds_cpu_optimizer", N, Why::kFeature},
+    // Communication.
+    {"communication_data_type", N, Why::kComm}, {"gradient_allreduce_op", N, Why::kComm},
+    {"prescale_gradients", N, Why::kComm}, {"gradient_predivide_factor", N, Why::kComm},
+    {"sparse_gradients", N, Why::kComm}, {"disable_allgather", N, Why::kComm},
+    {"seq_parallel_communication_data_type", N, Why::kComm}, {"comms_config", A, Why::kComm},
+    {"comms_logger", S, Why::kComm}, {"comms_logger.enabled", N, Why::kComm},
+    {"comms_logger.verbose", N, Why::kComm}, {"comms_logger.prof_all", N, Why::kComm},
+    {"comms_logger.debug", N, Why::kComm}, {"comms_logger.prof_ops", N, Why::kComm},
+    // Precision.
+    {"fp16", S}, {"fp16.enabled", M}, {"fp16.loss_scale", M}, {"fp16.initial_scale_power", M},
+    {"fp16.loss_scale_window", M}, {"fp16.hysteresis", M}, {"fp16.consecutive_hysteresis", M},
+    {"fp16.min_loss_scale", M}, {"fp16.auto_cast", N, Why::kAlways},
+    {"fp16.fp16_master_weights_and_grads", N, Why::kPrecision},
+    {"bf16", S}, {"bf16.enabled", M}, {"bf16.immediate_grad_update", N, Why::kAlways},
+    {"bf16.check_grad_overflow", N, Why::kAlways},
+    {"bf16.bf16_master_weights_and_grads", N, Why::kPrecision},
+    {"bf16.bf16_optimizer_states", N, Why::kPrecision},
+    {"amp", A, Why::kFeature}, {"torch_autocast", A, Why::kAlways},
+    {"data_types", S, Why::kPrecision}, {"data_types.grad_accum_dtype", N, Why::kPrecision},
+    // ZeRO.
+    {"zero_optimization", S}, {"zero_optimization.stage", M},
+    {"zero_optimization.offload_param", S}, {"zero_optimization.offload_optimizer", S},
+    {"zero_optimization.offload_param.device", M}, {"zero_optimization.offload_param.nvme_path", M},
+    {"zero_optimization.offload_param.pin_memory", M},
+    {"zero_optimization.offload_param.buffer_count", M},
+    {"zero_optimization.offload_param.buffer_size", N, Why::kPartition},
+    {"zero_optimization.offload_param.max_in_cpu", N, Why::kPartition},
+    {"zero_optimization.offload_optimizer.device", M},
+    {"zero_optimization.offload_optimizer.nvme_path", M},
+    {"zero_optimization.offload_optimizer.pin_memory", M},
+    {"zero_optimization.offload_optimizer.buffer_count", M},
+    {"zero_optimization.offload_optimizer.ratio", M},
+    {"zero_optimization.offload_optimizer.fast_init", N, Why::kAlways},
+    {"zero_optimization.offload_optimizer.pipeline", N, Why::kAlways},
+    {"zero_optimization.offload_optimizer.pipeline_read", N, Why::kAlways},
+    {"zero_optimization.offload_optimizer.pipeline_write", N, Why::kAlways},
+    {"zero_optimization.offload_optimizer.super_offload", N, Why::kFeature},
+    {"zero_optimization.offload_optimizer.convert_grad_on_cpu", N, Why::kAlways},
+    {"zero_optimization.offload_optimizer.cpuadam_cores_perc", N, Why::kFeature},
+    {"zero_optimization.cpu_offload", M}, {"zero_optimization.cpu_offload_param", M},
+    {"zero_optimization.cpu_offload_use_pin_memory", M},
+    {"zero_optimization.allgather_partitions", N, Why::kComm},
+    {"zero_optimization.allgather_bucket_size", N, Why::kComm},
+    {"zero_optimization.overlap_comm", N, Why::kComm},
+    {"zero_optimization.reduce_scatter", N, Why::kComm},
+    {"zero_optimization.reduce_bucket_size", N, Why::kComm},
+    {"zero_optimization.use_multi_rank_bucket_allreduce", N, Why::kComm},
+    {"zero_optimization.round_robin_gradients", N, Why::kComm},
+    {"zero_optimization.zero_hpz_partition_size", N, Why::kComm},
+    {"zero_optimization.zero_quantized_weights", N, Why::kComm},
+    {"zero_optimization.zero_quantized_gradients", N, Why::kComm},
+    {"zero_optimization.zero_quantized_nontrainable_weights", N, Why::kComm},
+    {"zero_optimization.zeropp_loco_param", A, Why::kComm},
+    {"zero_optimization.mics_shard_size", N, Why::kComm},
+    {"zero_optimization.mics_hierarchical_params_gather", N, Why::kComm},
+    {"zero_optimization.stage3_use_all_reduce_for_fetch_params", N, Why::kComm},
+    {"zero_optimization.stage3_allgather_sequential", N, Why::kComm},
+    {"zero_optimization.contiguous_gradients", N, Why::kPartition},
+    {"zero_optimization.compute_grad_norm", N, Why::kAlways},
+    {"zero_optimization.load_from_fp32_weights", N, Why::kAlways},
+    {"zero_optimization.grad_hooks", N, Why::kAlways},
+    {"zero_optimization.parameter_alignment", N, Why::kPartition},
+    {"zero_optimization.stage3_max_live_parameters", N, Why::kPartition},
+    {"zero_optimization.stage3_max_reuse_distance", N, Why::kPartition},
+    {"zero_optimization.stage3_prefetch_bucket_size", N, Why::kPartition},
+    {"zero_optimization.stage3_param_persistence_threshold", N, Why::kPartition},
+    {"zero_optimization.stage3_model_persistence_threshold", N, Why::kPartition},
+    {"zero_optimization.stage3_module_granularity_threshold", N, Why::kPartition},
+    {"zero_optimization.stage3_partition_stream_chunk_size", N, Why::kPartition},
+    {"zero_optimization.sub_group_size", N, Why::kPartition},
+    {"zero_optimization.elastic_checkpoint", N, Why::kFeature},
+    {"zero_optimization.stage3_gather_16bit_weights_on_model_save", N, Why::kAlways},
+    {"zero_optimization.stage3_gather_fp16_weights_on_model_save", N, Why::kAlways},
+    {"zero_optimization.log_trace_cache_warnings", N, Why::kFeature},
+    {"zero_optimization.ignore_unused_parameters", N, Why::kAlways},
+    {"zero_optimization.save_muon_momentum_buffer_in_memory", N, Why::kFeature},
+    {"zero_optimization.legacy_stage1", N, Why::kFeature},
+    {"zero_optimization.memory_efficient_linear", N, Why::kAlways},
+    {"zero_optimization.pipeline_loading_checkpoint", N, Why::kFeature},
+    {"zero_optimization.override_module_apply", N, Why::kFeature},
+    {"zero_optimization.enable_sanity_checks", N, Why::kFeature},
+    {"zero_optimization.zenflow", A, Why::kFeature},
+    {"zero_optimization.leaf_module", A, Why::kFeature},
+    // NVMe I/O.
+    {"aio", S}, {"aio.block_size", M}, {"aio.queue_depth", M}, {"aio.thread_count", M},
+    {"aio.intra_op_parallelism", M}, {"aio.single_submit", N, Why::kAlways},
+    {"aio.overlap_events", N, Why::kAlways}, {"aio.use_gds", M},
+    // Activation checkpointing: Strata checkpoints at block boundaries always.
+    {"activation_checkpointing", S}, {"activation_checkpointing.cpu_checkpointing", M},
+    {"activation_checkpointing.partition_activations", N, Why::kParallel},
+    {"activation_checkpointing.contiguous_memory_optimization", N, Why::kAlways},
+    {"activation_checkpointing.number_checkpoints", N, Why::kAlways},
+    {"activation_checkpointing.synchronize_checkpoint_boundary", N, Why::kAlways},
+    {"activation_checkpointing.profile", N, Why::kFeature},
+    // Monitors.
+    {"tensorboard", S}, {"tensorboard.enabled", M}, {"tensorboard.output_path", M},
+    {"tensorboard.job_name", M},
+    {"csv_monitor", S}, {"csv_monitor.enabled", M}, {"csv_monitor.output_path", M},
+    {"csv_monitor.job_name", M},
+    {"wandb", S, Why::kMonitor}, {"wandb.enabled", N, Why::kMonitor}, {"wandb.group", N, Why::kMonitor},
+    {"wandb.team", N, Why::kMonitor}, {"wandb.project", N, Why::kMonitor},
+    {"comet", S, Why::kMonitor}, {"comet.enabled", N, Why::kMonitor}, {"comet.workspace", N, Why::kMonitor},
+    {"comet.project", N, Why::kMonitor}, {"comet.samples_log_interval", N, Why::kMonitor},
+    {"comet.experiment_name", N, Why::kMonitor}, {"comet.api_key", N, Why::kMonitor},
+    {"comet.experiment_key", N, Why::kMonitor}, {"comet.online", N, Why::kMonitor},
+    {"comet.mode", N, Why::kMonitor},
+    {"flops_profiler", S, Why::kFeature}, {"flops_profiler.enabled", N, Why::kFeature},
+    {"flops_profiler.profile_step", N, Why::kFeature},
+    {"flops_profiler.module_depth", N, Why::kFeature},
+    {"flops_profiler.top_modules", N, Why::kFeature}, {"flops_profiler.detailed", N, Why::kFeature},
+    {"flops_profiler.output_file", N, Why::kFeature},
+    // Checkpointing (Strata's own: --save-dir).
+    {"checkpoint", S, Why::kFeature}, {"checkpoint.tag_validation", N, Why::kFeature},
+    {"checkpoint.load_universal", N, Why::kFeature},
+    {"checkpoint.use_node_local_storage", N, Why::kFeature},
+    {"checkpoint.parallel_write", A, Why::kFeature},
+    // Whole features, accepted with their contents.
+    {"tensor_parallel", A, Why::kParallel}, {"expert_parallel", A, Why::kParallel},
+    {"pipeline", A, Why::kParallel}, {"hybrid_engine", A, Why::kFeature},
+    {"sparse_attention", A, Why::kFeature}, {"autotuning", A, Why::kFeature},
+    {"data_efficiency", A, Why::kFeature}, {"curriculum_learning", A, Why::kFeature},
+    {"elasticity", A, Why::kFeature}, {"compression_training", A, Why::kFeature},
+    {"compile", A, Why::kFeature}, {"nebula", A, Why::kFeature}, {"eigenvalue", A, Why::kFeature},
+    {"progressive_layer_drop", A, Why::kFeature}, {"quantize_training", A, Why::kFeature},
+    {"weight_quantization", A, Why::kFeature}, {"timers", A, Why::kFeature},
+    {"disable_python_gc", N, Why::kFeature}, {"dataloader_drop_last", N, Why::kFeature},
+    {"memory_breakdown", N, Why::kFeature}, {"graph_harvesting", N, Why::kFeature},
+    {"use_data_before_expert_parallel_", N, Why::kParallel},
+    // Strata's own section.
+    {"strata", S}, {"strata.io_backend", M}, {"strata.device", M}, {"strata.device_budget", M},
+    {"strata.model", M}, {"strata.data", M}, {"strata.steps", M}, {"strata.seq_len", M},
+    {"strata.seed", M}, {"strata.warmup_steps", M}, {"strata.eval_every", M},
+    {"strata.eval_batches", M}, {"strata.sample_bytes", M}, {"strata.summary_json", M},
+    {"strata.copy_bandwidth", M}, {"strata.io_queue_depth", M}, {"strata.io_block_size", M},
+    {"strata.io_threads", M},
+};
+// clang-format on
+
+const KnownKey* FindKnown(std::string_view path) {
+  for (const KnownKey& k : kKnownKeys) {
+    if (k.path == path) return &k;
+  }
+  return nullptr;
+}
+
+// The keys listed under `section` ("" for the top level), for "did you mean".
+std::vector<std::string_view> ChildrenOf(std::string_view section) {
+  std::vector<std::string_view> out;
+  for (const KnownKey& k : kKnownKeys) {
+    std::string_view p = k.path;
+    if (section.empty()) {
+      if (p.find('.') == std::string_view::npos) out.push_back(p);
+    } else if (p.size() > section.size() + 1 && p.substr(0, section.size()) == section &&
+               p[section.size()] == '.' &&
+               p.substr(section.size() + 1).find('.') == std::string_view::npos) {
+      out.push_back(p.substr(section.size() + 1));
+    }
+  }
+  return out;
+}
+
+size_t EditDistance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] != b[j - 1] ? 1u : 0u)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// ---------------------------------------------------------------------------------------------
 
 std::string TypeName(const json& v) {
   switch (v.type()) {
@@ -39,51 +274,44 @@ std::string TypeName(const json& v) {
   }
 }
 
-// Validates values against the key they came from and words errors with its JSON path.
+// Validates values against the key they came from, words problems with its JSON path, and
+// collects them, so that one run reports every problem of a file.
 class Reader {
  public:
-  explicit Reader(std::string_view source) : source_(source) {}
+  void Add(std::string problem) { problems_.push_back(std::move(problem)); }
+  void Add(const Status& s) { problems_.emplace_back(s.message()); }
+  const std::vector<std::string>& problems() const { return problems_; }
 
-  Status Error(const std::string& message) const {
-    return InvalidArgumentError(fmt::format("{}: {}", source_, message));
+  // Stores a value that validated; records the problem of one that did not.
+  template <typename T, typename U>
+  bool Set(T* out, StatusOr<U> v) {
+    if (!v.ok()) {
+      Add(v.status());
+      return false;
+    }
+    *out = static_cast<T>(*v);
+    return true;
   }
 
-  Status WrongValue(const std::string& path, const json& v, std::string_view expected) const {
+  static Status Problem(const std::string& message) { return InvalidArgumentError(message); }
+
+  static Status WrongValue(const std::string& path, const json& v, std::string_view expected) {
     std::string hint;
     if (v.is_string() && v.get<std::string>() == "auto") {
       hint = "; \"auto\" is filled in by the Hugging Face Trainer, give the value itself";
     }
-    return Error(
+    return Problem(
         fmt::format("'{}' must be {}, got {} ({}){}", path, expected, v.dump(), TypeName(v), hint));
   }
 
-  // Rejects keys of `obj` not in `accepted`; `obj` must be an object.
-  Status CheckObject(const json& obj, const std::string& path,
-                     std::initializer_list<std::string_view> accepted) const {
-    if (!obj.is_object()) {
-      return path.empty()
-                 ? Error(fmt::format("the top level must be a JSON object, got {}", TypeName(obj)))
-                 : WrongValue(path, obj, "an object");
-    }
-    for (const auto& [key, value] : obj.items()) {
-      bool known = false;
-      for (std::string_view a : accepted) known = known || key == a;
-      if (!known) {
-        return Error(fmt::format("unknown key '{}{}'; accepted: {}", path.empty() ? "" : path + ".",
-                                 key, fmt::join(accepted, ", ")));
-      }
-    }
-    return Status::Ok();
-  }
-
-  StatusOr<int64_t> Int(const json& v, const std::string& path, int64_t lo, int64_t hi) const {
+  static StatusOr<int64_t> Int(const json& v, const std::string& path, int64_t lo, int64_t hi) {
     const std::string expected = hi == std::numeric_limits<int64_t>::max()
                                      ? fmt::format("an integer >= {}", lo)
                                      : fmt::format("an integer in {}..{}", lo, hi);
     int64_t x = 0;
     if (v.is_number_integer()) {
       if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(hi)) {
-        return Error(fmt::format("'{}' must be {}, got {}", path, expected, v.dump()));
+        return Problem(fmt::format("'{}' must be {}, got {}", path, expected, v.dump()));
       }
       x = v.get<int64_t>();
     } else if (v.is_number_float()) {
@@ -95,15 +323,15 @@ class Reader {
       return WrongValue(path, v, expected);
     }
     if (x < lo || x > hi) {
-      return Error(fmt::format("'{}' must be {}, got {}", path, expected, v.dump()));
+      return Problem(fmt::format("'{}' must be {}, got {}", path, expected, v.dump()));
     }
     return x;
   }
 
   // A number in [lo, hi] (lo excluded when lo_open).
-  StatusOr<double> Number(const json& v, const std::string& path, double lo, bool lo_open,
-                          double hi = std::numeric_limits<double>::infinity(),
-                          bool hi_open = false) const {
+  static StatusOr<double> Number(const json& v, const std::string& path, double lo, bool lo_open,
+                                 double hi = std::numeric_limits<double>::infinity(),
+                                 bool hi_open = false) {
     std::string range = fmt::format("{}{}", lo_open ? "> " : ">= ", lo);
     if (std::isfinite(hi)) {
       range = fmt::format("in {}{}, {}{}", lo_open ? "(" : "[", lo, hi, hi_open ? ")" : "]");
@@ -113,36 +341,36 @@ class Reader {
     const double x = v.get<double>();
     const bool ok =
         std::isfinite(x) && (lo_open ? x > lo : x >= lo) && (hi_open ? x < hi : x <= hi);
-    if (!ok) return Error(fmt::format("'{}' must be {}, got {}", path, expected, v.dump()));
+    if (!ok) return Problem(fmt::format("'{}' must be {}, got {}", path, expected, v.dump()));
     return x;
   }
 
-  StatusOr<bool> Bool(const json& v, const std::string& path) const {
+  static StatusOr<bool> Bool(const json& v, const std::string& path) {
     if (!v.is_boolean()) return WrongValue(path, v, "true or false");
     return v.get<bool>();
   }
 
-  StatusOr<std::string> String(const json& v, const std::string& path) const {
+  static StatusOr<std::string> String(const json& v, const std::string& path) {
     if (!v.is_string()) return WrongValue(path, v, "a string");
     return v.get<std::string>();
   }
 
-  StatusOr<std::string> Choice(const json& v, const std::string& path,
-                               std::initializer_list<std::string_view> choices) const {
+  static StatusOr<std::string> Choice(const json& v, const std::string& path,
+                                      std::initializer_list<std::string_view> choices) {
     const std::string expected = fmt::format("one of \"{}\"", fmt::join(choices, "\", \""));
     if (!v.is_string()) return WrongValue(path, v, expected);
     const std::string s = v.get<std::string>();
     for (std::string_view c : choices) {
       if (s == c) return s;
     }
-    return Error(fmt::format("'{}' must be {}, got {}", path, expected, v.dump()));
+    return Problem(fmt::format("'{}' must be {}, got {}", path, expected, v.dump()));
   }
 
   // A byte size: a JSON integer or a string with units ("1MiB"), as ParseSize.
-  StatusOr<uint64_t> Size(const json& v, const std::string& path) const {
+  static StatusOr<uint64_t> Size(const json& v, const std::string& path) {
     if (v.is_string()) {
       auto parsed = ParseSize(v.get<std::string>());
-      if (!parsed.ok()) return Error(fmt::format("'{}': {}", path, parsed.status().message()));
+      if (!parsed.ok()) return Problem(fmt::format("'{}': {}", path, parsed.status().message()));
       return *parsed;
     }
     STRATA_ASSIGN_OR_RETURN(int64_t n, Int(v, path, 0, std::numeric_limits<int64_t>::max()));
@@ -150,7 +378,7 @@ class Reader {
   }
 
   // A string or an array of non-empty strings.
-  StatusOr<std::vector<std::string>> Paths(const json& v, const std::string& path) const {
+  static StatusOr<std::vector<std::string>> Paths(const json& v, const std::string& path) {
     constexpr std::string_view kExpected = "a directory or an array of directories";
     std::vector<std::string> out;
     if (v.is_string()) {
@@ -164,284 +392,743 @@ class Reader {
       return WrongValue(path, v, kExpected);
     }
     for (const auto& p : out) {
-      if (p.empty()) return Error(fmt::format("'{}' contains an empty path", path));
+      if (p.empty()) return Problem(fmt::format("'{}' contains an empty path", path));
     }
     return out;
   }
 
  private:
-  std::string source_;
+  std::vector<std::string> problems_;
 };
 
-// Looks a key up; nullptr when absent.
+// Looks a key up; nullptr when absent or when `obj` is not an object.
 const json* Find(const json& obj, std::string_view key) {
+  if (!obj.is_object()) return nullptr;
   auto it = obj.find(std::string(key));
   return it == obj.end() ? nullptr : &*it;
 }
 
-Status ApplyOptimizer(const Reader& r, const json& opt, TrainFlags* f) {
-  STRATA_RETURN_IF_ERROR(r.CheckObject(opt, "optimizer", {"type", "params"}));
+// Walks the file against kKnownKeys: unknown keys and non-object sections become problems, no-ops
+// are gathered by reason.
+class KeyWalker {
+ public:
+  KeyWalker(Reader* r, std::map<Why, std::vector<std::string>>* noops) : r_(r), noops_(noops) {}
+
+  void Walk(const json& obj, const std::string& section, bool in_noop) {
+    for (const auto& [key, value] : obj.items()) {
+      const std::string path = section.empty() ? key : section + "." + key;
+      const KnownKey* k = FindKnown(path);
+      if (k == nullptr) {
+        r_->Add(UnknownKey(section, key));
+        continue;
+      }
+      // A no-op key, or a section all of whose keys are no-ops, is named once.
+      const bool noop = k->treat == Treat::kNoop || k->treat == Treat::kNoopAny ||
+                        (k->treat == Treat::kSection && k->why != Why::kNone);
+      if (noop && !in_noop) (*noops_)[k->why].push_back(path);
+      if (k->treat == Treat::kSection) {
+        if (!value.is_object()) {
+          r_->Add(Reader::WrongValue(path, value, "an object"));
+          continue;
+        }
+        Walk(value, path, in_noop || k->why != Why::kNone);
+      }
+    }
+  }
+
+ private:
+  static std::string UnknownKey(const std::string& section, const std::string& key) {
+    const std::string path = section.empty() ? key : section + "." + key;
+    std::string_view best;
+    size_t best_distance = std::max<size_t>(3, key.size() / 3) + 1;
+    const auto children = ChildrenOf(section);
+    for (std::string_view c : children) {
+      const size_t d = EditDistance(key, c);
+      if (d < best_distance) best_distance = d, best = c;
+    }
+    if (!best.empty()) {
+      return fmt::format("unknown key '{}' (did you mean '{}'?)", path, best);
+    }
+    return fmt::format("unknown key '{}'; DeepSpeed {} has: {}", path,
+                       section.empty() ? "configs have" : "'" + section + "'",
+                       fmt::join(children, ", "));
+  }
+
+  Reader* r_;
+  std::map<Why, std::vector<std::string>>* noops_;
+};
+
+// Problems, notes and what the sections said, while the file is applied.
+struct Context {
+  Reader r;
+  std::vector<std::string> notes;
+  int stage = 0;  // DeepSpeed's default: ZeRO off
+};
+
+constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
+constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+
+std::string Lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// Checks `params` against the keys `accepted` of this optimizer or scheduler type; the
+// tunables in `ignored` are accepted and noted.
+void CheckParams(Context& c, const json& params, const std::string& path,
+                 std::initializer_list<std::string_view> accepted,
+                 std::initializer_list<std::string_view> ignored, std::string_view type) {
+  std::vector<std::string> noted;
+  for (const auto& [key, value] : params.items()) {
+    const auto in = [&](std::initializer_list<std::string_view> keys) {
+      return std::find(keys.begin(), keys.end(), key) != keys.end();
+    };
+    if (in(accepted)) continue;
+    if (in(ignored)) {
+      noted.push_back(path + "." + key);
+      continue;
+    }
+    std::vector<std::string_view> all(accepted);
+    all.insert(all.end(), ignored.begin(), ignored.end());
+    c.r.Add(fmt::format("unknown key '{}.{}' for type \"{}\"; it takes: {}", path, key, type,
+                        fmt::join(all, ", ")));
+  }
+  if (!noted.empty()) {
+    c.notes.push_back(fmt::format("ignored (implementation switches of torch/DeepSpeed): {}",
+                                  fmt::join(noted, ", ")));
+  }
+}
+
+// Optional boolean switch of a torch optimizer that Strata supports only at one value.
+void RequireBool(Context& c, const json& params, const std::string& path, std::string_view key,
+                 bool supported, std::string_view why) {
+  const json* v = Find(params, key);
+  if (v == nullptr) return;
+  bool b = supported;
+  if (!c.r.Set(&b, Reader::Bool(*v, path + "." + std::string(key)))) return;
+  if (b != supported) {
+    c.r.Add(fmt::format("'{}.{}' {} is not supported: {}", path, key, b ? "true" : "false", why));
+  }
+}
+
+void ApplyBetas(Context& c, const json& params, const std::string& path, TrainFlags* f) {
+  const json* v = Find(params, "betas");
+  if (v == nullptr) return;
+  if (!v->is_array() || v->size() != 2) {
+    c.r.Add(Reader::WrongValue(path + ".betas", *v, "[beta1, beta2], each in [0, 1)"));
+    return;
+  }
+  double b1 = 0, b2 = 0;
+  const bool ok1 = c.r.Set(&b1, Reader::Number((*v)[0], path + ".betas[0]", 0, false, 1, true));
+  const bool ok2 = c.r.Set(&b2, Reader::Number((*v)[1], path + ".betas[1]", 0, false, 1, true));
+  if (ok1) f->adam_beta1 = b1;
+  if (ok2) f->adam_beta2 = b2;
+}
+
+void ApplyOptimizer(Context& c, const json& opt, TrainFlags* f) {
   std::string type = "adamw";
+  std::string type_name = "AdamW";
   if (const json* t = Find(opt, "type")) {
     constexpr std::string_view kTypes =
         "\"AdamW\", \"Adam\", \"AdamW8bit\", \"Adafactor\", \"Lion\", \"SGD\" or \"Adagrad\"";
-    if (!t->is_string()) return r.WrongValue("optimizer.type", *t, kTypes);
-    type = t->get<std::string>();
-    for (char& c : type) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (!t->is_string()) {
+      c.r.Add(Reader::WrongValue("optimizer.type", *t, kTypes));
+      return;
+    }
+    type_name = t->get<std::string>();
+    type = Lower(type_name);
     if (type != "adamw" && type != "adam" && type != "adamw8bit" && type != "adafactor" &&
         type != "lion" && type != "sgd" && type != "adagrad") {
-      return r.Error(
-          fmt::format("'optimizer.type' {} is not supported: Strata's CPU optimizers are {}",
-                      t->dump(), kTypes));
+      c.r.Add(fmt::format("'optimizer.type' {} is not supported: Strata's CPU optimizers are {}",
+                          t->dump(), kTypes));
+      return;
     }
   }
-  // DeepSpeed: "Adam" is AdamW unless adam_w_mode=false.
+  // DeepSpeed: "Adam" is AdamW unless adam_w_mode is false.
   f->optimizer = type == "adam" ? "adamw" : type;
   f->adam_decoupled_weight_decay = true;
   const json* params = Find(opt, "params");
-  if (params == nullptr) return Status::Ok();
-  STRATA_RETURN_IF_ERROR(r.CheckObject(
-      *params, "optimizer.params",
-      {"lr", "betas", "eps", "weight_decay", "bias_correction", "adam_w_mode", "momentum"}));
-  if (const json* v = Find(*params, "lr")) {
-    STRATA_ASSIGN_OR_RETURN(f->lr, r.Number(*v, "optimizer.params.lr", 0, true));
+  if (params == nullptr) return;
+  const std::string p = "optimizer.params";
+  if (!params->is_object()) {
+    c.r.Add(Reader::WrongValue(p, *params, "an object"));
+    return;
   }
-  if (const json* v = Find(*params, "betas")) {
-    constexpr std::string_view kExpected = "[beta1, beta2], each in [0, 1)";
-    if (!v->is_array() || v->size() != 2)
-      return r.WrongValue("optimizer.params.betas", *v, kExpected);
-    STRATA_ASSIGN_OR_RETURN(f->adam_beta1,
-                            r.Number((*v)[0], "optimizer.params.betas[0]", 0, false, 1, true));
-    STRATA_ASSIGN_OR_RETURN(f->adam_beta2,
-                            r.Number((*v)[1], "optimizer.params.betas[1]", 0, false, 1, true));
+  // torch switches Strata's kernels have no use for (they pick their own implementation).
+  const std::initializer_list<std::string_view> impl = {"foreach", "capturable", "differentiable",
+                                                        "fused", "torch_adam"};
+  if (type == "adamw" || type == "adam" || type == "adamw8bit") {
+    CheckParams(c, *params, p,
+                {"lr", "betas", "eps", "weight_decay", "bias_correction", "adam_w_mode", "amsgrad",
+                 "maximize"},
+                impl, type_name);
+    RequireBool(c, *params, p, "amsgrad", false, "Strata's Adam keeps no max of the second moment");
+    RequireBool(c, *params, p, "maximize", false, "strata train minimizes the loss");
+  } else if (type == "lion") {
+    CheckParams(c, *params, p, {"lr", "betas", "weight_decay", "maximize"}, impl, type_name);
+    RequireBool(c, *params, p, "maximize", false, "strata train minimizes the loss");
+  } else if (type == "sgd") {
+    CheckParams(c, *params, p,
+                {"lr", "momentum", "dampening", "weight_decay", "nesterov", "maximize"}, impl,
+                type_name);
+    RequireBool(c, *params, p, "maximize", false, "strata train minimizes the loss");
+  } else if (type == "adagrad") {
+    CheckParams(c, *params, p,
+                {"lr", "lr_decay", "weight_decay", "initial_accumulator_value", "eps", "maximize"},
+                impl, type_name);
+    RequireBool(c, *params, p, "maximize", false, "strata train minimizes the loss");
+  } else {  // adafactor: transformers' names, and torch.optim.Adafactor's
+    CheckParams(c, *params, p,
+                {"lr", "eps", "clip_threshold", "decay_rate", "beta1", "weight_decay",
+                 "scale_parameter", "relative_step", "warmup_init", "beta2_decay", "d", "maximize"},
+                impl, type_name);
+    RequireBool(c, *params, p, "relative_step", false,
+                "strata train drives the learning rate from the schedule; give lr instead");
+    RequireBool(c, *params, p, "warmup_init", false, "it needs relative_step");
+    RequireBool(c, *params, p, "maximize", false, "strata train minimizes the loss");
   }
-  if (const json* v = Find(*params, "eps")) {
-    STRATA_ASSIGN_OR_RETURN(f->adam_eps, r.Number(*v, "optimizer.params.eps", 0, false));
-  }
+  if (const json* v = Find(*params, "lr")) c.r.Set(&f->lr, Reader::Number(*v, p + ".lr", 0, true));
+  if (type != "sgd" && type != "adagrad" && type != "adafactor") ApplyBetas(c, *params, p, f);
   if (const json* v = Find(*params, "weight_decay")) {
-    STRATA_ASSIGN_OR_RETURN(f->weight_decay,
-                            r.Number(*v, "optimizer.params.weight_decay", 0, false));
+    c.r.Set(&f->weight_decay, Reader::Number(*v, p + ".weight_decay", 0, false));
+  }
+  if (const json* v = Find(*params, "eps"); v != nullptr && type != "adafactor") {
+    double eps = 0;
+    if (c.r.Set(&eps, Reader::Number(*v, p + ".eps", 0, false))) f->adam_eps = eps;
   }
   if (const json* v = Find(*params, "bias_correction")) {
-    STRATA_ASSIGN_OR_RETURN(f->adam_bias_correction,
-                            r.Bool(*v, "optimizer.params.bias_correction"));
-  }
-  if (const json* v = Find(*params, "momentum")) {
-    if (type != "sgd") return r.Error("'optimizer.params.momentum' is for type \"SGD\" only");
-    STRATA_ASSIGN_OR_RETURN(f->momentum, r.Number(*v, "optimizer.params.momentum", 0, false));
+    c.r.Set(&f->adam_bias_correction, Reader::Bool(*v, p + ".bias_correction"));
   }
   if (const json* v = Find(*params, "adam_w_mode")) {
-    STRATA_ASSIGN_OR_RETURN(bool w, r.Bool(*v, "optimizer.params.adam_w_mode"));
-    if (type == "adamw" && !w) {
-      return r.Error(
-          "'optimizer.params.adam_w_mode' false contradicts type \"AdamW\"; use type \"Adam\" "
-          "for L2 weight decay");
+    bool w = true;
+    if (c.r.Set(&w, Reader::Bool(*v, p + ".adam_w_mode"))) {
+      if (type != "adam" && !w) {
+        c.r.Add(
+            fmt::format("'{}.adam_w_mode' false contradicts type \"{}\"; use type \"Adam\" "
+                        "for L2 weight decay",
+                        p, type_name));
+      }
+      f->adam_decoupled_weight_decay = w;
+      if (type == "adam") f->optimizer = w ? "adamw" : "adam";
     }
-    f->adam_decoupled_weight_decay = w;
-    if (type == "adam") f->optimizer = w ? "adamw" : "adam";
   }
-  return Status::Ok();
+  if (type == "sgd") {
+    if (const json* v = Find(*params, "momentum")) {
+      c.r.Set(&f->momentum, Reader::Number(*v, p + ".momentum", 0, false));
+    } else {
+      f->momentum = 0;  // torch.optim.SGD's default
+    }
+    if (const json* v = Find(*params, "dampening")) {
+      c.r.Set(&f->sgd_dampening, Reader::Number(*v, p + ".dampening", 0, false));
+    }
+    if (const json* v = Find(*params, "nesterov")) {
+      c.r.Set(&f->sgd_nesterov, Reader::Bool(*v, p + ".nesterov"));
+    }
+  }
+  if (type == "adagrad") {
+    if (const json* v = Find(*params, "lr_decay")) {
+      c.r.Set(&f->adagrad_lr_decay, Reader::Number(*v, p + ".lr_decay", 0, false));
+    }
+    if (const json* v = Find(*params, "initial_accumulator_value")) {
+      c.r.Set(&f->adagrad_initial_accumulator,
+              Reader::Number(*v, p + ".initial_accumulator_value", 0, false));
+    }
+  }
+  if (type == "adafactor") {
+    if (const json* v = Find(*params, "eps")) {
+      // transformers: [eps1, eps2]; torch: [eps1 or null, eps2].
+      if (!v->is_array() || v->size() != 2) {
+        c.r.Add(Reader::WrongValue(p + ".eps", *v, "[eps1, eps2]"));
+      } else {
+        double e1 = 1e-30, e2 = 1e-3;
+        if ((*v)[0].is_null() || c.r.Set(&e1, Reader::Number((*v)[0], p + ".eps[0]", 0, false))) {
+          f->adam_eps = e1;
+        }
+        if (c.r.Set(&e2, Reader::Number((*v)[1], p + ".eps[1]", 0, false))) f->adafactor_eps2 = e2;
+      }
+    }
+    for (const char* key : {"decay_rate", "beta2_decay"}) {
+      if (const json* v = Find(*params, key)) {
+        c.r.Set(
+            &f->adafactor_decay_rate,
+            Reader::Number(*v, p + "." + key, -std::numeric_limits<double>::max(), false, 0, true));
+      }
+    }
+    for (const char* key : {"clip_threshold", "d"}) {
+      if (const json* v = Find(*params, key)) {
+        c.r.Set(&f->adafactor_clip_threshold, Reader::Number(*v, p + "." + key, 0, true));
+      }
+    }
+    if (const json* v = Find(*params, "beta1"); v != nullptr && !v->is_null()) {
+      double b1 = 0;
+      if (c.r.Set(&b1, Reader::Number(*v, p + ".beta1", 0, false, 1, true))) f->adam_beta1 = b1;
+    }
+    if (const json* v = Find(*params, "scale_parameter")) {
+      c.r.Set(&f->adafactor_scale_parameter, Reader::Bool(*v, p + ".scale_parameter"));
+    }
+  }
 }
 
-Status ApplyPrecision(const Reader& r, const json& root, TrainFlags* f) {
+void ApplyScheduler(Context& c, const json& sched, bool has_optimizer_lr, TrainFlags* f) {
+  const json* t = Find(sched, "type");
+  if (t == nullptr) {
+    c.r.Add("'scheduler' needs a \"type\": WarmupLR, WarmupDecayLR or WarmupCosineLR");
+    return;
+  }
+  std::string type;
+  if (!c.r.Set(&type, Reader::String(*t, "scheduler.type"))) return;
+  if (type == "OneCycle" || type == "LRRangeTest") {
+    c.r.Add(
+        fmt::format("'scheduler.type' \"{}\" is not supported: Strata runs WarmupLR, "
+                    "WarmupDecayLR and WarmupCosineLR",
+                    type));
+    return;
+  }
+  if (type != "WarmupLR" && type != "WarmupDecayLR" && type != "WarmupCosineLR") {
+    c.r.Add(
+        fmt::format("'scheduler.type' \"{}\" is not a DeepSpeed scheduler; use WarmupLR, "
+                    "WarmupDecayLR or WarmupCosineLR",
+                    type));
+    return;
+  }
+  f->lr_schedule = type;
+  // DeepSpeed's constructor defaults.
+  f->warmup_steps = 1000;
+  f->warmup_type = "log";
+  f->warmup_min_lr = 0;
+  f->warmup_min_ratio = 0;
+  f->cos_min_ratio = 1e-4;
+  const json empty = json::object();
+  const json* params = Find(sched, "params");
+  if (params == nullptr) params = &empty;
+  const std::string p = "scheduler.params";
+  if (!params->is_object()) {
+    c.r.Add(Reader::WrongValue(p, *params, "an object"));
+    return;
+  }
+  const bool cosine = type == "WarmupCosineLR";
+  if (cosine) {
+    CheckParams(c, *params, p,
+                {"total_num_steps", "warmup_min_ratio", "warmup_num_steps", "cos_min_ratio",
+                 "warmup_type", "last_batch_iteration"},
+                {}, type);
+  } else {
+    CheckParams(
+        c, *params, p,
+        type == "WarmupLR"
+            ? std::initializer_list<std::string_view>{"warmup_min_lr", "warmup_max_lr",
+                                                      "warmup_num_steps", "warmup_type",
+                                                      "last_batch_iteration"}
+            : std::initializer_list<std::string_view>{"total_num_steps", "warmup_min_lr",
+                                                      "warmup_max_lr", "warmup_num_steps",
+                                                      "warmup_type", "last_batch_iteration"},
+        {}, type);
+  }
+  if (const json* v = Find(*params, "warmup_num_steps")) {
+    c.r.Set(&f->warmup_steps, Reader::Int(*v, p + ".warmup_num_steps", 1, kMax));
+  }
+  if (const json* v = Find(*params, "warmup_type")) {
+    c.r.Set(&f->warmup_type, Reader::Choice(*v, p + ".warmup_type", {"log", "linear"}));
+  }
+  if (const json* v = Find(*params, "last_batch_iteration")) {
+    int64_t last = -1;
+    if (c.r.Set(&last, Reader::Int(*v, p + ".last_batch_iteration", -1, kMax)) && last != -1) {
+      c.r.Add(
+          fmt::format("'{}.last_batch_iteration' {}: a run resumes its schedule from its "
+                      "checkpoint (--resume); leave -1",
+                      p, last));
+    }
+  }
+  if (type != "WarmupLR") {
+    if (const json* v = Find(*params, "total_num_steps")) {
+      c.r.Set(&f->lr_total_steps, Reader::Int(*v, p + ".total_num_steps", 1, kMax));
+    } else {
+      c.r.Add(fmt::format("'{}.total_num_steps' is required by {}", p, type));
+    }
+  }
+  if (cosine) {
+    if (const json* v = Find(*params, "warmup_min_ratio")) {
+      c.r.Set(&f->warmup_min_ratio, Reader::Number(*v, p + ".warmup_min_ratio", 0, false, 1));
+    }
+    if (const json* v = Find(*params, "cos_min_ratio")) {
+      c.r.Set(&f->cos_min_ratio, Reader::Number(*v, p + ".cos_min_ratio", 0, false, 1));
+    }
+    return;  // the peak is the optimizer's lr
+  }
+  if (const json* v = Find(*params, "warmup_min_lr")) {
+    c.r.Set(&f->warmup_min_lr, Reader::Number(*v, p + ".warmup_min_lr", 0, false));
+  }
+  if (const json* v = Find(*params, "warmup_max_lr")) {
+    c.r.Set(&f->lr, Reader::Number(*v, p + ".warmup_max_lr", 0, true));
+  } else if (!has_optimizer_lr) {
+    f->lr = 1e-3;  // DeepSpeed's default warmup_max_lr
+  }
+}
+
+void ApplyPrecision(Context& c, const json& root, TrainFlags* f) {
   const json* fp16 = Find(root, "fp16");
   const json* bf16 = Find(root, "bf16");
-  std::optional<bool> fp16_on, bf16_on;
+  bool fp16_on = false, bf16_on = false;
   if (bf16 != nullptr) {
-    STRATA_RETURN_IF_ERROR(r.CheckObject(*bf16, "bf16", {"enabled"}));
-    if (const json* v = Find(*bf16, "enabled")) {
-      STRATA_ASSIGN_OR_RETURN(bf16_on, r.Bool(*v, "bf16.enabled"));
-    }
+    if (const json* v = Find(*bf16, "enabled")) c.r.Set(&bf16_on, Reader::Bool(*v, "bf16.enabled"));
   }
   if (fp16 != nullptr) {
-    STRATA_RETURN_IF_ERROR(r.CheckObject(
-        *fp16, "fp16",
-        {"enabled", "loss_scale", "initial_scale_power", "loss_scale_window", "min_loss_scale"}));
-    if (const json* v = Find(*fp16, "enabled")) {
-      STRATA_ASSIGN_OR_RETURN(fp16_on, r.Bool(*v, "fp16.enabled"));
+    if (const json* v = Find(*fp16, "enabled")) c.r.Set(&fp16_on, Reader::Bool(*v, "fp16.enabled"));
+  }
+  if (fp16_on && bf16_on) {
+    c.r.Add("'fp16.enabled' and 'bf16.enabled' are both true; enable at most one");
+  }
+  // As DeepSpeed: fp32 unless a section is enabled.
+  f->precision = fp16_on ? "fp16" : bf16_on ? "bf16" : "fp32";
+  // DeepSpeed's fp16 defaults, then the file's values.
+  f->fp16_dynamic_loss_scale = true;
+  f->fp16_initial_scale = 65536.0;
+  f->fp16_scale_window = 1000;
+  f->fp16_hysteresis = 2;
+  f->fp16_consecutive_hysteresis = false;
+  f->fp16_min_scale = 1.0;
+  if (fp16 == nullptr) return;
+  const json& s = *fp16;
+  if (const json* v = Find(s, "loss_scale")) {
+    double scale = 0;
+    if (c.r.Set(&scale, Reader::Number(*v, "fp16.loss_scale", 0, false))) {
+      f->fp16_dynamic_loss_scale = scale == 0;
+      if (scale > 0) f->fp16_initial_scale = scale;
     }
-    if (const json* v = Find(*fp16, "loss_scale")) {
-      STRATA_ASSIGN_OR_RETURN(double s, r.Number(*v, "fp16.loss_scale", 0, false));
-      f->fp16_dynamic_loss_scale = s == 0;
-      if (s > 0) f->fp16_initial_scale = s;
-    }
-    if (const json* v = Find(*fp16, "initial_scale_power")) {
-      if (!f->fp16_dynamic_loss_scale) {
-        return r.Error(
-            "'fp16.initial_scale_power' is for dynamic loss scaling but 'fp16.loss_scale' sets a "
-            "static scale; give one of them");
+  }
+  if (const json* v = Find(s, "initial_scale_power")) {
+    int64_t power = 16;
+    if (c.r.Set(&power, Reader::Int(*v, "fp16.initial_scale_power", 0, 24))) {
+      if (f->fp16_dynamic_loss_scale) {
+        f->fp16_initial_scale = std::ldexp(1.0, static_cast<int>(power));
+      } else {
+        c.notes.push_back(
+            "fp16.initial_scale_power is for dynamic scaling; fp16.loss_scale sets a static "
+            "scale, which is used");
       }
-      STRATA_ASSIGN_OR_RETURN(int64_t p, r.Int(*v, "fp16.initial_scale_power", 0, 24));
-      f->fp16_initial_scale = std::ldexp(1.0, static_cast<int>(p));
-    }
-    if (const json* v = Find(*fp16, "loss_scale_window")) {
-      STRATA_ASSIGN_OR_RETURN(f->fp16_scale_window, r.Int(*v, "fp16.loss_scale_window", 1,
-                                                          std::numeric_limits<int64_t>::max()));
-    }
-    if (const json* v = Find(*fp16, "min_loss_scale")) {
-      STRATA_ASSIGN_OR_RETURN(f->fp16_min_scale, r.Number(*v, "fp16.min_loss_scale", 0, true));
     }
   }
-  if (fp16_on.value_or(false) && bf16_on.value_or(false)) {
-    return r.Error("'fp16.enabled' and 'bf16.enabled' are both true; enable at most one");
+  if (const json* v = Find(s, "loss_scale_window")) {
+    c.r.Set(&f->fp16_scale_window, Reader::Int(*v, "fp16.loss_scale_window", 1, kMax));
   }
-  if (fp16_on.value_or(false)) {
-    f->precision = "fp16";
-  } else if (bf16_on.value_or(false)) {
-    f->precision = "bf16";
-  } else if (fp16_on.has_value() && bf16_on.has_value()) {
-    f->precision = "fp32";  // both sections say disabled: full precision, as in DeepSpeed
+  if (const json* v = Find(s, "hysteresis")) {
+    c.r.Set(&f->fp16_hysteresis, Reader::Int(*v, "fp16.hysteresis", 1, kMaxInt));
   }
-  return Status::Ok();
+  if (const json* v = Find(s, "consecutive_hysteresis")) {
+    c.r.Set(&f->fp16_consecutive_hysteresis, Reader::Bool(*v, "fp16.consecutive_hysteresis"));
+  }
+  if (const json* v = Find(s, "min_loss_scale")) {
+    c.r.Set(&f->fp16_min_scale, Reader::Number(*v, "fp16.min_loss_scale", 0, true));
+  }
 }
 
-// offload_optimizer / offload_param: device, nvme_path, pin_memory.
-Status ApplyOffload(const Reader& r, const json& section, const std::string& path, bool is_param,
-                    TrainFlags* f, std::optional<std::vector<std::string>>* nvme_paths) {
-  STRATA_RETURN_IF_ERROR(r.CheckObject(section, path, {"device", "nvme_path", "pin_memory"}));
-  if (const json* v = Find(section, "device")) {
-    std::string device;
-    if (is_param) {
-      STRATA_ASSIGN_OR_RETURN(device, r.Choice(*v, path + ".device", {"cpu", "nvme", "none"}));
-      f->offload_params = device == "cpu" ? "host" : device == "none" ? "device" : "nvme";
-    } else {
-      STRATA_ASSIGN_OR_RETURN(device, r.Choice(*v, path + ".device", {"cpu", "nvme"}));
-      f->offload_optimizer = device == "cpu" ? "host" : "nvme";
-    }
+// The offload sections' placement, and their pinned-memory and buffer keys.
+struct Offload {
+  std::string device = "none";
+  std::optional<std::vector<std::string>> nvme_paths;
+};
+
+Offload ReadOffload(Context& c, const json* section, const std::string& path, bool is_param,
+                    TrainFlags* f) {
+  Offload o;
+  if (section == nullptr || !section->is_object()) return o;
+  if (const json* v = Find(*section, "device")) {
+    c.r.Set(&o.device, Reader::Choice(*v, path + ".device", {"none", "cpu", "nvme"}));
   }
-  if (const json* v = Find(section, "nvme_path")) {
-    STRATA_ASSIGN_OR_RETURN(auto paths, r.Paths(*v, path + ".nvme_path"));
-    if (nvme_paths->has_value() && **nvme_paths != paths) {
-      return r.Error(fmt::format(
-          "'{}.nvme_path' differs from the other offload section's nvme_path; Strata stripes "
-          "parameters and optimizer state over one set of directories",
+  if (const json* v = Find(*section, "nvme_path")) {
+    std::vector<std::string> paths;
+    if (c.r.Set(&paths, Reader::Paths(*v, path + ".nvme_path"))) o.nvme_paths = paths;
+  }
+  if (const json* v = Find(*section, "pin_memory")) {
+    bool pin = false;
+    if (c.r.Set(&pin, Reader::Bool(*v, path + ".pin_memory")) && !pin && o.device != "none") {
+      c.notes.push_back(fmt::format(
+          "{}.pin_memory false: Strata always stages transfers in pinned host memory (a pageable "
+          "copy would serialize)",
           path));
     }
-    *nvme_paths = std::move(paths);
   }
-  if (const json* v = Find(section, "pin_memory")) {
-    STRATA_RETURN_IF_ERROR(r.Bool(*v, path + ".pin_memory").status());
-  }
-  return Status::Ok();
-}
-
-Status ApplyZero(const Reader& r, const json& zero, TrainFlags* f) {
-  STRATA_RETURN_IF_ERROR(
-      r.CheckObject(zero, "zero_optimization", {"stage", "offload_optimizer", "offload_param"}));
-  if (const json* v = Find(zero, "stage")) {
-    STRATA_ASSIGN_OR_RETURN(int64_t stage, r.Int(*v, "zero_optimization.stage", 0, 3));
-    if (stage != 3) {
-      return r.Error(fmt::format(
-          "'zero_optimization.stage' {} is not supported: Strata streams parameters, gradients "
-          "and optimizer state per block like ZeRO stage 3; use 3 (or leave the key out)",
-          stage));
+  if (const json* v = Find(*section, "buffer_count")) {
+    int64_t n = 0;
+    if (c.r.Set(&n, Reader::Int(*v, path + ".buffer_count", is_param ? 2 : 1, 64)) &&
+        o.device == "nvme") {
+      // Params: the blocks in flight between NVMe and compute (streaming slots); optimizer: the
+      // pinned buffers of the read / update / write pipeline.
+      if (is_param) {
+        f->prefetch_depth = static_cast<int>(n) - 1;
+      } else {
+        f->optimizer_buffers = static_cast<int>(n);
+      }
     }
   }
-  std::optional<std::vector<std::string>> nvme_paths;
-  if (const json* v = Find(zero, "offload_optimizer")) {
-    STRATA_RETURN_IF_ERROR(
-        ApplyOffload(r, *v, "zero_optimization.offload_optimizer", false, f, &nvme_paths));
+  if (const json* v = Find(*section, "ratio")) {
+    double ratio = 1;
+    if (c.r.Set(&ratio, Reader::Number(*v, path + ".ratio", 0, false, 1)) && ratio < 1) {
+      c.r.Add(
+          fmt::format("'{}.ratio' {} (partial offload) is not supported: Strata updates every "
+                      "parameter on the CPU; use 1",
+                      path, ratio));
+    }
   }
-  if (const json* v = Find(zero, "offload_param")) {
-    STRATA_RETURN_IF_ERROR(
-        ApplyOffload(r, *v, "zero_optimization.offload_param", true, f, &nvme_paths));
-  }
-  if (nvme_paths.has_value()) f->nvme_paths = *nvme_paths;
-  return Status::Ok();
+  return o;
 }
 
-Status ApplyAio(const Reader& r, const json& aio, TrainFlags* f) {
-  STRATA_RETURN_IF_ERROR(r.CheckObject(aio, "aio", {"block_size", "queue_depth", "thread_count"}));
+void ApplyZero(Context& c, const json* zero, TrainFlags* f) {
+  const json empty = json::object();
+  if (zero == nullptr || !zero->is_object()) zero = &empty;
+  const std::string z = "zero_optimization";
+  if (const json* v = Find(*zero, "stage")) {
+    int64_t stage = 0;
+    if (c.r.Set(&stage, Reader::Int(*v, z + ".stage", 0, 3))) c.stage = static_cast<int>(stage);
+  }
+  const json* param_section = Find(*zero, "offload_param");
+  const json* optim_section = Find(*zero, "offload_optimizer");
+  Offload param = ReadOffload(c, param_section, z + ".offload_param", true, f);
+  Offload optim = ReadOffload(c, optim_section, z + ".offload_optimizer", false, f);
+  // The deprecated switches.
+  if (const json* v = Find(*zero, "cpu_offload")) {
+    bool on = false;
+    if (c.r.Set(&on, Reader::Bool(*v, z + ".cpu_offload")) && on && optim_section == nullptr) {
+      optim.device = "cpu";
+    }
+  }
+  if (const json* v = Find(*zero, "cpu_offload_param")) {
+    bool on = false;
+    if (c.r.Set(&on, Reader::Bool(*v, z + ".cpu_offload_param")) && on &&
+        param_section == nullptr) {
+      param.device = "cpu";
+    }
+  }
+  if (const json* v = Find(*zero, "cpu_offload_use_pin_memory")) {
+    bool pin = true;
+    c.r.Set(&pin, Reader::Bool(*v, z + ".cpu_offload_use_pin_memory"));
+  }
+  // DeepSpeed's stage rules.
+  if (param.device != "none" && c.stage != 3) {
+    c.notes.push_back(fmt::format(
+        "{}.offload_param is read at stage 3 only; at stage {} DeepSpeed keeps parameters on the "
+        "GPU, and so does Strata",
+        z, c.stage));
+    param.device = "none";
+  }
+  if (optim.device == "nvme" && c.stage != 3) {
+    c.r.Add(
+        fmt::format("'{}.offload_optimizer.device' \"nvme\" needs stage 3 (DeepSpeed swaps "
+                    "optimizer state to NVMe only at stage 3), got stage {}; use stage 3 or "
+                    "device \"cpu\"",
+                    z, c.stage));
+  }
+  if (optim.device != "none" && c.stage == 0) {
+    c.notes.push_back(fmt::format(
+        "{}.offload_optimizer is read at stages 1-3; at stage 0 DeepSpeed keeps optimizer state "
+        "on the GPU; Strata keeps it in host memory",
+        z));
+  }
+  f->offload_params = param.device == "cpu" ? "host" : param.device == "nvme" ? "nvme" : "device";
+  if (optim.device == "nvme" && c.stage == 3) {
+    f->offload_optimizer = "nvme";
+  } else {
+    f->offload_optimizer = "host";
+    if (optim.device == "none") {
+      c.notes.push_back(
+          "no offload_optimizer: DeepSpeed keeps optimizer state on the GPU; Strata's optimizers "
+          "run on the CPU, so it stays in host memory (never NVMe)");
+    }
+  }
+  if (param.nvme_paths && optim.nvme_paths && *param.nvme_paths != *optim.nvme_paths &&
+      param.device == "nvme" && optim.device == "nvme") {
+    c.r.Add(fmt::format(
+        "'{}.offload_param.nvme_path' differs from '{}.offload_optimizer.nvme_path'; Strata "
+        "stripes parameters and optimizer state over one set of directories",
+        z, z));
+  }
+  const auto& used = param.device == "nvme" && param.nvme_paths ? param.nvme_paths
+                     : optim.nvme_paths                         ? optim.nvme_paths
+                                                                : param.nvme_paths;
+  if (used) f->nvme_paths = *used;
+}
+
+void ApplyAio(Context& c, const json& aio, TrainFlags* f) {
+  // A present section fills what it leaves out with DeepSpeed's defaults.
+  uint64_t block = 1 << 20;
+  int64_t depth = 8, threads = 1;
   if (const json* v = Find(aio, "block_size")) {
-    STRATA_ASSIGN_OR_RETURN(uint64_t bytes, r.Size(*v, "aio.block_size"));
-    if (bytes == 0 || bytes % 4096 != 0 || bytes > kGiB) {
-      return r.Error(fmt::format(
+    if (c.r.Set(&block, Reader::Size(*v, "aio.block_size")) &&
+        (block == 0 || block % 4096 != 0 || block > kGiB)) {
+      c.r.Add(fmt::format(
           "'aio.block_size' must be a multiple of 4096 bytes between 4096 and 1 GiB, got {}",
           v->dump()));
     }
-    f->io_block_size = std::to_string(bytes);
   }
   if (const json* v = Find(aio, "queue_depth")) {
-    STRATA_ASSIGN_OR_RETURN(int64_t q, r.Int(*v, "aio.queue_depth", 1, 4096));
-    f->io_queue_depth = static_cast<int>(q);
+    c.r.Set(&depth, Reader::Int(*v, "aio.queue_depth", 1, 4096));
   }
-  if (const json* v = Find(aio, "thread_count")) {
-    STRATA_ASSIGN_OR_RETURN(int64_t t, r.Int(*v, "aio.thread_count", 1, 256));
-    f->io_threads = static_cast<int>(t);
+  const json* old_name = Find(aio, "thread_count");
+  const json* new_name = Find(aio, "intra_op_parallelism");
+  if (old_name && new_name && *old_name != *new_name) {
+    c.r.Add(
+        fmt::format("'aio.thread_count' {} and 'aio.intra_op_parallelism' {} disagree; they "
+                    "are the old and the new name of one setting, give one",
+                    old_name->dump(), new_name->dump()));
   }
-  return Status::Ok();
+  if (const json* v = new_name ? new_name : old_name) {
+    c.r.Set(&threads,
+            Reader::Int(*v, new_name ? "aio.intra_op_parallelism" : "aio.thread_count", 1, 256));
+  }
+  if (const json* v = Find(aio, "use_gds")) {
+    bool gds = false;
+    if (c.r.Set(&gds, Reader::Bool(*v, "aio.use_gds")) && gds) {
+      c.notes.push_back(
+          "aio.use_gds true: Strata reads and writes NVMe through pinned host memory (no "
+          "GPUDirect Storage)");
+    }
+  }
+  f->io_block_size = std::to_string(block);
+  // DeepSpeed keeps queue_depth requests in flight on each of its threads.
+  f->io_queue_depth = static_cast<int>(std::min<int64_t>(4096, depth * threads));
+  f->io_threads = static_cast<int>(threads);
+  if (threads > 1) {
+    c.notes.push_back(fmt::format(
+        "aio: queue depth {} x {} threads = {} pieces in flight on io_uring; {} posix workers",
+        depth, threads, f->io_queue_depth, threads));
+  }
 }
 
-Status ApplyStrata(const Reader& r, const json& s, TrainFlags* f) {
-  STRATA_RETURN_IF_ERROR(
-      r.CheckObject(s, "strata",
-                    {"io_backend", "device", "device_budget", "model", "data", "steps", "seq_len",
-                     "seed", "warmup_steps", "eval_every", "eval_batches", "sample_bytes",
-                     "summary_json", "copy_bandwidth"}));
-  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
-  constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
+void ApplyMonitor(Context& c, const json& root, std::string_view name, std::string* dir) {
+  const json* s = Find(root, name);
+  if (s == nullptr || !s->is_object()) return;
+  const std::string p(name);
+  bool enabled = false;
+  if (const json* v = Find(*s, "enabled")) c.r.Set(&enabled, Reader::Bool(*v, p + ".enabled"));
+  std::string output = ".", job = "DeepSpeedJobName";
+  if (const json* v = Find(*s, "output_path"); v != nullptr && !v->is_null()) {
+    c.r.Set(&output, Reader::String(*v, p + ".output_path"));
+  }
+  if (const json* v = Find(*s, "job_name")) c.r.Set(&job, Reader::String(*v, p + ".job_name"));
+  if (enabled) *dir = output.empty() ? job : output + "/" + job;
+}
+
+void ApplyStrata(Context& c, const json& s, TrainFlags* f) {
+  Reader& r = c.r;
   if (const json* v = Find(s, "io_backend")) {
-    STRATA_ASSIGN_OR_RETURN(f->io_backend,
-                            r.Choice(*v, "strata.io_backend", {"auto", "uring", "posix"}));
+    r.Set(&f->io_backend, Reader::Choice(*v, "strata.io_backend", {"auto", "uring", "posix"}));
   }
   if (const json* v = Find(s, "device")) {
-    STRATA_ASSIGN_OR_RETURN(f->device, r.Choice(*v, "strata.device", {"auto", "host", "cuda"}));
+    r.Set(&f->device, Reader::Choice(*v, "strata.device", {"auto", "host", "cuda"}));
   }
   if (const json* v = Find(s, "device_budget")) {
     if (v->is_string() && v->get<std::string>() == "auto") {
       f->device_budget = "auto";
     } else {
-      STRATA_ASSIGN_OR_RETURN(uint64_t bytes, r.Size(*v, "strata.device_budget"));
-      if (bytes == 0) {
-        return r.Error("'strata.device_budget' is zero; give a size such as \"64MiB\" or \"auto\"");
+      uint64_t bytes = 0;
+      if (r.Set(&bytes, Reader::Size(*v, "strata.device_budget"))) {
+        if (bytes == 0) {
+          r.Add("'strata.device_budget' is zero; give a size such as \"64MiB\" or \"auto\"");
+        } else {
+          f->device_budget = std::to_string(bytes);
+        }
       }
-      f->device_budget = std::to_string(bytes);
     }
   }
-  if (const json* v = Find(s, "model")) {
-    STRATA_ASSIGN_OR_RETURN(f->model, r.String(*v, "strata.model"));
-  }
+  if (const json* v = Find(s, "model")) r.Set(&f->model, Reader::String(*v, "strata.model"));
   if (const json* v = Find(s, "data")) {
-    STRATA_ASSIGN_OR_RETURN(std::string data, r.String(*v, "strata.data"));
-    f->data = {data};
+    std::string data;
+    if (r.Set(&data, Reader::String(*v, "strata.data"))) f->data = {data};
   }
   if (const json* v = Find(s, "summary_json")) {
-    STRATA_ASSIGN_OR_RETURN(f->summary_json, r.String(*v, "strata.summary_json"));
+    r.Set(&f->summary_json, Reader::String(*v, "strata.summary_json"));
   }
-  if (const json* v = Find(s, "steps")) {
-    STRATA_ASSIGN_OR_RETURN(f->steps, r.Int(*v, "strata.steps", 1, kMax));
-  }
+  if (const json* v = Find(s, "steps")) r.Set(&f->steps, Reader::Int(*v, "strata.steps", 1, kMax));
   if (const json* v = Find(s, "seq_len")) {
-    STRATA_ASSIGN_OR_RETURN(int64_t n, r.Int(*v, "strata.seq_len", 1, kMaxInt));
-    f->seq_len = static_cast<int>(n);
+    r.Set(&f->seq_len, Reader::Int(*v, "strata.seq_len", 1, kMaxInt));
   }
-  if (const json* v = Find(s, "seed")) {
-    STRATA_ASSIGN_OR_RETURN(int64_t n, r.Int(*v, "strata.seed", 0, kMax));
-    f->seed = static_cast<uint64_t>(n);
-  }
+  if (const json* v = Find(s, "seed")) r.Set(&f->seed, Reader::Int(*v, "strata.seed", 0, kMax));
   if (const json* v = Find(s, "warmup_steps")) {
-    STRATA_ASSIGN_OR_RETURN(f->warmup_steps, r.Int(*v, "strata.warmup_steps", 0, kMax));
+    r.Set(&f->warmup_steps, Reader::Int(*v, "strata.warmup_steps", 0, kMax));
   }
   if (const json* v = Find(s, "eval_every")) {
-    STRATA_ASSIGN_OR_RETURN(f->eval_every, r.Int(*v, "strata.eval_every", 0, kMax));
+    r.Set(&f->eval_every, Reader::Int(*v, "strata.eval_every", 0, kMax));
   }
   if (const json* v = Find(s, "eval_batches")) {
-    STRATA_ASSIGN_OR_RETURN(int64_t n, r.Int(*v, "strata.eval_batches", 1, kMaxInt));
-    f->eval_batches = static_cast<int>(n);
+    r.Set(&f->eval_batches, Reader::Int(*v, "strata.eval_batches", 1, kMaxInt));
   }
   if (const json* v = Find(s, "sample_bytes")) {
-    STRATA_ASSIGN_OR_RETURN(f->sample_bytes, r.Int(*v, "strata.sample_bytes", 0, kMax));
+    r.Set(&f->sample_bytes, Reader::Int(*v, "strata.sample_bytes", 0, kMax));
+  }
+  // Strata's own I/O settings, as `strata iobench --sweep` measured them (no DeepSpeed scaling).
+  if (const json* v = Find(s, "io_queue_depth")) {
+    r.Set(&f->io_queue_depth, Reader::Int(*v, "strata.io_queue_depth", 1, 4096));
+  }
+  if (const json* v = Find(s, "io_block_size")) {
+    uint64_t block = 0;
+    if (r.Set(&block, Reader::Size(*v, "strata.io_block_size"))) {
+      if (block == 0 || block % 4096 != 0 || block > kGiB) {
+        r.Add(
+            fmt::format("'strata.io_block_size' must be a multiple of 4096 bytes between 4096 "
+                        "and 1 GiB, got {}",
+                        v->dump()));
+      } else {
+        f->io_block_size = std::to_string(block);
+      }
+    }
+  }
+  if (const json* v = Find(s, "io_threads")) {
+    r.Set(&f->io_threads, Reader::Int(*v, "strata.io_threads", 1, 256));
   }
   if (const json* v = Find(s, "copy_bandwidth")) {
-    STRATA_ASSIGN_OR_RETURN(f->copy_bandwidth, r.Number(*v, "strata.copy_bandwidth", 0, false));
+    r.Set(&f->copy_bandwidth, Reader::Number(*v, "strata.copy_bandwidth", 0, false));
   }
-  return Status::Ok();
+}
+
+void ApplyBatch(Context& c, const json& root, TrainFlags* f) {
+  std::optional<int64_t> micro, accum, total;
+  const auto read = [&](const char* key, std::optional<int64_t>* out) {
+    if (const json* v = Find(root, key)) {
+      int64_t n = 0;
+      if (c.r.Set(&n, Reader::Int(*v, key, 1, kMaxInt))) *out = n;
+    }
+  };
+  read("train_micro_batch_size_per_gpu", &micro);
+  read("gradient_accumulation_steps", &accum);
+  read("train_batch_size", &total);
+  if (total.has_value()) {
+    // One process (world size 1): train_batch_size = micro-batch * accumulation, as DeepSpeed.
+    if (micro && accum && *micro * *accum != *total) {
+      c.r.Add(fmt::format(
+          "'train_batch_size' {} != train_micro_batch_size_per_gpu {} * "
+          "gradient_accumulation_steps {} (one process); fix one of them or leave one out",
+          *total, *micro, *accum));
+      return;
+    }
+    const auto derive = [&](int64_t known, const char* known_key) -> std::optional<int64_t> {
+      if (*total % known != 0) {
+        c.r.Add(fmt::format("'train_batch_size' {} is not a multiple of '{}' {}", *total, known_key,
+                            known));
+        return std::nullopt;
+      }
+      return *total / known;
+    };
+    if (micro && !accum) {
+      accum = derive(*micro, "train_micro_batch_size_per_gpu");
+    } else if (accum && !micro) {
+      micro = derive(*accum, "gradient_accumulation_steps");
+    } else if (!micro && !accum) {
+      micro = *total;
+      accum = 1;
+    }
+  } else if (micro && !accum) {
+    accum = 1;  // DeepSpeed's default
+  }
+  if (micro) f->micro_batch_size = static_cast<int>(*micro);
+  if (accum) f->grad_accum_steps = static_cast<int>(*accum);
 }
 
 }  // namespace
 
 Status ApplyTrainConfigText(std::string_view text, std::string_view source, TrainFlags* f) {
-  const Reader r(source);
+  const auto error = [&](const std::string& message) {
+    return InvalidArgumentError(fmt::format("{}: {}", source, message));
+  };
   json root;
   try {
     root = json::parse(text.begin(), text.end());
@@ -450,65 +1137,59 @@ Status ApplyTrainConfigText(std::string_view text, std::string_view source, Trai
     std::string what = e.what();
     const auto pos = what.find("parse error");
     if (pos != std::string::npos) what = what.substr(pos);
-    return r.Error(fmt::format("malformed JSON: {}", what));
+    return error(fmt::format("malformed JSON: {}", what));
   } catch (const json::exception& e) {
     // out_of_range: a number too large for a double (e.g. 1e999).
-    return r.Error(fmt::format("malformed JSON: {}", e.what()));
+    return error(fmt::format("malformed JSON: {}", e.what()));
   }
-  STRATA_RETURN_IF_ERROR(
-      r.CheckObject(root, "",
-                    {"train_batch_size", "train_micro_batch_size_per_gpu",
-                     "gradient_accumulation_steps", "gradient_clipping", "steps_per_print", "fp16",
-                     "bf16", "optimizer", "zero_optimization", "aio", "strata"}));
-  constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
-  std::optional<int64_t> micro, accum, total;
-  if (const json* v = Find(root, "train_micro_batch_size_per_gpu")) {
-    STRATA_ASSIGN_OR_RETURN(micro, r.Int(*v, "train_micro_batch_size_per_gpu", 1, kMaxInt));
+  if (!root.is_object()) {
+    return error(fmt::format("the top level must be a JSON object, got {}", TypeName(root)));
   }
-  if (const json* v = Find(root, "gradient_accumulation_steps")) {
-    STRATA_ASSIGN_OR_RETURN(accum, r.Int(*v, "gradient_accumulation_steps", 1, kMaxInt));
-  }
-  if (const json* v = Find(root, "train_batch_size")) {
-    STRATA_ASSIGN_OR_RETURN(total, r.Int(*v, "train_batch_size", 1, kMaxInt));
-  }
-  if (total.has_value()) {
-    // One process (world size 1): train_batch_size = micro-batch * accumulation, as DeepSpeed.
-    if (micro && accum && *micro * *accum != *total) {
-      return r.Error(fmt::format(
-          "'train_batch_size' {} != train_micro_batch_size_per_gpu {} * "
-          "gradient_accumulation_steps {} (one process); fix one of them or leave one out",
-          *total, *micro, *accum));
-    }
-    const auto derive = [&](int64_t known, const char* known_key) -> StatusOr<int64_t> {
-      if (*total % known != 0) {
-        return r.Error(fmt::format("'train_batch_size' {} is not a multiple of '{}' {}", *total,
-                                   known_key, known));
-      }
-      return *total / known;
-    };
-    if (micro && !accum) {
-      STRATA_ASSIGN_OR_RETURN(accum, derive(*micro, "train_micro_batch_size_per_gpu"));
-    } else if (accum && !micro) {
-      STRATA_ASSIGN_OR_RETURN(micro, derive(*accum, "gradient_accumulation_steps"));
-    } else if (!micro && !accum) {
-      micro = *total;
-      accum = 1;
-    }
-  }
-  if (micro) f->micro_batch_size = static_cast<int>(*micro);
-  if (accum) f->grad_accum_steps = static_cast<int>(*accum);
+  Context c;
+  std::map<Why, std::vector<std::string>> noops;
+  KeyWalker(&c.r, &noops).Walk(root, "", false);
+
+  ApplyBatch(c, root, f);
   if (const json* v = Find(root, "gradient_clipping")) {
-    STRATA_ASSIGN_OR_RETURN(f->grad_clip, r.Number(*v, "gradient_clipping", 0, false));
+    c.r.Set(&f->grad_clip, Reader::Number(*v, "gradient_clipping", 0, false));
   }
   if (const json* v = Find(root, "steps_per_print")) {
-    STRATA_ASSIGN_OR_RETURN(f->log_every,
-                            r.Int(*v, "steps_per_print", 0, std::numeric_limits<int64_t>::max()));
+    c.r.Set(&f->log_every, Reader::Int(*v, "steps_per_print", 0, kMax));
   }
-  STRATA_RETURN_IF_ERROR(ApplyPrecision(r, root, f));
-  if (const json* v = Find(root, "optimizer")) STRATA_RETURN_IF_ERROR(ApplyOptimizer(r, *v, f));
-  if (const json* v = Find(root, "zero_optimization")) STRATA_RETURN_IF_ERROR(ApplyZero(r, *v, f));
-  if (const json* v = Find(root, "aio")) STRATA_RETURN_IF_ERROR(ApplyAio(r, *v, f));
-  if (const json* v = Find(root, "strata")) STRATA_RETURN_IF_ERROR(ApplyStrata(r, *v, f));
+  if (const json* v = Find(root, "wall_clock_breakdown")) {
+    c.r.Set(&f->wall_clock_breakdown, Reader::Bool(*v, "wall_clock_breakdown"));
+  }
+  ApplyPrecision(c, root, f);
+  const json* opt = Find(root, "optimizer");
+  if (opt != nullptr && opt->is_object()) ApplyOptimizer(c, *opt, f);
+  const json* sched = Find(root, "scheduler");
+  if (sched != nullptr && sched->is_object()) {
+    const json* params = opt ? Find(*opt, "params") : nullptr;
+    ApplyScheduler(c, *sched, params != nullptr && Find(*params, "lr") != nullptr, f);
+  } else if (opt != nullptr) {
+    f->lr_schedule = "constant";  // DeepSpeed: an optimizer and no scheduler keeps its lr
+  }
+  ApplyZero(c, Find(root, "zero_optimization"), f);
+  if (const json* v = Find(root, "aio"); v != nullptr && v->is_object()) ApplyAio(c, *v, f);
+  if (const json* ac = Find(root, "activation_checkpointing"); ac != nullptr && ac->is_object()) {
+    if (const json* v = Find(*ac, "cpu_checkpointing")) {
+      c.r.Set(&f->offload_activations,
+              Reader::Bool(*v, "activation_checkpointing.cpu_checkpointing"));
+    }
+  }
+  ApplyMonitor(c, root, "tensorboard", &f->tensorboard_dir);
+  ApplyMonitor(c, root, "csv_monitor", &f->metrics_csv_dir);
+  if (const json* v = Find(root, "strata"); v != nullptr && v->is_object()) ApplyStrata(c, *v, f);
+
+  const auto& problems = c.r.problems();
+  if (problems.size() == 1) return error(problems[0]);
+  if (!problems.empty()) {
+    return error(fmt::format("{} problems:\n  {}", problems.size(), fmt::join(problems, "\n  ")));
+  }
+  for (const auto& [why, paths] : noops) {
+    c.notes.push_back(fmt::format("ignored ({}): {}", WhyText(why), fmt::join(paths, ", ")));
+  }
+  f->config_notes.insert(f->config_notes.end(), c.notes.begin(), c.notes.end());
   return Status::Ok();
 }
 

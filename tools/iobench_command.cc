@@ -436,11 +436,18 @@ std::string ToLine(const RunResult& r) {
 }
 
 nlohmann::json ConfigBlock(const RunResult& best) {
-  return {{"aio",
-           {{"block_size", best.config.block_bytes},
-            {"queue_depth", best.config.queue_depth},
-            {"thread_count", best.config.threads}}},
-          {"strata", {{"io_backend", best.config.backend}}}};
+  // A complete training config: the placement the sweep was measured for (state and working
+  // params on NVMe, under the swept paths), bf16, and the best I/O settings in Strata's own terms
+  // (DeepSpeed's aio keys scale the queue depth by the thread count).
+  const nlohmann::json nvme = {{"device", "nvme"}, {"nvme_path", best.config.paths}};
+  return {
+      {"bf16", {{"enabled", true}}},
+      {"zero_optimization", {{"stage", 3}, {"offload_optimizer", nvme}, {"offload_param", nvme}}},
+      {"strata",
+       {{"io_backend", best.config.backend},
+        {"io_block_size", best.config.block_bytes},
+        {"io_queue_depth", best.config.queue_depth},
+        {"io_threads", best.config.threads}}}};
 }
 
 Status CheckConfig(const RunConfig& c) {

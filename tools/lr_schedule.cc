@@ -43,10 +43,10 @@ StatusOr<LrScheduleKind> ParseLrScheduleKind(std::string_view name) {
   if (name == "WarmupLR" || name == "warmup") return LrScheduleKind::kWarmupLR;
   if (name == "WarmupDecayLR" || name == "warmup-decay") return LrScheduleKind::kWarmupDecayLR;
   if (name == "WarmupCosineLR" || name == "warmup-cosine") return LrScheduleKind::kWarmupCosineLR;
-  return InvalidArgumentError(fmt::format(
-      "learning-rate schedule '{}' is not one of cosine, constant, warmup (WarmupLR), "
-      "warmup-decay (WarmupDecayLR), warmup-cosine (WarmupCosineLR)",
-      name));
+  return InvalidArgumentError(
+      fmt::format("learning-rate schedule '{}' is not one of cosine, constant, warmup (WarmupLR), "
+                  "warmup-decay (WarmupDecayLR), warmup-cosine (WarmupCosineLR)",
+                  name));
 }
 
 StatusOr<WarmupType> ParseWarmupType(std::string_view name) {
@@ -100,8 +100,9 @@ double LearningRateAt(const LrSchedule& s, int64_t step) {
 std::string DescribeLrSchedule(const LrSchedule& s) {
   switch (s.kind) {
     case LrScheduleKind::kCosine:
-      return fmt::format("cosine: linear warmup to {:g} over {} steps, cosine decay to {:g} at step {}",
-                         s.peak_lr, s.warmup_steps, 0.1 * s.peak_lr, s.total_steps);
+      return fmt::format(
+          "cosine: linear warmup to {:g} over {} steps, cosine decay to {:g} at step {}", s.peak_lr,
+          s.warmup_steps, 0.1 * s.peak_lr, s.total_steps);
     case LrScheduleKind::kConstant:
       return fmt::format("constant: {:g}", s.peak_lr);
     case LrScheduleKind::kWarmupLR:

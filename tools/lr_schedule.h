@@ -1,7 +1,8 @@
 // The learning-rate schedule of `strata train`: Strata's own (linear warmup, cosine decay to 10 %
-// of the peak), a constant rate, or one of DeepSpeed's schedulers (deepspeed/runtime/lr_schedules.py,
-// https://deepspeed.readthedocs.io/en/latest/schedulers.html) with their parameters and their step
-// convention, so that a DeepSpeed config's `scheduler` section gives the rates DeepSpeed gives.
+// of the peak), a constant rate, or one of DeepSpeed's schedulers
+// (deepspeed/runtime/lr_schedules.py, https://deepspeed.readthedocs.io/en/latest/schedulers.html)
+// with their parameters and their step convention, so that a DeepSpeed config's `scheduler` section
+// gives the rates DeepSpeed gives.
 //
 // Rates are per optimizer step, unitless (the optimizer's lr). Every function is pure and
 // thread-safe.
@@ -57,8 +58,8 @@ StatusOr<WarmupType> ParseWarmupType(std::string_view name);  // "log" | "linear
 //     WarmupDecayLR:  as WarmupLR for i < W; else min + (peak - min) * max(0, (T - i) /
 //                     max(1, T - W))  (stays at min after T)
 //     WarmupCosineLR: i < 0: 0; i < W: peak * (warmup_min_ratio + (1 - warmup_min_ratio) * g(i));
-//                     else peak * max(0, cos_min_ratio + (1 - cos_min_ratio) * (1 + cos(pi * p)) / 2)
-//                     with p = min(1, (i - W + 1) / max(1, T - W))
+//                     else peak * max(0, cos_min_ratio + (1 - cos_min_ratio) * (1 + cos(pi * p)) /
+//                     2) with p = min(1, (i - W + 1) / max(1, T - W))
 double LearningRateAt(const LrSchedule& s, int64_t step);
 
 // One line for the run's header, e.g. "WarmupDecayLR: 0 -> 3e-05 over 10 steps (linear), then

@@ -14,8 +14,8 @@ StatusOr<LrSchedule> MakeLrSchedule(const TrainFlags& f) {
   STRATA_ASSIGN_OR_RETURN(s.warmup_type, ParseWarmupType(f.warmup_type));
   s.peak_lr = PeakLearningRate(f);
   s.warmup_steps = f.warmup_steps;
-  s.total_steps = s.kind == LrScheduleKind::kCosine || f.lr_total_steps <= 0 ? f.steps
-                                                                             : f.lr_total_steps;
+  s.total_steps =
+      s.kind == LrScheduleKind::kCosine || f.lr_total_steps <= 0 ? f.steps : f.lr_total_steps;
   s.warmup_min_lr = f.warmup_min_lr;
   s.warmup_min_ratio = f.warmup_min_ratio;
   s.cos_min_ratio = f.cos_min_ratio;
@@ -69,6 +69,8 @@ StatusOr<cpu_optim::AnyOptimizer> BuildOptimizer(const TrainFlags& f) {
     c.decay_rate = static_cast<float>(f.adafactor_decay_rate);
     c.clip_threshold = static_cast<float>(f.adafactor_clip_threshold);
     if (f.adam_eps) c.eps1 = static_cast<float>(*f.adam_eps);
+    c.eps2 = static_cast<float>(f.adafactor_eps2);
+    c.scale_parameter = f.adafactor_scale_parameter;
     o = {OptimizerKind::kAdafactor, c};
   } else if (f.optimizer == "lion") {
     cpu_optim::LionConfig c;
@@ -82,12 +84,16 @@ StatusOr<cpu_optim::AnyOptimizer> BuildOptimizer(const TrainFlags& f) {
     c.lr = lr;
     c.weight_decay = wd;
     c.momentum = static_cast<float>(f.momentum);
+    c.dampening = static_cast<float>(f.sgd_dampening);
+    c.nesterov = f.sgd_nesterov;
     o = {OptimizerKind::kSgd, c};
   } else if (f.optimizer == "adagrad") {
     cpu_optim::AdagradConfig c;
     c.lr = lr;
     c.weight_decay = wd;
     c.eps = or_default(f.adam_eps, 1e-10);
+    c.lr_decay = static_cast<float>(f.adagrad_lr_decay);
+    c.initial_accumulator_value = static_cast<float>(f.adagrad_initial_accumulator);
     o = {OptimizerKind::kAdagrad, c};
   } else {
     return InvalidArgumentError(fmt::format(

@@ -91,6 +91,16 @@ void AddTrainFlags(CLI::App& cmd, TrainFlags& f) {
       ->check(CLI::PositiveNumber);
   cmd.add_option("--warmup-steps", f.warmup_steps, "Learning-rate warmup steps")
       ->capture_default_str();
+  cmd.add_option("--lr-schedule", f.lr_schedule,
+                 "cosine (linear warmup, cosine decay to 10%), constant, or DeepSpeed's warmup "
+                 "(WarmupLR), warmup-decay (WarmupDecayLR), warmup-cosine (WarmupCosineLR)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cosine", "constant", "warmup", "warmup-decay", "warmup-cosine",
+                             "WarmupLR", "WarmupDecayLR", "WarmupCosineLR"}));
+  cmd.add_option("--warmup-type", f.warmup_type,
+                 "Warmup curve of the DeepSpeed schedules: log or linear")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"log", "linear"}));
   cmd.add_option("--weight-decay", f.weight_decay,
                  "Weight decay (decoupled for adamw, adamw8bit, lion, adafactor; L2 for adam, "
                  "sgd, adagrad)")
@@ -401,22 +411,22 @@ Status RunTrain(const TrainFlags& f) {
   std::printf("%s; device: %s\n", data.Describe().c_str(), device->description().c_str());
   STRATA_ASSIGN_OR_RETURN(auto engine, engine::Engine::Create(model.get(), device.get(), o));
   std::printf("%s", engine->plan().Describe().c_str());
-  std::printf("  batch    %d x %d tokens per micro-batch, %d micro-batch%s per step; gradient "
-              "clipping %s\n",
-              f.micro_batch_size, f.seq_len, f.grad_accum_steps,
-              f.grad_accum_steps == 1 ? "" : "es",
-              f.grad_clip > 0 ? fmt::format("at norm {:g}", f.grad_clip).c_str() : "off");
+  std::printf(
+      "  batch    %d x %d tokens per micro-batch, %d micro-batch%s per step; gradient "
+      "clipping %s\n",
+      f.micro_batch_size, f.seq_len, f.grad_accum_steps, f.grad_accum_steps == 1 ? "" : "es",
+      f.grad_clip > 0 ? fmt::format("at norm {:g}", f.grad_clip).c_str() : "off");
   std::printf("  lr       %s\n", DescribeLrSchedule(schedule).c_str());
   if (precision == DType::kF16) {
-    std::printf("  fp16     %s\n",
-                f.fp16_dynamic_loss_scale
-                    ? fmt::format("dynamic loss scale from {:g}, x2 after {} clean steps, "
-                                  "hysteresis {}{}, min {:g}",
-                                  f.fp16_initial_scale, f.fp16_scale_window, f.fp16_hysteresis,
-                                  f.fp16_consecutive_hysteresis ? " (consecutive)" : "",
-                                  f.fp16_min_scale)
-                          .c_str()
-                    : fmt::format("static loss scale {:g}", f.fp16_initial_scale).c_str());
+    std::printf(
+        "  fp16     %s\n",
+        f.fp16_dynamic_loss_scale
+            ? fmt::format("dynamic loss scale from {:g}, x2 after {} clean steps, "
+                          "hysteresis {}{}, min {:g}",
+                          f.fp16_initial_scale, f.fp16_scale_window, f.fp16_hysteresis,
+                          f.fp16_consecutive_hysteresis ? " (consecutive)" : "", f.fp16_min_scale)
+                  .c_str()
+            : fmt::format("static loss scale {:g}", f.fp16_initial_scale).c_str());
   }
   if (!engine->io_backend_name().empty()) {
     const std::string_view backend = engine->io_backend_name();
@@ -462,6 +472,8 @@ Status RunTrain(const TrainFlags& f) {
   double eval_seconds = 0;
   // Busy time per part over the training steps only (evaluation and sampling excluded).
   trace::Breakdown parts;
+  trace::Breakdown parts_at_breakdown;  // --config wall_clock_breakdown: at the last time line
+  double step_seconds_at_breakdown = 0;
   double step_seconds = 0;
   // Runs fn (a Step, or the Flush that ends the update a Step left running) as training time.
   auto timed = [&](auto&& fn) {
@@ -484,8 +496,8 @@ Status RunTrain(const TrainFlags& f) {
     }
     // DeepSpeed's schedulers do not advance on a skipped (overflowed) step; Strata's cosine runs
     // by step number.
-    const bool deepspeed_schedule = schedule.kind != LrScheduleKind::kCosine &&
-                                    schedule.kind != LrScheduleKind::kConstant;
+    const bool deepspeed_schedule =
+        schedule.kind != LrScheduleKind::kCosine && schedule.kind != LrScheduleKind::kConstant;
     const float lr = static_cast<float>(
         LearningRateAt(schedule, deepspeed_schedule ? step - engine->skipped_steps() : step));
     engine->SetLearningRate(lr);
@@ -507,6 +519,23 @@ Status RunTrain(const TrainFlags& f) {
                        .nvme_bytes_read = c.nvme_bytes_read,
                        .nvme_bytes_written = c.nvme_bytes_written});
     }
+    if (f.wall_clock_breakdown && f.log_every > 0 &&
+        ((step + 1) % f.log_every == 0 || step + 1 == f.steps)) {
+      // DeepSpeed's wall_clock_breakdown: busy seconds per part since the last such line.
+      const auto pause = progress.Suspend();
+      std::string line;
+      for (int i = 0; i < trace::kNumCategories; ++i) {
+        const auto cat = static_cast<trace::Category>(i);
+        if (cat == trace::Category::kOther) continue;
+        line += fmt::format("{}{} {:.3f}", line.empty() ? "" : ", ", trace::CategoryName(cat),
+                            parts.seconds[i] - parts_at_breakdown.seconds[i]);
+      }
+      std::printf("time  step %5lld | %s s; step %.3f s\n", static_cast<long long>(step + 1),
+                  line.c_str(), step_seconds - step_seconds_at_breakdown);
+      std::fflush(stdout);
+      parts_at_breakdown = parts;
+      step_seconds_at_breakdown = step_seconds;
+    }
     if (f.eval_every > 0 && (step + 1) % f.eval_every == 0 && step + 1 != f.steps) {
       const auto pause = progress.Suspend();
       STRATA_RETURN_IF_ERROR(flush());
@@ -522,10 +551,10 @@ Status RunTrain(const TrainFlags& f) {
         (periodic || step + 1 == f.steps || (stopping && ckpt.save_on_signal))) {
       const auto pause = progress.Suspend();  // SaveTraining prints the checkpoint line
       STRATA_RETURN_IF_ERROR(flush());
-      STRATA_ASSIGN_OR_RETURN(last_checkpoint,
-                              SaveTraining(*engine, ckpt,
-                                           {step + 1, (step + 1) * tokens_per_step, &data_rng,
-                                            LrScheduleJson(schedule, step + 1), ModelSpecJson(spec)}));
+      STRATA_ASSIGN_OR_RETURN(
+          last_checkpoint, SaveTraining(*engine, ckpt,
+                                        {step + 1, (step + 1) * tokens_per_step, &data_rng,
+                                         LrScheduleJson(schedule, step + 1), ModelSpecJson(spec)}));
     }
     if (stopping) {
       return CancelledError(fmt::format(

@@ -82,11 +82,19 @@ struct TrainFlags {
   std::optional<double> adam_beta2;         // --beta2
   std::optional<double> adam_eps;           // --eps
   bool adam_bias_correction = true;
+  double sgd_dampening = 0;                // sgd (torch's dampening)
+  bool sgd_nesterov = false;               // sgd
+  double adagrad_lr_decay = 0;             // adagrad
+  double adagrad_initial_accumulator = 0;  // adagrad initial_accumulator_value
+  double adafactor_eps2 = 1e-3;            // adafactor: lower bound of RMS(p) (scale_parameter)
+  bool adafactor_scale_parameter = false;  // adafactor: lr scaled by max(eps2, RMS(p))
+  // DeepSpeed wall_clock_breakdown: a time line (seconds per part) with each progress line.
+  bool wall_clock_breakdown = false;
   bool fp16_dynamic_loss_scale = true;
   double fp16_initial_scale = 65536.0;  // 2^16; the static scale when not dynamic
   int64_t fp16_scale_window = 1000;     // clean steps before the scale doubles
   double fp16_min_scale = 1.0;
-  int fp16_hysteresis = 2;  // overflows before the scale is lowered (DeepSpeed's default)
+  int fp16_hysteresis = 1;  // overflows before the scale is lowered (a DeepSpeed config: 2)
   bool fp16_consecutive_hysteresis = false;
   // What a config file mapped to no-ops or adjusted, one line each, printed by RunTrain.
   std::vector<std::string> config_notes;

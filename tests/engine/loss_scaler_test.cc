@@ -21,7 +21,11 @@ struct ReferenceScaler {
   int cur_hysteresis;
 
   ReferenceScaler(double s, double min_s, int64_t w, int h, bool c)
-      : scale(s), min_scale(min_s), window(w), delayed_shift(h), consecutive(c),
+      : scale(s),
+        min_scale(min_s),
+        window(w),
+        delayed_shift(h),
+        consecutive(c),
         cur_hysteresis(h) {}
 
   void Update(bool overflow) {
@@ -61,8 +65,7 @@ TEST_P(LossScalerHysteresis, FollowsDeepSpeedsScaleOnRandomOverflowSequences) {
   o.hysteresis = c.hysteresis;
   o.consecutive_hysteresis = c.consecutive;
   DynamicLossScaler scaler(o);
-  ReferenceScaler ref(o.initial_scale, o.min_scale, o.growth_interval, c.hysteresis,
-                      c.consecutive);
+  ReferenceScaler ref(o.initial_scale, o.min_scale, o.growth_interval, c.hysteresis, c.consecutive);
   std::mt19937_64 rng(1234 + c.hysteresis * 7 + c.consecutive);
   std::bernoulli_distribution overflow(c.overflow_rate);
   int lowered = 0;
@@ -77,10 +80,10 @@ TEST_P(LossScalerHysteresis, FollowsDeepSpeedsScaleOnRandomOverflowSequences) {
   EXPECT_GT(lowered, 5);  // the sequences really exercise both directions
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    DeepSpeedCases, LossScalerHysteresis,
-    ::testing::Values(Case{1, false, 0.3}, Case{2, false, 0.3}, Case{2, true, 0.3},
-                      Case{3, false, 0.5}, Case{3, true, 0.5}, Case{4, false, 0.7}));
+INSTANTIATE_TEST_SUITE_P(DeepSpeedCases, LossScalerHysteresis,
+                         ::testing::Values(Case{1, false, 0.3}, Case{2, false, 0.3},
+                                           Case{2, true, 0.3}, Case{3, false, 0.5},
+                                           Case{3, true, 0.5}, Case{4, false, 0.7}));
 
 TEST(LossScaler, HysteresisTwoSkipsTheFirstOverflowWithoutLoweringTheScale) {
   LossScalerOptions o;

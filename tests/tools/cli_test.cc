@@ -284,11 +284,15 @@ TEST_F(CliTest, IobenchSweepConfigRoundTripsThroughTrainConfig) {
   std::ifstream in(config);
   ASSERT_TRUE(in.good());
   const auto block = nlohmann::json::parse(in);
-  const auto block_size = block.at("aio").at("block_size").get<uint64_t>();
-  const auto queue_depth = block.at("aio").at("queue_depth").get<int>();
+  const auto block_size = block.at("strata").at("io_block_size").get<uint64_t>();
+  const auto queue_depth = block.at("strata").at("io_queue_depth").get<int>();
   const auto backend = block.at("strata").at("io_backend").get<std::string>();
+  // A complete config: the NVMe placement the sweep measured for, under the swept path.
+  EXPECT_EQ(block.at("zero_optimization").at("offload_optimizer").at("device"), "nvme");
+  EXPECT_EQ(block.at("zero_optimization").at("offload_param").at("nvme_path"),
+            nlohmann::json::array({dir_.string()}));
   // The same block is the last thing on stdout.
-  const auto brace = sweep.out.rfind("{\n  \"aio\"");
+  const auto brace = sweep.out.rfind("{\n  \"bf16\"");
   ASSERT_NE(brace, std::string::npos) << sweep.out;
   EXPECT_EQ(nlohmann::json::parse(sweep.out.substr(brace)), block);
 

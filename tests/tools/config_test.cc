@@ -78,7 +78,7 @@ TEST(TrainConfig, EveryAcceptedKeyParsesToItsField) {
   EXPECT_EQ(f.offload_params, "nvme");
   EXPECT_EQ(f.nvme_paths, (std::vector<std::string>{"/a", "/b"}));
   EXPECT_EQ(f.io_block_size, "262144");
-  EXPECT_EQ(f.io_queue_depth, 16);
+  EXPECT_EQ(f.io_queue_depth, 32);  // DeepSpeed: queue depth 16 on each of 2 threads
   EXPECT_EQ(f.io_threads, 2);
   EXPECT_EQ(f.io_backend, "posix");
   EXPECT_EQ(f.device, "host");
@@ -100,27 +100,40 @@ TEST(TrainConfig, KeysNotInTheFileKeepTheirValues) {
   TrainFlags f;
   f.steps = 77;
   f.nvme_paths = {"/keep"};
-  ASSERT_TRUE(Apply(R"({"aio": {"queue_depth": 8}})", &f).ok());
+  ASSERT_TRUE(Apply(R"({"aio": {"queue_depth": 16}})", &f).ok());
   const TrainFlags defaults;
-  EXPECT_EQ(f.io_queue_depth, 8);
+  EXPECT_EQ(f.io_queue_depth, 16);
   EXPECT_EQ(f.steps, 77);
   EXPECT_EQ(f.nvme_paths, std::vector<std::string>{"/keep"});
-  EXPECT_EQ(f.precision, defaults.precision);
-  EXPECT_EQ(f.io_block_size, defaults.io_block_size);
   EXPECT_EQ(f.micro_batch_size, defaults.micro_batch_size);
+  EXPECT_EQ(f.lr_schedule, defaults.lr_schedule);  // no optimizer section: Strata's schedule
+  // What a DeepSpeed file leaves out means what it means in DeepSpeed.
+  EXPECT_EQ(f.precision, "fp32");
+  EXPECT_EQ(f.io_block_size, "1048576");  // aio.block_size's default
+  EXPECT_EQ(f.io_threads, 1);
+  EXPECT_EQ(f.offload_params, "device");
+  EXPECT_EQ(f.offload_optimizer, "host");
 }
 
 TEST(TrainConfig, TheIobenchSweepBlockIsAcceptedUnchanged) {
   TrainFlags f;
   const Status s = Apply(
-      R"({"aio": {"block_size": 1048576, "queue_depth": 32, "thread_count": 4},
-          "strata": {"io_backend": "uring"}})",
+      R"({"bf16": {"enabled": true},
+          "zero_optimization": {"stage": 3,
+            "offload_optimizer": {"device": "nvme", "nvme_path": ["/n0", "/n1"]},
+            "offload_param": {"device": "nvme", "nvme_path": ["/n0", "/n1"]}},
+          "strata": {"io_backend": "uring", "io_block_size": 1048576, "io_queue_depth": 32,
+                     "io_threads": 4}})",
       &f);
   ASSERT_TRUE(s.ok()) << s.ToString();
   EXPECT_EQ(f.io_block_size, "1048576");
   EXPECT_EQ(f.io_queue_depth, 32);
   EXPECT_EQ(f.io_threads, 4);
   EXPECT_EQ(f.io_backend, "uring");
+  EXPECT_EQ(f.precision, "bf16");
+  EXPECT_EQ(f.offload_params, "nvme");
+  EXPECT_EQ(f.offload_optimizer, "nvme");
+  EXPECT_EQ(f.nvme_paths, (std::vector<std::string>{"/n0", "/n1"}));
 }
 
 TEST(TrainConfig, PrecisionAndOptimizerFollowDeepSpeedSemantics) {
@@ -131,7 +144,7 @@ TEST(TrainConfig, PrecisionAndOptimizerFollowDeepSpeedSemantics) {
   EXPECT_EQ(f.precision, "fp32");
   TrainFlags g;
   ASSERT_TRUE(Apply(R"({"fp16": {"enabled": false}})", &g).ok());
-  EXPECT_EQ(g.precision, TrainFlags{}.precision);  // one section disabled: no change
+  EXPECT_EQ(g.precision, "fp32");  // nothing enabled: fp32, as DeepSpeed
   // A static loss scale.
   ASSERT_TRUE(Apply(R"({"fp16": {"enabled": true, "loss_scale": 128}})", &g).ok());
   EXPECT_FALSE(g.fp16_dynamic_loss_scale);
@@ -144,12 +157,20 @@ TEST(TrainConfig, PrecisionAndOptimizerFollowDeepSpeedSemantics) {
   // offload_param "none" keeps every block resident; "cpu" means pinned host memory.
   ASSERT_TRUE(Apply(R"({"zero_optimization": {"offload_param": {"device": "none"}}})", &h).ok());
   EXPECT_EQ(h.offload_params, "device");
-  ASSERT_TRUE(Apply(R"({"zero_optimization": {"offload_param": {"device": "cpu",
+  ASSERT_TRUE(Apply(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu",
                         "nvme_path": "/one"}}})",
                     &h)
                   .ok());
   EXPECT_EQ(h.offload_params, "host");
   EXPECT_EQ(h.nvme_paths, std::vector<std::string>{"/one"});
+  // Below stage 3 DeepSpeed ignores offload_param: every block stays on the device.
+  TrainFlags k;
+  ASSERT_TRUE(Apply(R"({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"},
+                        "offload_optimizer": {"device": "cpu"}}})",
+                    &k)
+                  .ok());
+  EXPECT_EQ(k.offload_params, "device");
+  EXPECT_EQ(k.offload_optimizer, "host");
 }
 
 TEST(TrainConfig, OptimizerTypeNamesEveryStrataOptimizer) {
@@ -219,19 +240,152 @@ TEST(TrainConfig, TrainBatchSizeIsCheckedOrDerivedForOneProcess) {
             std::string::npos);
 }
 
-TEST(TrainConfig, UnknownKeysAreRejectedByTheirJsonPathWithTheAcceptedOnes) {
+TEST(TrainConfig, UnknownKeysAreRejectedByTheirJsonPathWithTheKnownOnes) {
   EXPECT_EQ(ErrorOf(R"({"zero_optimization": {"offload_param": {"device": "cpu", "foo": 1}}})"),
-            "run.json: unknown key 'zero_optimization.offload_param.foo'; accepted: device, "
-            "nvme_path, pin_memory");
-  const std::string top = ErrorOf(R"({"wall_clock_breakdown": false})");
-  EXPECT_NE(top.find("unknown key 'wall_clock_breakdown'"), std::string::npos) << top;
-  EXPECT_NE(top.find("train_micro_batch_size_per_gpu"), std::string::npos) << top;
-  EXPECT_NE(ErrorOf(R"({"aio": {"single_submit": false}})").find("'aio.single_submit'"),
+            "run.json: unknown key 'zero_optimization.offload_param.foo'; DeepSpeed "
+            "'zero_optimization.offload_param' has: device, nvme_path, pin_memory, buffer_count, "
+            "buffer_size, max_in_cpu");
+  EXPECT_EQ(ErrorOf(R"({"zero_optimization": {"overlap_com": true}})"),
+            "run.json: unknown key 'zero_optimization.overlap_com' (did you mean 'overlap_comm'?)");
+  EXPECT_NE(ErrorOf(R"({"strata": {"stpes": 3}})").find("'strata.stpes' (did you mean 'steps'?)"),
             std::string::npos);
-  EXPECT_NE(ErrorOf(R"({"strata": {"stpes": 3}})").find("'strata.stpes'"), std::string::npos);
+  EXPECT_NE(ErrorOf(R"({"optimizer": {"type": "AdamW", "params": {"betaz": [0.9, 0.9]}}})")
+                .find("unknown key 'optimizer.params.betaz' for type \"AdamW\""),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(R"({"optimizer": {"params": {"amsgrad": true}}})")
+                .find("'optimizer.params.amsgrad' true is not supported"),
+            std::string::npos);
+}
+
+TEST(TrainConfig, EveryProblemOfAFileIsReportedInOneErrorWithItsPath) {
+  const std::string e = ErrorOf(R"({
+    "train_micro_batch_size_per_gpu": 0,
+    "zero_optimization": {"stage": 3, "overlap_com": true, "sub_group_sise": 1e9,
+                          "offload_optimizer": {"device": "nvme", "bufer_count": 4}},
+    "aio": {"queue_depth": 0},
+    "wall_clock_breakdwn": false,
+    "fp16": {"enabled": "auto"}
+  })");
+  EXPECT_EQ(e.rfind("run.json: 7 problems:\n", 0), 0u) << e;
+  for (const char* expected :
+       {"unknown key 'zero_optimization.overlap_com' (did you mean 'overlap_comm'?)",
+        "unknown key 'zero_optimization.sub_group_sise' (did you mean 'sub_group_size'?)",
+        "unknown key 'zero_optimization.offload_optimizer.bufer_count' (did you mean "
+        "'buffer_count'?)",
+        "unknown key 'wall_clock_breakdwn' (did you mean 'wall_clock_breakdown'?)",
+        "'train_micro_batch_size_per_gpu' must be an integer in 1..2147483647, got 0",
+        "'aio.queue_depth' must be an integer in 1..4096, got 0",
+        "'fp16.enabled' must be true or false, got \"auto\""}) {
+    EXPECT_NE(e.find(std::string("\n  ") + expected), std::string::npos) << expected << "\n" << e;
+  }
+}
+
+TEST(TrainConfig, DocumentedNoOpKeysAreAcceptedAndNamedInOneNotePerReason) {
+  TrainFlags f;
+  ASSERT_TRUE(Apply(R"({"zero_optimization": {"stage": 3, "overlap_comm": true,
+                          "reduce_bucket_size": "auto", "stage3_max_live_parameters": 1e9,
+                          "sub_group_size": 1e9},
+                        "wandb": {"enabled": false, "project": "x"},
+                        "sparse_attention": {"mode": "fixed", "block": 16},
+                        "aio": {"single_submit": false, "overlap_events": true}})",
+                    &f)
+                  .ok());
+  std::string notes;
+  for (const auto& n : f.config_notes) notes += n + "\n";
+  EXPECT_NE(notes.find("communication between GPUs; one device has none): "
+                       "zero_optimization.overlap_comm, zero_optimization.reduce_bucket_size"),
+            std::string::npos)
+      << notes;
   EXPECT_NE(
-      ErrorOf(R"({"optimizer": {"params": {"amsgrad": true}}})").find("'optimizer.params.amsgrad'"),
-      std::string::npos);
+      notes.find("zero_optimization.stage3_max_live_parameters, zero_optimization.sub_group_size"),
+      std::string::npos)
+      << notes;
+  EXPECT_NE(notes.find(": wandb\n"), std::string::npos) << notes;  // the section, not its keys
+  EXPECT_NE(notes.find("sparse_attention"), std::string::npos) << notes;
+  EXPECT_NE(notes.find("aio.overlap_events, aio.single_submit"), std::string::npos) << notes;
+}
+
+TEST(TrainConfig, SchedulersMapToTheirScheduleWithDeepSpeedsDefaults) {
+  TrainFlags f;
+  ASSERT_TRUE(Apply(R"({"optimizer": {"type": "AdamW", "params": {"lr": 2e-4}},
+                        "scheduler": {"type": "WarmupDecayLR",
+                                      "params": {"total_num_steps": 500, "warmup_num_steps": 50,
+                                                 "warmup_max_lr": 3e-4, "warmup_type": "linear"}}})",
+                    &f)
+                  .ok());
+  EXPECT_EQ(f.lr_schedule, "WarmupDecayLR");
+  EXPECT_DOUBLE_EQ(f.lr, 3e-4);  // warmup_max_lr is the peak
+  EXPECT_EQ(f.warmup_steps, 50);
+  EXPECT_EQ(f.lr_total_steps, 500);
+  EXPECT_EQ(f.warmup_type, "linear");
+  EXPECT_DOUBLE_EQ(f.warmup_min_lr, 0.0);
+  TrainFlags g;
+  ASSERT_TRUE(Apply(R"({"optimizer": {"params": {"lr": 1e-3}},
+                        "scheduler": {"type": "WarmupCosineLR",
+                                      "params": {"total_num_steps": 100}}})",
+                    &g)
+                  .ok());
+  EXPECT_EQ(g.lr_schedule, "WarmupCosineLR");
+  EXPECT_DOUBLE_EQ(g.lr, 1e-3);     // the optimizer's lr is the peak
+  EXPECT_EQ(g.warmup_steps, 1000);  // DeepSpeed's default warmup_num_steps
+  EXPECT_EQ(g.warmup_type, "log");
+  EXPECT_DOUBLE_EQ(g.cos_min_ratio, 1e-4);
+  TrainFlags h;
+  ASSERT_TRUE(Apply(R"({"optimizer": {"type": "AdamW", "params": {"lr": 5e-5}}})", &h).ok());
+  EXPECT_EQ(h.lr_schedule, "constant");  // an optimizer and no scheduler: a constant rate
+  EXPECT_NE(ErrorOf(R"({"scheduler": {"type": "WarmupDecayLR", "params": {}}})")
+                .find("'scheduler.params.total_num_steps' is required by WarmupDecayLR"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(R"({"scheduler": {"type": "OneCycle"}})").find("not supported"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_min_lrr": 0}}})")
+                .find("'scheduler.params.warmup_min_lrr'"),
+            std::string::npos);
+}
+
+TEST(TrainConfig, Fp16SectionTakesDeepSpeedsDefaultsIncludingHysteresis) {
+  TrainFlags f;
+  ASSERT_TRUE(Apply(R"({"fp16": {"enabled": true}})", &f).ok());
+  EXPECT_EQ(f.precision, "fp16");
+  EXPECT_EQ(f.fp16_hysteresis, 2);
+  EXPECT_DOUBLE_EQ(f.fp16_initial_scale, 65536.0);
+  EXPECT_EQ(f.fp16_scale_window, 1000);
+  ASSERT_TRUE(Apply(R"({"fp16": {"enabled": true, "hysteresis": 4,
+                                 "consecutive_hysteresis": true}})",
+                    &f)
+                  .ok());
+  EXPECT_EQ(f.fp16_hysteresis, 4);
+  EXPECT_TRUE(f.fp16_consecutive_hysteresis);
+}
+
+TEST(TrainConfig, AioTakesOldAndNewThreadKeysAndDeepSpeedsDefaults) {
+  TrainFlags f;
+  ASSERT_TRUE(Apply(R"({"aio": {"intra_op_parallelism": 4}})", &f).ok());
+  EXPECT_EQ(f.io_threads, 4);
+  EXPECT_EQ(f.io_queue_depth, 32);  // DeepSpeed's queue depth 8 on each of 4 threads
+  ASSERT_TRUE(Apply(R"({"aio": {"thread_count": 2, "queue_depth": 16}})", &f).ok());
+  EXPECT_EQ(f.io_threads, 2);
+  EXPECT_EQ(f.io_queue_depth, 32);
+  EXPECT_NE(ErrorOf(R"({"aio": {"thread_count": 2, "intra_op_parallelism": 4}})").find("disagree"),
+            std::string::npos);
+}
+
+TEST(TrainConfig, MonitorsWriteUnderOutputPathAndJobName) {
+  TrainFlags f;
+  ASSERT_TRUE(Apply(R"({"tensorboard": {"enabled": true, "output_path": "/tb", "job_name": "run1"},
+                        "csv_monitor": {"enabled": true, "output_path": "/csv"},
+                        "activation_checkpointing": {"cpu_checkpointing": true},
+                        "wall_clock_breakdown": true, "steps_per_print": 5})",
+                    &f)
+                  .ok());
+  EXPECT_EQ(f.tensorboard_dir, "/tb/run1");
+  EXPECT_EQ(f.metrics_csv_dir, "/csv/DeepSpeedJobName");
+  EXPECT_TRUE(f.offload_activations);
+  EXPECT_TRUE(f.wall_clock_breakdown);
+  EXPECT_EQ(f.log_every, 5);
+  TrainFlags g;
+  ASSERT_TRUE(Apply(R"({"tensorboard": {"enabled": false, "output_path": "/tb"}})", &g).ok());
+  EXPECT_EQ(g.tensorboard_dir, "");
 }
 
 TEST(TrainConfig, WrongTypesNameTheKeyTheExpectationAndWhatCame) {
@@ -269,11 +423,12 @@ TEST(TrainConfig, OutOfRangeValuesNameTheKeyAndTheRange) {
   EXPECT_NE(ErrorOf(R"({"optimizer": {"params": {"lr": 0}}})").find("> 0"), std::string::npos);
   EXPECT_NE(ErrorOf(R"({"gradient_clipping": -1})").find("'gradient_clipping'"), std::string::npos);
   EXPECT_NE(ErrorOf(R"({"fp16": {"initial_scale_power": 40}})").find("0..24"), std::string::npos);
-  const std::string stage = ErrorOf(R"({"zero_optimization": {"stage": 2}})");
-  EXPECT_NE(stage.find("'zero_optimization.stage' 2 is not supported"), std::string::npos);
-  EXPECT_NE(stage.find("use 3"), std::string::npos);
+  const std::string stage =
+      ErrorOf(R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme"}}})");
+  EXPECT_NE(stage.find("\"nvme\" needs stage 3"), std::string::npos) << stage;
+  EXPECT_NE(ErrorOf(R"({"zero_optimization": {"stage": 4}})").find("0..3"), std::string::npos);
   EXPECT_NE(ErrorOf(R"({"zero_optimization": {"offload_optimizer": {"device": "disk"}}})")
-                .find("one of \"cpu\", \"nvme\""),
+                .find("one of \"none\", \"cpu\", \"nvme\""),
             std::string::npos);
   EXPECT_NE(ErrorOf(R"({"optimizer": {"type": "Lamb"}})").find("\"Lamb\" is not supported"),
             std::string::npos);
@@ -282,8 +437,9 @@ TEST(TrainConfig, OutOfRangeValuesNameTheKeyAndTheRange) {
   EXPECT_NE(ErrorOf(R"({"strata": {"steps": 0}})").find("'strata.steps'"), std::string::npos);
   EXPECT_NE(ErrorOf(R"({"fp16": {"enabled": true}, "bf16": {"enabled": true}})").find("both true"),
             std::string::npos);
-  EXPECT_NE(ErrorOf(R"({"zero_optimization": {"offload_optimizer": {"nvme_path": "/a"},
-                        "offload_param": {"nvme_path": "/b"}}})")
+  EXPECT_NE(ErrorOf(R"({"zero_optimization": {"stage": 3,
+                        "offload_optimizer": {"device": "nvme", "nvme_path": "/a"},
+                        "offload_param": {"device": "nvme", "nvme_path": "/b"}}})")
                 .find("differs"),
             std::string::npos);
 }

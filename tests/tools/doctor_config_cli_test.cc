@@ -159,10 +159,13 @@ TEST_F(DoctorConfigCliTest, DoctorFailsForAMissingPathAndNamesIt) {
   EXPECT_NE(f.err.find("1 check(s) failed"), std::string::npos) << f.err;
 }
 
-TEST_F(DoctorConfigCliTest, TrainAcceptsTheIobenchSweepBlockUnchanged) {
+TEST_F(DoctorConfigCliTest, TrainTakesDeepSpeedsAioBlockWithItsThreadsAsParallelism) {
+  // DeepSpeed keeps queue_depth requests in flight on each of thread_count threads: 8 x 2.
   const std::string config =
       WriteConfig("sweep.json",
                   R"({"aio": {"block_size": 262144, "queue_depth": 8, "thread_count": 2},
+ "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"},
+                       "offload_param": {"device": "nvme"}},
  "strata": {"io_backend": "posix"}})");
   const Result r = RunStrata(TinyRun() + " --steps 2 --config " + config + " --summary-json " +
                              (dir_ / "s.json").string());
@@ -172,7 +175,7 @@ TEST_F(DoctorConfigCliTest, TrainAcceptsTheIobenchSweepBlockUnchanged) {
   EXPECT_EQ(j["io_backend"], "posix");
   EXPECT_GT(j["nvme_bytes_written"].get<uint64_t>(), 0u);
   // The aio block reached the engine's I/O options.
-  EXPECT_NE(r.out.find("posix backend (block 256.0 KiB, queue depth 8, 2 threads)"),
+  EXPECT_NE(r.out.find("posix backend (block 256.0 KiB, queue depth 16, 2 threads)"),
             std::string::npos)
       << r.out;
 }

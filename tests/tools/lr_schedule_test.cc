@@ -21,8 +21,9 @@ struct ReferenceScheduler {
     lr = s.kind == LrScheduleKind::kWarmupCosineLR ? 0.0L : (long double)s.warmup_min_lr;
   }
   long double Gamma(int64_t w) const {
-    return s.warmup_type == WarmupType::kLog ? std::log((long double)(last + 1)) / std::log((long double)w)
-                                             : (long double)last / w;
+    return s.warmup_type == WarmupType::kLog
+               ? std::log((long double)(last + 1)) / std::log((long double)w)
+               : (long double)last / w;
   }
   void Step() {
     ++last;
