@@ -253,6 +253,17 @@ size_t EditDistance(std::string_view a, std::string_view b) {
   return row[b.size()];
 }
 
+// The candidate a typo most likely meant (at most max(3, |key| / 3) edits away), or "".
+std::string_view Nearest(std::string_view key, const std::vector<std::string_view>& candidates) {
+  std::string_view best;
+  size_t best_distance = std::max<size_t>(3, key.size() / 3) + 1;
+  for (std::string_view c : candidates) {
+    const size_t d = EditDistance(key, c);
+    if (d < best_distance) best_distance = d, best = c;
+  }
+  return best;
+}
+
 // ---------------------------------------------------------------------------------------------
 
 std::string TypeName(const json& v) {
@@ -439,13 +450,8 @@ class KeyWalker {
  private:
   static std::string UnknownKey(const std::string& section, const std::string& key) {
     const std::string path = section.empty() ? key : section + "." + key;
-    std::string_view best;
-    size_t best_distance = std::max<size_t>(3, key.size() / 3) + 1;
     const auto children = ChildrenOf(section);
-    for (std::string_view c : children) {
-      const size_t d = EditDistance(key, c);
-      if (d < best_distance) best_distance = d, best = c;
-    }
+    const std::string_view best = Nearest(key, children);
     if (!best.empty()) {
       return fmt::format("unknown key '{}' (did you mean '{}'?)", path, best);
     }
@@ -490,8 +496,11 @@ void CheckParams(Context& c, const json& params, const std::string& path,
     }
     std::vector<std::string_view> all(accepted);
     all.insert(all.end(), ignored.begin(), ignored.end());
-    c.r.Add(fmt::format("unknown key '{}.{}' for type \"{}\"; it takes: {}", path, key, type,
-                        fmt::join(all, ", ")));
+    const std::string_view best = Nearest(key, all);
+    c.r.Add(best.empty() ? fmt::format("unknown key '{}.{}' for type \"{}\"; it takes: {}", path,
+                                       key, type, fmt::join(all, ", "))
+                         : fmt::format("unknown key '{}.{}' for type \"{}\" (did you mean '{}'?)",
+                                       path, key, type, best));
   }
   if (!noted.empty()) {
     c.notes.push_back(fmt::format("ignored (implementation switches of torch/DeepSpeed): {}",
@@ -1005,7 +1014,9 @@ void ApplyMonitor(Context& c, const json& root, std::string_view name, std::stri
     c.r.Set(&output, Reader::String(*v, p + ".output_path"));
   }
   if (const json* v = Find(*s, "job_name")) c.r.Set(&job, Reader::String(*v, p + ".job_name"));
-  if (enabled) *dir = output.empty() ? job : output + "/" + job;
+  if (enabled) {
+    *dir = output.empty() ? job : output.back() == '/' ? output + job : output + "/" + job;
+  }
 }
 
 void ApplyStrata(Context& c, const json& s, TrainFlags* f) {

@@ -76,6 +76,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     std::string what = e.what();
     if (what.empty()) what = "bad command line";
+    // A config file's list of problems is complete as it is; a flag error gets the pointer.
+    if (what.find('\n') != std::string::npos) return Fail(what);
     return Fail(what + " (see 'strata --help' or 'strata train --help')");
   }
   strata::Status status;
