@@ -246,7 +246,8 @@ void CheckParams(Context& c, const json& params, const std::string& path,
                  std::initializer_list<std::string_view> accepted,
                  std::initializer_list<std::string_view> ignored, std::string_view type) {
   std::vector<std::string> noted;
-  for (const auto& [key, value] : params.items()) {
+  for (auto it = params.begin(); it != params.end(); ++it) {
+    const std::string& key = it.key();  // not a structured binding: clang 14 cannot capture one
     const auto in = [&](std::initializer_list<std::string_view> keys) {
       return std::find(keys.begin(), keys.end(), key) != keys.end();
     };
