@@ -1,0 +1,97 @@
+// The world of one rank: collectives are copies (or nothing).
+#include <cstdlib>
+#include <cstring>
+
+#include <fmt/format.h>
+#include <xxhash.h>
+
+#include "base/logging.h"
+#include "comm/communicator.h"
+
+namespace strata::comm {
+namespace {
+
+class LocalCommunicator final : public Communicator {
+ public:
+  std::string_view backend() const override { return "local"; }
+  int rank() const override { return 0; }
+  int world_size() const override { return 1; }
+  int local_rank() const override { return 0; }
+  int local_size() const override { return 1; }
+
+  Status ReduceScatter(gpu::DeviceSpan send, gpu::DeviceSpan recv, int64_t count, DType dtype,
+                       gpu::Stream& stream) override {
+    if (count < 0 || send.size_bytes < count * SizeOf(dtype) ||
+        recv.size_bytes < count * SizeOf(dtype)) {
+      return InvalidArgumentError(
+          fmt::format("reduce-scatter of {} elements out of its buffers' bounds", count));
+    }
+    if (send.data == recv.data || count == 0) return Status::Ok();
+    return stream.Convert(recv, dtype, send, dtype, count);  // a device-side copy
+  }
+  Status AllGatherInPlace(gpu::DeviceSpan buffer, int64_t count, DType dtype,
+                          gpu::Stream& stream) override {
+    if (count < 0 || buffer.size_bytes < count * SizeOf(dtype)) {
+      return InvalidArgumentError(
+          fmt::format("all-gather of {} elements out of its buffer's bounds", count));
+    }
+    return Status::Ok();
+  }
+  Status AllReduce(std::span<double> values, ReduceOp op) override { return Status::Ok(); }
+  Status Broadcast(std::span<std::byte> data, int root) override {
+    if (root != 0) return InvalidArgumentError(fmt::format("broadcast from rank {} of 1", root));
+    return Status::Ok();
+  }
+  Status AllGatherBytes(std::span<const std::byte> send, std::span<std::byte> recv) override {
+    if (recv.size() != send.size()) {
+      return InvalidArgumentError("all-gather: recv must hold world_size() * send.size() bytes");
+    }
+    if (!send.empty()) std::memmove(recv.data(), send.data(), send.size());
+    return Status::Ok();
+  }
+  Status Barrier() override { return Status::Ok(); }
+  StatusOr<std::unique_ptr<Communicator>> Duplicate() override {
+    return std::unique_ptr<Communicator>(new LocalCommunicator());
+  }
+  [[noreturn]] void AbortJob() override { std::_Exit(1); }
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> CreateLocalCommunicator() {
+  return std::make_unique<LocalCommunicator>();
+}
+
+bool LaunchedByMpi() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE"}) {
+    if (std::getenv(v) != nullptr) return true;
+  }
+  return false;
+}
+
+void Abort(const Communicator& comm, std::string_view why) {
+  std::fprintf(stderr, "strata: rank %d: %.*s\n", comm.rank(), static_cast<int>(why.size()),
+               why.data());
+  std::fflush(stderr);
+  const_cast<Communicator&>(comm).AbortJob();
+}
+
+Status CheckSameOnAllRanks(Communicator& comm, std::string_view what, std::string_view text) {
+  const int n = comm.world_size();
+  if (n == 1) return Status::Ok();
+  const uint64_t mine = XXH3_64bits(text.data(), text.size());
+  std::vector<uint64_t> all(n);
+  STRATA_RETURN_IF_ERROR(comm.AllGatherBytes(std::as_bytes(std::span(&mine, 1)),
+                                             std::as_writable_bytes(std::span(all))));
+  for (int r = 1; r < n; ++r) {
+    if (all[r] != all[0]) {
+      return InvalidArgumentError(fmt::format(
+          "the configuration of rank {} differs from rank 0's ({}): launch every rank with the "
+          "same flags and files",
+          r, what));
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace strata::comm
