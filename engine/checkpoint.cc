@@ -140,7 +140,8 @@ std::string SerializeManifest(const Manifest& m) {
         {"loss_scaler_clean_steps", m.loss_scaler.clean_steps},
         {"loss_scaler_overflows", m.loss_scaler.overflows},
         {"loss_scaler_hysteresis_left", m.loss_scaler.hysteresis_left},
-        {"grad_clip_norm", m.grad_clip_norm}}},
+        {"grad_clip_norm", m.grad_clip_norm},
+        {"ranks", m.ranks}}},
       {"optimizer", OptimizerManifestJson(m.optimizer)},
       {"trainer",
        {{"step", m.trainer.step},
@@ -216,6 +217,10 @@ StatusOr<Manifest> ParseManifest(std::string_view text) {
     m.loss_scaler.hysteresis_left = static_cast<int>(left);
   }
   STRATA_ASSIGN_OR_RETURN(m.grad_clip_norm, ef.Float("grad_clip_norm"));
+  if (eng->contains("ranks")) {
+    STRATA_ASSIGN_OR_RETURN(int64_t ranks, ef.Int("ranks", 1, 1 << 20));
+    m.ranks = static_cast<int>(ranks);
+  }
 
   STRATA_ASSIGN_OR_RETURN(const json* opt, top.Get("optimizer", json::value_t::object));
   if (version == 1) {

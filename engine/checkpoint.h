@@ -91,6 +91,9 @@ struct Manifest {
   cpu_optim::AnyOptimizer optimizer;  // lr = the rate of the last step
   float grad_clip_norm = 0;
   TrainerState trainer;
+  // The data-parallel ranks of the run that saved it, for information: the files hold whole
+  // tensors, and a run with any number of ranks loads them (each rank reads its partitions).
+  int ranks = 1;
   std::vector<ManifestFile> files;
 };
 

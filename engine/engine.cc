@@ -36,6 +36,7 @@ struct DeviceCopy {
   uint64_t load_ticket = 0;              // loader ticket of the load that fills it
   std::unique_ptr<gpu::Event> ready;     // H2D into dev completed
   std::unique_ptr<gpu::Event> released;  // compute finished reading dev
+  std::unique_ptr<gpu::Event> copied;    // data parallel: the H2D of this rank's partition
 };
 
 std::string ParamsExtent(int b) { return fmt::format("block{}.params", b); }
@@ -89,7 +90,7 @@ class Engine::Impl {
     if (loader_) loader_->Drain().IgnoreError();
     if (folder_) folder_->Drain().IgnoreError();
     if (pipeline_) pipeline_->Drain().IgnoreError();
-    for (auto* s : {compute_.get(), h2d_.get(), d2h_.get()}) {
+    for (auto* s : {compute_.get(), h2d_.get(), d2h_.get(), reduce_.get(), gather_.get()}) {
       if (s) s->Synchronize().IgnoreError();
     }
   }
@@ -149,6 +150,16 @@ class Engine::Impl {
   };
 
   int64_t np(int b) const { return model_->block_num_params(b); }
+  // Data parallelism (EngineOptions::comm). Block b's partition for this rank; with one rank and
+  // no communicator the whole chunk: own(b) = home_elems(b) = dev_elems(b) = np(b).
+  bool dp() const { return o_.comm != nullptr; }
+  int world() const { return dp() ? o_.comm->world_size() : 1; }
+  const Partition& part(int b) const { return plan_.blocks[b].partition; }
+  int64_t own(int b) const { return part(b).own_elems; }         // master, state, host gradient
+  int64_t home_elems(int b) const { return part(b).part_elems; }  // working params at home
+  int64_t dev_elems(int b) const { return part(b).padded_elems; }
+  // The whole block from every rank's partition (`mine`: own(b) values): collective.
+  StatusOr<std::vector<float>> GatherBlock(int b, const float* mine);
   int tied(int b) const { return tied_[b]; }
   // Block b's host gradient: in the working precision (HostGradInWorkingPrecision) or fp32.
   DType grad_dtype(int b) const { return grad16_[b] ? o_.precision : DType::kF32; }
@@ -213,6 +224,15 @@ class Engine::Impl {
                          const TrainerState& trainer, const SaveCheckpointOptions& options,
                          std::string* checkpoint_dir);
   Status CheckManifestMatchesModel(const Manifest& m) const;
+  // The manifest of this engine's training state (files not listed yet).
+  Manifest TrainingManifest(const TrainerState& trainer) const;
+  // Data parallel, N > 1: every rank writes its partition of every tensor into the shared files.
+  Status WriteCheckpointRanks(const std::string& save_dir, const TrainerState& trainer,
+                              const SaveCheckpointOptions& options, std::string* checkpoint_dir);
+  // Collective: an error on any rank becomes an error on every rank (its own where it has one).
+  Status AgreeAll(Status mine);
+  // Collective: rank 0's status and text on every rank.
+  StatusOr<std::string> FromRank0(StatusOr<std::string> mine);
   // Working params of block b as they are now (reads the swap store for the NVMe home).
   StatusOr<const std::byte*> WorkingParamsBytes(int b);
   Status FoldError() {
@@ -236,6 +256,13 @@ class Engine::Impl {
 
   std::unique_ptr<gpu::DeviceArena> arena_;
   std::unique_ptr<gpu::Stream> compute_, h2d_, d2h_;
+  // Data parallel: gradients reduce-scatter on reduce_ (grad_comm_, driving thread's order),
+  // params all-gather on gather_ (param_comm_, the prefetch thread's order).
+  std::unique_ptr<gpu::Stream> reduce_, gather_;
+  std::unique_ptr<comm::Communicator> grad_comm_, param_comm_;
+  gpu::DeviceSpan red_full_;    // one block's gradients widened to fp32, padded
+  gpu::DeviceSpan red_part_[2]; // this rank's reduced fp32 partition
+  std::unique_ptr<gpu::Event> reduced_[2], part_free_[2];
   // Trace tracks of the host threads (o_.trace).
   int load_track_ = 0, fold_track_ = 0, read_track_ = 0, update_track_ = 0, write_track_ = 0;
   gpu::DeviceSpan tokens_, targets_, loss_, logits_, scratch_;
@@ -286,7 +313,8 @@ class Engine::Impl {
   gpu::PinnedBuffer io_pinned_;  // tokens, targets, losses, logits row
   std::unique_ptr<gpu::Event> io_done_;
 
-  std::vector<BlockState> state_;        // the optimizer state layout per block
+  std::vector<BlockState> state_;        // the optimizer state layout per block (this rank's)
+  std::vector<BlockState> full_state_;   // the whole blocks' layout: the checkpoint's tensors
   std::vector<bool> grad16_;             // HostGradInWorkingPrecision per block
   std::vector<AlignedBuffer> accum_;     // host gradients per block (fp32 or grad_dtype)
   std::vector<AlignedBuffer> opt_home_;  // host optimizer home: each block's state region
@@ -316,9 +344,22 @@ Status Engine::Impl::Init() {
   }
   if (o_.grad_accum_steps < 1) return InvalidArgumentError("--grad-accum-steps must be >= 1");
   STRATA_RETURN_IF_ERROR(cpu_optim::Validate(o_.optimizer));
+  if (dp()) {
+    if (o_.eager_update || o_.inference_only) {
+      return InvalidArgumentError(
+          "data parallelism needs the exact step (no --eager-update) and a training engine");
+    }
+    if (world() > 1 && !PartitionableOptimizer(o_.optimizer)) {
+      return InvalidArgumentError(fmt::format(
+          "--optimizer {} keeps state that does not split into per-rank partitions (block-wise "
+          "or factored statistics); with more than one rank use adamw, adam, lion, sgd or adagrad",
+          OptimizerFlagName(o_.optimizer)));
+    }
+  }
   for (int b = 0; b < n_; ++b) {
-    state_.push_back(LayoutBlockState(*model_, b, o_.optimizer));
-    grad16_.push_back(!o_.fp32_host_grads && o_.precision != DType::kF32 &&
+    state_.push_back(LayoutBlockState(*model_, b, o_.optimizer, &part(b)));
+    full_state_.push_back(LayoutBlockState(*model_, b, o_.optimizer));
+    grad16_.push_back(!o_.fp32_host_grads && !dp() && o_.precision != DType::kF32 &&
                       HostGradInWorkingPrecision(*model_, b, o_.grad_accum_steps));
   }
   if (o_.eager_update) {
@@ -347,7 +388,9 @@ Status Engine::Impl::Init() {
     so.dirs = o_.placement.nvme_paths;
     STRATA_ASSIGN_OR_RETURN(swap_, io::SwapStore::Create(io_.get(), so));
     for (int b = 0; b < n_; ++b) {
-      if (nvme_params()) STRATA_RETURN_IF_ERROR(swap_->Allocate(ParamsExtent(b), np(b) * w_));
+      if (nvme_params()) {
+        STRATA_RETURN_IF_ERROR(swap_->Allocate(ParamsExtent(b), home_elems(b) * w_));
+      }
       if (nvme_optim()) {
         STRATA_RETURN_IF_ERROR(swap_->Allocate(OptimExtent(b), state_[b].region_bytes));
       }
@@ -368,6 +411,16 @@ Status Engine::Impl::Init() {
   STRATA_ASSIGN_OR_RETURN(h2d_, device_->CreateStream("h2d"));
   STRATA_ASSIGN_OR_RETURN(d2h_, device_->CreateStream("d2h"));
   auto event = [&]() { return device_->CreateEvent(); };
+  if (dp()) {
+    STRATA_ASSIGN_OR_RETURN(reduce_, device_->CreateStream("reduce-scatter"));
+    STRATA_ASSIGN_OR_RETURN(gather_, device_->CreateStream("all-gather"));
+    STRATA_ASSIGN_OR_RETURN(grad_comm_, o_.comm->Duplicate());
+    STRATA_ASSIGN_OR_RETURN(param_comm_, o_.comm->Duplicate());
+    for (int j = 0; j < 2; ++j) {
+      STRATA_ASSIGN_OR_RETURN(reduced_[j], event());
+      STRATA_ASSIGN_OR_RETURN(part_free_[j], event());
+    }
+  }
 
   // Carve exactly the planner's regions, in its order.
   const uint64_t act_bytes = static_cast<uint64_t>(model_->activation_elems(shape)) * w_;
@@ -409,6 +462,18 @@ Status Engine::Impl::Init() {
     STRATA_ASSIGN_OR_RETURN(dgrad_ready_[j], event());
     STRATA_ASSIGN_OR_RETURN(dbucket_free_[j], event());
   }
+  if (plan_.data_parallel) {
+    int64_t max_padded = 0, max_part = 0;
+    for (int b = 0; b < n_; ++b) {
+      max_padded = std::max(max_padded, dev_elems(b));
+      max_part = std::max(max_part, home_elems(b));
+    }
+    STRATA_ASSIGN_OR_RETURN(auto red, next());
+    const uint64_t full = AlignUp(static_cast<uint64_t>(max_padded) * 4, gpu::DeviceArena::kAlignment);
+    const uint64_t partb = AlignUp(static_cast<uint64_t>(max_part) * 4, gpu::DeviceArena::kAlignment);
+    red_full_ = red.subspan(0, full);
+    for (int j = 0; j < 2; ++j) red_part_[j] = red.subspan(full + j * partb, partb);
+  }
   resident_.resize(n_);
   for (int b = 0; b < n_; ++b) {
     if (!resident(b)) continue;
@@ -416,14 +481,21 @@ Status Engine::Impl::Init() {
     resident_[b].block = b;
     STRATA_ASSIGN_OR_RETURN(resident_[b].ready, event());
     STRATA_ASSIGN_OR_RETURN(resident_[b].released, event());
+    if (dp()) {
+    STRATA_ASSIGN_OR_RETURN(resident_[b].copied, event());
+  }
   }
   slots_.resize(plan_.streaming_slots);
   for (auto& s : slots_) {
     STRATA_ASSIGN_OR_RETURN(s.dev, next());
     STRATA_ASSIGN_OR_RETURN(s.ready, event());
     STRATA_ASSIGN_OR_RETURN(s.released, event());
+    if (dp()) {
+    STRATA_ASSIGN_OR_RETURN(s.copied, event());
+  }
     if (nvme_params()) {
-      STRATA_ASSIGN_OR_RETURN(s.staging, device_->AllocatePinned(plan_.slot_bytes, "NVMe staging"));
+      STRATA_ASSIGN_OR_RETURN(s.staging,
+                              device_->AllocatePinned(plan_.partition_bytes, "NVMe staging"));
     }
   }
   STRATA_CHECK(r == regions.size());
@@ -445,9 +517,11 @@ Status Engine::Impl::Init() {
   home_.resize(n_);
   for (int b = 0; b < n_; ++b) {
     if (!nvme_params() || resident(b)) {
-      STRATA_ASSIGN_OR_RETURN(
-          home_[b],
-          device_->AllocatePinned(io::SwapStore::PaddedSize(np(b) * w_), "working params"));
+      STRATA_ASSIGN_OR_RETURN(home_[b],
+                              device_->AllocatePinned(io::SwapStore::PaddedSize(home_elems(b) * w_),
+                                                      "working params"));
+      // A partition's padding past the block's end goes to the device as zeros.
+      if (dp()) std::memset(home_[b].data(), 0, home_[b].span().size_bytes);
     }
   }
   opt_state_bytes_ = 0;
@@ -464,7 +538,8 @@ Status Engine::Impl::Init() {
     }
   }
   for (int b = 0; b < n_ && !o_.inference_only; ++b) {
-    STRATA_ASSIGN_OR_RETURN(auto acc, AlignedBuffer::Allocate(np(b) * SizeOf(grad_dtype(b)), 64));
+    STRATA_ASSIGN_OR_RETURN(
+        auto acc, AlignedBuffer::Allocate(std::max<uint64_t>(64, own(b) * SizeOf(grad_dtype(b))), 64));
     accum_.push_back(std::move(acc));
     if (!nvme_optim()) {
       STRATA_ASSIGN_OR_RETURN(auto home, AlignedBuffer::Allocate(state_[b].region_bytes, 4096));
@@ -492,7 +567,12 @@ Status Engine::Impl::Init() {
     }
     return Status::Ok();
   }
-  // Initial master weights, the optimizer's initial state, working params in their homes.
+  // Initial master weights, the optimizer's initial state, working params in their homes. A
+  // rank initialises each whole block (the same on every rank) and keeps its partition.
+  AlignedBuffer whole;
+  if (dp()) {
+    STRATA_ASSIGN_OR_RETURN(whole, AlignedBuffer::Allocate(plan_.max_block_params * 4, 64));
+  }
   for (int b = 0; b < n_; ++b) {
     STRATA_ASSIGN_OR_RETURN(std::byte * region, LoadOptimState(b, /*read=*/false));
     std::memset(region, 0, state_[b].region_bytes);  // padding included: no stale bytes on NVMe
@@ -500,9 +580,15 @@ Status Engine::Impl::Init() {
       cpu_optim::InitializeState(state_[b].sections[k], Section(b, 0, k));
     }
     float* p32 = Master(b, 0);
-    STRATA_RETURN_IF_ERROR(model_->InitParams(b, o_.seed, std::span<float>(p32, np(b))));
+    if (dp()) {
+      STRATA_RETURN_IF_ERROR(
+          model_->InitParams(b, o_.seed, std::span<float>(whole.as<float>(), np(b))));
+      std::memcpy(p32, whole.as<float>() + part(b).offset_elems, own(b) * 4);
+    } else {
+      STRATA_RETURN_IF_ERROR(model_->InitParams(b, o_.seed, std::span<float>(p32, np(b))));
+    }
     STRATA_RETURN_IF_ERROR(
-        cpu_optim::ConvertFromF32(p32, WorkingHome(b, 0).data, o_.precision, np(b)));
+        cpu_optim::ConvertFromF32(p32, WorkingHome(b, 0).data, o_.precision, own(b)));
     if (swap_) STRATA_RETURN_IF_ERROR(WriteBack(b, 0));
   }
   return Status::Ok();
@@ -514,7 +600,7 @@ std::byte* Engine::Impl::Region(int b, int i) {
 
 gpu::PinnedSpan Engine::Impl::WorkingHome(int b, int i) {
   if (!nvme_params() || resident(b)) return home_[b].span();
-  return opt_buf_[i].span().subspan(opt_state_bytes_, plan_.slot_bytes);
+  return opt_buf_[i].span().subspan(opt_state_bytes_, plan_.partition_bytes);
 }
 
 StatusOr<std::byte*> Engine::Impl::LoadOptimState(int b, bool read) {
@@ -531,10 +617,11 @@ Status Engine::Impl::ReadState(int b, int i) {
 Status Engine::Impl::UpdateBlock(int b, int i) {
   trace::ScopedTraceEvent t(o_.trace, update_track_, "optimizer update",
                             trace::Category::kCpuOptimizer);
+  if (own(b) == 0) return Status::Ok();  // a tiny block's padding-only partition
   std::vector<std::span<std::byte>> sections;
   for (size_t k = 0; k < state_[b].sections.size(); ++k) sections.push_back(Section(b, i, k));
   return cpu_optim::UpdateState(BlockOptimizer(round_.optimizer, state_[b]), round_.step,
-                                state_[b].shapes, std::span<float>(Master(b, i), np(b)), sections,
+                                state_[b].shapes, std::span<float>(Master(b, i), own(b)), sections,
                                 cpu_optim::GradView{accum_[b].data(), grad_dtype(b)},
                                 cpu_optim::CopyOut{WorkingHome(b, i).data, o_.precision});
 }
@@ -548,8 +635,8 @@ Status Engine::Impl::WriteBack(int b, int i) {
   }
   if (nvme_params()) {
     STRATA_RETURN_IF_ERROR(
-        swap_->Write(ParamsExtent(b),
-                     WorkingHome(b, i).bytes().subspan(0, io::SwapStore::PaddedSize(np(b) * w_))));
+        swap_->Write(ParamsExtent(b), WorkingHome(b, i).bytes().subspan(
+                                          0, io::SwapStore::PaddedSize(home_elems(b) * w_))));
   }
   return Status::Ok();
 }
@@ -557,12 +644,16 @@ Status Engine::Impl::WriteBack(int b, int i) {
 void Engine::Impl::StartLoad(DeviceCopy& c, int b) {
   c.block = b;
   c.version = param_version_[b];
-  const uint64_t bytes = np(b) * w_;
+  // This rank's partition of the block (the whole block with one rank): H2D to its offset, then
+  // all-gathered in place on the device.
+  const uint64_t bytes = home_elems(b) * w_;
   const bool from_nvme = nvme_params() && !resident(b);
-  const gpu::DeviceSpan dst = c.dev;
+  const gpu::DeviceSpan dst = dp() ? c.dev.subspan(part(b).offset_elems * w_, bytes) : c.dev;
+  const gpu::DeviceSpan whole_dev = c.dev.subspan(0, dev_elems(b) * w_);
   const gpu::PinnedSpan staging = c.staging.span();
   gpu::Event* ready = c.ready.get();
   gpu::Event* released = c.released.get();
+  gpu::Event* copied = c.copied.get();
   c.load_ticket = loader_->Submit([=, this]() -> Status {
     // Block b's update (if one is in flight) must have written its new params.
     STRATA_RETURN_IF_ERROR(pipeline_->WaitBlock(b));
@@ -580,7 +671,14 @@ void Engine::Impl::StartLoad(DeviceCopy& c, int b) {
       src = home_[b].span().subspan(0, bytes);
     }
     STRATA_RETURN_IF_ERROR(h2d_->CopyH2D(dst, src));
-    return h2d_->Record(*ready);
+    if (!dp()) return h2d_->Record(*ready);
+    // The prefetch thread alone issues the all-gathers, in the order the driving thread
+    // requested the loads: the same order on every rank.
+    STRATA_RETURN_IF_ERROR(h2d_->Record(*copied));
+    STRATA_RETURN_IF_ERROR(gather_->Wait(*copied));
+    STRATA_RETURN_IF_ERROR(
+        param_comm_->AllGatherInPlace(whole_dev, home_elems(b), o_.precision, *gather_));
+    return gather_->Record(*ready);
   });
 }
 
@@ -627,6 +725,7 @@ StatusOr<Engine::Impl::Acquired> Engine::Impl::AcquireParams(int b, std::span<co
   c->last_use = use_clock_++;
   STRATA_RETURN_IF_ERROR(loader_->WaitFor(c->load_ticket));
   if (!o_.overlap) STRATA_RETURN_IF_ERROR(h2d_->Synchronize());
+  if (!o_.overlap && dp()) STRATA_RETURN_IF_ERROR(gather_->Synchronize());
   STRATA_RETURN_IF_ERROR(compute_->Wait(*c->ready));
   return Acquired{ConstTensorRef(c->dev.data, o_.precision, np(b)), c};
 }
@@ -754,16 +853,38 @@ Status Engine::Impl::StreamGradients(int b, bool overwrite, bool last) {
   STRATA_RETURN_IF_ERROR(compute_->Record(*dgrad_ready_[j]));
   // Blocks this (driving) thread only when every pinned bucket is still being folded.
   const int i = pool_.Acquire();
-  STRATA_RETURN_IF_ERROR(d2h_->Wait(*dgrad_ready_[j]));
-  STRATA_RETURN_IF_ERROR(d2h_->CopyD2H(hbucket_[i].span(), dbucket_[j].subspan(0, bytes)));
-  STRATA_RETURN_IF_ERROR(d2h_->Record(*landed_[i]));
-  STRATA_RETURN_IF_ERROR(d2h_->Record(*dbucket_free_[j]));
+  if (dp()) {
+    // Data parallel: widen the bucket to fp32 and reduce-scatter it on the reduce-scatter stream
+    // (the sum over ranks in fp32, overlapped with the next block's backward); only this rank's
+    // partition goes D2H. Issued by this thread alone: the same order on every rank. The padding
+    // past the block's end holds stale values and reduces into elements nobody reads.
+    const int64_t count = home_elems(b);
+    STRATA_RETURN_IF_ERROR(reduce_->Wait(*dgrad_ready_[j]));
+    STRATA_RETURN_IF_ERROR(reduce_->Wait(*part_free_[j]));
+    STRATA_RETURN_IF_ERROR(
+        reduce_->Convert(red_full_, DType::kF32, dbucket_[j], o_.precision, np(b)));
+    STRATA_RETURN_IF_ERROR(reduce_->Record(*dbucket_free_[j]));
+    STRATA_RETURN_IF_ERROR(grad_comm_->ReduceScatter(red_full_.subspan(0, dev_elems(b) * 4),
+                                                     red_part_[j], count, DType::kF32, *reduce_));
+    STRATA_RETURN_IF_ERROR(reduce_->Record(*reduced_[j]));
+    STRATA_RETURN_IF_ERROR(d2h_->Wait(*reduced_[j]));
+    STRATA_RETURN_IF_ERROR(
+        d2h_->CopyD2H(hbucket_[i].span(), red_part_[j].subspan(0, own(b) * 4)));
+    STRATA_RETURN_IF_ERROR(d2h_->Record(*landed_[i]));
+    STRATA_RETURN_IF_ERROR(d2h_->Record(*part_free_[j]));
+  } else {
+    STRATA_RETURN_IF_ERROR(d2h_->Wait(*dgrad_ready_[j]));
+    STRATA_RETURN_IF_ERROR(d2h_->CopyD2H(hbucket_[i].span(), dbucket_[j].subspan(0, bytes)));
+    STRATA_RETURN_IF_ERROR(d2h_->Record(*landed_[i]));
+    STRATA_RETURN_IF_ERROR(d2h_->Record(*dbucket_free_[j]));
+  }
   if (eager_ && last) ++param_version_[b];  // the fold submits b's update
   folder_->Submit([=, this]() -> Status {
     Fold(b, i, overwrite, last);
     return Status::Ok();
   });
   if (!o_.overlap) {
+    if (dp()) STRATA_RETURN_IF_ERROR(reduce_->Synchronize());
     STRATA_RETURN_IF_ERROR(d2h_->Synchronize());
     STRATA_RETURN_IF_ERROR(folder_->Drain());
     STRATA_RETURN_IF_ERROR(FoldError());
@@ -779,7 +900,9 @@ void Engine::Impl::Fold(int b, int bucket, bool overwrite, bool last) {
   if (s.ok()) {
     trace::ScopedTraceEvent t(o_.trace, fold_track_, "fold gradient bucket",
                               trace::Category::kCpuOptimizer);
-    const cpu_optim::GradView g{hbucket_[bucket].data(), o_.precision};
+    // The bucket holds this rank's reduced fp32 partition (data parallel) or the block's
+    // gradients in the working precision.
+    const cpu_optim::GradView g{hbucket_[bucket].data(), dp() ? DType::kF32 : o_.precision};
     StatusOr<cpu_optim::GradStats> stats = cpu_optim::GradStats{};
     if (grad16_[b]) {
       // The chunk's only contribution: kept as it landed (the same statistics, bit for bit, as
@@ -788,7 +911,7 @@ void Engine::Impl::Fold(int b, int bucket, bool overwrite, bool last) {
       std::memcpy(accum_[b].data(), hbucket_[bucket].data(), np(b) * w_);
       stats = cpu_optim::ComputeGradStats(g, np(b));
     } else {
-      stats = cpu_optim::AccumulateGrad(std::span<float>(accum_[b].as<float>(), np(b)), g,
+      stats = cpu_optim::AccumulateGrad(std::span<float>(accum_[b].as<float>(), own(b)), g,
                                         overwrite, last);
     }
     if (!stats.ok()) {
@@ -845,7 +968,8 @@ StatusOr<StepResult> Engine::Impl::Step(std::span<const MicroBatch> mbs) {
   stats_ = {};
   eager_overflow_ = false;
   const float scale = scaler_.scale();
-  const float dloss = scale / static_cast<float>(mbs.size());
+  // The mean over every micro-batch of every rank.
+  const float dloss = scale / static_cast<float>(mbs.size() * world());
   for (size_t i = 0; i < mbs.size(); ++i) {
     const bool first_mb = i == 0, last_mb = i + 1 == mbs.size();
     STRATA_RETURN_IF_ERROR(UploadTokens(mbs[i], shape, /*with_targets=*/true));
@@ -927,6 +1051,15 @@ StatusOr<StepResult> Engine::Impl::Step(std::span<const MicroBatch> mbs) {
       reinterpret_cast<const float*>(io_pinned_.data() + o_.micro_batch.tokens() * 8);
   for (size_t i = 0; i < mbs.size(); ++i) loss_sum += losses[i];
   result.loss = loss_sum / static_cast<float>(mbs.size());
+  if (dp()) {
+    // Every rank clips, skips and reports alike: the squared norm, the overflow flag and the
+    // loss summed over the ranks (in rank order, the same bits everywhere).
+    double v[3] = {stats_.sum_squares, stats_.nonfinite ? 1.0 : 0.0, result.loss};
+    STRATA_RETURN_IF_ERROR(o_.comm->AllReduce(v, comm::ReduceOp::kSum));
+    stats_.sum_squares = v[0];
+    stats_.nonfinite = v[1] != 0;
+    result.loss = static_cast<float>(v[2] / world());
+  }
   const bool overflow = stats_.nonfinite || !std::isfinite(stats_.sum_squares);
   result.grad_norm = overflow ? INFINITY : std::sqrt(stats_.sum_squares) / scale;
   ++step_;
@@ -1013,8 +1146,19 @@ StatusOr<std::vector<float>> Engine::Impl::MasterWeights(int block) {
     return FailedPreconditionError("an inference-only engine has no master weights");
   STRATA_RETURN_IF_ERROR(Flush());
   STRATA_RETURN_IF_ERROR(LoadOptimState(block).status());
-  const float* p32 = Master(block, 0);
-  return std::vector<float>(p32, p32 + np(block));
+  return GatherBlock(block, Master(block, 0));
+}
+
+StatusOr<std::vector<float>> Engine::Impl::GatherBlock(int b, const float* mine) {
+  if (!dp()) return std::vector<float>(mine, mine + np(b));
+  // Every rank sends its partition padded to part_elems; partitions land in rank order.
+  const int64_t pe = home_elems(b);
+  std::vector<float> send(pe, 0.0f), all(pe * world());
+  std::copy(mine, mine + own(b), send.begin());
+  STRATA_RETURN_IF_ERROR(o_.comm->AllGatherBytes(std::as_bytes(std::span(send)),
+                                                 std::as_writable_bytes(std::span(all))));
+  all.resize(np(b));
+  return all;
 }
 
 StatusOr<std::vector<float>> Engine::Impl::AccumulatedGradient(int block) {
@@ -1023,10 +1167,10 @@ StatusOr<std::vector<float>> Engine::Impl::AccumulatedGradient(int block) {
     return FailedPreconditionError("no gradient: the engine has not taken a step");
   }
   STRATA_RETURN_IF_ERROR(Flush());
-  std::vector<float> g(np(block));
+  std::vector<float> g(own(block));
   STRATA_RETURN_IF_ERROR(
-      cpu_optim::ConvertToF32(accum_[block].data(), grad_dtype(block), g.data(), np(block)));
-  return g;
+      cpu_optim::ConvertToF32(accum_[block].data(), grad_dtype(block), g.data(), own(block)));
+  return GatherBlock(block, g.data());
 }
 
 StatusOr<uint64_t> Engine::Impl::MasterWeightsXxh3() {
@@ -1039,7 +1183,10 @@ StatusOr<uint64_t> Engine::Impl::MasterWeightsXxh3() {
   Status status;
   for (int b = 0; b < n_ && status.ok(); ++b) {
     status = LoadOptimState(b).status();
-    if (status.ok()) XXH3_64bits_update(state, Master(b, 0), np(b) * 4);
+    if (!status.ok()) break;
+    StatusOr<std::vector<float>> p32 = GatherBlock(b, Master(b, 0));
+    status = p32.status();
+    if (status.ok()) XXH3_64bits_update(state, p32->data(), np(b) * 4);
   }
   const uint64_t h = XXH3_64bits_digest(state);
   XXH3_freeState(state);
@@ -1051,7 +1198,8 @@ StatusOr<const std::byte*> Engine::Impl::WorkingParamsBytes(int b) {
   const gpu::PinnedSpan home = WorkingHome(b, 0);
   if (!nvme_params() || resident(b)) return home.data;
   STRATA_RETURN_IF_ERROR(
-      swap_->Read(ParamsExtent(b), home.bytes().subspan(0, io::SwapStore::PaddedSize(np(b) * w_))));
+      swap_->Read(ParamsExtent(b),
+                  home.bytes().subspan(0, io::SwapStore::PaddedSize(home_elems(b) * w_))));
   return home.data;
 }
 
@@ -1065,6 +1213,10 @@ Status Engine::Impl::SaveCheckpoint(const std::string& save_dir, const TrainerSt
     return FailedPreconditionError("an inference-only engine has no training state to save");
   // The last step's update must have been applied.
   STRATA_RETURN_IF_ERROR(Flush());
+  if (world() > 1) {
+    return WriteCheckpointRanks(save_dir, trainer, options, checkpoint_dir)
+        .WithContext(fmt::format("saving checkpoint step-{} in '{}'", trainer.step, save_dir));
+  }
   STRATA_ASSIGN_OR_RETURN(std::string temp_dir, CreateCheckpointTempDir(save_dir, trainer.step));
   Status s = WriteCheckpoint(save_dir, temp_dir, trainer, options, checkpoint_dir);
   if (!s.ok()) {
@@ -1134,7 +1286,7 @@ Status Engine::Impl::WriteCheckpoint(const std::string& save_dir, const std::str
                                      const TrainerState& trainer,
                                      const SaveCheckpointOptions& options,
                                      std::string* checkpoint_dir) {
-  const std::vector<StateFile> state_files = StateFiles(*model_, state_);
+  const std::vector<StateFile> state_files = StateFiles(*model_, full_state_);
   const std::vector<CheckpointFile> files =
       CheckpointFiles(*model_, state_files, OptimizerFlagName(o_.optimizer), o_.precision);
   std::vector<SafetensorsWriter> writers;
@@ -1158,11 +1310,16 @@ Status Engine::Impl::WriteCheckpoint(const std::string& save_dir, const std::str
     STRATA_ASSIGN_OR_RETURN(const std::byte* w, WorkingParamsBytes(b));
     STRATA_RETURN_IF_ERROR(writers.back().Append(std::span(w, np(b) * w_)));
   }
-  Manifest manifest;
+  Manifest manifest = TrainingManifest(trainer);
   for (size_t i = 0; i < writers.size(); ++i) {
     STRATA_ASSIGN_OR_RETURN(auto r, writers[i].Finish());
     manifest.files.push_back({files[i].name, r.size_bytes, r.xxh3});
   }
+  return CommitCheckpoint(save_dir, temp_dir, manifest, options.keep_last, checkpoint_dir);
+}
+
+Manifest Engine::Impl::TrainingManifest(const TrainerState& trainer) const {
+  Manifest manifest;
   manifest.precision = std::string(DTypeName(o_.precision));
   manifest.model_description = model_->description();
   for (int b = 0; b < n_; ++b) {
@@ -1178,7 +1335,125 @@ Status Engine::Impl::WriteCheckpoint(const std::string& save_dir, const std::str
   manifest.optimizer = o_.optimizer;
   manifest.grad_clip_norm = o_.grad_clip_norm;
   manifest.trainer = trainer;
-  return CommitCheckpoint(save_dir, temp_dir, manifest, options.keep_last, checkpoint_dir);
+  manifest.ranks = world();
+  return manifest;
+}
+
+Status Engine::Impl::AgreeAll(Status mine) {
+  double failed = mine.ok() ? 0.0 : 1.0;
+  STRATA_RETURN_IF_ERROR(o_.comm->AllReduce(std::span(&failed, 1), comm::ReduceOp::kSum));
+  if (!mine.ok()) return mine;
+  if (failed > 0) {
+    return AbortedError(fmt::format("{} other rank{} failed (see {} error)", failed,
+                                    failed == 1 ? "" : "s", failed == 1 ? "its" : "their"));
+  }
+  return Status::Ok();
+}
+
+StatusOr<std::string> Engine::Impl::FromRank0(StatusOr<std::string> mine) {
+  // [code (8 bytes)][length (8 bytes)] then the text or the error message.
+  uint64_t head[2] = {0, 0};
+  std::string text;
+  if (o_.comm->rank() == 0) {
+    head[0] = static_cast<uint64_t>(mine.status().code());
+    text = mine.ok() ? *mine : mine.status().message();
+    head[1] = text.size();
+  }
+  STRATA_RETURN_IF_ERROR(o_.comm->Broadcast(std::as_writable_bytes(std::span(head)), 0));
+  text.resize(head[1]);
+  STRATA_RETURN_IF_ERROR(o_.comm->Broadcast(std::as_writable_bytes(std::span(text)), 0));
+  if (head[0] != 0) {
+    return Status(static_cast<StatusCode>(head[0]), o_.comm->rank() == 0
+                                                        ? text
+                                                        : fmt::format("rank 0: {}", text));
+  }
+  return text;
+}
+
+Status Engine::Impl::WriteCheckpointRanks(const std::string& save_dir, const TrainerState& trainer,
+                                          const SaveCheckpointOptions& options,
+                                          std::string* checkpoint_dir) {
+  const bool root = o_.comm->rank() == 0;
+  // Rank 0 makes the temporary directory (a shared file system across machines).
+  STRATA_ASSIGN_OR_RETURN(
+      const std::string temp_dir,
+      FromRank0(root ? CreateCheckpointTempDir(save_dir, trainer.step) : std::string()));
+  const std::vector<StateFile> state_files = StateFiles(*model_, full_state_);
+  const std::vector<CheckpointFile> files =
+      CheckpointFiles(*model_, state_files, OptimizerFlagName(o_.optimizer), o_.precision);
+  auto metadata = [](const CheckpointFile& f) {
+    return std::map<std::string, std::string>{{"format", "strata"}, {"content", f.content}};
+  };
+  // Rank 0 lays every file out at its full size; then each rank writes its partitions.
+  Status created;
+  if (root) {
+    for (const CheckpointFile& f : files) {
+      created = SafetensorsPartWriter::Create(temp_dir + "/" + f.name, f.tensors, metadata(f))
+                    .status();
+      if (!created.ok()) break;
+    }
+  }
+  Status s = AgreeAll(created);
+  std::vector<SafetensorsPartWriter> writers;
+  for (size_t i = 0; s.ok() && i < files.size(); ++i) {
+    auto w = SafetensorsPartWriter::Open(temp_dir + "/" + files[i].name, files[i].tensors,
+                                         metadata(files[i]));
+    if (!w.ok()) {
+      s = w.status();
+    } else {
+      writers.push_back(std::move(*w));
+    }
+  }
+  // Block by block: this rank's part of block b is tensor b of the master and working files,
+  // and tensor j of a state file, at the partition's offset.
+  for (int b = 0; b < n_ && s.ok(); ++b) {
+    const uint64_t off = part(b).offset_elems, n = own(b);
+    if (n == 0) continue;
+    s = LoadOptimState(b).status();
+    if (s.ok()) s = writers[0].WriteAt(b, off * 4, std::as_bytes(std::span(Master(b, 0), n)));
+    for (size_t f = 0; f < state_files.size() && s.ok(); ++f) {
+      for (size_t j = 0; j < state_files[f].blocks.size() && s.ok(); ++j) {
+        const auto [block, k] = state_files[f].blocks[j];
+        if (block == b) s = writers[1 + f].WriteAt(j, off * 4, Section(b, 0, k).subspan(0, n * 4));
+      }
+    }
+    if (!s.ok()) break;
+    StatusOr<const std::byte*> w = WorkingParamsBytes(b);
+    s = w.status();
+    if (s.ok()) s = writers.back().WriteAt(b, off * w_, std::span(*w, n * w_));
+  }
+  for (size_t i = 0; i < writers.size() && s.ok(); ++i) s = writers[i].Sync();
+  writers.clear();
+  // Every rank's bytes are durable before rank 0 hashes the files and commits.
+  s = AgreeAll(std::move(s));
+  Status committed;
+  if (root) {
+    if (s.ok()) {
+      Manifest manifest = TrainingManifest(trainer);
+      for (const CheckpointFile& f : files) {
+        uint64_t size = 0;
+        StatusOr<uint64_t> hash = FileXxh3(temp_dir + "/" + f.name, &size);
+        if (!hash.ok()) {
+          committed = hash.status();
+          break;
+        }
+        manifest.files.push_back({f.name, size, *hash});
+      }
+      if (committed.ok()) {
+        committed =
+            CommitCheckpoint(save_dir, temp_dir, manifest, options.keep_last, checkpoint_dir);
+      }
+    }
+    if (!s.ok() || !committed.ok()) RemoveTree(temp_dir);
+  }
+  if (!s.ok()) return s;
+  // Rank 0's commit decides for everyone.
+  STRATA_ASSIGN_OR_RETURN(
+      std::string dir,
+      FromRank0(committed.ok() ? StatusOr<std::string>(checkpoint_dir ? *checkpoint_dir : "")
+                               : StatusOr<std::string>(committed)));
+  if (checkpoint_dir) *checkpoint_dir = dir;
+  return Status::Ok();
 }
 
 Status Engine::Impl::CheckManifestMatchesModel(const Manifest& m) const {
@@ -1212,7 +1487,7 @@ Status Engine::Impl::LoadCheckpoint(const std::string& path, TrainerState* train
   STRATA_RETURN_IF_ERROR(CheckManifestMatchesModel(m).WithContext(dir));
   // The optimizer's state is read only by the same kind (inference reads the master weights).
   const std::vector<StateFile> state_files =
-      o_.inference_only ? std::vector<StateFile>() : StateFiles(*model_, state_);
+      o_.inference_only ? std::vector<StateFile>() : StateFiles(*model_, full_state_);
   if (!o_.inference_only && m.optimizer.kind != o_.optimizer.kind) {
     return InvalidArgumentError(fmt::format(
         "{}: the checkpoint holds {} optimizer state, this run uses {}; resume with --optimizer "
@@ -1306,20 +1581,26 @@ Status Engine::Impl::LoadCheckpoint(const std::string& path, TrainerState* train
     *trainer = m.trainer;
     return Status::Ok();
   }
+  // Each rank reads its partition of every tensor, whatever the number of ranks that saved them
+  // (element-wise state when ranks > 1); one rank reads whole tensors.
   for (int b = 0; b < n_; ++b) {
-    const size_t n = static_cast<size_t>(np(b));
+    const size_t n = static_cast<size_t>(own(b));
+    const uint64_t off = part(b).offset_elems;
     STRATA_RETURN_IF_ERROR(LoadOptimState(b, /*read=*/false).status());
-    STRATA_RETURN_IF_ERROR(ReadTensorBytes(files[0], *tensors[0][b], 0,
+    STRATA_RETURN_IF_ERROR(ReadTensorBytes(files[0], *tensors[0][b], off * 4,
                                            std::as_writable_bytes(std::span(Master(b, 0), n))));
     for (size_t f = 0; f < state_files.size(); ++f) {
       for (size_t j = 0; j < state_files[f].blocks.size(); ++j) {
         const auto [block, k] = state_files[f].blocks[j];
         if (block != b) continue;
+        const std::span<std::byte> section =
+            world() > 1 ? Section(b, 0, k).subspan(0, n * 4) : Section(b, 0, k);
         STRATA_RETURN_IF_ERROR(
-            ReadTensorBytes(files[1 + f], *tensors[1 + f][j], 0, Section(b, 0, k)));
+            ReadTensorBytes(files[1 + f], *tensors[1 + f][j], off * 4, section));
       }
     }
-    STRATA_RETURN_IF_ERROR(ReadTensorBytes(files[working_file], *tensors[working_file][b], 0,
+    STRATA_RETURN_IF_ERROR(ReadTensorBytes(files[working_file], *tensors[working_file][b],
+                                           off * w_,
                                            WorkingHome(b, 0).bytes().subspan(0, n * w_)));
     if (swap_) STRATA_RETURN_IF_ERROR(WriteBack(b, 0));
     ++param_version_[b];  // every device copy is stale
@@ -1340,8 +1621,14 @@ Engine::~Engine() = default;
 StatusOr<std::unique_ptr<Engine>> Engine::Create(Model* model, gpu::Device* device,
                                                  const EngineOptions& options) {
   if (!model || !device) return InvalidArgumentError("Engine::Create needs a model and a device");
+  PlacementOptions placement = options.placement;
+  if (options.comm) {
+    placement.ranks = options.comm->world_size();
+    placement.rank = options.comm->rank();
+    placement.data_parallel = true;
+  }
   STRATA_ASSIGN_OR_RETURN(
-      Plan plan, MakePlan(*model, options.precision, options.micro_batch, options.placement,
+      Plan plan, MakePlan(*model, options.precision, options.micro_batch, placement,
                           PlanOptimizer{options.optimizer, std::max(1, options.grad_accum_steps)}));
   auto impl = std::make_unique<Impl>(model, device, options, std::move(plan));
   STRATA_RETURN_IF_ERROR(impl->Init());

@@ -51,6 +51,7 @@
 #include "base/dtype.h"
 #include "base/status.h"
 #include "base/trace.h"
+#include "comm/communicator.h"
 #include "cpu_optim/any_optimizer.h"
 #include "engine/checkpoint.h"
 #include "engine/loss_scaler.h"
@@ -94,6 +95,26 @@ struct EngineOptions {
   // kFailedPrecondition; LoadCheckpoint accepts a checkpoint of any precision. Needs
   // placement.param_home device or host and optimizer_home host (kInvalidArgument otherwise).
   bool inference_only = false;
+  // Data parallelism, after ZeRO stage 2 with CPU offload (Rajbhandari et al., SC 2020; Ren et
+  // al., "ZeRO-Offload", USENIX ATC 2021). Not owned, may be null: one rank, as without it.
+  // With a communicator of N ranks (N = 1 allowed; one engine per rank, each with its own
+  // device), every block's chunk is split into N partitions (planner.h, Partition; the plan's
+  // placement.ranks and rank come from it) and this rank keeps only its partition of the fp32
+  // master weights, the optimizer state and the host gradient, in its host memory or its own
+  // NVMe paths, and of the working params' pinned or NVMe home. Per block in backward: the 16-bit
+  // gradients are widened to fp32 and reduce-scattered on the device (stream "reduce-scatter",
+  // overlapped with the next block's backward), this rank's partition goes D2H and is folded;
+  // the update runs on the partition; before a block's next use its updated partition goes H2D
+  // and is all-gathered on the device (stream "all-gather"). The gradient norm, the overflow flag
+  // and the loss are all-reduced, so every rank clips, skips and reports alike; each
+  // micro-batch's gradient is weighted 1 / (micro-batches x N), so N ranks with A micro-batches
+  // each give the update of one rank with N x A micro-batches (within fp32 summation order).
+  // The engine duplicates the communicator twice (one for gradients, one for params) in Create;
+  // it uses `comm` itself only from the driving thread, inside Step, Flush's callers
+  // (MasterWeights*, AccumulatedGradient) and checkpoints, which are then collective: every rank
+  // calls them in the same order. Needs an optimizer with element-wise state for N > 1
+  // (PartitionableOptimizer), no eager updates and no inference_only.
+  comm::Communicator* comm = nullptr;
   // Test seam: keep fp32 gradient accumulators for every block even where the host would keep
   // the 16-bit gradient (planner.h, HostGradInWorkingPrecision), to compare the two paths.
   bool fp32_host_grads = false;

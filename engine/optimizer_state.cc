@@ -1,11 +1,13 @@
 #include "engine/optimizer_state.h"
 
 #include "base/units.h"
+#include "engine/planner.h"
 
 namespace strata::engine {
 
 BlockState LayoutBlockState(const Model& model, int block,
-                            const cpu_optim::AnyOptimizer& optimizer) {
+                            const cpu_optim::AnyOptimizer& optimizer,
+                            const Partition* partition) {
   BlockState s;
   s.kind = optimizer.kind;
   const auto* adamw = std::get_if<cpu_optim::AdamWConfig>(&optimizer.config);
@@ -14,9 +16,15 @@ BlockState LayoutBlockState(const Model& model, int block,
     s.kind = adamw->decoupled_weight_decay ? cpu_optim::OptimizerKind::kAdamW
                                            : cpu_optim::OptimizerKind::kAdam;
   }
-  s.shapes = model.block_tensor_shapes(block);
+  int64_t elems = model.block_num_params(block);
+  if (partition != nullptr && partition->part_elems != elems) {
+    elems = partition->own_elems;
+    s.shapes = {{elems}};
+  } else {
+    s.shapes = model.block_tensor_shapes(block);
+  }
   s.sections = cpu_optim::StateLayout(BlockOptimizer(optimizer, s), s.shapes);
-  s.master_bytes = AlignUp(static_cast<uint64_t>(model.block_num_params(block)) * 4, kStateAlign);
+  s.master_bytes = AlignUp(static_cast<uint64_t>(elems) * 4, kStateAlign);
   uint64_t offset = s.master_bytes;
   for (const auto& section : s.sections) {
     s.offsets.push_back(offset);
@@ -31,6 +39,11 @@ cpu_optim::AnyOptimizer BlockOptimizer(const cpu_optim::AnyOptimizer& optimizer,
   cpu_optim::AnyOptimizer o = optimizer;
   o.kind = state.kind;
   return o;
+}
+
+bool PartitionableOptimizer(const cpu_optim::AnyOptimizer& optimizer) {
+  return optimizer.kind != cpu_optim::OptimizerKind::kAdamW8bit &&
+         optimizer.kind != cpu_optim::OptimizerKind::kAdafactor;
 }
 
 std::string OptimizerFlagName(const cpu_optim::AnyOptimizer& optimizer) {

@@ -23,6 +23,8 @@
 
 namespace strata::engine {
 
+struct Partition;  // planner.h
+
 inline constexpr uint64_t kStateAlign = 4096;
 
 struct BlockState {
@@ -38,8 +40,16 @@ struct BlockState {
 };
 
 // The layout of block `block` of `model` for the run's optimizer. Pure; thread-safe.
+// With `partition` (planner.h) of a data-parallel rank, the state of that rank's own elements
+// only, as one flat tensor: only optimizers whose state is element-wise may be partitioned
+// (PartitionableOptimizer).
 BlockState LayoutBlockState(const Model& model, int block,
-                            const cpu_optim::AnyOptimizer& optimizer);
+                            const cpu_optim::AnyOptimizer& optimizer,
+                            const Partition* partition = nullptr);
+// Whether an optimizer's state is element-wise (AdamW, Adam, Lion, SGD, Adagrad), so that a
+// block's state splits into partitions and a checkpoint's state re-splits for another number of
+// ranks. AdamW8bit (absmax per 2048 values) and Adafactor (row and column statistics) are not.
+bool PartitionableOptimizer(const cpu_optim::AnyOptimizer& optimizer);
 
 // The optimizer that updates a block: `optimizer` with the block's kind.
 cpu_optim::AnyOptimizer BlockOptimizer(const cpu_optim::AnyOptimizer& optimizer,

@@ -42,16 +42,35 @@ int Plan::num_resident() const {
       std::count_if(blocks.begin(), blocks.end(), [](const Block& b) { return b.resident; }));
 }
 
+Partition PartitionOf(int64_t num_params, int ranks, int rank) {
+  Partition p;
+  if (ranks <= 1) {
+    p.part_elems = p.own_elems = p.padded_elems = num_params;
+    return p;
+  }
+  p.part_elems = AlignUp((num_params + ranks - 1) / ranks, kPartitionAlign);
+  p.offset_elems = p.part_elems * rank;
+  p.own_elems = std::clamp<int64_t>(num_params - p.offset_elems, 0, p.part_elems);
+  p.padded_elems = p.part_elems * ranks;
+  return p;
+}
+
 namespace {
 uint64_t Aligned(uint64_t n) { return AlignUp(n, gpu::DeviceArena::kAlignment); }
 
+// A block's elements on the device: padded to whole partitions with ranks > 1.
+int64_t DeviceElems(const Model& model, int b, int ranks) {
+  return PartitionOf(model.block_num_params(b), ranks, 0).padded_elems;
+}
+
 std::vector<DeviceRegion> FixedRegions(const Model& model, DType precision, MicroBatchShape shape,
-                                       bool offload_activations) {
+                                       bool offload_activations, int ranks, bool data_parallel) {
   const int n = model.num_blocks();
-  int64_t max_block_params = 0;
+  int64_t max_block_params = 0, max_part = 0;
   uint64_t max_scratch = 0;
   for (int b = 0; b < n; ++b) {
-    max_block_params = std::max(max_block_params, model.block_num_params(b));
+    max_block_params = std::max(max_block_params, DeviceElems(model, b, ranks));
+    max_part = std::max(max_part, PartitionOf(model.block_num_params(b), ranks, 0).part_elems);
     max_scratch = std::max<uint64_t>(max_scratch, model.scratch_bytes(b, shape, precision));
   }
   // Blocks compute in the working precision: activations, their gradients, the logits and the
@@ -76,33 +95,44 @@ std::vector<DeviceRegion> FixedRegions(const Model& model, DType precision, Micr
       {fmt::format("gradient buckets (2 x one block, {}; blocks write their gradients here)", dt),
        2 * Aligned(static_cast<uint64_t>(max_block_params) * w)},
   };
+  if (ranks > 1 || data_parallel) {
+    // Gradients are reduced in fp32: a bucket widened on the device, reduce-scattered into one
+    // of two partition buffers (one being copied D2H while the next block's is reduced).
+    fixed.push_back(
+        {fmt::format("gradient reduce-scatter (fp32: one block + 2 partitions of {} ranks)", ranks),
+         Aligned(static_cast<uint64_t>(max_block_params) * 4) +
+             2 * Aligned(static_cast<uint64_t>(max_part) * 4)});
+  }
   return fixed;
 }
 
 }  // namespace
 
 uint64_t StreamingMinimumBytes(const Model& model, DType precision, MicroBatchShape shape,
-                               int streaming_slots, bool offload_activations) {
+                               int streaming_slots, bool offload_activations, int ranks,
+                               bool data_parallel) {
   uint64_t total = 0;
-  for (const auto& r : FixedRegions(model, precision, shape, offload_activations)) {
+  for (const auto& r :
+       FixedRegions(model, precision, shape, offload_activations, ranks, data_parallel)) {
     total += Aligned(r.size_bytes);
   }
   int64_t max_block_params = 0;
   for (int b = 0; b < model.num_blocks(); ++b) {
-    max_block_params = std::max(max_block_params, model.block_num_params(b));
+    max_block_params = std::max(max_block_params, DeviceElems(model, b, ranks));
   }
   const uint64_t slot = AlignUp(static_cast<uint64_t>(max_block_params) * SizeOf(precision), 4096);
   return total + streaming_slots * Aligned(slot);
 }
 
 uint64_t AllResidentBytes(const Model& model, DType precision, MicroBatchShape shape,
-                          bool offload_activations) {
+                          bool offload_activations, int ranks, bool data_parallel) {
   uint64_t total = 0;
-  for (const auto& r : FixedRegions(model, precision, shape, offload_activations)) {
+  for (const auto& r :
+       FixedRegions(model, precision, shape, offload_activations, ranks, data_parallel)) {
     total += Aligned(r.size_bytes);
   }
   for (int b = 0; b < model.num_blocks(); ++b) {
-    total += Aligned(static_cast<uint64_t>(model.block_num_params(b)) * SizeOf(precision));
+    total += Aligned(static_cast<uint64_t>(DeviceElems(model, b, ranks)) * SizeOf(precision));
   }
   return total;
 }
@@ -125,6 +155,11 @@ StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape sha
         fmt::format("micro-batch {}x{} is invalid: need batch >= 1 and 1 <= seq_len <= {}",
                     shape.batch_size, shape.seq_len, model.max_seq_len()));
   }
+  if (o.ranks < 1 || o.rank < 0 || o.rank >= o.ranks) {
+    return InvalidArgumentError(fmt::format("rank {} of {} ranks is not a rank", o.rank, o.ranks));
+  }
+  const int ranks = o.ranks;
+  const bool dp = o.data_parallel || ranks > 1;
   const bool nvme = o.param_home == ParamHome::kNvme || o.optimizer_home == OptimizerHome::kNvme;
   if (nvme && o.nvme_paths.empty()) {
     return InvalidArgumentError("state is placed on NVMe but no --nvme-path was given");
@@ -137,18 +172,25 @@ StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape sha
   p.device_budget_bytes = o.device_budget_bytes;
   const int n = model.num_blocks();
   const size_t w = SizeOf(precision);
+  p.ranks = ranks;
+  p.rank = o.rank;
+  p.data_parallel = dp;
+  int64_t max_padded = 0, max_part = 0;
   for (int b = 0; b < n; ++b) {
     const int64_t np = model.block_num_params(b);
-    p.blocks.push_back({model.block_name(b), np, false});
+    p.blocks.push_back({model.block_name(b), np, false, PartitionOf(np, ranks, o.rank)});
     p.model_params += np;
     p.max_block_params = std::max(p.max_block_params, np);
+    max_padded = std::max(max_padded, p.blocks.back().partition.padded_elems);
+    max_part = std::max(max_part, p.blocks.back().partition.part_elems);
   }
-  p.slot_bytes = AlignUp(static_cast<uint64_t>(p.max_block_params) * w, 4096);
-  // The optimizer's state, block by block as the engine lays it out.
+  p.slot_bytes = AlignUp(static_cast<uint64_t>(max_padded) * w, 4096);
+  p.partition_bytes = AlignUp(static_cast<uint64_t>(max_part) * w, 4096);
+  // The optimizer's state, block by block as the engine lays it out (this rank's partitions).
   std::vector<BlockState> states;
   uint64_t max_region = 0, master_bytes = 0;
   for (int b = 0; b < n; ++b) {
-    states.push_back(LayoutBlockState(model, b, optimizer.optimizer));
+    states.push_back(LayoutBlockState(model, b, optimizer.optimizer, &p.blocks[b].partition));
     p.optimizer_state_bytes += states.back().state_bytes();
     master_bytes += states.back().master_bytes;
     max_region = std::max(max_region, states.back().region_bytes);
@@ -159,13 +201,20 @@ StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape sha
 
   // Fixed regions: everything but the parameter slots.
   const std::vector<DeviceRegion> fixed =
-      FixedRegions(model, precision, shape, o.offload_activations);
+      FixedRegions(model, precision, shape, o.offload_activations, ranks, dp);
   p.offload_activations = o.offload_activations;
   uint64_t fixed_total = 0;
   for (const auto& r : fixed) fixed_total += Aligned(r.size_bytes);
 
-  const auto block_bytes = [&](int b) { return static_cast<uint64_t>(p.blocks[b].num_params) * w; };
-  const uint64_t all_resident = AllResidentBytes(model, precision, shape, o.offload_activations);
+  // A block on the device (padded to whole partitions) and this rank's partition of it at home.
+  const auto block_bytes = [&](int b) {
+    return static_cast<uint64_t>(p.blocks[b].partition.padded_elems) * w;
+  };
+  const auto home_bytes = [&](int b) {
+    return static_cast<uint64_t>(p.blocks[b].partition.part_elems) * w;
+  };
+  const uint64_t all_resident =
+      AllResidentBytes(model, precision, shape, o.offload_activations, ranks, dp);
 
   if (o.param_home == ParamHome::kDevice || all_resident <= o.device_budget_bytes) {
     if (all_resident > o.device_budget_bytes) {
@@ -233,31 +282,35 @@ StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape sha
   if (o.optimizer_buffers < 0) return InvalidArgumentError("optimizer_buffers must be >= 0");
   p.host_grad_buckets = o.host_grad_buckets != 0 ? o.host_grad_buckets : 3;
   p.optimizer_buffers = o.optimizer_buffers != 0 ? o.optimizer_buffers : (nvme ? 3 : 1);
-  p.grad_bucket_bytes = p.slot_bytes;
+  p.grad_bucket_bytes =
+      dp ? AlignUp(static_cast<uint64_t>(max_part) * 4, 4096) : p.slot_bytes;
 
-  // Host tiers.
-  const uint64_t params_w = static_cast<uint64_t>(p.model_params) * w;
+  // Host tiers: this rank's partitions.
+  uint64_t params_w = 0;
+  for (int b = 0; b < n; ++b) params_w += AlignUp(home_bytes(b), ranks > 1 ? 4096 : 1);
   p.pinned_bytes = p.host_grad_buckets * p.grad_bucket_bytes;  // gradient landing buckets
   if (o.offload_activations) {
     p.pinned_bytes +=
         AlignUp(static_cast<uint64_t>(model.activation_elems(shape)) * w, 4096) * (n - 1);
   }
   if (o.param_home == ParamHome::kHost || o.param_home == ParamHome::kDevice) {
-    for (int b = 0; b < n; ++b) p.pinned_bytes += AlignUp(block_bytes(b), 4096);
+    for (int b = 0; b < n; ++b) p.pinned_bytes += AlignUp(home_bytes(b), 4096);
   } else {
     // Resident blocks keep a pinned copy (refreshed after each update); streamed ones have the
     // slots' NVMe staging and the pipeline's copy-out.
     for (int b = 0; b < n; ++b) {
-      if (p.blocks[b].resident) p.pinned_bytes += AlignUp(block_bytes(b), 4096);
+      if (p.blocks[b].resident) p.pinned_bytes += AlignUp(home_bytes(b), 4096);
     }
-    p.pinned_bytes += p.streaming_slots * p.slot_bytes;
+    p.pinned_bytes += p.streaming_slots * p.partition_bytes;
   }
   if (o.optimizer_home == OptimizerHome::kNvme) p.optimizer_buffer_bytes += max_region;
-  if (o.param_home == ParamHome::kNvme) p.optimizer_buffer_bytes += p.slot_bytes;
+  if (o.param_home == ParamHome::kNvme) p.optimizer_buffer_bytes += p.partition_bytes;
   p.pinned_bytes += p.optimizer_buffers * p.optimizer_buffer_bytes;
   for (int b = 0; b < n; ++b) {
-    const bool grad16 = HostGradInWorkingPrecision(model, b, optimizer.grad_accum_steps);
-    p.host_grad_bytes += static_cast<uint64_t>(p.blocks[b].num_params) * (grad16 ? w : 4);
+    // With ranks > 1 the reduced gradient is fp32.
+    const bool grad16 =
+        !dp && HostGradInWorkingPrecision(model, b, optimizer.grad_accum_steps);
+    p.host_grad_bytes += static_cast<uint64_t>(p.blocks[b].partition.own_elems) * (grad16 ? w : 4);
     if (grad16 && w < 4) p.host_grad16_params += p.blocks[b].num_params;
   }
   p.host_bytes = p.host_grad_bytes;
@@ -306,6 +359,12 @@ std::string Plan::Describe() const {
        static_cast<double>(model_state_bytes) / static_cast<double>(model_params), w * 8, w * 8,
        optimizer_name,
        static_cast<double>(optimizer_state_bytes) / static_cast<double>(model_params));
+  if (ranks > 1) {
+    line("  ranks    {} data-parallel ranks (ZeRO), figures for rank {}: it keeps its partition "
+         "(1/{}) of the master weights, optimizer state, host gradients and working-params homes; "
+         "the device holds whole blocks",
+         ranks, rank, ranks);
+  }
   std::string resident, streamed;
   for (const auto& b : blocks) (b.resident ? resident : streamed) += (b.name + " ");
   line("  device   {} of {} budget: {} resident blocks, {} streaming slots of {}",

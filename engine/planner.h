@@ -47,7 +47,32 @@ struct PlacementOptions {
   // Pinned buffers cycling through the optimizer pipeline (read b+1, update b, write b-1);
   // 0 = 3 when optimizer state or params live on NVMe, else 1.
   int optimizer_buffers = 0;
+  // Data parallelism (ZeRO): the plan is that of rank `rank` of `ranks`, which keeps only its
+  // partition (Partition below) of every block's master weights, optimizer state, host gradient
+  // and working-params home; the device holds whole (padded) blocks as one rank does.
+  int ranks = 1;
+  int rank = 0;
+  // The engine has a communicator (EngineOptions::comm), with one rank or more: gradients are
+  // widened to fp32 and reduce-scattered on the device, and the host keeps them in fp32.
+  bool data_parallel = false;
 };
+
+// Block partitions for data parallelism, after ZeRO (Rajbhandari et al., SC 2020): a chunk of
+// num_params is split into `ranks` contiguous partitions of part_elems each (num_params / ranks
+// rounded up to kPartitionAlign elements, so a partition starts 128-byte aligned in 16 bits and
+// 256-byte aligned in fp32); rank r owns elements [offset_elems, offset_elems + own_elems), the
+// real (unpadded) part of partition r: the last ranks may own fewer, or none. The device copy of
+// a block is padded to padded_elems = ranks * part_elems. One rank: one partition of num_params,
+// no padding.
+inline constexpr int64_t kPartitionAlign = 64;
+struct Partition {
+  int64_t part_elems = 0;
+  int64_t offset_elems = 0;
+  int64_t own_elems = 0;
+  int64_t padded_elems = 0;
+};
+// Pure; ranks >= 1, 0 <= rank < ranks.
+Partition PartitionOf(int64_t num_params, int ranks, int rank);
 
 // The optimizer a plan is made for: its state per block (engine/optimizer_state.h) and how
 // gradients accumulate on the host.
@@ -72,6 +97,7 @@ struct Plan {
     std::string name;
     int64_t num_params = 0;
     bool resident = false;
+    Partition partition;  // this rank's (PlacementOptions::ranks)
   };
   std::vector<Block> blocks;
   DType precision = DType::kBF16;
@@ -84,11 +110,19 @@ struct Plan {
   int device_grad_buckets = 2;  // 16-bit gradient buckets on the device (one copying, one filling)
   int host_grad_buckets = 3;    // pinned landing buckets
   int optimizer_buffers = 1;    // pinned buffers of the optimizer pipeline
-  uint64_t grad_bucket_bytes = 0;       // one block's 16-bit gradients, padded
+  // One block's 16-bit gradients, padded; with ranks > 1 one partition's fp32 reduce-scattered
+  // gradients.
+  uint64_t grad_bucket_bytes = 0;
   uint64_t optimizer_buffer_bytes = 0;  // NVMe: the largest block's state region (+ p16)
   int64_t model_params = 0;
   int64_t max_block_params = 0;
   uint64_t slot_bytes = 0;  // one block's working params, padded
+  int ranks = 1;            // data-parallel ranks; the host and NVMe figures are this rank's
+  int rank = 0;
+  bool data_parallel = false;  // PlacementOptions::data_parallel
+  // The largest partition's working params (pinned home, NVMe staging, copy-out), padded to
+  // 4 KiB; slot_bytes with one rank.
+  uint64_t partition_bytes = 0;
   std::vector<DeviceRegion> device_regions;
   uint64_t device_budget_bytes = 0;
   uint64_t device_total_bytes = 0;     // sum of regions (each aligned to 256 B)
@@ -111,14 +145,18 @@ struct Plan {
 // activation gradients, logits, gradient buckets and scratch, all in the working precision
 // (blocks read their params in place and write their gradients into the buckets: no fp32
 // staging and no fp32 gradient region), and the slots. Pure; thread-safe.
+// With ranks > 1 blocks are padded to whole partitions and the device also holds the fp32
+// reduce-scatter buffers (one block and two partitions).
 uint64_t StreamingMinimumBytes(const Model& model, DType precision, MicroBatchShape shape,
-                               int streaming_slots = 2, bool offload_activations = false);
+                               int streaming_slots = 2, bool offload_activations = false,
+                               int ranks = 1, bool data_parallel = false);
 
 // The device budget, in bytes, that keeps every block resident (ParamHome::kDevice): the same
 // fixed regions plus every block's working params, each region aligned as the arena aligns it.
 // Pure; thread-safe.
 uint64_t AllResidentBytes(const Model& model, DType precision, MicroBatchShape shape,
-                          bool offload_activations = false);
+                          bool offload_activations = false, int ranks = 1,
+                          bool data_parallel = false);
 
 // Errors: kInvalidArgument (zero budget, no NVMe path for NVMe placement,
 // streaming_slots, host_grad_buckets or optimizer_buffers given but too small); kResourceExhausted

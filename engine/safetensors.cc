@@ -252,11 +252,18 @@ void SafetensorsWriter::XxhFree::operator()(void* state) const {
   XXH3_freeState(static_cast<XXH3_state_t*>(state));
 }
 
-StatusOr<SafetensorsWriter> SafetensorsWriter::Create(
-    const std::string& path, std::vector<TensorSpec> tensors,
-    const std::map<std::string, std::string>& metadata) {
-  SafetensorsWriter w;
-  w.path_ = path;
+namespace {
+
+// The header text (padded so the data starts 8-byte aligned) and each tensor's data range.
+struct HeaderLayout {
+  std::string text;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  uint64_t data_bytes = 0;
+};
+
+StatusOr<HeaderLayout> LayOutHeader(const std::vector<SafetensorsWriter::TensorSpec>& tensors,
+                                    const std::map<std::string, std::string>& metadata) {
+  HeaderLayout l;
   json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::set<std::string> names;
@@ -275,11 +282,94 @@ StatusOr<SafetensorsWriter> SafetensorsWriter::Create(
     header[t.name] = {{"dtype", SafetensorsDTypeName(t.dtype)},
                       {"shape", t.shape},
                       {"data_offsets", {offset, offset + n}}};
+    l.ranges.emplace_back(offset, offset + n);
     offset += n;
   }
-  w.data_total_bytes_ = offset;
-  std::string text = header.dump();
-  text.append((8 - (8 + text.size()) % 8) % 8, ' ');  // data section 8-byte aligned
+  l.data_bytes = offset;
+  l.text = header.dump();
+  l.text.append((8 - (8 + l.text.size()) % 8) % 8, ' ');  // data section 8-byte aligned
+  return l;
+}
+
+Status PwriteAll(int fd, const std::string& path, uint64_t offset,
+                 std::span<const std::byte> bytes) {
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t r = ::pwrite(fd, bytes.data() + done, bytes.size() - done, offset + done);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return ErrnoToStatus(errno, fmt::format("writing '{}'", path));
+    done += static_cast<size_t>(r);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+StatusOr<SafetensorsPartWriter> SafetensorsPartWriter::Create(
+    const std::string& path, const std::vector<SafetensorsWriter::TensorSpec>& tensors,
+    const std::map<std::string, std::string>& metadata) {
+  STRATA_ASSIGN_OR_RETURN(HeaderLayout l, LayOutHeader(tensors, metadata));
+  SafetensorsPartWriter w;
+  w.path_ = path;
+  w.data_offset_bytes_ = 8 + l.text.size();
+  w.ranges_ = std::move(l.ranges);
+  w.fd_ = UniqueFd(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                          S_IRUSR | S_IWUSR));
+  if (!w.fd_.valid()) return ErrnoToStatus(errno, fmt::format("creating '{}'", path));
+  std::byte len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<std::byte>((l.text.size() >> (8 * i)) & 0xff);
+  STRATA_RETURN_IF_ERROR(PwriteAll(w.fd_.get(), path, 0, len));
+  STRATA_RETURN_IF_ERROR(PwriteAll(w.fd_.get(), path, 8, std::as_bytes(std::span(l.text))));
+  if (::ftruncate(w.fd_.get(), static_cast<off_t>(w.data_offset_bytes_ + l.data_bytes)) != 0) {
+    return ErrnoToStatus(errno, fmt::format("sizing '{}'", path));
+  }
+  return w;
+}
+
+StatusOr<SafetensorsPartWriter> SafetensorsPartWriter::Open(
+    const std::string& path, const std::vector<SafetensorsWriter::TensorSpec>& tensors,
+    const std::map<std::string, std::string>& metadata) {
+  STRATA_ASSIGN_OR_RETURN(HeaderLayout l, LayOutHeader(tensors, metadata));
+  SafetensorsPartWriter w;
+  w.path_ = path;
+  w.data_offset_bytes_ = 8 + l.text.size();
+  w.ranges_ = std::move(l.ranges);
+  w.fd_ = UniqueFd(::open(path.c_str(), O_WRONLY | O_NOFOLLOW | O_CLOEXEC));
+  if (!w.fd_.valid()) return ErrnoToStatus(errno, fmt::format("opening '{}'", path));
+  struct stat st;
+  if (::fstat(w.fd_.get(), &st) != 0) return ErrnoToStatus(errno, path);
+  if (static_cast<uint64_t>(st.st_size) != w.data_offset_bytes_ + l.data_bytes) {
+    return DataLossError(fmt::format("'{}' is {} bytes, its layout needs {}", path, st.st_size,
+                                     w.data_offset_bytes_ + l.data_bytes));
+  }
+  return w;
+}
+
+Status SafetensorsPartWriter::WriteAt(size_t index, uint64_t offset_bytes,
+                                      std::span<const std::byte> bytes) {
+  if (index >= ranges_.size() ||
+      offset_bytes + bytes.size() > ranges_[index].second - ranges_[index].first) {
+    return OutOfRangeError(
+        fmt::format("'{}': write of {} bytes at {} outside tensor {}", path_, bytes.size(),
+                    offset_bytes, index));
+  }
+  return PwriteAll(fd_.get(), path_, data_offset_bytes_ + ranges_[index].first + offset_bytes,
+                   bytes);
+}
+
+Status SafetensorsPartWriter::Sync() {
+  if (::fdatasync(fd_.get()) != 0) return ErrnoToStatus(errno, fmt::format("syncing '{}'", path_));
+  return Status::Ok();
+}
+
+StatusOr<SafetensorsWriter> SafetensorsWriter::Create(
+    const std::string& path, std::vector<TensorSpec> tensors,
+    const std::map<std::string, std::string>& metadata) {
+  STRATA_ASSIGN_OR_RETURN(HeaderLayout l, LayOutHeader(tensors, metadata));
+  SafetensorsWriter w;
+  w.path_ = path;
+  w.data_total_bytes_ = l.data_bytes;
+  const std::string& text = l.text;
   w.xxh_state_.reset(XXH3_createState());
   if (!w.xxh_state_) return ResourceExhaustedError("could not allocate an xxh3 state");
   XXH3_64bits_reset(static_cast<XXH3_state_t*>(w.xxh_state_.get()));

@@ -144,6 +144,32 @@ class SafetensorsWriter {
   std::unique_ptr<void, XxhFree> xxh_state_;  // XXH3_state_t
 };
 
+// A safetensors file that several processes write at once (the data-parallel ranks of a
+// checkpoint, each writing its partition of every tensor): the layout is SafetensorsWriter's for
+// the same tensors and metadata. Create (one process) creates the file (O_EXCL, mode 0600),
+// writes the header and sizes the file to its full length; Open (the others, after Create)
+// opens it for writing. WriteAt writes `bytes` at `offset_bytes` into tensor `index`'s data
+// (kOutOfRange outside it); Sync makes this process's writes durable (fdatasync). The file's
+// xxh3 is computed afterwards by one process (FileXxh3). Not thread-safe; one object per process.
+class SafetensorsPartWriter {
+ public:
+  static StatusOr<SafetensorsPartWriter> Create(
+      const std::string& path, const std::vector<SafetensorsWriter::TensorSpec>& tensors,
+      const std::map<std::string, std::string>& metadata);
+  static StatusOr<SafetensorsPartWriter> Open(
+      const std::string& path, const std::vector<SafetensorsWriter::TensorSpec>& tensors,
+      const std::map<std::string, std::string>& metadata);
+  Status WriteAt(size_t index, uint64_t offset_bytes, std::span<const std::byte> bytes);
+  Status Sync();
+
+ private:
+  SafetensorsPartWriter() = default;
+  std::string path_;
+  UniqueFd fd_;
+  uint64_t data_offset_bytes_ = 0;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges_;  // [begin, end) of each tensor's data
+};
+
 // XXH3_64bits of a whole file, read in pieces; errors name the path.
 StatusOr<uint64_t> FileXxh3(const std::string& path, uint64_t* size_bytes);
 // The same over an open file descriptor (read with pread from offset 0); `what` names it in errors.
