@@ -7,6 +7,10 @@
 // MPI_COMM_WORLD (or from the communicator it was duplicated from) whose error handler returns
 // codes instead of aborting, so that MPI failures come back as Status.
 #include <fmt/format.h>
+// The C API only: OpenMPI's and MPICH's mpi.h otherwise pull in the deprecated C++ bindings,
+// which need libmpi_cxx.
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
 
 #include <algorithm>
