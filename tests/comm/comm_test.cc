@@ -154,6 +154,16 @@ TEST(LocalCommunicatorDeathTest, AbortPrintsOneLineNamingTheRankAndExitsWithOne)
               "strata: rank 0: the swap directory is full\n");
 }
 
+#if !defined(STRATA_HAVE_CUDA)
+TEST(NcclCommunicator, ABuildWithoutCudaIsUnavailableAndSaysSo) {
+  auto local = CreateLocalCommunicator();
+  auto comm = CreateNcclCommunicator(*local);
+  ASSERT_FALSE(comm.ok());
+  EXPECT_EQ(comm.status().code(), StatusCode::kUnavailable);
+  EXPECT_THAT(comm.status().message(), HasSubstr("this build has no CUDA"));
+}
+#endif
+
 // Lines the watchdog reports, waited for with a bound.
 class Lines {
  public:
