@@ -18,7 +18,8 @@
 //     thread.
 // Every rank must issue the collectives of one communicator in the same order. A communicator
 // is used by one thread (or one stream) at a time; collectives issued from two threads need two
-// communicators (Duplicate), each ordered on its own.
+// communicators (Duplicate), each ordered on its own. A communicator must outlive the stream
+// work it enqueued: destroy it only after its streams have passed its collectives.
 //
 // Errors: kInvalidArgument for shapes or dtypes a backend cannot take, kUnavailable when the
 // library is missing or a peer is gone, kDeadlineExceeded when a collective waited longer than
@@ -45,6 +46,10 @@ struct CommOptions {
   // A collective that waits longer than this for the other ranks makes the watchdog print one
   // line naming it and abort every rank (a rank died or hangs). 0 = no watchdog.
   double timeout_seconds = 300;
+  // NCCL only: the GPU this rank's communicator runs on, as cudaSetDevice counts (after
+  // CUDA_VISIBLE_DEVICES); the streams given to its collectives must be of that GPU's device.
+  // -1 = the device current on the thread that creates the communicator.
+  int cuda_device_ordinal = -1;
 };
 
 class Communicator {
@@ -100,8 +105,13 @@ bool LaunchedByMpi();
 StatusOr<std::unique_ptr<Communicator>> CreateMpiCommunicator(const CommOptions& options = {});
 
 // NCCL for a CUDA device, bootstrapped over `bootstrap` (an MPI communicator of the same world:
-// rank 0 makes the unique id and broadcasts it). kUnavailable when libnccl.so.2 cannot be
-// loaded, naming what to install. Collective.
+// rank 0 makes the unique id and broadcasts it; a local communicator gives a world of one GPU).
+// kUnavailable when libnccl.so.2 cannot be loaded, naming what to install, or when this build
+// has no CUDA. Collective. The host collectives (AllReduce, Broadcast, AllGatherBytes, Barrier)
+// run on a Duplicate of `bootstrap` (host memory, MPI); the stream-ordered ones take CUDA streams
+// of the device CommOptions::cuda_device_ordinal (kInvalidArgument for host-backend streams) and
+// kF32, kF16 or kBF16. With a watchdog, each stream-ordered collective is timed from when its
+// stream reaches it to when it completes (two host functions around the NCCL kernel).
 StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(Communicator& bootstrap,
                                                                const CommOptions& options = {});
 

@@ -1,9 +1,9 @@
 // The world of one rank: collectives are copies (or nothing).
-#include <cstdlib>
-#include <cstring>
-
 #include <fmt/format.h>
 #include <xxhash.h>
+
+#include <cstdlib>
+#include <cstring>
 
 #include "base/logging.h"
 #include "comm/communicator.h"
@@ -74,6 +74,7 @@ void Abort(const Communicator& comm, std::string_view why) {
                why.data());
   std::fflush(stderr);
   const_cast<Communicator&>(comm).AbortJob();
+  std::_Exit(1);  // not reached: AbortJob does not return
 }
 
 Status CheckSameOnAllRanks(Communicator& comm, std::string_view what, std::string_view text) {
