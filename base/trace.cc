@@ -22,6 +22,8 @@ std::string_view CategoryName(Category category) {
       return "nvme_read";
     case Category::kNvmeWrite:
       return "nvme_write";
+    case Category::kComm:
+      return "comm";
     case Category::kOther:
       return "other";
   }

@@ -42,11 +42,12 @@ enum class Category : uint8_t {
   kCpuOptimizer,
   kNvmeRead,
   kNvmeWrite,
+  kComm,  // collectives between data-parallel ranks
   kOther,
 };
-inline constexpr int kNumCategories = 7;
+inline constexpr int kNumCategories = 8;
 
-// "compute", "h2d", "d2h", "cpu_optimizer", "nvme_read", "nvme_write", "other": the keys of the
+// "compute", "h2d", "d2h", "cpu_optimizer", "nvme_read", "nvme_write", "comm", "other": the keys of the
 // summary JSON's time breakdown.
 std::string_view CategoryName(Category category);
 

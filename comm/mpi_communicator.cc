@@ -197,7 +197,7 @@ class MpiCommunicator final : public Communicator {
     MPI_Comm comm = comm_;
     internal::Watchdog* watchdog = watchdog_;
     const double timeout = options_.timeout_seconds;
-    return stream.LaunchHost([=] {
+    return stream.LaunchHostAs(trace::Category::kComm, [=] {
       internal::Watchdog::Scope watch(watchdog, "reduce-scatter", timeout);
       return MpiStatus(MPI_Reduce_scatter_block(send.data, recv.data, static_cast<int>(count),
                                                 MPI_FLOAT, MPI_SUM, comm),
@@ -205,11 +205,13 @@ class MpiCommunicator final : public Communicator {
     });
   }
 
+  // A copy, so any dtype: the parts travel as bytes.
   Status AllGatherInPlace(gpu::DeviceSpan buffer, int64_t count, DType dtype,
                           gpu::Stream& stream) override {
-    STRATA_RETURN_IF_ERROR(CheckStreamAndDtype("all-gather", dtype, stream));
-    STRATA_RETURN_IF_ERROR(CheckCount("all-gather", count));
-    const size_t bytes = static_cast<size_t>(count) * SizeOf(dtype) * world_size_;
+    STRATA_RETURN_IF_ERROR(CheckStreamAndDtype("all-gather", DType::kF32, stream));
+    STRATA_RETURN_IF_ERROR(CheckCount("all-gather", count * static_cast<int64_t>(SizeOf(dtype))));
+    const size_t part_bytes = static_cast<size_t>(count) * SizeOf(dtype);
+    const size_t bytes = part_bytes * world_size_;
     if (buffer.size_bytes < bytes) {
       return InvalidArgumentError(fmt::format(
           "all-gather of {} elements per rank over {} ranks needs {} bytes; the buffer holds {}",
@@ -219,10 +221,10 @@ class MpiCommunicator final : public Communicator {
     MPI_Comm comm = comm_;
     internal::Watchdog* watchdog = watchdog_;
     const double timeout = options_.timeout_seconds;
-    return stream.LaunchHost([=] {
+    return stream.LaunchHostAs(trace::Category::kComm, [=] {
       internal::Watchdog::Scope watch(watchdog, "all-gather", timeout);
-      return MpiStatus(MPI_Allgather(MPI_IN_PLACE, 0, MPI_FLOAT, buffer.data,
-                                     static_cast<int>(count), MPI_FLOAT, comm),
+      return MpiStatus(MPI_Allgather(MPI_IN_PLACE, 0, MPI_BYTE, buffer.data,
+                                     static_cast<int>(part_bytes), MPI_BYTE, comm),
                        "MPI_Allgather");
     });
   }

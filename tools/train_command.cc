@@ -1,6 +1,7 @@
 #include "tools/train_command.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include "base/dtype.h"
 #include "base/trace.h"
 #include "base/units.h"
+#include "comm/communicator.h"
 #include "engine/dataset.h"
 #include "engine/engine.h"
 #include "engine/text_dataset.h"
@@ -65,9 +67,19 @@ void AddTrainFlags(CLI::App& cmd, TrainFlags& f) {
   cmd.add_option("--seq-len", f.seq_len, "Tokens per sequence (<= the model's context)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  cmd.add_option("--grad-accum-steps", f.grad_accum_steps, "Micro-batches per optimizer step")
+  cmd.add_option("--grad-accum-steps", f.grad_accum_steps,
+                 "Micro-batches per optimizer step on each rank")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  cmd.add_option("--global-batch-size", f.global_batch_size,
+                 "Sequences per optimizer step over all data-parallel ranks (mpirun -n N): sets "
+                 "the accumulation steps to it / (micro-batch size x N), which must divide")
+      ->check(CLI::NonNegativeNumber);
+  cmd.add_option("--comm-timeout", f.comm_timeout,
+                 "Seconds a collective waits for the other ranks before the job is aborted with "
+                 "a line naming it (0 = no limit)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   cmd.add_option("--optimizer", f.optimizer,
                  "CPU optimizer: adamw, adam, adamw8bit (8-bit block-wise m and v), adafactor "
                  "(factored second moment), lion, sgd or adagrad")
@@ -272,8 +284,91 @@ std::string Printable(const std::string& s) {
 
 }  // namespace
 
+namespace {
+
+// `path` with {rank} and {local_rank} replaced.
+std::string RankPath(std::string path, const comm::Communicator* c) {
+  for (const auto& [key, value] :
+       {std::pair<std::string, int>{"{rank}", c ? c->rank() : 0},
+        std::pair<std::string, int>{"{local_rank}", c ? c->local_rank() : 0}}) {
+    for (size_t at; (at = path.find(key)) != std::string::npos;) {
+      path.replace(at, key.size(), std::to_string(value));
+    }
+  }
+  return path;
+}
+
+// What every rank must agree on (CheckSameOnAllRanks): the flags that shape the model, the data,
+// the batch, the optimizer and the schedule.
+std::string RankConfiguration(const TrainFlags& f) {
+  return fmt::format(
+      "model={} model_dir={} data={} val={} tokenizer={} precision={} mb={} seq={} accum={} "
+      "global={} optimizer={} lr={} wd={} b1={} b2={} eps={} clip={} steps={} seed={} "
+      "schedule={} warmup={} params={} optim_home={} fp16={}/{}/{}/{} eval={} save={} resume={}",
+      f.model, f.model_dir, fmt::join(f.data, ","), fmt::join(f.val_data, ","), f.tokenizer,
+      f.precision, f.micro_batch_size, f.seq_len, f.grad_accum_steps, f.global_batch_size,
+      f.optimizer, f.lr, f.weight_decay, f.adam_beta1.value_or(-1), f.adam_beta2.value_or(-1),
+      f.adam_eps.value_or(-1), f.grad_clip, f.steps, f.seed, f.lr_schedule,
+      f.warmup_steps, f.offload_params, f.offload_optimizer, f.fp16_initial_scale,
+      f.fp16_scale_window, f.fp16_hysteresis, f.fp16_min_scale, f.eval_every,
+      f.checkpoint.save_dir, f.checkpoint.resume);
+}
+
+Status RunTrainRanks(const TrainFlags& flags, comm::Communicator* world);
+
+}  // namespace
+
 Status RunTrain(const TrainFlags& f) {
+  // Launched by mpirun: one rank of a data-parallel job. An error on any rank ends the whole job
+  // (every rank exits non-zero) with one line naming the rank and the cause.
+  if (!comm::LaunchedByMpi()) return RunTrainRanks(f, nullptr);
+  comm::CommOptions options;
+  options.timeout_seconds = f.comm_timeout;
+  STRATA_ASSIGN_OR_RETURN(auto world, comm::CreateMpiCommunicator(options));
+  if (world->rank() != 0) {
+    // One report per job: rank 0 prints the plan, the progress and the summary.
+    if (std::freopen("/dev/null", "w", stdout) == nullptr) {
+      return ErrnoToStatus(errno, "silencing the standard output of a rank other than 0");
+    }
+  }
+  const Status s = RunTrainRanks(f, world.get());
+  if (!s.ok() && world->world_size() > 1) {
+    std::fflush(stdout);
+    comm::Abort(*world, fmt::format("error: {}", s.ToString()));
+  }
+  return s;
+}
+
+namespace {
+
+Status RunTrainRanks(const TrainFlags& flags, comm::Communicator* world) {
   const auto t_start = std::chrono::steady_clock::now();
+  const int ranks = world ? world->world_size() : 1;
+  const int rank = world ? world->rank() : 0;
+  TrainFlags f = flags;
+  if (f.global_batch_size > 0) {
+    const int per_step = f.micro_batch_size * ranks;
+    if (f.global_batch_size % per_step != 0) {
+      return InvalidArgumentError(fmt::format(
+          "--global-batch-size {} is not a multiple of micro-batch size {} x {} rank{}: pick a "
+          "multiple of {}",
+          f.global_batch_size, f.micro_batch_size, ranks, ranks == 1 ? "" : "s", per_step));
+    }
+    f.grad_accum_steps = f.global_batch_size / per_step;
+  }
+  if (world) {
+    STRATA_RETURN_IF_ERROR(comm::CheckSameOnAllRanks(*world, "the flags of strata train",
+                                                     RankConfiguration(flags)));
+    if (rank != 0) {
+      // Rank 0 alone writes the metrics.
+      f.tensorboard_dir.clear();
+      f.metrics_jsonl.clear();
+      f.metrics_csv_dir.clear();
+      f.summary_json.clear();
+      f.trace.clear();
+    }
+    for (auto& p : f.nvme_paths) p = RankPath(p, world);
+  }
   STRATA_ASSIGN_OR_RETURN(DType precision, ParseDType(f.precision));
   STRATA_ASSIGN_OR_RETURN(auto param_home, engine::ParseParamHome(f.offload_params));
   STRATA_ASSIGN_OR_RETURN(auto optim_home, engine::ParseOptimizerHome(f.offload_optimizer));
@@ -366,14 +461,14 @@ Status RunTrain(const TrainFlags& f) {
   o.placement.nvme_paths = f.nvme_paths.empty() ? std::vector<std::string>{"."} : f.nvme_paths;
   if (f.device_budget == "auto" && param_home == engine::ParamHome::kDevice) {
     // Every block resident: exactly what that takes.
-    o.placement.device_budget_bytes =
-        engine::AllResidentBytes(*model, precision, mb, f.offload_activations);
+    o.placement.device_budget_bytes = engine::AllResidentBytes(
+        *model, precision, mb, f.offload_activations, ranks, world != nullptr);
   } else if (f.device_budget == "auto") {
     // Midway between the streaming minimum and the working params alone, so
     // some blocks stay resident and the rest really stream.
     const uint64_t minimum = engine::StreamingMinimumBytes(
         *model, precision, mb, f.prefetch_depth > 0 ? f.prefetch_depth + 1 : 2,
-        f.offload_activations);
+        f.offload_activations, ranks, world != nullptr);
     const uint64_t working = static_cast<uint64_t>(model->num_params()) * SizeOf(precision);
     o.placement.device_budget_bytes =
         working > minimum ? minimum + (working - minimum) / 2 : minimum;
@@ -403,7 +498,20 @@ Status RunTrain(const TrainFlags& f) {
   if (f.device == "host" && f.tf32) return tf32_on_host;
   DeviceSelectOptions select;
   select.host = dev_opts;
+  select.cuda_device_ordinal = world ? world->local_rank() : 0;  // one process per GPU
   STRATA_ASSIGN_OR_RETURN(auto device, CreateDeviceFromFlag(f.device, select));
+  // The collectives: MPI on the host backend, NCCL (bootstrapped over MPI) on a GPU.
+  std::unique_ptr<comm::Communicator> nccl;
+  if (world) {
+    o.comm = world;
+    if (device->kind() == gpu::DeviceKind::kCuda) {
+      comm::CommOptions co;
+      co.timeout_seconds = f.comm_timeout;
+      co.cuda_device_ordinal = world->local_rank();
+      STRATA_ASSIGN_OR_RETURN(nccl, comm::CreateNcclCommunicator(*world, co));
+      o.comm = nccl.get();
+    }
+  }
   if (device->kind() != gpu::DeviceKind::kHost && f.copy_bandwidth > 0) return throttle_on_gpu;
   if (device->kind() == gpu::DeviceKind::kHost && f.tf32) return tf32_on_host;
   std::printf("strata train: %s\n", model->description().c_str());
@@ -412,9 +520,14 @@ Status RunTrain(const TrainFlags& f) {
   STRATA_ASSIGN_OR_RETURN(auto engine, engine::Engine::Create(model.get(), device.get(), o));
   std::printf("%s", engine->plan().Describe().c_str());
   std::printf(
-      "  batch    %d x %d tokens per micro-batch, %d micro-batch%s per step; gradient "
+      "  batch    %d x %d tokens per micro-batch, %d micro-batch%s per step%s; gradient "
       "clipping %s\n",
       f.micro_batch_size, f.seq_len, f.grad_accum_steps, f.grad_accum_steps == 1 ? "" : "es",
+      ranks > 1 ? fmt::format(" on each of {} ranks ({} sequences per step; {} over {})",
+                              ranks, f.micro_batch_size * f.grad_accum_steps * ranks,
+                              o.comm->backend(), ranks)
+                      .c_str()
+                : "",
       f.grad_clip > 0 ? fmt::format("at norm {:g}", f.grad_clip).c_str() : "off");
   std::printf("  lr       %s\n", DescribeLrSchedule(schedule).c_str());
   if (precision == DType::kF16) {
@@ -451,7 +564,9 @@ Status RunTrain(const TrainFlags& f) {
   InstallStopSignalHandlers();
   std::vector<std::vector<int32_t>> toks(f.grad_accum_steps), tgts(f.grad_accum_steps);
   std::vector<engine::MicroBatch> batches(f.grad_accum_steps);
-  const int64_t tokens_per_step = mb.tokens() * f.grad_accum_steps;
+  std::vector<int32_t> skip_toks, skip_tgts;
+  // Over every rank: the global batch.
+  const int64_t tokens_per_step = mb.tokens() * f.grad_accum_steps * ranks;
   float loss_first = NAN, loss_last = NAN, val_loss = NAN;
   int64_t skipped = 0;
   const auto t_train = std::chrono::steady_clock::now();
@@ -490,9 +605,17 @@ Status RunTrain(const TrainFlags& f) {
   auto flush = [&] { return timed([&] { return engine->Flush(); }); };
   TrainMetrics metrics(metrics_writer.get(), {engine->counters(), parts, step_seconds});
   for (int64_t step = start_step; step < f.steps; ++step) {
-    for (int i = 0; i < f.grad_accum_steps; ++i) {
-      data.SampleTrainBatch(data_rng, mb.batch_size, mb.seq_len, &toks[i], &tgts[i]);
-      batches[i] = {toks[i], tgts[i]};
+    // The global batch is ranks x A micro-batches drawn in one order whatever the number of
+    // ranks; rank r trains on micro-batches r*A .. r*A + A - 1 of it (a disjoint share), and
+    // every rank's data_rng advances alike.
+    for (int k = 0; k < ranks * f.grad_accum_steps; ++k) {
+      const int i = k - rank * f.grad_accum_steps;
+      if (i >= 0 && i < f.grad_accum_steps) {
+        data.SampleTrainBatch(data_rng, mb.batch_size, mb.seq_len, &toks[i], &tgts[i]);
+        batches[i] = {toks[i], tgts[i]};
+      } else {
+        data.SampleTrainBatch(data_rng, mb.batch_size, mb.seq_len, &skip_toks, &skip_tgts);
+      }
     }
     // DeepSpeed's schedulers do not advance on a skipped (overflowed) step; Strata's cosine runs
     // by step number.
@@ -615,6 +738,22 @@ Status RunTrain(const TrainFlags& f) {
       FormatBytes(engine->plan().device_budget_bytes).c_str(),
       static_cast<unsigned long long>(master_hash));
 
+  // Each rank's share (collective): rank 0 reports every rank's bytes.
+  struct RankBytes {
+    uint64_t nvme_read, nvme_written, host, host_grad, pinned, h2d, d2h, device_peak;
+  };
+  const auto& my_plan = engine->plan();
+  const RankBytes mine{counters.nvme_bytes_read, counters.nvme_bytes_written,
+                       my_plan.host_bytes,       my_plan.host_grad_bytes,
+                       counters.pinned_bytes,    counters.bytes_h2d,
+                       counters.bytes_d2h,       counters.device_peak_bytes};
+  std::vector<RankBytes> per_rank(ranks);
+  if (world) {
+    STRATA_RETURN_IF_ERROR(world->AllGatherBytes(std::as_bytes(std::span(&mine, 1)),
+                                                 std::as_writable_bytes(std::span(per_rank))));
+  } else {
+    per_rank[0] = mine;
+  }
   if (!f.summary_json.empty()) {
     auto num_or_null = [](float v) {
       return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json();
@@ -666,7 +805,26 @@ Status RunTrain(const TrainFlags& f) {
         {"seed", f.seed},
         {"time_breakdown", breakdown},
         {"overlap_efficiency", overlap_efficiency},
+        {"global_batch_size", f.micro_batch_size * f.grad_accum_steps * ranks},
+        {"comm_backend", world ? nlohmann::json(std::string(o.comm->backend())) : nlohmann::json()},
     };
+    // Host figures per rank: host_bytes = host gradients + (optimizer home host) master weights
+    // and optimizer state; host_optimizer_bytes is the latter.
+    nlohmann::json rank_list = nlohmann::json::array();
+    for (int r = 0; r < ranks; ++r) {
+      const RankBytes& b = per_rank[r];
+      rank_list.push_back({{"rank", r},
+                           {"nvme_bytes_read", b.nvme_read},
+                           {"nvme_bytes_written", b.nvme_written},
+                           {"host_bytes", b.host},
+                           {"host_grad_bytes", b.host_grad},
+                           {"host_optimizer_bytes", b.host - b.host_grad},
+                           {"pinned_bytes", b.pinned},
+                           {"bytes_h2d", b.h2d},
+                           {"bytes_d2h", b.d2h},
+                           {"device_peak_bytes", b.device_peak}});
+    }
+    j["ranks"] = rank_list;
     std::ofstream out(f.summary_json);
     out << j.dump(2) << "\n";
     out.close();
@@ -676,5 +834,7 @@ Status RunTrain(const TrainFlags& f) {
   }
   return Status::Ok();
 }
+
+}  // namespace
 
 }  // namespace strata::tools

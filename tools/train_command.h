@@ -24,7 +24,12 @@ struct TrainFlags {
   int64_t steps = 300;
   int micro_batch_size = 1;
   int seq_len = 64;
-  int grad_accum_steps = 8;
+  int grad_accum_steps = 8;  // per rank
+  // Sequences per optimizer step over every data-parallel rank; 0 = micro-batch x accumulation x
+  // ranks. When given, the accumulation steps per rank are derived from it (it must divide).
+  int global_batch_size = 0;
+  // Seconds a collective may wait for the other ranks before the job is aborted (0 = forever).
+  double comm_timeout = 300;
   // The CPU optimizer: adamw, adam, adamw8bit, adafactor, lion, sgd or adagrad
   // (BuildOptimizer). Its betas and eps default to the optimizer's own (torch.optim's; Adafactor:
   // beta1 0, no first moment) unless given.

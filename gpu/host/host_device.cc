@@ -126,6 +126,11 @@ class HostStream final : public Stream {
     Enqueue({std::move(fn), false, "kernel", trace::Category::kCompute});
     return Status::Ok();
   }
+  Status LaunchHostAs(trace::Category category, std::function<Status()> fn) override {
+    Enqueue({std::move(fn), false,
+             category == trace::Category::kComm ? "collective" : "host function", category});
+    return Status::Ok();
+  }
 
   Status Record(Event& event) override {
     auto& e = static_cast<HostEvent&>(event);

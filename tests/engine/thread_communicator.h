@@ -55,7 +55,7 @@ class ThreadCommunicator final : public comm::Communicator {
   Status ReduceScatter(gpu::DeviceSpan send, gpu::DeviceSpan recv, int64_t count, DType dtype,
                        gpu::Stream& stream) override {
     if (dtype != DType::kF32) return InvalidArgumentError("threads: fp32 reduce-scatter only");
-    return stream.LaunchHost([=, this] {
+    return stream.LaunchHostAs(trace::Category::kComm, [=, this] {
       Exchange(send.data, [&] {
         auto* out = recv.as<float>();
         for (int64_t i = 0; i < count; ++i) {
@@ -70,7 +70,7 @@ class ThreadCommunicator final : public comm::Communicator {
   Status AllGatherInPlace(gpu::DeviceSpan buffer, int64_t count, DType dtype,
                           gpu::Stream& stream) override {
     const size_t bytes = count * SizeOf(dtype);
-    return stream.LaunchHost([=, this] {
+    return stream.LaunchHostAs(trace::Category::kComm, [=, this] {
       Exchange(buffer.data, [&] {
         for (int r = 0; r < world_size(); ++r) {
           if (r != rank_) std::memcpy(buffer.data + r * bytes, Part<std::byte>(r) + r * bytes, bytes);

@@ -46,7 +46,7 @@ STEP_TAGS = [
     "train/loss", "train/lr", "train/grad_norm", "train/loss_scale", "train/tokens_per_second",
     "train/skipped", "bytes/h2d", "bytes/d2h", "bytes/nvme_read", "bytes/nvme_write",
     "time/compute", "time/h2d", "time/d2h", "time/cpu_optimizer", "time/nvme_read",
-    "time/nvme_write", "time/step",
+    "time/nvme_write", "time/comm", "time/step",
 ]
 
 

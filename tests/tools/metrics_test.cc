@@ -364,6 +364,7 @@ TEST(TrainMetrics, StepScalarsAreTheDifferencesOfTheRunningTotals) {
       {"time/cpu_optimizer", 0.5},
       {"time/nvme_read", 0.625},
       {"time/nvme_write", 0.75},
+      {"time/comm", 0.875},
       {"time/step", 0.25},
   };
   ASSERT_EQ(s.size(), expected.size());
