@@ -47,8 +47,8 @@ enum class Category : uint8_t {
 };
 inline constexpr int kNumCategories = 8;
 
-// "compute", "h2d", "d2h", "cpu_optimizer", "nvme_read", "nvme_write", "comm", "other": the keys of the
-// summary JSON's time breakdown.
+// "compute", "h2d", "d2h", "cpu_optimizer", "nvme_read", "nvme_write", "comm", "other": the keys of
+// the summary JSON's time breakdown.
 std::string_view CategoryName(Category category);
 
 // Busy seconds per category, summed over all tracks (two streams copying at once count twice).

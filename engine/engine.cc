@@ -155,7 +155,7 @@ class Engine::Impl {
   bool dp() const { return o_.comm != nullptr; }
   int world() const { return dp() ? o_.comm->world_size() : 1; }
   const Partition& part(int b) const { return plan_.blocks[b].partition; }
-  int64_t own(int b) const { return part(b).own_elems; }         // master, state, host gradient
+  int64_t own(int b) const { return part(b).own_elems; }          // master, state, host gradient
   int64_t home_elems(int b) const { return part(b).part_elems; }  // working params at home
   int64_t dev_elems(int b) const { return part(b).padded_elems; }
   // The whole block from every rank's partition (`mine`: own(b) values): collective.
@@ -260,8 +260,8 @@ class Engine::Impl {
   // params all-gather on gather_ (param_comm_, the prefetch thread's order).
   std::unique_ptr<gpu::Stream> reduce_, gather_;
   std::unique_ptr<comm::Communicator> grad_comm_, param_comm_;
-  gpu::DeviceSpan red_full_;    // one block's gradients widened to fp32, padded
-  gpu::DeviceSpan red_part_[2]; // this rank's reduced fp32 partition
+  gpu::DeviceSpan red_full_;     // one block's gradients widened to fp32, padded
+  gpu::DeviceSpan red_part_[2];  // this rank's reduced fp32 partition
   std::unique_ptr<gpu::Event> reduced_[2], part_free_[2];
   // Trace tracks of the host threads (o_.trace).
   int load_track_ = 0, fold_track_ = 0, read_track_ = 0, update_track_ = 0, write_track_ = 0;
@@ -469,8 +469,10 @@ Status Engine::Impl::Init() {
       max_part = std::max(max_part, home_elems(b));
     }
     STRATA_ASSIGN_OR_RETURN(auto red, next());
-    const uint64_t full = AlignUp(static_cast<uint64_t>(max_padded) * 4, gpu::DeviceArena::kAlignment);
-    const uint64_t partb = AlignUp(static_cast<uint64_t>(max_part) * 4, gpu::DeviceArena::kAlignment);
+    const uint64_t full =
+        AlignUp(static_cast<uint64_t>(max_padded) * 4, gpu::DeviceArena::kAlignment);
+    const uint64_t partb =
+        AlignUp(static_cast<uint64_t>(max_part) * 4, gpu::DeviceArena::kAlignment);
     red_full_ = red.subspan(0, full);
     for (int j = 0; j < 2; ++j) red_part_[j] = red.subspan(full + j * partb, partb);
   }
@@ -482,8 +484,8 @@ Status Engine::Impl::Init() {
     STRATA_ASSIGN_OR_RETURN(resident_[b].ready, event());
     STRATA_ASSIGN_OR_RETURN(resident_[b].released, event());
     if (dp()) {
-    STRATA_ASSIGN_OR_RETURN(resident_[b].copied, event());
-  }
+      STRATA_ASSIGN_OR_RETURN(resident_[b].copied, event());
+    }
   }
   slots_.resize(plan_.streaming_slots);
   for (auto& s : slots_) {
@@ -491,8 +493,8 @@ Status Engine::Impl::Init() {
     STRATA_ASSIGN_OR_RETURN(s.ready, event());
     STRATA_ASSIGN_OR_RETURN(s.released, event());
     if (dp()) {
-    STRATA_ASSIGN_OR_RETURN(s.copied, event());
-  }
+      STRATA_ASSIGN_OR_RETURN(s.copied, event());
+    }
     if (nvme_params()) {
       STRATA_ASSIGN_OR_RETURN(s.staging,
                               device_->AllocatePinned(plan_.partition_bytes, "NVMe staging"));
@@ -517,9 +519,9 @@ Status Engine::Impl::Init() {
   home_.resize(n_);
   for (int b = 0; b < n_; ++b) {
     if (!nvme_params() || resident(b)) {
-      STRATA_ASSIGN_OR_RETURN(home_[b],
-                              device_->AllocatePinned(io::SwapStore::PaddedSize(home_elems(b) * w_),
-                                                      "working params"));
+      STRATA_ASSIGN_OR_RETURN(
+          home_[b],
+          device_->AllocatePinned(io::SwapStore::PaddedSize(home_elems(b) * w_), "working params"));
       // A partition's padding past the block's end goes to the device as zeros.
       if (dp()) std::memset(home_[b].data(), 0, home_[b].span().size_bytes);
     }
@@ -539,7 +541,8 @@ Status Engine::Impl::Init() {
   }
   for (int b = 0; b < n_ && !o_.inference_only; ++b) {
     STRATA_ASSIGN_OR_RETURN(
-        auto acc, AlignedBuffer::Allocate(std::max<uint64_t>(64, own(b) * SizeOf(grad_dtype(b))), 64));
+        auto acc,
+        AlignedBuffer::Allocate(std::max<uint64_t>(64, own(b) * SizeOf(grad_dtype(b))), 64));
     accum_.push_back(std::move(acc));
     if (!nvme_optim()) {
       STRATA_ASSIGN_OR_RETURN(auto home, AlignedBuffer::Allocate(state_[b].region_bytes, 4096));
@@ -634,9 +637,9 @@ Status Engine::Impl::WriteBack(int b, int i) {
         OptimExtent(b), opt_buf_[i].span().bytes().subspan(0, state_[b].region_bytes)));
   }
   if (nvme_params()) {
-    STRATA_RETURN_IF_ERROR(
-        swap_->Write(ParamsExtent(b), WorkingHome(b, i).bytes().subspan(
-                                          0, io::SwapStore::PaddedSize(home_elems(b) * w_))));
+    STRATA_RETURN_IF_ERROR(swap_->Write(
+        ParamsExtent(b),
+        WorkingHome(b, i).bytes().subspan(0, io::SwapStore::PaddedSize(home_elems(b) * w_))));
   }
   return Status::Ok();
 }
@@ -868,8 +871,7 @@ Status Engine::Impl::StreamGradients(int b, bool overwrite, bool last) {
                                                      red_part_[j], count, DType::kF32, *reduce_));
     STRATA_RETURN_IF_ERROR(reduce_->Record(*reduced_[j]));
     STRATA_RETURN_IF_ERROR(d2h_->Wait(*reduced_[j]));
-    STRATA_RETURN_IF_ERROR(
-        d2h_->CopyD2H(hbucket_[i].span(), red_part_[j].subspan(0, own(b) * 4)));
+    STRATA_RETURN_IF_ERROR(d2h_->CopyD2H(hbucket_[i].span(), red_part_[j].subspan(0, own(b) * 4)));
     STRATA_RETURN_IF_ERROR(d2h_->Record(*landed_[i]));
     STRATA_RETURN_IF_ERROR(d2h_->Record(*part_free_[j]));
   } else {
@@ -1197,9 +1199,8 @@ StatusOr<uint64_t> Engine::Impl::MasterWeightsXxh3() {
 StatusOr<const std::byte*> Engine::Impl::WorkingParamsBytes(int b) {
   const gpu::PinnedSpan home = WorkingHome(b, 0);
   if (!nvme_params() || resident(b)) return home.data;
-  STRATA_RETURN_IF_ERROR(
-      swap_->Read(ParamsExtent(b),
-                  home.bytes().subspan(0, io::SwapStore::PaddedSize(home_elems(b) * w_))));
+  STRATA_RETURN_IF_ERROR(swap_->Read(
+      ParamsExtent(b), home.bytes().subspan(0, io::SwapStore::PaddedSize(home_elems(b) * w_))));
   return home.data;
 }
 
@@ -1363,9 +1364,8 @@ StatusOr<std::string> Engine::Impl::FromRank0(StatusOr<std::string> mine) {
   text.resize(head[1]);
   STRATA_RETURN_IF_ERROR(o_.comm->Broadcast(std::as_writable_bytes(std::span(text)), 0));
   if (head[0] != 0) {
-    return Status(static_cast<StatusCode>(head[0]), o_.comm->rank() == 0
-                                                        ? text
-                                                        : fmt::format("rank 0: {}", text));
+    return Status(static_cast<StatusCode>(head[0]),
+                  o_.comm->rank() == 0 ? text : fmt::format("rank 0: {}", text));
   }
   return text;
 }
@@ -1388,8 +1388,8 @@ Status Engine::Impl::WriteCheckpointRanks(const std::string& save_dir, const Tra
   Status created;
   if (root) {
     for (const CheckpointFile& f : files) {
-      created = SafetensorsPartWriter::Create(temp_dir + "/" + f.name, f.tensors, metadata(f))
-                    .status();
+      created =
+          SafetensorsPartWriter::Create(temp_dir + "/" + f.name, f.tensors, metadata(f)).status();
       if (!created.ok()) break;
     }
   }
@@ -1595,12 +1595,10 @@ Status Engine::Impl::LoadCheckpoint(const std::string& path, TrainerState* train
         if (block != b) continue;
         const std::span<std::byte> section =
             world() > 1 ? Section(b, 0, k).subspan(0, n * 4) : Section(b, 0, k);
-        STRATA_RETURN_IF_ERROR(
-            ReadTensorBytes(files[1 + f], *tensors[1 + f][j], off * 4, section));
+        STRATA_RETURN_IF_ERROR(ReadTensorBytes(files[1 + f], *tensors[1 + f][j], off * 4, section));
       }
     }
-    STRATA_RETURN_IF_ERROR(ReadTensorBytes(files[working_file], *tensors[working_file][b],
-                                           off * w_,
+    STRATA_RETURN_IF_ERROR(ReadTensorBytes(files[working_file], *tensors[working_file][b], off * w_,
                                            WorkingHome(b, 0).bytes().subspan(0, n * w_)));
     if (swap_) STRATA_RETURN_IF_ERROR(WriteBack(b, 0));
     ++param_version_[b];  // every device copy is stale

@@ -5,8 +5,7 @@
 
 namespace strata::engine {
 
-BlockState LayoutBlockState(const Model& model, int block,
-                            const cpu_optim::AnyOptimizer& optimizer,
+BlockState LayoutBlockState(const Model& model, int block, const cpu_optim::AnyOptimizer& optimizer,
                             const Partition* partition) {
   BlockState s;
   s.kind = optimizer.kind;

@@ -43,8 +43,7 @@ struct BlockState {
 // With `partition` (planner.h) of a data-parallel rank, the state of that rank's own elements
 // only, as one flat tensor: only optimizers whose state is element-wise may be partitioned
 // (PartitionableOptimizer).
-BlockState LayoutBlockState(const Model& model, int block,
-                            const cpu_optim::AnyOptimizer& optimizer,
+BlockState LayoutBlockState(const Model& model, int block, const cpu_optim::AnyOptimizer& optimizer,
                             const Partition* partition = nullptr);
 // Whether an optimizer's state is element-wise (AdamW, Adam, Lion, SGD, Adagrad), so that a
 // block's state splits into partitions and a checkpoint's state re-splits for another number of

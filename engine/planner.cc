@@ -282,8 +282,7 @@ StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape sha
   if (o.optimizer_buffers < 0) return InvalidArgumentError("optimizer_buffers must be >= 0");
   p.host_grad_buckets = o.host_grad_buckets != 0 ? o.host_grad_buckets : 3;
   p.optimizer_buffers = o.optimizer_buffers != 0 ? o.optimizer_buffers : (nvme ? 3 : 1);
-  p.grad_bucket_bytes =
-      dp ? AlignUp(static_cast<uint64_t>(max_part) * 4, 4096) : p.slot_bytes;
+  p.grad_bucket_bytes = dp ? AlignUp(static_cast<uint64_t>(max_part) * 4, 4096) : p.slot_bytes;
 
   // Host tiers: this rank's partitions.
   uint64_t params_w = 0;
@@ -308,8 +307,7 @@ StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape sha
   p.pinned_bytes += p.optimizer_buffers * p.optimizer_buffer_bytes;
   for (int b = 0; b < n; ++b) {
     // With ranks > 1 the reduced gradient is fp32.
-    const bool grad16 =
-        !dp && HostGradInWorkingPrecision(model, b, optimizer.grad_accum_steps);
+    const bool grad16 = !dp && HostGradInWorkingPrecision(model, b, optimizer.grad_accum_steps);
     p.host_grad_bytes += static_cast<uint64_t>(p.blocks[b].partition.own_elems) * (grad16 ? w : 4);
     if (grad16 && w < 4) p.host_grad16_params += p.blocks[b].num_params;
   }
@@ -360,10 +358,11 @@ std::string Plan::Describe() const {
        optimizer_name,
        static_cast<double>(optimizer_state_bytes) / static_cast<double>(model_params));
   if (ranks > 1) {
-    line("  ranks    {} data-parallel ranks (ZeRO), figures for rank {}: it keeps its partition "
-         "(1/{}) of the master weights, optimizer state, host gradients and working-params homes; "
-         "the device holds whole blocks",
-         ranks, rank, ranks);
+    line(
+        "  ranks    {} data-parallel ranks (ZeRO), figures for rank {}: it keeps its partition "
+        "(1/{}) of the master weights, optimizer state, host gradients and working-params homes; "
+        "the device holds whole blocks",
+        ranks, rank, ranks);
   }
   std::string resident, streamed;
   for (const auto& b : blocks) (b.resident ? resident : streamed) += (b.name + " ");

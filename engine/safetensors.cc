@@ -349,9 +349,8 @@ Status SafetensorsPartWriter::WriteAt(size_t index, uint64_t offset_bytes,
                                       std::span<const std::byte> bytes) {
   if (index >= ranges_.size() ||
       offset_bytes + bytes.size() > ranges_[index].second - ranges_[index].first) {
-    return OutOfRangeError(
-        fmt::format("'{}': write of {} bytes at {} outside tensor {}", path_, bytes.size(),
-                    offset_bytes, index));
+    return OutOfRangeError(fmt::format("'{}': write of {} bytes at {} outside tensor {}", path_,
+                                       bytes.size(), offset_bytes, index));
   }
   return PwriteAll(fd_.get(), path_, data_offset_bytes_ + ranges_[index].first + offset_bytes,
                    bytes);

@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <initializer_list>
 #include <limits>
@@ -865,28 +866,41 @@ void ApplyBatch(Context& c, const json& root, TrainFlags* f) {
   read("gradient_accumulation_steps", &accum);
   read("train_batch_size", &total);
   if (total.has_value()) {
-    // One process (world size 1): train_batch_size = micro-batch * accumulation, as DeepSpeed.
-    if (micro && accum && *micro * *accum != *total) {
-      c.r.Add(fmt::format(
-          "'train_batch_size' {} != train_micro_batch_size_per_gpu {} * "
-          "gradient_accumulation_steps {} (one process); fix one of them or leave one out",
-          *total, *micro, *accum));
+    // As DeepSpeed: train_batch_size = micro-batch * accumulation * world size, the world being
+    // the processes mpirun started (OMPI_COMM_WORLD_SIZE / PMI_SIZE), 1 without a launcher.
+    int64_t world = 1;
+    for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}) {
+      if (const char* v = std::getenv(var); v != nullptr && std::atoll(v) > 0) {
+        world = std::atoll(v);
+        break;
+      }
+    }
+    const std::string procs = fmt::format("{} process{}", world, world == 1 ? "" : "es");
+    if (micro && accum && *micro * *accum * world != *total) {
+      c.r.Add(
+          fmt::format("'train_batch_size' {} != train_micro_batch_size_per_gpu {} * "
+                      "gradient_accumulation_steps {} * {}; fix one of them or leave one out",
+                      *total, *micro, *accum, procs));
       return;
     }
     const auto derive = [&](int64_t known, const char* known_key) -> std::optional<int64_t> {
-      if (*total % known != 0) {
-        c.r.Add(fmt::format("'train_batch_size' {} is not a multiple of '{}' {}", *total, known_key,
-                            known));
+      if (*total % (known * world) != 0) {
+        c.r.Add(fmt::format("'train_batch_size' {} is not a multiple of '{}' {} * {}", *total,
+                            known_key, known, procs));
         return std::nullopt;
       }
-      return *total / known;
+      return *total / (known * world);
     };
     if (micro && !accum) {
       accum = derive(*micro, "train_micro_batch_size_per_gpu");
     } else if (accum && !micro) {
       micro = derive(*accum, "gradient_accumulation_steps");
     } else if (!micro && !accum) {
-      micro = *total;
+      if (*total % world != 0) {
+        c.r.Add(fmt::format("'train_batch_size' {} is not a multiple of {}", *total, procs));
+        return;
+      }
+      micro = *total / world;
       accum = 1;
     }
   } else if (micro && !accum) {

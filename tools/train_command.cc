@@ -308,10 +308,10 @@ std::string RankConfiguration(const TrainFlags& f) {
       f.model, f.model_dir, fmt::join(f.data, ","), fmt::join(f.val_data, ","), f.tokenizer,
       f.precision, f.micro_batch_size, f.seq_len, f.grad_accum_steps, f.global_batch_size,
       f.optimizer, f.lr, f.weight_decay, f.adam_beta1.value_or(-1), f.adam_beta2.value_or(-1),
-      f.adam_eps.value_or(-1), f.grad_clip, f.steps, f.seed, f.lr_schedule,
-      f.warmup_steps, f.offload_params, f.offload_optimizer, f.fp16_initial_scale,
-      f.fp16_scale_window, f.fp16_hysteresis, f.fp16_min_scale, f.eval_every,
-      f.checkpoint.save_dir, f.checkpoint.resume);
+      f.adam_eps.value_or(-1), f.grad_clip, f.steps, f.seed, f.lr_schedule, f.warmup_steps,
+      f.offload_params, f.offload_optimizer, f.fp16_initial_scale, f.fp16_scale_window,
+      f.fp16_hysteresis, f.fp16_min_scale, f.eval_every, f.checkpoint.save_dir,
+      f.checkpoint.resume);
 }
 
 Status RunTrainRanks(const TrainFlags& flags, comm::Communicator* world);
@@ -357,8 +357,8 @@ Status RunTrainRanks(const TrainFlags& flags, comm::Communicator* world) {
     f.grad_accum_steps = f.global_batch_size / per_step;
   }
   if (world) {
-    STRATA_RETURN_IF_ERROR(comm::CheckSameOnAllRanks(*world, "the flags of strata train",
-                                                     RankConfiguration(flags)));
+    STRATA_RETURN_IF_ERROR(
+        comm::CheckSameOnAllRanks(*world, "the flags of strata train", RankConfiguration(flags)));
     if (rank != 0) {
       // Rank 0 alone writes the metrics.
       f.tensorboard_dir.clear();
@@ -523,11 +523,11 @@ Status RunTrainRanks(const TrainFlags& flags, comm::Communicator* world) {
       "  batch    %d x %d tokens per micro-batch, %d micro-batch%s per step%s; gradient "
       "clipping %s\n",
       f.micro_batch_size, f.seq_len, f.grad_accum_steps, f.grad_accum_steps == 1 ? "" : "es",
-      ranks > 1 ? fmt::format(" on each of {} ranks ({} sequences per step; {} over {})",
-                              ranks, f.micro_batch_size * f.grad_accum_steps * ranks,
-                              o.comm->backend(), ranks)
-                      .c_str()
-                : "",
+      ranks > 1
+          ? fmt::format(" on each of {} ranks ({} sequences per step; {} over {})", ranks,
+                        f.micro_batch_size * f.grad_accum_steps * ranks, o.comm->backend(), ranks)
+                .c_str()
+          : "",
       f.grad_clip > 0 ? fmt::format("at norm {:g}", f.grad_clip).c_str() : "off");
   std::printf("  lr       %s\n", DescribeLrSchedule(schedule).c_str());
   if (precision == DType::kF16) {
@@ -743,9 +743,8 @@ Status RunTrainRanks(const TrainFlags& flags, comm::Communicator* world) {
     uint64_t nvme_read, nvme_written, host, host_grad, pinned, h2d, d2h, device_peak;
   };
   const auto& my_plan = engine->plan();
-  const RankBytes mine{counters.nvme_bytes_read, counters.nvme_bytes_written,
-                       my_plan.host_bytes,       my_plan.host_grad_bytes,
-                       counters.pinned_bytes,    counters.bytes_h2d,
+  const RankBytes mine{counters.nvme_bytes_read, counters.nvme_bytes_written, my_plan.host_bytes,
+                       my_plan.host_grad_bytes,  counters.pinned_bytes,       counters.bytes_h2d,
                        counters.bytes_d2h,       counters.device_peak_bytes};
   std::vector<RankBytes> per_rank(ranks);
   if (world) {

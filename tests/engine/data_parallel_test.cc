@@ -212,8 +212,8 @@ TEST_F(DataParallelTest, TwoRankRunsAreBitIdentical) {
 }
 
 TEST_F(DataParallelTest, EachRankKeepsItsShareOfHostAndNvmeState) {
-  const TrainRun one = TrainOneRank(DType::kBF16, ParamHome::kNvme, OptimizerHome::kNvme, 2, 1,
-                                    true);
+  const TrainRun one =
+      TrainOneRank(DType::kBF16, ParamHome::kNvme, OptimizerHome::kNvme, 2, 1, true);
   const auto two = TrainRanks(2, DType::kBF16, ParamHome::kNvme, OptimizerHome::kNvme, 1, 1);
   for (int r = 0; r < 2; ++r) {
     SCOPED_TRACE(fmt::format("rank {}", r));
@@ -247,8 +247,8 @@ TEST_F(DataParallelTest, CheckpointsMoveBetweenRankCounts) {
     for (int r = 0; r < ranks; ++r) {
       threads.emplace_back([&, r] {
         auto comm = ranks > 1 ? world.Rank(r) : comm::CreateLocalCommunicator();
-        EngineOptions o = Options(DType::kBF16, ParamHome::kNvme, OptimizerHome::kNvme, accum,
-                                  ranks, r);
+        EngineOptions o =
+            Options(DType::kBF16, ParamHome::kNvme, OptimizerHome::kNvme, accum, ranks, r);
         o.comm = comm.get();
         auto device = gpu::CreateHostDevice({});
         ASSERT_TRUE(device.ok());

@@ -73,7 +73,8 @@ class ThreadCommunicator final : public comm::Communicator {
     return stream.LaunchHostAs(trace::Category::kComm, [=, this] {
       Exchange(buffer.data, [&] {
         for (int r = 0; r < world_size(); ++r) {
-          if (r != rank_) std::memcpy(buffer.data + r * bytes, Part<std::byte>(r) + r * bytes, bytes);
+          if (r != rank_)
+            std::memcpy(buffer.data + r * bytes, Part<std::byte>(r) + r * bytes, bytes);
         }
       });
       return Status::Ok();

@@ -240,6 +240,27 @@ TEST(TrainConfig, TrainBatchSizeIsCheckedOrDerivedForOneProcess) {
             std::string::npos);
 }
 
+// Under mpirun the world size counts, as in DeepSpeed: train_batch_size = micro x accum x world.
+TEST(TrainConfig, TrainBatchSizeCountsTheProcessesOfTheLauncher) {
+  ASSERT_EQ(::setenv("OMPI_COMM_WORLD_SIZE", "2", 1), 0);
+  TrainFlags f;
+  const Status s = Apply(R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4})", &f);
+  const int accum = f.grad_accum_steps;
+  const std::string mismatch = ErrorOf(R"({"train_batch_size": 16,
+      "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 4})");
+  const Status whole = Apply(R"({"train_batch_size": 6})", &f);
+  const int whole_micro = f.micro_batch_size;
+  ::unsetenv("OMPI_COMM_WORLD_SIZE");
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(accum, 4);
+  EXPECT_NE(mismatch.find("* 2 processes"), std::string::npos) << mismatch;
+  ASSERT_TRUE(whole.ok());
+  EXPECT_EQ(whole_micro, 3);
+  TrainFlags g;
+  ASSERT_TRUE(Apply(R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4})", &g).ok());
+  EXPECT_EQ(g.grad_accum_steps, 8);  // one process again
+}
+
 TEST(TrainConfig, UnknownKeysAreRejectedByTheirJsonPathWithTheKnownOnes) {
   EXPECT_EQ(ErrorOf(R"({"zero_optimization": {"offload_param": {"device": "cpu", "foo": 1}}})"),
             "run.json: unknown key 'zero_optimization.offload_param.foo'; DeepSpeed "
