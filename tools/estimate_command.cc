@@ -6,12 +6,15 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 
 #include "base/cpu_info.h"
 #include "base/dtype.h"
 #include "base/units.h"
+#include "engine/optimizer_state.h"
 #include "engine/planner.h"
 #include "tools/model_spec.h"
 #include "tools/optimizer_flags.h"
@@ -39,6 +42,14 @@ StatusOr<uint64_t> NvmeFreeBytes(const std::vector<std::string>& paths) {
   return total;
 }
 
+// "1.2 GiB vs 2.4 GiB (0.50x)": a per-rank figure against one rank's.
+std::string Versus(uint64_t per_rank, uint64_t one_rank) {
+  return fmt::format("{} vs {}{}", FormatBytes(per_rank), FormatBytes(one_rank),
+                     one_rank > 0 ? fmt::format(" ({:.2f}x)", static_cast<double>(per_rank) /
+                                                                  static_cast<double>(one_rank))
+                                  : "");
+}
+
 StatusOr<uint64_t> ParseBudget(const std::string& flag, const std::string& text) {
   STRATA_ASSIGN_OR_RETURN(uint64_t bytes, ParseSize(text));
   if (bytes == 0) {
@@ -55,8 +66,11 @@ void AddEstimateFlags(CLI::App& cmd, EstimateFlags& f) {
       ->capture_default_str();
   cmd.add_option("--model-dir", f.model_dir,
                  "A Hugging Face model directory: the shapes of its config.json");
-  cmd.add_option("--device-budget", f.device_budget,
-                 "Device memory for the whole arena, e.g. 24GiB (GB = 1e9 B, GiB = 2^30 B)")
+  cmd.add_option(
+         "--device-budget", f.device_budget,
+         "Device memory for the whole arena, e.g. 24GiB (GB = 1e9 B, GiB = 2^30 B), or auto "
+         "as strata train's: midway between the streaming minimum and the working params "
+         "(every block's needs with --offload-params device)")
       ->required();
   cmd.add_option("--host-budget", f.host_budget,
                  "Host memory for pinned buffers, gradient accumulators and host-resident "
@@ -101,10 +115,21 @@ void AddEstimateFlags(CLI::App& cmd, EstimateFlags& f) {
                  "accumulators")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  cmd.add_option("--ranks", f.ranks,
+                 "Data-parallel ranks (mpirun -n N): the plan of rank 0 of N, which keeps 1/N of "
+                 "the master weights, optimizer state, host gradients and param homes, and a "
+                 "comparison with one rank")
+      ->capture_default_str();
   cmd.add_flag("--json", f.json, "Print the plan as one JSON object");
 }
 
 Status RunEstimate(const EstimateFlags& f) {
+  if (f.ranks < 1) {
+    return InvalidArgumentError(
+        fmt::format("--ranks {} is not a number of ranks: give 1 or more (the process count of "
+                    "mpirun -n)",
+                    f.ranks));
+  }
   STRATA_ASSIGN_OR_RETURN(DType precision, ParseDType(f.precision));
   // Shapes only: a directory's config.json is enough (no weights are read).
   STRATA_ASSIGN_OR_RETURN(ModelSpec spec,
@@ -118,11 +143,30 @@ Status RunEstimate(const EstimateFlags& f) {
   engine::PlacementOptions o;
   STRATA_ASSIGN_OR_RETURN(o.param_home, engine::ParseParamHome(f.offload_params));
   STRATA_ASSIGN_OR_RETURN(o.optimizer_home, engine::ParseOptimizerHome(f.offload_optimizer));
-  STRATA_ASSIGN_OR_RETURN(o.device_budget_bytes, ParseBudget("--device-budget", f.device_budget));
   o.offload_activations = f.offload_activations;
   o.streaming_slots = f.prefetch_depth > 0 ? f.prefetch_depth + 1 : 0;
   o.host_grad_buckets = f.grad_buckets;
   o.optimizer_buffers = f.optimizer_buffers;
+  // Rank 0 of N: with equal model and flags every rank's plan is the same but for the last
+  // ranks' (possibly smaller) partitions, so rank 0's needs bound every rank's.
+  o.ranks = f.ranks;
+  o.rank = 0;
+  o.data_parallel = f.ranks > 1;
+  const engine::MicroBatchShape mb{f.micro_batch_size, seq_len};
+  if (f.device_budget == "auto" && o.param_home == engine::ParamHome::kDevice) {
+    // As strata train: every block resident, exactly what that takes.
+    o.device_budget_bytes = engine::AllResidentBytes(*model, precision, mb, f.offload_activations,
+                                                     o.ranks, o.data_parallel);
+  } else if (f.device_budget == "auto") {
+    // As strata train: midway between the streaming minimum and the working params alone.
+    const uint64_t minimum = engine::StreamingMinimumBytes(
+        *model, precision, mb, f.prefetch_depth > 0 ? f.prefetch_depth + 1 : 2,
+        f.offload_activations, o.ranks, o.data_parallel);
+    const uint64_t working = static_cast<uint64_t>(model->num_params()) * SizeOf(precision);
+    o.device_budget_bytes = working > minimum ? minimum + (working - minimum) / 2 : minimum;
+  } else {
+    STRATA_ASSIGN_OR_RETURN(o.device_budget_bytes, ParseBudget("--device-budget", f.device_budget));
+  }
   if (f.host_budget == "auto") {
     STRATA_ASSIGN_OR_RETURN(CpuInfo host, DetectCpuInfo());
     o.host_budget_bytes = host.mem_total_bytes;
@@ -140,13 +184,30 @@ Status RunEstimate(const EstimateFlags& f) {
   if (!f.nvme_paths.empty()) {
     STRATA_ASSIGN_OR_RETURN(o.nvme_capacity_bytes, NvmeFreeBytes(f.nvme_paths));
   }
-  const engine::MicroBatchShape mb{f.micro_batch_size, seq_len};
   TrainFlags train;
   train.optimizer = f.optimizer;
   STRATA_ASSIGN_OR_RETURN(cpu_optim::AnyOptimizer optimizer, BuildOptimizer(train));
+  if (f.ranks > 1 && !engine::PartitionableOptimizer(optimizer)) {
+    return InvalidArgumentError(fmt::format(
+        "--optimizer {} keeps state that does not split into per-rank partitions (block-wise or "
+        "factored statistics); with --ranks above 1 use adamw, adam, lion, sgd or adagrad",
+        f.optimizer));
+  }
+  const engine::PlanOptimizer plan_optimizer{optimizer, f.grad_accum_steps};
   STRATA_ASSIGN_OR_RETURN(engine::Plan plan,
-                          engine::MakePlan(*model, precision, mb, o,
-                                           engine::PlanOptimizer{optimizer, f.grad_accum_steps}));
+                          engine::MakePlan(*model, precision, mb, o, plan_optimizer));
+  // The same run on one rank (strata train without mpirun), for the comparison line: same
+  // device budget, the host, pinned and NVMe budgets unchecked (its needs are what is compared).
+  std::optional<engine::Plan> one_rank;
+  if (f.ranks > 1) {
+    engine::PlacementOptions one = o;
+    one.ranks = 1;
+    one.data_parallel = false;
+    one.host_budget_bytes = 0;
+    one.nvme_capacity_bytes = 0;
+    one.pinned_budget_bytes = std::numeric_limits<uint64_t>::max();
+    STRATA_ASSIGN_OR_RETURN(one_rank, engine::MakePlan(*model, precision, mb, one, plan_optimizer));
+  }
 
   if (f.json) {
     const nlohmann::json j = {
@@ -178,13 +239,32 @@ Status RunEstimate(const EstimateFlags& f) {
         {"nvme_bytes", plan.nvme_bytes},
         {"nvme_free_bytes",
          f.nvme_paths.empty() ? nlohmann::json() : nlohmann::json(o.nvme_capacity_bytes)},
+        {"ranks", plan.ranks},
+        {"rank", plan.rank},
+        {"data_parallel", plan.data_parallel},
+        {"one_rank", one_rank ? nlohmann::json{{"device_total_bytes", one_rank->device_total_bytes},
+                                               {"pinned_bytes", one_rank->pinned_bytes},
+                                               {"host_bytes", one_rank->host_bytes},
+                                               {"host_grad_bytes", one_rank->host_grad_bytes},
+                                               {"nvme_bytes", one_rank->nvme_bytes}}
+                              : nlohmann::json()},
     };
     std::printf("%s\n", j.dump(2).c_str());
     return Status::Ok();
   }
   std::printf("strata estimate: %s\n", model->description().c_str());
   std::printf("%s", plan.Describe().c_str());
-  std::printf("verdict: feasible: device %s of %s, host %s of %s%s\n",
+  if (one_rank) {
+    // Host gradients are fp32 on every rank of a data-parallel run, 16-bit on one rank at
+    // --grad-accum-steps 1 (planner.h), so the host figure halves only from 2 micro-batches on.
+    std::printf("per rank vs one rank: host %s, pinned %s, NVMe %s, device %s\n",
+                Versus(plan.host_bytes, one_rank->host_bytes).c_str(),
+                Versus(plan.pinned_bytes, one_rank->pinned_bytes).c_str(),
+                Versus(plan.nvme_bytes, one_rank->nvme_bytes).c_str(),
+                Versus(plan.device_total_bytes, one_rank->device_total_bytes).c_str());
+  }
+  std::printf("verdict: feasible%s: device %s of %s, host %s of %s%s\n",
+              f.ranks > 1 ? fmt::format(" on each of {} ranks", f.ranks).c_str() : "",
               FormatBytes(plan.device_total_bytes).c_str(),
               FormatBytes(plan.device_budget_bytes).c_str(),
               FormatBytes(plan.host_bytes + plan.pinned_bytes).c_str(),

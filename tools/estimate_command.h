@@ -1,6 +1,7 @@
 // `strata estimate`: the planner's verdict for a model shape and budgets, without training
 // (docs/ARCHITECTURE.md, "Planner"): the same plan `strata train` prints, or the same error when a
-// budget is short.
+// budget is short. With --ranks N the plan is rank 0's of N data-parallel ranks (what each rank
+// of `mpirun -n N strata train` needs), followed by a comparison with one rank.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -14,7 +15,7 @@ namespace strata::tools {
 struct EstimateFlags {
   std::string model = "small";
   std::string model_dir;               // a Hugging Face directory (config.json) instead of a preset
-  std::string device_budget;           // required
+  std::string device_budget;           // required: a size, or auto as strata train's
   std::string host_budget = "auto";    // auto: this machine's total memory
   std::string pinned_budget = "auto";  // auto: the host budget
   std::vector<std::string> nvme_paths;  // free space is checked when given
@@ -29,6 +30,7 @@ struct EstimateFlags {
   int optimizer_buffers = 0;        // 0: the planner decides
   std::string optimizer = "adamw";  // as strata train --optimizer
   int grad_accum_steps = 1;         // 1: host gradients stay 16-bit (planner.h)
+  int ranks = 1;                    // data-parallel ranks (>= 1); > 1 plans rank 0 of them
   bool json = false;
 };
 

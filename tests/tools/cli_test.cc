@@ -274,6 +274,104 @@ TEST_F(CliTest, EstimateShowsHalfTheHostGradientsAtOneMicroBatchAndEachOptimizer
             5 * params);
 }
 
+// Issue 18: `strata estimate --ranks N` plans rank 0 of N data-parallel ranks, which keeps 1/N of
+// the master weights, optimizer state and host gradients, and compares it with one rank.
+TEST_F(CliTest, EstimateWithTwoRanksHalvesTheHostAndNvmeBytesOfOneRank) {
+  // Two micro-batches: one rank then keeps fp32 host gradients, as every data-parallel rank does.
+  const std::string base =
+      "estimate --preset gpt-7b --device-budget 24GiB --host-budget 512GiB "
+      "--grad-accum-steps 2 ";
+  auto plan = [&](const std::string& extra) {
+    const Result r = RunStrata(base + "--json " + extra);
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+    return r.exit_code == 0 ? nlohmann::json::parse(r.out) : nlohmann::json::object();
+  };
+  // Each rank's share is rounded up to 64 elements per block and every state part to 4 KiB, so
+  // rank 0 holds at least half and at most half plus that padding: 64 KiB per block covers it
+  // (master, two Adam moments and the params home, 4 KiB each, for both runs).
+  auto expect_half = [](const nlohmann::json& two, const nlohmann::json& one, const char* key) {
+    const auto per_rank = two.at(key).get<uint64_t>(), whole = one.at(key).get<uint64_t>();
+    const uint64_t slack = one.at("num_blocks").get<uint64_t>() * (64u << 10);
+    EXPECT_GT(whole, 100 * slack) << key;  // the padding is small next to the figure
+    EXPECT_GE(2 * per_rank, whole) << key;
+    EXPECT_LE(2 * per_rank - whole, 2 * slack) << key;
+  };
+  for (const char* home : {"nvme", "host"}) {
+    SCOPED_TRACE(home);
+    const std::string where = std::string("--offload-optimizer ") + home;
+    const auto one = plan(where + " --ranks 1"), two = plan(where + " --ranks 2");
+    EXPECT_EQ(one.at("ranks").get<int>(), 1);
+    EXPECT_TRUE(one.at("one_rank").is_null());
+    EXPECT_FALSE(one.at("data_parallel").get<bool>());
+    EXPECT_EQ(two.at("ranks").get<int>(), 2);
+    EXPECT_EQ(two.at("rank").get<int>(), 0);
+    EXPECT_TRUE(two.at("data_parallel").get<bool>());
+    expect_half(two, one, "host_bytes");
+    expect_half(two, one, "nvme_bytes");
+    // The comparison is with the same run on one rank.
+    EXPECT_EQ(two.at("one_rank").at("host_bytes"), one.at("host_bytes"));
+    EXPECT_EQ(two.at("one_rank").at("nvme_bytes"), one.at("nvme_bytes"));
+    EXPECT_EQ(two.at("one_rank").at("device_total_bytes"), one.at("device_total_bytes"));
+  }
+
+  const Result text = RunStrata(base + "--ranks 2");
+  ASSERT_EQ(text.exit_code, 0) << text.out << text.err;
+  EXPECT_NE(text.out.find("ranks    2 data-parallel ranks (ZeRO), figures for rank 0"),
+            std::string::npos)
+      << text.out;
+  EXPECT_NE(text.out.find("per rank vs one rank: host "), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("(0.50x), pinned"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("verdict: feasible on each of 2 ranks"), std::string::npos) << text.out;
+  const Result single = RunStrata(base);
+  ASSERT_EQ(single.exit_code, 0) << single.out << single.err;
+  EXPECT_EQ(single.out.find("data-parallel"), std::string::npos) << single.out;
+  EXPECT_EQ(single.out.find("per rank vs one rank"), std::string::npos) << single.out;
+}
+
+TEST_F(CliTest, EstimateAutoDeviceBudgetCoversTheDataParallelBuffers) {
+  auto plan = [&](const std::string& extra) {
+    const Result r = RunStrata(
+        "estimate --preset gpt-7b --device-budget auto --host-budget 512GiB --json " + extra);
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+    return r.exit_code == 0 ? nlohmann::json::parse(r.out) : nlohmann::json::object();
+  };
+  // Streaming: with 2 ranks the device also holds the fp32 reduce-scatter buffers (one block and
+  // two partitions) and blocks padded to whole partitions, so the auto budget grows.
+  const auto one = plan("--ranks 1"), two = plan("--ranks 2");
+  EXPECT_GT(two.at("device_budget_bytes").get<uint64_t>(),
+            one.at("device_budget_bytes").get<uint64_t>());
+  EXPECT_LE(two.at("device_total_bytes").get<uint64_t>(),
+            two.at("device_budget_bytes").get<uint64_t>());
+  // Every block resident: exactly what two ranks need, which one rank's figure would fall short of.
+  const auto resident = plan("--ranks 2 --offload-params device");
+  EXPECT_EQ(resident.at("resident_blocks"), resident.at("num_blocks"));
+  const auto resident_one = plan("--ranks 1 --offload-params device");
+  EXPECT_GT(resident.at("device_budget_bytes").get<uint64_t>(),
+            resident_one.at("device_budget_bytes").get<uint64_t>());
+}
+
+TEST_F(CliTest, EstimateRefusesZeroRanksAndUnpartitionableOptimizers) {
+  const Result zero = RunStrata("estimate --preset gpt-7b --device-budget 24GiB --ranks 0");
+  EXPECT_EQ(zero.exit_code, 1);
+  EXPECT_NE(zero.err.find("--ranks 0 is not a number of ranks: give 1 or more"), std::string::npos)
+      << zero.err;
+  EXPECT_EQ(Lines(zero.err), 1) << zero.err;
+  const Result negative = RunStrata("estimate --preset gpt-7b --device-budget 24GiB --ranks -3");
+  EXPECT_NE(negative.exit_code, 0);
+  EXPECT_NE(negative.err.find("--ranks"), std::string::npos) << negative.err;
+
+  const Result factored =
+      RunStrata("estimate --preset gpt-7b --device-budget 24GiB --ranks 2 --optimizer adafactor");
+  EXPECT_EQ(factored.exit_code, 1);
+  EXPECT_NE(factored.err.find("use adamw, adam, lion, sgd or adagrad"), std::string::npos)
+      << factored.err;
+  // One rank keeps any optimizer.
+  const Result one = RunStrata(
+      "estimate --preset gpt-7b --device-budget 24GiB --host-budget 512GiB --ranks 1 --optimizer "
+      "adafactor");
+  EXPECT_EQ(one.exit_code, 0) << one.err;
+}
+
 // Issue 3: the block `strata iobench --sweep` prints is a config `strata train --config` takes
 // unchanged, and the settings reach the engine (the plan's io line shows them).
 TEST_F(CliTest, IobenchSweepConfigRoundTripsThroughTrainConfig) {
