@@ -189,9 +189,13 @@ StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape sha
   // The optimizer's state, block by block as the engine lays it out (this rank's partitions).
   std::vector<BlockState> states;
   uint64_t max_region = 0, master_bytes = 0;
+  uint64_t rank_state_bytes = 0;  // this rank's partitions (the whole with one rank)
   for (int b = 0; b < n; ++b) {
     states.push_back(LayoutBlockState(model, b, optimizer.optimizer, &p.blocks[b].partition));
-    p.optimizer_state_bytes += states.back().state_bytes();
+    rank_state_bytes += states.back().state_bytes();
+    p.optimizer_state_bytes += ranks > 1
+                                   ? LayoutBlockState(model, b, optimizer.optimizer).state_bytes()
+                                   : states.back().state_bytes();
     master_bytes += states.back().master_bytes;
     max_region = std::max(max_region, states.back().region_bytes);
   }
@@ -313,10 +317,10 @@ StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape sha
   }
   p.host_bytes = p.host_grad_bytes;
   if (o.optimizer_home == OptimizerHome::kHost)
-    p.host_bytes += master_bytes + p.optimizer_state_bytes;
+    p.host_bytes += master_bytes + rank_state_bytes;
   if (o.param_home == ParamHome::kNvme) p.nvme_bytes += params_w;
   if (o.optimizer_home == OptimizerHome::kNvme) {
-    p.nvme_bytes += master_bytes + p.optimizer_state_bytes;
+    p.nvme_bytes += master_bytes + rank_state_bytes;
   }
   if (p.pinned_bytes > o.pinned_budget_bytes) {
     return ResourceExhaustedError(fmt::format(

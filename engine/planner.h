@@ -133,7 +133,9 @@ struct Plan {
   uint64_t nvme_bytes = 0;             // swap store payload
   uint64_t model_state_bytes = 0;      // p16 + g16 + p32 + optimizer state over all params
   std::string optimizer_name;          // "adamw", "adamw8bit", ... (OptimizerFlagName)
-  uint64_t optimizer_state_bytes = 0;  // the optimizer's state over all blocks, padded
+  // The optimizer's state over all blocks, padded: the whole model's, also with ranks > 1 (a
+  // rank's share is in host_bytes or nvme_bytes).
+  uint64_t optimizer_state_bytes = 0;
 
   int num_resident() const;
   // The plan in plain words, one tier per line.
