@@ -367,8 +367,9 @@ Status RunTrainRanks(const TrainFlags& flags, comm::Communicator* world) {
       f.summary_json.clear();
       f.trace.clear();
     }
-    for (auto& p : f.nvme_paths) p = RankPath(p, world);
   }
+  // {rank} and {local_rank} are 0 in a process of its own.
+  for (auto& p : f.nvme_paths) p = RankPath(p, world);
   STRATA_ASSIGN_OR_RETURN(DType precision, ParseDType(f.precision));
   STRATA_ASSIGN_OR_RETURN(auto param_home, engine::ParseParamHome(f.offload_params));
   STRATA_ASSIGN_OR_RETURN(auto optim_home, engine::ParseOptimizerHome(f.offload_optimizer));
