@@ -305,14 +305,26 @@ Status PwriteAll(int fd, const std::string& path, uint64_t offset,
 
 }  // namespace
 
-StatusOr<SafetensorsPartWriter> SafetensorsPartWriter::Create(
+StatusOr<SafetensorsPartWriter> SafetensorsPartWriter::Make(
     const std::string& path, const std::vector<SafetensorsWriter::TensorSpec>& tensors,
-    const std::map<std::string, std::string>& metadata) {
+    const std::map<std::string, std::string>& metadata, bool create) {
   STRATA_ASSIGN_OR_RETURN(HeaderLayout l, LayOutHeader(tensors, metadata));
   SafetensorsPartWriter w;
   w.path_ = path;
   w.data_offset_bytes_ = 8 + l.text.size();
   w.ranges_ = std::move(l.ranges);
+  const uint64_t file_bytes = w.data_offset_bytes_ + l.data_bytes;
+  if (!create) {
+    w.fd_ = UniqueFd(::open(path.c_str(), O_WRONLY | O_NOFOLLOW | O_CLOEXEC));
+    if (!w.fd_.valid()) return ErrnoToStatus(errno, fmt::format("opening '{}'", path));
+    struct stat st;
+    if (::fstat(w.fd_.get(), &st) != 0) return ErrnoToStatus(errno, path);
+    if (static_cast<uint64_t>(st.st_size) != file_bytes) {
+      return DataLossError(
+          fmt::format("'{}' is {} bytes, its layout needs {}", path, st.st_size, file_bytes));
+    }
+    return w;
+  }
   w.fd_ = UniqueFd(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
                           S_IRUSR | S_IWUSR));
   if (!w.fd_.valid()) return ErrnoToStatus(errno, fmt::format("creating '{}'", path));
@@ -320,27 +332,8 @@ StatusOr<SafetensorsPartWriter> SafetensorsPartWriter::Create(
   for (int i = 0; i < 8; ++i) len[i] = static_cast<std::byte>((l.text.size() >> (8 * i)) & 0xff);
   STRATA_RETURN_IF_ERROR(PwriteAll(w.fd_.get(), path, 0, len));
   STRATA_RETURN_IF_ERROR(PwriteAll(w.fd_.get(), path, 8, std::as_bytes(std::span(l.text))));
-  if (::ftruncate(w.fd_.get(), static_cast<off_t>(w.data_offset_bytes_ + l.data_bytes)) != 0) {
+  if (::ftruncate(w.fd_.get(), static_cast<off_t>(file_bytes)) != 0) {
     return ErrnoToStatus(errno, fmt::format("sizing '{}'", path));
-  }
-  return w;
-}
-
-StatusOr<SafetensorsPartWriter> SafetensorsPartWriter::Open(
-    const std::string& path, const std::vector<SafetensorsWriter::TensorSpec>& tensors,
-    const std::map<std::string, std::string>& metadata) {
-  STRATA_ASSIGN_OR_RETURN(HeaderLayout l, LayOutHeader(tensors, metadata));
-  SafetensorsPartWriter w;
-  w.path_ = path;
-  w.data_offset_bytes_ = 8 + l.text.size();
-  w.ranges_ = std::move(l.ranges);
-  w.fd_ = UniqueFd(::open(path.c_str(), O_WRONLY | O_NOFOLLOW | O_CLOEXEC));
-  if (!w.fd_.valid()) return ErrnoToStatus(errno, fmt::format("opening '{}'", path));
-  struct stat st;
-  if (::fstat(w.fd_.get(), &st) != 0) return ErrnoToStatus(errno, path);
-  if (static_cast<uint64_t>(st.st_size) != w.data_offset_bytes_ + l.data_bytes) {
-    return DataLossError(fmt::format("'{}' is {} bytes, its layout needs {}", path, st.st_size,
-                                     w.data_offset_bytes_ + l.data_bytes));
   }
   return w;
 }

@@ -155,15 +155,23 @@ class SafetensorsPartWriter {
  public:
   static StatusOr<SafetensorsPartWriter> Create(
       const std::string& path, const std::vector<SafetensorsWriter::TensorSpec>& tensors,
-      const std::map<std::string, std::string>& metadata);
+      const std::map<std::string, std::string>& metadata) {
+    return Make(path, tensors, metadata, /*create=*/true);
+  }
+  // kDataLoss when the file's size is not its layout's.
   static StatusOr<SafetensorsPartWriter> Open(
       const std::string& path, const std::vector<SafetensorsWriter::TensorSpec>& tensors,
-      const std::map<std::string, std::string>& metadata);
+      const std::map<std::string, std::string>& metadata) {
+    return Make(path, tensors, metadata, /*create=*/false);
+  }
   Status WriteAt(size_t index, uint64_t offset_bytes, std::span<const std::byte> bytes);
   Status Sync();
 
  private:
   SafetensorsPartWriter() = default;
+  static StatusOr<SafetensorsPartWriter> Make(
+      const std::string& path, const std::vector<SafetensorsWriter::TensorSpec>& tensors,
+      const std::map<std::string, std::string>& metadata, bool create);
   std::string path_;
   UniqueFd fd_;
   uint64_t data_offset_bytes_ = 0;

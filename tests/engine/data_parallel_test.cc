@@ -67,26 +67,18 @@ class DataParallelTest : public ::testing::Test {
 
   EngineOptions Options(DType precision, ParamHome params, OptimizerHome optim, int accum,
                         int ranks, int rank) {
-    EngineOptions o;
-    o.precision = precision;
-    o.micro_batch = {2, 16};
-    o.grad_accum_steps = accum;
-    o.optimizer.adamw().lr = 1e-2f;
-    o.optimizer.adamw().weight_decay = 0.01f;
-    o.grad_clip_norm = 1.0f;
-    o.seed = 7;
-    o.placement.param_home = params;
-    o.placement.optimizer_home = optim;
-    o.placement.nvme_paths = {(dir_ / fmt::format("rank{}", rank)).string()};
-    std::filesystem::create_directories(o.placement.nvme_paths[0]);
-    // Streamed blocks mix with one resident layer (as the overlap tests), padded for the ranks.
-    o.placement.device_budget_bytes =
-        params == ParamHome::kDevice
-            ? (64 << 20)
-            : StreamingMinimumBytes(*model_, precision, o.micro_batch, 3, false, ranks, true) +
-                  PartitionOf(model_->block_num_params(1), ranks, 0).padded_elems *
-                      SizeOf(precision) +
-                  1024;
+    const std::string swap_dir = (dir_ / fmt::format("rank{}", rank)).string();
+    std::filesystem::create_directories(swap_dir);
+    // The overlap tests' options (streamed blocks mix with one resident layer), with a device
+    // budget padded for the ranks' partitions and reduce-scatter buffers.
+    EngineOptions o =
+        testing::MixedPlacementOptions(*model_, precision, params, optim, accum, swap_dir);
+    if (params != ParamHome::kDevice) {
+      o.placement.device_budget_bytes =
+          StreamingMinimumBytes(*model_, precision, o.micro_batch, 3, false, ranks, true) +
+          PartitionOf(model_->block_num_params(1), ranks, 0).padded_elems * SizeOf(precision) +
+          1024;
+    }
     return o;
   }
 

@@ -195,6 +195,52 @@ TEST_F(SafetensorsFileTest, WriterStreamsPiecesAndReaderReturnsThem) {
   EXPECT_FALSE(OpenSafetensorsFile((dir_ / "link").string()).ok());
 }
 
+// Two "ranks" writing halves of every tensor give the streaming writer's file, byte for byte.
+TEST_F(SafetensorsFileTest, PartWritersFromSeveralProcessesMakeTheStreamingWritersFile) {
+  std::vector<float> a(9);
+  std::vector<uint16_t> b(6);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = 0.25f * i - 1;
+  for (size_t i = 0; i < b.size(); ++i) b[i] = FloatToBf16(2.0f * i + 1);
+  const std::vector<SafetensorsWriter::TensorSpec> specs = {{"a", DType::kF32, {9}},
+                                                            {"b", DType::kBF16, {2, 3}}};
+  const std::map<std::string, std::string> meta = {{"format", "strata"}};
+  const std::string whole = (dir_ / "whole.safetensors").string();
+  auto w = SafetensorsWriter::Create(whole, specs, meta);
+  ASSERT_TRUE(w.ok());
+  ASSERT_TRUE(w->Append(std::as_bytes(std::span(a))).ok());
+  ASSERT_TRUE(w->Append(std::as_bytes(std::span(b))).ok());
+  ASSERT_TRUE(w->Finish().ok());
+
+  const std::string parts = (dir_ / "parts.safetensors").string();
+  EXPECT_EQ(SafetensorsPartWriter::Open(parts, specs, meta).status().code(),
+            StatusCode::kNotFound);  // Create comes first
+  auto r0 = SafetensorsPartWriter::Create(parts, specs, meta);
+  ASSERT_TRUE(r0.ok()) << r0.status().ToString();
+  auto r1 = SafetensorsPartWriter::Open(parts, specs, meta);
+  ASSERT_TRUE(r1.ok()) << r1.status().ToString();
+  const auto ab = std::as_bytes(std::span(a)), bb = std::as_bytes(std::span(b));
+  // Rank 1 writes its halves first: the order does not matter.
+  ASSERT_TRUE(r1->WriteAt(0, 20, ab.subspan(20)).ok());
+  ASSERT_TRUE(r1->WriteAt(1, 6, bb.subspan(6)).ok());
+  ASSERT_TRUE(r0->WriteAt(0, 0, ab.first(20)).ok());
+  ASSERT_TRUE(r0->WriteAt(1, 0, bb.first(6)).ok());
+  EXPECT_EQ(r0->WriteAt(1, 8, bb.first(6)).code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(r0->WriteAt(2, 0, bb.first(1)).code(), StatusCode::kOutOfRange);
+  ASSERT_TRUE(r0->Sync().ok());
+  ASSERT_TRUE(r1->Sync().ok());
+  uint64_t whole_size = 0, parts_size = 0;
+  auto h_whole = FileXxh3(whole, &whole_size);
+  auto h_parts = FileXxh3(parts, &parts_size);
+  ASSERT_TRUE(h_whole.ok() && h_parts.ok());
+  EXPECT_EQ(parts_size, whole_size);
+  EXPECT_EQ(*h_parts, *h_whole);
+  // Another layout than the file's is refused; an existing file is never created over.
+  EXPECT_EQ(SafetensorsPartWriter::Open(parts, {{"a", DType::kF32, {10}}}, meta).status().code(),
+            StatusCode::kDataLoss);
+  EXPECT_EQ(SafetensorsPartWriter::Create(parts, specs, meta).status().code(),
+            StatusCode::kAlreadyExists);
+}
+
 TEST_F(SafetensorsFileTest, UnfinishedOrShortWritesAreReported) {
   const std::string path = (dir_ / "b.safetensors").string();
   auto w = SafetensorsWriter::Create(path, {{"a", DType::kF32, {4}}}, {});
