@@ -96,12 +96,14 @@ class ThreadCommunicator final : public comm::Communicator {
   }
   Status Broadcast(std::span<std::byte> data, int root) override {
     std::vector<std::byte> mine(data.begin(), data.end());
-    Exchange(mine.data(), [&] { std::memcpy(data.data(), Part<std::byte>(root), data.size()); });
+    Exchange(mine.data(), [&] {
+      if (!data.empty()) std::memcpy(data.data(), Part<std::byte>(root), data.size());
+    });
     return Status::Ok();
   }
   Status AllGatherBytes(std::span<const std::byte> send, std::span<std::byte> recv) override {
     Exchange(send.data(), [&] {
-      for (int r = 0; r < world_size(); ++r) {
+      for (int r = 0; r < world_size() && !send.empty(); ++r) {
         std::memcpy(recv.data() + r * send.size(), Part<std::byte>(r), send.size());
       }
     });
