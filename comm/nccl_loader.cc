@@ -7,6 +7,8 @@
 
 #include <type_traits>
 
+#include "base/dynamic_library.h"
+
 // Where nccl.h is at hand, the declarations of nccl_loader.h are checked against it: the same
 // enum values, the same unique id size and the same function types (with our types substituted).
 #if __has_include(<nccl.h>)
@@ -45,32 +47,9 @@ namespace {
 
 constexpr char kNcclLibraryName[] = "libnccl.so.2";
 
-std::string DlError() {
-  const char* e = dlerror();
-  return e ? e : "no reason given";
-}
-
 template <typename Fn>
 Status Resolve(void* library, const std::string& library_name, const char* symbol, Fn* out) {
-  static_assert(std::is_pointer_v<Fn> && std::is_function_v<std::remove_pointer_t<Fn>>);
-  dlerror();
-  void* address = dlsym(library, symbol);
-  if (address == nullptr) {
-    return UnavailableError(
-        fmt::format("{} has no entry point {} (dlsym: {}): install NCCL 2.12 or newer",
-                    library_name, symbol, DlError()));
-  }
-  *out = reinterpret_cast<Fn>(address);
-  return Status::Ok();
-}
-
-std::string LoadedPath(void* library, const std::string& fallback) {
-  struct link_map* map = nullptr;
-  if (dlinfo(library, RTLD_DI_LINKMAP, &map) == 0 && map != nullptr && map->l_name != nullptr &&
-      map->l_name[0] != '\0') {
-    return map->l_name;
-  }
-  return fallback;
+  return DlResolve(library, library_name, symbol, "install NCCL 2.12 or newer", out);
 }
 
 }  // namespace
@@ -120,7 +99,7 @@ StatusOr<NcclApi> LoadNccl(const std::string& library_name) {
     dlclose(library);  // nothing stays loaded after a failure
     return s;
   }
-  api.path = LoadedPath(library, library_name);
+  api.path = DlLoadedPath(library, library_name);
   return api;  // the library stays loaded for the life of the process
 }
 

@@ -7,6 +7,7 @@
 
 #include <type_traits>
 
+#include "base/dynamic_library.h"
 #include "base/logging.h"
 
 namespace strata::gpu::cuda {
@@ -22,10 +23,6 @@ constexpr char kCublasHeaderVersion[] =
     STRATA_CUBLAS_STRINGIFY_(CUBLAS_VER_MAJOR) "." STRATA_CUBLAS_STRINGIFY_(CUBLAS_VER_MINOR);
 
 // dlerror() is per thread (glibc); it is read right after the failing call.
-std::string DlError() {
-  const char* e = dlerror();
-  return e ? e : "no reason given";
-}
 
 // Closes the library unless released (a half-resolved table leaves nothing loaded).
 class LibraryHandle {
@@ -45,27 +42,11 @@ class LibraryHandle {
 
 template <typename Fn>
 Status Resolve(void* library, const std::string& library_name, const char* symbol, Fn* out) {
-  static_assert(std::is_pointer_v<Fn> && std::is_function_v<std::remove_pointer_t<Fn>>);
-  dlerror();  // clear a stale error, so the one read below is this lookup's
-  void* address = dlsym(library, symbol);
-  if (address == nullptr) {
-    return UnavailableError(fmt::format(
-        "{} has no entry point {} (dlsym: {}): it is older than the cuBLAS {} headers this "
-        "strata was built with; install cuBLAS {} or newer, or use --device host",
-        library_name, symbol, DlError(), kCublasHeaderVersion, kCublasHeaderVersion));
-  }
-  // POSIX guarantees that a dlsym address of a function converts to a function pointer.
-  *out = reinterpret_cast<Fn>(address);
-  return Status::Ok();
-}
-
-std::string LoadedPath(void* library, const std::string& fallback) {
-  struct link_map* map = nullptr;
-  if (dlinfo(library, RTLD_DI_LINKMAP, &map) == 0 && map != nullptr && map->l_name != nullptr &&
-      map->l_name[0] != '\0') {
-    return map->l_name;
-  }
-  return fallback;
+  return DlResolve(library, library_name, symbol,
+                   fmt::format("it is older than the cuBLAS {} headers this strata was built "
+                               "with; install cuBLAS {} or newer, or use --device host",
+                               kCublasHeaderVersion, kCublasHeaderVersion),
+                   out);
 }
 
 }  // namespace
@@ -109,7 +90,7 @@ StatusOr<CublasApi> LoadCublas(const std::string& library_name) {
   STRATA_RETURN_IF_ERROR(Resolve(lib, library_name, "cublasGemmEx", &api.GemmEx));
   STRATA_RETURN_IF_ERROR(
       Resolve(lib, library_name, "cublasGemmStridedBatchedEx", &api.GemmStridedBatchedEx));
-  api.path = LoadedPath(lib, library_name);
+  api.path = DlLoadedPath(lib, library_name);
   library.Release();  // loaded for the life of the process
   return api;
 }
@@ -140,7 +121,7 @@ StatusOr<CublasLtApi> LoadCublasLt(const std::string& library_name) {
   STRATA_CUBLASLT_RESOLVE_(MatmulAlgoGetHeuristic, cublasLtMatmulAlgoGetHeuristic);
   STRATA_CUBLASLT_RESOLVE_(Matmul, cublasLtMatmul);
 #undef STRATA_CUBLASLT_RESOLVE_
-  api.path = LoadedPath(lib, library_name);
+  api.path = DlLoadedPath(lib, library_name);
   library.Release();  // loaded for the life of the process
   return api;
 }
