@@ -316,8 +316,7 @@ StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape sha
     if (grad16 && w < 4) p.host_grad16_params += p.blocks[b].num_params;
   }
   p.host_bytes = p.host_grad_bytes;
-  if (o.optimizer_home == OptimizerHome::kHost)
-    p.host_bytes += master_bytes + rank_state_bytes;
+  if (o.optimizer_home == OptimizerHome::kHost) p.host_bytes += master_bytes + rank_state_bytes;
   if (o.param_home == ParamHome::kNvme) p.nvme_bytes += params_w;
   if (o.optimizer_home == OptimizerHome::kNvme) {
     p.nvme_bytes += master_bytes + rank_state_bytes;

@@ -125,14 +125,14 @@ struct Plan {
   uint64_t partition_bytes = 0;
   std::vector<DeviceRegion> device_regions;
   uint64_t device_budget_bytes = 0;
-  uint64_t device_total_bytes = 0;     // sum of regions (each aligned to 256 B)
-  uint64_t pinned_bytes = 0;           // param home or NVMe staging, gradient buckets
-  uint64_t host_bytes = 0;             // host gradients (+ master weights and state if on host)
-  uint64_t host_grad_bytes = 0;        // of which host gradients (fp32 or working precision)
-  int64_t host_grad16_params = 0;      // params whose host gradient stays 16-bit
-  uint64_t nvme_bytes = 0;             // swap store payload
-  uint64_t model_state_bytes = 0;      // p16 + g16 + p32 + optimizer state over all params
-  std::string optimizer_name;          // "adamw", "adamw8bit", ... (OptimizerFlagName)
+  uint64_t device_total_bytes = 0;  // sum of regions (each aligned to 256 B)
+  uint64_t pinned_bytes = 0;        // param home or NVMe staging, gradient buckets
+  uint64_t host_bytes = 0;          // host gradients (+ master weights and state if on host)
+  uint64_t host_grad_bytes = 0;     // of which host gradients (fp32 or working precision)
+  int64_t host_grad16_params = 0;   // params whose host gradient stays 16-bit
+  uint64_t nvme_bytes = 0;          // swap store payload
+  uint64_t model_state_bytes = 0;   // p16 + g16 + p32 + optimizer state over all params
+  std::string optimizer_name;       // "adamw", "adamw8bit", ... (OptimizerFlagName)
   // The optimizer's state over all blocks, padded: the whole model's, also with ranks > 1 (a
   // rank's share is in host_bytes or nvme_bytes).
   uint64_t optimizer_state_bytes = 0;
