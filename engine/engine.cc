@@ -651,7 +651,7 @@ void Engine::Impl::StartLoad(DeviceCopy& c, int b) {
   // all-gathered in place on the device.
   const uint64_t bytes = home_elems(b) * w_;
   const bool from_nvme = nvme_params() && !resident(b);
-  const gpu::DeviceSpan dst = dp() ? c.dev.subspan(part(b).offset_elems * w_, bytes) : c.dev;
+  const gpu::DeviceSpan dst = c.dev.subspan(part(b).offset_elems * w_, bytes);
   const gpu::DeviceSpan whole_dev = c.dev.subspan(0, dev_elems(b) * w_);
   const gpu::PinnedSpan staging = c.staging.span();
   gpu::Event* ready = c.ready.get();
@@ -852,7 +852,6 @@ Status Engine::Impl::StreamGradients(int b, bool overwrite, bool last) {
   // the D2H stream, folded by the CPU worker.
   const int j = next_dbucket_;
   next_dbucket_ ^= 1;
-  const uint64_t bytes = np(b) * w_;
   STRATA_RETURN_IF_ERROR(compute_->Record(*dgrad_ready_[j]));
   // Blocks this (driving) thread only when every pinned bucket is still being folded.
   const int i = pool_.Acquire();
@@ -876,7 +875,8 @@ Status Engine::Impl::StreamGradients(int b, bool overwrite, bool last) {
     STRATA_RETURN_IF_ERROR(d2h_->Record(*part_free_[j]));
   } else {
     STRATA_RETURN_IF_ERROR(d2h_->Wait(*dgrad_ready_[j]));
-    STRATA_RETURN_IF_ERROR(d2h_->CopyD2H(hbucket_[i].span(), dbucket_[j].subspan(0, bytes)));
+    STRATA_RETURN_IF_ERROR(
+        d2h_->CopyD2H(hbucket_[i].span(), dbucket_[j].subspan(0, np(b) * w_)));
     STRATA_RETURN_IF_ERROR(d2h_->Record(*landed_[i]));
     STRATA_RETURN_IF_ERROR(d2h_->Record(*dbucket_free_[j]));
   }
