@@ -231,7 +231,7 @@ def main():
     ap.add_argument("--steps", type=int, default=7)
     ap.add_argument("--warmup", type=int, default=2)
     # Strata's host buffers beside the fp32 gradient accumulator (4 B/param) scale with the
-    # largest bucket: staging_buffers x 4 B + buffer_count x 12 B per element (see README).
+    # largest bucket: staging_buffers x 4 B + buffer_count x 12 B per element (see docs/pytorch.md).
     ap.add_argument("--memory-layers", type=int, default=36, help="36 x 1024^2: 453 MB of state")
     ap.add_argument("--memory-width", type=int, default=1024)
     ap.add_argument("--memory-bucket-size", type=int, default=1 << 20)

@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """Checks that every repository path a Markdown document cites exists.
 
-    check_doc_paths.py [--root DIR] DOC.md [DOC.md ...]
+    check_doc_paths.py [--root DIR] DOC.md|DIR [DOC.md|DIR ...]
+
+A directory stands for every *.md file directly in it, found when the check runs (so a new page
+under docs/ is checked without touching the build); a directory without one is an error.
 
 The rule (docs/ARCHITECTURE.md states it on its first line):
 
@@ -133,15 +136,37 @@ def check(doc_path, root):
     return lines, len(paths)
 
 
+def expand(args):
+    """The documents named by the command line, a directory replaced by its *.md files (sorted),
+    and the problems of arguments that name no document."""
+    docs, problems = [], []
+    for arg in args:
+        if os.path.isdir(arg):
+            found = sorted(os.path.join(arg, name) for name in os.listdir(arg)
+                           if name.endswith(".md") and os.path.isfile(os.path.join(arg, name)))
+            if not found:
+                problems.append(f"{arg}: a directory with no *.md file to check")
+            docs.extend(found)
+        elif os.path.isfile(arg):
+            docs.append(arg)
+        else:
+            problems.append(f"{arg}: no such document or directory")
+    return docs, problems
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     default_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     parser.add_argument("--root", default=default_root, help="repository root (default: this "
                         "script's ../..)")
-    parser.add_argument("docs", nargs="+", help="Markdown files to check")
+    parser.add_argument("docs", nargs="+",
+                        help="Markdown files to check, or directories: every *.md file in them")
     args = parser.parse_args(argv)
-    failed = False
-    for doc in args.docs:
+    docs, problems = expand(args.docs)
+    for line in problems:
+        print(line)
+    failed = bool(problems)
+    for doc in docs:
         lines, count = check(doc, args.root)
         for line in lines:
             print(line)

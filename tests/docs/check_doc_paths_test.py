@@ -109,6 +109,36 @@ class Check(unittest.TestCase):
         self.assertEqual(rc, 1)
         self.assertIn("doc.md:1: `engine/engine.h` does not exist", out)
 
+    def test_a_directory_stands_for_each_markdown_file_in_it(self):
+        pages = os.path.join(self.root, "pages")
+        os.makedirs(os.path.join(pages, "sub"))
+        with open(os.path.join(pages, "a.md"), "w", encoding="utf-8") as f:
+            f.write("See `engine/engine.h`.\n")
+        with open(os.path.join(pages, "b.md"), "w", encoding="utf-8") as f:
+            f.write("Gone: `engine/gone.h`.\n")
+        with open(os.path.join(pages, "notes.txt"), "w", encoding="utf-8") as f:
+            f.write("Not a page: `engine/also_gone.h`.\n")
+        with open(os.path.join(pages, "sub", "c.md"), "w", encoding="utf-8") as f:
+            f.write("Not directly in it: `engine/also_gone.h`.\n")
+        rc, out = self.run_main(pages)
+        self.assertEqual(rc, 1)
+        self.assertIn("a.md: all 1 cited paths exist", out)
+        self.assertIn("b.md:1: `engine/gone.h` does not exist", out)
+        self.assertNotIn("also_gone", out)
+        os.remove(os.path.join(pages, "b.md"))
+        rc, out = self.run_main(pages)
+        self.assertEqual(rc, 0, out)
+
+    def test_a_directory_without_pages_or_a_missing_argument_fails(self):
+        empty = os.path.join(self.root, "empty")
+        os.makedirs(empty)
+        rc, out = self.run_main(empty)
+        self.assertEqual(rc, 1)
+        self.assertIn("a directory with no *.md file", out)
+        rc, out = self.run_main(os.path.join(self.root, "nowhere.md"))
+        self.assertEqual(rc, 1)
+        self.assertIn("no such document or directory", out)
+
 
 if __name__ == "__main__":
     unittest.main()
