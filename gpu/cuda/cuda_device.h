@@ -7,9 +7,10 @@
 //   Arena   -> ONE cudaMalloc of the whole budget at CreateArena, zero-filled,
 //              carved by DeviceArena (256-byte aligned slots); freed with the arena.
 //              Peak use = used_bytes(), since nothing is freed.
-//   Pinned  -> cudaHostAlloc (portable, page-locked, DMA-able) counted against the
-//              pinned budget; a failed pin returns kResourceExhausted saying how much
-//              could not be pinned and why. There is no fallback to pageable memory:
+//   Pinned  -> an aligned anonymous mapping (gpu/pinned_memory.h) page-locked with
+//              cudaHostRegister (portable, DMA-able), 4 KiB-aligned for every size,
+//              counted against the pinned budget; a failed pin returns
+//              kResourceExhausted saying how much could not be pinned and why. There is no fallback to pageable memory:
 //              a pageable source would silently serialize every copy.
 //
 // Streams: CopyH2D/CopyD2H are cudaMemcpyAsync on the stream (pinned host memory

@@ -17,6 +17,7 @@
 #include "base/trace.h"
 #include "base/units.h"
 #include "gpu/device.h"
+#include "gpu/pinned_memory.h"
 
 namespace strata::gpu {
 namespace {
@@ -313,16 +314,14 @@ class HostDevice final : public Device {
   }
 
  protected:
+  // The same aligned mapping the CUDA backend page-locks (gpu/pinned_memory.h), so both backends
+  // hand out pinned buffers of the same alignment for every size.
   StatusOr<std::byte*> PinnedAlloc(size_t size_bytes) override {
-    void* p = std::aligned_alloc(4096, AlignUp(size_bytes, 4096));
-    if (!p) {
-      return ResourceExhaustedError(
-          fmt::format("out of host memory ({})", FormatBytes(size_bytes)));
-    }
-    std::memset(p, 0, size_bytes);
-    return static_cast<std::byte*>(p);
+    return MapAlignedHostMemory(size_bytes);
   }
-  void PinnedFree(std::byte* data, size_t) override { std::free(data); }
+  void PinnedFree(std::byte* data, size_t size_bytes) override {
+    UnmapAlignedHostMemory(data, size_bytes);
+  }
 
  private:
   HostDeviceOptions options_;

@@ -9,6 +9,8 @@
 
 #include "base/dtype.h"
 #include "gpu/device.h"
+#include "gpu/pinned_memory.h"
+#include "tests/gpu/pinned_sizes.h"
 
 namespace strata::gpu {
 namespace {
@@ -42,6 +44,27 @@ TEST(HostDevice, PinnedBudgetIsEnforcedAndReturnedOnFree) {
   }
   EXPECT_EQ((*dev)->pinned_used_bytes(), 0u);
   EXPECT_TRUE((*dev)->AllocatePinned(8192, "all").ok());
+}
+
+TEST(HostDevice, PinnedBuffersOfSmallAndOddSizesAreAlignedZeroedAndReturned) {
+  auto dev = CreateHostDevice({});
+  ASSERT_TRUE(dev.ok());
+  ExpectPinnedBuffersAlignedForEverySize(**dev);
+}
+
+TEST(PinnedMemory, MappingRoundsToPagesThenToHugePagesFromTwoMebibytes) {
+  EXPECT_EQ(PinnedMappingBytes(0), 4096u);
+  EXPECT_EQ(PinnedMappingBytes(1), 4096u);
+  EXPECT_EQ(PinnedMappingBytes(4096), 4096u);
+  EXPECT_EQ(PinnedMappingBytes(4097), 8192u);
+  EXPECT_EQ(PinnedMappingBytes((2u << 20) - 4096), (2u << 20) - 4096);
+  EXPECT_EQ(PinnedMappingBytes((2u << 20) - 4095), 2u << 20);
+  EXPECT_EQ(PinnedMappingBytes((2u << 20) + 1), 4u << 20);
+  auto p = MapAlignedHostMemory(3u << 20);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(*p) % kPinnedHugeAlignment, 0u);
+  (*p)[(4u << 20) - 1] = std::byte{1};  // the whole rounded mapping is ours
+  UnmapAlignedHostMemory(*p, 3u << 20);
 }
 
 TEST(HostDevice, EventOrdersWorkAcrossStreams) {
