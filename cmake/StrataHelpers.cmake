@@ -34,6 +34,12 @@ function(strata_cc_test)
     get_filename_component(A_LABELS ${CMAKE_CURRENT_SOURCE_DIR} NAME)
   endif()
   list(APPEND props LABELS "${A_LABELS}")
+  if("gpu" IN_LIST A_LABELS)
+    if(NOT TARGET gpu_tests)
+      add_custom_target(gpu_tests)  # every gpu-labelled test program: what scripts/gpu_session.sh builds
+    endif()
+    add_dependencies(gpu_tests ${A_NAME})
+  endif()
   gtest_discover_tests(${A_NAME} DISCOVERY_TIMEOUT 120 PROPERTIES ${props})
 endfunction()
 

@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# What runs ON the GPU machine, from the repository root there, over what scripts/gpu/pack.sh
+# packed into .gpurun/ (this file is copied to .gpurun/run.sh). One device call, both phases:
+#   command "bash .gpurun/run.sh check; BUDGET=330 bash .gpurun/run.sh perf", carry [".gpurun"],
+#   timeout_s 600
+# Phases:
+#   check     env, every gpu-labelled test (ctest -L gpu), the main job (strata train --device cuda
+#             on its defaults)                                             (~2 min on an H200)
+#   perf      bench_train_step (gpt2-1.5b and gpt-7b, resident and host) and the PyTorch baseline
+#             of the same shapes (bench/gpu/torch_gpt_baseline.py), then the MFU table  (~4 min)
+#   CMD...    any command, in the unpacked tree, with the libraries set up
+# Each phase stays inside $BUDGET seconds (default 300); each step is cut to the time left. The
+# summary (steps with their time and result, then Strata's tokens/s and MFU against PyTorch's)
+# is printed last and kept in $OUT/summary-<phase>.txt; logs come back tarred (the device tool
+# returns 8 files at most). Back here: scripts/gpu_session.sh record <files_at>.
+# Why the build is not here: this machine (Ubuntu) has nvcc and CMake but not the Debian -dev
+# packages nor MPI; the programs come built, with the shared libraries they load in .gpulibs/.
+set -u
+phase=${1:-check}
+BUDGET=${BUDGET:-300}
+t0=$SECONDS
+here=$PWD
+read -r root build < <(tar -xJOf "$here/.gpurun/strata-gpu.tar.xz" ./.gpurun-paths | paste -sd' ')
+[[ $here == "$root"* ]] && { echo "run.sh: the repository here ($here) is under $root: refusing to unpack over it"; exit 1; }
+O=${OUT:-/tmp/gpurun-out}
+L=/tmp/gpurun-logs-$phase
+mkdir -p "$O" "$L"
+left() { echo $((BUDGET - (SECONDS - t0))); }
+say() { echo "[$((SECONDS - t0))s] $*" | tee -a "$L/steps.txt"; }
+names=() results=() times=()
+# step NAME LIMIT LOG CMD...: runs CMD under min(LIMIT, time left - 5 s), records its result.
+step() {
+  local name=$1 limit=$2 log=$3 t=$SECONDS rc
+  shift 3
+  local remaining=$(($(left) - 5))
+  ((limit > remaining)) && limit=$remaining
+  if ((limit < 10)); then
+    names+=("$name") results+=("NOT RUN (out of time)") times+=(0)
+    return 1
+  fi
+  say "$name (limit ${limit} s)"
+  timeout -k 5 "$limit" "$@" >"$log" 2>&1
+  rc=$?
+  names+=("$name") times+=($((SECONDS - t)))
+  case $rc in
+    0) results+=("OK") ;;
+    124 | 137) results+=("TIMEOUT after ${limit} s") ;;
+    *) results+=("FAILED (exit $rc)") ;;
+  esac
+  say "$name: ${results[-1]}"
+  return "$rc"
+}
+
+# Unpacked at the path the build was made in (CTest files name it); kept on a warm machine.
+if [[ ! -f $root/.gpurun-unpacked ]]; then
+  rm -rf "$root" && mkdir -p "$root" && tar -xJf "$here/.gpurun/strata-gpu.tar.xz" -C "$root" &&
+    touch "$root/.gpurun-unpacked" || { say "unpack into $root failed"; exit 1; }
+fi
+cd "$root" || exit 1
+export LD_LIBRARY_PATH=$root/.gpulibs
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda-*/targets/x86_64-linux/lib; do
+  compgen -G "$d/libcublasLt.so*" >/dev/null && { LD_LIBRARY_PATH=$d:$LD_LIBRARY_PATH; break; }
+done
+for m in cublas nccl; do  # PyTorch's nvidia-* packages, where the toolkit has none
+  d=$(python3 -c "import nvidia.$m as m, os; print(os.path.join(list(m.__path__)[0], 'lib'))" 2>/dev/null)
+  [[ -n $d ]] && LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$d
+done
+export LD_LIBRARY_PATH
+say "unpacked in $root ($phase)"
+
+case $phase in
+check)
+  {
+    date -u; nvidia-smi
+    nvidia-smi --query-gpu=name,memory.total,driver_version,pcie.link.gen.current --format=csv
+    grep -m1 'model name' /proc/cpuinfo; echo "cores $(nproc)"; free -g; head -2 /etc/os-release
+    find "$build" -type f -perm -u+x -print0 | while IFS= read -r -d '' b; do
+      m=$(ldd "$b" 2>/dev/null | grep 'not found') && echo "MISSING for $b: $m"
+    done
+  } >"$L/env.txt" 2>&1
+  grep -E 'MISSING|NVIDIA H|cores' "$L/env.txt" | head -8
+  step ctest_gpu $(($(left) - 100)) "$L/ctest_gpu.log" \
+    ctest --test-dir "$build" -L gpu -j 6 --output-on-failure --timeout 160
+  results[-1]="${results[-1]}: $(grep -E 'tests passed' "$L/ctest_gpu.log" | tail -1)"
+  grep -E '\(Failed\)|Not Run|Timeout|SEGFAULT' "$L/ctest_gpu.log" | head -20
+  mkdir -p /var/tmp/gpurun-swap
+  step train_default $(($(left) - 5)) "$L/train_default.log" \
+    bash -c "cd /var/tmp/gpurun-swap && '$root/$build/tools/strata' train --device cuda --summary-json '$L/train_default.json'"
+  rm -rf /var/tmp/gpurun-swap
+  results[-1]="${results[-1]}: $(grep -E 'val|tok/s' "$L/train_default.log" | tail -1 | cut -c1-120)"
+  cp "$L/ctest_gpu.log" "$L/train_default.json" "$O/" 2>/dev/null
+  ;;
+perf)
+  export STRATA_BENCH_DIR=/var/tmp
+  bt=$(($(left) - 100)); ((bt > 230)) && bt=230
+  step bench_train_step "$bt" "$L/bench_train_step.log" \
+    env STRATA_BENCH_BUDGET_S=$((bt - 25)) "$build/bench/gpu/bench_train_step" \
+    --benchmark_out="$L/bench_train_step.json" --benchmark_out_format=json \
+    --benchmark_counters_tabular=true \
+    --benchmark_filter="${BENCH_FILTER:-TrainStep/(gpt2-1\.5b|gpt-7b)/(resident|host)/}"
+  : >"$L/torch_baseline.jsonl"
+  step torch_gpt2-1.5b 45 "$L/torch_gpt2.log" env PYTHONUNBUFFERED=1 python3 \
+    bench/gpu/torch_gpt_baseline.py --preset gpt2-1.5b --batch 8 --seq-len 1024 --warmup 2 --steps 5
+  tail -1 "$L/torch_gpt2.log" | grep '^{' >>"$L/torch_baseline.jsonl"
+  step torch_gpt-7b $(($(left) - 5)) "$L/torch_7b.log" env PYTHONUNBUFFERED=1 python3 \
+    bench/gpu/torch_gpt_baseline.py --preset gpt-7b --batch 2 --seq-len 2048 --warmup 1 --steps 3 \
+    --fit-layers
+  tail -1 "$L/torch_7b.log" | grep '^{' >>"$L/torch_baseline.jsonl"
+  cp "$L/bench_train_step.json" "$L/torch_baseline.jsonl" "$O/" 2>/dev/null
+  ;;
+*)
+  say "$*"
+  timeout -k 5 "$(left)" "$@" 2>&1 | tee "$L/command.log"
+  ;;
+esac
+
+{
+  echo
+  echo "=== summary: $phase ($((SECONDS - t0)) s of $BUDGET s) ==="
+  for i in "${!names[@]}"; do printf '%-17s %4s s  %s\n' "${names[$i]}" "${times[$i]}" "${results[$i]}"; done
+  if [[ $phase == perf ]]; then
+    echo
+    echo "=== MFU (model FLOPs per second / dense bf16 peak) ==="
+    python3 "$root/scripts/gpu/mfu_table.py" "$L/bench_train_step.json" "$L/torch_baseline.jsonl"
+  fi
+} | tee "$O/summary-$phase.txt"
+tar -czf "$O/logs-$phase.tar.gz" -C "$L" . 2>/dev/null
+exit 0
