@@ -27,6 +27,7 @@
 #include "tools/device_select.h"
 #include "tools/metrics.h"
 #include "tools/model_spec.h"
+#include "tools/mpi_launch.h"
 #include "tools/optimizer_flags.h"
 #include "tools/progress.h"
 
@@ -321,7 +322,7 @@ Status RunTrainRanks(const TrainFlags& flags, comm::Communicator* world);
 Status RunTrain(const TrainFlags& f) {
   // Launched by mpirun: one rank of a data-parallel job. An error on any rank ends the whole job
   // (every rank exits non-zero) with one line naming the rank and the cause.
-  if (!comm::LaunchedByMpi()) return RunTrainRanks(f, nullptr);
+  if (!LaunchedByMpi()) return RunTrainRanks(f, nullptr);
   comm::CommOptions options;
   options.timeout_seconds = f.comm_timeout;
   STRATA_ASSIGN_OR_RETURN(auto world, comm::CreateMpiCommunicator(options));
