@@ -4,7 +4,8 @@
 //
 // One process per device; the ranks, local ranks and the world come from the launcher
 // (`mpirun`: OMPI_COMM_WORLD_* and the MPI library itself). Backends:
-//   - "local": one rank, no launcher (every collective is a copy or nothing);
+//   - "local": one rank, no launcher (every collective is a copy or nothing); whether a
+//              launcher started the process is the caller's question (tools/mpi_launch.h);
 //   - "mpi":   OpenMPI (Debian's libopenmpi-dev), for the host backend of gpu/ (its device
 //              memory is host memory) and to bootstrap NCCL;
 //   - "nccl":  NCCL for CUDA devices, loaded with dlopen on first use (like cuBLAS), its unique
@@ -93,10 +94,6 @@ class Communicator {
 
 // A world of one rank. Thread-compatible; never fails once made.
 std::unique_ptr<Communicator> CreateLocalCommunicator();
-
-// True when this process was started by an MPI launcher (mpirun, srun with PMIx): the
-// OMPI_COMM_WORLD_SIZE / PMIX_RANK / PMI_SIZE variables are set.
-bool LaunchedByMpi();
 
 // The world of the MPI launcher that started this process: initialises MPI once per process
 // (MPI_THREAD_MULTIPLE; kUnavailable when the library gives less) and finalises it at exit.

@@ -62,13 +62,6 @@ std::unique_ptr<Communicator> CreateLocalCommunicator() {
   return std::make_unique<LocalCommunicator>();
 }
 
-bool LaunchedByMpi() {
-  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE"}) {
-    if (std::getenv(v) != nullptr) return true;
-  }
-  return false;
-}
-
 void Abort(const Communicator& comm, std::string_view why) {
   std::fprintf(stderr, "strata: rank %d: %.*s\n", comm.rank(), static_cast<int>(why.size()),
                why.data());

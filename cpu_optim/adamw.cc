@@ -6,7 +6,7 @@
 namespace strata::cpu_optim {
 namespace internal {
 
-Status AdamWUpdateWith(const KernelTable& kernels, const AdamWConfig& config, const AdamWStep& step,
+Status AdamWUpdateWith(const KernelTable& kernels, const AdamWConfig& config, const OptimStep& step,
                        std::span<float> master, std::span<float> m, std::span<float> v,
                        GradView grad, CopyOut copy_out, std::span<float> max_exp_avg_sq) {
   STRATA_RETURN_IF_ERROR(ValidateAdamWParams(config, step));
@@ -27,7 +27,7 @@ Status AdamWUpdateWith(const KernelTable& kernels, const AdamWConfig& config, co
 
 }  // namespace internal
 
-Status AdamWUpdate(const AdamWConfig& config, const AdamWStep& step, std::span<float> master,
+Status AdamWUpdate(const AdamWConfig& config, const OptimStep& step, std::span<float> master,
                    std::span<float> m, std::span<float> v, GradView grad, CopyOut copy_out,
                    std::span<float> max_exp_avg_sq) {
   return internal::AdamWUpdateWith(internal::BestKernelTable(), config, step, master, m, v, grad,

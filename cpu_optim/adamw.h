@@ -61,20 +61,17 @@ struct AdamWConfig {
   bool maximize = false;  // ascend: the gradient's sign is flipped after unscaling
 };
 
-// The step inputs of every optimizer (optimizer.h); the old name is kept.
-using AdamWStep = OptimStep;
-
 // Updates master (fp32 weights), m and v (fp32 first and second moments) and, with
 // amsgrad, max_exp_avg_sq in place from grad, one optimizer step; writes copy_out
 // when given. See the file comment.
-Status AdamWUpdate(const AdamWConfig& config, const AdamWStep& step, std::span<float> master,
+Status AdamWUpdate(const AdamWConfig& config, const OptimStep& step, std::span<float> master,
                    std::span<float> m, std::span<float> v, GradView grad, CopyOut copy_out = {},
                    std::span<float> max_exp_avg_sq = {});
 
 // The scalar reference: one element at a time on the calling thread, the same
 // formulas and fp32 operation order, conversions by base/dtype.h. Same contract
 // and errors. For tests and for checking a new variant; slow.
-Status AdamWUpdateReference(const AdamWConfig& config, const AdamWStep& step,
+Status AdamWUpdateReference(const AdamWConfig& config, const OptimStep& step,
                             std::span<float> master, std::span<float> m, std::span<float> v,
                             GradView grad, CopyOut copy_out = {},
                             std::span<float> max_exp_avg_sq = {});

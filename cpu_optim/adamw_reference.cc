@@ -8,7 +8,7 @@
 
 namespace strata::cpu_optim {
 
-Status AdamWUpdateReference(const AdamWConfig& config, const AdamWStep& step,
+Status AdamWUpdateReference(const AdamWConfig& config, const OptimStep& step,
                             std::span<float> master, std::span<float> m, std::span<float> v,
                             GradView grad, CopyOut copy_out, std::span<float> max_exp_avg_sq) {
   using internal::WeightDecayMode;

@@ -78,7 +78,7 @@ bool Overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
   return ua < ub + b_bytes && ub < ua + a_bytes;
 }
 
-Status ValidateAdamWParams(const AdamWConfig& c, const AdamWStep& step) {
+Status ValidateAdamWParams(const AdamWConfig& c, const OptimStep& step) {
   if (!Finite(c.lr) || c.lr < 0.0f) {
     return InvalidArgumentError(fmt::format("AdamW: lr must be finite and >= 0, got {}", c.lr));
   }
@@ -163,7 +163,7 @@ Status ValidateAdamWBuffers(const AdamWConfig& config, std::span<float> master, 
                          copy_out);
 }
 
-AdamWScalars PrepareAdamW(const AdamWConfig& c, const AdamWStep& step) {
+AdamWScalars PrepareAdamW(const AdamWConfig& c, const OptimStep& step) {
   const double lr = c.lr, beta1 = c.beta1, beta2 = c.beta2, wd = c.weight_decay;
   AdamWScalars s{};
   s.beta1 = c.beta1;

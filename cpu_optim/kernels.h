@@ -56,7 +56,7 @@ inline constexpr int64_t kConvertTileElems = 65536;
 
 enum class WeightDecayMode : uint8_t { kNone, kL2, kDecoupled };
 
-// Per-call constants, derived from AdamWConfig/AdamWStep in fp64 and rounded to
+// Per-call constants, derived from AdamWConfig/OptimStep in fp64 and rounded to
 // fp32 once (as PyTorch computes them in Python floats).
 struct AdamWScalars {
   float beta1;
@@ -236,7 +236,7 @@ const KernelTable* FindKernelTable(std::string_view name);
 bool IsValidDType(DType dtype);
 // kInvalidArgument for hyper-parameters PyTorch rejects (negative lr, eps or
 // weight_decay; betas outside [0, 1)), non-finite values, step < 1.
-Status ValidateAdamWParams(const AdamWConfig& config, const AdamWStep& step);
+Status ValidateAdamWParams(const AdamWConfig& config, const OptimStep& step);
 // A state buffer and its name for error messages.
 struct NamedState {
   std::span<float> data;
@@ -249,7 +249,7 @@ Status ValidateBuffers(std::string_view optimizer, std::span<float> master,
 Status ValidateAdamWBuffers(const AdamWConfig& config, std::span<float> master, std::span<float> m,
                             std::span<float> v, std::span<float> max_exp_avg_sq, GradView grad,
                             CopyOut copy_out);
-AdamWScalars PrepareAdamW(const AdamWConfig& config, const AdamWStep& step);
+AdamWScalars PrepareAdamW(const AdamWConfig& config, const OptimStep& step);
 
 Status ValidateAdagradParams(const AdagradConfig& config, const OptimStep& step);
 AdagradScalars PrepareAdagrad(const AdagradConfig& config, const OptimStep& step);
@@ -263,7 +263,7 @@ float ReferenceLoad(GradView grad, size_t i);
 void ReferenceStore(CopyOut out, size_t i, float p);
 
 // The public functions with a given variant instead of the best one.
-Status AdamWUpdateWith(const KernelTable& kernels, const AdamWConfig& config, const AdamWStep& step,
+Status AdamWUpdateWith(const KernelTable& kernels, const AdamWConfig& config, const OptimStep& step,
                        std::span<float> master, std::span<float> m, std::span<float> v,
                        GradView grad, CopyOut copy_out = {}, std::span<float> max_exp_avg_sq = {});
 Status AdagradUpdateWith(const KernelTable& kernels, const AdagradConfig& config,

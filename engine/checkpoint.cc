@@ -1,7 +1,5 @@
 #include "engine/checkpoint.h"
 
-#include <dirent.h>
-#include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -14,10 +12,10 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "base/unique_fd.h"
+#include "base/file.h"
 #include "engine/optimizer_json.h"
 #include "engine/optimizer_state.h"
-#include "engine/safetensors.h"
+#include "formats/safetensors.h"
 
 namespace strata::engine {
 namespace {
@@ -25,6 +23,12 @@ namespace {
 using json = nlohmann::json;
 
 constexpr uint64_t kMaxManifestBytes = 16 << 20;
+
+// How a file of a checkpoint is read: a symlink is refused, and a file that is not a regular
+// file or is larger than `max_bytes` is a damaged checkpoint (kDataLoss).
+constexpr ReadSmallFileOptions OwnFileOptions(uint64_t max_bytes) {
+  return {.max_bytes = max_bytes, .follow_symlinks = false, .unusable_code = StatusCode::kDataLoss};
+}
 
 // Typed field access that reports the JSON path of what is missing or wrong.
 class Fields {
@@ -272,76 +276,6 @@ StatusOr<Manifest> ParseManifest(std::string_view text) {
   return m;
 }
 
-Status FsyncPath(const std::string& path) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!fd.valid()) return ErrnoToStatus(errno, fmt::format("opening directory '{}'", path));
-  if (::fsync(fd.get()) != 0) return ErrnoToStatus(errno, fmt::format("fsync '{}'", path));
-  return Status::Ok();
-}
-
-Status WriteNewFile(const std::string& path, std::string_view text) {
-  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
-                     S_IRUSR | S_IWUSR));
-  if (!fd.valid()) return ErrnoToStatus(errno, fmt::format("creating '{}'", path));
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t r = ::write(fd.get(), text.data() + done, text.size() - done);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return ErrnoToStatus(errno, fmt::format("writing '{}'", path));
-    done += static_cast<size_t>(r);
-  }
-  if (::fsync(fd.get()) != 0) return ErrnoToStatus(errno, fmt::format("fsync '{}'", path));
-  if (::close(fd.release()) != 0) return ErrnoToStatus(errno, fmt::format("close '{}'", path));
-  return Status::Ok();
-}
-
-StatusOr<std::string> ReadSmallFile(const std::string& path, uint64_t limit) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
-  if (!fd.valid()) return ErrnoToStatus(errno, fmt::format("opening '{}'", path));
-  struct stat st;
-  if (::fstat(fd.get(), &st) != 0) return ErrnoToStatus(errno, fmt::format("stat '{}'", path));
-  if (!S_ISREG(st.st_mode)) return DataLossError(fmt::format("'{}' is not a regular file", path));
-  if (static_cast<uint64_t>(st.st_size) > limit) {
-    return DataLossError(
-        fmt::format("'{}' is {} bytes, more than the {} allowed", path, st.st_size, limit));
-  }
-  std::string out(static_cast<size_t>(st.st_size), '\0');
-  size_t done = 0;
-  while (done < out.size()) {
-    const ssize_t r = ::read(fd.get(), out.data() + done, out.size() - done);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return ErrnoToStatus(errno, fmt::format("reading '{}'", path));
-    if (r == 0) break;
-    done += static_cast<size_t>(r);
-  }
-  out.resize(done);
-  return out;
-}
-
-Status MoveIntoPlace(const std::string& temp_dir, const std::string& target,
-                     std::string* displaced) {
-  displaced->clear();
-  const std::filesystem::path t(target);
-  const std::string parent = t.parent_path().empty() ? "." : t.parent_path().string();
-  struct stat st;
-  if (::lstat(target.c_str(), &st) == 0) {
-    std::string aside = fmt::format("{}/.old-{}-XXXXXX", parent, t.filename().string());
-    if (::mkdtemp(aside.data()) == nullptr) {
-      return ErrnoToStatus(errno, fmt::format("making room for '{}'", target));
-    }
-    if (::rename(target.c_str(), aside.c_str()) != 0) {
-      const Status moved = ErrnoToStatus(errno, fmt::format("moving aside '{}'", target));
-      ::rmdir(aside.c_str());
-      return moved;
-    }
-    *displaced = aside;
-  }
-  if (::rename(temp_dir.c_str(), target.c_str()) != 0) {
-    return ErrnoToStatus(errno, fmt::format("renaming '{}' to '{}'", temp_dir, target));
-  }
-  return FsyncPath(parent);
-}
-
 StatusOr<std::string> ResolveCheckpointDir(const std::string& path) {
   struct stat st;
   const std::string manifest = path + "/" + kManifestFileName;
@@ -352,7 +286,7 @@ StatusOr<std::string> ResolveCheckpointDir(const std::string& path) {
         fmt::format("'{}' is neither a checkpoint (no {}) nor a save directory (no '{}' file)",
                     path, kManifestFileName, kLatestFileName));
   }
-  STRATA_ASSIGN_OR_RETURN(std::string name, ReadSmallFile(latest, 4096));
+  STRATA_ASSIGN_OR_RETURN(std::string name, ReadSmallFile(latest, OwnFileOptions(4096)));
   while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
   if (!IsPlainFileName(name)) {
     return DataLossError(fmt::format("'{}' names '{}', which is not a checkpoint directory name",
@@ -363,7 +297,7 @@ StatusOr<std::string> ResolveCheckpointDir(const std::string& path) {
 
 StatusOr<Manifest> ReadManifest(const std::string& dir) {
   const std::string path = dir + "/" + kManifestFileName;
-  STRATA_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(path, kMaxManifestBytes));
+  STRATA_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(path, OwnFileOptions(kMaxManifestBytes)));
   auto m = ParseManifest(text);
   if (!m.ok()) return m.status().WithContext(path);
   return m;
@@ -373,7 +307,7 @@ Status VerifyCheckpointFiles(const std::string& dir, const Manifest& manifest) {
   for (const auto& f : manifest.files) {
     const std::string path = dir + "/" + f.name;
     uint64_t size = 0;
-    STRATA_ASSIGN_OR_RETURN(uint64_t hash, FileXxh3(path, &size));
+    STRATA_ASSIGN_OR_RETURN(uint64_t hash, formats::FileXxh3(path, &size));
     if (size != f.size_bytes) {
       return DataLossError(
           fmt::format("'{}' is {} bytes, the manifest says {} (truncated or "
@@ -398,23 +332,14 @@ StatusOr<std::string> CreateCheckpointTempDir(const std::string& save_dir, int64
   if (::stat(save_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
     return InvalidArgumentError(fmt::format("save directory '{}' is not a directory", save_dir));
   }
-  std::string templ = fmt::format("{}/.tmp-step-{}-XXXXXX", save_dir, step);
-  if (::mkdtemp(templ.data()) == nullptr) {
-    return ErrnoToStatus(errno, fmt::format("creating a checkpoint directory in '{}'", save_dir));
-  }
-  return templ;
-}
-
-void RemoveTree(const std::string& path) {
-  std::error_code ec;
-  std::filesystem::remove_all(path, ec);  // does not follow symlinks
+  return MakeTempDirectory(fmt::format("{}/.tmp-step-{}-XXXXXX", save_dir, step));
 }
 
 Status CommitCheckpoint(const std::string& save_dir, const std::string& temp_dir,
                         const Manifest& manifest, int keep_last, std::string* final_dir) {
   STRATA_RETURN_IF_ERROR(
-      WriteNewFile(temp_dir + "/" + kManifestFileName, SerializeManifest(manifest)));
-  STRATA_RETURN_IF_ERROR(FsyncPath(temp_dir));
+      WriteNewFile(temp_dir + "/" + kManifestFileName, SerializeManifest(manifest), 0600));
+  STRATA_RETURN_IF_ERROR(FsyncDirectory(temp_dir));
   const std::string name = fmt::format("step-{}", manifest.trainer.step);
   const std::string target = save_dir + "/" + name;
   // A checkpoint of this step may exist (a save after a resume from it): it is moved aside.
@@ -424,12 +349,8 @@ Status CommitCheckpoint(const std::string& save_dir, const std::string& temp_dir
   if (::unlink(latest_tmp.c_str()) != 0 && errno != ENOENT) {
     return ErrnoToStatus(errno, fmt::format("removing stale '{}'", latest_tmp));
   }
-  STRATA_RETURN_IF_ERROR(WriteNewFile(latest_tmp, name + "\n"));
-  const std::string latest = save_dir + "/" + kLatestFileName;
-  if (::rename(latest_tmp.c_str(), latest.c_str()) != 0) {
-    return ErrnoToStatus(errno, fmt::format("renaming '{}' to '{}'", latest_tmp, latest));
-  }
-  STRATA_RETURN_IF_ERROR(FsyncPath(save_dir));
+  STRATA_RETURN_IF_ERROR(WriteNewFile(latest_tmp, name + "\n", 0600));
+  STRATA_RETURN_IF_ERROR(RenameDurably(latest_tmp, save_dir + "/" + kLatestFileName));
   if (!displaced.empty()) RemoveTree(displaced);
   if (final_dir) *final_dir = target;
 

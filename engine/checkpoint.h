@@ -124,23 +124,7 @@ StatusOr<std::string> CreateCheckpointTempDir(const std::string& save_dir, int64
 // checkpoint of the same step that already exists is replaced (after the new one is complete).
 Status CommitCheckpoint(const std::string& save_dir, const std::string& temp_dir,
                         const Manifest& manifest, int keep_last, std::string* final_dir);
-// Best-effort recursive removal (for a failed save's temporary directory).
-void RemoveTree(const std::string& path);
-
-// Small-file and directory helpers of the protocol, shared with other crash-safe savers (the
-// offload optimizer's, offload_optimizer.h). Errors name the path (ErrnoToStatus codes).
-// fsync of a directory (after creating, renaming or removing entries in it).
-Status FsyncPath(const std::string& dir);
-// Creates `path` (O_CREAT | O_EXCL | O_NOFOLLOW, mode 0600), writes text, fsyncs and closes it.
-Status WriteNewFile(const std::string& path, std::string_view text);
-// The whole of a regular file of at most limit bytes (O_NOFOLLOW); kDataLoss when larger or not
-// a regular file.
-StatusOr<std::string> ReadSmallFile(const std::string& path, uint64_t limit);
-// Renames the complete directory temp_dir to target and fsyncs target's parent. An existing
-// target is first renamed aside to PARENT/.old-<name>-XXXXXX, returned in *displaced ("" when
-// there was none) for the caller to remove once the new state is committed: a crash at any point
-// leaves a complete directory under target or under the aside name.
-Status MoveIntoPlace(const std::string& temp_dir, const std::string& target,
-                     std::string* displaced);
+// The file steps of the protocol (the new file, fsync, the durable rename, the temporary
+// directory, moving a directory into place, the removal of a failed save) are base/file.h's.
 
 }  // namespace strata::engine

@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "base/aligned_buffer.h"
+#include "base/file.h"
 #include "base/logging.h"
 #include "base/thread_annotations.h"
 #include "base/trace.h"
@@ -18,12 +19,23 @@
 #include "cpu_optim/grad_stats.h"
 #include "engine/optimizer_pipeline.h"
 #include "engine/optimizer_state.h"
-#include "engine/safetensors.h"
 #include "engine/work_queue.h"
+#include "formats/safetensors.h"
 #include "io/swap_store.h"
 
 namespace strata::engine {
 namespace {
+
+using formats::FdXxh3;
+using formats::FileXxh3;
+using formats::OpenSafetensors;
+using formats::OpenSafetensorsFile;
+using formats::ReadTensorBytes;
+using formats::SafetensorsDTypeName;
+using formats::SafetensorsPartWriter;
+using formats::SafetensorsTensor;
+using formats::SafetensorsWriter;
+using formats::TensorDType;
 
 // Where one block's working params sit on the device: a streaming slot (shared by the
 // streamed blocks, least recently used first) or a resident block's own region.

@@ -3,7 +3,9 @@
 // A model is an ordered list of blocks (for a GPT: embedding, N transformer
 // layers, head). Each block's parameters are ONE contiguous chunk of
 // num_params elements: one H2D copy, one NVMe extent, addressable by
-// (offset, length) so a later data-parallel engine can partition it. Blocks pass
+// (offset, length): with data parallelism (EngineOptions::comm in engine.h) the engine
+// splits it into N partitions (planner.h, Partition), and each rank keeps the fp32 master
+// weights and optimizer state of its own partition only. Blocks pass
 // one boundary activation of activation_elems() elements between them; the
 // first block reads tokens, the last block produces logits and the loss.
 //

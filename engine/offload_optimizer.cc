@@ -21,6 +21,7 @@
 #include <utility>
 
 #include "base/aligned_buffer.h"
+#include "base/file.h"
 #include "base/logging.h"
 #include "base/thread_annotations.h"
 #include "base/units.h"
@@ -29,8 +30,8 @@
 #include "engine/checkpoint.h"
 #include "engine/optimizer_json.h"
 #include "engine/optimizer_pipeline.h"
-#include "engine/safetensors.h"
 #include "engine/work_queue.h"
+#include "formats/safetensors.h"
 #include "io/swap_store.h"
 
 namespace strata::engine {
@@ -981,21 +982,20 @@ Status OffloadOptimizer::Impl::Save(const std::string& dir) {
   std::filesystem::path target = std::filesystem::absolute(dir).lexically_normal();
   if (target.filename().empty()) target = target.parent_path();
   const std::string parent = target.parent_path().string();
-  std::string temp = fmt::format("{}/.{}.tmp-XXXXXX", parent, target.filename().string());
-  if (::mkdtemp(temp.data()) == nullptr) {
-    return ErrnoToStatus(errno, fmt::format("offload optimizer: Save: creating a temporary "
-                                            "directory in '{}'",
-                                            parent));
-  }
+  auto made =
+      MakeTempDirectory(fmt::format("{}/.{}.tmp-XXXXXX", parent, target.filename().string()));
+  if (!made.ok()) return made.status().WithContext("offload optimizer: Save");
+  const std::string temp = *made;
   Status s = [&]() -> Status {
-    std::vector<SafetensorsWriter::TensorSpec> specs;
+    std::vector<formats::SafetensorsWriter::TensorSpec> specs;
     Json buckets = Json::array();
     for (size_t b = 0; b < buckets_.size(); ++b) {
       const Bucket& k = buckets_[b];
       for (int t = 0; t < k.num_tensors; ++t) {
-        specs.push_back({TensorName(static_cast<int>(b), t),
-                         TensorIsU8(k, t) ? TensorDType::U8() : TensorDType(DType::kF32),
-                         {TensorElems(k, t)}});
+        specs.push_back(
+            {TensorName(static_cast<int>(b), t),
+             TensorIsU8(k, t) ? formats::TensorDType::U8() : formats::TensorDType(DType::kF32),
+             {TensorElems(k, t)}});
       }
       Json segs = Json::array();
       for (const OffloadSegment& seg : k.segments) segs.push_back(seg.num_elems);
@@ -1005,8 +1005,9 @@ Status OffloadOptimizer::Impl::Save(const std::string& dir) {
                          {"shapes", k.shapes}});
     }
     const std::string file = temp + "/" + kOffloadTensorFile;
-    STRATA_ASSIGN_OR_RETURN(SafetensorsWriter w,
-                            SafetensorsWriter::Create(file, specs, {{"format", kOffloadFormat}}));
+    STRATA_ASSIGN_OR_RETURN(
+        formats::SafetensorsWriter w,
+        formats::SafetensorsWriter::Create(file, specs, {{"format", kOffloadFormat}}));
     for (size_t b = 0; b < buckets_.size(); ++b) {
       HostBuffer scratch;
       STRATA_ASSIGN_OR_RETURN(float* block, LoadStateBlock(static_cast<int>(b), &scratch));
@@ -1016,7 +1017,7 @@ Status OffloadOptimizer::Impl::Save(const std::string& dir) {
             reinterpret_cast<const std::byte*>(block) + k.tensor_offsets[t], TensorBytes(k, t))));
       }
     }
-    STRATA_ASSIGN_OR_RETURN(SafetensorsWriter::Result written, w.Finish());
+    STRATA_ASSIGN_OR_RETURN(formats::SafetensorsWriter::Result written, w.Finish());
     Json groups = Json::array();
     for (const Group& g : groups_) {
       groups.push_back({{"optimizer", OptimizerToJson(g.optimizer)}, {"step", g.step}});
@@ -1028,8 +1029,9 @@ Status OffloadOptimizer::Impl::Save(const std::string& dir) {
                      {"files", Json::array({{{"name", kOffloadTensorFile},
                                              {"size_bytes", written.size_bytes},
                                              {"xxh3", fmt::format("{:016x}", written.xxh3)}}})}};
-    STRATA_RETURN_IF_ERROR(WriteNewFile(temp + "/" + kManifestFileName, manifest.dump(2) + "\n"));
-    STRATA_RETURN_IF_ERROR(FsyncPath(temp));
+    STRATA_RETURN_IF_ERROR(
+        WriteNewFile(temp + "/" + kManifestFileName, manifest.dump(2) + "\n", 0600));
+    STRATA_RETURN_IF_ERROR(FsyncDirectory(temp));
     // The old state (if any) is moved aside first: a crash leaves one complete state under
     // `dir` or its aside name.
     std::string displaced;
@@ -1044,7 +1046,11 @@ Status OffloadOptimizer::Impl::Save(const std::string& dir) {
 Status OffloadOptimizer::Impl::Load(const std::string& dir) {
   STRATA_RETURN_IF_ERROR(Synchronize());
   const std::string where = fmt::format("offload optimizer: Load '{}'", dir);
-  STRATA_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(dir + "/" + kManifestFileName, 64 << 20));
+  STRATA_ASSIGN_OR_RETURN(
+      std::string text,
+      ReadSmallFile(dir + "/" + kManifestFileName, {.max_bytes = 64 << 20,
+                                                    .follow_symlinks = false,
+                                                    .unusable_code = StatusCode::kDataLoss}));
   // Everything is checked before anything changes.
   std::vector<cpu_optim::AnyOptimizer> new_optimizers;
   std::vector<int64_t> new_steps;
@@ -1163,23 +1169,24 @@ Status OffloadOptimizer::Impl::Load(const std::string& dir) {
   }
   const std::string path = dir + "/" + file_name;
   uint64_t size = 0;
-  STRATA_ASSIGN_OR_RETURN(uint64_t xxh3, FileXxh3(path, &size));
+  STRATA_ASSIGN_OR_RETURN(uint64_t xxh3, formats::FileXxh3(path, &size));
   if (size != file_size || xxh3 != file_xxh3) {
     return DataLossError(fmt::format(
         "{}: '{}' is damaged: {} bytes with xxh3 {:016x}, the manifest says {} bytes, {:016x}",
         where, file_name, size, xxh3, file_size, file_xxh3));
   }
-  STRATA_ASSIGN_OR_RETURN(OpenSafetensors file, OpenSafetensorsFile(path));
+  STRATA_ASSIGN_OR_RETURN(formats::OpenSafetensors file, formats::OpenSafetensorsFile(path));
   for (size_t b = 0; b < buckets_.size(); ++b) {
     const Bucket& k = buckets_[b];
     for (int t = 0; t < k.num_tensors; ++t) {
       const std::string name = TensorName(static_cast<int>(b), t);
-      const SafetensorsTensor* st = file.header.Find(name);
-      const TensorDType dtype = TensorIsU8(k, t) ? TensorDType::U8() : TensorDType(DType::kF32);
+      const formats::SafetensorsTensor* st = file.header.Find(name);
+      const formats::TensorDType dtype =
+          TensorIsU8(k, t) ? formats::TensorDType::U8() : formats::TensorDType(DType::kF32);
       if (st == nullptr || !(st->dtype == dtype) ||
           st->shape != std::vector<int64_t>{TensorElems(k, t)}) {
         return DataLossError(fmt::format("{}: tensor '{}' is missing or not {} [{}]", where, name,
-                                         SafetensorsDTypeName(dtype), TensorElems(k, t)));
+                                         formats::SafetensorsDTypeName(dtype), TensorElems(k, t)));
       }
     }
   }
@@ -1200,11 +1207,11 @@ Status OffloadOptimizer::Impl::Load(const std::string& dir) {
     }
     for (int t = 0; t < k.num_tensors; ++t) {
       const std::string name = TensorName(static_cast<int>(b), t);
-      const SafetensorsTensor* st = file.header.Find(name);
-      STRATA_RETURN_IF_ERROR(
-          Fail(ReadTensorBytes(file, *st, 0,
-                               std::span(reinterpret_cast<std::byte*>(block) + k.tensor_offsets[t],
-                                         TensorBytes(k, t)))));
+      const formats::SafetensorsTensor* st = file.header.Find(name);
+      STRATA_RETURN_IF_ERROR(Fail(formats::ReadTensorBytes(
+          file, *st, 0,
+          std::span(reinterpret_cast<std::byte*>(block) + k.tensor_offsets[t],
+                    TensorBytes(k, t)))));
     }
     STRATA_RETURN_IF_ERROR(StoreStateBlock(static_cast<int>(b), block));
     STRATA_RETURN_IF_ERROR(CopyOutMasters(static_cast<int>(b), block));

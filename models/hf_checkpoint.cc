@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "base/file.h"
 #include "base/unique_fd.h"
 #include "cpu_optim/grad_stats.h"
 
@@ -56,29 +57,6 @@ std::string Printable(std::string_view s) {
   return s.size() > 120 ? out + "..." : out;
 }
 
-StatusOr<std::string> ReadSmallFile(const std::string& path, uint64_t max_bytes) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd.valid()) return ErrnoToStatus(errno, fmt::format("opening '{}'", path));
-  struct stat st;
-  if (::fstat(fd.get(), &st) != 0) return ErrnoToStatus(errno, fmt::format("stat '{}'", path));
-  if (!S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) > max_bytes) {
-    return InvalidArgumentError(
-        fmt::format("{}: not a regular file of at most {} bytes", path, max_bytes));
-  }
-  std::string text(static_cast<size_t>(st.st_size), '\0');
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t r =
-        ::pread(fd.get(), text.data() + done, text.size() - done, static_cast<off_t>(done));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return ErrnoToStatus(errno, fmt::format("reading '{}'", path));
-    if (r == 0) break;
-    done += static_cast<size_t>(r);
-  }
-  text.resize(done);
-  return text;
-}
-
 // OpenSafetensorsFile rejects a dtype other than F32/F16/BF16 without naming the tensor; this
 // names it by reading the header's JSON again. Returns `original` when it finds nothing better.
 Status NameUnsupportedDtype(const std::string& path, const Status& original) {
@@ -88,7 +66,7 @@ Status NameUnsupportedDtype(const std::string& path, const Status& original) {
   if (!fd.valid() || ::pread(fd.get(), len, 8, 0) != 8) return original;
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | len[i];
-  if (n > engine::kMaxSafetensorsHeaderBytes) return original;
+  if (n > formats::kMaxSafetensorsHeaderBytes) return original;
   std::string text(n, '\0');
   if (::pread(fd.get(), text.data(), n, 8) != static_cast<ssize_t>(n)) return original;
   const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
@@ -142,7 +120,8 @@ StatusOr<std::shared_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::string& di
     }
     shard_names.push_back("model.safetensors");
   } else {
-    STRATA_ASSIGN_OR_RETURN(const std::string text, ReadSmallFile(index_path, kMaxIndexBytes));
+    STRATA_ASSIGN_OR_RETURN(const std::string text,
+                            ReadSmallFile(index_path, {.max_bytes = kMaxIndexBytes}));
     const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
       return InvalidArgumentError(
@@ -163,7 +142,7 @@ StatusOr<std::shared_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::string& di
   }
 
   // Open every file and read its header (no tensor data).
-  std::map<std::string, std::pair<int, const engine::SafetensorsTensor*>> present;
+  std::map<std::string, std::pair<int, const formats::SafetensorsTensor*>> present;
   for (const std::string& name : shard_names) {
     auto shard = std::make_unique<Shard>();
     shard->path = dir + "/" + name;
@@ -175,7 +154,7 @@ StatusOr<std::shared_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::string& di
       const auto target = std::filesystem::canonical(open_path, ec);
       if (!ec) open_path = target.string();
     }
-    auto file = engine::OpenSafetensorsFile(open_path);
+    auto file = formats::OpenSafetensorsFile(open_path);
     if (!file.ok()) {
       Status s = NameUnsupportedDtype(open_path, file.status());
       if (open_path != shard->path) s = s.WithContext(shard->path);
@@ -195,7 +174,7 @@ StatusOr<std::shared_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::string& di
     }
     shard->file = std::move(*file);
     const int index = static_cast<int>(ck->shards_.size());
-    for (const engine::SafetensorsTensor& t : shard->file.header.tensors) {
+    for (const formats::SafetensorsTensor& t : shard->file.header.tensors) {
       const auto [it, inserted] = present.emplace(t.name, std::make_pair(index, &t));
       if (!inserted) {
         return InvalidArgumentError(fmt::format("{}: tensor '{}' is also in {}", shard->path,
@@ -311,11 +290,11 @@ Status HfCheckpoint::ReadBlock(int block, std::span<float> out) const {
   std::vector<float> rows;         // fp32 rows of a transposed tensor
   for (const Source& src : blocks_[block]) {
     const Shard& shard = *shards_[src.shard];
-    const engine::SafetensorsTensor& t = *src.tensor;
+    const formats::SafetensorsTensor& t = *src.tensor;
     const int64_t elem_bytes = static_cast<int64_t>(t.dtype.size());
     float* dst = out.data() + src.layout.chunk_offset;
     auto read = [&](int64_t first_elem, int64_t num_elems, std::byte* into) -> Status {
-      Status s = engine::ReadTensorBytes(
+      Status s = formats::ReadTensorBytes(
           shard.file, t, static_cast<uint64_t>(first_elem * elem_bytes),
           std::span<std::byte>(into, static_cast<size_t>(num_elems * elem_bytes)));
       return s.ok() ? s : s.WithContext(shard.path);

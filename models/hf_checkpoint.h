@@ -31,7 +31,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/safetensors.h"
+#include "formats/safetensors.h"
 #include "models/hf_config.h"
 #include "models/weight_source.h"
 
@@ -69,12 +69,12 @@ class HfCheckpoint final : public WeightSource {
  private:
   struct Shard {
     std::string path;
-    engine::OpenSafetensors file;
+    formats::OpenSafetensors file;
   };
   struct Source {
     HfTensor layout;  // name is the canonical Hugging Face name
     int shard = 0;
-    const engine::SafetensorsTensor* tensor = nullptr;  // points into shards_[shard]
+    const formats::SafetensorsTensor* tensor = nullptr;  // points into shards_[shard]
   };
   HfCheckpoint() = default;
 

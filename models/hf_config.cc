@@ -1,16 +1,12 @@
 #include "models/hf_config.h"
 
-#include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
-#include <cerrno>
 #include <climits>
 #include <optional>
 
-#include "base/unique_fd.h"
+#include "base/file.h"
 
 namespace strata::models {
 namespace {
@@ -288,25 +284,8 @@ StatusOr<HfModelConfig> ParseHfConfig(std::string_view json_text, const std::str
 
 StatusOr<HfModelConfig> ReadHfConfig(const std::string& dir) {
   const std::string path = dir + "/config.json";
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd.valid()) return ErrnoToStatus(errno, fmt::format("opening '{}'", path));
-  struct stat st;
-  if (::fstat(fd.get(), &st) != 0) return ErrnoToStatus(errno, fmt::format("stat '{}'", path));
-  if (!S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) > kMaxConfigBytes) {
-    return InvalidArgumentError(
-        fmt::format("{}: not a regular file of at most {} bytes", path, kMaxConfigBytes));
-  }
-  std::string text(static_cast<size_t>(st.st_size), '\0');
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t r =
-        ::pread(fd.get(), text.data() + done, text.size() - done, static_cast<off_t>(done));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return ErrnoToStatus(errno, fmt::format("reading '{}'", path));
-    if (r == 0) break;
-    done += static_cast<size_t>(r);
-  }
-  text.resize(done);
+  STRATA_ASSIGN_OR_RETURN(const std::string text,
+                          ReadSmallFile(path, {.max_bytes = kMaxConfigBytes}));
   return ParseHfConfig(text, path);
 }
 

@@ -13,9 +13,10 @@
 #include <optional>
 #include <set>
 
+#include "base/file.h"
 #include "base/unique_fd.h"
 #include "cpu_optim/grad_stats.h"
-#include "engine/safetensors.h"
+#include "formats/safetensors.h"
 
 namespace strata::models {
 namespace {
@@ -25,48 +26,21 @@ namespace fs = std::filesystem;
 // Elements converted and appended per piece.
 constexpr int64_t kPieceElems = int64_t{1} << 20;
 
-Status WriteAllFd(int fd, const void* data, size_t size, const std::string& path) {
-  const auto* p = static_cast<const char*>(data);
-  size_t done = 0;
-  while (done < size) {
-    const ssize_t r = ::write(fd, p + done, size - done);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return ErrnoToStatus(errno, fmt::format("writing '{}'", path));
-    done += static_cast<size_t>(r);
-  }
-  return Status::Ok();
-}
-
-Status FsyncPath(const std::string& path, int flags) {
-  UniqueFd fd(::open(path.c_str(), flags | O_CLOEXEC));
-  if (!fd.valid()) return ErrnoToStatus(errno, fmt::format("opening '{}'", path));
-  if (::fsync(fd.get()) != 0) return ErrnoToStatus(errno, fmt::format("fsync '{}'", path));
-  return Status::Ok();
-}
-
-Status WriteTextFile(const std::string& path, const std::string& text) {
-  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
-  if (!fd.valid()) return ErrnoToStatus(errno, fmt::format("creating '{}'", path));
-  STRATA_RETURN_IF_ERROR(WriteAllFd(fd.get(), text.data(), text.size(), path));
-  if (::fsync(fd.get()) != 0) return ErrnoToStatus(errno, fmt::format("fsync '{}'", path));
-  return Status::Ok();
-}
-
+// A tokenizer file copied into the export, synced.
 Status CopyFile(const std::string& from, const std::string& to) {
   UniqueFd in(::open(from.c_str(), O_RDONLY | O_CLOEXEC));
   if (!in.valid()) return ErrnoToStatus(errno, fmt::format("opening tokenizer file '{}'", from));
   UniqueFd out(::open(to.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
   if (!out.valid()) return ErrnoToStatus(errno, fmt::format("creating '{}'", to));
-  std::vector<char> buf(1 << 20);
+  std::vector<std::byte> buf(1 << 20);
   for (;;) {
     const ssize_t r = ::read(in.get(), buf.data(), buf.size());
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) return ErrnoToStatus(errno, fmt::format("reading '{}'", from));
     if (r == 0) break;
-    STRATA_RETURN_IF_ERROR(WriteAllFd(out.get(), buf.data(), static_cast<size_t>(r), to));
+    STRATA_RETURN_IF_ERROR(WriteAll(out.get(), std::span(buf.data(), static_cast<size_t>(r)), to));
   }
-  if (::fsync(out.get()) != 0) return ErrnoToStatus(errno, fmt::format("fsync '{}'", to));
-  return Status::Ok();
+  return FsyncFile(out.get(), to);
 }
 
 // One output tensor: its block, its layout, and the shard it goes to.
@@ -104,15 +78,15 @@ Status WriteInto(const std::string& tmp, const HfModelConfig& config,
                ? std::string("model.safetensors")
                : fmt::format("model-{:05d}-of-{:05d}.safetensors", shard + 1, num_shards);
   };
-  auto create_shard = [&](int shard) -> StatusOr<engine::SafetensorsWriter> {
-    std::vector<engine::SafetensorsWriter::TensorSpec> specs;
+  auto create_shard = [&](int shard) -> StatusOr<formats::SafetensorsWriter> {
+    std::vector<formats::SafetensorsWriter::TensorSpec> specs;
     for (const Planned& p : plan) {
       if (p.shard == shard) specs.push_back({p.tensor.name, dtype, p.tensor.shape});
     }
-    return engine::SafetensorsWriter::Create(tmp + "/" + shard_name(shard), std::move(specs),
-                                             {{"format", "pt"}});
+    return formats::SafetensorsWriter::Create(tmp + "/" + shard_name(shard), std::move(specs),
+                                              {{"format", "pt"}});
   };
-  auto finish_shard = [&](engine::SafetensorsWriter& w, int shard) -> Status {
+  auto finish_shard = [&](formats::SafetensorsWriter& w, int shard) -> Status {
     STRATA_RETURN_IF_ERROR(w.Finish().status());
     const std::string path = tmp + "/" + shard_name(shard);
     if (::chmod(path.c_str(), 0644) != 0) {
@@ -125,7 +99,7 @@ Status WriteInto(const std::string& tmp, const HfModelConfig& config,
   std::vector<float> chunk(static_cast<size_t>(max_block));
   std::vector<float> gathered;
   std::vector<std::byte> staging;
-  std::optional<engine::SafetensorsWriter> writer;
+  std::optional<formats::SafetensorsWriter> writer;
   int current = -1;
   size_t next = 0;
   for (int b = 0; b < num_blocks; ++b) {
@@ -173,13 +147,13 @@ Status WriteInto(const std::string& tmp, const HfModelConfig& config,
                             {"weight_map", nlohmann::json::object()}};
     for (const Planned& p : plan) index["weight_map"][p.tensor.name] = shard_name(p.shard);
     STRATA_RETURN_IF_ERROR(
-        WriteTextFile(tmp + "/model.safetensors.index.json", index.dump(2) + "\n"));
+        WriteNewFile(tmp + "/model.safetensors.index.json", index.dump(2) + "\n", 0644));
   }
-  STRATA_RETURN_IF_ERROR(WriteTextFile(tmp + "/config.json", HfConfigJson(config, dtype)));
+  STRATA_RETURN_IF_ERROR(WriteNewFile(tmp + "/config.json", HfConfigJson(config, dtype), 0644));
   for (const std::string& from : tokenizer_files) {
     STRATA_RETURN_IF_ERROR(CopyFile(from, tmp + "/" + fs::path(from).filename().string()));
   }
-  return FsyncPath(tmp, O_RDONLY | O_DIRECTORY);
+  return FsyncDirectory(tmp);
 }
 
 }  // namespace
@@ -217,22 +191,17 @@ Status WriteHfDirectory(const std::string& out_dir, const HfModelConfig& config,
     }
   }
   const fs::path parent = target.has_parent_path() ? target.parent_path() : fs::path(".");
-  std::string tmp = (parent / ("." + target.filename().string() + ".tmp-export-XXXXXX")).string();
-  if (::mkdtemp(tmp.data()) == nullptr) {
-    return ErrnoToStatus(errno, fmt::format("creating a temporary directory beside '{}'", out_dir));
-  }
+  auto made = MakeTempDirectory(
+      (parent / fmt::format(".{}.tmp-export-XXXXXX", target.filename().string())).string());
+  if (!made.ok()) return made.status().WithContext(fmt::format("exporting to '{}'", out_dir));
+  const std::string tmp = *made;
   Status s = WriteInto(tmp, config, read_block, dtype, max_shard_bytes, tokenizer_files);
   if (s.ok() && ::chmod(tmp.c_str(), 0755) != 0) {
     s = ErrnoToStatus(errno, fmt::format("chmod '{}'", tmp));
   }
-  if (s.ok() && ::rename(tmp.c_str(), target.c_str()) != 0) {
-    s = ErrnoToStatus(errno, fmt::format("renaming '{}' to '{}'", tmp, out_dir));
-  }
-  if (!s.ok()) {
-    fs::remove_all(tmp, ec);  // does not follow symlinks
-    return s;
-  }
-  return FsyncPath(parent.string(), O_RDONLY | O_DIRECTORY);
+  if (s.ok()) s = RenameDurably(tmp, target.string());
+  if (!s.ok()) RemoveTree(tmp);
+  return s;
 }
 
 }  // namespace strata::models

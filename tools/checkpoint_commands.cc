@@ -15,7 +15,7 @@
 #include "base/dtype.h"
 #include "base/units.h"
 #include "engine/checkpoint.h"
-#include "engine/safetensors.h"
+#include "formats/safetensors.h"
 #include "models/gpt_kernels.h"
 #include "models/hf_export.h"
 #include "tools/model_spec.h"
@@ -138,7 +138,7 @@ Status RunInspect(const InspectFlags& f) {
     std::printf("%s (%s, xxh3 %016llx)\n", file.name.c_str(), FormatBytes(file.size_bytes).c_str(),
                 static_cast<unsigned long long>(file.xxh3));
     if (!file.name.ends_with(".safetensors")) continue;
-    auto st = engine::OpenSafetensorsFile(dir + "/" + file.name);
+    auto st = formats::OpenSafetensorsFile(dir + "/" + file.name);
     if (!st.ok()) {
       // Reported, then the checksum pass below names the damaged file.
       std::printf("  header unreadable: %s\n", st.status().message().c_str());
@@ -146,7 +146,7 @@ Status RunInspect(const InspectFlags& f) {
     }
     for (const auto& t : st->header.tensors) {
       std::printf("  %-24s %-5s [%s] %llu bytes\n", t.name.c_str(),
-                  std::string(engine::SafetensorsDTypeName(t.dtype)).c_str(),
+                  std::string(formats::SafetensorsDTypeName(t.dtype)).c_str(),
                   fmt::format("{}", fmt::join(t.shape, ", ")).c_str(),
                   static_cast<unsigned long long>(t.size_bytes()));
     }
@@ -194,14 +194,14 @@ Status ExportHfDirectory(const ExportFlags& f) {
     }
   }
   STRATA_ASSIGN_OR_RETURN(auto master,
-                          engine::OpenSafetensorsFile(dir + "/" + engine::kMasterFile));
+                          formats::OpenSafetensorsFile(dir + "/" + engine::kMasterFile));
   auto read_block = [&](int b, std::span<float> out) -> Status {
     const auto* t = master.header.Find(m.block_names[b]);
     if (!t || t->dtype != DType::kF32 || t->num_elems != static_cast<int64_t>(out.size())) {
       return DataLossError(fmt::format("{}/{}: no F32 tensor '{}' of {} elements", dir,
                                        engine::kMasterFile, m.block_names[b], out.size()));
     }
-    return engine::ReadTensorBytes(master, *t, 0, std::as_writable_bytes(out));
+    return formats::ReadTensorBytes(master, *t, 0, std::as_writable_bytes(out));
   };
   std::vector<std::string> tokenizer_files;
   for (const auto& file : spec.tokenizer_files) {
@@ -295,7 +295,7 @@ Status RunExport(const ExportFlags& f) {
   STRATA_RETURN_IF_ERROR(engine::VerifyCheckpointFiles(dir, m));
   STRATA_ASSIGN_OR_RETURN(models::GptShape shape, ShapeFromManifest(m));
   STRATA_ASSIGN_OR_RETURN(auto master,
-                          engine::OpenSafetensorsFile(dir + "/" + engine::kMasterFile));
+                          formats::OpenSafetensorsFile(dir + "/" + engine::kMasterFile));
 
   std::vector<ExportTensor> out;
   for (const auto& t : models::EmbeddingTensors(shape)) out.push_back({t.name + ".weight", 0, t});
@@ -318,7 +318,7 @@ Status RunExport(const ExportFlags& f) {
     else
       return InternalError(fmt::format("no GPT-2 name for head tensor '{}'", t.name));
   }
-  std::vector<engine::SafetensorsWriter::TensorSpec> specs;
+  std::vector<formats::SafetensorsWriter::TensorSpec> specs;
   for (const auto& t : out) {
     auto dims = t.info.shape;
     if (t.transpose) std::swap(dims[0], dims[1]);
@@ -327,7 +327,7 @@ Status RunExport(const ExportFlags& f) {
   const std::string tmp = f.out + ".tmp";
   STRATA_ASSIGN_OR_RETURN(
       auto writer,
-      engine::SafetensorsWriter::Create(
+      formats::SafetensorsWriter::Create(
           tmp, specs,
           {{"format", "pt"},
            {"source", fmt::format("strata checkpoint {} (step {})", dir, m.trainer.step)}}));
@@ -343,7 +343,7 @@ Status RunExport(const ExportFlags& f) {
         break;
       }
       block.resize(st->num_elems);
-      status = engine::ReadTensorBytes(master, *st, 0, std::as_writable_bytes(std::span(block)));
+      status = formats::ReadTensorBytes(master, *st, 0, std::as_writable_bytes(std::span(block)));
       if (!status.ok()) break;
       loaded = t.block;
     }

@@ -11,10 +11,10 @@
 
 #include "base/dtype.h"
 #include "base/units.h"
+#include "data/token_dataset.h"
+#include "data/tokenizer.h"
 #include "engine/checkpoint.h"
 #include "engine/engine.h"
-#include "engine/token_dataset.h"
-#include "engine/tokenizer.h"
 #include "tools/device_select.h"
 #include "tools/model_spec.h"
 
@@ -113,7 +113,7 @@ void AddEvalFlags(CLI::App& cmd, EvalFlags& f) {
 Status RunEval(const EvalFlags& f) {
   const int T = f.seq_len;
   STRATA_ASSIGN_OR_RETURN(Loaded l, Load(f.model, {f.micro_batch_size, T}));
-  STRATA_ASSIGN_OR_RETURN(auto data, engine::TokenDataset::Open(f.data, l.model->vocab_size()));
+  STRATA_ASSIGN_OR_RETURN(auto data, data::TokenDataset::Open(f.data, l.model->vocab_size()));
   const int64_t windows = data.num_windows(T, f.max_tokens);
   if (windows == 0) {
     return InvalidArgumentError(fmt::format(
@@ -188,10 +188,10 @@ Status RunGenerate(const GenerateFlags& f) {
       if (std::filesystem::path(file).filename() == "tokenizer.model") tokenizer_path = file;
     }
   }
-  std::unique_ptr<engine::Tokenizer> tokenizer;
+  std::unique_ptr<data::Tokenizer> tokenizer;
   std::vector<int32_t> context;
   if (!tokenizer_path.empty()) {
-    STRATA_ASSIGN_OR_RETURN(tokenizer, engine::Tokenizer::Load(tokenizer_path));
+    STRATA_ASSIGN_OR_RETURN(tokenizer, data::Tokenizer::Load(tokenizer_path));
     if (tokenizer->bos_id() >= 0) context.push_back(tokenizer->bos_id());
     STRATA_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer->Encode(f.prompt));
     context.insert(context.end(), ids.begin(), ids.end());

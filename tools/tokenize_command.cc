@@ -9,8 +9,8 @@
 #include <iterator>
 #include <vector>
 
-#include "engine/token_dataset.h"
-#include "engine/tokenizer.h"
+#include "data/token_dataset.h"
+#include "data/tokenizer.h"
 
 namespace strata::tools {
 
@@ -41,7 +41,7 @@ Status RunTokenize(const TokenizeFlags& f) {
     if (in.bad()) return ErrnoToStatus(errno, fmt::format("reading --input '{}'", f.input));
     std::vector<int32_t> tokens(text.begin(), text.end());
     for (auto& t : tokens) t &= 0xFF;
-    STRATA_RETURN_IF_ERROR(engine::WriteTokenFile(f.output, tokens));
+    STRATA_RETURN_IF_ERROR(data::WriteTokenFile(f.output, tokens));
     std::printf("wrote '%s': %zu byte-level tokens (uint16) of '%s'\n", f.output.c_str(),
                 tokens.size(), f.input.c_str());
     return Status::Ok();
@@ -49,9 +49,9 @@ Status RunTokenize(const TokenizeFlags& f) {
   if (f.tokenizer.empty()) {
     return InvalidArgumentError("give --tokenizer tokenizer.model (SentencePiece) or --byte-level");
   }
-  STRATA_ASSIGN_OR_RETURN(auto tokenizer, engine::Tokenizer::Load(f.tokenizer));
-  STRATA_ASSIGN_OR_RETURN(auto tokens, engine::TokenizeTextFile(*tokenizer, f.input));
-  STRATA_RETURN_IF_ERROR(engine::WriteTokenFile(f.output, tokens));
+  STRATA_ASSIGN_OR_RETURN(auto tokenizer, data::Tokenizer::Load(f.tokenizer));
+  STRATA_ASSIGN_OR_RETURN(auto tokens, data::TokenizeTextFile(*tokenizer, f.input));
+  STRATA_RETURN_IF_ERROR(data::WriteTokenFile(f.output, tokens));
   const auto text_bytes = std::filesystem::file_size(f.input, ec);
   const auto out_bytes = std::filesystem::file_size(f.output, ec);
   int32_t max_token = 0;

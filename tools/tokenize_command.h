@@ -1,6 +1,6 @@
 // `strata tokenize --tokenizer tokenizer.model --input text.txt --output train.bin`: a text file
 // as one document (BOS first when the tokenizer has one) through a SentencePiece model, written
-// as an llm.c token file (engine/token_dataset.h) that `strata train --data` reads. With
+// as an llm.c token file (data/token_dataset.h) that `strata train --data` reads. With
 // --byte-level instead of --tokenizer every byte is a token (vocabulary 256: the byte-level
 // presets, and test models).
 #pragma once

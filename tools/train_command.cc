@@ -17,16 +17,17 @@
 #include "base/trace.h"
 #include "base/units.h"
 #include "comm/communicator.h"
-#include "engine/dataset.h"
+#include "data/dataset.h"
+#include "data/text_dataset.h"
+#include "data/tokenizer.h"
 #include "engine/engine.h"
-#include "engine/text_dataset.h"
-#include "engine/tokenizer.h"
 #include "gpu/device.h"
 #include "io/io_backend.h"
 #include "tools/config.h"
 #include "tools/device_select.h"
 #include "tools/metrics.h"
 #include "tools/model_spec.h"
+#include "tools/mpi_launch.h"
 #include "tools/optimizer_flags.h"
 #include "tools/progress.h"
 
@@ -225,7 +226,7 @@ std::string ResolveData(const std::string& path) {
   return std::string(STRATA_SOURCE_DIR) + "/" + path;
 }
 
-StatusOr<float> Evaluate(engine::Engine& e, const engine::Dataset& data, const TrainFlags& f) {
+StatusOr<float> Evaluate(engine::Engine& e, const data::Dataset& data, const TrainFlags& f) {
   std::vector<int32_t> tokens, targets;
   double sum = 0;
   for (int i = 0; i < f.eval_batches; ++i) {
@@ -239,8 +240,8 @@ StatusOr<float> Evaluate(engine::Engine& e, const engine::Dataset& data, const T
 
 // A text sample of about f.sample_bytes bytes: byte-level tokens, or decoded by the tokenizer.
 StatusOr<std::string> Sample(engine::Engine& e, const TrainFlags& f, std::mt19937_64& rng,
-                             const engine::Tokenizer* tokenizer) {
-  std::vector<int32_t> context = engine::TextDataset::Encode("\n");
+                             const data::Tokenizer* tokenizer) {
+  std::vector<int32_t> context = data::TextDataset::Encode("\n");
   if (tokenizer) {
     context.clear();
     if (tokenizer->bos_id() >= 0) {
@@ -321,7 +322,7 @@ Status RunTrainRanks(const TrainFlags& flags, comm::Communicator* world);
 Status RunTrain(const TrainFlags& f) {
   // Launched by mpirun: one rank of a data-parallel job. An error on any rank ends the whole job
   // (every rank exits non-zero) with one line naming the rank and the cause.
-  if (!comm::LaunchedByMpi()) return RunTrainRanks(f, nullptr);
+  if (!LaunchedByMpi()) return RunTrainRanks(f, nullptr);
   comm::CommOptions options;
   options.timeout_seconds = f.comm_timeout;
   STRATA_ASSIGN_OR_RETURN(auto world, comm::CreateMpiCommunicator(options));
@@ -397,7 +398,7 @@ Status RunTrainRanks(const TrainFlags& flags, comm::Communicator* world) {
     return InvalidArgumentError(fmt::format("--seq-len {} exceeds the model's context of {}",
                                             f.seq_len, model->max_seq_len()));
   }
-  engine::TrainingDataOptions data_options;
+  data::TrainingDataOptions data_options;
   for (const auto& d : f.data) data_options.data.push_back(ResolveData(d));
   data_options.val_data = f.val_data;
   data_options.tokenizer = f.tokenizer;
@@ -413,9 +414,8 @@ Status RunTrainRanks(const TrainFlags& flags, comm::Communicator* world) {
   }
   data_options.seq_len = f.seq_len;
   data_options.vocab_size = model->vocab_size();
-  STRATA_ASSIGN_OR_RETURN(engine::TrainingData training_data,
-                          engine::OpenTrainingData(data_options));
-  const engine::Dataset& data = *training_data.dataset;
+  STRATA_ASSIGN_OR_RETURN(data::TrainingData training_data, data::OpenTrainingData(data_options));
+  const data::Dataset& data = *training_data.dataset;
   const engine::MicroBatchShape mb{f.micro_batch_size, f.seq_len};
 
   engine::EngineOptions o;

@@ -500,7 +500,7 @@ TEST(CApiOptimizer, NumStateFollowsConfig) {
 
 // One AdamW step against float64 arithmetic (torch.optim.AdamW's formula): the
 // fp32 result is within a few fp32 roundings of it, relative to the update size.
-TEST(CApiOptimizer, AdamWStepMatchesFloat64Reference) {
+TEST(CApiOptimizer, AdamWUpdateMatchesFloat64Reference) {
   constexpr size_t n = 4099;
   const strata_adamw_config c = NonDefaultConfig();
   strata_optimizer* opt = MakeOptimizer(STRATA_OPTIMIZER_ADAMW, c);

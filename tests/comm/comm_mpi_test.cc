@@ -20,6 +20,7 @@
 #include "base/dtype.h"
 #include "comm/communicator.h"
 #include "gpu/device.h"
+#include "tools/mpi_launch.h"
 
 namespace strata::comm {
 namespace {
@@ -388,7 +389,7 @@ TEST_F(MpiCommunicatorTest, CheckSameOnAllRanksPassesForOneConfigAndNamesRankOne
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   std::unique_ptr<strata::comm::Communicator> world;
-  if (strata::comm::LaunchedByMpi()) {
+  if (strata::tools::LaunchedByMpi()) {
     strata::comm::CommOptions options;
     options.timeout_seconds = 30;  // a case that diverges between ranks ends the job, not hangs
     auto made = strata::comm::CreateMpiCommunicator(options);

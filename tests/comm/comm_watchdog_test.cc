@@ -9,10 +9,11 @@
 #include <thread>
 
 #include "comm/communicator.h"
+#include "tools/mpi_launch.h"
 
 int main() {
   using strata::comm::CommOptions;
-  if (!strata::comm::LaunchedByMpi()) {
+  if (!strata::tools::LaunchedByMpi()) {
     std::fprintf(stderr, "comm_watchdog_test: run it under mpirun with 2 or more ranks\n");
     return 2;
   }

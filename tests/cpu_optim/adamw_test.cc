@@ -58,7 +58,7 @@ struct Float64Result {
 };
 
 struct BiasCorrection {
-  BiasCorrection(const AdamWConfig& c, const AdamWStep& st) {
+  BiasCorrection(const AdamWConfig& c, const OptimStep& st) {
     const double t = static_cast<double>(st.step);
     bc1 = c.bias_correction ? 1.0 - std::pow(static_cast<double>(c.beta1), t) : 1.0;
     bc2_sqrt = c.bias_correction ? std::sqrt(1.0 - std::pow(static_cast<double>(c.beta2), t)) : 1.0;
@@ -66,7 +66,7 @@ struct BiasCorrection {
   double bc1, bc2_sqrt;
 };
 
-Float64Result Float64Step(const AdamWConfig& c, const AdamWStep& st, const BiasCorrection& bc,
+Float64Result Float64Step(const AdamWConfig& c, const OptimStep& st, const BiasCorrection& bc,
                           double p, double m0, double v0, double grad) {
   constexpr double u = 0x1p-24, kK = 8.0, tiny = FLT_TRUE_MIN;
   const double b1 = c.beta1, b2 = c.beta2, lr = c.lr, wd = c.weight_decay, eps = c.eps;
@@ -189,7 +189,7 @@ TEST_P(AdamWAgainstReferences, FiveStepsMatchFloat64AndScalarReference) {
     for (int64_t t = 1; t <= 5; ++t) {
       SCOPED_TRACE(fmt::format("step {}", t));
       const GradData g = GradData::Random(dtype, n, rng, Mix::kFinite);
-      const AdamWStep step{.step = t, .grad_scale = nc.grad_scale};
+      const OptimStep step{.step = t, .grad_scale = nc.grad_scale};
       const State before = s;
       OutData out = t == 4 ? OutData() : OutData(out_dtypes[t - 1], n);
       OutData ref_out = t == 4 ? OutData() : OutData(out_dtypes[t - 1], n);
@@ -253,7 +253,7 @@ TEST(AdamWKernels, EveryVariantMatchesScalarReferenceOnAnyBits) {
       for (int out_kind = 0; out_kind < 4; ++out_kind) {
         const NamedConfig& nc = configs[(out_kind + static_cast<int>(gd)) % configs.size()];
         SCOPED_TRACE(fmt::format("grad {} out {} {}", DTypeName(gd), out_kind, nc.name));
-        const AdamWStep step{.step = 3, .grad_scale = nc.grad_scale};
+        const OptimStep step{.step = 3, .grad_scale = nc.grad_scale};
         State s = init, ref = init;
         OutData out = out_kind == 3 ? OutData() : OutData(dtypes[out_kind], n);
         OutData ref_out = out_kind == 3 ? OutData() : OutData(dtypes[out_kind], n);
@@ -289,7 +289,7 @@ TEST(AdamWKernels, EveryModeAndCopyOutMatchesScalarReference) {
         for (int out_kind = 0; out_kind < 4; ++out_kind) {
           SCOPED_TRACE(
               fmt::format("{} grad {} out {} {}", kernels->name, DTypeName(gd), out_kind, nc.name));
-          const AdamWStep step{.step = 2, .grad_scale = nc.grad_scale};
+          const OptimStep step{.step = 2, .grad_scale = nc.grad_scale};
           State s = init, ref = init;
           OutData out = out_kind == 3 ? OutData() : OutData(dtypes[out_kind], n);
           ASSERT_TRUE(internal::AdamWUpdateWith(*kernels, nc.config, step, s.p, s.m, s.v, g.view(),
@@ -398,7 +398,7 @@ TEST(AdamW, InvalidArgumentsAreRejectedAndNothingIsModified) {
   std::vector<float> short_v(n - 1, 0.0f);
   const GradView grad{g.data(), DType::kF32};
   const AdamWConfig ok_config;
-  const AdamWStep ok_step;
+  const OptimStep ok_step;
   auto config_with = [&](auto edit) {
     AdamWConfig c = ok_config;
     edit(c);
@@ -410,7 +410,7 @@ TEST(AdamW, InvalidArgumentsAreRejectedAndNothingIsModified) {
     std::string name;
     Status status;
   };
-  auto update = [&](const AdamWConfig& c, const AdamWStep& s, std::span<float> pp,
+  auto update = [&](const AdamWConfig& c, const OptimStep& s, std::span<float> pp,
                     std::span<float> mm, std::span<float> vv, GradView gg, CopyOut co = {}) {
     const Status prod = AdamWUpdate(c, s, pp, mm, vv, gg, co);
     const Status ref = AdamWUpdateReference(c, s, pp, mm, vv, gg, co);
@@ -430,9 +430,9 @@ TEST(AdamW, InvalidArgumentsAreRejectedAndNothingIsModified) {
        update(ok_config, ok_step, p, m, v, GradView{p.data() + 1, DType::kBF16})},
       {"copy-out overlaps grad",
        update(ok_config, ok_step, p, m, v, grad, CopyOut{g.data() + 3, DType::kBF16})},
-      {"step 0", update(ok_config, AdamWStep{.step = 0}, p, m, v, grad)},
-      {"grad_scale inf", update(ok_config, AdamWStep{.grad_scale = inf}, p, m, v, grad)},
-      {"grad_scale nan", update(ok_config, AdamWStep{.grad_scale = nan}, p, m, v, grad)},
+      {"step 0", update(ok_config, OptimStep{.step = 0}, p, m, v, grad)},
+      {"grad_scale inf", update(ok_config, OptimStep{.grad_scale = inf}, p, m, v, grad)},
+      {"grad_scale nan", update(ok_config, OptimStep{.grad_scale = nan}, p, m, v, grad)},
       {"lr < 0", update(config_with([](auto& c) { c.lr = -1e-3f; }), ok_step, p, m, v, grad)},
       {"lr nan", update(config_with([&](auto& c) { c.lr = nan; }), ok_step, p, m, v, grad)},
       {"beta1 = 1", update(config_with([](auto& c) { c.beta1 = 1.0f; }), ok_step, p, m, v, grad)},

@@ -17,7 +17,7 @@
 #include <tuple>
 
 #include "engine/engine.h"
-#include "engine/safetensors.h"
+#include "formats/safetensors.h"
 #include "gpu/device.h"
 #include "io/fault_injection.h"
 #include "models/gpt.h"
@@ -213,13 +213,14 @@ TEST_F(CheckpointTest, LayoutModesLatestAndKeepLast) {
   EXPECT_EQ(manifest->trainer.step, 4);
   EXPECT_EQ(manifest->engine_steps, 4);
   // The master tensors are the engine's master weights, block by block.
-  auto master = OpenSafetensorsFile((ckpt / kMasterFile).string());
+  auto master = formats::OpenSafetensorsFile((ckpt / kMasterFile).string());
   ASSERT_TRUE(master.ok());
   for (int b = 0; b < model_->num_blocks(); ++b) {
     const auto* t = master->header.Find(model_->block_name(b));
     ASSERT_NE(t, nullptr);
     std::vector<float> v(t->num_elems);
-    ASSERT_TRUE(ReadTensorBytes(*master, *t, 0, std::as_writable_bytes(std::span(v))).ok());
+    ASSERT_TRUE(
+        formats::ReadTensorBytes(*master, *t, 0, std::as_writable_bytes(std::span(v))).ok());
     EXPECT_EQ(v, *e->MasterWeights(b)) << b;
   }
 }
@@ -267,7 +268,7 @@ class CorruptionTest : public CheckpointTest {
     auto text = ReadFile(fs::path(dir_) / kManifestFileName);
     auto j = nlohmann::json::parse(text);
     uint64_t size = 0;
-    auto hash = FileXxh3(dir_ + "/" + name, &size);
+    auto hash = formats::FileXxh3(dir_ + "/" + name, &size);
     ASSERT_TRUE(hash.ok());
     for (auto& f : j["files"]) {
       if (f["name"] == name) {

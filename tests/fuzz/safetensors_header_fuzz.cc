@@ -1,4 +1,4 @@
-// Fuzzes the safetensors header parser (engine/safetensors.h) that every checkpoint load goes
+// Fuzzes the safetensors header parser (formats/safetensors.h) that every checkpoint load goes
 // through: the input is a whole file. Any bytes give a header or an error; an accepted header
 // never points outside the file.
 #include <cstddef>
@@ -7,12 +7,12 @@
 #include <span>
 
 #include "base/dtype.h"
-#include "engine/safetensors.h"
+#include "formats/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::span<const std::byte> file(reinterpret_cast<const std::byte*>(data), size);
-  strata::StatusOr<strata::engine::SafetensorsHeader> header =
-      strata::engine::ParseSafetensorsHeader(file, size);
+  strata::StatusOr<strata::formats::SafetensorsHeader> header =
+      strata::formats::ParseSafetensorsHeader(file, size);
   if (!header.ok()) {
     if (header.status().message().empty()) std::abort();
     return 0;

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <filesystem>
 
-#include "engine/safetensors.h"
+#include "formats/safetensors.h"
 #include "models/hf_checkpoint.h"
 #include "tests/models/hf_test_dir.h"
 
@@ -23,7 +23,7 @@ std::function<Status(int, std::span<float>)> Reader(const HfCheckpoint& ck) {
 
 // Every tensor of every safetensors file in `dir`: name -> (dtype, shape, raw data bytes).
 struct RawTensor {
-  engine::TensorDType dtype = DType::kF32;
+  formats::TensorDType dtype = DType::kF32;
   std::vector<int64_t> shape;
   std::string bytes;
   std::string file;
@@ -32,13 +32,14 @@ std::map<std::string, RawTensor> ReadAllTensors(const std::string& dir) {
   std::map<std::string, RawTensor> out;
   for (const auto& entry : fs::directory_iterator(dir)) {
     if (entry.path().extension() != ".safetensors") continue;
-    auto f = engine::OpenSafetensorsFile(entry.path().string());
+    auto f = formats::OpenSafetensorsFile(entry.path().string());
     EXPECT_TRUE(f.ok()) << f.status().ToString();
     if (!f.ok()) continue;
     EXPECT_EQ(f->header.metadata.at("format"), "pt");
     for (const auto& t : f->header.tensors) {
       std::string bytes(t.size_bytes(), '\0');
-      EXPECT_TRUE(engine::ReadTensorBytes(*f, t, 0, std::as_writable_bytes(std::span(bytes))).ok());
+      EXPECT_TRUE(
+          formats::ReadTensorBytes(*f, t, 0, std::as_writable_bytes(std::span(bytes))).ok());
       EXPECT_FALSE(out.contains(t.name)) << t.name;
       out[t.name] = {t.dtype, t.shape, std::move(bytes), entry.path().filename().string()};
     }

@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "data/token_dataset.h"
 #include "engine/engine.h"
-#include "engine/token_dataset.h"
 #include "gpu/device.h"
 #include "models/gpt.h"
 #include "models/hf_checkpoint.h"
@@ -66,7 +66,7 @@ Status Run(const Args& a) {
     STRATA_ASSIGN_OR_RETURN(model, models::GptModel::Create(config.gpt2, {}, checkpoint));
   }
   const int B = a.micro_batch_size, T = a.seq_len;
-  STRATA_ASSIGN_OR_RETURN(auto data, engine::TokenDataset::Open({a.data}, model->vocab_size()));
+  STRATA_ASSIGN_OR_RETURN(auto data, data::TokenDataset::Open({a.data}, model->vocab_size()));
   if (data.num_windows(T, 0) < B) {
     return InvalidArgumentError(fmt::format("'{}' holds fewer than {} windows", a.data, B));
   }

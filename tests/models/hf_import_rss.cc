@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/safetensors.h"
+#include "formats/safetensors.h"
 #include "models/hf_checkpoint.h"
 
 namespace {
@@ -47,14 +47,14 @@ int Create(const std::string& dir) {
   }
   auto config = strata::models::ParseHfConfig(kConfig, "config.json");
   if (!config.ok()) return Fail(config.status());
-  std::vector<strata::engine::SafetensorsWriter::TensorSpec> specs;
+  std::vector<strata::formats::SafetensorsWriter::TensorSpec> specs;
   for (int b = 0; b < strata::models::HfNumBlocks(*config); ++b) {
     for (const auto& t : strata::models::HfBlockTensors(*config, b)) {
       specs.push_back({t.name, strata::DType::kF32, t.shape});
     }
   }
-  auto w = strata::engine::SafetensorsWriter::Create(dir + "/model.safetensors", std::move(specs),
-                                                     {{"format", "pt"}});
+  auto w = strata::formats::SafetensorsWriter::Create(dir + "/model.safetensors", std::move(specs),
+                                                      {{"format", "pt"}});
   if (!w.ok()) return Fail(w.status());
   // Deterministic pseudo-random values, written 4 MiB at a time.
   std::vector<float> piece(1 << 20);

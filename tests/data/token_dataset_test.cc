@@ -1,7 +1,7 @@
 // llm.c token files: writing, opening (shards, globs), reading across shard boundaries, training
 // and evaluation windows, every bad input's one-line error, and OpenTrainingData's choice of
 // source.
-#include "engine/token_dataset.h"
+#include "data/token_dataset.h"
 
 #include <fmt/format.h>
 #include <gmock/gmock.h>
@@ -16,10 +16,10 @@
 #include <string>
 #include <vector>
 
-#include "engine/dataset.h"
-#include "engine/text_dataset.h"
+#include "data/dataset.h"
+#include "data/text_dataset.h"
 
-namespace strata::engine {
+namespace strata::data {
 namespace {
 
 namespace fs = std::filesystem;
@@ -540,4 +540,4 @@ TEST_F(TokenDatasetTest, ByteLevelTextRejectsValDataAndSeveralFiles) {
 }
 
 }  // namespace
-}  // namespace strata::engine
+}  // namespace strata::data

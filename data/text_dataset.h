@@ -1,6 +1,6 @@
 // Byte-level text data: every byte is a token (vocabulary 256). The file is
 // split into a training part (the first 90%) and a validation part (the rest).
-// One of the trainer's Datasets (engine/dataset.h).
+// One of the trainer's Datasets (data/dataset.h).
 #pragma once
 
 #include <cstdint>
@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "base/status.h"
-#include "engine/dataset.h"
+#include "data/dataset.h"
 
-namespace strata::engine {
+namespace strata::data {
 
 class TextDataset final : public Dataset {
  public:
@@ -47,4 +47,4 @@ class TextDataset final : public Dataset {
   size_t split_ = 0;
 };
 
-}  // namespace strata::engine
+}  // namespace strata::data

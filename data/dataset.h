@@ -17,9 +17,9 @@
 #include <vector>
 
 #include "base/status.h"
-#include "engine/tokenizer.h"
+#include "data/tokenizer.h"
 
-namespace strata::engine {
+namespace strata::data {
 
 class Dataset {
  public:
@@ -85,4 +85,4 @@ struct TrainingData {
 // vocab_size, or byte-level text with a vocab_size below 256.
 StatusOr<TrainingData> OpenTrainingData(const TrainingDataOptions& options);
 
-}  // namespace strata::engine
+}  // namespace strata::data

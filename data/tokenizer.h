@@ -15,7 +15,7 @@
 
 #include "base/status.h"
 
-namespace strata::engine {
+namespace strata::data {
 
 class Tokenizer {
  public:
@@ -67,4 +67,4 @@ std::string TokenCachePath(const std::string& text_path, const Tokenizer& tokeni
 StatusOr<std::string> TokenizeTextFileCached(const Tokenizer& tokenizer,
                                              const std::string& text_path, bool* reused);
 
-}  // namespace strata::engine
+}  // namespace strata::data

@@ -1,4 +1,4 @@
-#include "engine/safetensors.h"
+#include "formats/safetensors.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -12,7 +12,9 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-namespace strata::engine {
+#include "base/file.h"
+
+namespace strata::formats {
 namespace {
 
 using json = nlohmann::json;
@@ -376,13 +378,7 @@ StatusOr<SafetensorsWriter> SafetensorsWriter::Create(
 }
 
 Status SafetensorsWriter::WriteAll(std::span<const std::byte> bytes) {
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t r = ::write(fd_.get(), bytes.data() + done, bytes.size() - done);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return ErrnoToStatus(errno, fmt::format("writing '{}'", path_));
-    done += static_cast<size_t>(r);
-  }
+  STRATA_RETURN_IF_ERROR(strata::WriteAll(fd_.get(), bytes, path_));
   XXH3_64bits_update(static_cast<XXH3_state_t*>(xxh_state_.get()), bytes.data(), bytes.size());
   file_bytes_ += bytes.size();
   return Status::Ok();
@@ -406,7 +402,7 @@ StatusOr<SafetensorsWriter::Result> SafetensorsWriter::Finish() {
     return FailedPreconditionError(fmt::format("'{}': {} of {} tensor bytes were appended", path_,
                                                data_written_bytes_, data_total_bytes_));
   }
-  if (::fsync(fd_.get()) != 0) return ErrnoToStatus(errno, fmt::format("fsync '{}'", path_));
+  STRATA_RETURN_IF_ERROR(FsyncFile(fd_.get(), path_));
   if (::close(fd_.release()) != 0) return ErrnoToStatus(errno, fmt::format("close '{}'", path_));
   return Result{file_bytes_, XXH3_64bits_digest(static_cast<XXH3_state_t*>(xxh_state_.get()))};
 }
@@ -436,4 +432,4 @@ StatusOr<uint64_t> FdXxh3(int fd, std::string_view what, uint64_t* size_bytes) {
   return XXH3_64bits_digest(state.get());
 }
 
-}  // namespace strata::engine
+}  // namespace strata::formats

@@ -1,4 +1,4 @@
-#include "engine/token_dataset.h"
+#include "data/token_dataset.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -10,14 +10,14 @@
 #include <algorithm>
 #include <bit>
 #include <cerrno>
-#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <limits>
 
+#include "base/file.h"
 #include "base/unique_fd.h"
 
-namespace strata::engine {
+namespace strata::data {
 
 // The format is little-endian; tokens are read and written in the host's order.
 static_assert(std::endian::native == std::endian::little,
@@ -293,63 +293,29 @@ Status WriteTokenFile(const std::string& path, std::span<const int32_t> tokens) 
     max = std::max(max, tokens[i]);
   }
   const int width = max < 65536 ? 2 : 4;
-  const auto nanos = std::chrono::steady_clock::now().time_since_epoch().count();
-  const std::string temp = fmt::format("{}.tmp-{}-{}", path, ::getpid(), nanos);
-  UniqueFd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
-  if (!fd.valid()) {
-    return ErrnoToStatus(errno,
-                         fmt::format("cannot create token file '{}' (as '{}' first)", path, temp));
-  }
-  auto fail = [&](Status s) {
-    fd.reset();
-    ::unlink(temp.c_str());
-    return s;
-  };
-  auto write_all = [&](const void* data, size_t bytes) -> Status {
-    const auto* p = static_cast<const char*>(data);
-    while (bytes > 0) {
-      const ssize_t r = ::write(fd.get(), p, bytes);
-      if (r < 0 && errno == EINTR) continue;
-      if (r < 0) return ErrnoToStatus(errno, fmt::format("writing token file '{}'", temp));
-      p += r;
-      bytes -= static_cast<size_t>(r);
+  auto written = [&]() -> Status {
+    STRATA_ASSIGN_OR_RETURN(AtomicFileWriter file, AtomicFileWriter::Create(path, 0644));
+    std::vector<int32_t> header(kTokenFileHeaderInts, 0);
+    header[0] = kTokenFileMagic;
+    header[1] = width == 2 ? 1 : 2;
+    header[2] = static_cast<int32_t>(tokens.size());
+    STRATA_RETURN_IF_ERROR(file.Append(std::as_bytes(std::span(header))));
+    constexpr size_t kChunk = 1 << 20;
+    std::vector<uint8_t> buf(kChunk * width);
+    for (size_t begin = 0; begin < tokens.size(); begin += kChunk) {
+      const size_t n = std::min(kChunk, tokens.size() - begin);
+      if (width == 2) {
+        auto* p = reinterpret_cast<uint16_t*>(buf.data());
+        for (size_t i = 0; i < n; ++i) p[i] = static_cast<uint16_t>(tokens[begin + i]);
+      } else {
+        auto* p = reinterpret_cast<uint32_t*>(buf.data());
+        for (size_t i = 0; i < n; ++i) p[i] = static_cast<uint32_t>(tokens[begin + i]);
+      }
+      STRATA_RETURN_IF_ERROR(file.Append(std::as_bytes(std::span(buf.data(), n * width))));
     }
-    return Status::Ok();
-  };
-  std::vector<int32_t> header(kTokenFileHeaderInts, 0);
-  header[0] = kTokenFileMagic;
-  header[1] = width == 2 ? 1 : 2;
-  header[2] = static_cast<int32_t>(tokens.size());
-  if (Status s = write_all(header.data(), header.size() * 4); !s.ok()) return fail(s);
-  constexpr size_t kChunk = 1 << 20;
-  std::vector<uint8_t> buf(kChunk * width);
-  for (size_t begin = 0; begin < tokens.size(); begin += kChunk) {
-    const size_t n = std::min(kChunk, tokens.size() - begin);
-    if (width == 2) {
-      auto* p = reinterpret_cast<uint16_t*>(buf.data());
-      for (size_t i = 0; i < n; ++i) p[i] = static_cast<uint16_t>(tokens[begin + i]);
-    } else {
-      auto* p = reinterpret_cast<uint32_t*>(buf.data());
-      for (size_t i = 0; i < n; ++i) p[i] = static_cast<uint32_t>(tokens[begin + i]);
-    }
-    if (Status s = write_all(buf.data(), n * width); !s.ok()) return fail(s);
-  }
-  if (::fsync(fd.get()) != 0) {
-    return fail(ErrnoToStatus(errno, fmt::format("fsync token file '{}'", temp)));
-  }
-  if (::close(fd.release()) != 0) {
-    return fail(ErrnoToStatus(errno, fmt::format("closing token file '{}'", temp)));
-  }
-  if (::rename(temp.c_str(), path.c_str()) != 0) {
-    return fail(ErrnoToStatus(errno, fmt::format("renaming '{}' to '{}'", temp, path)));
-  }
-  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
-  const std::filesystem::path dir = parent.empty() ? std::filesystem::path(".") : parent;
-  UniqueFd dir_fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!dir_fd.valid() || ::fsync(dir_fd.get()) != 0) {
-    return ErrnoToStatus(
-        errno, fmt::format("fsync directory '{}' of token file '{}'", dir.string(), path));
-  }
+    return file.Commit();
+  }();
+  if (!written.ok()) return written.WithContext("token file");
   return Status::Ok();
 }
 
@@ -361,4 +327,4 @@ std::string TokenTrainingData::Describe() const {
                      train_tokens() + val_tokens(), train_tokens(), val_tokens());
 }
 
-}  // namespace strata::engine
+}  // namespace strata::data

@@ -1,7 +1,7 @@
 // SentencePiece tokenization: a tiny model trained here, with the library's trainer, on text the
 // test writes; encode/decode, the token file of a text file and its cache, and the one-line
 // error of a tokenizer file that does not load.
-#include "engine/tokenizer.h"
+#include "data/tokenizer.h"
 
 #include <fmt/format.h>
 #include <gmock/gmock.h>
@@ -17,10 +17,10 @@
 #include <string>
 #include <vector>
 
-#include "engine/dataset.h"
-#include "engine/token_dataset.h"
+#include "data/dataset.h"
+#include "data/token_dataset.h"
 
-namespace strata::engine {
+namespace strata::data {
 namespace {
 
 namespace fs = std::filesystem;
@@ -360,4 +360,4 @@ TEST_F(TokenizerTest, ATokenizerLargerThanTheModelVocabularyIsAnError) {
 }
 
 }  // namespace
-}  // namespace strata::engine
+}  // namespace strata::data

@@ -1,11 +1,11 @@
-#include "engine/text_dataset.h"
+#include "data/text_dataset.h"
 
 #include <fmt/format.h>
 
 #include <cerrno>
 #include <fstream>
 
-namespace strata::engine {
+namespace strata::data {
 
 StatusOr<TextDataset> TextDataset::Load(const std::string& path, int seq_len,
                                         double train_fraction) {
@@ -70,4 +70,4 @@ std::vector<int32_t> TextDataset::Encode(std::string_view text) {
   return out;
 }
 
-}  // namespace strata::engine
+}  // namespace strata::data

@@ -20,9 +20,9 @@
 #include <vector>
 
 #include "base/status.h"
-#include "engine/dataset.h"
+#include "data/dataset.h"
 
-namespace strata::engine {
+namespace strata::data {
 
 inline constexpr int32_t kTokenFileMagic = 20240520;
 inline constexpr int kTokenFileHeaderInts = 256;
@@ -123,4 +123,4 @@ class TokenTrainingData final : public Dataset {
   std::string description_;
 };
 
-}  // namespace strata::engine
+}  // namespace strata::data

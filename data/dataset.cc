@@ -1,4 +1,4 @@
-#include "engine/dataset.h"
+#include "data/dataset.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -9,11 +9,11 @@
 #include <filesystem>
 
 #include "base/unique_fd.h"
-#include "engine/text_dataset.h"
-#include "engine/token_dataset.h"
-#include "engine/tokenizer.h"
+#include "data/text_dataset.h"
+#include "data/token_dataset.h"
+#include "data/tokenizer.h"
 
-namespace strata::engine {
+namespace strata::data {
 namespace {
 
 // Whether --data names llm.c token files rather than text: a glob (text is one file), a
@@ -132,4 +132,4 @@ StatusOr<TrainingData> OpenTrainingData(const TrainingDataOptions& o) {
   return out;
 }
 
-}  // namespace strata::engine
+}  // namespace strata::data

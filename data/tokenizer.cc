@@ -1,6 +1,5 @@
-#include "engine/tokenizer.h"
+#include "data/tokenizer.h"
 
-#include <fcntl.h>
 #include <fmt/format.h>
 #include <sentencepiece_processor.h>
 #include <sys/stat.h>
@@ -9,11 +8,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <limits>
 
-#include "base/unique_fd.h"
-#include "engine/token_dataset.h"
+#include "base/file.h"
+#include "data/token_dataset.h"
 
-namespace strata::engine {
+namespace strata::data {
 
 struct Tokenizer::Impl {
   sentencepiece::SentencePieceProcessor sp;
@@ -21,28 +21,12 @@ struct Tokenizer::Impl {
 
 namespace {
 
-// The whole file at `path`; `what` names it in errors ("tokenizer file", "text file").
+// The whole file at `path`, however large (a text file is tokenized whole); `what` names it in
+// errors ("tokenizer file", "text file").
 StatusOr<std::string> ReadWholeFile(const std::string& path, std::string_view what) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd.valid()) return ErrnoToStatus(errno, fmt::format("cannot open {} '{}'", what, path));
-  struct stat st;
-  if (::fstat(fd.get(), &st) != 0) {
-    return ErrnoToStatus(errno, fmt::format("cannot stat {} '{}'", what, path));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    return InvalidArgumentError(fmt::format("{} '{}' is not a regular file", what, path));
-  }
-  std::string out(static_cast<size_t>(st.st_size), '\0');
-  size_t done = 0;
-  while (done < out.size()) {
-    const ssize_t r = ::read(fd.get(), out.data() + done, out.size() - done);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return ErrnoToStatus(errno, fmt::format("reading {} '{}'", what, path));
-    if (r == 0) break;  // the file shrank meanwhile: keep what was there
-    done += static_cast<size_t>(r);
-  }
-  out.resize(done);
-  return out;
+  auto bytes = ReadSmallFile(path, {.max_bytes = std::numeric_limits<uint64_t>::max()});
+  if (!bytes.ok()) return bytes.status().WithContext(what);
+  return bytes;
 }
 
 // SentencePiece's message, on one line.
@@ -155,4 +139,4 @@ StatusOr<std::string> TokenizeTextFileCached(const Tokenizer& tokenizer,
   return cache;
 }
 
-}  // namespace strata::engine
+}  // namespace strata::data

@@ -31,7 +31,7 @@
 #include "base/status.h"
 #include "base/unique_fd.h"
 
-namespace strata::engine {
+namespace strata::formats {
 
 // Largest JSON header we accept (the reference implementation's limit is 100 MB).
 inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100'000'000;
@@ -183,4 +183,4 @@ StatusOr<uint64_t> FileXxh3(const std::string& path, uint64_t* size_bytes);
 // The same over an open file descriptor (read with pread from offset 0); `what` names it in errors.
 StatusOr<uint64_t> FdXxh3(int fd, std::string_view what, uint64_t* size_bytes);
 
-}  // namespace strata::engine
+}  // namespace strata::formats

@@ -1,0 +1,111 @@
+// The checkpoint manifest: serialization round trip, validation of hostile input, and the
+// format-version-1 manifests (AdamW only) still read.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "engine/checkpoint.h"
+
+namespace strata::engine {
+namespace {
+
+TEST(Manifest, RoundTripsAndRejectsBadInput) {
+  Manifest m;
+  m.precision = "fp16";
+  m.model_description = "GPT";
+  m.block_names = {"embedding", "head"};
+  m.block_num_params = {10, 20};
+  m.vocab_size = 256;
+  m.max_seq_len = 16;
+  m.engine_steps = 9;
+  m.adam_steps = 7;
+  m.loss_scaler = {32768.0f, 3, 2};
+  m.optimizer.kind = cpu_optim::OptimizerKind::kLion;
+  m.optimizer.config = cpu_optim::LionConfig{.lr = 1.25e-3f, .weight_decay = 0.1f};
+  m.grad_clip_norm = 1.0f;
+  m.trainer.step = 9;
+  m.trainer.tokens_seen = 900;
+  m.trainer.data_rng = "1 2 3";
+  m.trainer.lr_schedule_json = R"({"next_step":9})";
+  m.trainer.model_json = R"({"channels":16})";
+  m.files = {{"master.safetensors", 123, 0xfedcba9876543210ull}};
+  const std::string text = SerializeManifest(m);
+  auto p = ParseManifest(text);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(p->block_names, m.block_names);
+  EXPECT_EQ(p->block_num_params, m.block_num_params);
+  EXPECT_EQ(p->adam_steps, 7);
+  EXPECT_EQ(p->loss_scaler.scale, 32768.0f);
+  EXPECT_EQ(p->loss_scaler.clean_steps, 3);
+  EXPECT_EQ(p->loss_scaler.overflows, 2);
+  EXPECT_EQ(p->optimizer.kind, cpu_optim::OptimizerKind::kLion);
+  EXPECT_EQ(std::get<cpu_optim::LionConfig>(p->optimizer.config).lr, 1.25e-3f);
+  EXPECT_EQ(std::get<cpu_optim::LionConfig>(p->optimizer.config).weight_decay, 0.1f);
+  EXPECT_EQ(p->trainer.data_rng, "1 2 3");
+  EXPECT_EQ(p->trainer.lr_schedule_json, R"({"next_step":9})");
+  EXPECT_EQ(p->trainer.model_json, R"({"channels":16})");
+  ASSERT_EQ(p->files.size(), 1u);
+  EXPECT_EQ(p->files[0].xxh3, 0xfedcba9876543210ull);
+
+  auto replace = [&](const std::string& from, const std::string& to) {
+    std::string t = text;
+    const auto pos = t.find(from);
+    EXPECT_NE(pos, std::string::npos) << from;
+    return ParseManifest(t.replace(pos, from.size(), to));
+  };
+  EXPECT_EQ(ParseManifest("").status().code(), StatusCode::kDataLoss);
+  EXPECT_EQ(ParseManifest("[]").status().code(), StatusCode::kDataLoss);
+  EXPECT_EQ(replace("\"format_version\": 2", "\"format_version\": 3").status().code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(replace("\"kind\": \"Lion\"", "\"kind\": \"Lamb\"").status().code(),
+            StatusCode::kDataLoss);
+  EXPECT_EQ(replace("\"maximize\": false", "\"maximize\": 0").status().code(),
+            StatusCode::kDataLoss);
+  for (const char* bad :
+       {"../master.safetensors", "/etc/passwd", ".hidden", "a/b", "", "manifest.json"}) {
+    auto r = replace("\"master.safetensors\"", std::string("\"") + bad + "\"");
+    EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << bad;
+  }
+  EXPECT_EQ(replace("\"size_bytes\": 123", "\"size_bytes\": -1").status().code(),
+            StatusCode::kDataLoss);
+  EXPECT_EQ(replace("\"size_bytes\": 123", "\"size_bytes\": 1e300").status().code(),
+            StatusCode::kDataLoss);
+  EXPECT_EQ(replace("fedcba9876543210", "fedcba98765432zz").status().code(), StatusCode::kDataLoss);
+  EXPECT_EQ(replace("\"adam_steps\": 7", "\"adam_steps\": 10").status().code(),
+            StatusCode::kDataLoss);  // more updates than steps
+  EXPECT_EQ(replace("20\n", "20, 30\n").status().code(), StatusCode::kDataLoss);
+  EXPECT_EQ(replace("\"loss_scale\": 32768.0", "\"loss_scale\": -1.0").status().code(),
+            StatusCode::kDataLoss);
+}
+
+TEST(Manifest, ReadsVersionOneAsAdamW) {
+  // A manifest of format version 1 (before any optimizer but AdamW/Adam): its optimizer object.
+  Manifest m;
+  m.precision = "bf16";
+  m.model_description = "GPT";
+  m.block_names = {"embedding", "head"};
+  m.block_num_params = {10, 20};
+  m.vocab_size = 256;
+  m.max_seq_len = 16;
+  m.files = {{"master.safetensors", 123, 1}};
+  nlohmann::json j = nlohmann::json::parse(SerializeManifest(m));
+  j["format_version"] = 1;
+  j["optimizer"] = {{"name", "adam"},
+                    {"lr", 0.5},
+                    {"beta1", 0.8},
+                    {"beta2", 0.9},
+                    {"eps", 1e-6},
+                    {"weight_decay", 0.25},
+                    {"decoupled_weight_decay", false},
+                    {"bias_correction", true}};
+  auto p = ParseManifest(j.dump());
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(p->optimizer.kind, cpu_optim::OptimizerKind::kAdam);
+  EXPECT_EQ(p->optimizer.adamw().lr, 0.5f);
+  EXPECT_EQ(p->optimizer.adamw().beta1, 0.8f);
+  EXPECT_FALSE(p->optimizer.adamw().decoupled_weight_decay);
+}
+
+}  // namespace
+}  // namespace strata::engine
