@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -251,5 +252,54 @@ class Runner {
   std::vector<S> head_tied_grads_;
   std::vector<std::vector<S>> xs_;  // inputs of layer 0..L-1, then of the head
 };
+
+// The magnitude of the terms that cancel in each head parameter gradient (terms_bound.h), in
+// double from the S-rounded inputs: lnf = LN(x) (xhat its normalized rows), dlogits = (softmax -
+// onehot) / N, dlnf = dlogits Wlm^T whose terms are T_dlnf(r, c) = sum_v |dlogit_rv W_cv|; then
+//   dlnf_w[c]: sum_r T_dlnf(r, c) |xhat_rc|,  dlnf_b[c]: sum_r T_dlnf(r, c),
+//   dWlm[c, v]: sum_r |lnf_rc dlogit_rv|.
+// dlnf_w and dlnf_b are sums over the N rows of dlnf values of both signs (about 1e-3 each here,
+// their sums about 1e-2): the few that cancel to a small value (a few 1e-4) keep the rounding
+// error of their 128 terms, which k u (|ref| + rms) alone does not cover.
+inline std::vector<double> HeadParamTerms(const GptShape& s, const std::vector<double>& ph,
+                                          const std::vector<double>& x,
+                                          const std::vector<int32_t>& tgt, int64_t N) {
+  const int64_t C = s.channels, V = s.vocab_size;
+  std::vector<double> terms(2 * C + C * V, 0.0), xhat(C), lnf(C), dlogit(V), t_dlnf(C);
+  const double* w = ph.data() + 2 * C;  // Wlm (C, V)
+  for (int64_t r = 0; r < N; ++r) {
+    double mean = 0, var = 0;
+    for (int64_t c = 0; c < C; ++c) mean += x[r * C + c] / static_cast<double>(C);
+    for (int64_t c = 0; c < C; ++c) var += (x[r * C + c] - mean) * (x[r * C + c] - mean);
+    const double rstd = 1.0 / std::sqrt(var / static_cast<double>(C) + s.layer_norm_eps);
+    for (int64_t c = 0; c < C; ++c) {
+      xhat[c] = (x[r * C + c] - mean) * rstd;
+      lnf[c] = xhat[c] * ph[c] + ph[C + c];
+    }
+    double mx = -INFINITY;
+    for (int64_t v = 0; v < V; ++v) {
+      double z = 0;
+      for (int64_t c = 0; c < C; ++c) z += lnf[c] * w[c * V + v];
+      dlogit[v] = z;
+      mx = std::max(mx, z);
+    }
+    double sum = 0;
+    for (int64_t v = 0; v < V; ++v) sum += std::exp(dlogit[v] - mx);
+    for (int64_t v = 0; v < V; ++v) {
+      dlogit[v] =
+          (std::exp(dlogit[v] - mx) / sum - (v == tgt[r] ? 1.0 : 0.0)) / static_cast<double>(N);
+    }
+    for (int64_t c = 0; c < C; ++c) {
+      double t = 0;
+      for (int64_t v = 0; v < V; ++v) {
+        t += std::abs(dlogit[v] * w[c * V + v]);
+        terms[2 * C + c * V + v] += std::abs(lnf[c] * dlogit[v]);
+      }
+      terms[c] += t * std::abs(xhat[c]);
+      terms[C + c] += t;
+    }
+  }
+  return terms;
+}
 
 }  // namespace strata::models::test_model
