@@ -117,40 +117,8 @@ inline std::vector<double> AttentionProjectionTerms(const LlamaConfig& c,
   ops::MatmulBackward<double>(att.data(), wo, kOutIn, dx2.data(), datt.data(), nullptr, nullptr, N,
                               Dq, C);
   // The attention backward's magnitude, in the rotated frame.
-  std::vector<double> mag(N * Dqkv, 0.0);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t hq = 0; hq < H; ++hq) {
-      const int64_t kvh = hq / (H / Hkv);
-      for (int64_t i = 0; i < T; ++i) {
-        const double* q = qkv.data() + (b * T + i) * Dqkv + hq * hs;
-        const double* dout = datt.data() + (b * T + i) * Dq + hq * hs;
-        std::vector<double> p(i + 1), dp_terms(i + 1, 0.0);
-        double d_terms = 0;
-        for (int64_t s = 0; s <= i; ++s) {
-          const double* k = qkv.data() + (b * T + s) * Dqkv + Dq + kvh * hs;
-          const double* v = k + Dkv;
-          double score = 0;
-          for (int64_t j = 0; j < hs; ++j) {
-            score += q[j] * k[j];
-            dp_terms[s] += std::abs(dout[j] * v[j]);
-          }
-          p[s] = std::exp(score * scale - lse[(b * H + hq) * T + i]);
-          d_terms += p[s] * dp_terms[s];
-        }
-        for (int64_t s = 0; s <= i; ++s) {
-          const double ds_terms = p[s] * (dp_terms[s] + d_terms);
-          const double* k = qkv.data() + (b * T + s) * Dqkv + Dq + kvh * hs;
-          double* mq = mag.data() + (b * T + i) * Dqkv + hq * hs;
-          double* mk = mag.data() + (b * T + s) * Dqkv + Dq + kvh * hs;
-          for (int64_t j = 0; j < hs; ++j) {
-            mq[j] += scale * ds_terms * std::abs(k[j]);
-            mk[j] += scale * ds_terms * std::abs(q[j]);
-          }
-        }
-      }
-    }
-  }
+  const std::vector<double> mag = terms_bound::AttentionBackwardTerms(
+      B, T, c.num_heads, c.num_kv_heads, c.head_dim, Dqkv, Dq, Dq + Dkv, qkv, datt, lse);
   // RoPE's inverse rotation: each element of a pair at most the sum of the pair's magnitudes.
   std::vector<double> pre(N * Dqkv, 0.0);
   for (int64_t r = 0; r < N; ++r) {

@@ -91,4 +91,54 @@ inline std::vector<double> AbsTransposedProduct(const std::vector<double>& a,
   return out;
 }
 
+// The magnitude of the terms that cancel in the attention backward's dq and dk (the softmax
+// backward dS = P (dP - D), D = sum_s P_ts dP_ts), per (sequence, head, query t, key s):
+//   T_dP(t, s) = sum_j |dO_tj v_sj|,  T_dS(t, s) = P_ts (T_dP(t, s) + sum_s' P_ts' T_dP(t, s')),
+//   dq_t += scale T_dS |k_s|,  dk_s += scale T_dS |q_t|   (scale = 1 / sqrt(hs)).
+// qkv: (B T) rows of row_stride, q heads at column 0, k and v heads (Hkv of them, query head h
+// reads h / (H / Hkv)) at k_off and v_off; dout (B T, H hs); lse (B, H, T), all in double.
+// Returns (B T, row_stride): the magnitudes in the q and k columns, zero elsewhere.
+inline std::vector<double> AttentionBackwardTerms(int B, int T, int H, int Hkv, int hs,
+                                                  int64_t row_stride, int64_t k_off, int64_t v_off,
+                                                  const std::vector<double>& qkv,
+                                                  const std::vector<double>& dout,
+                                                  const std::vector<double>& lse) {
+  std::vector<double> mag(static_cast<size_t>(int64_t{B} * T * row_stride), 0.0);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
+  const int64_t ldo = int64_t{H} * hs;
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t kvh = h / (H / Hkv);
+      for (int64_t t = 0; t < T; ++t) {
+        const double* q = qkv.data() + (b * T + t) * row_stride + h * hs;
+        const double* go = dout.data() + (b * T + t) * ldo + h * hs;
+        std::vector<double> p(t + 1), dp_terms(t + 1, 0.0);
+        double d_terms = 0;
+        for (int64_t s = 0; s <= t; ++s) {
+          const double* k = qkv.data() + (b * T + s) * row_stride + k_off + kvh * hs;
+          const double* v = qkv.data() + (b * T + s) * row_stride + v_off + kvh * hs;
+          double score = 0;
+          for (int64_t j = 0; j < hs; ++j) {
+            score += q[j] * k[j];
+            dp_terms[s] += std::abs(go[j] * v[j]);
+          }
+          p[s] = std::exp(score * scale - lse[(b * H + h) * T + t]);
+          d_terms += p[s] * dp_terms[s];
+        }
+        for (int64_t s = 0; s <= t; ++s) {
+          const double ds_terms = p[s] * (dp_terms[s] + d_terms);
+          const double* k = qkv.data() + (b * T + s) * row_stride + k_off + kvh * hs;
+          double* mq = mag.data() + (b * T + t) * row_stride + h * hs;
+          double* mk = mag.data() + (b * T + s) * row_stride + k_off + kvh * hs;
+          for (int64_t j = 0; j < hs; ++j) {
+            mq[j] += scale * ds_terms * std::abs(k[j]);
+            mk[j] += scale * ds_terms * std::abs(q[j]);
+          }
+        }
+      }
+    }
+  }
+  return mag;
+}
+
 }  // namespace strata::models::terms_bound
