@@ -13,9 +13,10 @@
 // registers to the tensor cores without shared memory, rounded to D on the way (the contract's
 // rounding points).
 //
-// Rounding points as the CUDA-core kernels: scores scaled in fp32, online softmax in fp32, P =
-// exp(s - m) rounded to D before P V, O in fp32 rounded once, lse fp32; backward P = exp(s -
-// lse) from q, k, dS = D(P (dP - delta)), dq, dk, dv accumulated in fp32 and rounded once.
+// Rounding points as the CUDA-core kernels and the host op: scores scaled in fp32, a first pass
+// of online softmax in fp32 for lse, then P = exp(s - lse) rounded to D before P V, O in fp32
+// rounded once, lse fp32; backward P = exp(s - lse) from q, k, dS = D(D(P) (dP - delta)), dq,
+// dk, dv accumulated in fp32 and rounded once.
 // Deterministic: no atomics; dk, dv per key tile over the query tiles in order, dq per query
 // tile over the key tiles in order.
 #include <cuda_bf16.h>
@@ -233,20 +234,11 @@ __global__ void __launch_bounds__(kThreads)
   Zero<kHs>(o);
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   const int last = at::LastKeyTile(qt, kQ, kK, a.T);
-  for (int kt = 0; kt <= last; ++kt) {
-    const int k0 = kt * kK;
-    __syncthreads();  // the previous k and v tiles are consumed
-    LoadTile<D, kHs, kK>(ks, q_src + a.C, ld, k0, a.T);
-    CpAsyncCommit();
-    LoadTile<D, kHs, kK>(vs, q_src + 2 * a.C, ld, k0, a.T);
-    CpAsyncCommit();
-    CpAsyncWait<1>();  // q and k have landed; v may still be in flight
-    __syncthreads();
-    float s[kK / 8][4];
+  // The scaled scores of key tile k0 (in ks) for the warp's rows, -inf where masked.
+  const auto scores = [&](int k0, float(&s)[kK / 8][4]) {
     Zero<kK>(s);
     MmaABt<D, kK, kHs>(s, qs + warp * 16 * kStride, ks, kStride);
     const bool masked = at::TileNeedsMask(q0, kQ, k0, kK, a.T);
-    float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int j = 0; j < kK / 8; ++j) {
 #pragma unroll
@@ -255,37 +247,63 @@ __global__ void __launch_bounds__(kThreads)
         float x = s[j][e] * a.scale;
         if (masked && (key > row[e / 2] || key >= a.T)) x = -INFINITY;
         s[j][e] = x;
-        mx[e / 2] = fmaxf(mx[e / 2], x);
       }
     }
-    float corr[2], sum[2] = {0.0f, 0.0f};
+  };
+  // Pass 1: each row's max and sum (online softmax, fp32), hence its log-sum-exp.
+  for (int kt = 0; kt <= last; ++kt) {
+    const int k0 = kt * kK;
+    __syncthreads();  // the previous k tile is consumed
+    LoadTile<D, kHs, kK>(ks, q_src + a.C, ld, k0, a.T);
+    CpAsyncCommit();
+    CpAsyncWait<0>();  // q and k have landed
+    __syncthreads();
+    float s[kK / 8][4];
+    scores(k0, s);
+    float mx[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int j = 0; j < kK / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) mx[e / 2] = fmaxf(mx[e / 2], s[j][e]);
+    }
+    float m_new[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      const float m_new = fmaxf(m[r], mx[r]);  // finite: key 0 is valid for every row
-      corr[r] = expf(m[r] - m_new);            // 0 on the first tile (m = -inf)
-      m[r] = m_new;
+      m_new[r] = fmaxf(m[r], mx[r]);  // finite: key 0 is valid for every row
     }
 #pragma unroll
     for (int j = 0; j < kK / 8; ++j) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float p = expf(s[j][e] - m[e / 2]);  // 0 where masked
-        s[j][e] = p;
-        sum[e / 2] += p;
-      }
+      for (int e = 0; e < 4; ++e) sum[e / 2] += expf(s[j][e] - m_new[e / 2]);  // 0 where masked
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 1);
       sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 2);
-      l[r] = l[r] * corr[r] + sum[r];  // from the unrounded p, as the CUDA-core kernel
+      l[r] = l[r] * expf(m[r] - m_new[r]) + sum[r];  // the factor is 0 on the first tile
+      m[r] = m_new[r];
     }
+  }
+  const float row_lse[2] = {m[0] + logf(l[0]), m[1] + logf(l[1])};
+  // Pass 2: o = sum_j D(exp(s_j - lse)) v_j, the probabilities normalized before they are
+  // rounded to D (the host's rounding point, models/ops/attention.cc), the sum in fp32.
+  for (int kt = 0; kt <= last; ++kt) {
+    const int k0 = kt * kK;
+    __syncthreads();  // the previous k and v tiles are consumed
+    LoadTile<D, kHs, kK>(ks, q_src + a.C, ld, k0, a.T);
+    CpAsyncCommit();
+    LoadTile<D, kHs, kK>(vs, q_src + 2 * a.C, ld, k0, a.T);
+    CpAsyncCommit();
+    CpAsyncWait<1>();  // k has landed; v may still be in flight
+    __syncthreads();
+    float s[kK / 8][4];
+    scores(k0, s);
 #pragma unroll
-    for (int nt = 0; nt < kHs / 8; ++nt) {
+    for (int j = 0; j < kK / 8; ++j) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) o[nt][e] *= corr[e / 2];
+      for (int e = 0; e < 4; ++e) s[j][e] = expf(s[j][e] - row_lse[e / 2]);  // 0 where masked
     }
     uint32_t p[kK / 16][4];
     ToFragments<D, kK>(s, p);  // P rounded to D
@@ -296,8 +314,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     if (row[r] >= a.T) continue;
-    StoreRow<D, kHs>(out + a.Out(b, h, kHs) + int64_t{row[r]} * a.C, o, r, 1.0f / l[r]);
-    if (c == 0) lse[a.Stat(b, h) + row[r]] = m[r] + logf(l[r]);
+    StoreRow<D, kHs>(out + a.Out(b, h, kHs) + int64_t{row[r]} * a.C, o, r, 1.0f);
+    if (c == 0) lse[a.Stat(b, h) + row[r]] = row_lse[r];
   }
 }
 
@@ -357,7 +375,7 @@ __global__ void __launch_bounds__(kThreads)
         const int key = k0 + j * 8 + 2 * c + (e & 1), r = e / 2;
         const bool valid = !masked || (key <= row[r] && key < a.T && row[r] < a.T);
         const float p = valid ? expf(s[j][e] * a.scale - row_lse[r]) : 0.0f;
-        s[j][e] = p * (dp[j][e] - row_delta[r]);
+        s[j][e] = RoundTo<D>(p) * (dp[j][e] - row_delta[r]);  // P rounded, as the host
       }
     }
     uint32_t ds[kK / 16][4];
@@ -432,7 +450,7 @@ __global__ void __launch_bounds__(kThreads)
         const bool valid = !masked || (key[r] <= query && query < a.T && key[r] < a.T);
         const float p = valid ? expf(st[j][e] * a.scale - lse_s[qi]) : 0.0f;
         st[j][e] = p;
-        dpt[j][e] = p * (dpt[j][e] - delta_s[qi]);
+        dpt[j][e] = RoundTo<D>(p) * (dpt[j][e] - delta_s[qi]);  // P rounded, as the host
       }
     }
     uint32_t pf[kQ / 16][4];

@@ -84,8 +84,10 @@ Status LaunchMeanLoss(cudaStream_t stream, const float* losses, int64_t N, float
 // qkv (B, T, 3C): head h of q at column h hs, of k at C + h hs, of v at 2C + h hs.
 // out (B, T, C): head h at column h hs. lse (B, H, T) fp32: log-sum-exp of each query's
 // scaled scores (the backward recomputes the probabilities from it). Scores scaled by
-// 1 / sqrt(hs) in fp32; online softmax in fp32; unnormalized probabilities rounded to D
-// before the product with V; output accumulated in fp32 and rounded once. hs <= 128.
+// 1 / sqrt(hs) in fp32; softmax in fp32 (a first pass over the keys for each row's
+// log-sum-exp); the normalized probabilities D(exp(s - lse)) rounded to D before the product
+// with V (the host's rounding point, models/ops/attention.cc); output accumulated in fp32 and
+// rounded once. hs <= 128.
 // Two implementations with these rounding points, chosen by `path` (gpt_attention_tiles.h):
 // tensor cores (mma.sync m16n8k16, gpt_attention_tc.cu) for bf16 and fp16 with hs 64 or 128
 // and qkv, out (and dout, dqkv) 16-byte aligned; CUDA cores (fp32 FMAs on values converted
@@ -96,7 +98,8 @@ Status LaunchAttentionForward(cudaStream_t stream, const D* qkv, int B, int T, i
                               float* lse, AttentionPath path = AttentionPath::kAuto);
 
 // dqkv (B, T, 3C) from dout (B, T, C), the forward's out and lse: delta = rowsum(dout out)
-// (fp32, (B, H, T) scratch), P recomputed, dS = D(P (dP - delta)), dq, dk, dv accumulated in
+// (fp32, (B, H, T) scratch), P recomputed and rounded to D, dS = D(D(P) (dP - delta)) (the
+// host's rounding points), dq, dk, dv accumulated in
 // fp32 and rounded once. No atomics: one block per (b, h, key tile) owns its dk, dv and loops
 // over the query tiles; a separate pass writes dq. dqkv must not overlap the inputs. `path` as
 // for the forward (the two need not match: both recompute from the same lse contract).

@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iostream>
 #include <random>
 #include <string>
 #include <tuple>
@@ -31,6 +32,7 @@
 
 #include "base/dtype.h"
 #include "engine/model.h"
+#include "gpu/cuda/cuda_lt_matmul.h"
 #include "gpu/cuda/cuda_native.h"
 #include "models/cuda/gpt_cuda.cuh"
 #include "models/cuda/gpt_cuda_layout.h"
@@ -39,6 +41,8 @@
 #include "tests/gpu/cuda_test_util.h"
 #include "tests/models/gpt_model_run.h"
 #include "tests/models/gpt_test_model.h"
+#include "tests/models/ops/op_parity.h"
+#include "tests/models/terms_bound.h"
 
 namespace strata::models {
 namespace {
@@ -582,13 +586,240 @@ TYPED_TEST(GptCudaTypedTest, HeadInSeveralChunksMatchesTheHostAndDouble) {
   EXPECT_NEAR(loss_gpu, loss_host, 64 * 0x1p-24 * std::abs(loss_host) + 8 * u) << "loss vs host";
   EXPECT_NEAR(loss_gpu, loss_ref, 16 * u * std::abs(loss_ref)) << "loss vs double";
   ExpectWithin(this->Get(dx, N * C), Widen(dx_host), 32, u, "head dx vs host");
-  ExpectWithin(this->Get(dp, PH), Widen(dp_host), 32, u, "head dparams vs host");
+  // dparams ([lnf_w (C), lnf_b (C), lm_head_w (C, V)]: an index i >= 2C is lm_head_w row
+  // (i - 2C) / V, column (i - 2C) % V) add the magnitude of their cancelling terms
+  // (test_model::HeadParamTerms). Issue 26 item 4: the fp16 run had 1 element past
+  // k u (|ref| + rms) against the host and 2 against double, -0.000252 against the host's
+  // -0.000261 with the bound 7.9e-6: lnf_w[8] (double -0.000245), a sum over the 128 rows of
+  // dlnf xhat, terms of about 1e-3 that cancel to 2.5e-4; the host's own fp16 run is 1.6e-5 from
+  // double there, 1.09 times the old bound against double (gpt_kernels_test,
+  // Fp16HeadInSeveralChunksIsWithinItsTermsBoundOfDouble). No rounding point differs: the
+  // difference is that of two runs' roundings of the same cancelling sum.
+  // The 1e-6 floor stays: in fp16 the dlogits of this shape, (softmax - onehot) / 128 with
+  // V = 50257, are mostly below fp16's smallest normal (6.1e-5), where a rounding adds an absolute
+  // error up to 2^-25 instead of a relative u (Higham, 2nd ed., eq. 2.8, gradual underflow), and
+  // an lm_head_w element sums 128 of them times |lnf| <= 0.3: at most 1.2e-6, the floor's size.
+  const std::vector<double> head_terms =
+      test_model::HeadParamTerms(s, phw, xw, targets, int64_t(N));
+  std::vector<double> floor_terms = head_terms;
+  for (double& t : floor_terms) t += 1e-6 / (32 * u);  // the floor, as a term of the 32 u bound
+  terms_bound::ExpectWithinTermsBound("head dparams vs host", this->Get(dp, PH), Widen(dp_host),
+                                      floor_terms, 32, u);
   ExpectWithin(this->Get(dx, N * C), dx_ref, 64, u, "head dx vs double");
-  ExpectWithin(this->Get(dp, PH), dp_ref, 64, u, "head dparams vs double");
+  for (double& t : floor_terms) t = t - 1e-6 / (32 * u) + 1e-6 / (64 * u);
+  terms_bound::ExpectWithinTermsBound("head dparams vs double", this->Get(dp, PH), dp_ref,
+                                      floor_terms, 64, u);
   const std::vector<S> a = this->template Download<S>(dp, PH),
                        b = this->template Download<S>(dp2, PH);
   EXPECT_EQ(std::memcmp(a.data(), b.data(), PH * sizeof(S)), 0)
       << "head backward not deterministic";
+}
+
+// ---------------------------------------------------------------------------
+// The GPU half of the op-by-op harness (tests/models/ops/op_parity.h, issue 26 item 3; the host
+// half, every host op against double, runs in CI in op_parity_test.cc). In the engine test's
+// shapes, on the inputs of the host half, each CUDA op against the host op of the same storage
+// type, output by output: the spread in ulps of S (op_parity.h: 0.99-quantile, maximum, fraction
+// differing) printed as a table, and held to what the same rounding points in another summation
+// order give. The attention backward and the DGELU product read the host forward's out and
+// pre-activation (the inputs the host op read), so each row measures one op. The LM head is the
+// block (LNf, the chunked head, LNf's backward) against the host block.
+// Bound: same rounding points leave all but the few outputs where an fp32 sum in another order
+// crossed a rounding boundary bit-identical (about K 2^-24 / u of them: under 1% in bf16 and
+// fp16 at K <= 256), each one or two ulps away; a moved rounding point changes 40% of them
+// (op_parity_test.cc's TheSpreadSeesTheAttentionsMovedRoundingPoint measures both on the host:
+// 0% and 39-41%, the 0.99-quantile 0 and 1 ulp). So at most 5% of an output's elements may
+// differ, the 0.99-quantile by at most 1 ulp and any element by at most 4; chained outputs (a
+// rounded dS inside the attention backward, dlogits inside the head) carry a flipped intermediate
+// into a sum: 25%, 2 and 16 ulps for them. First calibration: pending a GPU run.
+TYPED_TEST(GptCudaTypedTest, EveryOpRoundsWhereTheHostOpRoundsInTheEngineShapes) {
+  using S = TypeParam;
+  using Dev = typename TestFixture::Dev;
+  namespace par = ops::parity;
+  if constexpr (std::is_same_v<S, float>) {
+    GTEST_SKIP() << "measures 16-bit rounding points; in fp32 every sum in another order moves "
+                    "most outputs by some ulps (the fp32 checks are the tests above)";
+  }
+  const par::Shape sh;
+  const par::Inputs in = par::MakeInputs<S>(sh, 26);
+  const std::vector<par::Output> host = par::RunHostOps<S>(sh, in);
+  const int64_t N = sh.N(), C = sh.C, H = sh.H;
+  ASSERT_TRUE(cuda::CudaPrepareStream(*this->stream_).ok());
+  const cudaStream_t cs = gpu::NativeStream(*this->stream_);
+  const auto workspace = gpu::CublasWorkspace(*this->stream_);
+  ASSERT_TRUE(workspace.ok()) << workspace.status().ToString();
+  const auto put = [&](const std::vector<double>& v) -> gpu::DeviceSpan {
+    return this->Put(Round<S>(v));
+  };
+  const auto out = [&](int64_t n) -> gpu::DeviceSpan {
+    return this->Poisoned(size_t(n) * sizeof(S));
+  };
+  const auto f32 = [&](int64_t n) -> gpu::DeviceSpan {
+    return this->Poisoned(size_t(n) * sizeof(float));
+  };
+  const auto hostval = [&](const std::string& name) {
+    for (const par::Output& o : host) {
+      if (o.name == name) return o.values;
+    }
+    ADD_FAILURE() << "no host output " << name;
+    return std::vector<double>();
+  };
+  // D = epilogue(op(A) op(B) (+ C)), row-major, as gpt_cuda.cu's Products::Run.
+  const auto lt = [&](bool ta, bool tb, int64_t M, int64_t Nn, int64_t K, gpu::DeviceSpan A,
+                      int64_t lda, gpu::DeviceSpan Bm, int64_t ldb, gpu::DeviceSpan D, int64_t ldd,
+                      gpu::cuda::RowEpilogue epi = gpu::cuda::RowEpilogue::kNone,
+                      const void* bias = nullptr, const void* residual = nullptr,
+                      void* aux = nullptr, int64_t aux_ld = 0, void* bias_grad = nullptr) {
+    gpu::cuda::LtMatmulArgs a;
+    a.trans_a = ta;
+    a.trans_b = tb;
+    a.M = M;
+    a.N = Nn;
+    a.K = K;
+    a.A = A.data;
+    a.lda = lda;
+    a.B = Bm.data;
+    a.ldb = ldb;
+    a.C = residual;
+    a.ldc = ldd;
+    a.D = D.data;
+    a.ldd = ldd;
+    a.dtype = DTypeOf<S>();
+    a.epilogue = epi;
+    a.bias = bias;
+    a.bias_grad = bias_grad;
+    a.aux = aux;
+    a.aux_ld = aux_ld;
+    return gpu::cuda::LtMatmul(cs, a, workspace->data, workspace->size_bytes);
+  };
+  const gpu::DeviceSpan partials = f32(cuda::LnPartials(N) * 8 * C);
+  // dW (rows^T dy) and db through the bias-gradient epilogue, else a plain product and the
+  // column sums (as Products::WeightGrad).
+  const auto weight_grad = [&](int64_t in_dim, int64_t out_dim, gpu::DeviceSpan x,
+                               gpu::DeviceSpan dy, gpu::DeviceSpan dw, gpu::DeviceSpan db) {
+    const Status fused =
+        lt(true, false, in_dim, out_dim, N, x, in_dim, dy, out_dim, dw, out_dim,
+           gpu::cuda::RowEpilogue::kBiasGradB, nullptr, nullptr, nullptr, 0, db.data);
+    if (fused.code() != StatusCode::kUnimplemented) return fused;
+    STRATA_RETURN_IF_ERROR(
+        lt(true, false, in_dim, out_dim, N, x, in_dim, dy, out_dim, dw, out_dim));
+    return cuda::LaunchColumnSums(cs, dy.as<Dev>(), N, out_dim, partials.as<float>(), db.as<Dev>());
+  };
+  std::vector<std::pair<std::string, std::vector<double>>> gpu_out;
+  const auto get = [&](const std::string& name, gpu::DeviceSpan d, int64_t n) {
+    gpu_out.emplace_back(name, this->Get(d, size_t(n)));
+  };
+  {  // LayerNorm
+    const gpu::DeviceSpan x = put(in.x), w = put(in.w), b = put(in.b), dy = put(in.dy),
+                          res = put(in.residual);
+    const gpu::DeviceSpan y = out(N * C), dx = out(N * C), dw = out(C), db = out(C);
+    const gpu::DeviceSpan mean = f32(N), rstd = f32(N);
+    ASSERT_TRUE(cuda::LaunchLayerNormForward(cs, x.as<Dev>(), w.as<Dev>(), b.as<Dev>(), N, C,
+                                             y.as<Dev>(), mean.as<float>(), rstd.as<float>())
+                    .ok());
+    ASSERT_TRUE(cuda::LaunchLayerNormBackward(cs, x.as<Dev>(), w.as<Dev>(), dy.as<Dev>(),
+                                              mean.as<float>(), rstd.as<float>(), res.as<Dev>(), N,
+                                              C, dx.as<Dev>())
+                    .ok());
+    ASSERT_TRUE(cuda::LaunchLayerNormParamGrads(cs, x.as<Dev>(), dy.as<Dev>(), mean.as<float>(),
+                                                rstd.as<float>(), N, C, partials.as<float>(),
+                                                dw.as<Dev>(), db.as<Dev>())
+                    .ok());
+    this->Sync();
+    get("layer_norm y", y, N * C);
+    get("layer_norm dx", dx, N * C);
+    get("layer_norm dw", dw, C);
+    get("layer_norm db", db, C);
+  }
+  {  // Attention; the backward on the host forward's out
+    const gpu::DeviceSpan qkv = put(in.qkv), dout = put(in.att_dout),
+                          host_att = put(hostval("attention out"));
+    const gpu::DeviceSpan att = out(N * C), dqkv = out(N * 3 * C), lse = f32(N * H),
+                          delta = f32(N * H);
+    ASSERT_TRUE(cuda::LaunchAttentionForward(cs, qkv.as<Dev>(), sh.B, sh.T, sh.C, sh.H,
+                                             att.as<Dev>(), lse.as<float>())
+                    .ok());
+    ASSERT_TRUE(cuda::LaunchAttentionBackward(cs, qkv.as<Dev>(), host_att.as<Dev>(), dout.as<Dev>(),
+                                              lse.as<float>(), sh.B, sh.T, sh.C, sh.H,
+                                              delta.as<float>(), dqkv.as<Dev>())
+                    .ok());
+    this->Sync();
+    get("attention out", att, N * C);
+    get("attention dqkv", dqkv, N * 3 * C);
+  }
+  {  // Bias and residual epilogue; the input and weight gradients
+    const gpu::DeviceSpan x = put(in.in), w = put(in.w_proj), b = put(in.b_proj),
+                          res = put(in.residual);
+    const gpu::DeviceSpan dy = put(in.dy);
+    const gpu::DeviceSpan y = out(N * C), dx = out(N * C), dw = out(C * C), db = out(C);
+    ASSERT_TRUE(
+        lt(false, false, N, C, C, x, C, w, C, y, C, gpu::cuda::RowEpilogue::kBias, b.data, res.data)
+            .ok());
+    ASSERT_TRUE(lt(false, true, N, C, C, dy, C, w, C, dx, C).ok());
+    ASSERT_TRUE(weight_grad(C, C, x, dy, dw, db).ok());
+    this->Sync();
+    get("matmul bias+residual y", y, N * C);
+    get("matmul dx", dx, N * C);
+    get("matmul dW", dw, C * C);
+    get("matmul db", db, C);
+  }
+  {  // GELU_AUX_BIAS; DGELU on the host's pre-activation, with its weight and bias gradients
+    const gpu::DeviceSpan x = put(in.in), w = put(in.w_fc), b = put(in.b_fc);
+    const gpu::DeviceSpan h = out(N * 4 * C), g = out(N * 4 * C);
+    ASSERT_TRUE(lt(false, false, N, 4 * C, C, x, C, w, 4 * C, g, 4 * C,
+                   gpu::cuda::RowEpilogue::kGeluAuxBias, b.data, nullptr, h.data, 4 * C)
+                    .ok());
+    const gpu::DeviceSpan gin = put(in.g), wp = put(in.w_mp), dy = put(in.dy);
+    const gpu::DeviceSpan pre = put(hostval("matmul gelu_aux h"));
+    const gpu::DeviceSpan dh = out(N * 4 * C), dw = out(4 * C * C), db = out(C);
+    ASSERT_TRUE(weight_grad(4 * C, C, gin, dy, dw, db).ok());
+    ASSERT_TRUE(lt(false, true, N, 4 * C, C, dy, C, wp, C, dh, 4 * C,
+                   gpu::cuda::RowEpilogue::kDGelu, nullptr, nullptr, pre.data, 4 * C)
+                    .ok());
+    this->Sync();
+    get("matmul gelu_aux h", h, N * 4 * C);
+    get("matmul gelu_aux g", g, N * 4 * C);
+    get("matmul dgelu dh", dh, N * 4 * C);
+    get("matmul dgelu dW", dw, 4 * C * C);
+    get("matmul dgelu db", db, C);
+  }
+  std::string table = std::string(DTypeName(DTypeOf<S>())) +
+                      " CUDA op vs host op, ulps of S at max(|x|, rms) (issue 26 harness):\n";
+  for (const auto& [name, values] : gpu_out) {
+    const par::Spread sp = par::Compare<S>(hostval(name), values);
+    table += par::TableRow(name, sp);
+    const bool chained = name == "attention dqkv";
+    EXPECT_LE(sp.differing, chained ? 0.25 : 0.05) << name;
+    EXPECT_LE(sp.q99, chained ? 2.0 : 1.0) << name;
+    EXPECT_LE(sp.max, chained ? 16.0 : 4.0) << name;
+  }
+  {  // The LM head block (LNf, chunked head, LNf backward) against the host block
+    const GptShape gs{sh.V, sh.T, 6, sh.H, sh.C};
+    const int64_t PH = HeadNumParams(gs);
+    const std::vector<S> ph = Round<S>(Random(PH, 0.2, 31)), x = Round<S>(in.lnf);
+    std::vector<S> dx_host(N * C), dp_host(PH);
+    std::vector<uint8_t> hsc(HeadScratchBytes<S>(gs, sh.B, sh.T));
+    HeadBackward<S>(gs, ph.data(), x.data(), in.targets.data(), 1.0f, sh.B, sh.T, dx_host.data(),
+                    dp_host.data(), hsc.data());
+    const gpu::DeviceSpan phd = this->Put(ph), xd = this->Put(x), tgt = this->Put(in.targets);
+    const gpu::DeviceSpan dx = out(N * C), dp = out(PH);
+    const gpu::DeviceSpan hsd = this->Poisoned(cuda::CudaHeadScratchBytes<S>(gs, sh.B, sh.T));
+    ASSERT_TRUE(cuda::CudaHeadBackward<S>(gs, *this->stream_, this->Ptr(phd), this->Ptr(xd),
+                                          tgt.as<int32_t>(), 1.0f, sh.B, sh.T, this->Ptr(dx),
+                                          this->Ptr(dp), hsd.as<void>())
+                    .ok());
+    this->Sync();
+    for (const auto& [name, h, g] :
+         {std::tuple{std::string("lm_head block dx"), Widen(dx_host), this->Get(dx, N * C)},
+          std::tuple{std::string("lm_head block dparams"), Widen(dp_host), this->Get(dp, PH)}}) {
+      const par::Spread sp = par::Compare<S>(h, g);
+      table += par::TableRow(name, sp);
+      EXPECT_LE(sp.differing, 0.25) << name;
+      EXPECT_LE(sp.q99, 2.0) << name;
+      EXPECT_LE(sp.max, 16.0) << name;
+    }
+  }
+  std::cout << table;
 }
 
 // ---------------------------------------------------------------------------
@@ -633,22 +864,33 @@ void ExpectWholeModelMatches(const test_model::WholeModelCase& c, gpu::Device& c
   test_model::Runner<double> exact(c.shape, c.B, c.T);
   std::vector<std::vector<double>> g_exact;
   std::vector<double> dx0_exact;
-  const double loss_exact =
-      exact.Backward(test_model::RoundedModel<S>(md), tokens, targets, &g_exact, &dx0_exact);
+  const test_model::Model<double> rounded = test_model::RoundedModel<S>(md);
+  const double loss_exact = exact.Backward(rounded, tokens, targets, &g_exact, &dx0_exact);
 
   const test_model::WholeModelBound bound = test_model::WholeModelBoundFor<S>(c.shape, c.B, c.T);
   const double e = bound.eps;
   ExpectWithin({r_cuda->loss}, {r_host->loss}, 2 * bound.loss_k, e, "loss vs host", 0);
   ExpectWithin({r_cuda->loss}, {loss_exact}, bound.loss_k, e, "loss vs double", 0);
+  // A layer's attn_qkv_w and attn_qkv_b add the magnitude of the attention backward's cancelling
+  // terms (test_model::AttentionQkvTerms, terms_bound.h): the key bias's gradient is zero in exact
+  // arithmetic, and with one key (T = 1) so are the q and k columns'.
   for (size_t b = 0; b < g_exact.size(); ++b) {
     const std::vector<double> g = Widen(r_cuda->grads[b]), g_host = Widen(r_host->grads[b]);
+    const bool layer = b >= 1 && b <= static_cast<size_t>(c.shape.num_layers);
+    const std::vector<double> terms =
+        layer ? test_model::AttentionQkvTerms(
+                    c.shape, rounded.blocks[b], exact.layer_input(static_cast<int>(b) - 1),
+                    exact.layer_output_grad(static_cast<int>(b) - 1), c.B, c.T)
+              : std::vector<double>(g.size(), 0.0);
     for (const TensorInfo& t : test_model::BlockTensors(c.shape, b)) {
       const auto slice = [&](const std::vector<double>& v) {
         return std::vector<double>(v.begin() + t.offset, v.begin() + t.offset + t.num_elems);
       };
       const std::string what = test_model::BlockName(c.shape, b) + ".d" + t.name;
-      ExpectWithin(slice(g), slice(g_host), 2 * bound.grad_k, e, what + " vs host", 0);
-      ExpectWithin(slice(g), slice(g_exact[b]), bound.grad_k, e, what + " vs double", 0);
+      terms_bound::ExpectWithinTermsBound(what + " vs host", slice(g), slice(g_host), slice(terms),
+                                          2 * bound.grad_k, e);
+      terms_bound::ExpectWithinTermsBound(what + " vs double", slice(g), slice(g_exact[b]),
+                                          slice(terms), bound.grad_k, e);
     }
   }
   if (c.shape.tie_embeddings) {  // the head's contribution to the embedding chunk

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -18,6 +19,12 @@
 
 #include "base/dtype.h"
 #include "models/gpt_kernels.h"
+#include "models/gpt_layout.h"
+#include "models/ops/attention.h"
+#include "models/ops/gelu.h"
+#include "models/ops/layer_norm.h"
+#include "models/ops/matmul.h"
+#include "tests/models/terms_bound.h"
 
 namespace strata::models::test_model {
 
@@ -218,7 +225,9 @@ class Runner {
                     dx.data(), grads->back().data(), head_scratch_.Poisoned(), Tied(m),
                     s_.tie_embeddings ? head_tied_grads_.data() : nullptr);
     head_scratch_.CheckGuard("HeadBackward");
+    douts_.assign(s_.num_layers, {});
     for (int l = s_.num_layers - 1; l >= 0; --l) {
+      douts_[l] = dx;
       std::vector<S> dx_in = PoisonedVector<S>(N_ * s_.channels);
       LayerBackward<S>(s_, m.blocks[1 + l].data(), xs_[l].data(), dx.data(), dx_in.data(),
                        (*grads)[1 + l].data(), B_, T_, layer_scratch_.Poisoned());
@@ -237,6 +246,9 @@ class Runner {
   const std::vector<S>& head_tied_grads() const { return head_tied_grads_; }
   const std::vector<S>& logits() const { return logits_; }         // (B, V) last positions
   const std::vector<S>& head_input() const { return xs_.back(); }  // (B, T, C)
+  // After Backward: layer l's input and the gradient of its output, (B, T, C).
+  const std::vector<S>& layer_input(int l) const { return xs_[l]; }
+  const std::vector<S>& layer_output_grad(int l) const { return douts_[l]; }
 
  private:
   GptShape s_;
@@ -249,7 +261,105 @@ class Runner {
 
   std::vector<S> logits_;
   std::vector<S> head_tied_grads_;
-  std::vector<std::vector<S>> xs_;  // inputs of layer 0..L-1, then of the head
+  std::vector<std::vector<S>> xs_;     // inputs of layer 0..L-1, then of the head
+  std::vector<std::vector<S>> douts_;  // gradients of the layers' outputs (last Backward)
 };
+
+// The magnitude of the terms that cancel in a layer's attn_qkv_w and attn_qkv_b gradients
+// (terms_bound.h), as a vector over the layer chunk (zero elsewhere): the layer's forward and its
+// backward down to the attention output gradient dO recomputed in double with the host ops (the
+// layer's own op calls, models/gpt_kernels.cc), the attention backward with absolute values
+// (terms_bound::AttentionBackwardTerms: dS = P (dP - D) cancels exactly with one key, and the key
+// bias's gradient is zero for every T), then dWqkv = ln1^T dqkv gives |ln1|^T |dqkv| and dbqkv
+// the column sums of |dqkv|. x_in and dy: the layer's input and its output's gradient, (B T, C).
+inline std::vector<double> AttentionQkvTerms(const GptShape& s, const std::vector<double>& params,
+                                             const std::vector<double>& x_in,
+                                             const std::vector<double>& dy, int B, int T) {
+  using ops::WeightLayout;
+  constexpr WeightLayout kInOut = WeightLayout::kInOut;
+  const int64_t N = int64_t{B} * T, C = s.channels, H = s.num_heads, hs = C / H;
+  const LayerParams<const double*> p(params.data(), C);
+  std::vector<double> mean1(N), rstd1(N), ln1(N * C), qkv(N * 3 * C), lse(N * H), att(N * C);
+  std::vector<double> x2(N * C), mean2(N), rstd2(N), ln2(N * C), h(N * 4 * C), g(N * 4 * C);
+  std::vector<double> dh(N * 4 * C), dln2(N * C), dx2(N * C), datt(N * C);
+  const double eps = s.layer_norm_eps;
+  ops::LayerNormForward(x_in.data(), p.ln1_w, p.ln1_b, eps, N, C, ln1.data(), mean1.data(),
+                        rstd1.data());
+  ops::MatmulForward<double>(ln1.data(), p.qkv_w, kInOut, p.qkv_b, qkv.data(), N, C, 3 * C);
+  const ops::AttentionDims ad{B, T, s.num_heads, s.num_heads, static_cast<int>(hs), 3 * C};
+  ops::AttentionForward(ad, qkv.data(), qkv.data() + C, qkv.data() + 2 * C, att.data(), lse.data());
+  ops::MatmulForward<double>(att.data(), p.attn_proj_w, kInOut, p.attn_proj_b, x2.data(), N, C, C,
+                             x_in.data());
+  ops::LayerNormForward(x2.data(), p.ln2_w, p.ln2_b, eps, N, C, ln2.data(), mean2.data(),
+                        rstd2.data());
+  ops::MatmulGeluForward<double>(ln2.data(), p.fc_w, kInOut, p.fc_b, h.data(), g.data(), N, C,
+                                 4 * C);
+  ops::MatmulGeluBackward<double>(g.data(), p.mlp_proj_w, kInOut, dy.data(), h.data(), dh.data(),
+                                  nullptr, nullptr, N, 4 * C, C);
+  ops::MatmulBackward<double>(ln2.data(), p.fc_w, kInOut, dh.data(), dln2.data(), nullptr, nullptr,
+                              N, C, 4 * C);
+  ops::LayerNormBackward<double>(x2.data(), p.ln2_w, mean2.data(), rstd2.data(), dln2.data(),
+                                 dy.data(), N, C, dx2.data(), nullptr, nullptr);
+  ops::MatmulBackward<double>(att.data(), p.attn_proj_w, kInOut, dx2.data(), datt.data(), nullptr,
+                              nullptr, N, C, C);
+  const std::vector<double> mag = terms_bound::AttentionBackwardTerms(
+      B, T, s.num_heads, s.num_heads, static_cast<int>(hs), 3 * C, C, 2 * C, qkv, datt, lse);
+  const std::vector<double> w_terms = terms_bound::AbsTransposedProduct(ln1, mag, N, C, 3 * C);
+  const std::vector<double> b_terms =
+      terms_bound::AbsTransposedProduct(std::vector<double>(N, 1.0), mag, N, 1, 3 * C);
+  std::vector<double> terms(params.size(), 0.0);
+  std::copy(w_terms.begin(), w_terms.end(), terms.begin() + (p.qkv_w - params.data()));
+  std::copy(b_terms.begin(), b_terms.end(), terms.begin() + (p.qkv_b - params.data()));
+  return terms;
+}
+
+// The magnitude of the terms that cancel in each head parameter gradient (terms_bound.h), in
+// double from the S-rounded inputs: lnf = LN(x) (xhat its normalized rows), dlogits = (softmax -
+// onehot) / N, dlnf = dlogits Wlm^T whose terms are T_dlnf(r, c) = sum_v |dlogit_rv W_cv|; then
+//   dlnf_w[c]: sum_r T_dlnf(r, c) |xhat_rc|,  dlnf_b[c]: sum_r T_dlnf(r, c),
+//   dWlm[c, v]: sum_r |lnf_rc dlogit_rv|.
+// dlnf_w and dlnf_b are sums over the N rows of dlnf values of both signs (about 1e-3 each here,
+// their sums about 1e-2): the few that cancel to a small value (a few 1e-4) keep the rounding
+// error of their 128 terms, which k u (|ref| + rms) alone does not cover.
+inline std::vector<double> HeadParamTerms(const GptShape& s, const std::vector<double>& ph,
+                                          const std::vector<double>& x,
+                                          const std::vector<int32_t>& tgt, int64_t N) {
+  const int64_t C = s.channels, V = s.vocab_size;
+  std::vector<double> terms(2 * C + C * V, 0.0), xhat(C), lnf(C), dlogit(V), t_dlnf(C);
+  const double* w = ph.data() + 2 * C;  // Wlm (C, V)
+  for (int64_t r = 0; r < N; ++r) {
+    double mean = 0, var = 0;
+    for (int64_t c = 0; c < C; ++c) mean += x[r * C + c] / static_cast<double>(C);
+    for (int64_t c = 0; c < C; ++c) var += (x[r * C + c] - mean) * (x[r * C + c] - mean);
+    const double rstd = 1.0 / std::sqrt(var / static_cast<double>(C) + s.layer_norm_eps);
+    for (int64_t c = 0; c < C; ++c) {
+      xhat[c] = (x[r * C + c] - mean) * rstd;
+      lnf[c] = xhat[c] * ph[c] + ph[C + c];
+    }
+    double mx = -INFINITY;
+    for (int64_t v = 0; v < V; ++v) {
+      double z = 0;
+      for (int64_t c = 0; c < C; ++c) z += lnf[c] * w[c * V + v];
+      dlogit[v] = z;
+      mx = std::max(mx, z);
+    }
+    double sum = 0;
+    for (int64_t v = 0; v < V; ++v) sum += std::exp(dlogit[v] - mx);
+    for (int64_t v = 0; v < V; ++v) {
+      dlogit[v] =
+          (std::exp(dlogit[v] - mx) / sum - (v == tgt[r] ? 1.0 : 0.0)) / static_cast<double>(N);
+    }
+    for (int64_t c = 0; c < C; ++c) {
+      double t = 0;
+      for (int64_t v = 0; v < V; ++v) {
+        t += std::abs(dlogit[v] * w[c * V + v]);
+        terms[2 * C + c * V + v] += std::abs(lnf[c] * dlogit[v]);
+      }
+      terms[c] += t * std::abs(xhat[c]);
+      terms[C + c] += t;
+    }
+  }
+  return terms;
+}
 
 }  // namespace strata::models::test_model

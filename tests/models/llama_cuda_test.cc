@@ -336,6 +336,10 @@ TYPED_TEST(LlamaCudaTest, GqaAttentionMatchesTheHostOpAndDoubleAndIsDeterministi
 // through L layers, the embedding and the head the loss is held to 8 + 20 L and the gradients to
 // 10 + 40 (L + 1), eps = Eps<S>(max(K, N)) with K the longest fp32 sum (the widest product or the
 // attention's T); the CUDA run against the host run to twice that (the sum of both runs' bounds).
+// A layer's q_proj and k_proj gradients add the magnitude of the attention backward's cancelling
+// terms to their bound (llama_test::AttentionProjectionTerms, terms_bound.h): with one key (T = 1)
+// they are zero in exact arithmetic, the double reference's are its own rounding (~1e-17), and a
+// bound relative to that alone cannot hold for any run in fp32 or 16 bits.
 LlamaConfig WholeModelConfig(bool tied) {
   LlamaConfig c = *LlamaPreset("llama-tiny");
   c.vocab_size = 53;
@@ -400,12 +404,19 @@ void ExpectWholeModelMatches(const LlamaConfig& c, int B, int T, gpu::Device& cu
                     2 * loss_k, e);
   for (size_t b = 0; b < g_exact.size(); ++b) {
     const std::vector<double> g = ToDoubles(r_cuda->grads[b]), gh = ToDoubles(r_host->grads[b]);
+    const bool layer = b >= 1 && b <= static_cast<size_t>(L);
+    const std::vector<double> terms =
+        layer ? llama_test::AttentionProjectionTerms(c, rounded[b], exact.layer_input(b - 1),
+                                                     exact.layer_output_grad(b - 1), B, T)
+              : std::vector<double>(g.size(), 0.0);
     for (const LlamaTensor& t : llama_test::BlockTensors(c, static_cast<int>(b))) {
       const auto slice = [&](const std::vector<double>& v) {
         return std::vector<double>(v.begin() + t.offset, v.begin() + t.offset + t.num_elems);
       };
-      ExpectWithinBound(t.name + " grad vs double", slice(g), slice(g_exact[b]), grad_k, e);
-      ExpectWithinBound(t.name + " grad vs host", slice(g), slice(gh), 2 * grad_k, e);
+      terms_bound::ExpectWithinTermsBound(t.name + " grad vs double", slice(g), slice(g_exact[b]),
+                                          slice(terms), grad_k, e);
+      terms_bound::ExpectWithinTermsBound(t.name + " grad vs host", slice(g), slice(gh),
+                                          slice(terms), 2 * grad_k, e);
     }
   }
   if (c.tie_embeddings) {

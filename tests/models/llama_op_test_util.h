@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "base/dtype.h"
+#include "tests/models/terms_bound.h"
 
 namespace strata::models::op_test {
 
@@ -80,31 +81,13 @@ std::vector<S> Poisoned(size_t n) {
   return v;
 }
 
-inline double Rms(const std::vector<double>& v) {
-  double sum = 0;
-  for (double x : v) sum += x * x;
-  return v.empty() ? 0 : std::sqrt(sum / static_cast<double>(v.size()));
-}
+using terms_bound::Rms;
 
-// Element by element: |got - ref| <= k eps (|ref| + rms(ref)). Returns the worst ratio.
+// Element by element: |got - ref| <= k eps (|ref| + rms(ref)) (terms_bound.h with no cancelling
+// terms). Returns the worst ratio.
 inline double ExpectWithinBound(const std::string& what, const std::vector<double>& got,
                                 const std::vector<double>& ref, double k, double eps) {
-  EXPECT_EQ(got.size(), ref.size()) << what;
-  const double scale = Rms(ref);
-  double worst = 0;
-  int failures = 0;
-  for (size_t i = 0; i < ref.size() && i < got.size(); ++i) {
-    const double bound = k * eps * (std::abs(ref[i]) + scale);
-    const double err = std::abs(got[i] - ref[i]);
-    if (bound > 0) worst = std::max(worst, err / bound);
-    if (!(err <= bound) && ++failures <= 5) {
-      ADD_FAILURE() << what << "[" << i << "]: got " << got[i] << " reference " << ref[i]
-                    << " error " << err << " bound " << bound;
-    }
-  }
-  EXPECT_EQ(failures, 0) << what << ": " << failures << " elements out of bounds";
-  ::testing::Test::RecordProperty("worst_error_over_bound " + what, std::to_string(worst));
-  return worst;
+  return terms_bound::ExpectWithinTermsBound(what, got, ref, {}, k, eps);
 }
 
 // Scratch of `size_bytes` (64-byte aligned) poisoned with all-ones bytes (NaN in every storage

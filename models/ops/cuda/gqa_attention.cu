@@ -64,7 +64,30 @@ __global__ void __launch_bounds__(kQueryWarps* kWarp)
   float o[kDims];
 #pragma unroll
   for (int i = 0; i < kDims; ++i) o[i] = 0.0f;
+  // Lane's scaled score of key j (in the tile in ks) for this warp's row t; -inf past t.
+  const auto score = [&](int j) {
+    if (j > t) return -INFINITY;
+    float dot = 0.0f;
+    for (int d = 0; d < a.hs; ++d) dot += qs[warp][d] * ks[lane][d];
+    return dot * a.scale;
+  };
+  // Pass 1: the row's max and sum (online softmax, fp32), hence its log-sum-exp.
   float m = -INFINITY, l = 0.0f;
+  for (int k0 = 0; k0 <= last; k0 += kKeyTile) {
+    __syncthreads();
+    LoadKeyTile<D, kDims>(k, a, b, kh, k0, ks);
+    __syncthreads();
+    if (t >= a.T || k0 > t) continue;
+    const int j = k0 + lane;
+    const float s = score(j);
+    const float m_new = fmaxf(m, WarpMax(s));
+    const float p = j <= t ? expf(s - m_new) : 0.0f;
+    l = l * expf(m - m_new) + WarpSum(p);  // m = -inf on the first tile: the factor is 0
+    m = m_new;
+  }
+  const float row_lse = m + logf(l);
+  // Pass 2: o = sum_j D(exp(s_j - lse)) v_j, the probabilities normalized before they are
+  // rounded to D (the host's rounding point, models/ops/attention.cc), the sum in fp32.
   for (int k0 = 0; k0 <= last; k0 += kKeyTile) {
     __syncthreads();
     LoadKeyTile<D, kDims>(k, a, b, kh, k0, ks);
@@ -72,35 +95,21 @@ __global__ void __launch_bounds__(kQueryWarps* kWarp)
     __syncthreads();
     if (t >= a.T || k0 > t) continue;
     const int j = k0 + lane;
-    float s = -INFINITY;
-    if (j <= t) {
-      float dot = 0.0f;
-      for (int d = 0; d < a.hs; ++d) dot += qs[warp][d] * ks[lane][d];
-      s = dot * a.scale;
-    }
-    const float m_new = fmaxf(m, WarpMax(s));
-    const float p = j <= t ? expf(s - m_new) : 0.0f;
-    const float correction = expf(m - m_new);
-    l = l * correction + WarpSum(p);
-    const float p_rounded = RoundTo<D>(p);
-#pragma unroll
-    for (int i = 0; i < kDims; ++i) o[i] *= correction;
+    const float p_rounded = j <= t ? RoundTo<D>(expf(score(j) - row_lse)) : 0.0f;
     const int keys = min(kKeyTile, t - k0 + 1);
     for (int jj = 0; jj < keys; ++jj) {
       const float pj = __shfl_sync(0xffffffffu, p_rounded, jj);
 #pragma unroll
       for (int i = 0; i < kDims; ++i) o[i] += pj * vs[jj][lane + 32 * i];
     }
-    m = m_new;
   }
   if (t >= a.T) return;
-  const float inv = 1.0f / l;
 #pragma unroll
   for (int i = 0; i < kDims; ++i) {
     const int d = lane + 32 * i;
-    if (d < a.hs) out[a.OutRow(b, t) + int64_t{h} * a.hs + d] = FromF<D>(o[i] * inv);
+    if (d < a.hs) out[a.OutRow(b, t) + int64_t{h} * a.hs + d] = FromF<D>(o[i]);
   }
-  if (lane == 0) lse[a.Stat(b, h, t)] = m + logf(l);
+  if (lane == 0) lse[a.Stat(b, h, t)] = row_lse;
 }
 
 // delta[b, h, t] = sum_d dout * out (fp32). One warp per (row, head).
@@ -161,7 +170,7 @@ __global__ void __launch_bounds__(kQueryWarps* kWarp)
         dp += dos[warp][d] * vs[lane][d];
       }
       const float p = expf(dot * a.scale - row_lse);
-      ds = RoundTo<D>(p * (dp - row_delta));
+      ds = RoundTo<D>(RoundTo<D>(p) * (dp - row_delta));  // P rounded, as the host
     }
     const int keys = min(kKeyTile, t - k0 + 1);
     for (int jj = 0; jj < keys; ++jj) {
@@ -245,7 +254,7 @@ __global__ void __launch_bounds__(kKvWarps* kWarp)
           const float dp = WarpSum(dpp);
           const float p = expf(s - lse_s[r]);
           const float p_rounded = RoundTo<D>(p);
-          const float ds = RoundTo<D>(p * (dp - delta_s[r]));
+          const float ds = RoundTo<D>(p_rounded * (dp - delta_s[r]));  // as the host
 #pragma unroll
           for (int i = 0; i < kDims; ++i) {
             dv[kk][i] += p_rounded * gv[i];

@@ -106,18 +106,19 @@ inline constexpr int kGqaMaxHeadDim = 128;
 
 // q: (B, T, H, hs) rows of row_stride; k, v: (B, T, Hkv, hs) rows of row_stride; out: (B, T, H hs)
 // contiguous, OVERWRITTEN; lse: (B, H, T) fp32 OVERWRITTEN. Scores scaled by 1 / sqrt(hs) in
-// fp32, online softmax in fp32, unnormalised probabilities rounded to D before the product with
-// V, output accumulated in fp32 and rounded once. Requirements: all dims >= 1, H % Hkv == 0,
+// fp32, softmax in fp32 (a first pass over the keys for each row's log-sum-exp), the normalised
+// probabilities D(exp(s - lse)) rounded to D before the product with V (the host op's rounding
+// point), output accumulated in fp32 and rounded once. Requirements: all dims >= 1, H % Hkv == 0,
 // hs <= kGqaMaxHeadDim, row_stride >= H hs. out must not overlap q, k, v.
 template <typename D>
 Status LaunchGqaAttentionForward(cudaStream_t stream, const GqaDims& d, const D* q, const D* k,
                                  const D* v, D* out, float* lse);
 
 // dq, dk, dv OVERWRITTEN (strides of q, k, v); delta: (B, H, T) fp32 scratch (rowsum(dout out)).
-// P recomputed from lse, dS = D(P (dP - delta)); dq = D(scale sum dS k); dk, dv of a kv head
-// accumulated in fp32 over the query heads of its group (in head order) and rounded once. No
-// atomics: one block per (sequence, kv head, key tile) owns its dk, dv. dq, dk, dv may be column
-// blocks of one buffer; they must not overlap the inputs.
+// P recomputed from lse and rounded to D, dS = D(D(P) (dP - delta)) (as the host op); dq = D(scale
+// sum dS k); dk, dv of a kv head accumulated in fp32 over the query heads of its group (in head
+// order) and rounded once. No atomics: one block per (sequence, kv head, key tile) owns its dk, dv.
+// dq, dk, dv may be column blocks of one buffer; they must not overlap the inputs.
 template <typename D>
 Status LaunchGqaAttentionBackward(cudaStream_t stream, const GqaDims& d, const D* q, const D* k,
                                   const D* v, const D* out, const D* dout, const float* lse,

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "base/dtype.h"
+#include "tests/models/terms_bound.h"
 
 namespace strata::models::ops::testing {
 
@@ -109,32 +110,13 @@ bool AllPoisoned(const S* v, size_t n) {
   return std::all_of(bytes.begin(), bytes.end(), [](unsigned char b) { return b == 0xff; });
 }
 
-inline double Rms(const std::vector<double>& v) {
-  double sum = 0;
-  for (double x : v) sum += x * x;
-  return v.empty() ? 0 : std::sqrt(sum / static_cast<double>(v.size()));
-}
+using terms_bound::Rms;
 
-// |got - ref| <= k eps (|ref| + rms(ref)) element by element (plus a floor of 1e-300 so an
-// all-zero reference demands exact zeros); returns the worst error over its bound.
+// |got - ref| <= k eps (|ref| + rms(ref)) element by element (terms_bound.h with no cancelling
+// terms; an all-zero reference demands exact zeros); returns the worst error over its bound.
 inline double ExpectWithinBound(const std::string& what, const std::vector<double>& got,
                                 const std::vector<double>& ref, double k, double eps) {
-  EXPECT_EQ(got.size(), ref.size()) << what;
-  const double scale = Rms(ref);
-  double worst = 0;
-  int failures = 0;
-  for (size_t i = 0; i < ref.size() && i < got.size(); ++i) {
-    const double bound = k * eps * (std::abs(ref[i]) + scale) + 1e-300;
-    const double err = std::abs(got[i] - ref[i]);
-    worst = std::max(worst, err / bound);
-    if (!(err <= bound) && ++failures <= 5) {
-      ADD_FAILURE() << what << "[" << i << "]: got " << got[i] << " reference " << ref[i]
-                    << " error " << err << " bound " << bound;
-    }
-  }
-  EXPECT_EQ(failures, 0) << what << ": " << failures << " of " << ref.size()
-                         << " elements out of bounds";
-  return worst;
+  return terms_bound::ExpectWithinTermsBound(what, got, ref, {}, k, eps);
 }
 
 // The double instantiation against a plain scalar reference written in the test: equal up to
