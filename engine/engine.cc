@@ -359,7 +359,7 @@ Status Engine::Impl::Init() {
   for (int b = 0; b < n_; ++b) {
     state_.push_back(LayoutBlockState(*model_, b, o_.optimizer, &part(b)));
     full_state_.push_back(LayoutBlockState(*model_, b, o_.optimizer));
-    grad16_.push_back(!o_.fp32_host_grads && !dp() && o_.precision != DType::kF32 &&
+    grad16_.push_back(!o_.test_hooks.fp32_host_grads && !dp() && o_.precision != DType::kF32 &&
                       HostGradInWorkingPrecision(*model_, b, o_.grad_accum_steps));
   }
   if (o_.eager_update) {
@@ -378,9 +378,9 @@ Status Engine::Impl::Init() {
   }
 
   if (plan_.param_home == ParamHome::kNvme || plan_.optimizer_home == OptimizerHome::kNvme) {
-    if (o_.io_backend_factory) {
-      STRATA_ASSIGN_OR_RETURN(io_, o_.io_backend_factory(o_.io));
-      if (!io_) return InvalidArgumentError("EngineOptions::io_backend_factory returned null");
+    if (o_.test_hooks.io_backend_factory) {
+      STRATA_ASSIGN_OR_RETURN(io_, o_.test_hooks.io_backend_factory(o_.io));
+      if (!io_) return InvalidArgumentError("EngineTestHooks::io_backend_factory returned null");
     } else {
       STRATA_ASSIGN_OR_RETURN(io_, io::CreateIoBackend(o_.io));
     }
@@ -875,8 +875,7 @@ Status Engine::Impl::StreamGradients(int b, bool overwrite, bool last) {
     STRATA_RETURN_IF_ERROR(d2h_->Record(*part_free_[j]));
   } else {
     STRATA_RETURN_IF_ERROR(d2h_->Wait(*dgrad_ready_[j]));
-    STRATA_RETURN_IF_ERROR(
-        d2h_->CopyD2H(hbucket_[i].span(), dbucket_[j].subspan(0, np(b) * w_)));
+    STRATA_RETURN_IF_ERROR(d2h_->CopyD2H(hbucket_[i].span(), dbucket_[j].subspan(0, np(b) * w_)));
     STRATA_RETURN_IF_ERROR(d2h_->Record(*landed_[i]));
     STRATA_RETURN_IF_ERROR(d2h_->Record(*dbucket_free_[j]));
   }
@@ -928,7 +927,7 @@ void Engine::Impl::Fold(int b, int bucket, bool overwrite, bool last) {
       }
     }
   }
-  if (o_.poison_released_buckets) {
+  if (o_.test_hooks.poison_released_buckets) {
     // NaN in every dtype: a fold that read a bucket before its copy landed, or a copy into a
     // bucket still being folded, shows up as a non-finite gradient.
     std::memset(hbucket_[bucket].data(), 0xFF, hbucket_[bucket].size_bytes());

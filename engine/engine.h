@@ -62,6 +62,22 @@
 
 namespace strata::engine {
 
+// Test seams: production code leaves them at their defaults (EngineOptions::test_hooks).
+struct EngineTestHooks {
+  // Keep fp32 gradient accumulators for every block even where the host would keep the 16-bit
+  // gradient (planner.h, HostGradInWorkingPrecision), to compare the two paths.
+  bool fp32_host_grads = false;
+  // Fill each pinned gradient bucket with NaN bytes when it returns to its pool, so a bucket
+  // read before its copy landed, or reused while still being read, makes the step's gradient
+  // non-finite (EngineCounters::buckets_poisoned counts them).
+  bool poison_released_buckets = false;
+  // When set, the swap store's I/O backend is made by this function (called once, from Create,
+  // with EngineOptions::io) instead of io::CreateIoBackend; tests pass one that returns an
+  // io::FaultInjectingBackend to inject ENOSPC, EIO or short transfers during training.
+  std::function<StatusOr<std::unique_ptr<io::IoBackend>>(const io::IoBackendOptions&)>
+      io_backend_factory;
+};
+
 struct EngineOptions {
   DType precision = DType::kBF16;  // working params and gradients
   MicroBatchShape micro_batch;     // shape of every training micro-batch
@@ -115,18 +131,8 @@ struct EngineOptions {
   // calls them in the same order. Needs an optimizer with element-wise state for N > 1
   // (PartitionableOptimizer), no eager updates and no inference_only.
   comm::Communicator* comm = nullptr;
-  // Test seam: keep fp32 gradient accumulators for every block even where the host would keep
-  // the 16-bit gradient (planner.h, HostGradInWorkingPrecision), to compare the two paths.
-  bool fp32_host_grads = false;
-  // Test seam: fill each pinned gradient bucket with NaN bytes when it returns to its pool, so a
-  // bucket read before its copy landed, or reused while still being read, makes the step's
-  // gradient non-finite.
-  bool poison_released_buckets = false;
-  // Test-only seam: when set, the swap store's I/O backend is made by this function (called once,
-  // from Create, with `io`) instead of io::CreateIoBackend; tests pass one that returns an
-  // io::FaultInjectingBackend to inject ENOSPC, EIO or short transfers during training.
-  std::function<StatusOr<std::unique_ptr<io::IoBackend>>(const io::IoBackendOptions&)>
-      io_backend_factory;
+  // Tests only; production code never sets them.
+  EngineTestHooks test_hooks;
 };
 
 struct SaveCheckpointOptions {
@@ -155,7 +161,7 @@ struct EngineCounters {
   uint64_t nvme_bytes_written = 0;
   uint64_t device_peak_bytes = 0;
   uint64_t pinned_bytes = 0;
-  uint64_t buckets_poisoned = 0;  // EngineOptions::poison_released_buckets
+  uint64_t buckets_poisoned = 0;  // EngineTestHooks::poison_released_buckets
 };
 
 class Engine {
