@@ -31,7 +31,8 @@
 //     pinned bucket, and this thread folds the landed bucket into the fp32 accumulators and the
 //     running statistics (sum of squares, inf/nan) while backward goes on; a bucket returns to
 //     its pool only after its copy landed and its fold finished;
-//   - the CPU-optimizer pipeline (engine/optimizer_pipeline.h): with the global norm and the
+//   - the CPU-optimizer pipeline (engine/optimizer_pipeline.h, run by engine/state_store.h):
+//     with the global norm and the
 //     overflow flag known when backward ends, blocks update in forward order (read state of
 //     b+1, update b, write b-1 for state on NVMe) while Step returns; the next forward of block
 //     b waits only on block b's update. No stale update: the numbers are those of a sequential
