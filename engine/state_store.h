@@ -56,10 +56,10 @@
 namespace strata::engine {
 
 struct StateStoreOptions {
-  DType precision = DType::kBF16;            // of the working params
-  const cpu_optim::AnyOptimizer* optimizer;  // the run's (layouts only); not owned
-  bool inference_only = false;               // working homes only: no state, no update
-  bool data_parallel = false;                // zero the homes' padding past a partition's end
+  DType precision = DType::kBF16;                      // of the working params
+  const cpu_optim::AnyOptimizer* optimizer = nullptr;  // the run's (layouts only); not owned
+  bool inference_only = false;                         // working homes only: no state, no update
+  bool data_parallel = false;  // zero the homes' padding past a partition's end
   io::IoBackendOptions io;
   std::vector<std::string> nvme_paths;
   // EngineTestHooks::io_backend_factory: when set, makes the swap store's I/O backend.
