@@ -31,7 +31,8 @@
 //     pinned bucket, and this thread folds the landed bucket into the fp32 accumulators and the
 //     running statistics (sum of squares, inf/nan) while backward goes on; a bucket returns to
 //     its pool only after its copy landed and its fold finished;
-//   - the CPU-optimizer pipeline (engine/optimizer_pipeline.h): with the global norm and the
+//   - the CPU-optimizer pipeline (engine/optimizer_pipeline.h, run by engine/state_store.h):
+//     with the global norm and the
 //     overflow flag known when backward ends, blocks update in forward order (read state of
 //     b+1, update b, write b-1 for state on NVMe) while Step returns; the next forward of block
 //     b waits only on block b's update. No stale update: the numbers are those of a sequential
@@ -61,6 +62,22 @@
 #include "io/io_backend.h"
 
 namespace strata::engine {
+
+// Test seams: production code leaves them at their defaults (EngineOptions::test_hooks).
+struct EngineTestHooks {
+  // Keep fp32 gradient accumulators for every block even where the host would keep the 16-bit
+  // gradient (planner.h, HostGradInWorkingPrecision), to compare the two paths.
+  bool fp32_host_grads = false;
+  // Fill each pinned gradient bucket with NaN bytes when it returns to its pool, so a bucket
+  // read before its copy landed, or reused while still being read, makes the step's gradient
+  // non-finite (EngineCounters::buckets_poisoned counts them).
+  bool poison_released_buckets = false;
+  // When set, the swap store's I/O backend is made by this function (called once, from Create,
+  // with EngineOptions::io) instead of io::CreateIoBackend; tests pass one that returns an
+  // io::FaultInjectingBackend to inject ENOSPC, EIO or short transfers during training.
+  std::function<StatusOr<std::unique_ptr<io::IoBackend>>(const io::IoBackendOptions&)>
+      io_backend_factory;
+};
 
 struct EngineOptions {
   DType precision = DType::kBF16;  // working params and gradients
@@ -115,18 +132,8 @@ struct EngineOptions {
   // calls them in the same order. Needs an optimizer with element-wise state for N > 1
   // (PartitionableOptimizer), no eager updates and no inference_only.
   comm::Communicator* comm = nullptr;
-  // Test seam: keep fp32 gradient accumulators for every block even where the host would keep
-  // the 16-bit gradient (planner.h, HostGradInWorkingPrecision), to compare the two paths.
-  bool fp32_host_grads = false;
-  // Test seam: fill each pinned gradient bucket with NaN bytes when it returns to its pool, so a
-  // bucket read before its copy landed, or reused while still being read, makes the step's
-  // gradient non-finite.
-  bool poison_released_buckets = false;
-  // Test-only seam: when set, the swap store's I/O backend is made by this function (called once,
-  // from Create, with `io`) instead of io::CreateIoBackend; tests pass one that returns an
-  // io::FaultInjectingBackend to inject ENOSPC, EIO or short transfers during training.
-  std::function<StatusOr<std::unique_ptr<io::IoBackend>>(const io::IoBackendOptions&)>
-      io_backend_factory;
+  // Tests only; production code never sets them.
+  EngineTestHooks test_hooks;
 };
 
 struct SaveCheckpointOptions {
@@ -155,7 +162,7 @@ struct EngineCounters {
   uint64_t nvme_bytes_written = 0;
   uint64_t device_peak_bytes = 0;
   uint64_t pinned_bytes = 0;
-  uint64_t buckets_poisoned = 0;  // EngineOptions::poison_released_buckets
+  uint64_t buckets_poisoned = 0;  // EngineTestHooks::poison_released_buckets
 };
 
 class Engine {

@@ -371,7 +371,7 @@ TEST_P(IoFaultTest, FaultDuringTrainingIsClearAndResumingFromTheLastCheckpointIs
   }
   io::FaultInjectingBackend* faults = nullptr;
   auto faulty = o;
-  faulty.io_backend_factory =
+  faulty.test_hooks.io_backend_factory =
       [&](const io::IoBackendOptions& io_options) -> StatusOr<std::unique_ptr<io::IoBackend>> {
     STRATA_ASSIGN_OR_RETURN(auto b, io::FaultInjectingBackend::Create(io_options));
     faults = b.get();

@@ -610,7 +610,7 @@ TEST_F(CudaEngineTest, OverlappedAndSequentialPipelinesAreBitIdentical) {
     sequential.overlap = false;
     const TrainRun reference = Train(gpu::DeviceKind::kCuda, sequential, 4);
     auto overlapped = Options(precision, ParamHome::kNvme, OptimizerHome::kNvme);
-    overlapped.poison_released_buckets = true;
+    overlapped.test_hooks.poison_released_buckets = true;
     ExpectBitIdentical(reference, Train(gpu::DeviceKind::kCuda, overlapped, 4));
     auto offloaded = overlapped;
     offloaded.placement.offload_activations = true;

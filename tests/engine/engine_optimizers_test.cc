@@ -267,7 +267,7 @@ TEST_F(EngineOptimizersTest, SixteenBitHostGradientsGiveTheBitsOfFp32Accumulator
     const TrainRun grad16 = TrainOn(*device_, *model_, o, 5);
     EXPECT_EQ(grad16.plan.host_grad16_params, model_->num_params());
     EXPECT_EQ(grad16.plan.host_grad_bytes, static_cast<uint64_t>(model_->num_params()) * 2);
-    o.fp32_host_grads = true;
+    o.test_hooks.fp32_host_grads = true;
     const TrainRun fp32 = TrainOn(*device_, *model_, o, 5);
     ExpectBitIdentical(grad16, fp32);
     // Two micro-batches accumulate in fp32.
@@ -287,7 +287,7 @@ TEST_F(EngineOptimizersTest, ATiedChunkKeepsAnFp32AccumulatorAtOneMicroBatch) {
   const TrainRun grad16 = TrainOn(*device_, **tied, o, 4);
   const int64_t embedding = (*tied)->block_num_params(0);
   EXPECT_EQ(grad16.plan.host_grad16_params, (*tied)->num_params() - embedding);
-  o.fp32_host_grads = true;
+  o.test_hooks.fp32_host_grads = true;
   ExpectBitIdentical(grad16, TrainOn(*device_, **tied, o, 4));
 }
 

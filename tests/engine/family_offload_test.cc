@@ -115,7 +115,7 @@ TEST_P(FamilyOffloadTest, LateCopiesAndEventsStillGiveBitIdenticalResults) {
   ref_options.overlap = false;
   const TrainRun reference = Train(ref_options, 3);
   auto o = Options(DType::kBF16, ParamHome::kNvme, OptimizerHome::kNvme, 2);
-  o.poison_released_buckets = true;
+  o.test_hooks.poison_released_buckets = true;
   const TrainRun delayed = Train(o, 3, /*max_delay_us=*/300);
   ExpectBitIdentical(reference, delayed);
   for (const auto& r : delayed.results) EXPECT_FALSE(r.skipped);

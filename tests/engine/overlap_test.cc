@@ -96,7 +96,7 @@ TEST_F(OverlapTest, LateCopiesAndEventsStillGiveBitIdenticalResults) {
     const TrainRun reference = Train(ref_options, 4);
     for (ParamHome params : {ParamHome::kHost, ParamHome::kNvme}) {
       auto o = Options(precision, params, OptimizerHome::kNvme, 2);
-      o.poison_released_buckets = true;
+      o.test_hooks.poison_released_buckets = true;
       const TrainRun delayed = Train(o, 4, /*max_delay_us=*/300, /*copy_bps=*/2e8);
       ExpectBitIdentical(reference, delayed);
       for (const auto& r : delayed.results) EXPECT_FALSE(r.skipped);
@@ -143,7 +143,7 @@ TEST_F(OverlapTest, PoisonedBucketsAreNeverReadBeforeTheirCopyLands) {
   const TrainRun reference = Train(ref_options, 4);
   auto o = Options(DType::kBF16, ParamHome::kNvme, OptimizerHome::kNvme, 2);
   o.placement.host_grad_buckets = 2;
-  o.poison_released_buckets = true;
+  o.test_hooks.poison_released_buckets = true;
   const TrainRun run = Train(o, 4, /*max_delay_us=*/200);
   // Every block's bucket of every micro-batch was poisoned after its fold.
   EXPECT_EQ(run.counters.buckets_poisoned, 4u * 2u * model_->num_blocks());

@@ -1,0 +1,221 @@
+#include "engine/grad_streamer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "base/units.h"
+
+namespace strata::engine {
+
+void GradStreamer::BucketPool::Reset(int n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  free_.clear();
+  for (int i = 0; i < n; ++i) free_.push_back(i);
+}
+
+int GradStreamer::BucketPool::Acquire() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return !free_.empty(); });
+  const int i = free_.front();
+  free_.erase(free_.begin());
+  return i;
+}
+
+void GradStreamer::BucketPool::Release(int i) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.push_back(i);
+  }
+  cv_.notify_one();
+}
+
+GradStreamer::GradStreamer(const Model& model, const Plan& plan, gpu::Stream* compute,
+                           gpu::Stream* d2h, GradStreamerOptions options)
+    : model_(model),
+      plan_(plan),
+      o_(std::move(options)),
+      w_(SizeOf(o_.precision)),
+      compute_(compute),
+      d2h_(d2h) {}
+
+GradStreamer::~GradStreamer() {
+  if (folder_) folder_->Drain().IgnoreError();
+  if (reduce_) reduce_->Synchronize().IgnoreError();
+}
+
+StatusOr<std::unique_ptr<GradStreamer>> GradStreamer::Create(const Model& model, const Plan& plan,
+                                                             gpu::Device* device,
+                                                             gpu::Stream* compute, gpu::Stream* d2h,
+                                                             gpu::DeviceSpan dbuckets,
+                                                             gpu::DeviceSpan reduce_region,
+                                                             GradStreamerOptions options) {
+  std::unique_ptr<GradStreamer> g(new GradStreamer(model, plan, compute, d2h, std::move(options)));
+  const GradStreamerOptions& o = g->o_;
+  const int n = model.num_blocks();
+  for (int b = 0; b < n; ++b) {
+    g->grad16_.push_back(!o.fp32_host_grads && !g->dp() && o.precision != DType::kF32 &&
+                         HostGradInWorkingPrecision(model, b, o.grad_accum_steps));
+  }
+  auto event = [&]() { return device->CreateEvent(); };
+  if (g->dp()) {
+    STRATA_ASSIGN_OR_RETURN(g->reduce_, device->CreateStream("reduce-scatter"));
+    STRATA_ASSIGN_OR_RETURN(g->grad_comm_, o.comm->Duplicate());
+    for (int j = 0; j < 2; ++j) {
+      STRATA_ASSIGN_OR_RETURN(g->reduced_[j], event());
+      STRATA_ASSIGN_OR_RETURN(g->part_free_[j], event());
+    }
+  }
+  const uint64_t dbucket_bytes = dbuckets.size_bytes / 2;
+  for (int j = 0; j < 2; ++j) {
+    g->dbucket_[j] = dbuckets.subspan(j * dbucket_bytes, dbucket_bytes);
+    STRATA_ASSIGN_OR_RETURN(g->dgrad_ready_[j], event());
+    STRATA_ASSIGN_OR_RETURN(g->dbucket_free_[j], event());
+  }
+  if (plan.data_parallel) {
+    int64_t max_padded = 0, max_part = 0;
+    for (int b = 0; b < n; ++b) {
+      max_padded = std::max(max_padded, g->dev_elems(b));
+      max_part = std::max(max_part, g->home_elems(b));
+    }
+    const uint64_t full =
+        AlignUp(static_cast<uint64_t>(max_padded) * 4, gpu::DeviceArena::kAlignment);
+    const uint64_t partb =
+        AlignUp(static_cast<uint64_t>(max_part) * 4, gpu::DeviceArena::kAlignment);
+    g->red_full_ = reduce_region.subspan(0, full);
+    for (int j = 0; j < 2; ++j) g->red_part_[j] = reduce_region.subspan(full + j * partb, partb);
+  }
+  for (int i = 0; i < plan.host_grad_buckets; ++i) {
+    STRATA_ASSIGN_OR_RETURN(auto bucket,
+                            device->AllocatePinned(plan.grad_bucket_bytes, "gradient bucket"));
+    g->hbucket_.push_back(std::move(bucket));
+    STRATA_ASSIGN_OR_RETURN(auto e, event());
+    g->landed_.push_back(std::move(e));
+  }
+  g->pool_.Reset(plan.host_grad_buckets);
+  for (int b = 0; b < n && !o.inference_only; ++b) {
+    STRATA_ASSIGN_OR_RETURN(
+        auto acc,
+        AlignedBuffer::Allocate(std::max<uint64_t>(64, g->own(b) * SizeOf(g->grad_dtype(b))), 64));
+    g->accum_.push_back(std::move(acc));
+  }
+  g->folder_ = std::make_unique<WorkQueue>("gradient fold");
+  return g;
+}
+
+StatusOr<TensorRef> GradStreamer::NextBucket(int chunk, int k) {
+  // The block's backward writes its gradients into device bucket j once the D2H that last read
+  // j is done.
+  const int j = (next_dbucket_ + k) % 2;
+  STRATA_RETURN_IF_ERROR(compute_->Wait(*dbucket_free_[j]));
+  return TensorRef(dbucket_[j].data, o_.precision, np(chunk));
+}
+
+Status GradStreamer::Stream(int b, bool overwrite, bool last) {
+  // The gradients the backward wrote into device bucket j go D2H into a free pinned bucket on
+  // the D2H stream, folded by the CPU worker.
+  const int j = next_dbucket_;
+  next_dbucket_ ^= 1;
+  STRATA_RETURN_IF_ERROR(compute_->Record(*dgrad_ready_[j]));
+  // Blocks this (driving) thread only when every pinned bucket is still being folded.
+  const int i = pool_.Acquire();
+  if (dp()) {
+    // Data parallel: widen the bucket to fp32 and reduce-scatter it on the reduce-scatter stream
+    // (the sum over ranks in fp32, overlapped with the next block's backward); only this rank's
+    // partition goes D2H. Issued by this thread alone: the same order on every rank. The padding
+    // past the block's end holds stale values and reduces into elements nobody reads.
+    const int64_t count = home_elems(b);
+    STRATA_RETURN_IF_ERROR(reduce_->Wait(*dgrad_ready_[j]));
+    STRATA_RETURN_IF_ERROR(reduce_->Wait(*part_free_[j]));
+    STRATA_RETURN_IF_ERROR(
+        reduce_->Convert(red_full_, DType::kF32, dbucket_[j], o_.precision, np(b)));
+    STRATA_RETURN_IF_ERROR(reduce_->Record(*dbucket_free_[j]));
+    STRATA_RETURN_IF_ERROR(grad_comm_->ReduceScatter(red_full_.subspan(0, dev_elems(b) * 4),
+                                                     red_part_[j], count, DType::kF32, *reduce_));
+    STRATA_RETURN_IF_ERROR(reduce_->Record(*reduced_[j]));
+    STRATA_RETURN_IF_ERROR(d2h_->Wait(*reduced_[j]));
+    STRATA_RETURN_IF_ERROR(d2h_->CopyD2H(hbucket_[i].span(), red_part_[j].subspan(0, own(b) * 4)));
+    STRATA_RETURN_IF_ERROR(d2h_->Record(*landed_[i]));
+    STRATA_RETURN_IF_ERROR(d2h_->Record(*part_free_[j]));
+  } else {
+    STRATA_RETURN_IF_ERROR(d2h_->Wait(*dgrad_ready_[j]));
+    STRATA_RETURN_IF_ERROR(d2h_->CopyD2H(hbucket_[i].span(), dbucket_[j].subspan(0, np(b) * w_)));
+    STRATA_RETURN_IF_ERROR(d2h_->Record(*landed_[i]));
+    STRATA_RETURN_IF_ERROR(d2h_->Record(*dbucket_free_[j]));
+  }
+  folder_->Submit([=, this]() -> Status {
+    Fold(b, i, overwrite, last);
+    return Status::Ok();
+  });
+  if (!o_.overlap) {
+    if (dp()) STRATA_RETURN_IF_ERROR(reduce_->Synchronize());
+    STRATA_RETURN_IF_ERROR(d2h_->Synchronize());
+    STRATA_RETURN_IF_ERROR(folder_->Drain());
+    STRATA_RETURN_IF_ERROR(FoldError());
+  }
+  return Status::Ok();
+}
+
+Status GradStreamer::FoldError() {
+  std::lock_guard<std::mutex> lock(fold_mu_);
+  return fold_error_;
+}
+
+// Every bucket still goes back to the pool after an error, so the driving thread cannot wait
+// forever for one.
+void GradStreamer::Fold(int b, int bucket, bool overwrite, bool last) {
+  Status s = FoldError();
+  if (s.ok()) s = landed_[bucket]->Synchronize();
+  if (s.ok()) {
+    trace::ScopedTraceEvent t(o_.trace, o_.fold_track, "fold gradient bucket",
+                              trace::Category::kCpuOptimizer);
+    // The bucket holds this rank's reduced fp32 partition (data parallel) or the block's
+    // gradients in the working precision.
+    const cpu_optim::GradView g{hbucket_[bucket].data(), dp() ? DType::kF32 : o_.precision};
+    StatusOr<cpu_optim::GradStats> stats = cpu_optim::GradStats{};
+    if (grad16_[b]) {
+      // The chunk's only contribution: kept as it landed (the same statistics, bit for bit, as
+      // widening it into an fp32 accumulator would give).
+      STRATA_CHECK(overwrite && last);
+      std::memcpy(accum_[b].data(), hbucket_[bucket].data(), np(b) * w_);
+      stats = cpu_optim::ComputeGradStats(g, np(b));
+    } else {
+      stats = cpu_optim::AccumulateGrad(std::span<float>(accum_[b].as<float>(), own(b)), g,
+                                        overwrite, last);
+    }
+    if (!stats.ok()) {
+      s = stats.status();
+    } else if (last) {
+      cpu_optim::Merge(stats_, *stats);
+      if (o_.on_complete) {
+        // Eager mode: b's gradient is complete; update it now unless a gradient of this step
+        // was non-finite (then this and every later block keep their weights).
+        if (stats->nonfinite || !std::isfinite(stats->sum_squares)) eager_overflow_ = true;
+        if (!eager_overflow_) o_.on_complete(b);
+      }
+    }
+  }
+  if (o_.poison_released_buckets) {
+    // NaN in every dtype: a fold that read a bucket before its copy landed, or a copy into a
+    // bucket still being folded, shows up as a non-finite gradient.
+    std::memset(hbucket_[bucket].data(), 0xFF, hbucket_[bucket].size_bytes());
+    buckets_poisoned_.fetch_add(1, std::memory_order_relaxed);
+  }
+  pool_.Release(bucket);
+  if (!s.ok()) {
+    std::lock_guard<std::mutex> lock(fold_mu_);
+    if (fold_error_.ok()) fold_error_ = std::move(s);
+  }
+}
+
+void GradStreamer::BeginStep() {
+  stats_ = {};
+  eager_overflow_ = false;
+}
+
+Status GradStreamer::Drain() {
+  STRATA_RETURN_IF_ERROR(folder_->Drain());
+  return FoldError();
+}
+
+}  // namespace strata::engine

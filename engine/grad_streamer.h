@@ -1,0 +1,157 @@
+// The gradient streamer: each block's gradients from the device to this rank's host gradient
+// (docs/ARCHITECTURE.md, "Backward and gradient streaming" and "Data parallelism").
+//
+// A block's backward writes its 16-bit (or fp32) gradients into one of two device buckets
+// (NextBucket); Stream sends the bucket D2H into a free pinned landing bucket and hands the fold
+// thread a task, which waits for the copy to land and folds the bucket into the block's host
+// gradient (fp32 accumulator, or the 16-bit gradient kept as it landed where
+// HostGradInWorkingPrecision says so) and the step's statistics (sum of squares, inf/nan). Data
+// parallel: the bucket is first widened to fp32 and reduce-scattered over the ranks on the
+// stream "reduce-scatter", and only this rank's partition goes D2H.
+//
+// Threads and streams. NextBucket, Stream, BeginStep, Drain and stats are called by the driving
+// thread only, which enqueues on the compute and D2H streams (not owned) and on its own
+// "reduce-scatter" stream (grad communicator, a duplicate of EngineOptions::comm: the driving
+// thread's order, the same on every rank). The fold runs on the "gradient fold" work queue (trace
+// track "host: gradient fold"). Eager mode: the fold calls options.on_complete(b) when block
+// b's gradient is complete and no gradient of the step was non-finite.
+//
+// Invariants (the orderings table of docs/ARCHITECTURE.md): compute waits on dbucket_free[j]
+// before a backward writes device bucket j; d2h (or reduce-scatter) waits on dgrad_ready[j]
+// before reading it; the fold synchronizes landed[i] before reading pinned bucket i; a pinned
+// bucket returns to its pool only after its fold finished, and every bucket returns even after
+// an error, so Stream never waits forever. HostGradient(b) and stats() are complete after
+// Drain.
+//
+// Errors: Stream returns the streams' Status; a fold's error is kept (the first one) and comes
+// back from Drain.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "base/aligned_buffer.h"
+#include "base/dtype.h"
+#include "base/status.h"
+#include "base/thread_annotations.h"
+#include "base/trace.h"
+#include "comm/communicator.h"
+#include "cpu_optim/grad_stats.h"
+#include "engine/model.h"
+#include "engine/planner.h"
+#include "engine/work_queue.h"
+#include "gpu/device.h"
+
+namespace strata::engine {
+
+struct GradStreamerOptions {
+  DType precision = DType::kBF16;  // of the device gradients
+  int grad_accum_steps = 1;
+  bool overlap = true;                    // false: every copy and fold completes inside Stream
+  bool inference_only = false;            // no host gradients
+  comm::Communicator* comm = nullptr;     // data parallel; not owned
+  trace::TraceRecorder* trace = nullptr;  // not owned, may be null
+  int fold_track = 0;
+  // EngineTestHooks.
+  bool fp32_host_grads = false;
+  bool poison_released_buckets = false;
+  // Eager mode, else null: called on the fold thread when block b's gradient is complete.
+  std::function<void(int block)> on_complete;
+};
+
+class GradStreamer {
+ public:
+  // `dbuckets`: the planner's device gradient buckets region (two buckets); `reduce_region`: its
+  // data-parallel reduce-scatter region (empty with one rank and no communicator). Creates the
+  // events, the pinned landing buckets, the host gradients and (data parallel) the
+  // "reduce-scatter" stream and the gradients' communicator.
+  static StatusOr<std::unique_ptr<GradStreamer>> Create(const Model& model, const Plan& plan,
+                                                        gpu::Device* device, gpu::Stream* compute,
+                                                        gpu::Stream* d2h, gpu::DeviceSpan dbuckets,
+                                                        gpu::DeviceSpan reduce_region,
+                                                        GradStreamerOptions options);
+  ~GradStreamer();  // drains the fold queue and the reduce-scatter stream
+
+  // The device bucket for the gradients of chunk `chunk` that the next backward writes, k = 0
+  // for the block's own chunk, k = 1 for its tied chunk (the compute stream waits until the
+  // bucket's previous D2H is done).
+  StatusOr<TensorRef> NextBucket(int chunk, int k = 0);
+  // Each bucket's trip to the host after the backward, in NextBucket's order. Fold flags:
+  // `overwrite` starts the chunk's accumulator (its first contribution of the step), `last` is
+  // its last contribution (statistics, eager update).
+  Status Stream(int chunk, bool overwrite, bool last);
+  // Resets the step's statistics and the eager overflow flag (between steps).
+  void BeginStep();
+  // Waits for every fold; the first fold error.
+  Status Drain();
+  // The step's statistics, merged at each chunk's last contribution.
+  const cpu_optim::GradStats& stats() const { return stats_; }
+  // Block b's host gradient (this rank's partition): the working precision or fp32.
+  cpu_optim::GradView HostGradient(int b) const { return {accum_[b].data(), grad_dtype(b)}; }
+  DType grad_dtype(int b) const { return grad16_[b] ? o_.precision : DType::kF32; }
+  uint64_t buckets_poisoned() const { return buckets_poisoned_.load(); }
+
+ private:
+  // Pinned landing buckets: a bucket returns to the pool only after its D2H copy landed and its
+  // fold (the consumer) finished reading it.
+  class BucketPool {
+   public:
+    void Reset(int n);
+    int Acquire();
+    void Release(int i);
+
+   private:
+    std::mutex mu_;
+    std::condition_variable cv_;
+    std::vector<int> free_ STRATA_GUARDED_BY(mu_);
+  };
+
+  GradStreamer(const Model& model, const Plan& plan, gpu::Stream* compute, gpu::Stream* d2h,
+               GradStreamerOptions options);
+  int64_t np(int b) const { return model_.block_num_params(b); }
+  bool dp() const { return o_.comm != nullptr; }
+  int64_t own(int b) const { return plan_.blocks[b].partition.own_elems; }
+  int64_t home_elems(int b) const { return plan_.blocks[b].partition.part_elems; }
+  int64_t dev_elems(int b) const { return plan_.blocks[b].partition.padded_elems; }
+  // Runs on the fold worker. Never fails the queue: an error is kept in fold_error_.
+  void Fold(int b, int bucket, bool overwrite, bool last);
+  Status FoldError();
+
+  const Model& model_;
+  const Plan& plan_;
+  const GradStreamerOptions o_;
+  const size_t w_;
+  gpu::Stream* compute_;
+  gpu::Stream* d2h_;
+  std::vector<bool> grad16_;          // HostGradInWorkingPrecision per block
+  std::vector<AlignedBuffer> accum_;  // host gradients per block (fp32 or grad_dtype)
+
+  // Device bucket j (16-bit) -> D2H -> pinned bucket i -> fold.
+  gpu::DeviceSpan dbucket_[2];
+  std::unique_ptr<gpu::Event> dgrad_ready_[2], dbucket_free_[2];
+  int next_dbucket_ = 0;
+  std::vector<gpu::PinnedBuffer> hbucket_;
+  std::vector<std::unique_ptr<gpu::Event>> landed_;
+  BucketPool pool_;
+  // Data parallel: gradients reduce-scatter on reduce_ (grad_comm_, driving thread's order).
+  std::unique_ptr<gpu::Stream> reduce_;
+  std::unique_ptr<comm::Communicator> grad_comm_;
+  gpu::DeviceSpan red_full_;     // one block's gradients widened to fp32, padded
+  gpu::DeviceSpan red_part_[2];  // this rank's reduced fp32 partition
+  std::unique_ptr<gpu::Event> reduced_[2], part_free_[2];
+
+  std::mutex fold_mu_;
+  Status fold_error_ STRATA_GUARDED_BY(fold_mu_);
+  cpu_optim::GradStats stats_;   // written by the fold worker; read after Drain()
+  bool eager_overflow_ = false;  // fold worker only, reset by BeginStep between steps
+  std::atomic<uint64_t> buckets_poisoned_{0};
+  // Declared last: destroyed (joined) first.
+  std::unique_ptr<WorkQueue> folder_;
+};
+
+}  // namespace strata::engine

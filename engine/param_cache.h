@@ -1,0 +1,126 @@
+// The parameter cache: each block's working params on the device, where the forward and backward
+// read them in place (docs/ARCHITECTURE.md, "Forward"). A resident block has its own device
+// region; the streamed blocks share plan.streaming_slots slots, least recently used first, and
+// are loaded (prefetched) ahead of their use from their home in the state store (pinned host
+// memory, or NVMe through the slot's pinned staging buffer). Data parallel: the load copies this
+// rank's partition to its offset and all-gathers the block in place on the stream "all-gather".
+//
+// Versions: Invalidate(b) marks every device copy of block b stale (an update of b was
+// submitted, or a checkpoint load rewrote its home); the next Acquire of b loads it again, and
+// that load first waits for b's update (StateStore::WaitBlock), so no op reads stale params.
+//
+// Threads and streams. Acquire, Release, AfterOp, Invalidate and Drain are for the driving
+// thread only. A load runs on the "prefetch" work queue (trace track "host: prefetch (nvme
+// read)"): wait for the block's update, wait on the copy's `released` event (h2d), read NVMe into
+// the staging (after synchronizing the copy's previous `ready`), H2D on the h2d stream (not
+// owned), record `ready` (h2d; data parallel: record `copied`, all-gather on this cache's own
+// stream with the params' communicator, a duplicate of EngineOptions::comm, then record `ready`).
+// The compute stream (not owned) waits on `ready` before the op and records `released` after it.
+//
+// Invariants: the copies of the prefetch window's first block and of blocks held for the same op
+// are never evicted by a load; there is always a slot outside the window (the planner gives at
+// least prefetch_depth + 2 slots; STRATA_CHECK otherwise).
+//
+// Errors: Acquire returns the load's Status (NVMe read, copy, all-gather) and the streams'.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "base/dtype.h"
+#include "base/status.h"
+#include "base/trace.h"
+#include "comm/communicator.h"
+#include "engine/model.h"
+#include "engine/planner.h"
+#include "engine/state_store.h"
+#include "engine/work_queue.h"
+#include "gpu/device.h"
+
+namespace strata::engine {
+
+struct ParamCacheOptions {
+  DType precision = DType::kBF16;  // of the working params
+  bool overlap = true;  // false: every load completes inside Acquire, every op inside AfterOp
+  comm::Communicator* comm = nullptr;     // data parallel; not owned
+  trace::TraceRecorder* trace = nullptr;  // not owned, may be null
+  int load_track = 0;
+};
+
+class ParamCache {
+ public:
+  // Where one block's working params sit on the device: a streaming slot or a resident block's
+  // own region.
+  struct DeviceCopy {
+    gpu::DeviceSpan dev;
+    gpu::PinnedBuffer staging;  // streaming slots with the NVMe home: NVMe -> pinned -> device
+    int block = -1;
+    int64_t version = -1;  // the block's param version the copy holds (or is loading)
+    int64_t last_use = -1;
+    uint64_t load_ticket = 0;              // loader ticket of the load that fills it
+    std::unique_ptr<gpu::Event> ready;     // H2D into dev completed
+    std::unique_ptr<gpu::Event> released;  // compute finished reading dev
+    std::unique_ptr<gpu::Event> copied;    // data parallel: the H2D of this rank's partition
+  };
+  struct Acquired {
+    ConstTensorRef params;  // the block's working params where they sit (resident or a slot)
+    DeviceCopy* copy;
+  };
+
+  // `resident[b]`: block b's device region (empty for streamed blocks), `slots`: the streaming
+  // slots' regions, both carved by the caller in the planner's order. `store` is not owned and
+  // must outlive the cache. Creates the events, the staging buffers (NVMe home), and (data
+  // parallel) the "all-gather" stream and the params' communicator.
+  static StatusOr<std::unique_ptr<ParamCache>> Create(const Model& model, const Plan& plan,
+                                                      gpu::Device* device, gpu::Stream* compute,
+                                                      gpu::Stream* h2d, StateStore* store,
+                                                      std::span<const gpu::DeviceSpan> resident,
+                                                      std::span<const gpu::DeviceSpan> slots,
+                                                      ParamCacheOptions options);
+  ~ParamCache();  // drains the prefetch queue and the all-gather stream
+
+  // Makes the compute stream wait for block b's load; the block reads the params in place.
+  // Neither the copies of window[0] nor those of `held` (blocks acquired for the same op, at most
+  // one) are evicted by the load.
+  StatusOr<Acquired> Acquire(int b, std::span<const int> window, std::span<const int> held = {});
+  // The op that read `a` is enqueued on compute: its copy is free once that op is done.
+  Status Release(const Acquired& a);
+  // Release, then (overlap) start the loads of the next prefetch_depth blocks of the sequence
+  // `window` (window[0] is a's block), or (no overlap) wait for the op.
+  Status AfterOp(const Acquired& a, std::span<const int> window);
+  void Invalidate(int b) { ++param_version_[b]; }
+  // Waits for every load task (NVMe reads done, H2D copies enqueued).
+  Status Drain() { return loader_->Drain(); }
+
+ private:
+  ParamCache(const Model& model, const Plan& plan, gpu::Stream* compute, gpu::Stream* h2d,
+             StateStore* store, ParamCacheOptions options);
+  bool dp() const { return o_.comm != nullptr; }
+  // Returns the device copy that holds (or is loading) block b's current params, starting a
+  // load into the least recently used slot outside `protect` when there is none.
+  DeviceCopy* Request(int b, std::span<const int> protect);
+  void StartLoad(DeviceCopy& c, int b);
+
+  const Model& model_;
+  const Plan& plan_;
+  const ParamCacheOptions o_;
+  const size_t w_;
+  gpu::Stream* compute_;
+  gpu::Stream* h2d_;
+  StateStore* store_;
+  // Driving thread only. param_version_[b] counts the invalidations of block b; a copy holding
+  // an older version is stale.
+  std::vector<DeviceCopy> resident_;  // per block; dev empty when streamed
+  std::vector<DeviceCopy> slots_;
+  std::vector<int64_t> param_version_;
+  int64_t use_clock_ = 0;
+  // Data parallel: params all-gather on gather_ (param_comm_, the prefetch thread's order).
+  std::unique_ptr<gpu::Stream> gather_;
+  std::unique_ptr<comm::Communicator> param_comm_;
+  // Declared last: destroyed (joined) first.
+  std::unique_ptr<WorkQueue> loader_;
+};
+
+}  // namespace strata::engine

@@ -1,0 +1,195 @@
+#include "engine/state_store.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "cpu_optim/grad_stats.h"
+
+namespace strata::engine {
+namespace {
+
+std::string ParamsExtent(int b) { return fmt::format("block{}.params", b); }
+std::string OptimExtent(int b) { return fmt::format("block{}.optim", b); }
+
+}  // namespace
+
+StateStore::StateStore(const Model& model, const Plan& plan, StateStoreOptions options)
+    : model_(model),
+      plan_(plan),
+      o_(std::move(options)),
+      n_(model.num_blocks()),
+      w_(SizeOf(o_.precision)) {}
+
+StateStore::~StateStore() {
+  if (pipeline_) pipeline_->Drain().IgnoreError();
+}
+
+StatusOr<std::unique_ptr<StateStore>> StateStore::Create(const Model& model, const Plan& plan,
+                                                         StateStoreOptions options) {
+  std::unique_ptr<StateStore> s(new StateStore(model, plan, std::move(options)));
+  for (int b = 0; b < s->n_; ++b) {
+    s->state_.push_back(LayoutBlockState(model, b, *s->o_.optimizer, &plan.blocks[b].partition));
+    s->full_state_.push_back(LayoutBlockState(model, b, *s->o_.optimizer));
+  }
+  if (s->nvme_params() || s->nvme_optim()) {
+    if (s->o_.io_backend_factory) {
+      STRATA_ASSIGN_OR_RETURN(s->io_, s->o_.io_backend_factory(s->o_.io));
+      if (!s->io_) return InvalidArgumentError("EngineTestHooks::io_backend_factory returned null");
+    } else {
+      STRATA_ASSIGN_OR_RETURN(s->io_, io::CreateIoBackend(s->o_.io));
+    }
+    io::SwapStoreOptions so;
+    so.dirs = s->o_.nvme_paths;
+    STRATA_ASSIGN_OR_RETURN(s->swap_, io::SwapStore::Create(s->io_.get(), so));
+    for (int b = 0; b < s->n_; ++b) {
+      if (s->nvme_params()) {
+        STRATA_RETURN_IF_ERROR(s->swap_->Allocate(ParamsExtent(b), s->home_elems(b) * s->w_));
+      }
+      if (s->nvme_optim()) {
+        STRATA_RETURN_IF_ERROR(s->swap_->Allocate(OptimExtent(b), s->state_[b].region_bytes));
+      }
+    }
+  }
+  return s;
+}
+
+Status StateStore::AllocateMemory(gpu::Device* device) {
+  home_.resize(n_);
+  for (int b = 0; b < n_; ++b) {
+    if (!nvme_params() || plan_.blocks[b].resident) {
+      STRATA_ASSIGN_OR_RETURN(
+          home_[b],
+          device->AllocatePinned(io::SwapStore::PaddedSize(home_elems(b) * w_), "working params"));
+      // A partition's padding past the block's end goes to the device as zeros.
+      if (o_.data_parallel) std::memset(home_[b].data(), 0, home_[b].span().size_bytes);
+    }
+  }
+  opt_state_bytes_ = 0;
+  if (nvme_optim()) {
+    for (int b = 0; b < n_; ++b) {
+      opt_state_bytes_ = std::max(opt_state_bytes_, state_[b].region_bytes);
+    }
+  }
+  if (plan_.optimizer_buffer_bytes > 0) {
+    for (int i = 0; i < plan_.optimizer_buffers; ++i) {
+      STRATA_ASSIGN_OR_RETURN(auto buf, device->AllocatePinned(plan_.optimizer_buffer_bytes,
+                                                               "optimizer pipeline buffer"));
+      opt_buf_.push_back(std::move(buf));
+    }
+  }
+  for (int b = 0; b < n_ && !o_.inference_only && !nvme_optim(); ++b) {
+    STRATA_ASSIGN_OR_RETURN(auto home, AlignedBuffer::Allocate(state_[b].region_bytes, 4096));
+    opt_home_.push_back(std::move(home));
+  }
+  OptimizerPipeline::Stages stages;
+  if (nvme_optim()) stages.read = [this](int b, int i) { return ReadState(b, i); };
+  stages.update = [this](int b, int i) { return UpdateBlock(b, i); };
+  if (swap_) stages.write = [this](int b, int i) { return WriteBack(b, i); };
+  pipeline_ = std::make_unique<OptimizerPipeline>(
+      n_, std::max<int>(1, static_cast<int>(opt_buf_.size())), std::move(stages));
+  return Status::Ok();
+}
+
+Status StateStore::Initialize(Model& model, uint64_t seed) {
+  const auto np = [&](int b) { return model.block_num_params(b); };
+  if (o_.inference_only) {
+    // Working params only, through one block-sized fp32 buffer.
+    STRATA_ASSIGN_OR_RETURN(auto f32, AlignedBuffer::Allocate(plan_.max_block_params * 4, 64));
+    for (int b = 0; b < n_; ++b) {
+      const std::span<float> p32(f32.as<float>(), np(b));
+      STRATA_RETURN_IF_ERROR(model.InitParams(b, seed, p32));
+      STRATA_RETURN_IF_ERROR(
+          cpu_optim::ConvertFromF32(p32.data(), WorkingHome(b, 0).data, o_.precision, np(b)));
+    }
+    return Status::Ok();
+  }
+  // Initial master weights, the optimizer's initial state, working params in their homes. A
+  // rank initialises each whole block (the same on every rank) and keeps its partition.
+  AlignedBuffer whole;
+  if (o_.data_parallel) {
+    STRATA_ASSIGN_OR_RETURN(whole, AlignedBuffer::Allocate(plan_.max_block_params * 4, 64));
+  }
+  for (int b = 0; b < n_; ++b) {
+    STRATA_ASSIGN_OR_RETURN(std::byte * region, Load(b, /*read=*/false));
+    std::memset(region, 0, state_[b].region_bytes);  // padding included: no stale bytes on NVMe
+    for (size_t k = 0; k < state_[b].sections.size(); ++k) {
+      cpu_optim::InitializeState(state_[b].sections[k], Section(b, 0, k));
+    }
+    float* p32 = Master(b, 0);
+    if (o_.data_parallel) {
+      STRATA_RETURN_IF_ERROR(model.InitParams(b, seed, std::span<float>(whole.as<float>(), np(b))));
+      std::memcpy(p32, whole.as<float>() + plan_.blocks[b].partition.offset_elems, own(b) * 4);
+    } else {
+      STRATA_RETURN_IF_ERROR(model.InitParams(b, seed, std::span<float>(p32, np(b))));
+    }
+    STRATA_RETURN_IF_ERROR(
+        cpu_optim::ConvertFromF32(p32, WorkingHome(b, 0).data, o_.precision, own(b)));
+    STRATA_RETURN_IF_ERROR(WriteBack(b, 0));
+  }
+  return Status::Ok();
+}
+
+std::byte* StateStore::Region(int b, int i) {
+  return nvme_optim() ? opt_buf_[i].data() : opt_home_[b].data();
+}
+
+gpu::PinnedSpan StateStore::WorkingHome(int b, int i) {
+  if (!nvme_params() || plan_.blocks[b].resident) return home_[b].span();
+  return opt_buf_[i].span().subspan(opt_state_bytes_, plan_.partition_bytes);
+}
+
+StatusOr<std::byte*> StateStore::Load(int b, bool read) {
+  if (nvme_optim() && read) STRATA_RETURN_IF_ERROR(ReadState(b, 0));
+  return Region(b, 0);
+}
+
+Status StateStore::ReadState(int b, int i) {
+  trace::ScopedTraceEvent t(trace_, read_track_, "read optimizer state",
+                            trace::Category::kNvmeRead);
+  return swap_->Read(OptimExtent(b), opt_buf_[i].span().bytes().subspan(0, state_[b].region_bytes));
+}
+
+Status StateStore::UpdateBlock(int b, int i) {
+  trace::ScopedTraceEvent t(trace_, update_track_, "optimizer update",
+                            trace::Category::kCpuOptimizer);
+  if (own(b) == 0) return Status::Ok();  // a tiny block's padding-only partition
+  std::vector<std::span<std::byte>> sections;
+  for (size_t k = 0; k < state_[b].sections.size(); ++k) sections.push_back(Section(b, i, k));
+  return cpu_optim::UpdateState(BlockOptimizer(round_.optimizer, state_[b]), round_.step,
+                                state_[b].shapes, std::span<float>(Master(b, i), own(b)), sections,
+                                o_.gradient(b),
+                                cpu_optim::CopyOut{WorkingHome(b, i).data, o_.precision});
+}
+
+Status StateStore::WriteBack(int b, int i) {
+  if (!swap_) return Status::Ok();
+  trace::ScopedTraceEvent t(trace_, write_track_, "write optimizer state + params",
+                            trace::Category::kNvmeWrite);
+  if (nvme_optim()) {
+    STRATA_RETURN_IF_ERROR(swap_->Write(
+        OptimExtent(b), opt_buf_[i].span().bytes().subspan(0, state_[b].region_bytes)));
+  }
+  if (nvme_params()) {
+    STRATA_RETURN_IF_ERROR(swap_->Write(
+        ParamsExtent(b),
+        WorkingHome(b, i).bytes().subspan(0, io::SwapStore::PaddedSize(home_elems(b) * w_))));
+  }
+  return Status::Ok();
+}
+
+StatusOr<const std::byte*> StateStore::WorkingParamsBytes(int b) {
+  const gpu::PinnedSpan home = WorkingHome(b, 0);
+  if (!nvme_params() || plan_.blocks[b].resident) return home.data;
+  STRATA_RETURN_IF_ERROR(swap_->Read(
+      ParamsExtent(b), home.bytes().subspan(0, io::SwapStore::PaddedSize(home_elems(b) * w_))));
+  return home.data;
+}
+
+Status StateStore::ReadParams(int b, gpu::PinnedSpan staging) {
+  return swap_->Read(ParamsExtent(b),
+                     staging.bytes().subspan(0, io::SwapStore::PaddedSize(home_elems(b) * w_)));
+}
+
+}  // namespace strata::engine

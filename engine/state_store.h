@@ -1,0 +1,173 @@
+// The state store: each engine block's fp32 master weights and optimizer state (host memory or
+// the NVMe swap store), its working params' home (pinned host memory or NVMe), and the update
+// that reads, steps and writes them back (docs/ARCHITECTURE.md, "The CPU optimizer pipeline and
+// NVMe swap").
+//
+// Memory (this rank's partition of each block, planner.h Partition):
+//   state region   [p32 | section 0 | section 1 | ...] (optimizer_state.h), one per block:
+//                  an aligned host buffer, or the swap-store extent "block{b}.optim" read into
+//                  and written from a pipeline buffer (OptimizerHome::kNvme)
+//   working home   the params the device loads: a pinned buffer per block (param home device or
+//                  host, and every resident block), or the extent "block{b}.params" for streamed
+//                  blocks with ParamHome::kNvme, written from the pipeline buffer's copy-out area
+//   pipeline buffers  plan.optimizer_buffers pinned buffers of plan.optimizer_buffer_bytes:
+//                  [state region (NVMe state only)][copy-out area (NVMe params only)]
+//
+// Threads. The update runs on the OptimizerPipeline's three work queues (optimizer_pipeline.h):
+// read (NVMe -> pipeline buffer, trace track "host: optimizer state read"), update
+// (cpu_optim::UpdateState with the block's gradient and the round's optimizer, "host: cpu
+// optimizer"), write (pipeline buffer -> NVMe, "host: optimizer state write"). Submit, WaitBlock
+// and Drain may be called from any thread (the driving thread, the gradient fold in eager mode,
+// the prefetch thread); everything else is for the driving thread, and the accessors of a
+// block's region (Load, Master, Section, WorkingHome with buffer 0) only while no update is in
+// flight (after Drain).
+//
+// Invariants: block b's update writes its new working params into WorkingHome(b, buffer) and,
+// for NVMe homes, to their extents before WaitBlock(b) returns; StartRound changes the
+// hyper-parameters only between rounds (the pipeline drained). Nothing here changes the numbers:
+// the update is the sequential one, bit for bit.
+//
+// Errors: Create returns an unusable swap path's or the I/O backend's Status, allocation
+// failures (kResourceExhausted); a failing stage's Status is sticky in the pipeline and comes
+// back from WaitBlock and Drain; the synchronous reads and writes return the swap store's
+// Status.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "base/aligned_buffer.h"
+#include "base/dtype.h"
+#include "base/status.h"
+#include "base/trace.h"
+#include "cpu_optim/any_optimizer.h"
+#include "engine/model.h"
+#include "engine/optimizer_pipeline.h"
+#include "engine/optimizer_state.h"
+#include "engine/planner.h"
+#include "gpu/device.h"
+#include "io/io_backend.h"
+#include "io/swap_store.h"
+
+namespace strata::engine {
+
+struct StateStoreOptions {
+  DType precision = DType::kBF16;                      // of the working params
+  const cpu_optim::AnyOptimizer* optimizer = nullptr;  // the run's (layouts only); not owned
+  bool inference_only = false;                         // working homes only: no state, no update
+  bool data_parallel = false;  // zero the homes' padding past a partition's end
+  io::IoBackendOptions io;
+  std::vector<std::string> nvme_paths;
+  // EngineTestHooks::io_backend_factory: when set, makes the swap store's I/O backend.
+  std::function<StatusOr<std::unique_ptr<io::IoBackend>>(const io::IoBackendOptions&)>
+      io_backend_factory;
+  // Block b's gradient as the update reads it (the gradient streamer's host gradient); called on
+  // the update stage's thread.
+  std::function<cpu_optim::GradView(int block)> gradient;
+};
+
+class StateStore {
+ public:
+  // Lays out every block's state (this rank's and the whole blocks'), makes the swap store and
+  // its extents when anything lives on NVMe. No pinned memory yet (AllocateMemory).
+  static StatusOr<std::unique_ptr<StateStore>> Create(const Model& model, const Plan& plan,
+                                                      StateStoreOptions options);
+  ~StateStore();  // drains the pipeline
+
+  // The trace tracks of the pipeline's stages (recorder not owned, may be null); before
+  // AllocateMemory.
+  void SetTrace(trace::TraceRecorder* trace, int read_track, int update_track, int write_track) {
+    trace_ = trace;
+    read_track_ = read_track;
+    update_track_ = update_track;
+    write_track_ = write_track;
+  }
+  // Pinned homes and pipeline buffers, host state regions; starts the pipeline.
+  Status AllocateMemory(gpu::Device* device);
+  // Fills every block from model.InitParams(seed): master weights and the optimizer's initial
+  // state (training), or the working params only (inference), and writes them to their homes.
+  Status Initialize(Model& model, uint64_t seed);
+
+  const BlockState& layout(int b) const { return state_[b]; }  // this rank's partition
+  const std::vector<BlockState>& full_layouts() const { return full_state_; }  // whole blocks
+  std::string_view io_backend_name() const { return swap_ ? swap_->backend_name() : ""; }
+  uint64_t nvme_bytes_read() const { return swap_ ? swap_->bytes_read() : 0; }
+  uint64_t nvme_bytes_written() const { return swap_ ? swap_->bytes_written() : 0; }
+
+  // --- The update (pipeline) ---
+  // The optimizer and step of the next round of updates; call with the pipeline drained.
+  void StartRound(const cpu_optim::AnyOptimizer& optimizer, cpu_optim::OptimStep step) {
+    round_ = {optimizer, step};
+  }
+  void Submit(int b) { pipeline_->Submit(b); }
+  Status WaitBlock(int b) { return pipeline_->WaitBlock(b); }
+  Status Drain() { return pipeline_ ? pipeline_->Drain() : Status::Ok(); }
+
+  // --- A block's region, between rounds ---
+  // Block b's state region for reading or restoring: in host memory, or read into pipeline
+  // buffer 0 (read = false: not read, to be overwritten). Returns Region(b, 0).
+  StatusOr<std::byte*> Load(int b, bool read = true);
+  float* Master(int b, int buffer) { return reinterpret_cast<float*>(Region(b, buffer)); }
+  std::span<std::byte> Section(int b, int buffer, size_t k) {
+    return {Region(b, buffer) + state_[b].offsets[k], state_[b].sections[k].size_bytes()};
+  }
+  // Copy-out target of block b's new working params: its pinned home, or the pipeline buffer's
+  // copy-out area for streamed blocks whose home is NVMe.
+  gpu::PinnedSpan WorkingHome(int b, int buffer);
+  // Writes buffer `buffer`'s state region and working params of block b to their NVMe extents
+  // (nothing for homes in memory; nothing at all, and no trace event, without a swap store).
+  Status WriteBack(int b, int buffer);
+  // Working params of block b as they are now (reads the swap store for the NVMe home into
+  // WorkingHome(b, 0)).
+  StatusOr<const std::byte*> WorkingParamsBytes(int b);
+
+  // --- For the parameter cache (prefetch thread) ---
+  // Whether block b's params load from NVMe (through a staging buffer) or from PinnedHome(b).
+  bool params_on_nvme(int b) const { return nvme_params() && !plan_.blocks[b].resident; }
+  gpu::PinnedSpan PinnedHome(int b) { return home_[b].span(); }
+  // Reads block b's working params from their extent into `staging` (padded size).
+  Status ReadParams(int b, gpu::PinnedSpan staging);
+
+ private:
+  // The hyper-parameters of the update round in flight: written by the driving thread before
+  // it submits a round (after the previous round drained), read by the update stage.
+  struct RoundParams {
+    cpu_optim::AnyOptimizer optimizer;
+    cpu_optim::OptimStep step;
+  };
+
+  StateStore(const Model& model, const Plan& plan, StateStoreOptions options);
+  int64_t own(int b) const { return plan_.blocks[b].partition.own_elems; }
+  int64_t home_elems(int b) const { return plan_.blocks[b].partition.part_elems; }
+  bool nvme_params() const { return plan_.param_home == ParamHome::kNvme; }
+  bool nvme_optim() const { return plan_.optimizer_home == OptimizerHome::kNvme; }
+  std::byte* Region(int b, int buffer);
+  // The pipeline's stages.
+  Status ReadState(int b, int buffer);
+  Status UpdateBlock(int b, int buffer);
+
+  const Model& model_;
+  const Plan& plan_;
+  const StateStoreOptions o_;
+  const int n_;
+  const size_t w_;
+  std::vector<BlockState> state_;       // the optimizer state layout per block (this rank's)
+  std::vector<BlockState> full_state_;  // the whole blocks' layout: the checkpoint's tensors
+  RoundParams round_;
+  trace::TraceRecorder* trace_ = nullptr;
+  int read_track_ = 0, update_track_ = 0, write_track_ = 0;
+  std::vector<gpu::PinnedBuffer> home_;     // pinned working params: host/device home, resident
+  std::vector<gpu::PinnedBuffer> opt_buf_;  // pipeline buffers: [state region][p16 copy-out]
+  uint64_t opt_state_bytes_ = 0;            // the state region part (0: state in host memory)
+  std::vector<AlignedBuffer> opt_home_;     // host optimizer home: each block's state region
+  std::unique_ptr<io::IoBackend> io_;
+  std::unique_ptr<io::SwapStore> swap_;
+  // Declared last: destroyed (joined) first.
+  std::unique_ptr<OptimizerPipeline> pipeline_;
+};
+
+}  // namespace strata::engine
