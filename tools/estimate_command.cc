@@ -195,6 +195,9 @@ StatusOr<EstimateSetup> MakeEstimateSetup(const EstimateFlags& f) {
     return InvalidArgumentError(fmt::format("--seq-len {} exceeds the model's context of {}",
                                             seq_len, e.model->max_seq_len()));
   }
+  if (f.device_budget != "auto") {  // estimate's own message: its budgets are workstation-sized
+    STRATA_RETURN_IF_ERROR(ParseBudget("--device-budget", f.device_budget).status());
+  }
   const RankInfo rank0{.ranks = f.ranks, .rank = 0, .data_parallel = f.ranks > 1};
   STRATA_ASSIGN_OR_RETURN(e.options, TrainOptionsFromFlags(AsTrainFlags(f, seq_len), rank0));
   ResolveDeviceBudget(*e.model, &e.options);
