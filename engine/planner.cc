@@ -137,6 +137,20 @@ uint64_t AllResidentBytes(const Model& model, DType precision, MicroBatchShape s
   return total;
 }
 
+uint64_t AutoDeviceBudgetBytes(const Model& model, DType precision, MicroBatchShape shape,
+                               const PlacementOptions& options) {
+  const PlacementOptions& o = options;
+  if (o.param_home == ParamHome::kDevice) {
+    return AllResidentBytes(model, precision, shape, o.offload_activations, o.ranks,
+                            o.data_parallel);
+  }
+  const int slots = o.streaming_slots > 0 ? o.streaming_slots : 2;
+  const uint64_t minimum = StreamingMinimumBytes(model, precision, shape, slots,
+                                                 o.offload_activations, o.ranks, o.data_parallel);
+  const uint64_t working = static_cast<uint64_t>(model.num_params()) * SizeOf(precision);
+  return working > minimum ? minimum + (working - minimum) / 2 : minimum;
+}
+
 bool HostGradInWorkingPrecision(const Model& model, int block, int grad_accum_steps) {
   if (grad_accum_steps != 1) return false;
   for (int b = 0; b < model.num_blocks(); ++b) {

@@ -160,6 +160,18 @@ uint64_t AllResidentBytes(const Model& model, DType precision, MicroBatchShape s
                           bool offload_activations = false, int ranks = 1,
                           bool data_parallel = false);
 
+// The device budget, in bytes, of `--device-budget auto` (strata train, estimate, eval and
+// generate take this one): with ParamHome::kDevice, AllResidentBytes (every block resident:
+// exactly what that takes); otherwise midway between StreamingMinimumBytes with
+// options.streaming_slots (2 when 0) and the working params alone (num_params x
+// SizeOf(precision)), so that some blocks stay resident and the rest really stream, or the
+// minimum itself when the working params are smaller than it. Reads param_home,
+// streaming_slots, offload_activations, ranks and data_parallel of `options` and none of its
+// budgets. The result always holds the streaming minimum; MakePlan may still refuse it for a
+// short pinned, host or NVMe budget. Pure; thread-safe.
+uint64_t AutoDeviceBudgetBytes(const Model& model, DType precision, MicroBatchShape shape,
+                               const PlacementOptions& options);
+
 // Errors: kInvalidArgument (zero budget, no NVMe path for NVMe placement,
 // streaming_slots, host_grad_buckets or optimizer_buffers given but too small); kResourceExhausted
 // when the device budget cannot hold the minimum (what is short and by how much, and what the

@@ -283,20 +283,10 @@ struct ExportTensor {
 
 }  // namespace
 
-Status RunExport(const ExportFlags& f) {
-  if (f.hf_dir.empty() == f.out.empty()) {
-    return InvalidArgumentError("give exactly one of --hf-dir DIR and --safetensors FILE");
-  }
-  if (!f.hf_dir.empty()) return ExportHfDirectory(f);
-  STRATA_ASSIGN_OR_RETURN(DType dtype, ParseDType(f.dtype));
-  if (dtype == DType::kF16) return InvalidArgumentError("--dtype must be bf16 or fp32");
-  STRATA_ASSIGN_OR_RETURN(std::string dir, engine::ResolveCheckpointDir(f.checkpoint));
-  STRATA_ASSIGN_OR_RETURN(engine::Manifest m, engine::ReadManifest(dir));
-  STRATA_RETURN_IF_ERROR(engine::VerifyCheckpointFiles(dir, m));
-  STRATA_ASSIGN_OR_RETURN(models::GptShape shape, ShapeFromManifest(m));
-  STRATA_ASSIGN_OR_RETURN(auto master,
-                          formats::OpenSafetensorsFile(dir + "/" + engine::kMasterFile));
+namespace {
 
+// The GPT-2 name of every tensor of the checkpoint's blocks, in file order.
+StatusOr<std::vector<ExportTensor>> ExportTensors(const models::GptShape& shape) {
   std::vector<ExportTensor> out;
   for (const auto& t : models::EmbeddingTensors(shape)) out.push_back({t.name + ".weight", 0, t});
   for (int l = 0; l < shape.num_layers; ++l) {
@@ -318,19 +308,26 @@ Status RunExport(const ExportFlags& f) {
     else
       return InternalError(fmt::format("no GPT-2 name for head tensor '{}'", t.name));
   }
-  std::vector<formats::SafetensorsWriter::TensorSpec> specs;
-  for (const auto& t : out) {
-    auto dims = t.info.shape;
-    if (t.transpose) std::swap(dims[0], dims[1]);
-    specs.push_back({t.name, dtype, dims});
+  return out;
+}
+
+// Tensor t's fp32 values from its block's master weights, transposed for lm_head.
+std::vector<float> TensorValues(const ExportTensor& t, const std::vector<float>& block) {
+  std::vector<float> values(block.begin() + t.info.offset,
+                            block.begin() + t.info.offset + t.info.num_elems);
+  if (t.transpose) {
+    const int64_t rows = t.info.shape[0], cols = t.info.shape[1];
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) values[c * rows + r] = block[t.info.offset + r * cols + c];
+    }
   }
-  const std::string tmp = f.out + ".tmp";
-  STRATA_ASSIGN_OR_RETURN(
-      auto writer,
-      formats::SafetensorsWriter::Create(
-          tmp, specs,
-          {{"format", "pt"},
-           {"source", fmt::format("strata checkpoint {} (step {})", dir, m.trainer.step)}}));
+  return values;
+}
+
+// Writes the tensors' master weights, in `dtype`, through `writer`, reading each block once.
+Status WriteExportTensors(const std::vector<ExportTensor>& out, const engine::Manifest& m,
+                          const engine::OpenSafetensors& master, DType dtype,
+                          formats::SafetensorsWriter& writer) {
   Status status;
   std::vector<float> block;
   int loaded = -1;
@@ -351,15 +348,7 @@ Status RunExport(const ExportFlags& f) {
       status = InternalError(fmt::format("tensor '{}' lies outside its block", t.name));
       break;
     }
-    std::vector<float> values(block.begin() + t.info.offset,
-                              block.begin() + t.info.offset + t.info.num_elems);
-    if (t.transpose) {
-      const int64_t rows = t.info.shape[0], cols = t.info.shape[1];
-      for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t c = 0; c < cols; ++c)
-          values[c * rows + r] = block[t.info.offset + r * cols + c];
-      }
-    }
+    const std::vector<float> values = TensorValues(t, block);
     if (dtype == DType::kF32) {
       status = writer.Append(std::as_bytes(std::span(values)));
     } else {
@@ -369,6 +358,40 @@ Status RunExport(const ExportFlags& f) {
     }
     if (!status.ok()) break;
   }
+  return status;
+}
+
+}  // namespace
+
+Status RunExport(const ExportFlags& f) {
+  if (f.hf_dir.empty() == f.out.empty()) {
+    return InvalidArgumentError("give exactly one of --hf-dir DIR and --safetensors FILE");
+  }
+  if (!f.hf_dir.empty()) return ExportHfDirectory(f);
+  STRATA_ASSIGN_OR_RETURN(DType dtype, ParseDType(f.dtype));
+  if (dtype == DType::kF16) return InvalidArgumentError("--dtype must be bf16 or fp32");
+  STRATA_ASSIGN_OR_RETURN(std::string dir, engine::ResolveCheckpointDir(f.checkpoint));
+  STRATA_ASSIGN_OR_RETURN(engine::Manifest m, engine::ReadManifest(dir));
+  STRATA_RETURN_IF_ERROR(engine::VerifyCheckpointFiles(dir, m));
+  STRATA_ASSIGN_OR_RETURN(models::GptShape shape, ShapeFromManifest(m));
+  STRATA_ASSIGN_OR_RETURN(auto master,
+                          formats::OpenSafetensorsFile(dir + "/" + engine::kMasterFile));
+
+  STRATA_ASSIGN_OR_RETURN(std::vector<ExportTensor> out, ExportTensors(shape));
+  std::vector<formats::SafetensorsWriter::TensorSpec> specs;
+  for (const auto& t : out) {
+    auto dims = t.info.shape;
+    if (t.transpose) std::swap(dims[0], dims[1]);
+    specs.push_back({t.name, dtype, dims});
+  }
+  const std::string tmp = f.out + ".tmp";
+  STRATA_ASSIGN_OR_RETURN(
+      auto writer,
+      formats::SafetensorsWriter::Create(
+          tmp, specs,
+          {{"format", "pt"},
+           {"source", fmt::format("strata checkpoint {} (step {})", dir, m.trainer.step)}}));
+  Status status = WriteExportTensors(out, m, master, dtype, writer);
   if (status.ok()) status = writer.Finish().status();
   // link() does not replace an existing file (rename would).
   if (status.ok() && ::link(tmp.c_str(), f.out.c_str()) != 0) {

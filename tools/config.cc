@@ -297,81 +297,84 @@ void ApplyBetas(Context& c, const json& params, const std::string& path, TrainFl
   if (ok2) f->adam_beta2 = b2;
 }
 
-void ApplyOptimizer(Context& c, const json& opt, TrainFlags* f) {
+// optimizer.type, lowered ("adamw" when absent); nullopt after an error. *type_name: as written.
+std::optional<std::string> ReadOptimizerType(Context& c, const json& opt, std::string* type_name) {
   std::string type = "adamw";
-  std::string type_name = "AdamW";
+  *type_name = "AdamW";
   if (const json* t = Find(opt, "type")) {
     constexpr std::string_view kTypes =
         "\"AdamW\", \"Adam\", \"AdamW8bit\", \"Adafactor\", \"Lion\", \"SGD\" or \"Adagrad\"";
     if (!t->is_string()) {
       c.r.Add(Reader::WrongValue("optimizer.type", *t, kTypes));
-      return;
+      return std::nullopt;
     }
-    type_name = t->get<std::string>();
-    type = Lower(type_name);
+    *type_name = t->get<std::string>();
+    type = Lower(*type_name);
     if (type != "adamw" && type != "adam" && type != "adamw8bit" && type != "adafactor" &&
         type != "lion" && type != "sgd" && type != "adagrad") {
       c.r.Add(fmt::format("'optimizer.type' {} is not supported: Strata's CPU optimizers are {}",
                           t->dump(), kTypes));
-      return;
+      return std::nullopt;
     }
   }
-  // DeepSpeed: "Adam" is AdamW unless adam_w_mode is false.
-  f->optimizer = type == "adam" ? "adamw" : type;
-  f->adam_decoupled_weight_decay = true;
-  const json* params = Find(opt, "params");
-  if (params == nullptr) return;
-  const std::string p = "optimizer.params";
-  if (!params->is_object()) {
-    c.r.Add(Reader::WrongValue(p, *params, "an object"));
-    return;
-  }
+  return type;
+}
+
+// The params keys each optimizer takes, and the torch switches that must stay off.
+void CheckOptimizerParamNames(Context& c, const json& params, const std::string& p,
+                              const std::string& type, const std::string& type_name) {
   // torch switches Strata's kernels have no use for (they pick their own implementation).
   const std::initializer_list<std::string_view> impl = {"foreach", "capturable", "differentiable",
                                                         "fused", "torch_adam"};
   if (type == "adamw" || type == "adam" || type == "adamw8bit") {
-    CheckParams(c, *params, p,
+    CheckParams(c, params, p,
                 {"lr", "betas", "eps", "weight_decay", "bias_correction", "adam_w_mode", "amsgrad",
                  "maximize"},
                 impl, type_name);
-    RequireBool(c, *params, p, "amsgrad", false, "Strata's Adam keeps no max of the second moment");
-    RequireBool(c, *params, p, "maximize", false, "strata train minimizes the loss");
+    RequireBool(c, params, p, "amsgrad", false, "Strata's Adam keeps no max of the second moment");
+    RequireBool(c, params, p, "maximize", false, "strata train minimizes the loss");
   } else if (type == "lion") {
-    CheckParams(c, *params, p, {"lr", "betas", "weight_decay", "maximize"}, impl, type_name);
-    RequireBool(c, *params, p, "maximize", false, "strata train minimizes the loss");
+    CheckParams(c, params, p, {"lr", "betas", "weight_decay", "maximize"}, impl, type_name);
+    RequireBool(c, params, p, "maximize", false, "strata train minimizes the loss");
   } else if (type == "sgd") {
-    CheckParams(c, *params, p,
+    CheckParams(c, params, p,
                 {"lr", "momentum", "dampening", "weight_decay", "nesterov", "maximize"}, impl,
                 type_name);
-    RequireBool(c, *params, p, "maximize", false, "strata train minimizes the loss");
+    RequireBool(c, params, p, "maximize", false, "strata train minimizes the loss");
   } else if (type == "adagrad") {
-    CheckParams(c, *params, p,
+    CheckParams(c, params, p,
                 {"lr", "lr_decay", "weight_decay", "initial_accumulator_value", "eps", "maximize"},
                 impl, type_name);
-    RequireBool(c, *params, p, "maximize", false, "strata train minimizes the loss");
+    RequireBool(c, params, p, "maximize", false, "strata train minimizes the loss");
   } else {  // adafactor: transformers' names, and torch.optim.Adafactor's
-    CheckParams(c, *params, p,
+    CheckParams(c, params, p,
                 {"lr", "eps", "clip_threshold", "decay_rate", "beta1", "weight_decay",
                  "scale_parameter", "relative_step", "warmup_init", "beta2_decay", "d", "maximize"},
                 impl, type_name);
-    RequireBool(c, *params, p, "relative_step", false,
+    RequireBool(c, params, p, "relative_step", false,
                 "strata train drives the learning rate from the schedule; give lr instead");
-    RequireBool(c, *params, p, "warmup_init", false, "it needs relative_step");
-    RequireBool(c, *params, p, "maximize", false, "strata train minimizes the loss");
+    RequireBool(c, params, p, "warmup_init", false, "it needs relative_step");
+    RequireBool(c, params, p, "maximize", false, "strata train minimizes the loss");
   }
-  if (const json* v = Find(*params, "lr")) c.r.Set(&f->lr, Reader::Number(*v, p + ".lr", 0, true));
-  if (type != "sgd" && type != "adagrad" && type != "adafactor") ApplyBetas(c, *params, p, f);
-  if (const json* v = Find(*params, "weight_decay")) {
+}
+
+// lr, betas, weight_decay, eps, bias_correction and adam_w_mode.
+void ApplyCommonOptimizerParams(Context& c, const json& params, const std::string& p,
+                                const std::string& type, const std::string& type_name,
+                                TrainFlags* f) {
+  if (const json* v = Find(params, "lr")) c.r.Set(&f->lr, Reader::Number(*v, p + ".lr", 0, true));
+  if (type != "sgd" && type != "adagrad" && type != "adafactor") ApplyBetas(c, params, p, f);
+  if (const json* v = Find(params, "weight_decay")) {
     c.r.Set(&f->weight_decay, Reader::Number(*v, p + ".weight_decay", 0, false));
   }
-  if (const json* v = Find(*params, "eps"); v != nullptr && type != "adafactor") {
+  if (const json* v = Find(params, "eps"); v != nullptr && type != "adafactor") {
     double eps = 0;
     if (c.r.Set(&eps, Reader::Number(*v, p + ".eps", 0, false))) f->adam_eps = eps;
   }
-  if (const json* v = Find(*params, "bias_correction")) {
+  if (const json* v = Find(params, "bias_correction")) {
     c.r.Set(&f->adam_bias_correction, Reader::Bool(*v, p + ".bias_correction"));
   }
-  if (const json* v = Find(*params, "adam_w_mode")) {
+  if (const json* v = Find(params, "adam_w_mode")) {
     bool w = true;
     if (c.r.Set(&w, Reader::Bool(*v, p + ".adam_w_mode"))) {
       if (type != "adam" && !w) {
@@ -384,86 +387,188 @@ void ApplyOptimizer(Context& c, const json& opt, TrainFlags* f) {
       if (type == "adam") f->optimizer = w ? "adamw" : "adam";
     }
   }
+}
+
+// SGD's momentum, dampening, nesterov; Adagrad's lr_decay, initial_accumulator_value.
+void ApplySgdAndAdagradParams(Context& c, const json& params, const std::string& p,
+                              const std::string& type, TrainFlags* f) {
   if (type == "sgd") {
-    if (const json* v = Find(*params, "momentum")) {
+    if (const json* v = Find(params, "momentum")) {
       c.r.Set(&f->momentum, Reader::Number(*v, p + ".momentum", 0, false));
     } else {
       f->momentum = 0;  // torch.optim.SGD's default
     }
-    if (const json* v = Find(*params, "dampening")) {
+    if (const json* v = Find(params, "dampening")) {
       c.r.Set(&f->sgd_dampening, Reader::Number(*v, p + ".dampening", 0, false));
     }
-    if (const json* v = Find(*params, "nesterov")) {
+    if (const json* v = Find(params, "nesterov")) {
       c.r.Set(&f->sgd_nesterov, Reader::Bool(*v, p + ".nesterov"));
     }
   }
   if (type == "adagrad") {
-    if (const json* v = Find(*params, "lr_decay")) {
+    if (const json* v = Find(params, "lr_decay")) {
       c.r.Set(&f->adagrad_lr_decay, Reader::Number(*v, p + ".lr_decay", 0, false));
     }
-    if (const json* v = Find(*params, "initial_accumulator_value")) {
+    if (const json* v = Find(params, "initial_accumulator_value")) {
       c.r.Set(&f->adagrad_initial_accumulator,
               Reader::Number(*v, p + ".initial_accumulator_value", 0, false));
     }
   }
-  if (type == "adafactor") {
-    if (const json* v = Find(*params, "eps")) {
-      // transformers: [eps1, eps2]; torch: [eps1 or null, eps2].
-      if (!v->is_array() || v->size() != 2) {
-        c.r.Add(Reader::WrongValue(p + ".eps", *v, "[eps1, eps2]"));
-      } else {
-        double e1 = 1e-30, e2 = 1e-3;
-        if ((*v)[0].is_null() || c.r.Set(&e1, Reader::Number((*v)[0], p + ".eps[0]", 0, false))) {
-          f->adam_eps = e1;
-        }
-        if (c.r.Set(&e2, Reader::Number((*v)[1], p + ".eps[1]", 0, false))) f->adafactor_eps2 = e2;
+}
+
+// Adafactor's eps pair, decay rate, clip threshold, beta1 and scale_parameter.
+void ApplyAdafactorParams(Context& c, const json& params, const std::string& p, TrainFlags* f) {
+  if (const json* v = Find(params, "eps")) {
+    // transformers: [eps1, eps2]; torch: [eps1 or null, eps2].
+    if (!v->is_array() || v->size() != 2) {
+      c.r.Add(Reader::WrongValue(p + ".eps", *v, "[eps1, eps2]"));
+    } else {
+      double e1 = 1e-30, e2 = 1e-3;
+      if ((*v)[0].is_null() || c.r.Set(&e1, Reader::Number((*v)[0], p + ".eps[0]", 0, false))) {
+        f->adam_eps = e1;
       }
+      if (c.r.Set(&e2, Reader::Number((*v)[1], p + ".eps[1]", 0, false))) f->adafactor_eps2 = e2;
     }
-    for (const char* key : {"decay_rate", "beta2_decay"}) {
-      if (const json* v = Find(*params, key)) {
-        c.r.Set(
-            &f->adafactor_decay_rate,
-            Reader::Number(*v, p + "." + key, -std::numeric_limits<double>::max(), false, 0, true));
-      }
+  }
+  for (const char* key : {"decay_rate", "beta2_decay"}) {
+    if (const json* v = Find(params, key)) {
+      c.r.Set(
+          &f->adafactor_decay_rate,
+          Reader::Number(*v, p + "." + key, -std::numeric_limits<double>::max(), false, 0, true));
     }
-    for (const char* key : {"clip_threshold", "d"}) {
-      if (const json* v = Find(*params, key)) {
-        c.r.Set(&f->adafactor_clip_threshold, Reader::Number(*v, p + "." + key, 0, true));
-      }
+  }
+  for (const char* key : {"clip_threshold", "d"}) {
+    if (const json* v = Find(params, key)) {
+      c.r.Set(&f->adafactor_clip_threshold, Reader::Number(*v, p + "." + key, 0, true));
     }
-    if (const json* v = Find(*params, "beta1"); v != nullptr && !v->is_null()) {
-      double b1 = 0;
-      if (c.r.Set(&b1, Reader::Number(*v, p + ".beta1", 0, false, 1, true))) f->adam_beta1 = b1;
-    }
-    if (const json* v = Find(*params, "scale_parameter")) {
-      c.r.Set(&f->adafactor_scale_parameter, Reader::Bool(*v, p + ".scale_parameter"));
-    }
+  }
+  if (const json* v = Find(params, "beta1"); v != nullptr && !v->is_null()) {
+    double b1 = 0;
+    if (c.r.Set(&b1, Reader::Number(*v, p + ".beta1", 0, false, 1, true))) f->adam_beta1 = b1;
+  }
+  if (const json* v = Find(params, "scale_parameter")) {
+    c.r.Set(&f->adafactor_scale_parameter, Reader::Bool(*v, p + ".scale_parameter"));
   }
 }
 
-void ApplyScheduler(Context& c, const json& sched, bool has_optimizer_lr, TrainFlags* f) {
+void ApplyOptimizer(Context& c, const json& opt, TrainFlags* f) {
+  std::string type_name;
+  const std::optional<std::string> read_type = ReadOptimizerType(c, opt, &type_name);
+  if (!read_type) return;
+  const std::string& type = *read_type;
+  // DeepSpeed: "Adam" is AdamW unless adam_w_mode is false.
+  f->optimizer = type == "adam" ? "adamw" : type;
+  f->adam_decoupled_weight_decay = true;
+  const json* params = Find(opt, "params");
+  if (params == nullptr) return;
+  const std::string p = "optimizer.params";
+  if (!params->is_object()) {
+    c.r.Add(Reader::WrongValue(p, *params, "an object"));
+    return;
+  }
+  CheckOptimizerParamNames(c, *params, p, type, type_name);
+  ApplyCommonOptimizerParams(c, *params, p, type, type_name, f);
+  ApplySgdAndAdagradParams(c, *params, p, type, f);
+  if (type == "adafactor") ApplyAdafactorParams(c, *params, p, f);
+}
+
+// scheduler.type: one of DeepSpeed's WarmupLR, WarmupDecayLR, WarmupCosineLR; nullopt after an
+// error.
+std::optional<std::string> ReadSchedulerType(Context& c, const json& sched) {
   const json* t = Find(sched, "type");
   if (t == nullptr) {
     c.r.Add("'scheduler' needs a \"type\": WarmupLR, WarmupDecayLR or WarmupCosineLR");
-    return;
+    return std::nullopt;
   }
   std::string type;
-  if (!c.r.Set(&type, Reader::String(*t, "scheduler.type"))) return;
+  if (!c.r.Set(&type, Reader::String(*t, "scheduler.type"))) return std::nullopt;
   if (type == "OneCycle" || type == "LRRangeTest") {
     c.r.Add(
         fmt::format("'scheduler.type' \"{}\" is not supported: Strata runs WarmupLR, "
                     "WarmupDecayLR and WarmupCosineLR",
                     type));
-    return;
+    return std::nullopt;
   }
   if (type != "WarmupLR" && type != "WarmupDecayLR" && type != "WarmupCosineLR") {
     c.r.Add(
         fmt::format("'scheduler.type' \"{}\" is not a DeepSpeed scheduler; use WarmupLR, "
                     "WarmupDecayLR or WarmupCosineLR",
                     type));
-    return;
+    return std::nullopt;
   }
-  f->lr_schedule = type;
+  return type;
+}
+
+// The params keys each scheduler takes.
+void CheckSchedulerParamNames(Context& c, const json& params, const std::string& p,
+                              const std::string& type) {
+  if (type == "WarmupCosineLR") {
+    CheckParams(c, params, p,
+                {"total_num_steps", "warmup_min_ratio", "warmup_num_steps", "cos_min_ratio",
+                 "warmup_type", "last_batch_iteration"},
+                {}, type);
+  } else {
+    CheckParams(
+        c, params, p,
+        type == "WarmupLR"
+            ? std::initializer_list<std::string_view>{"warmup_min_lr", "warmup_max_lr",
+                                                      "warmup_num_steps", "warmup_type",
+                                                      "last_batch_iteration"}
+            : std::initializer_list<std::string_view>{"total_num_steps", "warmup_min_lr",
+                                                      "warmup_max_lr", "warmup_num_steps",
+                                                      "warmup_type", "last_batch_iteration"},
+        {}, type);
+  }
+}
+
+// The warmup, total steps, ratios and rates of scheduler.params.
+void ApplySchedulerParams(Context& c, const json& params, const std::string& p,
+                          const std::string& type, bool has_optimizer_lr, TrainFlags* f) {
+  if (const json* v = Find(params, "warmup_num_steps")) {
+    c.r.Set(&f->warmup_steps, Reader::Int(*v, p + ".warmup_num_steps", 1, kMax));
+  }
+  if (const json* v = Find(params, "warmup_type")) {
+    c.r.Set(&f->warmup_type, Reader::Choice(*v, p + ".warmup_type", {"log", "linear"}));
+  }
+  if (const json* v = Find(params, "last_batch_iteration")) {
+    int64_t last = -1;
+    if (c.r.Set(&last, Reader::Int(*v, p + ".last_batch_iteration", -1, kMax)) && last != -1) {
+      c.r.Add(
+          fmt::format("'{}.last_batch_iteration' {}: a run resumes its schedule from its "
+                      "checkpoint (--resume); leave -1",
+                      p, last));
+    }
+  }
+  if (type != "WarmupLR") {
+    if (const json* v = Find(params, "total_num_steps")) {
+      c.r.Set(&f->lr_total_steps, Reader::Int(*v, p + ".total_num_steps", 1, kMax));
+    } else {
+      c.r.Add(fmt::format("'{}.total_num_steps' is required by {}", p, type));
+    }
+  }
+  if (type == "WarmupCosineLR") {
+    if (const json* v = Find(params, "warmup_min_ratio")) {
+      c.r.Set(&f->warmup_min_ratio, Reader::Number(*v, p + ".warmup_min_ratio", 0, false, 1));
+    }
+    if (const json* v = Find(params, "cos_min_ratio")) {
+      c.r.Set(&f->cos_min_ratio, Reader::Number(*v, p + ".cos_min_ratio", 0, false, 1));
+    }
+    return;  // the peak is the optimizer's lr
+  }
+  if (const json* v = Find(params, "warmup_min_lr")) {
+    c.r.Set(&f->warmup_min_lr, Reader::Number(*v, p + ".warmup_min_lr", 0, false));
+  }
+  if (const json* v = Find(params, "warmup_max_lr")) {
+    c.r.Set(&f->lr, Reader::Number(*v, p + ".warmup_max_lr", 0, true));
+  } else if (!has_optimizer_lr) {
+    f->lr = 1e-3;  // DeepSpeed's default warmup_max_lr
+  }
+}
+
+void ApplyScheduler(Context& c, const json& sched, bool has_optimizer_lr, TrainFlags* f) {
+  const std::optional<std::string> type = ReadSchedulerType(c, sched);
+  if (!type) return;
+  f->lr_schedule = *type;
   // DeepSpeed's constructor defaults.
   f->warmup_steps = 1000;
   f->warmup_type = "log";
@@ -478,63 +583,8 @@ void ApplyScheduler(Context& c, const json& sched, bool has_optimizer_lr, TrainF
     c.r.Add(Reader::WrongValue(p, *params, "an object"));
     return;
   }
-  const bool cosine = type == "WarmupCosineLR";
-  if (cosine) {
-    CheckParams(c, *params, p,
-                {"total_num_steps", "warmup_min_ratio", "warmup_num_steps", "cos_min_ratio",
-                 "warmup_type", "last_batch_iteration"},
-                {}, type);
-  } else {
-    CheckParams(
-        c, *params, p,
-        type == "WarmupLR"
-            ? std::initializer_list<std::string_view>{"warmup_min_lr", "warmup_max_lr",
-                                                      "warmup_num_steps", "warmup_type",
-                                                      "last_batch_iteration"}
-            : std::initializer_list<std::string_view>{"total_num_steps", "warmup_min_lr",
-                                                      "warmup_max_lr", "warmup_num_steps",
-                                                      "warmup_type", "last_batch_iteration"},
-        {}, type);
-  }
-  if (const json* v = Find(*params, "warmup_num_steps")) {
-    c.r.Set(&f->warmup_steps, Reader::Int(*v, p + ".warmup_num_steps", 1, kMax));
-  }
-  if (const json* v = Find(*params, "warmup_type")) {
-    c.r.Set(&f->warmup_type, Reader::Choice(*v, p + ".warmup_type", {"log", "linear"}));
-  }
-  if (const json* v = Find(*params, "last_batch_iteration")) {
-    int64_t last = -1;
-    if (c.r.Set(&last, Reader::Int(*v, p + ".last_batch_iteration", -1, kMax)) && last != -1) {
-      c.r.Add(
-          fmt::format("'{}.last_batch_iteration' {}: a run resumes its schedule from its "
-                      "checkpoint (--resume); leave -1",
-                      p, last));
-    }
-  }
-  if (type != "WarmupLR") {
-    if (const json* v = Find(*params, "total_num_steps")) {
-      c.r.Set(&f->lr_total_steps, Reader::Int(*v, p + ".total_num_steps", 1, kMax));
-    } else {
-      c.r.Add(fmt::format("'{}.total_num_steps' is required by {}", p, type));
-    }
-  }
-  if (cosine) {
-    if (const json* v = Find(*params, "warmup_min_ratio")) {
-      c.r.Set(&f->warmup_min_ratio, Reader::Number(*v, p + ".warmup_min_ratio", 0, false, 1));
-    }
-    if (const json* v = Find(*params, "cos_min_ratio")) {
-      c.r.Set(&f->cos_min_ratio, Reader::Number(*v, p + ".cos_min_ratio", 0, false, 1));
-    }
-    return;  // the peak is the optimizer's lr
-  }
-  if (const json* v = Find(*params, "warmup_min_lr")) {
-    c.r.Set(&f->warmup_min_lr, Reader::Number(*v, p + ".warmup_min_lr", 0, false));
-  }
-  if (const json* v = Find(*params, "warmup_max_lr")) {
-    c.r.Set(&f->lr, Reader::Number(*v, p + ".warmup_max_lr", 0, true));
-  } else if (!has_optimizer_lr) {
-    f->lr = 1e-3;  // DeepSpeed's default warmup_max_lr
-  }
+  CheckSchedulerParamNames(c, *params, p, *type);
+  ApplySchedulerParams(c, *params, p, *type, has_optimizer_lr, f);
 }
 
 void ApplyPrecision(Context& c, const json& root, TrainFlags* f) {

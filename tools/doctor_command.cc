@@ -430,8 +430,9 @@ StatusOr<ProbeResult> Probe(io::IoBackend& io, int fd, bool direct, uint64_t max
   return r;
 }
 
-void PathChecks(const std::string& path, io::IoBackend* io, double seconds,
-                std::vector<Check>* checks) {
+// The directory: exists, is writable, and its file system. The file system's name, or nullopt
+// (after a failed check) when the path cannot hold swap files.
+std::optional<std::string> DirectoryCheck(const std::string& path, std::vector<Check>* checks) {
   Check where = NewCheck("path", path);
   struct stat st {};
   const bool exists = ::stat(path.c_str(), &st) == 0;
@@ -440,14 +441,14 @@ void PathChecks(const std::string& path, io::IoBackend* io, double seconds,
     where.verdict = Verdict::kFail;
     where.advice = "give an existing directory on the drive for swap files (--nvme-path)";
     checks->push_back(std::move(where));
-    return;
+    return std::nullopt;
   }
   if (::access(path.c_str(), W_OK | X_OK) != 0) {
     where.value = "not writable by this user";
     where.verdict = Verdict::kFail;
     where.advice = "chown/chmod the directory or pick another --path";
     checks->push_back(std::move(where));
-    return;
+    return std::nullopt;
   }
   struct statfs sfs {};
   const std::string fs = ::statfs(path.c_str(), &sfs) == 0 ? FsTypeName(sfs.f_type) : "unknown fs";
@@ -459,8 +460,11 @@ void PathChecks(const std::string& path, io::IoBackend* io, double seconds,
     where.advice = "tmpfs is RAM, not a drive: swap here takes host memory; use an NVMe path";
   }
   checks->push_back(std::move(where));
+  return fs;
+}
 
-  // Free space.
+// Free space, in bytes (0 when statvfs fails).
+uint64_t FreeSpaceCheck(const std::string& path, std::vector<Check>* checks) {
   Check space = NewCheck("free space", path);
   struct statvfs vfs {};
   uint64_t free_bytes = 0;
@@ -483,8 +487,19 @@ void PathChecks(const std::string& path, io::IoBackend* io, double seconds,
     space.advice = "statvfs failed; the planner cannot check the space before laying out swap";
   }
   checks->push_back(std::move(space));
+  return free_bytes;
+}
 
-  // O_DIRECT: create the probe file with it; a filesystem that refuses it gets a buffered file.
+// The probe file, open, already unlinked; direct: opened with O_DIRECT.
+struct ProbeFile {
+  UniqueFd fd;
+  bool direct = false;
+};
+
+// O_DIRECT: create the probe file with it; a filesystem that refuses it gets a buffered file.
+// nullopt (after a failed check) when no file can be created.
+std::optional<ProbeFile> DirectIoCheck(const std::string& path, const std::string& fs,
+                                       std::vector<Check>* checks) {
   Check direct = NewCheck("o_direct", path);
   std::random_device rd;
   const std::string file = fmt::format("{}/.strata-doctor-{}-{:08x}", path, ::getpid(), rd());
@@ -512,7 +527,7 @@ void PathChecks(const std::string& path, io::IoBackend* io, double seconds,
     direct.verdict = Verdict::kFail;
     direct.advice = "check permissions and quota of the directory";
     checks->push_back(std::move(direct));
-    return;
+    return std::nullopt;
   }
   ::unlink(file.c_str());  // removed now; the open fd keeps it until closed
   direct.raw = {{"supported", is_direct}};
@@ -525,7 +540,12 @@ void PathChecks(const std::string& path, io::IoBackend* io, double seconds,
     direct.advice = "buffered I/O fallback (page cache, extra copies); use ext4/xfs on NVMe";
   }
   checks->push_back(std::move(direct));
+  return ProbeFile{std::move(fd), is_direct};
+}
 
+// The drive's write and read speed through `io`, on the probe file.
+void ProbeCheck(const std::string& path, io::IoBackend* io, double seconds, uint64_t free_bytes,
+                const ProbeFile& file, std::vector<Check>* checks) {
   Check probe = NewCheck("probe", path);
   if (seconds <= 0) {
     probe.value = "skipped (--probe-seconds 0)";
@@ -548,7 +568,8 @@ void PathChecks(const std::string& path, io::IoBackend* io, double seconds,
     checks->push_back(std::move(probe));
     return;
   }
-  auto r = Probe(*io, fd.get(), is_direct, file_bytes, seconds, "doctor probe file in " + path);
+  auto r =
+      Probe(*io, file.fd.get(), file.direct, file_bytes, seconds, "doctor probe file in " + path);
   if (!r.ok()) {
     probe.value = r.status().ToString();
     probe.verdict = Verdict::kFail;
@@ -567,9 +588,9 @@ void PathChecks(const std::string& path, io::IoBackend* io, double seconds,
                {"file_bytes", r->file_bytes},
                {"request_bytes", kProbeRequestBytes},
                {"backend", std::string(io->name())},
-               {"direct", is_direct}};
+               {"direct", file.direct}};
   const double slower = std::min(r->write_bytes_per_s, r->read_bytes_per_s);
-  if (!is_direct) {
+  if (!file.direct) {
     probe.verdict = Verdict::kWarn;
     probe.advice = "buffered: figures include the page cache; 'strata iobench' for the drive";
   } else if (slower < 1e9) {
@@ -579,6 +600,16 @@ void PathChecks(const std::string& path, io::IoBackend* io, double seconds,
     probe.advice = "'strata iobench --sweep' tunes block size and queue depth";
   }
   checks->push_back(std::move(probe));
+}
+
+void PathChecks(const std::string& path, io::IoBackend* io, double seconds,
+                std::vector<Check>* checks) {
+  const std::optional<std::string> fs = DirectoryCheck(path, checks);
+  if (!fs) return;
+  const uint64_t free_bytes = FreeSpaceCheck(path, checks);
+  const std::optional<ProbeFile> file = DirectIoCheck(path, *fs, checks);
+  if (!file) return;
+  ProbeCheck(path, io, seconds, free_bytes, *file, checks);
 }
 
 void PrintText(const std::vector<Check>& checks) {

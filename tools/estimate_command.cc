@@ -18,6 +18,7 @@
 #include "engine/planner.h"
 #include "tools/model_spec.h"
 #include "tools/optimizer_flags.h"
+#include "tools/train_setup.h"
 
 namespace strata::tools {
 namespace {
@@ -123,136 +124,153 @@ void AddEstimateFlags(CLI::App& cmd, EstimateFlags& f) {
   cmd.add_flag("--json", f.json, "Print the plan as one JSON object");
 }
 
-Status RunEstimate(const EstimateFlags& f) {
+namespace {
+
+// The `strata train` flags this estimate stands for: the plan comes from the same setup
+// (tools/train_setup.h), so that it is the plan train prints for the same flags.
+TrainFlags AsTrainFlags(const EstimateFlags& f, int seq_len) {
+  TrainFlags t;
+  t.model = f.model;
+  t.model_dir = f.model_dir;
+  t.micro_batch_size = f.micro_batch_size;
+  t.seq_len = seq_len;
+  t.grad_accum_steps = f.grad_accum_steps;
+  t.precision = f.precision;
+  t.optimizer = f.optimizer;
+  t.device_budget = f.device_budget;
+  t.offload_params = f.offload_params;
+  t.offload_optimizer = f.offload_optimizer;
+  t.offload_activations = f.offload_activations;
+  t.prefetch_depth = f.prefetch_depth;
+  t.grad_buckets = f.grad_buckets;
+  t.optimizer_buffers = f.optimizer_buffers;
+  // Without a path the plan is still made (NVMe capacity unchecked), so that a user can size a
+  // machine they do not have.
+  t.nvme_paths = f.nvme_paths.empty() ? std::vector<std::string>{"(unchecked)"} : f.nvme_paths;
+  return t;
+}
+
+// The host, pinned and NVMe budgets (train does not check them; the estimate does).
+Status SetHostBudgets(const EstimateFlags& f, engine::PlacementOptions* o) {
+  if (f.host_budget == "auto") {
+    STRATA_ASSIGN_OR_RETURN(CpuInfo host, DetectCpuInfo());
+    o->host_budget_bytes = host.mem_total_bytes;
+  } else {
+    STRATA_ASSIGN_OR_RETURN(o->host_budget_bytes, ParseBudget("--host-budget", f.host_budget));
+  }
+  if (f.pinned_budget == "auto") {
+    o->pinned_budget_bytes = o->host_budget_bytes;
+  } else {
+    STRATA_ASSIGN_OR_RETURN(o->pinned_budget_bytes,
+                            ParseBudget("--pinned-budget", f.pinned_budget));
+  }
+  if (!f.nvme_paths.empty()) {
+    STRATA_ASSIGN_OR_RETURN(o->nvme_capacity_bytes, NvmeFreeBytes(o->nvme_paths));
+  }
+  return Status::Ok();
+}
+
+// The estimate's inputs: rank 0's options of an N-rank job (with equal model and flags every
+// rank's plan is the same but for the last ranks' possibly smaller partitions, so rank 0's needs
+// bound every rank's) and the model's shapes.
+struct EstimateSetup {
+  TrainOptions options;
+  std::unique_ptr<engine::Model> model;
+};
+
+StatusOr<EstimateSetup> MakeEstimateSetup(const EstimateFlags& f) {
   if (f.ranks < 1) {
     return InvalidArgumentError(
         fmt::format("--ranks {} is not a number of ranks: give 1 or more (the process count of "
                     "mpirun -n)",
                     f.ranks));
   }
-  STRATA_ASSIGN_OR_RETURN(DType precision, ParseDType(f.precision));
+  EstimateSetup e;
   // Shapes only: a directory's config.json is enough (no weights are read).
   STRATA_ASSIGN_OR_RETURN(ModelSpec spec,
                           ResolveModelSpec(f.model, f.model_dir, /*config_only=*/true));
-  STRATA_ASSIGN_OR_RETURN(auto model, BuildModel(spec, /*load_weights=*/false));
-  const int seq_len = f.seq_len == 0 ? model->max_seq_len() : f.seq_len;
-  if (seq_len > model->max_seq_len()) {
+  STRATA_ASSIGN_OR_RETURN(e.model, BuildModel(spec, /*load_weights=*/false));
+  const int seq_len = f.seq_len == 0 ? e.model->max_seq_len() : f.seq_len;
+  if (seq_len > e.model->max_seq_len()) {
     return InvalidArgumentError(fmt::format("--seq-len {} exceeds the model's context of {}",
-                                            seq_len, model->max_seq_len()));
+                                            seq_len, e.model->max_seq_len()));
   }
-  engine::PlacementOptions o;
-  STRATA_ASSIGN_OR_RETURN(o.param_home, engine::ParseParamHome(f.offload_params));
-  STRATA_ASSIGN_OR_RETURN(o.optimizer_home, engine::ParseOptimizerHome(f.offload_optimizer));
-  o.offload_activations = f.offload_activations;
-  o.streaming_slots = f.prefetch_depth > 0 ? f.prefetch_depth + 1 : 0;
-  o.host_grad_buckets = f.grad_buckets;
-  o.optimizer_buffers = f.optimizer_buffers;
-  // Rank 0 of N: with equal model and flags every rank's plan is the same but for the last
-  // ranks' (possibly smaller) partitions, so rank 0's needs bound every rank's.
-  o.ranks = f.ranks;
-  o.rank = 0;
-  o.data_parallel = f.ranks > 1;
-  const engine::MicroBatchShape mb{f.micro_batch_size, seq_len};
-  if (f.device_budget == "auto" && o.param_home == engine::ParamHome::kDevice) {
-    // As strata train: every block resident, exactly what that takes.
-    o.device_budget_bytes = engine::AllResidentBytes(*model, precision, mb, f.offload_activations,
-                                                     o.ranks, o.data_parallel);
-  } else if (f.device_budget == "auto") {
-    // As strata train: midway between the streaming minimum and the working params alone.
-    const uint64_t minimum = engine::StreamingMinimumBytes(
-        *model, precision, mb, f.prefetch_depth > 0 ? f.prefetch_depth + 1 : 2,
-        f.offload_activations, o.ranks, o.data_parallel);
-    const uint64_t working = static_cast<uint64_t>(model->num_params()) * SizeOf(precision);
-    o.device_budget_bytes = working > minimum ? minimum + (working - minimum) / 2 : minimum;
-  } else {
-    STRATA_ASSIGN_OR_RETURN(o.device_budget_bytes, ParseBudget("--device-budget", f.device_budget));
+  if (f.device_budget != "auto") {  // estimate's own message: its budgets are workstation-sized
+    STRATA_RETURN_IF_ERROR(ParseBudget("--device-budget", f.device_budget).status());
   }
-  if (f.host_budget == "auto") {
-    STRATA_ASSIGN_OR_RETURN(CpuInfo host, DetectCpuInfo());
-    o.host_budget_bytes = host.mem_total_bytes;
-  } else {
-    STRATA_ASSIGN_OR_RETURN(o.host_budget_bytes, ParseBudget("--host-budget", f.host_budget));
-  }
-  if (f.pinned_budget == "auto") {
-    o.pinned_budget_bytes = o.host_budget_bytes;
-  } else {
-    STRATA_ASSIGN_OR_RETURN(o.pinned_budget_bytes, ParseBudget("--pinned-budget", f.pinned_budget));
-  }
-  // Without a path the plan is still made (NVMe capacity unchecked), so that a user can size a
-  // machine they do not have.
-  o.nvme_paths = f.nvme_paths.empty() ? std::vector<std::string>{"(unchecked)"} : f.nvme_paths;
-  if (!f.nvme_paths.empty()) {
-    STRATA_ASSIGN_OR_RETURN(o.nvme_capacity_bytes, NvmeFreeBytes(f.nvme_paths));
-  }
-  TrainFlags train;
-  train.optimizer = f.optimizer;
-  STRATA_ASSIGN_OR_RETURN(cpu_optim::AnyOptimizer optimizer, BuildOptimizer(train));
-  if (f.ranks > 1 && !engine::PartitionableOptimizer(optimizer)) {
+  const RankInfo rank0{.ranks = f.ranks, .rank = 0, .data_parallel = f.ranks > 1};
+  STRATA_ASSIGN_OR_RETURN(e.options, TrainOptionsFromFlags(AsTrainFlags(f, seq_len), rank0));
+  ResolveDeviceBudget(*e.model, &e.options);
+  STRATA_RETURN_IF_ERROR(SetHostBudgets(f, &e.options.engine.placement));
+  if (f.ranks > 1 && !engine::PartitionableOptimizer(e.options.engine.optimizer)) {
     return InvalidArgumentError(fmt::format(
         "--optimizer {} keeps state that does not split into per-rank partitions (block-wise or "
         "factored statistics); with --ranks above 1 use adamw, adam, lion, sgd or adagrad",
         f.optimizer));
   }
-  const engine::PlanOptimizer plan_optimizer{optimizer, f.grad_accum_steps};
-  STRATA_ASSIGN_OR_RETURN(engine::Plan plan,
-                          engine::MakePlan(*model, precision, mb, o, plan_optimizer));
-  // The same run on one rank (strata train without mpirun), for the comparison line: same
-  // device budget, the host, pinned and NVMe budgets unchecked (its needs are what is compared).
-  std::optional<engine::Plan> one_rank;
-  if (f.ranks > 1) {
-    engine::PlacementOptions one = o;
-    one.ranks = 1;
-    one.data_parallel = false;
-    one.host_budget_bytes = 0;
-    one.nvme_capacity_bytes = 0;
-    one.pinned_budget_bytes = std::numeric_limits<uint64_t>::max();
-    STRATA_ASSIGN_OR_RETURN(one_rank, engine::MakePlan(*model, precision, mb, one, plan_optimizer));
-  }
+  return e;
+}
 
-  if (f.json) {
-    const nlohmann::json j = {
-        {"model", f.model_dir.empty() ? f.model : f.model_dir},
-        {"model_params", plan.model_params},
-        {"model_state_bytes", plan.model_state_bytes},
-        {"feasible", true},
-        {"precision", DTypeName(precision)},
-        {"micro_batch_size", mb.batch_size},
-        {"seq_len", mb.seq_len},
-        {"num_blocks", plan.blocks.size()},
-        {"resident_blocks", plan.num_resident()},
-        {"streaming_slots", plan.streaming_slots},
-        {"prefetch_depth", plan.prefetch_depth},
-        {"device_grad_buckets", plan.device_grad_buckets},
-        {"host_grad_buckets", plan.host_grad_buckets},
-        {"optimizer_buffers", plan.optimizer_buffers},
-        {"optimizer_buffer_bytes", plan.optimizer_buffer_bytes},
-        {"offload_activations", plan.offload_activations},
-        {"device_budget_bytes", plan.device_budget_bytes},
-        {"device_total_bytes", plan.device_total_bytes},
-        {"pinned_bytes", plan.pinned_bytes},
-        {"host_bytes", plan.host_bytes},
-        {"host_grad_bytes", plan.host_grad_bytes},
-        {"grad_accum_steps", f.grad_accum_steps},
-        {"optimizer", plan.optimizer_name},
-        {"optimizer_state_bytes", plan.optimizer_state_bytes},
-        {"host_budget_bytes", o.host_budget_bytes},
-        {"nvme_bytes", plan.nvme_bytes},
-        {"nvme_free_bytes",
-         f.nvme_paths.empty() ? nlohmann::json() : nlohmann::json(o.nvme_capacity_bytes)},
-        {"ranks", plan.ranks},
-        {"rank", plan.rank},
-        {"data_parallel", plan.data_parallel},
-        {"one_rank", one_rank ? nlohmann::json{{"device_total_bytes", one_rank->device_total_bytes},
-                                               {"pinned_bytes", one_rank->pinned_bytes},
-                                               {"host_bytes", one_rank->host_bytes},
-                                               {"host_grad_bytes", one_rank->host_grad_bytes},
-                                               {"nvme_bytes", one_rank->nvme_bytes}}
-                              : nlohmann::json()},
-    };
-    std::printf("%s\n", j.dump(2).c_str());
-    return Status::Ok();
-  }
-  std::printf("strata estimate: %s\n", model->description().c_str());
+// The same run on one rank (strata train without mpirun), for the comparison line: same device
+// budget, the host, pinned and NVMe budgets unchecked (its needs are what is compared).
+StatusOr<engine::Plan> OneRankPlan(const EstimateSetup& e) {
+  engine::EngineOptions one = e.options.engine;
+  one.placement.ranks = 1;
+  one.placement.data_parallel = false;
+  one.placement.host_budget_bytes = 0;
+  one.placement.nvme_capacity_bytes = 0;
+  one.placement.pinned_budget_bytes = std::numeric_limits<uint64_t>::max();
+  return MakeTrainPlan(*e.model, one);
+}
+
+nlohmann::json EstimateJson(const EstimateFlags& f, const EstimateSetup& e,
+                            const engine::Plan& plan, const std::optional<engine::Plan>& one_rank) {
+  const engine::PlacementOptions& o = e.options.engine.placement;
+  return {
+      {"model", f.model_dir.empty() ? f.model : f.model_dir},
+      {"model_params", plan.model_params},
+      {"model_state_bytes", plan.model_state_bytes},
+      {"feasible", true},
+      {"precision", DTypeName(plan.precision)},
+      {"micro_batch_size", plan.shape.batch_size},
+      {"seq_len", plan.shape.seq_len},
+      {"num_blocks", plan.blocks.size()},
+      {"resident_blocks", plan.num_resident()},
+      {"streaming_slots", plan.streaming_slots},
+      {"prefetch_depth", plan.prefetch_depth},
+      {"device_grad_buckets", plan.device_grad_buckets},
+      {"host_grad_buckets", plan.host_grad_buckets},
+      {"optimizer_buffers", plan.optimizer_buffers},
+      {"optimizer_buffer_bytes", plan.optimizer_buffer_bytes},
+      {"offload_activations", plan.offload_activations},
+      {"device_budget_bytes", plan.device_budget_bytes},
+      {"device_total_bytes", plan.device_total_bytes},
+      {"pinned_bytes", plan.pinned_bytes},
+      {"host_bytes", plan.host_bytes},
+      {"host_grad_bytes", plan.host_grad_bytes},
+      {"grad_accum_steps", f.grad_accum_steps},
+      {"optimizer", plan.optimizer_name},
+      {"optimizer_state_bytes", plan.optimizer_state_bytes},
+      {"host_budget_bytes", o.host_budget_bytes},
+      {"nvme_bytes", plan.nvme_bytes},
+      {"nvme_free_bytes",
+       f.nvme_paths.empty() ? nlohmann::json() : nlohmann::json(o.nvme_capacity_bytes)},
+      {"ranks", plan.ranks},
+      {"rank", plan.rank},
+      {"data_parallel", plan.data_parallel},
+      {"one_rank", one_rank ? nlohmann::json{{"device_total_bytes", one_rank->device_total_bytes},
+                                             {"pinned_bytes", one_rank->pinned_bytes},
+                                             {"host_bytes", one_rank->host_bytes},
+                                             {"host_grad_bytes", one_rank->host_grad_bytes},
+                                             {"nvme_bytes", one_rank->nvme_bytes}}
+                            : nlohmann::json()},
+  };
+}
+
+void PrintEstimate(const EstimateFlags& f, const EstimateSetup& e, const engine::Plan& plan,
+                   const std::optional<engine::Plan>& one_rank) {
+  const engine::PlacementOptions& o = e.options.engine.placement;
+  std::printf("strata estimate: %s\n", e.model->description().c_str());
   std::printf("%s", plan.Describe().c_str());
   if (one_rank) {
     // Host gradients are fp32 on every rank of a data-parallel run, 16-bit on one rank at
@@ -274,6 +292,22 @@ Status RunEstimate(const EstimateFlags& f) {
                   : fmt::format(", NVMe {} of {} free", FormatBytes(plan.nvme_bytes),
                                 FormatBytes(o.nvme_capacity_bytes))
                         .c_str());
+}
+
+}  // namespace
+
+Status RunEstimate(const EstimateFlags& f) {
+  STRATA_ASSIGN_OR_RETURN(EstimateSetup e, MakeEstimateSetup(f));
+  STRATA_ASSIGN_OR_RETURN(engine::Plan plan, MakeTrainPlan(*e.model, e.options.engine));
+  std::optional<engine::Plan> one_rank;
+  if (f.ranks > 1) {
+    STRATA_ASSIGN_OR_RETURN(one_rank, OneRankPlan(e));
+  }
+  if (f.json) {
+    std::printf("%s\n", EstimateJson(f, e, plan, one_rank).dump(2).c_str());
+  } else {
+    PrintEstimate(f, e, plan, one_rank);
+  }
   return Status::Ok();
 }
 

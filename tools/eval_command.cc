@@ -11,10 +11,11 @@
 
 #include "base/dtype.h"
 #include "base/units.h"
-#include "data/token_dataset.h"
-#include "data/tokenizer.h"
 #include "engine/checkpoint.h"
 #include "engine/engine.h"
+#include "engine/planner.h"
+#include "data/token_dataset.h"
+#include "data/tokenizer.h"
 #include "tools/device_select.h"
 #include "tools/model_spec.h"
 
@@ -73,10 +74,8 @@ StatusOr<Loaded> Load(const InferenceFlags& f, engine::MicroBatchShape shape) {
   o.placement.param_home = engine::ParamHome::kHost;
   o.placement.optimizer_home = engine::OptimizerHome::kHost;
   if (f.device_budget == "auto") {
-    const uint64_t minimum = engine::StreamingMinimumBytes(*l.model, precision, shape);
-    const uint64_t working = static_cast<uint64_t>(l.model->num_params()) * SizeOf(precision);
     o.placement.device_budget_bytes =
-        working > minimum ? minimum + (working - minimum) / 2 : minimum;
+        engine::AutoDeviceBudgetBytes(*l.model, precision, shape, o.placement);
   } else {
     STRATA_ASSIGN_OR_RETURN(o.placement.device_budget_bytes, ParseSize(f.device_budget));
   }

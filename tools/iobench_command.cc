@@ -240,132 +240,176 @@ Status RunUnits(IoBackend& backend, const RunConfig& c, const std::vector<BenchF
   return Status::Ok();
 }
 
-StatusOr<RunResult> RunOne(const RunConfig& c, bool progress) {
-  io::IoBackendOptions options;
-  STRATA_ASSIGN_OR_RETURN(options.kind, io::ParseBackendKind(c.backend));
-  options.queue_depth = c.queue_depth;
-  options.block_size_bytes = c.block_bytes;
-  options.posix_threads = std::min(c.queue_depth, 256);  // posix: concurrency = threads
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<IoBackend> backend, io::CreateIoBackend(options));
-
-  std::vector<BenchFile> files;
-  struct Cleanup {
-    std::vector<BenchFile>* files;
-    ~Cleanup() {
-      for (BenchFile& f : *files) {
-        f.fd.reset();
-        if (f.created) ::unlink(f.path.c_str());
-      }
+// One measured configuration: its files, backend and buffers, the layout pass, the timed passes
+// and the result. One per RunOne call; the files it created are removed when it ends.
+class BenchRun {
+ public:
+  BenchRun(const RunConfig& c, bool progress)
+      : c_(c),
+        progress_(progress),
+        write_(c.rw == "write" || c.rw == "randwrite"),
+        random_(c.rw == "randread" || c.rw == "randwrite"),
+        total_units_(c.size_bytes / c.block_bytes) {}
+  ~BenchRun() {
+    for (BenchFile& f : files_) {
+      f.fd.reset();
+      if (f.created) ::unlink(f.path.c_str());
     }
-  } cleanup{&files};
-  STRATA_RETURN_IF_ERROR(OpenFiles(c, &files));
-  std::vector<int> fds;
-  for (const BenchFile& f : files) fds.push_back(f.fd.get());
-  STRATA_RETURN_IF_ERROR(backend->RegisterFiles(fds));
+  }
+  BenchRun(const BenchRun&) = delete;
+  BenchRun& operator=(const BenchRun&) = delete;
 
-  const uint64_t total_units = c.size_bytes / c.block_bytes;
-  const int threads = c.threads;
-  const size_t per_thread_buf = static_cast<size_t>(c.queue_depth) * c.block_bytes;
-  std::vector<IoBuffer> buffers;
+  StatusOr<RunResult> Run() {
+    STRATA_RETURN_IF_ERROR(Open());
+    STRATA_RETURN_IF_ERROR(AllocateBuffers());
+    STRATA_RETURN_IF_ERROR(LayOut());
+    DropCache(files_);
+    done_bytes_.store(0);
+    backend_->ResetStats();
+    STRATA_RETURN_IF_ERROR(Measure());
+    backend_->UnregisterFiles(fds_);
+    return Result();
+  }
+
+ private:
+  Status Open();
+  Status AllocateBuffers();
+  Status RunThreads(bool measured_write, int pass);
+  Status LayOut();
+  Status Measure();
+  void Report();  // the progress thread: stops --runtime runs, prints every 2 s
+  RunResult Result() const;
+
+  const RunConfig& c_;
+  const bool progress_;
+  const bool write_;
+  const bool random_;
+  const uint64_t total_units_;
+  std::unique_ptr<IoBackend> backend_;
+  std::vector<BenchFile> files_;
+  std::vector<int> fds_;
+  std::vector<IoBuffer> buffers_;  // queue_depth blocks per thread
+  // Per-thread unit lists: contiguous shares of the stripe units.
+  std::vector<std::vector<uint64_t>> shares_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> finished_{false};
+  std::atomic<uint64_t> done_bytes_{0};
+  std::chrono::steady_clock::time_point start_;
+  double seconds_ = 0;  // measured, --first-write's reallocation excluded
+  double cpu_s_ = 0;
+};
+
+Status BenchRun::Open() {
+  io::IoBackendOptions options;
+  STRATA_ASSIGN_OR_RETURN(options.kind, io::ParseBackendKind(c_.backend));
+  options.queue_depth = c_.queue_depth;
+  options.block_size_bytes = c_.block_bytes;
+  options.posix_threads = std::min(c_.queue_depth, 256);  // posix: concurrency = threads
+  STRATA_ASSIGN_OR_RETURN(backend_, io::CreateIoBackend(options));
+  STRATA_RETURN_IF_ERROR(OpenFiles(c_, &files_));
+  for (const BenchFile& f : files_) fds_.push_back(f.fd.get());
+  return backend_->RegisterFiles(fds_);
+}
+
+Status BenchRun::AllocateBuffers() {
+  const int threads = c_.threads;
+  const size_t per_thread_buf = static_cast<size_t>(c_.queue_depth) * c_.block_bytes;
   std::vector<std::span<std::byte>> regions;
   for (int t = 0; t < threads; ++t) {
     STRATA_ASSIGN_OR_RETURN(IoBuffer b, IoBuffer::Allocate(per_thread_buf));
     regions.push_back(b.span());
-    buffers.push_back(std::move(b));
+    buffers_.push_back(std::move(b));
   }
-  if (Status s = backend->RegisterBuffers(regions); !s.ok()) {
+  if (Status s = backend_->RegisterBuffers(regions); !s.ok()) {
     STRATA_LOG_WARNING("iobench: fixed buffers not registered, plain reads/writes: {}",
                        s.ToString());
   }
-
-  const bool write = c.rw == "write" || c.rw == "randwrite";
-  const bool random = c.rw == "randread" || c.rw == "randwrite";
-  std::atomic<bool> stop{false};
-  std::atomic<uint64_t> done_bytes{0};
-
-  // Per-thread unit lists: contiguous shares of the stripe units.
-  std::vector<std::vector<uint64_t>> shares(static_cast<size_t>(threads));
+  shares_.resize(static_cast<size_t>(threads));
   for (int t = 0; t < threads; ++t) {
-    const uint64_t lo = total_units * t / threads;
-    const uint64_t hi = total_units * (t + 1) / threads;
-    shares[t].resize(hi - lo);
-    std::iota(shares[t].begin(), shares[t].end(), lo);
+    const uint64_t lo = total_units_ * t / threads;
+    const uint64_t hi = total_units_ * (t + 1) / threads;
+    shares_[t].resize(hi - lo);
+    std::iota(shares_[t].begin(), shares_[t].end(), lo);
   }
+  return Status::Ok();
+}
 
-  auto run_threads = [&](bool measured_write, int pass) -> Status {
-    std::vector<Status> statuses(static_cast<size_t>(threads));
-    std::vector<std::thread> pool;
-    for (int t = 0; t < threads; ++t) {
-      pool.emplace_back([&, t] {
-        std::vector<uint64_t> units = shares[t];
-        if (random) {
-          std::mt19937_64 rng(static_cast<uint64_t>(pass) * 1000003 + t);
-          std::shuffle(units.begin(), units.end(), rng);
-        }
-        statuses[t] = RunUnits(*backend, c, files, measured_write, units, buffers[t].span(), stop,
-                               done_bytes);
-      });
-    }
-    for (std::thread& th : pool) th.join();
-    for (Status& s : statuses) STRATA_RETURN_IF_ERROR(s);
-    return Status::Ok();
-  };
+Status BenchRun::RunThreads(bool measured_write, int pass) {
+  const int threads = c_.threads;
+  std::vector<Status> statuses(static_cast<size_t>(threads));
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      std::vector<uint64_t> units = shares_[t];
+      if (random_) {
+        std::mt19937_64 rng(static_cast<uint64_t>(pass) * 1000003 + t);
+        std::shuffle(units.begin(), units.end(), rng);
+      }
+      statuses[t] = RunUnits(*backend_, c_, files_, measured_write, units, buffers_[t].span(),
+                             stop_, done_bytes_);
+    });
+  }
+  for (std::thread& th : pool) th.join();
+  for (Status& s : statuses) STRATA_RETURN_IF_ERROR(s);
+  return Status::Ok();
+}
 
-  // Lay out new or short files before measuring (unless --first-write): reads need data there,
-  // and writes into written blocks are overwrites, what the swap store does from the second write
-  // of an extent on and what fio measures on a laid-out file. A write into new space takes another
-  // path through the file system (ext4: extending writes are serialized under the inode lock and
-  // completed by io_uring's worker threads; writes into fallocated extents convert them to written
-  // at completion): on the development VM both ran at about half the overwrite throughput.
+// Lay out new or short files before measuring (unless --first-write): reads need data there,
+// and writes into written blocks are overwrites, what the swap store does from the second write
+// of an extent on and what fio measures on a laid-out file. A write into new space takes another
+// path through the file system (ext4: extending writes are serialized under the inode lock and
+// completed by io_uring's worker threads; writes into fallocated extents convert them to written
+// at completion): on the development VM both ran at about half the overwrite throughput.
+Status BenchRun::LayOut() {
   bool need_layout = false;
-  for (const BenchFile& f : files) {
+  for (const BenchFile& f : files_) {
     struct stat st;
     ::fstat(f.fd.get(), &st);
     if (static_cast<uint64_t>(st.st_size) < f.size_bytes) need_layout = true;
   }
-  if (!c.first_write && need_layout) {
-    if (progress) {
-      std::fprintf(stderr, "iobench: laying out %s before measuring\n",
-                   FormatBytes(c.size_bytes).c_str());
-    }
-    STRATA_RETURN_IF_ERROR(run_threads(true, -1));
-    for (const BenchFile& f : files) ::fdatasync(f.fd.get());
+  if (c_.first_write || !need_layout) return Status::Ok();
+  if (progress_) {
+    std::fprintf(stderr, "iobench: laying out %s before measuring\n",
+                 FormatBytes(c_.size_bytes).c_str());
   }
-  DropCache(files);
-  done_bytes.store(0);
-  backend->ResetStats();
+  STRATA_RETURN_IF_ERROR(RunThreads(true, -1));
+  for (const BenchFile& f : files_) ::fdatasync(f.fd.get());
+  return Status::Ok();
+}
 
-  // Progress every 2 s on long runs.
-  std::atomic<bool> finished{false};
-  const auto start = std::chrono::steady_clock::now();
-  std::thread reporter([&] {
-    auto next = start + std::chrono::seconds(2);
-    while (!finished.load()) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      const auto now = std::chrono::steady_clock::now();
-      if (c.runtime_s > 0 && now - start >= std::chrono::duration<double>(c.runtime_s)) {
-        stop.store(true);
-      }
-      if (progress && now >= next) {
-        const double s = std::chrono::duration<double>(now - start).count();
-        std::fprintf(stderr, "iobench: %s %.1f s, %s moved, %s\n", c.rw.c_str(), s,
-                     FormatBytes(done_bytes.load()).c_str(),
-                     FormatRate(done_bytes.load() / s).c_str());
-        next += std::chrono::seconds(2);
-      }
+void BenchRun::Report() {
+  auto next = start_ + std::chrono::seconds(2);
+  while (!finished_.load()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    const auto now = std::chrono::steady_clock::now();
+    if (c_.runtime_s > 0 && now - start_ >= std::chrono::duration<double>(c_.runtime_s)) {
+      stop_.store(true);
     }
-  });
+    if (progress_ && now >= next) {
+      const double s = std::chrono::duration<double>(now - start_).count();
+      std::fprintf(stderr, "iobench: %s %.1f s, %s moved, %s\n", c_.rw.c_str(), s,
+                   FormatBytes(done_bytes_.load()).c_str(),
+                   FormatRate(done_bytes_.load() / s).c_str());
+      next += std::chrono::seconds(2);
+    }
+  }
+}
+
+// The timed passes: --loops of them, or as many as --runtime allows.
+Status BenchRun::Measure() {
+  start_ = std::chrono::steady_clock::now();
+  std::thread reporter([this] { Report(); });  // progress every 2 s on long runs
   const double cpu0 = CpuSeconds();
   Status status;
   double excluded_s = 0;  // --first-write: deallocating and reallocating between passes
   double excluded_cpu_s = 0;
   for (int pass = 0; status.ok(); ++pass) {
-    if (c.runtime_s > 0 ? stop.load() : pass >= c.loops) break;
-    if (pass > 0) DropCache(files);
-    if (c.first_write) {
+    if (c_.runtime_s > 0 ? stop_.load() : pass >= c_.loops) break;
+    if (pass > 0) DropCache(files_);
+    if (c_.first_write) {
       const auto t0 = std::chrono::steady_clock::now();
       const double u0 = CpuSeconds();
-      for (const BenchFile& f : files) {
+      for (const BenchFile& f : files_) {
         status = FreshlyAllocate(f);
         if (!status.ok()) break;
       }
@@ -373,32 +417,41 @@ StatusOr<RunResult> RunOne(const RunConfig& c, bool progress) {
       excluded_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (!status.ok()) break;
     }
-    status = run_threads(write, pass);
+    status = RunThreads(write_, pass);
   }
   const double cpu1 = CpuSeconds() - excluded_cpu_s;
   const auto end = std::chrono::steady_clock::now();
-  finished.store(true);
+  finished_.store(true);
   reporter.join();
-  STRATA_RETURN_IF_ERROR(status);
-  backend->UnregisterFiles(fds);
+  seconds_ = std::chrono::duration<double>(end - start_).count() - excluded_s;
+  cpu_s_ = cpu1 - cpu0;
+  return status;
+}
 
+RunResult BenchRun::Result() const {
   RunResult r;
-  r.config = c;
-  r.config.backend = std::string(backend->name());
-  r.bytes = done_bytes.load();
-  r.seconds = std::chrono::duration<double>(end - start).count() - excluded_s;
+  r.config = c_;
+  r.config.backend = std::string(backend_->name());
+  r.bytes = done_bytes_.load();
+  r.seconds = seconds_;
   r.unit_bytes_per_call =
-      std::min<uint64_t>(UnitsPerCall(c), (total_units + threads - 1) / threads) * c.block_bytes;
-  r.cpu_s = cpu1 - cpu0;
-  const io::IoStats stats = backend->stats();
+      std::min<uint64_t>(UnitsPerCall(c_), (total_units_ + c_.threads - 1) / c_.threads) *
+      c_.block_bytes;
+  r.cpu_s = cpu_s_;
+  const io::IoStats stats = backend_->stats();
   r.lat_mean_us = stats.latency->MeanNs() / 1e3;
   r.lat_p99_us = static_cast<double>(stats.latency->QuantileNs(0.99)) / 1e3;
   r.short_resubmits = stats.short_transfer_resubmits;
   r.eagain_retries = stats.eagain_retries;
   r.fixed_buffer_submissions = stats.fixed_buffer_submissions;
   r.submissions = stats.submissions;
-  r.direct = std::all_of(files.begin(), files.end(), [](const BenchFile& f) { return f.direct; });
+  r.direct = std::all_of(files_.begin(), files_.end(), [](const BenchFile& f) { return f.direct; });
   return r;
+}
+
+StatusOr<RunResult> RunOne(const RunConfig& c, bool progress) {
+  BenchRun run(c, progress);
+  return run.Run();
 }
 
 nlohmann::json ToJson(const RunResult& r) {

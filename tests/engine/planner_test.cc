@@ -31,6 +31,59 @@ TEST(Planner, BudgetBelowWorkingParamsStreamsSomeBlocksAndFits) {
   EXPECT_NE(plan->Describe().find("streamed per use from nvme"), std::string::npos);
 }
 
+TEST(Planner, AutoDeviceBudgetIsMidwayBetweenStreamingMinimumAndWorkingParams) {
+  auto model = models::GptModel::Create(*models::GptPreset("small"));
+  ASSERT_TRUE(model.ok());
+  const MicroBatchShape mb{1, 64};
+  PlacementOptions o;
+  o.nvme_paths = {"/tmp"};
+  const uint64_t working = (*model)->num_params() * 2;
+  const uint64_t minimum2 = StreamingMinimumBytes(**model, DType::kBF16, mb, 2);
+  ASSERT_LT(minimum2, working);
+  // streaming_slots 0 (the planner decides) sizes the minimum with two slots.
+  EXPECT_EQ(AutoDeviceBudgetBytes(**model, DType::kBF16, mb, o),
+            minimum2 + (working - minimum2) / 2);
+  o.streaming_slots = 4;
+  const uint64_t minimum4 = StreamingMinimumBytes(**model, DType::kBF16, mb, 4);
+  ASSERT_GT(minimum4, minimum2);
+  o.device_budget_bytes = AutoDeviceBudgetBytes(**model, DType::kBF16, mb, o);
+  EXPECT_EQ(o.device_budget_bytes, minimum4 + (working - minimum4) / 2);
+  auto plan = MakePlan(**model, DType::kBF16, mb, o);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_GT(plan->num_resident(), 0);
+  EXPECT_LT(plan->num_resident(), (*model)->num_blocks());
+  // Two data-parallel ranks pad blocks and add reduce-scatter buffers: a larger minimum.
+  o.streaming_slots = 0;
+  o.ranks = 2;
+  o.data_parallel = true;
+  const uint64_t minimum_dp = StreamingMinimumBytes(**model, DType::kBF16, mb, 2, false, 2, true);
+  EXPECT_GT(minimum_dp, minimum2);
+  EXPECT_EQ(AutoDeviceBudgetBytes(**model, DType::kBF16, mb, o),
+            minimum_dp + (working - minimum_dp) / 2);
+}
+
+TEST(Planner, AutoDeviceBudgetKeepsEveryBlockWithDeviceHomeAndIsTheMinimumForSmallParams) {
+  auto model = models::GptModel::Create(*models::GptPreset("tiny"));
+  ASSERT_TRUE(model.ok());
+  PlacementOptions o;
+  o.param_home = ParamHome::kDevice;
+  o.optimizer_home = OptimizerHome::kHost;
+  o.offload_activations = true;
+  const MicroBatchShape mb{1, 8};
+  o.device_budget_bytes = AutoDeviceBudgetBytes(**model, DType::kBF16, mb, o);
+  EXPECT_EQ(o.device_budget_bytes, AllResidentBytes(**model, DType::kBF16, mb, true));
+  auto plan = MakePlan(**model, DType::kBF16, mb, o);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_EQ(plan->num_resident(), (*model)->num_blocks());
+  // Eight sequences on a tiny model: the activations and logits outweigh the params, and the budget
+  // is the streaming minimum itself.
+  o.param_home = ParamHome::kHost;
+  const MicroBatchShape long_mb{8, 16};
+  const uint64_t minimum = StreamingMinimumBytes(**model, DType::kBF16, long_mb, 2, true);
+  ASSERT_GT(minimum, static_cast<uint64_t>((*model)->num_params()) * 2);
+  EXPECT_EQ(AutoDeviceBudgetBytes(**model, DType::kBF16, long_mb, o), minimum);
+}
+
 TEST(Planner, RejectsZeroBudgetAndMissingNvmePath) {
   auto model = models::GptModel::Create(*models::GptPreset("tiny"));
   PlacementOptions o;

@@ -1,0 +1,213 @@
+#include "tools/train_setup.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+
+#include "base/units.h"
+#include "engine/engine.h"
+#include "engine/planner.h"
+#include "io/io_backend.h"
+#include "tools/device_select.h"
+#include "tools/model_spec.h"
+
+namespace strata::tools {
+namespace {
+
+TEST(TrainSetup, DefaultFlagsBecomeTheEngineOptions) {
+  const TrainFlags f;
+  auto o = TrainOptionsFromFlags(f, {});
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->engine.precision, DType::kBF16);
+  EXPECT_EQ(o->engine.micro_batch.batch_size, 1);
+  EXPECT_EQ(o->engine.micro_batch.seq_len, 64);
+  EXPECT_EQ(o->engine.grad_accum_steps, 8);
+  EXPECT_FLOAT_EQ(o->engine.grad_clip_norm, 1.0f);
+  EXPECT_EQ(o->engine.seed, 1337u);
+  EXPECT_TRUE(o->engine.overlap);
+  EXPECT_EQ(o->engine.placement.param_home, engine::ParamHome::kNvme);
+  EXPECT_EQ(o->engine.placement.optimizer_home, engine::OptimizerHome::kNvme);
+  EXPECT_EQ(o->engine.placement.nvme_paths, std::vector<std::string>{"."});
+  EXPECT_EQ(o->engine.placement.streaming_slots, 0);
+  EXPECT_EQ(o->engine.placement.ranks, 1);
+  EXPECT_FALSE(o->engine.placement.data_parallel);
+  EXPECT_EQ(o->engine.io.kind, io::BackendKind::kAuto);
+  EXPECT_EQ(o->engine.io.block_size_bytes, size_t{1} << 20);
+  EXPECT_EQ(o->engine.io.queue_depth, 32);
+  EXPECT_EQ(o->engine.io.posix_threads, 4);
+  EXPECT_TRUE(o->auto_device_budget);
+  EXPECT_EQ(o->engine.placement.device_budget_bytes, 0u);  // until ResolveDeviceBudget
+  EXPECT_EQ(o->engine.comm, nullptr);
+  EXPECT_EQ(o->engine.trace, nullptr);
+}
+
+TEST(TrainSetup, FlagsReachTheirOptionStruct) {
+  TrainFlags f;
+  f.precision = "fp16";
+  f.device_budget = "64MiB";
+  f.prefetch_depth = 2;
+  f.offload_params = "host";
+  f.offload_optimizer = "host";
+  f.io_backend = "posix";
+  f.io_block_size = "8KiB";
+  f.io_queue_depth = 1;
+  f.io_threads = 1;
+  f.no_overlap = true;
+  f.copy_bandwidth = 25e9;
+  f.tensorboard_dir = "/tmp/tb";
+  f.fp16_hysteresis = 2;
+  auto o = TrainOptionsFromFlags(f, {});
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->engine.precision, DType::kF16);
+  EXPECT_FALSE(o->auto_device_budget);
+  EXPECT_EQ(o->engine.placement.device_budget_bytes, 64 * kMiB);
+  EXPECT_EQ(o->engine.placement.streaming_slots, 3);
+  EXPECT_EQ(o->engine.placement.param_home, engine::ParamHome::kHost);
+  EXPECT_EQ(o->engine.io.kind, io::BackendKind::kPosix);
+  EXPECT_EQ(o->engine.io.block_size_bytes, 8 * kKiB);
+  EXPECT_EQ(o->engine.io.queue_depth, 1);
+  EXPECT_EQ(o->engine.io.posix_threads, 1);
+  EXPECT_FALSE(o->engine.overlap);
+  EXPECT_EQ(o->engine.loss_scaler.hysteresis, 2);
+  EXPECT_DOUBLE_EQ(o->device.host.copy_bytes_per_second, 25e9);
+  EXPECT_EQ(o->metrics.tensorboard_dir, "/tmp/tb");
+}
+
+// The I/O flags are checked by io::ValidateIoBackendOptions alone: its message, after the flag.
+TEST(TrainSetup, BadIoRangesAreRefusedByTheIoLibraryNamingTheFlag) {
+  struct Case {
+    std::string flag;
+    void (*set)(TrainFlags*);
+    void (*set_io)(io::IoBackendOptions*);
+  };
+  const Case cases[] = {
+      {"--io-queue-depth", [](TrainFlags* f) { f->io_queue_depth = 0; },
+       [](io::IoBackendOptions* o) { o->queue_depth = 0; }},
+      {"--io-queue-depth", [](TrainFlags* f) { f->io_queue_depth = 4097; },
+       [](io::IoBackendOptions* o) { o->queue_depth = 4097; }},
+      {"--io-block-size", [](TrainFlags* f) { f->io_block_size = "1000"; },
+       [](io::IoBackendOptions* o) { o->block_size_bytes = 1000; }},
+      {"--io-block-size", [](TrainFlags* f) { f->io_block_size = "2GiB"; },
+       [](io::IoBackendOptions* o) { o->block_size_bytes = size_t{2} << 30; }},
+      {"--io-threads", [](TrainFlags* f) { f->io_threads = 300; },
+       [](io::IoBackendOptions* o) { o->posix_threads = 300; }},
+  };
+  for (const Case& c : cases) {
+    TrainFlags f;
+    c.set(&f);
+    io::IoBackendOptions io;
+    c.set_io(&io);
+    const Status expected = io::ValidateIoBackendOptions(io);
+    ASSERT_FALSE(expected.ok()) << c.flag;
+    auto o = TrainOptionsFromFlags(f, {});
+    ASSERT_FALSE(o.ok()) << c.flag;
+    EXPECT_EQ(o.status().code(), StatusCode::kInvalidArgument) << c.flag;
+    EXPECT_EQ(o.status().message(), c.flag + ": " + expected.message());
+  }
+  TrainFlags unparsable;
+  unparsable.io_block_size = "12XB";
+  auto o = TrainOptionsFromFlags(unparsable, {});
+  ASSERT_FALSE(o.ok());
+  EXPECT_EQ(o.status().message().rfind("--io-block-size: ", 0), 0u) << o.status().message();
+  TrainFlags memory;
+  memory.io_backend = "memory";
+  EXPECT_EQ(TrainOptionsFromFlags(memory, {}).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(TrainSetup, RanksDeriveAccumulationStepsAndOnlyRankZeroWritesOutputs) {
+  TrainFlags f;
+  f.micro_batch_size = 2;
+  f.global_batch_size = 16;
+  f.summary_json = "/tmp/s.json";
+  f.trace = "/tmp/t.json";
+  f.metrics_jsonl = "/tmp/m.jsonl";
+  f.nvme_paths = {"/nvme/{rank}", "/nvme{local_rank}"};
+  const RankInfo rank1{.ranks = 2, .rank = 1, .local_rank = 3, .data_parallel = true};
+  auto o = TrainOptionsFromFlags(f, rank1);
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->flags.grad_accum_steps, 4);  // 16 / (2 x 2 ranks)
+  EXPECT_EQ(o->engine.grad_accum_steps, 4);
+  EXPECT_TRUE(o->flags.summary_json.empty());
+  EXPECT_TRUE(o->flags.trace.empty());
+  EXPECT_TRUE(o->metrics.jsonl_path.empty());
+  EXPECT_EQ(o->engine.placement.nvme_paths, (std::vector<std::string>{"/nvme/1", "/nvme3"}));
+  EXPECT_EQ(o->engine.placement.ranks, 2);
+  EXPECT_EQ(o->engine.placement.rank, 1);
+  EXPECT_TRUE(o->engine.placement.data_parallel);
+  EXPECT_EQ(o->device.cuda_device_ordinal, 3);
+
+  auto rank0 = TrainOptionsFromFlags(f, {.ranks = 2, .rank = 0, .data_parallel = true});
+  ASSERT_TRUE(rank0.ok());
+  EXPECT_EQ(rank0->flags.summary_json, "/tmp/s.json");
+
+  f.global_batch_size = 6;  // not a multiple of 2 x 2
+  auto bad = TrainOptionsFromFlags(f, rank1);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("--global-batch-size 6"), std::string::npos);
+}
+
+TEST(TrainSetup, FlagsForTheOtherKindOfDeviceAreRefusedBeforeAnyDeviceIsLookedFor) {
+  TrainFlags tf32_on_host;
+  tf32_on_host.device = "host";
+  tf32_on_host.tf32 = true;
+  EXPECT_NE(TrainOptionsFromFlags(tf32_on_host, {}).status().message().find("--tf32"),
+            std::string::npos);
+  TrainFlags throttled_gpu;
+  throttled_gpu.device = "cuda";
+  throttled_gpu.copy_bandwidth = 1e9;
+  EXPECT_NE(TrainOptionsFromFlags(throttled_gpu, {}).status().message().find("--copy-bandwidth"),
+            std::string::npos);
+  TrainFlags unknown;
+  unknown.device = "tpu";
+  EXPECT_EQ(TrainOptionsFromFlags(unknown, {}).status().code(), StatusCode::kInvalidArgument);
+  TrainFlags zero_budget;
+  zero_budget.device_budget = "0";
+  EXPECT_NE(TrainOptionsFromFlags(zero_budget, {}).status().message().find("--device-budget"),
+            std::string::npos);
+}
+
+// The plan printed before the engine is created is the plan the engine makes.
+TEST(TrainSetup, PrintedPlanIsTheEnginesPlan) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("strata_train_setup_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  for (const std::string offload : {"nvme", "host"}) {
+    TrainFlags f;
+    f.model = "tiny";
+    f.seq_len = 16;
+    f.grad_accum_steps = 2;
+    f.offload_params = offload;
+    f.offload_optimizer = offload;
+    f.nvme_paths = {dir.string()};
+    f.io_backend = "posix";
+    auto o = TrainOptionsFromFlags(f, {});
+    ASSERT_TRUE(o.ok()) << o.status().ToString();
+    auto spec = ResolveModelSpec(f.model, f.model_dir);
+    ASSERT_TRUE(spec.ok());
+    auto model = BuildModel(*spec, /*load_weights=*/true);
+    ASSERT_TRUE(model.ok());
+    ResolveDeviceBudget(**model, &*o);
+    EXPECT_EQ(o->engine.placement.device_budget_bytes,
+              engine::AutoDeviceBudgetBytes(**model, DType::kBF16, {1, 16}, o->engine.placement));
+    auto plan = MakeTrainPlan(**model, o->engine);
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    auto device = CreateDeviceFromFlag("host", {});
+    ASSERT_TRUE(device.ok());
+    auto e = engine::Engine::Create(model->get(), device->get(), o->engine);
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    EXPECT_EQ(plan->Describe(), (*e)->plan().Describe()) << offload;
+    EXPECT_TRUE(CheckSamePlan(*plan, (*e)->plan()).ok());
+    // Another budget makes another plan, and the check says so.
+    o->engine.placement.device_budget_bytes =
+        engine::AllResidentBytes(**model, DType::kBF16, {1, 16});
+    auto other = MakeTrainPlan(**model, o->engine);
+    ASSERT_TRUE(other.ok());
+    ASSERT_NE(other->Describe(), plan->Describe());
+    EXPECT_EQ(CheckSamePlan(*other, (*e)->plan()).code(), StatusCode::kInternal);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace strata::tools

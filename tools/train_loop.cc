@@ -1,0 +1,374 @@
+#include "tools/train_loop.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "base/units.h"
+#include "engine/text_dataset.h"
+#include "engine/tokenizer.h"
+#include "tools/checkpoint_commands.h"
+#include "tools/lr_schedule.h"
+#include "tools/progress.h"
+
+namespace strata::tools {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+StatusOr<float> Evaluate(engine::Engine& e, const engine::Dataset& data, const TrainFlags& f) {
+  std::vector<int32_t> tokens, targets;
+  double sum = 0;
+  for (int i = 0; i < f.eval_batches; ++i) {
+    data.ValBatch(i, f.eval_batches, f.micro_batch_size, f.seq_len, &tokens, &targets);
+    STRATA_ASSIGN_OR_RETURN(float loss,
+                            e.EvaluateLoss({tokens, targets}, {f.micro_batch_size, f.seq_len}));
+    sum += loss;
+  }
+  return static_cast<float>(sum / f.eval_batches);
+}
+
+// The first context of a sample: a newline, as a byte or through the tokenizer (its BOS when it
+// has one).
+StatusOr<std::vector<int32_t>> SampleContext(const engine::Tokenizer* tokenizer) {
+  if (!tokenizer) return engine::TextDataset::Encode("\n");
+  if (tokenizer->bos_id() >= 0) return std::vector<int32_t>{tokenizer->bos_id()};
+  return tokenizer->Encode("\n");
+}
+
+// One token drawn from softmax(logits / temperature).
+int32_t DrawToken(const std::vector<float>& logits, double temperature, std::mt19937_64& rng) {
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  double maxv = -INFINITY;
+  for (float l : logits) maxv = std::max<double>(maxv, l);
+  std::vector<double> p(logits.size());
+  double z = 0;
+  for (size_t i = 0; i < p.size(); ++i) z += p[i] = std::exp((logits[i] - maxv) / temperature);
+  double r = uniform(rng) * z;
+  size_t tok = 0;
+  while (tok + 1 < p.size() && r >= p[tok]) r -= p[tok++];
+  return static_cast<int32_t>(tok);
+}
+
+// A text sample of about f.sample_bytes bytes: byte-level tokens, or decoded by the tokenizer.
+StatusOr<std::string> Sample(engine::Engine& e, const TrainFlags& f, std::mt19937_64& rng,
+                             const engine::Tokenizer* tokenizer) {
+  STRATA_ASSIGN_OR_RETURN(std::vector<int32_t> context, SampleContext(tokenizer));
+  std::vector<int32_t> sampled;
+  std::string out;
+  const double temperature = 0.8;
+  while (static_cast<int64_t>(out.size()) < f.sample_bytes) {
+    const size_t keep = std::min<size_t>(context.size(), f.seq_len);
+    STRATA_ASSIGN_OR_RETURN(auto logits, e.NextTokenLogits(std::span(context).last(keep)));
+    const int32_t tok = DrawToken(logits, temperature, rng);
+    context.push_back(tok);
+    if (tokenizer) {
+      if (tok == tokenizer->eos_id()) break;
+      sampled.push_back(tok);
+      STRATA_ASSIGN_OR_RETURN(out, tokenizer->Decode(sampled));
+    } else {
+      out.push_back(static_cast<char>(tok));
+    }
+  }
+  return out;
+}
+
+std::string Printable(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s) out += (c == '\n' || c == '\t' || (c >= 32 && c < 127)) ? char(c) : '?';
+  return out;
+}
+
+StepReport CountersReport(const engine::EngineCounters& c) {
+  return {.bytes_h2d = c.bytes_h2d,
+          .bytes_d2h = c.bytes_d2h,
+          .nvme_bytes_read = c.nvme_bytes_read,
+          .nvme_bytes_written = c.nvme_bytes_written};
+}
+
+ProgressOptions ProgressOptionsFor(const TrainFlags& f, int64_t tokens_per_step,
+                                   const engine::EngineCounters& start) {
+  ProgressOptions p;
+  p.mode = ProgressModeFor(::isatty(STDOUT_FILENO), ::isatty(STDERR_FILENO));
+  p.total_steps = f.steps;
+  p.log_every = f.log_every;
+  p.tokens_per_step = tokens_per_step;
+  p.start = CountersReport(start);
+  return p;
+}
+
+// The steps from start_step on, and what follows the last one. One per run.
+class TrainLoop {
+ public:
+  TrainLoop(const TrainLoopInputs& in, int64_t start_step, std::mt19937_64 data_rng);
+  StatusOr<TrainOutcome> Run();
+
+ private:
+  // Runs fn (a Step, or the Flush that ends the update a Step left running) as training time.
+  template <typename Fn>
+  auto Timed(Fn&& fn);
+  Status Flush();  // the update a Step left running, as training time
+  void SampleBatches();
+  Status Step(int64_t step);
+  void PrintBreakdownLine(int64_t step);
+  Status EvaluateAt(int64_t step);
+  Status SaveCheckpointAt(int64_t step);
+  Status Finish();
+  Status FinalEvaluationAndSample();
+  void PrintTimeLines();
+
+  const TrainOptions& o_;
+  const TrainFlags& f_;
+  const TrainLoopInputs in_;
+  engine::Engine& engine_;
+  const engine::Dataset& data_;
+  std::mt19937_64 data_rng_;
+  // Over every rank: the global batch.
+  const int64_t tokens_per_step_;
+  std::vector<std::vector<int32_t>> toks_, tgts_;
+  std::vector<engine::MicroBatch> batches_;
+  std::vector<int32_t> skip_toks_, skip_tgts_;
+  TrainOutcome out_;
+  const Clock::time_point t_train_;
+  double eval_seconds_ = 0;
+  trace::Breakdown parts_at_breakdown_;  // --config wall_clock_breakdown: at the last time line
+  double step_seconds_at_breakdown_ = 0;
+  // Ends its live line with a newline on every way out of Run, errors included.
+  ProgressLine progress_;
+  TrainMetrics metrics_;
+};
+
+TrainLoop::TrainLoop(const TrainLoopInputs& in, int64_t start_step, std::mt19937_64 data_rng)
+    : o_(*in.options),
+      f_(in.options->flags),
+      in_(in),
+      engine_(*in.engine),
+      data_(*in.data->dataset),
+      data_rng_(std::move(data_rng)),
+      tokens_per_step_(int64_t{f_.micro_batch_size} * f_.seq_len * f_.grad_accum_steps *
+                       o_.ranks.ranks),
+      toks_(f_.grad_accum_steps),
+      tgts_(f_.grad_accum_steps),
+      batches_(f_.grad_accum_steps),
+      t_train_(Clock::now()),
+      progress_(ProgressOptionsFor(f_, tokens_per_step_, engine_.counters()), stdout, stderr),
+      metrics_(in.metrics, {engine_.counters(), {}, 0}) {
+  out_.start_step = start_step;
+  out_.loss_first = out_.loss_last = out_.val_loss = NAN;
+}
+
+template <typename Fn>
+auto TrainLoop::Timed(Fn&& fn) {
+  const trace::Breakdown before = in_.recorder->breakdown();
+  const auto t0 = Clock::now();
+  auto result = fn();
+  out_.step_seconds += SecondsSince(t0);
+  const trace::Breakdown after = in_.recorder->breakdown();
+  for (int i = 0; i < trace::kNumCategories; ++i) {
+    out_.parts.seconds[i] += after.seconds[i] - before.seconds[i];
+  }
+  return result;
+}
+
+Status TrainLoop::Flush() {
+  return Timed([&] { return engine_.Flush(); });
+}
+
+// The global batch is ranks x A micro-batches drawn in one order whatever the number of ranks;
+// rank r trains on micro-batches r*A .. r*A + A - 1 of it (a disjoint share), and every rank's
+// data_rng advances alike.
+void TrainLoop::SampleBatches() {
+  const int accum = f_.grad_accum_steps;
+  for (int k = 0; k < o_.ranks.ranks * accum; ++k) {
+    const int i = k - o_.ranks.rank * accum;
+    if (i >= 0 && i < accum) {
+      data_.SampleTrainBatch(data_rng_, f_.micro_batch_size, f_.seq_len, &toks_[i], &tgts_[i]);
+      batches_[i] = {toks_[i], tgts_[i]};
+    } else {
+      data_.SampleTrainBatch(data_rng_, f_.micro_batch_size, f_.seq_len, &skip_toks_, &skip_tgts_);
+    }
+  }
+}
+
+Status TrainLoop::Step(int64_t step) {
+  SampleBatches();
+  // DeepSpeed's schedulers do not advance on a skipped (overflowed) step; Strata's cosine runs
+  // by step number.
+  const LrSchedule& schedule = o_.schedule;
+  const bool deepspeed_schedule =
+      schedule.kind != LrScheduleKind::kCosine && schedule.kind != LrScheduleKind::kConstant;
+  const float lr = static_cast<float>(
+      LearningRateAt(schedule, deepspeed_schedule ? step - engine_.skipped_steps() : step));
+  engine_.SetLearningRate(lr);
+  STRATA_ASSIGN_OR_RETURN(auto r, Timed([&] { return engine_.Step(batches_); }));
+  if (step == out_.start_step) out_.loss_first = r.loss;
+  out_.loss_last = r.loss;
+  out_.skipped += r.skipped;
+  STRATA_RETURN_IF_ERROR(metrics_.RecordStep(step + 1, r, lr, tokens_per_step_,
+                                             {engine_.counters(), out_.parts, out_.step_seconds}));
+  StepReport report = CountersReport(engine_.counters());
+  report.step = step + 1;
+  report.loss = r.loss;
+  report.grad_norm = r.grad_norm;
+  report.lr = lr;
+  report.skipped = r.skipped;
+  progress_.Update(report);
+  return Status::Ok();
+}
+
+// DeepSpeed's wall_clock_breakdown: busy seconds per part since the last such line.
+void TrainLoop::PrintBreakdownLine(int64_t step) {
+  const auto pause = progress_.Suspend();
+  std::string line;
+  for (int i = 0; i < trace::kNumCategories; ++i) {
+    const auto cat = static_cast<trace::Category>(i);
+    if (cat == trace::Category::kOther) continue;
+    line += fmt::format("{}{} {:.3f}", line.empty() ? "" : ", ", trace::CategoryName(cat),
+                        out_.parts.seconds[i] - parts_at_breakdown_.seconds[i]);
+  }
+  std::printf("time  step %5lld | %s s; step %.3f s\n", static_cast<long long>(step + 1),
+              line.c_str(), out_.step_seconds - step_seconds_at_breakdown_);
+  std::fflush(stdout);
+  parts_at_breakdown_ = out_.parts;
+  step_seconds_at_breakdown_ = out_.step_seconds;
+}
+
+Status TrainLoop::EvaluateAt(int64_t step) {
+  const auto pause = progress_.Suspend();
+  STRATA_RETURN_IF_ERROR(Flush());
+  const auto t0 = Clock::now();
+  STRATA_ASSIGN_OR_RETURN(float v, Evaluate(engine_, data_, f_));
+  eval_seconds_ += SecondsSince(t0);
+  std::printf("step %5lld | val loss %.4f\n", static_cast<long long>(step + 1), v);
+  return metrics_.RecordEvaluation(step + 1, v, engine_.counters());
+}
+
+Status TrainLoop::SaveCheckpointAt(int64_t step) {
+  const auto pause = progress_.Suspend();  // SaveTraining prints the checkpoint line
+  STRATA_RETURN_IF_ERROR(Flush());
+  STRATA_ASSIGN_OR_RETURN(
+      out_.last_checkpoint,
+      SaveTraining(engine_, f_.checkpoint,
+                   {step + 1, (step + 1) * tokens_per_step_, &data_rng_,
+                    LrScheduleJson(o_.schedule, step + 1), ModelSpecJson(*in_.spec)}));
+  return Status::Ok();
+}
+
+StatusOr<TrainOutcome> TrainLoop::Run() {
+  const CheckpointFlags& ckpt = f_.checkpoint;
+  for (int64_t step = out_.start_step; step < f_.steps; ++step) {
+    STRATA_RETURN_IF_ERROR(Step(step));
+    const bool last = step + 1 == f_.steps;
+    if (f_.wall_clock_breakdown && f_.log_every > 0 && ((step + 1) % f_.log_every == 0 || last)) {
+      PrintBreakdownLine(step);
+    }
+    if (f_.eval_every > 0 && (step + 1) % f_.eval_every == 0 && !last) {
+      STRATA_RETURN_IF_ERROR(EvaluateAt(step));
+    }
+    const bool periodic = ckpt.save_every > 0 && (step + 1) % ckpt.save_every == 0;
+    const bool stopping = StopSignal() != 0;
+    if (!ckpt.save_dir.empty() && (periodic || last || (stopping && ckpt.save_on_signal))) {
+      STRATA_RETURN_IF_ERROR(SaveCheckpointAt(step));
+    }
+    if (stopping) {
+      return CancelledError(fmt::format(
+          "stopped by signal {} after step {}; {}", StopSignal(), step + 1,
+          !out_.last_checkpoint.empty()
+              ? "last checkpoint: " + out_.last_checkpoint
+              : std::string("no checkpoint saved (use --save-dir with --save-on-signal)")));
+    }
+  }
+  STRATA_RETURN_IF_ERROR(Finish());
+  return out_;
+}
+
+Status TrainLoop::Finish() {
+  progress_.Finish();
+  STRATA_RETURN_IF_ERROR(Flush());  // the last step's update
+  out_.train_seconds = SecondsSince(t_train_) - eval_seconds_;
+  out_.counters = engine_.counters();
+  STRATA_RETURN_IF_ERROR(FinalEvaluationAndSample());
+  out_.tokens_per_second = static_cast<double>(tokens_per_step_ * (f_.steps - out_.start_step)) /
+                           std::max(out_.train_seconds, 1e-9);
+  PrintTimeLines();
+  if (!f_.trace.empty()) {
+    STRATA_RETURN_IF_ERROR(in_.recorder->WriteChromeTrace(f_.trace));
+    std::printf("trace: %s (%zu events; open in https://ui.perfetto.dev or chrome://tracing)\n",
+                f_.trace.c_str(), in_.recorder->num_events());
+  }
+  std::printf(
+      "done: %lld steps in %.1f s, %.0f tokens/s, %lld skipped; device peak %s of %s; "
+      "master weights xxh3 %016llx\n",
+      static_cast<long long>(f_.steps), out_.train_seconds, out_.tokens_per_second,
+      static_cast<long long>(out_.skipped), FormatBytes(out_.counters.device_peak_bytes).c_str(),
+      FormatBytes(engine_.plan().device_budget_bytes).c_str(),
+      static_cast<unsigned long long>(out_.master_hash));
+  return Status::Ok();
+}
+
+Status TrainLoop::FinalEvaluationAndSample() {
+  const engine::TrainingData& training_data = *in_.data;
+  if (f_.eval_every > 0) {
+    STRATA_ASSIGN_OR_RETURN(out_.val_loss, Evaluate(engine_, data_, f_));
+    STRATA_RETURN_IF_ERROR(metrics_.RecordEvaluation(f_.steps, out_.val_loss, engine_.counters()));
+    std::printf("validation loss %.4f nats/%s (uniform is %.2f)\n", out_.val_loss,
+                training_data.byte_level ? "byte" : "token",
+                std::log(static_cast<double>(in_.model->vocab_size())));
+  }
+  STRATA_ASSIGN_OR_RETURN(out_.master_hash, engine_.MasterWeightsXxh3());
+  if (f_.sample_bytes > 0 && (training_data.byte_level || training_data.tokenizer)) {
+    std::mt19937_64 sample_rng(f_.seed ^ 0x5a3b1eull);
+    STRATA_ASSIGN_OR_RETURN(std::string text,
+                            Sample(engine_, f_, sample_rng, training_data.tokenizer.get()));
+    std::printf("sample:\n%s\n", Printable(text).c_str());
+  }
+  return Status::Ok();
+}
+
+void TrainLoop::PrintTimeLines() {
+  std::string parts_line;
+  for (int i = 0; i < trace::kNumCategories; ++i) {
+    const auto c = static_cast<trace::Category>(i);
+    if (c == trace::Category::kOther) continue;
+    parts_line += fmt::format("{}{} {:.2f} s", parts_line.empty() ? "" : ", ",
+                              trace::CategoryName(c), out_.parts.seconds[i]);
+  }
+  std::printf("time in steps %.2f s: %s; overlap efficiency %.2f (largest part / step time)\n",
+              out_.step_seconds, parts_line.c_str(),
+              OverlapEfficiency(out_.parts, out_.step_seconds));
+}
+
+}  // namespace
+
+double OverlapEfficiency(const trace::Breakdown& parts, double step_seconds) {
+  double largest_part = 0;
+  for (int i = 0; i < trace::kNumCategories; ++i) {
+    if (static_cast<trace::Category>(i) == trace::Category::kOther) continue;
+    largest_part = std::max(largest_part, parts.seconds[i]);
+  }
+  return step_seconds > 0 ? largest_part / step_seconds : 0.0;
+}
+
+StatusOr<TrainOutcome> RunTrainLoop(const TrainLoopInputs& in) {
+  std::mt19937_64 data_rng(in.options->flags.seed ^ 0x5eedda7aull);
+  int64_t start_step = 0;
+  if (!in.options->flags.checkpoint.resume.empty()) {
+    STRATA_ASSIGN_OR_RETURN(start_step,
+                            ResumeTraining(*in.engine, in.options->flags.checkpoint, &data_rng));
+  }
+  InstallStopSignalHandlers();
+  TrainLoop loop(in, start_step, std::move(data_rng));
+  return loop.Run();
+}
+
+}  // namespace strata::tools

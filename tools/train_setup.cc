@@ -1,0 +1,295 @@
+#include "tools/train_setup.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "base/dtype.h"
+#include "base/units.h"
+#include "io/io_backend.h"
+#include "tools/optimizer_flags.h"
+
+namespace strata::tools {
+namespace {
+
+// `path` with {rank} and {local_rank} replaced.
+std::string RankPath(std::string path, const RankInfo& ranks) {
+  for (const auto& [key, value] : {std::pair<std::string, int>{"{rank}", ranks.rank},
+                                   std::pair<std::string, int>{"{local_rank}", ranks.local_rank}}) {
+    for (size_t at; (at = path.find(key)) != std::string::npos;) {
+      path.replace(at, key.size(), std::to_string(value));
+    }
+  }
+  return path;
+}
+
+// What the ranks change in the flags (TrainOptions::flags).
+Status ApplyRanks(const RankInfo& ranks, TrainFlags* f) {
+  if (f->global_batch_size > 0) {
+    const int per_step = f->micro_batch_size * ranks.ranks;
+    if (f->global_batch_size % per_step != 0) {
+      return InvalidArgumentError(fmt::format(
+          "--global-batch-size {} is not a multiple of micro-batch size {} x {} rank{}: pick a "
+          "multiple of {}",
+          f->global_batch_size, f->micro_batch_size, ranks.ranks, ranks.ranks == 1 ? "" : "s",
+          per_step));
+    }
+    f->grad_accum_steps = f->global_batch_size / per_step;
+  }
+  if (ranks.rank != 0) {
+    // Rank 0 alone writes the metrics.
+    f->tensorboard_dir.clear();
+    f->metrics_jsonl.clear();
+    f->metrics_csv_dir.clear();
+    f->summary_json.clear();
+    f->trace.clear();
+  }
+  for (auto& p : f->nvme_paths) p = RankPath(p, ranks);
+  return Status::Ok();
+}
+
+// Each I/O flag is checked on its own through io::ValidateIoBackendOptions (the other fields at
+// their valid defaults), so that the error names the flag that gave the bad value.
+Status ValidateIoFlags(const io::IoBackendOptions& io) {
+  io::IoBackendOptions queue_depth, block_size, threads;
+  queue_depth.queue_depth = io.queue_depth;
+  block_size.block_size_bytes = io.block_size_bytes;
+  threads.posix_threads = io.posix_threads;
+  for (const auto& [flag, one] :
+       {std::pair{"--io-queue-depth", queue_depth}, std::pair{"--io-block-size", block_size},
+        std::pair{"--io-threads", threads}}) {
+    const Status s = io::ValidateIoBackendOptions(one);
+    if (!s.ok()) return s.WithContext(flag);
+  }
+  return io::ValidateIoBackendOptions(io);
+}
+
+StatusOr<io::IoBackendOptions> IoOptionsFromFlags(const TrainFlags& f) {
+  io::IoBackendOptions io;
+  STRATA_ASSIGN_OR_RETURN(io.kind, io::ParseBackendKind(f.io_backend));
+  if (io.kind == io::BackendKind::kMemory) {
+    return InvalidArgumentError("--io-backend memory is for tests; use auto, uring or posix");
+  }
+  io.queue_depth = f.io_queue_depth;
+  io.posix_threads = f.io_threads;
+  auto block_size = ParseSize(f.io_block_size);
+  if (!block_size.ok()) return block_size.status().WithContext("--io-block-size");
+  io.block_size_bytes = *block_size;
+  STRATA_RETURN_IF_ERROR(ValidateIoFlags(io));
+  return io;
+}
+
+// The flags that only one kind of device takes: --copy-bandwidth emulates a bus on the host
+// backend, --tf32 selects a GPU's tensor cores. Checked against --device before a GPU is looked
+// for (so the message is the same on machines with and without one), and against the device
+// found for --device auto.
+Status CheckFlagsForDevice(const TrainFlags& f, bool on_gpu, bool on_host) {
+  if (on_gpu && f.copy_bandwidth > 0) {
+    return InvalidArgumentError(
+        "--copy-bandwidth throttles the host backend's emulated copies; a GPU copies at the speed "
+        "of its bus. Drop the flag, or add --device host");
+  }
+  if (on_host && f.tf32) {
+    return InvalidArgumentError(
+        "--tf32 selects the GPU's TF32 tensor cores; the host backend computes in fp32. Drop the "
+        "flag, or train on a GPU (--device cuda)");
+  }
+  return Status::Ok();
+}
+
+Status CheckDeviceFlags(const TrainFlags& f) {
+  if (f.device != "auto" && f.device != "host" && f.device != "cuda") {
+    return InvalidArgumentError(
+        fmt::format("--device '{}' is not one of auto, host, cuda", f.device));
+  }
+  return CheckFlagsForDevice(f, f.device == "cuda", f.device == "host");
+}
+
+StatusOr<engine::PlacementOptions> PlacementFromFlags(const TrainFlags& f, const RankInfo& ranks) {
+  engine::PlacementOptions p;
+  STRATA_ASSIGN_OR_RETURN(p.param_home, engine::ParseParamHome(f.offload_params));
+  STRATA_ASSIGN_OR_RETURN(p.optimizer_home, engine::ParseOptimizerHome(f.offload_optimizer));
+  p.streaming_slots = f.prefetch_depth > 0 ? f.prefetch_depth + 1 : 0;
+  p.host_grad_buckets = f.grad_buckets;
+  p.optimizer_buffers = f.optimizer_buffers;
+  p.offload_activations = f.offload_activations;
+  p.nvme_paths = f.nvme_paths.empty() ? std::vector<std::string>{"."} : f.nvme_paths;
+  p.ranks = ranks.ranks;
+  p.rank = ranks.rank;
+  p.data_parallel = ranks.data_parallel;
+  return p;
+}
+
+// 0 for auto (ResolveDeviceBudget sets it once the model is known).
+StatusOr<uint64_t> DeviceBudgetFromFlag(const std::string& flag) {
+  if (flag == "auto") return uint64_t{0};
+  STRATA_ASSIGN_OR_RETURN(uint64_t bytes, ParseSize(flag));
+  if (bytes == 0) {
+    return InvalidArgumentError(
+        fmt::format("--device-budget '{}' is zero; give a size such as 64MiB", flag));
+  }
+  return bytes;
+}
+
+engine::LossScalerOptions LossScalerFromFlags(const TrainFlags& f) {
+  engine::LossScalerOptions s;
+  s.dynamic = f.fp16_dynamic_loss_scale;
+  s.initial_scale = static_cast<float>(f.fp16_initial_scale);
+  s.growth_interval = f.fp16_scale_window;
+  s.min_scale = static_cast<float>(f.fp16_min_scale);
+  s.hysteresis = f.fp16_hysteresis;
+  s.consecutive_hysteresis = f.fp16_consecutive_hysteresis;
+  return s;
+}
+
+// Everything but the I/O options, the placement, trace and comm.
+StatusOr<engine::EngineOptions> EngineOptionsFromFlags(const TrainFlags& f) {
+  engine::EngineOptions o;
+  STRATA_ASSIGN_OR_RETURN(o.precision, ParseDType(f.precision));
+  o.micro_batch = {f.micro_batch_size, f.seq_len};
+  o.grad_accum_steps = f.grad_accum_steps;
+  o.loss_scaler = LossScalerFromFlags(f);
+  o.grad_clip_norm = static_cast<float>(f.grad_clip);
+  o.seed = f.seed;
+  o.overlap = !f.no_overlap;
+  o.eager_update = f.eager_update;
+  return o;
+}
+
+MetricsOptions MetricsFromFlags(const TrainFlags& f) {
+  MetricsOptions m;
+  m.tensorboard_dir = f.tensorboard_dir;
+  m.jsonl_path = f.metrics_jsonl;
+  m.csv_dir = f.metrics_csv_dir;
+  return m;
+}
+
+// The data options: --data resolved, and the model's tokenizer.model for text when the model is
+// not byte-level and no --tokenizer is given.
+engine::TrainingDataOptions DataOptions(const TrainFlags& f, const ModelSpec& spec,
+                                        const engine::Model& model) {
+  engine::TrainingDataOptions d;
+  for (const auto& path : f.data) {
+    std::error_code ec;
+    // The default also works from outside the source tree.
+    const bool from_source_dir = !std::filesystem::exists(path, ec) && path == TrainFlags{}.data[0];
+    d.data.push_back(from_source_dir ? std::string(STRATA_SOURCE_DIR) + "/" + path : path);
+  }
+  d.val_data = f.val_data;
+  d.tokenizer = f.tokenizer;
+  if (d.tokenizer.empty() && !spec.byte_level()) {
+    for (const auto& file : spec.tokenizer_files) {
+      if (std::filesystem::path(file).filename() == "tokenizer.model") d.tokenizer = file;
+    }
+  }
+  d.seq_len = f.seq_len;
+  d.vocab_size = model.vocab_size();
+  return d;
+}
+
+}  // namespace
+
+RankInfo RankInfoOf(const comm::Communicator* world) {
+  if (!world) return {};
+  return {world->world_size(), world->rank(), world->local_rank(), /*data_parallel=*/true};
+}
+
+StatusOr<TrainOptions> TrainOptionsFromFlags(const TrainFlags& flags, const RankInfo& ranks) {
+  TrainOptions o;
+  o.flags = flags;
+  o.ranks = ranks;
+  TrainFlags& f = o.flags;
+  STRATA_RETURN_IF_ERROR(ApplyRanks(ranks, &f));
+  STRATA_ASSIGN_OR_RETURN(o.engine, EngineOptionsFromFlags(f));
+  STRATA_ASSIGN_OR_RETURN(o.engine.placement, PlacementFromFlags(f, ranks));
+  STRATA_ASSIGN_OR_RETURN(o.engine.io, IoOptionsFromFlags(f));
+  STRATA_ASSIGN_OR_RETURN(o.schedule, MakeLrSchedule(f));
+  STRATA_RETURN_IF_ERROR(CheckDeviceFlags(f));
+  if (f.checkpoint.resume == "latest" && f.checkpoint.save_dir.empty()) {
+    return InvalidArgumentError("--resume latest needs --save-dir (the directory with 'latest')");
+  }
+  STRATA_ASSIGN_OR_RETURN(o.engine.optimizer, BuildOptimizer(f));
+  STRATA_ASSIGN_OR_RETURN(o.engine.placement.device_budget_bytes,
+                          DeviceBudgetFromFlag(f.device_budget));
+  o.auto_device_budget = f.device_budget == "auto";
+  o.metrics = MetricsFromFlags(f);
+  o.device.host.copy_bytes_per_second = f.copy_bandwidth;
+  o.device.cuda_device_ordinal = ranks.local_rank;  // one process per GPU
+  return o;
+}
+
+StatusOr<TrainInputs> OpenModelAndData(const TrainOptions& options) {
+  const TrainFlags& f = options.flags;
+  TrainInputs in;
+  STRATA_ASSIGN_OR_RETURN(in.spec, ResolveModelSpec(f.model, f.model_dir));
+  STRATA_ASSIGN_OR_RETURN(in.model, BuildModel(in.spec, /*load_weights=*/true, f.tf32));
+  if (f.seq_len > in.model->max_seq_len()) {
+    return InvalidArgumentError(fmt::format("--seq-len {} exceeds the model's context of {}",
+                                            f.seq_len, in.model->max_seq_len()));
+  }
+  const engine::TrainingDataOptions data_options = DataOptions(f, in.spec, *in.model);
+  if (!f.tokenizer.empty()) {
+    in.spec.tokenizer_files.push_back(std::filesystem::absolute(f.tokenizer).string());
+  }
+  STRATA_ASSIGN_OR_RETURN(in.data, engine::OpenTrainingData(data_options));
+  return in;
+}
+
+void ResolveDeviceBudget(const engine::Model& model, TrainOptions* options) {
+  if (!options->auto_device_budget) return;
+  engine::EngineOptions& o = options->engine;
+  o.placement.device_budget_bytes =
+      engine::AutoDeviceBudgetBytes(model, o.precision, o.micro_batch, o.placement);
+}
+
+StatusOr<TrainDevice> CreateTrainDevice(comm::Communicator* world, trace::TraceRecorder* trace,
+                                        TrainOptions* options) {
+  const TrainFlags& f = options->flags;
+  DeviceSelectOptions select = options->device;
+  select.host.trace = trace;
+  TrainDevice d;
+  STRATA_ASSIGN_OR_RETURN(d.device, CreateDeviceFromFlag(f.device, select));
+  // The collectives: MPI on the host backend, NCCL (bootstrapped over MPI) on a GPU.
+  if (world) {
+    options->engine.comm = world;
+    if (d.device->kind() == gpu::DeviceKind::kCuda) {
+      comm::CommOptions co;
+      co.timeout_seconds = f.comm_timeout;
+      co.cuda_device_ordinal = world->local_rank();
+      STRATA_ASSIGN_OR_RETURN(d.nccl, comm::CreateNcclCommunicator(*world, co));
+      options->engine.comm = d.nccl.get();
+    }
+  }
+  // --device auto: the flags that only one kind of device takes, against the one found.
+  const bool on_host = d.device->kind() == gpu::DeviceKind::kHost;
+  STRATA_RETURN_IF_ERROR(CheckFlagsForDevice(f, !on_host, on_host));
+  return d;
+}
+
+StatusOr<engine::Plan> MakeTrainPlan(const engine::Model& model,
+                                     const engine::EngineOptions& options) {
+  // As Engine::Create: the placement's ranks come from the communicator, which TrainOptions
+  // already set from the same job.
+  engine::PlacementOptions placement = options.placement;
+  if (options.comm) {
+    placement.ranks = options.comm->world_size();
+    placement.rank = options.comm->rank();
+    placement.data_parallel = true;
+  }
+  return engine::MakePlan(
+      model, options.precision, options.micro_batch, placement,
+      engine::PlanOptimizer{options.optimizer, std::max(1, options.grad_accum_steps)});
+}
+
+Status CheckSamePlan(const engine::Plan& printed, const engine::Plan& engine_plan) {
+  const std::string a = printed.Describe(), b = engine_plan.Describe();
+  if (a == b) return Status::Ok();
+  return InternalError(
+      fmt::format("the engine made another plan than the one printed:\n{}engine's:\n{}", a, b));
+}
+
+}  // namespace strata::tools

@@ -1,0 +1,100 @@
+// `strata train` before anything is allocated: the flags (after --config) turned into option
+// structs in one place, then the model's shapes and the data, the device budget, the device and
+// the plan. The training loop (tools/train_loop.h) reads these and no flag parsing of its own.
+//
+// Order of a run (tools/train_command.cc): TrainOptionsFromFlags (flags only, no file read) ->
+// MetricsWriter::Create -> OpenModelAndData -> ResolveDeviceBudget -> CreateTrainDevice ->
+// MakeTrainPlan (printed) -> engine::Engine::Create (allocates, pins and initialises) ->
+// CheckSamePlan. The plan is printed from the model's shapes alone, before the engine spends
+// minutes initialising a large model.
+//
+// Thread-safety: plain functions on values the caller owns; call them from one thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "base/status.h"
+#include "comm/communicator.h"
+#include "engine/dataset.h"
+#include "engine/engine.h"
+#include "engine/planner.h"
+#include "gpu/device.h"
+#include "tools/device_select.h"
+#include "tools/lr_schedule.h"
+#include "tools/metrics.h"
+#include "tools/model_spec.h"
+#include "tools/train_command.h"
+
+namespace strata::tools {
+
+// Where this process stands in a data-parallel job; the defaults are a process of its own.
+struct RankInfo {
+  int ranks = 1;
+  int rank = 0;
+  int local_rank = 0;          // {local_rank} in --nvme-path; the CUDA device ordinal
+  bool data_parallel = false;  // launched by mpirun: the engine gets a communicator
+};
+RankInfo RankInfoOf(const comm::Communicator* world);  // world may be null
+
+// Every option struct of a run, from the flags.
+struct TrainOptions {
+  // The flags as given, except: grad_accum_steps derived from --global-batch-size when given;
+  // {rank} and {local_rank} in --nvme-path replaced; on ranks other than 0 the output paths
+  // (--summary-json, --trace, the metrics) cleared, since rank 0 alone writes them.
+  TrainFlags flags;
+  RankInfo ranks;
+  LrSchedule schedule;
+  MetricsOptions metrics;
+  // Everything but trace and comm (set by the caller and CreateTrainDevice); placement.ranks,
+  // rank and data_parallel as Engine::Create sets them from the communicator.
+  // placement.device_budget_bytes is 0 until ResolveDeviceBudget when auto_device_budget.
+  engine::EngineOptions engine;
+  bool auto_device_budget = false;  // --device-budget auto
+  // --copy-bandwidth and the CUDA ordinal (local rank: one process per GPU); trace unset.
+  DeviceSelectOptions device;
+};
+
+// Flags -> options; reads no file and allocates nothing. I/O options are checked by
+// io::ValidateIoBackendOptions alone, its message prefixed by the flag that gave the value.
+// Errors: kInvalidArgument with one line naming the flag (--global-batch-size that does not
+// divide, --precision, --offload-*, --io-*, --lr-schedule, --device, --copy-bandwidth or --tf32
+// against --device, --resume latest without --save-dir, --optimizer, --device-budget).
+StatusOr<TrainOptions> TrainOptionsFromFlags(const TrainFlags& flags, const RankInfo& ranks);
+
+// The model (shapes; a --model-dir's weights are read at Engine::Create) and the training data.
+struct TrainInputs {
+  ModelSpec spec;  // with --tokenizer appended to its tokenizer files (for checkpoints)
+  std::unique_ptr<engine::Model> model;
+  engine::TrainingData data;
+};
+// Errors: the model spec's and the data's (files, tokenizer), and kInvalidArgument for a
+// --seq-len beyond the model's context.
+StatusOr<TrainInputs> OpenModelAndData(const TrainOptions& options);
+
+// --device-budget auto: engine::AutoDeviceBudgetBytes of the model and the placement; a no-op
+// for a budget given in bytes.
+void ResolveDeviceBudget(const engine::Model& model, TrainOptions* options);
+
+// The device and, on a GPU in a data-parallel job, the NCCL communicator bootstrapped over
+// `world` (which options->engine.comm then points at; `world` itself on the host backend).
+// Both must outlive the engine. trace: not owned, outlives the device; may be null.
+struct TrainDevice {
+  std::unique_ptr<gpu::Device> device;
+  std::unique_ptr<comm::Communicator> nccl;
+};
+// Errors: CreateDeviceFromFlag's, NCCL's, and kInvalidArgument for --copy-bandwidth on a GPU or
+// --tf32 on the host backend.
+StatusOr<TrainDevice> CreateTrainDevice(comm::Communicator* world, trace::TraceRecorder* trace,
+                                        TrainOptions* options);
+
+// The plan Engine::Create will make from the same options: engine::MakePlan with the placement
+// (ranks set as Engine::Create sets them), the micro-batch, the optimizer and the accumulation
+// steps. Shapes only; allocates nothing. Errors: MakePlan's.
+StatusOr<engine::Plan> MakeTrainPlan(const engine::Model& model,
+                                     const engine::EngineOptions& options);
+
+// kInternal when the engine's plan is not the one printed (a broken invariant: same inputs).
+Status CheckSamePlan(const engine::Plan& printed, const engine::Plan& engine_plan);
+
+}  // namespace strata::tools
