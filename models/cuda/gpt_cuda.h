@@ -4,8 +4,8 @@
 //
 // This header is plain C++ (no CUDA headers), so models/gpt.cc includes it in every
 // build; the scratch sizes (gpt_cuda_layout.h) are always available, the block functions are
-// defined only when the binary has the CUDA backend (STRATA_HAVE_CUDA). The per-op
-// kernels behind them are in models/cuda/gpt_cuda.cuh.
+// defined only when the binary has the CUDA backend (STRATA_HAVE_CUDA). The ops behind
+// them are the CUDA ops library, models/ops/cuda/ops.cuh.
 //
 // Conventions for every block function:
 //   - `stream` is a CUDA backend stream (gpu::NativeStream STRATA_CHECKs it); all work

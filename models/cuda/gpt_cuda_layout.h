@@ -18,14 +18,15 @@
 #include <vector>
 
 #include "models/gpt_kernels.h"
+#include "models/ops/cuda/partials.h"
 
 namespace strata::models::cuda {
 
 inline constexpr int64_t kScratchAlign = 256;
-// Rows per partial sum of the LayerNorm parameter gradients (two-pass column reduction).
-inline constexpr int64_t kLnRowsPerPartial = 64;
-
-inline int64_t LnPartials(int64_t N) { return (N + kLnRowsPerPartial - 1) / kLnRowsPerPartial; }
+// Rows per partial sum of the LayerNorm parameter gradients and column sums (the ops' two-pass
+// column reduction, models/ops/cuda/partials.h).
+using ops::cuda::kLnRowsPerPartial;
+using ops::cuda::LnPartials;
 
 // [offset, offset + bytes) of a buffer.
 struct Region {

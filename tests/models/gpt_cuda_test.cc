@@ -1,4 +1,5 @@
-// The GPT's CUDA blocks (models/cuda/gpt_cuda.h) and fused attention (gpt_cuda.cuh) in fp32,
+// The GPT's CUDA blocks (models/cuda/gpt_cuda.h) and its ops (models/ops/cuda/ops.cuh: the
+// fused attention in the GPT's case Hkv = H over the fused qkv, row stride 3C) in fp32,
 // bf16 and fp16, on random data with odd shapes:
 //   - against the host kernels of the same storage type (models/gpt_kernels.h, which round at
 //     the same points): the only differences are summation orders and the GPU's expf/tanhf,
@@ -32,16 +33,38 @@
 #include "base/dtype.h"
 #include "engine/model.h"
 #include "gpu/cuda/cuda_native.h"
-#include "models/cuda/gpt_cuda.cuh"
 #include "models/cuda/gpt_cuda_layout.h"
 #include "models/gpt.h"
 #include "models/gpt_kernels.h"
+#include "models/ops/cuda/ops.cuh"
 #include "tests/gpu/cuda_test_util.h"
 #include "tests/models/gpt_model_run.h"
 #include "tests/models/gpt_test_model.h"
 
 namespace strata::models {
 namespace {
+
+using ops::cuda::AttentionPath;
+
+// The attention op in the GPT's case: q, k, v the column blocks of qkv (B, T, 3C), Hkv = H heads
+// of C / H, row stride 3C; out (B, T, C); dqkv (B, T, 3C).
+ops::AttentionDims GptAttentionDims(int B, int T, int C, int H) {
+  return {B, T, H, H, C / H, 3 * int64_t{C}};
+}
+template <typename D>
+Status GptAttentionForward(cudaStream_t cs, const D* qkv, int B, int T, int C, int H, D* out,
+                           float* lse, AttentionPath path = AttentionPath::kAuto) {
+  return ops::cuda::LaunchAttentionForward(cs, GptAttentionDims(B, T, C, H), qkv, qkv + C,
+                                           qkv + 2 * C, out, lse, path);
+}
+template <typename D>
+Status GptAttentionBackward(cudaStream_t cs, const D* qkv, const D* out, const D* dout,
+                            const float* lse, int B, int T, int C, int H, float* delta, D* dqkv,
+                            AttentionPath path = AttentionPath::kAuto) {
+  return ops::cuda::LaunchAttentionBackward(cs, GptAttentionDims(B, T, C, H), qkv, qkv + C,
+                                            qkv + 2 * C, out, dout, lse, delta, dqkv, dqkv + C,
+                                            dqkv + 2 * C, path);
+}
 
 // Unit roundoff of a storage type: 2^-24 (fp32), 2^-11 (fp16), 2^-8 (bf16).
 template <typename S>
@@ -267,13 +290,13 @@ TYPED_TEST(GptCudaTypedTest, AttentionMatchesANaiveDoubleReferenceForHeadDims8To
     const gpu::DeviceSpan dq1 = this->Poisoned(N * 3 * C * sizeof(S));
     const gpu::DeviceSpan dq2 = this->Poisoned(N * 3 * C * sizeof(S));
     cudaStream_t cs = gpu::NativeStream(*this->stream_);
-    ASSERT_TRUE(models::cuda::LaunchAttentionForward(cs, this->DevPtr(qd), c.B, c.T, C, c.H,
-                                                     this->DevPtr(od), lse.as<float>())
+    ASSERT_TRUE(GptAttentionForward(cs, this->DevPtr(qd), c.B, c.T, C, c.H, this->DevPtr(od),
+                                    lse.as<float>())
                     .ok());
     for (const gpu::DeviceSpan& dq : {dq1, dq2}) {
-      ASSERT_TRUE(models::cuda::LaunchAttentionBackward(cs, this->DevPtr(qd), this->DevPtr(od),
-                                                        this->DevPtr(gd), lse.as<float>(), c.B, c.T,
-                                                        C, c.H, delta.as<float>(), this->DevPtr(dq))
+      ASSERT_TRUE(GptAttentionBackward(cs, this->DevPtr(qd), this->DevPtr(od), this->DevPtr(gd),
+                                       lse.as<float>(), c.B, c.T, C, c.H, delta.as<float>(),
+                                       this->DevPtr(dq))
                       .ok());
     }
     this->Sync();
@@ -324,7 +347,6 @@ void ExpectLseWithin(const std::vector<float>& got, const std::vector<double>& r
 
 TYPED_TEST(GptCudaTensorCoreAttentionTest, MatchesTheCudaCoreKernelsAndDoubleAndIsDeterministic) {
   using S = TypeParam;
-  using cuda::AttentionPath;
   const double u = UnitRoundoff<S>();
   const int B = 2, H = 2;
   for (const int hs : {64, 128}) {
@@ -344,12 +366,12 @@ TYPED_TEST(GptCudaTensorCoreAttentionTest, MatchesTheCudaCoreKernelsAndDoubleAnd
            {AttentionPath::kTensorCores, AttentionPath::kTensorCores, AttentionPath::kCudaCores}) {
         AttnRun r{this->Poisoned(N * C * sizeof(S)), this->Poisoned(NH * 4), this->Poisoned(NH * 4),
                   this->Poisoned(N * 3 * C * sizeof(S))};
-        ASSERT_TRUE(cuda::LaunchAttentionForward(cs, this->DevPtr(qd), B, T, C, H,
-                                                 this->DevPtr(r.out), r.lse.as<float>(), path)
+        ASSERT_TRUE(GptAttentionForward(cs, this->DevPtr(qd), B, T, C, H, this->DevPtr(r.out),
+                                        r.lse.as<float>(), path)
                         .ok());
-        ASSERT_TRUE(cuda::LaunchAttentionBackward(cs, this->DevPtr(qd), this->DevPtr(r.out),
-                                                  this->DevPtr(gd), r.lse.as<float>(), B, T, C, H,
-                                                  r.delta.as<float>(), this->DevPtr(r.dqkv), path)
+        ASSERT_TRUE(GptAttentionBackward(cs, this->DevPtr(qd), this->DevPtr(r.out),
+                                         this->DevPtr(gd), r.lse.as<float>(), B, T, C, H,
+                                         r.delta.as<float>(), this->DevPtr(r.dqkv), path)
                         .ok());
         runs.push_back(r);
       }
@@ -773,33 +795,33 @@ TEST_F(GptCudaDeathTest, TokenOrTargetOutsideTheVocabularyTrapsOnTheDevice) {
 
 TEST(GptCudaArguments, OpLaunchersRejectBadArgumentsBeforeLaunching) {
   float dummy = 0;
-  EXPECT_EQ(cuda::LaunchLayerNormForward<float>(nullptr, nullptr, &dummy, &dummy, 3, 4, &dummy,
-                                                &dummy, &dummy)
+  EXPECT_EQ(ops::cuda::LaunchLayerNormForward<float>(nullptr, nullptr, &dummy, &dummy, 3, 4, &dummy,
+                                                     &dummy, &dummy)
                 .code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(cuda::LaunchMeanLoss(nullptr, &dummy, 0, &dummy).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(
-      cuda::LaunchAttentionForward<float>(nullptr, &dummy, 1, 4, 258, 2, &dummy, &dummy).code(),
-      StatusCode::kInvalidArgument)
+  EXPECT_EQ(ops::cuda::LaunchMeanLoss(nullptr, &dummy, 0, &dummy).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(GptAttentionForward<float>(nullptr, &dummy, 1, 4, 258, 2, &dummy, &dummy).code(),
+            StatusCode::kInvalidArgument)
       << "head dim 129 is past the kernels' 128";
-  EXPECT_EQ(cuda::LaunchAttentionForward<float>(nullptr, &dummy, 1, 4, 128, 2, &dummy, &dummy,
-                                                cuda::AttentionPath::kTensorCores)
+  EXPECT_EQ(GptAttentionForward<float>(nullptr, &dummy, 1, 4, 128, 2, &dummy, &dummy,
+                                       AttentionPath::kTensorCores)
                 .code(),
             StatusCode::kInvalidArgument)
       << "fp32 has no tensor-core attention";
   alignas(16) __nv_bfloat16 bf[16] = {};
-  EXPECT_EQ(cuda::LaunchAttentionForward<__nv_bfloat16>(nullptr, bf, 1, 4, 64, 2, bf, &dummy,
-                                                        cuda::AttentionPath::kTensorCores)
+  EXPECT_EQ(GptAttentionForward<__nv_bfloat16>(nullptr, bf, 1, 4, 64, 2, bf, &dummy,
+                                               AttentionPath::kTensorCores)
                 .code(),
             StatusCode::kInvalidArgument)
       << "head dim 32 has no tensor-core attention";
-  EXPECT_EQ(cuda::LaunchAttentionForward<__nv_bfloat16>(nullptr, bf + 1, 1, 4, 128, 2, bf, &dummy,
-                                                        cuda::AttentionPath::kTensorCores)
+  EXPECT_EQ(GptAttentionForward<__nv_bfloat16>(nullptr, bf + 1, 1, 4, 128, 2, bf, &dummy,
+                                               AttentionPath::kTensorCores)
                 .code(),
             StatusCode::kInvalidArgument)
       << "the tensor-core path needs 16-byte aligned buffers";
-  EXPECT_TRUE(cuda::LaunchLayerNormForward<float>(nullptr, nullptr, nullptr, nullptr, 0, 4, nullptr,
-                                                  nullptr, nullptr)
+  EXPECT_TRUE(ops::cuda::LaunchLayerNormForward<float>(nullptr, nullptr, nullptr, nullptr, 0, 4,
+                                                       nullptr, nullptr, nullptr)
                   .ok())
       << "nothing to do";
 }

@@ -1,4 +1,5 @@
-// Device helpers shared by the CUDA files of models/ (models/cuda/, models/ops/cuda/; internal).
+// Device helpers shared by the CUDA ops of models/ops/cuda/ and the CUDA blocks of models/cuda/
+// (internal: included only by .cu files).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -12,7 +13,7 @@
 #include "base/status.h"
 #include "gpu/cuda/cuda_status.h"
 
-namespace strata::models::cuda::internal {
+namespace strata::models::ops::cuda::internal {
 
 constexpr int kWarp = 32;
 constexpr int64_t kMaxGrid = 65535;
@@ -69,6 +70,22 @@ T* At(void* scratch, const Region& r) {
   return reinterpret_cast<T*>(static_cast<char*>(scratch) + r.offset);
 }
 
+// rows >= 0 and a row width C >= 1.
+inline Status CheckRows(const char* op, int64_t rows, int64_t C) {
+  if (rows < 0 || C < 1) {
+    return InvalidArgumentError(std::string(op) + ": need rows >= 0 and C >= 1");
+  }
+  return Status::Ok();
+}
+
+// Grid-stride loops: one warp per row (kWarp lanes each), one thread per index.
+#define STRATA_FOR_EACH_WARP_ROW(row, rows)                                                  \
+  for (int64_t row = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / kWarp; row < (rows); \
+       row += int64_t{gridDim.x} * blockDim.x / kWarp)
+#define STRATA_FOR_EACH_INDEX(i, n)                                         \
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < (n); \
+       i += int64_t{gridDim.x} * blockDim.x)
+
 inline Status CheckSizes(const char* op, std::initializer_list<int64_t> sizes) {
   for (int64_t s : sizes) {
     if (s < 0) return InvalidArgumentError(std::string(op) + ": a size is negative");
@@ -114,4 +131,4 @@ __device__ __forceinline__ void CheckTokenOnDevice(int32_t token, int V) {
   if (token < 0 || token >= V) __trap();
 }
 
-}  // namespace strata::models::cuda::internal
+}  // namespace strata::models::ops::cuda::internal
