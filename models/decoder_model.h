@@ -71,6 +71,44 @@ struct BlockArgs {
   void* scratch = nullptr;
 };
 
+// Declares, inside a family struct, the functions of the interface above that DecoderModel
+// calls (the configuration accessors and kName are the family's own); the family's .cc defines
+// them (the CUDA ones only with STRATA_HAVE_CUDA).
+#define STRATA_DECODER_FAMILY_FUNCTIONS()                                             \
+  std::vector<std::vector<int64_t>> TensorShapes(DecoderBlock kind, int layer) const; \
+  int64_t NumParams(DecoderBlock kind) const;                                         \
+  void Init(DecoderBlock kind, int layer, uint64_t seed, float* out) const;           \
+  template <typename S>                                                               \
+  int64_t HostScratchBytes(DecoderBlock kind, int B, int T) const;                    \
+  template <typename S>                                                               \
+  int64_t CudaScratchBytes(DecoderBlock kind, int B, int T) const;                    \
+  template <typename S>                                                               \
+  void HostEmbeddingForward(const BlockArgs<S>& a) const;                             \
+  template <typename S>                                                               \
+  void HostLayerForward(const BlockArgs<S>& a) const;                                 \
+  template <typename S>                                                               \
+  float HostHeadForward(const BlockArgs<S>& a) const;                                 \
+  template <typename S>                                                               \
+  void HostEmbeddingBackward(const BlockArgs<S>& a) const;                            \
+  template <typename S>                                                               \
+  void HostLayerBackward(const BlockArgs<S>& a) const;                                \
+  template <typename S>                                                               \
+  void HostHeadBackward(const BlockArgs<S>& a) const;                                 \
+  Status CudaSupports() const;                                                        \
+  Status CudaPrepareStream(gpu::Stream& stream) const;                                \
+  template <typename S>                                                               \
+  Status CudaEmbeddingForward(const BlockArgs<S>& a, gpu::Stream& stream) const;      \
+  template <typename S>                                                               \
+  Status CudaLayerForward(const BlockArgs<S>& a, gpu::Stream& stream) const;          \
+  template <typename S>                                                               \
+  Status CudaHeadForward(const BlockArgs<S>& a, gpu::Stream& stream) const;           \
+  template <typename S>                                                               \
+  Status CudaEmbeddingBackward(const BlockArgs<S>& a, gpu::Stream& stream) const;     \
+  template <typename S>                                                               \
+  Status CudaLayerBackward(const BlockArgs<S>& a, gpu::Stream& stream) const;         \
+  template <typename S>                                                               \
+  Status CudaHeadBackward(const BlockArgs<S>& a, gpu::Stream& stream) const;
+
 template <typename Family>
 class DecoderModel : public engine::Model {
  public:

@@ -76,11 +76,11 @@ int64_t GptFamily::NumParams(DecoderBlock kind) const {
 void GptFamily::Init(DecoderBlock kind, int layer, uint64_t seed, float* out) const {
   switch (kind) {
     case DecoderBlock::kEmbedding:
-      return InitEmbeddingParams(shape, seed, out);
+      return InitGptEmbeddingParams(shape, seed, out);
     case DecoderBlock::kHead:
-      return InitHeadParams(shape, seed, out);
+      return InitGptHeadParams(shape, seed, out);
     case DecoderBlock::kLayer:
-      return InitLayerParams(shape, layer, seed, out);
+      return InitGptLayerParams(shape, layer, seed, out);
   }
 }
 
@@ -88,54 +88,54 @@ template <typename S>
 int64_t GptFamily::HostScratchBytes(DecoderBlock kind, int B, int T) const {
   switch (kind) {
     case DecoderBlock::kEmbedding:
-      return EmbeddingScratchBytes<S>(shape, B, T);
+      return GptEmbeddingScratchBytes<S>(shape, B, T);
     case DecoderBlock::kHead:
-      return HeadScratchBytes<S>(shape, B, T);
+      return GptHeadScratchBytes<S>(shape, B, T);
     case DecoderBlock::kLayer:
       break;
   }
-  return LayerScratchBytes<S>(shape, B, T);
+  return GptLayerScratchBytes<S>(shape, B, T);
 }
 
 template <typename S>
 int64_t GptFamily::CudaScratchBytes(DecoderBlock kind, int B, int T) const {
   switch (kind) {
     case DecoderBlock::kEmbedding:
-      return cuda::CudaEmbeddingScratchBytes<S>(shape, B, T);
+      return cuda::GptCudaEmbeddingScratchBytes<S>(shape, B, T);
     case DecoderBlock::kHead:
-      return cuda::CudaHeadScratchBytes<S>(shape, B, T);
+      return cuda::GptCudaHeadScratchBytes<S>(shape, B, T);
     case DecoderBlock::kLayer:
       break;
   }
-  return cuda::CudaLayerScratchBytes<S>(shape, B, T);
+  return cuda::GptCudaLayerScratchBytes<S>(shape, B, T);
 }
 
 // The host blocks (gpt_kernels.h).
 template <typename S>
 void GptFamily::HostEmbeddingForward(const BlockArgs<S>& a) const {
-  EmbeddingForward<S>(shape, a.params, a.tokens, a.B, a.T, a.x_out);
+  GptEmbeddingForward<S>(shape, a.params, a.tokens, a.B, a.T, a.x_out);
 }
 template <typename S>
 void GptFamily::HostLayerForward(const BlockArgs<S>& a) const {
-  LayerForward<S>(shape, a.params, a.x_in, a.x_out, a.B, a.T, a.scratch);
+  GptLayerForward<S>(shape, a.params, a.x_in, a.x_out, a.B, a.T, a.scratch);
 }
 template <typename S>
 float GptFamily::HostHeadForward(const BlockArgs<S>& a) const {
-  return HeadForward<S>(shape, a.params, a.x_in, a.targets, a.B, a.T, a.logits, a.scratch,
-                        a.tied_params);
+  return GptHeadForward<S>(shape, a.params, a.x_in, a.targets, a.B, a.T, a.logits, a.scratch,
+                           a.tied_params);
 }
 template <typename S>
 void GptFamily::HostEmbeddingBackward(const BlockArgs<S>& a) const {
-  EmbeddingBackward<S>(shape, a.tokens, a.dx_out, a.B, a.T, a.grads, a.scratch);
+  GptEmbeddingBackward<S>(shape, a.tokens, a.dx_out, a.B, a.T, a.grads, a.scratch);
 }
 template <typename S>
 void GptFamily::HostLayerBackward(const BlockArgs<S>& a) const {
-  LayerBackward<S>(shape, a.params, a.x_in, a.dx_out, a.dx_in, a.grads, a.B, a.T, a.scratch);
+  GptLayerBackward<S>(shape, a.params, a.x_in, a.dx_out, a.dx_in, a.grads, a.B, a.T, a.scratch);
 }
 template <typename S>
 void GptFamily::HostHeadBackward(const BlockArgs<S>& a) const {
-  HeadBackward<S>(shape, a.params, a.x_in, a.targets, a.dloss, a.B, a.T, a.dx_in, a.grads,
-                  a.scratch, a.tied_params, a.tied_grads);
+  GptHeadBackward<S>(shape, a.params, a.x_in, a.targets, a.dloss, a.B, a.T, a.dx_in, a.grads,
+                     a.scratch, a.tied_params, a.tied_grads);
 }
 
 #ifdef STRATA_HAVE_CUDA
@@ -150,40 +150,40 @@ Status GptFamily::CudaSupports() const {
 }
 
 Status GptFamily::CudaPrepareStream(gpu::Stream& stream) const {
-  return cuda::CudaPrepareStream(stream);
+  return cuda::GptCudaPrepareStream(stream);
 }
 
 // The CUDA blocks (models/cuda/gpt_cuda.h).
 template <typename S>
 Status GptFamily::CudaEmbeddingForward(const BlockArgs<S>& a, gpu::Stream& stream) const {
-  return cuda::CudaEmbeddingForward<S>(shape, stream, a.params, a.tokens, a.B, a.T, a.x_out);
+  return cuda::GptCudaEmbeddingForward<S>(shape, stream, a.params, a.tokens, a.B, a.T, a.x_out);
 }
 template <typename S>
 Status GptFamily::CudaLayerForward(const BlockArgs<S>& a, gpu::Stream& stream) const {
-  return cuda::CudaLayerForward<S>(shape, stream, a.params, a.x_in, a.x_out, a.B, a.T, a.scratch,
-                                   {.allow_tf32 = options.allow_tf32});
+  return cuda::GptCudaLayerForward<S>(shape, stream, a.params, a.x_in, a.x_out, a.B, a.T, a.scratch,
+                                      {.allow_tf32 = options.allow_tf32});
 }
 template <typename S>
 Status GptFamily::CudaHeadForward(const BlockArgs<S>& a, gpu::Stream& stream) const {
-  return cuda::CudaHeadForward<S>(shape, stream, a.params, a.x_in, a.targets, a.B, a.T, a.logits,
-                                  a.scratch, a.loss, {.allow_tf32 = options.allow_tf32},
-                                  a.tied_params);
+  return cuda::GptCudaHeadForward<S>(shape, stream, a.params, a.x_in, a.targets, a.B, a.T, a.logits,
+                                     a.scratch, a.loss, {.allow_tf32 = options.allow_tf32},
+                                     a.tied_params);
 }
 template <typename S>
 Status GptFamily::CudaEmbeddingBackward(const BlockArgs<S>& a, gpu::Stream& stream) const {
-  return cuda::CudaEmbeddingBackward<S>(shape, stream, a.tokens, a.dx_out, a.B, a.T, a.grads,
-                                        a.scratch);
+  return cuda::GptCudaEmbeddingBackward<S>(shape, stream, a.tokens, a.dx_out, a.B, a.T, a.grads,
+                                           a.scratch);
 }
 template <typename S>
 Status GptFamily::CudaLayerBackward(const BlockArgs<S>& a, gpu::Stream& stream) const {
-  return cuda::CudaLayerBackward<S>(shape, stream, a.params, a.x_in, a.dx_out, a.dx_in, a.grads,
-                                    a.B, a.T, a.scratch, {.allow_tf32 = options.allow_tf32});
+  return cuda::GptCudaLayerBackward<S>(shape, stream, a.params, a.x_in, a.dx_out, a.dx_in, a.grads,
+                                       a.B, a.T, a.scratch, {.allow_tf32 = options.allow_tf32});
 }
 template <typename S>
 Status GptFamily::CudaHeadBackward(const BlockArgs<S>& a, gpu::Stream& stream) const {
-  return cuda::CudaHeadBackward<S>(shape, stream, a.params, a.x_in, a.targets, a.dloss, a.B, a.T,
-                                   a.dx_in, a.grads, a.scratch, {.allow_tf32 = options.allow_tf32},
-                                   a.tied_params, a.tied_grads);
+  return cuda::GptCudaHeadBackward<S>(
+      shape, stream, a.params, a.x_in, a.targets, a.dloss, a.B, a.T, a.dx_in, a.grads, a.scratch,
+      {.allow_tf32 = options.allow_tf32}, a.tied_params, a.tied_grads);
 }
 #endif
 

@@ -50,42 +50,7 @@ struct LlamaFamily {
   int max_seq_len() const { return config.max_seq_len; }
   int64_t channels() const { return config.hidden_size; }
   bool tie_embeddings() const { return config.tie_embeddings; }
-  std::vector<std::vector<int64_t>> TensorShapes(DecoderBlock kind, int layer) const;
-  int64_t NumParams(DecoderBlock kind) const;
-  void Init(DecoderBlock kind, int layer, uint64_t seed, float* out) const;
-  template <typename S>
-  int64_t HostScratchBytes(DecoderBlock kind, int B, int T) const;
-  template <typename S>
-  int64_t CudaScratchBytes(DecoderBlock kind, int B, int T) const;
-
-  template <typename S>
-  void HostEmbeddingForward(const BlockArgs<S>& a) const;
-  template <typename S>
-  void HostLayerForward(const BlockArgs<S>& a) const;
-  template <typename S>
-  float HostHeadForward(const BlockArgs<S>& a) const;
-  template <typename S>
-  void HostEmbeddingBackward(const BlockArgs<S>& a) const;
-  template <typename S>
-  void HostLayerBackward(const BlockArgs<S>& a) const;
-  template <typename S>
-  void HostHeadBackward(const BlockArgs<S>& a) const;
-
-  // The CUDA blocks (defined only with STRATA_HAVE_CUDA).
-  Status CudaSupports() const { return Status::Ok(); }
-  Status CudaPrepareStream(gpu::Stream& stream) const;
-  template <typename S>
-  Status CudaEmbeddingForward(const BlockArgs<S>& a, gpu::Stream& stream) const;
-  template <typename S>
-  Status CudaLayerForward(const BlockArgs<S>& a, gpu::Stream& stream) const;
-  template <typename S>
-  Status CudaHeadForward(const BlockArgs<S>& a, gpu::Stream& stream) const;
-  template <typename S>
-  Status CudaEmbeddingBackward(const BlockArgs<S>& a, gpu::Stream& stream) const;
-  template <typename S>
-  Status CudaLayerBackward(const BlockArgs<S>& a, gpu::Stream& stream) const;
-  template <typename S>
-  Status CudaHeadBackward(const BlockArgs<S>& a, gpu::Stream& stream) const;
+  STRATA_DECODER_FAMILY_FUNCTIONS()
 };
 
 extern template class DecoderModel<LlamaFamily>;

@@ -37,16 +37,7 @@ constexpr WeightLayout kInOut = WeightLayout::kInOut;
 StatusOr<cudaStream_t> Prepare(const char* what, const GptShape& s, gpu::Stream& stream, int B,
                                int T, const void* scratch) {
   STRATA_RETURN_IF_ERROR(ValidateShape(s));
-  if (B < 1 || T < 1 || T > s.max_seq_len) {
-    return InvalidArgumentError(
-        std::string(what) + ": need B >= 1 and 1 <= T <= max_seq_len, got B=" + std::to_string(B) +
-        " T=" + std::to_string(T) + " max_seq_len=" + std::to_string(s.max_seq_len));
-  }
-  if (reinterpret_cast<uintptr_t>(scratch) % 16 != 0) {
-    return InvalidArgumentError(std::string(what) + ": scratch must be 16-byte aligned");
-  }
-  STRATA_RETURN_IF_ERROR(gpu::CublasHandle(stream).status());  // also cudaSetDevice
-  return gpu::NativeStream(stream);
+  return oc::internal::PrepareBlockCall(what, stream, B, T, s.max_seq_len, scratch);
 }
 
 template <typename S>
@@ -69,7 +60,7 @@ template <typename S>
 struct LayerBuffers {
   S *ln1, *qkv, *att, *x2, *ln2, *h, *g, *dln;
   float *mean1, *rstd1, *mean2, *rstd2, *lse, *delta, *partials;
-  LayerBuffers(const CudaLayerScratchLayout& l, void* scratch)
+  LayerBuffers(const GptCudaLayerScratchLayout& l, void* scratch)
       : ln1(At<S>(scratch, l.ln1)),
         qkv(At<S>(scratch, l.qkv)),
         att(At<S>(scratch, l.att)),
@@ -113,54 +104,42 @@ Status LayerForwardInto(const GptShape& shape, cudaStream_t cs, const Products<S
 // The head's LayerNorm: lnf = D(LN(x)) with its statistics into the scratch.
 template <typename S>
 Status HeadLayerNorm(const GptShape& shape, cudaStream_t cs, const S* params, const S* x, int64_t N,
-                     const CudaHeadScratchLayout& l, void* scratch) {
+                     const GptCudaHeadScratchLayout& l, void* scratch) {
   const int64_t C = shape.channels;
   return oc::LaunchLayerNormForward(cs, D(x), D(params), D(params + C), N, C,
                                     D(At<S>(scratch, l.lnf)), At<float>(scratch, l.mean),
                                     At<float>(scratch, l.rstd));
 }
 
-// A tied head (shape.tie_embeddings) needs the embedding chunk (and, backward, its gradient);
-// an untied one takes neither.
-template <typename S>
-Status CheckTied(const char* what, const GptShape& shape, const S* tied_params, const S* tied_grads,
-                 bool backward) {
-  if (shape.tie_embeddings && (tied_params == nullptr || (backward && tied_grads == nullptr))) {
-    return InvalidArgumentError(std::string(what) +
-                                ": a tied head needs the embedding chunk and its gradient");
-  }
-  return Status::Ok();
-}
-
 // The chunked head's part of the head scratch.
 template <typename S>
-oc::HeadScratch<S> HeadScratchOf(const CudaHeadScratchLayout& l, void* scratch) {
+oc::HeadScratch<S> HeadScratchOf(const GptCudaHeadScratchLayout& l, void* scratch) {
   return {l.chunk_rows, At<S>(scratch, l.chunk), At<float>(scratch, l.losses),
           At<S>(scratch, l.lnf_last), At<void>(scratch, l.dwlm_acc)};
 }
 
 }  // namespace
 
-Status CudaPrepareStream(gpu::Stream& stream) { return oc::PrepareStream(stream); }
+Status GptCudaPrepareStream(gpu::Stream& stream) { return oc::PrepareStream(stream); }
 
 template <typename S>
-Status CudaEmbeddingForward(const GptShape& shape, gpu::Stream& stream, const S* params,
-                            const int32_t* tokens, int B, int T, S* x_out) {
+Status GptCudaEmbeddingForward(const GptShape& shape, gpu::Stream& stream, const S* params,
+                               const int32_t* tokens, int B, int T, S* x_out) {
   STRATA_ASSIGN_OR_RETURN(cudaStream_t cs,
-                          Prepare("CudaEmbeddingForward", shape, stream, B, T, nullptr));
-  STRATA_RETURN_IF_ERROR(CheckPointers("CudaEmbeddingForward", {params, tokens, x_out}));
+                          Prepare("GptCudaEmbeddingForward", shape, stream, B, T, nullptr));
+  STRATA_RETURN_IF_ERROR(CheckPointers("GptCudaEmbeddingForward", {params, tokens, x_out}));
   const int64_t C = shape.channels;
   return oc::LaunchEmbeddingForward(cs, D(params), D(params + int64_t{shape.vocab_size} * C),
                                     tokens, int64_t{B} * T, T, C, shape.vocab_size, D(x_out));
 }
 
 template <typename S>
-Status CudaEmbeddingBackward(const GptShape& shape, gpu::Stream& stream, const int32_t* tokens,
-                             const S* dx_out, int B, int T, S* dparams, void* scratch) {
+Status GptCudaEmbeddingBackward(const GptShape& shape, gpu::Stream& stream, const int32_t* tokens,
+                                const S* dx_out, int B, int T, S* dparams, void* scratch) {
   STRATA_ASSIGN_OR_RETURN(cudaStream_t cs,
-                          Prepare("CudaEmbeddingBackward", shape, stream, B, T, scratch));
+                          Prepare("GptCudaEmbeddingBackward", shape, stream, B, T, scratch));
   STRATA_RETURN_IF_ERROR(
-      CheckPointers("CudaEmbeddingBackward", {tokens, dx_out, dparams, scratch}));
+      CheckPointers("GptCudaEmbeddingBackward", {tokens, dx_out, dparams, scratch}));
   const CudaEmbeddingScratchLayout l = CudaEmbeddingScratchLayoutFor(shape, B, T);
   const int64_t C = shape.channels;
   return oc::LaunchEmbeddingBackward(
@@ -171,28 +150,28 @@ Status CudaEmbeddingBackward(const GptShape& shape, gpu::Stream& stream, const i
 }
 
 template <typename S>
-Status CudaLayerForward(const GptShape& shape, gpu::Stream& stream, const S* params, const S* x_in,
-                        S* x_out, int B, int T, void* scratch, const GptCudaOptions& options) {
+Status GptCudaLayerForward(const GptShape& shape, gpu::Stream& stream, const S* params,
+                           const S* x_in, S* x_out, int B, int T, void* scratch,
+                           const GptCudaOptions& options) {
   STRATA_ASSIGN_OR_RETURN(cudaStream_t cs,
-                          Prepare("CudaLayerForward", shape, stream, B, T, scratch));
-  STRATA_RETURN_IF_ERROR(CheckPointers("CudaLayerForward", {params, x_in, x_out, scratch}));
-  const LayerBuffers<S> w(CudaLayerScratchLayoutFor<S>(shape, B, T), scratch);
+                          Prepare("GptCudaLayerForward", shape, stream, B, T, scratch));
+  STRATA_RETURN_IF_ERROR(CheckPointers("GptCudaLayerForward", {params, x_in, x_out, scratch}));
+  const LayerBuffers<S> w(GptCudaLayerScratchLayoutFor<S>(shape, B, T), scratch);
   STRATA_ASSIGN_OR_RETURN(const auto mm, MakeProducts<S>(stream, cs, w.partials, options));
   const LayerParams<const S*> p(params, shape.channels);
   return LayerForwardInto<S>(shape, cs, mm, p, x_in, B, T, w, x_out);
 }
 
 template <typename S>
-Status CudaLayerBackward(const GptShape& shape, gpu::Stream& stream, const S* params, const S* x_in,
-                         const S* dx_out, S* dx_in, S* dparams, int B, int T, void* scratch,
-                         const GptCudaOptions& options) {
+Status GptCudaLayerBackward(const GptShape& shape, gpu::Stream& stream, const S* params,
+                            const S* x_in, const S* dx_out, S* dx_in, S* dparams, int B, int T,
+                            void* scratch, const GptCudaOptions& options) {
   STRATA_ASSIGN_OR_RETURN(cudaStream_t cs,
-                          Prepare("CudaLayerBackward", shape, stream, B, T, scratch));
+                          Prepare("GptCudaLayerBackward", shape, stream, B, T, scratch));
   STRATA_RETURN_IF_ERROR(
-      CheckPointers("CudaLayerBackward", {params, x_in, dx_out, dx_in, dparams, scratch}));
+      CheckPointers("GptCudaLayerBackward", {params, x_in, dx_out, dx_in, dparams, scratch}));
   const int64_t C = shape.channels, N = int64_t{B} * T;
-  const int H = shape.num_heads;
-  const LayerBuffers<S> w(CudaLayerScratchLayoutFor<S>(shape, B, T), scratch);
+  const LayerBuffers<S> w(GptCudaLayerScratchLayoutFor<S>(shape, B, T), scratch);
   STRATA_ASSIGN_OR_RETURN(const auto mm, MakeProducts<S>(stream, cs, w.partials, options));
   const LayerParams<const S*> p(params, C);
   const LayerParams<S*> dp(dparams, C);
@@ -236,17 +215,19 @@ Status CudaLayerBackward(const GptShape& shape, gpu::Stream& stream, const S* pa
 }
 
 template <typename S>
-Status CudaHeadForward(const GptShape& shape, gpu::Stream& stream, const S* params, const S* x_in,
-                       const int32_t* targets, int B, int T, S* logits, void* scratch, float* loss,
-                       const GptCudaOptions& options, const S* tied_params) {
+Status GptCudaHeadForward(const GptShape& shape, gpu::Stream& stream, const S* params,
+                          const S* x_in, const int32_t* targets, int B, int T, S* logits,
+                          void* scratch, float* loss, const GptCudaOptions& options,
+                          const S* tied_params) {
   STRATA_ASSIGN_OR_RETURN(cudaStream_t cs,
-                          Prepare("CudaHeadForward", shape, stream, B, T, scratch));
-  STRATA_RETURN_IF_ERROR(CheckPointers("CudaHeadForward", {params, x_in, logits, scratch}));
+                          Prepare("GptCudaHeadForward", shape, stream, B, T, scratch));
+  STRATA_RETURN_IF_ERROR(CheckPointers("GptCudaHeadForward", {params, x_in, logits, scratch}));
   const int64_t C = shape.channels, V = shape.vocab_size, N = int64_t{B} * T;
-  const CudaHeadScratchLayout l = CudaHeadScratchLayoutFor<S>(shape, B, T);
+  const GptCudaHeadScratchLayout l = GptCudaHeadScratchLayoutFor<S>(shape, B, T);
   STRATA_ASSIGN_OR_RETURN(const auto mm,
                           MakeProducts<S>(stream, cs, At<float>(scratch, l.ln_partials), options));
-  STRATA_RETURN_IF_ERROR(CheckTied<S>("CudaHeadForward", shape, tied_params, nullptr, false));
+  STRATA_RETURN_IF_ERROR(oc::internal::CheckTied("GptCudaHeadForward", shape.tie_embeddings,
+                                                 tied_params, nullptr, false));
   // Untied: Wlm (C, V) from the chunk; tied: wte (V, C), read transposed.
   const bool tied = shape.tie_embeddings;
   const S* wlm = tied ? tied_params : params + 2 * C;
@@ -257,23 +238,24 @@ Status CudaHeadForward(const GptShape& shape, gpu::Stream& stream, const S* para
 }
 
 template <typename S>
-Status CudaHeadBackward(const GptShape& shape, gpu::Stream& stream, const S* params, const S* x_in,
-                        const int32_t* targets, float dloss, int B, int T, S* dx_in, S* dparams,
-                        void* scratch, const GptCudaOptions& options, const S* tied_params,
-                        S* tied_grads) {
+Status GptCudaHeadBackward(const GptShape& shape, gpu::Stream& stream, const S* params,
+                           const S* x_in, const int32_t* targets, float dloss, int B, int T,
+                           S* dx_in, S* dparams, void* scratch, const GptCudaOptions& options,
+                           const S* tied_params, S* tied_grads) {
   STRATA_ASSIGN_OR_RETURN(cudaStream_t cs,
-                          Prepare("CudaHeadBackward", shape, stream, B, T, scratch));
+                          Prepare("GptCudaHeadBackward", shape, stream, B, T, scratch));
   STRATA_RETURN_IF_ERROR(
-      CheckPointers("CudaHeadBackward", {params, x_in, targets, dx_in, dparams, scratch}));
+      CheckPointers("GptCudaHeadBackward", {params, x_in, targets, dx_in, dparams, scratch}));
   const int64_t C = shape.channels, V = shape.vocab_size, N = int64_t{B} * T;
-  const CudaHeadScratchLayout l = CudaHeadScratchLayoutFor<S>(shape, B, T);
+  const GptCudaHeadScratchLayout l = GptCudaHeadScratchLayoutFor<S>(shape, B, T);
   float* partials = At<float>(scratch, l.ln_partials);
   STRATA_ASSIGN_OR_RETURN(const auto mm, MakeProducts<S>(stream, cs, partials, options));
   const float* mean = At<float>(scratch, l.mean);
   const float* rstd = At<float>(scratch, l.rstd);
   S* lnf = At<S>(scratch, l.lnf);
   S* dlnf = At<S>(scratch, l.dlnf);
-  STRATA_RETURN_IF_ERROR(CheckTied<S>("CudaHeadBackward", shape, tied_params, tied_grads, true));
+  STRATA_RETURN_IF_ERROR(oc::internal::CheckTied("GptCudaHeadBackward", shape.tie_embeddings,
+                                                 tied_params, tied_grads, true));
   // Untied: Wlm (C, V) and dWlm in the chunk; tied: wte (V, C) read transposed, dwte (V, C) into
   // the first V C elements of tied_grads, whose wpe part gets zeros.
   const bool tied = shape.tie_embeddings;
@@ -295,21 +277,22 @@ Status CudaHeadBackward(const GptShape& shape, gpu::Stream& stream, const S* par
                                      static_cast<const Dev<S>*>(nullptr), N, C, D(dx_in));
 }
 
-#define STRATA_INSTANTIATE_GPT_CUDA(S)                                                             \
-  template Status CudaEmbeddingForward<S>(const GptShape&, gpu::Stream&, const S*, const int32_t*, \
-                                          int, int, S*);                                           \
-  template Status CudaEmbeddingBackward<S>(const GptShape&, gpu::Stream&, const int32_t*,          \
-                                           const S*, int, int, S*, void*);                         \
-  template Status CudaLayerForward<S>(const GptShape&, gpu::Stream&, const S*, const S*, S*, int,  \
-                                      int, void*, const GptCudaOptions&);                          \
-  template Status CudaLayerBackward<S>(const GptShape&, gpu::Stream&, const S*, const S*,          \
-                                       const S*, S*, S*, int, int, void*, const GptCudaOptions&);  \
-  template Status CudaHeadForward<S>(const GptShape&, gpu::Stream&, const S*, const S*,            \
-                                     const int32_t*, int, int, S*, void*, float*,                  \
-                                     const GptCudaOptions&, const S*);                             \
-  template Status CudaHeadBackward<S>(const GptShape&, gpu::Stream&, const S*, const S*,           \
-                                      const int32_t*, float, int, int, S*, S*, void*,              \
-                                      const GptCudaOptions&, const S*, S*);
+#define STRATA_INSTANTIATE_GPT_CUDA(S)                                                          \
+  template Status GptCudaEmbeddingForward<S>(const GptShape&, gpu::Stream&, const S*,           \
+                                             const int32_t*, int, int, S*);                     \
+  template Status GptCudaEmbeddingBackward<S>(const GptShape&, gpu::Stream&, const int32_t*,    \
+                                              const S*, int, int, S*, void*);                   \
+  template Status GptCudaLayerForward<S>(const GptShape&, gpu::Stream&, const S*, const S*, S*, \
+                                         int, int, void*, const GptCudaOptions&);               \
+  template Status GptCudaLayerBackward<S>(const GptShape&, gpu::Stream&, const S*, const S*,    \
+                                          const S*, S*, S*, int, int, void*,                    \
+                                          const GptCudaOptions&);                               \
+  template Status GptCudaHeadForward<S>(const GptShape&, gpu::Stream&, const S*, const S*,      \
+                                        const int32_t*, int, int, S*, void*, float*,            \
+                                        const GptCudaOptions&, const S*);                       \
+  template Status GptCudaHeadBackward<S>(const GptShape&, gpu::Stream&, const S*, const S*,     \
+                                         const int32_t*, float, int, int, S*, S*, void*,        \
+                                         const GptCudaOptions&, const S*, S*);
 STRATA_INSTANTIATE_GPT_CUDA(float)
 STRATA_INSTANTIATE_GPT_CUDA(Bf16)
 STRATA_INSTANTIATE_GPT_CUDA(Fp16)

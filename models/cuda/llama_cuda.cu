@@ -37,21 +37,12 @@ constexpr WeightLayout kOutIn = WeightLayout::kOutIn;
 StatusOr<cudaStream_t> Prepare(const char* what, const LlamaConfig& c, gpu::Stream& stream, int B,
                                int T, const void* scratch) {
   STRATA_RETURN_IF_ERROR(ValidateLlamaConfig(c));
-  if (B < 1 || T < 1 || T > c.max_seq_len) {
-    return InvalidArgumentError(
-        std::string(what) + ": need B >= 1 and 1 <= T <= max_seq_len, got B=" + std::to_string(B) +
-        " T=" + std::to_string(T) + " max_seq_len=" + std::to_string(c.max_seq_len));
-  }
   if (c.head_dim > oc::kAttentionMaxHeadDim) {
     return InvalidArgumentError(std::string(what) +
                                 ": the CUDA attention takes head_dim <= 128, got " +
                                 std::to_string(c.head_dim));
   }
-  if (reinterpret_cast<uintptr_t>(scratch) % 16 != 0) {
-    return InvalidArgumentError(std::string(what) + ": scratch must be 16-byte aligned");
-  }
-  STRATA_RETURN_IF_ERROR(gpu::CublasHandle(stream).status());  // also cudaSetDevice
-  return gpu::NativeStream(stream);
+  return oc::internal::PrepareBlockCall(what, stream, B, T, c.max_seq_len, scratch);
 }
 
 template <typename S>
@@ -147,18 +138,6 @@ Status LayerForwardInto(const LlamaConfig& c, cudaStream_t cs, const Products<S>
   STRATA_RETURN_IF_ERROR(oc::LaunchSwigluForward(cs, D(w.gu), z.N, z.I, D(w.h)));
   if (x_out == nullptr) return Status::Ok();
   return mm.Forward(kOutIn, z.N, z.I, z.C, w.h, p.wd, nullptr, w.x2, x_out);
-}
-
-// The (V, C) weight of the head and where its gradient goes.
-template <typename S>
-Status CheckTied(const char* what, const LlamaConfig& c, const void* tied_params,
-                 const void* tied_grads, bool backward) {
-  if (c.tie_embeddings && (tied_params == nullptr || (backward && tied_grads == nullptr))) {
-    return InvalidArgumentError(std::string(what) +
-                                ": a tied head needs the embedding chunk (and, backward, its "
-                                "gradient)");
-  }
-  return Status::Ok();
 }
 
 // The chunked head's part of the head scratch.
@@ -268,7 +247,8 @@ Status LlamaCudaHeadForward(const LlamaConfig& c, gpu::Stream& stream, const S* 
   STRATA_ASSIGN_OR_RETURN(cudaStream_t cs,
                           Prepare("LlamaCudaHeadForward", c, stream, B, T, scratch));
   STRATA_RETURN_IF_ERROR(CheckPointers("LlamaCudaHeadForward", {params, x_in, logits, scratch}));
-  STRATA_RETURN_IF_ERROR(CheckTied<S>("LlamaCudaHeadForward", c, tied_params, nullptr, false));
+  STRATA_RETURN_IF_ERROR(oc::internal::CheckTied("LlamaCudaHeadForward", c.tie_embeddings,
+                                                 tied_params, nullptr, false));
   const Sizes z(c, B, T);
   const LlamaCudaHeadScratchLayout l = LlamaCudaHeadScratchLayoutFor<S>(c, B, T);
   STRATA_ASSIGN_OR_RETURN(const auto mm, MakeProducts<S>(stream, cs));
@@ -290,7 +270,8 @@ Status LlamaCudaHeadBackward(const LlamaConfig& c, gpu::Stream& stream, const S*
                           Prepare("LlamaCudaHeadBackward", c, stream, B, T, scratch));
   STRATA_RETURN_IF_ERROR(
       CheckPointers("LlamaCudaHeadBackward", {params, x_in, targets, dx_in, dparams, scratch}));
-  STRATA_RETURN_IF_ERROR(CheckTied<S>("LlamaCudaHeadBackward", c, tied_params, tied_grads, true));
+  STRATA_RETURN_IF_ERROR(oc::internal::CheckTied("LlamaCudaHeadBackward", c.tie_embeddings,
+                                                 tied_params, tied_grads, true));
   const Sizes z(c, B, T);
   const LlamaCudaHeadScratchLayout l = LlamaCudaHeadScratchLayoutFor<S>(c, B, T);
   STRATA_ASSIGN_OR_RETURN(const auto mm, MakeProducts<S>(stream, cs));

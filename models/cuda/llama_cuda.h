@@ -34,7 +34,7 @@
 namespace strata::models::cuda {
 
 // Takes the stream's cuBLAS handle and workspace and makes the device's cuBLASLt handle, once,
-// before any block runs (ops::cuda::PrepareStream, as CudaPrepareStream of gpt_cuda.h).
+// before any block runs (ops::cuda::PrepareStream, as GptCudaPrepareStream of gpt_cuda.h).
 Status LlamaCudaPrepareStream(gpu::Stream& stream);
 
 // Templates on S in {float, Bf16, Fp16} (instantiated for those three).

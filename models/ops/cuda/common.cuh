@@ -11,7 +11,9 @@
 
 #include "base/dtype.h"
 #include "base/status.h"
+#include "gpu/cuda/cuda_native.h"
 #include "gpu/cuda/cuda_status.h"
+#include "gpu/device.h"
 
 namespace strata::models::ops::cuda::internal {
 
@@ -24,6 +26,35 @@ inline int GridFor(int64_t n, int64_t per_block) {
 
 inline Status Launched(const char* kernel) {
   return gpu::cuda::CudaStatus(cudaGetLastError(), kernel);
+}
+
+// The checks every CUDA block call of models/cuda/ makes after its family's configuration check:
+// B >= 1, 1 <= T <= max_seq_len and scratch 16-byte aligned (kInvalidArgument naming `what`);
+// then the stream's cuBLAS handle (which makes the stream's device current; its errors). Returns
+// the native stream.
+inline StatusOr<cudaStream_t> PrepareBlockCall(const char* what, gpu::Stream& stream, int B, int T,
+                                               int max_seq_len, const void* scratch) {
+  if (B < 1 || T < 1 || T > max_seq_len) {
+    return InvalidArgumentError(
+        std::string(what) + ": need B >= 1 and 1 <= T <= max_seq_len, got B=" + std::to_string(B) +
+        " T=" + std::to_string(T) + " max_seq_len=" + std::to_string(max_seq_len));
+  }
+  if (reinterpret_cast<uintptr_t>(scratch) % 16 != 0) {
+    return InvalidArgumentError(std::string(what) + ": scratch must be 16-byte aligned");
+  }
+  STRATA_RETURN_IF_ERROR(gpu::CublasHandle(stream).status());
+  return gpu::NativeStream(stream);
+}
+
+// A tied head (its weight the embedding chunk) needs tied_params and, backward, tied_grads.
+inline Status CheckTied(const char* what, bool tied, const void* tied_params,
+                        const void* tied_grads, bool backward) {
+  if (tied && (tied_params == nullptr || (backward && tied_grads == nullptr))) {
+    return InvalidArgumentError(std::string(what) +
+                                ": a tied head needs the embedding chunk (and, backward, its "
+                                "gradient)");
+  }
+  return Status::Ok();
 }
 
 inline Status CheckPointers(const char* op, std::initializer_list<const void*> ptrs) {
