@@ -2,13 +2,8 @@
 
 #include <fmt/format.h>
 
-#include <algorithm>
-
 #include "models/cuda/gpt_cuda.h"
-
-#ifdef STRATA_HAVE_CUDA
-#include "gpu/cuda/cuda_device.h"  // plain C++: ScopedComputeSpan
-#endif
+#include "models/decoder_model_impl.h"
 
 namespace strata::models {
 
@@ -48,6 +43,152 @@ std::vector<std::string> GptPresetNames() {
   return v;
 }
 
+std::vector<std::vector<int64_t>> GptFamily::TensorShapes(DecoderBlock kind, int) const {
+  std::vector<TensorInfo> tensors;
+  switch (kind) {
+    case DecoderBlock::kEmbedding:
+      tensors = EmbeddingTensors(shape);
+      break;
+    case DecoderBlock::kHead:
+      tensors = HeadTensors(shape);
+      break;
+    case DecoderBlock::kLayer:
+      tensors = LayerTensors(shape);
+      break;
+  }
+  std::vector<std::vector<int64_t>> shapes;
+  for (const TensorInfo& t : tensors) shapes.push_back(t.shape);
+  return shapes;
+}
+
+int64_t GptFamily::NumParams(DecoderBlock kind) const {
+  switch (kind) {
+    case DecoderBlock::kEmbedding:
+      return EmbeddingNumParams(shape);
+    case DecoderBlock::kHead:
+      return HeadNumParams(shape);
+    case DecoderBlock::kLayer:
+      break;
+  }
+  return LayerNumParams(shape);
+}
+
+void GptFamily::Init(DecoderBlock kind, int layer, uint64_t seed, float* out) const {
+  switch (kind) {
+    case DecoderBlock::kEmbedding:
+      return InitGptEmbeddingParams(shape, seed, out);
+    case DecoderBlock::kHead:
+      return InitGptHeadParams(shape, seed, out);
+    case DecoderBlock::kLayer:
+      return InitGptLayerParams(shape, layer, seed, out);
+  }
+}
+
+template <typename S>
+int64_t GptFamily::HostScratchBytes(DecoderBlock kind, int B, int T) const {
+  switch (kind) {
+    case DecoderBlock::kEmbedding:
+      return GptEmbeddingScratchBytes<S>(shape, B, T);
+    case DecoderBlock::kHead:
+      return GptHeadScratchBytes<S>(shape, B, T);
+    case DecoderBlock::kLayer:
+      break;
+  }
+  return GptLayerScratchBytes<S>(shape, B, T);
+}
+
+template <typename S>
+int64_t GptFamily::CudaScratchBytes(DecoderBlock kind, int B, int T) const {
+  switch (kind) {
+    case DecoderBlock::kEmbedding:
+      return cuda::GptCudaEmbeddingScratchBytes<S>(shape, B, T);
+    case DecoderBlock::kHead:
+      return cuda::GptCudaHeadScratchBytes<S>(shape, B, T);
+    case DecoderBlock::kLayer:
+      break;
+  }
+  return cuda::GptCudaLayerScratchBytes<S>(shape, B, T);
+}
+
+// The host blocks (gpt_kernels.h).
+template <typename S>
+void GptFamily::HostEmbeddingForward(const BlockArgs<S>& a) const {
+  GptEmbeddingForward<S>(shape, a.params, a.tokens, a.B, a.T, a.x_out);
+}
+template <typename S>
+void GptFamily::HostLayerForward(const BlockArgs<S>& a) const {
+  GptLayerForward<S>(shape, a.params, a.x_in, a.x_out, a.B, a.T, a.scratch);
+}
+template <typename S>
+float GptFamily::HostHeadForward(const BlockArgs<S>& a) const {
+  return GptHeadForward<S>(shape, a.params, a.x_in, a.targets, a.B, a.T, a.logits, a.scratch,
+                           a.tied_params);
+}
+template <typename S>
+void GptFamily::HostEmbeddingBackward(const BlockArgs<S>& a) const {
+  GptEmbeddingBackward<S>(shape, a.tokens, a.dx_out, a.B, a.T, a.grads, a.scratch);
+}
+template <typename S>
+void GptFamily::HostLayerBackward(const BlockArgs<S>& a) const {
+  GptLayerBackward<S>(shape, a.params, a.x_in, a.dx_out, a.dx_in, a.grads, a.B, a.T, a.scratch);
+}
+template <typename S>
+void GptFamily::HostHeadBackward(const BlockArgs<S>& a) const {
+  GptHeadBackward<S>(shape, a.params, a.x_in, a.targets, a.dloss, a.B, a.T, a.dx_in, a.grads,
+                     a.scratch, a.tied_params, a.tied_grads);
+}
+
+#ifdef STRATA_HAVE_CUDA
+// What the CUDA blocks do not implement yet: a LayerNorm eps other than the kernels' 1e-5.
+Status GptFamily::CudaSupports() const {
+  if (shape.layer_norm_eps != 1e-5) {
+    return UnimplementedError(
+        fmt::format("the GPT's CUDA kernels use LayerNorm eps 1e-5, not {}; use --device host",
+                    shape.layer_norm_eps));
+  }
+  return Status::Ok();
+}
+
+Status GptFamily::CudaPrepareStream(gpu::Stream& stream) const {
+  return cuda::GptCudaPrepareStream(stream);
+}
+
+// The CUDA blocks (models/cuda/gpt_cuda.h).
+template <typename S>
+Status GptFamily::CudaEmbeddingForward(const BlockArgs<S>& a, gpu::Stream& stream) const {
+  return cuda::GptCudaEmbeddingForward<S>(shape, stream, a.params, a.tokens, a.B, a.T, a.x_out);
+}
+template <typename S>
+Status GptFamily::CudaLayerForward(const BlockArgs<S>& a, gpu::Stream& stream) const {
+  return cuda::GptCudaLayerForward<S>(shape, stream, a.params, a.x_in, a.x_out, a.B, a.T, a.scratch,
+                                      {.allow_tf32 = options.allow_tf32});
+}
+template <typename S>
+Status GptFamily::CudaHeadForward(const BlockArgs<S>& a, gpu::Stream& stream) const {
+  return cuda::GptCudaHeadForward<S>(shape, stream, a.params, a.x_in, a.targets, a.B, a.T, a.logits,
+                                     a.scratch, a.loss, {.allow_tf32 = options.allow_tf32},
+                                     a.tied_params);
+}
+template <typename S>
+Status GptFamily::CudaEmbeddingBackward(const BlockArgs<S>& a, gpu::Stream& stream) const {
+  return cuda::GptCudaEmbeddingBackward<S>(shape, stream, a.tokens, a.dx_out, a.B, a.T, a.grads,
+                                           a.scratch);
+}
+template <typename S>
+Status GptFamily::CudaLayerBackward(const BlockArgs<S>& a, gpu::Stream& stream) const {
+  return cuda::GptCudaLayerBackward<S>(shape, stream, a.params, a.x_in, a.dx_out, a.dx_in, a.grads,
+                                       a.B, a.T, a.scratch, {.allow_tf32 = options.allow_tf32});
+}
+template <typename S>
+Status GptFamily::CudaHeadBackward(const BlockArgs<S>& a, gpu::Stream& stream) const {
+  return cuda::GptCudaHeadBackward<S>(
+      shape, stream, a.params, a.x_in, a.targets, a.dloss, a.B, a.T, a.dx_in, a.grads, a.scratch,
+      {.allow_tf32 = options.allow_tf32}, a.tied_params, a.tied_grads);
+}
+#endif
+
+template class DecoderModel<GptFamily>;
+
 StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const GptShape& shape,
                                                      const GptOptions& options,
                                                      std::shared_ptr<const WeightSource> weights) {
@@ -57,275 +198,8 @@ StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const GptShape& shape,
 
 std::string GptModel::description() const {
   return fmt::format("GPT: {} layers, {} heads, {} channels, context {}, vocabulary {}{}",
-                     shape_.num_layers, shape_.num_heads, shape_.channels, shape_.max_seq_len,
-                     shape_.vocab_size, shape_.tie_embeddings ? ", tied embeddings" : "");
-}
-
-int GptModel::tied_block(int block) const {
-  return shape_.tie_embeddings && kind(block) == Kind::kHead ? 0 : -1;
-}
-
-GptModel::Kind GptModel::kind(int block) const { return DecoderBlockOf(block, num_blocks()); }
-
-std::string GptModel::block_name(int block) const { return DecoderBlockName(block, num_blocks()); }
-
-std::vector<std::vector<int64_t>> GptModel::block_tensor_shapes(int block) const {
-  std::vector<TensorInfo> tensors;
-  switch (kind(block)) {
-    case Kind::kEmbedding:
-      tensors = EmbeddingTensors(shape_);
-      break;
-    case Kind::kHead:
-      tensors = HeadTensors(shape_);
-      break;
-    case Kind::kLayer:
-      tensors = LayerTensors(shape_);
-      break;
-  }
-  std::vector<std::vector<int64_t>> shapes;
-  for (const TensorInfo& t : tensors) shapes.push_back(t.shape);
-  return shapes;
-}
-
-int64_t GptModel::block_num_params(int block) const {
-  switch (kind(block)) {
-    case Kind::kEmbedding:
-      return EmbeddingNumParams(shape_);
-    case Kind::kHead:
-      return HeadNumParams(shape_);
-    case Kind::kLayer:
-      break;
-  }
-  return LayerNumParams(shape_);
-}
-
-int64_t GptModel::activation_elems(engine::MicroBatchShape s) const {
-  return s.tokens() * shape_.channels;
-}
-
-int64_t GptModel::logits_elems(engine::MicroBatchShape s) const {
-  return int64_t{s.batch_size} * shape_.vocab_size;  // the last position of each sequence
-}
-
-int64_t GptModel::scratch_bytes(int block, engine::MicroBatchShape s, DType precision) const {
-  const int B = s.batch_size, T = s.seq_len;
-  // One figure for both backends (the model does not know the device here).
-  return DispatchDType(precision, [&]<typename S>() -> int64_t {
-    switch (kind(block)) {
-      case Kind::kEmbedding:
-        return std::max(EmbeddingScratchBytes<S>(shape_, B, T),
-                        cuda::CudaEmbeddingScratchBytes<S>(shape_, B, T));
-      case Kind::kHead:
-        return std::max(HeadScratchBytes<S>(shape_, B, T),
-                        cuda::CudaHeadScratchBytes<S>(shape_, B, T));
-      case Kind::kLayer:
-        break;
-    }
-    return std::max(LayerScratchBytes<S>(shape_, B, T),
-                    cuda::CudaLayerScratchBytes<S>(shape_, B, T));
-  });
-}
-
-Status GptModel::InitParams(int block, uint64_t seed, std::span<float> out) const {
-  STRATA_CHECK(static_cast<int64_t>(out.size()) == block_num_params(block));
-  if (weights_) return weights_->ReadBlock(block, out);
-  switch (kind(block)) {
-    case Kind::kEmbedding:
-      InitEmbeddingParams(shape_, seed, out.data());
-      break;
-    case Kind::kHead:
-      InitHeadParams(shape_, seed, out.data());
-      break;
-    case Kind::kLayer:
-      InitLayerParams(shape_, block - 1, seed, out.data());
-      break;
-  }
-  return Status::Ok();
-}
-
-namespace {
-
-bool OnCuda(const gpu::Stream& stream) { return stream.device_kind() == gpu::DeviceKind::kCuda; }
-
-#ifndef STRATA_HAVE_CUDA
-// The message for a CUDA stream in a binary built without the CUDA backend (cannot
-// happen through CreateDeviceFromFlag, which refuses `cuda` in such a build).
-Status NoCudaKernels() {
-  return FailedPreconditionError(
-      "the GPT got a CUDA stream, but this strata was built without the CUDA backend "
-      "(no nvcc at build time); rebuild with nvcc or use --device host");
-}
-#else
-// The CUDA blocks launch their kernels on the native stream, past the Stream's own operations,
-// so each block call is traced as one compute span (a no-op unless the device traces).
-// What the CUDA blocks do not implement yet: a LayerNorm eps other than the kernels' 1e-5.
-Status CudaSupports(const GptShape& sh) {
-  if (sh.layer_norm_eps != 1e-5) {
-    return UnimplementedError(
-        fmt::format("the GPT's CUDA kernels use LayerNorm eps 1e-5, not {}; use --device host",
-                    sh.layer_norm_eps));
-  }
-  return Status::Ok();
-}
-
-template <typename S>
-Status CudaForward(const GptShape& sh, const GptOptions& options, GptModel::Kind kind,
-                   const engine::BlockBuffers& b, gpu::Stream& stream) {
-  STRATA_RETURN_IF_ERROR(CudaSupports(sh));
-  const int B = b.shape.batch_size, T = b.shape.seq_len;
-  const cuda::GptCudaOptions o{.allow_tf32 = options.allow_tf32};
-  void* scratch = b.scratch.data;
-  switch (kind) {
-    case GptModel::Kind::kEmbedding: {
-      gpu::ScopedComputeSpan span(stream, "embedding forward");
-      return cuda::CudaEmbeddingForward<S>(sh, stream, b.params.as<S>(), b.tokens, B, T,
-                                           b.x_out.as<S>());
-    }
-    case GptModel::Kind::kLayer: {
-      gpu::ScopedComputeSpan span(stream, "layer forward");
-      return cuda::CudaLayerForward<S>(sh, stream, b.params.as<S>(), b.x_in.as<S>(),
-                                       b.x_out.as<S>(), B, T, scratch, o);
-    }
-    case GptModel::Kind::kHead: {
-      gpu::ScopedComputeSpan span(stream, "head forward");
-      return cuda::CudaHeadForward<S>(sh, stream, b.params.as<S>(), b.x_in.as<S>(), b.targets, B, T,
-                                      b.logits.as<S>(), scratch, b.loss, o, b.tied_params.as<S>());
-    }
-  }
-  return InternalError("unreachable");
-}
-
-template <typename S>
-Status CudaBackward(const GptShape& sh, const GptOptions& options, GptModel::Kind kind,
-                    const engine::BlockBuffers& b, gpu::Stream& stream) {
-  STRATA_RETURN_IF_ERROR(CudaSupports(sh));
-  const int B = b.shape.batch_size, T = b.shape.seq_len;
-  const cuda::GptCudaOptions o{.allow_tf32 = options.allow_tf32};
-  void* scratch = b.scratch.data;
-  switch (kind) {
-    case GptModel::Kind::kEmbedding: {
-      gpu::ScopedComputeSpan span(stream, "embedding backward");
-      return cuda::CudaEmbeddingBackward<S>(sh, stream, b.tokens, b.dx_out.as<S>(), B, T,
-                                            b.grads.as<S>(), scratch);
-    }
-    case GptModel::Kind::kLayer: {
-      // Includes the recomputed forward (activation checkpointing).
-      gpu::ScopedComputeSpan span(stream, "layer backward");
-      return cuda::CudaLayerBackward<S>(sh, stream, b.params.as<S>(), b.x_in.as<S>(),
-                                        b.dx_out.as<S>(), b.dx_in.as<S>(), b.grads.as<S>(), B, T,
-                                        scratch, o);
-    }
-    case GptModel::Kind::kHead: {
-      gpu::ScopedComputeSpan span(stream, "head backward");
-      return cuda::CudaHeadBackward<S>(sh, stream, b.params.as<S>(), b.x_in.as<S>(), b.targets,
-                                       b.dloss, B, T, b.dx_in.as<S>(), b.grads.as<S>(), scratch, o,
-                                       b.tied_params.as<S>(), b.tied_grads.as<S>());
-    }
-  }
-  return InternalError("unreachable");
-}
-#endif
-
-// The host blocks: each block's kernels run as one host function on the compute stream.
-template <typename S>
-Status HostForward(const GptShape& sh, GptModel::Kind kind, const engine::BlockBuffers& b,
-                   gpu::Stream& stream) {
-  const int B = b.shape.batch_size, T = b.shape.seq_len;
-  const S* params = b.params.as<S>();
-  void* scratch = b.scratch.data;
-  switch (kind) {
-    case GptModel::Kind::kEmbedding:
-      return stream.LaunchHost([=, tokens = b.tokens, x_out = b.x_out.as<S>()] {
-        EmbeddingForward<S>(sh, params, tokens, B, T, x_out);
-        return Status::Ok();
-      });
-    case GptModel::Kind::kLayer:
-      return stream.LaunchHost([=, x_in = b.x_in.as<S>(), x_out = b.x_out.as<S>()] {
-        LayerForward<S>(sh, params, x_in, x_out, B, T, scratch);
-        return Status::Ok();
-      });
-    case GptModel::Kind::kHead:
-      return stream.LaunchHost([=, x_in = b.x_in.as<S>(), logits = b.logits.as<S>(),
-                                targets = b.targets, loss_out = b.loss,
-                                tied = b.tied_params.as<S>()] {
-        const float loss = HeadForward<S>(sh, params, x_in, targets, B, T, logits, scratch, tied);
-        if (targets && loss_out) *loss_out = loss;
-        return Status::Ok();
-      });
-  }
-  return InternalError("unreachable");
-}
-
-template <typename S>
-Status HostBackward(const GptShape& sh, GptModel::Kind kind, const engine::BlockBuffers& b,
-                    gpu::Stream& stream) {
-  const int B = b.shape.batch_size, T = b.shape.seq_len;
-  const S* params = b.params.as<S>();
-  S* grads = b.grads.as<S>();
-  void* scratch = b.scratch.data;
-  switch (kind) {
-    case GptModel::Kind::kEmbedding:
-      return stream.LaunchHost([=, tokens = b.tokens, dx_out = b.dx_out.as<S>()] {
-        EmbeddingBackward<S>(sh, tokens, dx_out, B, T, grads, scratch);
-        return Status::Ok();
-      });
-    case GptModel::Kind::kLayer:
-      return stream.LaunchHost(
-          [=, x_in = b.x_in.as<S>(), dx_out = b.dx_out.as<S>(), dx_in = b.dx_in.as<S>()] {
-            LayerBackward<S>(sh, params, x_in, dx_out, dx_in, grads, B, T, scratch);
-            return Status::Ok();
-          });
-    case GptModel::Kind::kHead:
-      return stream.LaunchHost([=, x_in = b.x_in.as<S>(), dx_in = b.dx_in.as<S>(),
-                                targets = b.targets, dloss = b.dloss, tied = b.tied_params.as<S>(),
-                                tied_grads = b.tied_grads.as<S>()] {
-        HeadBackward<S>(sh, params, x_in, targets, dloss, B, T, dx_in, grads, scratch, tied,
-                        tied_grads);
-        return Status::Ok();
-      });
-  }
-  return InternalError("unreachable");
-}
-
-}  // namespace
-
-Status GptModel::PrepareComputeStream(gpu::Stream& stream) {
-  if (!OnCuda(stream)) return Status::Ok();
-#ifdef STRATA_HAVE_CUDA
-  return cuda::CudaPrepareStream(stream);
-#else
-  return NoCudaKernels();
-#endif
-}
-
-Status GptModel::Forward(int block, const engine::BlockBuffers& b, gpu::Stream& stream) {
-  STRATA_RETURN_IF_ERROR(engine::CheckBlockBuffers(*this, block, b, /*backward=*/false));
-  const Kind k = kind(block);
-  if (OnCuda(stream)) {
-#ifdef STRATA_HAVE_CUDA
-    return DispatchDType(
-        b.precision, [&]<typename S>() { return CudaForward<S>(shape_, options_, k, b, stream); });
-#else
-    return NoCudaKernels();
-#endif
-  }
-  return DispatchDType(b.precision,
-                       [&]<typename S>() { return HostForward<S>(shape_, k, b, stream); });
-}
-
-Status GptModel::Backward(int block, const engine::BlockBuffers& b, gpu::Stream& stream) {
-  STRATA_RETURN_IF_ERROR(engine::CheckBlockBuffers(*this, block, b, /*backward=*/true));
-  const Kind k = kind(block);
-  if (OnCuda(stream)) {
-#ifdef STRATA_HAVE_CUDA
-    return DispatchDType(
-        b.precision, [&]<typename S>() { return CudaBackward<S>(shape_, options_, k, b, stream); });
-#else
-    return NoCudaKernels();
-#endif
-  }
-  return DispatchDType(b.precision,
-                       [&]<typename S>() { return HostBackward<S>(shape_, k, b, stream); });
+                     shape().num_layers, shape().num_heads, shape().channels, shape().max_seq_len,
+                     shape().vocab_size, shape().tie_embeddings ? ", tied embeddings" : "");
 }
 
 }  // namespace strata::models

@@ -23,6 +23,7 @@
 
 #include "engine/model.h"
 #include "models/decoder_blocks.h"
+#include "models/decoder_model.h"
 #include "models/gpt_kernels.h"
 #include "models/weight_source.h"
 
@@ -44,11 +45,26 @@ struct GptOptions {
   bool allow_tf32 = false;
 };
 
-class GptModel final : public engine::Model {
- public:
-  // What a block is: embedding (block 0), transformer layer, or head (the last).
-  using Kind = DecoderBlock;
+// The GPT as a decoder family (models/decoder_model.h): its shape and options, and its blocks,
+// each a call of the kernels of gpt_kernels.h (host) or models/cuda/gpt_cuda.h (CUDA).
+struct GptFamily {
+  static constexpr const char* kName = "the GPT";
 
+  GptShape shape;
+  GptOptions options;
+
+  int num_layers() const { return shape.num_layers; }
+  int vocab_size() const { return shape.vocab_size; }
+  int max_seq_len() const { return shape.max_seq_len; }
+  int64_t channels() const { return shape.channels; }
+  bool tie_embeddings() const { return shape.tie_embeddings; }
+  STRATA_DECODER_FAMILY_FUNCTIONS()
+};
+
+extern template class DecoderModel<GptFamily>;
+
+class GptModel final : public DecoderModel<GptFamily> {
+ public:
   // kInvalidArgument for an invalid shape (see ValidateShape). With `weights` (an imported
   // Hugging Face checkpoint, models/hf_checkpoint.h), InitParams reads each block from it
   // instead of the random initialisation; the source must describe this shape's chunks.
@@ -56,35 +72,14 @@ class GptModel final : public engine::Model {
       const GptShape& shape, const GptOptions& options = {},
       std::shared_ptr<const WeightSource> weights = nullptr);
 
-  const GptShape& shape() const { return shape_; }
-  const GptOptions& options() const { return options_; }
+  const GptShape& shape() const { return family().shape; }
+  const GptOptions& options() const { return family().options; }
   std::string description() const override;
-  int num_blocks() const override { return shape_.num_layers + 2; }
-  std::string block_name(int block) const override;
-  int64_t block_num_params(int block) const override;
-  std::vector<std::vector<int64_t>> block_tensor_shapes(int block) const override;
-  int64_t activation_elems(engine::MicroBatchShape s) const override;
-  int64_t logits_elems(engine::MicroBatchShape s) const override;
-  int vocab_size() const override { return shape_.vocab_size; }
-  int max_seq_len() const override { return shape_.max_seq_len; }
-  int64_t scratch_bytes(int block, engine::MicroBatchShape s, DType precision) const override;
-  // With shape().tie_embeddings the head (the last block) ties the embedding (block 0).
-  int tied_block(int block) const override;
-  Status InitParams(int block, uint64_t seed, std::span<float> out) const override;
-  Status Forward(int block, const engine::BlockBuffers& buffers, gpu::Stream& stream) override;
-  Status Backward(int block, const engine::BlockBuffers& buffers, gpu::Stream& stream) override;
-  // CUDA stream: creates its cuBLAS handle and workspace (gpu/cuda/cuda_native.h) now rather
-  // than at the first matrix product inside a step. Host stream: nothing.
-  Status PrepareComputeStream(gpu::Stream& stream) override;
 
  private:
   GptModel(const GptShape& shape, const GptOptions& options,
            std::shared_ptr<const WeightSource> weights)
-      : shape_(shape), options_(options), weights_(std::move(weights)) {}
-  Kind kind(int block) const;
-  GptShape shape_;
-  GptOptions options_;
-  std::shared_ptr<const WeightSource> weights_;  // null: random initialisation
+      : DecoderModel(GptFamily{shape, options}, std::move(weights)) {}
 };
 
 }  // namespace strata::models

@@ -220,27 +220,27 @@ int64_t HeadNumParams(const GptShape& s) { return Total(HeadTensors(s)); }
 // Scratch sizes.
 
 template <typename S>
-int64_t EmbeddingScratchBytes(const GptShape& s, int B, int T) {
+int64_t GptEmbeddingScratchBytes(const GptShape& s, int B, int T) {
   CheckBatch(s, B, T);
   return ops::EmbeddingBackwardScratchBytes(int64_t{B} * T, s.vocab_size);
 }
 
 template <typename S>
-int64_t LayerScratchBytes(const GptShape& s, int B, int T) {
+int64_t GptLayerScratchBytes(const GptShape& s, int B, int T) {
   CheckBatch(s, B, T);
   return CarveLayerScratch<S>(s, B, T, nullptr).size_bytes;
 }
 
 template <typename S>
-int64_t HeadScratchBytes(const GptShape& s, int B, int T) {
+int64_t GptHeadScratchBytes(const GptShape& s, int B, int T) {
   CheckBatch(s, B, T);
-  return internal::HeadScratchBytesWithChunkRows<S>(s, B, T,
-                                                    HeadChunkRows(int64_t{B} * T, s.vocab_size));
+  return internal::GptHeadScratchBytesWithChunkRows<S>(s, B, T,
+                                                       HeadChunkRows(int64_t{B} * T, s.vocab_size));
 }
 
 template <typename S>
-int64_t internal::HeadScratchBytesWithChunkRows(const GptShape& s, int B, int T,
-                                                int64_t chunk_rows) {
+int64_t internal::GptHeadScratchBytesWithChunkRows(const GptShape& s, int B, int T,
+                                                   int64_t chunk_rows) {
   CheckBatch(s, B, T);
   return CarveHeadScratch<S>(s, B, T, chunk_rows, nullptr).size_bytes;
 }
@@ -248,12 +248,12 @@ int64_t internal::HeadScratchBytesWithChunkRows(const GptShape& s, int B, int T,
 // ---------------------------------------------------------------------------
 // Initialisation.
 
-void InitEmbeddingParams(const GptShape& s, uint64_t seed, float* params) {
+void InitGptEmbeddingParams(const GptShape& s, uint64_t seed, float* params) {
   NormalSampler rng(seed, kEmbeddingTag);
   FillNormal(rng, kInitStd, EmbeddingNumParams(s), params);
 }
 
-void InitLayerParams(const GptShape& s, int layer_index, uint64_t seed, float* params) {
+void InitGptLayerParams(const GptShape& s, int layer_index, uint64_t seed, float* params) {
   STRATA_CHECK(layer_index >= 0 && layer_index < s.num_layers);
   const int64_t C = s.channels;
   const LayerParams<float*> p(params, C);
@@ -272,7 +272,7 @@ void InitLayerParams(const GptShape& s, int layer_index, uint64_t seed, float* p
   std::fill(p.mlp_proj_b, p.mlp_proj_b + C, 0.0f);
 }
 
-void InitHeadParams(const GptShape& s, uint64_t seed, float* params) {
+void InitGptHeadParams(const GptShape& s, uint64_t seed, float* params) {
   const int64_t C = s.channels;
   NormalSampler rng(seed, kHeadTag);
   std::fill(params, params + C, 1.0f);
@@ -284,8 +284,8 @@ void InitHeadParams(const GptShape& s, uint64_t seed, float* params) {
 // Embedding.
 
 template <typename S>
-void EmbeddingForward(const GptShape& s, const S* params, const int32_t* tokens, int B, int T,
-                      S* x_out) {
+void GptEmbeddingForward(const GptShape& s, const S* params, const int32_t* tokens, int B, int T,
+                         S* x_out) {
   CheckBatch(s, B, T);
   const int64_t C = s.channels;
   const S* wte = params;
@@ -294,8 +294,8 @@ void EmbeddingForward(const GptShape& s, const S* params, const int32_t* tokens,
 }
 
 template <typename S>
-void EmbeddingBackward(const GptShape& s, const int32_t* tokens, const S* dx_out, int B, int T,
-                       S* dparams, void* scratch) {
+void GptEmbeddingBackward(const GptShape& s, const int32_t* tokens, const S* dx_out, int B, int T,
+                          S* dparams, void* scratch) {
   CheckBatch(s, B, T);
   const int64_t C = s.channels, V = s.vocab_size;
   S* dwte = dparams;
@@ -308,8 +308,8 @@ void EmbeddingBackward(const GptShape& s, const int32_t* tokens, const S* dx_out
 // Layer.
 
 template <typename S>
-void LayerForward(const GptShape& s, const S* params, const S* x_in, S* x_out, int B, int T,
-                  void* scratch) {
+void GptLayerForward(const GptShape& s, const S* params, const S* x_in, S* x_out, int B, int T,
+                     void* scratch) {
   CheckBatch(s, B, T);
   const int64_t C = s.channels, N = int64_t{B} * T;
   const LayerParams<const S*> p(params, C);
@@ -319,8 +319,8 @@ void LayerForward(const GptShape& s, const S* params, const S* x_in, S* x_out, i
 }
 
 template <typename S>
-void LayerBackward(const GptShape& s, const S* params, const S* x_in, const S* dx_out, S* dx_in,
-                   S* dparams, int B, int T, void* scratch) {
+void GptLayerBackward(const GptShape& s, const S* params, const S* x_in, const S* dx_out, S* dx_in,
+                      S* dparams, int B, int T, void* scratch) {
   CheckBatch(s, B, T);
   const int64_t C = s.channels, N = int64_t{B} * T;
   const LayerParams<const S*> p(params, C);
@@ -382,30 +382,30 @@ LmWeight<P> LmWeightOf(const GptShape& s, P params, P tied) {
 }  // namespace
 
 template <typename S>
-ComputeType<S> HeadForward(const GptShape& s, const S* params, const S* x_in,
-                           const int32_t* targets, int B, int T, S* logits, void* scratch,
-                           const S* tied_params) {
+ComputeType<S> GptHeadForward(const GptShape& s, const S* params, const S* x_in,
+                              const int32_t* targets, int B, int T, S* logits, void* scratch,
+                              const S* tied_params) {
   CheckBatch(s, B, T);
-  return internal::HeadForwardWithChunkRows(s, params, x_in, targets, B, T, logits, scratch,
-                                            HeadChunkRows(int64_t{B} * T, s.vocab_size),
-                                            tied_params);
+  return internal::GptHeadForwardWithChunkRows(s, params, x_in, targets, B, T, logits, scratch,
+                                               HeadChunkRows(int64_t{B} * T, s.vocab_size),
+                                               tied_params);
 }
 
 template <typename S>
-void HeadBackward(const GptShape& s, const S* params, const S* x_in, const int32_t* targets,
-                  ComputeType<S> dloss, int B, int T, S* dx_in, S* dparams, void* scratch,
-                  const S* tied_params, S* tied_grads) {
+void GptHeadBackward(const GptShape& s, const S* params, const S* x_in, const int32_t* targets,
+                     ComputeType<S> dloss, int B, int T, S* dx_in, S* dparams, void* scratch,
+                     const S* tied_params, S* tied_grads) {
   CheckBatch(s, B, T);
-  internal::HeadBackwardWithChunkRows(s, params, x_in, targets, dloss, B, T, dx_in, dparams,
-                                      scratch, HeadChunkRows(int64_t{B} * T, s.vocab_size),
-                                      tied_params, tied_grads);
+  internal::GptHeadBackwardWithChunkRows(s, params, x_in, targets, dloss, B, T, dx_in, dparams,
+                                         scratch, HeadChunkRows(int64_t{B} * T, s.vocab_size),
+                                         tied_params, tied_grads);
 }
 
 template <typename S>
-ComputeType<S> internal::HeadForwardWithChunkRows(const GptShape& s, const S* params, const S* x_in,
-                                                  const int32_t* targets, int B, int T, S* logits,
-                                                  void* scratch, int64_t chunk_rows,
-                                                  const S* tied_params) {
+ComputeType<S> internal::GptHeadForwardWithChunkRows(const GptShape& s, const S* params,
+                                                     const S* x_in, const int32_t* targets, int B,
+                                                     int T, S* logits, void* scratch,
+                                                     int64_t chunk_rows, const S* tied_params) {
   CheckBatch(s, B, T);
   const int64_t C = s.channels, N = int64_t{B} * T;
   const S* lnf_w = params;
@@ -418,10 +418,11 @@ ComputeType<S> internal::HeadForwardWithChunkRows(const GptShape& s, const S* pa
 }
 
 template <typename S>
-void internal::HeadBackwardWithChunkRows(const GptShape& s, const S* params, const S* x_in,
-                                         const int32_t* targets, ComputeType<S> dloss, int B, int T,
-                                         S* dx_in, S* dparams, void* scratch, int64_t chunk_rows,
-                                         const S* tied_params, S* tied_grads) {
+void internal::GptHeadBackwardWithChunkRows(const GptShape& s, const S* params, const S* x_in,
+                                            const int32_t* targets, ComputeType<S> dloss, int B,
+                                            int T, S* dx_in, S* dparams, void* scratch,
+                                            int64_t chunk_rows, const S* tied_params,
+                                            S* tied_grads) {
   CheckBatch(s, B, T);
   STRATA_CHECK(targets != nullptr);
   const int64_t C = s.channels, V = s.vocab_size, N = int64_t{B} * T;
@@ -445,27 +446,28 @@ void internal::HeadBackwardWithChunkRows(const GptShape& s, const S* params, con
                          dx_in, dlnf_w, dlnf_b);
 }
 
-#define STRATA_INSTANTIATE_GPT_KERNELS(S)                                                          \
-  template int64_t EmbeddingScratchBytes<S>(const GptShape&, int, int);                            \
-  template int64_t LayerScratchBytes<S>(const GptShape&, int, int);                                \
-  template int64_t HeadScratchBytes<S>(const GptShape&, int, int);                                 \
-  template void EmbeddingForward<S>(const GptShape&, const S*, const int32_t*, int, int, S*);      \
-  template void EmbeddingBackward<S>(const GptShape&, const int32_t*, const S*, int, int, S*,      \
-                                     void*);                                                       \
-  template void LayerForward<S>(const GptShape&, const S*, const S*, S*, int, int, void*);         \
-  template void LayerBackward<S>(const GptShape&, const S*, const S*, const S*, S*, S*, int, int,  \
-                                 void*);                                                           \
-  template ComputeType<S> HeadForward<S>(const GptShape&, const S*, const S*, const int32_t*, int, \
-                                         int, S*, void*, const S*);                                \
-  template void HeadBackward<S>(const GptShape&, const S*, const S*, const int32_t*,               \
-                                ComputeType<S>, int, int, S*, S*, void*, const S*, S*);            \
-  template int64_t internal::HeadScratchBytesWithChunkRows<S>(const GptShape&, int, int, int64_t); \
-  template ComputeType<S> internal::HeadForwardWithChunkRows<S>(                                   \
-      const GptShape&, const S*, const S*, const int32_t*, int, int, S*, void*, int64_t,           \
-      const S*);                                                                                   \
-  template void internal::HeadBackwardWithChunkRows<S>(const GptShape&, const S*, const S*,        \
-                                                       const int32_t*, ComputeType<S>, int, int,   \
-                                                       S*, S*, void*, int64_t, const S*, S*);
+#define STRATA_INSTANTIATE_GPT_KERNELS(S)                                                        \
+  template int64_t GptEmbeddingScratchBytes<S>(const GptShape&, int, int);                       \
+  template int64_t GptLayerScratchBytes<S>(const GptShape&, int, int);                           \
+  template int64_t GptHeadScratchBytes<S>(const GptShape&, int, int);                            \
+  template void GptEmbeddingForward<S>(const GptShape&, const S*, const int32_t*, int, int, S*); \
+  template void GptEmbeddingBackward<S>(const GptShape&, const int32_t*, const S*, int, int, S*, \
+                                        void*);                                                  \
+  template void GptLayerForward<S>(const GptShape&, const S*, const S*, S*, int, int, void*);    \
+  template void GptLayerBackward<S>(const GptShape&, const S*, const S*, const S*, S*, S*, int,  \
+                                    int, void*);                                                 \
+  template ComputeType<S> GptHeadForward<S>(const GptShape&, const S*, const S*, const int32_t*, \
+                                            int, int, S*, void*, const S*);                      \
+  template void GptHeadBackward<S>(const GptShape&, const S*, const S*, const int32_t*,          \
+                                   ComputeType<S>, int, int, S*, S*, void*, const S*, S*);       \
+  template int64_t internal::GptHeadScratchBytesWithChunkRows<S>(const GptShape&, int, int,      \
+                                                                 int64_t);                       \
+  template ComputeType<S> internal::GptHeadForwardWithChunkRows<S>(                              \
+      const GptShape&, const S*, const S*, const int32_t*, int, int, S*, void*, int64_t,         \
+      const S*);                                                                                 \
+  template void internal::GptHeadBackwardWithChunkRows<S>(                                       \
+      const GptShape&, const S*, const S*, const int32_t*, ComputeType<S>, int, int, S*, S*,     \
+      void*, int64_t, const S*, S*);
 
 STRATA_INSTANTIATE_GPT_KERNELS(float)
 STRATA_INSTANTIATE_GPT_KERNELS(double)

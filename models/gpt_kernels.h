@@ -142,9 +142,9 @@ int64_t HeadNumParams(const GptShape& shape);       // 2 C + C V (2 C when tied)
 // seeded per block from (seed, block) and our own Box-Muller transform (not
 // std::normal_distribution, whose output is implementation-defined). Every
 // element of the chunk is written. layer_index in [0, num_layers).
-void InitEmbeddingParams(const GptShape& shape, uint64_t seed, float* params);
-void InitLayerParams(const GptShape& shape, int layer_index, uint64_t seed, float* params);
-void InitHeadParams(const GptShape& shape, uint64_t seed, float* params);
+void InitGptEmbeddingParams(const GptShape& shape, uint64_t seed, float* params);
+void InitGptLayerParams(const GptShape& shape, int layer_index, uint64_t seed, float* params);
+void InitGptHeadParams(const GptShape& shape, uint64_t seed, float* params);
 
 // Scratch in bytes of each block function for storage type S and a micro-batch of B
 // sequences of T tokens; forward and backward of a block share one scratch (the backward
@@ -162,37 +162,37 @@ void InitHeadParams(const GptShape& shape, uint64_t seed, float* params);
 //              R = HeadChunkRows(N, V); dWlm accumulator (C, V) fp32 for 16-bit S, none for
 //              S = float or double: the accumulator is the output).
 template <typename S>
-int64_t EmbeddingScratchBytes(const GptShape& shape, int B, int T);
+int64_t GptEmbeddingScratchBytes(const GptShape& shape, int B, int T);
 template <typename S>
-int64_t LayerScratchBytes(const GptShape& shape, int B, int T);
+int64_t GptLayerScratchBytes(const GptShape& shape, int B, int T);
 template <typename S>
-int64_t HeadScratchBytes(const GptShape& shape, int B, int T);
+int64_t GptHeadScratchBytes(const GptShape& shape, int B, int T);
 
 // x_out[b, t] = S(wte[tokens[b, t]] + wpe[t]).
 //   params: embedding chunk; tokens: (B, T) int32; x_out: (B, T, C).
 template <typename S>
-void EmbeddingForward(const GptShape& shape, const S* params, const int32_t* tokens, int B, int T,
-                      S* x_out);
+void GptEmbeddingForward(const GptShape& shape, const S* params, const int32_t* tokens, int B,
+                         int T, S* x_out);
 
 // dparams (embedding chunk, OVERWRITTEN; rows of wpe at positions >= T and of
 // wte for tokens not present are zero) from dx_out: (B, T, C); each row summed in fp32 in token
-// order and rounded once. scratch: EmbeddingScratchBytes<S>.
+// order and rounded once. scratch: GptEmbeddingScratchBytes<S>.
 template <typename S>
-void EmbeddingBackward(const GptShape& shape, const int32_t* tokens, const S* dx_out, int B, int T,
-                       S* dparams, void* scratch);
+void GptEmbeddingBackward(const GptShape& shape, const int32_t* tokens, const S* dx_out, int B,
+                          int T, S* dparams, void* scratch);
 
 // One transformer layer. params: layer chunk; x_in, x_out: (B, T, C);
-// scratch: LayerScratchBytes<S>, contents undefined after.
+// scratch: GptLayerScratchBytes<S>, contents undefined after.
 template <typename S>
-void LayerForward(const GptShape& shape, const S* params, const S* x_in, S* x_out, int B, int T,
-                  void* scratch);
+void GptLayerForward(const GptShape& shape, const S* params, const S* x_in, S* x_out, int B, int T,
+                     void* scratch);
 
 // Recomputes the forward from x_in, then writes dx_in: (B, T, C) and dparams
 // (the whole layer chunk, OVERWRITTEN, not accumulated) from dx_out: (B, T, C).
-// scratch as for LayerForward. dx_in must not overlap x_in or dx_out.
+// scratch as for GptLayerForward. dx_in must not overlap x_in or dx_out.
 template <typename S>
-void LayerBackward(const GptShape& shape, const S* params, const S* x_in, const S* dx_out, S* dx_in,
-                   S* dparams, int B, int T, void* scratch);
+void GptLayerBackward(const GptShape& shape, const S* params, const S* x_in, const S* dx_out,
+                      S* dx_in, S* dparams, int B, int T, void* scratch);
 
 // The head computes its logits and the cross-entropy in chunks of rows, so that no (N, V)
 // logits buffer exists: R = HeadChunkRows(N, V) (models/ops/cross_entropy.h: the largest R <= N
@@ -203,42 +203,42 @@ using ops::kHeadChunkElems;
 
 // Final LayerNorm and LM head. params: head chunk; x_in: (B, T, C);
 // targets: (B, T) int32 or nullptr; logits: (B, V) written, the logits of the last position
-// (t = T - 1) of each sequence (what generation needs); scratch: HeadScratchBytes<S>.
+// (t = T - 1) of each sequence (what generation needs); scratch: GptHeadScratchBytes<S>.
 // Returns the mean cross-entropy over the B*T tokens (summed in double in token order), or 0
 // when targets is null (then no chunk is computed: only the B last-position rows).
 // tied_params: with shape.tie_embeddings the embedding chunk (its first V C elements are wte
 // (V, C), the LM head's weight: logits = lnf wte^T), required (STRATA_CHECK); else unused.
 template <typename S>
-ComputeType<S> HeadForward(const GptShape& shape, const S* params, const S* x_in,
-                           const int32_t* targets, int B, int T, S* logits, void* scratch,
-                           const S* tied_params = nullptr);
+ComputeType<S> GptHeadForward(const GptShape& shape, const S* params, const S* x_in,
+                              const int32_t* targets, int B, int T, S* logits, void* scratch,
+                              const S* tied_params = nullptr);
 
 // Gradient of dloss * (mean cross-entropy): recomputes the forward from x_in chunk by chunk,
 // writes dx_in: (B, T, C) and dparams (head chunk, OVERWRITTEN). targets must not be null.
-// No logits are written. scratch: HeadScratchBytes<S>. With shape.tie_embeddings, tied_params
-// as for HeadForward and tied_grads (EmbeddingNumParams elements, OVERWRITTEN): dwte in its
+// No logits are written. scratch: GptHeadScratchBytes<S>. With shape.tie_embeddings, tied_params
+// as for GptHeadForward and tied_grads (EmbeddingNumParams elements, OVERWRITTEN): dwte in its
 // first V C elements (rounded once, as dWlm), zero in the rest (the wpe part); both required.
 template <typename S>
-void HeadBackward(const GptShape& shape, const S* params, const S* x_in, const int32_t* targets,
-                  ComputeType<S> dloss, int B, int T, S* dx_in, S* dparams, void* scratch,
-                  const S* tied_params = nullptr, S* tied_grads = nullptr);
+void GptHeadBackward(const GptShape& shape, const S* params, const S* x_in, const int32_t* targets,
+                     ComputeType<S> dloss, int B, int T, S* dx_in, S* dparams, void* scratch,
+                     const S* tied_params = nullptr, S* tied_grads = nullptr);
 
 // The head with an explicit number of rows per chunk (chunk_rows in [1, N], STRATA_CHECK), for
-// tests that compare chunkings; scratch: HeadScratchBytesWithChunkRows<S>. The functions
+// tests that compare chunkings; scratch: GptHeadScratchBytesWithChunkRows<S>. The functions
 // above are these with chunk_rows = HeadChunkRows(N, V).
 namespace internal {
 template <typename S>
-int64_t HeadScratchBytesWithChunkRows(const GptShape& shape, int B, int T, int64_t chunk_rows);
+int64_t GptHeadScratchBytesWithChunkRows(const GptShape& shape, int B, int T, int64_t chunk_rows);
 template <typename S>
-ComputeType<S> HeadForwardWithChunkRows(const GptShape& shape, const S* params, const S* x_in,
-                                        const int32_t* targets, int B, int T, S* logits,
-                                        void* scratch, int64_t chunk_rows,
-                                        const S* tied_params = nullptr);
+ComputeType<S> GptHeadForwardWithChunkRows(const GptShape& shape, const S* params, const S* x_in,
+                                           const int32_t* targets, int B, int T, S* logits,
+                                           void* scratch, int64_t chunk_rows,
+                                           const S* tied_params = nullptr);
 template <typename S>
-void HeadBackwardWithChunkRows(const GptShape& shape, const S* params, const S* x_in,
-                               const int32_t* targets, ComputeType<S> dloss, int B, int T, S* dx_in,
-                               S* dparams, void* scratch, int64_t chunk_rows,
-                               const S* tied_params = nullptr, S* tied_grads = nullptr);
+void GptHeadBackwardWithChunkRows(const GptShape& shape, const S* params, const S* x_in,
+                                  const int32_t* targets, ComputeType<S> dloss, int B, int T,
+                                  S* dx_in, S* dparams, void* scratch, int64_t chunk_rows,
+                                  const S* tied_params = nullptr, S* tied_grads = nullptr);
 }  // namespace internal
 
 }  // namespace strata::models

@@ -3,14 +3,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <algorithm>
-
 #include "models/cuda/llama_cuda.h"
+#include "models/decoder_model_impl.h"
 #include "models/llama_kernels.h"
-
-#ifdef STRATA_HAVE_CUDA
-#include "gpu/cuda/cuda_device.h"  // plain C++: ScopedComputeSpan
-#endif
 
 namespace strata::models {
 
@@ -44,17 +39,6 @@ std::vector<Preset> Presets() {
           {"llama-13b", Llama2(32000, 5120, 13824, 40, 40, 40, 4096)}};
 }
 
-bool OnCuda(const gpu::Stream& stream) { return stream.device_kind() == gpu::DeviceKind::kCuda; }
-
-#ifndef STRATA_HAVE_CUDA
-// The message for a CUDA stream in a binary built without the CUDA backend.
-Status NoCudaKernels() {
-  return FailedPreconditionError(
-      "the Llama model got a CUDA stream, but this strata was built without the CUDA backend "
-      "(no nvcc at build time); rebuild with nvcc or use --device host");
-}
-#endif
-
 }  // namespace
 
 StatusOr<LlamaConfig> LlamaPreset(std::string_view name) {
@@ -78,7 +62,7 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(
 }
 
 std::string LlamaModel::description() const {
-  const LlamaConfig& c = config_;
+  const LlamaConfig& c = config();
   std::string s = fmt::format(
       "Llama: {} layers, {} heads ({} key/value), {} channels, head dim {}, MLP {}, context {}, "
       "vocabulary {}",
@@ -89,23 +73,17 @@ std::string LlamaModel::description() const {
   return s;
 }
 
-LlamaModel::Kind LlamaModel::kind(int block) const { return DecoderBlockOf(block, num_blocks()); }
-
-std::string LlamaModel::block_name(int block) const {
-  return DecoderBlockName(block, num_blocks());
-}
-
-std::vector<std::vector<int64_t>> LlamaModel::block_tensor_shapes(int block) const {
+std::vector<std::vector<int64_t>> LlamaFamily::TensorShapes(DecoderBlock kind, int layer) const {
   std::vector<LlamaTensor> tensors;
-  switch (kind(block)) {
-    case Kind::kEmbedding:
-      tensors = LlamaEmbeddingTensors(config_);
+  switch (kind) {
+    case DecoderBlock::kEmbedding:
+      tensors = LlamaEmbeddingTensors(config);
       break;
-    case Kind::kHead:
-      tensors = LlamaHeadTensors(config_);
+    case DecoderBlock::kHead:
+      tensors = LlamaHeadTensors(config);
       break;
-    case Kind::kLayer:
-      tensors = LlamaLayerTensors(config_, block - 1);
+    case DecoderBlock::kLayer:
+      tensors = LlamaLayerTensors(config, layer);
       break;
   }
   std::vector<std::vector<int64_t>> shapes;
@@ -113,225 +91,124 @@ std::vector<std::vector<int64_t>> LlamaModel::block_tensor_shapes(int block) con
   return shapes;
 }
 
-int64_t LlamaModel::block_num_params(int block) const {
-  switch (kind(block)) {
-    case Kind::kEmbedding:
-      return LlamaEmbeddingNumParams(config_);
-    case Kind::kHead:
-      return LlamaHeadNumParams(config_);
-    case Kind::kLayer:
-      break;
-  }
-  return LlamaLayerNumParams(config_);
-}
-
-int64_t LlamaModel::activation_elems(engine::MicroBatchShape s) const {
-  return s.tokens() * config_.hidden_size;
-}
-
-int64_t LlamaModel::logits_elems(engine::MicroBatchShape s) const {
-  return int64_t{s.batch_size} * config_.vocab_size;
-}
-
-int64_t LlamaModel::scratch_bytes(int block, engine::MicroBatchShape s, DType precision) const {
-  const int B = s.batch_size, T = s.seq_len;
-  // One figure for both backends (the model does not know the device here).
-  return DispatchDType(precision, [&]<typename S>() -> int64_t {
-    switch (kind(block)) {
-      case Kind::kEmbedding:
-        return std::max(LlamaEmbeddingScratchBytes<S>(config_, B, T),
-                        cuda::LlamaCudaEmbeddingScratchBytes<S>(config_, B, T));
-      case Kind::kHead:
-        return std::max(LlamaHeadScratchBytes<S>(config_, B, T),
-                        cuda::LlamaCudaHeadScratchBytes<S>(config_, B, T));
-      case Kind::kLayer:
-        break;
-    }
-    return std::max(LlamaLayerScratchBytes<S>(config_, B, T),
-                    cuda::LlamaCudaLayerScratchBytes<S>(config_, B, T));
-  });
-}
-
-int LlamaModel::tied_block(int block) const {
-  return config_.tie_embeddings && kind(block) == Kind::kHead ? 0 : -1;
-}
-
-Status LlamaModel::InitParams(int block, uint64_t seed, std::span<float> out) const {
-  STRATA_CHECK(static_cast<int64_t>(out.size()) == block_num_params(block));
-  if (weights_ != nullptr) return weights_->ReadBlock(block, out);
-  switch (kind(block)) {
-    case Kind::kEmbedding:
-      InitLlamaEmbeddingParams(config_, seed, out.data());
-      break;
-    case Kind::kHead:
-      InitLlamaHeadParams(config_, seed, out.data());
-      break;
-    case Kind::kLayer:
-      InitLlamaLayerParams(config_, block - 1, seed, out.data());
-      break;
-  }
-  return Status::Ok();
-}
-
-namespace {
-
-template <typename S>
-Status HostForward(const LlamaConfig& c, LlamaModel::Kind kind, const engine::BlockBuffers& b,
-                   gpu::Stream& stream) {
-  const int B = b.shape.batch_size, T = b.shape.seq_len;
-  const S* params = b.params.as<S>();
-  void* scratch = b.scratch.data;
+int64_t LlamaFamily::NumParams(DecoderBlock kind) const {
   switch (kind) {
-    case LlamaModel::Kind::kEmbedding:
-      return stream.LaunchHost([=, tokens = b.tokens, x_out = b.x_out.as<S>()] {
-        LlamaEmbeddingForward<S>(c, params, tokens, B, T, x_out);
-        return Status::Ok();
-      });
-    case LlamaModel::Kind::kLayer:
-      return stream.LaunchHost([=, x_in = b.x_in.as<S>(), x_out = b.x_out.as<S>()] {
-        LlamaLayerForward<S>(c, params, x_in, x_out, B, T, scratch);
-        return Status::Ok();
-      });
-    case LlamaModel::Kind::kHead:
-      return stream.LaunchHost([=, tied = b.tied_params.as<S>(), x_in = b.x_in.as<S>(),
-                                logits = b.logits.as<S>(), targets = b.targets, loss_out = b.loss] {
-        const float loss =
-            LlamaHeadForward<S>(c, params, tied, x_in, targets, B, T, logits, scratch);
-        if (targets && loss_out) *loss_out = loss;
-        return Status::Ok();
-      });
+    case DecoderBlock::kEmbedding:
+      return LlamaEmbeddingNumParams(config);
+    case DecoderBlock::kHead:
+      return LlamaHeadNumParams(config);
+    case DecoderBlock::kLayer:
+      break;
   }
-  return InternalError("unreachable");
+  return LlamaLayerNumParams(config);
+}
+
+void LlamaFamily::Init(DecoderBlock kind, int layer, uint64_t seed, float* out) const {
+  switch (kind) {
+    case DecoderBlock::kEmbedding:
+      return InitLlamaEmbeddingParams(config, seed, out);
+    case DecoderBlock::kHead:
+      return InitLlamaHeadParams(config, seed, out);
+    case DecoderBlock::kLayer:
+      return InitLlamaLayerParams(config, layer, seed, out);
+  }
 }
 
 template <typename S>
-Status HostBackward(const LlamaConfig& c, LlamaModel::Kind kind, const engine::BlockBuffers& b,
-                    gpu::Stream& stream) {
-  const int B = b.shape.batch_size, T = b.shape.seq_len;
-  const S* params = b.params.as<S>();
-  S* grads = b.grads.as<S>();
-  void* scratch = b.scratch.data;
+int64_t LlamaFamily::HostScratchBytes(DecoderBlock kind, int B, int T) const {
   switch (kind) {
-    case LlamaModel::Kind::kEmbedding:
-      return stream.LaunchHost([=, tokens = b.tokens, dx_out = b.dx_out.as<S>()] {
-        LlamaEmbeddingBackward<S>(c, tokens, dx_out, B, T, grads, scratch);
-        return Status::Ok();
-      });
-    case LlamaModel::Kind::kLayer:
-      return stream.LaunchHost(
-          [=, x_in = b.x_in.as<S>(), dx_out = b.dx_out.as<S>(), dx_in = b.dx_in.as<S>()] {
-            LlamaLayerBackward<S>(c, params, x_in, dx_out, dx_in, grads, B, T, scratch);
-            return Status::Ok();
-          });
-    case LlamaModel::Kind::kHead:
-      return stream.LaunchHost([=, tied = b.tied_params.as<S>(), tied_grads = b.tied_grads.as<S>(),
-                                x_in = b.x_in.as<S>(), dx_in = b.dx_in.as<S>(), targets = b.targets,
-                                dloss = b.dloss] {
-        LlamaHeadBackward<S>(c, params, tied, x_in, targets, dloss, B, T, dx_in, grads, tied_grads,
-                             scratch);
-        return Status::Ok();
-      });
+    case DecoderBlock::kEmbedding:
+      return LlamaEmbeddingScratchBytes<S>(config, B, T);
+    case DecoderBlock::kHead:
+      return LlamaHeadScratchBytes<S>(config, B, T);
+    case DecoderBlock::kLayer:
+      break;
   }
-  return InternalError("unreachable");
+  return LlamaLayerScratchBytes<S>(config, B, T);
+}
+
+template <typename S>
+int64_t LlamaFamily::CudaScratchBytes(DecoderBlock kind, int B, int T) const {
+  switch (kind) {
+    case DecoderBlock::kEmbedding:
+      return cuda::LlamaCudaEmbeddingScratchBytes<S>(config, B, T);
+    case DecoderBlock::kHead:
+      return cuda::LlamaCudaHeadScratchBytes<S>(config, B, T);
+    case DecoderBlock::kLayer:
+      break;
+  }
+  return cuda::LlamaCudaLayerScratchBytes<S>(config, B, T);
+}
+
+// The host blocks (llama_kernels.h).
+template <typename S>
+void LlamaFamily::HostEmbeddingForward(const BlockArgs<S>& a) const {
+  LlamaEmbeddingForward<S>(config, a.params, a.tokens, a.B, a.T, a.x_out);
+}
+template <typename S>
+void LlamaFamily::HostLayerForward(const BlockArgs<S>& a) const {
+  LlamaLayerForward<S>(config, a.params, a.x_in, a.x_out, a.B, a.T, a.scratch);
+}
+template <typename S>
+float LlamaFamily::HostHeadForward(const BlockArgs<S>& a) const {
+  return LlamaHeadForward<S>(config, a.params, a.tied_params, a.x_in, a.targets, a.B, a.T, a.logits,
+                             a.scratch);
+}
+template <typename S>
+void LlamaFamily::HostEmbeddingBackward(const BlockArgs<S>& a) const {
+  LlamaEmbeddingBackward<S>(config, a.tokens, a.dx_out, a.B, a.T, a.grads, a.scratch);
+}
+template <typename S>
+void LlamaFamily::HostLayerBackward(const BlockArgs<S>& a) const {
+  LlamaLayerBackward<S>(config, a.params, a.x_in, a.dx_out, a.dx_in, a.grads, a.B, a.T, a.scratch);
+}
+template <typename S>
+void LlamaFamily::HostHeadBackward(const BlockArgs<S>& a) const {
+  LlamaHeadBackward<S>(config, a.params, a.tied_params, a.x_in, a.targets, a.dloss, a.B, a.T,
+                       a.dx_in, a.grads, a.tied_grads, a.scratch);
 }
 
 #ifdef STRATA_HAVE_CUDA
-// The CUDA blocks (models/cuda/llama_cuda.h) launch on the native stream, past the Stream's own
-// operations, so each block call is traced as one compute span.
-template <typename S>
-Status CudaForward(const LlamaConfig& c, LlamaModel::Kind kind, const engine::BlockBuffers& b,
-                   gpu::Stream& stream) {
-  const int B = b.shape.batch_size, T = b.shape.seq_len;
-  void* scratch = b.scratch.data;
-  switch (kind) {
-    case LlamaModel::Kind::kEmbedding: {
-      gpu::ScopedComputeSpan span(stream, "embedding forward");
-      return cuda::LlamaCudaEmbeddingForward<S>(c, stream, b.params.as<S>(), b.tokens, B, T,
-                                                b.x_out.as<S>());
-    }
-    case LlamaModel::Kind::kLayer: {
-      gpu::ScopedComputeSpan span(stream, "layer forward");
-      return cuda::LlamaCudaLayerForward<S>(c, stream, b.params.as<S>(), b.x_in.as<S>(),
-                                            b.x_out.as<S>(), B, T, scratch);
-    }
-    case LlamaModel::Kind::kHead: {
-      gpu::ScopedComputeSpan span(stream, "head forward");
-      return cuda::LlamaCudaHeadForward<S>(c, stream, b.params.as<S>(), b.tied_params.as<S>(),
-                                           b.x_in.as<S>(), b.targets, B, T, b.logits.as<S>(),
-                                           scratch, b.loss);
-    }
-  }
-  return InternalError("unreachable");
-}
+// The Llama CUDA blocks take every valid config (head_dim <= 128 is checked per call).
+Status LlamaFamily::CudaSupports() const { return Status::Ok(); }
 
-template <typename S>
-Status CudaBackward(const LlamaConfig& c, LlamaModel::Kind kind, const engine::BlockBuffers& b,
-                    gpu::Stream& stream) {
-  const int B = b.shape.batch_size, T = b.shape.seq_len;
-  void* scratch = b.scratch.data;
-  switch (kind) {
-    case LlamaModel::Kind::kEmbedding: {
-      gpu::ScopedComputeSpan span(stream, "embedding backward");
-      return cuda::LlamaCudaEmbeddingBackward<S>(c, stream, b.tokens, b.dx_out.as<S>(), B, T,
-                                                 b.grads.as<S>(), scratch);
-    }
-    case LlamaModel::Kind::kLayer: {
-      // Includes the recomputed forward (activation checkpointing).
-      gpu::ScopedComputeSpan span(stream, "layer backward");
-      return cuda::LlamaCudaLayerBackward<S>(c, stream, b.params.as<S>(), b.x_in.as<S>(),
-                                             b.dx_out.as<S>(), b.dx_in.as<S>(), b.grads.as<S>(), B,
-                                             T, scratch);
-    }
-    case LlamaModel::Kind::kHead: {
-      gpu::ScopedComputeSpan span(stream, "head backward");
-      return cuda::LlamaCudaHeadBackward<S>(
-          c, stream, b.params.as<S>(), b.tied_params.as<S>(), b.x_in.as<S>(), b.targets, b.dloss, B,
-          T, b.dx_in.as<S>(), b.grads.as<S>(), b.tied_grads.as<S>(), scratch);
-    }
-  }
-  return InternalError("unreachable");
-}
-#endif
-
-}  // namespace
-
-Status LlamaModel::PrepareComputeStream(gpu::Stream& stream) {
-  if (!OnCuda(stream)) return Status::Ok();
-#ifdef STRATA_HAVE_CUDA
+Status LlamaFamily::CudaPrepareStream(gpu::Stream& stream) const {
   return cuda::LlamaCudaPrepareStream(stream);
-#else
-  return NoCudaKernels();
-#endif
 }
 
-Status LlamaModel::Forward(int block, const engine::BlockBuffers& b, gpu::Stream& stream) {
-  STRATA_RETURN_IF_ERROR(engine::CheckBlockBuffers(*this, block, b, /*backward=*/false));
-  const Kind k = kind(block);
-  if (OnCuda(stream)) {
-#ifdef STRATA_HAVE_CUDA
-    return DispatchDType(b.precision,
-                         [&]<typename S>() { return CudaForward<S>(config_, k, b, stream); });
-#else
-    return NoCudaKernels();
-#endif
-  }
-  return DispatchDType(b.precision,
-                       [&]<typename S>() { return HostForward<S>(config_, k, b, stream); });
+// The CUDA blocks (models/cuda/llama_cuda.h).
+template <typename S>
+Status LlamaFamily::CudaEmbeddingForward(const BlockArgs<S>& a, gpu::Stream& stream) const {
+  return cuda::LlamaCudaEmbeddingForward<S>(config, stream, a.params, a.tokens, a.B, a.T, a.x_out);
 }
+template <typename S>
+Status LlamaFamily::CudaLayerForward(const BlockArgs<S>& a, gpu::Stream& stream) const {
+  return cuda::LlamaCudaLayerForward<S>(config, stream, a.params, a.x_in, a.x_out, a.B, a.T,
+                                        a.scratch);
+}
+template <typename S>
+Status LlamaFamily::CudaHeadForward(const BlockArgs<S>& a, gpu::Stream& stream) const {
+  return cuda::LlamaCudaHeadForward<S>(config, stream, a.params, a.tied_params, a.x_in, a.targets,
+                                       a.B, a.T, a.logits, a.scratch, a.loss);
+}
+template <typename S>
+Status LlamaFamily::CudaEmbeddingBackward(const BlockArgs<S>& a, gpu::Stream& stream) const {
+  return cuda::LlamaCudaEmbeddingBackward<S>(config, stream, a.tokens, a.dx_out, a.B, a.T, a.grads,
+                                             a.scratch);
+}
+template <typename S>
+Status LlamaFamily::CudaLayerBackward(const BlockArgs<S>& a, gpu::Stream& stream) const {
+  return cuda::LlamaCudaLayerBackward<S>(config, stream, a.params, a.x_in, a.dx_out, a.dx_in,
+                                         a.grads, a.B, a.T, a.scratch);
+}
+template <typename S>
+Status LlamaFamily::CudaHeadBackward(const BlockArgs<S>& a, gpu::Stream& stream) const {
+  return cuda::LlamaCudaHeadBackward<S>(config, stream, a.params, a.tied_params, a.x_in, a.targets,
+                                        a.dloss, a.B, a.T, a.dx_in, a.grads, a.tied_grads,
+                                        a.scratch);
+}
+#endif
 
-Status LlamaModel::Backward(int block, const engine::BlockBuffers& b, gpu::Stream& stream) {
-  STRATA_RETURN_IF_ERROR(engine::CheckBlockBuffers(*this, block, b, /*backward=*/true));
-  const Kind k = kind(block);
-  if (OnCuda(stream)) {
-#ifdef STRATA_HAVE_CUDA
-    return DispatchDType(b.precision,
-                         [&]<typename S>() { return CudaBackward<S>(config_, k, b, stream); });
-#else
-    return NoCudaKernels();
-#endif
-  }
-  return DispatchDType(b.precision,
-                       [&]<typename S>() { return HostBackward<S>(config_, k, b, stream); });
-}
+template class DecoderModel<LlamaFamily>;
 
 }  // namespace strata::models

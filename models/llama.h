@@ -24,6 +24,7 @@
 
 #include "engine/model.h"
 #include "models/decoder_blocks.h"
+#include "models/decoder_model.h"
 #include "models/llama_config.h"
 #include "models/weight_source.h"
 
@@ -37,43 +38,36 @@ namespace strata::models {
 StatusOr<LlamaConfig> LlamaPreset(std::string_view name);
 std::vector<std::string> LlamaPresetNames();
 
-class LlamaModel final : public engine::Model {
- public:
-  using Kind = DecoderBlock;
+// Llama as a decoder family (models/decoder_model.h): its config, and its blocks, each a call of
+// the kernels of models/llama_kernels.h (host) or models/cuda/llama_cuda.h (CUDA).
+struct LlamaFamily {
+  static constexpr const char* kName = "the Llama model";
 
+  LlamaConfig config;
+
+  int num_layers() const { return config.num_layers; }
+  int vocab_size() const { return config.vocab_size; }
+  int max_seq_len() const { return config.max_seq_len; }
+  int64_t channels() const { return config.hidden_size; }
+  bool tie_embeddings() const { return config.tie_embeddings; }
+  STRATA_DECODER_FAMILY_FUNCTIONS()
+};
+
+extern template class DecoderModel<LlamaFamily>;
+
+class LlamaModel final : public DecoderModel<LlamaFamily> {
+ public:
   // kInvalidArgument for an invalid config (ValidateLlamaConfig). With `weights`, InitParams
   // reads each block from it instead of initialising randomly.
   static StatusOr<std::unique_ptr<LlamaModel>> Create(
       const LlamaConfig& config, std::shared_ptr<const WeightSource> weights = nullptr);
 
-  const LlamaConfig& config() const { return config_; }
+  const LlamaConfig& config() const { return family().config; }
   std::string description() const override;
-  int num_blocks() const override { return config_.num_layers + 2; }
-  std::string block_name(int block) const override;
-  int64_t block_num_params(int block) const override;
-  std::vector<std::vector<int64_t>> block_tensor_shapes(int block) const override;
-  int64_t activation_elems(engine::MicroBatchShape s) const override;
-  int64_t logits_elems(engine::MicroBatchShape s) const override;
-  int vocab_size() const override { return config_.vocab_size; }
-  int max_seq_len() const override { return config_.max_seq_len; }
-  int64_t scratch_bytes(int block, engine::MicroBatchShape s, DType precision) const override;
-  // The head reads the embedding chunk when the embeddings are tied: 0 for the head then.
-  int tied_block(int block) const override;
-  // Random (InitLlama*Params, from seed) or the weight source's block (its errors returned).
-  Status InitParams(int block, uint64_t seed, std::span<float> out) const override;
-  Status Forward(int block, const engine::BlockBuffers& buffers, gpu::Stream& stream) override;
-  Status Backward(int block, const engine::BlockBuffers& buffers, gpu::Stream& stream) override;
-  // On a CUDA stream: the cuBLAS/cuBLASLt handles and workspace (cuda::LlamaCudaPrepareStream).
-  Status PrepareComputeStream(gpu::Stream& stream) override;
-
-  Kind kind(int block) const;
 
  private:
   LlamaModel(const LlamaConfig& config, std::shared_ptr<const WeightSource> weights)
-      : config_(config), weights_(std::move(weights)) {}
-
-  LlamaConfig config_;
-  std::shared_ptr<const WeightSource> weights_;
+      : DecoderModel(LlamaFamily{config}, std::move(weights)) {}
 };
 
 }  // namespace strata::models

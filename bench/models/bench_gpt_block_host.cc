@@ -5,8 +5,8 @@
 //   BM_LayerForwardBackward/<preset>/<dtype>
 //
 // <preset>: 0 = small (C = 128, H = 4, T = 64, B = 8), 1 = wide (C = 768, H = 12, T = 256,
-// B = 2). <dtype>: 0 = fp32, 1 = fp16, 2 = bf16 (DType values). One iteration is LayerForward
-// then LayerBackward (which recomputes the forward). GFLOP/s counts model FLOPs, 3x the
+// B = 2). <dtype>: 0 = fp32, 1 = fp16, 2 = bf16 (DType values). One iteration is GptLayerForward
+// then GptLayerBackward (which recomputes the forward). GFLOP/s counts model FLOPs, 3x the
 // forward: 3 (24 N C^2 + 2 B T^2 C) for N = B T tokens (dense products, causal attention), not
 // the recomputation. Wall-clock time; the work runs on oneTBB workers.
 //   bench_gpt_block_host --benchmark_min_time=0.5 --benchmark_repetitions=5
@@ -54,11 +54,11 @@ void Run(benchmark::State& state, const Preset& p) {
   const std::vector<S> x = RandomStorage<S>(N * C, 1.0, 2);
   const std::vector<S> dy = RandomStorage<S>(N * C, 1.0, 3);
   std::vector<S> y(N * C), dx(N * C), grads(params.size());
-  std::vector<double> scratch((LayerScratchBytes<S>(s, p.B, p.T) + 7) / 8);
+  std::vector<double> scratch((GptLayerScratchBytes<S>(s, p.B, p.T) + 7) / 8);
   for (auto _ : state) {
-    LayerForward<S>(s, params.data(), x.data(), y.data(), p.B, p.T, scratch.data());
-    LayerBackward<S>(s, params.data(), x.data(), dy.data(), dx.data(), grads.data(), p.B, p.T,
-                     scratch.data());
+    GptLayerForward<S>(s, params.data(), x.data(), y.data(), p.B, p.T, scratch.data());
+    GptLayerBackward<S>(s, params.data(), x.data(), dy.data(), dx.data(), grads.data(), p.B, p.T,
+                        scratch.data());
     benchmark::DoNotOptimize(dx.data());
     benchmark::ClobberMemory();
   }

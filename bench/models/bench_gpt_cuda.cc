@@ -45,7 +45,7 @@ void RunLayer(benchmark::State& state) {
   const GptShape s = *shape_or;
   const int64_t C = s.channels, N = int64_t{B} * T;
   const int64_t params = LayerNumParams(s), act = N * C;
-  const int64_t e = sizeof(S), scratch_bytes = cuda::CudaLayerScratchBytes<S>(s, B, T);
+  const int64_t e = sizeof(S), scratch_bytes = cuda::GptCudaLayerScratchBytes<S>(s, B, T);
   auto stream_or = ctx.device->CreateStream("bench");
   auto arena_or = ctx.device->CreateArena((2 * params + 4 * act) * e + scratch_bytes + 8 * 4096);
   if (!stream_or.ok() || !arena_or.ok()) {
@@ -66,7 +66,7 @@ void RunLayer(benchmark::State& state) {
   // Small finite values: 0x3c3c reads as ~0.0115 in bf16, 0x3c3c3c3c as ~0.0115 in fp32 (the
   // arena starts zeroed, which would make LayerNorm divide a zero variance by eps only).
   const cudaStream_t cs = gpu::NativeStream(stream);
-  if (Status st = cuda::CudaPrepareStream(stream); !st.ok()) {
+  if (Status st = cuda::GptCudaPrepareStream(stream); !st.ok()) {
     state.SkipWithError(st.ToString().c_str());
     return;
   }
@@ -78,8 +78,8 @@ void RunLayer(benchmark::State& state) {
     }
   }
   auto run = [&]() -> Status {
-    return backward ? cuda::CudaLayerBackward<S>(s, stream, p, x, dy, dx, g, B, T, sc)
-                    : cuda::CudaLayerForward<S>(s, stream, p, x, y, B, T, sc);
+    return backward ? cuda::GptCudaLayerBackward<S>(s, stream, p, x, dy, dx, g, B, T, sc)
+                    : cuda::GptCudaLayerForward<S>(s, stream, p, x, y, B, T, sc);
   };
   if (Status st = run(); !st.ok() || !(st = stream.Synchronize()).ok()) {  // warm-up
     state.SkipWithError(st.ToString().c_str());

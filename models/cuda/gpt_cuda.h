@@ -4,8 +4,8 @@
 //
 // This header is plain C++ (no CUDA headers), so models/gpt.cc includes it in every
 // build; the scratch sizes (gpt_cuda_layout.h) are always available, the block functions are
-// defined only when the binary has the CUDA backend (STRATA_HAVE_CUDA). The per-op
-// kernels behind them are in models/cuda/gpt_cuda.cuh.
+// defined only when the binary has the CUDA backend (STRATA_HAVE_CUDA). The ops behind
+// them are the CUDA ops library, models/ops/cuda/ops.cuh.
 //
 // Conventions for every block function:
 //   - `stream` is a CUDA backend stream (gpu::NativeStream STRATA_CHECKs it); all work
@@ -29,10 +29,10 @@
 //   - Nothing is allocated: intermediate values live in `scratch` (sizes and layout in
 //     gpt_cuda_layout.h; 16-byte aligned, 256 for the fastest products); the cuBLASLt
 //     products use the stream's cuBLAS workspace (gpu::CublasWorkspace, 32 MiB outside the
-//     arena, taken by CudaPrepareStream). All N = B T rows are computed at once (the head's logits
-//     in chunks of rows); matrix products go through cuBLASLt with fused epilogues
+//     arena, taken by GptCudaPrepareStream). All N = B T rows are computed at once (the head's
+//     logits in chunks of rows); matrix products go through cuBLASLt with fused epilogues
 //     (gpu/cuda/cuda_lt_matmul.h; algorithm chosen once per shape and cached); attention is fused
-//     (FlashAttention-2 style, no T x T matrix). CudaPrepareStream loads cuBLAS and cuBLASLt and
+//     (FlashAttention-2 style, no T x T matrix). GptCudaPrepareStream loads cuBLAS and cuBLASLt and
 //     makes the device's Lt handle before the first step: kUnavailable when either library is
 //     absent.
 //   - Products take S inputs and outputs with fp32 accumulation (CUBLAS_COMPUTE_32F; TF32 for
@@ -65,15 +65,15 @@ struct GptCudaOptions {
 };
 
 // Scratch of the block functions below in bytes, for storage type S (float, Bf16, Fp16) and a
-// micro-batch of B sequences of T tokens: CudaEmbeddingScratchBytes, CudaLayerScratchBytes and
-// CudaHeadScratchBytes are in models/cuda/gpt_cuda_layout.h (plain C++, always built), with
+// micro-batch of B sequences of T tokens: GptCudaEmbeddingScratchBytes, GptCudaLayerScratchBytes
+// and GptCudaHeadScratchBytes are in models/cuda/gpt_cuda_layout.h (plain C++, always built), with
 // the layout behind them.
 
 // Takes what the blocks need from `stream` beyond their scratch, once, before any block
 // runs: the stream's cuBLAS handle with its workspace (gpu::CublasHandle). Errors as
 // CublasHandle's (kUnavailable when cuBLAS cannot be loaded, kResourceExhausted for the
 // workspace).
-Status CudaPrepareStream(gpu::Stream& stream);
+Status GptCudaPrepareStream(gpu::Stream& stream);
 
 // Every block function is a template on the storage type S of its typed buffers: float (the
 // fp32 path), Bf16 or Fp16 (base/dtype.h; __nv_bfloat16 / __half in device code), with the
@@ -83,51 +83,53 @@ Status CudaPrepareStream(gpu::Stream& stream);
 // x_out[b, t] = S(wte[tokens[b, t]] + wpe[t]). params: embedding chunk; tokens (B, T);
 // x_out (B, T, C).
 template <typename S>
-Status CudaEmbeddingForward(const GptShape& shape, gpu::Stream& stream, const S* params,
-                            const int32_t* tokens, int B, int T, S* x_out);
+Status GptCudaEmbeddingForward(const GptShape& shape, gpu::Stream& stream, const S* params,
+                               const int32_t* tokens, int B, int T, S* x_out);
 
 // dparams (embedding chunk, OVERWRITTEN) from dx_out (B, T, C), deterministic without
 // atomics: each wte row sums the rows of its tokens in token order in fp32 and rounds once.
-// scratch: CudaEmbeddingScratchBytes<S>.
+// scratch: GptCudaEmbeddingScratchBytes<S>.
 template <typename S>
-Status CudaEmbeddingBackward(const GptShape& shape, gpu::Stream& stream, const int32_t* tokens,
-                             const S* dx_out, int B, int T, S* dparams, void* scratch);
+Status GptCudaEmbeddingBackward(const GptShape& shape, gpu::Stream& stream, const int32_t* tokens,
+                                const S* dx_out, int B, int T, S* dparams, void* scratch);
 
-// One transformer layer, x_in -> x_out (B, T, C); scratch: CudaLayerScratchBytes<S>.
+// One transformer layer, x_in -> x_out (B, T, C); scratch: GptCudaLayerScratchBytes<S>.
 // x_out must not overlap x_in.
 template <typename S>
-Status CudaLayerForward(const GptShape& shape, gpu::Stream& stream, const S* params, const S* x_in,
-                        S* x_out, int B, int T, void* scratch, const GptCudaOptions& options = {});
+Status GptCudaLayerForward(const GptShape& shape, gpu::Stream& stream, const S* params,
+                           const S* x_in, S* x_out, int B, int T, void* scratch,
+                           const GptCudaOptions& options = {});
 
 // Recomputes the forward from x_in, then writes dx_in (B, T, C) and dparams (layer
 // chunk, OVERWRITTEN) from dx_out. dx_in must not overlap x_in or dx_out.
 template <typename S>
-Status CudaLayerBackward(const GptShape& shape, gpu::Stream& stream, const S* params, const S* x_in,
-                         const S* dx_out, S* dx_in, S* dparams, int B, int T, void* scratch,
-                         const GptCudaOptions& options = {});
+Status GptCudaLayerBackward(const GptShape& shape, gpu::Stream& stream, const S* params,
+                            const S* x_in, const S* dx_out, S* dx_in, S* dparams, int B, int T,
+                            void* scratch, const GptCudaOptions& options = {});
 
 // Final LayerNorm and LM head: logits (B, V) written, those of the last position (t = T - 1)
 // of each sequence. With targets (B, T) non-null and loss non-null, *loss (one fp32 in device
 // memory) receives the mean cross-entropy over the B T tokens (summed in double, fixed order),
 // computed in chunks of HeadChunkRows(N, V) rows in the scratch (no (N, V) logits).
-// scratch: CudaHeadScratchBytes<S>. With shape.tie_embeddings, tied_params is the embedding
+// scratch: GptCudaHeadScratchBytes<S>. With shape.tie_embeddings, tied_params is the embedding
 // chunk (its first V C elements: wte (V, C), the head's weight, read transposed; null is
 // kInvalidArgument); else unused.
 template <typename S>
-Status CudaHeadForward(const GptShape& shape, gpu::Stream& stream, const S* params, const S* x_in,
-                       const int32_t* targets, int B, int T, S* logits, void* scratch, float* loss,
-                       const GptCudaOptions& options = {}, const S* tied_params = nullptr);
+Status GptCudaHeadForward(const GptShape& shape, gpu::Stream& stream, const S* params,
+                          const S* x_in, const int32_t* targets, int B, int T, S* logits,
+                          void* scratch, float* loss, const GptCudaOptions& options = {},
+                          const S* tied_params = nullptr);
 
 // Gradient of dloss * (mean cross-entropy): recomputes the forward chunk by chunk, writes
 // dx_in (B, T, C) and dparams (head chunk, OVERWRITTEN); dWlm accumulated over the chunks in
 // fp32 (cuBLASLt with 16-bit A and B, fp32 C and D, beta = 1), rounded once, as on the host.
-// targets must not be null. Tied (shape.tie_embeddings): tied_params as for CudaHeadForward and
+// targets must not be null. Tied (shape.tie_embeddings): tied_params as for GptCudaHeadForward and
 // tied_grads (EmbeddingNumParams elements, OVERWRITTEN): dwte (V, C) in its first V C elements,
 // accumulated and rounded as dWlm, zeros in the rest (wpe); both required.
 template <typename S>
-Status CudaHeadBackward(const GptShape& shape, gpu::Stream& stream, const S* params, const S* x_in,
-                        const int32_t* targets, float dloss, int B, int T, S* dx_in, S* dparams,
-                        void* scratch, const GptCudaOptions& options = {},
-                        const S* tied_params = nullptr, S* tied_grads = nullptr);
+Status GptCudaHeadBackward(const GptShape& shape, gpu::Stream& stream, const S* params,
+                           const S* x_in, const int32_t* targets, float dloss, int B, int T,
+                           S* dx_in, S* dparams, void* scratch, const GptCudaOptions& options = {},
+                           const S* tied_params = nullptr, S* tied_grads = nullptr);
 
 }  // namespace strata::models::cuda

@@ -18,14 +18,15 @@
 #include <vector>
 
 #include "models/gpt_kernels.h"
+#include "models/ops/cuda/partials.h"
 
 namespace strata::models::cuda {
 
 inline constexpr int64_t kScratchAlign = 256;
-// Rows per partial sum of the LayerNorm parameter gradients (two-pass column reduction).
-inline constexpr int64_t kLnRowsPerPartial = 64;
-
-inline int64_t LnPartials(int64_t N) { return (N + kLnRowsPerPartial - 1) / kLnRowsPerPartial; }
+// Rows per partial sum of the LayerNorm parameter gradients and column sums (the ops' two-pass
+// column reduction, models/ops/cuda/partials.h).
+using ops::cuda::kLnRowsPerPartial;
+using ops::cuda::LnPartials;
 
 // [offset, offset + bytes) of a buffer.
 struct Region {
@@ -63,7 +64,7 @@ class Carver {
 //   dqkv over h    (h is dead once the DGELU product has run)
 //   dln  holds dln2, then datt, then dln1 (each dead before the next is written)
 // dx2 lives in the caller's dx_in, and LayerNorm 1's backward adds to it in place.
-struct CudaLayerScratchLayout {
+struct GptCudaLayerScratchLayout {
   Region mean1, rstd1, mean2, rstd2;  // (N) fp32 LayerNorm statistics
   Region lse;                         // (B, H, T) fp32 attention log-sum-exp
   Region delta;                       // (B, H, T) fp32 rowsum(dO * O) of the backward
@@ -80,11 +81,11 @@ struct CudaLayerScratchLayout {
 };
 
 template <typename S>
-CudaLayerScratchLayout CudaLayerScratchLayoutFor(const GptShape& s, int B, int T) {
+GptCudaLayerScratchLayout GptCudaLayerScratchLayoutFor(const GptShape& s, int B, int T) {
   const int64_t N = int64_t{B} * T, C = s.channels, e = sizeof(S);
   const int64_t stats = int64_t{B} * s.num_heads * T * 4;
   layout_internal::Carver c;
-  CudaLayerScratchLayout l;
+  GptCudaLayerScratchLayout l;
   l.mean1 = c.Take(N * 4);
   l.rstd1 = c.Take(N * 4);
   l.mean2 = c.Take(N * 4);
@@ -109,7 +110,7 @@ CudaLayerScratchLayout CudaLayerScratchLayoutFor(const GptShape& s, int B, int T
 template <typename S>
 std::vector<std::pair<std::string, std::vector<NamedRegion>>> CudaLayerLivePhases(const GptShape& s,
                                                                                   int B, int T) {
-  const CudaLayerScratchLayout l = CudaLayerScratchLayoutFor<S>(s, B, T);
+  const GptCudaLayerScratchLayout l = GptCudaLayerScratchLayoutFor<S>(s, B, T);
   const int64_t N = int64_t{B} * T, e = sizeof(S), C = s.channels;
   const NamedRegion m1{"mean1", l.mean1}, r1{"rstd1", l.rstd1}, m2{"mean2", l.mean2},
       r2{"rstd2", l.rstd2}, lse{"lse", l.lse}, delta{"delta", l.delta},
@@ -132,7 +133,7 @@ std::vector<std::pair<std::string, std::vector<NamedRegion>>> CudaLayerLivePhase
 // in `chunk`; the backward writes dlnf = S(dlogits Wlm^T) chunk by chunk and adds
 // lnf^T dlogits into dwlm_acc (fp32; for S = float the accumulator is the head's dWlm itself,
 // and the region is empty) before the LayerNorm backward writes dx_in.
-struct CudaHeadScratchLayout {
+struct GptCudaHeadScratchLayout {
   Region mean, rstd;       // (N) fp32
   Region losses;           // (N) fp32 per-row cross-entropy
   Region ln_partials;      // (LnPartials(N), 4 C) fp32 (2 C used)
@@ -146,10 +147,10 @@ struct CudaHeadScratchLayout {
 };
 
 template <typename S>
-CudaHeadScratchLayout CudaHeadScratchLayoutFor(const GptShape& s, int B, int T) {
+GptCudaHeadScratchLayout GptCudaHeadScratchLayoutFor(const GptShape& s, int B, int T) {
   const int64_t N = int64_t{B} * T, C = s.channels, V = s.vocab_size, e = sizeof(S);
   layout_internal::Carver c;
-  CudaHeadScratchLayout l;
+  GptCudaHeadScratchLayout l;
   l.chunk_rows = HeadChunkRows(N, V);
   l.mean = c.Take(N * 4);
   l.rstd = c.Take(N * 4);
@@ -190,16 +191,16 @@ inline CudaEmbeddingScratchLayout CudaEmbeddingScratchLayoutFor(const GptShape& 
 // Scratch of the typed block functions of models/cuda/gpt_cuda.h, in bytes, for storage type
 // S (float, Bf16, Fp16). B >= 1, 1 <= T <= max_seq_len.
 template <typename S>
-int64_t CudaEmbeddingScratchBytes(const GptShape& s, int B, int T) {
+int64_t GptCudaEmbeddingScratchBytes(const GptShape& s, int B, int T) {
   return CudaEmbeddingScratchLayoutFor(s, B, T).total;
 }
 template <typename S>
-int64_t CudaLayerScratchBytes(const GptShape& s, int B, int T) {
-  return CudaLayerScratchLayoutFor<S>(s, B, T).total;
+int64_t GptCudaLayerScratchBytes(const GptShape& s, int B, int T) {
+  return GptCudaLayerScratchLayoutFor<S>(s, B, T).total;
 }
 template <typename S>
-int64_t CudaHeadScratchBytes(const GptShape& s, int B, int T) {
-  return CudaHeadScratchLayoutFor<S>(s, B, T).total;
+int64_t GptCudaHeadScratchBytes(const GptShape& s, int B, int T) {
+  return GptCudaHeadScratchLayoutFor<S>(s, B, T).total;
 }
 
 }  // namespace strata::models::cuda

@@ -1,6 +1,7 @@
-// The Llama blocks on CUDA (llama_cuda.h): each a list of op calls (ops/cuda/llama_ops.cuh,
-// gpt_cuda.cuh) and cuBLASLt products over all N = B T rows at once, with the rounding points of
-// models/llama_kernels.h and the scratch layout of llama_cuda_layout.h.
+// The Llama blocks on CUDA (llama_cuda.h): each a list of calls to the CUDA ops of
+// models/ops/cuda/ops.cuh (products through its cuBLASLt wrapper) over all N = B T rows at once,
+// with the rounding points of models/llama_kernels.h and the scratch layout of
+// llama_cuda_layout.h.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -11,93 +12,45 @@
 #include <vector>
 
 #include "base/dtype.h"
-#include "gpu/cuda/cuda_kernels.cuh"
-#include "gpu/cuda/cuda_lt_matmul.h"
 #include "gpu/cuda/cuda_native.h"
 #include "gpu/cuda/cuda_status.h"
-#include "models/cuda/gpt_cuda.cuh"
-#include "models/cuda/gpt_cuda.h"
-#include "models/cuda/gpt_cuda_common.cuh"
 #include "models/cuda/llama_cuda.h"
 #include "models/cuda/llama_cuda_layout.h"
 #include "models/llama_kernels.h"
-#include "models/ops/cuda/llama_ops.cuh"
+#include "models/ops/cuda/common.cuh"
+#include "models/ops/cuda/ops.cuh"
 
 namespace strata::models::cuda {
 namespace {
 
-namespace lops = ::strata::models::ops::cuda;
+namespace oc = ::strata::models::ops::cuda;
 
-using internal::At;
-using internal::CheckPointers;
-using internal::D;
-using internal::Dev;
+using oc::internal::At;
+using oc::internal::CheckPointers;
+using oc::internal::D;
+using oc::internal::Dev;
+using ops::WeightLayout;
+
+// Llama's weights are (out, in), y = x W^T (torch.nn.Linear).
+constexpr WeightLayout kOutIn = WeightLayout::kOutIn;
 
 StatusOr<cudaStream_t> Prepare(const char* what, const LlamaConfig& c, gpu::Stream& stream, int B,
                                int T, const void* scratch) {
   STRATA_RETURN_IF_ERROR(ValidateLlamaConfig(c));
-  if (B < 1 || T < 1 || T > c.max_seq_len) {
-    return InvalidArgumentError(
-        std::string(what) + ": need B >= 1 and 1 <= T <= max_seq_len, got B=" + std::to_string(B) +
-        " T=" + std::to_string(T) + " max_seq_len=" + std::to_string(c.max_seq_len));
-  }
-  if (c.head_dim > lops::kGqaMaxHeadDim) {
+  if (c.head_dim > oc::kAttentionMaxHeadDim) {
     return InvalidArgumentError(std::string(what) +
                                 ": the CUDA attention takes head_dim <= 128, got " +
                                 std::to_string(c.head_dim));
   }
-  if (reinterpret_cast<uintptr_t>(scratch) % 16 != 0) {
-    return InvalidArgumentError(std::string(what) + ": scratch must be 16-byte aligned");
-  }
-  STRATA_RETURN_IF_ERROR(gpu::CublasHandle(stream).status());  // also cudaSetDevice
-  return gpu::NativeStream(stream);
+  return oc::internal::PrepareBlockCall(what, stream, B, T, c.max_seq_len, scratch);
 }
 
-// The products of one block call (row-major, cuda_lt_matmul.h), S in and out, fp32 accumulation.
 template <typename S>
-struct Products {
-  cudaStream_t stream;
-  gpu::DeviceSpan workspace;
-
-  Status Run(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const S* A, int64_t lda,
-             const S* B, int64_t ldb, S* out, int64_t ldd, const S* residual = nullptr) const {
-    gpu::cuda::LtMatmulArgs a;
-    a.trans_a = trans_a;
-    a.trans_b = trans_b;
-    a.M = M;
-    a.N = N;
-    a.K = K;
-    a.A = A;
-    a.lda = lda;
-    a.B = B;
-    a.ldb = ldb;
-    a.C = residual;
-    a.ldc = ldd;
-    a.D = out;
-    a.ldd = ldd;
-    a.dtype = DTypeOf<S>();
-    return gpu::cuda::LtMatmul(stream, a, workspace.data, workspace.size_bytes);
-  }
-
-  // y (rows, out) = S(x W^T (+ residual)): x (rows, in), W (out, in) (kOutIn).
-  Status Forward(int64_t rows, int64_t in, int64_t out, const S* x, const S* W, S* y,
-                 const S* residual = nullptr) const {
-    return Run(false, true, rows, out, in, x, in, W, in, y, out, residual);
-  }
-  // dx (rows, in) = S(dy W): dy (rows, out), W (out, in).
-  Status InputGrad(int64_t rows, int64_t in, int64_t out, const S* dy, const S* W, S* dx) const {
-    return Run(false, false, rows, in, out, dy, out, W, in, dx, in);
-  }
-  // dW (out, in) = S(dy^T x): dy (rows, out) with row stride ldy, x (rows, in).
-  Status WeightGrad(int64_t rows, int64_t in, int64_t out, const S* x, const S* dy, S* dW) const {
-    return Run(true, false, out, in, rows, dy, out, x, in, dW, in);
-  }
-};
+using Products = oc::Products<S>;
 
 template <typename S>
 StatusOr<Products<S>> MakeProducts(gpu::Stream& stream, cudaStream_t cs) {
-  STRATA_ASSIGN_OR_RETURN(const gpu::DeviceSpan workspace, gpu::CublasWorkspace(stream));
-  return Products<S>{cs, workspace};
+  return Products<S>::Make(stream, cs);
 }
 
 // The sizes of a block call.
@@ -155,7 +108,7 @@ struct LayerBuffers {
         partials(At<float>(s, l.partials)) {}
 };
 
-lops::GqaDims AttentionDims(const Sizes& z, int B, int T) {
+ops::AttentionDims AttentionDimsOf(const Sizes& z, int B, int T) {
   return {B, T, static_cast<int>(z.H), static_cast<int>(z.Hkv), static_cast<int>(z.hs), z.Dqkv};
 }
 
@@ -168,38 +121,35 @@ Status LayerForwardInto(const LlamaConfig& c, cudaStream_t cs, const Products<S>
   const Sizes z(c, B, T);
   const float eps = static_cast<float>(c.rms_norm_eps);
   STRATA_RETURN_IF_ERROR(
-      lops::LaunchRmsNormForward(cs, D(x), D(p.w_in), eps, z.N, z.C, D(w.xn), w.rstd1));
-  STRATA_RETURN_IF_ERROR(mm.Forward(z.N, z.C, z.Dqkv, w.xn, p.wqkv, w.qkv));
-  STRATA_RETURN_IF_ERROR(lops::LaunchRopeTable(cs, LlamaRopeParams(c), T, w.cos, w.sin));
-  STRATA_RETURN_IF_ERROR(lops::LaunchRope(cs, D(w.qkv), z.N, z.Dqkv, static_cast<int>(z.H + z.Hkv),
-                                          static_cast<int>(z.hs), T, w.cos, w.sin, false));
-  const Dev<S>* qkv = D(w.qkv);
-  STRATA_RETURN_IF_ERROR(lops::LaunchGqaAttentionForward(
-      cs, AttentionDims(z, B, T), qkv, qkv + z.Dq, qkv + z.Dq + z.Dkv, D(w.att), w.lse));
-  STRATA_RETURN_IF_ERROR(mm.Forward(z.N, z.Dq, z.C, w.att, p.wo, w.x2, x));
+      oc::LaunchRmsNormForward(cs, D(x), D(p.w_in), eps, z.N, z.C, D(w.xn), w.rstd1));
   STRATA_RETURN_IF_ERROR(
-      lops::LaunchRmsNormForward(cs, D(w.x2), D(p.w_post), eps, z.N, z.C, D(w.xn2), w.rstd2));
-  STRATA_RETURN_IF_ERROR(mm.Forward(z.N, z.C, 2 * z.I, w.xn2, p.wgu, w.gu));
-  STRATA_RETURN_IF_ERROR(lops::LaunchSwigluForward(cs, D(w.gu), z.N, z.I, D(w.h)));
+      mm.Forward(kOutIn, z.N, z.C, z.Dqkv, w.xn, p.wqkv, nullptr, nullptr, w.qkv));
+  STRATA_RETURN_IF_ERROR(oc::LaunchRopeTable(cs, LlamaRopeParams(c), T, w.cos, w.sin));
+  STRATA_RETURN_IF_ERROR(oc::LaunchRope(cs, D(w.qkv), z.N, z.Dqkv, static_cast<int>(z.H + z.Hkv),
+                                        static_cast<int>(z.hs), T, w.cos, w.sin, false));
+  const Dev<S>* qkv = D(w.qkv);
+  STRATA_RETURN_IF_ERROR(oc::LaunchAttentionForward(cs, AttentionDimsOf(z, B, T), qkv, qkv + z.Dq,
+                                                    qkv + z.Dq + z.Dkv, D(w.att), w.lse));
+  STRATA_RETURN_IF_ERROR(mm.Forward(kOutIn, z.N, z.Dq, z.C, w.att, p.wo, nullptr, x, w.x2));
+  STRATA_RETURN_IF_ERROR(
+      oc::LaunchRmsNormForward(cs, D(w.x2), D(p.w_post), eps, z.N, z.C, D(w.xn2), w.rstd2));
+  STRATA_RETURN_IF_ERROR(
+      mm.Forward(kOutIn, z.N, z.C, 2 * z.I, w.xn2, p.wgu, nullptr, nullptr, w.gu));
+  STRATA_RETURN_IF_ERROR(oc::LaunchSwigluForward(cs, D(w.gu), z.N, z.I, D(w.h)));
   if (x_out == nullptr) return Status::Ok();
-  return mm.Forward(z.N, z.I, z.C, w.h, p.wd, x_out, w.x2);
+  return mm.Forward(kOutIn, z.N, z.I, z.C, w.h, p.wd, nullptr, w.x2, x_out);
 }
 
-// The (V, C) weight of the head and where its gradient goes.
+// The chunked head's part of the head scratch.
 template <typename S>
-Status CheckTied(const char* what, const LlamaConfig& c, const void* tied_params,
-                 const void* tied_grads, bool backward) {
-  if (c.tie_embeddings && (tied_params == nullptr || (backward && tied_grads == nullptr))) {
-    return InvalidArgumentError(std::string(what) +
-                                ": a tied head needs the embedding chunk (and, backward, its "
-                                "gradient)");
-  }
-  return Status::Ok();
+oc::HeadScratch<S> HeadScratchOf(const LlamaCudaHeadScratchLayout& l, void* scratch) {
+  return {l.chunk_rows, At<S>(scratch, l.chunk), At<float>(scratch, l.losses),
+          At<S>(scratch, l.xn_last), At<void>(scratch, l.dw_acc)};
 }
 
 }  // namespace
 
-Status LlamaCudaPrepareStream(gpu::Stream& stream) { return CudaPrepareStream(stream); }
+Status LlamaCudaPrepareStream(gpu::Stream& stream) { return oc::PrepareStream(stream); }
 
 template <typename S>
 Status LlamaCudaEmbeddingForward(const LlamaConfig& c, gpu::Stream& stream, const S* params,
@@ -207,8 +157,8 @@ Status LlamaCudaEmbeddingForward(const LlamaConfig& c, gpu::Stream& stream, cons
   STRATA_ASSIGN_OR_RETURN(cudaStream_t cs,
                           Prepare("LlamaCudaEmbeddingForward", c, stream, B, T, nullptr));
   STRATA_RETURN_IF_ERROR(CheckPointers("LlamaCudaEmbeddingForward", {params, tokens, x_out}));
-  return LaunchEmbeddingForward<Dev<S>>(cs, D(params), nullptr, tokens, int64_t{B} * T, T,
-                                        c.hidden_size, c.vocab_size, D(x_out));
+  return oc::LaunchEmbeddingForward<Dev<S>>(cs, D(params), nullptr, tokens, int64_t{B} * T, T,
+                                            c.hidden_size, c.vocab_size, D(x_out));
 }
 
 template <typename S>
@@ -219,7 +169,7 @@ Status LlamaCudaEmbeddingBackward(const LlamaConfig& c, gpu::Stream& stream, con
   STRATA_RETURN_IF_ERROR(
       CheckPointers("LlamaCudaEmbeddingBackward", {tokens, dx_out, dparams, scratch}));
   const CudaEmbeddingScratchLayout l = LlamaCudaEmbeddingScratchLayoutFor(c, B, T);
-  return LaunchEmbeddingBackward<Dev<S>>(
+  return oc::LaunchEmbeddingBackward<Dev<S>>(
       cs, tokens, D(dx_out), int64_t{B} * T, T, c.hidden_size, c.vocab_size, c.max_seq_len,
       D(dparams), nullptr, At<int32_t>(scratch, l.counts), At<int32_t>(scratch, l.offsets),
       At<int32_t>(scratch, l.cursor), At<int32_t>(scratch, l.order));
@@ -254,40 +204,40 @@ Status LlamaCudaLayerBackward(const LlamaConfig& c, gpu::Stream& stream, const S
   const S* dy = dx_out;
 
   // MLP: y = x2 + h Wd^T, h = SwiGLU(gu), gu = xn2 Wgu^T.
-  STRATA_RETURN_IF_ERROR(mm.WeightGrad(z.N, z.I, z.C, w.h, dy, dp.wd));
+  STRATA_RETURN_IF_ERROR(mm.WeightGrad(kOutIn, z.N, z.I, z.C, w.h, dy, dp.wd));
   S* dh = w.grad;
-  STRATA_RETURN_IF_ERROR(mm.InputGrad(z.N, z.I, z.C, dy, p.wd, dh));
+  STRATA_RETURN_IF_ERROR(mm.InputGrad(kOutIn, z.N, z.I, z.C, dy, p.wd, dh));
   S* dgu = w.gu;  // in place over gu
-  STRATA_RETURN_IF_ERROR(lops::LaunchSwigluBackward(cs, D(w.gu), D(dh), z.N, z.I, D(dgu)));
-  STRATA_RETURN_IF_ERROR(mm.WeightGrad(z.N, z.C, 2 * z.I, w.xn2, dgu, dp.wgu));
+  STRATA_RETURN_IF_ERROR(oc::LaunchSwigluBackward(cs, D(w.gu), D(dh), z.N, z.I, D(dgu)));
+  STRATA_RETURN_IF_ERROR(mm.WeightGrad(kOutIn, z.N, z.C, 2 * z.I, w.xn2, dgu, dp.wgu));
   S* dxn2 = w.grad;  // dh is dead
-  STRATA_RETURN_IF_ERROR(mm.InputGrad(z.N, z.C, 2 * z.I, dgu, p.wgu, dxn2));
-  STRATA_RETURN_IF_ERROR(lops::LaunchRmsNormWeightGrad(cs, D(w.x2), w.rstd2, D(dxn2), z.N, z.C,
-                                                       w.partials, D(dp.w_post)));
+  STRATA_RETURN_IF_ERROR(mm.InputGrad(kOutIn, z.N, z.C, 2 * z.I, dgu, p.wgu, dxn2));
+  STRATA_RETURN_IF_ERROR(oc::LaunchRmsNormWeightGrad(cs, D(w.x2), w.rstd2, D(dxn2), z.N, z.C,
+                                                     w.partials, D(dp.w_post)));
   // dx2 = S(dy + RMS2'(dxn2)), kept in dx_in.
-  STRATA_RETURN_IF_ERROR(lops::LaunchRmsNormBackward(cs, D(w.x2), D(p.w_post), w.rstd2, D(dxn2),
-                                                     D(dy), z.N, z.C, D(dx_in)));
+  STRATA_RETURN_IF_ERROR(oc::LaunchRmsNormBackward(cs, D(w.x2), D(p.w_post), w.rstd2, D(dxn2),
+                                                   D(dy), z.N, z.C, D(dx_in)));
   const S* dx2 = dx_in;
 
   // Attention: x2 = x + att Wo^T.
-  STRATA_RETURN_IF_ERROR(mm.WeightGrad(z.N, z.Dq, z.C, w.att, dx2, dp.wo));
+  STRATA_RETURN_IF_ERROR(mm.WeightGrad(kOutIn, z.N, z.Dq, z.C, w.att, dx2, dp.wo));
   S* datt = w.grad;  // dxn2 is dead
-  STRATA_RETURN_IF_ERROR(mm.InputGrad(z.N, z.Dq, z.C, dx2, p.wo, datt));
+  STRATA_RETURN_IF_ERROR(mm.InputGrad(kOutIn, z.N, z.Dq, z.C, dx2, p.wo, datt));
   const Dev<S>* qkv = D(w.qkv);
   Dev<S>* dqkv = D(w.dqkv);
-  STRATA_RETURN_IF_ERROR(lops::LaunchGqaAttentionBackward(
-      cs, AttentionDims(z, B, T), qkv, qkv + z.Dq, qkv + z.Dq + z.Dkv, D(w.att), D(datt), w.lse,
+  STRATA_RETURN_IF_ERROR(oc::LaunchAttentionBackward(
+      cs, AttentionDimsOf(z, B, T), qkv, qkv + z.Dq, qkv + z.Dq + z.Dkv, D(w.att), D(datt), w.lse,
       w.delta, dqkv, dqkv + z.Dq, dqkv + z.Dq + z.Dkv));
-  STRATA_RETURN_IF_ERROR(lops::LaunchRope(cs, dqkv, z.N, z.Dqkv, static_cast<int>(z.H + z.Hkv),
-                                          static_cast<int>(z.hs), T, w.cos, w.sin, true));
-  STRATA_RETURN_IF_ERROR(mm.WeightGrad(z.N, z.C, z.Dqkv, w.xn, w.dqkv, dp.wqkv));
+  STRATA_RETURN_IF_ERROR(oc::LaunchRope(cs, dqkv, z.N, z.Dqkv, static_cast<int>(z.H + z.Hkv),
+                                        static_cast<int>(z.hs), T, w.cos, w.sin, true));
+  STRATA_RETURN_IF_ERROR(mm.WeightGrad(kOutIn, z.N, z.C, z.Dqkv, w.xn, w.dqkv, dp.wqkv));
   S* dxn = w.grad;  // datt is dead
-  STRATA_RETURN_IF_ERROR(mm.InputGrad(z.N, z.C, z.Dqkv, w.dqkv, p.wqkv, dxn));
-  STRATA_RETURN_IF_ERROR(lops::LaunchRmsNormWeightGrad(cs, D(x_in), w.rstd1, D(dxn), z.N, z.C,
-                                                       w.partials, D(dp.w_in)));
+  STRATA_RETURN_IF_ERROR(mm.InputGrad(kOutIn, z.N, z.C, z.Dqkv, w.dqkv, p.wqkv, dxn));
+  STRATA_RETURN_IF_ERROR(
+      oc::LaunchRmsNormWeightGrad(cs, D(x_in), w.rstd1, D(dxn), z.N, z.C, w.partials, D(dp.w_in)));
   // dx = S(dx2 + RMS1'(dxn)), in place over dx2.
-  return lops::LaunchRmsNormBackward(cs, D(x_in), D(p.w_in), w.rstd1, D(dxn), D(dx2), z.N, z.C,
-                                     D(dx_in));
+  return oc::LaunchRmsNormBackward(cs, D(x_in), D(p.w_in), w.rstd1, D(dxn), D(dx2), z.N, z.C,
+                                   D(dx_in));
 }
 
 template <typename S>
@@ -297,32 +247,18 @@ Status LlamaCudaHeadForward(const LlamaConfig& c, gpu::Stream& stream, const S* 
   STRATA_ASSIGN_OR_RETURN(cudaStream_t cs,
                           Prepare("LlamaCudaHeadForward", c, stream, B, T, scratch));
   STRATA_RETURN_IF_ERROR(CheckPointers("LlamaCudaHeadForward", {params, x_in, logits, scratch}));
-  STRATA_RETURN_IF_ERROR(CheckTied<S>("LlamaCudaHeadForward", c, tied_params, nullptr, false));
+  STRATA_RETURN_IF_ERROR(oc::internal::CheckTied("LlamaCudaHeadForward", c.tie_embeddings,
+                                                 tied_params, nullptr, false));
   const Sizes z(c, B, T);
   const LlamaCudaHeadScratchLayout l = LlamaCudaHeadScratchLayoutFor<S>(c, B, T);
   STRATA_ASSIGN_OR_RETURN(const auto mm, MakeProducts<S>(stream, cs));
   const S* wlm = c.tie_embeddings ? tied_params : params + z.C;  // (V, C)
   S* xn = At<S>(scratch, l.xn);
-  STRATA_RETURN_IF_ERROR(lops::LaunchRmsNormForward(cs, D(x_in), D(params),
-                                                    static_cast<float>(c.rms_norm_eps), z.N, z.C,
-                                                    D(xn), At<float>(scratch, l.rstd)));
-  S* xn_last = At<S>(scratch, l.xn_last);
-  const size_t row_bytes = static_cast<size_t>(z.C) * sizeof(S);
-  STRATA_RETURN_IF_ERROR(gpu::cuda::CudaStatus(
-      cudaMemcpy2DAsync(xn_last, row_bytes, xn + (T - 1) * z.C, static_cast<size_t>(T) * row_bytes,
-                        row_bytes, static_cast<size_t>(B), cudaMemcpyDeviceToDevice, cs),
-      "cudaMemcpy2DAsync"));
-  STRATA_RETURN_IF_ERROR(mm.Forward(B, z.C, z.V, xn_last, wlm, logits));
-  if (targets == nullptr || loss == nullptr) return Status::Ok();
-  float* losses = At<float>(scratch, l.losses);
-  S* chunk = At<S>(scratch, l.chunk);
-  for (int64_t r0 = 0; r0 < z.N; r0 += l.chunk_rows) {
-    const int64_t rows = std::min(l.chunk_rows, z.N - r0);
-    STRATA_RETURN_IF_ERROR(mm.Forward(rows, z.C, z.V, xn + r0 * z.C, wlm, chunk));
-    STRATA_RETURN_IF_ERROR(LaunchCrossEntropy(cs, D(chunk), targets + r0, rows,
-                                              static_cast<int>(z.V), losses + r0, false, 0.0f));
-  }
-  return LaunchMeanLoss(cs, losses, z.N, loss);
+  STRATA_RETURN_IF_ERROR(oc::LaunchRmsNormForward(cs, D(x_in), D(params),
+                                                  static_cast<float>(c.rms_norm_eps), z.N, z.C,
+                                                  D(xn), At<float>(scratch, l.rstd)));
+  return oc::ChunkedHeadForward<S>(mm, xn, wlm, kOutIn, B, T, z.C, z.V,
+                                   HeadScratchOf<S>(l, scratch), logits, targets, loss);
 }
 
 template <typename S>
@@ -334,7 +270,8 @@ Status LlamaCudaHeadBackward(const LlamaConfig& c, gpu::Stream& stream, const S*
                           Prepare("LlamaCudaHeadBackward", c, stream, B, T, scratch));
   STRATA_RETURN_IF_ERROR(
       CheckPointers("LlamaCudaHeadBackward", {params, x_in, targets, dx_in, dparams, scratch}));
-  STRATA_RETURN_IF_ERROR(CheckTied<S>("LlamaCudaHeadBackward", c, tied_params, tied_grads, true));
+  STRATA_RETURN_IF_ERROR(oc::internal::CheckTied("LlamaCudaHeadBackward", c.tie_embeddings,
+                                                 tied_params, tied_grads, true));
   const Sizes z(c, B, T);
   const LlamaCudaHeadScratchLayout l = LlamaCudaHeadScratchLayoutFor<S>(c, B, T);
   STRATA_ASSIGN_OR_RETURN(const auto mm, MakeProducts<S>(stream, cs));
@@ -344,47 +281,15 @@ Status LlamaCudaHeadBackward(const LlamaConfig& c, gpu::Stream& stream, const S*
   const float* rstd = At<float>(scratch, l.rstd);
   S* xn = At<S>(scratch, l.xn);
   S* dxn = At<S>(scratch, l.dxn);
-  S* chunk = At<S>(scratch, l.chunk);
-  constexpr bool kFp32 = std::is_same_v<S, float>;
-  void* acc = kFp32 ? static_cast<void*>(dwlm) : At<void>(scratch, l.dw_acc);
-  STRATA_RETURN_IF_ERROR(lops::LaunchRmsNormForward(cs, D(x_in), D(params),
-                                                    static_cast<float>(c.rms_norm_eps), z.N, z.C,
-                                                    D(xn), At<float>(scratch, l.rstd)));
-  for (int64_t r0 = 0; r0 < z.N; r0 += l.chunk_rows) {
-    const int64_t rows = std::min(l.chunk_rows, z.N - r0);
-    STRATA_RETURN_IF_ERROR(mm.Forward(rows, z.C, z.V, xn + r0 * z.C, wlm, chunk));
-    // dlogits = S(dloss / N (softmax - onehot)), in place in the chunk.
-    STRATA_RETURN_IF_ERROR(LaunchCrossEntropy(
-        cs, D(chunk), targets + r0, rows, static_cast<int>(z.V), At<float>(scratch, l.losses) + r0,
-        true, dloss / static_cast<float>(z.N)));
-    // acc (V, C) (+)= dlogits^T xn_chunk: beta 0 on the first chunk, 1 after; fp32 C and D.
-    gpu::cuda::LtMatmulArgs a;
-    a.trans_a = true;
-    a.M = z.V;
-    a.N = z.C;
-    a.K = rows;
-    a.A = chunk;
-    a.lda = z.V;
-    a.B = xn + r0 * z.C;
-    a.ldb = z.C;
-    a.C = r0 == 0 ? nullptr : acc;
-    a.ldc = z.C;
-    a.D = acc;
-    a.ldd = z.C;
-    a.dtype = DTypeOf<S>();
-    a.fp32_output = !kFp32;
-    STRATA_RETURN_IF_ERROR(gpu::cuda::LtMatmul(cs, a, mm.workspace.data, mm.workspace.size_bytes));
-    // dxn rows = S(dlogits W).
-    STRATA_RETURN_IF_ERROR(mm.InputGrad(rows, z.C, z.V, chunk, wlm, dxn + r0 * z.C));
-  }
-  if constexpr (!kFp32) {  // dW = S(acc), one rounding
-    STRATA_RETURN_IF_ERROR(
-        gpu::cuda::LaunchConvert(cs, dwlm, DTypeOf<S>(), acc, DType::kF32, z.V * z.C, 1.0f));
-  }
-  STRATA_RETURN_IF_ERROR(lops::LaunchRmsNormWeightGrad(cs, D(x_in), rstd, D(dxn), z.N, z.C,
-                                                       At<float>(scratch, l.partials), D(dparams)));
-  return lops::LaunchRmsNormBackward(cs, D(x_in), D(params), rstd, D(dxn),
-                                     static_cast<const Dev<S>*>(nullptr), z.N, z.C, D(dx_in));
+  STRATA_RETURN_IF_ERROR(oc::LaunchRmsNormForward(cs, D(x_in), D(params),
+                                                  static_cast<float>(c.rms_norm_eps), z.N, z.C,
+                                                  D(xn), At<float>(scratch, l.rstd)));
+  STRATA_RETURN_IF_ERROR(oc::ChunkedHeadBackward<S>(mm, xn, wlm, kOutIn, targets, dloss, z.N, z.C,
+                                                    z.V, HeadScratchOf<S>(l, scratch), dwlm, dxn));
+  STRATA_RETURN_IF_ERROR(oc::LaunchRmsNormWeightGrad(cs, D(x_in), rstd, D(dxn), z.N, z.C,
+                                                     At<float>(scratch, l.partials), D(dparams)));
+  return oc::LaunchRmsNormBackward(cs, D(x_in), D(params), rstd, D(dxn),
+                                   static_cast<const Dev<S>*>(nullptr), z.N, z.C, D(dx_in));
 }
 
 #define STRATA_INSTANTIATE_LLAMA_CUDA(S)                                                          \

@@ -1,8 +1,8 @@
 // The Llama family's blocks on the CUDA backend: the same forward and backward as the host
 // kernels of models/llama_kernels.h (same chunk layouts, shapes, rounding points and
 // recompute-from-x_in activation checkpointing), composed from the CUDA ops of
-// models/ops/cuda/llama_ops.cuh, the GPT's embedding and cross-entropy kernels
-// (models/cuda/gpt_cuda.cuh) and cuBLASLt products (gpu/cuda/cuda_lt_matmul.h): q/k/v as one
+// models/ops/cuda/ops.cuh (RMSNorm, RoPE, SwiGLU, the grouped-query attention on tensor cores
+// where it applies, the embedding, the chunked head) and its cuBLASLt products: q/k/v as one
 // (Dqkv, C) kOutIn product (a transposed-B GEMM), gate/up as one (2I, C), o_proj and down_proj
 // with the residual added by the product (beta = 1).
 //
@@ -34,7 +34,7 @@
 namespace strata::models::cuda {
 
 // Takes the stream's cuBLAS handle and workspace and makes the device's cuBLASLt handle, once,
-// before any block runs (as CudaPrepareStream of gpt_cuda.h, which it calls).
+// before any block runs (ops::cuda::PrepareStream, as GptCudaPrepareStream of gpt_cuda.h).
 Status LlamaCudaPrepareStream(gpu::Stream& stream);
 
 // Templates on S in {float, Bf16, Fp16} (instantiated for those three).

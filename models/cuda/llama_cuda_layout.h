@@ -20,15 +20,12 @@
 #include "models/cuda/gpt_cuda_layout.h"
 #include "models/llama_config.h"
 #include "models/ops/cross_entropy.h"
+#include "models/ops/cuda/partials.h"
 
 namespace strata::models::cuda {
 
-// Rows per partial sum of the RMSNorm weight gradients (ops/cuda/llama_ops.cuh
-// kRmsRowsPerPartial; repeated here because this header is plain C++).
-inline constexpr int64_t kLlamaRmsRowsPerPartial = 64;
-inline int64_t LlamaRmsPartials(int64_t N) {
-  return (N + kLlamaRmsRowsPerPartial - 1) / kLlamaRmsRowsPerPartial;
-}
+// Rows per partial sum of the RMSNorm weight gradients (models/ops/cuda/partials.h).
+inline int64_t LlamaRmsPartials(int64_t N) { return ops::cuda::RmsPartials(N); }
 
 // ---------------------------------------------------------------------------
 // Layer. Forward: xn -> qkv (RoPE in place) -> att (+ lse) -> x2 (= x + att Wo^T) -> xn2 -> gu

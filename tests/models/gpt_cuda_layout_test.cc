@@ -52,8 +52,8 @@ void ExpectPlaced(const std::vector<NamedRegion>& regions, int64_t total, const 
 template <typename S>
 void CheckLayouts(const GptShape& s, int B, int T, const std::string& what) {
   const int64_t N = int64_t{B} * T, C = s.channels, e = sizeof(S);
-  const CudaLayerScratchLayout l = CudaLayerScratchLayoutFor<S>(s, B, T);
-  EXPECT_EQ(l.total, CudaLayerScratchBytes<S>(s, B, T));
+  const GptCudaLayerScratchLayout l = GptCudaLayerScratchLayoutFor<S>(s, B, T);
+  EXPECT_EQ(l.total, GptCudaLayerScratchBytes<S>(s, B, T));
   for (const auto& [phase, live] : CudaLayerLivePhases<S>(s, B, T)) {
     ExpectPlaced(live, l.total, what + " layer " + phase);
     for (size_t i = 0; i < live.size(); ++i) {
@@ -70,8 +70,8 @@ void CheckLayouts(const GptShape& s, int B, int T, const std::string& what) {
   EXPECT_EQ(l.lse.bytes, int64_t{B} * s.num_heads * T * 4);
   EXPECT_GE(l.ln_partials.bytes, LnPartials(N) * 4 * C * 4) << "bias-gradient partials of 4C";
 
-  const CudaHeadScratchLayout hl = CudaHeadScratchLayoutFor<S>(s, B, T);
-  EXPECT_EQ(hl.total, CudaHeadScratchBytes<S>(s, B, T));
+  const GptCudaHeadScratchLayout hl = GptCudaHeadScratchLayoutFor<S>(s, B, T);
+  EXPECT_EQ(hl.total, GptCudaHeadScratchBytes<S>(s, B, T));
   const std::vector<NamedRegion> head = {{"mean", hl.mean},         {"rstd", hl.rstd},
                                          {"losses", hl.losses},     {"ln_partials", hl.ln_partials},
                                          {"lnf", hl.lnf},           {"dlnf", hl.dlnf},
@@ -95,7 +95,7 @@ void CheckLayouts(const GptShape& s, int B, int T, const std::string& what) {
   EXPECT_EQ(hl.dwlm_acc.bytes, e == 4 ? 0 : C * V * 4);
 
   const CudaEmbeddingScratchLayout el = CudaEmbeddingScratchLayoutFor(s, B, T);
-  EXPECT_EQ(el.total, CudaEmbeddingScratchBytes<S>(s, B, T));
+  EXPECT_EQ(el.total, GptCudaEmbeddingScratchBytes<S>(s, B, T));
   const std::vector<NamedRegion> emb = {
       {"counts", el.counts}, {"offsets", el.offsets}, {"cursor", el.cursor}, {"order", el.order}};
   ExpectPlaced(emb, el.total, what + " embedding");
@@ -123,14 +123,15 @@ TEST(GptCudaLayout, RegionsAreAlignedInsideTheScratchAndLiveBuffersDoNotOverlap)
 
 TEST(GptCudaLayout, LayerScratchIsLinearInTheSequenceLengthAndHalvesWith16BitStorage) {
   const GptShape s = kShapes[4].shape;  // gpt-13b, T up to 2048
-  const int64_t t512 = CudaLayerScratchBytes<Bf16>(s, 1, 512);
-  const int64_t t2048 = CudaLayerScratchBytes<Bf16>(s, 1, 2048);
+  const int64_t t512 = GptCudaLayerScratchBytes<Bf16>(s, 1, 512);
+  const int64_t t2048 = GptCudaLayerScratchBytes<Bf16>(s, 1, 2048);
   EXPECT_LE(t2048, 4 * t512 + 64 * kScratchAlign) << "a T x T term would grow 16-fold";
   // 16 N C elements of S plus fp32 statistics: 16 * 2048 * 5120 * 2 bytes = 320 MiB in bf16.
   const int64_t N = 2048, C = s.channels;
   EXPECT_GE(t2048, 16 * N * C * 2);
   EXPECT_LE(t2048, 16 * N * C * 2 + N * (4 * 4 + 8 * s.num_heads + 4 * C * 4 / 64) + 32 * 256);
-  EXPECT_LT(CudaLayerScratchBytes<Bf16>(s, 1, 2048), CudaLayerScratchBytes<float>(s, 1, 2048));
+  EXPECT_LT(GptCudaLayerScratchBytes<Bf16>(s, 1, 2048),
+            GptCudaLayerScratchBytes<float>(s, 1, 2048));
 }
 
 // ---------------------------------------------------------------------------

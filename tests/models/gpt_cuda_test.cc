@@ -1,4 +1,5 @@
-// The GPT's CUDA blocks (models/cuda/gpt_cuda.h) and fused attention (gpt_cuda.cuh) in fp32,
+// The GPT's CUDA blocks (models/cuda/gpt_cuda.h) and its ops (models/ops/cuda/ops.cuh: the
+// fused attention in the GPT's case Hkv = H over the fused qkv, row stride 3C) in fp32,
 // bf16 and fp16, on random data with odd shapes:
 //   - against the host kernels of the same storage type (models/gpt_kernels.h, which round at
 //     the same points): the only differences are summation orders and the GPU's expf/tanhf,
@@ -34,10 +35,10 @@
 #include "engine/model.h"
 #include "gpu/cuda/cuda_lt_matmul.h"
 #include "gpu/cuda/cuda_native.h"
-#include "models/cuda/gpt_cuda.cuh"
 #include "models/cuda/gpt_cuda_layout.h"
 #include "models/gpt.h"
 #include "models/gpt_kernels.h"
+#include "models/ops/cuda/ops.cuh"
 #include "tests/gpu/cuda_test_util.h"
 #include "tests/models/gpt_model_run.h"
 #include "tests/models/gpt_test_model.h"
@@ -46,6 +47,28 @@
 
 namespace strata::models {
 namespace {
+
+using ops::cuda::AttentionPath;
+
+// The attention op in the GPT's case: q, k, v the column blocks of qkv (B, T, 3C), Hkv = H heads
+// of C / H, row stride 3C; out (B, T, C); dqkv (B, T, 3C).
+ops::AttentionDims GptAttentionDims(int B, int T, int C, int H) {
+  return {B, T, H, H, C / H, 3 * int64_t{C}};
+}
+template <typename D>
+Status GptAttentionForward(cudaStream_t cs, const D* qkv, int B, int T, int C, int H, D* out,
+                           float* lse, AttentionPath path = AttentionPath::kAuto) {
+  return ops::cuda::LaunchAttentionForward(cs, GptAttentionDims(B, T, C, H), qkv, qkv + C,
+                                           qkv + 2 * C, out, lse, path);
+}
+template <typename D>
+Status GptAttentionBackward(cudaStream_t cs, const D* qkv, const D* out, const D* dout,
+                            const float* lse, int B, int T, int C, int H, float* delta, D* dqkv,
+                            AttentionPath path = AttentionPath::kAuto) {
+  return ops::cuda::LaunchAttentionBackward(cs, GptAttentionDims(B, T, C, H), qkv, qkv + C,
+                                            qkv + 2 * C, out, dout, lse, delta, dqkv, dqkv + C,
+                                            dqkv + 2 * C, path);
+}
 
 // Unit roundoff of a storage type: 2^-24 (fp32), 2^-11 (fp16), 2^-8 (bf16).
 template <typename S>
@@ -271,13 +294,13 @@ TYPED_TEST(GptCudaTypedTest, AttentionMatchesANaiveDoubleReferenceForHeadDims8To
     const gpu::DeviceSpan dq1 = this->Poisoned(N * 3 * C * sizeof(S));
     const gpu::DeviceSpan dq2 = this->Poisoned(N * 3 * C * sizeof(S));
     cudaStream_t cs = gpu::NativeStream(*this->stream_);
-    ASSERT_TRUE(models::cuda::LaunchAttentionForward(cs, this->DevPtr(qd), c.B, c.T, C, c.H,
-                                                     this->DevPtr(od), lse.as<float>())
+    ASSERT_TRUE(GptAttentionForward(cs, this->DevPtr(qd), c.B, c.T, C, c.H, this->DevPtr(od),
+                                    lse.as<float>())
                     .ok());
     for (const gpu::DeviceSpan& dq : {dq1, dq2}) {
-      ASSERT_TRUE(models::cuda::LaunchAttentionBackward(cs, this->DevPtr(qd), this->DevPtr(od),
-                                                        this->DevPtr(gd), lse.as<float>(), c.B, c.T,
-                                                        C, c.H, delta.as<float>(), this->DevPtr(dq))
+      ASSERT_TRUE(GptAttentionBackward(cs, this->DevPtr(qd), this->DevPtr(od), this->DevPtr(gd),
+                                       lse.as<float>(), c.B, c.T, C, c.H, delta.as<float>(),
+                                       this->DevPtr(dq))
                       .ok());
     }
     this->Sync();
@@ -328,7 +351,6 @@ void ExpectLseWithin(const std::vector<float>& got, const std::vector<double>& r
 
 TYPED_TEST(GptCudaTensorCoreAttentionTest, MatchesTheCudaCoreKernelsAndDoubleAndIsDeterministic) {
   using S = TypeParam;
-  using cuda::AttentionPath;
   const double u = UnitRoundoff<S>();
   const int B = 2, H = 2;
   for (const int hs : {64, 128}) {
@@ -348,12 +370,12 @@ TYPED_TEST(GptCudaTensorCoreAttentionTest, MatchesTheCudaCoreKernelsAndDoubleAnd
            {AttentionPath::kTensorCores, AttentionPath::kTensorCores, AttentionPath::kCudaCores}) {
         AttnRun r{this->Poisoned(N * C * sizeof(S)), this->Poisoned(NH * 4), this->Poisoned(NH * 4),
                   this->Poisoned(N * 3 * C * sizeof(S))};
-        ASSERT_TRUE(cuda::LaunchAttentionForward(cs, this->DevPtr(qd), B, T, C, H,
-                                                 this->DevPtr(r.out), r.lse.as<float>(), path)
+        ASSERT_TRUE(GptAttentionForward(cs, this->DevPtr(qd), B, T, C, H, this->DevPtr(r.out),
+                                        r.lse.as<float>(), path)
                         .ok());
-        ASSERT_TRUE(cuda::LaunchAttentionBackward(cs, this->DevPtr(qd), this->DevPtr(r.out),
-                                                  this->DevPtr(gd), r.lse.as<float>(), B, T, C, H,
-                                                  r.delta.as<float>(), this->DevPtr(r.dqkv), path)
+        ASSERT_TRUE(GptAttentionBackward(cs, this->DevPtr(qd), this->DevPtr(r.out),
+                                         this->DevPtr(gd), r.lse.as<float>(), B, T, C, H,
+                                         r.delta.as<float>(), this->DevPtr(r.dqkv), path)
                         .ok());
         runs.push_back(r);
       }
@@ -403,7 +425,7 @@ TYPED_TEST(GptCudaTypedTest, LayerForwardAndBackwardMatchTheHostAndDouble) {
   const int B = 2, T = 67;  // N = 134 rows: not a multiple of any tile
   const size_t N = size_t(B) * T, C = s.channels, P = LayerNumParams(s);
   std::vector<float> p32(P);
-  InitLayerParams(s, 0, 7, p32.data());
+  InitGptLayerParams(s, 0, 7, p32.data());
   std::vector<double> pd(p32.begin(), p32.end());
   const std::vector<double> noise = Random(P, 0.02, 17);  // LayerNorm weights away from 1
   for (size_t i = 0; i < P; ++i) pd[i] += noise[i];
@@ -412,30 +434,30 @@ TYPED_TEST(GptCudaTypedTest, LayerForwardAndBackwardMatchTheHostAndDouble) {
 
   // Host kernels of the same storage type, and the double reference from the same S inputs.
   std::vector<S> y_host(N * C), dx_host(N * C), dp_host(P);
-  std::vector<uint8_t> host_scratch(LayerScratchBytes<S>(s, B, T));
-  LayerForward<S>(s, params.data(), x.data(), y_host.data(), B, T, host_scratch.data());
-  LayerBackward<S>(s, params.data(), x.data(), dy.data(), dx_host.data(), dp_host.data(), B, T,
-                   host_scratch.data());
+  std::vector<uint8_t> host_scratch(GptLayerScratchBytes<S>(s, B, T));
+  GptLayerForward<S>(s, params.data(), x.data(), y_host.data(), B, T, host_scratch.data());
+  GptLayerBackward<S>(s, params.data(), x.data(), dy.data(), dx_host.data(), dp_host.data(), B, T,
+                      host_scratch.data());
   const std::vector<double> pw = Widen(params), xw = Widen(x), dyw = Widen(dy);
   std::vector<double> y_ref(N * C), dx_ref(N * C), dp_ref(P);
-  std::vector<uint8_t> ref_scratch(LayerScratchBytes<double>(s, B, T));
-  LayerForward<double>(s, pw.data(), xw.data(), y_ref.data(), B, T, ref_scratch.data());
-  LayerBackward<double>(s, pw.data(), xw.data(), dyw.data(), dx_ref.data(), dp_ref.data(), B, T,
-                        ref_scratch.data());
+  std::vector<uint8_t> ref_scratch(GptLayerScratchBytes<double>(s, B, T));
+  GptLayerForward<double>(s, pw.data(), xw.data(), y_ref.data(), B, T, ref_scratch.data());
+  GptLayerBackward<double>(s, pw.data(), xw.data(), dyw.data(), dx_ref.data(), dp_ref.data(), B, T,
+                           ref_scratch.data());
 
   const gpu::DeviceSpan pdv = this->Put(params), xd = this->Put(x), dyd = this->Put(dy);
   const gpu::DeviceSpan yd = this->Poisoned(N * C * sizeof(S)),
                         dxd = this->Poisoned(N * C * sizeof(S));
   const gpu::DeviceSpan dpd = this->Poisoned(P * sizeof(S)), dpd2 = this->Poisoned(P * sizeof(S));
-  const gpu::DeviceSpan sc = this->Poisoned(cuda::CudaLayerScratchBytes<S>(s, B, T));
-  ASSERT_TRUE(cuda::CudaPrepareStream(*this->stream_).ok());
-  ASSERT_TRUE(cuda::CudaLayerForward<S>(s, *this->stream_, this->Ptr(pdv), this->Ptr(xd),
-                                        this->Ptr(yd), B, T, sc.as<void>())
+  const gpu::DeviceSpan sc = this->Poisoned(cuda::GptCudaLayerScratchBytes<S>(s, B, T));
+  ASSERT_TRUE(cuda::GptCudaPrepareStream(*this->stream_).ok());
+  ASSERT_TRUE(cuda::GptCudaLayerForward<S>(s, *this->stream_, this->Ptr(pdv), this->Ptr(xd),
+                                           this->Ptr(yd), B, T, sc.as<void>())
                   .ok());
   for (const gpu::DeviceSpan& dp : {dpd, dpd2}) {
-    ASSERT_TRUE(cuda::CudaLayerBackward<S>(s, *this->stream_, this->Ptr(pdv), this->Ptr(xd),
-                                           this->Ptr(dyd), this->Ptr(dxd), this->Ptr(dp), B, T,
-                                           sc.as<void>())
+    ASSERT_TRUE(cuda::GptCudaLayerBackward<S>(s, *this->stream_, this->Ptr(pdv), this->Ptr(xd),
+                                              this->Ptr(dyd), this->Ptr(dxd), this->Ptr(dp), B, T,
+                                              sc.as<void>())
                     .ok());
   }
   this->Sync();
@@ -475,22 +497,22 @@ TYPED_TEST(GptCudaTypedTest, EmbeddingAndHeadMatchTheHostAndDouble) {
 
   // Host, same storage type.
   std::vector<S> xe_host(N * C), dpe_host(PE), logits_host(B * V), dxh_host(N * C), dph_host(PH);
-  std::vector<uint8_t> esc(EmbeddingScratchBytes<S>(s, B, T) + 1),
-      hsc(HeadScratchBytes<S>(s, B, T));
-  EmbeddingForward<S>(s, pe.data(), tokens.data(), B, T, xe_host.data());
-  EmbeddingBackward<S>(s, tokens.data(), dx_out.data(), B, T, dpe_host.data(), esc.data());
-  const float loss_host =
-      HeadForward<S>(s, ph.data(), x.data(), targets.data(), B, T, logits_host.data(), hsc.data());
-  HeadBackward<S>(s, ph.data(), x.data(), targets.data(), 1.0f, B, T, dxh_host.data(),
-                  dph_host.data(), hsc.data());
+  std::vector<uint8_t> esc(GptEmbeddingScratchBytes<S>(s, B, T) + 1),
+      hsc(GptHeadScratchBytes<S>(s, B, T));
+  GptEmbeddingForward<S>(s, pe.data(), tokens.data(), B, T, xe_host.data());
+  GptEmbeddingBackward<S>(s, tokens.data(), dx_out.data(), B, T, dpe_host.data(), esc.data());
+  const float loss_host = GptHeadForward<S>(s, ph.data(), x.data(), targets.data(), B, T,
+                                            logits_host.data(), hsc.data());
+  GptHeadBackward<S>(s, ph.data(), x.data(), targets.data(), 1.0f, B, T, dxh_host.data(),
+                     dph_host.data(), hsc.data());
   // Double reference.
   const std::vector<double> phw = Widen(ph), xw = Widen(x);
   std::vector<double> logits_ref(B * V), dxh_ref(N * C), dph_ref(PH);
-  std::vector<uint8_t> hscd(HeadScratchBytes<double>(s, B, T));
-  const double loss_ref = HeadForward<double>(s, phw.data(), xw.data(), targets.data(), B, T,
-                                              logits_ref.data(), hscd.data());
-  HeadBackward<double>(s, phw.data(), xw.data(), targets.data(), 1.0, B, T, dxh_ref.data(),
-                       dph_ref.data(), hscd.data());
+  std::vector<uint8_t> hscd(GptHeadScratchBytes<double>(s, B, T));
+  const double loss_ref = GptHeadForward<double>(s, phw.data(), xw.data(), targets.data(), B, T,
+                                                 logits_ref.data(), hscd.data());
+  GptHeadBackward<double>(s, phw.data(), xw.data(), targets.data(), 1.0, B, T, dxh_ref.data(),
+                          dph_ref.data(), hscd.data());
 
   const gpu::DeviceSpan ped = this->Put(pe), phd = this->Put(ph), tok = this->Put(tokens),
                         tgt = this->Put(targets), xd = this->Put(x), dxo = this->Put(dx_out);
@@ -500,23 +522,24 @@ TYPED_TEST(GptCudaTypedTest, EmbeddingAndHeadMatchTheHostAndDouble) {
   const gpu::DeviceSpan dxh = this->Poisoned(N * C * sizeof(S)),
                         dph = this->Poisoned(PH * sizeof(S));
   const gpu::DeviceSpan loss = this->Poisoned(4);
-  const gpu::DeviceSpan esd = this->Poisoned(cuda::CudaEmbeddingScratchBytes<S>(s, B, T));
-  const gpu::DeviceSpan hsd = this->Poisoned(cuda::CudaHeadScratchBytes<S>(s, B, T));
-  ASSERT_TRUE(cuda::CudaPrepareStream(*this->stream_).ok());
+  const gpu::DeviceSpan esd = this->Poisoned(cuda::GptCudaEmbeddingScratchBytes<S>(s, B, T));
+  const gpu::DeviceSpan hsd = this->Poisoned(cuda::GptCudaHeadScratchBytes<S>(s, B, T));
+  ASSERT_TRUE(cuda::GptCudaPrepareStream(*this->stream_).ok());
   auto& st = *this->stream_;
-  ASSERT_TRUE(
-      cuda::CudaEmbeddingForward<S>(s, st, this->Ptr(ped), tok.as<int32_t>(), B, T, this->Ptr(xe))
-          .ok());
-  ASSERT_TRUE(cuda::CudaEmbeddingBackward<S>(s, st, tok.as<int32_t>(), this->Ptr(dxo), B, T,
-                                             this->Ptr(dpe), esd.as<void>())
+  ASSERT_TRUE(cuda::GptCudaEmbeddingForward<S>(s, st, this->Ptr(ped), tok.as<int32_t>(), B, T,
+                                               this->Ptr(xe))
                   .ok());
-  ASSERT_TRUE(cuda::CudaHeadForward<S>(s, st, this->Ptr(phd), this->Ptr(xd), tgt.as<int32_t>(), B,
-                                       T, this->Ptr(logits), hsd.as<void>(), loss.as<float>())
+  ASSERT_TRUE(cuda::GptCudaEmbeddingBackward<S>(s, st, tok.as<int32_t>(), this->Ptr(dxo), B, T,
+                                                this->Ptr(dpe), esd.as<void>())
+                  .ok());
+  ASSERT_TRUE(cuda::GptCudaHeadForward<S>(s, st, this->Ptr(phd), this->Ptr(xd), tgt.as<int32_t>(),
+                                          B, T, this->Ptr(logits), hsd.as<void>(), loss.as<float>())
                   .ok());
   const std::vector<double> logits_fwd = this->Get(logits, B * V);
   const float loss_gpu = this->template Download<float>(loss, 1)[0];
-  ASSERT_TRUE(cuda::CudaHeadBackward<S>(s, st, this->Ptr(phd), this->Ptr(xd), tgt.as<int32_t>(),
-                                        1.0f, B, T, this->Ptr(dxh), this->Ptr(dph), hsd.as<void>())
+  ASSERT_TRUE(cuda::GptCudaHeadBackward<S>(s, st, this->Ptr(phd), this->Ptr(xd), tgt.as<int32_t>(),
+                                           1.0f, B, T, this->Ptr(dxh), this->Ptr(dph),
+                                           hsd.as<void>())
                   .ok());
   this->Sync();
   // Embedding: one rounding of an fp32 sum; the host sums in the same (token) order, so the
@@ -550,34 +573,35 @@ TYPED_TEST(GptCudaTypedTest, HeadInSeveralChunksMatchesTheHostAndDouble) {
   const std::vector<S> ph = Round<S>(Random(PH, 0.2, 17)), x = Round<S>(Random(N * C, 1.0, 18));
 
   std::vector<S> logits_host(B * V), dx_host(N * C), dp_host(PH);
-  std::vector<uint8_t> hsc(HeadScratchBytes<S>(s, B, T));
-  const float loss_host =
-      HeadForward<S>(s, ph.data(), x.data(), targets.data(), B, T, logits_host.data(), hsc.data());
-  HeadBackward<S>(s, ph.data(), x.data(), targets.data(), 1.0f, B, T, dx_host.data(),
-                  dp_host.data(), hsc.data());
+  std::vector<uint8_t> hsc(GptHeadScratchBytes<S>(s, B, T));
+  const float loss_host = GptHeadForward<S>(s, ph.data(), x.data(), targets.data(), B, T,
+                                            logits_host.data(), hsc.data());
+  GptHeadBackward<S>(s, ph.data(), x.data(), targets.data(), 1.0f, B, T, dx_host.data(),
+                     dp_host.data(), hsc.data());
   const std::vector<double> phw = Widen(ph), xw = Widen(x);
   std::vector<double> logits_ref(B * V), dx_ref(N * C), dp_ref(PH);
-  std::vector<uint8_t> hscd(HeadScratchBytes<double>(s, B, T));
-  const double loss_ref = HeadForward<double>(s, phw.data(), xw.data(), targets.data(), B, T,
-                                              logits_ref.data(), hscd.data());
-  HeadBackward<double>(s, phw.data(), xw.data(), targets.data(), 1.0, B, T, dx_ref.data(),
-                       dp_ref.data(), hscd.data());
+  std::vector<uint8_t> hscd(GptHeadScratchBytes<double>(s, B, T));
+  const double loss_ref = GptHeadForward<double>(s, phw.data(), xw.data(), targets.data(), B, T,
+                                                 logits_ref.data(), hscd.data());
+  GptHeadBackward<double>(s, phw.data(), xw.data(), targets.data(), 1.0, B, T, dx_ref.data(),
+                          dp_ref.data(), hscd.data());
 
   const gpu::DeviceSpan phd = this->Put(ph), tgt = this->Put(targets), xd = this->Put(x);
   const gpu::DeviceSpan logits = this->Poisoned(B * V * sizeof(S)), loss = this->Poisoned(4);
   const gpu::DeviceSpan dx = this->Poisoned(N * C * sizeof(S)), dp = this->Poisoned(PH * sizeof(S)),
                         dp2 = this->Poisoned(PH * sizeof(S));
-  const gpu::DeviceSpan hsd = this->Poisoned(cuda::CudaHeadScratchBytes<S>(s, B, T));
-  ASSERT_TRUE(cuda::CudaPrepareStream(*this->stream_).ok());
+  const gpu::DeviceSpan hsd = this->Poisoned(cuda::GptCudaHeadScratchBytes<S>(s, B, T));
+  ASSERT_TRUE(cuda::GptCudaPrepareStream(*this->stream_).ok());
   auto& st = *this->stream_;
-  ASSERT_TRUE(cuda::CudaHeadForward<S>(s, st, this->Ptr(phd), this->Ptr(xd), tgt.as<int32_t>(), B,
-                                       T, this->Ptr(logits), hsd.as<void>(), loss.as<float>())
+  ASSERT_TRUE(cuda::GptCudaHeadForward<S>(s, st, this->Ptr(phd), this->Ptr(xd), tgt.as<int32_t>(),
+                                          B, T, this->Ptr(logits), hsd.as<void>(), loss.as<float>())
                   .ok());
-  ASSERT_TRUE(cuda::CudaHeadBackward<S>(s, st, this->Ptr(phd), this->Ptr(xd), tgt.as<int32_t>(),
-                                        1.0f, B, T, this->Ptr(dx), this->Ptr(dp), hsd.as<void>())
+  ASSERT_TRUE(cuda::GptCudaHeadBackward<S>(s, st, this->Ptr(phd), this->Ptr(xd), tgt.as<int32_t>(),
+                                           1.0f, B, T, this->Ptr(dx), this->Ptr(dp), hsd.as<void>())
                   .ok());
-  ASSERT_TRUE(cuda::CudaHeadBackward<S>(s, st, this->Ptr(phd), this->Ptr(xd), tgt.as<int32_t>(),
-                                        1.0f, B, T, this->Ptr(dx), this->Ptr(dp2), hsd.as<void>())
+  ASSERT_TRUE(cuda::GptCudaHeadBackward<S>(s, st, this->Ptr(phd), this->Ptr(xd), tgt.as<int32_t>(),
+                                           1.0f, B, T, this->Ptr(dx), this->Ptr(dp2),
+                                           hsd.as<void>())
                   .ok());
   this->Sync();
   const float loss_gpu = this->template Download<float>(loss, 1)[0];
@@ -959,7 +983,7 @@ TEST_F(GptCudaDeathTest, TokenOrTargetOutsideTheVocabularyTrapsOnTheDevice) {
     // Each runs in the child: uploads, launches, synchronizes, exits (no return).
     // The head's products need cuBLAS: a failure to load it is not the fault looked for.
     auto prepare = [&] {
-      const Status st = cuda::CudaPrepareStream(*stream_);
+      const Status st = cuda::GptCudaPrepareStream(*stream_);
       if (!st.ok()) {
         std::fprintf(stderr, "prepare: %s\n", st.ToString().c_str());
         std::_Exit(3);
@@ -968,24 +992,24 @@ TEST_F(GptCudaDeathTest, TokenOrTargetOutsideTheVocabularyTrapsOnTheDevice) {
     auto embedding_forward = [&] {
       const gpu::DeviceSpan p = Put(m.blocks[0]), t = Put(ids), xo = Poisoned(N * C * 4);
       ExitWithStreamOutcome(
-          cuda::CudaEmbeddingForward<float>(s, *stream_, Ptr(p), t.as<int32_t>(), B, T, Ptr(xo)),
+          cuda::GptCudaEmbeddingForward<float>(s, *stream_, Ptr(p), t.as<int32_t>(), B, T, Ptr(xo)),
           *stream_);
     };
     auto embedding_backward = [&] {
       const gpu::DeviceSpan t = Put(ids), d = Put(x), g = Poisoned(m.blocks[0].size() * 4);
-      const gpu::DeviceSpan sc = Poisoned(cuda::CudaEmbeddingScratchBytes<float>(s, B, T));
-      ExitWithStreamOutcome(cuda::CudaEmbeddingBackward<float>(s, *stream_, t.as<int32_t>(), Ptr(d),
-                                                               B, T, Ptr(g), sc.as<void>()),
+      const gpu::DeviceSpan sc = Poisoned(cuda::GptCudaEmbeddingScratchBytes<float>(s, B, T));
+      ExitWithStreamOutcome(cuda::GptCudaEmbeddingBackward<float>(
+                                s, *stream_, t.as<int32_t>(), Ptr(d), B, T, Ptr(g), sc.as<void>()),
                             *stream_);
     };
     auto cross_entropy_forward = [&] {
       prepare();
       const gpu::DeviceSpan p = Put(m.blocks.back()), t = Put(ids), xi = Put(x);
       const gpu::DeviceSpan logits = Poisoned(B * V * 4), loss = Poisoned(4);
-      const gpu::DeviceSpan sc = Poisoned(cuda::CudaHeadScratchBytes<float>(s, B, T));
+      const gpu::DeviceSpan sc = Poisoned(cuda::GptCudaHeadScratchBytes<float>(s, B, T));
       ExitWithStreamOutcome(
-          cuda::CudaHeadForward<float>(s, *stream_, Ptr(p), Ptr(xi), t.as<int32_t>(), B, T,
-                                       Ptr(logits), sc.as<void>(), loss.as<float>()),
+          cuda::GptCudaHeadForward<float>(s, *stream_, Ptr(p), Ptr(xi), t.as<int32_t>(), B, T,
+                                          Ptr(logits), sc.as<void>(), loss.as<float>()),
           *stream_);
     };
     auto cross_entropy_backward = [&] {
@@ -993,10 +1017,10 @@ TEST_F(GptCudaDeathTest, TokenOrTargetOutsideTheVocabularyTrapsOnTheDevice) {
       const gpu::DeviceSpan p = Put(m.blocks.back()), t = Put(ids), xi = Put(x);
       const gpu::DeviceSpan dx = Poisoned(N * C * 4);
       const gpu::DeviceSpan g = Poisoned(m.blocks.back().size() * 4);
-      const gpu::DeviceSpan sc = Poisoned(cuda::CudaHeadScratchBytes<float>(s, B, T));
+      const gpu::DeviceSpan sc = Poisoned(cuda::GptCudaHeadScratchBytes<float>(s, B, T));
       ExitWithStreamOutcome(
-          cuda::CudaHeadBackward<float>(s, *stream_, Ptr(p), Ptr(xi), t.as<int32_t>(), 1.0f, B, T,
-                                        Ptr(dx), Ptr(g), sc.as<void>()),
+          cuda::GptCudaHeadBackward<float>(s, *stream_, Ptr(p), Ptr(xi), t.as<int32_t>(), 1.0f, B,
+                                           T, Ptr(dx), Ptr(g), sc.as<void>()),
           *stream_);
     };
     EXPECT_EXIT(embedding_forward(), ::testing::ExitedWithCode(0), "stream: INTERNAL")
@@ -1015,44 +1039,47 @@ TEST_F(GptCudaDeathTest, TokenOrTargetOutsideTheVocabularyTrapsOnTheDevice) {
 
 TEST(GptCudaArguments, OpLaunchersRejectBadArgumentsBeforeLaunching) {
   float dummy = 0;
-  EXPECT_EQ(cuda::LaunchLayerNormForward<float>(nullptr, nullptr, &dummy, &dummy, 3, 4, &dummy,
-                                                &dummy, &dummy)
+  EXPECT_EQ(ops::cuda::LaunchLayerNormForward<float>(nullptr, nullptr, &dummy, &dummy, 3, 4, &dummy,
+                                                     &dummy, &dummy)
                 .code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(cuda::LaunchMeanLoss(nullptr, &dummy, 0, &dummy).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(
-      cuda::LaunchAttentionForward<float>(nullptr, &dummy, 1, 4, 258, 2, &dummy, &dummy).code(),
-      StatusCode::kInvalidArgument)
+  EXPECT_EQ(ops::cuda::LaunchMeanLoss(nullptr, &dummy, 0, &dummy).code(),
+            StatusCode::kInvalidArgument);
+  // Host arrays as large as the views GptAttentionForward forms (qkv + C, qkv + 2C): the checks
+  // reject the calls before anything reads them.
+  std::vector<float> qkv(3 * 258);
+  EXPECT_EQ(GptAttentionForward<float>(nullptr, qkv.data(), 1, 4, 258, 2, &dummy, &dummy).code(),
+            StatusCode::kInvalidArgument)
       << "head dim 129 is past the kernels' 128";
-  EXPECT_EQ(cuda::LaunchAttentionForward<float>(nullptr, &dummy, 1, 4, 128, 2, &dummy, &dummy,
-                                                cuda::AttentionPath::kTensorCores)
+  EXPECT_EQ(GptAttentionForward<float>(nullptr, qkv.data(), 1, 4, 128, 2, &dummy, &dummy,
+                                       AttentionPath::kTensorCores)
                 .code(),
             StatusCode::kInvalidArgument)
       << "fp32 has no tensor-core attention";
-  alignas(16) __nv_bfloat16 bf[16] = {};
-  EXPECT_EQ(cuda::LaunchAttentionForward<__nv_bfloat16>(nullptr, bf, 1, 4, 64, 2, bf, &dummy,
-                                                        cuda::AttentionPath::kTensorCores)
+  alignas(16) static __nv_bfloat16 bf[3 * 128 + 8] = {};
+  EXPECT_EQ(GptAttentionForward<__nv_bfloat16>(nullptr, bf, 1, 4, 64, 2, bf, &dummy,
+                                               AttentionPath::kTensorCores)
                 .code(),
             StatusCode::kInvalidArgument)
       << "head dim 32 has no tensor-core attention";
-  EXPECT_EQ(cuda::LaunchAttentionForward<__nv_bfloat16>(nullptr, bf + 1, 1, 4, 128, 2, bf, &dummy,
-                                                        cuda::AttentionPath::kTensorCores)
+  EXPECT_EQ(GptAttentionForward<__nv_bfloat16>(nullptr, bf + 1, 1, 4, 128, 2, bf, &dummy,
+                                               AttentionPath::kTensorCores)
                 .code(),
             StatusCode::kInvalidArgument)
       << "the tensor-core path needs 16-byte aligned buffers";
-  EXPECT_TRUE(cuda::LaunchLayerNormForward<float>(nullptr, nullptr, nullptr, nullptr, 0, 4, nullptr,
-                                                  nullptr, nullptr)
+  EXPECT_TRUE(ops::cuda::LaunchLayerNormForward<float>(nullptr, nullptr, nullptr, nullptr, 0, 4,
+                                                       nullptr, nullptr, nullptr)
                   .ok())
       << "nothing to do";
 }
 
 TEST(GptCudaScratch, CoversEveryLayoutAndHalvesIn16Bits) {
   const GptShape s = OddShape();
-  EXPECT_LT(cuda::CudaLayerScratchBytes<Bf16>(s, 2, 67),
-            cuda::CudaLayerScratchBytes<float>(s, 2, 67));
-  EXPECT_EQ(cuda::CudaLayerScratchBytes<Bf16>(s, 2, 67),
-            cuda::CudaLayerScratchBytes<Fp16>(s, 2, 67));
-  EXPECT_GT(cuda::CudaEmbeddingScratchBytes<float>(s, 2, 67), 0);
+  EXPECT_LT(cuda::GptCudaLayerScratchBytes<Bf16>(s, 2, 67),
+            cuda::GptCudaLayerScratchBytes<float>(s, 2, 67));
+  EXPECT_EQ(cuda::GptCudaLayerScratchBytes<Bf16>(s, 2, 67),
+            cuda::GptCudaLayerScratchBytes<Fp16>(s, 2, 67));
+  EXPECT_GT(cuda::GptCudaEmbeddingScratchBytes<float>(s, 2, 67), 0);
 }
 
 }  // namespace

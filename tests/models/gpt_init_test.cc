@@ -99,7 +99,7 @@ const GptShape kInitShape{1000, 128, 4, 4, 256};
 TEST(GptInit, LayerFollowsGpt2StatisticsAndScalesResidualProjections) {
   const GptShape& s = kInitShape;
   std::vector<float> chunk(LayerNumParams(s), -7.0f);
-  InitLayerParams(s, 2, 42, chunk.data());
+  InitGptLayerParams(s, 2, 42, chunk.data());
   const std::vector<TensorInfo> t = LayerTensors(s);
   const double residual = 0.02 / std::sqrt(2.0 * s.num_layers);
   ExpectConstant(chunk, Find(t, "ln1_w"), 1.0f);
@@ -119,11 +119,11 @@ TEST(GptInit, LayerFollowsGpt2StatisticsAndScalesResidualProjections) {
 TEST(GptInit, EmbeddingAndHeadFollowGpt2Statistics) {
   const GptShape& s = kInitShape;
   std::vector<float> emb(EmbeddingNumParams(s), -7.0f);
-  InitEmbeddingParams(s, 42, emb.data());
+  InitGptEmbeddingParams(s, 42, emb.data());
   ExpectNormal(emb, Find(EmbeddingTensors(s), "wte"), 0.02);
   ExpectNormal(emb, Find(EmbeddingTensors(s), "wpe"), 0.02);
   std::vector<float> head(HeadNumParams(s), -7.0f);
-  InitHeadParams(s, 42, head.data());
+  InitGptHeadParams(s, 42, head.data());
   ExpectConstant(head, Find(HeadTensors(s), "lnf_w"), 1.0f);
   ExpectConstant(head, Find(HeadTensors(s), "lnf_b"), 0.0f);
   ExpectNormal(head, Find(HeadTensors(s), "lm_head_w"), 0.02);
@@ -133,17 +133,17 @@ TEST(GptInit, IsAFunctionOfSeedAndBlock) {
   const GptShape& s = kInitShape;
   auto layer = [&](int index, uint64_t seed) {
     std::vector<float> chunk(LayerNumParams(s));
-    InitLayerParams(s, index, seed, chunk.data());
+    InitGptLayerParams(s, index, seed, chunk.data());
     return chunk;
   };
   auto embedding = [&](uint64_t seed) {
     std::vector<float> chunk(EmbeddingNumParams(s));
-    InitEmbeddingParams(s, seed, chunk.data());
+    InitGptEmbeddingParams(s, seed, chunk.data());
     return chunk;
   };
   auto head = [&](uint64_t seed) {
     std::vector<float> chunk(HeadNumParams(s));
-    InitHeadParams(s, seed, chunk.data());
+    InitGptHeadParams(s, seed, chunk.data());
     return chunk;
   };
   EXPECT_EQ(layer(1, 7), layer(1, 7));

@@ -267,18 +267,19 @@ TEST(GptKernels, ScratchSizesFollowTheDocumentedLayout) {
     const int64_t R = (int64_t{1} << 22) / V;
     const int64_t head = Aligned(N * C * es) + 3 * Aligned(N * fs) + Aligned(R * V * es) +
                          (es == 2 ? Aligned(C * V * 4) : 0);
-    const int64_t got_layer = es == 2   ? LayerScratchBytes<Bf16>(gpt2, 8, 1024)
-                              : es == 4 ? LayerScratchBytes<float>(gpt2, 8, 1024)
-                                        : LayerScratchBytes<double>(gpt2, 8, 1024);
-    const int64_t got_head = es == 2   ? HeadScratchBytes<Fp16>(gpt2, 8, 1024)
-                             : es == 4 ? HeadScratchBytes<float>(gpt2, 8, 1024)
-                                       : HeadScratchBytes<double>(gpt2, 8, 1024);
+    const int64_t got_layer = es == 2   ? GptLayerScratchBytes<Bf16>(gpt2, 8, 1024)
+                              : es == 4 ? GptLayerScratchBytes<float>(gpt2, 8, 1024)
+                                        : GptLayerScratchBytes<double>(gpt2, 8, 1024);
+    const int64_t got_head = es == 2   ? GptHeadScratchBytes<Fp16>(gpt2, 8, 1024)
+                             : es == 4 ? GptHeadScratchBytes<float>(gpt2, 8, 1024)
+                                       : GptHeadScratchBytes<double>(gpt2, 8, 1024);
     EXPECT_EQ(got_layer, layer) << es;
     EXPECT_EQ(got_head, head) << es;
   }
-  EXPECT_EQ(EmbeddingScratchBytes<Bf16>(gpt2, 8, 1024), Aligned((V + 1) * 4) + Aligned(N * 4));
+  EXPECT_EQ(GptEmbeddingScratchBytes<Bf16>(gpt2, 8, 1024), Aligned((V + 1) * 4) + Aligned(N * 4));
   // No T x T buffer: the layer scratch grows linearly with T.
-  EXPECT_EQ(LayerScratchBytes<Bf16>(gpt2, 1, 1024), 8 * LayerScratchBytes<Bf16>(gpt2, 1, 128));
+  EXPECT_EQ(GptLayerScratchBytes<Bf16>(gpt2, 1, 1024),
+            8 * GptLayerScratchBytes<Bf16>(gpt2, 1, 128));
 }
 
 // ---------------------------------------------------------------------------
@@ -383,20 +384,20 @@ void CheckEmbedding(const Case& c) {
 
   std::vector<S> x = PoisonedVector<S>(N * C);
   std::vector<double> x_ref(N * C);
-  EmbeddingForward<S>(s, d.params.data(), tokens.data(), c.B, c.T, x.data());
-  EmbeddingForward<double>(s, d.params_d.data(), tokens.data(), c.B, c.T, x_ref.data());
+  GptEmbeddingForward<S>(s, d.params.data(), tokens.data(), c.B, c.T, x.data());
+  GptEmbeddingForward<double>(s, d.params_d.data(), tokens.data(), c.B, c.T, x_ref.data());
   const double u = kUnitRoundoff<S>;
   // x = S(wte + wpe): one rounding, k = 1 (no gain).
   ExpectWithinBound("embedding x", ToDoubles(x), x_ref, 1, u);
 
   std::vector<S> g = PoisonedVector<S>(d.params.size());
   std::vector<double> g_ref(d.params.size());
-  GuardedScratch scratch(EmbeddingScratchBytes<S>(s, c.B, c.T));
-  GuardedScratch scratch_d(EmbeddingScratchBytes<double>(s, c.B, c.T));
-  EmbeddingBackward<S>(s, tokens.data(), d.dy.data(), c.B, c.T, g.data(), scratch.Poisoned());
-  scratch.CheckGuard("EmbeddingBackward");
-  EmbeddingBackward<double>(s, tokens.data(), d.dy_d.data(), c.B, c.T, g_ref.data(),
-                            scratch_d.Poisoned());
+  GuardedScratch scratch(GptEmbeddingScratchBytes<S>(s, c.B, c.T));
+  GuardedScratch scratch_d(GptEmbeddingScratchBytes<double>(s, c.B, c.T));
+  GptEmbeddingBackward<S>(s, tokens.data(), d.dy.data(), c.B, c.T, g.data(), scratch.Poisoned());
+  scratch.CheckGuard("GptEmbeddingBackward");
+  GptEmbeddingBackward<double>(s, tokens.data(), d.dy_d.data(), c.B, c.T, g_ref.data(),
+                               scratch_d.Poisoned());
   // One fp32 sum of up to N terms of magnitude <= 1 (|sum| up to sqrt(N) rms), then one
   // rounding: k = 1 for the rounding, K = N for the sum.
   for (const TensorInfo& t : EmbeddingTensors(s)) {
@@ -445,23 +446,23 @@ void CheckLayer(const Case& c) {
   // Longest fp32 sum: a weight gradient over N rows, or the fc projection over 4C.
   const double eps = kUnitRoundoff<S> + std::max<int64_t>(N, 4 * C) * 0x1p-24;
 
-  GuardedScratch scratch(LayerScratchBytes<S>(s, c.B, c.T));
-  GuardedScratch scratch_d(LayerScratchBytes<double>(s, c.B, c.T));
+  GuardedScratch scratch(GptLayerScratchBytes<S>(s, c.B, c.T));
+  GuardedScratch scratch_d(GptLayerScratchBytes<double>(s, c.B, c.T));
   std::vector<S> y = PoisonedVector<S>(N * C);
   std::vector<double> y_ref(N * C);
-  LayerForward<S>(s, d.params.data(), d.x.data(), y.data(), c.B, c.T, scratch.Poisoned());
-  scratch.CheckGuard("LayerForward");
-  LayerForward<double>(s, d.params_d.data(), d.x_d.data(), y_ref.data(), c.B, c.T,
-                       scratch_d.Poisoned());
+  GptLayerForward<S>(s, d.params.data(), d.x.data(), y.data(), c.B, c.T, scratch.Poisoned());
+  scratch.CheckGuard("GptLayerForward");
+  GptLayerForward<double>(s, d.params_d.data(), d.x_d.data(), y_ref.data(), c.B, c.T,
+                          scratch_d.Poisoned());
   ExpectWithinBound("layer y", ToDoubles(y), y_ref, kLayerForwardK, eps);
 
   std::vector<S> dx = PoisonedVector<S>(N * C), g = PoisonedVector<S>(d.params.size());
   std::vector<double> dx_ref(N * C), g_ref(d.params.size());
-  LayerBackward<S>(s, d.params.data(), d.x.data(), d.dy.data(), dx.data(), g.data(), c.B, c.T,
-                   scratch.Poisoned());
-  scratch.CheckGuard("LayerBackward");
-  LayerBackward<double>(s, d.params_d.data(), d.x_d.data(), d.dy_d.data(), dx_ref.data(),
-                        g_ref.data(), c.B, c.T, scratch_d.Poisoned());
+  GptLayerBackward<S>(s, d.params.data(), d.x.data(), d.dy.data(), dx.data(), g.data(), c.B, c.T,
+                      scratch.Poisoned());
+  scratch.CheckGuard("GptLayerBackward");
+  GptLayerBackward<double>(s, d.params_d.data(), d.x_d.data(), d.dy_d.data(), dx_ref.data(),
+                           g_ref.data(), c.B, c.T, scratch_d.Poisoned());
   ExpectWithinBound("layer dx", ToDoubles(dx), dx_ref, kLayerDxK, eps);
   const std::vector<double> gd = ToDoubles(g);
   for (const TensorInfo& t : LayerTensors(s)) {
@@ -489,18 +490,18 @@ HeadResult RunHead(const Case& c, const BlockData<S>& d, const std::vector<int32
   const GptShape& s = c.shape;
   const int64_t N = int64_t{c.B} * c.T, C = s.channels, V = s.vocab_size;
   if (chunk_rows == 0) chunk_rows = HeadChunkRows(N, V);
-  GuardedScratch scratch(internal::HeadScratchBytesWithChunkRows<S>(s, c.B, c.T, chunk_rows));
+  GuardedScratch scratch(internal::GptHeadScratchBytesWithChunkRows<S>(s, c.B, c.T, chunk_rows));
   std::vector<S> logits = PoisonedVector<S>(int64_t{c.B} * V);
   HeadResult r;
   r.loss =
-      internal::HeadForwardWithChunkRows<S>(s, d.params.data(), d.x.data(), targets.data(), c.B,
-                                            c.T, logits.data(), scratch.Poisoned(), chunk_rows);
-  scratch.CheckGuard("HeadForward");
+      internal::GptHeadForwardWithChunkRows<S>(s, d.params.data(), d.x.data(), targets.data(), c.B,
+                                               c.T, logits.data(), scratch.Poisoned(), chunk_rows);
+  scratch.CheckGuard("GptHeadForward");
   std::vector<S> dx = PoisonedVector<S>(N * C), g = PoisonedVector<S>(d.params.size());
-  internal::HeadBackwardWithChunkRows<S>(s, d.params.data(), d.x.data(), targets.data(),
-                                         ComputeType<S>(1), c.B, c.T, dx.data(), g.data(),
-                                         scratch.Poisoned(), chunk_rows);
-  scratch.CheckGuard("HeadBackward");
+  internal::GptHeadBackwardWithChunkRows<S>(s, d.params.data(), d.x.data(), targets.data(),
+                                            ComputeType<S>(1), c.B, c.T, dx.data(), g.data(),
+                                            scratch.Poisoned(), chunk_rows);
+  scratch.CheckGuard("GptHeadBackward");
   r.logits = ToDoubles(logits);
   r.dx = ToDoubles(dx);
   r.grads = ToDoubles(g);

@@ -177,9 +177,9 @@ class Runner {
         B_(B),
         T_(T),
         N_(int64_t{B} * T),
-        embedding_scratch_(EmbeddingScratchBytes<S>(s, B, T)),
-        layer_scratch_(LayerScratchBytes<S>(s, B, T)),
-        head_scratch_(HeadScratchBytes<S>(s, B, T)) {
+        embedding_scratch_(GptEmbeddingScratchBytes<S>(s, B, T)),
+        layer_scratch_(GptLayerScratchBytes<S>(s, B, T)),
+        head_scratch_(GptHeadScratchBytes<S>(s, B, T)) {
     logits_.resize(int64_t{B} * s.vocab_size);
   }
 
@@ -188,15 +188,15 @@ class Runner {
     xs_.assign(1, x0);
     for (int l = 0; l < s_.num_layers; ++l) {
       std::vector<S> out = PoisonedVector<S>(N_ * s_.channels);
-      LayerForward<S>(s_, m.blocks[1 + l].data(), xs_.back().data(), out.data(), B_, T_,
-                      layer_scratch_.Poisoned());
-      layer_scratch_.CheckGuard("LayerForward");
+      GptLayerForward<S>(s_, m.blocks[1 + l].data(), xs_.back().data(), out.data(), B_, T_,
+                         layer_scratch_.Poisoned());
+      layer_scratch_.CheckGuard("GptLayerForward");
       xs_.push_back(std::move(out));
     }
     logits_ = PoisonedVector<S>(logits_.size());
-    const F loss = HeadForward<S>(s_, m.blocks.back().data(), xs_.back().data(), targets, B_, T_,
-                                  logits_.data(), head_scratch_.Poisoned(), Tied(m));
-    head_scratch_.CheckGuard("HeadForward");
+    const F loss = GptHeadForward<S>(s_, m.blocks.back().data(), xs_.back().data(), targets, B_, T_,
+                                     logits_.data(), head_scratch_.Poisoned(), Tied(m));
+    head_scratch_.CheckGuard("GptHeadForward");
     return loss;
   }
 
@@ -206,7 +206,7 @@ class Runner {
 
   std::vector<S> Embed(const Model<S>& m, const std::vector<int32_t>& tokens) {
     std::vector<S> x0 = PoisonedVector<S>(N_ * s_.channels);
-    EmbeddingForward<S>(s_, m.blocks[0].data(), tokens.data(), B_, T_, x0.data());
+    GptEmbeddingForward<S>(s_, m.blocks[0].data(), tokens.data(), B_, T_, x0.data());
     return x0;
   }
 
@@ -221,22 +221,22 @@ class Runner {
     std::vector<S> dx = PoisonedVector<S>(N_ * s_.channels);
     head_tied_grads_.clear();
     if (s_.tie_embeddings) head_tied_grads_ = PoisonedVector<S>(m.blocks[0].size());
-    HeadBackward<S>(s_, m.blocks.back().data(), xs_.back().data(), targets.data(), F(1), B_, T_,
-                    dx.data(), grads->back().data(), head_scratch_.Poisoned(), Tied(m),
-                    s_.tie_embeddings ? head_tied_grads_.data() : nullptr);
-    head_scratch_.CheckGuard("HeadBackward");
+    GptHeadBackward<S>(s_, m.blocks.back().data(), xs_.back().data(), targets.data(), F(1), B_, T_,
+                       dx.data(), grads->back().data(), head_scratch_.Poisoned(), Tied(m),
+                       s_.tie_embeddings ? head_tied_grads_.data() : nullptr);
+    head_scratch_.CheckGuard("GptHeadBackward");
     douts_.assign(s_.num_layers, {});
     for (int l = s_.num_layers - 1; l >= 0; --l) {
       douts_[l] = dx;
       std::vector<S> dx_in = PoisonedVector<S>(N_ * s_.channels);
-      LayerBackward<S>(s_, m.blocks[1 + l].data(), xs_[l].data(), dx.data(), dx_in.data(),
-                       (*grads)[1 + l].data(), B_, T_, layer_scratch_.Poisoned());
-      layer_scratch_.CheckGuard("LayerBackward");
+      GptLayerBackward<S>(s_, m.blocks[1 + l].data(), xs_[l].data(), dx.data(), dx_in.data(),
+                          (*grads)[1 + l].data(), B_, T_, layer_scratch_.Poisoned());
+      layer_scratch_.CheckGuard("GptLayerBackward");
       dx = std::move(dx_in);
     }
-    EmbeddingBackward<S>(s_, tokens.data(), dx.data(), B_, T_, (*grads)[0].data(),
-                         embedding_scratch_.Poisoned());
-    embedding_scratch_.CheckGuard("EmbeddingBackward");
+    GptEmbeddingBackward<S>(s_, tokens.data(), dx.data(), B_, T_, (*grads)[0].data(),
+                            embedding_scratch_.Poisoned());
+    embedding_scratch_.CheckGuard("GptEmbeddingBackward");
     *dx0 = std::move(dx);
     return loss;
   }

@@ -63,7 +63,7 @@ TEST(GptTied, TheHeadChunkIsTheFinalLayerNormOnlyAndTheHeadTiesTheEmbedding) {
   EXPECT_EQ((*untied_model)->tied_block(head_block), -1);
   // Init writes exactly the 2 C elements: LayerNorm weight 1, bias 0.
   std::vector<float> chunk(2 * 8 + 1, -7.0f);
-  InitHeadParams(s, 3, chunk.data());
+  InitGptHeadParams(s, 3, chunk.data());
   for (int i = 0; i < 8; ++i) EXPECT_EQ(chunk[i], 1.0f);
   for (int i = 8; i < 16; ++i) EXPECT_EQ(chunk[i], 0.0f);
   EXPECT_EQ(chunk[16], -7.0f);

@@ -1,5 +1,5 @@
 // The Llama family on CUDA in fp32, bf16 and fp16, on random data with odd shapes:
-//   - each CUDA op (models/ops/cuda/llama_ops.cuh: RMSNorm forward/backward/weight gradient,
+//   - each CUDA op (models/ops/cuda/ops.cuh: RMSNorm forward/backward/weight gradient,
 //     the rotary table and rotation, SwiGLU, grouped-query attention with strided rows) against
 //     the host op of the same storage type (which rounds at the same points: the differences are
 //     summation orders and the GPU's expf/sqrtf) and against the host op at S = double fed the
@@ -30,7 +30,7 @@
 #include "models/llama.h"
 #include "models/llama_kernels.h"
 #include "models/ops/attention.h"
-#include "models/ops/cuda/llama_ops.cuh"
+#include "models/ops/cuda/ops.cuh"
 #include "models/ops/rms_norm.h"
 #include "models/ops/rope.h"
 #include "models/ops/swiglu.h"
@@ -259,7 +259,7 @@ TYPED_TEST(LlamaCudaTest, GqaAttentionMatchesTheHostOpAndDoubleAndIsDeterministi
     const int64_t N = int64_t{k.B} * k.T, Dq = int64_t{k.H} * k.hs, Dkv = int64_t{k.Hkv} * k.hs;
     const int64_t ld = Dq + 2 * Dkv + 3;
     const ops::AttentionDims hd{k.B, k.T, k.H, k.Hkv, k.hs, ld};
-    const lops::GqaDims gd{k.B, k.T, k.H, k.Hkv, k.hs, ld};
+    const ops::AttentionDims gd{k.B, k.T, k.H, k.Hkv, k.hs, ld};
     const std::vector<double> qkv = Rounded<S>(RandomValues(N * ld, 1.5, 31 + k.T));
     const std::vector<double> dout = Rounded<S>(RandomValues(N * Dq, 1.0, 32 + k.T));
 
@@ -270,14 +270,14 @@ TYPED_TEST(LlamaCudaTest, GqaAttentionMatchesTheHostOpAndDoubleAndIsDeterministi
          gd1 = this->Poisoned(N * ld * sizeof(S)), gd2 = this->Poisoned(N * ld * sizeof(S));
     cudaStream_t cs = this->Native();
     const Dev* q = As<Dev>(gqkv);
-    ASSERT_TRUE(lops::LaunchGqaAttentionForward(cs, gd, q, q + Dq, q + Dq + Dkv, As<Dev>(gout),
-                                                As<float>(glse))
+    ASSERT_TRUE(lops::LaunchAttentionForward(cs, gd, q, q + Dq, q + Dq + Dkv, As<Dev>(gout),
+                                             As<float>(glse))
                     .ok());
     for (gpu::DeviceSpan dst : {gd1, gd2}) {
       Dev* d = As<Dev>(dst);
-      ASSERT_TRUE(lops::LaunchGqaAttentionBackward(cs, gd, q, q + Dq, q + Dq + Dkv, As<Dev>(gout),
-                                                   As<Dev>(gdout), As<float>(glse),
-                                                   As<float>(gdelta), d, d + Dq, d + Dq + Dkv)
+      ASSERT_TRUE(lops::LaunchAttentionBackward(cs, gd, q, q + Dq, q + Dq + Dkv, As<Dev>(gout),
+                                                As<Dev>(gdout), As<float>(glse), As<float>(gdelta),
+                                                d, d + Dq, d + Dq + Dkv)
                       .ok());
     }
     this->Sync();
@@ -459,16 +459,16 @@ TEST(LlamaCudaArguments, OpLaunchersRejectBadArgumentsBeforeLaunching) {
       << "row_stride < num_heads head_dim";
   EXPECT_TRUE(invalid(lops::LaunchSwigluForward<float>(nullptr, p, 4, 0, p)));
   EXPECT_TRUE(invalid(lops::LaunchSwigluBackward<float>(nullptr, p, nullptr, 4, 8, p)));
-  const lops::GqaDims not_grouped{1, 8, 3, 2, 8, 64};  // 3 % 2 != 0
-  EXPECT_TRUE(invalid(lops::LaunchGqaAttentionForward<float>(nullptr, not_grouped, p, p, p, p, p)));
-  const lops::GqaDims too_wide{1, 8, 2, 1, 2 * lops::kGqaMaxHeadDim, 1024};
-  EXPECT_TRUE(invalid(lops::LaunchGqaAttentionForward<float>(nullptr, too_wide, p, p, p, p, p)));
-  const lops::GqaDims narrow_rows{1, 8, 4, 2, 8, 31};  // row_stride < H hs
+  const ops::AttentionDims not_grouped{1, 8, 3, 2, 8, 64};  // 3 % 2 != 0
+  EXPECT_TRUE(invalid(lops::LaunchAttentionForward<float>(nullptr, not_grouped, p, p, p, p, p)));
+  const ops::AttentionDims too_wide{1, 8, 2, 1, 2 * lops::kAttentionMaxHeadDim, 1024};
+  EXPECT_TRUE(invalid(lops::LaunchAttentionForward<float>(nullptr, too_wide, p, p, p, p, p)));
+  const ops::AttentionDims narrow_rows{1, 8, 4, 2, 8, 31};  // row_stride < H hs
   EXPECT_TRUE(invalid(
-      lops::LaunchGqaAttentionBackward<float>(nullptr, narrow_rows, p, p, p, p, p, p, p, p, p, p)));
-  const lops::GqaDims ok{1, 8, 4, 2, 8, 64};
+      lops::LaunchAttentionBackward<float>(nullptr, narrow_rows, p, p, p, p, p, p, p, p, p, p)));
+  const ops::AttentionDims ok{1, 8, 4, 2, 8, 64};
   EXPECT_TRUE(invalid(
-      lops::LaunchGqaAttentionBackward<float>(nullptr, ok, p, p, p, p, p, p, nullptr, p, p, p)));
+      lops::LaunchAttentionBackward<float>(nullptr, ok, p, p, p, p, p, p, nullptr, p, p, p)));
 }
 
 }  // namespace

@@ -1,16 +1,16 @@
-// The tensor-core attention's tile schedule (models/cuda/gpt_attention_tiles.h), checked on the
+// The tensor-core attention's tile schedule (models/ops/cuda/attention_tiles.h), checked on the
 // host: for T in 1..300 and the tile sizes the kernels use, the forward / dq schedule (query
 // tiles over key tiles) and the dk/dv schedule (key tiles over query tiles) visit every causal
 // pair (query i, key j <= i < T) exactly once; unmasked tiles hold only valid pairs; skipped
 // tiles hold none; and every kernel's shared memory fits the smallest opt-in limit.
-#include "models/cuda/gpt_attention_tiles.h"
+#include "models/ops/cuda/attention_tiles.h"
 
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
-namespace strata::models::cuda::attention_tiles {
+namespace strata::models::ops::cuda::attention_tiles {
 namespace {
 
 bool Valid(int i, int j, int T) { return i < T && j < T && j <= i; }
@@ -109,4 +109,4 @@ TEST(AttentionTiles, SharedMemoryFitsEveryTargetAndRowsStay16ByteAligned) {
 }
 
 }  // namespace
-}  // namespace strata::models::cuda::attention_tiles
+}  // namespace strata::models::ops::cuda::attention_tiles

@@ -1,15 +1,16 @@
-// Tile schedule of the tensor-core attention kernels (gpt_attention_tc.cu): tile sizes, which
+// Tile schedule of the tensor-core attention kernels (attention.cu): tile sizes, which
 // tiles of the causal (query, key) square each block visits, which of those need masking, and
 // the shared memory each kernel asks for. Plain C++ (no CUDA headers), so the schedule is
-// checked on the host in CI (tests/models/gpt_attention_tiles_test.cc) and the kernels use the
+// checked on the host in CI (tests/models/ops/attention_tiles_test.cc) and the kernels use the
 // same functions.
 //
-// Causal square of one (sequence, head): queries i and keys j in [0, T), pairs j <= i. Query
+// Causal square of one (sequence, query head): queries i and keys j in [0, T), pairs j <= i. Query
 // tile q covers rows [q nq, q nq + nq), key tile k covers [k nk, k nk + nk); rows past T exist
 // in the tiles (zero-filled in shared memory) but are masked or never stored.
 //   forward and dq: one block per query tile q, visiting key tiles 0..LastKeyTile(q); tiles
 //                   after it lie wholly above the diagonal and are skipped.
-//   dk/dv:          one block per key tile k, visiting query tiles FirstQueryTile(k)..last;
+//   dk/dv:          one block per (key tile k, kv head), visiting for each query head of the
+//                   kv head's group, in head order, query tiles FirstQueryTile(k)..last;
 //                   tiles before it lie wholly above the diagonal.
 // A visited tile is masked element by element (j > i, j >= T or i >= T set to -inf / 0) only
 // where TileNeedsMask says some pair of it is invalid; elsewhere every pair is valid.
@@ -24,7 +25,7 @@
 #define STRATA_TILES_HD
 #endif
 
-namespace strata::models::cuda {
+namespace strata::models::ops::cuda {
 
 // Which kernels LaunchAttentionForward / LaunchAttentionBackward run. kAuto: the tensor cores
 // where TensorCoreAttentionSupports holds and the buffers are 16-byte aligned, the CUDA cores
@@ -88,4 +89,4 @@ STRATA_TILES_HD constexpr size_t DkDvSmemBytes(int hs, int elem_bytes) {
 constexpr size_t kMaxSmemBytesPerBlock = 99 * 1024;
 
 }  // namespace attention_tiles
-}  // namespace strata::models::cuda
+}  // namespace strata::models::ops::cuda

@@ -1,0 +1,149 @@
+// One decoder adapter: the engine::Model of every decoder family of models/ (embedding block,
+// transformer layers, head; models/decoder_blocks.h), written once. A family is its
+// configuration and its block functions (as llm.c's gpt2_forward is a list of op calls):
+//
+//   struct Family {
+//     // Configuration.
+//     int num_layers() const;  int vocab_size() const;  int max_seq_len() const;
+//     int64_t channels() const;  bool tie_embeddings() const;
+//     static constexpr const char* kName;  // "the GPT": error messages
+//     // Per block kind: the tensors' shapes (in chunk order), the parameter count, the
+//     // deterministic initialisation of (seed, block kind, layer index), and the scratch of each
+//     // backend in bytes for storage type S and a micro-batch of B sequences of T tokens.
+//     std::vector<std::vector<int64_t>> TensorShapes(DecoderBlock kind, int layer) const;
+//     int64_t NumParams(DecoderBlock kind) const;
+//     void Init(DecoderBlock kind, int layer, uint64_t seed, float* out) const;
+//     template <typename S> int64_t HostScratchBytes(DecoderBlock kind, int B, int T) const;
+//     template <typename S> int64_t CudaScratchBytes(DecoderBlock kind, int B, int T) const;
+//     // The host blocks (run on the compute stream's host worker; STRATA_CHECK on misuse):
+//     template <typename S> void HostEmbeddingForward(const BlockArgs<S>&) const;  // and
+//     //   HostLayerForward, HostHeadForward (returns the mean loss), HostEmbeddingBackward,
+//     //   HostLayerBackward, HostHeadBackward;
+//     // with the CUDA backend (STRATA_HAVE_CUDA) the CUDA blocks, enqueued on the stream:
+//     template <typename S> Status CudaEmbeddingForward(const BlockArgs<S>&, gpu::Stream&) const;
+//     //   and the five others as above; Status CudaSupports() const (what the CUDA blocks do
+//     //   not implement, checked before every CUDA block); Status CudaPrepareStream(gpu::Stream&).
+//   };
+//
+// DecoderModel<Family> does the rest: block kinds and names, the tied head, activation and
+// logits sizes, the scratch (the larger of the two backends: the model does not know the device
+// when the engine sizes it), InitParams (from a WeightSource when given, else Family::Init per
+// block, a function of (seed, block) only), the buffer checks, the host/CUDA switch, the storage
+// type dispatch, and the one trace span per CUDA block call. Thread-safety as engine::Model: const
+// members are safe to call concurrently; Forward/Backward on one stream at a time per block.
+//
+// The member functions are defined in models/decoder_model_impl.h, which only a family's .cc
+// includes, explicitly instantiating DecoderModel<Family> there.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "base/status.h"
+#include "engine/model.h"
+#include "models/decoder_blocks.h"
+#include "models/weight_source.h"
+
+namespace strata::models {
+
+// Typed views of engine::BlockBuffers for storage type S: B sequences of T tokens; what a block
+// does not use is null (see engine/model.h for each buffer's shape and role).
+template <typename S>
+struct BlockArgs {
+  int B = 0, T = 0;
+  const S* params = nullptr;
+  S* grads = nullptr;
+  const S* tied_params = nullptr;
+  S* tied_grads = nullptr;
+  const S* x_in = nullptr;
+  S* x_out = nullptr;
+  const S* dx_out = nullptr;
+  S* dx_in = nullptr;
+  const int32_t* tokens = nullptr;
+  const int32_t* targets = nullptr;
+  S* logits = nullptr;
+  float* loss = nullptr;
+  float dloss = 1.0f;
+  void* scratch = nullptr;
+};
+
+// Declares, inside a family struct, the functions of the interface above that DecoderModel
+// calls (the configuration accessors and kName are the family's own); the family's .cc defines
+// them (the CUDA ones only with STRATA_HAVE_CUDA).
+#define STRATA_DECODER_FAMILY_FUNCTIONS()                                             \
+  std::vector<std::vector<int64_t>> TensorShapes(DecoderBlock kind, int layer) const; \
+  int64_t NumParams(DecoderBlock kind) const;                                         \
+  void Init(DecoderBlock kind, int layer, uint64_t seed, float* out) const;           \
+  template <typename S>                                                               \
+  int64_t HostScratchBytes(DecoderBlock kind, int B, int T) const;                    \
+  template <typename S>                                                               \
+  int64_t CudaScratchBytes(DecoderBlock kind, int B, int T) const;                    \
+  template <typename S>                                                               \
+  void HostEmbeddingForward(const BlockArgs<S>& a) const;                             \
+  template <typename S>                                                               \
+  void HostLayerForward(const BlockArgs<S>& a) const;                                 \
+  template <typename S>                                                               \
+  float HostHeadForward(const BlockArgs<S>& a) const;                                 \
+  template <typename S>                                                               \
+  void HostEmbeddingBackward(const BlockArgs<S>& a) const;                            \
+  template <typename S>                                                               \
+  void HostLayerBackward(const BlockArgs<S>& a) const;                                \
+  template <typename S>                                                               \
+  void HostHeadBackward(const BlockArgs<S>& a) const;                                 \
+  Status CudaSupports() const;                                                        \
+  Status CudaPrepareStream(gpu::Stream& stream) const;                                \
+  template <typename S>                                                               \
+  Status CudaEmbeddingForward(const BlockArgs<S>& a, gpu::Stream& stream) const;      \
+  template <typename S>                                                               \
+  Status CudaLayerForward(const BlockArgs<S>& a, gpu::Stream& stream) const;          \
+  template <typename S>                                                               \
+  Status CudaHeadForward(const BlockArgs<S>& a, gpu::Stream& stream) const;           \
+  template <typename S>                                                               \
+  Status CudaEmbeddingBackward(const BlockArgs<S>& a, gpu::Stream& stream) const;     \
+  template <typename S>                                                               \
+  Status CudaLayerBackward(const BlockArgs<S>& a, gpu::Stream& stream) const;         \
+  template <typename S>                                                               \
+  Status CudaHeadBackward(const BlockArgs<S>& a, gpu::Stream& stream) const;
+
+template <typename Family>
+class DecoderModel : public engine::Model {
+ public:
+  // What a block is: embedding (block 0), transformer layer, or head (the last).
+  using Kind = DecoderBlock;
+
+  int num_blocks() const override { return family_.num_layers() + 2; }
+  std::string block_name(int block) const override;
+  int64_t block_num_params(int block) const override;
+  std::vector<std::vector<int64_t>> block_tensor_shapes(int block) const override;
+  int64_t activation_elems(engine::MicroBatchShape s) const override;
+  int64_t logits_elems(engine::MicroBatchShape s) const override;
+  int vocab_size() const override { return family_.vocab_size(); }
+  int max_seq_len() const override { return family_.max_seq_len(); }
+  int64_t scratch_bytes(int block, engine::MicroBatchShape s, DType precision) const override;
+  // With tied embeddings the head (the last block) reads the embedding (block 0).
+  int tied_block(int block) const override;
+  // The weight source's block (its errors returned), else Family::Init from seed.
+  Status InitParams(int block, uint64_t seed, std::span<float> out) const override;
+  Status Forward(int block, const engine::BlockBuffers& buffers, gpu::Stream& stream) override;
+  Status Backward(int block, const engine::BlockBuffers& buffers, gpu::Stream& stream) override;
+  // CUDA stream: the family's CudaPrepareStream (cuBLAS/cuBLASLt handles and workspace, now
+  // rather than at the first product of a step). Host stream: nothing.
+  Status PrepareComputeStream(gpu::Stream& stream) override;
+
+  Kind kind(int block) const { return DecoderBlockOf(block, num_blocks()); }
+  const Family& family() const { return family_; }
+
+ protected:
+  DecoderModel(Family family, std::shared_ptr<const WeightSource> weights)
+      : family_(std::move(family)), weights_(std::move(weights)) {}
+
+ private:
+  Family family_;
+  std::shared_ptr<const WeightSource> weights_;  // null: random initialisation
+};
+
+}  // namespace strata::models

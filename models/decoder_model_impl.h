@@ -1,0 +1,249 @@
+// The member functions of DecoderModel<Family> (models/decoder_model.h). Included only by a
+// family's .cc, which then instantiates `template class DecoderModel<Family>;`.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "base/dtype.h"
+#include "models/decoder_model.h"
+
+#ifdef STRATA_HAVE_CUDA
+#include "gpu/cuda/cuda_device.h"  // plain C++: ScopedComputeSpan
+#endif
+
+namespace strata::models {
+
+namespace decoder_internal {
+
+inline bool OnCuda(const gpu::Stream& stream) {
+  return stream.device_kind() == gpu::DeviceKind::kCuda;
+}
+
+// The message for a CUDA stream in a binary built without the CUDA backend (cannot happen
+// through CreateDeviceFromFlag, which refuses `cuda` in such a build).
+inline Status NoCudaKernels(const char* family) {
+  return FailedPreconditionError(
+      fmt::format("{} got a CUDA stream, but this strata was built without the CUDA backend (no "
+                  "nvcc at build time); rebuild with nvcc or use --device host",
+                  family));
+}
+
+template <typename S>
+BlockArgs<S> ArgsOf(const engine::BlockBuffers& b) {
+  BlockArgs<S> a;
+  a.B = b.shape.batch_size;
+  a.T = b.shape.seq_len;
+  a.params = b.params.as<S>();
+  a.grads = b.grads.as<S>();
+  a.tied_params = b.tied_params.as<S>();
+  a.tied_grads = b.tied_grads.as<S>();
+  a.x_in = b.x_in.as<S>();
+  a.x_out = b.x_out.as<S>();
+  a.dx_out = b.dx_out.as<S>();
+  a.dx_in = b.dx_in.as<S>();
+  a.tokens = b.tokens;
+  a.targets = b.targets;
+  a.logits = b.logits.as<S>();
+  a.loss = b.loss;
+  a.dloss = b.dloss;
+  a.scratch = b.scratch.data;
+  return a;
+}
+
+// The host blocks: each block's kernels run as one host function on the compute stream, with
+// copies of the family (its configuration) and of the typed buffer pointers.
+template <typename S, typename Family>
+Status HostForward(const Family& f, DecoderBlock kind, const BlockArgs<S>& a, gpu::Stream& stream) {
+  switch (kind) {
+    case DecoderBlock::kEmbedding:
+      return stream.LaunchHost([f, a] {
+        f.template HostEmbeddingForward<S>(a);
+        return Status::Ok();
+      });
+    case DecoderBlock::kLayer:
+      return stream.LaunchHost([f, a] {
+        f.template HostLayerForward<S>(a);
+        return Status::Ok();
+      });
+    case DecoderBlock::kHead:
+      return stream.LaunchHost([f, a] {
+        const float loss = f.template HostHeadForward<S>(a);
+        if (a.targets && a.loss) *a.loss = loss;
+        return Status::Ok();
+      });
+  }
+  return InternalError("unreachable");
+}
+
+template <typename S, typename Family>
+Status HostBackward(const Family& f, DecoderBlock kind, const BlockArgs<S>& a,
+                    gpu::Stream& stream) {
+  switch (kind) {
+    case DecoderBlock::kEmbedding:
+      return stream.LaunchHost([f, a] {
+        f.template HostEmbeddingBackward<S>(a);
+        return Status::Ok();
+      });
+    case DecoderBlock::kLayer:
+      return stream.LaunchHost([f, a] {
+        f.template HostLayerBackward<S>(a);
+        return Status::Ok();
+      });
+    case DecoderBlock::kHead:
+      return stream.LaunchHost([f, a] {
+        f.template HostHeadBackward<S>(a);
+        return Status::Ok();
+      });
+  }
+  return InternalError("unreachable");
+}
+
+#ifdef STRATA_HAVE_CUDA
+// The CUDA blocks launch their kernels on the native stream, past the Stream's own operations,
+// so each block call is traced as one compute span (a no-op unless the device traces).
+template <typename S, typename Family>
+Status CudaForward(const Family& f, DecoderBlock kind, const BlockArgs<S>& a, gpu::Stream& stream) {
+  STRATA_RETURN_IF_ERROR(f.CudaSupports());
+  switch (kind) {
+    case DecoderBlock::kEmbedding: {
+      gpu::ScopedComputeSpan span(stream, "embedding forward");
+      return f.template CudaEmbeddingForward<S>(a, stream);
+    }
+    case DecoderBlock::kLayer: {
+      gpu::ScopedComputeSpan span(stream, "layer forward");
+      return f.template CudaLayerForward<S>(a, stream);
+    }
+    case DecoderBlock::kHead: {
+      gpu::ScopedComputeSpan span(stream, "head forward");
+      return f.template CudaHeadForward<S>(a, stream);
+    }
+  }
+  return InternalError("unreachable");
+}
+
+template <typename S, typename Family>
+Status CudaBackward(const Family& f, DecoderBlock kind, const BlockArgs<S>& a,
+                    gpu::Stream& stream) {
+  STRATA_RETURN_IF_ERROR(f.CudaSupports());
+  switch (kind) {
+    case DecoderBlock::kEmbedding: {
+      gpu::ScopedComputeSpan span(stream, "embedding backward");
+      return f.template CudaEmbeddingBackward<S>(a, stream);
+    }
+    case DecoderBlock::kLayer: {
+      // Includes the recomputed forward (activation checkpointing).
+      gpu::ScopedComputeSpan span(stream, "layer backward");
+      return f.template CudaLayerBackward<S>(a, stream);
+    }
+    case DecoderBlock::kHead: {
+      gpu::ScopedComputeSpan span(stream, "head backward");
+      return f.template CudaHeadBackward<S>(a, stream);
+    }
+  }
+  return InternalError("unreachable");
+}
+#endif
+
+}  // namespace decoder_internal
+
+template <typename Family>
+std::string DecoderModel<Family>::block_name(int block) const {
+  return DecoderBlockName(block, num_blocks());
+}
+
+template <typename Family>
+int64_t DecoderModel<Family>::block_num_params(int block) const {
+  return family_.NumParams(kind(block));
+}
+
+template <typename Family>
+std::vector<std::vector<int64_t>> DecoderModel<Family>::block_tensor_shapes(int block) const {
+  return family_.TensorShapes(kind(block), block - 1);
+}
+
+template <typename Family>
+int64_t DecoderModel<Family>::activation_elems(engine::MicroBatchShape s) const {
+  return s.tokens() * family_.channels();
+}
+
+template <typename Family>
+int64_t DecoderModel<Family>::logits_elems(engine::MicroBatchShape s) const {
+  return int64_t{s.batch_size} * family_.vocab_size();  // the last position of each sequence
+}
+
+template <typename Family>
+int64_t DecoderModel<Family>::scratch_bytes(int block, engine::MicroBatchShape s,
+                                            DType precision) const {
+  const int B = s.batch_size, T = s.seq_len;
+  const Kind k = kind(block);
+  // One figure for both backends (the model does not know the device here).
+  return DispatchDType(precision, [&]<typename S>() -> int64_t {
+    return std::max(family_.template HostScratchBytes<S>(k, B, T),
+                    family_.template CudaScratchBytes<S>(k, B, T));
+  });
+}
+
+template <typename Family>
+int DecoderModel<Family>::tied_block(int block) const {
+  return family_.tie_embeddings() && kind(block) == Kind::kHead ? 0 : -1;
+}
+
+template <typename Family>
+Status DecoderModel<Family>::InitParams(int block, uint64_t seed, std::span<float> out) const {
+  STRATA_CHECK(static_cast<int64_t>(out.size()) == block_num_params(block));
+  if (weights_ != nullptr) return weights_->ReadBlock(block, out);
+  family_.Init(kind(block), block - 1, seed, out.data());
+  return Status::Ok();
+}
+
+template <typename Family>
+Status DecoderModel<Family>::PrepareComputeStream(gpu::Stream& stream) {
+  if (!decoder_internal::OnCuda(stream)) return Status::Ok();
+#ifdef STRATA_HAVE_CUDA
+  return family_.CudaPrepareStream(stream);
+#else
+  return decoder_internal::NoCudaKernels(Family::kName);
+#endif
+}
+
+template <typename Family>
+Status DecoderModel<Family>::Forward(int block, const engine::BlockBuffers& b,
+                                     gpu::Stream& stream) {
+  STRATA_RETURN_IF_ERROR(engine::CheckBlockBuffers(*this, block, b, /*backward=*/false));
+  const Kind k = kind(block);
+  if (decoder_internal::OnCuda(stream)) {
+#ifdef STRATA_HAVE_CUDA
+    return DispatchDType(b.precision, [&]<typename S>() {
+      return decoder_internal::CudaForward<S>(family_, k, decoder_internal::ArgsOf<S>(b), stream);
+    });
+#else
+    return decoder_internal::NoCudaKernels(Family::kName);
+#endif
+  }
+  return DispatchDType(b.precision, [&]<typename S>() {
+    return decoder_internal::HostForward<S>(family_, k, decoder_internal::ArgsOf<S>(b), stream);
+  });
+}
+
+template <typename Family>
+Status DecoderModel<Family>::Backward(int block, const engine::BlockBuffers& b,
+                                      gpu::Stream& stream) {
+  STRATA_RETURN_IF_ERROR(engine::CheckBlockBuffers(*this, block, b, /*backward=*/true));
+  const Kind k = kind(block);
+  if (decoder_internal::OnCuda(stream)) {
+#ifdef STRATA_HAVE_CUDA
+    return DispatchDType(b.precision, [&]<typename S>() {
+      return decoder_internal::CudaBackward<S>(family_, k, decoder_internal::ArgsOf<S>(b), stream);
+    });
+#else
+    return decoder_internal::NoCudaKernels(Family::kName);
+#endif
+  }
+  return DispatchDType(b.precision, [&]<typename S>() {
+    return decoder_internal::HostBackward<S>(family_, k, decoder_internal::ArgsOf<S>(b), stream);
+  });
+}
+
+}  // namespace strata::models

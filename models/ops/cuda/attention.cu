@@ -1,0 +1,910 @@
+// Causal grouped-query attention on CUDA (ops.cuh), fused in the manner of FlashAttention-2
+// (Dao, "FlashAttention-2: Faster Attention with Better Parallelism and Work Partitioning", 2023):
+// tiled, online softmax, no T x T matrix in memory, the backward recomputing the probabilities
+// from the saved log-sum-exp. One op, two implementations with the same rounding points, chosen
+// by AttentionPath (attention_tiles.h):
+//
+// CUDA cores, any head_dim <= 128, every storage type (the reference):
+//   - forward and dq: one warp per query row, keys streamed through shared memory in tiles of
+//     kKeyTile (fp32), online softmax in fp32; lane j scores key j of the tile, lane l
+//     accumulates output dimensions l + 32 i.
+//   - dk/dv: one block per (sequence, kv head, kKvKeys keys), kKeysPerWarp keys per warp with
+//     their dk, dv in registers; the block loops over the query heads of the group in head
+//     order and, for each, over the query rows that see its keys in chunks of kQueryChunk. The
+//     block owns its dk, dv rows: no atomics, fixed order, bit-identical from run to run.
+//
+// Tensor cores, bf16 and fp16, head_dim 64 and 128 (namespace tc below; tile schedule in
+// attention_tiles.h):
+//   Products: mma.sync.aligned.m16n8k16 (D x D -> fp32), sm_80 and later. Every block has 4
+//   warps; each warp owns 16 rows of its block's tile (queries in the forward and dq, keys in
+//   dk/dv) and keeps their fp32 accumulators in registers. Operands come from shared memory by
+//   ldmatrix (.trans where the reduction runs down the rows of a tile); tiles come from global
+//   memory by cp.async, 16 bytes a thread, rows past T zero-filled. The accumulator fragment of a
+//   score tile is, element for element, the A fragment of the next product, so P and dS go from
+//   registers to the tensor cores without shared memory, rounded to D on the way (the contract's
+//   rounding points). dk/dv: one block per (key tile, sequence, kv head) looping over the query
+//   heads of the group in head order, as the CUDA-core kernel.
+//
+// Rounding points of both: scores scaled in fp32, online softmax in fp32, P = exp(s - m) rounded
+// to D before P V, O in fp32 rounded once, lse fp32; backward P = exp(s - lse) from q, k,
+// dS = D(P (dP - delta)), dq, dk, dv accumulated in fp32 and rounded once (dk, dv over the query
+// heads of their group in head order). Deterministic: no atomics; dk, dv per key tile over the
+// query heads and tiles in order, dq per query tile over the key tiles in order.
+//
+// Indexing (both implementations, the invariant the GPT relies on): element d of head `head` of
+// row t of sequence b is at [(b T + t) row_stride + head hs + d] in q, k, v, dq, dk, dv and at
+// [(b T + t) H hs + h hs + d] in out and dout; lse and delta at [(b H + h) T + t]; query head h
+// reads kv head h / (H / Hkv). The GPT passes q = qkv, k = qkv + C, v = qkv + 2C, row_stride 3C,
+// Hkv = H: every address equals the one its former qkv-only kernels computed (b T 3C + h hs,
+// + C, + 2C; out rows of C = H hs), and with a group of one head the dk/dv blocks visit the same
+// tiles in the same order, so its results are unchanged bit for bit.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <type_traits>
+
+#include "models/ops/cuda/attention_tiles.h"
+#include "models/ops/cuda/common.cuh"
+#include "models/ops/cuda/ops.cuh"
+
+namespace strata::models::ops::cuda {
+namespace {
+
+using namespace internal;  // NOLINT: the shared device helpers
+
+// ---------------------------------------------------------------------------
+// CUDA cores.
+
+constexpr int kQueryWarps = 8;
+constexpr int kKeyTile = 32;
+constexpr int kKvWarps = 4;
+constexpr int kKeysPerWarp = 4;
+constexpr int kKvKeys = kKvWarps * kKeysPerWarp;
+constexpr int kQueryChunk = 32;
+
+struct Dims {
+  int B, T, H, Hkv, hs, group;
+  int64_t ld;  // row stride of q, k, v, dq, dk, dv
+  float scale;
+  __device__ int64_t Row(int b, int t) const { return (int64_t{b} * T + t) * ld; }
+  __device__ int64_t OutRow(int b, int t) const { return (int64_t{b} * T + t) * H * hs; }
+  __device__ int64_t Stat(int b, int h, int t) const { return (int64_t{b} * H + h) * T + t; }
+};
+
+// Rows [k0, k0 + kKeyTile) of kv head kh of x (k or v) into tile (fp32); rows past T are zeros.
+template <typename D, int kDims>
+__device__ void LoadKeyTile(const D* x, const Dims& a, int b, int kh, int k0,
+                            float (*tile)[kDims * 32 + 1]) {
+  constexpr int kW = kDims * 32;
+  for (int i = threadIdx.x; i < kKeyTile * kW; i += blockDim.x) {
+    const int r = i / kW, d = i % kW, t = k0 + r;
+    tile[r][d] = (t < a.T && d < a.hs) ? ToF(x[a.Row(b, t) + int64_t{kh} * a.hs + d]) : 0.0f;
+  }
+}
+
+template <typename D, int kDims>
+__global__ void __launch_bounds__(kQueryWarps* kWarp)
+    GqaForwardKernel(const D* q, const D* k, const D* v, Dims a, D* out, float* lse) {
+  constexpr int kW = kDims * 32;
+  __shared__ float ks[kKeyTile][kW + 1];
+  __shared__ float vs[kKeyTile][kW + 1];
+  __shared__ float qs[kQueryWarps][kW];
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int b = blockIdx.y / a.H, h = blockIdx.y % a.H, kh = h / a.group;
+  const int q0 = blockIdx.x * kQueryWarps, t = q0 + warp;
+  const int last = min(a.T - 1, q0 + kQueryWarps - 1);
+  for (int d = lane; d < kW; d += kWarp) {
+    qs[warp][d] = (t < a.T && d < a.hs) ? ToF(q[a.Row(b, t) + int64_t{h} * a.hs + d]) : 0.0f;
+  }
+  float o[kDims];
+#pragma unroll
+  for (int i = 0; i < kDims; ++i) o[i] = 0.0f;
+  float m = -INFINITY, l = 0.0f;
+  for (int k0 = 0; k0 <= last; k0 += kKeyTile) {
+    __syncthreads();
+    LoadKeyTile<D, kDims>(k, a, b, kh, k0, ks);
+    LoadKeyTile<D, kDims>(v, a, b, kh, k0, vs);
+    __syncthreads();
+    if (t >= a.T || k0 > t) continue;
+    const int j = k0 + lane;
+    float s = -INFINITY;
+    if (j <= t) {
+      float dot = 0.0f;
+      for (int d = 0; d < a.hs; ++d) dot += qs[warp][d] * ks[lane][d];
+      s = dot * a.scale;
+    }
+    const float m_new = fmaxf(m, WarpMax(s));
+    const float p = j <= t ? expf(s - m_new) : 0.0f;
+    const float correction = expf(m - m_new);
+    l = l * correction + WarpSum(p);
+    const float p_rounded = RoundTo<D>(p);
+#pragma unroll
+    for (int i = 0; i < kDims; ++i) o[i] *= correction;
+    const int keys = min(kKeyTile, t - k0 + 1);
+    for (int jj = 0; jj < keys; ++jj) {
+      const float pj = __shfl_sync(0xffffffffu, p_rounded, jj);
+#pragma unroll
+      for (int i = 0; i < kDims; ++i) o[i] += pj * vs[jj][lane + 32 * i];
+    }
+    m = m_new;
+  }
+  if (t >= a.T) return;
+  const float inv = 1.0f / l;
+#pragma unroll
+  for (int i = 0; i < kDims; ++i) {
+    const int d = lane + 32 * i;
+    if (d < a.hs) out[a.OutRow(b, t) + int64_t{h} * a.hs + d] = FromF<D>(o[i] * inv);
+  }
+  if (lane == 0) lse[a.Stat(b, h, t)] = m + logf(l);
+}
+
+// delta[b, h, t] = sum_d dout * out (fp32). One warp per (row, head).
+template <typename D>
+__global__ void GqaDeltaKernel(const D* out, const D* dout, Dims a, float* delta) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t rows = int64_t{a.B} * a.T * a.H;
+  for (int64_t w = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / kWarp; w < rows;
+       w += int64_t{gridDim.x} * blockDim.x / kWarp) {
+    const int h = static_cast<int>(w % a.H);
+    const int64_t row = w / a.H;
+    const int b = static_cast<int>(row / a.T), t = static_cast<int>(row % a.T);
+    float acc = 0.0f;
+    for (int d = lane; d < a.hs; d += kWarp) {
+      const int64_t i = row * a.H * a.hs + int64_t{h} * a.hs + d;
+      acc += ToF(dout[i]) * ToF(out[i]);
+    }
+    acc = WarpSum(acc);
+    if (lane == 0) delta[a.Stat(b, h, t)] = acc;
+  }
+}
+
+template <typename D, int kDims>
+__global__ void __launch_bounds__(kQueryWarps* kWarp)
+    GqaDqKernel(const D* q, const D* k, const D* v, const D* dout, const float* lse,
+                const float* delta, Dims a, D* dq) {
+  constexpr int kW = kDims * 32;
+  __shared__ float ks[kKeyTile][kW + 1];
+  __shared__ float vs[kKeyTile][kW + 1];
+  __shared__ float qs[kQueryWarps][kW];
+  __shared__ float dos[kQueryWarps][kW];
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int b = blockIdx.y / a.H, h = blockIdx.y % a.H, kh = h / a.group;
+  const int q0 = blockIdx.x * kQueryWarps, t = q0 + warp;
+  const int last = min(a.T - 1, q0 + kQueryWarps - 1);
+  for (int d = lane; d < kW; d += kWarp) {
+    const bool in = t < a.T && d < a.hs;
+    qs[warp][d] = in ? ToF(q[a.Row(b, t) + int64_t{h} * a.hs + d]) : 0.0f;
+    dos[warp][d] = in ? ToF(dout[a.OutRow(b, t) + int64_t{h} * a.hs + d]) : 0.0f;
+  }
+  const float row_lse = t < a.T ? lse[a.Stat(b, h, t)] : 0.0f;
+  const float row_delta = t < a.T ? delta[a.Stat(b, h, t)] : 0.0f;
+  float acc[kDims];
+#pragma unroll
+  for (int i = 0; i < kDims; ++i) acc[i] = 0.0f;
+  for (int k0 = 0; k0 <= last; k0 += kKeyTile) {
+    __syncthreads();
+    LoadKeyTile<D, kDims>(k, a, b, kh, k0, ks);
+    LoadKeyTile<D, kDims>(v, a, b, kh, k0, vs);
+    __syncthreads();
+    if (t >= a.T || k0 > t) continue;
+    const int j = k0 + lane;
+    float ds = 0.0f;
+    if (j <= t) {
+      float dot = 0.0f, dp = 0.0f;
+      for (int d = 0; d < a.hs; ++d) {
+        dot += qs[warp][d] * ks[lane][d];
+        dp += dos[warp][d] * vs[lane][d];
+      }
+      const float p = expf(dot * a.scale - row_lse);
+      ds = RoundTo<D>(p * (dp - row_delta));
+    }
+    const int keys = min(kKeyTile, t - k0 + 1);
+    for (int jj = 0; jj < keys; ++jj) {
+      const float dsj = __shfl_sync(0xffffffffu, ds, jj);
+#pragma unroll
+      for (int i = 0; i < kDims; ++i) acc[i] += dsj * ks[jj][lane + 32 * i];
+    }
+  }
+  if (t >= a.T) return;
+#pragma unroll
+  for (int i = 0; i < kDims; ++i) {
+    const int d = lane + 32 * i;
+    if (d < a.hs) dq[a.Row(b, t) + int64_t{h} * a.hs + d] = FromF<D>(acc[i] * a.scale);
+  }
+}
+
+template <typename D, int kDims>
+__global__ void __launch_bounds__(kKvWarps* kWarp)
+    GqaDkDvKernel(const D* q, const D* k, const D* v, const D* dout, const float* lse,
+                  const float* delta, Dims a, D* dk_out, D* dv_out) {
+  constexpr int kW = kDims * 32;
+  __shared__ float qs[kQueryChunk][kW];
+  __shared__ float dos[kQueryChunk][kW];
+  __shared__ float lse_s[kQueryChunk];
+  __shared__ float delta_s[kQueryChunk];
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int b = blockIdx.y / a.Hkv, kh = blockIdx.y % a.Hkv;
+  const int k0 = blockIdx.x * kKvKeys;
+  const int my_k0 = k0 + warp * kKeysPerWarp;
+  float kr[kKeysPerWarp][kDims], vr[kKeysPerWarp][kDims];
+  float dk[kKeysPerWarp][kDims], dv[kKeysPerWarp][kDims];
+#pragma unroll
+  for (int kk = 0; kk < kKeysPerWarp; ++kk) {
+    const int j = my_k0 + kk;
+#pragma unroll
+    for (int i = 0; i < kDims; ++i) {
+      const int d = lane + 32 * i;
+      const bool in = j < a.T && d < a.hs;
+      kr[kk][i] = in ? ToF(k[a.Row(b, j) + int64_t{kh} * a.hs + d]) : 0.0f;
+      vr[kk][i] = in ? ToF(v[a.Row(b, j) + int64_t{kh} * a.hs + d]) : 0.0f;
+      dk[kk][i] = 0.0f;
+      dv[kk][i] = 0.0f;
+    }
+  }
+  for (int g = 0; g < a.group; ++g) {
+    const int h = kh * a.group + g;
+    for (int c0 = k0; c0 < a.T; c0 += kQueryChunk) {
+      __syncthreads();
+      for (int x = threadIdx.x; x < kQueryChunk * kW; x += blockDim.x) {
+        const int r = x / kW, d = x % kW, t = c0 + r;
+        const bool in = t < a.T && d < a.hs;
+        qs[r][d] = in ? ToF(q[a.Row(b, t) + int64_t{h} * a.hs + d]) : 0.0f;
+        dos[r][d] = in ? ToF(dout[a.OutRow(b, t) + int64_t{h} * a.hs + d]) : 0.0f;
+      }
+      for (int r = threadIdx.x; r < kQueryChunk; r += blockDim.x) {
+        const int t = c0 + r;
+        lse_s[r] = t < a.T ? lse[a.Stat(b, h, t)] : 0.0f;
+        delta_s[r] = t < a.T ? delta[a.Stat(b, h, t)] : 0.0f;
+      }
+      __syncthreads();
+      const int rows = min(kQueryChunk, a.T - c0);
+      for (int r = 0; r < rows; ++r) {
+        const int t = c0 + r;
+        float qv[kDims], gv[kDims];
+#pragma unroll
+        for (int i = 0; i < kDims; ++i) {
+          qv[i] = qs[r][lane + 32 * i];
+          gv[i] = dos[r][lane + 32 * i];
+        }
+#pragma unroll
+        for (int kk = 0; kk < kKeysPerWarp; ++kk) {
+          const int j = my_k0 + kk;
+          if (j > t || j >= a.T) continue;  // uniform across the warp
+          float sp = 0.0f, dpp = 0.0f;
+#pragma unroll
+          for (int i = 0; i < kDims; ++i) {
+            sp += qv[i] * kr[kk][i];
+            dpp += gv[i] * vr[kk][i];
+          }
+          const float s = WarpSum(sp) * a.scale;
+          const float dp = WarpSum(dpp);
+          const float p = expf(s - lse_s[r]);
+          const float p_rounded = RoundTo<D>(p);
+          const float ds = RoundTo<D>(p * (dp - delta_s[r]));
+#pragma unroll
+          for (int i = 0; i < kDims; ++i) {
+            dv[kk][i] += p_rounded * gv[i];
+            dk[kk][i] += ds * qv[i];
+          }
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int kk = 0; kk < kKeysPerWarp; ++kk) {
+    const int j = my_k0 + kk;
+    if (j >= a.T) continue;
+#pragma unroll
+    for (int i = 0; i < kDims; ++i) {
+      const int d = lane + 32 * i;
+      if (d >= a.hs) continue;
+      dk_out[a.Row(b, j) + int64_t{kh} * a.hs + d] = FromF<D>(dk[kk][i] * a.scale);
+      dv_out[a.Row(b, j) + int64_t{kh} * a.hs + d] = FromF<D>(dv[kk][i]);
+    }
+  }
+}
+
+StatusOr<Dims> CheckDims(const char* op, const AttentionDims& d) {
+  if (d.batch_size < 1 || d.seq_len < 1 || d.num_heads < 1 || d.num_kv_heads < 1 ||
+      d.head_dim < 1 || d.head_dim > kAttentionMaxHeadDim || d.num_heads % d.num_kv_heads != 0 ||
+      d.row_stride < int64_t{d.num_heads} * d.head_dim ||
+      int64_t{d.batch_size} * d.num_heads > kMaxGrid) {
+    return InvalidArgumentError(std::string(op) +
+                                ": need B, T, H, Hkv >= 1, H a multiple of Hkv, 1 <= head_dim <= "
+                                "128, row_stride >= H head_dim and B H <= 65535");
+  }
+  return Dims{d.batch_size, d.seq_len,
+              d.num_heads,  d.num_kv_heads,
+              d.head_dim,   d.num_heads / d.num_kv_heads,
+              d.row_stride, 1.0f / sqrtf(static_cast<float>(d.head_dim))};
+}
+
+// Calls f.template operator()<kDims>() with kDims = ceil(hs / 32) in 1..4.
+template <typename F>
+Status WithDims(int hs, F&& f) {
+  switch ((hs + 31) / 32) {
+    case 1:
+      return f.template operator()<1>();
+    case 2:
+      return f.template operator()<2>();
+    case 3:
+      return f.template operator()<3>();
+    default:
+      return f.template operator()<4>();
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Tensor cores.
+
+namespace tc {
+
+namespace at = attention_tiles;
+
+constexpr int kThreads = at::kWarpsPerBlock * kWarp;
+
+// ---------------------------------------------------------------------------
+// PTX wrappers.
+
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared; src_bytes 0 writes zeros (rows past T).
+__device__ __forceinline__ void CpAsync16(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddr(dst)), "l"(src),
+               "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void CpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(SmemAddr(p)));
+}
+__device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(SmemAddr(p)));
+}
+
+// c += a b, m16n8k16, fp32 accumulators. a: 4 registers of 2 D, b: 2.
+template <typename D>
+__device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                    uint32_t b1) {
+  if constexpr (std::is_same_v<D, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// Two fp32 rounded to D (nearest even), lo in the low half: the element of lower column index.
+template <typename D>
+__device__ __forceinline__ uint32_t Pack(float lo, float hi) {
+  if constexpr (std::is_same_v<D, __nv_bfloat16>) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  } else {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Warp-level tile products. Fragment layout of m16n8k16 (PTX ISA, "Matrix fragments for
+// mma.m16n8k16"), g = lane / 4, c = lane % 4: accumulator n-tile j holds rows g (elements 0,
+// 1) and g + 8 (2, 3) at columns 8 j + 2 c + (0, 1).
+
+// acc (16 x kN) += A (16 x kK) B^T, A rows at a (stride elements), B: kN rows of kK at b; both
+// row-major with the reduction dimension contiguous (q k^T, dout v^T, k q^T, v dout^T).
+template <typename D, int kN, int kK>
+__device__ __forceinline__ void MmaABt(float (&acc)[kN / 8][4], const D* a, const D* b,
+                                       int stride) {
+  const int lane = threadIdx.x % kWarp;
+#pragma unroll
+  for (int kc = 0; kc < kK / 16; ++kc) {
+    uint32_t af[4];  // matrices: rows 0-7 / 8-15 x cols 0-7, then cols 8-15
+    LdMatrixX4(af, a + (lane % 16) * stride + kc * 16 + (lane / 16) * 8);
+#pragma unroll
+    for (int nt = 0; nt < kN / 8; nt += 2) {
+      uint32_t bf[4];  // n-tile nt: k 0-7, k 8-15; n-tile nt + 1: k 0-7, k 8-15
+      LdMatrixX4(
+          bf, b + (nt * 8 + lane % 8 + (lane / 16) * 8) * stride + kc * 16 + ((lane / 8) % 2) * 8);
+      Mma<D>(acc[nt], af, bf[0], bf[1]);
+      Mma<D>(acc[nt + 1], af, bf[2], bf[3]);
+    }
+  }
+}
+
+// acc (16 x kN) += A (16 x kK, register fragments) B, B: kK rows of kN at b (stride elements),
+// row-major (p v, ds k, p^T dout, ds^T q): the reduction runs down B's rows, hence .trans.
+template <typename D, int kN, int kK>
+__device__ __forceinline__ void MmaAB(float (&acc)[kN / 8][4], const uint32_t (&a)[kK / 16][4],
+                                      const D* b, int stride) {
+  const int lane = threadIdx.x % kWarp;
+#pragma unroll
+  for (int kc = 0; kc < kK / 16; ++kc) {
+#pragma unroll
+    for (int nt = 0; nt < kN / 8; nt += 2) {
+      uint32_t bf[4];  // k 0-7 / 8-15 of n-tile nt, then of n-tile nt + 1
+      LdMatrixX4Trans(
+          bf, b + (kc * 16 + lane % 8 + ((lane / 8) % 2) * 8) * stride + nt * 8 + (lane / 16) * 8);
+      Mma<D>(acc[nt], a[kc], bf[0], bf[1]);
+      Mma<D>(acc[nt + 1], a[kc], bf[2], bf[3]);
+    }
+  }
+}
+
+// An accumulator tile (16 x kN fp32) rounded to D as the A fragments of a product over kN.
+template <typename D, int kN>
+__device__ __forceinline__ void ToFragments(const float (&c)[kN / 8][4],
+                                            uint32_t (&a)[kN / 16][4]) {
+#pragma unroll
+  for (int kc = 0; kc < kN / 16; ++kc) {
+    a[kc][0] = Pack<D>(c[2 * kc][0], c[2 * kc][1]);          // row g, k 2c
+    a[kc][1] = Pack<D>(c[2 * kc][2], c[2 * kc][3]);          // row g + 8, k 2c
+    a[kc][2] = Pack<D>(c[2 * kc + 1][0], c[2 * kc + 1][1]);  // row g, k 8 + 2c
+    a[kc][3] = Pack<D>(c[2 * kc + 1][2], c[2 * kc + 1][3]);  // row g + 8, k 8 + 2c
+  }
+}
+
+template <int kN>
+__device__ __forceinline__ void Zero(float (&c)[kN / 8][4]) {
+#pragma unroll
+  for (int j = 0; j < kN / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) c[j][e] = 0.0f;
+  }
+}
+
+// Rows [row0, row0 + kRows) of a (T rows, row stride ld elements, kHs columns at src) into
+// shared memory (stride SmemStride(kHs)) by cp.async, by all threads of the block; rows past T
+// become zeros. The caller commits the group.
+template <typename D, int kHs, int kRows>
+__device__ __forceinline__ void LoadTile(D* dst, const D* src, int64_t ld, int row0, int T) {
+  constexpr int kChunks = kHs * int{sizeof(D)} / 16;  // 16-byte pieces per row
+  constexpr int kStride = at::SmemStride(kHs);
+  for (int i = threadIdx.x; i < kRows * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = (i % kChunks) * (16 / int{sizeof(D)});
+    const int t = row0 + r;
+    const D* from = t < T ? src + t * ld + c : src;
+    CpAsync16(dst + r * kStride + c, from, t < T ? 16 : 0);
+  }
+}
+
+// The indexing invariant (the same as the CUDA-core kernels' Dims): element d of head `head` of
+// row t of sequence b is at [(b T + t) ld + head hs + d] in q, k, v, dq, dk, dv (ld = row_stride)
+// and at [(b T + t) H hs + h hs + d] in out and dout; query head h reads kv head h / group. For
+// the GPT (q = qkv, k = qkv + C, v = qkv + 2C, ld = 3C, group 1, C = H hs) every address is the
+// one the GPT-only kernels computed from qkv: Row0(b, h) = b T 3C + h hs, k and v C and 2C
+// further; Out(b, h) = b T C + h hs with row stride C. With group 1 the dk/dv block visits one
+// query head, so loop order, tiles and rounding are those of the GPT-only kernels.
+struct TcDims {
+  int T, H, group;
+  int64_t ld;  // row stride of q, k, v, dq, dk, dv (elements)
+  float scale;
+  // First element of head `head` of sequence b in q, k, v, dq, dk, dv (rows of ld).
+  __device__ int64_t Row0(int b, int head, int hs) const {
+    return int64_t{b} * T * ld + int64_t{head} * hs;
+  }
+  // First element of head h of sequence b in out / dout (rows of H hs).
+  __device__ int64_t Out(int b, int h, int hs) const {
+    return int64_t{b} * T * H * hs + int64_t{h} * hs;
+  }
+  __device__ int64_t Stat(int b, int h) const { return (int64_t{b} * H + h) * T; }
+};
+
+// Writes the two D of accumulator elements (e, e + 1) of n-tile nt, row `row`, scaled by mul.
+template <typename D, int kHs>
+__device__ __forceinline__ void StoreRow(D* dst_row, const float (&acc)[kHs / 8][4], int half,
+                                         float mul) {
+  const int c = threadIdx.x % 4;
+#pragma unroll
+  for (int nt = 0; nt < kHs / 8; ++nt) {
+    *reinterpret_cast<uint32_t*>(dst_row + nt * 8 + 2 * c) =
+        Pack<D>(acc[nt][2 * half] * mul, acc[nt][2 * half + 1] * mul);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Forward: one block per (query tile, b h); warp w owns queries q0 + 16 w + (g, g + 8).
+
+template <typename D, int kHs>
+__global__ void __launch_bounds__(kThreads)
+    AttentionForwardTcKernel(const D* q, const D* k, const D* v, TcDims a, D* out, float* lse) {
+  constexpr int kStride = at::SmemStride(kHs);
+  constexpr int kQ = at::kQueryTile, kK = at::kKeyTile;
+  extern __shared__ uint4 smem[];
+  D* qs = reinterpret_cast<D*>(smem);
+  D* ks = qs + kQ * kStride;
+  D* vs = ks + kK * kStride;
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int g = lane / 4, c = lane % 4;
+  const int b = blockIdx.y / a.H, h = blockIdx.y % a.H;
+  const int kh = h / a.group;
+  const int qt = gridDim.x - 1 - blockIdx.x;  // the longest rows first
+  const int q0 = qt * kQ;
+  const int64_t ld = a.ld;
+  const D* q_src = q + a.Row0(b, h, kHs);
+  const D* k_src = k + a.Row0(b, kh, kHs);
+  const D* v_src = v + a.Row0(b, kh, kHs);
+  LoadTile<D, kHs, kQ>(qs, q_src, ld, q0, a.T);
+  CpAsyncCommit();
+
+  const int row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
+  float o[kHs / 8][4];
+  Zero<kHs>(o);
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  const int last = at::LastKeyTile(qt, kQ, kK, a.T);
+  for (int kt = 0; kt <= last; ++kt) {
+    const int k0 = kt * kK;
+    __syncthreads();  // the previous k and v tiles are consumed
+    LoadTile<D, kHs, kK>(ks, k_src, ld, k0, a.T);
+    CpAsyncCommit();
+    LoadTile<D, kHs, kK>(vs, v_src, ld, k0, a.T);
+    CpAsyncCommit();
+    CpAsyncWait<1>();  // q and k have landed; v may still be in flight
+    __syncthreads();
+    float s[kK / 8][4];
+    Zero<kK>(s);
+    MmaABt<D, kK, kHs>(s, qs + warp * 16 * kStride, ks, kStride);
+    const bool masked = at::TileNeedsMask(q0, kQ, k0, kK, a.T);
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < kK / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = k0 + j * 8 + 2 * c + (e & 1);
+        float x = s[j][e] * a.scale;
+        if (masked && (key > row[e / 2] || key >= a.T)) x = -INFINITY;
+        s[j][e] = x;
+        mx[e / 2] = fmaxf(mx[e / 2], x);
+      }
+    }
+    float corr[2], sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      const float m_new = fmaxf(m[r], mx[r]);  // finite: key 0 is valid for every row
+      corr[r] = expf(m[r] - m_new);            // 0 on the first tile (m = -inf)
+      m[r] = m_new;
+    }
+#pragma unroll
+    for (int j = 0; j < kK / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float p = expf(s[j][e] - m[e / 2]);  // 0 where masked
+        s[j][e] = p;
+        sum[e / 2] += p;
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 1);
+      sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 2);
+      l[r] = l[r] * corr[r] + sum[r];  // from the unrounded p, as the CUDA-core kernel
+    }
+#pragma unroll
+    for (int nt = 0; nt < kHs / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[nt][e] *= corr[e / 2];
+    }
+    uint32_t p[kK / 16][4];
+    ToFragments<D, kK>(s, p);  // P rounded to D
+    CpAsyncWait<0>();
+    __syncthreads();  // v has landed for every thread
+    MmaAB<D, kHs, kK>(o, p, vs, kStride);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (row[r] >= a.T) continue;
+    StoreRow<D, kHs>(out + a.Out(b, h, kHs) + int64_t{row[r]} * a.H * kHs, o, r, 1.0f / l[r]);
+    if (c == 0) lse[a.Stat(b, h) + row[r]] = m[r] + logf(l[r]);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// dq: one block per (query tile, b h), over the key tiles 0..last:
+// s = q k^T, p = exp(scale s - lse), dp = dout v^T, ds = D(p (dp - delta)), dq += ds k.
+
+template <typename D, int kHs>
+__global__ void __launch_bounds__(kThreads)
+    AttentionDqTcKernel(const D* q, const D* k, const D* v, const D* dout, const float* lse,
+                        const float* delta, TcDims a, D* dq_out) {
+  constexpr int kStride = at::SmemStride(kHs);
+  constexpr int kQ = at::kQueryTile, kK = at::kKeyTile;
+  extern __shared__ uint4 smem[];
+  D* qs = reinterpret_cast<D*>(smem);
+  D* dos = qs + kQ * kStride;
+  D* ks = dos + kQ * kStride;
+  D* vs = ks + kK * kStride;
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int g = lane / 4, c = lane % 4;
+  const int b = blockIdx.y / a.H, h = blockIdx.y % a.H;
+  const int kh = h / a.group;
+  const int qt = gridDim.x - 1 - blockIdx.x;
+  const int q0 = qt * kQ;
+  const int64_t ld = a.ld;
+  const D* q_src = q + a.Row0(b, h, kHs);
+  const D* k_src = k + a.Row0(b, kh, kHs);
+  const D* v_src = v + a.Row0(b, kh, kHs);
+  LoadTile<D, kHs, kQ>(qs, q_src, ld, q0, a.T);
+  LoadTile<D, kHs, kQ>(dos, dout + a.Out(b, h, kHs), int64_t{a.H} * kHs, q0, a.T);
+  CpAsyncCommit();
+  const int row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
+  float row_lse[2], row_delta[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    row_lse[r] = row[r] < a.T ? lse[a.Stat(b, h) + row[r]] : 0.0f;
+    row_delta[r] = row[r] < a.T ? delta[a.Stat(b, h) + row[r]] : 0.0f;
+  }
+  float dq[kHs / 8][4];
+  Zero<kHs>(dq);
+  const int last = at::LastKeyTile(qt, kQ, kK, a.T);
+  for (int kt = 0; kt <= last; ++kt) {
+    const int k0 = kt * kK;
+    __syncthreads();
+    LoadTile<D, kHs, kK>(ks, k_src, ld, k0, a.T);
+    LoadTile<D, kHs, kK>(vs, v_src, ld, k0, a.T);
+    CpAsyncCommit();
+    CpAsyncWait<0>();
+    __syncthreads();
+    float s[kK / 8][4], dp[kK / 8][4];
+    Zero<kK>(s);
+    Zero<kK>(dp);
+    MmaABt<D, kK, kHs>(s, qs + warp * 16 * kStride, ks, kStride);
+    MmaABt<D, kK, kHs>(dp, dos + warp * 16 * kStride, vs, kStride);
+    const bool masked = at::TileNeedsMask(q0, kQ, k0, kK, a.T);
+#pragma unroll
+    for (int j = 0; j < kK / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = k0 + j * 8 + 2 * c + (e & 1), r = e / 2;
+        const bool valid = !masked || (key <= row[r] && key < a.T && row[r] < a.T);
+        const float p = valid ? expf(s[j][e] * a.scale - row_lse[r]) : 0.0f;
+        s[j][e] = p * (dp[j][e] - row_delta[r]);
+      }
+    }
+    uint32_t ds[kK / 16][4];
+    ToFragments<D, kK>(s, ds);  // dS rounded to D
+    MmaAB<D, kHs, kK>(dq, ds, ks, kStride);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (row[r] >= a.T) continue;
+    StoreRow<D, kHs>(dq_out + a.Row0(b, h, kHs) + int64_t{row[r]} * a.ld, dq, r, a.scale);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// dk, dv: one block per (key tile, b kh), over the query heads of kv head kh's group in head
+// order and, for each, the query tiles that see the key tile; warp w owns keys k0 + 16 w +
+// (g, g + 8). dk, dv accumulate over the whole group in fp32 and are rounded once. Transposed
+// tiles: s^T = k q^T, p^T = exp(scale s^T - lse), dp^T = v dout^T, ds^T = D(p^T (dp^T - delta)); dv
+// += D(p^T) dout, dk += ds^T q.
+
+template <typename D, int kHs>
+__global__ void __launch_bounds__(kThreads)
+    AttentionDkDvTcKernel(const D* q, const D* k, const D* v, const D* dout, const float* lse,
+                          const float* delta, TcDims a, D* dk_out, D* dv_out) {
+  constexpr int kStride = at::SmemStride(kHs);
+  constexpr int kK = at::kDkDvKeyTile, kQ = at::DkDvQueryTile(kHs);
+  extern __shared__ uint4 smem[];
+  D* ks = reinterpret_cast<D*>(smem);
+  D* vs = ks + kK * kStride;
+  D* qs = vs + kK * kStride;
+  D* dos = qs + kQ * kStride;
+  float* lse_s = reinterpret_cast<float*>(dos + kQ * kStride);
+  float* delta_s = lse_s + kQ;
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int g = lane / 4, c = lane % 4;
+  const int Hkv = a.H / a.group;
+  const int b = blockIdx.y / Hkv, kh = blockIdx.y % Hkv;
+  const int kt = blockIdx.x, k0 = kt * kK;
+  const int64_t ld = a.ld;
+  LoadTile<D, kHs, kK>(ks, k + a.Row0(b, kh, kHs), ld, k0, a.T);
+  LoadTile<D, kHs, kK>(vs, v + a.Row0(b, kh, kHs), ld, k0, a.T);
+  CpAsyncCommit();
+  const int key[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};
+  float dk[kHs / 8][4], dv[kHs / 8][4];
+  Zero<kHs>(dk);
+  Zero<kHs>(dv);
+  const int num_q = at::NumTiles(a.T, kQ);
+  for (int gi = 0; gi < a.group; ++gi) {
+    const int h = kh * a.group + gi;
+    const D* q_src = q + a.Row0(b, h, kHs);
+    const D* do_src = dout + a.Out(b, h, kHs);
+    const float* lse_src = lse + a.Stat(b, h);
+    const float* delta_src = delta + a.Stat(b, h);
+    for (int qt = at::FirstQueryTile(kt, kK, kQ); qt < num_q; ++qt) {
+      const int c0 = qt * kQ;
+      __syncthreads();  // the previous q, dout, lse and delta tiles are consumed
+      LoadTile<D, kHs, kQ>(qs, q_src, ld, c0, a.T);
+      LoadTile<D, kHs, kQ>(dos, do_src, int64_t{a.H} * kHs, c0, a.T);
+      CpAsyncCommit();
+      for (int i = threadIdx.x; i < kQ; i += kThreads) {
+        lse_s[i] = c0 + i < a.T ? lse_src[c0 + i] : 0.0f;
+        delta_s[i] = c0 + i < a.T ? delta_src[c0 + i] : 0.0f;
+      }
+      CpAsyncWait<0>();
+      __syncthreads();
+      float st[kQ / 8][4], dpt[kQ / 8][4];
+      Zero<kQ>(st);
+      Zero<kQ>(dpt);
+      MmaABt<D, kQ, kHs>(st, ks + warp * 16 * kStride, qs, kStride);
+      MmaABt<D, kQ, kHs>(dpt, vs + warp * 16 * kStride, dos, kStride);
+      const bool masked = at::TileNeedsMask(c0, kQ, k0, kK, a.T);
+#pragma unroll
+      for (int j = 0; j < kQ / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int qi = j * 8 + 2 * c + (e & 1), query = c0 + qi, r = e / 2;
+          const bool valid = !masked || (key[r] <= query && query < a.T && key[r] < a.T);
+          const float p = valid ? expf(st[j][e] * a.scale - lse_s[qi]) : 0.0f;
+          st[j][e] = p;
+          dpt[j][e] = p * (dpt[j][e] - delta_s[qi]);
+        }
+      }
+      uint32_t pf[kQ / 16][4];
+      ToFragments<D, kQ>(st, pf);  // P^T rounded to D
+      MmaAB<D, kHs, kQ>(dv, pf, dos, kStride);
+      ToFragments<D, kQ>(dpt, pf);  // dS^T rounded to D
+      MmaAB<D, kHs, kQ>(dk, pf, qs, kStride);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (key[r] >= a.T) continue;
+    const int64_t dst = a.Row0(b, kh, kHs) + int64_t{key[r]} * a.ld;
+    StoreRow<D, kHs>(dk_out + dst, dk, r, a.scale);
+    StoreRow<D, kHs>(dv_out + dst, dv, r, 1.0f);
+  }
+}
+
+// Raises the kernel's dynamic shared-memory limit (needed past 48 KB), then launches.
+template <typename Kernel, typename... Args>
+Status LaunchWithSmem(const char* name, Kernel kernel, dim3 grid, size_t smem_bytes,
+                      cudaStream_t stream, Args... args) {
+  STRATA_RETURN_IF_ERROR(gpu::cuda::CudaStatus(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(smem_bytes)),
+      name));
+  kernel<<<grid, kThreads, smem_bytes, stream>>>(args...);
+  return Launched(name);
+}
+
+template <typename D>
+Status LaunchForward(cudaStream_t stream, const Dims& d, const D* q, const D* k, const D* v, D* out,
+                     float* lse) {
+  const TcDims a{d.T, d.H, d.group, d.ld, d.scale};
+  const dim3 grid(at::NumTiles(d.T, at::kQueryTile), d.B * d.H);
+  if (d.hs == 64) {
+    return LaunchWithSmem("AttentionForwardTcKernel<64>", AttentionForwardTcKernel<D, 64>, grid,
+                          at::ForwardSmemBytes(64, sizeof(D)), stream, q, k, v, a, out, lse);
+  }
+  return LaunchWithSmem("AttentionForwardTcKernel<128>", AttentionForwardTcKernel<D, 128>, grid,
+                        at::ForwardSmemBytes(128, sizeof(D)), stream, q, k, v, a, out, lse);
+}
+
+// dq, dk, dv given delta = rowsum(dout out) (B, H, T) fp32, already computed on `stream`.
+template <typename D>
+Status LaunchBackward(cudaStream_t stream, const Dims& d, const D* q, const D* k, const D* v,
+                      const D* dout, const float* lse, const float* delta, D* dq, D* dk, D* dv) {
+  const TcDims a{d.T, d.H, d.group, d.ld, d.scale};
+  const dim3 q_grid(at::NumTiles(d.T, at::kQueryTile), d.B * d.H);
+  const dim3 kv_grid(at::NumTiles(d.T, at::kDkDvKeyTile), d.B * d.Hkv);
+  if (d.hs == 64) {
+    STRATA_RETURN_IF_ERROR(LaunchWithSmem("AttentionDqTcKernel<64>", AttentionDqTcKernel<D, 64>,
+                                          q_grid, at::DqSmemBytes(64, sizeof(D)), stream, q, k, v,
+                                          dout, lse, delta, a, dq));
+    return LaunchWithSmem("AttentionDkDvTcKernel<64>", AttentionDkDvTcKernel<D, 64>, kv_grid,
+                          at::DkDvSmemBytes(64, sizeof(D)), stream, q, k, v, dout, lse, delta, a,
+                          dk, dv);
+  }
+  STRATA_RETURN_IF_ERROR(LaunchWithSmem("AttentionDqTcKernel<128>", AttentionDqTcKernel<D, 128>,
+                                        q_grid, at::DqSmemBytes(128, sizeof(D)), stream, q, k, v,
+                                        dout, lse, delta, a, dq));
+  return LaunchWithSmem("AttentionDkDvTcKernel<128>", AttentionDkDvTcKernel<D, 128>, kv_grid,
+                        at::DkDvSmemBytes(128, sizeof(D)), stream, q, k, v, dout, lse, delta, a, dk,
+                        dv);
+}
+
+}  // namespace tc
+
+// Whether to run the tensor-core kernels: kAuto takes them where they apply (bf16 or fp16, head
+// dim 64 or 128, the buffers 16-byte aligned and rows a multiple of 16 bytes apart, so that every
+// tile row is a whole number of cp.async pieces); kTensorCores where they do not is an error.
+template <typename D>
+StatusOr<bool> UseTensorCores(const char* op, AttentionPath path, const Dims& a,
+                              std::initializer_list<const void*> ptrs) {
+  if (path == AttentionPath::kCudaCores) return false;
+  bool ok = attention_tiles::TensorCoreAttentionSupports(a.hs, sizeof(D)) &&
+            !std::is_same_v<D, float> && (a.ld * static_cast<int64_t>(sizeof(D))) % 16 == 0;
+  for (const void* p : ptrs) ok = ok && reinterpret_cast<uintptr_t>(p) % 16 == 0;
+  if (path == AttentionPath::kTensorCores && !ok) {
+    return InvalidArgumentError(std::string(op) +
+                                ": the tensor-core path needs bf16 or fp16, head dim 64 or 128, "
+                                "16-byte aligned buffers and rows");
+  }
+  return ok;
+}
+
+}  // namespace
+
+template <typename D>
+Status LaunchAttentionForward(cudaStream_t stream, const AttentionDims& d, const D* q, const D* k,
+                              const D* v, D* out, float* lse, AttentionPath path) {
+  STRATA_ASSIGN_OR_RETURN(const Dims a, CheckDims("LaunchAttentionForward", d));
+  STRATA_RETURN_IF_ERROR(CheckPointers("LaunchAttentionForward", {q, k, v, out, lse}));
+  STRATA_ASSIGN_OR_RETURN(const bool use_tc,
+                          UseTensorCores<D>("LaunchAttentionForward", path, a, {q, k, v, out}));
+  if constexpr (!std::is_same_v<D, float>) {
+    if (use_tc) return tc::LaunchForward<D>(stream, a, q, k, v, out, lse);
+  }
+  const dim3 grid((a.T + kQueryWarps - 1) / kQueryWarps, a.B * a.H);
+  return WithDims(a.hs, [&]<int kDims>() {
+    GqaForwardKernel<D, kDims><<<grid, kQueryWarps * kWarp, 0, stream>>>(q, k, v, a, out, lse);
+    return Launched("GqaForwardKernel");
+  });
+}
+
+template <typename D>
+Status LaunchAttentionBackward(cudaStream_t stream, const AttentionDims& d, const D* q, const D* k,
+                               const D* v, const D* out, const D* dout, const float* lse,
+                               float* delta, D* dq, D* dk, D* dv, AttentionPath path) {
+  STRATA_ASSIGN_OR_RETURN(const Dims a, CheckDims("LaunchAttentionBackward", d));
+  STRATA_RETURN_IF_ERROR(
+      CheckPointers("LaunchAttentionBackward", {q, k, v, out, dout, lse, delta, dq, dk, dv}));
+  STRATA_ASSIGN_OR_RETURN(const bool use_tc, UseTensorCores<D>("LaunchAttentionBackward", path, a,
+                                                               {q, k, v, dout, dq, dk, dv}));
+  GqaDeltaKernel<D>
+      <<<GridFor(int64_t{a.B} * a.T * a.H, 8), 8 * kWarp, 0, stream>>>(out, dout, a, delta);
+  STRATA_RETURN_IF_ERROR(Launched("GqaDeltaKernel"));
+  if constexpr (!std::is_same_v<D, float>) {
+    if (use_tc) return tc::LaunchBackward<D>(stream, a, q, k, v, dout, lse, delta, dq, dk, dv);
+  }
+  return WithDims(a.hs, [&]<int kDims>() -> Status {
+    const dim3 q_grid((a.T + kQueryWarps - 1) / kQueryWarps, a.B * a.H);
+    GqaDqKernel<D, kDims>
+        <<<q_grid, kQueryWarps * kWarp, 0, stream>>>(q, k, v, dout, lse, delta, a, dq);
+    STRATA_RETURN_IF_ERROR(Launched("GqaDqKernel"));
+    const dim3 kv_grid((a.T + kKvKeys - 1) / kKvKeys, a.B * a.Hkv);
+    GqaDkDvKernel<D, kDims>
+        <<<kv_grid, kKvWarps * kWarp, 0, stream>>>(q, k, v, dout, lse, delta, a, dk, dv);
+    return Launched("GqaDkDvKernel");
+  });
+}
+
+#define STRATA_INSTANTIATE_ATTENTION(D)                                                            \
+  template Status LaunchAttentionForward<D>(cudaStream_t, const AttentionDims&, const D*,          \
+                                            const D*, const D*, D*, float*, AttentionPath);        \
+  template Status LaunchAttentionBackward<D>(cudaStream_t, const AttentionDims&, const D*,         \
+                                             const D*, const D*, const D*, const D*, const float*, \
+                                             float*, D*, D*, D*, AttentionPath);
+STRATA_INSTANTIATE_ATTENTION(float)
+STRATA_INSTANTIATE_ATTENTION(__half)
+STRATA_INSTANTIATE_ATTENTION(__nv_bfloat16)
+#undef STRATA_INSTANTIATE_ATTENTION
+
+}  // namespace strata::models::ops::cuda

@@ -1,0 +1,204 @@
+// Cross-entropy and the chunked LM head on CUDA (ops.cuh): one block per row of logits with
+// fixed shared-memory trees, the gradient written in place; the mean loss summed in double; the
+// head's products through Products (matmul.cu), chunk_rows rows of logits at a time.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "base/dtype.h"
+#include "gpu/cuda/cuda_kernels.cuh"
+#include "gpu/cuda/cuda_lt_matmul.h"
+#include "gpu/cuda/cuda_status.h"
+#include "models/ops/cuda/common.cuh"
+#include "models/ops/cuda/ops.cuh"
+
+namespace strata::models::ops::cuda {
+namespace {
+
+using namespace internal;  // NOLINT: the shared device helpers
+
+constexpr int kBlock = 256;  // threads per row
+
+template <int kThreads>
+__device__ float BlockReduce(float v, float* shared, bool is_max) {
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  v = is_max ? WarpMax(v) : WarpSum(v);
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  float r = is_max ? -INFINITY : 0.0f;
+  for (int i = 0; i < kThreads / kWarp; ++i) r = is_max ? fmaxf(r, shared[i]) : r + shared[i];
+  __syncthreads();
+  return r;
+}
+
+template <typename D>
+__global__ void CrossEntropyKernel(D* logits, const int32_t* targets, int64_t N, int V,
+                                   float* losses, bool write_grad, float grad_scale) {
+  __shared__ float shared[kBlock / kWarp];
+  for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
+    D* row = logits + r * V;
+    const int32_t target = targets[r];
+    CheckTokenOnDevice(target, V);
+    float mx = -INFINITY;
+    for (int v = threadIdx.x; v < V; v += kBlock) mx = fmaxf(mx, ToF(row[v]));
+    mx = BlockReduce<kBlock>(mx, shared, true);
+    float sum = 0.0f;
+    for (int v = threadIdx.x; v < V; v += kBlock) sum += expf(ToF(row[v]) - mx);
+    sum = BlockReduce<kBlock>(sum, shared, false);
+    const float lse = mx + logf(sum);
+    const float target_logit = ToF(row[target]);
+    if (threadIdx.x == 0) losses[r] = lse - target_logit;
+    __syncthreads();  // every read of the row before any write
+    if (write_grad) {
+      for (int v = threadIdx.x; v < V; v += kBlock) {
+        const float p = expf(ToF(row[v]) - lse);
+        row[v] = FromF<D>(grad_scale * (p - (v == target ? 1.0f : 0.0f)));
+      }
+    }
+    __syncthreads();
+  }
+}
+
+__global__ void MeanLossKernel(const float* losses, int64_t N, float* loss) {
+  __shared__ double part[kBlock];
+  double acc = 0.0;
+  for (int64_t i = threadIdx.x; i < N; i += kBlock) acc += losses[i];
+  part[threadIdx.x] = acc;
+  __syncthreads();
+  for (int o = kBlock / 2; o > 0; o /= 2) {
+    if (threadIdx.x < o) part[threadIdx.x] += part[threadIdx.x + o];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *loss = static_cast<float>(part[0] / static_cast<double>(N));
+}
+
+}  // namespace
+
+template <typename D>
+Status LaunchCrossEntropy(cudaStream_t stream, D* logits, const int32_t* targets, int64_t N, int V,
+                          float* losses, bool write_grad, float grad_scale) {
+  STRATA_RETURN_IF_ERROR(CheckSizes("LaunchCrossEntropy", {N}));
+  if (V < 1) return InvalidArgumentError("LaunchCrossEntropy: V must be >= 1");
+  if (N == 0) return Status::Ok();
+  STRATA_RETURN_IF_ERROR(CheckPointers("LaunchCrossEntropy", {logits, targets, losses}));
+  CrossEntropyKernel<D>
+      <<<static_cast<unsigned>(std::min<int64_t>(N, kMaxGrid)), kBlock, 0, stream>>>(
+          logits, targets, N, V, losses, write_grad, grad_scale);
+  return Launched("CrossEntropyKernel");
+}
+
+Status LaunchMeanLoss(cudaStream_t stream, const float* losses, int64_t N, float* loss) {
+  if (N < 1) return InvalidArgumentError("LaunchMeanLoss: N must be >= 1");
+  STRATA_RETURN_IF_ERROR(CheckPointers("LaunchMeanLoss", {losses, loss}));
+  MeanLossKernel<<<1, kBlock, 0, stream>>>(losses, N, loss);
+  return Launched("MeanLossKernel");
+}
+
+template <typename S>
+Status ChunkedHeadForward(const Products<S>& mm, const S* xn, const S* W, WeightLayout layout,
+                          int B, int T, int64_t C, int64_t V, const HeadScratch<S>& scratch,
+                          S* logits, const int32_t* targets, float* loss) {
+  const cudaStream_t cs = mm.stream;
+  const int64_t N = int64_t{B} * T;
+  // kInOut: W (C, V); kOutIn: W (V, C), read transposed.
+  const bool tied = layout == WeightLayout::kOutIn;
+  const int64_t ldw = tied ? C : V;
+  // The last position of each sequence: rows T-1, 2T-1, ... of xn, gathered into (B, C).
+  const size_t row_bytes = static_cast<size_t>(C) * sizeof(S);
+  STRATA_RETURN_IF_ERROR(
+      gpu::cuda::CudaStatus(cudaMemcpy2DAsync(scratch.xn_last, row_bytes, xn + (T - 1) * C,
+                                              static_cast<size_t>(T) * row_bytes, row_bytes,
+                                              static_cast<size_t>(B), cudaMemcpyDeviceToDevice, cs),
+                            "cudaMemcpy2DAsync"));
+  STRATA_RETURN_IF_ERROR(mm.Run(false, tied, B, V, C, scratch.xn_last, C, W, ldw, logits, V));
+  if (targets == nullptr || loss == nullptr) return Status::Ok();
+  for (int64_t r0 = 0; r0 < N; r0 += scratch.chunk_rows) {
+    const int64_t rows = std::min(scratch.chunk_rows, N - r0);
+    STRATA_RETURN_IF_ERROR(
+        mm.Run(false, tied, rows, V, C, xn + r0 * C, C, W, ldw, scratch.chunk, V));
+    STRATA_RETURN_IF_ERROR(LaunchCrossEntropy(cs, D(scratch.chunk), targets + r0, rows,
+                                              static_cast<int>(V), scratch.losses + r0, false,
+                                              0.0f));
+  }
+  return LaunchMeanLoss(cs, scratch.losses, N, loss);
+}
+
+template <typename S>
+Status ChunkedHeadBackward(const Products<S>& mm, const S* xn, const S* W, WeightLayout layout,
+                           const int32_t* targets, float dloss, int64_t N, int64_t C, int64_t V,
+                           const HeadScratch<S>& scratch, S* dW, S* dxn) {
+  const cudaStream_t cs = mm.stream;
+  const bool tied = layout == WeightLayout::kOutIn;
+  const int64_t ldw = tied ? C : V;
+  S* chunk = scratch.chunk;
+  constexpr bool kFp32 = std::is_same_v<S, float>;
+  // dW accumulates in fp32: in place for float, else in the scratch's accumulator.
+  void* acc = kFp32 ? static_cast<void*>(dW) : scratch.dw_acc;
+  for (int64_t r0 = 0; r0 < N; r0 += scratch.chunk_rows) {
+    const int64_t rows = std::min(scratch.chunk_rows, N - r0);
+    STRATA_RETURN_IF_ERROR(mm.Run(false, tied, rows, V, C, xn + r0 * C, C, W, ldw, chunk, V));
+    // dlogits = S(dloss / N (softmax - onehot)), in place in the chunk.
+    STRATA_RETURN_IF_ERROR(LaunchCrossEntropy(cs, D(chunk), targets + r0, rows, static_cast<int>(V),
+                                              scratch.losses + r0, true,
+                                              dloss / static_cast<float>(N)));
+    // acc (+)= xn_chunk^T dlogits (C, V), kOutIn dlogits^T xn_chunk (V, C): beta 0 on the first
+    // chunk, 1 after (C == D), fp32 C and D.
+    gpu::cuda::LtMatmulArgs a;
+    a.trans_a = true;
+    a.M = tied ? V : C;
+    a.N = tied ? C : V;
+    a.K = rows;
+    a.A = tied ? chunk : xn + r0 * C;
+    a.lda = tied ? V : C;
+    a.B = tied ? xn + r0 * C : chunk;
+    a.ldb = tied ? C : V;
+    a.C = r0 == 0 ? nullptr : acc;
+    a.ldc = a.N;
+    a.D = acc;
+    a.ldd = a.N;
+    a.dtype = DTypeOf<S>();
+    a.fp32_output = !kFp32;
+    a.allow_tf32 = mm.allow_tf32;
+    STRATA_RETURN_IF_ERROR(gpu::cuda::LtMatmul(cs, a, mm.workspace.data, mm.workspace.size_bytes));
+    // dxn rows = S(dlogits W^T) (kInOut), S(dlogits W) (kOutIn).
+    STRATA_RETURN_IF_ERROR(mm.InputGrad(layout, rows, C, V, chunk, W, dxn + r0 * C));
+  }
+  if constexpr (!kFp32) {  // dW = S(acc), one rounding
+    STRATA_RETURN_IF_ERROR(
+        gpu::cuda::LaunchConvert(cs, dW, DTypeOf<S>(), acc, DType::kF32, C * V, 1.0f));
+  }
+  return Status::Ok();
+}
+
+template Status ChunkedHeadForward<float>(const Products<float>&, const float*, const float*,
+                                          WeightLayout, int, int, int64_t, int64_t,
+                                          const HeadScratch<float>&, float*, const int32_t*,
+                                          float*);
+template Status ChunkedHeadForward<Bf16>(const Products<Bf16>&, const Bf16*, const Bf16*,
+                                         WeightLayout, int, int, int64_t, int64_t,
+                                         const HeadScratch<Bf16>&, Bf16*, const int32_t*, float*);
+template Status ChunkedHeadForward<Fp16>(const Products<Fp16>&, const Fp16*, const Fp16*,
+                                         WeightLayout, int, int, int64_t, int64_t,
+                                         const HeadScratch<Fp16>&, Fp16*, const int32_t*, float*);
+template Status ChunkedHeadBackward<float>(const Products<float>&, const float*, const float*,
+                                           WeightLayout, const int32_t*, float, int64_t, int64_t,
+                                           int64_t, const HeadScratch<float>&, float*, float*);
+template Status ChunkedHeadBackward<Bf16>(const Products<Bf16>&, const Bf16*, const Bf16*,
+                                          WeightLayout, const int32_t*, float, int64_t, int64_t,
+                                          int64_t, const HeadScratch<Bf16>&, Bf16*, Bf16*);
+template Status ChunkedHeadBackward<Fp16>(const Products<Fp16>&, const Fp16*, const Fp16*,
+                                          WeightLayout, const int32_t*, float, int64_t, int64_t,
+                                          int64_t, const HeadScratch<Fp16>&, Fp16*, Fp16*);
+
+#define STRATA_INSTANTIATE_CROSS_ENTROPY(D)                                                     \
+  template Status LaunchCrossEntropy<D>(cudaStream_t, D*, const int32_t*, int64_t, int, float*, \
+                                        bool, float);
+STRATA_INSTANTIATE_CROSS_ENTROPY(float)
+STRATA_INSTANTIATE_CROSS_ENTROPY(__half)
+STRATA_INSTANTIATE_CROSS_ENTROPY(__nv_bfloat16)
+#undef STRATA_INSTANTIATE_CROSS_ENTROPY
+
+}  // namespace strata::models::ops::cuda

@@ -1,0 +1,280 @@
+// The CUDA ops of models/ops/ (one .cu per op in models/ops/cuda/, the device counterparts of the
+// host ops models/ops/*.h with the same rounding points): arithmetic in fp32 from the stored
+// values, each output rounded once (round to nearest even). They agree with the host ops up to
+// summation order and the GPU's expf/tanhf/sqrtf, not bit for bit. Every model family on CUDA
+// (models/cuda/) is a list of calls to these.
+//
+// Templates on the device storage type D: float, __half or __nv_bfloat16 (instantiated for those
+// three; the tensor-core attention for the two 16-bit types). Every entry point takes an explicit
+// cudaStream_t, allocates nothing, checks its arguments before launching (kInvalidArgument naming
+// the op), and returns the launch error (cudaGetLastError) as a Status; faults of a running kernel
+// surface at the stream's next synchronization. Pointers are device memory; sizes in ELEMENTS;
+// matrices row-major; N = B T rows. The caller makes the stream's device current. Tokens or
+// targets outside [0, V) trap (__trap).
+//
+// Determinism: no floating-point atomics; every reduction has a fixed order for a given shape,
+// so results are bit-identical from run to run on one GPU. Built without --use_fast_math.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "base/dtype.h"
+#include "base/status.h"
+#include "gpu/cuda/cuda_lt_matmul.h"
+#include "gpu/device.h"
+#include "models/ops/attention.h"
+#include "models/ops/cuda/attention_tiles.h"
+#include "models/ops/cuda/partials.h"
+#include "models/ops/matmul.h"
+#include "models/ops/rope.h"
+
+namespace strata::models::ops::cuda {
+
+// ---------------------------------------------------------------------------
+// Embedding (ops/embedding.h), embedding.cu.
+
+// x_out[r] = D(wte[tokens[r]] + wpe[r % T]); wte (V, C), wpe (>= T, C), x_out (N, C). wpe may be
+// null (no position table, the Llama family): x_out[r] = wte[tokens[r]], an exact copy.
+template <typename D>
+Status LaunchEmbeddingForward(cudaStream_t stream, const D* wte, const D* wpe,
+                              const int32_t* tokens, int64_t N, int T, int64_t C, int V, D* x_out);
+
+// dwte (V, C), dwpe (max_seq_len, C) OVERWRITTEN: a stable counting sort of the N positions by
+// token (counts, offsets, cursor: V, V + 1, V int32; order: N int32, all device scratch), then
+// dwte[v] = D(sum of dx_out rows of token v in increasing row order, fp32), and
+// dwpe[t] = D(sum over b of dx_out[b T + t]) for t < T, 0 beyond (dwpe null: not computed).
+template <typename D>
+Status LaunchEmbeddingBackward(cudaStream_t stream, const int32_t* tokens, const D* dx_out,
+                               int64_t N, int T, int64_t C, int V, int max_seq_len, D* dwte,
+                               D* dwpe, int32_t* counts, int32_t* offsets, int32_t* cursor,
+                               int32_t* order);
+
+// ---------------------------------------------------------------------------
+// LayerNorm (ops/layer_norm.h) and column sums (the bias gradient of ops/matmul.h), layer_norm.cu.
+
+// LayerNorm (Ba et al. 2016, biased variance, eps 1e-5) of each row of x (rows, C):
+// y = D((x - mean) rstd w + b); mean, rstd (rows) fp32. One warp per row, two passes.
+template <typename D>
+Status LaunchLayerNormForward(cudaStream_t stream, const D* x, const D* w, const D* b, int64_t rows,
+                              int64_t C, D* y, float* mean, float* rstd);
+
+// dx = D((residual ? residual : 0) + rstd (g - mean(g) - xhat mean(g xhat))), g = dy w, xhat
+// = (x - mean) rstd, all in fp32 from the D inputs (the one rounding after the residual is
+// added). dx may equal residual (row-local, read before write); not x or dy.
+template <typename D>
+Status LaunchLayerNormBackward(cudaStream_t stream, const D* x, const D* w, const D* dy,
+                               const float* mean, const float* rstd, const D* residual,
+                               int64_t rows, int64_t C, D* dx);
+
+// dw = D(sum_r dy xhat), db = D(sum_r dy), deterministic two-pass column reduction: pass 1
+// sums blocks of kLnRowsPerPartial rows into partials ((LnPartials(rows), 2 C) fp32), pass 2
+// adds the partials of each column in order.
+template <typename D>
+Status LaunchLayerNormParamGrads(cudaStream_t stream, const D* x, const D* dy, const float* mean,
+                                 const float* rstd, int64_t rows, int64_t C, float* partials, D* dw,
+                                 D* db);
+
+// out[c] = D(sum over rows of x[r, c]) (a bias gradient), the same two passes;
+// partials: (LnPartials(rows), cols) fp32.
+template <typename D>
+Status LaunchColumnSums(cudaStream_t stream, const D* x, int64_t rows, int64_t cols,
+                        float* partials, D* out);
+
+// ---------------------------------------------------------------------------
+// Cross-entropy and the chunked LM head (ops/cross_entropy.h), cross_entropy.cu.
+
+// Per row of logits (N, V): losses[r] = logsumexp - logits[r, targets[r]] in fp32 from the D
+// logits; with write_grad the row is then OVERWRITTEN in place with
+// D(grad_scale (softmax - onehot(target))). One block per row.
+template <typename D>
+Status LaunchCrossEntropy(cudaStream_t stream, D* logits, const int32_t* targets, int64_t N, int V,
+                          float* losses, bool write_grad, float grad_scale);
+
+// *loss = float(sum of losses (N) in double, fixed order, / N). One block. N >= 1.
+Status LaunchMeanLoss(cudaStream_t stream, const float* losses, int64_t N, float* loss);
+
+// ---------------------------------------------------------------------------
+// RMSNorm (ops/rms_norm.h). One warp per row.
+
+// x: (rows, C); w: (C); y: (rows, C) OVERWRITTEN = D((x rstd) w); rstd: (rows) fp32 OVERWRITTEN
+// = 1 / sqrt(mean(x^2) + eps). eps > 0, C >= 1. y must not overlap x.
+template <typename D>
+Status LaunchRmsNormForward(cudaStream_t stream, const D* x, const D* w, float eps, int64_t rows,
+                            int64_t C, D* y, float* rstd);
+
+// dx: (rows, C) OVERWRITTEN = D(dresidual + rstd (g - xhat mean(g xhat))), g = dy w, xhat = x
+// rstd, with dresidual (rows, C) or null (0). Row-local, each row read before it is written, so
+// dx may equal dy or dresidual (not x).
+template <typename D>
+Status LaunchRmsNormBackward(cudaStream_t stream, const D* x, const D* w, const float* rstd,
+                             const D* dy, const D* dresidual, int64_t rows, int64_t C, D* dx);
+
+// dw: (C) OVERWRITTEN = D(sum over rows of dy xhat) in fp32, two passes in a fixed order: pass 1
+// sums blocks of kRmsRowsPerPartial rows into partials ((RmsPartials(rows), C) fp32 scratch),
+// pass 2 adds the partials of each column in order. Must run before a backward that overwrites
+// dy in place.
+template <typename D>
+Status LaunchRmsNormWeightGrad(cudaStream_t stream, const D* x, const float* rstd, const D* dy,
+                               int64_t rows, int64_t C, float* partials, D* dw);
+
+// ---------------------------------------------------------------------------
+// Rotary embeddings (ops/rope.h).
+
+// The largest head_dim the table kernel takes (its inverse frequencies travel as a kernel
+// argument).
+inline constexpr int kRopeMaxHeadDim = 256;
+
+// cos, sin: (seq_len, head_dim / 2) fp32 OVERWRITTEN, the table of ops::RopeTable<float>: the
+// inverse frequencies come from ops::RopeInverseFrequencies (host, double) and each entry is
+// float(cos(double(t) * inv_freq[i])) evaluated in double on the device, so it matches the host
+// table except where the device's double cos/sin (within 2 ulp of double) round to the other
+// float. head_dim even, 2 <= head_dim <= kRopeMaxHeadDim, seq_len >= 1.
+Status LaunchRopeTable(cudaStream_t stream, const RopeParams& p, int seq_len, float* cos,
+                       float* sin);
+
+// In place on num_heads consecutive heads of head_dim columns at the start of each of `rows`
+// rows of row_stride elements; row r is position r % seq_len; cos/sin from LaunchRopeTable for
+// at least seq_len positions. inverse = false: the forward rotation; true: its transpose (the
+// backward on the gradient). Each output rounded once.
+template <typename D>
+Status LaunchRope(cudaStream_t stream, D* x, int64_t rows, int64_t row_stride, int num_heads,
+                  int head_dim, int seq_len, const float* cos, const float* sin, bool inverse);
+
+// ---------------------------------------------------------------------------
+// SwiGLU (ops/swiglu.h) on rows of [gate (I) | up (I)].
+
+// h: (rows, I) OVERWRITTEN = D(silu(g) u); must not overlap gate_up.
+template <typename D>
+Status LaunchSwigluForward(cudaStream_t stream, const D* gate_up, int64_t rows, int64_t I, D* h);
+
+// dgate_up: (rows, 2I) OVERWRITTEN with [D(dh u silu'(g)) | D(dh silu(g))]; may equal gate_up
+// (each pair is read before it is written); dh must not overlap either.
+template <typename D>
+Status LaunchSwigluBackward(cudaStream_t stream, const D* gate_up, const D* dh, int64_t rows,
+                            int64_t I, D* dgate_up);
+
+// ---------------------------------------------------------------------------
+// Causal grouped-query attention (ops/attention.h), attention.cu, fused in the manner of
+// FlashAttention-2 (Dao, "FlashAttention-2: Faster Attention with Better Parallelism and Work
+// Partitioning", 2023): no T x T matrix. Query head h reads kv head h / (H / Hkv). The GPT is the
+// case Hkv = H with q, k, v the column blocks of its fused qkv (B, T, 3C): q = qkv, k = qkv + C,
+// v = qkv + 2C, row_stride 3C.
+//
+// Two implementations with the same rounding points, chosen by `path` (attention_tiles.h): tensor
+// cores (mma.sync m16n8k16) for bf16 and fp16 with head_dim 64 or 128, q, k, v, out (and dout, dq,
+// dk, dv) 16-byte aligned and row_stride a multiple of 8; CUDA cores (fp32 FMAs on values
+// converted from D) for everything, the fallback and the reference. kAuto picks the tensor cores
+// where they apply; kTensorCores where they do not is kInvalidArgument.
+
+// The largest head_dim of the attention kernels.
+inline constexpr int kAttentionMaxHeadDim = 128;
+
+// q: (B, T, H, hs) rows of row_stride; k, v: (B, T, Hkv, hs) rows of row_stride; out: (B, T, H hs)
+// contiguous, OVERWRITTEN; lse: (B, H, T) fp32 OVERWRITTEN (log-sum-exp of each query's scaled
+// scores; the backward recomputes the probabilities from it). Scores scaled by 1 / sqrt(hs) in
+// fp32, online softmax in fp32, unnormalised probabilities rounded to D before the product with
+// V, output accumulated in fp32 and rounded once. Requirements: all dims >= 1, H % Hkv == 0,
+// hs <= kAttentionMaxHeadDim, row_stride >= H hs, B H <= 65535. out must not overlap q, k, v.
+template <typename D>
+Status LaunchAttentionForward(cudaStream_t stream, const AttentionDims& d, const D* q, const D* k,
+                              const D* v, D* out, float* lse,
+                              AttentionPath path = AttentionPath::kAuto);
+
+// dq, dk, dv OVERWRITTEN (strides of q, k, v); delta: (B, H, T) fp32 scratch (rowsum(dout out)).
+// P recomputed from lse, dS = D(P (dP - delta)); dq = D(scale sum dS k); dk, dv of a kv head
+// accumulated in fp32 over the query heads of its group (in head order) and rounded once. No
+// atomics: one block per (sequence, kv head, key tile) owns its dk, dv and loops over the query
+// tiles; a separate pass writes dq. dq, dk, dv may be column blocks of one buffer; they must not
+// overlap the inputs. `path` as for the forward (the two need not match: both recompute from the
+// same lse contract).
+template <typename D>
+Status LaunchAttentionBackward(cudaStream_t stream, const AttentionDims& d, const D* q, const D* k,
+                               const D* v, const D* out, const D* dout, const float* lse,
+                               float* delta, D* dq, D* dk, D* dv,
+                               AttentionPath path = AttentionPath::kAuto);
+
+// ---------------------------------------------------------------------------
+// Matrix products of a linear layer (ops/matmul.h) through cuBLASLt (gpu/cuda/cuda_lt_matmul.h),
+// matmul.cu: S (host storage type: float, Bf16, Fp16) inputs and outputs, fp32 accumulation
+// (TF32 for fp32 only with allow_tf32), each output rounded once; the algorithm chosen once per
+// shape and cached. W in either ops::WeightLayout: kInOut (in, out), y = x W; kOutIn (out, in),
+// y = x W^T. Enqueued on `stream` with the stream's cuBLAS workspace, used only by that stream;
+// one thread at a time per stream (cuBLAS rule).
+// Takes what the products need from `stream` beyond their scratch, once, before any block runs:
+// the stream's cuBLAS handle with its workspace (gpu::CublasHandle, which also makes the
+// stream's device current) and the device's cuBLASLt handle. kUnavailable when cuBLAS or
+// cuBLASLt cannot be loaded, kResourceExhausted for the workspace.
+Status PrepareStream(gpu::Stream& stream);
+
+template <typename S>
+struct Products {
+  cudaStream_t stream = nullptr;
+  gpu::DeviceSpan workspace;  // the stream's cuBLAS workspace (gpu::CublasWorkspace)
+  bool allow_tf32 = false;
+  float* partials = nullptr;  // (LnPartials(rows), >= out) fp32, the unfused bias-gradient path
+
+  // The products of `stream` (a CUDA backend stream; cs its native handle): its workspace, or the
+  // error of gpu::CublasWorkspace.
+  static StatusOr<Products> Make(gpu::Stream& stream, cudaStream_t cs, bool allow_tf32 = false,
+                                 float* partials = nullptr);
+
+  // out (M, N) = epilogue(op(A) op(B) (+ residual)), row-major (cuda_lt_matmul.h).
+  Status Run(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const S* A, int64_t lda,
+             const S* B, int64_t ldb, S* out, int64_t ldd,
+             gpu::cuda::RowEpilogue epilogue = gpu::cuda::RowEpilogue::kNone,
+             const S* bias = nullptr, const S* residual = nullptr, S* aux = nullptr,
+             int64_t aux_ld = 0, S* bias_grad = nullptr) const;
+
+  // y (rows, out) = S(x W (+ b) (+ residual)): x (rows, in); b (out) and residual nullable (the
+  // bias epilogue, beta = 1).
+  Status Forward(WeightLayout layout, int64_t rows, int64_t in, int64_t out, const S* x, const S* W,
+                 const S* b, const S* residual, S* y) const;
+
+  // dx (rows, in) = S(dy W^T): dy (rows, out).
+  Status InputGrad(WeightLayout layout, int64_t rows, int64_t in, int64_t out, const S* dy,
+                   const S* W, S* dx) const;
+
+  // dW (the layout's shape) = S(x^T dy) and (db non-null) db = S(column sums of dy), through the
+  // bias-gradient epilogue where cuBLASLt has one, else a plain product and LaunchColumnSums
+  // (which needs `partials`).
+  Status WeightGrad(WeightLayout layout, int64_t rows, int64_t in, int64_t out, const S* x,
+                    const S* dy, S* dW, S* db = nullptr) const;
+};
+
+// ---------------------------------------------------------------------------
+// The chunked LM head (ops/cross_entropy.h), cross_entropy.cu: logits of R = chunk_rows rows at
+// a time, never all (N, V). xn (N, C): the normalised final hidden states; W the (V, C) head
+// weight in `layout` (kInOut: (C, V), y = xn W; kOutIn: (V, C), y = xn W^T, the tied embedding).
+
+// The head's scratch: chunk (chunk_rows, V) S; losses (N) fp32; xn_last (B, C) S; dw_acc (the
+// weight's shape) fp32 for 16-bit S (the weight gradient accumulates in place for float).
+template <typename S>
+struct HeadScratch {
+  int64_t chunk_rows = 0;
+  S* chunk = nullptr;
+  float* losses = nullptr;
+  S* xn_last = nullptr;
+  void* dw_acc = nullptr;
+};
+
+// logits (B, V) = the last position (t = T - 1) of each sequence; with targets (B T) and loss
+// non-null, *loss (one fp32, device) = mean cross-entropy over the N = B T rows (summed in
+// double, fixed order).
+template <typename S>
+Status ChunkedHeadForward(const Products<S>& mm, const S* xn, const S* W, WeightLayout layout,
+                          int B, int T, int64_t C, int64_t V, const HeadScratch<S>& scratch,
+                          S* logits, const int32_t* targets, float* loss);
+
+// Gradient of dloss * (mean cross-entropy): per chunk dlogits = S(dloss / N (softmax - onehot))
+// in place, dW (+)= xn^T dlogits in fp32 (beta 0 on the first chunk, 1 after; rounded to S once
+// at the end) and dxn rows = S(dlogits W^T). dW (the weight's shape) and dxn (N, C) OVERWRITTEN.
+template <typename S>
+Status ChunkedHeadBackward(const Products<S>& mm, const S* xn, const S* W, WeightLayout layout,
+                           const int32_t* targets, float dloss, int64_t N, int64_t C, int64_t V,
+                           const HeadScratch<S>& scratch, S* dW, S* dxn);
+
+}  // namespace strata::models::ops::cuda

@@ -1,0 +1,93 @@
+// Rotary position embeddings on CUDA (ops.cuh): the cos/sin table in double on the device, the
+// rotation one thread per pair, in place.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "models/ops/cuda/common.cuh"
+#include "models/ops/cuda/ops.cuh"
+
+namespace strata::models::ops::cuda {
+namespace {
+
+using namespace internal;  // NOLINT: the shared device helpers
+
+constexpr int kBlock = 256;
+
+struct RopeFreqs {
+  double inv[kRopeMaxHeadDim / 2];
+};
+
+__global__ void RopeTableKernel(RopeFreqs f, int seq_len, int half, float* cos_out,
+                                float* sin_out) {
+  STRATA_FOR_EACH_INDEX(i, int64_t{seq_len} * half) {
+    const double angle = static_cast<double>(i / half) * f.inv[i % half];
+    cos_out[i] = static_cast<float>(cos(angle));
+    sin_out[i] = static_cast<float>(sin(angle));
+  }
+}
+
+// One thread per (row, head, pair i < hs/2).
+template <typename D>
+__global__ void RopeKernel(D* x, int64_t rows, int64_t row_stride, int num_heads, int half,
+                           int seq_len, const float* cos, const float* sin, float sign) {
+  const int64_t per_row = int64_t{num_heads} * half;
+  STRATA_FOR_EACH_INDEX(idx, rows * per_row) {
+    const int64_t r = idx / per_row;
+    const int rem = static_cast<int>(idx % per_row);
+    const int h = rem / half, i = rem % half;
+    const int64_t t = r % seq_len;
+    D* p = x + r * row_stride + int64_t{h} * 2 * half;
+    const float c = cos[t * half + i], si = sign * sin[t * half + i];
+    const float a = ToF(p[i]), b = ToF(p[i + half]);
+    p[i] = FromF<D>(a * c - b * si);
+    p[i + half] = FromF<D>(b * c + a * si);
+  }
+}
+
+}  // namespace
+
+Status LaunchRopeTable(cudaStream_t stream, const RopeParams& p, int seq_len, float* cos,
+                       float* sin) {
+  if (p.head_dim < 2 || p.head_dim % 2 != 0 || p.head_dim > kRopeMaxHeadDim || seq_len < 1) {
+    return InvalidArgumentError(
+        "LaunchRopeTable: need an even head_dim in [2, 256] and seq_len >= 1");
+  }
+  STRATA_RETURN_IF_ERROR(CheckPointers("LaunchRopeTable", {cos, sin}));
+  const std::vector<double> inv = RopeInverseFrequencies(p);
+  RopeFreqs f{};
+  for (size_t i = 0; i < inv.size(); ++i) f.inv[i] = inv[i];
+  const int half = p.head_dim / 2;
+  RopeTableKernel<<<GridFor(int64_t{seq_len} * half, kBlock), kBlock, 0, stream>>>(f, seq_len, half,
+                                                                                   cos, sin);
+  return Launched("RopeTableKernel");
+}
+
+template <typename D>
+Status LaunchRope(cudaStream_t stream, D* x, int64_t rows, int64_t row_stride, int num_heads,
+                  int head_dim, int seq_len, const float* cos, const float* sin, bool inverse) {
+  if (rows < 0 || num_heads < 1 || head_dim < 2 || head_dim % 2 != 0 || seq_len < 1 ||
+      row_stride < int64_t{num_heads} * head_dim) {
+    return InvalidArgumentError(
+        "LaunchRope: need rows >= 0, num_heads >= 1, an even head_dim >= 2, seq_len >= 1 and "
+        "row_stride >= num_heads head_dim");
+  }
+  if (rows == 0) return Status::Ok();
+  STRATA_RETURN_IF_ERROR(CheckPointers("LaunchRope", {x, cos, sin}));
+  const int half = head_dim / 2;
+  RopeKernel<D><<<GridFor(rows * num_heads * half, kBlock), kBlock, 0, stream>>>(
+      x, rows, row_stride, num_heads, half, seq_len, cos, sin, inverse ? -1.0f : 1.0f);
+  return Launched("RopeKernel");
+}
+
+#define STRATA_INSTANTIATE_ROPE(D)                                                               \
+  template Status LaunchRope<D>(cudaStream_t, D*, int64_t, int64_t, int, int, int, const float*, \
+                                const float*, bool);
+STRATA_INSTANTIATE_ROPE(float)
+STRATA_INSTANTIATE_ROPE(__half)
+STRATA_INSTANTIATE_ROPE(__nv_bfloat16)
+#undef STRATA_INSTANTIATE_ROPE
+
+}  // namespace strata::models::ops::cuda
