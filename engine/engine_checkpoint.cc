@@ -6,6 +6,7 @@
 #include <map>
 
 #include "base/aligned_buffer.h"
+#include "base/file.h"
 #include "cpu_optim/grad_stats.h"
 
 namespace strata::engine {

@@ -326,7 +326,7 @@ std::vector<float> TensorValues(const ExportTensor& t, const std::vector<float>&
 
 // Writes the tensors' master weights, in `dtype`, through `writer`, reading each block once.
 Status WriteExportTensors(const std::vector<ExportTensor>& out, const engine::Manifest& m,
-                          const engine::OpenSafetensors& master, DType dtype,
+                          const formats::OpenSafetensors& master, DType dtype,
                           formats::SafetensorsWriter& writer) {
   Status status;
   std::vector<float> block;

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "base/units.h"
-#include "engine/text_dataset.h"
-#include "engine/tokenizer.h"
+#include "data/text_dataset.h"
+#include "data/tokenizer.h"
 #include "tools/checkpoint_commands.h"
 #include "tools/lr_schedule.h"
 #include "tools/progress.h"
@@ -26,7 +26,7 @@ double SecondsSince(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-StatusOr<float> Evaluate(engine::Engine& e, const engine::Dataset& data, const TrainFlags& f) {
+StatusOr<float> Evaluate(engine::Engine& e, const data::Dataset& data, const TrainFlags& f) {
   std::vector<int32_t> tokens, targets;
   double sum = 0;
   for (int i = 0; i < f.eval_batches; ++i) {
@@ -40,8 +40,8 @@ StatusOr<float> Evaluate(engine::Engine& e, const engine::Dataset& data, const T
 
 // The first context of a sample: a newline, as a byte or through the tokenizer (its BOS when it
 // has one).
-StatusOr<std::vector<int32_t>> SampleContext(const engine::Tokenizer* tokenizer) {
-  if (!tokenizer) return engine::TextDataset::Encode("\n");
+StatusOr<std::vector<int32_t>> SampleContext(const data::Tokenizer* tokenizer) {
+  if (!tokenizer) return data::TextDataset::Encode("\n");
   if (tokenizer->bos_id() >= 0) return std::vector<int32_t>{tokenizer->bos_id()};
   return tokenizer->Encode("\n");
 }
@@ -62,7 +62,7 @@ int32_t DrawToken(const std::vector<float>& logits, double temperature, std::mt1
 
 // A text sample of about f.sample_bytes bytes: byte-level tokens, or decoded by the tokenizer.
 StatusOr<std::string> Sample(engine::Engine& e, const TrainFlags& f, std::mt19937_64& rng,
-                             const engine::Tokenizer* tokenizer) {
+                             const data::Tokenizer* tokenizer) {
   STRATA_ASSIGN_OR_RETURN(std::vector<int32_t> context, SampleContext(tokenizer));
   std::vector<int32_t> sampled;
   std::string out;
@@ -131,7 +131,7 @@ class TrainLoop {
   const TrainFlags& f_;
   const TrainLoopInputs in_;
   engine::Engine& engine_;
-  const engine::Dataset& data_;
+  const data::Dataset& data_;
   std::mt19937_64 data_rng_;
   // Over every rank: the global batch.
   const int64_t tokens_per_step_;
@@ -317,7 +317,7 @@ Status TrainLoop::Finish() {
 }
 
 Status TrainLoop::FinalEvaluationAndSample() {
-  const engine::TrainingData& training_data = *in_.data;
+  const data::TrainingData& training_data = *in_.data;
   if (f_.eval_every > 0) {
     STRATA_ASSIGN_OR_RETURN(out_.val_loss, Evaluate(engine_, data_, f_));
     STRATA_RETURN_IF_ERROR(metrics_.RecordEvaluation(f_.steps, out_.val_loss, engine_.counters()));

@@ -9,7 +9,7 @@
 
 #include "base/status.h"
 #include "base/trace.h"
-#include "engine/dataset.h"
+#include "data/dataset.h"
 #include "engine/engine.h"
 #include "tools/metrics.h"
 #include "tools/model_spec.h"
@@ -22,7 +22,7 @@ struct TrainLoopInputs {
   const TrainOptions* options = nullptr;
   engine::Engine* engine = nullptr;
   const engine::Model* model = nullptr;
-  const engine::TrainingData* data = nullptr;
+  const data::TrainingData* data = nullptr;
   const ModelSpec* spec = nullptr;           // written into checkpoints
   trace::TraceRecorder* recorder = nullptr;  // the engine's and the device's
   MetricsWriter* metrics = nullptr;          // may be null: no metrics

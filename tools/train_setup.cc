@@ -170,9 +170,9 @@ MetricsOptions MetricsFromFlags(const TrainFlags& f) {
 
 // The data options: --data resolved, and the model's tokenizer.model for text when the model is
 // not byte-level and no --tokenizer is given.
-engine::TrainingDataOptions DataOptions(const TrainFlags& f, const ModelSpec& spec,
-                                        const engine::Model& model) {
-  engine::TrainingDataOptions d;
+data::TrainingDataOptions DataOptions(const TrainFlags& f, const ModelSpec& spec,
+                                      const engine::Model& model) {
+  data::TrainingDataOptions d;
   for (const auto& path : f.data) {
     std::error_code ec;
     // The default also works from outside the source tree.
@@ -231,11 +231,11 @@ StatusOr<TrainInputs> OpenModelAndData(const TrainOptions& options) {
     return InvalidArgumentError(fmt::format("--seq-len {} exceeds the model's context of {}",
                                             f.seq_len, in.model->max_seq_len()));
   }
-  const engine::TrainingDataOptions data_options = DataOptions(f, in.spec, *in.model);
+  const data::TrainingDataOptions data_options = DataOptions(f, in.spec, *in.model);
   if (!f.tokenizer.empty()) {
     in.spec.tokenizer_files.push_back(std::filesystem::absolute(f.tokenizer).string());
   }
-  STRATA_ASSIGN_OR_RETURN(in.data, engine::OpenTrainingData(data_options));
+  STRATA_ASSIGN_OR_RETURN(in.data, data::OpenTrainingData(data_options));
   return in;
 }
 

@@ -16,7 +16,7 @@
 
 #include "base/status.h"
 #include "comm/communicator.h"
-#include "engine/dataset.h"
+#include "data/dataset.h"
 #include "engine/engine.h"
 #include "engine/planner.h"
 #include "gpu/device.h"
@@ -66,7 +66,7 @@ StatusOr<TrainOptions> TrainOptionsFromFlags(const TrainFlags& flags, const Rank
 struct TrainInputs {
   ModelSpec spec;  // with --tokenizer appended to its tokenizer files (for checkpoints)
   std::unique_ptr<engine::Model> model;
-  engine::TrainingData data;
+  data::TrainingData data;
 };
 // Errors: the model spec's and the data's (files, tokenizer), and kInvalidArgument for a
 // --seq-len beyond the model's context.
