@@ -214,6 +214,7 @@ Status Engine::Impl::Init() {
   so.nvme_paths = o_.placement.nvme_paths;
   so.io_backend_factory = o_.test_hooks.io_backend_factory;
   so.gradient = [this](int b) { return grads_->HostGradient(b); };
+  so.init_progress = o_.init_progress;
   STRATA_ASSIGN_OR_RETURN(store_, StateStore::Create(*model_, plan_, so));
 
   STRATA_ASSIGN_OR_RETURN(arena_, device_->CreateArena(plan_.device_total_bytes));

@@ -91,6 +91,13 @@ struct EngineOptions {
   PlacementOptions placement;     // budgets, homes, NVMe paths
   io::IoBackendOptions io;
   uint64_t seed = 1337;  // parameter initialisation
+  // May be empty. Called by Create on its calling thread while it initialises the model's state
+  // (master weights, optimizer state, working params in their homes; blocks run in parallel on
+  // oneTBB, each from its own sampler, so the values do not depend on the thread count), after
+  // each block: blocks and parameters done so far and in all. `strata train` turns it into a
+  // progress line for a large model.
+  std::function<void(int blocks_done, int num_blocks, int64_t params_done, int64_t num_params)>
+      init_progress;
   // Not owned, may be null: the engine's host threads record their work on tracks "host:
   // prefetch (nvme read)", "host: gradient fold", "host: optimizer state read", "host: cpu
   // optimizer" and "host: optimizer state write" (the device records its streams itself when

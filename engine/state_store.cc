@@ -1,6 +1,8 @@
 #include "engine/state_store.h"
 
 #include <fmt/format.h>
+#include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
 
 #include <algorithm>
 #include <cstring>
@@ -105,28 +107,55 @@ Status StateStore::Initialize(Model& model, uint64_t seed) {
     }
     return Status::Ok();
   }
-  // Initial master weights, the optimizer's initial state, working params in their homes. A
-  // rank initialises each whole block (the same on every rank) and keeps its partition.
-  AlignedBuffer whole;
-  if (o_.data_parallel) {
-    STRATA_ASSIGN_OR_RETURN(whole, AlignedBuffer::Allocate(plan_.max_block_params * 4, 64));
+  // Initial master weights, the optimizer's initial state, working params in their homes, in
+  // waves of blocks initialised in parallel: every block has its own sampler (seed, block), so
+  // the values do not depend on the order or the thread count. With a home on NVMe a wave is as
+  // many blocks as there are pipeline buffers (block w of a wave goes through buffer w) and the
+  // writes follow the wave; in host memory every block has its own region. A rank initialises
+  // each whole block (the same on every rank) and keeps its partition.
+  const bool buffered = nvme_optim() || nvme_params();
+  const int threads = std::max(1, tbb::this_task_arena::max_concurrency());
+  const int wave = buffered ? std::max<int>(1, static_cast<int>(opt_buf_.size()))
+                            : (o_.data_parallel ? threads : n_);
+  std::vector<AlignedBuffer> whole(o_.data_parallel ? wave : 0);
+  for (AlignedBuffer& w : whole) {
+    STRATA_ASSIGN_OR_RETURN(w, AlignedBuffer::Allocate(plan_.max_block_params * 4, 64));
   }
-  for (int b = 0; b < n_; ++b) {
-    STRATA_ASSIGN_OR_RETURN(std::byte * region, Load(b, /*read=*/false));
-    std::memset(region, 0, state_[b].region_bytes);  // padding included: no stale bytes on NVMe
-    for (size_t k = 0; k < state_[b].sections.size(); ++k) {
-      cpu_optim::InitializeState(state_[b].sections[k], Section(b, 0, k));
+  const int64_t total_params = model.num_params();
+  int64_t done_params = 0;
+  for (int first = 0; first < n_; first += wave) {
+    const int last = std::min(n_, first + wave);
+    std::vector<Status> status(static_cast<size_t>(last - first));
+    tbb::parallel_for(first, last, [&](int b) {
+      const int slot = b - first;
+      const int buffer = buffered ? slot : 0;
+      std::byte* region = Region(b, buffer);
+      std::memset(region, 0, state_[b].region_bytes);  // padding included: no stale bytes on NVMe
+      for (size_t k = 0; k < state_[b].sections.size(); ++k) {
+        cpu_optim::InitializeState(state_[b].sections[k], Section(b, buffer, k));
+      }
+      float* p32 = Master(b, buffer);
+      Status s;
+      if (o_.data_parallel) {
+        s = model.InitParams(b, seed, std::span<float>(whole[slot].as<float>(), np(b)));
+        if (s.ok()) {
+          std::memcpy(p32, whole[slot].as<float>() + plan_.blocks[b].partition.offset_elems,
+                      own(b) * 4);
+        }
+      } else {
+        s = model.InitParams(b, seed, std::span<float>(p32, np(b)));
+      }
+      if (s.ok()) {
+        s = cpu_optim::ConvertFromF32(p32, WorkingHome(b, buffer).data, o_.precision, own(b));
+      }
+      status[static_cast<size_t>(slot)] = std::move(s);
+    });
+    for (int b = first; b < last; ++b) {
+      STRATA_RETURN_IF_ERROR(status[static_cast<size_t>(b - first)]);
+      STRATA_RETURN_IF_ERROR(WriteBack(b, buffered ? b - first : 0));
+      done_params += np(b);
+      if (o_.init_progress) o_.init_progress(b + 1, n_, done_params, total_params);
     }
-    float* p32 = Master(b, 0);
-    if (o_.data_parallel) {
-      STRATA_RETURN_IF_ERROR(model.InitParams(b, seed, std::span<float>(whole.as<float>(), np(b))));
-      std::memcpy(p32, whole.as<float>() + plan_.blocks[b].partition.offset_elems, own(b) * 4);
-    } else {
-      STRATA_RETURN_IF_ERROR(model.InitParams(b, seed, std::span<float>(p32, np(b))));
-    }
-    STRATA_RETURN_IF_ERROR(
-        cpu_optim::ConvertFromF32(p32, WorkingHome(b, 0).data, o_.precision, own(b)));
-    STRATA_RETURN_IF_ERROR(WriteBack(b, 0));
   }
   return Status::Ok();
 }

@@ -68,6 +68,9 @@ struct StateStoreOptions {
   // Block b's gradient as the update reads it (the gradient streamer's host gradient); called on
   // the update stage's thread.
   std::function<cpu_optim::GradView(int block)> gradient;
+  // EngineOptions::init_progress, called by Initialize on its calling thread.
+  std::function<void(int blocks_done, int num_blocks, int64_t params_done, int64_t num_params)>
+      init_progress;
 };
 
 class StateStore {

@@ -3,11 +3,14 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <span>
 #include <string>
@@ -17,7 +20,6 @@
 #include "base/trace.h"
 #include "base/units.h"
 #include "comm/communicator.h"
-#include "tools/mpi_launch.h"
 #include "engine/engine.h"
 #include "gpu/device.h"
 #include "io/io_backend.h"
@@ -25,6 +27,7 @@
 #include "tools/lr_schedule.h"
 #include "tools/metrics.h"
 #include "tools/model_spec.h"
+#include "tools/mpi_launch.h"
 #include "tools/train_loop.h"
 #include "tools/train_setup.h"
 
@@ -477,6 +480,28 @@ Status RunTrain(const TrainFlags& f) {
 
 namespace {
 
+// Models of at least this many parameters get progress lines while the engine initialises
+// (allocates, pins, samples the weights, writes NVMe): a 7B model's first step is minutes away, and
+// a silent wait reads as a hang.
+constexpr int64_t kInitProgressMinParams = 100'000'000;
+
+// EngineOptions::init_progress for strata train: a line at every tenth of the parameters and at
+// the end, with the rate since the engine's creation began (now).
+std::function<void(int, int, int64_t, int64_t)> InitProgressLines() {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto next = std::make_shared<int64_t>(0);
+  return [t0, next](int blocks_done, int num_blocks, int64_t done, int64_t total) {
+    if (total < kInitProgressMinParams || (done < *next && blocks_done < num_blocks)) return;
+    *next = done + total / 10;
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf(
+        "init     %d of %d blocks, %.3f of %.3f billion params in %.1f s (%.1f M params/s)\n",
+        blocks_done, num_blocks, static_cast<double>(done) / 1e9, static_cast<double>(total) / 1e9,
+        s, static_cast<double>(done) / 1e6 / std::max(s, 1e-9));
+    std::fflush(stdout);
+  };
+}
+
 // The setup (tools/train_setup.h), the plan printed before the engine allocates anything, the
 // loop (tools/train_loop.h), and the summary.
 Status RunTrainRanks(const TrainFlags& flags, comm::Communicator* world) {
@@ -497,6 +522,7 @@ Status RunTrainRanks(const TrainFlags& flags, comm::Communicator* world) {
   PrintRunLines(o, in, *device.device);
   STRATA_ASSIGN_OR_RETURN(engine::Plan plan, MakeTrainPlan(*in.model, o.engine));
   PrintPlan(o, plan);
+  o.engine.init_progress = InitProgressLines();
   STRATA_ASSIGN_OR_RETURN(auto engine,
                           engine::Engine::Create(in.model.get(), device.device.get(), o.engine));
   STRATA_RETURN_IF_ERROR(CheckSamePlan(plan, engine->plan()));
