@@ -668,7 +668,7 @@ TYPED_TEST(GptCudaTypedTest, EveryOpRoundsWhereTheHostOpRoundsInTheEngineShapes)
   const par::Inputs in = par::MakeInputs<S>(sh, 26);
   const std::vector<par::Output> host = par::RunHostOps<S>(sh, in);
   const int64_t N = sh.N(), C = sh.C, H = sh.H;
-  ASSERT_TRUE(cuda::CudaPrepareStream(*this->stream_).ok());
+  ASSERT_TRUE(cuda::GptCudaPrepareStream(*this->stream_).ok());
   const cudaStream_t cs = gpu::NativeStream(*this->stream_);
   const auto workspace = gpu::CublasWorkspace(*this->stream_);
   ASSERT_TRUE(workspace.ok()) << workspace.status().ToString();
@@ -727,7 +727,8 @@ TYPED_TEST(GptCudaTypedTest, EveryOpRoundsWhereTheHostOpRoundsInTheEngineShapes)
     if (fused.code() != StatusCode::kUnimplemented) return fused;
     STRATA_RETURN_IF_ERROR(
         lt(true, false, in_dim, out_dim, N, x, in_dim, dy, out_dim, dw, out_dim));
-    return cuda::LaunchColumnSums(cs, dy.as<Dev>(), N, out_dim, partials.as<float>(), db.as<Dev>());
+    return ops::cuda::LaunchColumnSums(cs, dy.as<Dev>(), N, out_dim, partials.as<float>(),
+                                       db.as<Dev>());
   };
   std::vector<std::pair<std::string, std::vector<double>>> gpu_out;
   const auto get = [&](const std::string& name, gpu::DeviceSpan d, int64_t n) {
@@ -738,16 +739,16 @@ TYPED_TEST(GptCudaTypedTest, EveryOpRoundsWhereTheHostOpRoundsInTheEngineShapes)
                           res = put(in.residual);
     const gpu::DeviceSpan y = out(N * C), dx = out(N * C), dw = out(C), db = out(C);
     const gpu::DeviceSpan mean = f32(N), rstd = f32(N);
-    ASSERT_TRUE(cuda::LaunchLayerNormForward(cs, x.as<Dev>(), w.as<Dev>(), b.as<Dev>(), N, C,
-                                             y.as<Dev>(), mean.as<float>(), rstd.as<float>())
+    ASSERT_TRUE(ops::cuda::LaunchLayerNormForward(cs, x.as<Dev>(), w.as<Dev>(), b.as<Dev>(), N, C,
+                                                  y.as<Dev>(), mean.as<float>(), rstd.as<float>())
                     .ok());
-    ASSERT_TRUE(cuda::LaunchLayerNormBackward(cs, x.as<Dev>(), w.as<Dev>(), dy.as<Dev>(),
-                                              mean.as<float>(), rstd.as<float>(), res.as<Dev>(), N,
-                                              C, dx.as<Dev>())
+    ASSERT_TRUE(ops::cuda::LaunchLayerNormBackward(cs, x.as<Dev>(), w.as<Dev>(), dy.as<Dev>(),
+                                                   mean.as<float>(), rstd.as<float>(),
+                                                   res.as<Dev>(), N, C, dx.as<Dev>())
                     .ok());
-    ASSERT_TRUE(cuda::LaunchLayerNormParamGrads(cs, x.as<Dev>(), dy.as<Dev>(), mean.as<float>(),
-                                                rstd.as<float>(), N, C, partials.as<float>(),
-                                                dw.as<Dev>(), db.as<Dev>())
+    ASSERT_TRUE(ops::cuda::LaunchLayerNormParamGrads(
+                    cs, x.as<Dev>(), dy.as<Dev>(), mean.as<float>(), rstd.as<float>(), N, C,
+                    partials.as<float>(), dw.as<Dev>(), db.as<Dev>())
                     .ok());
     this->Sync();
     get("layer_norm y", y, N * C);
@@ -760,12 +761,12 @@ TYPED_TEST(GptCudaTypedTest, EveryOpRoundsWhereTheHostOpRoundsInTheEngineShapes)
                           host_att = put(hostval("attention out"));
     const gpu::DeviceSpan att = out(N * C), dqkv = out(N * 3 * C), lse = f32(N * H),
                           delta = f32(N * H);
-    ASSERT_TRUE(cuda::LaunchAttentionForward(cs, qkv.as<Dev>(), sh.B, sh.T, sh.C, sh.H,
-                                             att.as<Dev>(), lse.as<float>())
+    ASSERT_TRUE(GptAttentionForward(cs, qkv.as<Dev>(), sh.B, sh.T, sh.C, sh.H, att.as<Dev>(),
+                                    lse.as<float>())
                     .ok());
-    ASSERT_TRUE(cuda::LaunchAttentionBackward(cs, qkv.as<Dev>(), host_att.as<Dev>(), dout.as<Dev>(),
-                                              lse.as<float>(), sh.B, sh.T, sh.C, sh.H,
-                                              delta.as<float>(), dqkv.as<Dev>())
+    ASSERT_TRUE(GptAttentionBackward(cs, qkv.as<Dev>(), host_att.as<Dev>(), dout.as<Dev>(),
+                                     lse.as<float>(), sh.B, sh.T, sh.C, sh.H, delta.as<float>(),
+                                     dqkv.as<Dev>())
                     .ok());
     this->Sync();
     get("attention out", att, N * C);
@@ -822,15 +823,15 @@ TYPED_TEST(GptCudaTypedTest, EveryOpRoundsWhereTheHostOpRoundsInTheEngineShapes)
     const int64_t PH = HeadNumParams(gs);
     const std::vector<S> ph = Round<S>(Random(PH, 0.2, 31)), x = Round<S>(in.lnf);
     std::vector<S> dx_host(N * C), dp_host(PH);
-    std::vector<uint8_t> hsc(HeadScratchBytes<S>(gs, sh.B, sh.T));
-    HeadBackward<S>(gs, ph.data(), x.data(), in.targets.data(), 1.0f, sh.B, sh.T, dx_host.data(),
-                    dp_host.data(), hsc.data());
+    std::vector<uint8_t> hsc(GptHeadScratchBytes<S>(gs, sh.B, sh.T));
+    GptHeadBackward<S>(gs, ph.data(), x.data(), in.targets.data(), 1.0f, sh.B, sh.T, dx_host.data(),
+                       dp_host.data(), hsc.data());
     const gpu::DeviceSpan phd = this->Put(ph), xd = this->Put(x), tgt = this->Put(in.targets);
     const gpu::DeviceSpan dx = out(N * C), dp = out(PH);
-    const gpu::DeviceSpan hsd = this->Poisoned(cuda::CudaHeadScratchBytes<S>(gs, sh.B, sh.T));
-    ASSERT_TRUE(cuda::CudaHeadBackward<S>(gs, *this->stream_, this->Ptr(phd), this->Ptr(xd),
-                                          tgt.as<int32_t>(), 1.0f, sh.B, sh.T, this->Ptr(dx),
-                                          this->Ptr(dp), hsd.as<void>())
+    const gpu::DeviceSpan hsd = this->Poisoned(cuda::GptCudaHeadScratchBytes<S>(gs, sh.B, sh.T));
+    ASSERT_TRUE(cuda::GptCudaHeadBackward<S>(gs, *this->stream_, this->Ptr(phd), this->Ptr(xd),
+                                             tgt.as<int32_t>(), 1.0f, sh.B, sh.T, this->Ptr(dx),
+                                             this->Ptr(dp), hsd.as<void>())
                     .ok());
     this->Sync();
     for (const auto& [name, h, g] :

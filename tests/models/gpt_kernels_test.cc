@@ -612,13 +612,13 @@ TEST(GptKernels, Fp16HeadInSeveralChunksIsWithinItsTermsBoundOfDouble) {
   std::vector<int32_t> targets(N);
   for (int32_t& t : targets) t = tok(rng);
   std::vector<S> dx(N * C), dp(PH);
-  std::vector<uint8_t> sc(HeadScratchBytes<S>(s, B, T));
-  HeadBackward<S>(s, ph.data(), x.data(), targets.data(), 1.0f, B, T, dx.data(), dp.data(),
-                  sc.data());
+  std::vector<uint8_t> sc(GptHeadScratchBytes<S>(s, B, T));
+  GptHeadBackward<S>(s, ph.data(), x.data(), targets.data(), 1.0f, B, T, dx.data(), dp.data(),
+                     sc.data());
   std::vector<double> dx_ref(N * C), dp_ref(PH);
-  std::vector<uint8_t> scd(HeadScratchBytes<double>(s, B, T));
-  HeadBackward<double>(s, phw.data(), xw.data(), targets.data(), 1.0, B, T, dx_ref.data(),
-                       dp_ref.data(), scd.data());
+  std::vector<uint8_t> scd(GptHeadScratchBytes<double>(s, B, T));
+  GptHeadBackward<double>(s, phw.data(), xw.data(), targets.data(), 1.0, B, T, dx_ref.data(),
+                          dp_ref.data(), scd.data());
   const std::vector<double> got = test_model::ToDoubles(dp);
   std::vector<double> terms = test_model::HeadParamTerms(s, phw, xw, targets, N);
   for (double& t : terms) t += 1e-6 / (64 * u);  // the CUDA test's 1e-6 floor

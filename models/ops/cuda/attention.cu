@@ -6,8 +6,10 @@
 //
 // CUDA cores, any head_dim <= 128, every storage type (the reference):
 //   - forward and dq: one warp per query row, keys streamed through shared memory in tiles of
-//     kKeyTile (fp32), online softmax in fp32; lane j scores key j of the tile, lane l
-//     accumulates output dimensions l + 32 i.
+//     kKeyTile (fp32); lane j scores key j of the tile, lane l accumulates output dimensions
+//     l + 32 i. The forward takes two passes over the keys: the first keeps the running max and
+//     sum (online softmax, fp32) for the row's log-sum-exp, the second rescores the keys and
+//     accumulates the output from the normalised, rounded probabilities.
 //   - dk/dv: one block per (sequence, kv head, kKvKeys keys), kKeysPerWarp keys per warp with
 //     their dk, dv in registers; the block loops over the query heads of the group in head
 //     order and, for each, over the query rows that see its keys in chunks of kQueryChunk. The
@@ -25,11 +27,12 @@
 //   rounding points). dk/dv: one block per (key tile, sequence, kv head) looping over the query
 //   heads of the group in head order, as the CUDA-core kernel.
 //
-// Rounding points of both: scores scaled in fp32, online softmax in fp32, P = exp(s - m) rounded
-// to D before P V, O in fp32 rounded once, lse fp32; backward P = exp(s - lse) from q, k,
-// dS = D(P (dP - delta)), dq, dk, dv accumulated in fp32 and rounded once (dk, dv over the query
-// heads of their group in head order). Deterministic: no atomics; dk, dv per key tile over the
-// query heads and tiles in order, dq per query tile over the key tiles in order.
+// Rounding points of both, those of the host op (models/ops/attention.cc): scores scaled in fp32,
+// a first pass of online softmax in fp32 for lse, then P = exp(s - lse) (normalised) rounded to D
+// before P V, O in fp32 rounded once, lse fp32; backward P = exp(s - lse) from q, k, rounded to D,
+// dS = D(D(P) (dP - delta)), dq, dk, dv accumulated in fp32 and rounded once (dk, dv over the
+// query heads of their group in head order). Deterministic: no atomics; dk, dv per key tile over
+// the query heads and tiles in order, dq per query tile over the key tiles in order.
 //
 // Indexing (both implementations, the invariant the GPT relies on): element d of head `head` of
 // row t of sequence b is at [(b T + t) row_stride + head hs + d] in q, k, v, dq, dk, dv and at
@@ -103,7 +106,30 @@ __global__ void __launch_bounds__(kQueryWarps* kWarp)
   float o[kDims];
 #pragma unroll
   for (int i = 0; i < kDims; ++i) o[i] = 0.0f;
+  // Lane's scaled score of key j (in the tile in ks) for this warp's row t; -inf past t.
+  const auto score = [&](int j) {
+    if (j > t) return -INFINITY;
+    float dot = 0.0f;
+    for (int d = 0; d < a.hs; ++d) dot += qs[warp][d] * ks[lane][d];
+    return dot * a.scale;
+  };
+  // Pass 1: the row's max and sum (online softmax, fp32), hence its log-sum-exp.
   float m = -INFINITY, l = 0.0f;
+  for (int k0 = 0; k0 <= last; k0 += kKeyTile) {
+    __syncthreads();
+    LoadKeyTile<D, kDims>(k, a, b, kh, k0, ks);
+    __syncthreads();
+    if (t >= a.T || k0 > t) continue;
+    const int j = k0 + lane;
+    const float s = score(j);
+    const float m_new = fmaxf(m, WarpMax(s));
+    const float p = j <= t ? expf(s - m_new) : 0.0f;
+    l = l * expf(m - m_new) + WarpSum(p);  // m = -inf on the first tile: the factor is 0
+    m = m_new;
+  }
+  const float row_lse = m + logf(l);
+  // Pass 2: o = sum_j D(exp(s_j - lse)) v_j, the probabilities normalised before they are
+  // rounded to D (the host op's rounding point, models/ops/attention.cc), the sum in fp32.
   for (int k0 = 0; k0 <= last; k0 += kKeyTile) {
     __syncthreads();
     LoadKeyTile<D, kDims>(k, a, b, kh, k0, ks);
@@ -111,35 +137,21 @@ __global__ void __launch_bounds__(kQueryWarps* kWarp)
     __syncthreads();
     if (t >= a.T || k0 > t) continue;
     const int j = k0 + lane;
-    float s = -INFINITY;
-    if (j <= t) {
-      float dot = 0.0f;
-      for (int d = 0; d < a.hs; ++d) dot += qs[warp][d] * ks[lane][d];
-      s = dot * a.scale;
-    }
-    const float m_new = fmaxf(m, WarpMax(s));
-    const float p = j <= t ? expf(s - m_new) : 0.0f;
-    const float correction = expf(m - m_new);
-    l = l * correction + WarpSum(p);
-    const float p_rounded = RoundTo<D>(p);
-#pragma unroll
-    for (int i = 0; i < kDims; ++i) o[i] *= correction;
+    const float p_rounded = j <= t ? RoundTo<D>(expf(score(j) - row_lse)) : 0.0f;
     const int keys = min(kKeyTile, t - k0 + 1);
     for (int jj = 0; jj < keys; ++jj) {
       const float pj = __shfl_sync(0xffffffffu, p_rounded, jj);
 #pragma unroll
       for (int i = 0; i < kDims; ++i) o[i] += pj * vs[jj][lane + 32 * i];
     }
-    m = m_new;
   }
   if (t >= a.T) return;
-  const float inv = 1.0f / l;
 #pragma unroll
   for (int i = 0; i < kDims; ++i) {
     const int d = lane + 32 * i;
-    if (d < a.hs) out[a.OutRow(b, t) + int64_t{h} * a.hs + d] = FromF<D>(o[i] * inv);
+    if (d < a.hs) out[a.OutRow(b, t) + int64_t{h} * a.hs + d] = FromF<D>(o[i]);
   }
-  if (lane == 0) lse[a.Stat(b, h, t)] = m + logf(l);
+  if (lane == 0) lse[a.Stat(b, h, t)] = row_lse;
 }
 
 // delta[b, h, t] = sum_d dout * out (fp32). One warp per (row, head).
@@ -200,7 +212,7 @@ __global__ void __launch_bounds__(kQueryWarps* kWarp)
         dp += dos[warp][d] * vs[lane][d];
       }
       const float p = expf(dot * a.scale - row_lse);
-      ds = RoundTo<D>(p * (dp - row_delta));
+      ds = RoundTo<D>(RoundTo<D>(p) * (dp - row_delta));  // P rounded, as the host op
     }
     const int keys = min(kKeyTile, t - k0 + 1);
     for (int jj = 0; jj < keys; ++jj) {
@@ -284,7 +296,7 @@ __global__ void __launch_bounds__(kKvWarps* kWarp)
           const float dp = WarpSum(dpp);
           const float p = expf(s - lse_s[r]);
           const float p_rounded = RoundTo<D>(p);
-          const float ds = RoundTo<D>(p * (dp - delta_s[r]));
+          const float ds = RoundTo<D>(p_rounded * (dp - delta_s[r]));  // as the host op
 #pragma unroll
           for (int i = 0; i < kDims; ++i) {
             dv[kk][i] += p_rounded * gv[i];
@@ -556,20 +568,11 @@ __global__ void __launch_bounds__(kThreads)
   Zero<kHs>(o);
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   const int last = at::LastKeyTile(qt, kQ, kK, a.T);
-  for (int kt = 0; kt <= last; ++kt) {
-    const int k0 = kt * kK;
-    __syncthreads();  // the previous k and v tiles are consumed
-    LoadTile<D, kHs, kK>(ks, k_src, ld, k0, a.T);
-    CpAsyncCommit();
-    LoadTile<D, kHs, kK>(vs, v_src, ld, k0, a.T);
-    CpAsyncCommit();
-    CpAsyncWait<1>();  // q and k have landed; v may still be in flight
-    __syncthreads();
-    float s[kK / 8][4];
+  // The scaled scores of key tile k0 (in ks) for the warp's rows, -inf where masked.
+  const auto scores = [&](int k0, float(&s)[kK / 8][4]) {
     Zero<kK>(s);
     MmaABt<D, kK, kHs>(s, qs + warp * 16 * kStride, ks, kStride);
     const bool masked = at::TileNeedsMask(q0, kQ, k0, kK, a.T);
-    float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int j = 0; j < kK / 8; ++j) {
 #pragma unroll
@@ -578,37 +581,63 @@ __global__ void __launch_bounds__(kThreads)
         float x = s[j][e] * a.scale;
         if (masked && (key > row[e / 2] || key >= a.T)) x = -INFINITY;
         s[j][e] = x;
-        mx[e / 2] = fmaxf(mx[e / 2], x);
       }
     }
-    float corr[2], sum[2] = {0.0f, 0.0f};
+  };
+  // Pass 1: each row's max and sum (online softmax, fp32), hence its log-sum-exp.
+  for (int kt = 0; kt <= last; ++kt) {
+    const int k0 = kt * kK;
+    __syncthreads();  // the previous k tile is consumed
+    LoadTile<D, kHs, kK>(ks, k_src, ld, k0, a.T);
+    CpAsyncCommit();
+    CpAsyncWait<0>();  // q and k have landed
+    __syncthreads();
+    float s[kK / 8][4];
+    scores(k0, s);
+    float mx[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int j = 0; j < kK / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) mx[e / 2] = fmaxf(mx[e / 2], s[j][e]);
+    }
+    float m_new[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      const float m_new = fmaxf(m[r], mx[r]);  // finite: key 0 is valid for every row
-      corr[r] = expf(m[r] - m_new);            // 0 on the first tile (m = -inf)
-      m[r] = m_new;
+      m_new[r] = fmaxf(m[r], mx[r]);  // finite: key 0 is valid for every row
     }
 #pragma unroll
     for (int j = 0; j < kK / 8; ++j) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float p = expf(s[j][e] - m[e / 2]);  // 0 where masked
-        s[j][e] = p;
-        sum[e / 2] += p;
-      }
+      for (int e = 0; e < 4; ++e) sum[e / 2] += expf(s[j][e] - m_new[e / 2]);  // 0 where masked
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 1);
       sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 2);
-      l[r] = l[r] * corr[r] + sum[r];  // from the unrounded p, as the CUDA-core kernel
+      l[r] = l[r] * expf(m[r] - m_new[r]) + sum[r];  // the factor is 0 on the first tile
+      m[r] = m_new[r];
     }
+  }
+  const float row_lse[2] = {m[0] + logf(l[0]), m[1] + logf(l[1])};
+  // Pass 2: o = sum_j D(exp(s_j - lse)) v_j, the probabilities normalised before they are
+  // rounded to D (the host op's rounding point, models/ops/attention.cc), the sum in fp32.
+  for (int kt = 0; kt <= last; ++kt) {
+    const int k0 = kt * kK;
+    __syncthreads();  // the previous k and v tiles are consumed
+    LoadTile<D, kHs, kK>(ks, k_src, ld, k0, a.T);
+    CpAsyncCommit();
+    LoadTile<D, kHs, kK>(vs, v_src, ld, k0, a.T);
+    CpAsyncCommit();
+    CpAsyncWait<1>();  // k has landed; v may still be in flight
+    __syncthreads();
+    float s[kK / 8][4];
+    scores(k0, s);
 #pragma unroll
-    for (int nt = 0; nt < kHs / 8; ++nt) {
+    for (int j = 0; j < kK / 8; ++j) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) o[nt][e] *= corr[e / 2];
+      for (int e = 0; e < 4; ++e) s[j][e] = expf(s[j][e] - row_lse[e / 2]);  // 0 where masked
     }
     uint32_t p[kK / 16][4];
     ToFragments<D, kK>(s, p);  // P rounded to D
@@ -619,14 +648,14 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     if (row[r] >= a.T) continue;
-    StoreRow<D, kHs>(out + a.Out(b, h, kHs) + int64_t{row[r]} * a.H * kHs, o, r, 1.0f / l[r]);
-    if (c == 0) lse[a.Stat(b, h) + row[r]] = m[r] + logf(l[r]);
+    StoreRow<D, kHs>(out + a.Out(b, h, kHs) + int64_t{row[r]} * a.H * kHs, o, r, 1.0f);
+    if (c == 0) lse[a.Stat(b, h) + row[r]] = row_lse[r];
   }
 }
 
 // ---------------------------------------------------------------------------
 // dq: one block per (query tile, b h), over the key tiles 0..last:
-// s = q k^T, p = exp(scale s - lse), dp = dout v^T, ds = D(p (dp - delta)), dq += ds k.
+// s = q k^T, p = exp(scale s - lse), dp = dout v^T, ds = D(D(p) (dp - delta)), dq += ds k.
 
 template <typename D, int kHs>
 __global__ void __launch_bounds__(kThreads)
@@ -683,7 +712,7 @@ __global__ void __launch_bounds__(kThreads)
         const int key = k0 + j * 8 + 2 * c + (e & 1), r = e / 2;
         const bool valid = !masked || (key <= row[r] && key < a.T && row[r] < a.T);
         const float p = valid ? expf(s[j][e] * a.scale - row_lse[r]) : 0.0f;
-        s[j][e] = p * (dp[j][e] - row_delta[r]);
+        s[j][e] = RoundTo<D>(p) * (dp[j][e] - row_delta[r]);  // P rounded, as the host op
       }
     }
     uint32_t ds[kK / 16][4];
@@ -701,8 +730,8 @@ __global__ void __launch_bounds__(kThreads)
 // dk, dv: one block per (key tile, b kh), over the query heads of kv head kh's group in head
 // order and, for each, the query tiles that see the key tile; warp w owns keys k0 + 16 w +
 // (g, g + 8). dk, dv accumulate over the whole group in fp32 and are rounded once. Transposed
-// tiles: s^T = k q^T, p^T = exp(scale s^T - lse), dp^T = v dout^T, ds^T = D(p^T (dp^T - delta)); dv
-// += D(p^T) dout, dk += ds^T q.
+// tiles: s^T = k q^T, p^T = exp(scale s^T - lse), dp^T = v dout^T, ds^T = D(D(p^T) (dp^T - delta));
+// dv += D(p^T) dout, dk += ds^T q.
 
 template <typename D, int kHs>
 __global__ void __launch_bounds__(kThreads)
@@ -763,7 +792,7 @@ __global__ void __launch_bounds__(kThreads)
           const bool valid = !masked || (key[r] <= query && query < a.T && key[r] < a.T);
           const float p = valid ? expf(st[j][e] * a.scale - lse_s[qi]) : 0.0f;
           st[j][e] = p;
-          dpt[j][e] = p * (dpt[j][e] - delta_s[qi]);
+          dpt[j][e] = RoundTo<D>(p) * (dpt[j][e] - delta_s[qi]);  // P rounded, as the host op
         }
       }
       uint32_t pf[kQ / 16][4];

@@ -176,16 +176,19 @@ inline constexpr int kAttentionMaxHeadDim = 128;
 // q: (B, T, H, hs) rows of row_stride; k, v: (B, T, Hkv, hs) rows of row_stride; out: (B, T, H hs)
 // contiguous, OVERWRITTEN; lse: (B, H, T) fp32 OVERWRITTEN (log-sum-exp of each query's scaled
 // scores; the backward recomputes the probabilities from it). Scores scaled by 1 / sqrt(hs) in
-// fp32, online softmax in fp32, unnormalised probabilities rounded to D before the product with
-// V, output accumulated in fp32 and rounded once. Requirements: all dims >= 1, H % Hkv == 0,
-// hs <= kAttentionMaxHeadDim, row_stride >= H hs, B H <= 65535. out must not overlap q, k, v.
+// fp32, softmax in fp32 (a first pass over the keys for each row's log-sum-exp), the normalised
+// probabilities D(exp(s - lse)) rounded to D before the product with V (the host op's rounding
+// point, models/ops/attention.cc), output accumulated in fp32 and rounded once. Requirements: all
+// dims >= 1, H % Hkv == 0, hs <= kAttentionMaxHeadDim, row_stride >= H hs, B H <= 65535. out must
+// not overlap q, k, v.
 template <typename D>
 Status LaunchAttentionForward(cudaStream_t stream, const AttentionDims& d, const D* q, const D* k,
                               const D* v, D* out, float* lse,
                               AttentionPath path = AttentionPath::kAuto);
 
 // dq, dk, dv OVERWRITTEN (strides of q, k, v); delta: (B, H, T) fp32 scratch (rowsum(dout out)).
-// P recomputed from lse, dS = D(P (dP - delta)); dq = D(scale sum dS k); dk, dv of a kv head
+// P recomputed from lse and rounded to D, dS = D(D(P) (dP - delta)) (the host op's rounding
+// points); dq = D(scale sum dS k); dk, dv of a kv head
 // accumulated in fp32 over the query heads of its group (in head order) and rounded once. No
 // atomics: one block per (sequence, kv head, key tile) owns its dk, dv and loops over the query
 // tiles; a separate pass writes dq. dq, dk, dv may be column blocks of one buffer; they must not
