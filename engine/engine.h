@@ -93,8 +93,9 @@ struct EngineOptions {
   uint64_t seed = 1337;  // parameter initialisation
   // May be empty. Called by Create on its calling thread while it initialises the model's state
   // (master weights, optimizer state, working params in their homes; blocks run in parallel on
-  // oneTBB, each from its own sampler, so the values do not depend on the thread count), after
-  // each block: blocks and parameters done so far and in all. `strata train` turns it into a
+  // oneTBB, each from its own sampler, so the values do not depend on the thread count): once with
+  // 0 done when the memory is allocated and pinned, then after each block: blocks and parameters
+  // done so far and in all. `strata train` turns it into a
   // progress line for a large model.
   std::function<void(int blocks_done, int num_blocks, int64_t params_done, int64_t num_params)>
       init_progress;

@@ -123,6 +123,7 @@ Status StateStore::Initialize(Model& model, uint64_t seed) {
   }
   const int64_t total_params = model.num_params();
   int64_t done_params = 0;
+  if (o_.init_progress) o_.init_progress(0, n_, 0, total_params);  // allocated and pinned
   for (int first = 0; first < n_; first += wave) {
     const int last = std::min(n_, first + wave);
     std::vector<Status> status(static_cast<size_t>(last - first));
