@@ -31,8 +31,8 @@
 #include "engine/checkpoint.h"
 #include "engine/model.h"
 #include "engine/planner.h"
-#include "formats/safetensors.h"
 #include "engine/state_store.h"
+#include "formats/safetensors.h"
 
 namespace strata::engine {
 
@@ -43,7 +43,8 @@ class EngineCheckpoint {
   struct Validated {
     Manifest manifest;
     std::vector<formats::OpenSafetensors> files;
-    std::vector<std::vector<const formats::SafetensorsTensor*>> tensors;  // per file, in block order
+    std::vector<std::vector<const formats::SafetensorsTensor*>>
+        tensors;  // per file, in block order
   };
 
   // Everything is borrowed and must outlive this object; `optimizer` is the run's (its kind and

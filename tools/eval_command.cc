@@ -11,11 +11,11 @@
 
 #include "base/dtype.h"
 #include "base/units.h"
+#include "data/token_dataset.h"
+#include "data/tokenizer.h"
 #include "engine/checkpoint.h"
 #include "engine/engine.h"
 #include "engine/planner.h"
-#include "data/token_dataset.h"
-#include "data/tokenizer.h"
 #include "tools/device_select.h"
 #include "tools/model_spec.h"
 

@@ -10,8 +10,8 @@
 //   Pinned  -> an aligned anonymous mapping (gpu/pinned_memory.h) page-locked with
 //              cudaHostRegister (portable, DMA-able), 4 KiB-aligned for every size,
 //              counted against the pinned budget; a failed pin returns
-//              kResourceExhausted saying how much could not be pinned and why. There is no fallback to pageable memory:
-//              a pageable source would silently serialize every copy.
+//              kResourceExhausted saying how much could not be pinned and why. There is no fallback
+//              to pageable memory: a pageable source would silently serialize every copy.
 //
 // Streams: CopyH2D/CopyD2H are cudaMemcpyAsync on the stream (pinned host memory
 // only, so they are truly asynchronous) and count bytes into counters(). Convert
