@@ -18,6 +18,7 @@
 
 #include "data/dataset.h"
 #include "data/text_dataset.h"
+#include "tests/data/training_data_options.h"
 
 namespace strata::data {
 namespace {
@@ -26,17 +27,7 @@ namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-// Options with the given data and the rest defaulted.
-TrainingDataOptions Opts(std::vector<std::string> data, int seq_len, int vocab_size,
-                         std::vector<std::string> val_data = {}, std::string tokenizer = "") {
-  TrainingDataOptions o;
-  o.data = std::move(data);
-  o.val_data = std::move(val_data);
-  o.tokenizer = std::move(tokenizer);
-  o.seq_len = seq_len;
-  o.vocab_size = vocab_size;
-  return o;
-}
+using testing::Opts;
 
 class TokenDatasetTest : public ::testing::Test {
  protected:
