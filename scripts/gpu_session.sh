@@ -42,7 +42,7 @@ record() {
   done
   [[ -n $text ]] || { echo "gpu_session.sh: no summary-*.txt in $dir (did the call run .gpurun/run.sh?)" >&2; exit 1; }
   machine=$(tar -xzOf "$dir/logs-check.tar.gz" ./env.txt 2>/dev/null |
-    grep -m1 -oE 'NVIDIA H[0-9]+[^|,]*' | sed 's/ *$//' || true)
+    grep -m1 -oE 'NVIDIA H[0-9]+' | sed 's/ *$//' || true)
   printf '%s' "$text"
   {
     echo

@@ -186,8 +186,9 @@ Status GptCudaLayerBackward(const GptShape& shape, gpu::Stream& stream, const S*
 
   // MLP: y = x2 + g Wp + bp, g = gelu(h).
   STRATA_RETURN_IF_ERROR(mm.WeightGrad(kInOut, N, 4 * C, C, g, dy, dp.mlp_proj_w, dp.mlp_proj_b));
-  STRATA_RETURN_IF_ERROR(mm.Run(false, true, N, 4 * C, C, dy, C, p.mlp_proj_w, C, dh, 4 * C,
-                                RowEpilogue::kDGelu, nullptr, nullptr, h, 4 * C));
+  STRATA_RETURN_IF_ERROR(mm.GeluInputGrad(kInOut, N, 4 * C, C, dy, p.mlp_proj_w, h,
+                                          reinterpret_cast<float*>(dln), GeluAccRows(N, sizeof(S)),
+                                          dh));
   STRATA_RETURN_IF_ERROR(mm.WeightGrad(kInOut, N, C, 4 * C, ln2, dh, dp.fc_w, dp.fc_b));
   STRATA_RETURN_IF_ERROR(mm.InputGrad(kInOut, N, C, 4 * C, dh, p.fc_w, dln));  // dln2
   STRATA_RETURN_IF_ERROR(oc::LaunchLayerNormParamGrads(cs, D(x2), D(dln), mean2, rstd2, N, C,

@@ -62,7 +62,8 @@ class Carver {
 // recomputes that forward into the same regions (x_out is not written), then reuses dead ones:
 //   dh   over g    (g is dead once mlp_proj_w's gradient is taken)
 //   dqkv over h    (h is dead once the DGELU product has run)
-//   dln  holds dln2, then datt, then dln1 (each dead before the next is written)
+//   dln  holds dln2, then datt, then dln1 (each dead before the next is written); before dln2,
+//        the fp32 product of the DGELU input gradient, GeluAccRows rows at a time
 // dx2 lives in the caller's dx_in, and LayerNorm 1's backward adds to it in place.
 struct GptCudaLayerScratchLayout {
   Region mean1, rstd1, mean2, rstd2;  // (N) fp32 LayerNorm statistics
@@ -76,9 +77,14 @@ struct GptCudaLayerScratchLayout {
   Region ln2;                         // (N, C) S
   Region h;                           // (N, 4C) S fc pre-activation (GELU aux); then dqkv (N, 3C)
   Region g;                           // (N, 4C) S GELU output; then dh (N, 4C)
-  Region dln;                         // (N, C) S dln2, datt, dln1 in turn
+  Region dln;                         // (N, C) S dln2, datt, dln1 in turn; first the DGELU
+                                      // product (GeluAccRows, 4C) fp32
   int64_t total = 0;
 };
+
+// Rows of the DGELU product per pass (ops.cuh Products::GeluInputGrad): its fp32 (rows, 4C)
+// fits in the (N, C) S of dln, so the backward needs no more scratch than the fused epilogue.
+inline int64_t GeluAccRows(int64_t N, int64_t e) { return std::max<int64_t>(1, N * e / 16); }
 
 template <typename S>
 GptCudaLayerScratchLayout GptCudaLayerScratchLayoutFor(const GptShape& s, int B, int T) {
@@ -100,7 +106,7 @@ GptCudaLayerScratchLayout GptCudaLayerScratchLayoutFor(const GptShape& s, int B,
   l.ln2 = c.Take(N * C * e);
   l.h = c.Take(4 * N * C * e);
   l.g = c.Take(4 * N * C * e);
-  l.dln = c.Take(N * C * e);
+  l.dln = c.Take(std::max(N * C * e, GeluAccRows(N, e) * 4 * C * 4));
   l.total = c.total();
   return l;
 }
@@ -117,9 +123,10 @@ std::vector<std::pair<std::string, std::vector<NamedRegion>>> CudaLayerLivePhase
       part{"ln_partials", l.ln_partials}, ln1{"ln1", l.ln1}, qkv{"qkv", l.qkv}, att{"att", l.att},
       x2{"x2", l.x2}, ln2{"ln2", l.ln2}, h{"h", l.h}, g{"g", l.g}, dh{"dh", l.g},
       dqkv{"dqkv", {l.h.offset, 3 * N * C * e}}, dln2{"dln2", l.dln}, datt{"datt", l.dln},
-      dln1{"dln1", l.dln};
+      dln1{"dln1", l.dln}, acc{"dgelu_acc", {l.dln.offset, GeluAccRows(N, e) * 4 * C * 4}};
   return {
       {"forward", {m1, r1, m2, r2, lse, ln1, qkv, att, x2, ln2, h, g}},
+      {"dgelu product", {m1, r1, m2, r2, lse, ln1, qkv, att, x2, ln2, h, dh, acc}},
       {"mlp backward", {m1, r1, m2, r2, lse, ln1, qkv, att, x2, ln2, h, dh, dln2, part}},
       {"attention backward", {m1, r1, lse, delta, ln1, qkv, att, datt, dqkv}},
       {"qkv backward", {m1, r1, ln1, dqkv, dln1, part}},

@@ -21,7 +21,14 @@ BUDGET=${BUDGET:-300}
 t0=$SECONDS
 here=$PWD
 read -r root build < <(tar -xJOf "$here/.gpurun/strata-gpu.tar.xz" ./.gpurun-paths | paste -sd' ')
-[[ $here == "$root"* ]] && { echo "run.sh: the repository here ($here) is under $root: refusing to unpack over it"; exit 1; }
+# The device's copy of the repository may sit at the very path the build was made in (both
+# machines check out at the same place): the pack then moves out of it before the unpack
+# replaces that path, and the phase runs from there.
+if [[ $here == "$root"* ]]; then
+  moved=/tmp/gpurun-pack
+  rm -rf "$moved" && mkdir -p "$moved" && cp -r "$here/.gpurun" "$moved/" || exit 1
+  cd "$moved" && exec bash .gpurun/run.sh "$@"
+fi
 O=${OUT:-/tmp/gpurun-out}
 L=/tmp/gpurun-logs-$phase
 mkdir -p "$O" "$L"

@@ -1,5 +1,7 @@
 // Matrix products of a linear layer through cuBLASLt (ops.cuh Products): the one wrapper every
 // family's CUDA blocks call, for both weight layouts.
+#include <algorithm>
+
 #include "base/dtype.h"
 #include "gpu/cuda/cuda_lt_matmul.h"
 #include "gpu/cuda/cuda_native.h"
@@ -23,11 +25,11 @@ StatusOr<Products<S>> Products<S>::Make(gpu::Stream& stream, cudaStream_t cs, bo
   return Products<S>{cs, workspace, allow_tf32, partials};
 }
 
-template <typename S>
-Status Products<S>::Run(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const S* A,
-                        int64_t lda, const S* B, int64_t ldb, S* out, int64_t ldd,
-                        RowEpilogue epilogue, const S* bias, const S* residual, S* aux,
-                        int64_t aux_ld, S* bias_grad) const {
+namespace {
+
+gpu::cuda::LtMatmulArgs ProductArgs(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                                    const void* A, int64_t lda, const void* B, int64_t ldb,
+                                    void* out, int64_t ldd, DType dtype, bool allow_tf32) {
   gpu::cuda::LtMatmulArgs a;
   a.trans_a = trans_a;
   a.trans_b = trans_b;
@@ -38,17 +40,29 @@ Status Products<S>::Run(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_
   a.lda = lda;
   a.B = B;
   a.ldb = ldb;
-  a.C = residual;
   a.ldc = ldd;
   a.D = out;
   a.ldd = ldd;
-  a.dtype = DTypeOf<S>();
+  a.dtype = dtype;
+  a.allow_tf32 = allow_tf32;
+  return a;
+}
+
+}  // namespace
+
+template <typename S>
+Status Products<S>::Run(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const S* A,
+                        int64_t lda, const S* B, int64_t ldb, S* out, int64_t ldd,
+                        RowEpilogue epilogue, const S* bias, const S* residual, S* aux,
+                        int64_t aux_ld, S* bias_grad) const {
+  gpu::cuda::LtMatmulArgs a =
+      ProductArgs(trans_a, trans_b, M, N, K, A, lda, B, ldb, out, ldd, DTypeOf<S>(), allow_tf32);
+  a.C = residual;
   a.epilogue = epilogue;
   a.bias = bias;
   a.bias_grad = bias_grad;
   a.aux = aux;
   a.aux_ld = aux_ld;
-  a.allow_tf32 = allow_tf32;
   return gpu::cuda::LtMatmul(stream, a, workspace.data, workspace.size_bytes);
 }
 
@@ -68,6 +82,24 @@ Status Products<S>::InputGrad(WeightLayout layout, int64_t rows, int64_t in, int
   if (layout == WeightLayout::kInOut)
     return Run(false, true, rows, in, out, dy, out, W, out, dx, in);
   return Run(false, false, rows, in, out, dy, out, W, in, dx, in);
+}
+
+template <typename S>
+Status Products<S>::GeluInputGrad(WeightLayout layout, int64_t rows, int64_t in, int64_t out,
+                                  const S* dy, const S* W, const S* pre, float* acc,
+                                  int64_t acc_rows, S* dpre) const {
+  if (acc_rows < 1) return InvalidArgumentError("Products::GeluInputGrad: need acc_rows >= 1");
+  const bool in_out = layout == WeightLayout::kInOut;
+  for (int64_t r0 = 0; r0 < rows; r0 += acc_rows) {
+    const int64_t m = std::min(acc_rows, rows - r0);
+    gpu::cuda::LtMatmulArgs a = ProductArgs(false, in_out, m, in, out, dy + r0 * out, out, W,
+                                            in_out ? out : in, acc, in, DTypeOf<S>(), allow_tf32);
+    a.fp32_output = true;
+    STRATA_RETURN_IF_ERROR(gpu::cuda::LtMatmul(stream, a, workspace.data, workspace.size_bytes));
+    STRATA_RETURN_IF_ERROR(
+        LaunchTimesGeluGrad(stream, acc, D(pre + r0 * in), m * in, D(dpre + r0 * in)));
+  }
+  return Status::Ok();
 }
 
 template <typename S>

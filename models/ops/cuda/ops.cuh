@@ -85,6 +85,17 @@ Status LaunchColumnSums(cudaStream_t stream, const D* x, int64_t rows, int64_t c
                         float* partials, D* out);
 
 // ---------------------------------------------------------------------------
+// GELU's backward (ops/gelu.h), gelu.cu. The forward is cuBLASLt's GELU_AUX_BIAS epilogue
+// (Products::Run), which rounds where the host's MatmulGeluForward does.
+
+// out (n) = D(acc gelu'(pre)) with gelu' of the tanh form (Hendrycks & Gimpel 2016) in fp32: acc
+// (n) fp32, pre (n) the stored pre-activation. The host's DGELU epilogue (ops/gelu.cc
+// MatmulGeluBackward: one rounding of the fp32 product times gelu'); Products::GeluInputGrad
+// feeds it the product. out may not alias acc.
+template <typename D>
+Status LaunchTimesGeluGrad(cudaStream_t stream, const float* acc, const D* pre, int64_t n, D* out);
+
+// ---------------------------------------------------------------------------
 // Cross-entropy and the chunked LM head (ops/cross_entropy.h), cross_entropy.cu.
 
 // Per row of logits (N, V): losses[r] = logsumexp - logits[r, targets[r]] in fp32 from the D
@@ -240,6 +251,14 @@ struct Products {
   // dx (rows, in) = S(dy W^T): dy (rows, out).
   Status InputGrad(WeightLayout layout, int64_t rows, int64_t in, int64_t out, const S* dy,
                    const S* W, S* dx) const;
+
+  // dpre (rows, in) = S(P gelu'(pre)) with P = dy W^T in fp32: the input gradient through a
+  // GELU, rounded once where the host's MatmulGeluBackward rounds (cuBLASLt's DGELU epilogue
+  // does not: it moves 1 ulp in a quarter of the outputs, H200, 2026-11-27). dy (rows, out), pre
+  // (rows, in). The product runs acc_rows rows at a time into acc (acc_rows, in) fp32, then
+  // LaunchTimesGeluGrad; acc is scratch (acc_rows >= 1).
+  Status GeluInputGrad(WeightLayout layout, int64_t rows, int64_t in, int64_t out, const S* dy,
+                       const S* W, const S* pre, float* acc, int64_t acc_rows, S* dpre) const;
 
   // dW (the layout's shape) = S(x^T dy) and (db non-null) db = S(column sums of dy), through the
   // bias-gradient epilogue where cuBLASLt has one, else a plain product and LaunchColumnSums
