@@ -22,7 +22,15 @@ std::string_view ParamHomeName(ParamHome h) {
   return "?";
 }
 std::string_view OptimizerHomeName(OptimizerHome h) {
-  return h == OptimizerHome::kHost ? "host" : "nvme";
+  switch (h) {
+    case OptimizerHome::kHost:
+      return "host";
+    case OptimizerHome::kNvme:
+      return "nvme";
+    case OptimizerHome::kDevice:
+      return "device";
+  }
+  return "?";
 }
 StatusOr<ParamHome> ParseParamHome(std::string_view s) {
   if (s == "device") return ParamHome::kDevice;
@@ -34,7 +42,9 @@ StatusOr<ParamHome> ParseParamHome(std::string_view s) {
 StatusOr<OptimizerHome> ParseOptimizerHome(std::string_view s) {
   if (s == "host") return OptimizerHome::kHost;
   if (s == "nvme") return OptimizerHome::kNvme;
-  return InvalidArgumentError(fmt::format("--offload-optimizer '{}' is not one of host, nvme", s));
+  if (s == "device") return OptimizerHome::kDevice;
+  return InvalidArgumentError(
+      fmt::format("--offload-optimizer '{}' is not one of device, host, nvme", s));
 }
 
 int Plan::num_resident() const {
@@ -106,6 +116,52 @@ std::vector<DeviceRegion> FixedRegions(const Model& model, DType precision, Micr
   return fixed;
 }
 
+// Which blocks keep their optimizer on the device for a fraction f of the parameters: whole
+// blocks in forward order from block 0, while the running total stays within f of the model's
+// (nearest block boundary: a block is taken when at least half of it fits). f >= 1: all.
+std::vector<bool> DeviceOptimizerBlocks(const Model& model, double fraction) {
+  const int n = model.num_blocks();
+  std::vector<bool> on(n, false);
+  if (!(fraction > 0)) return on;
+  const double target = fraction * static_cast<double>(model.num_params());
+  double taken = 0;
+  for (int b = 0; b < n; ++b) {
+    const double np = static_cast<double>(model.block_num_params(b));
+    if (fraction < 1 && taken + np / 2 > target) break;
+    on[b] = true;
+    taken += np;
+  }
+  return on;
+}
+
+// Device bytes of a block whose optimizer runs there, besides its working params: master weights
+// and optimizer state (the block's state region) and its gradient (the working precision when the
+// host would keep it so, else an fp32 accumulator).
+uint64_t DeviceOptimizerBytes(const BlockState& state, int64_t elems, bool grad16, size_t w) {
+  return Aligned(state.region_bytes) + Aligned(static_cast<uint64_t>(elems) * (grad16 ? w : 4));
+}
+
+Status CheckDeviceOptimizerPlacement(const PlacementOptions& o, const PlanOptimizer& optimizer) {
+  if (!(o.optimizer_device_fraction >= 0 && o.optimizer_device_fraction <= 1)) {
+    return InvalidArgumentError(fmt::format("--optimizer-device-fraction {} is not in [0, 1]",
+                                            o.optimizer_device_fraction));
+  }
+  const bool device = o.optimizer_home == OptimizerHome::kDevice || o.optimizer_device_fraction > 0;
+  if (!device) return Status::Ok();
+  if (!PartitionableOptimizer(optimizer.optimizer)) {
+    return InvalidArgumentError(
+        fmt::format("{} runs on the CPU only: use --offload-optimizer host or nvme and no "
+                    "--optimizer-device-fraction",
+                    OptimizerFlagName(optimizer.optimizer)));
+  }
+  if (o.ranks > 1 || o.data_parallel) {
+    return InvalidArgumentError(
+        "the optimizer on the device is not implemented with data parallelism yet: use "
+        "--offload-optimizer host or nvme");
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 uint64_t StreamingMinimumBytes(const Model& model, DType precision, MicroBatchShape shape,
@@ -172,6 +228,7 @@ StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape sha
   if (o.ranks < 1 || o.rank < 0 || o.rank >= o.ranks) {
     return InvalidArgumentError(fmt::format("rank {} of {} ranks is not a rank", o.rank, o.ranks));
   }
+  STRATA_RETURN_IF_ERROR(CheckDeviceOptimizerPlacement(o, optimizer));
   const int ranks = o.ranks;
   const bool dp = o.data_parallel || ranks > 1;
   const bool nvme = o.param_home == ParamHome::kNvme || o.optimizer_home == OptimizerHome::kNvme;
@@ -204,12 +261,23 @@ StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape sha
   std::vector<BlockState> states;
   uint64_t max_region = 0, master_bytes = 0;
   uint64_t rank_state_bytes = 0;  // this rank's partitions (the whole with one rank)
+  const std::vector<bool> device_optimizer = DeviceOptimizerBlocks(
+      model, o.optimizer_home == OptimizerHome::kDevice ? 1.0 : o.optimizer_device_fraction);
+  uint64_t device_optimizer_bytes = 0;  // master weights, state and gradients on the device
   for (int b = 0; b < n; ++b) {
     states.push_back(LayoutBlockState(model, b, optimizer.optimizer, &p.blocks[b].partition));
-    rank_state_bytes += states.back().state_bytes();
     p.optimizer_state_bytes += ranks > 1
                                    ? LayoutBlockState(model, b, optimizer.optimizer).state_bytes()
                                    : states.back().state_bytes();
+    if (device_optimizer[b]) {
+      p.blocks[b].optimizer_on_device = true;
+      p.device_optimizer_params += p.blocks[b].num_params;
+      device_optimizer_bytes +=
+          DeviceOptimizerBytes(states.back(), p.blocks[b].partition.own_elems,
+                               HostGradInWorkingPrecision(model, b, optimizer.grad_accum_steps), w);
+      continue;
+    }
+    rank_state_bytes += states.back().state_bytes();
     master_bytes += states.back().master_bytes;
     max_region = std::max(max_region, states.back().region_bytes);
   }
@@ -234,13 +302,29 @@ StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape sha
   const uint64_t all_resident =
       AllResidentBytes(model, precision, shape, o.offload_activations, ranks, dp);
 
-  if (o.param_home == ParamHome::kDevice || all_resident <= o.device_budget_bytes) {
-    if (all_resident > o.device_budget_bytes) {
+  // Blocks whose optimizer runs on the device are resident, with their state beside them.
+  uint64_t device_optimizer_params_bytes = 0;
+  for (int b = 0; b < n; ++b) {
+    if (device_optimizer[b]) device_optimizer_params_bytes += Aligned(block_bytes(b));
+  }
+  const bool all_device_optimizer = p.device_optimizer_params == p.model_params;
+  if (o.param_home == ParamHome::kDevice || all_device_optimizer ||
+      all_resident + device_optimizer_bytes <= o.device_budget_bytes) {
+    if (all_resident + device_optimizer_bytes > o.device_budget_bytes) {
       return ResourceExhaustedError(fmt::format(
-          "device budget {} is {} short of keeping every block resident (--offload-params "
-          "device needs {}); raise --device-budget or use --offload-params host|nvme",
-          FormatBytes(o.device_budget_bytes), FormatBytes(all_resident - o.device_budget_bytes),
-          FormatBytes(all_resident)));
+          "device budget {} is {} short of keeping every block resident{} ({} needed); raise "
+          "--device-budget{}",
+          FormatBytes(o.device_budget_bytes),
+          FormatBytes(all_resident + device_optimizer_bytes - o.device_budget_bytes),
+          device_optimizer_bytes > 0
+              ? fmt::format(" with the optimizer of {} params on the device ({} of master "
+                            "weights, state and gradients)",
+                            p.device_optimizer_params, FormatBytes(device_optimizer_bytes))
+              : std::string(" (--offload-params device)"),
+          FormatBytes(all_resident + device_optimizer_bytes),
+          device_optimizer_bytes > 0
+              ? ", lower --optimizer-device-fraction or use --offload-optimizer host|nvme"
+              : " or use --offload-params host|nvme"));
     }
     for (auto& b : p.blocks) b.resident = true;
     p.streaming_slots = 0;
@@ -253,16 +337,25 @@ StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape sha
     if (slots == 0) {
       slots = fixed_total + 3 * Aligned(p.slot_bytes) <= o.device_budget_bytes ? 3 : 2;
     }
-    const uint64_t minimum = fixed_total + slots * Aligned(p.slot_bytes);
+    const uint64_t minimum = fixed_total + slots * Aligned(p.slot_bytes) +
+                             device_optimizer_params_bytes + device_optimizer_bytes;
     if (minimum > o.device_budget_bytes) {
       return ResourceExhaustedError(fmt::format(
           "device budget {} is {} short: streaming needs {} slots of {} (the largest block's "
-          "{} params) plus {} of activations, gradients and scratch for a {}x{} micro-batch; "
-          "raise --device-budget to at least {} or lower --micro-batch-size/--seq-len",
+          "{} params) plus {} of activations, gradients and scratch for a {}x{} micro-batch{}; "
+          "raise --device-budget to at least {} or lower --micro-batch-size/--seq-len{}",
           FormatBytes(o.device_budget_bytes), FormatBytes(minimum - o.device_budget_bytes), slots,
           FormatBytes(p.slot_bytes), p.max_block_params, FormatBytes(fixed_total), shape.batch_size,
-          shape.seq_len, FormatBytes(minimum)));
+          shape.seq_len,
+          device_optimizer_bytes > 0
+              ? fmt::format(", plus {} for the {} params whose optimizer runs on the device",
+                            FormatBytes(device_optimizer_params_bytes + device_optimizer_bytes),
+                            p.device_optimizer_params)
+              : std::string(),
+          FormatBytes(minimum),
+          device_optimizer_bytes > 0 ? " or --optimizer-device-fraction" : ""));
     }
+    for (int b = 0; b < n; ++b) p.blocks[b].resident = device_optimizer[b];
     p.streaming_slots = slots;
     // Spend what is left on resident blocks, largest first (each saves the most
     // traffic per byte... all blocks are used equally often, so largest first
@@ -273,7 +366,7 @@ StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape sha
     std::stable_sort(order.begin(), order.end(),
                      [&](int a, int b) { return block_bytes(a) > block_bytes(b); });
     for (int b : order) {
-      if (Aligned(block_bytes(b)) <= left) {
+      if (!p.blocks[b].resident && Aligned(block_bytes(b)) <= left) {
         left -= Aligned(block_bytes(b));
         p.blocks[b].resident = true;
       }
@@ -286,6 +379,14 @@ StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape sha
     if (p.blocks[b].resident) {
       p.device_regions.push_back({"resident params " + p.blocks[b].name, block_bytes(b)});
     }
+  }
+  for (int b = 0; b < n; ++b) {
+    if (!device_optimizer[b]) continue;
+    const int64_t elems = p.blocks[b].partition.own_elems;
+    const bool grad16 = HostGradInWorkingPrecision(model, b, optimizer.grad_accum_steps);
+    p.device_regions.push_back({"optimizer state " + p.blocks[b].name, states[b].region_bytes});
+    p.device_regions.push_back(
+        {"gradient " + p.blocks[b].name, static_cast<uint64_t>(elems) * (grad16 ? w : 4)});
   }
   for (int s = 0; s < p.streaming_slots; ++s) {
     p.device_regions.push_back({fmt::format("streaming slot {}", s), p.slot_bytes});
@@ -324,6 +425,7 @@ StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape sha
   if (o.param_home == ParamHome::kNvme) p.optimizer_buffer_bytes += p.partition_bytes;
   p.pinned_bytes += p.optimizer_buffers * p.optimizer_buffer_bytes;
   for (int b = 0; b < n; ++b) {
+    if (device_optimizer[b]) continue;  // its gradient stays on the device
     // With ranks > 1 the reduced gradient is fp32.
     const bool grad16 = !dp && HostGradInWorkingPrecision(model, b, optimizer.grad_accum_steps);
     p.host_grad_bytes += static_cast<uint64_t>(p.blocks[b].partition.own_elems) * (grad16 ? w : 4);
@@ -390,10 +492,19 @@ std::string Plan::Describe() const {
   if (!streamed.empty()) {
     line("           streamed per use from {}: {}", ParamHomeName(param_home), streamed);
   }
+  uint64_t optimizer_state_on_device = 0, gradients_on_device = 0;
   for (const auto& r : device_regions) {
-    if (r.label.rfind("resident params", 0) == 0 || r.label.rfind("streaming slot", 0) == 0)
+    if (r.label.rfind("optimizer state ", 0) == 0) optimizer_state_on_device += r.size_bytes;
+    if (r.label.rfind("gradient ", 0) == 0) gradients_on_device += r.size_bytes;
+    if (r.label.rfind("resident params", 0) == 0 || r.label.rfind("streaming slot", 0) == 0 ||
+        r.label.rfind("optimizer state ", 0) == 0 || r.label.rfind("gradient ", 0) == 0)
       continue;
     line("           {:>10}  {}", FormatBytes(r.size_bytes), r.label);
+  }
+  if (optimizer_state_on_device > 0) {
+    line("           {:>10}  master weights and {} state of the blocks optimized on the device",
+         FormatBytes(optimizer_state_on_device), optimizer_name);
+    line("           {:>10}  their gradients", FormatBytes(gradients_on_device));
   }
   line("  pinned   {}: {}{} gradient landing buckets of {}{}", FormatBytes(pinned_bytes),
        param_home == ParamHome::kNvme ? "NVMe staging, " : "working params home, ",
@@ -411,13 +522,26 @@ std::string Plan::Describe() const {
     line("  overlap  every block resident; gradients stream D2H through {} device buckets;",
          device_grad_buckets);
   }
-  line(
-      "           the CPU optimizer updates blocks in forward order ({}) while the next "
-      "forward pass runs; block b's forward waits only on block b's update",
-      optimizer_buffer_bytes > 0
-          ? fmt::format("NVMe pipeline: read b+1, update b, write b-1 through {} buffers",
-                        optimizer_buffers)
-          : "state in host memory");
+  if (device_optimizer_params > 0) {
+    std::string on_device;
+    for (const auto& b : blocks) {
+      if (b.optimizer_on_device) on_device += b.name + " ";
+    }
+    line(
+        "  optim    on the device for {} of {} params ({:.0f}%): fused kernels update {}once the "
+        "gradient norm is known; their gradients never leave the device",
+        device_optimizer_params, model_params, 100 * optimizer_device_fraction(), on_device);
+  }
+  if (has_cpu_optimizer()) {
+    line(
+        "           the CPU optimizer updates {}blocks in forward order ({}) while the next "
+        "forward pass runs; block b's forward waits only on block b's update",
+        device_optimizer_params > 0 ? "the other " : "",
+        optimizer_buffer_bytes > 0
+            ? fmt::format("NVMe pipeline: read b+1, update b, write b-1 through {} buffers",
+                          optimizer_buffers)
+            : "state in host memory");
+  }
   if (offload_activations) {
     line("           boundary activations: {} of {} in pinned host memory, 2 on the device",
          blocks.size() - 1, FormatBytes(device_regions[2].size_bytes / 2));

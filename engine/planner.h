@@ -19,8 +19,11 @@
 namespace strata::engine {
 
 enum class ParamHome { kDevice, kHost, kNvme };  // where working params live between uses
-enum class OptimizerHome { kHost, kNvme };       // where p32, m, v live
-std::string_view ParamHomeName(ParamHome h);     // "device", "host", "nvme"
+// Where p32, m, v live. kDevice: in device memory, updated by fused kernels on the device
+// (engine/device_optimizer.h); a split (PlacementOptions::optimizer_device_fraction) puts some
+// blocks' state on the device and the rest in kHost or kNvme.
+enum class OptimizerHome { kHost, kNvme, kDevice };
+std::string_view ParamHomeName(ParamHome h);  // "device", "host", "nvme"
 std::string_view OptimizerHomeName(OptimizerHome h);
 StatusOr<ParamHome> ParseParamHome(std::string_view s);
 StatusOr<OptimizerHome> ParseOptimizerHome(std::string_view s);
@@ -33,7 +36,14 @@ struct PlacementOptions {
   // Free bytes over all NVMe paths (distinct file systems summed); 0 = not checked.
   uint64_t nvme_capacity_bytes = 0;
   ParamHome param_home = ParamHome::kNvme;  // kDevice: every block must be resident
+  // kDevice: every block's optimizer on the device. kHost or kNvme: the home of the blocks whose
+  // optimizer is not on the device (all of them when optimizer_device_fraction is 0).
   OptimizerHome optimizer_home = OptimizerHome::kNvme;
+  // The GPU/CPU split: the fraction (0..1) of the parameters whose master weights and optimizer
+  // state live on the device, whole blocks in forward order from block 0 (their update runs on
+  // the device while the CPU updates the others, and the next forward needs block 0 first).
+  // Those blocks are resident. 1 with optimizer_home kDevice.
+  double optimizer_device_fraction = 0;
   std::vector<std::string> nvme_paths;  // required when anything lives on NVMe
   // Device slots shared by the streamed blocks; prefetch depth = slots - 1. 0 = the planner
   // decides: 3 (prefetch two blocks ahead) when the budget holds them, else 2. Else >= 2.
@@ -98,6 +108,9 @@ struct Plan {
     int64_t num_params = 0;
     bool resident = false;
     Partition partition;  // this rank's (PlacementOptions::ranks)
+    // Master weights, optimizer state and a gradient region in device memory; the update runs
+    // on the device. Implies resident.
+    bool optimizer_on_device = false;
   };
   std::vector<Block> blocks;
   DType precision = DType::kBF16;
@@ -136,6 +149,17 @@ struct Plan {
   // The optimizer's state over all blocks, padded: the whole model's, also with ranks > 1 (a
   // rank's share is in host_bytes or nvme_bytes).
   uint64_t optimizer_state_bytes = 0;
+
+  // Parameters whose optimizer runs on the device (Block::optimizer_on_device), and their
+  // fraction of the model's.
+  int64_t device_optimizer_params = 0;
+  double optimizer_device_fraction() const {
+    return model_params > 0
+               ? static_cast<double>(device_optimizer_params) / static_cast<double>(model_params)
+               : 0;
+  }
+  // Whether any block's optimizer runs on the host or NVMe (the CPU pipeline has work).
+  bool has_cpu_optimizer() const { return device_optimizer_params < model_params; }
 
   int num_resident() const;
   // The plan in plain words, one tier per line.
