@@ -11,6 +11,7 @@
 #include "base/logging.h"
 #include "base/trace.h"
 #include "cpu_optim/grad_stats.h"
+#include "engine/device_optimizer.h"
 #include "engine/engine_checkpoint.h"
 #include "engine/grad_streamer.h"
 #include "engine/optimizer_state.h"
@@ -74,6 +75,7 @@ class Engine::Impl {
     const auto d = device_->counters();
     c.bytes_h2d = d.bytes_h2d;
     c.bytes_d2h = d.bytes_d2h;
+    c.grad_bytes_d2h = grads_->grad_bytes_d2h();
     c.nvme_bytes_read = store_->nvme_bytes_read();
     c.nvme_bytes_written = store_->nvme_bytes_written();
     c.device_peak_bytes = arena_ ? arena_->used_bytes() : 0;
@@ -189,6 +191,14 @@ Status Engine::Impl::Init() {
           OptimizerFlagName(o_.optimizer)));
     }
   }
+  if (plan_.device_optimizer_params > 0 && !o_.inference_only) {
+    STRATA_RETURN_IF_ERROR(CheckDeviceOptimizer(o_.optimizer));
+    if (o_.eager_update) {
+      return InvalidArgumentError(
+          "eager updates run on the CPU: with the optimizer on the device (--offload-optimizer "
+          "device or --optimizer-device-fraction) the step is exact; drop --eager-update");
+    }
+  }
   if (o_.eager_update) {
     if (o_.precision == DType::kF16 || o_.grad_clip_norm > 0) {
       return InvalidArgumentError(
@@ -271,11 +281,17 @@ Status Engine::Impl::Init() {
   if (plan_.data_parallel) {
     STRATA_ASSIGN_OR_RETURN(reduce_region, next());
   }
-  std::vector<gpu::DeviceSpan> resident(n_), slots(plan_.streaming_slots);
+  std::vector<gpu::DeviceSpan> resident(n_), slots(plan_.streaming_slots), device_grads(n_);
   for (int b = 0; b < n_; ++b) {
     if (plan_.blocks[b].resident) {
       STRATA_ASSIGN_OR_RETURN(resident[b], next());
     }
+  }
+  for (int b = 0; b < n_; ++b) {
+    if (!plan_.blocks[b].optimizer_on_device) continue;
+    STRATA_ASSIGN_OR_RETURN(const gpu::DeviceSpan state, next());
+    STRATA_ASSIGN_OR_RETURN(device_grads[b], next());
+    store_->SetDeviceBlock(b, state, resident[b]);
   }
   for (auto& s : slots) {
     STRATA_ASSIGN_OR_RETURN(s, next());
@@ -293,8 +309,9 @@ Status Engine::Impl::Init() {
   go.fp32_host_grads = o_.test_hooks.fp32_host_grads;
   go.poison_released_buckets = o_.test_hooks.poison_released_buckets;
   if (eager_) go.on_complete = [this](int b) { store_->Submit(b); };
-  STRATA_ASSIGN_OR_RETURN(grads_, GradStreamer::Create(*model_, plan_, device_, compute_.get(),
-                                                       d2h_.get(), dbuckets, reduce_region, go));
+  STRATA_ASSIGN_OR_RETURN(
+      grads_, GradStreamer::Create(*model_, plan_, device_, compute_.get(), d2h_.get(), dbuckets,
+                                   reduce_region, device_grads, go));
   ParamCacheOptions po;
   po.precision = o_.precision;
   po.overlap = o_.overlap;
@@ -423,6 +440,8 @@ Status Engine::Impl::ForwardPass(MicroBatchShape shape, bool with_targets, int l
 
 Status Engine::Impl::Flush() {
   STRATA_RETURN_IF_ERROR(grads_->Drain());
+  // The device updates run on the compute stream.
+  if (plan_.device_optimizer_params > 0) STRATA_RETURN_IF_ERROR(compute_->Synchronize());
   return store_->Drain();
 }
 
@@ -573,12 +592,23 @@ StatusOr<StepResult> Engine::Impl::Step(std::span<const MicroBatch> mbs) {
   ++adam_t_;
   STRATA_RETURN_IF_ERROR(store_->Drain());
   store_->StartRound(o_.optimizer, cpu_optim::OptimStep{adam_t_, clip / scale});
-  // Exact step, hidden under the next forward: blocks update in forward order on the CPU
-  // pipeline while this call returns; the next forward of block b waits only on b's update.
+  // Exact step, hidden under the next forward: blocks update in forward order, those optimized on
+  // the device by its kernels on the compute stream (ahead of the next forward, which reads their
+  // resident params in place), the rest on the CPU pipeline while this call returns; the next
+  // forward of such a block waits only on its update. Both run at once.
   for (int b = 0; b < n_; ++b) {
+    if (!plan_.blocks[b].optimizer_on_device) continue;
+    STRATA_RETURN_IF_ERROR(store_->EnqueueDeviceUpdate(b, *compute_, grads_->DeviceGradient(b),
+                                                       grads_->device_grad_dtype(b)));
+  }
+  for (int b = 0; b < n_; ++b) {
+    if (plan_.blocks[b].optimizer_on_device) continue;
     params_->Invalidate(b);
     store_->Submit(b);
     if (!o_.overlap) STRATA_RETURN_IF_ERROR(store_->WaitBlock(b));
+  }
+  if (!o_.overlap && plan_.device_optimizer_params > 0) {
+    STRATA_RETURN_IF_ERROR(compute_->Synchronize());
   }
   return result;
 }
@@ -650,6 +680,17 @@ StatusOr<std::vector<float>> Engine::Impl::AccumulatedGradient(int block) {
   }
   STRATA_RETURN_IF_ERROR(Flush());
   std::vector<float> g(own(block));
+  if (plan_.blocks[block].optimizer_on_device) {
+    // The gradient stays on the device: copy it to host memory.
+    const gpu::DeviceSpan d = grads_->DeviceGradient(block);
+    STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer staging,
+                            device_->AllocatePinned(d.size_bytes, "gradient read-back"));
+    STRATA_RETURN_IF_ERROR(compute_->CopyD2H(staging.span(), d));
+    STRATA_RETURN_IF_ERROR(compute_->Synchronize());
+    STRATA_RETURN_IF_ERROR(cpu_optim::ConvertToF32(staging.data(), grads_->device_grad_dtype(block),
+                                                   g.data(), own(block)));
+    return GatherBlock(block, g.data());
+  }
   const cpu_optim::GradView host = grads_->HostGradient(block);
   STRATA_RETURN_IF_ERROR(cpu_optim::ConvertToF32(host.data, host.dtype, g.data(), own(block)));
   return GatherBlock(block, g.data());

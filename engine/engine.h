@@ -166,6 +166,10 @@ struct StepResult {
 struct EngineCounters {
   uint64_t bytes_h2d = 0;
   uint64_t bytes_d2h = 0;
+  // Of bytes_d2h, the gradients the gradient streamer sent to the host (zero when every block's
+  // optimizer runs on the device: only their statistics records, DeviceGradStatsBytes a block,
+  // cross).
+  uint64_t grad_bytes_d2h = 0;
   uint64_t nvme_bytes_read = 0;
   uint64_t nvme_bytes_written = 0;
   uint64_t device_peak_bytes = 0;

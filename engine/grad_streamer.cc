@@ -1,10 +1,13 @@
 #include "engine/grad_streamer.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "base/units.h"
+#include "engine/device_optimizer.h"
 
 namespace strata::engine {
 
@@ -44,12 +47,10 @@ GradStreamer::~GradStreamer() {
   if (reduce_) reduce_->Synchronize().IgnoreError();
 }
 
-StatusOr<std::unique_ptr<GradStreamer>> GradStreamer::Create(const Model& model, const Plan& plan,
-                                                             gpu::Device* device,
-                                                             gpu::Stream* compute, gpu::Stream* d2h,
-                                                             gpu::DeviceSpan dbuckets,
-                                                             gpu::DeviceSpan reduce_region,
-                                                             GradStreamerOptions options) {
+StatusOr<std::unique_ptr<GradStreamer>> GradStreamer::Create(
+    const Model& model, const Plan& plan, gpu::Device* device, gpu::Stream* compute,
+    gpu::Stream* d2h, gpu::DeviceSpan dbuckets, gpu::DeviceSpan reduce_region,
+    std::span<const gpu::DeviceSpan> device_grads, GradStreamerOptions options) {
   std::unique_ptr<GradStreamer> g(new GradStreamer(model, plan, compute, d2h, std::move(options)));
   const GradStreamerOptions& o = g->o_;
   const int n = model.num_blocks();
@@ -94,28 +95,123 @@ StatusOr<std::unique_ptr<GradStreamer>> GradStreamer::Create(const Model& model,
   }
   g->pool_.Reset(plan.host_grad_buckets);
   for (int b = 0; b < n && !o.inference_only; ++b) {
-    STRATA_ASSIGN_OR_RETURN(
-        auto acc,
-        AlignedBuffer::Allocate(std::max<uint64_t>(64, g->own(b) * SizeOf(g->grad_dtype(b))), 64));
+    // A block optimized on the device has no host gradient.
+    const uint64_t bytes = plan.blocks[b].optimizer_on_device
+                               ? 64
+                               : std::max<uint64_t>(64, g->own(b) * SizeOf(g->grad_dtype(b)));
+    STRATA_ASSIGN_OR_RETURN(auto acc, AlignedBuffer::Allocate(bytes, 64));
     g->accum_.push_back(std::move(acc));
+  }
+  // Blocks optimized on the device: the gradient region is [gradient | statistics record].
+  g->on_device_.assign(n, false);
+  g->dgrad16_.assign(n, false);
+  g->dgrad_.resize(n);
+  g->dstats_.resize(n);
+  g->dstats_ready_.resize(n);
+  g->stats_offset_.assign(n, 0);
+  uint64_t stats_bytes = 0;
+  for (int b = 0; b < n && !o.inference_only; ++b) {
+    if (!plan.blocks[b].optimizer_on_device) continue;
+    if (static_cast<int>(device_grads.size()) <= b || device_grads[b].size_bytes == 0) {
+      return InvalidArgumentError(
+          fmt::format("GradStreamer: block {} is optimized on the device but has no gradient "
+                      "region",
+                      b));
+    }
+    g->on_device_[b] = true;
+    g->dgrad16_[b] = HostGradInWorkingPrecision(model, b, o.grad_accum_steps);
+    const uint64_t bytes = static_cast<uint64_t>(g->np(b)) * (g->dgrad16_[b] ? g->w_ : 4);
+    const uint64_t record = DeviceGradStatsBytes(g->np(b));
+    if (device_grads[b].size_bytes < bytes + record) {
+      return InvalidArgumentError(
+          fmt::format("GradStreamer: block {}'s device gradient region has {} bytes, needs {}", b,
+                      device_grads[b].size_bytes, bytes + record));
+    }
+    g->dgrad_[b] = device_grads[b].subspan(0, bytes);
+    g->dstats_[b] = device_grads[b].subspan(device_grads[b].size_bytes - record, record);
+    STRATA_ASSIGN_OR_RETURN(g->dstats_ready_[b], event());
+    g->stats_offset_[b] = stats_bytes;
+    stats_bytes += AlignUp(record, 64);
+  }
+  if (stats_bytes > 0) {
+    STRATA_ASSIGN_OR_RETURN(g->stats_pinned_,
+                            device->AllocatePinned(stats_bytes, "device gradient statistics"));
   }
   g->folder_ = std::make_unique<WorkQueue>("gradient fold");
   return g;
 }
 
-StatusOr<TensorRef> GradStreamer::NextBucket(int chunk, int k) {
+StatusOr<TensorRef> GradStreamer::NextBucket(int chunk, int /*k*/) {
+  // A device-optimized block's only contribution goes straight into its gradient region (the
+  // previous step's update, which read it, ran before on the same compute stream).
+  if (on_device_[chunk] && dgrad16_[chunk]) {
+    return TensorRef(dgrad_[chunk].data, o_.precision, np(chunk));
+  }
   // The block's backward writes its gradients into device bucket j once the D2H that last read
-  // j is done.
-  const int j = (next_dbucket_ + k) % 2;
+  // j is done (buckets are handed out and streamed in the same order).
+  const int j = (next_dbucket_ + handed_) % 2;
+  ++handed_;
   STRATA_RETURN_IF_ERROR(compute_->Wait(*dbucket_free_[j]));
   return TensorRef(dbucket_[j].data, o_.precision, np(chunk));
 }
 
+Status GradStreamer::StreamOnDevice(int b, bool overwrite, bool last) {
+  if (!dgrad16_[b]) {
+    // Add device bucket j into the block's fp32 accumulator on the compute stream; the bucket is
+    // free once that is done.
+    const int j = next_dbucket_;
+    next_dbucket_ ^= 1;
+    --handed_;
+    STRATA_RETURN_IF_ERROR(EnqueueDeviceGradAccumulate(*compute_, dgrad_[b], dbucket_[j],
+                                                       o_.precision, np(b), overwrite));
+    STRATA_RETURN_IF_ERROR(compute_->Record(*dbucket_free_[j]));
+  } else {
+    STRATA_CHECK(overwrite && last);
+  }
+  if (!last) return Status::Ok();
+  // The statistics of the complete gradient, computed and copied on the compute stream, merged
+  // by the fold worker in the order of the host blocks' folds.
+  STRATA_RETURN_IF_ERROR(
+      EnqueueDeviceGradStats(*compute_, dgrad_[b], device_grad_dtype(b), np(b), 1.0f, dstats_[b]));
+  STRATA_RETURN_IF_ERROR(compute_->CopyD2H(
+      stats_pinned_.span().subspan(stats_offset_[b], dstats_[b].size_bytes), dstats_[b]));
+  STRATA_RETURN_IF_ERROR(compute_->Record(*dstats_ready_[b]));
+  folder_->Submit([=, this]() -> Status {
+    MergeDeviceStats(b);
+    return Status::Ok();
+  });
+  if (!o_.overlap) {
+    STRATA_RETURN_IF_ERROR(folder_->Drain());
+    STRATA_RETURN_IF_ERROR(FoldError());
+  }
+  return Status::Ok();
+}
+
+void GradStreamer::MergeDeviceStats(int b) {
+  Status s = FoldError();
+  if (s.ok()) s = dstats_ready_[b]->Synchronize();
+  if (s.ok()) {
+    const StatusOr<cpu_optim::GradStats> stats = DecodeDeviceGradStats(
+        stats_pinned_.span().bytes().subspan(stats_offset_[b], dstats_[b].size_bytes));
+    if (stats.ok()) {
+      cpu_optim::Merge(stats_, *stats);
+    } else {
+      s = stats.status();
+    }
+  }
+  if (!s.ok()) {
+    std::lock_guard<std::mutex> lock(fold_mu_);
+    if (fold_error_.ok()) fold_error_ = std::move(s);
+  }
+}
+
 Status GradStreamer::Stream(int b, bool overwrite, bool last) {
+  if (on_device_[b]) return StreamOnDevice(b, overwrite, last);
   // The gradients the backward wrote into device bucket j go D2H into a free pinned bucket on
   // the D2H stream, folded by the CPU worker.
   const int j = next_dbucket_;
   next_dbucket_ ^= 1;
+  --handed_;
   STRATA_RETURN_IF_ERROR(compute_->Record(*dgrad_ready_[j]));
   // Blocks this (driving) thread only when every pinned bucket is still being folded.
   const int i = pool_.Acquire();
@@ -135,11 +231,13 @@ Status GradStreamer::Stream(int b, bool overwrite, bool last) {
     STRATA_RETURN_IF_ERROR(reduce_->Record(*reduced_[j]));
     STRATA_RETURN_IF_ERROR(d2h_->Wait(*reduced_[j]));
     STRATA_RETURN_IF_ERROR(d2h_->CopyD2H(hbucket_[i].span(), red_part_[j].subspan(0, own(b) * 4)));
+    grad_bytes_d2h_ += own(b) * 4;
     STRATA_RETURN_IF_ERROR(d2h_->Record(*landed_[i]));
     STRATA_RETURN_IF_ERROR(d2h_->Record(*part_free_[j]));
   } else {
     STRATA_RETURN_IF_ERROR(d2h_->Wait(*dgrad_ready_[j]));
     STRATA_RETURN_IF_ERROR(d2h_->CopyD2H(hbucket_[i].span(), dbucket_[j].subspan(0, np(b) * w_)));
+    grad_bytes_d2h_ += np(b) * w_;
     STRATA_RETURN_IF_ERROR(d2h_->Record(*landed_[i]));
     STRATA_RETURN_IF_ERROR(d2h_->Record(*dbucket_free_[j]));
   }
@@ -210,6 +308,7 @@ void GradStreamer::Fold(int b, int bucket, bool overwrite, bool last) {
 
 void GradStreamer::BeginStep() {
   stats_ = {};
+  handed_ = 0;
   eager_overflow_ = false;
 }
 

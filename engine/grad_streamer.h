@@ -23,6 +23,15 @@
 // an error, so Stream never waits forever. HostGradient(b) and stats() are complete after
 // Drain.
 //
+// Blocks whose optimizer runs on the device (Plan::Block::optimizer_on_device) keep their gradient
+// there, in their own device region: the backward writes it in place when it is the block's only
+// contribution in the working precision (HostGradInWorkingPrecision), else into a device bucket
+// that the compute stream adds into the region's fp32 accumulator (EnqueueDeviceGradAccumulate).
+// At its last contribution the compute stream computes its statistics into the record at the
+// region's end (EnqueueDeviceGradStats) and copies the record (DeviceGradStatsBytes) D2H; the
+// fold worker merges it into the step's statistics in the same order as the host blocks' folds.
+// Nothing else of such a block crosses PCIe.
+//
 // Errors: Stream returns the streams' Status; a fold's error is kept (the first one) and comes
 // back from Drain.
 #pragma once
@@ -67,14 +76,15 @@ struct GradStreamerOptions {
 class GradStreamer {
  public:
   // `dbuckets`: the planner's device gradient buckets region (two buckets); `reduce_region`: its
-  // data-parallel reduce-scatter region (empty with one rank and no communicator). Creates the
-  // events, the pinned landing buckets, the host gradients and (data parallel) the
-  // "reduce-scatter" stream and the gradients' communicator.
-  static StatusOr<std::unique_ptr<GradStreamer>> Create(const Model& model, const Plan& plan,
-                                                        gpu::Device* device, gpu::Stream* compute,
-                                                        gpu::Stream* d2h, gpu::DeviceSpan dbuckets,
-                                                        gpu::DeviceSpan reduce_region,
-                                                        GradStreamerOptions options);
+  // data-parallel reduce-scatter region (empty with one rank and no communicator);
+  // `device_grads[b]`: the "gradient" region of a block whose optimizer runs on the device (empty
+  // for the others, or an empty span for none). Creates the events, the pinned landing buckets,
+  // the host gradients and (data parallel) the "reduce-scatter" stream and the gradients'
+  // communicator.
+  static StatusOr<std::unique_ptr<GradStreamer>> Create(
+      const Model& model, const Plan& plan, gpu::Device* device, gpu::Stream* compute,
+      gpu::Stream* d2h, gpu::DeviceSpan dbuckets, gpu::DeviceSpan reduce_region,
+      std::span<const gpu::DeviceSpan> device_grads, GradStreamerOptions options);
   ~GradStreamer();  // drains the fold queue and the reduce-scatter stream
 
   // The device bucket for the gradients of chunk `chunk` that the next backward writes, k = 0
@@ -94,7 +104,13 @@ class GradStreamer {
   // Block b's host gradient (this rank's partition): the working precision or fp32.
   cpu_optim::GradView HostGradient(int b) const { return {accum_[b].data(), grad_dtype(b)}; }
   DType grad_dtype(int b) const { return grad16_[b] ? o_.precision : DType::kF32; }
+  // A device-optimized block's gradient on the device (complete once the compute stream has run
+  // its last contribution) and its dtype: the working precision or fp32.
+  gpu::DeviceSpan DeviceGradient(int b) const { return dgrad_[b]; }
+  DType device_grad_dtype(int b) const { return dgrad16_[b] ? o_.precision : DType::kF32; }
   uint64_t buckets_poisoned() const { return buckets_poisoned_.load(); }
+  // Gradient bytes sent D2H so far (driving thread).
+  uint64_t grad_bytes_d2h() const { return grad_bytes_d2h_; }
 
  private:
   // Pinned landing buckets: a bucket returns to the pool only after its D2H copy landed and its
@@ -120,6 +136,11 @@ class GradStreamer {
   int64_t dev_elems(int b) const { return plan_.blocks[b].partition.padded_elems; }
   // Runs on the fold worker. Never fails the queue: an error is kept in fold_error_.
   void Fold(int b, int bucket, bool overwrite, bool last);
+  // Stream for a block whose gradient stays on the device; MergeDeviceStats runs on the fold
+  // worker.
+  Status StreamOnDevice(int b, bool overwrite, bool last);
+  void MergeDeviceStats(int b);
+
   Status FoldError();
 
   const Model& model_;
@@ -128,13 +149,23 @@ class GradStreamer {
   const size_t w_;
   gpu::Stream* compute_;
   gpu::Stream* d2h_;
-  std::vector<bool> grad16_;          // HostGradInWorkingPrecision per block
+  std::vector<bool> grad16_;  // HostGradInWorkingPrecision per block
+  // Blocks optimized on the device: their gradient region (data, then the statistics record at
+  // its end), whether the backward writes it in place in the working precision, the record's
+  // pinned landing slot (DeviceGradStatsBytes) and its event (compute stream).
+  std::vector<bool> on_device_, dgrad16_;
+  std::vector<gpu::DeviceSpan> dgrad_, dstats_;
+  gpu::PinnedBuffer stats_pinned_;
+  std::vector<uint64_t> stats_offset_;  // of each block's record in stats_pinned_
+  std::vector<std::unique_ptr<gpu::Event>> dstats_ready_;
   std::vector<AlignedBuffer> accum_;  // host gradients per block (fp32 or grad_dtype)
 
   // Device bucket j (16-bit) -> D2H -> pinned bucket i -> fold.
   gpu::DeviceSpan dbucket_[2];
   std::unique_ptr<gpu::Event> dgrad_ready_[2], dbucket_free_[2];
-  int next_dbucket_ = 0;
+  int next_dbucket_ = 0;  // the bucket the next Stream sends
+  int handed_ = 0;        // buckets handed out by NextBucket and not yet streamed
+  uint64_t grad_bytes_d2h_ = 0;
   std::vector<gpu::PinnedBuffer> hbucket_;
   std::vector<std::unique_ptr<gpu::Event>> landed_;
   BucketPool pool_;

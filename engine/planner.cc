@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "base/units.h"
+#include "engine/device_optimizer.h"
 #include "engine/optimizer_state.h"
 #include "gpu/device.h"
 
@@ -137,8 +138,13 @@ std::vector<bool> DeviceOptimizerBlocks(const Model& model, double fraction) {
 // Device bytes of a block whose optimizer runs there, besides its working params: master weights
 // and optimizer state (the block's state region) and its gradient (the working precision when the
 // host would keep it so, else an fp32 accumulator).
+// A device-optimized block's "gradient" region: the gradient, then its statistics record
+// (engine/device_optimizer.h).
+uint64_t DeviceGradientBytes(int64_t elems, bool grad16, size_t w) {
+  return Aligned(static_cast<uint64_t>(elems) * (grad16 ? w : 4)) + DeviceGradStatsBytes(elems);
+}
 uint64_t DeviceOptimizerBytes(const BlockState& state, int64_t elems, bool grad16, size_t w) {
-  return Aligned(state.region_bytes) + Aligned(static_cast<uint64_t>(elems) * (grad16 ? w : 4));
+  return Aligned(state.region_bytes) + Aligned(DeviceGradientBytes(elems, grad16, w));
 }
 
 Status CheckDeviceOptimizerPlacement(const PlacementOptions& o, const PlanOptimizer& optimizer) {
@@ -194,17 +200,35 @@ uint64_t AllResidentBytes(const Model& model, DType precision, MicroBatchShape s
 }
 
 uint64_t AutoDeviceBudgetBytes(const Model& model, DType precision, MicroBatchShape shape,
-                               const PlacementOptions& options) {
+                               const PlacementOptions& options, const PlanOptimizer& optimizer) {
   const PlacementOptions& o = options;
-  if (o.param_home == ParamHome::kDevice) {
+  // The blocks whose optimizer runs on the device: their master weights, state and gradients,
+  // and (when the rest streams) their resident params.
+  const std::vector<bool> device_optimizer = DeviceOptimizerBlocks(
+      model, o.optimizer_home == OptimizerHome::kDevice ? 1.0 : o.optimizer_device_fraction);
+  const bool all_device =
+      std::all_of(device_optimizer.begin(), device_optimizer.end(), [](bool on) { return on; });
+  uint64_t device_optimizer_bytes = 0, device_optimizer_params_bytes = 0;
+  for (int b = 0; b < model.num_blocks(); ++b) {
+    if (!device_optimizer[b]) continue;
+    const Partition part = PartitionOf(model.block_num_params(b), o.ranks, o.rank);
+    device_optimizer_bytes += DeviceOptimizerBytes(
+        LayoutBlockState(model, b, optimizer.optimizer, &part), part.own_elems,
+        HostGradInWorkingPrecision(model, b, optimizer.grad_accum_steps), SizeOf(precision));
+    device_optimizer_params_bytes +=
+        Aligned(static_cast<uint64_t>(DeviceElems(model, b, o.ranks)) * SizeOf(precision));
+  }
+  if (o.param_home == ParamHome::kDevice || all_device) {
     return AllResidentBytes(model, precision, shape, o.offload_activations, o.ranks,
-                            o.data_parallel);
+                            o.data_parallel) +
+           device_optimizer_bytes;
   }
   const int slots = o.streaming_slots > 0 ? o.streaming_slots : 2;
   const uint64_t minimum = StreamingMinimumBytes(model, precision, shape, slots,
                                                  o.offload_activations, o.ranks, o.data_parallel);
   const uint64_t working = static_cast<uint64_t>(model.num_params()) * SizeOf(precision);
-  return working > minimum ? minimum + (working - minimum) / 2 : minimum;
+  return (working > minimum ? minimum + (working - minimum) / 2 : minimum) +
+         device_optimizer_params_bytes + device_optimizer_bytes;
 }
 
 bool HostGradInWorkingPrecision(const Model& model, int block, int grad_accum_steps) {
@@ -386,7 +410,7 @@ StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape sha
     const bool grad16 = HostGradInWorkingPrecision(model, b, optimizer.grad_accum_steps);
     p.device_regions.push_back({"optimizer state " + p.blocks[b].name, states[b].region_bytes});
     p.device_regions.push_back(
-        {"gradient " + p.blocks[b].name, static_cast<uint64_t>(elems) * (grad16 ? w : 4)});
+        {"gradient " + p.blocks[b].name, DeviceGradientBytes(elems, grad16, w)});
   }
   for (int s = 0; s < p.streaming_slots; ++s) {
     p.device_regions.push_back({fmt::format("streaming slot {}", s), p.slot_bytes});

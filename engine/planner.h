@@ -193,8 +193,12 @@ uint64_t AllResidentBytes(const Model& model, DType precision, MicroBatchShape s
 // streaming_slots, offload_activations, ranks and data_parallel of `options` and none of its
 // budgets. The result always holds the streaming minimum; MakePlan may still refuse it for a
 // short pinned, host or NVMe budget. Pure; thread-safe.
+// Blocks whose optimizer runs on the device (optimizer_home kDevice, or
+// optimizer_device_fraction > 0) add their master weights, state and gradients (and, when the
+// rest streams, their resident params), laid out for `optimizer`.
 uint64_t AutoDeviceBudgetBytes(const Model& model, DType precision, MicroBatchShape shape,
-                               const PlacementOptions& options);
+                               const PlacementOptions& options,
+                               const PlanOptimizer& optimizer = {});
 
 // Errors: kInvalidArgument (zero budget, no NVMe path for NVMe placement,
 // streaming_slots, host_grad_buckets or optimizer_buffers given but too small); kResourceExhausted

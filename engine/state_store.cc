@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "cpu_optim/grad_stats.h"
+#include "engine/device_optimizer.h"
 
 namespace strata::engine {
 namespace {
@@ -31,6 +32,8 @@ StateStore::~StateStore() {
 StatusOr<std::unique_ptr<StateStore>> StateStore::Create(const Model& model, const Plan& plan,
                                                          StateStoreOptions options) {
   std::unique_ptr<StateStore> s(new StateStore(model, plan, std::move(options)));
+  s->device_state_.resize(s->n_);
+  s->device_working_.resize(s->n_);
   for (int b = 0; b < s->n_; ++b) {
     s->state_.push_back(LayoutBlockState(model, b, *s->o_.optimizer, &plan.blocks[b].partition));
     s->full_state_.push_back(LayoutBlockState(model, b, *s->o_.optimizer));
@@ -49,7 +52,7 @@ StatusOr<std::unique_ptr<StateStore>> StateStore::Create(const Model& model, con
       if (s->nvme_params()) {
         STRATA_RETURN_IF_ERROR(s->swap_->Allocate(ParamsExtent(b), s->home_elems(b) * s->w_));
       }
-      if (s->nvme_optim()) {
+      if (s->nvme_optim() && !plan.blocks[b].optimizer_on_device) {
         STRATA_RETURN_IF_ERROR(s->swap_->Allocate(OptimExtent(b), s->state_[b].region_bytes));
       }
     }
@@ -71,8 +74,25 @@ Status StateStore::AllocateMemory(gpu::Device* device) {
   opt_state_bytes_ = 0;
   if (nvme_optim()) {
     for (int b = 0; b < n_; ++b) {
-      opt_state_bytes_ = std::max(opt_state_bytes_, state_[b].region_bytes);
+      if (!on_device(b)) opt_state_bytes_ = std::max(opt_state_bytes_, state_[b].region_bytes);
     }
+  }
+  uint64_t device_region = 0;
+  for (int b = 0; b < n_ && !o_.inference_only; ++b) {
+    if (!on_device(b)) continue;
+    if (device_state_[b].size_bytes < state_[b].region_bytes ||
+        device_working_[b].size_bytes < static_cast<uint64_t>(own(b)) * w_) {
+      return InvalidArgumentError(fmt::format(
+          "StateStore: block {} is optimized on the device but its device regions are missing or "
+          "short",
+          b));
+    }
+    device_region = std::max(device_region, state_[b].region_bytes);
+  }
+  if (device_region > 0) {
+    STRATA_ASSIGN_OR_RETURN(
+        device_staging_, device->AllocatePinned(device_region, "device optimizer state staging"));
+    STRATA_ASSIGN_OR_RETURN(copy_, device->CreateStream("optimizer state copy"));
   }
   if (plan_.optimizer_buffer_bytes > 0) {
     for (int i = 0; i < plan_.optimizer_buffers; ++i) {
@@ -82,6 +102,10 @@ Status StateStore::AllocateMemory(gpu::Device* device) {
     }
   }
   for (int b = 0; b < n_ && !o_.inference_only && !nvme_optim(); ++b) {
+    if (on_device(b)) {
+      opt_home_.emplace_back();  // the state lives on the device
+      continue;
+    }
     STRATA_ASSIGN_OR_RETURN(auto home, AlignedBuffer::Allocate(state_[b].region_bytes, 4096));
     opt_home_.push_back(std::move(home));
   }
@@ -130,38 +154,50 @@ Status StateStore::Initialize(Model& model, uint64_t seed) {
     tbb::parallel_for(first, last, [&](int b) {
       const int slot = b - first;
       const int buffer = buffered ? slot : 0;
-      std::byte* region = Region(b, buffer);
-      std::memset(region, 0, state_[b].region_bytes);  // padding included: no stale bytes on NVMe
-      for (size_t k = 0; k < state_[b].sections.size(); ++k) {
-        cpu_optim::InitializeState(state_[b].sections[k], Section(b, buffer, k));
-      }
-      float* p32 = Master(b, buffer);
-      Status s;
-      if (o_.data_parallel) {
-        s = model.InitParams(b, seed, std::span<float>(whole[slot].as<float>(), np(b)));
-        if (s.ok()) {
-          std::memcpy(p32, whole[slot].as<float>() + plan_.blocks[b].partition.offset_elems,
-                      own(b) * 4);
-        }
-      } else {
-        s = model.InitParams(b, seed, std::span<float>(p32, np(b)));
-      }
-      if (s.ok()) {
-        s = cpu_optim::ConvertFromF32(p32, WorkingHome(b, buffer).data, o_.precision, own(b));
-      }
-      status[static_cast<size_t>(slot)] = std::move(s);
+      if (on_device(b)) return;  // after the waves, through the one staging buffer
+      status[static_cast<size_t>(slot)] =
+          InitBlock(model, seed, b, buffer, o_.data_parallel ? &whole[slot] : nullptr);
     });
     for (int b = first; b < last; ++b) {
+      if (on_device(b)) continue;
       STRATA_RETURN_IF_ERROR(status[static_cast<size_t>(b - first)]);
       STRATA_RETURN_IF_ERROR(WriteBack(b, buffered ? b - first : 0));
       done_params += np(b);
       if (o_.init_progress) o_.init_progress(b + 1, n_, done_params, total_params);
     }
   }
+  for (int b = 0; b < n_; ++b) {
+    if (!on_device(b)) continue;
+    STRATA_RETURN_IF_ERROR(InitBlock(model, seed, b, 0, o_.data_parallel ? &whole[0] : nullptr));
+    STRATA_RETURN_IF_ERROR(WriteBack(b, 0));
+    done_params += np(b);
+    if (o_.init_progress) o_.init_progress(b + 1, n_, done_params, total_params);
+  }
   return Status::Ok();
 }
 
+// Block b's initial master weights (this rank's partition of the whole block, sampled into
+// `whole` when data parallel), optimizer state and working params, into Region(b, buffer) and
+// WorkingHome(b, buffer).
+Status StateStore::InitBlock(Model& model, uint64_t seed, int b, int buffer, AlignedBuffer* whole) {
+  std::byte* region = Region(b, buffer);
+  std::memset(region, 0, state_[b].region_bytes);  // padding included: no stale bytes on NVMe
+  for (size_t k = 0; k < state_[b].sections.size(); ++k) {
+    cpu_optim::InitializeState(state_[b].sections[k], Section(b, buffer, k));
+  }
+  float* p32 = Master(b, buffer);
+  const int64_t np = model.block_num_params(b);
+  if (whole != nullptr) {
+    STRATA_RETURN_IF_ERROR(model.InitParams(b, seed, std::span<float>(whole->as<float>(), np)));
+    std::memcpy(p32, whole->as<float>() + plan_.blocks[b].partition.offset_elems, own(b) * 4);
+  } else {
+    STRATA_RETURN_IF_ERROR(model.InitParams(b, seed, std::span<float>(p32, np)));
+  }
+  return cpu_optim::ConvertFromF32(p32, WorkingHome(b, buffer).data, o_.precision, own(b));
+}
+
 std::byte* StateStore::Region(int b, int i) {
+  if (on_device(b)) return device_staging_.data();
   return nvme_optim() ? opt_buf_[i].data() : opt_home_[b].data();
 }
 
@@ -171,8 +207,37 @@ gpu::PinnedSpan StateStore::WorkingHome(int b, int i) {
 }
 
 StatusOr<std::byte*> StateStore::Load(int b, bool read) {
+  if (on_device(b)) {
+    if (read) {
+      const gpu::PinnedSpan staging = device_staging_.span().subspan(0, state_[b].region_bytes);
+      STRATA_RETURN_IF_ERROR(copy_->CopyD2H(staging, device_state_[b]));
+      STRATA_RETURN_IF_ERROR(copy_->Synchronize());
+    }
+    return Region(b, 0);
+  }
   if (nvme_optim() && read) STRATA_RETURN_IF_ERROR(ReadState(b, 0));
   return Region(b, 0);
+}
+
+Status StateStore::EnqueueDeviceUpdate(int b, gpu::Stream& stream, gpu::DeviceSpan grad,
+                                       DType grad_dtype) {
+  if (!on_device(b)) {
+    return FailedPreconditionError(
+        fmt::format("StateStore: block {}'s optimizer does not run on the device", b));
+  }
+  if (own(b) == 0) return Status::Ok();
+  const BlockState& st = state_[b];
+  DeviceUpdateBuffers u;
+  u.num_elems = own(b);
+  u.master = device_state_[b].subspan(0, static_cast<size_t>(own(b)) * 4);
+  for (size_t k = 0; k < st.sections.size(); ++k) {
+    u.state.push_back(device_state_[b].subspan(st.offsets[k], st.sections[k].size_bytes()));
+  }
+  u.grad = grad;
+  u.grad_dtype = grad_dtype;
+  u.working = device_working_[b].subspan(0, static_cast<size_t>(own(b)) * w_);
+  u.working_dtype = o_.precision;
+  return engine::EnqueueDeviceUpdate(stream, BlockOptimizer(round_.optimizer, st), round_.step, u);
 }
 
 Status StateStore::ReadState(int b, int i) {
@@ -194,6 +259,13 @@ Status StateStore::UpdateBlock(int b, int i) {
 }
 
 Status StateStore::WriteBack(int b, int i) {
+  if (on_device(b)) {
+    // The staging buffer's region to the device (Initialize, a checkpoint's restore); the block
+    // is resident, so its working params have no NVMe extent.
+    STRATA_RETURN_IF_ERROR(copy_->CopyH2D(
+        device_state_[b], device_staging_.span().subspan(0, state_[b].region_bytes)));
+    return copy_->Synchronize();
+  }
   if (!swap_) return Status::Ok();
   trace::ScopedTraceEvent t(trace_, write_track_, "write optimizer state + params",
                             trace::Category::kNvmeWrite);
@@ -211,6 +283,13 @@ Status StateStore::WriteBack(int b, int i) {
 
 StatusOr<const std::byte*> StateStore::WorkingParamsBytes(int b) {
   const gpu::PinnedSpan home = WorkingHome(b, 0);
+  if (on_device(b) && !o_.inference_only) {
+    // The device updates the resident copy only: refresh the home from it.
+    const size_t bytes = static_cast<size_t>(own(b)) * w_;
+    STRATA_RETURN_IF_ERROR(copy_->CopyD2H(home.subspan(0, bytes), device_working_[b]));
+    STRATA_RETURN_IF_ERROR(copy_->Synchronize());
+    return home.data;
+  }
   if (!nvme_params() || plan_.blocks[b].resident) return home.data;
   STRATA_RETURN_IF_ERROR(swap_->Read(
       ParamsExtent(b), home.bytes().subspan(0, io::SwapStore::PaddedSize(home_elems(b) * w_))));

@@ -27,6 +27,16 @@
 // hyper-parameters only between rounds (the pipeline drained). Nothing here changes the numbers:
 // the update is the sequential one, bit for bit.
 //
+// Blocks whose optimizer runs on the device (Plan::Block::optimizer_on_device): their state region
+// is a device region (SetDeviceBlock, the planner's "optimizer state" region, laid out as the host
+// one) and their update is EnqueueDeviceUpdate on a device stream (engine/device_optimizer.h),
+// which writes the new working params into the block's resident device copy; the pipeline never
+// sees them. Their region's accessors (Load, Master, Section, WriteBack) go through one pinned
+// staging buffer, copied on the store's own "optimizer state copy" stream and synchronized there:
+// Load copies the region D2H into it, WriteBack copies it back H2D, so checkpoints and
+// initialization work alike for every home. Their pinned working-params home is refreshed from the
+// device copy by WorkingParamsBytes.
+//
 // Errors: Create returns an unusable swap path's or the I/O backend's Status, allocation
 // failures (kResourceExhausted); a failing stage's Status is sticky in the pipeline and comes
 // back from WaitBlock and Drain; the synchronous reads and writes return the swap store's
@@ -89,6 +99,14 @@ class StateStore {
     update_track_ = update_track;
     write_track_ = write_track;
   }
+  // Block b's optimizer runs on the device: its state region (layout(b).region_bytes, the
+  // planner's "optimizer state" region) and its resident working params there. Before
+  // AllocateMemory; every such block must have one.
+  void SetDeviceBlock(int b, gpu::DeviceSpan state_region, gpu::DeviceSpan working_params) {
+    device_state_[b] = state_region;
+    device_working_[b] = working_params;
+  }
+  bool on_device(int b) const { return plan_.blocks[b].optimizer_on_device; }
   // Pinned homes and pipeline buffers, host state regions; starts the pipeline.
   Status AllocateMemory(gpu::Device* device);
   // Fills every block from model.InitParams(seed): master weights and the optimizer's initial
@@ -107,6 +125,10 @@ class StateStore {
     round_ = {optimizer, step};
   }
   void Submit(int b) { pipeline_->Submit(b); }
+  // Enqueues the round's update of device-optimized block b on `stream` from its device gradient
+  // (grad, grad_dtype: the gradient streamer's DeviceGradient), writing its new working params
+  // into its resident device copy. Complete when `stream` has run it.
+  Status EnqueueDeviceUpdate(int b, gpu::Stream& stream, gpu::DeviceSpan grad, DType grad_dtype);
   Status WaitBlock(int b) { return pipeline_->WaitBlock(b); }
   Status Drain() { return pipeline_ ? pipeline_->Drain() : Status::Ok(); }
 
@@ -152,6 +174,7 @@ class StateStore {
   // The pipeline's stages.
   Status ReadState(int b, int buffer);
   Status UpdateBlock(int b, int buffer);
+  Status InitBlock(Model& model, uint64_t seed, int b, int buffer, AlignedBuffer* whole);
 
   const Model& model_;
   const Plan& plan_;
@@ -167,6 +190,11 @@ class StateStore {
   std::vector<gpu::PinnedBuffer> opt_buf_;  // pipeline buffers: [state region][p16 copy-out]
   uint64_t opt_state_bytes_ = 0;            // the state region part (0: state in host memory)
   std::vector<AlignedBuffer> opt_home_;     // host optimizer home: each block's state region
+  // Device-optimized blocks: state regions, resident working params, the staging buffer and the
+  // stream their copies run on.
+  std::vector<gpu::DeviceSpan> device_state_, device_working_;
+  gpu::PinnedBuffer device_staging_;
+  std::unique_ptr<gpu::Stream> copy_;
   std::unique_ptr<io::IoBackend> io_;
   std::unique_ptr<io::SwapStore> swap_;
   // Declared last: destroyed (joined) first.

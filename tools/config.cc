@@ -743,19 +743,19 @@ void ApplyZero(Context& c, const json* zero, TrainFlags* f) {
   if (optim.device != "none" && c.stage == 0) {
     c.notes.push_back(fmt::format(
         "{}.offload_optimizer is read at stages 1-3; at stage 0 DeepSpeed keeps optimizer state "
-        "on the GPU; Strata keeps it in host memory",
+        "on the GPU, and so does Strata",
         z));
   }
   f->offload_params = param.device == "cpu" ? "host" : param.device == "nvme" ? "nvme" : "device";
   if (optim.device == "nvme" && c.stage == 3) {
     f->offload_optimizer = "nvme";
+  } else if (optim.device == "none" || c.stage == 0) {
+    f->offload_optimizer = "device";
+    c.notes.push_back(
+        "no offload_optimizer: DeepSpeed keeps optimizer state on the GPU, and so does Strata "
+        "(--offload-optimizer device: fused update kernels there)");
   } else {
     f->offload_optimizer = "host";
-    if (optim.device == "none") {
-      c.notes.push_back(
-          "no offload_optimizer: DeepSpeed keeps optimizer state on the GPU; Strata's optimizers "
-          "run on the CPU, so it stays in host memory (never NVMe)");
-    }
   }
   if (param.nvme_paths && optim.nvme_paths && *param.nvme_paths != *optim.nvme_paths &&
       param.device == "nvme" && optim.device == "nvme") {

@@ -13,9 +13,9 @@
 //   placement      zero_optimization.offload_param.device cpu -> params in pinned host memory,
 //                  nvme -> on NVMe, none or absent (or a stage below 3, where DeepSpeed ignores
 //                  offload_param) -> every block resident on the device; offload_optimizer.device
-//                  cpu -> host, nvme -> NVMe (stage 3 only, as DeepSpeed), none or absent -> host
-//                  memory (DeepSpeed keeps it on the GPU; Strata's optimizers run on the CPU, so
-//                  host memory is the nearest, never NVMe: a note says so);
+//                  cpu -> host, nvme -> NVMe (stage 3 only, as DeepSpeed), none or absent (or
+//                  stage 0) -> the device, as DeepSpeed (--offload-optimizer device: fused update
+//                  kernels there; a note says so);
 //   learning rate  scheduler.type WarmupLR / WarmupDecayLR / WarmupCosineLR with their params
 //                  (tools/lr_schedule.h); an optimizer section and no scheduler: the constant
 //                  optimizer.params.lr; neither section: Strata's own schedule;

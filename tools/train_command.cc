@@ -157,7 +157,13 @@ void AddPlacementFlags(CLI::App& cmd, TrainFlags& f) {
          "Home of working params between uses: device (all resident), host (pinned) or nvme")
       ->capture_default_str();
   cmd.add_option("--offload-optimizer", f.offload_optimizer,
-                 "Home of fp32 master weights and Adam m, v: host or nvme")
+                 "Home of fp32 master weights and optimizer state: device (updated there by fused "
+                 "kernels; gradients never leave it), host or nvme")
+      ->capture_default_str();
+  cmd.add_option("--optimizer-device-fraction", f.optimizer_device_fraction,
+                 "GPU/CPU split: the fraction 0..1 of the parameters (whole blocks from the first) "
+                 "whose optimizer runs on the device while the CPU updates the rest at the same "
+                 "time, in --offload-optimizer's home")
       ->capture_default_str();
   cmd.add_option("--nvme-path", f.nvme_paths,
                  "Directory for swap files (repeat for several drives; extents are striped); a "
@@ -421,7 +427,10 @@ nlohmann::json SummaryJson(const TrainOptions& o, const ModelSpec& spec, engine:
                                                       : nlohmann::json(engine.io_backend_name())},
       {"precision", DTypeName(o.engine.precision)},
       {"param_home", std::string(engine::ParamHomeName(plan.param_home))},
-      {"optimizer_home", plan.optimizer_home == engine::OptimizerHome::kHost ? "host" : "nvme"},
+      {"optimizer_home", plan.device_optimizer_params == plan.model_params
+                             ? std::string("device")
+                             : std::string(engine::OptimizerHomeName(plan.optimizer_home))},
+      {"optimizer_device_fraction", plan.optimizer_device_fraction()},
       {"optimizer", plan.optimizer_name},
       {"lr_schedule", nlohmann::json::parse(LrScheduleJson(o.schedule, f.steps))},
       {"grad_clip", f.grad_clip},

@@ -55,6 +55,9 @@ struct TrainFlags {
   std::string device_budget = "auto";
   std::string offload_params = "nvme";
   std::string offload_optimizer = "nvme";
+  // The GPU/CPU split: the fraction (0..1) of the parameters whose optimizer runs on the device
+  // (engine::PlacementOptions::optimizer_device_fraction).
+  std::string optimizer_device_fraction = "0";
   std::vector<std::string> nvme_paths;
   std::string io_backend = "auto";
   std::string summary_json;

@@ -109,10 +109,37 @@ Status CheckDeviceFlags(const TrainFlags& f) {
   return CheckFlagsForDevice(f, f.device == "cuda", f.device == "host");
 }
 
+// --optimizer-device-fraction: a number in [0, 1].
+StatusOr<double> ParseOptimizerDeviceFraction(const std::string& s) {
+  double v = 0;
+  size_t used = 0;
+  try {
+    v = std::stod(s, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != s.size() || !(v >= 0 && v <= 1)) {
+    return InvalidArgumentError(fmt::format(
+        "--optimizer-device-fraction '{}' is not a number from 0 to 1 (the fraction of the "
+        "parameters whose optimizer runs on the device)",
+        s));
+  }
+  return v;
+}
+
 StatusOr<engine::PlacementOptions> PlacementFromFlags(const TrainFlags& f, const RankInfo& ranks) {
   engine::PlacementOptions p;
   STRATA_ASSIGN_OR_RETURN(p.param_home, engine::ParseParamHome(f.offload_params));
   STRATA_ASSIGN_OR_RETURN(p.optimizer_home, engine::ParseOptimizerHome(f.offload_optimizer));
+  STRATA_ASSIGN_OR_RETURN(p.optimizer_device_fraction,
+                          ParseOptimizerDeviceFraction(f.optimizer_device_fraction));
+  if (p.optimizer_home == engine::OptimizerHome::kDevice && p.optimizer_device_fraction != 0 &&
+      p.optimizer_device_fraction != 1) {
+    return InvalidArgumentError(fmt::format(
+        "--optimizer-device-fraction {} splits the optimizer between the device and a CPU home: "
+        "give --offload-optimizer host or nvme for the CPU's share",
+        f.optimizer_device_fraction));
+  }
   p.streaming_slots = f.prefetch_depth > 0 ? f.prefetch_depth + 1 : 0;
   p.host_grad_buckets = f.grad_buckets;
   p.optimizer_buffers = f.optimizer_buffers;
@@ -242,8 +269,8 @@ StatusOr<TrainInputs> OpenModelAndData(const TrainOptions& options) {
 void ResolveDeviceBudget(const engine::Model& model, TrainOptions* options) {
   if (!options->auto_device_budget) return;
   engine::EngineOptions& o = options->engine;
-  o.placement.device_budget_bytes =
-      engine::AutoDeviceBudgetBytes(model, o.precision, o.micro_batch, o.placement);
+  o.placement.device_budget_bytes = engine::AutoDeviceBudgetBytes(
+      model, o.precision, o.micro_batch, o.placement, {o.optimizer, o.grad_accum_steps});
 }
 
 StatusOr<TrainDevice> CreateTrainDevice(comm::Communicator* world, trace::TraceRecorder* trace,

@@ -12,6 +12,10 @@
 //             128 GiB of which the arena takes only what the plan needs); master weights and
 //             Adam state on the host. The no-offload baseline: the engine has no GPU optimizer,
 //             so the CPU AdamW and the gradient D2H run here too.
+//   device    as resident, with master weights, optimizer state and gradients on the GPU too
+//             (OptimizerHome::kDevice: the fused device update, no gradient D2H).
+//   split     as resident, the first half of the parameters' optimizer on the GPU and the rest
+//             on the host (optimizer_device_fraction 0.5), both updating at once.
 //   host      every block streamed through three device slots (prefetch depth 2) from pinned
 //             host memory; device budget = engine::StreamingMinimumBytes(3 slots), far below
 //             the model state; optimizer state on the host.
@@ -167,12 +171,17 @@ uint64_t HostMemAvailableBytes() {
   return 0;
 }
 
-enum class Placement { kResident, kHost, kNvme };
-constexpr Placement kPlacements[] = {Placement::kResident, Placement::kHost, Placement::kNvme};
+enum class Placement { kResident, kDevice, kSplit, kHost, kNvme };
+constexpr Placement kPlacements[] = {Placement::kResident, Placement::kDevice, Placement::kSplit,
+                                     Placement::kHost, Placement::kNvme};
 const char* PlacementName(Placement p) {
   switch (p) {
     case Placement::kResident:
       return "resident";
+    case Placement::kDevice:
+      return "device";
+    case Placement::kSplit:
+      return "split";
     case Placement::kHost:
       return "host";
     case Placement::kNvme:
@@ -312,8 +321,12 @@ void BM_TrainStep(benchmark::State& state, int preset_index, Placement placement
   PlacementOptions& p = o.placement;
   switch (placement) {
     case Placement::kResident:
+    case Placement::kDevice:
+    case Placement::kSplit:
       p.param_home = ParamHome::kDevice;
-      p.optimizer_home = OptimizerHome::kHost;
+      p.optimizer_home =
+          placement == Placement::kDevice ? OptimizerHome::kDevice : OptimizerHome::kHost;
+      p.optimizer_device_fraction = placement == Placement::kSplit ? 0.5 : 0;
       p.device_budget_bytes = 128 * kGiB;
       break;
     case Placement::kHost:

@@ -5,7 +5,7 @@
 #   timeout_s 600
 # Phases:
 #   check     env, every gpu-labelled test (ctest -L gpu), the main job (strata train --device cuda
-#             on its defaults)                                             (~2 min on an H200)
+#             on its defaults), and the same with the optimizer on the GPU  (~2.5 min on an H200)
 #   perf      bench_train_step (gpt2-1.5b and gpt-7b, resident and host) and the PyTorch baseline
 #             of the same shapes (bench/gpu/torch_gpt_baseline.py), then the MFU table  (~4 min)
 #   CMD...    any command, in the unpacked tree, with the libraries set up
@@ -95,6 +95,11 @@ check)
     bash -c "cd /var/tmp/gpurun-swap && '$root/$build/tools/strata' train --device cuda --summary-json '$L/train_default.json'"
   rm -rf /var/tmp/gpurun-swap
   results[-1]="${results[-1]}: $(grep -E 'val|tok/s' "$L/train_default.log" | tail -1 | cut -c1-120)"
+  # The same job with the optimizer on the GPU (issue 28): its loss against the default's.
+  step train_device_optimizer $(($(left) - 5)) "$L/train_device_optimizer.log" \
+    "$root/$build/tools/strata" train --device cuda --offload-params device \
+    --offload-optimizer device --summary-json "$L/train_device_optimizer.json"
+  results[-1]="${results[-1]}: $(grep -E 'val|tok/s' "$L/train_device_optimizer.log" | tail -1 | cut -c1-120)"
   cp "$L/ctest_gpu.log" "$L/train_default.json" "$O/" 2>/dev/null
   ;;
 perf)
@@ -104,7 +109,7 @@ perf)
     env STRATA_BENCH_BUDGET_S=$((bt - 25)) "$build/bench/gpu/bench_train_step" \
     --benchmark_out="$L/bench_train_step.json" --benchmark_out_format=json \
     --benchmark_counters_tabular=true \
-    --benchmark_filter="${BENCH_FILTER:-TrainStep/(gpt2-1\.5b|gpt-7b)/(resident|host)/}"
+    --benchmark_filter="${BENCH_FILTER:-TrainStep/(gpt2-1\.5b|gpt-7b)/(resident|device|split|host)/}"
   : >"$L/torch_baseline.jsonl"
   step torch_gpt2-1.5b 45 "$L/torch_gpt2.log" env PYTHONUNBUFFERED=1 python3 \
     bench/gpu/torch_gpt_baseline.py --preset gpt2-1.5b --batch 8 --seq-len 1024 --warmup 2 --steps 5

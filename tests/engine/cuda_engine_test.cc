@@ -627,6 +627,34 @@ TEST_F(CudaEngineTest, EveryPlacementAndPrecisionTrainsAsOnTheHostAndRepeatsBitF
   }
 }
 
+// The optimizer on the GPU (engine/device_optimizer.h) and the GPU/CPU split: within the same
+// measured bound of the host run as every other placement (the device update is cpu_optim's bit for
+// bit, device_optimizer_cuda_test.cc, so what differs is the GPU's forward and backward), no
+// gradient D2H with everything on the device, and bit for bit run to run.
+TEST_F(CudaEngineTest, TheOptimizerOnTheDeviceAndTheSplitTrainAsOnTheHostAndRepeatBitForBit) {
+  constexpr int kSteps = 4;
+  for (DType precision : {DType::kBF16, DType::kF16, DType::kF32}) {
+    const Reference host =
+        TrainHostReference(Options(precision, ParamHome::kDevice, OptimizerHome::kHost), kSteps);
+    ASSERT_FALSE(host.run.results.empty());
+    for (const auto& [home, fraction] :
+         {std::pair{OptimizerHome::kDevice, 1.0}, std::pair{OptimizerHome::kHost, 0.5},
+          std::pair{OptimizerHome::kNvme, 0.25}}) {
+      SCOPED_TRACE(fmt::format("{} optimizer {} with {} on the device", DTypeName(precision),
+                               OptimizerHomeName(home), fraction));
+      EngineOptions o = Options(precision, ParamHome::kDevice, home);
+      o.placement.optimizer_device_fraction = fraction;
+      const TrainRun gpu = Train(gpu::DeviceKind::kCuda, o, kSteps);
+      ASSERT_EQ(gpu.results.size(), static_cast<size_t>(kSteps));
+      EXPECT_GT(gpu.plan.device_optimizer_params, 0);
+      if (fraction == 1.0) EXPECT_EQ(gpu.counters.grad_bytes_d2h, 0u);
+      EXPECT_LE(gpu.counters.device_peak_bytes, gpu.plan.device_budget_bytes);
+      ExpectCloseToHost(host, gpu, o, kSteps);
+      ExpectBitIdentical(gpu, Train(gpu::DeviceKind::kCuda, o, kSteps));
+    }
+  }
+}
+
 TEST_F(CudaEngineTest, OverlappedAndSequentialPipelinesAreBitIdentical) {
   for (DType precision : {DType::kBF16, DType::kF32}) {
     SCOPED_TRACE(std::string(DTypeName(precision)));

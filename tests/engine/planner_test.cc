@@ -270,5 +270,69 @@ TEST(Planner, SixteenBitPlanHasNoFp32RegionsAndHalvesActivations) {
             StreamingMinimumBytes(**model, DType::kF32, mb) * 51 / 100);
 }
 
+// The optimizer on the device: every block resident with its master weights, state and gradient
+// in the device budget (AdamW: 4 + 8 B/param, and a 16-bit gradient at one micro-batch), none of
+// it on the host or NVMe; a split takes whole blocks from block 0; a short budget says so.
+TEST(Planner, TheOptimizerOnTheDeviceAndTheSplitCountTheirStateInTheDeviceBudget) {
+  auto model = models::GptModel::Create(*models::GptPreset("small"));
+  ASSERT_TRUE(model.ok());
+  const MicroBatchShape mb{1, 64};
+  PlacementOptions o;
+  o.nvme_paths = {"/tmp"};
+  o.param_home = ParamHome::kNvme;
+  o.optimizer_home = OptimizerHome::kDevice;
+  const PlanOptimizer optimizer{{}, 1};
+  o.device_budget_bytes = AutoDeviceBudgetBytes(**model, DType::kBF16, mb, o, optimizer);
+  auto plan = MakePlan(**model, DType::kBF16, mb, o, optimizer);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_EQ(plan->num_resident(), (*model)->num_blocks());
+  EXPECT_EQ(plan->device_optimizer_params, plan->model_params);
+  EXPECT_FALSE(plan->has_cpu_optimizer());
+  EXPECT_EQ(plan->host_grad_bytes, 0u);
+  EXPECT_EQ(plan->host_bytes, 0u);  // no master weights, state or gradients on the host
+  const uint64_t params = static_cast<uint64_t>(plan->model_params);
+  EXPECT_GE(plan->device_total_bytes,
+            AllResidentBytes(**model, DType::kBF16, mb) + params * (4 + 8 + 2));
+  EXPECT_LE(plan->device_total_bytes, o.device_budget_bytes);
+  EXPECT_NE(plan->Describe().find("on the device for"), std::string::npos) << plan->Describe();
+  // One byte short of it: refused, naming the optimizer's share.
+  o.device_budget_bytes = plan->device_total_bytes - 1;
+  auto short_plan = MakePlan(**model, DType::kBF16, mb, o, optimizer);
+  ASSERT_FALSE(short_plan.ok());
+  EXPECT_EQ(short_plan.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(short_plan.status().message().find("master weights, state and gradients"),
+            std::string::npos)
+      << short_plan.status().ToString();
+  // Half on the device, the rest on the host: whole blocks in forward order.
+  o.optimizer_home = OptimizerHome::kHost;
+  o.optimizer_device_fraction = 0.5;
+  o.device_budget_bytes = AutoDeviceBudgetBytes(**model, DType::kBF16, mb, o, optimizer);
+  plan = MakePlan(**model, DType::kBF16, mb, o, optimizer);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  bool seen_host = false;
+  for (const Plan::Block& b : plan->blocks) {
+    if (!b.optimizer_on_device) seen_host = true;
+    EXPECT_FALSE(seen_host && b.optimizer_on_device) << b.name;
+    if (b.optimizer_on_device) EXPECT_TRUE(b.resident) << b.name;
+  }
+  EXPECT_TRUE(plan->has_cpu_optimizer());
+  EXPECT_NEAR(plan->optimizer_device_fraction(), 0.5,
+              0.5 * static_cast<double>(plan->max_block_params) / plan->model_params);
+  EXPECT_GT(plan->host_bytes, 0u);
+  // A fraction outside [0, 1] and a kind that runs on the CPU only are refused by name.
+  o.optimizer_device_fraction = 1.5;
+  EXPECT_NE(
+      MakePlan(**model, DType::kBF16, mb, o, optimizer).status().message().find("is not in [0, 1]"),
+      std::string::npos);
+  o.optimizer_device_fraction = 0.5;
+  const PlanOptimizer adafactor{
+      {cpu_optim::OptimizerKind::kAdafactor, cpu_optim::AdafactorConfig{}}, 1};
+  EXPECT_NE(MakePlan(**model, DType::kBF16, mb, o, adafactor)
+                .status()
+                .message()
+                .find("adafactor runs on the CPU only"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace strata::engine

@@ -112,7 +112,7 @@ TEST(TrainConfig, KeysNotInTheFileKeepTheirValues) {
   EXPECT_EQ(f.io_block_size, "1048576");  // aio.block_size's default
   EXPECT_EQ(f.io_threads, 1);
   EXPECT_EQ(f.offload_params, "device");
-  EXPECT_EQ(f.offload_optimizer, "host");
+  EXPECT_EQ(f.offload_optimizer, "device");  // no offload_optimizer: on the GPU, as DeepSpeed
 }
 
 TEST(TrainConfig, TheIobenchSweepBlockIsAcceptedUnchanged) {
