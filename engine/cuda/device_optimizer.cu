@@ -1,7 +1,12 @@
 // The CUDA kernels of the device optimizer (device_optimizer_kernels.h): cpu_optim's loops
-// (cpu_optim/kernels_impl.inc) one element per thread iteration, grid-stride, every fp32 and fp64
-// operation an _rn intrinsic so that nothing contracts into an FMA (the file is also compiled
-// with -fmad=false), conversions bit for bit base/dtype.h (gpu/cuda/cuda_dtype.cuh).
+// (cpu_optim/kernels_impl.inc) as per-element ops, run by one grid-stride update kernel four
+// elements at a time (16-byte fp32, 8-byte fp16/bf16 accesses) where every buffer is aligned for
+// it and one at a time otherwise and for the tail; every fp32 and fp64 operation an _rn intrinsic
+// so that nothing contracts into an FMA (the file is also compiled with -fmad=false), conversions
+// bit for bit base/dtype.h (gpu/cuda/cuda_dtype.cuh). Elements are independent, so the grouping
+// changes no bits. Measured on an H200 (bench/gpu/bench_device_optimizer): AdamW over 2^26
+// parameters, bf16 gradient and copy-out, 3.45 TB/s of the 3.68 TB/s a device-to-device copy
+// reaches.
 #include <cuda_runtime.h>
 
 #include <algorithm>
