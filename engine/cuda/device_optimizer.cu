@@ -1,11 +1,17 @@
 // The CUDA kernels of the device optimizer (device_optimizer_kernels.h): cpu_optim's loops
-// (cpu_optim/kernels_impl.inc) one element per thread iteration, grid-stride, every fp32 and fp64
-// operation an _rn intrinsic so that nothing contracts into an FMA (the file is also compiled
-// with -fmad=false), conversions bit for bit base/dtype.h (gpu/cuda/cuda_dtype.cuh).
+// (cpu_optim/kernels_impl.inc) as per-element ops, run by one grid-stride update kernel four
+// elements at a time (16-byte fp32, 8-byte fp16/bf16 accesses) where every buffer is aligned for
+// it and one at a time otherwise and for the tail; every fp32 and fp64 operation an _rn intrinsic
+// so that nothing contracts into an FMA (the file is also compiled with -fmad=false), conversions
+// bit for bit base/dtype.h (gpu/cuda/cuda_dtype.cuh). Elements are independent, so the grouping
+// changes no bits. Measured on an H200 (bench/gpu/bench_device_optimizer): AdamW over 2^26
+// parameters, bf16 gradient and copy-out, 3.45 TB/s of the 3.68 TB/s a device-to-device copy
+// reaches.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstring>
+#include <initializer_list>
 #include <type_traits>
 
 #include "engine/cuda/device_optimizer_kernels.h"
@@ -64,92 +70,6 @@ __device__ __forceinline__ float Sub(float a, float b) { return __fsub_rn(a, b);
 __device__ __forceinline__ float Mul(float a, float b) { return __fmul_rn(a, b); }
 __device__ __forceinline__ float Div(float a, float b) { return __fdiv_rn(a, b); }
 
-// ---- AdamW / Adam: cpu_optim AdamWLoop ----
-template <DType kGrad, bool kOut, DType kOutDType>
-__global__ void AdamWKernel(ci::AdamWScalars s, ci::AdamWBuffers b, int64_t n) {
-  STRATA_GRID_STRIDE(i, n) {
-    float gi = Mul(Load<kGrad>(b.grad, i), s.grad_scale);
-    float pi = b.master[i];
-    if (s.weight_decay_mode == ci::WeightDecayMode::kL2) gi = Add(gi, Mul(s.weight_decay, pi));
-    if (s.weight_decay_mode == ci::WeightDecayMode::kDecoupled) pi = Mul(pi, s.decay);
-    // torch.lerp(m, g, 1 - beta1), the form picked per call.
-    const float m_old = b.m[i];
-    const float diff = Sub(gi, m_old);
-    const float mi = s.lerp_small ? Add(m_old, Mul(s.one_minus_beta1, diff))
-                                  : Sub(gi, Mul(diff, s.lerp_one_minus_w));
-    const float vi = Add(Mul(s.beta2, b.v[i]), Mul(Mul(s.one_minus_beta2, gi), gi));
-    float v_used = vi;
-    if (s.amsgrad) {  // torch.maximum(max_v, v): NaN when either is NaN
-      const float old_max = b.max_v[i];
-      v_used = (vi > old_max || vi != vi) ? vi : old_max;
-      if (old_max != old_max) v_used = old_max;
-      b.max_v[i] = v_used;
-    }
-    const float denom = Add(Div(__fsqrt_rn(v_used), s.bias_correction2_sqrt), s.eps);
-    pi = Sub(pi, Div(Mul(s.step_size, mi), denom));
-    b.master[i] = pi;
-    b.m[i] = mi;
-    b.v[i] = vi;
-    Store<kOut, kOutDType>(b.out, i, pi);
-  }
-}
-
-// ---- Adagrad: cpu_optim AdagradLoop ----
-template <DType kGrad, bool kOut, DType kOutDType>
-__global__ void AdagradKernel(ci::AdagradScalars s, ci::StateBuffers b, int64_t n) {
-  STRATA_GRID_STRIDE(i, n) {
-    float gi = Mul(Load<kGrad>(b.grad, i), s.grad_scale);
-    float pi = b.master[i];
-    if (s.has_weight_decay) gi = Add(gi, Mul(s.weight_decay, pi));
-    const float si = Add(b.state[i], Mul(gi, gi));
-    const float std_dev = Add(__fsqrt_rn(si), s.eps);
-    pi = Sub(pi, Div(Mul(s.clr, gi), std_dev));
-    b.master[i] = pi;
-    b.state[i] = si;
-    Store<kOut, kOutDType>(b.out, i, pi);
-  }
-}
-
-// ---- Lion: cpu_optim LionLoop ----
-template <DType kGrad, bool kOut, DType kOutDType>
-__global__ void LionKernel(ci::LionScalars s, ci::StateBuffers b, int64_t n) {
-  STRATA_GRID_STRIDE(i, n) {
-    const float gi = Mul(Load<kGrad>(b.grad, i), s.grad_scale);
-    float pi = b.master[i];
-    const float mi = b.state[i];
-    if (s.has_weight_decay) pi = Mul(pi, s.decay);
-    const float c = Add(Mul(s.beta1, mi), Mul(s.one_minus_beta1, gi));
-    // sign(c): +1, -1, +0 for +-0, NaN for NaN.
-    float sign = c != c ? c : 0.0f;
-    if (c > 0.0f) sign = 1.0f;
-    if (c < 0.0f) sign = -1.0f;
-    pi = Sub(pi, Mul(s.lr, sign));
-    b.master[i] = pi;
-    b.state[i] = Add(Mul(s.beta2, mi), Mul(s.one_minus_beta2, gi));
-    Store<kOut, kOutDType>(b.out, i, pi);
-  }
-}
-
-// ---- SGD: cpu_optim SgdLoop ----
-template <DType kGrad, bool kOut, DType kOutDType>
-__global__ void SgdKernel(ci::SgdScalars s, ci::StateBuffers b, int64_t n) {
-  STRATA_GRID_STRIDE(i, n) {
-    float gi = Mul(Load<kGrad>(b.grad, i), s.grad_scale);
-    float pi = b.master[i];
-    if (s.has_weight_decay) gi = Add(gi, Mul(s.weight_decay, pi));
-    if (s.momentum_mode != ci::SgdMomentumMode::kNone) {
-      const float bi = s.momentum_mode == ci::SgdMomentumMode::kInit
-                           ? gi
-                           : Add(Mul(s.momentum, b.state[i]), Mul(s.one_minus_dampening, gi));
-      b.state[i] = bi;
-      gi = s.nesterov ? Add(gi, Mul(s.momentum, bi)) : bi;
-    }
-    pi = Sub(pi, Mul(s.lr, gi));
-    b.master[i] = pi;
-    Store<kOut, kOutDType>(b.out, i, pi);
-  }
-}
-
 template <DType kD>
 using DTypeConstant = std::integral_constant<DType, kD>;
 
@@ -178,6 +98,170 @@ Status DispatchDTypes(DType grad_dtype, const void* out, DType out_dtype, const 
       return with_out(DTypeConstant<DType::kBF16>{});
   }
   return InvalidArgumentError("device optimizer: unknown gradient dtype");
+}
+
+// ---- The per-element updates: cpu_optim's loops (kernels_impl.inc), one element each ----
+// Each op takes the unscaled gradient element, the master weight and its kNumState state values
+// (in StateLayout's order) and updates them in place.
+
+// AdamW / Adam: cpu_optim AdamWLoop; state exp_avg, exp_avg_sq (, max_exp_avg_sq with amsgrad).
+template <bool kAmsgrad>
+struct AdamWOp {
+  static constexpr int kNumState = kAmsgrad ? 3 : 2;
+  ci::AdamWScalars s;
+  __device__ __forceinline__ void operator()(float g, float& p, float (&st)[kNumState]) const {
+    float gi = Mul(g, s.grad_scale);
+    float pi = p;
+    if (s.weight_decay_mode == ci::WeightDecayMode::kL2) gi = Add(gi, Mul(s.weight_decay, pi));
+    if (s.weight_decay_mode == ci::WeightDecayMode::kDecoupled) pi = Mul(pi, s.decay);
+    // torch.lerp(m, g, 1 - beta1), the form picked per call.
+    const float m_old = st[0];
+    const float diff = Sub(gi, m_old);
+    const float mi = s.lerp_small ? Add(m_old, Mul(s.one_minus_beta1, diff))
+                                  : Sub(gi, Mul(diff, s.lerp_one_minus_w));
+    const float vi = Add(Mul(s.beta2, st[1]), Mul(Mul(s.one_minus_beta2, gi), gi));
+    float v_used = vi;
+    if constexpr (kAmsgrad) {  // torch.maximum(max_v, v): NaN when either is NaN
+      const float old_max = st[2];
+      v_used = (vi > old_max || vi != vi) ? vi : old_max;
+      if (old_max != old_max) v_used = old_max;
+      st[2] = v_used;
+    }
+    const float denom = Add(Div(__fsqrt_rn(v_used), s.bias_correction2_sqrt), s.eps);
+    p = Sub(pi, Div(Mul(s.step_size, mi), denom));
+    st[0] = mi;
+    st[1] = vi;
+  }
+};
+
+// Adagrad: cpu_optim AdagradLoop; state sum.
+struct AdagradOp {
+  static constexpr int kNumState = 1;
+  ci::AdagradScalars s;
+  __device__ __forceinline__ void operator()(float g, float& p, float (&st)[1]) const {
+    float gi = Mul(g, s.grad_scale);
+    const float pi = p;
+    if (s.has_weight_decay) gi = Add(gi, Mul(s.weight_decay, pi));
+    const float si = Add(st[0], Mul(gi, gi));
+    const float std_dev = Add(__fsqrt_rn(si), s.eps);
+    p = Sub(pi, Div(Mul(s.clr, gi), std_dev));
+    st[0] = si;
+  }
+};
+
+// Lion: cpu_optim LionLoop; state exp_avg.
+struct LionOp {
+  static constexpr int kNumState = 1;
+  ci::LionScalars s;
+  __device__ __forceinline__ void operator()(float g, float& p, float (&st)[1]) const {
+    const float gi = Mul(g, s.grad_scale);
+    float pi = p;
+    const float mi = st[0];
+    if (s.has_weight_decay) pi = Mul(pi, s.decay);
+    const float c = Add(Mul(s.beta1, mi), Mul(s.one_minus_beta1, gi));
+    // sign(c): +1, -1, +0 for +-0, NaN for NaN.
+    float sign = c != c ? c : 0.0f;
+    if (c > 0.0f) sign = 1.0f;
+    if (c < 0.0f) sign = -1.0f;
+    p = Sub(pi, Mul(s.lr, sign));
+    st[0] = Add(Mul(s.beta2, mi), Mul(s.one_minus_beta2, gi));
+  }
+};
+
+// SGD: cpu_optim SgdLoop; state momentum_buffer when momentum != 0 (kMomentum), else none.
+template <bool kMomentum>
+struct SgdOp {
+  static constexpr int kNumState = kMomentum ? 1 : 0;
+  ci::SgdScalars s;
+  template <int kN>
+  __device__ __forceinline__ void operator()(float g, float& p, float (&st)[kN]) const {
+    float gi = Mul(g, s.grad_scale);
+    const float pi = p;
+    if (s.has_weight_decay) gi = Add(gi, Mul(s.weight_decay, pi));
+    if constexpr (kMomentum) {
+      const float bi = s.momentum_mode == ci::SgdMomentumMode::kInit
+                           ? gi
+                           : Add(Mul(s.momentum, st[0]), Mul(s.one_minus_dampening, gi));
+      st[0] = bi;
+      gi = s.nesterov ? Add(gi, Mul(s.momentum, bi)) : bi;
+    }
+    p = Sub(pi, Mul(s.lr, gi));
+  }
+};
+
+// The state pointers of an op (at least one slot, so that SGD without momentum compiles).
+template <int kNumState>
+struct StatePtrs {
+  float* p[kNumState > 0 ? kNumState : 1];
+};
+
+// Four consecutive gradient elements 4j..4j+3 (grad 16-byte aligned for fp32, 8 for fp16/bf16).
+template <DType kD>
+__device__ __forceinline__ void LoadGrad4(const void* grad, int64_t j, float (&g)[4]) {
+  if constexpr (kD == DType::kF32) {
+    const float4 v = static_cast<const float4*>(grad)[j];
+    g[0] = v.x, g[1] = v.y, g[2] = v.z, g[3] = v.w;
+  } else {
+    const uint2 v = static_cast<const uint2*>(grad)[j];
+    const uint16_t h[4] = {static_cast<uint16_t>(v.x), static_cast<uint16_t>(v.x >> 16),
+                           static_cast<uint16_t>(v.y), static_cast<uint16_t>(v.y >> 16)};
+    for (int e = 0; e < 4; ++e) {
+      g[e] = kD == DType::kF16 ? HalfToFloatDev(h[e]) : Bf16ToFloatDev(h[e]);
+    }
+  }
+}
+
+template <bool kOut, DType kD>
+__device__ __forceinline__ void StoreOut4(void* out, int64_t j, const float (&p)[4]) {
+  if constexpr (!kOut) {
+    return;
+  } else if constexpr (kD == DType::kF32) {
+    static_cast<float4*>(out)[j] = make_float4(p[0], p[1], p[2], p[3]);
+  } else {
+    uint16_t h[4];
+    for (int e = 0; e < 4; ++e)
+      h[e] = kD == DType::kF16 ? FloatToHalfDev(p[e]) : FloatToBf16Dev(p[e]);
+    static_cast<uint2*>(out)[j] =
+        make_uint2(h[0] | (uint32_t{h[1]} << 16), h[2] | (uint32_t{h[3]} << 16));
+  }
+}
+
+// One optimizer step over [0, n): the first num_vec * 4 elements four at a time with 16-byte
+// fp32 and 8-byte 16-bit accesses (num_vec is 0 unless every buffer is aligned for them), the
+// rest one at a time; grid-stride over both.
+template <DType kGrad, bool kOut, DType kOutDType, typename Op>
+__global__ void UpdateKernel(Op op, float* master, StatePtrs<Op::kNumState> state, const void* grad,
+                             void* out, int64_t n, int64_t num_vec) {
+  constexpr int kS = Op::kNumState;
+  STRATA_GRID_STRIDE(j, num_vec) {
+    const float4 pv = reinterpret_cast<float4*>(master)[j];
+    float p[4] = {pv.x, pv.y, pv.z, pv.w};
+    float st[4][kS > 0 ? kS : 1];
+    for (int k = 0; k < kS; ++k) {
+      const float4 sv = reinterpret_cast<float4*>(state.p[k])[j];
+      st[0][k] = sv.x, st[1][k] = sv.y, st[2][k] = sv.z, st[3][k] = sv.w;
+    }
+    float g[4];
+    LoadGrad4<kGrad>(grad, j, g);
+    for (int e = 0; e < 4; ++e) op(g[e], p[e], st[e]);
+    reinterpret_cast<float4*>(master)[j] = make_float4(p[0], p[1], p[2], p[3]);
+    for (int k = 0; k < kS; ++k) {
+      reinterpret_cast<float4*>(state.p[k])[j] =
+          make_float4(st[0][k], st[1][k], st[2][k], st[3][k]);
+    }
+    StoreOut4<kOut, kOutDType>(out, j, p);
+  }
+  const int64_t first = num_vec * 4;
+  STRATA_GRID_STRIDE(t, n - first) {
+    const int64_t i = first + t;
+    float p = master[i];
+    float st[kS > 0 ? kS : 1];
+    for (int k = 0; k < kS; ++k) st[k] = state.p[k][i];
+    op(Load<kGrad>(grad, i), p, st);
+    master[i] = p;
+    for (int k = 0; k < kS; ++k) state.p[k][i] = st[k];
+    Store<kOut, kOutDType>(out, i, p);
+  }
 }
 
 // ---- Gradient statistics: cpu_optim SumSquaresChunk / SumSquaresTyped, one block per leaf ----
@@ -258,42 +342,60 @@ Status DispatchGrad(DType dtype, const F& f) {
   return InvalidArgumentError("device optimizer: unknown gradient dtype");
 }
 
+// Launches UpdateKernel for the run-time dtypes, four elements at a time where every buffer is
+// aligned for it.
+template <typename Op>
+Status LaunchUpdate(cudaStream_t stream, const Op& op, float* master,
+                    std::initializer_list<float*> state_ptrs, const void* grad, DType grad_dtype,
+                    void* out, DType out_dtype, int64_t n) {
+  StatePtrs<Op::kNumState> state{};
+  int k = 0;
+  for (float* p : state_ptrs) state.p[k++] = p;
+  auto aligned = [](const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; };
+  bool vec = aligned(master, 16) && aligned(grad, grad_dtype == DType::kF32 ? 16 : 8) &&
+             (out == nullptr || aligned(out, out_dtype == DType::kF32 ? 16 : 8));
+  for (int i = 0; i < Op::kNumState; ++i) vec = vec && aligned(state.p[i], 16);
+  const int64_t num_vec = vec ? n / 4 : 0;
+  const int grid = GridFor(num_vec > 0 ? num_vec : n);
+  return DispatchDTypes(grad_dtype, out, out_dtype, [&](auto g, auto has_out, auto o) {
+    UpdateKernel<decltype(g)::value, decltype(has_out)::value, decltype(o)::value>
+        <<<grid, kBlock, 0, stream>>>(op, master, state, grad, out, n, num_vec);
+    return Launched("UpdateKernel");
+  });
+}
+
 }  // namespace
 
 Status LaunchAdamWUpdate(cudaStream_t stream, const ci::AdamWScalars& s, const ci::AdamWBuffers& b,
                          int64_t num_elems) {
-  return DispatchDTypes(b.grad_dtype, b.out, b.out_dtype, [&](auto g, auto has_out, auto o) {
-    AdamWKernel<decltype(g)::value, decltype(has_out)::value, decltype(o)::value>
-        <<<GridFor(num_elems), kBlock, 0, stream>>>(s, b, num_elems);
-    return Launched("AdamWKernel");
-  });
+  if (s.amsgrad) {
+    return LaunchUpdate(stream, AdamWOp<true>{s}, b.master, {b.m, b.v, b.max_v}, b.grad,
+                        b.grad_dtype, b.out, b.out_dtype, num_elems);
+  }
+  return LaunchUpdate(stream, AdamWOp<false>{s}, b.master, {b.m, b.v}, b.grad, b.grad_dtype, b.out,
+                      b.out_dtype, num_elems);
 }
 
 Status LaunchAdagradUpdate(cudaStream_t stream, const ci::AdagradScalars& s,
                            const ci::StateBuffers& b, int64_t num_elems) {
-  return DispatchDTypes(b.grad_dtype, b.out, b.out_dtype, [&](auto g, auto has_out, auto o) {
-    AdagradKernel<decltype(g)::value, decltype(has_out)::value, decltype(o)::value>
-        <<<GridFor(num_elems), kBlock, 0, stream>>>(s, b, num_elems);
-    return Launched("AdagradKernel");
-  });
+  return LaunchUpdate(stream, AdagradOp{s}, b.master, {b.state}, b.grad, b.grad_dtype, b.out,
+                      b.out_dtype, num_elems);
 }
 
 Status LaunchLionUpdate(cudaStream_t stream, const ci::LionScalars& s, const ci::StateBuffers& b,
                         int64_t num_elems) {
-  return DispatchDTypes(b.grad_dtype, b.out, b.out_dtype, [&](auto g, auto has_out, auto o) {
-    LionKernel<decltype(g)::value, decltype(has_out)::value, decltype(o)::value>
-        <<<GridFor(num_elems), kBlock, 0, stream>>>(s, b, num_elems);
-    return Launched("LionKernel");
-  });
+  return LaunchUpdate(stream, LionOp{s}, b.master, {b.state}, b.grad, b.grad_dtype, b.out,
+                      b.out_dtype, num_elems);
 }
 
 Status LaunchSgdUpdate(cudaStream_t stream, const ci::SgdScalars& s, const ci::StateBuffers& b,
                        int64_t num_elems) {
-  return DispatchDTypes(b.grad_dtype, b.out, b.out_dtype, [&](auto g, auto has_out, auto o) {
-    SgdKernel<decltype(g)::value, decltype(has_out)::value, decltype(o)::value>
-        <<<GridFor(num_elems), kBlock, 0, stream>>>(s, b, num_elems);
-    return Launched("SgdKernel");
-  });
+  if (s.momentum_mode == ci::SgdMomentumMode::kNone) {
+    return LaunchUpdate(stream, SgdOp<false>{s}, b.master, {}, b.grad, b.grad_dtype, b.out,
+                        b.out_dtype, num_elems);
+  }
+  return LaunchUpdate(stream, SgdOp<true>{s}, b.master, {b.state}, b.grad, b.grad_dtype, b.out,
+                      b.out_dtype, num_elems);
 }
 
 Status LaunchGradStats(cudaStream_t stream, const void* grad, DType dtype, int64_t num_elems,

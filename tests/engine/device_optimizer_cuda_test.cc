@@ -86,6 +86,21 @@ TEST_F(DeviceOptimizerCudaTest, LengthsPastTheGridEqualCpuOptim) {
   }
 }
 
+TEST_F(DeviceOptimizerCudaTest, MisalignedBuffersEqualCpuOptim) {
+  // Every buffer 4 bytes past a 16-byte boundary: the kernels take their one-element path.
+  DeviceAccess shifted = access_;
+  shifted.carve = [this](size_t size_bytes) {
+    return access_.carve(size_bytes + 16).subspan(4, size_bytes);
+  };
+  uint64_t seed = 40;
+  for (const testing::OptimizerCase& c : testing::DeviceOptimizerCases()) {
+    for (DType g : kGradDTypes) {
+      SCOPED_TRACE(c.name + " grad " + std::string(DTypeName(g)));
+      EXPECT_TRUE(testing::RunUpdateComparison(shifted, c, g, DType::kBF16, 1001, 2, seed++));
+    }
+  }
+}
+
 TEST_F(DeviceOptimizerCudaTest, ComparisonCatchesADifferentStep) {
   const testing::OptimizerCase c = testing::DeviceOptimizerCases()[0];  // AdamW: bias corrections
   EXPECT_FALSE(testing::RunUpdateComparison(access_, c, DType::kF32, DType::kBF16, 513, 2, 3,
