@@ -55,6 +55,8 @@ struct TrainFlags {
   std::string device_budget = "auto";
   std::string offload_params = "nvme";
   std::string offload_optimizer = "nvme";
+  // A machine profile (engine/machine_profile.h): the predicted step is printed with the plan.
+  std::string machine;
   std::vector<std::string> nvme_paths;
   std::string io_backend = "auto";
   std::string summary_json;
