@@ -225,9 +225,9 @@ std::string DescribePrediction(const StepPrediction& pr) {
   std::string parts;
   for (const auto& [name, s] : PartList(pr.parts)) {
     if (s <= 0) continue;
-    parts += fmt::format("{}{} {:.3f} s", parts.empty() ? "" : ", ", name, s);
+    parts += fmt::format("{}{} {:.3g} s", parts.empty() ? "" : ", ", name, s);
   }
-  return fmt::format("step {:.3f} s ({:.0f} tokens/s), bound by {}: {}", pr.step_s, pr.tokens_per_s,
+  return fmt::format("step {:.3g} s ({:.0f} tokens/s), bound by {}: {}", pr.step_s, pr.tokens_per_s,
                      pr.bound, parts);
 }
 

@@ -91,7 +91,7 @@ std::string DescribeStepPrediction(const engine::StepPrediction& pr,
                                                          100 * a.device_fraction)
                                            : std::string("a GPU/CPU split"));
     if (a.prediction) {
-      s += fmt::format("  {}: step {:.3f} s ({:.0f} tokens/s, {:.2f}x), bound by {}\n", label,
+      s += fmt::format("  {}: step {:.3g} s ({:.0f} tokens/s, {:.2f}x), bound by {}\n", label,
                        a.prediction->step_s, a.prediction->tokens_per_s,
                        pr.step_s / a.prediction->step_s, a.prediction->bound);
     } else {

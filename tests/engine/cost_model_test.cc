@@ -152,10 +152,10 @@ TEST(CostModel, DeviceOptimizerStepIsComputePlusAMemoryBoundUpdate) {
     EXPECT_EQ(pr->parts.cpu_optimizer_s, 0);
     // 28 B, and a little more for the state regions' 4 KiB padding.
     EXPECT_NEAR(DeviceOptimizerBytesPerParam(plan), 28, 0.01);
-    EXPECT_NEAR(pr->parts.device_optimizer_s,
-                DeviceOptimizerBytesPerParam(plan) * static_cast<double>(plan.model_params) /
-                    4000e9,
-                1e-12);
+    EXPECT_NEAR(
+        pr->parts.device_optimizer_s,
+        DeviceOptimizerBytesPerParam(plan) * static_cast<double>(plan.model_params) / 4000e9,
+        1e-12);
     EXPECT_NEAR(pr->step_s, pr->parts.compute_s + pr->parts.device_optimizer_s, 1e-9);
     EXPECT_EQ(pr->bound, "compute");
     EXPECT_LT(pr->step_s, 1.5 * e.pytorch_step_s) << e.preset;
