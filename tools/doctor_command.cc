@@ -25,7 +25,9 @@
 #include "base/unique_fd.h"
 #include "base/units.h"
 #include "cpu_optim/adamw.h"
+#include "engine/machine_profile.h"
 #include "io/io_backend.h"
+#include "tools/machine_measure.h"
 #include "tools/pinned_bandwidth.h"
 #ifdef STRATA_HAVE_CUDA
 #include "gpu/cuda/cuda_device.h"
@@ -630,10 +632,72 @@ void PrintText(const std::vector<Check>& checks) {
   }
 }
 
+// Parameters each CPU optimizer pass updates while measuring: 16 Mi (256 MiB with state,
+// gradient and copy-out), far beyond the caches, as a block of a large model is.
+constexpr int64_t kProfileParams = int64_t{16} << 20;
+
+// --machine-profile: measure, print what was measured, write the file.
+Status RunMachineProfile(const DoctorFlags& f) {
+  engine::MachineProfile profile;
+  STRATA_ASSIGN_OR_RETURN(CpuInfo cpu, DetectCpuInfo());
+  engine::MachineProfile::Host host;
+  host.cores = cpu.affinity_cores > 0 ? cpu.affinity_cores : cpu.logical_cores;
+  host.memory_GiB = static_cast<double>(cpu.mem_total_bytes) / static_cast<double>(kGiB);
+  STRATA_ASSIGN_OR_RETURN(host.optimizer_params_per_s,
+                          MeasureCpuOptimizers(f.profile_seconds, kProfileParams));
+  for (const auto& [kind, rate] : host.optimizer_params_per_s) {
+    std::printf("cpu optimizer  %-8s %.3g params/s (%d cores)\n", kind.c_str(), rate, host.cores);
+  }
+  profile.host = host;
+
+  const std::string path =
+      f.paths.empty() ? std::filesystem::temp_directory_path().string() : f.paths.front();
+  io::IoBackendOptions io_options;
+  auto io = io::CreateIoBackend(io_options);
+  std::vector<Check> checks;
+  PathChecks(path, io.ok() ? io->get() : nullptr, f.profile_seconds, &checks);
+  const Check* probe = nullptr;
+  for (const Check& c : checks) {
+    if (c.name == "probe" && c.raw.contains("read_gb_per_s")) probe = &c;
+  }
+  if (probe) {
+    profile.nvme = engine::MachineProfile::Nvme{probe->raw["read_gb_per_s"].get<double>(),
+                                                probe->raw["write_gb_per_s"].get<double>()};
+    std::printf("nvme           read %.2f GB/s, write %.2f GB/s in %s%s\n", profile.nvme->read_GBps,
+                profile.nvme->write_GBps, path.c_str(),
+                probe->raw["direct"].get<bool>() ? "" : " (buffered: includes the page cache)");
+  } else {
+    std::string why = "the probe did not run";
+    for (const Check& c : checks) {
+      if (c.verdict != Verdict::kOk) why = c.name + ": " + c.value;
+    }
+    std::printf("nvme           not measured in %s (%s): no \"nvme\" section\n", path.c_str(),
+                why.c_str());
+  }
+
+  const GpuMeasurement gpu = MeasureGpu(f.profile_seconds);
+  profile.device = gpu.device;
+  profile.pcie = gpu.pcie;
+  if (gpu.device) {
+    std::printf("device         %s, %.1f GiB, bf16 %.0f model TFLOP/s, memory %.0f GB/s\n",
+                gpu.device->name.c_str(), gpu.device->memory_GiB, gpu.device->bf16_TFLOPs,
+                gpu.device->memory_GBps);
+    std::printf("pcie           H2D %.1f GB/s, D2H %.1f GB/s\n", gpu.pcie->h2d_GBps,
+                gpu.pcie->d2h_GBps);
+  } else {
+    std::printf("device         none (%s): no \"device\" and no \"pcie\" section\n",
+                gpu.why_not.c_str());
+  }
+  STRATA_RETURN_IF_ERROR(engine::WriteMachineProfile(profile, f.machine_profile));
+  std::printf("wrote %s\n", f.machine_profile.c_str());
+  std::fflush(stdout);
+  return Status::Ok();
+}
+
 }  // namespace
 
 void AddDoctorFlags(CLI::App& cmd, DoctorFlags& f) {
-  cmd.add_option("--path", f.paths,
+  cmd.add_option("--path,--nvme-path", f.paths,
                  "Directory to check for swap files: O_DIRECT, free space and a read/write probe "
                  "(repeat for several drives). Default: .");
   cmd.add_flag("--json", f.json, "Print one JSON object instead of the table");
@@ -641,9 +705,18 @@ void AddDoctorFlags(CLI::App& cmd, DoctorFlags& f) {
                  "Seconds of writing, then of reading, per path (0 = no probe)")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 60.0));
+  cmd.add_option("--machine-profile", f.machine_profile,
+                 "Measure this machine (CPU optimizer per kind, NVMe on the first --path or the "
+                 "temporary directory, and a CUDA GPU's bf16 rate, memory bandwidth and PCIe) "
+                 "and write its profile for `strata estimate --machine FILE`");
+  cmd.add_option("--profile-seconds", f.profile_seconds,
+                 "With --machine-profile: seconds per measurement")
+      ->capture_default_str()
+      ->check(CLI::Range(0.01, 60.0));
 }
 
 Status RunDoctor(const DoctorFlags& f) {
+  if (!f.machine_profile.empty()) return RunMachineProfile(f);
   std::vector<Check> checks;
   checks.push_back(KernelCheck());
   checks.push_back(UringCheck());

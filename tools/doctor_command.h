@@ -19,6 +19,15 @@
 // Only checks of a --path can FAIL (missing or unwritable directory, failing I/O); then RunDoctor
 // returns kFailedPrecondition naming them and the process exits 1. Everything else is OK or WARN.
 //
+// --machine-profile FILE measures instead, each part for about --profile-seconds, and writes a
+// machine profile (engine/machine_profile.h) that `strata estimate --machine` reads: the host
+// (cores this process may use, memory, the CPU optimizer's params/s for adamw, adam, lion, sgd
+// and adagrad at the engine's thread count: tools/machine_measure.h), NVMe (the probe above on
+// the first --path / --nvme-path, else the temporary directory), and on a CUDA GPU the device
+// (name, memory, bf16 rate, memory bandwidth) and PCIe both ways. Without a GPU the file has no
+// "device" and no "pcie" section and stdout says so; a failing NVMe probe leaves "nvme" out
+// and says why. Errors: the CPU measurement's and writing FILE's.
+//
 // Thread-safety: RunDoctor prints to stdout; one call at a time.
 #pragma once
 
@@ -34,6 +43,10 @@ struct DoctorFlags {
   std::vector<std::string> paths;  // default: "."
   bool json = false;
   double probe_seconds = 1.0;  // per direction and path; 0 skips the probe
+  // --machine-profile FILE: instead of the checks, measure this machine for the cost model and
+  // write its profile (engine/machine_profile.h) to FILE; see RunDoctor.
+  std::string machine_profile;
+  double profile_seconds = 2.0;  // per measurement (each CPU optimizer kind, GEMM, ...)
 };
 
 void AddDoctorFlags(CLI::App& cmd, DoctorFlags& f);

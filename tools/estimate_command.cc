@@ -14,10 +14,13 @@
 #include "base/cpu_info.h"
 #include "base/dtype.h"
 #include "base/units.h"
+#include "engine/cost_model.h"
+#include "engine/machine_profile.h"
 #include "engine/optimizer_state.h"
 #include "engine/planner.h"
 #include "tools/model_spec.h"
 #include "tools/optimizer_flags.h"
+#include "tools/step_prediction.h"
 #include "tools/train_setup.h"
 
 namespace strata::tools {
@@ -68,11 +71,11 @@ void AddEstimateFlags(CLI::App& cmd, EstimateFlags& f) {
   cmd.add_option("--model-dir", f.model_dir,
                  "A Hugging Face model directory: the shapes of its config.json");
   cmd.add_option(
-         "--device-budget", f.device_budget,
-         "Device memory for the whole arena, e.g. 24GiB (GB = 1e9 B, GiB = 2^30 B), or auto "
-         "as strata train's: midway between the streaming minimum and the working params "
-         "(every block's needs with --offload-params device)")
-      ->required();
+      "--device-budget", f.device_budget,
+      "Device memory for the whole arena, e.g. 24GiB (GB = 1e9 B, GiB = 2^30 B), or auto "
+      "as strata train's: midway between the streaming minimum and the working params "
+      "(every block's needs with --offload-params device); default with --machine: the "
+      "profile's device memory");
   cmd.add_option("--host-budget", f.host_budget,
                  "Host memory for pinned buffers, gradient accumulators and host-resident "
                  "optimizer state; auto = this machine's total memory")
@@ -122,6 +125,10 @@ void AddEstimateFlags(CLI::App& cmd, EstimateFlags& f) {
                  "comparison with one rank")
       ->capture_default_str();
   cmd.add_flag("--json", f.json, "Print the plan as one JSON object");
+  cmd.add_option("--machine", f.machine,
+                 "A machine profile (JSON; `strata doctor --machine-profile FILE` writes one): "
+                 "adds the predicted step time, its parts, what bounds it and tokens/s, and the "
+                 "step with the optimizer on the device and with the best GPU/CPU split");
 }
 
 namespace {
@@ -175,6 +182,7 @@ Status SetHostBudgets(const EstimateFlags& f, engine::PlacementOptions* o) {
 // bound every rank's) and the model's shapes.
 struct EstimateSetup {
   TrainOptions options;
+  ModelSpec spec;
   std::unique_ptr<engine::Model> model;
 };
 
@@ -187,9 +195,8 @@ StatusOr<EstimateSetup> MakeEstimateSetup(const EstimateFlags& f) {
   }
   EstimateSetup e;
   // Shapes only: a directory's config.json is enough (no weights are read).
-  STRATA_ASSIGN_OR_RETURN(ModelSpec spec,
-                          ResolveModelSpec(f.model, f.model_dir, /*config_only=*/true));
-  STRATA_ASSIGN_OR_RETURN(e.model, BuildModel(spec, /*load_weights=*/false));
+  STRATA_ASSIGN_OR_RETURN(e.spec, ResolveModelSpec(f.model, f.model_dir, /*config_only=*/true));
+  STRATA_ASSIGN_OR_RETURN(e.model, BuildModel(e.spec, /*load_weights=*/false));
   const int seq_len = f.seq_len == 0 ? e.model->max_seq_len() : f.seq_len;
   if (seq_len > e.model->max_seq_len()) {
     return InvalidArgumentError(fmt::format("--seq-len {} exceeds the model's context of {}",
@@ -223,10 +230,38 @@ StatusOr<engine::Plan> OneRankPlan(const EstimateSetup& e) {
   return MakeTrainPlan(*e.model, one);
 }
 
+// The cost model's figures: step_s, tokens_per_s, bound, parts (seconds), bytes and notes.
+nlohmann::json PredictionJson(const engine::StepPrediction& pr) {
+  nlohmann::json parts = nlohmann::json::object();
+  for (const auto& [name, s] : engine::PartList(pr.parts)) parts[std::string(name)] = s;
+  return {{"step_s", pr.step_s},
+          {"tokens_per_s", pr.tokens_per_s},
+          {"bound", pr.bound},
+          {"parts", parts},
+          {"model_flops", pr.model_flops},
+          {"h2d_bytes", pr.h2d_bytes},
+          {"d2h_bytes", pr.d2h_bytes},
+          {"nvme_read_bytes", pr.nvme_read_bytes},
+          {"nvme_write_bytes", pr.nvme_write_bytes},
+          {"notes", pr.notes}};
+}
+
+// The prediction of the plan (its keys at the top level) and the alternatives.
+struct EstimatePrediction {
+  engine::StepPrediction prediction;
+  std::vector<PlacementAlternative> alternatives;
+};
+// Or why the profile could not predict this plan (it lacks a section the plan needs).
+struct Predicted {
+  std::optional<EstimatePrediction> prediction;
+  std::string why_not;
+};
+
 nlohmann::json EstimateJson(const EstimateFlags& f, const EstimateSetup& e,
-                            const engine::Plan& plan, const std::optional<engine::Plan>& one_rank) {
+                            const engine::Plan& plan, const std::optional<engine::Plan>& one_rank,
+                            const std::optional<Predicted>& predicted_or) {
   const engine::PlacementOptions& o = e.options.engine.placement;
-  return {
+  nlohmann::json j = {
       {"model", f.model_dir.empty() ? f.model : f.model_dir},
       {"model_params", plan.model_params},
       {"model_state_bytes", plan.model_state_bytes},
@@ -265,10 +300,32 @@ nlohmann::json EstimateJson(const EstimateFlags& f, const EstimateSetup& e,
                                              {"nvme_bytes", one_rank->nvme_bytes}}
                             : nlohmann::json()},
   };
+  if (predicted_or && !predicted_or->prediction) {
+    j["machine"] = f.machine;
+    j["prediction_error"] = predicted_or->why_not;
+  } else if (predicted_or) {
+    const EstimatePrediction* predicted = &*predicted_or->prediction;
+    j["machine"] = f.machine;
+    j.update(PredictionJson(predicted->prediction));
+    nlohmann::json alts = nlohmann::json::array();
+    for (const PlacementAlternative& a : predicted->alternatives) {
+      nlohmann::json alt = {{"optimizer", a.name}, {"device_fraction", a.device_fraction}};
+      if (a.prediction) {
+        alt.update(PredictionJson(*a.prediction));
+      } else {
+        alt["feasible"] = false;
+        alt["why_not"] = a.why_not;
+      }
+      alts.push_back(std::move(alt));
+    }
+    j["alternatives"] = std::move(alts);
+  }
+  return j;
 }
 
 void PrintEstimate(const EstimateFlags& f, const EstimateSetup& e, const engine::Plan& plan,
-                   const std::optional<engine::Plan>& one_rank) {
+                   const std::optional<engine::Plan>& one_rank,
+                   const std::optional<Predicted>& predicted_or) {
   const engine::PlacementOptions& o = e.options.engine.placement;
   std::printf("strata estimate: %s\n", e.model->description().c_str());
   std::printf("%s", plan.Describe().c_str());
@@ -292,21 +349,57 @@ void PrintEstimate(const EstimateFlags& f, const EstimateSetup& e, const engine:
                   : fmt::format(", NVMe {} of {} free", FormatBytes(plan.nvme_bytes),
                                 FormatBytes(o.nvme_capacity_bytes))
                         .c_str());
+  if (predicted_or && predicted_or->prediction) {
+    const EstimatePrediction& p = *predicted_or->prediction;
+    std::printf("%s", DescribeStepPrediction(p.prediction, p.alternatives).c_str());
+  } else if (predicted_or) {
+    std::printf("step time: not predicted: %s\n", predicted_or->why_not.c_str());
+  } else {
+    std::printf(
+        "step time: not predicted; --machine FILE (a machine profile, `strata doctor "
+        "--machine-profile FILE` writes one) adds the predicted step, its parts, what bounds it "
+        "and tokens/s\n");
+  }
 }
 
 }  // namespace
 
-Status RunEstimate(const EstimateFlags& f) {
+Status RunEstimate(const EstimateFlags& flags) {
+  EstimateFlags f = flags;
+  std::optional<engine::MachineProfile> profile;
+  if (!f.machine.empty()) {
+    STRATA_ASSIGN_OR_RETURN(profile, engine::ReadMachineProfile(f.machine));
+  }
+  if (f.device_budget.empty()) {
+    if (!profile || !profile->device) {
+      return InvalidArgumentError(
+          "--device-budget is required: give a size such as 24GiB or auto (with --machine FILE "
+          "whose profile has a device, its memory is the default)");
+    }
+    f.device_budget = fmt::format(
+        "{}", static_cast<uint64_t>(profile->device->memory_GiB * static_cast<double>(kGiB)));
+  }
   STRATA_ASSIGN_OR_RETURN(EstimateSetup e, MakeEstimateSetup(f));
   STRATA_ASSIGN_OR_RETURN(engine::Plan plan, MakeTrainPlan(*e.model, e.options.engine));
   std::optional<engine::Plan> one_rank;
   if (f.ranks > 1) {
     STRATA_ASSIGN_OR_RETURN(one_rank, OneRankPlan(e));
   }
+  std::optional<Predicted> predicted;
+  if (profile) {
+    const engine::CostInputs inputs = CostInputsOf(e.spec, f.grad_accum_steps);
+    predicted.emplace();
+    if (auto pr = engine::PredictStep(plan, inputs, *profile); pr.ok()) {
+      predicted->prediction = EstimatePrediction{
+          *pr, OptimizerAlternatives(*e.model, e.options.engine, inputs, *profile)};
+    } else {
+      predicted->why_not = pr.status().message();
+    }
+  }
   if (f.json) {
-    std::printf("%s\n", EstimateJson(f, e, plan, one_rank).dump(2).c_str());
+    std::printf("%s\n", EstimateJson(f, e, plan, one_rank, predicted).dump(2).c_str());
   } else {
-    PrintEstimate(f, e, plan, one_rank);
+    PrintEstimate(f, e, plan, one_rank, predicted);
   }
   return Status::Ok();
 }

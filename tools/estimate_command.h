@@ -1,7 +1,8 @@
 // `strata estimate`: the planner's verdict for a model shape and budgets, without training
 // (docs/ARCHITECTURE.md, "Planner"): the same plan `strata train` prints, or the same error when a
 // budget is short. With --ranks N the plan is rank 0's of N data-parallel ranks (what each rank
-// of `mpirun -n N strata train` needs), followed by a comparison with one rank.
+// of `mpirun -n N strata train` needs), followed by a comparison with one rank. With --machine
+// FILE, the predicted step time of that plan on that machine (tools/step_prediction.h).
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -14,10 +15,12 @@ namespace strata::tools {
 
 struct EstimateFlags {
   std::string model = "small";
-  std::string model_dir;               // a Hugging Face directory (config.json) instead of a preset
-  std::string device_budget;           // required: a size, or auto as strata train's
-  std::string host_budget = "auto";    // auto: this machine's total memory
-  std::string pinned_budget = "auto";  // auto: the host budget
+  std::string model_dir;  // a Hugging Face directory (config.json) instead of a preset
+  // A size, or auto as strata train's; required unless `machine` has a device section, whose
+  // memory is then the default.
+  std::string device_budget;
+  std::string host_budget = "auto";     // auto: this machine's total memory
+  std::string pinned_budget = "auto";   // auto: the host budget
   std::vector<std::string> nvme_paths;  // free space is checked when given
   int micro_batch_size = 1;
   int seq_len = 0;  // 0: the model's context
@@ -32,6 +35,10 @@ struct EstimateFlags {
   int grad_accum_steps = 1;         // 1: host gradients stay 16-bit (planner.h)
   int ranks = 1;                    // data-parallel ranks (>= 1); > 1 plans rank 0 of them
   bool json = false;
+  // A machine profile (engine/machine_profile.h): adds the predicted step, its parts, what
+  // bounds it and tokens/s (engine/cost_model.h), and the step with the optimizer on the device
+  // and with the best GPU/CPU split.
+  std::string machine;
 };
 
 void AddEstimateFlags(CLI::App& cmd, EstimateFlags& f);

@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -20,7 +21,9 @@
 #include "base/trace.h"
 #include "base/units.h"
 #include "comm/communicator.h"
+#include "engine/cost_model.h"
 #include "engine/engine.h"
+#include "engine/machine_profile.h"
 #include "gpu/device.h"
 #include "io/io_backend.h"
 #include "tools/config.h"
@@ -28,6 +31,7 @@
 #include "tools/metrics.h"
 #include "tools/model_spec.h"
 #include "tools/mpi_launch.h"
+#include "tools/step_prediction.h"
 #include "tools/train_loop.h"
 #include "tools/train_setup.h"
 
@@ -165,6 +169,9 @@ void AddPlacementFlags(CLI::App& cmd, TrainFlags& f) {
                  "whose optimizer runs on the device while the CPU updates the rest at the same "
                  "time, in --offload-optimizer's home")
       ->capture_default_str();
+  cmd.add_option("--machine", f.machine,
+                 "A machine profile (`strata doctor --machine-profile FILE` writes one): prints "
+                 "the predicted step time, its parts and what bounds it with the plan");
   cmd.add_option("--nvme-path", f.nvme_paths,
                  "Directory for swap files (repeat for several drives; extents are striped); a "
                  "private 0700 subdirectory is made and removed at exit. Default: .");
@@ -311,6 +318,22 @@ void PrintPlan(const TrainOptions& o, const engine::Plan& plan) {
                           f.fp16_consecutive_hysteresis ? " (consecutive)" : "", f.fp16_min_scale)
                   .c_str()
             : fmt::format("static loss scale {:g}", f.fp16_initial_scale).c_str());
+  }
+  std::fflush(stdout);
+}
+
+// --machine: the cost model's prediction for the plan and the optimizer's other placements
+// (tools/step_prediction.h), or why the profile cannot predict it.
+void PrintPrediction(const TrainOptions& o, const ModelSpec& spec, const engine::Model& model,
+                     const engine::Plan& plan, const engine::MachineProfile& machine) {
+  const engine::CostInputs inputs = CostInputsOf(spec, o.engine.grad_accum_steps);
+  auto pr = engine::PredictStep(plan, inputs, machine);
+  if (!pr.ok()) {
+    std::printf("  predicted step: none: %s\n", pr.status().message().c_str());
+  } else {
+    std::printf("  %s",
+                DescribeStepPrediction(*pr, OptimizerAlternatives(model, o.engine, inputs, machine))
+                    .c_str());
   }
   std::fflush(stdout);
 }
@@ -520,6 +543,10 @@ Status RunTrainRanks(const TrainFlags& flags, comm::Communicator* world) {
         comm::CheckSameOnAllRanks(*world, "the flags of strata train", RankConfiguration(flags)));
   }
   STRATA_ASSIGN_OR_RETURN(TrainOptions o, TrainOptionsFromFlags(flags, RankInfoOf(world)));
+  std::optional<engine::MachineProfile> machine;
+  if (!flags.machine.empty()) {
+    STRATA_ASSIGN_OR_RETURN(machine, engine::ReadMachineProfile(flags.machine));
+  }
   // Opened before the model is built, so that a bad metrics path fails at once.
   STRATA_ASSIGN_OR_RETURN(auto metrics_writer, MetricsWriter::Create(o.metrics));
   STRATA_ASSIGN_OR_RETURN(TrainInputs in, OpenModelAndData(o));
@@ -531,6 +558,7 @@ Status RunTrainRanks(const TrainFlags& flags, comm::Communicator* world) {
   PrintRunLines(o, in, *device.device);
   STRATA_ASSIGN_OR_RETURN(engine::Plan plan, MakeTrainPlan(*in.model, o.engine));
   PrintPlan(o, plan);
+  if (machine) PrintPrediction(o, in.spec, *in.model, plan, *machine);
   o.engine.init_progress = InitProgressLines();
   STRATA_ASSIGN_OR_RETURN(auto engine,
                           engine::Engine::Create(in.model.get(), device.device.get(), o.engine));

@@ -58,6 +58,8 @@ struct TrainFlags {
   // The GPU/CPU split: the fraction (0..1) of the parameters whose optimizer runs on the device
   // (engine::PlacementOptions::optimizer_device_fraction).
   std::string optimizer_device_fraction = "0";
+  // A machine profile (engine/machine_profile.h): the predicted step is printed with the plan.
+  std::string machine;
   std::vector<std::string> nvme_paths;
   std::string io_backend = "auto";
   std::string summary_json;

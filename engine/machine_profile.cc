@@ -1,0 +1,148 @@
+#include "engine/machine_profile.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "base/file.h"
+
+namespace strata::engine {
+namespace {
+
+using Json = nlohmann::json;
+
+constexpr std::string_view kRegenerate =
+    "fix it or write the file again with `strata doctor --machine-profile FILE`";
+
+Status BadKey(const std::string& source, const std::string& key, std::string_view what) {
+  return InvalidArgumentError(
+      fmt::format("machine profile {}: \"{}\" {}; {}", source, key, what, kRegenerate));
+}
+
+// The positive number at section[key].
+StatusOr<double> PositiveNumber(const Json& section, const std::string& source,
+                                const std::string& section_name, const char* key) {
+  const std::string full = section_name + "." + key;
+  if (!section.contains(key)) return BadKey(source, full, "is missing");
+  const Json& v = section.at(key);
+  if (!v.is_number()) return BadKey(source, full, fmt::format("is {}, not a number", v.dump()));
+  const double d = v.get<double>();
+  if (!(d > 0)) return BadKey(source, full, fmt::format("is {}, not a positive number", d));
+  return d;
+}
+
+// The object at root[name], or nullptr when absent.
+StatusOr<const Json*> Section(const Json& root, const std::string& source, const char* name) {
+  if (!root.contains(name)) return static_cast<const Json*>(nullptr);
+  const Json& s = root.at(name);
+  if (!s.is_object()) {
+    return BadKey(source, name, fmt::format("is {}, not an object", s.dump()));
+  }
+  return &s;
+}
+
+}  // namespace
+
+std::string MachineProfileJson(const MachineProfile& p) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
+  if (p.device) {
+    j["device"] = {{"name", p.device->name},
+                   {"memory_GiB", p.device->memory_GiB},
+                   {"bf16_TFLOPs", p.device->bf16_TFLOPs},
+                   {"memory_GBps", p.device->memory_GBps}};
+  }
+  if (p.pcie) j["pcie"] = {{"h2d_GBps", p.pcie->h2d_GBps}, {"d2h_GBps", p.pcie->d2h_GBps}};
+  if (p.host) {
+    nlohmann::ordered_json rates = nlohmann::ordered_json::object();
+    for (const auto& [kind, rate] : p.host->optimizer_params_per_s) rates[kind] = rate;
+    j["host"] = {{"cores", p.host->cores},
+                 {"memory_GiB", p.host->memory_GiB},
+                 {"optimizer_params_per_s", rates}};
+  }
+  if (p.nvme) j["nvme"] = {{"read_GBps", p.nvme->read_GBps}, {"write_GBps", p.nvme->write_GBps}};
+  return j.dump(2) + "\n";
+}
+
+StatusOr<MachineProfile> ParseMachineProfile(const std::string& json_text,
+                                             const std::string& source) {
+  Json root = Json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (root.is_discarded()) {
+    return InvalidArgumentError(
+        fmt::format("machine profile {}: not valid JSON; {}", source, kRegenerate));
+  }
+  if (!root.is_object()) {
+    return InvalidArgumentError(
+        fmt::format("machine profile {}: the top level is not an object with \"device\", "
+                    "\"pcie\", \"host\" or \"nvme\"; {}",
+                    source, kRegenerate));
+  }
+  MachineProfile p;
+  STRATA_ASSIGN_OR_RETURN(const Json* device, Section(root, source, "device"));
+  if (device) {
+    MachineProfile::Device d;
+    if (!device->contains("name") || !device->at("name").is_string()) {
+      return BadKey(source, "device.name", "is missing or not a string");
+    }
+    d.name = device->at("name").get<std::string>();
+    STRATA_ASSIGN_OR_RETURN(d.memory_GiB, PositiveNumber(*device, source, "device", "memory_GiB"));
+    STRATA_ASSIGN_OR_RETURN(d.bf16_TFLOPs,
+                            PositiveNumber(*device, source, "device", "bf16_TFLOPs"));
+    STRATA_ASSIGN_OR_RETURN(d.memory_GBps,
+                            PositiveNumber(*device, source, "device", "memory_GBps"));
+    p.device = d;
+  }
+  STRATA_ASSIGN_OR_RETURN(const Json* pcie, Section(root, source, "pcie"));
+  if (pcie) {
+    MachineProfile::Pcie c;
+    STRATA_ASSIGN_OR_RETURN(c.h2d_GBps, PositiveNumber(*pcie, source, "pcie", "h2d_GBps"));
+    STRATA_ASSIGN_OR_RETURN(c.d2h_GBps, PositiveNumber(*pcie, source, "pcie", "d2h_GBps"));
+    p.pcie = c;
+  }
+  STRATA_ASSIGN_OR_RETURN(const Json* host, Section(root, source, "host"));
+  if (host) {
+    MachineProfile::Host h;
+    STRATA_ASSIGN_OR_RETURN(const double cores, PositiveNumber(*host, source, "host", "cores"));
+    h.cores = static_cast<int>(cores);
+    STRATA_ASSIGN_OR_RETURN(h.memory_GiB, PositiveNumber(*host, source, "host", "memory_GiB"));
+    STRATA_ASSIGN_OR_RETURN(const Json* rates, Section(*host, source, "optimizer_params_per_s"));
+    if (!rates) return BadKey(source, "host.optimizer_params_per_s", "is missing");
+    if (rates->empty()) {
+      return BadKey(source, "host.optimizer_params_per_s",
+                    "names no optimizer (give at least \"adamw\": parameters per second)");
+    }
+    for (const auto& [kind, value] : rates->items()) {
+      STRATA_ASSIGN_OR_RETURN(
+          h.optimizer_params_per_s[kind],
+          PositiveNumber(*rates, source, "host.optimizer_params_per_s", kind.c_str()));
+    }
+    p.host = h;
+  }
+  STRATA_ASSIGN_OR_RETURN(const Json* nvme, Section(root, source, "nvme"));
+  if (nvme) {
+    MachineProfile::Nvme n;
+    STRATA_ASSIGN_OR_RETURN(n.read_GBps, PositiveNumber(*nvme, source, "nvme", "read_GBps"));
+    STRATA_ASSIGN_OR_RETURN(n.write_GBps, PositiveNumber(*nvme, source, "nvme", "write_GBps"));
+    p.nvme = n;
+  }
+  return p;
+}
+
+StatusOr<MachineProfile> ReadMachineProfile(const std::string& path) {
+  STRATA_ASSIGN_OR_RETURN(std::string text,
+                          ReadSmallFile(path, ReadSmallFileOptions{.max_bytes = 1 << 20}));
+  return ParseMachineProfile(text, "'" + path + "'");
+}
+
+Status WriteMachineProfile(const MachineProfile& profile, const std::string& path) {
+  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
+  std::remove(tmp.c_str());
+  if (Status s = WriteNewFile(tmp, MachineProfileJson(profile), 0644); !s.ok()) {
+    std::remove(tmp.c_str());
+    return s;
+  }
+  return RenameDurably(tmp, path);
+}
+
+}  // namespace strata::engine

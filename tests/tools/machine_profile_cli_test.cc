@@ -1,0 +1,153 @@
+// Runs the real `strata` binary: `strata estimate --machine` (the cost model, engine/cost_model.h,
+// with the committed H200 profile) and `strata doctor --machine-profile`.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "run_strata.h"
+
+namespace {
+
+using strata::cli_test::Result;
+using strata::cli_test::RunStrata;
+
+const std::string kH200 = std::string(STRATA_SOURCE_DIR) + "/bench/machines/h200.json";
+
+nlohmann::json Json(const Result& r) {
+  nlohmann::json j = nlohmann::json::parse(r.out, nullptr, /*allow_exceptions=*/false);
+  EXPECT_FALSE(j.is_discarded()) << r.out;
+  return j;
+}
+
+void ExpectPrediction(const nlohmann::json& j) {
+  for (const char* key : {"step_s", "tokens_per_s", "bound", "parts"}) {
+    EXPECT_TRUE(j.contains(key)) << key << " in " << j.dump();
+  }
+  for (const char* part :
+       {"compute", "h2d", "d2h", "cpu_optimizer", "device_optimizer", "nvme_read", "nvme_write"}) {
+    EXPECT_TRUE(j["parts"].contains(part)) << part;
+    EXPECT_GE(j["parts"][part].get<double>(), 0) << part;
+  }
+  EXPECT_GT(j["step_s"].get<double>(), 0);
+  EXPECT_NEAR(j["tokens_per_s"].get<double>() * j["step_s"].get<double>(),
+              j["micro_batch_size"].get<double>() * j["seq_len"].get<double>() *
+                  j["grad_accum_steps"].get<double>(),
+              1e-6 * j["tokens_per_s"].get<double>());
+}
+
+TEST(EstimateMachineCli, JsonHasTheStepItsPartsAndTheBound) {
+  const Result r =
+      RunStrata("estimate --model gpt2-1.5b --micro-batch-size 8 --seq-len 1024 --machine " +
+                kH200 + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const nlohmann::json j = Json(r);
+  ExpectPrediction(j);
+  // The default budget is the profile's device memory.
+  EXPECT_EQ(j["device_budget_bytes"].get<double>(),
+            static_cast<double>(static_cast<uint64_t>(139.8 * (1ull << 30))));
+  ASSERT_TRUE(j["alternatives"].is_array());
+  ASSERT_EQ(j["alternatives"].size(), 2u);
+  EXPECT_EQ(j["alternatives"][0]["optimizer"], "device");
+  nlohmann::json device = j["alternatives"][0];
+  device.update({{"micro_batch_size", 8}, {"seq_len", 1024}, {"grad_accum_steps", 1}});
+  ExpectPrediction(device);
+}
+
+// Issue 28's resident rows as `strata estimate` flags: the step within 25 % of the measured one,
+// and with the optimizer on the device several times faster.
+TEST(EstimateMachineCli, ReproducesTheResidentRowsAndPredictsTheDeviceOptimizer) {
+  struct Row {
+    const char* flags;
+    double measured_step_s;
+  };
+  for (const Row& row : {Row{"--model gpt2-1.5b --micro-batch-size 8 --seq-len 1024", 0.872},
+                         Row{"--model gpt-7b --micro-batch-size 2 --seq-len 2048", 2.730}}) {
+    const Result r = RunStrata(std::string("estimate ") + row.flags +
+                               " --offload-params device --offload-optimizer host "
+                               "--host-budget 125GiB --machine " +
+                               kH200 + " --json");
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    const nlohmann::json j = Json(r);
+    const double step = j["step_s"].get<double>();
+    EXPECT_GT(step, 0.75 * row.measured_step_s) << row.flags;
+    EXPECT_LT(step, 1.25 * row.measured_step_s) << row.flags;
+    EXPECT_EQ(j["bound"], "cpu_optimizer");
+    const nlohmann::json& device = j["alternatives"][0];
+    ASSERT_TRUE(device.contains("step_s")) << device.dump();
+    EXPECT_LT(device["step_s"].get<double>() * 3, step);
+    EXPECT_EQ(device["parts"]["cpu_optimizer"].get<double>(), 0);
+  }
+}
+
+TEST(EstimateMachineCli, TextShowsThePredictionOrWhatAProfileAdds) {
+  Result r = RunStrata(
+      "estimate --model gpt2-1.5b --micro-batch-size 8 --seq-len 1024 "
+      "--offload-params device --offload-optimizer host --machine " +
+      kH200);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("predicted: step"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("bound by cpu_optimizer"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("optimizer on the device: step"), std::string::npos) << r.out;
+  r = RunStrata("estimate --model gpt2-1.5b --device-budget 8GiB");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("--machine FILE"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("predicted:"), std::string::npos) << r.out;
+  // Without a profile the budget stays required.
+  r = RunStrata("estimate --model gpt2-1.5b");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--device-budget is required"), std::string::npos) << r.err;
+}
+
+TEST(EstimateMachineCli, ABadProfileIsOneLineNamingTheKey) {
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("strata_bad_profile_" + std::to_string(::getpid()) + ".json");
+  std::ofstream(path) << R"({"pcie": {"h2d_GBps": "fast", "d2h_GBps": 40}})";
+  const Result r =
+      RunStrata("estimate --model gpt2-1.5b --device-budget 8GiB --machine " + path.string());
+  std::filesystem::remove(path);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("pcie.h2d_GBps"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("strata doctor --machine-profile"), std::string::npos) << r.err;
+}
+
+TEST(DoctorMachineProfileCli, WritesAProfileThatEstimateAccepts) {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("strata_profile_test_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string file = (dir / "machine.json").string();
+  Result r = RunStrata("doctor --machine-profile " + file + " --profile-seconds 0.05 --path " +
+                       dir.string());
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("wrote " + file), std::string::npos) << r.out;
+  std::ifstream in(file);
+  const nlohmann::json profile = nlohmann::json::parse(in, nullptr, false);
+  ASSERT_FALSE(profile.is_discarded());
+  for (const char* kind : {"adamw", "adam", "lion", "sgd", "adagrad"}) {
+    EXPECT_GT(profile["host"]["optimizer_params_per_s"][kind].get<double>(), 0) << kind;
+  }
+  EXPECT_GT(profile["host"]["cores"].get<int>(), 0);
+  // A machine without a GPU says so and writes no device section.
+  EXPECT_EQ(profile.contains("device"), r.out.find("device         none") == std::string::npos)
+      << r.out;
+  EXPECT_EQ(profile.contains("device"), profile.contains("pcie"));
+
+  r = RunStrata(
+      "estimate --model gpt2-1.5b --micro-batch-size 2 --seq-len 256 --device-budget "
+      "8GiB --offload-params device --offload-optimizer host --machine " +
+      file + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const nlohmann::json j = Json(r);
+  if (profile.contains("device")) {
+    ExpectPrediction(j);
+  } else {
+    // Compute runs on a device: a host-only profile plans but cannot predict, and says why.
+    EXPECT_NE(j["prediction_error"].get<std::string>().find("\"device\""), std::string::npos);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
