@@ -93,9 +93,16 @@ void AddEstimateFlags(CLI::App& cmd, EstimateFlags& f) {
       ->check(CLI::NonNegativeNumber);
   cmd.add_option("--precision", f.precision, "Working params and gradients: bf16, fp16 or fp32")
       ->capture_default_str();
-  cmd.add_option("--offload-params", f.offload_params, "device, host or nvme")
+  cmd.add_option("--optimizer-device-fraction", f.optimizer_device_fraction,
+                 "GPU/CPU split: the fraction 0..1 of the parameters whose optimizer runs on the "
+                 "device, or auto (with --machine: by predicted time; else 0)")
       ->capture_default_str();
-  cmd.add_option("--offload-optimizer", f.offload_optimizer, "host or nvme")->capture_default_str();
+  cmd.add_option("--offload-params", f.offload_params,
+                 "device, host, nvme, or auto (with --machine: by predicted time; else nvme)")
+      ->capture_default_str();
+  cmd.add_option("--offload-optimizer", f.offload_optimizer,
+                 "device, host, nvme, or auto (with --machine: by predicted time; else nvme)")
+      ->capture_default_str();
   cmd.add_flag("--offload-activations", f.offload_activations,
                "Keep two block-boundary activations on the device, the rest in pinned memory");
   cmd.add_option("--prefetch-depth", f.prefetch_depth,
@@ -147,6 +154,7 @@ TrainFlags AsTrainFlags(const EstimateFlags& f, int seq_len) {
   t.device_budget = f.device_budget;
   t.offload_params = f.offload_params;
   t.offload_optimizer = f.offload_optimizer;
+  t.optimizer_device_fraction = f.optimizer_device_fraction;
   t.offload_activations = f.offload_activations;
   t.prefetch_depth = f.prefetch_depth;
   t.grad_buckets = f.grad_buckets;
@@ -184,9 +192,11 @@ struct EstimateSetup {
   TrainOptions options;
   ModelSpec spec;
   std::unique_ptr<engine::Model> model;
+  std::string placement_choice;  // ResolvePlacement's lines, or ""
 };
 
-StatusOr<EstimateSetup> MakeEstimateSetup(const EstimateFlags& f) {
+StatusOr<EstimateSetup> MakeEstimateSetup(const EstimateFlags& f,
+                                          const engine::MachineProfile* profile) {
   if (f.ranks < 1) {
     return InvalidArgumentError(
         fmt::format("--ranks {} is not a number of ranks: give 1 or more (the process count of "
@@ -207,6 +217,8 @@ StatusOr<EstimateSetup> MakeEstimateSetup(const EstimateFlags& f) {
   }
   const RankInfo rank0{.ranks = f.ranks, .rank = 0, .data_parallel = f.ranks > 1};
   STRATA_ASSIGN_OR_RETURN(e.options, TrainOptionsFromFlags(AsTrainFlags(f, seq_len), rank0));
+  STRATA_ASSIGN_OR_RETURN(e.placement_choice,
+                          ResolvePlacement(*e.model, e.spec, profile, &e.options));
   ResolveDeviceBudget(*e.model, &e.options);
   STRATA_RETURN_IF_ERROR(SetHostBudgets(f, &e.options.engine.placement));
   if (f.ranks > 1 && !engine::PartitionableOptimizer(e.options.engine.optimizer)) {
@@ -273,6 +285,12 @@ nlohmann::json EstimateJson(const EstimateFlags& f, const EstimateSetup& e,
       {"resident_blocks", plan.num_resident()},
       {"streaming_slots", plan.streaming_slots},
       {"prefetch_depth", plan.prefetch_depth},
+      {"param_home", std::string(engine::ParamHomeName(plan.param_home))},
+      {"optimizer_home", plan.device_optimizer_params == plan.model_params
+                             ? std::string("device")
+                             : std::string(engine::OptimizerHomeName(plan.optimizer_home))},
+      {"optimizer_device_fraction", plan.optimizer_device_fraction()},
+      {"placement_choice", e.placement_choice},
       {"device_grad_buckets", plan.device_grad_buckets},
       {"host_grad_buckets", plan.host_grad_buckets},
       {"optimizer_buffers", plan.optimizer_buffers},
@@ -329,6 +347,7 @@ void PrintEstimate(const EstimateFlags& f, const EstimateSetup& e, const engine:
   const engine::PlacementOptions& o = e.options.engine.placement;
   std::printf("strata estimate: %s\n", e.model->description().c_str());
   std::printf("%s", plan.Describe().c_str());
+  std::printf("%s", e.placement_choice.c_str());
   if (one_rank) {
     // Host gradients are fp32 on every rank of a data-parallel run, 16-bit on one rank at
     // --grad-accum-steps 1 (planner.h), so the host figure halves only from 2 micro-batches on.
@@ -379,7 +398,7 @@ Status RunEstimate(const EstimateFlags& flags) {
     f.device_budget = fmt::format(
         "{}", static_cast<uint64_t>(profile->device->memory_GiB * static_cast<double>(kGiB)));
   }
-  STRATA_ASSIGN_OR_RETURN(EstimateSetup e, MakeEstimateSetup(f));
+  STRATA_ASSIGN_OR_RETURN(EstimateSetup e, MakeEstimateSetup(f, profile ? &*profile : nullptr));
   STRATA_ASSIGN_OR_RETURN(engine::Plan plan, MakeTrainPlan(*e.model, e.options.engine));
   std::optional<engine::Plan> one_rank;
   if (f.ranks > 1) {

@@ -25,8 +25,10 @@ struct EstimateFlags {
   int micro_batch_size = 1;
   int seq_len = 0;  // 0: the model's context
   std::string precision = "bf16";
-  std::string offload_params = "nvme";
-  std::string offload_optimizer = "nvme";
+  // As strata train's: "auto" is chosen by predicted time with --machine, else nvme and 0.
+  std::string offload_params = "auto";
+  std::string offload_optimizer = "auto";
+  std::string optimizer_device_fraction = "auto";
   bool offload_activations = false;
   int prefetch_depth = 0;           // 0: the planner decides
   int grad_buckets = 0;             // 0: the planner decides

@@ -158,16 +158,19 @@ void AddPlacementFlags(CLI::App& cmd, TrainFlags& f) {
       ->capture_default_str();
   cmd.add_option(
          "--offload-params", f.offload_params,
-         "Home of working params between uses: device (all resident), host (pinned) or nvme")
+         "Home of working params between uses: device (all resident), host (pinned), nvme, or "
+         "auto (with --machine: the fastest plan that fits, by the cost model; else nvme)")
       ->capture_default_str();
   cmd.add_option("--offload-optimizer", f.offload_optimizer,
                  "Home of fp32 master weights and optimizer state: device (updated there by fused "
-                 "kernels; gradients never leave it), host or nvme")
+                 "kernels; gradients never leave it), host, nvme, or auto (with --machine: by "
+                 "predicted time; else nvme)")
       ->capture_default_str();
   cmd.add_option("--optimizer-device-fraction", f.optimizer_device_fraction,
                  "GPU/CPU split: the fraction 0..1 of the parameters (whole blocks from the first) "
                  "whose optimizer runs on the device while the CPU updates the rest at the same "
-                 "time, in --offload-optimizer's home")
+                 "time, in --offload-optimizer's home; auto (with --machine: by predicted time; "
+                 "else 0)")
       ->capture_default_str();
   cmd.add_option("--machine", f.machine,
                  "A machine profile (`strata doctor --machine-profile FILE` writes one): prints "
@@ -550,6 +553,8 @@ Status RunTrainRanks(const TrainFlags& flags, comm::Communicator* world) {
   // Opened before the model is built, so that a bad metrics path fails at once.
   STRATA_ASSIGN_OR_RETURN(auto metrics_writer, MetricsWriter::Create(o.metrics));
   STRATA_ASSIGN_OR_RETURN(TrainInputs in, OpenModelAndData(o));
+  STRATA_ASSIGN_OR_RETURN(const std::string placement_choice,
+                          ResolvePlacement(*in.model, in.spec, machine ? &*machine : nullptr, &o));
   ResolveDeviceBudget(*in.model, &o);
   // Declared before the device and the engine, which record into it until they are destroyed.
   trace::TraceRecorder recorder(/*keep_events=*/!o.flags.trace.empty());
@@ -558,6 +563,7 @@ Status RunTrainRanks(const TrainFlags& flags, comm::Communicator* world) {
   PrintRunLines(o, in, *device.device);
   STRATA_ASSIGN_OR_RETURN(engine::Plan plan, MakeTrainPlan(*in.model, o.engine));
   PrintPlan(o, plan);
+  std::printf("%s", placement_choice.c_str());
   if (machine) PrintPrediction(o, in.spec, *in.model, plan, *machine);
   o.engine.init_progress = InitProgressLines();
   STRATA_ASSIGN_OR_RETURN(auto engine,

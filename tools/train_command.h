@@ -53,11 +53,13 @@ struct TrainFlags {
   std::string precision = "bf16";
   std::string device = "auto";
   std::string device_budget = "auto";
-  std::string offload_params = "nvme";
-  std::string offload_optimizer = "nvme";
+  // The placement: "auto" is chosen by predicted time with --machine (ResolvePlacement), else
+  // params and optimizer state on NVMe and nothing of the optimizer on the device.
+  std::string offload_params = "auto";
+  std::string offload_optimizer = "auto";
   // The GPU/CPU split: the fraction (0..1) of the parameters whose optimizer runs on the device
-  // (engine::PlacementOptions::optimizer_device_fraction).
-  std::string optimizer_device_fraction = "0";
+  // (engine::PlacementOptions::optimizer_device_fraction), or auto.
+  std::string optimizer_device_fraction = "auto";
   // A machine profile (engine/machine_profile.h): the predicted step is printed with the plan.
   std::string machine;
   std::vector<std::string> nvme_paths;

@@ -12,6 +12,7 @@
 #include "base/units.h"
 #include "io/io_backend.h"
 #include "tools/optimizer_flags.h"
+#include "tools/step_prediction.h"
 
 namespace strata::tools {
 namespace {
@@ -129,10 +130,19 @@ StatusOr<double> ParseOptimizerDeviceFraction(const std::string& s) {
 
 StatusOr<engine::PlacementOptions> PlacementFromFlags(const TrainFlags& f, const RankInfo& ranks) {
   engine::PlacementOptions p;
-  STRATA_ASSIGN_OR_RETURN(p.param_home, engine::ParseParamHome(f.offload_params));
-  STRATA_ASSIGN_OR_RETURN(p.optimizer_home, engine::ParseOptimizerHome(f.offload_optimizer));
-  STRATA_ASSIGN_OR_RETURN(p.optimizer_device_fraction,
-                          ParseOptimizerDeviceFraction(f.optimizer_device_fraction));
+  // "auto": today's fixed choice until ResolvePlacement, with a machine profile, searches.
+  p.param_home = engine::ParamHome::kNvme;
+  p.optimizer_home = engine::OptimizerHome::kNvme;
+  if (f.offload_params != "auto") {
+    STRATA_ASSIGN_OR_RETURN(p.param_home, engine::ParseParamHome(f.offload_params));
+  }
+  if (f.offload_optimizer != "auto") {
+    STRATA_ASSIGN_OR_RETURN(p.optimizer_home, engine::ParseOptimizerHome(f.offload_optimizer));
+  }
+  if (f.optimizer_device_fraction != "auto") {
+    STRATA_ASSIGN_OR_RETURN(p.optimizer_device_fraction,
+                            ParseOptimizerDeviceFraction(f.optimizer_device_fraction));
+  }
   if (p.optimizer_home == engine::OptimizerHome::kDevice && p.optimizer_device_fraction != 0 &&
       p.optimizer_device_fraction != 1) {
     return InvalidArgumentError(fmt::format(
@@ -243,6 +253,11 @@ StatusOr<TrainOptions> TrainOptionsFromFlags(const TrainFlags& flags, const Rank
   STRATA_ASSIGN_OR_RETURN(o.engine.placement.device_budget_bytes,
                           DeviceBudgetFromFlag(f.device_budget));
   o.auto_device_budget = f.device_budget == "auto";
+  o.placement_search.param_home = f.offload_params == "auto";
+  o.placement_search.optimizer_home = f.offload_optimizer == "auto";
+  // An optimizer home given explicitly is the user's choice: no split unless one is given too.
+  o.placement_search.device_fraction =
+      f.optimizer_device_fraction == "auto" && f.offload_optimizer == "auto";
   o.metrics = MetricsFromFlags(f);
   o.device.host.copy_bytes_per_second = f.copy_bandwidth;
   o.device.cuda_device_ordinal = ranks.local_rank;  // one process per GPU
@@ -264,6 +279,41 @@ StatusOr<TrainInputs> OpenModelAndData(const TrainOptions& options) {
   }
   STRATA_ASSIGN_OR_RETURN(in.data, data::OpenTrainingData(data_options));
   return in;
+}
+
+StatusOr<std::string> ResolvePlacement(const engine::Model& model, const ModelSpec& spec,
+                                       const engine::MachineProfile* machine,
+                                       TrainOptions* options) {
+  engine::PlacementSearch search = options->placement_search;
+  if (machine == nullptr ||
+      !(search.param_home || search.optimizer_home || search.device_fraction)) {
+    return std::string();
+  }
+  engine::EngineOptions& o = options->engine;
+  engine::PlacementOptions base = o.placement;
+  if (options->auto_device_budget) {
+    if (machine->device) {
+      base.device_budget_bytes =
+          static_cast<uint64_t>(0.95 * machine->device->memory_GiB * static_cast<double>(kGiB));
+    } else {
+      search.auto_device_budget = true;
+    }
+  }
+  StatusOr<engine::PlacementChoice> chosen = engine::ChoosePlacement(
+      model, o.precision, o.micro_batch, base, {o.optimizer, o.grad_accum_steps},
+      CostInputsOf(spec, o.grad_accum_steps), *machine, search);
+  if (!chosen.ok() && chosen.status().code() == StatusCode::kFailedPrecondition) {
+    // The profile cannot predict any plan (no device section, say): the fixed default.
+    return fmt::format(
+        "placement: not chosen by predicted time ({}); the default: params and optimizer state "
+        "on NVMe\n",
+        chosen.status().message());
+  }
+  STRATA_RETURN_IF_ERROR(chosen.status());
+  const engine::PlacementChoice& choice = *chosen;
+  o.placement = choice.best.placement;
+  options->auto_device_budget = false;  // the chosen plan's budget
+  return choice.Describe();
 }
 
 void ResolveDeviceBudget(const engine::Model& model, TrainOptions* options) {

@@ -18,6 +18,8 @@
 #include "comm/communicator.h"
 #include "data/dataset.h"
 #include "engine/engine.h"
+#include "engine/machine_profile.h"
+#include "engine/placement_search.h"
 #include "engine/planner.h"
 #include "gpu/device.h"
 #include "tools/device_select.h"
@@ -51,6 +53,10 @@ struct TrainOptions {
   // placement.device_budget_bytes is 0 until ResolveDeviceBudget when auto_device_budget.
   engine::EngineOptions engine;
   bool auto_device_budget = false;  // --device-budget auto
+  // --offload-params, --offload-optimizer, --optimizer-device-fraction auto: chosen by predicted
+  // time with --machine (ResolvePlacement); without a profile, today's fixed choice (params and
+  // optimizer state on NVMe, nothing on the device). The engine options hold that until then.
+  engine::PlacementSearch placement_search{false, false, false, false};
   // --copy-bandwidth and the CUDA ordinal (local rank: one process per GPU); trace unset.
   DeviceSelectOptions device;
 };
@@ -75,6 +81,16 @@ StatusOr<TrainInputs> OpenModelAndData(const TrainOptions& options);
 // --device-budget auto: engine::AutoDeviceBudgetBytes of the model and the placement; a no-op
 // for a budget given in bytes.
 void ResolveDeviceBudget(const engine::Model& model, TrainOptions* options);
+
+// The placement choices left "auto" (TrainOptions::placement_search), made by predicted time on
+// `machine` (engine::ChoosePlacement: the fastest plan that fits the budgets; an auto device
+// budget is the profile's device memory less 5 %, or each candidate's AutoDeviceBudgetBytes
+// without a device section); sets options->engine.placement and returns the lines that say why
+// (the choice and the runner-up), or, without a machine or with nothing auto, "" and no change.
+// Errors: ChoosePlacement's when no candidate fits.
+StatusOr<std::string> ResolvePlacement(const engine::Model& model, const ModelSpec& spec,
+                                       const engine::MachineProfile* machine,
+                                       TrainOptions* options);
 
 // The device and, on a GPU in a data-parallel job, the NCCL communicator bootstrapped over
 // `world` (which options->engine.comm then points at; `world` itself on the host backend).

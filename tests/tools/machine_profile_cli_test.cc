@@ -83,6 +83,36 @@ TEST(EstimateMachineCli, ReproducesTheResidentRowsAndPredictsTheDeviceOptimizer)
   }
 }
 
+// Placement left to the machine (the flags' default, auto): the fastest plan that fits, said
+// with its runner-up; without a profile, today's fixed placement.
+TEST(EstimateMachineCli, TheDefaultPlacementIsTheFastestPlanThatFits) {
+  Result r = RunStrata("estimate --model gpt2-1.5b --micro-batch-size 8 --seq-len 1024 --machine " +
+                       kH200 + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  nlohmann::json j = Json(r);
+  EXPECT_EQ(j["optimizer_home"], "device");
+  EXPECT_EQ(j["bound"], "compute");
+  EXPECT_NE(j["placement_choice"].get<std::string>().find("runner-up"), std::string::npos)
+      << j.dump(2);
+  // 12 GiB: the params fit, the whole optimizer does not: a split.
+  r = RunStrata(
+      "estimate --model gpt2-1.5b --micro-batch-size 8 --seq-len 1024 --device-budget "
+      "12GiB --host-budget 125GiB --machine " +
+      kH200 + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  j = Json(r);
+  EXPECT_GT(j["optimizer_device_fraction"].get<double>(), 0);
+  EXPECT_LT(j["optimizer_device_fraction"].get<double>(), 1);
+  r = RunStrata(
+      "estimate --model gpt2-1.5b --micro-batch-size 8 --seq-len 1024 --device-budget "
+      "12GiB --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  j = Json(r);
+  EXPECT_EQ(j["param_home"], "nvme");
+  EXPECT_EQ(j["optimizer_home"], "nvme");
+  EXPECT_EQ(j["placement_choice"], "");
+}
+
 TEST(EstimateMachineCli, TextShowsThePredictionOrWhatAProfileAdds) {
   Result r = RunStrata(
       "estimate --model gpt2-1.5b --micro-batch-size 8 --seq-len 1024 "
