@@ -667,7 +667,9 @@ TEST_F(CudaEngineTest, TheOptimizerOnTheDeviceAndTheSplitTrainAsOnTheHostAndRepe
       const TrainRun gpu = Train(gpu::DeviceKind::kCuda, o, kSteps);
       ASSERT_EQ(gpu.results.size(), static_cast<size_t>(kSteps));
       EXPECT_GT(gpu.plan.device_optimizer_params, 0);
-      if (fraction == 1.0) EXPECT_EQ(gpu.counters.grad_bytes_d2h, 0u);
+      if (fraction == 1.0) {
+        EXPECT_EQ(gpu.counters.grad_bytes_d2h, 0u);
+      }
       EXPECT_LE(gpu.counters.device_peak_bytes, gpu.plan.device_budget_bytes);
       ExpectCloseToHost(host, gpu, o, kSteps);
       ExpectBitIdentical(gpu, Train(gpu::DeviceKind::kCuda, o, kSteps));

@@ -172,7 +172,9 @@ TEST_F(DeviceOptimizerHomeTest, SplitsTakeWholeBlocksInForwardOrderAndStreamTheR
     EXPECT_NEAR(p.optimizer_device_fraction(), fraction, 0.5 * p.max_block_params / p.model_params);
     // The rest stream, unless the streaming slots' bytes already hold them (0.75: two blocks
     // left, three slots), where the planner keeps everything resident.
-    if (fraction <= 0.5) EXPECT_LT(p.num_resident(), static_cast<int>(p.blocks.size()));
+    if (fraction <= 0.5) {
+      EXPECT_LT(p.num_resident(), static_cast<int>(p.blocks.size()));
+    }
     ExpectBitIdentical(reference, run);
   }
 }

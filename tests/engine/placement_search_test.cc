@@ -68,7 +68,9 @@ TEST_F(PlacementSearchTest, AWholeGpuTakesTheOptimizerOnTheDeviceAndSaysTheRunne
     for (OptimizerHome oh : {OptimizerHome::kHost, OptimizerHome::kNvme}) {
       for (double f : {0.0, 0.5}) {
         const auto step = StepOf(budget, ph, oh, f);
-        if (step) EXPECT_LE(c->best.prediction.step_s, *step);
+        if (step) {
+          EXPECT_LE(c->best.prediction.step_s, *step);
+        }
       }
     }
   }

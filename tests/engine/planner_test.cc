@@ -313,7 +313,9 @@ TEST(Planner, TheOptimizerOnTheDeviceAndTheSplitCountTheirStateInTheDeviceBudget
   for (const Plan::Block& b : plan->blocks) {
     if (!b.optimizer_on_device) seen_host = true;
     EXPECT_FALSE(seen_host && b.optimizer_on_device) << b.name;
-    if (b.optimizer_on_device) EXPECT_TRUE(b.resident) << b.name;
+    if (b.optimizer_on_device) {
+      EXPECT_TRUE(b.resident) << b.name;
+    }
   }
   EXPECT_TRUE(plan->has_cpu_optimizer());
   EXPECT_NEAR(plan->optimizer_device_fraction(), 0.5,
