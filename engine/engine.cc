@@ -600,6 +600,8 @@ StatusOr<StepResult> Engine::Impl::Step(std::span<const MicroBatch> mbs) {
     if (!plan_.blocks[b].optimizer_on_device) continue;
     STRATA_RETURN_IF_ERROR(store_->EnqueueDeviceUpdate(b, *compute_, grads_->DeviceGradient(b),
                                                        grads_->device_grad_dtype(b)));
+    // Data parallel: each rank updated its partition; the block is all-gathered before its use.
+    if (dp()) STRATA_RETURN_IF_ERROR(params_->UpdatedOnDevice(b));
   }
   for (int b = 0; b < n_; ++b) {
     if (plan_.blocks[b].optimizer_on_device) continue;

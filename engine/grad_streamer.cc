@@ -119,9 +119,10 @@ StatusOr<std::unique_ptr<GradStreamer>> GradStreamer::Create(
                       b));
     }
     g->on_device_[b] = true;
-    g->dgrad16_[b] = HostGradInWorkingPrecision(model, b, o.grad_accum_steps);
-    const uint64_t bytes = static_cast<uint64_t>(g->np(b)) * (g->dgrad16_[b] ? g->w_ : 4);
-    const uint64_t record = DeviceGradStatsBytes(g->np(b));
+    // Data parallel: this rank's reduce-scattered fp32 partition (own(b) == np(b) otherwise).
+    g->dgrad16_[b] = !g->dp() && HostGradInWorkingPrecision(model, b, o.grad_accum_steps);
+    const uint64_t bytes = static_cast<uint64_t>(g->own(b)) * (g->dgrad16_[b] ? g->w_ : 4);
+    const uint64_t record = DeviceGradStatsBytes(g->own(b));
     if (device_grads[b].size_bytes < bytes + record) {
       return InvalidArgumentError(
           fmt::format("GradStreamer: block {}'s device gradient region has {} bytes, needs {}", b,
@@ -156,31 +157,52 @@ StatusOr<TensorRef> GradStreamer::NextBucket(int chunk, int /*k*/) {
 }
 
 Status GradStreamer::StreamOnDevice(int b, bool overwrite, bool last) {
-  if (!dgrad16_[b]) {
+  // The stream the block's gradient is complete on: compute, or with data parallelism the
+  // reduce-scatter stream, which adds this rank's reduced fp32 partition into the accumulator.
+  gpu::Stream* on = compute_;
+  if (dp()) {
+    const int j = next_dbucket_;
+    next_dbucket_ ^= 1;
+    --handed_;
+    on = reduce_.get();
+    STRATA_RETURN_IF_ERROR(compute_->Record(*dgrad_ready_[j]));
+    STRATA_RETURN_IF_ERROR(reduce_->Wait(*dgrad_ready_[j]));
+    STRATA_RETURN_IF_ERROR(reduce_->Wait(*part_free_[j]));
+    STRATA_RETURN_IF_ERROR(
+        reduce_->Convert(red_full_, DType::kF32, dbucket_[j], o_.precision, np(b)));
+    STRATA_RETURN_IF_ERROR(reduce_->Record(*dbucket_free_[j]));
+    STRATA_RETURN_IF_ERROR(grad_comm_->ReduceScatter(red_full_.subspan(0, dev_elems(b) * 4),
+                                                     red_part_[j], home_elems(b), DType::kF32,
+                                                     *reduce_));
+    STRATA_RETURN_IF_ERROR(EnqueueDeviceGradAccumulate(*reduce_, dgrad_[b], red_part_[j],
+                                                       DType::kF32, own(b), overwrite));
+    STRATA_RETURN_IF_ERROR(reduce_->Record(*part_free_[j]));
+  } else if (!dgrad16_[b]) {
     // Add device bucket j into the block's fp32 accumulator on the compute stream; the bucket is
     // free once that is done.
     const int j = next_dbucket_;
     next_dbucket_ ^= 1;
     --handed_;
     STRATA_RETURN_IF_ERROR(EnqueueDeviceGradAccumulate(*compute_, dgrad_[b], dbucket_[j],
-                                                       o_.precision, np(b), overwrite));
+                                                       o_.precision, own(b), overwrite));
     STRATA_RETURN_IF_ERROR(compute_->Record(*dbucket_free_[j]));
   } else {
     STRATA_CHECK(overwrite && last);
   }
   if (!last) return Status::Ok();
-  // The statistics of the complete gradient, computed and copied on the compute stream, merged
-  // by the fold worker in the order of the host blocks' folds.
+  // The statistics of the complete gradient, computed and copied on that stream, merged by the
+  // fold worker in the order of the host blocks' folds.
   STRATA_RETURN_IF_ERROR(
-      EnqueueDeviceGradStats(*compute_, dgrad_[b], device_grad_dtype(b), np(b), 1.0f, dstats_[b]));
-  STRATA_RETURN_IF_ERROR(compute_->CopyD2H(
+      EnqueueDeviceGradStats(*on, dgrad_[b], device_grad_dtype(b), own(b), 1.0f, dstats_[b]));
+  STRATA_RETURN_IF_ERROR(on->CopyD2H(
       stats_pinned_.span().subspan(stats_offset_[b], dstats_[b].size_bytes), dstats_[b]));
-  STRATA_RETURN_IF_ERROR(compute_->Record(*dstats_ready_[b]));
+  STRATA_RETURN_IF_ERROR(on->Record(*dstats_ready_[b]));
   folder_->Submit([=, this]() -> Status {
     MergeDeviceStats(b);
     return Status::Ok();
   });
   if (!o_.overlap) {
+    if (dp()) STRATA_RETURN_IF_ERROR(reduce_->Synchronize());
     STRATA_RETURN_IF_ERROR(folder_->Drain());
     STRATA_RETURN_IF_ERROR(FoldError());
   }

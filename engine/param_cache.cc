@@ -61,6 +61,7 @@ StatusOr<std::unique_ptr<ParamCache>> ParamCache::Create(const Model& model, con
     }
   }
   c->param_version_.assign(n, 0);
+  c->updated_on_device_.assign(n, false);
   c->loader_ = std::make_unique<WorkQueue>("prefetch");
   return c;
 }
@@ -80,6 +81,17 @@ void ParamCache::StartLoad(DeviceCopy& c, int b) {
   gpu::Event* ready = c.ready.get();
   gpu::Event* released = c.released.get();
   gpu::Event* copied = c.copied.get();
+  if (updated_on_device_[b]) {
+    // The device update wrote this rank's partition in place (UpdatedOnDevice recorded `copied`
+    // on compute after it): only the all-gather.
+    c.load_ticket = loader_->Submit([=, this]() -> Status {
+      STRATA_RETURN_IF_ERROR(gather_->Wait(*copied));
+      STRATA_RETURN_IF_ERROR(
+          param_comm_->AllGatherInPlace(whole_dev, home_elems, o_.precision, *gather_));
+      return gather_->Record(*ready);
+    });
+    return;
+  }
   c.load_ticket = loader_->Submit([=, this]() -> Status {
     // Block b's update (if one is in flight) must have written its new params.
     STRATA_RETURN_IF_ERROR(store_->WaitBlock(b));
@@ -105,6 +117,13 @@ void ParamCache::StartLoad(DeviceCopy& c, int b) {
         param_comm_->AllGatherInPlace(whole_dev, home_elems, o_.precision, *gather_));
     return gather_->Record(*ready);
   });
+}
+
+Status ParamCache::UpdatedOnDevice(int b) {
+  STRATA_CHECK(dp() && plan_.blocks[b].resident);
+  Invalidate(b);
+  updated_on_device_[b] = true;
+  return compute_->Record(*resident_[b].copied);
 }
 
 ParamCache::DeviceCopy* ParamCache::Request(int b, std::span<const int> protect) {

@@ -90,7 +90,14 @@ class ParamCache {
   // Release, then (overlap) start the loads of the next prefetch_depth blocks of the sequence
   // `window` (window[0] is a's block), or (no overlap) wait for the op.
   Status AfterOp(const Acquired& a, std::span<const int> window);
-  void Invalidate(int b) { ++param_version_[b]; }
+  void Invalidate(int b) {
+    ++param_version_[b];
+    updated_on_device_[b] = false;
+  }
+  // Data parallel: the compute stream has just been given the device update of block b, which
+  // writes this rank's partition of its resident copy; the next Acquire all-gathers the block in
+  // place (after that update) instead of loading it from its home. Driving thread.
+  Status UpdatedOnDevice(int b);
   // Waits for every load task (NVMe reads done, H2D copies enqueued).
   Status Drain() { return loader_->Drain(); }
 
@@ -115,6 +122,7 @@ class ParamCache {
   std::vector<DeviceCopy> resident_;  // per block; dev empty when streamed
   std::vector<DeviceCopy> slots_;
   std::vector<int64_t> param_version_;
+  std::vector<bool> updated_on_device_;  // UpdatedOnDevice since the last Invalidate
   int64_t use_clock_ = 0;
   // Data parallel: params all-gather on gather_ (param_comm_, the prefetch thread's order).
   std::unique_ptr<gpu::Stream> gather_;

@@ -160,11 +160,6 @@ Status CheckDeviceOptimizerPlacement(const PlacementOptions& o, const PlanOptimi
                     "--optimizer-device-fraction",
                     OptimizerFlagName(optimizer.optimizer)));
   }
-  if (o.ranks > 1 || o.data_parallel) {
-    return InvalidArgumentError(
-        "the optimizer on the device is not implemented with data parallelism yet: use "
-        "--offload-optimizer host or nvme");
-  }
   return Status::Ok();
 }
 
@@ -212,9 +207,11 @@ uint64_t AutoDeviceBudgetBytes(const Model& model, DType precision, MicroBatchSh
   for (int b = 0; b < model.num_blocks(); ++b) {
     if (!device_optimizer[b]) continue;
     const Partition part = PartitionOf(model.block_num_params(b), o.ranks, o.rank);
-    device_optimizer_bytes += DeviceOptimizerBytes(
-        LayoutBlockState(model, b, optimizer.optimizer, &part), part.own_elems,
-        HostGradInWorkingPrecision(model, b, optimizer.grad_accum_steps), SizeOf(precision));
+    device_optimizer_bytes +=
+        DeviceOptimizerBytes(LayoutBlockState(model, b, optimizer.optimizer, &part), part.own_elems,
+                             !(o.ranks > 1 || o.data_parallel) &&
+                                 HostGradInWorkingPrecision(model, b, optimizer.grad_accum_steps),
+                             SizeOf(precision));
     device_optimizer_params_bytes +=
         Aligned(static_cast<uint64_t>(DeviceElems(model, b, o.ranks)) * SizeOf(precision));
   }
@@ -296,9 +293,9 @@ StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape sha
     if (device_optimizer[b]) {
       p.blocks[b].optimizer_on_device = true;
       p.device_optimizer_params += p.blocks[b].num_params;
-      device_optimizer_bytes +=
-          DeviceOptimizerBytes(states.back(), p.blocks[b].partition.own_elems,
-                               HostGradInWorkingPrecision(model, b, optimizer.grad_accum_steps), w);
+      device_optimizer_bytes += DeviceOptimizerBytes(
+          states.back(), p.blocks[b].partition.own_elems,
+          !dp && HostGradInWorkingPrecision(model, b, optimizer.grad_accum_steps), w);
       continue;
     }
     rank_state_bytes += states.back().state_bytes();
@@ -406,8 +403,9 @@ StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape sha
   }
   for (int b = 0; b < n; ++b) {
     if (!device_optimizer[b]) continue;
+    // Data parallel: this rank's reduce-scattered fp32 partition.
     const int64_t elems = p.blocks[b].partition.own_elems;
-    const bool grad16 = HostGradInWorkingPrecision(model, b, optimizer.grad_accum_steps);
+    const bool grad16 = !dp && HostGradInWorkingPrecision(model, b, optimizer.grad_accum_steps);
     p.device_regions.push_back({"optimizer state " + p.blocks[b].name, states[b].region_bytes});
     p.device_regions.push_back(
         {"gradient " + p.blocks[b].name, DeviceGradientBytes(elems, grad16, w)});

@@ -235,7 +235,11 @@ Status StateStore::EnqueueDeviceUpdate(int b, gpu::Stream& stream, gpu::DeviceSp
   }
   u.grad = grad;
   u.grad_dtype = grad_dtype;
-  u.working = device_working_[b].subspan(0, static_cast<size_t>(own(b)) * w_);
+  // This rank's partition of the resident copy (the whole block with one rank); with data
+  // parallelism the parameter cache then all-gathers the block in place.
+  u.working =
+      device_working_[b].subspan(static_cast<size_t>(plan_.blocks[b].partition.offset_elems) * w_,
+                                 static_cast<size_t>(own(b)) * w_);
   u.working_dtype = o_.precision;
   return engine::EnqueueDeviceUpdate(stream, BlockOptimizer(round_.optimizer, st), round_.step, u);
 }
@@ -286,7 +290,11 @@ StatusOr<const std::byte*> StateStore::WorkingParamsBytes(int b) {
   if (on_device(b) && !o_.inference_only) {
     // The device updates the resident copy only: refresh the home from it.
     const size_t bytes = static_cast<size_t>(own(b)) * w_;
-    STRATA_RETURN_IF_ERROR(copy_->CopyD2H(home.subspan(0, bytes), device_working_[b]));
+    if (bytes == 0) return home.data;
+    STRATA_RETURN_IF_ERROR(copy_->CopyD2H(
+        home.subspan(0, bytes),
+        device_working_[b].subspan(static_cast<size_t>(plan_.blocks[b].partition.offset_elems) * w_,
+                                   bytes)));
     STRATA_RETURN_IF_ERROR(copy_->Synchronize());
     return home.data;
   }

@@ -85,6 +85,7 @@ class DataParallelTest : public ::testing::Test {
     // ThreadSanitizer cannot see. (strata train runs one engine per process; tests/mpi runs it
     // with io_uring.)
     o.io.kind = io::BackendKind::kPosix;
+    o.placement.optimizer_device_fraction = device_fraction_;
     if (params != ParamHome::kDevice) {
       o.placement.device_budget_bytes =
           StreamingMinimumBytes(*model_, precision, o.micro_batch, 3, false, ranks, true) +
@@ -150,6 +151,7 @@ class DataParallelTest : public ::testing::Test {
 
   std::unique_ptr<models::GptModel> model_;
   std::filesystem::path dir_;
+  double device_fraction_ = 0;  // PlacementOptions::optimizer_device_fraction of every run
 };
 
 TEST_F(DataParallelTest, OneRankWithACommunicatorIsBitIdenticalToNone) {
@@ -207,6 +209,40 @@ TEST_F(DataParallelTest, TwoRanksMatchOneRankAccumulatingTheirMicroBatches) {
       }
     }
   }
+}
+
+// The optimizer on the device (and half of it, the split) with two ranks: each rank updates its
+// partition on its device and all-gathers the block; the result is the one-rank host-optimizer
+// run's within the same bound as for the CPU homes (the update itself is cpu_optim's bit for bit,
+// tests/engine/device_optimizer_home_test.cc), every rank sees the same model, and nothing of the
+// gradient crosses to the host with everything on the device.
+TEST_F(DataParallelTest, TwoRanksWithTheOptimizerOnTheDeviceMatchOneRank) {
+  const TrainRun one =
+      TrainOneRank(DType::kBF16, ParamHome::kDevice, OptimizerHome::kHost, 2, 3, false);
+  for (const auto& [home, fraction] :
+       {std::pair{OptimizerHome::kDevice, 1.0}, std::pair{OptimizerHome::kHost, 0.5}}) {
+    SCOPED_TRACE(
+        fmt::format("optimizer {} with {} on the device", OptimizerHomeName(home), fraction));
+    device_fraction_ = home == OptimizerHome::kDevice ? 0.0 : fraction;
+    const std::vector<TrainRun> two = TrainRanks(2, DType::kBF16, ParamHome::kDevice, home, 1, 3);
+    ASSERT_EQ(two.size(), 2u);
+    ASSERT_EQ(two[0].results.size(), 3u);
+    EXPECT_GT(two[0].plan.device_optimizer_params, 0);
+    EXPECT_EQ(two[0].hash, two[1].hash);
+    if (fraction == 1.0) {
+      EXPECT_EQ(two[0].counters.grad_bytes_d2h, 0u);
+    }
+    float worst = 0;
+    for (size_t b = 0; b < one.master.size(); ++b) {
+      ASSERT_EQ(one.master[b].size(), two[0].master[b].size());
+      for (size_t i = 0; i < one.master[b].size(); ++i) {
+        worst = std::max(worst, std::abs(one.master[b][i] - two[0].master[b][i]));
+      }
+    }
+    EXPECT_LE(worst, kRankChangeBound);
+    std::printf("max |one rank - two ranks, optimizer on the device| = %g\n", worst);
+  }
+  device_fraction_ = 0;
 }
 
 TEST_F(DataParallelTest, TwoRankRunsAreBitIdentical) {
