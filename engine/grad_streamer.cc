@@ -156,6 +156,16 @@ StatusOr<TensorRef> GradStreamer::NextBucket(int chunk, int /*k*/) {
   return TensorRef(dbucket_[j].data, o_.precision, np(chunk));
 }
 
+Status GradStreamer::ReduceScatter(int b, int j) {
+  STRATA_RETURN_IF_ERROR(reduce_->Wait(*dgrad_ready_[j]));
+  STRATA_RETURN_IF_ERROR(reduce_->Wait(*part_free_[j]));
+  STRATA_RETURN_IF_ERROR(
+      reduce_->Convert(red_full_, DType::kF32, dbucket_[j], o_.precision, np(b)));
+  STRATA_RETURN_IF_ERROR(reduce_->Record(*dbucket_free_[j]));
+  return grad_comm_->ReduceScatter(red_full_.subspan(0, dev_elems(b) * 4), red_part_[j],
+                                   home_elems(b), DType::kF32, *reduce_);
+}
+
 Status GradStreamer::StreamOnDevice(int b, bool overwrite, bool last) {
   // The stream the block's gradient is complete on: compute, or with data parallelism the
   // reduce-scatter stream, which adds this rank's reduced fp32 partition into the accumulator.
@@ -166,14 +176,7 @@ Status GradStreamer::StreamOnDevice(int b, bool overwrite, bool last) {
     --handed_;
     on = reduce_.get();
     STRATA_RETURN_IF_ERROR(compute_->Record(*dgrad_ready_[j]));
-    STRATA_RETURN_IF_ERROR(reduce_->Wait(*dgrad_ready_[j]));
-    STRATA_RETURN_IF_ERROR(reduce_->Wait(*part_free_[j]));
-    STRATA_RETURN_IF_ERROR(
-        reduce_->Convert(red_full_, DType::kF32, dbucket_[j], o_.precision, np(b)));
-    STRATA_RETURN_IF_ERROR(reduce_->Record(*dbucket_free_[j]));
-    STRATA_RETURN_IF_ERROR(grad_comm_->ReduceScatter(red_full_.subspan(0, dev_elems(b) * 4),
-                                                     red_part_[j], home_elems(b), DType::kF32,
-                                                     *reduce_));
+    STRATA_RETURN_IF_ERROR(ReduceScatter(b, j));
     STRATA_RETURN_IF_ERROR(EnqueueDeviceGradAccumulate(*reduce_, dgrad_[b], red_part_[j],
                                                        DType::kF32, own(b), overwrite));
     STRATA_RETURN_IF_ERROR(reduce_->Record(*part_free_[j]));
@@ -242,14 +245,7 @@ Status GradStreamer::Stream(int b, bool overwrite, bool last) {
     // (the sum over ranks in fp32, overlapped with the next block's backward); only this rank's
     // partition goes D2H. Issued by this thread alone: the same order on every rank. The padding
     // past the block's end holds stale values and reduces into elements nobody reads.
-    const int64_t count = home_elems(b);
-    STRATA_RETURN_IF_ERROR(reduce_->Wait(*dgrad_ready_[j]));
-    STRATA_RETURN_IF_ERROR(reduce_->Wait(*part_free_[j]));
-    STRATA_RETURN_IF_ERROR(
-        reduce_->Convert(red_full_, DType::kF32, dbucket_[j], o_.precision, np(b)));
-    STRATA_RETURN_IF_ERROR(reduce_->Record(*dbucket_free_[j]));
-    STRATA_RETURN_IF_ERROR(grad_comm_->ReduceScatter(red_full_.subspan(0, dev_elems(b) * 4),
-                                                     red_part_[j], count, DType::kF32, *reduce_));
+    STRATA_RETURN_IF_ERROR(ReduceScatter(b, j));
     STRATA_RETURN_IF_ERROR(reduce_->Record(*reduced_[j]));
     STRATA_RETURN_IF_ERROR(d2h_->Wait(*reduced_[j]));
     STRATA_RETURN_IF_ERROR(d2h_->CopyD2H(hbucket_[i].span(), red_part_[j].subspan(0, own(b) * 4)));

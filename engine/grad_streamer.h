@@ -139,6 +139,10 @@ class GradStreamer {
   // Stream for a block whose gradient stays on the device; MergeDeviceStats runs on the fold
   // worker.
   Status StreamOnDevice(int b, bool overwrite, bool last);
+  // Data parallel, on the reduce-scatter stream: device bucket j (block b's gradients, once
+  // dgrad_ready_[j]) widened to fp32 and reduce-scattered into red_part_[j] (once part_free_[j]);
+  // records dbucket_free_[j].
+  Status ReduceScatter(int b, int j);
   void MergeDeviceStats(int b);
 
   Status FoldError();

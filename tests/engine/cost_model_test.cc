@@ -13,15 +13,12 @@
 #include "engine/machine_profile.h"
 #include "engine/planner.h"
 #include "models/gpt.h"
+#include "tests/engine/h200_profile.h"
 
 namespace strata::engine {
 namespace {
 
-MachineProfile H200() {
-  auto p = ReadMachineProfile(std::string(STRATA_SOURCE_DIR) + "/bench/machines/h200.json");
-  EXPECT_TRUE(p.ok()) << p.status().ToString();
-  return p.ok() ? *p : MachineProfile{};
-}
+MachineProfile H200() { return testing::H200Profile(); }
 
 enum class Case { kResident, kHost, kNvme, kDeviceOptimizer };
 

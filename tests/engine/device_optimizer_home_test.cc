@@ -36,18 +36,8 @@ using testing::ExpectBitIdentical;
 using testing::TrainOn;
 using testing::TrainRun;
 
-// The kinds that run on the device, with hyper-parameters that move a tiny GPT in a few steps.
-std::vector<AnyOptimizer> DeviceOptimizers() {
-  std::vector<AnyOptimizer> all;
-  cpu_optim::AdamWConfig adam{.lr = 1e-2f, .weight_decay = 0.01f};
-  all.push_back({OptimizerKind::kAdamW, adam});
-  adam.decoupled_weight_decay = false;
-  all.push_back({OptimizerKind::kAdam, adam});
-  all.push_back({OptimizerKind::kLion, cpu_optim::LionConfig{.lr = 1e-3f, .weight_decay = 0.1f}});
-  all.push_back({OptimizerKind::kSgd, cpu_optim::SgdConfig{.lr = 0.1f, .momentum = 0.9f}});
-  all.push_back({OptimizerKind::kAdagrad, cpu_optim::AdagradConfig{.lr = 0.05f}});
-  return all;
-}
+// The kinds that run on the device.
+std::vector<AnyOptimizer> DeviceOptimizers() { return testing::ElementwiseOptimizers(); }
 
 // Where the optimizer lives: its CPU home and the fraction on the device.
 struct Home {

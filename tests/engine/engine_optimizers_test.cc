@@ -31,14 +31,7 @@ using testing::TrainRun;
 
 // The optimizers under test, with hyper-parameters that move a tiny GPT in a few steps.
 std::vector<AnyOptimizer> Optimizers() {
-  std::vector<AnyOptimizer> all;
-  cpu_optim::AdamWConfig adam{.lr = 1e-2f, .weight_decay = 0.01f};
-  all.push_back({OptimizerKind::kAdamW, adam});
-  adam.decoupled_weight_decay = false;
-  all.push_back({OptimizerKind::kAdam, adam});
-  all.push_back({OptimizerKind::kLion, cpu_optim::LionConfig{.lr = 1e-3f, .weight_decay = 0.1f}});
-  all.push_back({OptimizerKind::kSgd, cpu_optim::SgdConfig{.lr = 0.1f, .momentum = 0.9f}});
-  all.push_back({OptimizerKind::kAdagrad, cpu_optim::AdagradConfig{.lr = 0.05f}});
+  std::vector<AnyOptimizer> all = testing::ElementwiseOptimizers();
   all.push_back(
       {OptimizerKind::kAdamW8bit, cpu_optim::AdamWConfig{.lr = 1e-2f, .weight_decay = 0.01f}});
   all.push_back({OptimizerKind::kAdafactor, cpu_optim::AdafactorConfig{.lr = 1e-2f}});

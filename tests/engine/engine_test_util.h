@@ -160,6 +160,21 @@ inline TrainRun TrainOn(gpu::Device& device, Model& model, const EngineOptions& 
   return run;
 }
 
+// The optimizers whose state is element-wise (the kinds that also run on the device), with
+// hyper-parameters that move a tiny GPT in a few steps.
+inline std::vector<cpu_optim::AnyOptimizer> ElementwiseOptimizers() {
+  using cpu_optim::OptimizerKind;
+  std::vector<cpu_optim::AnyOptimizer> all;
+  cpu_optim::AdamWConfig adam{.lr = 1e-2f, .weight_decay = 0.01f};
+  all.push_back({OptimizerKind::kAdamW, adam});
+  adam.decoupled_weight_decay = false;
+  all.push_back({OptimizerKind::kAdam, adam});
+  all.push_back({OptimizerKind::kLion, cpu_optim::LionConfig{.lr = 1e-3f, .weight_decay = 0.1f}});
+  all.push_back({OptimizerKind::kSgd, cpu_optim::SgdConfig{.lr = 0.1f, .momentum = 0.9f}});
+  all.push_back({OptimizerKind::kAdagrad, cpu_optim::AdagradConfig{.lr = 0.05f}});
+  return all;
+}
+
 // The options the overlap tests train their 8-block model with (AdamW lr 1e-2, weight decay
 // 0.01, clipping at 1, micro-batches of 2 x 16 tokens, seed 7): with params on the device
 // everything is resident in a 64 MiB budget; otherwise the budget holds 3 streaming slots and

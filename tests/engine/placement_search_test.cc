@@ -10,15 +10,12 @@
 #include "base/units.h"
 #include "engine/machine_profile.h"
 #include "models/gpt.h"
+#include "tests/engine/h200_profile.h"
 
 namespace strata::engine {
 namespace {
 
-MachineProfile H200() {
-  auto p = ReadMachineProfile(std::string(STRATA_SOURCE_DIR) + "/bench/machines/h200.json");
-  EXPECT_TRUE(p.ok()) << p.status().ToString();
-  return p.ok() ? *p : MachineProfile{};
-}
+MachineProfile H200() { return testing::H200Profile(); }
 
 class PlacementSearchTest : public ::testing::Test {
  protected:
