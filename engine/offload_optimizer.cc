@@ -30,6 +30,7 @@
 #include "engine/checkpoint.h"
 #include "engine/optimizer_json.h"
 #include "engine/optimizer_pipeline.h"
+#include "engine/state_regions.h"
 #include "engine/work_queue.h"
 #include "formats/safetensors.h"
 #include "io/swap_store.h"
@@ -203,10 +204,9 @@ class OffloadOptimizer::Impl {
     std::vector<cpu_optim::StateSpec> sections;  // BucketLayout of the group's optimizer
     // [segment][section]: the segment's part of each section (BucketLayout).
     std::vector<std::vector<OffloadStateRange>> ranges;
-    std::vector<uint64_t> tensor_offsets;  // byte offset of tensor t in the state block
-    uint64_t state_bytes = 0;              // the state block: every tensor, padded
-    HostBuffer state;     // host home: [master | section 0 | ...], each padded (TensorStride)
-    AlignedBuffer accum;  // fp32 gradient accumulator, num_elems
+    std::vector<uint64_t> tensor_offsets;     // byte offset of tensor t in the state block
+    uint64_t state_bytes = 0;                 // the state block: every tensor, padded
+    AlignedBuffer accum;                      // fp32 gradient accumulator, num_elems
     std::vector<int64_t> received;            // gradients per segment since the last step
     std::vector<cpu_optim::GradStats> stats;  // of the accumulator after its last fold
   };
@@ -214,8 +214,9 @@ class OffloadOptimizer::Impl {
   const OffloadOptimizerOptions o_;
   std::vector<Group> groups_;
   std::vector<Bucket> buckets_;
-  std::unique_ptr<io::IoBackend> io_;
-  std::unique_ptr<io::SwapStore> swap_;
+  // Each bucket's state block [master | section 0 | ...], each padded (TensorStride): unit b =
+  // bucket b, in host memory or the extent "bucket{b}.state".
+  std::unique_ptr<StateRegions> regions_;
 
  private:
   bool nvme() const { return o_.home == OffloadOptimizerOptions::Home::kNvme; }
@@ -246,14 +247,14 @@ class OffloadOptimizer::Impl {
   Status Freeze();
   // Runs fn in the worker arena (or the caller's when num_threads == 0).
   Status InArena(const std::function<Status()>& fn);
-  // Stages of the update pipeline (optimizer_pipeline.h).
-  Status ReadStage(int b, int i);
+  // Stages of the update pipeline (optimizer_pipeline.h); the read stage is regions_->Read.
   Status UpdateStage(int b, int i);
   Status WriteStage(int b, int i);
   Status Fold(int b, int segment, const void* grad, DType dtype, bool overwrite_first);
   // A bucket's state block in host memory: its home, or (NVMe) a temporary buffer read from the
   // drive. `scratch` keeps the temporary alive.
-  StatusOr<float*> LoadStateBlock(int b, HostBuffer* scratch);
+  // read = false: not read (to be overwritten and stored).
+  StatusOr<float*> LoadStateBlock(int b, AlignedBuffer* scratch, bool read = true);
   Status StoreStateBlock(int b, float* block);
   Status CopyOutMasters(int b, const float* master);
   Status WidenSegments(int b, float* master);
@@ -309,15 +310,14 @@ Status OffloadOptimizer::Impl::Init() {
           "offload optimizer: offload to NVMe needs at least one directory (nvme_path)");
     }
     STRATA_RETURN_IF_ERROR(io::ValidateIoBackendOptions(o_.io));
-    if (o_.io_backend_factory) {
-      STRATA_ASSIGN_OR_RETURN(io_, o_.io_backend_factory(o_.io));
-    } else {
-      STRATA_ASSIGN_OR_RETURN(io_, io::CreateIoBackend(o_.io));
-    }
-    io::SwapStoreOptions so;
-    so.dirs = o_.nvme_paths;
-    STRATA_ASSIGN_OR_RETURN(swap_, io::SwapStore::Create(io_.get(), so));
   }
+  StateRegionsOptions ro;
+  ro.nvme = nvme();
+  ro.nvme_paths = o_.nvme_paths;
+  ro.io = o_.io;
+  ro.io_backend_factory = o_.io_backend_factory;
+  ro.extent_name = StateExtent;
+  STRATA_ASSIGN_OR_RETURN(regions_, StateRegions::Create(std::move(ro)));
   if (o_.num_threads > 0) {
     STRATA_ASSIGN_OR_RETURN(
         arena_,
@@ -329,6 +329,7 @@ Status OffloadOptimizer::Impl::Init() {
     update_track_ = o_.trace->RegisterTrack("offload: cpu optimizer");
     write_track_ = o_.trace->RegisterTrack("offload: state write");
   }
+  regions_->SetTrace(o_.trace, read_track_);
   folder_ = std::make_unique<WorkQueue>("offload gradient fold");
   return Status::Ok();
 }
@@ -505,25 +506,28 @@ StatusOr<int> OffloadOptimizer::Impl::AddBucket(int group, DType dtype,
   STRATA_ASSIGN_OR_RETURN(k.accum, AlignedBuffer::Allocate(k.num_elems * sizeof(float), 64));
 
   const int b = static_cast<int>(buckets_.size());
-  STRATA_ASSIGN_OR_RETURN(HostBuffer block,
-                          HostBuffer::Allocate(k.state_bytes, false, &pin_warned_));
-  auto* base = reinterpret_cast<float*>(block.data());
+  // The initial block: in its host home, or (NVMe) in a temporary buffer written to the extent.
+  AlignedBuffer scratch;
+  std::byte* block = nullptr;
+  if (nvme()) {
+    STRATA_ASSIGN_OR_RETURN(scratch, AlignedBuffer::Allocate(k.state_bytes));
+    block = scratch.data();
+  }
   buckets_.push_back(std::move(k));
   Bucket& kb = buckets_.back();
-  Status s = WidenSegments(b, base);
+  StatusOr<int> unit = regions_->AddUnit(StateBytes(kb));
+  Status s = unit.status();
+  if (s.ok() && !nvme()) block = regions_->Region(b, 0);
+  if (s.ok()) s = WidenSegments(b, reinterpret_cast<float*>(block));
   for (int t = 1; s.ok() && t < kb.num_tensors; ++t) {
     cpu_optim::InitializeState(kb.sections[t - 1],
-                               std::span(block.data() + kb.tensor_offsets[t], TensorBytes(kb, t)));
+                               std::span(block + kb.tensor_offsets[t], TensorBytes(kb, t)));
   }
-  if (s.ok() && nvme()) {
-    s = swap_->Allocate(StateExtent(b), StateBytes(kb));
-    if (s.ok()) s = swap_->Write(StateExtent(b), std::span(block.data(), StateBytes(kb)));
-  } else if (s.ok()) {
-    kb.state = std::move(block);
-  }
+  if (s.ok() && nvme()) s = regions_->WriteFrom(b, std::span(block, StateBytes(kb)));
   if (!s.ok()) {
     // An extent allocated for a bucket that failed stays unused (the store frees nothing), and
     // a retry uses the same name: that is kAlreadyExists, so say how to recover.
+    if (unit.ok()) regions_->DropLastUnit();
     buckets_.pop_back();
     if (nvme()) return Fail(s);
     return s;
@@ -548,11 +552,14 @@ Status OffloadOptimizer::Impl::Freeze() {
     staging.push_back(std::move(h));
   }
   if (nvme()) {
+    std::vector<std::span<std::byte>> views;
     for (int i = 0; i < o_.buffer_count; ++i) {
       STRATA_ASSIGN_OR_RETURN(HostBuffer h,
                               HostBuffer::Allocate(max_state_bytes, o_.pin_memory, &pin_warned_));
+      views.emplace_back(h.data(), h.size_bytes());
       pipe_buf_.push_back(std::move(h));
     }
+    regions_->SetPipelineBuffers(std::move(views));
   }
   {
     std::lock_guard lock(staging_mu_);
@@ -561,7 +568,7 @@ Status OffloadOptimizer::Impl::Freeze() {
   }
   OptimizerPipeline::Stages stages;
   if (nvme()) {
-    stages.read = [this](int b, int i) { return ReadStage(b, i); };
+    stages.read = [this](int b, int i) { return regions_->Read(b, i); };
     stages.write = [this](int b, int i) { return WriteStage(b, i); };
   }
   stages.update = [this](int b, int i) { return UpdateStage(b, i); };
@@ -768,19 +775,13 @@ Status OffloadOptimizer::Impl::Step(const OffloadStepOptions& options, OffloadSt
   return Status::Ok();
 }
 
-Status OffloadOptimizer::Impl::ReadStage(int b, int i) {
-  trace::ScopedTraceEvent t(o_.trace, read_track_, "read optimizer state",
-                            trace::Category::kNvmeRead);
-  return swap_->Read(StateExtent(b), std::span(pipe_buf_[i].data(), StateBytes(buckets_[b])));
-}
-
 Status OffloadOptimizer::Impl::UpdateStage(int b, int i) {
   Status s;
   {
     trace::ScopedTraceEvent t(o_.trace, update_track_, "optimizer update",
                               trace::Category::kCpuOptimizer);
     Bucket& k = buckets_[b];
-    std::byte* block = nvme() ? pipe_buf_[i].data() : k.state.data();
+    std::byte* block = regions_->Region(b, i);
     const cpu_optim::AnyOptimizer& opt = round_.optimizers[k.group];
     const cpu_optim::OptimStep step{.step = round_.steps[k.group], .grad_scale = round_.grad_scale};
     s = InArena([&]() -> Status {
@@ -823,7 +824,7 @@ Status OffloadOptimizer::Impl::WriteStage(int b, int i) {
   {
     trace::ScopedTraceEvent t(o_.trace, write_track_, "write optimizer state",
                               trace::Category::kNvmeWrite);
-    s = swap_->Write(StateExtent(b), std::span(pipe_buf_[i].data(), StateBytes(buckets_[b])));
+    s = regions_->Write(b, i);
   }
   if (s.ok() && b + 1 == static_cast<int>(buckets_.size())) {
     update_ns_.fetch_add(
@@ -852,18 +853,17 @@ Status OffloadOptimizer::Impl::Synchronize() {
   return Fail(s);
 }
 
-StatusOr<float*> OffloadOptimizer::Impl::LoadStateBlock(int b, HostBuffer* scratch) {
-  if (!nvme()) return reinterpret_cast<float*>(buckets_[b].state.data());
-  const uint64_t bytes = StateBytes(buckets_[b]);
-  STRATA_ASSIGN_OR_RETURN(*scratch, HostBuffer::Allocate(bytes, false, &pin_warned_));
-  STRATA_RETURN_IF_ERROR(Fail(swap_->Read(StateExtent(b), std::span(scratch->data(), bytes))));
-  return reinterpret_cast<float*>(scratch->data());
+StatusOr<float*> OffloadOptimizer::Impl::LoadStateBlock(int b, AlignedBuffer* scratch, bool read) {
+  if (!nvme()) return reinterpret_cast<float*>(regions_->Region(b, 0));
+  STRATA_ASSIGN_OR_RETURN(*scratch, AlignedBuffer::Allocate(StateBytes(buckets_[b])));
+  if (read) STRATA_RETURN_IF_ERROR(Fail(regions_->ReadTo(b, scratch->span())));
+  return scratch->as<float>();
 }
 
 Status OffloadOptimizer::Impl::StoreStateBlock(int b, float* block) {
   if (!nvme()) return Status::Ok();  // the block is the home itself
-  return Fail(swap_->Write(
-      StateExtent(b), std::span(reinterpret_cast<std::byte*>(block), StateBytes(buckets_[b]))));
+  return Fail(regions_->WriteFrom(
+      b, std::span(reinterpret_cast<const std::byte*>(block), StateBytes(buckets_[b]))));
 }
 
 Status OffloadOptimizer::Impl::CheckTensor(int bucket, int tensor, const char* what) const {
@@ -881,7 +881,7 @@ Status OffloadOptimizer::Impl::CopyTensor(int bucket, int tensor, std::span<std:
                                           std::span<const std::byte> in) {
   STRATA_RETURN_IF_ERROR(Synchronize());
   const Bucket& k = buckets_[bucket];
-  HostBuffer scratch;
+  AlignedBuffer scratch;
   STRATA_ASSIGN_OR_RETURN(float* block, LoadStateBlock(bucket, &scratch));
   std::byte* at = reinterpret_cast<std::byte*>(block) + k.tensor_offsets[tensor];
   if (!out.empty()) {
@@ -956,7 +956,7 @@ Status OffloadOptimizer::Impl::WriteState(int bucket, int tensor, std::span<cons
 Status OffloadOptimizer::Impl::ReloadMasters(int bucket) {
   STRATA_RETURN_IF_ERROR(CheckBucket(bucket, "offload optimizer: ReloadMasters"));
   STRATA_RETURN_IF_ERROR(Synchronize());
-  HostBuffer scratch;
+  AlignedBuffer scratch;
   STRATA_ASSIGN_OR_RETURN(float* block, LoadStateBlock(bucket, &scratch));
   STRATA_RETURN_IF_ERROR(WidenSegments(bucket, block));
   return StoreStateBlock(bucket, block);
@@ -1009,7 +1009,7 @@ Status OffloadOptimizer::Impl::Save(const std::string& dir) {
         formats::SafetensorsWriter w,
         formats::SafetensorsWriter::Create(file, specs, {{"format", kOffloadFormat}}));
     for (size_t b = 0; b < buckets_.size(); ++b) {
-      HostBuffer scratch;
+      AlignedBuffer scratch;
       STRATA_ASSIGN_OR_RETURN(float* block, LoadStateBlock(static_cast<int>(b), &scratch));
       const Bucket& k = buckets_[b];
       for (int t = 0; t < k.num_tensors; ++t) {
@@ -1197,14 +1197,9 @@ Status OffloadOptimizer::Impl::Load(const std::string& dir) {
   }
   for (size_t b = 0; b < buckets_.size(); ++b) {
     const Bucket& k = buckets_[b];
-    HostBuffer scratch;
-    float* block;
-    if (nvme()) {
-      STRATA_ASSIGN_OR_RETURN(scratch, HostBuffer::Allocate(StateBytes(k), false, &pin_warned_));
-      block = reinterpret_cast<float*>(scratch.data());
-    } else {
-      block = reinterpret_cast<float*>(k.state.data());
-    }
+    AlignedBuffer scratch;
+    STRATA_ASSIGN_OR_RETURN(float* block,
+                            LoadStateBlock(static_cast<int>(b), &scratch, /*read=*/false));
     for (int t = 0; t < k.num_tensors; ++t) {
       const std::string name = TensorName(static_cast<int>(b), t);
       const formats::SafetensorsTensor* st = file.header.Find(name);
@@ -1223,14 +1218,13 @@ OffloadCounters OffloadOptimizer::Impl::counters() const {
   OffloadCounters c;
   c.steps = steps_.load(std::memory_order_relaxed);
   c.skipped_steps = skipped_.load(std::memory_order_relaxed);
-  if (swap_) {
-    c.nvme_bytes_read = swap_->bytes_read();
-    c.nvme_bytes_written = swap_->bytes_written();
-  }
+  c.nvme_bytes_read = regions_->nvme_bytes_read();
+  c.nvme_bytes_written = regions_->nvme_bytes_written();
   c.update_seconds = update_ns_.load(std::memory_order_relaxed) * 1e-9;
   c.wait_seconds = wait_ns_.load(std::memory_order_relaxed) * 1e-9;
-  for (const Bucket& k : buckets_) {
-    c.host_state_bytes += k.state.size_bytes() + k.accum.size_bytes();
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    c.host_state_bytes +=
+        regions_->host_bytes(static_cast<int>(b)) + buckets_[b].accum.size_bytes();
   }
   for (const HostBuffer& h : pipe_buf_) c.host_state_bytes += h.size_bytes();
   for (const HostBuffer& h : staging_) c.host_state_bytes += h.size_bytes();
@@ -1321,7 +1315,7 @@ Status OffloadOptimizer::Save(const std::string& dir) { return impl_->Save(dir);
 Status OffloadOptimizer::Load(const std::string& dir) { return impl_->Load(dir); }
 OffloadCounters OffloadOptimizer::counters() const { return impl_->counters(); }
 std::string_view OffloadOptimizer::io_backend_name() const {
-  return impl_->io_ ? impl_->io_->name() : std::string_view();
+  return impl_->regions_->io_backend_name();
 }
 
 }  // namespace strata::engine

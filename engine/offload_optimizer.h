@@ -43,7 +43,9 @@
 //      torch.nn.utils.clip_grad_norm_), steps the group's optimizer over the masters and state,
 //      and writes the new weights, rounded to the bucket's dtype, into the caller's segments.
 //      With state on NVMe the update is the pipeline of engine/optimizer_pipeline.h: read the
-//      state of bucket b+1, update b, write b-1, over buffer_count pinned buffers.
+//      state of bucket b+1, update b, write b-1, over buffer_count pinned buffers. A bucket's
+//      masters and state are one unit of engine/state_regions.h (host memory or the extent
+//      "bucket{b}.state"), the storage the engine's StateStore keeps its blocks in.
 //   3. next forward: WaitBucket(b) before the caller reads bucket b's parameters: the update of
 //      later buckets overlaps the caller's compute. A gradient submitted for bucket b is folded
 //      only after b's update finished, so the next backward may start at any time.

@@ -38,22 +38,24 @@ StatusOr<std::unique_ptr<StateStore>> StateStore::Create(const Model& model, con
     s->state_.push_back(LayoutBlockState(model, b, *s->o_.optimizer, &plan.blocks[b].partition));
     s->full_state_.push_back(LayoutBlockState(model, b, *s->o_.optimizer));
   }
+  StateRegionsOptions ro;
+  ro.nvme = s->nvme_optim();
+  ro.swap = s->nvme_params();
+  ro.nvme_paths = s->o_.nvme_paths;
+  ro.io = s->o_.io;
+  ro.io_backend_factory = s->o_.io_backend_factory;
+  ro.extent_name = OptimExtent;
+  STRATA_ASSIGN_OR_RETURN(s->regions_, StateRegions::Create(std::move(ro)));
   if (s->nvme_params() || s->nvme_optim()) {
-    if (s->o_.io_backend_factory) {
-      STRATA_ASSIGN_OR_RETURN(s->io_, s->o_.io_backend_factory(s->o_.io));
-      if (!s->io_) return InvalidArgumentError("EngineTestHooks::io_backend_factory returned null");
-    } else {
-      STRATA_ASSIGN_OR_RETURN(s->io_, io::CreateIoBackend(s->o_.io));
-    }
-    io::SwapStoreOptions so;
-    so.dirs = s->o_.nvme_paths;
-    STRATA_ASSIGN_OR_RETURN(s->swap_, io::SwapStore::Create(s->io_.get(), so));
     for (int b = 0; b < s->n_; ++b) {
       if (s->nvme_params()) {
-        STRATA_RETURN_IF_ERROR(s->swap_->Allocate(ParamsExtent(b), s->home_elems(b) * s->w_));
+        STRATA_RETURN_IF_ERROR(
+            s->regions_->swap()->Allocate(ParamsExtent(b), s->home_elems(b) * s->w_));
       }
-      if (s->nvme_optim() && !plan.blocks[b].optimizer_on_device) {
-        STRATA_RETURN_IF_ERROR(s->swap_->Allocate(OptimExtent(b), s->state_[b].region_bytes));
+      if (s->nvme_optim()) {
+        STRATA_RETURN_IF_ERROR(
+            s->regions_->AddUnit(s->state_[b].region_bytes, !plan.blocks[b].optimizer_on_device)
+                .status());
       }
     }
   }
@@ -94,25 +96,26 @@ Status StateStore::AllocateMemory(gpu::Device* device) {
         device_staging_, device->AllocatePinned(device_region, "device optimizer state staging"));
     STRATA_ASSIGN_OR_RETURN(copy_, device->CreateStream("optimizer state copy"));
   }
+  std::vector<std::span<std::byte>> views;
   if (plan_.optimizer_buffer_bytes > 0) {
     for (int i = 0; i < plan_.optimizer_buffers; ++i) {
       STRATA_ASSIGN_OR_RETURN(auto buf, device->AllocatePinned(plan_.optimizer_buffer_bytes,
                                                                "optimizer pipeline buffer"));
+      views.push_back(buf.span().bytes());
       opt_buf_.push_back(std::move(buf));
     }
   }
+  regions_->SetPipelineBuffers(std::move(views));
+  regions_->SetTrace(trace_, read_track_);
+  // Host homes: each block's state region (none for device-optimized blocks: their state lives
+  // on the device).
   for (int b = 0; b < n_ && !o_.inference_only && !nvme_optim(); ++b) {
-    if (on_device(b)) {
-      opt_home_.emplace_back();  // the state lives on the device
-      continue;
-    }
-    STRATA_ASSIGN_OR_RETURN(auto home, AlignedBuffer::Allocate(state_[b].region_bytes, 4096));
-    opt_home_.push_back(std::move(home));
+    STRATA_RETURN_IF_ERROR(regions_->AddUnit(state_[b].region_bytes, !on_device(b)).status());
   }
   OptimizerPipeline::Stages stages;
-  if (nvme_optim()) stages.read = [this](int b, int i) { return ReadState(b, i); };
+  if (nvme_optim()) stages.read = [this](int b, int i) { return regions_->Read(b, i); };
   stages.update = [this](int b, int i) { return UpdateBlock(b, i); };
-  if (swap_) stages.write = [this](int b, int i) { return WriteBack(b, i); };
+  if (regions_->swap()) stages.write = [this](int b, int i) { return WriteBack(b, i); };
   pipeline_ = std::make_unique<OptimizerPipeline>(
       n_, std::max<int>(1, static_cast<int>(opt_buf_.size())), std::move(stages));
   return Status::Ok();
@@ -198,7 +201,7 @@ Status StateStore::InitBlock(Model& model, uint64_t seed, int b, int buffer, Ali
 
 std::byte* StateStore::Region(int b, int i) {
   if (on_device(b)) return device_staging_.data();
-  return nvme_optim() ? opt_buf_[i].data() : opt_home_[b].data();
+  return regions_->Region(b, i);
 }
 
 gpu::PinnedSpan StateStore::WorkingHome(int b, int i) {
@@ -215,8 +218,7 @@ StatusOr<std::byte*> StateStore::Load(int b, bool read) {
     }
     return Region(b, 0);
   }
-  if (nvme_optim() && read) STRATA_RETURN_IF_ERROR(ReadState(b, 0));
-  return Region(b, 0);
+  return regions_->Load(b, read);
 }
 
 Status StateStore::EnqueueDeviceUpdate(int b, gpu::Stream& stream, gpu::DeviceSpan grad,
@@ -244,12 +246,6 @@ Status StateStore::EnqueueDeviceUpdate(int b, gpu::Stream& stream, gpu::DeviceSp
   return engine::EnqueueDeviceUpdate(stream, BlockOptimizer(round_.optimizer, st), round_.step, u);
 }
 
-Status StateStore::ReadState(int b, int i) {
-  trace::ScopedTraceEvent t(trace_, read_track_, "read optimizer state",
-                            trace::Category::kNvmeRead);
-  return swap_->Read(OptimExtent(b), opt_buf_[i].span().bytes().subspan(0, state_[b].region_bytes));
-}
-
 Status StateStore::UpdateBlock(int b, int i) {
   trace::ScopedTraceEvent t(trace_, update_track_, "optimizer update",
                             trace::Category::kCpuOptimizer);
@@ -270,15 +266,12 @@ Status StateStore::WriteBack(int b, int i) {
         device_state_[b], device_staging_.span().subspan(0, state_[b].region_bytes)));
     return copy_->Synchronize();
   }
-  if (!swap_) return Status::Ok();
+  if (!regions_->swap()) return Status::Ok();
   trace::ScopedTraceEvent t(trace_, write_track_, "write optimizer state + params",
                             trace::Category::kNvmeWrite);
-  if (nvme_optim()) {
-    STRATA_RETURN_IF_ERROR(swap_->Write(
-        OptimExtent(b), opt_buf_[i].span().bytes().subspan(0, state_[b].region_bytes)));
-  }
+  STRATA_RETURN_IF_ERROR(regions_->Write(b, i));
   if (nvme_params()) {
-    STRATA_RETURN_IF_ERROR(swap_->Write(
+    STRATA_RETURN_IF_ERROR(regions_->swap()->Write(
         ParamsExtent(b),
         WorkingHome(b, i).bytes().subspan(0, io::SwapStore::PaddedSize(home_elems(b) * w_))));
   }
@@ -299,14 +292,14 @@ StatusOr<const std::byte*> StateStore::WorkingParamsBytes(int b) {
     return home.data;
   }
   if (!nvme_params() || plan_.blocks[b].resident) return home.data;
-  STRATA_RETURN_IF_ERROR(swap_->Read(
+  STRATA_RETURN_IF_ERROR(regions_->swap()->Read(
       ParamsExtent(b), home.bytes().subspan(0, io::SwapStore::PaddedSize(home_elems(b) * w_))));
   return home.data;
 }
 
 Status StateStore::ReadParams(int b, gpu::PinnedSpan staging) {
-  return swap_->Read(ParamsExtent(b),
-                     staging.bytes().subspan(0, io::SwapStore::PaddedSize(home_elems(b) * w_)));
+  return regions_->swap()->Read(
+      ParamsExtent(b), staging.bytes().subspan(0, io::SwapStore::PaddedSize(home_elems(b) * w_)));
 }
 
 }  // namespace strata::engine

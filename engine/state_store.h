@@ -4,9 +4,11 @@
 // NVMe swap").
 //
 // Memory (this rank's partition of each block, planner.h Partition):
-//   state region   [p32 | section 0 | section 1 | ...] (optimizer_state.h), one per block:
-//                  an aligned host buffer, or the swap-store extent "block{b}.optim" read into
-//                  and written from a pipeline buffer (OptimizerHome::kNvme)
+//   state region   [p32 | section 0 | section 1 | ...] (optimizer_state.h), one per block, kept
+//                  by a StateRegions (state_regions.h, unit b = block b; shared with the
+//                  OffloadOptimizer): an aligned host buffer, or the swap-store extent
+//                  "block{b}.optim" read into and written from a pipeline buffer
+//                  (OptimizerHome::kNvme)
 //   working home   the params the device loads: a pinned buffer per block (param home device or
 //                  host, and every resident block), or the extent "block{b}.params" for streamed
 //                  blocks with ParamHome::kNvme, written from the pipeline buffer's copy-out area
@@ -59,9 +61,9 @@
 #include "engine/optimizer_pipeline.h"
 #include "engine/optimizer_state.h"
 #include "engine/planner.h"
+#include "engine/state_regions.h"
 #include "gpu/device.h"
 #include "io/io_backend.h"
-#include "io/swap_store.h"
 
 namespace strata::engine {
 
@@ -115,9 +117,9 @@ class StateStore {
 
   const BlockState& layout(int b) const { return state_[b]; }  // this rank's partition
   const std::vector<BlockState>& full_layouts() const { return full_state_; }  // whole blocks
-  std::string_view io_backend_name() const { return swap_ ? swap_->backend_name() : ""; }
-  uint64_t nvme_bytes_read() const { return swap_ ? swap_->bytes_read() : 0; }
-  uint64_t nvme_bytes_written() const { return swap_ ? swap_->bytes_written() : 0; }
+  std::string_view io_backend_name() const { return regions_->io_backend_name(); }
+  uint64_t nvme_bytes_read() const { return regions_->nvme_bytes_read(); }
+  uint64_t nvme_bytes_written() const { return regions_->nvme_bytes_written(); }
 
   // --- The update (pipeline) ---
   // The optimizer and step of the next round of updates; call with the pipeline drained.
@@ -171,8 +173,7 @@ class StateStore {
   bool nvme_params() const { return plan_.param_home == ParamHome::kNvme; }
   bool nvme_optim() const { return plan_.optimizer_home == OptimizerHome::kNvme; }
   std::byte* Region(int b, int buffer);
-  // The pipeline's stages.
-  Status ReadState(int b, int buffer);
+  // The pipeline's update stage (the read stage is regions_->Read, the write stage WriteBack).
   Status UpdateBlock(int b, int buffer);
   Status InitBlock(Model& model, uint64_t seed, int b, int buffer, AlignedBuffer* whole);
 
@@ -189,14 +190,14 @@ class StateStore {
   std::vector<gpu::PinnedBuffer> home_;     // pinned working params: host/device home, resident
   std::vector<gpu::PinnedBuffer> opt_buf_;  // pipeline buffers: [state region][p16 copy-out]
   uint64_t opt_state_bytes_ = 0;            // the state region part (0: state in host memory)
-  std::vector<AlignedBuffer> opt_home_;     // host optimizer home: each block's state region
   // Device-optimized blocks: state regions, resident working params, the staging buffer and the
   // stream their copies run on.
   std::vector<gpu::DeviceSpan> device_state_, device_working_;
   gpu::PinnedBuffer device_staging_;
   std::unique_ptr<gpu::Stream> copy_;
-  std::unique_ptr<io::IoBackend> io_;
-  std::unique_ptr<io::SwapStore> swap_;
+  // Every host-side block's state region (unit b = block b; host memory or the extents
+  // "block{b}.optim") and the swap store, which also holds the extents "block{b}.params".
+  std::unique_ptr<StateRegions> regions_;
   // Declared last: destroyed (joined) first.
   std::unique_ptr<OptimizerPipeline> pipeline_;
 };
