@@ -182,7 +182,7 @@ TEST_F(DeepSpeedConfigCli, FineTuningRecipeCheckpointsActivationsToTheHostAndWri
   const Result r = Run("finetune_recipe.json");
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_EQ(summary_["precision"], "bf16");
-  EXPECT_EQ(summary_["param_home"], "device");  // stage 1, no offload
+  EXPECT_EQ(summary_["param_home"], "device");      // stage 1, no offload
   EXPECT_EQ(summary_["optimizer_home"], "device");  // no offload_optimizer: on the GPU
   EXPECT_EQ(summary_["grad_clip"], 0.5);
   EXPECT_NE(r.out.find("config: no offload_optimizer: DeepSpeed keeps optimizer state on the GPU, "
