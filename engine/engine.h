@@ -66,7 +66,7 @@ namespace strata::engine {
 // Test seams: production code leaves them at their defaults (EngineOptions::test_hooks).
 struct EngineTestHooks {
   // Keep fp32 gradient accumulators for every block even where the host would keep the 16-bit
-  // gradient (planner.h, HostGradInWorkingPrecision), to compare the two paths.
+  // gradient (planner.h, GradInWorkingPrecision), to compare the two paths.
   bool fp32_host_grads = false;
   // Fill each pinned gradient bucket with NaN bytes when it returns to its pool, so a bucket
   // read before its copy landed, or reused while still being read, makes the step's gradient

@@ -55,8 +55,8 @@ StatusOr<std::unique_ptr<GradStreamer>> GradStreamer::Create(
   const GradStreamerOptions& o = g->o_;
   const int n = model.num_blocks();
   for (int b = 0; b < n; ++b) {
-    g->grad16_.push_back(!o.fp32_host_grads && !g->dp() && o.precision != DType::kF32 &&
-                         HostGradInWorkingPrecision(model, b, o.grad_accum_steps));
+    g->grad16_.push_back(!o.fp32_host_grads && o.precision != DType::kF32 &&
+                         GradInWorkingPrecision(model, b, o.grad_accum_steps, g->dp()));
   }
   auto event = [&]() { return device->CreateEvent(); };
   if (g->dp()) {
@@ -120,7 +120,7 @@ StatusOr<std::unique_ptr<GradStreamer>> GradStreamer::Create(
     }
     g->on_device_[b] = true;
     // Data parallel: this rank's reduce-scattered fp32 partition (own(b) == np(b) otherwise).
-    g->dgrad16_[b] = !g->dp() && HostGradInWorkingPrecision(model, b, o.grad_accum_steps);
+    g->dgrad16_[b] = GradInWorkingPrecision(model, b, o.grad_accum_steps, g->dp());
     const uint64_t bytes = static_cast<uint64_t>(g->own(b)) * (g->dgrad16_[b] ? g->w_ : 4);
     const uint64_t record = DeviceGradStatsBytes(g->own(b));
     if (device_grads[b].size_bytes < bytes + record) {

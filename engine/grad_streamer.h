@@ -5,7 +5,7 @@
 // (NextBucket); Stream sends the bucket D2H into a free pinned landing bucket and hands the fold
 // thread a task, which waits for the copy to land and folds the bucket into the block's host
 // gradient (fp32 accumulator, or the 16-bit gradient kept as it landed where
-// HostGradInWorkingPrecision says so) and the step's statistics (sum of squares, inf/nan). Data
+// GradInWorkingPrecision says so) and the step's statistics (sum of squares, inf/nan). Data
 // parallel: the bucket is first widened to fp32 and reduce-scattered over the ranks on the
 // stream "reduce-scatter", and only this rank's partition goes D2H.
 //
@@ -25,7 +25,7 @@
 //
 // Blocks whose optimizer runs on the device (Plan::Block::optimizer_on_device) keep their gradient
 // there, in their own device region: the backward writes it in place when it is the block's only
-// contribution in the working precision (HostGradInWorkingPrecision), else into a device bucket
+// contribution in the working precision (GradInWorkingPrecision), else into a device bucket
 // that the compute stream adds into the region's fp32 accumulator (EnqueueDeviceGradAccumulate).
 // At its last contribution the compute stream computes its statistics into the record at the
 // region's end (EnqueueDeviceGradStats) and copies the record (DeviceGradStatsBytes) D2H; the
@@ -153,7 +153,7 @@ class GradStreamer {
   const size_t w_;
   gpu::Stream* compute_;
   gpu::Stream* d2h_;
-  std::vector<bool> grad16_;  // HostGradInWorkingPrecision per block
+  std::vector<bool> grad16_;  // GradInWorkingPrecision per block
   // Blocks optimized on the device: their gradient region (data, then the statistics record at
   // its end), whether the backward writes it in place in the working precision, the record's
   // pinned landing slot (DeviceGradStatsBytes) and its event (compute stream).

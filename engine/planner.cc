@@ -117,10 +117,13 @@ std::vector<DeviceRegion> FixedRegions(const Model& model, DType precision, Micr
   return fixed;
 }
 
-// Which blocks keep their optimizer on the device for a fraction f of the parameters: whole
+// Which blocks keep their optimizer on the device (optimizer_home kDevice: all; else a fraction f
+// = optimizer_device_fraction of the parameters): whole
 // blocks in forward order from block 0, while the running total stays within f of the model's
 // (nearest block boundary: a block is taken when at least half of it fits). f >= 1: all.
-std::vector<bool> DeviceOptimizerBlocks(const Model& model, double fraction) {
+std::vector<bool> DeviceOptimizerBlocks(const Model& model, const PlacementOptions& o) {
+  const double fraction =
+      o.optimizer_home == OptimizerHome::kDevice ? 1.0 : o.optimizer_device_fraction;
   const int n = model.num_blocks();
   std::vector<bool> on(n, false);
   if (!(fraction > 0)) return on;
@@ -135,14 +138,13 @@ std::vector<bool> DeviceOptimizerBlocks(const Model& model, double fraction) {
   return on;
 }
 
-// Device bytes of a block whose optimizer runs there, besides its working params: master weights
-// and optimizer state (the block's state region) and its gradient (the working precision when the
-// host would keep it so, else an fp32 accumulator).
-// A device-optimized block's "gradient" region: the gradient, then its statistics record
-// (engine/device_optimizer.h).
+// A device-optimized block's "gradient" region: the gradient (GradInWorkingPrecision: the working
+// precision, else an fp32 accumulator), then its statistics record (engine/device_optimizer.h).
 uint64_t DeviceGradientBytes(int64_t elems, bool grad16, size_t w) {
   return Aligned(static_cast<uint64_t>(elems) * (grad16 ? w : 4)) + DeviceGradStatsBytes(elems);
 }
+// Device bytes of a block whose optimizer runs there, besides its working params: its state
+// region (master weights and optimizer state) and its gradient region.
 uint64_t DeviceOptimizerBytes(const BlockState& state, int64_t elems, bool grad16, size_t w) {
   return Aligned(state.region_bytes) + Aligned(DeviceGradientBytes(elems, grad16, w));
 }
@@ -199,8 +201,7 @@ uint64_t AutoDeviceBudgetBytes(const Model& model, DType precision, MicroBatchSh
   const PlacementOptions& o = options;
   // The blocks whose optimizer runs on the device: their master weights, state and gradients,
   // and (when the rest streams) their resident params.
-  const std::vector<bool> device_optimizer = DeviceOptimizerBlocks(
-      model, o.optimizer_home == OptimizerHome::kDevice ? 1.0 : o.optimizer_device_fraction);
+  const std::vector<bool> device_optimizer = DeviceOptimizerBlocks(model, o);
   const bool all_device =
       std::all_of(device_optimizer.begin(), device_optimizer.end(), [](bool on) { return on; });
   uint64_t device_optimizer_bytes = 0, device_optimizer_params_bytes = 0;
@@ -209,8 +210,8 @@ uint64_t AutoDeviceBudgetBytes(const Model& model, DType precision, MicroBatchSh
     const Partition part = PartitionOf(model.block_num_params(b), o.ranks, o.rank);
     device_optimizer_bytes +=
         DeviceOptimizerBytes(LayoutBlockState(model, b, optimizer.optimizer, &part), part.own_elems,
-                             !(o.ranks > 1 || o.data_parallel) &&
-                                 HostGradInWorkingPrecision(model, b, optimizer.grad_accum_steps),
+                             GradInWorkingPrecision(model, b, optimizer.grad_accum_steps,
+                                                    o.ranks > 1 || o.data_parallel),
                              SizeOf(precision));
     device_optimizer_params_bytes +=
         Aligned(static_cast<uint64_t>(DeviceElems(model, b, o.ranks)) * SizeOf(precision));
@@ -228,7 +229,9 @@ uint64_t AutoDeviceBudgetBytes(const Model& model, DType precision, MicroBatchSh
          device_optimizer_params_bytes + device_optimizer_bytes;
 }
 
-bool HostGradInWorkingPrecision(const Model& model, int block, int grad_accum_steps) {
+bool GradInWorkingPrecision(const Model& model, int block, int grad_accum_steps,
+                            bool data_parallel) {
+  if (data_parallel) return false;
   if (grad_accum_steps != 1) return false;
   for (int b = 0; b < model.num_blocks(); ++b) {
     if (model.tied_block(b) == block) return false;
@@ -282,8 +285,7 @@ StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape sha
   std::vector<BlockState> states;
   uint64_t max_region = 0, master_bytes = 0;
   uint64_t rank_state_bytes = 0;  // this rank's partitions (the whole with one rank)
-  const std::vector<bool> device_optimizer = DeviceOptimizerBlocks(
-      model, o.optimizer_home == OptimizerHome::kDevice ? 1.0 : o.optimizer_device_fraction);
+  const std::vector<bool> device_optimizer = DeviceOptimizerBlocks(model, o);
   uint64_t device_optimizer_bytes = 0;  // master weights, state and gradients on the device
   for (int b = 0; b < n; ++b) {
     states.push_back(LayoutBlockState(model, b, optimizer.optimizer, &p.blocks[b].partition));
@@ -293,9 +295,9 @@ StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape sha
     if (device_optimizer[b]) {
       p.blocks[b].optimizer_on_device = true;
       p.device_optimizer_params += p.blocks[b].num_params;
-      device_optimizer_bytes += DeviceOptimizerBytes(
-          states.back(), p.blocks[b].partition.own_elems,
-          !dp && HostGradInWorkingPrecision(model, b, optimizer.grad_accum_steps), w);
+      device_optimizer_bytes +=
+          DeviceOptimizerBytes(states.back(), p.blocks[b].partition.own_elems,
+                               GradInWorkingPrecision(model, b, optimizer.grad_accum_steps, dp), w);
       continue;
     }
     rank_state_bytes += states.back().state_bytes();
@@ -405,10 +407,11 @@ StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape sha
     if (!device_optimizer[b]) continue;
     // Data parallel: this rank's reduce-scattered fp32 partition.
     const int64_t elems = p.blocks[b].partition.own_elems;
-    const bool grad16 = !dp && HostGradInWorkingPrecision(model, b, optimizer.grad_accum_steps);
-    p.device_regions.push_back({"optimizer state " + p.blocks[b].name, states[b].region_bytes});
+    const bool grad16 = GradInWorkingPrecision(model, b, optimizer.grad_accum_steps, dp);
     p.device_regions.push_back(
-        {"gradient " + p.blocks[b].name, DeviceGradientBytes(elems, grad16, w)});
+        {"optimizer state " + p.blocks[b].name, states[b].region_bytes, true});
+    p.device_regions.push_back(
+        {"gradient " + p.blocks[b].name, DeviceGradientBytes(elems, grad16, w), true});
   }
   for (int s = 0; s < p.streaming_slots; ++s) {
     p.device_regions.push_back({fmt::format("streaming slot {}", s), p.slot_bytes});
@@ -449,7 +452,7 @@ StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape sha
   for (int b = 0; b < n; ++b) {
     if (device_optimizer[b]) continue;  // its gradient stays on the device
     // With ranks > 1 the reduced gradient is fp32.
-    const bool grad16 = !dp && HostGradInWorkingPrecision(model, b, optimizer.grad_accum_steps);
+    const bool grad16 = GradInWorkingPrecision(model, b, optimizer.grad_accum_steps, dp);
     p.host_grad_bytes += static_cast<uint64_t>(p.blocks[b].partition.own_elems) * (grad16 ? w : 4);
     if (grad16 && w < 4) p.host_grad16_params += p.blocks[b].num_params;
   }
@@ -516,10 +519,12 @@ std::string Plan::Describe() const {
   }
   uint64_t optimizer_state_on_device = 0, gradients_on_device = 0;
   for (const auto& r : device_regions) {
-    if (r.label.rfind("optimizer state ", 0) == 0) optimizer_state_on_device += r.size_bytes;
-    if (r.label.rfind("gradient ", 0) == 0) gradients_on_device += r.size_bytes;
-    if (r.label.rfind("resident params", 0) == 0 || r.label.rfind("streaming slot", 0) == 0 ||
-        r.label.rfind("optimizer state ", 0) == 0 || r.label.rfind("gradient ", 0) == 0)
+    if (r.device_optimizer) {
+      (r.label.rfind("gradient ", 0) == 0 ? gradients_on_device : optimizer_state_on_device) +=
+          r.size_bytes;
+      continue;
+    }
+    if (r.label.rfind("resident params", 0) == 0 || r.label.rfind("streaming slot", 0) == 0)
       continue;
     line("           {:>10}  {}", FormatBytes(r.size_bytes), r.label);
   }

@@ -91,15 +91,21 @@ struct PlanOptimizer {
   int grad_accum_steps = 1;
 };
 
-// Whether the host keeps block `block`'s gradient in the working precision (2 B/param for
-// fp16/bf16) instead of an fp32 accumulator: when a step has one micro-batch and the chunk gets
-// one contribution (no other block ties it). The optimizer then reads the 16-bit gradient as it
-// landed, which gives the same bits as widening it to fp32 first. fp32 runs keep fp32 either way.
-bool HostGradInWorkingPrecision(const Model& model, int block, int grad_accum_steps);
+// Whether block `block`'s gradient is kept in the working precision (2 B/param for fp16/bf16)
+// instead of an fp32 accumulator, on the host or, for a block whose optimizer runs on the device,
+// there: when a step has one micro-batch, the chunk gets one contribution (no other block ties
+// it) and there is no data parallelism (a rank's reduce-scattered partition is fp32). The
+// optimizer then reads the 16-bit gradient as it was written, which gives the same bits as
+// widening it to fp32 first. fp32 runs keep fp32 either way. Pure; thread-safe.
+bool GradInWorkingPrecision(const Model& model, int block, int grad_accum_steps,
+                            bool data_parallel);
 
 struct DeviceRegion {
   std::string label;  // "activations", "slot.layer3", ...
   uint64_t size_bytes;
+  // The master weights and state ("optimizer state <block>") or the gradient ("gradient
+  // <block>") of a block whose optimizer runs on the device.
+  bool device_optimizer = false;
 };
 
 struct Plan {

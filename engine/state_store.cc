@@ -150,6 +150,7 @@ Status StateStore::Initialize(Model& model, uint64_t seed) {
   }
   const int64_t total_params = model.num_params();
   int64_t done_params = 0;
+  int done_blocks = 0;
   if (o_.init_progress) o_.init_progress(0, n_, 0, total_params);  // allocated and pinned
   for (int first = 0; first < n_; first += wave) {
     const int last = std::min(n_, first + wave);
@@ -166,7 +167,7 @@ Status StateStore::Initialize(Model& model, uint64_t seed) {
       STRATA_RETURN_IF_ERROR(status[static_cast<size_t>(b - first)]);
       STRATA_RETURN_IF_ERROR(WriteBack(b, buffered ? b - first : 0));
       done_params += np(b);
-      if (o_.init_progress) o_.init_progress(b + 1, n_, done_params, total_params);
+      if (o_.init_progress) o_.init_progress(++done_blocks, n_, done_params, total_params);
     }
   }
   for (int b = 0; b < n_; ++b) {
@@ -174,7 +175,7 @@ Status StateStore::Initialize(Model& model, uint64_t seed) {
     STRATA_RETURN_IF_ERROR(InitBlock(model, seed, b, 0, o_.data_parallel ? &whole[0] : nullptr));
     STRATA_RETURN_IF_ERROR(WriteBack(b, 0));
     done_params += np(b);
-    if (o_.init_progress) o_.init_progress(b + 1, n_, done_params, total_params);
+    if (o_.init_progress) o_.init_progress(++done_blocks, n_, done_params, total_params);
   }
   return Status::Ok();
 }

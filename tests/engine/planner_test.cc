@@ -29,6 +29,8 @@ TEST(Planner, BudgetBelowWorkingParamsStreamsSomeBlocksAndFits) {
   EXPECT_EQ(plan->streaming_slots, 3);
   EXPECT_EQ(plan->prefetch_depth, 2);
   EXPECT_NE(plan->Describe().find("streamed per use from nvme"), std::string::npos);
+  EXPECT_NE(plan->Describe().find("gradient buckets (2 x one block"), std::string::npos)
+      << plan->Describe();
 }
 
 TEST(Planner, AutoDeviceBudgetIsMidwayBetweenStreamingMinimumAndWorkingParams) {
@@ -295,6 +297,13 @@ TEST(Planner, TheOptimizerOnTheDeviceAndTheSplitCountTheirStateInTheDeviceBudget
             AllResidentBytes(**model, DType::kBF16, mb) + params * (4 + 8 + 2));
   EXPECT_LE(plan->device_total_bytes, o.device_budget_bytes);
   EXPECT_NE(plan->Describe().find("on the device for"), std::string::npos) << plan->Describe();
+  // The fixed regions are still listed one by one (the device gradient buckets among them), the
+  // device-optimized blocks' regions summed.
+  EXPECT_NE(plan->Describe().find("gradient buckets (2 x one block"), std::string::npos)
+      << plan->Describe();
+  EXPECT_NE(plan->Describe().find("master weights and adamw state of the blocks optimized"),
+            std::string::npos)
+      << plan->Describe();
   // One byte short of it: refused, naming the optimizer's share.
   o.device_budget_bytes = plan->device_total_bytes - 1;
   auto short_plan = MakePlan(**model, DType::kBF16, mb, o, optimizer);
