@@ -11,7 +11,6 @@
 #include "base/logging.h"
 #include "base/trace.h"
 #include "cpu_optim/grad_stats.h"
-#include "engine/device_optimizer.h"
 #include "engine/engine_checkpoint.h"
 #include "engine/grad_streamer.h"
 #include "engine/optimizer_state.h"
@@ -191,13 +190,11 @@ Status Engine::Impl::Init() {
           OptimizerFlagName(o_.optimizer)));
     }
   }
-  if (plan_.device_optimizer_params > 0 && !o_.inference_only) {
-    STRATA_RETURN_IF_ERROR(CheckDeviceOptimizer(o_.optimizer));
-    if (o_.eager_update) {
-      return InvalidArgumentError(
-          "eager updates run on the CPU: with the optimizer on the device (--offload-optimizer "
-          "device or --optimizer-device-fraction) the step is exact; drop --eager-update");
-    }
+  // MakePlan refused the kinds the device update does not run.
+  if (plan_.device_optimizer_params > 0 && !o_.inference_only && o_.eager_update) {
+    return InvalidArgumentError(
+        "eager updates run on the CPU: with the optimizer on the device (--offload-optimizer "
+        "device or --optimizer-device-fraction) the step is exact; drop --eager-update");
   }
   if (o_.eager_update) {
     if (o_.precision == DType::kF16 || o_.grad_clip_norm > 0) {

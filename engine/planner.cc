@@ -156,13 +156,7 @@ Status CheckDeviceOptimizerPlacement(const PlacementOptions& o, const PlanOptimi
   }
   const bool device = o.optimizer_home == OptimizerHome::kDevice || o.optimizer_device_fraction > 0;
   if (!device) return Status::Ok();
-  if (!PartitionableOptimizer(optimizer.optimizer)) {
-    return InvalidArgumentError(
-        fmt::format("{} runs on the CPU only: use --offload-optimizer host or nvme and no "
-                    "--optimizer-device-fraction",
-                    OptimizerFlagName(optimizer.optimizer)));
-  }
-  return Status::Ok();
+  return CheckDeviceOptimizer(optimizer.optimizer);  // the kinds the device update runs
 }
 
 }  // namespace
