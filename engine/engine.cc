@@ -1,7 +1,6 @@
 #include "engine/engine.h"
 
 #include <fmt/format.h>
-#include <xxhash.h>
 
 #include <algorithm>
 #include <cmath>
@@ -98,7 +97,6 @@ class Engine::Impl {
   int64_t own(int b) const { return plan_.blocks[b].partition.own_elems; }
   int64_t home_elems(int b) const { return plan_.blocks[b].partition.part_elems; }
   // The whole block from every rank's partition (`mine`: own(b) values): collective.
-  StatusOr<std::vector<float>> GatherBlock(int b, const float* mine);
   int tied(int b) const { return tied_[b]; }
   bool nvme_params() const { return plan_.param_home == ParamHome::kNvme; }
   bool nvme_optim() const { return plan_.optimizer_home == OptimizerHome::kNvme; }
@@ -656,20 +654,7 @@ StatusOr<std::vector<float>> Engine::Impl::MasterWeights(int block) {
   if (o_.inference_only)
     return FailedPreconditionError("an inference-only engine has no master weights");
   STRATA_RETURN_IF_ERROR(Flush());
-  STRATA_RETURN_IF_ERROR(store_->Load(block).status());
-  return GatherBlock(block, store_->Master(block, 0));
-}
-
-StatusOr<std::vector<float>> Engine::Impl::GatherBlock(int b, const float* mine) {
-  if (!dp()) return std::vector<float>(mine, mine + np(b));
-  // Every rank sends its partition padded to part_elems; partitions land in rank order.
-  const int64_t pe = home_elems(b);
-  std::vector<float> send(pe, 0.0f), all(pe * world());
-  std::copy(mine, mine + own(b), send.begin());
-  STRATA_RETURN_IF_ERROR(o_.comm->AllGatherBytes(std::as_bytes(std::span(send)),
-                                                 std::as_writable_bytes(std::span(all))));
-  all.resize(np(b));
-  return all;
+  return checkpoint_->MasterWeights(block);
 }
 
 StatusOr<std::vector<float>> Engine::Impl::AccumulatedGradient(int block) {
@@ -679,41 +664,15 @@ StatusOr<std::vector<float>> Engine::Impl::AccumulatedGradient(int block) {
   }
   STRATA_RETURN_IF_ERROR(Flush());
   std::vector<float> g(own(block));
-  if (plan_.blocks[block].optimizer_on_device) {
-    // The gradient stays on the device: copy it to host memory.
-    const gpu::DeviceSpan d = grads_->DeviceGradient(block);
-    STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer staging,
-                            device_->AllocatePinned(d.size_bytes, "gradient read-back"));
-    STRATA_RETURN_IF_ERROR(compute_->CopyD2H(staging.span(), d));
-    STRATA_RETURN_IF_ERROR(compute_->Synchronize());
-    STRATA_RETURN_IF_ERROR(cpu_optim::ConvertToF32(staging.data(), grads_->device_grad_dtype(block),
-                                                   g.data(), own(block)));
-    return GatherBlock(block, g.data());
-  }
-  const cpu_optim::GradView host = grads_->HostGradient(block);
-  STRATA_RETURN_IF_ERROR(cpu_optim::ConvertToF32(host.data, host.dtype, g.data(), own(block)));
-  return GatherBlock(block, g.data());
+  STRATA_RETURN_IF_ERROR(grads_->ReadGradient(block, g));
+  return checkpoint_->GatherBlock(block, g.data());
 }
 
 StatusOr<uint64_t> Engine::Impl::MasterWeightsXxh3() {
   if (o_.inference_only)
     return FailedPreconditionError("an inference-only engine has no master weights");
   STRATA_RETURN_IF_ERROR(Flush());
-  XXH3_state_t* state = XXH3_createState();
-  if (!state) return ResourceExhaustedError("could not allocate an xxh3 state");
-  XXH3_64bits_reset(state);
-  Status status;
-  for (int b = 0; b < n_ && status.ok(); ++b) {
-    status = store_->Load(b).status();
-    if (!status.ok()) break;
-    StatusOr<std::vector<float>> p32 = GatherBlock(b, store_->Master(b, 0));
-    status = p32.status();
-    if (status.ok()) XXH3_64bits_update(state, p32->data(), np(b) * 4);
-  }
-  const uint64_t h = XXH3_64bits_digest(state);
-  XXH3_freeState(state);
-  if (!status.ok()) return status;
-  return h;
+  return checkpoint_->MasterWeightsXxh3();
 }
 
 Status Engine::Impl::SaveCheckpoint(const std::string& save_dir, const TrainerState& trainer,

@@ -1,6 +1,7 @@
 #include "engine/engine_checkpoint.h"
 
 #include <fmt/format.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <map>
@@ -405,6 +406,39 @@ Status EngineCheckpoint::Read(const Validated& checkpoint,
     loaded(b);  // every device copy is stale
   }
   return Status::Ok();
+}
+
+StatusOr<std::vector<float>> EngineCheckpoint::GatherBlock(int b, const float* mine) const {
+  if (comm_ == nullptr) return std::vector<float>(mine, mine + np(b));
+  // Every rank sends its partition padded to part_elems; partitions land in rank order.
+  const int64_t pe = home_elems(b);
+  std::vector<float> send(pe, 0.0f), all(pe * world());
+  std::copy(mine, mine + own(b), send.begin());
+  STRATA_RETURN_IF_ERROR(comm_->AllGatherBytes(std::as_bytes(std::span(send)),
+                                               std::as_writable_bytes(std::span(all))));
+  all.resize(np(b));
+  return all;
+}
+
+StatusOr<std::vector<float>> EngineCheckpoint::MasterWeights(int b) const {
+  STRATA_RETURN_IF_ERROR(store_->Load(b).status());
+  return GatherBlock(b, store_->Master(b, 0));
+}
+
+StatusOr<uint64_t> EngineCheckpoint::MasterWeightsXxh3() const {
+  XXH3_state_t* state = XXH3_createState();
+  if (!state) return ResourceExhaustedError("could not allocate an xxh3 state");
+  XXH3_64bits_reset(state);
+  Status status;
+  for (int b = 0; b < model_.num_blocks() && status.ok(); ++b) {
+    StatusOr<std::vector<float>> p32 = MasterWeights(b);
+    status = p32.status();
+    if (status.ok()) XXH3_64bits_update(state, p32->data(), np(b) * 4);
+  }
+  const uint64_t h = XXH3_64bits_digest(state);
+  XXH3_freeState(state);
+  if (!status.ok()) return status;
+  return h;
 }
 
 }  // namespace strata::engine

@@ -67,10 +67,21 @@ class EngineCheckpoint {
   // weights, converted to the working precision, into the working homes only.
   Status Read(const Validated& checkpoint, const std::function<void(int block)>& loaded);
 
+  // Block b's whole fp32 tensor from this rank's partition `mine` (own_elems floats): a copy with
+  // one rank; with a communicator, every rank's partition all-gathered in rank order (a
+  // collective: every rank calls it for the same block). Errors: the all-gather's.
+  StatusOr<std::vector<float>> GatherBlock(int b, const float* mine) const;
+  // Block b's whole master weights (np(b) floats), from the store (which must be drained).
+  StatusOr<std::vector<float>> MasterWeights(int b) const;
+  // xxh3-64 of every block's whole master weights in block order: the same value whatever the
+  // placement and the number of ranks (a collective with a communicator). Store drained.
+  StatusOr<uint64_t> MasterWeightsXxh3() const;
+
  private:
   int world() const { return comm_ ? comm_->world_size() : 1; }
   int64_t np(int b) const { return model_.block_num_params(b); }
   int64_t own(int b) const { return plan_.blocks[b].partition.own_elems; }
+  int64_t home_elems(int b) const { return plan_.blocks[b].partition.part_elems; }
   Status CheckManifestMatchesModel(const Manifest& m) const;
   Status Write(const std::string& save_dir, const std::string& temp_dir, Manifest manifest,
                int keep_last, std::string* checkpoint_dir);

@@ -52,6 +52,7 @@ StatusOr<std::unique_ptr<GradStreamer>> GradStreamer::Create(
     gpu::Stream* d2h, gpu::DeviceSpan dbuckets, gpu::DeviceSpan reduce_region,
     std::span<const gpu::DeviceSpan> device_grads, GradStreamerOptions options) {
   std::unique_ptr<GradStreamer> g(new GradStreamer(model, plan, compute, d2h, std::move(options)));
+  g->device_ = device;
   const GradStreamerOptions& o = g->o_;
   const int n = model.num_blocks();
   for (int b = 0; b < n; ++b) {
@@ -322,6 +323,21 @@ void GradStreamer::Fold(int b, int bucket, bool overwrite, bool last) {
     std::lock_guard<std::mutex> lock(fold_mu_);
     if (fold_error_.ok()) fold_error_ = std::move(s);
   }
+}
+
+Status GradStreamer::ReadGradient(int b, std::span<float> out) {
+  if (static_cast<int64_t>(out.size()) < own(b)) {
+    return InvalidArgumentError("GradStreamer::ReadGradient: the output is shorter than the block");
+  }
+  if (!on_device_[b]) {
+    return cpu_optim::ConvertToF32(accum_[b].data(), grad_dtype(b), out.data(), own(b));
+  }
+  // The gradient stays on the device: copy it to host memory.
+  STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer staging,
+                          device_->AllocatePinned(dgrad_[b].size_bytes, "gradient read-back"));
+  STRATA_RETURN_IF_ERROR(compute_->CopyD2H(staging.span(), dgrad_[b]));
+  STRATA_RETURN_IF_ERROR(compute_->Synchronize());
+  return cpu_optim::ConvertToF32(staging.data(), device_grad_dtype(b), out.data(), own(b));
 }
 
 void GradStreamer::BeginStep() {

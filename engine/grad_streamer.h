@@ -42,6 +42,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <vector>
 
 #include "base/aligned_buffer.h"
@@ -108,6 +109,11 @@ class GradStreamer {
   // its last contribution) and its dtype: the working precision or fp32.
   gpu::DeviceSpan DeviceGradient(int b) const { return dgrad_[b]; }
   DType device_grad_dtype(int b) const { return dgrad16_[b] ? o_.precision : DType::kF32; }
+  // Block b's gradient (this rank's partition, own_elems values) widened to fp32 into `out`,
+  // from the host or, for a device-optimized block, copied from the device on the compute stream
+  // (synchronized). After Drain and the compute stream's step; driving thread. Errors: the
+  // copy's, kResourceExhausted for the pinned staging, kInvalidArgument for a short `out`.
+  Status ReadGradient(int b, std::span<float> out);
   uint64_t buckets_poisoned() const { return buckets_poisoned_.load(); }
   // Gradient bytes sent D2H so far (driving thread).
   uint64_t grad_bytes_d2h() const { return grad_bytes_d2h_; }
@@ -151,6 +157,7 @@ class GradStreamer {
   const Plan& plan_;
   const GradStreamerOptions o_;
   const size_t w_;
+  gpu::Device* device_ = nullptr;  // the pinned staging of ReadGradient
   gpu::Stream* compute_;
   gpu::Stream* d2h_;
   std::vector<bool> grad16_;  // GradInWorkingPrecision per block
