@@ -29,7 +29,7 @@ build() {
     -DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTRATA_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90-real -DBUILD_TESTING=ON -DSTRATA_BUILD_BENCHMARKS=ON "${launcher[@]}"
-  cmake --build "$build" -j "$jobs" --target gpu_tests bench_train_step strata strata_shared
+  cmake --build "$build" -j "$jobs" --target gpu_tests bench_train_step bench_memory_roofline strata strata_shared
 }
 
 record() {

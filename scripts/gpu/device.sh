@@ -8,6 +8,7 @@
 #             on its defaults), and the same with the optimizer on the GPU  (~2.5 min on an H200)
 #   perf      bench_train_step (gpt2-1.5b and gpt-7b, resident and host) and the PyTorch baseline
 #             of the same shapes (bench/gpu/torch_gpt_baseline.py), then the MFU table  (~4 min)
+#   roofline  bench_memory_roofline: triad, a += s*b and the CPU AdamW step, GB/s per thread count
 #   CMD...    any command, in the unpacked tree, with the libraries set up
 # Each phase stays inside $BUDGET seconds (default 300); each step is cut to the time left. The
 # summary (steps with their time and result, then Strata's tokens/s and MFU against PyTorch's)
@@ -120,6 +121,13 @@ perf)
   tail -1 "$L/torch_7b.log" | grep '^{' >>"$L/torch_baseline.jsonl"
   cp "$L/bench_train_step.json" "$L/torch_baseline.jsonl" "$O/" 2>/dev/null
   ;;
+roofline)
+  # The host's memory roofline and the CPU AdamW step against it, 1..all cores (issue 29).
+  step bench_memory_roofline $(($(left) - 5)) "$L/roofline.log" \
+    "$build/bench/cpu_optim/bench_memory_roofline" --benchmark_repetitions=3 \
+    --benchmark_report_aggregates_only=true
+  sed -n '/^roofline/,$p' "$L/roofline.log" >"$O/roofline.txt"
+  ;;
 *)
   say "$*"
   timeout -k 5 "$(left)" "$@" 2>&1 | tee "$L/command.log"
@@ -130,6 +138,7 @@ esac
   echo
   echo "=== summary: $phase ($((SECONDS - t0)) s of $BUDGET s) ==="
   for i in "${!names[@]}"; do printf '%-17s %4s s  %s\n' "${names[$i]}" "${times[$i]}" "${results[$i]}"; done
+  [[ $phase == roofline ]] && cat "$O/roofline.txt"
   if [[ $phase == perf ]]; then
     echo
     echo "=== MFU (model FLOPs per second / dense bf16 peak) ==="
