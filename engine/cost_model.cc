@@ -182,8 +182,21 @@ StatusOr<StepPrediction> PredictStep(const Plan& plan, const CostInputs& in,
   const double bwd = std::max({bwd_compute, fwd_h2d, bwd_d2h, nvme_params_per_use_s});
   // The CPU round: the update, or the state's trip through the drive when that is longer.
   const double nvme_state_s = nvme_state_bytes / read_rate + nvme_state_bytes / write_rate;
-  const double u_cpu = std::max(p.cpu_optimizer_s, nvme_state_s);
+  double u_cpu = std::max(p.cpu_optimizer_s, nvme_state_s);
   const double blocks = std::max<size_t>(plan.blocks.size(), 1);
+  if (in.update_during_backward && u_cpu > 0) {
+    // The update during backward starts after the last block's gradient of the last micro-batch
+    // lands: the rest of that backward is the window. A backup copy of host state first moves as
+    // many bytes as the update (half the rate); with NVMe only the pipeline's buffers' worth of
+    // blocks can run before the verdict, without a state copy.
+    const double window = bwd * (blocks - 1) / blocks;
+    const double host_state = nvme_state_bytes > 0 ? 1.0 : 0.5;
+    double ahead = window * host_state;
+    if (nvme_state_bytes > 0 || nvme_param_bytes_per_use > 0) {
+      ahead = std::min(ahead, u_cpu * plan.optimizer_buffers / blocks);
+    }
+    u_cpu = std::max(0.0, u_cpu - ahead);
+  }
   // The last block's forward waits for its update, then for its upload when resident.
   const double cpu_chain =
       u_cpu > 0 ? u_cpu + f / blocks + resident_upload_bytes / h2d_rate / blocks : 0;

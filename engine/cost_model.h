@@ -60,6 +60,9 @@ struct CostInputs {
   int num_layers = 0;  // L (transformer layers), for attention's 12 L T C FLOPs per token
   int channels = 0;    // C (attention width: heads x head size)
   int grad_accum_steps = 1;
+  // EngineOptions::update_during_backward: the CPU update may start during the last micro-batch's
+  // backward (engine/update_speculation.h), assumed to stand.
+  bool update_during_backward = false;
 };
 
 // Seconds per step each part keeps its resource busy.

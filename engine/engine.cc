@@ -15,6 +15,7 @@
 #include "engine/optimizer_state.h"
 #include "engine/param_cache.h"
 #include "engine/state_store.h"
+#include "engine/update_speculation.h"
 
 namespace strata::engine {
 
@@ -55,7 +56,15 @@ class Engine::Impl {
   }
 
   Status Init();
-  StatusOr<StepResult> Step(std::span<const MicroBatch> mbs);
+  StatusOr<StepResult> Step(std::span<const MicroBatch> mbs) {
+    StatusOr<StepResult> result = RunStep(mbs);
+    if (speculating_) {  // failed with the round open: no pipeline stage may wait for a verdict
+      store_->AbandonSpeculativeRound();
+      speculating_ = false;
+    }
+    return result;
+  }
+  StatusOr<StepResult> RunStep(std::span<const MicroBatch> mbs);
   Status Flush();
   StatusOr<float> EvaluateLoss(const MicroBatch& batch, MicroBatchShape shape);
   StatusOr<std::vector<float>> NextTokenLogits(std::span<const int32_t> tokens);
@@ -79,6 +88,9 @@ class Engine::Impl {
     c.device_peak_bytes = arena_ ? arena_->used_bytes() : 0;
     c.pinned_bytes = device_->pinned_used_bytes();
     c.buckets_poisoned = grads_->buckets_poisoned();
+    c.params_updated_on_cpu = cpu_params_updated_;
+    c.params_updated_during_backward = store_->params_updated_during_backward();
+    c.rollback_steps = store_->rollback_steps();
     return c;
   }
   int64_t steps_taken() const { return step_; }
@@ -122,7 +134,12 @@ class Engine::Impl {
   DynamicLossScaler scaler_;
   int64_t step_ = 0;    // optimizer steps attempted
   int64_t adam_t_ = 0;  // updates applied (Adam's t)
-  bool eager_ = false;  // EngineOptions::eager_update with overlap
+  // The update during backward (EngineOptions::update_during_backward, with overlap and a block
+  // optimized on the CPU): its backups and verdict, its prediction, and whether this step's
+  // speculation is open (from the last micro-batch's backward to the verdict).
+  std::unique_ptr<SpeculationPolicy> policy_;
+  bool speculating_ = false;
+  uint64_t cpu_params_updated_ = 0;
   // Set while a checkpoint load copies validated data into the stores; stays set if that fails.
   bool partially_loaded_ = false;
 
@@ -151,7 +168,7 @@ class Engine::Impl {
   std::unique_ptr<gpu::Event> io_done_;
 
   // The parts of a step; declared last, so destroyed (their threads joined) first: the cache's
-  // loads wait on the store's updates and the fold submits them in eager mode.
+  // loads wait on the store's updates and the fold submits them during backward.
   std::unique_ptr<StateStore> store_;
   std::unique_ptr<GradStreamer> grads_;
   std::unique_ptr<ParamCache> params_;
@@ -177,9 +194,10 @@ Status Engine::Impl::Init() {
   if (o_.grad_accum_steps < 1) return InvalidArgumentError("--grad-accum-steps must be >= 1");
   STRATA_RETURN_IF_ERROR(cpu_optim::Validate(o_.optimizer));
   if (dp()) {
-    if (o_.eager_update || o_.inference_only) {
+    if (o_.update_during_backward || o_.inference_only) {
       return InvalidArgumentError(
-          "data parallelism needs the exact step (no --eager-update) and a training engine");
+          "data parallelism needs the update after backward (--update-during-backward off) and a "
+          "training engine");
     }
     if (world() > 1 && !PartitionableOptimizer(o_.optimizer)) {
       return InvalidArgumentError(fmt::format(
@@ -188,19 +206,12 @@ Status Engine::Impl::Init() {
           OptimizerFlagName(o_.optimizer)));
     }
   }
-  // MakePlan refused the kinds the device update does not run.
-  if (plan_.device_optimizer_params > 0 && !o_.inference_only && o_.eager_update) {
-    return InvalidArgumentError(
-        "eager updates run on the CPU: with the optimizer on the device (--offload-optimizer "
-        "device or --optimizer-device-fraction) the step is exact; drop --eager-update");
-  }
-  if (o_.eager_update) {
-    if (o_.precision == DType::kF16 || o_.grad_clip_norm > 0) {
-      return InvalidArgumentError(
-          "eager updates need bf16 or fp32 and no gradient clipping (--grad-clip 0): with fp16 "
-          "loss scaling or clipping a block's update depends on the whole gradient");
-    }
-    eager_ = o_.overlap;
+  // The update during backward speculates on the CPU-optimized blocks; their backups are sized
+  // once the store knows each block's bytes.
+  if (o_.update_during_backward && o_.overlap && !o_.inference_only &&
+      plan_.device_optimizer_params < model_->num_params()) {
+    policy_ =
+        std::make_unique<SpeculationPolicy>(n_, o_.grad_clip_norm, o_.test_hooks.always_speculate);
   }
   const MicroBatchShape shape = o_.micro_batch;
   if (o_.inference_only && (nvme_params() || nvme_optim())) {
@@ -220,6 +231,9 @@ Status Engine::Impl::Init() {
   so.io_backend_factory = o_.test_hooks.io_backend_factory;
   so.gradient = [this](int b) { return grads_->HostGradient(b); };
   so.init_progress = o_.init_progress;
+  so.speculate = policy_ != nullptr;
+  so.speculation_backup_bytes = o_.speculation_backup_bytes;
+  so.finish_speculation_before_verdict = o_.test_hooks.finish_speculation_before_verdict;
   STRATA_ASSIGN_OR_RETURN(store_, StateStore::Create(*model_, plan_, so));
 
   STRATA_ASSIGN_OR_RETURN(arena_, device_->CreateArena(plan_.device_total_bytes));
@@ -303,7 +317,12 @@ Status Engine::Impl::Init() {
   go.fold_track = fold_track;
   go.fp32_host_grads = o_.test_hooks.fp32_host_grads;
   go.poison_released_buckets = o_.test_hooks.poison_released_buckets;
-  if (eager_) go.on_complete = [this](int b) { store_->Submit(b); };
+  if (policy_) {
+    go.on_complete = [this](int b, const cpu_optim::GradStats& block,
+                            const cpu_optim::GradStats& step) {
+      if (policy_->Speculate(b, block, step)) store_->SubmitSpeculative(b);
+    };
+  }
   STRATA_ASSIGN_OR_RETURN(
       grads_, GradStreamer::Create(*model_, plan_, device_, compute_.get(), d2h_.get(), dbuckets,
                                    reduce_region, device_grads, go));
@@ -440,7 +459,7 @@ Status Engine::Impl::Flush() {
   return store_->Drain();
 }
 
-StatusOr<StepResult> Engine::Impl::Step(std::span<const MicroBatch> mbs) {
+StatusOr<StepResult> Engine::Impl::RunStep(std::span<const MicroBatch> mbs) {
   if (o_.inference_only) return FailedPreconditionError("an inference-only engine cannot train");
   if (static_cast<int>(mbs.size()) != o_.grad_accum_steps) {
     return InvalidArgumentError(
@@ -469,12 +488,13 @@ StatusOr<StepResult> Engine::Impl::Step(std::span<const MicroBatch> mbs) {
     STRATA_RETURN_IF_ERROR(UploadTokens(mbs[i], shape, /*with_targets=*/true));
     STRATA_RETURN_IF_ERROR(
         ForwardPass(shape, true, static_cast<int>(i), seq, &cursor, /*save_acts=*/true));
-    if (eager_ && last_mb) {
-      // Every block's previous update is done (this forward waited on each); the round's
-      // hyper-parameters can be set for the updates the folds will submit. No clipping and
-      // scale 1 in eager mode: the gradient scale is exactly that of an exact step.
-      STRATA_RETURN_IF_ERROR(store_->Drain());
-      store_->StartRound(o_.optimizer, cpu_optim::OptimStep{adam_t_ + 1, 1.0f / scale});
+    if (policy_ && last_mb) {
+      // Every block's previous update is done (this forward waited on each): the round is the
+      // exact step's when nothing clips or overflows.
+      STRATA_RETURN_IF_ERROR(store_->StartSpeculativeRound(
+          o_.optimizer, cpu_optim::OptimStep{adam_t_ + 1, 1.0f / scale}));
+      policy_->BeginStep(scale);
+      speculating_ = true;
     }
     for (int b = n_ - 1; b >= 0; --b, ++cursor) {
       const int t = tied(b);
@@ -526,7 +546,8 @@ StatusOr<StepResult> Engine::Impl::Step(std::span<const MicroBatch> mbs) {
       }
       // Chunk b's accumulator starts with its first contribution of the step: its tying
       // block's, when it has one (that block's backward runs first).
-      if (eager_ && last_mb) params_->Invalidate(b);  // the fold submits b's update
+      // The fold may submit b's update during this backward.
+      if (policy_ && last_mb && !plan_.blocks[b].optimizer_on_device) params_->Invalidate(b);
       STRATA_RETURN_IF_ERROR(grads_->Stream(b, first_mb && tied_user_[b] < 0, last_mb));
       if (tied_copy) {
         STRATA_RETURN_IF_ERROR(grads_->Stream(t, first_mb, /*last=*/false));
@@ -559,34 +580,34 @@ StatusOr<StepResult> Engine::Impl::Step(std::span<const MicroBatch> mbs) {
   const bool overflow = stats.nonfinite || !std::isfinite(stats.sum_squares);
   result.grad_norm = overflow ? INFINITY : std::sqrt(stats.sum_squares) / scale;
   ++step_;
-  if (eager_) {
-    // The updates were submitted as gradients landed.
-    ++adam_t_;
-    if (overflow) {
-      result.skipped = true;
-      scaler_.Update(true);
-      STRATA_LOG_WARNING(
-          "step {}: non-finite gradient in eager mode; blocks whose gradients landed before it "
-          "were updated, the rest kept their weights",
-          step_);
-    }
-    if (!o_.overlap) STRATA_RETURN_IF_ERROR(store_->Drain());
-    return result;
+  // The verdict on the updates that ran during backward: they stand only for the exact step's
+  // coefficient, 1 / scale (no clipping, no overflow).
+  const bool speculated = speculating_;
+  speculating_ = false;
+  if (speculated) policy_->EndStep(overflow);
+  const bool skip = scaler_.Update(overflow);
+  float clip = 1.0f;
+  if (!skip && o_.grad_clip_norm > 0 && result.grad_norm > o_.grad_clip_norm) {
+    clip = static_cast<float>(o_.grad_clip_norm / (result.grad_norm + 1e-6));
   }
-  if (scaler_.Update(overflow)) {
+  const bool stands = speculated && !skip && clip == 1.0f;
+  if (speculated) {
+    STRATA_ASSIGN_OR_RETURN(result.params_updated_during_backward,
+                            store_->EndSpeculativeRound(stands, &result.rolled_back));
+  }
+  if (skip) {
     result.skipped = true;
     STRATA_LOG_WARNING("step {}: non-finite gradient, update skipped; loss scale now {}", step_,
                        scaler_.scale());
     return result;
   }
-  float clip = 1.0f;
-  if (o_.grad_clip_norm > 0 && result.grad_norm > o_.grad_clip_norm) {
-    clip = static_cast<float>(o_.grad_clip_norm / (result.grad_norm + 1e-6));
-  }
-  // Adam's step count t counts applied updates; skipped steps do not advance it.
+  // Adam's step count t counts applied updates; skipped steps do not advance it. Speculative
+  // updates that stand ran with this round already.
   ++adam_t_;
-  STRATA_RETURN_IF_ERROR(store_->Drain());
-  store_->StartRound(o_.optimizer, cpu_optim::OptimStep{adam_t_, clip / scale});
+  if (!stands) {
+    STRATA_RETURN_IF_ERROR(store_->Drain());
+    store_->StartRound(o_.optimizer, cpu_optim::OptimStep{adam_t_, clip / scale});
+  }
   // Exact step, hidden under the next forward: blocks update in forward order, those optimized on
   // the device by its kernels on the compute stream (ahead of the next forward, which reads their
   // resident params in place), the rest on the CPU pipeline while this call returns; the next
@@ -600,6 +621,8 @@ StatusOr<StepResult> Engine::Impl::Step(std::span<const MicroBatch> mbs) {
   }
   for (int b = 0; b < n_; ++b) {
     if (plan_.blocks[b].optimizer_on_device) continue;
+    cpu_params_updated_ += own(b);
+    if (stands && store_->speculated(b)) continue;
     params_->Invalidate(b);
     store_->Submit(b);
     if (!o_.overlap) STRATA_RETURN_IF_ERROR(store_->WaitBlock(b));
@@ -689,23 +712,13 @@ Status Engine::Impl::SaveCheckpoint(const std::string& save_dir, const TrainerSt
 }
 
 Manifest Engine::Impl::TrainingManifest(const TrainerState& trainer) const {
-  Manifest manifest;
-  manifest.precision = std::string(DTypeName(o_.precision));
-  manifest.model_description = model_->description();
-  for (int b = 0; b < n_; ++b) {
-    manifest.block_names.push_back(model_->block_name(b));
-    manifest.block_num_params.push_back(np(b));
-  }
-  manifest.vocab_size = model_->vocab_size();
-  manifest.max_seq_len = model_->max_seq_len();
+  Manifest manifest = checkpoint_->ModelManifest();
   manifest.engine_steps = step_;
   manifest.adam_steps = adam_t_;
   manifest.loss_scaler = {scaler_.scale(), scaler_.clean_steps(), scaler_.overflows(),
                           scaler_.hysteresis_left()};
-  manifest.optimizer = o_.optimizer;
   manifest.grad_clip_norm = o_.grad_clip_norm;
   manifest.trainer = trainer;
-  manifest.ranks = world();
   return manifest;
 }
 

@@ -77,6 +77,15 @@ struct EngineTestHooks {
   // io::FaultInjectingBackend to inject ENOSPC, EIO or short transfers during training.
   std::function<StatusOr<std::unique_ptr<io::IoBackend>>(const io::IoBackendOptions&)>
       io_backend_factory;
+  // The update during backward speculates on every block, ignoring its prediction of clipping
+  // (SpeculationPolicy): a step that clips then always rolls back.
+  bool always_speculate = false;
+  // The verdict waits until every speculative update submitted so far has run (its write-back
+  // still waits for the verdict; with a write stage, NVMe state or params, only the first
+  // num_buffers submissions can run), so which blocks ran before it does not depend on timing.
+  // With a backup area that holds them all only (an update waiting for space would wait
+  // forever).
+  bool finish_speculation_before_verdict = false;
 };
 
 struct EngineOptions {
@@ -108,11 +117,18 @@ struct EngineOptions {
   // fold and block update completes before the next starts, nothing is prefetched, and Step
   // returns with its update applied. Results are bit-identical either way.
   bool overlap = true;
-  // Eager mode: a block's update starts as soon as its last micro-batch's gradients have
-  // landed, during backward. Needs bf16 or fp32 and grad_clip_norm == 0 (kInvalidArgument
-  // otherwise). Bit-identical to the exact step, except on a non-finite gradient: then the
-  // blocks updated before it was seen keep their update and the rest are skipped.
-  bool eager_update = false;
+  // The CPU update during backward (engine/update_speculation.h): each CPU-optimized block's
+  // update starts as soon as its gradient is complete, during the last micro-batch's backward,
+  // speculatively (no clipping, no overflow), and is validated when backward ends: it stands, or
+  // the blocks already updated are restored and updated again with the clip coefficient (or left
+  // restored on an fp16 overflow). Bit-identical to the update after backward in every case; a
+  // block is speculated only while the step is predicted not to clip. Ignored without overlap
+  // and when no block's optimizer runs on the CPU; one rank only (kInvalidArgument with comm).
+  bool update_during_backward = false;
+  // Its backup area in host memory (what speculative updates overwrite, for a rollback); 0: the
+  // default, max(64 MiB, 1/8 of what all CPU-optimized blocks would need). Updates that would not
+  // fit wait for the verdict.
+  uint64_t speculation_backup_bytes = 0;
   // Inference only (`strata eval`, `strata generate`): no optimizer state, no gradient
   // accumulators and no NVMe; the working params live in their device or pinned host home,
   // made from the model's InitParams (or a checkpoint's master weights, converted) through one
@@ -138,7 +154,7 @@ struct EngineOptions {
   // it uses `comm` itself only from the driving thread, inside Step, Flush's callers
   // (MasterWeights*, AccumulatedGradient) and checkpoints, which are then collective: every rank
   // calls them in the same order. Needs an optimizer with element-wise state for N > 1
-  // (PartitionableOptimizer), no eager updates and no inference_only.
+  // (PartitionableOptimizer), no update_during_backward and no inference_only.
   comm::Communicator* comm = nullptr;
   // Tests only; production code never sets them.
   EngineTestHooks test_hooks;
@@ -161,6 +177,10 @@ struct StepResult {
   double grad_norm = 0;  // global L2 norm of the unscaled gradient (before clipping)
   bool skipped = false;  // fp16 overflow: no parameter changed
   float loss_scale = 1;  // the scale used for this step
+  // The update during backward: parameters whose CPU update ran during this step's backward and
+  // stood, and whether speculative updates were rolled back (restored, then redone or skipped).
+  int64_t params_updated_during_backward = 0;
+  bool rolled_back = false;
 };
 
 struct EngineCounters {
@@ -175,6 +195,11 @@ struct EngineCounters {
   uint64_t device_peak_bytes = 0;
   uint64_t pinned_bytes = 0;
   uint64_t buckets_poisoned = 0;  // EngineTestHooks::poison_released_buckets
+  // The update during backward, over all steps: parameters updated on the CPU, of them those
+  // whose update ran during backward and stood, and the steps that rolled back.
+  uint64_t params_updated_on_cpu = 0;
+  uint64_t params_updated_during_backward = 0;
+  uint64_t rollback_steps = 0;
 };
 
 class Engine {

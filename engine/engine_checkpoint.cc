@@ -138,6 +138,21 @@ Status EngineCheckpoint::Save(const std::string& save_dir, Manifest manifest, in
   return Status::Ok();
 }
 
+Manifest EngineCheckpoint::ModelManifest() const {
+  Manifest manifest;
+  manifest.precision = std::string(DTypeName(precision_));
+  manifest.model_description = model_.description();
+  for (int b = 0; b < model_.num_blocks(); ++b) {
+    manifest.block_names.push_back(model_.block_name(b));
+    manifest.block_num_params.push_back(model_.block_num_params(b));
+  }
+  manifest.vocab_size = model_.vocab_size();
+  manifest.max_seq_len = model_.max_seq_len();
+  manifest.optimizer = optimizer_;
+  manifest.ranks = world();
+  return manifest;
+}
+
 Status EngineCheckpoint::Write(const std::string& save_dir, const std::string& temp_dir,
                                Manifest manifest, int keep_last, std::string* checkpoint_dir) {
   const std::vector<StateFile> state_files = StateFiles(model_, store_->full_layouts());

@@ -59,6 +59,11 @@ class EngineCheckpoint {
   Status Save(const std::string& save_dir, Manifest manifest, int keep_last,
               std::string* checkpoint_dir);
 
+  // A manifest with what this run's model, plan and optimizer say (precision, model description,
+  // block names and sizes, vocabulary, context, optimizer, ranks); the caller adds the step
+  // counters, loss scaler, clipping and trainer state.
+  Manifest ModelManifest() const;
+
   // Phase 1 of a load: resolves `path` (a checkpoint or a save directory), validates it against
   // this run. Changes nothing.
   StatusOr<Validated> Validate(const std::string& path) const;

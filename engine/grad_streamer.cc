@@ -304,12 +304,7 @@ void GradStreamer::Fold(int b, int bucket, bool overwrite, bool last) {
       s = stats.status();
     } else if (last) {
       cpu_optim::Merge(stats_, *stats);
-      if (o_.on_complete) {
-        // Eager mode: b's gradient is complete; update it now unless a gradient of this step
-        // was non-finite (then this and every later block keep their weights).
-        if (stats->nonfinite || !std::isfinite(stats->sum_squares)) eager_overflow_ = true;
-        if (!eager_overflow_) o_.on_complete(b);
-      }
+      if (o_.on_complete) o_.on_complete(b, *stats, stats_);
     }
   }
   if (o_.poison_released_buckets) {
@@ -343,7 +338,6 @@ Status GradStreamer::ReadGradient(int b, std::span<float> out) {
 void GradStreamer::BeginStep() {
   stats_ = {};
   handed_ = 0;
-  eager_overflow_ = false;
 }
 
 Status GradStreamer::Drain() {

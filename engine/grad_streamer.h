@@ -70,8 +70,12 @@ struct GradStreamerOptions {
   // EngineTestHooks.
   bool fp32_host_grads = false;
   bool poison_released_buckets = false;
-  // Eager mode, else null: called on the fold thread when block b's gradient is complete.
-  std::function<void(int block)> on_complete;
+  // The update during backward, else null: called on the fold thread when block b's gradient is
+  // complete (its last contribution folded), with b's statistics and the step's so far (b's
+  // merged in, in fold order).
+  std::function<void(int block, const cpu_optim::GradStats& block_stats,
+                     const cpu_optim::GradStats& step_stats)>
+      on_complete;
 };
 
 class GradStreamer {
@@ -94,9 +98,9 @@ class GradStreamer {
   StatusOr<TensorRef> NextBucket(int chunk, int k = 0);
   // Each bucket's trip to the host after the backward, in NextBucket's order. Fold flags:
   // `overwrite` starts the chunk's accumulator (its first contribution of the step), `last` is
-  // its last contribution (statistics, eager update).
+  // its last contribution (statistics, on_complete).
   Status Stream(int chunk, bool overwrite, bool last);
-  // Resets the step's statistics and the eager overflow flag (between steps).
+  // Resets the step's statistics (between steps).
   void BeginStep();
   // Waits for every fold; the first fold error.
   Status Drain();
@@ -189,8 +193,7 @@ class GradStreamer {
 
   std::mutex fold_mu_;
   Status fold_error_ STRATA_GUARDED_BY(fold_mu_);
-  cpu_optim::GradStats stats_;   // written by the fold worker; read after Drain()
-  bool eager_overflow_ = false;  // fold worker only, reset by BeginStep between steps
+  cpu_optim::GradStats stats_;  // written by the fold worker; read after Drain()
   std::atomic<uint64_t> buckets_poisoned_{0};
   // Declared last: destroyed (joined) first.
   std::unique_ptr<WorkQueue> folder_;

@@ -112,10 +112,29 @@ Status StateStore::AllocateMemory(gpu::Device* device) {
   for (int b = 0; b < n_ && !o_.inference_only && !nvme_optim(); ++b) {
     STRATA_RETURN_IF_ERROR(regions_->AddUnit(state_[b].region_bytes, !on_device(b)).status());
   }
+  if (o_.speculate) {
+    // The backup area: by default an eighth of what every CPU-optimized block would need (updates
+    // that do not fit wait for the verdict), at least 64 MiB, never more than all of it.
+    uint64_t all = 0;
+    for (int b = 0; b < n_; ++b) {
+      if (!on_device(b)) all += (SpeculationBackupBytes(b) + 63) / 64 * 64;
+    }
+    const uint64_t bytes = o_.speculation_backup_bytes > 0 ? o_.speculation_backup_bytes
+                                                           : std::max<uint64_t>(64 << 20, all / 8);
+    speculation_ = std::make_unique<UpdateSpeculation>(n_, std::min(bytes, all));
+    STRATA_RETURN_IF_ERROR(speculation_->Allocate());
+  }
   OptimizerPipeline::Stages stages;
   if (nvme_optim()) stages.read = [this](int b, int i) { return regions_->Read(b, i); };
   stages.update = [this](int b, int i) { return UpdateBlock(b, i); };
-  if (regions_->swap()) stages.write = [this](int b, int i) { return WriteBack(b, i); };
+  if (regions_->swap()) {
+    stages.write = [this](int b, int i) {
+      // A speculative block's write waits for the verdict, and a rolled-back one is dropped:
+      // the extents keep the old state.
+      if (speculation_ && !speculation_->BeforeWrite(b)) return Status::Ok();
+      return WriteBack(b, i);
+    };
+  }
   pipeline_ = std::make_unique<OptimizerPipeline>(
       n_, std::max<int>(1, static_cast<int>(opt_buf_.size())), std::move(stages));
   return Status::Ok();
@@ -247,7 +266,83 @@ Status StateStore::EnqueueDeviceUpdate(int b, gpu::Stream& stream, gpu::DeviceSp
   return engine::EnqueueDeviceUpdate(stream, BlockOptimizer(round_.optimizer, st), round_.step, u);
 }
 
+uint64_t StateStore::SpeculationBackupBytes(int b) const {
+  uint64_t bytes = nvme_optim() ? 0 : state_[b].region_bytes;
+  if (!nvme_params() || plan_.blocks[b].resident) bytes += static_cast<uint64_t>(own(b)) * w_;
+  return bytes;
+}
+
+namespace {
+
+// A large memcpy on the caller's oneTBB arena, in 1 MiB pieces.
+void ParallelCopy(std::byte* dst, const std::byte* src, uint64_t bytes) {
+  constexpr uint64_t kPiece = 1 << 20;
+  tbb::parallel_for(uint64_t{0}, (bytes + kPiece - 1) / kPiece, [&](uint64_t k) {
+    const uint64_t begin = k * kPiece;
+    std::memcpy(dst + begin, src + begin, std::min(kPiece, bytes - begin));
+  });
+}
+
+}  // namespace
+
+Status StateStore::StartSpeculativeRound(const cpu_optim::AnyOptimizer& optimizer,
+                                         cpu_optim::OptimStep step) {
+  STRATA_RETURN_IF_ERROR(Drain());
+  StartRound(optimizer, step);
+  speculation_->Begin();
+  return Status::Ok();
+}
+
+StatusOr<int64_t> StateStore::EndSpeculativeRound(bool stands, bool* rolled_back) {
+  if (o_.finish_speculation_before_verdict) {
+    // With a write stage the first num_buffers submissions only can run: the next one's read waits
+    // for a buffer whose write waits for the verdict.
+    std::vector<int> order = speculation_->SubmissionOrder();
+    if (regions_->swap()) order.resize(std::min<size_t>(order.size(), pipeline_->num_buffers()));
+    for (int b : order) STRATA_RETURN_IF_ERROR(pipeline_->WaitUpdated(b));
+  }
+  speculation_->Resolve(stands);
+  int64_t ran = 0;
+  for (int b : speculation_->UpdatedBeforeVerdict()) ran += own(b);
+  *rolled_back = !stands && ran > 0;
+  if (stands) {
+    params_during_backward_ += ran;
+    return ran;
+  }
+  rollback_steps_ += *rolled_back ? 1 : 0;
+  STRATA_RETURN_IF_ERROR(Drain());
+  speculation_->ForEachBackup([this](int b, const std::byte* backup) {
+    trace::ScopedTraceEvent t(trace_, update_track_, "restore (rollback)",
+                              trace::Category::kCpuOptimizer);
+    const uint64_t region = nvme_optim() ? 0 : state_[b].region_bytes;
+    if (region > 0) ParallelCopy(regions_->Region(b, 0), backup, region);
+    if (SpeculationBackupBytes(b) > region) {
+      ParallelCopy(home_[b].data(), backup + region, static_cast<uint64_t>(own(b)) * w_);
+    }
+  });
+  return int64_t{0};
+}
+
 Status StateStore::UpdateBlock(int b, int i) {
+  if (speculation_) {
+    std::byte* backup = nullptr;
+    const uint64_t bytes = SpeculationBackupBytes(b);
+    switch (speculation_->BeforeUpdate(b, bytes, &backup)) {
+      case UpdateSpeculation::Action::kSkip:
+        return Status::Ok();  // rolled back before it ran: redone in the next round
+      case UpdateSpeculation::Action::kUpdateWithBackup: {
+        trace::ScopedTraceEvent t(trace_, update_track_, "backup (speculative update)",
+                                  trace::Category::kCpuOptimizer);
+        const uint64_t region = nvme_optim() ? 0 : state_[b].region_bytes;
+        if (region > 0) ParallelCopy(backup, Region(b, i), region);
+        if (bytes > region)
+          ParallelCopy(backup + region, WorkingHome(b, i).bytes().data(), bytes - region);
+        break;
+      }
+      case UpdateSpeculation::Action::kUpdate:
+        break;
+    }
+  }
   trace::ScopedTraceEvent t(trace_, update_track_, "optimizer update",
                             trace::Category::kCpuOptimizer);
   if (own(b) == 0) return Status::Ok();  // a tiny block's padding-only partition

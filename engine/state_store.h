@@ -62,6 +62,7 @@
 #include "engine/optimizer_state.h"
 #include "engine/planner.h"
 #include "engine/state_regions.h"
+#include "engine/update_speculation.h"
 #include "gpu/device.h"
 #include "io/io_backend.h"
 
@@ -83,6 +84,10 @@ struct StateStoreOptions {
   // EngineOptions::init_progress, called by Initialize on its calling thread.
   std::function<void(int blocks_done, int num_blocks, int64_t params_done, int64_t num_params)>
       init_progress;
+  // EngineOptions::update_during_backward (the engine decides) and speculation_backup_bytes.
+  bool speculate = false;
+  uint64_t speculation_backup_bytes = 0;
+  bool finish_speculation_before_verdict = false;  // EngineTestHooks
 };
 
 class StateStore {
@@ -127,6 +132,36 @@ class StateStore {
     round_ = {optimizer, step};
   }
   void Submit(int b) { pipeline_->Submit(b); }
+  // --- The update during backward (StateStoreOptions::speculate; update_speculation.h) ---
+  // The update stage backs up what a speculative update of block b overwrites in memory
+  // (SpeculationBackupBytes) and the write stage holds a speculative block's write-back until
+  // the verdict. Driving thread: drains the pipeline and opens a round whose updates may be
+  // submitted before the verdict (SubmitSpeculative, from any thread).
+  Status StartSpeculativeRound(const cpu_optim::AnyOptimizer& optimizer, cpu_optim::OptimStep step);
+  void SubmitSpeculative(int b) {
+    speculation_->Submitted(b);
+    pipeline_->Submit(b);
+  }
+  // Whether b was submitted in this round before the verdict.
+  bool speculated(int b) { return speculation_->WasSubmitted(b); }
+  // The verdict (driving thread). Stands: the speculative updates go on as submitted. Else they
+  // finish or skip, their NVMe writes are dropped, the pipeline drains and every block updated
+  // speculatively gets its backed-up bytes back. Returns the parameters whose update ran before
+  // the verdict and stood (of this rank's partitions; 0 on a rollback), sets *rolled_back when
+  // updates that ran were rolled back; the pipeline's sticky error.
+  StatusOr<int64_t> EndSpeculativeRound(bool stands, bool* rolled_back);
+  // Over all rounds: the parameters updated before the verdict that stood, and the rounds rolled
+  // back (driving thread).
+  uint64_t params_updated_during_backward() const { return params_during_backward_; }
+  uint64_t rollback_steps() const { return rollback_steps_; }
+  // A step that failed with the round open: the verdict is "roll back", so no stage waits for
+  // one (the engine's state is unknown after an error anyway).
+  void AbandonSpeculativeRound() {
+    if (speculation_) speculation_->Resolve(false);
+  }
+  // What a speculative update of block b overwrites in memory: its state region when in host
+  // memory, and its working params when their home is a pinned buffer.
+  uint64_t SpeculationBackupBytes(int b) const;
   // Enqueues the round's update of device-optimized block b on `stream` from its device gradient
   // (grad, grad_dtype: the gradient streamer's DeviceGradient), writing its new working params
   // into its resident device copy. Complete when `stream` has run it.
@@ -198,6 +233,8 @@ class StateStore {
   // Every host-side block's state region (unit b = block b; host memory or the extents
   // "block{b}.optim") and the swap store, which also holds the extents "block{b}.params".
   std::unique_ptr<StateRegions> regions_;
+  std::unique_ptr<UpdateSpeculation> speculation_;  // StateStoreOptions::speculate
+  uint64_t params_during_backward_ = 0, rollback_steps_ = 0;
   // Declared last: destroyed (joined) first.
   std::unique_ptr<OptimizerPipeline> pipeline_;
 };

@@ -854,6 +854,14 @@ void ApplyStrata(Context& c, const json& s, TrainFlags* f) {
       }
     }
   }
+  if (const json* v = Find(s, "update_during_backward")) {
+    if (v->is_boolean()) {
+      f->update_during_backward = v->get<bool>() ? "on" : "off";
+    } else {
+      r.Set(&f->update_during_backward,
+            Reader::Choice(*v, "strata.update_during_backward", {"on", "off", "auto"}));
+    }
+  }
   if (const json* v = Find(s, "model")) r.Set(&f->model, Reader::String(*v, "strata.model"));
   if (const json* v = Find(s, "data")) {
     std::string data;

@@ -406,7 +406,8 @@ Status RunEstimate(const EstimateFlags& flags) {
   }
   std::optional<Predicted> predicted;
   if (profile) {
-    const engine::CostInputs inputs = CostInputsOf(e.spec, f.grad_accum_steps);
+    const engine::CostInputs inputs =
+        CostInputsOf(e.spec, f.grad_accum_steps, e.options.engine.update_during_backward);
     predicted.emplace();
     if (auto pr = engine::PredictStep(plan, inputs, *profile); pr.ok()) {
       predicted->prediction = EstimatePrediction{

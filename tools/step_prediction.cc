@@ -9,9 +9,11 @@
 
 namespace strata::tools {
 
-engine::CostInputs CostInputsOf(const ModelSpec& spec, int grad_accum_steps) {
+engine::CostInputs CostInputsOf(const ModelSpec& spec, int grad_accum_steps,
+                                bool update_during_backward) {
   engine::CostInputs in;
   in.grad_accum_steps = grad_accum_steps;
+  in.update_during_backward = update_during_backward;
   if (spec.config.family == models::HfModelConfig::Family::kLlama) {
     const models::LlamaConfig& l = spec.config.llama;
     in.num_layers = l.num_layers;

@@ -20,7 +20,8 @@ namespace strata::tools {
 
 // The model facts the cost model needs beyond the plan: layers and attention width of the
 // spec's family (GPT-2: num_layers, channels; Llama: num_layers, num_heads x head_dim).
-engine::CostInputs CostInputsOf(const ModelSpec& spec, int grad_accum_steps);
+engine::CostInputs CostInputsOf(const ModelSpec& spec, int grad_accum_steps,
+                                bool update_during_backward = false);
 
 // One alternative placement of the optimizer and what it would take.
 struct PlacementAlternative {

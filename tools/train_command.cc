@@ -221,7 +221,8 @@ void AddOutputFlags(CLI::App& cmd, TrainFlags& f) {
                  "(DeepSpeed csv_monitor layout: train_loss.csv with header step,train/loss)");
 }
 
-// How the step's pipeline runs: copy throttling, overlap, eager updates, TF32, buffers.
+// How the step's pipeline runs: copy throttling, overlap, the update during backward, TF32,
+// buffers.
 void AddPipelineFlags(CLI::App& cmd, TrainFlags& f) {
   cmd.add_option(
          "--copy-bandwidth", f.copy_bandwidth,
@@ -230,9 +231,12 @@ void AddPipelineFlags(CLI::App& cmd, TrainFlags& f) {
   cmd.add_flag("--no-overlap", f.no_overlap,
                "Run the sequential pipeline: every load, kernel, copy, fold and block update "
                "finishes before the next starts (same numbers, for comparison)");
-  cmd.add_flag("--eager-update", f.eager_update,
-               "Update each block as soon as its gradients land, during backward (bf16/fp32 "
-               "with --grad-clip 0 only)");
+  cmd.add_option("--update-during-backward", f.update_during_backward,
+                 "Start each block's CPU update as soon as its gradient is complete, during "
+                 "backward, speculatively (no clip, no overflow), validated after backward and "
+                 "rolled back when it must be: the same numbers as off. auto = on with one rank")
+      ->check(CLI::IsMember({"on", "off", "auto"}))
+      ->capture_default_str();
   cmd.add_flag("--tf32", f.tf32,
                "GPU only: the GPT's fp32 matrix products on TF32 tensor cores (10-bit mantissa "
                "inputs, fp32 accumulation; several times faster on Ampere/Hopper)");
@@ -329,7 +333,8 @@ void PrintPlan(const TrainOptions& o, const engine::Plan& plan) {
 // (tools/step_prediction.h), or why the profile cannot predict it.
 void PrintPrediction(const TrainOptions& o, const ModelSpec& spec, const engine::Model& model,
                      const engine::Plan& plan, const engine::MachineProfile& machine) {
-  const engine::CostInputs inputs = CostInputsOf(spec, o.engine.grad_accum_steps);
+  const engine::CostInputs inputs =
+      CostInputsOf(spec, o.engine.grad_accum_steps, o.engine.update_during_backward);
   auto pr = engine::PredictStep(plan, inputs, machine);
   if (!pr.ok()) {
     std::printf("  predicted step: none: %s\n", pr.status().message().c_str());
@@ -423,6 +428,11 @@ nlohmann::json OutcomeJson(const TrainOutcome& r, double wall_seconds) {
       {"loss_last", num_or_null(r.loss_last)},
       {"val_loss", num_or_null(r.val_loss)},
       {"skipped_steps", r.skipped},
+      {"update_during_backward_share", c.params_updated_on_cpu > 0
+                                           ? static_cast<double>(c.params_updated_during_backward) /
+                                                 static_cast<double>(c.params_updated_on_cpu)
+                                           : 0.0},
+      {"rollback_steps", c.rollback_steps},
       {"device_peak_bytes", c.device_peak_bytes},
       {"pinned_bytes", c.pinned_bytes},
       {"bytes_h2d", c.bytes_h2d},
@@ -452,6 +462,7 @@ nlohmann::json SummaryJson(const TrainOptions& o, const ModelSpec& spec, engine:
       {"io_backend", engine.io_backend_name().empty() ? nlohmann::json()
                                                       : nlohmann::json(engine.io_backend_name())},
       {"precision", DTypeName(o.engine.precision)},
+      {"update_during_backward", o.engine.update_during_backward ? "on" : "off"},
       {"param_home", std::string(engine::ParamHomeName(plan.param_home))},
       {"optimizer_home", plan.device_optimizer_params == plan.model_params
                              ? std::string("device")

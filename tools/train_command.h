@@ -78,7 +78,9 @@ struct TrainFlags {
   double copy_bandwidth = 0;
   // Overlap (engine/engine.h): off = the sequential pipeline, for comparison.
   bool no_overlap = false;
-  bool eager_update = false;
+  // The CPU update during backward (engine/update_speculation.h): "on", "off" or "auto" (on
+  // with one rank and overlap; see ResolveUpdateDuringBackward).
+  std::string update_during_backward = "auto";
   bool offload_activations = false;
   bool tf32 = false;          // the GPT's matrix products on TF32 tensor cores (CUDA only)
   int prefetch_depth = 0;     // 0 = the planner decides

@@ -301,6 +301,14 @@ Status TrainLoop::Finish() {
   out_.tokens_per_second = static_cast<double>(tokens_per_step_ * (f_.steps - out_.start_step)) /
                            std::max(out_.train_seconds, 1e-9);
   PrintTimeLines();
+  if (const engine::EngineCounters& c = out_.counters; c.params_updated_on_cpu > 0) {
+    std::printf(
+        "update during backward: %.0f%% of the CPU update ran during backward; %llu step%s "
+        "rolled back\n",
+        100.0 * static_cast<double>(c.params_updated_during_backward) /
+            static_cast<double>(c.params_updated_on_cpu),
+        static_cast<unsigned long long>(c.rollback_steps), c.rollback_steps == 1 ? "" : "s");
+  }
   if (!f_.trace.empty()) {
     STRATA_RETURN_IF_ERROR(in_.recorder->WriteChromeTrace(f_.trace));
     std::printf("trace: %s (%zu events; open in https://ui.perfetto.dev or chrome://tracing)\n",

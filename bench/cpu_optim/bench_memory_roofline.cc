@@ -3,6 +3,8 @@
 //   BM_Triad/threads     STREAM triad a = b + s * c over fp32 arrays: 12 B per element
 //   BM_InPlace/threads   the optimizer's pattern a += s * b in place: 12 B per element
 //                        (a read and written, b read)
+//   BM_AdamWUnbound/threads  the same in an arena whose threads are not bound to cores (as the
+//                        engine's update stage runs): what binding is worth
 //   BM_AdamW/threads     cpu_optim::AdamWUpdate (the best kernel), bf16 gradients and a bf16
 //                        copy-out: 28 B per parameter (p32, m, v read and written, the gradient
 //                        read, the copy-out written)
@@ -62,10 +64,11 @@ std::vector<int> AllowedCores() {
   return cores;
 }
 
-std::unique_ptr<WorkerArena> BoundArena(int threads) {
+// `threads` threads bound to the first `threads` allowed cores, or (bind false) not bound.
+std::unique_ptr<WorkerArena> BoundArena(int threads, bool bind = true) {
   std::vector<int> cores = AllowedCores();
   if (static_cast<int>(cores.size()) < threads) return nullptr;
-  cores.resize(static_cast<size_t>(threads));
+  cores.resize(bind ? static_cast<size_t>(threads) : 0);
   StatusOr<std::unique_ptr<WorkerArena>> arena =
       WorkerArena::Create({.num_threads = threads, .cores = cores});
   return arena.ok() ? std::move(arena).value() : nullptr;
@@ -129,9 +132,9 @@ void RunStream(benchmark::State& state, int kind) {
 void BM_Triad(benchmark::State& state) { RunStream(state, 0); }
 void BM_InPlace(benchmark::State& state) { RunStream(state, 1); }
 
-void BM_AdamW(benchmark::State& state) {
+void RunAdamW(benchmark::State& state, bool bind) {
   const int64_t n = g_params;
-  const auto arena = BoundArena(static_cast<int>(state.range(0)));
+  const auto arena = BoundArena(static_cast<int>(state.range(0)), bind);
   if (!arena) return state.SkipWithError("cannot bind that many threads");
   AlignedBuffer p = Allocate(n * 4), m = Allocate(n * 4), v = Allocate(n * 4),
                 grad = Allocate(n * 2), out = Allocate(n * 2);
@@ -165,6 +168,9 @@ void BM_AdamW(benchmark::State& state) {
   SetBytes(state, n, 28);
 }
 
+void BM_AdamW(benchmark::State& state) { RunAdamW(state, true); }
+void BM_AdamWUnbound(benchmark::State& state) { RunAdamW(state, false); }
+
 // Console output as usual, and the medians kept for the closing table.
 class RooflineReporter : public benchmark::ConsoleReporter {
  public:
@@ -183,16 +189,17 @@ class RooflineReporter : public benchmark::ConsoleReporter {
   void PrintTable() const {
     fmt::print("\nroofline ({} elements, kernel {}): GB/s, medians\n", g_params,
                ActiveKernelName());
-    fmt::print("{:>8} {:>10} {:>10} {:>10} {:>16} {:>14}\n", "threads", "triad", "in-place",
-               "AdamW", "AdamW/in-place", "AdamW param/s");
+    fmt::print("{:>8} {:>10} {:>10} {:>10} {:>16} {:>14} {:>16}\n", "threads", "triad", "in-place",
+               "AdamW", "AdamW/in-place", "AdamW param/s", "AdamW unbound");
     for (const auto& [threads, by_name] : gbps_) {
       const auto get = [&](std::string_view k) {
         const auto it = by_name.find(std::string(k));
         return it == by_name.end() ? 0.0 : it->second;
       };
       const double triad = get("BM_Triad"), inplace = get("BM_InPlace"), adamw = get("BM_AdamW");
-      fmt::print("{:>8} {:>10.1f} {:>10.1f} {:>10.1f} {:>16.2f} {:>14.3g}\n", threads, triad,
-                 inplace, adamw, inplace > 0 ? adamw / inplace : 0.0, adamw * 1e9 / 28);
+      fmt::print("{:>8} {:>10.1f} {:>10.1f} {:>10.1f} {:>16.2f} {:>14.3g} {:>16.1f}\n", threads,
+                 triad, inplace, adamw, inplace > 0 ? adamw / inplace : 0.0, adamw * 1e9 / 28,
+                 get("BM_AdamWUnbound"));
     }
   }
 
@@ -209,8 +216,9 @@ std::vector<int64_t> ThreadCounts() {
 }
 
 void Register() {
-  for (auto [name, fn] : {std::pair{"BM_Triad", &BM_Triad}, std::pair{"BM_InPlace", &BM_InPlace},
-                          std::pair{"BM_AdamW", &BM_AdamW}}) {
+  for (auto [name, fn] :
+       {std::pair{"BM_Triad", &BM_Triad}, std::pair{"BM_InPlace", &BM_InPlace},
+        std::pair{"BM_AdamW", &BM_AdamW}, std::pair{"BM_AdamWUnbound", &BM_AdamWUnbound}}) {
     benchmark::RegisterBenchmark(name, fn)
         ->ArgName("threads")
         ->ArgsProduct({ThreadCounts()})

@@ -15,6 +15,14 @@
 // Iterations are steps; time is wall time (UseRealTime); the update a step leaves running is
 // waited for inside the timed region of the next step, and the last one before reporting.
 //
+// BM_UpdateDuringBackward/during:d/clip_x100:c: the CPU update during backward (issue 29) off and
+// on, with clipping at c / 100, params and optimizer state in host memory, copies throttled to
+// 200 MB/s, 2 micro-batches of 16 tokens (so the CPU update is a large share of the step).
+// Counters: step_s, during_backward_share (parameters whose update ran during backward and stood
+// / parameters updated), rollback_steps (over the timed steps), tokens_per_s. On the host backend
+// the emulated GPU computes on the same cores as the CPU update, so the update during backward
+// competes with backward for them; on a GPU machine it does not.
+//
 // BM_OptimizerState/optimizer:i compares the optimizers' state traffic (issue 16): the same
 // model with working params in pinned host memory and the master weights and optimizer state on
 // NVMe, one micro-batch per step (so compute is short and the NVMe pipeline bounds the step),
@@ -231,6 +239,47 @@ void BM_OptimizerState(benchmark::State& state) {
                              names[which], e.plan().model_params));
 }
 
+// state.range(0): the update during backward off (0) or on (1); state.range(1): the clip threshold
+// in hundredths (clipping is on in both).
+void BM_UpdateDuringBackward(benchmark::State& state) {
+  const bool during = state.range(0) != 0;
+  const float clip = static_cast<float>(state.range(1)) / 100.0f;
+  // Few tokens per step so the CPU update is a large share of the step, as for a big model whose
+  // step is bound by it; params and state in host memory; copies at 200 MB/s.
+  const MicroBatchShape mb{1, 16};
+  constexpr int kAccum = 2;
+  trace::TraceRecorder recorder(/*keep_events=*/false);
+  std::optional<Setup> setup = MakeSetup(state, 200e6, recorder);
+  if (!setup) return;
+  EngineOptions o = BenchOptions(*setup->model, mb, kAccum, recorder);
+  o.optimizer.adamw().lr = 1e-4f;
+  o.grad_clip_norm = clip;
+  o.placement.param_home = ParamHome::kHost;
+  o.placement.optimizer_home = OptimizerHome::kHost;
+  o.update_during_backward = during;
+  auto engine = Engine::Create(setup->model.get(), setup->device.get(), o);
+  if (!engine.ok()) {
+    state.SkipWithError(engine.status().ToString().c_str());
+    return;
+  }
+  auto& e = **engine;
+  const auto batch = RandomBatch(mb, kAccum);
+  const EngineCounters c0 = e.counters();
+  const std::optional<StepTimes> t = TimeSteps(state, e, batch->micro_batches, recorder);
+  if (!t) return;
+  const EngineCounters c1 = e.counters();
+  const double cpu = static_cast<double>(c1.params_updated_on_cpu - c0.params_updated_on_cpu);
+  state.counters["during_backward_share"] =
+      cpu > 0 ? static_cast<double>(c1.params_updated_during_backward -
+                                    c0.params_updated_during_backward) /
+                    cpu
+              : 0.0;
+  state.counters["rollback_steps"] = static_cast<double>(c1.rollback_steps - c0.rollback_steps);
+  state.counters["tokens_per_s"] = static_cast<double>(mb.tokens() * kAccum) / t->step_s;
+  state.SetLabel(fmt::format("update during backward {}, clip {:g}, {} params in host memory",
+                             during ? "on" : "off", clip, e.plan().model_params));
+}
+
 // Sequential first so the overlapped run can compare against its parts.
 BENCHMARK(BM_TrainStep)
     ->ArgNames({"overlap", "config"})
@@ -239,6 +288,15 @@ BENCHMARK(BM_TrainStep)
     ->Args({0, 1})
     ->Args({1, 1})
     ->Iterations(8)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
+// Off and on, interleaved by repetitions (--benchmark_repetitions): clip 1.0 and a threshold the
+// norm never reaches (100).
+BENCHMARK(BM_UpdateDuringBackward)
+    ->ArgNames({"during", "clip_x100"})
+    ->ArgsProduct({{0, 1}, {100, 10000}})
+    ->Iterations(20)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 

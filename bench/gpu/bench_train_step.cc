@@ -14,6 +14,8 @@
 //             so the CPU AdamW and the gradient D2H run here too.
 //   device    as resident, with master weights, optimizer state and gradients on the GPU too
 //             (OptimizerHome::kDevice: the fused device update, no gradient D2H).
+//   resident-udb  as resident, with the CPU update during backward (issue 29; the other cases
+//             update after backward): grad_norm and during_backward_share say whether it speculated
 //   split     as resident, the first half of the parameters' optimizer on the GPU and the rest
 //             on the host (optimizer_device_fraction 0.5), both updating at once.
 //   host      every block streamed through three device slots (prefetch depth 2) from pinned
@@ -171,13 +173,16 @@ uint64_t HostMemAvailableBytes() {
   return 0;
 }
 
-enum class Placement { kResident, kDevice, kSplit, kHost, kNvme };
-constexpr Placement kPlacements[] = {Placement::kResident, Placement::kDevice, Placement::kSplit,
-                                     Placement::kHost, Placement::kNvme};
+enum class Placement { kResident, kResidentDuringBackward, kDevice, kSplit, kHost, kNvme };
+constexpr Placement kPlacements[] = {Placement::kResident, Placement::kResidentDuringBackward,
+                                     Placement::kDevice,   Placement::kSplit,
+                                     Placement::kHost,     Placement::kNvme};
 const char* PlacementName(Placement p) {
   switch (p) {
     case Placement::kResident:
       return "resident";
+    case Placement::kResidentDuringBackward:
+      return "resident-udb";
     case Placement::kDevice:
       return "device";
     case Placement::kSplit:
@@ -321,8 +326,10 @@ void BM_TrainStep(benchmark::State& state, int preset_index, Placement placement
   PlacementOptions& p = o.placement;
   switch (placement) {
     case Placement::kResident:
+    case Placement::kResidentDuringBackward:
     case Placement::kDevice:
     case Placement::kSplit:
+      o.update_during_backward = placement == Placement::kResidentDuringBackward;
       p.param_home = ParamHome::kDevice;
       p.optimizer_home =
           placement == Placement::kDevice ? OptimizerHome::kDevice : OptimizerHome::kHost;
@@ -430,6 +437,12 @@ void BM_TrainStep(benchmark::State& state, int preset_index, Placement placement
                        12.0 * sh.num_layers * double(mb.seq_len) * sh.channels * tokens_per_step;
   state.counters["step_s"] = median;
   state.counters["wall_per_step_s"] = wall_per_step;
+  state.counters["grad_norm"] = last.grad_norm;
+  if (c1.params_updated_on_cpu > c0.params_updated_on_cpu) {
+    state.counters["during_backward_share"] =
+        static_cast<double>(c1.params_updated_during_backward - c0.params_updated_during_backward) /
+        static_cast<double>(c1.params_updated_on_cpu - c0.params_updated_on_cpu);
+  }
   state.counters["tokens_per_s"] = tokens_per_step / median;
   state.counters["model_TFLOP_per_s"] = flops / median / 1e12;
   if (g_peak_tflops > 0) state.counters["MFU"] = flops / median / 1e12 / g_peak_tflops;

@@ -189,6 +189,33 @@ TEST(CostModel, SplitRunsBothUpdatesAtOnce) {
                                split->parts.compute_s);
 }
 
+TEST(CostModel, TheUpdateDuringBackwardHidesUpToTheLastBackwardMinusItsBackupCopy) {
+  // gpt2-1.5b resident with the optimizer on the host: the CPU round is the step's bound. During
+  // backward the update runs at half its rate (the host backup copy first), for the last
+  // backward's span after the last block's gradient: the step shrinks by half that span.
+  const MachineProfile h200 = H200();
+  Shaped s = Gpt("gpt2-1.5b", {8, 1024});
+  const Plan plan = PlanFor(s, Case::kResident);
+  auto after = PredictStep(plan, s.inputs, h200);
+  s.inputs.update_during_backward = true;
+  auto during = PredictStep(plan, s.inputs, h200);
+  ASSERT_TRUE(after.ok() && during.ok());
+  ASSERT_EQ(after->bound, "cpu_optimizer");
+  const double blocks = static_cast<double>(plan.blocks.size());
+  const double bwd = 3 * after->parts.compute_s / 4;  // one micro-batch: backward = 3 forwards
+  EXPECT_NEAR(after->step_s - during->step_s, bwd * (blocks - 1) / blocks / 2,
+              1e-9 * after->step_s);
+  EXPECT_EQ(during->parts.cpu_optimizer_s, after->parts.cpu_optimizer_s);  // the same work
+  // The optimizer on the device: nothing changes.
+  const Plan device = PlanFor(s, Case::kDeviceOptimizer);
+  s.inputs.update_during_backward = false;
+  auto d_after = PredictStep(device, s.inputs, h200);
+  s.inputs.update_during_backward = true;
+  auto d_during = PredictStep(device, s.inputs, h200);
+  ASSERT_TRUE(d_after.ok() && d_during.ok());
+  EXPECT_EQ(d_after->step_s, d_during->step_s);
+}
+
 TEST(CostModel, AMissingKindIsScaledFromAdamWAndSaysSo) {
   MachineProfile profile = H200();
   std::string note;

@@ -274,13 +274,6 @@ TEST_F(DeviceOptimizerHomeTest, KindsAndModesTheDeviceDoesNotRunAreRefusedByName
   ASSERT_FALSE(e.ok());
   EXPECT_NE(e.status().message().find("runs on the CPU only"), std::string::npos)
       << e.status().ToString();
-  o = Options(DeviceOptimizers()[0], {OptimizerHome::kDevice, 1.0});
-  o.eager_update = true;
-  o.grad_clip_norm = 0;
-  e = Engine::Create(model_.get(), device_.get(), o);
-  ASSERT_FALSE(e.ok());
-  EXPECT_NE(e.status().message().find("eager updates run on the CPU"), std::string::npos)
-      << e.status().ToString();
   o = Options(DeviceOptimizers()[0], {OptimizerHome::kHost, 1.5});
   e = Engine::Create(model_.get(), device_.get(), o);
   ASSERT_FALSE(e.ok());

@@ -1,12 +1,17 @@
 // The overlapped engine computes exactly what the sequential one does: for every placement,
-// precision and accumulation, with copies and events completing late at random, with eager
-// updates, and with gradient buckets poisoned when they return to their pool.
+// precision and accumulation, with copies and events completing late at random, with the update
+// during backward (speculated, validated, rolled back), and with gradient buckets poisoned when
+// they return to their pool.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
 #include <random>
 
 #include "engine/engine.h"
@@ -23,6 +28,14 @@ using testing::OverflowInjector;
 using testing::RandomTokenVectors;
 using testing::TrainOn;
 using testing::TrainRun;
+
+// Every master-weight and optimizer-state tensor of a checkpoint, file by file (name -> bytes),
+// and the run's step results and counters.
+struct StateSnapshot {
+  std::map<std::string, std::string> files;
+  std::vector<StepResult> results;
+  EngineCounters counters;
+};
 
 class OverlapTest : public ::testing::Test {
  protected:
@@ -54,6 +67,64 @@ class OverlapTest : public ::testing::Test {
     if (!device.ok()) return {};
     return TrainOn(**device, model ? *model : *model_, o, steps);
   }
+
+  // Trains `steps` steps of o (on `model` when given, before_step(s) before step s) and saves a
+  // checkpoint: its tensor files, the step results and the counters.
+  StateSnapshot Snapshot(const EngineOptions& o, int steps, int64_t max_delay_us = 0,
+                         Model* model = nullptr, const std::function<void(int)>& before_step = {}) {
+    StateSnapshot snap;
+    gpu::HostDeviceOptions d;
+    d.max_random_delay_us = max_delay_us;
+    d.random_delay_seed = 12345;
+    auto device = gpu::CreateHostDevice(d);
+    auto engine = Engine::Create(model ? model : model_.get(), device->get(), o);
+    EXPECT_TRUE(engine.ok()) << engine.status().ToString();
+    if (!engine.ok()) return snap;
+    Engine& e = **engine;
+    const auto tokens =
+        RandomTokenVectors(steps * o.grad_accum_steps * 2, o.micro_batch.tokens(), 99);
+    size_t k = 0;
+    for (int s = 0; s < steps; ++s) {
+      if (before_step) before_step(s);
+      std::vector<MicroBatch> mbs;
+      for (int i = 0; i < o.grad_accum_steps; ++i, k += 2)
+        mbs.push_back({tokens[k], tokens[k + 1]});
+      auto r = e.Step(mbs);
+      EXPECT_TRUE(r.ok()) << r.status().ToString();
+      if (!r.ok()) return snap;
+      snap.results.push_back(*r);
+    }
+    const auto save = swap_dir_ / ("checkpoints" + std::to_string(saves_++));
+    std::string dir;
+    const Status saved = e.SaveCheckpoint(save.string(), {}, {}, &dir);
+    EXPECT_TRUE(saved.ok()) << saved.ToString();
+    for (const auto& f : std::filesystem::directory_iterator(dir)) {
+      if (f.path().extension() != ".safetensors") continue;
+      std::ifstream in(f.path(), std::ios::binary);
+      snap.files[f.path().filename().string()] = {std::istreambuf_iterator<char>(in), {}};
+    }
+    EXPECT_GE(snap.files.size(), 2u) << "master weights and optimizer state";
+    snap.counters = e.counters();
+    return snap;
+  }
+
+  // Same losses and skips step by step, and the same tensor files, byte for byte.
+  static void ExpectSameState(const StateSnapshot& a, const StateSnapshot& b) {
+    ASSERT_EQ(a.results.size(), b.results.size());
+    for (size_t s = 0; s < a.results.size(); ++s) {
+      EXPECT_EQ(std::bit_cast<uint32_t>(a.results[s].loss),
+                std::bit_cast<uint32_t>(b.results[s].loss))
+          << "step " << s;
+      EXPECT_EQ(a.results[s].skipped, b.results[s].skipped) << "step " << s;
+    }
+    ASSERT_EQ(a.files.size(), b.files.size());
+    for (const auto& [name, bytes] : a.files) {
+      ASSERT_TRUE(b.files.contains(name)) << name;
+      EXPECT_TRUE(bytes == b.files.at(name)) << name << " differs";
+    }
+  }
+
+  int saves_ = 0;
 
   std::unique_ptr<models::GptModel> model_;
   std::filesystem::path swap_dir_;
@@ -151,29 +222,113 @@ TEST_F(OverlapTest, PoisonedBucketsAreNeverReadBeforeTheirCopyLands) {
   ExpectBitIdentical(reference, run);
 }
 
-TEST_F(OverlapTest, EagerUpdatesMatchTheExactStep) {
-  for (DType precision : {DType::kBF16, DType::kF32}) {
-    for (ParamHome params : {ParamHome::kHost, ParamHome::kNvme}) {
-      SCOPED_TRACE(fmt::format("{} params {}", DTypeName(precision), ParamHomeName(params)));
-      auto exact = Options(precision, params, OptimizerHome::kNvme, 2);
-      exact.grad_clip_norm = 0;
-      auto eager = exact;
-      eager.eager_update = true;
-      ExpectBitIdentical(Train(exact, 5), Train(eager, 5, /*max_delay_us=*/100));
+TEST_F(OverlapTest, UpdateDuringBackwardIsTheUpdateAfterBackwardBitForBit) {
+  // Clipping never, on every step, and on some steps; bf16, fp16 and fp32; state in host memory
+  // and on NVMe; the prediction of clipping and speculation on every block regardless. Master
+  // weights and every optimizer state tensor equal the update after backward's, bit for bit.
+  const TrainRun probe = Train(Options(DType::kF32, ParamHome::kHost, OptimizerHome::kHost, 2), 6);
+  std::vector<double> norms;
+  for (const auto& r : probe.results) norms.push_back(r.grad_norm);
+  std::sort(norms.begin(), norms.end());
+  const float some = static_cast<float>(norms[norms.size() / 2]);  // clips about half the steps
+  int rollbacks = 0;
+  for (DType precision : {DType::kBF16, DType::kF16, DType::kF32}) {
+    for (auto [params, optim] : {std::pair{ParamHome::kHost, OptimizerHome::kHost},
+                                 std::pair{ParamHome::kNvme, OptimizerHome::kNvme},
+                                 std::pair{ParamHome::kHost, OptimizerHome::kNvme}}) {
+      for (float clip : {0.0f, 1e-6f, some}) {
+        for (bool always : {false, true}) {
+          SCOPED_TRACE(fmt::format("{} params {} optimizer {} clip {} always {}",
+                                   DTypeName(precision), ParamHomeName(params),
+                                   OptimizerHomeName(optim), clip, always));
+          auto after = Options(precision, params, optim, 2);
+          after.grad_clip_norm = clip;
+          auto during = after;
+          during.update_during_backward = true;
+          // Forced: every block speculates and runs before the verdict, so every step that
+          // clips rolls back (and fails here if the rollback did not restore).
+          during.test_hooks.always_speculate = always;
+          during.test_hooks.finish_speculation_before_verdict = always;
+          const StateSnapshot a = Snapshot(after, 6), d = Snapshot(during, 6, 100);
+          ExpectSameState(a, d);
+          EXPECT_EQ(a.counters.params_updated_during_backward, 0u);
+          EXPECT_EQ(a.counters.rollback_steps, 0u);
+          uint64_t rolled = 0;
+          for (size_t s = 0; s < d.results.size(); ++s) {
+            const StepResult& r = d.results[s];
+            const bool clipped = clip > 0 && r.grad_norm > clip;
+            rolled += r.rolled_back;
+            // A rollback only where the step clipped; with speculation forced, every such step.
+            if (r.rolled_back) EXPECT_TRUE(clipped) << "step " << s;
+            if (always) EXPECT_EQ(r.rolled_back, clipped) << "step " << s;
+            // Updates that ran during backward stood only on a step that did not clip.
+            if (r.params_updated_during_backward > 0) EXPECT_FALSE(clipped) << "step " << s;
+            // Everything ran before the verdict, or with NVMe (a write stage) the first
+            // optimizer_buffers submissions.
+            if (always && !clipped && params == ParamHome::kHost && optim == OptimizerHome::kHost) {
+              EXPECT_EQ(r.params_updated_during_backward, model_->num_params()) << "step " << s;
+            } else if (always && !clipped) {
+              EXPECT_GT(r.params_updated_during_backward, 0) << "step " << s;
+            }
+          }
+          EXPECT_EQ(d.counters.rollback_steps, rolled);
+          if (clip == 1e-6f && !always) EXPECT_EQ(rolled, 0u) << "predicted: no speculation";
+          rollbacks += static_cast<int>(rolled);
+        }
+      }
     }
+  }
+  EXPECT_GT(rollbacks, 0);
+}
+
+TEST_F(OverlapTest, UpdateDuringBackwardRollsBackOnAnFp16Overflow) {
+  // An inf in block 0's gradient, the last one folded: every other block was updated
+  // speculatively by then and must be restored; the step is skipped as the update after
+  // backward skips it.
+  OverflowInjector model(model_.get());
+  for (auto [params, optim] : {std::pair{ParamHome::kHost, OptimizerHome::kHost},
+                               std::pair{ParamHome::kNvme, OptimizerHome::kNvme}}) {
+    SCOPED_TRACE(
+        fmt::format("params {} optimizer {}", ParamHomeName(params), OptimizerHomeName(optim)));
+    auto after = Options(DType::kF16, params, optim, 2);
+    after.loss_scaler.initial_scale = 1024.0f;
+    after.grad_clip_norm = 0;
+    auto during = after;
+    during.update_during_backward = true;
+    auto arm = [&](int s) {
+      if (s == 2) {
+        model.Arm(0);
+      } else {
+        model.Disarm();
+      }
+    };
+    const StateSnapshot a = Snapshot(after, 4, 0, &model, arm),
+                        d = Snapshot(during, 4, 100, &model, arm);
+    ExpectSameState(a, d);
+    ASSERT_EQ(d.results.size(), 4u);
+    EXPECT_TRUE(d.results[2].skipped);
+    EXPECT_TRUE(d.results[2].rolled_back);
+    EXPECT_EQ(d.counters.rollback_steps, 1u);
+    EXPECT_GT(d.results[3].params_updated_during_backward, 0);
   }
 }
 
-TEST_F(OverlapTest, EagerModeIsRefusedWhereAnUpdateNeedsTheWholeGradient) {
-  auto device = gpu::CreateHostDevice({});
-  for (auto [precision, clip] : {std::pair{DType::kF16, 0.0f}, std::pair{DType::kBF16, 1.0f}}) {
-    auto o = Options(precision, ParamHome::kNvme, OptimizerHome::kNvme, 1);
-    o.grad_clip_norm = clip;
-    o.eager_update = true;
-    auto e = Engine::Create(model_.get(), device->get(), o);
-    ASSERT_FALSE(e.ok());
-    EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
-    EXPECT_NE(e.status().message().find("eager"), std::string::npos);
+TEST_F(OverlapTest, UpdateDuringBackwardWithASmallBackupAreaWaitsForTheVerdict) {
+  // A backup area of one block: the other speculative updates wait for the verdict and then run
+  // (or skip and rerun on a rollback) without a copy.
+  for (float clip : {0.0f, 1e-6f}) {
+    auto after = Options(DType::kBF16, ParamHome::kHost, OptimizerHome::kHost, 2);
+    after.grad_clip_norm = clip;
+    auto during = after;
+    during.update_during_backward = true;
+    during.test_hooks.always_speculate = true;
+    during.speculation_backup_bytes = 1;
+    const StateSnapshot a = Snapshot(after, 4), d = Snapshot(during, 4, 100);
+    ExpectSameState(a, d);
+    for (const StepResult& r : d.results) {
+      EXPECT_LE(r.params_updated_during_backward, 0) << "nothing fits a 1-byte area";
+      EXPECT_FALSE(r.rolled_back);
+    }
   }
 }
 
