@@ -2,6 +2,7 @@
 // is an error that names the file and the key.
 #include "tools/config.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -130,10 +131,28 @@ TEST(TrainConfig, TheIobenchSweepBlockIsAcceptedUnchanged) {
   EXPECT_EQ(f.io_queue_depth, 32);
   EXPECT_EQ(f.io_threads, 4);
   EXPECT_EQ(f.io_backend, "uring");
+  EXPECT_EQ(f.update_during_backward, "auto");
   EXPECT_EQ(f.precision, "bf16");
   EXPECT_EQ(f.offload_params, "nvme");
   EXPECT_EQ(f.offload_optimizer, "nvme");
   EXPECT_EQ(f.nvme_paths, (std::vector<std::string>{"/n0", "/n1"}));
+}
+
+TEST(TrainConfig, TheUpdateDuringBackwardTakesOnOffAutoOrABoolean) {
+  for (auto [text, want] :
+       {std::pair{R"("on")", "on"}, std::pair{R"("off")", "off"}, std::pair{"true", "on"},
+        std::pair{"false", "off"}, std::pair{R"("auto")", "auto"}}) {
+    TrainFlags f;
+    const Status s =
+        Apply(fmt::format(R"({{"strata": {{"update_during_backward": {}}}}})", text), &f);
+    ASSERT_TRUE(s.ok()) << text << ": " << s.ToString();
+    EXPECT_EQ(f.update_during_backward, want) << text;
+  }
+  TrainFlags f;
+  const Status bad = Apply(R"({"strata": {"update_during_backward": "sometimes"}})", &f);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.message().find("strata.update_during_backward"), std::string::npos)
+      << bad.ToString();
 }
 
 TEST(TrainConfig, PrecisionAndOptimizerFollowDeepSpeedSemantics) {

@@ -147,6 +147,29 @@ TEST(TrainSetup, RanksDeriveAccumulationStepsAndOnlyRankZeroWritesOutputs) {
   EXPECT_NE(bad.status().message().find("--global-batch-size 6"), std::string::npos);
 }
 
+TEST(TrainSetup, TheUpdateDuringBackwardIsOnByDefaultWithOneRankAndRefusedWithRanks) {
+  TrainFlags f;
+  auto one = TrainOptionsFromFlags(f, {});
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  EXPECT_TRUE(one->engine.update_during_backward);  // auto, one rank, overlap
+  f.no_overlap = true;
+  EXPECT_FALSE(TrainOptionsFromFlags(f, {})->engine.update_during_backward);
+  f.no_overlap = false;
+  f.update_during_backward = "off";
+  EXPECT_FALSE(TrainOptionsFromFlags(f, {})->engine.update_during_backward);
+  const RankInfo two{.ranks = 2, .rank = 0, .data_parallel = true};
+  f.update_during_backward = "auto";
+  auto ranks = TrainOptionsFromFlags(f, two);
+  ASSERT_TRUE(ranks.ok()) << ranks.status().ToString();
+  EXPECT_FALSE(ranks->engine.update_during_backward);
+  f.update_during_backward = "on";
+  auto bad = TrainOptionsFromFlags(f, two);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("--update-during-backward on needs one rank"),
+            std::string::npos)
+      << bad.status().ToString();
+}
+
 TEST(TrainSetup, FlagsForTheOtherKindOfDeviceAreRefusedBeforeAnyDeviceIsLookedFor) {
   TrainFlags tf32_on_host;
   tf32_on_host.device = "host";
