@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstddef>
+#include <cstring>
 
 #include "cpu_optim/kernels.h"
 #include "cpu_optim/parallel.h"
@@ -68,6 +70,31 @@ StatusOr<GradStats> AccumulateGradWith(const KernelTable& kernels, std::span<flo
   return GradStats{.sum_squares = sum, .nonfinite = !std::isfinite(sum), .num_elems = n};
 }
 
+StatusOr<GradStats> CopyGradWithStatsWith(const KernelTable& kernels, GradView grad, void* dst,
+                                          int64_t num_elems) {
+  STRATA_RETURN_IF_ERROR(CheckView("CopyGradWithStats", grad.data, grad.dtype, num_elems));
+  STRATA_RETURN_IF_ERROR(CheckView("CopyGradWithStats", dst, grad.dtype, num_elems));
+  const size_t width = SizeOf(grad.dtype);
+  if (Overlaps(grad.data, static_cast<size_t>(num_elems) * width, dst,
+               static_cast<size_t>(num_elems) * width)) {
+    return InvalidArgumentError("CopyGradWithStats: grad and dst overlap");
+  }
+  GradStats stats;
+  stats.num_elems = num_elems;
+  // Each leaf is copied, then summed from the copy while it is still in cache.
+  STRATA_RETURN_IF_ERROR(DeterministicLeafSum(
+      num_elems,
+      [&](int64_t begin, int64_t end) {
+        std::memcpy(static_cast<std::byte*>(dst) + begin * width,
+                    static_cast<const std::byte*>(grad.data) + begin * width,
+                    static_cast<size_t>(end - begin) * width);
+        return kernels.sum_squares(dst, grad.dtype, 1.0, begin, end);
+      },
+      &stats.sum_squares));
+  stats.nonfinite = !std::isfinite(stats.sum_squares);
+  return stats;
+}
+
 Status ConvertFromF32With(const KernelTable& kernels, const float* src, void* dst, DType dst_dtype,
                           int64_t num_elems) {
   STRATA_RETURN_IF_ERROR(CheckView("ConvertFromF32", dst, dst_dtype, num_elems));
@@ -109,6 +136,10 @@ void Merge(GradStats& into, const GradStats& other) {
 
 StatusOr<GradStats> ComputeGradStats(GradView grad, int64_t num_elems, float scale) {
   return internal::ComputeGradStatsWith(internal::BestKernelTable(), grad, num_elems, scale);
+}
+
+StatusOr<GradStats> CopyGradWithStats(GradView grad, void* dst, int64_t num_elems) {
+  return internal::CopyGradWithStatsWith(internal::BestKernelTable(), grad, dst, num_elems);
 }
 
 StatusOr<GradStats> AccumulateGrad(std::span<float> accum, GradView grad, bool overwrite,

@@ -49,6 +49,14 @@ void Merge(GradStats& into, const GradStats& other);
 // before squaring, e.g. 1 / loss_scale).
 StatusOr<GradStats> ComputeGradStats(GradView grad, int64_t num_elems, float scale = 1.0f);
 
+// dst = the num_elems elements of grad, copied bit for bit in grad's dtype, and their statistics
+// (scale 1) in the same pass over memory: the statistics equal ComputeGradStats(grad, num_elems)
+// bit for bit (the same fixed leaves, summed in the same order). In parallel on the caller's
+// oneTBB arena. For a gradient consumed as it landed (the engine's only contribution of a
+// step), where a separate copy and statistics pass would read it twice. dst and grad must not
+// overlap; kInvalidArgument as ComputeGradStats, or for overlap.
+StatusOr<GradStats> CopyGradWithStats(GradView grad, void* dst, int64_t num_elems);
+
 // Gradient accumulation over micro-batches, accum.size() elements:
 //   overwrite:  accum[i] = float(grad[i])            (exact copy of the value)
 //   otherwise:  accum[i] = accum[i] + float(grad[i])  (one fp32 rounding)

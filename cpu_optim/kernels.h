@@ -292,6 +292,8 @@ Status ValidateAdamW8bit(const AdamWConfig& config, const OptimStep& step, std::
 uint8_t SearchQuant8Code(bool is_signed, float y);
 StatusOr<GradStats> ComputeGradStatsWith(const KernelTable& kernels, GradView grad,
                                          int64_t num_elems, float scale = 1.0f);
+StatusOr<GradStats> CopyGradWithStatsWith(const KernelTable& kernels, GradView grad, void* dst,
+                                          int64_t num_elems);
 StatusOr<GradStats> AccumulateGradWith(const KernelTable& kernels, std::span<float> accum,
                                        GradView grad, bool overwrite, bool want_stats);
 Status ConvertFromF32With(const KernelTable& kernels, const float* src, void* dst, DType dst_dtype,

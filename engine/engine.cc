@@ -320,7 +320,7 @@ Status Engine::Impl::Init() {
   if (policy_) {
     go.on_complete = [this](int b, const cpu_optim::GradStats& block,
                             const cpu_optim::GradStats& step) {
-      if (policy_->Speculate(b, block, step)) store_->SubmitSpeculative(b);
+      if (policy_->Speculate(b, block, step)) store_->SubmitSpeculative(b);  // or after backward
     };
   }
   STRATA_ASSIGN_OR_RETURN(

@@ -294,8 +294,7 @@ void GradStreamer::Fold(int b, int bucket, bool overwrite, bool last) {
       // The chunk's only contribution: kept as it landed (the same statistics, bit for bit, as
       // widening it into an fp32 accumulator would give).
       STRATA_CHECK(overwrite && last);
-      std::memcpy(accum_[b].data(), hbucket_[bucket].data(), np(b) * w_);
-      stats = cpu_optim::ComputeGradStats(g, np(b));
+      stats = cpu_optim::CopyGradWithStats(g, accum_[b].data(), np(b));
     } else {
       stats = cpu_optim::AccumulateGrad(std::span<float>(accum_[b].as<float>(), own(b)), g,
                                         overwrite, last);

@@ -1,6 +1,7 @@
 #include "engine/planner.h"
 
 #include <fmt/format.h>
+#include <tbb/info.h>
 
 #include <algorithm>
 
@@ -562,6 +563,16 @@ std::string Plan::Describe() const {
             ? fmt::format("NVMe pipeline: read b+1, update b, write b-1 through {} buffers",
                           optimizer_buffers)
             : "state in host memory");
+  }
+  if (has_cpu_optimizer()) {
+    // How the host's cores are divided (issue 29): one oneTBB arena, no binding (binding measured
+    // no faster on the H200 machine's single NUMA node).
+    line(
+        "  cpu      {} cores in one oneTBB arena: the gradient fold (during backward) and the "
+        "block "
+        "updates (after it, or during it with --update-during-backward) each run parallel inside "
+        "it; the driving, prefetch and NVMe threads mostly wait on copies and I/O",
+        tbb::info::default_concurrency());
   }
   if (offload_activations) {
     line("           boundary activations: {} of {} in pinned host memory, 2 on the device",

@@ -138,9 +138,13 @@ class StateStore {
   // the verdict. Driving thread: drains the pipeline and opens a round whose updates may be
   // submitted before the verdict (SubmitSpeculative, from any thread).
   Status StartSpeculativeRound(const cpu_optim::AnyOptimizer& optimizer, cpu_optim::OptimStep step);
-  void SubmitSpeculative(int b) {
+  // Submits b unless UpdateSpeculation::kQueueDepth submissions are still waiting to start;
+  // whether it did.
+  bool SubmitSpeculative(int b) {
+    if (!speculation_->HasRoom()) return false;
     speculation_->Submitted(b);
     pipeline_->Submit(b);
+    return true;
   }
   // Whether b was submitted in this round before the verdict.
   bool speculated(int b) { return speculation_->WasSubmitted(b); }

@@ -29,6 +29,7 @@ void UpdateSpeculation::Begin() {
   std::lock_guard<std::mutex> lock(mu_);
   verdict_ = Verdict::kPending;
   used_ = 0;
+  queued_ = 0;
   order_.clear();
   std::fill(state_.begin(), state_.end(), BlockState::kIdle);
 }
@@ -38,6 +39,12 @@ void UpdateSpeculation::Submitted(int b) {
   STRATA_CHECK(verdict_ == Verdict::kPending && state_[b] == BlockState::kIdle);
   state_[b] = BlockState::kSubmitted;
   order_.push_back(b);
+  ++queued_;
+}
+
+bool UpdateSpeculation::HasRoom() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return queued_ < kQueueDepth;
 }
 
 std::vector<int> UpdateSpeculation::SubmissionOrder() {
@@ -57,6 +64,7 @@ UpdateSpeculation::Action UpdateSpeculation::BeforeUpdate(int b, uint64_t backup
   // Copies start on 64-byte boundaries.
   const uint64_t bytes = (backup_bytes + 63) / 64 * 64;
   resolved_.wait(lock, [&] { return verdict_ != Verdict::kPending || used_ + bytes <= capacity_; });
+  --queued_;  // starts now (a wait for space counted as queued)
   if (verdict_ == Verdict::kPending) {
     state_[b] = BlockState::kBackedUp;
     offset_[b] = used_;

@@ -73,6 +73,12 @@ class UpdateSpeculation {
   void Begin() STRATA_EXCLUDES(mu_);
   // Block b was submitted speculatively (before the verdict).
   void Submitted(int b) STRATA_EXCLUDES(mu_);
+  // Speculative submissions whose update has not started yet. The fold keeps this at most
+  // kQueueDepth: the pipeline runs submissions in order, so a block queued behind many
+  // speculative ones that never start before the verdict (backward order: block 0 last) would hold
+  // up the next forward's first block, which the engine submits first after backward.
+  static constexpr int kQueueDepth = 2;
+  bool HasRoom() STRATA_EXCLUDES(mu_);
   bool WasSubmitted(int b) STRATA_EXCLUDES(mu_);
   // Update stage, before block b's update, which overwrites backup_bytes of memory that a
   // rollback must restore: reserves them in the area and returns kUpdateWithBackup with *backup
@@ -105,6 +111,7 @@ class UpdateSpeculation {
   std::vector<BlockState> state_ STRATA_GUARDED_BY(mu_);
   std::vector<uint64_t> offset_ STRATA_GUARDED_BY(mu_);  // of a kBackedUp block's copy
   std::vector<int> order_ STRATA_GUARDED_BY(mu_);        // submissions this step
+  int queued_ STRATA_GUARDED_BY(mu_) = 0;                // submitted, update not started
 };
 
 class SpeculationPolicy {

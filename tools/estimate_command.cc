@@ -193,6 +193,7 @@ struct EstimateSetup {
   ModelSpec spec;
   std::unique_ptr<engine::Model> model;
   std::string placement_choice;  // ResolvePlacement's lines, or ""
+  std::string udb_choice;        // ResolveUpdateDuringBackward's line, or ""
 };
 
 StatusOr<EstimateSetup> MakeEstimateSetup(const EstimateFlags& f,
@@ -221,6 +222,8 @@ StatusOr<EstimateSetup> MakeEstimateSetup(const EstimateFlags& f,
                           ResolvePlacement(*e.model, e.spec, profile, &e.options));
   ResolveDeviceBudget(*e.model, &e.options);
   STRATA_RETURN_IF_ERROR(SetHostBudgets(f, &e.options.engine.placement));
+  STRATA_ASSIGN_OR_RETURN(e.udb_choice,
+                          ResolveUpdateDuringBackward(*e.model, e.spec, profile, &e.options));
   if (f.ranks > 1 && !engine::PartitionableOptimizer(e.options.engine.optimizer)) {
     return InvalidArgumentError(fmt::format(
         "--optimizer {} keeps state that does not split into per-rank partitions (block-wise or "
@@ -291,6 +294,7 @@ nlohmann::json EstimateJson(const EstimateFlags& f, const EstimateSetup& e,
                              : std::string(engine::OptimizerHomeName(plan.optimizer_home))},
       {"optimizer_device_fraction", plan.optimizer_device_fraction()},
       {"placement_choice", e.placement_choice},
+      {"update_during_backward", e.options.engine.update_during_backward},
       {"device_grad_buckets", plan.device_grad_buckets},
       {"host_grad_buckets", plan.host_grad_buckets},
       {"optimizer_buffers", plan.optimizer_buffers},
@@ -347,7 +351,7 @@ void PrintEstimate(const EstimateFlags& f, const EstimateSetup& e, const engine:
   const engine::PlacementOptions& o = e.options.engine.placement;
   std::printf("strata estimate: %s\n", e.model->description().c_str());
   std::printf("%s", plan.Describe().c_str());
-  std::printf("%s", e.placement_choice.c_str());
+  std::printf("%s%s", e.placement_choice.c_str(), e.udb_choice.c_str());
   if (one_rank) {
     // Host gradients are fp32 on every rank of a data-parallel run, 16-bit on one rank at
     // --grad-accum-steps 1 (planner.h), so the host figure halves only from 2 micro-batches on.

@@ -301,7 +301,9 @@ Status TrainLoop::Finish() {
   out_.tokens_per_second = static_cast<double>(tokens_per_step_ * (f_.steps - out_.start_step)) /
                            std::max(out_.train_seconds, 1e-9);
   PrintTimeLines();
-  if (const engine::EngineCounters& c = out_.counters; c.params_updated_on_cpu > 0) {
+  if (const engine::EngineCounters& c = out_.counters;
+      c.params_updated_on_cpu > 0 && (f_.update_during_backward == "on" ||
+                                      c.params_updated_during_backward + c.rollback_steps > 0)) {
     std::printf(
         "update during backward: %.0f%% of the CPU update ran during backward; %llu step%s "
         "rolled back\n",

@@ -249,12 +249,10 @@ StatusOr<TrainOptions> TrainOptionsFromFlags(const TrainFlags& flags, const Rank
         "--update-during-backward on needs one rank: with data parallelism a rank's update waits "
         "for the reduced gradient and the global norm (use off or auto)");
   }
-  // auto: the CPU is idle during backward on every plan that updates on it, so starting the update
-  // there can only shorten the step (the cost model's update_during_backward term says by how
-  // much); with data parallelism and without overlap it stays off.
-  if (f.update_during_backward == "auto") {
-    o.engine.update_during_backward = !ranks.data_parallel && !f.no_overlap;
-  }
+  // auto: decided by predicted time with a machine profile (ResolveUpdateDuringBackward); never
+  // with data parallelism or without overlap.
+  o.auto_update_during_backward =
+      f.update_during_backward == "auto" && !ranks.data_parallel && !f.no_overlap;
   STRATA_ASSIGN_OR_RETURN(o.engine.io, IoOptionsFromFlags(f));
   STRATA_ASSIGN_OR_RETURN(o.schedule, MakeLrSchedule(f));
   STRATA_RETURN_IF_ERROR(CheckDeviceFlags(f));
@@ -329,6 +327,22 @@ StatusOr<std::string> ResolvePlacement(const engine::Model& model, const ModelSp
   o.placement = choice.best.placement;
   options->auto_device_budget = false;  // the chosen plan's budget
   return choice.Describe();
+}
+
+StatusOr<std::string> ResolveUpdateDuringBackward(const engine::Model& model, const ModelSpec& spec,
+                                                  const engine::MachineProfile* machine,
+                                                  TrainOptions* options) {
+  if (!options->auto_update_during_backward || machine == nullptr) return std::string();
+  engine::EngineOptions& o = options->engine;
+  STRATA_ASSIGN_OR_RETURN(const engine::Plan plan, MakeTrainPlan(model, o));
+  auto off = engine::PredictStep(plan, CostInputsOf(spec, o.grad_accum_steps, false), *machine);
+  auto on = engine::PredictStep(plan, CostInputsOf(spec, o.grad_accum_steps, true), *machine);
+  if (!off.ok() || !on.ok()) return std::string();
+  o.update_during_backward = on->step_s < 0.9 * off->step_s;
+  return fmt::format(
+      "update during backward: {} (auto: predicted step {:.3g} s with it, {:.3g} s without; on "
+      "from 10 % shorter)\n",
+      o.update_during_backward ? "on" : "off", on->step_s, off->step_s);
 }
 
 void ResolveDeviceBudget(const engine::Model& model, TrainOptions* options) {

@@ -142,6 +142,17 @@ std::optional<Setup> MakeSetup(benchmark::State& state, double copy_bps,
   return Setup{std::move(*device), std::move(*model)};
 }
 
+// The engine of `setup` with `o`, or null after SkipWithError.
+std::unique_ptr<Engine> CreateEngine(benchmark::State& state, const Setup& setup,
+                                     const EngineOptions& o) {
+  auto engine = Engine::Create(setup.model.get(), setup.device.get(), o);
+  if (!engine.ok()) {
+    state.SkipWithError(engine.status().ToString().c_str());
+    return nullptr;
+  }
+  return std::move(*engine);
+}
+
 // bf16, micro-batch mb x accum, swap under BenchDir(), a device budget of three streaming slots
 // plus two resident layers, traced into `recorder`; the placement homes are the caller's.
 EngineOptions BenchOptions(const Model& model, MicroBatchShape mb, int accum,
@@ -178,12 +189,9 @@ void BM_TrainStep(benchmark::State& state) {
   o.placement.param_home = ParamHome::kNvme;
   o.placement.optimizer_home = OptimizerHome::kNvme;
   o.overlap = overlap;
-  auto engine = Engine::Create(setup->model.get(), setup->device.get(), o);
-  if (!engine.ok()) {
-    state.SkipWithError(engine.status().ToString().c_str());
-    return;
-  }
-  auto& e = **engine;
+  const std::unique_ptr<Engine> engine = CreateEngine(state, *setup, o);
+  if (!engine) return;
+  Engine& e = *engine;
   const auto batch = RandomBatch(mb, kAccum);
   const std::optional<StepTimes> t = TimeSteps(state, e, batch->micro_batches, recorder);
   if (!t) return;
@@ -217,12 +225,9 @@ void BM_OptimizerState(benchmark::State& state) {
   }
   o.placement.param_home = ParamHome::kHost;
   o.placement.optimizer_home = OptimizerHome::kNvme;
-  auto engine = Engine::Create(setup->model.get(), setup->device.get(), o);
-  if (!engine.ok()) {
-    state.SkipWithError(engine.status().ToString().c_str());
-    return;
-  }
-  auto& e = **engine;
+  const std::unique_ptr<Engine> engine = CreateEngine(state, *setup, o);
+  if (!engine) return;
+  Engine& e = *engine;
   const auto batch = RandomBatch(mb, 1);
   const EngineCounters c0 = e.counters();
   const std::optional<StepTimes> t = TimeSteps(state, e, batch->micro_batches, recorder);
@@ -257,12 +262,9 @@ void BM_UpdateDuringBackward(benchmark::State& state) {
   o.placement.param_home = ParamHome::kHost;
   o.placement.optimizer_home = OptimizerHome::kHost;
   o.update_during_backward = during;
-  auto engine = Engine::Create(setup->model.get(), setup->device.get(), o);
-  if (!engine.ok()) {
-    state.SkipWithError(engine.status().ToString().c_str());
-    return;
-  }
-  auto& e = **engine;
+  const std::unique_ptr<Engine> engine = CreateEngine(state, *setup, o);
+  if (!engine) return;
+  Engine& e = *engine;
   const auto batch = RandomBatch(mb, kAccum);
   const EngineCounters c0 = e.counters();
   const std::optional<StepTimes> t = TimeSteps(state, e, batch->micro_batches, recorder);

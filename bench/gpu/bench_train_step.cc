@@ -80,6 +80,7 @@
 // steps (2 on NVMe, whose step moves ~44 GB through the drive), gpt2-124m 6, gpt-7b 2.
 // scripts/gpu_session.sh runs gpt2-1.5b and gpt-7b, resident and host, with --benchmark_filter.
 // After the warm-up a case whose timed steps would, at the warm-up's pace, end past
+// $STRATA_BENCH_GRAD_CLIP sets every case's clip threshold (default 1.0; 0 = off).
 // $STRATA_BENCH_BUDGET_S (default 210) seconds since the program started is skipped with that
 // reason; so is a case that would start when the previous case's duration no longer fits in the
 // budget. Without a GPU every case is skipped with the reason (SkipWithError) and the program exits
@@ -130,6 +131,12 @@ double BudgetSeconds() {
   const char* s = std::getenv("STRATA_BENCH_BUDGET_S");
   const double v = s != nullptr ? std::atof(s) : 0.0;
   return v > 0 ? v : 210.0;
+}
+
+// The clip threshold of every case: STRATA_BENCH_GRAD_CLIP (0 = off), default 1.0 (EngineOptions').
+float GradClip() {
+  const char* s = std::getenv("STRATA_BENCH_GRAD_CLIP");
+  return s != nullptr && *s != '\0' ? static_cast<float>(std::atof(s)) : 1.0f;
 }
 
 double Since(Clock::time_point t0) {
@@ -321,6 +328,7 @@ void BM_TrainStep(benchmark::State& state, int preset_index, Placement placement
   o.micro_batch = mb;
   o.grad_accum_steps = accum;
   o.optimizer.adamw().lr = 1e-4f;
+  o.grad_clip_norm = GradClip();
   o.seed = kSeed;
   o.trace = &recorder;
   PlacementOptions& p = o.placement;
@@ -504,6 +512,7 @@ int main(int argc, char** argv) {
                                   : std::string("unknown (no MFU; give --peak-tflops=X)"));
   benchmark::AddCustomContext("nvme_dir", BenchDir());
   benchmark::AddCustomContext("time_budget_s", fmt::format("{:.0f}", BudgetSeconds()));
+  benchmark::AddCustomContext("grad_clip", fmt::format("{:g}", GradClip()));
   benchmark::AddCustomContext("hardware_threads",
                               std::to_string(std::thread::hardware_concurrency()));
   // Resident first in each preset: the offloaded cases report offload_cost against it.

@@ -10,6 +10,7 @@
 #include <bit>
 #include <cfloat>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <random>
@@ -288,6 +289,33 @@ TEST(AccumulateGrad, OverwriteCopiesBitsIncludingNegativeZeroAndNan) {
     for (int64_t i = 0; i < n; ++i) bad += Bits(accum[i]) != Bits(g.value(i));
     EXPECT_EQ(bad, 0) << DTypeName(dtype);
   }
+}
+
+TEST(CopyGradWithStats, CopiesEveryBitAndGivesComputeGradStatsBitForBit) {
+  // Any bits (NaN, inf, -0, denormals) in every dtype, at every length around a chunk and a leaf:
+  // the copy is the bytes, the statistics those of ComputeGradStats on the source.
+  std::mt19937 rng(29);
+  for (DType dtype : kDTypes) {
+    for (int64_t n : kLengths) {
+      for (Mix mix : {Mix::kAnyBits, Mix::kFinite}) {
+        SCOPED_TRACE(fmt::format("{} n {} mix {}", DTypeName(dtype), n, static_cast<int>(mix)));
+        const GradData g = GradData::Random(dtype, n, rng, mix);
+        const size_t bytes = static_cast<size_t>(n) * SizeOf(dtype);
+        std::vector<std::byte> dst(bytes, std::byte{0x5a});
+        auto copied = CopyGradWithStats(g.view(), dst.data(), n);
+        auto want = ComputeGradStats(g.view(), n);
+        ASSERT_TRUE(copied.ok() && want.ok()) << copied.status().ToString();
+        EXPECT_EQ(std::memcmp(dst.data(), g.view().data, bytes), 0);
+        EXPECT_EQ(std::bit_cast<uint64_t>(copied->sum_squares),
+                  std::bit_cast<uint64_t>(want->sum_squares));
+        EXPECT_EQ(copied->nonfinite, want->nonfinite);
+        EXPECT_EQ(copied->num_elems, n);
+      }
+    }
+  }
+  std::vector<float> x(16, 1.0f);
+  EXPECT_FALSE(CopyGradWithStats({x.data(), DType::kF32}, x.data() + 1, 8).ok());  // overlap
+  EXPECT_FALSE(CopyGradWithStats({x.data(), DType::kF32}, nullptr, 8).ok());
 }
 
 TEST(AccumulateGrad, OverflowOfTheSumIsReportedAsNonfinite) {

@@ -62,15 +62,19 @@ struct TrainRun {
   std::vector<StepResult> results;
 };
 
+// Same losses (bit for bit) and skips, step by step.
+inline void ExpectSameSteps(const std::vector<StepResult>& a, const std::vector<StepResult>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t s = 0; s < a.size(); ++s) {
+    EXPECT_EQ(std::bit_cast<uint32_t>(a[s].loss), std::bit_cast<uint32_t>(b[s].loss))
+        << "step " << s;
+    EXPECT_EQ(a[s].skipped, b[s].skipped) << "step " << s;
+  }
+}
+
 // Same losses and skips step by step, same master weights bit for bit, same hash.
 inline void ExpectBitIdentical(const TrainRun& a, const TrainRun& b) {
-  ASSERT_EQ(a.results.size(), b.results.size());
-  for (size_t s = 0; s < a.results.size(); ++s) {
-    EXPECT_EQ(std::bit_cast<uint32_t>(a.results[s].loss),
-              std::bit_cast<uint32_t>(b.results[s].loss))
-        << "step " << s;
-    EXPECT_EQ(a.results[s].skipped, b.results[s].skipped) << "step " << s;
-  }
+  ExpectSameSteps(a.results, b.results);
   ASSERT_EQ(a.master.size(), b.master.size());
   for (size_t blk = 0; blk < a.master.size(); ++blk) {
     ASSERT_EQ(a.master[blk].size(), b.master[blk].size());

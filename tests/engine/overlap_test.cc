@@ -110,13 +110,7 @@ class OverlapTest : public ::testing::Test {
 
   // Same losses and skips step by step, and the same tensor files, byte for byte.
   static void ExpectSameState(const StateSnapshot& a, const StateSnapshot& b) {
-    ASSERT_EQ(a.results.size(), b.results.size());
-    for (size_t s = 0; s < a.results.size(); ++s) {
-      EXPECT_EQ(std::bit_cast<uint32_t>(a.results[s].loss),
-                std::bit_cast<uint32_t>(b.results[s].loss))
-          << "step " << s;
-      EXPECT_EQ(a.results[s].skipped, b.results[s].skipped) << "step " << s;
-    }
+    testing::ExpectSameSteps(a.results, b.results);
     ASSERT_EQ(a.files.size(), b.files.size());
     for (const auto& [name, bytes] : a.files) {
       ASSERT_TRUE(b.files.contains(name)) << name;
@@ -263,13 +257,9 @@ TEST_F(OverlapTest, UpdateDuringBackwardIsTheUpdateAfterBackwardBitForBit) {
             if (always) EXPECT_EQ(r.rolled_back, clipped) << "step " << s;
             // Updates that ran during backward stood only on a step that did not clip.
             if (r.params_updated_during_backward > 0) EXPECT_FALSE(clipped) << "step " << s;
-            // Everything ran before the verdict, or with NVMe (a write stage) the first
-            // optimizer_buffers submissions.
-            if (always && !clipped && params == ParamHome::kHost && optim == OptimizerHome::kHost) {
-              EXPECT_EQ(r.params_updated_during_backward, model_->num_params()) << "step " << s;
-            } else if (always && !clipped) {
-              EXPECT_GT(r.params_updated_during_backward, 0) << "step " << s;
-            }
+            // Forced: some ran before the verdict (at most the queue depth waits at a time, and
+            // with NVMe the pipeline's buffers' worth).
+            if (always && !clipped) EXPECT_GT(r.params_updated_during_backward, 0) << "step " << s;
           }
           EXPECT_EQ(d.counters.rollback_steps, rolled);
           if (clip == 1e-6f && !always) EXPECT_EQ(rolled, 0u) << "predicted: no speculation";

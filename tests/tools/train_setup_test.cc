@@ -147,21 +147,27 @@ TEST(TrainSetup, RanksDeriveAccumulationStepsAndOnlyRankZeroWritesOutputs) {
   EXPECT_NE(bad.status().message().find("--global-batch-size 6"), std::string::npos);
 }
 
-TEST(TrainSetup, TheUpdateDuringBackwardIsOnByDefaultWithOneRankAndRefusedWithRanks) {
+TEST(TrainSetup, TheUpdateDuringBackwardIsAutoWithOneRankAndRefusedWithRanks) {
   TrainFlags f;
   auto one = TrainOptionsFromFlags(f, {});
   ASSERT_TRUE(one.ok()) << one.status().ToString();
-  EXPECT_TRUE(one->engine.update_during_backward);  // auto, one rank, overlap
+  // auto, one rank, overlap: off until a machine profile predicts it pays.
+  EXPECT_FALSE(one->engine.update_during_backward);
+  EXPECT_TRUE(one->auto_update_during_backward);
   f.no_overlap = true;
-  EXPECT_FALSE(TrainOptionsFromFlags(f, {})->engine.update_during_backward);
+  EXPECT_FALSE(TrainOptionsFromFlags(f, {})->auto_update_during_backward);
   f.no_overlap = false;
+  f.update_during_backward = "on";
+  EXPECT_TRUE(TrainOptionsFromFlags(f, {})->engine.update_during_backward);
   f.update_during_backward = "off";
   EXPECT_FALSE(TrainOptionsFromFlags(f, {})->engine.update_during_backward);
+  EXPECT_FALSE(TrainOptionsFromFlags(f, {})->auto_update_during_backward);
   const RankInfo two{.ranks = 2, .rank = 0, .data_parallel = true};
   f.update_during_backward = "auto";
   auto ranks = TrainOptionsFromFlags(f, two);
   ASSERT_TRUE(ranks.ok()) << ranks.status().ToString();
   EXPECT_FALSE(ranks->engine.update_during_backward);
+  EXPECT_FALSE(ranks->auto_update_during_backward);
   f.update_during_backward = "on";
   auto bad = TrainOptionsFromFlags(f, two);
   ASSERT_FALSE(bad.ok());
