@@ -489,8 +489,8 @@ StatusOr<StepResult> Engine::Impl::RunStep(std::span<const MicroBatch> mbs) {
     STRATA_RETURN_IF_ERROR(
         ForwardPass(shape, true, static_cast<int>(i), seq, &cursor, /*save_acts=*/true));
     if (policy_ && last_mb) {
-      // Every block's previous update is done (this forward waited on each): the round is the
-      // exact step's when nothing clips or overflows.
+      // The exact step's round when nothing clips or overflows (each block's previous update
+      // runs with its own round's parameters; this forward waited on it).
       STRATA_RETURN_IF_ERROR(store_->StartSpeculativeRound(
           o_.optimizer, cpu_optim::OptimStep{adam_t_ + 1, 1.0f / scale}));
       policy_->BeginStep(scale);
@@ -604,10 +604,7 @@ StatusOr<StepResult> Engine::Impl::RunStep(std::span<const MicroBatch> mbs) {
   // Adam's step count t counts applied updates; skipped steps do not advance it. Speculative
   // updates that stand ran with this round already.
   ++adam_t_;
-  if (!stands) {
-    STRATA_RETURN_IF_ERROR(store_->Drain());
-    store_->StartRound(o_.optimizer, cpu_optim::OptimStep{adam_t_, clip / scale});
-  }
+  if (!stands) store_->StartRound(o_.optimizer, cpu_optim::OptimStep{adam_t_, clip / scale});
   // Exact step, hidden under the next forward: blocks update in forward order, those optimized on
   // the device by its kernels on the compute stream (ahead of the next forward, which reads their
   // resident params in place), the rest on the CPU pipeline while this call returns; the next

@@ -33,6 +33,7 @@ StatusOr<std::unique_ptr<StateStore>> StateStore::Create(const Model& model, con
                                                          StateStoreOptions options) {
   std::unique_ptr<StateStore> s(new StateStore(model, plan, std::move(options)));
   s->device_state_.resize(s->n_);
+  s->block_round_.resize(s->n_);
   s->device_working_.resize(s->n_);
   for (int b = 0; b < s->n_; ++b) {
     s->state_.push_back(LayoutBlockState(model, b, *s->o_.optimizer, &plan.blocks[b].partition));
@@ -287,7 +288,6 @@ void ParallelCopy(std::byte* dst, const std::byte* src, uint64_t bytes) {
 
 Status StateStore::StartSpeculativeRound(const cpu_optim::AnyOptimizer& optimizer,
                                          cpu_optim::OptimStep step) {
-  STRATA_RETURN_IF_ERROR(Drain());
   StartRound(optimizer, step);
   speculation_->Begin();
   return Status::Ok();
@@ -348,7 +348,8 @@ Status StateStore::UpdateBlock(int b, int i) {
   if (own(b) == 0) return Status::Ok();  // a tiny block's padding-only partition
   std::vector<std::span<std::byte>> sections;
   for (size_t k = 0; k < state_[b].sections.size(); ++k) sections.push_back(Section(b, i, k));
-  return cpu_optim::UpdateState(BlockOptimizer(round_.optimizer, state_[b]), round_.step,
+  const RoundParams& round = block_round_[b];
+  return cpu_optim::UpdateState(BlockOptimizer(round.optimizer, state_[b]), round.step,
                                 state_[b].shapes, std::span<float>(Master(b, i), own(b)), sections,
                                 o_.gradient(b),
                                 cpu_optim::CopyOut{WorkingHome(b, i).data, o_.precision});

@@ -127,23 +127,29 @@ class StateStore {
   uint64_t nvme_bytes_written() const { return regions_->nvme_bytes_written(); }
 
   // --- The update (pipeline) ---
-  // The optimizer and step of the next round of updates; call with the pipeline drained.
+  // The optimizer and step of the updates submitted from now on (driving thread). Each submission
+  // takes the round's parameters with it, so a round may start while the previous one's updates
+  // still run.
   void StartRound(const cpu_optim::AnyOptimizer& optimizer, cpu_optim::OptimStep step) {
     round_ = {optimizer, step};
   }
-  void Submit(int b) { pipeline_->Submit(b); }
+  void Submit(int b) {
+    block_round_[b] = round_;  // the update stage reads it after the queue hands it b
+    pipeline_->Submit(b);
+  }
   // --- The update during backward (StateStoreOptions::speculate; update_speculation.h) ---
   // The update stage backs up what a speculative update of block b overwrites in memory
   // (SpeculationBackupBytes) and the write stage holds a speculative block's write-back until
   // the verdict. Driving thread: drains the pipeline and opens a round whose updates may be
-  // submitted before the verdict (SubmitSpeculative, from any thread).
+  // submitted before the verdict (SubmitSpeculative, from any thread), without waiting for the
+  // previous round's updates.
   Status StartSpeculativeRound(const cpu_optim::AnyOptimizer& optimizer, cpu_optim::OptimStep step);
   // Submits b unless UpdateSpeculation::kQueueDepth submissions are still waiting to start;
   // whether it did.
   bool SubmitSpeculative(int b) {
     if (!speculation_->HasRoom()) return false;
     speculation_->Submitted(b);
-    pipeline_->Submit(b);
+    Submit(b);
     return true;
   }
   // Whether b was submitted in this round before the verdict.
@@ -199,8 +205,8 @@ class StateStore {
   Status ReadParams(int b, gpu::PinnedSpan staging);
 
  private:
-  // The hyper-parameters of the update round in flight: written by the driving thread before
-  // it submits a round (after the previous round drained), read by the update stage.
+  // The hyper-parameters of an update round: written by the driving thread before it submits the
+  // round, copied per submission (block_round_) and read from there by the update stage.
   struct RoundParams {
     cpu_optim::AnyOptimizer optimizer;
     cpu_optim::OptimStep step;
@@ -221,9 +227,10 @@ class StateStore {
   const StateStoreOptions o_;
   const int n_;
   const size_t w_;
-  std::vector<BlockState> state_;       // the optimizer state layout per block (this rank's)
-  std::vector<BlockState> full_state_;  // the whole blocks' layout: the checkpoint's tensors
-  RoundParams round_;
+  std::vector<BlockState> state_;         // the optimizer state layout per block (this rank's)
+  std::vector<BlockState> full_state_;    // the whole blocks' layout: the checkpoint's tensors
+  RoundParams round_;                     // the round being submitted
+  std::vector<RoundParams> block_round_;  // each block's last submission's round
   trace::TraceRecorder* trace_ = nullptr;
   int read_track_ = 0, update_track_ = 0, write_track_ = 0;
   std::vector<gpu::PinnedBuffer> home_;     // pinned working params: host/device home, resident
