@@ -19,12 +19,16 @@
 // After the run a table gives, per thread count, each pattern's GB/s (median of the
 // repetitions) and AdamW's ratio to the in-place pattern, the roofline the update can reach
 // (issue 29 asks for >= 0.8). Usage:
-//   bench_memory_roofline [--roofline_params=N] [--benchmark_repetitions=5]
+//   bench_memory_roofline [--roofline_params=N] [--roofline_huge_pages=1]
+//   [--benchmark_repetitions=5]
+// --roofline_huge_pages=1 advises every array for transparent huge pages (MADV_HUGEPAGE) before its
+// first touch.
 // N: elements per array and AdamW parameters (default 100M: 400 MB per fp32 array, 2.8 GB of
 // AdamW state and gradient), far larger than any last-level cache.
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
 #include <sched.h>
+#include <sys/mman.h>
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 #include <tbb/partitioner.h>
@@ -85,9 +89,15 @@ void ForTiles(int64_t n, const F& f) {
       tbb::static_partitioner());
 }
 
+bool g_huge_pages = false;
+
+// Anonymous memory (AlignedBuffer maps buffers of 1 MiB and more), with --roofline_huge_pages=1
+// advised for transparent huge pages before its first touch.
 AlignedBuffer Allocate(int64_t bytes) {
   StatusOr<AlignedBuffer> buf = AlignedBuffer::Allocate(static_cast<size_t>(bytes));
-  return buf.ok() ? std::move(buf).value() : AlignedBuffer();
+  if (!buf.ok()) return AlignedBuffer();
+  if (g_huge_pages) madvise(buf->data(), buf->size_bytes(), MADV_HUGEPAGE);
+  return std::move(buf).value();
 }
 
 void SetBytes(benchmark::State& state, int64_t n, int64_t bytes_per_elem) {
@@ -236,7 +246,9 @@ int main(int argc, char** argv) {
   std::vector<char*> args;
   for (int i = 0; i < argc; ++i) {
     const std::string_view a = argv[i];
-    if (a.starts_with("--roofline_params=")) {
+    if (a.starts_with("--roofline_huge_pages=")) {
+      strata::cpu_optim::g_huge_pages = a.ends_with("=1");
+    } else if (a.starts_with("--roofline_params=")) {
       strata::cpu_optim::g_params = std::atoll(argv[i] + a.find('=') + 1);
       if (strata::cpu_optim::g_params < 1'000'000) {
         fmt::print(stderr, "bench_memory_roofline: --roofline_params must be >= 1000000\n");
