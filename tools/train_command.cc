@@ -238,6 +238,7 @@ void AddPipelineFlags(CLI::App& cmd, TrainFlags& f) {
                  "cost model predicts a 10 % shorter step (one rank)")
       ->check(CLI::IsMember({"on", "off", "auto"}))
       ->capture_default_str();
+  cmd.add_flag("--eager-update", f.eager_update)->group("");  // hidden: refused, see train_setup
   cmd.add_flag("--tf32", f.tf32,
                "GPU only: the GPT's fp32 matrix products on TF32 tensor cores (10-bit mantissa "
                "inputs, fp32 accumulation; several times faster on Ampere/Hopper)");

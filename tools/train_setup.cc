@@ -244,6 +244,11 @@ StatusOr<TrainOptions> TrainOptionsFromFlags(const TrainFlags& flags, const Rank
   STRATA_RETURN_IF_ERROR(ApplyRanks(ranks, &f));
   STRATA_ASSIGN_OR_RETURN(o.engine, EngineOptionsFromFlags(f));
   STRATA_ASSIGN_OR_RETURN(o.engine.placement, PlacementFromFlags(f, ranks));
+  if (f.eager_update) {
+    return InvalidArgumentError(
+        "--eager-update was replaced by --update-during-backward on (exact with clipping and fp16 "
+        "too)");
+  }
   if (f.update_during_backward == "on" && ranks.data_parallel) {
     return InvalidArgumentError(
         "--update-during-backward on needs one rank: with data parallelism a rank's update waits "

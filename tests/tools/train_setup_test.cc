@@ -174,6 +174,12 @@ TEST(TrainSetup, TheUpdateDuringBackwardIsAutoWithOneRankAndRefusedWithRanks) {
   EXPECT_NE(bad.status().message().find("--update-during-backward on needs one rank"),
             std::string::npos)
       << bad.status().ToString();
+  f.update_during_backward = "auto";
+  f.eager_update = true;
+  auto old = TrainOptionsFromFlags(f, {});
+  ASSERT_FALSE(old.ok());
+  EXPECT_NE(old.status().message().find("replaced by --update-during-backward on"),
+            std::string::npos);
 }
 
 TEST(TrainSetup, FlagsForTheOtherKindOfDeviceAreRefusedBeforeAnyDeviceIsLookedFor) {
