@@ -179,8 +179,9 @@ const json* Find(const json& obj, std::string_view key) {
   return it == obj.end() ? nullptr : &*it;
 }
 
-// Walks the file against DeepSpeed's keys (tools/deepspeed_keys.h): unknown keys and non-object
-// sections become problems, no-ops are gathered by reason.
+// Walks the file against DeepSpeed's keys (tools/deepspeed_keys.h): unknown keys inside sections
+// and non-object sections become problems, unknown top-level keys are gathered to be noted (as
+// DeepSpeed ignores them), no-ops are gathered by reason.
 class KeyWalker {
  public:
   KeyWalker(Reader* r, std::map<NoopReason, std::vector<std::string>>* noops)
@@ -190,6 +191,14 @@ class KeyWalker {
     for (const auto& [key, value] : obj.items()) {
       const std::string path = section.empty() ? key : section + "." + key;
       const DeepSpeedKey* k = FindDeepSpeedKey(path);
+      if (k == nullptr && section.empty()) {
+        // DeepSpeed reads its top level key by key and ignores the others (LLaMA-Factory's
+        // monitor_config, say); named on one note, with the key a typo most likely meant.
+        const std::string_view best = NearestKey(key, DeepSpeedKeysUnder(""));
+        ignored_top_.push_back(best.empty() ? key
+                                            : fmt::format("{} (did you mean '{}'?)", key, best));
+        continue;
+      }
       if (k == nullptr) {
         r_->Add(UnknownKey(section, key));
         continue;
@@ -209,21 +218,26 @@ class KeyWalker {
     }
   }
 
+  // Top-level keys DeepSpeed does not know (ignored, as DeepSpeed ignores them).
+  const std::vector<std::string>& ignored_top() const { return ignored_top_; }
+
  private:
+  // Inside a section DeepSpeed validates (its pydantic models forbid unknown fields): an error
+  // with the key a typo most likely meant, or the three nearest.
   static std::string UnknownKey(const std::string& section, const std::string& key) {
-    const std::string path = section.empty() ? key : section + "." + key;
+    const std::string path = section + "." + key;
     const auto children = DeepSpeedKeysUnder(section);
     const std::string_view best = NearestKey(key, children);
     if (!best.empty()) {
       return fmt::format("unknown key '{}' (did you mean '{}'?)", path, best);
     }
-    return fmt::format("unknown key '{}'; DeepSpeed {} has: {}", path,
-                       section.empty() ? "configs have" : "'" + section + "'",
-                       fmt::join(children, ", "));
+    return fmt::format("unknown key '{}'; the nearest in '{}': {}", path, section,
+                       fmt::join(NearestKeys(key, children, 3), ", "));
   }
 
   Reader* r_;
   std::map<NoopReason, std::vector<std::string>>* noops_;
+  std::vector<std::string> ignored_top_;
 };
 
 // Problems, notes and what the sections said, while the file is applied.
@@ -992,7 +1006,13 @@ Status ApplyTrainConfigText(std::string_view text, std::string_view source, Trai
   }
   Context c;
   std::map<NoopReason, std::vector<std::string>> noops;
-  KeyWalker(&c.r, &noops).Walk(root, "", false);
+  KeyWalker walker(&c.r, &noops);
+  walker.Walk(root, "", false);
+  if (!walker.ignored_top().empty()) {
+    c.notes.push_back(
+        fmt::format("ignored (top-level keys DeepSpeed does not know; it ignores them too): {}",
+                    fmt::join(walker.ignored_top(), ", ")));
+  }
 
   ApplyBatch(c, root, f);
   if (const json* v = Find(root, "gradient_clipping")) {

@@ -233,6 +233,21 @@ size_t EditDistance(std::string_view a, std::string_view b) {
 
 }  // namespace
 
+std::vector<std::string_view> NearestKeys(std::string_view key,
+                                          const std::vector<std::string_view>& candidates,
+                                          size_t count) {
+  std::vector<std::pair<size_t, size_t>> by_distance;  // (distance, index)
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    by_distance.emplace_back(EditDistance(key, candidates[i]), i);
+  }
+  std::stable_sort(by_distance.begin(), by_distance.end());
+  std::vector<std::string_view> out;
+  for (size_t i = 0; i < by_distance.size() && i < count; ++i) {
+    out.push_back(candidates[by_distance[i].second]);
+  }
+  return out;
+}
+
 std::string_view NearestKey(std::string_view key, const std::vector<std::string_view>& candidates) {
   std::string_view best;
   size_t best_distance = std::max<size_t>(3, key.size() / 3) + 1;

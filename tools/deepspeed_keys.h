@@ -46,5 +46,10 @@ std::vector<std::string_view> DeepSpeedKeysUnder(std::string_view section);
 // The candidate a typo most likely meant: the nearest by edit distance, if at most
 // max(3, |key| / 3) edits away; "" otherwise.
 std::string_view NearestKey(std::string_view key, const std::vector<std::string_view>& candidates);
+// The up to `count` candidates nearest to `key` by edit distance, nearest first (ties in the
+// candidates' order).
+std::vector<std::string_view> NearestKeys(std::string_view key,
+                                          const std::vector<std::string_view>& candidates,
+                                          size_t count);
 
 }  // namespace strata::tools

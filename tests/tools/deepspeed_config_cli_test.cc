@@ -242,17 +242,19 @@ TEST_F(DeepSpeedConfigCli, AFileWithTyposGetsOneErrorListingEveryUnknownKeyByPat
   const Result r = Run("typos.json");
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
   EXPECT_EQ(r.out.find("step "), std::string::npos) << r.out;  // nothing trained
-  EXPECT_NE(r.err.find("typos.json: 4 problems:"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("typos.json: 3 problems:"), std::string::npos) << r.err;
   for (const char* line :
        {"  unknown key 'zero_optimization.overlap_com' (did you mean 'overlap_comm'?)",
         "  unknown key 'zero_optimization.offload_optimizer.pin_memroy' (did you mean "
         "'pin_memory'?)",
-        "  unknown key 'gradient_acumulation_steps' (did you mean 'gradient_accumulation_steps'?)",
         "  unknown key 'scheduler.params.warmup_max_lrr' for type \"WarmupLR\" (did you mean "
         "'warmup_max_lr'?)"}) {
     EXPECT_NE(r.err.find(line), std::string::npos) << line << "\n" << r.err;
   }
-  EXPECT_EQ(Lines(r.err), 5) << r.err;  // the heading and one line per key
+  EXPECT_EQ(Lines(r.err), 4) << r.err;  // the heading and one line per key
+  // The top-level typo is ignored, as DeepSpeed ignores it (said on a config: note when the
+  // file is otherwise valid).
+  EXPECT_EQ(r.err.find("gradient_acumulation_steps"), std::string::npos) << r.err;
 }
 
 }  // namespace
