@@ -491,8 +491,7 @@ StatusOr<StepResult> Engine::Impl::RunStep(std::span<const MicroBatch> mbs) {
     if (policy_ && last_mb) {
       // The exact step's round when nothing clips or overflows (each block's previous update
       // runs with its own round's parameters; this forward waited on it).
-      STRATA_RETURN_IF_ERROR(store_->StartSpeculativeRound(
-          o_.optimizer, cpu_optim::OptimStep{adam_t_ + 1, 1.0f / scale}));
+      store_->StartSpeculativeRound(o_.optimizer, cpu_optim::OptimStep{adam_t_ + 1, 1.0f / scale});
       policy_->BeginStep(scale);
       speculating_ = true;
     }

@@ -267,6 +267,15 @@ Status StateStore::EnqueueDeviceUpdate(int b, gpu::Stream& stream, gpu::DeviceSp
   return engine::EnqueueDeviceUpdate(stream, BlockOptimizer(round_.optimizer, st), round_.step, u);
 }
 
+std::array<std::span<std::byte>, 2> StateStore::SpeculatedBytes(int b, int buffer) {
+  std::array<std::span<std::byte>, 2> parts;
+  if (!nvme_optim()) parts[0] = {Region(b, buffer), state_[b].region_bytes};
+  if (!nvme_params() || plan_.blocks[b].resident) {
+    parts[1] = home_[b].span().bytes().subspan(0, static_cast<size_t>(own(b)) * w_);
+  }
+  return parts;
+}
+
 uint64_t StateStore::SpeculationBackupBytes(int b) const {
   uint64_t bytes = nvme_optim() ? 0 : state_[b].region_bytes;
   if (!nvme_params() || plan_.blocks[b].resident) bytes += static_cast<uint64_t>(own(b)) * w_;
@@ -286,11 +295,10 @@ void ParallelCopy(std::byte* dst, const std::byte* src, uint64_t bytes) {
 
 }  // namespace
 
-Status StateStore::StartSpeculativeRound(const cpu_optim::AnyOptimizer& optimizer,
-                                         cpu_optim::OptimStep step) {
+void StateStore::StartSpeculativeRound(const cpu_optim::AnyOptimizer& optimizer,
+                                       cpu_optim::OptimStep step) {
   StartRound(optimizer, step);
   speculation_->Begin();
-  return Status::Ok();
 }
 
 StatusOr<int64_t> StateStore::EndSpeculativeRound(bool stands, bool* rolled_back) {
@@ -314,10 +322,9 @@ StatusOr<int64_t> StateStore::EndSpeculativeRound(bool stands, bool* rolled_back
   speculation_->ForEachBackup([this](int b, const std::byte* backup) {
     trace::ScopedTraceEvent t(trace_, update_track_, "restore (rollback)",
                               trace::Category::kCpuOptimizer);
-    const uint64_t region = nvme_optim() ? 0 : state_[b].region_bytes;
-    if (region > 0) ParallelCopy(regions_->Region(b, 0), backup, region);
-    if (SpeculationBackupBytes(b) > region) {
-      ParallelCopy(home_[b].data(), backup + region, static_cast<uint64_t>(own(b)) * w_);
+    for (const std::span<std::byte> part : SpeculatedBytes(b, 0)) {
+      ParallelCopy(part.data(), backup, part.size());
+      backup += part.size();
     }
   });
   return int64_t{0};
@@ -326,17 +333,16 @@ StatusOr<int64_t> StateStore::EndSpeculativeRound(bool stands, bool* rolled_back
 Status StateStore::UpdateBlock(int b, int i) {
   if (speculation_) {
     std::byte* backup = nullptr;
-    const uint64_t bytes = SpeculationBackupBytes(b);
-    switch (speculation_->BeforeUpdate(b, bytes, &backup)) {
+    switch (speculation_->BeforeUpdate(b, SpeculationBackupBytes(b), &backup)) {
       case UpdateSpeculation::Action::kSkip:
         return Status::Ok();  // rolled back before it ran: redone in the next round
       case UpdateSpeculation::Action::kUpdateWithBackup: {
         trace::ScopedTraceEvent t(trace_, update_track_, "backup (speculative update)",
                                   trace::Category::kCpuOptimizer);
-        const uint64_t region = nvme_optim() ? 0 : state_[b].region_bytes;
-        if (region > 0) ParallelCopy(backup, Region(b, i), region);
-        if (bytes > region)
-          ParallelCopy(backup + region, WorkingHome(b, i).bytes().data(), bytes - region);
+        for (const std::span<std::byte> part : SpeculatedBytes(b, i)) {
+          ParallelCopy(backup, part.data(), part.size());
+          backup += part.size();
+        }
         break;
       }
       case UpdateSpeculation::Action::kUpdate:

@@ -45,6 +45,7 @@
 // Status.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -140,10 +141,9 @@ class StateStore {
   // --- The update during backward (StateStoreOptions::speculate; update_speculation.h) ---
   // The update stage backs up what a speculative update of block b overwrites in memory
   // (SpeculationBackupBytes) and the write stage holds a speculative block's write-back until
-  // the verdict. Driving thread: drains the pipeline and opens a round whose updates may be
-  // submitted before the verdict (SubmitSpeculative, from any thread), without waiting for the
-  // previous round's updates.
-  Status StartSpeculativeRound(const cpu_optim::AnyOptimizer& optimizer, cpu_optim::OptimStep step);
+  // the verdict. Driving thread: opens a round whose updates may be submitted before the verdict
+  // (SubmitSpeculative, from any thread), without waiting for the previous round's updates.
+  void StartSpeculativeRound(const cpu_optim::AnyOptimizer& optimizer, cpu_optim::OptimStep step);
   // Submits b unless UpdateSpeculation::kQueueDepth submissions are still waiting to start;
   // whether it did.
   bool SubmitSpeculative(int b) {
@@ -172,6 +172,9 @@ class StateStore {
   // What a speculative update of block b overwrites in memory: its state region when in host
   // memory, and its working params when their home is a pinned buffer.
   uint64_t SpeculationBackupBytes(int b) const;
+  // Those bytes of block b, in backup order: its state region (in pipeline buffer `buffer`), or
+  // empty on NVMe, then its working params in their pinned home, or empty for an NVMe home.
+  std::array<std::span<std::byte>, 2> SpeculatedBytes(int b, int buffer);
   // Enqueues the round's update of device-optimized block b on `stream` from its device gradient
   // (grad, grad_dtype: the gradient streamer's DeviceGradient), writing its new working params
   // into its resident device copy. Complete when `stream` has run it.

@@ -280,8 +280,9 @@ void BM_UpdateDuringBackward(benchmark::State& state) {
               : 0.0;
   state.counters["rollback_steps"] = static_cast<double>(c1.rollback_steps - c0.rollback_steps);
   state.counters["tokens_per_s"] = static_cast<double>(mb.tokens() * kAccum) / t->step_s;
-  state.SetLabel(fmt::format("update during backward {}, clip {:g}, {} params, state in host memory",
-                             during ? "on" : "off", clip, e.plan().model_params));
+  state.SetLabel(
+      fmt::format("update during backward {}, clip {:g}, {} params, state in host memory",
+                  during ? "on" : "off", clip, e.plan().model_params));
 }
 
 // Sequential first so the overlapped run can compare against its parts.
