@@ -106,6 +106,14 @@ StatusOr<StepPrediction> PredictStep(const Plan& plan, const CostInputs& in,
   double nvme_state_bytes = 0;    // read and written once a step
   double nvme_copyout_bytes = 0;  // new 16-bit params written once a step
   for (const Plan::Block& b : plan.blocks) {
+    // A frozen chunk (LoRA's base) streams like a block's params and is never written.
+    if (b.frozen_params > 0 && !b.frozen_resident) {
+      streamed_bytes_per_use += static_cast<double>(b.frozen_params) * w;
+      if (plan.param_home == ParamHome::kNvme) {
+        nvme_param_bytes_per_use += static_cast<double>(b.frozen_params) * w;
+      }
+    }
+    if (b.num_params == 0) continue;
     const double whole = static_cast<double>(b.num_params);
     const double own = dp ? static_cast<double>(b.partition.own_elems) : whole;
     if (b.optimizer_on_device) {
@@ -159,8 +167,11 @@ StatusOr<StepPrediction> PredictStep(const Plan& plan, const CostInputs& in,
 
   const double T = plan.shape.seq_len;
   out.tokens_per_step = static_cast<double>(plan.shape.tokens()) * a;
+  // Frozen params cost the forward and the activation gradient (4 flops per param and token),
+  // not the weight gradient.
   out.model_flops =
-      (6.0 * static_cast<double>(plan.model_params) + 12.0 * in.num_layers * T * in.channels) *
+      (6.0 * static_cast<double>(plan.model_params) +
+       4.0 * static_cast<double>(plan.frozen_params) + 12.0 * in.num_layers * T * in.channels) *
       out.tokens_per_step;
 
   StepParts& p = out.parts;

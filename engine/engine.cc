@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <optional>
 
 #include "base/logging.h"
 #include "base/trace.h"
@@ -99,8 +98,6 @@ class Engine::Impl {
   int64_t skipped_steps() const { return scaler_.overflows(); }
 
  private:
-  using Acquired = ParamCache::Acquired;
-
   int64_t np(int b) const { return model_->block_num_params(b); }
   // Data parallelism (EngineOptions::comm). Block b's partition for this rank; with one rank and
   // no communicator the whole chunk: own(b) = home_elems(b) = np(b).
@@ -114,9 +111,6 @@ class Engine::Impl {
   bool nvme_optim() const { return plan_.optimizer_home == OptimizerHome::kNvme; }
 
   Status UploadTokens(const MicroBatch& mb, MicroBatchShape shape, bool with_targets);
-  // The order blocks use their params in one forward pass (0..n-1) or one backward pass
-  // (n-1..0); a block that reads a tied chunk uses that chunk right before its own.
-  std::vector<int> UseOrder(bool backward) const;
   // save_acts: offloaded activations are copied out for a backward pass to come.
   Status ForwardPass(MicroBatchShape shape, bool with_targets, int loss_index,
                      std::span<const int> seq, size_t* cursor, bool save_acts = false);
@@ -188,8 +182,13 @@ Status Engine::Impl::Init() {
           "nothing itself, and be tied by one block only",
           b, model_->block_name(b), t));
     }
+    if (np(t) == 0 && model_->block_frozen_params(t) == 0) {
+      return InvalidArgumentError(
+          fmt::format("block {} ties block {}, which has no parameters", b, t));
+    }
     tied_[b] = t;
-    tied_user_[t] = b;
+    // The tying block's gradient folds into the tied chunk's accumulator; a frozen chunk has none.
+    if (np(t) > 0) tied_user_[t] = b;
   }
   if (o_.grad_accum_steps < 1) return InvalidArgumentError("--grad-accum-steps must be >= 1");
   STRATA_RETURN_IF_ERROR(cpu_optim::Validate(o_.optimizer));
@@ -290,10 +289,16 @@ Status Engine::Impl::Init() {
   if (plan_.data_parallel) {
     STRATA_ASSIGN_OR_RETURN(reduce_region, next());
   }
-  std::vector<gpu::DeviceSpan> resident(n_), slots(plan_.streaming_slots), device_grads(n_);
+  std::vector<gpu::DeviceSpan> resident(n_), frozen(n_), slots(plan_.streaming_slots),
+      device_grads(n_);
   for (int b = 0; b < n_; ++b) {
-    if (plan_.blocks[b].resident) {
+    if (plan_.blocks[b].resident && np(b) > 0) {
       STRATA_ASSIGN_OR_RETURN(resident[b], next());
+    }
+  }
+  for (int b = 0; b < n_; ++b) {
+    if (plan_.blocks[b].frozen_resident) {
+      STRATA_ASSIGN_OR_RETURN(frozen[b], next());
     }
   }
   for (int b = 0; b < n_; ++b) {
@@ -334,7 +339,7 @@ Status Engine::Impl::Init() {
   po.load_track = load_track;
   STRATA_ASSIGN_OR_RETURN(
       params_, ParamCache::Create(*model_, plan_, device_, compute_.get(), h2d_.get(), store_.get(),
-                                  resident, slots, po));
+                                  resident, frozen, slots, po));
 
   // Pinned and host memory.
   STRATA_ASSIGN_OR_RETURN(io_done_, event());
@@ -345,16 +350,6 @@ Status Engine::Impl::Init() {
   checkpoint_ = std::make_unique<EngineCheckpoint>(*model_, plan_, o_.precision, o_.inference_only,
                                                    o_.optimizer, store_.get(), o_.comm);
   return store_->Initialize(*model_, o_.seed);
-}
-
-std::vector<int> Engine::Impl::UseOrder(bool backward) const {
-  std::vector<int> seq;
-  for (int i = 0; i < n_; ++i) {
-    const int b = backward ? n_ - 1 - i : i;
-    if (tied(b) >= 0) seq.push_back(tied(b));
-    seq.push_back(b);
-  }
-  return seq;
 }
 
 Status Engine::Impl::UploadTokens(const MicroBatch& mb, MicroBatchShape shape, bool with_targets) {
@@ -407,23 +402,13 @@ Status Engine::Impl::LoadActivation(int k) {
 Status Engine::Impl::ForwardPass(MicroBatchShape shape, bool with_targets, int loss_index,
                                  std::span<const int> seq, size_t* cursor, bool save_acts) {
   for (int b = 0; b < n_; ++b, ++*cursor) {
-    std::optional<Acquired> tied_copy;
-    if (tied(b) >= 0) {
-      STRATA_CHECK(seq[*cursor] == tied(b));
-      STRATA_ASSIGN_OR_RETURN(tied_copy, params_->Acquire(tied(b), seq.subspan(*cursor)));
-      ++*cursor;
-    }
-    STRATA_CHECK(seq[*cursor] == b);
-    const auto window = seq.subspan(*cursor);
-    const int held[1] = {tied(b)};
-    STRATA_ASSIGN_OR_RETURN(
-        const Acquired a,
-        params_->Acquire(b, window,
-                         tied_copy ? std::span<const int>(held) : std::span<const int>()));
+    STRATA_ASSIGN_OR_RETURN(const ParamCache::BlockChunks chunks,
+                            params_->AcquireBlock(b, seq, cursor));
     BlockBuffers buf;
     buf.precision = o_.precision;
-    buf.params = a.params;
-    if (tied_copy) buf.tied_params = tied_copy->params;
+    if (chunks.own) buf.params = chunks.own->params;
+    if (chunks.frozen) buf.frozen_params = chunks.frozen->params;
+    if (chunks.tied) buf.tied_params = chunks.tied->params;
     buf.shape = shape;
     buf.scratch = scratch_;
     if (b == 0) buf.tokens = tokens_.as<const int32_t>();
@@ -441,9 +426,7 @@ Status Engine::Impl::ForwardPass(MicroBatchShape shape, bool with_targets, int l
     if (plan_.offload_activations && b < n_ - 1 && save_acts) {
       STRATA_RETURN_IF_ERROR(SaveActivation(b));
     }
-    // The tied copy is free once the op is done; recorded before AfterOp's prefetch may reuse it.
-    if (tied_copy) STRATA_RETURN_IF_ERROR(params_->Release(*tied_copy));
-    STRATA_RETURN_IF_ERROR(params_->AfterOp(a, window));
+    STRATA_RETURN_IF_ERROR(params_->DoneBlock(chunks, seq, *cursor));
   }
   if (with_targets && loss_index >= 0) {
     const size_t off = o_.micro_batch.tokens() * 8 + loss_index * 4;
@@ -473,7 +456,7 @@ StatusOr<StepResult> Engine::Impl::RunStep(std::span<const MicroBatch> mbs) {
   const MicroBatchShape shape = o_.micro_batch;
   // The order blocks are used in: forward 0..n-1, backward n-1..0, per micro-batch.
   std::vector<int> seq;
-  const std::vector<int> fwd = UseOrder(false), bwd = UseOrder(true);
+  const std::vector<int> fwd = params_->UseOrder(false), bwd = params_->UseOrder(true);
   for (size_t i = 0; i < mbs.size(); ++i) {
     seq.insert(seq.end(), fwd.begin(), fwd.end());
     seq.insert(seq.end(), bwd.begin(), bwd.end());
@@ -497,27 +480,22 @@ StatusOr<StepResult> Engine::Impl::RunStep(std::span<const MicroBatch> mbs) {
     }
     for (int b = n_ - 1; b >= 0; --b, ++cursor) {
       const int t = tied(b);
-      std::optional<Acquired> tied_copy;
-      if (t >= 0) {
-        STRATA_CHECK(seq[cursor] == t);
-        STRATA_ASSIGN_OR_RETURN(tied_copy,
-                                params_->Acquire(t, std::span<const int>(seq).subspan(cursor)));
-        ++cursor;
-      }
-      STRATA_CHECK(seq[cursor] == b);
-      const auto window = std::span<const int>(seq).subspan(cursor);
-      const int held[1] = {t};
-      STRATA_ASSIGN_OR_RETURN(
-          const Acquired a,
-          params_->Acquire(b, window,
-                           tied_copy ? std::span<const int>(held) : std::span<const int>()));
+      // A tied chunk with own params gets this block's gradient contribution.
+      const bool tied_grads = t >= 0 && np(t) > 0;
+      STRATA_ASSIGN_OR_RETURN(const ParamCache::BlockChunks chunks,
+                              params_->AcquireBlock(b, seq, &cursor));
       BlockBuffers buf;
       buf.precision = o_.precision;
-      buf.params = a.params;
-      STRATA_ASSIGN_OR_RETURN(buf.grads, grads_->NextBucket(b));
-      if (tied_copy) {
-        buf.tied_params = tied_copy->params;
-        STRATA_ASSIGN_OR_RETURN(buf.tied_grads, grads_->NextBucket(t, 1));
+      if (chunks.frozen) buf.frozen_params = chunks.frozen->params;
+      if (chunks.own) {
+        buf.params = chunks.own->params;
+        STRATA_ASSIGN_OR_RETURN(buf.grads, grads_->NextBucket(b));
+      }
+      if (chunks.tied) {
+        buf.tied_params = chunks.tied->params;
+        if (tied_grads) {
+          STRATA_ASSIGN_OR_RETURN(buf.tied_grads, grads_->NextBucket(t, 1));
+        }
       }
       buf.shape = shape;
       buf.scratch = scratch_;
@@ -546,13 +524,12 @@ StatusOr<StepResult> Engine::Impl::RunStep(std::span<const MicroBatch> mbs) {
       // Chunk b's accumulator starts with its first contribution of the step: its tying
       // block's, when it has one (that block's backward runs first).
       // The fold may submit b's update during this backward.
-      if (policy_ && last_mb && !plan_.blocks[b].optimizer_on_device) params_->Invalidate(b);
-      STRATA_RETURN_IF_ERROR(grads_->Stream(b, first_mb && tied_user_[b] < 0, last_mb));
-      if (tied_copy) {
-        STRATA_RETURN_IF_ERROR(grads_->Stream(t, first_mb, /*last=*/false));
-        STRATA_RETURN_IF_ERROR(params_->Release(*tied_copy));
+      if (chunks.own) {
+        if (policy_ && last_mb && !plan_.blocks[b].optimizer_on_device) params_->Invalidate(b);
+        STRATA_RETURN_IF_ERROR(grads_->Stream(b, first_mb && tied_user_[b] < 0, last_mb));
       }
-      STRATA_RETURN_IF_ERROR(params_->AfterOp(a, window));
+      if (tied_grads) STRATA_RETURN_IF_ERROR(grads_->Stream(t, first_mb, /*last=*/false));
+      STRATA_RETURN_IF_ERROR(params_->DoneBlock(chunks, seq, cursor));
     }
   }
   // When backward ends the folds have the global norm and the overflow flag.
@@ -616,7 +593,7 @@ StatusOr<StepResult> Engine::Impl::RunStep(std::span<const MicroBatch> mbs) {
     if (dp()) STRATA_RETURN_IF_ERROR(params_->UpdatedOnDevice(b));
   }
   for (int b = 0; b < n_; ++b) {
-    if (plan_.blocks[b].optimizer_on_device) continue;
+    if (plan_.blocks[b].optimizer_on_device || np(b) == 0) continue;
     cpu_params_updated_ += own(b);
     if (stands && store_->speculated(b)) continue;
     params_->Invalidate(b);
@@ -635,7 +612,7 @@ StatusOr<float> Engine::Impl::EvaluateLoss(const MicroBatch& batch, MicroBatchSh
     return InvalidArgumentError("evaluation batch is larger than the training micro-batch");
   }
   STRATA_RETURN_IF_ERROR(UploadTokens(batch, shape, /*with_targets=*/true));
-  const std::vector<int> seq = UseOrder(false);
+  const std::vector<int> seq = params_->UseOrder(false);
   size_t cursor = 0;
   STRATA_RETURN_IF_ERROR(ForwardPass(shape, true, 0, seq, &cursor));
   STRATA_RETURN_IF_ERROR(compute_->Synchronize());
@@ -650,7 +627,7 @@ StatusOr<std::vector<float>> Engine::Impl::NextTokenLogits(std::span<const int32
         fmt::format("context of {} tokens is empty or too long", tokens.size()));
   }
   STRATA_RETURN_IF_ERROR(UploadTokens(MicroBatch{tokens, {}}, shape, /*with_targets=*/false));
-  const std::vector<int> seq = UseOrder(false);
+  const std::vector<int> seq = params_->UseOrder(false);
   size_t cursor = 0;
   STRATA_RETURN_IF_ERROR(ForwardPass(shape, false, -1, seq, &cursor));
   const int vocab = model_->vocab_size();

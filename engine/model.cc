@@ -30,12 +30,18 @@ Status CheckBlockBuffers(const Model& model, int block, const BlockBuffers& b, b
   }
   const int64_t act = model.activation_elems(b.shape);
   const int64_t own = model.block_num_params(block);
+  const int64_t frozen = model.block_frozen_params(block);
   const int tied = model.tied_block(block);
-  const int64_t tied_elems = tied >= 0 ? model.block_num_params(tied) : 0;
-  STRATA_RETURN_IF_ERROR(check("params", b.params, own, true));
-  STRATA_RETURN_IF_ERROR(check("grads", b.grads, own, backward));
+  // A tied block with no own params lends its frozen chunk, which gets no gradient.
+  const bool tied_frozen = tied >= 0 && model.block_num_params(tied) == 0;
+  const int64_t tied_elems =
+      tied < 0 ? 0 : (tied_frozen ? model.block_frozen_params(tied) : model.block_num_params(tied));
+  STRATA_RETURN_IF_ERROR(check("params", b.params, own, own > 0));
+  STRATA_RETURN_IF_ERROR(check("grads", b.grads, own, own > 0 && backward));
+  STRATA_RETURN_IF_ERROR(check("frozen_params", b.frozen_params, frozen, frozen > 0));
   STRATA_RETURN_IF_ERROR(check("tied_params", b.tied_params, tied_elems, tied >= 0));
-  STRATA_RETURN_IF_ERROR(check("tied_grads", b.tied_grads, tied_elems, tied >= 0 && backward));
+  STRATA_RETURN_IF_ERROR(
+      check("tied_grads", b.tied_grads, tied_elems, tied >= 0 && !tied_frozen && backward));
   STRATA_RETURN_IF_ERROR(check("x_in", b.x_in, act, !first));
   STRATA_RETURN_IF_ERROR(check("x_out", b.x_out, act, !last && !backward));
   STRATA_RETURN_IF_ERROR(check("dx_out", b.dx_out, act, !last && backward));

@@ -84,6 +84,10 @@ struct BlockBuffers {
   // it into block t's accumulator with t's own gradient. Both empty when the block ties nothing.
   ConstTensorRef tied_params;
   TensorRef tied_grads;
+  // Frozen parameters (Model::block_frozen_params(b) > 0): the block's frozen chunk, read only;
+  // empty when the block has none. When the tied block's own chunk is empty and its params are
+  // frozen, tied_params is that block's frozen chunk and tied_grads is empty.
+  ConstTensorRef frozen_params;
   ConstTensorRef x_in;               // (B, T, C) boundary activation in; empty for the first block
   TensorRef x_out;                   // (B, T, C) out; empty for the last block
   ConstTensorRef dx_out;             // (B, T, C) gradient of x_out (Backward, not the last block)
@@ -128,6 +132,21 @@ class Model {
   // kInvalidArgument). The engine keeps one chunk, hands it to both blocks, and folds both
   // gradient contributions into one accumulator (BlockBuffers::tied_params, tied_grads).
   virtual int tied_block(int block) const { return -1; }
+  // Frozen parameters (LoRA's base weights, Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large
+  // Language Models"): a second chunk of the block, of this many elements, that the engine moves
+  // to the device beside the block's own chunk (BlockBuffers::frozen_params) but never trains:
+  // no gradient, no master weights, no optimizer state, never written. It lives in the working
+  // precision only, at the home the planner gives the working params (device, pinned host memory
+  // or NVMe). A block may have frozen params and no own params (block_num_params 0: a wholly
+  // frozen block, which gets no gradient bucket and no update), but not neither. Default: none.
+  virtual int64_t block_frozen_params(int block) const { return 0; }
+  // The frozen chunk's values in fp32 (the engine rounds them to the working precision once):
+  // read from the weights the model was created with, or deterministic from seed. Called by
+  // Engine::Create for every block with frozen params, from one thread. Errors: those of reading
+  // the weights.
+  virtual Status InitFrozenParams(int block, uint64_t seed, std::span<float> out) const {
+    return UnimplementedError("this model has no frozen parameters");
+  }
   // fp32 initial master weights of a block: deterministic from seed for a random
   // initialisation, or read from the weights the model was created with (an imported Hugging
   // Face checkpoint). Errors: those of reading the weights (I/O, kDataLoss naming the file).
@@ -145,9 +164,15 @@ class Model {
   // (kResourceExhausted, kUnavailable for a missing library) fail Engine::Create.
   virtual Status PrepareComputeStream(gpu::Stream& stream) { return Status::Ok(); }
 
+  // The trained parameters (the own chunks); frozen_params() counts the frozen ones.
   int64_t num_params() const {
     int64_t n = 0;
     for (int b = 0; b < num_blocks(); ++b) n += block_num_params(b);
+    return n;
+  }
+  int64_t frozen_params() const {
+    int64_t n = 0;
+    for (int b = 0; b < num_blocks(); ++b) n += block_frozen_params(b);
     return n;
   }
 };
@@ -155,7 +180,9 @@ class Model {
 // What a block's Forward (backward = false) or Backward checks before it enqueues anything: a
 // micro-batch shape within the model's context; every buffer its role uses present, of the
 // working precision b.precision and large enough (params and grads: the block's num_params;
-// tied_params/tied_grads: the tied block's; activations: activation_elems; logits:
+// tied_params/tied_grads: the tied block's (its frozen chunk, no tied_grads, when its own chunk is
+// empty); frozen_params: block_frozen_params; params and grads not needed when the block has no
+// own params; activations: activation_elems; logits:
 // logits_elems); tokens for the first block, targets for the last block's backward; scratch of
 // scratch_bytes. kInvalidArgument naming the block and the buffer otherwise. Reads only the
 // Model's const interface; thread-safe if the model's const methods are.
@@ -182,6 +209,12 @@ class ForwardingModel : public Model {
     return inner_->scratch_bytes(block, s, precision);
   }
   int tied_block(int block) const override { return inner_->tied_block(block); }
+  int64_t block_frozen_params(int block) const override {
+    return inner_->block_frozen_params(block);
+  }
+  Status InitFrozenParams(int block, uint64_t seed, std::span<float> out) const override {
+    return inner_->InitFrozenParams(block, seed, out);
+  }
   Status InitParams(int block, uint64_t seed, std::span<float> out) const override {
     return inner_->InitParams(block, seed, out);
   }

@@ -17,6 +17,11 @@
 // stream with the params' communicator, a duplicate of EngineOptions::comm, then record `ready`).
 // The compute stream (not owned) waits on `ready` before the op and records `released` after it.
 //
+// Chunks. Block b's own params are chunk b, its frozen params (Model::block_frozen_params) chunk
+// n + b (n = num_blocks): every call below takes a chunk, and a frozen chunk is loaded like a
+// block's (resident region or slot, from its pinned or NVMe home: StateStore::FrozenPinnedHome,
+// ReadFrozen) except that it is never invalidated, waits for no update and is not all-gathered.
+//
 // Invariants: the copies of the prefetch window's first block and of blocks held for the same op
 // are never evicted by a load; there is always a slot outside the window (the planner gives at
 // least prefetch_depth + 2 slots; STRATA_CHECK otherwise).
@@ -26,6 +31,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -69,21 +75,37 @@ class ParamCache {
     DeviceCopy* copy;
   };
 
-  // `resident[b]`: block b's device region (empty for streamed blocks), `slots`: the streaming
-  // slots' regions, both carved by the caller in the planner's order. `store` is not owned and
+  // `resident[b]`: block b's device region (empty for streamed blocks), `frozen[b]` its frozen
+  // chunk's (empty unless Plan::Block::frozen_resident), `slots`: the streaming slots' regions,
+  // all carved by the caller in the planner's order. `store` is not owned and
   // must outlive the cache. Creates the events, the staging buffers (NVMe home), and (data
   // parallel) the "all-gather" stream and the params' communicator.
   static StatusOr<std::unique_ptr<ParamCache>> Create(const Model& model, const Plan& plan,
                                                       gpu::Device* device, gpu::Stream* compute,
                                                       gpu::Stream* h2d, StateStore* store,
                                                       std::span<const gpu::DeviceSpan> resident,
+                                                      std::span<const gpu::DeviceSpan> frozen,
                                                       std::span<const gpu::DeviceSpan> slots,
                                                       ParamCacheOptions options);
   ~ParamCache();  // drains the prefetch queue and the all-gather stream
 
-  // Makes the compute stream wait for block b's load; the block reads the params in place.
-  // Neither the copies of window[0] nor those of `held` (blocks acquired for the same op, at most
-  // one) are evicted by the load.
+  // The order blocks use their chunks in one forward pass (0..n-1) or one backward pass
+  // (n-1..0): a block's frozen chunk, then the tied chunk it reads (Model::tied_block: that
+  // block's own chunk, or its frozen one when it has no own params), then its own (each when it
+  // has one). Pure.
+  std::vector<int> UseOrder(bool backward) const;
+  // The chunks of block b for one op, in UseOrder's order.
+  struct BlockChunks {
+    std::optional<Acquired> frozen, tied, own;
+  };
+  // Acquires block b's chunks from seq[*cursor] on (each one held while the next loads) and
+  // leaves *cursor on the block's last chunk. DoneBlock, once the op is enqueued on compute,
+  // releases them and prefetches from there (AfterOp on the last). Errors: Acquire's.
+  StatusOr<BlockChunks> AcquireBlock(int b, std::span<const int> seq, size_t* cursor);
+  Status DoneBlock(const BlockChunks& c, std::span<const int> seq, size_t cursor);
+  // Makes the compute stream wait for chunk b's load; the block reads the params in place.
+  // Neither the copies of window[0] nor those of `held` (chunks acquired for the same op, at most
+  // two) are evicted by the load.
   StatusOr<Acquired> Acquire(int b, std::span<const int> window, std::span<const int> held = {});
   // The op that read `a` is enqueued on compute: its copy is free once that op is done.
   Status Release(const Acquired& a);
@@ -105,6 +127,10 @@ class ParamCache {
   ParamCache(const Model& model, const Plan& plan, gpu::Stream* compute, gpu::Stream* h2d,
              StateStore* store, ParamCacheOptions options);
   bool dp() const { return o_.comm != nullptr; }
+  bool chunk_resident(int c) const {
+    return c < n_ ? plan_.blocks[c].resident : plan_.blocks[c - n_].frozen_resident;
+  }
+  void StartFrozenLoad(DeviceCopy& c, int b);  // chunk n + b
   // Returns the device copy that holds (or is loading) block b's current params, starting a
   // load into the least recently used slot outside `protect` when there is none.
   DeviceCopy* Request(int b, std::span<const int> protect);
@@ -113,6 +139,7 @@ class ParamCache {
   const Model& model_;
   const Plan& plan_;
   const ParamCacheOptions o_;
+  const int n_;  // blocks; chunks are 2 n
   const size_t w_;
   gpu::Stream* compute_;
   gpu::Stream* h2d_;

@@ -53,6 +53,10 @@ int Plan::num_resident() const {
   return static_cast<int>(
       std::count_if(blocks.begin(), blocks.end(), [](const Block& b) { return b.resident; }));
 }
+int Plan::num_frozen_resident() const {
+  return static_cast<int>(std::count_if(blocks.begin(), blocks.end(),
+                                        [](const Block& b) { return b.frozen_resident; }));
+}
 
 Partition PartitionOf(int64_t num_params, int ranks, int rank) {
   Partition p;
@@ -73,6 +77,23 @@ uint64_t Aligned(uint64_t n) { return AlignUp(n, gpu::DeviceArena::kAlignment); 
 // A block's elements on the device: padded to whole partitions with ranks > 1.
 int64_t DeviceElems(const Model& model, int b, int ranks) {
   return PartitionOf(model.block_num_params(b), ranks, 0).padded_elems;
+}
+// The largest chunk a streaming slot holds: a block's own (padded) or its frozen chunk.
+int64_t MaxChunkElems(const Model& model, int ranks) {
+  int64_t m = 0;
+  for (int b = 0; b < model.num_blocks(); ++b) {
+    m = std::max({m, DeviceElems(model, b, ranks), model.block_frozen_params(b)});
+  }
+  return m;
+}
+// With frozen chunks every own chunk is resident (planner.h): their device bytes.
+uint64_t ForcedResidentBytes(const Model& model, DType precision) {
+  if (model.frozen_params() == 0) return 0;
+  uint64_t total = 0;
+  for (int b = 0; b < model.num_blocks(); ++b) {
+    total += Aligned(static_cast<uint64_t>(model.block_num_params(b)) * SizeOf(precision));
+  }
+  return total;
 }
 
 std::vector<DeviceRegion> FixedRegions(const Model& model, DType precision, MicroBatchShape shape,
@@ -132,6 +153,7 @@ std::vector<bool> DeviceOptimizerBlocks(const Model& model, const PlacementOptio
   double taken = 0;
   for (int b = 0; b < n; ++b) {
     const double np = static_cast<double>(model.block_num_params(b));
+    if (np == 0) continue;  // a wholly frozen block has nothing to update
     if (fraction < 1 && taken + np / 2 > target) break;
     on[b] = true;
     taken += np;
@@ -170,12 +192,9 @@ uint64_t StreamingMinimumBytes(const Model& model, DType precision, MicroBatchSh
        FixedRegions(model, precision, shape, offload_activations, ranks, data_parallel)) {
     total += Aligned(r.size_bytes);
   }
-  int64_t max_block_params = 0;
-  for (int b = 0; b < model.num_blocks(); ++b) {
-    max_block_params = std::max(max_block_params, DeviceElems(model, b, ranks));
-  }
-  const uint64_t slot = AlignUp(static_cast<uint64_t>(max_block_params) * SizeOf(precision), 4096);
-  return total + streaming_slots * Aligned(slot);
+  const uint64_t slot =
+      AlignUp(static_cast<uint64_t>(MaxChunkElems(model, ranks)) * SizeOf(precision), 4096);
+  return total + streaming_slots * Aligned(slot) + ForcedResidentBytes(model, precision);
 }
 
 uint64_t AllResidentBytes(const Model& model, DType precision, MicroBatchShape shape,
@@ -187,6 +206,7 @@ uint64_t AllResidentBytes(const Model& model, DType precision, MicroBatchShape s
   }
   for (int b = 0; b < model.num_blocks(); ++b) {
     total += Aligned(static_cast<uint64_t>(DeviceElems(model, b, ranks)) * SizeOf(precision));
+    total += Aligned(static_cast<uint64_t>(model.block_frozen_params(b)) * SizeOf(precision));
   }
   return total;
 }
@@ -219,7 +239,8 @@ uint64_t AutoDeviceBudgetBytes(const Model& model, DType precision, MicroBatchSh
   const int slots = o.streaming_slots > 0 ? o.streaming_slots : 2;
   const uint64_t minimum = StreamingMinimumBytes(model, precision, shape, slots,
                                                  o.offload_activations, o.ranks, o.data_parallel);
-  const uint64_t working = static_cast<uint64_t>(model.num_params()) * SizeOf(precision);
+  const uint64_t working =
+      static_cast<uint64_t>(model.num_params() + model.frozen_params()) * SizeOf(precision);
   return (working > minimum ? minimum + (working - minimum) / 2 : minimum) +
          device_optimizer_params_bytes + device_optimizer_bytes;
 }
@@ -265,17 +286,35 @@ StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape sha
   p.ranks = ranks;
   p.rank = o.rank;
   p.data_parallel = dp;
-  int64_t max_padded = 0, max_part = 0;
+  int64_t max_padded = 0, max_part = 0, max_frozen = 0;
   for (int b = 0; b < n; ++b) {
     const int64_t np = model.block_num_params(b);
+    const int64_t frozen = model.block_frozen_params(b);
+    if (np == 0 && frozen == 0) {
+      return InvalidArgumentError(fmt::format(
+          "block {} ('{}') has no parameters, neither trained nor frozen", b, model.block_name(b)));
+    }
+    if (frozen > 0 && dp) {
+      return InvalidArgumentError(
+          "frozen parameters (LoRA's base weights) are not supported with data parallelism yet: "
+          "train on one rank");
+    }
     p.blocks.push_back({model.block_name(b), np, false, PartitionOf(np, ranks, o.rank)});
+    p.blocks.back().frozen_params = frozen;
     p.model_params += np;
+    p.frozen_params += frozen;
     p.max_block_params = std::max(p.max_block_params, np);
     max_padded = std::max(max_padded, p.blocks.back().partition.padded_elems);
     max_part = std::max(max_part, p.blocks.back().partition.part_elems);
+    max_frozen = std::max(max_frozen, frozen);
   }
-  p.slot_bytes = AlignUp(static_cast<uint64_t>(max_padded) * w, 4096);
-  p.partition_bytes = AlignUp(static_cast<uint64_t>(max_part) * w, 4096);
+  // A slot and its NVMe staging hold any chunk; the gradient buckets and the pipeline's copy-out
+  // only own ones.
+  p.slot_bytes = AlignUp(static_cast<uint64_t>(std::max(max_padded, max_frozen)) * w, 4096);
+  p.partition_bytes = AlignUp(static_cast<uint64_t>(std::max(max_part, max_frozen)) * w, 4096);
+  const uint64_t own_slot_bytes = AlignUp(static_cast<uint64_t>(max_padded) * w, 4096);
+  const uint64_t own_partition_bytes = AlignUp(static_cast<uint64_t>(max_part) * w, 4096);
+  const bool has_frozen = p.frozen_params > 0;
   // The optimizer's state, block by block as the engine lays it out (this rank's partitions).
   std::vector<BlockState> states;
   uint64_t max_region = 0, master_bytes = 0;
@@ -317,13 +356,21 @@ StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape sha
   const auto home_bytes = [&](int b) {
     return static_cast<uint64_t>(p.blocks[b].partition.part_elems) * w;
   };
+  const auto frozen_bytes = [&](int b) {
+    return static_cast<uint64_t>(p.blocks[b].frozen_params) * w;
+  };
   const uint64_t all_resident =
       AllResidentBytes(model, precision, shape, o.offload_activations, ranks, dp);
 
   // Blocks whose optimizer runs on the device are resident, with their state beside them.
-  uint64_t device_optimizer_params_bytes = 0;
+  // With frozen chunks every own chunk is resident too (planner.h).
+  uint64_t device_optimizer_params_bytes = 0, forced_resident_bytes = 0;
   for (int b = 0; b < n; ++b) {
-    if (device_optimizer[b]) device_optimizer_params_bytes += Aligned(block_bytes(b));
+    if (device_optimizer[b]) {
+      device_optimizer_params_bytes += Aligned(block_bytes(b));
+    } else if (has_frozen) {
+      forced_resident_bytes += Aligned(block_bytes(b));
+    }
   }
   const bool all_device_optimizer = p.device_optimizer_params == p.model_params;
   if (o.param_home == ParamHome::kDevice || all_device_optimizer ||
@@ -344,7 +391,10 @@ StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape sha
               ? ", lower --optimizer-device-fraction or use --offload-optimizer host|nvme"
               : " or use --offload-params host|nvme"));
     }
-    for (auto& b : p.blocks) b.resident = true;
+    for (auto& b : p.blocks) {
+      b.resident = true;
+      b.frozen_resident = b.frozen_params > 0;
+    }
     p.streaming_slots = 0;
   } else {
     if (o.streaming_slots != 0 && o.streaming_slots < 2) {
@@ -356,15 +406,21 @@ StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape sha
       slots = fixed_total + 3 * Aligned(p.slot_bytes) <= o.device_budget_bytes ? 3 : 2;
     }
     const uint64_t minimum = fixed_total + slots * Aligned(p.slot_bytes) +
-                             device_optimizer_params_bytes + device_optimizer_bytes;
+                             device_optimizer_params_bytes + device_optimizer_bytes +
+                             forced_resident_bytes;
     if (minimum > o.device_budget_bytes) {
       return ResourceExhaustedError(fmt::format(
-          "device budget {} is {} short: streaming needs {} slots of {} (the largest block's "
-          "{} params) plus {} of activations, gradients and scratch for a {}x{} micro-batch{}; "
+          "device budget {} is {} short: streaming needs {} slots of {} (the largest {}'s "
+          "{} params) plus {} of activations, gradients and scratch for a {}x{} micro-batch{}{}; "
           "raise --device-budget to at least {} or lower --micro-batch-size/--seq-len{}",
           FormatBytes(o.device_budget_bytes), FormatBytes(minimum - o.device_budget_bytes), slots,
-          FormatBytes(p.slot_bytes), p.max_block_params, FormatBytes(fixed_total), shape.batch_size,
+          FormatBytes(p.slot_bytes), max_frozen > max_padded ? "frozen chunk" : "block",
+          std::max(max_frozen, max_padded), FormatBytes(fixed_total), shape.batch_size,
           shape.seq_len,
+          forced_resident_bytes > 0
+              ? fmt::format(", plus {} of resident trained params (the adapters)",
+                            FormatBytes(forced_resident_bytes))
+              : std::string(),
           device_optimizer_bytes > 0
               ? fmt::format(", plus {} for the {} params whose optimizer runs on the device",
                             FormatBytes(device_optimizer_params_bytes + device_optimizer_bytes),
@@ -373,29 +429,43 @@ StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape sha
           FormatBytes(minimum),
           device_optimizer_bytes > 0 ? " or --optimizer-device-fraction" : ""));
     }
-    for (int b = 0; b < n; ++b) p.blocks[b].resident = device_optimizer[b];
+    for (int b = 0; b < n; ++b) {
+      p.blocks[b].resident = device_optimizer[b] || has_frozen || p.blocks[b].num_params == 0;
+    }
     p.streaming_slots = slots;
-    // Spend what is left on resident blocks, largest first (each saves the most
-    // traffic per byte... all blocks are used equally often, so largest first
-    // is simply the fewest copies per step).
+    // Spend what is left on resident chunks, largest first (each saves the most
+    // traffic per byte... all chunks are used equally often, so largest first
+    // is simply the fewest copies per step). Chunk c < n is block c's own, c >= n block
+    // c - n's frozen one.
     uint64_t left = o.device_budget_bytes - minimum;
-    std::vector<int> order(n);
-    for (int b = 0; b < n; ++b) order[b] = b;
+    const auto chunk_bytes = [&](int c) { return c < n ? block_bytes(c) : frozen_bytes(c - n); };
+    std::vector<int> order(2 * n);
+    for (int c = 0; c < 2 * n; ++c) order[c] = c;
     std::stable_sort(order.begin(), order.end(),
-                     [&](int a, int b) { return block_bytes(a) > block_bytes(b); });
-    for (int b : order) {
-      if (!p.blocks[b].resident && Aligned(block_bytes(b)) <= left) {
-        left -= Aligned(block_bytes(b));
-        p.blocks[b].resident = true;
+                     [&](int a, int b) { return chunk_bytes(a) > chunk_bytes(b); });
+    for (int c : order) {
+      Plan::Block& blk = p.blocks[c % n];
+      bool& resident = c < n ? blk.resident : blk.frozen_resident;
+      if (!resident && chunk_bytes(c) > 0 && Aligned(chunk_bytes(c)) <= left) {
+        left -= Aligned(chunk_bytes(c));
+        resident = true;
       }
     }
-    if (p.num_resident() == n) p.streaming_slots = 0;
+    const int frozen_chunks =
+        static_cast<int>(std::count_if(p.blocks.begin(), p.blocks.end(),
+                                       [](const Plan::Block& b) { return b.frozen_params > 0; }));
+    if (p.num_resident() == n && p.num_frozen_resident() == frozen_chunks) p.streaming_slots = 0;
   }
 
   p.device_regions = fixed;
   for (int b = 0; b < n; ++b) {
-    if (p.blocks[b].resident) {
+    if (p.blocks[b].resident && block_bytes(b) > 0) {
       p.device_regions.push_back({"resident params " + p.blocks[b].name, block_bytes(b)});
+    }
+  }
+  for (int b = 0; b < n; ++b) {
+    if (p.blocks[b].frozen_resident) {
+      p.device_regions.push_back({"resident frozen params " + p.blocks[b].name, frozen_bytes(b)});
     }
   }
   for (int b = 0; b < n; ++b) {
@@ -421,28 +491,37 @@ StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape sha
   if (o.optimizer_buffers < 0) return InvalidArgumentError("optimizer_buffers must be >= 0");
   p.host_grad_buckets = o.host_grad_buckets != 0 ? o.host_grad_buckets : 3;
   p.optimizer_buffers = o.optimizer_buffers != 0 ? o.optimizer_buffers : (nvme ? 3 : 1);
-  p.grad_bucket_bytes = dp ? AlignUp(static_cast<uint64_t>(max_part) * 4, 4096) : p.slot_bytes;
+  p.grad_bucket_bytes = dp ? AlignUp(static_cast<uint64_t>(max_part) * 4, 4096) : own_slot_bytes;
 
   // Host tiers: this rank's partitions.
-  uint64_t params_w = 0;
-  for (int b = 0; b < n; ++b) params_w += AlignUp(home_bytes(b), ranks > 1 ? 4096 : 1);
+  uint64_t params_w = 0;  // streamed blocks' working params (an NVMe home's extents)
+  for (int b = 0; b < n; ++b) {
+    if (!p.blocks[b].resident) params_w += AlignUp(home_bytes(b), ranks > 1 ? 4096 : 1);
+  }
   p.pinned_bytes = p.host_grad_buckets * p.grad_bucket_bytes;  // gradient landing buckets
   if (o.offload_activations) {
     p.pinned_bytes +=
         AlignUp(static_cast<uint64_t>(model.activation_elems(shape)) * w, 4096) * (n - 1);
   }
+  uint64_t frozen_w = 0;  // frozen chunks streamed from NVMe have an extent there
+  for (int b = 0; b < n; ++b) {
+    if (!p.blocks[b].frozen_resident) frozen_w += frozen_bytes(b);
+  }
   if (o.param_home == ParamHome::kHost || o.param_home == ParamHome::kDevice) {
-    for (int b = 0; b < n; ++b) p.pinned_bytes += AlignUp(home_bytes(b), 4096);
+    for (int b = 0; b < n; ++b) {
+      p.pinned_bytes += AlignUp(home_bytes(b), 4096) + AlignUp(frozen_bytes(b), 4096);
+    }
   } else {
-    // Resident blocks keep a pinned copy (refreshed after each update); streamed ones have the
-    // slots' NVMe staging and the pipeline's copy-out.
+    // Resident chunks keep a pinned copy (an own one refreshed after each update); streamed ones
+    // have the slots' NVMe staging and (own chunks) the pipeline's copy-out.
     for (int b = 0; b < n; ++b) {
       if (p.blocks[b].resident) p.pinned_bytes += AlignUp(home_bytes(b), 4096);
+      if (p.blocks[b].frozen_resident) p.pinned_bytes += AlignUp(frozen_bytes(b), 4096);
     }
     p.pinned_bytes += p.streaming_slots * p.partition_bytes;
   }
   if (o.optimizer_home == OptimizerHome::kNvme) p.optimizer_buffer_bytes += max_region;
-  if (o.param_home == ParamHome::kNvme) p.optimizer_buffer_bytes += p.partition_bytes;
+  if (o.param_home == ParamHome::kNvme) p.optimizer_buffer_bytes += own_partition_bytes;
   p.pinned_bytes += p.optimizer_buffers * p.optimizer_buffer_bytes;
   for (int b = 0; b < n; ++b) {
     if (device_optimizer[b]) continue;  // its gradient stays on the device
@@ -453,7 +532,7 @@ StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape sha
   }
   p.host_bytes = p.host_grad_bytes;
   if (o.optimizer_home == OptimizerHome::kHost) p.host_bytes += master_bytes + rank_state_bytes;
-  if (o.param_home == ParamHome::kNvme) p.nvme_bytes += params_w;
+  if (o.param_home == ParamHome::kNvme) p.nvme_bytes += params_w + frozen_w;
   if (o.optimizer_home == OptimizerHome::kNvme) {
     p.nvme_bytes += master_bytes + rank_state_bytes;
   }
@@ -503,8 +582,20 @@ std::string Plan::Describe() const {
         "the device holds whole blocks",
         ranks, rank, ranks);
   }
+  if (frozen_params > 0) {
+    line(
+        "  frozen   {} params ({}, {}) never trained: no gradient, master weights or optimizer "
+        "state; {} of {} chunks resident, the rest streamed from {}",
+        frozen_params, FormatBytes(static_cast<uint64_t>(frozen_params) * w), DTypeName(precision),
+        num_frozen_resident(),
+        std::count_if(blocks.begin(), blocks.end(),
+                      [](const Block& b) { return b.frozen_params > 0; }),
+        ParamHomeName(param_home));
+  }
   std::string resident, streamed;
-  for (const auto& b : blocks) (b.resident ? resident : streamed) += (b.name + " ");
+  for (const auto& b : blocks) {
+    if (b.num_params > 0) (b.resident ? resident : streamed) += (b.name + " ");
+  }
   line("  device   {} of {} budget: {} resident blocks, {} streaming slots of {}",
        FormatBytes(device_total_bytes), FormatBytes(device_budget_bytes), num_resident(),
        streaming_slots, FormatBytes(slot_bytes));

@@ -117,6 +117,11 @@ struct Plan {
     // Master weights, optimizer state and a gradient region in device memory; the update runs
     // on the device. Implies resident.
     bool optimizer_on_device = false;
+    // The block's frozen chunk (Model::block_frozen_params; LoRA's base weights): its elements
+    // and whether it has a device region of its own (else it streams through the slots from
+    // param_home). A block with no own params (num_params 0) is `resident` with no region.
+    int64_t frozen_params = 0;
+    bool frozen_resident = false;
   };
   std::vector<Block> blocks;
   DType precision = DType::kBF16;
@@ -133,7 +138,8 @@ struct Plan {
   // gradients.
   uint64_t grad_bucket_bytes = 0;
   uint64_t optimizer_buffer_bytes = 0;  // NVMe: the largest block's state region (+ p16)
-  int64_t model_params = 0;
+  int64_t model_params = 0;             // trained (own chunks)
+  int64_t frozen_params = 0;            // frozen chunks: working precision only, never written
   int64_t max_block_params = 0;
   uint64_t slot_bytes = 0;  // one block's working params, padded
   int ranks = 1;            // data-parallel ranks; the host and NVMe figures are this rank's
@@ -150,7 +156,7 @@ struct Plan {
   uint64_t host_grad_bytes = 0;     // of which host gradients (fp32 or working precision)
   int64_t host_grad16_params = 0;   // params whose host gradient stays 16-bit
   uint64_t nvme_bytes = 0;          // swap store payload
-  uint64_t model_state_bytes = 0;   // p16 + g16 + p32 + optimizer state over all params
+  uint64_t model_state_bytes = 0;   // p16 + g16 + p32 + optimizer state over the trained params
   std::string optimizer_name;       // "adamw", "adamw8bit", ... (OptimizerFlagName)
   // The optimizer's state over all blocks, padded: the whole model's, also with ranks > 1 (a
   // rank's share is in host_bytes or nvme_bytes).
@@ -168,6 +174,7 @@ struct Plan {
   bool has_cpu_optimizer() const { return device_optimizer_params < model_params; }
 
   int num_resident() const;
+  int num_frozen_resident() const;
   // The plan in plain words, one tier per line.
   std::string Describe() const;
 };
@@ -206,11 +213,15 @@ uint64_t AutoDeviceBudgetBytes(const Model& model, DType precision, MicroBatchSh
                                const PlacementOptions& options,
                                const PlanOptimizer& optimizer = {});
 
+// Frozen chunks (Model::block_frozen_params): every block's own chunk is resident when the model
+// has any (they are LoRA's adapters: small, and updated in place on the device when the optimizer
+// runs there); the frozen chunks are resident while the budget lasts, largest first, and the rest
+// stream through the slots from param_home; nothing of theirs is on the host but their home.
 // Errors: kInvalidArgument (zero budget, no NVMe path for NVMe placement,
 // streaming_slots, host_grad_buckets or optimizer_buffers given but too small); kResourceExhausted
 // when the device budget cannot hold the minimum (what is short and by how much, and what the
 // minimum is made of), or when the pinned, host or NVMe needs exceed their budgets (which, by how
-// much).
+// much; frozen chunks with data parallelism, a block with neither own nor frozen params).
 StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape shape,
                         const PlacementOptions& options, const PlanOptimizer& optimizer = {});
 

@@ -15,6 +15,7 @@ namespace {
 
 std::string ParamsExtent(int b) { return fmt::format("block{}.params", b); }
 std::string OptimExtent(int b) { return fmt::format("block{}.optim", b); }
+std::string FrozenExtent(int b) { return fmt::format("block{}.frozen", b); }
 
 }  // namespace
 
@@ -49,14 +50,20 @@ StatusOr<std::unique_ptr<StateStore>> StateStore::Create(const Model& model, con
   STRATA_ASSIGN_OR_RETURN(s->regions_, StateRegions::Create(std::move(ro)));
   if (s->nvme_params() || s->nvme_optim()) {
     for (int b = 0; b < s->n_; ++b) {
-      if (s->nvme_params()) {
+      // A resident block's params load from its pinned home: no extent.
+      if (s->nvme_params() && s->trained(b) && !plan.blocks[b].resident) {
         STRATA_RETURN_IF_ERROR(
             s->regions_->swap()->Allocate(ParamsExtent(b), s->home_elems(b) * s->w_));
       }
-      if (s->nvme_optim()) {
+      if (s->nvme_params() && s->frozen_streamed_from_nvme(b)) {
         STRATA_RETURN_IF_ERROR(
-            s->regions_->AddUnit(s->state_[b].region_bytes, !plan.blocks[b].optimizer_on_device)
-                .status());
+            s->regions_->swap()->Allocate(FrozenExtent(b), s->frozen_elems(b) * s->w_));
+      }
+      if (s->nvme_optim()) {
+        STRATA_RETURN_IF_ERROR(s->regions_
+                                   ->AddUnit(s->state_[b].region_bytes,
+                                             !plan.blocks[b].optimizer_on_device && s->trained(b))
+                                   .status());
       }
     }
   }
@@ -65,7 +72,14 @@ StatusOr<std::unique_ptr<StateStore>> StateStore::Create(const Model& model, con
 
 Status StateStore::AllocateMemory(gpu::Device* device) {
   home_.resize(n_);
+  frozen_home_.resize(n_);
   for (int b = 0; b < n_; ++b) {
+    if (frozen_elems(b) > 0 && !frozen_streamed_from_nvme(b)) {
+      STRATA_ASSIGN_OR_RETURN(
+          frozen_home_[b],
+          device->AllocatePinned(io::SwapStore::PaddedSize(frozen_elems(b) * w_), "frozen params"));
+    }
+    if (!trained(b)) continue;
     if (!nvme_params() || plan_.blocks[b].resident) {
       STRATA_ASSIGN_OR_RETURN(
           home_[b],
@@ -111,7 +125,8 @@ Status StateStore::AllocateMemory(gpu::Device* device) {
   // Host homes: each block's state region (none for device-optimized blocks: their state lives
   // on the device).
   for (int b = 0; b < n_ && !o_.inference_only && !nvme_optim(); ++b) {
-    STRATA_RETURN_IF_ERROR(regions_->AddUnit(state_[b].region_bytes, !on_device(b)).status());
+    STRATA_RETURN_IF_ERROR(
+        regions_->AddUnit(state_[b].region_bytes, !on_device(b) && trained(b)).status());
   }
   if (o_.speculate) {
     // The backup area: by default an eighth of what every CPU-optimized block would need (updates
@@ -141,12 +156,51 @@ Status StateStore::AllocateMemory(gpu::Device* device) {
   return Status::Ok();
 }
 
+Status StateStore::InitializeFrozen(Model& model, uint64_t seed) {
+  int64_t max_frozen = 0;
+  for (int b = 0; b < n_; ++b) max_frozen = std::max(max_frozen, frozen_elems(b));
+  if (max_frozen == 0) return Status::Ok();
+  // Through one fp32 buffer, and for an NVMe home one pinned working-precision buffer.
+  STRATA_ASSIGN_OR_RETURN(auto f32, AlignedBuffer::Allocate(max_frozen * 4, 64));
+  AlignedBuffer staging;
+  for (int b = 0; b < n_; ++b) {
+    const int64_t elems = frozen_elems(b);
+    if (elems == 0) continue;
+    const std::span<float> p32(f32.as<float>(), elems);
+    STRATA_RETURN_IF_ERROR(model.InitFrozenParams(b, seed, p32));
+    if (!frozen_streamed_from_nvme(b)) {
+      STRATA_RETURN_IF_ERROR(
+          cpu_optim::ConvertFromF32(p32.data(), frozen_home_[b].data(), o_.precision, elems));
+      continue;
+    }
+    const uint64_t padded = io::SwapStore::PaddedSize(elems * w_);
+    if (staging.size_bytes() < padded) {
+      STRATA_ASSIGN_OR_RETURN(staging,
+                              AlignedBuffer::Allocate(io::SwapStore::PaddedSize(max_frozen * w_),
+                                                      io::SwapStore::kAlignment));
+    }
+    std::memset(staging.data(), 0, padded);
+    STRATA_RETURN_IF_ERROR(
+        cpu_optim::ConvertFromF32(p32.data(), staging.data(), o_.precision, elems));
+    STRATA_RETURN_IF_ERROR(regions_->swap()->Write(
+        FrozenExtent(b), std::span<const std::byte>(staging.data(), padded)));
+  }
+  return Status::Ok();
+}
+
+Status StateStore::ReadFrozen(int b, gpu::PinnedSpan staging) {
+  return regions_->swap()->Read(
+      FrozenExtent(b), staging.bytes().subspan(0, io::SwapStore::PaddedSize(frozen_elems(b) * w_)));
+}
+
 Status StateStore::Initialize(Model& model, uint64_t seed) {
+  STRATA_RETURN_IF_ERROR(InitializeFrozen(model, seed));
   const auto np = [&](int b) { return model.block_num_params(b); };
   if (o_.inference_only) {
     // Working params only, through one block-sized fp32 buffer.
     STRATA_ASSIGN_OR_RETURN(auto f32, AlignedBuffer::Allocate(plan_.max_block_params * 4, 64));
     for (int b = 0; b < n_; ++b) {
+      if (!trained(b)) continue;
       const std::span<float> p32(f32.as<float>(), np(b));
       STRATA_RETURN_IF_ERROR(model.InitParams(b, seed, p32));
       STRATA_RETURN_IF_ERROR(
@@ -178,12 +232,12 @@ Status StateStore::Initialize(Model& model, uint64_t seed) {
     tbb::parallel_for(first, last, [&](int b) {
       const int slot = b - first;
       const int buffer = buffered ? slot : 0;
-      if (on_device(b)) return;  // after the waves, through the one staging buffer
+      if (on_device(b) || !trained(b)) return;  // device: after the waves, through the staging
       status[static_cast<size_t>(slot)] =
           InitBlock(model, seed, b, buffer, o_.data_parallel ? &whole[slot] : nullptr);
     });
     for (int b = first; b < last; ++b) {
-      if (on_device(b)) continue;
+      if (on_device(b) || !trained(b)) continue;
       STRATA_RETURN_IF_ERROR(status[static_cast<size_t>(b - first)]);
       STRATA_RETURN_IF_ERROR(WriteBack(b, buffered ? b - first : 0));
       done_params += np(b);
@@ -227,7 +281,8 @@ std::byte* StateStore::Region(int b, int i) {
 
 gpu::PinnedSpan StateStore::WorkingHome(int b, int i) {
   if (!nvme_params() || plan_.blocks[b].resident) return home_[b].span();
-  return opt_buf_[i].span().subspan(opt_state_bytes_, plan_.partition_bytes);
+  return opt_buf_[i].span().subspan(opt_state_bytes_,
+                                    plan_.optimizer_buffer_bytes - opt_state_bytes_);
 }
 
 StatusOr<std::byte*> StateStore::Load(int b, bool read) {
@@ -373,7 +428,7 @@ Status StateStore::WriteBack(int b, int i) {
   trace::ScopedTraceEvent t(trace_, write_track_, "write optimizer state + params",
                             trace::Category::kNvmeWrite);
   STRATA_RETURN_IF_ERROR(regions_->Write(b, i));
-  if (nvme_params()) {
+  if (nvme_params() && !plan_.blocks[b].resident) {
     STRATA_RETURN_IF_ERROR(regions_->swap()->Write(
         ParamsExtent(b),
         WorkingHome(b, i).bytes().subspan(0, io::SwapStore::PaddedSize(home_elems(b) * w_))));

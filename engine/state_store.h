@@ -12,6 +12,9 @@
 //   working home   the params the device loads: a pinned buffer per block (param home device or
 //                  host, and every resident block), or the extent "block{b}.params" for streamed
 //                  blocks with ParamHome::kNvme, written from the pipeline buffer's copy-out area
+//   frozen home    a block's frozen chunk (Model::block_frozen_params), alike: a pinned buffer, or
+//                  the extent "block{b}.frozen" when it streams from NVMe; written by Initialize
+//                  only. A block with no own params has no state region and no working home.
 //   pipeline buffers  plan.optimizer_buffers pinned buffers of plan.optimizer_buffer_bytes:
 //                  [state region (NVMe state only)][copy-out area (NVMe params only)]
 //
@@ -206,6 +209,12 @@ class StateStore {
   gpu::PinnedSpan PinnedHome(int b) { return home_[b].span(); }
   // Reads block b's working params from their extent into `staging` (padded size).
   Status ReadParams(int b, gpu::PinnedSpan staging);
+  // Block b's frozen chunk (Model::block_frozen_params): streamed from its NVMe extent
+  // "block{b}.frozen" (through a staging buffer, ReadFrozen) or loaded from its pinned home
+  // (FrozenPinnedHome). Written once by Initialize, never again.
+  bool frozen_on_nvme(int b) const { return frozen_streamed_from_nvme(b); }
+  gpu::PinnedSpan FrozenPinnedHome(int b) { return frozen_home_[b].span(); }
+  Status ReadFrozen(int b, gpu::PinnedSpan staging);
 
  private:
   // The hyper-parameters of an update round: written by the driving thread before it submits the
@@ -217,6 +226,14 @@ class StateStore {
 
   StateStore(const Model& model, const Plan& plan, StateStoreOptions options);
   int64_t own(int b) const { return plan_.blocks[b].partition.own_elems; }
+  // Whether block b has own (trained) params: a wholly frozen block has no state and no home.
+  bool trained(int b) const { return plan_.blocks[b].num_params > 0; }
+  int64_t frozen_elems(int b) const { return plan_.blocks[b].frozen_params; }
+  bool frozen_streamed_from_nvme(int b) const {
+    return nvme_params() && frozen_elems(b) > 0 && !plan_.blocks[b].frozen_resident;
+  }
+  // The frozen chunks into their homes (pinned, or NVMe through one staging buffer).
+  Status InitializeFrozen(Model& model, uint64_t seed);
   int64_t home_elems(int b) const { return plan_.blocks[b].partition.part_elems; }
   bool nvme_params() const { return plan_.param_home == ParamHome::kNvme; }
   bool nvme_optim() const { return plan_.optimizer_home == OptimizerHome::kNvme; }
@@ -236,9 +253,10 @@ class StateStore {
   std::vector<RoundParams> block_round_;  // each block's last submission's round
   trace::TraceRecorder* trace_ = nullptr;
   int read_track_ = 0, update_track_ = 0, write_track_ = 0;
-  std::vector<gpu::PinnedBuffer> home_;     // pinned working params: host/device home, resident
-  std::vector<gpu::PinnedBuffer> opt_buf_;  // pipeline buffers: [state region][p16 copy-out]
-  uint64_t opt_state_bytes_ = 0;            // the state region part (0: state in host memory)
+  std::vector<gpu::PinnedBuffer> home_;         // pinned working params: host/device home, resident
+  std::vector<gpu::PinnedBuffer> frozen_home_;  // pinned frozen chunks (not streamed from NVMe)
+  std::vector<gpu::PinnedBuffer> opt_buf_;      // pipeline buffers: [state region][p16 copy-out]
+  uint64_t opt_state_bytes_ = 0;                // the state region part (0: state in host memory)
   // Device-optimized blocks: state regions, resident working params, the staging buffer and the
   // stream their copies run on.
   std::vector<gpu::DeviceSpan> device_state_, device_working_;
