@@ -17,6 +17,21 @@
 #include "engine/update_speculation.h"
 
 namespace strata::engine {
+namespace {
+
+// BlockBuffers::dropout_seed of micro-batch i of step `step`: SplitMix64 (Steele et al. 2014)
+// mixes, never 0.
+uint64_t DropoutSeed(uint64_t seed, int64_t step, size_t i) {
+  auto mix = [](uint64_t x) {
+    x += 0x9e3779b97f4a7c15ULL;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+  };
+  return mix(seed ^ mix(static_cast<uint64_t>(step) * 65536 + i)) | 1;
+}
+
+}  // namespace
 
 // The step schedule: which block runs when, on which buffers, and what waits for what. The parts
 // of a step are their own classes: the working params on the device (ParamCache), the gradients'
@@ -126,7 +141,9 @@ class Engine::Impl {
   std::vector<int> tied_;       // Model::tied_block per block
   std::vector<int> tied_user_;  // the block that ties chunk b, or -1
   DynamicLossScaler scaler_;
-  int64_t step_ = 0;    // optimizer steps attempted
+  int64_t step_ = 0;  // optimizer steps attempted
+  // The micro-batch being trained's BlockBuffers::dropout_seed (0 outside RunStep).
+  uint64_t dropout_seed_ = 0;
   int64_t adam_t_ = 0;  // updates applied (Adam's t)
   // The update during backward (EngineOptions::update_during_backward, with overlap and a block
   // optimized on the CPU): its backups and verdict, its prediction, and whether this step's
@@ -406,6 +423,7 @@ Status Engine::Impl::ForwardPass(MicroBatchShape shape, bool with_targets, int l
                             params_->AcquireBlock(b, seq, cursor));
     BlockBuffers buf;
     buf.precision = o_.precision;
+    buf.dropout_seed = dropout_seed_;
     if (chunks.own) buf.params = chunks.own->params;
     if (chunks.frozen) buf.frozen_params = chunks.frozen->params;
     if (chunks.tied) buf.tied_params = chunks.tied->params;
@@ -468,6 +486,8 @@ StatusOr<StepResult> Engine::Impl::RunStep(std::span<const MicroBatch> mbs) {
   const float dloss = scale / static_cast<float>(mbs.size() * world());
   for (size_t i = 0; i < mbs.size(); ++i) {
     const bool first_mb = i == 0, last_mb = i + 1 == mbs.size();
+    // A function of (seed, step, micro-batch) only, so that a resumed run draws the same.
+    dropout_seed_ = DropoutSeed(o_.seed, step_, i);
     STRATA_RETURN_IF_ERROR(UploadTokens(mbs[i], shape, /*with_targets=*/true));
     STRATA_RETURN_IF_ERROR(
         ForwardPass(shape, true, static_cast<int>(i), seq, &cursor, /*save_acts=*/true));
@@ -486,6 +506,7 @@ StatusOr<StepResult> Engine::Impl::RunStep(std::span<const MicroBatch> mbs) {
                               params_->AcquireBlock(b, seq, &cursor));
       BlockBuffers buf;
       buf.precision = o_.precision;
+      buf.dropout_seed = dropout_seed_;
       if (chunks.frozen) buf.frozen_params = chunks.frozen->params;
       if (chunks.own) {
         buf.params = chunks.own->params;
@@ -532,6 +553,7 @@ StatusOr<StepResult> Engine::Impl::RunStep(std::span<const MicroBatch> mbs) {
       STRATA_RETURN_IF_ERROR(params_->DoneBlock(chunks, seq, cursor));
     }
   }
+  dropout_seed_ = 0;
   // When backward ends the folds have the global norm and the overflow flag.
   STRATA_RETURN_IF_ERROR(grads_->Drain());
   STRATA_RETURN_IF_ERROR(compute_->Synchronize());
@@ -611,6 +633,7 @@ StatusOr<float> Engine::Impl::EvaluateLoss(const MicroBatch& batch, MicroBatchSh
       shape.seq_len > model_->max_seq_len()) {
     return InvalidArgumentError("evaluation batch is larger than the training micro-batch");
   }
+  dropout_seed_ = 0;  // evaluation: no dropout
   STRATA_RETURN_IF_ERROR(UploadTokens(batch, shape, /*with_targets=*/true));
   const std::vector<int> seq = params_->UseOrder(false);
   size_t cursor = 0;
@@ -626,6 +649,7 @@ StatusOr<std::vector<float>> Engine::Impl::NextTokenLogits(std::span<const int32
     return InvalidArgumentError(
         fmt::format("context of {} tokens is empty or too long", tokens.size()));
   }
+  dropout_seed_ = 0;
   STRATA_RETURN_IF_ERROR(UploadTokens(MicroBatch{tokens, {}}, shape, /*with_targets=*/false));
   const std::vector<int> seq = params_->UseOrder(false);
   size_t cursor = 0;

@@ -97,6 +97,10 @@ struct BlockBuffers {
   TensorRef logits;       // (B, V) last block Forward: the logits of each sequence's last position
   float* loss = nullptr;  // (1) fp32, last block Forward: mean cross-entropy over B*T
   float dloss = 1.0f;     // last block Backward: d(objective)/d(mean loss), incl. loss scale
+  // Training steps: this micro-batch's seed of the model's random choices (LoRA dropout, the same
+  // in a block's Forward and its Backward's recomputation), never 0; 0 in evaluation and
+  // generation (no dropout).
+  uint64_t dropout_seed = 0;
   gpu::DeviceSpan scratch;  // scratch_bytes(block, shape, precision) bytes, contents undefined
   MicroBatchShape shape;
 };

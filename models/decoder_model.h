@@ -12,6 +12,7 @@
 //     // backend in bytes for storage type S and a micro-batch of B sequences of T tokens.
 //     std::vector<std::vector<int64_t>> TensorShapes(DecoderBlock kind, int layer) const;
 //     int64_t NumParams(DecoderBlock kind) const;
+//     std::vector<LoraModule> LoraModules() const;  // what LoRA may target (models/lora.h)
 //     void Init(DecoderBlock kind, int layer, uint64_t seed, float* out) const;
 //     template <typename S> int64_t HostScratchBytes(DecoderBlock kind, int B, int T) const;
 //     template <typename S> int64_t CudaScratchBytes(DecoderBlock kind, int B, int T) const;
@@ -46,6 +47,7 @@
 #include "base/status.h"
 #include "engine/model.h"
 #include "models/decoder_blocks.h"
+#include "models/lora.h"
 #include "models/weight_source.h"
 
 namespace strata::models {
@@ -69,6 +71,9 @@ struct BlockArgs {
   float* loss = nullptr;
   float dloss = 1.0f;
   void* scratch = nullptr;
+  // Layers of a model with LoRA (DecoderModel::EnableLora): the adapters, their gradients and
+  // their scratch; then params are the frozen base layer's and grads null. Inactive otherwise.
+  LoraLayerArgs<S> lora;
 };
 
 // Declares, inside a family struct, the functions of the interface above that DecoderModel
@@ -76,6 +81,7 @@ struct BlockArgs {
 // them (the CUDA ones only with STRATA_HAVE_CUDA).
 #define STRATA_DECODER_FAMILY_FUNCTIONS()                                             \
   std::vector<std::vector<int64_t>> TensorShapes(DecoderBlock kind, int layer) const; \
+  std::vector<LoraModule> LoraModules() const;                                        \
   int64_t NumParams(DecoderBlock kind) const;                                         \
   void Init(DecoderBlock kind, int layer, uint64_t seed, float* out) const;           \
   template <typename S>                                                               \
@@ -134,6 +140,18 @@ class DecoderModel : public engine::Model {
   // rather than at the first product of a step). Host stream: nothing.
   Status PrepareComputeStream(gpu::Stream& stream) override;
 
+  // LoRA (models/lora.h): from now on the model's trained params are the layers' adapters only
+  // (block_num_params: the layout's layer_params for a layer, 0 for the embedding and the head)
+  // and the whole base model is frozen (block_frozen_params: the family's chunks, initialised as
+  // InitParams did before). InitParams gives PEFT's initial adapters, or `init`'s when given (a
+  // WeightSource whose blocks are the layers' adapter chunks; its block 0 and last block unused).
+  // Call before Engine::Create, once. Errors: MakeLoraLayout's (kInvalidArgument naming the
+  // flag); kFailedPrecondition when LoRA is already on.
+  Status EnableLora(const LoraConfig& config, std::shared_ptr<const WeightSource> init = nullptr);
+  const LoraLayout* lora() const { return lora_.get(); }
+  int64_t block_frozen_params(int block) const override;
+  Status InitFrozenParams(int block, uint64_t seed, std::span<float> out) const override;
+
   Kind kind(int block) const { return DecoderBlockOf(block, num_blocks()); }
   const Family& family() const { return family_; }
 
@@ -142,8 +160,14 @@ class DecoderModel : public engine::Model {
       : family_(std::move(family)), weights_(std::move(weights)) {}
 
  private:
+  // The base model's chunk of a block and its initialisation (without LoRA: the block's params).
+  int64_t BaseParams(int block) const { return family_.NumParams(kind(block)); }
+  Status InitBase(int block, uint64_t seed, std::span<float> out) const;
+
   Family family_;
   std::shared_ptr<const WeightSource> weights_;  // null: random initialisation
+  std::shared_ptr<const LoraLayout> lora_;       // null: no LoRA
+  std::shared_ptr<const WeightSource> lora_init_;
 };
 
 }  // namespace strata::models

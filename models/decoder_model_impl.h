@@ -30,8 +30,17 @@ inline Status NoCudaKernels(const char* family) {
                   family));
 }
 
+// LoRA runs on the host backend only so far (issue 30: the CUDA blocks take no adapters yet).
+inline Status NoCudaLora() {
+  return UnimplementedError(
+      "LoRA runs on the host backend only in this version (the CUDA blocks take no adapters "
+      "yet): use --device host, or train without --lora-rank");
+}
+
 template <typename S>
-BlockArgs<S> ArgsOf(const engine::BlockBuffers& b) {
+BlockArgs<S> ArgsOf(const engine::BlockBuffers& b, const LoraLayout* lora = nullptr,
+                    DecoderBlock kind = DecoderBlock::kLayer, int layer = 0,
+                    int64_t host_scratch = 0) {
   BlockArgs<S> a;
   a.B = b.shape.batch_size;
   a.T = b.shape.seq_len;
@@ -49,6 +58,20 @@ BlockArgs<S> ArgsOf(const engine::BlockBuffers& b) {
   a.loss = b.loss;
   a.dloss = b.dloss;
   a.scratch = b.scratch.data;
+  if (lora != nullptr) {
+    // The base model is frozen: its params are the frozen chunk, and it gets no gradient.
+    a.params = b.frozen_params.as<S>();
+    a.grads = nullptr;
+    a.tied_grads = nullptr;
+    if (kind == DecoderBlock::kLayer) {
+      a.lora.layout = lora;
+      a.lora.layer = layer;
+      a.lora.dropout_seed = b.dropout_seed;
+      a.lora.adapters = b.params.as<S>();
+      a.lora.dadapters = b.grads.as<S>();
+      a.lora.scratch = b.scratch.data + (host_scratch + 63) / 64 * 64;
+    }
+  }
   return a;
 }
 
@@ -155,12 +178,41 @@ std::string DecoderModel<Family>::block_name(int block) const {
 
 template <typename Family>
 int64_t DecoderModel<Family>::block_num_params(int block) const {
-  return family_.NumParams(kind(block));
+  if (lora_ == nullptr) return BaseParams(block);
+  return kind(block) == Kind::kLayer ? lora_->layer_params : 0;
 }
 
 template <typename Family>
 std::vector<std::vector<int64_t>> DecoderModel<Family>::block_tensor_shapes(int block) const {
-  return family_.TensorShapes(kind(block), block - 1);
+  if (lora_ == nullptr) return family_.TensorShapes(kind(block), block - 1);
+  if (kind(block) != Kind::kLayer) return {{0}};
+  std::vector<std::vector<int64_t>> shapes;
+  for (const LoraSite& s : lora_->sites) {
+    shapes.push_back({lora_->rank, s.module.in});   // lora_A (r, in)
+    shapes.push_back({s.module.out, lora_->rank});  // lora_B (out, r)
+  }
+  return shapes;
+}
+
+template <typename Family>
+int64_t DecoderModel<Family>::block_frozen_params(int block) const {
+  return lora_ == nullptr ? 0 : BaseParams(block);
+}
+
+template <typename Family>
+Status DecoderModel<Family>::EnableLora(const LoraConfig& config,
+                                        std::shared_ptr<const WeightSource> init) {
+  if (lora_ != nullptr) return FailedPreconditionError("LoRA is already on for this model");
+  const std::vector<LoraModule> modules = family_.LoraModules();
+  if (modules.empty()) {
+    return UnimplementedError(fmt::format(
+        "LoRA is not built for {} yet: train it without --lora-rank, or use a Llama model",
+        Family::kName));
+  }
+  STRATA_ASSIGN_OR_RETURN(LoraLayout layout, MakeLoraLayout(config, modules, Family::kName));
+  lora_ = std::make_shared<const LoraLayout>(std::move(layout));
+  lora_init_ = std::move(init);
+  return Status::Ok();
 }
 
 template <typename Family>
@@ -180,8 +232,12 @@ int64_t DecoderModel<Family>::scratch_bytes(int block, engine::MicroBatchShape s
   const Kind k = kind(block);
   // One figure for both backends (the model does not know the device here).
   return DispatchDType(precision, [&]<typename S>() -> int64_t {
-    return std::max(family_.template HostScratchBytes<S>(k, B, T),
-                    family_.template CudaScratchBytes<S>(k, B, T));
+    int64_t host = family_.template HostScratchBytes<S>(k, B, T);
+    if (lora_ != nullptr && k == Kind::kLayer) {
+      // The adapters' scratch after the layer's (host; the CUDA blocks take no LoRA yet).
+      host = (host + 63) / 64 * 64 + LoraScratchBytes<S>(*lora_, int64_t{B} * T);
+    }
+    return std::max(host, family_.template CudaScratchBytes<S>(k, B, T));
   });
 }
 
@@ -191,11 +247,28 @@ int DecoderModel<Family>::tied_block(int block) const {
 }
 
 template <typename Family>
-Status DecoderModel<Family>::InitParams(int block, uint64_t seed, std::span<float> out) const {
-  STRATA_CHECK(static_cast<int64_t>(out.size()) == block_num_params(block));
+Status DecoderModel<Family>::InitBase(int block, uint64_t seed, std::span<float> out) const {
+  STRATA_CHECK(static_cast<int64_t>(out.size()) == BaseParams(block));
   if (weights_ != nullptr) return weights_->ReadBlock(block, out);
   family_.Init(kind(block), block - 1, seed, out.data());
   return Status::Ok();
+}
+
+template <typename Family>
+Status DecoderModel<Family>::InitParams(int block, uint64_t seed, std::span<float> out) const {
+  STRATA_CHECK(static_cast<int64_t>(out.size()) == block_num_params(block));
+  if (lora_ == nullptr) return InitBase(block, seed, out);
+  if (out.empty()) return Status::Ok();
+  if (lora_init_ != nullptr) return lora_init_->ReadBlock(block, out);
+  InitLoraLayer(*lora_, block - 1, seed, out.data());
+  return Status::Ok();
+}
+
+template <typename Family>
+Status DecoderModel<Family>::InitFrozenParams(int block, uint64_t seed,
+                                              std::span<float> out) const {
+  if (lora_ == nullptr) return engine::Model::InitFrozenParams(block, seed, out);
+  return InitBase(block, seed, out);
 }
 
 template <typename Family>
@@ -213,6 +286,7 @@ Status DecoderModel<Family>::Forward(int block, const engine::BlockBuffers& b,
                                      gpu::Stream& stream) {
   STRATA_RETURN_IF_ERROR(engine::CheckBlockBuffers(*this, block, b, /*backward=*/false));
   const Kind k = kind(block);
+  if (decoder_internal::OnCuda(stream) && lora_ != nullptr) return decoder_internal::NoCudaLora();
   if (decoder_internal::OnCuda(stream)) {
 #ifdef STRATA_HAVE_CUDA
     return DispatchDType(b.precision, [&]<typename S>() {
@@ -223,7 +297,12 @@ Status DecoderModel<Family>::Forward(int block, const engine::BlockBuffers& b,
 #endif
   }
   return DispatchDType(b.precision, [&]<typename S>() {
-    return decoder_internal::HostForward<S>(family_, k, decoder_internal::ArgsOf<S>(b), stream);
+    return decoder_internal::HostForward<S>(
+        family_, k,
+        decoder_internal::ArgsOf<S>(
+            b, lora_.get(), k, block - 1,
+            family_.template HostScratchBytes<S>(k, b.shape.batch_size, b.shape.seq_len)),
+        stream);
   });
 }
 
@@ -232,6 +311,7 @@ Status DecoderModel<Family>::Backward(int block, const engine::BlockBuffers& b,
                                       gpu::Stream& stream) {
   STRATA_RETURN_IF_ERROR(engine::CheckBlockBuffers(*this, block, b, /*backward=*/true));
   const Kind k = kind(block);
+  if (decoder_internal::OnCuda(stream) && lora_ != nullptr) return decoder_internal::NoCudaLora();
   if (decoder_internal::OnCuda(stream)) {
 #ifdef STRATA_HAVE_CUDA
     return DispatchDType(b.precision, [&]<typename S>() {
@@ -241,8 +321,15 @@ Status DecoderModel<Family>::Backward(int block, const engine::BlockBuffers& b,
     return decoder_internal::NoCudaKernels(Family::kName);
 #endif
   }
+  // LoRA: the frozen embedding has nothing to compute in a backward (no gradient, no input).
+  if (lora_ != nullptr && k == Kind::kEmbedding) return Status::Ok();
   return DispatchDType(b.precision, [&]<typename S>() {
-    return decoder_internal::HostBackward<S>(family_, k, decoder_internal::ArgsOf<S>(b), stream);
+    return decoder_internal::HostBackward<S>(
+        family_, k,
+        decoder_internal::ArgsOf<S>(
+            b, lora_.get(), k, block - 1,
+            family_.template HostScratchBytes<S>(k, b.shape.batch_size, b.shape.seq_len)),
+        stream);
   });
 }
 

@@ -73,6 +73,9 @@ int64_t GptFamily::NumParams(DecoderBlock kind) const {
   return LayerNumParams(shape);
 }
 
+// LoRA is not built for the GPT blocks yet (DecoderModel::EnableLora says so).
+std::vector<LoraModule> GptFamily::LoraModules() const { return {}; }
+
 void GptFamily::Init(DecoderBlock kind, int layer, uint64_t seed, float* out) const {
   switch (kind) {
     case DecoderBlock::kEmbedding:

@@ -103,6 +103,8 @@ int64_t LlamaFamily::NumParams(DecoderBlock kind) const {
   return LlamaLayerNumParams(config);
 }
 
+std::vector<LoraModule> LlamaFamily::LoraModules() const { return LlamaLoraModules(config); }
+
 void LlamaFamily::Init(DecoderBlock kind, int layer, uint64_t seed, float* out) const {
   switch (kind) {
     case DecoderBlock::kEmbedding:
@@ -147,7 +149,7 @@ void LlamaFamily::HostEmbeddingForward(const BlockArgs<S>& a) const {
 }
 template <typename S>
 void LlamaFamily::HostLayerForward(const BlockArgs<S>& a) const {
-  LlamaLayerForward<S>(config, a.params, a.x_in, a.x_out, a.B, a.T, a.scratch);
+  LlamaLayerForward<S>(config, a.params, a.x_in, a.x_out, a.B, a.T, a.scratch, a.lora);
 }
 template <typename S>
 float LlamaFamily::HostHeadForward(const BlockArgs<S>& a) const {
@@ -160,7 +162,8 @@ void LlamaFamily::HostEmbeddingBackward(const BlockArgs<S>& a) const {
 }
 template <typename S>
 void LlamaFamily::HostLayerBackward(const BlockArgs<S>& a) const {
-  LlamaLayerBackward<S>(config, a.params, a.x_in, a.dx_out, a.dx_in, a.grads, a.B, a.T, a.scratch);
+  LlamaLayerBackward<S>(config, a.params, a.x_in, a.dx_out, a.dx_in, a.grads, a.B, a.T, a.scratch,
+                        a.lora);
 }
 template <typename S>
 void LlamaFamily::HostHeadBackward(const BlockArgs<S>& a) const {

@@ -57,7 +57,13 @@ struct LayerParams {
   P w_post;  // post_attention_layernorm (C)
   P wgu;     // gate_proj, up_proj: (2I, C)
   P wd;      // down_proj (C, I)
+  // base null (a backward that computes no weight gradient: LoRA's frozen layer): every
+  // pointer null.
   LayerParams(const LlamaConfig& c, P base) {
+    if (base == nullptr) {
+      w_in = wqkv = wo = w_post = wgu = wd = nullptr;
+      return;
+    }
     const std::vector<LlamaTensor> t = LlamaLayerTensors(c, 0);
     w_in = base + t[0].offset;
     wqkv = base + t[1].offset;
@@ -117,18 +123,21 @@ struct HeadScratch {
 // The forward of a layer up to the SwiGLU output h, every intermediate in scratch.
 template <typename S>
 void LayerForwardToSwiglu(const LlamaConfig& c, const LayerParams<const S*>& p, const S* x, int B,
-                          int T, const LayerScratch<S>& sc) {
+                          int T, const LayerScratch<S>& sc, const LoraLayerArgs<S>& lora) {
   const Dims d(c, B, T);
   ops::RmsNormForward(x, p.w_in, c.rms_norm_eps, d.N, d.C, sc.xn, sc.rstd1);
   ops::MatmulForward<S>(sc.xn, p.wqkv, WeightLayout::kOutIn, nullptr, sc.qkv, d.N, d.C, d.Dqkv);
+  LoraForward(lora, kQkvProduct, sc.xn, d.N, sc.qkv, d.Dqkv);
   ops::RopeTable(LlamaRopeParams(c), T, sc.cos, sc.sin);
   ops::RopeForward(sc.qkv, d.N, d.Dqkv, c.num_heads + c.num_kv_heads, c.head_dim, T, sc.cos,
                    sc.sin);
   const ops::AttentionDims ad{B, T, c.num_heads, c.num_kv_heads, c.head_dim, d.Dqkv};
   ops::AttentionForward(ad, sc.qkv, sc.qkv + d.Dq, sc.qkv + d.Dq + d.Dkv, sc.att, sc.lse);
   ops::MatmulForward<S>(sc.att, p.wo, WeightLayout::kOutIn, nullptr, sc.x2, d.N, d.Dq, d.C, x);
+  LoraForward(lora, kOutProduct, sc.att, d.N, sc.x2, d.C);
   ops::RmsNormForward(sc.x2, p.w_post, c.rms_norm_eps, d.N, d.C, sc.xn2, sc.rstd2);
   ops::MatmulForward<S>(sc.xn2, p.wgu, WeightLayout::kOutIn, nullptr, sc.gu, d.N, d.C, 2 * d.I);
+  LoraForward(lora, kGateUpProduct, sc.xn2, d.N, sc.gu, 2 * d.I);
   ops::SwigluForward(sc.gu, d.N, d.I, sc.h);
 }
 
@@ -156,6 +165,17 @@ void InitChunk(const std::vector<LlamaTensor>& tensors, uint64_t seed, uint64_t 
 }
 
 }  // namespace
+
+std::vector<LoraModule> LlamaLoraModules(const LlamaConfig& c) {
+  const Dims d(c, 1, 1);
+  return {{"q_proj", kQkvProduct, d.C, d.Dq, 0},
+          {"k_proj", kQkvProduct, d.C, d.Dkv, d.Dq},
+          {"v_proj", kQkvProduct, d.C, d.Dkv, d.Dq + d.Dkv},
+          {"o_proj", kOutProduct, d.Dq, d.C, 0},
+          {"gate_proj", kGateUpProduct, d.C, d.I, 0},
+          {"up_proj", kGateUpProduct, d.C, d.I, d.I},
+          {"down_proj", kDownProduct, d.I, d.C, 0}};
+}
 
 int64_t LlamaEmbeddingNumParams(const LlamaConfig& c) { return Total(LlamaEmbeddingTensors(c)); }
 int64_t LlamaLayerNumParams(const LlamaConfig& c) { return Total(LlamaLayerTensors(c, 0)); }
@@ -228,29 +248,32 @@ void LlamaEmbeddingBackward(const LlamaConfig& c, const int32_t* tokens, const S
 
 template <typename S>
 void LlamaLayerForward(const LlamaConfig& c, const S* params, const S* x_in, S* x_out, int B, int T,
-                       void* scratch) {
+                       void* scratch, const LoraLayerArgs<S>& lora) {
   CheckBatch(c, B, T);
   const Dims d(c, B, T);
   const LayerParams<const S*> p(c, params);
   const LayerScratch<S> sc(c, B, T, scratch);
-  LayerForwardToSwiglu(c, p, x_in, B, T, sc);
+  LayerForwardToSwiglu(c, p, x_in, B, T, sc, lora);
   ops::MatmulForward<S>(sc.h, p.wd, WeightLayout::kOutIn, nullptr, x_out, d.N, d.I, d.C, sc.x2);
+  LoraForward(lora, kDownProduct, sc.h, d.N, x_out, d.C);
 }
 
 template <typename S>
 void LlamaLayerBackward(const LlamaConfig& c, const S* params, const S* x_in, const S* dx_out,
-                        S* dx_in, S* dparams, int B, int T, void* scratch) {
+                        S* dx_in, S* dparams, int B, int T, void* scratch,
+                        const LoraLayerArgs<S>& lora) {
   CheckBatch(c, B, T);
   const Dims d(c, B, T);
   const LayerParams<const S*> p(c, params);
   const LayerParams<S*> dp(c, dparams);
   const LayerScratch<S> sc(c, B, T, scratch);
-  LayerForwardToSwiglu(c, p, x_in, B, T, sc);
+  LayerForwardToSwiglu(c, p, x_in, B, T, sc, lora);
   const S* dy = dx_out;
 
   // Down projection y = x2 + h Wd^T: dh (N, I) into the gradient buffer.
   S* dh = sc.grad;
   ops::MatmulBackward<S>(sc.h, p.wd, WeightLayout::kOutIn, dy, dh, dp.wd, nullptr, d.N, d.I, d.C);
+  LoraBackward(lora, kDownProduct, sc.h, dy, d.N, d.C, dh);
   // SwiGLU: [dgate | dup] in place over gu.
   S* dgu = sc.gu;
   ops::SwigluBackward(sc.gu, dh, d.N, d.I, dgu);
@@ -258,6 +281,7 @@ void LlamaLayerBackward(const LlamaConfig& c, const S* params, const S* x_in, co
   S* dxn2 = sc.grad;
   ops::MatmulBackward<S>(sc.xn2, p.wgu, WeightLayout::kOutIn, dgu, dxn2, dp.wgu, nullptr, d.N, d.C,
                          2 * d.I);
+  LoraBackward(lora, kGateUpProduct, sc.xn2, dgu, d.N, 2 * d.I, dxn2);
   // Post-attention RMSNorm and the MLP residual: dx2 = S(dy + RMS2'(dxn2)), over xn2 (dead).
   S* dx2 = sc.xn2;
   ops::RmsNormBackward(sc.x2, p.w_post, sc.rstd2, dxn2, dy, d.N, d.C, dx2, dp.w_post);
@@ -265,6 +289,7 @@ void LlamaLayerBackward(const LlamaConfig& c, const S* params, const S* x_in, co
   S* datt = sc.grad;
   ops::MatmulBackward<S>(sc.att, p.wo, WeightLayout::kOutIn, dx2, datt, dp.wo, nullptr, d.N, d.Dq,
                          d.C);
+  LoraBackward(lora, kOutProduct, sc.att, dx2, d.N, d.C, datt);
   // Attention: [dq | dk | dv] (N, Dqkv), then RoPE's inverse rotation of dq and dk.
   const ops::AttentionDims ad{B, T, c.num_heads, c.num_kv_heads, c.head_dim, d.Dqkv};
   ops::AttentionBackward(ad, sc.qkv, sc.qkv + d.Dq, sc.qkv + d.Dq + d.Dkv, sc.att, datt, sc.lse,
@@ -275,6 +300,7 @@ void LlamaLayerBackward(const LlamaConfig& c, const S* params, const S* x_in, co
   S* dxn = sc.grad;
   ops::MatmulBackward<S>(sc.xn, p.wqkv, WeightLayout::kOutIn, sc.dqkv, dxn, dp.wqkv, nullptr, d.N,
                          d.C, d.Dqkv);
+  LoraBackward(lora, kQkvProduct, sc.xn, sc.dqkv, d.N, d.Dqkv, dxn);
   // Input RMSNorm and the attention residual: dx = S(dx2 + RMS1'(dxn)).
   ops::RmsNormBackward(x_in, p.w_in, sc.rstd1, dxn, dx2, d.N, d.C, dx_in, dp.w_in);
 }
@@ -287,11 +313,8 @@ namespace {
 // The (V, C) LM head weight: the head chunk's lm_head.weight, or the tied embed_tokens.
 template <typename P>
 P HeadWeight(const LlamaConfig& c, P params, P tied) {
-  if (c.tie_embeddings) {
-    STRATA_CHECK_MSG(tied != nullptr, "tied Llama head without the embedding chunk");
-    return tied;
-  }
-  return params + LlamaHeadTensors(c)[1].offset;
+  if (c.tie_embeddings) return tied;
+  return params == nullptr ? nullptr : params + LlamaHeadTensors(c)[1].offset;
 }
 
 }  // namespace
@@ -303,6 +326,8 @@ ComputeType<S> LlamaHeadForward(const LlamaConfig& c, const S* params, const S* 
   CheckBatch(c, B, T);
   const Dims d(c, B, T);
   const HeadScratch<S> sc(c, B, T, scratch);
+  STRATA_CHECK_MSG(HeadWeight(c, params, tied_embed) != nullptr,
+                   "Llama head without its weight (tied: the embedding chunk)");
   ops::RmsNormForward(x_in, params, c.rms_norm_eps, d.N, d.C, sc.xn, sc.rstd);
   return ops::LmHeadForward<S>(sc.xn, HeadWeight(c, params, tied_embed), WeightLayout::kOutIn,
                                targets, B, T, c.hidden_size, c.vocab_size, logits, sc.lm_head);
@@ -316,6 +341,8 @@ void LlamaHeadBackward(const LlamaConfig& c, const S* params, const S* tied_embe
   STRATA_CHECK(targets != nullptr);
   const Dims d(c, B, T);
   const HeadScratch<S> sc(c, B, T, scratch);
+  STRATA_CHECK_MSG(HeadWeight(c, params, tied_embed) != nullptr,
+                   "Llama head without its weight (tied: the embedding chunk)");
   ops::RmsNormForward(x_in, params, c.rms_norm_eps, d.N, d.C, sc.xn, sc.rstd);
   // dxn into dx_in, then the norm's backward in place (dx may alias dy).
   ops::LmHeadBackward<S>(sc.xn, HeadWeight(c, params, tied_embed), WeightLayout::kOutIn, targets,
@@ -324,20 +351,21 @@ void LlamaHeadBackward(const LlamaConfig& c, const S* params, const S* tied_embe
   ops::RmsNormBackward<S>(x_in, params, sc.rstd, dx_in, nullptr, d.N, d.C, dx_in, dparams);
 }
 
-#define STRATA_INSTANTIATE_LLAMA_KERNELS(S)                                                        \
-  template int64_t LlamaEmbeddingScratchBytes<S>(const LlamaConfig&, int, int);                    \
-  template int64_t LlamaLayerScratchBytes<S>(const LlamaConfig&, int, int);                        \
-  template int64_t LlamaHeadScratchBytes<S>(const LlamaConfig&, int, int);                         \
-  template void LlamaEmbeddingForward<S>(const LlamaConfig&, const S*, const int32_t*, int, int,   \
-                                         S*);                                                      \
-  template void LlamaEmbeddingBackward<S>(const LlamaConfig&, const int32_t*, const S*, int, int,  \
-                                          S*, void*);                                              \
-  template void LlamaLayerForward<S>(const LlamaConfig&, const S*, const S*, S*, int, int, void*); \
-  template void LlamaLayerBackward<S>(const LlamaConfig&, const S*, const S*, const S*, S*, S*,    \
-                                      int, int, void*);                                            \
-  template ComputeType<S> LlamaHeadForward<S>(const LlamaConfig&, const S*, const S*, const S*,    \
-                                              const int32_t*, int, int, S*, void*);                \
-  template void LlamaHeadBackward<S>(const LlamaConfig&, const S*, const S*, const S*,             \
+#define STRATA_INSTANTIATE_LLAMA_KERNELS(S)                                                       \
+  template int64_t LlamaEmbeddingScratchBytes<S>(const LlamaConfig&, int, int);                   \
+  template int64_t LlamaLayerScratchBytes<S>(const LlamaConfig&, int, int);                       \
+  template int64_t LlamaHeadScratchBytes<S>(const LlamaConfig&, int, int);                        \
+  template void LlamaEmbeddingForward<S>(const LlamaConfig&, const S*, const int32_t*, int, int,  \
+                                         S*);                                                     \
+  template void LlamaEmbeddingBackward<S>(const LlamaConfig&, const int32_t*, const S*, int, int, \
+                                          S*, void*);                                             \
+  template void LlamaLayerForward<S>(const LlamaConfig&, const S*, const S*, S*, int, int, void*, \
+                                     const LoraLayerArgs<S>&);                                    \
+  template void LlamaLayerBackward<S>(const LlamaConfig&, const S*, const S*, const S*, S*, S*,   \
+                                      int, int, void*, const LoraLayerArgs<S>&);                  \
+  template ComputeType<S> LlamaHeadForward<S>(const LlamaConfig&, const S*, const S*, const S*,   \
+                                              const int32_t*, int, int, S*, void*);               \
+  template void LlamaHeadBackward<S>(const LlamaConfig&, const S*, const S*, const S*,            \
                                      const int32_t*, ComputeType<S>, int, int, S*, S*, S*, void*);
 STRATA_INSTANTIATE_LLAMA_KERNELS(float)
 STRATA_INSTANTIATE_LLAMA_KERNELS(double)

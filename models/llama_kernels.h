@@ -39,9 +39,11 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "base/dtype.h"
 #include "models/llama_config.h"
+#include "models/lora.h"
 #include "models/ops/rope.h"
 
 namespace strata::models {
@@ -89,16 +91,27 @@ template <typename S>
 void LlamaEmbeddingBackward(const LlamaConfig& c, const int32_t* tokens, const S* dx_out, int B,
                             int T, S* dparams, void* scratch);
 
-// One decoder layer. params: layer chunk; x_in, x_out (B, T, C).
+// The layer's products, in order, as LoRA sites name them (models/lora.h): the fused q/k/v
+// projection, o_proj, the fused gate/up projection, down_proj.
+inline constexpr int kQkvProduct = 0, kOutProduct = 1, kGateUpProduct = 2, kDownProduct = 3;
+// The modules LoRA may target, Hugging Face names: q_proj, k_proj, v_proj (columns of the q/k/v
+// product), o_proj, gate_proj, up_proj (columns of the gate/up product), down_proj.
+std::vector<LoraModule> LlamaLoraModules(const LlamaConfig& c);
+
+// One decoder layer. params: layer chunk; x_in, x_out (B, T, C). With `lora` active every
+// targeted product adds its adapter's output (models/lora.h) before what follows it (q/k/v:
+// before RoPE).
 template <typename S>
 void LlamaLayerForward(const LlamaConfig& c, const S* params, const S* x_in, S* x_out, int B, int T,
-                       void* scratch);
+                       void* scratch, const LoraLayerArgs<S>& lora = {});
 
 // Recomputes the forward from x_in, then writes dx_in (B, T, C) and dparams (the whole layer
-// chunk, OVERWRITTEN) from dx_out (B, T, C).
+// chunk, OVERWRITTEN; null: no weight gradient, LoRA's frozen base) from dx_out (B, T, C); with
+// `lora` active the adapters' gradients into lora.dadapters and their share of dx_in.
 template <typename S>
 void LlamaLayerBackward(const LlamaConfig& c, const S* params, const S* x_in, const S* dx_out,
-                        S* dx_in, S* dparams, int B, int T, void* scratch);
+                        S* dx_in, S* dparams, int B, int T, void* scratch,
+                        const LoraLayerArgs<S>& lora = {});
 
 // Final RMSNorm and LM head. params: head chunk; tied_embed: the embedding chunk (embed_tokens
 // (V, C)) when c.tie_embeddings, else ignored (may be null); x_in (B, T, C); targets (B, T) or

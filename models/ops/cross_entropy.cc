@@ -121,7 +121,9 @@ void LmHeadBackward(const S* x, const S* w, WeightLayout layout, const int32_t* 
     // acc (+)= the chunk's weight gradient (beta 0 on the first chunk), in chunk order:
     // x_chunk^T dlogits (C, V), or dlogits^T x_chunk (V, C) for the (V, C) layout.
     const F beta = r0 == 0 ? F(0) : F(1);
-    if (out_in) {
+    if (dw == nullptr) {
+      // No weight gradient (a frozen head weight).
+    } else if (out_in) {
       AccumulateProduct<S>(true, false, V, C, rows, sc.chunk, V, x + r0 * C, C, beta, acc);
     } else {
       AccumulateProduct<S>(true, false, C, V, rows, x + r0 * C, C, sc.chunk, V, beta, acc);
@@ -130,6 +132,7 @@ void LmHeadBackward(const S* x, const S* w, WeightLayout layout, const int32_t* 
     LinearInputGradProduct(sc.chunk, w, out_in, dx + r0 * C, rows, C, V, PlainEpilogue{});
   }
   if constexpr (!std::is_same_v<S, F>) {
+    if (dw == nullptr) return;
     const int64_t n = int64_t{C} * V;
     ParallelRows(C, V, [&](int64_t c0, int64_t c1) {
       for (int64_t i = c0 * V; i < std::min(n, c1 * V); ++i) dw[i] = FromFloat<S>(acc[i]);

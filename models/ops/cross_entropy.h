@@ -53,7 +53,8 @@ ComputeType<S> LmHeadForward(const S* x, const S* w, WeightLayout layout, const 
                              int B, int T, int C, int V, S* last_logits, void* scratch,
                              int64_t chunk_rows = 0);
 
-// Gradient of dloss * mean cross-entropy: dx (B T, C) and dw (the layout of w) OVERWRITTEN.
+// Gradient of dloss * mean cross-entropy: dx (B T, C) and dw (the layout of w; nullable: not
+// computed, a frozen weight) OVERWRITTEN.
 // targets must not be null. No logits are written. dx must not overlap x.
 template <typename S>
 void LmHeadBackward(const S* x, const S* w, WeightLayout layout, const int32_t* targets,

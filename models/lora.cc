@@ -1,0 +1,212 @@
+#include "models/lora.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "base/dtype.h"
+#include "models/init.h"
+#include "models/ops/matmul.h"
+#include "models/ops/parallel.h"
+
+namespace strata::models {
+
+StatusOr<LoraLayout> MakeLoraLayout(const LoraConfig& config, std::span<const LoraModule> modules,
+                                    std::string_view family_name) {
+  std::string names;
+  for (const LoraModule& m : modules) {
+    if (names.find(m.name) == std::string::npos) names += (names.empty() ? "" : ",") + m.name;
+  }
+  if (config.rank < 1) {
+    return InvalidArgumentError(fmt::format("--lora-rank {} must be at least 1", config.rank));
+  }
+  if (!(config.dropout >= 0 && config.dropout < 1)) {
+    return InvalidArgumentError(fmt::format("--lora-dropout {} is not in [0, 1)", config.dropout));
+  }
+  if (!std::isfinite(config.alpha)) {
+    return InvalidArgumentError("--lora-alpha must be a finite number");
+  }
+  if (config.targets.empty()) {
+    return InvalidArgumentError(
+        fmt::format("--lora-targets is empty; {} modules are {}", family_name, names));
+  }
+  for (const std::string& t : config.targets) {
+    if (std::none_of(modules.begin(), modules.end(),
+                     [&](const LoraModule& m) { return m.name == t; })) {
+      return InvalidArgumentError(fmt::format(
+          "--lora-targets: {} has no module '{}'; its modules are {}", family_name, t, names));
+    }
+  }
+  LoraLayout l;
+  l.rank = config.rank;
+  l.scaling = static_cast<float>(config.alpha / config.rank);
+  l.dropout = static_cast<float>(config.dropout);
+  for (const LoraModule& m : modules) {
+    if (std::find(config.targets.begin(), config.targets.end(), m.name) == config.targets.end()) {
+      continue;
+    }
+    LoraSite s{m, l.layer_params, l.layer_params + config.rank * m.in};
+    l.layer_params = s.b_offset + m.out * config.rank;
+    l.sites.push_back(s);
+  }
+  return l;
+}
+
+void InitLoraLayer(const LoraLayout& layout, int layer, uint64_t seed, float* params) {
+  // Per layer its own stream, tagged apart from the base model's streams.
+  std::mt19937_64 rng(init::SplitMix64(seed ^ init::SplitMix64(0x4C6F5241ull + layer)));
+  for (const LoraSite& s : layout.sites) {
+    const double bound = 1.0 / std::sqrt(static_cast<double>(s.module.in));
+    for (int64_t i = 0; i < layout.rank * s.module.in; ++i) {
+      // 53-bit uniform in [0, 1), mapped to [-bound, bound).
+      const double u = static_cast<double>(rng() >> 11) * 0x1.0p-53;
+      params[s.a_offset + i] = static_cast<float>((2 * u - 1) * bound);
+    }
+    std::fill_n(params + s.b_offset, s.module.out * layout.rank, 0.0f);
+  }
+}
+
+float LoraDropoutUniform(uint64_t seed, int layer, int site, uint64_t index) {
+  const uint64_t stream = init::SplitMix64(
+      seed + 0x9E3779B97F4A7C15ull * (static_cast<uint64_t>(layer) * 4096 + site + 1));
+  return static_cast<float>(init::SplitMix64(stream ^ index) >> 40) * 0x1.0p-24f;
+}
+
+namespace {
+
+using ops::WeightLayout;
+
+template <typename S>
+struct SiteScratch {
+  S *xd, *u, *v, *g, *t;
+  int64_t size_bytes;
+  SiteScratch(const LoraLayout& l, int64_t rows, void* base) {
+    int64_t in = 0, out = 0;
+    for (const LoraSite& s : l.sites) {
+      in = std::max(in, s.module.in);
+      out = std::max(out, s.module.out);
+    }
+    ops::Carver k(base);
+    xd = k.Take<S>(rows * in);
+    u = k.Take<S>(rows * l.rank);
+    v = k.Take<S>(rows * out);
+    g = k.Take<S>(rows * l.rank);
+    t = k.Take<S>(rows * in);
+    size_bytes = k.size_bytes();
+  }
+};
+
+// x_d = dropout(x) into xd (rows, in), or x itself without dropout.
+template <typename S>
+const S* Dropout(const LoraLayerArgs<S>& a, int site, const S* x, int64_t rows, int64_t in, S* xd) {
+  const float p = a.layout->dropout;
+  if (p == 0 || a.dropout_seed == 0) return x;
+  using F = ComputeType<S>;
+  const F keep_scale = static_cast<F>(1.0 / (1.0 - static_cast<double>(p)));
+  ops::ParallelRows(rows, in, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      for (int64_t j = 0; j < in; ++j) {
+        const uint64_t i = static_cast<uint64_t>(r * in + j);
+        const bool keep = LoraDropoutUniform(a.dropout_seed, a.layer, site, i) >= p;
+        xd[i] = keep ? FromFloat<S>(ToFloat(x[i]) * keep_scale) : FromFloat<S>(F{0});
+      }
+    }
+  });
+  return xd;
+}
+
+}  // namespace
+
+template <typename S>
+int64_t LoraScratchBytes(const LoraLayout& layout, int64_t rows) {
+  return SiteScratch<S>(layout, rows, nullptr).size_bytes;
+}
+
+template <typename S>
+void LoraForward(const LoraLayerArgs<S>& a, int product, const S* x, int64_t rows, S* y,
+                 int64_t ld) {
+  if (!a.active()) return;
+  using F = ComputeType<S>;
+  const LoraLayout& l = *a.layout;
+  const SiteScratch<S> sc(l, rows, a.scratch);
+  const F s = static_cast<F>(l.scaling);
+  for (size_t k = 0; k < l.sites.size(); ++k) {
+    const LoraSite& site = l.sites[k];
+    const LoraModule& m = site.module;
+    if (m.product != product) continue;
+    const S* xd = Dropout(a, static_cast<int>(k), x, rows, m.in, sc.xd);
+    ops::MatmulForward<S>(xd, a.adapters + site.a_offset, WeightLayout::kOutIn, nullptr, sc.u, rows,
+                          m.in, l.rank);
+    ops::MatmulForward<S>(sc.u, a.adapters + site.b_offset, WeightLayout::kOutIn, nullptr, sc.v,
+                          rows, l.rank, m.out);
+    ops::ParallelRows(rows, m.out, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        S* yr = y + r * ld + m.col;
+        const S* vr = sc.v + r * m.out;
+        for (int64_t c = 0; c < m.out; ++c)
+          yr[c] = FromFloat<S>(ToFloat(yr[c]) + s * ToFloat(vr[c]));
+      }
+    });
+  }
+}
+
+template <typename S>
+void LoraBackward(const LoraLayerArgs<S>& a, int product, const S* x, const S* dy, int64_t rows,
+                  int64_t ld, S* dx) {
+  if (!a.active()) return;
+  using F = ComputeType<S>;
+  const LoraLayout& l = *a.layout;
+  const SiteScratch<S> sc(l, rows, a.scratch);
+  const F s = static_cast<F>(l.scaling);
+  const float p = l.dropout;
+  const bool dropout = p > 0 && a.dropout_seed != 0;
+  const F keep_scale = static_cast<F>(dropout ? 1.0 / (1.0 - static_cast<double>(p)) : 1.0);
+  for (size_t k = 0; k < l.sites.size(); ++k) {
+    const LoraSite& site = l.sites[k];
+    const LoraModule& m = site.module;
+    if (m.product != product) continue;
+    const S* xd = Dropout(a, static_cast<int>(k), x, rows, m.in, sc.xd);
+    ops::MatmulForward<S>(xd, a.adapters + site.a_offset, WeightLayout::kOutIn, nullptr, sc.u, rows,
+                          m.in, l.rank);
+    // dys = S(s dy[:, cols]) into v.
+    ops::ParallelRows(rows, m.out, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const S* dyr = dy + r * ld + m.col;
+        S* vr = sc.v + r * m.out;
+        for (int64_t c = 0; c < m.out; ++c) vr[c] = FromFloat<S>(s * ToFloat(dyr[c]));
+      }
+    });
+    // v = u B^T: g = S(dys B) (rows, r) and dB = S(dys^T u) (out, r).
+    ops::MatmulBackward<S>(sc.u, a.adapters + site.b_offset, WeightLayout::kOutIn, sc.v, sc.g,
+                           a.dadapters + site.b_offset, nullptr, rows, l.rank, m.out);
+    // u = x_d A^T: t = S(g A) (rows, in) and dA = S(g^T x_d) (r, in).
+    ops::MatmulBackward<S>(xd, a.adapters + site.a_offset, WeightLayout::kOutIn, sc.g, sc.t,
+                           a.dadapters + site.a_offset, nullptr, rows, m.in, l.rank);
+    // dx += dropout'(t): the kept elements scaled by 1 / (1 - p), the dropped ones zero.
+    ops::ParallelRows(rows, m.in, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        for (int64_t j = 0; j < m.in; ++j) {
+          const uint64_t i = static_cast<uint64_t>(r * m.in + j);
+          const bool keep =
+              !dropout || LoraDropoutUniform(a.dropout_seed, a.layer, static_cast<int>(k), i) >= p;
+          if (keep) dx[i] = FromFloat<S>(ToFloat(dx[i]) + keep_scale * ToFloat(sc.t[i]));
+        }
+      }
+    });
+  }
+}
+
+#define STRATA_INSTANTIATE_LORA(S)                                                            \
+  template int64_t LoraScratchBytes<S>(const LoraLayout&, int64_t);                           \
+  template void LoraForward<S>(const LoraLayerArgs<S>&, int, const S*, int64_t, S*, int64_t); \
+  template void LoraBackward<S>(const LoraLayerArgs<S>&, int, const S*, const S*, int64_t,    \
+                                int64_t, S*);
+STRATA_INSTANTIATE_LORA(float)
+STRATA_INSTANTIATE_LORA(double)
+STRATA_INSTANTIATE_LORA(Bf16)
+STRATA_INSTANTIATE_LORA(Fp16)
+#undef STRATA_INSTANTIATE_LORA
+
+}  // namespace strata::models

@@ -1,0 +1,196 @@
+// LoRA (models/lora.h) on the Llama layer: the adapters' layout and errors, and the layer with
+// adapters against the same layer with the adapters merged into its weights (W' = W + s B A,
+// the same function without dropout) in double precision: outputs, input gradients, and the
+// adapters' gradients from the merged weights' gradient (dB = s dW' A^T, dA = s B^T dW').
+#include "models/lora.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "base/aligned_buffer.h"
+#include "models/llama_config.h"
+#include "models/llama_kernels.h"
+
+namespace strata::models {
+namespace {
+
+LlamaConfig TinyLlama() {
+  LlamaConfig c;
+  c.vocab_size = 64;
+  c.hidden_size = 16;
+  c.intermediate_size = 24;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 4;
+  c.max_seq_len = 8;
+  c.rms_norm_eps = 1e-5;
+  return c;
+}
+
+TEST(LoraLayout, TargetsInTheFamilyOrderWithAThenB) {
+  const LlamaConfig c = TinyLlama();
+  LoraConfig lc{.rank = 3, .alpha = 6, .targets = {"down_proj", "q_proj", "v_proj"}};
+  auto l = MakeLoraLayout(lc, LlamaLoraModules(c), "the Llama model");
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  ASSERT_EQ(l->sites.size(), 3u);
+  EXPECT_EQ(l->sites[0].module.name, "q_proj");
+  EXPECT_EQ(l->sites[1].module.name, "v_proj");
+  EXPECT_EQ(l->sites[2].module.name, "down_proj");
+  EXPECT_EQ(l->sites[0].a_offset, 0);
+  EXPECT_EQ(l->sites[0].b_offset, 3 * 16);           // A_q (3, 16)
+  EXPECT_EQ(l->sites[1].a_offset, 3 * 16 + 16 * 3);  // B_q (16, 3)
+  EXPECT_EQ(l->sites[1].module.col, 16 + 8);         // after q (16) and k (8)
+  EXPECT_EQ(l->layer_params, 3 * (16 + 16) + 3 * (16 + 8) + 3 * (24 + 16));
+  EXPECT_FLOAT_EQ(l->scaling, 2.0f);
+}
+
+TEST(LoraLayout, BadSettingsAreOneLineErrorsNamingTheFlag) {
+  const auto modules = LlamaLoraModules(TinyLlama());
+  auto unknown = MakeLoraLayout({.rank = 4, .targets = {"c_attn"}}, modules, "the Llama model");
+  EXPECT_EQ(unknown.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(unknown.status().message().find("'c_attn'"), std::string::npos);
+  EXPECT_NE(unknown.status().message().find("q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,"
+                                            "down_proj"),
+            std::string::npos)
+      << unknown.status().message();
+  EXPECT_EQ(MakeLoraLayout({.rank = 0, .targets = {"q_proj"}}, modules, "x").status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(MakeLoraLayout({.rank = 2, .targets = {"q_proj"}, .dropout = 1}, modules, "x")
+                .status()
+                .code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(MakeLoraLayout({.rank = 2}, modules, "x").status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST(LoraLayout, InitialisationIsPeftsKaimingUniformAAndZeroB) {
+  const LlamaConfig c = TinyLlama();
+  auto l =
+      MakeLoraLayout({.rank = 4, .targets = {"q_proj", "down_proj"}}, LlamaLoraModules(c), "x");
+  ASSERT_TRUE(l.ok());
+  std::vector<float> p(l->layer_params, NAN), again(l->layer_params);
+  InitLoraLayer(*l, 1, 7, p.data());
+  InitLoraLayer(*l, 1, 7, again.data());
+  EXPECT_EQ(p, again);
+  for (const LoraSite& s : l->sites) {
+    const double bound = 1 / std::sqrt(static_cast<double>(s.module.in));
+    double max_abs = 0;
+    for (int64_t i = 0; i < 4 * s.module.in; ++i) {
+      ASSERT_LT(std::abs(p[s.a_offset + i]), bound);
+      max_abs = std::max(max_abs, static_cast<double>(std::abs(p[s.a_offset + i])));
+    }
+    EXPECT_GT(max_abs, 0.5 * bound);  // spread over the range, not a constant
+    for (int64_t i = 0; i < s.module.out * 4; ++i) EXPECT_EQ(p[s.b_offset + i], 0.0f);
+  }
+}
+
+// The weight a site adds to, inside a layer chunk: the product's (rows, in) matrix, rows
+// [col, col + out).
+double* SiteWeight(const LlamaConfig& c, double* chunk, const LoraSite& s) {
+  const std::vector<LlamaTensor> t = LlamaLayerTensors(c, 0);
+  const int tensor[] = {1, 4, 6, 8};  // q_proj (q|k|v), o_proj, gate_proj (gate|up), down_proj
+  return chunk + t[tensor[s.module.product]].offset + s.module.col * s.module.in;
+}
+
+TEST(LoraLayer, EqualsTheLayerWithMergedWeightsAndItsGradientsFollowTheChainRule) {
+  const LlamaConfig c = TinyLlama();
+  const LoraConfig lc{
+      .rank = 3,
+      .alpha = 5,
+      .targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}};
+  auto layout = MakeLoraLayout(lc, LlamaLoraModules(c), "the Llama model");
+  ASSERT_TRUE(layout.ok());
+  const int B = 2, T = 5;
+  const int64_t N = B * T, C = c.hidden_size, P = LlamaLayerNumParams(c);
+  std::mt19937_64 rng(3);
+  std::normal_distribution<double> normal(0, 0.3);
+  std::vector<double> base(P), adapters(layout->layer_params), x(N * C), dy(N * C);
+  for (auto* v : {&base, &adapters, &x, &dy}) {
+    for (double& e : *v) e = normal(rng);
+  }
+  // The merged weights W' = W + s B A.
+  const double s = layout->scaling;
+  std::vector<double> merged = base;
+  for (const LoraSite& site : layout->sites) {
+    const int64_t in = site.module.in, out = site.module.out, r = layout->rank;
+    double* w = SiteWeight(c, merged.data(), site);
+    for (int64_t o = 0; o < out; ++o) {
+      for (int64_t i = 0; i < in; ++i) {
+        double ba = 0;
+        for (int64_t k = 0; k < r; ++k) {
+          ba += adapters[site.b_offset + o * r + k] * adapters[site.a_offset + k * in + i];
+        }
+        w[o * in + i] += s * ba;
+      }
+    }
+  }
+  const int64_t layer_scratch = LlamaLayerScratchBytes<double>(c, B, T);
+  auto scratch = AlignedBuffer::Allocate(
+      (layer_scratch + 63) / 64 * 64 + LoraScratchBytes<double>(*layout, N), 64);
+  ASSERT_TRUE(scratch.ok());
+  LoraLayerArgs<double> lora;
+  lora.layout = &*layout;
+  lora.layer = 0;
+  lora.adapters = adapters.data();
+  lora.scratch = scratch->data() + (layer_scratch + 63) / 64 * 64;
+
+  std::vector<double> y_lora(N * C), y_merged(N * C);
+  LlamaLayerForward<double>(c, base.data(), x.data(), y_lora.data(), B, T, scratch->data(), lora);
+  LlamaLayerForward<double>(c, merged.data(), x.data(), y_merged.data(), B, T, scratch->data());
+  for (int64_t i = 0; i < N * C; ++i) {
+    EXPECT_NEAR(y_lora[i], y_merged[i], 1e-12 * (1 + std::abs(y_merged[i]))) << i;
+  }
+
+  std::vector<double> dx_lora(N * C), dx_merged(N * C), dadapters(layout->layer_params, NAN),
+      dmerged(P);
+  lora.dadapters = dadapters.data();
+  LlamaLayerBackward<double>(c, base.data(), x.data(), dy.data(), dx_lora.data(), nullptr, B, T,
+                             scratch->data(), lora);
+  LlamaLayerBackward<double>(c, merged.data(), x.data(), dy.data(), dx_merged.data(),
+                             dmerged.data(), B, T, scratch->data());
+  for (int64_t i = 0; i < N * C; ++i) {
+    EXPECT_NEAR(dx_lora[i], dx_merged[i], 1e-11 * (1 + std::abs(dx_merged[i]))) << i;
+  }
+  // dB = s dW' A^T (out, r) and dA = s B^T dW' (r, in).
+  for (const LoraSite& site : layout->sites) {
+    SCOPED_TRACE(site.module.name);
+    const int64_t in = site.module.in, out = site.module.out, r = layout->rank;
+    const double* dw = SiteWeight(c, dmerged.data(), site);
+    for (int64_t o = 0; o < out; ++o) {
+      for (int64_t k = 0; k < r; ++k) {
+        double want = 0;
+        for (int64_t i = 0; i < in; ++i)
+          want += dw[o * in + i] * adapters[site.a_offset + k * in + i];
+        want *= s;
+        EXPECT_NEAR(dadapters[site.b_offset + o * r + k], want, 1e-10 * (1 + std::abs(want)));
+      }
+    }
+    for (int64_t k = 0; k < r; ++k) {
+      for (int64_t i = 0; i < in; ++i) {
+        double want = 0;
+        for (int64_t o = 0; o < out; ++o)
+          want += adapters[site.b_offset + o * r + k] * dw[o * in + i];
+        want *= s;
+        EXPECT_NEAR(dadapters[site.a_offset + k * in + i], want, 1e-10 * (1 + std::abs(want)));
+      }
+    }
+  }
+}
+
+TEST(LoraDropout, MaskIsAFunctionOfSeedLayerSiteAndIndexWithRateP) {
+  int kept = 0;
+  const int n = 100000;
+  for (int i = 0; i < n; ++i) kept += LoraDropoutUniform(11, 2, 1, i) >= 0.25f;
+  EXPECT_NEAR(kept / static_cast<double>(n), 0.75, 0.01);
+  EXPECT_EQ(LoraDropoutUniform(11, 2, 1, 5), LoraDropoutUniform(11, 2, 1, 5));
+  EXPECT_NE(LoraDropoutUniform(11, 2, 1, 5), LoraDropoutUniform(12, 2, 1, 5));
+  EXPECT_NE(LoraDropoutUniform(11, 2, 1, 5), LoraDropoutUniform(11, 3, 1, 5));
+  EXPECT_NE(LoraDropoutUniform(11, 2, 1, 5), LoraDropoutUniform(11, 2, 2, 5));
+}
+
+}  // namespace
+}  // namespace strata::models
