@@ -373,7 +373,8 @@ StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape sha
     }
   }
   const bool all_device_optimizer = p.device_optimizer_params == p.model_params;
-  if (o.param_home == ParamHome::kDevice || all_device_optimizer ||
+  // Every block optimized on the device is resident; with frozen chunks those may still stream.
+  if (o.param_home == ParamHome::kDevice || (all_device_optimizer && !has_frozen) ||
       all_resident + device_optimizer_bytes <= o.device_budget_bytes) {
     if (all_resident + device_optimizer_bytes > o.device_budget_bytes) {
       return ResourceExhaustedError(fmt::format(
@@ -403,7 +404,11 @@ StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape sha
     // Auto: a third slot lets the prefetch run two blocks ahead, when the budget holds it.
     int slots = o.streaming_slots;
     if (slots == 0) {
-      slots = fixed_total + 3 * Aligned(p.slot_bytes) <= o.device_budget_bytes ? 3 : 2;
+      slots = fixed_total + 3 * Aligned(p.slot_bytes) + device_optimizer_params_bytes +
+                          device_optimizer_bytes + forced_resident_bytes <=
+                      o.device_budget_bytes
+                  ? 3
+                  : 2;
     }
     const uint64_t minimum = fixed_total + slots * Aligned(p.slot_bytes) +
                              device_optimizer_params_bytes + device_optimizer_bytes +

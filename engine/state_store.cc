@@ -286,6 +286,7 @@ gpu::PinnedSpan StateStore::WorkingHome(int b, int i) {
 }
 
 StatusOr<std::byte*> StateStore::Load(int b, bool read) {
+  if (!trained(b)) return Region(b, 0);  // a wholly frozen block: nothing to read
   if (on_device(b)) {
     if (read) {
       const gpu::PinnedSpan staging = device_staging_.span().subspan(0, state_[b].region_bytes);
@@ -417,6 +418,7 @@ Status StateStore::UpdateBlock(int b, int i) {
 }
 
 Status StateStore::WriteBack(int b, int i) {
+  if (!trained(b)) return Status::Ok();  // a wholly frozen block has no state
   if (on_device(b)) {
     // The staging buffer's region to the device (Initialize, a checkpoint's restore); the block
     // is resident, so its working params have no NVMe extent.

@@ -143,12 +143,14 @@ class DecoderModel : public engine::Model {
   // LoRA (models/lora.h): from now on the model's trained params are the layers' adapters only
   // (block_num_params: the layout's layer_params for a layer, 0 for the embedding and the head)
   // and the whole base model is frozen (block_frozen_params: the family's chunks, initialised as
-  // InitParams did before). InitParams gives PEFT's initial adapters, or `init`'s when given (a
-  // WeightSource whose blocks are the layers' adapter chunks; its block 0 and last block unused).
-  // Call before Engine::Create, once. Errors: MakeLoraLayout's (kInvalidArgument naming the
-  // flag); kFailedPrecondition when LoRA is already on.
-  Status EnableLora(const LoraConfig& config, std::shared_ptr<const WeightSource> init = nullptr);
+  // InitParams did before). InitParams gives PEFT's initial adapters, or SetLoraInit's. Call
+  // before Engine::Create, once. Errors: MakeLoraLayout's (kInvalidArgument naming the flag);
+  // kUnimplemented for a family without LoRA; kFailedPrecondition when LoRA is already on.
+  Status EnableLora(const LoraConfig& config);
   const LoraLayout* lora() const { return lora_.get(); }
+  // The adapters InitParams reads instead (models/lora_adapter.h OpenLoraAdapter: the layers'
+  // adapter chunks as blocks 1..L).
+  void SetLoraInit(std::shared_ptr<const WeightSource> init) { lora_init_ = std::move(init); }
   int64_t block_frozen_params(int block) const override;
   Status InitFrozenParams(int block, uint64_t seed, std::span<float> out) const override;
 

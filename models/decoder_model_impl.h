@@ -200,8 +200,7 @@ int64_t DecoderModel<Family>::block_frozen_params(int block) const {
 }
 
 template <typename Family>
-Status DecoderModel<Family>::EnableLora(const LoraConfig& config,
-                                        std::shared_ptr<const WeightSource> init) {
+Status DecoderModel<Family>::EnableLora(const LoraConfig& config) {
   if (lora_ != nullptr) return FailedPreconditionError("LoRA is already on for this model");
   const std::vector<LoraModule> modules = family_.LoraModules();
   if (modules.empty()) {
@@ -211,7 +210,6 @@ Status DecoderModel<Family>::EnableLora(const LoraConfig& config,
   }
   STRATA_ASSIGN_OR_RETURN(LoraLayout layout, MakeLoraLayout(config, modules, Family::kName));
   lora_ = std::make_shared<const LoraLayout>(std::move(layout));
-  lora_init_ = std::move(init);
   return Status::Ok();
 }
 

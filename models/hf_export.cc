@@ -176,6 +176,13 @@ Status WriteHfDirectory(const std::string& out_dir, const HfModelConfig& config,
     }
   }
 
+  return WriteDirectoryAtomically(out_dir, "export", [&](const std::string& tmp) {
+    return WriteInto(tmp, config, read_block, dtype, max_shard_bytes, tokenizer_files);
+  });
+}
+
+Status WriteDirectoryAtomically(const std::string& out_dir, std::string_view what,
+                                const std::function<Status(const std::string& tmp)>& write) {
   // out_dir: absent, or an empty directory that the rename replaces.
   fs::path target(out_dir);
   while (target.has_relative_path() && !target.has_filename()) target = target.parent_path();
@@ -187,15 +194,15 @@ Status WriteHfDirectory(const std::string& out_dir, const HfModelConfig& config,
   if (fs::exists(st)) {
     if (!fs::is_directory(st) || !fs::is_empty(target, ec) || ec) {
       return AlreadyExistsError(fmt::format(
-          "'{}' exists and is not an empty directory (an export never overwrites)", out_dir));
+          "'{}' exists and is not an empty directory (an {} never overwrites)", out_dir, what));
     }
   }
   const fs::path parent = target.has_parent_path() ? target.parent_path() : fs::path(".");
   auto made = MakeTempDirectory(
-      (parent / fmt::format(".{}.tmp-export-XXXXXX", target.filename().string())).string());
-  if (!made.ok()) return made.status().WithContext(fmt::format("exporting to '{}'", out_dir));
+      (parent / fmt::format(".{}.tmp-{}-XXXXXX", target.filename().string(), what)).string());
+  if (!made.ok()) return made.status().WithContext(fmt::format("writing '{}'", out_dir));
   const std::string tmp = *made;
-  Status s = WriteInto(tmp, config, read_block, dtype, max_shard_bytes, tokenizer_files);
+  Status s = write(tmp);
   if (s.ok() && ::chmod(tmp.c_str(), 0755) != 0) {
     s = ErrnoToStatus(errno, fmt::format("chmod '{}'", tmp));
   }

@@ -17,6 +17,7 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "base/dtype.h"
@@ -41,5 +42,12 @@ Status WriteHfDirectory(const std::string& out_dir, const HfModelConfig& config,
                         const std::function<Status(int block, std::span<float> out)>& read_block,
                         DType dtype, uint64_t max_shard_bytes,
                         const std::vector<std::string>& tokenizer_files);
+
+// The crash-safe directory write WriteHfDirectory uses, for any directory of files: out_dir must
+// not exist or be empty (else kAlreadyExists, `what` naming the kind of write: "export"); `write`
+// fills a temporary sibling directory, which is renamed to out_dir when it succeeds and removed
+// when it fails. Errors: kInvalidArgument for a path that names no directory, write's, I/O.
+Status WriteDirectoryAtomically(const std::string& out_dir, std::string_view what,
+                                const std::function<Status(const std::string& tmp)>& write);
 
 }  // namespace strata::models

@@ -27,6 +27,14 @@ LlamaConfig Llama2(int vocab, int C, int I, int layers, int heads, int kv_heads,
   return c;
 }
 
+// Meta-Llama-3-70B's published config.json: 80 layers, 8192 channels, 64 heads, 8 key/value
+// heads, MLP 28672, vocabulary 128256, context 8192, rope_theta 500000, untied: 70.55e9 params.
+LlamaConfig Llama3_70B() {
+  LlamaConfig c = Llama2(128256, 8192, 28672, 80, 64, 8, 8192);
+  c.rope_theta = 500000.0;
+  return c;
+}
+
 struct Preset {
   const char* name;
   LlamaConfig config;
@@ -36,7 +44,8 @@ std::vector<Preset> Presets() {
   return {{"llama-tiny", Llama2(256, 64, 96, 2, 4, 2, 64)},
           {"llama-1b", Llama2(32000, 2048, 5632, 22, 32, 4, 2048)},
           {"llama-7b", Llama2(32000, 4096, 11008, 32, 32, 32, 4096)},
-          {"llama-13b", Llama2(32000, 5120, 13824, 40, 40, 40, 4096)}};
+          {"llama-13b", Llama2(32000, 5120, 13824, 40, 40, 40, 4096)},
+          {"llama-70b", Llama3_70B()}};
 }
 
 }  // namespace

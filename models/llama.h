@@ -33,7 +33,9 @@ namespace strata::models {
 // Named configs with random initialisation (all vocabulary 32000, rms_norm_eps 1e-5, theta 10000,
 // untied): "llama-1b" (TinyLlama-1.1B's Llama-2 architecture: C 2048, I 5632, 22 layers, 32 heads,
 // 4 key/value heads, context 2048), "llama-7b" (4096, 11008, 32, 32, 32, 4096), "llama-13b" (5120,
-// 13824, 40, 40, 40, 4096); and "llama-tiny" for tests (vocabulary 256, C 64, I 96, 2 layers,
+// 13824, 40, 40, 40, 4096), "llama-70b" (Llama-3-70B's published configuration: vocabulary 128256,
+// 8192, 28672, 80, 64, 8 key/value heads, 8192, rope_theta 500000; 70.55e9 params); and
+// "llama-tiny" for tests (vocabulary 256, C 64, I 96, 2 layers,
 // 4 heads, 2 key/value heads, context 64). kInvalidArgument naming the choices for another name.
 StatusOr<LlamaConfig> LlamaPreset(std::string_view name);
 std::vector<std::string> LlamaPresetNames();

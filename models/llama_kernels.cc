@@ -168,13 +168,15 @@ void InitChunk(const std::vector<LlamaTensor>& tensors, uint64_t seed, uint64_t 
 
 std::vector<LoraModule> LlamaLoraModules(const LlamaConfig& c) {
   const Dims d(c, 1, 1);
-  return {{"q_proj", kQkvProduct, d.C, d.Dq, 0},
-          {"k_proj", kQkvProduct, d.C, d.Dkv, d.Dq},
-          {"v_proj", kQkvProduct, d.C, d.Dkv, d.Dq + d.Dkv},
-          {"o_proj", kOutProduct, d.Dq, d.C, 0},
-          {"gate_proj", kGateUpProduct, d.C, d.I, 0},
-          {"up_proj", kGateUpProduct, d.C, d.I, d.I},
-          {"down_proj", kDownProduct, d.I, d.C, 0}};
+  const std::vector<LlamaTensor> t = LlamaLayerTensors(c, 0);
+  const int64_t qkv = t[1].offset, o = t[4].offset, gu = t[6].offset, down = t[8].offset;
+  return {{"q_proj", "self_attn.q_proj", kQkvProduct, d.C, d.Dq, 0, qkv},
+          {"k_proj", "self_attn.k_proj", kQkvProduct, d.C, d.Dkv, d.Dq, qkv},
+          {"v_proj", "self_attn.v_proj", kQkvProduct, d.C, d.Dkv, d.Dq + d.Dkv, qkv},
+          {"o_proj", "self_attn.o_proj", kOutProduct, d.Dq, d.C, 0, o},
+          {"gate_proj", "mlp.gate_proj", kGateUpProduct, d.C, d.I, 0, gu},
+          {"up_proj", "mlp.up_proj", kGateUpProduct, d.C, d.I, d.I, gu},
+          {"down_proj", "mlp.down_proj", kDownProduct, d.I, d.C, 0, down}};
 }
 
 int64_t LlamaEmbeddingNumParams(const LlamaConfig& c) { return Total(LlamaEmbeddingTensors(c)); }

@@ -68,6 +68,23 @@ void InitLoraLayer(const LoraLayout& layout, int layer, uint64_t seed, float* pa
   }
 }
 
+void MergeLoraLayer(const LoraLayout& layout, const float* adapters, float* base) {
+  for (const LoraSite& s : layout.sites) {
+    const int64_t in = s.module.in, r = layout.rank;
+    float* w = base + s.module.weight_offset + s.module.col * in;
+    for (int64_t o = 0; o < s.module.out; ++o) {
+      for (int64_t i = 0; i < in; ++i) {
+        double ba = 0;  // in double, rounded to fp32 once with the weight
+        for (int64_t k = 0; k < r; ++k) {
+          ba += static_cast<double>(adapters[s.b_offset + o * r + k]) *
+                adapters[s.a_offset + k * in + i];
+        }
+        w[o * in + i] = static_cast<float>(w[o * in + i] + layout.scaling * ba);
+      }
+    }
+  }
+}
+
 float LoraDropoutUniform(uint64_t seed, int layer, int site, uint64_t index) {
   const uint64_t stream = init::SplitMix64(
       seed + 0x9E3779B97F4A7C15ull * (static_cast<uint64_t>(layer) * 4096 + site + 1));

@@ -52,10 +52,14 @@ struct LoraConfig {
 // A module a family lets LoRA target (see the top of this file).
 struct LoraModule {
   std::string name;  // "q_proj", "c_attn", ...
+  std::string path;  // the module inside a layer, Hugging Face names: "self_attn.q_proj", ...
   int product = 0;   // which of the layer's products (the family's numbering)
   int64_t in = 0;    // the product's input width
   int64_t out = 0;   // the columns the module covers: [col, col + out) of the product's output
   int64_t col = 0;
+  // Where the product's base weight starts in the layer's base chunk; it is (outputs, in)
+  // row-major (nn.Linear's layout), so the module's rows are [col, col + out).
+  int64_t weight_offset = 0;
 };
 
 // One adapter of a layer: a targeted module and where its A and B sit in the layer's chunk.
@@ -79,6 +83,10 @@ struct LoraLayout {
 // target that is not one of the family's module names (listing them).
 StatusOr<LoraLayout> MakeLoraLayout(const LoraConfig& config, std::span<const LoraModule> modules,
                                     std::string_view family_name);
+
+// W[col + o][i] += s * sum_k B[o][k] A[k][i] for every site: the adapters of one layer
+// (`adapters`, the layout's chunk) merged into its base chunk `base` (fp32). Pure.
+void MergeLoraLayer(const LoraLayout& layout, const float* adapters, float* base);
 
 // PEFT's initialisation of a layer's chunk (fp32, layout of `layout`): A uniform in
 // [-1/sqrt(in), 1/sqrt(in)], B zero; deterministic from (seed, layer) (std::mt19937_64).

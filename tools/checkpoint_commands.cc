@@ -18,6 +18,7 @@
 #include "formats/safetensors.h"
 #include "models/gpt_kernels.h"
 #include "models/hf_export.h"
+#include "models/lora_adapter.h"
 #include "tools/model_spec.h"
 
 namespace strata::tools {
@@ -164,6 +165,11 @@ void AddExportFlags(CLI::App& cmd, ExportFlags& f) {
                  "Output Hugging Face model directory (must not exist or be empty)");
   cmd.add_option("--safetensors", f.out,
                  "Instead: one safetensors file under GPT-2 names (byte-level GPT checkpoints)");
+  cmd.add_option("--lora-dir", f.lora_dir,
+                 "A LoRA run's adapters as a Hugging Face PEFT adapter directory "
+                 "(adapter_config.json, adapter_model.safetensors; must not exist or be empty)");
+  cmd.add_flag("--merge-lora", f.merge_lora,
+               "With --hf-dir, a LoRA run: the base model with W + (alpha/r) B A merged in");
   cmd.add_option("--dtype", f.dtype, "fp32, bf16 or fp16 (--safetensors: fp32 or bf16)")
       ->capture_default_str();
   cmd.add_option("--max-shard-size", f.max_shard_size,
@@ -182,6 +188,18 @@ Status ExportHfDirectory(const ExportFlags& f) {
   STRATA_ASSIGN_OR_RETURN(engine::Manifest m, engine::ReadManifest(dir));
   STRATA_RETURN_IF_ERROR(engine::VerifyCheckpointFiles(dir, m));
   STRATA_ASSIGN_OR_RETURN(ModelSpec spec, ModelSpecFromJson(m.trainer.model_json));
+  if (!f.lora_dir.empty() && !spec.lora.enabled()) {
+    return InvalidArgumentError(fmt::format(
+        "--lora-dir: {} is not a LoRA run (no adapters); export it with --hf-dir", dir));
+  }
+  if (!f.hf_dir.empty() && spec.lora.enabled() != f.merge_lora) {
+    return InvalidArgumentError(
+        spec.lora.enabled()
+            ? fmt::format("{} is a LoRA run: give --lora-dir DIR for its adapters, or --hf-dir "
+                          "DIR --merge-lora for the base with them merged",
+                          dir)
+            : fmt::format("--merge-lora: {} is not a LoRA run (no adapters to merge)", dir));
+  }
   STRATA_ASSIGN_OR_RETURN(auto model, BuildModel(spec, /*load_weights=*/false));
   if (model->num_blocks() != static_cast<int>(m.block_num_params.size())) {
     return DataLossError(fmt::format("{}: the manifest's {} blocks do not match its model ({})",
@@ -203,6 +221,24 @@ Status ExportHfDirectory(const ExportFlags& f) {
     }
     return formats::ReadTensorBytes(master, *t, 0, std::as_writable_bytes(out));
   };
+  using ReadFn = std::function<Status(int, std::span<float>)>;
+  const models::LoraLayout* lora = LoraLayoutOf(*model);
+  if (f.merge_lora && spec.model_dir.empty()) {
+    return InvalidArgumentError(fmt::format(
+        "--merge-lora: {} trained adapters over the random '{}' preset, which no directory "
+        "holds; export the adapters with --lora-dir, or train over a Hugging Face directory",
+        dir, spec.preset));
+  }
+  std::vector<float> adapters;
+  // --merge-lora: the frozen base (from its directory) with each layer's adapters merged.
+  auto read_merged = [&](int b, std::span<float> out) -> Status {
+    STRATA_RETURN_IF_ERROR(model->InitFrozenParams(b, /*seed, unused: a directory's*/ 0, out));
+    if (model->block_num_params(b) == 0) return Status::Ok();
+    adapters.resize(model->block_num_params(b));
+    STRATA_RETURN_IF_ERROR(read_block(b, adapters));
+    models::MergeLoraLayer(*lora, adapters.data(), out.data());
+    return Status::Ok();
+  };
   std::vector<std::string> tokenizer_files;
   for (const auto& file : spec.tokenizer_files) {
     std::error_code ec;
@@ -213,8 +249,19 @@ Status ExportHfDirectory(const ExportFlags& f) {
                    file.c_str());
     }
   }
-  STRATA_RETURN_IF_ERROR(models::WriteHfDirectory(f.hf_dir, spec.config, read_block, dtype,
-                                                  max_shard, tokenizer_files));
+  if (!f.lora_dir.empty()) {
+    const std::string base = spec.model_dir.empty() ? "strata:" + spec.preset : spec.model_dir;
+    STRATA_RETURN_IF_ERROR(models::WriteLoraAdapterDir(
+        f.lora_dir, spec.config, spec.lora, *lora, base,
+        [&](int layer, std::span<float> out) { return read_block(layer + 1, out); }));
+    std::printf("exported the LoRA adapters of %s (step %lld) from %s to %s\n",
+                model->description().c_str(), static_cast<long long>(m.trainer.step), dir.c_str(),
+                f.lora_dir.c_str());
+    return Status::Ok();
+  }
+  STRATA_RETURN_IF_ERROR(models::WriteHfDirectory(
+      f.hf_dir, spec.config, f.merge_lora ? ReadFn(read_merged) : ReadFn(read_block), dtype,
+      max_shard, tokenizer_files));
   std::printf("exported %s (%s, step %lld) from %s to %s\n", model->description().c_str(),
               std::string(DTypeName(dtype)).c_str(), static_cast<long long>(m.trainer.step),
               dir.c_str(), f.hf_dir.c_str());
@@ -364,10 +411,14 @@ Status WriteExportTensors(const std::vector<ExportTensor>& out, const engine::Ma
 }  // namespace
 
 Status RunExport(const ExportFlags& f) {
-  if (f.hf_dir.empty() == f.out.empty()) {
-    return InvalidArgumentError("give exactly one of --hf-dir DIR and --safetensors FILE");
+  if (f.hf_dir.empty() + f.out.empty() + f.lora_dir.empty() != 2) {
+    return InvalidArgumentError(
+        "give exactly one of --hf-dir DIR, --lora-dir DIR and --safetensors FILE");
   }
-  if (!f.hf_dir.empty()) return ExportHfDirectory(f);
+  if (f.merge_lora && f.hf_dir.empty()) {
+    return InvalidArgumentError("--merge-lora writes a Hugging Face directory: give --hf-dir DIR");
+  }
+  if (!f.hf_dir.empty() || !f.lora_dir.empty()) return ExportHfDirectory(f);
   STRATA_ASSIGN_OR_RETURN(DType dtype, ParseDType(f.dtype));
   if (dtype == DType::kF16) return InvalidArgumentError("--dtype must be bf16 or fp32");
   STRATA_ASSIGN_OR_RETURN(std::string dir, engine::ResolveCheckpointDir(f.checkpoint));

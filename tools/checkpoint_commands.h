@@ -58,8 +58,10 @@ Status RunInspect(const InspectFlags& f);
 // `--safetensors OUT` instead: a byte-level GPT's weights as one file under GPT-2 names.
 struct ExportFlags {
   std::string checkpoint;
-  std::string out;     // --safetensors
-  std::string hf_dir;  // --hf-dir
+  std::string out;          // --safetensors
+  std::string hf_dir;       // --hf-dir
+  std::string lora_dir;     // --lora-dir: a LoRA run's adapters as a PEFT adapter directory
+  bool merge_lora = false;  // --hf-dir of a LoRA run: the base with the adapters merged
   std::string dtype = "fp32";
   std::string max_shard_size = "5GB";
 };

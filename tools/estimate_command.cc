@@ -105,6 +105,7 @@ void AddEstimateFlags(CLI::App& cmd, EstimateFlags& f) {
       ->capture_default_str();
   cmd.add_flag("--offload-activations", f.offload_activations,
                "Keep two block-boundary activations on the device, the rest in pinned memory");
+  AddLoraFlags(cmd, f.lora);
   cmd.add_option("--prefetch-depth", f.prefetch_depth,
                  "Blocks loaded ahead of the one computing; 0 = the planner decides")
       ->capture_default_str()
@@ -159,6 +160,7 @@ TrainFlags AsTrainFlags(const EstimateFlags& f, int seq_len) {
   t.prefetch_depth = f.prefetch_depth;
   t.grad_buckets = f.grad_buckets;
   t.optimizer_buffers = f.optimizer_buffers;
+  t.lora = f.lora;
   // Without a path the plan is still made (NVMe capacity unchecked), so that a user can size a
   // machine they do not have.
   t.nvme_paths = f.nvme_paths.empty() ? std::vector<std::string>{"(unchecked)"} : f.nvme_paths;
@@ -207,6 +209,7 @@ StatusOr<EstimateSetup> MakeEstimateSetup(const EstimateFlags& f,
   EstimateSetup e;
   // Shapes only: a directory's config.json is enough (no weights are read).
   STRATA_ASSIGN_OR_RETURN(e.spec, ResolveModelSpec(f.model, f.model_dir, /*config_only=*/true));
+  STRATA_RETURN_IF_ERROR(ApplyLoraFlags(f.lora, &e.spec));
   STRATA_ASSIGN_OR_RETURN(e.model, BuildModel(e.spec, /*load_weights=*/false));
   const int seq_len = f.seq_len == 0 ? e.model->max_seq_len() : f.seq_len;
   if (seq_len > e.model->max_seq_len()) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "tools/model_spec.h"
 
 namespace strata::tools {
 
@@ -41,6 +42,7 @@ struct EstimateFlags {
   // bounds it and tokens/s (engine/cost_model.h), and the step with the optimizer on the device
   // and with the best GPU/CPU split.
   std::string machine;
+  LoraFlags lora;  // --lora-*: the plan of a LoRA run (frozen base, adapters trained)
 };
 
 void AddEstimateFlags(CLI::App& cmd, EstimateFlags& f);

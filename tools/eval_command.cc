@@ -31,6 +31,9 @@ void AddInferenceFlags(CLI::App& cmd, InferenceFlags& f) {
                  "Working precision: bf16, fp16, fp32, or auto (the checkpoint's, else bf16)")
       ->capture_default_str();
   cmd.add_option("--device", f.device, "auto, host or cuda")->capture_default_str();
+  cmd.add_option("--lora", f.lora,
+                 "With --model-dir: a LoRA adapter directory (PEFT's layout, as strata export "
+                 "--lora-dir writes) applied over the model");
   cmd.add_option("--device-budget", f.device_budget,
                  "Device memory for the arena, e.g. 8GiB; auto = midway between the streaming "
                  "minimum and the working params alone")
@@ -59,6 +62,11 @@ StatusOr<Loaded> Load(const InferenceFlags& f, engine::MicroBatchShape shape) {
     if (precision_name == "auto") precision_name = m.precision;
   } else {
     STRATA_ASSIGN_OR_RETURN(l.spec, ResolveModelSpec("", f.model_dir));
+    STRATA_RETURN_IF_ERROR(ApplyLoraFlags({.init = f.lora}, &l.spec));
+  }
+  if (!f.lora.empty() && f.model_dir.empty()) {
+    return InvalidArgumentError(
+        "--lora applies an adapter over --model-dir DIR; a LoRA checkpoint carries its own");
   }
   if (precision_name == "auto") precision_name = "bf16";
   STRATA_ASSIGN_OR_RETURN(DType precision, ParseDType(precision_name));
@@ -178,6 +186,7 @@ Status RunGenerate(const GenerateFlags& f) {
     STRATA_ASSIGN_OR_RETURN(spec, ModelSpecFromJson(m.trainer.model_json));
   } else if (!mf.model_dir.empty()) {
     STRATA_ASSIGN_OR_RETURN(spec, ResolveModelSpec("", mf.model_dir));
+    STRATA_RETURN_IF_ERROR(ApplyLoraFlags({.init = mf.lora}, &spec));
   } else {
     return InvalidArgumentError("give exactly one of --model-dir DIR and --checkpoint DIR");
   }

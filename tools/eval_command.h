@@ -20,6 +20,7 @@ struct InferenceFlags {
   std::string precision = "auto";  // auto: the checkpoint's precision, else bf16
   std::string device = "auto";
   std::string device_budget = "auto";
+  std::string lora;  // a PEFT adapter directory applied over --model-dir
 };
 
 struct EvalFlags {

@@ -2,12 +2,14 @@
 
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "models/gpt.h"
 #include "models/hf_checkpoint.h"
 #include "models/llama.h"
+#include "models/lora_adapter.h"
 
 namespace strata::tools {
 namespace {
@@ -91,6 +93,12 @@ std::string ModelSpecJson(const ModelSpec& spec) {
     j["num_heads"] = s.num_heads;
     j["channels"] = s.channels;
   }
+  if (spec.lora.enabled()) {
+    j["lora"] = {{"rank", spec.lora.rank},
+                 {"alpha", spec.lora.alpha},
+                 {"targets", spec.lora.targets},
+                 {"dropout", spec.lora.dropout}};
+  }
   return j.dump();
 }
 
@@ -100,6 +108,22 @@ StatusOr<ModelSpec> ModelSpecFromJson(const std::string& json) {
   ModelSpec spec;
   if (j.contains("preset") && j["preset"].is_string()) spec.preset = j["preset"];
   if (j.contains("model_dir") && j["model_dir"].is_string()) spec.model_dir = j["model_dir"];
+  if (j.contains("lora") && j["lora"].is_object()) {
+    const auto& l = j["lora"];
+    if (!l.contains("rank") || !l["rank"].is_number_integer() || !l.contains("alpha") ||
+        !l["alpha"].is_number() || !l.contains("targets") || !l["targets"].is_array() ||
+        !l.contains("dropout") || !l["dropout"].is_number()) {
+      return DataLossError(
+          "the checkpoint's model description has a 'lora' entry without an integer rank, "
+          "numbers alpha and dropout and a list of targets");
+    }
+    spec.lora.rank = l["rank"].get<int>();
+    spec.lora.alpha = l["alpha"].get<double>();
+    spec.lora.dropout = l["dropout"].get<double>();
+    for (const auto& t : l["targets"]) {
+      if (t.is_string()) spec.lora.targets.push_back(t.get<std::string>());
+    }
+  }
   if (j.contains("tokenizer_files") && j["tokenizer_files"].is_array()) {
     for (const auto& f : j["tokenizer_files"]) {
       if (f.is_string()) spec.tokenizer_files.push_back(f);
@@ -129,19 +153,104 @@ StatusOr<ModelSpec> ModelSpecFromJson(const std::string& json) {
   return spec;
 }
 
+void AddLoraFlags(CLI::App& cmd, LoraFlags& f) {
+  cmd.add_option("--lora-rank", f.rank,
+                 "LoRA (Hu et al. 2021, as Hugging Face PEFT): train rank-R adapters on the "
+                 "targeted weights and freeze the base model (no gradient, master weights or "
+                 "optimizer state for it); 0 = full training")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd.add_option("--lora-alpha", f.alpha, "LoRA: the adapters' output is scaled by alpha / rank")
+      ->capture_default_str();
+  cmd.add_option("--lora-targets", f.targets,
+                 "LoRA: the Hugging Face module names to adapt, comma-separated (Llama: q_proj, "
+                 "k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj); default q_proj,v_proj")
+      ->delimiter(',');
+  cmd.add_option("--lora-dropout", f.dropout, "LoRA: dropout on the adapters' input, in [0, 1)")
+      ->capture_default_str();
+  cmd.add_option("--lora-init", f.init,
+                 "LoRA: start from this PEFT adapter directory (adapter_config.json and "
+                 "adapter_model.safetensors, as strata export --lora-dir writes)");
+}
+
+Status ApplyLoraFlags(const LoraFlags& f, ModelSpec* spec) {
+  if (f.rank == 0 && !f.init.empty()) {
+    // --lora-init alone: the adapter's own rank, alpha, targets and dropout.
+    if (!std::filesystem::is_directory(f.init)) {
+      return InvalidArgumentError(fmt::format(
+          "--lora-init '{}' is not a directory (a PEFT adapter directory: adapter_config.json "
+          "and adapter_model.safetensors)",
+          f.init));
+    }
+    STRATA_ASSIGN_OR_RETURN(const models::LoraAdapterConfig c,
+                            models::ReadLoraAdapterConfig(f.init));
+    LoraFlags from_adapter = f;
+    from_adapter.rank = c.lora.rank;
+    from_adapter.alpha = c.lora.alpha;
+    from_adapter.dropout = c.lora.dropout;
+    if (from_adapter.targets.empty()) from_adapter.targets = c.lora.targets;
+    return ApplyLoraFlags(from_adapter, spec);
+  }
+  if (f.rank == 0) {
+    if (!f.targets.empty() || f.dropout != 0) {
+      return InvalidArgumentError("--lora-targets and --lora-dropout need --lora-rank R (R >= 1)");
+    }
+    return Status::Ok();
+  }
+  spec->lora.rank = f.rank;
+  spec->lora.alpha = f.alpha;
+  spec->lora.dropout = f.dropout;
+  spec->lora.targets = f.targets;
+  if (spec->lora.targets.empty()) {
+    // PEFT's defaults (TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING).
+    spec->lora.targets = spec->config.family == Family::kLlama
+                             ? std::vector<std::string>{"q_proj", "v_proj"}
+                             : std::vector<std::string>{"c_attn"};
+  }
+  if (!f.init.empty()) {
+    if (!std::filesystem::is_directory(f.init)) {
+      return InvalidArgumentError(
+          fmt::format("--lora-init '{}' is not a directory (a PEFT adapter directory: "
+                      "adapter_config.json and adapter_model.safetensors)",
+                      f.init));
+    }
+    spec->lora_init_dir = std::filesystem::absolute(f.init).string();
+  }
+  return Status::Ok();
+}
+
+const models::LoraLayout* LoraLayoutOf(const engine::Model& model) {
+  if (const auto* llama = dynamic_cast<const models::LlamaModel*>(&model)) return llama->lora();
+  if (const auto* gpt = dynamic_cast<const models::GptModel*>(&model)) return gpt->lora();
+  return nullptr;
+}
+
 StatusOr<std::unique_ptr<engine::Model>> BuildModel(const ModelSpec& spec, bool load_weights,
                                                     bool allow_tf32) {
   std::shared_ptr<const models::WeightSource> weights;
-  if (load_weights && !spec.model_dir.empty()) {
+  // A LoRA run's base is never in its checkpoint: always the directory's weights.
+  if ((load_weights || spec.lora.enabled()) && !spec.model_dir.empty()) {
     STRATA_ASSIGN_OR_RETURN(auto checkpoint, models::HfCheckpoint::Open(spec.model_dir));
     weights = std::move(checkpoint);
   }
+  // LoRA: the adapters over the frozen base, from PEFT's initialisation or --lora-init's.
+  auto with_lora = [&](auto& m) -> Status {
+    if (!spec.lora.enabled()) return Status::Ok();
+    STRATA_RETURN_IF_ERROR(m->EnableLora(spec.lora));
+    if (spec.lora_init_dir.empty()) return Status::Ok();
+    STRATA_ASSIGN_OR_RETURN(
+        auto init, models::OpenLoraAdapter(spec.lora_init_dir, spec.config, spec.lora, *m->lora()));
+    m->SetLoraInit(std::move(init));
+    return Status::Ok();
+  };
   if (spec.config.family == Family::kLlama) {
     STRATA_ASSIGN_OR_RETURN(auto m, models::LlamaModel::Create(spec.config.llama, weights));
+    STRATA_RETURN_IF_ERROR(with_lora(m));
     return std::unique_ptr<engine::Model>(std::move(m));
   }
   STRATA_ASSIGN_OR_RETURN(
       auto m, models::GptModel::Create(spec.config.gpt2, {.allow_tf32 = allow_tf32}, weights));
+  STRATA_RETURN_IF_ERROR(with_lora(m));
   return std::unique_ptr<engine::Model>(std::move(m));
 }
 

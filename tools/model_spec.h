@@ -12,6 +12,11 @@
 #include "base/status.h"
 #include "engine/model.h"
 #include "models/hf_config.h"
+#include "models/lora.h"
+
+namespace CLI {
+class App;
+}
 
 namespace strata::tools {
 
@@ -20,8 +25,27 @@ struct ModelSpec {
   std::string model_dir;         // the Hugging Face directory (absolute), or ""
   models::HfModelConfig config;  // family and shape; the byte-level presets are untied GPT-2s
   std::vector<std::string> tokenizer_files;  // absolute paths (model_dir's, or --tokenizer)
+  // LoRA (models/lora.h): the base model frozen, adapters trained; rank 0 = none. The adapters
+  // start from lora_init_dir (a PEFT adapter directory, absolute) when it is set.
+  models::LoraConfig lora;
+  std::string lora_init_dir;
   bool byte_level() const;  // a vocabulary of 256: tokens are bytes, text needs no tokenizer
 };
+
+// --lora-rank, --lora-alpha, --lora-targets, --lora-dropout, --lora-init (strata train and
+// estimate; a config file's strata.lora section sets the same fields).
+struct LoraFlags {
+  int rank = 0;
+  double alpha = 16;
+  std::vector<std::string> targets;  // empty: PEFT's default for the family
+  double dropout = 0;
+  std::string init;  // a PEFT adapter directory to start from
+};
+void AddLoraFlags(CLI::App& cmd, LoraFlags& f);
+// Sets spec->lora from the flags (rank 0: nothing). The targets default to PEFT's for the family
+// (Llama: q_proj,v_proj). Errors: kInvalidArgument for --lora-* without --lora-rank, and a
+// --lora-init directory that does not exist.
+Status ApplyLoraFlags(const LoraFlags& f, ModelSpec* spec);
 
 // Exactly one of preset / model_dir (a non-empty model_dir wins over the default preset).
 // Errors: an unknown preset (kInvalidArgument listing every name), the directory's config
@@ -40,8 +64,12 @@ StatusOr<ModelSpec> ModelSpecFromJson(const std::string& json);
 
 // The engine Model. load_weights: a directory's weights become the initial master weights
 // (streamed block by block from the safetensors files at Engine::Create); otherwise random
-// initialisation. allow_tf32: GPT families on CUDA only.
+// initialisation. allow_tf32: GPT families on CUDA only. With spec.lora the model trains adapters
+// over its frozen base (DecoderModel::EnableLora), whose weights come from the directory
+// whatever load_weights says (a LoRA checkpoint holds the adapters only).
 StatusOr<std::unique_ptr<engine::Model>> BuildModel(const ModelSpec& spec, bool load_weights,
                                                     bool allow_tf32 = false);
+// The LoRA layout of a model BuildModel made (nullptr without LoRA).
+const models::LoraLayout* LoraLayoutOf(const engine::Model& model);
 
 }  // namespace strata::tools

@@ -269,6 +269,7 @@ void AddTrainFlags(CLI::App& cmd, TrainFlags& f) {
   AddBatchFlags(cmd, f);
   AddOptimizerFlags(cmd, f);
   AddPlacementFlags(cmd, f);
+  AddLoraFlags(cmd, f.lora);
   AddOutputFlags(cmd, f);
   AddPipelineFlags(cmd, f);
   AddCheckpointFlags(cmd, f.checkpoint);

@@ -11,6 +11,7 @@
 
 #include "base/status.h"
 #include "tools/checkpoint_commands.h"
+#include "tools/model_spec.h"
 
 namespace strata::tools {
 
@@ -118,6 +119,7 @@ struct TrainFlags {
   std::string io_block_size = "1MiB";
   int io_threads = 4;
   CheckpointFlags checkpoint;
+  LoraFlags lora;  // --lora-* (tools/model_spec.h)
 };
 
 void AddTrainFlags(CLI::App& cmd, TrainFlags& f);

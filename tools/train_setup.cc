@@ -132,7 +132,10 @@ StatusOr<engine::PlacementOptions> PlacementFromFlags(const TrainFlags& f, const
   engine::PlacementOptions p;
   // "auto": today's fixed choice until ResolvePlacement, with a machine profile, searches.
   p.param_home = engine::ParamHome::kNvme;
-  p.optimizer_home = engine::OptimizerHome::kNvme;
+  // LoRA: the adapters are small and resident (engine/planner.h), so their optimizer state and
+  // update live on the device beside them, and nothing is written to NVMe in a step.
+  p.optimizer_home =
+      f.lora.rank > 0 ? engine::OptimizerHome::kDevice : engine::OptimizerHome::kNvme;
   if (f.offload_params != "auto") {
     STRATA_ASSIGN_OR_RETURN(p.param_home, engine::ParseParamHome(f.offload_params));
   }
@@ -283,6 +286,7 @@ StatusOr<TrainInputs> OpenModelAndData(const TrainOptions& options) {
   const TrainFlags& f = options.flags;
   TrainInputs in;
   STRATA_ASSIGN_OR_RETURN(in.spec, ResolveModelSpec(f.model, f.model_dir));
+  STRATA_RETURN_IF_ERROR(ApplyLoraFlags(f.lora, &in.spec));
   STRATA_ASSIGN_OR_RETURN(in.model, BuildModel(in.spec, /*load_weights=*/true, f.tf32));
   if (f.seq_len > in.model->max_seq_len()) {
     return InvalidArgumentError(fmt::format("--seq-len {} exceeds the model's context of {}",

@@ -273,14 +273,14 @@ TEST_P(FrozenParamsTest, TrainedBlocksMatchZeroGradientReferenceInEveryPlacement
 }
 
 TEST_P(FrozenParamsTest, CheckpointOfTheTrainedBlocksResumesBitIdentically) {
-  // Frozen chunks streamed from NVMe: the checkpoint holds the trained blocks only (a frozen
+  // Frozen chunks and optimizer state on NVMe: the checkpoint holds the trained blocks only (a frozen
   // chunk comes from the model again); n steps, save, a fresh engine loads and runs m more ==
   // n + m straight.
   const int n = 2, m = 2;
   FreezeBlocks frozen_model(model_.get(), {0, 2});
-  const EngineOptions o =
-      Options(frozen_model, DType::kBF16, ParamHome::kNvme, 1,
-              StreamingMinimumBytes(frozen_model, DType::kBF16, {2, 16}, 2) + 1024);
+  EngineOptions o = Options(frozen_model, DType::kBF16, ParamHome::kNvme, 1,
+                            StreamingMinimumBytes(frozen_model, DType::kBF16, {2, 16}, 2) + 1024);
+  o.placement.optimizer_home = OptimizerHome::kNvme;
   auto device = gpu::CreateHostDevice({});
   ASSERT_TRUE(device.ok());
   const auto tokens = testing::RandomTokenVectors(2 * (n + m), o.micro_batch.tokens(), 5);

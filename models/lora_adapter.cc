@@ -1,0 +1,227 @@
+#include "models/lora_adapter.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "base/file.h"
+#include "cpu_optim/grad_stats.h"
+#include "formats/safetensors.h"
+#include "models/hf_export.h"
+
+namespace strata::models {
+namespace {
+
+using json = nlohmann::json;
+constexpr const char* kConfigFile = "adapter_config.json";
+constexpr const char* kWeightsFile = "adapter_model.safetensors";
+
+int NumLayers(const HfModelConfig& c) {
+  return c.family == HfModelConfig::Family::kLlama ? c.llama.num_layers : c.gpt2.num_layers;
+}
+
+std::vector<std::string> Sorted(std::vector<std::string> v) {
+  std::sort(v.begin(), v.end());
+  v.erase(std::unique(v.begin(), v.end()), v.end());
+  return v;
+}
+
+class AdapterSource final : public WeightSource {
+ public:
+  AdapterSource(formats::OpenSafetensors file, std::string path, HfModelConfig config,
+                LoraLayout layout)
+      : file_(std::move(file)),
+        path_(std::move(path)),
+        config_(std::move(config)),
+        layout_(std::move(layout)) {}
+
+  Status ReadBlock(int block, std::span<float> out) const override {
+    if (out.empty()) return Status::Ok();  // the embedding and the head have no adapters
+    const int layer = block - 1;
+    for (const LoraSite& s : layout_.sites) {
+      const std::string prefix = LoraTensorPrefix(config_, layer, s);
+      for (const auto& [suffix, offset, elems] :
+           {std::tuple{".lora_A.weight", s.a_offset, layout_.rank * s.module.in},
+            std::tuple{".lora_B.weight", s.b_offset, s.module.out * layout_.rank}}) {
+        const formats::SafetensorsTensor* t = file_.header.Find(prefix + suffix);
+        STRATA_CHECK(t != nullptr);  // checked by OpenLoraAdapter
+        std::vector<std::byte> raw(t->size_bytes());
+        STRATA_RETURN_IF_ERROR(formats::ReadTensorBytes(file_, *t, 0, raw));
+        STRATA_RETURN_IF_ERROR(
+            cpu_optim::ConvertToF32(raw.data(), t->dtype.dtype(), out.data() + offset, elems)
+                .WithContext(path_));
+      }
+    }
+    return Status::Ok();
+  }
+
+ private:
+  formats::OpenSafetensors file_;
+  std::string path_;
+  HfModelConfig config_;
+  LoraLayout layout_;
+};
+
+}  // namespace
+
+std::string LoraTensorPrefix(const HfModelConfig& config, int layer, const LoraSite& site) {
+  const char* layers =
+      config.family == HfModelConfig::Family::kLlama ? "model.layers" : "transformer.h";
+  return fmt::format("base_model.model.{}.{}.{}", layers, layer, site.module.path);
+}
+
+StatusOr<LoraAdapterConfig> ReadLoraAdapterConfig(const std::string& dir) {
+  const std::string path = dir + "/" + kConfigFile;
+  STRATA_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(path, {.max_bytes = 1 << 20}));
+  const json j = json::parse(text, nullptr, false);
+  if (!j.is_object()) return DataLossError(fmt::format("{}: not a JSON object", path));
+  auto field = [&](const char* key) -> const json* {
+    return j.contains(key) && !j[key].is_null() ? &j[key] : nullptr;
+  };
+  if (const json* t = field("peft_type"); !t || !t->is_string() || *t != "LORA") {
+    return InvalidArgumentError(
+        fmt::format("{}: peft_type is not \"LORA\" (Strata reads LoRA adapters only)", path));
+  }
+  for (const char* unsupported : {"use_rslora", "use_dora"}) {
+    if (const json* v = field(unsupported); v && v->is_boolean() && v->get<bool>()) {
+      return InvalidArgumentError(
+          fmt::format("{}: {} is true; Strata implements plain LoRA only", path, unsupported));
+    }
+  }
+  for (const char* unsupported : {"rank_pattern", "alpha_pattern", "layers_to_transform"}) {
+    if (const json* v = field(unsupported); v && !(v->is_object() && v->empty())) {
+      return InvalidArgumentError(fmt::format(
+          "{}: {} is set; Strata adapts every layer with one rank and alpha", path, unsupported));
+    }
+  }
+  if (const json* b = field("bias"); b && !(b->is_string() && *b == "none")) {
+    return InvalidArgumentError(
+        fmt::format("{}: bias is not \"none\"; Strata trains no bias adapters", path));
+  }
+  LoraAdapterConfig c;
+  const json* r = field("r");
+  const json* alpha = field("lora_alpha");
+  const json* targets = field("target_modules");
+  if (!r || !r->is_number_integer() || !alpha || !alpha->is_number() || !targets) {
+    return DataLossError(
+        fmt::format("{}: needs an integer r, a number lora_alpha and target_modules", path));
+  }
+  c.lora.rank = r->get<int>();
+  c.lora.alpha = alpha->get<double>();
+  if (targets->is_string()) {
+    c.lora.targets.push_back(targets->get<std::string>());
+  } else if (targets->is_array()) {
+    for (const json& t : *targets) {
+      if (!t.is_string())
+        return DataLossError(fmt::format("{}: target_modules holds a non-string", path));
+      c.lora.targets.push_back(t.get<std::string>());
+    }
+  } else {
+    return DataLossError(fmt::format("{}: target_modules is not a list of names", path));
+  }
+  if (const json* d = field("lora_dropout"); d && d->is_number()) c.lora.dropout = d->get<double>();
+  if (const json* b = field("base_model_name_or_path"); b && b->is_string()) {
+    c.base_model = b->get<std::string>();
+  }
+  return c;
+}
+
+Status WriteLoraAdapterDir(
+    const std::string& out_dir, const HfModelConfig& config, const LoraConfig& lora,
+    const LoraLayout& layout, const std::string& base_model,
+    const std::function<Status(int layer, std::span<float> out)>& read_layer) {
+  const bool gpt2 = config.family == HfModelConfig::Family::kGpt2;
+  const json cfg = {{"peft_type", "LORA"},
+                    {"task_type", "CAUSAL_LM"},
+                    {"r", lora.rank},
+                    {"lora_alpha", lora.alpha},
+                    {"lora_dropout", lora.dropout},
+                    {"target_modules", Sorted(lora.targets)},
+                    {"bias", "none"},
+                    {"fan_in_fan_out", gpt2},  // GPT-2's Conv1D base weights are (in, out)
+                    {"inference_mode", true},
+                    {"init_lora_weights", true},
+                    {"use_rslora", false},
+                    {"use_dora", false},
+                    {"modules_to_save", nullptr},
+                    {"base_model_name_or_path", base_model}};
+  std::vector<formats::SafetensorsWriter::TensorSpec> tensors;
+  const int layers = NumLayers(config);
+  for (int l = 0; l < layers; ++l) {
+    for (const LoraSite& s : layout.sites) {
+      const std::string prefix = LoraTensorPrefix(config, l, s);
+      tensors.push_back({prefix + ".lora_A.weight", DType::kF32, {layout.rank, s.module.in}});
+      tensors.push_back({prefix + ".lora_B.weight", DType::kF32, {s.module.out, layout.rank}});
+    }
+  }
+  return WriteDirectoryAtomically(out_dir, "adapter export", [&](const std::string& tmp) -> Status {
+    STRATA_RETURN_IF_ERROR(WriteNewFile(tmp + "/" + kConfigFile, cfg.dump(2) + "\n", 0644));
+    STRATA_ASSIGN_OR_RETURN(auto w, formats::SafetensorsWriter::Create(
+                                        tmp + "/" + kWeightsFile, tensors, {{"format", "pt"}}));
+    std::vector<float> chunk(layout.layer_params);
+    for (int l = 0; l < layers; ++l) {
+      STRATA_RETURN_IF_ERROR(read_layer(l, chunk));
+      // The chunk is A then B per site, the tensors' order: appended as it is.
+      STRATA_RETURN_IF_ERROR(w.Append(std::as_bytes(std::span(chunk))));
+    }
+    STRATA_RETURN_IF_ERROR(w.Finish().status());
+    return FsyncDirectory(tmp);
+  });
+}
+
+StatusOr<std::shared_ptr<const WeightSource>> OpenLoraAdapter(const std::string& dir,
+                                                              const HfModelConfig& config,
+                                                              const LoraConfig& lora,
+                                                              const LoraLayout& layout) {
+  STRATA_ASSIGN_OR_RETURN(const LoraAdapterConfig c, ReadLoraAdapterConfig(dir));
+  const std::string cfg_path = dir + "/" + kConfigFile;
+  if (c.lora.rank != lora.rank) {
+    return InvalidArgumentError(
+        fmt::format("{}: r is {}, the run's --lora-rank {}: give --lora-rank {} or another adapter",
+                    cfg_path, c.lora.rank, lora.rank, c.lora.rank));
+  }
+  if (std::abs(c.lora.alpha - lora.alpha) > 1e-9 * std::abs(lora.alpha)) {
+    return InvalidArgumentError(fmt::format("{}: lora_alpha is {}, the run's --lora-alpha {}",
+                                            cfg_path, c.lora.alpha, lora.alpha));
+  }
+  if (Sorted(c.lora.targets) != Sorted(lora.targets)) {
+    return InvalidArgumentError(fmt::format(
+        "{}: target_modules are {}, the run's --lora-targets {}: give --lora-targets {}", cfg_path,
+        fmt::join(Sorted(c.lora.targets), ","), fmt::join(Sorted(lora.targets), ","),
+        fmt::join(Sorted(c.lora.targets), ",")));
+  }
+  const std::string path = dir + "/" + kWeightsFile;
+  STRATA_ASSIGN_OR_RETURN(auto file, formats::OpenSafetensorsFile(path));
+  for (int l = 0; l < NumLayers(config); ++l) {
+    for (const LoraSite& s : layout.sites) {
+      const std::string prefix = LoraTensorPrefix(config, l, s);
+      for (const auto& [suffix, shape] :
+           {std::pair{".lora_A.weight", std::vector<int64_t>{layout.rank, s.module.in}},
+            std::pair{".lora_B.weight", std::vector<int64_t>{s.module.out, layout.rank}}}) {
+        const formats::SafetensorsTensor* t = file.header.Find(prefix + suffix);
+        if (t == nullptr) {
+          return InvalidArgumentError(
+              fmt::format("{}: no tensor '{}{}': the adapter is not for this model's layers", path,
+                          prefix, suffix));
+        }
+        const DType d = t->dtype.dtype();
+        if (t->shape != shape || t->dtype.is_u8() ||
+            !(d == DType::kF32 || d == DType::kBF16 || d == DType::kF16)) {
+          return InvalidArgumentError(fmt::format(
+              "{}: '{}{}' is {} [{}], this model needs F32/BF16/F16 [{}] (a different base model "
+              "or rank)",
+              path, prefix, suffix, formats::SafetensorsDTypeName(t->dtype),
+              fmt::join(t->shape, ", "), fmt::join(shape, ", ")));
+        }
+      }
+    }
+  }
+  return std::shared_ptr<const WeightSource>(
+      std::make_shared<AdapterSource>(std::move(file), path, config, layout));
+}
+
+}  // namespace strata::models

@@ -1,0 +1,63 @@
+// LoRA adapters as Hugging Face PEFT saves them (save_pretrained of a LoraModel), written by
+// `strata export --lora-dir` and read by `--lora-init` / `--lora`:
+//
+//   DIR/adapter_config.json        {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r",
+//                                  "lora_alpha", "lora_dropout", "target_modules", "bias": "none",
+//                                  "fan_in_fan_out", "base_model_name_or_path", ...}
+//   DIR/adapter_model.safetensors  per layer l and targeted module m, in layer order then the
+//                                  family's module order: base_model.model.<layer prefix>.l.<m's
+//                                  path>.lora_A.weight (r, in) and .lora_B.weight (out, r)
+//
+// (Llama's layer prefix is model.layers: base_model.model.model.layers.0.self_attn.q_proj.
+// lora_A.weight.) The adapters of layer l are the engine chunk of layer block l + 1 (models/
+// lora.h: A then B per site). Values are fp32 on write; F32, BF16 and F16 tensors are read.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "base/dtype.h"
+#include "base/status.h"
+#include "models/hf_config.h"
+#include "models/lora.h"
+#include "models/weight_source.h"
+
+namespace strata::models {
+
+// What an adapter directory's adapter_config.json says (the fields Strata uses).
+struct LoraAdapterConfig {
+  LoraConfig lora;
+  std::string base_model;  // base_model_name_or_path
+};
+
+// Reads DIR/adapter_config.json. Errors (one line naming the file and the field): kNotFound,
+// kDataLoss for JSON that is not an object or fields of the wrong type, kInvalidArgument for a
+// peft_type other than LORA or a feature Strata does not implement (use_rslora, use_dora,
+// rank_pattern, alpha_pattern, layers_to_transform, bias other than "none").
+StatusOr<LoraAdapterConfig> ReadLoraAdapterConfig(const std::string& dir);
+
+// Writes an adapter directory, crash-safe (WriteDirectoryAtomically: out_dir must not exist or be
+// empty). read_layer(l, out) writes layer l's adapter chunk (layout.layer_params fp32) into out,
+// called once per layer in order. base_model: base_model_name_or_path.
+Status WriteLoraAdapterDir(
+    const std::string& out_dir, const HfModelConfig& config, const LoraConfig& lora,
+    const LoraLayout& layout, const std::string& base_model,
+    const std::function<Status(int layer, std::span<float> out)>& read_layer);
+
+// The adapters of DIR as a WeightSource of the LoRA model's blocks (block l + 1: layer l's chunk;
+// the embedding and the head have none). Checks up front that adapter_config.json's rank,
+// alpha and targets are `lora`'s and that every tensor is there with its shape; kInvalidArgument
+// naming the file and what differs otherwise. ReadBlock errors: I/O naming the file.
+StatusOr<std::shared_ptr<const WeightSource>> OpenLoraAdapter(const std::string& dir,
+                                                              const HfModelConfig& config,
+                                                              const LoraConfig& lora,
+                                                              const LoraLayout& layout);
+
+// "base_model.model.model.layers.3.self_attn.q_proj" for layer 3's q_proj of a Llama: the prefix
+// of the site's lora_A.weight / lora_B.weight.
+std::string LoraTensorPrefix(const HfModelConfig& config, int layer, const LoraSite& site);
+
+}  // namespace strata::models
