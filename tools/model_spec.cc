@@ -215,6 +215,22 @@ Status ApplyLoraFlags(const LoraFlags& f, ModelSpec* spec) {
                       f.init));
     }
     spec->lora_init_dir = std::filesystem::absolute(f.init).string();
+    // The adapter's base must be this run's: the same directory (or one of the same name,
+    // moved), or the same preset.
+    STRATA_ASSIGN_OR_RETURN(const models::LoraAdapterConfig c,
+                            models::ReadLoraAdapterConfig(f.init));
+    const std::string mine = spec->model_dir.empty() ? "strata:" + spec->preset : spec->model_dir;
+    const auto name = [](std::string p) {
+      while (p.size() > 1 && p.back() == '/') p.pop_back();
+      return std::filesystem::path(p).filename().string();
+    };
+    if (!c.base_model.empty() && c.base_model != mine &&
+        (spec->model_dir.empty() || name(c.base_model) != name(spec->model_dir))) {
+      return InvalidArgumentError(fmt::format(
+          "{}/adapter_config.json: base_model_name_or_path is '{}', this run's model is '{}': give "
+          "--model-dir for the adapter's base, or an adapter trained on this model",
+          f.init, c.base_model, mine));
+    }
   }
   return Status::Ok();
 }

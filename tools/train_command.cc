@@ -442,6 +442,7 @@ nlohmann::json OutcomeJson(const TrainOutcome& r, double wall_seconds) {
       {"bytes_d2h", c.bytes_d2h},
       {"nvme_bytes_read", c.nvme_bytes_read},
       {"nvme_bytes_written", c.nvme_bytes_written},
+      {"params_updated_on_cpu", c.params_updated_on_cpu},
       {"master_weights_xxh3", fmt::format("{:016x}", r.master_hash)},
       {"master_xxh3", fmt::format("{:016x}", r.master_hash)},
       {"start_step", r.start_step},
@@ -466,6 +467,8 @@ nlohmann::json SummaryJson(const TrainOptions& o, const ModelSpec& spec, engine:
                                                       : nlohmann::json(engine.io_backend_name())},
       {"precision", DTypeName(o.engine.precision)},
       {"update_during_backward", o.engine.update_during_backward ? "on" : "off"},
+      {"trained_params", plan.model_params},
+      {"frozen_params", plan.frozen_params},
       {"param_home", std::string(engine::ParamHomeName(plan.param_home))},
       {"optimizer_home", plan.device_optimizer_params == plan.model_params
                              ? std::string("device")
