@@ -6,6 +6,11 @@
 // embedding holds both contributions).
 //
 //   hf_gradients --model-dir D --data tokens.bin --seq-len T --micro-batch-size B --output g.st
+//
+// With --lora-init A (a PEFT adapter directory over D; optional --lora-dropout P and --seed S,
+// the engine seed the micro-batch's dropout seed derives from): the step trains the adapters
+// over the frozen model, and the output holds their gradient under PEFT's tensor names
+// (models/lora_adapter.h).
 #include <fmt/format.h>
 
 #include <cstdio>
@@ -21,13 +26,16 @@
 #include "models/hf_checkpoint.h"
 #include "models/hf_export.h"
 #include "models/llama.h"
+#include "models/lora_adapter.h"
 
 namespace strata {
 namespace {
 
 struct Args {
-  std::string model_dir, data, output;
+  std::string model_dir, data, output, lora_init;
   int seq_len = 0, micro_batch_size = 0;
+  double lora_dropout = -1;  // < 0: the adapter's
+  uint64_t seed = 1337;
 };
 
 StatusOr<Args> ParseArgs(int argc, char** argv) {
@@ -44,6 +52,12 @@ StatusOr<Args> ParseArgs(int argc, char** argv) {
       a.seq_len = std::stoi(value);
     } else if (flag == "--micro-batch-size") {
       a.micro_batch_size = std::stoi(value);
+    } else if (flag == "--lora-init") {
+      a.lora_init = value;
+    } else if (flag == "--lora-dropout") {
+      a.lora_dropout = std::stod(value);
+    } else if (flag == "--seed") {
+      a.seed = std::stoull(value);
     } else {
       return InvalidArgumentError(fmt::format("unknown flag '{}'", flag));
     }
@@ -60,7 +74,20 @@ Status Run(const Args& a) {
   STRATA_ASSIGN_OR_RETURN(auto checkpoint, models::HfCheckpoint::Open(a.model_dir));
   const models::HfModelConfig& config = checkpoint->config();
   std::unique_ptr<engine::Model> model;
-  if (config.family == models::HfModelConfig::Family::kLlama) {
+  const models::LoraLayout* lora = nullptr;
+  models::LoraConfig lora_config;
+  if (!a.lora_init.empty()) {
+    STRATA_ASSIGN_OR_RETURN(auto adapter, models::ReadLoraAdapterConfig(a.lora_init));
+    lora_config = adapter.lora;
+    if (a.lora_dropout >= 0) lora_config.dropout = a.lora_dropout;
+    STRATA_ASSIGN_OR_RETURN(auto llama, models::LlamaModel::Create(config.llama, checkpoint));
+    STRATA_RETURN_IF_ERROR(llama->EnableLora(lora_config));
+    lora = llama->lora();
+    STRATA_ASSIGN_OR_RETURN(auto init,
+                            models::OpenLoraAdapter(a.lora_init, config, lora_config, *lora));
+    llama->SetLoraInit(std::move(init));
+    model = std::move(llama);
+  } else if (config.family == models::HfModelConfig::Family::kLlama) {
     STRATA_ASSIGN_OR_RETURN(model, models::LlamaModel::Create(config.llama, checkpoint));
   } else {
     STRATA_ASSIGN_OR_RETURN(model, models::GptModel::Create(config.gpt2, {}, checkpoint));
@@ -79,6 +106,7 @@ Status Run(const Args& a) {
   o.optimizer.adamw().lr = 0;
   o.optimizer.adamw().weight_decay = 0;
   o.grad_clip_norm = 0;
+  o.seed = a.seed;
   o.placement.param_home = engine::ParamHome::kDevice;
   o.placement.optimizer_home = engine::OptimizerHome::kHost;
   o.placement.device_budget_bytes = 64ull << 30;
@@ -97,10 +125,17 @@ Status Run(const Args& a) {
     std::memcpy(out.data(), g.data(), out.size_bytes());
     return Status::Ok();
   };
-  STRATA_RETURN_IF_ERROR(
-      models::WriteHfDirectory(dir, config, read_block, DType::kF32, ~uint64_t{0}, {}));
+  if (lora != nullptr) {
+    STRATA_RETURN_IF_ERROR(models::WriteLoraAdapterDir(
+        dir, config, lora_config, *lora, a.model_dir,
+        [&](int layer, std::span<float> out) { return read_block(layer + 1, out); }));
+  } else {
+    STRATA_RETURN_IF_ERROR(
+        models::WriteHfDirectory(dir, config, read_block, DType::kF32, ~uint64_t{0}, {}));
+  }
   std::error_code ec;
-  std::filesystem::rename(dir + "/model.safetensors", a.output, ec);
+  std::filesystem::rename(dir + (lora ? "/adapter_model.safetensors" : "/model.safetensors"),
+                          a.output, ec);
   if (ec)
     return InternalError(fmt::format("moving the gradients to '{}': {}", a.output, ec.message()));
   std::filesystem::remove_all(dir);

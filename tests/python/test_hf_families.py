@@ -21,6 +21,11 @@ llm.c's format, then:
   gradient of the mean cross-entropy over the first B windows for every Hugging
   Face parameter, within |g - ref| <= GRAD_REL_TOL * max|ref| + GRAD_ABS_TOL of the
   float64 autograd gradient, per tensor (see assert_gradient_close);
+- with --lora-init (a PEFT adapter directory the test writes), `hf_gradients` must write
+  the gradient of every adapter tensor (lora_A, lora_B) within the same bound of the
+  float64 autograd gradient of a LoRA forward written here (llama_lora_loss), with
+  dropout off and on (the mask is models/lora.h's documented function, reimplemented
+  here: lora_keep_mask);
 - `strata train` fine-tunes a tiny Llama from its directory (loss goes down), saves,
   resumes to the same master weights, exports, and the export re-imports with the
   same eval loss;
@@ -1012,6 +1017,182 @@ class StrataGradientTest(unittest.TestCase):
                     g, dtype, _ = got[name]
                     self.assertEqual(dtype, "F32", name)
                     assert_gradient_close(self, g, ref, f"{model.name} {name}")
+
+
+# ---------------------------------------------------------------------------
+# LoRA (issue 30): the adapters' gradients against a float64 LoRA forward written here
+# from Hu et al. 2021 as Hugging Face PEFT applies it: every targeted nn.Linear computes
+# y = x W^T + (alpha / r) dropout(x) A^T B^T, A (r, in), B (out, r), W frozen.
+
+LLAMA_LORA_MODULES = [("q_proj", "self_attn"), ("k_proj", "self_attn"), ("v_proj", "self_attn"),
+                      ("o_proj", "self_attn"), ("gate_proj", "mlp"), ("up_proj", "mlp"),
+                      ("down_proj", "mlp")]
+MASK64 = (1 << 64) - 1
+
+
+def splitmix64(x):
+    """SplitMix64 (Steele, Lea & Flood 2014) on a Python int, as models/init.h writes it."""
+    x = (x + 0x9E3779B97F4A7C15) & MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+    return x ^ (x >> 31)
+
+
+def splitmix64_array(x):
+    """The same on a numpy uint64 array (wrapping arithmetic)."""
+    with np.errstate(over="ignore"):
+        x = x + np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
+def lora_keep_mask(micro_batch_seed, layer, site, rows, cols, p):
+    """The documented dropout of models/lora.h: element i of the (rows, cols) input of site
+    `site` (its index among the targeted modules, in the family's order) of layer `layer`
+    is kept when the top 24 bits of SplitMix64(stream ^ i), over 2^24, are >= p (fp32)."""
+    stream = splitmix64((micro_batch_seed + 0x9E3779B97F4A7C15 * (layer * 4096 + site + 1))
+                        & MASK64)
+    index = np.arange(rows * cols, dtype=np.uint64)
+    u = (splitmix64_array(np.uint64(stream) ^ index) >> np.uint64(40)).astype(np.float64)
+    return torch.from_numpy(u * 2.0 ** -24 >= float(np.float32(p))).reshape(rows, cols)
+
+
+def micro_batch_dropout_seed(seed, step=0, micro_batch=0):
+    """engine.cc's BlockBuffers::dropout_seed of a micro-batch."""
+    return splitmix64(seed ^ splitmix64((step * 65536 + micro_batch) & MASK64)) | 1
+
+
+def llama_lora_loss(p, adapters, cfg, lora, inputs, targets, dropout_seed=None):
+    """llama_loss with the adapters of `adapters` ({(layer, module): (A, B)}, float64) on the
+    modules lora["targets"]; dropout_seed: the micro-batch's (None: no dropout)."""
+    b, t = inputs.shape
+    hs, eps = llama_head_dim(cfg), cfg["rms_norm_eps"]
+    h, hkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    scale = lora["alpha"] / lora["r"]
+    targeted = [m for m, _ in LLAMA_LORA_MODULES if m in lora["targets"]]
+    cos, sin = rope_cos_sin(rope_inv_freq(cfg), t)
+
+    def proj(i, module, x):
+        group = dict(LLAMA_LORA_MODULES)[module]
+        y = x @ p[f"model.layers.{i}.{group}.{module}.weight"].T
+        if module not in targeted:
+            return y
+        a, bb = adapters[(i, module)]
+        xd = x
+        if dropout_seed is not None and lora["dropout"] > 0:
+            keep = lora_keep_mask(dropout_seed, i, targeted.index(module), b * t, x.shape[-1],
+                                  lora["dropout"]).reshape(x.shape)
+            xd = x * keep / (1 - lora["dropout"])
+        return y + scale * (xd @ a.T) @ bb.T
+
+    x = p["model.embed_tokens.weight"][inputs]
+    for i in range(cfg["num_hidden_layers"]):
+        pre = f"model.layers.{i}."
+        a = rms_norm(x, p[pre + "input_layernorm.weight"], eps)
+        q = proj(i, "q_proj", a).view(b, t, h, hs).transpose(1, 2)
+        k = proj(i, "k_proj", a).view(b, t, hkv, hs).transpose(1, 2)
+        v = proj(i, "v_proj", a).view(b, t, hkv, hs).transpose(1, 2)
+        y = causal_attention(apply_rope(q, cos, sin), apply_rope(k, cos, sin), v)
+        x = x + proj(i, "o_proj", y.transpose(1, 2).reshape(b, t, h * hs))
+        m = rms_norm(x, p[pre + "post_attention_layernorm.weight"], eps)
+        gate = torch.nn.functional.silu(proj(i, "gate_proj", m))
+        x = x + proj(i, "down_proj", gate * proj(i, "up_proj", m))
+    x = rms_norm(x, p["model.norm.weight"], eps)
+    head = p["model.embed_tokens.weight"] if cfg.get("tie_word_embeddings", False) \
+        else p["lm_head.weight"]
+    return mean_cross_entropy(x @ head.T, targets)
+
+
+def write_lora_adapter(path, model, lora, seed):
+    """A PEFT adapter directory over `model` with random (nonzero) A and B; returns them."""
+    cfg = model.cfg
+    gen = torch.Generator().manual_seed(seed)
+    c, i_size = cfg["hidden_size"], cfg["intermediate_size"]
+    hs = llama_head_dim(cfg)
+    dims = {"q_proj": (c, cfg["num_attention_heads"] * hs),
+            "k_proj": (c, cfg["num_key_value_heads"] * hs),
+            "v_proj": (c, cfg["num_key_value_heads"] * hs),
+            "o_proj": (cfg["num_attention_heads"] * hs, c),
+            "gate_proj": (c, i_size), "up_proj": (c, i_size), "down_proj": (i_size, c)}
+    adapters, tensors = {}, {}
+    for i in range(cfg["num_hidden_layers"]):
+        for module, group in LLAMA_LORA_MODULES:
+            if module not in lora["targets"]:
+                continue
+            fan_in, fan_out = dims[module]
+            a = (0.3 * torch.randn(lora["r"], fan_in, generator=gen, dtype=F64)).float().double()
+            bb = (0.3 * torch.randn(fan_out, lora["r"], generator=gen, dtype=F64)).float().double()
+            adapters[(i, module)] = (a, bb)
+            name = f"base_model.model.model.layers.{i}.{group}.{module}"
+            tensors[name + ".lora_A.weight"] = (a, "F32")
+            tensors[name + ".lora_B.weight"] = (bb, "F32")
+    os.makedirs(path)
+    with open(os.path.join(path, "adapter_config.json"), "w") as f:
+        json.dump({"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": lora["r"],
+                   "lora_alpha": lora["alpha"], "lora_dropout": lora["dropout"],
+                   "target_modules": lora["targets"], "bias": "none",
+                   "base_model_name_or_path": model.dir}, f)
+    write_safetensors(os.path.join(path, "adapter_model.safetensors"), tensors)
+    return adapters
+
+
+@unittest.skipIf(torch is None, "torch is not importable")
+@unittest.skipUnless(STRATA_HF_GRADIENTS, NO_GRADIENTS)
+class StrataLoraGradientTest(unittest.TestCase):
+    def test_adapter_gradients_equal_the_reference_with_and_without_dropout(self):
+        f = Fixture.get()
+        lora = {"r": 3, "alpha": 6.0, "dropout": 0.0,
+                "targets": [m for m, _ in LLAMA_LORA_MODULES]}
+        llamas = [m for m in f.models if m.cfg["model_type"] == "llama"][:2]  # untied, tied
+        for model in llamas:
+            adapter_dir = os.path.join(f.root, model.name + ".lora")
+            adapters = write_lora_adapter(adapter_dir, model, lora, seed=41)
+            for p_drop in (0.0, 0.3):
+                with self.subTest(model=model.name, dropout=p_drop):
+                    out = os.path.join(f.root, f"{model.name}.lora{p_drop}.safetensors")
+                    r = run([STRATA_HF_GRADIENTS, "--model-dir", model.dir, "--data", model.data,
+                             "--seq-len", SEQ_LEN, "--micro-batch-size", MICRO_BATCH,
+                             "--lora-init", adapter_dir, "--lora-dropout", p_drop,
+                             "--seed", 5, "--output", out])
+                    self.assertEqual(r.returncode, 0,
+                                     f"hf_gradients failed:\n{r.stdout}\n{r.stderr}")
+                    got, _ = read_safetensors(out)
+                    leaves = {k: (a.clone().requires_grad_(), bb.clone().requires_grad_())
+                              for k, (a, bb) in adapters.items()}
+                    x, y = windows(model.tokens, SEQ_LEN)
+                    run_lora = dict(lora, dropout=p_drop)
+                    loss = llama_lora_loss(model.params, leaves, model.cfg, run_lora,
+                                           x[:MICRO_BATCH], y[:MICRO_BATCH],
+                                           micro_batch_dropout_seed(5) if p_drop else None)
+                    loss.backward()
+                    self.assertEqual(len(got), 2 * len(leaves), "adapter tensor count")
+                    for (i, module), (a, bb) in leaves.items():
+                        group = dict(LLAMA_LORA_MODULES)[module]
+                        name = f"base_model.model.model.layers.{i}.{group}.{module}"
+                        for suffix, leaf in ((".lora_A.weight", a), (".lora_B.weight", bb)):
+                            g, dtype, _ = got[name + suffix]
+                            self.assertEqual(dtype, "F32", name + suffix)
+                            assert_gradient_close(self, g, leaf.grad,
+                                                  f"{model.name} p={p_drop} {name}{suffix}")
+
+    def test_dropout_changes_the_gradient(self):
+        # The reference's masks are the engine's: a wrong mask would fail the test above, and
+        # this shows the dropout case differs from the plain one (the comparison can fail).
+        f = Fixture.get()
+        model = [m for m in f.models if m.cfg["model_type"] == "llama"][0]
+        lora = {"r": 2, "alpha": 4.0, "dropout": 0.3, "targets": ["q_proj", "down_proj"]}
+        adapters = write_lora_adapter(os.path.join(f.root, "dropout.lora"), model, lora, seed=3)
+        x, y = windows(model.tokens, SEQ_LEN)
+        grads = []
+        for seed in (None, micro_batch_dropout_seed(5)):
+            leaves = {k: (a.clone().requires_grad_(), bb.clone().requires_grad_())
+                      for k, (a, bb) in adapters.items()}
+            llama_lora_loss(model.params, leaves, model.cfg, lora, x[:MICRO_BATCH],
+                            y[:MICRO_BATCH], seed).backward()
+            grads.append(torch.cat([t.grad.flatten() for ab in leaves.values() for t in ab]))
+        self.assertGreater((grads[0] - grads[1]).abs().max().item(),
+                           100 * GRAD_REL_TOL * grads[0].abs().max().item())
 
 
 @unittest.skipIf(torch is None, "torch is not importable")

@@ -104,6 +104,20 @@ TEST_F(LoraCliTest, LowersTheValidationLossAndResumesBitIdentically) {
   EXPECT_GT(a["frozen_params"].get<int64_t>(), 50 * a["trained_params"].get<int64_t>() / 10);
 }
 
+TEST_F(LoraCliTest, ZeroInitialisedBGivesTheBaseModelsFirstLossExactly) {
+  // B = 0 makes every adapter's output exactly zero, so the first step's loss is the base
+  // model's, bit for bit (the same data and micro-batches with and without LoRA).
+  const std::string common = "train --model-dir " + Path("base") + " --device host --data " +
+                             Path("tune.bin") + " --seq-len 32 --eval-every 0 --sample-bytes 0 " +
+                             "--log-every 0 --steps 1 --offload-params host --precision fp32 ";
+  Result full = RunStrata(common + "--offload-optimizer host --summary-json " + Path("full.json"));
+  ASSERT_EQ(full.exit_code, 0) << full.err;
+  Result lora = RunStrata(common + "--lora-rank 4 --lora-targets q_proj,v_proj,down_proj " +
+                          "--summary-json " + Path("lora0.json"));
+  ASSERT_EQ(lora.exit_code, 0) << lora.err;
+  EXPECT_EQ(Summary("full.json")["loss_first"], Summary("lora0.json")["loss_first"]);
+}
+
 TEST_F(LoraCliTest, AdapterExportReproducesTheRunAndTheMergedModelEvaluatesEqual) {
   Result r = Lora("--steps 8 --offload-params host --save-dir " + Path("ck_export"));
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
