@@ -73,8 +73,7 @@ int64_t GptFamily::NumParams(DecoderBlock kind) const {
   return LayerNumParams(shape);
 }
 
-// LoRA is not built for the GPT blocks yet (DecoderModel::EnableLora says so).
-std::vector<LoraModule> GptFamily::LoraModules() const { return {}; }
+std::vector<LoraModule> GptFamily::LoraModules() const { return GptLoraModules(shape); }
 
 void GptFamily::Init(DecoderBlock kind, int layer, uint64_t seed, float* out) const {
   switch (kind) {
@@ -120,7 +119,7 @@ void GptFamily::HostEmbeddingForward(const BlockArgs<S>& a) const {
 }
 template <typename S>
 void GptFamily::HostLayerForward(const BlockArgs<S>& a) const {
-  GptLayerForward<S>(shape, a.params, a.x_in, a.x_out, a.B, a.T, a.scratch);
+  GptLayerForward<S>(shape, a.params, a.x_in, a.x_out, a.B, a.T, a.scratch, a.lora);
 }
 template <typename S>
 float GptFamily::HostHeadForward(const BlockArgs<S>& a) const {
@@ -133,7 +132,8 @@ void GptFamily::HostEmbeddingBackward(const BlockArgs<S>& a) const {
 }
 template <typename S>
 void GptFamily::HostLayerBackward(const BlockArgs<S>& a) const {
-  GptLayerBackward<S>(shape, a.params, a.x_in, a.dx_out, a.dx_in, a.grads, a.B, a.T, a.scratch);
+  GptLayerBackward<S>(shape, a.params, a.x_in, a.dx_out, a.dx_in, a.grads, a.B, a.T, a.scratch,
+                      a.lora);
 }
 template <typename S>
 void GptFamily::HostHeadBackward(const BlockArgs<S>& a) const {

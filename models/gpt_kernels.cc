@@ -132,16 +132,25 @@ ops::AttentionDims AttentionDimsOf(const GptShape& s, int B, int T) {
 //   ln2 = LN2(x2); h = ln2 Wfc + bfc, g = gelu(h).
 template <typename S>
 void LayerForwardToGelu(const GptShape& s, const LayerParams<const S*>& p, const S* x, int B, int T,
-                        const LayerScratch<S>& sc) {
+                        const LayerScratch<S>& sc, const LoraLayerArgs<S>& lora) {
   const int64_t C = s.channels, N = int64_t{B} * T;
   const double eps = s.layer_norm_eps;
   ops::LayerNormForward(x, p.ln1_w, p.ln1_b, eps, N, C, sc.ln1, sc.mean1, sc.rstd1);
   ops::MatmulForward(sc.ln1, p.qkv_w, kInOut, p.qkv_b, sc.qkv, N, C, 3 * C);
+  LoraForward(lora, kGptAttnProduct, sc.ln1, N, sc.qkv, 3 * C);
   ops::AttentionForward(AttentionDimsOf(s, B, T), sc.qkv, sc.qkv + C, sc.qkv + 2 * C, sc.att,
                         sc.lse);
   ops::MatmulForward(sc.att, p.attn_proj_w, kInOut, p.attn_proj_b, sc.x2, N, C, C, x);
+  LoraForward(lora, kGptAttnProjProduct, sc.att, N, sc.x2, C);
   ops::LayerNormForward(sc.x2, p.ln2_w, p.ln2_b, eps, N, C, sc.ln2, sc.mean2, sc.rstd2);
-  ops::MatmulGeluForward(sc.ln2, p.fc_w, kInOut, p.fc_b, sc.h, sc.g, N, C, 4 * C);
+  if (lora.active() && LoraTargets(*lora.layout, kGptFcProduct)) {
+    // The adapter adds to the pre-activation: the product, then GELU of its rounded value.
+    ops::MatmulForward(sc.ln2, p.fc_w, kInOut, p.fc_b, sc.h, N, C, 4 * C);
+    LoraForward(lora, kGptFcProduct, sc.ln2, N, sc.h, 4 * C);
+    ops::GeluForward(sc.h, N * 4 * C, sc.g);
+  } else {
+    ops::MatmulGeluForward(sc.ln2, p.fc_w, kInOut, p.fc_b, sc.h, sc.g, N, C, 4 * C);
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -160,6 +169,18 @@ double ResidualInitStd(const GptShape& s) {
 }
 
 }  // namespace
+
+std::vector<LoraModule> GptLoraModules(const GptShape& s) {
+  // Offsets in the layer chunk (models/gpt_layout.h's order): ln1 (2C), qkv_w (C, 3C), qkv_b
+  // (3C), attn_proj_w (C, C), attn_proj_b, ln2 (2C), fc_w (C, 4C), fc_b (4C), mlp_proj_w (4C, C).
+  const int64_t C = s.channels;
+  const int64_t qkv = 2 * C, attn_proj = qkv + 3 * C * C + 3 * C;
+  const int64_t fc = attn_proj + C * C + 3 * C, mlp_proj = fc + 4 * C * C + 4 * C;
+  return {{"c_attn", "attn.c_attn", kGptAttnProduct, C, 3 * C, 0, qkv, true, 3 * C},
+          {"c_proj", "attn.c_proj", kGptAttnProjProduct, C, C, 0, attn_proj, true, C},
+          {"c_fc", "mlp.c_fc", kGptFcProduct, C, 4 * C, 0, fc, true, 4 * C},
+          {"c_proj", "mlp.c_proj", kGptMlpProjProduct, 4 * C, C, 0, mlp_proj, true, C}};
+}
 
 // ---------------------------------------------------------------------------
 // Shapes and layouts.
@@ -309,33 +330,44 @@ void GptEmbeddingBackward(const GptShape& s, const int32_t* tokens, const S* dx_
 
 template <typename S>
 void GptLayerForward(const GptShape& s, const S* params, const S* x_in, S* x_out, int B, int T,
-                     void* scratch) {
+                     void* scratch, const LoraLayerArgs<S>& lora) {
   CheckBatch(s, B, T);
   const int64_t C = s.channels, N = int64_t{B} * T;
   const LayerParams<const S*> p(params, C);
   const LayerScratch<S> sc = CarveLayerScratch<S>(s, B, T, scratch);
-  LayerForwardToGelu(s, p, x_in, B, T, sc);
+  LayerForwardToGelu(s, p, x_in, B, T, sc, lora);
   ops::MatmulForward(sc.g, p.mlp_proj_w, kInOut, p.mlp_proj_b, x_out, N, 4 * C, C, sc.x2);
+  LoraForward(lora, kGptMlpProjProduct, sc.g, N, x_out, C);
 }
 
 template <typename S>
 void GptLayerBackward(const GptShape& s, const S* params, const S* x_in, const S* dx_out, S* dx_in,
-                      S* dparams, int B, int T, void* scratch) {
+                      S* dparams, int B, int T, void* scratch, const LoraLayerArgs<S>& lora) {
   CheckBatch(s, B, T);
   const int64_t C = s.channels, N = int64_t{B} * T;
   const LayerParams<const S*> p(params, C);
   const LayerParams<S*> dp(dparams, C);
   const LayerScratch<S> sc = CarveLayerScratch<S>(s, B, T, scratch);
-  LayerForwardToGelu(s, p, x_in, B, T, sc);
+  LayerForwardToGelu(s, p, x_in, B, T, sc, lora);
   const S* dy = dx_out;
 
   // MLP projection y = x2 + g Wp + bp, through g = gelu(h): dh = S((dy Wp^T) gelu'(h)).
   S* dh = sc.g;  // g is dead once dWp is computed (first)
-  ops::MatmulGeluBackward(sc.g, p.mlp_proj_w, kInOut, dy, sc.h, dh, dp.mlp_proj_w, dp.mlp_proj_b, N,
-                          4 * C, C);
+  if (lora.active() && LoraTargets(*lora.layout, kGptMlpProjProduct)) {
+    // The adapter's share of dg joins before GELU's derivative: dg in the LoRA scratch.
+    S* dg = LoraGradBuffer(lora, N);
+    ops::MatmulBackward(sc.g, p.mlp_proj_w, kInOut, dy, dg, dp.mlp_proj_w, dp.mlp_proj_b, N, 4 * C,
+                        C);
+    LoraBackward(lora, kGptMlpProjProduct, sc.g, dy, N, C, dg);
+    ops::GeluBackward(sc.h, dg, N * 4 * C, dh);
+  } else {
+    ops::MatmulGeluBackward(sc.g, p.mlp_proj_w, kInOut, dy, sc.h, dh, dp.mlp_proj_w, dp.mlp_proj_b,
+                            N, 4 * C, C);
+  }
   // MLP fc h = ln2 Wfc + bfc.
   S* dln2 = sc.h;  // h is dead
   ops::MatmulBackward(sc.ln2, p.fc_w, kInOut, dh, dln2, dp.fc_w, dp.fc_b, N, C, 4 * C);
+  LoraBackward(lora, kGptFcProduct, sc.ln2, dh, N, 4 * C, dln2);
   // LayerNorm 2 and the MLP residual: dx2 = S(dy + LN2'(dln2)).
   S* dx2 = sc.ln2;  // ln2 is dead
   ops::LayerNormBackward(sc.x2, p.ln2_w, sc.mean2, sc.rstd2, dln2, dy, N, C, dx2, dp.ln2_w,
@@ -344,6 +376,7 @@ void GptLayerBackward(const GptShape& s, const S* params, const S* x_in, const S
   S* datt = sc.x2;  // x2 is dead
   ops::MatmulBackward(sc.att, p.attn_proj_w, kInOut, dx2, datt, dp.attn_proj_w, dp.attn_proj_b, N,
                       C, C);
+  LoraBackward(lora, kGptAttnProjProduct, sc.att, dx2, N, C, datt);
   // Attention core: dq, dk, dv as the column blocks of dqkv.
   S* dqkv = sc.g;  // dh is dead
   ops::AttentionBackward(AttentionDimsOf(s, B, T), sc.qkv, sc.qkv + C, sc.qkv + 2 * C, sc.att, datt,
@@ -351,6 +384,7 @@ void GptLayerBackward(const GptShape& s, const S* params, const S* x_in, const S
   // qkv = ln1 Wqkv + bqkv.
   S* dln1 = sc.h;  // dln2 is dead
   ops::MatmulBackward(sc.ln1, p.qkv_w, kInOut, dqkv, dln1, dp.qkv_w, dp.qkv_b, N, C, 3 * C);
+  LoraBackward(lora, kGptAttnProduct, sc.ln1, dqkv, N, 3 * C, dln1);
   // LayerNorm 1 and the attention residual: dx = S(dx2 + LN1'(dln1)).
   ops::LayerNormBackward(x_in, p.ln1_w, sc.mean1, sc.rstd1, dln1, dx2, N, C, dx_in, dp.ln1_w,
                          dp.ln1_b);
@@ -429,13 +463,15 @@ void internal::GptHeadBackwardWithChunkRows(const GptShape& s, const S* params, 
   const S* lnf_w = params;
   const S* lnf_b = params + C;
   const LmWeight<const S*> lm = LmWeightOf(s, params, tied_params);
+  // dparams null (and tied_grads null when tied): a frozen head, no weight gradient.
   S* dlnf_w = dparams;
-  S* dlnf_b = dparams + C;
-  S* dw = dparams + 2 * C;
+  S* dlnf_b = dparams == nullptr ? nullptr : dparams + C;
+  S* dw = dparams == nullptr ? nullptr : dparams + 2 * C;
   if (s.tie_embeddings) {
-    STRATA_CHECK_MSG(tied_grads != nullptr, "a tied GPT head needs the embedding gradient");
     dw = tied_grads;  // dwte: the first V C elements; the wpe part gets no gradient here
-    std::fill(tied_grads + V * C, tied_grads + EmbeddingNumParams(s), FromFloat<S>(0));
+    if (tied_grads != nullptr) {
+      std::fill(tied_grads + V * C, tied_grads + EmbeddingNumParams(s), FromFloat<S>(0));
+    }
   }
   const HeadScratch<S> sc = CarveHeadScratch<S>(s, B, T, chunk_rows, scratch);
   ops::LayerNormForward(x_in, lnf_w, lnf_b, s.layer_norm_eps, N, C, sc.lnf, sc.mean, sc.rstd);
@@ -453,9 +489,10 @@ void internal::GptHeadBackwardWithChunkRows(const GptShape& s, const S* params, 
   template void GptEmbeddingForward<S>(const GptShape&, const S*, const int32_t*, int, int, S*); \
   template void GptEmbeddingBackward<S>(const GptShape&, const int32_t*, const S*, int, int, S*, \
                                         void*);                                                  \
-  template void GptLayerForward<S>(const GptShape&, const S*, const S*, S*, int, int, void*);    \
+  template void GptLayerForward<S>(const GptShape&, const S*, const S*, S*, int, int, void*,     \
+                                   const LoraLayerArgs<S>&);                                     \
   template void GptLayerBackward<S>(const GptShape&, const S*, const S*, const S*, S*, S*, int,  \
-                                    int, void*);                                                 \
+                                    int, void*, const LoraLayerArgs<S>&);                        \
   template ComputeType<S> GptHeadForward<S>(const GptShape&, const S*, const S*, const int32_t*, \
                                             int, int, S*, void*, const S*);                      \
   template void GptHeadBackward<S>(const GptShape&, const S*, const S*, const int32_t*,          \

@@ -95,6 +95,7 @@
 
 #include "base/dtype.h"
 #include "base/status.h"
+#include "models/lora.h"
 #include "models/ops/cross_entropy.h"
 
 namespace strata::models {
@@ -185,14 +186,26 @@ void GptEmbeddingBackward(const GptShape& shape, const int32_t* tokens, const S*
 // scratch: GptLayerScratchBytes<S>, contents undefined after.
 template <typename S>
 void GptLayerForward(const GptShape& shape, const S* params, const S* x_in, S* x_out, int B, int T,
-                     void* scratch);
+                     void* scratch, const LoraLayerArgs<S>& lora = {});
 
 // Recomputes the forward from x_in, then writes dx_in: (B, T, C) and dparams
-// (the whole layer chunk, OVERWRITTEN, not accumulated) from dx_out: (B, T, C).
-// scratch as for GptLayerForward. dx_in must not overlap x_in or dx_out.
+// (the whole layer chunk, OVERWRITTEN, not accumulated; null: no weight gradient, LoRA's
+// frozen base) from dx_out: (B, T, C). scratch as for GptLayerForward. dx_in must not overlap
+// x_in or dx_out. With `lora` active (models/lora.h) every targeted product adds its adapter's
+// output (the MLP's first product before GELU, which is then not fused with it), and the
+// backward writes the adapters' gradients and their share of dx_in.
 template <typename S>
 void GptLayerBackward(const GptShape& shape, const S* params, const S* x_in, const S* dx_out,
-                      S* dx_in, S* dparams, int B, int T, void* scratch);
+                      S* dx_in, S* dparams, int B, int T, void* scratch,
+                      const LoraLayerArgs<S>& lora = {});
+
+// The layer's products as LoRA sites name them: c_attn (the fused q/k/v), the attention's
+// c_proj, the MLP's c_fc and c_proj.
+inline constexpr int kGptAttnProduct = 0, kGptAttnProjProduct = 1, kGptFcProduct = 2,
+                     kGptMlpProjProduct = 3;
+// The modules LoRA may target, Hugging Face names: c_attn (attn.c_attn), c_proj (attn.c_proj and
+// mlp.c_proj: PEFT targets both by the one name), c_fc (mlp.c_fc). Base weights (in, out).
+std::vector<LoraModule> GptLoraModules(const GptShape& shape);
 
 // The head computes its logits and the cross-entropy in chunks of rows, so that no (N, V)
 // logits buffer exists: R = HeadChunkRows(N, V) (models/ops/cross_entropy.h: the largest R <= N

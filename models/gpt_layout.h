@@ -13,7 +13,13 @@ template <typename P>
 struct LayerParams {
   P ln1_w, ln1_b, qkv_w, qkv_b, attn_proj_w, attn_proj_b, ln2_w, ln2_b, fc_w, fc_b, mlp_proj_w,
       mlp_proj_b;
+  // base null (a backward that computes no weight gradient: LoRA's frozen layer): all null.
   LayerParams(P base, int64_t C) {
+    if (base == nullptr) {
+      ln1_w = ln1_b = qkv_w = qkv_b = attn_proj_w = attn_proj_b = ln2_w = ln2_b = fc_w = fc_b =
+          mlp_proj_w = mlp_proj_b = nullptr;
+      return;
+    }
     P p = base;
     auto take = [&p](int64_t n) {
       P r = p;

@@ -71,7 +71,6 @@ void InitLoraLayer(const LoraLayout& layout, int layer, uint64_t seed, float* pa
 void MergeLoraLayer(const LoraLayout& layout, const float* adapters, float* base) {
   for (const LoraSite& s : layout.sites) {
     const int64_t in = s.module.in, r = layout.rank;
-    float* w = base + s.module.weight_offset + s.module.col * in;
     for (int64_t o = 0; o < s.module.out; ++o) {
       for (int64_t i = 0; i < in; ++i) {
         double ba = 0;  // in double, rounded to fp32 once with the weight
@@ -79,7 +78,11 @@ void MergeLoraLayer(const LoraLayout& layout, const float* adapters, float* base
           ba += static_cast<double>(adapters[s.b_offset + o * r + k]) *
                 adapters[s.a_offset + k * in + i];
         }
-        w[o * in + i] = static_cast<float>(w[o * in + i] + layout.scaling * ba);
+        // W[col + o][i] (out, in) or W[i][col + o] (in, product_out).
+        float& w = base[s.module.weight_offset + (s.module.in_out
+                                                      ? i * s.module.product_out + s.module.col + o
+                                                      : (s.module.col + o) * in + i)];
+        w = static_cast<float>(w + layout.scaling * ba);
       }
     }
   }
@@ -97,7 +100,7 @@ using ops::WeightLayout;
 
 template <typename S>
 struct SiteScratch {
-  S *xd, *u, *v, *g, *t;
+  S *xd, *u, *v, *g, *t, *family;
   int64_t size_bytes;
   SiteScratch(const LoraLayout& l, int64_t rows, void* base) {
     int64_t in = 0, out = 0;
@@ -111,6 +114,7 @@ struct SiteScratch {
     v = k.Take<S>(rows * out);
     g = k.Take<S>(rows * l.rank);
     t = k.Take<S>(rows * in);
+    family = k.Take<S>(rows * in);
     size_bytes = k.size_bytes();
   }
 };
@@ -139,6 +143,16 @@ const S* Dropout(const LoraLayerArgs<S>& a, int site, const S* x, int64_t rows, 
 template <typename S>
 int64_t LoraScratchBytes(const LoraLayout& layout, int64_t rows) {
   return SiteScratch<S>(layout, rows, nullptr).size_bytes;
+}
+
+template <typename S>
+S* LoraGradBuffer(const LoraLayerArgs<S>& a, int64_t rows) {
+  return SiteScratch<S>(*a.layout, rows, a.scratch).family;
+}
+
+bool LoraTargets(const LoraLayout& layout, int product) {
+  return std::any_of(layout.sites.begin(), layout.sites.end(),
+                     [&](const LoraSite& s) { return s.module.product == product; });
 }
 
 template <typename S>
@@ -217,6 +231,7 @@ void LoraBackward(const LoraLayerArgs<S>& a, int product, const S* x, const S* d
 
 #define STRATA_INSTANTIATE_LORA(S)                                                            \
   template int64_t LoraScratchBytes<S>(const LoraLayout&, int64_t);                           \
+  template S* LoraGradBuffer<S>(const LoraLayerArgs<S>&, int64_t);                            \
   template void LoraForward<S>(const LoraLayerArgs<S>&, int, const S*, int64_t, S*, int64_t); \
   template void LoraBackward<S>(const LoraLayerArgs<S>&, int, const S*, const S*, int64_t,    \
                                 int64_t, S*);

@@ -57,9 +57,12 @@ struct LoraModule {
   int64_t in = 0;    // the product's input width
   int64_t out = 0;   // the columns the module covers: [col, col + out) of the product's output
   int64_t col = 0;
-  // Where the product's base weight starts in the layer's base chunk; it is (outputs, in)
-  // row-major (nn.Linear's layout), so the module's rows are [col, col + out).
+  // Where the product's base weight starts in the layer's base chunk: (outputs, in) row-major
+  // (nn.Linear's layout: the module's rows are [col, col + out)), or with in_out (GPT-2's
+  // Conv1D) (in, product_out) row-major (its columns [col, col + out)).
   int64_t weight_offset = 0;
+  bool in_out = false;
+  int64_t product_out = 0;  // the product's output width (in_out only)
 };
 
 // One adapter of a layer: a targeted module and where its A and B sit in the layer's chunk.
@@ -112,9 +115,17 @@ struct LoraLayerArgs {
   bool active() const { return adapters != nullptr; }
 };
 
-// Scratch of one site's forward or backward for `rows` input rows (the largest site), bytes.
+// Scratch of one site's forward or backward for `rows` input rows (the largest site), plus one
+// (rows, largest input) buffer for the family (LoraGradBuffer), bytes.
 template <typename S>
 int64_t LoraScratchBytes(const LoraLayout& layout, int64_t rows);
+// A (rows, largest site input) buffer of the scratch that LoraForward/LoraBackward never touch:
+// where a family keeps an input gradient it must finish before applying an activation's
+// derivative (GPT-2's MLP projection, whose product and DGELU are fused without LoRA).
+template <typename S>
+S* LoraGradBuffer(const LoraLayerArgs<S>& a, int64_t rows);
+// Whether any site adds to `product`.
+bool LoraTargets(const LoraLayout& layout, int product);
 
 // y (rows, ld), columns [col, col + out) of every site of `product`: y += s dropout(x) A^T B^T,
 // rounded as the top of this file says. x (rows, in) is the product's input.

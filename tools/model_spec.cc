@@ -164,7 +164,8 @@ void AddLoraFlags(CLI::App& cmd, LoraFlags& f) {
       ->capture_default_str();
   cmd.add_option("--lora-targets", f.targets,
                  "LoRA: the Hugging Face module names to adapt, comma-separated (Llama: q_proj, "
-                 "k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj); default q_proj,v_proj")
+                 "k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; GPT-2: c_attn, c_proj, "
+                 "c_fc); default PEFT's: q_proj,v_proj (Llama), c_attn (GPT-2)")
       ->delimiter(',');
   cmd.add_option("--lora-dropout", f.dropout, "LoRA: dropout on the adapters' input, in [0, 1)")
       ->capture_default_str();

@@ -76,17 +76,27 @@ Status Run(const Args& a) {
   std::unique_ptr<engine::Model> model;
   const models::LoraLayout* lora = nullptr;
   models::LoraConfig lora_config;
+  // LoRA: the family's model with the adapters of --lora-init over its frozen weights.
+  auto with_lora = [&](auto m) -> Status {
+    STRATA_RETURN_IF_ERROR(m->EnableLora(lora_config));
+    lora = m->lora();
+    STRATA_ASSIGN_OR_RETURN(auto init,
+                            models::OpenLoraAdapter(a.lora_init, config, lora_config, *lora));
+    m->SetLoraInit(std::move(init));
+    model = std::move(m);
+    return Status::Ok();
+  };
   if (!a.lora_init.empty()) {
     STRATA_ASSIGN_OR_RETURN(auto adapter, models::ReadLoraAdapterConfig(a.lora_init));
     lora_config = adapter.lora;
     if (a.lora_dropout >= 0) lora_config.dropout = a.lora_dropout;
-    STRATA_ASSIGN_OR_RETURN(auto llama, models::LlamaModel::Create(config.llama, checkpoint));
-    STRATA_RETURN_IF_ERROR(llama->EnableLora(lora_config));
-    lora = llama->lora();
-    STRATA_ASSIGN_OR_RETURN(auto init,
-                            models::OpenLoraAdapter(a.lora_init, config, lora_config, *lora));
-    llama->SetLoraInit(std::move(init));
-    model = std::move(llama);
+    if (config.family == models::HfModelConfig::Family::kLlama) {
+      STRATA_ASSIGN_OR_RETURN(auto llama, models::LlamaModel::Create(config.llama, checkpoint));
+      STRATA_RETURN_IF_ERROR(with_lora(std::move(llama)));
+    } else {
+      STRATA_ASSIGN_OR_RETURN(auto gpt, models::GptModel::Create(config.gpt2, {}, checkpoint));
+      STRATA_RETURN_IF_ERROR(with_lora(std::move(gpt)));
+    }
   } else if (config.family == models::HfModelConfig::Family::kLlama) {
     STRATA_ASSIGN_OR_RETURN(model, models::LlamaModel::Create(config.llama, checkpoint));
   } else {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "base/aligned_buffer.h"
+#include "models/gpt_kernels.h"
 #include "models/llama_config.h"
 #include "models/llama_kernels.h"
 
@@ -178,6 +179,77 @@ TEST(LoraLayer, EqualsTheLayerWithMergedWeightsAndItsGradientsFollowTheChainRule
         EXPECT_NEAR(dadapters[site.a_offset + k * in + i], want, 1e-10 * (1 + std::abs(want)));
       }
     }
+  }
+}
+
+TEST(LoraLayer, GptLayerEqualsTheLayerWithMergedConv1DWeights) {
+  // GPT-2's base weights are (in, out) (Conv1D); MergeLoraLayer adds s B A transposed into
+  // them. The layer with adapters equals the layer with the merged weights (double precision),
+  // and MergeLoraLayer (fp32) is that merge rounded once per weight.
+  GptShape g;
+  g.vocab_size = 64;
+  g.max_seq_len = 8;
+  g.num_layers = 1;
+  g.num_heads = 2;
+  g.channels = 8;
+  auto layout = MakeLoraLayout({.rank = 2, .alpha = 3, .targets = {"c_attn", "c_proj", "c_fc"}},
+                               GptLoraModules(g), "the GPT");
+  ASSERT_TRUE(layout.ok()) << layout.status().ToString();
+  ASSERT_EQ(layout->sites.size(), 4u);  // c_proj names the attention's and the MLP's
+  const int B = 2, T = 5;
+  const int64_t N = B * T, C = g.channels, P = LayerNumParams(g);
+  std::mt19937_64 rng(5);
+  std::normal_distribution<double> normal(0, 0.3);
+  std::vector<double> base(P), adapters(layout->layer_params), x(N * C), merged;
+  for (auto* v : {&base, &adapters, &x}) {
+    for (double& e : *v) e = normal(rng);
+  }
+  merged = base;
+  const double s = layout->scaling;
+  for (const LoraSite& site : layout->sites) {
+    const LoraModule& m = site.module;
+    for (int64_t o = 0; o < m.out; ++o) {
+      for (int64_t i = 0; i < m.in; ++i) {
+        double ba = 0;
+        for (int64_t k = 0; k < layout->rank; ++k) {
+          ba += adapters[site.b_offset + o * layout->rank + k] *
+                adapters[site.a_offset + k * m.in + i];
+        }
+        merged[m.weight_offset + i * m.product_out + m.col + o] += s * ba;
+      }
+    }
+  }
+  const int64_t layer_scratch = GptLayerScratchBytes<double>(g, B, T);
+  auto scratch = AlignedBuffer::Allocate(
+      (layer_scratch + 63) / 64 * 64 + LoraScratchBytes<double>(*layout, N), 64);
+  ASSERT_TRUE(scratch.ok());
+  LoraLayerArgs<double> lora{.layout = &*layout,
+                             .adapters = adapters.data(),
+                             .scratch = scratch->data() + (layer_scratch + 63) / 64 * 64};
+  std::vector<double> y_lora(N * C), y_merged(N * C);
+  GptLayerForward<double>(g, base.data(), x.data(), y_lora.data(), B, T, scratch->data(), lora);
+  GptLayerForward<double>(g, merged.data(), x.data(), y_merged.data(), B, T, scratch->data());
+  for (int64_t i = 0; i < N * C; ++i) {
+    EXPECT_NEAR(y_lora[i], y_merged[i], 1e-12 * (1 + std::abs(y_merged[i]))) << i;
+  }
+  std::vector<float> base32(base.begin(), base.end()), adapters32(adapters.begin(), adapters.end());
+  std::vector<double> merged_from32(base32.begin(), base32.end());
+  for (const LoraSite& site : layout->sites) {
+    const LoraModule& m = site.module;
+    for (int64_t o = 0; o < m.out; ++o) {
+      for (int64_t i = 0; i < m.in; ++i) {
+        double ba = 0;
+        for (int64_t k = 0; k < layout->rank; ++k) {
+          ba += static_cast<double>(adapters32[site.b_offset + o * layout->rank + k]) *
+                adapters32[site.a_offset + k * m.in + i];
+        }
+        merged_from32[m.weight_offset + i * m.product_out + m.col + o] += s * ba;
+      }
+    }
+  }
+  MergeLoraLayer(*layout, adapters32.data(), base32.data());
+  for (int64_t i = 0; i < P; ++i) {
+    ASSERT_EQ(base32[i], static_cast<float>(merged_from32[i])) << i;  // one rounding
   }
 }
 

@@ -1104,10 +1104,53 @@ def llama_lora_loss(p, adapters, cfg, lora, inputs, targets, dropout_seed=None):
     return mean_cross_entropy(x @ head.T, targets)
 
 
-def write_lora_adapter(path, model, lora, seed):
-    """A PEFT adapter directory over `model` with random (nonzero) A and B; returns them."""
-    cfg = model.cfg
-    gen = torch.Generator().manual_seed(seed)
+GPT2_LORA_MODULES = [("c_attn", "attn"), ("c_proj", "attn"), ("c_fc", "mlp"), ("c_proj", "mlp")]
+
+
+def gpt2_lora_loss(p, adapters, cfg, lora, inputs, targets, dropout_seed=None):
+    """gpt2_loss with adapters ({(layer, "attn.c_attn"): (A, B)}, float64) on the Conv1D
+    modules lora["targets"] names (c_proj: the attention's and the MLP's)."""
+    b, t = inputs.shape
+    c, h, eps = cfg["n_embd"], cfg["n_head"], cfg["layer_norm_epsilon"]
+    hs = c // h
+    scale = lora["alpha"] / lora["r"]
+    sites = [f"{g}.{m}" for m, g in GPT2_LORA_MODULES if m in lora["targets"]]
+
+    def proj(i, path, x):
+        pre = f"transformer.h.{i}.{path}."
+        y = conv1d(x, p[pre + "weight"], p[pre + "bias"])
+        if path not in sites:
+            return y
+        a, bb = adapters[(i, path)]
+        xd = x
+        if dropout_seed is not None and lora["dropout"] > 0:
+            keep = lora_keep_mask(dropout_seed, i, sites.index(path), b * t, x.shape[-1],
+                                  lora["dropout"]).reshape(x.shape)
+            xd = x * keep / (1 - lora["dropout"])
+        return y + scale * (xd @ a.T) @ bb.T
+
+    x = p["transformer.wte.weight"][inputs] + p["transformer.wpe.weight"][:t]
+    for i in range(cfg["n_layer"]):
+        pre = f"transformer.h.{i}."
+        a = layer_norm(x, p[pre + "ln_1.weight"], p[pre + "ln_1.bias"], eps)
+        qkv = proj(i, "attn.c_attn", a)
+        q, k, v = (z.view(b, t, h, hs).transpose(1, 2) for z in qkv.split(c, dim=-1))
+        y = causal_attention(q, k, v).transpose(1, 2).reshape(b, t, c)
+        x = x + proj(i, "attn.c_proj", y)
+        m = layer_norm(x, p[pre + "ln_2.weight"], p[pre + "ln_2.bias"], eps)
+        m = gelu_tanh(proj(i, "mlp.c_fc", m))
+        x = x + proj(i, "mlp.c_proj", m)
+    x = layer_norm(x, p["transformer.ln_f.weight"], p["transformer.ln_f.bias"], eps)
+    return mean_cross_entropy(x @ p["transformer.wte.weight"].T, targets)
+
+
+def lora_modules(cfg):
+    """(module name, its path in a layer, in, out) of the family, in its order."""
+    if cfg["model_type"] == "gpt2":
+        c = cfg["n_embd"]
+        dims = {"attn.c_attn": (c, 3 * c), "attn.c_proj": (c, c), "mlp.c_fc": (c, 4 * c),
+                "mlp.c_proj": (4 * c, c)}
+        return [(m, f"{g}.{m}", *dims[f"{g}.{m}"]) for m, g in GPT2_LORA_MODULES]
     c, i_size = cfg["hidden_size"], cfg["intermediate_size"]
     hs = llama_head_dim(cfg)
     dims = {"q_proj": (c, cfg["num_attention_heads"] * hs),
@@ -1115,16 +1158,34 @@ def write_lora_adapter(path, model, lora, seed):
             "v_proj": (c, cfg["num_key_value_heads"] * hs),
             "o_proj": (cfg["num_attention_heads"] * hs, c),
             "gate_proj": (c, i_size), "up_proj": (c, i_size), "down_proj": (i_size, c)}
+    return [(m, f"{g}.{m}", *dims[m]) for m, g in LLAMA_LORA_MODULES]
+
+
+def lora_tensor_prefix(cfg, layer, path):
+    layers = "transformer.h" if cfg["model_type"] == "gpt2" else "model.layers"
+    return f"base_model.model.{layers}.{layer}.{path}"
+
+
+def lora_loss(model, adapters, lora, inputs, targets, dropout_seed=None):
+    fn = gpt2_lora_loss if model.cfg["model_type"] == "gpt2" else llama_lora_loss
+    return fn(model.params, adapters, model.cfg, lora, inputs, targets, dropout_seed)
+
+
+def write_lora_adapter(path, model, lora, seed):
+    """A PEFT adapter directory over `model` with random (nonzero) A and B; returns them
+    as {(layer, module path or Llama module name): (A, B)}."""
+    cfg = model.cfg
+    gen = torch.Generator().manual_seed(seed)
+    layers = cfg["n_layer"] if cfg["model_type"] == "gpt2" else cfg["num_hidden_layers"]
     adapters, tensors = {}, {}
-    for i in range(cfg["num_hidden_layers"]):
-        for module, group in LLAMA_LORA_MODULES:
+    for i in range(layers):
+        for module, mpath, fan_in, fan_out in lora_modules(cfg):
             if module not in lora["targets"]:
                 continue
-            fan_in, fan_out = dims[module]
             a = (0.3 * torch.randn(lora["r"], fan_in, generator=gen, dtype=F64)).float().double()
             bb = (0.3 * torch.randn(fan_out, lora["r"], generator=gen, dtype=F64)).float().double()
-            adapters[(i, module)] = (a, bb)
-            name = f"base_model.model.model.layers.{i}.{group}.{module}"
+            adapters[(i, module if cfg["model_type"] == "llama" else mpath)] = (a, bb)
+            name = lora_tensor_prefix(cfg, i, mpath)
             tensors[name + ".lora_A.weight"] = (a, "F32")
             tensors[name + ".lora_B.weight"] = (bb, "F32")
     os.makedirs(path)
@@ -1142,10 +1203,11 @@ def write_lora_adapter(path, model, lora, seed):
 class StrataLoraGradientTest(unittest.TestCase):
     def test_adapter_gradients_equal_the_reference_with_and_without_dropout(self):
         f = Fixture.get()
-        lora = {"r": 3, "alpha": 6.0, "dropout": 0.0,
-                "targets": [m for m, _ in LLAMA_LORA_MODULES]}
         llamas = [m for m in f.models if m.cfg["model_type"] == "llama"][:2]  # untied, tied
-        for model in llamas:
+        gpt2 = [m for m in f.models if m.cfg["model_type"] == "gpt2"][:1]  # tied, Conv1D
+        for model in llamas + gpt2:
+            lora = {"r": 3, "alpha": 6.0, "dropout": 0.0,
+                    "targets": sorted({m for m, _, _, _ in lora_modules(model.cfg)})}
             adapter_dir = os.path.join(f.root, model.name + ".lora")
             adapters = write_lora_adapter(adapter_dir, model, lora, seed=41)
             for p_drop in (0.0, 0.3):
@@ -1162,14 +1224,14 @@ class StrataLoraGradientTest(unittest.TestCase):
                               for k, (a, bb) in adapters.items()}
                     x, y = windows(model.tokens, SEQ_LEN)
                     run_lora = dict(lora, dropout=p_drop)
-                    loss = llama_lora_loss(model.params, leaves, model.cfg, run_lora,
-                                           x[:MICRO_BATCH], y[:MICRO_BATCH],
-                                           micro_batch_dropout_seed(5) if p_drop else None)
+                    loss = lora_loss(model, leaves, run_lora, x[:MICRO_BATCH], y[:MICRO_BATCH],
+                                     micro_batch_dropout_seed(5) if p_drop else None)
                     loss.backward()
                     self.assertEqual(len(got), 2 * len(leaves), "adapter tensor count")
                     for (i, module), (a, bb) in leaves.items():
-                        group = dict(LLAMA_LORA_MODULES)[module]
-                        name = f"base_model.model.model.layers.{i}.{group}.{module}"
+                        path = f"{dict(LLAMA_LORA_MODULES)[module]}.{module}" \
+                            if model.cfg["model_type"] == "llama" else module
+                        name = lora_tensor_prefix(model.cfg, i, path)
                         for suffix, leaf in ((".lora_A.weight", a), (".lora_B.weight", bb)):
                             g, dtype, _ = got[name + suffix]
                             self.assertEqual(dtype, "F32", name + suffix)
