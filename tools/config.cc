@@ -846,8 +846,44 @@ void ApplyMonitor(Context& c, const json& root, std::string_view name, std::stri
   }
 }
 
+// strata.lora: {"rank", "alpha", "targets", "dropout", "init"}, as the --lora-* flags.
+void ApplyLora(Context& c, const json& l, LoraFlags* f) {
+  Reader& r = c.r;
+  if (const json* v = Find(l, "rank"))
+    r.Set(&f->rank, Reader::Int(*v, "strata.lora.rank", 0, kMaxInt));
+  if (const json* v = Find(l, "alpha")) {
+    r.Set(&f->alpha, Reader::Number(*v, "strata.lora.alpha", 0, true));
+  }
+  if (const json* v = Find(l, "dropout")) {
+    r.Set(&f->dropout, Reader::Number(*v, "strata.lora.dropout", 0, false, 1, true));
+  }
+  if (const json* v = Find(l, "targets")) {
+    std::vector<std::string> targets;
+    for (const json& t : v->is_array() ? *v : json::array({*v})) {
+      if (!t.is_string()) {
+        r.Add(
+            "'strata.lora.targets' must be a module name or a list of them, e.g. "
+            "[\"q_proj\", \"v_proj\"]");
+        return;
+      }
+      targets.push_back(t.get<std::string>());
+    }
+    f->targets = targets;
+  }
+  if (const json* v = Find(l, "init")) r.Set(&f->init, Reader::String(*v, "strata.lora.init"));
+}
+
 void ApplyStrata(Context& c, const json& s, TrainFlags* f) {
   Reader& r = c.r;
+  if (const json* v = Find(s, "lora")) {
+    if (v->is_object()) {
+      ApplyLora(c, *v, &f->lora);
+    } else {
+      r.Add(
+          "'strata.lora' must be an object: {\"rank\": R, \"alpha\": A, \"targets\": [...], "
+          "\"dropout\": P, \"init\": DIR}");
+    }
+  }
   if (const json* v = Find(s, "io_backend")) {
     r.Set(&f->io_backend, Reader::Choice(*v, "strata.io_backend", {"auto", "uring", "posix"}));
   }

@@ -221,10 +221,11 @@ StatusOr<EstimateSetup> MakeEstimateSetup(const EstimateFlags& f,
   }
   const RankInfo rank0{.ranks = f.ranks, .rank = 0, .data_parallel = f.ranks > 1};
   STRATA_ASSIGN_OR_RETURN(e.options, TrainOptionsFromFlags(AsTrainFlags(f, seq_len), rank0));
+  // The host and pinned budgets first: the placement search must plan within them too.
+  STRATA_RETURN_IF_ERROR(SetHostBudgets(f, &e.options.engine.placement));
   STRATA_ASSIGN_OR_RETURN(e.placement_choice,
                           ResolvePlacement(*e.model, e.spec, profile, &e.options));
   ResolveDeviceBudget(*e.model, &e.options);
-  STRATA_RETURN_IF_ERROR(SetHostBudgets(f, &e.options.engine.placement));
   STRATA_ASSIGN_OR_RETURN(e.udb_choice,
                           ResolveUpdateDuringBackward(*e.model, e.spec, profile, &e.options));
   if (f.ranks > 1 && !engine::PartitionableOptimizer(e.options.engine.optimizer)) {

@@ -156,6 +156,30 @@ TEST(TrainConfig, TheUpdateDuringBackwardTakesOnOffAutoOrABoolean) {
       << bad.ToString();
 }
 
+TEST(TrainConfig, TheLoraSectionSetsTheLoraFlags) {
+  TrainFlags f;
+  ASSERT_TRUE(Apply(R"({"strata": {"lora": {"rank": 8, "alpha": 16, "targets": ["q_proj", "o_proj"],
+                                            "dropout": 0.05, "init": "adapter"}}})",
+                    &f)
+                  .ok());
+  EXPECT_EQ(f.lora.rank, 8);
+  EXPECT_EQ(f.lora.alpha, 16);
+  EXPECT_EQ(f.lora.targets, (std::vector<std::string>{"q_proj", "o_proj"}));
+  EXPECT_EQ(f.lora.dropout, 0.05);
+  EXPECT_EQ(f.lora.init, "adapter");
+  TrainFlags one;
+  ASSERT_TRUE(Apply(R"({"strata": {"lora": {"rank": 4, "targets": "c_attn"}}})", &one).ok());
+  EXPECT_EQ(one.lora.targets, std::vector<std::string>{"c_attn"});
+  for (const char* bad :
+       {R"({"strata": {"lora": {"dropout": 1}}})", R"({"strata": {"lora": {"targets": [3]}}})",
+        R"({"strata": {"lora": 8}})"}) {
+    TrainFlags g;
+    const Status s = Apply(bad, &g);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.message().find("strata.lora"), std::string::npos) << s.message();
+  }
+}
+
 TEST(TrainConfig, PrecisionAndOptimizerFollowDeepSpeedSemantics) {
   TrainFlags f;
   ASSERT_TRUE(Apply(R"({"bf16": {"enabled": true}, "fp16": {"enabled": false}})", &f).ok());
