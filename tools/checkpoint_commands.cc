@@ -180,6 +180,19 @@ void AddExportFlags(CLI::App& cmd, ExportFlags& f) {
 
 namespace {
 
+// --lora-dir: the adapters of a LoRA run's layers (blocks 1..L of read_block) as PEFT writes them.
+Status ExportLoraAdapters(const ExportFlags& f, const std::string& dir, const engine::Manifest& m,
+                          const ModelSpec& spec, const models::LoraLayout& lora,
+                          const std::function<Status(int, std::span<float>)>& read_block) {
+  const std::string base = spec.model_dir.empty() ? "strata:" + spec.preset : spec.model_dir;
+  STRATA_RETURN_IF_ERROR(models::WriteLoraAdapterDir(
+      f.lora_dir, spec.config, spec.lora, lora, base,
+      [&](int layer, std::span<float> out) { return read_block(layer + 1, out); }));
+  std::printf("exported the LoRA adapters (rank %d, step %lld) from %s to %s\n", spec.lora.rank,
+              static_cast<long long>(m.trainer.step), dir.c_str(), f.lora_dir.c_str());
+  return Status::Ok();
+}
+
 Status ExportHfDirectory(const ExportFlags& f) {
   STRATA_ASSIGN_OR_RETURN(DType dtype, ParseDType(f.dtype));
   STRATA_ASSIGN_OR_RETURN(uint64_t max_shard, ParseSize(f.max_shard_size));
@@ -249,16 +262,7 @@ Status ExportHfDirectory(const ExportFlags& f) {
                    file.c_str());
     }
   }
-  if (!f.lora_dir.empty()) {
-    const std::string base = spec.model_dir.empty() ? "strata:" + spec.preset : spec.model_dir;
-    STRATA_RETURN_IF_ERROR(models::WriteLoraAdapterDir(
-        f.lora_dir, spec.config, spec.lora, *lora, base,
-        [&](int layer, std::span<float> out) { return read_block(layer + 1, out); }));
-    std::printf("exported the LoRA adapters of %s (step %lld) from %s to %s\n",
-                model->description().c_str(), static_cast<long long>(m.trainer.step), dir.c_str(),
-                f.lora_dir.c_str());
-    return Status::Ok();
-  }
+  if (!f.lora_dir.empty()) return ExportLoraAdapters(f, dir, m, spec, *lora, read_block);
   STRATA_RETURN_IF_ERROR(models::WriteHfDirectory(
       f.hf_dir, spec.config, f.merge_lora ? ReadFn(read_merged) : ReadFn(read_block), dtype,
       max_shard, tokenizer_files));

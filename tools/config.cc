@@ -875,15 +875,6 @@ void ApplyLora(Context& c, const json& l, LoraFlags* f) {
 
 void ApplyStrata(Context& c, const json& s, TrainFlags* f) {
   Reader& r = c.r;
-  if (const json* v = Find(s, "lora")) {
-    if (v->is_object()) {
-      ApplyLora(c, *v, &f->lora);
-    } else {
-      r.Add(
-          "'strata.lora' must be an object: {\"rank\": R, \"alpha\": A, \"targets\": [...], "
-          "\"dropout\": P, \"init\": DIR}");
-    }
-  }
   if (const json* v = Find(s, "io_backend")) {
     r.Set(&f->io_backend, Reader::Choice(*v, "strata.io_backend", {"auto", "uring", "posix"}));
   }
@@ -1080,7 +1071,18 @@ Status ApplyTrainConfigText(std::string_view text, std::string_view source, Trai
   }
   ApplyMonitor(c, root, "tensorboard", &f->tensorboard_dir);
   ApplyMonitor(c, root, "csv_monitor", &f->metrics_csv_dir);
-  if (const json* v = Find(root, "strata"); v != nullptr && v->is_object()) ApplyStrata(c, *v, f);
+  if (const json* v = Find(root, "strata"); v != nullptr && v->is_object()) {
+    ApplyStrata(c, *v, f);
+    if (const json* l = Find(*v, "lora")) {
+      if (l->is_object()) {
+        ApplyLora(c, *l, &f->lora);
+      } else {
+        c.r.Add(
+            "'strata.lora' must be an object: {\"rank\": R, \"alpha\": A, \"targets\": "
+            "[...], \"dropout\": P, \"init\": DIR}");
+      }
+    }
+  }
 
   const auto& problems = c.r.problems();
   if (problems.size() == 1) return error(problems[0]);

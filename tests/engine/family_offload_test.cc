@@ -13,6 +13,7 @@
 #include "models/gpt.h"
 #include "models/llama.h"
 #include "tests/engine/engine_test_util.h"
+#include "tests/engine/tiny_families.h"
 
 namespace strata::engine {
 namespace {
@@ -23,42 +24,9 @@ using testing::OverflowInjector;
 using testing::TrainOn;
 using testing::TrainRun;
 
-struct Family {
-  const char* name;
-  std::function<std::unique_ptr<Model>()> make;
-};
+std::vector<testing::Family> Families() { return testing::TinyFamilies(true); }
 
-models::LlamaConfig TinyLlama(bool tied) {
-  models::LlamaConfig c;
-  c.vocab_size = 256;  // the test tokens are bytes
-  c.hidden_size = 24;
-  c.intermediate_size = 40;
-  c.num_layers = 4;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 6;
-  c.max_seq_len = 16;
-  c.rms_norm_eps = 1e-5;
-  c.tie_embeddings = tied;
-  return c;
-}
-
-std::vector<Family> Families() {
-  return {
-      {"llama",
-       [] { return std::unique_ptr<Model>(*models::LlamaModel::Create(TinyLlama(false))); }},
-      {"llama_tied",
-       [] { return std::unique_ptr<Model>(*models::LlamaModel::Create(TinyLlama(true))); }},
-      {"gpt2_tied",
-       [] {
-         models::GptShape s{256, 16, 5, 2, 32};
-         s.tie_embeddings = true;
-         return std::unique_ptr<Model>(*models::GptModel::Create(s));
-       }},
-  };
-}
-
-class FamilyOffloadTest : public ::testing::TestWithParam<Family> {
+class FamilyOffloadTest : public ::testing::TestWithParam<testing::Family> {
  protected:
   void SetUp() override {
     model_ = GetParam().make();

@@ -23,6 +23,7 @@
 #include "models/gpt.h"
 #include "models/llama.h"
 #include "tests/engine/engine_test_util.h"
+#include "tests/engine/tiny_families.h"
 
 namespace strata::engine {
 namespace {
@@ -123,40 +124,9 @@ class ZeroGradBlocks final : public ForwardingModel {
   std::set<int> zeroed_;
 };
 
-models::LlamaConfig TinyLlama(bool tied) {
-  models::LlamaConfig c;
-  c.vocab_size = 256;  // the test tokens are bytes
-  c.hidden_size = 24;
-  c.intermediate_size = 40;
-  c.num_layers = 4;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 6;
-  c.max_seq_len = 16;
-  c.rms_norm_eps = 1e-5;
-  c.tie_embeddings = tied;
-  return c;
-}
+std::vector<testing::Family> Families() { return testing::TinyFamilies(false); }
 
-struct Family {
-  const char* name;
-  std::function<std::unique_ptr<Model>()> make;
-};
-
-std::vector<Family> Families() {
-  return {
-      {"llama_tied",
-       [] { return std::unique_ptr<Model>(*models::LlamaModel::Create(TinyLlama(true))); }},
-      {"gpt2_tied",
-       [] {
-         models::GptShape s{256, 16, 5, 2, 32};
-         s.tie_embeddings = true;
-         return std::unique_ptr<Model>(*models::GptModel::Create(s));
-       }},
-  };
-}
-
-class FrozenParamsTest : public ::testing::TestWithParam<Family> {
+class FrozenParamsTest : public ::testing::TestWithParam<testing::Family> {
  protected:
   void SetUp() override {
     model_ = GetParam().make();
@@ -273,9 +243,9 @@ TEST_P(FrozenParamsTest, TrainedBlocksMatchZeroGradientReferenceInEveryPlacement
 }
 
 TEST_P(FrozenParamsTest, CheckpointOfTheTrainedBlocksResumesBitIdentically) {
-  // Frozen chunks and optimizer state on NVMe: the checkpoint holds the trained blocks only (a frozen
-  // chunk comes from the model again); n steps, save, a fresh engine loads and runs m more ==
-  // n + m straight.
+  // Frozen chunks and optimizer state on NVMe: the checkpoint holds the trained blocks only (a
+  // frozen chunk comes from the model again); n steps, save, a fresh engine loads and runs m more
+  // == n + m straight.
   const int n = 2, m = 2;
   FreezeBlocks frozen_model(model_.get(), {0, 2});
   EngineOptions o = Options(frozen_model, DType::kBF16, ParamHome::kNvme, 1,

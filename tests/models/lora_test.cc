@@ -64,7 +64,7 @@ TEST(LoraLayout, BadSettingsAreOneLineErrorsNamingTheFlag) {
                 .status()
                 .code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(MakeLoraLayout({.rank = 2}, modules, "x").status().code(),
+  EXPECT_EQ(MakeLoraLayout({.rank = 2, .targets = {}}, modules, "x").status().code(),
             StatusCode::kInvalidArgument);
 }
 
@@ -89,12 +89,28 @@ TEST(LoraLayout, InitialisationIsPeftsKaimingUniformAAndZeroB) {
   }
 }
 
-// The weight a site adds to, inside a layer chunk: the product's (rows, in) matrix, rows
-// [col, col + out).
-double* SiteWeight(const LlamaConfig& c, double* chunk, const LoraSite& s) {
-  const std::vector<LlamaTensor> t = LlamaLayerTensors(c, 0);
-  const int tensor[] = {1, 4, 6, 8};  // q_proj (q|k|v), o_proj, gate_proj (gate|up), down_proj
-  return chunk + t[tensor[s.module.product]].offset + s.module.col * s.module.in;
+// The element of a layer chunk that weight (row o, input i) of a site is: (out, in) rows
+// [col, col + out) of the product's weight, or GPT-2's (in, product_out) columns.
+int64_t WeightIndex(const LoraModule& m, int64_t o, int64_t i) {
+  return m.weight_offset + (m.in_out ? i * m.product_out + m.col + o : (m.col + o) * m.in + i);
+}
+
+// base += s B A for every site, in double (A, B from the layer's adapter chunk).
+template <typename T>
+void MergeInDouble(const LoraLayout& l, const std::vector<T>& adapters, std::vector<double>* base) {
+  for (const LoraSite& site : l.sites) {
+    const LoraModule& m = site.module;
+    for (int64_t o = 0; o < m.out; ++o) {
+      for (int64_t i = 0; i < m.in; ++i) {
+        double ba = 0;
+        for (int64_t k = 0; k < l.rank; ++k) {
+          ba += static_cast<double>(adapters[site.b_offset + o * l.rank + k]) *
+                adapters[site.a_offset + k * m.in + i];
+        }
+        (*base)[WeightIndex(m, o, i)] += l.scaling * ba;
+      }
+    }
+  }
 }
 
 TEST(LoraLayer, EqualsTheLayerWithMergedWeightsAndItsGradientsFollowTheChainRule) {
@@ -116,19 +132,7 @@ TEST(LoraLayer, EqualsTheLayerWithMergedWeightsAndItsGradientsFollowTheChainRule
   // The merged weights W' = W + s B A.
   const double s = layout->scaling;
   std::vector<double> merged = base;
-  for (const LoraSite& site : layout->sites) {
-    const int64_t in = site.module.in, out = site.module.out, r = layout->rank;
-    double* w = SiteWeight(c, merged.data(), site);
-    for (int64_t o = 0; o < out; ++o) {
-      for (int64_t i = 0; i < in; ++i) {
-        double ba = 0;
-        for (int64_t k = 0; k < r; ++k) {
-          ba += adapters[site.b_offset + o * r + k] * adapters[site.a_offset + k * in + i];
-        }
-        w[o * in + i] += s * ba;
-      }
-    }
-  }
+  MergeInDouble(*layout, adapters, &merged);
   const int64_t layer_scratch = LlamaLayerScratchBytes<double>(c, B, T);
   auto scratch = AlignedBuffer::Allocate(
       (layer_scratch + 63) / 64 * 64 + LoraScratchBytes<double>(*layout, N), 64);
@@ -160,12 +164,11 @@ TEST(LoraLayer, EqualsTheLayerWithMergedWeightsAndItsGradientsFollowTheChainRule
   for (const LoraSite& site : layout->sites) {
     SCOPED_TRACE(site.module.name);
     const int64_t in = site.module.in, out = site.module.out, r = layout->rank;
-    const double* dw = SiteWeight(c, dmerged.data(), site);
+    const auto dw = [&](int64_t o, int64_t i) { return dmerged[WeightIndex(site.module, o, i)]; };
     for (int64_t o = 0; o < out; ++o) {
       for (int64_t k = 0; k < r; ++k) {
         double want = 0;
-        for (int64_t i = 0; i < in; ++i)
-          want += dw[o * in + i] * adapters[site.a_offset + k * in + i];
+        for (int64_t i = 0; i < in; ++i) want += dw(o, i) * adapters[site.a_offset + k * in + i];
         want *= s;
         EXPECT_NEAR(dadapters[site.b_offset + o * r + k], want, 1e-10 * (1 + std::abs(want)));
       }
@@ -173,8 +176,7 @@ TEST(LoraLayer, EqualsTheLayerWithMergedWeightsAndItsGradientsFollowTheChainRule
     for (int64_t k = 0; k < r; ++k) {
       for (int64_t i = 0; i < in; ++i) {
         double want = 0;
-        for (int64_t o = 0; o < out; ++o)
-          want += adapters[site.b_offset + o * r + k] * dw[o * in + i];
+        for (int64_t o = 0; o < out; ++o) want += adapters[site.b_offset + o * r + k] * dw(o, i);
         want *= s;
         EXPECT_NEAR(dadapters[site.a_offset + k * in + i], want, 1e-10 * (1 + std::abs(want)));
       }
@@ -205,20 +207,7 @@ TEST(LoraLayer, GptLayerEqualsTheLayerWithMergedConv1DWeights) {
     for (double& e : *v) e = normal(rng);
   }
   merged = base;
-  const double s = layout->scaling;
-  for (const LoraSite& site : layout->sites) {
-    const LoraModule& m = site.module;
-    for (int64_t o = 0; o < m.out; ++o) {
-      for (int64_t i = 0; i < m.in; ++i) {
-        double ba = 0;
-        for (int64_t k = 0; k < layout->rank; ++k) {
-          ba += adapters[site.b_offset + o * layout->rank + k] *
-                adapters[site.a_offset + k * m.in + i];
-        }
-        merged[m.weight_offset + i * m.product_out + m.col + o] += s * ba;
-      }
-    }
-  }
+  MergeInDouble(*layout, adapters, &merged);
   const int64_t layer_scratch = GptLayerScratchBytes<double>(g, B, T);
   auto scratch = AlignedBuffer::Allocate(
       (layer_scratch + 63) / 64 * 64 + LoraScratchBytes<double>(*layout, N), 64);
@@ -234,19 +223,7 @@ TEST(LoraLayer, GptLayerEqualsTheLayerWithMergedConv1DWeights) {
   }
   std::vector<float> base32(base.begin(), base.end()), adapters32(adapters.begin(), adapters.end());
   std::vector<double> merged_from32(base32.begin(), base32.end());
-  for (const LoraSite& site : layout->sites) {
-    const LoraModule& m = site.module;
-    for (int64_t o = 0; o < m.out; ++o) {
-      for (int64_t i = 0; i < m.in; ++i) {
-        double ba = 0;
-        for (int64_t k = 0; k < layout->rank; ++k) {
-          ba += static_cast<double>(adapters32[site.b_offset + o * layout->rank + k]) *
-                adapters32[site.a_offset + k * m.in + i];
-        }
-        merged_from32[m.weight_offset + i * m.product_out + m.col + o] += s * ba;
-      }
-    }
-  }
+  MergeInDouble(*layout, adapters32, &merged_from32);
   MergeLoraLayer(*layout, adapters32.data(), base32.data());
   for (int64_t i = 0; i < P; ++i) {
     ASSERT_EQ(base32[i], static_cast<float>(merged_from32[i])) << i;  // one rounding

@@ -1,0 +1,54 @@
+// The tiny Hugging Face family models the engine's offload tests train: a Llama with
+// grouped-query attention (untied or tied head) and a tied GPT-2, all over byte tokens.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "engine/model.h"
+#include "models/gpt.h"
+#include "models/llama.h"
+
+namespace strata::engine::testing {
+
+inline models::LlamaConfig TinyLlama(bool tied) {
+  models::LlamaConfig c;
+  c.vocab_size = 256;  // the test tokens are bytes
+  c.hidden_size = 24;
+  c.intermediate_size = 40;
+  c.num_layers = 4;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 6;
+  c.max_seq_len = 16;
+  c.rms_norm_eps = 1e-5;
+  c.tie_embeddings = tied;
+  return c;
+}
+
+struct Family {
+  const char* name;
+  std::function<std::unique_ptr<Model>()> make;
+};
+
+// "llama" (untied, when with_untied), "llama_tied", "gpt2_tied".
+inline std::vector<Family> TinyFamilies(bool with_untied = true) {
+  std::vector<Family> all;
+  if (with_untied) {
+    all.push_back({"llama", [] {
+                     return std::unique_ptr<Model>(*models::LlamaModel::Create(TinyLlama(false)));
+                   }});
+  }
+  all.push_back({"llama_tied", [] {
+                   return std::unique_ptr<Model>(*models::LlamaModel::Create(TinyLlama(true)));
+                 }});
+  all.push_back({"gpt2_tied", [] {
+                   models::GptShape s{256, 16, 5, 2, 32};
+                   s.tie_embeddings = true;
+                   return std::unique_ptr<Model>(*models::GptModel::Create(s));
+                 }});
+  return all;
+}
+
+}  // namespace strata::engine::testing
