@@ -873,6 +873,18 @@ void ApplyLora(Context& c, const json& l, LoraFlags* f) {
   if (const json* v = Find(l, "init")) r.Set(&f->init, Reader::String(*v, "strata.lora.init"));
 }
 
+void ApplyLoraSection(Context& c, const json& strata, LoraFlags* f) {
+  const json* l = Find(strata, "lora");
+  if (l == nullptr) return;
+  if (l->is_object()) {
+    ApplyLora(c, *l, f);
+  } else {
+    c.r.Add(
+        "'strata.lora' must be an object: {\"rank\": R, \"alpha\": A, \"targets\": [...], "
+        "\"dropout\": P, \"init\": DIR}");
+  }
+}
+
 void ApplyStrata(Context& c, const json& s, TrainFlags* f) {
   Reader& r = c.r;
   if (const json* v = Find(s, "io_backend")) {
@@ -1073,15 +1085,7 @@ Status ApplyTrainConfigText(std::string_view text, std::string_view source, Trai
   ApplyMonitor(c, root, "csv_monitor", &f->metrics_csv_dir);
   if (const json* v = Find(root, "strata"); v != nullptr && v->is_object()) {
     ApplyStrata(c, *v, f);
-    if (const json* l = Find(*v, "lora")) {
-      if (l->is_object()) {
-        ApplyLora(c, *l, &f->lora);
-      } else {
-        c.r.Add(
-            "'strata.lora' must be an object: {\"rank\": R, \"alpha\": A, \"targets\": "
-            "[...], \"dropout\": P, \"init\": DIR}");
-      }
-    }
+    ApplyLoraSection(c, *v, &f->lora);
   }
 
   const auto& problems = c.r.problems();
