@@ -314,16 +314,17 @@ TEST(LlamaModel, PresetsHaveThePublishedParameterCounts) {
     const char* name;
     int64_t params;
   };
-  // TinyLlama-1.1B, Llama-2-7b and Llama-2-13b as Hugging Face counts them.
+  // TinyLlama-1.1B, Llama-2-7b, Llama-2-13b and Meta-Llama-3-70B as Hugging Face counts them.
   for (const Want& w : {Want{"llama-1b", 1100048384}, Want{"llama-7b", 6738415616},
-                        Want{"llama-13b", 13015864320}}) {
+                        Want{"llama-13b", 13015864320}, Want{"llama-70b", 70553706496}}) {
     auto c = LlamaPreset(w.name);
     ASSERT_TRUE(c.ok()) << w.name;
     EXPECT_EQ(MakeModel(*c)->num_params(), w.params) << w.name;
   }
   EXPECT_EQ(LlamaPresetNames(),
-            (std::vector<std::string>{"llama-tiny", "llama-1b", "llama-7b", "llama-13b"}));
-  const auto bad = LlamaPreset("llama-70b");
+            (std::vector<std::string>{"llama-tiny", "llama-1b", "llama-7b", "llama-13b",
+                                      "llama-70b"}));
+  const auto bad = LlamaPreset("llama-65b");
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("llama-13b"), std::string::npos);
