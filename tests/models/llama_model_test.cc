@@ -321,9 +321,8 @@ TEST(LlamaModel, PresetsHaveThePublishedParameterCounts) {
     ASSERT_TRUE(c.ok()) << w.name;
     EXPECT_EQ(MakeModel(*c)->num_params(), w.params) << w.name;
   }
-  EXPECT_EQ(LlamaPresetNames(),
-            (std::vector<std::string>{"llama-tiny", "llama-1b", "llama-7b", "llama-13b",
-                                      "llama-70b"}));
+  EXPECT_EQ(LlamaPresetNames(), (std::vector<std::string>{"llama-tiny", "llama-1b", "llama-7b",
+                                                          "llama-13b", "llama-70b"}));
   const auto bad = LlamaPreset("llama-65b");
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
