@@ -28,7 +28,8 @@ void AddInferenceFlags(CLI::App& cmd, InferenceFlags& f) {
   cmd.add_option("--checkpoint", f.checkpoint,
                  "A Strata checkpoint directory, or a save directory with 'latest'");
   cmd.add_option("--precision", f.precision,
-                 "Working precision: bf16, fp16, fp32, or auto (the checkpoint's, else bf16)")
+                 "Working precision: bf16, fp16, fp32, or auto (the checkpoint's, else the "
+                 "--model-dir config.json torch_dtype, else bf16)")
       ->capture_default_str();
   cmd.add_option("--device", f.device, "auto, host or cuda")->capture_default_str();
   cmd.add_option("--lora", f.lora,
@@ -68,8 +69,13 @@ StatusOr<Loaded> Load(const InferenceFlags& f, engine::MicroBatchShape shape) {
     return InvalidArgumentError(
         "--lora applies an adapter over --model-dir DIR; a LoRA checkpoint carries its own");
   }
-  if (precision_name == "auto") precision_name = "bf16";
-  STRATA_ASSIGN_OR_RETURN(DType precision, ParseDType(precision_name));
+  DType precision = DType::kBF16;
+  if (precision_name == "auto") {
+    // A directory's config.json dtype, as transformers loads it.
+    precision = AutoPrecision(l.spec, nullptr);
+  } else {
+    STRATA_ASSIGN_OR_RETURN(precision, ParseDType(precision_name));
+  }
   STRATA_ASSIGN_OR_RETURN(l.model, BuildModel(l.spec, /*load_weights=*/checkpoint_dir.empty()));
   if (shape.seq_len > l.model->max_seq_len()) {
     return InvalidArgumentError(fmt::format("--seq-len {} exceeds the model's context of {}",

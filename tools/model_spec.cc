@@ -236,6 +236,33 @@ Status ApplyLoraFlags(const LoraFlags& f, ModelSpec* spec) {
   return Status::Ok();
 }
 
+DType AutoPrecision(const ModelSpec& spec, std::string* why) {
+  std::string reason = "bf16 (no config.json dtype)";
+  DType d = DType::kBF16;
+  const nlohmann::json& raw = spec.config.raw;
+  for (const char* key : {"torch_dtype", "dtype"}) {
+    if (spec.model_dir.empty() || !raw.is_object() || !raw.contains(key) || !raw[key].is_string()) {
+      continue;
+    }
+    const std::string name = raw[key].get<std::string>();
+    const std::pair<const char*, DType> known[] = {
+        {"float32", DType::kF32}, {"bfloat16", DType::kBF16}, {"float16", DType::kF16}};
+    for (const auto& [n, dtype] : known) {
+      if (name == n) {
+        d = dtype;
+        reason = fmt::format("{} ({} \"{}\" in {}/config.json)", DTypeName(dtype), key, name,
+                             spec.model_dir);
+        if (why != nullptr) *why = reason;
+        return d;
+      }
+    }
+    reason = fmt::format("bf16 ({} \"{}\" is not float32, bfloat16 or float16)", key, name);
+    break;
+  }
+  if (why != nullptr) *why = reason;
+  return d;
+}
+
 const models::LoraLayout* LoraLayoutOf(const engine::Model& model) {
   if (const auto* llama = dynamic_cast<const models::LlamaModel*>(&model)) return llama->lora();
   if (const auto* gpt = dynamic_cast<const models::GptModel*>(&model)) return gpt->lora();

@@ -69,6 +69,11 @@ StatusOr<ModelSpec> ModelSpecFromJson(const std::string& json);
 // whatever load_weights says (a LoRA checkpoint holds the adapters only).
 StatusOr<std::unique_ptr<engine::Model>> BuildModel(const ModelSpec& spec, bool load_weights,
                                                     bool allow_tf32 = false);
+// `--precision auto` for a model: a directory's config.json torch_dtype (or transformers 5's
+// dtype) when it is float32, bfloat16 or float16, as transformers loads it; else bf16. `why`
+// (may be null) gets the reason in words, for the plan.
+DType AutoPrecision(const ModelSpec& spec, std::string* why);
+
 // The LoRA layout of a model BuildModel made (nullptr without LoRA).
 const models::LoraLayout* LoraLayoutOf(const engine::Model& model);
 

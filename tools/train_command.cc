@@ -143,7 +143,7 @@ void AddPlacementFlags(CLI::App& cmd, TrainFlags& f) {
       ->capture_default_str();
   cmd.add_option("--precision", f.precision,
                  "Working params and gradients: bf16, fp16 (dynamic loss "
-                 "scaling) or fp32")
+                 "scaling), fp32, or auto (a --model-dir's config.json torch_dtype, else bf16)")
       ->capture_default_str();
   cmd.add_option(
          "--device", f.device,
@@ -570,6 +570,10 @@ Status RunTrainRanks(const TrainFlags& flags, comm::Communicator* world) {
   // Opened before the model is built, so that a bad metrics path fails at once.
   STRATA_ASSIGN_OR_RETURN(auto metrics_writer, MetricsWriter::Create(o.metrics));
   STRATA_ASSIGN_OR_RETURN(TrainInputs in, OpenModelAndData(o));
+  if (in.precision_auto) {
+    o.engine.precision = *in.precision_auto;
+    std::printf("precision: %s, --precision auto\n", in.precision_why.c_str());
+  }
   STRATA_ASSIGN_OR_RETURN(const std::string placement_choice,
                           ResolvePlacement(*in.model, in.spec, machine ? &*machine : nullptr, &o));
   ResolveDeviceBudget(*in.model, &o);

@@ -189,7 +189,10 @@ engine::LossScalerOptions LossScalerFromFlags(const TrainFlags& f) {
 // Everything but the I/O options, the placement, trace and comm.
 StatusOr<engine::EngineOptions> EngineOptionsFromFlags(const TrainFlags& f) {
   engine::EngineOptions o;
-  STRATA_ASSIGN_OR_RETURN(o.precision, ParseDType(f.precision));
+  // auto: bf16 until OpenModelAndData knows the model (AutoPrecision).
+  if (f.precision != "auto") {
+    STRATA_ASSIGN_OR_RETURN(o.precision, ParseDType(f.precision));
+  }
   o.micro_batch = {f.micro_batch_size, f.seq_len};
   o.grad_accum_steps = f.grad_accum_steps;
   o.loss_scaler = LossScalerFromFlags(f);
@@ -287,6 +290,7 @@ StatusOr<TrainInputs> OpenModelAndData(const TrainOptions& options) {
   TrainInputs in;
   STRATA_ASSIGN_OR_RETURN(in.spec, ResolveModelSpec(f.model, f.model_dir));
   STRATA_RETURN_IF_ERROR(ApplyLoraFlags(f.lora, &in.spec));
+  if (f.precision == "auto") in.precision_auto = AutoPrecision(in.spec, &in.precision_why);
   STRATA_ASSIGN_OR_RETURN(in.model, BuildModel(in.spec, /*load_weights=*/true, f.tf32));
   if (f.seq_len > in.model->max_seq_len()) {
     return InvalidArgumentError(fmt::format("--seq-len {} exceeds the model's context of {}",

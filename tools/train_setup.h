@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "base/status.h"
 #include "comm/communicator.h"
@@ -76,6 +77,9 @@ struct TrainInputs {
   ModelSpec spec;  // with --tokenizer appended to its tokenizer files (for checkpoints)
   std::unique_ptr<engine::Model> model;
   data::TrainingData data;
+  // --precision auto: the model's (AutoPrecision) and why, for the caller to set and print.
+  std::optional<DType> precision_auto;
+  std::string precision_why;
 };
 // Errors: the model spec's and the data's (files, tokenizer), and kInvalidArgument for a
 // --seq-len beyond the model's context.

@@ -163,6 +163,31 @@ TEST_F(LoraCliTest, OnlyTheAdaptersAreUpdatedAndNothingIsWrittenToNvmeInAStep) {
   EXPECT_EQ(two["params_updated_on_cpu"].get<int64_t>(), 2 * trained);
 }
 
+// Issue 31, part 5 (this fixture's exported base serves): --precision auto follows a model
+// directory's config.json torch_dtype, as transformers loads it.
+TEST_F(LoraCliTest, PrecisionAutoFollowsTheModelDirectorysTorchDtype) {
+  Result r = RunStrata("export --checkpoint " + Path("base_ck") + " --hf-dir " + Path("base_bf16") +
+                       " --dtype bf16");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto eval = [&](const std::string& dir, const std::string& precision) {
+    const Result e =
+        RunStrata("eval --device host --model-dir " + Path(dir) + " --data " + Path("tune.bin") +
+                  " --seq-len 32 --max-tokens 2000 --json " + "--precision " + precision);
+    EXPECT_EQ(e.exit_code, 0) << e.err;
+    return e.exit_code == 0 ? nlohmann::json::parse(e.out)["loss"].get<double>() : NAN;
+  };
+  // "base" was exported in fp32 (torch_dtype float32), "base_bf16" in bf16.
+  EXPECT_EQ(eval("base", "auto"), eval("base", "fp32"));
+  EXPECT_EQ(eval("base_bf16", "auto"), eval("base_bf16", "bf16"));
+  EXPECT_NE(eval("base", "fp32"), eval("base", "bf16"));  // the comparison can fail
+  r = RunStrata("train --model-dir " + Path("base") + " --device host --data " + Path("tune.bin") +
+                " --seq-len 32 --steps 1 --eval-every 0 --sample-bytes 0 " +
+                "--offload-params host --offload-optimizer host --precision auto");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("precision: fp32 (torch_dtype \"float32\""));
+  EXPECT_THAT(r.out, HasSubstr("fp32 working precision"));
+}
+
 TEST_F(LoraCliTest, BadInputIsOneLineNamingTheFlagOrTheFile) {
   auto expect_error = [](const Result& r, const std::string& what) {
     EXPECT_EQ(r.exit_code, 1) << r.out;
