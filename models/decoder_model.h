@@ -164,6 +164,9 @@ class DecoderModel : public engine::Model {
  private:
   // The base model's chunk of a block and its initialisation (without LoRA: the block's params).
   int64_t BaseParams(int block) const { return family_.NumParams(kind(block)); }
+  // The typed buffers of a host block, with the LoRA arguments of a layer when LoRA is on.
+  template <typename S>
+  BlockArgs<S> HostArgs(int block, const engine::BlockBuffers& b) const;
   Status InitBase(int block, uint64_t seed, std::span<float> out) const;
 
   Family family_;

@@ -295,13 +295,17 @@ Status DecoderModel<Family>::Forward(int block, const engine::BlockBuffers& b,
 #endif
   }
   return DispatchDType(b.precision, [&]<typename S>() {
-    return decoder_internal::HostForward<S>(
-        family_, k,
-        decoder_internal::ArgsOf<S>(
-            b, lora_.get(), k, block - 1,
-            family_.template HostScratchBytes<S>(k, b.shape.batch_size, b.shape.seq_len)),
-        stream);
+    return decoder_internal::HostForward<S>(family_, k, HostArgs<S>(block, b), stream);
   });
+}
+
+template <typename Family>
+template <typename S>
+BlockArgs<S> DecoderModel<Family>::HostArgs(int block, const engine::BlockBuffers& b) const {
+  const Kind k = kind(block);
+  return decoder_internal::ArgsOf<S>(
+      b, lora_.get(), k, block - 1,
+      family_.template HostScratchBytes<S>(k, b.shape.batch_size, b.shape.seq_len));
 }
 
 template <typename Family>
@@ -322,12 +326,7 @@ Status DecoderModel<Family>::Backward(int block, const engine::BlockBuffers& b,
   // LoRA: the frozen embedding has nothing to compute in a backward (no gradient, no input).
   if (lora_ != nullptr && k == Kind::kEmbedding) return Status::Ok();
   return DispatchDType(b.precision, [&]<typename S>() {
-    return decoder_internal::HostBackward<S>(
-        family_, k,
-        decoder_internal::ArgsOf<S>(
-            b, lora_.get(), k, block - 1,
-            family_.template HostScratchBytes<S>(k, b.shape.batch_size, b.shape.seq_len)),
-        stream);
+    return decoder_internal::HostBackward<S>(family_, k, HostArgs<S>(block, b), stream);
   });
 }
 

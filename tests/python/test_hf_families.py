@@ -1063,13 +1063,24 @@ def micro_batch_dropout_seed(seed, step=0, micro_batch=0):
     return splitmix64(seed ^ splitmix64((step * 65536 + micro_batch) & MASK64)) | 1
 
 
+def lora_delta(x, a, bb, lora, layer, site, dropout_seed):
+    """(alpha / r) dropout(x) A^T B^T for x (B, T, in) of site `site` (its index among the
+    targeted modules) of layer `layer`; dropout_seed None: no dropout."""
+    xd = x
+    if dropout_seed is not None and lora["dropout"] > 0:
+        rows = x.shape[0] * x.shape[1]
+        keep = lora_keep_mask(dropout_seed, layer, site, rows, x.shape[-1],
+                              lora["dropout"]).reshape(x.shape)
+        xd = x * keep / (1 - lora["dropout"])
+    return lora["alpha"] / lora["r"] * (xd @ a.T) @ bb.T
+
+
 def llama_lora_loss(p, adapters, cfg, lora, inputs, targets, dropout_seed=None):
     """llama_loss with the adapters of `adapters` ({(layer, module): (A, B)}, float64) on the
     modules lora["targets"]; dropout_seed: the micro-batch's (None: no dropout)."""
     b, t = inputs.shape
     hs, eps = llama_head_dim(cfg), cfg["rms_norm_eps"]
     h, hkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    scale = lora["alpha"] / lora["r"]
     targeted = [m for m, _ in LLAMA_LORA_MODULES if m in lora["targets"]]
     cos, sin = rope_cos_sin(rope_inv_freq(cfg), t)
 
@@ -1079,12 +1090,7 @@ def llama_lora_loss(p, adapters, cfg, lora, inputs, targets, dropout_seed=None):
         if module not in targeted:
             return y
         a, bb = adapters[(i, module)]
-        xd = x
-        if dropout_seed is not None and lora["dropout"] > 0:
-            keep = lora_keep_mask(dropout_seed, i, targeted.index(module), b * t, x.shape[-1],
-                                  lora["dropout"]).reshape(x.shape)
-            xd = x * keep / (1 - lora["dropout"])
-        return y + scale * (xd @ a.T) @ bb.T
+        return y + lora_delta(x, a, bb, lora, i, targeted.index(module), dropout_seed)
 
     x = p["model.embed_tokens.weight"][inputs]
     for i in range(cfg["num_hidden_layers"]):
@@ -1113,7 +1119,6 @@ def gpt2_lora_loss(p, adapters, cfg, lora, inputs, targets, dropout_seed=None):
     b, t = inputs.shape
     c, h, eps = cfg["n_embd"], cfg["n_head"], cfg["layer_norm_epsilon"]
     hs = c // h
-    scale = lora["alpha"] / lora["r"]
     sites = [f"{g}.{m}" for m, g in GPT2_LORA_MODULES if m in lora["targets"]]
 
     def proj(i, path, x):
@@ -1122,12 +1127,7 @@ def gpt2_lora_loss(p, adapters, cfg, lora, inputs, targets, dropout_seed=None):
         if path not in sites:
             return y
         a, bb = adapters[(i, path)]
-        xd = x
-        if dropout_seed is not None and lora["dropout"] > 0:
-            keep = lora_keep_mask(dropout_seed, i, sites.index(path), b * t, x.shape[-1],
-                                  lora["dropout"]).reshape(x.shape)
-            xd = x * keep / (1 - lora["dropout"])
-        return y + scale * (xd @ a.T) @ bb.T
+        return y + lora_delta(x, a, bb, lora, i, sites.index(path), dropout_seed)
 
     x = p["transformer.wte.weight"][inputs] + p["transformer.wpe.weight"][:t]
     for i in range(cfg["n_layer"]):
