@@ -88,10 +88,22 @@ void MergeLoraLayer(const LoraLayout& layout, const float* adapters, float* base
   }
 }
 
-float LoraDropoutUniform(uint64_t seed, int layer, int site, uint64_t index) {
-  const uint64_t stream = init::SplitMix64(
-      seed + 0x9E3779B97F4A7C15ull * (static_cast<uint64_t>(layer) * 4096 + site + 1));
+namespace {
+
+// LoraDropoutUniform in two parts: the site's stream (once per site and micro-batch), then each
+// element's uniform from it.
+uint64_t DropoutStream(uint64_t seed, int layer, int site) {
+  return init::SplitMix64(seed +
+                          0x9E3779B97F4A7C15ull * (static_cast<uint64_t>(layer) * 4096 + site + 1));
+}
+float DropoutUniform(uint64_t stream, uint64_t index) {
   return static_cast<float>(init::SplitMix64(stream ^ index) >> 40) * 0x1.0p-24f;
+}
+
+}  // namespace
+
+float LoraDropoutUniform(uint64_t seed, int layer, int site, uint64_t index) {
+  return DropoutUniform(DropoutStream(seed, layer, site), index);
 }
 
 namespace {
@@ -126,15 +138,28 @@ const S* Dropout(const LoraLayerArgs<S>& a, int site, const S* x, int64_t rows, 
   if (p == 0 || a.dropout_seed == 0) return x;
   using F = ComputeType<S>;
   const F keep_scale = static_cast<F>(1.0 / (1.0 - static_cast<double>(p)));
+  const uint64_t stream = DropoutStream(a.dropout_seed, a.layer, site);
   ops::ParallelRows(rows, in, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       for (int64_t j = 0; j < in; ++j) {
         const uint64_t i = static_cast<uint64_t>(r * in + j);
-        const bool keep = LoraDropoutUniform(a.dropout_seed, a.layer, site, i) >= p;
+        const bool keep = DropoutUniform(stream, i) >= p;
         xd[i] = keep ? FromFloat<S>(ToFloat(x[i]) * keep_scale) : FromFloat<S>(F{0});
       }
     }
   });
+  return xd;
+}
+
+// Site k's input after dropout (sc.xd, or x itself) and u = S(x_d A^T) into sc.u: what the
+// forward computes first and the backward recomputes.
+template <typename S>
+const S* SiteInput(const LoraLayerArgs<S>& a, int k, const S* x, int64_t rows,
+                   const SiteScratch<S>& sc) {
+  const LoraSite& site = a.layout->sites[k];
+  const S* xd = Dropout(a, k, x, rows, site.module.in, sc.xd);
+  ops::MatmulForward<S>(xd, a.adapters + site.a_offset, WeightLayout::kOutIn, nullptr, sc.u, rows,
+                        site.module.in, a.layout->rank);
   return xd;
 }
 
@@ -167,9 +192,7 @@ void LoraForward(const LoraLayerArgs<S>& a, int product, const S* x, int64_t row
     const LoraSite& site = l.sites[k];
     const LoraModule& m = site.module;
     if (m.product != product) continue;
-    const S* xd = Dropout(a, static_cast<int>(k), x, rows, m.in, sc.xd);
-    ops::MatmulForward<S>(xd, a.adapters + site.a_offset, WeightLayout::kOutIn, nullptr, sc.u, rows,
-                          m.in, l.rank);
+    SiteInput(a, static_cast<int>(k), x, rows, sc);
     ops::MatmulForward<S>(sc.u, a.adapters + site.b_offset, WeightLayout::kOutIn, nullptr, sc.v,
                           rows, l.rank, m.out);
     ops::ParallelRows(rows, m.out, [&](int64_t r0, int64_t r1) {
@@ -198,9 +221,8 @@ void LoraBackward(const LoraLayerArgs<S>& a, int product, const S* x, const S* d
     const LoraSite& site = l.sites[k];
     const LoraModule& m = site.module;
     if (m.product != product) continue;
-    const S* xd = Dropout(a, static_cast<int>(k), x, rows, m.in, sc.xd);
-    ops::MatmulForward<S>(xd, a.adapters + site.a_offset, WeightLayout::kOutIn, nullptr, sc.u, rows,
-                          m.in, l.rank);
+    const S* xd = SiteInput(a, static_cast<int>(k), x, rows, sc);
+    const uint64_t stream = DropoutStream(a.dropout_seed, a.layer, static_cast<int>(k));
     // dys = S(s dy[:, cols]) into v.
     ops::ParallelRows(rows, m.out, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
@@ -220,8 +242,7 @@ void LoraBackward(const LoraLayerArgs<S>& a, int product, const S* x, const S* d
       for (int64_t r = r0; r < r1; ++r) {
         for (int64_t j = 0; j < m.in; ++j) {
           const uint64_t i = static_cast<uint64_t>(r * m.in + j);
-          const bool keep =
-              !dropout || LoraDropoutUniform(a.dropout_seed, a.layer, static_cast<int>(k), i) >= p;
+          const bool keep = !dropout || DropoutUniform(stream, i) >= p;
           if (keep) dx[i] = FromFloat<S>(ToFloat(dx[i]) + keep_scale * ToFloat(sc.t[i]));
         }
       }

@@ -174,9 +174,32 @@ void AddLoraFlags(CLI::App& cmd, LoraFlags& f) {
                  "adapter_model.safetensors, as strata export --lora-dir writes)");
 }
 
-Status ApplyLoraFlags(const LoraFlags& f, ModelSpec* spec) {
-  if (f.rank == 0 && !f.init.empty()) {
-    // --lora-init alone: the adapter's own rank, alpha, targets and dropout.
+namespace {
+
+// An adapter directory's base must be this run's model: the same directory (or one of the same
+// name, moved), or the same preset.
+Status CheckAdapterBase(const std::string& dir, const models::LoraAdapterConfig& c,
+                        const ModelSpec& spec) {
+  const std::string mine = spec.model_dir.empty() ? "strata:" + spec.preset : spec.model_dir;
+  const auto name = [](std::string p) {
+    while (p.size() > 1 && p.back() == '/') p.pop_back();
+    return std::filesystem::path(p).filename().string();
+  };
+  if (c.base_model.empty() || c.base_model == mine ||
+      (!spec.model_dir.empty() && name(c.base_model) == name(spec.model_dir))) {
+    return Status::Ok();
+  }
+  return InvalidArgumentError(fmt::format(
+      "{}/adapter_config.json: base_model_name_or_path is '{}', this run's model is '{}': give "
+      "--model-dir for the adapter's base, or an adapter trained on this model",
+      dir, c.base_model, mine));
+}
+
+}  // namespace
+
+Status ApplyLoraFlags(const LoraFlags& given, ModelSpec* spec) {
+  LoraFlags f = given;
+  if (!f.init.empty()) {
     if (!std::filesystem::is_directory(f.init)) {
       return InvalidArgumentError(fmt::format(
           "--lora-init '{}' is not a directory (a PEFT adapter directory: adapter_config.json "
@@ -185,12 +208,15 @@ Status ApplyLoraFlags(const LoraFlags& f, ModelSpec* spec) {
     }
     STRATA_ASSIGN_OR_RETURN(const models::LoraAdapterConfig c,
                             models::ReadLoraAdapterConfig(f.init));
-    LoraFlags from_adapter = f;
-    from_adapter.rank = c.lora.rank;
-    from_adapter.alpha = c.lora.alpha;
-    from_adapter.dropout = c.lora.dropout;
-    if (from_adapter.targets.empty()) from_adapter.targets = c.lora.targets;
-    return ApplyLoraFlags(from_adapter, spec);
+    STRATA_RETURN_IF_ERROR(CheckAdapterBase(f.init, c, *spec));
+    if (f.rank == 0) {
+      // --lora-init alone: the adapter's own rank, alpha, targets and dropout.
+      f.rank = c.lora.rank;
+      f.alpha = c.lora.alpha;
+      f.dropout = c.lora.dropout;
+      if (f.targets.empty()) f.targets = c.lora.targets;
+    }
+    spec->lora_init_dir = std::filesystem::absolute(f.init).string();
   }
   if (f.rank == 0) {
     if (!f.targets.empty() || f.dropout != 0) {
@@ -207,31 +233,6 @@ Status ApplyLoraFlags(const LoraFlags& f, ModelSpec* spec) {
     spec->lora.targets = spec->config.family == Family::kLlama
                              ? std::vector<std::string>{"q_proj", "v_proj"}
                              : std::vector<std::string>{"c_attn"};
-  }
-  if (!f.init.empty()) {
-    if (!std::filesystem::is_directory(f.init)) {
-      return InvalidArgumentError(
-          fmt::format("--lora-init '{}' is not a directory (a PEFT adapter directory: "
-                      "adapter_config.json and adapter_model.safetensors)",
-                      f.init));
-    }
-    spec->lora_init_dir = std::filesystem::absolute(f.init).string();
-    // The adapter's base must be this run's: the same directory (or one of the same name,
-    // moved), or the same preset.
-    STRATA_ASSIGN_OR_RETURN(const models::LoraAdapterConfig c,
-                            models::ReadLoraAdapterConfig(f.init));
-    const std::string mine = spec->model_dir.empty() ? "strata:" + spec->preset : spec->model_dir;
-    const auto name = [](std::string p) {
-      while (p.size() > 1 && p.back() == '/') p.pop_back();
-      return std::filesystem::path(p).filename().string();
-    };
-    if (!c.base_model.empty() && c.base_model != mine &&
-        (spec->model_dir.empty() || name(c.base_model) != name(spec->model_dir))) {
-      return InvalidArgumentError(fmt::format(
-          "{}/adapter_config.json: base_model_name_or_path is '{}', this run's model is '{}': give "
-          "--model-dir for the adapter's base, or an adapter trained on this model",
-          f.init, c.base_model, mine));
-    }
   }
   return Status::Ok();
 }
