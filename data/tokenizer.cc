@@ -15,10 +15,6 @@
 
 namespace strata::data {
 
-struct Tokenizer::Impl {
-  sentencepiece::SentencePieceProcessor sp;
-};
-
 namespace {
 
 // The whole file at `path`, however large (a text file is tokenized whole); `what` names it in
@@ -35,17 +31,58 @@ std::string OneLine(std::string s) {
   return s;
 }
 
+// A SentencePiece model behind the Tokenizer interface.
+class SentencePieceTokenizer final : public Tokenizer {
+ public:
+  SentencePieceTokenizer(std::string path, uint64_t fingerprint)
+      : Tokenizer(std::move(path), fingerprint) {}
+  sentencepiece::SentencePieceProcessor sp;
+
+  int vocab_size() const override { return sp.GetPieceSize(); }
+  int bos_id() const override { return sp.bos_id(); }
+  int eos_id() const override { return sp.eos_id(); }
+  int TokenId(std::string_view piece) const override {
+    const int id = sp.PieceToId(piece);
+    // PieceToId answers unk_id for a piece it does not know.
+    return id >= 0 && sp.IdToPiece(id) == piece ? id : -1;
+  }
+
+  StatusOr<std::vector<int32_t>> Encode(std::string_view text) const override {
+    std::vector<int> ids;
+    const auto status = sp.Encode(text, &ids);
+    if (!status.ok()) {
+      return InternalError(fmt::format("tokenizer '{}' failed to encode {} bytes: {}", path(),
+                                       text.size(), OneLine(status.ToString())));
+    }
+    return std::vector<int32_t>(ids.begin(), ids.end());
+  }
+
+  StatusOr<std::string> Decode(std::span<const int32_t> ids) const override {
+    const int vocab = vocab_size();
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (ids[i] < 0 || ids[i] >= vocab) {
+        return InvalidArgumentError(
+            fmt::format("tokenizer '{}': id {} at position {} is outside its vocabulary [0, {})",
+                        path(), ids[i], i, vocab));
+      }
+    }
+    std::string text;
+    const auto status = sp.Decode(std::vector<int>(ids.begin(), ids.end()), &text);
+    if (!status.ok()) {
+      return InternalError(
+          fmt::format("tokenizer '{}' failed to decode: {}", path(), OneLine(status.ToString())));
+    }
+    return text;
+  }
+};
+
 }  // namespace
-
-Tokenizer::Tokenizer(std::unique_ptr<Impl> impl, std::string path, uint64_t fingerprint)
-    : impl_(std::move(impl)), path_(std::move(path)), fingerprint_(fingerprint) {}
-
-Tokenizer::~Tokenizer() = default;
 
 StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& path) {
   STRATA_ASSIGN_OR_RETURN(std::string bytes, ReadWholeFile(path, "tokenizer file"));
-  auto impl = std::make_unique<Impl>();
-  const auto status = impl->sp.LoadFromSerializedProto(bytes);
+  auto tokenizer =
+      std::make_unique<SentencePieceTokenizer>(path, XXH3_64bits(bytes.data(), bytes.size()));
+  const auto status = tokenizer->sp.LoadFromSerializedProto(bytes);
   if (!status.ok()) {
     // SentencePiece's message for bytes that do not parse names its own source line; say it
     // plainly.
@@ -57,44 +94,11 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& path) {
         fmt::format("tokenizer file '{}' ({} bytes) does not load as a SentencePiece model: {}",
                     path, bytes.size(), why));
   }
-  if (impl->sp.GetPieceSize() <= 0) {
+  if (tokenizer->sp.GetPieceSize() <= 0) {
     return InvalidArgumentError(
         fmt::format("tokenizer file '{}' is a SentencePiece model without pieces", path));
   }
-  const uint64_t fingerprint = XXH3_64bits(bytes.data(), bytes.size());
-  return std::unique_ptr<Tokenizer>(new Tokenizer(std::move(impl), path, fingerprint));
-}
-
-int Tokenizer::vocab_size() const { return impl_->sp.GetPieceSize(); }
-int Tokenizer::bos_id() const { return impl_->sp.bos_id(); }
-int Tokenizer::eos_id() const { return impl_->sp.eos_id(); }
-
-StatusOr<std::vector<int32_t>> Tokenizer::Encode(std::string_view text) const {
-  std::vector<int> ids;
-  const auto status = impl_->sp.Encode(text, &ids);
-  if (!status.ok()) {
-    return InternalError(fmt::format("tokenizer '{}' failed to encode {} bytes: {}", path_,
-                                     text.size(), OneLine(status.ToString())));
-  }
-  return std::vector<int32_t>(ids.begin(), ids.end());
-}
-
-StatusOr<std::string> Tokenizer::Decode(std::span<const int32_t> ids) const {
-  const int vocab = vocab_size();
-  for (size_t i = 0; i < ids.size(); ++i) {
-    if (ids[i] < 0 || ids[i] >= vocab) {
-      return InvalidArgumentError(
-          fmt::format("tokenizer '{}': id {} at position {} is outside its vocabulary [0, {})",
-                      path_, ids[i], i, vocab));
-    }
-  }
-  std::string text;
-  const auto status = impl_->sp.Decode(std::vector<int>(ids.begin(), ids.end()), &text);
-  if (!status.ok()) {
-    return InternalError(
-        fmt::format("tokenizer '{}' failed to decode: {}", path_, OneLine(status.ToString())));
-  }
-  return text;
+  return std::unique_ptr<Tokenizer>(std::move(tokenizer));
 }
 
 StatusOr<std::vector<int32_t>> TokenizeTextFile(const Tokenizer& tokenizer,

@@ -1,9 +1,7 @@
-// Text <-> token ids through a SentencePiece model (Kudo and Richardson, "SentencePiece: A
-// simple and language independent subword tokenizer and detokenizer for Neural Text
-// Processing", EMNLP 2018), by Debian's libsentencepiece: the tokenizer.model files that
-// Llama-family checkpoints ship.
-//
-// Thread-safety: immutable after Load; Encode and Decode may run concurrently.
+// Text <-> token ids. SentencePiece models (Kudo and Richardson, "SentencePiece: A simple and
+// language independent subword tokenizer and detokenizer for Neural Text Processing", EMNLP
+// 2018) are read by Debian's libsentencepiece: the tokenizer.model files that Llama-family
+// checkpoints ship.
 #pragma once
 
 #include <cstdint>
@@ -11,41 +9,51 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "base/status.h"
 
 namespace strata::data {
 
+// Text <-> token ids. Implementations: SentencePiece models (here) and Hugging Face
+// tokenizer.json files.
+//
+// Thread-safety: immutable after Load; every const method may run concurrently.
 class Tokenizer {
  public:
-  // Reads and loads the SentencePiece model file at `path`.
+  // Loads the tokenizer at `path`: a SentencePiece model file.
   // Errors (one line naming the file): the errno-mapped code when it cannot be read (kNotFound,
-  // kPermissionDenied, ...); kInvalidArgument when it is not a SentencePiece model.
+  // kPermissionDenied, ...); kInvalidArgument when it is not a tokenizer Strata reads.
   static StatusOr<std::unique_ptr<Tokenizer>> Load(const std::string& path);
-  ~Tokenizer();
+  virtual ~Tokenizer() = default;
   Tokenizer(const Tokenizer&) = delete;
   Tokenizer& operator=(const Tokenizer&) = delete;
 
+  // The file the tokenizer was loaded from.
   const std::string& path() const { return path_; }
-  // XXH3_64bits of the model file's bytes: names the token cache of a text file.
+  // XXH3_64bits of the tokenizer file's bytes: names the token cache of a text file.
   uint64_t fingerprint() const { return fingerprint_; }
 
   // Ids are in [0, vocab_size()).
-  int vocab_size() const;
-  // The beginning/end-of-sequence ids, or -1 when the model has none.
-  int bos_id() const;
-  int eos_id() const;
+  virtual int vocab_size() const = 0;
+  // The beginning/end-of-sequence ids, or -1 when the tokenizer has none.
+  virtual int bos_id() const = 0;
+  virtual int eos_id() const = 0;
+  // The id of the vocabulary entry spelt exactly `piece` (a special token such as "<s>" or
+  // "<|eot_id|>" included), or -1 when there is none.
+  virtual int TokenId(std::string_view piece) const = 0;
 
-  // The ids of `text` (no BOS or EOS added). Errors: kInternal if SentencePiece fails.
-  StatusOr<std::vector<int32_t>> Encode(std::string_view text) const;
+  // The ids of `text` (no BOS or EOS added). Errors: kInternal if the implementation fails.
+  virtual StatusOr<std::vector<int32_t>> Encode(std::string_view text) const = 0;
   // The text of `ids`. Errors: kInvalidArgument for an id outside [0, vocab_size()).
-  StatusOr<std::string> Decode(std::span<const int32_t> ids) const;
+  virtual StatusOr<std::string> Decode(std::span<const int32_t> ids) const = 0;
+
+ protected:
+  Tokenizer(std::string path, uint64_t fingerprint)
+      : path_(std::move(path)), fingerprint_(fingerprint) {}
 
  private:
-  struct Impl;
-  explicit Tokenizer(std::unique_ptr<Impl> impl, std::string path, uint64_t fingerprint);
-  std::unique_ptr<Impl> impl_;
   std::string path_;
   uint64_t fingerprint_ = 0;
 };

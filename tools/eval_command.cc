@@ -22,6 +22,13 @@
 namespace strata::tools {
 namespace {
 
+// The LoRA flags of an adapter directory given to eval or generate: its own config says the rest.
+LoraFlags LoraInitFlags(const std::string& dir) {
+  LoraFlags flags;
+  flags.init = dir;
+  return flags;
+}
+
 void AddInferenceFlags(CLI::App& cmd, InferenceFlags& f) {
   cmd.add_option("--model-dir", f.model_dir,
                  "A Hugging Face model directory (config.json + safetensors)");
@@ -63,7 +70,7 @@ StatusOr<Loaded> Load(const InferenceFlags& f, engine::MicroBatchShape shape) {
     if (precision_name == "auto") precision_name = m.precision;
   } else {
     STRATA_ASSIGN_OR_RETURN(l.spec, ResolveModelSpec("", f.model_dir));
-    STRATA_RETURN_IF_ERROR(ApplyLoraFlags({.init = f.lora}, &l.spec));
+    STRATA_RETURN_IF_ERROR(ApplyLoraFlags(LoraInitFlags(f.lora), &l.spec));
   }
   if (!f.lora.empty() && f.model_dir.empty()) {
     return InvalidArgumentError(
@@ -192,7 +199,7 @@ Status RunGenerate(const GenerateFlags& f) {
     STRATA_ASSIGN_OR_RETURN(spec, ModelSpecFromJson(m.trainer.model_json));
   } else if (!mf.model_dir.empty()) {
     STRATA_ASSIGN_OR_RETURN(spec, ResolveModelSpec("", mf.model_dir));
-    STRATA_RETURN_IF_ERROR(ApplyLoraFlags({.init = mf.lora}, &spec));
+    STRATA_RETURN_IF_ERROR(ApplyLoraFlags(LoraInitFlags(mf.lora), &spec));
   } else {
     return InvalidArgumentError("give exactly one of --model-dir DIR and --checkpoint DIR");
   }

@@ -155,6 +155,16 @@ TEST_F(TokenizerTest, TheTrainedModelHasItsVocabularyAndSpecialIds) {
   }());
 }
 
+TEST_F(TokenizerTest, TokenIdFindsAPieceExactlyAndNothingElse) {
+  auto t = LoadModel();
+  ASSERT_NE(t, nullptr);
+  EXPECT_EQ(t->TokenId("<s>"), t->bos_id());
+  EXPECT_EQ(t->TokenId("</s>"), t->eos_id());
+  EXPECT_EQ(t->TokenId("<unk>"), 0);
+  EXPECT_EQ(t->TokenId("no such piece at all"), -1);
+  EXPECT_EQ(t->TokenId(""), -1);
+}
+
 TEST_F(TokenizerTest, EncodeThenDecodeGivesTheTextBack) {
   auto t = LoadModel();
   ASSERT_NE(t, nullptr);
