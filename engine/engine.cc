@@ -17,22 +17,6 @@
 #include "engine/update_speculation.h"
 
 namespace strata::engine {
-namespace {
-
-// BlockBuffers::dropout_seed of micro-batch i of step `step`: SplitMix64 (Steele et al. 2014)
-// mixes, never 0.
-uint64_t DropoutSeed(uint64_t seed, int64_t step, size_t i) {
-  auto mix = [](uint64_t x) {
-    x += 0x9e3779b97f4a7c15ULL;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-  };
-  return mix(seed ^ mix(static_cast<uint64_t>(step) * 65536 + i)) | 1;
-}
-
-}  // namespace
-
 // The step schedule: which block runs when, on which buffers, and what waits for what. The parts
 // of a step are their own classes: the working params on the device (ParamCache), the gradients'
 // trip to the host (GradStreamer), the master weights, optimizer state and the update
@@ -125,7 +109,11 @@ class Engine::Impl {
   bool nvme_params() const { return plan_.param_home == ParamHome::kNvme; }
   bool nvme_optim() const { return plan_.optimizer_home == OptimizerHome::kNvme; }
 
+  // Checks mb (CheckMicroBatch), uploads it and sets the batch inputs the blocks see.
   Status UploadTokens(const MicroBatch& mb, MicroBatchShape shape, bool with_targets);
+  // The uploaded micro-batch's inputs of block b: its tokens (first block), position ids (every
+  // block) and counted targets (last block).
+  void SetBatchInputs(int b, BlockBuffers* buf) const;
   // save_acts: offloaded activations are copied out for a backward pass to come.
   Status ForwardPass(MicroBatchShape shape, bool with_targets, int loss_index,
                      std::span<const int> seq, size_t* cursor, bool save_acts = false);
@@ -156,7 +144,10 @@ class Engine::Impl {
 
   std::unique_ptr<gpu::DeviceArena> arena_;
   std::unique_ptr<gpu::Stream> compute_, h2d_, d2h_;
-  gpu::DeviceSpan tokens_, targets_, loss_, logits_, scratch_;
+  gpu::DeviceSpan tokens_, targets_, position_ids_, loss_, logits_, scratch_;
+  // The uploaded micro-batch: whether it has position ids, and its counted targets.
+  bool with_position_ids_ = false;
+  int64_t loss_tokens_ = 0;
   // A (B, T, C) activation-sized buffer, or the logits, as the typed view a block sees.
   TensorRef Typed(gpu::DeviceSpan span) const {
     return TensorRef(span.data, o_.precision, static_cast<int64_t>(span.size_bytes / w_));
@@ -175,7 +166,12 @@ class Engine::Impl {
   Status LoadActivation(int k);
   gpu::DeviceSpan dx_[2];
 
-  gpu::PinnedBuffer io_pinned_;  // tokens, targets, losses, logits row
+  // Tokens, targets, losses, the logits row, position ids.
+  gpu::PinnedBuffer io_pinned_;
+  size_t PositionIdsStaging() const {
+    return o_.micro_batch.tokens() * 8 + o_.grad_accum_steps * 4 + 4 +
+           static_cast<size_t>(model_->vocab_size()) * 4;
+  }
   std::unique_ptr<gpu::Event> io_done_;
 
   // The parts of a step; declared last, so destroyed (their threads joined) first: the cache's
@@ -279,6 +275,7 @@ Status Engine::Impl::Init() {
   STRATA_ASSIGN_OR_RETURN(auto tt, next());
   tokens_ = tt.subspan(0, shape.tokens() * 4);
   targets_ = tt.subspan(shape.tokens() * 4, shape.tokens() * 4);
+  position_ids_ = tt.subspan(shape.tokens() * 8, shape.tokens() * 4);
   STRATA_ASSIGN_OR_RETURN(loss_, next());
   STRATA_ASSIGN_OR_RETURN(auto acts, next());
   const int num_acts = plan_.offload_activations ? 2 : n_ - 1;
@@ -360,8 +357,7 @@ Status Engine::Impl::Init() {
 
   // Pinned and host memory.
   STRATA_ASSIGN_OR_RETURN(io_done_, event());
-  const uint64_t io_bytes = shape.tokens() * 8 + o_.grad_accum_steps * 4 + 4 +
-                            static_cast<uint64_t>(model_->vocab_size()) * 4;
+  const uint64_t io_bytes = PositionIdsStaging() + shape.tokens() * 4;
   STRATA_ASSIGN_OR_RETURN(io_pinned_, device_->AllocatePinned(io_bytes, "token staging"));
   STRATA_RETURN_IF_ERROR(store_->AllocateMemory(device_));
   checkpoint_ = std::make_unique<EngineCheckpoint>(*model_, plan_, o_.precision, o_.inference_only,
@@ -371,18 +367,9 @@ Status Engine::Impl::Init() {
 
 Status Engine::Impl::UploadTokens(const MicroBatch& mb, MicroBatchShape shape, bool with_targets) {
   const size_t count = shape.tokens();
-  if (mb.tokens.size() != count || (with_targets && mb.targets.size() != count)) {
-    return InvalidArgumentError(fmt::format("micro-batch has {} tokens, expected {}x{} = {}",
-                                            mb.tokens.size(), shape.batch_size, shape.seq_len,
-                                            count));
-  }
-  const int vocab = model_->vocab_size();
-  for (size_t i = 0; i < count; ++i) {
-    if (mb.tokens[i] < 0 || mb.tokens[i] >= vocab ||
-        (with_targets && (mb.targets[i] < 0 || mb.targets[i] >= vocab))) {
-      return InvalidArgumentError(fmt::format("token id at {} is outside [0, {})", i, vocab));
-    }
-  }
+  STRATA_ASSIGN_OR_RETURN(loss_tokens_,
+                          CheckMicroBatch(mb, shape, model_->vocab_size(), with_targets));
+  with_position_ids_ = !mb.position_ids.empty();
   // The staging may still feed the previous upload.
   STRATA_RETURN_IF_ERROR(io_done_->Synchronize());
   auto* pinned = io_pinned_.as<int32_t>();
@@ -393,7 +380,18 @@ Status Engine::Impl::UploadTokens(const MicroBatch& mb, MicroBatchShape shape, b
     STRATA_RETURN_IF_ERROR(compute_->CopyH2D(
         targets_, io_pinned_.span().subspan(o_.micro_batch.tokens() * 4, count * 4)));
   }
+  if (with_position_ids_) {
+    const auto staging = io_pinned_.span().subspan(PositionIdsStaging(), count * 4);
+    std::memcpy(io_pinned_.data() + PositionIdsStaging(), mb.position_ids.data(), count * 4);
+    STRATA_RETURN_IF_ERROR(compute_->CopyH2D(position_ids_, staging));
+  }
   return compute_->Record(*io_done_);
+}
+
+void Engine::Impl::SetBatchInputs(int b, BlockBuffers* buf) const {
+  if (b == 0) buf->tokens = tokens_.as<const int32_t>();
+  if (with_position_ids_) buf->position_ids = position_ids_.as<const int32_t>();
+  if (b == n_ - 1) buf->loss_tokens = loss_tokens_;
 }
 
 Status Engine::Impl::SaveActivation(int b) {
@@ -429,7 +427,7 @@ Status Engine::Impl::ForwardPass(MicroBatchShape shape, bool with_targets, int l
     if (chunks.tied) buf.tied_params = chunks.tied->params;
     buf.shape = shape;
     buf.scratch = scratch_;
-    if (b == 0) buf.tokens = tokens_.as<const int32_t>();
+    SetBatchInputs(b, &buf);
     if (b > 0) buf.x_in = Typed(Act(b - 1));
     if (b < n_ - 1) {
       buf.x_out = Typed(Act(b));
@@ -479,15 +477,17 @@ StatusOr<StepResult> Engine::Impl::RunStep(std::span<const MicroBatch> mbs) {
     seq.insert(seq.end(), fwd.begin(), fwd.end());
     seq.insert(seq.end(), bwd.begin(), bwd.end());
   }
+  const float scale = scaler_.scale();
+  // The mean over every counted target of this rank's micro-batches, averaged over the ranks.
+  STRATA_ASSIGN_OR_RETURN(const std::vector<int64_t> loss_tokens,
+                          CheckMicroBatches(mbs, shape, model_->vocab_size()));
+  STRATA_ASSIGN_OR_RETURN(const std::vector<float> dloss,
+                          MicroBatchLossWeights(loss_tokens, shape.tokens(), scale, world()));
   size_t cursor = 0;
   grads_->BeginStep();
-  const float scale = scaler_.scale();
-  // The mean over every micro-batch of every rank.
-  const float dloss = scale / static_cast<float>(mbs.size() * world());
   for (size_t i = 0; i < mbs.size(); ++i) {
     const bool first_mb = i == 0, last_mb = i + 1 == mbs.size();
-    // A function of (seed, step, micro-batch) only, so that a resumed run draws the same.
-    dropout_seed_ = DropoutSeed(o_.seed, step_, i);
+    dropout_seed_ = MicroBatchDropoutSeed(o_.seed, step_, i);
     STRATA_RETURN_IF_ERROR(UploadTokens(mbs[i], shape, /*with_targets=*/true));
     STRATA_RETURN_IF_ERROR(
         ForwardPass(shape, true, static_cast<int>(i), seq, &cursor, /*save_acts=*/true));
@@ -520,7 +520,7 @@ StatusOr<StepResult> Engine::Impl::RunStep(std::span<const MicroBatch> mbs) {
       }
       buf.shape = shape;
       buf.scratch = scratch_;
-      if (b == 0) buf.tokens = tokens_.as<const int32_t>();
+      SetBatchInputs(b, &buf);
       if (b > 0) {
         buf.x_in = Typed(Act(b - 1));
         buf.dx_in = Typed(dx_[b % 2]);
@@ -534,7 +534,7 @@ StatusOr<StepResult> Engine::Impl::RunStep(std::span<const MicroBatch> mbs) {
         buf.dx_out = Typed(dx_[(b + 1) % 2]);
       } else {
         buf.targets = targets_.as<const int32_t>();
-        buf.dloss = dloss;
+        buf.dloss = dloss[i];
       }
       STRATA_RETURN_IF_ERROR(model_->Backward(b, buf, *compute_));
       if (plan_.offload_activations && b > 0) {
@@ -561,11 +561,9 @@ StatusOr<StepResult> Engine::Impl::RunStep(std::span<const MicroBatch> mbs) {
 
   StepResult result;
   result.loss_scale = scale;
-  float loss_sum = 0;
   const auto* losses =
       reinterpret_cast<const float*>(io_pinned_.data() + o_.micro_batch.tokens() * 8);
-  for (size_t i = 0; i < mbs.size(); ++i) loss_sum += losses[i];
-  result.loss = loss_sum / static_cast<float>(mbs.size());
+  result.loss = StepLoss({losses, mbs.size()}, loss_tokens, shape.tokens());
   if (dp()) {
     // Every rank clips, skips and reports alike: the squared norm, the overflow flag and the
     // loss summed over the ranks (in rank order, the same bits everywhere).

@@ -56,6 +56,7 @@
 #include "cpu_optim/any_optimizer.h"
 #include "engine/checkpoint.h"
 #include "engine/loss_scaler.h"
+#include "engine/micro_batch.h"
 #include "engine/model.h"
 #include "engine/planner.h"
 #include "gpu/device.h"
@@ -164,12 +165,6 @@ struct SaveCheckpointOptions {
   // > 0: after the save, keep only the newest keep_last complete checkpoints in the save
   // directory (never the one `latest` names). 0 keeps all.
   int keep_last = 0;
-};
-
-// One micro-batch of token ids, host memory, (B, T) int32 each, row-major.
-struct MicroBatch {
-  std::span<const int32_t> tokens;
-  std::span<const int32_t> targets;
 };
 
 struct StepResult {

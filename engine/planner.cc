@@ -112,7 +112,7 @@ std::vector<DeviceRegion> FixedRegions(const Model& model, DType precision, Micr
   const std::string_view dt = DTypeName(precision);
   const uint64_t act = static_cast<uint64_t>(model.activation_elems(shape)) * w;
   std::vector<DeviceRegion> fixed = {
-      {"tokens+targets", static_cast<uint64_t>(shape.tokens()) * 8},
+      {"tokens+targets+position ids", static_cast<uint64_t>(shape.tokens()) * 12},
       {"loss", 4},
       offload_activations
           ? DeviceRegion{fmt::format(

@@ -115,30 +115,30 @@ int64_t GptFamily::CudaScratchBytes(DecoderBlock kind, int B, int T) const {
 // The host blocks (gpt_kernels.h).
 template <typename S>
 void GptFamily::HostEmbeddingForward(const BlockArgs<S>& a) const {
-  GptEmbeddingForward<S>(shape, a.params, a.tokens, a.B, a.T, a.x_out);
+  GptEmbeddingForward<S>(shape, a.params, a.tokens, a.B, a.T, a.x_out, a.position_ids);
 }
 template <typename S>
 void GptFamily::HostLayerForward(const BlockArgs<S>& a) const {
-  GptLayerForward<S>(shape, a.params, a.x_in, a.x_out, a.B, a.T, a.scratch, a.lora);
+  GptLayerForward<S>(shape, a.params, a.x_in, a.x_out, a.B, a.T, a.scratch, a.lora, a.position_ids);
 }
 template <typename S>
 float GptFamily::HostHeadForward(const BlockArgs<S>& a) const {
   return GptHeadForward<S>(shape, a.params, a.x_in, a.targets, a.B, a.T, a.logits, a.scratch,
-                           a.tied_params);
+                           a.tied_params, a.loss_tokens);
 }
 template <typename S>
 void GptFamily::HostEmbeddingBackward(const BlockArgs<S>& a) const {
-  GptEmbeddingBackward<S>(shape, a.tokens, a.dx_out, a.B, a.T, a.grads, a.scratch);
+  GptEmbeddingBackward<S>(shape, a.tokens, a.dx_out, a.B, a.T, a.grads, a.scratch, a.position_ids);
 }
 template <typename S>
 void GptFamily::HostLayerBackward(const BlockArgs<S>& a) const {
   GptLayerBackward<S>(shape, a.params, a.x_in, a.dx_out, a.dx_in, a.grads, a.B, a.T, a.scratch,
-                      a.lora);
+                      a.lora, a.position_ids);
 }
 template <typename S>
 void GptFamily::HostHeadBackward(const BlockArgs<S>& a) const {
   GptHeadBackward<S>(shape, a.params, a.x_in, a.targets, a.dloss, a.B, a.T, a.dx_in, a.grads,
-                     a.scratch, a.tied_params, a.tied_grads);
+                     a.scratch, a.tied_params, a.tied_grads, a.loss_tokens);
 }
 
 #ifdef STRATA_HAVE_CUDA

@@ -122,9 +122,10 @@ HeadScratch<S> CarveHeadScratch(const GptShape& s, int B, int T, int64_t chunk_r
   return sc;
 }
 
-ops::AttentionDims AttentionDimsOf(const GptShape& s, int B, int T) {
+ops::AttentionDims AttentionDimsOf(const GptShape& s, int B, int T, const int32_t* position_ids) {
   return ops::AttentionDims{
-      B, T, s.num_heads, s.num_heads, s.channels / s.num_heads, 3 * int64_t{s.channels}};
+      B,           T, s.num_heads, s.num_heads, s.channels / s.num_heads, 3 * int64_t{s.channels},
+      position_ids};
 }
 
 // The forward up to the GELU output g (all the backward needs), every value in scratch:
@@ -132,14 +133,15 @@ ops::AttentionDims AttentionDimsOf(const GptShape& s, int B, int T) {
 //   ln2 = LN2(x2); h = ln2 Wfc + bfc, g = gelu(h).
 template <typename S>
 void LayerForwardToGelu(const GptShape& s, const LayerParams<const S*>& p, const S* x, int B, int T,
-                        const LayerScratch<S>& sc, const LoraLayerArgs<S>& lora) {
+                        const LayerScratch<S>& sc, const LoraLayerArgs<S>& lora,
+                        const int32_t* position_ids) {
   const int64_t C = s.channels, N = int64_t{B} * T;
   const double eps = s.layer_norm_eps;
   ops::LayerNormForward(x, p.ln1_w, p.ln1_b, eps, N, C, sc.ln1, sc.mean1, sc.rstd1);
   ops::MatmulForward(sc.ln1, p.qkv_w, kInOut, p.qkv_b, sc.qkv, N, C, 3 * C);
   LoraForward(lora, kGptAttnProduct, sc.ln1, N, sc.qkv, 3 * C);
-  ops::AttentionForward(AttentionDimsOf(s, B, T), sc.qkv, sc.qkv + C, sc.qkv + 2 * C, sc.att,
-                        sc.lse);
+  ops::AttentionForward(AttentionDimsOf(s, B, T, position_ids), sc.qkv, sc.qkv + C, sc.qkv + 2 * C,
+                        sc.att, sc.lse);
   ops::MatmulForward(sc.att, p.attn_proj_w, kInOut, p.attn_proj_b, sc.x2, N, C, C, x);
   LoraForward(lora, kGptAttnProjProduct, sc.att, N, sc.x2, C);
   ops::LayerNormForward(sc.x2, p.ln2_w, p.ln2_b, eps, N, C, sc.ln2, sc.mean2, sc.rstd2);
@@ -306,22 +308,23 @@ void InitGptHeadParams(const GptShape& s, uint64_t seed, float* params) {
 
 template <typename S>
 void GptEmbeddingForward(const GptShape& s, const S* params, const int32_t* tokens, int B, int T,
-                         S* x_out) {
+                         S* x_out, const int32_t* position_ids) {
   CheckBatch(s, B, T);
   const int64_t C = s.channels;
   const S* wte = params;
   const S* wpe = params + int64_t{s.vocab_size} * C;
-  ops::EmbeddingForward(wte, tokens, int64_t{B} * T, C, s.vocab_size, x_out, wpe, T);
+  ops::EmbeddingForward(wte, tokens, int64_t{B} * T, C, s.vocab_size, x_out, wpe, T, position_ids);
 }
 
 template <typename S>
 void GptEmbeddingBackward(const GptShape& s, const int32_t* tokens, const S* dx_out, int B, int T,
-                          S* dparams, void* scratch) {
+                          S* dparams, void* scratch, const int32_t* position_ids) {
   CheckBatch(s, B, T);
   const int64_t C = s.channels, V = s.vocab_size;
   S* dwte = dparams;
   S* dwpe = dparams + V * C;
-  ops::EmbeddingBackward(tokens, dx_out, int64_t{B} * T, C, s.vocab_size, dwte, scratch, dwpe, T);
+  ops::EmbeddingBackward(tokens, dx_out, int64_t{B} * T, C, s.vocab_size, dwte, scratch, dwpe, T,
+                         position_ids);
   std::fill(dwpe + int64_t{T} * C, dwpe + int64_t{s.max_seq_len} * C, FromFloat<S>(0));
 }
 
@@ -330,25 +333,26 @@ void GptEmbeddingBackward(const GptShape& s, const int32_t* tokens, const S* dx_
 
 template <typename S>
 void GptLayerForward(const GptShape& s, const S* params, const S* x_in, S* x_out, int B, int T,
-                     void* scratch, const LoraLayerArgs<S>& lora) {
+                     void* scratch, const LoraLayerArgs<S>& lora, const int32_t* position_ids) {
   CheckBatch(s, B, T);
   const int64_t C = s.channels, N = int64_t{B} * T;
   const LayerParams<const S*> p(params, C);
   const LayerScratch<S> sc = CarveLayerScratch<S>(s, B, T, scratch);
-  LayerForwardToGelu(s, p, x_in, B, T, sc, lora);
+  LayerForwardToGelu(s, p, x_in, B, T, sc, lora, position_ids);
   ops::MatmulForward(sc.g, p.mlp_proj_w, kInOut, p.mlp_proj_b, x_out, N, 4 * C, C, sc.x2);
   LoraForward(lora, kGptMlpProjProduct, sc.g, N, x_out, C);
 }
 
 template <typename S>
 void GptLayerBackward(const GptShape& s, const S* params, const S* x_in, const S* dx_out, S* dx_in,
-                      S* dparams, int B, int T, void* scratch, const LoraLayerArgs<S>& lora) {
+                      S* dparams, int B, int T, void* scratch, const LoraLayerArgs<S>& lora,
+                      const int32_t* position_ids) {
   CheckBatch(s, B, T);
   const int64_t C = s.channels, N = int64_t{B} * T;
   const LayerParams<const S*> p(params, C);
   const LayerParams<S*> dp(dparams, C);
   const LayerScratch<S> sc = CarveLayerScratch<S>(s, B, T, scratch);
-  LayerForwardToGelu(s, p, x_in, B, T, sc, lora);
+  LayerForwardToGelu(s, p, x_in, B, T, sc, lora, position_ids);
   const S* dy = dx_out;
 
   // MLP projection y = x2 + g Wp + bp, through g = gelu(h): dh = S((dy Wp^T) gelu'(h)).
@@ -379,8 +383,8 @@ void GptLayerBackward(const GptShape& s, const S* params, const S* x_in, const S
   LoraBackward(lora, kGptAttnProjProduct, sc.att, dx2, N, C, datt);
   // Attention core: dq, dk, dv as the column blocks of dqkv.
   S* dqkv = sc.g;  // dh is dead
-  ops::AttentionBackward(AttentionDimsOf(s, B, T), sc.qkv, sc.qkv + C, sc.qkv + 2 * C, sc.att, datt,
-                         sc.lse, dqkv, dqkv + C, dqkv + 2 * C);
+  ops::AttentionBackward(AttentionDimsOf(s, B, T, position_ids), sc.qkv, sc.qkv + C, sc.qkv + 2 * C,
+                         sc.att, datt, sc.lse, dqkv, dqkv + C, dqkv + 2 * C);
   // qkv = ln1 Wqkv + bqkv.
   S* dln1 = sc.h;  // dln2 is dead
   ops::MatmulBackward(sc.ln1, p.qkv_w, kInOut, dqkv, dln1, dp.qkv_w, dp.qkv_b, N, C, 3 * C);
@@ -418,28 +422,29 @@ LmWeight<P> LmWeightOf(const GptShape& s, P params, P tied) {
 template <typename S>
 ComputeType<S> GptHeadForward(const GptShape& s, const S* params, const S* x_in,
                               const int32_t* targets, int B, int T, S* logits, void* scratch,
-                              const S* tied_params) {
+                              const S* tied_params, int64_t loss_tokens) {
   CheckBatch(s, B, T);
   return internal::GptHeadForwardWithChunkRows(s, params, x_in, targets, B, T, logits, scratch,
                                                HeadChunkRows(int64_t{B} * T, s.vocab_size),
-                                               tied_params);
+                                               tied_params, loss_tokens);
 }
 
 template <typename S>
 void GptHeadBackward(const GptShape& s, const S* params, const S* x_in, const int32_t* targets,
                      ComputeType<S> dloss, int B, int T, S* dx_in, S* dparams, void* scratch,
-                     const S* tied_params, S* tied_grads) {
+                     const S* tied_params, S* tied_grads, int64_t loss_tokens) {
   CheckBatch(s, B, T);
   internal::GptHeadBackwardWithChunkRows(s, params, x_in, targets, dloss, B, T, dx_in, dparams,
                                          scratch, HeadChunkRows(int64_t{B} * T, s.vocab_size),
-                                         tied_params, tied_grads);
+                                         tied_params, tied_grads, loss_tokens);
 }
 
 template <typename S>
 ComputeType<S> internal::GptHeadForwardWithChunkRows(const GptShape& s, const S* params,
                                                      const S* x_in, const int32_t* targets, int B,
                                                      int T, S* logits, void* scratch,
-                                                     int64_t chunk_rows, const S* tied_params) {
+                                                     int64_t chunk_rows, const S* tied_params,
+                                                     int64_t loss_tokens) {
   CheckBatch(s, B, T);
   const int64_t C = s.channels, N = int64_t{B} * T;
   const S* lnf_w = params;
@@ -448,15 +453,15 @@ ComputeType<S> internal::GptHeadForwardWithChunkRows(const GptShape& s, const S*
   const HeadScratch<S> sc = CarveHeadScratch<S>(s, B, T, chunk_rows, scratch);
   ops::LayerNormForward(x_in, lnf_w, lnf_b, s.layer_norm_eps, N, C, sc.lnf, sc.mean, sc.rstd);
   return ops::LmHeadForward(sc.lnf, lm.w, lm.layout, targets, B, T, s.channels, s.vocab_size,
-                            logits, sc.lm_head, chunk_rows);
+                            logits, sc.lm_head, chunk_rows, loss_tokens);
 }
 
 template <typename S>
 void internal::GptHeadBackwardWithChunkRows(const GptShape& s, const S* params, const S* x_in,
                                             const int32_t* targets, ComputeType<S> dloss, int B,
                                             int T, S* dx_in, S* dparams, void* scratch,
-                                            int64_t chunk_rows, const S* tied_params,
-                                            S* tied_grads) {
+                                            int64_t chunk_rows, const S* tied_params, S* tied_grads,
+                                            int64_t loss_tokens) {
   CheckBatch(s, B, T);
   STRATA_CHECK(targets != nullptr);
   const int64_t C = s.channels, V = s.vocab_size, N = int64_t{B} * T;
@@ -477,34 +482,36 @@ void internal::GptHeadBackwardWithChunkRows(const GptShape& s, const S* params, 
   ops::LayerNormForward(x_in, lnf_w, lnf_b, s.layer_norm_eps, N, C, sc.lnf, sc.mean, sc.rstd);
   S* dlnf = dx_in;  // then LNf's backward in place
   ops::LmHeadBackward(sc.lnf, lm.w, lm.layout, targets, dloss, B, T, s.channels, s.vocab_size, dlnf,
-                      dw, sc.lm_head, chunk_rows);
+                      dw, sc.lm_head, chunk_rows, loss_tokens);
   ops::LayerNormBackward(x_in, lnf_w, sc.mean, sc.rstd, dlnf, static_cast<const S*>(nullptr), N, C,
                          dx_in, dlnf_w, dlnf_b);
 }
 
-#define STRATA_INSTANTIATE_GPT_KERNELS(S)                                                        \
-  template int64_t GptEmbeddingScratchBytes<S>(const GptShape&, int, int);                       \
-  template int64_t GptLayerScratchBytes<S>(const GptShape&, int, int);                           \
-  template int64_t GptHeadScratchBytes<S>(const GptShape&, int, int);                            \
-  template void GptEmbeddingForward<S>(const GptShape&, const S*, const int32_t*, int, int, S*); \
-  template void GptEmbeddingBackward<S>(const GptShape&, const int32_t*, const S*, int, int, S*, \
-                                        void*);                                                  \
-  template void GptLayerForward<S>(const GptShape&, const S*, const S*, S*, int, int, void*,     \
-                                   const LoraLayerArgs<S>&);                                     \
-  template void GptLayerBackward<S>(const GptShape&, const S*, const S*, const S*, S*, S*, int,  \
-                                    int, void*, const LoraLayerArgs<S>&);                        \
-  template ComputeType<S> GptHeadForward<S>(const GptShape&, const S*, const S*, const int32_t*, \
-                                            int, int, S*, void*, const S*);                      \
-  template void GptHeadBackward<S>(const GptShape&, const S*, const S*, const int32_t*,          \
-                                   ComputeType<S>, int, int, S*, S*, void*, const S*, S*);       \
-  template int64_t internal::GptHeadScratchBytesWithChunkRows<S>(const GptShape&, int, int,      \
-                                                                 int64_t);                       \
-  template ComputeType<S> internal::GptHeadForwardWithChunkRows<S>(                              \
-      const GptShape&, const S*, const S*, const int32_t*, int, int, S*, void*, int64_t,         \
-      const S*);                                                                                 \
-  template void internal::GptHeadBackwardWithChunkRows<S>(                                       \
-      const GptShape&, const S*, const S*, const int32_t*, ComputeType<S>, int, int, S*, S*,     \
-      void*, int64_t, const S*, S*);
+#define STRATA_INSTANTIATE_GPT_KERNELS(S)                                                          \
+  template int64_t GptEmbeddingScratchBytes<S>(const GptShape&, int, int);                         \
+  template int64_t GptLayerScratchBytes<S>(const GptShape&, int, int);                             \
+  template int64_t GptHeadScratchBytes<S>(const GptShape&, int, int);                              \
+  template void GptEmbeddingForward<S>(const GptShape&, const S*, const int32_t*, int, int, S*,    \
+                                       const int32_t*);                                            \
+  template void GptEmbeddingBackward<S>(const GptShape&, const int32_t*, const S*, int, int, S*,   \
+                                        void*, const int32_t*);                                    \
+  template void GptLayerForward<S>(const GptShape&, const S*, const S*, S*, int, int, void*,       \
+                                   const LoraLayerArgs<S>&, const int32_t*);                       \
+  template void GptLayerBackward<S>(const GptShape&, const S*, const S*, const S*, S*, S*, int,    \
+                                    int, void*, const LoraLayerArgs<S>&, const int32_t*);          \
+  template ComputeType<S> GptHeadForward<S>(const GptShape&, const S*, const S*, const int32_t*,   \
+                                            int, int, S*, void*, const S*, int64_t);               \
+  template void GptHeadBackward<S>(const GptShape&, const S*, const S*, const int32_t*,            \
+                                   ComputeType<S>, int, int, S*, S*, void*, const S*, S*,          \
+                                   int64_t);                                                       \
+  template int64_t internal::GptHeadScratchBytesWithChunkRows<S>(const GptShape&, int, int,        \
+                                                                 int64_t);                         \
+  template ComputeType<S> internal::GptHeadForwardWithChunkRows<S>(                                \
+      const GptShape&, const S*, const S*, const int32_t*, int, int, S*, void*, int64_t, const S*, \
+      int64_t);                                                                                    \
+  template void internal::GptHeadBackwardWithChunkRows<S>(                                         \
+      const GptShape&, const S*, const S*, const int32_t*, ComputeType<S>, int, int, S*, S*,       \
+      void*, int64_t, const S*, S*, int64_t);
 
 STRATA_INSTANTIATE_GPT_KERNELS(float)
 STRATA_INSTANTIATE_GPT_KERNELS(double)

@@ -169,24 +169,28 @@ int64_t GptLayerScratchBytes(const GptShape& shape, int B, int T);
 template <typename S>
 int64_t GptHeadScratchBytes(const GptShape& shape, int B, int T);
 
-// x_out[b, t] = S(wte[tokens[b, t]] + wpe[t]).
+// x_out[b, t] = S(wte[tokens[b, t]] + wpe[p]), p = position_ids[b, t] (packed sequences,
+// engine::BlockBuffers) or t when position_ids is null.
 //   params: embedding chunk; tokens: (B, T) int32; x_out: (B, T, C).
 template <typename S>
 void GptEmbeddingForward(const GptShape& shape, const S* params, const int32_t* tokens, int B,
-                         int T, S* x_out);
+                         int T, S* x_out, const int32_t* position_ids = nullptr);
 
 // dparams (embedding chunk, OVERWRITTEN; rows of wpe at positions >= T and of
 // wte for tokens not present are zero) from dx_out: (B, T, C); each row summed in fp32 in token
-// order and rounded once. scratch: GptEmbeddingScratchBytes<S>.
+// order and rounded once (a wpe row: its positions' rows in token order). scratch:
+// GptEmbeddingScratchBytes<S>. position_ids as for GptEmbeddingForward.
 template <typename S>
 void GptEmbeddingBackward(const GptShape& shape, const int32_t* tokens, const S* dx_out, int B,
-                          int T, S* dparams, void* scratch);
+                          int T, S* dparams, void* scratch, const int32_t* position_ids = nullptr);
 
 // One transformer layer. params: layer chunk; x_in, x_out: (B, T, C);
-// scratch: GptLayerScratchBytes<S>, contents undefined after.
+// scratch: GptLayerScratchBytes<S>, contents undefined after. position_ids: (B, T) or null, the
+// attention's (ops::AttentionDims: packed examples do not attend to each other).
 template <typename S>
 void GptLayerForward(const GptShape& shape, const S* params, const S* x_in, S* x_out, int B, int T,
-                     void* scratch, const LoraLayerArgs<S>& lora = {});
+                     void* scratch, const LoraLayerArgs<S>& lora = {},
+                     const int32_t* position_ids = nullptr);
 
 // Recomputes the forward from x_in, then writes dx_in: (B, T, C) and dparams
 // (the whole layer chunk, OVERWRITTEN, not accumulated; null: no weight gradient, LoRA's
@@ -197,7 +201,7 @@ void GptLayerForward(const GptShape& shape, const S* params, const S* x_in, S* x
 template <typename S>
 void GptLayerBackward(const GptShape& shape, const S* params, const S* x_in, const S* dx_out,
                       S* dx_in, S* dparams, int B, int T, void* scratch,
-                      const LoraLayerArgs<S>& lora = {});
+                      const LoraLayerArgs<S>& lora = {}, const int32_t* position_ids = nullptr);
 
 // The layer's products as LoRA sites name them: c_attn (the fused q/k/v), the attention's
 // c_proj, the MLP's c_fc and c_proj.
@@ -217,14 +221,15 @@ using ops::kHeadChunkElems;
 // Final LayerNorm and LM head. params: head chunk; x_in: (B, T, C);
 // targets: (B, T) int32 or nullptr; logits: (B, V) written, the logits of the last position
 // (t = T - 1) of each sequence (what generation needs); scratch: GptHeadScratchBytes<S>.
-// Returns the mean cross-entropy over the B*T tokens (summed in double in token order), or 0
-// when targets is null (then no chunk is computed: only the B last-position rows).
+// Returns the mean cross-entropy over the loss_tokens counted targets (those not
+// engine::kIgnoreTarget; 0: all B*T) summed in double in token order, or 0 when targets is null
+// (then no chunk is computed: only the B last-position rows).
 // tied_params: with shape.tie_embeddings the embedding chunk (its first V C elements are wte
 // (V, C), the LM head's weight: logits = lnf wte^T), required (STRATA_CHECK); else unused.
 template <typename S>
 ComputeType<S> GptHeadForward(const GptShape& shape, const S* params, const S* x_in,
                               const int32_t* targets, int B, int T, S* logits, void* scratch,
-                              const S* tied_params = nullptr);
+                              const S* tied_params = nullptr, int64_t loss_tokens = 0);
 
 // Gradient of dloss * (mean cross-entropy): recomputes the forward from x_in chunk by chunk,
 // writes dx_in: (B, T, C) and dparams (head chunk, OVERWRITTEN). targets must not be null.
@@ -234,7 +239,8 @@ ComputeType<S> GptHeadForward(const GptShape& shape, const S* params, const S* x
 template <typename S>
 void GptHeadBackward(const GptShape& shape, const S* params, const S* x_in, const int32_t* targets,
                      ComputeType<S> dloss, int B, int T, S* dx_in, S* dparams, void* scratch,
-                     const S* tied_params = nullptr, S* tied_grads = nullptr);
+                     const S* tied_params = nullptr, S* tied_grads = nullptr,
+                     int64_t loss_tokens = 0);
 
 // The head with an explicit number of rows per chunk (chunk_rows in [1, N], STRATA_CHECK), for
 // tests that compare chunkings; scratch: GptHeadScratchBytesWithChunkRows<S>. The functions
@@ -246,12 +252,13 @@ template <typename S>
 ComputeType<S> GptHeadForwardWithChunkRows(const GptShape& shape, const S* params, const S* x_in,
                                            const int32_t* targets, int B, int T, S* logits,
                                            void* scratch, int64_t chunk_rows,
-                                           const S* tied_params = nullptr);
+                                           const S* tied_params = nullptr, int64_t loss_tokens = 0);
 template <typename S>
 void GptHeadBackwardWithChunkRows(const GptShape& shape, const S* params, const S* x_in,
                                   const int32_t* targets, ComputeType<S> dloss, int B, int T,
                                   S* dx_in, S* dparams, void* scratch, int64_t chunk_rows,
-                                  const S* tied_params = nullptr, S* tied_grads = nullptr);
+                                  const S* tied_params = nullptr, S* tied_grads = nullptr,
+                                  int64_t loss_tokens = 0);
 }  // namespace internal
 
 }  // namespace strata::models

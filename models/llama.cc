@@ -158,12 +158,13 @@ void LlamaFamily::HostEmbeddingForward(const BlockArgs<S>& a) const {
 }
 template <typename S>
 void LlamaFamily::HostLayerForward(const BlockArgs<S>& a) const {
-  LlamaLayerForward<S>(config, a.params, a.x_in, a.x_out, a.B, a.T, a.scratch, a.lora);
+  LlamaLayerForward<S>(config, a.params, a.x_in, a.x_out, a.B, a.T, a.scratch, a.lora,
+                       a.position_ids);
 }
 template <typename S>
 float LlamaFamily::HostHeadForward(const BlockArgs<S>& a) const {
   return LlamaHeadForward<S>(config, a.params, a.tied_params, a.x_in, a.targets, a.B, a.T, a.logits,
-                             a.scratch);
+                             a.scratch, a.loss_tokens);
 }
 template <typename S>
 void LlamaFamily::HostEmbeddingBackward(const BlockArgs<S>& a) const {
@@ -172,12 +173,12 @@ void LlamaFamily::HostEmbeddingBackward(const BlockArgs<S>& a) const {
 template <typename S>
 void LlamaFamily::HostLayerBackward(const BlockArgs<S>& a) const {
   LlamaLayerBackward<S>(config, a.params, a.x_in, a.dx_out, a.dx_in, a.grads, a.B, a.T, a.scratch,
-                        a.lora);
+                        a.lora, a.position_ids);
 }
 template <typename S>
 void LlamaFamily::HostHeadBackward(const BlockArgs<S>& a) const {
   LlamaHeadBackward<S>(config, a.params, a.tied_params, a.x_in, a.targets, a.dloss, a.B, a.T,
-                       a.dx_in, a.grads, a.tied_grads, a.scratch);
+                       a.dx_in, a.grads, a.tied_grads, a.scratch, a.loss_tokens);
 }
 
 #ifdef STRATA_HAVE_CUDA

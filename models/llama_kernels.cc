@@ -123,15 +123,16 @@ struct HeadScratch {
 // The forward of a layer up to the SwiGLU output h, every intermediate in scratch.
 template <typename S>
 void LayerForwardToSwiglu(const LlamaConfig& c, const LayerParams<const S*>& p, const S* x, int B,
-                          int T, const LayerScratch<S>& sc, const LoraLayerArgs<S>& lora) {
+                          int T, const LayerScratch<S>& sc, const LoraLayerArgs<S>& lora,
+                          const int32_t* position_ids) {
   const Dims d(c, B, T);
   ops::RmsNormForward(x, p.w_in, c.rms_norm_eps, d.N, d.C, sc.xn, sc.rstd1);
   ops::MatmulForward<S>(sc.xn, p.wqkv, WeightLayout::kOutIn, nullptr, sc.qkv, d.N, d.C, d.Dqkv);
   LoraForward(lora, kQkvProduct, sc.xn, d.N, sc.qkv, d.Dqkv);
   ops::RopeTable(LlamaRopeParams(c), T, sc.cos, sc.sin);
-  ops::RopeForward(sc.qkv, d.N, d.Dqkv, c.num_heads + c.num_kv_heads, c.head_dim, T, sc.cos,
-                   sc.sin);
-  const ops::AttentionDims ad{B, T, c.num_heads, c.num_kv_heads, c.head_dim, d.Dqkv};
+  ops::RopeForward(sc.qkv, d.N, d.Dqkv, c.num_heads + c.num_kv_heads, c.head_dim, T, sc.cos, sc.sin,
+                   position_ids);
+  const ops::AttentionDims ad{B, T, c.num_heads, c.num_kv_heads, c.head_dim, d.Dqkv, position_ids};
   ops::AttentionForward(ad, sc.qkv, sc.qkv + d.Dq, sc.qkv + d.Dq + d.Dkv, sc.att, sc.lse);
   ops::MatmulForward<S>(sc.att, p.wo, WeightLayout::kOutIn, nullptr, sc.x2, d.N, d.Dq, d.C, x);
   LoraForward(lora, kOutProduct, sc.att, d.N, sc.x2, d.C);
@@ -250,12 +251,12 @@ void LlamaEmbeddingBackward(const LlamaConfig& c, const int32_t* tokens, const S
 
 template <typename S>
 void LlamaLayerForward(const LlamaConfig& c, const S* params, const S* x_in, S* x_out, int B, int T,
-                       void* scratch, const LoraLayerArgs<S>& lora) {
+                       void* scratch, const LoraLayerArgs<S>& lora, const int32_t* position_ids) {
   CheckBatch(c, B, T);
   const Dims d(c, B, T);
   const LayerParams<const S*> p(c, params);
   const LayerScratch<S> sc(c, B, T, scratch);
-  LayerForwardToSwiglu(c, p, x_in, B, T, sc, lora);
+  LayerForwardToSwiglu(c, p, x_in, B, T, sc, lora, position_ids);
   ops::MatmulForward<S>(sc.h, p.wd, WeightLayout::kOutIn, nullptr, x_out, d.N, d.I, d.C, sc.x2);
   LoraForward(lora, kDownProduct, sc.h, d.N, x_out, d.C);
 }
@@ -263,13 +264,13 @@ void LlamaLayerForward(const LlamaConfig& c, const S* params, const S* x_in, S* 
 template <typename S>
 void LlamaLayerBackward(const LlamaConfig& c, const S* params, const S* x_in, const S* dx_out,
                         S* dx_in, S* dparams, int B, int T, void* scratch,
-                        const LoraLayerArgs<S>& lora) {
+                        const LoraLayerArgs<S>& lora, const int32_t* position_ids) {
   CheckBatch(c, B, T);
   const Dims d(c, B, T);
   const LayerParams<const S*> p(c, params);
   const LayerParams<S*> dp(c, dparams);
   const LayerScratch<S> sc(c, B, T, scratch);
-  LayerForwardToSwiglu(c, p, x_in, B, T, sc, lora);
+  LayerForwardToSwiglu(c, p, x_in, B, T, sc, lora, position_ids);
   const S* dy = dx_out;
 
   // Down projection y = x2 + h Wd^T: dh (N, I) into the gradient buffer.
@@ -293,11 +294,11 @@ void LlamaLayerBackward(const LlamaConfig& c, const S* params, const S* x_in, co
                          d.C);
   LoraBackward(lora, kOutProduct, sc.att, dx2, d.N, d.C, datt);
   // Attention: [dq | dk | dv] (N, Dqkv), then RoPE's inverse rotation of dq and dk.
-  const ops::AttentionDims ad{B, T, c.num_heads, c.num_kv_heads, c.head_dim, d.Dqkv};
+  const ops::AttentionDims ad{B, T, c.num_heads, c.num_kv_heads, c.head_dim, d.Dqkv, position_ids};
   ops::AttentionBackward(ad, sc.qkv, sc.qkv + d.Dq, sc.qkv + d.Dq + d.Dkv, sc.att, datt, sc.lse,
                          sc.dqkv, sc.dqkv + d.Dq, sc.dqkv + d.Dq + d.Dkv);
   ops::RopeBackward(sc.dqkv, d.N, d.Dqkv, c.num_heads + c.num_kv_heads, c.head_dim, T, sc.cos,
-                    sc.sin);
+                    sc.sin, position_ids);
   // q/k/v projection qkv = xn Wqkv^T: dxn (N, C) into the gradient buffer (datt is dead).
   S* dxn = sc.grad;
   ops::MatmulBackward<S>(sc.xn, p.wqkv, WeightLayout::kOutIn, sc.dqkv, dxn, dp.wqkv, nullptr, d.N,
@@ -324,7 +325,7 @@ P HeadWeight(const LlamaConfig& c, P params, P tied) {
 template <typename S>
 ComputeType<S> LlamaHeadForward(const LlamaConfig& c, const S* params, const S* tied_embed,
                                 const S* x_in, const int32_t* targets, int B, int T, S* logits,
-                                void* scratch) {
+                                void* scratch, int64_t loss_tokens) {
   CheckBatch(c, B, T);
   const Dims d(c, B, T);
   const HeadScratch<S> sc(c, B, T, scratch);
@@ -332,13 +333,14 @@ ComputeType<S> LlamaHeadForward(const LlamaConfig& c, const S* params, const S* 
                    "Llama head without its weight (tied: the embedding chunk)");
   ops::RmsNormForward(x_in, params, c.rms_norm_eps, d.N, d.C, sc.xn, sc.rstd);
   return ops::LmHeadForward<S>(sc.xn, HeadWeight(c, params, tied_embed), WeightLayout::kOutIn,
-                               targets, B, T, c.hidden_size, c.vocab_size, logits, sc.lm_head);
+                               targets, B, T, c.hidden_size, c.vocab_size, logits, sc.lm_head,
+                               /*chunk_rows=*/0, loss_tokens);
 }
 
 template <typename S>
 void LlamaHeadBackward(const LlamaConfig& c, const S* params, const S* tied_embed, const S* x_in,
                        const int32_t* targets, ComputeType<S> dloss, int B, int T, S* dx_in,
-                       S* dparams, S* tied_dembed, void* scratch) {
+                       S* dparams, S* tied_dembed, void* scratch, int64_t loss_tokens) {
   CheckBatch(c, B, T);
   STRATA_CHECK(targets != nullptr);
   const Dims d(c, B, T);
@@ -349,7 +351,8 @@ void LlamaHeadBackward(const LlamaConfig& c, const S* params, const S* tied_embe
   // dxn into dx_in, then the norm's backward in place (dx may alias dy).
   ops::LmHeadBackward<S>(sc.xn, HeadWeight(c, params, tied_embed), WeightLayout::kOutIn, targets,
                          dloss, B, T, c.hidden_size, c.vocab_size, dx_in,
-                         HeadWeight<S*>(c, dparams, tied_dembed), sc.lm_head);
+                         HeadWeight<S*>(c, dparams, tied_dembed), sc.lm_head, /*chunk_rows=*/0,
+                         loss_tokens);
   ops::RmsNormBackward<S>(x_in, params, sc.rstd, dx_in, nullptr, d.N, d.C, dx_in, dparams);
 }
 
@@ -362,13 +365,14 @@ void LlamaHeadBackward(const LlamaConfig& c, const S* params, const S* tied_embe
   template void LlamaEmbeddingBackward<S>(const LlamaConfig&, const int32_t*, const S*, int, int, \
                                           S*, void*);                                             \
   template void LlamaLayerForward<S>(const LlamaConfig&, const S*, const S*, S*, int, int, void*, \
-                                     const LoraLayerArgs<S>&);                                    \
+                                     const LoraLayerArgs<S>&, const int32_t*);                    \
   template void LlamaLayerBackward<S>(const LlamaConfig&, const S*, const S*, const S*, S*, S*,   \
-                                      int, int, void*, const LoraLayerArgs<S>&);                  \
+                                      int, int, void*, const LoraLayerArgs<S>&, const int32_t*);  \
   template ComputeType<S> LlamaHeadForward<S>(const LlamaConfig&, const S*, const S*, const S*,   \
-                                              const int32_t*, int, int, S*, void*);               \
+                                              const int32_t*, int, int, S*, void*, int64_t);      \
   template void LlamaHeadBackward<S>(const LlamaConfig&, const S*, const S*, const S*,            \
-                                     const int32_t*, ComputeType<S>, int, int, S*, S*, S*, void*);
+                                     const int32_t*, ComputeType<S>, int, int, S*, S*, S*, void*, \
+                                     int64_t);
 STRATA_INSTANTIATE_LLAMA_KERNELS(float)
 STRATA_INSTANTIATE_LLAMA_KERNELS(double)
 STRATA_INSTANTIATE_LLAMA_KERNELS(Bf16)

@@ -100,10 +100,12 @@ std::vector<LoraModule> LlamaLoraModules(const LlamaConfig& c);
 
 // One decoder layer. params: layer chunk; x_in, x_out (B, T, C). With `lora` active every
 // targeted product adds its adapter's output (models/lora.h) before what follows it (q/k/v:
-// before RoPE).
+// before RoPE). position_ids: (B, T) or null, packed examples (engine::BlockBuffers): RoPE
+// turns token t by position_ids[t] and attention stays inside each example.
 template <typename S>
 void LlamaLayerForward(const LlamaConfig& c, const S* params, const S* x_in, S* x_out, int B, int T,
-                       void* scratch, const LoraLayerArgs<S>& lora = {});
+                       void* scratch, const LoraLayerArgs<S>& lora = {},
+                       const int32_t* position_ids = nullptr);
 
 // Recomputes the forward from x_in, then writes dx_in (B, T, C) and dparams (the whole layer
 // chunk, OVERWRITTEN; null: no weight gradient, LoRA's frozen base) from dx_out (B, T, C); with
@@ -111,16 +113,17 @@ void LlamaLayerForward(const LlamaConfig& c, const S* params, const S* x_in, S* 
 template <typename S>
 void LlamaLayerBackward(const LlamaConfig& c, const S* params, const S* x_in, const S* dx_out,
                         S* dx_in, S* dparams, int B, int T, void* scratch,
-                        const LoraLayerArgs<S>& lora = {});
+                        const LoraLayerArgs<S>& lora = {}, const int32_t* position_ids = nullptr);
 
 // Final RMSNorm and LM head. params: head chunk; tied_embed: the embedding chunk (embed_tokens
 // (V, C)) when c.tie_embeddings, else ignored (may be null); x_in (B, T, C); targets (B, T) or
 // null; logits (B, V): the last position's logits of each sequence. Returns the mean
-// cross-entropy over B T tokens, or 0 when targets is null.
+// cross-entropy over the loss_tokens counted targets (not engine::kIgnoreTarget; 0: all B T),
+// or 0 when targets is null.
 template <typename S>
 ComputeType<S> LlamaHeadForward(const LlamaConfig& c, const S* params, const S* tied_embed,
                                 const S* x_in, const int32_t* targets, int B, int T, S* logits,
-                                void* scratch);
+                                void* scratch, int64_t loss_tokens = 0);
 
 // Gradient of dloss * mean cross-entropy: dx_in (B, T, C) and dparams (head chunk) OVERWRITTEN;
 // tied: tied_dembed (V, C), the gradient of embed_tokens through the head, OVERWRITTEN (untied:
@@ -128,6 +131,6 @@ ComputeType<S> LlamaHeadForward(const LlamaConfig& c, const S* params, const S* 
 template <typename S>
 void LlamaHeadBackward(const LlamaConfig& c, const S* params, const S* tied_embed, const S* x_in,
                        const int32_t* targets, ComputeType<S> dloss, int B, int T, S* dx_in,
-                       S* dparams, S* tied_dembed, void* scratch);
+                       S* dparams, S* tied_dembed, void* scratch, int64_t loss_tokens = 0);
 
 }  // namespace strata::models

@@ -75,13 +75,25 @@ void Scores(const AttentionDims& d, const F* qf, const F* kf, int64_t t0, int64_
   Gemm<F>(false, true, nq, nk, hs, AttnScale<F>(d), qf + t0 * hs, hs, kf, hs, F(0), sc, nk);
 }
 
-// Replaces the scores of query row t (sc, nk wide) by P = S(exp(score - lse)) for keys <= t
+// The first key query t of sequence b attends to: t - position_ids[b, t] for packed sequences,
+// else 0.
+int64_t FirstKey(const AttentionDims& d, int64_t b, int64_t t) {
+  if (d.position_ids == nullptr) return 0;
+  const int32_t p = d.position_ids[b * d.seq_len + t];
+  STRATA_CHECK_MSG(p >= 0 && p <= t, "attention: position id " + std::to_string(p) + " at token " +
+                                         std::to_string(t) + " of sequence " + std::to_string(b));
+  return t - p;
+}
+
+// Replaces the scores of query row t (sc, nk wide) by P = S(exp(score - lse)) for keys lo..t
 // (as ComputeType values) and zero for the masked keys.
 template <typename S>
-void ProbabilitiesInPlace(ComputeType<S>* row, int64_t t, int64_t nk, ComputeType<S> lse) {
+void ProbabilitiesInPlace(ComputeType<S>* row, int64_t lo, int64_t t, int64_t nk,
+                          ComputeType<S> lse) {
   using F = ComputeType<S>;
   const int64_t n = t + 1;
-  for (int64_t i = 0; i < n; i += kVec) {
+  std::fill(row, row + lo, F(0));
+  for (int64_t i = lo; i < n; i += kVec) {
     const int64_t len = std::min<int64_t>(kVec, n - i);
     const Vec<F> p = (LoadVec(row + i, len) - lse).exp();
     for (int64_t j = 0; j < len; ++j) row[i + j] = ToFloat(FromFloat<S>(p[j]));
@@ -115,11 +127,11 @@ void AttentionForward(const AttentionDims& d, const S* q, const S* k, const S* v
       const int64_t nq = std::min(rb, T - t0), nk = t0 + nq;
       Scores(d, qf, kf, t0, nq, sc);
       for (int64_t i = 0; i < nq; ++i) {
-        const int64_t t = t0 + i;
+        const int64_t t = t0 + i, lo = FirstKey(d, b, t);
         F* row = sc + i * nk;
-        const F m = MaxOf(row, t + 1);
-        lse_bh[t] = m + std::log(SumExpShifted(row, t + 1, m));
-        ProbabilitiesInPlace<S>(row, t, nk, lse_bh[t]);
+        const F m = MaxOf(row + lo, t + 1 - lo);
+        lse_bh[t] = m + std::log(SumExpShifted(row + lo, t + 1 - lo, m));
+        ProbabilitiesInPlace<S>(row, lo, t, nk, lse_bh[t]);
       }
       Gemm<F>(false, false, nq, hs, nk, F(1), sc, nk, vf, hs, F(0), of, hs);
       StoreHead<S>(of, nq, hs, out + (b * T + t0) * ld_out + h * hs, ld_out);
@@ -170,7 +182,7 @@ void AttentionBackward(const AttentionDims& d, const S* q, const S* k, const S* 
         const int64_t nq = std::min(rb, T - t0), nk = t0 + nq;
         Scores(d, qf, kf, t0, nq, p);
         for (int64_t i = 0; i < nq; ++i) {
-          ProbabilitiesInPlace<S>(p + i * nk, t0 + i, nk, lse_bh[t0 + i]);
+          ProbabilitiesInPlace<S>(p + i * nk, FirstKey(d, b, t0 + i), t0 + i, nk, lse_bh[t0 + i]);
         }
         // dP = dO v^T; dS = S(P (dP - D)), zero where masked (P is zero there).
         Gemm<F>(false, true, nq, nk, hs, F(1), dof + t0 * hs, hs, vf, hs, F(0), ds, nk);

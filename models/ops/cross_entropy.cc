@@ -4,6 +4,7 @@
 #include <string>
 #include <type_traits>
 
+#include "engine/model.h"
 #include "models/ops/parallel.h"
 #include "models/ops/product.h"
 
@@ -46,6 +47,8 @@ void ChunkLogits(const S* x, const S* w, bool out_in, int64_t C, int64_t V, int6
   LinearProduct(x + r0 * C, w, out_in, chunk, rows, C, V, PlainEpilogue{});
 }
 
+using engine::kIgnoreTarget;
+
 }  // namespace
 
 template <typename S>
@@ -56,7 +59,7 @@ int64_t LmHeadScratchBytes(int B, int T, int C, int V, int64_t chunk_rows) {
 template <typename S>
 ComputeType<S> LmHeadForward(const S* x, const S* w, WeightLayout layout, const int32_t* targets,
                              int B, int T, int C, int V, S* last_logits, void* scratch,
-                             int64_t chunk_rows) {
+                             int64_t chunk_rows, int64_t loss_tokens) {
   using F = ComputeType<S>;
   const LmHeadScratch<S> sc = CarveLmHeadScratch<S>(B, T, C, V, chunk_rows, scratch);
   const bool out_in = layout == WeightLayout::kOutIn;
@@ -71,6 +74,10 @@ ComputeType<S> LmHeadForward(const S* x, const S* w, WeightLayout layout, const 
     ParallelRows(rows, V, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) {
         const int64_t r = r0 + i;
+        if (targets[r] == kIgnoreTarget) {
+          sc.losses[r] = 0;
+          continue;
+        }
         CheckToken(targets[r], V);
         const S* row = sc.chunk + i * V;
         const F mx = MaxOf(row, V);
@@ -80,13 +87,14 @@ ComputeType<S> LmHeadForward(const S* x, const S* w, WeightLayout layout, const 
   }
   double total = 0;  // in token order, in double whatever S is
   for (int64_t r = 0; r < N; ++r) total += sc.losses[r];
-  return static_cast<F>(total / static_cast<double>(N));
+  const int64_t divisor = loss_tokens > 0 ? loss_tokens : N;
+  return static_cast<F>(total / static_cast<double>(divisor));
 }
 
 template <typename S>
 void LmHeadBackward(const S* x, const S* w, WeightLayout layout, const int32_t* targets,
                     ComputeType<S> dloss, int B, int T, int C, int V, S* dx, S* dw, void* scratch,
-                    int64_t chunk_rows) {
+                    int64_t chunk_rows, int64_t loss_tokens) {
   using F = ComputeType<S>;
   STRATA_CHECK(targets != nullptr);
   const LmHeadScratch<S> sc = CarveLmHeadScratch<S>(B, T, C, V, chunk_rows, scratch);
@@ -98,7 +106,7 @@ void LmHeadBackward(const S* x, const S* w, WeightLayout layout, const int32_t* 
   } else {
     acc = sc.dw_acc;
   }
-  const F scale = dloss / F(N);
+  const F scale = dloss / F(loss_tokens > 0 ? loss_tokens : N);
   for (int64_t r0 = 0; r0 < N; r0 += sc.chunk_rows) {
     const int64_t rows = std::min(sc.chunk_rows, N - r0);
     ChunkLogits(x, w, out_in, C, V, r0, rows, sc.chunk);
@@ -106,8 +114,12 @@ void LmHeadBackward(const S* x, const S* w, WeightLayout layout, const int32_t* 
     ParallelRows(rows, V, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) {
         const int64_t target = targets[r0 + i];
-        CheckToken(static_cast<int32_t>(target), V);
         S* row = sc.chunk + i * V;
+        if (target == kIgnoreTarget) {
+          std::fill(row, row + V, FromFloat<S>(F(0)));
+          continue;
+        }
+        CheckToken(static_cast<int32_t>(target), V);
         const F mx = MaxOf(row, V);
         const F factor = scale / SumExpShifted(row, V, mx);
         for (int64_t v = 0; v < V; v += kVec) {
@@ -143,9 +155,10 @@ void LmHeadBackward(const S* x, const S* w, WeightLayout layout, const int32_t* 
 #define STRATA_INSTANTIATE_LM_HEAD(S)                                                             \
   template int64_t LmHeadScratchBytes<S>(int, int, int, int, int64_t);                            \
   template ComputeType<S> LmHeadForward<S>(const S*, const S*, WeightLayout, const int32_t*, int, \
-                                           int, int, int, S*, void*, int64_t);                    \
+                                           int, int, int, S*, void*, int64_t, int64_t);           \
   template void LmHeadBackward<S>(const S*, const S*, WeightLayout, const int32_t*,               \
-                                  ComputeType<S>, int, int, int, int, S*, S*, void*, int64_t);
+                                  ComputeType<S>, int, int, int, int, S*, S*, void*, int64_t,     \
+                                  int64_t);
 
 STRATA_INSTANTIATE_LM_HEAD(float)
 STRATA_INSTANTIATE_LM_HEAD(double)

@@ -34,7 +34,7 @@ void CheckSequences(int64_t rows, int seq_len) {
 
 template <typename S>
 void EmbeddingForward(const S* table, const int32_t* tokens, int64_t rows, int64_t C, int V, S* out,
-                      const S* positions, int seq_len) {
+                      const S* positions, int seq_len, const int32_t* position_ids) {
   if (positions != nullptr) CheckSequences(rows, seq_len);
   ParallelRows(rows, C, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
@@ -42,7 +42,9 @@ void EmbeddingForward(const S* table, const int32_t* tokens, int64_t rows, int64
       const S* te = table + tokens[r] * C;
       S* o = out + r * C;
       if (positions != nullptr) {
-        const S* pe = positions + (r % seq_len) * C;
+        const int64_t t = position_ids != nullptr ? position_ids[r] : r % seq_len;
+        STRATA_CHECK(t >= 0 && t < seq_len);
+        const S* pe = positions + t * C;
         for (int64_t c = 0; c < C; ++c) o[c] = FromFloat<S>(ToFloat(te[c]) + ToFloat(pe[c]));
       } else {
         for (int64_t c = 0; c < C; ++c) o[c] = FromFloat<S>(ToFloat(te[c]));
@@ -57,7 +59,8 @@ int64_t EmbeddingBackwardScratchBytes(int64_t rows, int V) {
 
 template <typename S>
 void EmbeddingBackward(const int32_t* tokens, const S* dout, int64_t rows, int64_t C, int V,
-                       S* dtable, void* scratch, S* dpositions, int seq_len) {
+                       S* dtable, void* scratch, S* dpositions, int seq_len,
+                       const int32_t* position_ids) {
   using F = ComputeType<S>;
   if (dpositions != nullptr) CheckSequences(rows, seq_len);
   const EmbeddingScratch sc = CarveEmbeddingScratch(rows, V, scratch);
@@ -72,7 +75,9 @@ void EmbeddingBackward(const int32_t* tokens, const S* dout, int64_t rows, int64
   // first[v] now holds the end of token v's run, which is where token v + 1's starts.
   auto run_begin = [&](int64_t v) { return v == 0 ? 0 : sc.first[v - 1]; };
 
-  // Table row v: its rows of dout in token order; position row t: dout[b, t] over b in order.
+  // Table row v: its rows of dout in token order; position row t: dout[b, t] over b in order, or
+  // with position_ids the rows at position t in row order (found by a scan of the ids: B T^2
+  // integer compares, no scratch).
   const int64_t num_positions = dpositions != nullptr ? seq_len : 0;
   const int64_t num_seqs = dpositions != nullptr ? rows / seq_len : 0;
   ParallelRows(V + num_positions, C, [&](int64_t r0, int64_t r1) {
@@ -81,12 +86,14 @@ void EmbeddingBackward(const int32_t* tokens, const S* dout, int64_t rows, int64
       const bool is_table = row < V;
       const int64_t t = row - V;
       S* o = is_table ? dtable + row * C : dpositions + t * C;
-      const int64_t count = is_table ? sc.first[row] - run_begin(row) : num_seqs;
+      const bool scan = !is_table && position_ids != nullptr;
+      const int64_t count = is_table ? sc.first[row] - run_begin(row) : scan ? rows : num_seqs;
       for (int64_t c0 = 0; c0 < C; c0 += kColBlock) {
         const int64_t w = std::min(kColBlock, C - c0);
         std::fill(acc, acc + w, F(0));
         for (int64_t i = 0; i < count; ++i) {
-          const int64_t pos = is_table ? sc.order[run_begin(row) + i] : i * seq_len + t;
+          if (scan && position_ids[i] != t) continue;
+          const int64_t pos = is_table ? sc.order[run_begin(row) + i] : scan ? i : i * seq_len + t;
           const S* g = dout + pos * C + c0;
           for (int64_t j = 0; j < w; ++j) acc[j] += ToFloat(g[j]);
         }
@@ -98,9 +105,9 @@ void EmbeddingBackward(const int32_t* tokens, const S* dout, int64_t rows, int64
 
 #define STRATA_INSTANTIATE_EMBEDDING(S)                                                            \
   template void EmbeddingForward<S>(const S*, const int32_t*, int64_t, int64_t, int, S*, const S*, \
-                                    int);                                                          \
+                                    int, const int32_t*);                                          \
   template void EmbeddingBackward<S>(const int32_t*, const S*, int64_t, int64_t, int, S*, void*,   \
-                                     S*, int);
+                                     S*, int, const int32_t*);
 
 STRATA_INSTANTIATE_EMBEDDING(float)
 STRATA_INSTANTIATE_EMBEDDING(double)

@@ -53,14 +53,16 @@ namespace {
 // Turns every pair of every head of each row by +angle (sign = 1) or -angle (sign = -1).
 template <typename S>
 void Rotate(S* x, int64_t rows, int64_t row_stride, int num_heads, int head_dim, int seq_len,
-            const ComputeType<S>* cos, const ComputeType<S>* sin, ComputeType<S> sign) {
+            const ComputeType<S>* cos, const ComputeType<S>* sin, ComputeType<S> sign,
+            const int32_t* position_ids) {
   using F = ComputeType<S>;
   STRATA_CHECK(rows >= 0 && num_heads >= 1 && head_dim >= 2 && head_dim % 2 == 0 && seq_len >= 1 &&
                row_stride >= int64_t{num_heads} * head_dim);
   const int64_t half = head_dim / 2;
   ParallelRows(rows, int64_t{num_heads} * head_dim, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      const int64_t t = r % seq_len;
+      const int64_t t = position_ids != nullptr ? position_ids[r] : r % seq_len;
+      STRATA_CHECK(t >= 0 && t < seq_len);
       const F* c = cos + t * half;
       const F* s = sin + t * half;
       for (int h = 0; h < num_heads; ++h) {
@@ -80,14 +82,18 @@ void Rotate(S* x, int64_t rows, int64_t row_stride, int num_heads, int head_dim,
 
 template <typename S>
 void RopeForward(S* x, int64_t rows, int64_t row_stride, int num_heads, int head_dim, int seq_len,
-                 const ComputeType<S>* cos, const ComputeType<S>* sin) {
-  Rotate(x, rows, row_stride, num_heads, head_dim, seq_len, cos, sin, ComputeType<S>(1));
+                 const ComputeType<S>* cos, const ComputeType<S>* sin,
+                 const int32_t* position_ids) {
+  Rotate(x, rows, row_stride, num_heads, head_dim, seq_len, cos, sin, ComputeType<S>(1),
+         position_ids);
 }
 
 template <typename S>
 void RopeBackward(S* dx, int64_t rows, int64_t row_stride, int num_heads, int head_dim, int seq_len,
-                  const ComputeType<S>* cos, const ComputeType<S>* sin) {
-  Rotate(dx, rows, row_stride, num_heads, head_dim, seq_len, cos, sin, ComputeType<S>(-1));
+                  const ComputeType<S>* cos, const ComputeType<S>* sin,
+                  const int32_t* position_ids) {
+  Rotate(dx, rows, row_stride, num_heads, head_dim, seq_len, cos, sin, ComputeType<S>(-1),
+         position_ids);
 }
 
 template void RopeTable<float>(const RopeParams&, int, float*, float*);
@@ -95,9 +101,9 @@ template void RopeTable<double>(const RopeParams&, int, double*, double*);
 
 #define STRATA_INSTANTIATE_ROPE(S)                                                          \
   template void RopeForward<S>(S*, int64_t, int64_t, int, int, int, const ComputeType<S>*,  \
-                               const ComputeType<S>*);                                      \
+                               const ComputeType<S>*, const int32_t*);                      \
   template void RopeBackward<S>(S*, int64_t, int64_t, int, int, int, const ComputeType<S>*, \
-                                const ComputeType<S>*);
+                                const ComputeType<S>*, const int32_t*);
 STRATA_INSTANTIATE_ROPE(float)
 STRATA_INSTANTIATE_ROPE(double)
 STRATA_INSTANTIATE_ROPE(Bf16)

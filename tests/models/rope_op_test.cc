@@ -227,6 +227,39 @@ TEST(RopeOp, RotatedDotProductDependsOnlyOnRelativePosition) {
   }
 }
 
+// Packed examples: with position ids, each row turns by its position within its example, the
+// same bits as that row at that position of an unpacked sequence, forward and backward.
+TEST(RopeOp, PositionIdsTurnEachRowByItsPositionWithinItsExample) {
+  const int hs = 8, heads = 2, stride = heads * hs + 1, T = 12;
+  const std::vector<int32_t> ids = {0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5, 6};
+  const RopeParams p = Llama3(hs, 10000.0, 8);
+  const Table<float> tab(p, T);
+  const std::vector<double> xd = RandomValues(int64_t{T} * stride, 1.0, 9);
+  const std::vector<float> x(xd.begin(), xd.end());
+  for (bool backward : {false, true}) {
+    auto rotate = [&](float* rows, const int32_t* position_ids) {
+      if (backward) {
+        RopeBackward<float>(rows, T, stride, heads, hs, T, tab.cos.data(), tab.sin.data(),
+                            position_ids);
+      } else {
+        RopeForward<float>(rows, T, stride, heads, hs, T, tab.cos.data(), tab.sin.data(),
+                           position_ids);
+      }
+    };
+    std::vector<float> packed = x;
+    rotate(packed.data(), ids.data());
+    for (int r = 0; r < T; ++r) {
+      std::vector<float> alone(x.size(), 0.0f);
+      std::copy_n(x.begin() + int64_t{r} * stride, stride, alone.begin() + ids[r] * stride);
+      rotate(alone.data(), nullptr);
+      for (int j = 0; j < stride; ++j) {
+        ASSERT_EQ(packed[r * stride + j], alone[ids[r] * stride + j])
+            << (backward ? "backward" : "forward") << " row " << r << " column " << j;
+      }
+    }
+  }
+}
+
 template <typename S>
 class RopeTypedTest : public ::testing::Test {};
 using StorageTypes = ::testing::Types<float, Bf16, Fp16>;

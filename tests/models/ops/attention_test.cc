@@ -1,6 +1,7 @@
 // models/ops/attention.h: causal grouped-query attention on strided rows, the double
 // instantiation against a plain softmax reference (forward and backward, with k and v repeated
-// per query head as Hugging Face's repeat_kv), every storage type against double.
+// per query head as Hugging Face's repeat_kv), every storage type against double; packed
+// sequences (position_ids: block-diagonal causal attention) in the same reference and cases.
 #include "models/ops/attention.h"
 
 #include <gtest/gtest-spi.h>
@@ -32,6 +33,18 @@ using testing::ToDoubles;
 struct Layout {
   AttentionDims d;
   int64_t q_off, k_off, v_off;
+  // Packed sequences: (B, T) position ids, empty for one sequence per row.
+  std::vector<int32_t> position_ids;
+  // d with the position ids of this layout (taken when the op runs: layouts are copied).
+  AttentionDims dims() const {
+    AttentionDims x = d;
+    x.position_ids = position_ids.empty() ? nullptr : position_ids.data();
+    return x;
+  }
+  // The first key query t of sequence b attends to.
+  int64_t first_key(int64_t b, int64_t t) const {
+    return position_ids.empty() ? 0 : t - position_ids[b * d.seq_len + t];
+  }
   int64_t rows() const { return int64_t{d.batch_size} * d.seq_len; }
   int64_t qkv_elems() const { return rows() * d.row_stride; }
   int64_t out_elems() const { return rows() * d.num_heads * d.head_dim; }
@@ -42,17 +55,32 @@ Layout MakeLayout(int B, int T, int H, int Hkv, int hs, int pad) {
   return {{B, T, H, Hkv, hs, q + 2 * kv + pad}, 0, q, q + kv};
 }
 
+// MakeLayout(B, T, ...) with every sequence packed from examples of these lengths (summing to T).
+Layout MakePacked(int B, const std::vector<int>& lengths, int H, int Hkv, int hs, int pad) {
+  int T = 0;
+  for (int n : lengths) T += n;
+  Layout l = MakeLayout(B, T, H, Hkv, hs, pad);
+  for (int b = 0; b < B; ++b) {
+    for (int n : lengths) {
+      for (int p = 0; p < n; ++p) l.position_ids.push_back(p);
+    }
+  }
+  return l;
+}
+
 std::string Name(const Layout& l) {
   return "B=" + std::to_string(l.d.batch_size) + " T=" + std::to_string(l.d.seq_len) +
          " H=" + std::to_string(l.d.num_heads) + " Hkv=" + std::to_string(l.d.num_kv_heads) +
-         " hs=" + std::to_string(l.d.head_dim) + " stride=" + std::to_string(l.d.row_stride);
+         " hs=" + std::to_string(l.d.head_dim) + " stride=" + std::to_string(l.d.row_stride) +
+         (l.position_ids.empty() ? "" : " packed");
 }
 
 // The cases: H / Hkv in {1, 2, 4}; T across the attention row block (64) and not a multiple of
 // it; padded rows.
 std::vector<Layout> Cases() {
-  return {MakeLayout(2, 67, 4, 4, 8, 3), MakeLayout(3, 19, 4, 2, 7, 1),
-          MakeLayout(2, 70, 4, 1, 5, 2), MakeLayout(1, 1, 2, 1, 3, 0)};
+  return {MakeLayout(2, 67, 4, 4, 8, 3),          MakeLayout(3, 19, 4, 2, 7, 1),
+          MakeLayout(2, 70, 4, 1, 5, 2),          MakeLayout(1, 1, 2, 1, 3, 0),
+          MakePacked(2, {10, 20, 7}, 4, 2, 6, 1), MakePacked(1, {1, 66, 3}, 4, 4, 5, 0)};
 }
 
 // The reference: per (b, h), plain softmax attention with kv head h / (H / Hkv).
@@ -78,18 +106,20 @@ Ref Reference(const Layout& l, const std::vector<double>& qkv, const std::vector
       auto k = [&](int64_t t, int64_t j) { return qkv[(b * T + t) * ld + l.k_off + kvh * hs + j]; };
       auto v = [&](int64_t t, int64_t j) { return qkv[(b * T + t) * ld + l.v_off + kvh * hs + j]; };
       for (int64_t t = 0; t < T; ++t) {
-        std::vector<double> p(t + 1);
+        // Keys lo..t; p[s] stays 0 for the keys before lo (another packed example).
+        const int64_t lo = l.first_key(b, t);
+        std::vector<double> p(t + 1, 0.0);
         double mx = -INFINITY;
-        for (int64_t s = 0; s <= t; ++s) {
+        for (int64_t s = lo; s <= t; ++s) {
           double sc = 0;
           for (int64_t j = 0; j < hs; ++j) sc += q(t, j) * k(s, j);
           p[s] = sc * scale;
           mx = std::max(mx, p[s]);
         }
         double sum = 0;
-        for (int64_t s = 0; s <= t; ++s) sum += std::exp(p[s] - mx);
+        for (int64_t s = lo; s <= t; ++s) sum += std::exp(p[s] - mx);
         r.lse[(b * H + h) * T + t] = mx + std::log(sum);
-        for (int64_t s = 0; s <= t; ++s) p[s] = std::exp(p[s] - mx) / sum;
+        for (int64_t s = lo; s <= t; ++s) p[s] = std::exp(p[s] - mx) / sum;
         std::vector<double> o(hs, 0.0);
         for (int64_t s = 0; s <= t; ++s) {
           for (int64_t j = 0; j < hs; ++j) o[j] += p[s] * v(s, j);
@@ -139,10 +169,10 @@ Got<S> RunOp(const Layout& l, const std::vector<double>& qkv_d, const std::vecto
   Got<S> g{Poisoned<S>(l.out_elems()), Poisoned<S>(l.qkv_elems()),
            std::vector<ComputeType<S>>(int64_t{l.d.batch_size} * l.d.num_heads * l.d.seq_len)};
   const S* base = qkv.data();
-  AttentionForward<S>(l.d, base + l.q_off, base + l.k_off, base + l.v_off, g.out.data(),
+  AttentionForward<S>(l.dims(), base + l.q_off, base + l.k_off, base + l.v_off, g.out.data(),
                       g.lse.data());
   S* dbase = g.dqkv.data();
-  AttentionBackward<S>(l.d, base + l.q_off, base + l.k_off, base + l.v_off, g.out.data(),
+  AttentionBackward<S>(l.dims(), base + l.q_off, base + l.k_off, base + l.v_off, g.out.data(),
                        dout.data(), g.lse.data(), dbase + l.q_off, dbase + l.k_off,
                        dbase + l.v_off);
   return g;
@@ -260,6 +290,42 @@ TEST(AttentionOpBound, PlantedErrorsOutsideTheTermsBoundAreReported) {
                                eps),
         "dv sign");
   }
+}
+
+// Packed sequences: changing one example's q, k and v (and its output gradient) changes
+// nothing of the other examples of the same sequence, forward or backward, to the bit.
+TYPED_TEST(AttentionOpTest, AnExampleOfAPackedSequenceDoesNotSeeTheOthers) {
+  using S = TypeParam;
+  const Layout l = MakePacked(2, {10, 20, 7}, 4, 2, 6, 1);
+  std::vector<double> qkv = Inputs(l, 7), dout = RandomDoubles(l.out_elems(), 8);
+  const Got<S> before = RunOp<S>(l, qkv, dout);
+  // The middle example (tokens 10..29) of sequence 1.
+  const int64_t T = l.d.seq_len, ldo = int64_t{l.d.num_heads} * l.d.head_dim;
+  auto changed = [&](int64_t r) { return r >= T + 10 && r < T + 30; };
+  for (int64_t r = 0; r < l.rows(); ++r) {
+    if (!changed(r)) continue;
+    for (int64_t j = 0; j < l.d.row_stride; ++j) qkv[r * l.d.row_stride + j] *= -1.5;
+    for (int64_t j = 0; j < ldo; ++j) dout[r * ldo + j] += 0.75;
+  }
+  const Got<S> after = RunOp<S>(l, qkv, dout);
+  int64_t differ = 0;
+  for (int64_t r = 0; r < l.rows(); ++r) {
+    for (int64_t j = 0; j < ldo; ++j) {
+      const double a = ToFloat(before.out[r * ldo + j]), b = ToFloat(after.out[r * ldo + j]);
+      if (!changed(r)) {
+        ASSERT_EQ(a, b) << "out row " << r << " column " << j;
+      } else {
+        differ += a != b;
+      }
+    }
+    const int64_t used = l.v_off + int64_t{l.d.num_kv_heads} * l.d.head_dim;
+    for (int64_t j = 0; !changed(r) && j < used; ++j) {
+      ASSERT_EQ(ToFloat(before.dqkv[r * l.d.row_stride + j]),
+                ToFloat(after.dqkv[r * l.d.row_stride + j]))
+          << "dqkv row " << r << " column " << j;
+    }
+  }
+  EXPECT_GT(differ, 0) << "the changed example's own output must change";
 }
 
 // The padding columns between rows are neither read into the result nor written.

@@ -50,34 +50,51 @@ Data MakeData(uint64_t seed) {
           RandomTokens(kN, kV, seed + 2)};
 }
 
+// MakeData with every third target (and the last) ignored (-1, engine::kIgnoreTarget).
+Data MakeMaskedData(uint64_t seed) {
+  Data d = MakeData(seed);
+  for (int64_t r = 0; r < kN; ++r) {
+    if (r % 3 == 1 || r == kN - 1) d.targets[r] = -1;
+  }
+  return d;
+}
+
+// The targets that count.
+int64_t Counted(const Data& d) {
+  return std::count_if(d.targets.begin(), d.targets.end(), [](int32_t t) { return t >= 0; });
+}
+
 struct Ref {
   double loss;
   std::vector<double> last_logits, dx, dw_cv;  // dw as (C, V)
 };
 
+// The mean over the counted targets; an ignored row has no loss and no gradient.
 Ref Reference(const Data& d, double dloss) {
   Ref r{0, std::vector<double>(int64_t{kB} * kV), std::vector<double>(kN * kC, 0.0),
         std::vector<double>(int64_t{kC} * kV, 0.0)};
+  const double n = static_cast<double>(Counted(d));
   for (int64_t row = 0; row < kN; ++row) {
     std::vector<double> logits(kV, 0.0);
     for (int v = 0; v < kV; ++v) {
       for (int c = 0; c < kC; ++c) logits[v] += d.x[row * kC + c] * d.w[int64_t{c} * kV + v];
     }
     if (row % kT == kT - 1) std::copy(logits.begin(), logits.end(), &r.last_logits[row / kT * kV]);
+    if (d.targets[row] < 0) continue;
     const double mx = *std::max_element(logits.begin(), logits.end());
     double sum = 0;
     for (double l : logits) sum += std::exp(l - mx);
     r.loss += std::log(sum) + mx - logits[d.targets[row]];
     for (int v = 0; v < kV; ++v) {
       const double g =
-          dloss / kN * (std::exp(logits[v] - mx) / sum - (v == d.targets[row] ? 1.0 : 0.0));
+          dloss / n * (std::exp(logits[v] - mx) / sum - (v == d.targets[row] ? 1.0 : 0.0));
       for (int c = 0; c < kC; ++c) {
         r.dx[row * kC + c] += g * d.w[int64_t{c} * kV + v];
         r.dw_cv[int64_t{c} * kV + v] += d.x[row * kC + c] * g;
       }
     }
   }
-  r.loss /= kN;
+  r.loss /= n;
   return r;
 }
 
@@ -95,10 +112,10 @@ Result<S> RunOp(const Data& d, WeightLayout layout, double dloss, int64_t chunk_
   std::vector<S> last = Poisoned<S>(int64_t{kB} * kV), dx = Poisoned<S>(kN * kC),
                  dw = Poisoned<S>(int64_t{kC} * kV);
   const double loss = LmHeadForward<S>(x.data(), w.data(), layout, d.targets.data(), kB, kT, kC, kV,
-                                       last.data(), scratch.data(), chunk_rows);
+                                       last.data(), scratch.data(), chunk_rows, Counted(d));
   LmHeadBackward<S>(x.data(), w.data(), layout, d.targets.data(),
                     static_cast<ComputeType<S>>(dloss), kB, kT, kC, kV, dx.data(), dw.data(),
-                    scratch.data(), chunk_rows);
+                    scratch.data(), chunk_rows, Counted(d));
   // dw back to (C, V).
   std::vector<double> dw_d = ToDoubles(dw), dw_cv(dw_d.size());
   for (int c = 0; c < kC; ++c) {
@@ -114,16 +131,22 @@ Result<S> RunOp(const Data& d, WeightLayout layout, double dloss, int64_t chunk_
 constexpr int64_t kChunkings[] = {1, 7, kN, 0};
 
 TEST(LmHeadOp, DoubleMatchesThePlainSoftmaxReferenceForEveryLayoutAndChunking) {
-  const Data d = MakeData(1);
-  const Ref ref = Reference(d, 0.7);
-  for (WeightLayout layout : {WeightLayout::kInOut, WeightLayout::kOutIn}) {
-    for (int64_t chunk : kChunkings) {
-      SCOPED_TRACE(LayoutName(layout) + " chunk_rows=" + std::to_string(chunk));
-      const Result<double> r = RunOp<double>(d, layout, 0.7, chunk);
-      ExpectNearReference("loss", {r.loss}, {ref.loss});
-      ExpectNearReference("last logits", r.last_logits, ref.last_logits);
-      ExpectNearReference("dx", r.dx, ref.dx);
-      ExpectNearReference("dw", r.dw_cv, ref.dw_cv);
+  for (const Data& d : {MakeData(1), MakeMaskedData(1)}) {
+    const Ref ref = Reference(d, 0.7);
+    for (WeightLayout layout : {WeightLayout::kInOut, WeightLayout::kOutIn}) {
+      for (int64_t chunk : kChunkings) {
+        SCOPED_TRACE(LayoutName(layout) + " chunk_rows=" + std::to_string(chunk) +
+                     " counted=" + std::to_string(Counted(d)));
+        const Result<double> r = RunOp<double>(d, layout, 0.7, chunk);
+        ExpectNearReference("loss", {r.loss}, {ref.loss});
+        ExpectNearReference("last logits", r.last_logits, ref.last_logits);
+        ExpectNearReference("dx", r.dx, ref.dx);
+        ExpectNearReference("dw", r.dw_cv, ref.dw_cv);
+        // An ignored row's gradient is exactly zero.
+        for (int64_t row = 0; row < kN; ++row) {
+          for (int c = 0; d.targets[row] < 0 && c < kC; ++c) ASSERT_EQ(r.dx[row * kC + c], 0.0);
+        }
+      }
     }
   }
 }
@@ -152,18 +175,19 @@ TYPED_TEST_SUITE(LmHeadOpTest, StorageTypes);
 // C (logits), V (dx, softmax) and N (dw).
 TYPED_TEST(LmHeadOpTest, IsWithinItsRoundingsOfDoubleInBothLayouts) {
   using S = TypeParam;
-  const Data d = MakeData(3);
-  const Data rd{Rounded<S>(d.x), Rounded<S>(d.w), d.targets};
-  const int64_t K = std::max<int64_t>({kC, kV, kN});
-  for (WeightLayout layout : {WeightLayout::kInOut, WeightLayout::kOutIn}) {
-    for (int64_t chunk : {int64_t{7}, int64_t{0}}) {
-      SCOPED_TRACE(LayoutName(layout) + " chunk_rows=" + std::to_string(chunk));
-      const Result<S> got = RunOp<S>(d, layout, 1.3, chunk);
-      const Result<double> ref = RunOp<double>(rd, layout, 1.3, chunk);
-      ExpectWithinBound("loss", {got.loss}, {ref.loss}, 2, BoundEps<S>(K));
-      ExpectWithinBound("last logits", got.last_logits, ref.last_logits, 2, BoundEps<S>(kC));
-      ExpectWithinBound("dx", got.dx, ref.dx, 6, BoundEps<S>(K));
-      ExpectWithinBound("dw", got.dw_cv, ref.dw_cv, 6, BoundEps<S>(K));
+  for (const Data& d : {MakeData(3), MakeMaskedData(3)}) {
+    const Data rd{Rounded<S>(d.x), Rounded<S>(d.w), d.targets};
+    const int64_t K = std::max<int64_t>({kC, kV, kN});
+    for (WeightLayout layout : {WeightLayout::kInOut, WeightLayout::kOutIn}) {
+      for (int64_t chunk : {int64_t{7}, int64_t{0}}) {
+        SCOPED_TRACE(LayoutName(layout) + " chunk_rows=" + std::to_string(chunk));
+        const Result<S> got = RunOp<S>(d, layout, 1.3, chunk);
+        const Result<double> ref = RunOp<double>(rd, layout, 1.3, chunk);
+        ExpectWithinBound("loss", {got.loss}, {ref.loss}, 2, BoundEps<S>(K));
+        ExpectWithinBound("last logits", got.last_logits, ref.last_logits, 2, BoundEps<S>(kC));
+        ExpectWithinBound("dx", got.dx, ref.dx, 6, BoundEps<S>(K));
+        ExpectWithinBound("dw", got.dw_cv, ref.dw_cv, 6, BoundEps<S>(K));
+      }
     }
   }
 }

@@ -32,6 +32,33 @@ struct Data {
   std::vector<int32_t> tokens;
 };
 
+// Learned positions: none, row t of each sequence, or packed examples (position ids restarting
+// at each example: lengths 4, 6 and 3 in every sequence of 13).
+enum class Positions { kNone, kSequence, kPacked };
+
+std::string PositionsName(Positions p) {
+  return p == Positions::kNone       ? "no positions"
+         : p == Positions::kSequence ? "positions"
+                                     : "packed";
+}
+
+const std::vector<int32_t>& PackedIds() {
+  static const std::vector<int32_t> ids = [] {
+    std::vector<int32_t> v;
+    for (int b = 0; b < kB; ++b) {
+      for (int n : {4, 6, 3}) {
+        for (int p = 0; p < n; ++p) v.push_back(p);
+      }
+    }
+    return v;
+  }();
+  return ids;
+}
+
+int64_t PositionOf(int64_t row, Positions p) {
+  return p == Positions::kPacked ? PackedIds()[row] : row % kT;
+}
+
 Data MakeData(uint64_t seed) {
   std::vector<int32_t> tokens = RandomTokens(kRows, kV / 2, seed + 3);  // tokens >= V/2 absent
   tokens[5] = tokens[20] = tokens[33] = 7;                              // a repeated token
@@ -45,14 +72,16 @@ struct Result {
 };
 
 template <typename S>
-Result<S> RunOp(const Data& d, bool positions) {
+Result<S> RunOp(const Data& d, Positions mode) {
+  const bool positions = mode != Positions::kNone;
+  const int32_t* ids = mode == Positions::kPacked ? PackedIds().data() : nullptr;
   const std::vector<S> table = Cast<S>(d.table), pos = Cast<S>(d.positions), dout = Cast<S>(d.dout);
   Result<S> r{Poisoned<S>(kRows * kC), Poisoned<S>(int64_t{kV} * kC), Poisoned<S>(kMaxT * kC)};
   EmbeddingForward<S>(table.data(), d.tokens.data(), kRows, kC, kV, r.out.data(),
-                      positions ? pos.data() : nullptr, positions ? kT : 0);
+                      positions ? pos.data() : nullptr, positions ? kT : 0, ids);
   std::vector<unsigned char> scratch(EmbeddingBackwardScratchBytes(kRows, kV));
   EmbeddingBackward<S>(d.tokens.data(), dout.data(), kRows, kC, kV, r.dtable.data(), scratch.data(),
-                       positions ? r.dpositions.data() : nullptr, positions ? kT : 0);
+                       positions ? r.dpositions.data() : nullptr, positions ? kT : 0, ids);
   return r;
 }
 
@@ -60,16 +89,17 @@ struct Ref {
   std::vector<double> out, dtable, dpositions;
 };
 
-Ref Reference(const Data& d, bool positions) {
+Ref Reference(const Data& d, Positions mode) {
+  const bool positions = mode != Positions::kNone;
   Ref r{std::vector<double>(kRows * kC), std::vector<double>(int64_t{kV} * kC, 0.0),
         std::vector<double>(kT * kC, 0.0)};
   for (int64_t row = 0; row < kRows; ++row) {
     for (int64_t c = 0; c < kC; ++c) {
       const double g = d.dout[row * kC + c];
-      r.out[row * kC + c] =
-          d.table[d.tokens[row] * kC + c] + (positions ? d.positions[(row % kT) * kC + c] : 0.0);
+      r.out[row * kC + c] = d.table[d.tokens[row] * kC + c] +
+                            (positions ? d.positions[PositionOf(row, mode) * kC + c] : 0.0);
       r.dtable[d.tokens[row] * kC + c] += g;
-      r.dpositions[(row % kT) * kC + c] += g;
+      r.dpositions[PositionOf(row, mode) * kC + c] += g;
     }
   }
   return r;
@@ -77,13 +107,13 @@ Ref Reference(const Data& d, bool positions) {
 
 TEST(EmbeddingOp, DoubleMatchesTheScalarReferenceWithAndWithoutPositions) {
   const Data d = MakeData(1);
-  for (bool positions : {false, true}) {
-    SCOPED_TRACE(positions ? "positions" : "no positions");
+  for (Positions positions : {Positions::kNone, Positions::kSequence, Positions::kPacked}) {
+    SCOPED_TRACE(PositionsName(positions));
     const Result<double> r = RunOp<double>(d, positions);
     const Ref ref = Reference(d, positions);
     ExpectNearReference("out", r.out, ref.out);
     ExpectNearReference("dtable", r.dtable, ref.dtable);
-    if (positions) {
+    if (positions != Positions::kNone) {
       ExpectNearReference("dpositions",
                           std::vector<double>(r.dpositions.begin(), r.dpositions.begin() + kT * kC),
                           ref.dpositions);
@@ -100,17 +130,18 @@ TYPED_TEST(EmbeddingOpTest, IsWithinOneRoundingOfDouble) {
   using S = TypeParam;
   const Data d = MakeData(2);
   const Data rd{Rounded<S>(d.table), Rounded<S>(d.positions), Rounded<S>(d.dout), d.tokens};
-  for (bool positions : {false, true}) {
-    SCOPED_TRACE(positions ? "positions" : "no positions");
+  for (Positions positions : {Positions::kNone, Positions::kSequence, Positions::kPacked}) {
+    SCOPED_TRACE(PositionsName(positions));
     const Result<S> got = RunOp<S>(d, positions);
     const Result<double> ref = RunOp<double>(rd, positions);
     ExpectWithinBound("out", ToDoubles(got.out), ref.out, 2, BoundEps<S>(2));
     ExpectWithinBound("dtable", ToDoubles(got.dtable), ref.dtable, 2, BoundEps<S>(kRows));
-    if (positions) {
+    if (positions != Positions::kNone) {
+      // A position row sums its rows: kB of them, or with packing up to 3 kB.
       ExpectWithinBound(
           "dpositions", ToDoubles(got.dpositions.data(), kT * kC),
           std::vector<double>(ref.dpositions.begin(), ref.dpositions.begin() + kT * kC), 2,
-          BoundEps<S>(kB));
+          BoundEps<S>(3 * kB));
     }
   }
 }
@@ -120,7 +151,7 @@ TYPED_TEST(EmbeddingOpTest, IsWithinOneRoundingOfDouble) {
 TYPED_TEST(EmbeddingOpTest, AbsentTokensAreZeroAndRowsBeyondSeqLenUntouched) {
   using S = TypeParam;
   const Data d = MakeData(3);
-  const Result<S> r = RunOp<S>(d, /*positions=*/true);
+  const Result<S> r = RunOp<S>(d, Positions::kSequence);
   std::vector<bool> present(kV, false);
   for (int32_t t : d.tokens) present[t] = true;
   for (int v = 0; v < kV; ++v) {
@@ -130,7 +161,7 @@ TYPED_TEST(EmbeddingOpTest, AbsentTokensAreZeroAndRowsBeyondSeqLenUntouched) {
     }
   }
   EXPECT_TRUE(AllPoisoned(r.dpositions.data() + kT * kC, (kMaxT - kT) * kC));
-  const Result<S> plain = RunOp<S>(d, /*positions=*/false);
+  const Result<S> plain = RunOp<S>(d, Positions::kNone);
   const std::vector<S> table = Cast<S>(d.table);
   for (int64_t row = 0; row < kRows; ++row) {
     ASSERT_EQ(
