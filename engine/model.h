@@ -33,6 +33,9 @@
 
 namespace strata::engine {
 
+// A target the loss does not count (PyTorch's ignore_index, as a data loader writes it: -1 here).
+inline constexpr int32_t kIgnoreTarget = -1;
+
 struct MicroBatchShape {
   int batch_size = 1;  // B: sequences per micro-batch
   int seq_len = 1;     // T: tokens per sequence
@@ -93,9 +96,21 @@ struct BlockBuffers {
   ConstTensorRef dx_out;             // (B, T, C) gradient of x_out (Backward, not the last block)
   TensorRef dx_in;                   // (B, T, C) gradient of x_in (Backward, not the first block)
   const int32_t* tokens = nullptr;   // (B, T) first block
-  const int32_t* targets = nullptr;  // (B, T) last block; null in Forward = no loss
+  // (B, T) last block; null in Forward = no loss. kIgnoreTarget (-1) marks a position the loss
+  // does not count (a prompt token, padding, the end of a packed example).
+  const int32_t* targets = nullptr;
+  // (B, T) int32 or null, every block: the position of each token within its example (packed
+  // sequences, Krell et al., "Efficient Sequence Packing without Cross-contamination", 2021).
+  // Within a row position_ids[0] == 0 and position_ids[t] is 0 (an example starts) or
+  // position_ids[t - 1] + 1 (the engine checks). Token t attends to tokens t - position_ids[t]
+  // .. t of its row only, and position embeddings (learned or rotary) use position_ids[t]. Null:
+  // one sequence per row, position t.
+  const int32_t* position_ids = nullptr;
+  // The number of targets that are not kIgnoreTarget, B*T when none is ignored: the divisor of
+  // the mean loss (last block).
+  int64_t loss_tokens = 0;
   TensorRef logits;       // (B, V) last block Forward: the logits of each sequence's last position
-  float* loss = nullptr;  // (1) fp32, last block Forward: mean cross-entropy over B*T
+  float* loss = nullptr;  // (1) fp32, last block Forward: sum of cross-entropy / loss_tokens
   float dloss = 1.0f;     // last block Backward: d(objective)/d(mean loss), incl. loss scale
   // Training steps: this micro-batch's seed of the model's random choices (LoRA dropout, the same
   // in a block's Forward and its Backward's recomputation), never 0; 0 in evaluation and

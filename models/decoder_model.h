@@ -66,7 +66,9 @@ struct BlockArgs {
   const S* dx_out = nullptr;
   S* dx_in = nullptr;
   const int32_t* tokens = nullptr;
-  const int32_t* targets = nullptr;
+  const int32_t* targets = nullptr;       // engine::kIgnoreTarget where the loss does not count
+  const int32_t* position_ids = nullptr;  // (B, T) or null: see engine::BlockBuffers
+  int64_t loss_tokens = 0;                // targets that count (the mean loss's divisor)
   S* logits = nullptr;
   float* loss = nullptr;
   float dloss = 1.0f;

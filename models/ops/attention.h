@@ -29,6 +29,10 @@ namespace strata::models::ops {
 struct AttentionDims {
   int batch_size, seq_len, num_heads, num_kv_heads, head_dim;
   int64_t row_stride;  // elements between consecutive token rows of q, k, v (and dq, dk, dv)
+  // (B, T) int32 or null (memory of the op's backend): packed sequences. Query t of row b attends
+  // to keys t - position_ids[b, t] .. t only (block-diagonal causal attention; position_ids
+  // restarts at 0 where an example starts, see engine::BlockBuffers). Null: keys 0 .. t.
+  const int32_t* position_ids = nullptr;
 };
 
 // q: (B, T, H, hs) rows of row_stride; k, v: (B, T, Hkv, hs) rows of row_stride;

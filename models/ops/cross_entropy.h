@@ -16,8 +16,13 @@
 // over chunks in chunk order). The accumulator, 4 C V bytes, is smaller than the (N, V) logits
 // in S whenever N > 2 C. Results depend on the chunking only through that fp32 sum order.
 //
+// Ignored targets: a target of -1 (engine::kIgnoreTarget) is a row the loss does not count: its
+// loss is 0 and its dlogits row 0. The mean is then over loss_tokens (the number of counted
+// targets, which the caller knows from the data: B T when none is ignored) instead of N, and
+// the backward scales by dloss / loss_tokens.
+//
 // Deterministic (bit-identical across runs and thread counts), reentrant, oneTBB loops inside.
-// Targets are int32 in [0, V) (STRATA_CHECK).
+// Targets are int32 in [0, V) or -1 (STRATA_CHECK).
 #pragma once
 
 #include <algorithm>
@@ -44,21 +49,22 @@ constexpr int64_t HeadChunkRows(int64_t N, int64_t V) {
 template <typename S>
 int64_t LmHeadScratchBytes(int B, int T, int C, int V, int64_t chunk_rows = 0);
 
-// Returns the mean cross-entropy over B T tokens (summed in double in token order) or 0 when
-// targets is null (then no chunk is computed); last_logits (B, V) = S(x[b, T-1] W), the logits
+// Returns the mean cross-entropy over the loss_tokens counted tokens (summed in double in token
+// order; loss_tokens 0: B T; 0 when every target is ignored) or 0 when targets is null (then
+// no chunk is computed); last_logits (B, V) = S(x[b, T-1] W), the logits
 // of position T-1 of each sequence. x (B T, C); targets (B, T) int32 or null. scratch:
 // LmHeadScratchBytes with the same chunk_rows, contents undefined after.
 template <typename S>
 ComputeType<S> LmHeadForward(const S* x, const S* w, WeightLayout layout, const int32_t* targets,
                              int B, int T, int C, int V, S* last_logits, void* scratch,
-                             int64_t chunk_rows = 0);
+                             int64_t chunk_rows = 0, int64_t loss_tokens = 0);
 
-// Gradient of dloss * mean cross-entropy: dx (B T, C) and dw (the layout of w; nullable: not
-// computed, a frozen weight) OVERWRITTEN.
+// Gradient of dloss * mean cross-entropy (over loss_tokens counted tokens; 0: B T): dx (B T, C)
+// and dw (the layout of w; nullable: not computed, a frozen weight) OVERWRITTEN.
 // targets must not be null. No logits are written. dx must not overlap x.
 template <typename S>
 void LmHeadBackward(const S* x, const S* w, WeightLayout layout, const int32_t* targets,
                     ComputeType<S> dloss, int B, int T, int C, int V, S* dx, S* dw, void* scratch,
-                    int64_t chunk_rows = 0);
+                    int64_t chunk_rows = 0, int64_t loss_tokens = 0);
 
 }  // namespace strata::models::ops

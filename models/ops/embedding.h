@@ -14,24 +14,28 @@
 
 namespace strata::models::ops {
 
-// out[r] = S(table[tokens[r]] (+ positions[r % T])) for r < rows; table (V, C); out (rows, C);
+// out[r] = S(table[tokens[r]] (+ positions[p(r)])) for r < rows; table (V, C); out (rows, C);
 // positions (T', C) with T' >= T nullable (learned positions, T = seq_len given, rows a multiple
-// of T: sequences of T tokens).
+// of T: sequences of T tokens); p(r) = position_ids[r] when position_ids ((rows) int32, each in
+// [0, T): packed sequences) is given, else r % T.
 template <typename S>
 void EmbeddingForward(const S* table, const int32_t* tokens, int64_t rows, int64_t C, int V, S* out,
-                      const S* positions = nullptr, int seq_len = 0);
+                      const S* positions = nullptr, int seq_len = 0,
+                      const int32_t* position_ids = nullptr);
 
 // Scratch of EmbeddingBackward in bytes (a counting sort of the rows by token: (V + 1) + rows
 // int32, each part 64-byte aligned from the scratch's start). Pure.
 int64_t EmbeddingBackwardScratchBytes(int64_t rows, int V);
 
 // dtable (V, C) OVERWRITTEN: row v = S(fp32 sum of the dout rows with token v, in token order),
-// zero for absent tokens. dpositions (seq_len, C) nullable: row t = S(fp32 sum over b of
-// dout[b, t], b in order) (rows beyond seq_len left untouched: the caller zeroes them); rows a
+// zero for absent tokens. dpositions (seq_len, C) nullable: row t = S(fp32 sum of the dout rows r
+// with p(r) = t, r in increasing order: over b of dout[b, t] without position_ids), zero for a
+// position no row has (rows beyond seq_len left untouched: the caller zeroes them); rows a
 // multiple of seq_len then. dout (rows, C). scratch: EmbeddingBackwardScratchBytes(rows, V),
 // 4-byte aligned, contents undefined after.
 template <typename S>
 void EmbeddingBackward(const int32_t* tokens, const S* dout, int64_t rows, int64_t C, int V,
-                       S* dtable, void* scratch, S* dpositions = nullptr, int seq_len = 0);
+                       S* dtable, void* scratch, S* dpositions = nullptr, int seq_len = 0,
+                       const int32_t* position_ids = nullptr);
 
 }  // namespace strata::models::ops

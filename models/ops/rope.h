@@ -50,17 +50,20 @@ template <typename F>
 void RopeTable(const RopeParams& p, int seq_len, F* cos, F* sin);
 
 // Rotates, in place, num_heads consecutive heads of head_dim columns starting at column 0 of x,
-// in each of `rows` rows of row_stride elements; row r is position t = r % seq_len (rows are
-// (B, T) token rows). cos, sin: the table of RopeTable<ComputeType<S>> for at least seq_len
-// positions. The q and k column blocks of a fused [q | k | v] projection are consecutive, so one
+// in each of `rows` rows of row_stride elements; row r is position t = position_ids[r] when
+// position_ids ((rows) int32, packed sequences: each in [0, seq_len)) is given, else r % seq_len
+// (rows are (B, T) token rows). cos, sin: the table of RopeTable<ComputeType<S>> for at least
+// seq_len positions. The q and k column blocks of a fused [q | k | v] projection are consecutive, so one
 // call with num_heads = H + Hkv rotates both. row_stride >= num_heads * head_dim.
 template <typename S>
 void RopeForward(S* x, int64_t rows, int64_t row_stride, int num_heads, int head_dim, int seq_len,
-                 const ComputeType<S>* cos, const ComputeType<S>* sin);
+                 const ComputeType<S>* cos, const ComputeType<S>* sin,
+                 const int32_t* position_ids = nullptr);
 
 // The gradient through RopeForward, in place on dx (same layout): dx <- R(t)^T dx.
 template <typename S>
 void RopeBackward(S* dx, int64_t rows, int64_t row_stride, int num_heads, int head_dim, int seq_len,
-                  const ComputeType<S>* cos, const ComputeType<S>* sin);
+                  const ComputeType<S>* cos, const ComputeType<S>* sin,
+                  const int32_t* position_ids = nullptr);
 
 }  // namespace strata::models::ops
