@@ -180,6 +180,11 @@ Status LaunchSwigluBackward(cudaStream_t stream, const D* gate_up, const D* dh, 
 // dk, dv) 16-byte aligned and row_stride a multiple of 8; CUDA cores (fp32 FMAs on values
 // converted from D) for everything, the fallback and the reference. kAuto picks the tensor cores
 // where they apply; kTensorCores where they do not is kInvalidArgument.
+//
+// Packed sequences: with AttentionDims::position_ids ((B, T) int32, device memory) query t of
+// sequence b sees keys t - position_ids[b, t] .. t only (block-diagonal causal attention), in
+// both implementations; an id outside [0, t] traps. Null: keys 0 .. t, and the kernels compute
+// what they computed before position_ids existed, bit for bit.
 
 // The largest head_dim of the attention kernels.
 inline constexpr int kAttentionMaxHeadDim = 128;
