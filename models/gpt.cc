@@ -159,34 +159,36 @@ Status GptFamily::CudaPrepareStream(gpu::Stream& stream) const {
 // The CUDA blocks (models/cuda/gpt_cuda.h).
 template <typename S>
 Status GptFamily::CudaEmbeddingForward(const BlockArgs<S>& a, gpu::Stream& stream) const {
-  return cuda::GptCudaEmbeddingForward<S>(shape, stream, a.params, a.tokens, a.B, a.T, a.x_out);
+  return cuda::GptCudaEmbeddingForward<S>(shape, stream, a.params, a.tokens, a.B, a.T, a.x_out,
+                                          a.position_ids);
 }
 template <typename S>
 Status GptFamily::CudaLayerForward(const BlockArgs<S>& a, gpu::Stream& stream) const {
   return cuda::GptCudaLayerForward<S>(shape, stream, a.params, a.x_in, a.x_out, a.B, a.T, a.scratch,
-                                      {.allow_tf32 = options.allow_tf32});
+                                      {.allow_tf32 = options.allow_tf32}, a.position_ids);
 }
 template <typename S>
 Status GptFamily::CudaHeadForward(const BlockArgs<S>& a, gpu::Stream& stream) const {
   return cuda::GptCudaHeadForward<S>(shape, stream, a.params, a.x_in, a.targets, a.B, a.T, a.logits,
                                      a.scratch, a.loss, {.allow_tf32 = options.allow_tf32},
-                                     a.tied_params);
+                                     a.tied_params, a.loss_tokens);
 }
 template <typename S>
 Status GptFamily::CudaEmbeddingBackward(const BlockArgs<S>& a, gpu::Stream& stream) const {
   return cuda::GptCudaEmbeddingBackward<S>(shape, stream, a.tokens, a.dx_out, a.B, a.T, a.grads,
-                                           a.scratch);
+                                           a.scratch, a.position_ids);
 }
 template <typename S>
 Status GptFamily::CudaLayerBackward(const BlockArgs<S>& a, gpu::Stream& stream) const {
   return cuda::GptCudaLayerBackward<S>(shape, stream, a.params, a.x_in, a.dx_out, a.dx_in, a.grads,
-                                       a.B, a.T, a.scratch, {.allow_tf32 = options.allow_tf32});
+                                       a.B, a.T, a.scratch, {.allow_tf32 = options.allow_tf32},
+                                       a.position_ids);
 }
 template <typename S>
 Status GptFamily::CudaHeadBackward(const BlockArgs<S>& a, gpu::Stream& stream) const {
   return cuda::GptCudaHeadBackward<S>(
       shape, stream, a.params, a.x_in, a.targets, a.dloss, a.B, a.T, a.dx_in, a.grads, a.scratch,
-      {.allow_tf32 = options.allow_tf32}, a.tied_params, a.tied_grads);
+      {.allow_tf32 = options.allow_tf32}, a.tied_params, a.tied_grads, a.loss_tokens);
 }
 #endif
 

@@ -197,12 +197,12 @@ Status LlamaFamily::CudaEmbeddingForward(const BlockArgs<S>& a, gpu::Stream& str
 template <typename S>
 Status LlamaFamily::CudaLayerForward(const BlockArgs<S>& a, gpu::Stream& stream) const {
   return cuda::LlamaCudaLayerForward<S>(config, stream, a.params, a.x_in, a.x_out, a.B, a.T,
-                                        a.scratch);
+                                        a.scratch, a.position_ids);
 }
 template <typename S>
 Status LlamaFamily::CudaHeadForward(const BlockArgs<S>& a, gpu::Stream& stream) const {
   return cuda::LlamaCudaHeadForward<S>(config, stream, a.params, a.tied_params, a.x_in, a.targets,
-                                       a.B, a.T, a.logits, a.scratch, a.loss);
+                                       a.B, a.T, a.logits, a.scratch, a.loss, a.loss_tokens);
 }
 template <typename S>
 Status LlamaFamily::CudaEmbeddingBackward(const BlockArgs<S>& a, gpu::Stream& stream) const {
@@ -212,13 +212,13 @@ Status LlamaFamily::CudaEmbeddingBackward(const BlockArgs<S>& a, gpu::Stream& st
 template <typename S>
 Status LlamaFamily::CudaLayerBackward(const BlockArgs<S>& a, gpu::Stream& stream) const {
   return cuda::LlamaCudaLayerBackward<S>(config, stream, a.params, a.x_in, a.dx_out, a.dx_in,
-                                         a.grads, a.B, a.T, a.scratch);
+                                         a.grads, a.B, a.T, a.scratch, a.position_ids);
 }
 template <typename S>
 Status LlamaFamily::CudaHeadBackward(const BlockArgs<S>& a, gpu::Stream& stream) const {
   return cuda::LlamaCudaHeadBackward<S>(config, stream, a.params, a.tied_params, a.x_in, a.targets,
                                         a.dloss, a.B, a.T, a.dx_in, a.grads, a.tied_grads,
-                                        a.scratch);
+                                        a.scratch, a.loss_tokens);
 }
 #endif
 

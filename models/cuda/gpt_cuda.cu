@@ -49,10 +49,11 @@ StatusOr<Products<S>> MakeProducts(gpu::Stream& stream, cudaStream_t cs, float* 
   return Products<S>::Make(stream, cs, o.allow_tf32, partials);
 }
 
-// Attention over the fused qkv (N, 3C): q, k, v its column blocks, H = Hkv heads of C / H.
-ops::AttentionDims AttentionDimsOf(const GptShape& s, int B, int T) {
+// Attention over the fused qkv (N, 3C): q, k, v its column blocks, H = Hkv heads of C / H;
+// position_ids (B, T) or null (packed sequences).
+ops::AttentionDims AttentionDimsOf(const GptShape& s, int B, int T, const int32_t* position_ids) {
   const int C = static_cast<int>(s.channels);
-  return {B, T, s.num_heads, s.num_heads, C / s.num_heads, 3 * int64_t{C}};
+  return {B, T, s.num_heads, s.num_heads, C / s.num_heads, 3 * int64_t{C}, position_ids};
 }
 
 // The layer scratch (gpt_cuda_layout.h) as typed pointers.
@@ -83,14 +84,14 @@ struct LayerBuffers {
 template <typename S>
 Status LayerForwardInto(const GptShape& shape, cudaStream_t cs, const Products<S>& mm,
                         const LayerParams<const S*>& p, const S* x, int B, int T,
-                        const LayerBuffers<S>& w, S* x_out) {
+                        const int32_t* position_ids, const LayerBuffers<S>& w, S* x_out) {
   const int64_t C = shape.channels, N = int64_t{B} * T;
   STRATA_RETURN_IF_ERROR(oc::LaunchLayerNormForward(cs, D(x), D(p.ln1_w), D(p.ln1_b), N, C,
                                                     D(w.ln1), w.mean1, w.rstd1));
   STRATA_RETURN_IF_ERROR(mm.Forward(kInOut, N, C, 3 * C, w.ln1, p.qkv_w, p.qkv_b, nullptr, w.qkv));
   const Dev<S>* qkv = D(w.qkv);
-  STRATA_RETURN_IF_ERROR(oc::LaunchAttentionForward(cs, AttentionDimsOf(shape, B, T), qkv, qkv + C,
-                                                    qkv + 2 * C, D(w.att), w.lse));
+  STRATA_RETURN_IF_ERROR(oc::LaunchAttentionForward(cs, AttentionDimsOf(shape, B, T, position_ids),
+                                                    qkv, qkv + C, qkv + 2 * C, D(w.att), w.lse));
   STRATA_RETURN_IF_ERROR(mm.Forward(kInOut, N, C, C, w.att, p.attn_proj_w, p.attn_proj_b, x, w.x2));
   STRATA_RETURN_IF_ERROR(oc::LaunchLayerNormForward(cs, D(w.x2), D(p.ln2_w), D(p.ln2_b), N, C,
                                                     D(w.ln2), w.mean2, w.rstd2));
@@ -124,48 +125,56 @@ Status GptCudaPrepareStream(gpu::Stream& stream) { return oc::PrepareStream(stre
 
 template <typename S>
 Status GptCudaEmbeddingForward(const GptShape& shape, gpu::Stream& stream, const S* params,
-                               const int32_t* tokens, int B, int T, S* x_out) {
+                               const int32_t* tokens, int B, int T, S* x_out,
+                               const int32_t* position_ids) {
   STRATA_ASSIGN_OR_RETURN(cudaStream_t cs,
                           Prepare("GptCudaEmbeddingForward", shape, stream, B, T, nullptr));
   STRATA_RETURN_IF_ERROR(CheckPointers("GptCudaEmbeddingForward", {params, tokens, x_out}));
   const int64_t C = shape.channels;
   return oc::LaunchEmbeddingForward(cs, D(params), D(params + int64_t{shape.vocab_size} * C),
-                                    tokens, int64_t{B} * T, T, C, shape.vocab_size, D(x_out));
+                                    tokens, int64_t{B} * T, T, C, shape.vocab_size, D(x_out),
+                                    position_ids);
 }
 
 template <typename S>
 Status GptCudaEmbeddingBackward(const GptShape& shape, gpu::Stream& stream, const int32_t* tokens,
-                                const S* dx_out, int B, int T, S* dparams, void* scratch) {
+                                const S* dx_out, int B, int T, S* dparams, void* scratch,
+                                const int32_t* position_ids) {
   STRATA_ASSIGN_OR_RETURN(cudaStream_t cs,
                           Prepare("GptCudaEmbeddingBackward", shape, stream, B, T, scratch));
   STRATA_RETURN_IF_ERROR(
       CheckPointers("GptCudaEmbeddingBackward", {tokens, dx_out, dparams, scratch}));
   const CudaEmbeddingScratchLayout l = CudaEmbeddingScratchLayoutFor(shape, B, T);
   const int64_t C = shape.channels;
+  const oc::CountingSortScratch by_token{
+      At<int32_t>(scratch, l.counts), At<int32_t>(scratch, l.offsets),
+      At<int32_t>(scratch, l.cursor), At<int32_t>(scratch, l.order)};
+  const oc::CountingSortScratch by_position{
+      At<int32_t>(scratch, l.pos_counts), At<int32_t>(scratch, l.pos_offsets),
+      At<int32_t>(scratch, l.pos_cursor), At<int32_t>(scratch, l.pos_order)};
   return oc::LaunchEmbeddingBackward(
       cs, tokens, D(dx_out), int64_t{B} * T, T, C, shape.vocab_size, shape.max_seq_len, D(dparams),
-      D(dparams + int64_t{shape.vocab_size} * C), At<int32_t>(scratch, l.counts),
-      At<int32_t>(scratch, l.offsets), At<int32_t>(scratch, l.cursor),
-      At<int32_t>(scratch, l.order));
+      D(dparams + int64_t{shape.vocab_size} * C), by_token, position_ids, by_position);
 }
 
 template <typename S>
 Status GptCudaLayerForward(const GptShape& shape, gpu::Stream& stream, const S* params,
                            const S* x_in, S* x_out, int B, int T, void* scratch,
-                           const GptCudaOptions& options) {
+                           const GptCudaOptions& options, const int32_t* position_ids) {
   STRATA_ASSIGN_OR_RETURN(cudaStream_t cs,
                           Prepare("GptCudaLayerForward", shape, stream, B, T, scratch));
   STRATA_RETURN_IF_ERROR(CheckPointers("GptCudaLayerForward", {params, x_in, x_out, scratch}));
   const LayerBuffers<S> w(GptCudaLayerScratchLayoutFor<S>(shape, B, T), scratch);
   STRATA_ASSIGN_OR_RETURN(const auto mm, MakeProducts<S>(stream, cs, w.partials, options));
   const LayerParams<const S*> p(params, shape.channels);
-  return LayerForwardInto<S>(shape, cs, mm, p, x_in, B, T, w, x_out);
+  return LayerForwardInto<S>(shape, cs, mm, p, x_in, B, T, position_ids, w, x_out);
 }
 
 template <typename S>
 Status GptCudaLayerBackward(const GptShape& shape, gpu::Stream& stream, const S* params,
                             const S* x_in, const S* dx_out, S* dx_in, S* dparams, int B, int T,
-                            void* scratch, const GptCudaOptions& options) {
+                            void* scratch, const GptCudaOptions& options,
+                            const int32_t* position_ids) {
   STRATA_ASSIGN_OR_RETURN(cudaStream_t cs,
                           Prepare("GptCudaLayerBackward", shape, stream, B, T, scratch));
   STRATA_RETURN_IF_ERROR(
@@ -175,7 +184,8 @@ Status GptCudaLayerBackward(const GptShape& shape, gpu::Stream& stream, const S*
   STRATA_ASSIGN_OR_RETURN(const auto mm, MakeProducts<S>(stream, cs, w.partials, options));
   const LayerParams<const S*> p(params, C);
   const LayerParams<S*> dp(dparams, C);
-  STRATA_RETURN_IF_ERROR(LayerForwardInto<S>(shape, cs, mm, p, x_in, B, T, w, nullptr));
+  STRATA_RETURN_IF_ERROR(
+      LayerForwardInto<S>(shape, cs, mm, p, x_in, B, T, position_ids, w, nullptr));
   const S* dy = dx_out;
   S *ln1 = w.ln1, *qkv = w.qkv, *att = w.att, *x2 = w.x2, *ln2 = w.ln2, *h = w.h, *g = w.g;
   S* dh = g;    // over g, dead after the mlp_proj_w gradient
@@ -204,8 +214,8 @@ Status GptCudaLayerBackward(const GptShape& shape, gpu::Stream& stream, const S*
   const Dev<S>* dq_in = D(qkv);
   Dev<S>* dq_out = D(dqkv);
   STRATA_RETURN_IF_ERROR(oc::LaunchAttentionBackward(
-      cs, AttentionDimsOf(shape, B, T), dq_in, dq_in + C, dq_in + 2 * C, D(att), D(dln), w.lse,
-      w.delta, dq_out, dq_out + C, dq_out + 2 * C));
+      cs, AttentionDimsOf(shape, B, T, position_ids), dq_in, dq_in + C, dq_in + 2 * C, D(att),
+      D(dln), w.lse, w.delta, dq_out, dq_out + C, dq_out + 2 * C));
   STRATA_RETURN_IF_ERROR(mm.WeightGrad(kInOut, N, C, 3 * C, ln1, dqkv, dp.qkv_w, dp.qkv_b));
   STRATA_RETURN_IF_ERROR(mm.InputGrad(kInOut, N, C, 3 * C, dqkv, p.qkv_w, dln));  // dln1
   STRATA_RETURN_IF_ERROR(oc::LaunchLayerNormParamGrads(cs, D(x_in), D(dln), mean1, rstd1, N, C,
@@ -219,7 +229,7 @@ template <typename S>
 Status GptCudaHeadForward(const GptShape& shape, gpu::Stream& stream, const S* params,
                           const S* x_in, const int32_t* targets, int B, int T, S* logits,
                           void* scratch, float* loss, const GptCudaOptions& options,
-                          const S* tied_params) {
+                          const S* tied_params, int64_t loss_tokens) {
   STRATA_ASSIGN_OR_RETURN(cudaStream_t cs,
                           Prepare("GptCudaHeadForward", shape, stream, B, T, scratch));
   STRATA_RETURN_IF_ERROR(CheckPointers("GptCudaHeadForward", {params, x_in, logits, scratch}));
@@ -233,16 +243,16 @@ Status GptCudaHeadForward(const GptShape& shape, gpu::Stream& stream, const S* p
   const bool tied = shape.tie_embeddings;
   const S* wlm = tied ? tied_params : params + 2 * C;
   STRATA_RETURN_IF_ERROR(HeadLayerNorm<S>(shape, cs, params, x_in, N, l, scratch));
-  return oc::ChunkedHeadForward<S>(mm, At<S>(scratch, l.lnf), wlm,
-                                   tied ? WeightLayout::kOutIn : kInOut, B, T, C, V,
-                                   HeadScratchOf<S>(l, scratch), logits, targets, loss);
+  return oc::ChunkedHeadForward<S>(
+      mm, At<S>(scratch, l.lnf), wlm, tied ? WeightLayout::kOutIn : kInOut, B, T, C, V,
+      HeadScratchOf<S>(l, scratch), logits, targets, loss, loss_tokens);
 }
 
 template <typename S>
 Status GptCudaHeadBackward(const GptShape& shape, gpu::Stream& stream, const S* params,
                            const S* x_in, const int32_t* targets, float dloss, int B, int T,
                            S* dx_in, S* dparams, void* scratch, const GptCudaOptions& options,
-                           const S* tied_params, S* tied_grads) {
+                           const S* tied_params, S* tied_grads, int64_t loss_tokens) {
   STRATA_ASSIGN_OR_RETURN(cudaStream_t cs,
                           Prepare("GptCudaHeadBackward", shape, stream, B, T, scratch));
   STRATA_RETURN_IF_ERROR(
@@ -271,29 +281,29 @@ Status GptCudaHeadBackward(const GptShape& shape, gpu::Stream& stream, const S* 
   STRATA_RETURN_IF_ERROR(HeadLayerNorm<S>(shape, cs, params, x_in, N, l, scratch));
   STRATA_RETURN_IF_ERROR(
       oc::ChunkedHeadBackward<S>(mm, lnf, wlm, tied ? WeightLayout::kOutIn : kInOut, targets, dloss,
-                                 N, C, V, HeadScratchOf<S>(l, scratch), dwlm, dlnf));
+                                 N, C, V, HeadScratchOf<S>(l, scratch), dwlm, dlnf, loss_tokens));
   STRATA_RETURN_IF_ERROR(oc::LaunchLayerNormParamGrads(cs, D(x_in), D(dlnf), mean, rstd, N, C,
                                                        partials, D(dparams), D(dparams + C)));
   return oc::LaunchLayerNormBackward(cs, D(x_in), D(params), D(dlnf), mean, rstd,
                                      static_cast<const Dev<S>*>(nullptr), N, C, D(dx_in));
 }
 
-#define STRATA_INSTANTIATE_GPT_CUDA(S)                                                          \
-  template Status GptCudaEmbeddingForward<S>(const GptShape&, gpu::Stream&, const S*,           \
-                                             const int32_t*, int, int, S*);                     \
-  template Status GptCudaEmbeddingBackward<S>(const GptShape&, gpu::Stream&, const int32_t*,    \
-                                              const S*, int, int, S*, void*);                   \
-  template Status GptCudaLayerForward<S>(const GptShape&, gpu::Stream&, const S*, const S*, S*, \
-                                         int, int, void*, const GptCudaOptions&);               \
-  template Status GptCudaLayerBackward<S>(const GptShape&, gpu::Stream&, const S*, const S*,    \
-                                          const S*, S*, S*, int, int, void*,                    \
-                                          const GptCudaOptions&);                               \
-  template Status GptCudaHeadForward<S>(const GptShape&, gpu::Stream&, const S*, const S*,      \
-                                        const int32_t*, int, int, S*, void*, float*,            \
-                                        const GptCudaOptions&, const S*);                       \
-  template Status GptCudaHeadBackward<S>(const GptShape&, gpu::Stream&, const S*, const S*,     \
-                                         const int32_t*, float, int, int, S*, S*, void*,        \
-                                         const GptCudaOptions&, const S*, S*);
+#define STRATA_INSTANTIATE_GPT_CUDA(S)                                                            \
+  template Status GptCudaEmbeddingForward<S>(const GptShape&, gpu::Stream&, const S*,             \
+                                             const int32_t*, int, int, S*, const int32_t*);       \
+  template Status GptCudaEmbeddingBackward<S>(const GptShape&, gpu::Stream&, const int32_t*,      \
+                                              const S*, int, int, S*, void*, const int32_t*);     \
+  template Status GptCudaLayerForward<S>(const GptShape&, gpu::Stream&, const S*, const S*, S*,   \
+                                         int, int, void*, const GptCudaOptions&, const int32_t*); \
+  template Status GptCudaLayerBackward<S>(const GptShape&, gpu::Stream&, const S*, const S*,      \
+                                          const S*, S*, S*, int, int, void*,                      \
+                                          const GptCudaOptions&, const int32_t*);                 \
+  template Status GptCudaHeadForward<S>(const GptShape&, gpu::Stream&, const S*, const S*,        \
+                                        const int32_t*, int, int, S*, void*, float*,              \
+                                        const GptCudaOptions&, const S*, int64_t);                \
+  template Status GptCudaHeadBackward<S>(const GptShape&, gpu::Stream&, const S*, const S*,       \
+                                         const int32_t*, float, int, int, S*, S*, void*,          \
+                                         const GptCudaOptions&, const S*, S*, int64_t);
 STRATA_INSTANTIATE_GPT_CUDA(float)
 STRATA_INSTANTIATE_GPT_CUDA(Bf16)
 STRATA_INSTANTIATE_GPT_CUDA(Fp16)

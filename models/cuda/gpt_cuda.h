@@ -19,8 +19,15 @@
 //     problem (B < 1, T outside [1, max_seq_len], a null pointer that is needed).
 //     cuBLAS/launch failures come back as Status (gpu/cuda/cuda_status.h); faults of
 //     running kernels surface at the stream's next synchronization.
+//   - Packed sequences: position_ids (B, T) int32 (device memory, or null: one sequence per
+//     row, position t), as engine::BlockBuffers::position_ids: token t of row b has position
+//     position_ids[b, t] (the learned position embedding it adds) and attends to tokens
+//     t - position_ids[b, t] .. t of its row only. Targets of engine::kIgnoreTarget (-1) are
+//     not counted by the loss, whose mean is over loss_tokens, the number of counted targets
+//     (0: B T).
 //   - Token and target values cannot be checked on the host (they are in device
-//     memory): a value outside [0, V) stops the kernel that reads it with a device
+//     memory): a value outside [0, V) (a target other than -1; a position id outside
+//     [0, T) or past its token) stops the kernel that reads it with a device
 //     trap, never an out-of-bounds access. A trap is a kernel fault: the next
 //     synchronization reports it (cudaErrorLaunchFailure), and the CUDA context of the
 //     whole process is then unusable (every later CUDA call fails; only a new process
@@ -80,37 +87,45 @@ Status GptCudaPrepareStream(gpu::Stream& stream);
 // rounding points of models/gpt_kernels.h ("Storage and rounding"). Instantiated for those
 // three.
 
-// x_out[b, t] = S(wte[tokens[b, t]] + wpe[t]). params: embedding chunk; tokens (B, T);
-// x_out (B, T, C).
+// x_out[b, t] = S(wte[tokens[b, t]] + wpe[p]), p = position_ids[b, t] (packed) or t.
+// params: embedding chunk; tokens (B, T); x_out (B, T, C).
 template <typename S>
 Status GptCudaEmbeddingForward(const GptShape& shape, gpu::Stream& stream, const S* params,
-                               const int32_t* tokens, int B, int T, S* x_out);
+                               const int32_t* tokens, int B, int T, S* x_out,
+                               const int32_t* position_ids = nullptr);
 
 // dparams (embedding chunk, OVERWRITTEN) from dx_out (B, T, C), deterministic without
-// atomics: each wte row sums the rows of its tokens in token order in fp32 and rounds once.
+// atomics: each wte row sums the rows of its tokens in token order in fp32 and rounds once;
+// each wpe row p sums the rows at position p (over b without position_ids; with them, in row
+// order after a counting sort by position), zero for a position no row has.
 // scratch: GptCudaEmbeddingScratchBytes<S>.
 template <typename S>
 Status GptCudaEmbeddingBackward(const GptShape& shape, gpu::Stream& stream, const int32_t* tokens,
-                                const S* dx_out, int B, int T, S* dparams, void* scratch);
+                                const S* dx_out, int B, int T, S* dparams, void* scratch,
+                                const int32_t* position_ids = nullptr);
 
 // One transformer layer, x_in -> x_out (B, T, C); scratch: GptCudaLayerScratchBytes<S>.
-// x_out must not overlap x_in.
+// x_out must not overlap x_in. position_ids: the attention's blocks (packed sequences).
 template <typename S>
 Status GptCudaLayerForward(const GptShape& shape, gpu::Stream& stream, const S* params,
                            const S* x_in, S* x_out, int B, int T, void* scratch,
-                           const GptCudaOptions& options = {});
+                           const GptCudaOptions& options = {},
+                           const int32_t* position_ids = nullptr);
 
 // Recomputes the forward from x_in, then writes dx_in (B, T, C) and dparams (layer
-// chunk, OVERWRITTEN) from dx_out. dx_in must not overlap x_in or dx_out.
+// chunk, OVERWRITTEN) from dx_out. dx_in must not overlap x_in or dx_out. position_ids: those
+// of the forward.
 template <typename S>
 Status GptCudaLayerBackward(const GptShape& shape, gpu::Stream& stream, const S* params,
                             const S* x_in, const S* dx_out, S* dx_in, S* dparams, int B, int T,
-                            void* scratch, const GptCudaOptions& options = {});
+                            void* scratch, const GptCudaOptions& options = {},
+                            const int32_t* position_ids = nullptr);
 
 // Final LayerNorm and LM head: logits (B, V) written, those of the last position (t = T - 1)
 // of each sequence. With targets (B, T) non-null and loss non-null, *loss (one fp32 in device
-// memory) receives the mean cross-entropy over the B T tokens (summed in double, fixed order),
-// computed in chunks of HeadChunkRows(N, V) rows in the scratch (no (N, V) logits).
+// memory) receives the sum of the tokens' cross-entropy (summed in double, fixed order; 0 for
+// an ignored target) / loss_tokens (0: B T, the mean), computed in chunks of HeadChunkRows(N, V)
+// rows in the scratch (no (N, V) logits).
 // scratch: GptCudaHeadScratchBytes<S>. With shape.tie_embeddings, tied_params is the embedding
 // chunk (its first V C elements: wte (V, C), the head's weight, read transposed; null is
 // kInvalidArgument); else unused.
@@ -118,18 +133,21 @@ template <typename S>
 Status GptCudaHeadForward(const GptShape& shape, gpu::Stream& stream, const S* params,
                           const S* x_in, const int32_t* targets, int B, int T, S* logits,
                           void* scratch, float* loss, const GptCudaOptions& options = {},
-                          const S* tied_params = nullptr);
+                          const S* tied_params = nullptr, int64_t loss_tokens = 0);
 
-// Gradient of dloss * (mean cross-entropy): recomputes the forward chunk by chunk, writes
-// dx_in (B, T, C) and dparams (head chunk, OVERWRITTEN); dWlm accumulated over the chunks in
-// fp32 (cuBLASLt with 16-bit A and B, fp32 C and D, beta = 1), rounded once, as on the host.
-// targets must not be null. Tied (shape.tie_embeddings): tied_params as for GptCudaHeadForward and
-// tied_grads (EmbeddingNumParams elements, OVERWRITTEN): dwte (V, C) in its first V C elements,
-// accumulated and rounded as dWlm, zeros in the rest (wpe); both required.
+// Gradient of dloss * (the forward's loss): recomputes the forward chunk by chunk, writes
+// dx_in (B, T, C) and dparams (head chunk, OVERWRITTEN); the logits' gradient is dloss /
+// loss_tokens (0: B T) (softmax - onehot), zero in the rows of ignored targets; dWlm accumulated
+// over the chunks in fp32 (cuBLASLt with 16-bit A and B, fp32 C and D, beta = 1), rounded once,
+// as on the host. targets must not be null. Tied (shape.tie_embeddings): tied_params as for
+// GptCudaHeadForward and tied_grads (EmbeddingNumParams elements, OVERWRITTEN): dwte (V, C) in
+// its first V C elements, accumulated and rounded as dWlm, zeros in the rest (wpe); both
+// required.
 template <typename S>
 Status GptCudaHeadBackward(const GptShape& shape, gpu::Stream& stream, const S* params,
                            const S* x_in, const int32_t* targets, float dloss, int B, int T,
                            S* dx_in, S* dparams, void* scratch, const GptCudaOptions& options = {},
-                           const S* tied_params = nullptr, S* tied_grads = nullptr);
+                           const S* tied_params = nullptr, S* tied_grads = nullptr,
+                           int64_t loss_tokens = 0);
 
 }  // namespace strata::models::cuda

@@ -174,25 +174,45 @@ GptCudaHeadScratchLayout GptCudaHeadScratchLayoutFor(const GptShape& s, int B, i
 
 // ---------------------------------------------------------------------------
 // Embedding backward: a counting sort of the N positions by token (stable: positions of one
-// token in increasing order), then each wte row sums its positions in that order.
+// token in increasing order), then each wte row sums its positions in that order. Packed
+// sequences (position_ids): a second counting sort, of the N rows by position (keys in [0, T)),
+// then each wpe row sums its rows in that order (the Llama family has no position table: those
+// regions are empty there).
 struct CudaEmbeddingScratchLayout {
-  Region counts;   // (V) int32 positions per token
-  Region offsets;  // (V + 1) int32 exclusive prefix sums of counts
-  Region cursor;   // (V) int32 next free slot per token while placing
-  Region order;    // (N) int32 positions sorted by token
+  Region counts;       // (V) int32 positions per token
+  Region offsets;      // (V + 1) int32 exclusive prefix sums of counts
+  Region cursor;       // (V) int32 next free slot per token while placing
+  Region order;        // (N) int32 positions sorted by token
+  Region pos_counts;   // (T) int32 rows per position
+  Region pos_offsets;  // (T + 1) int32 exclusive prefix sums of pos_counts
+  Region pos_cursor;   // (T) int32 next free slot per position while placing
+  Region pos_order;    // (N) int32 rows sorted by position
   int64_t total = 0;
 };
 
-inline CudaEmbeddingScratchLayout CudaEmbeddingScratchLayoutFor(const GptShape& s, int B, int T) {
-  const int64_t N = int64_t{B} * T, V = s.vocab_size;
-  layout_internal::Carver c;
+namespace layout_internal {
+// The token sort's regions for V tokens, then (positions) the position sort's for T positions.
+inline CudaEmbeddingScratchLayout CarveEmbeddingScratch(int64_t N, int64_t V, int64_t T,
+                                                        bool positions) {
+  Carver c;
   CudaEmbeddingScratchLayout l;
   l.counts = c.Take(V * 4);
   l.offsets = c.Take((V + 1) * 4);
   l.cursor = c.Take(V * 4);
   l.order = c.Take(N * 4);
+  if (positions) {
+    l.pos_counts = c.Take(T * 4);
+    l.pos_offsets = c.Take((T + 1) * 4);
+    l.pos_cursor = c.Take(T * 4);
+    l.pos_order = c.Take(N * 4);
+  }
   l.total = c.total();
   return l;
+}
+}  // namespace layout_internal
+
+inline CudaEmbeddingScratchLayout CudaEmbeddingScratchLayoutFor(const GptShape& s, int B, int T) {
+  return layout_internal::CarveEmbeddingScratch(int64_t{B} * T, s.vocab_size, T, true);
 }
 
 // Scratch of the typed block functions of models/cuda/gpt_cuda.h, in bytes, for storage type

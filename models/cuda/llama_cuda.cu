@@ -108,8 +108,12 @@ struct LayerBuffers {
         partials(At<float>(s, l.partials)) {}
 };
 
-ops::AttentionDims AttentionDimsOf(const Sizes& z, int B, int T) {
-  return {B, T, static_cast<int>(z.H), static_cast<int>(z.Hkv), static_cast<int>(z.hs), z.Dqkv};
+// position_ids (B, T) or null (packed sequences).
+ops::AttentionDims AttentionDimsOf(const Sizes& z, int B, int T, const int32_t* position_ids) {
+  ops::AttentionDims d{
+      B, T, static_cast<int>(z.H), static_cast<int>(z.Hkv), static_cast<int>(z.hs), z.Dqkv};
+  d.position_ids = position_ids;
+  return d;
 }
 
 // The layer forward into the scratch: xn, qkv (rotated), att, lse, x2, xn2, gu, h; with x_out
@@ -117,7 +121,7 @@ ops::AttentionDims AttentionDimsOf(const Sizes& z, int B, int T) {
 template <typename S>
 Status LayerForwardInto(const LlamaConfig& c, cudaStream_t cs, const Products<S>& mm,
                         const LayerParams<const S*>& p, const S* x, int B, int T,
-                        const LayerBuffers<S>& w, S* x_out) {
+                        const int32_t* position_ids, const LayerBuffers<S>& w, S* x_out) {
   const Sizes z(c, B, T);
   const float eps = static_cast<float>(c.rms_norm_eps);
   STRATA_RETURN_IF_ERROR(
@@ -126,10 +130,12 @@ Status LayerForwardInto(const LlamaConfig& c, cudaStream_t cs, const Products<S>
       mm.Forward(kOutIn, z.N, z.C, z.Dqkv, w.xn, p.wqkv, nullptr, nullptr, w.qkv));
   STRATA_RETURN_IF_ERROR(oc::LaunchRopeTable(cs, LlamaRopeParams(c), T, w.cos, w.sin));
   STRATA_RETURN_IF_ERROR(oc::LaunchRope(cs, D(w.qkv), z.N, z.Dqkv, static_cast<int>(z.H + z.Hkv),
-                                        static_cast<int>(z.hs), T, w.cos, w.sin, false));
+                                        static_cast<int>(z.hs), T, w.cos, w.sin, false,
+                                        position_ids));
   const Dev<S>* qkv = D(w.qkv);
-  STRATA_RETURN_IF_ERROR(oc::LaunchAttentionForward(cs, AttentionDimsOf(z, B, T), qkv, qkv + z.Dq,
-                                                    qkv + z.Dq + z.Dkv, D(w.att), w.lse));
+  STRATA_RETURN_IF_ERROR(oc::LaunchAttentionForward(cs, AttentionDimsOf(z, B, T, position_ids), qkv,
+                                                    qkv + z.Dq, qkv + z.Dq + z.Dkv, D(w.att),
+                                                    w.lse));
   STRATA_RETURN_IF_ERROR(mm.Forward(kOutIn, z.N, z.Dq, z.C, w.att, p.wo, nullptr, x, w.x2));
   STRATA_RETURN_IF_ERROR(
       oc::LaunchRmsNormForward(cs, D(w.x2), D(p.w_post), eps, z.N, z.C, D(w.xn2), w.rstd2));
@@ -169,28 +175,31 @@ Status LlamaCudaEmbeddingBackward(const LlamaConfig& c, gpu::Stream& stream, con
   STRATA_RETURN_IF_ERROR(
       CheckPointers("LlamaCudaEmbeddingBackward", {tokens, dx_out, dparams, scratch}));
   const CudaEmbeddingScratchLayout l = LlamaCudaEmbeddingScratchLayoutFor(c, B, T);
-  return oc::LaunchEmbeddingBackward<Dev<S>>(
-      cs, tokens, D(dx_out), int64_t{B} * T, T, c.hidden_size, c.vocab_size, c.max_seq_len,
-      D(dparams), nullptr, At<int32_t>(scratch, l.counts), At<int32_t>(scratch, l.offsets),
-      At<int32_t>(scratch, l.cursor), At<int32_t>(scratch, l.order));
+  const oc::CountingSortScratch by_token{
+      At<int32_t>(scratch, l.counts), At<int32_t>(scratch, l.offsets),
+      At<int32_t>(scratch, l.cursor), At<int32_t>(scratch, l.order)};
+  return oc::LaunchEmbeddingBackward<Dev<S>>(cs, tokens, D(dx_out), int64_t{B} * T, T,
+                                             c.hidden_size, c.vocab_size, c.max_seq_len, D(dparams),
+                                             nullptr, by_token);
 }
 
 template <typename S>
 Status LlamaCudaLayerForward(const LlamaConfig& c, gpu::Stream& stream, const S* params,
-                             const S* x_in, S* x_out, int B, int T, void* scratch) {
+                             const S* x_in, S* x_out, int B, int T, void* scratch,
+                             const int32_t* position_ids) {
   STRATA_ASSIGN_OR_RETURN(cudaStream_t cs,
                           Prepare("LlamaCudaLayerForward", c, stream, B, T, scratch));
   STRATA_RETURN_IF_ERROR(CheckPointers("LlamaCudaLayerForward", {params, x_in, x_out, scratch}));
   const LayerBuffers<S> w(LlamaCudaLayerScratchLayoutFor<S>(c, B, T), scratch);
   STRATA_ASSIGN_OR_RETURN(const auto mm, MakeProducts<S>(stream, cs));
   const LayerParams<const S*> p(c, params);
-  return LayerForwardInto<S>(c, cs, mm, p, x_in, B, T, w, x_out);
+  return LayerForwardInto<S>(c, cs, mm, p, x_in, B, T, position_ids, w, x_out);
 }
 
 template <typename S>
 Status LlamaCudaLayerBackward(const LlamaConfig& c, gpu::Stream& stream, const S* params,
                               const S* x_in, const S* dx_out, S* dx_in, S* dparams, int B, int T,
-                              void* scratch) {
+                              void* scratch, const int32_t* position_ids) {
   STRATA_ASSIGN_OR_RETURN(cudaStream_t cs,
                           Prepare("LlamaCudaLayerBackward", c, stream, B, T, scratch));
   STRATA_RETURN_IF_ERROR(
@@ -200,7 +209,7 @@ Status LlamaCudaLayerBackward(const LlamaConfig& c, gpu::Stream& stream, const S
   STRATA_ASSIGN_OR_RETURN(const auto mm, MakeProducts<S>(stream, cs));
   const LayerParams<const S*> p(c, params);
   const LayerParams<S*> dp(c, dparams);
-  STRATA_RETURN_IF_ERROR(LayerForwardInto<S>(c, cs, mm, p, x_in, B, T, w, nullptr));
+  STRATA_RETURN_IF_ERROR(LayerForwardInto<S>(c, cs, mm, p, x_in, B, T, position_ids, w, nullptr));
   const S* dy = dx_out;
 
   // MLP: y = x2 + h Wd^T, h = SwiGLU(gu), gu = xn2 Wgu^T.
@@ -226,10 +235,11 @@ Status LlamaCudaLayerBackward(const LlamaConfig& c, gpu::Stream& stream, const S
   const Dev<S>* qkv = D(w.qkv);
   Dev<S>* dqkv = D(w.dqkv);
   STRATA_RETURN_IF_ERROR(oc::LaunchAttentionBackward(
-      cs, AttentionDimsOf(z, B, T), qkv, qkv + z.Dq, qkv + z.Dq + z.Dkv, D(w.att), D(datt), w.lse,
-      w.delta, dqkv, dqkv + z.Dq, dqkv + z.Dq + z.Dkv));
+      cs, AttentionDimsOf(z, B, T, position_ids), qkv, qkv + z.Dq, qkv + z.Dq + z.Dkv, D(w.att),
+      D(datt), w.lse, w.delta, dqkv, dqkv + z.Dq, dqkv + z.Dq + z.Dkv));
   STRATA_RETURN_IF_ERROR(oc::LaunchRope(cs, dqkv, z.N, z.Dqkv, static_cast<int>(z.H + z.Hkv),
-                                        static_cast<int>(z.hs), T, w.cos, w.sin, true));
+                                        static_cast<int>(z.hs), T, w.cos, w.sin, true,
+                                        position_ids));
   STRATA_RETURN_IF_ERROR(mm.WeightGrad(kOutIn, z.N, z.C, z.Dqkv, w.xn, w.dqkv, dp.wqkv));
   S* dxn = w.grad;  // datt is dead
   STRATA_RETURN_IF_ERROR(mm.InputGrad(kOutIn, z.N, z.C, z.Dqkv, w.dqkv, p.wqkv, dxn));
@@ -243,7 +253,7 @@ Status LlamaCudaLayerBackward(const LlamaConfig& c, gpu::Stream& stream, const S
 template <typename S>
 Status LlamaCudaHeadForward(const LlamaConfig& c, gpu::Stream& stream, const S* params,
                             const S* tied_params, const S* x_in, const int32_t* targets, int B,
-                            int T, S* logits, void* scratch, float* loss) {
+                            int T, S* logits, void* scratch, float* loss, int64_t loss_tokens) {
   STRATA_ASSIGN_OR_RETURN(cudaStream_t cs,
                           Prepare("LlamaCudaHeadForward", c, stream, B, T, scratch));
   STRATA_RETURN_IF_ERROR(CheckPointers("LlamaCudaHeadForward", {params, x_in, logits, scratch}));
@@ -258,14 +268,15 @@ Status LlamaCudaHeadForward(const LlamaConfig& c, gpu::Stream& stream, const S* 
                                                   static_cast<float>(c.rms_norm_eps), z.N, z.C,
                                                   D(xn), At<float>(scratch, l.rstd)));
   return oc::ChunkedHeadForward<S>(mm, xn, wlm, kOutIn, B, T, z.C, z.V,
-                                   HeadScratchOf<S>(l, scratch), logits, targets, loss);
+                                   HeadScratchOf<S>(l, scratch), logits, targets, loss,
+                                   loss_tokens);
 }
 
 template <typename S>
 Status LlamaCudaHeadBackward(const LlamaConfig& c, gpu::Stream& stream, const S* params,
                              const S* tied_params, const S* x_in, const int32_t* targets,
                              float dloss, int B, int T, S* dx_in, S* dparams, S* tied_grads,
-                             void* scratch) {
+                             void* scratch, int64_t loss_tokens) {
   STRATA_ASSIGN_OR_RETURN(cudaStream_t cs,
                           Prepare("LlamaCudaHeadBackward", c, stream, B, T, scratch));
   STRATA_RETURN_IF_ERROR(
@@ -285,7 +296,8 @@ Status LlamaCudaHeadBackward(const LlamaConfig& c, gpu::Stream& stream, const S*
                                                   static_cast<float>(c.rms_norm_eps), z.N, z.C,
                                                   D(xn), At<float>(scratch, l.rstd)));
   STRATA_RETURN_IF_ERROR(oc::ChunkedHeadBackward<S>(mm, xn, wlm, kOutIn, targets, dloss, z.N, z.C,
-                                                    z.V, HeadScratchOf<S>(l, scratch), dwlm, dxn));
+                                                    z.V, HeadScratchOf<S>(l, scratch), dwlm, dxn,
+                                                    loss_tokens));
   STRATA_RETURN_IF_ERROR(oc::LaunchRmsNormWeightGrad(cs, D(x_in), rstd, D(dxn), z.N, z.C,
                                                      At<float>(scratch, l.partials), D(dparams)));
   return oc::LaunchRmsNormBackward(cs, D(x_in), D(params), rstd, D(dxn),
@@ -298,14 +310,15 @@ Status LlamaCudaHeadBackward(const LlamaConfig& c, gpu::Stream& stream, const S*
   template Status LlamaCudaEmbeddingBackward<S>(const LlamaConfig&, gpu::Stream&, const int32_t*, \
                                                 const S*, int, int, S*, void*);                   \
   template Status LlamaCudaLayerForward<S>(const LlamaConfig&, gpu::Stream&, const S*, const S*,  \
-                                           S*, int, int, void*);                                  \
+                                           S*, int, int, void*, const int32_t*);                  \
   template Status LlamaCudaLayerBackward<S>(const LlamaConfig&, gpu::Stream&, const S*, const S*, \
-                                            const S*, S*, S*, int, int, void*);                   \
+                                            const S*, S*, S*, int, int, void*, const int32_t*);   \
   template Status LlamaCudaHeadForward<S>(const LlamaConfig&, gpu::Stream&, const S*, const S*,   \
-                                          const S*, const int32_t*, int, int, S*, void*, float*); \
+                                          const S*, const int32_t*, int, int, S*, void*, float*,  \
+                                          int64_t);                                               \
   template Status LlamaCudaHeadBackward<S>(const LlamaConfig&, gpu::Stream&, const S*, const S*,  \
                                            const S*, const int32_t*, float, int, int, S*, S*, S*, \
-                                           void*);
+                                           void*, int64_t);
 STRATA_INSTANTIATE_LLAMA_CUDA(float)
 STRATA_INSTANTIATE_LLAMA_CUDA(Bf16)
 STRATA_INSTANTIATE_LLAMA_CUDA(Fp16)

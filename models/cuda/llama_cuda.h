@@ -16,12 +16,17 @@
 // bytes; arguments checked before anything is launched (kInvalidArgument naming the problem:
 // an invalid config, B < 1, T outside [1, max_seq_len], head_dim > 128, a required pointer
 // null); cuBLAS and launch failures come back as Status; token and target values outside
-// [0, V) trap on the device. Nothing is allocated. Products take S inputs and outputs with fp32
-// accumulation (no TF32: the fp32 path is exact fp32). Deterministic: bit-identical from run to
-// run on one GPU and cuBLAS version; NOT bit-identical to the host kernels (summation order, the
-// GPU's expf and sqrtf): they agree to the rounding of S, which tests/models/llama_cuda_test.cc
-// checks element by element. Thread-safety: calls on one stream from one thread at a time;
-// concurrent calls must not share output or scratch buffers.
+// [0, V) (a target other than engine::kIgnoreTarget, -1, which the loss does not count) and
+// position ids outside [0, T) or past their token trap on the device. Packed sequences:
+// position_ids (B, T) int32 (device memory, or null: one sequence per row, position t), as
+// engine::BlockBuffers::position_ids: the rotary position of token t of row b is
+// position_ids[b, t], and it attends to tokens t - position_ids[b, t] .. t of its row only. Nothing
+// is allocated. Products take S inputs and outputs with fp32 accumulation (no TF32: the fp32 path
+// is exact fp32). Deterministic: bit-identical from run to run on one GPU and cuBLAS version; NOT
+// bit-identical to the host kernels (summation order, the GPU's expf and sqrtf): they agree to the
+// rounding of S, which tests/models/llama_cuda_test.cc checks element by element. Thread-safety:
+// calls on one stream from one thread at a time; concurrent calls must not share output or scratch
+// buffers.
 #pragma once
 
 #include <cstdint>
@@ -51,36 +56,39 @@ Status LlamaCudaEmbeddingBackward(const LlamaConfig& c, gpu::Stream& stream, con
                                   const S* dx_out, int B, int T, S* dparams, void* scratch);
 
 // One decoder layer x_in -> x_out (B, T, C). scratch: LlamaCudaLayerScratchBytes<S>. x_out must
-// not overlap x_in.
+// not overlap x_in. position_ids: the rotary positions and the attention's blocks (packed).
 template <typename S>
 Status LlamaCudaLayerForward(const LlamaConfig& c, gpu::Stream& stream, const S* params,
-                             const S* x_in, S* x_out, int B, int T, void* scratch);
+                             const S* x_in, S* x_out, int B, int T, void* scratch,
+                             const int32_t* position_ids = nullptr);
 
 // Recomputes the forward from x_in, then writes dx_in (B, T, C) and dparams (the layer chunk,
-// OVERWRITTEN) from dx_out. dx_in must not overlap x_in or dx_out.
+// OVERWRITTEN) from dx_out. dx_in must not overlap x_in or dx_out. position_ids: the forward's.
 template <typename S>
 Status LlamaCudaLayerBackward(const LlamaConfig& c, gpu::Stream& stream, const S* params,
                               const S* x_in, const S* dx_out, S* dx_in, S* dparams, int B, int T,
-                              void* scratch);
+                              void* scratch, const int32_t* position_ids = nullptr);
 
 // Final RMSNorm and LM head with the (V, C) weight (the head chunk's lm_head, or, tied,
 // tied_params = the embedding chunk; null then is kInvalidArgument). logits (B, V): the last
 // position of each sequence. With targets (B, T) and loss non-null, *loss (one fp32 in device
-// memory) = mean cross-entropy over the B T tokens (chunks of HeadChunkRows(N, V) rows; no
-// (N, V) logits). scratch: LlamaCudaHeadScratchBytes<S>.
+// memory) = the sum of the tokens' cross-entropy (0 for an ignored target) / loss_tokens (0:
+// B T, the mean) (chunks of HeadChunkRows(N, V) rows; no (N, V) logits). scratch:
+// LlamaCudaHeadScratchBytes<S>.
 template <typename S>
 Status LlamaCudaHeadForward(const LlamaConfig& c, gpu::Stream& stream, const S* params,
                             const S* tied_params, const S* x_in, const int32_t* targets, int B,
-                            int T, S* logits, void* scratch, float* loss);
+                            int T, S* logits, void* scratch, float* loss, int64_t loss_tokens = 0);
 
-// Gradient of dloss * mean cross-entropy: dx_in (B, T, C) and dparams (head chunk) OVERWRITTEN;
-// the (V, C) weight gradient accumulated over the chunks in fp32 and rounded once, into the
-// head chunk (untied) or tied_grads (tied: the whole embedding chunk, OVERWRITTEN; required
-// then). targets must not be null.
+// Gradient of dloss * (the forward's loss over loss_tokens counted targets; 0: B T): dx_in
+// (B, T, C) and dparams (head chunk) OVERWRITTEN; the rows of ignored targets add nothing; the
+// (V, C) weight gradient accumulated over the chunks in fp32 and rounded once, into the head
+// chunk (untied) or tied_grads (tied: the whole embedding chunk, OVERWRITTEN; required then).
+// targets must not be null.
 template <typename S>
 Status LlamaCudaHeadBackward(const LlamaConfig& c, gpu::Stream& stream, const S* params,
                              const S* tied_params, const S* x_in, const int32_t* targets,
                              float dloss, int B, int T, S* dx_in, S* dparams, S* tied_grads,
-                             void* scratch);
+                             void* scratch, int64_t loss_tokens = 0);
 
 }  // namespace strata::models::cuda

@@ -142,18 +142,11 @@ LlamaCudaHeadScratchLayout LlamaCudaHeadScratchLayoutFor(const LlamaConfig& c, i
 
 // ---------------------------------------------------------------------------
 // Embedding backward: the GPT's counting sort of the N positions by token
-// (CudaEmbeddingScratchLayout, gpt_cuda_layout.h), with this config's V.
+// (CudaEmbeddingScratchLayout, gpt_cuda_layout.h), with this config's V; no position table, so
+// no sort by position (those regions empty).
 inline CudaEmbeddingScratchLayout LlamaCudaEmbeddingScratchLayoutFor(const LlamaConfig& c, int B,
                                                                      int T) {
-  const int64_t N = int64_t{B} * T, V = c.vocab_size;
-  layout_internal::Carver k;
-  CudaEmbeddingScratchLayout l;
-  l.counts = k.Take(V * 4);
-  l.offsets = k.Take((V + 1) * 4);
-  l.cursor = k.Take(V * 4);
-  l.order = k.Take(N * 4);
-  l.total = k.total();
-  return l;
+  return layout_internal::CarveEmbeddingScratch(int64_t{B} * T, c.vocab_size, T, false);
 }
 
 // Scratch of the block functions of models/cuda/llama_cuda.h in bytes, for storage type S

@@ -96,8 +96,11 @@ void CheckLayouts(const GptShape& s, int B, int T, const std::string& what) {
 
   const CudaEmbeddingScratchLayout el = CudaEmbeddingScratchLayoutFor(s, B, T);
   EXPECT_EQ(el.total, GptCudaEmbeddingScratchBytes<S>(s, B, T));
+  // Both counting sorts (by token; by position, for packed sequences) are live together.
   const std::vector<NamedRegion> emb = {
-      {"counts", el.counts}, {"offsets", el.offsets}, {"cursor", el.cursor}, {"order", el.order}};
+      {"counts", el.counts},         {"offsets", el.offsets},       {"cursor", el.cursor},
+      {"order", el.order},           {"pos_counts", el.pos_counts}, {"pos_offsets", el.pos_offsets},
+      {"pos_cursor", el.pos_cursor}, {"pos_order", el.pos_order}};
   ExpectPlaced(emb, el.total, what + " embedding");
   for (size_t i = 0; i < emb.size(); ++i) {
     for (size_t j = i + 1; j < emb.size(); ++j) {
@@ -106,6 +109,10 @@ void CheckLayouts(const GptShape& s, int B, int T, const std::string& what) {
   }
   EXPECT_EQ(el.offsets.bytes, (int64_t{s.vocab_size} + 1) * 4);
   EXPECT_EQ(el.order.bytes, N * 4);
+  EXPECT_EQ(el.pos_counts.bytes, int64_t{T} * 4);
+  EXPECT_EQ(el.pos_offsets.bytes, (int64_t{T} + 1) * 4);
+  EXPECT_EQ(el.pos_cursor.bytes, int64_t{T} * 4);
+  EXPECT_EQ(el.pos_order.bytes, N * 4);
 }
 
 TEST(GptCudaLayout, RegionsAreAlignedInsideTheScratchAndLiveBuffersDoNotOverlap) {

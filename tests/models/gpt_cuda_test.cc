@@ -12,9 +12,11 @@
 //   - the whole model through GptModel::Forward/Backward with typed BlockBuffers as the engine
 //     lays them out, on the CUDA device against the host device: the loss and every block's
 //     gradient, element by element;
-//   - a token or target outside [0, V) in device memory stops the kernel reading it with a
-//     device trap, reported at the next synchronization (a death test: the fault ends the
-//     process's CUDA context).
+//   - packed sequences (position_ids) in the position table and its gradient, and ignored
+//     targets (-1) in the chunked head, against the host ops (issue 31);
+//   - a token or target outside [0, V) (a target other than -1) in device memory stops the
+//     kernel reading it with a device trap, reported at the next synchronization (a death
+//     test: the fault ends the process's CUDA context).
 // Label gpu: without a GPU every test skips with the reason (tests/gpu/cuda_test_util.h).
 #include "models/cuda/gpt_cuda.h"
 
@@ -29,6 +31,7 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "base/dtype.h"
@@ -38,7 +41,9 @@
 #include "models/cuda/gpt_cuda_layout.h"
 #include "models/gpt.h"
 #include "models/gpt_kernels.h"
+#include "models/ops/cross_entropy.h"
 #include "models/ops/cuda/ops.cuh"
+#include "models/ops/embedding.h"
 #include "tests/gpu/cuda_test_util.h"
 #include "tests/models/gpt_model_run.h"
 #include "tests/models/gpt_test_model.h"
@@ -640,6 +645,146 @@ TYPED_TEST(GptCudaTypedTest, HeadInSeveralChunksMatchesTheHostAndDouble) {
 }
 
 // ---------------------------------------------------------------------------
+// Packed sequences and ignored targets (issue 31): rows of T = 37 tokens holding several
+// examples (position_ids restarting at 0 where one starts) and targets of -1
+// (engine::kIgnoreTarget), each CUDA op against the host op of the same storage type (and its
+// double instantiation) with the bounds of EmbeddingAndHeadMatchTheHostAndDouble.
+
+// position_ids of rows of tokens, row b holding examples of the lengths rows[b] in order.
+std::vector<int32_t> PackedPositions(const std::vector<std::vector<int>>& rows) {
+  std::vector<int32_t> ids;
+  for (const std::vector<int>& row : rows) {
+    for (const int len : row) {
+      for (int p = 0; p < len; ++p) ids.push_back(p);
+    }
+  }
+  return ids;
+}
+
+// x_out adds wpe[position_ids[r]]; dwpe row p sums the dx_out rows at position p in row order,
+// zero for a position no row has (here 37 .. max_seq_len - 1) — one rounding of an fp32 sum in
+// the host's order: the forward exact, the backward within 2 u of the host and of double.
+TYPED_TEST(GptCudaTypedTest, PackedPositionTableAndItsGradientMatchTheHostOp) {
+  using S = TypeParam;
+  const double u = UnitRoundoff<S>();
+  const GptShape s = OddShape();
+  const int B = 2, T = 37;
+  const std::vector<int32_t> pos = PackedPositions({{10, 20, 7}, {37}});
+  const int64_t N = int64_t{B} * T, C = s.channels, V = s.vocab_size, PE = EmbeddingNumParams(s);
+  ASSERT_EQ(static_cast<int64_t>(pos.size()), N);
+  const std::vector<int32_t> tokens = RandomTokens(N, s.vocab_size, 41);
+  const std::vector<S> pe = Round<S>(Random(PE, 0.5, 42)),
+                       dx_out = Round<S>(Random(N * C, 1.0, 43));
+  const std::vector<double> pew = Widen(pe), dxw = Widen(dx_out);
+
+  // The host op: its dpositions rows past T are the caller's to zero (ops/embedding.h).
+  std::vector<S> xe_host(N * C), dpe_host(PE, FromFloat<S>(0.0f));
+  std::vector<double> xe_ref(N * C), dpe_ref(PE, 0.0);
+  std::vector<int32_t> sort_scratch(ops::EmbeddingBackwardScratchBytes(N, s.vocab_size) / 4 + 16);
+  ops::EmbeddingForward<S>(pe.data(), tokens.data(), N, C, s.vocab_size, xe_host.data(),
+                           pe.data() + V * C, T, pos.data());
+  ops::EmbeddingBackward<S>(tokens.data(), dx_out.data(), N, C, s.vocab_size, dpe_host.data(),
+                            sort_scratch.data(), dpe_host.data() + V * C, T, pos.data());
+  ops::EmbeddingForward<double>(pew.data(), tokens.data(), N, C, s.vocab_size, xe_ref.data(),
+                                pew.data() + V * C, T, pos.data());
+  ops::EmbeddingBackward<double>(tokens.data(), dxw.data(), N, C, s.vocab_size, dpe_ref.data(),
+                                 sort_scratch.data(), dpe_ref.data() + V * C, T, pos.data());
+
+  const gpu::DeviceSpan ped = this->Put(pe), tok = this->Put(tokens), pid = this->Put(pos),
+                        dxo = this->Put(dx_out);
+  const gpu::DeviceSpan xe = this->Poisoned(N * C * sizeof(S)),
+                        dpe = this->Poisoned(PE * sizeof(S));
+  const gpu::DeviceSpan esd = this->Poisoned(cuda::GptCudaEmbeddingScratchBytes<S>(s, B, T));
+  auto& st = *this->stream_;
+  ASSERT_TRUE(cuda::GptCudaEmbeddingForward<S>(s, st, this->Ptr(ped), tok.as<int32_t>(), B, T,
+                                               this->Ptr(xe), pid.as<int32_t>())
+                  .ok());
+  ASSERT_TRUE(cuda::GptCudaEmbeddingBackward<S>(s, st, tok.as<int32_t>(), this->Ptr(dxo), B, T,
+                                                this->Ptr(dpe), esd.as<void>(), pid.as<int32_t>())
+                  .ok());
+  this->Sync();
+  ExpectWithin(this->Get(xe, N * C), Widen(xe_host), 0, u, "packed x_out vs host", 0);
+  ExpectWithin(this->Get(xe, N * C), xe_ref, 2, u, "packed x_out vs double");
+  ExpectWithin(this->Get(dpe, PE), Widen(dpe_host), 2, u, "packed dparams vs host");
+  ExpectWithin(this->Get(dpe, PE), dpe_ref, 2, u, "packed dparams vs double");
+}
+
+// Targets of -1 add no loss and no gradient, and the mean is over the loss_tokens counted ones:
+// the chunked head op (three chunks) against the host op with the bounds of the head checks of
+// EmbeddingAndHeadMatchTheHostAndDouble; the rows of ignored targets get dx exactly 0.
+TYPED_TEST(GptCudaTypedTest, ChunkedHeadIgnoresTargetsOfMinusOneAndDividesByTheCountedOnes) {
+  using S = TypeParam;
+  using F = ComputeType<S>;
+  const double u = UnitRoundoff<S>();
+  const int B = 2, T = 37, C = 48, V = 97;
+  const int64_t N = int64_t{B} * T, rows = N / 3 + 1;
+  std::vector<int32_t> targets = RandomTokens(N, V, 51);
+  int64_t loss_tokens = N;
+  for (int64_t r = 0; r < N; ++r) {
+    if (r % 3 == 1 || r == 9 || r == 29) {  // scattered, and the ends of packed examples
+      targets[r] = engine::kIgnoreTarget;
+      --loss_tokens;
+    }
+  }
+  const std::vector<S> x = Round<S>(Random(N * C, 1.0, 52)), w = Round<S>(Random(C * V, 0.3, 53));
+  const std::vector<double> xw = Widen(x), ww = Widen(w);
+
+  std::vector<S> logits_host(B * V), dx_host(N * C), dw_host(C * V);
+  std::vector<double> logits_ref(B * V), dx_ref(N * C), dw_ref(C * V);
+  std::vector<uint64_t> hsc(ops::LmHeadScratchBytes<S>(B, T, C, V, rows) / 8 + 8),
+      hscd(ops::LmHeadScratchBytes<double>(B, T, C, V, rows) / 8 + 8);
+  const float loss_host =
+      ops::LmHeadForward<S>(x.data(), w.data(), ops::WeightLayout::kInOut, targets.data(), B, T, C,
+                            V, logits_host.data(), hsc.data(), rows, loss_tokens);
+  ops::LmHeadBackward<S>(x.data(), w.data(), ops::WeightLayout::kInOut, targets.data(), F(1), B, T,
+                         C, V, dx_host.data(), dw_host.data(), hsc.data(), rows, loss_tokens);
+  const double loss_ref =
+      ops::LmHeadForward<double>(xw.data(), ww.data(), ops::WeightLayout::kInOut, targets.data(), B,
+                                 T, C, V, logits_ref.data(), hscd.data(), rows, loss_tokens);
+  ops::LmHeadBackward<double>(xw.data(), ww.data(), ops::WeightLayout::kInOut, targets.data(), 1.0,
+                              B, T, C, V, dx_ref.data(), dw_ref.data(), hscd.data(), rows,
+                              loss_tokens);
+
+  ASSERT_TRUE(cuda::GptCudaPrepareStream(*this->stream_).ok());
+  const cudaStream_t cs = gpu::NativeStream(*this->stream_);
+  const auto mm = ops::cuda::Products<S>::Make(*this->stream_, cs);
+  ASSERT_TRUE(mm.ok()) << mm.status().ToString();
+  const gpu::DeviceSpan xd = this->Put(x), wd = this->Put(w), tgt = this->Put(targets);
+  const gpu::DeviceSpan chunk = this->Poisoned(rows * V * sizeof(S)),
+                        losses = this->Poisoned(N * 4), x_last = this->Poisoned(B * C * sizeof(S)),
+                        dw_acc = this->Poisoned(C * V * 4);
+  const ops::cuda::HeadScratch<S> hs{rows, this->Ptr(chunk), losses.as<float>(), this->Ptr(x_last),
+                                     dw_acc.as<void>()};
+  const gpu::DeviceSpan logits = this->Poisoned(B * V * sizeof(S)), loss = this->Poisoned(4),
+                        dx = this->Poisoned(N * C * sizeof(S)),
+                        dw = this->Poisoned(C * V * sizeof(S));
+  ASSERT_TRUE(ops::cuda::ChunkedHeadForward<S>(
+                  *mm, this->Ptr(xd), this->Ptr(wd), ops::WeightLayout::kInOut, B, T, C, V, hs,
+                  this->Ptr(logits), tgt.as<int32_t>(), loss.as<float>(), loss_tokens)
+                  .ok());
+  ASSERT_TRUE(ops::cuda::ChunkedHeadBackward<S>(
+                  *mm, this->Ptr(xd), this->Ptr(wd), ops::WeightLayout::kInOut, tgt.as<int32_t>(),
+                  1.0f, N, C, V, hs, this->Ptr(dw), this->Ptr(dx), loss_tokens)
+                  .ok());
+  this->Sync();
+  const float loss_gpu = this->template Download<float>(loss, 1)[0];
+  EXPECT_NEAR(loss_gpu, loss_host, 64 * 0x1p-24 * std::abs(loss_host) + 8 * u) << "loss vs host";
+  EXPECT_NEAR(loss_gpu, loss_ref, 16 * u * std::abs(loss_ref)) << "loss vs double";
+  const std::vector<double> dx_gpu = this->Get(dx, N * C), dw_gpu = this->Get(dw, C * V);
+  ExpectWithin(this->Get(logits, B * V), Widen(logits_host), 8, u, "last-position logits vs host");
+  ExpectWithin(dx_gpu, Widen(dx_host), 32, u, "dx vs host");
+  ExpectWithin(dw_gpu, Widen(dw_host), 32, u, "dW vs host");
+  ExpectWithin(dx_gpu, dx_ref, 64, u, "dx vs double");
+  ExpectWithin(dw_gpu, dw_ref, 64, u, "dW vs double");
+  for (int64_t r = 0; r < N; ++r) {
+    if (targets[r] != engine::kIgnoreTarget) continue;
+    for (int64_t c = 0; c < C; ++c) {
+      ASSERT_EQ(dx_gpu[r * C + c], 0.0) << "row " << r << " has an ignored target";
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
 // The GPU half of the op-by-op harness (tests/models/ops/op_parity.h, issue 26 item 3; the host
 // half, every host op against double, runs in CI in op_parity_test.cc). In the engine test's
 // shapes, on the inputs of the host half, each CUDA op against the host op of the same storage
@@ -975,9 +1120,10 @@ TYPED_TEST(GptCudaTypedTest, TiedWholeModelLossAndEveryGradientMatchTheHostDevic
 // A token (embedding) or target (cross-entropy) outside [0, V) stops the kernel that reads it
 // with a device trap (gpt_cuda.h): the stream reports a fault at its next synchronization instead
 // of the kernel reading a neighbouring row (wpe right after wte for token V, memory before the
-// chunk for -1). The fault leaves the process's CUDA context unusable, so each case runs in its
-// own child process (a death test, re-executed: "threadsafe" style). fp32 storage: the check is
-// the same function in every storage type's kernels.
+// chunk for -1 or -2). A target of -1 is not outside: it is engine::kIgnoreTarget, so the
+// targets' negative case is -2. The fault leaves the process's CUDA context unusable, so each case
+// runs in its own child process (a death test, re-executed: "threadsafe" style). fp32 storage: the
+// check is the same function in every storage type's kernels.
 using GptCudaDeathTest = GptCudaTypedTest<float>;
 
 TEST_F(GptCudaDeathTest, TokenOrTargetOutsideTheVocabularyTrapsOnTheDevice) {
@@ -987,10 +1133,12 @@ TEST_F(GptCudaDeathTest, TokenOrTargetOutsideTheVocabularyTrapsOnTheDevice) {
   const size_t N = size_t(B) * T, C = s.channels, V = s.vocab_size;
   const test_model::Model<float> m = test_model::CastModel<float>(test_model::RandomModel(s, 7));
   const std::vector<float> x = Round<float>(Random(N * C, 1.0, 9));
-  for (const int32_t bad : {s.vocab_size, -1}) {
-    SCOPED_TRACE("bad index " + std::to_string(bad));
+  for (const auto& [bad, bad_target] : {std::pair{s.vocab_size, s.vocab_size}, std::pair{-1, -2}}) {
+    SCOPED_TRACE("bad index " + std::to_string(bad) + ", bad target " + std::to_string(bad_target));
     std::vector<int32_t> ids = RandomTokens(N, s.vocab_size, 8);
     ids[N - 3] = bad;
+    std::vector<int32_t> target_ids = ids;
+    target_ids[N - 3] = bad_target;
     // Each runs in the child: uploads, launches, synchronizes, exits (no return).
     // The head's products need cuBLAS: a failure to load it is not the fault looked for.
     auto prepare = [&] {
@@ -1015,7 +1163,7 @@ TEST_F(GptCudaDeathTest, TokenOrTargetOutsideTheVocabularyTrapsOnTheDevice) {
     };
     auto cross_entropy_forward = [&] {
       prepare();
-      const gpu::DeviceSpan p = Put(m.blocks.back()), t = Put(ids), xi = Put(x);
+      const gpu::DeviceSpan p = Put(m.blocks.back()), t = Put(target_ids), xi = Put(x);
       const gpu::DeviceSpan logits = Poisoned(B * V * 4), loss = Poisoned(4);
       const gpu::DeviceSpan sc = Poisoned(cuda::GptCudaHeadScratchBytes<float>(s, B, T));
       ExitWithStreamOutcome(
@@ -1025,7 +1173,7 @@ TEST_F(GptCudaDeathTest, TokenOrTargetOutsideTheVocabularyTrapsOnTheDevice) {
     };
     auto cross_entropy_backward = [&] {
       prepare();
-      const gpu::DeviceSpan p = Put(m.blocks.back()), t = Put(ids), xi = Put(x);
+      const gpu::DeviceSpan p = Put(m.blocks.back()), t = Put(target_ids), xi = Put(x);
       const gpu::DeviceSpan dx = Poisoned(N * C * 4);
       const gpu::DeviceSpan g = Poisoned(m.blocks.back().size() * 4);
       const gpu::DeviceSpan sc = Poisoned(cuda::GptCudaHeadScratchBytes<float>(s, B, T));
@@ -1054,8 +1202,11 @@ TEST(GptCudaArguments, OpLaunchersRejectBadArgumentsBeforeLaunching) {
                                                      &dummy, &dummy)
                 .code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(ops::cuda::LaunchMeanLoss(nullptr, &dummy, 0, &dummy).code(),
+  EXPECT_EQ(ops::cuda::LaunchMeanLoss(nullptr, &dummy, 0, 1, &dummy).code(),
             StatusCode::kInvalidArgument);
+  EXPECT_EQ(ops::cuda::LaunchMeanLoss(nullptr, &dummy, 4, -1, &dummy).code(),
+            StatusCode::kInvalidArgument)
+      << "a negative divisor";
   // Host arrays as large as the views GptAttentionForward forms (qkv + C, qkv + 2C): the checks
   // reject the calls before anything reads them.
   std::vector<float> qkv(3 * 258);

@@ -83,6 +83,7 @@ void CheckLayouts(const LlamaConfig& c, int B, int T, const std::string& what) {
   ExpectPairwiseDisjoint(emb, what + " embedding");
   EXPECT_EQ(el.offsets.bytes, (int64_t{c.vocab_size} + 1) * 4);
   EXPECT_EQ(el.order.bytes, N * 4);
+  EXPECT_EQ(el.pos_order.bytes, 0) << "no position table, no sort by position";
 }
 
 template <typename S>

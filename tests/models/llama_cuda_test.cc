@@ -8,6 +8,9 @@
 //     the rounding points on the path, written beside each check;
 //   - attention for MHA, GQA and MQA groupings, head dims 24 and 64, T across the key tiles;
 //     determinism of the backward (two runs bit-identical);
+//   - packed sequences (position_ids, issue 31): the rotation at each token's position, and
+//     block-diagonal causal attention on both paths against the host op, one example's results
+//     unchanged bit for bit when another example of its row changes;
 //   - the whole model through LlamaModel::Forward/Backward with the engine's buffer layout
 //     (tests/models/gpt_model_run.h), tied and untied, on the CUDA device against the host
 //     device and against the double block functions: the loss, the logits, every block's
@@ -21,6 +24,7 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -210,6 +214,67 @@ TYPED_TEST(LlamaCudaTest, RopeTableAndRotationMatchTheHostOpAndDouble) {
   }
 }
 
+// position_ids of rows of tokens, row b holding examples of the lengths rows[b] in order
+// (packed sequences: each example's positions restart at 0).
+std::vector<int32_t> PackedPositions(const std::vector<std::vector<int>>& rows) {
+  std::vector<int32_t> ids;
+  for (const std::vector<int>& row : rows) {
+    for (const int len : row) {
+      for (int p = 0; p < len; ++p) ids.push_back(p);
+    }
+  }
+  return ids;
+}
+
+// Packed sequences: row r rotated by the angle of position position_ids[r], against the host op
+// given the same ids, with the bounds of the test above.
+TYPED_TEST(LlamaCudaTest, RopeAtPositionIdsMatchesTheHostOpAndDouble) {
+  using S = TypeParam;
+  using Dev = DevOf<S>;
+  ops::RopeParams p;
+  p.head_dim = 16;
+  const int B = 2, T = 37, H = 4, Hkv = 2, hs = p.head_dim, half = hs / 2;
+  const std::vector<int32_t> pos = PackedPositions({{10, 20, 7}, {37}});
+  const int64_t rows = int64_t{B} * T, stride = int64_t{H + 2 * Hkv} * hs;
+  ASSERT_EQ(static_cast<int64_t>(pos.size()), rows);
+  const std::vector<double> x = Rounded<S>(RandomValues(rows * stride, 1.0, 12));
+
+  auto gcos = this->Poisoned(int64_t{T} * half * 4), gsin = this->Poisoned(int64_t{T} * half * 4);
+  auto gx = this->Put(Cast<S>(x)), gdx = this->Put(Cast<S>(x)), gpos = this->Put(pos);
+  cudaStream_t cs = this->Native();
+  ASSERT_TRUE(lops::LaunchRopeTable(cs, p, T, As<float>(gcos), As<float>(gsin)).ok());
+  for (const gpu::DeviceSpan& d : {gx, gdx}) {
+    ASSERT_TRUE(lops::LaunchRope(cs, As<Dev>(d), rows, stride, H + Hkv, hs, T, As<float>(gcos),
+                                 As<float>(gsin), d.data == gdx.data, As<int32_t>(gpos))
+                    .ok());
+  }
+  this->Sync();
+
+  std::vector<float> cos_h(int64_t{T} * half), sin_h(int64_t{T} * half);
+  ops::RopeTable<float>(p, T, cos_h.data(), sin_h.data());
+  std::vector<double> cos_d(int64_t{T} * half), sin_d(int64_t{T} * half);
+  ops::RopeTable<double>(p, T, cos_d.data(), sin_d.data());
+  for (bool inverse : {false, true}) {
+    SCOPED_TRACE(inverse ? "backward" : "forward");
+    std::vector<S> xh = Cast<S>(x);
+    std::vector<double> xd = x;
+    if (inverse) {
+      ops::RopeBackward<S>(xh.data(), rows, stride, H + Hkv, hs, T, cos_h.data(), sin_h.data(),
+                           pos.data());
+      ops::RopeBackward<double>(xd.data(), rows, stride, H + Hkv, hs, T, cos_d.data(), sin_d.data(),
+                                pos.data());
+    } else {
+      ops::RopeForward<S>(xh.data(), rows, stride, H + Hkv, hs, T, cos_h.data(), sin_h.data(),
+                          pos.data());
+      ops::RopeForward<double>(xd.data(), rows, stride, H + Hkv, hs, T, cos_d.data(), sin_d.data(),
+                               pos.data());
+    }
+    const std::vector<double> got = this->Get(inverse ? gdx : gx, rows * stride);
+    ExpectWithinBound("rotated vs double", got, xd, 2, Eps<S>(2));
+    ExpectWithinBound("rotated vs host", got, ToDoubles(xh), 4, Eps<S>(2));
+  }
+}
+
 // ---------------------------------------------------------------------------
 // SwiGLU: one rounding per output of a few fp32 operations (expf within 2 ulp on the GPU).
 TYPED_TEST(LlamaCudaTest, SwigluMatchesTheHostOpAndDouble) {
@@ -325,6 +390,136 @@ TYPED_TEST(LlamaCudaTest, GqaAttentionMatchesTheHostOpAndDoubleAndIsDeterministi
                         12, Eps<S>(K));
       ExpectWithinBound(std::string(name) + " vs host", got, columns(dqkv_hd, cw.first, cw.second),
                         24, Eps<S>(K));
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Packed sequences (issue 31): rows holding several examples, query t seeing keys
+// t - position_ids[t] .. t only. Against the host op with the same position_ids and double, with
+// the bounds of the test above, on both paths (kAuto: the tensor cores for 16-bit S and hs 64);
+// T = 150 crosses the 64-row tiles, so a query tile meets key tiles some of its rows do not see
+// at all and dk/dv blocks meet query tiles none of whose queries sees their keys.
+
+// One forward and backward of the op on device buffers: out (N, Dq) and dqkv (N, ld).
+struct PackedRun {
+  gpu::DeviceSpan out, lse, delta, dqkv;
+};
+
+template <typename S>
+class LlamaPackedAttentionTest : public LlamaCudaTest<S> {
+ protected:
+  PackedRun Run(const ops::AttentionDims& d, const std::vector<double>& qkv,
+                const std::vector<double>& dout, lops::AttentionPath path) {
+    using Dev = DevOf<S>;
+    const int64_t N = int64_t{d.batch_size} * d.seq_len, Dq = int64_t{d.num_heads} * d.head_dim;
+    const int64_t Dkv = int64_t{d.num_kv_heads} * d.head_dim, ld = d.row_stride;
+    const int64_t stats = int64_t{d.batch_size} * d.num_heads * d.seq_len * 4;
+    const gpu::DeviceSpan gqkv = this->Put(Cast<S>(qkv)), gdout = this->Put(Cast<S>(dout));
+    PackedRun r{this->Poisoned(N * Dq * sizeof(S)), this->Poisoned(stats), this->Poisoned(stats),
+                this->Poisoned(N * ld * sizeof(S))};
+    const cudaStream_t cs = this->Native();
+    const Dev* q = As<Dev>(gqkv);
+    Dev* g = As<Dev>(r.dqkv);
+    EXPECT_TRUE(lops::LaunchAttentionForward(cs, d, q, q + Dq, q + Dq + Dkv, As<Dev>(r.out),
+                                             As<float>(r.lse), path)
+                    .ok());
+    EXPECT_TRUE(lops::LaunchAttentionBackward(cs, d, q, q + Dq, q + Dq + Dkv, As<Dev>(r.out),
+                                              As<Dev>(gdout), As<float>(r.lse), As<float>(r.delta),
+                                              g, g + Dq, g + Dq + Dkv, path)
+                    .ok());
+    this->Sync();
+    return r;
+  }
+};
+TYPED_TEST_SUITE(LlamaPackedAttentionTest, StorageTypes);
+
+TYPED_TEST(LlamaPackedAttentionTest, MatchesTheHostOpAndDoubleOnBothPaths) {
+  using S = TypeParam;
+  struct Case {
+    int B, T, H, Hkv, hs;
+    std::vector<std::vector<int>> rows;  // example lengths per row
+  };
+  const Case cases[] = {{2, 37, 4, 2, 24, {{10, 20, 7}, {37}}},
+                        {2, 150, 2, 1, 64, {{10, 70, 60, 10}, {64, 1, 85}}}};
+  for (const Case& k : cases) {
+    const std::vector<int32_t> pos = PackedPositions(k.rows);
+    const int64_t N = int64_t{k.B} * k.T, Dq = int64_t{k.H} * k.hs, Dkv = int64_t{k.Hkv} * k.hs;
+    const int64_t ld = Dq + 2 * Dkv;
+    ASSERT_EQ(static_cast<int64_t>(pos.size()), N);
+    const std::vector<double> qkv = Rounded<S>(RandomValues(N * ld, 1.5, 61 + k.T));
+    const std::vector<double> dout = Rounded<S>(RandomValues(N * Dq, 1.0, 62 + k.T));
+    ops::AttentionDims hd{k.B, k.T, k.H, k.Hkv, k.hs, ld};
+    hd.position_ids = pos.data();
+    const std::vector<S> qkv_s = Cast<S>(qkv), dout_s = Cast<S>(dout);
+    std::vector<S> out_h(N * Dq), dqkv_h(N * ld);
+    std::vector<float> lse_h(int64_t{k.B} * k.H * k.T);
+    ops::AttentionForward<S>(hd, qkv_s.data(), qkv_s.data() + Dq, qkv_s.data() + Dq + Dkv,
+                             out_h.data(), lse_h.data());
+    ops::AttentionBackward<S>(hd, qkv_s.data(), qkv_s.data() + Dq, qkv_s.data() + Dq + Dkv,
+                              out_h.data(), dout_s.data(), lse_h.data(), dqkv_h.data(),
+                              dqkv_h.data() + Dq, dqkv_h.data() + Dq + Dkv);
+    std::vector<double> out_d(N * Dq), dqkv_d(N * ld), lse_d(lse_h.size());
+    ops::AttentionForward<double>(hd, qkv.data(), qkv.data() + Dq, qkv.data() + Dq + Dkv,
+                                  out_d.data(), lse_d.data());
+    ops::AttentionBackward<double>(hd, qkv.data(), qkv.data() + Dq, qkv.data() + Dq + Dkv,
+                                   out_d.data(), dout.data(), lse_d.data(), dqkv_d.data(),
+                                   dqkv_d.data() + Dq, dqkv_d.data() + Dq + Dkv);
+    const gpu::DeviceSpan gpos = this->Put(pos);
+    ops::AttentionDims gd = hd;
+    gd.position_ids = As<int32_t>(gpos);
+    const double K = k.T * (k.H / k.Hkv) + k.hs;
+    for (const lops::AttentionPath path :
+         {lops::AttentionPath::kAuto, lops::AttentionPath::kCudaCores}) {
+      SCOPED_TRACE("T=" + std::to_string(k.T) + " hs=" + std::to_string(k.hs) +
+                   (path == lops::AttentionPath::kAuto ? " auto" : " CUDA cores"));
+      const PackedRun r = this->Run(gd, qkv, dout, path);
+      const std::vector<double> out = this->Get(r.out, N * Dq);
+      ExpectWithinBound("out vs double", out, out_d, 4, Eps<S>(K));
+      ExpectWithinBound("out vs host", out, ToDoubles(out_h), 8, Eps<S>(K));
+      const std::vector<float> lse = this->template Download<float>(r.lse, lse_h.size());
+      ExpectWithinBound("lse vs double", std::vector<double>(lse.begin(), lse.end()), lse_d, 4,
+                        Eps<float>(K));
+      const std::vector<double> dqkv = this->Get(r.dqkv, N * ld);
+      ExpectWithinBound("dqkv vs double", dqkv, dqkv_d, 12, Eps<S>(K));
+      ExpectWithinBound("dqkv vs host", dqkv, ToDoubles(dqkv_h), 24, Eps<S>(K));
+    }
+  }
+}
+
+// The examples of a row do not see each other: with the q, k, v rows of the middle example
+// replaced, the outputs and the q, k, v gradients of the other two are bit-identical (the other
+// example's keys are masked, not merely small), on both paths; the middle example's first row
+// does change (the check is not vacuous).
+TYPED_TEST(LlamaPackedAttentionTest, AnExamplesResultsDoNotDependOnTheOtherExamplesOfItsRow) {
+  using S = TypeParam;
+  const int B = 1, T = 150, H = 2, Hkv = 2, hs = 64, mid0 = 40, mid1 = 110;
+  const std::vector<int32_t> pos = PackedPositions({{mid0, mid1 - mid0, T - mid1}});
+  const int64_t N = int64_t{B} * T, Dq = int64_t{H} * hs, ld = Dq + 2 * int64_t{Hkv} * hs;
+  const std::vector<double> qkv = Rounded<S>(RandomValues(N * ld, 1.5, 71));
+  const std::vector<double> dout = Rounded<S>(RandomValues(N * Dq, 1.0, 72));
+  std::vector<double> changed = qkv;
+  const std::vector<double> other = Rounded<S>(RandomValues(N * ld, 1.5, 73));
+  for (int64_t i = mid0 * ld; i < mid1 * ld; ++i) changed[i] = other[i];
+  const gpu::DeviceSpan gpos = this->Put(pos);
+  ops::AttentionDims d{B, T, H, Hkv, hs, ld};
+  d.position_ids = As<int32_t>(gpos);
+  for (const lops::AttentionPath path :
+       {lops::AttentionPath::kAuto, lops::AttentionPath::kCudaCores}) {
+    SCOPED_TRACE(path == lops::AttentionPath::kAuto ? "auto" : "CUDA cores");
+    const PackedRun a = this->Run(d, qkv, dout, path), b = this->Run(d, changed, dout, path);
+    for (const auto& [x, y, width, what] :
+         {std::tuple{a.out, b.out, Dq, "out"}, std::tuple{a.dqkv, b.dqkv, ld, "dqkv"}}) {
+      const std::vector<S> u = this->template Download<S>(x, N * width),
+                           v = this->template Download<S>(y, N * width);
+      for (int64_t t = 0; t < T; ++t) {
+        const bool same = std::memcmp(&u[t * width], &v[t * width], size_t(width) * sizeof(S)) == 0;
+        if (t < mid0 || t >= mid1) {
+          EXPECT_TRUE(same) << what << " row " << t << " changed with another example";
+        } else if (t == mid0) {
+          EXPECT_FALSE(same) << what << " row " << t << ": the changed example's own row";
+        }
+      }
     }
   }
 }

@@ -34,6 +34,17 @@
 // query heads of their group in head order). Deterministic: no atomics; dk, dv per key tile over
 // the query heads and tiles in order, dq per query tile over the key tiles in order.
 //
+// Packed sequences (AttentionDims::position_ids non-null): query t of sequence b sees keys
+// FirstKey = t - position_ids[b, t] .. t (block-diagonal causal attention). Both implementations
+// add that lower bound to every mask test; the tensor-core kernels mask every visited tile then
+// (TileNeedsMask only knows the causal square). A block starts at the key tile of the smallest
+// first key of its queries (forward, dq) and the dk/dv blocks skip the query tiles none of whose
+// queries sees one of their keys. In the online softmax a row may meet a tile whose keys it
+// does not see before any it does: its running max is still -inf, and the exponentials are
+// shifted by 0 instead (as FlashAttention does), so l and the sums stay 0 rather than NaN.
+// Without position_ids every first key is 0 and the kernels compute what they computed before,
+// bit for bit (the same tiles, the same shifts, the same masks).
+//
 // Indexing (both implementations, the invariant the GPT relies on): element d of head `head` of
 // row t of sequence b is at [(b T + t) row_stride + head hs + d] in q, k, v, dq, dk, dv and at
 // [(b T + t) H hs + h hs + d] in out and dout; lse and delta at [(b H + h) T + t]; query head h
@@ -69,10 +80,49 @@ constexpr int kKeysPerWarp = 4;
 constexpr int kKvKeys = kKvWarps * kKeysPerWarp;
 constexpr int kQueryChunk = 32;
 
+// The first key query t of sequence b sees: t - position_ids[b, t] with position_ids (packed
+// sequences), 0 without. An id outside [0, t] traps, as a token outside the vocabulary does.
+__device__ __forceinline__ int FirstKeyOf(const int32_t* pos, int T, int b, int t) {
+  if (pos == nullptr) return 0;
+  const int32_t p = pos[int64_t{b} * T + t];
+  if (p < 0 || p > t) __trap();
+  return t - p;
+}
+
+// The smallest first key of the queries [q0, q0 + n) below T of sequence b (0 without
+// position_ids), called by every thread of the block (n <= blockDim.x); barriers inside. The
+// integer atomicMin's result does not depend on the order of the atomics.
+__device__ int BlockFirstKey(const int32_t* pos, int T, int b, int q0, int n) {
+  if (pos == nullptr) return 0;
+  __shared__ int first;
+  if (threadIdx.x == 0) first = T;
+  __syncthreads();
+  const int i = static_cast<int>(threadIdx.x), t = q0 + i;
+  if (i < n && t < T) atomicMin(&first, FirstKeyOf(pos, T, b, t));
+  __syncthreads();
+  return first;
+}
+
+// Packed sequences, the dk/dv kernels: lo_s[i] = the first key of query c0 + i for i < n (T
+// past the sequence); returns whether any of them sees a key <= last_key (a barrier: every
+// thread of the block calls it, n <= blockDim.x).
+__device__ bool QueriesSeeKeys(const int32_t* pos, int T, int b, int c0, int n, int last_key,
+                               int* lo_s) {
+  bool sees = false;
+  const int i = static_cast<int>(threadIdx.x), t = c0 + i;
+  if (i < n) {
+    const int lo = t < T ? FirstKeyOf(pos, T, b, t) : T;
+    lo_s[i] = lo;
+    sees = lo <= last_key;
+  }
+  return __syncthreads_or(sees) != 0;
+}
+
 struct Dims {
   int B, T, H, Hkv, hs, group;
   int64_t ld;  // row stride of q, k, v, dq, dk, dv
   float scale;
+  const int32_t* pos;  // (B, T) position_ids or null (AttentionDims::position_ids)
   __device__ int64_t Row(int b, int t) const { return (int64_t{b} * T + t) * ld; }
   __device__ int64_t OutRow(int b, int t) const { return (int64_t{b} * T + t) * H * hs; }
   __device__ int64_t Stat(int b, int h, int t) const { return (int64_t{b} * H + h) * T + t; }
@@ -106,40 +156,44 @@ __global__ void __launch_bounds__(kQueryWarps* kWarp)
   float o[kDims];
 #pragma unroll
   for (int i = 0; i < kDims; ++i) o[i] = 0.0f;
-  // Lane's scaled score of key j (in the tile in ks) for this warp's row t; -inf past t.
+  // This warp's row sees keys lo..t; the block starts at the tile of its rows' smallest lo.
+  const int lo = t < a.T ? FirstKeyOf(a.pos, a.T, b, t) : 0;
+  const int k_begin = BlockFirstKey(a.pos, a.T, b, q0, kQueryWarps) / kKeyTile * kKeyTile;
+  // Lane's scaled score of key j (in the tile in ks) for this warp's row t; -inf outside lo..t.
   const auto score = [&](int j) {
-    if (j > t) return -INFINITY;
+    if (j > t || j < lo) return -INFINITY;
     float dot = 0.0f;
     for (int d = 0; d < a.hs; ++d) dot += qs[warp][d] * ks[lane][d];
     return dot * a.scale;
   };
   // Pass 1: the row's max and sum (online softmax, fp32), hence its log-sum-exp.
   float m = -INFINITY, l = 0.0f;
-  for (int k0 = 0; k0 <= last; k0 += kKeyTile) {
+  for (int k0 = k_begin; k0 <= last; k0 += kKeyTile) {
     __syncthreads();
     LoadKeyTile<D, kDims>(k, a, b, kh, k0, ks);
     __syncthreads();
-    if (t >= a.T || k0 > t) continue;
+    if (t >= a.T || k0 > t || k0 + kKeyTile <= lo) continue;  // the row sees no key of the tile
     const int j = k0 + lane;
     const float s = score(j);
     const float m_new = fmaxf(m, WarpMax(s));
-    const float p = j <= t ? expf(s - m_new) : 0.0f;
-    l = l * expf(m - m_new) + WarpSum(p);  // m = -inf on the first tile: the factor is 0
+    const float shift = m_new == -INFINITY ? 0.0f : m_new;  // no key seen yet: exp(-inf) = 0
+    const float p = (j <= t && j >= lo) ? expf(s - shift) : 0.0f;
+    l = l * expf(m - shift) + WarpSum(p);  // m = -inf on the first tile: the factor is 0
     m = m_new;
   }
   const float row_lse = m + logf(l);
   // Pass 2: o = sum_j D(exp(s_j - lse)) v_j, the probabilities normalised before they are
   // rounded to D (the host op's rounding point, models/ops/attention.cc), the sum in fp32.
-  for (int k0 = 0; k0 <= last; k0 += kKeyTile) {
+  for (int k0 = k_begin; k0 <= last; k0 += kKeyTile) {
     __syncthreads();
     LoadKeyTile<D, kDims>(k, a, b, kh, k0, ks);
     LoadKeyTile<D, kDims>(v, a, b, kh, k0, vs);
     __syncthreads();
-    if (t >= a.T || k0 > t) continue;
+    if (t >= a.T || k0 > t || k0 + kKeyTile <= lo) continue;
     const int j = k0 + lane;
-    const float p_rounded = j <= t ? RoundTo<D>(expf(score(j) - row_lse)) : 0.0f;
+    const float p_rounded = (j <= t && j >= lo) ? RoundTo<D>(expf(score(j) - row_lse)) : 0.0f;
     const int keys = min(kKeyTile, t - k0 + 1);
-    for (int jj = 0; jj < keys; ++jj) {
+    for (int jj = max(0, lo - k0); jj < keys; ++jj) {
       const float pj = __shfl_sync(0xffffffffu, p_rounded, jj);
 #pragma unroll
       for (int i = 0; i < kDims; ++i) o[i] += pj * vs[jj][lane + 32 * i];
@@ -194,18 +248,20 @@ __global__ void __launch_bounds__(kQueryWarps* kWarp)
   }
   const float row_lse = t < a.T ? lse[a.Stat(b, h, t)] : 0.0f;
   const float row_delta = t < a.T ? delta[a.Stat(b, h, t)] : 0.0f;
+  const int lo = t < a.T ? FirstKeyOf(a.pos, a.T, b, t) : 0;  // the row sees keys lo..t
+  const int k_begin = BlockFirstKey(a.pos, a.T, b, q0, kQueryWarps) / kKeyTile * kKeyTile;
   float acc[kDims];
 #pragma unroll
   for (int i = 0; i < kDims; ++i) acc[i] = 0.0f;
-  for (int k0 = 0; k0 <= last; k0 += kKeyTile) {
+  for (int k0 = k_begin; k0 <= last; k0 += kKeyTile) {
     __syncthreads();
     LoadKeyTile<D, kDims>(k, a, b, kh, k0, ks);
     LoadKeyTile<D, kDims>(v, a, b, kh, k0, vs);
     __syncthreads();
-    if (t >= a.T || k0 > t) continue;
+    if (t >= a.T || k0 > t || k0 + kKeyTile <= lo) continue;
     const int j = k0 + lane;
     float ds = 0.0f;
-    if (j <= t) {
+    if (j <= t && j >= lo) {
       float dot = 0.0f, dp = 0.0f;
       for (int d = 0; d < a.hs; ++d) {
         dot += qs[warp][d] * ks[lane][d];
@@ -215,7 +271,7 @@ __global__ void __launch_bounds__(kQueryWarps* kWarp)
       ds = RoundTo<D>(RoundTo<D>(p) * (dp - row_delta));  // P rounded, as the host op
     }
     const int keys = min(kKeyTile, t - k0 + 1);
-    for (int jj = 0; jj < keys; ++jj) {
+    for (int jj = max(0, lo - k0); jj < keys; ++jj) {
       const float dsj = __shfl_sync(0xffffffffu, ds, jj);
 #pragma unroll
       for (int i = 0; i < kDims; ++i) acc[i] += dsj * ks[jj][lane + 32 * i];
@@ -238,9 +294,11 @@ __global__ void __launch_bounds__(kKvWarps* kWarp)
   __shared__ float dos[kQueryChunk][kW];
   __shared__ float lse_s[kQueryChunk];
   __shared__ float delta_s[kQueryChunk];
+  __shared__ int lo_s[kQueryChunk];  // packed: the first key of each query of the chunk
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int b = blockIdx.y / a.Hkv, kh = blockIdx.y % a.Hkv;
   const int k0 = blockIdx.x * kKvKeys;
+  const bool packed = a.pos != nullptr;
   const int my_k0 = k0 + warp * kKeysPerWarp;
   float kr[kKeysPerWarp][kDims], vr[kKeysPerWarp][kDims];
   float dk[kKeysPerWarp][kDims], dv[kKeysPerWarp][kDims];
@@ -261,6 +319,10 @@ __global__ void __launch_bounds__(kKvWarps* kWarp)
     const int h = kh * a.group + g;
     for (int c0 = k0; c0 < a.T; c0 += kQueryChunk) {
       __syncthreads();
+      // Packed: a chunk none of whose queries sees a key of this block adds nothing.
+      if (packed && !QueriesSeeKeys(a.pos, a.T, b, c0, kQueryChunk, k0 + kKvKeys - 1, lo_s)) {
+        continue;
+      }
       for (int x = threadIdx.x; x < kQueryChunk * kW; x += blockDim.x) {
         const int r = x / kW, d = x % kW, t = c0 + r;
         const bool in = t < a.T && d < a.hs;
@@ -285,7 +347,7 @@ __global__ void __launch_bounds__(kKvWarps* kWarp)
 #pragma unroll
         for (int kk = 0; kk < kKeysPerWarp; ++kk) {
           const int j = my_k0 + kk;
-          if (j > t || j >= a.T) continue;  // uniform across the warp
+          if (j > t || j >= a.T || (packed && j < lo_s[r])) continue;  // uniform in the warp
           float sp = 0.0f, dpp = 0.0f;
 #pragma unroll
           for (int i = 0; i < kDims; ++i) {
@@ -329,10 +391,11 @@ StatusOr<Dims> CheckDims(const char* op, const AttentionDims& d) {
                                 ": need B, T, H, Hkv >= 1, H a multiple of Hkv, 1 <= head_dim <= "
                                 "128, row_stride >= H head_dim and B H <= 65535");
   }
-  return Dims{d.batch_size, d.seq_len,
-              d.num_heads,  d.num_kv_heads,
-              d.head_dim,   d.num_heads / d.num_kv_heads,
-              d.row_stride, 1.0f / sqrtf(static_cast<float>(d.head_dim))};
+  return Dims{d.batch_size,  d.seq_len,
+              d.num_heads,   d.num_kv_heads,
+              d.head_dim,    d.num_heads / d.num_kv_heads,
+              d.row_stride,  1.0f / sqrtf(static_cast<float>(d.head_dim)),
+              d.position_ids};
 }
 
 // Calls f.template operator()<kDims>() with kDims = ceil(hs / 32) in 1..4.
@@ -515,6 +578,7 @@ struct TcDims {
   int T, H, group;
   int64_t ld;  // row stride of q, k, v, dq, dk, dv (elements)
   float scale;
+  const int32_t* pos;  // (B, T) position_ids or null
   // First element of head `head` of sequence b in q, k, v, dq, dk, dv (rows of ld).
   __device__ int64_t Row0(int b, int head, int hs) const {
     return int64_t{b} * T * ld + int64_t{head} * hs;
@@ -564,6 +628,12 @@ __global__ void __launch_bounds__(kThreads)
   CpAsyncCommit();
 
   const int row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
+  // Packed: row r sees keys lo[r]..row[r], and every tile is masked.
+  const bool packed = a.pos != nullptr;
+  int lo[2] = {0, 0};
+#pragma unroll
+  for (int r = 0; r < 2; ++r) lo[r] = row[r] < a.T ? FirstKeyOf(a.pos, a.T, b, row[r]) : 0;
+  const int first = BlockFirstKey(a.pos, a.T, b, q0, kQ) / kK;
   float o[kHs / 8][4];
   Zero<kHs>(o);
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
@@ -572,20 +642,20 @@ __global__ void __launch_bounds__(kThreads)
   const auto scores = [&](int k0, float(&s)[kK / 8][4]) {
     Zero<kK>(s);
     MmaABt<D, kK, kHs>(s, qs + warp * 16 * kStride, ks, kStride);
-    const bool masked = at::TileNeedsMask(q0, kQ, k0, kK, a.T);
+    const bool masked = packed || at::TileNeedsMask(q0, kQ, k0, kK, a.T);
 #pragma unroll
     for (int j = 0; j < kK / 8; ++j) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int key = k0 + j * 8 + 2 * c + (e & 1);
         float x = s[j][e] * a.scale;
-        if (masked && (key > row[e / 2] || key >= a.T)) x = -INFINITY;
+        if (masked && (key > row[e / 2] || key >= a.T || key < lo[e / 2])) x = -INFINITY;
         s[j][e] = x;
       }
     }
   };
   // Pass 1: each row's max and sum (online softmax, fp32), hence its log-sum-exp.
-  for (int kt = 0; kt <= last; ++kt) {
+  for (int kt = first; kt <= last; ++kt) {
     const int k0 = kt * kK;
     __syncthreads();  // the previous k tile is consumed
     LoadTile<D, kHs, kK>(ks, k_src, ld, k0, a.T);
@@ -600,30 +670,33 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int e = 0; e < 4; ++e) mx[e / 2] = fmaxf(mx[e / 2], s[j][e]);
     }
-    float m_new[2];
+    float m_new[2], shift[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      m_new[r] = fmaxf(m[r], mx[r]);  // finite: key 0 is valid for every row
+      // Finite without position_ids (key 0 is valid for every row); -inf for a packed row that
+      // has seen no key yet, which shifts by 0 then (exp(-inf) = 0, no NaN).
+      m_new[r] = fmaxf(m[r], mx[r]);
+      shift[r] = m_new[r] == -INFINITY ? 0.0f : m_new[r];
     }
 #pragma unroll
     for (int j = 0; j < kK / 8; ++j) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) sum[e / 2] += expf(s[j][e] - m_new[e / 2]);  // 0 where masked
+      for (int e = 0; e < 4; ++e) sum[e / 2] += expf(s[j][e] - shift[e / 2]);  // 0 where masked
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 1);
       sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 2);
-      l[r] = l[r] * expf(m[r] - m_new[r]) + sum[r];  // the factor is 0 on the first tile
+      l[r] = l[r] * expf(m[r] - shift[r]) + sum[r];  // the factor is 0 on the first tile
       m[r] = m_new[r];
     }
   }
   const float row_lse[2] = {m[0] + logf(l[0]), m[1] + logf(l[1])};
   // Pass 2: o = sum_j D(exp(s_j - lse)) v_j, the probabilities normalised before they are
   // rounded to D (the host op's rounding point, models/ops/attention.cc), the sum in fp32.
-  for (int kt = 0; kt <= last; ++kt) {
+  for (int kt = first; kt <= last; ++kt) {
     const int k0 = kt * kK;
     __syncthreads();  // the previous k and v tiles are consumed
     LoadTile<D, kHs, kK>(ks, k_src, ld, k0, a.T);
@@ -688,10 +761,16 @@ __global__ void __launch_bounds__(kThreads)
     row_lse[r] = row[r] < a.T ? lse[a.Stat(b, h) + row[r]] : 0.0f;
     row_delta[r] = row[r] < a.T ? delta[a.Stat(b, h) + row[r]] : 0.0f;
   }
+  // Packed: row r sees keys lo[r]..row[r], and every tile is masked.
+  const bool packed = a.pos != nullptr;
+  int lo[2] = {0, 0};
+#pragma unroll
+  for (int r = 0; r < 2; ++r) lo[r] = row[r] < a.T ? FirstKeyOf(a.pos, a.T, b, row[r]) : 0;
+  const int first = BlockFirstKey(a.pos, a.T, b, q0, kQ) / kK;
   float dq[kHs / 8][4];
   Zero<kHs>(dq);
   const int last = at::LastKeyTile(qt, kQ, kK, a.T);
-  for (int kt = 0; kt <= last; ++kt) {
+  for (int kt = first; kt <= last; ++kt) {
     const int k0 = kt * kK;
     __syncthreads();
     LoadTile<D, kHs, kK>(ks, k_src, ld, k0, a.T);
@@ -704,13 +783,13 @@ __global__ void __launch_bounds__(kThreads)
     Zero<kK>(dp);
     MmaABt<D, kK, kHs>(s, qs + warp * 16 * kStride, ks, kStride);
     MmaABt<D, kK, kHs>(dp, dos + warp * 16 * kStride, vs, kStride);
-    const bool masked = at::TileNeedsMask(q0, kQ, k0, kK, a.T);
+    const bool masked = packed || at::TileNeedsMask(q0, kQ, k0, kK, a.T);
 #pragma unroll
     for (int j = 0; j < kK / 8; ++j) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int key = k0 + j * 8 + 2 * c + (e & 1), r = e / 2;
-        const bool valid = !masked || (key <= row[r] && key < a.T && row[r] < a.T);
+        const bool valid = !masked || (key <= row[r] && key < a.T && row[r] < a.T && key >= lo[r]);
         const float p = valid ? expf(s[j][e] * a.scale - row_lse[r]) : 0.0f;
         s[j][e] = RoundTo<D>(p) * (dp[j][e] - row_delta[r]);  // P rounded, as the host op
       }
@@ -746,6 +825,8 @@ __global__ void __launch_bounds__(kThreads)
   D* dos = qs + kQ * kStride;
   float* lse_s = reinterpret_cast<float*>(dos + kQ * kStride);
   float* delta_s = lse_s + kQ;
+  __shared__ int lo_s[kQ];  // packed: the first key of each query of the tile
+  const bool packed = a.pos != nullptr;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int g = lane / 4, c = lane % 4;
   const int Hkv = a.H / a.group;
@@ -768,7 +849,9 @@ __global__ void __launch_bounds__(kThreads)
     const float* delta_src = delta + a.Stat(b, h);
     for (int qt = at::FirstQueryTile(kt, kK, kQ); qt < num_q; ++qt) {
       const int c0 = qt * kQ;
-      __syncthreads();  // the previous q, dout, lse and delta tiles are consumed
+      __syncthreads();  // the previous q, dout, lse, delta (and lo) tiles are consumed
+      // Packed: a query tile none of whose queries sees a key of this block adds nothing.
+      if (packed && !QueriesSeeKeys(a.pos, a.T, b, c0, kQ, k0 + kK - 1, lo_s)) continue;
       LoadTile<D, kHs, kQ>(qs, q_src, ld, c0, a.T);
       LoadTile<D, kHs, kQ>(dos, do_src, int64_t{a.H} * kHs, c0, a.T);
       CpAsyncCommit();
@@ -783,13 +866,14 @@ __global__ void __launch_bounds__(kThreads)
       Zero<kQ>(dpt);
       MmaABt<D, kQ, kHs>(st, ks + warp * 16 * kStride, qs, kStride);
       MmaABt<D, kQ, kHs>(dpt, vs + warp * 16 * kStride, dos, kStride);
-      const bool masked = at::TileNeedsMask(c0, kQ, k0, kK, a.T);
+      const bool masked = packed || at::TileNeedsMask(c0, kQ, k0, kK, a.T);
 #pragma unroll
       for (int j = 0; j < kQ / 8; ++j) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int qi = j * 8 + 2 * c + (e & 1), query = c0 + qi, r = e / 2;
-          const bool valid = !masked || (key[r] <= query && query < a.T && key[r] < a.T);
+          const bool valid = !masked || (key[r] <= query && query < a.T && key[r] < a.T &&
+                                         (!packed || key[r] >= lo_s[qi]));
           const float p = valid ? expf(st[j][e] * a.scale - lse_s[qi]) : 0.0f;
           st[j][e] = p;
           dpt[j][e] = RoundTo<D>(p) * (dpt[j][e] - delta_s[qi]);  // P rounded, as the host op
@@ -826,7 +910,7 @@ Status LaunchWithSmem(const char* name, Kernel kernel, dim3 grid, size_t smem_by
 template <typename D>
 Status LaunchForward(cudaStream_t stream, const Dims& d, const D* q, const D* k, const D* v, D* out,
                      float* lse) {
-  const TcDims a{d.T, d.H, d.group, d.ld, d.scale};
+  const TcDims a{d.T, d.H, d.group, d.ld, d.scale, d.pos};
   const dim3 grid(at::NumTiles(d.T, at::kQueryTile), d.B * d.H);
   if (d.hs == 64) {
     return LaunchWithSmem("AttentionForwardTcKernel<64>", AttentionForwardTcKernel<D, 64>, grid,
@@ -840,7 +924,7 @@ Status LaunchForward(cudaStream_t stream, const Dims& d, const D* q, const D* k,
 template <typename D>
 Status LaunchBackward(cudaStream_t stream, const Dims& d, const D* q, const D* k, const D* v,
                       const D* dout, const float* lse, const float* delta, D* dq, D* dk, D* dv) {
-  const TcDims a{d.T, d.H, d.group, d.ld, d.scale};
+  const TcDims a{d.T, d.H, d.group, d.ld, d.scale, d.pos};
   const dim3 q_grid(at::NumTiles(d.T, at::kQueryTile), d.B * d.H);
   const dim3 kv_grid(at::NumTiles(d.T, at::kDkDvKeyTile), d.B * d.Hkv);
   if (d.hs == 64) {

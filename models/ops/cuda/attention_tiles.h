@@ -13,7 +13,11 @@
 //                   kv head's group, in head order, query tiles FirstQueryTile(k)..last;
 //                   tiles before it lie wholly above the diagonal.
 // A visited tile is masked element by element (j > i, j >= T or i >= T set to -inf / 0) only
-// where TileNeedsMask says some pair of it is invalid; elsewhere every pair is valid.
+// where TileNeedsMask says some pair of it is invalid; elsewhere every pair is valid. Packed
+// sequences (AttentionDims::position_ids) add a lower bound per query, which this schedule does
+// not see: the kernels then mask every visited tile, start a query tile at the key tile of its
+// smallest lower bound and skip the query tiles that see none of a dk/dv block's keys
+// (attention.cu).
 #pragma once
 
 #include <cstddef>

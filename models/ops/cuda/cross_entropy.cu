@@ -1,6 +1,8 @@
 // Cross-entropy and the chunked LM head on CUDA (ops.cuh): one block per row of logits with
-// fixed shared-memory trees, the gradient written in place; the mean loss summed in double; the
-// head's products through Products (matmul.cu), chunk_rows rows of logits at a time.
+// fixed shared-memory trees, the gradient written in place; a row whose target is
+// engine::kIgnoreTarget contributes a loss of 0 and a zero gradient; the mean loss summed in
+// double over the counted targets; the head's products through Products (matmul.cu), chunk_rows
+// rows of logits at a time.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -9,6 +11,7 @@
 #include <vector>
 
 #include "base/dtype.h"
+#include "engine/model.h"
 #include "gpu/cuda/cuda_kernels.cuh"
 #include "gpu/cuda/cuda_lt_matmul.h"
 #include "gpu/cuda/cuda_status.h"
@@ -41,6 +44,13 @@ __global__ void CrossEntropyKernel(D* logits, const int32_t* targets, int64_t N,
   for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
     D* row = logits + r * V;
     const int32_t target = targets[r];
+    if (target == engine::kIgnoreTarget) {  // uniform in the block: no barrier is skipped by part
+      if (threadIdx.x == 0) losses[r] = 0.0f;
+      if (write_grad) {
+        for (int v = threadIdx.x; v < V; v += kBlock) row[v] = FromF<D>(0.0f);
+      }
+      continue;
+    }
     CheckTokenOnDevice(target, V);
     float mx = -INFINITY;
     for (int v = threadIdx.x; v < V; v += kBlock) mx = fmaxf(mx, ToF(row[v]));
@@ -62,7 +72,7 @@ __global__ void CrossEntropyKernel(D* logits, const int32_t* targets, int64_t N,
   }
 }
 
-__global__ void MeanLossKernel(const float* losses, int64_t N, float* loss) {
+__global__ void MeanLossKernel(const float* losses, int64_t N, int64_t divisor, float* loss) {
   __shared__ double part[kBlock];
   double acc = 0.0;
   for (int64_t i = threadIdx.x; i < N; i += kBlock) acc += losses[i];
@@ -72,8 +82,13 @@ __global__ void MeanLossKernel(const float* losses, int64_t N, float* loss) {
     if (threadIdx.x < o) part[threadIdx.x] += part[threadIdx.x + o];
     __syncthreads();
   }
-  if (threadIdx.x == 0) *loss = static_cast<float>(part[0] / static_cast<double>(N));
+  if (threadIdx.x == 0) {
+    *loss = divisor == 0 ? 0.0f : static_cast<float>(part[0] / static_cast<double>(divisor));
+  }
 }
+
+// The mean loss's divisor: the counted targets, B T (N) when the caller passes 0.
+int64_t LossDivisor(int64_t loss_tokens, int64_t N) { return loss_tokens > 0 ? loss_tokens : N; }
 
 }  // namespace
 
@@ -90,17 +105,20 @@ Status LaunchCrossEntropy(cudaStream_t stream, D* logits, const int32_t* targets
   return Launched("CrossEntropyKernel");
 }
 
-Status LaunchMeanLoss(cudaStream_t stream, const float* losses, int64_t N, float* loss) {
-  if (N < 1) return InvalidArgumentError("LaunchMeanLoss: N must be >= 1");
+Status LaunchMeanLoss(cudaStream_t stream, const float* losses, int64_t N, int64_t divisor,
+                      float* loss) {
+  if (N < 1 || divisor < 0) {
+    return InvalidArgumentError("LaunchMeanLoss: need N >= 1 and divisor >= 0");
+  }
   STRATA_RETURN_IF_ERROR(CheckPointers("LaunchMeanLoss", {losses, loss}));
-  MeanLossKernel<<<1, kBlock, 0, stream>>>(losses, N, loss);
+  MeanLossKernel<<<1, kBlock, 0, stream>>>(losses, N, divisor, loss);
   return Launched("MeanLossKernel");
 }
 
 template <typename S>
 Status ChunkedHeadForward(const Products<S>& mm, const S* xn, const S* W, WeightLayout layout,
                           int B, int T, int64_t C, int64_t V, const HeadScratch<S>& scratch,
-                          S* logits, const int32_t* targets, float* loss) {
+                          S* logits, const int32_t* targets, float* loss, int64_t loss_tokens) {
   const cudaStream_t cs = mm.stream;
   const int64_t N = int64_t{B} * T;
   // kInOut: W (C, V); kOutIn: W (V, C), read transposed.
@@ -123,13 +141,13 @@ Status ChunkedHeadForward(const Products<S>& mm, const S* xn, const S* W, Weight
                                               static_cast<int>(V), scratch.losses + r0, false,
                                               0.0f));
   }
-  return LaunchMeanLoss(cs, scratch.losses, N, loss);
+  return LaunchMeanLoss(cs, scratch.losses, N, LossDivisor(loss_tokens, N), loss);
 }
 
 template <typename S>
 Status ChunkedHeadBackward(const Products<S>& mm, const S* xn, const S* W, WeightLayout layout,
                            const int32_t* targets, float dloss, int64_t N, int64_t C, int64_t V,
-                           const HeadScratch<S>& scratch, S* dW, S* dxn) {
+                           const HeadScratch<S>& scratch, S* dW, S* dxn, int64_t loss_tokens) {
   const cudaStream_t cs = mm.stream;
   const bool tied = layout == WeightLayout::kOutIn;
   const int64_t ldw = tied ? C : V;
@@ -140,10 +158,11 @@ Status ChunkedHeadBackward(const Products<S>& mm, const S* xn, const S* W, Weigh
   for (int64_t r0 = 0; r0 < N; r0 += scratch.chunk_rows) {
     const int64_t rows = std::min(scratch.chunk_rows, N - r0);
     STRATA_RETURN_IF_ERROR(mm.Run(false, tied, rows, V, C, xn + r0 * C, C, W, ldw, chunk, V));
-    // dlogits = S(dloss / N (softmax - onehot)), in place in the chunk.
-    STRATA_RETURN_IF_ERROR(LaunchCrossEntropy(cs, D(chunk), targets + r0, rows, static_cast<int>(V),
-                                              scratch.losses + r0, true,
-                                              dloss / static_cast<float>(N)));
+    // dlogits = S(dloss / loss_tokens (softmax - onehot)), in place in the chunk (0 in the rows of
+    // ignored targets).
+    STRATA_RETURN_IF_ERROR(LaunchCrossEntropy(
+        cs, D(chunk), targets + r0, rows, static_cast<int>(V), scratch.losses + r0, true,
+        dloss / static_cast<float>(LossDivisor(loss_tokens, N))));
     // acc (+)= xn_chunk^T dlogits (C, V), kOutIn dlogits^T xn_chunk (V, C): beta 0 on the first
     // chunk, 1 after (C == D), fp32 C and D.
     gpu::cuda::LtMatmulArgs a;
@@ -175,23 +194,26 @@ Status ChunkedHeadBackward(const Products<S>& mm, const S* xn, const S* W, Weigh
 
 template Status ChunkedHeadForward<float>(const Products<float>&, const float*, const float*,
                                           WeightLayout, int, int, int64_t, int64_t,
-                                          const HeadScratch<float>&, float*, const int32_t*,
-                                          float*);
+                                          const HeadScratch<float>&, float*, const int32_t*, float*,
+                                          int64_t);
 template Status ChunkedHeadForward<Bf16>(const Products<Bf16>&, const Bf16*, const Bf16*,
                                          WeightLayout, int, int, int64_t, int64_t,
-                                         const HeadScratch<Bf16>&, Bf16*, const int32_t*, float*);
+                                         const HeadScratch<Bf16>&, Bf16*, const int32_t*, float*,
+                                         int64_t);
 template Status ChunkedHeadForward<Fp16>(const Products<Fp16>&, const Fp16*, const Fp16*,
                                          WeightLayout, int, int, int64_t, int64_t,
-                                         const HeadScratch<Fp16>&, Fp16*, const int32_t*, float*);
+                                         const HeadScratch<Fp16>&, Fp16*, const int32_t*, float*,
+                                         int64_t);
 template Status ChunkedHeadBackward<float>(const Products<float>&, const float*, const float*,
                                            WeightLayout, const int32_t*, float, int64_t, int64_t,
-                                           int64_t, const HeadScratch<float>&, float*, float*);
+                                           int64_t, const HeadScratch<float>&, float*, float*,
+                                           int64_t);
 template Status ChunkedHeadBackward<Bf16>(const Products<Bf16>&, const Bf16*, const Bf16*,
                                           WeightLayout, const int32_t*, float, int64_t, int64_t,
-                                          int64_t, const HeadScratch<Bf16>&, Bf16*, Bf16*);
+                                          int64_t, const HeadScratch<Bf16>&, Bf16*, Bf16*, int64_t);
 template Status ChunkedHeadBackward<Fp16>(const Products<Fp16>&, const Fp16*, const Fp16*,
                                           WeightLayout, const int32_t*, float, int64_t, int64_t,
-                                          int64_t, const HeadScratch<Fp16>&, Fp16*, Fp16*);
+                                          int64_t, const HeadScratch<Fp16>&, Fp16*, Fp16*, int64_t);
 
 #define STRATA_INSTANTIATE_CROSS_ENTROPY(D)                                                     \
   template Status LaunchCrossEntropy<D>(cudaStream_t, D*, const int32_t*, int64_t, int, float*, \

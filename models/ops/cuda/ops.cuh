@@ -10,7 +10,9 @@
 // the op), and returns the launch error (cudaGetLastError) as a Status; faults of a running kernel
 // surface at the stream's next synchronization. Pointers are device memory; sizes in ELEMENTS;
 // matrices row-major; N = B T rows. The caller makes the stream's device current. Tokens or
-// targets outside [0, V) trap (__trap).
+// targets outside [0, V) trap (__trap), except a target of engine::kIgnoreTarget (-1), which the
+// loss does not count; so do position ids outside their range (packed sequences: position_ids
+// (B, T) int32 in device memory, engine::BlockBuffers, each token's position within its example).
 //
 // Determinism: no floating-point atomics; every reduction has a fixed order for a given shape,
 // so results are bit-identical from run to run on one GPU. Built without --use_fast_math.
@@ -37,21 +39,37 @@ namespace strata::models::ops::cuda {
 // ---------------------------------------------------------------------------
 // Embedding (ops/embedding.h), embedding.cu.
 
-// x_out[r] = D(wte[tokens[r]] + wpe[r % T]); wte (V, C), wpe (>= T, C), x_out (N, C). wpe may be
-// null (no position table, the Llama family): x_out[r] = wte[tokens[r]], an exact copy.
+// The device scratch of one stable counting sort of n int32 keys in [0, K): counts (K), offsets
+// (K + 1), cursor (K), order (n) int32, disjoint, 4-byte aligned; contents undefined after.
+struct CountingSortScratch {
+  int32_t* counts = nullptr;
+  int32_t* offsets = nullptr;
+  int32_t* cursor = nullptr;
+  int32_t* order = nullptr;
+};
+
+// x_out[r] = D(wte[tokens[r]] + wpe[p(r)]), p(r) = position_ids[r] when position_ids ((N) int32,
+// packed sequences, each in [0, T); outside traps) is given, else r % T; wte (V, C), wpe (>= T,
+// C), x_out (N, C). wpe may be null (no position table, the Llama family): x_out[r] =
+// wte[tokens[r]], an exact copy, and position_ids is not read.
 template <typename D>
 Status LaunchEmbeddingForward(cudaStream_t stream, const D* wte, const D* wpe,
-                              const int32_t* tokens, int64_t N, int T, int64_t C, int V, D* x_out);
+                              const int32_t* tokens, int64_t N, int T, int64_t C, int V, D* x_out,
+                              const int32_t* position_ids = nullptr);
 
-// dwte (V, C), dwpe (max_seq_len, C) OVERWRITTEN: a stable counting sort of the N positions by
-// token (counts, offsets, cursor: V, V + 1, V int32; order: N int32, all device scratch), then
-// dwte[v] = D(sum of dx_out rows of token v in increasing row order, fp32), and
-// dwpe[t] = D(sum over b of dx_out[b T + t]) for t < T, 0 beyond (dwpe null: not computed).
+// dwte (V, C), dwpe (max_seq_len, C) OVERWRITTEN: a stable counting sort of the N rows by token
+// (by_token, K = V), then dwte[v] = D(fp32 sum of the dx_out rows of token v in increasing row
+// order), 0 for absent tokens. dwpe (null: not computed): without position_ids dwpe[t] = D(fp32
+// sum over b of dx_out[b T + t], b in order) for t < T; with position_ids ((N) int32, each in
+// [0, T); outside traps) a second stable counting sort of the rows by position (by_position,
+// K = T; needed only then) and dwpe[p] = D(fp32 sum of the dx_out rows at position p in
+// increasing row order), 0 for a position no row has; rows T .. max_seq_len - 1 are 0.
 template <typename D>
 Status LaunchEmbeddingBackward(cudaStream_t stream, const int32_t* tokens, const D* dx_out,
                                int64_t N, int T, int64_t C, int V, int max_seq_len, D* dwte,
-                               D* dwpe, int32_t* counts, int32_t* offsets, int32_t* cursor,
-                               int32_t* order);
+                               D* dwpe, const CountingSortScratch& by_token,
+                               const int32_t* position_ids = nullptr,
+                               const CountingSortScratch& by_position = {});
 
 // ---------------------------------------------------------------------------
 // LayerNorm (ops/layer_norm.h) and column sums (the bias gradient of ops/matmul.h), layer_norm.cu.
@@ -100,13 +118,17 @@ Status LaunchTimesGeluGrad(cudaStream_t stream, const float* acc, const D* pre, 
 
 // Per row of logits (N, V): losses[r] = logsumexp - logits[r, targets[r]] in fp32 from the D
 // logits; with write_grad the row is then OVERWRITTEN in place with
-// D(grad_scale (softmax - onehot(target))). One block per row.
+// D(grad_scale (softmax - onehot(target))). A target of engine::kIgnoreTarget (-1): losses[r] =
+// 0 and (write_grad) the row all zeros; any other target outside [0, V) traps. One block per
+// row.
 template <typename D>
 Status LaunchCrossEntropy(cudaStream_t stream, D* logits, const int32_t* targets, int64_t N, int V,
                           float* losses, bool write_grad, float grad_scale);
 
-// *loss = float(sum of losses (N) in double, fixed order, / N). One block. N >= 1.
-Status LaunchMeanLoss(cudaStream_t stream, const float* losses, int64_t N, float* loss);
+// *loss = float(sum of losses (N) in double, fixed order, / divisor), 0 when divisor is 0 (every
+// target ignored). One block. N >= 1, divisor >= 0: the number of counted targets.
+Status LaunchMeanLoss(cudaStream_t stream, const float* losses, int64_t N, int64_t divisor,
+                      float* loss);
 
 // ---------------------------------------------------------------------------
 // RMSNorm (ops/rms_norm.h). One warp per row.
@@ -148,12 +170,14 @@ Status LaunchRopeTable(cudaStream_t stream, const RopeParams& p, int seq_len, fl
                        float* sin);
 
 // In place on num_heads consecutive heads of head_dim columns at the start of each of `rows`
-// rows of row_stride elements; row r is position r % seq_len; cos/sin from LaunchRopeTable for
-// at least seq_len positions. inverse = false: the forward rotation; true: its transpose (the
-// backward on the gradient). Each output rounded once.
+// rows of row_stride elements; row r is position position_ids[r] when position_ids ((rows)
+// int32, packed sequences, each in [0, seq_len); outside traps) is given, else r % seq_len;
+// cos/sin from LaunchRopeTable for at least seq_len positions. inverse = false: the forward
+// rotation; true: its transpose (the backward on the gradient). Each output rounded once.
 template <typename D>
 Status LaunchRope(cudaStream_t stream, D* x, int64_t rows, int64_t row_stride, int num_heads,
-                  int head_dim, int seq_len, const float* cos, const float* sin, bool inverse);
+                  int head_dim, int seq_len, const float* cos, const float* sin, bool inverse,
+                  const int32_t* position_ids = nullptr);
 
 // ---------------------------------------------------------------------------
 // SwiGLU (ops/swiglu.h) on rows of [gate (I) | up (I)].
@@ -180,6 +204,11 @@ Status LaunchSwigluBackward(cudaStream_t stream, const D* gate_up, const D* dh, 
 // dk, dv) 16-byte aligned and row_stride a multiple of 8; CUDA cores (fp32 FMAs on values
 // converted from D) for everything, the fallback and the reference. kAuto picks the tensor cores
 // where they apply; kTensorCores where they do not is kInvalidArgument.
+//
+// Packed sequences: with AttentionDims::position_ids ((B, T) int32, device memory) query t of
+// sequence b sees keys t - position_ids[b, t] .. t only (block-diagonal causal attention), in
+// both implementations; an id outside [0, t] traps. Null: keys 0 .. t, and the kernels compute
+// what they computed before position_ids existed, bit for bit.
 
 // The largest head_dim of the attention kernels.
 inline constexpr int kAttentionMaxHeadDim = 128;
@@ -284,19 +313,21 @@ struct HeadScratch {
 };
 
 // logits (B, V) = the last position (t = T - 1) of each sequence; with targets (B T) and loss
-// non-null, *loss (one fp32, device) = mean cross-entropy over the N = B T rows (summed in
-// double, fixed order).
+// non-null, *loss (one fp32, device) = sum of the rows' cross-entropy (summed in double, fixed
+// order; 0 for a target of engine::kIgnoreTarget) / loss_tokens, the number of counted targets
+// (0: N = B T, the mean over every row; the loss is 0 when every target is ignored).
 template <typename S>
 Status ChunkedHeadForward(const Products<S>& mm, const S* xn, const S* W, WeightLayout layout,
                           int B, int T, int64_t C, int64_t V, const HeadScratch<S>& scratch,
-                          S* logits, const int32_t* targets, float* loss);
+                          S* logits, const int32_t* targets, float* loss, int64_t loss_tokens = 0);
 
-// Gradient of dloss * (mean cross-entropy): per chunk dlogits = S(dloss / N (softmax - onehot))
-// in place, dW (+)= xn^T dlogits in fp32 (beta 0 on the first chunk, 1 after; rounded to S once
-// at the end) and dxn rows = S(dlogits W^T). dW (the weight's shape) and dxn (N, C) OVERWRITTEN.
+// Gradient of dloss * (mean cross-entropy over loss_tokens counted targets; 0: N): per chunk
+// dlogits = S(dloss / loss_tokens (softmax - onehot)) in place (zero rows for ignored targets),
+// dW (+)= xn^T dlogits in fp32 (beta 0 on the first chunk, 1 after; rounded to S once at the
+// end) and dxn rows = S(dlogits W^T). dW (the weight's shape) and dxn (N, C) OVERWRITTEN.
 template <typename S>
 Status ChunkedHeadBackward(const Products<S>& mm, const S* xn, const S* W, WeightLayout layout,
                            const int32_t* targets, float dloss, int64_t N, int64_t C, int64_t V,
-                           const HeadScratch<S>& scratch, S* dW, S* dxn);
+                           const HeadScratch<S>& scratch, S* dW, S* dxn, int64_t loss_tokens = 0);
 
 }  // namespace strata::models::ops::cuda

@@ -29,16 +29,22 @@ __global__ void RopeTableKernel(RopeFreqs f, int seq_len, int half, float* cos_o
   }
 }
 
-// One thread per (row, head, pair i < hs/2).
+// One thread per (row, head, pair i < hs/2). Row r is position position_ids[r] (packed
+// sequences; outside [0, seq_len) traps) or r % seq_len.
 template <typename D>
 __global__ void RopeKernel(D* x, int64_t rows, int64_t row_stride, int num_heads, int half,
-                           int seq_len, const float* cos, const float* sin, float sign) {
+                           int seq_len, const float* cos, const float* sin, float sign,
+                           const int32_t* position_ids) {
   const int64_t per_row = int64_t{num_heads} * half;
   STRATA_FOR_EACH_INDEX(idx, rows * per_row) {
     const int64_t r = idx / per_row;
     const int rem = static_cast<int>(idx % per_row);
     const int h = rem / half, i = rem % half;
-    const int64_t t = r % seq_len;
+    int64_t t = r % seq_len;
+    if (position_ids != nullptr) {
+      t = position_ids[r];
+      CheckTokenOnDevice(static_cast<int32_t>(t), seq_len);
+    }
     D* p = x + r * row_stride + int64_t{h} * 2 * half;
     const float c = cos[t * half + i], si = sign * sin[t * half + i];
     const float a = ToF(p[i]), b = ToF(p[i + half]);
@@ -67,7 +73,8 @@ Status LaunchRopeTable(cudaStream_t stream, const RopeParams& p, int seq_len, fl
 
 template <typename D>
 Status LaunchRope(cudaStream_t stream, D* x, int64_t rows, int64_t row_stride, int num_heads,
-                  int head_dim, int seq_len, const float* cos, const float* sin, bool inverse) {
+                  int head_dim, int seq_len, const float* cos, const float* sin, bool inverse,
+                  const int32_t* position_ids) {
   if (rows < 0 || num_heads < 1 || head_dim < 2 || head_dim % 2 != 0 || seq_len < 1 ||
       row_stride < int64_t{num_heads} * head_dim) {
     return InvalidArgumentError(
@@ -78,13 +85,14 @@ Status LaunchRope(cudaStream_t stream, D* x, int64_t rows, int64_t row_stride, i
   STRATA_RETURN_IF_ERROR(CheckPointers("LaunchRope", {x, cos, sin}));
   const int half = head_dim / 2;
   RopeKernel<D><<<GridFor(rows * num_heads * half, kBlock), kBlock, 0, stream>>>(
-      x, rows, row_stride, num_heads, half, seq_len, cos, sin, inverse ? -1.0f : 1.0f);
+      x, rows, row_stride, num_heads, half, seq_len, cos, sin, inverse ? -1.0f : 1.0f,
+      position_ids);
   return Launched("RopeKernel");
 }
 
 #define STRATA_INSTANTIATE_ROPE(D)                                                               \
   template Status LaunchRope<D>(cudaStream_t, D*, int64_t, int64_t, int, int, int, const float*, \
-                                const float*, bool);
+                                const float*, bool, const int32_t*);
 STRATA_INSTANTIATE_ROPE(float)
 STRATA_INSTANTIATE_ROPE(__half)
 STRATA_INSTANTIATE_ROPE(__nv_bfloat16)
