@@ -156,29 +156,43 @@ StatusOr<std::unique_ptr<Regex>> Regex::Create(std::string_view pattern) {
 
 Regex::~Regex() { pcre2_code_free(static_cast<pcre2_code*>(code_)); }
 
-void Regex::FindAll(std::string_view text, std::vector<Span>* matches) const {
-  auto* code = static_cast<pcre2_code*>(code_);
-  pcre2_match_data* md = pcre2_match_data_create_from_pattern(code, nullptr);
-  const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
-  size_t start = 0;
-  while (start <= text.size()) {
-    const int rc =
-        jit_ ? pcre2_jit_match(code, subject, text.size(), start, 0, md, nullptr)
-             : pcre2_match(code, subject, text.size(), start, PCRE2_NO_UTF_CHECK, md, nullptr);
-    if (rc < 0) break;  // PCRE2_ERROR_NOMATCH, or a resource limit: the rest is a gap
-    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
-    matches->push_back({ov[0], ov[1]});
-    if (ov[1] > ov[0]) {
-      start = ov[1];
-    } else if (ov[1] < text.size()) {
-      size_t len = 1;
-      DecodeUtf8(text, ov[1], &len);
-      start = ov[1] + len;
-    } else {
-      break;
-    }
+Regex::Matches::Matches(const Regex& re, std::string_view text)
+    : re_(re),
+      text_(text),
+      match_data_(
+          pcre2_match_data_create_from_pattern(static_cast<pcre2_code*>(re.code_), nullptr)) {}
+
+Regex::Matches::~Matches() { pcre2_match_data_free(static_cast<pcre2_match_data*>(match_data_)); }
+
+bool Regex::Matches::Next(Span* match) {
+  if (start_ > text_.size() || match_data_ == nullptr) return false;
+  auto* code = static_cast<pcre2_code*>(re_.code_);
+  auto* md = static_cast<pcre2_match_data*>(match_data_);
+  const auto* subject = reinterpret_cast<PCRE2_SPTR>(text_.data());
+  const int rc =
+      re_.jit_ ? pcre2_jit_match(code, subject, text_.size(), start_, 0, md, nullptr)
+               : pcre2_match(code, subject, text_.size(), start_, PCRE2_NO_UTF_CHECK, md, nullptr);
+  if (rc < 0) {  // PCRE2_ERROR_NOMATCH, or a resource limit: the rest is a gap
+    start_ = text_.size() + 1;
+    return false;
   }
-  pcre2_match_data_free(md);
+  const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
+  *match = {ov[0], ov[1]};
+  if (ov[1] > ov[0]) {
+    start_ = ov[1];
+  } else if (ov[1] < text_.size()) {
+    size_t len = 1;
+    DecodeUtf8(text_, ov[1], &len);
+    start_ = ov[1] + len;
+  } else {
+    start_ = text_.size() + 1;
+  }
+  return true;
+}
+
+void Regex::FindAll(std::string_view text, std::vector<Span>* matches) const {
+  Matches it(*this, text);
+  for (Span m; it.Next(&m);) matches->push_back(m);
 }
 
 void FindLiteral(std::string_view text, std::string_view needle, std::vector<Span>* matches) {
@@ -191,6 +205,16 @@ void FindLiteral(std::string_view text, std::string_view needle, std::vector<Spa
 
 void SplitByMatches(size_t size, const std::vector<Span>& matches, SplitBehavior behavior,
                     bool invert, std::vector<Span>* pieces) {
+  if (behavior == SplitBehavior::kIsolated) {  // every part is a piece: no intermediate lists
+    size_t prev = 0;
+    for (const Span& m : matches) {
+      if (m.begin > prev) pieces->push_back({prev, m.begin});
+      if (m.end > m.begin) pieces->push_back(m);
+      prev = m.end;
+    }
+    if (prev < size) pieces->push_back({prev, size});
+    return;
+  }
   // Every byte in one part: (span, is_delimiter), as HF's Pattern::find_matches.
   std::vector<std::pair<Span, bool>> parts;
   size_t prev = 0;

@@ -50,8 +50,26 @@ class Regex {
   Regex(const Regex&) = delete;
   Regex& operator=(const Regex&) = delete;
 
-  // The non-overlapping matches in `text` (valid UTF-8), left to right; an empty match is
-  // reported and the search resumes one character further.
+  // The non-overlapping matches of one text (valid UTF-8), left to right; an empty match is
+  // reported and the search resumes one character further. Owns PCRE2 match data: one per
+  // thread. `re` and `text` must outlive it.
+  class Matches {
+   public:
+    Matches(const Regex& re, std::string_view text);
+    ~Matches();
+    Matches(const Matches&) = delete;
+    Matches& operator=(const Matches&) = delete;
+    // The next match, or false when there is none.
+    bool Next(Span* match);
+
+   private:
+    const Regex& re_;
+    std::string_view text_;
+    size_t start_ = 0;
+    void* match_data_;  // pcre2_match_data_8*
+  };
+
+  // All of Matches(text), appended to `matches`.
   void FindAll(std::string_view text, std::vector<Span>* matches) const;
   const std::string& pattern() const { return pattern_; }
 

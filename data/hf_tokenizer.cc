@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <limits>
 #include <unordered_map>
+#include <utility>
 
 #include "base/file.h"
 #include "data/hf_config.h"
@@ -32,10 +33,12 @@ using WordCache =
 constexpr size_t kMaxCachedWords = 1 << 16;
 constexpr size_t kMaxCachedWordBytes = 64;
 
-// The pre-tokens of a segment: spans of `buf`.
-struct Pieces {
-  std::string buf;
-  std::vector<Span> spans;
+// What one Encode call carries through pre-tokenization.
+struct EncodeState {
+  WordCache cache;
+  std::vector<int32_t>* ids;
+  bool at_text_start;  // the segment starts the text (Metaspace prepend_scheme "first")
+  bool continues;      // the segment continues a cut: no prefix at its start
 };
 
 // A part of the text: an added token's id, or text (added_id -1).
@@ -107,7 +110,8 @@ struct HfTokenizer::Impl {
   void SplitAdded(std::string_view text, std::vector<Segment>* out) const;
   bool SingleWordOk(std::string_view text, size_t start, size_t stop) const;
   StatusOr<std::string> Normalize(std::string_view s, bool may_prepend) const;
-  void PreTokenize(std::string text, bool at_text_start, bool continues, Pieces* p) const;
+  void PreTokenizeFrom(size_t k, std::string_view piece, bool first, EncodeState* st) const;
+  void SplitThen(size_t k, std::string_view piece, bool first, EncodeState* st) const;
   void EncodePiece(std::string_view piece, WordCache* cache, std::vector<int32_t>* ids) const;
   Status EncodeInto(std::string_view text, bool continued, std::vector<int32_t>* ids) const;
   size_t LastSafeCut(std::string_view text, size_t from) const;
@@ -262,82 +266,71 @@ StatusOr<std::string> HfTokenizer::Impl::Normalize(std::string_view s, bool may_
   return out;
 }
 
-namespace {
-
-// Replaces every piece of `p` by what `f(index, piece, &out)` appends.
-template <typename F>
-void Rebuild(Pieces* p, F f) {
-  std::string buf;
-  buf.reserve(p->buf.size() + p->spans.size() * 3);
-  std::vector<Span> spans;
-  spans.reserve(p->spans.size());
-  for (size_t k = 0; k < p->spans.size(); ++k) {
-    const size_t begin = buf.size();
-    f(k, std::string_view(p->buf).substr(p->spans[k].begin, p->spans[k].end - p->spans[k].begin),
-      &buf);
-    spans.push_back({begin, buf.size()});
+// Applies pre-tokenizer steps [k, end) to `piece` (`first`: the segment's first piece) and
+// encodes each resulting pre-token: depth first, so no list of a segment's pieces is built.
+void HfTokenizer::Impl::PreTokenizeFrom(size_t k, std::string_view piece, bool first,
+                                        EncodeState* st) const {
+  if (k == config.pre_tokenizer.size()) {
+    EncodePiece(piece, &st->cache, st->ids);
+    return;
   }
-  p->buf = std::move(buf);
-  p->spans = std::move(spans);
+  const PreTokenizerStep& step = config.pre_tokenizer[k];
+  const bool may_prefix = !(st->continues && first);
+  std::string owned;
+  if (step.kind == PreTokenizerStep::kMetaspace) {
+    const std::string& r = step.replacement;
+    owned = ReplaceAll(piece, " ", r);
+    const bool prepend =
+        step.prepend_scheme == PrependScheme::kAlways ||
+        (step.prepend_scheme == PrependScheme::kFirst && first && st->at_text_start);
+    if (prepend && may_prefix && owned.compare(0, r.size(), r) != 0) owned.insert(0, r);
+    piece = owned;
+  } else if (step.kind == PreTokenizerStep::kByteLevel && step.add_prefix_space && may_prefix &&
+             piece[0] != ' ') {
+    owned = " ";
+    owned += piece;
+    piece = owned;
+  }
+  SplitThen(k, piece, first, st);
 }
 
-void SplitPieces(const PreTokenizerStep& step, Pieces* p) {
-  hf::SplitBehavior behavior = hf::SplitBehavior::kIsolated;
-  std::string_view literal = step.literal;
-  bool invert = false;
-  if (step.kind == PreTokenizerStep::kSplit) {
-    behavior = step.behavior, invert = step.invert;
+// Splits `piece` by step k and hands each part to step k + 1.
+void HfTokenizer::Impl::SplitThen(size_t k, std::string_view piece, bool first,
+                                  EncodeState* st) const {
+  const PreTokenizerStep& step = config.pre_tokenizer[k];
+  auto next = [&](Span s, bool f) {
+    PreTokenizeFrom(k + 1, piece.substr(s.begin, s.end - s.begin), f, st);
+  };
+  if ((step.kind == PreTokenizerStep::kByteLevel && step.regex == nullptr) ||
+      (step.kind == PreTokenizerStep::kMetaspace && !step.split)) {
+    next({0, piece.size()}, first);
+    return;
+  }
+  const bool isolated =
+      step.kind == PreTokenizerStep::kByteLevel ||
+      (step.kind == PreTokenizerStep::kSplit && step.behavior == hf::SplitBehavior::kIsolated);
+  if (isolated && step.regex != nullptr) {  // matches and gaps in order, as found
+    size_t prev = 0;
+    Span m;
+    for (hf::Regex::Matches it(*step.regex, piece); it.Next(&m); prev = m.end) {
+      if (m.begin > prev) next({prev, m.begin}, std::exchange(first, false));
+      if (m.end > m.begin) next(m, std::exchange(first, false));
+    }
+    if (prev < piece.size()) next({prev, piece.size()}, first);
+    return;
+  }
+  std::vector<Span> matches, parts;
+  hf::SplitBehavior behavior = step.behavior;
+  if (step.regex != nullptr) {
+    step.regex->FindAll(piece, &matches);
   } else if (step.kind == PreTokenizerStep::kMetaspace) {
-    if (!step.split) return;
-    behavior = hf::SplitBehavior::kMergedWithNext, literal = step.replacement;
-  } else if (step.regex == nullptr) {
-    return;  // ByteLevel without use_regex
+    hf::FindLiteral(piece, step.replacement, &matches);
+    behavior = hf::SplitBehavior::kMergedWithNext;
+  } else {
+    hf::FindLiteral(piece, step.literal, &matches);
   }
-  std::vector<Span> next, matches;
-  next.reserve(p->spans.size() * 2);
-  for (const Span s : p->spans) {
-    const std::string_view piece = std::string_view(p->buf).substr(s.begin, s.end - s.begin);
-    matches.clear();
-    if (step.regex != nullptr) {
-      step.regex->FindAll(piece, &matches);
-    } else {
-      hf::FindLiteral(piece, literal, &matches);
-    }
-    const size_t first = next.size();
-    hf::SplitByMatches(piece.size(), matches, behavior, invert, &next);
-    for (size_t k = first; k < next.size(); ++k) next[k].begin += s.begin, next[k].end += s.begin;
-  }
-  p->spans = std::move(next);
-}
-
-}  // namespace
-
-void HfTokenizer::Impl::PreTokenize(std::string text, bool at_text_start, bool continues,
-                                    Pieces* p) const {
-  p->buf = std::move(text);
-  p->spans.clear();
-  if (!p->buf.empty()) p->spans.push_back({0, p->buf.size()});
-  for (const PreTokenizerStep& step : config.pre_tokenizer) {
-    if (step.kind == PreTokenizerStep::kMetaspace) {
-      const std::string& r = step.replacement;
-      Rebuild(p, [&](size_t k, std::string_view piece, std::string* out) {
-        std::string replaced = ReplaceAll(piece, " ", r);
-        const bool prepend =
-            step.prepend_scheme == PrependScheme::kAlways ||
-            (step.prepend_scheme == PrependScheme::kFirst && k == 0 && at_text_start);
-        if (prepend && !(continues && k == 0) && replaced.compare(0, r.size(), r) != 0) {
-          out->append(r);
-        }
-        out->append(replaced);
-      });
-    } else if (step.kind == PreTokenizerStep::kByteLevel && step.add_prefix_space) {
-      Rebuild(p, [&](size_t k, std::string_view piece, std::string* out) {
-        if (!(continues && k == 0) && piece[0] != ' ') out->push_back(' ');
-        out->append(piece);
-      });
-    }
-    SplitPieces(step, p);
-  }
+  hf::SplitByMatches(piece.size(), matches, behavior, step.invert, &parts);
+  for (size_t i = 0; i < parts.size(); ++i) next(parts[i], first && i == 0);
 }
 
 void HfTokenizer::Impl::EncodePiece(std::string_view piece, WordCache* cache,
@@ -360,21 +353,22 @@ Status HfTokenizer::Impl::EncodeInto(std::string_view text, bool continued,
   }
   std::vector<Segment> segments;
   SplitAdded(text, &segments);
-  WordCache cache;
-  Pieces pieces;
+  EncodeState st{.cache = {}, .ids = ids, .at_text_start = false, .continues = false};
   ids->reserve(ids->size() + text.size() / 3);
   for (const Segment& seg : segments) {
     if (seg.added_id >= 0) {
       ids->push_back(seg.added_id);
       continue;
     }
-    const bool continues = continued && seg.begin == 0;
-    STRATA_ASSIGN_OR_RETURN(std::string normalized,
-                            Normalize(text.substr(seg.begin, seg.end - seg.begin), !continues));
-    PreTokenize(std::move(normalized), !continued && seg.begin == 0, continues, &pieces);
-    for (const Span s : pieces.spans) {
-      EncodePiece(std::string_view(pieces.buf).substr(s.begin, s.end - s.begin), &cache, ids);
+    st.continues = continued && seg.begin == 0;
+    st.at_text_start = !continued && seg.begin == 0;
+    const std::string_view raw = text.substr(seg.begin, seg.end - seg.begin);
+    if (config.normalizer.empty()) {
+      PreTokenizeFrom(0, raw, true, &st);
+      continue;
     }
+    STRATA_ASSIGN_OR_RETURN(const std::string normalized, Normalize(raw, !st.continues));
+    if (!normalized.empty()) PreTokenizeFrom(0, normalized, true, &st);
   }
   return Status::Ok();
 }
