@@ -732,6 +732,46 @@ TEST_F(HfTokenizerTest, InvalidUtf8AndUnknownIdsAreErrors) {
   EXPECT_THAT(id.status().message(), HasSubstr("position 1"));
 }
 
+TEST_F(HfTokenizerTest, SplitBehaviorsCutAsHfDoes) {
+  // Without a regex, each pre-token is encoded whole: the ids of the expected pieces.
+  const std::string whole_path = EditedFile("llama3", "whole", [](Json& j) {
+    j["pre_tokenizer"] = j["pre_tokenizer"]["pretokenizers"][1];
+    j["model"]["ignore_merges"] = false;
+  });
+  auto whole = Tokenizer::Load(whole_path);
+  ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+  struct Case {
+    const char* behavior;
+    bool invert;
+    std::vector<std::string> pieces;  // of "a b  c" split at " "
+  };
+  const std::vector<Case> cases = {
+      {"Removed", false, {"a", "b", "c"}},
+      {"Isolated", false, {"a", " ", "b", " ", " ", "c"}},
+      {"MergedWithPrevious", false, {"a ", "b ", " ", "c"}},
+      {"MergedWithNext", false, {"a", " b", " ", " c"}},
+      {"Contiguous", false, {"a", " ", "b", "  ", "c"}},
+      {"Removed", true, {" ", " ", " "}},
+  };
+  for (const Case& c : cases) {
+    const std::string path = EditedFile("llama3", "split", [&](Json& j) {
+      j["pre_tokenizer"]["pretokenizers"][0] = {{"type", "Split"},
+                                                {"pattern", {{"String", " "}}},
+                                                {"behavior", c.behavior},
+                                                {"invert", c.invert}};
+      j["model"]["ignore_merges"] = false;
+    });
+    auto t = Tokenizer::Load(path);
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    std::vector<int32_t> want;
+    for (const std::string& piece : c.pieces) {
+      const auto ids = *(*whole)->Encode(piece);
+      want.insert(want.end(), ids.begin(), ids.end());
+    }
+    EXPECT_EQ(*(*t)->Encode("a b  c"), want) << c.behavior << (c.invert ? " inverted" : "");
+  }
+}
+
 TEST_F(HfTokenizerTest, LstripAndRstripTokensTakeTheSpacesBesideThem) {
   const std::string path = EditedFile("gpt2", "strip", [](Json& j) {
     for (Json& t : j["added_tokens"]) {
