@@ -154,11 +154,17 @@ StatusOr<std::vector<int32_t>> TokenizeTextFile(const Tokenizer& tokenizer,
   std::string pending;  // text after the last cut
   bool continued = false;
   size_t searched = 0;  // pending[0, searched) has no cut point
+  uint64_t offset = 0;  // of pending[0] in the file
   auto encode = [&](std::string_view text) -> Status {
     auto part = continued ? tokenizer.EncodeContinued(text) : tokenizer.Encode(text);
-    if (!part.ok()) return part.status().WithContext(fmt::format("text file '{}'", text_path));
+    if (!part.ok()) {
+      // Byte offsets in Encode's message count from the part's start.
+      return part.status().WithContext(
+          fmt::format("text file '{}', the part from byte {}", text_path, offset));
+    }
     ids.insert(ids.end(), part->begin(), part->end());
     continued = true;
+    offset += text.size();
     return Status::Ok();
   };
   block_bytes = std::max<size_t>(block_bytes, 1);

@@ -727,6 +727,14 @@ TEST_F(HfTokenizerTest, InvalidUtf8AndUnknownIdsAreErrors) {
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(bad.status().message(), HasSubstr("byte 3"));
+  // Streamed: the part of the file it is in, and the byte within that part.
+  const fs::path text_path = *dir_ / "bad_utf8.txt";
+  WriteFile(text_path, "First line.\nSecond line \xFF here\n");
+  auto file = TokenizeTextFile(*t, text_path.string(), 4);
+  ASSERT_FALSE(file.ok());
+  EXPECT_EQ(file.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(file.status().message(), HasSubstr("the part from byte 12"));
+  EXPECT_THAT(file.status().message(), HasSubstr("at byte 12"));
   auto id = t->Decode(std::vector<int32_t>{1, t->vocab_size()});
   ASSERT_FALSE(id.ok());
   EXPECT_THAT(id.status().message(), HasSubstr("position 1"));
@@ -769,6 +777,36 @@ TEST_F(HfTokenizerTest, SplitBehaviorsCutAsHfDoes) {
       want.insert(want.end(), ids.begin(), ids.end());
     }
     EXPECT_EQ(*(*t)->Encode("a b  c"), want) << c.behavior << (c.invert ? " inverted" : "");
+  }
+}
+
+TEST_F(HfTokenizerTest, AMetaspacePreTokenizerMatchesPrependAndReplace) {
+  // Mistral-style: the Metaspace pre-tokenizer and decoder in place of the normalizers. The ids
+  // are the same when the text does not start with a space (Metaspace then adds no second "▁").
+  for (bool split : {false, true}) {
+    const std::string path = EditedFile("sp", "metaspace", [&](Json& j) {
+      j["normalizer"] = nullptr;
+      j["pre_tokenizer"] = {{"type", "Metaspace"},
+                            {"replacement", kSpace},
+                            {"prepend_scheme", "always"},
+                            {"split", split}};
+      j["decoder"] = {{"type", "Sequence"},
+                      {"decoders",
+                       {{{"type", "ByteFallback"}},
+                        {{"type", "Metaspace"},
+                         {"replacement", kSpace},
+                         {"prepend_scheme", "always"},
+                         {"split", split}}}}};
+    });
+    auto meta = Tokenizer::Load(path);
+    ASSERT_TRUE(meta.ok()) << meta.status().ToString();
+    auto sp = LoadStyle("sp");
+    for (const std::string& text : Texts()) {
+      if (text.empty() || text[0] == ' ' || text.find("<|") != std::string::npos) continue;
+      const auto ids = *(*meta)->Encode(text);
+      EXPECT_EQ(ids, *sp->Encode(text)) << text;
+      EXPECT_EQ(*(*meta)->Decode(ids), text);
+    }
   }
 }
 
