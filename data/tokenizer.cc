@@ -1,5 +1,6 @@
 #include "data/tokenizer.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <sentencepiece_processor.h>
 #include <sys/stat.h>
@@ -11,14 +12,15 @@
 #include <limits>
 
 #include "base/file.h"
+#include "base/unique_fd.h"
+#include "data/hf_tokenizer.h"
 #include "data/token_dataset.h"
 
 namespace strata::data {
 
 namespace {
 
-// The whole file at `path`, however large (a text file is tokenized whole); `what` names it in
-// errors ("tokenizer file", "text file").
+// The whole file at `path`, however large; `what` names it in errors ("tokenizer file").
 StatusOr<std::string> ReadWholeFile(const std::string& path, std::string_view what) {
   auto bytes = ReadSmallFile(path, {.max_bytes = std::numeric_limits<uint64_t>::max()});
   if (!bytes.ok()) return bytes.status().WithContext(what);
@@ -76,9 +78,11 @@ class SentencePieceTokenizer final : public Tokenizer {
   }
 };
 
-}  // namespace
+bool EndsWith(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
 
-StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& path) {
+StatusOr<std::unique_ptr<Tokenizer>> LoadSentencePiece(const std::string& path) {
   STRATA_ASSIGN_OR_RETURN(std::string bytes, ReadWholeFile(path, "tokenizer file"));
   auto tokenizer =
       std::make_unique<SentencePieceTokenizer>(path, XXH3_64bits(bytes.data(), bytes.size()));
@@ -101,11 +105,83 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& path) {
   return std::unique_ptr<Tokenizer>(std::move(tokenizer));
 }
 
+}  // namespace
+
+StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    for (const char* name : {"tokenizer.json", "tokenizer.model"}) {
+      const std::string file = path + "/" + name;
+      if (::stat(file.c_str(), &st) == 0) return Load(file);
+    }
+    return NotFoundError(fmt::format(
+        "tokenizer directory '{}' has neither tokenizer.json nor tokenizer.model", path));
+  }
+  if (EndsWith(path, ".json")) {
+    STRATA_ASSIGN_OR_RETURN(auto hf, HfTokenizer::Load(path));
+    return std::unique_ptr<Tokenizer>(std::move(hf));
+  }
+  return LoadSentencePiece(path);
+}
+
+namespace {
+
+// Appends up to `size_bytes` bytes of `fd` to `out`; returns how many were read (0 at the end).
+StatusOr<size_t> ReadBlock(int fd, size_t size_bytes, const std::string& path, std::string* out) {
+  const size_t old = out->size();
+  out->resize(old + size_bytes);
+  ssize_t n;
+  do {
+    n = ::read(fd, out->data() + old, size_bytes);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) {
+    const int err = errno;
+    out->resize(old);
+    return ErrnoToStatus(err, fmt::format("reading text file '{}'", path));
+  }
+  out->resize(old + static_cast<size_t>(n));
+  return static_cast<size_t>(n);
+}
+
+}  // namespace
+
 StatusOr<std::vector<int32_t>> TokenizeTextFile(const Tokenizer& tokenizer,
-                                                const std::string& text_path) {
-  STRATA_ASSIGN_OR_RETURN(std::string text, ReadWholeFile(text_path, "text file"));
-  STRATA_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer.Encode(text));
-  if (tokenizer.bos_id() >= 0) ids.insert(ids.begin(), tokenizer.bos_id());
+                                                const std::string& text_path, size_t block_bytes) {
+  UniqueFd fd(::open(text_path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) return ErrnoToStatus(errno, fmt::format("opening text file '{}'", text_path));
+  std::vector<int32_t> ids;
+  if (tokenizer.bos_id() >= 0) ids.push_back(tokenizer.bos_id());
+  std::string pending;  // text after the last cut
+  bool continued = false;
+  size_t searched = 0;  // pending[0, searched) has no cut point
+  uint64_t offset = 0;  // of pending[0] in the file
+  auto encode = [&](std::string_view text) -> Status {
+    auto part = continued ? tokenizer.EncodeContinued(text) : tokenizer.Encode(text);
+    if (!part.ok()) {
+      // Byte offsets in Encode's message count from the part's start.
+      return part.status().WithContext(
+          fmt::format("text file '{}', the part from byte {}", text_path, offset));
+    }
+    ids.insert(ids.end(), part->begin(), part->end());
+    continued = true;
+    offset += text.size();
+    return Status::Ok();
+  };
+  block_bytes = std::max<size_t>(block_bytes, 1);
+  for (;;) {
+    STRATA_ASSIGN_OR_RETURN(const size_t n, ReadBlock(fd.get(), block_bytes, text_path, &pending));
+    if (n == 0) break;
+    const size_t cut = tokenizer.LastSafeCut(pending, searched);
+    if (cut == 0) {
+      // A cut's test looks at a few bytes before it: search again from a little before the end.
+      searched = pending.size() > 8 ? pending.size() - 8 : 0;
+      continue;
+    }
+    STRATA_RETURN_IF_ERROR(encode(std::string_view(pending).substr(0, cut)));
+    pending.erase(0, cut);
+    searched = 0;
+  }
+  if (!pending.empty() || !continued) STRATA_RETURN_IF_ERROR(encode(pending));
   return ids;
 }
 

@@ -1,7 +1,8 @@
 // Text <-> token ids. SentencePiece models (Kudo and Richardson, "SentencePiece: A simple and
 // language independent subword tokenizer and detokenizer for Neural Text Processing", EMNLP
 // 2018) are read by Debian's libsentencepiece: the tokenizer.model files that Llama-family
-// checkpoints ship.
+// checkpoints ship. Hugging Face tokenizer.json files (BPE, byte-level or SentencePiece-style)
+// are read by HfTokenizer (data/hf_tokenizer.h).
 #pragma once
 
 #include <cstdint>
@@ -16,15 +17,18 @@
 
 namespace strata::data {
 
-// Text <-> token ids. Implementations: SentencePiece models (here) and Hugging Face
-// tokenizer.json files.
+// Text <-> token ids. Implementations: SentencePiece models (tokenizer.cc) and Hugging Face
+// tokenizer.json files (HfTokenizer, hf_tokenizer.h).
 //
 // Thread-safety: immutable after Load; every const method may run concurrently.
 class Tokenizer {
  public:
-  // Loads the tokenizer at `path`: a SentencePiece model file.
+  // Loads the tokenizer at `path`: a directory means its tokenizer.json when it has one, else
+  // its tokenizer.model; a file whose name ends in ".json" is a Hugging Face tokenizer.json
+  // (HfTokenizer::Load); any other file a SentencePiece model. The caller owns the result.
   // Errors (one line naming the file): the errno-mapped code when it cannot be read (kNotFound,
-  // kPermissionDenied, ...); kInvalidArgument when it is not a tokenizer Strata reads.
+  // kPermissionDenied, ...; kNotFound for a directory with neither file); kInvalidArgument when
+  // it is not a tokenizer Strata reads.
   static StatusOr<std::unique_ptr<Tokenizer>> Load(const std::string& path);
   virtual ~Tokenizer() = default;
   Tokenizer(const Tokenizer&) = delete;
@@ -49,6 +53,23 @@ class Tokenizer {
   // The text of `ids`. Errors: kInvalidArgument for an id outside [0, vocab_size()).
   virtual StatusOr<std::string> Decode(std::span<const int32_t> ids) const = 0;
 
+  // Streaming (TokenizeTextFile). The largest p in [max(from, 1), text.size()) such that for
+  // every continuation s, Encode(text + s) == Encode(text[0, p)) ++ EncodeContinued(text[p, ) +
+  // s), and the same with EncodeContinued in place of the first Encode when `text` itself
+  // continues a cut; 0 when there is none (the caller then holds the text and asks again with
+  // more). Each implementation says where it cuts. The default, which SentencePiece models use,
+  // never cuts: libsentencepiece's normalizer (dummy prefix, whitespace folding, its
+  // normalization rules) leaves no cut that is provably exact for every model, so a
+  // SentencePiece model tokenizes a text file whole.
+  virtual size_t LastSafeCut(std::string_view text, size_t from) const {
+    (void)text, (void)from;
+    return 0;
+  }
+  // The ids of `text`, which continues text cut at a point LastSafeCut gave. Default: Encode.
+  virtual StatusOr<std::vector<int32_t>> EncodeContinued(std::string_view text) const {
+    return Encode(text);
+  }
+
  protected:
   Tokenizer(std::string path, uint64_t fingerprint)
       : path_(std::move(path)), fingerprint_(fingerprint) {}
@@ -58,11 +79,18 @@ class Tokenizer {
   uint64_t fingerprint_ = 0;
 };
 
+// The default block size of TokenizeTextFile's reads.
+inline constexpr size_t kTokenizeBlockBytes = size_t{1} << 20;
+
 // The tokens of a text file treated as one document: the BOS id first when the tokenizer has
-// one, then Encode(whole file). What `strata tokenize` writes and the token cache holds.
-// Errors: the file's errno-mapped code naming it; Encode's.
+// one, then Encode(whole file). What `strata tokenize` writes and the token cache holds. The file
+// is read in blocks of `block_bytes` and encoded up to the tokenizer's last safe cut
+// (Tokenizer::LastSafeCut) as it goes, so the text held is a block plus what follows the last
+// cut; the ids are exactly Encode(whole file)'s. Errors: the file's errno-mapped code naming it;
+// Encode's, naming the file.
 StatusOr<std::vector<int32_t>> TokenizeTextFile(const Tokenizer& tokenizer,
-                                                const std::string& text_path);
+                                                const std::string& text_path,
+                                                size_t block_bytes = kTokenizeBlockBytes);
 
 // "<text_path>.<16 lowercase hex digits of tokenizer.fingerprint()>.tokens".
 std::string TokenCachePath(const std::string& text_path, const Tokenizer& tokenizer);

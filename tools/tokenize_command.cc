@@ -15,8 +15,9 @@
 namespace strata::tools {
 
 void AddTokenizeFlags(CLI::App& cmd, TokenizeFlags& f) {
-  auto* tok =
-      cmd.add_option("--tokenizer", f.tokenizer, "SentencePiece model file (tokenizer.model)");
+  auto* tok = cmd.add_option("--tokenizer", f.tokenizer,
+                             "SentencePiece model or tokenizer.json (or a model directory: its "
+                             "tokenizer.json, else its tokenizer.model)");
   auto* bytes = cmd.add_flag("--byte-level", f.byte_level,
                              "Every byte is a token (vocabulary 256) instead of a tokenizer");
   tok->excludes(bytes);
@@ -47,7 +48,8 @@ Status RunTokenize(const TokenizeFlags& f) {
     return Status::Ok();
   }
   if (f.tokenizer.empty()) {
-    return InvalidArgumentError("give --tokenizer tokenizer.model (SentencePiece) or --byte-level");
+    return InvalidArgumentError(
+        "give --tokenizer tokenizer.model|tokenizer.json|DIR or --byte-level");
   }
   STRATA_ASSIGN_OR_RETURN(auto tokenizer, data::Tokenizer::Load(f.tokenizer));
   STRATA_ASSIGN_OR_RETURN(auto tokens, data::TokenizeTextFile(*tokenizer, f.input));
@@ -63,7 +65,7 @@ Status RunTokenize(const TokenizeFlags& f) {
   std::printf(
       "tokenized '%s' with '%s' (vocabulary %d): %zu tokens, %.3f bytes/token; wrote '%s' "
       "(%s, %ju bytes)\n",
-      f.input.c_str(), f.tokenizer.c_str(), tokenizer->vocab_size(), tokens.size(), per_token,
+      f.input.c_str(), tokenizer->path().c_str(), tokenizer->vocab_size(), tokens.size(), per_token,
       f.output.c_str(), max_token < 65536 ? "uint16" : "uint32", static_cast<uintmax_t>(out_bytes));
   return Status::Ok();
 }

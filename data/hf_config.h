@@ -1,0 +1,86 @@
+// The parts of a Hugging Face tokenizer.json that Strata reads (the format of HF tokenizers'
+// Tokenizer::from_file: added_tokens, normalizer, pre_tokenizer, model, post_processor, decoder),
+// parsed into plain structs. Anything else a file uses is refused by name. Internal to data/
+// (hf_tokenizer.h).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "base/status.h"
+#include "data/hf_bpe.h"
+#include "data/hf_text.h"
+
+namespace strata::data::hf {
+
+struct AddedToken {
+  std::string content;
+  int id = -1;
+  bool single_word = false, lstrip = false, rstrip = false, normalized = false, special = false;
+};
+
+// One step of the normalizer (a Sequence is flattened).
+struct NormalizerStep {
+  enum Kind { kPrepend, kReplace, kNfc } kind;
+  std::string a, b;  // Prepend: a = prepend; Replace: a = pattern (String), b = content
+};
+
+enum class PrependScheme { kAlways, kFirst, kNever };
+
+// One step of the pre-tokenizer (a Sequence is flattened).
+struct PreTokenizerStep {
+  enum Kind { kByteLevel, kSplit, kMetaspace } kind;
+  // ByteLevel: use_regex selects GPT-2's pattern in `regex`.
+  bool add_prefix_space = false;
+  // Split: the pattern is `regex`, or the literal `literal` when regex is null.
+  std::shared_ptr<const Regex> regex;
+  std::string literal;
+  SplitBehavior behavior = SplitBehavior::kIsolated;
+  bool invert = false;
+  // Metaspace.
+  std::string replacement;
+  PrependScheme prepend_scheme = PrependScheme::kAlways;
+  bool split = true;
+};
+
+// One step of the decoder (a Sequence is flattened).
+struct DecoderStep {
+  enum Kind { kByteLevel, kReplace, kByteFallback, kFuse, kStrip, kMetaspace } kind;
+  std::string a, b;         // Replace: a = pattern, b = content; Strip: a = content; Metaspace: a
+  int start = 0, stop = 0;  // Strip
+  PrependScheme prepend_scheme = PrependScheme::kAlways;  // Metaspace
+};
+
+struct HfConfig {
+  std::unique_ptr<BpeModel> model;
+  std::vector<AddedToken> added_tokens;
+  std::vector<NormalizerStep> normalizer;
+  std::vector<PreTokenizerStep> pre_tokenizer;
+  bool has_decoder = false;
+  std::vector<DecoderStep> decoder;
+  // From the post-processor's TemplateProcessing "single" template: the special token before and
+  // after the sequence, or "" when there is none.
+  std::string template_bos, template_eos;
+  int template_bos_id = -1, template_eos_id = -1;
+};
+
+// GPT-2's pre-tokenization pattern (the ByteLevel pre-tokenizer with use_regex).
+inline constexpr const char* kGpt2Pattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+// Parses the text of a tokenizer.json. Errors: kInvalidArgument with a one-line reason (a JSON
+// syntax or type error, a missing field, an unsupported component named with the supported
+// ones); the caller adds the file's name.
+StatusOr<HfConfig> ParseTokenizerJson(const std::string& json);
+
+// bos_token / eos_token of a tokenizer_config.json's text: the token's content, "" when absent
+// (*present false) or null (*present true).
+struct SpecialTokenNames {
+  bool has_bos = false, has_eos = false;
+  std::string bos, eos;
+};
+StatusOr<SpecialTokenNames> ParseTokenizerConfigJson(const std::string& json);
+
+}  // namespace strata::data::hf
