@@ -175,8 +175,8 @@ void AddGenerateFlags(CLI::App& cmd, GenerateFlags& f) {
   AddInferenceFlags(cmd, f.model);
   cmd.add_option("--prompt", f.prompt, "Text to continue")->required();
   cmd.add_option("--tokenizer", f.tokenizer,
-                 "SentencePiece model (default: tokenizer.model of the model or run; byte-level "
-                 "models need none)");
+                 "tokenizer.model, tokenizer.json or a model directory (default: the model's or "
+                 "run's, tokenizer.model first; byte-level models need none)");
   cmd.add_option("--max-new-tokens", f.max_new_tokens, "Tokens to sample")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
@@ -203,12 +203,7 @@ Status RunGenerate(const GenerateFlags& f) {
   } else {
     return InvalidArgumentError("give exactly one of --model-dir DIR and --checkpoint DIR");
   }
-  std::string tokenizer_path = f.tokenizer;
-  if (tokenizer_path.empty()) {
-    for (const auto& file : spec.tokenizer_files) {
-      if (std::filesystem::path(file).filename() == "tokenizer.model") tokenizer_path = file;
-    }
-  }
+  const std::string tokenizer_path = f.tokenizer.empty() ? spec.default_tokenizer() : f.tokenizer;
   std::unique_ptr<data::Tokenizer> tokenizer;
   std::vector<int32_t> context;
   if (!tokenizer_path.empty()) {
@@ -220,7 +215,8 @@ Status RunGenerate(const GenerateFlags& f) {
     for (unsigned char c : f.prompt) context.push_back(c);
   } else {
     return InvalidArgumentError(
-        "this model's vocabulary is not bytes: give --tokenizer tokenizer.model (SentencePiece)");
+        "this model's vocabulary is not bytes: give --tokenizer with its tokenizer.model or "
+        "tokenizer.json");
   }
   if (context.empty()) return InvalidArgumentError("the prompt has no tokens");
   const int max_len = std::min<int>(spec.config.family == models::HfModelConfig::Family::kLlama

@@ -39,7 +39,7 @@ Status RunEval(const EvalFlags& f);
 struct GenerateFlags {
   InferenceFlags model;
   std::string prompt;
-  std::string tokenizer;  // default: the model directory's tokenizer.model
+  std::string tokenizer;  // default: ModelSpec::default_tokenizer
   int max_new_tokens = 64;
   double temperature = 0.8;
   int top_k = 40;  // 0 = the whole vocabulary

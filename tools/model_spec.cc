@@ -42,6 +42,15 @@ StatusOr<ModelSpec> PresetSpec(const std::string& name) {
 
 }  // namespace
 
+std::string ModelSpec::default_tokenizer() const {
+  for (const char* name : {"tokenizer.model", "tokenizer.json"}) {
+    for (const auto& file : tokenizer_files) {
+      if (std::filesystem::path(file).filename() == name) return file;
+    }
+  }
+  return "";
+}
+
 bool ModelSpec::byte_level() const {
   const int vocab =
       config.family == Family::kGpt2 ? config.gpt2.vocab_size : config.llama.vocab_size;

@@ -30,6 +30,9 @@ struct ModelSpec {
   models::LoraConfig lora;
   std::string lora_init_dir;
   bool byte_level() const;  // a vocabulary of 256: tokens are bytes, text needs no tokenizer
+  // The tokenizer text is read with by default: the model's tokenizer.model (SentencePiece) when
+  // it ships one, else its tokenizer.json (Hugging Face: Llama 3, Qwen, GPT-2), else "".
+  std::string default_tokenizer() const;
 };
 
 // --lora-rank, --lora-alpha, --lora-targets, --lora-dropout, --lora-init (strata train and

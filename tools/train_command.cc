@@ -59,8 +59,8 @@ void AddDataFlags(CLI::App& cmd, TrainFlags& f) {
       ->capture_default_str();
   cmd.add_option("--val-data", f.val_data, "Validation token files (or text with --tokenizer)");
   cmd.add_option("--tokenizer", f.tokenizer,
-                 "SentencePiece model (tokenizer.model) for text data; default: the --model-dir's "
-                 "tokenizer.model when the model is not byte-level");
+                 "tokenizer.model, tokenizer.json or a model directory for text data; default: the "
+                 "--model-dir's (tokenizer.model first) when the model is not byte-level");
   cmd.add_option("--model", f.model, "Model preset (random initialisation): " + PresetNames())
       ->capture_default_str();
   cmd.add_option("--model-dir", f.model_dir,

@@ -212,8 +212,8 @@ MetricsOptions MetricsFromFlags(const TrainFlags& f) {
   return m;
 }
 
-// The data options: --data resolved, and the model's tokenizer.model for text when the model is
-// not byte-level and no --tokenizer is given.
+// The data options: --data resolved, and the model's tokenizer (ModelSpec::default_tokenizer) for
+// text when the model is not byte-level and no --tokenizer is given.
 data::TrainingDataOptions DataOptions(const TrainFlags& f, const ModelSpec& spec,
                                       const engine::Model& model) {
   data::TrainingDataOptions d;
@@ -225,11 +225,7 @@ data::TrainingDataOptions DataOptions(const TrainFlags& f, const ModelSpec& spec
   }
   d.val_data = f.val_data;
   d.tokenizer = f.tokenizer;
-  if (d.tokenizer.empty() && !spec.byte_level()) {
-    for (const auto& file : spec.tokenizer_files) {
-      if (std::filesystem::path(file).filename() == "tokenizer.model") d.tokenizer = file;
-    }
-  }
+  if (d.tokenizer.empty() && !spec.byte_level()) d.tokenizer = spec.default_tokenizer();
   d.seq_len = f.seq_len;
   d.vocab_size = model.vocab_size();
   return d;
