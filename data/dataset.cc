@@ -160,6 +160,14 @@ StatusOr<TrainingData> OpenTrainingData(const TrainingDataOptions& o) {
     return InvalidArgumentError(
         fmt::format("training fraction {} is not in (0, 1)", o.train_fraction));
   }
+  for (const auto& path : o.data) {
+    if (std::filesystem::path(path).extension() == ".jsonl") {
+      return InvalidArgumentError(fmt::format(
+          "'{}' is instruction data (JSON lines): write it as a token file first with `strata "
+          "tokenize --tokenizer TOKENIZER --input {} --output FILE.bin` and train on that",
+          path, path));
+    }
+  }
   TrainingData out;
   if (!o.tokenizer.empty()) {
     STRATA_ASSIGN_OR_RETURN(out.tokenizer, Tokenizer::Load(o.tokenizer));

@@ -112,7 +112,8 @@ struct TrainingData {
 //     (bit-identical batches for the same rng); `val_data` is then an error.
 // Errors (one line naming the file): those of TokenDataset::Open, Tokenizer::Load,
 // TextDataset::Load, TokenizeTextFileCached, SplitExamples and ExampleDataset::Create;
-// kInvalidArgument for no --data, several text files, a split shorter than seq_len + 1 tokens,
+// kInvalidArgument for no --data, a *.jsonl file (instruction data is tokenized first), several
+// text files, a split shorter than seq_len + 1 tokens,
 // a tokenizer whose vocabulary exceeds vocab_size, byte-level text with a vocab_size below 256,
 // or validation token files without flags for training files with them.
 StatusOr<TrainingData> OpenTrainingData(const TrainingDataOptions& options);

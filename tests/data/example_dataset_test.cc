@@ -223,5 +223,12 @@ TEST_F(ExampleDatasetTest, ValidationTokensWithoutFlagsAreRefusedForExampleData)
   EXPECT_THAT(data.status().message(), HasSubstr(Path("plain.bin")));
 }
 
+TEST_F(ExampleDatasetTest, JsonlTrainingDataIsRefusedWithHowToTokenizeIt) {
+  auto data = OpenTrainingData(testing::Opts({Path("sft.jsonl")}, 4, kVocab));
+  ASSERT_FALSE(data.ok());
+  EXPECT_EQ(data.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(data.status().message(), HasSubstr("strata tokenize"));
+}
+
 }  // namespace
 }  // namespace strata::data
