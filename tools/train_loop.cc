@@ -22,6 +22,13 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// Targets the loss counts in `batch`.
+int64_t TargetsInLoss(const data::Batch& batch) {
+  int64_t n = 0;
+  for (int32_t t : batch.targets) n += t != data::kIgnoreTarget;
+  return n;
+}
+
 double SecondsSince(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
@@ -185,7 +192,7 @@ Status TrainLoop::Flush() {
 
 // The global batch is ranks x A micro-batches drawn in one order whatever the number of ranks;
 // rank r trains on micro-batches r*A .. r*A + A - 1 of it (a disjoint share), and every rank's
-// data_rng advances alike.
+// data_rng advances alike. Every rank counts the targets in the loss of the whole global batch.
 void TrainLoop::SampleBatches() {
   const int accum = f_.grad_accum_steps;
   for (int k = 0; k < o_.ranks.ranks * accum; ++k) {
@@ -193,9 +200,12 @@ void TrainLoop::SampleBatches() {
     if (i >= 0 && i < accum) {
       data::Batch& b = data_batches_[i];
       data_.SampleTrainBatch(data_rng_, f_.micro_batch_size, f_.seq_len, &b);
+      // b.positions (example data) is not handed on: engine::MicroBatch has no positions yet.
       batches_[i] = {b.tokens, b.targets};
+      out_.tokens_in_loss += TargetsInLoss(b);
     } else {
       data_.SampleTrainBatch(data_rng_, f_.micro_batch_size, f_.seq_len, &skip_batch_);
+      out_.tokens_in_loss += TargetsInLoss(skip_batch_);
     }
   }
 }
