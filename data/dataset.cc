@@ -7,8 +7,10 @@
 #include <cerrno>
 #include <cmath>
 #include <filesystem>
+#include <tuple>
 
 #include "base/unique_fd.h"
+#include "data/example_dataset.h"
 #include "data/text_dataset.h"
 #include "data/token_dataset.h"
 #include "data/tokenizer.h"
@@ -60,53 +62,46 @@ StatusOr<TokenDataset> OpenTokens(const std::vector<std::string>& paths, const T
   return d;
 }
 
-}  // namespace
+// Token files with per-token flags: rows of whole examples.
+StatusOr<std::unique_ptr<Dataset>> OpenExamples(const TrainingDataOptions& o,
+                                                const Tokenizer* tokenizer, TokenDataset train,
+                                                const std::string& train_what) {
+  TokenDataset val = train;
+  std::string description;
+  if (o.val_data.empty()) {
+    STRATA_ASSIGN_OR_RETURN(auto split, SplitExamples(train, o.train_fraction, train_what));
+    std::tie(train, val) = std::move(split);
+    description = fmt::format("{}, the last {:.0f}% of the examples held out for validation",
+                              train_what, 100 * (1 - o.train_fraction));
+  } else {
+    std::string val_what;
+    STRATA_ASSIGN_OR_RETURN(val, OpenTokens(o.val_data, tokenizer, o.vocab_size, &val_what));
+    if (!val.has_flags()) {
+      return InvalidArgumentError(fmt::format(
+          "validation data {} has no per-token flags but the training data {} has: give "
+          "validation data written from instruction data too",
+          val_what, train_what));
+    }
+    description = fmt::format("{}; validation {}", train_what, val_what);
+  }
+  const ExampleRowOptions rows{
+      .seq_len = o.seq_len,
+      .pack = o.pack,
+      .long_examples = o.long_examples,
+      .pad_id = tokenizer != nullptr && tokenizer->eos_id() >= 0 ? tokenizer->eos_id() : 0};
+  STRATA_ASSIGN_OR_RETURN(ExampleDataset d, ExampleDataset::Create(std::move(train), std::move(val),
+                                                                   rows, std::move(description)));
+  return std::unique_ptr<Dataset>(std::make_unique<ExampleDataset>(std::move(d)));
+}
 
-StatusOr<TrainingData> OpenTrainingData(const TrainingDataOptions& o) {
-  if (o.data.empty()) return InvalidArgumentError("no training data given (--data)");
-  if (o.seq_len <= 0) {
-    return InvalidArgumentError(fmt::format("sequence length {} is not positive", o.seq_len));
-  }
-  if (!(o.train_fraction > 0 && o.train_fraction < 1)) {
-    return InvalidArgumentError(
-        fmt::format("training fraction {} is not in (0, 1)", o.train_fraction));
-  }
-  TrainingData out;
-  if (!o.tokenizer.empty()) {
-    STRATA_ASSIGN_OR_RETURN(out.tokenizer, Tokenizer::Load(o.tokenizer));
-    if (out.tokenizer->vocab_size() > o.vocab_size) {
-      return InvalidArgumentError(
-          fmt::format("tokenizer file '{}' has {} pieces, more than the model's vocabulary of {}",
-                      o.tokenizer, out.tokenizer->vocab_size(), o.vocab_size));
-    }
-  }
-  if (out.tokenizer == nullptr && !LooksLikeTokenFiles(o.data[0])) {
-    if (o.data.size() != 1) {
-      return InvalidArgumentError(fmt::format(
-          "{} text files given ('{}', ...): byte-level text is one file; several files must be "
-          "token files",
-          o.data.size(), o.data[0]));
-    }
-    if (!o.val_data.empty()) {
-      return InvalidArgumentError(fmt::format(
-          "validation data '{}' needs token files or a tokenizer: byte-level text '{}' holds out "
-          "its last {:.0f}% instead",
-          o.val_data[0], o.data[0], 100 * (1 - o.train_fraction)));
-    }
-    if (o.vocab_size < 256) {
-      return InvalidArgumentError(
-          fmt::format("byte-level text '{}' needs a vocabulary of 256; the model has {}", o.data[0],
-                      o.vocab_size));
-    }
-    STRATA_ASSIGN_OR_RETURN(TextDataset text,
-                            TextDataset::Load(o.data[0], o.seq_len, o.train_fraction));
-    out.dataset = std::make_unique<TextDataset>(std::move(text));
-    out.byte_level = true;
-    return out;
-  }
+// Token files (or text tokenized into its cache) as windows, or as examples when they carry
+// flags.
+StatusOr<std::unique_ptr<Dataset>> OpenTokenData(const TrainingDataOptions& o,
+                                                 const Tokenizer* tokenizer) {
   std::string train_what;
   STRATA_ASSIGN_OR_RETURN(TokenDataset train,
-                          OpenTokens(o.data, out.tokenizer.get(), o.vocab_size, &train_what));
+                          OpenTokens(o.data, tokenizer, o.vocab_size, &train_what));
+  if (train.has_flags()) return OpenExamples(o, tokenizer, std::move(train), train_what);
   TokenDataset val = train;
   std::string description;
   if (o.val_data.empty()) {
@@ -118,8 +113,7 @@ StatusOr<TrainingData> OpenTrainingData(const TrainingDataOptions& o) {
                               100 * (1 - o.train_fraction));
   } else {
     std::string val_what;
-    STRATA_ASSIGN_OR_RETURN(val,
-                            OpenTokens(o.val_data, out.tokenizer.get(), o.vocab_size, &val_what));
+    STRATA_ASSIGN_OR_RETURN(val, OpenTokens(o.val_data, tokenizer, o.vocab_size, &val_what));
     description = fmt::format("{}; validation {}", train_what, val_what);
   }
   STRATA_RETURN_IF_ERROR(CheckLongEnough(train.num_tokens(), o.seq_len,
@@ -127,8 +121,68 @@ StatusOr<TrainingData> OpenTrainingData(const TrainingDataOptions& o) {
   STRATA_RETURN_IF_ERROR(CheckLongEnough(
       val.num_tokens(), o.seq_len,
       fmt::format("the validation split of {}", o.val_data.empty() ? train_what : o.val_data[0])));
-  out.dataset =
-      std::make_unique<TokenTrainingData>(std::move(train), std::move(val), std::move(description));
+  return std::unique_ptr<Dataset>(std::make_unique<TokenTrainingData>(
+      std::move(train), std::move(val), std::move(description)));
+}
+
+// One text file, byte-level.
+StatusOr<std::unique_ptr<Dataset>> OpenByteLevelText(const TrainingDataOptions& o) {
+  if (o.data.size() != 1) {
+    return InvalidArgumentError(fmt::format(
+        "{} text files given ('{}', ...): byte-level text is one file; several files must be "
+        "token files",
+        o.data.size(), o.data[0]));
+  }
+  if (!o.val_data.empty()) {
+    return InvalidArgumentError(fmt::format(
+        "validation data '{}' needs token files or a tokenizer: byte-level text '{}' holds out "
+        "its last {:.0f}% instead",
+        o.val_data[0], o.data[0], 100 * (1 - o.train_fraction)));
+  }
+  if (o.vocab_size < 256) {
+    return InvalidArgumentError(
+        fmt::format("byte-level text '{}' needs a vocabulary of 256; the model has {}", o.data[0],
+                    o.vocab_size));
+  }
+  STRATA_ASSIGN_OR_RETURN(TextDataset text,
+                          TextDataset::Load(o.data[0], o.seq_len, o.train_fraction));
+  return std::unique_ptr<Dataset>(std::make_unique<TextDataset>(std::move(text)));
+}
+
+}  // namespace
+
+StatusOr<TrainingData> OpenTrainingData(const TrainingDataOptions& o) {
+  if (o.data.empty()) return InvalidArgumentError("no training data given (--data)");
+  if (o.seq_len <= 0) {
+    return InvalidArgumentError(fmt::format("sequence length {} is not positive", o.seq_len));
+  }
+  if (!(o.train_fraction > 0 && o.train_fraction < 1)) {
+    return InvalidArgumentError(
+        fmt::format("training fraction {} is not in (0, 1)", o.train_fraction));
+  }
+  for (const auto& path : o.data) {
+    if (std::filesystem::path(path).extension() == ".jsonl") {
+      return InvalidArgumentError(fmt::format(
+          "'{}' is instruction data (JSON lines): write it as a token file first with `strata "
+          "tokenize --tokenizer TOKENIZER --input {} --output FILE.bin` and train on that",
+          path, path));
+    }
+  }
+  TrainingData out;
+  if (!o.tokenizer.empty()) {
+    STRATA_ASSIGN_OR_RETURN(out.tokenizer, Tokenizer::Load(o.tokenizer));
+    if (out.tokenizer->vocab_size() > o.vocab_size) {
+      return InvalidArgumentError(
+          fmt::format("tokenizer file '{}' has {} pieces, more than the model's vocabulary of {}",
+                      o.tokenizer, out.tokenizer->vocab_size(), o.vocab_size));
+    }
+  }
+  if (out.tokenizer == nullptr && !LooksLikeTokenFiles(o.data[0])) {
+    STRATA_ASSIGN_OR_RETURN(out.dataset, OpenByteLevelText(o));
+    out.byte_level = true;
+    return out;
+  }
+  STRATA_ASSIGN_OR_RETURN(out.dataset, OpenTokenData(o, out.tokenizer.get()));
   return out;
 }
 

@@ -1,11 +1,14 @@
 // The trainer's view of its data, whatever its source: a training split it samples windows
 // from and a validation split it evaluates on. Implemented by TextDataset (bytes of one text
 // file, split 90/10) and TokenTrainingData (llm.c token files, or text tokenized by a
-// SentencePiece model into a cached token file). OpenTrainingData picks one from flag-like
+// SentencePiece model into a cached token file), and ExampleDataset (token files with per-token
+// flags: whole examples, a loss mask, positions). OpenTrainingData picks one from flag-like
 // options.
 //
 // Windows: a window at offset o is tokens [o, o + seq_len) as inputs and [o + 1, o + seq_len]
-// as targets (the inputs shifted by one).
+// as targets (the inputs shifted by one). Example data (token files with flags,
+// data/example_dataset.h) fills rows of whole examples instead, with ignored targets and
+// positions (see Batch).
 //
 // Thread-safety: the const methods of every implementation may run concurrently.
 #pragma once
@@ -21,6 +24,22 @@
 
 namespace strata::data {
 
+// A target the loss does not count (padding, prompt tokens, an example's last token).
+inline constexpr int32_t kIgnoreTarget = -1;
+
+// One micro-batch of B rows of T tokens, filled (and resized) by a Dataset. Owned by the caller,
+// reused across calls to avoid allocations.
+struct Batch {
+  std::vector<int32_t> tokens;   // (B, T) int32 row-major: token ids in [0, vocab)
+  std::vector<int32_t> targets;  // (B, T) int32: the id the loss wants at each position, or
+                                 // kIgnoreTarget where the loss does not count
+  // (B, T) int32: each token's position within its example, or empty: 0..T-1 in every row.
+  // Invariant within a row: positions[0] == 0 and positions[t] is either 0 (an example starts at
+  // t) or positions[t - 1] + 1. Attention of token t covers tokens t - positions[t] .. t of its
+  // row, so a packed example never sees another.
+  std::vector<int32_t> positions;
+};
+
 class Dataset {
  public:
   virtual ~Dataset() = default;
@@ -29,21 +48,25 @@ class Dataset {
   virtual int64_t train_tokens() const = 0;
   virtual int64_t val_tokens() const = 0;
 
-  // Fills tokens/targets (batch_size * seq_len each, resized here) with batch_size windows at
-  // uniformly random offsets of the training split, drawn from `rng`: the data position is the
-  // rng state. Precondition (checked when the data is opened): train_tokens() > seq_len.
+  // Fills `batch` (tokens and targets batch_size * seq_len each, resized here; positions empty
+  // or batch_size * seq_len) with batch_size rows drawn from the training split with `rng`: the
+  // data position is the rng state. Windows at uniformly random offsets for text and plain token
+  // files; uniformly drawn rows of examples for example data. Precondition (checked when the
+  // data is opened): the split holds a window of seq_len + 1 tokens (text, plain token files) or
+  // a row (example data); seq_len is the one the data was opened with.
   virtual void SampleTrainBatch(std::mt19937_64& rng, int batch_size, int seq_len,
-                                std::vector<int32_t>* tokens,
-                                std::vector<int32_t>* targets) const = 0;
-  // Batch `index` of `count` batches of evenly spaced windows over the validation split
-  // (count * batch_size windows in all). Precondition: 0 <= index < count, val_tokens() > seq_len.
-  virtual void ValBatch(int index, int count, int batch_size, int seq_len,
-                        std::vector<int32_t>* tokens, std::vector<int32_t>* targets) const = 0;
+                                Batch* batch) const = 0;
+  // Batch `index` of `count` batches of evenly spaced windows (or rows) over the validation split
+  // (count * batch_size in all). Precondition: 0 <= index < count, val_tokens() > seq_len.
+  virtual void ValBatch(int index, int count, int batch_size, int seq_len, Batch* batch) const = 0;
 
   // One line for the run's header, e.g. "data: 3 token files (uint16), 1.2M tokens (train
   // ..., val ...)".
   virtual std::string Describe() const = 0;
 };
+
+// What happens to an example longer than a row of example data (data/example_dataset.h).
+enum class LongExamples { kTruncate, kSkip };
 
 // Flag-like options of OpenTrainingData (tools/ turns --data, --val-data, --tokenizer into it).
 struct TrainingDataOptions {
@@ -59,6 +82,11 @@ struct TrainingDataOptions {
   // The model's vocabulary: every token must be below it.
   int vocab_size = 0;
   double train_fraction = 0.9;
+  // Token files with per-token flags (example data, data/example_dataset.h) only: --pack packs
+  // several examples into a row; --long-examples truncates or skips an example longer than
+  // seq_len.
+  bool pack = false;
+  LongExamples long_examples = LongExamples::kTruncate;
 };
 
 struct TrainingData {
@@ -74,15 +102,20 @@ struct TrainingData {
 //   - the first entry of `data` is a glob, is named *.bin or *.tokens, or is a file that starts
 //     with the llm.c magic (20240520): token files (TokenDataset::Open: every file is validated,
 //     every token checked against vocab_size); validation from `val_data`, else the last 1 -
-//     train_fraction (10%) held out;
+//     train_fraction (10%) held out; token files with per-token flags are example data
+//     (ExampleDataset: rows of whole examples, `pack` and `long_examples` apply, padding with
+//     the tokenizer's EOS id, else 0; the held-out part is the last 10% of the examples, and
+//     `val_data` must carry flags too);
 //   - else, with `tokenizer`: `data` is one text file, tokenized into its cache (made or
 //     reused), then as token files; `val_data` may be text (tokenized the same way) or tokens;
 //   - else: one text file, byte-level, split 90/10 exactly as TextDataset::Load always did
 //     (bit-identical batches for the same rng); `val_data` is then an error.
 // Errors (one line naming the file): those of TokenDataset::Open, Tokenizer::Load,
-// TextDataset::Load and TokenizeTextFileCached; kInvalidArgument for no --data, several text
-// files, a split shorter than seq_len + 1 tokens, a tokenizer whose vocabulary exceeds
-// vocab_size, or byte-level text with a vocab_size below 256.
+// TextDataset::Load, TokenizeTextFileCached, SplitExamples and ExampleDataset::Create;
+// kInvalidArgument for no --data, a *.jsonl file (instruction data is tokenized first), several
+// text files, a split shorter than seq_len + 1 tokens,
+// a tokenizer whose vocabulary exceeds vocab_size, byte-level text with a vocab_size below 256,
+// or validation token files without flags for training files with them.
 StatusOr<TrainingData> OpenTrainingData(const TrainingDataOptions& options);
 
 }  // namespace strata::data

@@ -35,8 +35,10 @@ void TextDataset::Window(size_t offset, int seq_len, int32_t* tokens, int32_t* t
 }
 
 void TextDataset::SampleTrainBatch(std::mt19937_64& rng, int batch_size, int seq_len,
-                                   std::vector<int32_t>* tokens,
-                                   std::vector<int32_t>* targets) const {
+                                   Batch* batch) const {
+  std::vector<int32_t>* tokens = &batch->tokens;
+  std::vector<int32_t>* targets = &batch->targets;
+  batch->positions.clear();
   tokens->resize(static_cast<size_t>(batch_size) * seq_len);
   targets->resize(tokens->size());
   const uint64_t positions = split_ - seq_len;  // windows [o, o + seq_len] inside the split
@@ -46,8 +48,10 @@ void TextDataset::SampleTrainBatch(std::mt19937_64& rng, int batch_size, int seq
   }
 }
 
-void TextDataset::ValBatch(int index, int count, int batch_size, int seq_len,
-                           std::vector<int32_t>* tokens, std::vector<int32_t>* targets) const {
+void TextDataset::ValBatch(int index, int count, int batch_size, int seq_len, Batch* batch) const {
+  std::vector<int32_t>* tokens = &batch->tokens;
+  std::vector<int32_t>* targets = &batch->targets;
+  batch->positions.clear();
   tokens->resize(static_cast<size_t>(batch_size) * seq_len);
   targets->resize(tokens->size());
   const uint64_t positions = val_bytes() - seq_len;

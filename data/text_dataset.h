@@ -29,14 +29,13 @@ class TextDataset final : public Dataset {
   // "'path' as bytes, N bytes (train ..., val ...)".
   std::string Describe() const override;
 
-  // Fills tokens/targets (batch_size * seq_len each; targets are the tokens
+  // Fills batch->tokens/targets (batch_size * seq_len each; targets are the tokens
   // shifted by one) with windows at uniformly random offsets of the training
-  // split, drawn from `rng`: the data position is the rng state.
+  // split, drawn from `rng`: the data position is the rng state. positions: empty.
   void SampleTrainBatch(std::mt19937_64& rng, int batch_size, int seq_len,
-                        std::vector<int32_t>* tokens, std::vector<int32_t>* targets) const override;
-  // The i-th of `count` evenly spaced windows of the validation split.
-  void ValBatch(int index, int count, int batch_size, int seq_len, std::vector<int32_t>* tokens,
-                std::vector<int32_t>* targets) const override;
+                        Batch* batch) const override;
+  // The i-th of `count` evenly spaced windows of the validation split. positions: empty.
+  void ValBatch(int index, int count, int batch_size, int seq_len, Batch* batch) const override;
   // Tokens of `text` (bytes), for prompts.
   static std::vector<int32_t> Encode(std::string_view text);
 

@@ -39,6 +39,7 @@ struct TokenDataset::Shard {
   void* map = nullptr;  // the whole file, PROT_READ, MAP_PRIVATE
   size_t map_bytes = 0;
   const uint8_t* tokens = nullptr;  // map + kTokenFileHeaderBytes (page-aligned + 1024)
+  const uint8_t* flags = nullptr;   // tokens + count * width, or null without flags
   int64_t count = 0;
   int width = 2;  // bytes per token
 };
@@ -92,7 +93,54 @@ int64_t FirstTokenAtOrAbove(const T* tokens, int64_t count, uint64_t limit) {
   return -1;
 }
 
+// The header's magic, version, flags word and count against the file size; *width gets the
+// bytes per token.
+Status CheckHeader(const std::string& path, const int32_t header[4], int64_t size, int* width) {
+  if (header[0] != kTokenFileMagic) {
+    return InvalidArgumentError(
+        fmt::format("token file '{}': bad magic {} at byte offset 0 (an llm.c token file starts "
+                    "with {})",
+                    path, header[0], kTokenFileMagic));
+  }
+  if (header[1] != 1 && header[1] != 2) {
+    return InvalidArgumentError(
+        fmt::format("token file '{}': version {} at byte offset 4 is not supported (1: uint16 "
+                    "tokens, 2: uint32 tokens)",
+                    path, header[1]));
+  }
+  if (header[3] != 0 && header[3] != 1) {
+    return InvalidArgumentError(
+        fmt::format("token file '{}': flags word {} at byte offset 12 is not supported (0: no "
+                    "flags, 1: one uint8 flag per token after the tokens)",
+                    path, header[3]));
+  }
+  *width = header[1] == 1 ? 2 : 4;
+  const int64_t per_token = *width + (header[3] == 1 ? 1 : 0);
+  const int64_t expected = kTokenFileHeaderBytes + int64_t{header[2]} * per_token;
+  if (header[2] < 0 || expected != size) {
+    return InvalidArgumentError(fmt::format(
+        "token file '{}': the header says {} tokens ({} bytes with the header, uint{} tokens{}) "
+        "but the file has {} bytes",
+        path, header[2], expected, *width * 8, header[3] == 1 ? " and uint8 flags" : "", size));
+  }
+  return Status::Ok();
+}
+
 }  // namespace
+
+// Every token of `shard` below vocab_size.
+Status TokenDataset::CheckTokens(const Shard& shard, int vocab_size) {
+  const int64_t bad = shard.width == 2
+                          ? FirstTokenAtOrAbove(reinterpret_cast<const uint16_t*>(shard.tokens),
+                                                shard.count, static_cast<uint64_t>(vocab_size))
+                          : FirstTokenAtOrAbove(reinterpret_cast<const uint32_t*>(shard.tokens),
+                                                shard.count, static_cast<uint64_t>(vocab_size));
+  if (bad < 0) return Status::Ok();
+  return InvalidArgumentError(fmt::format(
+      "token file '{}': token {} at token offset {} (byte offset {}) is not below the "
+      "vocabulary size {}",
+      shard.path, shard.Token(bad), bad, kTokenFileHeaderBytes + bad * shard.width, vocab_size));
+}
 
 StatusOr<std::shared_ptr<TokenDataset::Shard>> TokenDataset::OpenShard(const std::string& path,
                                                                        int vocab_size) {
@@ -120,43 +168,22 @@ StatusOr<std::shared_ptr<TokenDataset::Shard>> TokenDataset::OpenShard(const std
     return ErrnoToStatus(errno, fmt::format("cannot map token file '{}'", path));
   }
   shard->map = map;
-  int32_t header[3];
+  int32_t header[4];
   std::memcpy(header, map, sizeof header);
-  if (header[0] != kTokenFileMagic) {
-    return InvalidArgumentError(
-        fmt::format("token file '{}': bad magic {} at byte offset 0 (an llm.c token file starts "
-                    "with {})",
-                    path, header[0], kTokenFileMagic));
-  }
-  if (header[1] != 1 && header[1] != 2) {
-    return InvalidArgumentError(
-        fmt::format("token file '{}': version {} at byte offset 4 is not supported (1: uint16 "
-                    "tokens, 2: uint32 tokens)",
-                    path, header[1]));
-  }
-  shard->width = header[1] == 1 ? 2 : 4;
-  const int64_t expected = kTokenFileHeaderBytes + int64_t{header[2]} * shard->width;
-  if (header[2] < 0 || expected != size) {
-    return InvalidArgumentError(fmt::format(
-        "token file '{}': the header says {} tokens ({} bytes with the header, uint{} tokens) "
-        "but the file has {} bytes",
-        path, header[2], expected, shard->width * 8, size));
-  }
+  STRATA_RETURN_IF_ERROR(CheckHeader(path, header, size, &shard->width));
   shard->count = header[2];
   shard->tokens = static_cast<const uint8_t*>(map) + kTokenFileHeaderBytes;
-  const int64_t bad = shard->width == 2
-                          ? FirstTokenAtOrAbove(reinterpret_cast<const uint16_t*>(shard->tokens),
-                                                shard->count, static_cast<uint64_t>(vocab_size))
-                          : FirstTokenAtOrAbove(reinterpret_cast<const uint32_t*>(shard->tokens),
-                                                shard->count, static_cast<uint64_t>(vocab_size));
-  if (bad >= 0) {
-    const uint32_t value = shard->width == 2
-                               ? reinterpret_cast<const uint16_t*>(shard->tokens)[bad]
-                               : reinterpret_cast<const uint32_t*>(shard->tokens)[bad];
-    return InvalidArgumentError(fmt::format(
-        "token file '{}': token {} at token offset {} (byte offset {}) is not below the "
-        "vocabulary size {}",
-        path, value, bad, kTokenFileHeaderBytes + bad * shard->width, vocab_size));
+  if (header[3] == 1) shard->flags = shard->tokens + shard->count * shard->width;
+  STRATA_RETURN_IF_ERROR(CheckTokens(*shard, vocab_size));
+  if (shard->flags != nullptr) {
+    for (int64_t i = 0; i < shard->count; ++i) {
+      if ((shard->flags[i] & ~kTokenFlagsKnown) != 0) {
+        return InvalidArgumentError(fmt::format(
+            "token file '{}': flags 0x{:02x} of token offset {} (byte offset {}) have a bit "
+            "other than 0 (in loss) and 1 (example start)",
+            path, shard->flags[i], i, kTokenFileHeaderBytes + shard->count * shard->width + i));
+      }
+    }
   }
   return shard;
 }
@@ -173,6 +200,14 @@ StatusOr<TokenDataset> TokenDataset::Open(const std::vector<std::string>& patter
     STRATA_ASSIGN_OR_RETURN(auto paths, Expand(pattern));
     for (const std::string& path : paths) {
       STRATA_ASSIGN_OR_RETURN(auto shard, OpenShard(path, vocab_size));
+      const bool has_flags = shard->flags != nullptr;
+      if (d.shards_.empty()) {
+        d.has_flags_ = has_flags;
+      } else if (has_flags != d.has_flags_) {
+        return InvalidArgumentError(fmt::format(
+            "token file '{}' {} per-token flags but '{}' {}: all shards must agree", path,
+            has_flags ? "has" : "has no", d.shards_[0]->path, d.has_flags_ ? "has" : "has none"));
+      }
       d.starts_.push_back(d.starts_.back() + shard->count);
       d.shards_.push_back(std::move(shard));
     }
@@ -227,6 +262,25 @@ void TokenDataset::Read(int64_t offset, int64_t n, int32_t* out) const {
   }
 }
 
+void TokenDataset::ReadFlags(int64_t offset, int64_t n, uint8_t* out) const {
+  STRATA_CHECK_MSG(has_flags_ && offset >= 0 && n >= 0 && offset + n <= num_tokens(),
+                   fmt::format("flags [{}, {}) of {} tokens (flags: {})", offset, offset + n,
+                               num_tokens(), has_flags_));
+  int64_t g = begin_ + offset;
+  size_t s = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), g) -
+                                 starts_.begin() - 1);
+  while (n > 0) {
+    const Shard& shard = *shards_[s];
+    const int64_t local = g - starts_[s];
+    const int64_t take = std::min(n, shard.count - local);
+    std::memcpy(out, shard.flags + local, static_cast<size_t>(take));
+    out += take;
+    g += take;
+    n -= take;
+    ++s;
+  }
+}
+
 void TokenDataset::Window(int64_t offset, int seq_len, int32_t* tokens, int32_t* targets) const {
   // One read of seq_len + 1 tokens: inputs are its first seq_len, targets its last seq_len.
   Read(offset, 1, tokens);
@@ -235,10 +289,12 @@ void TokenDataset::Window(int64_t offset, int seq_len, int32_t* tokens, int32_t*
 }
 
 void TokenDataset::SampleTrainBatch(std::mt19937_64& rng, int batch_size, int seq_len,
-                                    std::vector<int32_t>* tokens,
-                                    std::vector<int32_t>* targets) const {
+                                    Batch* batch) const {
   STRATA_CHECK_MSG(num_tokens() > seq_len && seq_len > 0,
                    fmt::format("{} tokens for windows of {} + 1", num_tokens(), seq_len));
+  std::vector<int32_t>* tokens = &batch->tokens;
+  std::vector<int32_t>* targets = &batch->targets;
+  batch->positions.clear();
   tokens->resize(static_cast<size_t>(batch_size) * seq_len);
   targets->resize(tokens->size());
   const uint64_t positions = static_cast<uint64_t>(num_tokens() - seq_len);
@@ -249,11 +305,13 @@ void TokenDataset::SampleTrainBatch(std::mt19937_64& rng, int batch_size, int se
   }
 }
 
-void TokenDataset::ValBatch(int index, int count, int batch_size, int seq_len,
-                            std::vector<int32_t>* tokens, std::vector<int32_t>* targets) const {
+void TokenDataset::ValBatch(int index, int count, int batch_size, int seq_len, Batch* batch) const {
   STRATA_CHECK_MSG(num_tokens() > seq_len && seq_len > 0 && 0 <= index && index < count,
                    fmt::format("validation batch {} of {} over {} tokens, windows of {} + 1", index,
                                count, num_tokens(), seq_len));
+  std::vector<int32_t>* tokens = &batch->tokens;
+  std::vector<int32_t>* targets = &batch->targets;
+  batch->positions.clear();
   tokens->resize(static_cast<size_t>(batch_size) * seq_len);
   targets->resize(tokens->size());
   const uint64_t positions = static_cast<uint64_t>(num_tokens() - seq_len);
@@ -278,11 +336,23 @@ void TokenDataset::EvalWindow(int64_t index, int seq_len, int32_t* tokens, int32
   Window(index * seq_len, seq_len, tokens, targets);
 }
 
-Status WriteTokenFile(const std::string& path, std::span<const int32_t> tokens) {
+Status WriteTokenFile(const std::string& path, std::span<const int32_t> tokens,
+                      std::span<const uint8_t> flags) {
   if (tokens.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
     return InvalidArgumentError(fmt::format(
         "token file '{}': {} tokens exceed the format's int32 count; write several shards", path,
         tokens.size()));
+  }
+  if (!flags.empty() && flags.size() != tokens.size()) {
+    return InvalidArgumentError(
+        fmt::format("token file '{}': {} flags for {} tokens", path, flags.size(), tokens.size()));
+  }
+  for (size_t i = 0; i < flags.size(); ++i) {
+    if ((flags[i] & ~kTokenFlagsKnown) != 0) {
+      return InvalidArgumentError(
+          fmt::format("token file '{}': flags 0x{:02x} at token offset {} have an unknown bit",
+                      path, flags[i], i));
+    }
   }
   int32_t max = 0;
   for (size_t i = 0; i < tokens.size(); ++i) {
@@ -299,6 +369,7 @@ Status WriteTokenFile(const std::string& path, std::span<const int32_t> tokens) 
     header[0] = kTokenFileMagic;
     header[1] = width == 2 ? 1 : 2;
     header[2] = static_cast<int32_t>(tokens.size());
+    header[3] = flags.empty() ? 0 : 1;
     STRATA_RETURN_IF_ERROR(file.Append(std::as_bytes(std::span(header))));
     constexpr size_t kChunk = 1 << 20;
     std::vector<uint8_t> buf(kChunk * width);
@@ -313,6 +384,7 @@ Status WriteTokenFile(const std::string& path, std::span<const int32_t> tokens) 
       }
       STRATA_RETURN_IF_ERROR(file.Append(std::as_bytes(std::span(buf.data(), n * width))));
     }
+    if (!flags.empty()) STRATA_RETURN_IF_ERROR(file.Append(std::as_bytes(flags)));
     return file.Commit();
   }();
   if (!written.ok()) return written.WithContext("token file");

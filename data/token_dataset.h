@@ -2,9 +2,17 @@
 //
 // File format (all integers little-endian):
 //   header  256 int32: [0] magic 20240520, [1] version (1: uint16 tokens, 2: uint32 tokens),
-//           [2] token count N, the rest unused (written as 0)
+//           [2] token count N, [3] flags (0: none, 1: N uint8 flags follow the tokens), the rest
+//           unused (written as 0)
 //   tokens  N uint16 or uint32
-// so a file is exactly 1024 + N * (2 or 4) bytes.
+//   flags   (only when header[3] == 1) N uint8, one per token: bit 0 (kTokenFlagInLoss) the
+//           token counts in the loss as a target (it is predicted from the tokens before it in
+//           its example); bit 1 (kTokenFlagExampleStart) the token begins an example; bits 2-7
+//           zero
+// so a file is exactly 1024 + N * (2 or 4) bytes, plus N with flags. llm.c's own files have
+// header[3] == 0 and read exactly as they always did. Flags are what `strata tokenize` writes
+// for instruction data (data/instruction_data.h) and what example datasets
+// (data/example_dataset.h) read.
 //
 // A TokenDataset is one or more such files (shards) read as one sequence of tokens, in order;
 // a Slice of it is a contiguous range of that sequence. Copies share the maps (cheap).
@@ -27,16 +35,23 @@ namespace strata::data {
 inline constexpr int32_t kTokenFileMagic = 20240520;
 inline constexpr int kTokenFileHeaderInts = 256;
 inline constexpr int64_t kTokenFileHeaderBytes = kTokenFileHeaderInts * 4;
+// Per-token flag bits (header[3] == 1).
+inline constexpr uint8_t kTokenFlagInLoss = 1;        // bit 0: a target the loss counts
+inline constexpr uint8_t kTokenFlagExampleStart = 2;  // bit 1: the first token of an example
+inline constexpr uint8_t kTokenFlagsKnown = kTokenFlagInLoss | kTokenFlagExampleStart;
 
 class TokenDataset {
  public:
   // Opens `patterns` in order: each a path, or a glob(3) pattern whose matches are taken in
-  // sorted order. Maps every file and checks it: header present, magic, version, count equal
-  // to what the file size holds, every token < vocab_size (one pass over the tokens).
+  // sorted order. Maps every file and checks it: header present, magic, version, flags word,
+  // count equal to what the file size holds, every token < vocab_size (one pass over the
+  // tokens), no unknown flag bit (one pass over the flags).
   // Errors, each one line naming the file (and token offset):
   //   kInvalidArgument  no pattern; a glob that matches nothing; a file shorter than the
-  //                     header; a bad magic; an unsupported version; a count that disagrees
-  //                     with the file size (both given); a token >= vocab_size
+  //                     header; a bad magic; an unsupported version; a flags word other than
+  //                     0 or 1; a count that disagrees with the file size (both given); a token
+  //                     >= vocab_size; a flag with an unknown bit; shards of which some carry
+  //                     flags and some do not
   //   kNotFound / kPermissionDenied / ...  a file that cannot be opened, mapped or stat'ed
   static StatusOr<TokenDataset> Open(const std::vector<std::string>& patterns, int vocab_size);
 
@@ -45,6 +60,8 @@ class TokenDataset {
   // The files, in order, and their token widths in bytes (2 or 4).
   std::vector<std::string> paths() const;
   int max_token_bytes() const;
+  // Whether the files carry per-token flags (all of them do, or none: checked by Open).
+  bool has_flags() const { return has_flags_; }
 
   // Tokens [begin, end) of this dataset, sharing its maps. Precondition (checked):
   // 0 <= begin <= end <= num_tokens().
@@ -53,15 +70,17 @@ class TokenDataset {
   // Copies tokens [offset, offset + n) into out[0, n) as int32, across shard boundaries.
   // Precondition (checked): 0 <= offset, 0 <= n, offset + n <= num_tokens().
   void Read(int64_t offset, int64_t n, int32_t* out) const;
+  // Copies the flags of tokens [offset, offset + n) into out[0, n), across shard boundaries.
+  // Precondition (checked): has_flags(), and the range as for Read.
+  void ReadFlags(int64_t offset, int64_t n, uint8_t* out) const;
 
   // batch_size windows (see dataset.h) at uniformly random offsets, drawn from `rng` as
-  // TextDataset does: offset = rng() % (num_tokens() - seq_len). tokens/targets are resized
-  // to batch_size * seq_len. Precondition (checked): num_tokens() > seq_len.
-  void SampleTrainBatch(std::mt19937_64& rng, int batch_size, int seq_len,
-                        std::vector<int32_t>* tokens, std::vector<int32_t>* targets) const;
+  // TextDataset does: offset = rng() % (num_tokens() - seq_len). batch->tokens/targets are
+  // resized to batch_size * seq_len; batch->positions cleared. Flags are not read.
+  // Precondition (checked): num_tokens() > seq_len.
+  void SampleTrainBatch(std::mt19937_64& rng, int batch_size, int seq_len, Batch* batch) const;
   // Batch `index` of `count` batches of evenly spaced windows, as TextDataset::ValBatch.
-  void ValBatch(int index, int count, int batch_size, int seq_len, std::vector<int32_t>* tokens,
-                std::vector<int32_t>* targets) const;
+  void ValBatch(int index, int count, int batch_size, int seq_len, Batch* batch) const;
 
   // Evaluation windows, consecutive from the start: window i has inputs
   // tokens[i * seq_len, i * seq_len + seq_len) and targets tokens[i * seq_len + 1,
@@ -77,6 +96,7 @@ class TokenDataset {
   TokenDataset() = default;
   // Maps and validates one file (see Open).
   static StatusOr<std::shared_ptr<Shard>> OpenShard(const std::string& path, int vocab_size);
+  static Status CheckTokens(const Shard& shard, int vocab_size);
   void Window(int64_t offset, int seq_len, int32_t* tokens, int32_t* targets) const;
 
   // Shards in order; starts_[i] is the first global token of shards_[i] (starts_.back() is the
@@ -85,17 +105,23 @@ class TokenDataset {
   std::vector<int64_t> starts_;
   int64_t begin_ = 0;
   int64_t end_ = 0;
+  bool has_flags_ = false;
 };
 
 // Writes `tokens` as an llm.c token file at `path`: version 1 (uint16) when every token is
-// below 65536, else version 2 (uint32). Crash-safe: written to a temporary file in the same
-// directory, fsynced, renamed over `path`, and the directory fsynced; on error `path` is left
-// as it was and the temporary file removed.
-// Errors: kInvalidArgument for a negative token or more than 2^31 - 1 tokens; errno-mapped
-// codes (kResourceExhausted for ENOSPC, kPermissionDenied, ...) naming the file.
-Status WriteTokenFile(const std::string& path, std::span<const int32_t> tokens);
+// below 65536, else version 2 (uint32). `flags` empty: no flags (header[3] = 0, a file llm.c
+// reads); else one per token (header[3] = 1, the flags after the tokens). Crash-safe: written
+// to a temporary file in the same directory, fsynced, renamed over `path`, and the directory
+// fsynced; on error `path` is left as it was and the temporary file removed.
+// Errors: kInvalidArgument for a negative token, more than 2^31 - 1 tokens, flags whose count
+// differs from the tokens' or with a bit outside kTokenFlagsKnown; errno-mapped codes
+// (kResourceExhausted for ENOSPC, kPermissionDenied, ...) naming the file.
+Status WriteTokenFile(const std::string& path, std::span<const int32_t> tokens,
+                      std::span<const uint8_t> flags = {});
 
-// The llm.c token files as the trainer's Dataset: a training set and a validation set.
+// The llm.c token files as the trainer's Dataset: a training set and a validation set, read as
+// windows (flags, if any, are not read: OpenTrainingData gives files with flags to
+// ExampleDataset instead).
 class TokenTrainingData final : public Dataset {
  public:
   // `description` names the source for Describe() (e.g. the files, or "text.txt tokenized").
@@ -107,13 +133,11 @@ class TokenTrainingData final : public Dataset {
   int64_t train_tokens() const override { return train_.num_tokens(); }
   int64_t val_tokens() const override { return val_.num_tokens(); }
   void SampleTrainBatch(std::mt19937_64& rng, int batch_size, int seq_len,
-                        std::vector<int32_t>* tokens,
-                        std::vector<int32_t>* targets) const override {
-    train_.SampleTrainBatch(rng, batch_size, seq_len, tokens, targets);
+                        Batch* batch) const override {
+    train_.SampleTrainBatch(rng, batch_size, seq_len, batch);
   }
-  void ValBatch(int index, int count, int batch_size, int seq_len, std::vector<int32_t>* tokens,
-                std::vector<int32_t>* targets) const override {
-    val_.ValBatch(index, count, batch_size, seq_len, tokens, targets);
+  void ValBatch(int index, int count, int batch_size, int seq_len, Batch* batch) const override {
+    val_.ValBatch(index, count, batch_size, seq_len, batch);
   }
   std::string Describe() const override;
 

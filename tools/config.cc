@@ -920,6 +920,10 @@ void ApplyStrata(Context& c, const json& s, TrainFlags* f) {
     std::string data;
     if (r.Set(&data, Reader::String(*v, "strata.data"))) f->data = {data};
   }
+  if (const json* v = Find(s, "pack")) r.Set(&f->pack, Reader::Bool(*v, "strata.pack"));
+  if (const json* v = Find(s, "long_examples")) {
+    r.Set(&f->long_examples, Reader::Choice(*v, "strata.long_examples", {"truncate", "skip"}));
+  }
   if (const json* v = Find(s, "summary_json")) {
     r.Set(&f->summary_json, Reader::String(*v, "strata.summary_json"));
   }

@@ -180,7 +180,8 @@ constexpr DeepSpeedKey kKeys[] = {
     {"use_data_before_expert_parallel_", N, Why::kParallel},
     // Strata's own section.
     {"strata", S}, {"strata.io_backend", M}, {"strata.device", M}, {"strata.device_budget", M},
-    {"strata.model", M}, {"strata.data", M}, {"strata.steps", M}, {"strata.seq_len", M},
+    {"strata.model", M}, {"strata.data", M}, {"strata.pack", M}, {"strata.long_examples", M},
+    {"strata.steps", M}, {"strata.seq_len", M},
     {"strata.seed", M}, {"strata.warmup_steps", M}, {"strata.eval_every", M},
     {"strata.eval_batches", M}, {"strata.sample_bytes", M}, {"strata.summary_json", M},
     {"strata.copy_bandwidth", M}, {"strata.io_queue_depth", M}, {"strata.io_block_size", M},

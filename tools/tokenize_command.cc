@@ -9,6 +9,7 @@
 #include <iterator>
 #include <vector>
 
+#include "data/instruction_data.h"
 #include "data/token_dataset.h"
 #include "data/tokenizer.h"
 
@@ -22,12 +23,60 @@ void AddTokenizeFlags(CLI::App& cmd, TokenizeFlags& f) {
                              "Every byte is a token (vocabulary 256) instead of a tokenizer");
   tok->excludes(bytes);
   bytes->excludes(tok);
-  cmd.add_option("--input", f.input, "Text file, tokenized as one document")->required();
+  cmd.add_option("--input", f.input,
+                 "Text file, tokenized as one document; or instruction data (*.jsonl: one "
+                 "{\"prompt\", \"response\"} or {\"messages\": [...]} object per line)")
+      ->required();
   cmd.add_option("--output", f.output,
                  "Token file to write (llm.c format: uint16 tokens when every id < 65536, else "
-                 "uint32); replaced crash-safely")
+                 "uint32; instruction data adds per-token flags: the loss mask and example "
+                 "starts); replaced crash-safely")
       ->required();
+  cmd.add_option("--format", f.format, "Input format: auto (*.jsonl is jsonl), text or jsonl")
+      ->check(CLI::IsMember({"auto", "text", "jsonl"}))
+      ->capture_default_str();
+  cmd.add_option("--chat-template", f.chat_template,
+                 "Instruction data: llama3, chatml, mistral, none (prompt then response, BOS "
+                 "and EOS), or auto: the family of tokenizer_config.json's chat_template beside "
+                 "the tokenizer (none without one)")
+      ->capture_default_str();
 }
+
+namespace {
+
+bool IsJsonl(const TokenizeFlags& f) {
+  if (f.format != "auto") return f.format == "jsonl";
+  return std::filesystem::path(f.input).extension() == ".jsonl";
+}
+
+// Instruction data: rendered examples with their flags.
+Status RunTokenizeJsonl(const TokenizeFlags& f) {
+  if (f.byte_level || f.tokenizer.empty()) {
+    return InvalidArgumentError(fmt::format(
+        "instruction data '{}' needs --tokenizer (its chat template's special tokens)", f.input));
+  }
+  STRATA_ASSIGN_OR_RETURN(auto tokenizer, data::Tokenizer::Load(f.tokenizer));
+  STRATA_ASSIGN_OR_RETURN(data::ChatFormat format,
+                          data::ResolveChatFormat(f.chat_template, f.tokenizer));
+  STRATA_ASSIGN_OR_RETURN(data::InstructionTokens data,
+                          data::TokenizeInstructionFile(*tokenizer, format, f.input));
+  STRATA_RETURN_IF_ERROR(data::WriteTokenFile(f.output, data.tokens, data.flags));
+  std::error_code ec;
+  const auto out_bytes = std::filesystem::file_size(f.output, ec);
+  int32_t max_token = 0;
+  for (int32_t t : data.tokens) max_token = std::max(max_token, t);
+  std::printf(
+      "tokenized instruction data '%s' with '%s' (vocabulary %d), chat template %s (%s): %lld "
+      "examples, %zu tokens, %lld tokens in loss; wrote '%s' (%s with flags, %ju bytes)\n",
+      f.input.c_str(), f.tokenizer.c_str(), tokenizer->vocab_size(),
+      std::string(data::ChatTemplateName(format.kind)).c_str(), format.source.c_str(),
+      static_cast<long long>(data.examples), data.tokens.size(),
+      static_cast<long long>(data.tokens_in_loss), f.output.c_str(),
+      max_token < 65536 ? "uint16" : "uint32", static_cast<uintmax_t>(out_bytes));
+  return Status::Ok();
+}
+
+}  // namespace
 
 Status RunTokenize(const TokenizeFlags& f) {
   std::error_code ec;
@@ -35,6 +84,7 @@ Status RunTokenize(const TokenizeFlags& f) {
     return InvalidArgumentError(
         fmt::format("--output '{}' is the input file; name another file", f.output));
   }
+  if (IsJsonl(f)) return RunTokenizeJsonl(f);
   if (f.byte_level) {
     std::ifstream in(f.input, std::ios::binary);
     if (!in) return ErrnoToStatus(errno, fmt::format("reading --input '{}'", f.input));

@@ -3,6 +3,11 @@
 // as an llm.c token file (data/token_dataset.h) that `strata train --data` reads. With
 // --byte-level instead of --tokenizer every byte is a token (vocabulary 256: the byte-level
 // presets, and test models).
+//
+// An input named *.jsonl (or --format jsonl) is instruction data (data/instruction_data.h):
+// every line an example rendered with --chat-template (auto: the tokenizer's
+// tokenizer_config.json), written with per-token flags (the loss mask and example starts) that
+// `strata train` reads as whole examples.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -17,12 +22,15 @@ struct TokenizeFlags {
   bool byte_level = false;
   std::string input;
   std::string output;
+  std::string format = "auto";         // auto (by the input's extension), text, jsonl
+  std::string chat_template = "auto";  // jsonl: auto, llama3, chatml, mistral, none
 };
 void AddTokenizeFlags(CLI::App& cmd, TokenizeFlags& f);
 
-// Prints one line: tokens, bytes/token, the file's token width. Nothing is written when the
-// tokenizer or the input cannot be read (their one-line errors, naming the file), or when
-// --output names the input (kInvalidArgument).
+// Prints one line: tokens, bytes/token, the file's token width; for instruction data the
+// template, examples, tokens and tokens in the loss. Nothing is written when the tokenizer or
+// the input cannot be read or rendered (their one-line errors, naming the file and line), when
+// --output names the input, or for JSONL with --byte-level (kInvalidArgument).
 Status RunTokenize(const TokenizeFlags& f);
 
 }  // namespace strata::tools

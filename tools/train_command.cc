@@ -55,7 +55,16 @@ void AddDataFlags(CLI::App& cmd, TrainFlags& f) {
   cmd.add_option("--data", f.data,
                  "Token files in llm.c's format (several, or globs: shards read in order), or "
                  "one text file: byte-level tokens, or tokenized with --tokenizer (cached beside "
-                 "it); 90/10 train/val split unless --val-data")
+                 "it); 90/10 train/val split unless --val-data. Token files with per-token flags "
+                 "(`strata tokenize` of JSONL instruction data) train on whole examples, the "
+                 "loss on the responses only")
+      ->capture_default_str();
+  cmd.add_flag("--pack", f.pack,
+               "Instruction data: pack several examples into each row of --seq-len tokens "
+               "(greedily, in file order; attention and positions stay within each example)");
+  cmd.add_option("--long-examples", f.long_examples,
+                 "Instruction data: an example longer than --seq-len is truncated or skipped")
+      ->check(CLI::IsMember({"truncate", "skip"}))
       ->capture_default_str();
   cmd.add_option("--val-data", f.val_data, "Validation token files (or text with --tokenizer)");
   cmd.add_option("--tokenizer", f.tokenizer,
@@ -431,6 +440,7 @@ nlohmann::json OutcomeJson(const TrainOutcome& r, double wall_seconds) {
       {"loss_last", num_or_null(r.loss_last)},
       {"val_loss", num_or_null(r.val_loss)},
       {"skipped_steps", r.skipped},
+      {"tokens_in_loss", r.tokens_in_loss},
       {"update_during_backward_share", c.params_updated_on_cpu > 0
                                            ? static_cast<double>(c.params_updated_during_backward) /
                                                  static_cast<double>(c.params_updated_on_cpu)

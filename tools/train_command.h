@@ -20,6 +20,10 @@ struct TrainFlags {
   std::vector<std::string> data = {"data/tinyshakespeare.txt"};
   std::vector<std::string> val_data;  // empty: the last 10% of --data
   std::string tokenizer;              // a SentencePiece model for text data
+  // Token files with per-token flags (instruction data from `strata tokenize`): several
+  // examples packed into a row; an example longer than --seq-len truncated or skipped.
+  bool pack = false;
+  std::string long_examples = "truncate";
   std::string model = "small";
   std::string model_dir;  // a Hugging Face directory: fine-tune from its weights
   int64_t steps = 300;

@@ -22,17 +22,24 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// Targets the loss counts in `batch`.
+int64_t TargetsInLoss(const data::Batch& batch) {
+  int64_t n = 0;
+  for (int32_t t : batch.targets) n += t != data::kIgnoreTarget;
+  return n;
+}
+
 double SecondsSince(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
 StatusOr<float> Evaluate(engine::Engine& e, const data::Dataset& data, const TrainFlags& f) {
-  std::vector<int32_t> tokens, targets;
+  data::Batch batch;
   double sum = 0;
   for (int i = 0; i < f.eval_batches; ++i) {
-    data.ValBatch(i, f.eval_batches, f.micro_batch_size, f.seq_len, &tokens, &targets);
-    STRATA_ASSIGN_OR_RETURN(float loss,
-                            e.EvaluateLoss({tokens, targets}, {f.micro_batch_size, f.seq_len}));
+    data.ValBatch(i, f.eval_batches, f.micro_batch_size, f.seq_len, &batch);
+    STRATA_ASSIGN_OR_RETURN(
+        float loss, e.EvaluateLoss({batch.tokens, batch.targets}, {f.micro_batch_size, f.seq_len}));
     sum += loss;
   }
   return static_cast<float>(sum / f.eval_batches);
@@ -135,9 +142,9 @@ class TrainLoop {
   std::mt19937_64 data_rng_;
   // Over every rank: the global batch.
   const int64_t tokens_per_step_;
-  std::vector<std::vector<int32_t>> toks_, tgts_;
+  std::vector<data::Batch> data_batches_;
   std::vector<engine::MicroBatch> batches_;
-  std::vector<int32_t> skip_toks_, skip_tgts_;
+  data::Batch skip_batch_;
   TrainOutcome out_;
   const Clock::time_point t_train_;
   double eval_seconds_ = 0;
@@ -157,8 +164,7 @@ TrainLoop::TrainLoop(const TrainLoopInputs& in, int64_t start_step, std::mt19937
       data_rng_(std::move(data_rng)),
       tokens_per_step_(int64_t{f_.micro_batch_size} * f_.seq_len * f_.grad_accum_steps *
                        o_.ranks.ranks),
-      toks_(f_.grad_accum_steps),
-      tgts_(f_.grad_accum_steps),
+      data_batches_(f_.grad_accum_steps),
       batches_(f_.grad_accum_steps),
       t_train_(Clock::now()),
       progress_(ProgressOptionsFor(f_, tokens_per_step_, engine_.counters()), stdout, stderr),
@@ -186,16 +192,20 @@ Status TrainLoop::Flush() {
 
 // The global batch is ranks x A micro-batches drawn in one order whatever the number of ranks;
 // rank r trains on micro-batches r*A .. r*A + A - 1 of it (a disjoint share), and every rank's
-// data_rng advances alike.
+// data_rng advances alike. Every rank counts the targets in the loss of the whole global batch.
 void TrainLoop::SampleBatches() {
   const int accum = f_.grad_accum_steps;
   for (int k = 0; k < o_.ranks.ranks * accum; ++k) {
     const int i = k - o_.ranks.rank * accum;
     if (i >= 0 && i < accum) {
-      data_.SampleTrainBatch(data_rng_, f_.micro_batch_size, f_.seq_len, &toks_[i], &tgts_[i]);
-      batches_[i] = {toks_[i], tgts_[i]};
+      data::Batch& b = data_batches_[i];
+      data_.SampleTrainBatch(data_rng_, f_.micro_batch_size, f_.seq_len, &b);
+      // b.positions (example data) is not handed on: engine::MicroBatch has no positions yet.
+      batches_[i] = {b.tokens, b.targets};
+      out_.tokens_in_loss += TargetsInLoss(b);
     } else {
-      data_.SampleTrainBatch(data_rng_, f_.micro_batch_size, f_.seq_len, &skip_toks_, &skip_tgts_);
+      data_.SampleTrainBatch(data_rng_, f_.micro_batch_size, f_.seq_len, &skip_batch_);
+      out_.tokens_in_loss += TargetsInLoss(skip_batch_);
     }
   }
 }

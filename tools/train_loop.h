@@ -35,6 +35,9 @@ struct TrainOutcome {
   float loss_last = 0;
   float val_loss = 0;  // NaN without --eval-every
   int64_t skipped = 0;
+  // Targets the loss counted (other than data::kIgnoreTarget) over the global batches of the
+  // steps run (every rank draws the whole global batch, so each counts the job's total).
+  int64_t tokens_in_loss = 0;
   double train_seconds = 0;  // wall time of the steps, evaluation excluded
   double tokens_per_second = 0;
   // Busy seconds per part over the timed engine calls (steps and their flushes), and their sum.

@@ -228,6 +228,9 @@ data::TrainingDataOptions DataOptions(const TrainFlags& f, const ModelSpec& spec
   if (d.tokenizer.empty() && !spec.byte_level()) d.tokenizer = spec.default_tokenizer();
   d.seq_len = f.seq_len;
   d.vocab_size = model.vocab_size();
+  d.pack = f.pack;
+  d.long_examples =
+      f.long_examples == "skip" ? data::LongExamples::kSkip : data::LongExamples::kTruncate;
   return d;
 }
 

@@ -29,6 +29,8 @@ using ::testing::Not;
 
 using testing::Opts;
 
+void ExpectOneLineNaming(const Status& s, const std::string& path);
+
 class TokenDatasetTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -122,6 +124,92 @@ TEST_F(TokenDatasetTest, AnEmptyTokenListIsAValidFileOfZeroTokens) {
   auto d = TokenDataset::Open({path}, 10);
   ASSERT_TRUE(d.ok()) << d.status().ToString();
   EXPECT_EQ(d->num_tokens(), 0);
+}
+
+// --- per-token flags (header[3] == 1) ---
+
+TEST_F(TokenDatasetTest, FlagsAreWrittenAfterTheTokensAndReadBackAcrossShards) {
+  const std::vector<int32_t> a = {1, 2, 3, 4, 5}, b = {70000, 6, 7};
+  const std::vector<uint8_t> fa = {2, 0, 1, 3, 1}, fb = {0, 2, 1};
+  ASSERT_TRUE(WriteTokenFile(Path("s0.bin"), a, fa).ok());
+  ASSERT_TRUE(WriteTokenFile(Path("s1.bin"), b, fb).ok());
+  const std::string bytes = FileBytes(Path("s0.bin"));
+  ASSERT_EQ(bytes.size(), 1024u + 2 * a.size() + a.size());
+  int32_t header[4];
+  std::memcpy(header, bytes.data(), sizeof header);
+  EXPECT_EQ(header[1], 1);
+  EXPECT_EQ(header[2], 5);
+  EXPECT_EQ(header[3], 1);
+  EXPECT_EQ(bytes.substr(1024 + 10), std::string(fa.begin(), fa.end()));
+  EXPECT_EQ(fs::file_size(Path("s1.bin")), 1024u + 4 * 3 + 3);  // uint32 tokens, then flags
+  auto d = TokenDataset::Open({Path("s*.bin")}, 80000);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_TRUE(d->has_flags());
+  EXPECT_EQ(ReadAll(*d), (std::vector<int32_t>{1, 2, 3, 4, 5, 70000, 6, 7}));
+  std::vector<uint8_t> flags(8);
+  d->ReadFlags(0, 8, flags.data());
+  EXPECT_EQ(flags, (std::vector<uint8_t>{2, 0, 1, 3, 1, 0, 2, 1}));
+  std::vector<uint8_t> mid(3);
+  d->Slice(2, 8).ReadFlags(2, 3, mid.data());  // global tokens 4..6, across the boundary
+  EXPECT_EQ(mid, (std::vector<uint8_t>{1, 0, 2}));
+}
+
+TEST_F(TokenDatasetTest, AnLlmcFileWithoutFlagsReadsAsBeforeAndSaysItHasNone) {
+  // Bytes as llm.c writes them: header[3] and the rest zero, then uint16 tokens.
+  std::string payload;
+  for (uint16_t t : {7, 0, 65535, 12}) payload.append(reinterpret_cast<const char*>(&t), 2);
+  const std::string path = WriteRaw("llmc.bin", {kTokenFileMagic, 1, 4}, payload);
+  auto d = TokenDataset::Open({path}, 65536);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_FALSE(d->has_flags());
+  EXPECT_EQ(ReadAll(*d), (std::vector<int32_t>{7, 0, 65535, 12}));
+}
+
+TEST_F(TokenDatasetTest, BadFlagsHeadersSizesAndBitsAreOneLineErrors) {
+  const std::string word = WriteRaw("word.bin", {kTokenFileMagic, 1, 1, 2}, std::string(3, '\0'));
+  auto w = TokenDataset::Open({word}, 10);
+  ASSERT_FALSE(w.ok());
+  ExpectOneLineNaming(w.status(), word);
+  EXPECT_THAT(w.status().message(), HasSubstr("flags word 2 at byte offset 12"));
+  // Flags promised, the flag bytes missing.
+  const std::string size = WriteRaw("size.bin", {kTokenFileMagic, 1, 2, 1}, std::string(4, '\0'));
+  auto z = TokenDataset::Open({size}, 10);
+  ASSERT_FALSE(z.ok());
+  ExpectOneLineNaming(z.status(), size);
+  EXPECT_THAT(z.status().message(),
+              HasSubstr("says 2 tokens (1030 bytes with the header, uint16 tokens and uint8 "
+                        "flags) but the file has 1028 bytes"));
+  // An unknown bit in the second flag.
+  std::string payload(4, '\0');
+  payload += '\x01';
+  payload += '\x05';
+  const std::string bits = WriteRaw("bits.bin", {kTokenFileMagic, 1, 2, 1}, payload);
+  auto b = TokenDataset::Open({bits}, 10);
+  ASSERT_FALSE(b.ok());
+  ExpectOneLineNaming(b.status(), bits);
+  EXPECT_THAT(b.status().message(), HasSubstr("flags 0x05 of token offset 1 (byte offset 1029)"));
+}
+
+TEST_F(TokenDatasetTest, ShardsWithAndWithoutFlagsAreRefused) {
+  ASSERT_TRUE(
+      WriteTokenFile(Path("a.bin"), std::vector<int32_t>{1, 2}, std::vector<uint8_t>{2, 1}).ok());
+  Write("b.bin", {3, 4});
+  auto d = TokenDataset::Open({Path("a.bin"), Path("b.bin")}, 10);
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), StatusCode::kInvalidArgument);
+  ExpectOneLineNaming(d.status(), Path("b.bin"));
+  EXPECT_THAT(d.status().message(), HasSubstr("all shards must agree"));
+}
+
+TEST_F(TokenDatasetTest, WritingFlagsOfTheWrongCountOrWithUnknownBitsFailsAndWritesNothing) {
+  const std::vector<int32_t> tokens = {1, 2, 3};
+  Status s = WriteTokenFile(Path("n.bin"), tokens, std::vector<uint8_t>{1, 1});
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("2 flags for 3 tokens"));
+  s = WriteTokenFile(Path("n.bin"), tokens, std::vector<uint8_t>{1, 4, 0});
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("token offset 1"));
+  EXPECT_FALSE(fs::exists(Path("n.bin")));
 }
 
 TEST_F(TokenDatasetTest, WritingReplacesAnExistingFileAndLeavesNoTemporaryFile) {
@@ -259,9 +347,12 @@ TEST_F(TokenDatasetTest, TrainBatchesAreWindowsAtOffsetsDrawnFromTheRng) {
   ASSERT_TRUE(d.ok()) << d.status().ToString();
   const int B = 5, T = 9;
   std::mt19937_64 rng(42), reference(42);
-  std::vector<int32_t> tokens, targets;
+  Batch batch;
+  const auto& tokens = batch.tokens;
+  const auto& targets = batch.targets;
   for (int step = 0; step < 20; ++step) {
-    d->SampleTrainBatch(rng, B, T, &tokens, &targets);
+    d->SampleTrainBatch(rng, B, T, &batch);
+    ASSERT_TRUE(batch.positions.empty());
     ASSERT_EQ(tokens.size(), static_cast<size_t>(B * T));
     ASSERT_EQ(targets.size(), static_cast<size_t>(B * T));
     for (int b = 0; b < B; ++b) {
@@ -280,10 +371,10 @@ TEST_F(TokenDatasetTest, TheLastWindowOffsetReachesTheLastToken) {
   auto d = TokenDataset::Open({Path("a.bin")}, 10);
   ASSERT_TRUE(d.ok()) << d.status().ToString();
   std::mt19937_64 rng(1);
-  std::vector<int32_t> tokens, targets;
-  d->SampleTrainBatch(rng, 1, 3, &tokens, &targets);  // 4 tokens, T = 3: one position
-  EXPECT_EQ(tokens, (std::vector<int32_t>{0, 1, 2}));
-  EXPECT_EQ(targets, (std::vector<int32_t>{1, 2, 3}));
+  Batch batch;
+  d->SampleTrainBatch(rng, 1, 3, &batch);  // 4 tokens, T = 3: one position
+  EXPECT_EQ(batch.tokens, (std::vector<int32_t>{0, 1, 2}));
+  EXPECT_EQ(batch.targets, (std::vector<int32_t>{1, 2, 3}));
 }
 
 // --- bad input: one line, naming the file (and offset) ---
@@ -401,9 +492,9 @@ TEST_F(TokenDatasetTest, TokenFilesWithoutValDataHoldOutTheLastTenPercent) {
   EXPECT_EQ(data->tokenizer, nullptr);
   EXPECT_EQ(data->dataset->train_tokens(), 90);
   EXPECT_EQ(data->dataset->val_tokens(), 10);
-  std::vector<int32_t> tokens, targets;
-  data->dataset->ValBatch(0, 1, 1, 4, &tokens, &targets);
-  EXPECT_EQ(tokens, (std::vector<int32_t>{90, 91, 92, 93}));  // the first validation window
+  Batch batch;
+  data->dataset->ValBatch(0, 1, 1, 4, &batch);
+  EXPECT_EQ(batch.tokens, (std::vector<int32_t>{90, 91, 92, 93}));  // the first validation window
   EXPECT_THAT(data->dataset->Describe(), HasSubstr("2 token files"));
   EXPECT_THAT(data->dataset->Describe(), HasSubstr("train 90, val 10"));
 }
@@ -415,10 +506,10 @@ TEST_F(TokenDatasetTest, ValDataNamesTheValidationTokens) {
   ASSERT_TRUE(data.ok()) << data.status().ToString();
   EXPECT_EQ(data->dataset->train_tokens(), 50);
   EXPECT_EQ(data->dataset->val_tokens(), 20);
-  std::vector<int32_t> tokens, targets;
-  data->dataset->ValBatch(1, 2, 1, 4, &tokens, &targets);  // offset 1 * 16 / 2 = 8
-  EXPECT_EQ(tokens, (std::vector<int32_t>{1008, 1009, 1010, 1011}));
-  EXPECT_EQ(targets, (std::vector<int32_t>{1009, 1010, 1011, 1012}));
+  Batch batch;
+  data->dataset->ValBatch(1, 2, 1, 4, &batch);  // offset 1 * 16 / 2 = 8
+  EXPECT_EQ(batch.tokens, (std::vector<int32_t>{1008, 1009, 1010, 1011}));
+  EXPECT_EQ(batch.targets, (std::vector<int32_t>{1009, 1010, 1011, 1012}));
 }
 
 TEST_F(TokenDatasetTest, TheBadTokenOfAValidationFileIsReportedAgainstThatFile) {
@@ -465,18 +556,20 @@ TEST_F(TokenDatasetTest, TextWithoutATokenizerGivesTheSameBatchesAsTextDatasetLo
   ASSERT_TRUE(direct.ok()) << direct.status().ToString();
   EXPECT_EQ(data->dataset->train_tokens(), static_cast<int64_t>(direct->train_bytes()));
   std::mt19937_64 rng_a(11), rng_b(11);
-  std::vector<int32_t> ta, ya, tb, yb;
+  Batch a, b;
   for (int step = 0; step < 10; ++step) {
-    data->dataset->SampleTrainBatch(rng_a, B, T, &ta, &ya);
-    direct->SampleTrainBatch(rng_b, B, T, &tb, &yb);
-    ASSERT_EQ(ta, tb);
-    ASSERT_EQ(ya, yb);
+    data->dataset->SampleTrainBatch(rng_a, B, T, &a);
+    direct->SampleTrainBatch(rng_b, B, T, &b);
+    ASSERT_EQ(a.tokens, b.tokens);
+    ASSERT_EQ(a.targets, b.targets);
+    ASSERT_TRUE(a.positions.empty());
   }
   for (int i = 0; i < 4; ++i) {
-    data->dataset->ValBatch(i, 4, B, T, &ta, &ya);
-    direct->ValBatch(i, 4, B, T, &tb, &yb);
-    ASSERT_EQ(ta, tb);
-    ASSERT_EQ(ya, yb);
+    data->dataset->ValBatch(i, 4, B, T, &a);
+    direct->ValBatch(i, 4, B, T, &b);
+    ASSERT_EQ(a.tokens, b.tokens);
+    ASSERT_EQ(a.targets, b.targets);
+    ASSERT_TRUE(a.positions.empty());
   }
 }
 
@@ -501,18 +594,20 @@ TEST_F(TokenDatasetTest, ATokenFileOfTheSameBytesGivesTheSameBatchesAsByteLevelT
   EXPECT_EQ(bytes->dataset->train_tokens(), toks->dataset->train_tokens());
   EXPECT_EQ(bytes->dataset->val_tokens(), toks->dataset->val_tokens());
   std::mt19937_64 rng_a(9), rng_b(9);
-  std::vector<int32_t> ta, ya, tb, yb;
+  Batch a, b;
   for (int step = 0; step < 10; ++step) {
-    bytes->dataset->SampleTrainBatch(rng_a, B, T, &ta, &ya);
-    toks->dataset->SampleTrainBatch(rng_b, B, T, &tb, &yb);
-    ASSERT_EQ(ta, tb);
-    ASSERT_EQ(ya, yb);
+    bytes->dataset->SampleTrainBatch(rng_a, B, T, &a);
+    toks->dataset->SampleTrainBatch(rng_b, B, T, &b);
+    ASSERT_EQ(a.tokens, b.tokens);
+    ASSERT_EQ(a.targets, b.targets);
+    ASSERT_TRUE(a.positions.empty());
   }
   for (int i = 0; i < 3; ++i) {
-    bytes->dataset->ValBatch(i, 3, B, T, &ta, &ya);
-    toks->dataset->ValBatch(i, 3, B, T, &tb, &yb);
-    ASSERT_EQ(ta, tb);
-    ASSERT_EQ(ya, yb);
+    bytes->dataset->ValBatch(i, 3, B, T, &a);
+    toks->dataset->ValBatch(i, 3, B, T, &b);
+    ASSERT_EQ(a.tokens, b.tokens);
+    ASSERT_EQ(a.targets, b.targets);
+    ASSERT_TRUE(a.positions.empty());
   }
 }
 

@@ -337,8 +337,10 @@ TEST_F(TokenizerTest, TrainingDataFromTextAndATokenizerAreItsTokenizedCache) {
   EXPECT_EQ(data->dataset->val_tokens(), n - split);
   EXPECT_TRUE(fs::exists(TokenCachePath(text_path, *data->tokenizer)));
   std::mt19937_64 rng(3), reference(3);
-  std::vector<int32_t> tokens, targets;
-  data->dataset->SampleTrainBatch(rng, 2, T, &tokens, &targets);
+  Batch batch;
+  data->dataset->SampleTrainBatch(rng, 2, T, &batch);
+  const auto& tokens = batch.tokens;
+  const auto& targets = batch.targets;
   for (int b = 0; b < 2; ++b) {
     const uint64_t o = reference() % static_cast<uint64_t>(split - T);
     for (int i = 0; i < T; ++i) {

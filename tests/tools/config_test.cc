@@ -54,7 +54,8 @@ TEST(TrainConfig, EveryAcceptedKeyParsesToItsField) {
     "strata": {"io_backend": "posix", "device": "host", "device_budget": "64MiB",
                "model": "tiny", "data": "/data/x.txt", "steps": 9, "seq_len": 32, "seed": 5,
                "warmup_steps": 2, "eval_every": 3, "eval_batches": 4, "sample_bytes": 0,
-               "summary_json": "/tmp/s.json", "copy_bandwidth": 25e9}
+               "summary_json": "/tmp/s.json", "copy_bandwidth": 25e9, "pack": true,
+               "long_examples": "skip"}
   })";
   TrainFlags f;
   const Status s = Apply(text, &f);
@@ -96,6 +97,8 @@ TEST(TrainConfig, EveryAcceptedKeyParsesToItsField) {
   EXPECT_EQ(f.sample_bytes, 0);
   EXPECT_EQ(f.summary_json, "/tmp/s.json");
   EXPECT_DOUBLE_EQ(f.copy_bandwidth, 25e9);
+  EXPECT_TRUE(f.pack);
+  EXPECT_EQ(f.long_examples, "skip");
 }
 
 TEST(TrainConfig, KeysNotInTheFileKeepTheirValues) {

@@ -1,4 +1,5 @@
-// `strata tokenize` as a user runs it, with a tiny SentencePiece model trained here.
+// `strata tokenize` as a user runs it, with a tiny SentencePiece model trained here: text, and
+// instruction data (JSON lines) rendered with a chat template into tokens with flags.
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -148,6 +149,109 @@ TEST_F(TokenizeCliTest, ByteLevelWritesEveryByteAsATokenAndNeedsNoTokenizer) {
   EXPECT_EQ(neither.exit_code, 1);
   EXPECT_THAT(neither.err, HasSubstr("--byte-level"));
   EXPECT_FALSE(fs::exists(out + ".2"));
+}
+
+// --- instruction data (JSONL) ---
+
+// A model directory: a SentencePiece model with ChatML's special tokens, and a
+// tokenizer_config.json whose chat_template is `jinja` (none when empty).
+std::string MakeChatModel(const fs::path& dir, const std::string& text, const std::string& jinja) {
+  fs::create_directories(dir);
+  const auto status = sentencepiece::SentencePieceTrainer::Train(
+      fmt::format("--input={} --model_prefix={} --vocab_size=70 --model_type=bpe --num_threads=1 "
+                  "--minloglevel=2 --user_defined_symbols=<|im_start|>,<|im_end|>",
+                  text, (dir / "tokenizer").string()));
+  EXPECT_TRUE(status.ok()) << status.ToString();
+  if (!jinja.empty()) {
+    std::ofstream(dir / "tokenizer_config.json") << "{\"chat_template\": \"" << jinja << "\"}";
+  }
+  return (dir / "tokenizer.model").string();
+}
+
+constexpr const char* kChatmlJinja =
+    "{% for m in messages %}{{'<|im_start|>' + m['role'] + '\\\\n' + m['content'] + "
+    "'<|im_end|>\\\\n'}}{% endfor %}";
+
+TEST_F(TokenizeCliTest, JsonlIsRenderedWithTheTemplateOfTokenizerConfigAndWrittenWithFlags) {
+  const std::string model = MakeChatModel(dir_ / "chat", text_, kChatmlJinja);
+  const std::string input = (dir_ / "sft.jsonl").string();
+  const std::vector<std::string> responses = {"bako dige", "fu", "gebo daku kafi"};
+  std::ofstream(input) << R"({"prompt": "dabo", "response": "bako dige"})"
+                       << "\n"
+                       << R"({"messages": [{"role": "system", "content": "fika"}, )"
+                       << R"({"role": "user", "content": "kadi"}, )"
+                       << R"({"role": "assistant", "content": "fu"}]})"
+                       << "\n\n"
+                       << R"({"prompt": "gobe", "response": "gebo daku kafi"})"
+                       << "\n";
+  const std::string out = (dir_ / "sft.bin").string();
+  const Result r =
+      RunStrata("tokenize --tokenizer " + model + " --input " + input + " --output " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(Lines(r.out), 1) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("chat template chatml (chat_template of '"));
+  EXPECT_THAT(r.out, HasSubstr("3 examples"));
+
+  const std::string bytes = ReadFile(out);
+  int32_t header[4];
+  std::memcpy(header, bytes.data(), sizeof header);
+  EXPECT_EQ(header[1], 1);
+  EXPECT_EQ(header[3], 1);
+  const size_t n = static_cast<size_t>(header[2]);
+  ASSERT_EQ(bytes.size(), 1024 + 2 * n + n);
+  EXPECT_THAT(r.out, HasSubstr(fmt::format("{} tokens,", n)));
+  sentencepiece::SentencePieceProcessor sp;
+  ASSERT_TRUE(sp.Load(model).ok());
+  // Each example's tokens in the loss decode to its response and <|im_end|>.
+  std::vector<std::vector<int>> in_loss;
+  size_t in_loss_count = 0;
+  for (size_t i = 0; i < n; ++i) {
+    uint16_t t;
+    std::memcpy(&t, bytes.data() + 1024 + 2 * i, 2);
+    const auto flag = static_cast<uint8_t>(bytes[1024 + 2 * n + i]);
+    if (flag & 2) in_loss.emplace_back();
+    if (i == 0) EXPECT_TRUE(flag & 2);
+    if (flag & 1) in_loss.back().push_back(t), ++in_loss_count;
+    ASSERT_EQ(flag & ~3, 0) << i;
+  }
+  ASSERT_EQ(in_loss.size(), 3u);
+  for (size_t e = 0; e < 3; ++e) {
+    std::string text;
+    ASSERT_TRUE(sp.Decode(in_loss[e], &text).ok());
+    EXPECT_EQ(text, responses[e] + "<|im_end|>") << e;
+  }
+  EXPECT_THAT(r.out, HasSubstr(fmt::format("{} tokens in loss", in_loss_count)));
+}
+
+TEST_F(TokenizeCliTest, AnUnknownOrUnrenderableChatTemplateIsRefusedAndWritesNothing) {
+  const std::string input = (dir_ / "sft.jsonl").string();
+  std::ofstream(input) << R"({"prompt": "dabo", "response": "bako"})"
+                       << "\n";
+  const std::string out = (dir_ / "sft.bin").string();
+  const std::string model =
+      MakeChatModel(dir_ / "gemma", text_,
+                    "{% for m in messages %}<start_of_turn>{{ m['content'] }}{% endfor %}");
+  const Result unknown = RunStrata("tokenize --tokenizer " + model + " --input " + input +
+                                   " --output " + out + " --chat-template gemma");
+  EXPECT_EQ(unknown.exit_code, 1);
+  EXPECT_EQ(Lines(unknown.err), 1) << unknown.err;
+  EXPECT_THAT(unknown.err, HasSubstr("chat template 'gemma' is not one of auto, llama3, chatml, "
+                                     "mistral, none"));
+  const Result unrenderable =
+      RunStrata("tokenize --tokenizer " + model + " --input " + input + " --output " + out);
+  EXPECT_EQ(unrenderable.exit_code, 1);
+  EXPECT_EQ(Lines(unrenderable.err), 1) << unrenderable.err;
+  EXPECT_THAT(unrenderable.err, HasSubstr("chat_template is not one Strata renders (llama3, "
+                                          "chatml, mistral): give --chat-template NAME or none"));
+  EXPECT_FALSE(fs::exists(out));
+  // Named, the template is used whatever the config says; a bad line names file and line.
+  std::ofstream(input, std::ios::app) << R"({"prompt": "dabo"})"
+                                      << "\n";
+  const Result bad_line = RunStrata("tokenize --tokenizer " + model + " --input " + input +
+                                    " --output " + out + " --chat-template none");
+  EXPECT_EQ(bad_line.exit_code, 1);
+  EXPECT_THAT(bad_line.err, HasSubstr("'" + input + "' line 2: the example has no \"response\""));
+  EXPECT_FALSE(fs::exists(out));
 }
 
 }  // namespace

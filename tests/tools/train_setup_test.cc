@@ -1,11 +1,15 @@
 #include "tools/train_setup.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "base/units.h"
+#include "data/token_dataset.h"
 #include "engine/engine.h"
 #include "engine/planner.h"
 #include "io/io_backend.h"
@@ -40,6 +44,36 @@ TEST(TrainSetup, DefaultFlagsBecomeTheEngineOptions) {
   EXPECT_EQ(o->engine.placement.device_budget_bytes, 0u);  // until ResolveDeviceBudget
   EXPECT_EQ(o->engine.comm, nullptr);
   EXPECT_EQ(o->engine.trace, nullptr);
+}
+
+TEST(TrainSetup, PackAndLongExamplesReachTheExampleData) {
+  // Token files with flags: examples of 3, 12 (longer than the rows), 4 and 3 tokens.
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("strata_train_setup_sft_" + std::to_string(::getpid()) + ".bin"))
+                               .string();
+  std::vector<int32_t> tokens;
+  std::vector<uint8_t> flags;
+  for (int length : {3, 12, 4, 3, 3, 3, 3, 3, 3, 3}) {
+    for (int i = 0; i < length; ++i) {
+      tokens.push_back(10 + i);
+      flags.push_back(static_cast<uint8_t>((i == 0 ? data::kTokenFlagExampleStart : 0) |
+                                           (i > 0 ? data::kTokenFlagInLoss : 0)));
+    }
+  }
+  ASSERT_TRUE(data::WriteTokenFile(path, tokens, flags).ok());
+  TrainFlags f;
+  f.model = "tiny";
+  f.data = {path};
+  f.seq_len = 8;
+  f.pack = true;
+  f.long_examples = "skip";
+  auto o = TrainOptionsFromFlags(f, {});
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  auto in = OpenModelAndData(*o);
+  std::filesystem::remove(path);
+  ASSERT_TRUE(in.ok()) << in.status().ToString();
+  EXPECT_THAT(in->data.dataset->Describe(),
+              ::testing::HasSubstr("packed; 1 longer than 8 tokens skipped"));
 }
 
 TEST(TrainSetup, FlagsReachTheirOptionStruct) {
