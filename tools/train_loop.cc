@@ -22,6 +22,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+static_assert(data::kIgnoreTarget == engine::kIgnoreTarget);
+
 // Targets the loss counts in `batch`.
 int64_t TargetsInLoss(const data::Batch& batch) {
   int64_t n = 0;
@@ -33,16 +35,22 @@ double SecondsSince(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+// The mean loss over the counted targets of the validation batches (each batch's mean weighed by
+// its counted targets: every batch alike for text and plain token files).
 StatusOr<float> Evaluate(engine::Engine& e, const data::Dataset& data, const TrainFlags& f) {
   data::Batch batch;
   double sum = 0;
+  int64_t counted = 0;
   for (int i = 0; i < f.eval_batches; ++i) {
     data.ValBatch(i, f.eval_batches, f.micro_batch_size, f.seq_len, &batch);
-    STRATA_ASSIGN_OR_RETURN(
-        float loss, e.EvaluateLoss({batch.tokens, batch.targets}, {f.micro_batch_size, f.seq_len}));
-    sum += loss;
+    STRATA_ASSIGN_OR_RETURN(float loss,
+                            e.EvaluateLoss({batch.tokens, batch.targets, batch.positions},
+                                           {f.micro_batch_size, f.seq_len}));
+    const int64_t n = TargetsInLoss(batch);
+    sum += static_cast<double>(loss) * n;
+    counted += n;
   }
-  return static_cast<float>(sum / f.eval_batches);
+  return counted > 0 ? static_cast<float>(sum / counted) : 0.0f;
 }
 
 // The first context of a sample: a newline, as a byte or through the tokenizer (its BOS when it
@@ -200,8 +208,7 @@ void TrainLoop::SampleBatches() {
     if (i >= 0 && i < accum) {
       data::Batch& b = data_batches_[i];
       data_.SampleTrainBatch(data_rng_, f_.micro_batch_size, f_.seq_len, &b);
-      // b.positions (example data) is not handed on: engine::MicroBatch has no positions yet.
-      batches_[i] = {b.tokens, b.targets};
+      batches_[i] = {b.tokens, b.targets, b.positions};
       out_.tokens_in_loss += TargetsInLoss(b);
     } else {
       data_.SampleTrainBatch(data_rng_, f_.micro_batch_size, f_.seq_len, &skip_batch_);

@@ -223,6 +223,45 @@ TEST_F(TokenizeCliTest, JsonlIsRenderedWithTheTemplateOfTokenizerConfigAndWritte
   EXPECT_THAT(r.out, HasSubstr(fmt::format("{} tokens in loss", in_loss_count)));
 }
 
+// The whole path: JSON lines rendered into a flagged token file, then trained on, packed and not:
+// the engine takes the ignored targets and the per-example positions, and the run counts only
+// the response tokens in its loss (tokens_in_loss below every token it saw, above zero).
+TEST_F(TokenizeCliTest, TrainingOnTokenizedInstructionDataCountsOnlyTheResponsesInItsLoss) {
+  const std::string model = MakeChatModel(dir_ / "chat_train", text_, kChatmlJinja);
+  const std::string input = (dir_ / "train.jsonl").string();
+  {
+    std::ofstream in(input);
+    for (int i = 0; i < 40; ++i) {
+      in << R"({"prompt": "dabo kadi gobe", "response": ")" << (i % 2 ? "bako dige" : "fu")
+         << "\"}\n";
+    }
+  }
+  const std::string data = (dir_ / "train.bin").string();
+  const Result tok =
+      RunStrata("tokenize --tokenizer " + model + " --input " + input + " --output " + data);
+  ASSERT_EQ(tok.exit_code, 0) << tok.out << tok.err;
+  const int steps = 3, accum = 2, batch = 2, seq = 32;
+  for (const char* pack : {"--pack", ""}) {
+    SCOPED_TRACE(*pack ? "packed" : "one example per row");
+    const std::string summary = (dir_ / "summary.json").string();
+    const Result r = RunStrata(fmt::format(
+        "train --model llama-tiny --device host --data {} {} --seq-len {} --micro-batch-size {} "
+        "--grad-accum-steps {} --steps {} --eval-every 0 --sample-bytes 0 --log-every 0 "
+        "--offload-params host "
+        "--offload-optimizer host --summary-json {}",
+        data, pack, seq, batch, accum, steps, summary));
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    std::ifstream in(summary);
+    const std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t at = json.find("\"tokens_in_loss\":");
+    ASSERT_NE(at, std::string::npos) << json;
+    const long long in_loss = std::atoll(json.c_str() + at + 17);
+    EXPECT_GT(in_loss, 0) << json;
+    EXPECT_LT(in_loss, steps * accum * batch * seq / 2) << json;
+    EXPECT_EQ(json.find("nan"), std::string::npos) << json;
+  }
+}
+
 TEST_F(TokenizeCliTest, AnUnknownOrUnrenderableChatTemplateIsRefusedAndWritesNothing) {
   const std::string input = (dir_ / "sft.jsonl").string();
   std::ofstream(input) << R"({"prompt": "dabo", "response": "bako"})"
