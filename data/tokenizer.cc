@@ -107,6 +107,42 @@ StatusOr<std::unique_ptr<Tokenizer>> LoadSentencePiece(const std::string& path) 
 
 }  // namespace
 
+namespace {
+
+class ByteLevelTokenizer final : public Tokenizer {
+ public:
+  ByteLevelTokenizer() : Tokenizer("", 0) {}
+  int vocab_size() const override { return 256; }
+  int bos_id() const override { return -1; }
+  int eos_id() const override { return -1; }
+  int TokenId(std::string_view) const override { return -1; }
+  StatusOr<std::vector<int32_t>> Encode(std::string_view text) const override {
+    std::vector<int32_t> ids(text.size());
+    for (size_t i = 0; i < text.size(); ++i) ids[i] = static_cast<unsigned char>(text[i]);
+    return ids;
+  }
+  StatusOr<std::string> Decode(std::span<const int32_t> ids) const override {
+    std::string text(ids.size(), '\0');
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (ids[i] < 0 || ids[i] > 255) {
+        return InvalidArgumentError(
+            fmt::format("byte-level id {} at position {} is not a byte", ids[i], i));
+      }
+      text[i] = static_cast<char>(ids[i]);
+    }
+    return text;
+  }
+  size_t LastSafeCut(std::string_view text, size_t from) const override {
+    return text.size() > std::max<size_t>(from, 1) ? text.size() - 1 : 0;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> MakeByteLevelTokenizer() {
+  return std::make_unique<ByteLevelTokenizer>();
+}
+
 StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& path) {
   struct stat st;
   if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {

@@ -79,6 +79,11 @@ class Tokenizer {
   uint64_t fingerprint_ = 0;
 };
 
+// Every byte a token (vocabulary 256, no BOS or EOS, no special tokens: TokenId finds nothing):
+// the byte-level models' text behind the interface, for instruction data with the `none` chat
+// template. path() is "" and fingerprint() 0; every cut is safe.
+std::unique_ptr<Tokenizer> MakeByteLevelTokenizer();
+
 // The default block size of TokenizeTextFile's reads.
 inline constexpr size_t kTokenizeBlockBytes = size_t{1} << 20;
 

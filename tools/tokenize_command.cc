@@ -51,13 +51,27 @@ bool IsJsonl(const TokenizeFlags& f) {
 
 // Instruction data: rendered examples with their flags.
 Status RunTokenizeJsonl(const TokenizeFlags& f) {
-  if (f.byte_level || f.tokenizer.empty()) {
+  if (!f.byte_level && f.tokenizer.empty()) {
     return InvalidArgumentError(fmt::format(
-        "instruction data '{}' needs --tokenizer (its chat template's special tokens)", f.input));
+        "instruction data '{}' needs --tokenizer (its chat template's special tokens), or "
+        "--byte-level for a byte-level model (--chat-template none)",
+        f.input));
   }
-  STRATA_ASSIGN_OR_RETURN(auto tokenizer, data::Tokenizer::Load(f.tokenizer));
-  STRATA_ASSIGN_OR_RETURN(data::ChatFormat format,
-                          data::ResolveChatFormat(f.chat_template, f.tokenizer));
+  std::unique_ptr<data::Tokenizer> tokenizer;
+  if (f.byte_level) {
+    // Bytes have no special tokens: only the `none` template renders (auto means it).
+    if (f.chat_template != "auto" && f.chat_template != "none") {
+      return InvalidArgumentError(fmt::format(
+          "--byte-level has no special tokens for the {} chat template: use --chat-template none",
+          f.chat_template));
+    }
+    tokenizer = data::MakeByteLevelTokenizer();
+  } else {
+    STRATA_ASSIGN_OR_RETURN(tokenizer, data::Tokenizer::Load(f.tokenizer));
+  }
+  STRATA_ASSIGN_OR_RETURN(
+      data::ChatFormat format,
+      data::ResolveChatFormat(f.byte_level ? "none" : f.chat_template, f.tokenizer));
   STRATA_ASSIGN_OR_RETURN(data::InstructionTokens data,
                           data::TokenizeInstructionFile(*tokenizer, format, f.input));
   STRATA_RETURN_IF_ERROR(data::WriteTokenFile(f.output, data.tokens, data.flags));
@@ -68,7 +82,7 @@ Status RunTokenizeJsonl(const TokenizeFlags& f) {
   std::printf(
       "tokenized instruction data '%s' with '%s' (vocabulary %d), chat template %s (%s): %lld "
       "examples, %zu tokens, %lld tokens in loss; wrote '%s' (%s with flags, %ju bytes)\n",
-      f.input.c_str(), f.tokenizer.c_str(), tokenizer->vocab_size(),
+      f.input.c_str(), f.byte_level ? "bytes" : f.tokenizer.c_str(), tokenizer->vocab_size(),
       std::string(data::ChatTemplateName(format.kind)).c_str(), format.source.c_str(),
       static_cast<long long>(data.examples), data.tokens.size(),
       static_cast<long long>(data.tokens_in_loss), f.output.c_str(),

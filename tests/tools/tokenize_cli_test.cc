@@ -262,6 +262,32 @@ TEST_F(TokenizeCliTest, TrainingOnTokenizedInstructionDataCountsOnlyTheResponses
   }
 }
 
+// A byte-level model's instruction data: the `none` template over bytes, the response bytes (no
+// EOS: bytes have none) in the loss; a template that needs special tokens is refused.
+TEST_F(TokenizeCliTest, ByteLevelJsonlIsPromptThenResponseBytesWithTheResponseInTheLoss) {
+  const std::string input = (dir_ / "bytes.jsonl").string();
+  std::ofstream(input) << R"({"prompt": "Q: hi\n", "response": "A: yo\n"})"
+                       << "\n";
+  const std::string out = (dir_ / "bytes.bin").string();
+  const Result r = RunStrata("tokenize --byte-level --input " + input + " --output " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const std::string bytes = ReadFile(out);
+  const std::string text = "Q: hi\nA: yo\n";
+  ASSERT_EQ(bytes.size(), 1024 + 3 * text.size());
+  for (size_t i = 0; i < text.size(); ++i) {
+    uint16_t t;
+    std::memcpy(&t, bytes.data() + 1024 + 2 * i, 2);
+    EXPECT_EQ(t, static_cast<unsigned char>(text[i])) << i;
+    const auto flag = static_cast<uint8_t>(bytes[1024 + 2 * text.size() + i]);
+    EXPECT_EQ(flag, (i == 0 ? 2 : 0) | (i >= 6 ? 1 : 0)) << i;
+  }
+  const Result chatml = RunStrata("tokenize --byte-level --chat-template chatml --input " + input +
+                                  " --output " + out + ".2");
+  EXPECT_NE(chatml.exit_code, 0);
+  EXPECT_THAT(chatml.err, HasSubstr("use --chat-template none"));
+  EXPECT_FALSE(fs::exists(out + ".2"));
+}
+
 TEST_F(TokenizeCliTest, AnUnknownOrUnrenderableChatTemplateIsRefusedAndWritesNothing) {
   const std::string input = (dir_ / "sft.jsonl").string();
   std::ofstream(input) << R"({"prompt": "dabo", "response": "bako"})"
