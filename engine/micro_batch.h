@@ -29,7 +29,7 @@ struct MicroBatch {
   std::span<const int32_t> targets;
   // Empty, or (B, T) positions of packed examples (BlockBuffers::position_ids: each row starts at
   // 0; each value is 0, where an example starts, or the previous one plus 1).
-  std::span<const int32_t> position_ids;
+  std::span<const int32_t> position_ids = {};
 };
 
 // Checks `mb` against the shape (B T tokens, targets when with_targets, position ids when given)

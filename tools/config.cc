@@ -885,6 +885,20 @@ void ApplyLoraSection(Context& c, const json& strata, LoraFlags* f) {
   }
 }
 
+// The strata section's model and data keys.
+void ApplyStrataData(Context& c, const json& s, TrainFlags* f) {
+  Reader& r = c.r;
+  if (const json* v = Find(s, "model")) r.Set(&f->model, Reader::String(*v, "strata.model"));
+  if (const json* v = Find(s, "data")) {
+    std::string data;
+    if (r.Set(&data, Reader::String(*v, "strata.data"))) f->data = {data};
+  }
+  if (const json* v = Find(s, "pack")) r.Set(&f->pack, Reader::Bool(*v, "strata.pack"));
+  if (const json* v = Find(s, "long_examples")) {
+    r.Set(&f->long_examples, Reader::Choice(*v, "strata.long_examples", {"truncate", "skip"}));
+  }
+}
+
 void ApplyStrata(Context& c, const json& s, TrainFlags* f) {
   Reader& r = c.r;
   if (const json* v = Find(s, "io_backend")) {
@@ -915,15 +929,7 @@ void ApplyStrata(Context& c, const json& s, TrainFlags* f) {
             Reader::Choice(*v, "strata.update_during_backward", {"on", "off", "auto"}));
     }
   }
-  if (const json* v = Find(s, "model")) r.Set(&f->model, Reader::String(*v, "strata.model"));
-  if (const json* v = Find(s, "data")) {
-    std::string data;
-    if (r.Set(&data, Reader::String(*v, "strata.data"))) f->data = {data};
-  }
-  if (const json* v = Find(s, "pack")) r.Set(&f->pack, Reader::Bool(*v, "strata.pack"));
-  if (const json* v = Find(s, "long_examples")) {
-    r.Set(&f->long_examples, Reader::Choice(*v, "strata.long_examples", {"truncate", "skip"}));
-  }
+  ApplyStrataData(c, s, f);
   if (const json* v = Find(s, "summary_json")) {
     r.Set(&f->summary_json, Reader::String(*v, "strata.summary_json"));
   }
