@@ -21,11 +21,50 @@ bool Has(std::string_view text, std::string_view piece) {
   return text.find(piece) != std::string_view::npos;
 }
 
-// Jinja's `| trim` (Python's str.strip() on ASCII whitespace).
+// ASCII whitespace trimmed: what a blank JSON line is.
 std::string_view Trim(std::string_view s) {
   const size_t first = s.find_first_not_of(kWhitespace);
   if (first == std::string_view::npos) return {};
   return s.substr(first, s.find_last_not_of(kWhitespace) - first + 1);
+}
+
+// Python's str.isspace(): ASCII \t \n \v \f \r, the separators U+001C..U+001F, space, U+0085,
+// U+00A0, U+1680, U+2000..U+200A, U+2028, U+2029, U+202F, U+205F, U+3000.
+bool IsPythonSpace(char32_t c) {
+  return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 ||
+         c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F ||
+         c == 0x205F || c == 0x3000;
+}
+
+// The length in bytes of the UTF-8 sequence at s[0] when it is one character that
+// IsPythonSpace, else 0 (also for an invalid or truncated sequence).
+size_t PythonSpaceBytes(std::string_view s) {
+  if (s.empty()) return 0;
+  const auto b0 = static_cast<unsigned char>(s[0]);
+  const size_t len = b0 < 0x80 ? 1 : (b0 >> 5) == 0x6 ? 2 : (b0 >> 4) == 0xE ? 3 : 0;
+  if (len == 0 || s.size() < len) return 0;  // 4-byte sequences hold no whitespace
+  char32_t c = len == 1 ? b0 : len == 2 ? (b0 & 0x1F) : (b0 & 0x0F);
+  for (size_t i = 1; i < len; ++i) {
+    const auto b = static_cast<unsigned char>(s[i]);
+    if ((b & 0xC0) != 0x80) return 0;
+    c = (c << 6) | (b & 0x3F);
+  }
+  return IsPythonSpace(c) ? len : 0;
+}
+
+// Jinja's `| trim`: Python's str.strip(), which removes every str.isspace() character at either
+// end — Unicode whitespace too (U+3000 around Japanese text, U+00A0), not only ASCII.
+std::string_view JinjaTrim(std::string_view s) {
+  while (const size_t n = PythonSpaceBytes(s)) s.remove_prefix(n);
+  for (;;) {
+    // The last character starts at most 3 bytes before the end (no whitespace needs 4).
+    size_t n = 0;
+    for (size_t len = 1; len <= 3 && len <= s.size() && n == 0; ++len) {
+      if (PythonSpaceBytes(s.substr(s.size() - len)) == len) n = len;
+    }
+    if (n == 0) return s;
+    s.remove_suffix(n);
+  }
 }
 
 std::string_view RoleName(ChatRole role) {
@@ -241,7 +280,7 @@ StatusOr<std::vector<ChatMessage>> ParseInstructionLine(std::string_view line) {
   for (size_t i = 0; i < messages.size(); ++i) {
     if (messages[i].role != ChatRole::kAssistant) continue;
     any_assistant = true;
-    if (Trim(messages[i].content).empty()) {
+    if (JinjaTrim(messages[i].content).empty()) {
       return InvalidArgumentError(j.contains("messages")
                                       ? fmt::format("empty response (message {}'s content)", i)
                                       : std::string("empty response"));
@@ -298,7 +337,7 @@ Status RenderLlama3(std::span<const ChatMessage> messages, ExampleBuilder& b) {
     STRATA_RETURN_IF_ERROR(b.Text(RoleName(m.role)));
     STRATA_RETURN_IF_ERROR(b.Special("<|end_header_id|>"));
     STRATA_RETURN_IF_ERROR(b.Text("\n\n"));
-    STRATA_RETURN_IF_ERROR(b.Text(Trim(m.content), loss));
+    STRATA_RETURN_IF_ERROR(b.Text(JinjaTrim(m.content), loss));
     STRATA_RETURN_IF_ERROR(b.Special("<|eot_id|>", loss));
   }
   return Status::Ok();

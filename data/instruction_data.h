@@ -6,14 +6,16 @@
 //   {"prompt": "...", "response": "..."}            optional "system": "..."; read as the
 //                                                    messages system (if given), user, assistant
 //   {"messages": [{"role": "system"|"user"|"assistant", "content": "..."}, ...]}
-// Every assistant content must hold a non-whitespace character, and an example needs one.
+// Every assistant content must hold a non-whitespace character (Python's str.isspace()), and an
+// example needs one.
 //
 // Templates, by name (the literal strings; <|x|> in angle brackets with bars, <s>, </s> and
 // [INST] are vocabulary entries emitted as their id through Tokenizer::TokenId; everything else
 // is text, encoded piece by piece with Tokenizer::Encode; [loss] marks what counts in the loss):
 //   llama3   <|begin_of_text|>, then per message:
 //              <|start_header_id|> ROLE <|end_header_id|> "\n\n" CONTENT <|eot_id|>
-//            with CONTENT trimmed of leading and trailing whitespace (the template's `| trim`);
+//            with CONTENT trimmed of leading and trailing whitespace as the template's `| trim`
+//            does (Python's str.strip(): Unicode whitespace such as U+3000 and U+00A0 too);
 //            [loss] an assistant's CONTENT and its <|eot_id|>. As Meta-Llama-3-*-Instruct.
 //   chatml   per message: <|im_start|> ROLE "\n" CONTENT <|im_end|> "\n"
 //            preceded, when the first message is not a system message and the format has a

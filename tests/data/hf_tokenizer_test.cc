@@ -1,349 +1,54 @@
-// Hugging Face tokenizer.json tokenizers: the test builds its own files — BPE merges learned here
-// from tinyshakespeare by a tiny trainer, written as a GPT-2-style file (ByteLevel pre-tokenizer),
-// a Llama-3-style file (Split with Llama 3's regex, then ByteLevel; ignore_merges) and a
-// SentencePiece-style file (Prepend and Replace normalizers, <0xXX> byte fallback), each with
-// added special tokens — and compares Strata's ids with a reference written here independently:
-// the plainest BPE (merge the lowest-ranked adjacent pair of the whole pre-token until none is
-// left). Also: decode(encode(text)) == text, streaming a text file in tiny blocks gives
-// Encode(whole)'s ids, and unsupported components and malformed files are refused by name.
+// Hugging Face tokenizer.json tokenizers: the test builds its own files — BPE merges learned
+// from tinyshakespeare by a tiny trainer, written as a GPT-2-style file (ByteLevel
+// pre-tokenizer), a Llama-3-style file (Split with Llama 3's regex, then ByteLevel;
+// ignore_merges), both from hf_tokenizer_files.h, and a SentencePiece-style file (Prepend and
+// Replace normalizers, <0xXX> byte fallback), each with added special tokens — and compares
+// Strata's ids with a reference written independently: the plainest BPE (merge the
+// lowest-ranked adjacent pair of the whole pre-token until none is left). Also:
+// decode(encode(text)) == text, streaming a text file in tiny blocks gives Encode(whole)'s ids,
+// and unsupported components and malformed files are refused by name.
 #include "data/hf_tokenizer.h"
 
-#define PCRE2_CODE_UNIT_WIDTH 8
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <pcre2.h>
 #include <unistd.h>
 #include <xxhash.h>
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "data/tokenizer.h"
+#include "tests/data/hf_tokenizer_files.h"
 
 namespace strata::data {
 namespace {
 
 namespace fs = std::filesystem;
-using Json = nlohmann::json;
+using testing::AddedTokens;
+using testing::ByteLevelJson;
+using testing::ByteLevelModel;
 using ::testing::HasSubstr;
+using testing::Json;
+using testing::kGpt2Regex;
+using testing::kLlama3Regex;
+using testing::LearnMerges;
+using testing::Model;
 using ::testing::Not;
-using Merges = std::vector<std::pair<std::string, std::string>>;
+using testing::PlainBpe;
+using testing::ReadFile;
+using testing::ReferenceByteLevel;
+using testing::Shakespeare;
+using testing::SplitSpecials;
+using testing::TrainingText;
+using testing::Utf8Chars;
+using testing::WriteFile;
 
-constexpr const char* kGpt2Regex =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
-constexpr const char* kLlama3Regex =
-    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 const std::string kSpace = "\xE2\x96\x81";  // ▁
-const std::vector<std::string> kSpecials = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
-
-std::string ReadFile(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-void WriteFile(const fs::path& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary);
-  out << bytes;
-}
-
-std::string Shakespeare(size_t bytes) { return ReadFile(STRATA_TINYSHAKESPEARE).substr(0, bytes); }
-
-// ---- The reference: pre-tokenization by the file's regex through plain pcre2_match, then the
-// plainest BPE. ----
-
-// Matches and the gaps between them, in order (HF's Split with behavior Isolated).
-std::vector<std::string> RegexPieces(const std::string& pattern, std::string_view text) {
-  int err = 0;
-  PCRE2_SIZE off = 0;
-  pcre2_code* re = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                                 PCRE2_UTF | PCRE2_UCP, &err, &off, nullptr);
-  EXPECT_NE(re, nullptr);
-  pcre2_match_data* md = pcre2_match_data_create_from_pattern(re, nullptr);
-  std::vector<std::string> pieces;
-  size_t pos = 0, prev = 0;
-  while (pos < text.size() && pcre2_match(re, reinterpret_cast<PCRE2_SPTR>(text.data()),
-                                          text.size(), pos, 0, md, nullptr) >= 0) {
-    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
-    if (ov[0] > prev) pieces.emplace_back(text.substr(prev, ov[0] - prev));
-    if (ov[1] > ov[0]) pieces.emplace_back(text.substr(ov[0], ov[1] - ov[0]));
-    prev = ov[1];
-    pos = ov[1] > ov[0] ? ov[1] : ov[1] + 1;
-  }
-  if (prev < text.size()) pieces.emplace_back(text.substr(prev));
-  pcre2_match_data_free(md);
-  pcre2_code_free(re);
-  return pieces;
-}
-
-std::vector<std::string> Utf8Chars(std::string_view s) {
-  std::vector<std::string> out;
-  for (size_t i = 0; i < s.size();) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    const size_t len = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
-    out.emplace_back(s.substr(i, len));
-    i += len;
-  }
-  return out;
-}
-
-// Repeatedly merges the adjacent pair of lowest rank (the leftmost of equals).
-std::vector<std::string> PlainBpe(std::vector<std::string> symbols,
-                                  const std::map<std::pair<std::string, std::string>, int>& rank) {
-  for (;;) {
-    int best = -1;
-    size_t at = 0;
-    for (size_t i = 0; i + 1 < symbols.size(); ++i) {
-      auto it = rank.find({symbols[i], symbols[i + 1]});
-      if (it != rank.end() && (best < 0 || it->second < best)) best = it->second, at = i;
-    }
-    if (best < 0) return symbols;
-    symbols[at] += symbols[at + 1];
-    symbols.erase(symbols.begin() + static_cast<std::ptrdiff_t>(at) + 1);
-  }
-}
-
-// Leftmost-longest added tokens, then `segment` on the text between them.
-template <typename F>
-std::vector<int32_t> SplitSpecials(std::string_view text,
-                                   const std::map<std::string, int>& specials, F segment) {
-  std::vector<int32_t> ids;
-  size_t start = 0;
-  for (size_t i = 0; i < text.size(); ++i) {
-    std::string best;
-    for (const auto& [content, id] : specials) {
-      if (text.substr(i, content.size()) == content && content.size() > best.size()) best = content;
-    }
-    if (best.empty()) continue;
-    if (i > start) segment(text.substr(start, i - start), &ids);
-    ids.push_back(specials.at(best));
-    start = i + best.size();
-    i = start - 1;
-  }
-  if (start < text.size()) segment(text.substr(start), &ids);
-  return ids;
-}
-
-// A learned model in "unit" space: raw bytes for byte-level files, characters otherwise.
-struct Model {
-  Merges merges;
-  std::map<std::pair<std::string, std::string>, int> rank;
-  std::map<std::string, int> vocab;  // unit-space token -> id
-  std::map<std::string, int> specials;
-  int next_id = 0;
-  void Add(const std::string& token) {
-    if (vocab.emplace(token, next_id).second) ++next_id;
-  }
-};
-
-// Learns up to `n` merges from words (unit sequences) with counts: the most frequent pair
-// first, ties to the pair seen first. Pair counts are updated only for the words a merge changes.
-Merges LearnMerges(const std::map<std::vector<std::string>, int>& word_counts, int n) {
-  std::vector<std::string> names;
-  std::unordered_map<std::string, int> index;
-  auto id_of = [&](const std::string& s) {
-    auto [it, added] = index.emplace(s, static_cast<int>(names.size()));
-    if (added) names.push_back(s);
-    return it->second;
-  };
-  std::vector<std::vector<int>> words;
-  std::vector<int> counts;
-  for (const auto& [w, c] : word_counts) {
-    words.emplace_back();
-    for (const std::string& u : w) words.back().push_back(id_of(u));
-    counts.push_back(c);
-  }
-  auto key = [](int a, int b) {
-    return (static_cast<uint64_t>(a) << 32) | static_cast<uint32_t>(b);
-  };
-  std::map<uint64_t, long> pairs;  // ordered: ties go to the smaller key
-  auto count = [&](const std::vector<int>& w, long c) {
-    for (size_t i = 0; i + 1 < w.size(); ++i) pairs[key(w[i], w[i + 1])] += c;
-  };
-  for (size_t k = 0; k < words.size(); ++k) count(words[k], counts[k]);
-  Merges merges;
-  for (int m = 0; m < n; ++m) {
-    auto best = pairs.end();
-    for (auto it = pairs.begin(); it != pairs.end(); ++it) {
-      if (best == pairs.end() || it->second > best->second) best = it;
-    }
-    if (best == pairs.end() || best->second < 2) break;
-    const int a = static_cast<int>(best->first >> 32),
-              b = static_cast<int>(best->first & 0xFFFFFFFF);
-    merges.push_back({names[a], names[b]});
-    const int merged = id_of(names[a] + names[b]);
-    for (size_t k = 0; k < words.size(); ++k) {
-      std::vector<int>& w = words[k];
-      bool has = false;
-      for (size_t i = 0; i + 1 < w.size() && !has; ++i) has = w[i] == a && w[i + 1] == b;
-      if (!has) continue;
-      count(w, -counts[k]);
-      std::vector<int> out;
-      for (size_t i = 0; i < w.size(); ++i) {
-        if (i + 1 < w.size() && w[i] == a && w[i + 1] == b) {
-          out.push_back(merged);
-          ++i;
-        } else {
-          out.push_back(w[i]);
-        }
-      }
-      w = std::move(out);
-      count(w, counts[k]);
-    }
-    std::erase_if(pairs, [](const auto& p) { return p.second == 0; });
-  }
-  return merges;
-}
-
-std::string TrainingText() {
-  return Shakespeare(40000) +
-         "Привет, мир! Как дела? Москва и Петербург.\n"
-         "It's 2024: they'd say we've 12345 apples, I'll go.\n";
-}
-
-// ---- Byte-level (GPT-2, Llama 3) ----
-
-std::string ByteChars(std::string_view bytes) {  // GPT-2's bytes_to_unicode
-  std::string out;
-  for (unsigned char b : bytes) {
-    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
-    int cp = b;
-    if (!printable) {
-      cp = 256;
-      for (int k = 0; k < b; ++k) {
-        const bool p = (k >= '!' && k <= '~') || (k >= 0xA1 && k <= 0xAC) || k >= 0xAE;
-        cp += p ? 0 : 1;
-      }
-    }
-    if (cp < 0x80) {
-      out.push_back(static_cast<char>(cp));
-    } else {
-      out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-      out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    }
-  }
-  return out;
-}
-
-// Whole words the merges do not reach: only ignore_merges takes them whole.
-const std::vector<std::string> kWholeWords = {" wherefore", " Romeo", "ing"};
-
-Model ByteLevelModel() {
-  std::map<std::vector<std::string>, int> words;
-  for (const std::string& piece : RegexPieces(kGpt2Regex, TrainingText())) {
-    std::vector<std::string> units;
-    for (char c : piece) units.emplace_back(1, c);
-    ++words[units];
-  }
-  Model m;
-  m.merges = LearnMerges(words, 300);
-  for (int b = 0; b < 256; ++b) m.Add(std::string(1, static_cast<char>(b)));
-  for (size_t r = 0; r < m.merges.size(); ++r) {
-    m.rank[m.merges[r]] = static_cast<int>(r);
-    m.Add(m.merges[r].first + m.merges[r].second);
-  }
-  for (const std::string& w : kWholeWords) m.Add(w);
-  for (const std::string& s : kSpecials) m.specials[s] = m.next_id++;
-  return m;
-}
-
-std::vector<int32_t> ReferenceByteLevel(const Model& m, const std::string& regex,
-                                        bool ignore_merges, std::string_view text) {
-  return SplitSpecials(text, m.specials, [&](std::string_view seg, std::vector<int32_t>* ids) {
-    for (const std::string& piece : RegexPieces(regex, seg)) {
-      if (ignore_merges && m.vocab.count(piece)) {
-        ids->push_back(m.vocab.at(piece));
-        continue;
-      }
-      std::vector<std::string> units;
-      for (char c : piece) units.emplace_back(1, c);
-      for (const std::string& s : PlainBpe(units, m.rank)) ids->push_back(m.vocab.at(s));
-    }
-  });
-}
-
-Json AddedTokens(const Model& m, bool normalized) {
-  Json added = Json::array();
-  for (const auto& [content, id] : m.specials) {
-    added.push_back({{"id", id},
-                     {"content", content},
-                     {"single_word", false},
-                     {"lstrip", false},
-                     {"rstrip", false},
-                     {"normalized", normalized},
-                     {"special", true}});
-  }
-  return added;
-}
-
-// style "gpt2": ByteLevel(use_regex) and "a b" merges; "llama3": Split(Llama 3's regex) +
-// ByteLevel(use_regex false), [["a","b"]] merges, ignore_merges, a BOS template.
-std::string ByteLevelJson(const Model& m, const std::string& style) {
-  Json vocab = Json::object();
-  for (const auto& [token, id] : m.vocab) vocab[ByteChars(token)] = id;
-  Json merges = Json::array();
-  for (const auto& [a, b] : m.merges) {
-    if (style == "gpt2") {
-      merges.push_back(ByteChars(a) + " " + ByteChars(b));
-    } else {
-      merges.push_back(Json::array({ByteChars(a), ByteChars(b)}));
-    }
-  }
-  Json j = {{"version", "1.0"},
-            {"truncation", nullptr},
-            {"padding", nullptr},
-            {"normalizer", nullptr},
-            {"added_tokens", AddedTokens(m, style == "gpt2")},
-            {"decoder",
-             {{"type", "ByteLevel"},
-              {"add_prefix_space", true},
-              {"trim_offsets", true},
-              {"use_regex", true}}}};
-  const Json byte_level = {{"type", "ByteLevel"},
-                           {"add_prefix_space", false},
-                           {"trim_offsets", true},
-                           {"use_regex", style == "gpt2"}};
-  j["model"] = {{"type", "BPE"},
-                {"dropout", nullptr},
-                {"unk_token", nullptr},
-                {"continuing_subword_prefix", nullptr},
-                {"end_of_word_suffix", nullptr},
-                {"fuse_unk", false},
-                {"byte_fallback", false},
-                {"ignore_merges", style != "gpt2"},
-                {"vocab", vocab},
-                {"merges", merges}};
-  if (style == "gpt2") {
-    j["pre_tokenizer"] = byte_level;
-    j["post_processor"] = byte_level;
-  } else {
-    j["pre_tokenizer"] = {{"type", "Sequence"},
-                          {"pretokenizers",
-                           {{{"type", "Split"},
-                             {"pattern", {{"Regex", kLlama3Regex}}},
-                             {"behavior", "Isolated"},
-                             {"invert", false}},
-                            byte_level}}};
-    const int bos = m.specials.at("<|endoftext|>");
-    j["post_processor"] = {
-        {"type", "TemplateProcessing"},
-        {"single",
-         {{{"SpecialToken", {{"id", "<|endoftext|>"}, {"type_id", 0}}}},
-          {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
-        {"pair", Json::array()},
-        {"special_tokens",
-         {{"<|endoftext|>",
-           {{"id", "<|endoftext|>"}, {"ids", {bos}}, {"tokens", {"<|endoftext|>"}}}}}}};
-  }
-  return j.dump();
-}
 
 // ---- SentencePiece-style (Llama 2) ----
 

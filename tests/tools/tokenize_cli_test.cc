@@ -1,5 +1,7 @@
 // `strata tokenize` as a user runs it, with a tiny SentencePiece model trained here: text, and
-// instruction data (JSON lines) rendered with a chat template into tokens with flags.
+// instruction data (JSON lines) rendered with a chat template into tokens with flags; and with a
+// Llama 3 model directory (a byte-level tokenizer.json from tests/data/hf_tokenizer_files.h and
+// a tokenizer_config.json holding Meta's chat template).
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -14,7 +16,11 @@
 #include <string>
 #include <vector>
 
+#include "data/instruction_data.h"
+#include "data/token_dataset.h"
+#include "data/tokenizer.h"
 #include "run_strata.h"
+#include "tests/data/hf_tokenizer_files.h"
 
 namespace {
 
@@ -210,7 +216,9 @@ TEST_F(TokenizeCliTest, JsonlIsRenderedWithTheTemplateOfTokenizerConfigAndWritte
     std::memcpy(&t, bytes.data() + 1024 + 2 * i, 2);
     const auto flag = static_cast<uint8_t>(bytes[1024 + 2 * n + i]);
     if (flag & 2) in_loss.emplace_back();
-    if (i == 0) EXPECT_TRUE(flag & 2);
+    if (i == 0) {
+      EXPECT_TRUE(flag & 2);
+    }
     if (flag & 1) in_loss.back().push_back(t), ++in_loss_count;
     ASSERT_EQ(flag & ~3, 0) << i;
   }
@@ -286,6 +294,75 @@ TEST_F(TokenizeCliTest, ByteLevelJsonlIsPromptThenResponseBytesWithTheResponseIn
   EXPECT_NE(chatml.exit_code, 0);
   EXPECT_THAT(chatml.err, HasSubstr("use --chat-template none"));
   EXPECT_FALSE(fs::exists(out + ".2"));
+}
+
+// A Hugging Face model directory as Llama 3 ships it: `auto` finds Meta's template in
+// tokenizer_config.json, and the flagged file holds what the library renders, its tokens in the
+// loss decoding to each (trimmed) response and its <|eot_id|>.
+TEST_F(TokenizeCliTest, ALlama3TokenizerJsonDirectoryRendersJsonlWithTheLlama3Template) {
+  namespace hf = strata::data::testing;
+  const hf::Model model = hf::ByteLevelModel(hf::kLlama3Specials);
+  const fs::path model_dir = dir_ / "Meta-Llama-3-8B-Instruct";
+  hf::WriteLlama3Dir(model_dir, model);
+  const std::string input = (dir_ / "sft.jsonl").string();
+  std::ofstream(input)
+      << R"({"prompt": "Who wrote Romeo and Juliet?", "response": " Shakespeare.\n"})"
+      << "\n"
+      << R"({"messages": [{"role": "system", "content": "Réponds en français."}, )"
+      << R"({"role": "user", "content": "Bonjour 👋"}, )"
+      << R"({"role": "assistant", "content": "Salut ! Ça va ? 😀"}, )"
+      << R"({"role": "user", "content": "Et en russe ?"}, )"
+      << R"({"role": "assistant", "content": "Привет, мир! 👍🏽"}]})"
+      << "\n";
+  const std::vector<std::string> want_in_loss = {"Shakespeare.<|eot_id|>",
+                                                 "Salut ! Ça va ? 😀<|eot_id|>",
+                                                 "Привет, мир! 👍🏽<|eot_id|>"};
+  const std::string out = (dir_ / "sft.bin").string();
+  const Result r = RunStrata("tokenize --tokenizer " + model_dir.string() + " --input " + input +
+                             " --output " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(Lines(r.out), 1) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("chat template llama3 (chat_template of '" +
+                               (model_dir / "tokenizer_config.json").string() + "')"));
+  EXPECT_THAT(r.out, HasSubstr("2 examples"));
+
+  auto tokenizer = strata::data::Tokenizer::Load(model_dir.string());
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status().ToString();
+  auto file = strata::data::TokenDataset::Open({out}, (*tokenizer)->vocab_size());
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  ASSERT_TRUE(file->has_flags());
+  const auto n = static_cast<size_t>(file->num_tokens());
+  std::vector<int32_t> tokens(n);
+  std::vector<uint8_t> flags(n);
+  file->Read(0, static_cast<int64_t>(n), tokens.data());
+  file->ReadFlags(0, static_cast<int64_t>(n), flags.data());
+  // What the library renders, token for token.
+  auto format = strata::data::ResolveChatFormat("auto", model_dir.string());
+  ASSERT_TRUE(format.ok()) << format.status().ToString();
+  auto want = strata::data::TokenizeInstructionFile(**tokenizer, *format, input);
+  ASSERT_TRUE(want.ok()) << want.status().ToString();
+  EXPECT_EQ(tokens, want->tokens);
+  EXPECT_EQ(flags, want->flags);
+  // Each example starts at <|begin_of_text|>; the in-loss runs are the responses.
+  const int32_t bos = model.specials.at("<|begin_of_text|>");
+  std::vector<std::vector<int32_t>> runs;
+  int examples = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (flags[i] & strata::data::kTokenFlagExampleStart) {
+      ++examples;
+      EXPECT_EQ(tokens[i], bos) << i;
+    }
+    const bool loss = flags[i] & strata::data::kTokenFlagInLoss;
+    if (loss && (i == 0 || !(flags[i - 1] & strata::data::kTokenFlagInLoss))) runs.emplace_back();
+    if (loss) runs.back().push_back(tokens[i]);
+  }
+  EXPECT_EQ(examples, 2);
+  ASSERT_EQ(runs.size(), want_in_loss.size());
+  for (size_t k = 0; k < runs.size(); ++k) {
+    auto text = (*tokenizer)->Decode(runs[k]);
+    ASSERT_TRUE(text.ok()) << text.status().ToString();
+    EXPECT_EQ(*text, want_in_loss[k]) << k;
+  }
 }
 
 TEST_F(TokenizeCliTest, AnUnknownOrUnrenderableChatTemplateIsRefusedAndWritesNothing) {
