@@ -237,48 +237,42 @@ TokenDataset TokenDataset::Slice(int64_t begin, int64_t end) const {
   return d;
 }
 
-void TokenDataset::Read(int64_t offset, int64_t n, int32_t* out) const {
-  STRATA_CHECK_MSG(offset >= 0 && n >= 0 && offset + n <= num_tokens(),
-                   fmt::format("read [{}, {}) of {} tokens", offset, offset + n, num_tokens()));
-  if (n == 0) return;
+template <typename Fn>
+void TokenDataset::ForEachShardRun(int64_t offset, int64_t n, Fn&& fn) const {
   int64_t g = begin_ + offset;
   size_t s = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), g) -
                                  starts_.begin() - 1);
-  while (n > 0) {
+  for (int64_t done = 0; done < n; ++s) {
     const Shard& shard = *shards_[s];
     const int64_t local = g - starts_[s];
-    const int64_t take = std::min(n, shard.count - local);
+    const int64_t take = std::min(n - done, shard.count - local);
+    fn(shard, local, take, done);
+    g += take;
+    done += take;
+  }
+}
+
+void TokenDataset::Read(int64_t offset, int64_t n, int32_t* out) const {
+  STRATA_CHECK_MSG(offset >= 0 && n >= 0 && offset + n <= num_tokens(),
+                   fmt::format("read [{}, {}) of {} tokens", offset, offset + n, num_tokens()));
+  ForEachShardRun(offset, n, [&](const Shard& shard, int64_t local, int64_t take, int64_t done) {
     if (shard.width == 2) {
       const auto* p = reinterpret_cast<const uint16_t*>(shard.tokens) + local;
-      for (int64_t i = 0; i < take; ++i) out[i] = p[i];
+      for (int64_t i = 0; i < take; ++i) out[done + i] = p[i];
     } else {
       const auto* p = reinterpret_cast<const uint32_t*>(shard.tokens) + local;
-      for (int64_t i = 0; i < take; ++i) out[i] = static_cast<int32_t>(p[i]);
+      for (int64_t i = 0; i < take; ++i) out[done + i] = static_cast<int32_t>(p[i]);
     }
-    out += take;
-    g += take;
-    n -= take;
-    ++s;
-  }
+  });
 }
 
 void TokenDataset::ReadFlags(int64_t offset, int64_t n, uint8_t* out) const {
   STRATA_CHECK_MSG(has_flags_ && offset >= 0 && n >= 0 && offset + n <= num_tokens(),
                    fmt::format("flags [{}, {}) of {} tokens (flags: {})", offset, offset + n,
                                num_tokens(), has_flags_));
-  int64_t g = begin_ + offset;
-  size_t s = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), g) -
-                                 starts_.begin() - 1);
-  while (n > 0) {
-    const Shard& shard = *shards_[s];
-    const int64_t local = g - starts_[s];
-    const int64_t take = std::min(n, shard.count - local);
-    std::memcpy(out, shard.flags + local, static_cast<size_t>(take));
-    out += take;
-    g += take;
-    n -= take;
-    ++s;
-  }
+  ForEachShardRun(offset, n, [&](const Shard& shard, int64_t local, int64_t take, int64_t done) {
+    std::memcpy(out + done, shard.flags + local, static_cast<size_t>(take));
+  });
 }
 
 void TokenDataset::Window(int64_t offset, int seq_len, int32_t* tokens, int32_t* targets) const {

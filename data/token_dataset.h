@@ -98,6 +98,10 @@ class TokenDataset {
   static StatusOr<std::shared_ptr<Shard>> OpenShard(const std::string& path, int vocab_size);
   static Status CheckTokens(const Shard& shard, int vocab_size);
   void Window(int64_t offset, int seq_len, int32_t* tokens, int32_t* targets) const;
+  // fn(shard, local, take, done) for each run of [offset, offset + n) within one shard, in order:
+  // `take` items from the shard's item `local`, the run's first item the `done`-th of the range.
+  template <typename Fn>
+  void ForEachShardRun(int64_t offset, int64_t n, Fn&& fn) const;
 
   // Shards in order; starts_[i] is the first global token of shards_[i] (starts_.back() is the
   // total), both over the whole file list, not only this slice.
