@@ -109,8 +109,9 @@ class Engine::Impl {
   bool nvme_params() const { return plan_.param_home == ParamHome::kNvme; }
   bool nvme_optim() const { return plan_.optimizer_home == OptimizerHome::kNvme; }
 
-  // Checks mb (CheckMicroBatch), uploads it and sets the batch inputs the blocks see.
-  Status UploadTokens(const MicroBatch& mb, MicroBatchShape shape, bool with_targets);
+  // Uploads mb, checked by CheckMicroBatch (which gave loss_tokens); sets the blocks' inputs.
+  Status UploadTokens(const MicroBatch& mb, MicroBatchShape shape, bool with_targets,
+                      int64_t loss_tokens);
   // The uploaded micro-batch's inputs of block b: its tokens (first block), position ids (every
   // block) and counted targets (last block).
   void SetBatchInputs(int b, BlockBuffers* buf) const;
@@ -365,10 +366,10 @@ Status Engine::Impl::Init() {
   return store_->Initialize(*model_, o_.seed);
 }
 
-Status Engine::Impl::UploadTokens(const MicroBatch& mb, MicroBatchShape shape, bool with_targets) {
+Status Engine::Impl::UploadTokens(const MicroBatch& mb, MicroBatchShape shape, bool with_targets,
+                                  int64_t loss_tokens) {
   const size_t count = shape.tokens();
-  STRATA_ASSIGN_OR_RETURN(loss_tokens_,
-                          CheckMicroBatch(mb, shape, model_->vocab_size(), with_targets));
+  loss_tokens_ = loss_tokens;
   with_position_ids_ = !mb.position_ids.empty();
   // The staging may still feed the previous upload.
   STRATA_RETURN_IF_ERROR(io_done_->Synchronize());
@@ -488,7 +489,7 @@ StatusOr<StepResult> Engine::Impl::RunStep(std::span<const MicroBatch> mbs) {
   for (size_t i = 0; i < mbs.size(); ++i) {
     const bool first_mb = i == 0, last_mb = i + 1 == mbs.size();
     dropout_seed_ = MicroBatchDropoutSeed(o_.seed, step_, i);
-    STRATA_RETURN_IF_ERROR(UploadTokens(mbs[i], shape, /*with_targets=*/true));
+    STRATA_RETURN_IF_ERROR(UploadTokens(mbs[i], shape, /*with_targets=*/true, loss_tokens[i]));
     STRATA_RETURN_IF_ERROR(
         ForwardPass(shape, true, static_cast<int>(i), seq, &cursor, /*save_acts=*/true));
     if (policy_ && last_mb) {
@@ -632,7 +633,9 @@ StatusOr<float> Engine::Impl::EvaluateLoss(const MicroBatch& batch, MicroBatchSh
     return InvalidArgumentError("evaluation batch is larger than the training micro-batch");
   }
   dropout_seed_ = 0;  // evaluation: no dropout
-  STRATA_RETURN_IF_ERROR(UploadTokens(batch, shape, /*with_targets=*/true));
+  STRATA_ASSIGN_OR_RETURN(const int64_t loss_tokens,
+                          CheckMicroBatch(batch, shape, model_->vocab_size(), true));
+  STRATA_RETURN_IF_ERROR(UploadTokens(batch, shape, /*with_targets=*/true, loss_tokens));
   const std::vector<int> seq = params_->UseOrder(false);
   size_t cursor = 0;
   STRATA_RETURN_IF_ERROR(ForwardPass(shape, true, 0, seq, &cursor));
@@ -648,7 +651,9 @@ StatusOr<std::vector<float>> Engine::Impl::NextTokenLogits(std::span<const int32
         fmt::format("context of {} tokens is empty or too long", tokens.size()));
   }
   dropout_seed_ = 0;
-  STRATA_RETURN_IF_ERROR(UploadTokens(MicroBatch{tokens, {}}, shape, /*with_targets=*/false));
+  const MicroBatch mb{tokens, {}};
+  STRATA_RETURN_IF_ERROR(CheckMicroBatch(mb, shape, model_->vocab_size(), false).status());
+  STRATA_RETURN_IF_ERROR(UploadTokens(mb, shape, /*with_targets=*/false, 0));
   const std::vector<int> seq = params_->UseOrder(false);
   size_t cursor = 0;
   STRATA_RETURN_IF_ERROR(ForwardPass(shape, false, -1, seq, &cursor));
