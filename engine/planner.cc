@@ -588,14 +588,16 @@ std::string Plan::Describe() const {
         ranks, rank, ranks);
   }
   if (frozen_params > 0) {
+    const int64_t chunks = std::count_if(blocks.begin(), blocks.end(),
+                                         [](const Block& b) { return b.frozen_params > 0; });
+    const int resident = num_frozen_resident();
     line(
         "  frozen   {} params ({}, {}) never trained: no gradient, master weights or optimizer "
-        "state; {} of {} chunks resident, the rest streamed from {}",
+        "state; {}",
         frozen_params, FormatBytes(static_cast<uint64_t>(frozen_params) * w), DTypeName(precision),
-        num_frozen_resident(),
-        std::count_if(blocks.begin(), blocks.end(),
-                      [](const Block& b) { return b.frozen_params > 0; }),
-        ParamHomeName(param_home));
+        resident == chunks ? fmt::format("all {} chunks resident", chunks)
+                           : fmt::format("{} of {} chunks resident, the rest streamed from {}",
+                                         resident, chunks, ParamHomeName(param_home)));
   }
   std::string resident, streamed;
   for (const auto& b : blocks) {

@@ -166,9 +166,10 @@ class DecoderModel : public engine::Model {
  private:
   // The base model's chunk of a block and its initialisation (without LoRA: the block's params).
   int64_t BaseParams(int block) const { return family_.NumParams(kind(block)); }
-  // The typed buffers of a host block, with the LoRA arguments of a layer when LoRA is on.
+  // The typed buffers of a block, with the LoRA arguments of a layer when LoRA is on (the
+  // adapters' scratch after the backend's own: the CUDA layer's on_cuda, else the host's).
   template <typename S>
-  BlockArgs<S> HostArgs(int block, const engine::BlockBuffers& b) const;
+  BlockArgs<S> Args(int block, const engine::BlockBuffers& b, bool on_cuda) const;
   Status InitBase(int block, uint64_t seed, std::span<float> out) const;
 
   Family family_;

@@ -30,17 +30,18 @@ inline Status NoCudaKernels(const char* family) {
                   family));
 }
 
-// LoRA runs on the host backend only so far (issue 30: the CUDA blocks take no adapters yet).
-inline Status NoCudaLora() {
-  return UnimplementedError(
-      "LoRA runs on the host backend only in this version (the CUDA blocks take no adapters "
-      "yet): use --device host, or train without --lora-rank");
+// Where a layer's adapter scratch starts in the block scratch: after the backend's own bytes,
+// at 256 bytes (cuBLASLt's best alignment; the host's 64 included).
+inline int64_t LoraScratchOffset(int64_t block_scratch) {
+  return (block_scratch + 255) / 256 * 256;
 }
 
+// The block's arguments; with `lora` the base is the frozen chunk (no gradient) and a layer's
+// adapters are the trained chunk, their scratch after the backend's own (`block_scratch` bytes).
 template <typename S>
 BlockArgs<S> ArgsOf(const engine::BlockBuffers& b, const LoraLayout* lora = nullptr,
                     DecoderBlock kind = DecoderBlock::kLayer, int layer = 0,
-                    int64_t host_scratch = 0) {
+                    int64_t block_scratch = 0) {
   BlockArgs<S> a;
   a.B = b.shape.batch_size;
   a.T = b.shape.seq_len;
@@ -71,7 +72,7 @@ BlockArgs<S> ArgsOf(const engine::BlockBuffers& b, const LoraLayout* lora = null
       a.lora.dropout_seed = b.dropout_seed;
       a.lora.adapters = b.params.as<S>();
       a.lora.dadapters = b.grads.as<S>();
-      a.lora.scratch = b.scratch.data + (host_scratch + 63) / 64 * 64;
+      a.lora.scratch = b.scratch.data + LoraScratchOffset(block_scratch);
     }
   }
   return a;
@@ -233,11 +234,14 @@ int64_t DecoderModel<Family>::scratch_bytes(int block, engine::MicroBatchShape s
   // One figure for both backends (the model does not know the device here).
   return DispatchDType(precision, [&]<typename S>() -> int64_t {
     int64_t host = family_.template HostScratchBytes<S>(k, B, T);
+    int64_t cuda = family_.template CudaScratchBytes<S>(k, B, T);
     if (lora_ != nullptr && k == Kind::kLayer) {
-      // The adapters' scratch after the layer's (host; the CUDA blocks take no LoRA yet).
-      host = (host + 63) / 64 * 64 + LoraScratchBytes<S>(*lora_, int64_t{B} * T);
+      // The adapters' scratch after the layer's, on either backend.
+      const int64_t adapters = LoraScratchBytes<S>(*lora_, int64_t{B} * T);
+      host = decoder_internal::LoraScratchOffset(host) + adapters;
+      cuda = decoder_internal::LoraScratchOffset(cuda) + adapters;
     }
-    return std::max(host, family_.template CudaScratchBytes<S>(k, B, T));
+    return std::max(host, cuda);
   });
 }
 
@@ -286,28 +290,31 @@ Status DecoderModel<Family>::Forward(int block, const engine::BlockBuffers& b,
                                      gpu::Stream& stream) {
   STRATA_RETURN_IF_ERROR(engine::CheckBlockBuffers(*this, block, b, /*backward=*/false));
   const Kind k = kind(block);
-  if (decoder_internal::OnCuda(stream) && lora_ != nullptr) return decoder_internal::NoCudaLora();
   if (decoder_internal::OnCuda(stream)) {
 #ifdef STRATA_HAVE_CUDA
     return DispatchDType(b.precision, [&]<typename S>() {
-      return decoder_internal::CudaForward<S>(family_, k, decoder_internal::ArgsOf<S>(b), stream);
+      return decoder_internal::CudaForward<S>(family_, k, Args<S>(block, b, /*on_cuda=*/true),
+                                              stream);
     });
 #else
     return decoder_internal::NoCudaKernels(Family::kName);
 #endif
   }
   return DispatchDType(b.precision, [&]<typename S>() {
-    return decoder_internal::HostForward<S>(family_, k, HostArgs<S>(block, b), stream);
+    return decoder_internal::HostForward<S>(family_, k, Args<S>(block, b, /*on_cuda=*/false),
+                                            stream);
   });
 }
 
 template <typename Family>
 template <typename S>
-BlockArgs<S> DecoderModel<Family>::HostArgs(int block, const engine::BlockBuffers& b) const {
+BlockArgs<S> DecoderModel<Family>::Args(int block, const engine::BlockBuffers& b,
+                                        bool on_cuda) const {
   const Kind k = kind(block);
-  return decoder_internal::ArgsOf<S>(
-      b, lora_.get(), k, block - 1,
-      family_.template HostScratchBytes<S>(k, b.shape.batch_size, b.shape.seq_len));
+  const int B = b.shape.batch_size, T = b.shape.seq_len;
+  return decoder_internal::ArgsOf<S>(b, lora_.get(), k, block - 1,
+                                     on_cuda ? family_.template CudaScratchBytes<S>(k, B, T)
+                                             : family_.template HostScratchBytes<S>(k, B, T));
 }
 
 template <typename Family>
@@ -315,20 +322,21 @@ Status DecoderModel<Family>::Backward(int block, const engine::BlockBuffers& b,
                                       gpu::Stream& stream) {
   STRATA_RETURN_IF_ERROR(engine::CheckBlockBuffers(*this, block, b, /*backward=*/true));
   const Kind k = kind(block);
-  if (decoder_internal::OnCuda(stream) && lora_ != nullptr) return decoder_internal::NoCudaLora();
+  // LoRA: the frozen embedding has nothing to compute in a backward (no gradient, no input).
+  if (lora_ != nullptr && k == Kind::kEmbedding) return Status::Ok();
   if (decoder_internal::OnCuda(stream)) {
 #ifdef STRATA_HAVE_CUDA
     return DispatchDType(b.precision, [&]<typename S>() {
-      return decoder_internal::CudaBackward<S>(family_, k, decoder_internal::ArgsOf<S>(b), stream);
+      return decoder_internal::CudaBackward<S>(family_, k, Args<S>(block, b, /*on_cuda=*/true),
+                                               stream);
     });
 #else
     return decoder_internal::NoCudaKernels(Family::kName);
 #endif
   }
-  // LoRA: the frozen embedding has nothing to compute in a backward (no gradient, no input).
-  if (lora_ != nullptr && k == Kind::kEmbedding) return Status::Ok();
   return DispatchDType(b.precision, [&]<typename S>() {
-    return decoder_internal::HostBackward<S>(family_, k, HostArgs<S>(block, b), stream);
+    return decoder_internal::HostBackward<S>(family_, k, Args<S>(block, b, /*on_cuda=*/false),
+                                             stream);
   });
 }
 

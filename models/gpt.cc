@@ -165,7 +165,7 @@ Status GptFamily::CudaEmbeddingForward(const BlockArgs<S>& a, gpu::Stream& strea
 template <typename S>
 Status GptFamily::CudaLayerForward(const BlockArgs<S>& a, gpu::Stream& stream) const {
   return cuda::GptCudaLayerForward<S>(shape, stream, a.params, a.x_in, a.x_out, a.B, a.T, a.scratch,
-                                      {.allow_tf32 = options.allow_tf32}, a.position_ids);
+                                      {.allow_tf32 = options.allow_tf32}, a.position_ids, a.lora);
 }
 template <typename S>
 Status GptFamily::CudaHeadForward(const BlockArgs<S>& a, gpu::Stream& stream) const {
@@ -182,7 +182,7 @@ template <typename S>
 Status GptFamily::CudaLayerBackward(const BlockArgs<S>& a, gpu::Stream& stream) const {
   return cuda::GptCudaLayerBackward<S>(shape, stream, a.params, a.x_in, a.dx_out, a.dx_in, a.grads,
                                        a.B, a.T, a.scratch, {.allow_tf32 = options.allow_tf32},
-                                       a.position_ids);
+                                       a.position_ids, a.lora);
 }
 template <typename S>
 Status GptFamily::CudaHeadBackward(const BlockArgs<S>& a, gpu::Stream& stream) const {

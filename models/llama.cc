@@ -197,7 +197,7 @@ Status LlamaFamily::CudaEmbeddingForward(const BlockArgs<S>& a, gpu::Stream& str
 template <typename S>
 Status LlamaFamily::CudaLayerForward(const BlockArgs<S>& a, gpu::Stream& stream) const {
   return cuda::LlamaCudaLayerForward<S>(config, stream, a.params, a.x_in, a.x_out, a.B, a.T,
-                                        a.scratch, a.position_ids);
+                                        a.scratch, a.position_ids, a.lora);
 }
 template <typename S>
 Status LlamaFamily::CudaHeadForward(const BlockArgs<S>& a, gpu::Stream& stream) const {
@@ -212,7 +212,7 @@ Status LlamaFamily::CudaEmbeddingBackward(const BlockArgs<S>& a, gpu::Stream& st
 template <typename S>
 Status LlamaFamily::CudaLayerBackward(const BlockArgs<S>& a, gpu::Stream& stream) const {
   return cuda::LlamaCudaLayerBackward<S>(config, stream, a.params, a.x_in, a.dx_out, a.dx_in,
-                                         a.grads, a.B, a.T, a.scratch, a.position_ids);
+                                         a.grads, a.B, a.T, a.scratch, a.position_ids, a.lora);
 }
 template <typename S>
 Status LlamaFamily::CudaHeadBackward(const BlockArgs<S>& a, gpu::Stream& stream) const {

@@ -88,48 +88,39 @@ void MergeLoraLayer(const LoraLayout& layout, const float* adapters, float* base
   }
 }
 
-namespace {
-
-// LoraDropoutUniform in two parts: the site's stream (once per site and micro-batch), then each
-// element's uniform from it.
-uint64_t DropoutStream(uint64_t seed, int layer, int site) {
+uint64_t LoraDropoutStream(uint64_t seed, int layer, int site) {
   return init::SplitMix64(seed +
                           0x9E3779B97F4A7C15ull * (static_cast<uint64_t>(layer) * 4096 + site + 1));
 }
-float DropoutUniform(uint64_t stream, uint64_t index) {
-  return static_cast<float>(init::SplitMix64(stream ^ index) >> 40) * 0x1.0p-24f;
-}
-
-}  // namespace
 
 float LoraDropoutUniform(uint64_t seed, int layer, int site, uint64_t index) {
-  return DropoutUniform(DropoutStream(seed, layer, site), index);
+  return LoraStreamUniform(LoraDropoutStream(seed, layer, site), index);
+}
+
+double LoraKeepScale(float p) { return 1.0 / (1.0 - static_cast<double>(p)); }
+
+template <typename S>
+LoraScratch<S> CarveLoraScratch(const LoraLayout& l, int64_t rows, void* base) {
+  int64_t in = 0, out = 0;
+  for (const LoraSite& s : l.sites) {
+    in = std::max(in, s.module.in);
+    out = std::max(out, s.module.out);
+  }
+  ops::Carver k(base);
+  LoraScratch<S> sc;
+  sc.xd = k.Take<S>(rows * in);
+  sc.u = k.Take<S>(rows * l.rank);
+  sc.v = k.Take<S>(rows * out);
+  sc.g = k.Take<S>(rows * l.rank);
+  sc.t = k.Take<S>(rows * in);
+  sc.family = k.Take<S>(rows * in);
+  sc.size_bytes = k.size_bytes();
+  return sc;
 }
 
 namespace {
 
 using ops::WeightLayout;
-
-template <typename S>
-struct SiteScratch {
-  S *xd, *u, *v, *g, *t, *family;
-  int64_t size_bytes;
-  SiteScratch(const LoraLayout& l, int64_t rows, void* base) {
-    int64_t in = 0, out = 0;
-    for (const LoraSite& s : l.sites) {
-      in = std::max(in, s.module.in);
-      out = std::max(out, s.module.out);
-    }
-    ops::Carver k(base);
-    xd = k.Take<S>(rows * in);
-    u = k.Take<S>(rows * l.rank);
-    v = k.Take<S>(rows * out);
-    g = k.Take<S>(rows * l.rank);
-    t = k.Take<S>(rows * in);
-    family = k.Take<S>(rows * in);
-    size_bytes = k.size_bytes();
-  }
-};
 
 // x_d = dropout(x) into xd (rows, in), or x itself without dropout.
 template <typename S>
@@ -137,13 +128,13 @@ const S* Dropout(const LoraLayerArgs<S>& a, int site, const S* x, int64_t rows, 
   const float p = a.layout->dropout;
   if (p == 0 || a.dropout_seed == 0) return x;
   using F = ComputeType<S>;
-  const F keep_scale = static_cast<F>(1.0 / (1.0 - static_cast<double>(p)));
-  const uint64_t stream = DropoutStream(a.dropout_seed, a.layer, site);
+  const F keep_scale = static_cast<F>(LoraKeepScale(p));
+  const uint64_t stream = LoraDropoutStream(a.dropout_seed, a.layer, site);
   ops::ParallelRows(rows, in, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       for (int64_t j = 0; j < in; ++j) {
         const uint64_t i = static_cast<uint64_t>(r * in + j);
-        const bool keep = DropoutUniform(stream, i) >= p;
+        const bool keep = LoraStreamUniform(stream, i) >= p;
         xd[i] = keep ? FromFloat<S>(ToFloat(x[i]) * keep_scale) : FromFloat<S>(F{0});
       }
     }
@@ -155,7 +146,7 @@ const S* Dropout(const LoraLayerArgs<S>& a, int site, const S* x, int64_t rows, 
 // forward computes first and the backward recomputes.
 template <typename S>
 const S* SiteInput(const LoraLayerArgs<S>& a, int k, const S* x, int64_t rows,
-                   const SiteScratch<S>& sc) {
+                   const LoraScratch<S>& sc) {
   const LoraSite& site = a.layout->sites[k];
   const S* xd = Dropout(a, k, x, rows, site.module.in, sc.xd);
   ops::MatmulForward<S>(xd, a.adapters + site.a_offset, WeightLayout::kOutIn, nullptr, sc.u, rows,
@@ -167,12 +158,12 @@ const S* SiteInput(const LoraLayerArgs<S>& a, int k, const S* x, int64_t rows,
 
 template <typename S>
 int64_t LoraScratchBytes(const LoraLayout& layout, int64_t rows) {
-  return SiteScratch<S>(layout, rows, nullptr).size_bytes;
+  return CarveLoraScratch<S>(layout, rows, nullptr).size_bytes;
 }
 
 template <typename S>
 S* LoraGradBuffer(const LoraLayerArgs<S>& a, int64_t rows) {
-  return SiteScratch<S>(*a.layout, rows, a.scratch).family;
+  return CarveLoraScratch<S>(*a.layout, rows, a.scratch).family;
 }
 
 bool LoraTargets(const LoraLayout& layout, int product) {
@@ -186,7 +177,7 @@ void LoraForward(const LoraLayerArgs<S>& a, int product, const S* x, int64_t row
   if (!a.active()) return;
   using F = ComputeType<S>;
   const LoraLayout& l = *a.layout;
-  const SiteScratch<S> sc(l, rows, a.scratch);
+  const LoraScratch<S> sc = CarveLoraScratch<S>(l, rows, a.scratch);
   const F s = static_cast<F>(l.scaling);
   for (size_t k = 0; k < l.sites.size(); ++k) {
     const LoraSite& site = l.sites[k];
@@ -212,17 +203,17 @@ void LoraBackward(const LoraLayerArgs<S>& a, int product, const S* x, const S* d
   if (!a.active()) return;
   using F = ComputeType<S>;
   const LoraLayout& l = *a.layout;
-  const SiteScratch<S> sc(l, rows, a.scratch);
+  const LoraScratch<S> sc = CarveLoraScratch<S>(l, rows, a.scratch);
   const F s = static_cast<F>(l.scaling);
   const float p = l.dropout;
   const bool dropout = p > 0 && a.dropout_seed != 0;
-  const F keep_scale = static_cast<F>(dropout ? 1.0 / (1.0 - static_cast<double>(p)) : 1.0);
+  const F keep_scale = static_cast<F>(dropout ? LoraKeepScale(p) : 1.0);
   for (size_t k = 0; k < l.sites.size(); ++k) {
     const LoraSite& site = l.sites[k];
     const LoraModule& m = site.module;
     if (m.product != product) continue;
     const S* xd = SiteInput(a, static_cast<int>(k), x, rows, sc);
-    const uint64_t stream = DropoutStream(a.dropout_seed, a.layer, static_cast<int>(k));
+    const uint64_t stream = LoraDropoutStream(a.dropout_seed, a.layer, static_cast<int>(k));
     // dys = S(s dy[:, cols]) into v.
     ops::ParallelRows(rows, m.out, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
@@ -242,7 +233,7 @@ void LoraBackward(const LoraLayerArgs<S>& a, int product, const S* x, const S* d
       for (int64_t r = r0; r < r1; ++r) {
         for (int64_t j = 0; j < m.in; ++j) {
           const uint64_t i = static_cast<uint64_t>(r * m.in + j);
-          const bool keep = !dropout || DropoutUniform(stream, i) >= p;
+          const bool keep = !dropout || LoraStreamUniform(stream, i) >= p;
           if (keep) dx[i] = FromFloat<S>(ToFloat(dx[i]) + keep_scale * ToFloat(sc.t[i]));
         }
       }
@@ -252,6 +243,7 @@ void LoraBackward(const LoraLayerArgs<S>& a, int product, const S* x, const S* d
 
 #define STRATA_INSTANTIATE_LORA(S)                                                            \
   template int64_t LoraScratchBytes<S>(const LoraLayout&, int64_t);                           \
+  template LoraScratch<S> CarveLoraScratch<S>(const LoraLayout&, int64_t, void*);             \
   template S* LoraGradBuffer<S>(const LoraLayerArgs<S>&, int64_t);                            \
   template void LoraForward<S>(const LoraLayerArgs<S>&, int, const S*, int64_t, S*, int64_t); \
   template void LoraBackward<S>(const LoraLayerArgs<S>&, int, const S*, const S*, int64_t,    \

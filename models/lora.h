@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "models/init.h"
 
 namespace strata::models {
 
@@ -100,6 +101,21 @@ void InitLoraLayer(const LoraLayout& layout, int layer, uint64_t seed, float* pa
 //   SplitMix64(seed + 0x9E3779B97F4A7C15 * (layer * 4096 + site + 1)) ^ index,
 // its top 24 bits over 2^24. Pure.
 float LoraDropoutUniform(uint64_t seed, int layer, int site, uint64_t index);
+// LoraDropoutUniform in its two parts: the site's stream (once per site and micro-batch), then
+// each element's uniform from it. LoraDropoutUniform(seed, l, k, i) ==
+// LoraStreamUniform(LoraDropoutStream(seed, l, k), i). The second is host and device code (the
+// CUDA adapters draw the same mask, models/cuda/lora_cuda.cuh).
+uint64_t LoraDropoutStream(uint64_t seed, int layer, int site);
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+    inline float
+    LoraStreamUniform(uint64_t stream, uint64_t index) {
+  return static_cast<float>(init::SplitMix64(stream ^ index) >> 40) * 0x1.0p-24f;
+}
+// The factor of a kept element, 1 / (1 - p) in double (torch.nn.Dropout); each backend rounds
+// it to its compute type once.
+double LoraKeepScale(float p);
 
 // What a layer's kernels need to apply its adapters, for storage type S. Null adapters: no
 // LoRA. dadapters null in a forward; in a backward the whole trained chunk is OVERWRITTEN (sites
@@ -119,6 +135,18 @@ struct LoraLayerArgs {
 // (rows, largest input) buffer for the family (LoraGradBuffer), bytes.
 template <typename S>
 int64_t LoraScratchBytes(const LoraLayout& layout, int64_t rows);
+// The regions of that scratch at `base` (host or device memory: only addresses are computed;
+// base null gives offsets from 0): xd (rows, in) the input after dropout, u (rows, r) = x_d A^T,
+// v (rows, out) = u B^T or the scaled output gradient, g (rows, r), t (rows, in) the input
+// gradient through the adapter, family (rows, in) LoraGradBuffer's; in and out the largest
+// site's. size_bytes = LoraScratchBytes.
+template <typename S>
+struct LoraScratch {
+  S *xd, *u, *v, *g, *t, *family;
+  int64_t size_bytes;
+};
+template <typename S>
+LoraScratch<S> CarveLoraScratch(const LoraLayout& layout, int64_t rows, void* base);
 // A (rows, largest site input) buffer of the scratch that LoraForward/LoraBackward never touch:
 // where a family keeps an input gradient it must finish before applying an activation's
 // derivative (GPT-2's MLP projection, whose product and DGELU are fused without LoRA).

@@ -15,6 +15,7 @@
 #include "gpu/cuda/cuda_status.h"
 #include "models/cuda/gpt_cuda.h"
 #include "models/cuda/gpt_cuda_layout.h"
+#include "models/cuda/lora_cuda.cuh"
 #include "models/gpt_layout.h"
 #include "models/ops/cuda/common.cuh"
 #include "models/ops/cuda/ops.cuh"
@@ -79,27 +80,45 @@ struct LayerBuffers {
         partials(At<float>(scratch, l.ln_partials)) {}
 };
 
+// Whether the layer's adapters add to `product`.
+template <typename S>
+bool Targets(const LoraLayerArgs<S>& lora, int product) {
+  return lora.active() && LoraTargets(*lora.layout, product);
+}
+
 // The layer forward into the scratch regions: ln1, qkv, att, lse, x2, ln2, h, g; with x_out
-// non-null also the layer output.
+// non-null also the layer output. The adapters of `lora` add to each targeted product's output.
 template <typename S>
 Status LayerForwardInto(const GptShape& shape, cudaStream_t cs, const Products<S>& mm,
                         const LayerParams<const S*>& p, const S* x, int B, int T,
-                        const int32_t* position_ids, const LayerBuffers<S>& w, S* x_out) {
+                        const int32_t* position_ids, const LayerBuffers<S>& w, S* x_out,
+                        const LoraLayerArgs<S>& lora) {
   const int64_t C = shape.channels, N = int64_t{B} * T;
   STRATA_RETURN_IF_ERROR(oc::LaunchLayerNormForward(cs, D(x), D(p.ln1_w), D(p.ln1_b), N, C,
                                                     D(w.ln1), w.mean1, w.rstd1));
   STRATA_RETURN_IF_ERROR(mm.Forward(kInOut, N, C, 3 * C, w.ln1, p.qkv_w, p.qkv_b, nullptr, w.qkv));
+  STRATA_RETURN_IF_ERROR(LoraCudaForward(mm, lora, kGptAttnProduct, w.ln1, N, w.qkv, 3 * C));
   const Dev<S>* qkv = D(w.qkv);
   STRATA_RETURN_IF_ERROR(oc::LaunchAttentionForward(cs, AttentionDimsOf(shape, B, T, position_ids),
                                                     qkv, qkv + C, qkv + 2 * C, D(w.att), w.lse));
   STRATA_RETURN_IF_ERROR(mm.Forward(kInOut, N, C, C, w.att, p.attn_proj_w, p.attn_proj_b, x, w.x2));
+  STRATA_RETURN_IF_ERROR(LoraCudaForward(mm, lora, kGptAttnProjProduct, w.att, N, w.x2, C));
   STRATA_RETURN_IF_ERROR(oc::LaunchLayerNormForward(cs, D(w.x2), D(p.ln2_w), D(p.ln2_b), N, C,
                                                     D(w.ln2), w.mean2, w.rstd2));
-  // g = D(gelu(P)), h = D(P), P = ln2 Wfc + bfc in fp32 (the GELU_AUX_BIAS epilogue).
-  STRATA_RETURN_IF_ERROR(mm.Run(false, false, N, 4 * C, C, w.ln2, C, p.fc_w, 4 * C, w.g, 4 * C,
-                                RowEpilogue::kGeluAuxBias, p.fc_b, nullptr, w.h, 4 * C));
+  if (Targets(lora, kGptFcProduct)) {
+    // The adapter adds to the pre-activation: h = D(D(P) + adapter), then g = D(gelu(h)).
+    STRATA_RETURN_IF_ERROR(mm.Forward(kInOut, N, C, 4 * C, w.ln2, p.fc_w, p.fc_b, nullptr, w.h));
+    STRATA_RETURN_IF_ERROR(LoraCudaForward(mm, lora, kGptFcProduct, w.ln2, N, w.h, 4 * C));
+    STRATA_RETURN_IF_ERROR(oc::LaunchGeluForward(cs, D(w.h), N * 4 * C, D(w.g)));
+  } else {
+    // g = D(gelu(P)), h = D(P), P = ln2 Wfc + bfc in fp32 (the GELU_AUX_BIAS epilogue).
+    STRATA_RETURN_IF_ERROR(mm.Run(false, false, N, 4 * C, C, w.ln2, C, p.fc_w, 4 * C, w.g, 4 * C,
+                                  RowEpilogue::kGeluAuxBias, p.fc_b, nullptr, w.h, 4 * C));
+  }
   if (x_out == nullptr) return Status::Ok();
-  return mm.Forward(kInOut, N, 4 * C, C, w.g, p.mlp_proj_w, p.mlp_proj_b, w.x2, x_out);
+  STRATA_RETURN_IF_ERROR(
+      mm.Forward(kInOut, N, 4 * C, C, w.g, p.mlp_proj_w, p.mlp_proj_b, w.x2, x_out));
+  return LoraCudaForward(mm, lora, kGptMlpProjProduct, w.g, N, x_out, C);
 }
 
 // The head's LayerNorm: lnf = D(LN(x)) with its statistics into the scratch.
@@ -160,32 +179,37 @@ Status GptCudaEmbeddingBackward(const GptShape& shape, gpu::Stream& stream, cons
 template <typename S>
 Status GptCudaLayerForward(const GptShape& shape, gpu::Stream& stream, const S* params,
                            const S* x_in, S* x_out, int B, int T, void* scratch,
-                           const GptCudaOptions& options, const int32_t* position_ids) {
+                           const GptCudaOptions& options, const int32_t* position_ids,
+                           const LoraLayerArgs<S>& lora) {
   STRATA_ASSIGN_OR_RETURN(cudaStream_t cs,
                           Prepare("GptCudaLayerForward", shape, stream, B, T, scratch));
   STRATA_RETURN_IF_ERROR(CheckPointers("GptCudaLayerForward", {params, x_in, x_out, scratch}));
   const LayerBuffers<S> w(GptCudaLayerScratchLayoutFor<S>(shape, B, T), scratch);
   STRATA_ASSIGN_OR_RETURN(const auto mm, MakeProducts<S>(stream, cs, w.partials, options));
   const LayerParams<const S*> p(params, shape.channels);
-  return LayerForwardInto<S>(shape, cs, mm, p, x_in, B, T, position_ids, w, x_out);
+  return LayerForwardInto<S>(shape, cs, mm, p, x_in, B, T, position_ids, w, x_out, lora);
 }
 
 template <typename S>
 Status GptCudaLayerBackward(const GptShape& shape, gpu::Stream& stream, const S* params,
                             const S* x_in, const S* dx_out, S* dx_in, S* dparams, int B, int T,
                             void* scratch, const GptCudaOptions& options,
-                            const int32_t* position_ids) {
+                            const int32_t* position_ids, const LoraLayerArgs<S>& lora) {
   STRATA_ASSIGN_OR_RETURN(cudaStream_t cs,
                           Prepare("GptCudaLayerBackward", shape, stream, B, T, scratch));
   STRATA_RETURN_IF_ERROR(
-      CheckPointers("GptCudaLayerBackward", {params, x_in, dx_out, dx_in, dparams, scratch}));
+      CheckPointers("GptCudaLayerBackward", {params, x_in, dx_out, dx_in, scratch}));
+  if (dparams == nullptr && !lora.active()) {
+    return InvalidArgumentError("GptCudaLayerBackward: dparams is null and no adapters train");
+  }
   const int64_t C = shape.channels, N = int64_t{B} * T;
   const LayerBuffers<S> w(GptCudaLayerScratchLayoutFor<S>(shape, B, T), scratch);
   STRATA_ASSIGN_OR_RETURN(const auto mm, MakeProducts<S>(stream, cs, w.partials, options));
   const LayerParams<const S*> p(params, C);
-  const LayerParams<S*> dp(dparams, C);
+  const LayerParams<S*> dp(dparams, C);  // all null: the frozen base of a LoRA run
+  const bool weight_grads = dparams != nullptr;
   STRATA_RETURN_IF_ERROR(
-      LayerForwardInto<S>(shape, cs, mm, p, x_in, B, T, position_ids, w, nullptr));
+      LayerForwardInto<S>(shape, cs, mm, p, x_in, B, T, position_ids, w, nullptr, lora));
   const S* dy = dx_out;
   S *ln1 = w.ln1, *qkv = w.qkv, *att = w.att, *x2 = w.x2, *ln2 = w.ln2, *h = w.h, *g = w.g;
   S* dh = g;    // over g, dead after the mlp_proj_w gradient
@@ -195,31 +219,55 @@ Status GptCudaLayerBackward(const GptShape& shape, gpu::Stream& stream, const S*
   const float *mean1 = w.mean1, *rstd1 = w.rstd1, *mean2 = w.mean2, *rstd2 = w.rstd2;
 
   // MLP: y = x2 + g Wp + bp, g = gelu(h).
-  STRATA_RETURN_IF_ERROR(mm.WeightGrad(kInOut, N, 4 * C, C, g, dy, dp.mlp_proj_w, dp.mlp_proj_b));
-  STRATA_RETURN_IF_ERROR(mm.GeluInputGrad(kInOut, N, 4 * C, C, dy, p.mlp_proj_w, h,
-                                          reinterpret_cast<float*>(dln), GeluAccRows(N, sizeof(S)),
-                                          dh));
-  STRATA_RETURN_IF_ERROR(mm.WeightGrad(kInOut, N, C, 4 * C, ln2, dh, dp.fc_w, dp.fc_b));
+  if (weight_grads) {
+    STRATA_RETURN_IF_ERROR(mm.WeightGrad(kInOut, N, 4 * C, C, g, dy, dp.mlp_proj_w, dp.mlp_proj_b));
+  }
+  if (Targets(lora, kGptMlpProjProduct)) {
+    // The adapter's share of dg joins before GELU's derivative: dg in the adapters' scratch.
+    S* dg = LoraGradBuffer(lora, N);
+    STRATA_RETURN_IF_ERROR(mm.InputGrad(kInOut, N, 4 * C, C, dy, p.mlp_proj_w, dg));
+    STRATA_RETURN_IF_ERROR(LoraCudaBackward(mm, lora, kGptMlpProjProduct, g, dy, N, C, dg));
+    STRATA_RETURN_IF_ERROR(oc::LaunchGeluBackward(cs, D(h), D(dg), N * 4 * C, D(dh)));
+  } else {
+    STRATA_RETURN_IF_ERROR(mm.GeluInputGrad(kInOut, N, 4 * C, C, dy, p.mlp_proj_w, h,
+                                            reinterpret_cast<float*>(dln),
+                                            GeluAccRows(N, sizeof(S)), dh));
+  }
+  if (weight_grads) {
+    STRATA_RETURN_IF_ERROR(mm.WeightGrad(kInOut, N, C, 4 * C, ln2, dh, dp.fc_w, dp.fc_b));
+  }
   STRATA_RETURN_IF_ERROR(mm.InputGrad(kInOut, N, C, 4 * C, dh, p.fc_w, dln));  // dln2
-  STRATA_RETURN_IF_ERROR(oc::LaunchLayerNormParamGrads(cs, D(x2), D(dln), mean2, rstd2, N, C,
-                                                       partials, D(dp.ln2_w), D(dp.ln2_b)));
+  STRATA_RETURN_IF_ERROR(LoraCudaBackward(mm, lora, kGptFcProduct, ln2, dh, N, 4 * C, dln));
+  if (weight_grads) {
+    STRATA_RETURN_IF_ERROR(oc::LaunchLayerNormParamGrads(cs, D(x2), D(dln), mean2, rstd2, N, C,
+                                                         partials, D(dp.ln2_w), D(dp.ln2_b)));
+  }
   // dx2 = D(dy + LN2'(dln2)), kept in dx_in.
   STRATA_RETURN_IF_ERROR(oc::LaunchLayerNormBackward(cs, D(x2), D(p.ln2_w), D(dln), mean2, rstd2,
                                                      D(dy), N, C, D(dx_in)));
   const S* dx2 = dx_in;
 
   // Attention: x2 = x + att Wo + bo.
-  STRATA_RETURN_IF_ERROR(mm.WeightGrad(kInOut, N, C, C, att, dx2, dp.attn_proj_w, dp.attn_proj_b));
+  if (weight_grads) {
+    STRATA_RETURN_IF_ERROR(
+        mm.WeightGrad(kInOut, N, C, C, att, dx2, dp.attn_proj_w, dp.attn_proj_b));
+  }
   STRATA_RETURN_IF_ERROR(mm.InputGrad(kInOut, N, C, C, dx2, p.attn_proj_w, dln));  // datt
+  STRATA_RETURN_IF_ERROR(LoraCudaBackward(mm, lora, kGptAttnProjProduct, att, dx2, N, C, dln));
   const Dev<S>* dq_in = D(qkv);
   Dev<S>* dq_out = D(dqkv);
   STRATA_RETURN_IF_ERROR(oc::LaunchAttentionBackward(
       cs, AttentionDimsOf(shape, B, T, position_ids), dq_in, dq_in + C, dq_in + 2 * C, D(att),
       D(dln), w.lse, w.delta, dq_out, dq_out + C, dq_out + 2 * C));
-  STRATA_RETURN_IF_ERROR(mm.WeightGrad(kInOut, N, C, 3 * C, ln1, dqkv, dp.qkv_w, dp.qkv_b));
+  if (weight_grads) {
+    STRATA_RETURN_IF_ERROR(mm.WeightGrad(kInOut, N, C, 3 * C, ln1, dqkv, dp.qkv_w, dp.qkv_b));
+  }
   STRATA_RETURN_IF_ERROR(mm.InputGrad(kInOut, N, C, 3 * C, dqkv, p.qkv_w, dln));  // dln1
-  STRATA_RETURN_IF_ERROR(oc::LaunchLayerNormParamGrads(cs, D(x_in), D(dln), mean1, rstd1, N, C,
-                                                       partials, D(dp.ln1_w), D(dp.ln1_b)));
+  STRATA_RETURN_IF_ERROR(LoraCudaBackward(mm, lora, kGptAttnProduct, ln1, dqkv, N, 3 * C, dln));
+  if (weight_grads) {
+    STRATA_RETURN_IF_ERROR(oc::LaunchLayerNormParamGrads(cs, D(x_in), D(dln), mean1, rstd1, N, C,
+                                                         partials, D(dp.ln1_w), D(dp.ln1_b)));
+  }
   // dx = D(dx2 + LN1'(dln1)), in place over dx2.
   return oc::LaunchLayerNormBackward(cs, D(x_in), D(p.ln1_w), D(dln), mean1, rstd1, D(dx2), N, C,
                                      D(dx_in));
@@ -256,7 +304,8 @@ Status GptCudaHeadBackward(const GptShape& shape, gpu::Stream& stream, const S* 
   STRATA_ASSIGN_OR_RETURN(cudaStream_t cs,
                           Prepare("GptCudaHeadBackward", shape, stream, B, T, scratch));
   STRATA_RETURN_IF_ERROR(
-      CheckPointers("GptCudaHeadBackward", {params, x_in, targets, dx_in, dparams, scratch}));
+      CheckPointers("GptCudaHeadBackward", {params, x_in, targets, dx_in, scratch}));
+  const bool weight_grads = dparams != nullptr;  // null: the frozen head of a LoRA run
   const int64_t C = shape.channels, V = shape.vocab_size, N = int64_t{B} * T;
   const GptCudaHeadScratchLayout l = GptCudaHeadScratchLayoutFor<S>(shape, B, T);
   float* partials = At<float>(scratch, l.ln_partials);
@@ -266,13 +315,13 @@ Status GptCudaHeadBackward(const GptShape& shape, gpu::Stream& stream, const S* 
   S* lnf = At<S>(scratch, l.lnf);
   S* dlnf = At<S>(scratch, l.dlnf);
   STRATA_RETURN_IF_ERROR(oc::internal::CheckTied("GptCudaHeadBackward", shape.tie_embeddings,
-                                                 tied_params, tied_grads, true));
+                                                 tied_params, tied_grads, weight_grads));
   // Untied: Wlm (C, V) and dWlm in the chunk; tied: wte (V, C) read transposed, dwte (V, C) into
   // the first V C elements of tied_grads, whose wpe part gets zeros.
   const bool tied = shape.tie_embeddings;
   const S* wlm = tied ? tied_params : params + 2 * C;
-  S* dwlm = tied ? tied_grads : dparams + 2 * C;
-  if (tied) {
+  S* dwlm = !weight_grads ? nullptr : tied ? tied_grads : dparams + 2 * C;
+  if (tied && weight_grads) {
     STRATA_RETURN_IF_ERROR(gpu::cuda::CudaStatus(
         cudaMemsetAsync(tied_grads + V * C, 0,
                         static_cast<size_t>(shape.max_seq_len) * C * sizeof(S), cs),
@@ -282,27 +331,30 @@ Status GptCudaHeadBackward(const GptShape& shape, gpu::Stream& stream, const S* 
   STRATA_RETURN_IF_ERROR(
       oc::ChunkedHeadBackward<S>(mm, lnf, wlm, tied ? WeightLayout::kOutIn : kInOut, targets, dloss,
                                  N, C, V, HeadScratchOf<S>(l, scratch), dwlm, dlnf, loss_tokens));
-  STRATA_RETURN_IF_ERROR(oc::LaunchLayerNormParamGrads(cs, D(x_in), D(dlnf), mean, rstd, N, C,
-                                                       partials, D(dparams), D(dparams + C)));
+  if (weight_grads) {
+    STRATA_RETURN_IF_ERROR(oc::LaunchLayerNormParamGrads(cs, D(x_in), D(dlnf), mean, rstd, N, C,
+                                                         partials, D(dparams), D(dparams + C)));
+  }
   return oc::LaunchLayerNormBackward(cs, D(x_in), D(params), D(dlnf), mean, rstd,
                                      static_cast<const Dev<S>*>(nullptr), N, C, D(dx_in));
 }
 
-#define STRATA_INSTANTIATE_GPT_CUDA(S)                                                            \
-  template Status GptCudaEmbeddingForward<S>(const GptShape&, gpu::Stream&, const S*,             \
-                                             const int32_t*, int, int, S*, const int32_t*);       \
-  template Status GptCudaEmbeddingBackward<S>(const GptShape&, gpu::Stream&, const int32_t*,      \
-                                              const S*, int, int, S*, void*, const int32_t*);     \
-  template Status GptCudaLayerForward<S>(const GptShape&, gpu::Stream&, const S*, const S*, S*,   \
-                                         int, int, void*, const GptCudaOptions&, const int32_t*); \
-  template Status GptCudaLayerBackward<S>(const GptShape&, gpu::Stream&, const S*, const S*,      \
-                                          const S*, S*, S*, int, int, void*,                      \
-                                          const GptCudaOptions&, const int32_t*);                 \
-  template Status GptCudaHeadForward<S>(const GptShape&, gpu::Stream&, const S*, const S*,        \
-                                        const int32_t*, int, int, S*, void*, float*,              \
-                                        const GptCudaOptions&, const S*, int64_t);                \
-  template Status GptCudaHeadBackward<S>(const GptShape&, gpu::Stream&, const S*, const S*,       \
-                                         const int32_t*, float, int, int, S*, S*, void*,          \
+#define STRATA_INSTANTIATE_GPT_CUDA(S)                                                           \
+  template Status GptCudaEmbeddingForward<S>(const GptShape&, gpu::Stream&, const S*,            \
+                                             const int32_t*, int, int, S*, const int32_t*);      \
+  template Status GptCudaEmbeddingBackward<S>(const GptShape&, gpu::Stream&, const int32_t*,     \
+                                              const S*, int, int, S*, void*, const int32_t*);    \
+  template Status GptCudaLayerForward<S>(const GptShape&, gpu::Stream&, const S*, const S*, S*,  \
+                                         int, int, void*, const GptCudaOptions&, const int32_t*, \
+                                         const LoraLayerArgs<S>&);                               \
+  template Status GptCudaLayerBackward<S>(                                                       \
+      const GptShape&, gpu::Stream&, const S*, const S*, const S*, S*, S*, int, int, void*,      \
+      const GptCudaOptions&, const int32_t*, const LoraLayerArgs<S>&);                           \
+  template Status GptCudaHeadForward<S>(const GptShape&, gpu::Stream&, const S*, const S*,       \
+                                        const int32_t*, int, int, S*, void*, float*,             \
+                                        const GptCudaOptions&, const S*, int64_t);               \
+  template Status GptCudaHeadBackward<S>(const GptShape&, gpu::Stream&, const S*, const S*,      \
+                                         const int32_t*, float, int, int, S*, S*, void*,         \
                                          const GptCudaOptions&, const S*, S*, int64_t);
 STRATA_INSTANTIATE_GPT_CUDA(float)
 STRATA_INSTANTIATE_GPT_CUDA(Bf16)

@@ -106,20 +106,27 @@ Status GptCudaEmbeddingBackward(const GptShape& shape, gpu::Stream& stream, cons
 
 // One transformer layer, x_in -> x_out (B, T, C); scratch: GptCudaLayerScratchBytes<S>.
 // x_out must not overlap x_in. position_ids: the attention's blocks (packed sequences).
+// lora: the layer's adapters (models/lora.h; device pointers, its scratch LoraScratchBytes<S>
+// for B T rows, apart from `scratch`), added to the targeted products as
+// models/cuda/lora_cuda.cuh computes them (an adapter on c_fc adds to the pre-activation, and
+// the GELU then runs unfused on its rounded value, as on the host); inactive: the plain layer.
 template <typename S>
 Status GptCudaLayerForward(const GptShape& shape, gpu::Stream& stream, const S* params,
                            const S* x_in, S* x_out, int B, int T, void* scratch,
                            const GptCudaOptions& options = {},
-                           const int32_t* position_ids = nullptr);
+                           const int32_t* position_ids = nullptr,
+                           const LoraLayerArgs<S>& lora = {});
 
 // Recomputes the forward from x_in, then writes dx_in (B, T, C) and dparams (layer
-// chunk, OVERWRITTEN) from dx_out. dx_in must not overlap x_in or dx_out. position_ids: those
-// of the forward.
+// chunk, OVERWRITTEN) from dx_out. dx_in must not overlap x_in or dx_out. position_ids and lora:
+// those of the forward; with active adapters their gradients go to lora.dadapters (OVERWRITTEN)
+// and dparams may be null (LoRA's frozen base: no weight gradient is computed).
 template <typename S>
 Status GptCudaLayerBackward(const GptShape& shape, gpu::Stream& stream, const S* params,
                             const S* x_in, const S* dx_out, S* dx_in, S* dparams, int B, int T,
                             void* scratch, const GptCudaOptions& options = {},
-                            const int32_t* position_ids = nullptr);
+                            const int32_t* position_ids = nullptr,
+                            const LoraLayerArgs<S>& lora = {});
 
 // Final LayerNorm and LM head: logits (B, V) written, those of the last position (t = T - 1)
 // of each sequence. With targets (B, T) non-null and loss non-null, *loss (one fp32 in device
@@ -142,7 +149,7 @@ Status GptCudaHeadForward(const GptShape& shape, gpu::Stream& stream, const S* p
 // as on the host. targets must not be null. Tied (shape.tie_embeddings): tied_params as for
 // GptCudaHeadForward and tied_grads (EmbeddingNumParams elements, OVERWRITTEN): dwte (V, C) in
 // its first V C elements, accumulated and rounded as dWlm, zeros in the rest (wpe); both
-// required.
+// required. dparams null: dx_in only (LoRA's frozen head; tied_grads is not read).
 template <typename S>
 Status GptCudaHeadBackward(const GptShape& shape, gpu::Stream& stream, const S* params,
                            const S* x_in, const int32_t* targets, float dloss, int B, int T,

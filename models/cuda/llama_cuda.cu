@@ -16,6 +16,7 @@
 #include "gpu/cuda/cuda_status.h"
 #include "models/cuda/llama_cuda.h"
 #include "models/cuda/llama_cuda_layout.h"
+#include "models/cuda/lora_cuda.cuh"
 #include "models/llama_kernels.h"
 #include "models/ops/cuda/common.cuh"
 #include "models/ops/cuda/ops.cuh"
@@ -74,7 +75,12 @@ struct Sizes {
 template <typename P>
 struct LayerParams {
   P w_in, wqkv, wo, w_post, wgu, wd;
+  // base null (a backward that computes no weight gradient: LoRA's frozen layer): all null.
   LayerParams(const LlamaConfig& c, P base) {
+    if (base == nullptr) {
+      w_in = wqkv = wo = w_post = wgu = wd = nullptr;
+      return;
+    }
     const std::vector<LlamaTensor> t = LlamaLayerTensors(c, 0);
     w_in = base + t[0].offset;
     wqkv = base + t[1].offset;
@@ -117,17 +123,19 @@ ops::AttentionDims AttentionDimsOf(const Sizes& z, int B, int T, const int32_t* 
 }
 
 // The layer forward into the scratch: xn, qkv (rotated), att, lse, x2, xn2, gu, h; with x_out
-// non-null also the layer output.
+// non-null also the layer output. The adapters of `lora` add to each targeted product's output.
 template <typename S>
 Status LayerForwardInto(const LlamaConfig& c, cudaStream_t cs, const Products<S>& mm,
                         const LayerParams<const S*>& p, const S* x, int B, int T,
-                        const int32_t* position_ids, const LayerBuffers<S>& w, S* x_out) {
+                        const int32_t* position_ids, const LayerBuffers<S>& w, S* x_out,
+                        const LoraLayerArgs<S>& lora) {
   const Sizes z(c, B, T);
   const float eps = static_cast<float>(c.rms_norm_eps);
   STRATA_RETURN_IF_ERROR(
       oc::LaunchRmsNormForward(cs, D(x), D(p.w_in), eps, z.N, z.C, D(w.xn), w.rstd1));
   STRATA_RETURN_IF_ERROR(
       mm.Forward(kOutIn, z.N, z.C, z.Dqkv, w.xn, p.wqkv, nullptr, nullptr, w.qkv));
+  STRATA_RETURN_IF_ERROR(LoraCudaForward(mm, lora, kQkvProduct, w.xn, z.N, w.qkv, z.Dqkv));
   STRATA_RETURN_IF_ERROR(oc::LaunchRopeTable(cs, LlamaRopeParams(c), T, w.cos, w.sin));
   STRATA_RETURN_IF_ERROR(oc::LaunchRope(cs, D(w.qkv), z.N, z.Dqkv, static_cast<int>(z.H + z.Hkv),
                                         static_cast<int>(z.hs), T, w.cos, w.sin, false,
@@ -137,13 +145,16 @@ Status LayerForwardInto(const LlamaConfig& c, cudaStream_t cs, const Products<S>
                                                     qkv + z.Dq, qkv + z.Dq + z.Dkv, D(w.att),
                                                     w.lse));
   STRATA_RETURN_IF_ERROR(mm.Forward(kOutIn, z.N, z.Dq, z.C, w.att, p.wo, nullptr, x, w.x2));
+  STRATA_RETURN_IF_ERROR(LoraCudaForward(mm, lora, kOutProduct, w.att, z.N, w.x2, z.C));
   STRATA_RETURN_IF_ERROR(
       oc::LaunchRmsNormForward(cs, D(w.x2), D(p.w_post), eps, z.N, z.C, D(w.xn2), w.rstd2));
   STRATA_RETURN_IF_ERROR(
       mm.Forward(kOutIn, z.N, z.C, 2 * z.I, w.xn2, p.wgu, nullptr, nullptr, w.gu));
+  STRATA_RETURN_IF_ERROR(LoraCudaForward(mm, lora, kGateUpProduct, w.xn2, z.N, w.gu, 2 * z.I));
   STRATA_RETURN_IF_ERROR(oc::LaunchSwigluForward(cs, D(w.gu), z.N, z.I, D(w.h)));
   if (x_out == nullptr) return Status::Ok();
-  return mm.Forward(kOutIn, z.N, z.I, z.C, w.h, p.wd, nullptr, w.x2, x_out);
+  STRATA_RETURN_IF_ERROR(mm.Forward(kOutIn, z.N, z.I, z.C, w.h, p.wd, nullptr, w.x2, x_out));
+  return LoraCudaForward(mm, lora, kDownProduct, w.h, z.N, x_out, z.C);
 }
 
 // The chunked head's part of the head scratch.
@@ -186,52 +197,68 @@ Status LlamaCudaEmbeddingBackward(const LlamaConfig& c, gpu::Stream& stream, con
 template <typename S>
 Status LlamaCudaLayerForward(const LlamaConfig& c, gpu::Stream& stream, const S* params,
                              const S* x_in, S* x_out, int B, int T, void* scratch,
-                             const int32_t* position_ids) {
+                             const int32_t* position_ids, const LoraLayerArgs<S>& lora) {
   STRATA_ASSIGN_OR_RETURN(cudaStream_t cs,
                           Prepare("LlamaCudaLayerForward", c, stream, B, T, scratch));
   STRATA_RETURN_IF_ERROR(CheckPointers("LlamaCudaLayerForward", {params, x_in, x_out, scratch}));
   const LayerBuffers<S> w(LlamaCudaLayerScratchLayoutFor<S>(c, B, T), scratch);
   STRATA_ASSIGN_OR_RETURN(const auto mm, MakeProducts<S>(stream, cs));
   const LayerParams<const S*> p(c, params);
-  return LayerForwardInto<S>(c, cs, mm, p, x_in, B, T, position_ids, w, x_out);
+  return LayerForwardInto<S>(c, cs, mm, p, x_in, B, T, position_ids, w, x_out, lora);
 }
 
 template <typename S>
 Status LlamaCudaLayerBackward(const LlamaConfig& c, gpu::Stream& stream, const S* params,
                               const S* x_in, const S* dx_out, S* dx_in, S* dparams, int B, int T,
-                              void* scratch, const int32_t* position_ids) {
+                              void* scratch, const int32_t* position_ids,
+                              const LoraLayerArgs<S>& lora) {
   STRATA_ASSIGN_OR_RETURN(cudaStream_t cs,
                           Prepare("LlamaCudaLayerBackward", c, stream, B, T, scratch));
   STRATA_RETURN_IF_ERROR(
-      CheckPointers("LlamaCudaLayerBackward", {params, x_in, dx_out, dx_in, dparams, scratch}));
+      CheckPointers("LlamaCudaLayerBackward", {params, x_in, dx_out, dx_in, scratch}));
+  if (dparams == nullptr && !lora.active()) {
+    return InvalidArgumentError("LlamaCudaLayerBackward: dparams is null and no adapters train");
+  }
   const Sizes z(c, B, T);
   const LayerBuffers<S> w(LlamaCudaLayerScratchLayoutFor<S>(c, B, T), scratch);
   STRATA_ASSIGN_OR_RETURN(const auto mm, MakeProducts<S>(stream, cs));
   const LayerParams<const S*> p(c, params);
   const LayerParams<S*> dp(c, dparams);
-  STRATA_RETURN_IF_ERROR(LayerForwardInto<S>(c, cs, mm, p, x_in, B, T, position_ids, w, nullptr));
+  STRATA_RETURN_IF_ERROR(
+      LayerForwardInto<S>(c, cs, mm, p, x_in, B, T, position_ids, w, nullptr, lora));
   const S* dy = dx_out;
+  const bool weight_grads = dparams != nullptr;  // null: the frozen base of a LoRA run
 
   // MLP: y = x2 + h Wd^T, h = SwiGLU(gu), gu = xn2 Wgu^T.
-  STRATA_RETURN_IF_ERROR(mm.WeightGrad(kOutIn, z.N, z.I, z.C, w.h, dy, dp.wd));
+  if (weight_grads) STRATA_RETURN_IF_ERROR(mm.WeightGrad(kOutIn, z.N, z.I, z.C, w.h, dy, dp.wd));
   S* dh = w.grad;
   STRATA_RETURN_IF_ERROR(mm.InputGrad(kOutIn, z.N, z.I, z.C, dy, p.wd, dh));
+  STRATA_RETURN_IF_ERROR(LoraCudaBackward(mm, lora, kDownProduct, w.h, dy, z.N, z.C, dh));
   S* dgu = w.gu;  // in place over gu
   STRATA_RETURN_IF_ERROR(oc::LaunchSwigluBackward(cs, D(w.gu), D(dh), z.N, z.I, D(dgu)));
-  STRATA_RETURN_IF_ERROR(mm.WeightGrad(kOutIn, z.N, z.C, 2 * z.I, w.xn2, dgu, dp.wgu));
+  if (weight_grads) {
+    STRATA_RETURN_IF_ERROR(mm.WeightGrad(kOutIn, z.N, z.C, 2 * z.I, w.xn2, dgu, dp.wgu));
+  }
   S* dxn2 = w.grad;  // dh is dead
   STRATA_RETURN_IF_ERROR(mm.InputGrad(kOutIn, z.N, z.C, 2 * z.I, dgu, p.wgu, dxn2));
-  STRATA_RETURN_IF_ERROR(oc::LaunchRmsNormWeightGrad(cs, D(w.x2), w.rstd2, D(dxn2), z.N, z.C,
-                                                     w.partials, D(dp.w_post)));
+  STRATA_RETURN_IF_ERROR(
+      LoraCudaBackward(mm, lora, kGateUpProduct, w.xn2, dgu, z.N, 2 * z.I, dxn2));
+  if (weight_grads) {
+    STRATA_RETURN_IF_ERROR(oc::LaunchRmsNormWeightGrad(cs, D(w.x2), w.rstd2, D(dxn2), z.N, z.C,
+                                                       w.partials, D(dp.w_post)));
+  }
   // dx2 = S(dy + RMS2'(dxn2)), kept in dx_in.
   STRATA_RETURN_IF_ERROR(oc::LaunchRmsNormBackward(cs, D(w.x2), D(p.w_post), w.rstd2, D(dxn2),
                                                    D(dy), z.N, z.C, D(dx_in)));
   const S* dx2 = dx_in;
 
   // Attention: x2 = x + att Wo^T.
-  STRATA_RETURN_IF_ERROR(mm.WeightGrad(kOutIn, z.N, z.Dq, z.C, w.att, dx2, dp.wo));
+  if (weight_grads) {
+    STRATA_RETURN_IF_ERROR(mm.WeightGrad(kOutIn, z.N, z.Dq, z.C, w.att, dx2, dp.wo));
+  }
   S* datt = w.grad;  // dxn2 is dead
   STRATA_RETURN_IF_ERROR(mm.InputGrad(kOutIn, z.N, z.Dq, z.C, dx2, p.wo, datt));
+  STRATA_RETURN_IF_ERROR(LoraCudaBackward(mm, lora, kOutProduct, w.att, dx2, z.N, z.C, datt));
   const Dev<S>* qkv = D(w.qkv);
   Dev<S>* dqkv = D(w.dqkv);
   STRATA_RETURN_IF_ERROR(oc::LaunchAttentionBackward(
@@ -240,11 +267,16 @@ Status LlamaCudaLayerBackward(const LlamaConfig& c, gpu::Stream& stream, const S
   STRATA_RETURN_IF_ERROR(oc::LaunchRope(cs, dqkv, z.N, z.Dqkv, static_cast<int>(z.H + z.Hkv),
                                         static_cast<int>(z.hs), T, w.cos, w.sin, true,
                                         position_ids));
-  STRATA_RETURN_IF_ERROR(mm.WeightGrad(kOutIn, z.N, z.C, z.Dqkv, w.xn, w.dqkv, dp.wqkv));
+  if (weight_grads) {
+    STRATA_RETURN_IF_ERROR(mm.WeightGrad(kOutIn, z.N, z.C, z.Dqkv, w.xn, w.dqkv, dp.wqkv));
+  }
   S* dxn = w.grad;  // datt is dead
   STRATA_RETURN_IF_ERROR(mm.InputGrad(kOutIn, z.N, z.C, z.Dqkv, w.dqkv, p.wqkv, dxn));
-  STRATA_RETURN_IF_ERROR(
-      oc::LaunchRmsNormWeightGrad(cs, D(x_in), w.rstd1, D(dxn), z.N, z.C, w.partials, D(dp.w_in)));
+  STRATA_RETURN_IF_ERROR(LoraCudaBackward(mm, lora, kQkvProduct, w.xn, w.dqkv, z.N, z.Dqkv, dxn));
+  if (weight_grads) {
+    STRATA_RETURN_IF_ERROR(oc::LaunchRmsNormWeightGrad(cs, D(x_in), w.rstd1, D(dxn), z.N, z.C,
+                                                       w.partials, D(dp.w_in)));
+  }
   // dx = S(dx2 + RMS1'(dxn)), in place over dx2.
   return oc::LaunchRmsNormBackward(cs, D(x_in), D(p.w_in), w.rstd1, D(dxn), D(dx2), z.N, z.C,
                                    D(dx_in));
@@ -280,15 +312,16 @@ Status LlamaCudaHeadBackward(const LlamaConfig& c, gpu::Stream& stream, const S*
   STRATA_ASSIGN_OR_RETURN(cudaStream_t cs,
                           Prepare("LlamaCudaHeadBackward", c, stream, B, T, scratch));
   STRATA_RETURN_IF_ERROR(
-      CheckPointers("LlamaCudaHeadBackward", {params, x_in, targets, dx_in, dparams, scratch}));
+      CheckPointers("LlamaCudaHeadBackward", {params, x_in, targets, dx_in, scratch}));
+  const bool weight_grads = dparams != nullptr;  // null: the frozen head of a LoRA run
   STRATA_RETURN_IF_ERROR(oc::internal::CheckTied("LlamaCudaHeadBackward", c.tie_embeddings,
-                                                 tied_params, tied_grads, true));
+                                                 tied_params, tied_grads, weight_grads));
   const Sizes z(c, B, T);
   const LlamaCudaHeadScratchLayout l = LlamaCudaHeadScratchLayoutFor<S>(c, B, T);
   STRATA_ASSIGN_OR_RETURN(const auto mm, MakeProducts<S>(stream, cs));
   const bool tied = c.tie_embeddings;
-  const S* wlm = tied ? tied_params : params + z.C;  // (V, C)
-  S* dwlm = tied ? tied_grads : dparams + z.C;       // (V, C)
+  const S* wlm = tied ? tied_params : params + z.C;                       // (V, C)
+  S* dwlm = !weight_grads ? nullptr : tied ? tied_grads : dparams + z.C;  // (V, C)
   const float* rstd = At<float>(scratch, l.rstd);
   S* xn = At<S>(scratch, l.xn);
   S* dxn = At<S>(scratch, l.dxn);
@@ -298,8 +331,10 @@ Status LlamaCudaHeadBackward(const LlamaConfig& c, gpu::Stream& stream, const S*
   STRATA_RETURN_IF_ERROR(oc::ChunkedHeadBackward<S>(mm, xn, wlm, kOutIn, targets, dloss, z.N, z.C,
                                                     z.V, HeadScratchOf<S>(l, scratch), dwlm, dxn,
                                                     loss_tokens));
-  STRATA_RETURN_IF_ERROR(oc::LaunchRmsNormWeightGrad(cs, D(x_in), rstd, D(dxn), z.N, z.C,
-                                                     At<float>(scratch, l.partials), D(dparams)));
+  if (weight_grads) {
+    STRATA_RETURN_IF_ERROR(oc::LaunchRmsNormWeightGrad(cs, D(x_in), rstd, D(dxn), z.N, z.C,
+                                                       At<float>(scratch, l.partials), D(dparams)));
+  }
   return oc::LaunchRmsNormBackward(cs, D(x_in), D(params), rstd, D(dxn),
                                    static_cast<const Dev<S>*>(nullptr), z.N, z.C, D(dx_in));
 }
@@ -310,9 +345,11 @@ Status LlamaCudaHeadBackward(const LlamaConfig& c, gpu::Stream& stream, const S*
   template Status LlamaCudaEmbeddingBackward<S>(const LlamaConfig&, gpu::Stream&, const int32_t*, \
                                                 const S*, int, int, S*, void*);                   \
   template Status LlamaCudaLayerForward<S>(const LlamaConfig&, gpu::Stream&, const S*, const S*,  \
-                                           S*, int, int, void*, const int32_t*);                  \
+                                           S*, int, int, void*, const int32_t*,                   \
+                                           const LoraLayerArgs<S>&);                              \
   template Status LlamaCudaLayerBackward<S>(const LlamaConfig&, gpu::Stream&, const S*, const S*, \
-                                            const S*, S*, S*, int, int, void*, const int32_t*);   \
+                                            const S*, S*, S*, int, int, void*, const int32_t*,    \
+                                            const LoraLayerArgs<S>&);                             \
   template Status LlamaCudaHeadForward<S>(const LlamaConfig&, gpu::Stream&, const S*, const S*,   \
                                           const S*, const int32_t*, int, int, S*, void*, float*,  \
                                           int64_t);                                               \

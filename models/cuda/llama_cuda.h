@@ -35,6 +35,7 @@
 #include "gpu/device.h"
 #include "models/cuda/llama_cuda_layout.h"
 #include "models/llama_config.h"
+#include "models/lora.h"
 
 namespace strata::models::cuda {
 
@@ -57,17 +58,24 @@ Status LlamaCudaEmbeddingBackward(const LlamaConfig& c, gpu::Stream& stream, con
 
 // One decoder layer x_in -> x_out (B, T, C). scratch: LlamaCudaLayerScratchBytes<S>. x_out must
 // not overlap x_in. position_ids: the rotary positions and the attention's blocks (packed).
+// lora: the layer's adapters (models/lora.h; device pointers, its scratch LoraScratchBytes<S>
+// for B T rows, apart from `scratch`), added to the targeted products as
+// models/cuda/lora_cuda.cuh computes them; inactive (the default): the plain layer.
 template <typename S>
 Status LlamaCudaLayerForward(const LlamaConfig& c, gpu::Stream& stream, const S* params,
                              const S* x_in, S* x_out, int B, int T, void* scratch,
-                             const int32_t* position_ids = nullptr);
+                             const int32_t* position_ids = nullptr,
+                             const LoraLayerArgs<S>& lora = {});
 
 // Recomputes the forward from x_in, then writes dx_in (B, T, C) and dparams (the layer chunk,
-// OVERWRITTEN) from dx_out. dx_in must not overlap x_in or dx_out. position_ids: the forward's.
+// OVERWRITTEN) from dx_out. dx_in must not overlap x_in or dx_out. position_ids and lora: the
+// forward's; with active adapters their gradients go to lora.dadapters (OVERWRITTEN) and dparams
+// may be null (LoRA's frozen base: no weight gradient is computed).
 template <typename S>
 Status LlamaCudaLayerBackward(const LlamaConfig& c, gpu::Stream& stream, const S* params,
                               const S* x_in, const S* dx_out, S* dx_in, S* dparams, int B, int T,
-                              void* scratch, const int32_t* position_ids = nullptr);
+                              void* scratch, const int32_t* position_ids = nullptr,
+                              const LoraLayerArgs<S>& lora = {});
 
 // Final RMSNorm and LM head with the (V, C) weight (the head chunk's lm_head, or, tied,
 // tied_params = the embedding chunk; null then is kInvalidArgument). logits (B, V): the last
@@ -84,7 +92,8 @@ Status LlamaCudaHeadForward(const LlamaConfig& c, gpu::Stream& stream, const S* 
 // (B, T, C) and dparams (head chunk) OVERWRITTEN; the rows of ignored targets add nothing; the
 // (V, C) weight gradient accumulated over the chunks in fp32 and rounded once, into the head
 // chunk (untied) or tied_grads (tied: the whole embedding chunk, OVERWRITTEN; required then).
-// targets must not be null.
+// dparams null: dx_in only (LoRA's frozen head; tied_grads is not read). targets must not be
+// null.
 template <typename S>
 Status LlamaCudaHeadBackward(const LlamaConfig& c, gpu::Stream& stream, const S* params,
                              const S* tied_params, const S* x_in, const int32_t* targets,

@@ -8,6 +8,8 @@
 #             on its defaults), and the same with the optimizer on the GPU  (~2.5 min on an H200)
 #   perf      bench_train_step (gpt2-1.5b and gpt-7b, resident and host) and the PyTorch baseline
 #             of the same shapes (bench/gpu/torch_gpt_baseline.py), then the MFU table  (~4 min)
+#   lora      LoRA runs on the GPU: llama-tiny on cuda and host, llama-1b with the base resident
+#             and streamed from host (tokens/s, bytes moved)  (~3 min)
 #   roofline  bench_memory_roofline: triad, a += s*b and the CPU AdamW step, GB/s per thread count
 #   CMD...    any command, in the unpacked tree, with the libraries set up
 # Each phase stays inside $BUDGET seconds (default 300); each step is cut to the time left. The
@@ -120,6 +122,37 @@ perf)
     --fit-layers
   tail -1 "$L/torch_7b.log" | grep '^{' >>"$L/torch_baseline.jsonl"
   cp "$L/bench_train_step.json" "$L/torch_baseline.jsonl" "$O/" 2>/dev/null
+  ;;
+lora)
+  # LoRA on the GPU (issue 30): llama-tiny with every module adapted on cuda and on the host
+  # backend (the same flags: their losses side by side), then llama-1b's adapters with the base
+  # resident and streamed from pinned host memory at 1.5 GiB (at 4 GiB llama-1b's base fits:
+  # the plan is printed). tokens/s and the bytes moved from each --summary-json.
+  all7=q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj
+  lora_run() {  # NAME LIMIT FLAGS...: strata train with FLAGS, then its summary in one line
+    local name=$1 limit=$2
+    shift 2
+    step "$name" "$limit" "$L/$name.log" "$build/tools/strata" train \
+      --lora-targets "$all7" --summary-json "$L/$name.json" "$@"
+    results[-1]="${results[-1]}: $(python3 -c 'import json, sys; d = json.load(open(sys.argv[1]))
+print("loss %.4f -> %.4f, val %s, %.0f tok/s, h2d %.3g B, d2h %.3g B, nvme written %d B, peak %.3g B, frozen %s" % (d["loss_first"], d["loss_last"], d["val_loss"], d["tokens_per_second"], d["bytes_h2d"], d["bytes_d2h"], d["nvme_bytes_written"], d["device_peak_bytes"], d["frozen_params"]))' "$L/$name.json" 2>&1 | tail -1)"
+  }
+  tiny=(--model llama-tiny --lora-rank 16 --lora-alpha 32 --steps 200 --lr 1e-3 --eval-every 200)
+  lora_run lora_tiny_cuda 60 "${tiny[@]}" --device cuda
+  lora_run lora_tiny_host 60 "${tiny[@]}" --device host
+  big=(--model llama-1b --lora-rank 16 --lora-alpha 32 --seq-len 1024 --micro-batch-size 4
+    --grad-accum-steps 2 --steps 6 --log-every 1 --eval-every 0 --device cuda)
+  # At 4 GiB the planner keeps the whole base resident (its plan, printed); 1.5 GiB streams it.
+  "$build/tools/strata" estimate "${big[@]:0:12}" --lora-targets "$all7" --offload-params host \
+    --device-budget 4GiB 2>&1 | grep -E '^ *(frozen|overlap|verdict)' | tee "$L/lora_1b_4gib_plan.txt"
+  lora_run lora_1b_resident 110 "${big[@]}" --offload-params device
+  lora_run lora_1b_host_streamed 110 "${big[@]}" --offload-params host --device-budget 1536MiB
+  # What a user would run instead: transformers + PEFT, the same shape, batch and adapters.
+  step torch_peft_llama-1b $(($(left) - 5)) "$L/torch_peft.log" env PYTHONUNBUFFERED=1 python3 \
+    bench/gpu/torch_lora_baseline.py --batch 4 --seq-len 1024 --grad-accum 2 --rank 16 --alpha 32
+  results[-1]="${results[-1]}: $(tail -1 "$L/torch_peft.log" | cut -c1-200)"
+  tail -1 "$L/torch_peft.log" | grep '^{' >"$L/lora_torch_peft.json"
+  cp "$L"/lora_*.json "$L/lora_1b_4gib_plan.txt" "$O/" 2>/dev/null
   ;;
 roofline)
   # The host's memory roofline and the CPU AdamW step against it, 1..all cores (issue 29).

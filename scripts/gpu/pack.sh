@@ -28,7 +28,7 @@ while read -r f; do ldd "$f" 2>/dev/null; done <"$stage/.elf-list" |
 rm -f "$stage/.elf-list" "$stage/.ctest-list"
 printf '%s\n%s\n' "$root" "$build" >"$stage/.gpurun-paths"
 mkdir -p .gpurun
-tar -C "$stage" -c . | xz -T1 -9e --lzma2=preset=9e,dict=192MiB >.gpurun/strata-gpu.tar.xz
+tar -C "$stage" -c . | xz -T2 --lzma2=preset=2,dict=192MiB >.gpurun/strata-gpu.tar.xz
 cp "$root/scripts/gpu/device.sh" .gpurun/run.sh
 size=$(du -sb .gpurun | cut -f1)
 echo "pack.sh: .gpurun/ is $((size >> 20)) MiB"

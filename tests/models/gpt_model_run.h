@@ -7,7 +7,10 @@
 // parameters) and tied_grads (its own region per tying block), and one scratch region of the
 // largest scratch_bytes(block, shape, S) over the blocks. Everything lives in one arena span; the
 // inputs are uploaded once and every other byte starts as 0xff (NaN in every storage type), so a
-// block that reads an output before writing it shows up.
+// block that reads an output before writing it shows up. A model with frozen chunks (LoRA:
+// Model::block_frozen_params) gets them as BlockBuffers::frozen_params, uploaded from the
+// `frozen` blocks of Upload/ForwardBackward; a tied block whose tied chunk is frozen reads that
+// chunk and gets no tied_grads, as the engine gives them.
 //
 // Also the whole model's error bound in the terms of the host suite (gpt_kernels_test.cc,
 // "Error model" and the whole-model Bf16 test), shared by the host and the CUDA tests.
@@ -51,6 +54,8 @@ class ModelRun {
   static StatusOr<std::unique_ptr<ModelRun>> Create(engine::Model& model, gpu::Device& device,
                                                     engine::MicroBatchShape shape) {
     std::unique_ptr<ModelRun> run(new ModelRun(model, shape));
+    const size_t a = gpu::DeviceArena::kAlignment;  // the arena carves whole alignment units
+    run->size_bytes_ = (run->size_bytes_ + a - 1) / a * a;
     STRATA_ASSIGN_OR_RETURN(run->arena_, device.CreateArena(run->size_bytes_));
     STRATA_ASSIGN_OR_RETURN(run->all_, run->arena_->Carve(run->size_bytes_, "model run"));
     STRATA_ASSIGN_OR_RETURN(run->image_, device.AllocatePinned(run->size_bytes_, "model run"));
@@ -72,8 +77,8 @@ class ModelRun {
   }
   engine::BlockBuffers BackwardBuffers(int b) const {
     engine::BlockBuffers buf = Common(b);
-    buf.grads = Typed(grads_[b], model_.block_num_params(b));
-    if (const int t = model_.tied_block(b); t >= 0) {
+    if (model_.block_num_params(b) > 0) buf.grads = Typed(grads_[b], model_.block_num_params(b));
+    if (const int t = model_.tied_block(b); t >= 0 && model_.block_num_params(t) > 0) {
       buf.tied_grads = Typed(tied_grads_[b], model_.block_num_params(t));
     }
     if (b > 0) {
@@ -89,10 +94,15 @@ class ModelRun {
     return buf;
   }
 
-  // Poisons every byte, then copies the parameters (one chunk of S per block), tokens and
-  // targets (B T each) in; waits for the copy.
+  // The micro-batch's dropout seed (BlockBuffers::dropout_seed; 0, the default: no dropout).
+  void set_dropout_seed(uint64_t seed) { dropout_seed_ = seed; }
+
+  // Poisons every byte, then copies the parameters (one chunk of S per block), the frozen chunks
+  // (`frozen`, one per block, sized block_frozen_params; null when the model has none), tokens
+  // and targets (B T each) in; waits for the copy.
   Status Upload(gpu::Stream& stream, const Model<S>& params, const std::vector<int32_t>& tokens,
-                const std::vector<int32_t>& targets) {
+                const std::vector<int32_t>& targets,
+                const std::vector<std::vector<S>>* frozen = nullptr) {
     STRATA_CHECK(static_cast<int>(params.blocks.size()) == num_blocks_);
     STRATA_CHECK(static_cast<int64_t>(tokens.size()) == shape_.tokens());
     STRATA_CHECK(static_cast<int64_t>(targets.size()) == shape_.tokens());
@@ -100,6 +110,11 @@ class ModelRun {
     for (int b = 0; b < num_blocks_; ++b) {
       STRATA_CHECK(static_cast<int64_t>(params.blocks[b].size()) == model_.block_num_params(b));
       Put(params_[b], params.blocks[b]);
+      if (model_.block_frozen_params(b) > 0) {
+        STRATA_CHECK(frozen != nullptr &&
+                     static_cast<int64_t>((*frozen)[b].size()) == model_.block_frozen_params(b));
+        Put(frozen_[b], (*frozen)[b]);
+      }
     }
     Put(tokens_, tokens);
     Put(targets_, targets);
@@ -111,9 +126,10 @@ class ModelRun {
   // Backward (head -> layers -> embedding) on `stream`, and copies the results back.
   StatusOr<ModelRunResult<S>> ForwardBackward(gpu::Stream& stream, const Model<S>& params,
                                               const std::vector<int32_t>& tokens,
-                                              const std::vector<int32_t>& targets) {
+                                              const std::vector<int32_t>& targets,
+                                              const std::vector<std::vector<S>>* frozen = nullptr) {
     STRATA_RETURN_IF_ERROR(model_.PrepareComputeStream(stream));
-    STRATA_RETURN_IF_ERROR(Upload(stream, params, tokens, targets));
+    STRATA_RETURN_IF_ERROR(Upload(stream, params, tokens, targets, frozen));
     for (int b = 0; b < num_blocks_; ++b) {
       STRATA_RETURN_IF_ERROR(
           model_.Forward(b, ForwardBuffers(b), stream).WithContext(model_.block_name(b)));
@@ -128,7 +144,9 @@ class ModelRun {
     std::memcpy(&r.loss, image_.data() + loss_.offset, sizeof(float));
     for (int b = 0; b < num_blocks_; ++b) {
       r.grads.push_back(Get(grads_[b]));
-      r.tied_grads.push_back(model_.tied_block(b) >= 0 ? Get(tied_grads_[b]) : std::vector<S>());
+      const int t = model_.tied_block(b);
+      r.tied_grads.push_back(t >= 0 && model_.block_num_params(t) > 0 ? Get(tied_grads_[b])
+                                                                      : std::vector<S>());
     }
     r.dx0 = Get(dx_[1]);  // the embedding's dx_out
     r.logits = Get(logits_);
@@ -153,6 +171,7 @@ class ModelRun {
       const size_t chunk = static_cast<size_t>(model.block_num_params(b)) * sizeof(S);
       params_.push_back(Add(chunk));
       grads_.push_back(Add(chunk));
+      frozen_.push_back(Add(static_cast<size_t>(model.block_frozen_params(b)) * sizeof(S)));
       const int t = model.tied_block(b);
       tied_grads_.push_back(t >= 0 ? Add(static_cast<size_t>(model.block_num_params(t)) * sizeof(S))
                                    : Region{});
@@ -182,9 +201,16 @@ class ModelRun {
   engine::BlockBuffers Common(int b) const {
     engine::BlockBuffers buf;
     buf.precision = DTypeOf<S>();
-    buf.params = Typed(params_[b], model_.block_num_params(b));
+    buf.dropout_seed = dropout_seed_;
+    if (model_.block_num_params(b) > 0) buf.params = Typed(params_[b], model_.block_num_params(b));
+    if (model_.block_frozen_params(b) > 0) {
+      buf.frozen_params = Typed(frozen_[b], model_.block_frozen_params(b));
+    }
     if (const int t = model_.tied_block(b); t >= 0) {
-      buf.tied_params = Typed(params_[t], model_.block_num_params(t));
+      // A tied chunk with no own params is the tied block's frozen chunk (LoRA).
+      buf.tied_params = model_.block_num_params(t) > 0
+                            ? Typed(params_[t], model_.block_num_params(t))
+                            : Typed(frozen_[t], model_.block_frozen_params(t));
     }
     buf.shape = shape_;
     buf.scratch = Span(scratch_);
@@ -207,7 +233,8 @@ class ModelRun {
   int num_blocks_;
   int64_t act_elems_, logits_elems_;
   size_t size_bytes_ = 0;
-  std::vector<Region> params_, grads_, tied_grads_, acts_;
+  uint64_t dropout_seed_ = 0;
+  std::vector<Region> params_, grads_, frozen_, tied_grads_, acts_;
   Region dx_[2], tokens_, targets_, logits_, loss_, scratch_;
   std::unique_ptr<gpu::DeviceArena> arena_;
   gpu::DeviceSpan all_;

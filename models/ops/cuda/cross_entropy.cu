@@ -144,6 +144,31 @@ Status ChunkedHeadForward(const Products<S>& mm, const S* xn, const S* W, Weight
   return LaunchMeanLoss(cs, scratch.losses, N, LossDivisor(loss_tokens, N), loss);
 }
 
+// acc (+)= the head weight's gradient from the rows [r0, r0 + rows) (ChunkedHeadBackward):
+// xn_chunk^T dlogits (C, V), kOutIn dlogits^T xn_chunk (V, C); beta 0 on the first chunk, 1 after
+// (C == D), fp32 C and D.
+template <typename S>
+Status AccumulateHeadWeightGrad(const Products<S>& mm, const S* xn, const S* chunk, bool tied,
+                                int64_t r0, int64_t rows, int64_t C, int64_t V, void* acc) {
+  gpu::cuda::LtMatmulArgs a;
+  a.trans_a = true;
+  a.M = tied ? V : C;
+  a.N = tied ? C : V;
+  a.K = rows;
+  a.A = tied ? chunk : xn + r0 * C;
+  a.lda = tied ? V : C;
+  a.B = tied ? xn + r0 * C : chunk;
+  a.ldb = tied ? C : V;
+  a.C = r0 == 0 ? nullptr : acc;
+  a.ldc = a.N;
+  a.D = acc;
+  a.ldd = a.N;
+  a.dtype = DTypeOf<S>();
+  a.fp32_output = !std::is_same_v<S, float>;
+  a.allow_tf32 = mm.allow_tf32;
+  return gpu::cuda::LtMatmul(mm.stream, a, mm.workspace.data, mm.workspace.size_bytes);
+}
+
 template <typename S>
 Status ChunkedHeadBackward(const Products<S>& mm, const S* xn, const S* W, WeightLayout layout,
                            const int32_t* targets, float dloss, int64_t N, int64_t C, int64_t V,
@@ -163,33 +188,15 @@ Status ChunkedHeadBackward(const Products<S>& mm, const S* xn, const S* W, Weigh
     STRATA_RETURN_IF_ERROR(LaunchCrossEntropy(
         cs, D(chunk), targets + r0, rows, static_cast<int>(V), scratch.losses + r0, true,
         dloss / static_cast<float>(LossDivisor(loss_tokens, N))));
-    // acc (+)= xn_chunk^T dlogits (C, V), kOutIn dlogits^T xn_chunk (V, C): beta 0 on the first
-    // chunk, 1 after (C == D), fp32 C and D.
-    gpu::cuda::LtMatmulArgs a;
-    a.trans_a = true;
-    a.M = tied ? V : C;
-    a.N = tied ? C : V;
-    a.K = rows;
-    a.A = tied ? chunk : xn + r0 * C;
-    a.lda = tied ? V : C;
-    a.B = tied ? xn + r0 * C : chunk;
-    a.ldb = tied ? C : V;
-    a.C = r0 == 0 ? nullptr : acc;
-    a.ldc = a.N;
-    a.D = acc;
-    a.ldd = a.N;
-    a.dtype = DTypeOf<S>();
-    a.fp32_output = !kFp32;
-    a.allow_tf32 = mm.allow_tf32;
-    STRATA_RETURN_IF_ERROR(gpu::cuda::LtMatmul(cs, a, mm.workspace.data, mm.workspace.size_bytes));
+    if (dW != nullptr) {  // null: a frozen head (LoRA)
+      STRATA_RETURN_IF_ERROR(AccumulateHeadWeightGrad(mm, xn, chunk, tied, r0, rows, C, V, acc));
+    }
     // dxn rows = S(dlogits W^T) (kInOut), S(dlogits W) (kOutIn).
     STRATA_RETURN_IF_ERROR(mm.InputGrad(layout, rows, C, V, chunk, W, dxn + r0 * C));
   }
-  if constexpr (!kFp32) {  // dW = S(acc), one rounding
-    STRATA_RETURN_IF_ERROR(
-        gpu::cuda::LaunchConvert(cs, dW, DTypeOf<S>(), acc, DType::kF32, C * V, 1.0f));
-  }
-  return Status::Ok();
+  if (kFp32 || dW == nullptr) return Status::Ok();
+  return gpu::cuda::LaunchConvert(cs, dW, DTypeOf<S>(), acc, DType::kF32, C * V,
+                                  1.0f);  // one rounding
 }
 
 template Status ChunkedHeadForward<float>(const Products<float>&, const float*, const float*,

@@ -113,6 +113,15 @@ Status LaunchColumnSums(cudaStream_t stream, const D* x, int64_t rows, int64_t c
 template <typename D>
 Status LaunchTimesGeluGrad(cudaStream_t stream, const float* acc, const D* pre, int64_t n, D* out);
 
+// The unfused GELU of a stored pre-activation (ops/gelu.h GeluForward/GeluBackward, where an
+// adapter adds to the product first: LoRA on GPT-2's c_fc or MLP c_proj): out (n) = D(gelu(pre));
+// dpre (n) = D(dg gelu'(pre)), one rounding, dg (n) the stored gradient of the GELU's output.
+// Outputs must not alias the inputs.
+template <typename D>
+Status LaunchGeluForward(cudaStream_t stream, const D* pre, int64_t n, D* out);
+template <typename D>
+Status LaunchGeluBackward(cudaStream_t stream, const D* pre, const D* dg, int64_t n, D* dpre);
+
 // ---------------------------------------------------------------------------
 // Cross-entropy and the chunked LM head (ops/cross_entropy.h), cross_entropy.cu.
 
@@ -324,7 +333,8 @@ Status ChunkedHeadForward(const Products<S>& mm, const S* xn, const S* W, Weight
 // Gradient of dloss * (mean cross-entropy over loss_tokens counted targets; 0: N): per chunk
 // dlogits = S(dloss / loss_tokens (softmax - onehot)) in place (zero rows for ignored targets),
 // dW (+)= xn^T dlogits in fp32 (beta 0 on the first chunk, 1 after; rounded to S once at the
-// end) and dxn rows = S(dlogits W^T). dW (the weight's shape) and dxn (N, C) OVERWRITTEN.
+// end) and dxn rows = S(dlogits W^T). dW (the weight's shape) and dxn (N, C) OVERWRITTEN; dW
+// null: dxn only (a frozen head, LoRA).
 template <typename S>
 Status ChunkedHeadBackward(const Products<S>& mm, const S* xn, const S* W, WeightLayout layout,
                            const int32_t* targets, float dloss, int64_t N, int64_t C, int64_t V,
