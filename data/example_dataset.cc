@@ -173,6 +173,16 @@ void ExampleDataset::ValBatch(int index, int count, int batch_size, int seq_len,
   Fill(val_, rows, batch);
 }
 
+void ExampleDataset::ValRows(int64_t first, int n, int seq_len, Batch* batch) const {
+  STRATA_CHECK_MSG(
+      seq_len == options_.seq_len && first >= 0 && n >= 0 && first + n <= val_.stats.rows,
+      fmt::format("validation rows [{}, {}) of {}, rows of {} tokens (data: {})", first, first + n,
+                  val_.stats.rows, seq_len, options_.seq_len));
+  std::vector<int64_t> rows(static_cast<size_t>(n));
+  for (int b = 0; b < n; ++b) rows[b] = first + b;
+  Fill(val_, rows, batch);
+}
+
 std::string ExampleDataset::Describe() const {
   const SplitStats& t = train_.stats;
   const SplitStats& v = val_.stats;

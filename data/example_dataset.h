@@ -81,6 +81,9 @@ class ExampleDataset final : public Dataset {
   // Rows k * rows / (count * batch_size) of the validation split for k = index * batch_size +
   // b. Precondition (checked): seq_len == options.seq_len, 0 <= index < count.
   void ValBatch(int index, int count, int batch_size, int seq_len, Batch* batch) const override;
+  // Rows [first, first + n) of the validation split, in order (an evaluation over every row).
+  // Precondition (checked): seq_len == options.seq_len, 0 <= first, n >= 0, first + n <= rows.
+  void ValRows(int64_t first, int n, int seq_len, Batch* batch) const;
 
   // "<description>: 120 examples (train 108, val 12) in 40 rows of 256 tokens (train 36, val
   // 4), packed; 2 truncated to 256 tokens; 9876 tokens in loss (train ..., val ...)".

@@ -11,6 +11,7 @@
 
 #include "base/dtype.h"
 #include "base/units.h"
+#include "data/example_dataset.h"
 #include "data/token_dataset.h"
 #include "data/tokenizer.h"
 #include "engine/checkpoint.h"
@@ -128,12 +129,83 @@ void AddEvalFlags(CLI::App& cmd, EvalFlags& f) {
       ->check(CLI::PositiveNumber);
   cmd.add_flag("--json", f.json,
                "Print one JSON object: loss, perplexity, tokens (target positions), windows");
+  cmd.add_flag("--pack", f.pack,
+               "Instruction data (token files with flags): pack several examples into each row, "
+               "as train --pack does");
+  cmd.add_option("--long-examples", f.long_examples,
+                 "Instruction data: an example longer than --seq-len is truncated or skipped")
+      ->check(CLI::IsMember({"truncate", "skip"}))
+      ->capture_default_str();
 }
+
+namespace {
+
+void PrintEval(const EvalFlags& f, const Loaded& l, double loss, int64_t targets, int64_t rows,
+               const std::string& what) {
+  if (f.json) {
+    std::printf(
+        "%s\n",
+        nlohmann::json{
+            {"loss", loss}, {"perplexity", std::exp(loss)}, {"tokens", targets}, {"windows", rows}}
+            .dump()
+            .c_str());
+    return;
+  }
+  std::printf("%s\n", l.model->description().c_str());
+  std::printf("eval: %s (%lld targets): loss %.6f nats/token, perplexity %.4f\n", what.c_str(),
+              static_cast<long long>(targets), loss, std::exp(loss));
+}
+
+// Instruction data: every row of whole examples, the mean over the targets in the loss.
+Status EvalExamples(const EvalFlags& f, const Loaded& l, data::TokenDataset tokens) {
+  const int T = f.seq_len;
+  if (f.max_tokens > 0) {
+    return InvalidArgumentError(
+        "--max-tokens cuts plain token files; instruction data (a file with per-token flags) is "
+        "evaluated whole, example by example: drop --max-tokens");
+  }
+  const data::ExampleRowOptions rows{.seq_len = T,
+                                     .pack = f.pack,
+                                     .long_examples = f.long_examples == "skip"
+                                                          ? data::LongExamples::kSkip
+                                                          : data::LongExamples::kTruncate};
+  // The file is both splits: its rows are the validation split's.
+  STRATA_ASSIGN_OR_RETURN(data::ExampleDataset d,
+                          data::ExampleDataset::Create(tokens, tokens, rows, "eval data"));
+  const data::ExampleDataset::SplitStats& s = d.val_stats();
+  double sum = 0;  // of per-target losses
+  int64_t counted = 0;
+  data::Batch batch;
+  for (int64_t r = 0; r < s.rows; r += f.micro_batch_size) {
+    const int B = static_cast<int>(std::min<int64_t>(f.micro_batch_size, s.rows - r));
+    d.ValRows(r, B, T, &batch);
+    const int64_t c = std::count_if(batch.targets.begin(), batch.targets.end(),
+                                    [](int32_t t) { return t != engine::kIgnoreTarget; });
+    if (c == 0) continue;  // rows of prompts only: nothing to score
+    STRATA_ASSIGN_OR_RETURN(
+        float loss, l.engine->EvaluateLoss({batch.tokens, batch.targets, batch.positions}, {B, T}));
+    sum += static_cast<double>(loss) * static_cast<double>(c);
+    counted += c;
+  }
+  if (counted == 0) {
+    return InvalidArgumentError(
+        "the instruction data has no target in the loss (no response tokens): nothing to "
+        "evaluate");
+  }
+  PrintEval(f, l, sum / static_cast<double>(counted), counted, s.rows,
+            fmt::format("{} examples in {} rows of {} tokens{}{}", s.examples, s.rows, T,
+                        f.pack ? ", packed" : "",
+                        s.truncated > 0 ? fmt::format("; {} truncated", s.truncated) : ""));
+  return Status::Ok();
+}
+
+}  // namespace
 
 Status RunEval(const EvalFlags& f) {
   const int T = f.seq_len;
   STRATA_ASSIGN_OR_RETURN(Loaded l, Load(f.model, {f.micro_batch_size, T}));
   STRATA_ASSIGN_OR_RETURN(auto data, data::TokenDataset::Open(f.data, l.model->vocab_size()));
+  if (data.has_flags()) return EvalExamples(f, l, std::move(data));
   const int64_t windows = data.num_windows(T, f.max_tokens);
   if (windows == 0) {
     return InvalidArgumentError(fmt::format(
@@ -153,21 +225,8 @@ Status RunEval(const EvalFlags& f) {
     sum += static_cast<double>(loss) * B * T;
   }
   const int64_t counted = windows * T;
-  const double loss = sum / static_cast<double>(counted);
-  if (f.json) {
-    std::printf("%s\n", nlohmann::json{{"loss", loss},
-                                       {"perplexity", std::exp(loss)},
-                                       {"tokens", counted},
-                                       {"windows", windows}}
-                            .dump()
-                            .c_str());
-  } else {
-    std::printf("%s\n", l.model->description().c_str());
-    std::printf(
-        "eval: %lld windows of %d tokens (%lld targets): loss %.6f nats/token, "
-        "perplexity %.4f\n",
-        static_cast<long long>(windows), T, static_cast<long long>(counted), loss, std::exp(loss));
-  }
+  PrintEval(f, l, sum / static_cast<double>(counted), counted, windows,
+            fmt::format("{} windows of {} tokens", windows, T));
   return Status::Ok();
 }
 

@@ -30,10 +30,17 @@ struct EvalFlags {
   int64_t max_tokens = 0;  // 0 = the whole file
   int micro_batch_size = 8;
   bool json = false;
+  // Token files with per-token flags (instruction data): rows of whole examples, as training
+  // lays them out (data/example_dataset.h).
+  bool pack = false;
+  std::string long_examples = "truncate";
 };
 void AddEvalFlags(CLI::App& cmd, EvalFlags& f);
 // Mean cross-entropy in nats per target token over every full window of the first max_tokens
 // tokens: window i has inputs tokens[i T, i T + T) and targets tokens[i T + 1, i T + T + 1).
+// Files with per-token flags (instruction data) are read as whole examples instead, one per row
+// of T tokens (or packed), and the mean is over the targets in the loss only (the responses):
+// what training's validation loss of the same file reports.
 Status RunEval(const EvalFlags& f);
 
 struct GenerateFlags {

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
@@ -268,6 +269,55 @@ TEST_F(TokenizeCliTest, TrainingOnTokenizedInstructionDataCountsOnlyTheResponses
     EXPECT_LT(in_loss, steps * accum * batch * seq / 2) << json;
     EXPECT_EQ(json.find("nan"), std::string::npos) << json;
   }
+}
+
+// `strata eval` of a flagged file scores whole examples and only their responses: its loss is
+// what training's validation reports for the same file and weights (the validation batches
+// chosen here cover every row once: 8 rows, --eval-batches 4 of 2), and its target count is the
+// responses' tokens. A plain-window reading of the same file would score the prompts too.
+TEST_F(TokenizeCliTest, EvalOfInstructionDataIsTheTrainingValidationLossOverTheResponses) {
+  const auto jsonl = [&](const std::string& name, int n, int offset) {
+    const std::string path = (dir_ / name).string();
+    std::ofstream out(path);
+    for (int i = 0; i < n; ++i) {
+      // {"prompt": "Q: <digit>\n", "response": "A: <digit>\n"}, JSON escapes written out.
+      out << "{\"prompt\": \"Q: " << (i + offset) % 7
+          << "\\n\", \"response\": \"A: " << (i + offset) % 5 << "\\n\"}\n";
+    }
+    return path;
+  };
+  const std::string train = (dir_ / "sft_train.bin").string(),
+                    val = (dir_ / "sft_val.bin").string();
+  for (const auto& [in, out] : {std::pair{jsonl("sft_train.jsonl", 40, 0), train},
+                                std::pair{jsonl("sft_val.jsonl", 8, 3), val}}) {
+    const Result tok = RunStrata("tokenize --byte-level --input " + in + " --output " + out);
+    ASSERT_EQ(tok.exit_code, 0) << tok.out << tok.err;
+  }
+  const std::string summary = (dir_ / "sft_summary.json").string(),
+                    save = (dir_ / "sft_ckpt").string();
+  const Result r = RunStrata(fmt::format(
+      "train --model llama-tiny --device host --data {} --val-data {} --seq-len 32 "
+      "--micro-batch-size 2 --grad-accum-steps 2 --steps 4 --eval-every 4 --eval-batches 4 "
+      "--sample-bytes 0 --log-every 0 --offload-params host --offload-optimizer host "
+      "--save-dir {} --summary-json {}",
+      train, val, save, summary));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const nlohmann::json s = nlohmann::json::parse(ReadFile(summary));
+  const Result e = RunStrata(fmt::format(
+      "eval --checkpoint {} --data {} --seq-len 32 --micro-batch-size 2 --json", save, val));
+  ASSERT_EQ(e.exit_code, 0) << e.out << e.err;
+  const nlohmann::json got = nlohmann::json::parse(e.out.substr(e.out.rfind('{')));
+  // The training run reports its float mean; eval prints the double it rounds from.
+  EXPECT_NEAR(got["loss"].get<double>(), s["val_loss"].get<double>(),
+              1e-6 * s["val_loss"].get<double>())
+      << e.out;
+  // "A: d\n" of each of the 8 examples: 5 response bytes in the loss ("Q: d\n" predicts none).
+  EXPECT_EQ(got["tokens"].get<int64_t>(), 8 * 5) << e.out;
+  EXPECT_EQ(got["windows"].get<int64_t>(), 8) << e.out;
+  const Result capped = RunStrata(
+      fmt::format("eval --checkpoint {} --data {} --seq-len 32 --max-tokens 64", save, val));
+  EXPECT_NE(capped.exit_code, 0);
+  EXPECT_THAT(capped.err, HasSubstr("drop --max-tokens"));
 }
 
 // A byte-level model's instruction data: the `none` template over bytes, the response bytes (no
