@@ -145,7 +145,7 @@ void LayerForwardToGelu(const GptShape& s, const LayerParams<const S*>& p, const
   ops::MatmulForward(sc.att, p.attn_proj_w, kInOut, p.attn_proj_b, sc.x2, N, C, C, x);
   LoraForward(lora, kGptAttnProjProduct, sc.att, N, sc.x2, C);
   ops::LayerNormForward(sc.x2, p.ln2_w, p.ln2_b, eps, N, C, sc.ln2, sc.mean2, sc.rstd2);
-  if (lora.active() && LoraTargets(*lora.layout, kGptFcProduct)) {
+  if (LoraAddsTo(lora, kGptFcProduct)) {
     // The adapter adds to the pre-activation: the product, then GELU of its rounded value.
     ops::MatmulForward(sc.ln2, p.fc_w, kInOut, p.fc_b, sc.h, N, C, 4 * C);
     LoraForward(lora, kGptFcProduct, sc.ln2, N, sc.h, 4 * C);
@@ -357,7 +357,7 @@ void GptLayerBackward(const GptShape& s, const S* params, const S* x_in, const S
 
   // MLP projection y = x2 + g Wp + bp, through g = gelu(h): dh = S((dy Wp^T) gelu'(h)).
   S* dh = sc.g;  // g is dead once dWp is computed (first)
-  if (lora.active() && LoraTargets(*lora.layout, kGptMlpProjProduct)) {
+  if (LoraAddsTo(lora, kGptMlpProjProduct)) {
     // The adapter's share of dg joins before GELU's derivative: dg in the LoRA scratch.
     S* dg = LoraGradBuffer(lora, N);
     ops::MatmulBackward(sc.g, p.mlp_proj_w, kInOut, dy, dg, dp.mlp_proj_w, dp.mlp_proj_b, N, 4 * C,

@@ -11,14 +11,12 @@
 #include <numbers>
 #include <random>
 
+#include "base/host_device.h"
+
 namespace strata::models::init {
 
 // Host and device: the CUDA LoRA dropout (models/cuda/lora_cuda.cu) draws the host's mask.
-#ifdef __CUDACC__
-__host__ __device__
-#endif
-    inline uint64_t
-    SplitMix64(uint64_t x) {
+STRATA_HD inline uint64_t SplitMix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ULL;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;

@@ -35,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "base/host_device.h"
 #include "base/status.h"
 #include "models/init.h"
 
@@ -106,11 +107,7 @@ float LoraDropoutUniform(uint64_t seed, int layer, int site, uint64_t index);
 // LoraStreamUniform(LoraDropoutStream(seed, l, k), i). The second is host and device code (the
 // CUDA adapters draw the same mask, models/cuda/lora_cuda.cuh).
 uint64_t LoraDropoutStream(uint64_t seed, int layer, int site);
-#ifdef __CUDACC__
-__host__ __device__
-#endif
-    inline float
-    LoraStreamUniform(uint64_t stream, uint64_t index) {
+STRATA_HD inline float LoraStreamUniform(uint64_t stream, uint64_t index) {
   return static_cast<float>(init::SplitMix64(stream ^ index) >> 40) * 0x1.0p-24f;
 }
 // The factor of a kept element, 1 / (1 - p) in double (torch.nn.Dropout); each backend rounds
@@ -154,6 +151,11 @@ template <typename S>
 S* LoraGradBuffer(const LoraLayerArgs<S>& a, int64_t rows);
 // Whether any site adds to `product`.
 bool LoraTargets(const LoraLayout& layout, int product);
+// Whether a layer's adapters add to `product`: active, and a site targets it. Pure.
+template <typename S>
+bool LoraAddsTo(const LoraLayerArgs<S>& a, int product) {
+  return a.active() && LoraTargets(*a.layout, product);
+}
 
 // y (rows, ld), columns [col, col + out) of every site of `product`: y += s dropout(x) A^T B^T,
 // rounded as the top of this file says. x (rows, in) is the product's input.

@@ -80,12 +80,6 @@ struct LayerBuffers {
         partials(At<float>(scratch, l.ln_partials)) {}
 };
 
-// Whether the layer's adapters add to `product`.
-template <typename S>
-bool Targets(const LoraLayerArgs<S>& lora, int product) {
-  return lora.active() && LoraTargets(*lora.layout, product);
-}
-
 // The layer forward into the scratch regions: ln1, qkv, att, lse, x2, ln2, h, g; with x_out
 // non-null also the layer output. The adapters of `lora` add to each targeted product's output.
 template <typename S>
@@ -105,7 +99,7 @@ Status LayerForwardInto(const GptShape& shape, cudaStream_t cs, const Products<S
   STRATA_RETURN_IF_ERROR(LoraCudaForward(mm, lora, kGptAttnProjProduct, w.att, N, w.x2, C));
   STRATA_RETURN_IF_ERROR(oc::LaunchLayerNormForward(cs, D(w.x2), D(p.ln2_w), D(p.ln2_b), N, C,
                                                     D(w.ln2), w.mean2, w.rstd2));
-  if (Targets(lora, kGptFcProduct)) {
+  if (LoraAddsTo(lora, kGptFcProduct)) {
     // The adapter adds to the pre-activation: h = D(D(P) + adapter), then g = D(gelu(h)).
     STRATA_RETURN_IF_ERROR(mm.Forward(kInOut, N, C, 4 * C, w.ln2, p.fc_w, p.fc_b, nullptr, w.h));
     STRATA_RETURN_IF_ERROR(LoraCudaForward(mm, lora, kGptFcProduct, w.ln2, N, w.h, 4 * C));
@@ -222,7 +216,7 @@ Status GptCudaLayerBackward(const GptShape& shape, gpu::Stream& stream, const S*
   if (weight_grads) {
     STRATA_RETURN_IF_ERROR(mm.WeightGrad(kInOut, N, 4 * C, C, g, dy, dp.mlp_proj_w, dp.mlp_proj_b));
   }
-  if (Targets(lora, kGptMlpProjProduct)) {
+  if (LoraAddsTo(lora, kGptMlpProjProduct)) {
     // The adapter's share of dg joins before GELU's derivative: dg in the adapters' scratch.
     S* dg = LoraGradBuffer(lora, N);
     STRATA_RETURN_IF_ERROR(mm.InputGrad(kInOut, N, 4 * C, C, dy, p.mlp_proj_w, dg));

@@ -109,7 +109,7 @@ StatusOr<const S*> SiteInput(const oc::Products<S>& mm, const LoraLayerArgs<S>& 
 template <typename S, typename Fn>
 Status ForEachSite(const char* what, const LoraLayerArgs<S>& a, int product, int64_t rows,
                    std::initializer_list<const void*> pointers, Fn fn) {
-  if (!a.active() || !LoraTargets(*a.layout, product) || rows == 0) return Status::Ok();
+  if (!LoraAddsTo(a, product) || rows == 0) return Status::Ok();
   STRATA_RETURN_IF_ERROR(CheckPointers(what, {a.scratch}));
   STRATA_RETURN_IF_ERROR(CheckPointers(what, pointers));
   const LoraScratch<S> sc = CarveLoraScratch<S>(*a.layout, rows, a.scratch);

@@ -22,12 +22,9 @@
 
 #include <cstddef>
 
-// The index functions run in the kernels too: host and device under nvcc, plain C++ elsewhere.
-#if defined(__CUDACC__)
-#define STRATA_TILES_HD __host__ __device__
-#else
-#define STRATA_TILES_HD
-#endif
+#include "base/host_device.h"
+
+// The index functions run in the kernels too: STRATA_HD (host and device under nvcc).
 
 namespace strata::models::ops::cuda {
 
@@ -46,45 +43,45 @@ constexpr int kKeyTile = 64;                                 // forward and dq: 
 constexpr int kDkDvKeyTile = kWarpsPerBlock * kRowsPerWarp;  // dk/dv: 64 keys per block
 // dk/dv: queries per tile. 32 for hs 128 keeps the accumulators (dk, dv: 2 hs / 8 fp32 per
 // thread) and the two score tiles (2 tile / 8 fp32) within the registers without spills.
-STRATA_TILES_HD constexpr int DkDvQueryTile(int hs) { return hs == 128 ? 32 : 64; }
+STRATA_HD constexpr int DkDvQueryTile(int hs) { return hs == 128 ? 32 : 64; }
 // Shared-memory rows are padded by 8 elements (16 bytes) so that the 8 row addresses of an
 // ldmatrix fall in 8 different 16-byte bank groups. SmemStride: elements per row.
 constexpr int kRowPad = 8;
-STRATA_TILES_HD constexpr int SmemStride(int hs) { return hs + kRowPad; }
+STRATA_HD constexpr int SmemStride(int hs) { return hs + kRowPad; }
 
 // The tensor-core kernels exist for head dims 64 and 128 and 2-byte storage (bf16, fp16).
-STRATA_TILES_HD constexpr bool TensorCoreAttentionSupports(int hs, int elem_bytes) {
+STRATA_HD constexpr bool TensorCoreAttentionSupports(int hs, int elem_bytes) {
   return (hs == 64 || hs == 128) && elem_bytes == 2;
 }
 
-STRATA_TILES_HD constexpr int NumTiles(int T, int tile) { return (T + tile - 1) / tile; }
+STRATA_HD constexpr int NumTiles(int T, int tile) { return (T + tile - 1) / tile; }
 
 // Last key tile (inclusive) that query tile q of a sequence of T sees.
-STRATA_TILES_HD constexpr int LastKeyTile(int q, int query_tile, int key_tile, int T) {
+STRATA_HD constexpr int LastKeyTile(int q, int query_tile, int key_tile, int T) {
   const int last_query = (q + 1) * query_tile - 1 < T - 1 ? (q + 1) * query_tile - 1 : T - 1;
   return last_query / key_tile;
 }
 
 // First query tile that key tile k is seen by.
-STRATA_TILES_HD constexpr int FirstQueryTile(int k, int key_tile, int query_tile) {
+STRATA_HD constexpr int FirstQueryTile(int k, int key_tile, int query_tile) {
   return k * key_tile / query_tile;
 }
 
 // Whether the tile of queries [q0, q0 + nq) and keys [k0, k0 + nk) holds an invalid pair (a key
 // after its query, or a row past T): then the kernels mask it element by element.
-STRATA_TILES_HD constexpr bool TileNeedsMask(int q0, int nq, int k0, int nk, int T) {
+STRATA_HD constexpr bool TileNeedsMask(int q0, int nq, int k0, int nk, int T) {
   return k0 + nk - 1 > q0 || k0 + nk > T || q0 + nq > T;
 }
 
 // Dynamic shared memory per block, bytes, for elements of elem_bytes: the forward holds q, k
 // and v tiles; dq q, dout, k and v tiles; dk/dv k, v, q and dout tiles and lse, delta (fp32).
-STRATA_TILES_HD constexpr size_t ForwardSmemBytes(int hs, int elem_bytes) {
+STRATA_HD constexpr size_t ForwardSmemBytes(int hs, int elem_bytes) {
   return size_t(kQueryTile + 2 * kKeyTile) * SmemStride(hs) * elem_bytes;
 }
-STRATA_TILES_HD constexpr size_t DqSmemBytes(int hs, int elem_bytes) {
+STRATA_HD constexpr size_t DqSmemBytes(int hs, int elem_bytes) {
   return size_t(2 * kQueryTile + 2 * kKeyTile) * SmemStride(hs) * elem_bytes;
 }
-STRATA_TILES_HD constexpr size_t DkDvSmemBytes(int hs, int elem_bytes) {
+STRATA_HD constexpr size_t DkDvSmemBytes(int hs, int elem_bytes) {
   return size_t(2 * kDkDvKeyTile + 2 * DkDvQueryTile(hs)) * SmemStride(hs) * elem_bytes +
          size_t(2 * DkDvQueryTile(hs)) * sizeof(float);
 }
