@@ -105,12 +105,16 @@ Status Engine::Impl::Init() {
     return arena_->Carve(region.size_bytes, region.label);
   };
   STRATA_ASSIGN_OR_RETURN(auto tt, next());
-  tokens_ = tt.subspan(0, shape.tokens() * 4);
-  targets_ = tt.subspan(shape.tokens() * 4, shape.tokens() * 4);
-  position_ids_ = tt.subspan(shape.tokens() * 8, shape.tokens() * 4);
+  const uint64_t tb = shape.tokens() * 4;  // one slot's tokens, targets or position ids
+  batch_.resize(held());
+  for (int i = 0; i < held(); ++i) {
+    batch_[i].tokens = tt.subspan(3 * i * tb, tb);
+    batch_[i].targets = tt.subspan((3 * i + 1) * tb, tb);
+    batch_[i].position_ids = tt.subspan((3 * i + 2) * tb, tb);
+  }
   STRATA_ASSIGN_OR_RETURN(loss_, next());
   STRATA_ASSIGN_OR_RETURN(auto acts, next());
-  const int num_acts = plan_.offload_activations ? 2 : n_ - 1;
+  const int num_acts = (plan_.offload_activations ? 2 : n_ - 1) * held();
   for (int b = 0; b < num_acts; ++b) acts_.push_back(acts.subspan(b * act_bytes, act_bytes));
   if (plan_.offload_activations) {
     STRATA_ASSIGN_OR_RETURN(act_written_, event());
@@ -119,19 +123,21 @@ Status Engine::Impl::Init() {
       STRATA_ASSIGN_OR_RETURN(act_free_[i], event());
       STRATA_ASSIGN_OR_RETURN(act_ready_[i], event());
     }
-    for (int b = 0; b < n_ - 1; ++b) {
+    for (int b = 0; b < (n_ - 1) * held(); ++b) {
       STRATA_ASSIGN_OR_RETURN(auto a, device_->AllocatePinned(act_bytes, "boundary activation"));
       host_acts_.push_back(std::move(a));
     }
   }
   STRATA_ASSIGN_OR_RETURN(auto dx, next());
-  dx_[0] = dx.subspan(0, act_bytes);
-  dx_[1] = dx.subspan(act_bytes, act_bytes);
+  for (int i = 0; i < 2 * held(); ++i) dx_.push_back(dx.subspan(i * act_bytes, act_bytes));
   STRATA_ASSIGN_OR_RETURN(auto logits, next());
   logits_ = logits.subspan(0, static_cast<size_t>(model_->logits_elems(shape)) * w_);
   STRATA_ASSIGN_OR_RETURN(scratch_, next());
   STRATA_ASSIGN_OR_RETURN(const gpu::DeviceSpan dbuckets, next());
-  gpu::DeviceSpan reduce_region;
+  gpu::DeviceSpan accumulators, reduce_region;
+  if (plan_.device_grad_accumulators) {
+    STRATA_ASSIGN_OR_RETURN(accumulators, next());
+  }
   if (plan_.data_parallel) {
     STRATA_ASSIGN_OR_RETURN(reduce_region, next());
   }
@@ -176,7 +182,7 @@ Status Engine::Impl::Init() {
   }
   STRATA_ASSIGN_OR_RETURN(
       grads_, GradStreamer::Create(*model_, plan_, device_, compute_.get(), d2h_.get(), dbuckets,
-                                   reduce_region, device_grads, go));
+                                   reduce_region, device_grads, go, accumulators));
   ParamCacheOptions po;
   po.precision = o_.precision;
   po.overlap = o_.overlap;
@@ -189,7 +195,7 @@ Status Engine::Impl::Init() {
 
   // Pinned and host memory.
   STRATA_ASSIGN_OR_RETURN(io_done_, event());
-  const uint64_t io_bytes = PositionIdsStaging() + shape.tokens() * 4;
+  const uint64_t io_bytes = LogitsRowOffset() + static_cast<uint64_t>(model_->vocab_size()) * 4;
   STRATA_ASSIGN_OR_RETURN(io_pinned_, device_->AllocatePinned(io_bytes, "token staging"));
   STRATA_RETURN_IF_ERROR(store_->AllocateMemory(device_));
   checkpoint_ = std::make_unique<EngineCheckpoint>(*model_, plan_, o_.precision, o_.inference_only,
@@ -198,49 +204,102 @@ Status Engine::Impl::Init() {
 }
 
 Status Engine::Impl::UploadTokens(const MicroBatch& mb, MicroBatchShape shape, bool with_targets,
-                                  int64_t loss_tokens) {
-  const size_t count = shape.tokens();
-  loss_tokens_ = loss_tokens;
-  with_position_ids_ = !mb.position_ids.empty();
-  // The staging may still feed the previous upload.
-  STRATA_RETURN_IF_ERROR(io_done_->Synchronize());
-  auto* pinned = io_pinned_.as<int32_t>();
-  std::memcpy(pinned, mb.tokens.data(), count * 4);
-  STRATA_RETURN_IF_ERROR(compute_->CopyH2D(tokens_, io_pinned_.span().subspan(0, count * 4)));
-  if (with_targets) {
-    std::memcpy(pinned + o_.micro_batch.tokens(), mb.targets.data(), count * 4);
-    STRATA_RETURN_IF_ERROR(compute_->CopyH2D(
-        targets_, io_pinned_.span().subspan(o_.micro_batch.tokens() * 4, count * 4)));
-  }
-  if (with_position_ids_) {
-    const auto staging = io_pinned_.span().subspan(PositionIdsStaging(), count * 4);
-    std::memcpy(io_pinned_.data() + PositionIdsStaging(), mb.position_ids.data(), count * 4);
-    STRATA_RETURN_IF_ERROR(compute_->CopyH2D(position_ids_, staging));
-  }
+                                  int64_t loss_tokens, int slot) {
+  const size_t count = shape.tokens(), tb = o_.micro_batch.tokens() * 4;
+  BatchSlot& d = batch_[slot];
+  d.loss_tokens = loss_tokens;
+  d.with_position_ids = !mb.position_ids.empty();
+  // The staging may still feed the previous uploads (slot 0 comes first in a step).
+  if (slot == 0) STRATA_RETURN_IF_ERROR(io_done_->Synchronize());
+  const gpu::PinnedSpan staging = io_pinned_.span().subspan(StagingOffset(slot), 3 * tb);
+  auto upload = [&](gpu::DeviceSpan dst, std::span<const int32_t> src, int k) {
+    std::memcpy(staging.data + k * tb, src.data(), count * 4);
+    return compute_->CopyH2D(dst, staging.subspan(k * tb, count * 4));
+  };
+  STRATA_RETURN_IF_ERROR(upload(d.tokens, mb.tokens, 0));
+  if (with_targets) STRATA_RETURN_IF_ERROR(upload(d.targets, mb.targets, 1));
+  if (d.with_position_ids) STRATA_RETURN_IF_ERROR(upload(d.position_ids, mb.position_ids, 2));
   return compute_->Record(*io_done_);
 }
 
-void Engine::Impl::SetBatchInputs(int b, BlockBuffers* buf) const {
-  if (b == 0) buf->tokens = tokens_.as<const int32_t>();
-  if (with_position_ids_) buf->position_ids = position_ids_.as<const int32_t>();
-  if (b == n_ - 1) buf->loss_tokens = loss_tokens_;
+void Engine::Impl::SetBatchInputs(int b, int slot, BlockBuffers* buf) const {
+  const BatchSlot& d = batch_[slot];
+  if (b == 0) buf->tokens = d.tokens.as<const int32_t>();
+  if (d.with_position_ids) buf->position_ids = d.position_ids.as<const int32_t>();
+  if (b == n_ - 1) buf->loss_tokens = d.loss_tokens;
 }
 
-Status Engine::Impl::SaveActivation(int b) {
+BlockBuffers Engine::Impl::ForwardBuffers(int b, const ParamCache::BlockChunks& chunks, int slot,
+                                          bool with_targets, MicroBatchShape shape) const {
+  BlockBuffers buf;
+  buf.precision = o_.precision;
+  buf.dropout_seed = dropout_seed_;
+  if (chunks.own) buf.params = chunks.own->params;
+  if (chunks.frozen) buf.frozen_params = chunks.frozen->params;
+  if (chunks.tied) buf.tied_params = chunks.tied->params;
+  buf.shape = shape;
+  buf.scratch = scratch_;
+  SetBatchInputs(b, slot, &buf);
+  if (b > 0) buf.x_in = Typed(Act(b - 1, slot));
+  if (b < n_ - 1) {
+    buf.x_out = Typed(Act(b, slot));
+  } else {
+    buf.targets = with_targets ? batch_[slot].targets.as<const int32_t>() : nullptr;
+    buf.logits = Typed(logits_);
+    buf.loss = loss_.as<float>();
+  }
+  return buf;
+}
+
+StatusOr<BlockBuffers> Engine::Impl::BackwardBuffers(int b, const ParamCache::BlockChunks& chunks,
+                                                     int slot, float dloss) {
+  BlockBuffers buf = ForwardBuffers(b, chunks, slot, /*with_targets=*/true, o_.micro_batch);
+  buf.x_out = {};
+  buf.logits = {};
+  buf.loss = nullptr;
+  if (chunks.own) {
+    STRATA_ASSIGN_OR_RETURN(buf.grads, grads_->NextBucket(b));
+  }
+  // A tied chunk with own params gets this block's gradient contribution.
+  const int t = tied(b);
+  if (chunks.tied && np(t) > 0) {
+    STRATA_ASSIGN_OR_RETURN(buf.tied_grads, grads_->NextBucket(t, 1));
+  }
+  if (b > 0) buf.dx_in = Typed(Dx(b % 2, slot));
+  if (b < n_ - 1) {
+    buf.dx_out = Typed(Dx((b + 1) % 2, slot));
+  } else {
+    buf.dloss = dloss;
+  }
+  return buf;
+}
+
+void Engine::Impl::OpenSpeculation(float scale) {
+  // The exact step's round when nothing clips or overflows (each block's previous update runs
+  // with its own round's parameters; the forward waited on it).
+  store_->StartSpeculativeRound(o_.optimizer, cpu_optim::OptimStep{adam_t_ + 1, 1.0f / scale});
+  policy_->BeginStep(scale);
+  speculating_ = true;
+}
+
+Status Engine::Impl::SaveActivation(int b, int i) {
   STRATA_RETURN_IF_ERROR(compute_->Record(*act_written_));
   STRATA_RETURN_IF_ERROR(d2h_->Wait(*act_written_));
-  const gpu::DeviceSpan act = Act(b);
-  STRATA_RETURN_IF_ERROR(d2h_->CopyD2H(host_acts_[b].span(), act));
+  const gpu::DeviceSpan act = Act(b, i);
+  STRATA_RETURN_IF_ERROR(d2h_->CopyD2H(host_acts_[b * held() + i].span(), act));
   return d2h_->Record(*act_saved_[b % 2]);
 }
 
 Status Engine::Impl::LoadActivation(int k) {
-  // After the buffer's last reader (compute) and after the forward's copy out of act k (d2h,
-  // in order: the buffer's latest save covers it).
+  // After the set's last reader (compute) and after the forward's copies out of block k's
+  // outputs (d2h, in order: the set's latest save covers them).
   STRATA_RETURN_IF_ERROR(h2d_->Wait(*act_free_[k % 2]));
   STRATA_RETURN_IF_ERROR(h2d_->Wait(*act_saved_[k % 2]));
-  const gpu::DeviceSpan act = Act(k);
-  STRATA_RETURN_IF_ERROR(h2d_->CopyH2D(act, host_acts_[k].span().subspan(0, act.size_bytes)));
+  for (int i = 0; i < held(); ++i) {
+    const gpu::DeviceSpan act = Act(k, i);
+    STRATA_RETURN_IF_ERROR(
+        h2d_->CopyH2D(act, host_acts_[k * held() + i].span().subspan(0, act.size_bytes)));
+  }
   STRATA_RETURN_IF_ERROR(h2d_->Record(*act_ready_[k % 2]));
   if (!o_.overlap) return h2d_->Synchronize();
   return Status::Ok();
@@ -251,24 +310,10 @@ Status Engine::Impl::ForwardPass(MicroBatchShape shape, bool with_targets, int l
   for (int b = 0; b < n_; ++b, ++*cursor) {
     STRATA_ASSIGN_OR_RETURN(const ParamCache::BlockChunks chunks,
                             params_->AcquireBlock(b, seq, cursor));
-    BlockBuffers buf;
-    buf.precision = o_.precision;
-    buf.dropout_seed = dropout_seed_;
-    if (chunks.own) buf.params = chunks.own->params;
-    if (chunks.frozen) buf.frozen_params = chunks.frozen->params;
-    if (chunks.tied) buf.tied_params = chunks.tied->params;
-    buf.shape = shape;
-    buf.scratch = scratch_;
-    SetBatchInputs(b, &buf);
-    if (b > 0) buf.x_in = Typed(Act(b - 1));
-    if (b < n_ - 1) {
-      buf.x_out = Typed(Act(b));
-      // Offloaded: the buffer's previous content (block b-2's output) must have been copied out.
-      if (plan_.offload_activations) STRATA_RETURN_IF_ERROR(compute_->Wait(*act_saved_[b % 2]));
-    } else {
-      buf.targets = with_targets ? targets_.as<const int32_t>() : nullptr;
-      buf.logits = Typed(logits_);
-      buf.loss = loss_.as<float>();
+    const BlockBuffers buf = ForwardBuffers(b, chunks, 0, with_targets, shape);
+    // Offloaded: the buffer's previous content (block b-2's output) must have been copied out.
+    if (plan_.offload_activations && b < n_ - 1) {
+      STRATA_RETURN_IF_ERROR(compute_->Wait(*act_saved_[b % 2]));
     }
     STRATA_RETURN_IF_ERROR(model_->Forward(b, buf, *compute_));
     if (plan_.offload_activations && b < n_ - 1 && save_acts) {
@@ -277,7 +322,7 @@ Status Engine::Impl::ForwardPass(MicroBatchShape shape, bool with_targets, int l
     STRATA_RETURN_IF_ERROR(params_->DoneBlock(chunks, seq, *cursor));
   }
   if (with_targets && loss_index >= 0) {
-    const size_t off = o_.micro_batch.tokens() * 8 + loss_index * 4;
+    const size_t off = LossesOffset() + loss_index * 4;
     STRATA_RETURN_IF_ERROR(compute_->CopyD2H(io_pinned_.span().subspan(off, 4), loss_));
   }
   return Status::Ok();
@@ -290,18 +335,9 @@ Status Engine::Impl::Flush() {
   return store_->Drain();
 }
 
-StatusOr<StepResult> Engine::Impl::RunStep(std::span<const MicroBatch> mbs) {
-  if (o_.inference_only) return FailedPreconditionError("an inference-only engine cannot train");
-  if (static_cast<int>(mbs.size()) != o_.grad_accum_steps) {
-    return InvalidArgumentError(
-        fmt::format("Step got {} micro-batches, expected {}", mbs.size(), o_.grad_accum_steps));
-  }
-  if (partially_loaded_) {
-    return FailedPreconditionError(
-        "a checkpoint load failed half-way (see its error); load a checkpoint again before "
-        "training");
-  }
-  const MicroBatchShape shape = o_.micro_batch;
+Status Engine::Impl::MicroBatchMajorPasses(std::span<const MicroBatch> mbs,
+                                           std::span<const int64_t> loss_tokens,
+                                           std::span<const float> dloss, float scale) {
   // The order blocks are used in: forward 0..n-1, backward n-1..0, per micro-batch.
   std::vector<int> seq;
   const std::vector<int> fwd = params_->UseOrder(false), bwd = params_->UseOrder(true);
@@ -309,64 +345,26 @@ StatusOr<StepResult> Engine::Impl::RunStep(std::span<const MicroBatch> mbs) {
     seq.insert(seq.end(), fwd.begin(), fwd.end());
     seq.insert(seq.end(), bwd.begin(), bwd.end());
   }
-  const float scale = scaler_.scale();
-  // The mean over every counted target of this rank's micro-batches, averaged over the ranks.
-  STRATA_ASSIGN_OR_RETURN(const std::vector<int64_t> loss_tokens,
-                          CheckMicroBatches(mbs, shape, model_->vocab_size()));
-  STRATA_ASSIGN_OR_RETURN(const std::vector<float> dloss,
-                          MicroBatchLossWeights(loss_tokens, shape.tokens(), scale, world()));
   size_t cursor = 0;
-  grads_->BeginStep();
   for (size_t i = 0; i < mbs.size(); ++i) {
     const bool first_mb = i == 0, last_mb = i + 1 == mbs.size();
     dropout_seed_ = MicroBatchDropoutSeed(o_.seed, step_, i);
-    STRATA_RETURN_IF_ERROR(UploadTokens(mbs[i], shape, /*with_targets=*/true, loss_tokens[i]));
     STRATA_RETURN_IF_ERROR(
-        ForwardPass(shape, true, static_cast<int>(i), seq, &cursor, /*save_acts=*/true));
-    if (policy_ && last_mb) {
-      // The exact step's round when nothing clips or overflows (each block's previous update
-      // runs with its own round's parameters; this forward waited on it).
-      store_->StartSpeculativeRound(o_.optimizer, cpu_optim::OptimStep{adam_t_ + 1, 1.0f / scale});
-      policy_->BeginStep(scale);
-      speculating_ = true;
-    }
+        UploadTokens(mbs[i], o_.micro_batch, /*with_targets=*/true, loss_tokens[i]));
+    STRATA_RETURN_IF_ERROR(ForwardPass(o_.micro_batch, true, static_cast<int>(i), seq, &cursor,
+                                       /*save_acts=*/true));
+    if (policy_ && last_mb) OpenSpeculation(scale);
     for (int b = n_ - 1; b >= 0; --b, ++cursor) {
       const int t = tied(b);
       // A tied chunk with own params gets this block's gradient contribution.
       const bool tied_grads = t >= 0 && np(t) > 0;
       STRATA_ASSIGN_OR_RETURN(const ParamCache::BlockChunks chunks,
                               params_->AcquireBlock(b, seq, &cursor));
-      BlockBuffers buf;
-      buf.precision = o_.precision;
-      buf.dropout_seed = dropout_seed_;
-      if (chunks.frozen) buf.frozen_params = chunks.frozen->params;
-      if (chunks.own) {
-        buf.params = chunks.own->params;
-        STRATA_ASSIGN_OR_RETURN(buf.grads, grads_->NextBucket(b));
-      }
-      if (chunks.tied) {
-        buf.tied_params = chunks.tied->params;
-        if (tied_grads) {
-          STRATA_ASSIGN_OR_RETURN(buf.tied_grads, grads_->NextBucket(t, 1));
-        }
-      }
-      buf.shape = shape;
-      buf.scratch = scratch_;
-      SetBatchInputs(b, &buf);
-      if (b > 0) {
-        buf.x_in = Typed(Act(b - 1));
-        buf.dx_in = Typed(dx_[b % 2]);
-        // Offloaded: acts n-2 and n-3 are still on the device after forward; older ones were
-        // loaded back (LoadActivation) one block ahead.
-        if (plan_.offload_activations && b - 1 <= n_ - 4) {
-          STRATA_RETURN_IF_ERROR(compute_->Wait(*act_ready_[(b - 1) % 2]));
-        }
-      }
-      if (b < n_ - 1) {
-        buf.dx_out = Typed(dx_[(b + 1) % 2]);
-      } else {
-        buf.targets = targets_.as<const int32_t>();
-        buf.dloss = dloss[i];
+      STRATA_ASSIGN_OR_RETURN(const BlockBuffers buf, BackwardBuffers(b, chunks, 0, dloss[i]));
+      // Offloaded: acts n-2 and n-3 are still on the device after forward; older ones were
+      // loaded back (LoadActivation) one block ahead.
+      if (plan_.offload_activations && b > 0 && b - 1 <= n_ - 4) {
+        STRATA_RETURN_IF_ERROR(compute_->Wait(*act_ready_[(b - 1) % 2]));
       }
       STRATA_RETURN_IF_ERROR(model_->Backward(b, buf, *compute_));
       if (plan_.offload_activations && b > 0) {
@@ -385,6 +383,31 @@ StatusOr<StepResult> Engine::Impl::RunStep(std::span<const MicroBatch> mbs) {
       STRATA_RETURN_IF_ERROR(params_->DoneBlock(chunks, seq, cursor));
     }
   }
+  return Status::Ok();
+}
+
+StatusOr<StepResult> Engine::Impl::RunStep(std::span<const MicroBatch> mbs) {
+  if (o_.inference_only) return FailedPreconditionError("an inference-only engine cannot train");
+  if (static_cast<int>(mbs.size()) != o_.grad_accum_steps) {
+    return InvalidArgumentError(
+        fmt::format("Step got {} micro-batches, expected {}", mbs.size(), o_.grad_accum_steps));
+  }
+  if (partially_loaded_) {
+    return FailedPreconditionError(
+        "a checkpoint load failed half-way (see its error); load a checkpoint again before "
+        "training");
+  }
+  const MicroBatchShape shape = o_.micro_batch;
+  const float scale = scaler_.scale();
+  // The mean over every counted target of this rank's micro-batches, averaged over the ranks.
+  STRATA_ASSIGN_OR_RETURN(const std::vector<int64_t> loss_tokens,
+                          CheckMicroBatches(mbs, shape, model_->vocab_size()));
+  STRATA_ASSIGN_OR_RETURN(const std::vector<float> dloss,
+                          MicroBatchLossWeights(loss_tokens, shape.tokens(), scale, world()));
+  grads_->BeginStep();
+  STRATA_RETURN_IF_ERROR(plan_.layer_major()
+                             ? LayerMajorPasses(mbs, loss_tokens, dloss, scale)
+                             : MicroBatchMajorPasses(mbs, loss_tokens, dloss, scale));
   dropout_seed_ = 0;
   // When backward ends the folds have the global norm and the overflow flag.
   STRATA_RETURN_IF_ERROR(grads_->Drain());
@@ -393,8 +416,7 @@ StatusOr<StepResult> Engine::Impl::RunStep(std::span<const MicroBatch> mbs) {
 
   StepResult result;
   result.loss_scale = scale;
-  const auto* losses =
-      reinterpret_cast<const float*>(io_pinned_.data() + o_.micro_batch.tokens() * 8);
+  const auto* losses = reinterpret_cast<const float*>(io_pinned_.data() + LossesOffset());
   result.loss = StepLoss({losses, mbs.size()}, loss_tokens, shape.tokens());
   if (dp()) {
     // Every rank clips, skips and reports alike: the squared norm, the overflow flag and the
@@ -471,7 +493,7 @@ StatusOr<float> Engine::Impl::EvaluateLoss(const MicroBatch& batch, MicroBatchSh
   size_t cursor = 0;
   STRATA_RETURN_IF_ERROR(ForwardPass(shape, true, 0, seq, &cursor));
   STRATA_RETURN_IF_ERROR(compute_->Synchronize());
-  return *reinterpret_cast<const float*>(io_pinned_.data() + o_.micro_batch.tokens() * 8);
+  return *reinterpret_cast<const float*>(io_pinned_.data() + LossesOffset());
 }
 
 StatusOr<std::vector<float>> Engine::Impl::NextTokenLogits(std::span<const int32_t> tokens) {
@@ -489,7 +511,7 @@ StatusOr<std::vector<float>> Engine::Impl::NextTokenLogits(std::span<const int32
   size_t cursor = 0;
   STRATA_RETURN_IF_ERROR(ForwardPass(shape, false, -1, seq, &cursor));
   const int vocab = model_->vocab_size();
-  const size_t off = o_.micro_batch.tokens() * 8 + o_.grad_accum_steps * 4 + 4;
+  const size_t off = LogitsRowOffset();
   const auto dst = io_pinned_.span().subspan(off, vocab * w_);
   // Shape {1, T}: row 0 of the (B, V) last-position logits is position T - 1.
   STRATA_RETURN_IF_ERROR(compute_->CopyD2H(dst, logits_.subspan(0, vocab * w_)));

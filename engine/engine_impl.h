@@ -64,6 +64,16 @@ class Engine::Impl {
     return result;
   }
   StatusOr<StepResult> RunStep(std::span<const MicroBatch> mbs);
+  // A step's forward and backward passes over its micro-batches, in the plan's schedule: each
+  // micro-batch's passes in turn (engine.cc), or every micro-batch through a block before the
+  // next (layer_major_step.cc). `loss_tokens` and `dloss`: per micro-batch (CheckMicroBatches,
+  // MicroBatchLossWeights); `scale`: the step's loss scale. On return every block's backward and
+  // gradient stream is enqueued; the folds may still run.
+  Status MicroBatchMajorPasses(std::span<const MicroBatch> mbs,
+                               std::span<const int64_t> loss_tokens, std::span<const float> dloss,
+                               float scale);
+  Status LayerMajorPasses(std::span<const MicroBatch> mbs, std::span<const int64_t> loss_tokens,
+                          std::span<const float> dloss, float scale);
   Status Flush();
   StatusOr<float> EvaluateLoss(const MicroBatch& batch, MicroBatchShape shape);
   StatusOr<std::vector<float>> NextTokenLogits(std::span<const int32_t> tokens);
@@ -110,12 +120,23 @@ class Engine::Impl {
   bool nvme_params() const { return plan_.param_home == ParamHome::kNvme; }
   bool nvme_optim() const { return plan_.optimizer_home == OptimizerHome::kNvme; }
 
-  // Uploads mb, checked by CheckMicroBatch (which gave loss_tokens); sets the blocks' inputs.
+  // Uploads mb, checked by CheckMicroBatch (which gave loss_tokens), into the device's batch
+  // slot `slot` (0, or the micro-batch's index with the layer-major schedule); sets the blocks'
+  // inputs. Slot 0 first waits until the previous uploads' copies are done.
   Status UploadTokens(const MicroBatch& mb, MicroBatchShape shape, bool with_targets,
-                      int64_t loss_tokens);
-  // The uploaded micro-batch's inputs of block b: its tokens (first block), position ids (every
+                      int64_t loss_tokens, int slot = 0);
+  // Slot `slot`'s micro-batch's inputs of block b: its tokens (first block), position ids (every
   // block) and counted targets (last block).
-  void SetBatchInputs(int b, BlockBuffers* buf) const;
+  void SetBatchInputs(int b, int slot, BlockBuffers* buf) const;
+  // The buffers of block b's forward or backward for the micro-batch in slot `slot` (its
+  // boundary activation, activation gradients and inputs), with the chunks' params; the backward
+  // takes its gradient buckets (GradStreamer::NextBucket) and the head's d(loss) `dloss`.
+  BlockBuffers ForwardBuffers(int b, const ParamCache::BlockChunks& chunks, int slot,
+                              bool with_targets, MicroBatchShape shape) const;
+  StatusOr<BlockBuffers> BackwardBuffers(int b, const ParamCache::BlockChunks& chunks, int slot,
+                                         float dloss);
+  // The update during backward opens the step's speculative round (after the last forward).
+  void OpenSpeculation(float scale);
   // save_acts: offloaded activations are copied out for a backward pass to come.
   Status ForwardPass(MicroBatchShape shape, bool with_targets, int loss_index,
                      std::span<const int> seq, size_t* cursor, bool save_acts = false);
@@ -146,34 +167,47 @@ class Engine::Impl {
 
   std::unique_ptr<gpu::DeviceArena> arena_;
   std::unique_ptr<gpu::Stream> compute_, h2d_, d2h_;
-  gpu::DeviceSpan tokens_, targets_, position_ids_, loss_, logits_, scratch_;
-  // The uploaded micro-batch: whether it has position ids, and its counted targets.
-  bool with_position_ids_ = false;
-  int64_t loss_tokens_ = 0;
+  gpu::DeviceSpan loss_, logits_, scratch_;
+  // Micro-batches held on the device at once: Plan::held_micro_batches (the layer-major
+  // schedule's micro-batches, else 1), each in its batch slot: device tokens, targets and
+  // position ids, whether it has position ids, and its counted targets.
+  int held() const { return plan_.held_micro_batches; }
+  struct BatchSlot {
+    gpu::DeviceSpan tokens, targets, position_ids;
+    bool with_position_ids = false;
+    int64_t loss_tokens = 0;
+  };
+  std::vector<BatchSlot> batch_;
   // A (B, T, C) activation-sized buffer, or the logits, as the typed view a block sees.
   TensorRef Typed(gpu::DeviceSpan span) const {
     return TensorRef(span.data, o_.precision, static_cast<int64_t>(span.size_bytes / w_));
   }
-  // Boundary activations. Resident: acts_[b] = output of block b, b < n-1. Offloaded: two
-  // device buffers, block b's output in acts_[b % 2] and D2H into host_acts_[b]; act_saved_[i]
-  // (d2h) after the copy out of buffer i, act_free_[i] (compute) after the last op reading it,
-  // act_ready_[i] (h2d) after a load back into it.
+  // Boundary activations, one per held micro-batch i. Resident: Act(b, i) = output of block b,
+  // b < n-1. Offloaded: two sets of device buffers, block b's outputs in set b % 2 and D2H into
+  // host_acts_[b * held + i]; act_saved_[s] (d2h) after the latest copy out of set s,
+  // act_free_[s] (compute) after the last op reading it, act_ready_[s] (h2d) after a load back
+  // into it.
   std::vector<gpu::DeviceSpan> acts_;
   std::vector<gpu::PinnedBuffer> host_acts_;
   std::unique_ptr<gpu::Event> act_written_, act_saved_[2], act_free_[2], act_ready_[2];
-  gpu::DeviceSpan Act(int b) const { return acts_[plan_.offload_activations ? b % 2 : b]; }
-  // Offloaded activations: the forward's copy out of block b's output, and the load of act k
-  // back into its device buffer (issued after backward k+3, the buffer's last reader).
-  Status SaveActivation(int b);
-  Status LoadActivation(int k);
-  gpu::DeviceSpan dx_[2];
-
-  // Tokens, targets, losses, the logits row, position ids.
-  gpu::PinnedBuffer io_pinned_;
-  size_t PositionIdsStaging() const {
-    return o_.micro_batch.tokens() * 8 + o_.grad_accum_steps * 4 + 4 +
-           static_cast<size_t>(model_->vocab_size()) * 4;
+  gpu::DeviceSpan Act(int b, int i = 0) const {
+    return acts_[(plan_.offload_activations ? b % 2 : b) * held() + i];
   }
+  // Offloaded activations: the forward's copy out of block b's output of micro-batch i, and the
+  // load of block k's outputs back into their device set (issued after backward k+3, the set's
+  // last reader).
+  Status SaveActivation(int b, int i = 0);
+  Status LoadActivation(int k);
+  // Activation gradients: two sets of held buffers; block b's backward reads set b % 2 and
+  // writes set (b+1) % 2.
+  std::vector<gpu::DeviceSpan> dx_;
+  gpu::DeviceSpan Dx(int set, int i) const { return dx_[set * held() + i]; }
+
+  // Per batch slot tokens, targets and position ids; then the step's losses and the logits row.
+  gpu::PinnedBuffer io_pinned_;
+  size_t StagingOffset(int slot) const { return o_.micro_batch.tokens() * 12 * slot; }
+  size_t LossesOffset() const { return StagingOffset(held()); }
+  size_t LogitsRowOffset() const { return LossesOffset() + o_.grad_accum_steps * 4 + 4; }
   std::unique_ptr<gpu::Event> io_done_;
 
   // The parts of a step; declared last, so destroyed (their threads joined) first: the cache's

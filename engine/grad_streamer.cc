@@ -50,7 +50,8 @@ GradStreamer::~GradStreamer() {
 StatusOr<std::unique_ptr<GradStreamer>> GradStreamer::Create(
     const Model& model, const Plan& plan, gpu::Device* device, gpu::Stream* compute,
     gpu::Stream* d2h, gpu::DeviceSpan dbuckets, gpu::DeviceSpan reduce_region,
-    std::span<const gpu::DeviceSpan> device_grads, GradStreamerOptions options) {
+    std::span<const gpu::DeviceSpan> device_grads, GradStreamerOptions options,
+    gpu::DeviceSpan accumulators) {
   std::unique_ptr<GradStreamer> g(new GradStreamer(model, plan, compute, d2h, std::move(options)));
   g->device_ = device;
   const GradStreamerOptions& o = g->o_;
@@ -73,6 +74,20 @@ StatusOr<std::unique_ptr<GradStreamer>> GradStreamer::Create(
     g->dbucket_[j] = dbuckets.subspan(j * dbucket_bytes, dbucket_bytes);
     STRATA_ASSIGN_OR_RETURN(g->dgrad_ready_[j], event());
     STRATA_ASSIGN_OR_RETURN(g->dbucket_free_[j], event());
+  }
+  g->acc_slot_.assign(n, 0);
+  if (plan.device_grad_accumulators) {
+    const uint64_t acc_bytes = accumulators.size_bytes / 2;
+    if (acc_bytes < static_cast<uint64_t>(plan.max_block_params) * 4) {
+      return InvalidArgumentError(
+          fmt::format("GradStreamer: the gradient accumulators region has {} bytes, needs 2 x {}",
+                      accumulators.size_bytes, plan.max_block_params * 4));
+    }
+    for (int s = 0; s < 2; ++s) {
+      g->dacc_[s] = accumulators.subspan(s * acc_bytes, acc_bytes);
+      STRATA_ASSIGN_OR_RETURN(g->acc_ready_[s], event());
+      STRATA_ASSIGN_OR_RETURN(g->acc_free_[s], event());
+    }
   }
   if (plan.data_parallel) {
     int64_t max_padded = 0, max_part = 0;
@@ -260,12 +275,54 @@ Status GradStreamer::Stream(int b, bool overwrite, bool last) {
     STRATA_RETURN_IF_ERROR(d2h_->Record(*landed_[i]));
     STRATA_RETURN_IF_ERROR(d2h_->Record(*dbucket_free_[j]));
   }
+  const DType dtype = dp() ? DType::kF32 : o_.precision;
   folder_->Submit([=, this]() -> Status {
-    Fold(b, i, overwrite, last);
+    Fold(b, i, dtype, overwrite, last);
     return Status::Ok();
   });
   if (!o_.overlap) {
     if (dp()) STRATA_RETURN_IF_ERROR(reduce_->Synchronize());
+    STRATA_RETURN_IF_ERROR(d2h_->Synchronize());
+    STRATA_RETURN_IF_ERROR(folder_->Drain());
+    STRATA_RETURN_IF_ERROR(FoldError());
+  }
+  return Status::Ok();
+}
+
+Status GradStreamer::AccumulateOnDevice(int b, bool first) {
+  STRATA_CHECK(plan_.device_grad_accumulators && !on_device_[b]);
+  const int j = next_dbucket_;
+  next_dbucket_ ^= 1;
+  --handed_;
+  if (first) {
+    // A free accumulator: its previous sum has been copied out.
+    acc_slot_[b] = next_acc_;
+    next_acc_ ^= 1;
+    STRATA_RETURN_IF_ERROR(compute_->Wait(*acc_free_[acc_slot_[b]]));
+  }
+  const gpu::DeviceSpan acc = dacc_[acc_slot_[b]].subspan(0, np(b) * 4);
+  STRATA_RETURN_IF_ERROR(
+      EnqueueDeviceGradAccumulate(*compute_, acc, dbucket_[j], o_.precision, np(b), first));
+  STRATA_RETURN_IF_ERROR(compute_->Record(*dbucket_free_[j]));
+  if (!o_.overlap) return compute_->Synchronize();
+  return Status::Ok();
+}
+
+Status GradStreamer::StreamAccumulated(int b, bool overwrite, bool last) {
+  STRATA_CHECK(plan_.device_grad_accumulators && !on_device_[b]);
+  const int s = acc_slot_[b];
+  STRATA_RETURN_IF_ERROR(compute_->Record(*acc_ready_[s]));
+  const int i = pool_.Acquire();
+  STRATA_RETURN_IF_ERROR(d2h_->Wait(*acc_ready_[s]));
+  STRATA_RETURN_IF_ERROR(d2h_->CopyD2H(hbucket_[i].span(), dacc_[s].subspan(0, np(b) * 4)));
+  grad_bytes_d2h_ += np(b) * 4;
+  STRATA_RETURN_IF_ERROR(d2h_->Record(*landed_[i]));
+  STRATA_RETURN_IF_ERROR(d2h_->Record(*acc_free_[s]));
+  folder_->Submit([=, this]() -> Status {
+    Fold(b, i, DType::kF32, overwrite, last);
+    return Status::Ok();
+  });
+  if (!o_.overlap) {
     STRATA_RETURN_IF_ERROR(d2h_->Synchronize());
     STRATA_RETURN_IF_ERROR(folder_->Drain());
     STRATA_RETURN_IF_ERROR(FoldError());
@@ -280,15 +337,15 @@ Status GradStreamer::FoldError() {
 
 // Every bucket still goes back to the pool after an error, so the driving thread cannot wait
 // forever for one.
-void GradStreamer::Fold(int b, int bucket, bool overwrite, bool last) {
+void GradStreamer::Fold(int b, int bucket, DType dtype, bool overwrite, bool last) {
   Status s = FoldError();
   if (s.ok()) s = landed_[bucket]->Synchronize();
   if (s.ok()) {
     trace::ScopedTraceEvent t(o_.trace, o_.fold_track, "fold gradient bucket",
                               trace::Category::kCpuOptimizer);
-    // The bucket holds this rank's reduced fp32 partition (data parallel) or the block's
-    // gradients in the working precision.
-    const cpu_optim::GradView g{hbucket_[bucket].data(), dp() ? DType::kF32 : o_.precision};
+    // The bucket holds this rank's reduced fp32 partition (data parallel), a block's fp32 sum
+    // over the micro-batches (layer-major) or its gradients in the working precision.
+    const cpu_optim::GradView g{hbucket_[bucket].data(), dtype};
     StatusOr<cpu_optim::GradStats> stats = cpu_optim::GradStats{};
     if (grad16_[b]) {
       // The chunk's only contribution: kept as it landed (the same statistics, bit for bit, as

@@ -32,6 +32,15 @@
 // fold worker merges it into the step's statistics in the same order as the host blocks' folds.
 // Nothing else of such a block crosses PCIe.
 //
+// The layer-major schedule (Plan::device_grad_accumulators): a block's backward runs for every
+// micro-batch before the next block's, so its gradient is summed on the device first.
+// AccumulateOnDevice adds the device bucket the backward wrote into one of two fp32 device
+// accumulators (cpu_optim::AccumulateGrad's order and rounding: micro-batch 0 overwrites, later
+// ones add, so the sum is bit for bit the host fold's of the micro-batch-major schedule), and
+// StreamAccumulated sends the accumulator D2H once, folded on the host as one fp32 contribution.
+// Orderings: compute waits on acc_free[s] (d2h, after the accumulator's copy out) before the
+// first add into accumulator s; d2h waits on acc_ready[s] (compute, after the last add).
+//
 // Errors: Stream returns the streams' Status; a fold's error is kept (the first one) and comes
 // back from Drain.
 #pragma once
@@ -86,10 +95,13 @@ class GradStreamer {
   // for the others, or an empty span for none). Creates the events, the pinned landing buckets,
   // the host gradients and (data parallel) the "reduce-scatter" stream and the gradients'
   // communicator.
+  // `accumulators`: the planner's "gradient accumulators" region (two fp32 blocks; empty
+  // without Plan::device_grad_accumulators).
   static StatusOr<std::unique_ptr<GradStreamer>> Create(
       const Model& model, const Plan& plan, gpu::Device* device, gpu::Stream* compute,
       gpu::Stream* d2h, gpu::DeviceSpan dbuckets, gpu::DeviceSpan reduce_region,
-      std::span<const gpu::DeviceSpan> device_grads, GradStreamerOptions options);
+      std::span<const gpu::DeviceSpan> device_grads, GradStreamerOptions options,
+      gpu::DeviceSpan accumulators = {});
   ~GradStreamer();  // drains the fold queue and the reduce-scatter stream
 
   // The device bucket for the gradients of chunk `chunk` that the next backward writes, k = 0
@@ -100,6 +112,15 @@ class GradStreamer {
   // `overwrite` starts the chunk's accumulator (its first contribution of the step), `last` is
   // its last contribution (statistics, on_complete).
   Status Stream(int chunk, bool overwrite, bool last);
+  // Layer-major (Plan::device_grad_accumulators; chunks whose optimizer is not on the device):
+  // instead of Stream, the bucket the backward wrote (NextBucket's order) is added into the
+  // chunk's fp32 device accumulator on the compute stream; `first` (micro-batch 0) takes a free
+  // accumulator and overwrites it. StreamAccumulated then sends the sum D2H and folds it as one
+  // contribution with Stream's flags; the accumulator is free once the copy is done.
+  Status AccumulateOnDevice(int chunk, bool first);
+  Status StreamAccumulated(int chunk, bool overwrite, bool last);
+  // Whether chunk b's gradient stays on the device (its optimizer runs there).
+  bool on_device(int b) const { return on_device_[b]; }
   // Resets the step's statistics (between steps).
   void BeginStep();
   // Waits for every fold; the first fold error.
@@ -145,7 +166,8 @@ class GradStreamer {
   int64_t home_elems(int b) const { return plan_.blocks[b].partition.part_elems; }
   int64_t dev_elems(int b) const { return plan_.blocks[b].partition.padded_elems; }
   // Runs on the fold worker. Never fails the queue: an error is kept in fold_error_.
-  void Fold(int b, int bucket, bool overwrite, bool last);
+  // `dtype`: the pinned bucket's (fp32 for a reduce-scattered partition or a device sum).
+  void Fold(int b, int bucket, DType dtype, bool overwrite, bool last);
   // Stream for a block whose gradient stays on the device; MergeDeviceStats runs on the fold
   // worker.
   Status StreamOnDevice(int b, bool overwrite, bool last);
@@ -190,6 +212,11 @@ class GradStreamer {
   gpu::DeviceSpan red_full_;     // one block's gradients widened to fp32, padded
   gpu::DeviceSpan red_part_[2];  // this rank's reduced fp32 partition
   std::unique_ptr<gpu::Event> reduced_[2], part_free_[2];
+  // Layer-major: the fp32 device accumulators, their events, the one each chunk sums into.
+  gpu::DeviceSpan dacc_[2];
+  std::unique_ptr<gpu::Event> acc_ready_[2], acc_free_[2];
+  std::vector<int> acc_slot_;
+  int next_acc_ = 0;
 
   std::mutex fold_mu_;
   Status fold_error_ STRATA_GUARDED_BY(fold_mu_);

@@ -49,6 +49,16 @@ StatusOr<OptimizerHome> ParseOptimizerHome(std::string_view s) {
       fmt::format("--offload-optimizer '{}' is not one of device, host, nvme", s));
 }
 
+std::string_view ScheduleName(Schedule s) {
+  return s == Schedule::kLayerMajor ? "layer-major" : "micro-batch-major";
+}
+StatusOr<Schedule> ParseSchedule(std::string_view s) {
+  if (s == "micro-batch-major") return Schedule::kMicroBatchMajor;
+  if (s == "layer-major") return Schedule::kLayerMajor;
+  return InvalidArgumentError(
+      fmt::format("--schedule '{}' is not one of layer-major, micro-batch-major", s));
+}
+
 int Plan::num_resident() const {
   return static_cast<int>(
       std::count_if(blocks.begin(), blocks.end(), [](const Block& b) { return b.resident; }));
@@ -96,8 +106,10 @@ uint64_t ForcedResidentBytes(const Model& model, DType precision) {
   return total;
 }
 
+// `held`: Plan::held_micro_batches.
 std::vector<DeviceRegion> FixedRegions(const Model& model, DType precision, MicroBatchShape shape,
-                                       bool offload_activations, int ranks, bool data_parallel) {
+                                       bool offload_activations, int ranks, bool data_parallel,
+                                       int held) {
   const int n = model.num_blocks();
   int64_t max_block_params = 0, max_part = 0;
   uint64_t max_scratch = 0;
@@ -111,23 +123,31 @@ std::vector<DeviceRegion> FixedRegions(const Model& model, DType precision, Micr
   const size_t w = SizeOf(precision);
   const std::string_view dt = DTypeName(precision);
   const uint64_t act = static_cast<uint64_t>(model.activation_elems(shape)) * w;
+  // Layer-major: every micro-batch's tokens, boundary activations and activation gradients.
+  const std::string per = held > 1 ? fmt::format(" for each of {} micro-batches", held) : "";
   std::vector<DeviceRegion> fixed = {
-      {"tokens+targets+position ids", static_cast<uint64_t>(shape.tokens()) * 12},
+      {"tokens+targets+position ids" + per, static_cast<uint64_t>(shape.tokens()) * 12 * held},
       {"loss", 4},
       offload_activations
-          ? DeviceRegion{fmt::format(
-                             "boundary activations (2 x (B,T,C) {}; the rest offloaded to pinned)",
-                             dt),
-                         act * 2}
-          : DeviceRegion{fmt::format("boundary activations ({} x (B,T,C) {})", n - 1, dt),
-                         act * (n - 1)},
-      {fmt::format("activation gradients (2 x (B,T,C) {})", dt), act * 2},
+          ? DeviceRegion{fmt::format("boundary activations (2 x (B,T,C) {}{}; the rest offloaded "
+                                     "to pinned)",
+                                     dt, per),
+                         act * 2 * held}
+          : DeviceRegion{fmt::format("boundary activations ({} x (B,T,C) {}{})", n - 1, dt, per),
+                         act * (n - 1) * held},
+      {fmt::format("activation gradients (2 x (B,T,C) {}{})", dt, per), act * 2 * held},
       {fmt::format("last-position logits (B,V) {}", dt),
        static_cast<uint64_t>(model.logits_elems(shape)) * w},
       {fmt::format("block scratch ({} compute)", dt), max_scratch},
       {fmt::format("gradient buckets (2 x one block, {}; blocks write their gradients here)", dt),
        2 * Aligned(static_cast<uint64_t>(max_block_params) * w)},
   };
+  if (held > 1 && !(ranks > 1 || data_parallel)) {
+    fixed.push_back(
+        {"gradient accumulators (2 x one block, fp32: a block's gradient summed over the "
+         "micro-batches)",
+         2 * Aligned(static_cast<uint64_t>(max_block_params) * 4)});
+  }
   if (ranks > 1 || data_parallel) {
     // Gradients are reduced in fp32: a bucket widened on the device, reduce-scattered into one
     // of two partition buffers (one being copied D2H while the next block's is reduced).
@@ -143,6 +163,10 @@ std::vector<DeviceRegion> FixedRegions(const Model& model, DType precision, Micr
 // = optimizer_device_fraction of the parameters): whole
 // blocks in forward order from block 0, while the running total stays within f of the model's
 // (nearest block boundary: a block is taken when at least half of it fits). f >= 1: all.
+int HeldMicroBatches(const PlacementOptions& o, const PlanOptimizer& optimizer) {
+  return o.schedule == Schedule::kLayerMajor ? std::max(1, optimizer.grad_accum_steps) : 1;
+}
+
 std::vector<bool> DeviceOptimizerBlocks(const Model& model, const PlacementOptions& o) {
   const double fraction =
       o.optimizer_home == OptimizerHome::kDevice ? 1.0 : o.optimizer_device_fraction;
@@ -186,10 +210,10 @@ Status CheckDeviceOptimizerPlacement(const PlacementOptions& o, const PlanOptimi
 
 uint64_t StreamingMinimumBytes(const Model& model, DType precision, MicroBatchShape shape,
                                int streaming_slots, bool offload_activations, int ranks,
-                               bool data_parallel) {
+                               bool data_parallel, int held_micro_batches) {
   uint64_t total = 0;
-  for (const auto& r :
-       FixedRegions(model, precision, shape, offload_activations, ranks, data_parallel)) {
+  for (const auto& r : FixedRegions(model, precision, shape, offload_activations, ranks,
+                                    data_parallel, held_micro_batches)) {
     total += Aligned(r.size_bytes);
   }
   const uint64_t slot =
@@ -198,10 +222,11 @@ uint64_t StreamingMinimumBytes(const Model& model, DType precision, MicroBatchSh
 }
 
 uint64_t AllResidentBytes(const Model& model, DType precision, MicroBatchShape shape,
-                          bool offload_activations, int ranks, bool data_parallel) {
+                          bool offload_activations, int ranks, bool data_parallel,
+                          int held_micro_batches) {
   uint64_t total = 0;
-  for (const auto& r :
-       FixedRegions(model, precision, shape, offload_activations, ranks, data_parallel)) {
+  for (const auto& r : FixedRegions(model, precision, shape, offload_activations, ranks,
+                                    data_parallel, held_micro_batches)) {
     total += Aligned(r.size_bytes);
   }
   for (int b = 0; b < model.num_blocks(); ++b) {
@@ -214,6 +239,7 @@ uint64_t AllResidentBytes(const Model& model, DType precision, MicroBatchShape s
 uint64_t AutoDeviceBudgetBytes(const Model& model, DType precision, MicroBatchShape shape,
                                const PlacementOptions& options, const PlanOptimizer& optimizer) {
   const PlacementOptions& o = options;
+  const int held = HeldMicroBatches(o, optimizer);
   // The blocks whose optimizer runs on the device: their master weights, state and gradients,
   // and (when the rest streams) their resident params.
   const std::vector<bool> device_optimizer = DeviceOptimizerBlocks(model, o);
@@ -233,12 +259,12 @@ uint64_t AutoDeviceBudgetBytes(const Model& model, DType precision, MicroBatchSh
   }
   if (o.param_home == ParamHome::kDevice || all_device) {
     return AllResidentBytes(model, precision, shape, o.offload_activations, o.ranks,
-                            o.data_parallel) +
+                            o.data_parallel, held) +
            device_optimizer_bytes;
   }
   const int slots = o.streaming_slots > 0 ? o.streaming_slots : 2;
-  const uint64_t minimum = StreamingMinimumBytes(model, precision, shape, slots,
-                                                 o.offload_activations, o.ranks, o.data_parallel);
+  const uint64_t minimum = StreamingMinimumBytes(
+      model, precision, shape, slots, o.offload_activations, o.ranks, o.data_parallel, held);
   const uint64_t working =
       static_cast<uint64_t>(model.num_params() + model.frozen_params()) * SizeOf(precision);
   return (working > minimum ? minimum + (working - minimum) / 2 : minimum) +
@@ -343,8 +369,11 @@ StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape sha
       static_cast<uint64_t>(p.model_params) * (2 * w + 4) + p.optimizer_state_bytes;
 
   // Fixed regions: everything but the parameter slots.
+  p.schedule = o.schedule;
+  p.held_micro_batches = HeldMicroBatches(o, optimizer);
+  p.device_grad_accumulators = p.held_micro_batches > 1 && !dp;
   const std::vector<DeviceRegion> fixed =
-      FixedRegions(model, precision, shape, o.offload_activations, ranks, dp);
+      FixedRegions(model, precision, shape, o.offload_activations, ranks, dp, p.held_micro_batches);
   p.offload_activations = o.offload_activations;
   uint64_t fixed_total = 0;
   for (const auto& r : fixed) fixed_total += Aligned(r.size_bytes);
@@ -359,8 +388,8 @@ StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape sha
   const auto frozen_bytes = [&](int b) {
     return static_cast<uint64_t>(p.blocks[b].frozen_params) * w;
   };
-  const uint64_t all_resident =
-      AllResidentBytes(model, precision, shape, o.offload_activations, ranks, dp);
+  const uint64_t all_resident = AllResidentBytes(model, precision, shape, o.offload_activations,
+                                                 ranks, dp, p.held_micro_batches);
 
   // Blocks whose optimizer runs on the device are resident, with their state beside them.
   // With frozen chunks every own chunk is resident too (planner.h).
@@ -496,7 +525,12 @@ StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape sha
   if (o.optimizer_buffers < 0) return InvalidArgumentError("optimizer_buffers must be >= 0");
   p.host_grad_buckets = o.host_grad_buckets != 0 ? o.host_grad_buckets : 3;
   p.optimizer_buffers = o.optimizer_buffers != 0 ? o.optimizer_buffers : (nvme ? 3 : 1);
-  p.grad_bucket_bytes = dp ? AlignUp(static_cast<uint64_t>(max_part) * 4, 4096) : own_slot_bytes;
+  // Data parallel: a reduce-scattered fp32 partition; layer-major: a block's fp32 sum over the
+  // micro-batches.
+  p.grad_bucket_bytes = dp ? AlignUp(static_cast<uint64_t>(max_part) * 4, 4096)
+                        : p.device_grad_accumulators
+                            ? AlignUp(static_cast<uint64_t>(max_padded) * 4, 4096)
+                            : own_slot_bytes;
 
   // Host tiers: this rank's partitions.
   uint64_t params_w = 0;  // streamed blocks' working params (an NVMe home's extents)
@@ -505,8 +539,8 @@ StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape sha
   }
   p.pinned_bytes = p.host_grad_buckets * p.grad_bucket_bytes;  // gradient landing buckets
   if (o.offload_activations) {
-    p.pinned_bytes +=
-        AlignUp(static_cast<uint64_t>(model.activation_elems(shape)) * w, 4096) * (n - 1);
+    p.pinned_bytes += AlignUp(static_cast<uint64_t>(model.activation_elems(shape)) * w, 4096) *
+                      (n - 1) * p.held_micro_batches;
   }
   uint64_t frozen_w = 0;  // frozen chunks streamed from NVMe have an extent there
   for (int b = 0; b < n; ++b) {
@@ -673,8 +707,19 @@ std::string Plan::Describe() const {
         tbb::info::default_concurrency());
   }
   if (offload_activations) {
-    line("           boundary activations: {} of {} in pinned host memory, 2 on the device",
-         blocks.size() - 1, FormatBytes(device_regions[2].size_bytes / 2));
+    line("           boundary activations: {} of {} in pinned host memory, {} on the device",
+         (blocks.size() - 1) * held_micro_batches,
+         FormatBytes(device_regions[2].size_bytes / (2 * held_micro_batches)),
+         2 * held_micro_batches);
+  }
+  if (layer_major()) {
+    line(
+        "  schedule layer-major over {} micro-batches: every micro-batch through a block before "
+        "the next; each block's params loaded once per pass, its gradient {}",
+        held_micro_batches,
+        device_grad_accumulators
+            ? "summed over the micro-batches on the device (fp32) and sent D2H once per step"
+            : "reduce-scattered per micro-batch (data parallel)");
   }
   const std::string grads =
       host_grad16_params == model_params ? fmt::format("{} gradients", DTypeName(precision))

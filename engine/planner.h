@@ -28,6 +28,18 @@ std::string_view OptimizerHomeName(OptimizerHome h);
 StatusOr<ParamHome> ParseParamHome(std::string_view s);
 StatusOr<OptimizerHome> ParseOptimizerHome(std::string_view s);
 
+// The order a step with a micro-batches runs its blocks in (docs/ARCHITECTURE.md, "The
+// layer-major schedule"). kMicroBatchMajor: each micro-batch's whole forward and backward in turn
+// (a streamed block's params cross PCIe 2a times per step, its gradient a times). kLayerMajor:
+// every micro-batch through block b before block b+1 runs (forward), and every micro-batch's
+// backward of block b before block b-1's, after GreedySnake (arXiv 2512.17570): a block's params
+// are loaded once per pass, its gradient summed over the micro-batches on the device in fp32 and
+// sent D2H once per step; the device holds the boundary activations, activation gradients and
+// tokens of all a micro-batches. With one micro-batch the two are the same.
+enum class Schedule { kMicroBatchMajor, kLayerMajor };
+std::string_view ScheduleName(Schedule s);  // "micro-batch-major", "layer-major"
+StatusOr<Schedule> ParseSchedule(std::string_view s);
+
 struct PlacementOptions {
   uint64_t device_budget_bytes = 0;  // the whole device arena; must be > 0
   uint64_t pinned_budget_bytes = 64ull << 30;
@@ -52,6 +64,8 @@ struct PlacementOptions {
   // block's output goes D2H after its forward and comes back H2D one block ahead of its
   // backward (activation checkpointing at block boundaries either way).
   bool offload_activations = false;
+  // The step's order of blocks and micro-batches (PlanOptimizer::grad_accum_steps of them).
+  Schedule schedule = Schedule::kMicroBatchMajor;
   // Pinned host gradient buckets (D2H landing, folded by a CPU worker); 0 = 3. Else >= 2.
   int host_grad_buckets = 0;
   // Pinned buffers cycling through the optimizer pipeline (read b+1, update b, write b-1);
@@ -131,6 +145,16 @@ struct Plan {
   int streaming_slots = 0;
   int prefetch_depth = 0;  // blocks loaded ahead of the one computing: slots - 1
   bool offload_activations = false;
+  Schedule schedule = Schedule::kMicroBatchMajor;  // PlacementOptions::schedule
+  // Micro-batches whose boundary activations, activation gradients and tokens the device holds
+  // at once: the step's micro-batches with the layer-major schedule, else 1.
+  int held_micro_batches = 1;
+  // Layer-major with more than one micro-batch and one rank: two fp32 device accumulators of one
+  // block each, in which a block's gradient is summed over the micro-batches before its one D2H
+  // (the pinned landing buckets then hold fp32). Data-parallel ranks reduce-scatter every
+  // micro-batch's gradient, as the micro-batch-major schedule does, and have none.
+  bool device_grad_accumulators = false;
+  bool layer_major() const { return held_micro_batches > 1; }
   int device_grad_buckets = 2;  // 16-bit gradient buckets on the device (one copying, one filling)
   int host_grad_buckets = 3;    // pinned landing buckets
   int optimizer_buffers = 1;    // pinned buffers of the optimizer pipeline
@@ -185,17 +209,20 @@ struct Plan {
 // (blocks read their params in place and write their gradients into the buckets: no fp32
 // staging and no fp32 gradient region), and the slots. Pure; thread-safe.
 // With ranks > 1 blocks are padded to whole partitions and the device also holds the fp32
-// reduce-scatter buffers (one block and two partitions).
+// reduce-scatter buffers (one block and two partitions). `held_micro_batches` (Plan's: the
+// layer-major schedule's micro-batches, else 1) multiplies the activations, their gradients and
+// the tokens, and above 1 with one rank adds the two fp32 gradient accumulators.
 uint64_t StreamingMinimumBytes(const Model& model, DType precision, MicroBatchShape shape,
                                int streaming_slots = 2, bool offload_activations = false,
-                               int ranks = 1, bool data_parallel = false);
+                               int ranks = 1, bool data_parallel = false,
+                               int held_micro_batches = 1);
 
 // The device budget, in bytes, that keeps every block resident (ParamHome::kDevice): the same
 // fixed regions plus every block's working params, each region aligned as the arena aligns it.
 // Pure; thread-safe.
 uint64_t AllResidentBytes(const Model& model, DType precision, MicroBatchShape shape,
                           bool offload_activations = false, int ranks = 1,
-                          bool data_parallel = false);
+                          bool data_parallel = false, int held_micro_batches = 1);
 
 // The device budget, in bytes, of `--device-budget auto` (strata train, estimate, eval and
 // generate take this one): with ParamHome::kDevice, AllResidentBytes (every block resident:
@@ -203,9 +230,9 @@ uint64_t AllResidentBytes(const Model& model, DType precision, MicroBatchShape s
 // options.streaming_slots (2 when 0) and the working params alone (num_params x
 // SizeOf(precision)), so that some blocks stay resident and the rest really stream, or the
 // minimum itself when the working params are smaller than it. Reads param_home,
-// streaming_slots, offload_activations, ranks and data_parallel of `options` and none of its
-// budgets. The result always holds the streaming minimum; MakePlan may still refuse it for a
-// short pinned, host or NVMe budget. Pure; thread-safe.
+// streaming_slots, offload_activations, ranks, data_parallel and schedule of `options` (and
+// `optimizer`'s grad_accum_steps) and none of its budgets. The result always holds the streaming
+// minimum; MakePlan may still refuse it for a short pinned, host or NVMe budget. Pure; thread-safe.
 // Blocks whose optimizer runs on the device (optimizer_home kDevice, or
 // optimizer_device_fraction > 0) add their master weights, state and gradients (and, when the
 // rest streams, their resident params), laid out for `optimizer`.

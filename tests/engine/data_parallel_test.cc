@@ -86,9 +86,11 @@ class DataParallelTest : public ::testing::Test {
     // with io_uring.)
     o.io.kind = io::BackendKind::kPosix;
     o.placement.optimizer_device_fraction = device_fraction_;
+    o.placement.schedule = schedule_;
+    const int held = schedule_ == Schedule::kLayerMajor ? accum : 1;
     if (params != ParamHome::kDevice) {
       o.placement.device_budget_bytes =
-          StreamingMinimumBytes(*model_, precision, o.micro_batch, 3, false, ranks, true) +
+          StreamingMinimumBytes(*model_, precision, o.micro_batch, 3, false, ranks, true, held) +
           PartitionOf(model_->block_num_params(1), ranks, 0).padded_elems * SizeOf(precision) +
           1024;
     }
@@ -152,6 +154,7 @@ class DataParallelTest : public ::testing::Test {
   std::unique_ptr<models::GptModel> model_;
   std::filesystem::path dir_;
   double device_fraction_ = 0;  // PlacementOptions::optimizer_device_fraction of every run
+  Schedule schedule_ = Schedule::kMicroBatchMajor;  // PlacementOptions::schedule of every run
 };
 
 TEST_F(DataParallelTest, OneRankWithACommunicatorIsBitIdenticalToNone) {
@@ -244,6 +247,23 @@ TEST_F(DataParallelTest, TwoRanksWithTheOptimizerOnTheDeviceMatchOneRank) {
     std::printf("max |one rank - two ranks, optimizer on the device| = %g\n", worst);
   }
   device_fraction_ = 0;
+}
+
+// Under the layer-major schedule every micro-batch's gradient is still reduce-scattered on its
+// own and folded on the host in micro-batch order (the model is untied): the same bits.
+TEST_F(DataParallelTest, LayerMajorTwoRanksMatchMicroBatchMajor) {
+  for (ParamHome params : {ParamHome::kDevice, ParamHome::kNvme}) {
+    SCOPED_TRACE(ParamHomeName(params));
+    schedule_ = Schedule::kMicroBatchMajor;
+    const auto a = TrainRanks(2, DType::kBF16, params, OptimizerHome::kNvme, 4, 2);
+    schedule_ = Schedule::kLayerMajor;
+    const auto b = TrainRanks(2, DType::kBF16, params, OptimizerHome::kNvme, 4, 2);
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_TRUE(b[r].plan.layer_major());
+      EXPECT_FALSE(b[r].plan.device_grad_accumulators);
+      ExpectBitIdentical(a[r], b[r]);
+    }
+  }
 }
 
 TEST_F(DataParallelTest, TwoRankRunsAreBitIdentical) {
