@@ -23,6 +23,17 @@
 // the emulated GPU computes on the same cores as the CPU update, so the update during backward
 // competes with backward for them; on a GPU machine it does not.
 //
+// BM_Schedule/layer_major:l/during:d/config:c: the micro-batch-major (l = 0) and layer-major
+// (l = 1) schedules (issue 32) with 8 micro-batches per step, state in host memory, the update
+// during backward off or on. Config 0 (bound by the copies): micro-batches of 1 x 64 tokens,
+// params streamed from pinned host memory (the budget holds each schedule's fixed regions, 3
+// slots and two resident layers), copies throttled to 200 MB/s. Config 1 (bound by the CPU
+// update): micro-batches of 1 x 8 tokens, params resident, copies at 2 GB/s. Counters: step_s,
+// tokens_per_s, h2d_bytes and grad_d2h_bytes per step (the engine's counters), and
+// exposed_update_share = (step_s - the largest of compute, h2d and d2h) / cpu_optimizer, clamped
+// to [0, 1]: the share of the CPU's work (the update and the gradient fold, one trace category)
+// that the step is longer than its longest other part.
+//
 // BM_OptimizerState/optimizer:i compares the optimizers' state traffic (issue 16): the same
 // model with working params in pinned host memory and the master weights and optimizer state on
 // NVMe, one micro-batch per step (so compute is short and the NVMe pipeline bounds the step),
@@ -285,6 +296,52 @@ void BM_UpdateDuringBackward(benchmark::State& state) {
                   during ? "on" : "off", clip, e.plan().model_params));
 }
 
+void BM_Schedule(benchmark::State& state) {
+  const Schedule schedule =
+      state.range(0) != 0 ? Schedule::kLayerMajor : Schedule::kMicroBatchMajor;
+  const bool during = state.range(1) != 0;
+  const bool update_bound = state.range(2) != 0;
+  const MicroBatchShape mb{1, update_bound ? 8 : 64};
+  constexpr int kAccum = 8;
+  trace::TraceRecorder recorder(/*keep_events=*/false);
+  std::optional<Setup> setup = MakeSetup(state, update_bound ? 2e9 : 200e6, recorder);
+  if (!setup) return;
+  EngineOptions o = BenchOptions(*setup->model, mb, kAccum, recorder);
+  o.optimizer.adamw().lr = 1e-4f;
+  o.placement.schedule = schedule;
+  o.placement.param_home = update_bound ? ParamHome::kDevice : ParamHome::kHost;
+  o.placement.optimizer_home = OptimizerHome::kHost;
+  o.placement.device_budget_bytes =
+      update_bound ? (1 << 30)
+                   : StreamingMinimumBytes(*setup->model, o.precision, mb, 3, false, 1, false,
+                                           schedule == Schedule::kLayerMajor ? kAccum : 1) +
+                         2 * setup->model->block_num_params(1) * 2;
+  o.update_during_backward = during;
+  const std::unique_ptr<Engine> engine = CreateEngine(state, *setup, o);
+  if (!engine) return;
+  Engine& e = *engine;
+  const auto batch = RandomBatch(mb, kAccum);
+  const EngineCounters c0 = e.counters();
+  const std::optional<StepTimes> t = TimeSteps(state, e, batch->micro_batches, recorder);
+  if (!t) return;
+  const EngineCounters c1 = e.counters();
+  const double steps = static_cast<double>(state.iterations()) + 2;  // the warm-up's too
+  state.counters["h2d_bytes"] = static_cast<double>(c1.bytes_h2d - c0.bytes_h2d) / steps;
+  state.counters["grad_d2h_bytes"] =
+      static_cast<double>(c1.grad_bytes_d2h - c0.grad_bytes_d2h) / steps;
+  const double others =
+      std::max({state.counters["compute"], state.counters["h2d"], state.counters["d2h"]});
+  const double update = state.counters["cpu_optimizer"];
+  state.counters["exposed_update_share"] =
+      update > 0 ? std::clamp((t->step_s - others) / update, 0.0, 1.0) : 0.0;
+  state.counters["tokens_per_s"] = static_cast<double>(mb.tokens() * kAccum) / t->step_s;
+  state.SetLabel(
+      fmt::format("{}, update during backward {}, {}x{} tokens x {}, {} resident of {} "
+                  "blocks",
+                  ScheduleName(schedule), during ? "on" : "off", mb.batch_size, mb.seq_len, kAccum,
+                  e.plan().num_resident(), e.plan().blocks.size()));
+}
+
 // Sequential first so the overlapped run can compare against its parts.
 BENCHMARK(BM_TrainStep)
     ->ArgNames({"overlap", "config"})
@@ -302,6 +359,14 @@ BENCHMARK(BM_UpdateDuringBackward)
     ->ArgNames({"during", "clip_x100"})
     ->ArgsProduct({{0, 1}, {100, 10000}})
     ->Iterations(20)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
+// Both schedules in one run, interleaved by repetitions (--benchmark_repetitions).
+BENCHMARK(BM_Schedule)
+    ->ArgNames({"layer_major", "during", "config"})
+    ->ArgsProduct({{0, 1}, {0, 1}, {0, 1}})
+    ->Iterations(6)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 
