@@ -189,8 +189,12 @@ class ContributionRecorder final : public ForwardingModel {
 TEST_F(LayerMajorTest, TiedChunkGradientIsWithinTheReorderedSumsBound) {
   for (const testing::Family& family : testing::TinyFamilies(/*with_untied=*/false)) {
     for (DType precision : {DType::kBF16, DType::kF16, DType::kF32}) {
-      for (int accum : {2, 8}) {
-        SCOPED_TRACE(fmt::format("{} {} accum {}", family.name, DTypeName(precision), accum));
+      for (auto [accum, params] : {std::pair{2, ParamHome::kDevice},
+                                   {8, ParamHome::kDevice},
+                                   {2, ParamHome::kHost},
+                                   {8, ParamHome::kNvme}}) {
+        SCOPED_TRACE(fmt::format("{} {} accum {} params {}", family.name, DTypeName(precision),
+                                 accum, ParamHomeName(params)));
         std::unique_ptr<Model> model = family.make();
         struct Run {
           std::vector<std::vector<float>> grads, master;
@@ -201,7 +205,7 @@ TEST_F(LayerMajorTest, TiedChunkGradientIsWithinTheReorderedSumsBound) {
           auto device = gpu::CreateHostDevice({});
           EXPECT_TRUE(device.ok());
           ContributionRecorder recorder(model.get(), device->get(), accum);
-          EngineOptions o = Options(*model, precision, ParamHome::kDevice, accum, schedule);
+          EngineOptions o = Options(*model, precision, params, accum, schedule);
           o.grad_clip_norm = 0;
           auto engine = Engine::Create(&recorder, device->get(), o);
           EXPECT_TRUE(engine.ok()) << engine.status().ToString();
@@ -248,7 +252,8 @@ TEST_F(LayerMajorTest, TiedChunkGradientIsWithinTheReorderedSumsBound) {
           ASSERT_LE(std::fabs(mb.grads[t][e] - exact), bound) << "element " << e;
           differ += lm.grads[t][e] != mb.grads[t][e];
         }
-        RecordProperty(fmt::format("{}_{}_{}_differing", family.name, DTypeName(precision), accum),
+        RecordProperty(fmt::format("{}_{}_{}_{}_differing", family.name, DTypeName(precision),
+                                   accum, ParamHomeName(params)),
                        std::to_string(differ));
       }
     }
@@ -315,6 +320,72 @@ TEST_F(LayerMajorTest, ParamsCrossOncePerPassAndGradientsOncePerStep) {
     EXPECT_EQ(lm[s].grad_d2h, grads32);
     EXPECT_EQ(mbm[s].grad_d2h, accum * grads16);
     EXPECT_GT(mbm[s].h2d - token_bytes, 2 * lm_params);
+  }
+}
+
+// Records the device's H2D byte counter at every Forward and Backward call. Without overlap
+// every load completes inside ParamCache::Acquire, before the block's op, and nothing is
+// prefetched, so the counter moves only where a block's params are loaded.
+class LoadRecorder final : public ForwardingModel {
+ public:
+  LoadRecorder(Model* inner, const gpu::Device* device) : ForwardingModel(inner), device_(device) {}
+  struct Call {
+    bool backward;
+    int block;
+    uint64_t bytes_h2d;
+  };
+  Status Forward(int b, const BlockBuffers& buf, gpu::Stream& s) override {
+    calls_.push_back({false, b, device_->counters().bytes_h2d});
+    return inner()->Forward(b, buf, s);
+  }
+  Status Backward(int b, const BlockBuffers& buf, gpu::Stream& s) override {
+    calls_.push_back({true, b, device_->counters().bytes_h2d});
+    return inner()->Backward(b, buf, s);
+  }
+  std::vector<Call>& calls() { return calls_; }
+
+ private:
+  const gpu::Device* device_;
+  std::vector<Call> calls_;
+};
+
+// In each pass (forward or backward of a step) every block is loaded at most once: the H2D
+// bytes that precede its ops sum to at most its params. The same check fails for the
+// micro-batch-major schedule, whose passes load streamed blocks once per micro-batch.
+TEST_F(LayerMajorTest, NoBlockIsLoadedTwiceInOnePass) {
+  const std::unique_ptr<Model> model = UntiedLlama();
+  const int accum = 4, steps = 2, n = model->num_blocks();
+  for (Schedule schedule : {Schedule::kLayerMajor, Schedule::kMicroBatchMajor}) {
+    SCOPED_TRACE(ScheduleName(schedule));
+    EngineOptions o = Options(*model, DType::kBF16, ParamHome::kHost, accum, schedule);
+    o.overlap = false;
+    auto device = gpu::CreateHostDevice({});
+    ASSERT_TRUE(device.ok());
+    LoadRecorder recorder(model.get(), device->get());
+    const TrainRun run = TrainOn(**device, recorder, o, steps);
+    ASSERT_EQ(run.results.size(), static_cast<size_t>(steps));
+    ASSERT_GT(run.plan.streaming_slots, 0);
+    const auto& calls = recorder.calls();
+    const size_t per_step = 2u * accum * n;
+    ASSERT_EQ(calls.size(), steps * per_step);
+    // loaded[step][pass][block]: H2D bytes since the op before each of the block's ops.
+    std::vector<uint64_t> loaded(steps * 2 * n, 0);
+    for (size_t k = 1; k < calls.size(); ++k) {
+      if (k % per_step == 0) continue;  // a step's first op follows its token uploads
+      const uint64_t moved = calls[k].bytes_h2d - calls[k - 1].bytes_h2d;
+      loaded[(k / per_step * 2 + calls[k].backward) * n + calls[k].block] += moved;
+    }
+    // The step's token uploads run on the compute stream and may land in any block's share.
+    const uint64_t tokens = 2u * accum * o.micro_batch.tokens() * 4;
+    int twice = 0;
+    for (size_t i = 0; i < loaded.size(); ++i) {
+      twice += loaded[i] > static_cast<uint64_t>(model->block_num_params(i % n)) * 2 + tokens;
+    }
+    if (schedule == Schedule::kLayerMajor) {
+      EXPECT_EQ(twice, 0);
+    } else {
+      EXPECT_GT(twice, 0);
+    }
   }
 }
 
