@@ -77,11 +77,22 @@ StatusOr<StepPrediction> PredictStep(const Plan& plan, const CostInputs& in,
         "cost model: num_layers {}, channels {} and grad_accum_steps {} must all be 1 or more",
         in.num_layers, in.channels, in.grad_accum_steps));
   }
+  if (plan.layer_major() && plan.held_micro_batches != in.grad_accum_steps) {
+    return InvalidArgumentError(fmt::format(
+        "cost model: the layer-major plan holds {} micro-batches, the inputs say {} per step",
+        plan.held_micro_batches, in.grad_accum_steps));
+  }
   if (!profile.device) {
     return MissingSection("device", "every plan computes on the device (its bf16 rate is needed)");
   }
   StepPrediction out;
+  out.schedule = std::string(
+      ScheduleName(plan.layer_major() ? Schedule::kLayerMajor : Schedule::kMicroBatchMajor));
   const double a = in.grad_accum_steps;
+  // Micro-batches per phase (a forward or backward pass over the blocks) and phases per step:
+  // micro-batch-major 1 and a, layer-major a and 1.
+  const double m = plan.layer_major() ? a : 1;
+  const double k = a / m;
   const double w = static_cast<double>(SizeOf(plan.precision));
   const double state_bpp = StateBytesPerParam(plan);
   const bool dp = plan.ranks > 1 || plan.data_parallel;
@@ -95,6 +106,15 @@ StatusOr<StepPrediction> PredictStep(const Plan& plan, const CostInputs& in,
   }
   if (plan.precision == DType::kF32) {
     out.notes.push_back("fp32 working precision: compute is predicted at the profile's bf16 rate");
+  }
+  if (plan.offload_activations) {
+    // a x (blocks - 1) boundary activations of B x T x C each way per step, in either schedule.
+    const double act_bytes = a * static_cast<double>(plan.blocks.size() - 1) *
+                             static_cast<double>(plan.shape.tokens()) * in.channels * w;
+    out.notes.push_back(fmt::format(
+        "offloaded activations not modelled: about {:.3g} GB D2H and as much H2D per step, beside "
+        "the params and gradients",
+        act_bytes / 1e9));
   }
 
   // Bytes per step by link and home.
@@ -133,9 +153,11 @@ StatusOr<StepPrediction> PredictStep(const Plan& plan, const CostInputs& in,
       }
     }
   }
-  const double uses = 2 * a;  // forward and backward of every micro-batch
+  const double uses = 2 * k;  // a forward and a backward load per phase pair
   const double h2d_bytes = streamed_bytes_per_use * uses + resident_upload_bytes;
-  const double d2h_bytes = grad_bytes_per_mb * a;
+  // Layer-major with device accumulators: a block's fp32 sum once per step; else every
+  // micro-batch's gradient.
+  const double d2h_bytes = plan.device_grad_accumulators ? cpu_params * 4 : grad_bytes_per_mb * a;
   const double nvme_read_bytes = nvme_state_bytes + nvme_param_bytes_per_use * uses;
   const double nvme_write_bytes = nvme_state_bytes + nvme_copyout_bytes;
   out.h2d_bytes = static_cast<uint64_t>(h2d_bytes);
@@ -184,22 +206,25 @@ StatusOr<StepPrediction> PredictStep(const Plan& plan, const CostInputs& in,
   p.nvme_read_s = nvme_read_bytes / read_rate;
   p.nvme_write_s = nvme_write_bytes / write_rate;
 
-  // One micro-batch's forward and backward, each as long as its longest overlapped part.
+  // One phase's forward and backward (m micro-batches through every block, each block loaded
+  // once), each as long as its longest overlapped part.
   const double nvme_params_per_use_s = nvme_param_bytes_per_use / read_rate;
   const double fwd_compute = p.compute_s / (4 * a), bwd_compute = 3 * fwd_compute;
   const double fwd_h2d = streamed_bytes_per_use / h2d_rate;
-  const double f = std::max({fwd_compute, fwd_h2d, nvme_params_per_use_s});
-  const double bwd_d2h = grad_bytes_per_mb / d2h_rate;
-  const double bwd = std::max({bwd_compute, fwd_h2d, bwd_d2h, nvme_params_per_use_s});
+  const double f = std::max({m * fwd_compute, fwd_h2d, nvme_params_per_use_s});
+  const double bwd_d2h = (plan.layer_major() ? d2h_bytes : grad_bytes_per_mb) / d2h_rate;
+  const double bwd = std::max({m * bwd_compute, fwd_h2d, bwd_d2h, nvme_params_per_use_s});
   // The CPU round: the update, or the state's trip through the drive when that is longer.
   const double nvme_state_s = nvme_state_bytes / read_rate + nvme_state_bytes / write_rate;
   double u_cpu = std::max(p.cpu_optimizer_s, nvme_state_s);
   const double blocks = std::max<size_t>(plan.blocks.size(), 1);
   if (in.update_during_backward && u_cpu > 0) {
-    // The update during backward starts after the last block's gradient of the last micro-batch
-    // lands: the rest of that backward is the window. A backup copy of host state first moves as
-    // many bytes as the update (half the rate); with NVMe only the pipeline's buffers' worth of
-    // blocks can run before the verdict, without a state copy.
+    // The update during backward starts after the last block's gradient of the last phase is
+    // complete: the rest of that backward phase is the window (micro-batch-major: the last
+    // micro-batch's backward; layer-major: the whole backward pass, every block's gradient being
+    // complete after its a backwards). A backup copy of host state first moves as many bytes as
+    // the update (half the rate); with NVMe only the pipeline's buffers' worth of blocks can run
+    // before the verdict, without a state copy.
     const double window = bwd * (blocks - 1) / blocks;
     const double host_state = nvme_state_bytes > 0 ? 1.0 : 0.5;
     double ahead = window * host_state;
@@ -213,7 +238,7 @@ StatusOr<StepPrediction> PredictStep(const Plan& plan, const CostInputs& in,
       u_cpu > 0 ? u_cpu + f / blocks + resident_upload_bytes / h2d_rate / blocks : 0;
   const double gpu_chain = p.device_optimizer_s + f;
   const double first = std::max(gpu_chain, cpu_chain);
-  const double period = first + bwd + (a - 1) * (f + bwd);
+  const double period = first + bwd + (k - 1) * (f + bwd);
   const double nvme_total = p.nvme_read_s + p.nvme_write_s;
   out.step_s = std::max({period, p.h2d_s, p.d2h_s, nvme_total});
   out.tokens_per_s = out.tokens_per_step / out.step_s;
@@ -225,9 +250,9 @@ StatusOr<StepPrediction> PredictStep(const Plan& plan, const CostInputs& in,
       // The GPU chain: the device update, or whichever of compute and the links sets the
       // forward and backward phases most.
       const double fb_compute = (fwd_compute + bwd_compute) * a;
-      const double fb_h2d = 2 * fwd_h2d * a;
-      const double fb_d2h = bwd_d2h * a;
-      const double fb_nvme = 2 * nvme_params_per_use_s * a;
+      const double fb_h2d = 2 * fwd_h2d * k;
+      const double fb_d2h = bwd_d2h * k;
+      const double fb_nvme = 2 * nvme_params_per_use_s * k;
       const double top = std::max({fb_compute, fb_h2d, fb_d2h, fb_nvme, p.device_optimizer_s});
       out.bound = top == fb_compute             ? "compute"
                   : top == p.device_optimizer_s ? "device_optimizer"
@@ -251,8 +276,8 @@ std::string DescribePrediction(const StepPrediction& pr) {
     if (s <= 0) continue;
     parts += fmt::format("{}{} {:.3g} s", parts.empty() ? "" : ", ", name, s);
   }
-  return fmt::format("step {:.3g} s ({:.0f} tokens/s), bound by {}: {}", pr.step_s, pr.tokens_per_s,
-                     pr.bound, parts);
+  return fmt::format("step {:.3g} s ({:.0f} tokens/s, {}), bound by {}: {}", pr.step_s,
+                     pr.tokens_per_s, pr.schedule, pr.bound, parts);
 }
 
 }  // namespace strata::engine

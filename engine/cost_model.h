@@ -1,42 +1,62 @@
 // The cost model: the predicted time of one training step of a plan (engine/planner.h) on a
 // machine (engine/machine_profile.h), its parts, what bounds it, and tokens/s.
 //
-// It models the schedule the engine runs (docs/ARCHITECTURE.md, "One training step"), in steady
-// state (a step whose forward overlaps the previous step's CPU update), with these times:
+// It models the schedule the engine runs (docs/ARCHITECTURE.md, "One training step"; the plan's
+// Schedule, engine/planner.h), in steady state (a step whose forward overlaps the previous step's
+// CPU update), with these times, for a = grad_accum_steps micro-batches and a step of `loads`
+// uses of every streamed block: 2a micro-batch-major (forward and backward of every
+// micro-batch), 2 layer-major (every micro-batch through a block while it is loaded, once per
+// pass):
 //
 //   compute    (6 P + 12 L T C) tokens / bf16 rate: forward + recomputed forward + backward.
 //              The forward is 1/4 of it, the backward with its recomputed forward 3/4.
-//   h2d        streamed blocks' 16-bit params once per use (forward and backward of every
-//              micro-batch), plus the new 16-bit params of resident blocks the CPU updated.
-//   d2h        16-bit gradients of the blocks the CPU updates, every micro-batch.
+//   h2d        streamed blocks' 16-bit params x loads, plus the new 16-bit params of resident
+//              blocks the CPU updated (once).
+//   d2h        gradients of the blocks the CPU updates: micro-batch-major 16-bit (fp32 for a
+//              data-parallel rank's partition) every micro-batch; layer-major with device
+//              accumulators (Plan::device_grad_accumulators) fp32, 4 B/param, once per step;
+//              layer-major data-parallel as micro-batch-major.
 //   cpu_optimizer     the CPU-updated params / optimizer_params_per_s of the kind.
 //   device_optimizer  the device-updated params x bytes moved per param / device memory rate
 //              (fused, memory-bound: reads p32, state, g16 and writes p32, state, p16, so
 //              2 (4 + S) + 2 w bytes for S state bytes per param and working width w;
 //              AdamW in bf16: 28 B).
-//   nvme_read  state (p32 + S) of NVMe-homed CPU blocks, and NVMe-homed streamed params per use;
+//   nvme_read  state (p32 + S) of NVMe-homed CPU blocks, and NVMe-homed streamed params x loads;
 //   nvme_write state of NVMe-homed CPU blocks, and their new 16-bit params once.
 //
-// One step, micro-batches k = 1..a (a = grad_accum_steps), f = forward of one micro-batch (its
-// compute, or its H2D or NVMe params reads if longer: the prefetch overlaps them), b = backward
-// of one micro-batch (compute, its H2D, its D2H or its NVMe reads, the longest):
+// One step is k phase pairs (a forward and a backward pass over every block) of m micro-batches
+// each: micro-batch-major m = 1, k = a; layer-major m = a, k = 1. Blocks are taken as alike, so a
+// pass is as long as the longest of its parts summed over the blocks: f = forward of a phase
+// (m x one micro-batch's forward compute, or its H2D or NVMe params reads if longer: the prefetch
+// overlaps them; each block is loaded once per phase), b = backward of a phase (m x backward
+// compute, its H2D, its D2H (the step's d2h / k) or its NVMe reads, the longest):
 //
 //   U_cpu   = max(cpu_optimizer, nvme_read_state + nvme_write_state)  (the optimizer pipeline
 //             reads block b+1, updates b and writes b-1 at once; the drive serves one at a time)
-//   first   = max(device_optimizer + f, U_cpu + f / blocks)   the first forward: the device
-//             update runs after the backward and before the next forward on the compute
+//   U_cpu  -= h x b (blocks - 1) / blocks  with update_during_backward: a block's update starts
+//             when its gradient is complete, during the last backward phase after the last
+//             block's: micro-batch-major the last micro-batch's backward, layer-major the whole
+//             backward pass (a x one backward); h = 1/2 for host state (a backup copy first moves
+//             as many bytes), 1 for NVMe state, and with NVMe at most optimizer_buffers / blocks
+//             of U_cpu
+//   first   = max(device_optimizer + f, U_cpu + f / blocks)   the first forward phase: the
+//             device update runs after the backward and before the next forward on the compute
 //             stream; the CPU updates blocks in forward order from the end of the backward and
 //             block j's forward waits only on block j's update, so the forward ends one block
 //             after the CPU round does
-//   period  = first + b + (a - 1) (f + b)
+//   period  = first + b + (k - 1) (f + b)
 //   step    = max(period, h2d, d2h, nvme_read + nvme_write)  (each link's total busy time)
+//
+// With one micro-batch the two schedules are the same plan and the same prediction.
 //
 // The bound is the term that sets the step: "cpu_optimizer" (or "nvme" when the state I/O sets
 // U_cpu), "device_optimizer", "compute", "h2d", "d2h" or "nvme".
 //
 // Not modelled: data-parallel collectives (a plan with ranks > 1 is predicted for its own
-// partition's host work, with a note), the first step (no update to overlap), fold and
-// host-side latencies, and contention between the CPU update and the gradient fold.
+// partition's host work, with a note), offloaded activations' copies (a x (blocks - 1) boundary
+// activations each way per step in either schedule; a note gives their bytes), the first step
+// (no update to overlap), fold and host-side latencies, and contention between the CPU update and
+// the gradient fold.
 //
 // Use by the planner (placement by predicted time): make candidate plans with MakePlan, and
 // call PredictStep(plan, CostInputsOf(...), profile) on each; the smallest step_s wins.
@@ -60,8 +80,9 @@ struct CostInputs {
   int num_layers = 0;  // L (transformer layers), for attention's 12 L T C FLOPs per token
   int channels = 0;    // C (attention width: heads x head size)
   int grad_accum_steps = 1;
-  // EngineOptions::update_during_backward: the CPU update may start during the last micro-batch's
-  // backward (engine/update_speculation.h), assumed to stand.
+  // EngineOptions::update_during_backward: the CPU update may start during the last backward
+  // phase (engine/update_speculation.h), assumed to stand. With a layer-major plan this must
+  // equal the plan's held_micro_batches.
   bool update_during_backward = false;
 };
 
@@ -77,6 +98,7 @@ struct StepParts {
 };
 
 struct StepPrediction {
+  std::string schedule;  // ScheduleName of the plan's: "micro-batch-major" or "layer-major"
   double step_s = 0;
   double tokens_per_s = 0;
   std::string bound;  // "compute", "h2d", "d2h", "cpu_optimizer", "device_optimizer", "nvme"
@@ -107,13 +129,15 @@ double CpuOptimizerParamsPerSecond(const MachineProfile& profile, const std::str
                                    double state_bytes_per_param, std::string* note);
 
 // The prediction. Errors: kInvalidArgument for num_layers, channels or grad_accum_steps below
-// 1 (or 0 layers with channels); kFailedPrecondition naming the profile section the plan needs
+// 1 (or 0 layers with channels), or a layer-major plan made for another grad_accum_steps;
+// kFailedPrecondition naming the profile section the plan needs
 // and lacks ("device" for any plan: compute runs there; "pcie" when anything crosses it; "host"
 // when the CPU updates any block; "nvme" when anything lives on NVMe).
 StatusOr<StepPrediction> PredictStep(const Plan& plan, const CostInputs& inputs,
                                      const MachineProfile& profile);
 
-// One line: "step 0.87 s (9,400 tokens/s), bound by cpu_optimizer: compute 0.21 s, ..."
+// One line: "step 0.87 s (9400 tokens/s, micro-batch-major), bound by cpu_optimizer: compute
+// 0.21 s, ..."
 std::string DescribePrediction(const StepPrediction& prediction);
 
 }  // namespace strata::engine

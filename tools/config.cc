@@ -899,6 +899,23 @@ void ApplyStrataData(Context& c, const json& s, TrainFlags* f) {
   }
 }
 
+// The strata section's keys for how a step runs: the update during backward and the schedule.
+void ApplyStrataStep(Context& c, const json& s, TrainFlags* f) {
+  Reader& r = c.r;
+  if (const json* v = Find(s, "update_during_backward")) {
+    if (v->is_boolean()) {
+      f->update_during_backward = v->get<bool>() ? "on" : "off";
+    } else {
+      r.Set(&f->update_during_backward,
+            Reader::Choice(*v, "strata.update_during_backward", {"on", "off", "auto"}));
+    }
+  }
+  if (const json* v = Find(s, "schedule")) {
+    r.Set(&f->schedule,
+          Reader::Choice(*v, "strata.schedule", {"auto", "layer-major", "micro-batch-major"}));
+  }
+}
+
 void ApplyStrata(Context& c, const json& s, TrainFlags* f) {
   Reader& r = c.r;
   if (const json* v = Find(s, "io_backend")) {
@@ -921,14 +938,7 @@ void ApplyStrata(Context& c, const json& s, TrainFlags* f) {
       }
     }
   }
-  if (const json* v = Find(s, "update_during_backward")) {
-    if (v->is_boolean()) {
-      f->update_during_backward = v->get<bool>() ? "on" : "off";
-    } else {
-      r.Set(&f->update_during_backward,
-            Reader::Choice(*v, "strata.update_during_backward", {"on", "off", "auto"}));
-    }
-  }
+  ApplyStrataStep(c, s, f);
   ApplyStrataData(c, s, f);
   if (const json* v = Find(s, "summary_json")) {
     r.Set(&f->summary_json, Reader::String(*v, "strata.summary_json"));

@@ -35,7 +35,9 @@
 // "cuda"), device_budget (size string, "auto" or bytes), model, data, summary_json (strings),
 // steps, seq_len, seed, warmup_steps, eval_every, eval_batches, sample_bytes (integers),
 // copy_bandwidth (bytes/s, host device only), io_queue_depth, io_block_size, io_threads (Strata's
-// own I/O settings, unscaled: what `strata iobench --sweep` prints).
+// own I/O settings, unscaled: what `strata iobench --sweep` prints), update_during_backward
+// ("on" | "off" | "auto", or a boolean), schedule ("auto" | "layer-major" | "micro-batch-major",
+// --schedule).
 //
 // Errors (kInvalidArgument, except kNotFound / kPermissionDenied for a file that cannot be read):
 //   "run.json: unknown key 'zero_optimization.overlap_com' (did you mean 'overlap_comm'?)"

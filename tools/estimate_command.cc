@@ -127,6 +127,11 @@ void AddEstimateFlags(CLI::App& cmd, EstimateFlags& f) {
                  "accumulators")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  cmd.add_option("--schedule", f.schedule,
+                 "As strata train's: layer-major, micro-batch-major, or auto (layer-major when its "
+                 "plan fits and, with --machine, its predicted step is not longer); with --machine "
+                 "and more than one micro-batch both schedules' steps are shown")
+      ->capture_default_str();
   cmd.add_option("--ranks", f.ranks,
                  "Data-parallel ranks (mpirun -n N): the plan of rank 0 of N, which keeps 1/N of "
                  "the master weights, optimizer state, host gradients and param homes, and a "
@@ -150,6 +155,7 @@ TrainFlags AsTrainFlags(const EstimateFlags& f, int seq_len) {
   t.micro_batch_size = f.micro_batch_size;
   t.seq_len = seq_len;
   t.grad_accum_steps = f.grad_accum_steps;
+  t.schedule = f.schedule;
   t.precision = f.precision;
   t.optimizer = f.optimizer;
   t.device_budget = f.device_budget;
@@ -195,6 +201,8 @@ struct EstimateSetup {
   ModelSpec spec;
   std::unique_ptr<engine::Model> model;
   std::string placement_choice;  // ResolvePlacement's lines, or ""
+  std::string schedule_choice;   // ResolveSchedule's line, or ""
+  TrainOptions flag_options;     // the options before any Resolve* (MakeSchedulePlan's input)
   std::string udb_choice;        // ResolveUpdateDuringBackward's line, or ""
 };
 
@@ -223,6 +231,9 @@ StatusOr<EstimateSetup> MakeEstimateSetup(const EstimateFlags& f,
   STRATA_ASSIGN_OR_RETURN(e.options, TrainOptionsFromFlags(AsTrainFlags(f, seq_len), rank0));
   // The host and pinned budgets first: the placement search must plan within them too.
   STRATA_RETURN_IF_ERROR(SetHostBudgets(f, &e.options.engine.placement));
+  e.flag_options = e.options;
+  STRATA_ASSIGN_OR_RETURN(e.schedule_choice,
+                          ResolveSchedule(*e.model, e.spec, profile, &e.options));
   STRATA_ASSIGN_OR_RETURN(e.placement_choice,
                           ResolvePlacement(*e.model, e.spec, profile, &e.options));
   ResolveDeviceBudget(*e.model, &e.options);
@@ -265,16 +276,56 @@ nlohmann::json PredictionJson(const engine::StepPrediction& pr) {
           {"notes", pr.notes}};
 }
 
-// The prediction of the plan (its keys at the top level) and the alternatives.
+// The prediction of the plan (its keys at the top level), the alternatives, and with more than
+// one micro-batch each schedule's (name: engine::ScheduleName).
 struct EstimatePrediction {
   engine::StepPrediction prediction;
   std::vector<PlacementAlternative> alternatives;
+  std::vector<PlacementAlternative> schedules;
 };
+
+// Both schedules' plans of the same run (each with the placement and budget the run would choose
+// for it where those are auto) and their predicted steps (each with the update during backward
+// it would run with); none with one micro-batch, where the two are the same.
+std::vector<PlacementAlternative> ScheduleAlternatives(const EstimateSetup& e,
+                                                       const engine::MachineProfile& profile) {
+  std::vector<PlacementAlternative> out;
+  if (e.options.engine.grad_accum_steps <= 1) return out;
+  for (const engine::Schedule s :
+       {engine::Schedule::kMicroBatchMajor, engine::Schedule::kLayerMajor}) {
+    PlacementAlternative alt;
+    alt.name = engine::ScheduleName(s);
+    auto plan = MakeSchedulePlan(*e.model, e.spec, &profile, e.flag_options, s);
+    auto pr = plan.ok() ? PredictAsResolved(*plan, e.spec, e.flag_options, profile)
+                        : StatusOr<engine::StepPrediction>(plan.status());
+    if (pr.ok()) {
+      alt.prediction = *pr;
+    } else {
+      alt.why_not = pr.status().message();
+    }
+    out.push_back(std::move(alt));
+  }
+  return out;
+}
+
 // Or why the profile could not predict this plan (it lacks a section the plan needs).
 struct Predicted {
   std::optional<EstimatePrediction> prediction;
   std::string why_not;
 };
+
+// Each schedule's prediction by name, with whether the plan takes it.
+nlohmann::json SchedulesJson(const std::vector<PlacementAlternative>& schedules,
+                             std::string_view taken) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const PlacementAlternative& a : schedules) {
+    nlohmann::json one = a.prediction ? PredictionJson(*a.prediction)
+                                      : nlohmann::json{{"feasible", false}, {"why_not", a.why_not}};
+    one["taken"] = a.name == taken;
+    out[a.name] = std::move(one);
+  }
+  return out;
+}
 
 nlohmann::json EstimateJson(const EstimateFlags& f, const EstimateSetup& e,
                             const engine::Plan& plan, const std::optional<engine::Plan>& one_rank,
@@ -299,6 +350,9 @@ nlohmann::json EstimateJson(const EstimateFlags& f, const EstimateSetup& e,
       {"optimizer_device_fraction", plan.optimizer_device_fraction()},
       {"placement_choice", e.placement_choice},
       {"update_during_backward", e.options.engine.update_during_backward},
+      {"schedule", std::string(engine::ScheduleName(plan.schedule))},
+      {"schedule_choice", e.schedule_choice},
+      {"held_micro_batches", plan.held_micro_batches},
       {"device_grad_buckets", plan.device_grad_buckets},
       {"host_grad_buckets", plan.host_grad_buckets},
       {"optimizer_buffers", plan.optimizer_buffers},
@@ -345,6 +399,7 @@ nlohmann::json EstimateJson(const EstimateFlags& f, const EstimateSetup& e,
       alts.push_back(std::move(alt));
     }
     j["alternatives"] = std::move(alts);
+    j["schedules"] = SchedulesJson(predicted->schedules, engine::ScheduleName(plan.schedule));
   }
   return j;
 }
@@ -355,7 +410,8 @@ void PrintEstimate(const EstimateFlags& f, const EstimateSetup& e, const engine:
   const engine::PlacementOptions& o = e.options.engine.placement;
   std::printf("strata estimate: %s\n", e.model->description().c_str());
   std::printf("%s", plan.Describe().c_str());
-  std::printf("%s%s", e.placement_choice.c_str(), e.udb_choice.c_str());
+  std::printf("%s%s%s", e.placement_choice.c_str(), e.schedule_choice.c_str(),
+              e.udb_choice.c_str());
   if (one_rank) {
     // Host gradients are fp32 on every rank of a data-parallel run, 16-bit on one rank at
     // --grad-accum-steps 1 (planner.h), so the host figure halves only from 2 micro-batches on.
@@ -379,6 +435,7 @@ void PrintEstimate(const EstimateFlags& f, const EstimateSetup& e, const engine:
   if (predicted_or && predicted_or->prediction) {
     const EstimatePrediction& p = *predicted_or->prediction;
     std::printf("%s", DescribeStepPrediction(p.prediction, p.alternatives).c_str());
+    std::printf("%s", DescribeSchedules(p.schedules, engine::ScheduleName(plan.schedule)).c_str());
   } else if (predicted_or) {
     std::printf("step time: not predicted: %s\n", predicted_or->why_not.c_str());
   } else {
@@ -419,7 +476,8 @@ Status RunEstimate(const EstimateFlags& flags) {
     predicted.emplace();
     if (auto pr = engine::PredictStep(plan, inputs, *profile); pr.ok()) {
       predicted->prediction = EstimatePrediction{
-          *pr, OptimizerAlternatives(*e.model, e.options.engine, inputs, *profile)};
+          *pr, OptimizerAlternatives(*e.model, e.options.engine, inputs, *profile),
+          ScheduleAlternatives(e, *profile)};
     } else {
       predicted->why_not = pr.status().message();
     }

@@ -2,7 +2,9 @@
 // (docs/ARCHITECTURE.md, "Planner"): the same plan `strata train` prints, or the same error when a
 // budget is short. With --ranks N the plan is rank 0's of N data-parallel ranks (what each rank
 // of `mpirun -n N strata train` needs), followed by a comparison with one rank. With --machine
-// FILE, the predicted step time of that plan on that machine (tools/step_prediction.h).
+// FILE, the predicted step time of that plan on that machine (tools/step_prediction.h), and with
+// more than one micro-batch that of both schedules (layer-major, micro-batch-major) and which it
+// takes.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -36,7 +38,10 @@ struct EstimateFlags {
   int optimizer_buffers = 0;        // 0: the planner decides
   std::string optimizer = "adamw";  // as strata train --optimizer
   int grad_accum_steps = 1;         // 1: host gradients stay 16-bit (planner.h)
-  int ranks = 1;                    // data-parallel ranks (>= 1); > 1 plans rank 0 of them
+  // As strata train's --schedule: layer-major, micro-batch-major or auto (tools/train_setup.h
+  // ResolveSchedule). With --machine and more than one micro-batch both are predicted.
+  std::string schedule = "auto";
+  int ranks = 1;  // data-parallel ranks (>= 1); > 1 plans rank 0 of them
   bool json = false;
   // A machine profile (engine/machine_profile.h): adds the predicted step, its parts, what
   // bounds it and tokens/s (engine/cost_model.h), and the step with the optimizer on the device

@@ -103,4 +103,21 @@ std::string DescribeStepPrediction(const engine::StepPrediction& pr,
   return s;
 }
 
+std::string DescribeSchedules(const std::vector<PlacementAlternative>& schedules,
+                              std::string_view taken) {
+  std::string s;
+  for (const PlacementAlternative& a : schedules) {
+    const std::string label =
+        fmt::format("{} schedule{}", a.name, a.name == taken ? " (taken)" : "");
+    if (a.prediction) {
+      s += fmt::format("  {}: step {:.3g} s ({:.0f} tokens/s), bound by {}\n", label,
+                       a.prediction->step_s, a.prediction->tokens_per_s, a.prediction->bound);
+    } else {
+      s +=
+          fmt::format("  {}: does not fit: {}\n", label, a.why_not.substr(0, a.why_not.find('\n')));
+    }
+  }
+  return s;
+}
+
 }  // namespace strata::tools

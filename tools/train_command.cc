@@ -247,6 +247,13 @@ void AddPipelineFlags(CLI::App& cmd, TrainFlags& f) {
                  "cost model predicts a 10 % shorter step (one rank)")
       ->check(CLI::IsMember({"on", "off", "auto"}))
       ->capture_default_str();
+  cmd.add_option("--schedule", f.schedule,
+                 "The order of a step's blocks and micro-batches: layer-major (every micro-batch "
+                 "through a block before the next block: params loaded once per pass, gradients "
+                 "sent D2H once per step), micro-batch-major, or auto (layer-major when its plan "
+                 "fits and, with --machine, its predicted step is not longer; one micro-batch: "
+                 "micro-batch-major)")
+      ->capture_default_str();
   cmd.add_flag("--eager-update", f.eager_update)->group("");  // hidden: refused, see train_setup
   cmd.add_flag("--tf32", f.tf32,
                "GPU only: the GPT's fp32 matrix products on TF32 tensor cores (10-bit mantissa "
@@ -292,14 +299,15 @@ std::string RankConfiguration(const TrainFlags& f) {
   return fmt::format(
       "model={} model_dir={} data={} val={} tokenizer={} precision={} mb={} seq={} accum={} "
       "global={} optimizer={} lr={} wd={} b1={} b2={} eps={} clip={} steps={} seed={} "
-      "schedule={} warmup={} params={} optim_home={} fp16={}/{}/{}/{} eval={} save={} resume={}",
+      "schedule={} warmup={} params={} optim_home={} fp16={}/{}/{}/{} eval={} save={} resume={} "
+      "order={}",
       f.model, f.model_dir, fmt::join(f.data, ","), fmt::join(f.val_data, ","), f.tokenizer,
       f.precision, f.micro_batch_size, f.seq_len, f.grad_accum_steps, f.global_batch_size,
       f.optimizer, f.lr, f.weight_decay, f.adam_beta1.value_or(-1), f.adam_beta2.value_or(-1),
       f.adam_eps.value_or(-1), f.grad_clip, f.steps, f.seed, f.lr_schedule, f.warmup_steps,
       f.offload_params, f.offload_optimizer, f.fp16_initial_scale, f.fp16_scale_window,
-      f.fp16_hysteresis, f.fp16_min_scale, f.eval_every, f.checkpoint.save_dir,
-      f.checkpoint.resume);
+      f.fp16_hysteresis, f.fp16_min_scale, f.eval_every, f.checkpoint.save_dir, f.checkpoint.resume,
+      f.schedule);
 }
 
 // The lines before the plan: the model, the config notes, the data and the device.
@@ -477,6 +485,7 @@ nlohmann::json SummaryJson(const TrainOptions& o, const ModelSpec& spec, engine:
                                                       : nlohmann::json(engine.io_backend_name())},
       {"precision", DTypeName(o.engine.precision)},
       {"update_during_backward", o.engine.update_during_backward ? "on" : "off"},
+      {"schedule", std::string(engine::ScheduleName(plan.schedule))},
       {"trained_params", plan.model_params},
       {"frozen_params", plan.frozen_params},
       {"param_home", std::string(engine::ParamHomeName(plan.param_home))},
@@ -584,6 +593,8 @@ Status RunTrainRanks(const TrainFlags& flags, comm::Communicator* world) {
     o.engine.precision = *in.precision_auto;
     std::printf("precision: %s, --precision auto\n", in.precision_why.c_str());
   }
+  STRATA_ASSIGN_OR_RETURN(const std::string schedule_choice,
+                          ResolveSchedule(*in.model, in.spec, machine ? &*machine : nullptr, &o));
   STRATA_ASSIGN_OR_RETURN(const std::string placement_choice,
                           ResolvePlacement(*in.model, in.spec, machine ? &*machine : nullptr, &o));
   ResolveDeviceBudget(*in.model, &o);
@@ -597,7 +608,7 @@ Status RunTrainRanks(const TrainFlags& flags, comm::Communicator* world) {
   PrintRunLines(o, in, *device.device);
   STRATA_ASSIGN_OR_RETURN(engine::Plan plan, MakeTrainPlan(*in.model, o.engine));
   PrintPlan(o, plan);
-  std::printf("%s%s", placement_choice.c_str(), udb_choice.c_str());
+  std::printf("%s%s%s", placement_choice.c_str(), schedule_choice.c_str(), udb_choice.c_str());
   if (machine) PrintPrediction(o, in.spec, *in.model, plan, *machine);
   o.engine.init_progress = InitProgressLines();
   STRATA_ASSIGN_OR_RETURN(auto engine,

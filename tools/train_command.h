@@ -86,6 +86,9 @@ struct TrainFlags {
   // The CPU update during backward (engine/update_speculation.h): "on", "off" or "auto" (on
   // with one rank and overlap; see ResolveUpdateDuringBackward).
   std::string update_during_backward = "auto";
+  // The step's order of blocks and micro-batches (engine::Schedule): "layer-major",
+  // "micro-batch-major" or "auto" (by fit and predicted time; see ResolveSchedule).
+  std::string schedule = "auto";
   bool eager_update = false;  // the removed --eager-update, refused with what replaced it
   bool offload_activations = false;
   bool tf32 = false;          // the GPT's matrix products on TF32 tensor cores (CUDA only)

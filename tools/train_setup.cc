@@ -175,6 +175,23 @@ StatusOr<uint64_t> DeviceBudgetFromFlag(const std::string& flag) {
   return bytes;
 }
 
+// --schedule: layer-major or micro-batch-major as given; auto: micro-batch-major until
+// ResolveSchedule decides, which it does with more than one micro-batch.
+Status ScheduleFromFlag(const TrainFlags& f, TrainOptions* o) {
+  if (f.schedule == "auto") {
+    o->engine.placement.schedule = engine::Schedule::kMicroBatchMajor;
+    o->auto_schedule = f.grad_accum_steps > 1;
+    return Status::Ok();
+  }
+  auto schedule = engine::ParseSchedule(f.schedule);
+  if (!schedule.ok()) {
+    return InvalidArgumentError(fmt::format(
+        "--schedule '{}' is not one of auto, layer-major, micro-batch-major", f.schedule));
+  }
+  o->engine.placement.schedule = *schedule;
+  return Status::Ok();
+}
+
 engine::LossScalerOptions LossScalerFromFlags(const TrainFlags& f) {
   engine::LossScalerOptions s;
   s.dynamic = f.fp16_dynamic_loss_scale;
@@ -249,6 +266,7 @@ StatusOr<TrainOptions> TrainOptionsFromFlags(const TrainFlags& flags, const Rank
   STRATA_RETURN_IF_ERROR(ApplyRanks(ranks, &f));
   STRATA_ASSIGN_OR_RETURN(o.engine, EngineOptionsFromFlags(f));
   STRATA_ASSIGN_OR_RETURN(o.engine.placement, PlacementFromFlags(f, ranks));
+  STRATA_RETURN_IF_ERROR(ScheduleFromFlag(f, &o));
   if (f.eager_update) {
     return InvalidArgumentError(
         "--eager-update was replaced by --update-during-backward on (exact with clipping and fp16 "
@@ -339,6 +357,84 @@ StatusOr<std::string> ResolvePlacement(const engine::Model& model, const ModelSp
   o.placement = choice.best.placement;
   options->auto_device_budget = false;  // the chosen plan's budget
   return choice.Describe();
+}
+
+StatusOr<engine::Plan> MakeSchedulePlan(const engine::Model& model, const ModelSpec& spec,
+                                        const engine::MachineProfile* machine, TrainOptions options,
+                                        engine::Schedule schedule) {
+  options.engine.placement.schedule = schedule;
+  STRATA_RETURN_IF_ERROR(ResolvePlacement(model, spec, machine, &options).status());
+  ResolveDeviceBudget(model, &options);
+  return MakeTrainPlan(model, options.engine);
+}
+
+StatusOr<engine::StepPrediction> PredictAsResolved(const engine::Plan& plan, const ModelSpec& spec,
+                                                   const TrainOptions& options,
+                                                   const engine::MachineProfile& machine) {
+  const engine::EngineOptions& o = options.engine;
+  STRATA_ASSIGN_OR_RETURN(
+      engine::StepPrediction as_set,
+      engine::PredictStep(plan, CostInputsOf(spec, o.grad_accum_steps, o.update_during_backward),
+                          machine));
+  if (!options.auto_update_during_backward) return as_set;
+  // As ResolveUpdateDuringBackward decides: on from a 10 % shorter step.
+  STRATA_ASSIGN_OR_RETURN(
+      engine::StepPrediction off,
+      engine::PredictStep(plan, CostInputsOf(spec, o.grad_accum_steps, false), machine));
+  STRATA_ASSIGN_OR_RETURN(
+      engine::StepPrediction on,
+      engine::PredictStep(plan, CostInputsOf(spec, o.grad_accum_steps, true), machine));
+  return on.step_s < 0.9 * off.step_s ? on : off;
+}
+
+StatusOr<std::string> ResolveSchedule(const engine::Model& model, const ModelSpec& spec,
+                                      const engine::MachineProfile* machine,
+                                      TrainOptions* options) {
+  using engine::Schedule;
+  if (!options->auto_schedule) return std::string();
+  engine::Schedule& schedule = options->engine.placement.schedule;
+  const int a = options->engine.grad_accum_steps;
+  auto micro_batch_major =
+      MakeSchedulePlan(model, spec, machine, *options, Schedule::kMicroBatchMajor);
+  // An auto device budget is the micro-batch-major plan's: layer-major must fit in it (its own
+  // auto budget, with every micro-batch's activations, could exceed the device).
+  TrainOptions same_budget = *options;
+  if (options->auto_device_budget && micro_batch_major.ok()) {
+    same_budget.auto_device_budget = false;
+    same_budget.engine.placement.device_budget_bytes = micro_batch_major->device_budget_bytes;
+  }
+  auto layer_major = MakeSchedulePlan(model, spec, machine, same_budget, Schedule::kLayerMajor);
+  if (!layer_major.ok()) {
+    schedule = Schedule::kMicroBatchMajor;
+    const std::string why = layer_major.status().message();
+    return fmt::format(
+        "schedule: micro-batch-major (auto: the layer-major plan, {} micro-batches on the device "
+        "at once, does not fit: {})\n",
+        a, why.substr(0, why.find('\n')));
+  }
+  schedule = Schedule::kLayerMajor;
+  if (machine == nullptr) {
+    // The budget it was planned in (ResolveDeviceBudget would give it its own).
+    options->auto_device_budget = same_budget.auto_device_budget;
+    options->engine.placement.device_budget_bytes =
+        same_budget.engine.placement.device_budget_bytes;
+    return fmt::format(
+        "schedule: layer-major (auto: its plan of {} micro-batches fits; --machine FILE compares "
+        "the predicted steps)\n",
+        a);
+  }
+  auto lm = PredictAsResolved(*layer_major, spec, *options, *machine);
+  StatusOr<engine::StepPrediction> mb =
+      micro_batch_major.ok() ? PredictAsResolved(*micro_batch_major, spec, *options, *machine)
+                             : StatusOr<engine::StepPrediction>(micro_batch_major.status());
+  if (!lm.ok() || !mb.ok()) {
+    return fmt::format("schedule: layer-major (auto: its plan fits; steps not predicted: {})\n",
+                       (lm.ok() ? mb.status() : lm.status()).message());
+  }
+  if (lm->step_s > mb->step_s) schedule = Schedule::kMicroBatchMajor;
+  return fmt::format(
+      "schedule: {} (auto: predicted step {:.3g} s layer-major, {:.3g} s micro-batch-major)\n",
+      engine::ScheduleName(schedule), lm->step_s, mb->step_s);
 }
 
 StatusOr<std::string> ResolveUpdateDuringBackward(const engine::Model& model, const ModelSpec& spec,

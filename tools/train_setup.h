@@ -3,8 +3,9 @@
 // the plan. The training loop (tools/train_loop.h) reads these and no flag parsing of its own.
 //
 // Order of a run (tools/train_command.cc): TrainOptionsFromFlags (flags only, no file read) ->
-// MetricsWriter::Create -> OpenModelAndData -> ResolveDeviceBudget -> CreateTrainDevice ->
-// MakeTrainPlan (printed) -> engine::Engine::Create (allocates, pins and initialises) ->
+// MetricsWriter::Create -> OpenModelAndData -> ResolveSchedule -> ResolvePlacement ->
+// ResolveDeviceBudget -> ResolveUpdateDuringBackward -> CreateTrainDevice -> MakeTrainPlan
+// (printed) -> engine::Engine::Create (allocates, pins and initialises) ->
 // CheckSamePlan. The plan is printed from the model's shapes alone, before the engine spends
 // minutes initialising a large model.
 //
@@ -18,6 +19,7 @@
 #include "base/status.h"
 #include "comm/communicator.h"
 #include "data/dataset.h"
+#include "engine/cost_model.h"
 #include "engine/engine.h"
 #include "engine/machine_profile.h"
 #include "engine/placement_search.h"
@@ -61,6 +63,10 @@ struct TrainOptions {
   // --update-during-backward auto with one rank and overlap: decided by predicted time with
   // --machine (ResolveUpdateDuringBackward); off until then, and without a profile.
   bool auto_update_during_backward = false;
+  // --schedule auto (the step's order of blocks and micro-batches, not the learning rate's) with
+  // more than one micro-batch: decided by fit and, with --machine, predicted time
+  // (ResolveSchedule); micro-batch-major until then.
+  bool auto_schedule = false;
   // --copy-bandwidth and the CUDA ordinal (local rank: one process per GPU); trace unset.
   DeviceSelectOptions device;
 };
@@ -69,7 +75,7 @@ struct TrainOptions {
 // io::ValidateIoBackendOptions alone, its message prefixed by the flag that gave the value.
 // Errors: kInvalidArgument with one line naming the flag (--global-batch-size that does not
 // divide, --precision, --offload-*, --io-*, --lr-schedule, --device, --copy-bandwidth or --tf32
-// against --device, --resume latest without --save-dir, --optimizer, --device-budget).
+// against --device, --resume latest without --save-dir, --optimizer, --device-budget, --schedule).
 StatusOr<TrainOptions> TrainOptionsFromFlags(const TrainFlags& flags, const RankInfo& ranks);
 
 // The model (shapes; a --model-dir's weights are read at Engine::Create) and the training data.
@@ -107,6 +113,31 @@ StatusOr<std::string> ResolvePlacement(const engine::Model& model, const ModelSp
 StatusOr<std::string> ResolveUpdateDuringBackward(const engine::Model& model, const ModelSpec& spec,
                                                   const engine::MachineProfile* machine,
                                                   TrainOptions* options);
+
+// --schedule auto (TrainOptions::auto_schedule): layer-major when its plan fits
+// (MakeSchedulePlan succeeds: each schedule with its own placement and budget where those are
+// auto) and, with `machine`, the cost model predicts its step no longer than micro-batch-major's
+// (each with the update during backward it would run with); else micro-batch-major. Sets
+// options->engine.placement.schedule and returns the line that says why, or "" when not auto.
+// Call first, before ResolvePlacement (which then places for the chosen schedule).
+// Errors: none of its own (a plan that does not fit, or a profile that cannot predict, decides).
+StatusOr<std::string> ResolveSchedule(const engine::Model& model, const ModelSpec& spec,
+                                      const engine::MachineProfile* machine, TrainOptions* options);
+
+// The plan the run of `options` (as TrainOptionsFromFlags made them: nothing resolved yet) would
+// make with `schedule`, its auto choices made for that schedule as the run makes them: the
+// placement (ResolvePlacement with `machine`, which may be null) and the device budget
+// (ResolveDeviceBudget). Errors: ResolvePlacement's and MakeTrainPlan's.
+StatusOr<engine::Plan> MakeSchedulePlan(const engine::Model& model, const ModelSpec& spec,
+                                        const engine::MachineProfile* machine, TrainOptions options,
+                                        engine::Schedule schedule);
+
+// The prediction of `plan` with the update during backward `options` would run it with: as set,
+// or with --update-during-backward auto (TrainOptions::auto_update_during_backward) as
+// ResolveUpdateDuringBackward would decide it for this plan. Errors: engine::PredictStep's.
+StatusOr<engine::StepPrediction> PredictAsResolved(const engine::Plan& plan, const ModelSpec& spec,
+                                                   const TrainOptions& options,
+                                                   const engine::MachineProfile& machine);
 
 // The device and, on a GPU in a data-parallel job, the NCCL communicator bootstrapped over
 // `world` (which options->engine.comm then points at; `world` itself on the host backend).

@@ -67,10 +67,13 @@ TEST_F(CliTest, TrainThreeStepsWritesASummaryWithEveryField) {
   }
 }
 
+// Micro-batch-major: --schedule auto takes layer-major here, whose auto budget holds all 8
+// micro-batches' activations, more than this model's working params.
 TEST_F(CliTest, DefaultModelStreamsUnderABudgetBelowItsWorkingParams) {
   const auto json_path = dir_ / "default.json";
   const Result r = RunStrata(std::string("train --data ") + STRATA_DATA +
-                             " --steps 1 --eval-every 0 --sample-bytes 0 --nvme-path " +
+                             " --schedule micro-batch-major --steps 1 --eval-every 0 "
+                             "--sample-bytes 0 --nvme-path " +
                              dir_.string() + " --summary-json " + json_path.string());
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   std::ifstream in(json_path);
@@ -116,6 +119,9 @@ TEST_F(CliTest, BadInputExitsNonZeroWithOneLineNamingTheProblem) {
       {"train --steps 1 --device-budget lots", "lots"},
       {"train --steps 1 --device cuda --copy-bandwidth 1e9", "--copy-bandwidth"},
       {"train --steps 1 --device host --tf32", "--tf32"},
+      {"train --steps 1 --schedule sideways",
+       "--schedule 'sideways' is not one of auto, "
+       "layer-major, micro-batch-major"},
   };
   for (const auto& c : cases) {
     const Result r = RunStrata(std::string(c.args) + " --nvme-path " + dir_.string());

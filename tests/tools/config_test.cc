@@ -159,6 +159,26 @@ TEST(TrainConfig, TheUpdateDuringBackwardTakesOnOffAutoOrABoolean) {
       << bad.ToString();
 }
 
+TEST(TrainConfig, TheScheduleKeyTakesTheFlagsValuesAndNamesItselfWhenWrong) {
+  for (const char* want : {"auto", "layer-major", "micro-batch-major"}) {
+    TrainFlags f;
+    const Status s = Apply(fmt::format(R"({{"strata": {{"schedule": "{}"}}}})", want), &f);
+    ASSERT_TRUE(s.ok()) << want << ": " << s.ToString();
+    EXPECT_EQ(f.schedule, want);
+  }
+  EXPECT_EQ(TrainFlags{}.schedule, "auto");
+  for (const char* bad_value : {R"("layer")", "true"}) {
+    TrainFlags f;
+    const Status bad = Apply(fmt::format(R"({{"strata": {{"schedule": {}}}}})", bad_value), &f);
+    ASSERT_FALSE(bad.ok()) << bad_value;
+    EXPECT_NE(bad.message().find("'strata.schedule' must be one of \"auto\", \"layer-major\", "
+                                 "\"micro-batch-major\""),
+              std::string::npos)
+        << bad.ToString();
+    EXPECT_EQ(bad.message().find('\n'), std::string::npos) << bad.ToString();
+  }
+}
+
 TEST(TrainConfig, TheLoraSectionSetsTheLoraFlags) {
   TrainFlags f;
   ASSERT_TRUE(Apply(R"({"strata": {"lora": {"rank": 8, "alpha": 16, "targets": ["q_proj", "o_proj"],

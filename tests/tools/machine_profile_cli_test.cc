@@ -132,6 +132,78 @@ TEST(EstimateMachineCli, TextShowsThePredictionOrWhatAProfileAdds) {
   EXPECT_NE(r.err.find("--device-budget is required"), std::string::npos) << r.err;
 }
 
+// Issue 32's case: gpt-7b at 24 GiB with 16 micro-batches of 2 x 2048 on the H200 profile. The
+// estimate predicts both schedules (each with its own placement) and takes layer-major, which
+// sends each gradient D2H once (fp32) instead of 16 times (bf16).
+TEST(EstimateMachineCli, ShowsBothSchedulesAndTakesTheFasterLayerMajor) {
+  const std::string args =
+      "estimate --model gpt-7b --device-budget 24GiB --host-budget 125GiB --grad-accum-steps 16 "
+      "--micro-batch-size 2 --seq-len 2048 --machine " +
+      kH200;
+  Result r = RunStrata(args + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  nlohmann::json j = Json(r);
+  ExpectPrediction(j);
+  EXPECT_EQ(j["schedule"], "layer-major");
+  EXPECT_EQ(j["held_micro_batches"], 16);
+  EXPECT_NE(j["schedule_choice"].get<std::string>().find("schedule: layer-major (auto: predicted"),
+            std::string::npos)
+      << j["schedule_choice"];
+  const nlohmann::json& lm = j["schedules"]["layer-major"];
+  const nlohmann::json& mb = j["schedules"]["micro-batch-major"];
+  ASSERT_TRUE(lm.contains("step_s") && mb.contains("step_s")) << j["schedules"].dump(2);
+  EXPECT_TRUE(lm["taken"].get<bool>());
+  EXPECT_FALSE(mb["taken"].get<bool>());
+  EXPECT_EQ(lm["step_s"], j["step_s"]);
+  EXPECT_LT(lm["step_s"].get<double>(), mb["step_s"].get<double>());
+  EXPECT_LT(lm["d2h_bytes"].get<double>() * 4, mb["d2h_bytes"].get<double>());
+
+  r = RunStrata(args);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("schedule: layer-major (auto: predicted step"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("  micro-batch-major schedule: step"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("  layer-major schedule (taken): step"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("layer-major), bound by"), std::string::npos) << r.out;
+
+  // Given: the other schedule is still shown, and this one taken.
+  r = RunStrata(args + " --schedule micro-batch-major --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  j = Json(r);
+  EXPECT_EQ(j["schedule"], "micro-batch-major");
+  EXPECT_EQ(j["schedule_choice"], "");
+  EXPECT_TRUE(j["schedules"]["micro-batch-major"]["taken"].get<bool>());
+  EXPECT_TRUE(j["schedules"]["layer-major"].contains("step_s"));
+
+  // One micro-batch: the schedules are the same; nothing to compare.
+  r = RunStrata(
+      "estimate --model gpt-7b --device-budget 24GiB --host-budget 125GiB --micro-batch-size 2 "
+      "--seq-len 2048 --machine " +
+      kH200 + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  j = Json(r);
+  EXPECT_EQ(j["schedule"], "micro-batch-major");
+  EXPECT_TRUE(j["schedules"].empty()) << j["schedules"].dump();
+}
+
+// Without a profile auto takes layer-major when its plan fits, and says what --machine adds; a
+// bad value is one line naming the flag and the values it takes.
+TEST(EstimateMachineCli, ScheduleWithoutAMachineAndABadValue) {
+  Result r = RunStrata(
+      "estimate --model gpt2-350m --device-budget 8GiB --grad-accum-steps 4 --seq-len 512 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const nlohmann::json j = Json(r);
+  EXPECT_EQ(j["schedule"], "layer-major");
+  EXPECT_NE(j["schedule_choice"].get<std::string>().find("--machine FILE"), std::string::npos)
+      << j["schedule_choice"];
+  EXPECT_FALSE(j.contains("schedules"));
+  r = RunStrata("estimate --model gpt2-350m --device-budget 8GiB --schedule sideways");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_EQ(strata::cli_test::Lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("--schedule 'sideways' is not one of auto, layer-major, micro-batch-major"),
+            std::string::npos)
+      << r.err;
+}
+
 TEST(EstimateMachineCli, ABadProfileIsOneLineNamingTheKey) {
   const auto path = std::filesystem::temp_directory_path() /
                     ("strata_bad_profile_" + std::to_string(::getpid()) + ".json");

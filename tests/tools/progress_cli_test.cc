@@ -97,20 +97,34 @@ std::vector<Draw> Draws(const std::string& s) {
 }
 
 // Five slow steps of the tiny model (copies throttled to 2 MB/s: well over 0.1 s a step, so
-// every step is redrawn), state in host memory.
+// every step is redrawn), state in host memory; micro-batch-major, whose 8 loads of every block
+// per step keep the step slow (layer-major's 2 may not).
 std::vector<std::string> FiveSteps(const std::string& log_every) {
-  return {"train",     "--data",
-          STRATA_DATA, "--model",
-          "tiny",      "--seq-len",
-          "16",        "--steps",
-          "5",         "--eval-every",
-          "0",         "--sample-bytes",
-          "0",         "--log-every",
-          log_every,   "--device",
-          "host",      "--copy-bandwidth",
-          "2e6",       "--offload-params",
-          "host",      "--offload-optimizer",
-          "host"};
+  return {"train",
+          "--data",
+          STRATA_DATA,
+          "--model",
+          "tiny",
+          "--seq-len",
+          "16",
+          "--steps",
+          "5",
+          "--eval-every",
+          "0",
+          "--sample-bytes",
+          "0",
+          "--log-every",
+          log_every,
+          "--device",
+          "host",
+          "--copy-bandwidth",
+          "2e6",
+          "--offload-params",
+          "host",
+          "--offload-optimizer",
+          "host",
+          "--schedule",
+          "micro-batch-major"};
 }
 
 bool StartsWith(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }

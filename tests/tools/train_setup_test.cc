@@ -1,9 +1,11 @@
 #include "tools/train_setup.h"
 
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -11,6 +13,7 @@
 #include "base/units.h"
 #include "data/token_dataset.h"
 #include "engine/engine.h"
+#include "engine/machine_profile.h"
 #include "engine/planner.h"
 #include "io/io_backend.h"
 #include "tools/device_select.h"
@@ -214,6 +217,133 @@ TEST(TrainSetup, TheUpdateDuringBackwardIsAutoWithOneRankAndRefusedWithRanks) {
   ASSERT_FALSE(old.ok());
   EXPECT_NE(old.status().message().find("replaced by --update-during-backward on"),
             std::string::npos);
+}
+
+TEST(TrainSetup, TheScheduleFlagParsesAndABadValueIsOneLineNamingIt) {
+  TrainFlags f;  // --schedule auto, 8 micro-batches
+  auto o = TrainOptionsFromFlags(f, {});
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_TRUE(o->auto_schedule);
+  EXPECT_EQ(o->engine.placement.schedule, engine::Schedule::kMicroBatchMajor);  // until resolved
+  f.grad_accum_steps = 1;  // the two schedules are the same: nothing to decide
+  EXPECT_FALSE(TrainOptionsFromFlags(f, {})->auto_schedule);
+  f.grad_accum_steps = 8;
+  f.schedule = "layer-major";
+  o = TrainOptionsFromFlags(f, {});
+  ASSERT_TRUE(o.ok());
+  EXPECT_FALSE(o->auto_schedule);
+  EXPECT_EQ(o->engine.placement.schedule, engine::Schedule::kLayerMajor);
+  f.schedule = "micro-batch-major";
+  EXPECT_EQ(TrainOptionsFromFlags(f, {})->engine.placement.schedule,
+            engine::Schedule::kMicroBatchMajor);
+  f.schedule = "sideways";
+  auto bad = TrainOptionsFromFlags(f, {});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad.status().message(),
+            "--schedule 'sideways' is not one of auto, layer-major, micro-batch-major");
+}
+
+struct ScheduleRun {
+  TrainOptions options;
+  ModelSpec spec;
+  std::unique_ptr<engine::Model> model;
+  std::string line;  // ResolveSchedule's
+};
+
+ScheduleRun ResolveScheduleFor(const TrainFlags& f, const engine::MachineProfile* machine) {
+  ScheduleRun run;
+  auto o = TrainOptionsFromFlags(f, {});
+  EXPECT_TRUE(o.ok()) << o.status().ToString();
+  run.options = *o;
+  auto spec = ResolveModelSpec(f.model, f.model_dir, /*config_only=*/true);
+  EXPECT_TRUE(spec.ok());
+  run.spec = *spec;
+  auto model = BuildModel(run.spec, /*load_weights=*/false);
+  EXPECT_TRUE(model.ok());
+  run.model = std::move(*model);
+  auto line = ResolveSchedule(*run.model, run.spec, machine, &run.options);
+  EXPECT_TRUE(line.ok()) << line.status().ToString();
+  run.line = line.ok() ? *line : "";
+  return run;
+}
+
+TEST(TrainSetup, AutoScheduleIsLayerMajorWhenItsPlanFitsAndElseMicroBatchMajor) {
+  TrainFlags f;
+  f.model = "tiny";
+  f.seq_len = 16;
+  f.grad_accum_steps = 4;
+  // A budget that holds four micro-batches: layer-major.
+  f.device_budget = "64MiB";
+  ScheduleRun run = ResolveScheduleFor(f, nullptr);
+  EXPECT_EQ(run.options.engine.placement.schedule, engine::Schedule::kLayerMajor);
+  EXPECT_NE(run.line.find("schedule: layer-major (auto: its plan of 4 micro-batches fits"),
+            std::string::npos)
+      << run.line;
+  auto plan = MakeTrainPlan(*run.model, run.options.engine);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_EQ(plan->held_micro_batches, 4);
+
+  // --device-budget auto is the micro-batch-major plan's (the tiny model's: its streaming
+  // minimum, one micro-batch's activations), which four micro-batches do not fit.
+  f.device_budget = "auto";
+  run = ResolveScheduleFor(f, nullptr);
+  EXPECT_EQ(run.options.engine.placement.schedule, engine::Schedule::kMicroBatchMajor);
+  EXPECT_NE(run.line.find("schedule: micro-batch-major (auto: the layer-major plan"),
+            std::string::npos)
+      << run.line;
+  EXPECT_NE(run.line.find("does not fit"), std::string::npos) << run.line;
+  EXPECT_EQ(std::count(run.line.begin(), run.line.end(), '\n'), 1) << run.line;
+
+  // A budget that holds micro-batch-major's streaming minimum (one micro-batch's activations)
+  // and not four micro-batches'.
+  f.device_budget = std::to_string(
+      engine::StreamingMinimumBytes(*run.model, DType::kBF16, {1, 16}, 2, false, 1, false, 1));
+  run = ResolveScheduleFor(f, nullptr);
+  EXPECT_EQ(run.options.engine.placement.schedule, engine::Schedule::kMicroBatchMajor);
+  EXPECT_NE(run.line.find("does not fit"), std::string::npos) << run.line;
+
+  // Given, or one micro-batch: nothing to say.
+  f.device_budget = "auto";
+  f.schedule = "micro-batch-major";
+  EXPECT_EQ(ResolveScheduleFor(f, nullptr).line, "");
+  f.schedule = "auto";
+  f.grad_accum_steps = 1;
+  run = ResolveScheduleFor(f, nullptr);
+  EXPECT_EQ(run.line, "");
+  EXPECT_EQ(run.options.engine.placement.schedule, engine::Schedule::kMicroBatchMajor);
+}
+
+// Issue 32's case with the H200 profile: gpt-7b at 24 GiB, 16 micro-batches of 2 x 2048; the
+// placement left auto is chosen for each schedule.
+TEST(TrainSetup, AutoScheduleWithAMachineTakesLayerMajorWhenItsStepIsNotLonger) {
+  auto h200 =
+      engine::ReadMachineProfile(std::string(STRATA_SOURCE_DIR) + "/bench/machines/h200.json");
+  ASSERT_TRUE(h200.ok()) << h200.status().ToString();
+  TrainFlags f;
+  f.model = "gpt-7b";
+  f.micro_batch_size = 2;
+  f.seq_len = 2048;
+  f.grad_accum_steps = 16;
+  f.device_budget = "24GiB";
+  ScheduleRun run = ResolveScheduleFor(f, &*h200);
+  EXPECT_EQ(run.options.engine.placement.schedule, engine::Schedule::kLayerMajor) << run.line;
+  EXPECT_NE(run.line.find("schedule: layer-major (auto: predicted step"), std::string::npos)
+      << run.line;
+  EXPECT_NE(run.line.find("s micro-batch-major)"), std::string::npos) << run.line;
+  // The steps it compared are those of the plans each schedule would run.
+  for (const engine::Schedule s :
+       {engine::Schedule::kMicroBatchMajor, engine::Schedule::kLayerMajor}) {
+    auto flag_options = TrainOptionsFromFlags(f, {});
+    ASSERT_TRUE(flag_options.ok());
+    auto plan = MakeSchedulePlan(*run.model, run.spec, &*h200, *flag_options, s);
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    auto pr = PredictAsResolved(*plan, run.spec, *flag_options, *h200);
+    ASSERT_TRUE(pr.ok()) << pr.status().ToString();
+    EXPECT_NE(run.line.find(fmt::format("{:.3g} s {}", pr->step_s, engine::ScheduleName(s))),
+              std::string::npos)
+        << run.line;
+  }
 }
 
 TEST(TrainSetup, FlagsForTheOtherKindOfDeviceAreRefusedBeforeAnyDeviceIsLookedFor) {
