@@ -695,6 +695,35 @@ TEST_F(CudaEngineTest, OverlappedAndSequentialPipelinesAreBitIdentical) {
   }
 }
 
+// The layer-major schedule (issue 32) on the GPU: the gradient summed on the device by the
+// accumulate kernel (cpu_optim's rounding), once per step D2H, gives the micro-batch-major
+// schedule's master weights bit for bit (the model is untied), params streamed or resident,
+// activations offloaded or not.
+TEST_F(CudaEngineTest, LayerMajorScheduleMatchesMicroBatchMajorBitForBit) {
+  for (DType precision : {DType::kBF16, DType::kF32}) {
+    for (ParamHome params : {ParamHome::kDevice, ParamHome::kHost}) {
+      for (bool offload : {false, true}) {
+        SCOPED_TRACE(fmt::format("{} params {} offload {}", DTypeName(precision),
+                                 ParamHomeName(params), offload));
+        auto options = [&](Schedule schedule) {
+          EngineOptions o = Options(precision, params, OptimizerHome::kHost);
+          o.placement.schedule = schedule;
+          o.placement.offload_activations = offload;
+          o.placement.device_budget_bytes +=
+              StreamingMinimumBytes(*model_, precision, o.micro_batch, 3, offload, 1, false,
+                                    schedule == Schedule::kLayerMajor ? o.grad_accum_steps : 1);
+          return o;
+        };
+        const TrainRun reference =
+            Train(gpu::DeviceKind::kCuda, options(Schedule::kMicroBatchMajor), 3);
+        const TrainRun run = Train(gpu::DeviceKind::kCuda, options(Schedule::kLayerMajor), 3);
+        EXPECT_TRUE(run.plan.layer_major());
+        ExpectBitIdentical(reference, run);
+      }
+    }
+  }
+}
+
 TEST_F(CudaEngineTest, Fp16OverflowInAnyBlockSkipsTheWholeUpdate) {
   EngineOptions o = Options(DType::kF16, ParamHome::kNvme, OptimizerHome::kNvme);
   o.loss_scaler.initial_scale = 1024.0f;  // no overflow of its own
