@@ -117,6 +117,27 @@ TEST_F(LayerMajorTest, OptimizerSplitBetweenDeviceAndHostMatchesBitForBit) {
   }
 }
 
+// LoRA over a streamed base (frozen chunks, issue 30), adapter dropout on: each micro-batch keeps
+// its dropout seed, and the frozen chunks are loaded once per pass too.
+TEST_F(LayerMajorTest, LoraOverAStreamedBaseMatchesBitForBit) {
+  auto llama = models::LlamaModel::Create(testing::TinyLlama(false));
+  ASSERT_TRUE(llama.ok());
+  ASSERT_TRUE(
+      (*llama)
+          ->EnableLora({.rank = 4, .alpha = 8, .targets = {"q_proj", "v_proj"}, .dropout = 0.1})
+          .ok());
+  Model& model = **llama;
+  for (ParamHome params : {ParamHome::kHost, ParamHome::kNvme}) {
+    SCOPED_TRACE(ParamHomeName(params));
+    const TrainRun reference =
+        Train(model, Options(model, DType::kBF16, params, 4, Schedule::kMicroBatchMajor), 3);
+    const TrainRun run =
+        Train(model, Options(model, DType::kBF16, params, 4, Schedule::kLayerMajor), 3);
+    EXPECT_LT(run.plan.num_frozen_resident(), model.num_blocks() - 2);
+    ExpectBitIdentical(reference, run);
+  }
+}
+
 TEST_F(LayerMajorTest, OffloadedActivationsMatchBitForBit) {
   const std::unique_ptr<Model> model = UntiedLlama();
   for (int accum : {2, 8}) {
