@@ -493,7 +493,9 @@ TEST_F(LayerMajorTest, PlanHoldsEveryMicroBatchAndFp32Accumulators) {
     if (r.label.starts_with("boundary activations")) {
       EXPECT_EQ(r.size_bytes, act * (model->num_blocks() - 1) * 8);
     }
-    if (r.label.starts_with("activation gradients")) EXPECT_EQ(r.size_bytes, act * 2 * 8);
+    if (r.label.starts_with("activation gradients")) {
+      EXPECT_EQ(r.size_bytes, act * 2 * 8);
+    }
     accumulators |= r.label.starts_with("gradient accumulators");
   }
   EXPECT_TRUE(accumulators);
