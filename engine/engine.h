@@ -212,7 +212,10 @@ class Engine {
   std::string_view io_backend_name() const;  // "uring", "posix" or "memory"; "" without NVMe
 
   // One optimizer step over micro_batches.size() == grad_accum_steps
-  // micro-batches of the configured shape. Token ids must be < vocab size.
+  // micro-batches of the configured shape. Token ids must be < vocab size. The micro-batches
+  // run in the plan's schedule (PlacementOptions::schedule: each one's forward and backward in
+  // turn, or layer-major: all of them through a block before the next), with the same result
+  // (bit for bit for untied models; a tied chunk's fp32 sum differs in rounding only).
   // Returns when backward has finished and the update is known (loss, norm, skipped); the
   // update itself runs on the CPU pipeline behind the return and the next call's forward pass.
   // An error of that update (an NVMe write failing, say) comes back from the next call that
