@@ -10,6 +10,10 @@
 #             of the same shapes (bench/gpu/torch_gpt_baseline.py), then the MFU table  (~4 min)
 #   lora      LoRA runs on the GPU: llama-tiny on cuda and host, llama-1b with the base resident
 #             and streamed from host (tokens/s, bytes moved)  (~3 min)
+#   schedule  issue 32's case: gpt-7b, 16 micro-batches of 2 x 2048 per step, at a 24 GiB device
+#             budget with both schedules and at 8 GiB (params streamed from host) layer-major,
+#             placement chosen with the H200 profile; then PyTorch resident at the same shape
+#             (tokens/s, bytes moved)  (~9 min: give it its own call)
 #   roofline  bench_memory_roofline: triad, a += s*b and the CPU AdamW step, GB/s per thread count
 #   CMD...    any command, in the unpacked tree, with the libraries set up
 # Each phase stays inside $BUDGET seconds (default 300); each step is cut to the time left. The
@@ -153,6 +157,28 @@ print("loss %.4f -> %.4f, val %s, %.0f tok/s, h2d %.3g B, d2h %.3g B, nvme writt
   results[-1]="${results[-1]}: $(tail -1 "$L/torch_peft.log" | cut -c1-200)"
   tail -1 "$L/torch_peft.log" | grep '^{' >"$L/lora_torch_peft.json"
   cp "$L"/lora_*.json "$L/lora_1b_4gib_plan.txt" "$O/" 2>/dev/null
+  ;;
+schedule)
+  # The layer-major schedule (issue 32) against the micro-batch-major one on gpt-7b, then what a
+  # user would run instead: PyTorch with the model resident, the same micro-batch.
+  sched_run() {  # NAME LIMIT FLAGS...: strata train with FLAGS, then its summary in one line
+    local name=$1 limit=$2
+    shift 2
+    step "$name" "$limit" "$L/$name.log" "$build/tools/strata" train --model gpt-7b --device cuda \
+      --micro-batch-size 2 --seq-len 2048 --grad-accum-steps 16 --steps 3 --log-every 1 \
+      --eval-every 0 --machine "$root/bench/machines/h200.json" --summary-json "$L/$name.json" "$@"
+    results[-1]="${results[-1]}: $(python3 -c 'import json, sys; d = json.load(open(sys.argv[1]))
+print("%s, %.0f tok/s, h2d %.3g B, d2h %.3g B, peak %.3g B" % (d["schedule"], d["tokens_per_second"], d["bytes_h2d"], d["bytes_d2h"], d["device_peak_bytes"]))' "$L/$name.json" 2>&1 | tail -1)"
+  }
+  sched_run gpt7b_layer_major_24g 170 --device-budget 24GiB --schedule layer-major
+  sched_run gpt7b_micro_batch_major_24g 170 --device-budget 24GiB --schedule micro-batch-major
+  sched_run gpt7b_layer_major_8g_host 170 --device-budget 8GiB --offload-params host \
+    --schedule layer-major
+  step torch_gpt-7b $(($(left) - 5)) "$L/torch_7b.log" env PYTHONUNBUFFERED=1 python3 \
+    bench/gpu/torch_gpt_baseline.py --preset gpt-7b --batch 2 --seq-len 2048 --warmup 1 --steps 3 \
+    --fit-layers
+  results[-1]="${results[-1]}: $(tail -1 "$L/torch_7b.log" | cut -c1-200)"
+  cp "$L"/gpt7b_*.json "$O/" 2>/dev/null
   ;;
 roofline)
   # The host's memory roofline and the CPU AdamW step against it, 1..all cores (issue 29).
