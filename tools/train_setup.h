@@ -115,8 +115,9 @@ StatusOr<std::string> ResolveUpdateDuringBackward(const engine::Model& model, co
                                                   TrainOptions* options);
 
 // --schedule auto (TrainOptions::auto_schedule): layer-major when its plan fits
-// (MakeSchedulePlan succeeds: each schedule with its own placement and budget where those are
-// auto) and, with `machine`, the cost model predicts its step no longer than micro-batch-major's
+// (MakeSchedulePlan succeeds: each schedule with its own placement where that is auto; with
+// --device-budget auto in the micro-batch-major plan's budget, which the layer-major run then
+// keeps) and, with `machine`, the cost model predicts its step no longer than micro-batch-major's
 // (each with the update during backward it would run with); else micro-batch-major. Sets
 // options->engine.placement.schedule and returns the line that says why, or "" when not auto.
 // Call first, before ResolvePlacement (which then places for the chosen schedule).
