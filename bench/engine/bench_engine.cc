@@ -165,6 +165,28 @@ std::unique_ptr<Engine> CreateEngine(benchmark::State& state, const Setup& setup
   return std::move(*engine);
 }
 
+// The engine of `setup` with `o`, timed by TimeSteps over o.grad_accum_steps identical random
+// micro-batches of o.micro_batch per step, with the engine's counters before and after the
+// timed steps; nullopt after SkipWithError.
+struct TimedRun {
+  std::unique_ptr<Engine> engine;
+  StepTimes times;
+  EngineCounters before, after;
+};
+std::optional<TimedRun> RunTimed(benchmark::State& state, const Setup& setup,
+                                 const EngineOptions& o, trace::TraceRecorder& recorder) {
+  TimedRun run;
+  run.engine = CreateEngine(state, setup, o);
+  if (!run.engine) return std::nullopt;
+  const auto batch = RandomBatch(o.micro_batch, o.grad_accum_steps);
+  run.before = run.engine->counters();
+  const std::optional<StepTimes> t = TimeSteps(state, *run.engine, batch->micro_batches, recorder);
+  if (!t) return std::nullopt;
+  run.times = *t;
+  run.after = run.engine->counters();
+  return run;
+}
+
 // bf16, micro-batch mb x accum, swap under BenchDir(), a device budget of three streaming slots
 // plus two resident layers, traced into `recorder`; the placement homes are the caller's.
 EngineOptions BenchOptions(const Model& model, MicroBatchShape mb, int accum,
@@ -201,12 +223,10 @@ void BM_TrainStep(benchmark::State& state) {
   o.placement.param_home = ParamHome::kNvme;
   o.placement.optimizer_home = OptimizerHome::kNvme;
   o.overlap = overlap;
-  const std::unique_ptr<Engine> engine = CreateEngine(state, *setup, o);
-  if (!engine) return;
-  Engine& e = *engine;
-  const auto batch = RandomBatch(mb, kAccum);
-  const std::optional<StepTimes> t = TimeSteps(state, e, batch->micro_batches, recorder);
-  if (!t) return;
+  const std::optional<TimedRun> run = RunTimed(state, *setup, o, recorder);
+  if (!run) return;
+  const Engine& e = *run->engine;
+  const StepTimes* t = &run->times;
   const double step_s = t->step_s, largest = t->largest_s;
   state.counters["overlap_efficiency"] = largest / step_s;
   if (!overlap) g_sequential_bound[config] = largest;
@@ -237,14 +257,10 @@ void BM_OptimizerState(benchmark::State& state) {
   }
   o.placement.param_home = ParamHome::kHost;
   o.placement.optimizer_home = OptimizerHome::kNvme;
-  const std::unique_ptr<Engine> engine = CreateEngine(state, *setup, o);
-  if (!engine) return;
-  Engine& e = *engine;
-  const auto batch = RandomBatch(mb, 1);
-  const EngineCounters c0 = e.counters();
-  const std::optional<StepTimes> t = TimeSteps(state, e, batch->micro_batches, recorder);
-  if (!t) return;
-  const EngineCounters c1 = e.counters();
+  const std::optional<TimedRun> run = RunTimed(state, *setup, o, recorder);
+  if (!run) return;
+  Engine& e = *run->engine;
+  const EngineCounters &c0 = run->before, &c1 = run->after;
   const double steps = static_cast<double>(state.iterations()) + 2;  // the warm-up's too
   state.counters["nvme_read_bytes"] =
       static_cast<double>(c1.nvme_bytes_read - c0.nvme_bytes_read) / steps;
@@ -276,14 +292,11 @@ void BM_UpdateDuringBackward(benchmark::State& state) {
   o.placement.device_budget_bytes = 1 << 30;
   o.placement.optimizer_home = OptimizerHome::kHost;
   o.update_during_backward = during;
-  const std::unique_ptr<Engine> engine = CreateEngine(state, *setup, o);
-  if (!engine) return;
-  Engine& e = *engine;
-  const auto batch = RandomBatch(mb, kAccum);
-  const EngineCounters c0 = e.counters();
-  const std::optional<StepTimes> t = TimeSteps(state, e, batch->micro_batches, recorder);
-  if (!t) return;
-  const EngineCounters c1 = e.counters();
+  const std::optional<TimedRun> run = RunTimed(state, *setup, o, recorder);
+  if (!run) return;
+  Engine& e = *run->engine;
+  const EngineCounters &c0 = run->before, &c1 = run->after;
+  const StepTimes* t = &run->times;
   const double cpu = static_cast<double>(c1.params_updated_on_cpu - c0.params_updated_on_cpu);
   state.counters["during_backward_share"] =
       cpu > 0 ? static_cast<double>(c1.params_updated_during_backward -
@@ -318,14 +331,11 @@ void BM_Schedule(benchmark::State& state) {
                                            schedule == Schedule::kLayerMajor ? kAccum : 1) +
                          2 * setup->model->block_num_params(1) * 2;
   o.update_during_backward = during;
-  const std::unique_ptr<Engine> engine = CreateEngine(state, *setup, o);
-  if (!engine) return;
-  Engine& e = *engine;
-  const auto batch = RandomBatch(mb, kAccum);
-  const EngineCounters c0 = e.counters();
-  const std::optional<StepTimes> t = TimeSteps(state, e, batch->micro_batches, recorder);
-  if (!t) return;
-  const EngineCounters c1 = e.counters();
+  const std::optional<TimedRun> run = RunTimed(state, *setup, o, recorder);
+  if (!run) return;
+  Engine& e = *run->engine;
+  const EngineCounters &c0 = run->before, &c1 = run->after;
+  const StepTimes* t = &run->times;
   const double steps = static_cast<double>(state.iterations()) + 2;  // the warm-up's too
   state.counters["h2d_bytes"] = static_cast<double>(c1.bytes_h2d - c0.bytes_h2d) / steps;
   state.counters["grad_d2h_bytes"] =
