@@ -187,9 +187,7 @@ Status GradStreamer::StreamOnDevice(int b, bool overwrite, bool last) {
   // reduce-scatter stream, which adds this rank's reduced fp32 partition into the accumulator.
   gpu::Stream* on = compute_;
   if (dp()) {
-    const int j = next_dbucket_;
-    next_dbucket_ ^= 1;
-    --handed_;
+    const int j = TakeStreamedBucket();
     on = reduce_.get();
     STRATA_RETURN_IF_ERROR(compute_->Record(*dgrad_ready_[j]));
     STRATA_RETURN_IF_ERROR(ReduceScatter(b, j));
@@ -199,12 +197,7 @@ Status GradStreamer::StreamOnDevice(int b, bool overwrite, bool last) {
   } else if (!dgrad16_[b]) {
     // Add device bucket j into the block's fp32 accumulator on the compute stream; the bucket is
     // free once that is done.
-    const int j = next_dbucket_;
-    next_dbucket_ ^= 1;
-    --handed_;
-    STRATA_RETURN_IF_ERROR(EnqueueDeviceGradAccumulate(*compute_, dgrad_[b], dbucket_[j],
-                                                       o_.precision, own(b), overwrite));
-    STRATA_RETURN_IF_ERROR(compute_->Record(*dbucket_free_[j]));
+    STRATA_RETURN_IF_ERROR(AddBucketOnCompute(dgrad_[b], own(b), overwrite));
   } else {
     STRATA_CHECK(overwrite && last);
   }
@@ -250,9 +243,7 @@ Status GradStreamer::Stream(int b, bool overwrite, bool last) {
   if (on_device_[b]) return StreamOnDevice(b, overwrite, last);
   // The gradients the backward wrote into device bucket j go D2H into a free pinned bucket on
   // the D2H stream, folded by the CPU worker.
-  const int j = next_dbucket_;
-  next_dbucket_ ^= 1;
-  --handed_;
+  const int j = TakeStreamedBucket();
   STRATA_RETURN_IF_ERROR(compute_->Record(*dgrad_ready_[j]));
   // Blocks this (driving) thread only when every pinned bucket is still being folded.
   const int i = pool_.Acquire();
@@ -276,34 +267,18 @@ Status GradStreamer::Stream(int b, bool overwrite, bool last) {
     STRATA_RETURN_IF_ERROR(d2h_->Record(*dbucket_free_[j]));
   }
   const DType dtype = dp() ? DType::kF32 : o_.precision;
-  folder_->Submit([=, this]() -> Status {
-    Fold(b, i, dtype, overwrite, last);
-    return Status::Ok();
-  });
-  if (!o_.overlap) {
-    if (dp()) STRATA_RETURN_IF_ERROR(reduce_->Synchronize());
-    STRATA_RETURN_IF_ERROR(d2h_->Synchronize());
-    STRATA_RETURN_IF_ERROR(folder_->Drain());
-    STRATA_RETURN_IF_ERROR(FoldError());
-  }
-  return Status::Ok();
+  return HandToFold(b, i, dtype, overwrite, last);
 }
 
 Status GradStreamer::AccumulateOnDevice(int b, bool first) {
   STRATA_CHECK(plan_.device_grad_accumulators && !on_device_[b]);
-  const int j = next_dbucket_;
-  next_dbucket_ ^= 1;
-  --handed_;
   if (first) {
     // A free accumulator: its previous sum has been copied out.
     acc_slot_[b] = next_acc_;
     next_acc_ ^= 1;
     STRATA_RETURN_IF_ERROR(compute_->Wait(*acc_free_[acc_slot_[b]]));
   }
-  const gpu::DeviceSpan acc = dacc_[acc_slot_[b]].subspan(0, np(b) * 4);
-  STRATA_RETURN_IF_ERROR(
-      EnqueueDeviceGradAccumulate(*compute_, acc, dbucket_[j], o_.precision, np(b), first));
-  STRATA_RETURN_IF_ERROR(compute_->Record(*dbucket_free_[j]));
+  STRATA_RETURN_IF_ERROR(AddBucketOnCompute(dacc_[acc_slot_[b]], np(b), first));
   if (!o_.overlap) return compute_->Synchronize();
   return Status::Ok();
 }
@@ -318,16 +293,33 @@ Status GradStreamer::StreamAccumulated(int b, bool overwrite, bool last) {
   grad_bytes_d2h_ += np(b) * 4;
   STRATA_RETURN_IF_ERROR(d2h_->Record(*landed_[i]));
   STRATA_RETURN_IF_ERROR(d2h_->Record(*acc_free_[s]));
+  return HandToFold(b, i, DType::kF32, overwrite, last);
+}
+
+int GradStreamer::TakeStreamedBucket() {
+  const int j = next_dbucket_;
+  next_dbucket_ ^= 1;
+  --handed_;
+  return j;
+}
+
+Status GradStreamer::AddBucketOnCompute(gpu::DeviceSpan acc, int64_t elems, bool overwrite) {
+  const int j = TakeStreamedBucket();
+  STRATA_RETURN_IF_ERROR(EnqueueDeviceGradAccumulate(*compute_, acc.subspan(0, elems * 4),
+                                                     dbucket_[j], o_.precision, elems, overwrite));
+  return compute_->Record(*dbucket_free_[j]);
+}
+
+Status GradStreamer::HandToFold(int b, int bucket, DType dtype, bool overwrite, bool last) {
   folder_->Submit([=, this]() -> Status {
-    Fold(b, i, DType::kF32, overwrite, last);
+    Fold(b, bucket, dtype, overwrite, last);
     return Status::Ok();
   });
-  if (!o_.overlap) {
-    STRATA_RETURN_IF_ERROR(d2h_->Synchronize());
-    STRATA_RETURN_IF_ERROR(folder_->Drain());
-    STRATA_RETURN_IF_ERROR(FoldError());
-  }
-  return Status::Ok();
+  if (o_.overlap) return Status::Ok();
+  if (dp()) STRATA_RETURN_IF_ERROR(reduce_->Synchronize());
+  STRATA_RETURN_IF_ERROR(d2h_->Synchronize());
+  STRATA_RETURN_IF_ERROR(folder_->Drain());
+  return FoldError();
 }
 
 Status GradStreamer::FoldError() {

@@ -168,6 +168,13 @@ class GradStreamer {
   // Runs on the fold worker. Never fails the queue: an error is kept in fold_error_.
   // `dtype`: the pinned bucket's (fp32 for a reduce-scattered partition or a device sum).
   void Fold(int b, int bucket, DType dtype, bool overwrite, bool last);
+  // Driving thread. The device bucket the next streamed contribution reads (NextBucket's order).
+  int TakeStreamedBucket();
+  // That bucket added into fp32 `acc` (elems values; overwrite: replaced) on the compute stream,
+  // the bucket free after it.
+  Status AddBucketOnCompute(gpu::DeviceSpan acc, int64_t elems, bool overwrite);
+  // Pinned bucket `bucket` (its D2H enqueued) to the fold worker; without overlap, waits for it.
+  Status HandToFold(int b, int bucket, DType dtype, bool overwrite, bool last);
   // Stream for a block whose gradient stays on the device; MergeDeviceStats runs on the fold
   // worker.
   Status StreamOnDevice(int b, bool overwrite, bool last);

@@ -37,7 +37,9 @@ StatusOr<OptimizerHome> ParseOptimizerHome(std::string_view s);
 // sent D2H once per step; the device holds the boundary activations, activation gradients and
 // tokens of all a micro-batches. With one micro-batch the two are the same.
 enum class Schedule { kMicroBatchMajor, kLayerMajor };
+// Pure; thread-safe.
 std::string_view ScheduleName(Schedule s);  // "micro-batch-major", "layer-major"
+// The inverse of ScheduleName; kInvalidArgument naming --schedule and the two values otherwise.
 StatusOr<Schedule> ParseSchedule(std::string_view s);
 
 struct PlacementOptions {
