@@ -129,7 +129,8 @@ void AddEstimateFlags(CLI::App& cmd, EstimateFlags& f) {
       ->check(CLI::PositiveNumber);
   cmd.add_option("--schedule", f.schedule,
                  "As strata train's: layer-major, micro-batch-major, or auto (layer-major when its "
-                 "plan fits and, with --machine, its predicted step is not longer); with --machine "
+                 "plan fits micro-batch-major's budget and, with --machine, its predicted step is "
+                 "not longer); with --machine "
                  "and more than one micro-batch both schedules' steps are shown")
       ->capture_default_str();
   cmd.add_option("--ranks", f.ranks,

@@ -251,7 +251,8 @@ void AddPipelineFlags(CLI::App& cmd, TrainFlags& f) {
                  "The order of a step's blocks and micro-batches: layer-major (every micro-batch "
                  "through a block before the next block: params loaded once per pass, gradients "
                  "sent D2H once per step), micro-batch-major, or auto (layer-major when its plan "
-                 "fits and, with --machine, its predicted step is not longer; one micro-batch: "
+                 "fits the budget micro-batch-major gets and, with --machine, its predicted step "
+                 "is not longer; one micro-batch: "
                  "micro-batch-major)")
       ->capture_default_str();
   cmd.add_flag("--eager-update", f.eager_update)->group("");  // hidden: refused, see train_setup

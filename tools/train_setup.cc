@@ -362,6 +362,16 @@ StatusOr<std::string> ResolvePlacement(const engine::Model& model, const ModelSp
 StatusOr<engine::Plan> MakeSchedulePlan(const engine::Model& model, const ModelSpec& spec,
                                         const engine::MachineProfile* machine, TrainOptions options,
                                         engine::Schedule schedule) {
+  if (schedule == engine::Schedule::kLayerMajor && options.auto_device_budget) {
+    // --device-budget auto is the micro-batch-major plan's: layer-major must fit in it (its own
+    // auto budget, with every micro-batch's activations, could exceed the device).
+    auto micro_batch_major =
+        MakeSchedulePlan(model, spec, machine, options, engine::Schedule::kMicroBatchMajor);
+    if (micro_batch_major.ok()) {
+      options.auto_device_budget = false;
+      options.engine.placement.device_budget_bytes = micro_batch_major->device_budget_bytes;
+    }
+  }
   options.engine.placement.schedule = schedule;
   STRATA_RETURN_IF_ERROR(ResolvePlacement(model, spec, machine, &options).status());
   ResolveDeviceBudget(model, &options);
@@ -396,14 +406,7 @@ StatusOr<std::string> ResolveSchedule(const engine::Model& model, const ModelSpe
   const int a = options->engine.grad_accum_steps;
   auto micro_batch_major =
       MakeSchedulePlan(model, spec, machine, *options, Schedule::kMicroBatchMajor);
-  // An auto device budget is the micro-batch-major plan's: layer-major must fit in it (its own
-  // auto budget, with every micro-batch's activations, could exceed the device).
-  TrainOptions same_budget = *options;
-  if (options->auto_device_budget && micro_batch_major.ok()) {
-    same_budget.auto_device_budget = false;
-    same_budget.engine.placement.device_budget_bytes = micro_batch_major->device_budget_bytes;
-  }
-  auto layer_major = MakeSchedulePlan(model, spec, machine, same_budget, Schedule::kLayerMajor);
+  auto layer_major = MakeSchedulePlan(model, spec, machine, *options, Schedule::kLayerMajor);
   if (!layer_major.ok()) {
     schedule = Schedule::kMicroBatchMajor;
     const std::string why = layer_major.status().message();
@@ -415,9 +418,8 @@ StatusOr<std::string> ResolveSchedule(const engine::Model& model, const ModelSpe
   schedule = Schedule::kLayerMajor;
   if (machine == nullptr) {
     // The budget it was planned in (ResolveDeviceBudget would give it its own).
-    options->auto_device_budget = same_budget.auto_device_budget;
-    options->engine.placement.device_budget_bytes =
-        same_budget.engine.placement.device_budget_bytes;
+    options->auto_device_budget = false;
+    options->engine.placement.device_budget_bytes = layer_major->device_budget_bytes;
     return fmt::format(
         "schedule: layer-major (auto: its plan of {} micro-batches fits; --machine FILE compares "
         "the predicted steps)\n",

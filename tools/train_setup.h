@@ -128,7 +128,8 @@ StatusOr<std::string> ResolveSchedule(const engine::Model& model, const ModelSpe
 // The plan the run of `options` (as TrainOptionsFromFlags made them: nothing resolved yet) would
 // make with `schedule`, its auto choices made for that schedule as the run makes them: the
 // placement (ResolvePlacement with `machine`, which may be null) and the device budget
-// (ResolveDeviceBudget). Errors: ResolvePlacement's and MakeTrainPlan's.
+// (ResolveDeviceBudget; for layer-major, the micro-batch-major plan's when that one fits). Errors:
+// ResolvePlacement's and MakeTrainPlan's.
 StatusOr<engine::Plan> MakeSchedulePlan(const engine::Model& model, const ModelSpec& spec,
                                         const engine::MachineProfile* machine, TrainOptions options,
                                         engine::Schedule schedule);
