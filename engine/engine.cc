@@ -10,7 +10,7 @@
 #include "base/trace.h"
 #include "cpu_optim/grad_stats.h"
 #include "engine/engine_impl.h"
-#include "engine/optimizer_state.h"
+#include "engine/plan/optimizer_state.h"
 
 namespace strata::engine {
 
@@ -601,21 +601,68 @@ Status Engine::Impl::LoadCheckpoint(const std::string& path, TrainerState* train
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Engine::~Engine() = default;
 
-StatusOr<std::unique_ptr<Engine>> Engine::Create(Model* model, gpu::Device* device,
-                                                 const EngineOptions& options) {
-  if (!model || !device) return InvalidArgumentError("Engine::Create needs a model and a device");
+namespace {
+
+// The options Engine::Create gets with the plan it runs: the placement's ranks as the
+// communicator says.
+PlacementOptions PlacementWithRanks(const EngineOptions& options) {
   PlacementOptions placement = options.placement;
   if (options.comm) {
     placement.ranks = options.comm->world_size();
     placement.rank = options.comm->rank();
     placement.data_parallel = true;
   }
-  STRATA_ASSIGN_OR_RETURN(
-      Plan plan, MakePlan(*model, options.precision, options.micro_batch, placement,
-                          PlanOptimizer{options.optimizer, std::max(1, options.grad_accum_steps)}));
+  return placement;
+}
+
+// kInvalidArgument when `plan` was not made for this model and these options.
+Status CheckPlanFits(const Model& model, const EngineOptions& options, const Plan& plan) {
+  const PlacementOptions placement = PlacementWithRanks(options);
+  std::string why;
+  if (plan.precision != options.precision) {
+    why = fmt::format("precision {} (options: {})", DTypeName(plan.precision),
+                      DTypeName(options.precision));
+  } else if (plan.shape.batch_size != options.micro_batch.batch_size ||
+             plan.shape.seq_len != options.micro_batch.seq_len) {
+    why = fmt::format("micro-batch {}x{} (options: {}x{})", plan.shape.batch_size,
+                      plan.shape.seq_len, options.micro_batch.batch_size,
+                      options.micro_batch.seq_len);
+  } else if (plan.ranks != placement.ranks || plan.rank != placement.rank ||
+             plan.data_parallel != placement.data_parallel) {
+    why = fmt::format("rank {} of {} (options: rank {} of {})", plan.rank, plan.ranks,
+                      placement.rank, placement.ranks);
+  } else if (static_cast<int>(plan.blocks.size()) != model.num_blocks()) {
+    why = fmt::format("{} blocks (the model has {})", plan.blocks.size(), model.num_blocks());
+  } else if (plan.schedule != placement.schedule || plan.param_home != placement.param_home ||
+             plan.device_budget_bytes != placement.device_budget_bytes) {
+    why = "other placement options (schedule, params home or device budget)";
+  }
+  if (why.empty()) return Status::Ok();
+  return InvalidArgumentError(
+      fmt::format("Engine::Create: the plan was made for {}; pass the placement the plan "
+                  "choice returned (PlanChoice::placement)",
+                  why));
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Engine>> Engine::Create(Model* model, gpu::Device* device,
+                                                 const EngineOptions& options, Plan plan) {
+  if (!model || !device) return InvalidArgumentError("Engine::Create needs a model and a device");
+  STRATA_RETURN_IF_ERROR(CheckPlanFits(*model, options, plan));
   auto impl = std::make_unique<Impl>(model, device, options, std::move(plan));
   STRATA_RETURN_IF_ERROR(impl->Init());
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
+}
+
+StatusOr<std::unique_ptr<Engine>> Engine::Create(Model* model, gpu::Device* device,
+                                                 const EngineOptions& options) {
+  if (!model || !device) return InvalidArgumentError("Engine::Create needs a model and a device");
+  STRATA_ASSIGN_OR_RETURN(
+      Plan plan, MakePlan(*model, options.precision, options.micro_batch,
+                          PlacementWithRanks(options),
+                          PlanOptimizer{options.optimizer, std::max(1, options.grad_accum_steps)}));
+  return Create(model, device, options, std::move(plan));
 }
 
 const Plan& Engine::plan() const { return impl_->plan(); }

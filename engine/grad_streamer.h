@@ -61,8 +61,8 @@
 #include "base/trace.h"
 #include "comm/communicator.h"
 #include "cpu_optim/grad_stats.h"
-#include "engine/model.h"
-#include "engine/planner.h"
+#include "engine/plan/model.h"
+#include "engine/plan/planner.h"
 #include "engine/work_queue.h"
 #include "gpu/device.h"
 

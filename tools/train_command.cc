@@ -21,9 +21,9 @@
 #include "base/trace.h"
 #include "base/units.h"
 #include "comm/communicator.h"
-#include "engine/cost_model.h"
+#include "engine/plan/cost_model.h"
 #include "engine/engine.h"
-#include "engine/machine_profile.h"
+#include "engine/plan/machine_profile.h"
 #include "gpu/device.h"
 #include "io/io_backend.h"
 #include "tools/config.h"
@@ -350,19 +350,15 @@ void PrintPlan(const TrainOptions& o, const engine::Plan& plan) {
   std::fflush(stdout);
 }
 
-// --machine: the cost model's prediction for the plan and the optimizer's other placements
-// (tools/step_prediction.h), or why the profile cannot predict it.
-void PrintPrediction(const TrainOptions& o, const ModelSpec& spec, const engine::Model& model,
-                     const engine::Plan& plan, const engine::MachineProfile& machine) {
-  const engine::CostInputs inputs =
-      CostInputsOf(spec, o.engine.grad_accum_steps, o.engine.update_during_backward);
-  auto pr = engine::PredictStep(plan, inputs, machine);
-  if (!pr.ok()) {
-    std::printf("  predicted step: none: %s\n", pr.status().message().c_str());
+// --machine: the cost model's prediction for the chosen plan and the optimizer's other
+// placements (both from the plan choice; worded by tools/step_prediction.h), or why the profile
+// cannot predict it.
+void PrintPrediction(const engine::PlanChoice& choice) {
+  if (!choice.prediction) {
+    std::printf("  predicted step: none: %s\n", choice.prediction_error.c_str());
   } else {
     std::printf("  %s",
-                DescribeStepPrediction(*pr, OptimizerAlternatives(model, o.engine, inputs, machine))
-                    .c_str());
+                DescribeStepPrediction(*choice.prediction, choice.optimizer_alternatives).c_str());
   }
   std::fflush(stdout);
 }
@@ -513,6 +509,7 @@ nlohmann::json SummaryJson(const TrainOptions& o, const ModelSpec& spec, engine:
       {"comm_backend", o.engine.comm && o.ranks.data_parallel
                            ? nlohmann::json(std::string(o.engine.comm->backend()))
                            : nlohmann::json()},
+      {"planning", PlanningJson()},
   });
   return j;
 }
@@ -594,27 +591,21 @@ Status RunTrainRanks(const TrainFlags& flags, comm::Communicator* world) {
     o.engine.precision = *in.precision_auto;
     std::printf("precision: %s, --precision auto\n", in.precision_why.c_str());
   }
-  STRATA_ASSIGN_OR_RETURN(const std::string schedule_choice,
-                          ResolveSchedule(*in.model, in.spec, machine ? &*machine : nullptr, &o));
-  STRATA_ASSIGN_OR_RETURN(const std::string placement_choice,
-                          ResolvePlacement(*in.model, in.spec, machine ? &*machine : nullptr, &o));
-  ResolveDeviceBudget(*in.model, &o);
-  STRATA_ASSIGN_OR_RETURN(
-      const std::string udb_choice,
-      ResolveUpdateDuringBackward(*in.model, in.spec, machine ? &*machine : nullptr, &o));
+  // Every option left auto is resolved here, once; nothing after this plans again.
+  STRATA_ASSIGN_OR_RETURN(engine::PlanChoice choice,
+                          ChooseTrainPlan(*in.model, in.spec, machine ? &*machine : nullptr, &o,
+                                          /*compare=*/machine.has_value()));
   // Declared before the device and the engine, which record into it until they are destroyed.
   trace::TraceRecorder recorder(/*keep_events=*/!o.flags.trace.empty());
   o.engine.trace = &recorder;
   STRATA_ASSIGN_OR_RETURN(TrainDevice device, CreateTrainDevice(world, &recorder, &o));
   PrintRunLines(o, in, *device.device);
-  STRATA_ASSIGN_OR_RETURN(engine::Plan plan, MakeTrainPlan(*in.model, o.engine));
-  PrintPlan(o, plan);
-  std::printf("%s%s%s", placement_choice.c_str(), schedule_choice.c_str(), udb_choice.c_str());
-  if (machine) PrintPrediction(o, in.spec, *in.model, plan, *machine);
+  PrintPlan(o, choice.plan);
+  std::printf("%s", choice.Reasons().c_str());
+  if (machine) PrintPrediction(choice);
   o.engine.init_progress = InitProgressLines();
-  STRATA_ASSIGN_OR_RETURN(auto engine,
-                          engine::Engine::Create(in.model.get(), device.device.get(), o.engine));
-  STRATA_RETURN_IF_ERROR(CheckSamePlan(plan, engine->plan()));
+  STRATA_ASSIGN_OR_RETURN(auto engine, engine::Engine::Create(in.model.get(), device.device.get(),
+                                                              o.engine, std::move(choice.plan)));
   PrintIoLine(o, *engine);
   STRATA_ASSIGN_OR_RETURN(
       TrainOutcome r, RunTrainLoop({&o, engine.get(), in.model.get(), &in.data, &in.spec, &recorder,

@@ -65,7 +65,7 @@ struct TrainFlags {
   // The GPU/CPU split: the fraction (0..1) of the parameters whose optimizer runs on the device
   // (engine::PlacementOptions::optimizer_device_fraction), or auto.
   std::string optimizer_device_fraction = "auto";
-  // A machine profile (engine/machine_profile.h): the predicted step is printed with the plan.
+  // A machine profile (engine/plan/machine_profile.h): the predicted step is printed with the plan.
   std::string machine;
   std::vector<std::string> nvme_paths;
   std::string io_backend = "auto";

@@ -1,4 +1,4 @@
-// The engine with every CPU optimizer (engine/optimizer_state.h): each trains, gives the same bits
+// The engine with every CPU optimizer (engine/plan/optimizer_state.h): each trains, gives the same bits
 // in every placement (state in host memory or on NVMe, params resident or streamed, overlapped or
 // sequential), resumes exactly from a checkpoint, and a checkpoint of one optimizer refuses to
 // load into a run of another. The 16-bit host gradients of a one-micro-batch step give the bits
@@ -12,7 +12,7 @@
 #include <string>
 
 #include "engine/engine.h"
-#include "engine/optimizer_state.h"
+#include "engine/plan/optimizer_state.h"
 #include "gpu/device.h"
 #include "models/gpt.h"
 #include "models/llama.h"

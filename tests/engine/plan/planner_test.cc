@@ -1,4 +1,4 @@
-#include "engine/planner.h"
+#include "engine/plan/planner.h"
 
 #include <gtest/gtest.h>
 

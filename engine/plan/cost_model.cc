@@ -1,4 +1,4 @@
-#include "engine/cost_model.h"
+#include "engine/plan/cost_model.h"
 
 #include <fmt/format.h>
 

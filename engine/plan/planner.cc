@@ -1,13 +1,13 @@
-#include "engine/planner.h"
+#include "engine/plan/planner.h"
 
 #include <fmt/format.h>
 #include <tbb/info.h>
 
 #include <algorithm>
+#include <atomic>
 
 #include "base/units.h"
-#include "engine/device_optimizer.h"
-#include "engine/optimizer_state.h"
+#include "engine/plan/optimizer_state.h"
 #include "gpu/device.h"
 
 namespace strata::engine {
@@ -66,19 +66,6 @@ int Plan::num_resident() const {
 int Plan::num_frozen_resident() const {
   return static_cast<int>(std::count_if(blocks.begin(), blocks.end(),
                                         [](const Block& b) { return b.frozen_resident; }));
-}
-
-Partition PartitionOf(int64_t num_params, int ranks, int rank) {
-  Partition p;
-  if (ranks <= 1) {
-    p.part_elems = p.own_elems = p.padded_elems = num_params;
-    return p;
-  }
-  p.part_elems = AlignUp((num_params + ranks - 1) / ranks, kPartitionAlign);
-  p.offset_elems = p.part_elems * rank;
-  p.own_elems = std::clamp<int64_t>(num_params - p.offset_elems, 0, p.part_elems);
-  p.padded_elems = p.part_elems * ranks;
-  return p;
 }
 
 namespace {
@@ -281,8 +268,29 @@ bool GradInWorkingPrecision(const Model& model, int block, int grad_accum_steps,
   return true;
 }
 
+namespace {
+std::atomic<int64_t> g_choices{0};
+std::atomic<int64_t> g_plans_built{0};
+std::atomic<int64_t> g_plans_built_in_choices{0};
+thread_local int64_t t_plans_built = 0;
+}  // namespace
+
+PlanningCounts PlanningCountsSoFar() {
+  return {g_choices.load(), g_plans_built.load(), g_plans_built_in_choices.load()};
+}
+
+namespace internal {
+int64_t PlansBuiltOnThisThread() { return t_plans_built; }
+void CountChoice(int64_t plans_built) {
+  g_choices.fetch_add(1);
+  g_plans_built_in_choices.fetch_add(plans_built);
+}
+}  // namespace internal
+
 StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape shape,
                         const PlacementOptions& o, const PlanOptimizer& optimizer) {
+  g_plans_built.fetch_add(1);
+  ++t_plans_built;
   if (o.device_budget_bytes == 0) {
     return InvalidArgumentError("device budget is zero; give one with units, e.g. 64MiB");
   }

@@ -14,7 +14,8 @@
 #include "base/dtype.h"
 #include "base/status.h"
 #include "cpu_optim/any_optimizer.h"
-#include "engine/model.h"
+#include "engine/plan/model.h"
+#include "engine/plan/partition.h"
 
 namespace strata::engine {
 
@@ -83,24 +84,7 @@ struct PlacementOptions {
   bool data_parallel = false;
 };
 
-// Block partitions for data parallelism, after ZeRO (Rajbhandari et al., SC 2020): a chunk of
-// num_params is split into `ranks` contiguous partitions of part_elems each (num_params / ranks
-// rounded up to kPartitionAlign elements, so a partition starts 128-byte aligned in 16 bits and
-// 256-byte aligned in fp32); rank r owns elements [offset_elems, offset_elems + own_elems), the
-// real (unpadded) part of partition r: the last ranks may own fewer, or none. The device copy of
-// a block is padded to padded_elems = ranks * part_elems. One rank: one partition of num_params,
-// no padding.
-inline constexpr int64_t kPartitionAlign = 64;
-struct Partition {
-  int64_t part_elems = 0;
-  int64_t offset_elems = 0;
-  int64_t own_elems = 0;
-  int64_t padded_elems = 0;
-};
-// Pure; ranks >= 1, 0 <= rank < ranks.
-Partition PartitionOf(int64_t num_params, int ranks, int rank);
-
-// The optimizer a plan is made for: its state per block (engine/optimizer_state.h) and how
+// The optimizer a plan is made for: its state per block (engine/plan/optimizer_state.h) and how
 // gradients accumulate on the host.
 struct PlanOptimizer {
   cpu_optim::AnyOptimizer optimizer;  // AdamW by default
@@ -253,5 +237,23 @@ uint64_t AutoDeviceBudgetBytes(const Model& model, DType precision, MicroBatchSh
 // much; frozen chunks with data parallelism, a block with neither own nor frozen params).
 StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape shape,
                         const PlacementOptions& options, const PlanOptimizer& optimizer = {});
+
+// The planning calls made in this process so far: ChoosePlan calls (engine/plan/plan_choice.h),
+// MakePlan calls, and of them those made inside a ChoosePlan. A front end that plans once makes
+// one choice and no plan outside it (tests check that nothing re-plans after the choice).
+// Process-wide atomic counters; thread-safe.
+struct PlanningCounts {
+  int64_t choices = 0;
+  int64_t plans_built = 0;
+  int64_t plans_built_in_choices = 0;
+};
+PlanningCounts PlanningCountsSoFar();
+
+namespace internal {
+// ChoosePlan's bookkeeping: MakePlan calls made on the calling thread so far, and the choice's
+// own count once it returns. Thread-safe.
+int64_t PlansBuiltOnThisThread();
+void CountChoice(int64_t plans_built);
+}  // namespace internal
 
 }  // namespace strata::engine
