@@ -624,9 +624,9 @@ Status CheckPlanFits(const Model& model, const EngineOptions& options, const Pla
                       DTypeName(options.precision));
   } else if (plan.shape.batch_size != options.micro_batch.batch_size ||
              plan.shape.seq_len != options.micro_batch.seq_len) {
-    why = fmt::format("micro-batch {}x{} (options: {}x{})", plan.shape.batch_size,
-                      plan.shape.seq_len, options.micro_batch.batch_size,
-                      options.micro_batch.seq_len);
+    why =
+        fmt::format("micro-batch {}x{} (options: {}x{})", plan.shape.batch_size, plan.shape.seq_len,
+                    options.micro_batch.batch_size, options.micro_batch.seq_len);
   } else if (plan.ranks != placement.ranks || plan.rank != placement.rank ||
              plan.data_parallel != placement.data_parallel) {
     why = fmt::format("rank {} of {} (options: rank {} of {})", plan.rank, plan.ranks,
@@ -659,9 +659,9 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(Model* model, gpu::Device* devi
                                                  const EngineOptions& options) {
   if (!model || !device) return InvalidArgumentError("Engine::Create needs a model and a device");
   STRATA_ASSIGN_OR_RETURN(
-      Plan plan, MakePlan(*model, options.precision, options.micro_batch,
-                          PlacementWithRanks(options),
-                          PlanOptimizer{options.optimizer, std::max(1, options.grad_accum_steps)}));
+      Plan plan,
+      MakePlan(*model, options.precision, options.micro_batch, PlacementWithRanks(options),
+               PlanOptimizer{options.optimizer, std::max(1, options.grad_accum_steps)}));
   return Create(model, device, options, std::move(plan));
 }
 

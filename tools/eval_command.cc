@@ -109,8 +109,8 @@ StatusOr<Loaded> Load(const InferenceFlags& f, engine::MicroBatchShape shape) {
                           engine::ChoosePlan(*l.model, request, /*machine=*/nullptr));
   o.placement = choice.placement;
   STRATA_ASSIGN_OR_RETURN(l.device, CreateDeviceFromFlag(f.device, {}));
-  STRATA_ASSIGN_OR_RETURN(l.engine, engine::Engine::Create(l.model.get(), l.device.get(), o,
-                                                           std::move(choice.plan)));
+  STRATA_ASSIGN_OR_RETURN(
+      l.engine, engine::Engine::Create(l.model.get(), l.device.get(), o, std::move(choice.plan)));
   if (!checkpoint_dir.empty()) {
     engine::TrainerState trainer;
     STRATA_RETURN_IF_ERROR(l.engine->LoadCheckpoint(checkpoint_dir, &trainer));

@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 
-
 namespace strata::tools {
 
 engine::CostInputs CostInputsOf(const ModelSpec& spec, int grad_accum_steps,

@@ -15,14 +15,15 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "base/dtype.h"
 #include "base/trace.h"
 #include "base/units.h"
 #include "comm/communicator.h"
-#include "engine/plan/cost_model.h"
 #include "engine/engine.h"
+#include "engine/plan/cost_model.h"
 #include "engine/plan/machine_profile.h"
 #include "gpu/device.h"
 #include "io/io_backend.h"
@@ -281,6 +282,58 @@ void AddPipelineFlags(CLI::App& cmd, TrainFlags& f) {
 }  // namespace
 
 // In this order: --help lists the flags as registered.
+namespace {
+
+// The sections of `strata train --help` (CLI11 option groups), in the order they print, and the
+// flags of each. Every flag of train is in one (tests/tools/train_help_cli_test.cc checks).
+struct HelpGroup {
+  const char* name;
+  std::vector<std::string_view> flags;
+};
+const std::vector<HelpGroup>& TrainHelpGroups() {
+  static const std::vector<HelpGroup> groups = {
+      {"Data", {"--data", "--val-data", "--tokenizer", "--pack", "--long-examples"}},
+      {"Model", {"--model", "--model-dir", "--precision", "--seed", "--tf32"}},
+      {"Batch and steps",
+       {"--steps", "--micro-batch-size", "--seq-len", "--grad-accum-steps", "--global-batch-size",
+        "--comm-timeout"}},
+      {"Optimizer",
+       {"--optimizer", "--lr", "--lr-schedule", "--warmup-steps", "--warmup-type", "--weight-decay",
+        "--grad-clip", "--beta1", "--beta2", "--eps", "--momentum", "--adafactor-decay-rate",
+        "--adafactor-clip-threshold"}},
+      {"Placement and memory",
+       {"--device", "--device-budget", "--offload-params", "--offload-optimizer",
+        "--optimizer-device-fraction", "--machine", "--schedule", "--update-during-backward",
+        "--offload-activations", "--prefetch-depth", "--grad-buckets", "--optimizer-buffers",
+        "--no-overlap", "--copy-bandwidth", "--eager-update"}},
+      {"I/O (NVMe)",
+       {"--nvme-path", "--io-backend", "--io-queue-depth", "--io-block-size", "--io-threads"}},
+      {"LoRA",
+       {"--lora-rank", "--lora-alpha", "--lora-targets", "--lora-dropout", "--lora-init"}},
+      {"Checkpoints",
+       {"--save-dir", "--save-every", "--keep-last", "--resume", "--save-on-signal"}},
+      {"Logging and outputs",
+       {"--log-every", "--eval-every", "--eval-batches", "--sample-bytes", "--summary-json",
+        "--trace", "--tensorboard-dir", "--metrics-jsonl", "--metrics-csv-dir"}},
+  };
+  return groups;
+}
+
+// Files every option of `cmd` under its section; --help and --config stay at the top.
+void GroupTrainFlags(CLI::App& cmd) {
+  for (CLI::Option* option : cmd.get_options()) {
+    for (const HelpGroup& g : TrainHelpGroups()) {
+      const auto& names = option->get_lnames();
+      if (!names.empty() && std::find(g.flags.begin(), g.flags.end(), "--" + names[0]) !=
+                                g.flags.end()) {
+        option->group(g.name);
+      }
+    }
+  }
+}
+
+}  // namespace
+
 void AddTrainFlags(CLI::App& cmd, TrainFlags& f) {
   AddDataFlags(cmd, f);
   AddBatchFlags(cmd, f);
@@ -290,6 +343,7 @@ void AddTrainFlags(CLI::App& cmd, TrainFlags& f) {
   AddOutputFlags(cmd, f);
   AddPipelineFlags(cmd, f);
   AddCheckpointFlags(cmd, f.checkpoint);
+  GroupTrainFlags(cmd);
 }
 
 namespace {

@@ -217,6 +217,23 @@ StatusOr<engine::EngineOptions> EngineOptionsFromFlags(const TrainFlags& f) {
   return o;
 }
 
+TrainLoopOptions LoopFromFlags(const TrainFlags& f) {
+  TrainLoopOptions l;
+  l.steps = f.steps;
+  l.micro_batch_size = f.micro_batch_size;
+  l.seq_len = f.seq_len;
+  l.grad_accum_steps = f.grad_accum_steps;
+  l.seed = f.seed;
+  l.log_every = f.log_every;
+  l.eval_every = f.eval_every;
+  l.eval_batches = f.eval_batches;
+  l.sample_bytes = f.sample_bytes;
+  l.wall_clock_breakdown = f.wall_clock_breakdown;
+  l.trace_path = f.trace;
+  l.checkpoint = f.checkpoint;
+  return l;
+}
+
 MetricsOptions MetricsFromFlags(const TrainFlags& f) {
   MetricsOptions m;
   m.tensorboard_dir = f.tensorboard_dir;
@@ -292,6 +309,7 @@ StatusOr<TrainOptions> TrainOptionsFromFlags(const TrainFlags& flags, const Rank
   o.automatic.device_fraction =
       f.optimizer_device_fraction == "auto" && f.offload_optimizer == "auto";
   o.metrics = MetricsFromFlags(f);
+  o.loop = LoopFromFlags(f);  // after ApplyRanks: accumulation steps and rank 0's outputs
   o.device.host.copy_bytes_per_second = f.copy_bandwidth;
   o.device.cuda_device_ordinal = ranks.local_rank;  // one process per GPU
   return o;
@@ -338,8 +356,9 @@ engine::PlanRequest PlanRequestOf(const TrainOptions& options, const ModelSpec& 
 StatusOr<engine::PlanChoice> ChooseTrainPlan(const engine::Model& model, const ModelSpec& spec,
                                              const engine::MachineProfile* machine,
                                              TrainOptions* options, bool compare) {
-  STRATA_ASSIGN_OR_RETURN(engine::PlanChoice choice,
-                          engine::ChoosePlan(model, PlanRequestOf(*options, spec, compare), machine));
+  STRATA_ASSIGN_OR_RETURN(
+      engine::PlanChoice choice,
+      engine::ChoosePlan(model, PlanRequestOf(*options, spec, compare), machine));
   options->engine.placement = choice.placement;
   options->engine.update_during_backward = choice.update_during_backward;
   return choice;

@@ -27,7 +27,7 @@
 #include "tools/lr_schedule.h"
 #include "tools/metrics.h"
 #include "tools/model_spec.h"
-#include "tools/train_command.h"
+#include "tools/train_flags.h"
 
 namespace strata::tools {
 
@@ -40,6 +40,22 @@ struct RankInfo {
 };
 RankInfo RankInfoOf(const comm::Communicator* world);  // world may be null
 
+// The training loop's options (tools/train_loop.h), typed: the loop reads these and no flag.
+struct TrainLoopOptions {
+  int64_t steps = 300;  // optimizer steps of the whole run (a resumed run continues to it)
+  int micro_batch_size = 1;
+  int seq_len = 64;
+  int grad_accum_steps = 1;           // per rank
+  uint64_t seed = 1337;               // the data sampler's seed (xor a constant)
+  int64_t log_every = 10;             // a progress line every N steps
+  int64_t eval_every = 100;           // a validation pass every N steps; 0 = only at the end
+  int eval_batches = 16;              // micro-batches per validation pass
+  int64_t sample_bytes = 200;         // text sampled at the end; 0 = none
+  bool wall_clock_breakdown = false;  // a time line with each progress line
+  std::string trace_path;             // Chrome trace-event JSON written at the end; empty = none
+  CheckpointFlags checkpoint;         // save directory, interval, retention, resume, save on signal
+};
+
 // Every option struct of a run, from the flags.
 struct TrainOptions {
   // The flags as given, except: grad_accum_steps derived from --global-batch-size when given;
@@ -47,6 +63,7 @@ struct TrainOptions {
   // (--summary-json, --trace, the metrics) cleared, since rank 0 alone writes them.
   TrainFlags flags;
   RankInfo ranks;
+  TrainLoopOptions loop;
   LrSchedule schedule;
   MetricsOptions metrics;
   // Everything but trace and comm (set by the caller and CreateTrainDevice); placement.ranks,

@@ -76,7 +76,7 @@ struct PlanRequest {
 struct PlanAlternative {
   // "device", "split" (the optimizer alternatives), or a ScheduleName.
   std::string name;
-  double device_fraction = 0;  // of the parameters whose optimizer runs on the device
+  double device_fraction = 0;                // of the parameters whose optimizer runs on the device
   std::optional<StepPrediction> prediction;  // absent when the plan is infeasible
   std::string why_not;  // the planner's or the cost model's reason, when absent
 };
@@ -119,6 +119,5 @@ CostInputs CostInputsOf(const PlanRequest& request, bool update_during_backward)
 // need it fall back to the request's values and the reasons say why.
 StatusOr<PlanChoice> ChoosePlan(const Model& model, const PlanRequest& request,
                                 const MachineProfile* machine);
-
 
 }  // namespace strata::engine

@@ -22,8 +22,8 @@ const std::string kH200 = std::string(STRATA_SOURCE_DIR) + "/bench/machines/h200
 class PlanOnceCli : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("strata_plan_once_" + std::to_string(::getpid()));
+    dir_ =
+        std::filesystem::temp_directory_path() / ("strata_plan_once_" + std::to_string(::getpid()));
     std::filesystem::create_directories(dir_);
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
@@ -31,8 +31,8 @@ class PlanOnceCli : public ::testing::Test {
   // `strata train ARGS --summary-json F` in the scratch directory: the summary's "planning".
   nlohmann::json TrainPlanning(const std::string& args) {
     const std::string summary = (dir_ / "summary.json").string();
-    const Result r = RunStrata("train " + args + " --nvme-path " + dir_.string() +
-                               " --summary-json " + summary);
+    const Result r =
+        RunStrata("train " + args + " --nvme-path " + dir_.string() + " --summary-json " + summary);
     EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
     std::ifstream in(summary);
     nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
