@@ -20,6 +20,7 @@
 #include "engine/plan/planner.h"
 #include "tools/model_spec.h"
 #include "tools/optimizer_flags.h"
+#include "tools/option_flags.h"
 #include "tools/step_prediction.h"
 #include "tools/train_setup.h"
 
@@ -292,10 +293,10 @@ nlohmann::json EstimateJson(const EstimateFlags& f, const EstimateSetup& e, bool
                              ? std::string("device")
                              : std::string(engine::OptimizerHomeName(plan.optimizer_home))},
       {"optimizer_device_fraction", plan.optimizer_device_fraction()},
-      {"placement_choice", c.placement_reason},
+      {"placement_choice", InFlagTerms(c.placement_reason)},
       {"update_during_backward", e.options.engine.update_during_backward},
       {"schedule", std::string(engine::ScheduleName(plan.schedule))},
-      {"schedule_choice", c.schedule_reason},
+      {"schedule_choice", InFlagTerms(c.schedule_reason)},
       {"held_micro_batches", plan.held_micro_batches},
       {"device_grad_buckets", plan.device_grad_buckets},
       {"host_grad_buckets", plan.host_grad_buckets},
@@ -355,7 +356,7 @@ void PrintEstimate(const EstimateFlags& f, const EstimateSetup& e, bool with_mac
   const std::optional<engine::Plan>& one_rank = c.one_rank;
   std::printf("strata estimate: %s\n", e.model->description().c_str());
   std::printf("%s", plan.Describe().c_str());
-  std::printf("%s", c.Reasons().c_str());
+  std::printf("%s", InFlagTerms(c.Reasons()).c_str());
   if (one_rank) {
     // Host gradients are fp32 on every rank of a data-parallel run, 16-bit on one rank at
     // --grad-accum-steps 1 (planner.h), so the host figure halves only from 2 micro-batches on.
@@ -380,7 +381,7 @@ void PrintEstimate(const EstimateFlags& f, const EstimateSetup& e, bool with_mac
     std::printf("%s", DescribeStepPrediction(*c.prediction, c.optimizer_alternatives).c_str());
     std::printf("%s", DescribeSchedules(c.schedules, engine::ScheduleName(plan.schedule)).c_str());
   } else if (with_machine) {
-    std::printf("step time: not predicted: %s\n", c.prediction_error.c_str());
+    std::printf("step time: not predicted: %s\n", InFlagTerms(c.prediction_error).c_str());
   } else {
     std::printf(
         "step time: not predicted; --machine FILE (a machine profile, `strata doctor "

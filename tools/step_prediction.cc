@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "tools/option_flags.h"
+
 namespace strata::tools {
 
 engine::CostInputs CostInputsOf(const ModelSpec& spec, int grad_accum_steps,
@@ -36,7 +38,7 @@ std::string DescribeStepPrediction(const engine::StepPrediction& pr,
                        a.prediction->step_s, a.prediction->tokens_per_s,
                        pr.step_s / a.prediction->step_s, a.prediction->bound);
     } else {
-      s += fmt::format("  {}: does not fit: {}\n", label, a.why_not);
+      s += fmt::format("  {}: does not fit: {}\n", label, InFlagTerms(a.why_not));
     }
   }
   return s;
@@ -52,8 +54,8 @@ std::string DescribeSchedules(const std::vector<engine::PlanAlternative>& schedu
       s += fmt::format("  {}: step {:.3g} s ({:.0f} tokens/s), bound by {}\n", label,
                        a.prediction->step_s, a.prediction->tokens_per_s, a.prediction->bound);
     } else {
-      s +=
-          fmt::format("  {}: does not fit: {}\n", label, a.why_not.substr(0, a.why_not.find('\n')));
+      s += fmt::format("  {}: does not fit: {}\n", label,
+                       InFlagTerms(a.why_not.substr(0, a.why_not.find('\n'))));
     }
   }
   return s;

@@ -32,6 +32,7 @@
 #include "tools/metrics.h"
 #include "tools/model_spec.h"
 #include "tools/mpi_launch.h"
+#include "tools/option_flags.h"
 #include "tools/step_prediction.h"
 #include "tools/train_loop.h"
 #include "tools/train_setup.h"
@@ -308,8 +309,7 @@ const std::vector<HelpGroup>& TrainHelpGroups() {
         "--no-overlap", "--copy-bandwidth", "--eager-update"}},
       {"I/O (NVMe)",
        {"--nvme-path", "--io-backend", "--io-queue-depth", "--io-block-size", "--io-threads"}},
-      {"LoRA",
-       {"--lora-rank", "--lora-alpha", "--lora-targets", "--lora-dropout", "--lora-init"}},
+      {"LoRA", {"--lora-rank", "--lora-alpha", "--lora-targets", "--lora-dropout", "--lora-init"}},
       {"Checkpoints",
        {"--save-dir", "--save-every", "--keep-last", "--resume", "--save-on-signal"}},
       {"Logging and outputs",
@@ -324,8 +324,8 @@ void GroupTrainFlags(CLI::App& cmd) {
   for (CLI::Option* option : cmd.get_options()) {
     for (const HelpGroup& g : TrainHelpGroups()) {
       const auto& names = option->get_lnames();
-      if (!names.empty() && std::find(g.flags.begin(), g.flags.end(), "--" + names[0]) !=
-                                g.flags.end()) {
+      if (!names.empty() &&
+          std::find(g.flags.begin(), g.flags.end(), "--" + names[0]) != g.flags.end()) {
         option->group(g.name);
       }
     }
@@ -409,7 +409,7 @@ void PrintPlan(const TrainOptions& o, const engine::Plan& plan) {
 // cannot predict it.
 void PrintPrediction(const engine::PlanChoice& choice) {
   if (!choice.prediction) {
-    std::printf("  predicted step: none: %s\n", choice.prediction_error.c_str());
+    std::printf("  predicted step: none: %s\n", InFlagTerms(choice.prediction_error).c_str());
   } else {
     std::printf("  %s",
                 DescribeStepPrediction(*choice.prediction, choice.optimizer_alternatives).c_str());
@@ -655,7 +655,7 @@ Status RunTrainRanks(const TrainFlags& flags, comm::Communicator* world) {
   STRATA_ASSIGN_OR_RETURN(TrainDevice device, CreateTrainDevice(world, &recorder, &o));
   PrintRunLines(o, in, *device.device);
   PrintPlan(o, choice.plan);
-  std::printf("%s", choice.Reasons().c_str());
+  std::printf("%s", InFlagTerms(choice.Reasons()).c_str());
   if (machine) PrintPrediction(choice);
   o.engine.init_progress = InitProgressLines();
   STRATA_ASSIGN_OR_RETURN(auto engine, engine::Engine::Create(in.model.get(), device.device.get(),

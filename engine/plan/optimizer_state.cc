@@ -85,10 +85,10 @@ Status CheckDeviceOptimizer(const cpu_optim::AnyOptimizer& optimizer) {
       return Status::Ok();
     case cpu_optim::OptimizerKind::kAdamW8bit:
       return InvalidArgumentError(
-          "adamw8bit runs on the CPU only: use --offload-optimizer host or nvme");
+          "adamw8bit runs on the CPU only: use `optimizer_home host` or `optimizer_home nvme`");
     case cpu_optim::OptimizerKind::kAdafactor:
       return InvalidArgumentError(
-          "adafactor runs on the CPU only: use --offload-optimizer host or nvme");
+          "adafactor runs on the CPU only: use `optimizer_home host` or `optimizer_home nvme`");
   }
   return InvalidArgumentError(fmt::format("optimizer kind {} does not run on the device",
                                           static_cast<int>(optimizer.kind)));

@@ -148,8 +148,8 @@ std::string ChooseSchedule(const Model& model, const PlanRequest& r, const Machi
     s->auto_device_budget = false;
     s->placement.device_budget_bytes = layer_major->device_budget_bytes;
     return fmt::format(
-        "schedule: layer-major (auto: its plan of {} micro-batches fits; --machine FILE compares "
-        "the predicted steps)\n",
+        "schedule: layer-major (auto: its plan of {} micro-batches fits; `machine` compares the "
+        "predicted steps)\n",
         a);
   }
   auto lm = PredictAsResolved(*layer_major, r, *s, *machine);

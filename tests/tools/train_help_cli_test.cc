@@ -20,8 +20,8 @@ TEST(TrainHelpCli, EveryOptionIsInOneSectionAndTheSectionsPrintInOrder) {
   const Result r = RunStrata("train --help");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const std::vector<std::string> expected = {
-      "Data",      "Model", "Batch and steps", "Optimizer", "Placement and memory", "I/O (NVMe)",
-      "LoRA",      "Logging and outputs", "Checkpoints"};
+      "Data",       "Model", "Batch and steps",     "Optimizer",  "Placement and memory",
+      "I/O (NVMe)", "LoRA",  "Logging and outputs", "Checkpoints"};
   const std::regex header(R"(^([A-Z][A-Za-z /()]*):\s*$)");
   const std::regex option(R"(^\s+(?:-[A-Za-z], )?(--[a-z0-9-]+))");
   std::istringstream in(r.out);
