@@ -31,6 +31,7 @@
 #include "tools/metrics.h"
 #include "tools/model_spec.h"
 #include "tools/mpi_launch.h"
+#include "tools/run_destinations.h"
 #include "tools/step_prediction.h"
 #include "tools/train_loop.h"
 #include "tools/train_setup.h"
@@ -611,6 +612,8 @@ Status RunTrainRanks(const TrainFlags& flags, comm::Communicator* world) {
   PrintPlan(o, plan);
   std::printf("%s%s%s", placement_choice.c_str(), schedule_choice.c_str(), udb_choice.c_str());
   if (machine) PrintPrediction(o, in.spec, *in.model, plan, *machine);
+  // Save directory, swap directories, summary and trace: made or refused before the work.
+  STRATA_RETURN_IF_ERROR(PrepareRunDestinations(o.flags, plan));
   o.engine.init_progress = InitProgressLines();
   STRATA_ASSIGN_OR_RETURN(auto engine,
                           engine::Engine::Create(in.model.get(), device.device.get(), o.engine));
