@@ -33,6 +33,7 @@
 #include "tools/model_spec.h"
 #include "tools/mpi_launch.h"
 #include "tools/option_flags.h"
+#include "tools/run_destinations.h"
 #include "tools/step_prediction.h"
 #include "tools/train_loop.h"
 #include "tools/train_setup.h"
@@ -657,6 +658,8 @@ Status RunTrainRanks(const TrainFlags& flags, comm::Communicator* world) {
   PrintPlan(o, choice.plan);
   std::printf("%s", InFlagTerms(choice.Reasons()).c_str());
   if (machine) PrintPrediction(choice);
+  // Save directory, swap directories, summary and trace: made or refused before the work.
+  STRATA_RETURN_IF_ERROR(PrepareRunDestinations(o.flags, choice.plan));
   o.engine.init_progress = InitProgressLines();
   STRATA_ASSIGN_OR_RETURN(auto engine, engine::Engine::Create(in.model.get(), device.device.get(),
                                                               o.engine, std::move(choice.plan)));

@@ -1,0 +1,53 @@
+// `strata train`'s destinations made ready before the work: every directory and file a run
+// writes to later (checkpoints, swap files, the summary, the trace) is created or checked once,
+// after the plan is made and before the engine allocates, so that a bad path fails in a second
+// with a line naming its flag, not after the first checkpoint's hundred steps.
+//
+// The metrics destinations (--tensorboard-dir, --metrics-jsonl, --metrics-csv-dir) are opened
+// even earlier, by MetricsWriter::Create (tools/metrics.h); this file does the rest.
+//
+// Thread-safety: plain functions; they touch the file system only.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "base/status.h"
+#include "engine/planner.h"
+#include "tools/train_command.h"
+
+namespace strata::tools {
+
+// Creates `dir` and its missing parents (as `mkdir -p`: the parents with mode 0777, `dir` itself
+// with `mode`, both less the umask), then checks that a file can be created in it (a temporary
+// file, removed at once). `flag` names the option
+// in every error. Errors: kInvalidArgument when `dir` exists and is not a directory; the
+// ErrnoToStatus code of mkdir or of the file's creation (kPermissionDenied, kNotFound, ...),
+// "FLAG 'DIR': cannot create the directory" / "cannot write into the directory".
+Status MakeWritableDirectory(std::string_view flag, const std::string& dir, mode_t mode = 0777);
+
+// A file the run writes at its end (replaced if it exists): an existing `path` must be a
+// writable non-directory; otherwise its directory must exist (it is not created) and take a new
+// file. Nothing is written at `path` itself. Errors: kNotFound for a missing directory,
+// kInvalidArgument for a directory at `path`, and MakeWritableDirectory's.
+Status CheckWritableFile(std::string_view flag, const std::string& path);
+
+// The bytes of one checkpoint of `plan` (engine/checkpoint.h: fp32 master weights, the
+// optimizer's state, the working params), before the manifest's few KiB.
+uint64_t CheckpointBytes(const engine::Plan& plan);
+
+// Everything `flags` (after TrainOptionsFromFlags: {rank} replaced, the outputs of ranks other
+// than 0 cleared) will write to, checked before the engine is created:
+//   --save-dir: MakeWritableDirectory (the directory itself 0700, as the checkpoint writer made
+//     it), and its file system has room for one checkpoint
+//     (CheckpointBytes; kResourceExhausted naming both sizes otherwise);
+//   --nvme-path (each; "." when none is given), when the plan keeps anything on NVMe:
+//     MakeWritableDirectory;
+//   --summary-json, --trace: CheckWritableFile (their directories are not created).
+// Returns the first problem.
+Status PrepareRunDestinations(const TrainFlags& flags, const engine::Plan& plan);
+
+}  // namespace strata::tools
