@@ -307,7 +307,7 @@ const std::vector<HelpGroup>& TrainHelpGroups() {
        {"--device", "--device-budget", "--offload-params", "--offload-optimizer",
         "--optimizer-device-fraction", "--machine", "--schedule", "--update-during-backward",
         "--offload-activations", "--prefetch-depth", "--grad-buckets", "--optimizer-buffers",
-        "--no-overlap", "--copy-bandwidth", "--eager-update"}},
+        "--no-overlap", "--copy-bandwidth"}},
       {"I/O (NVMe)",
        {"--nvme-path", "--io-backend", "--io-queue-depth", "--io-block-size", "--io-threads"}},
       {"LoRA", {"--lora-rank", "--lora-alpha", "--lora-targets", "--lora-dropout", "--lora-init"}},
@@ -320,9 +320,11 @@ const std::vector<HelpGroup>& TrainHelpGroups() {
   return groups;
 }
 
-// Files every option of `cmd` under its section; --help and --config stay at the top.
+// Files every option of `cmd` under its section; --help and --config stay at the top, and an
+// option hidden from the help (group "", the removed --eager-update) stays hidden.
 void GroupTrainFlags(CLI::App& cmd) {
   for (CLI::Option* option : cmd.get_options()) {
+    if (option->get_group().empty()) continue;  // hidden
     for (const HelpGroup& g : TrainHelpGroups()) {
       const auto& names = option->get_lnames();
       if (!names.empty() &&
