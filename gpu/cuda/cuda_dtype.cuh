@@ -11,15 +11,11 @@
 #include <bit>
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define STRATA_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define STRATA_HOST_DEVICE inline
-#endif
+#include "base/host_device.h"
 
 namespace strata::gpu::cuda {
 
-STRATA_HOST_DEVICE uint32_t FloatBits(float f) {
+STRATA_HD inline uint32_t FloatBits(float f) {
 #if defined(__CUDA_ARCH__)
   return __float_as_uint(f);
 #else
@@ -27,7 +23,7 @@ STRATA_HOST_DEVICE uint32_t FloatBits(float f) {
 #endif
 }
 
-STRATA_HOST_DEVICE float BitsToFloat(uint32_t u) {
+STRATA_HD inline float BitsToFloat(uint32_t u) {
 #if defined(__CUDA_ARCH__)
   return __uint_as_float(u);
 #else
@@ -36,7 +32,7 @@ STRATA_HOST_DEVICE float BitsToFloat(uint32_t u) {
 }
 
 // Leading zero bits of a nonzero 32-bit value.
-STRATA_HOST_DEVICE int CountLeadingZeros(uint32_t v) {
+STRATA_HD inline int CountLeadingZeros(uint32_t v) {
 #if defined(__CUDA_ARCH__)
   return __clz(v);
 #else
@@ -44,18 +40,18 @@ STRATA_HOST_DEVICE int CountLeadingZeros(uint32_t v) {
 #endif
 }
 
-STRATA_HOST_DEVICE float Bf16ToFloatDev(uint16_t h) {
+STRATA_HD inline float Bf16ToFloatDev(uint16_t h) {
   return BitsToFloat(static_cast<uint32_t>(h) << 16);
 }
 
-STRATA_HOST_DEVICE uint16_t FloatToBf16Dev(float f) {
+STRATA_HD inline uint16_t FloatToBf16Dev(float f) {
   uint32_t u = FloatBits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);  // NaN
   u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even; overflow rounds to inf
   return static_cast<uint16_t>(u >> 16);
 }
 
-STRATA_HOST_DEVICE float HalfToFloatDev(uint16_t h) {
+STRATA_HD inline float HalfToFloatDev(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   const uint32_t exp = (h >> 10) & 0x1fu;
   const uint32_t mant = h & 0x3ffu;
@@ -74,7 +70,7 @@ STRATA_HOST_DEVICE float HalfToFloatDev(uint16_t h) {
   return BitsToFloat(bits);
 }
 
-STRATA_HOST_DEVICE uint16_t FloatToHalfDev(float f) {
+STRATA_HD inline uint16_t FloatToHalfDev(float f) {
   const uint32_t u = FloatBits(f);
   const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   const uint32_t a = u & 0x7fffffffu;
@@ -98,12 +94,10 @@ STRATA_HOST_DEVICE uint16_t FloatToHalfDev(float f) {
 
 // x * scale as the host reference computes it on x86-64 (SSE): a NaN operand keeps its
 // sign and payload and comes back quiet. (NVIDIA's FMUL would return the canonical NaN.)
-STRATA_HOST_DEVICE float ScaleDev(float x, float scale) {
+STRATA_HD inline float ScaleDev(float x, float scale) {
   const uint32_t u = FloatBits(x);
   if ((u & 0x7fffffffu) > 0x7f800000u) return BitsToFloat(u | 0x00400000u);
   return x * scale;
 }
 
 }  // namespace strata::gpu::cuda
-
-#undef STRATA_HOST_DEVICE
