@@ -1,4 +1,4 @@
-// strata_offload: the C face of strata::engine::OffloadOptimizer (engine/offload_optimizer.h has
+// strata_offload: the C face of strata::engine::OffloadOptimizer (offload/offload_optimizer.h has
 // the contract). This file checks the C arguments (NULL pointers, enum values, struct sizes,
 // indices) with messages that name the call and the C field, converts the C structs, and
 // prefixes the engine's own errors with the call's name; the engine does the rest.
@@ -22,8 +22,8 @@
 #include "capi/cuda_event.h"
 #include "capi/optimizer_configs.h"
 #include "cpu_optim/any_optimizer.h"
-#include "engine/offload_optimizer.h"
 #include "io/io_backend.h"
+#include "offload/offload_optimizer.h"
 #include "strata/strata.h"
 
 // The handle. Member order matters: the optimizer (whose destructor waits for the folds that

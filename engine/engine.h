@@ -37,7 +37,9 @@
 //     b+1, update b, write b-1 for state on NVMe) while Step returns; the next forward of block
 //     b waits only on block b's update. No stale update: the numbers are those of a sequential
 //     step, bit for bit.
-// Eager mode (bf16/fp32, no clipping) starts a block's update as soon as its gradients landed.
+// With update_during_backward (engine/update_speculation.h) a CPU-optimized block's update
+// starts as soon as its gradient is complete, during backward, speculatively, and stands or is
+// redone when backward ends: the same numbers, bit for bit.
 //
 // Thread-safety: an Engine is driven by one host thread.
 #pragma once

@@ -534,7 +534,7 @@ STRATA_API strata_status strata_convert_to_f32(const void* src, strata_dtype src
  * Ren et al., "ZeRO-Offload: Democratizing Billion-Scale Model Training", USENIX
  * ATC 2021; optimizer state on NVMe as in Rajbhandari et al., "ZeRO-Infinity",
  * SC 2021. The C face of strata::engine::OffloadOptimizer
- * (engine/offload_optimizer.h, which has the full contract).
+ * (offload/offload_optimizer.h, which has the full contract).
  *
  * The caller owns its model and working parameters; Strata owns the fp32 master
  * weights and the optimizer state, in host memory or on NVMe (the swap store:
