@@ -11,7 +11,7 @@
 #include <utility>
 
 #include "base/file.h"
-#include "data/hf_config.h"
+#include "data/hf_tokenizer_json.h"
 
 namespace strata::data {
 
@@ -94,7 +94,7 @@ std::string Lossy(std::string_view bytes) {
 }  // namespace
 
 struct HfTokenizer::Impl {
-  hf::HfConfig config;
+  hf::TokenizerJson config;
   std::vector<std::string> id_to_token;
   std::vector<bool> has_token;
   hf::Vocab added_ids;
@@ -520,7 +520,7 @@ Status ResolveSpecialIds(const std::string& path, HfTokenizer::Impl* impl) {
     }
     names = *parsed;
   }
-  const hf::HfConfig& c = impl->config;
+  const hf::TokenizerJson& c = impl->config;
   struct Which {
     bool named;
     const std::string& name;

@@ -1,6 +1,7 @@
 // The parts of a Hugging Face tokenizer.json that Strata reads (the format of HF tokenizers'
 // Tokenizer::from_file: added_tokens, normalizer, pre_tokenizer, model, post_processor, decoder),
-// parsed into plain structs. Anything else a file uses is refused by name. Internal to data/
+// parsed into plain structs, and the bos/eos names of a tokenizer_config.json. Anything else a
+// file uses is refused by name. Internal to data/
 // (hf_tokenizer.h).
 #pragma once
 
@@ -53,7 +54,7 @@ struct DecoderStep {
   PrependScheme prepend_scheme = PrependScheme::kAlways;  // Metaspace
 };
 
-struct HfConfig {
+struct TokenizerJson {
   std::unique_ptr<BpeModel> model;
   std::vector<AddedToken> added_tokens;
   std::vector<NormalizerStep> normalizer;
@@ -73,7 +74,7 @@ inline constexpr const char* kGpt2Pattern =
 // Parses the text of a tokenizer.json. Errors: kInvalidArgument with a one-line reason (a JSON
 // syntax or type error, a missing field, an unsupported component named with the supported
 // ones); the caller adds the file's name.
-StatusOr<HfConfig> ParseTokenizerJson(const std::string& json);
+StatusOr<TokenizerJson> ParseTokenizerJson(const std::string& json);
 
 // bos_token / eos_token of a tokenizer_config.json's text: the token's content, "" when absent
 // (*present false) or null (*present true).

@@ -1,4 +1,4 @@
-#include "data/hf_config.h"
+#include "data/hf_tokenizer_json.h"
 
 #include <fmt/format.h>
 
@@ -234,7 +234,7 @@ AddedToken ParseAddedToken(const Json& j) {
 }
 
 // TemplateProcessing's "single": the special tokens right before and after the sequence.
-void ParseTemplate(const Json& j, HfConfig* c) {
+void ParseTemplate(const Json& j, TokenizerJson* c) {
   const Json& single = j.at("single");
   bool seen_sequence = false;
   for (const Json& item : single) {
@@ -256,7 +256,7 @@ void ParseTemplate(const Json& j, HfConfig* c) {
   }
 }
 
-void ParsePostProcessor(const Json& j, HfConfig* c) {
+void ParsePostProcessor(const Json& j, TokenizerJson* c) {
   const std::string type = TypeOf(j, "post_processor");
   if (type == "Sequence") {
     for (const Json& p : j.at("processors")) ParsePostProcessor(p, c);
@@ -267,14 +267,14 @@ void ParsePostProcessor(const Json& j, HfConfig* c) {
   }
 }
 
-HfConfig ParseTop(const Json& j) {
+TokenizerJson ParseTop(const Json& j) {
   if (!j.is_object()) Refuse("the top level is not an object");
   for (const char* key : {"truncation", "padding"}) {
     if (j.contains(key) && !j[key].is_null()) {
       Refuse(fmt::format("{} is not supported (null only)", key));
     }
   }
-  HfConfig c;
+  TokenizerJson c;
   if (j.contains("normalizer") && !j["normalizer"].is_null()) {
     ParseNormalizer(j["normalizer"], &c.normalizer);
   }
@@ -312,7 +312,7 @@ std::string TokenName(const Json& j) {
 
 }  // namespace
 
-StatusOr<HfConfig> ParseTokenizerJson(const std::string& json) {
+StatusOr<TokenizerJson> ParseTokenizerJson(const std::string& json) {
   try {
     return ParseTop(Json::parse(json));
   } catch (const Refusal& r) {
