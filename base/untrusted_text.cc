@@ -15,18 +15,21 @@ class DepthCheck : public nlohmann::json_sax<Json> {
  public:
   explicit DepthCheck(int max_depth) : max_depth_(max_depth) {}
 
-  bool null() override { return true; }
-  bool boolean(bool) override { return true; }
-  bool number_integer(number_integer_t) override { return true; }
-  bool number_unsigned(number_unsigned_t) override { return true; }
-  bool number_float(number_float_t, const string_t&) override { return true; }
-  bool string(string_t&) override { return true; }
-  bool binary(binary_t&) override { return true; }
-  bool start_object(std::size_t) override { return Enter(); }
-  bool key(string_t&) override { return true; }
-  bool end_object() override { return --depth_, true; }
-  bool start_array(std::size_t) override { return Enter(); }
-  bool end_array() override { return --depth_, true; }
+  bool null() override { return Value(); }
+  bool boolean(bool) override { return Value(); }
+  bool number_integer(number_integer_t) override { return Value(); }
+  bool number_unsigned(number_unsigned_t) override { return Value(); }
+  bool number_float(number_float_t, const string_t&) override { return Value(); }
+  bool string(string_t&) override { return Value(); }
+  bool binary(binary_t&) override { return Value(); }
+  bool start_object(std::size_t) override { return Value() && Enter(false); }
+  bool key(string_t& k) override {
+    if (frames_.size() <= kNamedLevels) frames_.back().key = k;
+    return true;
+  }
+  bool end_object() override { return frames_.pop_back(), true; }
+  bool start_array(std::size_t) override { return Value() && Enter(true); }
+  bool end_array() override { return frames_.pop_back(), true; }
   bool parse_error(std::size_t, const std::string&,
                    const nlohmann::detail::exception& e) override {
     // "[json.exception.parse_error.101] parse error at line 3, column 5: ..." without its tag.
@@ -41,14 +44,36 @@ class DepthCheck : public nlohmann::json_sax<Json> {
   const std::string& error() const { return error_; }
 
  private:
-  bool Enter() {
-    if (++depth_ <= max_depth_) return true;
-    error_ = fmt::format("JSON nested deeper than {} levels (the limit)", max_depth_);
+  // An array or object being read: the key or index of the value read last in it.
+  struct Frame {
+    bool array;
+    size_t index;
+    std::string key;
+  };
+  // Where the limit is crossed is named by the pointer of its first levels.
+  static constexpr size_t kNamedLevels = 4;
+
+  bool Value() {
+    if (!frames_.empty() && frames_.back().array) ++frames_.back().index;
+    return true;
+  }
+  bool Enter(bool array) {
+    if (static_cast<int>(frames_.size()) < max_depth_) {
+      frames_.push_back({array, 0, ""});
+      return true;
+    }
+    std::string at;
+    for (size_t i = 0; i < frames_.size() && i < kNamedLevels; ++i) {
+      at = frames_[i].array ? JsonPointerChild(at, frames_[i].index - 1)
+                            : JsonPointerChild(at, frames_[i].key);
+    }
+    error_ = fmt::format("JSON nested deeper than {} levels (the limit) under {}/...", max_depth_,
+                         at);
     return false;
   }
 
   int max_depth_;
-  int depth_ = 0;
+  std::vector<Frame> frames_;
   std::string error_;
 };
 
