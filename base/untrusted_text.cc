@@ -30,11 +30,11 @@ class DepthCheck : public nlohmann::json_sax<Json> {
   bool end_object() override { return frames_.pop_back(), true; }
   bool start_array(std::size_t) override { return Value() && Enter(true); }
   bool end_array() override { return frames_.pop_back(), true; }
-  bool parse_error(std::size_t, const std::string&,
-                   const nlohmann::detail::exception& e) override {
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
     // "[json.exception.parse_error.101] parse error at line 3, column 5: ..." without its tag.
     std::string what = e.what();
-    if (const size_t tag_end = what.find("] "); what.starts_with("[json.") && tag_end != what.npos) {
+    if (const size_t tag_end = what.find("] ");
+        what.starts_with("[json.") && tag_end != what.npos) {
       what.erase(0, tag_end + 2);
     }
     error_ = "malformed JSON: " + Excerpt(what, 240);
@@ -67,8 +67,8 @@ class DepthCheck : public nlohmann::json_sax<Json> {
       at = frames_[i].array ? JsonPointerChild(at, frames_[i].index - 1)
                             : JsonPointerChild(at, frames_[i].key);
     }
-    error_ = fmt::format("JSON nested deeper than {} levels (the limit) under {}/...", max_depth_,
-                         at);
+    error_ =
+        fmt::format("JSON nested deeper than {} levels (the limit) under {}/...", max_depth_, at);
     return false;
   }
 

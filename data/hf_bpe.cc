@@ -53,9 +53,8 @@ StatusOr<std::unique_ptr<BpeModel>> BpeModel::Create(
                                                              : std::string_view();
     if (ia == m->vocab_.end() || ib == m->vocab_.end() || ic == m->vocab_.end()) {
       return InvalidArgumentError(
-          fmt::format("/model/merges/{} ('{}' '{}'): '{}' is not in /model/vocab", rank,
-                      Excerpt(a), Excerpt(b),
-                      Excerpt(ic == m->vocab_.end() ? a + b : std::string(missing))));
+          fmt::format("/model/merges/{} ('{}' '{}'): '{}' is not in /model/vocab", rank, Excerpt(a),
+                      Excerpt(b), Excerpt(ic == m->vocab_.end() ? a + b : std::string(missing))));
     }
     const uint64_t key =
         (static_cast<uint64_t>(ia->second) << 32) | static_cast<uint32_t>(ib->second);

@@ -86,8 +86,8 @@ std::string TypeOf(const Json& j, const std::string& at, const char* what) {
 // A Sequence's members nested deeper than kMaxComponentDepth.
 void CheckDepth(int depth, const std::string& at, const char* what) {
   if (depth > kMaxComponentDepth) {
-    RefuseAt(at, fmt::format("{} Sequence nested deeper than {} (the limit)", what,
-                             kMaxComponentDepth));
+    RefuseAt(
+        at, fmt::format("{} Sequence nested deeper than {} (the limit)", what, kMaxComponentDepth));
   }
 }
 
@@ -201,8 +201,7 @@ void ParsePreTokenizer(const Json& j, const std::string& at, int depth,
     } else {
       step.literal = std::move(pattern);
     }
-    step.behavior =
-        ParseBehavior(StringField(j, at, "behavior"), JsonPointerChild(at, "behavior"));
+    step.behavior = ParseBehavior(StringField(j, at, "behavior"), JsonPointerChild(at, "behavior"));
     step.invert = BoolOr(j, at, "invert", false);
   } else if (type == "Metaspace") {
     step.kind = PreTokenizerStep::kMetaspace;
@@ -318,7 +317,8 @@ std::unique_ptr<BpeModel> ParseModel(const Json& j, bool byte_level) {
   const std::string merges_at = JsonPointerChild(at, "merges");
   const Json& m = ArrayAt(Field(j, at, "merges"), merges_at);
   merges.reserve(m.size());
-  for (size_t r = 0; r < m.size(); ++r) merges.push_back(ParseMerge(m[r], JsonPointerChild(merges_at, r)));
+  for (size_t r = 0; r < m.size(); ++r)
+    merges.push_back(ParseMerge(m[r], JsonPointerChild(merges_at, r)));
   auto model = BpeModel::Create(std::move(vocab), merges, std::move(o));
   if (!model.ok()) Refuse(model.status().message());
   return std::move(*model);
@@ -346,7 +346,8 @@ class IdSet {
   explicit IdSet(const TokenizerJson& c) {
     int64_t max_id = -1;
     size_t entries = 0;
-    for (const auto& [token, id] : c.model->vocab()) max_id = std::max<int64_t>(max_id, id), ++entries;
+    for (const auto& [token, id] : c.model->vocab())
+      max_id = std::max<int64_t>(max_id, id), ++entries;
     for (const AddedToken& t : c.added_tokens) max_id = std::max<int64_t>(max_id, t.id), ++entries;
     if (max_id + 1 > static_cast<int64_t>(entries) + kMaxUnusedIds) {
       Refuse(fmt::format(
@@ -358,7 +359,9 @@ class IdSet {
     for (const auto& [token, id] : c.model->vocab()) has_[id] = true;
     for (const AddedToken& t : c.added_tokens) has_[t.id] = true;
   }
-  bool Has(int64_t id) const { return id >= 0 && id < static_cast<int64_t>(has_.size()) && has_[id]; }
+  bool Has(int64_t id) const {
+    return id >= 0 && id < static_cast<int64_t>(has_.size()) && has_[id];
+  }
   int64_t size() const { return static_cast<int64_t>(has_.size()); }
 
  private:
@@ -393,7 +396,8 @@ void ParseTemplate(const Json& j, const std::string& at, const IdSet& ids, Token
   for (size_t i = 0; i < single.size(); ++i) {
     const Json& item = single[i];
     const std::string item_at = JsonPointerChild(single_at, i);
-    if (!item.is_object()) RefuseAt(item_at, fmt::format("must be an object, got {}", JsonExcerpt(item)));
+    if (!item.is_object())
+      RefuseAt(item_at, fmt::format("must be an object, got {}", JsonExcerpt(item)));
     if (item.contains("Sequence")) {
       seen_sequence = true;
     } else if (item.contains("SpecialToken")) {
@@ -448,7 +452,8 @@ TokenizerJson ParseTop(const Json& j) {
       !c.pre_tokenizer.empty() && c.pre_tokenizer.back().kind == PreTokenizerStep::kByteLevel;
   for (const auto& step : c.pre_tokenizer) {
     if (byte_level && step.kind == PreTokenizerStep::kMetaspace) {
-      RefuseAt("/pre_tokenizer", "pre_tokenizer Metaspace together with ByteLevel is not supported");
+      RefuseAt("/pre_tokenizer",
+               "pre_tokenizer Metaspace together with ByteLevel is not supported");
     }
   }
   if (!j.contains("model")) Refuse("there is no \"model\"");

@@ -12,8 +12,8 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
-#include <future>
 #include <fstream>
+#include <future>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -100,7 +100,8 @@ TEST_F(FileTest, ReadSmallFileRefusesAFifoWithoutWaitingForAWriter) {
 
 TEST_F(FileTest, OpenRegularFileRefusesAFifoADirectoryAndADeviceNamingThePath) {
   ASSERT_EQ(::mkfifo(Path("fifo").c_str(), 0600), 0);
-  auto fifo = WithoutBlocking(Path("fifo"), [&] { return OpenRegularFile(Path("fifo"), "token file"); });
+  auto fifo =
+      WithoutBlocking(Path("fifo"), [&] { return OpenRegularFile(Path("fifo"), "token file"); });
   ASSERT_FALSE(fifo.ok());
   EXPECT_THAT(fifo.status().message(),
               HasSubstr("token file '" + Path("fifo") + "' is a FIFO, not a regular file"));

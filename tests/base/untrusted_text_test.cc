@@ -59,7 +59,9 @@ TEST(Excerpt, EscapesNulAndControlCharactersAndBackslashes) {
 
 TEST(Excerpt, KeepsUtf8AndEscapesInvalidBytes) {
   EXPECT_EQ(Excerpt("\xC4\xA0the"), "\xC4\xA0the");
-  EXPECT_EQ(Excerpt("\xFF" "a"), "\\xFFa");
+  EXPECT_EQ(Excerpt("\xFF"
+                    "a"),
+            "\\xFFa");
 }
 
 TEST(Excerpt, CutsALongValueAndSaysItsSize) {

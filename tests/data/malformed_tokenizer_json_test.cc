@@ -105,13 +105,13 @@ TEST_F(MalformedTokenizerJsonTest, DeeplyNestedComponentsAreRefusedSayingTheLimi
         std::tuple{"post_processor", "processors", R"({"type":"ByteLevel"})"},
         std::tuple{"pre_tokenizer", "pretokenizers", R"({"type":"ByteLevel"})"}}) {
     for (int depth : {30000, 100000}) {
-      auto t = Load(Bpe(R"({"a":0})", std::string(",\"") + top + "\":" +
-                                          NestedSequence(key, leaf, depth)));
+      auto t = Load(
+          Bpe(R"({"a":0})", std::string(",\"") + top + "\":" + NestedSequence(key, leaf, depth)));
       ExpectRefused(t, "nested deeper than 64 levels (the limit)");
     }
     // Shallow enough for the JSON limit, too deep for components.
-    auto t = Load(Bpe(R"({"a":0})",
-                      std::string(",\"") + top + "\":" + NestedSequence(key, leaf, 20)));
+    auto t =
+        Load(Bpe(R"({"a":0})", std::string(",\"") + top + "\":" + NestedSequence(key, leaf, 20)));
     ExpectRefused(t, std::string("/") + top + "/" + key + "/0/" + key);
     EXPECT_THAT(t.status().message(), HasSubstr("Sequence nested deeper than 16 (the limit)"));
   }
@@ -133,8 +133,9 @@ TEST_F(MalformedTokenizerJsonTest, ATypeErrorNamesTheKeyNotNlohmannsCode) {
   ExpectRefused(Load(R"({"model":{"type":"BPE","vocab":{"a":0},"merges":[["a"]]}})"),
                 "/model/merges/0");
   ExpectRefused(Load(R"({"model":{"type":"BPE","vocab":[],"merges":[]}})"), "/model/vocab");
-  ExpectRefused(Load(Bpe(R"({"a":0})", R"(,"decoder":{"type":"Strip","content":" ","start":"x","stop":0})")),
-                "/decoder/start");
+  ExpectRefused(
+      Load(Bpe(R"({"a":0})", R"(,"decoder":{"type":"Strip","content":" ","start":"x","stop":0})")),
+      "/decoder/start");
 }
 
 TEST_F(MalformedTokenizerJsonTest, ANulEosTokenInTheConfigIsBlamedOnTheConfigAndPrintedEscaped) {
