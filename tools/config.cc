@@ -1120,7 +1120,7 @@ Status ApplyTrainConfigFile(const std::string& path, TrainFlags* f) {
   // Opened non-blocking and checked to be a regular file first: a FIFO is refused, not waited
   // on. A DeepSpeed config is a few KiB; 16 MiB is far beyond any.
   auto text = ReadSmallFile(path, {.max_bytes = uint64_t{16} << 20});
-  if (!text.ok()) return text.status().WithContext("--config");
+  if (!text.ok()) return text.status();  // names the path; the caller names --config
   return ApplyTrainConfigText(*text, path, f);
 }
 
