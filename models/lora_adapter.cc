@@ -119,8 +119,11 @@ StatusOr<LoraAdapterConfig> ParseLoraAdapterConfig(std::string_view text, const 
         fmt::format("{}: needs an integer r, a number lora_alpha and target_modules", path));
   }
   // Checked before anything is sized from them: a rank of 2^40 would wrap in an int.
-  if (r->is_number_unsigned() ? r->get<uint64_t>() > uint64_t{kMaxAdapterRank}
-                              : (r->get<int64_t>() < 1 || r->get<int64_t>() > kMaxAdapterRank)) {
+  const bool rank_ok =
+      r->is_number_unsigned()
+          ? r->get<uint64_t>() >= 1 && r->get<uint64_t>() <= static_cast<uint64_t>(kMaxAdapterRank)
+          : r->get<int64_t>() >= 1 && r->get<int64_t>() <= kMaxAdapterRank;
+  if (!rank_ok) {
     return InvalidArgumentError(fmt::format("{}: r is {}, not an integer in 1..{}", path,
                                             JsonExcerpt(*r), kMaxAdapterRank));
   }

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "models/gpt.h"
+#include "models/lora_adapter.h"
 #include "tests/models/hf_test_dir.h"
 
 namespace strata::models {
@@ -263,6 +264,29 @@ TEST(HfConfig, RealNumbersOutsideFp32AreRefusedNamingTheField) {
           "original_max_position_embeddings": 8192}})",
                     kPath),
       "rope_scaling.factor");
+}
+
+// adapter_config.json (models/lora_adapter.h): the numbers are checked before anything is sized
+// from them, and every refusal names the file.
+TEST(LoraAdapterConfig, OutOfRangeOrDeepValuesAreRefusedNamingTheFile) {
+  constexpr char kAdapter[] = "/a/adapter_config.json";
+  const std::string head = R"({"peft_type": "LORA", "target_modules": ["q_proj"], )";
+  const auto ok = ParseLoraAdapterConfig(head + R"("r": 8, "lora_alpha": 16})", kAdapter);
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ(ok->lora.rank, 8);
+  for (const auto& [fields, what] : std::vector<std::pair<std::string, std::string>>{
+           {R"("r": 1099511627776, "lora_alpha": 16})", "r is 1099511627776, not an integer"},
+           {R"("r": 0, "lora_alpha": 16})", "r is 0"},
+           {R"("r": 8, "lora_alpha": 1e300})", "lora_alpha is 1e+300"},
+           {R"("r": 8, "lora_alpha": 16, "lora_dropout": 1.5})", "lora_dropout is 1.5"},
+           {R"("r": )" + std::string(100000, '[') + std::string(100000, ']') + "}",
+            "nested deeper than 64 levels (the limit) under /r/"}}) {
+    const auto r = ParseLoraAdapterConfig(head + fields, kAdapter);
+    ASSERT_FALSE(r.ok()) << fields.substr(0, 80);
+    EXPECT_THAT(r.status().message(),
+                AllOf(HasSubstr(kAdapter), HasSubstr(what), Not(HasSubstr("\n"))));
+    EXPECT_LT(r.status().message().size(), 300u);
+  }
 }
 
 TEST(HfConfig, ConfigJsonParsesBackToTheSameLlama) {
