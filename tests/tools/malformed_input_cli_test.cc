@@ -42,12 +42,14 @@ class MalformedInputCliTest : public ::testing::Test {
     std::ofstream(dir_ / name, std::ios::binary) << text;
   }
   // `strata ARGS` under a 20 s timeout: a hang shows as exit 124, not as a stuck test.
-  Result Run(const std::string& args) const {
+  // `limits`: shell commands run first in the same shell (ulimit).
+  Result Run(const std::string& args, const std::string& limits = "") const {
     const auto start = std::chrono::steady_clock::now();
     Result r{-1, "", ""};
     const std::string err = P("stderr");
     FILE* p = ::popen(
-        ("timeout 20 " + std::string(STRATA_BINARY) + " " + args + " 2>" + err).c_str(), "r");
+        (limits + "timeout 20 " + std::string(STRATA_BINARY) + " " + args + " 2>" + err).c_str(),
+        "r");
     if (p != nullptr) {
       char buf[4096];
       for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) r.out.append(buf, n);
@@ -68,11 +70,13 @@ class MalformedInputCliTest : public ::testing::Test {
     EXPECT_LT(r.err.size(), 1000u);
   }
   // `strata tokenize` of a.txt with DIR/tok holding `tokenizer_json`: refused, o.bin not written.
-  Result Tokenize(const std::string& tokenizer_json, const std::string& config = "") {
+  Result Tokenize(const std::string& tokenizer_json, const std::string& config = "",
+                  const std::string& limits = "") {
     Write("tok/tokenizer.json", tokenizer_json);
     if (!config.empty()) Write("tok/tokenizer_config.json", config);
     Result r = Run(fmt::format("tokenize --tokenizer {} --input {} --output {}", P("tok"),
-                               P("a.txt"), P("o.bin")));
+                               P("a.txt"), P("o.bin")),
+                   limits);
     EXPECT_FALSE(fs::exists(P("o.bin")));
     return r;
   }
@@ -99,6 +103,22 @@ TEST_F(MalformedInputCliTest, TokenizerIdsOutOfRangeAreOneLineNamingFileAndKey) 
                 {file, "/post_processor/special_tokens/<s>/ids/0"});
   ExpectOneLine(Tokenize(R"({"model":{"type":"BPE","vocab":{"a":0},"merges":[],"unk_token":5}})"),
                 {file, "/model/unk_token: must be a string"});
+}
+
+// An id of 1e8 made a 3.1 GB id table; under 1 GB of address space the refusal still comes (and
+// a well-formed file still tokenizes, so the limit is not what refuses).
+TEST_F(MalformedInputCliTest, ALargeIdIsRefusedWithinOneGigabyteOfAddressSpace) {
+  const std::string limits = "ulimit -v 1000000; ";
+  for (const char* id : {"100000000", "1000000000"}) {
+    ExpectOneLine(Tokenize(Bpe(std::string(R"({"a":0,"b":)") + id + "}"), "", limits),
+                  {P("tok/tokenizer.json"), std::string("largest token id ") + id});
+  }
+  Write("tok/tokenizer.json", Bpe(R"({"a":0,"b":1})"));
+  const Result ok = Run(fmt::format("tokenize --tokenizer {} --input {} --output {}", P("tok"),
+                                    P("a.txt"), P("o.bin")),
+                        limits);
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_TRUE(fs::exists(P("o.bin")));
 }
 
 TEST_F(MalformedInputCliTest, DeeplyNestedTokenizerComponentsAreOneLineSayingTheLimit) {
