@@ -132,8 +132,8 @@ TEST_F(MalformedInputCliTest, DeeplyNestedTokenizerComponentsAreOneLineSayingThe
 
 TEST_F(MalformedInputCliTest, ANulEosTokenIsBlamedOnTheConfigAndPrintedEscaped) {
   const Result r = Tokenize(Bpe(R"({"a":0,"b":1})"), R"({"eos_token":"\u0000"})");
-  ExpectOneLine(r, {"tokenizer_config.json '" + P("tok/tokenizer_config.json") + "'",
-                    "/eos_token '\\x00'"});
+  ExpectOneLine(
+      r, {"tokenizer_config.json '" + P("tok/tokenizer_config.json") + "'", "/eos_token '\\x00'"});
   EXPECT_EQ(r.err.find('\0'), std::string::npos);
 }
 
@@ -141,8 +141,9 @@ TEST_F(MalformedInputCliTest, ADeeplyNestedConfigJsonFieldIsOneLineNamingFileAnd
   fs::create_directories(dir_ / "model");
   Write("model/config.json", R"({"model_type": "llama", "vocab_size": )" +
                                  std::string(100000, '[') + std::string(100000, ']') + "}");
-  ExpectOneLine(Run(fmt::format("eval --model-dir {} --data {} --seq-len 8", P("model"), P("x.bin"))),
-                {P("model") + "/config.json", "/vocab_size", "the limit"});
+  ExpectOneLine(
+      Run(fmt::format("eval --model-dir {} --data {} --seq-len 8", P("model"), P("x.bin"))),
+      {P("model") + "/config.json", "/vocab_size", "the limit"});
 }
 
 TEST_F(MalformedInputCliTest, MachineProfilesWithBadValuesAreOneLineNamingFileAndKey) {
