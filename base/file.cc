@@ -20,14 +20,28 @@ std::string ParentOf(const std::string& path) {
 
 }  // namespace
 
+std::string_view FileTypeName(mode_t mode) {
+  if (S_ISREG(mode)) return "a regular file";
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISLNK(mode)) return "a symbolic link";
+  return "not a regular file";
+}
+
 StatusOr<std::string> ReadSmallFile(const std::string& path, const ReadSmallFileOptions& options) {
-  const int flags = O_RDONLY | O_CLOEXEC | (options.follow_symlinks ? 0 : O_NOFOLLOW);
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer; the type is
+  // checked before anything is read. It changes nothing for a regular file.
+  const int flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK | (options.follow_symlinks ? 0 : O_NOFOLLOW);
   UniqueFd fd(::open(path.c_str(), flags));
   if (!fd.valid()) return ErrnoToStatus(errno, fmt::format("opening '{}'", path));
   struct stat st;
   if (::fstat(fd.get(), &st) != 0) return ErrnoToStatus(errno, fmt::format("stat '{}'", path));
   if (!S_ISREG(st.st_mode)) {
-    return Status(options.unusable_code, fmt::format("'{}' is not a regular file", path));
+    return Status(options.unusable_code,
+                  fmt::format("'{}' is {}, not a regular file", path, FileTypeName(st.st_mode)));
   }
   if (static_cast<uint64_t>(st.st_size) > options.max_bytes) {
     return Status(options.unusable_code, fmt::format("'{}' is {} bytes, more than the {} allowed",
@@ -44,6 +58,24 @@ StatusOr<std::string> ReadSmallFile(const std::string& path, const ReadSmallFile
   }
   out.resize(done);
   return out;
+}
+
+StatusOr<UniqueFd> OpenRegularFile(const std::string& path, std::string_view what, int extra_flags,
+                                   struct stat* st) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | extra_flags));
+  if (!fd.valid()) return ErrnoToStatus(errno, fmt::format("opening {} '{}'", what, path));
+  struct stat own;
+  if (st == nullptr) st = &own;
+  if (::fstat(fd.get(), st) != 0)
+    return ErrnoToStatus(errno, fmt::format("stat {} '{}'", what, path));
+  if (!S_ISREG(st->st_mode)) {
+    return InvalidArgumentError(
+        fmt::format("{} '{}' is {}, not a regular file", what, path, FileTypeName(st->st_mode)));
+  }
+  // Reads of a regular file never block; clear the flag all the same, for what the caller does.
+  const int fl = ::fcntl(fd.get(), F_GETFL);
+  if (fl >= 0) ::fcntl(fd.get(), F_SETFL, fl & ~O_NONBLOCK);
+  return fd;
 }
 
 Status WriteAll(int fd, std::span<const std::byte> bytes, std::string_view path) {

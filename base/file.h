@@ -9,6 +9,7 @@
 // O_CLOEXEC. The functions keep no state: they may run concurrently on different paths.
 #pragma once
 
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include <cstdint>
@@ -32,11 +33,24 @@ struct ReadSmallFileOptions {
   StatusCode unusable_code = StatusCode::kInvalidArgument;
 };
 
+// "a FIFO", "a directory", "a character device", ... for a stat(2) st_mode, for messages that
+// refuse a path that is not a regular file.
+std::string_view FileTypeName(mode_t mode);
+
 // The whole content of the regular file at `path`, of at most options.max_bytes bytes. A file
-// that shrinks while it is read gives what was there. Errors: ErrnoToStatus codes of open, fstat
-// and read ("opening 'PATH'", ...); options.unusable_code for "'PATH' is not a regular file" and
-// "'PATH' is N bytes, more than the M allowed".
+// that shrinks while it is read gives what was there. The file is opened non-blocking and its
+// type checked before anything is read, so a FIFO or a device is refused at once, never waited
+// on. Errors: ErrnoToStatus codes of open, fstat and read ("opening 'PATH'", ...);
+// options.unusable_code for "'PATH' is a FIFO, not a regular file" and "'PATH' is N bytes, more
+// than the M allowed".
 StatusOr<std::string> ReadSmallFile(const std::string& path, const ReadSmallFileOptions& options);
+
+// Opens the regular file at `path` for reading (O_RDONLY | O_CLOEXEC | extra_flags), without
+// waiting on a FIFO or a device: it is opened non-blocking and its type checked first. *st, when
+// given, receives its fstat. Errors: ErrnoToStatus codes of open and fstat ("opening WHAT
+// 'PATH'"); kInvalidArgument "WHAT 'PATH' is a FIFO, not a regular file" for anything else.
+StatusOr<UniqueFd> OpenRegularFile(const std::string& path, std::string_view what,
+                                   int extra_flags = 0, struct stat* st = nullptr);
 
 // Writes all of `bytes` at fd's file position, retrying short writes and EINTR. `path` names
 // the file in errors ("writing 'PATH'").

@@ -24,7 +24,8 @@ bool LooksLikeTokenFiles(const std::string& first) {
   if (first.find_first_of("*?[") != std::string::npos) return true;
   const std::string ext = std::filesystem::path(first).extension().string();
   if (ext == ".bin" || ext == ".tokens") return true;
-  UniqueFd fd(::open(first.c_str(), O_RDONLY | O_CLOEXEC));
+  // Non-blocking: a FIFO is refused later by the reader of the file, not waited on here.
+  UniqueFd fd(::open(first.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
   int32_t magic = 0;
   return fd.valid() && ::pread(fd.get(), &magic, sizeof magic, 0) == sizeof magic &&
          magic == kTokenFileMagic;

@@ -107,6 +107,20 @@ StatusOr<ExampleDataset> ExampleDataset::Create(TokenDataset train, TokenDataset
                         std::move(description));
 }
 
+StatusOr<ExampleDataset> ExampleDataset::CreateWhole(TokenDataset tokens,
+                                                     const ExampleRowOptions& options,
+                                                     std::string description) {
+  if (options.seq_len <= 0) {
+    return InvalidArgumentError(fmt::format("sequence length {} is not positive", options.seq_len));
+  }
+  if (options.pad_id < 0) {
+    return InvalidArgumentError(fmt::format("pad id {} is negative", options.pad_id));
+  }
+  STRATA_ASSIGN_OR_RETURN(Split split, LayOut(std::move(tokens), options, description));
+  Split copy = split;
+  return ExampleDataset(std::move(copy), std::move(split), options, std::move(description));
+}
+
 void ExampleDataset::FillRow(const Split& split, int64_t row, int32_t* tokens, int32_t* targets,
                              int32_t* positions, std::vector<uint8_t>& flags) const {
   const int T = options_.seq_len;

@@ -57,6 +57,11 @@ class ExampleDataset final : public Dataset {
   // skipped).
   static StatusOr<ExampleDataset> Create(TokenDataset train, TokenDataset val,
                                          const ExampleRowOptions& options, std::string description);
+  // One set of files that is both splits (what `strata eval` scores: its rows are the
+  // validation split's). Errors as Create's, naming `description` (e.g. the token files), not a
+  // training split there is none of.
+  static StatusOr<ExampleDataset> CreateWhole(TokenDataset tokens, const ExampleRowOptions& options,
+                                              std::string description);
 
   // What a split holds once laid out.
   struct SplitStats {

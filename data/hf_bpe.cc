@@ -4,6 +4,7 @@
 
 #include <queue>
 
+#include "base/untrusted_text.h"
 #include "data/hf_text.h"
 
 namespace strata::data::hf {
@@ -19,7 +20,7 @@ StatusOr<std::unique_ptr<BpeModel>> BpeModel::Create(
     auto it = m->vocab_.find(o.unk_token);
     if (it == m->vocab_.end()) {
       return InvalidArgumentError(
-          fmt::format("model.unk_token '{}' is not in model.vocab", o.unk_token));
+          fmt::format("/model/unk_token: '{}' is not in /model/vocab", Excerpt(o.unk_token)));
     }
     m->unk_id_ = it->second;
   }
@@ -52,9 +53,8 @@ StatusOr<std::unique_ptr<BpeModel>> BpeModel::Create(
                                                              : std::string_view();
     if (ia == m->vocab_.end() || ib == m->vocab_.end() || ic == m->vocab_.end()) {
       return InvalidArgumentError(
-          fmt::format("model.merges[{}] ('{}' '{}'): '{}' is not in "
-                      "model.vocab",
-                      rank, a, b, ic == m->vocab_.end() ? a + b : missing));
+          fmt::format("/model/merges/{} ('{}' '{}'): '{}' is not in /model/vocab", rank, Excerpt(a),
+                      Excerpt(b), Excerpt(ic == m->vocab_.end() ? a + b : std::string(missing))));
     }
     const uint64_t key =
         (static_cast<uint64_t>(ia->second) << 32) | static_cast<uint32_t>(ib->second);

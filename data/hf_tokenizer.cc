@@ -11,7 +11,8 @@
 #include <utility>
 
 #include "base/file.h"
-#include "data/hf_config.h"
+#include "base/untrusted_text.h"
+#include "data/hf_tokenizer_json.h"
 
 namespace strata::data {
 
@@ -94,7 +95,7 @@ std::string Lossy(std::string_view bytes) {
 }  // namespace
 
 struct HfTokenizer::Impl {
-  hf::HfConfig config;
+  hf::TokenizerJson config;
   std::vector<std::string> id_to_token;
   std::vector<bool> has_token;
   hf::Vocab added_ids;
@@ -127,8 +128,7 @@ int HfTokenizer::Impl::TokenId(std::string_view piece) const {
 
 // The id -> token table, the added tokens by first byte, and the cut kind.
 void HfTokenizer::Impl::Index() {
-  for (const auto& [token, id] : config.model->vocab()) vocab_size = std::max(vocab_size, id + 1);
-  for (const AddedToken& t : config.added_tokens) vocab_size = std::max(vocab_size, t.id + 1);
+  vocab_size = config.vocab_size;  // ids checked and bounded by ParseTokenizerJson
   id_to_token.resize(vocab_size);
   has_token.resize(vocab_size);
   for (const auto& [token, id] : config.model->vocab()) id_to_token[id] = token, has_token[id] = 1;
@@ -520,7 +520,7 @@ Status ResolveSpecialIds(const std::string& path, HfTokenizer::Impl* impl) {
     }
     names = *parsed;
   }
-  const hf::HfConfig& c = impl->config;
+  const hf::TokenizerJson& c = impl->config;
   struct Which {
     bool named;
     const std::string& name;
@@ -536,10 +536,16 @@ Status ResolveSpecialIds(const std::string& path, HfTokenizer::Impl* impl) {
     const std::string& name = w.named ? w.name : w.template_name;
     if (name.empty()) continue;
     *w.out = !w.named && w.template_id >= 0 ? w.template_id : impl->TokenId(name);
-    if (*w.out < 0) {
+    if (*w.out < 0 && w.named) {
       return InvalidArgumentError(
-          fmt::format("tokenizer.json '{}': the {} '{}' ({}) is not one of its tokens", path, w.key,
-                      name, w.named ? "tokenizer_config.json" : "post_processor template"));
+          fmt::format("tokenizer_config.json '{}': /{} '{}' is not a token of tokenizer.json '{}'",
+                      config_path, w.key, Excerpt(name), path));
+    }
+    if (*w.out < 0) {
+      return InvalidArgumentError(fmt::format(
+          "tokenizer.json '{}': /post_processor: the template's special token '{}' (taken as {}) "
+          "is not one of its tokens",
+          path, Excerpt(name), w.key));
     }
   }
   return Status::Ok();
@@ -562,16 +568,13 @@ StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::Load(const std::string& path
   }
   auto impl = std::make_unique<Impl>();
   impl->config = std::move(*config);
-  for (const AddedToken& t : impl->config.added_tokens) {
-    if (t.id < 0) {
-      return InvalidArgumentError(
-          fmt::format("tokenizer.json '{}': added token '{}' has a negative id", path, t.content));
-    }
+  for (size_t i = 0; i < impl->config.added_tokens.size(); ++i) {
+    const AddedToken& t = impl->config.added_tokens[i];
     if (t.normalized && !impl->config.normalizer.empty()) {
       return InvalidArgumentError(fmt::format(
-          "tokenizer.json '{}': added token '{}' with normalized: true under a normalizer is not "
-          "supported",
-          path, t.content));
+          "tokenizer.json '{}': /added_tokens/{} ('{}') with normalized: true under a normalizer "
+          "is not supported",
+          path, i, Excerpt(t.content)));
     }
   }
   impl->Index();

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/file.h"
+#include "base/untrusted_text.h"
 #include "data/token_dataset.h"
 
 namespace strata::data {
@@ -209,8 +210,10 @@ StatusOr<ChatFormat> ResolveChatFormat(std::string_view name, const std::string&
   }
   auto text = ReadSmallFile(path, {.max_bytes = 64ull << 20});
   if (!text.ok()) return text.status().WithContext("tokenizer config");
-  const json config = json::parse(*text, nullptr, /*allow_exceptions=*/false);
-  if (config.is_discarded() || !config.is_object()) {
+  auto parsed = ParseJsonBounded(*text);
+  if (!parsed.ok()) return parsed.status().WithContext(fmt::format("'{}'", path));
+  const json config = std::move(*parsed);
+  if (!config.is_object()) {
     return InvalidArgumentError(fmt::format("'{}' is not a JSON object", path));
   }
   STRATA_ASSIGN_OR_RETURN(std::string jinja, ChatTemplateText(config, path));
@@ -246,8 +249,8 @@ StatusOr<std::vector<ChatMessage>> ParseMessages(const json& list) {
     } else if (role == "assistant") {
       msg.role = ChatRole::kAssistant;
     } else if (role != "user") {
-      return InvalidArgumentError(
-          fmt::format("{} has the unknown role \"{}\" (system, user or assistant)", what, role));
+      return InvalidArgumentError(fmt::format(
+          "{} has the unknown role \"{}\" (system, user or assistant)", what, Excerpt(role)));
     }
     out.push_back(std::move(msg));
   }
@@ -257,8 +260,12 @@ StatusOr<std::vector<ChatMessage>> ParseMessages(const json& list) {
 }  // namespace
 
 StatusOr<std::vector<ChatMessage>> ParseInstructionLine(std::string_view line) {
-  const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return InvalidArgumentError("not valid JSON");
+  // Nesting is limited: a line is untrusted input like a whole file.
+  auto parsed = ParseJsonBounded(line);
+  if (!parsed.ok()) {
+    return InvalidArgumentError(fmt::format("not valid JSON ({})", parsed.status().message()));
+  }
+  const json j = std::move(*parsed);
   if (!j.is_object()) return InvalidArgumentError("not a JSON object");
   std::vector<ChatMessage> messages;
   if (j.contains("messages")) {
@@ -432,6 +439,8 @@ StatusOr<RenderedExample> RenderExample(const ChatFormat& format, const Tokenize
 StatusOr<InstructionTokens> TokenizeInstructionFile(const Tokenizer& tokenizer,
                                                     const ChatFormat& format,
                                                     const std::string& jsonl_path) {
+  // A FIFO or a device is refused before the stream opens it (which would wait on a FIFO).
+  STRATA_RETURN_IF_ERROR(OpenRegularFile(jsonl_path, "instruction data").status());
   std::ifstream in(jsonl_path, std::ios::binary);
   if (!in) {
     return ErrnoToStatus(errno ? errno : ENOENT,

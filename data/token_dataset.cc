@@ -144,15 +144,8 @@ Status TokenDataset::CheckTokens(const Shard& shard, int vocab_size) {
 
 StatusOr<std::shared_ptr<TokenDataset::Shard>> TokenDataset::OpenShard(const std::string& path,
                                                                        int vocab_size) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd.valid()) return ErrnoToStatus(errno, fmt::format("cannot open token file '{}'", path));
   struct stat st;
-  if (::fstat(fd.get(), &st) != 0) {
-    return ErrnoToStatus(errno, fmt::format("cannot stat token file '{}'", path));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    return InvalidArgumentError(fmt::format("token file '{}' is not a regular file", path));
-  }
+  STRATA_ASSIGN_OR_RETURN(UniqueFd fd, OpenRegularFile(path, "token file", 0, &st));
   const int64_t size = st.st_size;
   if (size < kTokenFileHeaderBytes) {
     return InvalidArgumentError(

@@ -183,8 +183,7 @@ StatusOr<size_t> ReadBlock(int fd, size_t size_bytes, const std::string& path, s
 
 StatusOr<std::vector<int32_t>> TokenizeTextFile(const Tokenizer& tokenizer,
                                                 const std::string& text_path, size_t block_bytes) {
-  UniqueFd fd(::open(text_path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd.valid()) return ErrnoToStatus(errno, fmt::format("opening text file '{}'", text_path));
+  STRATA_ASSIGN_OR_RETURN(UniqueFd fd, OpenRegularFile(text_path, "text file"));
   std::vector<int32_t> ids;
   if (tokenizer.bos_id() >= 0) ids.push_back(tokenizer.bos_id());
   std::string pending;  // text after the last cut

@@ -4,9 +4,11 @@
 #include <fmt/ranges.h>
 
 #include <climits>
+#include <limits>
 #include <optional>
 
 #include "base/file.h"
+#include "base/untrusted_text.h"
 
 namespace strata::models {
 namespace {
@@ -50,7 +52,15 @@ class Fields {
       return Error(field, "is missing");
     }
     if (!v->is_number()) return Error(field, fmt::format("must be a number, got {}", Dump(*v)));
-    return v->get<double>();
+    // The model computes in fp32: a value that rounds to 0 or to inf there is no value.
+    const double d = v->get<double>();
+    if (!(d >= std::numeric_limits<float>::min() && d <= std::numeric_limits<float>::max())) {
+      return Error(field, fmt::format("= {} must be a positive finite number within fp32's normal "
+                                      "range [{}, {}]",
+                                      Dump(*v), std::numeric_limits<float>::min(),
+                                      std::numeric_limits<float>::max()));
+    }
+    return d;
   }
   StatusOr<bool> Bool(std::string_view field, bool fallback) const {
     const json* v = Find(field);
@@ -72,11 +82,8 @@ class Fields {
     return Status::Ok();
   }
 
-  static std::string Dump(const json& v) {
-    std::string s = v.dump();
-    if (s.size() > 60) s = s.substr(0, 57) + "...";
-    return s;
-  }
+  // A bounded excerpt: never the whole value, never a recursion deeper than the parse allowed.
+  static std::string Dump(const json& v) { return JsonExcerpt(v, 60); }
 
  private:
   const json& j_;
@@ -115,7 +122,12 @@ Status ParseRopeScaling(const Fields& f, const json* scaling, LlamaConfig& c) {
     if (v == nullptr || !v->is_number()) {
       return f.Error(fmt::format("rope_scaling.{}", key), "is missing or not a number");
     }
-    return v->get<double>();
+    const double d = v->get<double>();
+    if (!(d > 0 && d <= std::numeric_limits<float>::max())) {
+      return f.Error(fmt::format("rope_scaling.{}", key),
+                     fmt::format("= {} must be a positive finite number", Fields::Dump(*v)));
+    }
+    return d;
   };
   c.rope_llama3 = true;
   STRATA_ASSIGN_OR_RETURN(c.rope_factor, num("factor"));
@@ -228,9 +240,9 @@ std::string TorchDtype(DType dtype) {
 
 StatusOr<HfModelConfig> ParseHfConfig(std::string_view json_text, const std::string& path) {
   HfModelConfig config;
-  config.raw = json::parse(json_text.begin(), json_text.end(), nullptr, /*allow_exceptions=*/false);
-  if (config.raw.is_discarded())
-    return InvalidArgumentError(fmt::format("{}: not valid JSON", path));
+  auto parsed = ParseJsonBounded(json_text);
+  if (!parsed.ok()) return parsed.status().WithContext(path);
+  config.raw = std::move(*parsed);
   if (!config.raw.is_object())
     return InvalidArgumentError(fmt::format("{}: not a JSON object", path));
   const Fields f(config.raw, path);

@@ -28,8 +28,7 @@ constexpr int64_t kPieceElems = int64_t{1} << 20;
 
 // A tokenizer file copied into the export, synced.
 Status CopyFile(const std::string& from, const std::string& to) {
-  UniqueFd in(::open(from.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!in.valid()) return ErrnoToStatus(errno, fmt::format("opening tokenizer file '{}'", from));
+  STRATA_ASSIGN_OR_RETURN(UniqueFd in, OpenRegularFile(from, "tokenizer file"));
   UniqueFd out(::open(to.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
   if (!out.valid()) return ErrnoToStatus(errno, fmt::format("creating '{}'", to));
   std::vector<std::byte> buf(1 << 20);

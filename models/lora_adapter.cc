@@ -5,10 +5,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <vector>
 
 #include "base/file.h"
+#include "base/untrusted_text.h"
 #include "cpu_optim/grad_stats.h"
 #include "formats/safetensors.h"
 #include "models/hf_export.h"
@@ -77,7 +79,13 @@ std::string LoraTensorPrefix(const HfModelConfig& config, int layer, const LoraS
 StatusOr<LoraAdapterConfig> ReadLoraAdapterConfig(const std::string& dir) {
   const std::string path = dir + "/" + kConfigFile;
   STRATA_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(path, {.max_bytes = 1 << 20}));
-  const json j = json::parse(text, nullptr, false);
+  return ParseLoraAdapterConfig(text, path);
+}
+
+StatusOr<LoraAdapterConfig> ParseLoraAdapterConfig(std::string_view text, const std::string& path) {
+  auto parsed = ParseJsonBounded(text);
+  if (!parsed.ok()) return DataLossError(fmt::format("{}: {}", path, parsed.status().message()));
+  const json j = std::move(*parsed);
   if (!j.is_object()) return DataLossError(fmt::format("{}: not a JSON object", path));
   auto field = [&](const char* key) -> const json* {
     return j.contains(key) && !j[key].is_null() ? &j[key] : nullptr;
@@ -110,8 +118,21 @@ StatusOr<LoraAdapterConfig> ReadLoraAdapterConfig(const std::string& dir) {
     return DataLossError(
         fmt::format("{}: needs an integer r, a number lora_alpha and target_modules", path));
   }
-  c.lora.rank = r->get<int>();
+  // Checked before anything is sized from them: a rank of 2^40 would wrap in an int.
+  const bool rank_ok =
+      r->is_number_unsigned()
+          ? r->get<uint64_t>() >= 1 && r->get<uint64_t>() <= static_cast<uint64_t>(kMaxAdapterRank)
+          : r->get<int64_t>() >= 1 && r->get<int64_t>() <= kMaxAdapterRank;
+  if (!rank_ok) {
+    return InvalidArgumentError(fmt::format("{}: r is {}, not an integer in 1..{}", path,
+                                            JsonExcerpt(*r), kMaxAdapterRank));
+  }
+  c.lora.rank = static_cast<int>(r->get<int64_t>());
   c.lora.alpha = alpha->get<double>();
+  if (!(c.lora.alpha > 0 && c.lora.alpha <= std::numeric_limits<float>::max())) {
+    return InvalidArgumentError(fmt::format(
+        "{}: lora_alpha is {}, not a positive number that fits fp32", path, JsonExcerpt(*alpha)));
+  }
   if (targets->is_string()) {
     c.lora.targets.push_back(targets->get<std::string>());
   } else if (targets->is_array()) {
@@ -123,7 +144,13 @@ StatusOr<LoraAdapterConfig> ReadLoraAdapterConfig(const std::string& dir) {
   } else {
     return DataLossError(fmt::format("{}: target_modules is not a list of names", path));
   }
-  if (const json* d = field("lora_dropout"); d && d->is_number()) c.lora.dropout = d->get<double>();
+  if (const json* d = field("lora_dropout"); d && d->is_number()) {
+    c.lora.dropout = d->get<double>();
+    if (!(c.lora.dropout >= 0 && c.lora.dropout < 1)) {
+      return InvalidArgumentError(
+          fmt::format("{}: lora_dropout is {}, not a number in [0, 1)", path, JsonExcerpt(*d)));
+    }
+  }
   if (const json* b = field("base_model_name_or_path"); b && b->is_string()) {
     c.base_model = b->get<std::string>();
   }

@@ -18,6 +18,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "base/dtype.h"
 #include "base/status.h"
@@ -38,6 +39,11 @@ struct LoraAdapterConfig {
 // peft_type other than LORA or a feature Strata does not implement (use_rslora, use_dora,
 // rank_pattern, alpha_pattern, layers_to_transform, bias other than "none").
 StatusOr<LoraAdapterConfig> ReadLoraAdapterConfig(const std::string& dir);
+// The same for the file's text; `path` names it in errors. Also kInvalidArgument for an r outside
+// 1..kMaxAdapterRank, a lora_alpha that is not a positive fp32 number, a lora_dropout outside
+// [0, 1). The JSON is parsed with base/untrusted_text.h's nesting limit.
+inline constexpr int kMaxAdapterRank = 65536;
+StatusOr<LoraAdapterConfig> ParseLoraAdapterConfig(std::string_view text, const std::string& path);
 
 // Writes an adapter directory, crash-safe (WriteDirectoryAtomically: out_dir must not exist or be
 // empty). read_layer(l, out) writes layer l's adapter chunk (layout.layer_params fp32) into out,

@@ -7,16 +7,16 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
-#include <fstream>
 #include <initializer_list>
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <sstream>
 #include <vector>
 
+#include "base/file.h"
 #include "base/units.h"
+#include "base/untrusted_text.h"
 #include "tools/deepspeed_keys.h"
 
 namespace strata::tools {
@@ -71,8 +71,8 @@ class Reader {
     if (v.is_string() && v.get<std::string>() == "auto") {
       hint = "; \"auto\" is filled in by the Hugging Face Trainer, give the value itself";
     }
-    return Problem(
-        fmt::format("'{}' must be {}, got {} ({}){}", path, expected, v.dump(), TypeName(v), hint));
+    return Problem(fmt::format("'{}' must be {}, got {} ({}){}", path, expected, JsonExcerpt(v),
+                               TypeName(v), hint));
   }
 
   static StatusOr<int64_t> Int(const json& v, const std::string& path, int64_t lo, int64_t hi) {
@@ -82,7 +82,7 @@ class Reader {
     int64_t x = 0;
     if (v.is_number_integer()) {
       if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(hi)) {
-        return Problem(fmt::format("'{}' must be {}, got {}", path, expected, v.dump()));
+        return Problem(fmt::format("'{}' must be {}, got {}", path, expected, JsonExcerpt(v)));
       }
       x = v.get<int64_t>();
     } else if (v.is_number_float()) {
@@ -94,25 +94,29 @@ class Reader {
       return WrongValue(path, v, expected);
     }
     if (x < lo || x > hi) {
-      return Problem(fmt::format("'{}' must be {}, got {}", path, expected, v.dump()));
+      return Problem(fmt::format("'{}' must be {}, got {}", path, expected, JsonExcerpt(v)));
     }
     return x;
   }
 
-  // A number in [lo, hi] (lo excluded when lo_open).
+  // A number in [lo, hi] (lo excluded when lo_open). Without a bound of its own a value must
+  // fit fp32, where every rate, epsilon and decay of the file is used: 1e308 is finite in the
+  // file and inf in the optimizer.
   static StatusOr<double> Number(const json& v, const std::string& path, double lo, bool lo_open,
-                                 double hi = std::numeric_limits<double>::infinity(),
+                                 double hi = std::numeric_limits<float>::max(),
                                  bool hi_open = false) {
-    std::string range = fmt::format("{}{}", lo_open ? "> " : ">= ", lo);
-    if (std::isfinite(hi)) {
-      range = fmt::format("in {}{}, {}{}", lo_open ? "(" : "[", lo, hi, hi_open ? ")" : "]");
+    std::string range =
+        fmt::format("in {}{}, {}{}", lo_open ? "(" : "[", lo, hi, hi_open ? ")" : "]");
+    if (hi == std::numeric_limits<float>::max()) {
+      range = fmt::format("{}{} that fits fp32 (at most {}; the value is used in fp32)",
+                          lo_open ? "> " : ">= ", lo, hi);
     }
     const std::string expected = "a number " + range;
     if (!v.is_number()) return WrongValue(path, v, expected);
     const double x = v.get<double>();
     const bool ok =
         std::isfinite(x) && (lo_open ? x > lo : x >= lo) && (hi_open ? x < hi : x <= hi);
-    if (!ok) return Problem(fmt::format("'{}' must be {}, got {}", path, expected, v.dump()));
+    if (!ok) return Problem(fmt::format("'{}' must be {}, got {}", path, expected, JsonExcerpt(v)));
     return x;
   }
 
@@ -134,7 +138,7 @@ class Reader {
     for (std::string_view c : choices) {
       if (s == c) return s;
     }
-    return Problem(fmt::format("'{}' must be {}, got {}", path, expected, v.dump()));
+    return Problem(fmt::format("'{}' must be {}, got {}", path, expected, JsonExcerpt(v)));
   }
 
   // A byte size: a JSON integer or a string with units ("1MiB"), as ParseSize.
@@ -327,7 +331,7 @@ std::optional<std::string> ReadOptimizerType(Context& c, const json& opt, std::s
     if (type != "adamw" && type != "adam" && type != "adamw8bit" && type != "adafactor" &&
         type != "lion" && type != "sgd" && type != "adagrad") {
       c.r.Add(fmt::format("'optimizer.type' {} is not supported: Strata's CPU optimizers are {}",
-                          t->dump(), kTypes));
+                          JsonExcerpt(*t), kTypes));
       return std::nullopt;
     }
   }
@@ -793,7 +797,7 @@ void ApplyAio(Context& c, const json& aio, TrainFlags* f) {
         (block == 0 || block % 4096 != 0 || block > kGiB)) {
       c.r.Add(fmt::format(
           "'aio.block_size' must be a multiple of 4096 bytes between 4096 and 1 GiB, got {}",
-          v->dump()));
+          JsonExcerpt(*v)));
     }
   }
   if (const json* v = Find(aio, "queue_depth")) {
@@ -805,7 +809,7 @@ void ApplyAio(Context& c, const json& aio, TrainFlags* f) {
     c.r.Add(
         fmt::format("'aio.thread_count' {} and 'aio.intra_op_parallelism' {} disagree; they "
                     "are the old and the new name of one setting, give one",
-                    old_name->dump(), new_name->dump()));
+                    JsonExcerpt(*old_name), JsonExcerpt(*new_name)));
   }
   if (const json* v = new_name ? new_name : old_name) {
     c.r.Set(&threads,
@@ -971,7 +975,7 @@ void ApplyStrata(Context& c, const json& s, TrainFlags* f) {
         r.Add(
             fmt::format("'strata.io_block_size' must be a multiple of 4096 bytes between 4096 "
                         "and 1 GiB, got {}",
-                        v->dump()));
+                        JsonExcerpt(*v)));
       } else {
         f->io_block_size = std::to_string(block);
       }
@@ -1047,19 +1051,11 @@ Status ApplyTrainConfigText(std::string_view text, std::string_view source, Trai
   const auto error = [&](const std::string& message) {
     return InvalidArgumentError(fmt::format("{}: {}", source, message));
   };
-  json root;
-  try {
-    root = json::parse(text.begin(), text.end());
-  } catch (const json::parse_error& e) {
-    // e.what() is "[json.exception.parse_error.101] parse error at line 3, column 5: ...".
-    std::string what = e.what();
-    const auto pos = what.find("parse error");
-    if (pos != std::string::npos) what = what.substr(pos);
-    return error(fmt::format("malformed JSON: {}", what));
-  } catch (const json::exception& e) {
-    // out_of_range: a number too large for a double (e.g. 1e999).
-    return error(fmt::format("malformed JSON: {}", e.what()));
-  }
+  // "malformed JSON: parse error at line 3, column 5: ...", a number beyond double range
+  // (1e999), or nesting past the limit: base/untrusted_text.h.
+  auto parsed = ParseJsonBounded(text);
+  if (!parsed.ok()) return error(parsed.status().message());
+  const json root = std::move(*parsed);
   if (!root.is_object()) {
     return error(fmt::format("the top level must be a JSON object, got {}", TypeName(root)));
   }
@@ -1121,12 +1117,11 @@ Status ApplyTrainConfigText(std::string_view text, std::string_view source, Trai
 }
 
 Status ApplyTrainConfigFile(const std::string& path, TrainFlags* f) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return ErrnoToStatus(errno, fmt::format("--config '{}'", path));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return ErrnoToStatus(errno, fmt::format("reading --config '{}'", path));
-  return ApplyTrainConfigText(ss.str(), path, f);
+  // Opened non-blocking and checked to be a regular file first: a FIFO is refused, not waited
+  // on. A DeepSpeed config is a few KiB; 16 MiB is far beyond any.
+  auto text = ReadSmallFile(path, {.max_bytes = uint64_t{16} << 20});
+  if (!text.ok()) return text.status();  // names the path; the caller names --config
+  return ApplyTrainConfigText(*text, path, f);
 }
 
 }  // namespace strata::tools

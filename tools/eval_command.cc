@@ -164,6 +164,13 @@ void PrintEval(const EvalFlags& f, const Loaded& l, double loss, int64_t targets
               static_cast<long long>(targets), loss, std::exp(loss));
 }
 
+// "token file 'a.bin'", or "3 token files ('a' ... 'c')": what a message about --data names.
+std::string NameFiles(const data::TokenDataset& d) {
+  const std::vector<std::string> paths = d.paths();
+  if (paths.size() == 1) return fmt::format("token file '{}'", paths[0]);
+  return fmt::format("{} token files ('{}' ... '{}')", paths.size(), paths.front(), paths.back());
+}
+
 // Instruction data: every row of whole examples, the mean over the targets in the loss.
 Status EvalExamples(const EvalFlags& f, const Loaded& l, data::TokenDataset tokens) {
   const int T = f.seq_len;
@@ -179,7 +186,7 @@ Status EvalExamples(const EvalFlags& f, const Loaded& l, data::TokenDataset toke
                                                           : data::LongExamples::kTruncate};
   // The file is both splits: its rows are the validation split's.
   STRATA_ASSIGN_OR_RETURN(data::ExampleDataset d,
-                          data::ExampleDataset::Create(tokens, tokens, rows, "eval data"));
+                          data::ExampleDataset::CreateWhole(tokens, rows, NameFiles(tokens)));
   const data::ExampleDataset::SplitStats& s = d.val_stats();
   double sum = 0;  // of per-target losses
   int64_t counted = 0;
@@ -217,7 +224,8 @@ Status RunEval(const EvalFlags& f) {
   const int64_t windows = data.num_windows(T, f.max_tokens);
   if (windows == 0) {
     return InvalidArgumentError(fmt::format(
-        "the data holds no full window of {} + 1 tokens{}", T,
+        "{} ({} tokens) holds no full window of {} + 1 tokens{}", NameFiles(data),
+        data.num_tokens(), T,
         f.max_tokens > 0 ? fmt::format(" within the first {} tokens", f.max_tokens) : ""));
   }
   double sum = 0;  // of per-token losses

@@ -3,9 +3,12 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <exception>
+#include <new>
 #include <string>
 
 #include "base/logging.h"
+#include "base/untrusted_text.h"
 #include "tools/doctor_command.h"
 #include "tools/estimate_command.h"
 #include "tools/eval_command.h"
@@ -16,8 +19,26 @@
 
 namespace {
 
-int Fail(const std::string& message) {
-  std::fprintf(stderr, "strata: error: %s\n", message.c_str());
+// The message as printed: every control character but the newlines that separate a config
+// file's problems written as \xNN, so that a NUL does not cut it and nothing from a file
+// reaches the terminal as a control sequence.
+std::string Printable(std::string_view message) {
+  std::string out;
+  out.reserve(message.size());
+  for (const char c : message) {
+    const auto b = static_cast<unsigned char>(c);
+    if ((b < 0x20 && c != '\n') || b == 0x7F) {
+      out += fmt::format("\\x{:02X}", b);
+    } else {
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
+int Fail(std::string_view message) {
+  const std::string line = "strata: error: " + Printable(message) + "\n";
+  std::fwrite(line.data(), 1, line.size(), stderr);
   return 1;
 }
 
@@ -77,20 +98,32 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     std::string what = e.what();
     if (what.empty()) what = "bad command line";
-    // A config file's list of problems is complete as it is; a flag error gets the pointer.
-    if (what.find('\n') != std::string::npos) return Fail(what);
+    // A config file's problems are complete as they are (the file and its keys, not a flag to
+    // look up); a flag error gets the pointer.
+    if (what.find('\n') != std::string::npos || what.starts_with("--config: ")) return Fail(what);
     return Fail(what + " (see 'strata --help' or 'strata train --help')");
+  } catch (const std::exception& e) {
+    return Fail(fmt::format("internal error while reading the command line: {}",
+                            strata::Excerpt(e.what(), 300)));
   }
   strata::Status status;
-  if (train_cmd->parsed()) status = strata::tools::RunTrain(train);
-  if (estimate_cmd->parsed()) status = strata::tools::RunEstimate(estimate);
-  if (doctor_cmd->parsed()) status = strata::tools::RunDoctor(doctor);
-  if (app.got_subcommand("iobench")) status = strata::tools::RunIobench(iobench);
-  if (inspect_cmd->parsed()) status = strata::tools::RunInspect(inspect);
-  if (export_cmd->parsed()) status = strata::tools::RunExport(export_flags);
-  if (tokenize_cmd->parsed()) status = strata::tools::RunTokenize(tokenize);
-  if (eval_cmd->parsed()) status = strata::tools::RunEval(eval);
-  if (generate_cmd->parsed()) status = strata::tools::RunGenerate(generate);
+  // Errors travel as Status; an exception that escapes a command anyway (an allocation that
+  // failed, a library's throw) still ends in one line and exit 1, not in std::terminate.
+  try {
+    if (train_cmd->parsed()) status = strata::tools::RunTrain(train);
+    if (estimate_cmd->parsed()) status = strata::tools::RunEstimate(estimate);
+    if (doctor_cmd->parsed()) status = strata::tools::RunDoctor(doctor);
+    if (app.got_subcommand("iobench")) status = strata::tools::RunIobench(iobench);
+    if (inspect_cmd->parsed()) status = strata::tools::RunInspect(inspect);
+    if (export_cmd->parsed()) status = strata::tools::RunExport(export_flags);
+    if (tokenize_cmd->parsed()) status = strata::tools::RunTokenize(tokenize);
+    if (eval_cmd->parsed()) status = strata::tools::RunEval(eval);
+    if (generate_cmd->parsed()) status = strata::tools::RunGenerate(generate);
+  } catch (const std::bad_alloc&) {
+    return Fail("out of memory (an allocation failed; nothing more is known of where)");
+  } catch (const std::exception& e) {
+    return Fail(fmt::format("internal error: {}", strata::Excerpt(e.what(), 300)));
+  }
   if (status.code() == strata::StatusCode::kCancelled && strata::tools::StopSignal() != 0) {
     std::fprintf(stderr, "strata: %s\n", status.message().c_str());
     return 128 + strata::tools::StopSignal();  // 130 for SIGINT, 143 for SIGTERM

@@ -19,7 +19,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "data/hf_config.h"
+#include "data/hf_tokenizer_json.h"
 #include "data/hf_text.h"
 #include "data/tokenizer.h"
 

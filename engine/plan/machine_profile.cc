@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/file.h"
+#include "base/untrusted_text.h"
 
 namespace strata::engine {
 namespace {
@@ -18,18 +19,40 @@ constexpr std::string_view kRegenerate =
 
 Status BadKey(const std::string& source, const std::string& key, std::string_view what) {
   return InvalidArgumentError(
-      fmt::format("machine profile {}: \"{}\" {}; {}", source, key, what, kRegenerate));
+      fmt::format("machine profile {}: \"{}\" {}; {}", source, Excerpt(key), what, kRegenerate));
 }
 
-// The positive number at section[key].
+// The plausible ranges of machine_profile.h: a value outside them is a broken file, and would
+// give a step time of 0, inf or nan (5e-324 GB/s), or overflow a size (1e20 GiB).
+struct Range {
+  double lo, hi;
+  const char* unit;
+};
+constexpr Range kRate{1e-3, 1e6, "GB/s"};
+constexpr Range kTflops{1e-3, 1e6, "TFLOP/s"};
+constexpr Range kGiB{1e-3, 1048576, "GiB"};
+constexpr Range kCores{1, 65536, "cores"};
+constexpr Range kParamsPerS{1, 1e15, "parameters/s"};
+
+// The number at section[key], in `range`, and integral when `integral`.
 StatusOr<double> PositiveNumber(const Json& section, const std::string& source,
-                                const std::string& section_name, const char* key) {
+                                const std::string& section_name, const char* key, Range range,
+                                bool integral = false) {
   const std::string full = section_name + "." + key;
   if (!section.contains(key)) return BadKey(source, full, "is missing");
   const Json& v = section.at(key);
-  if (!v.is_number()) return BadKey(source, full, fmt::format("is {}, not a number", v.dump()));
+  if (!v.is_number()) {
+    return BadKey(source, full, fmt::format("is {}, not a number", JsonExcerpt(v)));
+  }
   const double d = v.get<double>();
-  if (!(d > 0)) return BadKey(source, full, fmt::format("is {}, not a positive number", d));
+  if (!(d >= range.lo && d <= range.hi)) {
+    return BadKey(source, full,
+                  fmt::format("is {}, outside the plausible range [{}, {}] {}", JsonExcerpt(v),
+                              range.lo, range.hi, range.unit));
+  }
+  if (integral && d != static_cast<double>(static_cast<int64_t>(d))) {
+    return BadKey(source, full, fmt::format("is {}, not a whole number", JsonExcerpt(v)));
+  }
   return d;
 }
 
@@ -38,7 +61,7 @@ StatusOr<const Json*> Section(const Json& root, const std::string& source, const
   if (!root.contains(name)) return static_cast<const Json*>(nullptr);
   const Json& s = root.at(name);
   if (!s.is_object()) {
-    return BadKey(source, name, fmt::format("is {}, not an object", s.dump()));
+    return BadKey(source, name, fmt::format("is {}, not an object", JsonExcerpt(s)));
   }
   return &s;
 }
@@ -67,11 +90,12 @@ std::string MachineProfileJson(const MachineProfile& p) {
 
 StatusOr<MachineProfile> ParseMachineProfile(const std::string& json_text,
                                              const std::string& source) {
-  Json root = Json::parse(json_text, nullptr, /*allow_exceptions=*/false);
-  if (root.is_discarded()) {
-    return InvalidArgumentError(
-        fmt::format("machine profile {}: not valid JSON; {}", source, kRegenerate));
+  auto parsed = ParseJsonBounded(json_text);
+  if (!parsed.ok()) {
+    return InvalidArgumentError(fmt::format("machine profile {}: not valid JSON ({}); {}", source,
+                                            parsed.status().message(), kRegenerate));
   }
+  const Json root = std::move(*parsed);
   if (!root.is_object()) {
     return InvalidArgumentError(
         fmt::format("machine profile {}: the top level is not an object with \"device\", "
@@ -86,26 +110,34 @@ StatusOr<MachineProfile> ParseMachineProfile(const std::string& json_text,
       return BadKey(source, "device.name", "is missing or not a string");
     }
     d.name = device->at("name").get<std::string>();
-    STRATA_ASSIGN_OR_RETURN(d.memory_GiB, PositiveNumber(*device, source, "device", "memory_GiB"));
+    if (d.name.size() > 256 || Excerpt(d.name, 256) != d.name) {
+      return BadKey(
+          source, "device.name",
+          fmt::format("is '{}', not a name of at most 256 printable bytes", Excerpt(d.name)));
+    }
+    STRATA_ASSIGN_OR_RETURN(d.memory_GiB,
+                            PositiveNumber(*device, source, "device", "memory_GiB", kGiB));
     STRATA_ASSIGN_OR_RETURN(d.bf16_TFLOPs,
-                            PositiveNumber(*device, source, "device", "bf16_TFLOPs"));
+                            PositiveNumber(*device, source, "device", "bf16_TFLOPs", kTflops));
     STRATA_ASSIGN_OR_RETURN(d.memory_GBps,
-                            PositiveNumber(*device, source, "device", "memory_GBps"));
+                            PositiveNumber(*device, source, "device", "memory_GBps", kRate));
     p.device = d;
   }
   STRATA_ASSIGN_OR_RETURN(const Json* pcie, Section(root, source, "pcie"));
   if (pcie) {
     MachineProfile::Pcie c;
-    STRATA_ASSIGN_OR_RETURN(c.h2d_GBps, PositiveNumber(*pcie, source, "pcie", "h2d_GBps"));
-    STRATA_ASSIGN_OR_RETURN(c.d2h_GBps, PositiveNumber(*pcie, source, "pcie", "d2h_GBps"));
+    STRATA_ASSIGN_OR_RETURN(c.h2d_GBps, PositiveNumber(*pcie, source, "pcie", "h2d_GBps", kRate));
+    STRATA_ASSIGN_OR_RETURN(c.d2h_GBps, PositiveNumber(*pcie, source, "pcie", "d2h_GBps", kRate));
     p.pcie = c;
   }
   STRATA_ASSIGN_OR_RETURN(const Json* host, Section(root, source, "host"));
   if (host) {
     MachineProfile::Host h;
-    STRATA_ASSIGN_OR_RETURN(const double cores, PositiveNumber(*host, source, "host", "cores"));
+    STRATA_ASSIGN_OR_RETURN(const double cores, PositiveNumber(*host, source, "host", "cores",
+                                                               kCores, /*integral=*/true));
     h.cores = static_cast<int>(cores);
-    STRATA_ASSIGN_OR_RETURN(h.memory_GiB, PositiveNumber(*host, source, "host", "memory_GiB"));
+    STRATA_ASSIGN_OR_RETURN(h.memory_GiB,
+                            PositiveNumber(*host, source, "host", "memory_GiB", kGiB));
     STRATA_ASSIGN_OR_RETURN(const Json* rates, Section(*host, source, "optimizer_params_per_s"));
     if (!rates) return BadKey(source, "host.optimizer_params_per_s", "is missing");
     if (rates->empty()) {
@@ -115,15 +147,16 @@ StatusOr<MachineProfile> ParseMachineProfile(const std::string& json_text,
     for (const auto& [kind, value] : rates->items()) {
       STRATA_ASSIGN_OR_RETURN(
           h.optimizer_params_per_s[kind],
-          PositiveNumber(*rates, source, "host.optimizer_params_per_s", kind.c_str()));
+          PositiveNumber(*rates, source, "host.optimizer_params_per_s", kind.c_str(), kParamsPerS));
     }
     p.host = h;
   }
   STRATA_ASSIGN_OR_RETURN(const Json* nvme, Section(root, source, "nvme"));
   if (nvme) {
     MachineProfile::Nvme n;
-    STRATA_ASSIGN_OR_RETURN(n.read_GBps, PositiveNumber(*nvme, source, "nvme", "read_GBps"));
-    STRATA_ASSIGN_OR_RETURN(n.write_GBps, PositiveNumber(*nvme, source, "nvme", "write_GBps"));
+    STRATA_ASSIGN_OR_RETURN(n.read_GBps, PositiveNumber(*nvme, source, "nvme", "read_GBps", kRate));
+    STRATA_ASSIGN_OR_RETURN(n.write_GBps,
+                            PositiveNumber(*nvme, source, "nvme", "write_GBps", kRate));
     p.nvme = n;
   }
   return p;

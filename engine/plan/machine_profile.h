@@ -18,7 +18,11 @@
 // Every section may be missing: a host-only machine has no "device" and no "pcie"; a machine
 // measured without a drive has no "nvme". A present section must have all its keys (positive
 // numbers; "name" a string; "optimizer_params_per_s" an object with at least one kind). Unknown
-// keys are ignored, so later versions may add some.
+// keys are ignored, so later versions may add some. A value must be plausible, so that no
+// prediction is 0, inf or nan and no size overflows: rates (GB/s) and bf16_TFLOPs in
+// [0.001, 1e6], memory_GiB in [0.001, 1048576], host.cores a whole number in 1..65536,
+// optimizer_params_per_s in [1, 1e15]. The file is parsed with base/untrusted_text.h's nesting
+// limit, and a message quotes at most a bounded excerpt of a value.
 //
 // Thread-safety: plain values and pure functions.
 #pragma once

@@ -10,8 +10,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -75,6 +77,50 @@ TEST_F(FileTest, ReadSmallFileRefusesAFileOverTheLimitNamingItWithTheCallersCode
   EXPECT_EQ(damaged.status().code(), StatusCode::kDataLoss);
 }
 
+// Runs `read` (which opens the FIFO at `fifo`) and gives its result; when it is still blocked
+// after 5 s, opens the FIFO for writing so that the read returns, and fails the test.
+template <typename Fn>
+auto WithoutBlocking(const std::string& fifo, Fn read) -> decltype(read()) {
+  auto result = std::async(std::launch::async, read);
+  if (result.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
+    ADD_FAILURE() << "opening the FIFO '" << fifo << "' blocked";
+    UniqueFd writer(::open(fifo.c_str(), O_WRONLY | O_CLOEXEC));
+  }
+  return result.get();
+}
+
+TEST_F(FileTest, ReadSmallFileRefusesAFifoWithoutWaitingForAWriter) {
+  ASSERT_EQ(::mkfifo(Path("fifo").c_str(), 0600), 0);
+  auto got = WithoutBlocking(Path("fifo"),
+                             [&] { return ReadSmallFile(Path("fifo"), {.max_bytes = 1 << 20}); });
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(got.status().message(), HasSubstr("'" + Path("fifo") + "' is a FIFO"));
+}
+
+TEST_F(FileTest, OpenRegularFileRefusesAFifoADirectoryAndADeviceNamingThePath) {
+  ASSERT_EQ(::mkfifo(Path("fifo").c_str(), 0600), 0);
+  auto fifo =
+      WithoutBlocking(Path("fifo"), [&] { return OpenRegularFile(Path("fifo"), "token file"); });
+  ASSERT_FALSE(fifo.ok());
+  EXPECT_THAT(fifo.status().message(),
+              HasSubstr("token file '" + Path("fifo") + "' is a FIFO, not a regular file"));
+  fs::create_directory(Path("d"));
+  auto dir = OpenRegularFile(Path("d"), "text file");
+  ASSERT_FALSE(dir.ok());
+  EXPECT_THAT(dir.status().message(), HasSubstr("is a directory, not a regular file"));
+  auto dev = OpenRegularFile("/dev/null", "text file");
+  ASSERT_FALSE(dev.ok());
+  EXPECT_EQ(dev.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(dev.status().message(), HasSubstr("'/dev/null' is a character device"));
+  Write("f", "abc");
+  struct stat st;
+  auto file = OpenRegularFile(Path("f"), "text file", 0, &st);
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  EXPECT_EQ(st.st_size, 3);
+  EXPECT_EQ(::fcntl(file->get(), F_GETFL) & O_NONBLOCK, 0);
+}
+
 TEST_F(FileTest, ReadSmallFileOfAMissingFileIsNotFoundNamingIt) {
   auto missing = ReadSmallFile(Path("missing"), {.max_bytes = 100});
   ASSERT_FALSE(missing.ok());
@@ -87,7 +133,8 @@ TEST_F(FileTest, ReadSmallFileRefusesADirectory) {
   auto got = ReadSmallFile(Path("d"), {.max_bytes = 1 << 20});
   ASSERT_FALSE(got.ok());
   EXPECT_EQ(got.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_THAT(got.status().message(), HasSubstr("'" + Path("d") + "' is not a regular file"));
+  EXPECT_THAT(got.status().message(),
+              HasSubstr("'" + Path("d") + "' is a directory, not a regular file"));
   auto damaged =
       ReadSmallFile(Path("d"), {.max_bytes = 1 << 20, .unusable_code = StatusCode::kDataLoss});
   EXPECT_EQ(damaged.status().code(), StatusCode::kDataLoss);

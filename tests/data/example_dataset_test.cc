@@ -23,6 +23,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr int kVocab = 1 << 20;
 constexpr int32_t I = kIgnoreTarget;
@@ -146,6 +147,20 @@ TEST_F(ExampleDatasetTest, SkippedExamplesAreLeftOutAndCounted) {
   ASSERT_FALSE(e.ok());
   EXPECT_THAT(e.status().message(), HasSubstr("training split"));
   EXPECT_THAT(e.status().message(), HasSubstr("2 longer skipped"));
+}
+
+// `strata eval` scores one set of files: its refusal names them, not a training split.
+TEST_F(ExampleDatasetTest, OneWholeSetNamesItsFilesNotATrainingSplit) {
+  ExampleRowOptions o{.seq_len = 4, .pack = true, .long_examples = LongExamples::kSkip};
+  const TokenDataset long_only = Open("long.bin", MakeExamples({9, 10}));
+  auto e = ExampleDataset::CreateWhole(long_only, o, "token file 'long.bin'");
+  ASSERT_FALSE(e.ok());
+  EXPECT_THAT(e.status().message(), HasSubstr("token file 'long.bin' has no example of at most 4"));
+  EXPECT_THAT(e.status().message(), Not(HasSubstr("split")));
+  const TokenDataset ok = Open("ok.bin", MakeExamples({2, 3}));
+  auto d = ExampleDataset::CreateWhole(ok, o, "token file 'ok.bin'");
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->val_stats().rows, d->train_stats().rows);
 }
 
 TEST_F(ExampleDatasetTest, PackedRowsHoldEveryExampleExactlyOnceInFileOrder) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "models/gpt.h"
+#include "models/lora_adapter.h"
 #include "tests/models/hf_test_dir.h"
 
 namespace strata::models {
@@ -222,6 +223,70 @@ TEST(HfConfig, NotJsonIsOneLineNamingTheFile) {
   const auto r = ParseHfConfig("{\"model_type\": \n", kPath);
   ASSERT_FALSE(r.ok());
   EXPECT_THAT(r.status().message(), AllOf(HasSubstr(kPath), Not(HasSubstr("\n"))));
+}
+
+// Issue 47: a number field holding 100,000 nested arrays crashed the error path, which dumped
+// the value whole; it is refused at the parse, naming the file, the field and the limit.
+TEST(HfConfig, ADeeplyNestedFieldIsOneShortLineNamingTheFieldAndTheLimit) {
+  for (int depth : {30000, 100000}) {
+    const auto r = ParseHfConfig(R"({"model_type": "llama", "vocab_size": )" +
+                                     std::string(depth, '[') + std::string(depth, ']') + "}",
+                                 kPath);
+    ExpectOneLineError(r, "under /vocab_size/0/0/0/...");
+    EXPECT_THAT(r.status().message(), HasSubstr("nested deeper than 64 levels (the limit)"));
+    EXPECT_LT(r.status().message().size(), 300u);
+  }
+  // Within the limit the field's refusal quotes a bounded excerpt of the value.
+  const auto r = ParseHfConfig(R"({"model_type": "llama", "vocab_size": )" + std::string(60, '[') +
+                                   std::string(60, ']') + "}",
+                               kPath);
+  ExpectOneLineError(r, "vocab_size");
+  EXPECT_LT(r.status().message().size(), 300u);
+  const auto s = ParseHfConfig(
+      R"({"model_type": "llama", "vocab_size": ")" + std::string(10 << 20, 'x') + "\"}", kPath);
+  ExpectOneLineError(s, "vocab_size");
+  EXPECT_LT(s.status().message().size(), 300u);
+}
+
+TEST(HfConfig, RealNumbersOutsideFp32AreRefusedNamingTheField) {
+  const std::string head = R"({"model_type": "llama", "vocab_size": 10, "hidden_size": 8,
+      "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
+      "max_position_embeddings": 8, )";
+  for (const char* field : {R"("rms_norm_eps": 5e-324})", R"("rms_norm_eps": 1e300})",
+                            R"("rope_theta": 1e300})", R"("rope_theta": 0})"}) {
+    const auto r = ParseHfConfig(head + field, kPath);
+    ExpectOneLineError(r, std::string(field).substr(1, std::string(field).find('"', 1) - 1));
+    EXPECT_THAT(r.status().message(), HasSubstr("fp32's normal range"));
+  }
+  ExpectOneLineError(
+      ParseHfConfig(head + R"("rope_scaling": {"rope_type": "llama3", "factor": 1e300,
+          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 8192}})",
+                    kPath),
+      "rope_scaling.factor");
+}
+
+// adapter_config.json (models/lora_adapter.h): the numbers are checked before anything is sized
+// from them, and every refusal names the file.
+TEST(LoraAdapterConfig, OutOfRangeOrDeepValuesAreRefusedNamingTheFile) {
+  constexpr char kAdapter[] = "/a/adapter_config.json";
+  const std::string head = R"({"peft_type": "LORA", "target_modules": ["q_proj"], )";
+  const auto ok = ParseLoraAdapterConfig(head + R"("r": 8, "lora_alpha": 16})", kAdapter);
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ(ok->lora.rank, 8);
+  for (const auto& [fields, what] : std::vector<std::pair<std::string, std::string>>{
+           {R"("r": 1099511627776, "lora_alpha": 16})", "r is 1099511627776, not an integer"},
+           {R"("r": 0, "lora_alpha": 16})", "r is 0"},
+           {R"("r": 8, "lora_alpha": 1e300})", "lora_alpha is 1e+300"},
+           {R"("r": 8, "lora_alpha": 16, "lora_dropout": 1.5})", "lora_dropout is 1.5"},
+           {R"("r": )" + std::string(100000, '[') + std::string(100000, ']') + "}",
+            "nested deeper than 64 levels (the limit) under /r/"}}) {
+    const auto r = ParseLoraAdapterConfig(head + fields, kAdapter);
+    ASSERT_FALSE(r.ok()) << fields.substr(0, 80);
+    EXPECT_THAT(r.status().message(),
+                AllOf(HasSubstr(kAdapter), HasSubstr(what), Not(HasSubstr("\n"))));
+    EXPECT_LT(r.status().message().size(), 300u);
+  }
 }
 
 TEST(HfConfig, ConfigJsonParsesBackToTheSameLlama) {

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -569,6 +570,41 @@ TEST(TrainConfig, MalformedJsonSaysWhere) {
   EXPECT_NE(ErrorOf("33E3733332").find("malformed JSON"), std::string::npos);
   EXPECT_NE(ErrorOf(R"({"aio": {"queue_depth": 1e999}})").find("malformed JSON"),
             std::string::npos);
+}
+
+// Issue 47: a value that is finite in the file but not in fp32, where the optimizer uses it,
+// is refused as the file's key with the rule, not later as a flag the user never gave.
+TEST(TrainConfig, AnEpsBeyondFp32IsTheFilesKeyWithTheRule) {
+  const std::string e = ErrorOf(R"({"optimizer": {"type": "AdamW", "params": {"eps": 1e308}}})");
+  EXPECT_NE(e.find("'optimizer.params.eps' must be a number >= 0 that fits fp32"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("1e+308"), std::string::npos) << e;
+  EXPECT_EQ(e.find("--optimizer"), std::string::npos) << e;
+  EXPECT_NE(ErrorOf(R"({"optimizer": {"params": {"lr": 1e39}}})").find("'optimizer.params.lr'"),
+            std::string::npos);
+}
+
+TEST(TrainConfig, DeepNestingIsRefusedSayingTheLimitAndWhere) {
+  const std::string e = ErrorOf(R"({"optimizer": {"params": {"eps": )" + std::string(100000, '[') +
+                                std::string(100000, ']') + "}}}");
+  EXPECT_NE(e.find("nested deeper than 64 levels (the limit) under /optimizer/params/eps/"),
+            std::string::npos)
+      << e;
+  EXPECT_LT(e.size(), 400u);
+}
+
+TEST(TrainConfig, AFifoAsTheConfigFileIsRefusedWithoutWaiting) {
+  const auto path =
+      std::filesystem::temp_directory_path() / ("strata_config_fifo_" + std::to_string(::getpid()));
+  std::filesystem::remove(path);
+  ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
+  TrainFlags f;
+  const Status s = ApplyTrainConfigFile(path.string(), &f);
+  std::filesystem::remove(path);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("'" + path.string() + "' is a FIFO"), std::string::npos)
+      << s.message();
 }
 
 TEST(TrainConfig, FilesAreReadAndAMissingFileIsNotFound) {

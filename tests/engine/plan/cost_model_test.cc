@@ -498,5 +498,62 @@ TEST(MachineProfile, BadFilesGiveOneLineNamingTheKey) {
   EXPECT_NE(missing.status().message().find("/nonexistent/strata_machine.json"), std::string::npos);
 }
 
+// Issue 47: values that parse but mean nothing are refused where they are read, naming the
+// file, the key and the rule, instead of a step of -nan s, 0 cores or a budget of 0.
+TEST(MachineProfile, ImplausibleValuesAreRefusedNamingTheKeyAndTheRange) {
+  struct Bad {
+    std::string json;
+    const char* key;
+    const char* rule;
+  };
+  const std::string device = R"("name": "x", "memory_GiB": 80, "bf16_TFLOPs": 300)";
+  const Bad bad[] = {
+      {R"({"device": {)" + device + R"(, "memory_GBps": 5e-324}})", "device.memory_GBps",
+       "outside the plausible range [0.001, 1000000] GB/s"},
+      {R"({"pcie": {"h2d_GBps": 5e-324, "d2h_GBps": 40}})", "pcie.h2d_GBps", "plausible range"},
+      {R"({"nvme": {"read_GBps": 1, "write_GBps": 1e300}})", "nvme.write_GBps", "plausible range"},
+      {R"({"host": {"cores": 0.5, "memory_GiB": 8, "optimizer_params_per_s": {"adamw": 1e9}}})",
+       "host.cores", "plausible range [1, 65536] cores"},
+      {R"({"host": {"cores": 2.5, "memory_GiB": 8, "optimizer_params_per_s": {"adamw": 1e9}}})",
+       "host.cores", "not a whole number"},
+      {R"({"host": {"cores": 2, "memory_GiB": 1e20, "optimizer_params_per_s": {"adamw": 1e9}}})",
+       "host.memory_GiB", "plausible range [0.001, 1048576] GiB"},
+      {R"({"device": {"name": "x", "memory_GiB": 1e20, "bf16_TFLOPs": 300, "memory_GBps": 4000}})",
+       "device.memory_GiB", "plausible range"},
+      {R"({"host": {"cores": 2, "memory_GiB": 8, "optimizer_params_per_s": {"adamw": 5e-324}}})",
+       "host.optimizer_params_per_s.adamw", "plausible range [1, 1000000000000000] parameters/s"},
+      {R"({"device": {"name": "x\u0000y", "memory_GiB": 8, "bf16_TFLOPs": 300,
+           "memory_GBps": 4000}})",
+       "device.name", "x\\x00y"},
+  };
+  for (const Bad& b : bad) {
+    auto p = ParseMachineProfile(b.json, "'m.json'");
+    ASSERT_FALSE(p.ok()) << b.json;
+    const std::string msg = p.status().message();
+    EXPECT_EQ(p.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(msg.find("'m.json'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(b.key), std::string::npos) << msg;
+    EXPECT_NE(msg.find(b.rule), std::string::npos) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    EXPECT_EQ(msg.find('\0'), std::string::npos) << msg;
+  }
+}
+
+TEST(MachineProfile, ADeeplyNestedValueIsRefusedInOneShortLine) {
+  for (int depth : {30000, 100000}) {
+    const std::string json = R"({"device": {"name": "x", "memory_GiB": 8, "bf16_TFLOPs": )" +
+                             std::string(depth, '[') + std::string(depth, ']') +
+                             R"(, "memory_GBps": 4000}})";
+    auto p = ParseMachineProfile(json, "'m.json'");
+    ASSERT_FALSE(p.ok());
+    const std::string msg = p.status().message();
+    EXPECT_NE(msg.find("'m.json'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("nested deeper than 64 levels (the limit) under /device/bf16_TFLOPs/"),
+              std::string::npos)
+        << msg;
+    EXPECT_LT(msg.size(), 400u);
+  }
+}
+
 }  // namespace
 }  // namespace strata::engine

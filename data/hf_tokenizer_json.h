@@ -1,11 +1,20 @@
 // The parts of a Hugging Face tokenizer.json that Strata reads (the format of HF tokenizers'
 // Tokenizer::from_file: added_tokens, normalizer, pre_tokenizer, model, post_processor, decoder),
-// parsed into plain structs. Anything else a file uses is refused by name. Internal to data/
-// (hf_tokenizer.h).
+// parsed into plain structs, and the bos/eos names of a tokenizer_config.json. Anything else a
+// file uses is refused by name. Internal to data/ (hf_tokenizer.h).
+//
+// The file is untrusted input: it is parsed with a nesting limit (kMaxJsonDepth of
+// base/untrusted_text.h), Sequence components nest at most kMaxComponentDepth deep, every token
+// id is an integer in 0..kMaxTokenId, and at most kMaxUnusedIds ids below the largest have no
+// token, so the id table sized from the file is bounded by the file's own entries. Every
+// refusal names the JSON pointer of the value ("/model/vocab/b: must be a token id, ...") and
+// quotes at most a bounded excerpt of it.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -53,8 +62,18 @@ struct DecoderStep {
   PrependScheme prepend_scheme = PrependScheme::kAlways;  // Metaspace
 };
 
-struct HfConfig {
+// The largest token id accepted: id + 1, a vocabulary size, is still an int.
+inline constexpr int kMaxTokenId = 2147483646;
+// How many ids below the largest may have no token (real files have none: an id is a row of the
+// model's embedding).
+inline constexpr int64_t kMaxUnusedIds = 65536;
+// How deep Sequence normalizers, pre-tokenizers, decoders and post-processors may nest.
+inline constexpr int kMaxComponentDepth = 16;
+
+struct TokenizerJson {
   std::unique_ptr<BpeModel> model;
+  // max(id) + 1 over the model's vocabulary and the added tokens (checked as above).
+  int vocab_size = 0;
   std::vector<AddedToken> added_tokens;
   std::vector<NormalizerStep> normalizer;
   std::vector<PreTokenizerStep> pre_tokenizer;
@@ -71,9 +90,10 @@ inline constexpr const char* kGpt2Pattern =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
 // Parses the text of a tokenizer.json. Errors: kInvalidArgument with a one-line reason (a JSON
-// syntax or type error, a missing field, an unsupported component named with the supported
-// ones); the caller adds the file's name.
-StatusOr<HfConfig> ParseTokenizerJson(const std::string& json);
+// syntax error, nesting past the limits, a missing or mistyped field or an id out of range named
+// by its JSON pointer, an unsupported component named with the supported ones, a
+// TemplateProcessing special-token id that is no token's); the caller adds the file's name.
+StatusOr<TokenizerJson> ParseTokenizerJson(std::string_view json);
 
 // bos_token / eos_token of a tokenizer_config.json's text: the token's content, "" when absent
 // (*present false) or null (*present true).
@@ -81,6 +101,7 @@ struct SpecialTokenNames {
   bool has_bos = false, has_eos = false;
   std::string bos, eos;
 };
-StatusOr<SpecialTokenNames> ParseTokenizerConfigJson(const std::string& json);
+// Errors: kInvalidArgument naming the JSON pointer ("/eos_token/content: must be a string").
+StatusOr<SpecialTokenNames> ParseTokenizerConfigJson(std::string_view json);
 
 }  // namespace strata::data::hf

@@ -1,0 +1,66 @@
+// Fuzzes the tokenizer.json parser (data/hf_tokenizer_json.h) and, for what it accepts, the
+// tokenizer built from it (data/hf_tokenizer.h: the id table sized from the file, the special
+// ids): any bytes give a tokenizer or a one-line error, never a crash, a hang, an allocation
+// beyond the file's entries or a sanitizer report.
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <string_view>
+
+#include "data/hf_tokenizer.h"
+#include "data/hf_tokenizer_json.h"
+
+namespace {
+
+// This process's own directory, removed at exit.
+std::filesystem::path& ScratchDir() {
+  static std::filesystem::path dir;
+  return dir;
+}
+
+const std::string& ScratchFile() {
+  static const std::string path = [] {
+    ScratchDir() = std::filesystem::temp_directory_path() /
+                   ("strata_tokenizer_json_fuzz_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(ScratchDir());
+    std::atexit([] {
+      std::error_code ec;
+      std::filesystem::remove_all(ScratchDir(), ec);
+    });
+    return (ScratchDir() / "tokenizer.json").string();
+  }();
+  return path;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const std::string_view text(reinterpret_cast<const char*>(data), size);
+  auto parsed = strata::data::hf::ParseTokenizerJson(text);
+  if (!parsed.ok()) {
+    const std::string m = parsed.status().message();
+    if (m.empty() || m.find('\n') != std::string::npos || m.size() > 4096) std::abort();
+    return 0;
+  }
+  // Accepted: the id table is bounded by the entries, and the tokenizer loads from the file.
+  const auto& c = *parsed;
+  if (c.vocab_size < 0 ||
+      c.vocab_size > static_cast<int64_t>(c.model->vocab().size() + c.added_tokens.size()) +
+                         strata::data::hf::kMaxUnusedIds) {
+    std::abort();
+  }
+  std::ofstream(ScratchFile(), std::ios::binary | std::ios::trunc).write(text.data(), text.size());
+  auto t = strata::data::HfTokenizer::Load(ScratchFile());
+  if (t.ok()) {
+    const int v = (*t)->vocab_size();
+    if ((*t)->bos_id() >= v || (*t)->eos_id() >= v) std::abort();
+  } else if (t.status().message().empty()) {
+    std::abort();
+  }
+  return 0;
+}
