@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "base/units.h"
 #include "engine/plan/placement_search.h"
@@ -46,8 +47,8 @@ TEST(ChoosePlan, NothingAutoIsTheRequestsPlanBuiltOnce) {
   EXPECT_EQ(after.plans_built - before.plans_built, 1);
   EXPECT_EQ(after.plans_built_in_choices - before.plans_built_in_choices, 1);
   EXPECT_EQ(choice->Reasons(), "");
-  auto plan = MakePlan(*g.model, DType::kBF16, {1, 64}, g.request.placement,
-                       {g.request.optimizer, 8});
+  auto plan =
+      MakePlan(*g.model, DType::kBF16, {1, 64}, g.request.placement, {g.request.optimizer, 8});
   ASSERT_TRUE(plan.ok());
   EXPECT_EQ(choice->plan.Describe(), plan->Describe());
   EXPECT_EQ(choice->placement.device_budget_bytes, 4 * kMiB);
@@ -81,8 +82,8 @@ TEST(ChoosePlan, AnInfeasibleFixedBudgetIsMakePlansError) {
 TEST(ChoosePlan, TheAutoPlacementIsTheSearchsFastestPlanAndSaysWhy) {
   const MachineProfile h200 = testing::H200Profile();
   Gpt g = MakeGpt("gpt2-1.5b", {8, 1024});
-  g.request.automatic = {.param_home = true, .optimizer_home = true, .device_fraction = true,
-                         .device_budget = true};
+  g.request.automatic = {
+      .param_home = true, .optimizer_home = true, .device_fraction = true, .device_budget = true};
   auto choice = ChoosePlan(*g.model, g.request, &h200);
   ASSERT_TRUE(choice.ok()) << choice.status().ToString();
   PlacementOptions base = g.request.placement;
@@ -131,8 +132,9 @@ TEST(ChoosePlan, TheAutoUpdateDuringBackwardFollowsThePredictionWithOneRankAndOv
     PlanRequest ranks = g.request;
     ranks.placement.ranks = 2;
     ranks.placement.data_parallel = true;
-    for (const auto& [r, machine] : {std::pair{no_overlap, &h200}, std::pair{ranks, &h200},
-                                     std::pair{g.request, static_cast<MachineProfile*>(nullptr)}}) {
+    using Case = std::pair<PlanRequest, const MachineProfile*>;
+    for (const auto& [r, machine] :
+         {Case{no_overlap, &h200}, Case{ranks, &h200}, Case{g.request, nullptr}}) {
       auto c = ChoosePlan(*g.model, r, machine);
       ASSERT_TRUE(c.ok()) << c.status().ToString();
       EXPECT_FALSE(c->update_during_backward) << preset;
