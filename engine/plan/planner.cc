@@ -1,10 +1,12 @@
 #include "engine/plan/planner.h"
 
 #include <fmt/format.h>
-#include <tbb/info.h>
 
 #include <algorithm>
 #include <atomic>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "base/units.h"
 #include "engine/plan/optimizer_state.h"
@@ -287,302 +289,461 @@ void CountChoice(int64_t plans_built) {
 }
 }  // namespace internal
 
-StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape shape,
-                        const PlacementOptions& o, const PlanOptimizer& optimizer) {
-  g_plans_built.fetch_add(1);
-  ++t_plans_built;
+namespace {
+
+// MakePlan's phases, in the order it runs them. Each decides its part of the plan from MakePlan's
+// inputs and from what the phases before it decided; what a later phase needs and the plan does
+// not keep comes back in a small struct.
+
+// What MakePlan was asked for, read by every phase.
+struct PlanInputs {
+  const Model& model;
+  DType precision;
+  MicroBatchShape shape;
+  const PlacementOptions& o;
+  const PlanOptimizer& optimizer;
+  size_t w;  // SizeOf(precision)
+  bool dp;   // data parallel: PlacementOptions::data_parallel, or more than one rank
+};
+
+// Whether anything (params or optimizer state) has its home on NVMe.
+bool UsesNvme(const PlacementOptions& o) {
+  return o.param_home == ParamHome::kNvme || o.optimizer_home == OptimizerHome::kNvme;
+}
+
+// Block b's params on the device (padded to whole partitions), this rank's partition of them at
+// home, and its frozen chunk, in bytes of the working precision.
+uint64_t DeviceBlockBytes(const Plan& p, int b) {
+  return static_cast<uint64_t>(p.blocks[b].partition.padded_elems) * SizeOf(p.precision);
+}
+uint64_t HomeBlockBytes(const Plan& p, int b) {
+  return static_cast<uint64_t>(p.blocks[b].partition.part_elems) * SizeOf(p.precision);
+}
+uint64_t FrozenChunkBytes(const Plan& p, int b) {
+  return static_cast<uint64_t>(p.blocks[b].frozen_params) * SizeOf(p.precision);
+}
+
+// Validate: the inputs as a whole, before any block is looked at: a device budget, a
+// micro-batch the model takes, a rank among the ranks, an optimizer the device runs where it is
+// to run there, and a path wherever NVMe is a home.
+Status ValidateInputs(const PlanInputs& r) {
+  const PlacementOptions& o = r.o;
   if (o.device_budget_bytes == 0) {
     return InvalidArgumentError("device budget is zero; give one with units, e.g. 64MiB");
   }
-  if (shape.batch_size <= 0 || shape.seq_len <= 0 || shape.seq_len > model.max_seq_len()) {
+  if (r.shape.batch_size <= 0 || r.shape.seq_len <= 0 || r.shape.seq_len > r.model.max_seq_len()) {
     return InvalidArgumentError(
         fmt::format("micro-batch {}x{} is invalid: need batch >= 1 and 1 <= seq_len <= {}",
-                    shape.batch_size, shape.seq_len, model.max_seq_len()));
+                    r.shape.batch_size, r.shape.seq_len, r.model.max_seq_len()));
   }
   if (o.ranks < 1 || o.rank < 0 || o.rank >= o.ranks) {
     return InvalidArgumentError(fmt::format("rank {} of {} ranks is not a rank", o.rank, o.ranks));
   }
-  STRATA_RETURN_IF_ERROR(CheckDeviceOptimizerPlacement(o, optimizer));
-  const int ranks = o.ranks;
-  const bool dp = o.data_parallel || ranks > 1;
-  const bool nvme = o.param_home == ParamHome::kNvme || o.optimizer_home == OptimizerHome::kNvme;
-  if (nvme && o.nvme_paths.empty()) {
+  STRATA_RETURN_IF_ERROR(CheckDeviceOptimizerPlacement(o, r.optimizer));
+  if (UsesNvme(o) && o.nvme_paths.empty()) {
     return InvalidArgumentError("state is placed on NVMe but no --nvme-path was given");
   }
+  return Status::Ok();
+}
+
+// The plan as a whole: what was asked for, before any block is placed.
+Plan NewPlan(const PlanInputs& r) {
   Plan p;
-  p.precision = precision;
-  p.shape = shape;
-  p.param_home = o.param_home;
-  p.optimizer_home = o.optimizer_home;
-  p.device_budget_bytes = o.device_budget_bytes;
-  const int n = model.num_blocks();
-  const size_t w = SizeOf(precision);
-  p.ranks = ranks;
-  p.rank = o.rank;
-  p.data_parallel = dp;
-  int64_t max_padded = 0, max_part = 0, max_frozen = 0;
-  for (int b = 0; b < n; ++b) {
-    const int64_t np = model.block_num_params(b);
-    const int64_t frozen = model.block_frozen_params(b);
+  p.precision = r.precision;
+  p.shape = r.shape;
+  p.param_home = r.o.param_home;
+  p.optimizer_home = r.o.optimizer_home;
+  p.device_budget_bytes = r.o.device_budget_bytes;
+  p.ranks = r.o.ranks;
+  p.rank = r.o.rank;
+  p.data_parallel = r.dp;
+  return p;
+}
+
+// The largest chunks, in elements, and the buffers sized for own chunks only.
+struct ChunkSizes {
+  int64_t max_padded = 0;            // a block's own params, padded to whole partitions
+  int64_t max_part = 0;              // this rank's partition of a block's own params
+  int64_t max_frozen = 0;            // a frozen chunk
+  uint64_t own_slot_bytes = 0;       // max_padded in the working precision, 4 KiB aligned
+  uint64_t own_partition_bytes = 0;  // max_part likewise
+};
+
+// Per-block partitions: every block's params, frozen chunk and this rank's partition, the
+// model's totals, and the size of a streaming slot and of a partition's pinned home. Errors: a
+// block with neither own nor frozen params; frozen chunks with data parallelism.
+StatusOr<ChunkSizes> PartitionBlocks(const PlanInputs& r, Plan* p) {
+  ChunkSizes c;
+  for (int b = 0; b < r.model.num_blocks(); ++b) {
+    const int64_t np = r.model.block_num_params(b);
+    const int64_t frozen = r.model.block_frozen_params(b);
     if (np == 0 && frozen == 0) {
-      return InvalidArgumentError(fmt::format(
-          "block {} ('{}') has no parameters, neither trained nor frozen", b, model.block_name(b)));
+      return InvalidArgumentError(
+          fmt::format("block {} ('{}') has no parameters, neither trained nor frozen", b,
+                      r.model.block_name(b)));
     }
-    if (frozen > 0 && dp) {
+    if (frozen > 0 && r.dp) {
       return InvalidArgumentError(
           "frozen parameters (LoRA's base weights) are not supported with data parallelism yet: "
           "train on one rank");
     }
-    p.blocks.push_back({model.block_name(b), np, false, PartitionOf(np, ranks, o.rank)});
-    p.blocks.back().frozen_params = frozen;
-    p.model_params += np;
-    p.frozen_params += frozen;
-    p.max_block_params = std::max(p.max_block_params, np);
-    max_padded = std::max(max_padded, p.blocks.back().partition.padded_elems);
-    max_part = std::max(max_part, p.blocks.back().partition.part_elems);
-    max_frozen = std::max(max_frozen, frozen);
+    p->blocks.push_back({r.model.block_name(b), np, false, PartitionOf(np, r.o.ranks, r.o.rank)});
+    p->blocks.back().frozen_params = frozen;
+    p->model_params += np;
+    p->frozen_params += frozen;
+    p->max_block_params = std::max(p->max_block_params, np);
+    c.max_padded = std::max(c.max_padded, p->blocks.back().partition.padded_elems);
+    c.max_part = std::max(c.max_part, p->blocks.back().partition.part_elems);
+    c.max_frozen = std::max(c.max_frozen, frozen);
   }
   // A slot and its NVMe staging hold any chunk; the gradient buckets and the pipeline's copy-out
   // only own ones.
-  p.slot_bytes = AlignUp(static_cast<uint64_t>(std::max(max_padded, max_frozen)) * w, 4096);
-  p.partition_bytes = AlignUp(static_cast<uint64_t>(std::max(max_part, max_frozen)) * w, 4096);
-  const uint64_t own_slot_bytes = AlignUp(static_cast<uint64_t>(max_padded) * w, 4096);
-  const uint64_t own_partition_bytes = AlignUp(static_cast<uint64_t>(max_part) * w, 4096);
-  const bool has_frozen = p.frozen_params > 0;
-  // The optimizer's state, block by block as the engine lays it out (this rank's partitions).
-  std::vector<BlockState> states;
-  uint64_t max_region = 0, master_bytes = 0;
-  uint64_t rank_state_bytes = 0;  // this rank's partitions (the whole with one rank)
-  const std::vector<bool> device_optimizer = DeviceOptimizerBlocks(model, o);
-  uint64_t device_optimizer_bytes = 0;  // master weights, state and gradients on the device
-  for (int b = 0; b < n; ++b) {
-    states.push_back(LayoutBlockState(model, b, optimizer.optimizer, &p.blocks[b].partition));
-    p.optimizer_state_bytes += ranks > 1
-                                   ? LayoutBlockState(model, b, optimizer.optimizer).state_bytes()
-                                   : states.back().state_bytes();
+  const size_t w = r.w;
+  p->slot_bytes = AlignUp(static_cast<uint64_t>(std::max(c.max_padded, c.max_frozen)) * w, 4096);
+  p->partition_bytes = AlignUp(static_cast<uint64_t>(std::max(c.max_part, c.max_frozen)) * w, 4096);
+  c.own_slot_bytes = AlignUp(static_cast<uint64_t>(c.max_padded) * w, 4096);
+  c.own_partition_bytes = AlignUp(static_cast<uint64_t>(c.max_part) * w, 4096);
+  return c;
+}
+
+// The optimizer's state, block by block as the engine lays it out (this rank's partitions), and
+// its totals.
+struct StateLayout {
+  std::vector<BlockState> states;  // every block's
+  // Blocks whose optimizer runs on the host or NVMe: the largest state region, and their master
+  // weights and state over this rank's partitions (the whole with one rank).
+  uint64_t max_region = 0;
+  uint64_t master_bytes = 0;
+  uint64_t rank_state_bytes = 0;
+  // Blocks whose optimizer runs on the device: master weights, state and gradients there.
+  uint64_t device_optimizer_bytes = 0;
+};
+
+// State layout: which blocks' optimizer runs on the device, and every block's optimizer state
+// (the whole model's, also with ranks > 1, in the plan; this rank's in the layout).
+StateLayout LayOutOptimizerState(const PlanInputs& r, Plan* p) {
+  StateLayout s;
+  const std::vector<bool> device_optimizer = DeviceOptimizerBlocks(r.model, r.o);
+  for (int b = 0; b < r.model.num_blocks(); ++b) {
+    s.states.push_back(
+        LayoutBlockState(r.model, b, r.optimizer.optimizer, &p->blocks[b].partition));
+    const BlockState& state = s.states.back();
+    p->optimizer_state_bytes +=
+        r.o.ranks > 1 ? LayoutBlockState(r.model, b, r.optimizer.optimizer).state_bytes()
+                      : state.state_bytes();
     if (device_optimizer[b]) {
-      p.blocks[b].optimizer_on_device = true;
-      p.device_optimizer_params += p.blocks[b].num_params;
-      device_optimizer_bytes +=
-          DeviceOptimizerBytes(states.back(), p.blocks[b].partition.own_elems,
-                               GradInWorkingPrecision(model, b, optimizer.grad_accum_steps, dp), w);
+      p->blocks[b].optimizer_on_device = true;
+      p->device_optimizer_params += p->blocks[b].num_params;
+      s.device_optimizer_bytes += DeviceOptimizerBytes(
+          state, p->blocks[b].partition.own_elems,
+          GradInWorkingPrecision(r.model, b, r.optimizer.grad_accum_steps, r.dp), r.w);
       continue;
     }
-    rank_state_bytes += states.back().state_bytes();
-    master_bytes += states.back().master_bytes;
-    max_region = std::max(max_region, states.back().region_bytes);
+    s.rank_state_bytes += state.state_bytes();
+    s.master_bytes += state.master_bytes;
+    s.max_region = std::max(s.max_region, state.region_bytes);
   }
-  p.optimizer_name = OptimizerFlagName(optimizer.optimizer);
-  p.model_state_bytes =
-      static_cast<uint64_t>(p.model_params) * (2 * w + 4) + p.optimizer_state_bytes;
+  p->optimizer_name = OptimizerFlagName(r.optimizer.optimizer);
+  p->model_state_bytes =
+      static_cast<uint64_t>(p->model_params) * (2 * r.w + 4) + p->optimizer_state_bytes;
+  return s;
+}
 
-  // Fixed regions: everything but the parameter slots.
-  p.schedule = o.schedule;
-  p.held_micro_batches = HeldMicroBatches(o, optimizer);
-  p.device_grad_accumulators = p.held_micro_batches > 1 && !dp;
-  const std::vector<DeviceRegion> fixed =
-      FixedRegions(model, precision, shape, o.offload_activations, ranks, dp, p.held_micro_batches);
-  p.offload_activations = o.offload_activations;
-  uint64_t fixed_total = 0;
-  for (const auto& r : fixed) fixed_total += Aligned(r.size_bytes);
+// The device regions every plan has, whatever streams: everything but the parameter slots.
+struct FixedLayout {
+  std::vector<DeviceRegion> regions;
+  uint64_t total_bytes = 0;  // each region aligned as the arena aligns it
+};
 
-  // A block on the device (padded to whole partitions) and this rank's partition of it at home.
-  const auto block_bytes = [&](int b) {
-    return static_cast<uint64_t>(p.blocks[b].partition.padded_elems) * w;
+// Fixed regions: the schedule's micro-batches held on the device, and what they and the
+// gradients' way off the device take there.
+FixedLayout LayOutFixedRegions(const PlanInputs& r, Plan* p) {
+  p->schedule = r.o.schedule;
+  p->held_micro_batches = HeldMicroBatches(r.o, r.optimizer);
+  p->device_grad_accumulators = p->held_micro_batches > 1 && !r.dp;
+  FixedLayout f;
+  f.regions = FixedRegions(r.model, r.precision, r.shape, r.o.offload_activations, r.o.ranks, r.dp,
+                           p->held_micro_batches);
+  p->offload_activations = r.o.offload_activations;
+  for (const auto& region : f.regions) f.total_bytes += Aligned(region.size_bytes);
+  return f;
+}
+
+// Residency, when the budget (or the options) keep every block resident: no slots. Error: the
+// budget cannot hold them all, with the device home or every optimizer on the device.
+Status KeepEveryBlockResident(const PlacementOptions& o, uint64_t all_resident,
+                              uint64_t device_optimizer_bytes, Plan* p) {
+  if (all_resident + device_optimizer_bytes > o.device_budget_bytes) {
+    return ResourceExhaustedError(fmt::format(
+        "device budget {} is {} short of keeping every block resident{} ({} needed); raise "
+        "--device-budget{}",
+        FormatBytes(o.device_budget_bytes),
+        FormatBytes(all_resident + device_optimizer_bytes - o.device_budget_bytes),
+        device_optimizer_bytes > 0
+            ? fmt::format(" with the optimizer of {} params on the device ({} of master "
+                          "weights, state and gradients)",
+                          p->device_optimizer_params, FormatBytes(device_optimizer_bytes))
+            : std::string(" (--offload-params device)"),
+        FormatBytes(all_resident + device_optimizer_bytes),
+        device_optimizer_bytes > 0
+            ? ", lower --optimizer-device-fraction or use --offload-optimizer host|nvme"
+            : " or use --offload-params host|nvme"));
+  }
+  for (auto& b : p->blocks) {
+    b.resident = true;
+    b.frozen_resident = b.frozen_params > 0;
+  }
+  p->streaming_slots = 0;
+  return Status::Ok();
+}
+
+// What streaming needs on the device before any chunk is resident by choice.
+struct StreamingNeeds {
+  int slots = 0;
+  uint64_t fixed_bytes = 0;  // FixedLayout::total_bytes
+  // Resident whatever streams: blocks whose optimizer runs on the device (their params, and
+  // their master weights, state and gradients) and, with frozen chunks, every other block's own
+  // params (the adapters).
+  uint64_t device_optimizer_params_bytes = 0;
+  uint64_t device_optimizer_bytes = 0;
+  uint64_t forced_resident_bytes = 0;
+  uint64_t minimum_bytes = 0;  // all of it and the slots
+};
+
+// The streaming slots (the options', or 3 when the budget holds the third, else 2) and the
+// minimum they set.
+StreamingNeeds StreamingNeedsOf(const PlanInputs& r, const StateLayout& s, uint64_t fixed_bytes,
+                                const Plan& p) {
+  StreamingNeeds need;
+  need.fixed_bytes = fixed_bytes;
+  need.device_optimizer_bytes = s.device_optimizer_bytes;
+  for (int b = 0; b < r.model.num_blocks(); ++b) {
+    if (p.blocks[b].optimizer_on_device) {
+      need.device_optimizer_params_bytes += Aligned(DeviceBlockBytes(p, b));
+    } else if (p.frozen_params > 0) {
+      need.forced_resident_bytes += Aligned(DeviceBlockBytes(p, b));
+    }
+  }
+  const uint64_t unslotted = need.fixed_bytes + need.device_optimizer_params_bytes +
+                             need.device_optimizer_bytes + need.forced_resident_bytes;
+  // Auto: a third slot lets the prefetch run two blocks ahead, when the budget holds it.
+  need.slots = r.o.streaming_slots;
+  if (need.slots == 0) {
+    need.slots = unslotted + 3 * Aligned(p.slot_bytes) <= r.o.device_budget_bytes ? 3 : 2;
+  }
+  need.minimum_bytes = unslotted + need.slots * Aligned(p.slot_bytes);
+  return need;
+}
+
+// The error of a device budget below the streaming minimum: what is short, by how much, and what
+// the minimum is made of.
+Status StreamingBudgetShort(const PlanInputs& r, const ChunkSizes& c, const StreamingNeeds& need,
+                            const Plan& p) {
+  const PlacementOptions& o = r.o;
+  return ResourceExhaustedError(fmt::format(
+      "device budget {} is {} short: streaming needs {} slots of {} (the largest {}'s "
+      "{} params) plus {} of activations, gradients and scratch for a {}x{} micro-batch{}{}; "
+      "raise --device-budget to at least {} or lower --micro-batch-size/--seq-len{}",
+      FormatBytes(o.device_budget_bytes), FormatBytes(need.minimum_bytes - o.device_budget_bytes),
+      need.slots, FormatBytes(p.slot_bytes), c.max_frozen > c.max_padded ? "frozen chunk" : "block",
+      std::max(c.max_frozen, c.max_padded), FormatBytes(need.fixed_bytes), r.shape.batch_size,
+      r.shape.seq_len,
+      need.forced_resident_bytes > 0
+          ? fmt::format(", plus {} of resident trained params (the adapters)",
+                        FormatBytes(need.forced_resident_bytes))
+          : std::string(),
+      need.device_optimizer_bytes > 0
+          ? fmt::format(
+                ", plus {} for the {} params whose optimizer runs on the device",
+                FormatBytes(need.device_optimizer_params_bytes + need.device_optimizer_bytes),
+                p.device_optimizer_params)
+          : std::string(),
+      FormatBytes(need.minimum_bytes),
+      need.device_optimizer_bytes > 0 ? " or --optimizer-device-fraction" : ""));
+}
+
+// Spends `left` device bytes on resident chunks, largest first: all chunks are used equally
+// often, so the largest first is simply the fewest copies per step. Chunk c < n is block c's
+// own, c >= n block c - n's frozen one.
+void KeepLargestChunksResident(uint64_t left, Plan* p) {
+  const int n = static_cast<int>(p->blocks.size());
+  const auto chunk_bytes = [&](int c) {
+    return c < n ? DeviceBlockBytes(*p, c) : FrozenChunkBytes(*p, c - n);
   };
-  const auto home_bytes = [&](int b) {
-    return static_cast<uint64_t>(p.blocks[b].partition.part_elems) * w;
-  };
-  const auto frozen_bytes = [&](int b) {
-    return static_cast<uint64_t>(p.blocks[b].frozen_params) * w;
-  };
-  const uint64_t all_resident = AllResidentBytes(model, precision, shape, o.offload_activations,
-                                                 ranks, dp, p.held_micro_batches);
+  std::vector<int> order(2 * n);
+  for (int c = 0; c < 2 * n; ++c) order[c] = c;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return chunk_bytes(a) > chunk_bytes(b); });
+  for (int c : order) {
+    Plan::Block& blk = p->blocks[c % n];
+    bool& resident = c < n ? blk.resident : blk.frozen_resident;
+    if (!resident && chunk_bytes(c) > 0 && Aligned(chunk_bytes(c)) <= left) {
+      left -= Aligned(chunk_bytes(c));
+      resident = true;
+    }
+  }
+}
 
-  // Blocks whose optimizer runs on the device are resident, with their state beside them.
-  // With frozen chunks every own chunk is resident too (planner.h).
-  uint64_t device_optimizer_params_bytes = 0, forced_resident_bytes = 0;
+// Residency when blocks stream: the slots, the blocks that are resident whatever streams, and
+// then the largest chunks the rest of the budget holds; no slots when that is every chunk.
+// Errors: fewer than two slots asked for; a budget below the streaming minimum.
+Status StreamBlocks(const PlanInputs& r, const ChunkSizes& c, const StateLayout& s,
+                    uint64_t fixed_bytes, Plan* p) {
+  if (r.o.streaming_slots != 0 && r.o.streaming_slots < 2) {
+    return InvalidArgumentError("streaming needs at least 2 slots (one computing, one loading)");
+  }
+  const StreamingNeeds need = StreamingNeedsOf(r, s, fixed_bytes, *p);
+  if (need.minimum_bytes > r.o.device_budget_bytes) return StreamingBudgetShort(r, c, need, *p);
+  const int n = static_cast<int>(p->blocks.size());
   for (int b = 0; b < n; ++b) {
-    if (device_optimizer[b]) {
-      device_optimizer_params_bytes += Aligned(block_bytes(b));
-    } else if (has_frozen) {
-      forced_resident_bytes += Aligned(block_bytes(b));
-    }
+    p->blocks[b].resident =
+        p->blocks[b].optimizer_on_device || p->frozen_params > 0 || p->blocks[b].num_params == 0;
   }
-  const bool all_device_optimizer = p.device_optimizer_params == p.model_params;
-  // Every block optimized on the device is resident; with frozen chunks those may still stream.
-  if (o.param_home == ParamHome::kDevice || (all_device_optimizer && !has_frozen) ||
-      all_resident + device_optimizer_bytes <= o.device_budget_bytes) {
-    if (all_resident + device_optimizer_bytes > o.device_budget_bytes) {
-      return ResourceExhaustedError(fmt::format(
-          "device budget {} is {} short of keeping every block resident{} ({} needed); raise "
-          "--device-budget{}",
-          FormatBytes(o.device_budget_bytes),
-          FormatBytes(all_resident + device_optimizer_bytes - o.device_budget_bytes),
-          device_optimizer_bytes > 0
-              ? fmt::format(" with the optimizer of {} params on the device ({} of master "
-                            "weights, state and gradients)",
-                            p.device_optimizer_params, FormatBytes(device_optimizer_bytes))
-              : std::string(" (--offload-params device)"),
-          FormatBytes(all_resident + device_optimizer_bytes),
-          device_optimizer_bytes > 0
-              ? ", lower --optimizer-device-fraction or use --offload-optimizer host|nvme"
-              : " or use --offload-params host|nvme"));
-    }
-    for (auto& b : p.blocks) {
-      b.resident = true;
-      b.frozen_resident = b.frozen_params > 0;
-    }
-    p.streaming_slots = 0;
-  } else {
-    if (o.streaming_slots != 0 && o.streaming_slots < 2) {
-      return InvalidArgumentError("streaming needs at least 2 slots (one computing, one loading)");
-    }
-    // Auto: a third slot lets the prefetch run two blocks ahead, when the budget holds it.
-    int slots = o.streaming_slots;
-    if (slots == 0) {
-      slots = fixed_total + 3 * Aligned(p.slot_bytes) + device_optimizer_params_bytes +
-                          device_optimizer_bytes + forced_resident_bytes <=
-                      o.device_budget_bytes
-                  ? 3
-                  : 2;
-    }
-    const uint64_t minimum = fixed_total + slots * Aligned(p.slot_bytes) +
-                             device_optimizer_params_bytes + device_optimizer_bytes +
-                             forced_resident_bytes;
-    if (minimum > o.device_budget_bytes) {
-      return ResourceExhaustedError(fmt::format(
-          "device budget {} is {} short: streaming needs {} slots of {} (the largest {}'s "
-          "{} params) plus {} of activations, gradients and scratch for a {}x{} micro-batch{}{}; "
-          "raise --device-budget to at least {} or lower --micro-batch-size/--seq-len{}",
-          FormatBytes(o.device_budget_bytes), FormatBytes(minimum - o.device_budget_bytes), slots,
-          FormatBytes(p.slot_bytes), max_frozen > max_padded ? "frozen chunk" : "block",
-          std::max(max_frozen, max_padded), FormatBytes(fixed_total), shape.batch_size,
-          shape.seq_len,
-          forced_resident_bytes > 0
-              ? fmt::format(", plus {} of resident trained params (the adapters)",
-                            FormatBytes(forced_resident_bytes))
-              : std::string(),
-          device_optimizer_bytes > 0
-              ? fmt::format(", plus {} for the {} params whose optimizer runs on the device",
-                            FormatBytes(device_optimizer_params_bytes + device_optimizer_bytes),
-                            p.device_optimizer_params)
-              : std::string(),
-          FormatBytes(minimum),
-          device_optimizer_bytes > 0 ? " or --optimizer-device-fraction" : ""));
-    }
-    for (int b = 0; b < n; ++b) {
-      p.blocks[b].resident = device_optimizer[b] || has_frozen || p.blocks[b].num_params == 0;
-    }
-    p.streaming_slots = slots;
-    // Spend what is left on resident chunks, largest first (each saves the most
-    // traffic per byte... all chunks are used equally often, so largest first
-    // is simply the fewest copies per step). Chunk c < n is block c's own, c >= n block
-    // c - n's frozen one.
-    uint64_t left = o.device_budget_bytes - minimum;
-    const auto chunk_bytes = [&](int c) { return c < n ? block_bytes(c) : frozen_bytes(c - n); };
-    std::vector<int> order(2 * n);
-    for (int c = 0; c < 2 * n; ++c) order[c] = c;
-    std::stable_sort(order.begin(), order.end(),
-                     [&](int a, int b) { return chunk_bytes(a) > chunk_bytes(b); });
-    for (int c : order) {
-      Plan::Block& blk = p.blocks[c % n];
-      bool& resident = c < n ? blk.resident : blk.frozen_resident;
-      if (!resident && chunk_bytes(c) > 0 && Aligned(chunk_bytes(c)) <= left) {
-        left -= Aligned(chunk_bytes(c));
-        resident = true;
-      }
-    }
-    const int frozen_chunks =
-        static_cast<int>(std::count_if(p.blocks.begin(), p.blocks.end(),
-                                       [](const Plan::Block& b) { return b.frozen_params > 0; }));
-    if (p.num_resident() == n && p.num_frozen_resident() == frozen_chunks) p.streaming_slots = 0;
-  }
+  p->streaming_slots = need.slots;
+  KeepLargestChunksResident(r.o.device_budget_bytes - need.minimum_bytes, p);
+  const int frozen_chunks =
+      static_cast<int>(std::count_if(p->blocks.begin(), p->blocks.end(),
+                                     [](const Plan::Block& b) { return b.frozen_params > 0; }));
+  if (p->num_resident() == n && p->num_frozen_resident() == frozen_chunks) p->streaming_slots = 0;
+  return Status::Ok();
+}
 
-  p.device_regions = fixed;
+// Residency: every block resident with the device as the params' home, with every block's
+// optimizer on the device (and no frozen chunks: those may still stream), or when the budget
+// holds them all; else some blocks stream through the slots.
+Status ChooseResidency(const PlanInputs& r, const ChunkSizes& c, const StateLayout& s,
+                       uint64_t fixed_bytes, Plan* p) {
+  const uint64_t all_resident =
+      AllResidentBytes(r.model, r.precision, r.shape, r.o.offload_activations, r.o.ranks, r.dp,
+                       p->held_micro_batches);
+  const bool all_device_optimizer = p->device_optimizer_params == p->model_params;
+  if (r.o.param_home == ParamHome::kDevice || (all_device_optimizer && p->frozen_params == 0) ||
+      all_resident + s.device_optimizer_bytes <= r.o.device_budget_bytes) {
+    return KeepEveryBlockResident(r.o, all_resident, s.device_optimizer_bytes, p);
+  }
+  return StreamBlocks(r, c, s, fixed_bytes, p);
+}
+
+// Device regions, in the order the engine carves them: the fixed regions, resident params,
+// resident frozen chunks, the state and gradient of each block optimized on the device, the
+// slots; their total and the prefetch depth.
+void ListDeviceRegions(const PlanInputs& r, const StateLayout& s, std::vector<DeviceRegion> fixed,
+                       Plan* p) {
+  const int n = static_cast<int>(p->blocks.size());
+  p->device_regions = std::move(fixed);
   for (int b = 0; b < n; ++b) {
-    if (p.blocks[b].resident && block_bytes(b) > 0) {
-      p.device_regions.push_back({"resident params " + p.blocks[b].name, block_bytes(b)});
+    if (p->blocks[b].resident && DeviceBlockBytes(*p, b) > 0) {
+      p->device_regions.push_back(
+          {"resident params " + p->blocks[b].name, DeviceBlockBytes(*p, b)});
     }
   }
   for (int b = 0; b < n; ++b) {
-    if (p.blocks[b].frozen_resident) {
-      p.device_regions.push_back({"resident frozen params " + p.blocks[b].name, frozen_bytes(b)});
+    if (p->blocks[b].frozen_resident) {
+      p->device_regions.push_back(
+          {"resident frozen params " + p->blocks[b].name, FrozenChunkBytes(*p, b)});
     }
   }
   for (int b = 0; b < n; ++b) {
-    if (!device_optimizer[b]) continue;
+    if (!p->blocks[b].optimizer_on_device) continue;
     // Data parallel: this rank's reduce-scattered fp32 partition.
-    const int64_t elems = p.blocks[b].partition.own_elems;
-    const bool grad16 = GradInWorkingPrecision(model, b, optimizer.grad_accum_steps, dp);
-    p.device_regions.push_back(
-        {"optimizer state " + p.blocks[b].name, states[b].region_bytes, true});
-    p.device_regions.push_back(
-        {"gradient " + p.blocks[b].name, DeviceGradientBytes(elems, grad16, w), true});
+    const int64_t elems = p->blocks[b].partition.own_elems;
+    const bool grad16 = GradInWorkingPrecision(r.model, b, r.optimizer.grad_accum_steps, r.dp);
+    p->device_regions.push_back(
+        {"optimizer state " + p->blocks[b].name, s.states[b].region_bytes, true});
+    p->device_regions.push_back(
+        {"gradient " + p->blocks[b].name, DeviceGradientBytes(elems, grad16, r.w), true});
   }
-  for (int s = 0; s < p.streaming_slots; ++s) {
-    p.device_regions.push_back({fmt::format("streaming slot {}", s), p.slot_bytes});
+  for (int i = 0; i < p->streaming_slots; ++i) {
+    p->device_regions.push_back({fmt::format("streaming slot {}", i), p->slot_bytes});
   }
-  for (const auto& r : p.device_regions) p.device_total_bytes += Aligned(r.size_bytes);
-  p.prefetch_depth = std::max(0, p.streaming_slots - 1);
+  for (const auto& region : p->device_regions) p->device_total_bytes += Aligned(region.size_bytes);
+  p->prefetch_depth = std::max(0, p->streaming_slots - 1);
+}
 
-  // Pipelines.
+// Pipelines: the pinned gradient landing buckets and the optimizer pipeline's buffers, and a
+// landing bucket's size. Errors: fewer buckets than one landing and one folding; a negative
+// number of buffers.
+Status SizePipelines(const PlanInputs& r, const ChunkSizes& c, Plan* p) {
+  const PlacementOptions& o = r.o;
   if (o.host_grad_buckets != 0 && o.host_grad_buckets < 2) {
     return InvalidArgumentError("host_grad_buckets must be >= 2 (one landing, one folding)");
   }
   if (o.optimizer_buffers < 0) return InvalidArgumentError("optimizer_buffers must be >= 0");
-  p.host_grad_buckets = o.host_grad_buckets != 0 ? o.host_grad_buckets : 3;
-  p.optimizer_buffers = o.optimizer_buffers != 0 ? o.optimizer_buffers : (nvme ? 3 : 1);
+  p->host_grad_buckets = o.host_grad_buckets != 0 ? o.host_grad_buckets : 3;
+  p->optimizer_buffers = o.optimizer_buffers != 0 ? o.optimizer_buffers : (UsesNvme(o) ? 3 : 1);
   // Data parallel: a reduce-scattered fp32 partition; layer-major: a block's fp32 sum over the
   // micro-batches.
-  p.grad_bucket_bytes = dp ? AlignUp(static_cast<uint64_t>(max_part) * 4, 4096)
-                        : p.device_grad_accumulators
-                            ? AlignUp(static_cast<uint64_t>(max_padded) * 4, 4096)
-                            : own_slot_bytes;
+  p->grad_bucket_bytes = r.dp ? AlignUp(static_cast<uint64_t>(c.max_part) * 4, 4096)
+                         : p->device_grad_accumulators
+                             ? AlignUp(static_cast<uint64_t>(c.max_padded) * 4, 4096)
+                             : c.own_slot_bytes;
+  return Status::Ok();
+}
 
-  // Host tiers: this rank's partitions.
-  uint64_t params_w = 0;  // streamed blocks' working params (an NVMe home's extents)
-  for (int b = 0; b < n; ++b) {
-    if (!p.blocks[b].resident) params_w += AlignUp(home_bytes(b), ranks > 1 ? 4096 : 1);
-  }
-  p.pinned_bytes = p.host_grad_buckets * p.grad_bucket_bytes;  // gradient landing buckets
+// Pinned host tier (this rank's partitions): the gradient landing buckets, offloaded
+// activations, the working params' home (host or device home) or, with an NVMe home, pinned
+// copies of resident chunks and the slots' staging, and the optimizer pipeline's buffers.
+void SizePinnedTier(const PlanInputs& r, const ChunkSizes& c, const StateLayout& s, Plan* p) {
+  const PlacementOptions& o = r.o;
+  const int n = static_cast<int>(p->blocks.size());
+  p->pinned_bytes = p->host_grad_buckets * p->grad_bucket_bytes;  // gradient landing buckets
   if (o.offload_activations) {
-    p.pinned_bytes += AlignUp(static_cast<uint64_t>(model.activation_elems(shape)) * w, 4096) *
-                      (n - 1) * p.held_micro_batches;
-  }
-  uint64_t frozen_w = 0;  // frozen chunks streamed from NVMe have an extent there
-  for (int b = 0; b < n; ++b) {
-    if (!p.blocks[b].frozen_resident) frozen_w += frozen_bytes(b);
+    p->pinned_bytes +=
+        AlignUp(static_cast<uint64_t>(r.model.activation_elems(r.shape)) * r.w, 4096) * (n - 1) *
+        p->held_micro_batches;
   }
   if (o.param_home == ParamHome::kHost || o.param_home == ParamHome::kDevice) {
     for (int b = 0; b < n; ++b) {
-      p.pinned_bytes += AlignUp(home_bytes(b), 4096) + AlignUp(frozen_bytes(b), 4096);
+      p->pinned_bytes +=
+          AlignUp(HomeBlockBytes(*p, b), 4096) + AlignUp(FrozenChunkBytes(*p, b), 4096);
     }
   } else {
     // Resident chunks keep a pinned copy (an own one refreshed after each update); streamed ones
     // have the slots' NVMe staging and (own chunks) the pipeline's copy-out.
     for (int b = 0; b < n; ++b) {
-      if (p.blocks[b].resident) p.pinned_bytes += AlignUp(home_bytes(b), 4096);
-      if (p.blocks[b].frozen_resident) p.pinned_bytes += AlignUp(frozen_bytes(b), 4096);
+      if (p->blocks[b].resident) p->pinned_bytes += AlignUp(HomeBlockBytes(*p, b), 4096);
+      if (p->blocks[b].frozen_resident) p->pinned_bytes += AlignUp(FrozenChunkBytes(*p, b), 4096);
     }
-    p.pinned_bytes += p.streaming_slots * p.partition_bytes;
+    p->pinned_bytes += p->streaming_slots * p->partition_bytes;
   }
-  if (o.optimizer_home == OptimizerHome::kNvme) p.optimizer_buffer_bytes += max_region;
-  if (o.param_home == ParamHome::kNvme) p.optimizer_buffer_bytes += own_partition_bytes;
-  p.pinned_bytes += p.optimizer_buffers * p.optimizer_buffer_bytes;
+  if (o.optimizer_home == OptimizerHome::kNvme) p->optimizer_buffer_bytes += s.max_region;
+  if (o.param_home == ParamHome::kNvme) p->optimizer_buffer_bytes += c.own_partition_bytes;
+  p->pinned_bytes += p->optimizer_buffers * p->optimizer_buffer_bytes;
+}
+
+// Host and NVMe tiers (this rank's partitions): the host gradients of the blocks the CPU
+// updates, in the working precision or fp32 (GradInWorkingPrecision), and the master weights and
+// optimizer state in their home; on NVMe the streamed chunks of an NVMe params home.
+void SizeHostAndNvmeTiers(const PlanInputs& r, const StateLayout& s, Plan* p) {
+  const PlacementOptions& o = r.o;
+  const int n = static_cast<int>(p->blocks.size());
   for (int b = 0; b < n; ++b) {
-    if (device_optimizer[b]) continue;  // its gradient stays on the device
+    if (p->blocks[b].optimizer_on_device) continue;  // its gradient stays on the device
     // With ranks > 1 the reduced gradient is fp32.
-    const bool grad16 = GradInWorkingPrecision(model, b, optimizer.grad_accum_steps, dp);
-    p.host_grad_bytes += static_cast<uint64_t>(p.blocks[b].partition.own_elems) * (grad16 ? w : 4);
-    if (grad16 && w < 4) p.host_grad16_params += p.blocks[b].num_params;
+    const bool grad16 = GradInWorkingPrecision(r.model, b, r.optimizer.grad_accum_steps, r.dp);
+    p->host_grad_bytes +=
+        static_cast<uint64_t>(p->blocks[b].partition.own_elems) * (grad16 ? r.w : 4);
+    if (grad16 && r.w < 4) p->host_grad16_params += p->blocks[b].num_params;
   }
-  p.host_bytes = p.host_grad_bytes;
-  if (o.optimizer_home == OptimizerHome::kHost) p.host_bytes += master_bytes + rank_state_bytes;
-  if (o.param_home == ParamHome::kNvme) p.nvme_bytes += params_w + frozen_w;
+  p->host_bytes = p->host_grad_bytes;
+  if (o.optimizer_home == OptimizerHome::kHost) {
+    p->host_bytes += s.master_bytes + s.rank_state_bytes;
+  }
+  uint64_t params_w = 0;  // streamed blocks' working params (an NVMe home's extents)
+  uint64_t frozen_w = 0;  // frozen chunks streamed from NVMe have an extent there
+  for (int b = 0; b < n; ++b) {
+    if (!p->blocks[b].resident) params_w += AlignUp(HomeBlockBytes(*p, b), p->ranks > 1 ? 4096 : 1);
+    if (!p->blocks[b].frozen_resident) frozen_w += FrozenChunkBytes(*p, b);
+  }
+  if (o.param_home == ParamHome::kNvme) p->nvme_bytes += params_w + frozen_w;
   if (o.optimizer_home == OptimizerHome::kNvme) {
-    p.nvme_bytes += master_bytes + rank_state_bytes;
+    p->nvme_bytes += s.master_bytes + s.rank_state_bytes;
   }
+}
+
+// Budget checks: the pinned, host (pinned included) and NVMe needs against their budgets (a
+// zero host budget or NVMe capacity is not checked).
+Status CheckHostBudgets(const PlacementOptions& o, const Plan& p) {
   if (p.pinned_bytes > o.pinned_budget_bytes) {
     return ResourceExhaustedError(fmt::format(
         "pinned host budget {} is {} short: the plan pins {}", FormatBytes(o.pinned_budget_bytes),
@@ -605,147 +766,29 @@ StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape sha
         FormatBytes(o.nvme_capacity_bytes), FormatBytes(p.nvme_bytes - o.nvme_capacity_bytes),
         FormatBytes(p.nvme_bytes)));
   }
-  return p;
+  return Status::Ok();
 }
 
-std::string Plan::Describe() const {
-  const size_t w = SizeOf(precision);
-  std::string s;
-  auto line = [&](fmt::string_view format, auto&&... args) {
-    s += fmt::vformat(format, fmt::make_format_args(args...));
-    s += '\n';
-  };
-  line("plan: {} params in {} blocks, {} working precision, micro-batch {}x{}", model_params,
-       blocks.size(), DTypeName(precision), shape.batch_size, shape.seq_len);
-  line("  model state {} ({:.2f} B/param: p{} + g{} + p32 + {} state {:.2f} B/param)",
-       FormatBytes(model_state_bytes),
-       static_cast<double>(model_state_bytes) / static_cast<double>(model_params), w * 8, w * 8,
-       optimizer_name,
-       static_cast<double>(optimizer_state_bytes) / static_cast<double>(model_params));
-  if (ranks > 1) {
-    line(
-        "  ranks    {} data-parallel ranks (ZeRO), figures for rank {}: it keeps its partition "
-        "(1/{}) of the master weights, optimizer state, host gradients and working-params homes; "
-        "the device holds whole blocks",
-        ranks, rank, ranks);
-  }
-  if (frozen_params > 0) {
-    const int64_t chunks = std::count_if(blocks.begin(), blocks.end(),
-                                         [](const Block& b) { return b.frozen_params > 0; });
-    const int resident = num_frozen_resident();
-    line(
-        "  frozen   {} params ({}, {}) never trained: no gradient, master weights or optimizer "
-        "state; {}",
-        frozen_params, FormatBytes(static_cast<uint64_t>(frozen_params) * w), DTypeName(precision),
-        resident == chunks ? fmt::format("all {} chunks resident", chunks)
-                           : fmt::format("{} of {} chunks resident, the rest streamed from {}",
-                                         resident, chunks, ParamHomeName(param_home)));
-  }
-  std::string resident, streamed;
-  for (const auto& b : blocks) {
-    if (b.num_params > 0) (b.resident ? resident : streamed) += (b.name + " ");
-  }
-  line("  device   {} of {} budget: {} resident blocks, {} streaming slots of {}",
-       FormatBytes(device_total_bytes), FormatBytes(device_budget_bytes), num_resident(),
-       streaming_slots, FormatBytes(slot_bytes));
-  if (!resident.empty()) line("           resident: {}", resident);
-  if (!streamed.empty()) {
-    line("           streamed per use from {}: {}", ParamHomeName(param_home), streamed);
-  }
-  uint64_t optimizer_state_on_device = 0, gradients_on_device = 0;
-  for (const auto& r : device_regions) {
-    if (r.device_optimizer) {
-      (r.label.rfind("gradient ", 0) == 0 ? gradients_on_device : optimizer_state_on_device) +=
-          r.size_bytes;
-      continue;
-    }
-    if (r.label.rfind("resident params", 0) == 0 || r.label.rfind("streaming slot", 0) == 0)
-      continue;
-    line("           {:>10}  {}", FormatBytes(r.size_bytes), r.label);
-  }
-  if (optimizer_state_on_device > 0) {
-    line("           {:>10}  master weights and {} state of the blocks optimized on the device",
-         FormatBytes(optimizer_state_on_device), optimizer_name);
-    line("           {:>10}  their gradients", FormatBytes(gradients_on_device));
-  }
-  line("  pinned   {}: {}{} gradient landing buckets of {}{}", FormatBytes(pinned_bytes),
-       param_home == ParamHome::kNvme ? "NVMe staging, " : "working params home, ",
-       host_grad_buckets, FormatBytes(grad_bucket_bytes),
-       optimizer_buffer_bytes > 0
-           ? fmt::format(", {} optimizer pipeline buffers of {}", optimizer_buffers,
-                         FormatBytes(optimizer_buffer_bytes))
-           : "");
-  if (streaming_slots > 0) {
-    line(
-        "  overlap  prefetch {} block{} ahead of compute; gradients stream D2H through {} device "
-        "buckets;",
-        prefetch_depth, prefetch_depth == 1 ? "" : "s", device_grad_buckets);
-  } else {
-    line("  overlap  every block resident; gradients stream D2H through {} device buckets;",
-         device_grad_buckets);
-  }
-  if (device_optimizer_params > 0) {
-    std::string on_device;
-    for (const auto& b : blocks) {
-      if (b.optimizer_on_device) on_device += b.name + " ";
-    }
-    line(
-        "  optim    on the device for {} of {} params ({:.0f}%): fused kernels update {}once the "
-        "gradient norm is known; their gradients never leave the device",
-        device_optimizer_params, model_params, 100 * optimizer_device_fraction(), on_device);
-  }
-  if (has_cpu_optimizer()) {
-    line(
-        "           the CPU optimizer updates {}blocks in forward order ({}) while the next "
-        "forward pass runs; block b's forward waits only on block b's update",
-        device_optimizer_params > 0 ? "the other " : "",
-        optimizer_buffer_bytes > 0
-            ? fmt::format("NVMe pipeline: read b+1, update b, write b-1 through {} buffers",
-                          optimizer_buffers)
-            : "state in host memory");
-  }
-  if (has_cpu_optimizer()) {
-    // How the host's cores are divided (issue 29): one oneTBB arena, no binding (binding measured
-    // no faster on the H200 machine's single NUMA node).
-    line(
-        "  cpu      {} cores in one oneTBB arena: the gradient fold (during backward) and the "
-        "block "
-        "updates (after it, or during it with --update-during-backward) each run parallel inside "
-        "it; the driving, prefetch and NVMe threads mostly wait on copies and I/O",
-        tbb::info::default_concurrency());
-  }
-  if (offload_activations) {
-    line("           boundary activations: {} of {} in pinned host memory, {} on the device",
-         (blocks.size() - 1) * held_micro_batches,
-         FormatBytes(device_regions[2].size_bytes / (2 * held_micro_batches)),
-         2 * held_micro_batches);
-  }
-  if (layer_major()) {
-    line(
-        "  schedule layer-major over {} micro-batches: every micro-batch through a block before "
-        "the next; each block's params loaded once per pass, its gradient {}",
-        held_micro_batches,
-        device_grad_accumulators
-            ? "summed over the micro-batches on the device (fp32) and sent D2H once per step"
-            : "reduce-scattered per micro-batch (data parallel)");
-  }
-  const std::string grads =
-      host_grad16_params == model_params ? fmt::format("{} gradients", DTypeName(precision))
-      : host_grad16_params == 0
-          ? std::string("fp32 gradient accumulators")
-          : fmt::format("gradients ({} params {}, the rest fp32 accumulators)", host_grad16_params,
-                        DTypeName(precision));
-  const std::string state = fmt::format("fp32 master weights, {} state", optimizer_name);
-  line("  host     {}: {} {}{}", FormatBytes(host_bytes), grads, FormatBytes(host_grad_bytes),
-       optimizer_home == OptimizerHome::kHost ? ", " + state : "");
-  if (nvme_bytes > 0) {
-    line("  nvme     {}: {}{}", FormatBytes(nvme_bytes),
-         optimizer_home == OptimizerHome::kNvme ? state : "",
-         param_home == ParamHome::kNvme
-             ? (optimizer_home == OptimizerHome::kNvme ? ", working params" : "working params")
-             : "");
-  }
-  return s;
+}  // namespace
+
+StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape shape,
+                        const PlacementOptions& o, const PlanOptimizer& optimizer) {
+  g_plans_built.fetch_add(1);
+  ++t_plans_built;
+  const PlanInputs r{
+      model, precision, shape, o, optimizer, SizeOf(precision), o.data_parallel || o.ranks > 1};
+  STRATA_RETURN_IF_ERROR(ValidateInputs(r));
+  Plan p = NewPlan(r);
+  STRATA_ASSIGN_OR_RETURN(const ChunkSizes chunks, PartitionBlocks(r, &p));
+  const StateLayout state = LayOutOptimizerState(r, &p);
+  FixedLayout fixed = LayOutFixedRegions(r, &p);
+  STRATA_RETURN_IF_ERROR(ChooseResidency(r, chunks, state, fixed.total_bytes, &p));
+  ListDeviceRegions(r, state, std::move(fixed.regions), &p);
+  STRATA_RETURN_IF_ERROR(SizePipelines(r, chunks, &p));
+  SizePinnedTier(r, chunks, state, &p);
+  SizeHostAndNvmeTiers(r, state, &p);
+  STRATA_RETURN_IF_ERROR(CheckHostBudgets(o, p));
+  return p;
 }
 
 }  // namespace strata::engine
