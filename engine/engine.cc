@@ -62,17 +62,17 @@ Status Engine::Impl::CheckBlocks() {
 }
 
 Status Engine::Impl::CheckOptions() const {
-  if (o_.grad_accum_steps < 1) return InvalidArgumentError("--grad-accum-steps must be >= 1");
+  if (o_.grad_accum_steps < 1) return InvalidArgumentError("`grad_accum_steps` must be >= 1");
   STRATA_RETURN_IF_ERROR(cpu_optim::Validate(o_.optimizer));
   if (dp()) {
     if (o_.update_during_backward || o_.inference_only) {
       return InvalidArgumentError(
-          "data parallelism needs the update after backward (--update-during-backward off) and a "
+          "data parallelism needs the update after backward (`update_during_backward off`) and a "
           "training engine");
     }
     if (world() > 1 && !PartitionableOptimizer(o_.optimizer)) {
       return InvalidArgumentError(fmt::format(
-          "--optimizer {} keeps state that does not split into per-rank partitions (block-wise "
+          "`optimizer {}` keeps state that does not split into per-rank partitions (block-wise "
           "or factored statistics); with more than one rank use adamw, adam, lion, sgd or adagrad",
           OptimizerFlagName(o_.optimizer)));
     }
@@ -80,7 +80,7 @@ Status Engine::Impl::CheckOptions() const {
   if (o_.inference_only && (nvme_params() || nvme_optim())) {
     return InvalidArgumentError(
         "inference keeps the working params on the device or in pinned host memory and has no "
-        "optimizer state: use --offload-params device|host and no NVMe optimizer");
+        "optimizer state: use `param_home device|host` and no NVMe optimizer");
   }
   return Status::Ok();
 }

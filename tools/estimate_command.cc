@@ -355,7 +355,7 @@ void PrintEstimate(const EstimateFlags& f, const EstimateSetup& e, bool with_mac
   const engine::Plan& plan = c.plan;
   const std::optional<engine::Plan>& one_rank = c.one_rank;
   std::printf("strata estimate: %s\n", e.model->description().c_str());
-  std::printf("%s", plan.Describe().c_str());
+  std::printf("%s", InFlagTerms(plan.Describe()).c_str());
   std::printf("%s", InFlagTerms(c.Reasons()).c_str());
   if (one_rank) {
     // Host gradients are fp32 on every rank of a data-parallel run, 16-bit on one rank at

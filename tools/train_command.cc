@@ -381,7 +381,7 @@ void PrintRunLines(const TrainOptions& o, const TrainInputs& in, const gpu::Devi
 void PrintPlan(const TrainOptions& o, const engine::Plan& plan) {
   const TrainFlags& f = o.flags;
   const int ranks = o.ranks.ranks;
-  std::printf("%s", plan.Describe().c_str());
+  std::printf("%s", InFlagTerms(plan.Describe()).c_str());
   std::printf(
       "  batch    %d x %d tokens per micro-batch, %d micro-batch%s per step%s; gradient "
       "clipping %s\n",

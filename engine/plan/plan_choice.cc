@@ -267,8 +267,26 @@ StatusOr<Plan> OneRankPlan(const Model& model, const PlanRequest& r, PlacementOp
   return PlanFor(model, r, p);
 }
 
+// What every plan of the request shares, checked before any auto rule sizes something from it
+// (AutoDeviceBudgetBytes asks the model for the activations of the micro-batch).
+Status CheckRequest(const Model& model, const PlanRequest& r) {
+  if (r.micro_batch.batch_size < 1 || r.micro_batch.seq_len < 1 ||
+      r.micro_batch.seq_len > model.max_seq_len()) {
+    return InvalidArgumentError(fmt::format(
+        "`micro_batch` of {} sequences of {} tokens: both must be >= 1 and the sequence within "
+        "the model's context of {}",
+        r.micro_batch.batch_size, r.micro_batch.seq_len, model.max_seq_len()));
+  }
+  if (r.grad_accum_steps < 1) {
+    return InvalidArgumentError(
+        fmt::format("`grad_accum_steps` {} must be >= 1", r.grad_accum_steps));
+  }
+  return Status::Ok();
+}
+
 StatusOr<PlanChoice> Choose(const Model& model, const PlanRequest& r,
                             const MachineProfile* machine) {
+  STRATA_RETURN_IF_ERROR(CheckRequest(model, r));
   Resolving s = Start(r);
   PlanChoice c;
   c.schedule_reason = ChooseSchedule(model, r, machine, &s);

@@ -136,7 +136,7 @@ void DescribeOptimizer(const Plan& p, std::string* s) {
   AddLine(s,
           "  cpu      {} cores in one oneTBB arena: the gradient fold (during backward) and the "
           "block "
-          "updates (after it, or during it with --update-during-backward) each run parallel inside "
+          "updates (after it, or during it with `update_during_backward`) each run parallel inside "
           "it; the driving, prefetch and NVMe threads mostly wait on copies and I/O",
           tbb::info::default_concurrency());
 }

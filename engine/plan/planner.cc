@@ -40,15 +40,14 @@ StatusOr<ParamHome> ParseParamHome(std::string_view s) {
   if (s == "device") return ParamHome::kDevice;
   if (s == "host") return ParamHome::kHost;
   if (s == "nvme") return ParamHome::kNvme;
-  return InvalidArgumentError(
-      fmt::format("--offload-params '{}' is not one of device, host, nvme", s));
+  return InvalidArgumentError(fmt::format("`param_home` '{}' is not one of device, host, nvme", s));
 }
 StatusOr<OptimizerHome> ParseOptimizerHome(std::string_view s) {
   if (s == "host") return OptimizerHome::kHost;
   if (s == "nvme") return OptimizerHome::kNvme;
   if (s == "device") return OptimizerHome::kDevice;
   return InvalidArgumentError(
-      fmt::format("--offload-optimizer '{}' is not one of device, host, nvme", s));
+      fmt::format("`optimizer_home` '{}' is not one of device, host, nvme", s));
 }
 
 std::string_view ScheduleName(Schedule s) {
@@ -58,7 +57,7 @@ StatusOr<Schedule> ParseSchedule(std::string_view s) {
   if (s == "micro-batch-major") return Schedule::kMicroBatchMajor;
   if (s == "layer-major") return Schedule::kLayerMajor;
   return InvalidArgumentError(
-      fmt::format("--schedule '{}' is not one of layer-major, micro-batch-major", s));
+      fmt::format("`schedule` '{}' is not one of layer-major, micro-batch-major", s));
 }
 
 int Plan::num_resident() const {
@@ -187,7 +186,7 @@ uint64_t DeviceOptimizerBytes(const BlockState& state, int64_t elems, bool grad1
 
 Status CheckDeviceOptimizerPlacement(const PlacementOptions& o, const PlanOptimizer& optimizer) {
   if (!(o.optimizer_device_fraction >= 0 && o.optimizer_device_fraction <= 1)) {
-    return InvalidArgumentError(fmt::format("--optimizer-device-fraction {} is not in [0, 1]",
+    return InvalidArgumentError(fmt::format("`optimizer_device_fraction` {} is not in [0, 1]",
                                             o.optimizer_device_fraction));
   }
   const bool device = o.optimizer_home == OptimizerHome::kDevice || o.optimizer_device_fraction > 0;
@@ -341,7 +340,7 @@ Status ValidateInputs(const PlanInputs& r) {
   }
   STRATA_RETURN_IF_ERROR(CheckDeviceOptimizerPlacement(o, r.optimizer));
   if (UsesNvme(o) && o.nvme_paths.empty()) {
-    return InvalidArgumentError("state is placed on NVMe but no --nvme-path was given");
+    return InvalidArgumentError("state is placed on NVMe but no `nvme_paths` given");
   }
   return Status::Ok();
 }
@@ -476,18 +475,18 @@ Status KeepEveryBlockResident(const PlacementOptions& o, uint64_t all_resident,
   if (all_resident + device_optimizer_bytes > o.device_budget_bytes) {
     return ResourceExhaustedError(fmt::format(
         "device budget {} is {} short of keeping every block resident{} ({} needed); raise "
-        "--device-budget{}",
+        "`device_budget`{}",
         FormatBytes(o.device_budget_bytes),
         FormatBytes(all_resident + device_optimizer_bytes - o.device_budget_bytes),
         device_optimizer_bytes > 0
             ? fmt::format(" with the optimizer of {} params on the device ({} of master "
                           "weights, state and gradients)",
                           p->device_optimizer_params, FormatBytes(device_optimizer_bytes))
-            : std::string(" (--offload-params device)"),
+            : std::string(" (`param_home device`)"),
         FormatBytes(all_resident + device_optimizer_bytes),
         device_optimizer_bytes > 0
-            ? ", lower --optimizer-device-fraction or use --offload-optimizer host|nvme"
-            : " or use --offload-params host|nvme"));
+            ? ", lower `optimizer_device_fraction` or use `optimizer_home host|nvme`"
+            : " or use `param_home host|nvme`"));
   }
   for (auto& b : p->blocks) {
     b.resident = true;
@@ -543,7 +542,7 @@ Status StreamingBudgetShort(const PlanInputs& r, const ChunkSizes& c, const Stre
   return ResourceExhaustedError(fmt::format(
       "device budget {} is {} short: streaming needs {} slots of {} (the largest {}'s "
       "{} params) plus {} of activations, gradients and scratch for a {}x{} micro-batch{}{}; "
-      "raise --device-budget to at least {} or lower --micro-batch-size/--seq-len{}",
+      "raise `device_budget` to at least {} or lower `micro_batch`{}",
       FormatBytes(o.device_budget_bytes), FormatBytes(need.minimum_bytes - o.device_budget_bytes),
       need.slots, FormatBytes(p.slot_bytes), c.max_frozen > c.max_padded ? "frozen chunk" : "block",
       std::max(c.max_frozen, c.max_padded), FormatBytes(need.fixed_bytes), r.shape.batch_size,
@@ -559,7 +558,7 @@ Status StreamingBudgetShort(const PlanInputs& r, const ChunkSizes& c, const Stre
                 p.device_optimizer_params)
           : std::string(),
       FormatBytes(need.minimum_bytes),
-      need.device_optimizer_bytes > 0 ? " or --optimizer-device-fraction" : ""));
+      need.device_optimizer_bytes > 0 ? " or `optimizer_device_fraction`" : ""));
 }
 
 // Spends `left` device bytes on resident chunks, largest first: all chunks are used equally
@@ -753,18 +752,19 @@ Status CheckHostBudgets(const PlacementOptions& o, const Plan& p) {
   if (o.host_budget_bytes > 0 && host_total > o.host_budget_bytes) {
     return ResourceExhaustedError(fmt::format(
         "host budget {} is {} short: the plan needs {} ({} pinned + {} of host gradients{}); "
-        "raise --host-budget{}",
+        "raise `host_budget`{}",
         FormatBytes(o.host_budget_bytes), FormatBytes(host_total - o.host_budget_bytes),
         FormatBytes(host_total), FormatBytes(p.pinned_bytes), FormatBytes(p.host_bytes),
         o.optimizer_home == OptimizerHome::kHost ? " and optimizer state" : "",
-        o.optimizer_home == OptimizerHome::kHost ? " or use --offload-optimizer nvme" : ""));
+        o.optimizer_home == OptimizerHome::kHost ? " or use `optimizer_home nvme`" : ""));
   }
   if (o.nvme_capacity_bytes > 0 && p.nvme_bytes > o.nvme_capacity_bytes) {
-    return ResourceExhaustedError(fmt::format(
-        "NVMe paths have {} free, {} short of the {} the plan swaps there; add a --nvme-path on "
-        "another drive or free space",
-        FormatBytes(o.nvme_capacity_bytes), FormatBytes(p.nvme_bytes - o.nvme_capacity_bytes),
-        FormatBytes(p.nvme_bytes)));
+    return ResourceExhaustedError(
+        fmt::format("NVMe paths have {} free, {} short of the {} the plan swaps there; add a path "
+                    "on another drive "
+                    "to `nvme_paths` or free space",
+                    FormatBytes(o.nvme_capacity_bytes),
+                    FormatBytes(p.nvme_bytes - o.nvme_capacity_bytes), FormatBytes(p.nvme_bytes)));
   }
   return Status::Ok();
 }

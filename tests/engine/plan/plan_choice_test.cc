@@ -79,6 +79,26 @@ TEST(ChoosePlan, AnInfeasibleFixedBudgetIsMakePlansError) {
   EXPECT_EQ(choice.status().code(), StatusCode::kResourceExhausted);
 }
 
+// Checked before an auto budget sizes activations from the micro-batch (a sequence longer than
+// the context reached the model's own check and ended the process).
+TEST(ChoosePlan, AMicroBatchOutsideTheContextIsRefusedBeforeAnyAutoRule) {
+  Gpt g = MakeGpt("small", {1, 65});  // the small preset's context is 64
+  g.request.automatic.device_budget = true;
+  g.request.automatic.schedule = true;
+  g.request.grad_accum_steps = 2;
+  auto choice = ChoosePlan(*g.model, g.request, nullptr);
+  ASSERT_FALSE(choice.ok());
+  EXPECT_EQ(choice.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(choice.status().message().find("`micro_batch` of 1 sequences of 65 tokens"),
+            std::string::npos)
+      << choice.status().message();
+  g.request.micro_batch = {0, 64};
+  EXPECT_EQ(ChoosePlan(*g.model, g.request, nullptr).status().code(), StatusCode::kInvalidArgument);
+  g.request.micro_batch = {1, 64};
+  g.request.grad_accum_steps = 0;
+  EXPECT_EQ(ChoosePlan(*g.model, g.request, nullptr).status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST(ChoosePlan, TheAutoPlacementIsTheSearchsFastestPlanAndSaysWhy) {
   const MachineProfile h200 = testing::H200Profile();
   Gpt g = MakeGpt("gpt2-1.5b", {8, 1024});
