@@ -335,4 +335,30 @@ StatusOr<PlanChoice> ChoosePlan(const Model& model, const PlanRequest& request,
   return choice;
 }
 
+StatusOr<OffloadHomeChoice> ChooseOffloadHome(const OffloadHomeRequest& request) {
+  const double limit = 0.8 * static_cast<double>(request.host_available_bytes);
+  OffloadHomeChoice c;
+  if (request.host_available_bytes == 0 || static_cast<double>(request.state_bytes) <= limit) {
+    c.home = OptimizerHome::kHost;
+    c.reason = request.host_available_bytes == 0
+                   ? fmt::format("offload: host (auto: {} of state; host memory unknown)",
+                                 FormatBytes(request.state_bytes))
+                   : fmt::format("offload: host (auto: {} of state fit 80 % of the {} available)",
+                                 FormatBytes(request.state_bytes),
+                                 FormatBytes(request.host_available_bytes));
+    return c;
+  }
+  if (!request.nvme_paths_given) {
+    return ResourceExhaustedError(fmt::format(
+        "the optimizer state ({}) does not fit 80 % of the {} of host memory available: give "
+        "`nvme_paths` for the NVMe swap store",
+        FormatBytes(request.state_bytes), FormatBytes(request.host_available_bytes)));
+  }
+  c.home = OptimizerHome::kNvme;
+  c.reason =
+      fmt::format("offload: nvme (auto: {} of state exceed 80 % of the {} available)",
+                  FormatBytes(request.state_bytes), FormatBytes(request.host_available_bytes));
+  return c;
+}
+
 }  // namespace strata::engine

@@ -120,4 +120,22 @@ CostInputs CostInputsOf(const PlanRequest& request, bool update_during_backward)
 StatusOr<PlanChoice> ChoosePlan(const Model& model, const PlanRequest& request,
                                 const MachineProfile* machine);
 
+// The home of an OffloadOptimizer's master weights and optimizer state (offload/, the C API's
+// strata_offload, strata.torch's offload="auto"): the state of a model the caller runs itself,
+// with no engine Model to plan, so the one choice is its home. Host memory while the state takes
+// at most 80 % of `host_available_bytes` (the rest is the caller's: its model, activations and
+// data), else the NVMe swap store when paths are given.
+struct OffloadHomeRequest {
+  uint64_t state_bytes = 0;           // master weights and optimizer state, bytes
+  uint64_t host_available_bytes = 0;  // host memory free now (MemAvailable); 0 = unknown: host
+  bool nvme_paths_given = false;
+};
+struct OffloadHomeChoice {
+  OptimizerHome home = OptimizerHome::kHost;  // kHost or kNvme
+  std::string reason;                         // one line, no newline
+};
+// Errors: kResourceExhausted when the state does not fit host memory and no NVMe path is given
+// (saying both sizes and to give `nvme_paths`). Pure; thread-safe.
+StatusOr<OffloadHomeChoice> ChooseOffloadHome(const OffloadHomeRequest& request);
+
 }  // namespace strata::engine

@@ -200,5 +200,30 @@ TEST(ChoosePlan, CompareAddsTheOneRankPlanTheOptimizerAlternativesAndBothSchedul
   EXPECT_EQ(two->plan.ranks, 2);
 }
 
+// The offload optimizer's home (strata.torch's offload="auto"): host memory up to 80 % of what
+// is available, then the drive when one is given.
+TEST(ChooseOffloadHome, HostWhileTheStateFitsThenNvmeWhenAPathIsGiven) {
+  OffloadHomeRequest r;
+  r.host_available_bytes = 10 * kGiB;
+  r.state_bytes = 8 * kGiB;  // exactly 80 %
+  auto c = ChooseOffloadHome(r);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->home, OptimizerHome::kHost);
+  EXPECT_NE(c->reason.find("offload: host (auto: "), std::string::npos) << c->reason;
+  r.state_bytes = 8 * kGiB + 1;
+  auto refused = ChooseOffloadHome(r);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.status().message().find("`nvme_paths`"), std::string::npos);
+  r.nvme_paths_given = true;
+  c = ChooseOffloadHome(r);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->home, OptimizerHome::kNvme);
+  r.host_available_bytes = 0;  // unknown: host
+  c = ChooseOffloadHome(r);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->home, OptimizerHome::kHost);
+}
+
 }  // namespace
 }  // namespace strata::engine
