@@ -24,8 +24,8 @@ double StateBytesPerParam(const Plan& plan) {
 
 Status MissingSection(std::string_view section, std::string_view why) {
   return FailedPreconditionError(fmt::format(
-      "the machine profile has no \"{}\" section, and {}; measure this machine again (strata "
-      "doctor writes a profile) or add the section",
+      "the machine profile has no \"{}\" section, and {}; measure this machine with `strata "
+      "doctor --machine-profile FILE` or add the section",
       section, why));
 }
 

@@ -15,7 +15,7 @@ namespace {
 using Json = nlohmann::json;
 
 constexpr std::string_view kRegenerate =
-    "fix it or measure the machine again (strata doctor writes a profile)";
+    "fix it or write the file again with `strata doctor --machine-profile FILE`";
 
 Status BadKey(const std::string& source, const std::string& key, std::string_view what) {
   return InvalidArgumentError(
