@@ -4,7 +4,7 @@
 //   offload_mlp NVME_DIR [STEPS]
 //
 // The parameters live on NVMe and stream through a device budget the engine's plan entry chooses
-// (`auto`: some blocks resident, the rest streamed); the fp32 master weights and Adam's moments
+// (`auto`: for this small model the streaming minimum, two slots); the fp32 master weights and Adam's moments
 // live on NVMe too (a private swap directory inside NVME_DIR, removed at exit). The device is the
 // host backend, so this runs on any Linux machine. Prints the plan, the loss every 10 steps and the
 // NVMe traffic; exits 0 when the evaluation loss fell below half its initial value and the
@@ -68,8 +68,8 @@ int main(int argc, char** argv) {
   o.placement.optimizer_home = strata::engine::OptimizerHome::kNvme;
   o.placement.nvme_paths = {argv[1]};
   // The plan, chosen once by the engine's one planning entry (engine/plan/plan_choice.h): the
-  // device budget left auto (some blocks resident, the rest streamed from NVMe), the rest as set
-  // above. A machine profile (engine/plan/machine_profile.h) instead of nullptr would let it
+  // device budget left auto (here the streaming minimum: every block streams from NVMe), the rest
+  // as set above. A machine profile (engine/plan/machine_profile.h) instead of nullptr would let it
   // choose the homes by predicted time too (request.automatic.param_home, optimizer_home).
   strata::engine::PlanRequest request;
   request.precision = o.precision;
