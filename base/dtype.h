@@ -4,7 +4,9 @@
 // kept), infinities stay infinite, values past the 16-bit range become infinity
 // (fp16 overflow is what the loss scaler detects). Denormals are kept in both
 // directions. These are the scalar reference; vector kernels must match them bit
-// for bit.
+// for bit. The four conversions are host and device code (STRATA_HD): the CUDA
+// kernels call these same functions (gpu/cuda/cuda_kernels.cu,
+// engine/cuda/device_optimizer.cu), so host and device round in one place.
 #pragma once
 
 #include <bit>
@@ -13,6 +15,7 @@
 #include <string_view>
 #include <type_traits>
 
+#include "base/host_device.h"
 #include "base/status.h"
 
 namespace strata {
@@ -24,16 +27,34 @@ std::string_view DTypeName(DType t);  // "fp32", "fp16", "bf16"
 // Accepts "fp32"/"float32"/"f32", "fp16"/"float16"/"f16"/"half", "bf16"/"bfloat16".
 StatusOr<DType> ParseDType(std::string_view name);
 
-inline float Bf16ToFloat(uint16_t h) { return std::bit_cast<float>(uint32_t{h} << 16); }
+// The bits of a float and back, in host and device code (device code has no std::bit_cast; it
+// has nvcc's intrinsics).
+STRATA_HD inline uint32_t FloatBits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  return std::bit_cast<uint32_t>(f);
+#endif
+}
 
-inline uint16_t FloatToBf16(float f) {
-  uint32_t u = std::bit_cast<uint32_t>(f);
+STRATA_HD inline float BitsToFloat(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  return std::bit_cast<float>(u);
+#endif
+}
+
+STRATA_HD inline float Bf16ToFloat(uint16_t h) { return BitsToFloat(uint32_t{h} << 16); }
+
+STRATA_HD inline uint16_t FloatToBf16(float f) {
+  uint32_t u = FloatBits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);  // NaN
   u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even; overflow rounds to inf
   return static_cast<uint16_t>(u >> 16);
 }
 
-inline float HalfToFloat(uint16_t h) {
+STRATA_HD inline float HalfToFloat(uint16_t h) {
   const uint32_t sign = uint32_t{h & 0x8000u} << 16;
   const uint32_t exp = (h >> 10) & 0x1fu;
   uint32_t mant = h & 0x3ffu;
@@ -52,11 +73,11 @@ inline float HalfToFloat(uint16_t h) {
     } while ((mant & 0x400u) == 0);
     bits = sign | ((112u - static_cast<uint32_t>(e)) << 23) | ((mant & 0x3ffu) << 13);
   }
-  return std::bit_cast<float>(bits);
+  return BitsToFloat(bits);
 }
 
-inline uint16_t FloatToHalf(float f) {
-  const uint32_t u = std::bit_cast<uint32_t>(f);
+STRATA_HD inline uint16_t FloatToHalf(float f) {
+  const uint32_t u = FloatBits(f);
   const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   const uint32_t a = u & 0x7fffffffu;
   if (a > 0x7f800000u) return sign | 0x7e00u | static_cast<uint16_t>((a >> 13) & 0x3ffu);  // NaN

@@ -1,4 +1,4 @@
-// strata_offload: the C face of strata::engine::OffloadOptimizer (engine/offload_optimizer.h has
+// strata_offload: the C face of strata::engine::OffloadOptimizer (offload/offload_optimizer.h has
 // the contract). This file checks the C arguments (NULL pointers, enum values, struct sizes,
 // indices) with messages that name the call and the C field, converts the C structs, and
 // prefixes the engine's own errors with the call's name; the engine does the rest.
@@ -18,12 +18,14 @@
 #include <utility>
 #include <vector>
 
+#include "base/cpu_info.h"
 #include "capi/capi_internal.h"
 #include "capi/cuda_event.h"
 #include "capi/optimizer_configs.h"
 #include "cpu_optim/any_optimizer.h"
-#include "engine/offload_optimizer.h"
+#include "engine/plan/plan_choice.h"
 #include "io/io_backend.h"
+#include "offload/offload_optimizer.h"
 #include "strata/strata.h"
 
 // The handle. Member order matters: the optimizer (whose destructor waits for the folds that
@@ -216,6 +218,26 @@ void strata_offload_step_options_init(strata_offload_step_options* options) {
   options->struct_size = sizeof(strata_offload_step_options);
   options->max_grad_norm = 0.0;
   options->loss_scale = 1.0f;
+}
+
+strata_status strata_offload_choose_device(uint64_t state_bytes, int nvme_paths_given,
+                                           strata_offload_device* device) {
+  using namespace strata;
+  using namespace strata::capi;
+  constexpr const char* kCall = "strata_offload_choose_device";
+  return Guard([&]() -> Status {
+    if (device == nullptr) return InvalidArgumentError(fmt::format("{}: device is NULL", kCall));
+    engine::OffloadHomeRequest request;
+    request.state_bytes = state_bytes;
+    request.nvme_paths_given = nvme_paths_given != 0;
+    if (auto cpu = DetectCpuInfo(); cpu.ok())
+      request.host_available_bytes = cpu->mem_available_bytes;
+    auto choice = engine::ChooseOffloadHome(request);
+    if (!choice.ok()) return choice.status().WithContext(kCall);
+    *device =
+        choice->home == engine::OptimizerHome::kNvme ? STRATA_OFFLOAD_NVME : STRATA_OFFLOAD_CPU;
+    return Status::Ok();
+  });
 }
 
 strata_status strata_offload_create(const strata_offload_options* options, strata_offload** out) {

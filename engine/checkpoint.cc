@@ -14,7 +14,7 @@
 
 #include "base/file.h"
 #include "engine/optimizer_json.h"
-#include "engine/optimizer_state.h"
+#include "engine/plan/optimizer_state.h"
 #include "formats/safetensors.h"
 
 namespace strata::engine {

@@ -4,7 +4,7 @@
 //   master.safetensors      fp32 master weights, one F32 tensor [num_params] per engine block,
 //                           named after the block ("embedding", "layer0", ..., "head")
 //   SECTION.safetensors     one file per section of the optimizer's state
-//                           (engine/optimizer_state.h), named after it: for AdamW
+//                           (engine/plan/optimizer_state.h), named after it: for AdamW
 //                           exp_avg.safetensors (m) and exp_avg_sq.safetensors (v), F32
 //                           [num_params] per block; for AdamW8bit the same two files with U8
 //                           codes (F32 for the embedding block) and exp_avg.absmax /

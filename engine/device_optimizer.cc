@@ -26,7 +26,7 @@ struct StatsHeader {
   int64_t num_elems;
   int64_t num_sums;
 };
-static_assert(sizeof(StatsHeader) == 16);
+static_assert(sizeof(StatsHeader) == kDeviceGradStatsHeaderBytes);  // DeviceGradStatsBytes
 
 int64_t NumLeaves(int64_t num_elems) {
   return num_elems <= 0 ? 0 : (num_elems + ci::kStatsLeafElems - 1) / ci::kStatsLeafElems;
@@ -183,26 +183,6 @@ Status LaunchCudaUpdate(gpu::Stream& stream, const co::AnyOptimizer& o, const co
 
 }  // namespace
 
-Status CheckDeviceOptimizer(const co::AnyOptimizer& optimizer) {
-  STRATA_RETURN_IF_ERROR(co::Validate(optimizer));
-  switch (optimizer.kind) {
-    case co::OptimizerKind::kAdamW:
-    case co::OptimizerKind::kAdam:
-    case co::OptimizerKind::kAdagrad:
-    case co::OptimizerKind::kLion:
-    case co::OptimizerKind::kSgd:
-      return Status::Ok();
-    case co::OptimizerKind::kAdamW8bit:
-      return InvalidArgumentError(
-          "adamw8bit runs on the CPU only: use --offload-optimizer host or nvme");
-    case co::OptimizerKind::kAdafactor:
-      return InvalidArgumentError(
-          "adafactor runs on the CPU only: use --offload-optimizer host or nvme");
-  }
-  return InvalidArgumentError(fmt::format("optimizer kind {} does not run on the device",
-                                          static_cast<int>(optimizer.kind)));
-}
-
 Status EnqueueDeviceUpdate(gpu::Stream& stream, const co::AnyOptimizer& optimizer,
                            const co::OptimStep& step, const DeviceUpdateBuffers& buffers) {
   STRATA_RETURN_IF_ERROR(CheckUpdate(optimizer, step, buffers));
@@ -227,10 +207,6 @@ Status EnqueueDeviceUpdate(gpu::Stream& stream, const co::AnyOptimizer& optimize
         return co::UpdateState(optimizer, step, std::span(&shape, 1), std::span(master, n), state,
                                grad, copy_out);
       });
-}
-
-size_t DeviceGradStatsBytes(int64_t num_elems) {
-  return sizeof(StatsHeader) + sizeof(double) * static_cast<size_t>(NumLeaves(num_elems));
 }
 
 Status EnqueueDeviceGradStats(gpu::Stream& stream, gpu::DeviceSpan grad, DType dtype,

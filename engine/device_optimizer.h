@@ -48,15 +48,10 @@
 #include "cpu_optim/any_optimizer.h"
 #include "cpu_optim/grad_stats.h"
 #include "cpu_optim/optimizer.h"
+#include "engine/plan/optimizer_state.h"  // DeviceGradStatsBytes, CheckDeviceOptimizer
 #include "gpu/device.h"
 
 namespace strata::engine {
-
-// OK when `optimizer` is valid (cpu_optim::Validate) and its kind runs on the device: AdamW and
-// Adam (amsgrad, L2 or decoupled decay, maximize), Lion, SGD (momentum, dampening, nesterov),
-// Adagrad. kInvalidArgument naming the kind for AdamW8bit and Adafactor, e.g. "adamw8bit runs on
-// the CPU only: use --offload-optimizer host or nvme". Pure; thread-safe.
-Status CheckDeviceOptimizer(const cpu_optim::AnyOptimizer& optimizer);
 
 // The buffers of one flat block, all in the memory of the stream's device.
 struct DeviceUpdateBuffers {
@@ -83,11 +78,6 @@ struct DeviceUpdateBuffers {
                                          const cpu_optim::AnyOptimizer& optimizer,
                                          const cpu_optim::OptimStep& step,
                                          const DeviceUpdateBuffers& buffers);
-
-// The size of the statistics record of a gradient of num_elems elements (num_elems >= 0):
-// a 16-byte header and one fp64 partial sum per leaf of cpu_optim's fixed reduction order
-// (cpu_optim/kernels.h: 64Ki elements per leaf), at most 16 + 8 * ceil(num_elems / 65536) bytes.
-size_t DeviceGradStatsBytes(int64_t num_elems);
 
 // Enqueues the statistics of num_elems elements of `grad` (dtype fp32, fp16 or bf16, device
 // memory) scaled by `scale` (finite; e.g. 1 / loss_scale): writes a record of

@@ -10,11 +10,34 @@
 #include "base/trace.h"
 #include "cpu_optim/grad_stats.h"
 #include "engine/engine_impl.h"
-#include "engine/optimizer_state.h"
+#include "engine/plan/optimizer_state.h"
 
 namespace strata::engine {
 
 Status Engine::Impl::Init() {
+  STRATA_RETURN_IF_ERROR(CheckBlocks());
+  STRATA_RETURN_IF_ERROR(CheckOptions());
+  // The update during backward speculates on the CPU-optimized blocks; their backups are sized
+  // once the store knows each block's bytes.
+  if (o_.update_during_backward && o_.overlap && !o_.inference_only &&
+      plan_.device_optimizer_params < model_->num_params()) {
+    policy_ =
+        std::make_unique<SpeculationPolicy>(n_, o_.grad_clip_norm, o_.test_hooks.always_speculate);
+  }
+  STRATA_RETURN_IF_ERROR(CreateStateStore());
+  STRATA_ASSIGN_OR_RETURN(arena_, device_->CreateArena(plan_.device_total_bytes));
+  const TraceTracks tracks = RegisterTraceTracks();
+  STRATA_RETURN_IF_ERROR(CreateStreams());
+  STRATA_ASSIGN_OR_RETURN(const PartRegions regions, CarveDeviceRegions());
+  STRATA_RETURN_IF_ERROR(CreateGradStreamer(regions, tracks.fold));
+  STRATA_RETURN_IF_ERROR(CreateParamCache(regions, tracks.load));
+  STRATA_RETURN_IF_ERROR(AllocateHostMemory());
+  checkpoint_ = std::make_unique<EngineCheckpoint>(*model_, plan_, o_.precision, o_.inference_only,
+                                                   o_.optimizer, store_.get(), o_.comm);
+  return store_->Initialize(*model_, o_.seed);
+}
+
+Status Engine::Impl::CheckBlocks() {
   if (n_ < 2) return InvalidArgumentError("a model needs at least two blocks");
   tied_.assign(n_, -1);
   tied_user_.assign(n_, -1);
@@ -35,36 +58,34 @@ Status Engine::Impl::Init() {
     // The tying block's gradient folds into the tied chunk's accumulator; a frozen chunk has none.
     if (np(t) > 0) tied_user_[t] = b;
   }
-  if (o_.grad_accum_steps < 1) return InvalidArgumentError("--grad-accum-steps must be >= 1");
+  return Status::Ok();
+}
+
+Status Engine::Impl::CheckOptions() const {
+  if (o_.grad_accum_steps < 1) return InvalidArgumentError("`grad_accum_steps` must be >= 1");
   STRATA_RETURN_IF_ERROR(cpu_optim::Validate(o_.optimizer));
   if (dp()) {
     if (o_.update_during_backward || o_.inference_only) {
       return InvalidArgumentError(
-          "data parallelism needs the update after backward (--update-during-backward off) and a "
+          "data parallelism needs the update after backward (`update_during_backward off`) and a "
           "training engine");
     }
     if (world() > 1 && !PartitionableOptimizer(o_.optimizer)) {
       return InvalidArgumentError(fmt::format(
-          "--optimizer {} keeps state that does not split into per-rank partitions (block-wise "
+          "`optimizer {}` keeps state that does not split into per-rank partitions (block-wise "
           "or factored statistics); with more than one rank use adamw, adam, lion, sgd or adagrad",
           OptimizerFlagName(o_.optimizer)));
     }
   }
-  // The update during backward speculates on the CPU-optimized blocks; their backups are sized
-  // once the store knows each block's bytes.
-  if (o_.update_during_backward && o_.overlap && !o_.inference_only &&
-      plan_.device_optimizer_params < model_->num_params()) {
-    policy_ =
-        std::make_unique<SpeculationPolicy>(n_, o_.grad_clip_norm, o_.test_hooks.always_speculate);
-  }
-  const MicroBatchShape shape = o_.micro_batch;
   if (o_.inference_only && (nvme_params() || nvme_optim())) {
     return InvalidArgumentError(
         "inference keeps the working params on the device or in pinned host memory and has no "
-        "optimizer state: use --offload-params device|host and no NVMe optimizer");
+        "optimizer state: use `param_home device|host` and no NVMe optimizer");
   }
+  return Status::Ok();
+}
 
-  int read_track = 0, update_track = 0, write_track = 0, load_track = 0, fold_track = 0;
+Status Engine::Impl::CreateStateStore() {
   StateStoreOptions so;
   so.precision = o_.precision;
   so.optimizer = &o_.optimizer;
@@ -79,24 +100,34 @@ Status Engine::Impl::Init() {
   so.speculation_backup_bytes = o_.speculation_backup_bytes;
   so.finish_speculation_before_verdict = o_.test_hooks.finish_speculation_before_verdict;
   STRATA_ASSIGN_OR_RETURN(store_, StateStore::Create(*model_, plan_, so));
+  return Status::Ok();
+}
 
-  STRATA_ASSIGN_OR_RETURN(arena_, device_->CreateArena(plan_.device_total_bytes));
+Engine::Impl::TraceTracks Engine::Impl::RegisterTraceTracks() {
+  TraceTracks tracks;
   if (o_.trace) {
-    load_track = o_.trace->RegisterTrack("host: prefetch (nvme read)");
-    fold_track = o_.trace->RegisterTrack("host: gradient fold");
-    read_track = o_.trace->RegisterTrack("host: optimizer state read");
-    update_track = o_.trace->RegisterTrack("host: cpu optimizer");
-    write_track = o_.trace->RegisterTrack("host: optimizer state write");
+    tracks.load = o_.trace->RegisterTrack("host: prefetch (nvme read)");
+    tracks.fold = o_.trace->RegisterTrack("host: gradient fold");
+    tracks.read = o_.trace->RegisterTrack("host: optimizer state read");
+    tracks.update = o_.trace->RegisterTrack("host: cpu optimizer");
+    tracks.write = o_.trace->RegisterTrack("host: optimizer state write");
   }
-  store_->SetTrace(o_.trace, read_track, update_track, write_track);
+  store_->SetTrace(o_.trace, tracks.read, tracks.update, tracks.write);
+  return tracks;
+}
+
+Status Engine::Impl::CreateStreams() {
   STRATA_ASSIGN_OR_RETURN(compute_, device_->CreateStream("compute"));
   // What the model's kernels need beyond the arena is taken now, never inside a step.
   STRATA_RETURN_IF_ERROR(model_->PrepareComputeStream(*compute_));
   STRATA_ASSIGN_OR_RETURN(h2d_, device_->CreateStream("h2d"));
   STRATA_ASSIGN_OR_RETURN(d2h_, device_->CreateStream("d2h"));
-  auto event = [&]() { return device_->CreateEvent(); };
+  return Status::Ok();
+}
 
+StatusOr<Engine::Impl::PartRegions> Engine::Impl::CarveDeviceRegions() {
   // Carve exactly the planner's regions, in its order.
+  const MicroBatchShape shape = o_.micro_batch;
   const uint64_t act_bytes = static_cast<uint64_t>(model_->activation_elems(shape)) * w_;
   size_t r = 0;
   const auto& regions = plan_.device_regions;
@@ -116,54 +147,63 @@ Status Engine::Impl::Init() {
   STRATA_ASSIGN_OR_RETURN(auto acts, next());
   const int num_acts = (plan_.offload_activations ? 2 : n_ - 1) * held();
   for (int b = 0; b < num_acts; ++b) acts_.push_back(acts.subspan(b * act_bytes, act_bytes));
-  if (plan_.offload_activations) {
-    STRATA_ASSIGN_OR_RETURN(act_written_, event());
-    for (int i = 0; i < 2; ++i) {
-      STRATA_ASSIGN_OR_RETURN(act_saved_[i], event());
-      STRATA_ASSIGN_OR_RETURN(act_free_[i], event());
-      STRATA_ASSIGN_OR_RETURN(act_ready_[i], event());
-    }
-    for (int b = 0; b < (n_ - 1) * held(); ++b) {
-      STRATA_ASSIGN_OR_RETURN(auto a, device_->AllocatePinned(act_bytes, "boundary activation"));
-      host_acts_.push_back(std::move(a));
-    }
-  }
+  if (plan_.offload_activations) STRATA_RETURN_IF_ERROR(CreateActivationOffload(act_bytes));
   STRATA_ASSIGN_OR_RETURN(auto dx, next());
   for (int i = 0; i < 2 * held(); ++i) dx_.push_back(dx.subspan(i * act_bytes, act_bytes));
   STRATA_ASSIGN_OR_RETURN(auto logits, next());
   logits_ = logits.subspan(0, static_cast<size_t>(model_->logits_elems(shape)) * w_);
   STRATA_ASSIGN_OR_RETURN(scratch_, next());
-  STRATA_ASSIGN_OR_RETURN(const gpu::DeviceSpan dbuckets, next());
-  gpu::DeviceSpan accumulators, reduce_region;
+  PartRegions parts;
+  STRATA_ASSIGN_OR_RETURN(parts.grad_buckets, next());
   if (plan_.device_grad_accumulators) {
-    STRATA_ASSIGN_OR_RETURN(accumulators, next());
+    STRATA_ASSIGN_OR_RETURN(parts.grad_accumulators, next());
   }
   if (plan_.data_parallel) {
-    STRATA_ASSIGN_OR_RETURN(reduce_region, next());
+    STRATA_ASSIGN_OR_RETURN(parts.reduce_region, next());
   }
-  std::vector<gpu::DeviceSpan> resident(n_), frozen(n_), slots(plan_.streaming_slots),
-      device_grads(n_);
+  parts.resident.resize(n_);
+  parts.frozen.resize(n_);
+  parts.slots.resize(plan_.streaming_slots);
+  parts.device_grads.resize(n_);
   for (int b = 0; b < n_; ++b) {
     if (plan_.blocks[b].resident && np(b) > 0) {
-      STRATA_ASSIGN_OR_RETURN(resident[b], next());
+      STRATA_ASSIGN_OR_RETURN(parts.resident[b], next());
     }
   }
   for (int b = 0; b < n_; ++b) {
     if (plan_.blocks[b].frozen_resident) {
-      STRATA_ASSIGN_OR_RETURN(frozen[b], next());
+      STRATA_ASSIGN_OR_RETURN(parts.frozen[b], next());
     }
   }
   for (int b = 0; b < n_; ++b) {
     if (!plan_.blocks[b].optimizer_on_device) continue;
     STRATA_ASSIGN_OR_RETURN(const gpu::DeviceSpan state, next());
-    STRATA_ASSIGN_OR_RETURN(device_grads[b], next());
-    store_->SetDeviceBlock(b, state, resident[b]);
+    STRATA_ASSIGN_OR_RETURN(parts.device_grads[b], next());
+    store_->SetDeviceBlock(b, state, parts.resident[b]);
   }
-  for (auto& s : slots) {
+  for (auto& s : parts.slots) {
     STRATA_ASSIGN_OR_RETURN(s, next());
   }
   STRATA_CHECK(r == regions.size());
+  return parts;
+}
 
+Status Engine::Impl::CreateActivationOffload(uint64_t act_bytes) {
+  auto event = [&]() { return device_->CreateEvent(); };
+  STRATA_ASSIGN_OR_RETURN(act_written_, event());
+  for (int i = 0; i < 2; ++i) {
+    STRATA_ASSIGN_OR_RETURN(act_saved_[i], event());
+    STRATA_ASSIGN_OR_RETURN(act_free_[i], event());
+    STRATA_ASSIGN_OR_RETURN(act_ready_[i], event());
+  }
+  for (int b = 0; b < (n_ - 1) * held(); ++b) {
+    STRATA_ASSIGN_OR_RETURN(auto a, device_->AllocatePinned(act_bytes, "boundary activation"));
+    host_acts_.push_back(std::move(a));
+  }
+  return Status::Ok();
+}
+
+Status Engine::Impl::CreateGradStreamer(const PartRegions& regions, int fold_track) {
   GradStreamerOptions go;
   go.precision = o_.precision;
   go.grad_accum_steps = o_.grad_accum_steps;
@@ -181,8 +221,13 @@ Status Engine::Impl::Init() {
     };
   }
   STRATA_ASSIGN_OR_RETURN(
-      grads_, GradStreamer::Create(*model_, plan_, device_, compute_.get(), d2h_.get(), dbuckets,
-                                   reduce_region, device_grads, go, accumulators));
+      grads_, GradStreamer::Create(*model_, plan_, device_, compute_.get(), d2h_.get(),
+                                   regions.grad_buckets, regions.reduce_region,
+                                   regions.device_grads, go, regions.grad_accumulators));
+  return Status::Ok();
+}
+
+Status Engine::Impl::CreateParamCache(const PartRegions& regions, int load_track) {
   ParamCacheOptions po;
   po.precision = o_.precision;
   po.overlap = o_.overlap;
@@ -191,16 +236,15 @@ Status Engine::Impl::Init() {
   po.load_track = load_track;
   STRATA_ASSIGN_OR_RETURN(
       params_, ParamCache::Create(*model_, plan_, device_, compute_.get(), h2d_.get(), store_.get(),
-                                  resident, frozen, slots, po));
+                                  regions.resident, regions.frozen, regions.slots, po));
+  return Status::Ok();
+}
 
-  // Pinned and host memory.
-  STRATA_ASSIGN_OR_RETURN(io_done_, event());
+Status Engine::Impl::AllocateHostMemory() {
+  STRATA_ASSIGN_OR_RETURN(io_done_, device_->CreateEvent());
   const uint64_t io_bytes = LogitsRowOffset() + static_cast<uint64_t>(model_->vocab_size()) * 4;
   STRATA_ASSIGN_OR_RETURN(io_pinned_, device_->AllocatePinned(io_bytes, "token staging"));
-  STRATA_RETURN_IF_ERROR(store_->AllocateMemory(device_));
-  checkpoint_ = std::make_unique<EngineCheckpoint>(*model_, plan_, o_.precision, o_.inference_only,
-                                                   o_.optimizer, store_.get(), o_.comm);
-  return store_->Initialize(*model_, o_.seed);
+  return store_->AllocateMemory(device_);
 }
 
 Status Engine::Impl::UploadTokens(const MicroBatch& mb, MicroBatchShape shape, bool with_targets,
@@ -601,21 +645,68 @@ Status Engine::Impl::LoadCheckpoint(const std::string& path, TrainerState* train
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Engine::~Engine() = default;
 
-StatusOr<std::unique_ptr<Engine>> Engine::Create(Model* model, gpu::Device* device,
-                                                 const EngineOptions& options) {
-  if (!model || !device) return InvalidArgumentError("Engine::Create needs a model and a device");
+namespace {
+
+// The options Engine::Create gets with the plan it runs: the placement's ranks as the
+// communicator says.
+PlacementOptions PlacementWithRanks(const EngineOptions& options) {
   PlacementOptions placement = options.placement;
   if (options.comm) {
     placement.ranks = options.comm->world_size();
     placement.rank = options.comm->rank();
     placement.data_parallel = true;
   }
-  STRATA_ASSIGN_OR_RETURN(
-      Plan plan, MakePlan(*model, options.precision, options.micro_batch, placement,
-                          PlanOptimizer{options.optimizer, std::max(1, options.grad_accum_steps)}));
+  return placement;
+}
+
+// kInvalidArgument when `plan` was not made for this model and these options.
+Status CheckPlanFits(const Model& model, const EngineOptions& options, const Plan& plan) {
+  const PlacementOptions placement = PlacementWithRanks(options);
+  std::string why;
+  if (plan.precision != options.precision) {
+    why = fmt::format("precision {} (options: {})", DTypeName(plan.precision),
+                      DTypeName(options.precision));
+  } else if (plan.shape.batch_size != options.micro_batch.batch_size ||
+             plan.shape.seq_len != options.micro_batch.seq_len) {
+    why =
+        fmt::format("micro-batch {}x{} (options: {}x{})", plan.shape.batch_size, plan.shape.seq_len,
+                    options.micro_batch.batch_size, options.micro_batch.seq_len);
+  } else if (plan.ranks != placement.ranks || plan.rank != placement.rank ||
+             plan.data_parallel != placement.data_parallel) {
+    why = fmt::format("rank {} of {} (options: rank {} of {})", plan.rank, plan.ranks,
+                      placement.rank, placement.ranks);
+  } else if (static_cast<int>(plan.blocks.size()) != model.num_blocks()) {
+    why = fmt::format("{} blocks (the model has {})", plan.blocks.size(), model.num_blocks());
+  } else if (plan.schedule != placement.schedule || plan.param_home != placement.param_home ||
+             plan.device_budget_bytes != placement.device_budget_bytes) {
+    why = "other placement options (schedule, params home or device budget)";
+  }
+  if (why.empty()) return Status::Ok();
+  return InvalidArgumentError(
+      fmt::format("Engine::Create: the plan was made for {}; pass the placement the plan "
+                  "choice returned (PlanChoice::placement)",
+                  why));
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Engine>> Engine::Create(Model* model, gpu::Device* device,
+                                                 const EngineOptions& options, Plan plan) {
+  if (!model || !device) return InvalidArgumentError("Engine::Create needs a model and a device");
+  STRATA_RETURN_IF_ERROR(CheckPlanFits(*model, options, plan));
   auto impl = std::make_unique<Impl>(model, device, options, std::move(plan));
   STRATA_RETURN_IF_ERROR(impl->Init());
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
+}
+
+StatusOr<std::unique_ptr<Engine>> Engine::Create(Model* model, gpu::Device* device,
+                                                 const EngineOptions& options) {
+  if (!model || !device) return InvalidArgumentError("Engine::Create needs a model and a device");
+  STRATA_ASSIGN_OR_RETURN(
+      Plan plan,
+      MakePlan(*model, options.precision, options.micro_batch, PlacementWithRanks(options),
+               PlanOptimizer{options.optimizer, std::max(1, options.grad_accum_steps)}));
+  return Create(model, device, options, std::move(plan));
 }
 
 const Plan& Engine::plan() const { return impl_->plan(); }

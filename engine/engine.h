@@ -37,7 +37,9 @@
 //     b+1, update b, write b-1 for state on NVMe) while Step returns; the next forward of block
 //     b waits only on block b's update. No stale update: the numbers are those of a sequential
 //     step, bit for bit.
-// Eager mode (bf16/fp32, no clipping) starts a block's update as soon as its gradients landed.
+// With update_during_backward (engine/update_speculation.h) a CPU-optimized block's update
+// starts as soon as its gradient is complete, during backward, speculatively, and stands or is
+// redone when backward ends: the same numbers, bit for bit.
 //
 // Thread-safety: an Engine is driven by one host thread.
 #pragma once
@@ -57,8 +59,8 @@
 #include "engine/checkpoint.h"
 #include "engine/loss_scaler.h"
 #include "engine/micro_batch.h"
-#include "engine/model.h"
-#include "engine/planner.h"
+#include "engine/plan/model.h"
+#include "engine/plan/planner.h"
 #include "gpu/device.h"
 #include "io/io_backend.h"
 
@@ -94,7 +96,7 @@ struct EngineOptions {
   MicroBatchShape micro_batch;     // shape of every training micro-batch
   int grad_accum_steps = 1;
   // The CPU optimizer and its hyper-parameters (cpu_optim/any_optimizer.h): AdamW by default;
-  // every kind there, with its state laid out per block as engine/optimizer_state.h says.
+  // every kind there, with its state laid out per block as engine/plan/optimizer_state.h says.
   cpu_optim::AnyOptimizer optimizer;
   float grad_clip_norm = 1.0f;    // clip by global L2 norm; 0 = off
   LossScalerOptions loss_scaler;  // used when precision is fp16
@@ -199,11 +201,18 @@ struct EngineCounters {
 
 class Engine {
  public:
-  // Plans placement, takes the device arena and pinned memory, lays out the swap
-  // store, initialises master weights from options.seed. Errors: an infeasible
-  // budget (kResourceExhausted naming what is short and by how much), bad
-  // options (kInvalidArgument), an unusable NVMe path (its Status, naming the
-  // path). model and device are not owned and must outlive the engine.
+  // Runs `plan`, the one engine::ChoosePlan chose (engine/plan/plan_choice.h) for these options
+  // (options.placement and options.update_during_backward as the choice resolved them): takes
+  // the device arena and pinned memory the plan lists, lays out the swap store, initialises
+  // master weights from options.seed. Plans nothing itself. Errors: a plan made for other
+  // options (kInvalidArgument naming the difference: precision, micro-batch, ranks, blocks),
+  // bad options (kInvalidArgument), an unusable NVMe path (its Status, naming the path). model
+  // and device are not owned and must outlive the engine.
+  static StatusOr<std::unique_ptr<Engine>> Create(Model* model, gpu::Device* device,
+                                                  const EngineOptions& options, Plan plan);
+  // The same with the plan MakePlan makes of options as given (nothing auto): for callers that
+  // fix every placement choice themselves (tests, examples). Errors: MakePlan's (an infeasible
+  // budget is kResourceExhausted naming what is short and by how much) and Create's above.
   static StatusOr<std::unique_ptr<Engine>> Create(Model* model, gpu::Device* device,
                                                   const EngineOptions& options);
   ~Engine();

@@ -276,7 +276,7 @@ Status EngineCheckpoint::WriteRanks(const std::string& save_dir, Manifest manife
 Status EngineCheckpoint::CheckManifestMatchesModel(const Manifest& m) const {
   if (m.precision != DTypeName(precision_) && !inference_only_) {
     return InvalidArgumentError(
-        fmt::format("the checkpoint was trained with --precision {}, this run uses {}", m.precision,
+        fmt::format("the checkpoint was trained with `precision {}`, this run uses {}", m.precision,
                     DTypeName(precision_)));
   }
   if (static_cast<int>(m.block_names.size()) != model_.num_blocks() ||
@@ -305,11 +305,11 @@ StatusOr<EngineCheckpoint::Validated> EngineCheckpoint::Validate(const std::stri
   const std::vector<StateFile> state_files =
       inference_only_ ? std::vector<StateFile>() : StateFiles(model_, store_->full_layouts());
   if (!inference_only_ && m.optimizer.kind != optimizer_.kind) {
-    return InvalidArgumentError(fmt::format(
-        "{}: the checkpoint holds {} optimizer state, this run uses {}; resume with --optimizer "
-        "{} (or start a new run)",
-        dir, OptimizerFlagName(m.optimizer), OptimizerFlagName(optimizer_),
-        OptimizerFlagName(m.optimizer)));
+    return InvalidArgumentError(
+        fmt::format("{}: the checkpoint holds {} optimizer state, this run uses {}; resume with "
+                    "`optimizer {}` (or start a new run)",
+                    dir, OptimizerFlagName(m.optimizer), OptimizerFlagName(optimizer_),
+                    OptimizerFlagName(m.optimizer)));
   }
   // Files: master, the state sections, working (Write's order).
   DType working_dtype = precision_;

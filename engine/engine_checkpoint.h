@@ -29,8 +29,8 @@
 #include "comm/communicator.h"
 #include "cpu_optim/any_optimizer.h"
 #include "engine/checkpoint.h"
-#include "engine/model.h"
-#include "engine/planner.h"
+#include "engine/plan/model.h"
+#include "engine/plan/planner.h"
 #include "engine/state_store.h"
 #include "formats/safetensors.h"
 

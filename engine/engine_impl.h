@@ -108,6 +108,39 @@ class Engine::Impl {
   int64_t skipped_steps() const { return scaler_.overflows(); }
 
  private:
+  // Init's steps, in the order it takes them. CheckBlocks: at least two blocks, each tie to an
+  // earlier block with params (fills tied_ and tied_user_); CheckOptions: the options the engine
+  // itself rejects; kInvalidArgument from either.
+  Status CheckBlocks();
+  Status CheckOptions() const;
+  // The master weights, optimizer state and their homes (StateStore), with its speculation when
+  // policy_ is set.
+  Status CreateStateStore();
+  // The host threads' trace tracks (0 without EngineOptions::trace); the store gets its three.
+  struct TraceTracks {
+    int load = 0, fold = 0, read = 0, update = 0, write = 0;
+  };
+  TraceTracks RegisterTraceTracks();
+  Status CreateStreams();  // compute (prepared for the model's kernels), h2d, d2h
+  // The arena regions Init hands to the parts. GradStreamer: the device gradient buckets, the
+  // layer-major accumulators, the reduce-scatter buffers and the gradients of blocks optimized
+  // on the device (per block). ParamCache: resident params and frozen chunks (per block) and the
+  // streaming slots. Empty spans where the plan has no such region.
+  struct PartRegions {
+    gpu::DeviceSpan grad_buckets, grad_accumulators, reduce_region;
+    std::vector<gpu::DeviceSpan> resident, frozen, slots, device_grads;
+  };
+  // Carves exactly the plan's device regions, in its order: Impl's own (tokens, loss,
+  // activations, their gradients, logits, scratch), then the parts'; hands the device-optimized
+  // blocks' state regions to the store.
+  StatusOr<PartRegions> CarveDeviceRegions();
+  // Offloaded activations: the copy events and a pinned buffer per boundary activation.
+  Status CreateActivationOffload(uint64_t act_bytes);
+  Status CreateGradStreamer(const PartRegions& regions, int fold_track);
+  Status CreateParamCache(const PartRegions& regions, int load_track);
+  // The token staging and its event, and the store's host and pinned memory.
+  Status AllocateHostMemory();
+
   int64_t np(int b) const { return model_->block_num_params(b); }
   // Data parallelism (EngineOptions::comm). Block b's partition for this rank; with one rank and
   // no communicator the whole chunk: own(b) = home_elems(b) = np(b).

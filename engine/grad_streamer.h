@@ -13,8 +13,9 @@
 // thread only, which enqueues on the compute and D2H streams (not owned) and on its own
 // "reduce-scatter" stream (grad communicator, a duplicate of EngineOptions::comm: the driving
 // thread's order, the same on every rank). The fold runs on the "gradient fold" work queue (trace
-// track "host: gradient fold"). Eager mode: the fold calls options.on_complete(b) when block
-// b's gradient is complete and no gradient of the step was non-finite.
+// track "host: gradient fold"). The update during backward (engine/update_speculation.h): the
+// fold calls options.on_complete(b) when block b's gradient is complete (its last contribution
+// folded), with b's statistics and the step's so far, which the speculation policy judges.
 //
 // Invariants (the orderings table of docs/ARCHITECTURE.md): compute waits on dbucket_free[j]
 // before a backward writes device bucket j; d2h (or reduce-scatter) waits on dgrad_ready[j]
@@ -61,8 +62,8 @@
 #include "base/trace.h"
 #include "comm/communicator.h"
 #include "cpu_optim/grad_stats.h"
-#include "engine/model.h"
-#include "engine/planner.h"
+#include "engine/plan/model.h"
+#include "engine/plan/planner.h"
 #include "engine/work_queue.h"
 #include "gpu/device.h"
 

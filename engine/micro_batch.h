@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "base/status.h"
-#include "engine/model.h"
+#include "engine/plan/model.h"
 
 namespace strata::engine {
 

@@ -1,5 +1,5 @@
 // An optimizer's kind and hyper-parameters as a JSON object, for the manifests of engine
-// checkpoints (engine/checkpoint.h) and offload-optimizer saves (engine/offload_optimizer.h):
+// checkpoints (engine/checkpoint.h) and offload-optimizer saves (offload/offload_optimizer.h):
 //   {"kind": "AdamW", "lr": 0.001, "beta1": 0.9, ..., every field of the kind's config}
 // The field names are those of the config structs (cpu_optim/*.h). Pure functions.
 #pragma once

@@ -22,10 +22,10 @@
 // read (NVMe -> pipeline buffer, trace track "host: optimizer state read"), update
 // (cpu_optim::UpdateState with the block's gradient and the round's optimizer, "host: cpu
 // optimizer"), write (pipeline buffer -> NVMe, "host: optimizer state write"). Submit, WaitBlock
-// and Drain may be called from any thread (the driving thread, the gradient fold in eager mode,
-// the prefetch thread); everything else is for the driving thread, and the accessors of a
-// block's region (Load, Master, Section, WorkingHome with buffer 0) only while no update is in
-// flight (after Drain).
+// and Drain may be called from any thread (the driving thread, the gradient fold through
+// SubmitSpeculative for the update during backward, the prefetch thread); everything else is for
+// the driving thread, and the accessors of a block's region (Load, Master, Section, WorkingHome
+// with buffer 0) only while no update is in flight (after Drain).
 //
 // Invariants: block b's update writes its new working params into WorkingHome(b, buffer) and,
 // for NVMe homes, to their extents before WaitBlock(b) returns; StartRound changes the
@@ -61,10 +61,10 @@
 #include "base/status.h"
 #include "base/trace.h"
 #include "cpu_optim/any_optimizer.h"
-#include "engine/model.h"
+#include "engine/plan/model.h"
 #include "engine/optimizer_pipeline.h"
-#include "engine/optimizer_state.h"
-#include "engine/planner.h"
+#include "engine/plan/optimizer_state.h"
+#include "engine/plan/planner.h"
 #include "engine/state_regions.h"
 #include "engine/update_speculation.h"
 #include "gpu/device.h"

@@ -18,7 +18,7 @@ Status UpdateSpeculation::Allocate() {
   if (!area.ok()) {
     return ResourceExhaustedError(
         fmt::format("the update during backward could not allocate its {} MiB backup area; lower "
-                    "speculation_backup_bytes or turn it off (--update-during-backward off)",
+                    "`speculation_backup_bytes` or turn it off (`update_during_backward off`)",
                     capacity_ >> 20));
   }
   area_ = std::move(area).value();

@@ -37,7 +37,7 @@ namespace strata::formats {
 inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100'000'000;
 
 // A tensor's element type: one of the engine's DTypes, or U8 (the codes of 8-bit optimizer state,
-// engine/optimizer_state.h). Converts implicitly from DType, so `tensor.dtype == DType::kF32`
+// engine/plan/optimizer_state.h). Converts implicitly from DType, so `tensor.dtype == DType::kF32`
 // reads as it should; dtype() is the DType of a non-U8 type.
 class TensorDType {
  public:

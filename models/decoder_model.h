@@ -45,7 +45,7 @@
 #include <vector>
 
 #include "base/status.h"
-#include "engine/model.h"
+#include "engine/plan/model.h"
 #include "models/decoder_blocks.h"
 #include "models/lora.h"
 #include "models/weight_source.h"
@@ -53,7 +53,7 @@
 namespace strata::models {
 
 // Typed views of engine::BlockBuffers for storage type S: B sequences of T tokens; what a block
-// does not use is null (see engine/model.h for each buffer's shape and role).
+// does not use is null (see engine/plan/model.h for each buffer's shape and role).
 template <typename S>
 struct BlockArgs {
   int B = 0, T = 0;

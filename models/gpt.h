@@ -21,7 +21,7 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/model.h"
+#include "engine/plan/model.h"
 #include "models/decoder_blocks.h"
 #include "models/decoder_model.h"
 #include "models/gpt_kernels.h"

@@ -2,7 +2,8 @@
 # The continuous checks beyond the README's test command (issue 7), each a build preset of its
 # own so they never mix with the release build:
 #   asan  - ASan + UBSan build of everything that runs without a GPU, the full test suite
-#   tsan  - TSan build of the io, engine and data tests, run (oneTBB on one thread: see tests/engine/tbb_limit.cc)
+#   tsan  - TSan build of the io, engine, offload and data tests, run (oneTBB on one thread: see
+#           tests/engine/tbb_limit.cc)
 #   fuzz  - clang + libFuzzer: every parser of outside data fuzzed for a few seconds each from its
 #           committed seed corpus (tests/fuzz/corpus/<target>/)
 # Usage: scripts/check.sh [asan] [tsan] [fuzz]   (no argument: all three). Zero reports or it fails.

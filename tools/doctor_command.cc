@@ -25,7 +25,7 @@
 #include "base/unique_fd.h"
 #include "base/units.h"
 #include "cpu_optim/adamw.h"
-#include "engine/machine_profile.h"
+#include "engine/plan/machine_profile.h"
 #include "io/io_backend.h"
 #include "tools/machine_measure.h"
 #include "tools/pinned_bandwidth.h"

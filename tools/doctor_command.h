@@ -20,7 +20,7 @@
 // returns kFailedPrecondition naming them and the process exits 1. Everything else is OK or WARN.
 //
 // --machine-profile FILE measures instead, each part for about --profile-seconds, and writes a
-// machine profile (engine/machine_profile.h) that `strata estimate --machine` reads: the host
+// machine profile (engine/plan/machine_profile.h) that `strata estimate --machine` reads: the host
 // (cores this process may use, memory, the CPU optimizer's params/s for adamw, adam, lion, sgd
 // and adagrad at the engine's thread count: tools/machine_measure.h), NVMe (the probe above on
 // the first --path / --nvme-path, else the temporary directory), and on a CUDA GPU the device
@@ -44,7 +44,7 @@ struct DoctorFlags {
   bool json = false;
   double probe_seconds = 1.0;  // per direction and path; 0 skips the probe
   // --machine-profile FILE: instead of the checks, measure this machine for the cost model and
-  // write its profile (engine/machine_profile.h) to FILE; see RunDoctor.
+  // write its profile (engine/plan/machine_profile.h) to FILE; see RunDoctor.
   std::string machine_profile;
   double profile_seconds = 2.0;  // per measurement (each CPU optimizer kind, GEMM, ...)
 };

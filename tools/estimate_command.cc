@@ -14,12 +14,13 @@
 #include "base/cpu_info.h"
 #include "base/dtype.h"
 #include "base/units.h"
-#include "engine/cost_model.h"
-#include "engine/machine_profile.h"
-#include "engine/optimizer_state.h"
-#include "engine/planner.h"
+#include "engine/plan/cost_model.h"
+#include "engine/plan/machine_profile.h"
+#include "engine/plan/optimizer_state.h"
+#include "engine/plan/planner.h"
 #include "tools/model_spec.h"
 #include "tools/optimizer_flags.h"
+#include "tools/option_flags.h"
 #include "tools/step_prediction.h"
 #include "tools/train_setup.h"
 
@@ -196,15 +197,13 @@ Status SetHostBudgets(const EstimateFlags& f, engine::PlacementOptions* o) {
 
 // The estimate's inputs: rank 0's options of an N-rank job (with equal model and flags every
 // rank's plan is the same but for the last ranks' possibly smaller partitions, so rank 0's needs
-// bound every rank's) and the model's shapes.
+// bound every rank's), the model's shapes, and the plan chosen for them (with the comparisons
+// estimate prints: engine::PlanRequest::compare).
 struct EstimateSetup {
-  TrainOptions options;
+  TrainOptions options;  // as the choice resolved them
   ModelSpec spec;
   std::unique_ptr<engine::Model> model;
-  std::string placement_choice;  // ResolvePlacement's lines, or ""
-  std::string schedule_choice;   // ResolveSchedule's line, or ""
-  TrainOptions flag_options;     // the options before any Resolve* (MakeSchedulePlan's input)
-  std::string udb_choice;        // ResolveUpdateDuringBackward's line, or ""
+  engine::PlanChoice choice;
 };
 
 StatusOr<EstimateSetup> MakeEstimateSetup(const EstimateFlags& f,
@@ -232,33 +231,15 @@ StatusOr<EstimateSetup> MakeEstimateSetup(const EstimateFlags& f,
   STRATA_ASSIGN_OR_RETURN(e.options, TrainOptionsFromFlags(AsTrainFlags(f, seq_len), rank0));
   // The host and pinned budgets first: the placement search must plan within them too.
   STRATA_RETURN_IF_ERROR(SetHostBudgets(f, &e.options.engine.placement));
-  e.flag_options = e.options;
-  STRATA_ASSIGN_OR_RETURN(e.schedule_choice,
-                          ResolveSchedule(*e.model, e.spec, profile, &e.options));
-  STRATA_ASSIGN_OR_RETURN(e.placement_choice,
-                          ResolvePlacement(*e.model, e.spec, profile, &e.options));
-  ResolveDeviceBudget(*e.model, &e.options);
-  STRATA_ASSIGN_OR_RETURN(e.udb_choice,
-                          ResolveUpdateDuringBackward(*e.model, e.spec, profile, &e.options));
   if (f.ranks > 1 && !engine::PartitionableOptimizer(e.options.engine.optimizer)) {
     return InvalidArgumentError(fmt::format(
         "--optimizer {} keeps state that does not split into per-rank partitions (block-wise or "
         "factored statistics); with --ranks above 1 use adamw, adam, lion, sgd or adagrad",
         f.optimizer));
   }
+  STRATA_ASSIGN_OR_RETURN(e.choice,
+                          ChooseTrainPlan(*e.model, e.spec, profile, &e.options, /*compare=*/true));
   return e;
-}
-
-// The same run on one rank (strata train without mpirun), for the comparison line: same device
-// budget, the host, pinned and NVMe budgets unchecked (its needs are what is compared).
-StatusOr<engine::Plan> OneRankPlan(const EstimateSetup& e) {
-  engine::EngineOptions one = e.options.engine;
-  one.placement.ranks = 1;
-  one.placement.data_parallel = false;
-  one.placement.host_budget_bytes = 0;
-  one.placement.nvme_capacity_bytes = 0;
-  one.placement.pinned_budget_bytes = std::numeric_limits<uint64_t>::max();
-  return MakeTrainPlan(*e.model, one);
 }
 
 // The cost model's figures: step_s, tokens_per_s, bound, parts (seconds), bytes and notes.
@@ -277,49 +258,11 @@ nlohmann::json PredictionJson(const engine::StepPrediction& pr) {
           {"notes", pr.notes}};
 }
 
-// The prediction of the plan (its keys at the top level), the alternatives, and with more than
-// one micro-batch each schedule's (name: engine::ScheduleName).
-struct EstimatePrediction {
-  engine::StepPrediction prediction;
-  std::vector<PlacementAlternative> alternatives;
-  std::vector<PlacementAlternative> schedules;
-};
-
-// Both schedules' plans of the same run (each with the placement and budget the run would choose
-// for it where those are auto) and their predicted steps (each with the update during backward
-// it would run with); none with one micro-batch, where the two are the same.
-std::vector<PlacementAlternative> ScheduleAlternatives(const EstimateSetup& e,
-                                                       const engine::MachineProfile& profile) {
-  std::vector<PlacementAlternative> out;
-  if (e.options.engine.grad_accum_steps <= 1) return out;
-  for (const engine::Schedule s :
-       {engine::Schedule::kMicroBatchMajor, engine::Schedule::kLayerMajor}) {
-    PlacementAlternative alt;
-    alt.name = engine::ScheduleName(s);
-    auto plan = MakeSchedulePlan(*e.model, e.spec, &profile, e.flag_options, s);
-    auto pr = plan.ok() ? PredictAsResolved(*plan, e.spec, e.flag_options, profile)
-                        : StatusOr<engine::StepPrediction>(plan.status());
-    if (pr.ok()) {
-      alt.prediction = *pr;
-    } else {
-      alt.why_not = pr.status().message();
-    }
-    out.push_back(std::move(alt));
-  }
-  return out;
-}
-
-// Or why the profile could not predict this plan (it lacks a section the plan needs).
-struct Predicted {
-  std::optional<EstimatePrediction> prediction;
-  std::string why_not;
-};
-
 // Each schedule's prediction by name, with whether the plan takes it.
-nlohmann::json SchedulesJson(const std::vector<PlacementAlternative>& schedules,
+nlohmann::json SchedulesJson(const std::vector<engine::PlanAlternative>& schedules,
                              std::string_view taken) {
   nlohmann::json out = nlohmann::json::object();
-  for (const PlacementAlternative& a : schedules) {
+  for (const engine::PlanAlternative& a : schedules) {
     nlohmann::json one = a.prediction ? PredictionJson(*a.prediction)
                                       : nlohmann::json{{"feasible", false}, {"why_not", a.why_not}};
     one["taken"] = a.name == taken;
@@ -328,10 +271,11 @@ nlohmann::json SchedulesJson(const std::vector<PlacementAlternative>& schedules,
   return out;
 }
 
-nlohmann::json EstimateJson(const EstimateFlags& f, const EstimateSetup& e,
-                            const engine::Plan& plan, const std::optional<engine::Plan>& one_rank,
-                            const std::optional<Predicted>& predicted_or) {
+nlohmann::json EstimateJson(const EstimateFlags& f, const EstimateSetup& e, bool with_machine) {
   const engine::PlacementOptions& o = e.options.engine.placement;
+  const engine::PlanChoice& c = e.choice;
+  const engine::Plan& plan = c.plan;
+  const std::optional<engine::Plan>& one_rank = c.one_rank;
   nlohmann::json j = {
       {"model", f.model_dir.empty() ? f.model : f.model_dir},
       {"model_params", plan.model_params},
@@ -349,10 +293,10 @@ nlohmann::json EstimateJson(const EstimateFlags& f, const EstimateSetup& e,
                              ? std::string("device")
                              : std::string(engine::OptimizerHomeName(plan.optimizer_home))},
       {"optimizer_device_fraction", plan.optimizer_device_fraction()},
-      {"placement_choice", e.placement_choice},
+      {"placement_choice", InFlagTerms(c.placement_reason)},
       {"update_during_backward", e.options.engine.update_during_backward},
       {"schedule", std::string(engine::ScheduleName(plan.schedule))},
-      {"schedule_choice", e.schedule_choice},
+      {"schedule_choice", InFlagTerms(c.schedule_reason)},
       {"held_micro_batches", plan.held_micro_batches},
       {"device_grad_buckets", plan.device_grad_buckets},
       {"host_grad_buckets", plan.host_grad_buckets},
@@ -380,16 +324,16 @@ nlohmann::json EstimateJson(const EstimateFlags& f, const EstimateSetup& e,
                                              {"host_grad_bytes", one_rank->host_grad_bytes},
                                              {"nvme_bytes", one_rank->nvme_bytes}}
                             : nlohmann::json()},
+      {"planning", PlanningJson()},
   };
-  if (predicted_or && !predicted_or->prediction) {
+  if (with_machine && !c.prediction) {
     j["machine"] = f.machine;
-    j["prediction_error"] = predicted_or->why_not;
-  } else if (predicted_or) {
-    const EstimatePrediction* predicted = &*predicted_or->prediction;
+    j["prediction_error"] = c.prediction_error;
+  } else if (with_machine) {
     j["machine"] = f.machine;
-    j.update(PredictionJson(predicted->prediction));
+    j.update(PredictionJson(*c.prediction));
     nlohmann::json alts = nlohmann::json::array();
-    for (const PlacementAlternative& a : predicted->alternatives) {
+    for (const engine::PlanAlternative& a : c.optimizer_alternatives) {
       nlohmann::json alt = {{"optimizer", a.name}, {"device_fraction", a.device_fraction}};
       if (a.prediction) {
         alt.update(PredictionJson(*a.prediction));
@@ -400,19 +344,19 @@ nlohmann::json EstimateJson(const EstimateFlags& f, const EstimateSetup& e,
       alts.push_back(std::move(alt));
     }
     j["alternatives"] = std::move(alts);
-    j["schedules"] = SchedulesJson(predicted->schedules, engine::ScheduleName(plan.schedule));
+    j["schedules"] = SchedulesJson(c.schedules, engine::ScheduleName(plan.schedule));
   }
   return j;
 }
 
-void PrintEstimate(const EstimateFlags& f, const EstimateSetup& e, const engine::Plan& plan,
-                   const std::optional<engine::Plan>& one_rank,
-                   const std::optional<Predicted>& predicted_or) {
+void PrintEstimate(const EstimateFlags& f, const EstimateSetup& e, bool with_machine) {
   const engine::PlacementOptions& o = e.options.engine.placement;
+  const engine::PlanChoice& c = e.choice;
+  const engine::Plan& plan = c.plan;
+  const std::optional<engine::Plan>& one_rank = c.one_rank;
   std::printf("strata estimate: %s\n", e.model->description().c_str());
-  std::printf("%s", plan.Describe().c_str());
-  std::printf("%s%s%s", e.placement_choice.c_str(), e.schedule_choice.c_str(),
-              e.udb_choice.c_str());
+  std::printf("%s", InFlagTerms(plan.Describe()).c_str());
+  std::printf("%s", InFlagTerms(c.Reasons()).c_str());
   if (one_rank) {
     // Host gradients are fp32 on every rank of a data-parallel run, 16-bit on one rank at
     // --grad-accum-steps 1 (planner.h), so the host figure halves only from 2 micro-batches on.
@@ -433,12 +377,11 @@ void PrintEstimate(const EstimateFlags& f, const EstimateSetup& e, const engine:
                   : fmt::format(", NVMe {} of {} free", FormatBytes(plan.nvme_bytes),
                                 FormatBytes(o.nvme_capacity_bytes))
                         .c_str());
-  if (predicted_or && predicted_or->prediction) {
-    const EstimatePrediction& p = *predicted_or->prediction;
-    std::printf("%s", DescribeStepPrediction(p.prediction, p.alternatives).c_str());
-    std::printf("%s", DescribeSchedules(p.schedules, engine::ScheduleName(plan.schedule)).c_str());
-  } else if (predicted_or) {
-    std::printf("step time: not predicted: %s\n", predicted_or->why_not.c_str());
+  if (with_machine && c.prediction) {
+    std::printf("%s", DescribeStepPrediction(*c.prediction, c.optimizer_alternatives).c_str());
+    std::printf("%s", DescribeSchedules(c.schedules, engine::ScheduleName(plan.schedule)).c_str());
+  } else if (with_machine) {
+    std::printf("step time: not predicted: %s\n", InFlagTerms(c.prediction_error).c_str());
   } else {
     std::printf(
         "step time: not predicted; --machine FILE (a machine profile, `strata doctor "
@@ -465,28 +408,10 @@ Status RunEstimate(const EstimateFlags& flags) {
         "{}", static_cast<uint64_t>(profile->device->memory_GiB * static_cast<double>(kGiB)));
   }
   STRATA_ASSIGN_OR_RETURN(EstimateSetup e, MakeEstimateSetup(f, profile ? &*profile : nullptr));
-  STRATA_ASSIGN_OR_RETURN(engine::Plan plan, MakeTrainPlan(*e.model, e.options.engine));
-  std::optional<engine::Plan> one_rank;
-  if (f.ranks > 1) {
-    STRATA_ASSIGN_OR_RETURN(one_rank, OneRankPlan(e));
-  }
-  std::optional<Predicted> predicted;
-  if (profile) {
-    const engine::CostInputs inputs =
-        CostInputsOf(e.spec, f.grad_accum_steps, e.options.engine.update_during_backward);
-    predicted.emplace();
-    if (auto pr = engine::PredictStep(plan, inputs, *profile); pr.ok()) {
-      predicted->prediction = EstimatePrediction{
-          *pr, OptimizerAlternatives(*e.model, e.options.engine, inputs, *profile),
-          ScheduleAlternatives(e, *profile)};
-    } else {
-      predicted->why_not = pr.status().message();
-    }
-  }
   if (f.json) {
-    std::printf("%s\n", EstimateJson(f, e, plan, one_rank, predicted).dump(2).c_str());
+    std::printf("%s\n", EstimateJson(f, e, profile.has_value()).dump(2).c_str());
   } else {
-    PrintEstimate(f, e, plan, one_rank, predicted);
+    PrintEstimate(f, e, profile.has_value());
   }
   return Status::Ok();
 }

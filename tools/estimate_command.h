@@ -38,13 +38,13 @@ struct EstimateFlags {
   int optimizer_buffers = 0;        // 0: the planner decides
   std::string optimizer = "adamw";  // as strata train --optimizer
   int grad_accum_steps = 1;         // 1: host gradients stay 16-bit (planner.h)
-  // As strata train's --schedule: layer-major, micro-batch-major or auto (tools/train_setup.h
-  // ResolveSchedule). With --machine and more than one micro-batch both are predicted.
+  // As strata train's --schedule: layer-major, micro-batch-major or auto (chosen with the plan,
+  // engine/plan/plan_choice.h). With --machine and more than one micro-batch both are predicted.
   std::string schedule = "auto";
   int ranks = 1;  // data-parallel ranks (>= 1); > 1 plans rank 0 of them
   bool json = false;
-  // A machine profile (engine/machine_profile.h): adds the predicted step, its parts, what
-  // bounds it and tokens/s (engine/cost_model.h), and the step with the optimizer on the device
+  // A machine profile (engine/plan/machine_profile.h): adds the predicted step, its parts, what
+  // bounds it and tokens/s (engine/plan/cost_model.h), and the step with the optimizer on the device
   // and with the best GPU/CPU split.
   std::string machine;
   LoraFlags lora;  // --lora-*: the plan of a LoRA run (frozen base, adapters trained)

@@ -16,7 +16,8 @@
 #include "data/tokenizer.h"
 #include "engine/checkpoint.h"
 #include "engine/engine.h"
-#include "engine/planner.h"
+#include "engine/plan/plan_choice.h"
+#include "engine/plan/planner.h"
 #include "tools/device_select.h"
 #include "tools/model_spec.h"
 
@@ -95,14 +96,21 @@ StatusOr<Loaded> Load(const InferenceFlags& f, engine::MicroBatchShape shape) {
   o.inference_only = true;
   o.placement.param_home = engine::ParamHome::kHost;
   o.placement.optimizer_home = engine::OptimizerHome::kHost;
-  if (f.device_budget == "auto") {
-    o.placement.device_budget_bytes =
-        engine::AutoDeviceBudgetBytes(*l.model, precision, shape, o.placement);
-  } else {
-    STRATA_ASSIGN_OR_RETURN(o.placement.device_budget_bytes, ParseSize(f.device_budget));
+  // The plan, chosen once (engine/plan/plan_choice.h): an auto budget is the plan's own.
+  engine::PlanRequest request;
+  request.precision = precision;
+  request.micro_batch = shape;
+  request.placement = o.placement;
+  request.automatic.device_budget = f.device_budget == "auto";
+  if (!request.automatic.device_budget) {
+    STRATA_ASSIGN_OR_RETURN(request.placement.device_budget_bytes, ParseSize(f.device_budget));
   }
+  STRATA_ASSIGN_OR_RETURN(engine::PlanChoice choice,
+                          engine::ChoosePlan(*l.model, request, /*machine=*/nullptr));
+  o.placement = choice.placement;
   STRATA_ASSIGN_OR_RETURN(l.device, CreateDeviceFromFlag(f.device, {}));
-  STRATA_ASSIGN_OR_RETURN(l.engine, engine::Engine::Create(l.model.get(), l.device.get(), o));
+  STRATA_ASSIGN_OR_RETURN(
+      l.engine, engine::Engine::Create(l.model.get(), l.device.get(), o, std::move(choice.plan)));
   if (!checkpoint_dir.empty()) {
     engine::TrainerState trainer;
     STRATA_RETURN_IF_ERROR(l.engine->LoadCheckpoint(checkpoint_dir, &trainer));

@@ -1,4 +1,4 @@
-// The measurements behind `strata doctor --machine-profile FILE` (engine/machine_profile.h):
+// The measurements behind `strata doctor --machine-profile FILE` (engine/plan/machine_profile.h):
 // what this machine does for the cost model, each measured for a few seconds at most.
 //
 // Thread-safety: one call at a time (each uses every core, or the GPU, while it runs).
@@ -9,7 +9,7 @@
 #include <string>
 
 #include "base/status.h"
-#include "engine/machine_profile.h"
+#include "engine/plan/machine_profile.h"
 
 namespace strata::tools {
 

@@ -13,6 +13,7 @@
 #include "tools/estimate_command.h"
 #include "tools/eval_command.h"
 #include "tools/iobench_command.h"
+#include "tools/option_flags.h"
 #include "tools/tokenize_command.h"
 #include "tools/train_command.h"
 
@@ -127,6 +128,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "strata: %s\n", status.message().c_str());
     return 128 + strata::tools::StopSignal();  // 130 for SIGINT, 143 for SIGTERM
   }
-  if (!status.ok()) return Fail(status.message());
+  // The engine names its options; the user gave flags (tools/option_flags.h).
+  if (!status.ok()) return Fail(strata::tools::InFlagTerms(status.message()));
   return 0;
 }

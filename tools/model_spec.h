@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "base/status.h"
-#include "engine/model.h"
+#include "engine/plan/model.h"
 #include "models/hf_config.h"
 #include "models/lora.h"
 

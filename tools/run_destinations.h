@@ -16,7 +16,7 @@
 #include <string_view>
 
 #include "base/status.h"
-#include "engine/planner.h"
+#include "engine/plan/planner.h"
 #include "tools/train_command.h"
 
 namespace strata::tools {

@@ -2,10 +2,7 @@
 
 #include <fmt/format.h>
 
-#include <cmath>
-
-#include "base/units.h"
-#include "tools/train_setup.h"
+#include "tools/option_flags.h"
 
 namespace strata::tools {
 
@@ -25,67 +22,11 @@ engine::CostInputs CostInputsOf(const ModelSpec& spec, int grad_accum_steps,
   return in;
 }
 
-namespace {
-
-PlacementAlternative Alternative(const engine::Model& model, engine::EngineOptions o,
-                                 const engine::CostInputs& inputs,
-                                 const engine::MachineProfile& profile, double fraction) {
-  PlacementAlternative alt;
-  alt.name = fraction >= 1 ? "device" : "split";
-  alt.device_fraction = fraction;
-  engine::PlacementOptions& p = o.placement;
-  if (profile.device) {
-    p.device_budget_bytes =
-        static_cast<uint64_t>(profile.device->memory_GiB * static_cast<double>(kGiB));
-  }
-  if (fraction >= 1) {
-    p.param_home = engine::ParamHome::kDevice;
-    p.optimizer_home = engine::OptimizerHome::kDevice;
-  } else if (p.optimizer_home == engine::OptimizerHome::kDevice) {
-    p.optimizer_home = engine::OptimizerHome::kHost;
-  }
-  p.optimizer_device_fraction = fraction;
-  auto plan = MakeTrainPlan(model, o);
-  if (!plan.ok()) {
-    alt.why_not = plan.status().message();
-    return alt;
-  }
-  auto pr = engine::PredictStep(*plan, inputs, profile);
-  if (!pr.ok()) {
-    alt.why_not = pr.status().message();
-    return alt;
-  }
-  alt.prediction = *pr;
-  return alt;
-}
-
-}  // namespace
-
-std::vector<PlacementAlternative> OptimizerAlternatives(const engine::Model& model,
-                                                        const engine::EngineOptions& options,
-                                                        const engine::CostInputs& inputs,
-                                                        const engine::MachineProfile& profile) {
-  std::vector<PlacementAlternative> out;
-  out.push_back(Alternative(model, options, inputs, profile, 1.0));
-  PlacementAlternative best;
-  best.name = "split";
-  for (int i = 1; i < 20; ++i) {
-    PlacementAlternative a = Alternative(model, options, inputs, profile, i / 20.0);
-    if (!a.prediction) {
-      if (!best.prediction && best.why_not.empty()) best.why_not = a.why_not;
-      continue;
-    }
-    if (!best.prediction || a.prediction->step_s < best.prediction->step_s) best = a;
-  }
-  out.push_back(best);
-  return out;
-}
-
 std::string DescribeStepPrediction(const engine::StepPrediction& pr,
-                                   const std::vector<PlacementAlternative>& alternatives) {
+                                   const std::vector<engine::PlanAlternative>& alternatives) {
   std::string s = fmt::format("predicted: {}\n", engine::DescribePrediction(pr));
   for (const std::string& note : pr.notes) s += fmt::format("  note: {}\n", note);
-  for (const PlacementAlternative& a : alternatives) {
+  for (const engine::PlanAlternative& a : alternatives) {
     const std::string label =
         a.name == "device" ? "optimizer on the device"
                            : (a.prediction ? fmt::format("best split ({:.0f} % of the params' "
@@ -97,27 +38,34 @@ std::string DescribeStepPrediction(const engine::StepPrediction& pr,
                        a.prediction->step_s, a.prediction->tokens_per_s,
                        pr.step_s / a.prediction->step_s, a.prediction->bound);
     } else {
-      s += fmt::format("  {}: does not fit: {}\n", label, a.why_not);
+      s += fmt::format("  {}: does not fit: {}\n", label, InFlagTerms(a.why_not));
     }
   }
   return s;
 }
 
-std::string DescribeSchedules(const std::vector<PlacementAlternative>& schedules,
+std::string DescribeSchedules(const std::vector<engine::PlanAlternative>& schedules,
                               std::string_view taken) {
   std::string s;
-  for (const PlacementAlternative& a : schedules) {
+  for (const engine::PlanAlternative& a : schedules) {
     const std::string label =
         fmt::format("{} schedule{}", a.name, a.name == taken ? " (taken)" : "");
     if (a.prediction) {
       s += fmt::format("  {}: step {:.3g} s ({:.0f} tokens/s), bound by {}\n", label,
                        a.prediction->step_s, a.prediction->tokens_per_s, a.prediction->bound);
     } else {
-      s +=
-          fmt::format("  {}: does not fit: {}\n", label, a.why_not.substr(0, a.why_not.find('\n')));
+      s += fmt::format("  {}: does not fit: {}\n", label,
+                       InFlagTerms(a.why_not.substr(0, a.why_not.find('\n'))));
     }
   }
   return s;
+}
+
+nlohmann::json PlanningJson() {
+  const engine::PlanningCounts c = engine::PlanningCountsSoFar();
+  return {{"choices", c.choices},
+          {"plans_built", c.plans_built},
+          {"plans_built_outside_choices", c.plans_built - c.plans_built_in_choices}};
 }
 
 }  // namespace strata::tools

@@ -1,20 +1,20 @@
-// The cost model (engine/cost_model.h) as `strata estimate --machine` and `strata train
-// --machine` print it: the prediction of the plan being made, and what the step would take
-// with the optimizer on the device and with the best GPU/CPU split, for comparison.
+// The cost model (engine/plan/cost_model.h) as `strata estimate --machine` and `strata train
+// --machine` print it: the prediction of the chosen plan, and what the step would take with the
+// optimizer on the device and with the best GPU/CPU split, for comparison (all of them computed
+// by engine::ChoosePlan, engine/plan/plan_choice.h; this file only words them).
 //
 // Thread-safety: plain functions on values the caller owns.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "base/status.h"
-#include "engine/cost_model.h"
-#include "engine/engine.h"
-#include "engine/machine_profile.h"
-#include "engine/model.h"
+#include "engine/plan/cost_model.h"
+#include "engine/plan/plan_choice.h"
 #include "tools/model_spec.h"
 
 namespace strata::tools {
@@ -24,32 +24,19 @@ namespace strata::tools {
 engine::CostInputs CostInputsOf(const ModelSpec& spec, int grad_accum_steps,
                                 bool update_during_backward = false);
 
-// One alternative placement of the optimizer and what it would take.
-struct PlacementAlternative {
-  std::string name;            // "device" or "split"
-  double device_fraction = 0;  // of the parameters whose optimizer runs on the device
-  std::optional<engine::StepPrediction> prediction;  // absent when the plan is infeasible
-  std::string why_not;  // the planner's or the cost model's reason, when absent
-};
-
-// The optimizer on the device (every block resident, fraction 1), and the best split (the
-// fraction among 0.05, 0.10, ..., 0.95 with the shortest predicted step whose plan fits), each
-// planned with `options` but the optimizer placement and, when the profile has a device, the
-// device budget set to the profile's device memory. Plans that do not fit are reported with
-// the planner's reason.
-std::vector<PlacementAlternative> OptimizerAlternatives(const engine::Model& model,
-                                                        const engine::EngineOptions& options,
-                                                        const engine::CostInputs& inputs,
-                                                        const engine::MachineProfile& profile);
-
 // Lines for the text output: "predicted: step ...", each part, the notes and the alternatives.
 std::string DescribeStepPrediction(const engine::StepPrediction& prediction,
-                                   const std::vector<PlacementAlternative>& alternatives);
+                                   const std::vector<engine::PlanAlternative>& alternatives);
 
-// Lines for each schedule's predicted step (PlacementAlternative::name: "micro-batch-major",
+// Lines for each schedule's predicted step (engine::PlanAlternative::name: "micro-batch-major",
 // "layer-major"), `taken` marked: "  layer-major schedule (taken): step 7.12 s (9202 tokens/s),
 // bound by compute"; "" for none.
-std::string DescribeSchedules(const std::vector<PlacementAlternative>& schedules,
+std::string DescribeSchedules(const std::vector<engine::PlanAlternative>& schedules,
                               std::string_view taken);
+
+// The planning calls of this process so far (engine::PlanningCountsSoFar), for --summary-json and
+// estimate --json: {"choices": 1, "plans_built": 3, "plans_built_outside_choices": 0}. A run
+// that chooses its plan once and never re-plans has choices 1 and nothing built outside.
+nlohmann::json PlanningJson();
 
 }  // namespace strata::tools

@@ -15,15 +15,16 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "base/dtype.h"
 #include "base/trace.h"
 #include "base/units.h"
 #include "comm/communicator.h"
-#include "engine/cost_model.h"
 #include "engine/engine.h"
-#include "engine/machine_profile.h"
+#include "engine/plan/cost_model.h"
+#include "engine/plan/machine_profile.h"
 #include "gpu/device.h"
 #include "io/io_backend.h"
 #include "tools/config.h"
@@ -31,6 +32,7 @@
 #include "tools/metrics.h"
 #include "tools/model_spec.h"
 #include "tools/mpi_launch.h"
+#include "tools/option_flags.h"
 #include "tools/run_destinations.h"
 #include "tools/step_prediction.h"
 #include "tools/train_loop.h"
@@ -282,6 +284,59 @@ void AddPipelineFlags(CLI::App& cmd, TrainFlags& f) {
 }  // namespace
 
 // In this order: --help lists the flags as registered.
+namespace {
+
+// The sections of `strata train --help` (CLI11 option groups), in the order they print, and the
+// flags of each. Every flag of train is in one (tests/tools/train_help_cli_test.cc checks).
+struct HelpGroup {
+  const char* name;
+  std::vector<std::string_view> flags;
+};
+const std::vector<HelpGroup>& TrainHelpGroups() {
+  static const std::vector<HelpGroup> groups = {
+      {"Data", {"--data", "--val-data", "--tokenizer", "--pack", "--long-examples"}},
+      {"Model", {"--model", "--model-dir", "--precision", "--seed", "--tf32"}},
+      {"Batch and steps",
+       {"--steps", "--micro-batch-size", "--seq-len", "--grad-accum-steps", "--global-batch-size",
+        "--comm-timeout"}},
+      {"Optimizer",
+       {"--optimizer", "--lr", "--lr-schedule", "--warmup-steps", "--warmup-type", "--weight-decay",
+        "--grad-clip", "--beta1", "--beta2", "--eps", "--momentum", "--adafactor-decay-rate",
+        "--adafactor-clip-threshold"}},
+      {"Placement and memory",
+       {"--device", "--device-budget", "--offload-params", "--offload-optimizer",
+        "--optimizer-device-fraction", "--machine", "--schedule", "--update-during-backward",
+        "--offload-activations", "--prefetch-depth", "--grad-buckets", "--optimizer-buffers",
+        "--no-overlap", "--copy-bandwidth"}},
+      {"I/O (NVMe)",
+       {"--nvme-path", "--io-backend", "--io-queue-depth", "--io-block-size", "--io-threads"}},
+      {"LoRA", {"--lora-rank", "--lora-alpha", "--lora-targets", "--lora-dropout", "--lora-init"}},
+      {"Checkpoints",
+       {"--save-dir", "--save-every", "--keep-last", "--resume", "--save-on-signal"}},
+      {"Logging and outputs",
+       {"--log-every", "--eval-every", "--eval-batches", "--sample-bytes", "--summary-json",
+        "--trace", "--tensorboard-dir", "--metrics-jsonl", "--metrics-csv-dir"}},
+  };
+  return groups;
+}
+
+// Files every option of `cmd` under its section; --help and --config stay at the top, and an
+// option hidden from the help (group "", the removed --eager-update) stays hidden.
+void GroupTrainFlags(CLI::App& cmd) {
+  for (CLI::Option* option : cmd.get_options()) {
+    if (option->get_group().empty()) continue;  // hidden
+    for (const HelpGroup& g : TrainHelpGroups()) {
+      const auto& names = option->get_lnames();
+      if (!names.empty() &&
+          std::find(g.flags.begin(), g.flags.end(), "--" + names[0]) != g.flags.end()) {
+        option->group(g.name);
+      }
+    }
+  }
+}
+
+}  // namespace
+
 void AddTrainFlags(CLI::App& cmd, TrainFlags& f) {
   AddDataFlags(cmd, f);
   AddBatchFlags(cmd, f);
@@ -291,6 +346,7 @@ void AddTrainFlags(CLI::App& cmd, TrainFlags& f) {
   AddOutputFlags(cmd, f);
   AddPipelineFlags(cmd, f);
   AddCheckpointFlags(cmd, f.checkpoint);
+  GroupTrainFlags(cmd);
 }
 
 namespace {
@@ -325,7 +381,7 @@ void PrintRunLines(const TrainOptions& o, const TrainInputs& in, const gpu::Devi
 void PrintPlan(const TrainOptions& o, const engine::Plan& plan) {
   const TrainFlags& f = o.flags;
   const int ranks = o.ranks.ranks;
-  std::printf("%s", plan.Describe().c_str());
+  std::printf("%s", InFlagTerms(plan.Describe()).c_str());
   std::printf(
       "  batch    %d x %d tokens per micro-batch, %d micro-batch%s per step%s; gradient "
       "clipping %s\n",
@@ -351,19 +407,15 @@ void PrintPlan(const TrainOptions& o, const engine::Plan& plan) {
   std::fflush(stdout);
 }
 
-// --machine: the cost model's prediction for the plan and the optimizer's other placements
-// (tools/step_prediction.h), or why the profile cannot predict it.
-void PrintPrediction(const TrainOptions& o, const ModelSpec& spec, const engine::Model& model,
-                     const engine::Plan& plan, const engine::MachineProfile& machine) {
-  const engine::CostInputs inputs =
-      CostInputsOf(spec, o.engine.grad_accum_steps, o.engine.update_during_backward);
-  auto pr = engine::PredictStep(plan, inputs, machine);
-  if (!pr.ok()) {
-    std::printf("  predicted step: none: %s\n", pr.status().message().c_str());
+// --machine: the cost model's prediction for the chosen plan and the optimizer's other
+// placements (both from the plan choice; worded by tools/step_prediction.h), or why the profile
+// cannot predict it.
+void PrintPrediction(const engine::PlanChoice& choice) {
+  if (!choice.prediction) {
+    std::printf("  predicted step: none: %s\n", InFlagTerms(choice.prediction_error).c_str());
   } else {
     std::printf("  %s",
-                DescribeStepPrediction(*pr, OptimizerAlternatives(model, o.engine, inputs, machine))
-                    .c_str());
+                DescribeStepPrediction(*choice.prediction, choice.optimizer_alternatives).c_str());
   }
   std::fflush(stdout);
 }
@@ -514,6 +566,7 @@ nlohmann::json SummaryJson(const TrainOptions& o, const ModelSpec& spec, engine:
       {"comm_backend", o.engine.comm && o.ranks.data_parallel
                            ? nlohmann::json(std::string(o.engine.comm->backend()))
                            : nlohmann::json()},
+      {"planning", PlanningJson()},
   });
   return j;
 }
@@ -595,29 +648,23 @@ Status RunTrainRanks(const TrainFlags& flags, comm::Communicator* world) {
     o.engine.precision = *in.precision_auto;
     std::printf("precision: %s, --precision auto\n", in.precision_why.c_str());
   }
-  STRATA_ASSIGN_OR_RETURN(const std::string schedule_choice,
-                          ResolveSchedule(*in.model, in.spec, machine ? &*machine : nullptr, &o));
-  STRATA_ASSIGN_OR_RETURN(const std::string placement_choice,
-                          ResolvePlacement(*in.model, in.spec, machine ? &*machine : nullptr, &o));
-  ResolveDeviceBudget(*in.model, &o);
-  STRATA_ASSIGN_OR_RETURN(
-      const std::string udb_choice,
-      ResolveUpdateDuringBackward(*in.model, in.spec, machine ? &*machine : nullptr, &o));
+  // Every option left auto is resolved here, once; nothing after this plans again.
+  STRATA_ASSIGN_OR_RETURN(engine::PlanChoice choice,
+                          ChooseTrainPlan(*in.model, in.spec, machine ? &*machine : nullptr, &o,
+                                          /*compare=*/machine.has_value()));
   // Declared before the device and the engine, which record into it until they are destroyed.
   trace::TraceRecorder recorder(/*keep_events=*/!o.flags.trace.empty());
   o.engine.trace = &recorder;
   STRATA_ASSIGN_OR_RETURN(TrainDevice device, CreateTrainDevice(world, &recorder, &o));
   PrintRunLines(o, in, *device.device);
-  STRATA_ASSIGN_OR_RETURN(engine::Plan plan, MakeTrainPlan(*in.model, o.engine));
-  PrintPlan(o, plan);
-  std::printf("%s%s%s", placement_choice.c_str(), schedule_choice.c_str(), udb_choice.c_str());
-  if (machine) PrintPrediction(o, in.spec, *in.model, plan, *machine);
+  PrintPlan(o, choice.plan);
+  std::printf("%s", InFlagTerms(choice.Reasons()).c_str());
+  if (machine) PrintPrediction(choice);
   // Save directory, swap directories, summary and trace: made or refused before the work.
-  STRATA_RETURN_IF_ERROR(PrepareRunDestinations(o.flags, plan));
+  STRATA_RETURN_IF_ERROR(PrepareRunDestinations(o.flags, choice.plan));
   o.engine.init_progress = InitProgressLines();
-  STRATA_ASSIGN_OR_RETURN(auto engine,
-                          engine::Engine::Create(in.model.get(), device.device.get(), o.engine));
-  STRATA_RETURN_IF_ERROR(CheckSamePlan(plan, engine->plan()));
+  STRATA_ASSIGN_OR_RETURN(auto engine, engine::Engine::Create(in.model.get(), device.device.get(),
+                                                              o.engine, std::move(choice.plan)));
   PrintIoLine(o, *engine);
   STRATA_ASSIGN_OR_RETURN(
       TrainOutcome r, RunTrainLoop({&o, engine.get(), in.model.get(), &in.data, &in.spec, &recorder,

@@ -37,15 +37,16 @@ double SecondsSince(Clock::time_point t0) {
 
 // The mean loss over the counted targets of the validation batches (each batch's mean weighed by
 // its counted targets: every batch alike for text and plain token files).
-StatusOr<float> Evaluate(engine::Engine& e, const data::Dataset& data, const TrainFlags& f) {
+StatusOr<float> Evaluate(engine::Engine& e, const data::Dataset& data,
+                         const TrainLoopOptions& loop) {
   data::Batch batch;
   double sum = 0;
   int64_t counted = 0;
-  for (int i = 0; i < f.eval_batches; ++i) {
-    data.ValBatch(i, f.eval_batches, f.micro_batch_size, f.seq_len, &batch);
+  for (int i = 0; i < loop.eval_batches; ++i) {
+    data.ValBatch(i, loop.eval_batches, loop.micro_batch_size, loop.seq_len, &batch);
     STRATA_ASSIGN_OR_RETURN(float loss,
                             e.EvaluateLoss({batch.tokens, batch.targets, batch.positions},
-                                           {f.micro_batch_size, f.seq_len}));
+                                           {loop.micro_batch_size, loop.seq_len}));
     const int64_t n = TargetsInLoss(batch);
     sum += static_cast<double>(loss) * n;
     counted += n;
@@ -75,15 +76,15 @@ int32_t DrawToken(const std::vector<float>& logits, double temperature, std::mt1
   return static_cast<int32_t>(tok);
 }
 
-// A text sample of about f.sample_bytes bytes: byte-level tokens, or decoded by the tokenizer.
-StatusOr<std::string> Sample(engine::Engine& e, const TrainFlags& f, std::mt19937_64& rng,
+// A text sample of about loop.sample_bytes bytes: byte-level tokens, or decoded by the tokenizer.
+StatusOr<std::string> Sample(engine::Engine& e, const TrainLoopOptions& loop, std::mt19937_64& rng,
                              const data::Tokenizer* tokenizer) {
   STRATA_ASSIGN_OR_RETURN(std::vector<int32_t> context, SampleContext(tokenizer));
   std::vector<int32_t> sampled;
   std::string out;
   const double temperature = 0.8;
-  while (static_cast<int64_t>(out.size()) < f.sample_bytes) {
-    const size_t keep = std::min<size_t>(context.size(), f.seq_len);
+  while (static_cast<int64_t>(out.size()) < loop.sample_bytes) {
+    const size_t keep = std::min<size_t>(context.size(), loop.seq_len);
     STRATA_ASSIGN_OR_RETURN(auto logits, e.NextTokenLogits(std::span(context).last(keep)));
     const int32_t tok = DrawToken(logits, temperature, rng);
     context.push_back(tok);
@@ -111,12 +112,12 @@ StepReport CountersReport(const engine::EngineCounters& c) {
           .nvme_bytes_written = c.nvme_bytes_written};
 }
 
-ProgressOptions ProgressOptionsFor(const TrainFlags& f, int64_t tokens_per_step,
+ProgressOptions ProgressOptionsFor(const TrainLoopOptions& loop, int64_t tokens_per_step,
                                    const engine::EngineCounters& start) {
   ProgressOptions p;
   p.mode = ProgressModeFor(::isatty(STDOUT_FILENO), ::isatty(STDERR_FILENO));
-  p.total_steps = f.steps;
-  p.log_every = f.log_every;
+  p.total_steps = loop.steps;
+  p.log_every = loop.log_every;
   p.tokens_per_step = tokens_per_step;
   p.start = CountersReport(start);
   return p;
@@ -143,7 +144,7 @@ class TrainLoop {
   void PrintTimeLines();
 
   const TrainOptions& o_;
-  const TrainFlags& f_;
+  const TrainLoopOptions& loop_;
   const TrainLoopInputs in_;
   engine::Engine& engine_;
   const data::Dataset& data_;
@@ -165,17 +166,17 @@ class TrainLoop {
 
 TrainLoop::TrainLoop(const TrainLoopInputs& in, int64_t start_step, std::mt19937_64 data_rng)
     : o_(*in.options),
-      f_(in.options->flags),
+      loop_(in.options->loop),
       in_(in),
       engine_(*in.engine),
       data_(*in.data->dataset),
       data_rng_(std::move(data_rng)),
-      tokens_per_step_(int64_t{f_.micro_batch_size} * f_.seq_len * f_.grad_accum_steps *
+      tokens_per_step_(int64_t{loop_.micro_batch_size} * loop_.seq_len * loop_.grad_accum_steps *
                        o_.ranks.ranks),
-      data_batches_(f_.grad_accum_steps),
-      batches_(f_.grad_accum_steps),
+      data_batches_(loop_.grad_accum_steps),
+      batches_(loop_.grad_accum_steps),
       t_train_(Clock::now()),
-      progress_(ProgressOptionsFor(f_, tokens_per_step_, engine_.counters()), stdout, stderr),
+      progress_(ProgressOptionsFor(loop_, tokens_per_step_, engine_.counters()), stdout, stderr),
       metrics_(in.metrics, {engine_.counters(), {}, 0}) {
   out_.start_step = start_step;
   out_.loss_first = out_.loss_last = out_.val_loss = NAN;
@@ -202,16 +203,16 @@ Status TrainLoop::Flush() {
 // rank r trains on micro-batches r*A .. r*A + A - 1 of it (a disjoint share), and every rank's
 // data_rng advances alike. Every rank counts the targets in the loss of the whole global batch.
 void TrainLoop::SampleBatches() {
-  const int accum = f_.grad_accum_steps;
+  const int accum = loop_.grad_accum_steps;
   for (int k = 0; k < o_.ranks.ranks * accum; ++k) {
     const int i = k - o_.ranks.rank * accum;
     if (i >= 0 && i < accum) {
       data::Batch& b = data_batches_[i];
-      data_.SampleTrainBatch(data_rng_, f_.micro_batch_size, f_.seq_len, &b);
+      data_.SampleTrainBatch(data_rng_, loop_.micro_batch_size, loop_.seq_len, &b);
       batches_[i] = {b.tokens, b.targets, b.positions};
       out_.tokens_in_loss += TargetsInLoss(b);
     } else {
-      data_.SampleTrainBatch(data_rng_, f_.micro_batch_size, f_.seq_len, &skip_batch_);
+      data_.SampleTrainBatch(data_rng_, loop_.micro_batch_size, loop_.seq_len, &skip_batch_);
       out_.tokens_in_loss += TargetsInLoss(skip_batch_);
     }
   }
@@ -264,7 +265,7 @@ Status TrainLoop::EvaluateAt(int64_t step) {
   const auto pause = progress_.Suspend();
   STRATA_RETURN_IF_ERROR(Flush());
   const auto t0 = Clock::now();
-  STRATA_ASSIGN_OR_RETURN(float v, Evaluate(engine_, data_, f_));
+  STRATA_ASSIGN_OR_RETURN(float v, Evaluate(engine_, data_, loop_));
   eval_seconds_ += SecondsSince(t0);
   std::printf("step %5lld | val loss %.4f\n", static_cast<long long>(step + 1), v);
   return metrics_.RecordEvaluation(step + 1, v, engine_.counters());
@@ -275,21 +276,22 @@ Status TrainLoop::SaveCheckpointAt(int64_t step) {
   STRATA_RETURN_IF_ERROR(Flush());
   STRATA_ASSIGN_OR_RETURN(
       out_.last_checkpoint,
-      SaveTraining(engine_, f_.checkpoint,
+      SaveTraining(engine_, loop_.checkpoint,
                    {step + 1, (step + 1) * tokens_per_step_, &data_rng_,
                     LrScheduleJson(o_.schedule, step + 1), ModelSpecJson(*in_.spec)}));
   return Status::Ok();
 }
 
 StatusOr<TrainOutcome> TrainLoop::Run() {
-  const CheckpointFlags& ckpt = f_.checkpoint;
-  for (int64_t step = out_.start_step; step < f_.steps; ++step) {
+  const CheckpointFlags& ckpt = loop_.checkpoint;
+  for (int64_t step = out_.start_step; step < loop_.steps; ++step) {
     STRATA_RETURN_IF_ERROR(Step(step));
-    const bool last = step + 1 == f_.steps;
-    if (f_.wall_clock_breakdown && f_.log_every > 0 && ((step + 1) % f_.log_every == 0 || last)) {
+    const bool last = step + 1 == loop_.steps;
+    if (loop_.wall_clock_breakdown && loop_.log_every > 0 &&
+        ((step + 1) % loop_.log_every == 0 || last)) {
       PrintBreakdownLine(step);
     }
-    if (f_.eval_every > 0 && (step + 1) % f_.eval_every == 0 && !last) {
+    if (loop_.eval_every > 0 && (step + 1) % loop_.eval_every == 0 && !last) {
       STRATA_RETURN_IF_ERROR(EvaluateAt(step));
     }
     const bool periodic = ckpt.save_every > 0 && (step + 1) % ckpt.save_every == 0;
@@ -315,11 +317,11 @@ Status TrainLoop::Finish() {
   out_.train_seconds = SecondsSince(t_train_) - eval_seconds_;
   out_.counters = engine_.counters();
   STRATA_RETURN_IF_ERROR(FinalEvaluationAndSample());
-  out_.tokens_per_second = static_cast<double>(tokens_per_step_ * (f_.steps - out_.start_step)) /
+  out_.tokens_per_second = static_cast<double>(tokens_per_step_ * (loop_.steps - out_.start_step)) /
                            std::max(out_.train_seconds, 1e-9);
   PrintTimeLines();
   if (const engine::EngineCounters& c = out_.counters;
-      c.params_updated_on_cpu > 0 && (f_.update_during_backward == "on" ||
+      c.params_updated_on_cpu > 0 && (o_.engine.update_during_backward ||
                                       c.params_updated_during_backward + c.rollback_steps > 0)) {
     std::printf(
         "update during backward: %.0f%% of the CPU update ran during backward; %llu step%s "
@@ -328,15 +330,15 @@ Status TrainLoop::Finish() {
             static_cast<double>(c.params_updated_on_cpu),
         static_cast<unsigned long long>(c.rollback_steps), c.rollback_steps == 1 ? "" : "s");
   }
-  if (!f_.trace.empty()) {
-    STRATA_RETURN_IF_ERROR(in_.recorder->WriteChromeTrace(f_.trace));
+  if (!loop_.trace_path.empty()) {
+    STRATA_RETURN_IF_ERROR(in_.recorder->WriteChromeTrace(loop_.trace_path));
     std::printf("trace: %s (%zu events; open in https://ui.perfetto.dev or chrome://tracing)\n",
-                f_.trace.c_str(), in_.recorder->num_events());
+                loop_.trace_path.c_str(), in_.recorder->num_events());
   }
   std::printf(
       "done: %lld steps in %.1f s, %.0f tokens/s, %lld skipped; device peak %s of %s; "
       "master weights xxh3 %016llx\n",
-      static_cast<long long>(f_.steps), out_.train_seconds, out_.tokens_per_second,
+      static_cast<long long>(loop_.steps), out_.train_seconds, out_.tokens_per_second,
       static_cast<long long>(out_.skipped), FormatBytes(out_.counters.device_peak_bytes).c_str(),
       FormatBytes(engine_.plan().device_budget_bytes).c_str(),
       static_cast<unsigned long long>(out_.master_hash));
@@ -345,18 +347,19 @@ Status TrainLoop::Finish() {
 
 Status TrainLoop::FinalEvaluationAndSample() {
   const data::TrainingData& training_data = *in_.data;
-  if (f_.eval_every > 0) {
-    STRATA_ASSIGN_OR_RETURN(out_.val_loss, Evaluate(engine_, data_, f_));
-    STRATA_RETURN_IF_ERROR(metrics_.RecordEvaluation(f_.steps, out_.val_loss, engine_.counters()));
+  if (loop_.eval_every > 0) {
+    STRATA_ASSIGN_OR_RETURN(out_.val_loss, Evaluate(engine_, data_, loop_));
+    STRATA_RETURN_IF_ERROR(
+        metrics_.RecordEvaluation(loop_.steps, out_.val_loss, engine_.counters()));
     std::printf("validation loss %.4f nats/%s (uniform is %.2f)\n", out_.val_loss,
                 training_data.byte_level ? "byte" : "token",
                 std::log(static_cast<double>(in_.model->vocab_size())));
   }
   STRATA_ASSIGN_OR_RETURN(out_.master_hash, engine_.MasterWeightsXxh3());
-  if (f_.sample_bytes > 0 && (training_data.byte_level || training_data.tokenizer)) {
-    std::mt19937_64 sample_rng(f_.seed ^ 0x5a3b1eull);
+  if (loop_.sample_bytes > 0 && (training_data.byte_level || training_data.tokenizer)) {
+    std::mt19937_64 sample_rng(loop_.seed ^ 0x5a3b1eull);
     STRATA_ASSIGN_OR_RETURN(std::string text,
-                            Sample(engine_, f_, sample_rng, training_data.tokenizer.get()));
+                            Sample(engine_, loop_, sample_rng, training_data.tokenizer.get()));
     std::printf("sample:\n%s\n", Printable(text).c_str());
   }
   return Status::Ok();
@@ -387,11 +390,11 @@ double OverlapEfficiency(const trace::Breakdown& parts, double step_seconds) {
 }
 
 StatusOr<TrainOutcome> RunTrainLoop(const TrainLoopInputs& in) {
-  std::mt19937_64 data_rng(in.options->flags.seed ^ 0x5eedda7aull);
+  std::mt19937_64 data_rng(in.options->loop.seed ^ 0x5eedda7aull);
   int64_t start_step = 0;
-  if (!in.options->flags.checkpoint.resume.empty()) {
+  if (!in.options->loop.checkpoint.resume.empty()) {
     STRATA_ASSIGN_OR_RETURN(start_step,
-                            ResumeTraining(*in.engine, in.options->flags.checkpoint, &data_rng));
+                            ResumeTraining(*in.engine, in.options->loop.checkpoint, &data_rng));
   }
   InstallStopSignalHandlers();
   TrainLoop loop(in, start_step, std::move(data_rng));

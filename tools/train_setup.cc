@@ -130,9 +130,9 @@ StatusOr<double> ParseOptimizerDeviceFraction(const std::string& s) {
 
 StatusOr<engine::PlacementOptions> PlacementFromFlags(const TrainFlags& f, const RankInfo& ranks) {
   engine::PlacementOptions p;
-  // "auto": today's fixed choice until ResolvePlacement, with a machine profile, searches.
+  // "auto": today's fixed choice unless the plan choice, with a machine profile, searches.
   p.param_home = engine::ParamHome::kNvme;
-  // LoRA: the adapters are small and resident (engine/planner.h), so their optimizer state and
+  // LoRA: the adapters are small and resident (engine/plan/planner.h), so their optimizer state and
   // update live on the device beside them, and nothing is written to NVMe in a step.
   p.optimizer_home =
       f.lora.rank > 0 ? engine::OptimizerHome::kDevice : engine::OptimizerHome::kNvme;
@@ -164,7 +164,7 @@ StatusOr<engine::PlacementOptions> PlacementFromFlags(const TrainFlags& f, const
   return p;
 }
 
-// 0 for auto (ResolveDeviceBudget sets it once the model is known).
+// 0 for auto (the plan choice sets it once the model is known).
 StatusOr<uint64_t> DeviceBudgetFromFlag(const std::string& flag) {
   if (flag == "auto") return uint64_t{0};
   STRATA_ASSIGN_OR_RETURN(uint64_t bytes, ParseSize(flag));
@@ -175,14 +175,10 @@ StatusOr<uint64_t> DeviceBudgetFromFlag(const std::string& flag) {
   return bytes;
 }
 
-// --schedule: layer-major or micro-batch-major as given; auto: micro-batch-major until
-// ResolveSchedule decides, which it does with more than one micro-batch.
+// --schedule: layer-major or micro-batch-major as given; auto: chosen with the plan.
 Status ScheduleFromFlag(const TrainFlags& f, TrainOptions* o) {
-  if (f.schedule == "auto") {
-    o->engine.placement.schedule = engine::Schedule::kMicroBatchMajor;
-    o->auto_schedule = f.grad_accum_steps > 1;
-    return Status::Ok();
-  }
+  o->automatic.schedule = f.schedule == "auto";
+  if (o->automatic.schedule) return Status::Ok();
   auto schedule = engine::ParseSchedule(f.schedule);
   if (!schedule.ok()) {
     return InvalidArgumentError(fmt::format(
@@ -216,9 +212,26 @@ StatusOr<engine::EngineOptions> EngineOptionsFromFlags(const TrainFlags& f) {
   o.grad_clip_norm = static_cast<float>(f.grad_clip);
   o.seed = f.seed;
   o.overlap = !f.no_overlap;
-  // "auto": on with one rank and overlap (ResolveUpdateDuringBackward in TrainOptionsFromFlags).
+  // "auto": chosen with the plan (off until then).
   o.update_during_backward = f.update_during_backward == "on";
   return o;
+}
+
+TrainLoopOptions LoopFromFlags(const TrainFlags& f) {
+  TrainLoopOptions l;
+  l.steps = f.steps;
+  l.micro_batch_size = f.micro_batch_size;
+  l.seq_len = f.seq_len;
+  l.grad_accum_steps = f.grad_accum_steps;
+  l.seed = f.seed;
+  l.log_every = f.log_every;
+  l.eval_every = f.eval_every;
+  l.eval_batches = f.eval_batches;
+  l.sample_bytes = f.sample_bytes;
+  l.wall_clock_breakdown = f.wall_clock_breakdown;
+  l.trace_path = f.trace;
+  l.checkpoint = f.checkpoint;
+  return l;
 }
 
 MetricsOptions MetricsFromFlags(const TrainFlags& f) {
@@ -277,10 +290,9 @@ StatusOr<TrainOptions> TrainOptionsFromFlags(const TrainFlags& flags, const Rank
         "--update-during-backward on needs one rank: with data parallelism a rank's update waits "
         "for the reduced gradient and the global norm (use off or auto)");
   }
-  // auto: decided by predicted time with a machine profile (ResolveUpdateDuringBackward); never
-  // with data parallelism or without overlap.
-  o.auto_update_during_backward =
-      f.update_during_backward == "auto" && !ranks.data_parallel && !f.no_overlap;
+  // auto: decided with the plan, by predicted time with a machine profile; never with data
+  // parallelism or without overlap (engine/plan/plan_choice.h).
+  o.automatic.update_during_backward = f.update_during_backward == "auto";
   STRATA_ASSIGN_OR_RETURN(o.engine.io, IoOptionsFromFlags(f));
   STRATA_ASSIGN_OR_RETURN(o.schedule, MakeLrSchedule(f));
   STRATA_RETURN_IF_ERROR(CheckDeviceFlags(f));
@@ -290,13 +302,14 @@ StatusOr<TrainOptions> TrainOptionsFromFlags(const TrainFlags& flags, const Rank
   STRATA_ASSIGN_OR_RETURN(o.engine.optimizer, BuildOptimizer(f));
   STRATA_ASSIGN_OR_RETURN(o.engine.placement.device_budget_bytes,
                           DeviceBudgetFromFlag(f.device_budget));
-  o.auto_device_budget = f.device_budget == "auto";
-  o.placement_search.param_home = f.offload_params == "auto";
-  o.placement_search.optimizer_home = f.offload_optimizer == "auto";
+  o.automatic.device_budget = f.device_budget == "auto";
+  o.automatic.param_home = f.offload_params == "auto";
+  o.automatic.optimizer_home = f.offload_optimizer == "auto";
   // An optimizer home given explicitly is the user's choice: no split unless one is given too.
-  o.placement_search.device_fraction =
+  o.automatic.device_fraction =
       f.optimizer_device_fraction == "auto" && f.offload_optimizer == "auto";
   o.metrics = MetricsFromFlags(f);
+  o.loop = LoopFromFlags(f);  // after ApplyRanks: accumulation steps and rank 0's outputs
   o.device.host.copy_bytes_per_second = f.copy_bandwidth;
   o.device.cuda_device_ordinal = ranks.local_rank;  // one process per GPU
   return o;
@@ -321,145 +334,34 @@ StatusOr<TrainInputs> OpenModelAndData(const TrainOptions& options) {
   return in;
 }
 
-StatusOr<std::string> ResolvePlacement(const engine::Model& model, const ModelSpec& spec,
-                                       const engine::MachineProfile* machine,
-                                       TrainOptions* options) {
-  engine::PlacementSearch search = options->placement_search;
-  if (machine == nullptr ||
-      !(search.param_home || search.optimizer_home || search.device_fraction)) {
-    return std::string();
-  }
-  engine::EngineOptions& o = options->engine;
-  engine::PlacementOptions base = o.placement;
-  if (options->auto_device_budget) {
-    if (machine->device) {
-      base.device_budget_bytes =
-          static_cast<uint64_t>(0.95 * machine->device->memory_GiB * static_cast<double>(kGiB));
-    } else {
-      search.auto_device_budget = true;
-    }
-  }
-  StatusOr<engine::PlacementChoice> chosen = engine::ChoosePlacement(
-      model, o.precision, o.micro_batch, base, {o.optimizer, o.grad_accum_steps},
-      // Without the update during backward's term: it moves the choice toward CPU placements by
-      // a few percent at most, within the model's error (a split measured 2.4x slower than the
-      // device optimizer on the H200 where the model said 1.3x), so it does not decide.
-      CostInputsOf(spec, o.grad_accum_steps), *machine, search);
-  if (!chosen.ok() && chosen.status().code() == StatusCode::kFailedPrecondition) {
-    // The profile cannot predict any plan (no device section, say): the fixed default.
-    return fmt::format(
-        "placement: not chosen by predicted time ({}); the default: params and optimizer state "
-        "on NVMe\n",
-        chosen.status().message());
-  }
-  STRATA_RETURN_IF_ERROR(chosen.status());
-  const engine::PlacementChoice& choice = *chosen;
-  o.placement = choice.best.placement;
-  options->auto_device_budget = false;  // the chosen plan's budget
-  return choice.Describe();
-}
-
-StatusOr<engine::Plan> MakeSchedulePlan(const engine::Model& model, const ModelSpec& spec,
-                                        const engine::MachineProfile* machine, TrainOptions options,
-                                        engine::Schedule schedule) {
-  if (schedule == engine::Schedule::kLayerMajor && options.auto_device_budget) {
-    // --device-budget auto is the micro-batch-major plan's: layer-major must fit in it (its own
-    // auto budget, with every micro-batch's activations, could exceed the device).
-    auto micro_batch_major =
-        MakeSchedulePlan(model, spec, machine, options, engine::Schedule::kMicroBatchMajor);
-    if (micro_batch_major.ok()) {
-      options.auto_device_budget = false;
-      options.engine.placement.device_budget_bytes = micro_batch_major->device_budget_bytes;
-    }
-  }
-  options.engine.placement.schedule = schedule;
-  STRATA_RETURN_IF_ERROR(ResolvePlacement(model, spec, machine, &options).status());
-  ResolveDeviceBudget(model, &options);
-  return MakeTrainPlan(model, options.engine);
-}
-
-StatusOr<engine::StepPrediction> PredictAsResolved(const engine::Plan& plan, const ModelSpec& spec,
-                                                   const TrainOptions& options,
-                                                   const engine::MachineProfile& machine) {
+engine::PlanRequest PlanRequestOf(const TrainOptions& options, const ModelSpec& spec,
+                                  bool compare) {
   const engine::EngineOptions& o = options.engine;
-  STRATA_ASSIGN_OR_RETURN(
-      engine::StepPrediction as_set,
-      engine::PredictStep(plan, CostInputsOf(spec, o.grad_accum_steps, o.update_during_backward),
-                          machine));
-  if (!options.auto_update_during_backward) return as_set;
-  // As ResolveUpdateDuringBackward decides: on from a 10 % shorter step.
-  STRATA_ASSIGN_OR_RETURN(
-      engine::StepPrediction off,
-      engine::PredictStep(plan, CostInputsOf(spec, o.grad_accum_steps, false), machine));
-  STRATA_ASSIGN_OR_RETURN(
-      engine::StepPrediction on,
-      engine::PredictStep(plan, CostInputsOf(spec, o.grad_accum_steps, true), machine));
-  return on.step_s < 0.9 * off.step_s ? on : off;
+  engine::PlanRequest r;
+  r.precision = o.precision;
+  r.micro_batch = o.micro_batch;
+  r.grad_accum_steps = o.grad_accum_steps;
+  r.optimizer = o.optimizer;
+  r.placement = o.placement;
+  r.update_during_backward = o.update_during_backward;
+  r.overlap = o.overlap;
+  r.automatic = options.automatic;
+  const engine::CostInputs cost = CostInputsOf(spec, o.grad_accum_steps);
+  r.num_layers = cost.num_layers;
+  r.channels = cost.channels;
+  r.compare = compare;
+  return r;
 }
 
-StatusOr<std::string> ResolveSchedule(const engine::Model& model, const ModelSpec& spec,
-                                      const engine::MachineProfile* machine,
-                                      TrainOptions* options) {
-  using engine::Schedule;
-  if (!options->auto_schedule) return std::string();
-  engine::Schedule& schedule = options->engine.placement.schedule;
-  const int a = options->engine.grad_accum_steps;
-  auto micro_batch_major =
-      MakeSchedulePlan(model, spec, machine, *options, Schedule::kMicroBatchMajor);
-  auto layer_major = MakeSchedulePlan(model, spec, machine, *options, Schedule::kLayerMajor);
-  if (!layer_major.ok()) {
-    schedule = Schedule::kMicroBatchMajor;
-    const std::string why = layer_major.status().message();
-    return fmt::format(
-        "schedule: micro-batch-major (auto: the layer-major plan, {} micro-batches on the device "
-        "at once, does not fit: {})\n",
-        a, why.substr(0, why.find('\n')));
-  }
-  schedule = Schedule::kLayerMajor;
-  if (machine == nullptr) {
-    // The budget it was planned in (ResolveDeviceBudget would give it its own).
-    options->auto_device_budget = false;
-    options->engine.placement.device_budget_bytes = layer_major->device_budget_bytes;
-    return fmt::format(
-        "schedule: layer-major (auto: its plan of {} micro-batches fits; --machine FILE compares "
-        "the predicted steps)\n",
-        a);
-  }
-  auto lm = PredictAsResolved(*layer_major, spec, *options, *machine);
-  StatusOr<engine::StepPrediction> mb =
-      micro_batch_major.ok() ? PredictAsResolved(*micro_batch_major, spec, *options, *machine)
-                             : StatusOr<engine::StepPrediction>(micro_batch_major.status());
-  if (!lm.ok() || !mb.ok()) {
-    return fmt::format("schedule: layer-major (auto: its plan fits; steps not predicted: {})\n",
-                       (lm.ok() ? mb.status() : lm.status()).message());
-  }
-  if (lm->step_s > mb->step_s) schedule = Schedule::kMicroBatchMajor;
-  return fmt::format(
-      "schedule: {} (auto: predicted step {:.3g} s layer-major, {:.3g} s micro-batch-major)\n",
-      engine::ScheduleName(schedule), lm->step_s, mb->step_s);
-}
-
-StatusOr<std::string> ResolveUpdateDuringBackward(const engine::Model& model, const ModelSpec& spec,
-                                                  const engine::MachineProfile* machine,
-                                                  TrainOptions* options) {
-  if (!options->auto_update_during_backward || machine == nullptr) return std::string();
-  engine::EngineOptions& o = options->engine;
-  STRATA_ASSIGN_OR_RETURN(const engine::Plan plan, MakeTrainPlan(model, o));
-  auto off = engine::PredictStep(plan, CostInputsOf(spec, o.grad_accum_steps, false), *machine);
-  auto on = engine::PredictStep(plan, CostInputsOf(spec, o.grad_accum_steps, true), *machine);
-  if (!off.ok() || !on.ok()) return std::string();
-  o.update_during_backward = on->step_s < 0.9 * off->step_s;
-  return fmt::format(
-      "update during backward: {} (auto: predicted step {:.3g} s with it, {:.3g} s without; on "
-      "from 10 % shorter)\n",
-      o.update_during_backward ? "on" : "off", on->step_s, off->step_s);
-}
-
-void ResolveDeviceBudget(const engine::Model& model, TrainOptions* options) {
-  if (!options->auto_device_budget) return;
-  engine::EngineOptions& o = options->engine;
-  o.placement.device_budget_bytes = engine::AutoDeviceBudgetBytes(
-      model, o.precision, o.micro_batch, o.placement, {o.optimizer, o.grad_accum_steps});
+StatusOr<engine::PlanChoice> ChooseTrainPlan(const engine::Model& model, const ModelSpec& spec,
+                                             const engine::MachineProfile* machine,
+                                             TrainOptions* options, bool compare) {
+  STRATA_ASSIGN_OR_RETURN(
+      engine::PlanChoice choice,
+      engine::ChoosePlan(model, PlanRequestOf(*options, spec, compare), machine));
+  options->engine.placement = choice.placement;
+  options->engine.update_during_backward = choice.update_during_backward;
+  return choice;
 }
 
 StatusOr<TrainDevice> CreateTrainDevice(comm::Communicator* world, trace::TraceRecorder* trace,
@@ -484,28 +386,6 @@ StatusOr<TrainDevice> CreateTrainDevice(comm::Communicator* world, trace::TraceR
   const bool on_host = d.device->kind() == gpu::DeviceKind::kHost;
   STRATA_RETURN_IF_ERROR(CheckFlagsForDevice(f, !on_host, on_host));
   return d;
-}
-
-StatusOr<engine::Plan> MakeTrainPlan(const engine::Model& model,
-                                     const engine::EngineOptions& options) {
-  // As Engine::Create: the placement's ranks come from the communicator, which TrainOptions
-  // already set from the same job.
-  engine::PlacementOptions placement = options.placement;
-  if (options.comm) {
-    placement.ranks = options.comm->world_size();
-    placement.rank = options.comm->rank();
-    placement.data_parallel = true;
-  }
-  return engine::MakePlan(
-      model, options.precision, options.micro_batch, placement,
-      engine::PlanOptimizer{options.optimizer, std::max(1, options.grad_accum_steps)});
-}
-
-Status CheckSamePlan(const engine::Plan& printed, const engine::Plan& engine_plan) {
-  const std::string a = printed.Describe(), b = engine_plan.Describe();
-  if (a == b) return Status::Ok();
-  return InternalError(
-      fmt::format("the engine made another plan than the one printed:\n{}engine's:\n{}", a, b));
 }
 
 }  // namespace strata::tools

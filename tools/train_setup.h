@@ -1,13 +1,12 @@
 // `strata train` before anything is allocated: the flags (after --config) turned into option
-// structs in one place, then the model's shapes and the data, the device budget, the device and
-// the plan. The training loop (tools/train_loop.h) reads these and no flag parsing of its own.
+// structs in one place, then the model's shapes and the data, the plan chosen once, and the
+// device. The training loop (tools/train_loop.h) reads these and no flag parsing of its own.
 //
 // Order of a run (tools/train_command.cc): TrainOptionsFromFlags (flags only, no file read) ->
-// MetricsWriter::Create -> OpenModelAndData -> ResolveSchedule -> ResolvePlacement ->
-// ResolveDeviceBudget -> ResolveUpdateDuringBackward -> CreateTrainDevice -> MakeTrainPlan
-// (printed) -> engine::Engine::Create (allocates, pins and initialises) ->
-// CheckSamePlan. The plan is printed from the model's shapes alone, before the engine spends
-// minutes initialising a large model.
+// MetricsWriter::Create -> OpenModelAndData -> ChooseTrainPlan (engine::ChoosePlan, once:
+// every auto option resolved there; printed) -> CreateTrainDevice -> engine::Engine::Create with
+// the chosen plan (allocates, pins and initialises; plans nothing). The plan is printed from the
+// model's shapes alone, before the engine spends minutes initialising a large model.
 //
 // Thread-safety: plain functions on values the caller owns; call them from one thread.
 #pragma once
@@ -19,17 +18,16 @@
 #include "base/status.h"
 #include "comm/communicator.h"
 #include "data/dataset.h"
-#include "engine/cost_model.h"
 #include "engine/engine.h"
-#include "engine/machine_profile.h"
-#include "engine/placement_search.h"
-#include "engine/planner.h"
+#include "engine/plan/machine_profile.h"
+#include "engine/plan/plan_choice.h"
+#include "engine/plan/planner.h"
 #include "gpu/device.h"
 #include "tools/device_select.h"
 #include "tools/lr_schedule.h"
 #include "tools/metrics.h"
 #include "tools/model_spec.h"
-#include "tools/train_command.h"
+#include "tools/train_flags.h"
 
 namespace strata::tools {
 
@@ -42,6 +40,22 @@ struct RankInfo {
 };
 RankInfo RankInfoOf(const comm::Communicator* world);  // world may be null
 
+// The training loop's options (tools/train_loop.h), typed: the loop reads these and no flag.
+struct TrainLoopOptions {
+  int64_t steps = 300;  // optimizer steps of the whole run (a resumed run continues to it)
+  int micro_batch_size = 1;
+  int seq_len = 64;
+  int grad_accum_steps = 1;           // per rank
+  uint64_t seed = 1337;               // the data sampler's seed (xor a constant)
+  int64_t log_every = 10;             // a progress line every N steps
+  int64_t eval_every = 100;           // a validation pass every N steps; 0 = only at the end
+  int eval_batches = 16;              // micro-batches per validation pass
+  int64_t sample_bytes = 200;         // text sampled at the end; 0 = none
+  bool wall_clock_breakdown = false;  // a time line with each progress line
+  std::string trace_path;             // Chrome trace-event JSON written at the end; empty = none
+  CheckpointFlags checkpoint;         // save directory, interval, retention, resume, save on signal
+};
+
 // Every option struct of a run, from the flags.
 struct TrainOptions {
   // The flags as given, except: grad_accum_steps derived from --global-batch-size when given;
@@ -49,24 +63,19 @@ struct TrainOptions {
   // (--summary-json, --trace, the metrics) cleared, since rank 0 alone writes them.
   TrainFlags flags;
   RankInfo ranks;
+  TrainLoopOptions loop;
   LrSchedule schedule;
   MetricsOptions metrics;
   // Everything but trace and comm (set by the caller and CreateTrainDevice); placement.ranks,
-  // rank and data_parallel as Engine::Create sets them from the communicator.
-  // placement.device_budget_bytes is 0 until ResolveDeviceBudget when auto_device_budget.
+  // rank and data_parallel as Engine::Create sets them from the communicator. The fields left
+  // auto hold their starting values (placement.device_budget_bytes 0 for an auto budget, the
+  // schedule micro-batch-major, the update during backward off) until ChooseTrainPlan.
   engine::EngineOptions engine;
-  bool auto_device_budget = false;  // --device-budget auto
-  // --offload-params, --offload-optimizer, --optimizer-device-fraction auto: chosen by predicted
-  // time with --machine (ResolvePlacement); without a profile, today's fixed choice (params and
-  // optimizer state on NVMe, nothing on the device). The engine options hold that until then.
-  engine::PlacementSearch placement_search{false, false, false, false};
-  // --update-during-backward auto with one rank and overlap: decided by predicted time with
-  // --machine (ResolveUpdateDuringBackward); off until then, and without a profile.
-  bool auto_update_during_backward = false;
-  // --schedule auto (the step's order of blocks and micro-batches, not the learning rate's) with
-  // more than one micro-batch: decided by fit and, with --machine, predicted time
-  // (ResolveSchedule); micro-batch-major until then.
-  bool auto_schedule = false;
+  // The options given as auto (--device-budget, --offload-params, --offload-optimizer,
+  // --optimizer-device-fraction, --schedule, --update-during-backward): engine::ChoosePlan
+  // resolves them, by fit and, with --machine, by predicted time (engine/plan/plan_choice.h).
+  // An optimizer home given explicitly is the user's choice: no split unless one is given too.
+  engine::PlanAuto automatic;
   // --copy-bandwidth and the CUDA ordinal (local rank: one process per GPU); trace unset.
   DeviceSelectOptions device;
 };
@@ -91,55 +100,17 @@ struct TrainInputs {
 // --seq-len beyond the model's context.
 StatusOr<TrainInputs> OpenModelAndData(const TrainOptions& options);
 
-// --device-budget auto: engine::AutoDeviceBudgetBytes of the model and the placement; a no-op
-// for a budget given in bytes.
-void ResolveDeviceBudget(const engine::Model& model, TrainOptions* options);
+// The plan request of the run: its engine options, the fields left auto and the model's cost
+// facts (CostInputsOf). `compare`: also the comparisons estimate prints (PlanRequest::compare).
+engine::PlanRequest PlanRequestOf(const TrainOptions& options, const ModelSpec& spec,
+                                  bool compare = false);
 
-// The placement choices left "auto" (TrainOptions::placement_search), made by predicted time on
-// `machine` (engine::ChoosePlacement: the fastest plan that fits the budgets; an auto device
-// budget is the profile's device memory less 5 %, or each candidate's AutoDeviceBudgetBytes
-// without a device section); sets options->engine.placement and returns the lines that say why
-// (the choice and the runner-up), or, without a machine or with nothing auto, "" and no change.
-// Errors: ChoosePlacement's when no candidate fits.
-StatusOr<std::string> ResolvePlacement(const engine::Model& model, const ModelSpec& spec,
-                                       const engine::MachineProfile* machine,
-                                       TrainOptions* options);
-
-// --update-during-backward auto (TrainOptions::auto_update_during_backward) with `machine`: on
-// when the cost model predicts the plan's step at least 10 % shorter with it (the term is
-// optimistic: it does not see the backup copies and the gradient fold contending for the cores,
-// which made gpt2-1.5b's step 4 % longer on the H200 machine); returns the line that says so, or
-// "" and off without a machine or when not auto. Errors: MakeTrainPlan's.
-StatusOr<std::string> ResolveUpdateDuringBackward(const engine::Model& model, const ModelSpec& spec,
-                                                  const engine::MachineProfile* machine,
-                                                  TrainOptions* options);
-
-// --schedule auto (TrainOptions::auto_schedule): layer-major when its plan fits
-// (MakeSchedulePlan succeeds: each schedule with its own placement where that is auto; with
-// --device-budget auto in the micro-batch-major plan's budget, which the layer-major run then
-// keeps) and, with `machine`, the cost model predicts its step no longer than micro-batch-major's
-// (each with the update during backward it would run with); else micro-batch-major. Sets
-// options->engine.placement.schedule and returns the line that says why, or "" when not auto.
-// Call first, before ResolvePlacement (which then places for the chosen schedule).
-// Errors: none of its own (a plan that does not fit, or a profile that cannot predict, decides).
-StatusOr<std::string> ResolveSchedule(const engine::Model& model, const ModelSpec& spec,
-                                      const engine::MachineProfile* machine, TrainOptions* options);
-
-// The plan the run of `options` (as TrainOptionsFromFlags made them: nothing resolved yet) would
-// make with `schedule`, its auto choices made for that schedule as the run makes them: the
-// placement (ResolvePlacement with `machine`, which may be null) and the device budget
-// (ResolveDeviceBudget; for layer-major, the micro-batch-major plan's when that one fits). Errors:
-// ResolvePlacement's and MakeTrainPlan's.
-StatusOr<engine::Plan> MakeSchedulePlan(const engine::Model& model, const ModelSpec& spec,
-                                        const engine::MachineProfile* machine, TrainOptions options,
-                                        engine::Schedule schedule);
-
-// The prediction of `plan` with the update during backward `options` would run it with: as set,
-// or with --update-during-backward auto (TrainOptions::auto_update_during_backward) as
-// ResolveUpdateDuringBackward would decide it for this plan. Errors: engine::PredictStep's.
-StatusOr<engine::StepPrediction> PredictAsResolved(const engine::Plan& plan, const ModelSpec& spec,
-                                                   const TrainOptions& options,
-                                                   const engine::MachineProfile& machine);
+// Chooses the run's plan, once (engine::ChoosePlan with `machine`, which may be null), and sets
+// options->engine.placement and update_during_backward to the values it resolved, so that
+// Engine::Create(model, device, options->engine, choice.plan) runs it. Errors: ChoosePlan's.
+StatusOr<engine::PlanChoice> ChooseTrainPlan(const engine::Model& model, const ModelSpec& spec,
+                                             const engine::MachineProfile* machine,
+                                             TrainOptions* options, bool compare = false);
 
 // The device and, on a GPU in a data-parallel job, the NCCL communicator bootstrapped over
 // `world` (which options->engine.comm then points at; `world` itself on the host backend).
@@ -152,14 +123,5 @@ struct TrainDevice {
 // --tf32 on the host backend.
 StatusOr<TrainDevice> CreateTrainDevice(comm::Communicator* world, trace::TraceRecorder* trace,
                                         TrainOptions* options);
-
-// The plan Engine::Create will make from the same options: engine::MakePlan with the placement
-// (ranks set as Engine::Create sets them), the micro-batch, the optimizer and the accumulation
-// steps. Shapes only; allocates nothing. Errors: MakePlan's.
-StatusOr<engine::Plan> MakeTrainPlan(const engine::Model& model,
-                                     const engine::EngineOptions& options);
-
-// kInternal when the engine's plan is not the one printed (a broken invariant: same inputs).
-Status CheckSamePlan(const engine::Plan& printed, const engine::Plan& engine_plan);
 
 }  // namespace strata::tools

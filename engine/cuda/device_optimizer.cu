@@ -3,7 +3,7 @@
 // elements at a time (16-byte fp32, 8-byte fp16/bf16 accesses) where every buffer is aligned for
 // it and one at a time otherwise and for the tail; every fp32 and fp64 operation an _rn intrinsic
 // so that nothing contracts into an FMA (the file is also compiled with -fmad=false), conversions
-// bit for bit base/dtype.h (gpu/cuda/cuda_dtype.cuh). Elements are independent, so the grouping
+// base/dtype.h's own (host and device code). Elements are independent, so the grouping
 // changes no bits. Measured on an H200 (bench/gpu/bench_device_optimizer): AdamW over 2^26
 // parameters, bf16 gradient and copy-out, 3.45 TB/s of the 3.68 TB/s a device-to-device copy
 // reaches.
@@ -14,18 +14,14 @@
 #include <initializer_list>
 #include <type_traits>
 
+#include "base/dtype.h"
 #include "engine/cuda/device_optimizer_kernels.h"
-#include "gpu/cuda/cuda_dtype.cuh"
 #include "gpu/cuda/cuda_status.h"
 
 namespace strata::engine::cuda {
 namespace {
 
 namespace ci = cpu_optim::internal;
-using gpu::cuda::Bf16ToFloatDev;
-using gpu::cuda::FloatToBf16Dev;
-using gpu::cuda::FloatToHalfDev;
-using gpu::cuda::HalfToFloatDev;
 
 constexpr int kBlock = 256;
 constexpr int64_t kMaxGrid = 4096;  // grid-stride beyond this many blocks
@@ -41,9 +37,9 @@ __device__ __forceinline__ float Load(const void* p, int64_t i) {
   if constexpr (kD == DType::kF32) {
     return static_cast<const float*>(p)[i];
   } else if constexpr (kD == DType::kF16) {
-    return HalfToFloatDev(static_cast<const uint16_t*>(p)[i]);
+    return HalfToFloat(static_cast<const uint16_t*>(p)[i]);
   } else {
-    return Bf16ToFloatDev(static_cast<const uint16_t*>(p)[i]);
+    return Bf16ToFloat(static_cast<const uint16_t*>(p)[i]);
   }
 }
 
@@ -55,9 +51,9 @@ __device__ __forceinline__ void Store(void* p, int64_t i, float x) {
   } else if constexpr (kD == DType::kF32) {
     static_cast<float*>(p)[i] = x;
   } else if constexpr (kD == DType::kF16) {
-    static_cast<uint16_t*>(p)[i] = FloatToHalfDev(x);
+    static_cast<uint16_t*>(p)[i] = FloatToHalf(x);
   } else {
-    static_cast<uint16_t*>(p)[i] = FloatToBf16Dev(x);
+    static_cast<uint16_t*>(p)[i] = FloatToBf16(x);
   }
 }
 
@@ -206,7 +202,7 @@ __device__ __forceinline__ void LoadGrad4(const void* grad, int64_t j, float (&g
     const uint16_t h[4] = {static_cast<uint16_t>(v.x), static_cast<uint16_t>(v.x >> 16),
                            static_cast<uint16_t>(v.y), static_cast<uint16_t>(v.y >> 16)};
     for (int e = 0; e < 4; ++e) {
-      g[e] = kD == DType::kF16 ? HalfToFloatDev(h[e]) : Bf16ToFloatDev(h[e]);
+      g[e] = kD == DType::kF16 ? HalfToFloat(h[e]) : Bf16ToFloat(h[e]);
     }
   }
 }
@@ -220,7 +216,7 @@ __device__ __forceinline__ void StoreOut4(void* out, int64_t j, const float (&p)
   } else {
     uint16_t h[4];
     for (int e = 0; e < 4; ++e)
-      h[e] = kD == DType::kF16 ? FloatToHalfDev(p[e]) : FloatToBf16Dev(p[e]);
+      h[e] = kD == DType::kF16 ? FloatToHalf(p[e]) : FloatToBf16(p[e]);
     static_cast<uint2*>(out)[j] =
         make_uint2(h[0] | (uint32_t{h[1]} << 16), h[2] | (uint32_t{h[3]} << 16));
   }

@@ -7,7 +7,7 @@
 // [0, num_elems), with the meaning of cpu_optim's AdamWBuffers / StateBuffers (out nullptr: no
 // copy-out). Per element the kernels run cpu_optim's loops (cpu_optim/kernels_impl.inc) with
 // correctly rounded intrinsics (__fadd_rn, __fmul_rn, __fdiv_rn, __fsqrt_rn) that nvcc never
-// contracts into an FMA, and base/dtype.h's conversions (gpu/cuda/cuda_dtype.cuh), so the
+// contracts into an FMA, and base/dtype.h's conversions (host and device code), so the
 // results equal cpu_optim's bit for bit.
 #pragma once
 

@@ -3,22 +3,24 @@
 //
 //   offload_mlp NVME_DIR [STEPS]
 //
-// The parameters live on NVMe and stream through a device budget that holds only two blocks at
-// a time; the fp32 master weights and Adam's moments live on NVMe too (a private swap directory
-// inside NVME_DIR, removed at exit). The device is the host backend, so this runs on any Linux
-// machine. Prints the plan, the loss every 10 steps and the NVMe traffic; exits 0 when the
-// evaluation loss fell below half its initial value and the parameters really went through
-// NVMe, 1 otherwise, 2 on an error.
+// The parameters live on NVMe and stream through a device budget the engine's plan entry chooses
+// (`auto`: for this small model the streaming minimum, two slots); the fp32 master weights and
+// Adam's moments live on NVMe too (a private swap directory inside NVME_DIR, removed at exit). The
+// device is the host backend, so this runs on any Linux machine. Prints the plan, the loss every 10 steps and the
+// NVMe traffic; exits 0 when the evaluation loss fell below half its initial value and the
+// parameters really went through NVMe, 1 otherwise, 2 on an error.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/status.h"
 #include "engine/engine.h"
-#include "engine/planner.h"
+#include "engine/plan/plan_choice.h"
+#include "engine/plan/planner.h"
 #include "engine/version.h"
 #include "gpu/device.h"
 #include "mlp_model.h"
@@ -65,10 +67,20 @@ int main(int argc, char** argv) {
   o.placement.param_home = strata::engine::ParamHome::kNvme;
   o.placement.optimizer_home = strata::engine::OptimizerHome::kNvme;
   o.placement.nvme_paths = {argv[1]};
-  // Just enough device memory for two streaming slots (one block computing, one loading).
-  o.placement.device_budget_bytes =
-      strata::engine::StreamingMinimumBytes(model, o.precision, o.micro_batch);
-  auto created = Engine::Create(&model, device->get(), o);
+  // The plan, chosen once by the engine's one planning entry (engine/plan/plan_choice.h): the
+  // device budget left auto (here the streaming minimum: every block streams from NVMe), the rest
+  // as set above. A machine profile (engine/plan/machine_profile.h) instead of nullptr would let it
+  // choose the homes by predicted time too (request.automatic.param_home, optimizer_home).
+  strata::engine::PlanRequest request;
+  request.precision = o.precision;
+  request.micro_batch = o.micro_batch;
+  request.optimizer = o.optimizer;
+  request.placement = o.placement;
+  request.automatic.device_budget = true;
+  auto choice = strata::engine::ChoosePlan(model, request, /*machine=*/nullptr);
+  if (!choice.ok()) return Fail("ChoosePlan", choice.status());
+  o.placement = choice->placement;  // the options the plan was made for
+  auto created = Engine::Create(&model, device->get(), o, std::move(choice->plan));
   if (!created.ok()) return Fail("Engine::Create", created.status());
   Engine& engine = **created;
   std::printf("Strata %s, %s\n%s", std::string(strata::engine::VersionString()).c_str(),

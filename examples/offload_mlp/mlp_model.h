@@ -28,7 +28,7 @@
 
 #include "base/dtype.h"
 #include "base/status.h"
-#include "engine/model.h"
+#include "engine/plan/model.h"
 #include "gpu/device.h"
 
 namespace offload_mlp {

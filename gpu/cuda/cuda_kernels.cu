@@ -1,11 +1,12 @@
 // Kernels of the CUDA backend; see cuda_kernels.cuh for the contracts. The scalar
-// conversions are in cuda_dtype.cuh (host and device).
+// conversions are base/dtype.h's (host and device code), the NaN-keeping scale cuda_dtype.cuh's.
 // No fmt here: fmt 9's headers do not compile under nvcc, so messages are built with
 // std::to_string.
 #include <algorithm>
 #include <cstdint>
 #include <string>
 
+#include "base/dtype.h"
 #include "gpu/cuda/cuda_dtype.cuh"
 #include "gpu/cuda/cuda_kernels.cuh"
 #include "gpu/cuda/cuda_status.h"
@@ -28,9 +29,9 @@ __device__ __forceinline__ float Load(const void* p, DType t, int64_t i) {
     case DType::kF32:
       return static_cast<const float*>(p)[i];
     case DType::kF16:
-      return HalfToFloatDev(static_cast<const uint16_t*>(p)[i]);
+      return HalfToFloat(static_cast<const uint16_t*>(p)[i]);
     case DType::kBF16:
-      return Bf16ToFloatDev(static_cast<const uint16_t*>(p)[i]);
+      return Bf16ToFloat(static_cast<const uint16_t*>(p)[i]);
   }
   return 0.0f;
 }
@@ -41,10 +42,10 @@ __device__ __forceinline__ void Store(void* p, DType t, int64_t i, float x) {
       static_cast<float*>(p)[i] = x;
       break;
     case DType::kF16:
-      static_cast<uint16_t*>(p)[i] = FloatToHalfDev(x);
+      static_cast<uint16_t*>(p)[i] = FloatToHalf(x);
       break;
     case DType::kBF16:
-      static_cast<uint16_t*>(p)[i] = FloatToBf16Dev(x);
+      static_cast<uint16_t*>(p)[i] = FloatToBf16(x);
       break;
   }
 }

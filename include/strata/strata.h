@@ -534,7 +534,7 @@ STRATA_API strata_status strata_convert_to_f32(const void* src, strata_dtype src
  * Ren et al., "ZeRO-Offload: Democratizing Billion-Scale Model Training", USENIX
  * ATC 2021; optimizer state on NVMe as in Rajbhandari et al., "ZeRO-Infinity",
  * SC 2021. The C face of strata::engine::OffloadOptimizer
- * (engine/offload_optimizer.h, which has the full contract).
+ * (offload/offload_optimizer.h, which has the full contract).
  *
  * The caller owns its model and working parameters; Strata owns the fp32 master
  * weights and the optimizer state, in host memory or on NVMe (the swap store:
@@ -596,6 +596,17 @@ typedef struct strata_offload_options {
 
 /* Fills *options with the defaults and sets struct_size. */
 STRATA_API void strata_offload_options_init(strata_offload_options* options);
+
+/* The `auto` home of an offload optimizer's master weights and optimizer state, by the
+ * engine's one planning author (engine/plan/plan_choice.h, ChooseOffloadHome): *device =
+ * STRATA_OFFLOAD_CPU while state_bytes is at most 80 % of the host memory available now
+ * (MemAvailable of /proc/meminfo; when it cannot be read, CPU), else STRATA_OFFLOAD_NVME when
+ * nvme_paths_given is non-zero. state_bytes: the fp32 master weights and the optimizer state of
+ * every parameter (4 bytes per element plus the state layout's, strata_optimizer_state_layout).
+ * Errors: INVALID_ARGUMENT for a NULL device; RESOURCE_EXHAUSTED when the state does not fit
+ * and no NVMe path is given (the message says both sizes). Thread-safe. */
+STRATA_API strata_status strata_offload_choose_device(uint64_t state_bytes, int nvme_paths_given,
+                                                      strata_offload_device* device);
 
 /* Creates an offload optimizer; *out is owned by the caller (strata_offload_destroy).
  * Errors: INVALID_ARGUMENT for bad options (NVME without paths, buffer_count < 2,

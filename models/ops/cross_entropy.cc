@@ -4,7 +4,7 @@
 #include <string>
 #include <type_traits>
 
-#include "engine/model.h"
+#include "engine/plan/model.h"
 #include "models/ops/parallel.h"
 #include "models/ops/product.h"
 

@@ -279,6 +279,7 @@ def _declare(lib):
         "strata_convert_to_f32": (c_int, [c_void_p, c_int, c_void_p, c_int64]),
         # Offload optimizer (strata_offload*: an opaque handle, passed as c_void_p).
         "strata_offload_options_init": (None, [ctypes.POINTER(OffloadOptions)]),
+        "strata_offload_choose_device": (c_int, [ctypes.c_uint64, c_int, ctypes.POINTER(c_int)]),
         "strata_offload_create": (
             c_int, [ctypes.POINTER(OffloadOptions), ctypes.POINTER(c_void_p)]),
         "strata_offload_destroy": (None, [c_void_p]),

@@ -134,8 +134,12 @@ class OffloadOptimizer(torch.optim.Optimizer):
     parameter directly); state_dict(), save() and the like synchronize themselves.
 
     Options (keyword-only, besides the optimizer's own):
-      offload         "cpu" (state in host memory) or "nvme" (the swap store)
-      nvme_path       offload="nvme": a directory, or a list of them (one per
+      offload         "cpu" (state in host memory), "nvme" (the swap store) or
+                      "auto" (chosen by the engine's planning rule,
+                      strata_offload_choose_device: host memory while the master
+                      weights and state take at most 80 % of the memory available,
+                      else the swap store under nvme_path)
+      nvme_path       offload="nvme" (or "auto"): a directory, or a list of them (one per
                       drive; extents are striped over them); a private 0700
                       directory is made in each and removed when the optimizer is
                       closed
@@ -180,9 +184,10 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 raise ValueError(f"{name}: params is a module and module= another one")
             module = params
             params = [p for p in params.parameters()]
-        if offload not in ("cpu", "nvme"):
-            raise ValueError(f"{name}: offload must be \"cpu\" or \"nvme\", got {offload!r}")
-        if offload == "nvme":
+        if offload not in ("cpu", "nvme", "auto"):
+            raise ValueError(f"{name}: offload must be \"cpu\", \"nvme\" or \"auto\", got "
+                             f"{offload!r}")
+        if offload == "nvme" or (offload == "auto" and nvme_path):
             if not nvme_path:
                 raise ValueError(f"{name}: offload=\"nvme\" needs nvme_path (a directory on "
                                  "the drive, or a list of them)")
@@ -214,6 +219,14 @@ class OffloadOptimizer(torch.optim.Optimizer):
         super().__init__(params, defaults)
 
         library = _lib.lib()
+        if offload == "auto":
+            # The engine's planning rule chooses (strata_offload_choose_device): host memory
+            # while the state fits, else the NVMe swap store under nvme_path.
+            offload = self._auto_offload(bool(paths))
+            self._offload = offload
+            if offload == "cpu":
+                paths = []
+                self._nvme_paths = paths
         options = _lib.OffloadOptions()
         library.strata_offload_options_init(ctypes.byref(options))
         options.device = _lib.OFFLOAD_NVME if offload == "nvme" else _lib.OFFLOAD_CPU
@@ -595,6 +608,42 @@ class OffloadOptimizer(torch.optim.Optimizer):
         if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
             raise ValueError(f"max_grad_norm must be finite and >= 0 (0 = no clipping), got "
                              f"{value!r}")
+
+    def _state_bytes(self):
+        """The master weights and optimizer state of every trained parameter, in bytes: 4 per
+        element plus the state layout of each group's config (strata_optimizer_state_layout)."""
+        library = _lib.lib()
+        total = 0
+        for group in self.param_groups:
+            options = _lib.OptimizerOptions()
+            library.strata_optimizer_options_init(ctypes.byref(options))
+            config = self._config(group)
+            handle = ctypes.c_void_p()
+            _lib.check(library.strata_optimizer_create(self._kind, ctypes.byref(config),
+                                                       ctypes.byref(options),
+                                                       ctypes.byref(handle)))
+            try:
+                for p in group["params"]:
+                    if not p.requires_grad or p.numel() == 0:
+                        continue
+                    shape = (ctypes.c_int64 * max(p.dim(), 1))(*p.shape)
+                    sections = (_lib.StateSection * _lib.MAX_STATE_SECTIONS)()
+                    count = ctypes.c_int()
+                    _lib.check(library.strata_optimizer_state_layout(
+                        handle, shape, p.dim(), sections, _lib.MAX_STATE_SECTIONS,
+                        ctypes.byref(count)))
+                    total += 4 * p.numel() + sum(sec.size_bytes for sec in sections[:count.value])
+            finally:
+                library.strata_optimizer_destroy(handle)
+        return total
+
+    def _auto_offload(self, nvme_paths_given):
+        """offload="auto": "cpu" or "nvme", as strata_offload_choose_device (the engine's plan
+        target) says for this model's state."""
+        device = ctypes.c_int()
+        _lib.check(_lib.lib().strata_offload_choose_device(
+            self._state_bytes(), 1 if nvme_paths_given else 0, ctypes.byref(device)))
+        return "nvme" if device.value == _lib.OFFLOAD_NVME else "cpu"
 
     def _config(self, group):
         _optim._reject_unsupported(self._name(), group)

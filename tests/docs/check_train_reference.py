@@ -8,7 +8,8 @@ exists):
   1. the flag table (the table whose header is `| flag | default | meaning |`): the `--flags` in
      its first column against those `strata train --help` lists (the first token of each option
      line, split at ','; option groups and their headings do not matter);
-  2. the summary: every key of the object `--summary-json` writes (and of its time_breakdown),
+  2. the summary: every key of the object `--summary-json` writes (and of its time_breakdown and
+     planning),
      from a two-step run of the tiny model, must be a code span of the paragraph that begins
      "`--summary-json` holds"; the documented keys must be written;
   3. the metric tags (train/..., bytes/..., time/..., val/...) the same run writes with
@@ -116,7 +117,8 @@ def main(argv):
         problems.append(f"{args.doc}: no paragraph beginning \"`--summary-json` holds\"")
     else:
         spans = set(_SPAN.findall(text))
-        keys = set(summary) | set(summary.get("time_breakdown", {}))
+        keys = (set(summary) | set(summary.get("time_breakdown", {}))
+                | set(summary.get("planning", {})))
         for key in sorted(keys - spans):
             problems.append(f"{args.doc}: summary JSON: `{key}` is written but not listed")
         # Documented names that look like keys (lower-case words with '_') must be written.

@@ -347,7 +347,7 @@ TEST_F(CorruptionTest, TensorRenamedWithDotDotIsAMissingTensor) {
 
 TEST_F(CorruptionTest, OtherPrecisionIsRejectedBeforeUse) {
   EditManifest([](nlohmann::json& j) { j["precision"] = "fp16"; });
-  ExpectRejected(StatusCode::kInvalidArgument, "--precision fp16");
+  ExpectRejected(StatusCode::kInvalidArgument, "`precision fp16`");  // the option
 }
 
 TEST_F(CorruptionTest, ManifestThatIsNotJsonIsDataLoss) {

@@ -12,7 +12,7 @@
 #include <thread>
 
 #include "engine/engine.h"
-#include "engine/planner.h"
+#include "engine/plan/planner.h"
 #include "gpu/device.h"
 #include "models/gpt.h"
 #include "tests/engine/engine_test_util.h"

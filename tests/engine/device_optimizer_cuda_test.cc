@@ -197,7 +197,7 @@ TEST_F(DeviceOptimizerCudaTest, RefusalsEnqueueNothing) {
   cpu_optim::AnyOptimizer q{cpu_optim::OptimizerKind::kAdamW8bit, cpu_optim::AdamWConfig{}};
   b.state.clear();
   EXPECT_EQ(EnqueueDeviceUpdate(*stream_, q, {}, b).message(),
-            "adamw8bit runs on the CPU only: use --offload-optimizer host or nvme");
+            "adamw8bit runs on the CPU only: use `optimizer_home host` or `optimizer_home nvme`");
   EXPECT_TRUE(stream_->Synchronize().ok());
 }
 

@@ -21,7 +21,7 @@
 
 #include "base/trace.h"
 #include "engine/engine.h"
-#include "engine/optimizer_state.h"
+#include "engine/plan/optimizer_state.h"
 #include "gpu/device.h"
 #include "models/gpt.h"
 #include "tests/engine/engine_test_util.h"

@@ -1,6 +1,6 @@
-// The engine with every CPU optimizer (engine/optimizer_state.h): each trains, gives the same bits
-// in every placement (state in host memory or on NVMe, params resident or streamed, overlapped or
-// sequential), resumes exactly from a checkpoint, and a checkpoint of one optimizer refuses to
+// The engine with every CPU optimizer (engine/plan/optimizer_state.h): each trains, gives the same
+// bits in every placement (state in host memory or on NVMe, params resident or streamed, overlapped
+// or sequential), resumes exactly from a checkpoint, and a checkpoint of one optimizer refuses to
 // load into a run of another. The 16-bit host gradients of a one-micro-batch step give the bits
 // of fp32 accumulators.
 #include <fmt/format.h>
@@ -12,7 +12,7 @@
 #include <string>
 
 #include "engine/engine.h"
-#include "engine/optimizer_state.h"
+#include "engine/plan/optimizer_state.h"
 #include "gpu/device.h"
 #include "models/gpt.h"
 #include "models/llama.h"
@@ -147,7 +147,8 @@ TEST_F(EngineOptimizersTest, ACheckpointOfOneOptimizerRefusesToLoadIntoAnother) 
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("holds lion optimizer state, this run uses adamw"), std::string::npos)
       << s.ToString();
-  EXPECT_NE(s.message().find("--optimizer lion"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("`optimizer lion`"), std::string::npos)
+      << s.ToString();                                           // the option, not the flag
   EXPECT_EQ((*e)->MasterWeightsXxh3().value(), before.value());  // nothing changed
 
   // The same kind with another state layout (SGD with and without momentum) is refused too.

@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "engine/engine.h"
-#include "engine/model.h"
-#include "engine/planner.h"
+#include "engine/plan/model.h"
+#include "engine/plan/planner.h"
 #include "gpu/device.h"
 
 namespace strata::engine::testing {

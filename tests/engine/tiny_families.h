@@ -6,7 +6,7 @@
 #include <memory>
 #include <vector>
 
-#include "engine/model.h"
+#include "engine/plan/model.h"
 #include "models/gpt.h"
 #include "models/llama.h"
 

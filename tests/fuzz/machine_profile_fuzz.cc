@@ -1,4 +1,4 @@
-// Fuzzes the machine profile parser (engine/machine_profile.h): any bytes give a profile whose
+// Fuzzes the machine profile parser (engine/plan/machine_profile.h): any bytes give a profile whose
 // values are in their plausible ranges or a one-line error naming the file, never a crash or a
 // sanitizer report; an accepted profile writes JSON that parses back.
 #include <cstddef>
@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "engine/machine_profile.h"
+#include "engine/plan/machine_profile.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);

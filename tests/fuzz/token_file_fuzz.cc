@@ -13,27 +13,12 @@
 #include <vector>
 
 #include "data/token_dataset.h"
+#include "tests/fuzz/scratch_file.h"
 
 namespace {
 
-// This process's own directory, removed at exit.
-std::filesystem::path& ScratchDir() {
-  static std::filesystem::path dir;
-  return dir;
-}
-
 const std::string& ScratchFile() {
-  static const std::string path = [] {
-    ScratchDir() = std::filesystem::temp_directory_path() /
-                   ("strata_token_file_fuzz_" + std::to_string(::getpid()));
-    std::filesystem::create_directories(ScratchDir());
-    std::atexit([] {
-      std::error_code ec;
-      std::filesystem::remove_all(ScratchDir(), ec);
-    });
-    return (ScratchDir() / "tokens.bin").string();
-  }();
-  return path;
+  return strata::fuzz::ScratchFile("token_file_fuzz", "tokens.bin");
 }
 
 constexpr int kVocab = 300;

@@ -14,27 +14,12 @@
 
 #include "data/hf_tokenizer.h"
 #include "data/hf_tokenizer_json.h"
+#include "tests/fuzz/scratch_file.h"
 
 namespace {
 
-// This process's own directory, removed at exit.
-std::filesystem::path& ScratchDir() {
-  static std::filesystem::path dir;
-  return dir;
-}
-
 const std::string& ScratchFile() {
-  static const std::string path = [] {
-    ScratchDir() = std::filesystem::temp_directory_path() /
-                   ("strata_tokenizer_json_fuzz_" + std::to_string(::getpid()));
-    std::filesystem::create_directories(ScratchDir());
-    std::atexit([] {
-      std::error_code ec;
-      std::filesystem::remove_all(ScratchDir(), ec);
-    });
-    return (ScratchDir() / "tokenizer.json").string();
-  }();
-  return path;
+  return strata::fuzz::ScratchFile("tokenizer_json_fuzz", "tokenizer.json");
 }
 
 }  // namespace

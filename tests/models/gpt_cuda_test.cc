@@ -35,7 +35,7 @@
 #include <vector>
 
 #include "base/dtype.h"
-#include "engine/model.h"
+#include "engine/plan/model.h"
 #include "gpu/cuda/cuda_lt_matmul.h"
 #include "gpu/cuda/cuda_native.h"
 #include "models/cuda/gpt_cuda_layout.h"

@@ -26,7 +26,7 @@
 
 #include "base/dtype.h"
 #include "base/status.h"
-#include "engine/model.h"
+#include "engine/plan/model.h"
 #include "gpu/device.h"
 #include "models/gpt.h"
 #include "models/gpt_kernels.h"

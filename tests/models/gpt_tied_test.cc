@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "base/dtype.h"
-#include "engine/model.h"
+#include "engine/plan/model.h"
 #include "gpu/device.h"
 #include "models/gpt.h"
 #include "models/gpt_kernels.h"

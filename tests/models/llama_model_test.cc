@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "base/dtype.h"
-#include "engine/model.h"
+#include "engine/plan/model.h"
 #include "gpu/device.h"
 #include "models/llama.h"
 #include "models/llama_kernels.h"

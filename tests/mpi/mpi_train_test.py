@@ -482,7 +482,11 @@ def case_mismatch(runner):
 
 def case_rank_error(runner):
     d = runner.fresh_dir("rank-error")
-    os.makedirs(os.path.join(d, "nvme0"))  # nvme1 does not exist: rank 1 fails, rank 0 does not
+    os.makedirs(os.path.join(d, "nvme0"))
+    # nvme1 is a file where rank 1's directory should be: strata train makes a missing --nvme-path
+    # (tools/run_destinations.h) but cannot make one over a file, so rank 1 fails and rank 0 not.
+    with open(os.path.join(d, "nvme1"), "w") as f:
+        f.write("not a directory\n")
     t0 = time.monotonic()
     p = runner.run(runner.launch(kRanks, runner.train_args(nvme=os.path.join(d, "nvme{rank}"))),
                    timeout=100, expect_ok=False)

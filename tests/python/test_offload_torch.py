@@ -10,6 +10,7 @@ bit equality with torch is not expected; bit equality IS expected between two
 strata runs (a skipped step, a resumed run).
 """
 
+import ctypes
 import json
 import math
 import os
@@ -21,6 +22,7 @@ import unittest
 import torch
 
 import strata
+import strata._lib
 import strata.torch as st
 
 REL_TOL = 1e-5
@@ -230,6 +232,45 @@ class EquivalenceTest(OffloadTestCase):
         train(model, opt, 6)
         train(ref, ref_opt, 6)
         self.assert_params_close(model, ref, "Lion")
+
+
+class AutoOffloadTest(OffloadTestCase):
+    """offload="auto" (issue 41): the home comes from the engine's planning rule
+    (strata_offload_choose_device, engine/plan/plan_choice.h ChooseOffloadHome)."""
+
+    def test_a_small_model_auto_is_host_memory_and_trains_as_cpu_bit_for_bit(self):
+        model, twin = make_model(), make_model()
+        opt = st.OffloadAdamW(model, lr=3e-3, offload="auto", bucket_size=5000)
+        twin_opt = st.OffloadAdamW(twin, lr=3e-3, offload="cpu", bucket_size=5000)
+        self.assertEqual(opt._offload, "cpu")
+        train(model, opt, 5)
+        train(twin, twin_opt, 5)
+        self.assert_params_equal(model, twin, "auto vs cpu")
+        # The state the rule weighs: fp32 masters and AdamW's m and v, 12 bytes a parameter.
+        n = sum(p.numel() for p in model.parameters())
+        self.assertEqual(opt._state_bytes(), 12 * n)
+        # With a drive given, a small state still stays in host memory.
+        model2 = make_model()
+        opt2 = st.OffloadAdamW(model2, lr=3e-3, offload="auto", nvme_path=self.tmp.name)
+        self.assertEqual(opt2._offload, "cpu")
+        self.assertEqual(opt2._nvme_paths, [])
+
+    def test_the_rule_takes_the_drive_for_a_state_beyond_host_memory(self):
+        library = strata._lib.lib()
+        device = ctypes.c_int(-1)
+        huge = 1 << 62  # more than any host's memory
+        self.assertEqual(library.strata_offload_choose_device(huge, 1, ctypes.byref(device)), 0)
+        self.assertEqual(device.value, strata._lib.OFFLOAD_NVME)
+        status = library.strata_offload_choose_device(huge, 0, ctypes.byref(device))
+        self.assertNotEqual(status, 0)
+        with self.assertRaisesRegex(Exception, "does not fit"):
+            strata._lib.check(status)
+        self.assertEqual(library.strata_offload_choose_device(1 << 20, 0, ctypes.byref(device)), 0)
+        self.assertEqual(device.value, strata._lib.OFFLOAD_CPU)
+
+    def test_an_unknown_offload_value_names_the_three(self):
+        with self.assertRaisesRegex(ValueError, '"cpu", "nvme" or "auto"'):
+            st.OffloadAdamW(make_model(), offload="disk")
 
 
 class StateTest(OffloadTestCase):

@@ -13,8 +13,9 @@
 #include "base/units.h"
 #include "data/token_dataset.h"
 #include "engine/engine.h"
-#include "engine/machine_profile.h"
-#include "engine/planner.h"
+#include "engine/plan/machine_profile.h"
+#include "engine/plan/plan_choice.h"
+#include "engine/plan/planner.h"
 #include "io/io_backend.h"
 #include "tools/device_select.h"
 #include "tools/model_spec.h"
@@ -43,8 +44,8 @@ TEST(TrainSetup, DefaultFlagsBecomeTheEngineOptions) {
   EXPECT_EQ(o->engine.io.block_size_bytes, size_t{1} << 20);
   EXPECT_EQ(o->engine.io.queue_depth, 32);
   EXPECT_EQ(o->engine.io.posix_threads, 4);
-  EXPECT_TRUE(o->auto_device_budget);
-  EXPECT_EQ(o->engine.placement.device_budget_bytes, 0u);  // until ResolveDeviceBudget
+  EXPECT_TRUE(o->automatic.device_budget);
+  EXPECT_EQ(o->engine.placement.device_budget_bytes, 0u);  // until the plan is chosen
   EXPECT_EQ(o->engine.comm, nullptr);
   EXPECT_EQ(o->engine.trace, nullptr);
 }
@@ -97,7 +98,7 @@ TEST(TrainSetup, FlagsReachTheirOptionStruct) {
   auto o = TrainOptionsFromFlags(f, {});
   ASSERT_TRUE(o.ok()) << o.status().ToString();
   EXPECT_EQ(o->engine.precision, DType::kF16);
-  EXPECT_FALSE(o->auto_device_budget);
+  EXPECT_FALSE(o->automatic.device_budget);
   EXPECT_EQ(o->engine.placement.device_budget_bytes, 64 * kMiB);
   EXPECT_EQ(o->engine.placement.streaming_slots, 3);
   EXPECT_EQ(o->engine.placement.param_home, engine::ParamHome::kHost);
@@ -188,23 +189,21 @@ TEST(TrainSetup, TheUpdateDuringBackwardIsAutoWithOneRankAndRefusedWithRanks) {
   TrainFlags f;
   auto one = TrainOptionsFromFlags(f, {});
   ASSERT_TRUE(one.ok()) << one.status().ToString();
-  // auto, one rank, overlap: off until a machine profile predicts it pays.
+  // auto: off until the plan choice decides (by predicted time, with one rank and overlap:
+  // engine/plan/plan_choice.h, tested in tests/engine/plan/plan_choice_test.cc).
   EXPECT_FALSE(one->engine.update_during_backward);
-  EXPECT_TRUE(one->auto_update_during_backward);
-  f.no_overlap = true;
-  EXPECT_FALSE(TrainOptionsFromFlags(f, {})->auto_update_during_backward);
-  f.no_overlap = false;
+  EXPECT_TRUE(one->automatic.update_during_backward);
   f.update_during_backward = "on";
   EXPECT_TRUE(TrainOptionsFromFlags(f, {})->engine.update_during_backward);
+  EXPECT_FALSE(TrainOptionsFromFlags(f, {})->automatic.update_during_backward);
   f.update_during_backward = "off";
   EXPECT_FALSE(TrainOptionsFromFlags(f, {})->engine.update_during_backward);
-  EXPECT_FALSE(TrainOptionsFromFlags(f, {})->auto_update_during_backward);
+  EXPECT_FALSE(TrainOptionsFromFlags(f, {})->automatic.update_during_backward);
   const RankInfo two{.ranks = 2, .rank = 0, .data_parallel = true};
   f.update_during_backward = "auto";
   auto ranks = TrainOptionsFromFlags(f, two);
   ASSERT_TRUE(ranks.ok()) << ranks.status().ToString();
   EXPECT_FALSE(ranks->engine.update_during_backward);
-  EXPECT_FALSE(ranks->auto_update_during_backward);
   f.update_during_backward = "on";
   auto bad = TrainOptionsFromFlags(f, two);
   ASSERT_FALSE(bad.ok());
@@ -223,15 +222,12 @@ TEST(TrainSetup, TheScheduleFlagParsesAndABadValueIsOneLineNamingIt) {
   TrainFlags f;  // --schedule auto, 8 micro-batches
   auto o = TrainOptionsFromFlags(f, {});
   ASSERT_TRUE(o.ok()) << o.status().ToString();
-  EXPECT_TRUE(o->auto_schedule);
-  EXPECT_EQ(o->engine.placement.schedule, engine::Schedule::kMicroBatchMajor);  // until resolved
-  f.grad_accum_steps = 1;  // the two schedules are the same: nothing to decide
-  EXPECT_FALSE(TrainOptionsFromFlags(f, {})->auto_schedule);
-  f.grad_accum_steps = 8;
+  EXPECT_TRUE(o->automatic.schedule);
+  EXPECT_EQ(o->engine.placement.schedule, engine::Schedule::kMicroBatchMajor);  // until chosen
   f.schedule = "layer-major";
   o = TrainOptionsFromFlags(f, {});
   ASSERT_TRUE(o.ok());
-  EXPECT_FALSE(o->auto_schedule);
+  EXPECT_FALSE(o->automatic.schedule);
   EXPECT_EQ(o->engine.placement.schedule, engine::Schedule::kLayerMajor);
   f.schedule = "micro-batch-major";
   EXPECT_EQ(TrainOptionsFromFlags(f, {})->engine.placement.schedule,
@@ -248,10 +244,11 @@ struct ScheduleRun {
   TrainOptions options;
   ModelSpec spec;
   std::unique_ptr<engine::Model> model;
-  std::string line;  // ResolveSchedule's
+  engine::PlanChoice choice;
+  std::string line;  // the choice's schedule reason
 };
 
-ScheduleRun ResolveScheduleFor(const TrainFlags& f, const engine::MachineProfile* machine) {
+ScheduleRun ChooseScheduleFor(const TrainFlags& f, const engine::MachineProfile* machine) {
   ScheduleRun run;
   auto o = TrainOptionsFromFlags(f, {});
   EXPECT_TRUE(o.ok()) << o.status().ToString();
@@ -262,9 +259,10 @@ ScheduleRun ResolveScheduleFor(const TrainFlags& f, const engine::MachineProfile
   auto model = BuildModel(run.spec, /*load_weights=*/false);
   EXPECT_TRUE(model.ok());
   run.model = std::move(*model);
-  auto line = ResolveSchedule(*run.model, run.spec, machine, &run.options);
-  EXPECT_TRUE(line.ok()) << line.status().ToString();
-  run.line = line.ok() ? *line : "";
+  auto choice = ChooseTrainPlan(*run.model, run.spec, machine, &run.options, /*compare=*/true);
+  EXPECT_TRUE(choice.ok()) << choice.status().ToString();
+  if (choice.ok()) run.choice = std::move(*choice);
+  run.line = run.choice.schedule_reason;
   return run;
 }
 
@@ -275,19 +273,18 @@ TEST(TrainSetup, AutoScheduleIsLayerMajorWhenItsPlanFitsAndElseMicroBatchMajor) 
   f.grad_accum_steps = 4;
   // A budget that holds four micro-batches: layer-major.
   f.device_budget = "64MiB";
-  ScheduleRun run = ResolveScheduleFor(f, nullptr);
+  ScheduleRun run = ChooseScheduleFor(f, nullptr);
   EXPECT_EQ(run.options.engine.placement.schedule, engine::Schedule::kLayerMajor);
   EXPECT_NE(run.line.find("schedule: layer-major (auto: its plan of 4 micro-batches fits"),
             std::string::npos)
       << run.line;
-  auto plan = MakeTrainPlan(*run.model, run.options.engine);
-  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
-  EXPECT_EQ(plan->held_micro_batches, 4);
+  EXPECT_EQ(run.choice.plan.held_micro_batches, 4);
+  EXPECT_EQ(run.choice.plan.schedule, engine::Schedule::kLayerMajor);
 
   // --device-budget auto is the micro-batch-major plan's (the tiny model's: its streaming
   // minimum, one micro-batch's activations), which four micro-batches do not fit.
   f.device_budget = "auto";
-  run = ResolveScheduleFor(f, nullptr);
+  run = ChooseScheduleFor(f, nullptr);
   EXPECT_EQ(run.options.engine.placement.schedule, engine::Schedule::kMicroBatchMajor);
   EXPECT_NE(run.line.find("schedule: micro-batch-major (auto: the layer-major plan"),
             std::string::npos)
@@ -299,17 +296,17 @@ TEST(TrainSetup, AutoScheduleIsLayerMajorWhenItsPlanFitsAndElseMicroBatchMajor) 
   // and not four micro-batches'.
   f.device_budget = std::to_string(
       engine::StreamingMinimumBytes(*run.model, DType::kBF16, {1, 16}, 2, false, 1, false, 1));
-  run = ResolveScheduleFor(f, nullptr);
+  run = ChooseScheduleFor(f, nullptr);
   EXPECT_EQ(run.options.engine.placement.schedule, engine::Schedule::kMicroBatchMajor);
   EXPECT_NE(run.line.find("does not fit"), std::string::npos) << run.line;
 
   // Given, or one micro-batch: nothing to say.
   f.device_budget = "auto";
   f.schedule = "micro-batch-major";
-  EXPECT_EQ(ResolveScheduleFor(f, nullptr).line, "");
+  EXPECT_EQ(ChooseScheduleFor(f, nullptr).line, "");
   f.schedule = "auto";
   f.grad_accum_steps = 1;
-  run = ResolveScheduleFor(f, nullptr);
+  run = ChooseScheduleFor(f, nullptr);
   EXPECT_EQ(run.line, "");
   EXPECT_EQ(run.options.engine.placement.schedule, engine::Schedule::kMicroBatchMajor);
 }
@@ -326,24 +323,21 @@ TEST(TrainSetup, AutoScheduleWithAMachineTakesLayerMajorWhenItsStepIsNotLonger) 
   f.seq_len = 2048;
   f.grad_accum_steps = 16;
   f.device_budget = "24GiB";
-  ScheduleRun run = ResolveScheduleFor(f, &*h200);
+  ScheduleRun run = ChooseScheduleFor(f, &*h200);
   EXPECT_EQ(run.options.engine.placement.schedule, engine::Schedule::kLayerMajor) << run.line;
   EXPECT_NE(run.line.find("schedule: layer-major (auto: predicted step"), std::string::npos)
       << run.line;
   EXPECT_NE(run.line.find("s micro-batch-major)"), std::string::npos) << run.line;
-  // The steps it compared are those of the plans each schedule would run.
-  for (const engine::Schedule s :
-       {engine::Schedule::kMicroBatchMajor, engine::Schedule::kLayerMajor}) {
-    auto flag_options = TrainOptionsFromFlags(f, {});
-    ASSERT_TRUE(flag_options.ok());
-    auto plan = MakeSchedulePlan(*run.model, run.spec, &*h200, *flag_options, s);
-    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
-    auto pr = PredictAsResolved(*plan, run.spec, *flag_options, *h200);
-    ASSERT_TRUE(pr.ok()) << pr.status().ToString();
-    EXPECT_NE(run.line.find(fmt::format("{:.3g} s {}", pr->step_s, engine::ScheduleName(s))),
+  // The steps it compared are those of the plans each schedule would run (the choice's
+  // comparison, which estimate prints).
+  ASSERT_EQ(run.choice.schedules.size(), 2u);
+  for (const engine::PlanAlternative& s : run.choice.schedules) {
+    ASSERT_TRUE(s.prediction) << s.why_not;
+    EXPECT_NE(run.line.find(fmt::format("{:.3g} s {}", s.prediction->step_s, s.name)),
               std::string::npos)
         << run.line;
   }
+  EXPECT_EQ(run.choice.plan.schedule, engine::Schedule::kLayerMajor);
 }
 
 TEST(TrainSetup, FlagsForTheOtherKindOfDeviceAreRefusedBeforeAnyDeviceIsLookedFor) {
@@ -366,8 +360,9 @@ TEST(TrainSetup, FlagsForTheOtherKindOfDeviceAreRefusedBeforeAnyDeviceIsLookedFo
             std::string::npos);
 }
 
-// The plan printed before the engine is created is the plan the engine makes.
-TEST(TrainSetup, PrintedPlanIsTheEnginesPlan) {
+// The plan printed before the engine is created is the plan the engine runs: Engine::Create
+// takes the chosen plan and plans nothing; a plan made for other options is refused.
+TEST(TrainSetup, TheEngineRunsTheChosenPlanAndPlansNothing) {
   const std::filesystem::path dir =
       std::filesystem::temp_directory_path() / ("strata_train_setup_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
@@ -378,6 +373,7 @@ TEST(TrainSetup, PrintedPlanIsTheEnginesPlan) {
     f.grad_accum_steps = 2;
     f.offload_params = offload;
     f.offload_optimizer = offload;
+    f.schedule = "micro-batch-major";
     f.nvme_paths = {dir.string()};
     f.io_backend = "posix";
     auto o = TrainOptionsFromFlags(f, {});
@@ -386,24 +382,28 @@ TEST(TrainSetup, PrintedPlanIsTheEnginesPlan) {
     ASSERT_TRUE(spec.ok());
     auto model = BuildModel(*spec, /*load_weights=*/true);
     ASSERT_TRUE(model.ok());
-    ResolveDeviceBudget(**model, &*o);
+    auto choice = ChooseTrainPlan(**model, *spec, nullptr, &*o);
+    ASSERT_TRUE(choice.ok()) << choice.status().ToString();
     EXPECT_EQ(o->engine.placement.device_budget_bytes,
-              engine::AutoDeviceBudgetBytes(**model, DType::kBF16, {1, 16}, o->engine.placement));
-    auto plan = MakeTrainPlan(**model, o->engine);
-    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+              engine::AutoDeviceBudgetBytes(**model, DType::kBF16, {1, 16}, o->engine.placement,
+                                            {o->engine.optimizer, 2}));
+    const std::string printed = choice->plan.Describe();
     auto device = CreateDeviceFromFlag("host", {});
     ASSERT_TRUE(device.ok());
-    auto e = engine::Engine::Create(model->get(), device->get(), o->engine);
+    const engine::PlanningCounts before = engine::PlanningCountsSoFar();
+    auto e = engine::Engine::Create(model->get(), device->get(), o->engine, choice->plan);
     ASSERT_TRUE(e.ok()) << e.status().ToString();
-    EXPECT_EQ(plan->Describe(), (*e)->plan().Describe()) << offload;
-    EXPECT_TRUE(CheckSamePlan(*plan, (*e)->plan()).ok());
-    // Another budget makes another plan, and the check says so.
-    o->engine.placement.device_budget_bytes =
-        engine::AllResidentBytes(**model, DType::kBF16, {1, 16});
-    auto other = MakeTrainPlan(**model, o->engine);
-    ASSERT_TRUE(other.ok());
-    ASSERT_NE(other->Describe(), plan->Describe());
-    EXPECT_EQ(CheckSamePlan(*other, (*e)->plan()).code(), StatusCode::kInternal);
+    EXPECT_EQ(engine::PlanningCountsSoFar().plans_built, before.plans_built) << "re-planned";
+    EXPECT_EQ((*e)->plan().Describe(), printed) << offload;
+    e->reset();
+    // Options other than the plan's: refused, naming what differs.
+    engine::EngineOptions other = o->engine;
+    other.placement.device_budget_bytes = engine::AllResidentBytes(**model, DType::kBF16, {1, 16});
+    auto refused = engine::Engine::Create(model->get(), device->get(), other, choice->plan);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(refused.status().message().find("the plan was made for"), std::string::npos)
+        << refused.status().message();
   }
   std::filesystem::remove_all(dir);
 }

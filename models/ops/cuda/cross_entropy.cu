@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "base/dtype.h"
-#include "engine/model.h"
+#include "engine/plan/model.h"
 #include "gpu/cuda/cuda_kernels.cuh"
 #include "gpu/cuda/cuda_lt_matmul.h"
 #include "gpu/cuda/cuda_status.h"

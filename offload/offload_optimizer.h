@@ -80,6 +80,9 @@
 #include "cpu_optim/any_optimizer.h"
 #include "io/io_backend.h"
 
+// The class lives in offload/ (strata::offload, above the engine whose state regions and
+// optimizer pipeline it uses) but keeps the namespace it has always had: users of the installed
+// C++ package name it strata::engine::OffloadOptimizer.
 namespace strata::engine {
 
 struct OffloadOptimizerOptions {

@@ -1,4 +1,4 @@
-#include "engine/placement_search.h"
+#include "engine/plan/placement_search.h"
 
 #include <fmt/format.h>
 

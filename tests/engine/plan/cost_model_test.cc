@@ -1,8 +1,8 @@
-// The cost model (engine/cost_model.h) against the measured H200 table of issue 28
+// The cost model (engine/plan/cost_model.h) against the measured H200 table of issue 28
 // (2026-11-26, one H200 141 GB, 16 cores, PCIe Gen5, bench/gpu/bench_train_step.cc), with the
 // committed profile bench/machines/h200.json; and the machine profile's JSON round trip and its
 // errors.
-#include "engine/cost_model.h"
+#include "engine/plan/cost_model.h"
 
 #include <gtest/gtest.h>
 
@@ -12,10 +12,10 @@
 #include <string>
 
 #include "base/units.h"
-#include "engine/machine_profile.h"
-#include "engine/planner.h"
+#include "engine/plan/machine_profile.h"
+#include "engine/plan/planner.h"
 #include "models/gpt.h"
-#include "tests/engine/h200_profile.h"
+#include "tests/engine/plan/h200_profile.h"
 
 namespace strata::engine {
 namespace {
@@ -218,7 +218,7 @@ TEST(CostModel, TheUpdateDuringBackwardHidesUpToTheLastBackwardMinusItsBackupCop
   EXPECT_EQ(d_after->step_s, d_during->step_s);
 }
 
-// The layer-major schedule (engine/planner.h Schedule): plans of `a` micro-batches per step with
+// The layer-major schedule (engine/plan/planner.h Schedule): plans of `a` micro-batches per step with
 // every block streamed from host memory (each schedule at its own streaming minimum, so that no
 // block is resident in either) or every block resident, the optimizer on the host.
 Plan ScheduledPlan(const Shaped& s, Schedule schedule, int a, ParamHome home) {

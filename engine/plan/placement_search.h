@@ -1,5 +1,5 @@
 // Placement by predicted time (issue 28 item 4): among the plans that fit the budgets, the one
-// the cost model (engine/cost_model.h) predicts fastest on a machine profile. The candidates are
+// the cost model (engine/plan/cost_model.h) predicts fastest on a machine profile. The candidates are
 // every working-params home (device: all resident; host; nvme when NVMe paths are given) crossed
 // with every optimizer placement (on the device; split with 10, 20, ..., 90 % of the parameters'
 // optimizer on the device and the rest in host memory or on NVMe; host; nvme), each planned by
@@ -12,10 +12,10 @@
 #include <string>
 
 #include "base/status.h"
-#include "engine/cost_model.h"
-#include "engine/machine_profile.h"
-#include "engine/model.h"
-#include "engine/planner.h"
+#include "engine/plan/cost_model.h"
+#include "engine/plan/machine_profile.h"
+#include "engine/plan/model.h"
+#include "engine/plan/planner.h"
 
 namespace strata::engine {
 

@@ -1,4 +1,4 @@
-#include "engine/offload_optimizer.h"
+#include "offload/offload_optimizer.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>

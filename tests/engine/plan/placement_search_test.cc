@@ -1,16 +1,16 @@
-// Placement by predicted time (engine/placement_search.h) on the committed H200 profile
+// Placement by predicted time (engine/plan/placement_search.h) on the committed H200 profile
 // (bench/machines/h200.json): the choice is the fastest of the plans that fit, by the cost model,
 // every fixed choice is kept, and a profile without what every plan needs is an error.
-#include "engine/placement_search.h"
+#include "engine/plan/placement_search.h"
 
 #include <gtest/gtest.h>
 
 #include <string>
 
 #include "base/units.h"
-#include "engine/machine_profile.h"
+#include "engine/plan/machine_profile.h"
 #include "models/gpt.h"
-#include "tests/engine/h200_profile.h"
+#include "tests/engine/plan/h200_profile.h"
 
 namespace strata::engine {
 namespace {

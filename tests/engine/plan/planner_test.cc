@@ -1,4 +1,4 @@
-#include "engine/planner.h"
+#include "engine/plan/planner.h"
 
 #include <gtest/gtest.h>
 
@@ -108,7 +108,7 @@ TEST(Planner, DeviceHomeNeedsEveryBlockResident) {
   auto plan = MakePlan(**model, DType::kBF16, {1, 8}, o);
   ASSERT_FALSE(plan.ok());
   EXPECT_EQ(plan.status().code(), StatusCode::kResourceExhausted);
-  EXPECT_NE(plan.status().message().find("--offload-params device"), std::string::npos);
+  EXPECT_NE(plan.status().message().find("`param_home device`"), std::string::npos);
 }
 
 TEST(Planner, HostBudgetAndNvmeCapacityAreCheckedWithTheShortfall) {

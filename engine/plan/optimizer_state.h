@@ -14,16 +14,18 @@
 // seen rarely have tiny, badly quantized moments.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "base/status.h"
 #include "cpu_optim/any_optimizer.h"
-#include "engine/model.h"
+#include "engine/plan/model.h"
 
 namespace strata::engine {
 
-struct Partition;  // planner.h
+struct Partition;  // engine/plan/partition.h
 
 inline constexpr uint64_t kStateAlign = 4096;
 
@@ -57,5 +59,19 @@ cpu_optim::AnyOptimizer BlockOptimizer(const cpu_optim::AnyOptimizer& optimizer,
 // "adamw", "adam", "adamw8bit", "adafactor", "lion", "sgd", "adagrad": the names of
 // `strata train --optimizer` and of checkpoint manifests.
 std::string OptimizerFlagName(const cpu_optim::AnyOptimizer& optimizer);
+
+// The size of the statistics record of a gradient of num_elems elements (num_elems >= 0) whose
+// optimizer runs on the device (engine/device_optimizer.h writes it): a 16-byte header and one
+// fp64 partial sum per leaf of cpu_optim's fixed reduction order (cpu_optim/kernels.h: 64Ki
+// elements per leaf), at most 16 + 8 * ceil(num_elems / 65536) bytes. Here because the plan lays
+// it out in the device arena. Pure; thread-safe.
+inline constexpr size_t kDeviceGradStatsHeaderBytes = 16;
+size_t DeviceGradStatsBytes(int64_t num_elems);
+
+// OK when `optimizer` is valid (cpu_optim::Validate) and its kind runs on the device: AdamW and
+// Adam (amsgrad, L2 or decoupled decay, maximize), Lion, SGD (momentum, dampening, nesterov),
+// Adagrad. kInvalidArgument naming the kind for AdamW8bit and Adafactor, e.g. "adamw8bit runs on
+// the CPU only: use --offload-optimizer host or nvme". Pure; thread-safe.
+Status CheckDeviceOptimizer(const cpu_optim::AnyOptimizer& optimizer);
 
 }  // namespace strata::engine

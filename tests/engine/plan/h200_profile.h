@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "engine/machine_profile.h"
+#include "engine/plan/machine_profile.h"
 
 namespace strata::engine::testing {
 

@@ -1,4 +1,4 @@
-#include "engine/model.h"
+#include "engine/plan/model.h"
 
 #include <fmt/format.h>
 

@@ -1,4 +1,4 @@
-#include "engine/machine_profile.h"
+#include "engine/plan/machine_profile.h"
 
 #include <fmt/format.h>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-// A machine profile: the rates the cost model (engine/cost_model.h) predicts a step from, as a
+// A machine profile: the rates the cost model (engine/plan/cost_model.h) predicts a step from, as a
 // JSON file that `strata doctor --machine-profile FILE` writes and `strata estimate --machine
 // FILE` / `strata train --machine FILE` read:
 //

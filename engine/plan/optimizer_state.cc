@@ -1,7 +1,10 @@
-#include "engine/optimizer_state.h"
+#include "engine/plan/optimizer_state.h"
+
+#include <fmt/format.h>
 
 #include "base/units.h"
-#include "engine/planner.h"
+#include "cpu_optim/kernels.h"
+#include "engine/plan/partition.h"
 
 namespace strata::engine {
 
@@ -63,6 +66,32 @@ std::string OptimizerFlagName(const cpu_optim::AnyOptimizer& optimizer) {
       return "adagrad";
   }
   return "unknown";
+}
+
+size_t DeviceGradStatsBytes(int64_t num_elems) {
+  constexpr int64_t kLeaf = cpu_optim::internal::kStatsLeafElems;
+  const int64_t leaves = num_elems <= 0 ? 0 : (num_elems + kLeaf - 1) / kLeaf;
+  return kDeviceGradStatsHeaderBytes + sizeof(double) * static_cast<size_t>(leaves);
+}
+
+Status CheckDeviceOptimizer(const cpu_optim::AnyOptimizer& optimizer) {
+  STRATA_RETURN_IF_ERROR(cpu_optim::Validate(optimizer));
+  switch (optimizer.kind) {
+    case cpu_optim::OptimizerKind::kAdamW:
+    case cpu_optim::OptimizerKind::kAdam:
+    case cpu_optim::OptimizerKind::kAdagrad:
+    case cpu_optim::OptimizerKind::kLion:
+    case cpu_optim::OptimizerKind::kSgd:
+      return Status::Ok();
+    case cpu_optim::OptimizerKind::kAdamW8bit:
+      return InvalidArgumentError(
+          "adamw8bit runs on the CPU only: use `optimizer_home host` or `optimizer_home nvme`");
+    case cpu_optim::OptimizerKind::kAdafactor:
+      return InvalidArgumentError(
+          "adafactor runs on the CPU only: use `optimizer_home host` or `optimizer_home nvme`");
+  }
+  return InvalidArgumentError(fmt::format("optimizer kind {} does not run on the device",
+                                          static_cast<int>(optimizer.kind)));
 }
 
 }  // namespace strata::engine

@@ -14,7 +14,8 @@
 #include "base/dtype.h"
 #include "base/status.h"
 #include "cpu_optim/any_optimizer.h"
-#include "engine/model.h"
+#include "engine/plan/model.h"
+#include "engine/plan/partition.h"
 
 namespace strata::engine {
 
@@ -83,24 +84,7 @@ struct PlacementOptions {
   bool data_parallel = false;
 };
 
-// Block partitions for data parallelism, after ZeRO (Rajbhandari et al., SC 2020): a chunk of
-// num_params is split into `ranks` contiguous partitions of part_elems each (num_params / ranks
-// rounded up to kPartitionAlign elements, so a partition starts 128-byte aligned in 16 bits and
-// 256-byte aligned in fp32); rank r owns elements [offset_elems, offset_elems + own_elems), the
-// real (unpadded) part of partition r: the last ranks may own fewer, or none. The device copy of
-// a block is padded to padded_elems = ranks * part_elems. One rank: one partition of num_params,
-// no padding.
-inline constexpr int64_t kPartitionAlign = 64;
-struct Partition {
-  int64_t part_elems = 0;
-  int64_t offset_elems = 0;
-  int64_t own_elems = 0;
-  int64_t padded_elems = 0;
-};
-// Pure; ranks >= 1, 0 <= rank < ranks.
-Partition PartitionOf(int64_t num_params, int ranks, int rank);
-
-// The optimizer a plan is made for: its state per block (engine/optimizer_state.h) and how
+// The optimizer a plan is made for: its state per block (engine/plan/optimizer_state.h) and how
 // gradients accumulate on the host.
 struct PlanOptimizer {
   cpu_optim::AnyOptimizer optimizer;  // AdamW by default
@@ -124,7 +108,27 @@ struct DeviceRegion {
   bool device_optimizer = false;
 };
 
+// A plan, its fields grouped by tier: the plan as a whole, per block, the device, pinned host
+// memory, host memory, NVMe, and the optimizer.
 struct Plan {
+  // The plan as a whole.
+  DType precision = DType::kBF16;
+  MicroBatchShape shape;
+  ParamHome param_home = ParamHome::kNvme;
+  OptimizerHome optimizer_home = OptimizerHome::kNvme;
+  Schedule schedule = Schedule::kMicroBatchMajor;  // PlacementOptions::schedule
+  // Micro-batches whose boundary activations, activation gradients and tokens the device holds
+  // at once: the step's micro-batches with the layer-major schedule, else 1.
+  int held_micro_batches = 1;
+  bool layer_major() const { return held_micro_batches > 1; }
+  int ranks = 1;  // data-parallel ranks; the host and NVMe figures are this rank's
+  int rank = 0;
+  bool data_parallel = false;      // PlacementOptions::data_parallel
+  int64_t model_params = 0;        // trained (own chunks)
+  int64_t frozen_params = 0;       // frozen chunks: working precision only, never written
+  uint64_t model_state_bytes = 0;  // p16 + g16 + p32 + optimizer state over the trained params
+
+  // Per block.
   struct Block {
     std::string name;
     int64_t num_params = 0;
@@ -140,54 +144,50 @@ struct Plan {
     bool frozen_resident = false;
   };
   std::vector<Block> blocks;
-  DType precision = DType::kBF16;
-  MicroBatchShape shape;
-  ParamHome param_home = ParamHome::kNvme;
-  OptimizerHome optimizer_home = OptimizerHome::kNvme;
+  int64_t max_block_params = 0;  // the largest block's own params
+  int num_resident() const;
+  int num_frozen_resident() const;
+
+  // Device.
+  std::vector<DeviceRegion> device_regions;
+  uint64_t device_budget_bytes = 0;
+  uint64_t device_total_bytes = 0;  // sum of regions (each aligned to 256 B)
   int streaming_slots = 0;
-  int prefetch_depth = 0;  // blocks loaded ahead of the one computing: slots - 1
+  int prefetch_depth = 0;   // blocks loaded ahead of the one computing: slots - 1
+  uint64_t slot_bytes = 0;  // one block's working params, padded
   bool offload_activations = false;
-  Schedule schedule = Schedule::kMicroBatchMajor;  // PlacementOptions::schedule
-  // Micro-batches whose boundary activations, activation gradients and tokens the device holds
-  // at once: the step's micro-batches with the layer-major schedule, else 1.
-  int held_micro_batches = 1;
   // Layer-major with more than one micro-batch and one rank: two fp32 device accumulators of one
   // block each, in which a block's gradient is summed over the micro-batches before its one D2H
   // (the pinned landing buckets then hold fp32). Data-parallel ranks reduce-scatter every
   // micro-batch's gradient, as the micro-batch-major schedule does, and have none.
   bool device_grad_accumulators = false;
-  bool layer_major() const { return held_micro_batches > 1; }
   int device_grad_buckets = 2;  // 16-bit gradient buckets on the device (one copying, one filling)
-  int host_grad_buckets = 3;    // pinned landing buckets
-  int optimizer_buffers = 1;    // pinned buffers of the optimizer pipeline
+
+  // Pinned host memory.
+  uint64_t pinned_bytes = 0;  // param home or NVMe staging, gradient buckets
+  int host_grad_buckets = 3;  // pinned landing buckets
   // One block's 16-bit gradients, padded; with ranks > 1 one partition's fp32 reduce-scattered
   // gradients.
   uint64_t grad_bucket_bytes = 0;
+  int optimizer_buffers = 1;            // pinned buffers of the optimizer pipeline
   uint64_t optimizer_buffer_bytes = 0;  // NVMe: the largest block's state region (+ p16)
-  int64_t model_params = 0;             // trained (own chunks)
-  int64_t frozen_params = 0;            // frozen chunks: working precision only, never written
-  int64_t max_block_params = 0;
-  uint64_t slot_bytes = 0;  // one block's working params, padded
-  int ranks = 1;            // data-parallel ranks; the host and NVMe figures are this rank's
-  int rank = 0;
-  bool data_parallel = false;  // PlacementOptions::data_parallel
   // The largest partition's working params (pinned home, NVMe staging, copy-out), padded to
   // 4 KiB; slot_bytes with one rank.
   uint64_t partition_bytes = 0;
-  std::vector<DeviceRegion> device_regions;
-  uint64_t device_budget_bytes = 0;
-  uint64_t device_total_bytes = 0;  // sum of regions (each aligned to 256 B)
-  uint64_t pinned_bytes = 0;        // param home or NVMe staging, gradient buckets
-  uint64_t host_bytes = 0;          // host gradients (+ master weights and state if on host)
-  uint64_t host_grad_bytes = 0;     // of which host gradients (fp32 or working precision)
-  int64_t host_grad16_params = 0;   // params whose host gradient stays 16-bit
-  uint64_t nvme_bytes = 0;          // swap store payload
-  uint64_t model_state_bytes = 0;   // p16 + g16 + p32 + optimizer state over the trained params
-  std::string optimizer_name;       // "adamw", "adamw8bit", ... (OptimizerFlagName)
+
+  // Host memory.
+  uint64_t host_bytes = 0;         // host gradients (+ master weights and state if on host)
+  uint64_t host_grad_bytes = 0;    // of which host gradients (fp32 or working precision)
+  int64_t host_grad16_params = 0;  // params whose host gradient stays 16-bit
+
+  // NVMe.
+  uint64_t nvme_bytes = 0;  // swap store payload
+
+  // Optimizer.
+  std::string optimizer_name;  // "adamw", "adamw8bit", ... (OptimizerFlagName)
   // The optimizer's state over all blocks, padded: the whole model's, also with ranks > 1 (a
   // rank's share is in host_bytes or nvme_bytes).
   uint64_t optimizer_state_bytes = 0;
-
   // Parameters whose optimizer runs on the device (Block::optimizer_on_device), and their
   // fraction of the model's.
   int64_t device_optimizer_params = 0;
@@ -199,8 +199,6 @@ struct Plan {
   // Whether any block's optimizer runs on the host or NVMe (the CPU pipeline has work).
   bool has_cpu_optimizer() const { return device_optimizer_params < model_params; }
 
-  int num_resident() const;
-  int num_frozen_resident() const;
   // The plan in plain words, one tier per line.
   std::string Describe() const;
 };
@@ -253,5 +251,23 @@ uint64_t AutoDeviceBudgetBytes(const Model& model, DType precision, MicroBatchSh
 // much; frozen chunks with data parallelism, a block with neither own nor frozen params).
 StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape shape,
                         const PlacementOptions& options, const PlanOptimizer& optimizer = {});
+
+// The planning calls made in this process so far: ChoosePlan calls (engine/plan/plan_choice.h),
+// MakePlan calls, and of them those made inside a ChoosePlan. A front end that plans once makes
+// one choice and no plan outside it (tests check that nothing re-plans after the choice).
+// Process-wide atomic counters; thread-safe.
+struct PlanningCounts {
+  int64_t choices = 0;
+  int64_t plans_built = 0;
+  int64_t plans_built_in_choices = 0;
+};
+PlanningCounts PlanningCountsSoFar();
+
+namespace internal {
+// ChoosePlan's bookkeeping: MakePlan calls made on the calling thread so far, and the choice's
+// own count once it returns. Thread-safe.
+int64_t PlansBuiltOnThisThread();
+void CountChoice(int64_t plans_built);
+}  // namespace internal
 
 }  // namespace strata::engine

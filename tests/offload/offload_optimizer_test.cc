@@ -3,7 +3,7 @@
 // tests/cpu_optim), bit for bit: host and NVMe homes, thread counts, staging and per-segment
 // hand-off, gradient accumulation, clipping, loss scaling, the overflow skip, save/load, and the
 // errors of bad use and of a failing drive.
-#include "engine/offload_optimizer.h"
+#include "offload/offload_optimizer.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>

@@ -1,8 +1,8 @@
-// The cost model: the predicted time of one training step of a plan (engine/planner.h) on a
-// machine (engine/machine_profile.h), its parts, what bounds it, and tokens/s.
+// The cost model: the predicted time of one training step of a plan (engine/plan/planner.h) on a
+// machine (engine/plan/machine_profile.h), its parts, what bounds it, and tokens/s.
 //
 // It models the schedule the engine runs (docs/ARCHITECTURE.md, "One training step"; the plan's
-// Schedule, engine/planner.h), in steady state (a step whose forward overlaps the previous step's
+// Schedule, engine/plan/planner.h), in steady state (a step whose forward overlaps the previous step's
 // CPU update), with these times, for a = grad_accum_steps micro-batches and a step of `loads`
 // uses of every streamed block: 2a micro-batch-major (forward and backward of every
 // micro-batch), 2 layer-major (every micro-batch through a block while it is loaded, once per
@@ -70,8 +70,8 @@
 #include <vector>
 
 #include "base/status.h"
-#include "engine/machine_profile.h"
-#include "engine/planner.h"
+#include "engine/plan/machine_profile.h"
+#include "engine/plan/planner.h"
 
 namespace strata::engine {
 
