@@ -44,8 +44,8 @@ struct EstimateFlags {
   int ranks = 1;  // data-parallel ranks (>= 1); > 1 plans rank 0 of them
   bool json = false;
   // A machine profile (engine/plan/machine_profile.h): adds the predicted step, its parts, what
-  // bounds it and tokens/s (engine/plan/cost_model.h), and the step with the optimizer on the device
-  // and with the best GPU/CPU split.
+  // bounds it and tokens/s (engine/plan/cost_model.h), and the step with the optimizer on the
+  // device and with the best GPU/CPU split.
   std::string machine;
   LoraFlags lora;  // --lora-*: the plan of a LoRA run (frozen base, adapters trained)
 };

@@ -19,8 +19,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "data/hf_tokenizer_json.h"
 #include "data/hf_text.h"
+#include "data/hf_tokenizer_json.h"
 #include "data/tokenizer.h"
 
 namespace strata::data {

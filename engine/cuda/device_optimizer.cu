@@ -215,8 +215,7 @@ __device__ __forceinline__ void StoreOut4(void* out, int64_t j, const float (&p)
     static_cast<float4*>(out)[j] = make_float4(p[0], p[1], p[2], p[3]);
   } else {
     uint16_t h[4];
-    for (int e = 0; e < 4; ++e)
-      h[e] = kD == DType::kF16 ? FloatToHalf(p[e]) : FloatToBf16(p[e]);
+    for (int e = 0; e < 4; ++e) h[e] = kD == DType::kF16 ? FloatToHalf(p[e]) : FloatToBf16(p[e]);
     static_cast<uint2*>(out)[j] =
         make_uint2(h[0] | (uint32_t{h[1]} << 16), h[2] | (uint32_t{h[3]} << 16));
   }

@@ -6,9 +6,9 @@
 // The parameters live on NVMe and stream through a device budget the engine's plan entry chooses
 // (`auto`: for this small model the streaming minimum, two slots); the fp32 master weights and
 // Adam's moments live on NVMe too (a private swap directory inside NVME_DIR, removed at exit). The
-// device is the host backend, so this runs on any Linux machine. Prints the plan, the loss every 10 steps and the
-// NVMe traffic; exits 0 when the evaluation loss fell below half its initial value and the
-// parameters really went through NVMe, 1 otherwise, 2 on an error.
+// device is the host backend, so this runs on any Linux machine. Prints the plan, the loss every 10
+// steps and the NVMe traffic; exits 0 when the evaluation loss fell below half its initial value
+// and the parameters really went through NVMe, 1 otherwise, 2 on an error.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>

@@ -261,7 +261,8 @@ TEST_F(DeviceOptimizerRefusalTest, AdamW8bitAndAdafactorRunOnTheCpuOnly) {
   cpu_optim::AnyOptimizer q{cpu_optim::OptimizerKind::kAdamW8bit, cpu_optim::AdamWConfig{}};
   Status s = CheckDeviceOptimizer(q);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(s.message(), "adamw8bit runs on the CPU only: use `optimizer_home host` or `optimizer_home nvme`");
+  EXPECT_EQ(s.message(),
+            "adamw8bit runs on the CPU only: use `optimizer_home host` or `optimizer_home nvme`");
   cpu_optim::AnyOptimizer f{cpu_optim::OptimizerKind::kAdafactor, cpu_optim::AdafactorConfig{}};
   s = CheckDeviceOptimizer(f);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);

@@ -1,5 +1,5 @@
-// Runs the real `strata` binary: `strata estimate --machine` (the cost model, engine/plan/cost_model.h,
-// with the committed H200 profile) and `strata doctor --machine-profile`.
+// Runs the real `strata` binary: `strata estimate --machine` (the cost model,
+// engine/plan/cost_model.h, with the committed H200 profile) and `strata doctor --machine-profile`.
 #include <gtest/gtest.h>
 #include <unistd.h>
 

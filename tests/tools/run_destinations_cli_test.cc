@@ -48,8 +48,8 @@ class RunDestinationsCliTest : public ::testing::Test {
 };
 
 TEST_F(RunDestinationsCliTest, SaveDirUnderMissingParentsIsCreatedAndGetsTheCheckpoint) {
-  const Result r = RunStrata(Tiny() + "--nvme-path " + dir_.string() + " --save-dir " +
-                             Path("runs/deep/a"));
+  const Result r =
+      RunStrata(Tiny() + "--nvme-path " + dir_.string() + " --save-dir " + Path("runs/deep/a"));
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_TRUE(fs::exists(Path("runs/deep/a/latest")));
   EXPECT_TRUE(fs::is_directory(Path("runs/deep/a/step-2")));

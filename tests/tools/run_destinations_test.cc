@@ -98,7 +98,8 @@ TEST_F(RunDestinationsTest, ASaveDirWithoutRoomForOneCheckpointIsRefusedWithBoth
   TrainFlags flags;
   flags.checkpoint.save_dir = Path("runs/a");
   // 10^15 params: 14 PB, more than any scratch file system holds.
-  const Status s = PrepareRunDestinations(flags, PlanOf(1'000'000'000'000'000, 8'000'000'000'000'000, 0));
+  const Status s =
+      PrepareRunDestinations(flags, PlanOf(1'000'000'000'000'000, 8'000'000'000'000'000, 0));
   EXPECT_EQ(s.code(), StatusCode::kResourceExhausted);
   EXPECT_NE(s.message().find("--save-dir '" + Path("runs/a") + "': one checkpoint needs"),
             std::string::npos)
