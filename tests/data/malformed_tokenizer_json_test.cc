@@ -6,7 +6,6 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -31,15 +30,13 @@ class MalformedTokenizerJsonTest : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
 
   // Writes `json` as DIR/tokenizer.json (and `config` as tokenizer_config.json when given) and
-  // loads it; the load must take under a second.
+  // loads it. A hang fails the test through its ctest TIMEOUT (CMakeLists.txt), not a clock here:
+  // wall time on a loaded CI machine says nothing about the parser.
   StatusOr<std::unique_ptr<Tokenizer>> Load(const std::string& json,
                                             const std::string& config = "") {
     std::ofstream(dir_ / "tokenizer.json", std::ios::binary) << json;
     if (!config.empty()) std::ofstream(dir_ / "tokenizer_config.json", std::ios::binary) << config;
-    const auto start = std::chrono::steady_clock::now();
-    auto t = Tokenizer::Load(dir_.string());
-    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(1));
-    return t;
+    return Tokenizer::Load(dir_.string());
   }
   std::string JsonPath() const { return (dir_ / "tokenizer.json").string(); }
 
@@ -164,10 +161,9 @@ TEST_F(MalformedTokenizerJsonTest, ATokenizerConfigTypeErrorNamesItsKey) {
 
 TEST_F(MalformedTokenizerJsonTest, AFifoAsTokenizerJsonIsRefusedWithoutWaiting) {
   ASSERT_EQ(::mkfifo((dir_ / "tokenizer.json").c_str(), 0600), 0);
-  const auto start = std::chrono::steady_clock::now();
-  // Opened non-blocking: no writer is needed for the refusal.
+  // Opened non-blocking: no writer is needed for the refusal (a blocking open would wait for one
+  // forever, and the test would end at its ctest TIMEOUT).
   auto t = Tokenizer::Load((dir_ / "tokenizer.json").string());
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(1));
   ASSERT_FALSE(t.ok());
   EXPECT_THAT(t.status().message(), HasSubstr("is a FIFO, not a regular file"));
 }

@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -33,16 +32,12 @@ class RunDestinationsCliTest : public ::testing::Test {
            " --model tiny --seq-len 16 --steps 2 --log-every 1 --eval-batches 1 --sample-bytes 0 ";
   }
   // Runs a train that must fail at start: a non-zero exit, `expected` in the error line, no
-  // step started, within a second.
+  // step started (the progress line of step 1 is absent).
   void ExpectFailsBeforeStepOne(const std::string& flags, const std::string& expected) {
-    const auto t0 = std::chrono::steady_clock::now();
     const Result r = RunStrata(Tiny() + " --nvme-path " + dir_.string() + " " + flags);
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     EXPECT_NE(r.exit_code, 0) << r.out << r.err;
     EXPECT_NE(r.err.find(expected), std::string::npos) << r.err;
     EXPECT_EQ(r.out.find("| loss"), std::string::npos) << "a step ran:\n" << r.out;
-    EXPECT_LT(seconds, 1.0) << flags;
   }
   fs::path dir_;
 };
