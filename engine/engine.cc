@@ -8,6 +8,7 @@
 
 #include "base/logging.h"
 #include "base/trace.h"
+#include "base/units.h"
 #include "cpu_optim/grad_stats.h"
 #include "engine/engine_impl.h"
 #include "engine/plan/optimizer_state.h"
@@ -184,6 +185,16 @@ StatusOr<Engine::Impl::PartRegions> Engine::Impl::CarveDeviceRegions() {
   for (auto& s : parts.slots) {
     STRATA_ASSIGN_OR_RETURN(s, next());
   }
+  act_stores_.assign(static_cast<size_t>(n_) * held(), gpu::DeviceSpan{});
+  for (int b = 0; b < n_; ++b) {
+    const Plan::Block& blk = plan_.blocks[b];
+    if (!blk.keeps_activations) continue;
+    STRATA_ASSIGN_OR_RETURN(const gpu::DeviceSpan stores, next());
+    const uint64_t stride = AlignUp(blk.activation_store_bytes, gpu::DeviceArena::kAlignment);
+    for (int i = 0; i < held(); ++i) {
+      act_stores_[b * held() + i] = stores.subspan(i * stride, blk.activation_store_bytes);
+    }
+  }
   STRATA_CHECK(r == regions.size());
   return parts;
 }
@@ -274,7 +285,8 @@ void Engine::Impl::SetBatchInputs(int b, int slot, BlockBuffers* buf) const {
 }
 
 BlockBuffers Engine::Impl::ForwardBuffers(int b, const ParamCache::BlockChunks& chunks, int slot,
-                                          bool with_targets, MicroBatchShape shape) const {
+                                          bool with_targets, MicroBatchShape shape,
+                                          bool training) const {
   BlockBuffers buf;
   buf.precision = o_.precision;
   buf.dropout_seed = dropout_seed_;
@@ -283,6 +295,7 @@ BlockBuffers Engine::Impl::ForwardBuffers(int b, const ParamCache::BlockChunks& 
   if (chunks.tied) buf.tied_params = chunks.tied->params;
   buf.shape = shape;
   buf.scratch = scratch_;
+  if (training && plan_.blocks[b].keeps_activations) buf.scratch = act_stores_[b * held() + slot];
   SetBatchInputs(b, slot, &buf);
   if (b > 0) buf.x_in = Typed(Act(b - 1, slot));
   if (b < n_ - 1) {
@@ -297,7 +310,9 @@ BlockBuffers Engine::Impl::ForwardBuffers(int b, const ParamCache::BlockChunks& 
 
 StatusOr<BlockBuffers> Engine::Impl::BackwardBuffers(int b, const ParamCache::BlockChunks& chunks,
                                                      int slot, float dloss) {
-  BlockBuffers buf = ForwardBuffers(b, chunks, slot, /*with_targets=*/true, o_.micro_batch);
+  BlockBuffers buf =
+      ForwardBuffers(b, chunks, slot, /*with_targets=*/true, o_.micro_batch, /*training=*/true);
+  buf.forward_kept = plan_.blocks[b].keeps_activations;
   buf.x_out = {};
   buf.logits = {};
   buf.loss = nullptr;
@@ -354,7 +369,7 @@ Status Engine::Impl::ForwardPass(MicroBatchShape shape, bool with_targets, int l
   for (int b = 0; b < n_; ++b, ++*cursor) {
     STRATA_ASSIGN_OR_RETURN(const ParamCache::BlockChunks chunks,
                             params_->AcquireBlock(b, seq, cursor));
-    const BlockBuffers buf = ForwardBuffers(b, chunks, 0, with_targets, shape);
+    const BlockBuffers buf = ForwardBuffers(b, chunks, 0, with_targets, shape, save_acts);
     // Offloaded: the buffer's previous content (block b-2's output) must have been copied out.
     if (plan_.offload_activations && b < n_ - 1) {
       STRATA_RETURN_IF_ERROR(compute_->Wait(*act_saved_[b % 2]));
@@ -678,8 +693,11 @@ Status CheckPlanFits(const Model& model, const EngineOptions& options, const Pla
   } else if (static_cast<int>(plan.blocks.size()) != model.num_blocks()) {
     why = fmt::format("{} blocks (the model has {})", plan.blocks.size(), model.num_blocks());
   } else if (plan.schedule != placement.schedule || plan.param_home != placement.param_home ||
-             plan.device_budget_bytes != placement.device_budget_bytes) {
-    why = "other placement options (schedule, params home or device budget)";
+             plan.device_budget_bytes != placement.device_budget_bytes ||
+             plan.activation_checkpointing != placement.activation_checkpointing) {
+    why =
+        "other placement options (schedule, params home, device budget or activation "
+        "checkpointing)";
   }
   if (why.empty()) return Status::Ok();
   return InvalidArgumentError(

@@ -163,14 +163,19 @@ class Engine::Impl {
   void SetBatchInputs(int b, int slot, BlockBuffers* buf) const;
   // The buffers of block b's forward or backward for the micro-batch in slot `slot` (its
   // boundary activation, activation gradients and inputs), with the chunks' params; the backward
-  // takes its gradient buckets (GradStreamer::NextBucket) and the head's d(loss) `dloss`.
+  // takes its gradient buckets (GradStreamer::NextBucket) and the head's d(loss) `dloss`. A block
+  // that keeps its activations (Plan::Block::keeps_activations) gets its store of the slot as its
+  // scratch in a training forward (`training`: a backward of this micro-batch follows) and in its
+  // backward, which is then told the forward is kept (BlockBuffers::forward_kept).
   BlockBuffers ForwardBuffers(int b, const ParamCache::BlockChunks& chunks, int slot,
-                              bool with_targets, MicroBatchShape shape) const;
+                              bool with_targets, MicroBatchShape shape,
+                              bool training = false) const;
   StatusOr<BlockBuffers> BackwardBuffers(int b, const ParamCache::BlockChunks& chunks, int slot,
                                          float dloss);
   // The update during backward opens the step's speculative round (after the last forward).
   void OpenSpeculation(float scale);
-  // save_acts: offloaded activations are copied out for a backward pass to come.
+  // save_acts: a training forward: offloaded activations are copied out and kept activations
+  // stay in their stores for the backward pass to come.
   Status ForwardPass(MicroBatchShape shape, bool with_targets, int loss_index,
                      std::span<const int> seq, size_t* cursor, bool save_acts = false);
   // The manifest of this engine's training state (files not listed yet).
@@ -235,6 +240,11 @@ class Engine::Impl {
   // writes set (b+1) % 2.
   std::vector<gpu::DeviceSpan> dx_;
   gpu::DeviceSpan Dx(int set, int i) const { return dx_[set * held() + i]; }
+  // Activation stores (activation checkpointing, Plan::Block::keeps_activations): block b's for
+  // held micro-batch i at act_stores_[b * held + i], empty for a block that recomputes. Written
+  // by the block's training forward and read by its backward of the same micro-batch only, both
+  // on the compute stream: stream order is their only ordering.
+  std::vector<gpu::DeviceSpan> act_stores_;
 
   // Per batch slot tokens, targets and position ids; then the step's losses and the logits row.
   gpu::PinnedBuffer io_pinned_;

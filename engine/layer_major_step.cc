@@ -42,7 +42,8 @@ Status Engine::Impl::LayerMajorPasses(std::span<const MicroBatch> mbs,
     if (offload && b < n_ - 1) STRATA_RETURN_IF_ERROR(compute_->Wait(*act_saved_[b % 2]));
     for (int i = 0; i < a; ++i) {
       dropout_seed_ = MicroBatchDropoutSeed(o_.seed, step_, i);
-      const BlockBuffers buf = ForwardBuffers(b, chunks, i, true, o_.micro_batch);
+      const BlockBuffers buf =
+          ForwardBuffers(b, chunks, i, true, o_.micro_batch, /*training=*/true);
       STRATA_RETURN_IF_ERROR(model_->Forward(b, buf, *compute_));
       if (offload && b < n_ - 1) STRATA_RETURN_IF_ERROR(SaveActivation(b, i));
       if (b == n_ - 1) {

@@ -73,6 +73,9 @@ struct BlockArgs {
   float* loss = nullptr;
   float dloss = 1.0f;
   void* scratch = nullptr;
+  // Layer backward: the scratch holds what the layer's forward on this micro-batch left there
+  // (engine::BlockBuffers::forward_kept): the backward skips its recomputed forward.
+  bool forward_kept = false;
   // Layers of a model with LoRA (DecoderModel::EnableLora): the adapters, their gradients and
   // their scratch; then params are the frozen base layer's and grads null. Inactive otherwise.
   LoraLayerArgs<S> lora;
@@ -132,6 +135,12 @@ class DecoderModel : public engine::Model {
   int vocab_size() const override { return family_.vocab_size(); }
   int max_seq_len() const override { return family_.max_seq_len(); }
   int64_t scratch_bytes(int block, engine::MicroBatchShape s, DType precision) const override;
+  // A layer's whole scratch (with LoRA the adapters' part too): its forward leaves there every
+  // activation its backward reads, on both backends, and the backward overwrites them only after
+  // their last use. 0 for the embedding and the head (nothing to recompute: the head's chunked
+  // logits are recomputed by design, never stored).
+  int64_t activation_store_bytes(int block, engine::MicroBatchShape s,
+                                 DType precision) const override;
   // With tied embeddings the head (the last block) reads the embedding (block 0).
   int tied_block(int block) const override;
   // The weight source's block (its errors returned), else Family::Init from seed.

@@ -61,6 +61,7 @@ BlockArgs<S> ArgsOf(const engine::BlockBuffers& b, const LoraLayout* lora = null
   a.loss = b.loss;
   a.dloss = b.dloss;
   a.scratch = b.scratch.data;
+  a.forward_kept = b.forward_kept;
   if (lora != nullptr) {
     // The base model is frozen: its params are the frozen chunk, and it gets no gradient.
     a.params = b.frozen_params.as<S>();
@@ -159,7 +160,7 @@ Status CudaBackward(const Family& f, DecoderBlock kind, const BlockArgs<S>& a,
       return f.template CudaEmbeddingBackward<S>(a, stream);
     }
     case DecoderBlock::kLayer: {
-      // Includes the recomputed forward (activation checkpointing).
+      // Includes the recomputed forward (activation checkpointing) unless a.forward_kept.
       gpu::ScopedComputeSpan span(stream, "layer backward");
       return f.template CudaLayerBackward<S>(a, stream);
     }
@@ -243,6 +244,12 @@ int64_t DecoderModel<Family>::scratch_bytes(int block, engine::MicroBatchShape s
     }
     return std::max(host, cuda);
   });
+}
+
+template <typename Family>
+int64_t DecoderModel<Family>::activation_store_bytes(int block, engine::MicroBatchShape s,
+                                                     DType precision) const {
+  return kind(block) == Kind::kLayer ? scratch_bytes(block, s, precision) : 0;
 }
 
 template <typename Family>

@@ -133,7 +133,7 @@ void GptFamily::HostEmbeddingBackward(const BlockArgs<S>& a) const {
 template <typename S>
 void GptFamily::HostLayerBackward(const BlockArgs<S>& a) const {
   GptLayerBackward<S>(shape, a.params, a.x_in, a.dx_out, a.dx_in, a.grads, a.B, a.T, a.scratch,
-                      a.lora, a.position_ids);
+                      a.lora, a.position_ids, a.forward_kept);
 }
 template <typename S>
 void GptFamily::HostHeadBackward(const BlockArgs<S>& a) const {
@@ -182,7 +182,7 @@ template <typename S>
 Status GptFamily::CudaLayerBackward(const BlockArgs<S>& a, gpu::Stream& stream) const {
   return cuda::GptCudaLayerBackward<S>(shape, stream, a.params, a.x_in, a.dx_out, a.dx_in, a.grads,
                                        a.B, a.T, a.scratch, {.allow_tf32 = options.allow_tf32},
-                                       a.position_ids, a.lora);
+                                       a.position_ids, a.lora, a.forward_kept);
 }
 template <typename S>
 Status GptFamily::CudaHeadBackward(const BlockArgs<S>& a, gpu::Stream& stream) const {

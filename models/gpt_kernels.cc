@@ -346,13 +346,13 @@ void GptLayerForward(const GptShape& s, const S* params, const S* x_in, S* x_out
 template <typename S>
 void GptLayerBackward(const GptShape& s, const S* params, const S* x_in, const S* dx_out, S* dx_in,
                       S* dparams, int B, int T, void* scratch, const LoraLayerArgs<S>& lora,
-                      const int32_t* position_ids) {
+                      const int32_t* position_ids, bool forward_kept) {
   CheckBatch(s, B, T);
   const int64_t C = s.channels, N = int64_t{B} * T;
   const LayerParams<const S*> p(params, C);
   const LayerParams<S*> dp(dparams, C);
   const LayerScratch<S> sc = CarveLayerScratch<S>(s, B, T, scratch);
-  LayerForwardToGelu(s, p, x_in, B, T, sc, lora, position_ids);
+  if (!forward_kept) LayerForwardToGelu(s, p, x_in, B, T, sc, lora, position_ids);
   const S* dy = dx_out;
 
   // MLP projection y = x2 + g Wp + bp, through g = gelu(h): dh = S((dy Wp^T) gelu'(h)).
@@ -498,7 +498,7 @@ void internal::GptHeadBackwardWithChunkRows(const GptShape& s, const S* params, 
   template void GptLayerForward<S>(const GptShape&, const S*, const S*, S*, int, int, void*,       \
                                    const LoraLayerArgs<S>&, const int32_t*);                       \
   template void GptLayerBackward<S>(const GptShape&, const S*, const S*, const S*, S*, S*, int,    \
-                                    int, void*, const LoraLayerArgs<S>&, const int32_t*);          \
+                                    int, void*, const LoraLayerArgs<S>&, const int32_t*, bool);    \
   template ComputeType<S> GptHeadForward<S>(const GptShape&, const S*, const S*, const int32_t*,   \
                                             int, int, S*, void*, const S*, int64_t);               \
   template void GptHeadBackward<S>(const GptShape&, const S*, const S*, const int32_t*,            \

@@ -194,14 +194,17 @@ void GptLayerForward(const GptShape& shape, const S* params, const S* x_in, S* x
 
 // Recomputes the forward from x_in, then writes dx_in: (B, T, C) and dparams
 // (the whole layer chunk, OVERWRITTEN, not accumulated; null: no weight gradient, LoRA's
-// frozen base) from dx_out: (B, T, C). scratch as for GptLayerForward. dx_in must not overlap
+// frozen base) from dx_out: (B, T, C). scratch as for GptLayerForward. forward_kept: the scratch
+// holds what GptLayerForward on the same inputs left there; the recomputation is skipped (the
+// same activations, bit for bit). dx_in must not overlap
 // x_in or dx_out. With `lora` active (models/lora.h) every targeted product adds its adapter's
 // output (the MLP's first product before GELU, which is then not fused with it), and the
 // backward writes the adapters' gradients and their share of dx_in.
 template <typename S>
 void GptLayerBackward(const GptShape& shape, const S* params, const S* x_in, const S* dx_out,
                       S* dx_in, S* dparams, int B, int T, void* scratch,
-                      const LoraLayerArgs<S>& lora = {}, const int32_t* position_ids = nullptr);
+                      const LoraLayerArgs<S>& lora = {}, const int32_t* position_ids = nullptr,
+                      bool forward_kept = false);
 
 // The layer's products as LoRA sites name them: c_attn (the fused q/k/v), the attention's
 // c_proj, the MLP's c_fc and c_proj.

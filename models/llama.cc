@@ -173,7 +173,7 @@ void LlamaFamily::HostEmbeddingBackward(const BlockArgs<S>& a) const {
 template <typename S>
 void LlamaFamily::HostLayerBackward(const BlockArgs<S>& a) const {
   LlamaLayerBackward<S>(config, a.params, a.x_in, a.dx_out, a.dx_in, a.grads, a.B, a.T, a.scratch,
-                        a.lora, a.position_ids);
+                        a.lora, a.position_ids, a.forward_kept);
 }
 template <typename S>
 void LlamaFamily::HostHeadBackward(const BlockArgs<S>& a) const {
@@ -212,7 +212,8 @@ Status LlamaFamily::CudaEmbeddingBackward(const BlockArgs<S>& a, gpu::Stream& st
 template <typename S>
 Status LlamaFamily::CudaLayerBackward(const BlockArgs<S>& a, gpu::Stream& stream) const {
   return cuda::LlamaCudaLayerBackward<S>(config, stream, a.params, a.x_in, a.dx_out, a.dx_in,
-                                         a.grads, a.B, a.T, a.scratch, a.position_ids, a.lora);
+                                         a.grads, a.B, a.T, a.scratch, a.position_ids, a.lora,
+                                         a.forward_kept);
 }
 template <typename S>
 Status LlamaFamily::CudaHeadBackward(const BlockArgs<S>& a, gpu::Stream& stream) const {

@@ -264,13 +264,14 @@ void LlamaLayerForward(const LlamaConfig& c, const S* params, const S* x_in, S* 
 template <typename S>
 void LlamaLayerBackward(const LlamaConfig& c, const S* params, const S* x_in, const S* dx_out,
                         S* dx_in, S* dparams, int B, int T, void* scratch,
-                        const LoraLayerArgs<S>& lora, const int32_t* position_ids) {
+                        const LoraLayerArgs<S>& lora, const int32_t* position_ids,
+                        bool forward_kept) {
   CheckBatch(c, B, T);
   const Dims d(c, B, T);
   const LayerParams<const S*> p(c, params);
   const LayerParams<S*> dp(c, dparams);
   const LayerScratch<S> sc(c, B, T, scratch);
-  LayerForwardToSwiglu(c, p, x_in, B, T, sc, lora, position_ids);
+  if (!forward_kept) LayerForwardToSwiglu(c, p, x_in, B, T, sc, lora, position_ids);
   const S* dy = dx_out;
 
   // Down projection y = x2 + h Wd^T: dh (N, I) into the gradient buffer.
@@ -367,7 +368,8 @@ void LlamaHeadBackward(const LlamaConfig& c, const S* params, const S* tied_embe
   template void LlamaLayerForward<S>(const LlamaConfig&, const S*, const S*, S*, int, int, void*, \
                                      const LoraLayerArgs<S>&, const int32_t*);                    \
   template void LlamaLayerBackward<S>(const LlamaConfig&, const S*, const S*, const S*, S*, S*,   \
-                                      int, int, void*, const LoraLayerArgs<S>&, const int32_t*);  \
+                                      int, int, void*, const LoraLayerArgs<S>&, const int32_t*,   \
+                                      bool);                                                      \
   template ComputeType<S> LlamaHeadForward<S>(const LlamaConfig&, const S*, const S*, const S*,   \
                                               const int32_t*, int, int, S*, void*, int64_t);      \
   template void LlamaHeadBackward<S>(const LlamaConfig&, const S*, const S*, const S*,            \

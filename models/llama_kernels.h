@@ -110,10 +110,13 @@ void LlamaLayerForward(const LlamaConfig& c, const S* params, const S* x_in, S* 
 // Recomputes the forward from x_in, then writes dx_in (B, T, C) and dparams (the whole layer
 // chunk, OVERWRITTEN; null: no weight gradient, LoRA's frozen base) from dx_out (B, T, C); with
 // `lora` active the adapters' gradients into lora.dadapters and their share of dx_in.
+// forward_kept: the scratch holds what LlamaLayerForward on the same inputs left there; the
+// recomputation is skipped (the same activations, bit for bit).
 template <typename S>
 void LlamaLayerBackward(const LlamaConfig& c, const S* params, const S* x_in, const S* dx_out,
                         S* dx_in, S* dparams, int B, int T, void* scratch,
-                        const LoraLayerArgs<S>& lora = {}, const int32_t* position_ids = nullptr);
+                        const LoraLayerArgs<S>& lora = {}, const int32_t* position_ids = nullptr,
+                        bool forward_kept = false);
 
 // Final RMSNorm and LM head. params: head chunk; tied_embed: the embedding chunk (embed_tokens
 // (V, C)) when c.tie_embeddings, else ignored (may be null); x_in (B, T, C); targets (B, T) or

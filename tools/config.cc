@@ -903,7 +903,10 @@ void ApplyStrataData(Context& c, const json& s, TrainFlags* f) {
   }
 }
 
-// The strata section's keys for how a step runs: the update during backward and the schedule.
+// The strata section's keys for how a step runs: the update during backward, the schedule and
+// which layers recompute their forward (activation_checkpointing: auto, all or none, as
+// --activation-checkpointing; DeepSpeed's own activation_checkpointing section does not choose
+// that, see ApplyConfig).
 void ApplyStrataStep(Context& c, const json& s, TrainFlags* f) {
   Reader& r = c.r;
   if (const json* v = Find(s, "update_during_backward")) {
@@ -917,6 +920,10 @@ void ApplyStrataStep(Context& c, const json& s, TrainFlags* f) {
   if (const json* v = Find(s, "schedule")) {
     r.Set(&f->schedule,
           Reader::Choice(*v, "strata.schedule", {"auto", "layer-major", "micro-batch-major"}));
+  }
+  if (const json* v = Find(s, "activation_checkpointing")) {
+    r.Set(&f->activation_checkpointing,
+          Reader::Choice(*v, "strata.activation_checkpointing", {"auto", "all", "none"}));
   }
 }
 
@@ -1091,6 +1098,13 @@ Status ApplyTrainConfigText(std::string_view text, std::string_view source, Trai
   }
   ApplyZero(c, Find(root, "zero_optimization"), f);
   if (const json* v = Find(root, "aio"); v != nullptr && v->is_object()) ApplyAio(c, *v, f);
+  // DeepSpeed's activation_checkpointing section configures the checkpoints a model's own code
+  // takes (deepspeed.checkpointing.checkpoint around its layers): where they live, not which
+  // layers recompute. Here the plan chooses that per layer (strata.activation_checkpointing,
+  // auto by default: the same results bit for bit, less recomputation where memory allows), so
+  // only cpu_checkpointing maps (the boundary activations in pinned host memory); the other keys
+  // (partition_activations, contiguous_memory_optimization, number_checkpoints, ...) are no-ops
+  // (tools/deepspeed_keys.cc).
   if (const json* ac = Find(root, "activation_checkpointing"); ac != nullptr && ac->is_object()) {
     if (const json* v = Find(*ac, "cpu_checkpointing")) {
       c.r.Set(&f->offload_activations,

@@ -186,6 +186,7 @@ constexpr DeepSpeedKey kKeys[] = {
     {"strata.eval_batches", M}, {"strata.sample_bytes", M}, {"strata.summary_json", M},
     {"strata.copy_bandwidth", M}, {"strata.io_queue_depth", M}, {"strata.io_block_size", M},
     {"strata.io_threads", M}, {"strata.update_during_backward", M}, {"strata.schedule", M},
+    {"strata.activation_checkpointing", M},
     {"strata.lora", S}, {"strata.lora.rank", M}, {"strata.lora.alpha", M},
     {"strata.lora.targets", M}, {"strata.lora.dropout", M}, {"strata.lora.init", M},
 };

@@ -106,6 +106,13 @@ void AddEstimateFlags(CLI::App& cmd, EstimateFlags& f) {
       ->capture_default_str();
   cmd.add_flag("--offload-activations", f.offload_activations,
                "Keep two block-boundary activations on the device, the rest in pinned memory");
+  cmd.add_option("--activation-checkpointing", f.activation_checkpointing,
+                 "Which layers recompute their forward in backward: all (every layer: the least "
+                 "device memory), none (every layer keeps its forward's activations on the "
+                 "device; refused if they do not fit), or auto (the last layers keep theirs while "
+                 "the device budget left after the rest of the plan holds them)")
+      ->check(CLI::IsMember({"auto", "all", "none"}))
+      ->capture_default_str();
   AddLoraFlags(cmd, f.lora);
   cmd.add_option("--prefetch-depth", f.prefetch_depth,
                  "Blocks loaded ahead of the one computing; 0 = the planner decides")
@@ -165,6 +172,7 @@ TrainFlags AsTrainFlags(const EstimateFlags& f, int seq_len) {
   t.offload_optimizer = f.offload_optimizer;
   t.optimizer_device_fraction = f.optimizer_device_fraction;
   t.offload_activations = f.offload_activations;
+  t.activation_checkpointing = f.activation_checkpointing;
   t.prefetch_depth = f.prefetch_depth;
   t.grad_buckets = f.grad_buckets;
   t.optimizer_buffers = f.optimizer_buffers;
@@ -303,6 +311,12 @@ nlohmann::json EstimateJson(const EstimateFlags& f, const EstimateSetup& e, bool
       {"optimizer_buffers", plan.optimizer_buffers},
       {"optimizer_buffer_bytes", plan.optimizer_buffer_bytes},
       {"offload_activations", plan.offload_activations},
+      {"activation_checkpointing",
+       std::string(engine::ActivationCheckpointingName(plan.activation_checkpointing))},
+      {"activation_checkpointing_choice", InFlagTerms(c.activation_checkpointing_reason)},
+      {"recomputing_blocks", plan.num_recomputing()},
+      {"kept_activation_blocks", plan.num_keeping_activations()},
+      {"kept_activation_bytes", plan.kept_activation_bytes()},
       {"device_budget_bytes", plan.device_budget_bytes},
       {"device_total_bytes", plan.device_total_bytes},
       {"pinned_bytes", plan.pinned_bytes},

@@ -33,11 +33,12 @@ struct EstimateFlags {
   std::string offload_optimizer = "auto";
   std::string optimizer_device_fraction = "auto";
   bool offload_activations = false;
-  int prefetch_depth = 0;           // 0: the planner decides
-  int grad_buckets = 0;             // 0: the planner decides
-  int optimizer_buffers = 0;        // 0: the planner decides
-  std::string optimizer = "adamw";  // as strata train --optimizer
-  int grad_accum_steps = 1;         // 1: host gradients stay 16-bit (planner.h)
+  std::string activation_checkpointing = "auto";  // --activation-checkpointing, as train's
+  int prefetch_depth = 0;                         // 0: the planner decides
+  int grad_buckets = 0;                           // 0: the planner decides
+  int optimizer_buffers = 0;                      // 0: the planner decides
+  std::string optimizer = "adamw";                // as strata train --optimizer
+  int grad_accum_steps = 1;                       // 1: host gradients stay 16-bit (planner.h)
   // As strata train's --schedule: layer-major, micro-batch-major or auto (chosen with the plan,
   // engine/plan/plan_choice.h). With --machine and more than one micro-batch both are predicted.
   std::string schedule = "auto";

@@ -8,7 +8,7 @@ namespace {
 
 // Engine option (PlacementOptions, EngineOptions, PlanRequest fields) -> the flag of `strata
 // train`/`estimate` that sets it.
-constexpr std::array<std::pair<std::string_view, std::string_view>, 17> kOptionFlags = {{
+constexpr std::array<std::pair<std::string_view, std::string_view>, 18> kOptionFlags = {{
     {"device_budget", "--device-budget"},
     {"host_budget", "--host-budget"},
     {"pinned_budget", "--pinned-budget"},
@@ -25,6 +25,7 @@ constexpr std::array<std::pair<std::string_view, std::string_view>, 17> kOptionF
     {"host_grad_buckets", "--grad-buckets"},
     {"optimizer_buffers", "--optimizer-buffers"},
     {"offload_activations", "--offload-activations"},
+    {"activation_checkpointing", "--activation-checkpointing"},
     {"machine", "--machine FILE"},
 }};
 

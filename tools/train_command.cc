@@ -265,6 +265,13 @@ void AddPipelineFlags(CLI::App& cmd, TrainFlags& f) {
   cmd.add_flag("--offload-activations", f.offload_activations,
                "Keep two block-boundary activations on the device and the rest in pinned host "
                "memory (D2H after forward, H2D one block ahead of backward)");
+  cmd.add_option("--activation-checkpointing", f.activation_checkpointing,
+                 "Which layers recompute their forward in backward: all (every layer: the least "
+                 "device memory), none (every layer keeps its forward's activations on the "
+                 "device; refused if they do not fit), or auto (the last layers keep theirs while "
+                 "the device budget left after the rest of the plan holds them)")
+      ->check(CLI::IsMember({"auto", "all", "none"}))
+      ->capture_default_str();
   cmd.add_option("--prefetch-depth", f.prefetch_depth,
                  "Blocks loaded ahead of the one computing (streaming slots - 1); 0 = the "
                  "planner decides (2 when the device budget holds the slots, else 1)")
@@ -306,8 +313,8 @@ const std::vector<HelpGroup>& TrainHelpGroups() {
       {"Placement and memory",
        {"--device", "--device-budget", "--offload-params", "--offload-optimizer",
         "--optimizer-device-fraction", "--machine", "--schedule", "--update-during-backward",
-        "--offload-activations", "--prefetch-depth", "--grad-buckets", "--optimizer-buffers",
-        "--no-overlap", "--copy-bandwidth"}},
+        "--offload-activations", "--activation-checkpointing", "--prefetch-depth", "--grad-buckets",
+        "--optimizer-buffers", "--no-overlap", "--copy-bandwidth"}},
       {"I/O (NVMe)",
        {"--nvme-path", "--io-backend", "--io-queue-depth", "--io-block-size", "--io-threads"}},
       {"LoRA", {"--lora-rank", "--lora-alpha", "--lora-targets", "--lora-dropout", "--lora-init"}},
@@ -558,6 +565,11 @@ nlohmann::json SummaryJson(const TrainOptions& o, const ModelSpec& spec, engine:
       {"device_budget_bytes", plan.device_budget_bytes},
       {"resident_blocks", plan.num_resident()},
       {"num_blocks", plan.blocks.size()},
+      {"activation_checkpointing",
+       std::string(engine::ActivationCheckpointingName(plan.activation_checkpointing))},
+      {"recomputing_blocks", plan.num_recomputing()},
+      {"kept_activation_blocks", plan.num_keeping_activations()},
+      {"kept_activation_bytes", plan.kept_activation_bytes()},
       {"micro_batch_size", f.micro_batch_size},
       {"seq_len", f.seq_len},
       {"grad_accum_steps", f.grad_accum_steps},

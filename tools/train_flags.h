@@ -90,6 +90,10 @@ struct TrainFlags {
   std::string schedule = "auto";
   bool eager_update = false;  // the removed --eager-update, refused with what replaced it
   bool offload_activations = false;
+  // Which layers recompute their forward in backward (engine::ActivationCheckpointing): "all",
+  // "none", or "auto" (the layers whose activations fit in the device budget the rest of the
+  // plan leaves keep them; the rest recompute).
+  std::string activation_checkpointing = "auto";
   bool tf32 = false;          // the GPT's matrix products on TF32 tensor cores (CUDA only)
   int prefetch_depth = 0;     // 0 = the planner decides
   int grad_buckets = 0;       // pinned gradient buckets; 0 = the planner decides

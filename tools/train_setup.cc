@@ -157,6 +157,13 @@ StatusOr<engine::PlacementOptions> PlacementFromFlags(const TrainFlags& f, const
   p.host_grad_buckets = f.grad_buckets;
   p.optimizer_buffers = f.optimizer_buffers;
   p.offload_activations = f.offload_activations;
+  auto checkpointing = engine::ParseActivationCheckpointing(f.activation_checkpointing);
+  if (!checkpointing.ok()) {
+    return InvalidArgumentError(
+        fmt::format("--activation-checkpointing '{}' is not one of auto, all, none",
+                    f.activation_checkpointing));
+  }
+  p.activation_checkpointing = *checkpointing;
   p.nvme_paths = f.nvme_paths.empty() ? std::vector<std::string>{"."} : f.nvme_paths;
   p.ranks = ranks.ranks;
   p.rank = ranks.rank;

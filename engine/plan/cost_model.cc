@@ -229,12 +229,20 @@ Rates RatesOf(const Plan& plan, const StepTraffic& t, const MachineProfile& prof
   return r;
 }
 
+// The fraction of the blocks that can keep their activations which recompute their forward in
+// backward; 1 when none can (every block's backward recomputes, as the compute term assumes).
+double RecomputedFraction(const Plan& plan) {
+  const int keeping = plan.num_keeping_activations(), recomputing = plan.num_recomputing();
+  if (keeping + recomputing == 0) return 1.0;
+  return static_cast<double>(recomputing) / static_cast<double>(keeping + recomputing);
+}
+
 // Seconds each part keeps its resource busy over the step.
-StepParts PartsOf(const Plan& plan, const StepTraffic& t, const Rates& r, double model_flops,
+StepParts PartsOf(const Plan& plan, const StepTraffic& t, const Rates& r, double compute_flops,
                   const MachineProfile& profile) {
   const double w = static_cast<double>(SizeOf(plan.precision));
   StepParts p;
-  p.compute_s = model_flops / r.flops;
+  p.compute_s = compute_flops / r.flops;
   p.h2d_s = t.h2d_bytes / r.h2d;
   p.d2h_s = t.d2h_bytes / r.d2h;
   p.cpu_optimizer_s = t.cpu_params > 0 ? t.cpu_params / r.cpu : 0;
@@ -288,8 +296,10 @@ StepTimeline TimelineOf(const Plan& plan, const CostInputs& in, const Phases& ph
   // One phase's forward and backward (m micro-batches through every block, each block loaded
   // once), each as long as its longest overlapped part.
   tl.nvme_params_per_use_s = t.nvme_param_bytes_per_use / r.read;
-  tl.fwd_compute = p.compute_s / (4 * ph.a);
-  tl.bwd_compute = 3 * tl.fwd_compute;
+  // compute_s is (3 + recomputed) quarters of the all-recomputing figure (cost_model.h).
+  const double recomputed = RecomputedFraction(plan);
+  tl.fwd_compute = p.compute_s / ((3 + recomputed) * ph.a);
+  tl.bwd_compute = (2 + recomputed) * tl.fwd_compute;
   tl.fwd_h2d = t.streamed_bytes_per_use / r.h2d;
   tl.f = std::max({ph.m * tl.fwd_compute, tl.fwd_h2d, tl.nvme_params_per_use_s});
   tl.bwd_d2h = (plan.layer_major() ? t.d2h_bytes : t.grad_bytes_per_mb) / r.d2h;
@@ -358,7 +368,10 @@ StatusOr<StepPrediction> PredictStep(const Plan& plan, const CostInputs& in,
       (6.0 * static_cast<double>(plan.model_params) +
        4.0 * static_cast<double>(plan.frozen_params) + 12.0 * in.num_layers * T * in.channels) *
       out.tokens_per_step;
-  out.parts = PartsOf(plan, traffic, rates, out.model_flops, profile);
+  const double recomputed = RecomputedFraction(plan);
+  out.recompute_flops = out.model_flops / 4 * recomputed;
+  out.saved_recompute_flops = out.model_flops / 4 * (1 - recomputed);
+  out.parts = PartsOf(plan, traffic, rates, out.model_flops - out.saved_recompute_flops, profile);
 
   const StepTimeline timeline = TimelineOf(plan, in, ph, traffic, rates, out.parts);
   out.step_s = timeline.step_s;
@@ -373,8 +386,13 @@ std::string DescribePrediction(const StepPrediction& pr) {
     if (s <= 0) continue;
     parts += fmt::format("{}{} {:.3g} s", parts.empty() ? "" : ", ", name, s);
   }
-  return fmt::format("step {:.3g} s ({:.0f} tokens/s, {}), bound by {}: {}", pr.step_s,
-                     pr.tokens_per_s, pr.schedule, pr.bound, parts);
+  return fmt::format("step {:.3g} s ({:.0f} tokens/s, {}), bound by {}: {}{}", pr.step_s,
+                     pr.tokens_per_s, pr.schedule, pr.bound, parts,
+                     pr.saved_recompute_flops > 0
+                         ? fmt::format("; kept activations save {:.3g} TFLOP of recomputed "
+                                       "forward per step",
+                                       pr.saved_recompute_flops / 1e12)
+                         : "");
 }
 
 }  // namespace strata::engine

@@ -2,14 +2,18 @@
 // machine (engine/plan/machine_profile.h), its parts, what bounds it, and tokens/s.
 //
 // It models the schedule the engine runs (docs/ARCHITECTURE.md, "One training step"; the plan's
-// Schedule, engine/plan/planner.h), in steady state (a step whose forward overlaps the previous step's
-// CPU update), with these times, for a = grad_accum_steps micro-batches and a step of `loads`
-// uses of every streamed block: 2a micro-batch-major (forward and backward of every
+// Schedule, engine/plan/planner.h), in steady state (a step whose forward overlaps the previous
+// step's CPU update), with these times, for a = grad_accum_steps micro-batches and a step of
+// `loads` uses of every streamed block: 2a micro-batch-major (forward and backward of every
 // micro-batch), 2 layer-major (every micro-batch through a block while it is loaded, once per
 // pass):
 //
-//   compute    (6 P + 12 L T C) tokens / bf16 rate: forward + recomputed forward + backward.
-//              The forward is 1/4 of it, the backward with its recomputed forward 3/4.
+//   compute    (6 P + 12 L T C) tokens / bf16 rate with every block recomputing: forward +
+//              recomputed forward + backward, the forward 1/4 of it, the backward with its
+//              recomputed forward 3/4. Blocks that keep their activations (activation
+//              checkpointing, Plan::Block::keeps_activations) skip their recomputed forward: with
+//              a fraction k of the blocks that can keep keeping (layers alike), the recomputed
+//              forward is (1 - k)/4 of that figure and the compute (3 + (1 - k))/4 of it.
 //   h2d        streamed blocks' 16-bit params x loads, plus the new 16-bit params of resident
 //              blocks the CPU updated (once).
 //   d2h        gradients of the blocks the CPU updates: micro-batch-major 16-bit (fp32 for a
@@ -104,6 +108,10 @@ struct StepPrediction {
   std::string bound;  // "compute", "h2d", "d2h", "cpu_optimizer", "device_optimizer", "nvme"
   StepParts parts;
   double model_flops = 0;  // per step, recomputation not counted
+  // Per step: the recomputed forwards' FLOPs the kept activations save (model_flops / 4 x the
+  // fraction of the blocks that can keep which do), and those still recomputed.
+  double saved_recompute_flops = 0;
+  double recompute_flops = 0;
   double tokens_per_step = 0;
   uint64_t h2d_bytes = 0;  // per step
   uint64_t d2h_bytes = 0;

@@ -53,6 +53,17 @@ Status CheckBlockBuffers(const Model& model, int block, const BlockBuffers& b, b
   if (last && backward && b.targets == nullptr) {
     return InvalidArgumentError(fmt::format("{}: targets are missing", who));
   }
+  if (backward && b.forward_kept) {
+    const int64_t store = model.activation_store_bytes(block, b.shape, want);
+    if (store <= 0) {
+      return InvalidArgumentError(
+          fmt::format("{}: forward_kept, but the block has no activation store", who));
+    }
+    if (static_cast<int64_t>(b.scratch.size_bytes) < store) {
+      return InvalidArgumentError(fmt::format("{}: activation store has {} bytes, needs {}", who,
+                                              b.scratch.size_bytes, store));
+    }
+  }
   const int64_t scratch = model.scratch_bytes(block, b.shape, want);
   if (static_cast<int64_t>(b.scratch.size_bytes) < scratch) {
     return InvalidArgumentError(

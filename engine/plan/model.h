@@ -116,7 +116,16 @@ struct BlockBuffers {
   // in a block's Forward and its Backward's recomputation), never 0; 0 in evaluation and
   // generation (no dropout).
   uint64_t dropout_seed = 0;
-  gpu::DeviceSpan scratch;  // scratch_bytes(block, shape, precision) bytes, contents undefined
+  // scratch_bytes(block, shape, precision) bytes, contents undefined; or, for a block that keeps
+  // its activations (Model::activation_store_bytes), the block's activation store for this
+  // micro-batch (activation_store_bytes bytes) in its Forward and its Backward.
+  gpu::DeviceSpan scratch;
+  // Backward only: `scratch` is this block's activation store and holds what this block's
+  // Forward on this micro-batch (same params, x_in, position_ids and dropout_seed) left there,
+  // untouched since; the Backward reads those activations instead of recomputing the forward,
+  // with bit-identical results. false: the Backward recomputes the forward from x_in. Forward
+  // ignores it.
+  bool forward_kept = false;
   MicroBatchShape shape;
 };
 
@@ -145,6 +154,16 @@ class Model {
   // engine gives every block one region of the largest. Must hold for every backend the model
   // runs on (the model does not know the device here).
   virtual int64_t scratch_bytes(int block, MicroBatchShape shape, DType precision) const = 0;
+  // Activation checkpointing per block: the bytes of `block`'s activation store, the device
+  // memory in which its Forward leaves every activation its Backward needs (on every backend the
+  // model runs on), for a micro-batch of `shape` in `precision`; at least scratch_bytes(block,
+  // shape, precision). A block that keeps its activations gets its store as its scratch in its
+  // Forward and, with BlockBuffers::forward_kept, in its Backward, which then skips the
+  // recomputation. 0 (the default): the block cannot keep them (its Backward recomputes what it
+  // needs, or has nothing to recompute). Pure; thread-safe as the const methods are.
+  virtual int64_t activation_store_bytes(int block, MicroBatchShape shape, DType precision) const {
+    return 0;
+  }
   // Tied parameters (tied embeddings: the LM head reads the token embedding): the block whose
   // chunk `block` reads besides its own, or -1. It must be an earlier block that ties nothing
   // itself, and at most one block may tie a given chunk (Engine::Create checks:
@@ -171,9 +190,10 @@ class Model {
   // Face checkpoint). Errors: those of reading the weights (I/O, kDataLoss naming the file).
   // Called by Engine::Create, block after block, from one thread.
   virtual Status InitParams(int block, uint64_t seed, std::span<float> out) const = 0;
-  // Enqueue the block's forward / backward (backward recomputes the forward from
-  // x_in: activation checkpointing at block boundaries) on `stream`. Work runs
-  // in stream order; errors surface through the stream.
+  // Enqueue the block's forward / backward on `stream`. The backward recomputes the forward from
+  // x_in (activation checkpointing at block boundaries) unless BlockBuffers::forward_kept says
+  // its scratch still holds the forward's activations. Work runs in stream order; errors surface
+  // through the stream.
   virtual Status Forward(int block, const BlockBuffers& buffers, gpu::Stream& stream) = 0;
   virtual Status Backward(int block, const BlockBuffers& buffers, gpu::Stream& stream) = 0;
   // Called once by Engine::Create with the stream Forward/Backward will run on, before any
@@ -203,8 +223,9 @@ class Model {
 // empty); frozen_params: block_frozen_params; params and grads not needed when the block has no
 // own params; activations: activation_elems; logits:
 // logits_elems); tokens for the first block, targets for the last block's backward; scratch of
-// scratch_bytes. kInvalidArgument naming the block and the buffer otherwise. Reads only the
-// Model's const interface; thread-safe if the model's const methods are.
+// scratch_bytes; with forward_kept (Backward), a block with an activation store and scratch of its
+// activation_store_bytes. kInvalidArgument naming the block and the buffer otherwise. Reads only
+// the Model's const interface; thread-safe if the model's const methods are.
 Status CheckBlockBuffers(const Model& model, int block, const BlockBuffers& b, bool backward);
 
 // A Model that forwards every call to `inner` (not owned; must outlive this). Derive from it and
@@ -226,6 +247,9 @@ class ForwardingModel : public Model {
   int max_seq_len() const override { return inner_->max_seq_len(); }
   int64_t scratch_bytes(int block, MicroBatchShape s, DType precision) const override {
     return inner_->scratch_bytes(block, s, precision);
+  }
+  int64_t activation_store_bytes(int block, MicroBatchShape s, DType precision) const override {
+    return inner_->activation_store_bytes(block, s, precision);
   }
   int tied_block(int block) const override { return inner_->tied_block(block); }
   int64_t block_frozen_params(int block) const override {

@@ -284,6 +284,27 @@ Status CheckRequest(const Model& model, const PlanRequest& r) {
   return Status::Ok();
 }
 
+// The reason line of activation checkpointing `auto` (MakePlan keeps, last blocks first, as many
+// blocks' stores as the budget left after every other region holds); "" when not auto or no
+// block can keep.
+std::string ActivationCheckpointingReason(const Plan& p) {
+  const int keeping = p.num_keeping_activations(), recomputing = p.num_recomputing();
+  if (p.activation_checkpointing != ActivationCheckpointing::kAuto || keeping + recomputing == 0) {
+    return "";
+  }
+  uint64_t store = 0;
+  for (const auto& b : p.blocks) store = std::max(store, b.activation_store_bytes);
+  const uint64_t rest = p.device_total_bytes - p.kept_activation_bytes();
+  const uint64_t left = p.device_budget_bytes > rest ? p.device_budget_bytes - rest : 0;
+  return fmt::format(
+      "activation checkpointing: {} of {} blocks keep their activations, {} recompute their "
+      "forward (auto: {} of the device budget left after the rest of the plan; one block's "
+      "store takes {}{})\n",
+      keeping, keeping + recomputing, recomputing, FormatBytes(left), FormatBytes(store),
+      p.held_micro_batches > 1 ? fmt::format(" per micro-batch, {} held", p.held_micro_batches)
+                               : "");
+}
+
 StatusOr<PlanChoice> Choose(const Model& model, const PlanRequest& r,
                             const MachineProfile* machine) {
   STRATA_RETURN_IF_ERROR(CheckRequest(model, r));
@@ -295,6 +316,7 @@ StatusOr<PlanChoice> Choose(const Model& model, const PlanRequest& r,
   STRATA_ASSIGN_OR_RETURN(c.update_during_backward_reason,
                           ChooseUpdateDuringBackward(model, r, machine, &s));
   STRATA_ASSIGN_OR_RETURN(c.plan, PlanFor(model, r, s.placement));
+  c.activation_checkpointing_reason = ActivationCheckpointingReason(c.plan);
   c.placement = s.placement;
   c.update_during_backward = s.update_during_backward;
   if (r.compare && s.placement.ranks > 1) {

@@ -19,6 +19,9 @@
 //      predicts the step at least 10 % shorter with it (the term is optimistic: it does not see
 //      the backup copies and the gradient fold contending for the cores, which made gpt2-1.5b's
 //      step 4 % longer on an H200); else off.
+//   5. activation checkpointing (placement.activation_checkpointing kAuto): resolved by MakePlan
+//      for the chosen plan (engine/plan/planner.h, ActivationCheckpointing): the blocks whose
+//      activation stores fit in the budget the rest of the plan leaves keep their activations.
 //
 // Thread-safety: ChoosePlan is a pure function of its arguments (it reads no file and only adds
 // to the planning counters, engine/plan/planner.h).
@@ -93,8 +96,13 @@ struct PlanChoice {
   std::string placement_reason;
   std::string schedule_reason;
   std::string update_during_backward_reason;
+  // "activation checkpointing: 2 of 4 blocks keep their activations, ... (auto: ...)" when the
+  // request's placement.activation_checkpointing is kAuto (MakePlan resolves it: the plan's
+  // blocks say which keep).
+  std::string activation_checkpointing_reason;
   std::string Reasons() const {
-    return placement_reason + schedule_reason + update_during_backward_reason;
+    return placement_reason + schedule_reason + update_during_backward_reason +
+           activation_checkpointing_reason;
   }
   // With a machine: the chosen plan's prediction with its update during backward, or why none.
   std::optional<StepPrediction> prediction;

@@ -76,7 +76,8 @@ void DescribeDevice(const Plan& p, std::string* s) {
           r.size_bytes;
       continue;
     }
-    if (r.label.rfind("resident params", 0) == 0 || r.label.rfind("streaming slot", 0) == 0)
+    if (r.label.rfind("resident params", 0) == 0 || r.label.rfind("streaming slot", 0) == 0 ||
+        r.label.rfind("kept activations", 0) == 0)
       continue;
     AddLine(s, "           {:>10}  {}", FormatBytes(r.size_bytes), r.label);
   }
@@ -141,8 +142,30 @@ void DescribeOptimizer(const Plan& p, std::string* s) {
           tbb::info::default_concurrency());
 }
 
-// Offloaded activations and the layer-major schedule, when the plan has them.
+// Offloaded activations, activation checkpointing (when blocks can keep their activations) and
+// the layer-major schedule, when the plan has them.
 void DescribeActivationsAndSchedule(const Plan& p, std::string* s) {
+  const int keeping = p.num_keeping_activations(), recomputing = p.num_recomputing();
+  if (keeping + recomputing > 0) {
+    std::string kept;
+    if (keeping > 0) {
+      std::string names;
+      for (const auto& b : p.blocks) {
+        if (b.keeps_activations) names += " " + b.name;
+      }
+      kept = fmt::format("; {} keep their forward's activations on the device ({}{}):{}", keeping,
+                         FormatBytes(p.kept_activation_bytes()),
+                         p.held_micro_batches > 1
+                             ? fmt::format(" for {} micro-batches", p.held_micro_batches)
+                             : "",
+                         names);
+    }
+    AddLine(s,
+            "  recompute {} of {} blocks recompute their forward in backward (activation "
+            "checkpointing {}){}",
+            recomputing, keeping + recomputing,
+            ActivationCheckpointingName(p.activation_checkpointing), kept);
+  }
   if (p.offload_activations) {
     AddLine(s, "           boundary activations: {} of {} in pinned host memory, {} on the device",
             (p.blocks.size() - 1) * p.held_micro_batches,

@@ -60,6 +60,44 @@ StatusOr<Schedule> ParseSchedule(std::string_view s) {
       fmt::format("`schedule` '{}' is not one of layer-major, micro-batch-major", s));
 }
 
+std::string_view ActivationCheckpointingName(ActivationCheckpointing a) {
+  switch (a) {
+    case ActivationCheckpointing::kAll:
+      return "all";
+    case ActivationCheckpointing::kNone:
+      return "none";
+    case ActivationCheckpointing::kAuto:
+      return "auto";
+  }
+  return "?";
+}
+StatusOr<ActivationCheckpointing> ParseActivationCheckpointing(std::string_view s) {
+  if (s == "all") return ActivationCheckpointing::kAll;
+  if (s == "none") return ActivationCheckpointing::kNone;
+  if (s == "auto") return ActivationCheckpointing::kAuto;
+  return InvalidArgumentError(
+      fmt::format("`activation_checkpointing` '{}' is not one of auto, all, none", s));
+}
+
+int Plan::num_keeping_activations() const {
+  return static_cast<int>(std::count_if(blocks.begin(), blocks.end(),
+                                        [](const Block& b) { return b.keeps_activations; }));
+}
+int Plan::num_recomputing() const {
+  return static_cast<int>(std::count_if(blocks.begin(), blocks.end(), [](const Block& b) {
+    return b.activation_store_bytes > 0 && !b.keeps_activations;
+  }));
+}
+uint64_t Plan::kept_activation_bytes() const {
+  uint64_t total = 0;
+  for (const Block& b : blocks) {
+    if (b.keeps_activations) {
+      total += AlignUp(b.activation_store_bytes, gpu::DeviceArena::kAlignment) * held_micro_batches;
+    }
+  }
+  return total;
+}
+
 int Plan::num_resident() const {
   return static_cast<int>(
       std::count_if(blocks.begin(), blocks.end(), [](const Block& b) { return b.resident; }));
@@ -224,10 +262,27 @@ uint64_t AllResidentBytes(const Model& model, DType precision, MicroBatchShape s
   return total;
 }
 
+namespace {
+// The device bytes of every held micro-batch's activation store of every block that can keep its
+// activations: what ActivationCheckpointing::kNone adds.
+uint64_t AllKeptActivationBytes(const Model& model, DType precision, MicroBatchShape shape,
+                                int held) {
+  uint64_t total = 0;
+  for (int b = 0; b < model.num_blocks(); ++b) {
+    total +=
+        Aligned(static_cast<uint64_t>(model.activation_store_bytes(b, shape, precision))) * held;
+  }
+  return total;
+}
+}  // namespace
+
 uint64_t AutoDeviceBudgetBytes(const Model& model, DType precision, MicroBatchShape shape,
                                const PlacementOptions& options, const PlanOptimizer& optimizer) {
   const PlacementOptions& o = options;
   const int held = HeldMicroBatches(o, optimizer);
+  const uint64_t kept = o.activation_checkpointing == ActivationCheckpointing::kNone
+                            ? AllKeptActivationBytes(model, precision, shape, held)
+                            : 0;
   // The blocks whose optimizer runs on the device: their master weights, state and gradients,
   // and (when the rest streams) their resident params.
   const std::vector<bool> device_optimizer = DeviceOptimizerBlocks(model, o);
@@ -248,7 +303,7 @@ uint64_t AutoDeviceBudgetBytes(const Model& model, DType precision, MicroBatchSh
   if (o.param_home == ParamHome::kDevice || all_device) {
     return AllResidentBytes(model, precision, shape, o.offload_activations, o.ranks,
                             o.data_parallel, held) +
-           device_optimizer_bytes;
+           device_optimizer_bytes + kept;
   }
   const int slots = o.streaming_slots > 0 ? o.streaming_slots : 2;
   const uint64_t minimum = StreamingMinimumBytes(
@@ -256,7 +311,7 @@ uint64_t AutoDeviceBudgetBytes(const Model& model, DType precision, MicroBatchSh
   const uint64_t working =
       static_cast<uint64_t>(model.num_params() + model.frozen_params()) * SizeOf(precision);
   return (working > minimum ? minimum + (working - minimum) / 2 : minimum) +
-         device_optimizer_params_bytes + device_optimizer_bytes;
+         device_optimizer_params_bytes + device_optimizer_bytes + kept;
 }
 
 bool GradInWorkingPrecision(const Model& model, int block, int grad_accum_steps,
@@ -468,11 +523,68 @@ FixedLayout LayOutFixedRegions(const PlanInputs& r, Plan* p) {
   return f;
 }
 
+// Activation stores: every block's store size; with kNone every block that can keep does, and its
+// stores are reserved before residency is chosen (MakePlan adds them to the fixed bytes).
+void SizeActivationStores(const PlanInputs& r, Plan* p) {
+  p->activation_checkpointing = r.o.activation_checkpointing;
+  for (int b = 0; b < r.model.num_blocks(); ++b) {
+    Plan::Block& blk = p->blocks[b];
+    blk.activation_store_bytes = static_cast<uint64_t>(
+        std::max<int64_t>(0, r.model.activation_store_bytes(b, r.shape, r.precision)));
+    blk.keeps_activations = r.o.activation_checkpointing == ActivationCheckpointing::kNone &&
+                            blk.activation_store_bytes > 0;
+  }
+}
+
+// kAuto: the stores of as many blocks as the budget left after every other region holds, the
+// last blocks of the forward first. Then every keeping block's region, in block order, after all
+// the others (the engine carves them last).
+void KeepActivations(const PlanInputs& r, Plan* p) {
+  const int n = static_cast<int>(p->blocks.size());
+  if (r.o.activation_checkpointing == ActivationCheckpointing::kAuto) {
+    uint64_t left = r.o.device_budget_bytes > p->device_total_bytes
+                        ? r.o.device_budget_bytes - p->device_total_bytes
+                        : 0;
+    for (int b = n - 1; b >= 0; --b) {
+      Plan::Block& blk = p->blocks[b];
+      const uint64_t bytes = Aligned(blk.activation_store_bytes) * p->held_micro_batches;
+      if (blk.activation_store_bytes > 0 && bytes <= left) {
+        blk.keeps_activations = true;
+        left -= bytes;
+      }
+    }
+  }
+  for (int b = 0; b < n; ++b) {
+    const Plan::Block& blk = p->blocks[b];
+    if (!blk.keeps_activations) continue;
+    const uint64_t bytes = Aligned(blk.activation_store_bytes) * p->held_micro_batches;
+    p->device_regions.push_back({p->held_micro_batches > 1
+                                     ? fmt::format("kept activations {} ({} micro-batches)",
+                                                   blk.name, p->held_micro_batches)
+                                     : "kept activations " + blk.name,
+                                 bytes});
+    p->device_total_bytes += bytes;
+  }
+}
+
 // Residency, when the budget (or the options) keep every block resident: no slots. Error: the
 // budget cannot hold them all, with the device home or every optimizer on the device.
 Status KeepEveryBlockResident(const PlacementOptions& o, uint64_t all_resident,
                               uint64_t device_optimizer_bytes, Plan* p) {
-  if (all_resident + device_optimizer_bytes > o.device_budget_bytes) {
+  // activation_checkpointing none: the kept activations are needed too.
+  const uint64_t kept = p->kept_activation_bytes();
+  if (all_resident + device_optimizer_bytes + kept > o.device_budget_bytes) {
+    if (kept > 0 && all_resident + device_optimizer_bytes <= o.device_budget_bytes) {
+      return ResourceExhaustedError(fmt::format(
+          "device budget {} is {} short of keeping the activations of all {} layers "
+          "(`activation_checkpointing none`: {} beside the {} of resident params and the rest); "
+          "use `activation_checkpointing auto` (as many as fit) or `all`, or raise "
+          "`device_budget`",
+          FormatBytes(o.device_budget_bytes),
+          FormatBytes(all_resident + device_optimizer_bytes + kept - o.device_budget_bytes),
+          p->num_keeping_activations(), FormatBytes(kept),
+          FormatBytes(all_resident + device_optimizer_bytes)));
+    }
     return ResourceExhaustedError(fmt::format(
         "device budget {} is {} short of keeping every block resident{} ({} needed); raise "
         "`device_budget`{}",
@@ -541,7 +653,7 @@ Status StreamingBudgetShort(const PlanInputs& r, const ChunkSizes& c, const Stre
   const PlacementOptions& o = r.o;
   return ResourceExhaustedError(fmt::format(
       "device budget {} is {} short: streaming needs {} slots of {} (the largest {}'s "
-      "{} params) plus {} of activations, gradients and scratch for a {}x{} micro-batch{}{}; "
+      "{} params) plus {} of activations, gradients and scratch for a {}x{} micro-batch{}{}{}; "
       "raise `device_budget` to at least {} or lower `micro_batch`{}",
       FormatBytes(o.device_budget_bytes), FormatBytes(need.minimum_bytes - o.device_budget_bytes),
       need.slots, FormatBytes(p.slot_bytes), c.max_frozen > c.max_padded ? "frozen chunk" : "block",
@@ -556,6 +668,11 @@ Status StreamingBudgetShort(const PlanInputs& r, const ChunkSizes& c, const Stre
                 ", plus {} for the {} params whose optimizer runs on the device",
                 FormatBytes(need.device_optimizer_params_bytes + need.device_optimizer_bytes),
                 p.device_optimizer_params)
+          : std::string(),
+      p.kept_activation_bytes() > 0
+          ? fmt::format(" (of which {} keep the activations of all {} layers: "
+                        "`activation_checkpointing none`; `auto` keeps as many as fit, `all` none)",
+                        FormatBytes(p.kept_activation_bytes()), p.num_keeping_activations())
           : std::string(),
       FormatBytes(need.minimum_bytes),
       need.device_optimizer_bytes > 0 ? " or `optimizer_device_fraction`" : ""));
@@ -617,7 +734,8 @@ Status ChooseResidency(const PlanInputs& r, const ChunkSizes& c, const StateLayo
                        p->held_micro_batches);
   const bool all_device_optimizer = p->device_optimizer_params == p->model_params;
   if (r.o.param_home == ParamHome::kDevice || (all_device_optimizer && p->frozen_params == 0) ||
-      all_resident + s.device_optimizer_bytes <= r.o.device_budget_bytes) {
+      all_resident + s.device_optimizer_bytes + p->kept_activation_bytes() <=
+          r.o.device_budget_bytes) {
     return KeepEveryBlockResident(r.o, all_resident, s.device_optimizer_bytes, p);
   }
   return StreamBlocks(r, c, s, fixed_bytes, p);
@@ -782,8 +900,11 @@ StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape sha
   STRATA_ASSIGN_OR_RETURN(const ChunkSizes chunks, PartitionBlocks(r, &p));
   const StateLayout state = LayOutOptimizerState(r, &p);
   FixedLayout fixed = LayOutFixedRegions(r, &p);
-  STRATA_RETURN_IF_ERROR(ChooseResidency(r, chunks, state, fixed.total_bytes, &p));
+  SizeActivationStores(r, &p);
+  STRATA_RETURN_IF_ERROR(
+      ChooseResidency(r, chunks, state, fixed.total_bytes + p.kept_activation_bytes(), &p));
   ListDeviceRegions(r, state, std::move(fixed.regions), &p);
+  KeepActivations(r, &p);
   STRATA_RETURN_IF_ERROR(SizePipelines(r, chunks, &p));
   SizePinnedTier(r, chunks, state, &p);
   SizeHostAndNvmeTiers(r, state, &p);

@@ -43,6 +43,21 @@ std::string_view ScheduleName(Schedule s);  // "micro-batch-major", "layer-major
 // The inverse of ScheduleName; kInvalidArgument naming --schedule and the two values otherwise.
 StatusOr<Schedule> ParseSchedule(std::string_view s);
 
+// Activation checkpointing per block (Chen et al., "Training Deep Nets with Sublinear Memory
+// Cost", 2016): whether a block's backward recomputes its forward from its boundary activation
+// (the block is checkpointed) or reads the activations its forward kept in the block's activation
+// store (Model::activation_store_bytes; one store per held micro-batch). Only blocks with a store
+// (the decoder families' layers) can keep. kAll: every block recomputes. kNone: every block that
+// can keeps (MakePlan refuses a budget that cannot hold the stores). kAuto: after everything else
+// the plan puts on the device (resident params included), the stores of as many blocks as the
+// rest of the budget holds, the last blocks of the forward first (their backward comes first).
+// Kept and recomputed blocks give the same results bit for bit.
+enum class ActivationCheckpointing { kAll, kNone, kAuto };
+// Pure; thread-safe.
+std::string_view ActivationCheckpointingName(ActivationCheckpointing a);  // "all", "none", "auto"
+// The inverse; kInvalidArgument naming `activation_checkpointing` and the three values otherwise.
+StatusOr<ActivationCheckpointing> ParseActivationCheckpointing(std::string_view s);
+
 struct PlacementOptions {
   uint64_t device_budget_bytes = 0;  // the whole device arena; must be > 0
   uint64_t pinned_budget_bytes = 64ull << 30;
@@ -67,6 +82,8 @@ struct PlacementOptions {
   // block's output goes D2H after its forward and comes back H2D one block ahead of its
   // backward (activation checkpointing at block boundaries either way).
   bool offload_activations = false;
+  // Which blocks recompute their forward in backward (above). kAll, today's engine, by default.
+  ActivationCheckpointing activation_checkpointing = ActivationCheckpointing::kAll;
   // The step's order of blocks and micro-batches (PlanOptimizer::grad_accum_steps of them).
   Schedule schedule = Schedule::kMicroBatchMajor;
   // Pinned host gradient buckets (D2H landing, folded by a CPU worker); 0 = 3. Else >= 2.
@@ -142,11 +159,24 @@ struct Plan {
     // param_home). A block with no own params (num_params 0) is `resident` with no region.
     int64_t frozen_params = 0;
     bool frozen_resident = false;
+    // Model::activation_store_bytes for one micro-batch (0: the block cannot keep its
+    // activations), and whether it keeps them: then it has a device region of
+    // held_micro_batches stores ("kept activations <block>") and its backward skips the
+    // recomputed forward.
+    uint64_t activation_store_bytes = 0;
+    bool keeps_activations = false;
   };
   std::vector<Block> blocks;
   int64_t max_block_params = 0;  // the largest block's own params
   int num_resident() const;
   int num_frozen_resident() const;
+  // Activation checkpointing: as asked (kAuto stays kAuto; the blocks say what it chose), the
+  // blocks that keep their activations, those that could but recompute, and the device bytes of
+  // the kept stores (every held micro-batch's).
+  ActivationCheckpointing activation_checkpointing = ActivationCheckpointing::kAll;
+  int num_keeping_activations() const;
+  int num_recomputing() const;
+  uint64_t kept_activation_bytes() const;
 
   // Device.
   std::vector<DeviceRegion> device_regions;
@@ -235,7 +265,10 @@ uint64_t AllResidentBytes(const Model& model, DType precision, MicroBatchShape s
 // minimum; MakePlan may still refuse it for a short pinned, host or NVMe budget. Pure; thread-safe.
 // Blocks whose optimizer runs on the device (optimizer_home kDevice, or
 // optimizer_device_fraction > 0) add their master weights, state and gradients (and, when the
-// rest streams, their resident params), laid out for `optimizer`.
+// rest streams, their resident params), laid out for `optimizer`. With activation_checkpointing
+// kNone the kept activations of every block that can keep are added (StreamingMinimumBytes and
+// AllResidentBytes count none: every block recomputes); kAuto adds nothing (it keeps what the
+// budget leaves).
 uint64_t AutoDeviceBudgetBytes(const Model& model, DType precision, MicroBatchShape shape,
                                const PlacementOptions& options,
                                const PlanOptimizer& optimizer = {});
@@ -248,7 +281,9 @@ uint64_t AutoDeviceBudgetBytes(const Model& model, DType precision, MicroBatchSh
 // streaming_slots, host_grad_buckets or optimizer_buffers given but too small); kResourceExhausted
 // when the device budget cannot hold the minimum (what is short and by how much, and what the
 // minimum is made of), or when the pinned, host or NVMe needs exceed their budgets (which, by how
-// much; frozen chunks with data parallelism, a block with neither own nor frozen params).
+// much; frozen chunks with data parallelism, a block with neither own nor frozen params), or when
+// activation_checkpointing kNone's stores do not fit beside the rest (how much they take, and to
+// use `activation_checkpointing auto` or `all`).
 StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape shape,
                         const PlacementOptions& options, const PlanOptimizer& optimizer = {});
 

@@ -188,7 +188,8 @@ template <typename S>
 Status GptCudaLayerBackward(const GptShape& shape, gpu::Stream& stream, const S* params,
                             const S* x_in, const S* dx_out, S* dx_in, S* dparams, int B, int T,
                             void* scratch, const GptCudaOptions& options,
-                            const int32_t* position_ids, const LoraLayerArgs<S>& lora) {
+                            const int32_t* position_ids, const LoraLayerArgs<S>& lora,
+                            bool forward_kept) {
   STRATA_ASSIGN_OR_RETURN(cudaStream_t cs,
                           Prepare("GptCudaLayerBackward", shape, stream, B, T, scratch));
   STRATA_RETURN_IF_ERROR(
@@ -202,8 +203,10 @@ Status GptCudaLayerBackward(const GptShape& shape, gpu::Stream& stream, const S*
   const LayerParams<const S*> p(params, C);
   const LayerParams<S*> dp(dparams, C);  // all null: the frozen base of a LoRA run
   const bool weight_grads = dparams != nullptr;
-  STRATA_RETURN_IF_ERROR(
-      LayerForwardInto<S>(shape, cs, mm, p, x_in, B, T, position_ids, w, nullptr, lora));
+  if (!forward_kept) {
+    STRATA_RETURN_IF_ERROR(
+        LayerForwardInto<S>(shape, cs, mm, p, x_in, B, T, position_ids, w, nullptr, lora));
+  }
   const S* dy = dx_out;
   S *ln1 = w.ln1, *qkv = w.qkv, *att = w.att, *x2 = w.x2, *ln2 = w.ln2, *h = w.h, *g = w.g;
   S* dh = g;    // over g, dead after the mlp_proj_w gradient
@@ -343,7 +346,7 @@ Status GptCudaHeadBackward(const GptShape& shape, gpu::Stream& stream, const S* 
                                          const LoraLayerArgs<S>&);                               \
   template Status GptCudaLayerBackward<S>(                                                       \
       const GptShape&, gpu::Stream&, const S*, const S*, const S*, S*, S*, int, int, void*,      \
-      const GptCudaOptions&, const int32_t*, const LoraLayerArgs<S>&);                           \
+      const GptCudaOptions&, const int32_t*, const LoraLayerArgs<S>&, bool);                     \
   template Status GptCudaHeadForward<S>(const GptShape&, gpu::Stream&, const S*, const S*,       \
                                         const int32_t*, int, int, S*, void*, float*,             \
                                         const GptCudaOptions&, const S*, int64_t);               \

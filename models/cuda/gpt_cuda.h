@@ -120,13 +120,15 @@ Status GptCudaLayerForward(const GptShape& shape, gpu::Stream& stream, const S* 
 // Recomputes the forward from x_in, then writes dx_in (B, T, C) and dparams (layer
 // chunk, OVERWRITTEN) from dx_out. dx_in must not overlap x_in or dx_out. position_ids and lora:
 // those of the forward; with active adapters their gradients go to lora.dadapters (OVERWRITTEN)
-// and dparams may be null (LoRA's frozen base: no weight gradient is computed).
+// and dparams may be null (LoRA's frozen base: no weight gradient is computed). forward_kept: the
+// scratch holds what GptCudaLayerForward on the same inputs left there; the recomputation is
+// skipped.
 template <typename S>
 Status GptCudaLayerBackward(const GptShape& shape, gpu::Stream& stream, const S* params,
                             const S* x_in, const S* dx_out, S* dx_in, S* dparams, int B, int T,
                             void* scratch, const GptCudaOptions& options = {},
                             const int32_t* position_ids = nullptr,
-                            const LoraLayerArgs<S>& lora = {});
+                            const LoraLayerArgs<S>& lora = {}, bool forward_kept = false);
 
 // Final LayerNorm and LM head: logits (B, V) written, those of the last position (t = T - 1)
 // of each sequence. With targets (B, T) non-null and loss non-null, *loss (one fp32 in device

@@ -211,7 +211,7 @@ template <typename S>
 Status LlamaCudaLayerBackward(const LlamaConfig& c, gpu::Stream& stream, const S* params,
                               const S* x_in, const S* dx_out, S* dx_in, S* dparams, int B, int T,
                               void* scratch, const int32_t* position_ids,
-                              const LoraLayerArgs<S>& lora) {
+                              const LoraLayerArgs<S>& lora, bool forward_kept) {
   STRATA_ASSIGN_OR_RETURN(cudaStream_t cs,
                           Prepare("LlamaCudaLayerBackward", c, stream, B, T, scratch));
   STRATA_RETURN_IF_ERROR(
@@ -224,8 +224,10 @@ Status LlamaCudaLayerBackward(const LlamaConfig& c, gpu::Stream& stream, const S
   STRATA_ASSIGN_OR_RETURN(const auto mm, MakeProducts<S>(stream, cs));
   const LayerParams<const S*> p(c, params);
   const LayerParams<S*> dp(c, dparams);
-  STRATA_RETURN_IF_ERROR(
-      LayerForwardInto<S>(c, cs, mm, p, x_in, B, T, position_ids, w, nullptr, lora));
+  if (!forward_kept) {
+    STRATA_RETURN_IF_ERROR(
+        LayerForwardInto<S>(c, cs, mm, p, x_in, B, T, position_ids, w, nullptr, lora));
+  }
   const S* dy = dx_out;
   const bool weight_grads = dparams != nullptr;  // null: the frozen base of a LoRA run
 
@@ -349,7 +351,7 @@ Status LlamaCudaHeadBackward(const LlamaConfig& c, gpu::Stream& stream, const S*
                                            const LoraLayerArgs<S>&);                              \
   template Status LlamaCudaLayerBackward<S>(const LlamaConfig&, gpu::Stream&, const S*, const S*, \
                                             const S*, S*, S*, int, int, void*, const int32_t*,    \
-                                            const LoraLayerArgs<S>&);                             \
+                                            const LoraLayerArgs<S>&, bool);                       \
   template Status LlamaCudaHeadForward<S>(const LlamaConfig&, gpu::Stream&, const S*, const S*,   \
                                           const S*, const int32_t*, int, int, S*, void*, float*,  \
                                           int64_t);                                               \

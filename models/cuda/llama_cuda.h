@@ -70,12 +70,13 @@ Status LlamaCudaLayerForward(const LlamaConfig& c, gpu::Stream& stream, const S*
 // Recomputes the forward from x_in, then writes dx_in (B, T, C) and dparams (the layer chunk,
 // OVERWRITTEN) from dx_out. dx_in must not overlap x_in or dx_out. position_ids and lora: the
 // forward's; with active adapters their gradients go to lora.dadapters (OVERWRITTEN) and dparams
-// may be null (LoRA's frozen base: no weight gradient is computed).
+// may be null (LoRA's frozen base: no weight gradient is computed). forward_kept: the scratch
+// holds what LlamaCudaLayerForward on the same inputs left there; the recomputation is skipped.
 template <typename S>
 Status LlamaCudaLayerBackward(const LlamaConfig& c, gpu::Stream& stream, const S* params,
                               const S* x_in, const S* dx_out, S* dx_in, S* dparams, int B, int T,
                               void* scratch, const int32_t* position_ids = nullptr,
-                              const LoraLayerArgs<S>& lora = {});
+                              const LoraLayerArgs<S>& lora = {}, bool forward_kept = false);
 
 // Final RMSNorm and LM head with the (V, C) weight (the head chunk's lm_head, or, tied,
 // tied_params = the embedding chunk; null then is kInvalidArgument). logits (B, V): the last

@@ -180,6 +180,31 @@ TEST(TrainConfig, TheScheduleKeyTakesTheFlagsValuesAndNamesItselfWhenWrong) {
   }
 }
 
+TEST(TrainConfig, ActivationCheckpointingComesFromTheStrataSectionNotDeepSpeeds) {
+  for (const char* want : {"auto", "all", "none"}) {
+    TrainFlags f;
+    const Status s =
+        Apply(fmt::format(R"({{"strata": {{"activation_checkpointing": "{}"}}}})", want), &f);
+    ASSERT_TRUE(s.ok()) << want << ": " << s.ToString();
+    EXPECT_EQ(f.activation_checkpointing, want);
+  }
+  EXPECT_EQ(TrainFlags{}.activation_checkpointing, "auto");
+  TrainFlags bad_flags;
+  const Status bad = Apply(R"({"strata": {"activation_checkpointing": "some"}})", &bad_flags);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.message().find("'strata.activation_checkpointing' must be one of"),
+            std::string::npos)
+      << bad.ToString();
+  // DeepSpeed's section configures where a model's checkpoints live, not which layers recompute.
+  TrainFlags ds;
+  ASSERT_TRUE(Apply(R"({"activation_checkpointing": {
+                        "cpu_checkpointing": false, "number_checkpoints": 4}})",
+                    &ds)
+                  .ok());
+  EXPECT_EQ(ds.activation_checkpointing, "auto");
+  EXPECT_FALSE(ds.offload_activations);
+}
+
 TEST(TrainConfig, TheLoraSectionSetsTheLoraFlags) {
   TrainFlags f;
   ASSERT_TRUE(Apply(R"({"strata": {"lora": {"rank": 8, "alpha": 16, "targets": ["q_proj", "o_proj"],
