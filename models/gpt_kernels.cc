@@ -1,6 +1,6 @@
-// The GPT's blocks as compositions of the shared host ops (models/ops/): each block function
-// reads as the list of op calls with their shapes; the rounding points of gpt_kernels.h are
-// those of the ops.
+// The GPT's host blocks: the layer is the one body of models/gpt_block.h over the host ops
+// adapter (ops::HostOps); the embedding and the head are compositions of the shared host ops
+// (models/ops/). The rounding points of gpt_kernels.h are those of the ops.
 #include "models/gpt_kernels.h"
 
 #include <algorithm>
@@ -9,14 +9,13 @@
 #include <random>
 #include <string>
 
+#include "models/gpt_block.h"
 #include "models/gpt_layout.h"
 #include "models/init.h"
-#include "models/ops/attention.h"
 #include "models/ops/cross_entropy.h"
 #include "models/ops/embedding.h"
-#include "models/ops/gelu.h"
+#include "models/ops/host_ops.h"
 #include "models/ops/layer_norm.h"
-#include "models/ops/matmul.h"
 #include "models/ops/parallel.h"
 
 namespace strata::models {
@@ -24,7 +23,6 @@ namespace {
 
 using ops::Carver;
 using ops::WeightLayout;
-constexpr WeightLayout kInOut = WeightLayout::kInOut;
 
 void CheckBatch(const GptShape& s, int B, int T) {
   STRATA_CHECK_MSG(B >= 1 && T >= 1 && T <= s.max_seq_len,
@@ -60,43 +58,6 @@ int64_t Total(const std::vector<TensorInfo>& tensors) {
 // Scratch layouts (see the header's scratch sizes).
 
 template <typename S>
-struct LayerScratch {
-  using F = ComputeType<S>;
-  F *mean1, *rstd1, *mean2, *rstd2;  // (N)
-  F* lse;                            // (B, H, T)
-  S* ln1;                            // (N, C)
-  S* qkv;                            // (N, 3C)
-  S* att;                            // (N, C)
-  S* x2;                             // (N, C)
-  S* ln2;                            // (N, C)
-  S* h;                              // (N, 4C)
-  S* g;                              // (N, 4C)
-  int64_t size_bytes;
-};
-
-template <typename S>
-LayerScratch<S> CarveLayerScratch(const GptShape& s, int B, int T, void* scratch) {
-  using F = ComputeType<S>;
-  const int64_t N = int64_t{B} * T, C = s.channels;
-  Carver c(scratch);
-  LayerScratch<S> sc;
-  sc.mean1 = c.Take<F>(N);
-  sc.rstd1 = c.Take<F>(N);
-  sc.mean2 = c.Take<F>(N);
-  sc.rstd2 = c.Take<F>(N);
-  sc.lse = c.Take<F>(N * s.num_heads);
-  sc.ln1 = c.Take<S>(N * C);
-  sc.qkv = c.Take<S>(3 * N * C);
-  sc.att = c.Take<S>(N * C);
-  sc.x2 = c.Take<S>(N * C);
-  sc.ln2 = c.Take<S>(N * C);
-  sc.h = c.Take<S>(4 * N * C);
-  sc.g = c.Take<S>(4 * N * C);
-  sc.size_bytes = c.size_bytes();
-  return sc;
-}
-
-template <typename S>
 struct HeadScratch {
   S* lnf;                      // (N, C)
   ComputeType<S>*mean, *rstd;  // (N)
@@ -120,39 +81,6 @@ HeadScratch<S> CarveHeadScratch(const GptShape& s, int B, int T, int64_t chunk_r
   c.Skip(ops::LmHeadScratchBytes<S>(B, T, s.channels, s.vocab_size, chunk_rows));
   sc.size_bytes = c.size_bytes();
   return sc;
-}
-
-ops::AttentionDims AttentionDimsOf(const GptShape& s, int B, int T, const int32_t* position_ids) {
-  return ops::AttentionDims{
-      B,           T, s.num_heads, s.num_heads, s.channels / s.num_heads, 3 * int64_t{s.channels},
-      position_ids};
-}
-
-// The forward up to the GELU output g (all the backward needs), every value in scratch:
-//   ln1 = LN1(x); qkv = ln1 Wqkv + bqkv; att = attention(q, k, v); x2 = x + att Wo + bo;
-//   ln2 = LN2(x2); h = ln2 Wfc + bfc, g = gelu(h).
-template <typename S>
-void LayerForwardToGelu(const GptShape& s, const LayerParams<const S*>& p, const S* x, int B, int T,
-                        const LayerScratch<S>& sc, const LoraLayerArgs<S>& lora,
-                        const int32_t* position_ids) {
-  const int64_t C = s.channels, N = int64_t{B} * T;
-  const double eps = s.layer_norm_eps;
-  ops::LayerNormForward(x, p.ln1_w, p.ln1_b, eps, N, C, sc.ln1, sc.mean1, sc.rstd1);
-  ops::MatmulForward(sc.ln1, p.qkv_w, kInOut, p.qkv_b, sc.qkv, N, C, 3 * C);
-  LoraForward(lora, kGptAttnProduct, sc.ln1, N, sc.qkv, 3 * C);
-  ops::AttentionForward(AttentionDimsOf(s, B, T, position_ids), sc.qkv, sc.qkv + C, sc.qkv + 2 * C,
-                        sc.att, sc.lse);
-  ops::MatmulForward(sc.att, p.attn_proj_w, kInOut, p.attn_proj_b, sc.x2, N, C, C, x);
-  LoraForward(lora, kGptAttnProjProduct, sc.att, N, sc.x2, C);
-  ops::LayerNormForward(sc.x2, p.ln2_w, p.ln2_b, eps, N, C, sc.ln2, sc.mean2, sc.rstd2);
-  if (LoraAddsTo(lora, kGptFcProduct)) {
-    // The adapter adds to the pre-activation: the product, then GELU of its rounded value.
-    ops::MatmulForward(sc.ln2, p.fc_w, kInOut, p.fc_b, sc.h, N, C, 4 * C);
-    LoraForward(lora, kGptFcProduct, sc.ln2, N, sc.h, 4 * C);
-    ops::GeluForward(sc.h, N * 4 * C, sc.g);
-  } else {
-    ops::MatmulGeluForward(sc.ln2, p.fc_w, kInOut, p.fc_b, sc.h, sc.g, N, C, 4 * C);
-  }
 }
 
 // ---------------------------------------------------------------------------
@@ -251,7 +179,7 @@ int64_t GptEmbeddingScratchBytes(const GptShape& s, int B, int T) {
 template <typename S>
 int64_t GptLayerScratchBytes(const GptShape& s, int B, int T) {
   CheckBatch(s, B, T);
-  return CarveLayerScratch<S>(s, B, T, nullptr).size_bytes;
+  return GptLayerScratchLayoutFor<S>(s, B, T).total;
 }
 
 template <typename S>
@@ -335,12 +263,10 @@ template <typename S>
 void GptLayerForward(const GptShape& s, const S* params, const S* x_in, S* x_out, int B, int T,
                      void* scratch, const LoraLayerArgs<S>& lora, const int32_t* position_ids) {
   CheckBatch(s, B, T);
-  const int64_t C = s.channels, N = int64_t{B} * T;
-  const LayerParams<const S*> p(params, C);
-  const LayerScratch<S> sc = CarveLayerScratch<S>(s, B, T, scratch);
-  LayerForwardToGelu(s, p, x_in, B, T, sc, lora, position_ids);
-  ops::MatmulForward(sc.g, p.mlp_proj_w, kInOut, p.mlp_proj_b, x_out, N, 4 * C, C, sc.x2);
-  LoraForward(lora, kGptMlpProjProduct, sc.g, N, x_out, C);
+  const GptLayerBuffers<S, ComputeType<S>> w(GptLayerScratchLayoutFor<S>(s, B, T), scratch);
+  STRATA_CHECK(GptLayerForwardBody(ops::HostOps<S>(), s, LayerParams<const S*>(params, s.channels),
+                                   x_in, x_out, B, T, w, lora, position_ids)
+                   .ok());
 }
 
 template <typename S>
@@ -348,50 +274,11 @@ void GptLayerBackward(const GptShape& s, const S* params, const S* x_in, const S
                       S* dparams, int B, int T, void* scratch, const LoraLayerArgs<S>& lora,
                       const int32_t* position_ids, bool forward_kept) {
   CheckBatch(s, B, T);
-  const int64_t C = s.channels, N = int64_t{B} * T;
-  const LayerParams<const S*> p(params, C);
-  const LayerParams<S*> dp(dparams, C);
-  const LayerScratch<S> sc = CarveLayerScratch<S>(s, B, T, scratch);
-  if (!forward_kept) LayerForwardToGelu(s, p, x_in, B, T, sc, lora, position_ids);
-  const S* dy = dx_out;
-
-  // MLP projection y = x2 + g Wp + bp, through g = gelu(h): dh = S((dy Wp^T) gelu'(h)).
-  S* dh = sc.g;  // g is dead once dWp is computed (first)
-  if (LoraAddsTo(lora, kGptMlpProjProduct)) {
-    // The adapter's share of dg joins before GELU's derivative: dg in the LoRA scratch.
-    S* dg = LoraGradBuffer(lora, N);
-    ops::MatmulBackward(sc.g, p.mlp_proj_w, kInOut, dy, dg, dp.mlp_proj_w, dp.mlp_proj_b, N, 4 * C,
-                        C);
-    LoraBackward(lora, kGptMlpProjProduct, sc.g, dy, N, C, dg);
-    ops::GeluBackward(sc.h, dg, N * 4 * C, dh);
-  } else {
-    ops::MatmulGeluBackward(sc.g, p.mlp_proj_w, kInOut, dy, sc.h, dh, dp.mlp_proj_w, dp.mlp_proj_b,
-                            N, 4 * C, C);
-  }
-  // MLP fc h = ln2 Wfc + bfc.
-  S* dln2 = sc.h;  // h is dead
-  ops::MatmulBackward(sc.ln2, p.fc_w, kInOut, dh, dln2, dp.fc_w, dp.fc_b, N, C, 4 * C);
-  LoraBackward(lora, kGptFcProduct, sc.ln2, dh, N, 4 * C, dln2);
-  // LayerNorm 2 and the MLP residual: dx2 = S(dy + LN2'(dln2)).
-  S* dx2 = sc.ln2;  // ln2 is dead
-  ops::LayerNormBackward(sc.x2, p.ln2_w, sc.mean2, sc.rstd2, dln2, dy, N, C, dx2, dp.ln2_w,
-                         dp.ln2_b);
-  // Attention projection x2 = x + att Wo + bo.
-  S* datt = sc.x2;  // x2 is dead
-  ops::MatmulBackward(sc.att, p.attn_proj_w, kInOut, dx2, datt, dp.attn_proj_w, dp.attn_proj_b, N,
-                      C, C);
-  LoraBackward(lora, kGptAttnProjProduct, sc.att, dx2, N, C, datt);
-  // Attention core: dq, dk, dv as the column blocks of dqkv.
-  S* dqkv = sc.g;  // dh is dead
-  ops::AttentionBackward(AttentionDimsOf(s, B, T, position_ids), sc.qkv, sc.qkv + C, sc.qkv + 2 * C,
-                         sc.att, datt, sc.lse, dqkv, dqkv + C, dqkv + 2 * C);
-  // qkv = ln1 Wqkv + bqkv.
-  S* dln1 = sc.h;  // dln2 is dead
-  ops::MatmulBackward(sc.ln1, p.qkv_w, kInOut, dqkv, dln1, dp.qkv_w, dp.qkv_b, N, C, 3 * C);
-  LoraBackward(lora, kGptAttnProduct, sc.ln1, dqkv, N, 3 * C, dln1);
-  // LayerNorm 1 and the attention residual: dx = S(dx2 + LN1'(dln1)).
-  ops::LayerNormBackward(x_in, p.ln1_w, sc.mean1, sc.rstd1, dln1, dx2, N, C, dx_in, dp.ln1_w,
-                         dp.ln1_b);
+  const GptLayerBuffers<S, ComputeType<S>> w(GptLayerScratchLayoutFor<S>(s, B, T), scratch);
+  STRATA_CHECK(GptLayerBackwardBody(ops::HostOps<S>(), s, LayerParams<const S*>(params, s.channels),
+                                    x_in, dx_out, dx_in, LayerParams<S*>(dparams, s.channels), B, T,
+                                    w, lora, position_ids, forward_kept)
+                   .ok());
 }
 
 // ---------------------------------------------------------------------------

@@ -1,4 +1,7 @@
-// Host (CPU) forward and backward kernels of a GPT-2 style model, per engine block.
+// Host (CPU) forward and backward kernels of a GPT-2 style model, per engine block. The layer is
+// written once, over an ops backend (models/gpt_block.h): these functions run it over the host
+// ops (ops::HostOps, models/ops/host_ops.h), models/cuda/gpt_cuda.h over the CUDA ops, with one
+// scratch layout (models/gpt_layout.h).
 //
 // Model: GPT-2 (Radford et al., "Language Models are Unsupervised Multitask
 // Learners", 2019) with pre-LayerNorm blocks: token + learned position
@@ -69,7 +72,7 @@
 //               4 C V bytes, is smaller than the (N, V) logits in S whenever N > 2 C.
 // With tied embeddings Wlm is wte^T (read in place from the embedding chunk), dWlm is dwte.
 // For S = float every S(.) is the identity and the kernels are the fp32 path.
-// Every block is a composition of the shared host ops of models/ops/ (embedding, layer_norm,
+// Every block is a composition of the shared ops of models/ops/ (embedding, layer_norm,
 // matmul, attention, gelu, cross_entropy), whose headers state these rounding points op by op.
 //
 // Determinism: every function gives bit-identical results across runs and
@@ -151,13 +154,15 @@ void InitGptHeadParams(const GptShape& shape, uint64_t seed, float* params);
 // sequences of T tokens; forward and backward of a block share one scratch (the backward
 // recomputes the forward from x_in: activation checkpointing at block boundaries). B >= 1,
 // 1 <= T <= max_seq_len (STRATA_CHECK). Pure, thread-safe. The scratch is a sequence of
-// sub-buffers, each starting at a multiple of 64 bytes from the scratch's start (the scratch
-// itself must be aligned to at least alignof(ComputeType<S>)); F = ComputeType<S>, N = B T:
+// sub-buffers, each starting at a multiple of 64 bytes (the layer's: 256) from the scratch's
+// start (the scratch itself must be aligned to at least alignof(ComputeType<S>));
+// F = ComputeType<S>, N = B T:
 //   Embedding: first (V + 1) int32, order (N) int32 (a counting sort of positions by token).
-//   Layer:     mean1, rstd1, mean2, rstd2 (N) F; lse (B, H, T) F (attention log-sum-exp);
-//              ln1 (N, C), qkv (N, 3C), att (N, C), x2 (N, C), ln2 (N, C), h (N, 4C), g (N, 4C)
-//              in S (15 N C elements; the backward reuses them for the gradients). No T x T
-//              buffer: attention works on per-thread tiles.
+//   Layer:     GptLayerScratchLayout (models/gpt_layout.h), the one layout of the host and CUDA
+//              layers: mean1, rstd1, mean2, rstd2 (N) F; lse, delta (B, H, T) F; the CUDA ops'
+//              column-sum partials; ln1 (N, C), qkv (N, 3C), att (N, C), x2 (N, C), ln2 (N, C),
+//              h (N, 4C), g (N, 4C), dln (N, C) in S (16 N C elements; the backward reuses them
+//              for the gradients). No T x T buffer: attention works on per-thread tiles.
 //   Head:      lnf (N, C) S; mean, rstd (N) F; then the LM head's scratch
 //              (ops::LmHeadScratchBytes: loss (N) F; logits chunk (R, V) S with
 //              R = HeadChunkRows(N, V); dWlm accumulator (C, V) fp32 for 16-bit S, none for

@@ -1,3 +1,6 @@
+// The Llama family's host blocks: the layer is the one body of models/llama_block.h over the host
+// ops adapter (ops::HostOps); the embedding and the head are compositions of the shared host ops
+// (models/ops/).
 #include "models/llama_kernels.h"
 
 #include <algorithm>
@@ -9,13 +12,14 @@
 
 #include "base/status.h"
 #include "models/init.h"
-#include "models/ops/attention.h"
+#include "models/llama_block.h"
+#include "models/llama_layout.h"
 #include "models/ops/cross_entropy.h"
 #include "models/ops/embedding.h"
+#include "models/ops/host_ops.h"
 #include "models/ops/matmul.h"
 #include "models/ops/parallel.h"
 #include "models/ops/rms_norm.h"
-#include "models/ops/swiglu.h"
 
 namespace strata::models {
 namespace {
@@ -32,76 +36,6 @@ int64_t Total(const std::vector<LlamaTensor>& t) {
   return t.empty() ? 0 : t.back().offset + t.back().num_elems;
 }
 
-// The sizes every block function works with.
-struct Dims {
-  int64_t N, C, I, H, Hkv, hs, Dq, Dkv, Dqkv, V;
-  Dims(const LlamaConfig& c, int B, int T)
-      : N(int64_t{B} * T),
-        C(c.hidden_size),
-        I(c.intermediate_size),
-        H(c.num_heads),
-        Hkv(c.num_kv_heads),
-        hs(c.head_dim),
-        Dq(H * hs),
-        Dkv(Hkv * hs),
-        Dqkv(Dq + 2 * Dkv),
-        V(c.vocab_size) {}
-};
-
-// The tensors of a layer chunk, from the one layout table (llama_config.h).
-template <typename P>
-struct LayerParams {
-  P w_in;    // input_layernorm (C)
-  P wqkv;    // q_proj, k_proj, v_proj: (Dqkv, C)
-  P wo;      // o_proj (C, Dq)
-  P w_post;  // post_attention_layernorm (C)
-  P wgu;     // gate_proj, up_proj: (2I, C)
-  P wd;      // down_proj (C, I)
-  // base null (a backward that computes no weight gradient: LoRA's frozen layer): every
-  // pointer null.
-  LayerParams(const LlamaConfig& c, P base) {
-    if (base == nullptr) {
-      w_in = wqkv = wo = w_post = wgu = wd = nullptr;
-      return;
-    }
-    const std::vector<LlamaTensor> t = LlamaLayerTensors(c, 0);
-    w_in = base + t[0].offset;
-    wqkv = base + t[1].offset;
-    wo = base + t[4].offset;
-    w_post = base + t[5].offset;
-    wgu = base + t[6].offset;
-    wd = base + t[8].offset;
-  }
-};
-
-// The layer scratch (LlamaLayerScratchBytes in the header), carved in one walk.
-template <typename S>
-struct LayerScratch {
-  using F = ComputeType<S>;
-  F *rstd1, *rstd2, *lse, *cos, *sin;
-  S *xn, *qkv, *att, *x2, *xn2, *gu, *h, *grad, *dqkv;
-  int64_t size_bytes;
-  LayerScratch(const LlamaConfig& c, int B, int T, void* base) {
-    const Dims d(c, B, T);
-    ops::Carver k(base);
-    rstd1 = k.Take<F>(d.N);
-    rstd2 = k.Take<F>(d.N);
-    lse = k.Take<F>(d.N * d.H);
-    cos = k.Take<F>(int64_t{T} * d.hs / 2);
-    sin = k.Take<F>(int64_t{T} * d.hs / 2);
-    xn = k.Take<S>(d.N * d.C);
-    qkv = k.Take<S>(d.N * d.Dqkv);
-    att = k.Take<S>(d.N * d.Dq);
-    x2 = k.Take<S>(d.N * d.C);
-    xn2 = k.Take<S>(d.N * d.C);
-    gu = k.Take<S>(d.N * 2 * d.I);
-    h = k.Take<S>(d.N * d.I);
-    grad = k.Take<S>(d.N * std::max({d.C, d.I, d.Dq}));
-    dqkv = k.Take<S>(d.N * d.Dqkv);
-    size_bytes = k.size_bytes();
-  }
-};
-
 template <typename S>
 struct HeadScratch {
   using F = ComputeType<S>;
@@ -110,7 +44,7 @@ struct HeadScratch {
   void* lm_head;
   int64_t size_bytes;
   HeadScratch(const LlamaConfig& c, int B, int T, void* base) {
-    const Dims d(c, B, T);
+    const LlamaDims d(c, B, T);
     ops::Carver k(base);
     rstd = k.Take<F>(d.N);
     xn = k.Take<S>(d.N * d.C);
@@ -119,28 +53,6 @@ struct HeadScratch {
     size_bytes = k.size_bytes();
   }
 };
-
-// The forward of a layer up to the SwiGLU output h, every intermediate in scratch.
-template <typename S>
-void LayerForwardToSwiglu(const LlamaConfig& c, const LayerParams<const S*>& p, const S* x, int B,
-                          int T, const LayerScratch<S>& sc, const LoraLayerArgs<S>& lora,
-                          const int32_t* position_ids) {
-  const Dims d(c, B, T);
-  ops::RmsNormForward(x, p.w_in, c.rms_norm_eps, d.N, d.C, sc.xn, sc.rstd1);
-  ops::MatmulForward<S>(sc.xn, p.wqkv, WeightLayout::kOutIn, nullptr, sc.qkv, d.N, d.C, d.Dqkv);
-  LoraForward(lora, kQkvProduct, sc.xn, d.N, sc.qkv, d.Dqkv);
-  ops::RopeTable(LlamaRopeParams(c), T, sc.cos, sc.sin);
-  ops::RopeForward(sc.qkv, d.N, d.Dqkv, c.num_heads + c.num_kv_heads, c.head_dim, T, sc.cos, sc.sin,
-                   position_ids);
-  const ops::AttentionDims ad{B, T, c.num_heads, c.num_kv_heads, c.head_dim, d.Dqkv, position_ids};
-  ops::AttentionForward(ad, sc.qkv, sc.qkv + d.Dq, sc.qkv + d.Dq + d.Dkv, sc.att, sc.lse);
-  ops::MatmulForward<S>(sc.att, p.wo, WeightLayout::kOutIn, nullptr, sc.x2, d.N, d.Dq, d.C, x);
-  LoraForward(lora, kOutProduct, sc.att, d.N, sc.x2, d.C);
-  ops::RmsNormForward(sc.x2, p.w_post, c.rms_norm_eps, d.N, d.C, sc.xn2, sc.rstd2);
-  ops::MatmulForward<S>(sc.xn2, p.wgu, WeightLayout::kOutIn, nullptr, sc.gu, d.N, d.C, 2 * d.I);
-  LoraForward(lora, kGateUpProduct, sc.xn2, d.N, sc.gu, 2 * d.I);
-  ops::SwigluForward(sc.gu, d.N, d.I, sc.h);
-}
 
 // ---------------------------------------------------------------------------
 // Initialisation.
@@ -168,7 +80,7 @@ void InitChunk(const std::vector<LlamaTensor>& tensors, uint64_t seed, uint64_t 
 }  // namespace
 
 std::vector<LoraModule> LlamaLoraModules(const LlamaConfig& c) {
-  const Dims d(c, 1, 1);
+  const LlamaDims d(c, 1, 1);
   const std::vector<LlamaTensor> t = LlamaLayerTensors(c, 0);
   const int64_t qkv = t[1].offset, o = t[4].offset, gu = t[6].offset, down = t[8].offset;
   return {{"q_proj", "self_attn.q_proj", kQkvProduct, d.C, d.Dq, 0, qkv},
@@ -219,7 +131,7 @@ int64_t LlamaEmbeddingScratchBytes(const LlamaConfig& c, int B, int T) {
 template <typename S>
 int64_t LlamaLayerScratchBytes(const LlamaConfig& c, int B, int T) {
   CheckBatch(c, B, T);
-  return LayerScratch<S>(c, B, T, nullptr).size_bytes;
+  return LlamaLayerScratchLayoutFor<S>(c, B, T).total;
 }
 
 template <typename S>
@@ -253,12 +165,10 @@ template <typename S>
 void LlamaLayerForward(const LlamaConfig& c, const S* params, const S* x_in, S* x_out, int B, int T,
                        void* scratch, const LoraLayerArgs<S>& lora, const int32_t* position_ids) {
   CheckBatch(c, B, T);
-  const Dims d(c, B, T);
-  const LayerParams<const S*> p(c, params);
-  const LayerScratch<S> sc(c, B, T, scratch);
-  LayerForwardToSwiglu(c, p, x_in, B, T, sc, lora, position_ids);
-  ops::MatmulForward<S>(sc.h, p.wd, WeightLayout::kOutIn, nullptr, x_out, d.N, d.I, d.C, sc.x2);
-  LoraForward(lora, kDownProduct, sc.h, d.N, x_out, d.C);
+  const LlamaLayerBuffers<S, ComputeType<S>> w(LlamaLayerScratchLayoutFor<S>(c, B, T), scratch);
+  STRATA_CHECK(LlamaLayerForwardBody(ops::HostOps<S>(), c, LlamaLayerParams<const S*>(c, params),
+                                     x_in, x_out, B, T, w, lora, position_ids)
+                   .ok());
 }
 
 template <typename S>
@@ -267,46 +177,11 @@ void LlamaLayerBackward(const LlamaConfig& c, const S* params, const S* x_in, co
                         const LoraLayerArgs<S>& lora, const int32_t* position_ids,
                         bool forward_kept) {
   CheckBatch(c, B, T);
-  const Dims d(c, B, T);
-  const LayerParams<const S*> p(c, params);
-  const LayerParams<S*> dp(c, dparams);
-  const LayerScratch<S> sc(c, B, T, scratch);
-  if (!forward_kept) LayerForwardToSwiglu(c, p, x_in, B, T, sc, lora, position_ids);
-  const S* dy = dx_out;
-
-  // Down projection y = x2 + h Wd^T: dh (N, I) into the gradient buffer.
-  S* dh = sc.grad;
-  ops::MatmulBackward<S>(sc.h, p.wd, WeightLayout::kOutIn, dy, dh, dp.wd, nullptr, d.N, d.I, d.C);
-  LoraBackward(lora, kDownProduct, sc.h, dy, d.N, d.C, dh);
-  // SwiGLU: [dgate | dup] in place over gu.
-  S* dgu = sc.gu;
-  ops::SwigluBackward(sc.gu, dh, d.N, d.I, dgu);
-  // Gate/up projection gu = xn2 Wgu^T: dxn2 (N, C) into the gradient buffer (dh is dead).
-  S* dxn2 = sc.grad;
-  ops::MatmulBackward<S>(sc.xn2, p.wgu, WeightLayout::kOutIn, dgu, dxn2, dp.wgu, nullptr, d.N, d.C,
-                         2 * d.I);
-  LoraBackward(lora, kGateUpProduct, sc.xn2, dgu, d.N, 2 * d.I, dxn2);
-  // Post-attention RMSNorm and the MLP residual: dx2 = S(dy + RMS2'(dxn2)), over xn2 (dead).
-  S* dx2 = sc.xn2;
-  ops::RmsNormBackward(sc.x2, p.w_post, sc.rstd2, dxn2, dy, d.N, d.C, dx2, dp.w_post);
-  // Output projection x2 = x + att Wo^T: datt (N, Dq) into the gradient buffer.
-  S* datt = sc.grad;
-  ops::MatmulBackward<S>(sc.att, p.wo, WeightLayout::kOutIn, dx2, datt, dp.wo, nullptr, d.N, d.Dq,
-                         d.C);
-  LoraBackward(lora, kOutProduct, sc.att, dx2, d.N, d.C, datt);
-  // Attention: [dq | dk | dv] (N, Dqkv), then RoPE's inverse rotation of dq and dk.
-  const ops::AttentionDims ad{B, T, c.num_heads, c.num_kv_heads, c.head_dim, d.Dqkv, position_ids};
-  ops::AttentionBackward(ad, sc.qkv, sc.qkv + d.Dq, sc.qkv + d.Dq + d.Dkv, sc.att, datt, sc.lse,
-                         sc.dqkv, sc.dqkv + d.Dq, sc.dqkv + d.Dq + d.Dkv);
-  ops::RopeBackward(sc.dqkv, d.N, d.Dqkv, c.num_heads + c.num_kv_heads, c.head_dim, T, sc.cos,
-                    sc.sin, position_ids);
-  // q/k/v projection qkv = xn Wqkv^T: dxn (N, C) into the gradient buffer (datt is dead).
-  S* dxn = sc.grad;
-  ops::MatmulBackward<S>(sc.xn, p.wqkv, WeightLayout::kOutIn, sc.dqkv, dxn, dp.wqkv, nullptr, d.N,
-                         d.C, d.Dqkv);
-  LoraBackward(lora, kQkvProduct, sc.xn, sc.dqkv, d.N, d.Dqkv, dxn);
-  // Input RMSNorm and the attention residual: dx = S(dx2 + RMS1'(dxn)).
-  ops::RmsNormBackward(x_in, p.w_in, sc.rstd1, dxn, dx2, d.N, d.C, dx_in, dp.w_in);
+  const LlamaLayerBuffers<S, ComputeType<S>> w(LlamaLayerScratchLayoutFor<S>(c, B, T), scratch);
+  STRATA_CHECK(LlamaLayerBackwardBody(ops::HostOps<S>(), c, LlamaLayerParams<const S*>(c, params),
+                                      x_in, dx_out, dx_in, LlamaLayerParams<S*>(c, dparams), B, T,
+                                      w, lora, position_ids, forward_kept)
+                   .ok());
 }
 
 // ---------------------------------------------------------------------------
@@ -328,7 +203,7 @@ ComputeType<S> LlamaHeadForward(const LlamaConfig& c, const S* params, const S* 
                                 const S* x_in, const int32_t* targets, int B, int T, S* logits,
                                 void* scratch, int64_t loss_tokens) {
   CheckBatch(c, B, T);
-  const Dims d(c, B, T);
+  const LlamaDims d(c, B, T);
   const HeadScratch<S> sc(c, B, T, scratch);
   STRATA_CHECK_MSG(HeadWeight(c, params, tied_embed) != nullptr,
                    "Llama head without its weight (tied: the embedding chunk)");
@@ -344,7 +219,7 @@ void LlamaHeadBackward(const LlamaConfig& c, const S* params, const S* tied_embe
                        S* dparams, S* tied_dembed, void* scratch, int64_t loss_tokens) {
   CheckBatch(c, B, T);
   STRATA_CHECK(targets != nullptr);
-  const Dims d(c, B, T);
+  const LlamaDims d(c, B, T);
   const HeadScratch<S> sc(c, B, T, scratch);
   STRATA_CHECK_MSG(HeadWeight(c, params, tied_embed) != nullptr,
                    "Llama head without its weight (tied: the embedding chunk)");

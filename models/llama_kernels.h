@@ -1,5 +1,8 @@
 // Host (CPU) forward and backward of the Llama family's blocks (LlamaForCausalLM semantics;
-// models/llama_config.h), each a list of shared op calls (models/ops/) with their shapes.
+// models/llama_config.h), each a list of shared op calls (models/ops/) with their shapes. The
+// layer is written once, over an ops backend (models/llama_block.h): these functions run it over
+// the host ops (ops::HostOps, models/ops/host_ops.h), models/cuda/llama_cuda.h over the CUDA ops,
+// with one scratch layout (models/llama_layout.h).
 //
 // Blocks and chunks (the layouts of llama_config.h, Hugging Face tensor order, nn.Linear weights
 // (out, in), kOutIn): block 0 = embedding (embed_tokens (V, C)); blocks 1..L = decoder layers;
@@ -67,11 +70,13 @@ void InitLlamaHeadParams(const LlamaConfig& c, uint64_t seed, float* params);
 
 // Scratch in bytes of each block for storage type S and B sequences of T tokens; forward and
 // backward of a block share one scratch. Pure. The scratch must be aligned to 64 bytes; it is
-// carved (one walk, each part 64-byte aligned; F = ComputeType<S>) as
+// carved (one walk, each part 64-byte aligned, the layer's 256; F = ComputeType<S>) as
 //   Embedding: ops::EmbeddingBackwardScratchBytes(N, V).
-//   Layer:     rstd1, rstd2 (N) F; lse (B, H, T) F; cos, sin (T, hs/2) F; then in S:
-//              xn (N, C), qkv (N, Dqkv), att (N, Dq), x2 (N, C), xn2 (N, C), gu (N, 2I),
-//              h (N, I), a gradient buffer (N, max(C, I, Dq)) and dqkv (N, Dqkv).
+//   Layer:     LlamaLayerScratchLayout (models/llama_layout.h), the one layout of the host and
+//              CUDA layers: rstd1, rstd2 (N) F; lse, delta (B, H, T) F; cos, sin (T, hs/2) F;
+//              the CUDA ops' RMSNorm partials; then in S: xn (N, C), qkv (N, Dqkv), att (N, Dq),
+//              x2 (N, C), xn2 (N, C), gu (N, 2I), h (N, I), a gradient buffer (N, max(C, I, Dq))
+//              and dqkv (N, Dqkv).
 //   Head:      rstd (N) F; xn (N, C) S; ops::LmHeadScratchBytes<S>(B, T, C, V).
 template <typename S>
 int64_t LlamaEmbeddingScratchBytes(const LlamaConfig& c, int B, int T);

@@ -1,11 +1,13 @@
 // The GPT's blocks on the CUDA backend: the same forward and backward as the host
 // kernels of models/gpt_kernels.h (same model, same chunk layouts, same shapes, same
-// recompute-from-x_in activation checkpointing), launched on a CUDA stream.
+// recompute-from-x_in activation checkpointing), launched on a CUDA stream. The layer is the
+// family's one body (models/gpt_block.h) over the CUDA ops adapter (ops::cuda::CudaOps,
+// models/ops/cuda/cuda_ops.cuh), with the family's one layer scratch layout (models/gpt_layout.h).
 //
 // This header is plain C++ (no CUDA headers), so models/gpt.cc includes it in every
-// build; the scratch sizes (gpt_cuda_layout.h) are always available, the block functions are
-// defined only when the binary has the CUDA backend (STRATA_HAVE_CUDA). The ops behind
-// them are the CUDA ops library, models/ops/cuda/ops.cuh.
+// build; the scratch sizes (gpt_cuda_layout.h, gpt_layout.h) are always available, the block
+// functions are defined only when the binary has the CUDA backend (STRATA_HAVE_CUDA). The ops
+// behind them are the CUDA ops library, models/ops/cuda/ops.cuh.
 //
 // Conventions for every block function:
 //   - `stream` is a CUDA backend stream (gpu::NativeStream STRATA_CHECKs it); all work
@@ -34,14 +36,14 @@
 //     recovers), as with any fault. So the caller validates data, as for the host
 //     kernels (whose check is a STRATA_CHECK).
 //   - Nothing is allocated: intermediate values live in `scratch` (sizes and layout in
-//     gpt_cuda_layout.h; 16-byte aligned, 256 for the fastest products); the cuBLASLt
-//     products use the stream's cuBLAS workspace (gpu::CublasWorkspace, 32 MiB outside the
-//     arena, taken by GptCudaPrepareStream). All N = B T rows are computed at once (the head's
-//     logits in chunks of rows); matrix products go through cuBLASLt with fused epilogues
-//     (gpu/cuda/cuda_lt_matmul.h; algorithm chosen once per shape and cached); attention is fused
-//     (FlashAttention-2 style, no T x T matrix). GptCudaPrepareStream loads cuBLAS and cuBLASLt and
-//     makes the device's Lt handle before the first step: kUnavailable when either library is
-//     absent.
+//     gpt_layout.h for the layer, gpt_cuda_layout.h for the embedding and head; 16-byte aligned,
+//     256 for the fastest products); the cuBLASLt products use the stream's cuBLAS workspace
+//     (gpu::CublasWorkspace, 32 MiB outside the arena, taken by GptCudaPrepareStream). All N = B T
+//     rows are computed at once (the head's logits in chunks of rows); matrix products go through
+//     cuBLASLt with fused epilogues (gpu/cuda/cuda_lt_matmul.h; algorithm chosen once per shape and
+//     cached); attention is fused (FlashAttention-2 style, no T x T matrix). GptCudaPrepareStream
+//     loads cuBLAS and cuBLASLt and makes the device's Lt handle before the first step:
+//     kUnavailable when either library is absent.
 //   - Products take S inputs and outputs with fp32 accumulation (CUBLAS_COMPUTE_32F; TF32 for
 //     the fp32 path only with GptCudaOptions::allow_tf32). Reductions use a fixed order and a
 //     fixed launch shape for a given problem, and there are no floating-point atomics (the
@@ -74,7 +76,8 @@ struct GptCudaOptions {
 // Scratch of the block functions below in bytes, for storage type S (float, Bf16, Fp16) and a
 // micro-batch of B sequences of T tokens: GptCudaEmbeddingScratchBytes, GptCudaLayerScratchBytes
 // and GptCudaHeadScratchBytes are in models/cuda/gpt_cuda_layout.h (plain C++, always built), with
-// the layout behind them.
+// the layouts behind them (the layer's: GptLayerScratchLayout, models/gpt_layout.h, the host's
+// too).
 
 // Takes what the blocks need from `stream` beyond their scratch, once, before any block
 // runs: the stream's cuBLAS handle with its workspace (gpu::CublasHandle). Errors as

@@ -1,6 +1,9 @@
 // The Llama family's blocks on the CUDA backend: the same forward and backward as the host
 // kernels of models/llama_kernels.h (same chunk layouts, shapes, rounding points and
-// recompute-from-x_in activation checkpointing), composed from the CUDA ops of
+// recompute-from-x_in activation checkpointing). The layer is the family's one body
+// (models/llama_block.h) over the CUDA ops adapter (ops::cuda::CudaOps, models/ops/cuda/
+// cuda_ops.cuh), with the family's one layer scratch layout (models/llama_layout.h); the blocks
+// are composed from the CUDA ops of
 // models/ops/cuda/ops.cuh (RMSNorm, RoPE, SwiGLU, the grouped-query attention on tensor cores
 // where it applies, the embedding, the chunked head) and its cuBLASLt products: q/k/v as one
 // (Dqkv, C) kOutIn product (a transposed-B GEMM), gate/up as one (2I, C), o_proj and down_proj
@@ -8,7 +11,8 @@
 //
 // Plain C++ header (no CUDA headers), so models/llama.cc includes it in every build; the block
 // functions are defined only when the binary has the CUDA backend (STRATA_HAVE_CUDA). The
-// scratch sizes and layout are in models/cuda/llama_cuda_layout.h (always built).
+// scratch sizes and layouts are in models/cuda/llama_cuda_layout.h and, the layer's,
+// models/llama_layout.h (always built).
 //
 // Conventions (as models/cuda/gpt_cuda.h): `stream` is a CUDA backend stream, all work enqueued
 // on it in order; every pointer is DEVICE memory of its device, of storage type S (tokens and

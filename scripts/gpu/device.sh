@@ -15,6 +15,13 @@
 #             placement chosen with the H200 profile; then PyTorch resident at the same shape
 #             (tokens/s, bytes moved)  (~9 min: give it its own call)
 #   roofline  bench_memory_roofline: triad, a += s*b and the CPU AdamW step, GB/s per thread count
+#   targets   issue 42's targets in one call (~9 min: give it its own call, BUDGET=570): the
+#             machine profile measured (strata doctor --machine-profile), gpt2-1.5b B=8 T=1024 and
+#             gpt-7b B=2 T=2048 with everything on the GPU (bench_train_step's device cases, the
+#             plan choosing which layers keep their activations), gpt-7b at a 24 GiB budget
+#             (params from pinned host, AdamW on the CPU, layer-major, 16 micro-batches of
+#             2 x 2048), PyTorch resident at both shapes, then each case's step as the measured
+#             profile predicts it (strata estimate --machine) against the measured one
 #   CMD...    any command, in the unpacked tree, with the libraries set up
 # Each phase stays inside $BUDGET seconds (default 300); each step is cut to the time left. The
 # summary (steps with their time and result, then Strata's tokens/s and MFU against PyTorch's)
@@ -180,6 +187,41 @@ print("%s, %.0f tok/s, h2d %.3g B, d2h %.3g B, peak %.3g B" % (d["schedule"], d[
   results[-1]="${results[-1]}: $(tail -1 "$L/torch_7b.log" | cut -c1-200)"
   cp "$L"/gpt7b_*.json "$O/" 2>/dev/null
   ;;
+targets)
+  # Issue 42: each target measured beside PyTorch, and predicted by the profile measured here.
+  export STRATA_BENCH_DIR=/var/tmp
+  profile=$L/machine-measured.json
+  step doctor_profile 90 "$L/doctor.log" "$build/tools/strata" doctor --machine-profile "$profile" \
+    --path /var/tmp
+  [[ -f $profile ]] || profile=$root/bench/machines/h200.json
+  step bench_device 230 "$L/bench_device.log" env STRATA_BENCH_BUDGET_S=200 \
+    "$build/bench/gpu/bench_train_step" --benchmark_out="$L/bench_device.json" \
+    --benchmark_out_format=json --benchmark_counters_tabular=true \
+    --benchmark_filter='TrainStep/(gpt2-1\.5b|gpt-7b)/device/'
+  : >"$L/torch_baseline.jsonl"
+  step torch_gpt2-1.5b 45 "$L/torch_gpt2.log" env PYTHONUNBUFFERED=1 python3 \
+    bench/gpu/torch_gpt_baseline.py --preset gpt2-1.5b --batch 8 --seq-len 1024 --warmup 2 --steps 5
+  tail -1 "$L/torch_gpt2.log" | grep '^{' >>"$L/torch_baseline.jsonl"
+  step torch_gpt-7b 100 "$L/torch_7b.log" env PYTHONUNBUFFERED=1 python3 \
+    bench/gpu/torch_gpt_baseline.py --preset gpt-7b --batch 2 --seq-len 2048 --warmup 1 --steps 3 \
+    --fit-layers
+  tail -1 "$L/torch_7b.log" | grep '^{' >>"$L/torch_baseline.jsonl"
+  offload=(--model gpt-7b --micro-batch-size 2 --seq-len 2048 --grad-accum-steps 16
+    --device-budget 24GiB --offload-params host --offload-optimizer host --schedule layer-major)
+  step gpt7b_24g_layer_major $(($(left) - 15)) "$L/gpt7b_24g.log" "$build/tools/strata" train \
+    "${offload[@]}" --device cuda --steps 3 --log-every 1 --eval-every 0 --sample-bytes 0 \
+    --summary-json "$L/gpt7b_24g.json"
+  # What the measured profile predicts for each case, beside what was measured.
+  resident=(--device-budget 128GiB --offload-params device --offload-optimizer device)
+  "$build/tools/strata" estimate --model gpt2-1.5b --micro-batch-size 8 --seq-len 1024 \
+    "${resident[@]}" --machine "$profile" --json >"$L/estimate_gpt2-1.5b_device.json" 2>&1
+  "$build/tools/strata" estimate --model gpt-7b --micro-batch-size 2 --seq-len 2048 \
+    "${resident[@]}" --machine "$profile" --json >"$L/estimate_gpt-7b_device.json" 2>&1
+  "$build/tools/strata" estimate "${offload[@]}" --machine "$profile" --json \
+    >"$L/estimate_gpt-7b_24g.json" 2>&1
+  cp "$profile" "$L"/bench_device.json "$L"/torch_baseline.jsonl "$L"/gpt7b_24g.json \
+    "$L"/estimate_*.json "$O/" 2>/dev/null
+  ;;
 roofline)
   # The host's memory roofline and the CPU AdamW step against it, 1..all cores (issue 29).
   step bench_memory_roofline $(($(left) - 5)) "$L/roofline.log" \
@@ -198,6 +240,11 @@ esac
   echo "=== summary: $phase ($((SECONDS - t0)) s of $BUDGET s) ==="
   for i in "${!names[@]}"; do printf '%-17s %4s s  %s\n' "${names[$i]}" "${times[$i]}" "${results[$i]}"; done
   [[ $phase == roofline ]] && cat "$O/roofline.txt"
+  if [[ $phase == targets ]]; then
+    echo
+    echo "=== issue 42 targets: measured, PyTorch, predicted by the measured profile ==="
+    python3 "$root/scripts/gpu/targets_table.py" "$L"
+  fi
   if [[ $phase == perf ]]; then
     echo
     echo "=== MFU (model FLOPs per second / dense bf16 peak) ==="

@@ -52,9 +52,9 @@ void ExpectPlaced(const std::vector<NamedRegion>& regions, int64_t total, const 
 template <typename S>
 void CheckLayouts(const GptShape& s, int B, int T, const std::string& what) {
   const int64_t N = int64_t{B} * T, C = s.channels, e = sizeof(S);
-  const GptCudaLayerScratchLayout l = GptCudaLayerScratchLayoutFor<S>(s, B, T);
+  const GptLayerScratchLayout l = GptLayerScratchLayoutFor<S>(s, B, T);
   EXPECT_EQ(l.total, GptCudaLayerScratchBytes<S>(s, B, T));
-  for (const auto& [phase, live] : CudaLayerLivePhases<S>(s, B, T)) {
+  for (const auto& [phase, live] : GptLayerLivePhases<S>(s, B, T)) {
     ExpectPlaced(live, l.total, what + " layer " + phase);
     for (size_t i = 0; i < live.size(); ++i) {
       for (size_t j = i + 1; j < live.size(); ++j) {

@@ -951,7 +951,7 @@ TYPED_TEST(GptCudaTypedTest, EveryOpRoundsWhereTheHostOpRoundsInTheEngineShapes)
     // chunking is measured too.
     const auto mm = ops::cuda::Products<S>::Make(*this->stream_, cs);
     ASSERT_TRUE(mm.ok()) << mm.status().ToString();
-    const int64_t acc_rows = cuda::GeluAccRows(N, sizeof(S));
+    const int64_t acc_rows = GeluAccRows(N, sizeof(S));
     const gpu::DeviceSpan acc = f32(acc_rows * 4 * C);
     ASSERT_TRUE(mm->GeluInputGrad(ops::WeightLayout::kInOut, N, 4 * C, C, dy.as<S>(), wp.as<S>(),
                                   pre.as<S>(), acc.as<float>(), acc_rows, dh.as<S>())

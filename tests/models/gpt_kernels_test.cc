@@ -252,16 +252,22 @@ TEST(GptKernels, Fp16RunsAreBitIdenticalAcrossRunsAndThreadCounts) {
 }
 
 // Byte sizes from the layout documented next to the declarations: 64-byte aligned
-// sub-buffers, statistics in ComputeType, activations in S.
+// sub-buffers, statistics in ComputeType, activations in S; the layer's (the one layout of both
+// backends, models/gpt_layout.h) at multiples of 256.
 int64_t Aligned(int64_t bytes) { return (bytes + 63) / 64 * 64; }
+int64_t Aligned256(int64_t bytes) { return (bytes + 255) / 256 * 256; }
 
 TEST(GptKernels, ScratchSizesFollowTheDocumentedLayout) {
   const GptShape gpt2{50257, 1024, 12, 12, 768};
   const int64_t N = 8 * 1024, C = 768, H = 12, V = 50257;
   for (int64_t es : {2, 4, 8}) {
     const int64_t fs = es == 8 ? 8 : 4;
-    const int64_t layer = 4 * Aligned(N * fs) + Aligned(H * N * fs) + 4 * Aligned(N * C * es) +
-                          Aligned(3 * N * C * es) + 2 * Aligned(4 * N * C * es);
+    // mean1, rstd1, mean2, rstd2; lse, delta; the CUDA column-sum partials (N / 64, 4C) fp32;
+    // ln1, att, x2, ln2; qkv; h, g; dln (N, C) S or the fp32 DGELU product of N es / 16 rows.
+    const int64_t layer = 4 * Aligned256(N * fs) + 2 * Aligned256(H * N * fs) +
+                          Aligned256(N / 64 * 4 * C * 4) + 4 * Aligned256(N * C * es) +
+                          Aligned256(3 * N * C * es) + 2 * Aligned256(4 * N * C * es) +
+                          Aligned256(std::max(N * C * es, N * es / 16 * 4 * C * 4));
     // lnf, mean / rstd / losses, the (R, V) logits chunk and, for 16-bit S, the (C, V) fp32
     // dWlm accumulator.
     const int64_t R = (int64_t{1} << 22) / V;

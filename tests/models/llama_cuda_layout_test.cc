@@ -50,9 +50,10 @@ void CheckLayouts(const LlamaConfig& c, int B, int T, const std::string& what) {
   const int64_t N = int64_t{B} * T, C = c.hidden_size, I = c.intermediate_size, e = sizeof(S);
   const int64_t hs = c.head_dim, Dq = c.num_heads * hs,
                 Dqkv = (c.num_heads + 2 * c.num_kv_heads) * hs;
-  const LlamaCudaLayerScratchLayout l = LlamaCudaLayerScratchLayoutFor<S>(c, B, T);
+  const LlamaLayerScratchLayout l = LlamaLayerScratchLayoutFor<S>(c, B, T);
   EXPECT_EQ(l.total, LlamaCudaLayerScratchBytes<S>(c, B, T));
-  for (const auto& [phase, live] : LlamaCudaLayerLivePhases<S>(c, B, T)) {
+  EXPECT_EQ(l.total, LlamaLayerScratchBytes<S>(c, B, T)) << "one layout for both backends";
+  for (const auto& [phase, live] : LlamaLayerLivePhases<S>(c, B, T)) {
     ExpectPlaced(live, l.total, what + " layer " + phase);
     ExpectPairwiseDisjoint(live, what + " layer " + phase);
   }

@@ -456,10 +456,13 @@ TEST(LlamaKernels, ScratchSizesFollowTheDocumentedLayout) {
   const int64_t N = int64_t{B} * T, C = 2048, I = 5632, H = 32, hs = 64, Dq = 2048,
                 Dqkv = 2048 + 2 * 256;
   const int64_t f = 4, e = 2;  // bf16 storage, fp32 statistics
-  const int64_t layer = 2 * Aligned(N * f) + Aligned(N * H * f) + 2 * Aligned(T * hs / 2 * f) +
-                        3 * Aligned(N * C * e) + Aligned(N * Dqkv * e) + Aligned(N * Dq * e) +
-                        Aligned(N * 2 * I * e) + Aligned(N * I * e) +
-                        Aligned(N * std::max({C, I, Dq}) * e) + Aligned(N * Dqkv * e);
+  // The layer's (the one layout of both backends, models/llama_layout.h) at multiples of 256:
+  // rstd1, rstd2; lse, delta; cos, sin; the CUDA RMSNorm partials (N / 64, C) fp32; then in S.
+  const auto A = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
+  const int64_t layer = 2 * A(N * f) + 2 * A(N * H * f) + 2 * A(T * hs / 2 * f) +
+                        A(N / 64 * C * 4) + 3 * A(N * C * e) + A(N * Dqkv * e) + A(N * Dq * e) +
+                        A(N * 2 * I * e) + A(N * I * e) + A(N * std::max({C, I, Dq}) * e) +
+                        A(N * Dqkv * e);
   EXPECT_EQ(LlamaLayerScratchBytes<Bf16>(c, B, T), layer);
   EXPECT_EQ(LlamaHeadScratchBytes<Bf16>(c, B, T),
             Aligned(N * f) + Aligned(N * C * e) + ops::LmHeadScratchBytes<Bf16>(B, T, C, 32000));
