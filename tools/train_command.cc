@@ -660,7 +660,10 @@ Status RunTrainRanks(const TrainFlags& flags, comm::Communicator* world) {
   PrintPlan(o, choice.plan);
   std::printf("%s", InFlagTerms(choice.Reasons()).c_str());
   if (machine) PrintPrediction(choice);
-  // Save directory, swap directories, summary and trace: made or refused before the work.
+  // The budget against the device's free memory, then the save directory, swap directories,
+  // summary and trace: made or refused before the work.
+  STRATA_RETURN_IF_ERROR(
+      CheckDeviceBudgetFits(*device.device, choice.plan, o.automatic.device_budget));
   STRATA_RETURN_IF_ERROR(PrepareRunDestinations(o.flags, choice.plan));
   o.engine.init_progress = InitProgressLines();
   STRATA_ASSIGN_OR_RETURN(auto engine, engine::Engine::Create(in.model.get(), device.device.get(),
