@@ -8,8 +8,8 @@
 
 #include <atomic>
 #include <map>
-#include <ostream>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <tuple>
 #include <vector>
