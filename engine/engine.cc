@@ -267,6 +267,7 @@ Status Engine::Impl::UploadTokens(const MicroBatch& mb, MicroBatchShape shape, b
   // The staging may still feed the previous uploads (slot 0 comes first in a step).
   if (slot == 0) STRATA_RETURN_IF_ERROR(io_done_->Synchronize());
   const gpu::PinnedSpan staging = io_pinned_.span().subspan(StagingOffset(slot), 3 * tb);
+  compute_->SetWorkLabel(fmt::format("token upload of micro-batch slot {}", slot));
   auto upload = [&](gpu::DeviceSpan dst, std::span<const int32_t> src, int k) {
     std::memcpy(staging.data + k * tb, src.data(), count * 4);
     return compute_->CopyH2D(dst, staging.subspan(k * tb, count * 4));
@@ -364,6 +365,16 @@ Status Engine::Impl::LoadActivation(int k) {
   return Status::Ok();
 }
 
+Status Engine::Impl::RunBlock(bool backward, int b, const BlockBuffers& buf) {
+  const std::string label = fmt::format("{} of block {} ('{}')", backward ? "backward" : "forward",
+                                        b, model_->block_name(b));
+  compute_->SetWorkLabel(label);
+  const Status s =
+      backward ? model_->Backward(b, buf, *compute_) : model_->Forward(b, buf, *compute_);
+  if (!s.ok()) return Status(s.code(), fmt::format("{} failed: {}", label, s.message()));
+  return Status::Ok();
+}
+
 Status Engine::Impl::ForwardPass(MicroBatchShape shape, bool with_targets, int loss_index,
                                  std::span<const int> seq, size_t* cursor, bool save_acts) {
   for (int b = 0; b < n_; ++b, ++*cursor) {
@@ -374,7 +385,7 @@ Status Engine::Impl::ForwardPass(MicroBatchShape shape, bool with_targets, int l
     if (plan_.offload_activations && b < n_ - 1) {
       STRATA_RETURN_IF_ERROR(compute_->Wait(*act_saved_[b % 2]));
     }
-    STRATA_RETURN_IF_ERROR(model_->Forward(b, buf, *compute_));
+    STRATA_RETURN_IF_ERROR(RunBlock(/*backward=*/false, b, buf));
     if (plan_.offload_activations && b < n_ - 1 && save_acts) {
       STRATA_RETURN_IF_ERROR(SaveActivation(b));
     }
@@ -425,7 +436,7 @@ Status Engine::Impl::MicroBatchMajorPasses(std::span<const MicroBatch> mbs,
       if (plan_.offload_activations && b > 0 && b - 1 <= n_ - 4) {
         STRATA_RETURN_IF_ERROR(compute_->Wait(*act_ready_[(b - 1) % 2]));
       }
-      STRATA_RETURN_IF_ERROR(model_->Backward(b, buf, *compute_));
+      STRATA_RETURN_IF_ERROR(RunBlock(/*backward=*/true, b, buf));
       if (plan_.offload_activations && b > 0) {
         STRATA_RETURN_IF_ERROR(compute_->Record(*act_free_[(b - 1) % 2]));
         // Backward b was the last reader of buffer (b-1) % 2: bring act b-3 back into it.
@@ -463,6 +474,7 @@ StatusOr<StepResult> Engine::Impl::RunStep(std::span<const MicroBatch> mbs) {
                           CheckMicroBatches(mbs, shape, model_->vocab_size()));
   STRATA_ASSIGN_OR_RETURN(const std::vector<float> dloss,
                           MicroBatchLossWeights(loss_tokens, shape.tokens(), scale, world()));
+  step_work_started_ = true;
   grads_->BeginStep();
   STRATA_RETURN_IF_ERROR(plan_.layer_major()
                              ? LayerMajorPasses(mbs, loss_tokens, dloss, scale)
@@ -520,6 +532,8 @@ StatusOr<StepResult> Engine::Impl::RunStep(std::span<const MicroBatch> mbs) {
   // forward of such a block waits only on its update. Both run at once.
   for (int b = 0; b < n_; ++b) {
     if (!plan_.blocks[b].optimizer_on_device) continue;
+    compute_->SetWorkLabel(
+        fmt::format("device optimizer update of block {} ('{}')", b, model_->block_name(b)));
     STRATA_RETURN_IF_ERROR(store_->EnqueueDeviceUpdate(b, *compute_, grads_->DeviceGradient(b),
                                                        grads_->device_grad_dtype(b)));
     // Data parallel: each rank updated its partition; the block is all-gathered before its use.
@@ -588,7 +602,7 @@ StatusOr<std::vector<float>> Engine::Impl::MasterWeights(int block) {
   if (block < 0 || block >= n_) return OutOfRangeError(fmt::format("no block {}", block));
   if (o_.inference_only)
     return FailedPreconditionError("an inference-only engine has no master weights");
-  STRATA_RETURN_IF_ERROR(Flush());
+  STRATA_RETURN_IF_ERROR(SettleUpdates());
   return checkpoint_->MasterWeights(block);
 }
 
@@ -606,7 +620,7 @@ StatusOr<std::vector<float>> Engine::Impl::AccumulatedGradient(int block) {
 StatusOr<uint64_t> Engine::Impl::MasterWeightsXxh3() {
   if (o_.inference_only)
     return FailedPreconditionError("an inference-only engine has no master weights");
-  STRATA_RETURN_IF_ERROR(Flush());
+  STRATA_RETURN_IF_ERROR(SettleUpdates());
   return checkpoint_->MasterWeightsXxh3();
 }
 

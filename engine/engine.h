@@ -231,6 +231,14 @@ class Engine {
   // needs its result: Step, EvaluateLoss, NextTokenLogits, Flush, MasterWeights* or a
   // checkpoint save. After an error the engine's state is unknown: recreate it and resume from
   // a checkpoint.
+  // A failure of the step's own work (a block's forward or backward, a copy, a fold: anything
+  // after the checks of the arguments) is returned naming the op where the device layer can tell
+  // ("backward of block 3 ('layer 2') failed on stream 'compute': ..."; gpu::Stream::SetWorkLabel)
+  // and is sticky: every later Step returns the same error, and nothing waits for work that can
+  // no longer complete. With the update after backward such a step updated nothing, so master
+  // weights in host memory or on NVMe stay those of the last good step (MasterWeights* still read
+  // them); with the update during backward its speculative updates get the verdict "roll back"
+  // (StateStore::AbandonSpeculativeRound).
   StatusOr<StepResult> Step(std::span<const MicroBatch> micro_batches);
 
   // Waits until the last Step's update has been applied everywhere (master weights, optimizer

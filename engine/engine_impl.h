@@ -55,12 +55,21 @@ class Engine::Impl {
   }
 
   Status Init();
+  // A step whose work failed (a block's op, a copy, a fold, a collective: anything after the
+  // checks of its arguments) leaves the engine failed: that error is sticky, every later Step
+  // returns it, as a device stream's first error is sticky. With the update after backward the
+  // failed step updated nothing (the update starts only after its backward succeeded), so the
+  // master weights are those of the last good step (MasterWeights / MasterWeightsXxh3 still read
+  // them when they live in host memory or on NVMe).
   StatusOr<StepResult> Step(std::span<const MicroBatch> mbs) {
+    if (!failed_.ok()) return failed_;
+    step_work_started_ = false;
     StatusOr<StepResult> result = RunStep(mbs);
     if (speculating_) {  // failed with the round open: no pipeline stage may wait for a verdict
       store_->AbandonSpeculativeRound();
       speculating_ = false;
     }
+    if (!result.ok() && step_work_started_) failed_ = result.status();
     return result;
   }
   StatusOr<StepResult> RunStep(std::span<const MicroBatch> mbs);
@@ -174,6 +183,13 @@ class Engine::Impl {
                                          float dloss);
   // The update during backward opens the step's speculative round (after the last forward).
   void OpenSpeculation(float scale);
+  // Enqueues block b's forward (backward: false) or backward on the compute stream, its work
+  // labelled "forward of block 3 ('layer 2')" (gpu::Stream::SetWorkLabel): a failure at the call
+  // or later on the stream names the op and the block.
+  Status RunBlock(bool backward, int b, const BlockBuffers& buf);
+  // Before reading the master weights: Flush, or after a failed step only the CPU pipeline's
+  // updates (the failed step started none; its stream's error says nothing about them).
+  Status SettleUpdates() { return failed_.ok() ? Flush() : store_->Drain(); }
   // save_acts: a training forward: offloaded activations are copied out and kept activations
   // stay in their stores for the backward pass to come.
   Status ForwardPass(MicroBatchShape shape, bool with_targets, int loss_index,
@@ -199,6 +215,9 @@ class Engine::Impl {
   // speculation is open (from the last micro-batch's backward to the verdict).
   std::unique_ptr<SpeculationPolicy> policy_;
   bool speculating_ = false;
+  // The first failed step's error (see Step), and whether this step's work has begun.
+  Status failed_;
+  bool step_work_started_ = false;
   uint64_t cpu_params_updated_ = 0;
   // Set while a checkpoint load copies validated data into the stores; stays set if that fails.
   bool partially_loaded_ = false;

@@ -44,7 +44,7 @@ Status Engine::Impl::LayerMajorPasses(std::span<const MicroBatch> mbs,
       dropout_seed_ = MicroBatchDropoutSeed(o_.seed, step_, i);
       const BlockBuffers buf =
           ForwardBuffers(b, chunks, i, true, o_.micro_batch, /*training=*/true);
-      STRATA_RETURN_IF_ERROR(model_->Forward(b, buf, *compute_));
+      STRATA_RETURN_IF_ERROR(RunBlock(/*backward=*/false, b, buf));
       if (offload && b < n_ - 1) STRATA_RETURN_IF_ERROR(SaveActivation(b, i));
       if (b == n_ - 1) {
         STRATA_RETURN_IF_ERROR(
@@ -75,7 +75,7 @@ Status Engine::Impl::LayerMajorPasses(std::span<const MicroBatch> mbs,
       const bool first = i == 0, last = i + 1 == a;
       dropout_seed_ = MicroBatchDropoutSeed(o_.seed, step_, i);
       STRATA_ASSIGN_OR_RETURN(const BlockBuffers buf, BackwardBuffers(b, chunks, i, dloss[i]));
-      STRATA_RETURN_IF_ERROR(model_->Backward(b, buf, *compute_));
+      STRATA_RETURN_IF_ERROR(RunBlock(/*backward=*/true, b, buf));
       // In NextBucket's order: the block's own chunk, then the tied one.
       if (chunks.own) {
         if (sum_own) {

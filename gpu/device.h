@@ -146,11 +146,26 @@ class Stream {
   virtual Status LaunchHostAs(trace::Category category, std::function<Status()> fn) {
     return LaunchHost(std::move(fn));
   }
+  // Names the work enqueued on this stream from now on, until the next call, for its errors
+  // ("backward of block 3 ('layer 2')"; "" = no name): when a copy, conversion or host function
+  // of that work fails, the stream's sticky error reads "<label> failed: <error>", so whoever
+  // meets the error later (Synchronize, an event, another stream waiting on one) learns which op
+  // it was. CUDA: names the host functions and what the stream's synchronizations report; a
+  // kernel's fault surfaces at the next synchronization and is named by the label current then
+  // (a launch error is the launching call's return value, which its caller names). Call from the
+  // one thread that enqueues on the stream. Default: labels are ignored.
+  virtual void SetWorkLabel(std::string label) { (void)label; }
   virtual Status Record(Event& event) = 0;
   // Later work on this stream waits until `event`'s recorded work completed.
   virtual Status Wait(Event& event) = 0;
   // Blocks the host until all enqueued work completed; returns the sticky error.
   virtual Status Synchronize() = 0;
+};
+
+// Device memory, bytes, as the device reports it when asked.
+struct DeviceMemoryInfo {
+  size_t free_bytes = 0;   // what an arena could take now
+  size_t total_bytes = 0;  // the device's memory
 };
 
 struct DeviceCounters {
@@ -163,8 +178,15 @@ class Device {
   virtual ~Device() = default;
   virtual DeviceKind kind() const = 0;
   virtual std::string description() const = 0;  // "host (emulated device, 2 threads)"
-  // Takes device memory once; kResourceExhausted when it cannot be had.
+  // Takes device memory once. kResourceExhausted when it cannot be had (another process holds
+  // the GPU's memory, or the request is above what is free), one line naming the request, what
+  // is free and the device's total.
   virtual StatusOr<std::unique_ptr<DeviceArena>> CreateArena(size_t size_bytes) = 0;
+  // Device memory free now and in total: CUDA cudaMemGetInfo (what other processes hold is not
+  // free); host HostDeviceOptions::memory_bytes less the arenas taken, or the host's memory
+  // (MemAvailable, MemTotal of /proc/meminfo) when that is 0. Errors: the query's (kUnavailable,
+  // kInternal). Thread-safe.
+  virtual StatusOr<DeviceMemoryInfo> MemoryInfo() = 0;
   // Pinned host memory, 4 KiB-aligned, zero-filled, counted against the pinned
   // budget: kResourceExhausted naming the request, the budget and what is used.
   StatusOr<PinnedBuffer> AllocatePinned(size_t size_bytes, std::string_view label);
@@ -199,6 +221,16 @@ struct HostDeviceOptions {
   // Not owned; must outlive the device. Each stream records its copies (h2d/d2h), conversions and
   // kernels (compute) on a track named after the stream. nullptr: no tracing.
   trace::TraceRecorder* trace = nullptr;
+  // Emulated device memory, bytes: MemoryInfo reports it (less the arenas alive), and an arena
+  // above what is free is refused with kResourceExhausted, as a GPU another process holds would
+  // refuse it. 0: the host's memory (MemAvailable / MemTotal), nothing refused beyond malloc.
+  size_t memory_bytes = 0;
+  // Fault injection, for tests of how errors travel (a failing kernel): the
+  // fault_at_launch-th host function (LaunchHost / LaunchHostAs, counted from 1 per stream) on
+  // each stream named fault_stream fails with kInternal "injected fault (launch N on stream
+  // 'S')" instead of running; it becomes that stream's sticky error like a real one. 0: none.
+  std::string fault_stream;
+  int64_t fault_at_launch = 0;
 };
 
 // The host emulation backend: device memory is host memory, streams are

@@ -678,10 +678,22 @@ Status RunMachineProfile(const DoctorFlags& f) {
   const GpuMeasurement gpu = MeasureGpu(f.profile_seconds);
   profile.device = gpu.device;
   profile.pcie = gpu.pcie;
-  if (gpu.device) {
+  if (profile.device) {
+    // Not measured: the datasheet's dense peak, for MFU; left out for a device the table lacks.
+    profile.device->peak_bf16_TFLOPs = engine::DatasheetPeakBf16Tflops(profile.device->name);
     std::printf("device         %s, %.1f GiB, bf16 %.0f model TFLOP/s, memory %.0f GB/s\n",
                 gpu.device->name.c_str(), gpu.device->memory_GiB, gpu.device->bf16_TFLOPs,
                 gpu.device->memory_GBps);
+    if (profile.device->peak_bf16_TFLOPs > 0) {
+      std::printf(
+          "device peak    bf16 %.0f TFLOP/s dense (datasheet, by name; MFU is against it)\n",
+          profile.device->peak_bf16_TFLOPs);
+    } else {
+      std::printf(
+          "device peak    not known for '%s': no \"peak_bf16_TFLOPs\", so no MFU (add the "
+          "datasheet's dense bf16 TFLOP/s to the file by hand)\n",
+          profile.device->name.c_str());
+    }
     std::printf("pcie           H2D %.1f GB/s, D2H %.1f GB/s\n", gpu.pcie->h2d_GBps,
                 gpu.pcie->d2h_GBps);
   } else {

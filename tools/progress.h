@@ -4,10 +4,11 @@
 // What goes where (chosen by ProgressModeFor from isatty of stdout and stderr):
 //   stderr not a terminal (CI, pipes, `2>file`): kPlain. Every --log-every steps (and after the
 //     first and the last step) one plain line on stdout, the format tests and scripts parse:
-//       step     4/300 | loss 3.1416 | norm  0.812 | lr 3.00e-03 |   12345 tok/s | h2d 1.2 MiB
-//       d2h 1.1 MiB | nvme r 4.0 MiB w 4.0 MiB[ | skipped (overflow)]
-//     (one line; tok/s and bytes are over the steps since the previous plain line). Nothing on
-//     stderr, no `\r`, no escape sequences.
+//       step     4/300 | loss 3.1416 | norm  0.812 | lr 3.00e-03 |   12345 tok/s[ | MFU 41.2%] |
+//       h2d 1.2 MiB d2h 1.1 MiB | nvme r 4.0 MiB w 4.0 MiB[ | skipped (overflow)]
+//     (one line; tok/s, MFU and bytes are over the steps since the previous plain line; MFU only
+//     when the device's peak is known, ProgressOptions::peak_flops_per_s). Nothing on stderr, no
+//     `\r`, no escape sequences.
 //   stderr a terminal, stdout not (`strata train > log`): kLiveAndPlain. The live line on stderr,
 //     and the same plain lines on stdout, so the log file keeps the history.
 //   both terminals: kLiveCommitted. Only the live line; at the plain lines' cadence it is
@@ -18,7 +19,7 @@
 // The live line: `\r` + text + `\x1b[K` (erase to end of line), no newline, redrawn after each
 // step, at most once per 0.1 s (kMinRedrawSeconds) except that the first step, the last step and
 // commits are always drawn. Its text:
-//   step 12/300 | loss 3.1416 | ETA 1m23s | 12345 tok/s | lr 3.00e-03 | norm 0.812 |
+//   step 12/300 | loss 3.1416 | ETA 1m23s | 12345 tok/s[ | MFU 41.2%] | lr 3.00e-03 | norm 0.812 |
 //   h2d 1.2 MiB d2h 1.1 MiB nvme r 4.0 MiB w 4.0 MiB /step
 // with `skipped` after the loss on a step whose update an overflow skipped. tok/s and the ETA
 // come from the mean wall time per step over the last kRateWindowSteps (16) steps, measured
@@ -80,6 +81,12 @@ struct ProgressOptions {
   int64_t total_steps = 0;
   int64_t log_every = 0;        // plain lines / commits every N steps; 0 = none
   int64_t tokens_per_step = 0;  // for tok/s
+  // MFU = model_flops_per_token x tok/s / peak_flops_per_s (engine/plan/model_flops.h), shown
+  // when both are positive: the model FLOPs per token (recomputation not counted) and the dense
+  // bf16 peak of every device the tokens are spread over together (FLOP/s; the machine profile's
+  // peak_bf16_TFLOPs x 1e12 x ranks). 0: unknown, no MFU field.
+  int64_t model_flops_per_token = 0;
+  double peak_flops_per_s = 0;
   // Cumulative counters before the first step (a resumed run starts from a later step).
   StepReport start;
   // Monotonic seconds; default std::chrono::steady_clock.
@@ -132,6 +139,8 @@ class ProgressLine {
   void ClearLine();
   void Resume();
   void Write(std::FILE* out, const std::string& s);
+  // " | MFU 41.2%" at `tokens_per_second`, or "" without a peak.
+  std::string MfuField(double tokens_per_second) const;
 
   ProgressOptions options_;
   std::FILE* plain_out_;

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "engine/plan/model_flops.h"
 #include "tools/option_flags.h"
 
 namespace strata::tools {
@@ -20,6 +21,15 @@ engine::CostInputs CostInputsOf(const ModelSpec& spec, int grad_accum_steps,
     in.channels = spec.config.gpt2.channels;
   }
   return in;
+}
+
+std::optional<int64_t> ModelFlopsPerTokenOf(const ModelSpec& spec, const engine::Plan& plan) {
+  const engine::CostInputs in = CostInputsOf(spec, 1);
+  return engine::ModelFlopsPerToken({.trained_params = plan.model_params,
+                                     .frozen_params = plan.frozen_params,
+                                     .num_layers = in.num_layers,
+                                     .attention_width = in.channels,
+                                     .seq_len = plan.shape.seq_len});
 }
 
 std::string DescribeStepPrediction(const engine::StepPrediction& pr,

@@ -6,6 +6,7 @@
 // Thread-safety: plain functions on values the caller owns.
 #pragma once
 
+#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -23,6 +24,11 @@ namespace strata::tools {
 // spec's family (GPT-2: num_layers, channels; Llama: num_layers, num_heads x head_dim).
 engine::CostInputs CostInputsOf(const ModelSpec& spec, int grad_accum_steps,
                                 bool update_during_backward = false);
+
+// engine::ModelFlopsPerToken of the spec's family at the plan's sequence length: its trained and
+// frozen params (the plan's), layers and attention width (CostInputsOf). nullopt when it does not
+// fit in 63 bits.
+std::optional<int64_t> ModelFlopsPerTokenOf(const ModelSpec& spec, const engine::Plan& plan);
 
 // Lines for the text output: "predicted: step ...", each part, the notes and the alternatives.
 std::string DescribeStepPrediction(const engine::StepPrediction& prediction,

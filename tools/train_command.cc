@@ -529,6 +529,7 @@ nlohmann::json OutcomeJson(const TrainOutcome& r, double wall_seconds) {
        r.last_checkpoint.empty() ? nlohmann::json() : nlohmann::json(r.last_checkpoint)},
       {"time_breakdown", TimeBreakdownJson(r.parts, r.step_seconds)},
       {"overlap_efficiency", OverlapEfficiency(r.parts, r.step_seconds)},
+      {"mfu", r.mfu ? nlohmann::json(*r.mfu) : nlohmann::json()},
   };
 }
 
@@ -580,6 +581,8 @@ nlohmann::json SummaryJson(const TrainOptions& o, const ModelSpec& spec, engine:
                            : nlohmann::json()},
       {"planning", PlanningJson()},
   });
+  const std::optional<int64_t> flops = ModelFlopsPerTokenOf(spec, plan);
+  j["model_flops_per_token"] = flops ? nlohmann::json(*flops) : nlohmann::json();
   return j;
 }
 
@@ -672,15 +675,22 @@ Status RunTrainRanks(const TrainFlags& flags, comm::Communicator* world) {
   PrintPlan(o, choice.plan);
   std::printf("%s", InFlagTerms(choice.Reasons()).c_str());
   if (machine) PrintPrediction(choice);
-  // Save directory, swap directories, summary and trace: made or refused before the work.
+  // The budget against the device's free memory, then the save directory, swap directories,
+  // summary and trace: made or refused before the work.
+  STRATA_RETURN_IF_ERROR(
+      CheckDeviceBudgetFits(*device.device, choice.plan, o.automatic.device_budget));
   STRATA_RETURN_IF_ERROR(PrepareRunDestinations(o.flags, choice.plan));
   o.engine.init_progress = InitProgressLines();
   STRATA_ASSIGN_OR_RETURN(auto engine, engine::Engine::Create(in.model.get(), device.device.get(),
                                                               o.engine, std::move(choice.plan)));
   PrintIoLine(o, *engine);
+  // MFU needs the device's peak: the --machine profile's, when it has one.
+  const double peak_tflops = machine && machine->device ? machine->device->peak_bf16_TFLOPs : 0;
   STRATA_ASSIGN_OR_RETURN(
-      TrainOutcome r, RunTrainLoop({&o, engine.get(), in.model.get(), &in.data, &in.spec, &recorder,
-                                    metrics_writer.get()}));
+      TrainOutcome r,
+      RunTrainLoop({&o, engine.get(), in.model.get(), &in.data, &in.spec, &recorder,
+                    metrics_writer.get(), ModelFlopsPerTokenOf(in.spec, engine->plan()).value_or(0),
+                    peak_tflops}));
   STRATA_ASSIGN_OR_RETURN(auto per_rank,
                           GatherRankBytes(engine->plan(), r.counters, o.ranks.ranks, world));
   if (o.flags.summary_json.empty()) return Status::Ok();

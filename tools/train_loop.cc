@@ -13,6 +13,7 @@
 #include "base/units.h"
 #include "data/text_dataset.h"
 #include "data/tokenizer.h"
+#include "engine/plan/model_flops.h"
 #include "tools/checkpoint_commands.h"
 #include "tools/lr_schedule.h"
 #include "tools/progress.h"
@@ -112,9 +113,12 @@ StepReport CountersReport(const engine::EngineCounters& c) {
           .nvme_bytes_written = c.nvme_bytes_written};
 }
 
-ProgressOptions ProgressOptionsFor(const TrainLoopOptions& loop, int64_t tokens_per_step,
+ProgressOptions ProgressOptionsFor(const TrainLoopInputs& in, int64_t tokens_per_step,
                                    const engine::EngineCounters& start) {
+  const TrainLoopOptions& loop = in.options->loop;
   ProgressOptions p;
+  p.model_flops_per_token = in.model_flops_per_token;
+  p.peak_flops_per_s = in.peak_bf16_TFLOPs * 1e12 * in.options->ranks.ranks;
   p.mode = ProgressModeFor(::isatty(STDOUT_FILENO), ::isatty(STDERR_FILENO));
   p.total_steps = loop.steps;
   p.log_every = loop.log_every;
@@ -176,7 +180,7 @@ TrainLoop::TrainLoop(const TrainLoopInputs& in, int64_t start_step, std::mt19937
       data_batches_(loop_.grad_accum_steps),
       batches_(loop_.grad_accum_steps),
       t_train_(Clock::now()),
-      progress_(ProgressOptionsFor(loop_, tokens_per_step_, engine_.counters()), stdout, stderr),
+      progress_(ProgressOptionsFor(in, tokens_per_step_, engine_.counters()), stdout, stderr),
       metrics_(in.metrics, {engine_.counters(), {}, 0}) {
   out_.start_step = start_step;
   out_.loss_first = out_.loss_last = out_.val_loss = NAN;
@@ -319,6 +323,8 @@ Status TrainLoop::Finish() {
   STRATA_RETURN_IF_ERROR(FinalEvaluationAndSample());
   out_.tokens_per_second = static_cast<double>(tokens_per_step_ * (loop_.steps - out_.start_step)) /
                            std::max(out_.train_seconds, 1e-9);
+  out_.mfu = engine::ModelFlopsUtilisation(
+      in_.model_flops_per_token, out_.tokens_per_second / o_.ranks.ranks, in_.peak_bf16_TFLOPs);
   PrintTimeLines();
   if (const engine::EngineCounters& c = out_.counters;
       c.params_updated_on_cpu > 0 && (o_.engine.update_during_backward ||

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "base/status.h"
@@ -26,6 +27,10 @@ struct TrainLoopInputs {
   const ModelSpec* spec = nullptr;           // written into checkpoints
   trace::TraceRecorder* recorder = nullptr;  // the engine's and the device's
   MetricsWriter* metrics = nullptr;          // may be null: no metrics
+  // For MFU (engine/plan/model_flops.h): the model FLOPs per token, and the dense bf16 peak of
+  // one device in TFLOP/s (the --machine profile's device.peak_bf16_TFLOPs; 0: unknown, no MFU).
+  int64_t model_flops_per_token = 0;
+  double peak_bf16_TFLOPs = 0;
 };
 
 // What the summary reports (tools/train_command.cc).
@@ -40,6 +45,8 @@ struct TrainOutcome {
   int64_t tokens_in_loss = 0;
   double train_seconds = 0;  // wall time of the steps, evaluation excluded
   double tokens_per_second = 0;
+  // tokens_per_second's model FLOP utilisation per device; nullopt without a device peak.
+  std::optional<double> mfu;
   // Busy seconds per part over the timed engine calls (steps and their flushes), and their sum.
   trace::Breakdown parts;
   double step_seconds = 0;

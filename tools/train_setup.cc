@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <string>
 #include <utility>
@@ -369,6 +370,20 @@ StatusOr<engine::PlanChoice> ChooseTrainPlan(const engine::Model& model, const M
   options->engine.placement = choice.placement;
   options->engine.update_during_backward = choice.update_during_backward;
   return choice;
+}
+
+Status CheckDeviceBudgetFits(gpu::Device& device, const engine::Plan& plan, bool budget_auto) {
+  STRATA_ASSIGN_OR_RETURN(const gpu::DeviceMemoryInfo m, device.MemoryInfo());
+  const uint64_t asked = budget_auto ? plan.device_total_bytes : plan.device_budget_bytes;
+  if (asked <= m.free_bytes) return Status::Ok();
+  const auto gib = [](uint64_t b) { return static_cast<double>(b) / static_cast<double>(kGiB); };
+  return ResourceExhaustedError(fmt::format(
+      "{} {:.2f} GiB of device memory, more than the {:.2f} GiB free on the {} device (of {:.2f} "
+      "GiB; other processes may hold the rest): give --device-budget {:.2f}GiB or less, or free "
+      "the device",
+      budget_auto ? "--device-budget auto planned" : "--device-budget is", gib(asked),
+      gib(m.free_bytes), gpu::DeviceKindName(device.kind()), gib(m.total_bytes),
+      std::floor(gib(m.free_bytes) * 100) / 100));
 }
 
 StatusOr<TrainDevice> CreateTrainDevice(comm::Communicator* world, trace::TraceRecorder* trace,

@@ -51,14 +51,15 @@
 // the forward pass needs it), then a Flush. Counters:
 //   step_s            median over the timed steps of the Step wall time
 //   tokens_per_s      B * T * accumulation / step_s
-//   model_TFLOP_per_s (6 * P * tokens + 12 * L * T * C * tokens) / step_s / 1e12: the model FLOPs
-//                     of "PaLM" (Chowdhery et al. 2022, appendix B): 6 per parameter and token
-//                     for forward + backward, plus attention's QK^T and AV; the recomputed
-//                     forward (activation checkpointing) is not counted. The same formula as
+//   model_TFLOP_per_s engine::ModelFlopsPerToken (engine/plan/model_flops.h: 6 P + 12 L T C per
+//                     token, "PaLM", Chowdhery et al. 2022, appendix B; the recomputed forward
+//                     of activation checkpointing not counted) x tokens / step_s / 1e12: the
+//                     function `strata train`'s MFU and the cost model use; the same formula as
 //                     bench/gpu/torch_gpt_baseline.py, the PyTorch baseline of the same shapes.
-//   MFU               model_TFLOP_per_s / the GPU's dense bf16 peak: --peak-tflops=X, else by
-//                     the device name (H100 SXM and H200 989, H100 PCIe 756, A100 312 TFLOP/s;
-//                     the context line peak_bf16_tflops says which); absent for an unknown GPU.
+//   MFU               model_TFLOP_per_s / the GPU's dense bf16 peak: --peak-tflops=X, else the
+//                     device.peak_bf16_TFLOPs of --machine=FILE (a machine profile), else
+//                     engine::DatasheetPeakBf16Tflops of the device name (the context line
+//                     peak_bf16_tflops says which); absent for an unknown GPU.
 //                     Against the bf16 peak whatever the kernels compute in: the GPT's CUDA
 //                     layer runs fp32 GEMMs (TF32 off), so a small MFU here says how far that
 //                     is from what the tensor cores could do.
@@ -85,7 +86,8 @@
 // reason; so is a case that would start when the previous case's duration no longer fits in the
 // budget. Without a GPU every case is skipped with the reason (SkipWithError) and the program exits
 // 0.
-//   bench_train_step [--peak-tflops=989] --benchmark_out=train_step.json
+//   bench_train_step [--peak-tflops=989 | --machine=bench/machines/h200.json]
+//   --benchmark_out=train_step.json
 //   --benchmark_out_format=json
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
@@ -101,6 +103,7 @@
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <string_view>
@@ -112,6 +115,8 @@
 #include "base/units.h"
 #include "bench/gpu/bench_common.h"
 #include "engine/engine.h"
+#include "engine/plan/machine_profile.h"
+#include "engine/plan/model_flops.h"
 #include "gpu/cuda/cuda_device.h"
 #include "models/gpt.h"
 
@@ -158,15 +163,10 @@ constexpr Preset kPresets[] = {
     {"gpt-7b", {2, 2048}, 1, 2, 2, /*replicate_layer_init=*/true},
 };
 
-// The GPU's dense bf16 peak in TFLOP/s: --peak-tflops, else by name; 0 when unknown.
+// The GPU's dense bf16 peak in TFLOP/s: --peak-tflops, else the --machine profile's, else by
+// name; 0 when unknown.
 double g_peak_tflops = 0;
-double PeakBf16TflopsByName(const std::string& description) {
-  auto has = [&](const char* s) { return description.find(s) != std::string::npos; };
-  if (has("H100") && (has("PCIe") || has("PCIE"))) return 756;
-  if (has("H100") || has("H200") || has("GH200")) return 989;  // SXM / NVL dense bf16
-  if (has("A100")) return 312;
-  return 0;
-}
+std::string g_peak_source;
 
 // MemAvailable of /proc/meminfo in bytes; 0 when unreadable.
 uint64_t HostMemAvailableBytes() {
@@ -439,10 +439,13 @@ void BM_TrainStep(benchmark::State& state, int preset_index, Placement placement
     largest = std::max(largest, part);
   }
   const models::GptShape& sh = model.shape();
-  const double params = static_cast<double>(model.num_params());
   const double tokens_per_step = static_cast<double>(mb.tokens()) * accum;
-  const double flops = 6.0 * params * tokens_per_step +
-                       12.0 * sh.num_layers * double(mb.seq_len) * sh.channels * tokens_per_step;
+  const std::optional<int64_t> per_token = ModelFlopsPerToken({.trained_params = model.num_params(),
+                                                               .num_layers = sh.num_layers,
+                                                               .attention_width = sh.channels,
+                                                               .seq_len = mb.seq_len});
+  if (!per_token) return Skip(state, "the model FLOPs per token do not fit in 63 bits");
+  const double flops = static_cast<double>(*per_token) * tokens_per_step;
   state.counters["step_s"] = median;
   state.counters["wall_per_step_s"] = wall_per_step;
   state.counters["grad_norm"] = last.grad_norm;
@@ -487,15 +490,28 @@ int main(int argc, char** argv) {
   using namespace strata::engine;
   strata::SetLogLevel(strata::LogLevel::kWarning);
   benchmark::Initialize(&argc, argv);
-  // Our one flag, --peak-tflops=X, taken out before Google Benchmark checks the rest.
+  // Our flags, --peak-tflops=X and --machine=FILE, taken out before Google Benchmark checks the
+  // rest.
   int kept = 1;
   for (int i = 1; i < argc; ++i) {
     constexpr std::string_view kPeak = "--peak-tflops=";
+    constexpr std::string_view kMachine = "--machine=";
     if (std::string_view(argv[i]).starts_with(kPeak)) {
       g_peak_tflops = std::atof(argv[i] + kPeak.size());
+      g_peak_source = "--peak-tflops";
       if (g_peak_tflops <= 0) {
         std::fprintf(stderr, "bench_train_step: %s: a positive number is needed\n", argv[i]);
         return 2;
+      }
+    } else if (std::string_view(argv[i]).starts_with(kMachine)) {
+      auto profile = ReadMachineProfile(argv[i] + kMachine.size());
+      if (!profile.ok()) {
+        std::fprintf(stderr, "bench_train_step: %s\n", profile.status().ToString().c_str());
+        return 2;
+      }
+      if (g_peak_source.empty() && profile->device && profile->device->peak_bf16_TFLOPs > 0) {
+        g_peak_tflops = profile->device->peak_bf16_TFLOPs;
+        g_peak_source = "--machine";
       }
     } else {
       argv[kept++] = argv[i];
@@ -504,12 +520,14 @@ int main(int argc, char** argv) {
   argc = kept;
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   strata::gpu::bench::GpuContext& ctx = strata::gpu::bench::Gpu();  // context lines first
-  if (g_peak_tflops == 0 && ctx.device)
-    g_peak_tflops = PeakBf16TflopsByName(ctx.device->description());
-  benchmark::AddCustomContext("peak_bf16_tflops",
-                              g_peak_tflops > 0
-                                  ? fmt::format("{:.0f}", g_peak_tflops)
-                                  : std::string("unknown (no MFU; give --peak-tflops=X)"));
+  if (g_peak_tflops == 0 && ctx.device) {
+    g_peak_tflops = DatasheetPeakBf16Tflops(ctx.device->description());
+    g_peak_source = "datasheet, by the device name";
+  }
+  benchmark::AddCustomContext(
+      "peak_bf16_tflops",
+      g_peak_tflops > 0 ? fmt::format("{:.0f} ({})", g_peak_tflops, g_peak_source)
+                        : std::string("unknown (no MFU; give --peak-tflops=X or --machine=FILE)"));
   benchmark::AddCustomContext("nvme_dir", BenchDir());
   benchmark::AddCustomContext("time_budget_s", fmt::format("{:.0f}", BudgetSeconds()));
   benchmark::AddCustomContext("grad_clip", fmt::format("{:g}", GradClip()));

@@ -3,10 +3,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "base/dtype.h"
+#include "engine/plan/model_flops.h"
 
 namespace strata::engine {
 namespace {
@@ -360,14 +362,21 @@ StatusOr<StepPrediction> PredictStep(const Plan& plan, const CostInputs& in,
   STRATA_RETURN_IF_ERROR(CheckProfileSections(traffic, profile));
   const Rates rates = RatesOf(plan, traffic, profile, &out.notes);
 
-  const double T = plan.shape.seq_len;
   out.tokens_per_step = static_cast<double>(plan.shape.tokens()) * ph.a;
   // Frozen params cost the forward and the activation gradient (4 flops per param and token),
-  // not the weight gradient.
-  out.model_flops =
-      (6.0 * static_cast<double>(plan.model_params) +
-       4.0 * static_cast<double>(plan.frozen_params) + 12.0 * in.num_layers * T * in.channels) *
-      out.tokens_per_step;
+  // not the weight gradient (engine/plan/model_flops.h).
+  const std::optional<int64_t> per_token = ModelFlopsPerToken({.trained_params = plan.model_params,
+                                                               .frozen_params = plan.frozen_params,
+                                                               .num_layers = in.num_layers,
+                                                               .attention_width = in.channels,
+                                                               .seq_len = plan.shape.seq_len});
+  if (!per_token) {
+    return InvalidArgumentError(fmt::format(
+        "cost model: the model FLOPs of {} params, {} frozen, {} layers of width {} at {} tokens "
+        "do not fit in 63 bits",
+        plan.model_params, plan.frozen_params, in.num_layers, in.channels, plan.shape.seq_len));
+  }
+  out.model_flops = static_cast<double>(*per_token) * out.tokens_per_step;
   const double recomputed = RecomputedFraction(plan);
   out.recompute_flops = out.model_flops / 4 * recomputed;
   out.saved_recompute_flops = out.model_flops / 4 * (1 - recomputed);

@@ -3,8 +3,12 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 #include "base/file.h"
 #include "base/untrusted_text.h"
@@ -68,6 +72,37 @@ StatusOr<const Json*> Section(const Json& root, const std::string& source, const
 
 }  // namespace
 
+double DatasheetPeakBf16Tflops(std::string_view device_name) {
+  std::vector<std::string> words;
+  std::string word;
+  for (const char c : device_name) {
+    if (c == ' ' || c == '-' || c == '_') {
+      if (!word.empty()) words.push_back(std::move(word));
+      word.clear();
+    } else {
+      word += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    }
+  }
+  if (!word.empty()) words.push_back(std::move(word));
+  auto has = [&](std::string_view w) {
+    return std::find(words.begin(), words.end(), w) != words.end();
+  };
+  // The first row whose words the name all has; more specific rows first.
+  struct Row {
+    std::string_view a, b;  // b empty: a alone
+    double tflops;
+  };
+  static constexpr Row kTable[] = {
+      {"H100", "PCIE", 756}, {"H100", "NVL", 835}, {"H100", "", 989}, {"H200", "NVL", 835},
+      {"H200", "", 989},     {"GH200", "", 989},   {"A100", "", 312}, {"L40S", "", 362},
+      {"L4", "", 121},       {"4090", "RTX", 165},
+  };
+  for (const Row& r : kTable) {
+    if (has(r.a) && (r.b.empty() || has(r.b))) return r.tflops;
+  }
+  return 0;
+}
+
 std::string MachineProfileJson(const MachineProfile& p) {
   nlohmann::ordered_json j = nlohmann::ordered_json::object();
   if (p.device) {
@@ -75,6 +110,9 @@ std::string MachineProfileJson(const MachineProfile& p) {
                    {"memory_GiB", p.device->memory_GiB},
                    {"bf16_TFLOPs", p.device->bf16_TFLOPs},
                    {"memory_GBps", p.device->memory_GBps}};
+    if (p.device->peak_bf16_TFLOPs > 0) {
+      j["device"]["peak_bf16_TFLOPs"] = p.device->peak_bf16_TFLOPs;
+    }
   }
   if (p.pcie) j["pcie"] = {{"h2d_GBps", p.pcie->h2d_GBps}, {"d2h_GBps", p.pcie->d2h_GBps}};
   if (p.host) {
@@ -121,6 +159,10 @@ StatusOr<MachineProfile> ParseMachineProfile(const std::string& json_text,
                             PositiveNumber(*device, source, "device", "bf16_TFLOPs", kTflops));
     STRATA_ASSIGN_OR_RETURN(d.memory_GBps,
                             PositiveNumber(*device, source, "device", "memory_GBps", kRate));
+    if (device->contains("peak_bf16_TFLOPs")) {  // optional: no MFU without it
+      STRATA_ASSIGN_OR_RETURN(d.peak_bf16_TFLOPs, PositiveNumber(*device, source, "device",
+                                                                 "peak_bf16_TFLOPs", kTflops));
+    }
     p.device = d;
   }
   STRATA_ASSIGN_OR_RETURN(const Json* pcie, Section(root, source, "pcie"));

@@ -461,7 +461,7 @@ class CudaStream final : public Stream {
                  float scale) override;
 
   Status LaunchHost(std::function<Status()> fn) override {
-    auto* task = new HostTask{std::move(fn), sticky_, name_, nullptr, 0};
+    auto* task = new HostTask{std::move(fn), sticky_, name_, label(), nullptr, 0};
     const bool timed = timing_ && open_spans_.load(std::memory_order_relaxed) == 0;
     if (timed) {
       task->timing = timing_;
@@ -490,9 +490,19 @@ class CudaStream final : public Stream {
     return Status::Ok();
   }
 
+  void SetWorkLabel(std::string label) override {
+    std::lock_guard<std::mutex> lock(label_mu_);
+    label_ = label.empty() ? nullptr : std::make_shared<const std::string>(std::move(label));
+  }
+
   Status Synchronize() override {
-    const Status s = cuda::CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize")
-                         .WithContext(fmt::format("stream '{}'", name_));
+    // A kernel's fault surfaces here, after the op that ran it: name the latest labelled work.
+    const std::shared_ptr<const std::string> work = label();
+    const Status s =
+        cuda::CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize")
+            .WithContext(work ? fmt::format("{} (or work enqueued before it) failed on stream '{}'",
+                                            *work, name_)
+                              : fmt::format("stream '{}'", name_));
     if (timing_) timing_->Harvest(/*wait=*/true);  // all spans enqueued so far are recorded
     STRATA_RETURN_IF_ERROR(s);
     return sticky_->Get();
@@ -587,8 +597,9 @@ class CudaStream final : public Stream {
     std::function<Status()> fn;
     std::shared_ptr<StickyError> sticky;
     std::string stream_name;
-    std::shared_ptr<StreamTiming> timing;  // null: not traced
-    uint64_t span;                         // its host span in timing's queue
+    std::shared_ptr<const std::string> label;  // SetWorkLabel's when enqueued; null: none
+    std::shared_ptr<StreamTiming> timing;      // null: not traced
+    uint64_t span;                             // its host span in timing's queue
   };
 
   // Runs on a CUDA runtime thread, in stream order. Must not call the CUDA API (so the span goes
@@ -603,7 +614,12 @@ class CudaStream final : public Stream {
     const int64_t begin_ns = trace ? trace->NowNs() : 0;
     Status s = task->fn();
     if (trace) task->timing->queue().FinishHost(task->span, true, begin_ns, trace->NowNs());
-    if (!s.ok()) task->sticky->Set(s.WithContext(fmt::format("stream '{}'", task->stream_name)));
+    if (!s.ok()) {
+      task->sticky->Set(
+          task->label ? Status(s.code(), fmt::format("{} failed on stream '{}': {}", *task->label,
+                                                     task->stream_name, s.message()))
+                      : s.WithContext(fmt::format("stream '{}'", task->stream_name)));
+    }
   }
 
   // Brackets `enqueue` (which puts one operation on the stream and returns its Status) with a
@@ -640,6 +656,12 @@ class CudaStream final : public Stream {
   std::atomic<uint64_t>* h2d_;
   std::atomic<uint64_t>* d2h_;
   const std::shared_ptr<StickyError> sticky_ = std::make_shared<StickyError>();
+  std::shared_ptr<const std::string> label() {
+    std::lock_guard<std::mutex> lock(label_mu_);
+    return label_;
+  }
+  std::mutex label_mu_;
+  std::shared_ptr<const std::string> label_ STRATA_GUARDED_BY(label_mu_);  // SetWorkLabel's
   std::mutex cublas_mu_;
   cublasHandle_t cublas_ STRATA_GUARDED_BY(cublas_mu_) = nullptr;
   void* cublas_workspace_ STRATA_GUARDED_BY(cublas_mu_) = nullptr;
@@ -700,8 +722,8 @@ class CudaDevice final : public Device {
       size_t free_bytes = 0, total_bytes = 0;
       if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) cudaGetLastError();
       return ResourceExhaustedError(fmt::format(
-          "could not take {} of GPU memory for the device arena ({} of {} is free on GPU {}): {}; "
-          "lower the device memory budget or free the GPU",
+          "could not take {} of GPU memory for the device arena ({} of {} is free on GPU {}; "
+          "another process may hold the rest): {}; lower the device memory budget or free the GPU",
           FormatBytes(size), FormatBytes(free_bytes), FormatBytes(total_bytes),
           options_.device_ordinal, why.message()));
     }
@@ -713,6 +735,13 @@ class CudaDevice final : public Device {
     }
     return std::unique_ptr<DeviceArena>(
         new CudaArena(options_.device_ordinal, static_cast<std::byte*>(p), size_bytes));
+  }
+
+  StatusOr<DeviceMemoryInfo> MemoryInfo() override {
+    STRATA_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device_ordinal));
+    DeviceMemoryInfo m;
+    STRATA_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&m.free_bytes, &m.total_bytes));
+    return m;
   }
 
   StatusOr<std::unique_ptr<Stream>> CreateStream(std::string name) override {

@@ -8,10 +8,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <mutex>
 #include <random>
+#include <sstream>
 #include <thread>
 
+#include "base/cpu_info.h"
 #include "base/dtype.h"
 #include "base/thread_annotations.h"
 #include "base/trace.h"
@@ -70,6 +73,7 @@ class HostStream final : public Stream {
         delay_rng_(delay_seed),
         trace_(options.trace),
         track_(trace_ ? trace_->RegisterTrack(name_) : 0),
+        fault_at_launch_(options.fault_stream == name_ ? options.fault_at_launch : 0),
         h2d_(h2d),
         d2h_(d2h) {
     worker_ = std::thread([this] { Run(); });
@@ -124,13 +128,19 @@ class HostStream final : public Stream {
   }
 
   Status LaunchHost(std::function<Status()> fn) override {
-    Enqueue({std::move(fn), false, "kernel", trace::Category::kCompute});
+    Enqueue({Injected(std::move(fn)), false, "kernel", trace::Category::kCompute});
     return Status::Ok();
   }
   Status LaunchHostAs(trace::Category category, std::function<Status()> fn) override {
-    Enqueue({std::move(fn), false,
+    Enqueue({Injected(std::move(fn)), false,
              category == trace::Category::kComm ? "collective" : "host function", category});
     return Status::Ok();
+  }
+
+  void SetWorkLabel(std::string label) override {
+    auto l = label.empty() ? nullptr : std::make_shared<const std::string>(std::move(label));
+    std::lock_guard<std::mutex> lock(mu_);
+    label_ = std::move(l);
   }
 
   Status Record(Event& event) override {
@@ -163,7 +173,17 @@ class HostStream final : public Stream {
     bool always_run;             // event bookkeeping runs even after an error
     const char* name = nullptr;  // traced work; nullptr: bookkeeping, not traced or delayed
     trace::Category category = trace::Category::kOther;
+    std::shared_ptr<const std::string> label = nullptr;  // set by Enqueue: the stream's label then
   };
+
+  // HostDeviceOptions::fault_at_launch: the chosen launch fails instead of running.
+  std::function<Status()> Injected(std::function<Status()> fn) {
+    const int64_t n = launches_.fetch_add(1) + 1;
+    if (n != fault_at_launch_) return fn;
+    return [n, stream = name_] {
+      return InternalError(fmt::format("injected fault (launch {} on stream '{}')", n, stream));
+    };
+  }
 
   Status error_snapshot() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -173,6 +193,7 @@ class HostStream final : public Stream {
   void Enqueue(Work w) {
     {
       std::lock_guard<std::mutex> lock(mu_);
+      if (w.name) w.label = label_;  // bookkeeping (event records and waits) is never labelled
       queue_.push_back(std::move(w));
     }
     cv_.notify_one();
@@ -245,7 +266,11 @@ class HostStream final : public Stream {
       if (trace_ && w.name) trace_->Record(track_, w.name, w.category, begin_ns, trace_->NowNs());
       {
         std::lock_guard<std::mutex> lock(mu_);
-        if (!s.ok() && error_.ok()) error_ = s.WithContext(fmt::format("stream '{}'", name_));
+        if (!s.ok() && error_.ok()) {
+          error_ = w.label ? Status(s.code(), fmt::format("{} failed on stream '{}': {}", *w.label,
+                                                          name_, s.message()))
+                           : s.WithContext(fmt::format("stream '{}'", name_));
+        }
         busy_ = false;
         if (queue_.empty()) idle_cv_.notify_all();
       }
@@ -258,6 +283,8 @@ class HostStream final : public Stream {
   std::mt19937_64 delay_rng_;  // worker thread only
   trace::TraceRecorder* const trace_;
   const int track_;
+  const int64_t fault_at_launch_;  // 0: no injected fault
+  std::atomic<int64_t> launches_{0};
   std::atomic<uint64_t>* h2d_;
   std::atomic<uint64_t>* d2h_;
   std::mutex mu_;
@@ -267,17 +294,34 @@ class HostStream final : public Stream {
   bool busy_ STRATA_GUARDED_BY(mu_) = false;
   bool stop_ STRATA_GUARDED_BY(mu_) = false;
   Status error_ STRATA_GUARDED_BY(mu_);
+  std::shared_ptr<const std::string> label_ STRATA_GUARDED_BY(mu_);  // SetWorkLabel's
   std::thread worker_;
 };
 
 class HostArena final : public DeviceArena {
  public:
-  HostArena(std::byte* base, size_t size) : DeviceArena(base, size), base_(base) {}
-  ~HostArena() override { std::free(base_); }
+  // `taken` (the device's count of arena bytes alive) gets `charged` back when the arena goes.
+  HostArena(std::byte* base, size_t size, std::shared_ptr<std::atomic<size_t>> taken,
+            size_t charged)
+      : DeviceArena(base, size), base_(base), taken_(std::move(taken)), charged_(charged) {}
+  ~HostArena() override {
+    std::free(base_);
+    *taken_ -= charged_;
+  }
 
  private:
   std::byte* base_;
+  std::shared_ptr<std::atomic<size_t>> taken_;
+  size_t charged_;
 };
+
+StatusOr<MemInfo> HostMemInfo() {
+  std::ifstream in("/proc/meminfo");
+  std::stringstream text;
+  text << in.rdbuf();
+  if (!in) return UnavailableError("could not read /proc/meminfo");
+  return ParseMeminfo(text.str());
+}
 
 class HostDevice final : public Device {
  public:
@@ -294,13 +338,32 @@ class HostDevice final : public Device {
 
   StatusOr<std::unique_ptr<DeviceArena>> CreateArena(size_t size_bytes) override {
     const size_t size = AlignUp(std::max<size_t>(size_bytes, 1), 4096);
+    if (options_.memory_bytes > 0) {
+      size_t taken = taken_->load();
+      do {
+        if (size > options_.memory_bytes - taken) return ArenaRefused(size);
+      } while (!taken_->compare_exchange_weak(taken, taken + size));
+    } else {
+      *taken_ += size;
+    }
     void* p = std::aligned_alloc(4096, size);
     if (!p) {
-      return ResourceExhaustedError(
-          fmt::format("could not take {} for the device arena", FormatBytes(size)));
+      *taken_ -= size;
+      return ArenaRefused(size);
     }
     std::memset(p, 0, size);
-    return std::unique_ptr<DeviceArena>(new HostArena(static_cast<std::byte*>(p), size_bytes));
+    return std::unique_ptr<DeviceArena>(
+        new HostArena(static_cast<std::byte*>(p), size_bytes, taken_, size));
+  }
+
+  StatusOr<DeviceMemoryInfo> MemoryInfo() override {
+    if (options_.memory_bytes > 0) {
+      return DeviceMemoryInfo{
+          options_.memory_bytes - std::min(taken_->load(), options_.memory_bytes),
+          options_.memory_bytes};
+    }
+    STRATA_ASSIGN_OR_RETURN(const MemInfo m, HostMemInfo());
+    return DeviceMemoryInfo{m.available_bytes, m.total_bytes};
   }
 
   StatusOr<std::unique_ptr<Stream>> CreateStream(std::string name) override {
@@ -324,8 +387,22 @@ class HostDevice final : public Device {
   }
 
  private:
+  // The same one line as the CUDA backend's (gpu/cuda/cuda_device.cc).
+  Status ArenaRefused(size_t size) {
+    const StatusOr<DeviceMemoryInfo> m = MemoryInfo();
+    return ResourceExhaustedError(fmt::format(
+        "could not take {} of device memory for the device arena ({} of {} is free on the host "
+        "device; another user may hold the rest); lower the device memory budget or free the "
+        "device",
+        FormatBytes(size), m.ok() ? FormatBytes(m->free_bytes) : std::string("?"),
+        m.ok() ? FormatBytes(m->total_bytes) : std::string("?")));
+  }
+
   HostDeviceOptions options_;
   std::atomic<uint64_t> streams_created_{0};
+  // Bytes of the arenas alive, shared with them (an arena may outlive nothing, but is counted
+  // back when it goes).
+  std::shared_ptr<std::atomic<size_t>> taken_ = std::make_shared<std::atomic<size_t>>(0);
 };
 
 }  // namespace
@@ -336,6 +413,10 @@ StatusOr<std::unique_ptr<Device>> CreateHostDevice(const HostDeviceOptions& opti
   }
   if (options.max_random_delay_us < 0) {
     return InvalidArgumentError("max_random_delay_us must be >= 0 (0 = no delays)");
+  }
+  if (options.fault_at_launch < 0) {
+    return InvalidArgumentError(
+        fmt::format("fault_at_launch {} must be >= 0 (0 = no fault)", options.fault_at_launch));
   }
   return std::unique_ptr<Device>(new HostDevice(options));
 }

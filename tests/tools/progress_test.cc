@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace strata::tools {
@@ -186,6 +187,48 @@ TEST(ProgressLine, LiveLineShowsStepLossEtaRateLrNormAndBytesOfTheLastStep) {
   p.Update(Report(3, /*skipped=*/true));
   EXPECT_EQ(p.live_text().rfind("step 3/10 | loss 2.6250 | skipped | ETA 4s |", 0), 0u)
       << p.live_text();
+}
+
+TEST(ProgressLine, MfuFollowsTokPerSecondWhenThePeakIsKnown) {
+  // 60 tokens per step, 1e6 model FLOPs per token, a 1e9 FLOP/s peak: MFU = 6e7 / step_s / 1e9.
+  FakeClock clock;
+  MemoryFile plain, live;
+  {
+    ProgressOptions o = Options(ProgressMode::kLiveAndPlain, 3, 1, &clock);
+    o.model_flops_per_token = 1'000'000;
+    o.peak_flops_per_s = 1e9;
+    ProgressLine p(o, plain.get(), live.get());
+    clock.now += 0.5;  // 120 tok/s: 1.2e8 FLOP/s, 12 %
+    p.Update(Report(1));
+    EXPECT_EQ(p.live_text(),
+              "step 1/3 | loss 2.8750 | ETA 1s | 120 tok/s | MFU 12.0% | lr 1.00e-03 | "
+              "norm 0.750 | h2d 1.0 KiB d2h 512 B nvme r 4.0 KiB w 8.0 KiB /step");
+    clock.now += 2.0;  // 30 tok/s on the plain line (its interval); the live line's mean 48
+    p.Update(Report(2));
+    EXPECT_NE(p.live_text().find("| 48 tok/s | MFU 4.8% |"), std::string::npos) << p.live_text();
+  }
+  EXPECT_EQ(plain.str(),
+            "step     1/3 | loss 2.8750 | norm  0.750 | lr 1.00e-03 |     120 tok/s | MFU 12.0% | "
+            "h2d 1.0 KiB d2h 512 B | nvme r 4.0 KiB w 8.0 KiB\n"
+            "step     2/3 | loss 2.7500 | norm  0.750 | lr 1.00e-03 |      30 tok/s | MFU 3.0% | "
+            "h2d 1.0 KiB d2h 512 B | nvme r 4.0 KiB w 8.0 KiB\n");
+}
+
+TEST(ProgressLine, NoMfuFieldWithoutThePeakOrTheFlops) {
+  for (const auto& [flops, peak] : {std::pair<int64_t, double>{1'000'000, 0}, {0, 1e9}}) {
+    FakeClock clock;
+    MemoryFile plain, live;
+    {
+      ProgressOptions o = Options(ProgressMode::kLiveAndPlain, 1, 1, &clock);
+      o.model_flops_per_token = flops;
+      o.peak_flops_per_s = peak;
+      ProgressLine p(o, plain.get(), live.get());
+      clock.now += 0.5;
+      p.Update(Report(1));
+      EXPECT_EQ(p.live_text().find("MFU"), std::string::npos) << p.live_text();
+    }
+    EXPECT_EQ(plain.str().find("MFU"), std::string::npos) << plain.str();
+  }
 }
 
 TEST(ProgressLine, EtaAndRateAreTheMeanOfTheLastSixteenSteps) {
