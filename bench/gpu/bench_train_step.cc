@@ -87,6 +87,8 @@
 // budget. Without a GPU every case is skipped with the reason (SkipWithError) and the program exits
 // 0.
 //   bench_train_step [--peak-tflops=989 | --machine=bench/machines/h200.json]
+//   [--activation-checkpointing=auto|all|none]   (default auto, as strata train; the counter
+//   kept_layers says how many layers kept their activations instead of recomputing them)
 //   --benchmark_out=train_step.json
 //   --benchmark_out_format=json
 #include <benchmark/benchmark.h>
@@ -166,6 +168,9 @@ constexpr Preset kPresets[] = {
 // The GPU's dense bf16 peak in TFLOP/s: --peak-tflops, else the --machine profile's, else by
 // name; 0 when unknown.
 double g_peak_tflops = 0;
+// Which layers recompute their forward in backward, as `strata train --activation-checkpointing`
+// (default auto: the layers whose activations the budget left by the plan holds keep them).
+ActivationCheckpointing g_checkpointing = ActivationCheckpointing::kAuto;
 std::string g_peak_source;
 
 // MemAvailable of /proc/meminfo in bytes; 0 when unreadable.
@@ -332,6 +337,7 @@ void BM_TrainStep(benchmark::State& state, int preset_index, Placement placement
   o.seed = kSeed;
   o.trace = &recorder;
   PlacementOptions& p = o.placement;
+  p.activation_checkpointing = g_checkpointing;
   switch (placement) {
     case Placement::kResident:
     case Placement::kResidentDuringBackward:
@@ -465,6 +471,7 @@ void BM_TrainStep(benchmark::State& state, int preset_index, Placement placement
   state.counters["nvme_write_GB"] =
       static_cast<double>(c1.nvme_bytes_written - c0.nvme_bytes_written) / n / 1e9;
   state.counters["loss"] = last.loss;
+  state.counters["kept_layers"] = e.plan().num_keeping_activations();
   if (placement == Placement::kResident) {
     g_resident_step_s[preset_index] = median;
   } else if (g_resident_step_s[preset_index] > 0) {
@@ -490,12 +497,13 @@ int main(int argc, char** argv) {
   using namespace strata::engine;
   strata::SetLogLevel(strata::LogLevel::kWarning);
   benchmark::Initialize(&argc, argv);
-  // Our flags, --peak-tflops=X and --machine=FILE, taken out before Google Benchmark checks the
-  // rest.
+  // Our flags, --peak-tflops=X, --machine=FILE and --activation-checkpointing=auto|all|none, taken
+  // out before Google Benchmark checks the rest.
   int kept = 1;
   for (int i = 1; i < argc; ++i) {
     constexpr std::string_view kPeak = "--peak-tflops=";
     constexpr std::string_view kMachine = "--machine=";
+    constexpr std::string_view kCheckpointing = "--activation-checkpointing=";
     if (std::string_view(argv[i]).starts_with(kPeak)) {
       g_peak_tflops = std::atof(argv[i] + kPeak.size());
       g_peak_source = "--peak-tflops";
@@ -513,6 +521,13 @@ int main(int argc, char** argv) {
         g_peak_tflops = profile->device->peak_bf16_TFLOPs;
         g_peak_source = "--machine";
       }
+    } else if (std::string_view(argv[i]).starts_with(kCheckpointing)) {
+      auto mode = ParseActivationCheckpointing(argv[i] + kCheckpointing.size());
+      if (!mode.ok()) {
+        std::fprintf(stderr, "bench_train_step: %s\n", mode.status().ToString().c_str());
+        return 2;
+      }
+      g_checkpointing = *mode;
     } else {
       argv[kept++] = argv[i];
     }
@@ -528,6 +543,8 @@ int main(int argc, char** argv) {
       "peak_bf16_tflops",
       g_peak_tflops > 0 ? fmt::format("{:.0f} ({})", g_peak_tflops, g_peak_source)
                         : std::string("unknown (no MFU; give --peak-tflops=X or --machine=FILE)"));
+  benchmark::AddCustomContext("activation_checkpointing",
+                              std::string(ActivationCheckpointingName(g_checkpointing)));
   benchmark::AddCustomContext("nvme_dir", BenchDir());
   benchmark::AddCustomContext("time_budget_s", fmt::format("{:.0f}", BudgetSeconds()));
   benchmark::AddCustomContext("grad_clip", fmt::format("{:g}", GradClip()));

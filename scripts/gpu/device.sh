@@ -195,8 +195,9 @@ targets)
     --path /var/tmp
   [[ -f $profile ]] || profile=$root/bench/machines/h200.json
   step bench_device 230 "$L/bench_device.log" env STRATA_BENCH_BUDGET_S=200 \
-    "$build/bench/gpu/bench_train_step" --benchmark_out="$L/bench_device.json" \
-    --benchmark_out_format=json --benchmark_counters_tabular=true \
+    "$build/bench/gpu/bench_train_step" --machine="$profile" --activation-checkpointing=auto \
+    --benchmark_out="$L/bench_device.json" --benchmark_out_format=json \
+    --benchmark_counters_tabular=true \
     --benchmark_filter='TrainStep/(gpt2-1\.5b|gpt-7b)/device/'
   : >"$L/torch_baseline.jsonl"
   step torch_gpt2-1.5b 45 "$L/torch_gpt2.log" env PYTHONUNBUFFERED=1 python3 \
