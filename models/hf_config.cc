@@ -267,7 +267,7 @@ StatusOr<HfModelConfig> ParseHfConfig(std::string_view json_text, const std::str
                                                         : "";
     if (model_type.empty()) {
       return f.Error("architectures", fmt::format("'{}' is not supported (supported: {})",
-                                                  architecture, kSupportedArchitectures));
+                                                  Excerpt(architecture), kSupportedArchitectures));
     }
   }
   std::string_view expected_arch;
@@ -276,13 +276,13 @@ StatusOr<HfModelConfig> ParseHfConfig(std::string_view json_text, const std::str
   } else if (model_type == "gpt2") {
     expected_arch = "GPT2LMHeadModel";
   } else {
-    return f.Error("model_type", fmt::format("'{}' is not supported (supported: {})", model_type,
-                                             kSupportedModelTypes));
+    return f.Error("model_type", fmt::format("'{}' is not supported (supported: {})",
+                                             Excerpt(model_type), kSupportedModelTypes));
   }
   if (!architecture.empty() && architecture != expected_arch) {
     return f.Error("architectures",
                    fmt::format("'{}' is not supported for model_type '{}' (supported: {})",
-                               architecture, model_type, expected_arch));
+                               Excerpt(architecture), model_type, expected_arch));
   }
   if (model_type == "gpt2") {
     config.family = HfModelConfig::Family::kGpt2;

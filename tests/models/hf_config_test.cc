@@ -140,6 +140,17 @@ TEST(HfConfig, UnknownModelTypeListsTheSupportedOnes) {
       "architectures");
 }
 
+// Found by hf_config_json_fuzz: a name holding a JSON "\n" was quoted raw, a two-line message.
+TEST(HfConfig, AnUnsupportedNameWithControlCharactersIsQuotedEscapedOnOneLine) {
+  const auto a = ParseHfConfig(R"({"architectures": ["Llam\n_embdForCausalLM"]})", kPath);
+  ExpectOneLineError(a, "architectures");
+  EXPECT_THAT(a.status().message(), HasSubstr("Llam\\x0A_embd"));
+  ExpectOneLineError(ParseHfConfig(R"({"model_type": "bert\u0000\r"})", kPath), "model_type");
+  ExpectOneLineError(
+      ParseHfConfig(R"({"model_type": "gpt2", "architectures": ["GPT2\nHead"]})", kPath),
+      "architectures");
+}
+
 TEST(HfConfig, MissingFieldIsNamed) {
   ExpectOneLineError(ParseHfConfig(R"({"model_type": "llama", "vocab_size": 10, "hidden_size": 8,
       "num_hidden_layers": 1, "num_attention_heads": 2, "max_position_embeddings": 8})",
