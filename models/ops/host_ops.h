@@ -3,8 +3,8 @@
 // same signatures, each a call to the host op of models/ops/ that its comment names (rounding
 // points as stated there). The arguments only the CUDA ops need (the attention backward's
 // delta, the fp32 accumulator of the GELU input gradient, the per-head RMSNorm's weight-gradient
-// partials) are accepted and not used. Every
-// function returns Status::Ok(): the host ops STRATA_CHECK their arguments instead.
+// partials) are accepted and not used. Every function returns Status::Ok(): the host ops
+// STRATA_CHECK their arguments instead.
 //
 // S in {float, double, Bf16, Fp16}; F = ComputeType<S> is the type of the statistics (LayerNorm
 // mean and rstd, RMSNorm rstd, attention log-sum-exp, rotary table). Pointers are host memory;
