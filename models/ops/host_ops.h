@@ -2,8 +2,9 @@
 // HostOps<S> has the member functions of CudaOps<S> (models/ops/cuda/cuda_ops.cuh), with the
 // same signatures, each a call to the host op of models/ops/ that its comment names (rounding
 // points as stated there). The arguments only the CUDA ops need (the attention backward's
-// delta, the fp32 accumulator of the GELU input gradient) are accepted and not used. Every
-// function returns Status::Ok(): the host ops STRATA_CHECK their arguments instead.
+// delta, the fp32 accumulator of the GELU input gradient, the per-head RMSNorm's weight-gradient
+// partials) are accepted and not used. Every function returns Status::Ok(): the host ops
+// STRATA_CHECK their arguments instead.
 //
 // S in {float, double, Bf16, Fp16}; F = ComputeType<S> is the type of the statistics (LayerNorm
 // mean and rstd, RMSNorm rstd, attention log-sum-exp, rotary table). Pointers are host memory;
@@ -17,6 +18,7 @@
 #include "models/lora.h"
 #include "models/ops/attention.h"
 #include "models/ops/gelu.h"
+#include "models/ops/head_rms_norm.h"
 #include "models/ops/layer_norm.h"
 #include "models/ops/matmul.h"
 #include "models/ops/rms_norm.h"
@@ -54,6 +56,21 @@ class HostOps {
   Status RmsNormBackward(const S* x, const S* w, const F* rstd, const S* dy, const S* dresidual,
                          int64_t rows, int64_t C, S* dx, S* dw) const {
     ops::RmsNormBackward(x, w, rstd, dy, dresidual, rows, C, dx, dw);
+    return Status::Ok();
+  }
+
+  // ops::HeadRmsNormForward: the q and k heads of qk (rows, ld) normalised in place per head
+  // (Qwen3's q_norm, k_norm); raw (rows, num_heads hs) and rstd (rows num_heads) kept.
+  Status HeadRmsNormForward(S* qk, int64_t ld, int64_t rows, int num_heads, int num_q_heads,
+                            int64_t hs, const S* w, double eps, S* raw, F* rstd) const {
+    ops::HeadRmsNormForward(qk, ld, rows, num_heads, num_q_heads, hs, w, eps, raw, rstd);
+    return Status::Ok();
+  }
+  // ops::HeadRmsNormBackward: dqk in place; dw (2, hs) nullable (partials is the CUDA ops').
+  Status HeadRmsNormBackward(const S* raw, int64_t rows, int num_heads, int num_q_heads, int64_t hs,
+                             const S* w, const F* rstd, S* dqk, int64_t ld, S* dw,
+                             float* /*partials*/) const {
+    ops::HeadRmsNormBackward(raw, rows, num_heads, num_q_heads, hs, w, rstd, dqk, ld, dw);
     return Status::Ok();
   }
 

@@ -1,30 +1,17 @@
 #include "models/ops/rms_norm.h"
 
-#include <cmath>
-
 #include "base/status.h"
 #include "models/ops/parallel.h"
+#include "models/ops/rms_norm_row.h"
 
 namespace strata::models::ops {
 
 template <typename S>
 void RmsNormForward(const S* x, const S* w, double eps, int64_t rows, int64_t C, S* y,
                     ComputeType<S>* rstd) {
-  using F = ComputeType<S>;
   STRATA_CHECK(rows >= 0 && C >= 1);
   ParallelRows(rows, C, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const S* xr = x + r * C;
-      F sum_sq = 0;
-      for (int64_t c = 0; c < C; ++c) {
-        const F v = ToFloat(xr[c]);
-        sum_sq += v * v;
-      }
-      const F s = F(1) / std::sqrt(sum_sq / F(C) + F(eps));
-      rstd[r] = s;
-      S* yr = y + r * C;
-      for (int64_t c = 0; c < C; ++c) yr[c] = FromFloat<S>((ToFloat(xr[c]) * s) * ToFloat(w[c]));
-    }
+    for (int64_t r = r0; r < r1; ++r) rstd[r] = RmsNormRowForward(x + r * C, w, eps, C, y + r * C);
   });
 }
 
@@ -49,22 +36,8 @@ void RmsNormBackward(const S* x, const S* w, const ComputeType<S>* rstd, const S
   }
   ParallelRows(rows, 2 * C, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      const S* xr = x + r * C;
-      const S* dr = dy + r * C;
-      const F s = rstd[r];
-      F gx_mean = 0;
-      for (int64_t c = 0; c < C; ++c) {
-        gx_mean += ToFloat(dr[c]) * ToFloat(w[c]) * (ToFloat(xr[c]) * s);
-      }
-      gx_mean /= F(C);
-      const S* res = dresidual != nullptr ? dresidual + r * C : nullptr;
-      S* out = dx + r * C;
-      for (int64_t c = 0; c < C; ++c) {
-        const F xhat = ToFloat(xr[c]) * s;
-        F v = s * (ToFloat(dr[c]) * ToFloat(w[c]) - xhat * gx_mean);
-        if (res != nullptr) v = ToFloat(res[c]) + v;
-        out[c] = FromFloat<S>(v);
-      }
+      RmsNormRowBackward(x + r * C, w, rstd[r], dy + r * C,
+                         dresidual != nullptr ? dresidual + r * C : nullptr, C, dx + r * C);
     }
   });
 }

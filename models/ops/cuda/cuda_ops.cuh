@@ -61,6 +61,21 @@ class CudaOps {
     return LaunchRmsNormBackward(cs_, D(x), D(w), rstd, D(dy), D(dresidual), rows, C, D(dx));
   }
 
+  // LaunchHeadRmsNormForward (eps rounded to fp32).
+  Status HeadRmsNormForward(S* qk, int64_t ld, int64_t rows, int num_heads, int num_q_heads,
+                            int64_t hs, const S* w, double eps, S* raw, F* rstd) const {
+    return LaunchHeadRmsNormForward(cs_, D(qk), ld, rows, num_heads, num_q_heads, hs, D(w),
+                                    static_cast<float>(eps), D(raw), rstd);
+  }
+  // LaunchHeadRmsNormBackward: partials of HeadRmsNormWorkspaceBytes(rows, hs) bytes where dw is
+  // non-null.
+  Status HeadRmsNormBackward(const S* raw, int64_t rows, int num_heads, int num_q_heads, int64_t hs,
+                             const S* w, const F* rstd, S* dqk, int64_t ld, S* dw,
+                             float* partials) const {
+    return LaunchHeadRmsNormBackward(cs_, D(raw), rows, num_heads, num_q_heads, hs, D(w), rstd,
+                                     D(dqk), ld, D(dw), partials);
+  }
+
   // Products::Forward.
   Status Matmul(WeightLayout layout, int64_t rows, int64_t in, int64_t out, const S* x, const S* W,
                 const S* b, const S* residual, S* y) const {

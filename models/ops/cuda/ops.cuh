@@ -164,6 +164,35 @@ Status LaunchRmsNormWeightGrad(cudaStream_t stream, const D* x, const float* rst
                                int64_t rows, int64_t C, float* partials, D* dw);
 
 // ---------------------------------------------------------------------------
+// Per-head RMSNorm of the q and k heads (ops/head_rms_norm.h: Qwen3's q_norm and k_norm),
+// head_rms_norm.cu. One warp per (row, head), through the RMSNorm row functions (the rounding of
+// LaunchRmsNormForward/Backward). Layout as the host op: qk (rows, ld), ld >= num_heads hs, the
+// first num_heads hs columns of each row the heads, heads h < num_q_heads using w[0 : hs], the
+// others w[hs : 2 hs]; columns past num_heads hs never read or written. Requirements
+// (kInvalidArgument otherwise): rows >= 0, hs >= 1, num_heads >= 1, 0 <= num_q_heads <=
+// num_heads, ld >= num_heads hs.
+
+// qk IN PLACE: each head replaced by D((x rstd) w); raw: (rows, num_heads hs) contiguous
+// OVERWRITTEN with the pre-norm heads; rstd: (rows num_heads) fp32 OVERWRITTEN (index r num_heads
+// + h). eps > 0. raw and rstd must not overlap qk.
+template <typename D>
+Status LaunchHeadRmsNormForward(cudaStream_t stream, D* qk, int64_t ld, int64_t rows, int num_heads,
+                                int num_q_heads, int64_t hs, const D* w, float eps, D* raw,
+                                float* rstd);
+
+// dqk IN PLACE: the gradient of the normalised heads on entry, D(rstd (g - xhat mean(g xhat)))
+// (g = dy w, xhat = raw rstd) on exit. dw: (2, hs) OVERWRITTEN with D(fp32 sum of dy xhat), row 0
+// over every row's q heads, row 1 over the k heads, in a fixed order: pass 1 sums blocks of
+// kHeadRmsRowsPerPartial rows (rows in order, heads in order) into partials
+// (HeadRmsNormWorkspaceBytes(rows, hs) bytes of fp32 scratch, contents undefined after), pass 2
+// adds the partials of each column in order; computed from dqk's entry values, before the
+// input gradient overwrites them. dw null: not computed, partials not used (may be null).
+template <typename D>
+Status LaunchHeadRmsNormBackward(cudaStream_t stream, const D* raw, int64_t rows, int num_heads,
+                                 int num_q_heads, int64_t hs, const D* w, const float* rstd, D* dqk,
+                                 int64_t ld, D* dw, float* partials);
+
+// ---------------------------------------------------------------------------
 // Rotary embeddings (ops/rope.h).
 
 // The largest head_dim the table kernel takes (its inverse frequencies travel as a kernel

@@ -1,5 +1,6 @@
-// RMSNorm on CUDA (ops.cuh): one warp per row; the weight gradient through a deterministic
-// two-pass column reduction.
+// RMSNorm on CUDA (ops.cuh): one warp per row (the row functions of rms_norm_row.cuh, shared
+// with the per-head RMSNorm); the weight gradient through a deterministic two-pass column
+// reduction.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -8,6 +9,7 @@
 
 #include "models/ops/cuda/common.cuh"
 #include "models/ops/cuda/ops.cuh"
+#include "models/ops/cuda/rms_norm_row.cuh"
 
 namespace strata::models::ops::cuda {
 namespace {
@@ -24,17 +26,8 @@ __global__ void RmsNormForwardKernel(const D* x, const D* w, float eps, int64_t 
                                      D* y, float* rstd) {
   const int lane = threadIdx.x % kWarp;
   STRATA_FOR_EACH_WARP_ROW(r, rows) {
-    const D* xr = x + r * C;
-    float sum_sq = 0.0f;
-    for (int64_t c = lane; c < C; c += kWarp) {
-      const float v = ToF(xr[c]);
-      sum_sq += v * v;
-    }
-    sum_sq = WarpSum(sum_sq);
-    const float s = 1.0f / sqrtf(sum_sq / static_cast<float>(C) + eps);
+    const float s = RmsNormWarpRowForward(x + r * C, w, eps, C, y + r * C, lane);
     if (lane == 0) rstd[r] = s;
-    D* yr = y + r * C;
-    for (int64_t c = lane; c < C; c += kWarp) yr[c] = FromF<D>((ToF(xr[c]) * s) * ToF(w[c]));
   }
 }
 
@@ -43,25 +36,8 @@ __global__ void RmsNormBackwardKernel(const D* x, const D* w, const float* rstd,
                                       const D* dresidual, int64_t rows, int64_t C, D* dx) {
   const int lane = threadIdx.x % kWarp;
   STRATA_FOR_EACH_WARP_ROW(r, rows) {
-    const D* xr = x + r * C;
-    const D* dr = dy + r * C;
-    const float s = rstd[r];
-    float gx = 0.0f;
-    for (int64_t c = lane; c < C; c += kWarp) {
-      gx += ToF(dr[c]) * ToF(w[c]) * (ToF(xr[c]) * s);
-    }
-    const float gx_mean = WarpSum(gx) / static_cast<float>(C);
-    // Every lane has read its dy (and below its dresidual) elements before any lane writes: the
-    // warp sum above is a barrier for the dy reads; the residual of element c is read by the
-    // lane that writes it.
-    const D* res = dresidual != nullptr ? dresidual + r * C : nullptr;
-    D* out = dx + r * C;
-    for (int64_t c = lane; c < C; c += kWarp) {
-      const float xhat = ToF(xr[c]) * s;
-      float v = s * (ToF(dr[c]) * ToF(w[c]) - xhat * gx_mean);
-      if (res != nullptr) v = ToF(res[c]) + v;
-      out[c] = FromF<D>(v);
-    }
+    RmsNormWarpRowBackward(x + r * C, w, rstd[r], dy + r * C,
+                           dresidual != nullptr ? dresidual + r * C : nullptr, C, dx + r * C, lane);
   }
 }
 
@@ -77,16 +53,6 @@ __global__ void RmsNormPartialsKernel(const D* x, const float* rstd, const D* dy
   float acc = 0.0f;
   for (int64_t r = r0; r < r1; ++r) acc += ToF(dy[r * C + c]) * (ToF(x[r * C + c]) * rstd[r]);
   partials[p * C + c] = acc;
-}
-
-// Pass 2: dw[c] = D(sum over p in order of partials[p, c]).
-template <typename D>
-__global__ void SumPartialsKernel(const float* partials, int64_t num_partials, int64_t C, D* dw) {
-  STRATA_FOR_EACH_INDEX(c, C) {
-    float acc = 0.0f;
-    for (int64_t p = 0; p < num_partials; ++p) acc += partials[p * C + c];
-    dw[c] = FromF<D>(acc);
-  }
 }
 
 }  // namespace
