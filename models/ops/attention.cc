@@ -26,10 +26,11 @@ void CheckDims(const AttentionDims& d) {
   STRATA_CHECK_MSG(
       d.batch_size >= 1 && d.seq_len >= 1 && d.num_heads >= 1 && d.num_kv_heads >= 1 &&
           d.head_dim >= 1 && d.num_heads % d.num_kv_heads == 0 &&
-          d.row_stride >= int64_t{d.num_heads} * d.head_dim,
+          d.row_stride >= int64_t{d.num_heads} * d.head_dim && d.window >= 0,
       "attention dims B=" + std::to_string(d.batch_size) + " T=" + std::to_string(d.seq_len) +
           " H=" + std::to_string(d.num_heads) + " Hkv=" + std::to_string(d.num_kv_heads) +
-          " hs=" + std::to_string(d.head_dim) + " row_stride=" + std::to_string(d.row_stride));
+          " hs=" + std::to_string(d.head_dim) + " row_stride=" + std::to_string(d.row_stride) +
+          " window=" + std::to_string(d.window));
 }
 
 template <typename F>
@@ -76,13 +77,19 @@ void Scores(const AttentionDims& d, const F* qf, const F* kf, int64_t t0, int64_
 }
 
 // The first key query t of sequence b attends to: t - position_ids[b, t] for packed sequences,
-// else 0.
+// else 0; with a window w, at least t - w + 1. Every key before it gets probability 0 exactly,
+// so the keys outside the bounds add nothing to any result.
 int64_t FirstKey(const AttentionDims& d, int64_t b, int64_t t) {
-  if (d.position_ids == nullptr) return 0;
-  const int32_t p = d.position_ids[b * d.seq_len + t];
-  STRATA_CHECK_MSG(p >= 0 && p <= t, "attention: position id " + std::to_string(p) + " at token " +
-                                         std::to_string(t) + " of sequence " + std::to_string(b));
-  return t - p;
+  int64_t lo = 0;
+  if (d.position_ids != nullptr) {
+    const int32_t p = d.position_ids[b * d.seq_len + t];
+    STRATA_CHECK_MSG(p >= 0 && p <= t, "attention: position id " + std::to_string(p) +
+                                           " at token " + std::to_string(t) + " of sequence " +
+                                           std::to_string(b));
+    lo = t - p;
+  }
+  if (d.window > 0) lo = std::max(lo, t - d.window + 1);
+  return lo;
 }
 
 // Replaces the scores of query row t (sc, nk wide) by P = S(exp(score - lse)) for keys lo..t

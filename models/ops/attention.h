@@ -1,7 +1,8 @@
 // Causal self-attention (Vaswani et al., "Attention Is All You Need", 2017) with
 // grouped-query attention (Ainslie et al., "GQA", 2023: query head h reads kv head
 // h / (H / Hkv), as Hugging Face's repeat_kv) and the storage and rounding of FlashAttention-2
-// (Dao, 2023). Scale 1 / sqrt(head_dim).
+// (Dao, 2023). Scale 1 / sqrt(head_dim). Optionally packed sequences and a sliding window
+// (AttentionDims::position_ids, AttentionDims::window): each bounds a query's first key.
 //
 // Storage and rounding: S in {float, double, Bf16, Fp16}. Scores and softmax in ComputeType<S>
 // (row max and log-sum-exp kept in fp32, never rounded to S); the probabilities rounded to S
@@ -33,12 +34,19 @@ struct AttentionDims {
   // to keys t - position_ids[b, t] .. t only (block-diagonal causal attention; position_ids
   // restarts at 0 where an example starts, see engine::BlockBuffers). Null: keys 0 .. t.
   const int32_t* position_ids = nullptr;
+  // Sliding-window attention (Beltagy et al., "Longformer", 2020, as Mistral, Qwen2 and Phi-3
+  // use it): 0 = no window (the bound above alone); w >= 1: query t sees key j only when
+  // t - w < j <= t, so with position_ids its first key is max(t - position_ids[b, t], t - w + 1)
+  // (the mask of Hugging Face's create_sliding_window_causal_mask). A window of T or more masks
+  // nothing more (results bit-identical to 0). Negative: rejected. Last in the struct, so the
+  // aggregate initialisations {B, T, H, Hkv, hs, row_stride, position_ids} keep their meaning.
+  int window = 0;
 };
 
 // q: (B, T, H, hs) rows of row_stride; k, v: (B, T, Hkv, hs) rows of row_stride;
 // out: (B, T, H hs) contiguous; lse: (B, H, T) ComputeType<S> (log-sum-exp, kept for backward).
-// Requirements (STRATA_CHECK): all dims >= 1, H % Hkv == 0, row_stride >= H hs. out must not
-// overlap q, k or v.
+// Requirements (STRATA_CHECK): all dims >= 1, H % Hkv == 0, row_stride >= H hs, window >= 0. out
+// must not overlap q, k or v.
 template <typename S>
 void AttentionForward(const AttentionDims& d, const S* q, const S* k, const S* v, S* out,
                       ComputeType<S>* lse);

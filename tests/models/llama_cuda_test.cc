@@ -11,6 +11,9 @@
 //   - packed sequences (position_ids, issue 31): the rotation at each token's position, and
 //     block-diagonal causal attention on both paths against the host op, one example's results
 //     unchanged bit for bit when another example of its row changes;
+//   - sliding-window attention (AttentionDims::window), alone and with packed sequences, on both
+//     paths against the host op; a window of T or more bit-identical to none; a key outside a
+//     query's window leaving that query's results unchanged bit for bit;
 //   - the whole model through LlamaModel::Forward/Backward with the engine's buffer layout
 //     (tests/models/gpt_model_run.h), tied and untied, on the CUDA device against the host
 //     device and against the double block functions: the loss, the logits, every block's
@@ -431,59 +434,151 @@ class LlamaPackedAttentionTest : public LlamaCudaTest<S> {
     this->Sync();
     return r;
   }
+
+  struct Case {
+    int B, T, H, Hkv, hs;
+    std::vector<std::vector<int>> rows;  // example lengths per row; empty: not packed
+    int window = 0;                      // AttentionDims::window
+  };
+
+  // Case k against the host op with the same position_ids and window and against double, on
+  // both paths, with the bounds of GqaAttentionMatchesTheHostOpAndDoubleAndIsDeterministic.
+  void ExpectMatchesTheHostOpAndDouble(const Case& k);
 };
 TYPED_TEST_SUITE(LlamaPackedAttentionTest, StorageTypes);
 
+template <typename S>
+void LlamaPackedAttentionTest<S>::ExpectMatchesTheHostOpAndDouble(const Case& k) {
+  const std::vector<int32_t> pos = PackedPositions(k.rows);
+  const int64_t N = int64_t{k.B} * k.T, Dq = int64_t{k.H} * k.hs, Dkv = int64_t{k.Hkv} * k.hs;
+  const int64_t ld = Dq + 2 * Dkv;
+  ASSERT_TRUE(pos.empty() || static_cast<int64_t>(pos.size()) == N);
+  const std::vector<double> qkv = Rounded<S>(RandomValues(N * ld, 1.5, 61 + k.T));
+  const std::vector<double> dout = Rounded<S>(RandomValues(N * Dq, 1.0, 62 + k.T));
+  ops::AttentionDims hd{k.B, k.T, k.H, k.Hkv, k.hs, ld};
+  hd.position_ids = pos.empty() ? nullptr : pos.data();
+  hd.window = k.window;
+  const std::vector<S> qkv_s = Cast<S>(qkv), dout_s = Cast<S>(dout);
+  std::vector<S> out_h(N * Dq), dqkv_h(N * ld);
+  std::vector<float> lse_h(int64_t{k.B} * k.H * k.T);
+  ops::AttentionForward<S>(hd, qkv_s.data(), qkv_s.data() + Dq, qkv_s.data() + Dq + Dkv,
+                           out_h.data(), lse_h.data());
+  ops::AttentionBackward<S>(hd, qkv_s.data(), qkv_s.data() + Dq, qkv_s.data() + Dq + Dkv,
+                            out_h.data(), dout_s.data(), lse_h.data(), dqkv_h.data(),
+                            dqkv_h.data() + Dq, dqkv_h.data() + Dq + Dkv);
+  std::vector<double> out_d(N * Dq), dqkv_d(N * ld), lse_d(lse_h.size());
+  ops::AttentionForward<double>(hd, qkv.data(), qkv.data() + Dq, qkv.data() + Dq + Dkv,
+                                out_d.data(), lse_d.data());
+  ops::AttentionBackward<double>(hd, qkv.data(), qkv.data() + Dq, qkv.data() + Dq + Dkv,
+                                 out_d.data(), dout.data(), lse_d.data(), dqkv_d.data(),
+                                 dqkv_d.data() + Dq, dqkv_d.data() + Dq + Dkv);
+  ops::AttentionDims gd = hd;
+  if (!pos.empty()) gd.position_ids = As<int32_t>(this->Put(pos));
+  const double K = k.T * (k.H / k.Hkv) + k.hs;
+  for (const lops::AttentionPath path :
+       {lops::AttentionPath::kAuto, lops::AttentionPath::kCudaCores}) {
+    SCOPED_TRACE("T=" + std::to_string(k.T) + " hs=" + std::to_string(k.hs) +
+                 (pos.empty() ? "" : " packed") + " window=" + std::to_string(k.window) +
+                 (path == lops::AttentionPath::kAuto ? " auto" : " CUDA cores"));
+    const PackedRun r = this->Run(gd, qkv, dout, path);
+    const std::vector<double> out = this->Get(r.out, N * Dq);
+    ExpectWithinBound("out vs double", out, out_d, 4, Eps<S>(K));
+    ExpectWithinBound("out vs host", out, ToDoubles(out_h), 8, Eps<S>(K));
+    const std::vector<float> lse = this->template Download<float>(r.lse, lse_h.size());
+    ExpectWithinBound("lse vs double", std::vector<double>(lse.begin(), lse.end()), lse_d, 4,
+                      Eps<float>(K));
+    const std::vector<double> dqkv = this->Get(r.dqkv, N * ld);
+    ExpectWithinBound("dqkv vs double", dqkv, dqkv_d, 12, Eps<S>(K));
+    ExpectWithinBound("dqkv vs host", dqkv, ToDoubles(dqkv_h), 24, Eps<S>(K));
+  }
+}
+
 TYPED_TEST(LlamaPackedAttentionTest, MatchesTheHostOpAndDoubleOnBothPaths) {
+  this->ExpectMatchesTheHostOpAndDouble({2, 37, 4, 2, 24, {{10, 20, 7}, {37}}});
+  this->ExpectMatchesTheHostOpAndDouble({2, 150, 2, 1, 64, {{10, 70, 60, 10}, {64, 1, 85}}});
+}
+
+// Sliding windows: query t sees keys t - w + 1 .. t only (within its example when packed). Windows
+// that divide no tile (5, 37, 70), the key tile itself (64), 1; head dims 24 (CUDA cores only),
+// 64 and 128 (the tensor cores for 16-bit S, whose dk/dv query tile is 32 at 128); T across the
+// 32- and 64-row tiles, so blocks start past key 0 and dk/dv blocks stop before the last query
+// tile.
+TYPED_TEST(LlamaPackedAttentionTest, SlidingWindowMatchesTheHostOpAndDoubleOnBothPaths) {
+  this->ExpectMatchesTheHostOpAndDouble({2, 37, 4, 2, 24, {}, 5});
+  this->ExpectMatchesTheHostOpAndDouble({1, 150, 2, 1, 64, {}, 64});
+  this->ExpectMatchesTheHostOpAndDouble({2, 150, 2, 1, 64, {{10, 70, 60, 10}, {64, 1, 85}}, 37});
+  this->ExpectMatchesTheHostOpAndDouble({1, 130, 2, 2, 128, {}, 1});
+  this->ExpectMatchesTheHostOpAndDouble({1, 200, 4, 2, 128, {}, 70});
+}
+
+// A window of T or more masks nothing: out, lse and dqkv equal those without a window to the
+// bit, on both paths.
+TYPED_TEST(LlamaPackedAttentionTest, AWindowOfTOrMoreIsBitIdenticalToNoWindow) {
   using S = TypeParam;
-  struct Case {
-    int B, T, H, Hkv, hs;
-    std::vector<std::vector<int>> rows;  // example lengths per row
-  };
-  const Case cases[] = {{2, 37, 4, 2, 24, {{10, 20, 7}, {37}}},
-                        {2, 150, 2, 1, 64, {{10, 70, 60, 10}, {64, 1, 85}}}};
-  for (const Case& k : cases) {
-    const std::vector<int32_t> pos = PackedPositions(k.rows);
-    const int64_t N = int64_t{k.B} * k.T, Dq = int64_t{k.H} * k.hs, Dkv = int64_t{k.Hkv} * k.hs;
-    const int64_t ld = Dq + 2 * Dkv;
-    ASSERT_EQ(static_cast<int64_t>(pos.size()), N);
-    const std::vector<double> qkv = Rounded<S>(RandomValues(N * ld, 1.5, 61 + k.T));
-    const std::vector<double> dout = Rounded<S>(RandomValues(N * Dq, 1.0, 62 + k.T));
-    ops::AttentionDims hd{k.B, k.T, k.H, k.Hkv, k.hs, ld};
-    hd.position_ids = pos.data();
-    const std::vector<S> qkv_s = Cast<S>(qkv), dout_s = Cast<S>(dout);
-    std::vector<S> out_h(N * Dq), dqkv_h(N * ld);
-    std::vector<float> lse_h(int64_t{k.B} * k.H * k.T);
-    ops::AttentionForward<S>(hd, qkv_s.data(), qkv_s.data() + Dq, qkv_s.data() + Dq + Dkv,
-                             out_h.data(), lse_h.data());
-    ops::AttentionBackward<S>(hd, qkv_s.data(), qkv_s.data() + Dq, qkv_s.data() + Dq + Dkv,
-                              out_h.data(), dout_s.data(), lse_h.data(), dqkv_h.data(),
-                              dqkv_h.data() + Dq, dqkv_h.data() + Dq + Dkv);
-    std::vector<double> out_d(N * Dq), dqkv_d(N * ld), lse_d(lse_h.size());
-    ops::AttentionForward<double>(hd, qkv.data(), qkv.data() + Dq, qkv.data() + Dq + Dkv,
-                                  out_d.data(), lse_d.data());
-    ops::AttentionBackward<double>(hd, qkv.data(), qkv.data() + Dq, qkv.data() + Dq + Dkv,
-                                   out_d.data(), dout.data(), lse_d.data(), dqkv_d.data(),
-                                   dqkv_d.data() + Dq, dqkv_d.data() + Dq + Dkv);
-    const gpu::DeviceSpan gpos = this->Put(pos);
-    ops::AttentionDims gd = hd;
-    gd.position_ids = As<int32_t>(gpos);
-    const double K = k.T * (k.H / k.Hkv) + k.hs;
-    for (const lops::AttentionPath path :
-         {lops::AttentionPath::kAuto, lops::AttentionPath::kCudaCores}) {
-      SCOPED_TRACE("T=" + std::to_string(k.T) + " hs=" + std::to_string(k.hs) +
-                   (path == lops::AttentionPath::kAuto ? " auto" : " CUDA cores"));
-      const PackedRun r = this->Run(gd, qkv, dout, path);
-      const std::vector<double> out = this->Get(r.out, N * Dq);
-      ExpectWithinBound("out vs double", out, out_d, 4, Eps<S>(K));
-      ExpectWithinBound("out vs host", out, ToDoubles(out_h), 8, Eps<S>(K));
-      const std::vector<float> lse = this->template Download<float>(r.lse, lse_h.size());
-      ExpectWithinBound("lse vs double", std::vector<double>(lse.begin(), lse.end()), lse_d, 4,
-                        Eps<float>(K));
-      const std::vector<double> dqkv = this->Get(r.dqkv, N * ld);
-      ExpectWithinBound("dqkv vs double", dqkv, dqkv_d, 12, Eps<S>(K));
-      ExpectWithinBound("dqkv vs host", dqkv, ToDoubles(dqkv_h), 24, Eps<S>(K));
+  const int B = 1, T = 150, H = 2, Hkv = 1, hs = 64;
+  const int64_t N = int64_t{B} * T, Dq = int64_t{H} * hs, ld = Dq + 2 * int64_t{Hkv} * hs;
+  const std::vector<double> qkv = Rounded<S>(RandomValues(N * ld, 1.5, 81));
+  const std::vector<double> dout = Rounded<S>(RandomValues(N * Dq, 1.0, 82));
+  const ops::AttentionDims plain{B, T, H, Hkv, hs, ld};
+  for (const lops::AttentionPath path :
+       {lops::AttentionPath::kAuto, lops::AttentionPath::kCudaCores}) {
+    const PackedRun a = this->Run(plain, qkv, dout, path);
+    for (const int w : {T, T + 1, 1 << 30}) {
+      SCOPED_TRACE(std::string(path == lops::AttentionPath::kAuto ? "auto" : "CUDA cores") +
+                   " window=" + std::to_string(w));
+      ops::AttentionDims d = plain;
+      d.window = w;
+      const PackedRun b = this->Run(d, qkv, dout, path);
+      for (const auto& [x, y, bytes, what] :
+           {std::tuple{a.out, b.out, N * Dq * int64_t{sizeof(S)}, "out"},
+            std::tuple{a.lse, b.lse, int64_t{B} * H * T * 4, "lse"},
+            std::tuple{a.dqkv, b.dqkv, N * ld * int64_t{sizeof(S)}, "dqkv"}}) {
+        const std::vector<uint8_t> u = this->template Download<uint8_t>(x, bytes),
+                                   v = this->template Download<uint8_t>(y, bytes);
+        EXPECT_EQ(std::memcmp(u.data(), v.data(), size_t(bytes)), 0) << what;
+      }
     }
+  }
+}
+
+// A key outside a query's window does not influence it: with k and v of token `key` replaced
+// (window w: seen by queries key .. key + w - 1 only), out and dq of every other query and dk, dv
+// of every key none of whose queries is one of those are unchanged to the bit, on both paths;
+// out row `key` does change (the check is not vacuous). T 150 and w 40 put the seeing queries
+// inside one 64-row tile and the unchanged ones in tiles before, at and after it.
+TYPED_TEST(LlamaPackedAttentionTest, AKeyOutsideTheWindowDoesNotInfluenceTheQuery) {
+  using S = TypeParam;
+  const int B = 1, T = 150, H = 2, Hkv = 1, hs = 64, w = 40, key = 70;
+  const int64_t N = int64_t{B} * T, Dq = int64_t{H} * hs, Dkv = int64_t{Hkv} * hs;
+  const int64_t ld = Dq + 2 * Dkv;
+  const std::vector<double> qkv = Rounded<S>(RandomValues(N * ld, 1.5, 91));
+  const std::vector<double> dout = Rounded<S>(RandomValues(N * Dq, 1.0, 92));
+  std::vector<double> changed = qkv;
+  const std::vector<double> other = Rounded<S>(RandomValues(N * ld, 1.5, 93));
+  for (int64_t j = Dq; j < ld; ++j) changed[key * ld + j] = other[key * ld + j];
+  ops::AttentionDims d{B, T, H, Hkv, hs, ld};
+  d.window = w;
+  for (const lops::AttentionPath path :
+       {lops::AttentionPath::kAuto, lops::AttentionPath::kCudaCores}) {
+    SCOPED_TRACE(path == lops::AttentionPath::kAuto ? "auto" : "CUDA cores");
+    const PackedRun a = this->Run(d, qkv, dout, path), b = this->Run(d, changed, dout, path);
+    const std::vector<S> out_a = this->template Download<S>(a.out, N * Dq),
+                         out_b = this->template Download<S>(b.out, N * Dq);
+    const std::vector<S> g_a = this->template Download<S>(a.dqkv, N * ld),
+                         g_b = this->template Download<S>(b.dqkv, N * ld);
+    const auto same = [](const std::vector<S>& u, const std::vector<S>& v, int64_t at, int64_t n) {
+      return std::memcmp(&u[at], &v[at], size_t(n) * sizeof(S)) == 0;
+    };
+    for (int64_t t = 0; t < T; ++t) {
+      if (t < key || t >= key + w) {
+        EXPECT_TRUE(same(out_a, out_b, t * Dq, Dq)) << "out row " << t;
+        EXPECT_TRUE(same(g_a, g_b, t * ld, Dq)) << "dq row " << t;
+      }
+      if (t < key - w + 1 || t >= key + w) {
+        EXPECT_TRUE(same(g_a, g_b, t * ld + Dq, 2 * Dkv)) << "dk, dv row " << t;
+      }
+    }
+    EXPECT_FALSE(same(out_a, out_b, key * Dq, Dq)) << "the changed key's own query";
   }
 }
 
@@ -664,6 +759,12 @@ TEST(LlamaCudaArguments, OpLaunchersRejectBadArgumentsBeforeLaunching) {
   const ops::AttentionDims ok{1, 8, 4, 2, 8, 64};
   EXPECT_TRUE(invalid(
       lops::LaunchAttentionBackward<float>(nullptr, ok, p, p, p, p, p, p, nullptr, p, p, p)));
+  ops::AttentionDims negative_window = ok;
+  negative_window.window = -1;
+  EXPECT_TRUE(
+      invalid(lops::LaunchAttentionForward<float>(nullptr, negative_window, p, p, p, p, p)));
+  EXPECT_TRUE(invalid(lops::LaunchAttentionBackward<float>(nullptr, negative_window, p, p, p, p, p,
+                                                           p, p, p, p, p)));
 }
 
 }  // namespace

@@ -34,16 +34,21 @@
 // query heads of their group in head order). Deterministic: no atomics; dk, dv per key tile over
 // the query heads and tiles in order, dq per query tile over the key tiles in order.
 //
-// Packed sequences (AttentionDims::position_ids non-null): query t of sequence b sees keys
-// FirstKey = t - position_ids[b, t] .. t (block-diagonal causal attention). Both implementations
-// add that lower bound to every mask test; the tensor-core kernels mask every visited tile then
+// Packed sequences and sliding windows: query t of sequence b sees keys FirstKey .. t, where
+// FirstKey = t - position_ids[b, t] with position_ids (AttentionDims::position_ids non-null:
+// block-diagonal causal attention), else 0, and with a window w >= 1 (AttentionDims::window, as
+// Hugging Face's create_sliding_window_causal_mask) at least t - w + 1. Both implementations add
+// that lower bound to every mask test; the tensor-core kernels mask every visited tile then
 // (TileNeedsMask only knows the causal square). A block starts at the key tile of the smallest
-// first key of its queries (forward, dq) and the dk/dv blocks skip the query tiles none of whose
-// queries sees one of their keys. In the online softmax a row may meet a tile whose keys it
-// does not see before any it does: its running max is still -inf, and the exponentials are
-// shifted by 0 instead (as FlashAttention does), so l and the sums stay 0 rather than NaN.
-// Without position_ids every first key is 0 and the kernels compute what they computed before,
-// bit for bit (the same tiles, the same shifts, the same masks).
+// first key of its queries (forward, dq: max(0, q0 - w + 1) for a window alone) and the dk/dv
+// blocks skip the query tiles none of whose queries sees one of their keys; with a window they
+// also stop after the last query that sees their last key (key j is seen by queries up to
+// j + w - 1). In the online softmax a row may meet a tile whose keys it does not see before any
+// it does: its running max is still -inf, and the exponentials are shifted by 0 instead (as
+// FlashAttention does), so l and the sums stay 0 rather than NaN. A window of T or more masks
+// nothing (CheckDims drops it). Without position_ids and window every first key is 0 and the
+// kernels compute what they computed before, bit for bit (the same tiles, the same shifts, the
+// same masks).
 //
 // Indexing (both implementations, the invariant the GPT relies on): element d of head `head` of
 // row t of sequence b is at [(b T + t) row_stride + head hs + d] in q, k, v, dq, dk, dv and at
@@ -81,37 +86,44 @@ constexpr int kKvKeys = kKvWarps * kKeysPerWarp;
 constexpr int kQueryChunk = 32;
 
 // The first key query t of sequence b sees: t - position_ids[b, t] with position_ids (packed
-// sequences), 0 without. An id outside [0, t] traps, as a token outside the vocabulary does.
-__device__ __forceinline__ int FirstKeyOf(const int32_t* pos, int T, int b, int t) {
-  if (pos == nullptr) return 0;
-  const int32_t p = pos[int64_t{b} * T + t];
-  if (p < 0 || p > t) __trap();
-  return t - p;
+// sequences), 0 without; with a window (>= 1) at least t - window + 1. An id outside [0, t]
+// traps, as a token outside the vocabulary does.
+__device__ __forceinline__ int FirstKeyOf(const int32_t* pos, int window, int T, int b, int t) {
+  int lo = 0;
+  if (pos != nullptr) {
+    const int32_t p = pos[int64_t{b} * T + t];
+    if (p < 0 || p > t) __trap();
+    lo = t - p;
+  }
+  return window > 0 ? max(lo, t - window + 1) : lo;
 }
 
-// The smallest first key of the queries [q0, q0 + n) below T of sequence b (0 without
-// position_ids), called by every thread of the block (n <= blockDim.x); barriers inside. The
-// integer atomicMin's result does not depend on the order of the atomics.
-__device__ int BlockFirstKey(const int32_t* pos, int T, int b, int q0, int n) {
-  if (pos == nullptr) return 0;
+// The smallest first key of the queries [q0, q0 + n) below T of sequence b (q0 < T), called by
+// every thread of the block (n <= blockDim.x); barriers inside with position_ids. Without them
+// the first key grows with the query: 0, or max(0, q0 - window + 1) with a window. The integer
+// atomicMin's result does not depend on the order of the atomics.
+__device__ int BlockFirstKey(const int32_t* pos, int window, int T, int b, int q0, int n) {
+  if (pos == nullptr) return window > 0 ? max(0, q0 - window + 1) : 0;
   __shared__ int first;
   if (threadIdx.x == 0) first = T;
   __syncthreads();
   const int i = static_cast<int>(threadIdx.x), t = q0 + i;
-  if (i < n && t < T) atomicMin(&first, FirstKeyOf(pos, T, b, t));
+  if (i < n && t < T) atomicMin(&first, FirstKeyOf(pos, window, T, b, t));
   __syncthreads();
   return first;
 }
 
-// Packed sequences, the dk/dv kernels: lo_s[i] = the first key of query c0 + i for i < n (T
-// past the sequence); returns whether any of them sees a key <= last_key (a barrier: every
-// thread of the block calls it, n <= blockDim.x).
-__device__ bool QueriesSeeKeys(const int32_t* pos, int T, int b, int c0, int n, int last_key,
-                               int* lo_s) {
+// Packed sequences or a window, the dk/dv kernels: lo_s[i] = the first key of query c0 + i for
+// i < n (T past the sequence); returns whether any of them sees a key <= last_key (a barrier:
+// every thread of the block calls it, n <= blockDim.x). A query before the block's first key
+// counts as seeing (its first key is <= itself): the test never skips a tile with a query that
+// sees a key of the block, and the mask zeroes the pairs of the others.
+__device__ bool QueriesSeeKeys(const int32_t* pos, int window, int T, int b, int c0, int n,
+                               int last_key, int* lo_s) {
   bool sees = false;
   const int i = static_cast<int>(threadIdx.x), t = c0 + i;
   if (i < n) {
-    const int lo = t < T ? FirstKeyOf(pos, T, b, t) : T;
+    const int lo = t < T ? FirstKeyOf(pos, window, T, b, t) : T;
     lo_s[i] = lo;
     sees = lo <= last_key;
   }
@@ -123,6 +135,7 @@ struct Dims {
   int64_t ld;  // row stride of q, k, v, dq, dk, dv
   float scale;
   const int32_t* pos;  // (B, T) position_ids or null (AttentionDims::position_ids)
+  int window;          // AttentionDims::window, 0 where it is T or more (masks nothing)
   __device__ int64_t Row(int b, int t) const { return (int64_t{b} * T + t) * ld; }
   __device__ int64_t OutRow(int b, int t) const { return (int64_t{b} * T + t) * H * hs; }
   __device__ int64_t Stat(int b, int h, int t) const { return (int64_t{b} * H + h) * T + t; }
@@ -157,8 +170,8 @@ __global__ void __launch_bounds__(kQueryWarps* kWarp)
 #pragma unroll
   for (int i = 0; i < kDims; ++i) o[i] = 0.0f;
   // This warp's row sees keys lo..t; the block starts at the tile of its rows' smallest lo.
-  const int lo = t < a.T ? FirstKeyOf(a.pos, a.T, b, t) : 0;
-  const int k_begin = BlockFirstKey(a.pos, a.T, b, q0, kQueryWarps) / kKeyTile * kKeyTile;
+  const int lo = t < a.T ? FirstKeyOf(a.pos, a.window, a.T, b, t) : 0;
+  const int k_begin = BlockFirstKey(a.pos, a.window, a.T, b, q0, kQueryWarps) / kKeyTile * kKeyTile;
   // Lane's scaled score of key j (in the tile in ks) for this warp's row t; -inf outside lo..t.
   const auto score = [&](int j) {
     if (j > t || j < lo) return -INFINITY;
@@ -248,8 +261,8 @@ __global__ void __launch_bounds__(kQueryWarps* kWarp)
   }
   const float row_lse = t < a.T ? lse[a.Stat(b, h, t)] : 0.0f;
   const float row_delta = t < a.T ? delta[a.Stat(b, h, t)] : 0.0f;
-  const int lo = t < a.T ? FirstKeyOf(a.pos, a.T, b, t) : 0;  // the row sees keys lo..t
-  const int k_begin = BlockFirstKey(a.pos, a.T, b, q0, kQueryWarps) / kKeyTile * kKeyTile;
+  const int lo = t < a.T ? FirstKeyOf(a.pos, a.window, a.T, b, t) : 0;  // row t sees lo..t
+  const int k_begin = BlockFirstKey(a.pos, a.window, a.T, b, q0, kQueryWarps) / kKeyTile * kKeyTile;
   float acc[kDims];
 #pragma unroll
   for (int i = 0; i < kDims; ++i) acc[i] = 0.0f;
@@ -294,11 +307,12 @@ __global__ void __launch_bounds__(kKvWarps* kWarp)
   __shared__ float dos[kQueryChunk][kW];
   __shared__ float lse_s[kQueryChunk];
   __shared__ float delta_s[kQueryChunk];
-  __shared__ int lo_s[kQueryChunk];  // packed: the first key of each query of the chunk
+  __shared__ int lo_s[kQueryChunk];  // bounded: the first key of each query of the chunk
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int b = blockIdx.y / a.Hkv, kh = blockIdx.y % a.Hkv;
   const int k0 = blockIdx.x * kKvKeys;
-  const bool packed = a.pos != nullptr;
+  // Packed or windowed: first keys past 0, masked with lo_s.
+  const bool bounded = a.pos != nullptr || a.window > 0;
   const int my_k0 = k0 + warp * kKeysPerWarp;
   float kr[kKeysPerWarp][kDims], vr[kKeysPerWarp][kDims];
   float dk[kKeysPerWarp][kDims], dv[kKeysPerWarp][kDims];
@@ -318,9 +332,12 @@ __global__ void __launch_bounds__(kKvWarps* kWarp)
   for (int g = 0; g < a.group; ++g) {
     const int h = kh * a.group + g;
     for (int c0 = k0; c0 < a.T; c0 += kQueryChunk) {
+      // Windowed: the last query that sees a key of the block is its last key + window - 1.
+      if (a.window > 0 && c0 >= k0 + kKvKeys - 1 + a.window) break;
       __syncthreads();
-      // Packed: a chunk none of whose queries sees a key of this block adds nothing.
-      if (packed && !QueriesSeeKeys(a.pos, a.T, b, c0, kQueryChunk, k0 + kKvKeys - 1, lo_s)) {
+      // Bounded: a chunk none of whose queries sees a key of this block adds nothing.
+      if (bounded &&
+          !QueriesSeeKeys(a.pos, a.window, a.T, b, c0, kQueryChunk, k0 + kKvKeys - 1, lo_s)) {
         continue;
       }
       for (int x = threadIdx.x; x < kQueryChunk * kW; x += blockDim.x) {
@@ -347,7 +364,7 @@ __global__ void __launch_bounds__(kKvWarps* kWarp)
 #pragma unroll
         for (int kk = 0; kk < kKeysPerWarp; ++kk) {
           const int j = my_k0 + kk;
-          if (j > t || j >= a.T || (packed && j < lo_s[r])) continue;  // uniform in the warp
+          if (j > t || j >= a.T || (bounded && j < lo_s[r])) continue;  // uniform in the warp
           float sp = 0.0f, dpp = 0.0f;
 #pragma unroll
           for (int i = 0; i < kDims; ++i) {
@@ -386,16 +403,19 @@ StatusOr<Dims> CheckDims(const char* op, const AttentionDims& d) {
   if (d.batch_size < 1 || d.seq_len < 1 || d.num_heads < 1 || d.num_kv_heads < 1 ||
       d.head_dim < 1 || d.head_dim > kAttentionMaxHeadDim || d.num_heads % d.num_kv_heads != 0 ||
       d.row_stride < int64_t{d.num_heads} * d.head_dim ||
-      int64_t{d.batch_size} * d.num_heads > kMaxGrid) {
+      int64_t{d.batch_size} * d.num_heads > kMaxGrid || d.window < 0) {
     return InvalidArgumentError(std::string(op) +
                                 ": need B, T, H, Hkv >= 1, H a multiple of Hkv, 1 <= head_dim <= "
-                                "128, row_stride >= H head_dim and B H <= 65535");
+                                "128, row_stride >= H head_dim, B H <= 65535 and window >= 0");
   }
-  return Dims{d.batch_size,  d.seq_len,
-              d.num_heads,   d.num_kv_heads,
-              d.head_dim,    d.num_heads / d.num_kv_heads,
-              d.row_stride,  1.0f / sqrtf(static_cast<float>(d.head_dim)),
-              d.position_ids};
+  // A window of T or more masks nothing: dropped, so the kernels run their unwindowed schedule
+  // (the same results bit for bit, and no window arithmetic near INT_MAX).
+  const int window = d.window < d.seq_len ? d.window : 0;
+  return Dims{d.batch_size,   d.seq_len,
+              d.num_heads,    d.num_kv_heads,
+              d.head_dim,     d.num_heads / d.num_kv_heads,
+              d.row_stride,   1.0f / sqrtf(static_cast<float>(d.head_dim)),
+              d.position_ids, window};
 }
 
 // Calls f.template operator()<kDims>() with kDims = ceil(hs / 32) in 1..4.
@@ -579,6 +599,9 @@ struct TcDims {
   int64_t ld;  // row stride of q, k, v, dq, dk, dv (elements)
   float scale;
   const int32_t* pos;  // (B, T) position_ids or null
+  int window;          // Dims::window (0: none)
+  // Bounded (position_ids or a window): first keys past 0, so every visited tile is masked.
+  __device__ bool Bounded() const { return pos != nullptr || window > 0; }
   // First element of head `head` of sequence b in q, k, v, dq, dk, dv (rows of ld).
   __device__ int64_t Row0(int b, int head, int hs) const {
     return int64_t{b} * T * ld + int64_t{head} * hs;
@@ -628,12 +651,14 @@ __global__ void __launch_bounds__(kThreads)
   CpAsyncCommit();
 
   const int row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
-  // Packed: row r sees keys lo[r]..row[r], and every tile is masked.
-  const bool packed = a.pos != nullptr;
+  // Bounded: row r sees keys lo[r]..row[r], and every tile is masked.
+  const bool bounded = a.Bounded();
   int lo[2] = {0, 0};
 #pragma unroll
-  for (int r = 0; r < 2; ++r) lo[r] = row[r] < a.T ? FirstKeyOf(a.pos, a.T, b, row[r]) : 0;
-  const int first = BlockFirstKey(a.pos, a.T, b, q0, kQ) / kK;
+  for (int r = 0; r < 2; ++r) {
+    lo[r] = row[r] < a.T ? FirstKeyOf(a.pos, a.window, a.T, b, row[r]) : 0;
+  }
+  const int first = BlockFirstKey(a.pos, a.window, a.T, b, q0, kQ) / kK;
   float o[kHs / 8][4];
   Zero<kHs>(o);
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
@@ -642,7 +667,7 @@ __global__ void __launch_bounds__(kThreads)
   const auto scores = [&](int k0, float(&s)[kK / 8][4]) {
     Zero<kK>(s);
     MmaABt<D, kK, kHs>(s, qs + warp * 16 * kStride, ks, kStride);
-    const bool masked = packed || at::TileNeedsMask(q0, kQ, k0, kK, a.T);
+    const bool masked = bounded || at::TileNeedsMask(q0, kQ, k0, kK, a.T);
 #pragma unroll
     for (int j = 0; j < kK / 8; ++j) {
 #pragma unroll
@@ -675,8 +700,8 @@ __global__ void __launch_bounds__(kThreads)
     for (int r = 0; r < 2; ++r) {
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      // Finite without position_ids (key 0 is valid for every row); -inf for a packed row that
-      // has seen no key yet, which shifts by 0 then (exp(-inf) = 0, no NaN).
+      // Finite unbounded (key 0 is valid for every row); -inf for a bounded row (packed or
+      // windowed) that has seen no key yet, which shifts by 0 then (exp(-inf) = 0, no NaN).
       m_new[r] = fmaxf(m[r], mx[r]);
       shift[r] = m_new[r] == -INFINITY ? 0.0f : m_new[r];
     }
@@ -761,12 +786,14 @@ __global__ void __launch_bounds__(kThreads)
     row_lse[r] = row[r] < a.T ? lse[a.Stat(b, h) + row[r]] : 0.0f;
     row_delta[r] = row[r] < a.T ? delta[a.Stat(b, h) + row[r]] : 0.0f;
   }
-  // Packed: row r sees keys lo[r]..row[r], and every tile is masked.
-  const bool packed = a.pos != nullptr;
+  // Bounded: row r sees keys lo[r]..row[r], and every tile is masked.
+  const bool bounded = a.Bounded();
   int lo[2] = {0, 0};
 #pragma unroll
-  for (int r = 0; r < 2; ++r) lo[r] = row[r] < a.T ? FirstKeyOf(a.pos, a.T, b, row[r]) : 0;
-  const int first = BlockFirstKey(a.pos, a.T, b, q0, kQ) / kK;
+  for (int r = 0; r < 2; ++r) {
+    lo[r] = row[r] < a.T ? FirstKeyOf(a.pos, a.window, a.T, b, row[r]) : 0;
+  }
+  const int first = BlockFirstKey(a.pos, a.window, a.T, b, q0, kQ) / kK;
   float dq[kHs / 8][4];
   Zero<kHs>(dq);
   const int last = at::LastKeyTile(qt, kQ, kK, a.T);
@@ -783,7 +810,7 @@ __global__ void __launch_bounds__(kThreads)
     Zero<kK>(dp);
     MmaABt<D, kK, kHs>(s, qs + warp * 16 * kStride, ks, kStride);
     MmaABt<D, kK, kHs>(dp, dos + warp * 16 * kStride, vs, kStride);
-    const bool masked = packed || at::TileNeedsMask(q0, kQ, k0, kK, a.T);
+    const bool masked = bounded || at::TileNeedsMask(q0, kQ, k0, kK, a.T);
 #pragma unroll
     for (int j = 0; j < kK / 8; ++j) {
 #pragma unroll
@@ -825,8 +852,8 @@ __global__ void __launch_bounds__(kThreads)
   D* dos = qs + kQ * kStride;
   float* lse_s = reinterpret_cast<float*>(dos + kQ * kStride);
   float* delta_s = lse_s + kQ;
-  __shared__ int lo_s[kQ];  // packed: the first key of each query of the tile
-  const bool packed = a.pos != nullptr;
+  __shared__ int lo_s[kQ];  // bounded: the first key of each query of the tile
+  const bool bounded = a.Bounded();
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int g = lane / 4, c = lane % 4;
   const int Hkv = a.H / a.group;
@@ -840,18 +867,20 @@ __global__ void __launch_bounds__(kThreads)
   float dk[kHs / 8][4], dv[kHs / 8][4];
   Zero<kHs>(dk);
   Zero<kHs>(dv);
-  const int num_q = at::NumTiles(a.T, kQ);
+  const int q_end = at::EndQueryTile(kt, kK, kQ, a.T, a.window);  // NumTiles without a window
   for (int gi = 0; gi < a.group; ++gi) {
     const int h = kh * a.group + gi;
     const D* q_src = q + a.Row0(b, h, kHs);
     const D* do_src = dout + a.Out(b, h, kHs);
     const float* lse_src = lse + a.Stat(b, h);
     const float* delta_src = delta + a.Stat(b, h);
-    for (int qt = at::FirstQueryTile(kt, kK, kQ); qt < num_q; ++qt) {
+    for (int qt = at::FirstQueryTile(kt, kK, kQ); qt < q_end; ++qt) {
       const int c0 = qt * kQ;
       __syncthreads();  // the previous q, dout, lse, delta (and lo) tiles are consumed
-      // Packed: a query tile none of whose queries sees a key of this block adds nothing.
-      if (packed && !QueriesSeeKeys(a.pos, a.T, b, c0, kQ, k0 + kK - 1, lo_s)) continue;
+      // Bounded: a query tile none of whose queries sees a key of this block adds nothing.
+      if (bounded && !QueriesSeeKeys(a.pos, a.window, a.T, b, c0, kQ, k0 + kK - 1, lo_s)) {
+        continue;
+      }
       LoadTile<D, kHs, kQ>(qs, q_src, ld, c0, a.T);
       LoadTile<D, kHs, kQ>(dos, do_src, int64_t{a.H} * kHs, c0, a.T);
       CpAsyncCommit();
@@ -866,14 +895,14 @@ __global__ void __launch_bounds__(kThreads)
       Zero<kQ>(dpt);
       MmaABt<D, kQ, kHs>(st, ks + warp * 16 * kStride, qs, kStride);
       MmaABt<D, kQ, kHs>(dpt, vs + warp * 16 * kStride, dos, kStride);
-      const bool masked = packed || at::TileNeedsMask(c0, kQ, k0, kK, a.T);
+      const bool masked = bounded || at::TileNeedsMask(c0, kQ, k0, kK, a.T);
 #pragma unroll
       for (int j = 0; j < kQ / 8; ++j) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int qi = j * 8 + 2 * c + (e & 1), query = c0 + qi, r = e / 2;
           const bool valid = !masked || (key[r] <= query && query < a.T && key[r] < a.T &&
-                                         (!packed || key[r] >= lo_s[qi]));
+                                         (!bounded || key[r] >= lo_s[qi]));
           const float p = valid ? expf(st[j][e] * a.scale - lse_s[qi]) : 0.0f;
           st[j][e] = p;
           dpt[j][e] = RoundTo<D>(p) * (dpt[j][e] - delta_s[qi]);  // P rounded, as the host op
@@ -910,7 +939,7 @@ Status LaunchWithSmem(const char* name, Kernel kernel, dim3 grid, size_t smem_by
 template <typename D>
 Status LaunchForward(cudaStream_t stream, const Dims& d, const D* q, const D* k, const D* v, D* out,
                      float* lse) {
-  const TcDims a{d.T, d.H, d.group, d.ld, d.scale, d.pos};
+  const TcDims a{d.T, d.H, d.group, d.ld, d.scale, d.pos, d.window};
   const dim3 grid(at::NumTiles(d.T, at::kQueryTile), d.B * d.H);
   if (d.hs == 64) {
     return LaunchWithSmem("AttentionForwardTcKernel<64>", AttentionForwardTcKernel<D, 64>, grid,
@@ -924,7 +953,7 @@ Status LaunchForward(cudaStream_t stream, const Dims& d, const D* q, const D* k,
 template <typename D>
 Status LaunchBackward(cudaStream_t stream, const Dims& d, const D* q, const D* k, const D* v,
                       const D* dout, const float* lse, const float* delta, D* dq, D* dk, D* dv) {
-  const TcDims a{d.T, d.H, d.group, d.ld, d.scale, d.pos};
+  const TcDims a{d.T, d.H, d.group, d.ld, d.scale, d.pos, d.window};
   const dim3 q_grid(at::NumTiles(d.T, at::kQueryTile), d.B * d.H);
   const dim3 kv_grid(at::NumTiles(d.T, at::kDkDvKeyTile), d.B * d.Hkv);
   if (d.hs == 64) {

@@ -14,10 +14,11 @@
 //                   tiles before it lie wholly above the diagonal.
 // A visited tile is masked element by element (j > i, j >= T or i >= T set to -inf / 0) only
 // where TileNeedsMask says some pair of it is invalid; elsewhere every pair is valid. Packed
-// sequences (AttentionDims::position_ids) add a lower bound per query, which this schedule does
-// not see: the kernels then mask every visited tile, start a query tile at the key tile of its
-// smallest lower bound and skip the query tiles that see none of a dk/dv block's keys
-// (attention.cu).
+// sequences (AttentionDims::position_ids) and a sliding window (AttentionDims::window) add a
+// lower bound per query, which TileNeedsMask does not see: the kernels then mask every visited
+// tile, start a query tile at the key tile of its smallest lower bound and skip the query tiles
+// that see none of a dk/dv block's keys (attention.cu); with a window the dk/dv blocks stop at
+// EndQueryTile.
 #pragma once
 
 #include <cstddef>
@@ -65,6 +66,17 @@ STRATA_HD constexpr int LastKeyTile(int q, int query_tile, int key_tile, int T) 
 // First query tile that key tile k is seen by.
 STRATA_HD constexpr int FirstQueryTile(int k, int key_tile, int query_tile) {
   return k * key_tile / query_tile;
+}
+
+// The end (exclusive) of the query tiles that key tile k is seen by. Without a window (0, or
+// T or more: it masks nothing) the last query tile, NumTiles(T, query_tile); with a sliding window
+// w (AttentionDims::window) key j is seen by queries j .. j + w - 1 only, so the tile of the
+// tile's last key plus w - 1 (or the last tile, the smaller).
+STRATA_HD constexpr int EndQueryTile(int k, int key_tile, int query_tile, int T, int window) {
+  const int all = NumTiles(T, query_tile);
+  if (window <= 0 || window >= T) return all;
+  const int end = ((k + 1) * key_tile - 1 + window - 1) / query_tile + 1;
+  return end < all ? end : all;
 }
 
 // Whether the tile of queries [q0, q0 + nq) and keys [k0, k0 + nk) holds an invalid pair (a key

@@ -246,7 +246,9 @@ Status LaunchSwigluBackward(cudaStream_t stream, const D* gate_up, const D* dh, 
 // Packed sequences: with AttentionDims::position_ids ((B, T) int32, device memory) query t of
 // sequence b sees keys t - position_ids[b, t] .. t only (block-diagonal causal attention), in
 // both implementations; an id outside [0, t] traps. Null: keys 0 .. t, and the kernels compute
-// what they computed before position_ids existed, bit for bit.
+// what they computed before position_ids existed, bit for bit. Sliding window
+// (AttentionDims::window w >= 1): in addition, keys t - w + 1 .. t only; the kernels skip the
+// tiles outside every window of their block. 0, or w >= T: no window, bit for bit.
 
 // The largest head_dim of the attention kernels.
 inline constexpr int kAttentionMaxHeadDim = 128;
@@ -257,8 +259,8 @@ inline constexpr int kAttentionMaxHeadDim = 128;
 // fp32, softmax in fp32 (a first pass over the keys for each row's log-sum-exp), the normalised
 // probabilities D(exp(s - lse)) rounded to D before the product with V (the host op's rounding
 // point, models/ops/attention.cc), output accumulated in fp32 and rounded once. Requirements: all
-// dims >= 1, H % Hkv == 0, hs <= kAttentionMaxHeadDim, row_stride >= H hs, B H <= 65535. out must
-// not overlap q, k, v.
+// dims >= 1, H % Hkv == 0, hs <= kAttentionMaxHeadDim, row_stride >= H hs, B H <= 65535,
+// window >= 0. out must not overlap q, k, v.
 template <typename D>
 Status LaunchAttentionForward(cudaStream_t stream, const AttentionDims& d, const D* q, const D* k,
                               const D* v, D* out, float* lse,

@@ -1,7 +1,8 @@
 // models/ops/attention.h: causal grouped-query attention on strided rows, the double
 // instantiation against a plain softmax reference (forward and backward, with k and v repeated
 // per query head as Hugging Face's repeat_kv), every storage type against double; packed
-// sequences (position_ids: block-diagonal causal attention) in the same reference and cases.
+// sequences (position_ids: block-diagonal causal attention) and sliding windows
+// (AttentionDims::window: key j seen by queries j .. j + w - 1) in the same reference and cases.
 #include "models/ops/attention.h"
 
 #include <gtest/gtest-spi.h>
@@ -9,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -41,9 +43,11 @@ struct Layout {
     x.position_ids = position_ids.empty() ? nullptr : position_ids.data();
     return x;
   }
-  // The first key query t of sequence b attends to.
+  // The first key query t of sequence b attends to: t - w < j <= t with a window w, as Hugging
+  // Face's create_sliding_window_causal_mask, within the query's packed example.
   int64_t first_key(int64_t b, int64_t t) const {
-    return position_ids.empty() ? 0 : t - position_ids[b * d.seq_len + t];
+    const int64_t lo = position_ids.empty() ? 0 : t - position_ids[b * d.seq_len + t];
+    return d.window > 0 ? std::max(lo, t - d.window + 1) : lo;
   }
   int64_t rows() const { return int64_t{d.batch_size} * d.seq_len; }
   int64_t qkv_elems() const { return rows() * d.row_stride; }
@@ -68,11 +72,18 @@ Layout MakePacked(int B, const std::vector<int>& lengths, int H, int Hkv, int hs
   return l;
 }
 
+// l with a sliding window of w keys.
+Layout Windowed(Layout l, int w) {
+  l.d.window = w;
+  return l;
+}
+
 std::string Name(const Layout& l) {
   return "B=" + std::to_string(l.d.batch_size) + " T=" + std::to_string(l.d.seq_len) +
          " H=" + std::to_string(l.d.num_heads) + " Hkv=" + std::to_string(l.d.num_kv_heads) +
          " hs=" + std::to_string(l.d.head_dim) + " stride=" + std::to_string(l.d.row_stride) +
-         (l.position_ids.empty() ? "" : " packed");
+         (l.position_ids.empty() ? "" : " packed") +
+         (l.d.window == 0 ? "" : " window=" + std::to_string(l.d.window));
 }
 
 // The cases: H / Hkv in {1, 2, 4}; T across the attention row block (64) and not a multiple of
@@ -81,6 +92,20 @@ std::vector<Layout> Cases() {
   return {MakeLayout(2, 67, 4, 4, 8, 3),          MakeLayout(3, 19, 4, 2, 7, 1),
           MakeLayout(2, 70, 4, 1, 5, 2),          MakeLayout(1, 1, 2, 1, 3, 0),
           MakePacked(2, {10, 20, 7}, 4, 2, 6, 1), MakePacked(1, {1, 66, 3}, 4, 4, 5, 0)};
+}
+
+// Sliding windows: 1 (each query sees itself only) and 2; windows shorter than T that divide no
+// block size (T 37, w 5); T 130 across the host op's 64-row blocks with w 64 and 65, so a block's
+// first rows and its last see different key ranges; grouped-query heads; packed sequences whose
+// examples are longer and shorter than the window.
+std::vector<Layout> WindowCases() {
+  return {Windowed(MakeLayout(2, 19, 2, 2, 5, 1), 1),
+          Windowed(MakeLayout(1, 23, 4, 2, 6, 0), 2),
+          Windowed(MakeLayout(2, 37, 4, 2, 7, 3), 5),
+          Windowed(MakeLayout(1, 130, 4, 2, 8, 0), 64),
+          Windowed(MakeLayout(1, 130, 2, 1, 5, 2), 65),
+          Windowed(MakePacked(2, {10, 20, 7}, 4, 2, 6, 1), 5),
+          Windowed(MakePacked(1, {1, 66, 3, 60}, 4, 4, 5, 0), 9)};
 }
 
 // The reference: per (b, h), plain softmax attention with kv head h / (H / Hkv).
@@ -211,6 +236,44 @@ TEST(AttentionOp, DoubleMatchesThePlainSoftmaxReferenceWithGroupedKvAndStridedRo
   }
 }
 
+// dq and dk cancel (softmax's Jacobian); with a window of 1 they are zero in exact arithmetic
+// (dS = 1 (dP - dP)), so the reference's bound adds the magnitude of their terms (Ref::terms).
+TEST(AttentionOp, DoubleMatchesTheWindowedSoftmaxReference) {
+  for (const Layout& l : WindowCases()) {
+    SCOPED_TRACE(Name(l));
+    const std::vector<double> qkv = Inputs(l, 11), dout = RandomDoubles(l.out_elems(), 12);
+    const Got<double> g = RunOp<double>(l, qkv, dout);
+    const Ref r = Reference(l, qkv, dout);
+    ExpectNearReference("out", g.out, r.out);
+    ExpectNearReference("lse", g.lse, r.lse);
+    const int64_t qw = int64_t{l.d.num_heads} * l.d.head_dim;
+    const int64_t kvw = int64_t{l.d.num_kv_heads} * l.d.head_dim;
+    ExpectWithinTermsBound("dq", Columns(l, g.dqkv, l.q_off, qw), Columns(l, r.dqkv, l.q_off, qw),
+                           Columns(l, r.terms, l.q_off, qw), 1.0, 1e-12);
+    ExpectWithinTermsBound("dk", Columns(l, g.dqkv, l.k_off, kvw), Columns(l, r.dqkv, l.k_off, kvw),
+                           Columns(l, r.terms, l.k_off, kvw), 1.0, 1e-12);
+    ExpectNearReference("dv", Columns(l, g.dqkv, l.v_off, kvw), Columns(l, r.dqkv, l.v_off, kvw));
+  }
+}
+
+// The reference itself: a window of 1 is attention to the query's own key alone (out = v of the
+// row, lse = its own scaled score), so the windowed reference is not the causal one in disguise.
+TEST(AttentionOp, WindowOfOneAttendsToTheQuerysOwnKeyOnly) {
+  const Layout l = Windowed(MakeLayout(1, 9, 2, 1, 4, 0), 1);
+  const std::vector<double> qkv = Inputs(l, 13), dout = RandomDoubles(l.out_elems(), 14);
+  const Ref r = Reference(l, qkv, dout);
+  const Got<double> g = RunOp<double>(l, qkv, dout);
+  const int64_t hs = l.d.head_dim, ld = l.d.row_stride, ldo = int64_t{l.d.num_heads} * hs;
+  for (int64_t t = 0; t < l.d.seq_len; ++t) {
+    for (int64_t h = 0; h < l.d.num_heads; ++h) {
+      for (int64_t j = 0; j < hs; ++j) {
+        EXPECT_NEAR(r.out[t * ldo + h * hs + j], qkv[t * ld + l.v_off + j], 1e-12);
+        EXPECT_EQ(g.out[t * ldo + h * hs + j], qkv[t * ld + l.v_off + j]) << "t " << t;
+      }
+    }
+  }
+}
+
 template <typename S>
 class AttentionOpTest : public ::testing::Test {};
 using StorageTypes = ::testing::Types<float, Bf16, Fp16>;
@@ -220,9 +283,9 @@ TYPED_TEST_SUITE(AttentionOpTest, StorageTypes);
 // to T keys times the group's heads (dk, dv) plus the head size. dq and dk are sums of dS whose
 // rows sum to zero (softmax's Jacobian), so they cancel: their bound adds the magnitude of the
 // cancelling terms (Ref::terms, terms_bound.h), with the gain margin of 2 (k = 2 R = 6).
-TYPED_TEST(AttentionOpTest, IsWithinItsRoundingsOfDoubleForEveryGroupSize) {
-  using S = TypeParam;
-  for (const Layout& l : Cases()) {
+template <typename S>
+void ExpectWithinItsRoundingsOfDouble(const std::vector<Layout>& cases) {
+  for (const Layout& l : cases) {
     SCOPED_TRACE(Name(l));
     const std::vector<double> qkv = Inputs(l, 3), dout = RandomDoubles(l.out_elems(), 4);
     const Got<S> g = RunOp<S>(l, qkv, dout);
@@ -241,6 +304,15 @@ TYPED_TEST(AttentionOpTest, IsWithinItsRoundingsOfDoubleForEveryGroupSize) {
     ExpectWithinBound("dv", Columns(l, g.dqkv, l.v_off, kvw), Columns(l, r.dqkv, l.v_off, kvw), 4,
                       BoundEps<S>(K));
   }
+}
+
+TYPED_TEST(AttentionOpTest, IsWithinItsRoundingsOfDoubleForEveryGroupSize) {
+  ExpectWithinItsRoundingsOfDouble<TypeParam>(Cases());
+}
+
+// The same bounds with a window (K still counts T keys: a bound for the windowed rows too).
+TYPED_TEST(AttentionOpTest, WindowedIsWithinItsRoundingsOfDouble) {
+  ExpectWithinItsRoundingsOfDouble<TypeParam>(WindowCases());
 }
 
 // The terms bound still fails a wrong gradient: on a single key (T = 1) dq and dk are zero in
@@ -326,6 +398,86 @@ TYPED_TEST(AttentionOpTest, AnExampleOfAPackedSequenceDoesNotSeeTheOthers) {
     }
   }
   EXPECT_GT(differ, 0) << "the changed example's own output must change";
+}
+
+// A window of T or more masks nothing: out, lse, dq, dk, dv equal those without a window to the
+// bit, with and without packed sequences.
+TYPED_TEST(AttentionOpTest, AWindowOfTOrMoreIsBitIdenticalToNoWindow) {
+  using S = TypeParam;
+  for (const Layout& base :
+       {MakeLayout(2, 67, 4, 2, 8, 3), MakePacked(1, {1, 66, 3}, 4, 4, 5, 0)}) {
+    const std::vector<double> qkv = Inputs(base, 15), dout = RandomDoubles(base.out_elems(), 16);
+    const Got<S> plain = RunOp<S>(base, qkv, dout);
+    const int T = base.d.seq_len;
+    for (const int w : {T, T + 1, 1 << 30}) {
+      const Layout l = Windowed(base, w);
+      SCOPED_TRACE(Name(l));
+      const Got<S> g = RunOp<S>(l, qkv, dout);
+      EXPECT_EQ(std::memcmp(g.out.data(), plain.out.data(), g.out.size() * sizeof(S)), 0);
+      EXPECT_EQ(std::memcmp(g.lse.data(), plain.lse.data(), g.lse.size() * sizeof(ComputeType<S>)),
+                0);
+      EXPECT_EQ(std::memcmp(g.dqkv.data(), plain.dqkv.data(), g.dqkv.size() * sizeof(S)), 0);
+    }
+  }
+}
+
+// A key outside a query's window does not influence that query: with k and v of token 10 of
+// sequence 0 replaced (window 5: seen by queries 10..14 only), the outputs and dq of every other
+// query row, and dk, dv of every key none of whose queries is 10..14 (keys before 6 and after
+// 14), are unchanged to the bit, as is all of sequence 1; out row 10 does change (the check is
+// not vacuous).
+TYPED_TEST(AttentionOpTest, AKeyOutsideTheWindowDoesNotInfluenceTheQuery) {
+  using S = TypeParam;
+  const int w = 5, key = 10;
+  for (const Layout& l : {Windowed(MakeLayout(2, 37, 4, 2, 7, 3), w),
+                          Windowed(MakePacked(2, {3, 30, 4}, 4, 2, 6, 1), w)}) {
+    SCOPED_TRACE(Name(l));
+    std::vector<double> qkv = Inputs(l, 17);
+    const std::vector<double> dout = RandomDoubles(l.out_elems(), 18);
+    const Got<S> before = RunOp<S>(l, qkv, dout);
+    const int64_t ld = l.d.row_stride, kvw = int64_t{l.d.num_kv_heads} * l.d.head_dim;
+    for (int64_t j = l.k_off; j < l.v_off + kvw; ++j) {
+      qkv[key * ld + j] = -1.5 * qkv[key * ld + j] + 0.5;
+    }
+    const Got<S> after = RunOp<S>(l, qkv, dout);
+    const int64_t T = l.d.seq_len, ldo = int64_t{l.d.num_heads} * l.d.head_dim;
+    const auto sees_key = [&](int64_t r) { return r >= key && r < key + w; };
+    for (int64_t r = 0; r < l.rows(); ++r) {
+      const bool other_row = r >= T;
+      const bool same_q = other_row || !sees_key(r);
+      const bool same_kv = other_row || r < key - w + 1 || r >= key + w;
+      for (int64_t j = 0; j < ldo; ++j) {
+        const double a = ToFloat(before.out[r * ldo + j]), b = ToFloat(after.out[r * ldo + j]);
+        if (same_q) {
+          ASSERT_EQ(a, b) << "out row " << r << " column " << j;
+        }
+      }
+      for (int64_t j = 0; same_q && j < ldo; ++j) {
+        ASSERT_EQ(ToFloat(before.dqkv[r * ld + l.q_off + j]),
+                  ToFloat(after.dqkv[r * ld + l.q_off + j]))
+            << "dq row " << r << " column " << j;
+      }
+      for (int64_t j = l.k_off; same_kv && j < l.v_off + kvw; ++j) {
+        ASSERT_EQ(ToFloat(before.dqkv[r * ld + j]), ToFloat(after.dqkv[r * ld + j]))
+            << "dk/dv row " << r << " column " << j;
+      }
+    }
+    int64_t differ = 0;
+    for (int64_t j = 0; j < ldo; ++j) {
+      differ += ToFloat(before.out[key * ldo + j]) != ToFloat(after.out[key * ldo + j]);
+    }
+    EXPECT_GT(differ, 0) << "the changed key's own query must change";
+  }
+}
+
+// A negative window is a broken invariant of the caller's dims.
+TEST(AttentionOpDeathTest, ANegativeWindowIsRejected) {
+  Layout l = Windowed(MakeLayout(1, 4, 1, 1, 2, 0), -1);
+  const std::vector<float> qkv(l.qkv_elems(), 0.5f);
+  std::vector<float> out(l.out_elems()), lse(4);
+  EXPECT_DEATH(AttentionForward<float>(l.dims(), qkv.data(), qkv.data() + l.k_off,
+                                       qkv.data() + l.v_off, out.data(), lse.data()),
+               "window=-1");
 }
 
 // The padding columns between rows are neither read into the result nor written.

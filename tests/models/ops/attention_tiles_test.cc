@@ -2,7 +2,8 @@
 // host: for T in 1..300 and the tile sizes the kernels use, the forward / dq schedule (query
 // tiles over key tiles) and the dk/dv schedule (key tiles over query tiles) visit every causal
 // pair (query i, key j <= i < T) exactly once; unmasked tiles hold only valid pairs; skipped
-// tiles hold none; and every kernel's shared memory fits the smallest opt-in limit.
+// tiles hold none; with a sliding window the dk/dv blocks stop at the last query tile that sees
+// their keys; and every kernel's shared memory fits the smallest opt-in limit.
 #include "models/ops/cuda/attention_tiles.h"
 
 #include <gtest/gtest.h>
@@ -80,6 +81,42 @@ TEST(AttentionTiles, KeyTileScheduleCoversEachCausalPairOnce) {
         }
       }
       ExpectEachValidPairOnce(seen, T, "dk/dv, hs " + std::to_string(hs));
+    }
+  }
+}
+
+// With a sliding window w the dk/dv blocks visit query tiles FirstQueryTile(k) ..
+// EndQueryTile(k) - 1: every query tile holding a query that sees a key of key tile k (query i,
+// key j < T with i - w < j <= i) lies in that range, and the range's last tile holds one (the
+// bound is tight); without a window (0, or w >= T) the range ends at the last query tile.
+TEST(AttentionTiles, WindowedKeyTileScheduleVisitsEveryQueryTileThatSeesTheKeys) {
+  for (const int hs : {64, 128}) {
+    const int nq = DkDvQueryTile(hs), nk = kDkDvKeyTile;
+    for (int T = 1; T <= 300; ++T) {
+      for (const int w : {0, 1, 2, 5, 31, 32, 33, 63, 64, 65, 100, T - 1, T, T + 7}) {
+        if (w < 0) continue;
+        for (int k = 0; k < NumTiles(T, nk); ++k) {
+          const int first = FirstQueryTile(k, nk, nq), end = EndQueryTile(k, nk, nq, T, w);
+          const int k0 = k * nk, k1 = (k + 1) * nk - 1 < T - 1 ? (k + 1) * nk - 1 : T - 1;
+          if (w == 0 || w >= T) {
+            EXPECT_EQ(end, NumTiles(T, nq)) << "T " << T << " w " << w;
+          }
+          int last_seeing = -1;
+          for (int q = 0; q < NumTiles(T, nq); ++q) {
+            bool sees = false;
+            for (int i = q * nq; i < (q + 1) * nq && i < T && !sees; ++i) {
+              const int lo = w > 0 && i - w + 1 > k0 ? i - w + 1 : k0;
+              sees = lo <= (i < k1 ? i : k1);
+            }
+            if (!sees) continue;
+            last_seeing = q;
+            EXPECT_TRUE(q >= first && q < end)
+                << "query tile " << q << " sees key tile " << k << " outside [" << first << ", "
+                << end << "), T " << T << " w " << w;
+          }
+          EXPECT_EQ(end - 1, last_seeing) << "key tile " << k << " T " << T << " w " << w;
+        }
+      }
     }
   }
 }
