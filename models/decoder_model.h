@@ -57,6 +57,7 @@ namespace strata::models {
 template <typename S>
 struct BlockArgs {
   int B = 0, T = 0;
+  int layer = 0;  // a layer block's index in 0..L-1 (its sliding window, LoRA's dropout mask)
   const S* params = nullptr;
   S* grads = nullptr;
   const S* tied_params = nullptr;

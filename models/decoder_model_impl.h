@@ -45,6 +45,7 @@ BlockArgs<S> ArgsOf(const engine::BlockBuffers& b, const LoraLayout* lora = null
   BlockArgs<S> a;
   a.B = b.shape.batch_size;
   a.T = b.shape.seq_len;
+  a.layer = layer;
   a.params = b.params.as<S>();
   a.grads = b.grads.as<S>();
   a.tied_params = b.tied_params.as<S>();

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <climits>
 #include <limits>
 #include <optional>
@@ -90,9 +91,13 @@ class Fields {
   const std::string& path_;
 };
 
-constexpr std::string_view kSupportedModelTypes = "llama, mistral, gpt2";
+constexpr std::string_view kSupportedModelTypes = "llama, mistral, qwen2, qwen3, phi3, gpt2";
 constexpr std::string_view kSupportedArchitectures =
-    "LlamaForCausalLM, MistralForCausalLM, GPT2LMHeadModel";
+    "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, "
+    "GPT2LMHeadModel";
+
+constexpr LlamaArch kLlamaArchs[] = {LlamaArch::kLlama, LlamaArch::kMistral, LlamaArch::kQwen2,
+                                     LlamaArch::kQwen3, LlamaArch::kPhi3};
 
 Status ParseRopeScaling(const Fields& f, const json* scaling, LlamaConfig& c) {
   if (scaling == nullptr) return Status::Ok();
@@ -142,8 +147,71 @@ Status ParseRopeScaling(const Fields& f, const json* scaling, LlamaConfig& c) {
   return Status::Ok();
 }
 
-StatusOr<LlamaConfig> ParseLlama(const Fields& f, bool mistral, const std::string& path) {
+// A dropout probability: Strata trains without dropout, so only 0 (or absent) is taken.
+Status NoDropout(const Fields& f, std::string_view field) {
+  const json* v = f.Find(field);
+  if (v == nullptr) return Status::Ok();
+  if (!v->is_number() || v->get<double>() != 0.0) {
+    return f.Error(field, fmt::format("= {} is not supported (Strata trains without dropout; 0.0 "
+                                      "is)",
+                                      Fields::Dump(*v)));
+  }
+  return Status::Ok();
+}
+
+// sliding_window as an integer >= 1, or 0 for null/absent.
+StatusOr<int> SlidingWindow(const Fields& f) {
+  const json* w = f.Find("sliding_window");
+  if (w == nullptr) return 0;
+  if (!w->is_number_integer() || w->get<int64_t>() <= 0 || w->get<int64_t>() > INT_MAX) {
+    return f.Error("sliding_window",
+                   fmt::format("must be null or a positive integer, got {}", Fields::Dump(*w)));
+  }
+  return static_cast<int>(w->get<int64_t>());
+}
+
+// Qwen2 and Qwen3 (transformers' Qwen2Config/Qwen3Config): the window is sliding_window when
+// use_sliding_window, else none; layer i slides when layer_types[i] is "sliding_attention" (by
+// default: when there is a window and i >= max_window_layers) and there is a window.
+Status ParseQwenWindows(const Fields& f, LlamaConfig& c) {
+  STRATA_ASSIGN_OR_RETURN(const bool use, f.Bool("use_sliding_window", false));
+  int window = 0;
+  if (use) {
+    STRATA_ASSIGN_OR_RETURN(window, SlidingWindow(f));
+  }
+  STRATA_ASSIGN_OR_RETURN(const int max_window_layers, f.Int("max_window_layers", 28));
+  std::vector<bool> sliding(c.num_layers, false);
+  if (const json* types = f.Find("layer_types"); types != nullptr) {
+    if (!types->is_array() || static_cast<int64_t>(types->size()) != c.num_layers) {
+      return f.Error("layer_types",
+                     fmt::format("must be a list of {} names (one per layer), got {}", c.num_layers,
+                                 Fields::Dump(*types)));
+    }
+    for (int i = 0; i < c.num_layers; ++i) {
+      const json& t = (*types)[i];
+      if (t == "sliding_attention") {
+        sliding[i] = true;
+      } else if (t != "full_attention") {
+        return f.Error(fmt::format("layer_types[{}]", i),
+                       fmt::format("{} is not supported (full_attention, sliding_attention are)",
+                                   Fields::Dump(t)));
+      }
+    }
+  } else {
+    for (int i = 0; i < c.num_layers; ++i) sliding[i] = window > 0 && i >= max_window_layers;
+  }
+  if (window > 0 && std::find(sliding.begin(), sliding.end(), true) != sliding.end()) {
+    c.sliding_window = window;
+    c.sliding_layers = std::move(sliding);
+  }
+  return Status::Ok();
+}
+
+// model_type llama, mistral, qwen2, qwen3 and phi3: the Llama layer with the family's options
+// (llama_config.h), read as transformers' configuration classes read them.
+StatusOr<LlamaConfig> ParseLlama(const Fields& f, LlamaArch arch, const std::string& path) {
   LlamaConfig c;
+  c.arch = arch;
   STRATA_ASSIGN_OR_RETURN(c.vocab_size, f.Int("vocab_size"));
   STRATA_ASSIGN_OR_RETURN(c.hidden_size, f.Int("hidden_size"));
   STRATA_ASSIGN_OR_RETURN(c.intermediate_size, f.Int("intermediate_size"));
@@ -158,29 +226,64 @@ StatusOr<LlamaConfig> ParseLlama(const Fields& f, bool mistral, const std::strin
   STRATA_ASSIGN_OR_RETURN(c.head_dim, f.Int("head_dim", c.hidden_size / c.num_heads));
   STRATA_ASSIGN_OR_RETURN(c.max_seq_len, f.Int("max_position_embeddings"));
   STRATA_ASSIGN_OR_RETURN(c.rms_norm_eps, f.Double("rms_norm_eps", 1e-6));
-  STRATA_ASSIGN_OR_RETURN(c.rope_theta, f.Double("rope_theta", 10000.0));
-  STRATA_RETURN_IF_ERROR(ParseRopeScaling(f, f.Find("rope_scaling"), c));
+  // transformers 5 writes rope_parameters {"rope_type", "rope_theta", ...} for rope_theta and
+  // rope_scaling.
+  const json* rope_parameters = f.Find("rope_parameters");
+  if (rope_parameters != nullptr && !rope_parameters->is_object()) {
+    return f.Error("rope_parameters", fmt::format("must be null or an object, got {}",
+                                                  Fields::Dump(*rope_parameters)));
+  }
+  if (rope_parameters != nullptr && f.Find("rope_theta") == nullptr) {
+    const Fields rp(*rope_parameters, path);
+    STRATA_ASSIGN_OR_RETURN(c.rope_theta, rp.Double("rope_theta", 10000.0));
+    STRATA_RETURN_IF_ERROR(ParseRopeScaling(f, rope_parameters, c));
+  } else {
+    STRATA_ASSIGN_OR_RETURN(c.rope_theta, f.Double("rope_theta", 10000.0));
+    STRATA_RETURN_IF_ERROR(ParseRopeScaling(f, f.Find("rope_scaling"), c));
+  }
   STRATA_ASSIGN_OR_RETURN(c.tie_embeddings, f.Bool("tie_word_embeddings", false));
   STRATA_ASSIGN_OR_RETURN(const std::string act, f.String("hidden_act", "silu"));
   if (act != "silu") {
     return f.Error("hidden_act",
                    fmt::format("'{}' is not supported (the Llama MLP is SwiGLU: silu)", act));
   }
-  STRATA_RETURN_IF_ERROR(f.FalseOrAbsent("attention_bias", "Llama attention has no biases"));
-  STRATA_RETURN_IF_ERROR(f.FalseOrAbsent("mlp_bias", "the Llama MLP has no biases"));
-  if (mistral) {
-    if (const json* w = f.Find("sliding_window"); w != nullptr) {
-      if (!w->is_number_integer()) {
-        return f.Error("sliding_window",
-                       fmt::format("must be null or an integer, got {}", Fields::Dump(*w)));
+  STRATA_RETURN_IF_ERROR(f.FalseOrAbsent("mlp_bias", "the MLP has no biases"));
+  STRATA_RETURN_IF_ERROR(NoDropout(f, "attention_dropout"));
+  switch (arch) {
+    case LlamaArch::kLlama: {
+      STRATA_ASSIGN_OR_RETURN(const bool bias, f.Bool("attention_bias", false));
+      c.qkv_bias = c.o_bias = bias;
+      break;
+    }
+    case LlamaArch::kMistral: {
+      STRATA_ASSIGN_OR_RETURN(c.sliding_window, SlidingWindow(f));
+      if (c.sliding_window > 0) c.sliding_layers.assign(c.num_layers, true);
+      break;
+    }
+    case LlamaArch::kQwen2:
+      c.qkv_bias = true;
+      STRATA_RETURN_IF_ERROR(ParseQwenWindows(f, c));
+      break;
+    case LlamaArch::kQwen3: {
+      STRATA_ASSIGN_OR_RETURN(const bool bias, f.Bool("attention_bias", false));
+      c.qkv_bias = c.o_bias = bias;
+      c.qk_norm = true;
+      STRATA_RETURN_IF_ERROR(ParseQwenWindows(f, c));
+      break;
+    }
+    case LlamaArch::kPhi3: {
+      STRATA_RETURN_IF_ERROR(NoDropout(f, "resid_pdrop"));
+      STRATA_RETURN_IF_ERROR(NoDropout(f, "embd_pdrop"));
+      if (const json* prf = f.Find("partial_rotary_factor");
+          prf != nullptr && !(prf->is_number() && prf->get<double>() == 1.0)) {
+        return f.Error("partial_rotary_factor",
+                       fmt::format("= {} is not supported (rotary embeddings on the whole head: "
+                                   "1.0 or absent)",
+                                   Fields::Dump(*prf)));
       }
-      if (w->get<int64_t>() < c.max_seq_len) {
-        return f.Error(
-            "sliding_window",
-            fmt::format("= {} is smaller than max_position_embeddings = {}: sliding-window "
-                        "attention is not supported (null or >= max_position_embeddings is)",
-                        w->get<int64_t>(), c.max_seq_len));
-      }
+      STRATA_ASSIGN_OR_RETURN(c.sliding_window, SlidingWindow(f));
+      if (c.sliding_window > 0) c.sliding_layers.assign(c.num_layers, true);
+      break;
     }
   }
   if (Status s = ValidateLlamaConfig(c); !s.ok()) return s.WithContext(path);
@@ -261,18 +364,22 @@ StatusOr<HfModelConfig> ParseHfConfig(std::string_view json_text, const std::str
           "model_type",
           fmt::format("is missing (and so is architectures); supported: {}", kSupportedModelTypes));
     }
-    model_type = architecture == "LlamaForCausalLM"     ? "llama"
-                 : architecture == "MistralForCausalLM" ? "mistral"
-                 : architecture == "GPT2LMHeadModel"    ? "gpt2"
-                                                        : "";
+    if (architecture == "GPT2LMHeadModel") model_type = "gpt2";
+    for (LlamaArch arch : kLlamaArchs) {
+      if (architecture == LlamaArchArchitecture(arch)) model_type = LlamaArchModelType(arch);
+    }
     if (model_type.empty()) {
       return f.Error("architectures", fmt::format("'{}' is not supported (supported: {})",
                                                   Excerpt(architecture), kSupportedArchitectures));
     }
   }
   std::string_view expected_arch;
-  if (model_type == "llama" || model_type == "mistral") {
-    expected_arch = model_type == "llama" ? "LlamaForCausalLM" : "MistralForCausalLM";
+  std::optional<LlamaArch> llama_arch;
+  for (LlamaArch arch : kLlamaArchs) {
+    if (model_type == LlamaArchModelType(arch)) llama_arch = arch;
+  }
+  if (llama_arch) {
+    expected_arch = LlamaArchArchitecture(*llama_arch);
   } else if (model_type == "gpt2") {
     expected_arch = "GPT2LMHeadModel";
   } else {
@@ -289,7 +396,7 @@ StatusOr<HfModelConfig> ParseHfConfig(std::string_view json_text, const std::str
     STRATA_ASSIGN_OR_RETURN(config.gpt2, ParseGpt2(f, path));
   } else {
     config.family = HfModelConfig::Family::kLlama;
-    STRATA_ASSIGN_OR_RETURN(config.llama, ParseLlama(f, model_type == "mistral", path));
+    STRATA_ASSIGN_OR_RETURN(config.llama, ParseLlama(f, *llama_arch, path));
   }
   return config;
 }
@@ -305,8 +412,8 @@ std::string HfConfigJson(const HfModelConfig& config, DType torch_dtype) {
   json j = json::object();
   if (config.family == HfModelConfig::Family::kLlama) {
     const LlamaConfig& c = config.llama;
-    j["architectures"] = {"LlamaForCausalLM"};
-    j["model_type"] = "llama";
+    j["architectures"] = {LlamaArchArchitecture(c.arch)};
+    j["model_type"] = LlamaArchModelType(c.arch);
     j["vocab_size"] = c.vocab_size;
     j["hidden_size"] = c.hidden_size;
     j["intermediate_size"] = c.intermediate_size;
@@ -328,12 +435,39 @@ std::string HfConfigJson(const HfModelConfig& config, DType torch_dtype) {
     }
     j["tie_word_embeddings"] = c.tie_embeddings;
     j["hidden_act"] = "silu";
-    j["attention_bias"] = false;
-    j["mlp_bias"] = false;
     j["attention_dropout"] = 0.0;
     j["initializer_range"] = 0.02;
-    j["pretraining_tp"] = 1;
     j["use_cache"] = true;
+    const json window = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
+    switch (c.arch) {
+      case LlamaArch::kLlama:
+        j["attention_bias"] = c.qkv_bias;
+        j["mlp_bias"] = false;
+        j["pretraining_tp"] = 1;
+        break;
+      case LlamaArch::kMistral:
+      case LlamaArch::kPhi3:
+        j["sliding_window"] = window;
+        if (c.arch == LlamaArch::kPhi3) {
+          j["resid_pdrop"] = 0.0;
+          j["embd_pdrop"] = 0.0;
+          j["original_max_position_embeddings"] = c.max_seq_len;
+        }
+        break;
+      case LlamaArch::kQwen2:
+      case LlamaArch::kQwen3: {
+        if (c.arch == LlamaArch::kQwen3) j["attention_bias"] = c.qkv_bias;
+        json types = json::array();
+        for (int i = 0; i < c.num_layers; ++i) {
+          types.push_back(LlamaLayerWindow(c, i) > 0 ? "sliding_attention" : "full_attention");
+        }
+        j["use_sliding_window"] = c.sliding_window > 0;
+        j["sliding_window"] = window;
+        j["max_window_layers"] = c.num_layers;
+        j["layer_types"] = std::move(types);
+        break;
+      }
+    }
   } else {
     const GptShape& g = config.gpt2;
     j["architectures"] = {"GPT2LMHeadModel"};
@@ -355,7 +489,14 @@ std::string HfConfigJson(const HfModelConfig& config, DType torch_dtype) {
     j["use_cache"] = true;
   }
   if (config.raw.is_object()) {
-    for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id"}) {
+    // Phi-3's original_max_position_embeddings is the one it was read with.
+    for (const char* key :
+         {"bos_token_id", "eos_token_id", "pad_token_id", "original_max_position_embeddings"}) {
+      if (std::string_view(key) == "original_max_position_embeddings" &&
+          !(config.family == HfModelConfig::Family::kLlama &&
+            config.llama.arch == LlamaArch::kPhi3)) {
+        continue;
+      }
       const auto it = config.raw.find(key);
       if (it != config.raw.end()) j[key] = *it;
     }

@@ -1,11 +1,21 @@
 // Hugging Face model configurations (config.json) for the model families Strata trains, and the
 // tensor layout of each engine block in Hugging Face's names and shapes.
 //
-// Supported (model_type / architectures):
-//   "llama"   LlamaForCausalLM
-//   "mistral" MistralForCausalLM, only without a sliding window (sliding_window null, absent, or
-//             >= max_position_embeddings): then it is a Llama
+// Supported (model_type / architectures), read as transformers' configuration classes read them:
+//   "llama"   LlamaForCausalLM (attention_bias: biases on q, k, v, o)
+//   "mistral" MistralForCausalLM, sliding_window (null: none) on every layer
+//   "qwen2"   Qwen2ForCausalLM (Qwen2, Qwen2.5): q/k/v biases; the window sliding_window when
+//             use_sliding_window, on the layers layer_types names "sliding_attention" (default:
+//             those from max_window_layers)
+//   "qwen3"   Qwen3ForCausalLM: per-head q/k RMSNorms, attention_bias, windows as qwen2
+//   "phi3"    Phi3ForCausalLM (Phi-3, Phi-4): fused qkv_proj and gate_up_proj; sliding_window on
+//             every layer; partial_rotary_factor other than 1 and rope_scaling "longrope"
+//             refused
 //   "gpt2"    GPT2LMHeadModel, tanh GELU ("gelu_new" or "gelu_pytorch_tanh"), n_inner = 4 n_embd
+// Every family except gpt2 refuses hidden_act other than silu, mlp_bias, rope_scaling other than
+// null/default/llama3, and a non-zero dropout (attention_dropout; Phi-3's resid_pdrop and
+// embd_pdrop): Strata trains without dropout. transformers 5's rope_parameters is read where
+// rope_theta is absent.
 //
 // Every error is ONE line "PATH: field 'NAME' ..." naming the file and the field, with code
 // kInvalidArgument (kNotFound for a missing config.json, errno-derived codes for I/O). Pure
@@ -40,9 +50,10 @@ StatusOr<HfModelConfig> ParseHfConfig(std::string_view json_text,
 StatusOr<HfModelConfig> ReadHfConfig(const std::string& dir);
 
 // A config.json for `config` that transformers' from_pretrained accepts: architectures,
-// model_type ("llama" or "gpt2"), every field ParseHfConfig reads, torch_dtype ("float32",
-// "float16", "bfloat16" after torch_dtype), and bos/eos/pad token ids copied from config.raw
-// when it has them. ParseHfConfig(HfConfigJson(c)) gives back c's family, llama or gpt2 fields.
+// model_type (the family's: LlamaArchModelType, or "gpt2"), every field ParseHfConfig reads,
+// torch_dtype ("float32", "float16", "bfloat16" after torch_dtype), and bos/eos/pad token ids
+// copied from config.raw when it has them. ParseHfConfig(HfConfigJson(c)) gives back c's family,
+// llama or gpt2 fields.
 std::string HfConfigJson(const HfModelConfig& config, DType torch_dtype = DType::kF32);
 
 // GPT-2 presets for random-initialisation pretraining, with GPT2LMHeadModel's shapes: "gpt2"

@@ -35,17 +35,52 @@ LlamaConfig Llama3_70B() {
   return c;
 }
 
+// The other families' published config.json files (Hugging Face Hub, the base models): the
+// shape, theta, eps and tying; their options as LlamaConfig holds them.
+LlamaConfig Family(LlamaArch arch, int vocab, int C, int I, int layers, int heads, int kv_heads,
+                   int head_dim, int context, double theta, double eps, bool tied) {
+  LlamaConfig c = Llama2(vocab, C, I, layers, heads, kv_heads, context);
+  c.arch = arch;
+  c.head_dim = head_dim;
+  c.rope_theta = theta;
+  c.rms_norm_eps = eps;
+  c.tie_embeddings = tied;
+  c.qkv_bias = arch == LlamaArch::kQwen2;
+  c.qk_norm = arch == LlamaArch::kQwen3;
+  return c;
+}
+
+// Mistral-7B-v0.1: a 4096-token window on every layer.
+LlamaConfig Mistral7B() {
+  LlamaConfig c =
+      Family(LlamaArch::kMistral, 32000, 4096, 14336, 32, 32, 8, 128, 32768, 10000.0, 1e-5, false);
+  c.sliding_window = 4096;
+  c.sliding_layers.assign(c.num_layers, true);
+  return c;
+}
+
 struct Preset {
   const char* name;
   LlamaConfig config;
 };
 
 std::vector<Preset> Presets() {
-  return {{"llama-tiny", Llama2(256, 64, 96, 2, 4, 2, 64)},
-          {"llama-1b", Llama2(32000, 2048, 5632, 22, 32, 4, 2048)},
-          {"llama-7b", Llama2(32000, 4096, 11008, 32, 32, 32, 4096)},
-          {"llama-13b", Llama2(32000, 5120, 13824, 40, 40, 40, 4096)},
-          {"llama-70b", Llama3_70B()}};
+  using A = LlamaArch;
+  return {
+      {"llama-tiny", Llama2(256, 64, 96, 2, 4, 2, 64)},
+      {"llama-1b", Llama2(32000, 2048, 5632, 22, 32, 4, 2048)},
+      {"llama-7b", Llama2(32000, 4096, 11008, 32, 32, 32, 4096)},
+      {"llama-13b", Llama2(32000, 5120, 13824, 40, 40, 40, 4096)},
+      {"llama-70b", Llama3_70B()},
+      {"mistral-7b", Mistral7B()},
+      {"qwen2.5-0.5b", Family(A::kQwen2, 151936, 896, 4864, 24, 14, 2, 64, 32768, 1e6, 1e-6, true)},
+      {"qwen2.5-7b",
+       Family(A::kQwen2, 152064, 3584, 18944, 28, 28, 4, 128, 131072, 1e6, 1e-6, false)},
+      {"qwen3-0.6b", Family(A::kQwen3, 151936, 1024, 3072, 28, 16, 8, 128, 40960, 1e6, 1e-6, true)},
+      {"qwen3-8b", Family(A::kQwen3, 151936, 4096, 12288, 36, 32, 8, 128, 40960, 1e6, 1e-6, false)},
+      {"phi4",
+       Family(A::kPhi3, 100352, 5120, 17920, 40, 40, 10, 128, 16384, 250000.0, 1e-5, false)},
+  };
 }
 
 }  // namespace
@@ -73,12 +108,22 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(
 std::string LlamaModel::description() const {
   const LlamaConfig& c = config();
   std::string s = fmt::format(
-      "Llama: {} layers, {} heads ({} key/value), {} channels, head dim {}, MLP {}, context {}, "
+      "{}: {} layers, {} heads ({} key/value), {} channels, head dim {}, MLP {}, context {}, "
       "vocabulary {}",
-      c.num_layers, c.num_heads, c.num_kv_heads, c.hidden_size, c.head_dim, c.intermediate_size,
-      c.max_seq_len, c.vocab_size);
+      LlamaArchName(c.arch), c.num_layers, c.num_heads, c.num_kv_heads, c.hidden_size, c.head_dim,
+      c.intermediate_size, c.max_seq_len, c.vocab_size);
   if (c.tie_embeddings) s += ", tied embeddings";
   if (c.rope_llama3) s += fmt::format(", llama3 RoPE scaling x{}", c.rope_factor);
+  if (c.qkv_bias) s += c.o_bias ? ", q/k/v/o biases" : ", q/k/v biases";
+  if (c.qk_norm) s += ", q/k norms";
+  int sliding = 0;
+  for (int i = 0; i < c.num_layers; ++i) sliding += LlamaLayerWindow(c, i) > 0 ? 1 : 0;
+  if (sliding == c.num_layers) {
+    s += fmt::format(", sliding window {}", c.sliding_window);
+  } else if (sliding > 0) {
+    s += fmt::format(", sliding window {} on {} of {} layers", c.sliding_window, sliding,
+                     c.num_layers);
+  }
   return s;
 }
 
@@ -159,7 +204,7 @@ void LlamaFamily::HostEmbeddingForward(const BlockArgs<S>& a) const {
 template <typename S>
 void LlamaFamily::HostLayerForward(const BlockArgs<S>& a) const {
   LlamaLayerForward<S>(config, a.params, a.x_in, a.x_out, a.B, a.T, a.scratch, a.lora,
-                       a.position_ids);
+                       a.position_ids, a.layer);
 }
 template <typename S>
 float LlamaFamily::HostHeadForward(const BlockArgs<S>& a) const {
@@ -173,7 +218,7 @@ void LlamaFamily::HostEmbeddingBackward(const BlockArgs<S>& a) const {
 template <typename S>
 void LlamaFamily::HostLayerBackward(const BlockArgs<S>& a) const {
   LlamaLayerBackward<S>(config, a.params, a.x_in, a.dx_out, a.dx_in, a.grads, a.B, a.T, a.scratch,
-                        a.lora, a.position_ids, a.forward_kept);
+                        a.lora, a.position_ids, a.forward_kept, a.layer);
 }
 template <typename S>
 void LlamaFamily::HostHeadBackward(const BlockArgs<S>& a) const {
@@ -197,7 +242,7 @@ Status LlamaFamily::CudaEmbeddingForward(const BlockArgs<S>& a, gpu::Stream& str
 template <typename S>
 Status LlamaFamily::CudaLayerForward(const BlockArgs<S>& a, gpu::Stream& stream) const {
   return cuda::LlamaCudaLayerForward<S>(config, stream, a.params, a.x_in, a.x_out, a.B, a.T,
-                                        a.scratch, a.position_ids, a.lora);
+                                        a.scratch, a.position_ids, a.lora, a.layer);
 }
 template <typename S>
 Status LlamaFamily::CudaHeadForward(const BlockArgs<S>& a, gpu::Stream& stream) const {
@@ -213,7 +258,7 @@ template <typename S>
 Status LlamaFamily::CudaLayerBackward(const BlockArgs<S>& a, gpu::Stream& stream) const {
   return cuda::LlamaCudaLayerBackward<S>(config, stream, a.params, a.x_in, a.dx_out, a.dx_in,
                                          a.grads, a.B, a.T, a.scratch, a.position_ids, a.lora,
-                                         a.forward_kept);
+                                         a.forward_kept, a.layer);
 }
 template <typename S>
 Status LlamaFamily::CudaHeadBackward(const BlockArgs<S>& a, gpu::Stream& stream) const {

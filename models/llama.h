@@ -1,5 +1,6 @@
-// The Llama family (Hugging Face LlamaForCausalLM; MistralForCausalLM without a sliding window)
-// as an engine Model: block 0 = token embedding, blocks 1..L = decoder layers, block L+1 = final
+// The Llama family (Hugging Face LlamaForCausalLM, and the families built on its layer:
+// MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM; llama_config.h) as an
+// engine Model: block 0 = token embedding, blocks 1..L = decoder layers, block L+1 = final
 // RMSNorm and LM head. Chunk layouts: models/llama_config.h; the block computations:
 // models/llama_kernels.h. With tie_embeddings the head's chunk is model.norm.weight only and the
 // head reads embed_tokens from the embedding chunk (tied_block(head) = 0,
@@ -36,7 +37,9 @@ namespace strata::models {
 // 13824, 40, 40, 40, 4096), "llama-70b" (Llama-3-70B's published configuration: vocabulary 128256,
 // 8192, 28672, 80, 64, 8 key/value heads, 8192, rope_theta 500000; 70.55e9 params); and
 // "llama-tiny" for tests (vocabulary 256, C 64, I 96, 2 layers,
-// 4 heads, 2 key/value heads, context 64). kInvalidArgument naming the choices for another name.
+// 4 heads, 2 key/value heads, context 64); the other families' published base configurations:
+// "mistral-7b" (Mistral-7B-v0.1, window 4096), "qwen2.5-0.5b", "qwen2.5-7b", "qwen3-0.6b",
+// "qwen3-8b", "phi4" (Phi-4, 14.7e9 params). kInvalidArgument naming the choices for another name.
 StatusOr<LlamaConfig> LlamaPreset(std::string_view name);
 std::vector<std::string> LlamaPresetNames();
 

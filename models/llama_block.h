@@ -6,9 +6,11 @@
 // layout (LlamaLayerScratchLayout, models/llama_layout.h). Plain C++: nvcc compiles it too.
 //
 // q/k/v are one (Dqkv, C) product, gate/up one (2I, C), o_proj and down_proj with the residual
-// added by the product. Returns the first error of an op (the host ops return Ok and STRATA_CHECK
-// instead). With `lora` active every targeted product adds its adapter's output (q/k/v: before
-// RoPE), and the backward takes the adapters' gradients and their share of dx (models/lora.h).
+// added by the product; the family options of LlamaConfig (q/k/v and o biases, Qwen3's per-head
+// q/k norms, the layer's sliding window) are op arguments or extra ops here, nowhere else. Returns
+// the first error of an op (the host ops return Ok and STRATA_CHECK instead). With `lora` active
+// every targeted product adds its adapter's output (q/k/v: before RoPE), and the backward takes the
+// adapters' gradients and their share of dx (models/lora.h).
 #pragma once
 
 #include <cstdint>
@@ -31,8 +33,8 @@ inline constexpr ops::WeightLayout kLlamaWeights = ops::WeightLayout::kOutIn;
 // statistics type (Ops::F).
 template <typename S, typename F>
 struct LlamaLayerBuffers {
-  F *rstd1, *rstd2, *lse, *delta, *cos, *sin;
-  S *xn, *qkv, *att, *x2, *xn2, *gu, *h, *grad, *dqkv;
+  F *rstd1, *rstd2, *lse, *delta, *cos, *sin, *qk_rstd;
+  S *xn, *qkv, *att, *x2, *xn2, *gu, *h, *grad, *dqkv, *qk_raw;
   LlamaLayerBuffers(const LlamaLayerScratchLayout& l, void* s)
       : rstd1(RegionAt<F>(s, l.rstd1)),
         rstd2(RegionAt<F>(s, l.rstd2)),
@@ -40,6 +42,7 @@ struct LlamaLayerBuffers {
         delta(RegionAt<F>(s, l.delta)),
         cos(RegionAt<F>(s, l.cos)),
         sin(RegionAt<F>(s, l.sin)),
+        qk_rstd(RegionAt<F>(s, l.qk_rstd)),
         xn(RegionAt<S>(s, l.xn)),
         qkv(RegionAt<S>(s, l.qkv)),
         att(RegionAt<S>(s, l.att)),
@@ -48,21 +51,28 @@ struct LlamaLayerBuffers {
         gu(RegionAt<S>(s, l.gu)),
         h(RegionAt<S>(s, l.h)),
         grad(RegionAt<S>(s, l.grad)),
-        dqkv(RegionAt<S>(s, l.dqkv)) {}
+        dqkv(RegionAt<S>(s, l.dqkv)),
+        qk_raw(RegionAt<S>(s, l.qk_raw)) {}
 };
 
-// Grouped-query attention over the rows [q | k | v] of qkv (N, Dqkv); position_ids (B, T) or
-// null (packed sequences).
-inline ops::AttentionDims LlamaAttentionDims(const LlamaConfig& c, int B, int T,
+// Grouped-query attention of `layer` over the rows [q | k | v] of qkv (N, Dqkv); position_ids
+// (B, T) or null (packed sequences); the layer's sliding window where it is shorter than T (a
+// window of T or more masks nothing).
+inline ops::AttentionDims LlamaAttentionDims(const LlamaConfig& c, int layer, int B, int T,
                                              const int32_t* position_ids) {
-  return {B, T, c.num_heads, c.num_kv_heads, c.head_dim, LlamaDims(c, B, T).Dqkv, position_ids};
+  ops::AttentionDims a{
+      B, T, c.num_heads, c.num_kv_heads, c.head_dim, LlamaDims(c, B, T).Dqkv, position_ids};
+  const int window = LlamaLayerWindow(c, layer);
+  a.window = window < T ? window : 0;
+  return a;
 }
 
 // The forward up to the SwiGLU output h (all the backward needs), every value in the scratch:
-//   xn = RMS1(x); qkv = xn Wqkv^T, RoPE on q and k; att = attention (+ lse);
-//   x2 = x + att Wo^T; xn2 = RMS2(x2); gu = xn2 Wgu^T; h = SwiGLU(gu).
+//   xn = RMS1(x); qkv = xn Wqkv^T (+ bqkv); [qk_norm: each q and k head RMS-normalised, the
+//   inputs kept in qk_raw]; RoPE on q and k; att = attention (+ lse; the layer's window);
+//   x2 = x + att Wo^T (+ bo); xn2 = RMS2(x2); gu = xn2 Wgu^T; h = SwiGLU(gu).
 template <typename S, typename Ops>
-Status LlamaLayerForwardToSwiglu(const Ops& ops, const LlamaConfig& c,
+Status LlamaLayerForwardToSwiglu(const Ops& ops, const LlamaConfig& c, int layer,
                                  const LlamaLayerParams<const S*>& p, const S* x, int B, int T,
                                  const LlamaLayerBuffers<S, typename Ops::F>& w,
                                  const LoraLayerArgs<S>& lora, const int32_t* position_ids) {
@@ -70,14 +80,18 @@ Status LlamaLayerForwardToSwiglu(const Ops& ops, const LlamaConfig& c,
   const int rope_heads = c.num_heads + c.num_kv_heads;
   STRATA_RETURN_IF_ERROR(ops.RmsNormForward(x, p.w_in, c.rms_norm_eps, d.N, d.C, w.xn, w.rstd1));
   STRATA_RETURN_IF_ERROR(
-      ops.Matmul(kLlamaWeights, d.N, d.C, d.Dqkv, w.xn, p.wqkv, nullptr, nullptr, w.qkv));
+      ops.Matmul(kLlamaWeights, d.N, d.C, d.Dqkv, w.xn, p.wqkv, p.bqkv, nullptr, w.qkv));
   STRATA_RETURN_IF_ERROR(ops.LoraForward(lora, kQkvProduct, w.xn, d.N, w.qkv, d.Dqkv));
+  if (c.qk_norm) {
+    STRATA_RETURN_IF_ERROR(ops.HeadRmsNormForward(w.qkv, d.Dqkv, d.N, rope_heads, c.num_heads, d.hs,
+                                                  p.qk_norm, c.rms_norm_eps, w.qk_raw, w.qk_rstd));
+  }
   STRATA_RETURN_IF_ERROR(ops.RopeTable(LlamaRopeParams(c), T, w.cos, w.sin));
   STRATA_RETURN_IF_ERROR(ops.Rope(w.qkv, d.N, d.Dqkv, rope_heads, c.head_dim, T, w.cos, w.sin,
                                   /*inverse=*/false, position_ids));
-  STRATA_RETURN_IF_ERROR(ops.Attention(LlamaAttentionDims(c, B, T, position_ids), w.qkv,
+  STRATA_RETURN_IF_ERROR(ops.Attention(LlamaAttentionDims(c, layer, B, T, position_ids), w.qkv,
                                        w.qkv + d.Dq, w.qkv + d.Dq + d.Dkv, w.att, w.lse));
-  STRATA_RETURN_IF_ERROR(ops.Matmul(kLlamaWeights, d.N, d.Dq, d.C, w.att, p.wo, nullptr, x, w.x2));
+  STRATA_RETURN_IF_ERROR(ops.Matmul(kLlamaWeights, d.N, d.Dq, d.C, w.att, p.wo, p.bo, x, w.x2));
   STRATA_RETURN_IF_ERROR(ops.LoraForward(lora, kOutProduct, w.att, d.N, w.x2, d.C));
   STRATA_RETURN_IF_ERROR(
       ops.RmsNormForward(w.x2, p.w_post, c.rms_norm_eps, d.N, d.C, w.xn2, w.rstd2));
@@ -89,12 +103,13 @@ Status LlamaLayerForwardToSwiglu(const Ops& ops, const LlamaConfig& c,
 
 // x_out (N, C) = x2 + h Wd^T after LlamaLayerForwardToSwiglu.
 template <typename S, typename Ops>
-Status LlamaLayerForwardBody(const Ops& ops, const LlamaConfig& c,
+Status LlamaLayerForwardBody(const Ops& ops, const LlamaConfig& c, int layer,
                              const LlamaLayerParams<const S*>& p, const S* x_in, S* x_out, int B,
                              int T, const LlamaLayerBuffers<S, typename Ops::F>& w,
                              const LoraLayerArgs<S>& lora, const int32_t* position_ids) {
   const LlamaDims d(c, B, T);
-  STRATA_RETURN_IF_ERROR(LlamaLayerForwardToSwiglu(ops, c, p, x_in, B, T, w, lora, position_ids));
+  STRATA_RETURN_IF_ERROR(
+      LlamaLayerForwardToSwiglu(ops, c, layer, p, x_in, B, T, w, lora, position_ids));
   STRATA_RETURN_IF_ERROR(ops.Matmul(kLlamaWeights, d.N, d.I, d.C, w.h, p.wd, nullptr, w.x2, x_out));
   return ops.LoraForward(lora, kDownProduct, w.h, d.N, x_out, d.C);
 }
@@ -105,7 +120,7 @@ Status LlamaLayerForwardBody(const Ops& ops, const LlamaConfig& c,
 // dx_out. The gradients overwrite dead activations as
 // LlamaLayerScratchLayout says; dx2 lives in dx_in (so dx_in must not overlap x_in or dx_out).
 template <typename S, typename Ops>
-Status LlamaLayerBackwardBody(const Ops& ops, const LlamaConfig& c,
+Status LlamaLayerBackwardBody(const Ops& ops, const LlamaConfig& c, int layer,
                               const LlamaLayerParams<const S*>& p, const S* x_in, const S* dx_out,
                               S* dx_in, const LlamaLayerParams<S*>& dp, int B, int T,
                               const LlamaLayerBuffers<S, typename Ops::F>& w,
@@ -113,7 +128,8 @@ Status LlamaLayerBackwardBody(const Ops& ops, const LlamaConfig& c,
                               bool forward_kept) {
   const LlamaDims d(c, B, T);
   if (!forward_kept) {
-    STRATA_RETURN_IF_ERROR(LlamaLayerForwardToSwiglu(ops, c, p, x_in, B, T, w, lora, position_ids));
+    STRATA_RETURN_IF_ERROR(
+        LlamaLayerForwardToSwiglu(ops, c, layer, p, x_in, B, T, w, lora, position_ids));
   }
   const S* dy = dx_out;
 
@@ -139,19 +155,25 @@ Status LlamaLayerBackwardBody(const Ops& ops, const LlamaConfig& c,
   // Output projection x2 = x + att Wo^T: datt (N, Dq) into the gradient buffer (dxn2 is dead).
   S* datt = w.grad;
   STRATA_RETURN_IF_ERROR(
-      ops.MatmulWeightGrad(kLlamaWeights, d.N, d.Dq, d.C, w.att, dx2, dp.wo, nullptr));
+      ops.MatmulWeightGrad(kLlamaWeights, d.N, d.Dq, d.C, w.att, dx2, dp.wo, dp.bo));
   STRATA_RETURN_IF_ERROR(ops.MatmulInputGrad(kLlamaWeights, d.N, d.Dq, d.C, dx2, p.wo, datt));
   STRATA_RETURN_IF_ERROR(ops.LoraBackward(lora, kOutProduct, w.att, dx2, d.N, d.C, datt));
   // Attention: [dq | dk | dv] (N, Dqkv), then RoPE's inverse rotation of dq and dk.
   STRATA_RETURN_IF_ERROR(ops.AttentionBackward(
-      LlamaAttentionDims(c, B, T, position_ids), w.qkv, w.qkv + d.Dq, w.qkv + d.Dq + d.Dkv, w.att,
-      datt, w.lse, w.delta, w.dqkv, w.dqkv + d.Dq, w.dqkv + d.Dq + d.Dkv));
+      LlamaAttentionDims(c, layer, B, T, position_ids), w.qkv, w.qkv + d.Dq, w.qkv + d.Dq + d.Dkv,
+      w.att, datt, w.lse, w.delta, w.dqkv, w.dqkv + d.Dq, w.dqkv + d.Dq + d.Dkv));
   STRATA_RETURN_IF_ERROR(ops.Rope(w.dqkv, d.N, d.Dqkv, c.num_heads + c.num_kv_heads, c.head_dim, T,
                                   w.cos, w.sin, /*inverse=*/true, position_ids));
-  // q/k/v projection qkv = xn Wqkv^T: dxn (N, C) into the gradient buffer (datt is dead).
+  // The per-head q/k norms: dq and dk through them, in place, and their weights' gradient.
+  if (c.qk_norm) {
+    STRATA_RETURN_IF_ERROR(ops.HeadRmsNormBackward(w.qk_raw, d.N, c.num_heads + c.num_kv_heads,
+                                                   c.num_heads, d.hs, p.qk_norm, w.qk_rstd, w.dqkv,
+                                                   d.Dqkv, dp.qk_norm));
+  }
+  // q/k/v projection qkv = xn Wqkv^T (+ bqkv): dxn (N, C) into the gradient buffer (datt is dead).
   S* dxn = w.grad;
   STRATA_RETURN_IF_ERROR(
-      ops.MatmulWeightGrad(kLlamaWeights, d.N, d.C, d.Dqkv, w.xn, w.dqkv, dp.wqkv, nullptr));
+      ops.MatmulWeightGrad(kLlamaWeights, d.N, d.C, d.Dqkv, w.xn, w.dqkv, dp.wqkv, dp.bqkv));
   STRATA_RETURN_IF_ERROR(ops.MatmulInputGrad(kLlamaWeights, d.N, d.C, d.Dqkv, w.dqkv, p.wqkv, dxn));
   STRATA_RETURN_IF_ERROR(ops.LoraBackward(lora, kQkvProduct, w.xn, w.dqkv, d.N, d.Dqkv, dxn));
   // Input RMSNorm and the attention residual: dx = S(dx2 + RMS1'(dxn)), in place over dx2.

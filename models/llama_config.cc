@@ -19,6 +19,61 @@ std::vector<LlamaTensor> Lay(std::vector<std::pair<std::string, std::vector<int6
 
 }  // namespace
 
+const char* LlamaArchModelType(LlamaArch arch) {
+  switch (arch) {
+    case LlamaArch::kMistral:
+      return "mistral";
+    case LlamaArch::kQwen2:
+      return "qwen2";
+    case LlamaArch::kQwen3:
+      return "qwen3";
+    case LlamaArch::kPhi3:
+      return "phi3";
+    case LlamaArch::kLlama:
+      break;
+  }
+  return "llama";
+}
+
+const char* LlamaArchArchitecture(LlamaArch arch) {
+  switch (arch) {
+    case LlamaArch::kMistral:
+      return "MistralForCausalLM";
+    case LlamaArch::kQwen2:
+      return "Qwen2ForCausalLM";
+    case LlamaArch::kQwen3:
+      return "Qwen3ForCausalLM";
+    case LlamaArch::kPhi3:
+      return "Phi3ForCausalLM";
+    case LlamaArch::kLlama:
+      break;
+  }
+  return "LlamaForCausalLM";
+}
+
+const char* LlamaArchName(LlamaArch arch) {
+  switch (arch) {
+    case LlamaArch::kMistral:
+      return "Mistral";
+    case LlamaArch::kQwen2:
+      return "Qwen2";
+    case LlamaArch::kQwen3:
+      return "Qwen3";
+    case LlamaArch::kPhi3:
+      return "Phi-3";
+    case LlamaArch::kLlama:
+      break;
+  }
+  return "Llama";
+}
+
+int LlamaLayerWindow(const LlamaConfig& c, int layer) {
+  if (c.sliding_window <= 0 || layer < 0 || layer >= static_cast<int>(c.sliding_layers.size())) {
+    return 0;
+  }
+  return c.sliding_layers[layer] ? c.sliding_window : 0;
+}
+
 Status ValidateLlamaConfig(const LlamaConfig& c) {
   auto positive = [](const char* name, double v) -> Status {
     if (v > 0) return Status::Ok();
@@ -54,6 +109,14 @@ Status ValidateLlamaConfig(const LlamaConfig& c) {
           c.rope_original_max_position));
     }
   }
+  if (c.sliding_window < 0) {
+    return InvalidArgumentError(
+        fmt::format("sliding_window {} must be 0 (none) or positive", c.sliding_window));
+  }
+  if (!c.sliding_layers.empty() && static_cast<int64_t>(c.sliding_layers.size()) != c.num_layers) {
+    return InvalidArgumentError(fmt::format("{} sliding-window layer flags for {} layers",
+                                            c.sliding_layers.size(), c.num_layers));
+  }
   return Status::Ok();
 }
 
@@ -63,17 +126,66 @@ std::vector<LlamaTensor> LlamaEmbeddingTensors(const LlamaConfig& c) {
 
 std::vector<LlamaTensor> LlamaLayerTensors(const LlamaConfig& c, int layer) {
   const std::string p = fmt::format("model.layers.{}.", layer);
-  const int64_t C = c.hidden_size, I = c.intermediate_size;
-  const int64_t q = int64_t{c.num_heads} * c.head_dim, kv = int64_t{c.num_kv_heads} * c.head_dim;
-  return Lay({{p + "input_layernorm.weight", {C}},
-              {p + "self_attn.q_proj.weight", {q, C}},
-              {p + "self_attn.k_proj.weight", {kv, C}},
-              {p + "self_attn.v_proj.weight", {kv, C}},
-              {p + "self_attn.o_proj.weight", {C, q}},
-              {p + "post_attention_layernorm.weight", {C}},
-              {p + "mlp.gate_proj.weight", {I, C}},
-              {p + "mlp.up_proj.weight", {I, C}},
-              {p + "mlp.down_proj.weight", {C, I}}});
+  const int64_t C = c.hidden_size, I = c.intermediate_size, hs = c.head_dim;
+  const int64_t q = int64_t{c.num_heads} * hs, kv = int64_t{c.num_kv_heads} * hs;
+  const bool fused = c.arch == LlamaArch::kPhi3;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> specs = {
+      {p + "input_layernorm.weight", {C}}};
+  if (fused) {
+    specs.push_back({p + "self_attn.qkv_proj.weight", {q + 2 * kv, C}});
+  } else {
+    specs.push_back({p + "self_attn.q_proj.weight", {q, C}});
+    specs.push_back({p + "self_attn.k_proj.weight", {kv, C}});
+    specs.push_back({p + "self_attn.v_proj.weight", {kv, C}});
+  }
+  if (c.qkv_bias) {
+    if (fused) {
+      specs.push_back({p + "self_attn.qkv_proj.bias", {q + 2 * kv}});
+    } else {
+      specs.push_back({p + "self_attn.q_proj.bias", {q}});
+      specs.push_back({p + "self_attn.k_proj.bias", {kv}});
+      specs.push_back({p + "self_attn.v_proj.bias", {kv}});
+    }
+  }
+  if (c.qk_norm) {
+    specs.push_back({p + "self_attn.q_norm.weight", {hs}});
+    specs.push_back({p + "self_attn.k_norm.weight", {hs}});
+  }
+  specs.push_back({p + "self_attn.o_proj.weight", {C, q}});
+  if (c.o_bias) specs.push_back({p + "self_attn.o_proj.bias", {C}});
+  specs.push_back({p + "post_attention_layernorm.weight", {C}});
+  if (fused) {
+    specs.push_back({p + "mlp.gate_up_proj.weight", {2 * I, C}});
+  } else {
+    specs.push_back({p + "mlp.gate_proj.weight", {I, C}});
+    specs.push_back({p + "mlp.up_proj.weight", {I, C}});
+  }
+  specs.push_back({p + "mlp.down_proj.weight", {C, I}});
+  return Lay(std::move(specs));
+}
+
+LlamaLayerOffsets LlamaLayerOffsetsOf(const LlamaConfig& c) {
+  const int64_t C = c.hidden_size, I = c.intermediate_size, hs = c.head_dim;
+  const int64_t dqkv = int64_t{c.num_heads + 2 * c.num_kv_heads} * hs,
+                dq = int64_t{c.num_heads} * hs;
+  LlamaLayerOffsets o;
+  int64_t at = 0;
+  auto take = [&at](int64_t n) {
+    const int64_t start = at;
+    at += n;
+    return start;
+  };
+  o.w_in = take(C);
+  o.wqkv = take(dqkv * C);
+  if (c.qkv_bias) o.bqkv = take(dqkv);
+  if (c.qk_norm) o.qk_norm = take(2 * hs);
+  o.wo = take(C * dq);
+  if (c.o_bias) o.bo = take(C);
+  o.w_post = take(C);
+  o.wgu = take(2 * I * C);
+  o.wd = take(C * I);
+  o.total = at;
+  return o;
 }
 
 std::vector<LlamaTensor> LlamaHeadTensors(const LlamaConfig& c) {

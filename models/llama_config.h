@@ -1,9 +1,22 @@
 // The shape and hyper-parameters of a Llama-architecture decoder (Touvron et al., "LLaMA: Open
 // and Efficient Foundation Language Models", 2023; "Llama 2", 2023), with the semantics of Hugging
-// Face's LlamaForCausalLM (and MistralForCausalLM without a sliding window): RMSNorm (Zhang &
-// Sennrich, 2019), rotary position embeddings in the rotate-half convention (Su et al.,
-// "RoFormer", 2021) with optional Llama-3 frequency scaling, a SwiGLU MLP (Shazeer, "GLU Variants
-// Improve Transformer", 2020), grouped-query attention (Ainslie et al., "GQA", 2023), no biases.
+// Face's LlamaForCausalLM: RMSNorm (Zhang & Sennrich, 2019), rotary position embeddings in the
+// rotate-half convention (Su et al., "RoFormer", 2021) with optional Llama-3 frequency scaling, a
+// SwiGLU MLP (Shazeer, "GLU Variants Improve Transformer", 2020), grouped-query attention
+// (Ainslie et al., "GQA", 2023).
+//
+// The families built on that layer are the same config with options (LlamaArch names which one;
+// it decides the tensor names and the config.json written back):
+//   Mistral (MistralForCausalLM): sliding-window attention on every layer (Jiang et al.,
+//     "Mistral 7B", 2023).
+//   Qwen2 / Qwen2.5 (Qwen2ForCausalLM): biases on q_proj, k_proj, v_proj; sliding windows on the
+//     layers from max_window_layers when use_sliding_window.
+//   Qwen3 (Qwen3ForCausalLM): an RMSNorm over each head of q and k (q_norm, k_norm: (head_dim)
+//     weights) after the projections and before RoPE; head_dim * heads may differ from hidden.
+//   Phi-3 / Phi-4 (Phi3ForCausalLM): q/k/v stored as one qkv_proj and gate/up as one
+//     gate_up_proj (the chunk already holds them fused, so only the names differ); a sliding
+//     window on every layer when sliding_window is set.
+//   Llama with attention_bias: biases on q, k, v and o.
 #pragma once
 
 #include <cstdint>
@@ -14,7 +27,18 @@
 
 namespace strata::models {
 
+// Which Hugging Face family a LlamaConfig is: its model_type and architecture, tensor names and
+// config.json.
+enum class LlamaArch { kLlama, kMistral, kQwen2, kQwen3, kPhi3 };
+
+// "llama", "mistral", "qwen2", "qwen3", "phi3"; and the architecture ("LlamaForCausalLM", ...).
+const char* LlamaArchModelType(LlamaArch arch);
+const char* LlamaArchArchitecture(LlamaArch arch);
+// "Llama", "Mistral", "Qwen2", "Qwen3", "Phi-3" (for plan and description text).
+const char* LlamaArchName(LlamaArch arch);
+
 struct LlamaConfig {
+  LlamaArch arch = LlamaArch::kLlama;
   int vocab_size = 32000;
   int hidden_size = 0;        // C
   int intermediate_size = 0;  // I: the SwiGLU hidden width
@@ -35,21 +59,38 @@ struct LlamaConfig {
   double rope_high_freq_factor = 4.0;
   int rope_original_max_position = 8192;
   bool tie_embeddings = false;  // tie_word_embeddings
+  bool qkv_bias = false;        // biases on q_proj, k_proj, v_proj (Qwen2; attention_bias)
+  bool o_bias = false;          // a bias on o_proj (attention_bias of Llama and Qwen3)
+  bool qk_norm = false;         // Qwen3's q_norm and k_norm: RMSNorm over each head of q and k
+  // Sliding-window attention: query i sees key j when i - w < j <= i (transformers'
+  // sliding-window causal mask), on the layers whose sliding_layers entry is true (empty: no
+  // layer). 0: none.
+  int sliding_window = 0;
+  std::vector<bool> sliding_layers;
 };
+
+// The attention window of `layer` (0: full causal attention).
+int LlamaLayerWindow(const LlamaConfig& c, int layer);
 
 // kInvalidArgument naming the field and its value when a field is out of range: every size
 // positive, num_heads % num_kv_heads == 0, head_dim even, eps > 0, theta > 0, llama3 factors
-// with factor >= 1 and high_freq_factor > low_freq_factor > 0.
+// with factor >= 1 and high_freq_factor > low_freq_factor > 0, sliding_window >= 0 and
+// sliding_layers empty or one entry per layer (some true only with a window).
 Status ValidateLlamaConfig(const LlamaConfig& config);
 
-// Element offsets inside a block's chunk, in Hugging Face's tensor order and shapes (row-major,
-// nn.Linear weights as (out, in)):
+// Element offsets inside a block's chunk, Hugging Face's names and shapes (row-major, nn.Linear
+// weights as (out, in)):
 //   embedding: model.embed_tokens.weight (V, C)
 //   layer i:   input_layernorm.weight (C), self_attn.q_proj.weight (H hs, C),
 //              self_attn.k_proj.weight (Hkv hs, C), self_attn.v_proj.weight (Hkv hs, C),
-//              self_attn.o_proj.weight (C, H hs), post_attention_layernorm.weight (C),
-//              mlp.gate_proj.weight (I, C), mlp.up_proj.weight (I, C), mlp.down_proj.weight (C, I)
-//              (names prefixed "model.layers.{i}.")
+//              [qkv_bias: self_attn.q_proj.bias (H hs), k_proj.bias (Hkv hs), v_proj.bias
+//              (Hkv hs)], [qk_norm: self_attn.q_norm.weight (hs), self_attn.k_norm.weight (hs)],
+//              self_attn.o_proj.weight (C, H hs), [o_bias: self_attn.o_proj.bias (C)],
+//              post_attention_layernorm.weight (C), mlp.gate_proj.weight (I, C),
+//              mlp.up_proj.weight (I, C), mlp.down_proj.weight (C, I)
+//              (names prefixed "model.layers.{i}."). Phi-3 names the three q/k/v rows
+//              self_attn.qkv_proj.weight ((H + 2 Hkv) hs, C) and gate/up mlp.gate_up_proj.weight
+//              (2I, C): the same elements in the same order.
 //   head:      model.norm.weight (C), then lm_head.weight (V, C) unless tied (then the head
 //              reads model.embed_tokens.weight from the embedding chunk)
 struct LlamaTensor {
@@ -61,5 +102,14 @@ struct LlamaTensor {
 std::vector<LlamaTensor> LlamaEmbeddingTensors(const LlamaConfig& c);
 std::vector<LlamaTensor> LlamaLayerTensors(const LlamaConfig& c, int layer);
 std::vector<LlamaTensor> LlamaHeadTensors(const LlamaConfig& c);
+
+// Element offsets of the layer chunk's parts by role (the layout above; -1 for a part the config
+// has not). wqkv is the (Dqkv, C) q/k/v matrix, bqkv its (Dqkv) bias, qk_norm the (2, hs)
+// q_norm then k_norm weights, wgu the (2I, C) gate/up matrix.
+struct LlamaLayerOffsets {
+  int64_t w_in = 0, wqkv = 0, bqkv = -1, qk_norm = -1, wo = 0, bo = -1, w_post = 0, wgu = 0, wd = 0,
+          total = 0;
+};
+LlamaLayerOffsets LlamaLayerOffsetsOf(const LlamaConfig& c);
 
 }  // namespace strata::models

@@ -64,13 +64,18 @@ using init::NormalSampler;
 
 constexpr double kInitializerRange = 0.02;
 
-// Norm weights (names ending in "norm.weight") 1, everything else N(0, 0.02), in chunk order.
+// Norm weights (names ending in "norm.weight") 1, biases 0, everything else N(0, 0.02), in
+// chunk order.
 void InitChunk(const std::vector<LlamaTensor>& tensors, uint64_t seed, uint64_t tag,
                float* params) {
   NormalSampler rng(seed, tag);
   for (const LlamaTensor& t : tensors) {
     float* out = params + t.offset;
     const bool is_norm = t.name.ends_with("norm.weight");
+    if (t.name.ends_with(".bias")) {
+      std::fill(out, out + t.num_elems, 0.0f);
+      continue;
+    }
     for (int64_t i = 0; i < t.num_elems; ++i) {
       out[i] = is_norm ? 1.0f : static_cast<float>(kInitializerRange * rng.Next());
     }
@@ -81,8 +86,14 @@ void InitChunk(const std::vector<LlamaTensor>& tensors, uint64_t seed, uint64_t 
 
 std::vector<LoraModule> LlamaLoraModules(const LlamaConfig& c) {
   const LlamaDims d(c, 1, 1);
-  const std::vector<LlamaTensor> t = LlamaLayerTensors(c, 0);
-  const int64_t qkv = t[1].offset, o = t[4].offset, gu = t[6].offset, down = t[8].offset;
+  const LlamaLayerOffsets off = LlamaLayerOffsetsOf(c);
+  const int64_t qkv = off.wqkv, o = off.wo, gu = off.wgu, down = off.wd;
+  if (c.arch == LlamaArch::kPhi3) {
+    return {{"qkv_proj", "self_attn.qkv_proj", kQkvProduct, d.C, d.Dqkv, 0, qkv},
+            {"o_proj", "self_attn.o_proj", kOutProduct, d.Dq, d.C, 0, o},
+            {"gate_up_proj", "mlp.gate_up_proj", kGateUpProduct, d.C, 2 * d.I, 0, gu},
+            {"down_proj", "mlp.down_proj", kDownProduct, d.I, d.C, 0, down}};
+  }
   return {{"q_proj", "self_attn.q_proj", kQkvProduct, d.C, d.Dq, 0, qkv},
           {"k_proj", "self_attn.k_proj", kQkvProduct, d.C, d.Dkv, d.Dq, qkv},
           {"v_proj", "self_attn.v_proj", kQkvProduct, d.C, d.Dkv, d.Dq + d.Dkv, qkv},
@@ -163,11 +174,13 @@ void LlamaEmbeddingBackward(const LlamaConfig& c, const int32_t* tokens, const S
 
 template <typename S>
 void LlamaLayerForward(const LlamaConfig& c, const S* params, const S* x_in, S* x_out, int B, int T,
-                       void* scratch, const LoraLayerArgs<S>& lora, const int32_t* position_ids) {
+                       void* scratch, const LoraLayerArgs<S>& lora, const int32_t* position_ids,
+                       int layer) {
   CheckBatch(c, B, T);
   const LlamaLayerBuffers<S, ComputeType<S>> w(LlamaLayerScratchLayoutFor<S>(c, B, T), scratch);
-  STRATA_CHECK(LlamaLayerForwardBody(ops::HostOps<S>(), c, LlamaLayerParams<const S*>(c, params),
-                                     x_in, x_out, B, T, w, lora, position_ids)
+  STRATA_CHECK(LlamaLayerForwardBody(ops::HostOps<S>(), c, layer,
+                                     LlamaLayerParams<const S*>(c, params), x_in, x_out, B, T, w,
+                                     lora, position_ids)
                    .ok());
 }
 
@@ -175,12 +188,13 @@ template <typename S>
 void LlamaLayerBackward(const LlamaConfig& c, const S* params, const S* x_in, const S* dx_out,
                         S* dx_in, S* dparams, int B, int T, void* scratch,
                         const LoraLayerArgs<S>& lora, const int32_t* position_ids,
-                        bool forward_kept) {
+                        bool forward_kept, int layer) {
   CheckBatch(c, B, T);
   const LlamaLayerBuffers<S, ComputeType<S>> w(LlamaLayerScratchLayoutFor<S>(c, B, T), scratch);
-  STRATA_CHECK(LlamaLayerBackwardBody(ops::HostOps<S>(), c, LlamaLayerParams<const S*>(c, params),
-                                      x_in, dx_out, dx_in, LlamaLayerParams<S*>(c, dparams), B, T,
-                                      w, lora, position_ids, forward_kept)
+  STRATA_CHECK(LlamaLayerBackwardBody(ops::HostOps<S>(), c, layer,
+                                      LlamaLayerParams<const S*>(c, params), x_in, dx_out, dx_in,
+                                      LlamaLayerParams<S*>(c, dparams), B, T, w, lora, position_ids,
+                                      forward_kept)
                    .ok());
 }
 
@@ -241,10 +255,10 @@ void LlamaHeadBackward(const LlamaConfig& c, const S* params, const S* tied_embe
   template void LlamaEmbeddingBackward<S>(const LlamaConfig&, const int32_t*, const S*, int, int, \
                                           S*, void*);                                             \
   template void LlamaLayerForward<S>(const LlamaConfig&, const S*, const S*, S*, int, int, void*, \
-                                     const LoraLayerArgs<S>&, const int32_t*);                    \
+                                     const LoraLayerArgs<S>&, const int32_t*, int);               \
   template void LlamaLayerBackward<S>(const LlamaConfig&, const S*, const S*, const S*, S*, S*,   \
                                       int, int, void*, const LoraLayerArgs<S>&, const int32_t*,   \
-                                      bool);                                                      \
+                                      bool, int);                                                 \
   template ComputeType<S> LlamaHeadForward<S>(const LlamaConfig&, const S*, const S*, const S*,   \
                                               const int32_t*, int, int, S*, void*, int64_t);      \
   template void LlamaHeadBackward<S>(const LlamaConfig&, const S*, const S*, const S*,            \

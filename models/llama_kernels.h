@@ -100,17 +100,20 @@ void LlamaEmbeddingBackward(const LlamaConfig& c, const int32_t* tokens, const S
 // projection, o_proj, the fused gate/up projection, down_proj.
 inline constexpr int kQkvProduct = 0, kOutProduct = 1, kGateUpProduct = 2, kDownProduct = 3;
 // The modules LoRA may target, Hugging Face names: q_proj, k_proj, v_proj (columns of the q/k/v
-// product), o_proj, gate_proj, up_proj (columns of the gate/up product), down_proj.
+// product), o_proj, gate_proj, up_proj (columns of the gate/up product), down_proj; Phi-3's
+// qkv_proj (the whole q/k/v product), o_proj, gate_up_proj (the whole gate/up product),
+// down_proj.
 std::vector<LoraModule> LlamaLoraModules(const LlamaConfig& c);
 
 // One decoder layer. params: layer chunk; x_in, x_out (B, T, C). With `lora` active every
 // targeted product adds its adapter's output (models/lora.h) before what follows it (q/k/v:
 // before RoPE). position_ids: (B, T) or null, packed examples (engine::BlockBuffers): RoPE
 // turns token t by position_ids[t] and attention stays inside each example.
+// layer: the layer's index (its sliding window, LlamaLayerWindow).
 template <typename S>
 void LlamaLayerForward(const LlamaConfig& c, const S* params, const S* x_in, S* x_out, int B, int T,
                        void* scratch, const LoraLayerArgs<S>& lora = {},
-                       const int32_t* position_ids = nullptr);
+                       const int32_t* position_ids = nullptr, int layer = 0);
 
 // Recomputes the forward from x_in, then writes dx_in (B, T, C) and dparams (the whole layer
 // chunk, OVERWRITTEN; null: no weight gradient, LoRA's frozen base) from dx_out (B, T, C); with
@@ -121,7 +124,7 @@ template <typename S>
 void LlamaLayerBackward(const LlamaConfig& c, const S* params, const S* x_in, const S* dx_out,
                         S* dx_in, S* dparams, int B, int T, void* scratch,
                         const LoraLayerArgs<S>& lora = {}, const int32_t* position_ids = nullptr,
-                        bool forward_kept = false);
+                        bool forward_kept = false, int layer = 0);
 
 // Final RMSNorm and LM head. params: head chunk; tied_embed: the embedding chunk (embed_tokens
 // (V, C)) when c.tie_embeddings, else ignored (may be null); x_in (B, T, C); targets (B, T) or

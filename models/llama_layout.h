@@ -31,30 +31,35 @@ struct LlamaDims {
         V(c.vocab_size) {}
 };
 
-// The tensors of a layer chunk, from the one layout table (llama_config.h: input_layernorm, q,
-// k, v, o, post_attention_layernorm, gate, up, down). P is a (const) S*; pointers are computed,
-// never dereferenced, here.
+// The tensors of a layer chunk, from the one layout table (llama_config.h LlamaLayerOffsetsOf).
+// P is a (const) S*; pointers are computed, never dereferenced, here. The optional parts (biases,
+// q/k norms) are null when the config has none.
 template <typename P>
 struct LlamaLayerParams {
-  P w_in;    // input_layernorm (C)
-  P wqkv;    // q_proj, k_proj, v_proj: (Dqkv, C)
-  P wo;      // o_proj (C, Dq)
-  P w_post;  // post_attention_layernorm (C)
-  P wgu;     // gate_proj, up_proj: (2I, C)
-  P wd;      // down_proj (C, I)
+  P w_in;     // input_layernorm (C)
+  P wqkv;     // q_proj, k_proj, v_proj: (Dqkv, C)
+  P bqkv;     // their biases (Dqkv) or null
+  P qk_norm;  // q_norm then k_norm (2, hs) or null
+  P wo;       // o_proj (C, Dq)
+  P bo;       // its bias (C) or null
+  P w_post;   // post_attention_layernorm (C)
+  P wgu;      // gate_proj, up_proj: (2I, C)
+  P wd;       // down_proj (C, I)
   // base null (a backward that computes no weight gradient: LoRA's frozen layer): all null.
   LlamaLayerParams(const LlamaConfig& c, P base) {
-    if (base == nullptr) {
-      w_in = wqkv = wo = w_post = wgu = wd = nullptr;
-      return;
-    }
-    const std::vector<LlamaTensor> t = LlamaLayerTensors(c, 0);
-    w_in = base + t[0].offset;
-    wqkv = base + t[1].offset;
-    wo = base + t[4].offset;
-    w_post = base + t[5].offset;
-    wgu = base + t[6].offset;
-    wd = base + t[8].offset;
+    const LlamaLayerOffsets o = LlamaLayerOffsetsOf(c);
+    auto at = [base](int64_t offset) -> P {
+      return base == nullptr || offset < 0 ? nullptr : base + offset;
+    };
+    w_in = at(o.w_in);
+    wqkv = at(o.wqkv);
+    bqkv = at(o.bqkv);
+    qk_norm = at(o.qk_norm);
+    wo = at(o.wo);
+    bo = at(o.bo);
+    w_post = at(o.w_post);
+    wgu = at(o.wgu);
+    wd = at(o.wd);
   }
 };
 
@@ -71,13 +76,17 @@ struct LlamaLayerParams {
 //   dqkv (N, Dqkv) is written by the attention backward and rotated back in place;
 // dx2 lives in the caller's dx_in and RMSNorm 1's backward adds to it in place. delta and
 // partials are the CUDA ops' (the attention backward's rowsum(dO * O), the two-pass RMSNorm
-// weight gradient); the host ops leave them unused.
+// weight gradient, and the column sums of the bias gradients); the host ops leave them unused.
+// With qk_norm (Qwen3) the forward keeps the pre-norm q and k heads in qk_raw and their rstd in
+// qk_rstd for the backward (empty regions otherwise).
 struct LlamaLayerScratchLayout {
   Region rstd1, rstd2;  // (N) F RMSNorm statistics
   Region lse;           // (B, H, T) F attention log-sum-exp
   Region delta;         // (B, H, T) F rowsum(dO * O) of the backward (CUDA)
   Region cos, sin;      // (T, hs / 2) F rotary table
-  Region partials;      // (RmsPartials(N), C) fp32 RMSNorm weight-gradient partials (CUDA)
+  Region partials;      // fp32 two-pass reduction partials (CUDA): LlamaLayerPartialsBytes
+  Region qk_rstd;       // (N (H + Hkv)) F per-head RMSNorm statistics (qk_norm)
+  Region qk_raw;        // (N, (H + Hkv) hs) S the q and k heads before their norm (qk_norm)
   Region xn;            // (N, C) S
   Region qkv;           // (N, Dqkv) S, q and k rotated
   Region att;           // (N, Dq) S attention output
@@ -89,6 +98,22 @@ struct LlamaLayerScratchLayout {
   Region dqkv;          // (N, Dqkv) S
   int64_t total = 0;
 };
+
+// Bytes of the CUDA ops' fp32 reduction partials of a layer: the RMSNorm weight gradients
+// ((RmsPartials(N), C)), with biases the column sums of the bias gradients ((LnPartials(N),
+// max(Dqkv, C))), with qk_norm the per-head norms' weight gradient
+// (ops::cuda::HeadRmsNormPartialsBytes).
+inline int64_t LlamaLayerPartialsBytes(const LlamaConfig& c, int B, int T) {
+  const LlamaDims d(c, B, T);
+  int64_t bytes = ops::cuda::RmsPartials(d.N) * d.C * 4;
+  if (c.qkv_bias || c.o_bias) {
+    bytes = std::max(bytes, ops::cuda::LnPartials(d.N) * std::max(d.Dqkv, d.C) * 4);
+  }
+  if (c.qk_norm) {
+    bytes = std::max(bytes, ops::cuda::HeadRmsNormWorkspaceBytes(d.N, d.hs));
+  }
+  return bytes;
+}
 
 template <typename S>
 LlamaLayerScratchLayout LlamaLayerScratchLayoutFor(const LlamaConfig& c, int B, int T) {
@@ -103,7 +128,10 @@ LlamaLayerScratchLayout LlamaLayerScratchLayoutFor(const LlamaConfig& c, int B, 
   l.delta = k.Take(stats);
   l.cos = k.Take(int64_t{T} * (d.hs / 2) * f);
   l.sin = k.Take(int64_t{T} * (d.hs / 2) * f);
-  l.partials = k.Take(ops::cuda::RmsPartials(d.N) * d.C * 4);
+  l.partials = k.Take(LlamaLayerPartialsBytes(c, B, T));
+  const int64_t qk_heads = c.qk_norm ? int64_t{c.num_heads} + c.num_kv_heads : 0;
+  l.qk_rstd = k.Take(d.N * qk_heads * f);
+  l.qk_raw = k.Take(d.N * qk_heads * d.hs * e);
   l.xn = k.Take(d.N * d.C * e);
   l.qkv = k.Take(d.N * d.Dqkv * e);
   l.att = k.Take(d.N * d.Dq * e);
@@ -127,12 +155,13 @@ std::vector<std::pair<std::string, std::vector<NamedRegion>>> LlamaLayerLivePhas
   const NamedRegion r1{"rstd1", l.rstd1}, r2{"rstd2", l.rstd2}, lse{"lse", l.lse},
       delta{"delta", l.delta}, cos{"cos", l.cos}, sin{"sin", l.sin}, part{"partials", l.partials},
       xn{"xn", l.xn}, qkv{"qkv", l.qkv}, att{"att", l.att}, x2{"x2", l.x2}, xn2{"xn2", l.xn2},
-      gu{"gu", l.gu}, h{"h", l.h}, grad{"grad", l.grad}, dqkv{"dqkv", l.dqkv};
+      gu{"gu", l.gu}, h{"h", l.h}, grad{"grad", l.grad}, dqkv{"dqkv", l.dqkv},
+      qr{"qk_rstd", l.qk_rstd}, qraw{"qk_raw", l.qk_raw};
   return {
-      {"forward", {r1, r2, lse, cos, sin, xn, qkv, att, x2, xn2, gu, h}},
-      {"mlp backward", {r1, r2, lse, cos, sin, xn, qkv, att, x2, xn2, gu, h, grad, part}},
-      {"attention backward", {r1, lse, delta, cos, sin, xn, qkv, att, grad, dqkv}},
-      {"qkv backward", {r1, cos, sin, xn, dqkv, grad, part}},
+      {"forward", {r1, r2, lse, cos, sin, xn, qkv, att, x2, xn2, gu, h, qr, qraw}},
+      {"mlp backward", {r1, r2, lse, cos, sin, xn, qkv, att, x2, xn2, gu, h, grad, part, qr, qraw}},
+      {"attention backward", {r1, lse, delta, cos, sin, xn, qkv, att, grad, dqkv, qr, qraw}},
+      {"qkv backward", {r1, cos, sin, xn, dqkv, grad, part, qr, qraw}},
   };
 }
 

@@ -52,8 +52,9 @@ template <typename S>
 using Products = oc::Products<S>;
 
 template <typename S>
-StatusOr<Products<S>> MakeProducts(gpu::Stream& stream, cudaStream_t cs) {
-  return Products<S>::Make(stream, cs);
+StatusOr<Products<S>> MakeProducts(gpu::Stream& stream, cudaStream_t cs,
+                                   float* partials = nullptr) {
+  return Products<S>::Make(stream, cs, /*allow_tf32=*/false, partials);
 }
 
 // The chunked head's part of the head scratch.
@@ -96,14 +97,15 @@ Status LlamaCudaEmbeddingBackward(const LlamaConfig& c, gpu::Stream& stream, con
 template <typename S>
 Status LlamaCudaLayerForward(const LlamaConfig& c, gpu::Stream& stream, const S* params,
                              const S* x_in, S* x_out, int B, int T, void* scratch,
-                             const int32_t* position_ids, const LoraLayerArgs<S>& lora) {
+                             const int32_t* position_ids, const LoraLayerArgs<S>& lora, int layer) {
   STRATA_ASSIGN_OR_RETURN(cudaStream_t cs,
                           Prepare("LlamaCudaLayerForward", c, stream, B, T, scratch));
   STRATA_RETURN_IF_ERROR(CheckPointers("LlamaCudaLayerForward", {params, x_in, x_out, scratch}));
   const LlamaLayerScratchLayout l = LlamaLayerScratchLayoutFor<S>(c, B, T);
-  STRATA_ASSIGN_OR_RETURN(const auto mm, MakeProducts<S>(stream, cs));
-  // The RMSNorm weight gradients use the layout's partials.
-  return LlamaLayerForwardBody(oc::CudaOps<S>(mm, RegionAt<float>(scratch, l.partials)), c,
+  float* partials = RegionAt<float>(scratch, l.partials);
+  STRATA_ASSIGN_OR_RETURN(const auto mm, MakeProducts<S>(stream, cs, partials));
+  // The norms' weight gradients and the bias gradients use the layout's partials.
+  return LlamaLayerForwardBody(oc::CudaOps<S>(mm, partials), c, layer,
                                LlamaLayerParams<const S*>(c, params), x_in, x_out, B, T,
                                LlamaLayerBuffers<S, float>(l, scratch), lora, position_ids);
 }
@@ -112,7 +114,7 @@ template <typename S>
 Status LlamaCudaLayerBackward(const LlamaConfig& c, gpu::Stream& stream, const S* params,
                               const S* x_in, const S* dx_out, S* dx_in, S* dparams, int B, int T,
                               void* scratch, const int32_t* position_ids,
-                              const LoraLayerArgs<S>& lora, bool forward_kept) {
+                              const LoraLayerArgs<S>& lora, bool forward_kept, int layer) {
   STRATA_ASSIGN_OR_RETURN(cudaStream_t cs,
                           Prepare("LlamaCudaLayerBackward", c, stream, B, T, scratch));
   STRATA_RETURN_IF_ERROR(
@@ -121,12 +123,13 @@ Status LlamaCudaLayerBackward(const LlamaConfig& c, gpu::Stream& stream, const S
     return InvalidArgumentError("LlamaCudaLayerBackward: dparams is null and no adapters train");
   }
   const LlamaLayerScratchLayout l = LlamaLayerScratchLayoutFor<S>(c, B, T);
-  STRATA_ASSIGN_OR_RETURN(const auto mm, MakeProducts<S>(stream, cs));
+  float* partials = RegionAt<float>(scratch, l.partials);
+  STRATA_ASSIGN_OR_RETURN(const auto mm, MakeProducts<S>(stream, cs, partials));
   // dparams null: every gradient pointer null, the frozen base of a LoRA run.
   return LlamaLayerBackwardBody(
-      oc::CudaOps<S>(mm, RegionAt<float>(scratch, l.partials)), c,
-      LlamaLayerParams<const S*>(c, params), x_in, dx_out, dx_in, LlamaLayerParams<S*>(c, dparams),
-      B, T, LlamaLayerBuffers<S, float>(l, scratch), lora, position_ids, forward_kept);
+      oc::CudaOps<S>(mm, partials), c, layer, LlamaLayerParams<const S*>(c, params), x_in, dx_out,
+      dx_in, LlamaLayerParams<S*>(c, dparams), B, T, LlamaLayerBuffers<S, float>(l, scratch), lora,
+      position_ids, forward_kept);
 }
 
 template <typename S>
@@ -193,10 +196,10 @@ Status LlamaCudaHeadBackward(const LlamaConfig& c, gpu::Stream& stream, const S*
                                                 const S*, int, int, S*, void*);                   \
   template Status LlamaCudaLayerForward<S>(const LlamaConfig&, gpu::Stream&, const S*, const S*,  \
                                            S*, int, int, void*, const int32_t*,                   \
-                                           const LoraLayerArgs<S>&);                              \
+                                           const LoraLayerArgs<S>&, int);                         \
   template Status LlamaCudaLayerBackward<S>(const LlamaConfig&, gpu::Stream&, const S*, const S*, \
                                             const S*, S*, S*, int, int, void*, const int32_t*,    \
-                                            const LoraLayerArgs<S>&, bool);                       \
+                                            const LoraLayerArgs<S>&, bool, int);                  \
   template Status LlamaCudaHeadForward<S>(const LlamaConfig&, gpu::Stream&, const S*, const S*,   \
                                           const S*, const int32_t*, int, int, S*, void*, float*,  \
                                           int64_t);                                               \

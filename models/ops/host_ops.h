@@ -66,10 +66,9 @@ class HostOps {
     ops::HeadRmsNormForward(qk, ld, rows, num_heads, num_q_heads, hs, w, eps, raw, rstd);
     return Status::Ok();
   }
-  // ops::HeadRmsNormBackward: dqk in place; dw (2, hs) nullable (partials is the CUDA ops').
+  // ops::HeadRmsNormBackward: dqk in place; dw (2, hs) nullable.
   Status HeadRmsNormBackward(const S* raw, int64_t rows, int num_heads, int num_q_heads, int64_t hs,
-                             const S* w, const F* rstd, S* dqk, int64_t ld, S* dw,
-                             float* /*partials*/) const {
+                             const S* w, const F* rstd, S* dqk, int64_t ld, S* dw) const {
     ops::HeadRmsNormBackward(raw, rows, num_heads, num_q_heads, hs, w, rstd, dqk, ld, dw);
     return Status::Ok();
   }

@@ -1,5 +1,7 @@
 // The tiny Hugging Face family models the engine's offload tests train: a Llama with
-// grouped-query attention (untied or tied head) and a tied GPT-2, all over byte tokens.
+// grouped-query attention (untied or tied head), a tied Qwen3 with every option of the Llama
+// layer's families (q/k/v and o biases, per-head q/k norms, a sliding window shorter than the
+// sequence on two of its four layers) and a tied GPT-2, all over byte tokens.
 #pragma once
 
 #include <functional>
@@ -27,12 +29,23 @@ inline models::LlamaConfig TinyLlama(bool tied) {
   return c;
 }
 
+// Qwen3 with attention_bias and Qwen2-style windows (5 tokens) on layers 1 and 3.
+inline models::LlamaConfig TinyQwen3Window() {
+  models::LlamaConfig c = TinyLlama(true);
+  c.arch = models::LlamaArch::kQwen3;
+  c.qkv_bias = c.o_bias = true;
+  c.qk_norm = true;
+  c.sliding_window = 5;
+  c.sliding_layers = {false, true, false, true};
+  return c;
+}
+
 struct Family {
   const char* name;
   std::function<std::unique_ptr<Model>()> make;
 };
 
-// "llama" (untied, when with_untied), "llama_tied", "gpt2_tied".
+// "llama" (untied, when with_untied), "llama_tied", "qwen3_window", "gpt2_tied".
 inline std::vector<Family> TinyFamilies(bool with_untied = true) {
   std::vector<Family> all;
   if (with_untied) {
@@ -42,6 +55,9 @@ inline std::vector<Family> TinyFamilies(bool with_untied = true) {
   }
   all.push_back({"llama_tied", [] {
                    return std::unique_ptr<Model>(*models::LlamaModel::Create(TinyLlama(true)));
+                 }});
+  all.push_back({"qwen3_window", [] {
+                   return std::unique_ptr<Model>(*models::LlamaModel::Create(TinyQwen3Window()));
                  }});
   all.push_back({"gpt2_tied", [] {
                    models::GptShape s{256, 16, 5, 2, 32};

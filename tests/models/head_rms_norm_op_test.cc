@@ -252,7 +252,7 @@ TEST(HeadRmsNormOp, HostOpsAdapterCallsTheOp) {
   HeadRmsNormBackward<Fp16>(raw_op.data(), d.rows, d.num_heads(), d.H, d.hs, ws.data(),
                             rstd_op.data(), dqk_op.data(), d.ld(), dw_op.data());
   ASSERT_TRUE(host.HeadRmsNormBackward(raw_ad.data(), d.rows, d.num_heads(), d.H, d.hs, ws.data(),
-                                       rstd_ad.data(), dqk_ad.data(), d.ld(), dw_ad.data(), nullptr)
+                                       rstd_ad.data(), dqk_ad.data(), d.ld(), dw_ad.data())
                   .ok());
   EXPECT_EQ(Bits(qk_ad), Bits(qk_op));
   EXPECT_EQ(Bits(raw_ad), Bits(raw_op));

@@ -71,27 +71,191 @@ TEST(HfConfig, ParsesLlamaGqaExplicitHeadDimAndLlama3RopeScaling) {
   EXPECT_EQ(c.rope_original_max_position, 8192);
 }
 
-TEST(HfConfig, MistralWithoutSlidingWindowIsALlama) {
-  for (const char* window : {"null", "4096", "100000"}) {
-    const auto r = ParseHfConfig(
-        fmt::format(R"({{"architectures": ["MistralForCausalLM"], "model_type": "mistral",
-          "vocab_size": 32000, "hidden_size": 64, "intermediate_size": 96,
-          "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2,
-          "max_position_embeddings": 4096, "sliding_window": {}}})",
-                    window),
-        kPath);
-    ASSERT_TRUE(r.ok()) << window << ": " << r.status().ToString();
-    EXPECT_EQ(r->family, HfModelConfig::Family::kLlama);
-    EXPECT_EQ(r->llama.num_kv_heads, 2);
-  }
+// A llama-family config.json of model_type `type` (and architectures [arch] unless empty) with
+// the extra fields `extra` (", ...").
+std::string FamilyConfig(std::string_view type, std::string_view arch, std::string_view extra) {
+  const std::string archs =
+      arch.empty() ? std::string() : fmt::format(R"("architectures": ["{}"], )", arch);
+  return fmt::format(R"({{{}"model_type": "{}", "vocab_size": 101,
+      "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 4,
+      "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256{}}})",
+                     archs, type, extra);
 }
 
-TEST(HfConfig, MistralWithSlidingWindowIsRejectedNamingTheField) {
-  ExpectOneLineError(ParseHfConfig(R"({"model_type": "mistral", "vocab_size": 32000,
-      "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
-      "num_attention_heads": 8, "max_position_embeddings": 32768, "sliding_window": 4096})",
+std::vector<bool> SlidingLayers(const LlamaConfig& c) {
+  std::vector<bool> v;
+  for (int i = 0; i < c.num_layers; ++i) v.push_back(LlamaLayerWindow(c, i) > 0);
+  return v;
+}
+
+TEST(HfConfig, MistralSlidingWindowCoversEveryLayer) {
+  for (const char* window : {"null", "64", "100000"}) {
+    const auto r = ParseHfConfig(FamilyConfig("mistral", "MistralForCausalLM",
+                                              fmt::format(R"(, "sliding_window": {})", window)),
+                                 kPath);
+    ASSERT_TRUE(r.ok()) << window << ": " << r.status().ToString();
+    EXPECT_EQ(r->family, HfModelConfig::Family::kLlama);
+    EXPECT_EQ(r->llama.arch, LlamaArch::kMistral);
+    EXPECT_EQ(r->llama.num_kv_heads, 2);
+    const bool none = std::string_view(window) == "null";
+    EXPECT_EQ(r->llama.sliding_window, none ? 0 : std::stoi(window));
+    EXPECT_EQ(SlidingLayers(r->llama), std::vector<bool>(4, !none)) << window;
+  }
+  ExpectOneLineError(
+      ParseHfConfig(FamilyConfig("mistral", "MistralForCausalLM", R"(, "sliding_window": 0)"),
+                    kPath),
+      "sliding_window");
+}
+
+TEST(HfConfig, Qwen2HasQkvBiasesAndWindowsFromMaxWindowLayers) {
+  auto r = ParseHfConfig(FamilyConfig("qwen2", "Qwen2ForCausalLM",
+                                      R"(, "use_sliding_window": false, "sliding_window": 32,
+      "max_window_layers": 2, "tie_word_embeddings": true, "rope_theta": 1000000.0)"),
+                         kPath);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->llama.arch, LlamaArch::kQwen2);
+  EXPECT_TRUE(r->llama.qkv_bias);
+  EXPECT_FALSE(r->llama.o_bias);
+  EXPECT_FALSE(r->llama.qk_norm);
+  EXPECT_TRUE(r->llama.tie_embeddings);
+  EXPECT_EQ(SlidingLayers(r->llama), std::vector<bool>(4, false));  // use_sliding_window false
+
+  // As transformers' Qwen2Config derives layer_types: sliding from max_window_layers on.
+  r = ParseHfConfig(FamilyConfig("qwen2", "Qwen2ForCausalLM",
+                                 R"(, "use_sliding_window": true, "sliding_window": 32,
+      "max_window_layers": 2)"),
+                    kPath);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->llama.sliding_window, 32);
+  EXPECT_EQ(SlidingLayers(r->llama), (std::vector<bool>{false, false, true, true}));
+
+  // An explicit layer_types wins.
+  r = ParseHfConfig(FamilyConfig("qwen2", "Qwen2ForCausalLM",
+                                 R"(, "use_sliding_window": true, "sliding_window": 32,
+      "layer_types": ["sliding_attention", "full_attention", "sliding_attention",
+                      "full_attention"])"),
+                    kPath);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(SlidingLayers(r->llama), (std::vector<bool>{true, false, true, false}));
+
+  ExpectOneLineError(ParseHfConfig(FamilyConfig("qwen2", "Qwen2ForCausalLM",
+                                                R"(, "layer_types": ["full_attention"])"),
                                    kPath),
-                     "sliding_window");
+                     "layer_types");
+  ExpectOneLineError(
+      ParseHfConfig(FamilyConfig("qwen2", "Qwen2ForCausalLM",
+                                 R"(, "layer_types": ["full_attention", "chunked_attention",
+                                    "full_attention", "full_attention"])"),
+                    kPath),
+      "layer_types[1]");
+  ExpectOneLineError(ParseHfConfig(FamilyConfig("qwen2", "Qwen2ForCausalLM",
+                                                R"(, "rope_scaling": {"type": "yarn",
+          "factor": 4.0, "original_max_position_embeddings": 32768})"),
+                                   kPath),
+                     "rope_scaling");
+}
+
+TEST(HfConfig, Qwen3HasQkNormsAnOwnHeadDimAndOptionalBiases) {
+  auto r = ParseHfConfig(
+      FamilyConfig("qwen3", "Qwen3ForCausalLM", R"(, "head_dim": 16, "attention_bias": false)"),
+      kPath);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->llama.arch, LlamaArch::kQwen3);
+  EXPECT_TRUE(r->llama.qk_norm);
+  EXPECT_EQ(r->llama.head_dim, 16);  // 4 heads x 16 = 64 != hidden 32
+  EXPECT_FALSE(r->llama.qkv_bias);
+  r = ParseHfConfig(
+      FamilyConfig("qwen3", "Qwen3ForCausalLM", R"(, "head_dim": 16, "attention_bias": true)"),
+      kPath);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->llama.qkv_bias);
+  EXPECT_TRUE(r->llama.o_bias);
+  // transformers 5 writes rope_parameters instead of rope_theta.
+  r = ParseHfConfig(FamilyConfig("qwen3", "Qwen3ForCausalLM",
+                                 R"(, "rope_parameters": {"rope_type": "default",
+      "rope_theta": 1000000.0})"),
+                    kPath);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->llama.rope_theta, 1e6);
+  EXPECT_FALSE(r->llama.rope_llama3);
+}
+
+TEST(HfConfig, Phi3IsFusedAndRefusesPartialRotaryLongRopeAndDropout) {
+  auto r = ParseHfConfig(FamilyConfig("phi3", "Phi3ForCausalLM",
+                                      R"(, "sliding_window": 48, "resid_pdrop": 0.0,
+      "embd_pdrop": 0.0, "attention_dropout": 0.0, "original_max_position_embeddings": 256,
+      "partial_rotary_factor": 1.0, "rope_scaling": null)"),
+                         kPath);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->llama.arch, LlamaArch::kPhi3);
+  EXPECT_EQ(SlidingLayers(r->llama), std::vector<bool>(4, true));
+  const std::vector<HfTensor> t = HfBlockTensors(*r, 1);
+  std::vector<std::string> names;
+  for (const HfTensor& x : t) names.push_back(x.name);
+  EXPECT_EQ(names,
+            (std::vector<std::string>{
+                "model.layers.0.input_layernorm.weight", "model.layers.0.self_attn.qkv_proj.weight",
+                "model.layers.0.self_attn.o_proj.weight",
+                "model.layers.0.post_attention_layernorm.weight",
+                "model.layers.0.mlp.gate_up_proj.weight", "model.layers.0.mlp.down_proj.weight"}));
+  EXPECT_EQ(t[1].shape, (std::vector<int64_t>{8 * 8, 32}));  // (H + 2 Hkv) hs = 8 x 8
+  EXPECT_EQ(t[4].shape, (std::vector<int64_t>{2 * 48, 32}));
+
+  ExpectOneLineError(
+      ParseHfConfig(FamilyConfig("phi3", "Phi3ForCausalLM", R"(, "partial_rotary_factor": 0.75)"),
+                    kPath),
+      "partial_rotary_factor");
+  ExpectOneLineError(ParseHfConfig(FamilyConfig("phi3", "Phi3ForCausalLM",
+                                                R"(, "rope_scaling": {"type": "longrope",
+          "short_factor": [1.0], "long_factor": [1.0]})"),
+                                   kPath),
+                     "rope_scaling");
+  ExpectOneLineError(
+      ParseHfConfig(FamilyConfig("phi3", "Phi3ForCausalLM", R"(, "resid_pdrop": 0.1)"), kPath),
+      "resid_pdrop");
+}
+
+TEST(HfConfig, LlamaAttentionBiasAddsQkvAndOBiases) {
+  const auto r = ParseHfConfig(
+      FamilyConfig("llama", "LlamaForCausalLM", R"(, "attention_bias": true)"), kPath);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->llama.qkv_bias);
+  EXPECT_TRUE(r->llama.o_bias);
+  std::vector<std::string> names;
+  for (const HfTensor& x : HfBlockTensors(*r, 2)) names.push_back(x.name);
+  EXPECT_THAT(names, ::testing::Contains("model.layers.1.self_attn.q_proj.bias"));
+  EXPECT_THAT(names, ::testing::Contains("model.layers.1.self_attn.o_proj.bias"));
+}
+
+TEST(HfConfig, EveryFamilyRoundTripsThroughItsOwnConfigJson) {
+  const std::pair<const char*, const char*> families[] = {
+      {"llama", R"(, "attention_bias": true)"},
+      {"mistral", R"(, "sliding_window": 64)"},
+      {"qwen2", R"(, "use_sliding_window": true, "sliding_window": 32, "max_window_layers": 3,
+                   "tie_word_embeddings": true)"},
+      {"qwen3", R"(, "head_dim": 16, "attention_bias": true)"},
+      {"phi3", R"(, "sliding_window": 48, "original_max_position_embeddings": 128)"}};
+  for (const auto& [type, extra] : families) {
+    SCOPED_TRACE(type);
+    const auto a = ParseHfConfig(FamilyConfig(type, "", extra), kPath);
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    const std::string text = HfConfigJson(*a);
+    const nlohmann::json j = nlohmann::json::parse(text);
+    EXPECT_EQ(j["model_type"], type);
+    EXPECT_EQ(j["architectures"][0], LlamaArchArchitecture(a->llama.arch));
+    const auto b = ParseHfConfig(text, kPath);
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    const LlamaConfig &x = a->llama, &y = b->llama;
+    EXPECT_EQ(y.arch, x.arch);
+    EXPECT_EQ(y.qkv_bias, x.qkv_bias);
+    EXPECT_EQ(y.o_bias, x.o_bias);
+    EXPECT_EQ(y.qk_norm, x.qk_norm);
+    EXPECT_EQ(y.head_dim, x.head_dim);
+    EXPECT_EQ(y.tie_embeddings, x.tie_embeddings);
+    EXPECT_EQ(y.sliding_window, x.sliding_window);
+    EXPECT_EQ(SlidingLayers(y), SlidingLayers(x));
+    if (x.arch == LlamaArch::kPhi3) EXPECT_EQ(j["original_max_position_embeddings"], 128);
+  }
 }
 
 TEST(HfConfig, ParsesGpt2FieldsAndTheOlderNCtx) {
@@ -129,8 +293,9 @@ TEST(HfConfig, ArchitectureAloneSelectsTheFamily) {
 TEST(HfConfig, UnknownModelTypeListsTheSupportedOnes) {
   const auto r = ParseHfConfig(R"({"model_type": "bert", "hidden_size": 8})", kPath);
   ExpectOneLineError(r, "model_type");
-  EXPECT_THAT(r.status().message(), AllOf(HasSubstr("bert"), HasSubstr("llama"),
-                                          HasSubstr("mistral"), HasSubstr("gpt2")));
+  EXPECT_THAT(r.status().message(),
+              AllOf(HasSubstr("bert"), HasSubstr("llama"), HasSubstr("mistral"), HasSubstr("qwen2"),
+                    HasSubstr("qwen3"), HasSubstr("phi3"), HasSubstr("gpt2")));
   const auto a = ParseHfConfig(R"({"architectures": ["BertForMaskedLM"]})", kPath);
   ExpectOneLineError(a, "architectures");
   EXPECT_THAT(a.status().message(),
@@ -193,9 +358,9 @@ TEST(HfConfig, FieldsOutOfRangeAreNamed) {
 
 TEST(HfConfig, UnsupportedFeaturesAreNamed) {
   LlamaTestShape s;
-  ExpectOneLineError(ParseHfConfig(LlamaConfigText(s, R"(, "attention_bias": true)"), kPath),
-                     "attention_bias");
   ExpectOneLineError(ParseHfConfig(LlamaConfigText(s, R"(, "mlp_bias": true)"), kPath), "mlp_bias");
+  ExpectOneLineError(ParseHfConfig(LlamaConfigText(s, R"(, "attention_dropout": 0.1)"), kPath),
+                     "attention_dropout");
   // A repeated key: the last one counts (nlohmann::json, like Python's json).
   ExpectOneLineError(ParseHfConfig(LlamaConfigText(s, R"(, "hidden_act": "gelu")"), kPath),
                      "hidden_act");

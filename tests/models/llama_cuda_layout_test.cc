@@ -18,7 +18,9 @@
 namespace strata::models::cuda {
 namespace {
 
-const char* const kPresets[] = {"llama-tiny", "llama-1b", "llama-7b", "llama-13b"};
+// Every family: Qwen2 (q/k/v biases), Qwen3 (q/k norms and heads * head_dim != hidden), Phi-4.
+const char* const kPresets[] = {"llama-tiny",   "llama-1b",   "llama-7b",   "llama-13b",
+                                "qwen2.5-0.5b", "qwen3-0.6b", "qwen2.5-7b", "phi4"};
 struct BT {
   int B, T;
 };

@@ -74,15 +74,48 @@ LlamaConfig Tied(LlamaConfig c) {
   return c;
 }
 
+// The families' options (llama_config.h): Qwen2's q/k/v biases, Llama's attention_bias (q/k/v
+// and o), Qwen3's per-head q/k norms, a sliding window on the layers `sliding` marks.
+LlamaConfig As(LlamaArch arch, LlamaConfig c) {
+  c.arch = arch;
+  c.qkv_bias = arch == LlamaArch::kQwen2;
+  c.qk_norm = arch == LlamaArch::kQwen3;
+  return c;
+}
+LlamaConfig WithAttentionBias(LlamaConfig c) {
+  c.qkv_bias = c.o_bias = true;
+  return c;
+}
+LlamaConfig WithWindow(LlamaConfig c, int window, std::vector<bool> sliding) {
+  c.sliding_window = window;
+  c.sliding_layers = std::move(sliding);
+  return c;
+}
+
 // Finite-difference cases: GQA with head_dim * heads != hidden_size, odd widths; tied with
 // llama3 scaling whose bands all occur (hs 4: wavelengths 6.3 (blended) and 628 (divided)); one
-// kv head for three query heads; multi-head attention past the attention row block (T 70).
+// kv head for three query heads; multi-head attention past the attention row block (T 70); the
+// families' options: Qwen2 biases (tied), Llama attention_bias, Qwen3 q/k norms with
+// heads * head_dim != hidden (and with biases), a window of 3 on one of two layers (Qwen2-style)
+// and of 2 on every layer (Mistral), past the row block (window 40 at T 70); Phi-3's fused names.
 std::vector<Case> FiniteDifferenceCases() {
   return {
       {"gqa_untied", Config(19, 10, 14, 2, 4, 2, 6, 8), 2, 5},
       {"tied_llama3", Tied(WithLlama3(Config(13, 9, 11, 1, 3, 1, 4, 8), 16)), 3, 7},
       {"untied_llama3_mqa", WithLlama3(Config(11, 7, 5, 1, 2, 1, 4, 8), 16), 2, 8},
       {"tied_long", Tied(Config(11, 8, 6, 1, 2, 2, 4, 70)), 1, 70},
+      {"qwen2_tied_bias", Tied(As(LlamaArch::kQwen2, Config(13, 8, 10, 1, 4, 2, 2, 8))), 2, 5},
+      {"llama_attention_bias", WithAttentionBias(Config(11, 6, 7, 1, 2, 1, 4, 8)), 2, 4},
+      {"qwen3_qk_norm", As(LlamaArch::kQwen3, Config(17, 8, 9, 2, 4, 2, 6, 8)), 2, 5},
+      {"qwen3_qk_norm_bias",
+       WithAttentionBias(As(LlamaArch::kQwen3, Config(9, 6, 5, 1, 2, 1, 4, 8))), 1, 6},
+      {"qwen2_window_one_layer",
+       WithWindow(As(LlamaArch::kQwen2, Config(11, 6, 7, 2, 2, 1, 4, 8)), 3, {false, true}), 2, 7},
+      {"mistral_window",
+       WithWindow(As(LlamaArch::kMistral, Config(11, 6, 5, 1, 2, 2, 2, 8)), 2, {true}), 1, 6},
+      {"mistral_window_long",
+       WithWindow(As(LlamaArch::kMistral, Config(11, 8, 6, 1, 2, 2, 4, 70)), 40, {true}), 1, 70},
+      {"phi3_fused", As(LlamaArch::kPhi3, Config(11, 6, 7, 1, 2, 1, 4, 8)), 2, 4},
   };
 }
 

@@ -85,13 +85,15 @@ inline std::vector<double> AttentionProjectionTerms(const LlamaConfig& c,
   const int64_t N = int64_t{B} * T, C = c.hidden_size, I = c.intermediate_size;
   const int64_t H = c.num_heads, Hkv = c.num_kv_heads, hs = c.head_dim;
   const int64_t Dq = H * hs, Dkv = Hkv * hs, Dqkv = Dq + 2 * Dkv;
-  const std::vector<LlamaTensor> t = LlamaLayerTensors(c, 0);
-  const double* w_in = params.data() + t[0].offset;
-  const double* wqkv = params.data() + t[1].offset;
-  const double* wo = params.data() + t[4].offset;
-  const double* w_post = params.data() + t[5].offset;
-  const double* wgu = params.data() + t[6].offset;
-  const double* wd = params.data() + t[8].offset;
+  // Plain Llama layers only (no biases, q/k norms or window: those terms are not modelled here).
+  STRATA_CHECK(!c.qkv_bias && !c.o_bias && !c.qk_norm && c.sliding_window == 0);
+  const LlamaLayerOffsets o = LlamaLayerOffsetsOf(c);
+  const double* w_in = params.data() + o.w_in;
+  const double* wqkv = params.data() + o.wqkv;
+  const double* wo = params.data() + o.wo;
+  const double* w_post = params.data() + o.w_post;
+  const double* wgu = params.data() + o.wgu;
+  const double* wd = params.data() + o.wd;
   std::vector<double> rstd1(N), xn(N * C), qkv(N * Dqkv), cos_t(T * hs / 2), sin_t(T * hs / 2);
   std::vector<double> lse(N * H), att(N * Dq), x2(N * C), rstd2(N), xn2(N * C), gu(N * 2 * I);
   std::vector<double> h(N * I), dh(N * I), dgu(N * 2 * I), dxn2(N * C), dx2(N * C), datt(N * Dq);
@@ -131,7 +133,7 @@ inline std::vector<double> AttentionProjectionTerms(const LlamaConfig& c,
   // dWqkv (Dqkv, C) = dqkv^T xn: |dqkv|^T |xn| on the q and k rows.
   const std::vector<double> w_terms = terms_bound::AbsTransposedProduct(pre, xn, N, Dqkv, C);
   std::vector<double> terms(params.size(), 0.0);
-  std::copy(w_terms.begin(), w_terms.begin() + (Dq + Dkv) * C, terms.begin() + t[1].offset);
+  std::copy(w_terms.begin(), w_terms.begin() + (Dq + Dkv) * C, terms.begin() + o.wqkv);
   return terms;
 }
 
@@ -162,7 +164,7 @@ class Runner {
     for (int l = 0; l < c_.num_layers; ++l) {
       std::vector<S> out = op_test::Poisoned<S>(N_ * c_.hidden_size);
       LlamaLayerForward<S>(c_, m[1 + l].data(), xs_.back().data(), out.data(), B_, T_,
-                           layer_scratch_.Poisoned());
+                           layer_scratch_.Poisoned(), {}, nullptr, l);
       layer_scratch_.CheckGuard("LlamaLayerForward");
       xs_.push_back(std::move(out));
     }
@@ -194,7 +196,8 @@ class Runner {
       douts_[l] = dx;
       std::vector<S> dx_in = op_test::Poisoned<S>(act);
       LlamaLayerBackward<S>(c_, m[1 + l].data(), xs_[l].data(), dx.data(), dx_in.data(),
-                            (*grads)[1 + l].data(), B_, T_, layer_scratch_.Poisoned());
+                            (*grads)[1 + l].data(), B_, T_, layer_scratch_.Poisoned(), {}, nullptr,
+                            false, l);
       layer_scratch_.CheckGuard("LlamaLayerBackward");
       dx = std::move(dx_in);
     }

@@ -479,13 +479,24 @@ def gpt2_config(layers=3, published_fields_only=False):
     return cfg
 
 
+# The reference of each model_type: (param_shapes(cfg) -> {Hugging Face name: shape},
+# loss(p, cfg, inputs, targets, head=None) -> mean cross-entropy). random_params, Model and
+# write_model_dir reach a family only through this table, so another test file can plug
+# further families in (test_hf_new_families.py adds qwen2, qwen3, phi3 and replaces llama
+# and mistral by references that also cover attention biases and sliding windows).
+FAMILIES = {
+    "llama": (llama_param_shapes, llama_loss),
+    "mistral": (llama_param_shapes, llama_loss),  # without a sliding window: a Llama
+    "gpt2": (gpt2_param_shapes, gpt2_loss),
+}
+
+
 def model_loss(cfg, p, inputs, targets, head=None):
-    fn = gpt2_loss if cfg["model_type"] == "gpt2" else llama_loss
-    return fn(p, cfg, inputs, targets, head)
+    return FAMILIES[cfg["model_type"]][1](p, cfg, inputs, targets, head)
 
 
 def param_shapes(cfg):
-    return gpt2_param_shapes(cfg) if cfg["model_type"] == "gpt2" else llama_param_shapes(cfg)
+    return FAMILIES[cfg["model_type"]][0](cfg)
 
 
 def vocab_size(cfg):

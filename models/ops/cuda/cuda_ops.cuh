@@ -67,13 +67,12 @@ class CudaOps {
     return LaunchHeadRmsNormForward(cs_, D(qk), ld, rows, num_heads, num_q_heads, hs, D(w),
                                     static_cast<float>(eps), D(raw), rstd);
   }
-  // LaunchHeadRmsNormBackward: partials of HeadRmsNormWorkspaceBytes(rows, hs) bytes where dw is
-  // non-null.
+  // LaunchHeadRmsNormBackward, with the ops' partials (HeadRmsNormWorkspaceBytes(rows, hs) bytes
+  // at least where dw is non-null).
   Status HeadRmsNormBackward(const S* raw, int64_t rows, int num_heads, int num_q_heads, int64_t hs,
-                             const S* w, const F* rstd, S* dqk, int64_t ld, S* dw,
-                             float* partials) const {
+                             const S* w, const F* rstd, S* dqk, int64_t ld, S* dw) const {
     return LaunchHeadRmsNormBackward(cs_, D(raw), rows, num_heads, num_q_heads, hs, D(w), rstd,
-                                     D(dqk), ld, D(dw), partials);
+                                     D(dqk), ld, D(dw), partials_);
   }
 
   // Products::Forward.

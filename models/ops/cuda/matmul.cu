@@ -106,11 +106,10 @@ template <typename S>
 Status Products<S>::WeightGrad(WeightLayout layout, int64_t rows, int64_t in, int64_t out,
                                const S* x, const S* dy, S* dW, S* db) const {
   if (layout == WeightLayout::kOutIn) {
-    if (db != nullptr) {
-      return InvalidArgumentError(
-          "Products::WeightGrad: the bias gradient is implemented for kInOut weights only");
-    }
-    return Run(true, false, out, in, rows, dy, out, x, in, dW, in);
+    // (out, in) weights (Qwen2's q/k/v biases): the product, then the column sums of dy.
+    STRATA_RETURN_IF_ERROR(Run(true, false, out, in, rows, dy, out, x, in, dW, in));
+    if (db == nullptr) return Status::Ok();
+    return LaunchColumnSums(stream, D(dy), rows, out, partials, D(db));
   }
   if (db == nullptr) return Run(true, false, in, out, rows, x, in, dy, out, dW, out);
   const Status fused = Run(true, false, in, out, rows, x, in, dy, out, dW, out,
