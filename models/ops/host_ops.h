@@ -16,6 +16,7 @@
 #include "base/dtype.h"
 #include "base/status.h"
 #include "models/lora.h"
+#include "models/ops/add.h"
 #include "models/ops/attention.h"
 #include "models/ops/gelu.h"
 #include "models/ops/head_rms_norm.h"
@@ -74,6 +75,12 @@ class HostOps {
                              bool unit_offset = false) const {
     ops::HeadRmsNormBackward(raw, rows, num_heads, num_q_heads, hs, w, rstd, dqk, ld, dw,
                              unit_offset);
+    return Status::Ok();
+  }
+
+  // ops::AddForward: out = S(a + b); out may equal a or b.
+  Status Add(const S* a, const S* b, int64_t n, S* out) const {
+    ops::AddForward(a, b, n, out);
     return Status::Ok();
   }
 

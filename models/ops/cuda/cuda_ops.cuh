@@ -79,6 +79,11 @@ class CudaOps {
                                      D(dqk), ld, D(dw), partials_, unit_offset);
   }
 
+  // LaunchAdd: out = D(a + b); out may equal a or b.
+  Status Add(const S* a, const S* b, int64_t n, S* out) const {
+    return LaunchAdd(cs_, D(a), D(b), n, D(out));
+  }
+
   // Products::Forward.
   Status Matmul(WeightLayout layout, int64_t rows, int64_t in, int64_t out, const S* x, const S* W,
                 const S* b, const S* residual, S* y) const {

@@ -200,6 +200,14 @@ Status LaunchHeadRmsNormBackward(cudaStream_t stream, const D* raw, int64_t rows
                                  int64_t ld, D* dw, float* partials, bool unit_offset = false);
 
 // ---------------------------------------------------------------------------
+// Elementwise sum (ops/add.h), add.cu: Gemma's residual add of a normalised sublayer output.
+
+// out (n) = D(fp32 a + fp32 b), one rounding, one thread per element. out may equal a or b (the
+// same pointer; each element is read before it is written by the same thread), no other overlap.
+template <typename D>
+Status LaunchAdd(cudaStream_t stream, const D* a, const D* b, int64_t n, D* out);
+
+// ---------------------------------------------------------------------------
 // Rotary embeddings (ops/rope.h).
 
 // The largest head_dim the table kernel takes (its inverse frequencies travel as a kernel
