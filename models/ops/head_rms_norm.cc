@@ -23,7 +23,7 @@ void CheckHeadArgs(int64_t ld, int64_t rows, int num_heads, int num_q_heads, int
 
 template <typename S>
 void HeadRmsNormForward(S* qk, int64_t ld, int64_t rows, int num_heads, int num_q_heads, int64_t hs,
-                        const S* w, double eps, S* raw, ComputeType<S>* rstd) {
+                        const S* w, double eps, S* raw, ComputeType<S>* rstd, bool unit_offset) {
   CheckHeadArgs(ld, rows, num_heads, num_q_heads, hs);
   STRATA_CHECK(eps > 0);
   const int64_t width = num_heads * hs;
@@ -34,7 +34,8 @@ void HeadRmsNormForward(S* qk, int64_t ld, int64_t rows, int num_heads, int num_
       std::copy(row, row + width, raw_row);
       for (int h = 0; h < num_heads; ++h) {
         const S* wh = h < num_q_heads ? w : w + hs;
-        rstd[r * num_heads + h] = RmsNormRowForward(raw_row + h * hs, wh, eps, hs, row + h * hs);
+        rstd[r * num_heads + h] =
+            RmsNormRowForward(raw_row + h * hs, wh, eps, hs, row + h * hs, unit_offset);
       }
     }
   });
@@ -42,7 +43,8 @@ void HeadRmsNormForward(S* qk, int64_t ld, int64_t rows, int num_heads, int num_
 
 template <typename S>
 void HeadRmsNormBackward(const S* raw, int64_t rows, int num_heads, int num_q_heads, int64_t hs,
-                         const S* w, const ComputeType<S>* rstd, S* dqk, int64_t ld, S* dw) {
+                         const S* w, const ComputeType<S>* rstd, S* dqk, int64_t ld, S* dw,
+                         bool unit_offset) {
   using F = ComputeType<S>;
   CheckHeadArgs(ld, rows, num_heads, num_q_heads, hs);
   const int64_t width = num_heads * hs;
@@ -62,7 +64,8 @@ void HeadRmsNormBackward(const S* raw, int64_t rows, int num_heads, int num_q_he
           F* acc = partial.data() + (b * 2 + (is_q ? 0 : 1)) * hs;
           for (int64_t c = 0; c < hs; ++c) acc[c] += ToFloat(dy[c]) * (ToFloat(x[c]) * s);
         }
-        RmsNormRowBackward(x, is_q ? w : w + hs, s, dy, static_cast<const S*>(nullptr), hs, dy);
+        RmsNormRowBackward(x, is_q ? w : w + hs, s, dy, static_cast<const S*>(nullptr), hs, dy,
+                           unit_offset);
       }
     }
   };
@@ -84,9 +87,9 @@ void HeadRmsNormBackward(const S* raw, int64_t rows, int num_heads, int num_q_he
 
 #define STRATA_INSTANTIATE_HEAD_RMS_NORM(S)                                                      \
   template void HeadRmsNormForward<S>(S*, int64_t, int64_t, int, int, int64_t, const S*, double, \
-                                      S*, ComputeType<S>*);                                      \
+                                      S*, ComputeType<S>*, bool);                                \
   template void HeadRmsNormBackward<S>(const S*, int64_t, int, int, int64_t, const S*,           \
-                                       const ComputeType<S>*, S*, int64_t, S*);
+                                       const ComputeType<S>*, S*, int64_t, S*, bool);
 STRATA_INSTANTIATE_HEAD_RMS_NORM(float)
 STRATA_INSTANTIATE_HEAD_RMS_NORM(double)
 STRATA_INSTANTIATE_HEAD_RMS_NORM(Bf16)

@@ -24,6 +24,10 @@
 //   heads in order; then the blocks' sums in order. The order depends on the shape only, so dw is
 //   bit-identical across runs and thread counts.
 //
+// unit_offset (Gemma 3's q_norm / k_norm, Hugging Face Gemma3RMSNorm): the multiplier is
+// (1 + w), added in F, in place of w, in y and in g = dy (1 + w), as for ops/rms_norm.h's
+// unit_offset; dw is unchanged (d(1 + w)/dw = 1). false: bit for bit the op without the option.
+//
 // S in {float, double, Bf16, Fp16}, F = ComputeType<S> (fp32; double for the reference). Host
 // memory; sizes in elements. Reentrant; parallel with oneTBB; no allocation beyond the weight
 // gradient's (blocks, 2, hs) F partial sums. Argument errors are broken invariants (STRATA_CHECK):
@@ -46,16 +50,18 @@ inline constexpr int64_t kHeadRmsRowsPerBlock = 64;
 // raw and rstd must not overlap qk.
 template <typename S>
 void HeadRmsNormForward(S* qk, int64_t ld, int64_t rows, int num_heads, int num_q_heads, int64_t hs,
-                        const S* w, double eps, S* raw, ComputeType<S>* rstd);
+                        const S* w, double eps, S* raw, ComputeType<S>* rstd,
+                        bool unit_offset = false);
 
 // raw, w, rstd as written by (given to) the forward. dqk: (rows, ld) S, IN PLACE: on entry the
 // gradient of the normalised q and k columns, on exit the gradient of the pre-norm columns; the
 // rest of each row untouched. dw: (2, hs) S OVERWRITTEN with the weight gradients (row 0 summed
 // over every row and q head, row 1 over every row and k head; a part with no heads is 0), or
 // nullptr (a frozen weight: not computed). dw is accumulated from dqk's entry values before they
-// are overwritten. dqk and dw must not overlap raw, w or rstd.
+// are overwritten. dqk and dw must not overlap raw, w or rstd. unit_offset as given to the forward.
 template <typename S>
 void HeadRmsNormBackward(const S* raw, int64_t rows, int num_heads, int num_q_heads, int64_t hs,
-                         const S* w, const ComputeType<S>* rstd, S* dqk, int64_t ld, S* dw);
+                         const S* w, const ComputeType<S>* rstd, S* dqk, int64_t ld, S* dw,
+                         bool unit_offset = false);
 
 }  // namespace strata::models::ops

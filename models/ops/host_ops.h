@@ -16,6 +16,7 @@
 #include "base/dtype.h"
 #include "base/status.h"
 #include "models/lora.h"
+#include "models/ops/add.h"
 #include "models/ops/attention.h"
 #include "models/ops/gelu.h"
 #include "models/ops/head_rms_norm.h"
@@ -46,30 +47,40 @@ class HostOps {
     return Status::Ok();
   }
 
-  // ops::RmsNormForward.
-  Status RmsNormForward(const S* x, const S* w, double eps, int64_t rows, int64_t C, S* y,
-                        F* rstd) const {
-    ops::RmsNormForward(x, w, eps, rows, C, y, rstd);
+  // ops::RmsNormForward (unit_offset: the multiplier 1 + w, Gemma).
+  Status RmsNormForward(const S* x, const S* w, double eps, int64_t rows, int64_t C, S* y, F* rstd,
+                        bool unit_offset = false) const {
+    ops::RmsNormForward(x, w, eps, rows, C, y, rstd, unit_offset);
     return Status::Ok();
   }
   // ops::RmsNormBackward: dx = S(dresidual + RMS'(dy)); dw nullable. dx may equal dresidual.
   Status RmsNormBackward(const S* x, const S* w, const F* rstd, const S* dy, const S* dresidual,
-                         int64_t rows, int64_t C, S* dx, S* dw) const {
-    ops::RmsNormBackward(x, w, rstd, dy, dresidual, rows, C, dx, dw);
+                         int64_t rows, int64_t C, S* dx, S* dw, bool unit_offset = false) const {
+    ops::RmsNormBackward(x, w, rstd, dy, dresidual, rows, C, dx, dw, unit_offset);
     return Status::Ok();
   }
 
   // ops::HeadRmsNormForward: the q and k heads of qk (rows, ld) normalised in place per head
   // (Qwen3's q_norm, k_norm); raw (rows, num_heads hs) and rstd (rows num_heads) kept.
   Status HeadRmsNormForward(S* qk, int64_t ld, int64_t rows, int num_heads, int num_q_heads,
-                            int64_t hs, const S* w, double eps, S* raw, F* rstd) const {
-    ops::HeadRmsNormForward(qk, ld, rows, num_heads, num_q_heads, hs, w, eps, raw, rstd);
+                            int64_t hs, const S* w, double eps, S* raw, F* rstd,
+                            bool unit_offset = false) const {
+    ops::HeadRmsNormForward(qk, ld, rows, num_heads, num_q_heads, hs, w, eps, raw, rstd,
+                            unit_offset);
     return Status::Ok();
   }
   // ops::HeadRmsNormBackward: dqk in place; dw (2, hs) nullable.
   Status HeadRmsNormBackward(const S* raw, int64_t rows, int num_heads, int num_q_heads, int64_t hs,
-                             const S* w, const F* rstd, S* dqk, int64_t ld, S* dw) const {
-    ops::HeadRmsNormBackward(raw, rows, num_heads, num_q_heads, hs, w, rstd, dqk, ld, dw);
+                             const S* w, const F* rstd, S* dqk, int64_t ld, S* dw,
+                             bool unit_offset = false) const {
+    ops::HeadRmsNormBackward(raw, rows, num_heads, num_q_heads, hs, w, rstd, dqk, ld, dw,
+                             unit_offset);
+    return Status::Ok();
+  }
+
+  // ops::AddForward: out = S(a + b); out may equal a or b.
+  Status Add(const S* a, const S* b, int64_t n, S* out) const {
+    ops::AddForward(a, b, n, out);
     return Status::Ok();
   }
 

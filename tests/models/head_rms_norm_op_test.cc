@@ -2,10 +2,14 @@
 // rows): every storage type element by element against the double reference written in
 // head_rms_norm_reference.h (the double reference itself against central finite differences);
 // each head bit for bit RmsNormForward/RmsNormBackward on that head; the v and pad columns
-// untouched bit for bit; the weight gradient independent of the thread count.
+// untouched bit for bit; the weight gradient independent of the thread count. unit_offset (Gemma
+// 3's q_norm / k_norm, the multiplier 1 + w): every storage type against the double reference,
+// each head bit for bit RMSNorm with unit_offset, and bit for bit the plain op given the weights
+// 1 + w where those are exact.
 #include <gtest/gtest.h>
 #include <tbb/global_control.h>
 
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -259,6 +263,186 @@ TEST(HeadRmsNormOp, HostOpsAdapterCallsTheOp) {
   EXPECT_EQ(Bits(rstd_ad), Bits(rstd_op));
   EXPECT_EQ(Bits(dqk_ad), Bits(dqk_op));
   EXPECT_EQ(Bits(dw_ad), Bits(dw_op));
+}
+
+// unit_offset: every storage type against the double reference with the multiplier 1 + w (the
+// weights Gemma-like, around 0), with the bounds of AgreesWithTheDoubleReferenceElementByElement.
+TYPED_TEST(HeadRmsNormTypedTest, UnitOffsetAgreesWithTheDoubleReferenceElementByElement) {
+  using S = TypeParam;
+  using F = ComputeType<S>;
+  for (const HeadDims& d : kDims) {
+    SCOPED_TRACE(d.Name());
+    const int64_t n = d.rows * d.ld();
+    const std::vector<double> x = Rounded<S>(HeadRmsInputs(d, 21));
+    const std::vector<double> w = Rounded<S>(HeadRmsWeights(d.hs, 22, /*unit_offset=*/true));
+    const std::vector<double> dy = Rounded<S>(RandomValues(n, 1.0, 23));
+    const op_test::HeadRmsNormRef ref =
+        HeadRmsNormReference(x, w, dy, d, kEpsQwen3, /*unit_offset=*/true);
+
+    const std::vector<S> xs = Cast<S>(x), ws = Cast<S>(w), dys = Cast<S>(dy);
+    std::vector<S> qk = xs, raw = Poisoned<S>(d.rows * d.width());
+    std::vector<F> rstd(d.rows * d.num_heads());
+    HeadRmsNormForward<S>(qk.data(), d.ld(), d.rows, d.num_heads(), d.H, d.hs, ws.data(), kEpsQwen3,
+                          raw.data(), rstd.data(), /*unit_offset=*/true);
+    std::vector<S> dqk = dys, dw = Poisoned<S>(2 * d.hs);
+    HeadRmsNormBackward<S>(raw.data(), d.rows, d.num_heads(), d.H, d.hs, ws.data(), rstd.data(),
+                           dqk.data(), d.ld(), dw.data(), /*unit_offset=*/true);
+
+    EXPECT_EQ(Bits(raw), Bits(QkColumns(xs, d))) << "raw is the pre-norm q and k columns";
+    EXPECT_EQ(ChangedOtherColumns(qk, xs, d), 0) << "the forward wrote v or pad columns";
+    EXPECT_EQ(ChangedOtherColumns(dqk, dys, d), 0) << "the backward wrote v or pad columns";
+    const int max_heads = d.H > d.Hkv ? d.H : d.Hkv;
+    ExpectWithinBound("rstd", ToDoubles(rstd), ref.rstd, 2, Eps<F>(d.hs));
+    ExpectWithinBound("y", ToDoubles(QkColumns(qk, d)), ref.y, 2, Eps<S>(d.hs));
+    terms_bound::ExpectWithinTermsBound("dx", ToDoubles(QkColumns(dqk, d)), ref.dx, ref.dx_terms, 4,
+                                        Eps<S>(2 * d.hs));
+    terms_bound::ExpectWithinTermsBound("dw", ToDoubles(dw), ref.dw, ref.dw_terms, 2,
+                                        Eps<S>(d.rows * max_heads + d.hs));
+  }
+}
+
+// unit_offset with w a multiple of 1/64 in [-0.5, 0.5] (1 + w exact in every storage type) is
+// the plain op with the stored weights 1 + w, bit for bit: the forward's heads, raw and rstd, the
+// backward's dqk and dw. And each head is RmsNormForward/RmsNormBackward with unit_offset on that
+// head (the shared row functions), bit for bit.
+TYPED_TEST(HeadRmsNormTypedTest, UnitOffsetIsThePlainOpWithWeightsOnePlusWBitForBit) {
+  using S = TypeParam;
+  using F = ComputeType<S>;
+  for (const HeadDims& d : kDims) {
+    SCOPED_TRACE(d.Name());
+    std::vector<double> w = RandomValues(2 * d.hs, 32.0, 24);
+    for (double& v : w) v = std::round(v) / 64.0;
+    std::vector<double> one_plus_w = w;
+    for (double& v : one_plus_w) v += 1.0;
+    const std::vector<S> ws = Cast<S>(w), ws1 = Cast<S>(one_plus_w);
+    ASSERT_EQ(ToDoubles(ws), w) << "w is exact in S";
+    ASSERT_EQ(ToDoubles(ws1), one_plus_w) << "1 + w is exact in S";
+    const std::vector<S> xs = Cast<S>(HeadRmsInputs(d, 25));
+    const std::vector<S> dys = Cast<S>(RandomValues(d.rows * d.ld(), 1.0, 26));
+    auto run = [&](const std::vector<S>& weights, bool unit_offset) {
+      struct Out {
+        std::vector<S> qk, raw, dqk, dw;
+        std::vector<F> rstd;
+      } o{xs, std::vector<S>(d.rows * d.width()), dys, std::vector<S>(2 * d.hs),
+          std::vector<F>(d.rows * d.num_heads())};
+      HeadRmsNormForward<S>(o.qk.data(), d.ld(), d.rows, d.num_heads(), d.H, d.hs, weights.data(),
+                            kEpsQwen3, o.raw.data(), o.rstd.data(), unit_offset);
+      HeadRmsNormBackward<S>(o.raw.data(), d.rows, d.num_heads(), d.H, d.hs, weights.data(),
+                             o.rstd.data(), o.dqk.data(), d.ld(), o.dw.data(), unit_offset);
+      return o;
+    };
+    const auto offset = run(ws, true);
+    const auto plain = run(ws1, false);
+    EXPECT_EQ(Bits(offset.qk), Bits(plain.qk));
+    EXPECT_EQ(Bits(offset.raw), Bits(plain.raw));
+    EXPECT_EQ(Bits(offset.rstd), Bits(plain.rstd));
+    EXPECT_EQ(Bits(offset.dqk), Bits(plain.dqk));
+    EXPECT_EQ(Bits(offset.dw), Bits(plain.dw));
+
+    // The q heads (part 0) in (row, head) order through RmsNorm with unit_offset.
+    const int64_t n_rows = d.rows * d.H;
+    std::vector<S> x_rows, dy_rows, y_op, dx_op;
+    std::vector<F> rstd_op;
+    for (int64_t r = 0; r < d.rows; ++r) {
+      for (int h = 0; h < d.H; ++h) {
+        const int64_t at = r * d.ld() + h * d.hs;
+        x_rows.insert(x_rows.end(), xs.begin() + at, xs.begin() + at + d.hs);
+        dy_rows.insert(dy_rows.end(), dys.begin() + at, dys.begin() + at + d.hs);
+        y_op.insert(y_op.end(), offset.qk.begin() + at, offset.qk.begin() + at + d.hs);
+        dx_op.insert(dx_op.end(), offset.dqk.begin() + at, offset.dqk.begin() + at + d.hs);
+        rstd_op.push_back(offset.rstd[r * d.num_heads() + h]);
+      }
+    }
+    std::vector<S> y(n_rows * d.hs), dx(n_rows * d.hs);
+    std::vector<F> rstd_rms(n_rows);
+    RmsNormForward<S>(x_rows.data(), ws.data(), kEpsQwen3, n_rows, d.hs, y.data(), rstd_rms.data(),
+                      /*unit_offset=*/true);
+    RmsNormBackward<S>(x_rows.data(), ws.data(), rstd_rms.data(), dy_rows.data(), nullptr, n_rows,
+                       d.hs, dx.data(), nullptr, /*unit_offset=*/true);
+    EXPECT_EQ(Bits(y_op), Bits(y)) << "q heads";
+    EXPECT_EQ(Bits(rstd_op), Bits(rstd_rms)) << "q heads";
+    EXPECT_EQ(Bits(dx_op), Bits(dx)) << "q heads";
+  }
+}
+
+// L = sum(dy * y(x, w)) on the double op with unit_offset: dL/dx is the backward's dqk, dL/dw its
+// dw (d(1 + w)/dw = 1).
+TEST(HeadRmsNormOp, DoubleUnitOffsetBackwardMatchesCentralFiniteDifferences) {
+  const HeadDims d{7, 2, 1, 6, 2};
+  const int64_t n = d.rows * d.ld();
+  std::vector<double> x = HeadRmsInputs(d, 27);
+  for (int64_t c = 0; c < d.hs; ++c) x[c] = 0.1 * (c + 1);  // the zero head has no derivative
+  std::vector<double> w = HeadRmsWeights(d.hs, 28, /*unit_offset=*/true);
+  const std::vector<double> dy = RandomValues(n, 1.0, 29);
+  auto forward = [&](std::vector<double>& qk, std::vector<double>& raw, std::vector<double>& rstd) {
+    HeadRmsNormForward<double>(qk.data(), d.ld(), d.rows, d.num_heads(), d.H, d.hs, w.data(),
+                               kEpsQwen3, raw.data(), rstd.data(), /*unit_offset=*/true);
+  };
+  auto loss = [&] {
+    std::vector<double> qk = x, raw(d.rows * d.width()), rstd(d.rows * d.num_heads());
+    forward(qk, raw, rstd);
+    double l = 0;
+    for (int64_t r = 0; r < d.rows; ++r) {
+      for (int64_t c = 0; c < d.width(); ++c) l += dy[r * d.ld() + c] * qk[r * d.ld() + c];
+    }
+    return l;
+  };
+  std::vector<double> qk = x, raw(d.rows * d.width()), rstd(d.rows * d.num_heads());
+  forward(qk, raw, rstd);
+  std::vector<double> dqk = dy, dw = Poisoned<double>(2 * d.hs);
+  HeadRmsNormBackward<double>(raw.data(), d.rows, d.num_heads(), d.H, d.hs, w.data(), rstd.data(),
+                              dqk.data(), d.ld(), dw.data(), /*unit_offset=*/true);
+  constexpr double kH = 1e-6;
+  auto numeric = [&](double& p) {
+    const double saved = p;
+    p = saved + kH;
+    const double up = loss();
+    p = saved - kH;
+    const double down = loss();
+    p = saved;
+    return (up - down) / (2 * kH);
+  };
+  for (int64_t r = 0; r < d.rows; ++r) {
+    for (int64_t c = 0; c < d.width(); ++c) {
+      const int64_t i = r * d.ld() + c;
+      const double want = numeric(x[i]);
+      EXPECT_TRUE(Close(dqk[i], want, 1e-7, 1e-6)) << "dx[" << r << ", " << c << "] " << dqk[i];
+    }
+  }
+  for (int64_t c = 0; c < 2 * d.hs; ++c) {
+    const double want = numeric(w[c]);
+    EXPECT_TRUE(Close(dw[c], want, 1e-7, 1e-6)) << "dw[" << c << "] " << dw[c] << " " << want;
+  }
+}
+
+// HostOps<S> passes unit_offset through to the op.
+TEST(HeadRmsNormOp, HostOpsAdapterPassesUnitOffset) {
+  const HeadDims d{9, 4, 2, 10};
+  const std::vector<Bf16> xs = Cast<Bf16>(HeadRmsInputs(d, 30));
+  const std::vector<Bf16> ws = Cast<Bf16>(HeadRmsWeights(d.hs, 31, /*unit_offset=*/true));
+  const std::vector<Bf16> dys = Cast<Bf16>(RandomValues(d.rows * d.ld(), 1.0, 32));
+  std::vector<Bf16> qk_op = xs, qk_ad = xs, raw_op(d.rows * d.width()), raw_ad(raw_op.size());
+  std::vector<float> rstd_op(d.rows * d.num_heads()), rstd_ad(rstd_op.size());
+  HeadRmsNormForward<Bf16>(qk_op.data(), d.ld(), d.rows, d.num_heads(), d.H, d.hs, ws.data(),
+                           kEpsQwen3, raw_op.data(), rstd_op.data(), true);
+  const HostOps<Bf16> host;
+  ASSERT_TRUE(host.HeadRmsNormForward(qk_ad.data(), d.ld(), d.rows, d.num_heads(), d.H, d.hs,
+                                      ws.data(), kEpsQwen3, raw_ad.data(), rstd_ad.data(), true)
+                  .ok());
+  std::vector<Bf16> dqk_op = dys, dqk_ad = dys, dw_op(2 * d.hs), dw_ad(2 * d.hs);
+  HeadRmsNormBackward<Bf16>(raw_op.data(), d.rows, d.num_heads(), d.H, d.hs, ws.data(),
+                            rstd_op.data(), dqk_op.data(), d.ld(), dw_op.data(), true);
+  ASSERT_TRUE(host.HeadRmsNormBackward(raw_ad.data(), d.rows, d.num_heads(), d.H, d.hs, ws.data(),
+                                       rstd_ad.data(), dqk_ad.data(), d.ld(), dw_ad.data(), true)
+                  .ok());
+  EXPECT_EQ(Bits(qk_ad), Bits(qk_op));
+  EXPECT_EQ(Bits(dqk_ad), Bits(dqk_op));
+  EXPECT_EQ(Bits(dw_ad), Bits(dw_op));
+  std::vector<Bf16> qk_plain = xs;
+  ASSERT_TRUE(host.HeadRmsNormForward(qk_plain.data(), d.ld(), d.rows, d.num_heads(), d.H, d.hs,
+                                      ws.data(), kEpsQwen3, raw_ad.data(), rstd_ad.data())
+                  .ok());
+  EXPECT_NE(Bits(qk_plain), Bits(qk_op)) << "the offset changes the result";
 }
 
 }  // namespace

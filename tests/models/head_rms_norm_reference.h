@@ -41,13 +41,13 @@ struct HeadRmsNormRef {
 };
 
 // qkv, dy: (rows, ld); w: (2, hs). Per head h of row r, x = qkv[r, h hs : (h + 1) hs], w_h = w[0]
-// for h < H else w[1]:
-//   rstd = 1 / sqrt(mean(x^2) + eps), y = x rstd w_h,
-//   dx = rstd (g - xhat mean(g xhat)), g = dy w_h, xhat = x rstd,  dw[part] += dy xhat.
+// for h < H else w[1], and the multiplier m = w_h, or 1 + w_h with unit_offset (Gemma 3):
+//   rstd = 1 / sqrt(mean(x^2) + eps), y = x rstd m,
+//   dx = rstd (g - xhat mean(g xhat)), g = dy m, xhat = x rstd,  dw[part] += dy xhat.
 inline HeadRmsNormRef HeadRmsNormReference(const std::vector<double>& qkv,
                                            const std::vector<double>& w,
                                            const std::vector<double>& dy, const HeadDims& d,
-                                           double eps) {
+                                           double eps, bool unit_offset = false) {
   const int64_t hs = d.hs, ld = d.ld(), width = d.width();
   HeadRmsNormRef ref;
   ref.y.assign(d.rows * width, 0.0);
@@ -61,7 +61,11 @@ inline HeadRmsNormRef HeadRmsNormReference(const std::vector<double>& qkv,
       const double* x = qkv.data() + r * ld + h * hs;
       const double* g_out = dy.data() + r * ld + h * hs;
       const int part = h < d.H ? 0 : 1;
-      const double* wh = w.data() + part * hs;
+      std::vector<double> m(w.begin() + part * hs, w.begin() + (part + 1) * hs);
+      if (unit_offset) {
+        for (double& v : m) v += 1.0;
+      }
+      const double* wh = m.data();
       double ms = 0;
       for (int64_t c = 0; c < hs; ++c) ms += x[c] * x[c] / static_cast<double>(hs);
       const double s = 1.0 / std::sqrt(ms + eps);
@@ -121,8 +125,10 @@ inline std::vector<double> HeadRmsInputs(const HeadDims& d, uint64_t seed) {
   return x;
 }
 
-// q_norm.weight then k_norm.weight, around 1 as trained norms are.
-inline std::vector<double> HeadRmsWeights(int64_t hs, uint64_t seed) {
+// q_norm.weight then k_norm.weight, around 1 as trained norms are; with unit_offset (Gemma 3,
+// whose stored weight is the multiplier's offset from 1) around 0, in [-0.5, 0.5].
+inline std::vector<double> HeadRmsWeights(int64_t hs, uint64_t seed, bool unit_offset = false) {
+  if (unit_offset) return RandomValues(2 * hs, 0.5, seed);
   std::vector<double> w = RandomValues(2 * hs, 0.3, seed);
   for (double& v : w) v += 1.0;
   return w;

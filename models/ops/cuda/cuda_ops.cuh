@@ -46,33 +46,42 @@ class CudaOps {
                                    D(dx));
   }
 
-  // LaunchRmsNormForward (eps rounded to fp32).
-  Status RmsNormForward(const S* x, const S* w, double eps, int64_t rows, int64_t C, S* y,
-                        F* rstd) const {
-    return LaunchRmsNormForward(cs_, D(x), D(w), static_cast<float>(eps), rows, C, D(y), rstd);
+  // LaunchRmsNormForward (eps rounded to fp32; unit_offset: the multiplier 1 + w, Gemma).
+  Status RmsNormForward(const S* x, const S* w, double eps, int64_t rows, int64_t C, S* y, F* rstd,
+                        bool unit_offset = false) const {
+    return LaunchRmsNormForward(cs_, D(x), D(w), static_cast<float>(eps), rows, C, D(y), rstd,
+                                unit_offset);
   }
-  // LaunchRmsNormWeightGrad (dw non-null), then LaunchRmsNormBackward.
+  // LaunchRmsNormWeightGrad (dw non-null; the same with unit_offset), then LaunchRmsNormBackward.
   Status RmsNormBackward(const S* x, const S* w, const F* rstd, const S* dy, const S* dresidual,
-                         int64_t rows, int64_t C, S* dx, S* dw) const {
+                         int64_t rows, int64_t C, S* dx, S* dw, bool unit_offset = false) const {
     if (dw != nullptr) {
       STRATA_RETURN_IF_ERROR(
           LaunchRmsNormWeightGrad(cs_, D(x), rstd, D(dy), rows, C, partials_, D(dw)));
     }
-    return LaunchRmsNormBackward(cs_, D(x), D(w), rstd, D(dy), D(dresidual), rows, C, D(dx));
+    return LaunchRmsNormBackward(cs_, D(x), D(w), rstd, D(dy), D(dresidual), rows, C, D(dx),
+                                 unit_offset);
   }
 
   // LaunchHeadRmsNormForward (eps rounded to fp32).
   Status HeadRmsNormForward(S* qk, int64_t ld, int64_t rows, int num_heads, int num_q_heads,
-                            int64_t hs, const S* w, double eps, S* raw, F* rstd) const {
+                            int64_t hs, const S* w, double eps, S* raw, F* rstd,
+                            bool unit_offset = false) const {
     return LaunchHeadRmsNormForward(cs_, D(qk), ld, rows, num_heads, num_q_heads, hs, D(w),
-                                    static_cast<float>(eps), D(raw), rstd);
+                                    static_cast<float>(eps), D(raw), rstd, unit_offset);
   }
   // LaunchHeadRmsNormBackward, with the ops' partials (HeadRmsNormWorkspaceBytes(rows, hs) bytes
   // at least where dw is non-null).
   Status HeadRmsNormBackward(const S* raw, int64_t rows, int num_heads, int num_q_heads, int64_t hs,
-                             const S* w, const F* rstd, S* dqk, int64_t ld, S* dw) const {
+                             const S* w, const F* rstd, S* dqk, int64_t ld, S* dw,
+                             bool unit_offset = false) const {
     return LaunchHeadRmsNormBackward(cs_, D(raw), rows, num_heads, num_q_heads, hs, D(w), rstd,
-                                     D(dqk), ld, D(dw), partials_);
+                                     D(dqk), ld, D(dw), partials_, unit_offset);
+  }
+
+  // LaunchAdd: out = D(a + b); out may equal a or b.
+  Status Add(const S* a, const S* b, int64_t n, S* out) const {
+    return LaunchAdd(cs_, D(a), D(b), n, D(out));
   }
 
   // Products::Forward.

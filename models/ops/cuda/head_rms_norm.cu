@@ -21,7 +21,7 @@ constexpr int kSumBlock = 256;
 template <typename D>
 __global__ void HeadRmsNormForwardKernel(D* qk, int64_t ld, int64_t rows, int num_heads,
                                          int num_q_heads, int64_t hs, const D* w, float eps, D* raw,
-                                         float* rstd) {
+                                         float* rstd, bool unit_offset) {
   const int lane = threadIdx.x % kWarp;
   STRATA_FOR_EACH_WARP_ROW(i, rows * num_heads) {
     const int64_t r = i / num_heads;
@@ -31,7 +31,8 @@ __global__ void HeadRmsNormForwardKernel(D* qk, int64_t ld, int64_t rows, int nu
     // Lane l copies the elements it reads back in the row function (the same lane mapping).
     for (int64_t c = lane; c < hs; c += kWarp) saved[c] = head[c];
     const D* wh = h < num_q_heads ? w : w + hs;
-    const float s = RmsNormWarpRowForward(static_cast<const D*>(saved), wh, eps, hs, head, lane);
+    const float s =
+        RmsNormWarpRowForward(static_cast<const D*>(saved), wh, eps, hs, head, lane, unit_offset);
     if (lane == 0) rstd[i] = s;
   }
 }
@@ -39,7 +40,7 @@ __global__ void HeadRmsNormForwardKernel(D* qk, int64_t ld, int64_t rows, int nu
 template <typename D>
 __global__ void HeadRmsNormBackwardKernel(const D* raw, int64_t rows, int num_heads,
                                           int num_q_heads, int64_t hs, const D* w,
-                                          const float* rstd, D* dqk, int64_t ld) {
+                                          const float* rstd, D* dqk, int64_t ld, bool unit_offset) {
   const int lane = threadIdx.x % kWarp;
   STRATA_FOR_EACH_WARP_ROW(i, rows * num_heads) {
     const int64_t r = i / num_heads;
@@ -47,7 +48,7 @@ __global__ void HeadRmsNormBackwardKernel(const D* raw, int64_t rows, int num_he
     D* head = dqk + r * ld + h * hs;
     const D* wh = h < num_q_heads ? w : w + hs;
     RmsNormWarpRowBackward(raw + i * hs, wh, rstd[i], static_cast<const D*>(head),
-                           static_cast<const D*>(nullptr), hs, head, lane);
+                           static_cast<const D*>(nullptr), hs, head, lane, unit_offset);
   }
 }
 
@@ -96,7 +97,7 @@ Status CheckHeads(const char* op, int64_t ld, int64_t rows, int num_heads, int n
 template <typename D>
 Status LaunchHeadRmsNormForward(cudaStream_t stream, D* qk, int64_t ld, int64_t rows, int num_heads,
                                 int num_q_heads, int64_t hs, const D* w, float eps, D* raw,
-                                float* rstd) {
+                                float* rstd, bool unit_offset) {
   constexpr const char* kOp = "LaunchHeadRmsNormForward";
   STRATA_RETURN_IF_ERROR(CheckHeads(kOp, ld, rows, num_heads, num_q_heads, hs));
   if (!(eps > 0.0f)) return InvalidArgumentError(std::string(kOp) + ": eps must be > 0");
@@ -104,14 +105,14 @@ Status LaunchHeadRmsNormForward(cudaStream_t stream, D* qk, int64_t ld, int64_t 
   STRATA_RETURN_IF_ERROR(CheckPointers(kOp, {qk, w, raw, rstd}));
   HeadRmsNormForwardKernel<D>
       <<<GridFor(rows * num_heads, kRowWarps), kRowWarps * kWarp, 0, stream>>>(
-          qk, ld, rows, num_heads, num_q_heads, hs, w, eps, raw, rstd);
+          qk, ld, rows, num_heads, num_q_heads, hs, w, eps, raw, rstd, unit_offset);
   return Launched("HeadRmsNormForwardKernel");
 }
 
 template <typename D>
 Status LaunchHeadRmsNormBackward(cudaStream_t stream, const D* raw, int64_t rows, int num_heads,
                                  int num_q_heads, int64_t hs, const D* w, const float* rstd, D* dqk,
-                                 int64_t ld, D* dw, float* partials) {
+                                 int64_t ld, D* dw, float* partials, bool unit_offset) {
   constexpr const char* kOp = "LaunchHeadRmsNormBackward";
   STRATA_RETURN_IF_ERROR(CheckHeads(kOp, ld, rows, num_heads, num_q_heads, hs));
   if (rows > 0) STRATA_RETURN_IF_ERROR(CheckPointers(kOp, {raw, w, rstd, dqk}));
@@ -136,15 +137,16 @@ Status LaunchHeadRmsNormBackward(cudaStream_t stream, const D* raw, int64_t rows
   if (rows == 0) return Status::Ok();
   HeadRmsNormBackwardKernel<D>
       <<<GridFor(rows * num_heads, kRowWarps), kRowWarps * kWarp, 0, stream>>>(
-          raw, rows, num_heads, num_q_heads, hs, w, rstd, dqk, ld);
+          raw, rows, num_heads, num_q_heads, hs, w, rstd, dqk, ld, unit_offset);
   return Launched("HeadRmsNormBackwardKernel");
 }
 
 #define STRATA_INSTANTIATE_HEAD_RMS_NORM(D)                                                        \
   template Status LaunchHeadRmsNormForward<D>(cudaStream_t, D*, int64_t, int64_t, int, int,        \
-                                              int64_t, const D*, float, D*, float*);               \
+                                              int64_t, const D*, float, D*, float*, bool);         \
   template Status LaunchHeadRmsNormBackward<D>(cudaStream_t, const D*, int64_t, int, int, int64_t, \
-                                               const D*, const float*, D*, int64_t, D*, float*);
+                                               const D*, const float*, D*, int64_t, D*, float*,    \
+                                               bool);
 STRATA_INSTANTIATE_HEAD_RMS_NORM(float)
 STRATA_INSTANTIATE_HEAD_RMS_NORM(__half)
 STRATA_INSTANTIATE_HEAD_RMS_NORM(__nv_bfloat16)

@@ -142,18 +142,24 @@ Status LaunchMeanLoss(cudaStream_t stream, const float* losses, int64_t N, int64
 // ---------------------------------------------------------------------------
 // RMSNorm (ops/rms_norm.h). One warp per row.
 
+// unit_offset (Gemma's RMSNorm, ops/rms_norm.h): the multiplier is (1 + w), added in fp32, in
+// place of w, in the forward and in g below; false computes bit for bit what the kernels computed
+// before the option existed. The weight gradient does not depend on w (d(1 + w)/dw = 1): one
+// LaunchRmsNormWeightGrad for both.
+
 // x: (rows, C); w: (C); y: (rows, C) OVERWRITTEN = D((x rstd) w); rstd: (rows) fp32 OVERWRITTEN
 // = 1 / sqrt(mean(x^2) + eps). eps > 0, C >= 1. y must not overlap x.
 template <typename D>
 Status LaunchRmsNormForward(cudaStream_t stream, const D* x, const D* w, float eps, int64_t rows,
-                            int64_t C, D* y, float* rstd);
+                            int64_t C, D* y, float* rstd, bool unit_offset = false);
 
 // dx: (rows, C) OVERWRITTEN = D(dresidual + rstd (g - xhat mean(g xhat))), g = dy w, xhat = x
 // rstd, with dresidual (rows, C) or null (0). Row-local, each row read before it is written, so
 // dx may equal dy or dresidual (not x).
 template <typename D>
 Status LaunchRmsNormBackward(cudaStream_t stream, const D* x, const D* w, const float* rstd,
-                             const D* dy, const D* dresidual, int64_t rows, int64_t C, D* dx);
+                             const D* dy, const D* dresidual, int64_t rows, int64_t C, D* dx,
+                             bool unit_offset = false);
 
 // dw: (C) OVERWRITTEN = D(sum over rows of dy xhat) in fp32, two passes in a fixed order: pass 1
 // sums blocks of kRmsRowsPerPartial rows into partials ((RmsPartials(rows), C) fp32 scratch),
@@ -170,7 +176,8 @@ Status LaunchRmsNormWeightGrad(cudaStream_t stream, const D* x, const float* rst
 // first num_heads hs columns of each row the heads, heads h < num_q_heads using w[0 : hs], the
 // others w[hs : 2 hs]; columns past num_heads hs never read or written. Requirements
 // (kInvalidArgument otherwise): rows >= 0, hs >= 1, num_heads >= 1, 0 <= num_q_heads <=
-// num_heads, ld >= num_heads hs.
+// num_heads, ld >= num_heads hs. unit_offset as for the RMSNorm (Gemma 3's q_norm / k_norm: the
+// multiplier 1 + w in fp32; false: bit for bit the kernels without the option).
 
 // qk IN PLACE: each head replaced by D((x rstd) w); raw: (rows, num_heads hs) contiguous
 // OVERWRITTEN with the pre-norm heads; rstd: (rows num_heads) fp32 OVERWRITTEN (index r num_heads
@@ -178,7 +185,7 @@ Status LaunchRmsNormWeightGrad(cudaStream_t stream, const D* x, const float* rst
 template <typename D>
 Status LaunchHeadRmsNormForward(cudaStream_t stream, D* qk, int64_t ld, int64_t rows, int num_heads,
                                 int num_q_heads, int64_t hs, const D* w, float eps, D* raw,
-                                float* rstd);
+                                float* rstd, bool unit_offset = false);
 
 // dqk IN PLACE: the gradient of the normalised heads on entry, D(rstd (g - xhat mean(g xhat)))
 // (g = dy w, xhat = raw rstd) on exit. dw: (2, hs) OVERWRITTEN with D(fp32 sum of dy xhat), row 0
@@ -190,7 +197,15 @@ Status LaunchHeadRmsNormForward(cudaStream_t stream, D* qk, int64_t ld, int64_t 
 template <typename D>
 Status LaunchHeadRmsNormBackward(cudaStream_t stream, const D* raw, int64_t rows, int num_heads,
                                  int num_q_heads, int64_t hs, const D* w, const float* rstd, D* dqk,
-                                 int64_t ld, D* dw, float* partials);
+                                 int64_t ld, D* dw, float* partials, bool unit_offset = false);
+
+// ---------------------------------------------------------------------------
+// Elementwise sum (ops/add.h), add.cu: Gemma's residual add of a normalised sublayer output.
+
+// out (n) = D(fp32 a + fp32 b), one rounding, one thread per element. out may equal a or b (the
+// same pointer; each element is read before it is written by the same thread), no other overlap.
+template <typename D>
+Status LaunchAdd(cudaStream_t stream, const D* a, const D* b, int64_t n, D* out);
 
 // ---------------------------------------------------------------------------
 // Rotary embeddings (ops/rope.h).

@@ -23,21 +23,23 @@ int RowGrid(int64_t rows) { return GridFor(rows, kRowWarps); }
 
 template <typename D>
 __global__ void RmsNormForwardKernel(const D* x, const D* w, float eps, int64_t rows, int64_t C,
-                                     D* y, float* rstd) {
+                                     D* y, float* rstd, bool unit_offset) {
   const int lane = threadIdx.x % kWarp;
   STRATA_FOR_EACH_WARP_ROW(r, rows) {
-    const float s = RmsNormWarpRowForward(x + r * C, w, eps, C, y + r * C, lane);
+    const float s = RmsNormWarpRowForward(x + r * C, w, eps, C, y + r * C, lane, unit_offset);
     if (lane == 0) rstd[r] = s;
   }
 }
 
 template <typename D>
 __global__ void RmsNormBackwardKernel(const D* x, const D* w, const float* rstd, const D* dy,
-                                      const D* dresidual, int64_t rows, int64_t C, D* dx) {
+                                      const D* dresidual, int64_t rows, int64_t C, D* dx,
+                                      bool unit_offset) {
   const int lane = threadIdx.x % kWarp;
   STRATA_FOR_EACH_WARP_ROW(r, rows) {
     RmsNormWarpRowBackward(x + r * C, w, rstd[r], dy + r * C,
-                           dresidual != nullptr ? dresidual + r * C : nullptr, C, dx + r * C, lane);
+                           dresidual != nullptr ? dresidual + r * C : nullptr, C, dx + r * C, lane,
+                           unit_offset);
   }
 }
 
@@ -59,24 +61,25 @@ __global__ void RmsNormPartialsKernel(const D* x, const float* rstd, const D* dy
 
 template <typename D>
 Status LaunchRmsNormForward(cudaStream_t stream, const D* x, const D* w, float eps, int64_t rows,
-                            int64_t C, D* y, float* rstd) {
+                            int64_t C, D* y, float* rstd, bool unit_offset) {
   STRATA_RETURN_IF_ERROR(CheckRows("LaunchRmsNormForward", rows, C));
   if (!(eps > 0.0f)) return InvalidArgumentError("LaunchRmsNormForward: eps must be > 0");
   if (rows == 0) return Status::Ok();
   STRATA_RETURN_IF_ERROR(CheckPointers("LaunchRmsNormForward", {x, w, y, rstd}));
   RmsNormForwardKernel<D>
-      <<<RowGrid(rows), kRowWarps * kWarp, 0, stream>>>(x, w, eps, rows, C, y, rstd);
+      <<<RowGrid(rows), kRowWarps * kWarp, 0, stream>>>(x, w, eps, rows, C, y, rstd, unit_offset);
   return Launched("RmsNormForwardKernel");
 }
 
 template <typename D>
 Status LaunchRmsNormBackward(cudaStream_t stream, const D* x, const D* w, const float* rstd,
-                             const D* dy, const D* dresidual, int64_t rows, int64_t C, D* dx) {
+                             const D* dy, const D* dresidual, int64_t rows, int64_t C, D* dx,
+                             bool unit_offset) {
   STRATA_RETURN_IF_ERROR(CheckRows("LaunchRmsNormBackward", rows, C));
   if (rows == 0) return Status::Ok();
   STRATA_RETURN_IF_ERROR(CheckPointers("LaunchRmsNormBackward", {x, w, rstd, dy, dx}));
-  RmsNormBackwardKernel<D>
-      <<<RowGrid(rows), kRowWarps * kWarp, 0, stream>>>(x, w, rstd, dy, dresidual, rows, C, dx);
+  RmsNormBackwardKernel<D><<<RowGrid(rows), kRowWarps * kWarp, 0, stream>>>(
+      x, w, rstd, dy, dresidual, rows, C, dx, unit_offset);
   return Launched("RmsNormBackwardKernel");
 }
 
@@ -102,9 +105,9 @@ Status LaunchRmsNormWeightGrad(cudaStream_t stream, const D* x, const float* rst
 
 #define STRATA_INSTANTIATE_RMS_NORM(D)                                                       \
   template Status LaunchRmsNormForward<D>(cudaStream_t, const D*, const D*, float, int64_t,  \
-                                          int64_t, D*, float*);                              \
+                                          int64_t, D*, float*, bool);                        \
   template Status LaunchRmsNormBackward<D>(cudaStream_t, const D*, const D*, const float*,   \
-                                           const D*, const D*, int64_t, int64_t, D*);        \
+                                           const D*, const D*, int64_t, int64_t, D*, bool);  \
   template Status LaunchRmsNormWeightGrad<D>(cudaStream_t, const D*, const float*, const D*, \
                                              int64_t, int64_t, float*, D*);
 STRATA_INSTANTIATE_RMS_NORM(float)
