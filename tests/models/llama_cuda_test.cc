@@ -14,6 +14,8 @@
 //   - sliding-window attention (AttentionDims::window), alone and with packed sequences, on both
 //     paths against the host op; a window of T or more bit-identical to none; a key outside a
 //     query's window leaving that query's results unchanged bit for bit;
+//   - a given score scale (AttentionDims::scale) on both paths against the host op; 1 / sqrt(hs)
+//     given explicitly bit-identical to the default;
 //   - the whole model through LlamaModel::Forward/Backward with the engine's buffer layout
 //     (tests/models/gpt_model_run.h), tied and untied, on the CUDA device against the host
 //     device and against the double block functions: the loss, the logits, every block's
@@ -25,7 +27,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -439,6 +443,7 @@ class LlamaPackedAttentionTest : public LlamaCudaTest<S> {
     int B, T, H, Hkv, hs;
     std::vector<std::vector<int>> rows;  // example lengths per row; empty: not packed
     int window = 0;                      // AttentionDims::window
+    double scale = 0;                    // AttentionDims::scale
   };
 
   // Case k against the host op with the same position_ids and window and against double, on
@@ -458,6 +463,7 @@ void LlamaPackedAttentionTest<S>::ExpectMatchesTheHostOpAndDouble(const Case& k)
   ops::AttentionDims hd{k.B, k.T, k.H, k.Hkv, k.hs, ld};
   hd.position_ids = pos.empty() ? nullptr : pos.data();
   hd.window = k.window;
+  hd.scale = k.scale;
   const std::vector<S> qkv_s = Cast<S>(qkv), dout_s = Cast<S>(dout);
   std::vector<S> out_h(N * Dq), dqkv_h(N * ld);
   std::vector<float> lse_h(int64_t{k.B} * k.H * k.T);
@@ -479,6 +485,7 @@ void LlamaPackedAttentionTest<S>::ExpectMatchesTheHostOpAndDouble(const Case& k)
        {lops::AttentionPath::kAuto, lops::AttentionPath::kCudaCores}) {
     SCOPED_TRACE("T=" + std::to_string(k.T) + " hs=" + std::to_string(k.hs) +
                  (pos.empty() ? "" : " packed") + " window=" + std::to_string(k.window) +
+                 " scale=" + std::to_string(k.scale) +
                  (path == lops::AttentionPath::kAuto ? " auto" : " CUDA cores"));
     const PackedRun r = this->Run(gd, qkv, dout, path);
     const std::vector<double> out = this->Get(r.out, N * Dq);
@@ -509,6 +516,49 @@ TYPED_TEST(LlamaPackedAttentionTest, SlidingWindowMatchesTheHostOpAndDoubleOnBot
   this->ExpectMatchesTheHostOpAndDouble({2, 150, 2, 1, 64, {{10, 70, 60, 10}, {64, 1, 85}}, 37});
   this->ExpectMatchesTheHostOpAndDouble({1, 130, 2, 2, 128, {}, 1});
   this->ExpectMatchesTheHostOpAndDouble({1, 200, 4, 2, 128, {}, 70});
+}
+
+// A given score scale (AttentionDims::scale, Gemma's query_pre_attn_scalar^-0.5): 0.3 in both
+// kernel sets (head dim 24 on CUDA cores only; 64 and 128 on the tensor cores for 16-bit S), alone,
+// with a window and with packed sequences, against the host op and double with the same scale.
+TYPED_TEST(LlamaPackedAttentionTest, AGivenScaleMatchesTheHostOpAndDoubleOnBothPaths) {
+  this->ExpectMatchesTheHostOpAndDouble({2, 37, 4, 2, 24, {}, 0, 0.3});
+  this->ExpectMatchesTheHostOpAndDouble({1, 150, 2, 1, 64, {}, 0, 0.3});
+  this->ExpectMatchesTheHostOpAndDouble(
+      {2, 150, 2, 1, 64, {{10, 70, 60, 10}, {64, 1, 85}}, 37, 0.3});
+  this->ExpectMatchesTheHostOpAndDouble({1, 130, 2, 2, 128, {}, 0, 0.3});
+}
+
+// 1 / sqrt(hs) given as the scale is the default to the bit (out, lse, dqkv), on both paths: as
+// the double 1 / sqrt(hs) for head dims 64 and 128 (its fp32 rounding is the fp32 quotient), as
+// the fp32 quotient 1.0f / sqrtf(24) for head dim 24 (where the double rounds one ulp away).
+TYPED_TEST(LlamaPackedAttentionTest, OneOverSqrtHeadDimGivenExplicitlyIsBitIdenticalToTheDefault) {
+  using S = TypeParam;
+  for (const auto& [hs, scale] :
+       {std::pair{64, 1.0 / std::sqrt(64.0)}, std::pair{128, 1.0 / std::sqrt(128.0)},
+        std::pair{24, double{1.0f / std::sqrt(24.0f)}}}) {
+    const int B = 2, T = 70, H = 2, Hkv = 1;
+    const int64_t N = int64_t{B} * T, Dq = int64_t{H} * hs, ld = Dq + 2 * int64_t{Hkv} * hs;
+    const std::vector<double> qkv = Rounded<S>(RandomValues(N * ld, 1.5, 101));
+    const std::vector<double> dout = Rounded<S>(RandomValues(N * Dq, 1.0, 102));
+    const ops::AttentionDims plain{B, T, H, Hkv, hs, ld};
+    ops::AttentionDims given = plain;
+    given.scale = scale;
+    for (const lops::AttentionPath path :
+         {lops::AttentionPath::kAuto, lops::AttentionPath::kCudaCores}) {
+      SCOPED_TRACE(std::string(path == lops::AttentionPath::kAuto ? "auto" : "CUDA cores") +
+                   " hs=" + std::to_string(hs));
+      const PackedRun a = this->Run(plain, qkv, dout, path), b = this->Run(given, qkv, dout, path);
+      for (const auto& [x, y, bytes, what] :
+           {std::tuple{a.out, b.out, N * Dq * int64_t{sizeof(S)}, "out"},
+            std::tuple{a.lse, b.lse, int64_t{B} * H * T * 4, "lse"},
+            std::tuple{a.dqkv, b.dqkv, N * ld * int64_t{sizeof(S)}, "dqkv"}}) {
+        const std::vector<uint8_t> u = this->template Download<uint8_t>(x, bytes),
+                                   v = this->template Download<uint8_t>(y, bytes);
+        EXPECT_EQ(std::memcmp(u.data(), v.data(), size_t(bytes)), 0) << what;
+      }
+    }
+  }
 }
 
 // A window of T or more masks nothing: out, lse and dqkv equal those without a window to the
@@ -765,6 +815,15 @@ TEST(LlamaCudaArguments, OpLaunchersRejectBadArgumentsBeforeLaunching) {
       invalid(lops::LaunchAttentionForward<float>(nullptr, negative_window, p, p, p, p, p)));
   EXPECT_TRUE(invalid(lops::LaunchAttentionBackward<float>(nullptr, negative_window, p, p, p, p, p,
                                                            p, p, p, p, p)));
+  for (const double scale : {-0.5, std::nan(""), std::numeric_limits<double>::infinity()}) {
+    ops::AttentionDims bad_scale = ok;
+    bad_scale.scale = scale;
+    EXPECT_TRUE(invalid(lops::LaunchAttentionForward<float>(nullptr, bad_scale, p, p, p, p, p)))
+        << scale;
+    EXPECT_TRUE(invalid(
+        lops::LaunchAttentionBackward<float>(nullptr, bad_scale, p, p, p, p, p, p, p, p, p, p)))
+        << scale;
+  }
 }
 
 }  // namespace

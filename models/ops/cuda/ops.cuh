@@ -255,12 +255,13 @@ inline constexpr int kAttentionMaxHeadDim = 128;
 
 // q: (B, T, H, hs) rows of row_stride; k, v: (B, T, Hkv, hs) rows of row_stride; out: (B, T, H hs)
 // contiguous, OVERWRITTEN; lse: (B, H, T) fp32 OVERWRITTEN (log-sum-exp of each query's scaled
-// scores; the backward recomputes the probabilities from it). Scores scaled by 1 / sqrt(hs) in
-// fp32, softmax in fp32 (a first pass over the keys for each row's log-sum-exp), the normalised
-// probabilities D(exp(s - lse)) rounded to D before the product with V (the host op's rounding
-// point, models/ops/attention.cc), output accumulated in fp32 and rounded once. Requirements: all
+// scores; the backward recomputes the probabilities from it). Scores scaled in fp32 by
+// 1 / sqrt(hs), or by AttentionDims::scale rounded to fp32 where it is not 0; softmax in fp32 (a
+// first pass over the keys for each row's log-sum-exp), the normalised probabilities
+// D(exp(s - lse)) rounded to D before the product with V (the host op's rounding point,
+// models/ops/attention.cc), output accumulated in fp32 and rounded once. Requirements: all
 // dims >= 1, H % Hkv == 0, hs <= kAttentionMaxHeadDim, row_stride >= H hs, B H <= 65535,
-// window >= 0. out must not overlap q, k, v.
+// window >= 0, scale finite and >= 0. out must not overlap q, k, v.
 template <typename D>
 Status LaunchAttentionForward(cudaStream_t stream, const AttentionDims& d, const D* q, const D* k,
                               const D* v, D* out, float* lse,
