@@ -1,11 +1,11 @@
 // The Llama family on CUDA in fp32, bf16 and fp16, on random data with odd shapes:
 //   - each CUDA op (models/ops/cuda/ops.cuh: RMSNorm forward/backward/weight gradient,
-//     the rotary table and rotation, SwiGLU, grouped-query attention with strided rows) against
-//     the host op of the same storage type (which rounds at the same points: the differences are
-//     summation orders and the GPU's expf/sqrtf) and against the host op at S = double fed the
-//     same S-rounded inputs, element by element, with bounds k eps (|ref| + rms(ref)),
-//     eps = u + K 2^-24 (op_test::Eps, u the unit roundoff of S, K the longest fp32 sum) and k
-//     the rounding points on the path, written beside each check;
+//     the rotary table and rotation, SwiGLU and GeGLU, grouped-query attention with strided rows)
+//     against the host op of the same storage type (which rounds at the same points: the
+//     differences are summation orders and the GPU's expf/sqrtf) and against the host op at S =
+//     double fed the same S-rounded inputs, element by element, with bounds k eps (|ref| +
+//     rms(ref)), eps = u + K 2^-24 (op_test::Eps, u the unit roundoff of S, K the longest fp32 sum)
+//     and k the rounding points on the path, written beside each check;
 //   - attention for MHA, GQA and MQA groupings, head dims 24 and 64, T across the key tiles;
 //     determinism of the backward (two runs bit-identical);
 //   - packed sequences (position_ids, issue 31): the rotation at each token's position, and
@@ -312,6 +312,49 @@ TYPED_TEST(LlamaCudaTest, SwigluMatchesTheHostOpAndDouble) {
   ExpectWithinBound("h vs host", h, ToDoubles(h_h), 4, Eps<S>(8));
   ExpectWithinBound("dgate_up vs double", dgu, dgu_d, 2, Eps<S>(16));
   ExpectWithinBound("dgate_up vs host", dgu, ToDoubles(dgu_h), 4, Eps<S>(16));
+}
+
+// GeGLU (GatedActivation::kGeluTanh, Gemma's MLP): the same rounding points, gelu and gelu' in fp32
+// with tanhf; gates with the huge (+-300), large (+-30, +-8) and near-zero (+-1e-3, +-1e-7, 0)
+// values besides random ones, and the magnitude of the terms that cancel in 1 + tanh and
+// 1 - tanh^2 (op_test::GegluTermsOf) added to the bound.
+TYPED_TEST(LlamaCudaTest, GegluMatchesTheHostOpAndDouble) {
+  using S = TypeParam;
+  using Dev = DevOf<S>;
+  constexpr ops::GatedActivation kGelu = ops::GatedActivation::kGeluTanh;
+  const int64_t rows = 19, I = 45;
+  std::vector<double> gu = RandomValues(rows * 2 * I, 6.0, 23);
+  const double special[] = {300, -300, 30, -30, 8, -8, -0.7518, 1e-3, -1e-3, 1e-7, -1e-7, 0};
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < 12; ++c) gu[r * 2 * I + c] = special[(r + c) % 12];
+  }
+  gu = Rounded<S>(gu);
+  const std::vector<double> dh = Rounded<S>(RandomValues(rows * I, 1.0, 24));
+  auto ggu = this->Put(Cast<S>(gu)), gdh = this->Put(Cast<S>(dh));
+  auto gh = this->Poisoned(rows * I * sizeof(S));
+  auto gdgu = this->Put(Cast<S>(gu));  // the backward in place over a copy of gate_up
+  cudaStream_t cs = this->Native();
+  ASSERT_TRUE(lops::LaunchSwigluForward(cs, As<Dev>(ggu), rows, I, As<Dev>(gh), kGelu).ok());
+  ASSERT_TRUE(
+      lops::LaunchSwigluBackward(cs, As<Dev>(gdgu), As<Dev>(gdh), rows, I, As<Dev>(gdgu), kGelu)
+          .ok());
+  this->Sync();
+
+  const std::vector<S> gus = Cast<S>(gu), dhs = Cast<S>(dh);
+  std::vector<S> h_h(rows * I), dgu_h(rows * 2 * I);
+  ops::SwigluForward<S>(gus.data(), rows, I, h_h.data(), kGelu);
+  ops::SwigluBackward<S>(gus.data(), dhs.data(), rows, I, dgu_h.data(), kGelu);
+  std::vector<double> h_d(rows * I), dgu_d(rows * 2 * I);
+  ops::SwigluForward<double>(gu.data(), rows, I, h_d.data(), kGelu);
+  ops::SwigluBackward<double>(gu.data(), dh.data(), rows, I, dgu_d.data(), kGelu);
+
+  const op_test::GegluTerms terms = op_test::GegluTermsOf(gu, dh, rows, I);
+  const std::vector<double> h = this->Get(gh, rows * I), dgu = this->Get(gdgu, rows * 2 * I);
+  using terms_bound::ExpectWithinTermsBound;
+  ExpectWithinTermsBound("h vs double", h, h_d, terms.h, 2, Eps<S>(8));
+  ExpectWithinTermsBound("h vs host", h, ToDoubles(h_h), terms.h, 4, Eps<S>(8));
+  ExpectWithinTermsBound("dgate_up vs double", dgu, dgu_d, terms.dgate_up, 2, Eps<S>(16));
+  ExpectWithinTermsBound("dgate_up vs host", dgu, ToDoubles(dgu_h), terms.dgate_up, 4, Eps<S>(16));
 }
 
 // ---------------------------------------------------------------------------
@@ -799,6 +842,9 @@ TEST(LlamaCudaArguments, OpLaunchersRejectBadArgumentsBeforeLaunching) {
       << "row_stride < num_heads head_dim";
   EXPECT_TRUE(invalid(lops::LaunchSwigluForward<float>(nullptr, p, 4, 0, p)));
   EXPECT_TRUE(invalid(lops::LaunchSwigluBackward<float>(nullptr, p, nullptr, 4, 8, p)));
+  const auto unknown_act = static_cast<ops::GatedActivation>(7);
+  EXPECT_TRUE(invalid(lops::LaunchSwigluForward<float>(nullptr, p, 4, 8, p, unknown_act)));
+  EXPECT_TRUE(invalid(lops::LaunchSwigluBackward<float>(nullptr, p, p, 4, 8, p, unknown_act)));
   const ops::AttentionDims not_grouped{1, 8, 3, 2, 8, 64};  // 3 % 2 != 0
   EXPECT_TRUE(invalid(lops::LaunchAttentionForward<float>(nullptr, not_grouped, p, p, p, p, p)));
   const ops::AttentionDims too_wide{1, 8, 2, 1, 2 * lops::kAttentionMaxHeadDim, 1024};

@@ -127,4 +127,35 @@ inline bool Close(double a, double b, double atol, double rtol) {
   return std::abs(a - b) <= atol + rtol * std::max(std::abs(a), std::abs(b));
 }
 
+// GeGLU (models/ops/swiglu.h, GatedActivation::kGeluTanh) on gate_up (rows, 2I) and dh (rows, I):
+// the magnitude of the terms that cancel in each output (terms_bound.h), from the formula
+// gelu(g) = 0.5 g (1 + th), gelu'(g) = 0.5 (1 + th) + 0.5 g (1 - th^2) s (1 + 3 c g^2), th =
+// tanh(s (g + c g^3)): 1 + th and 1 - th^2 cancel for negative gates, so an fp32 tanh's absolute
+// error (a few ulp of 1, more where a fast tanh saturates early) reaches h and the gradients
+// scaled by these terms, not by their (tiny) values. h_terms (rows, I) = |u| 0.5 |g| (1 + |th|);
+// dgate_up_terms (rows, 2I) = [|dh u| (0.5 (1 + |th|) + 0.5 |g| (1 + th^2) s (1 + 3 c g^2)) |
+// |dh| 0.5 |g| (1 + |th|)].
+struct GegluTerms {
+  std::vector<double> h, dgate_up;
+};
+inline GegluTerms GegluTermsOf(const std::vector<double>& gate_up, const std::vector<double>& dh,
+                               int64_t rows, int64_t I) {
+  constexpr double kS = 0.7978845608028654, kC = 0.044715;
+  GegluTerms t{std::vector<double>(rows * I), std::vector<double>(rows * 2 * I)};
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < I; ++c) {
+      const double g = gate_up[r * 2 * I + c], u = gate_up[r * 2 * I + I + c];
+      const double d = dh[r * I + c];
+      const double th = std::tanh(kS * (g + kC * g * g * g));
+      const double gelu_terms = 0.5 * std::abs(g) * (1 + std::abs(th));
+      const double grad_terms =
+          0.5 * (1 + std::abs(th)) + 0.5 * std::abs(g) * (1 + th * th) * kS * (1 + 3 * kC * g * g);
+      t.h[r * I + c] = std::abs(u) * gelu_terms;
+      t.dgate_up[r * 2 * I + c] = std::abs(d * u) * grad_terms;
+      t.dgate_up[r * 2 * I + I + c] = std::abs(d) * gelu_terms;
+    }
+  }
+  return t;
+}
+
 }  // namespace strata::models::op_test

@@ -33,6 +33,7 @@
 #include "models/ops/cuda/partials.h"
 #include "models/ops/matmul.h"
 #include "models/ops/rope.h"
+#include "models/ops/swiglu.h"
 
 namespace strata::models::ops::cuda {
 
@@ -218,17 +219,21 @@ Status LaunchRope(cudaStream_t stream, D* x, int64_t rows, int64_t row_stride, i
                   const int32_t* position_ids = nullptr);
 
 // ---------------------------------------------------------------------------
-// SwiGLU (ops/swiglu.h) on rows of [gate (I) | up (I)].
+// SwiGLU and GeGLU (ops/swiglu.h) on rows of [gate (I) | up (I)], swiglu.cu: act(g) = silu(g)
+// (kSilu, the default: the kernels of before the parameter, bit for bit) or the tanh GELU of
+// ops/gelu.h (kGeluTanh, Gemma's gelu_pytorch_tanh), in fp32. An act outside the enum is
+// kInvalidArgument.
 
-// h: (rows, I) OVERWRITTEN = D(silu(g) u); must not overlap gate_up.
+// h: (rows, I) OVERWRITTEN = D(act(g) u); must not overlap gate_up.
 template <typename D>
-Status LaunchSwigluForward(cudaStream_t stream, const D* gate_up, int64_t rows, int64_t I, D* h);
+Status LaunchSwigluForward(cudaStream_t stream, const D* gate_up, int64_t rows, int64_t I, D* h,
+                           GatedActivation act = GatedActivation::kSilu);
 
-// dgate_up: (rows, 2I) OVERWRITTEN with [D(dh u silu'(g)) | D(dh silu(g))]; may equal gate_up
+// dgate_up: (rows, 2I) OVERWRITTEN with [D(dh u act'(g)) | D(dh act(g))]; may equal gate_up
 // (each pair is read before it is written); dh must not overlap either.
 template <typename D>
 Status LaunchSwigluBackward(cudaStream_t stream, const D* gate_up, const D* dh, int64_t rows,
-                            int64_t I, D* dgate_up);
+                            int64_t I, D* dgate_up, GatedActivation act = GatedActivation::kSilu);
 
 // ---------------------------------------------------------------------------
 // Causal grouped-query attention (ops/attention.h), attention.cu, fused in the manner of
