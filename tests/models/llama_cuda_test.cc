@@ -1,11 +1,11 @@
 // The Llama family on CUDA in fp32, bf16 and fp16, on random data with odd shapes:
-//   - each CUDA op (models/ops/cuda/ops.cuh: RMSNorm forward/backward/weight gradient,
-//     the rotary table and rotation, SwiGLU and GeGLU, grouped-query attention with strided rows)
-//     against the host op of the same storage type (which rounds at the same points: the
-//     differences are summation orders and the GPU's expf/sqrtf) and against the host op at S =
-//     double fed the same S-rounded inputs, element by element, with bounds k eps (|ref| +
-//     rms(ref)), eps = u + K 2^-24 (op_test::Eps, u the unit roundoff of S, K the longest fp32 sum)
-//     and k the rounding points on the path, written beside each check;
+//   - each CUDA op (models/ops/cuda/ops.cuh: the scaled embedding, RMSNorm forward/backward/
+//     weight gradient, the rotary table and rotation, SwiGLU and GeGLU, grouped-query attention
+//     with strided rows) against the host op of the same storage type (which rounds at the same
+//     points: the differences are summation orders and the GPU's expf/sqrtf) and against the
+//     host op at S = double fed the same S-rounded inputs, element by element, with bounds
+//     k eps (|ref| + rms(ref)), eps = u + K 2^-24 (op_test::Eps, u the unit roundoff of S, K the
+//     longest fp32 sum) and k the rounding points on the path, written beside each check;
 //   - attention for MHA, GQA and MQA groupings, head dims 24 and 64, T across the key tiles;
 //     determinism of the backward (two runs bit-identical);
 //   - packed sequences (position_ids, issue 31): the rotation at each token's position, and
@@ -42,6 +42,7 @@
 #include "models/llama_kernels.h"
 #include "models/ops/attention.h"
 #include "models/ops/cuda/ops.cuh"
+#include "models/ops/embedding.h"
 #include "models/ops/rms_norm.h"
 #include "models/ops/rope.h"
 #include "models/ops/swiglu.h"
@@ -96,6 +97,87 @@ class LlamaCudaTest : public gpu::testing::CudaTest {
 
 using StorageTypes = ::testing::Types<float, Bf16, Fp16>;
 TYPED_TEST_SUITE(LlamaCudaTest, StorageTypes);
+
+// ---------------------------------------------------------------------------
+// The scaled embedding (Gemma's embed_scale = sqrt(hidden_size), ops/embedding.h): C = 71 odd,
+// scale sqrt(71) rounded to S first, tokens with repeats and absent ones. Forward without
+// positions: D(t s) of two S values, an exact fp32 product rounded once, equal to the host op's to
+// the bit; scale 1.0 an exact copy. With a position table (the GPT path) within two roundings of
+// double. dwte: an fp32 sum of up to N rows times s, one rounding (K = N + 1).
+TYPED_TEST(LlamaCudaTest, ScaledEmbeddingMatchesTheHostOpAndDouble) {
+  using S = TypeParam;
+  using Dev = DevOf<S>;
+  constexpr int V = 53, B = 3, T = 13;
+  constexpr int64_t C = 71, N = int64_t{B} * T;
+  const double scale = std::sqrt(static_cast<double>(C));
+  std::vector<int32_t> tokens(N);
+  for (int64_t r = 0; r < N; ++r) tokens[r] = static_cast<int32_t>((r * 7 + r / 5) % (V / 2));
+  tokens[5] = tokens[20] = tokens[33] = 7;  // a token repeated across sequences
+  const std::vector<double> wte = Rounded<S>(RandomValues(V * C, 1.0, 41));
+  const std::vector<double> wpe = Rounded<S>(RandomValues(T * C, 1.0, 42));
+  const std::vector<double> dx = Rounded<S>(RandomValues(N * C, 1.0, 43));
+  const std::vector<S> wte_s = Cast<S>(wte), wpe_s = Cast<S>(wpe), dx_s = Cast<S>(dx);
+  auto gwte = this->Put(wte_s), gwpe = this->Put(wpe_s), gdx = this->Put(dx_s);
+  auto gtok = this->Put(tokens);
+  auto gout = this->Poisoned(N * C * sizeof(S)), gcopy = this->Poisoned(N * C * sizeof(S));
+  auto gpos_out = this->Poisoned(N * C * sizeof(S)), gdwte = this->Poisoned(V * C * sizeof(S));
+  auto counts = this->Put(std::vector<int32_t>(V)),
+       offsets = this->Put(std::vector<int32_t>(V + 1));
+  auto cursor = this->Put(std::vector<int32_t>(V)), order = this->Put(std::vector<int32_t>(N));
+  const lops::CountingSortScratch by_token{As<int32_t>(counts), As<int32_t>(offsets),
+                                           As<int32_t>(cursor), As<int32_t>(order)};
+  cudaStream_t cs = this->Native();
+  const int32_t* tok = As<int32_t>(gtok);
+  ASSERT_TRUE(lops::LaunchEmbeddingForward(cs, As<Dev>(gwte), static_cast<const Dev*>(nullptr), tok,
+                                           N, T, C, V, As<Dev>(gout), nullptr, scale)
+                  .ok());
+  ASSERT_TRUE(lops::LaunchEmbeddingForward(cs, As<Dev>(gwte), static_cast<const Dev*>(nullptr), tok,
+                                           N, T, C, V, As<Dev>(gcopy), nullptr, 1.0)
+                  .ok());
+  ASSERT_TRUE(lops::LaunchEmbeddingForward(cs, As<Dev>(gwte), As<Dev>(gwpe), tok, N, T, C, V,
+                                           As<Dev>(gpos_out), nullptr, scale)
+                  .ok());
+  ASSERT_TRUE(lops::LaunchEmbeddingBackward(cs, tok, As<Dev>(gdx), N, T, C, V, T, As<Dev>(gdwte),
+                                            static_cast<Dev*>(nullptr), by_token, nullptr, {},
+                                            scale)
+                  .ok());
+  this->Sync();
+
+  // The host op.
+  std::vector<S> out_h(N * C), pos_out_h(N * C), dwte_h(V * C);
+  ops::EmbeddingForward<S>(wte_s.data(), tokens.data(), N, C, V, out_h.data(), nullptr, 0, nullptr,
+                           scale);
+  ops::EmbeddingForward<S>(wte_s.data(), tokens.data(), N, C, V, pos_out_h.data(), wpe_s.data(), T,
+                           nullptr, scale);
+  std::vector<unsigned char> scratch(ops::EmbeddingBackwardScratchBytes(N, V));
+  ops::EmbeddingBackward<S>(tokens.data(), dx_s.data(), N, C, V, dwte_h.data(), scratch.data(),
+                            nullptr, 0, nullptr, scale);
+  // Double, with the scale rounded to S.
+  const double s = Rounded<S>({scale})[0];
+  std::vector<double> out_d(N * C), pos_out_d(N * C), dwte_d(V * C, 0.0);
+  for (int64_t r = 0; r < N; ++r) {
+    for (int64_t c = 0; c < C; ++c) {
+      out_d[r * C + c] = wte[tokens[r] * C + c] * s;
+      pos_out_d[r * C + c] = out_d[r * C + c] + wpe[(r % T) * C + c];
+      dwte_d[tokens[r] * C + c] += s * dx[r * C + c];
+    }
+  }
+
+  const std::vector<S> out = this->template Download<S>(gout, N * C);
+  EXPECT_EQ(std::memcmp(out.data(), out_h.data(), out.size() * sizeof(S)), 0)
+      << "the scaled lookup differs from the host op's";
+  ExpectWithinBound("out vs double", ToDoubles(out), out_d, 2, Eps<S>(1));
+  const std::vector<S> copy = this->template Download<S>(gcopy, N * C);
+  for (int64_t r = 0; r < N; ++r) {
+    ASSERT_EQ(std::memcmp(&copy[r * C], &wte_s[tokens[r] * C], C * sizeof(S)), 0) << "row " << r;
+  }
+  const std::vector<double> pos_out = this->Get(gpos_out, N * C);
+  ExpectWithinBound("out with positions vs double", pos_out, pos_out_d, 4, Eps<S>(2));
+  ExpectWithinBound("out with positions vs host", pos_out, ToDoubles(pos_out_h), 8, Eps<S>(2));
+  const std::vector<double> dwte = this->Get(gdwte, V * C);
+  ExpectWithinBound("dwte vs double", dwte, dwte_d, 2, Eps<S>(N + 1));
+  ExpectWithinBound("dwte vs host", dwte, ToDoubles(dwte_h), 4, Eps<S>(N + 1));
+}
 
 // ---------------------------------------------------------------------------
 // RMSNorm: y = S(x rstd w) one rounding; dx = S(dres + RMS'(dy)) one rounding after C-term fp32
@@ -842,6 +924,18 @@ TEST(LlamaCudaArguments, OpLaunchersRejectBadArgumentsBeforeLaunching) {
       << "row_stride < num_heads head_dim";
   EXPECT_TRUE(invalid(lops::LaunchSwigluForward<float>(nullptr, p, 4, 0, p)));
   EXPECT_TRUE(invalid(lops::LaunchSwigluBackward<float>(nullptr, p, nullptr, 4, 8, p)));
+  const lops::CountingSortScratch sort{reinterpret_cast<int32_t*>(p), reinterpret_cast<int32_t*>(p),
+                                       reinterpret_cast<int32_t*>(p),
+                                       reinterpret_cast<int32_t*>(p)};
+  const int32_t* ids = reinterpret_cast<const int32_t*>(p);
+  for (const double scale : {std::nan(""), std::numeric_limits<double>::infinity()}) {
+    EXPECT_TRUE(invalid(lops::LaunchEmbeddingForward<float>(nullptr, p, nullptr, ids, 4, 4, 8, 16,
+                                                            p, nullptr, scale)))
+        << scale;
+    EXPECT_TRUE(invalid(lops::LaunchEmbeddingBackward<float>(nullptr, ids, p, 4, 4, 8, 16, 4, p,
+                                                             nullptr, sort, nullptr, {}, scale)))
+        << scale;
+  }
   const auto unknown_act = static_cast<ops::GatedActivation>(7);
   EXPECT_TRUE(invalid(lops::LaunchSwigluForward<float>(nullptr, p, 4, 8, p, unknown_act)));
   EXPECT_TRUE(invalid(lops::LaunchSwigluBackward<float>(nullptr, p, p, 4, 8, p, unknown_act)));

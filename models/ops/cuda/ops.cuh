@@ -49,18 +49,21 @@ struct CountingSortScratch {
   int32_t* order = nullptr;
 };
 
-// x_out[r] = D(wte[tokens[r]] + wpe[p(r)]), p(r) = position_ids[r] when position_ids ((N) int32,
-// packed sequences, each in [0, T); outside traps) is given, else r % T; wte (V, C), wpe (>= T,
-// C), x_out (N, C). wpe may be null (no position table, the Llama family): x_out[r] =
-// wte[tokens[r]], an exact copy, and position_ids is not read.
+// x_out[r] = D(wte[tokens[r]] s + wpe[p(r)]), p(r) = position_ids[r] when position_ids ((N)
+// int32, packed sequences, each in [0, T); outside traps) is given, else r % T; wte (V, C), wpe
+// (>= T, C), x_out (N, C). s = D(scale) (through fp32; Gemma's embed_scale, ops/embedding.h), a
+// finite scale (else kInvalidArgument), 1.0 by default: then the kernels of before the scale, bit
+// for bit. wpe may be null (no position table, the Llama family): x_out[r] = D(wte[tokens[r]] s),
+// an exact copy with scale 1, and position_ids is not read.
 template <typename D>
 Status LaunchEmbeddingForward(cudaStream_t stream, const D* wte, const D* wpe,
                               const int32_t* tokens, int64_t N, int T, int64_t C, int V, D* x_out,
-                              const int32_t* position_ids = nullptr);
+                              const int32_t* position_ids = nullptr, double scale = 1.0);
 
 // dwte (V, C), dwpe (max_seq_len, C) OVERWRITTEN: a stable counting sort of the N rows by token
-// (by_token, K = V), then dwte[v] = D(fp32 sum of the dx_out rows of token v in increasing row
-// order), 0 for absent tokens. dwpe (null: not computed): without position_ids dwpe[t] = D(fp32
+// (by_token, K = V), then dwte[v] = D(s * fp32 sum of the dx_out rows of token v in increasing
+// row order), s = D(scale) as the forward's (the sum scaled once, complete; scale 1.0 exact),
+// 0 for absent tokens. dwpe (null: not computed): without position_ids dwpe[t] = D(fp32
 // sum over b of dx_out[b T + t], b in order) for t < T; with position_ids ((N) int32, each in
 // [0, T); outside traps) a second stable counting sort of the rows by position (by_position,
 // K = T; needed only then) and dwpe[p] = D(fp32 sum of the dx_out rows at position p in
@@ -70,7 +73,7 @@ Status LaunchEmbeddingBackward(cudaStream_t stream, const int32_t* tokens, const
                                int64_t N, int T, int64_t C, int V, int max_seq_len, D* dwte,
                                D* dwpe, const CountingSortScratch& by_token,
                                const int32_t* position_ids = nullptr,
-                               const CountingSortScratch& by_position = {});
+                               const CountingSortScratch& by_position = {}, double scale = 1.0);
 
 // ---------------------------------------------------------------------------
 // LayerNorm (ops/layer_norm.h) and column sums (the bias gradient of ops/matmul.h), layer_norm.cu.
