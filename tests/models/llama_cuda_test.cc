@@ -399,7 +399,8 @@ TYPED_TEST(LlamaCudaTest, SwigluMatchesTheHostOpAndDouble) {
 // GeGLU (GatedActivation::kGeluTanh, Gemma's MLP): the same rounding points, gelu and gelu' in fp32
 // with tanhf; gates with the huge (+-300), large (+-30, +-8) and near-zero (+-1e-3, +-1e-7, 0)
 // values besides random ones, and the magnitude of the terms that cancel in 1 + tanh and
-// 1 - tanh^2 (op_test::GegluTermsOf) added to the bound.
+// 1 - tanh^2 (op_test::GegluTermsOf) added to the bound; where tanhf saturates (|g| >= 8) the
+// results exactly those of gelu = g or 0, gelu' = 1 or 0.
 TYPED_TEST(LlamaCudaTest, GegluMatchesTheHostOpAndDouble) {
   using S = TypeParam;
   using Dev = DevOf<S>;
@@ -437,6 +438,7 @@ TYPED_TEST(LlamaCudaTest, GegluMatchesTheHostOpAndDouble) {
   ExpectWithinTermsBound("h vs host", h, ToDoubles(h_h), terms.h, 4, Eps<S>(8));
   ExpectWithinTermsBound("dgate_up vs double", dgu, dgu_d, terms.dgate_up, 2, Eps<S>(16));
   ExpectWithinTermsBound("dgate_up vs host", dgu, ToDoubles(dgu_h), terms.dgate_up, 4, Eps<S>(16));
+  EXPECT_GT(op_test::ExpectSaturatedGegluIsExact<S>("CUDA", gu, dh, rows, I, h, dgu), 0);
 }
 
 // ---------------------------------------------------------------------------

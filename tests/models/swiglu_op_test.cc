@@ -232,6 +232,9 @@ TYPED_TEST(SwigluTypedTest, GegluAgreesWithTheDoubleInstantiationElementByElemen
     const op_test::GegluTerms terms = op_test::GegluTermsOf(gu, dh, d.rows, d.I);
     ExpectWithinTermsBound("h" + tag, ToDoubles(hs), h, terms.h, 2, Eps<S>(8));
     ExpectWithinTermsBound("dgate_up" + tag, ToDoubles(dgus), dgu, terms.dgate_up, 2, Eps<S>(16));
+    EXPECT_GT(op_test::ExpectSaturatedGegluIsExact<S>(tag, gu, dh, d.rows, d.I, ToDoubles(hs),
+                                                      ToDoubles(dgus)),
+              0);
   }
 }
 
