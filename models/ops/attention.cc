@@ -26,16 +26,19 @@ void CheckDims(const AttentionDims& d) {
   STRATA_CHECK_MSG(
       d.batch_size >= 1 && d.seq_len >= 1 && d.num_heads >= 1 && d.num_kv_heads >= 1 &&
           d.head_dim >= 1 && d.num_heads % d.num_kv_heads == 0 &&
-          d.row_stride >= int64_t{d.num_heads} * d.head_dim && d.window >= 0,
+          d.row_stride >= int64_t{d.num_heads} * d.head_dim && d.window >= 0 &&
+          std::isfinite(d.scale) && d.scale >= 0,
       "attention dims B=" + std::to_string(d.batch_size) + " T=" + std::to_string(d.seq_len) +
           " H=" + std::to_string(d.num_heads) + " Hkv=" + std::to_string(d.num_kv_heads) +
           " hs=" + std::to_string(d.head_dim) + " row_stride=" + std::to_string(d.row_stride) +
-          " window=" + std::to_string(d.window));
+          " window=" + std::to_string(d.window) + " scale=" + std::to_string(d.scale));
 }
 
+// AttentionDims::scale in F: 1 / sqrt(head_dim) computed in F where it is 0 (the default, as
+// before the field existed), else the given scale rounded once to F.
 template <typename F>
 F AttnScale(const AttentionDims& d) {
-  return F(1) / std::sqrt(F(d.head_dim));
+  return d.scale == 0 ? F(1) / std::sqrt(F(d.head_dim)) : static_cast<F>(d.scale);
 }
 
 // f(i) for i in [0, n), one task each.

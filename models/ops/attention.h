@@ -1,7 +1,8 @@
 // Causal self-attention (Vaswani et al., "Attention Is All You Need", 2017) with
 // grouped-query attention (Ainslie et al., "GQA", 2023: query head h reads kv head
 // h / (H / Hkv), as Hugging Face's repeat_kv) and the storage and rounding of FlashAttention-2
-// (Dao, 2023). Scale 1 / sqrt(head_dim). Optionally packed sequences and a sliding window
+// (Dao, 2023). Scores scale q k^T with scale 1 / sqrt(head_dim), or AttentionDims::scale where
+// given (Gemma's query_pre_attn_scalar^-0.5). Optionally packed sequences and a sliding window
 // (AttentionDims::position_ids, AttentionDims::window): each bounds a query's first key.
 //
 // Storage and rounding: S in {float, double, Bf16, Fp16}. Scores and softmax in ComputeType<S>
@@ -38,15 +39,23 @@ struct AttentionDims {
   // use it): 0 = no window (the bound above alone); w >= 1: query t sees key j only when
   // t - w < j <= t, so with position_ids its first key is max(t - position_ids[b, t], t - w + 1)
   // (the mask of Hugging Face's create_sliding_window_causal_mask). A window of T or more masks
-  // nothing more (results bit-identical to 0). Negative: rejected. Last in the struct, so the
-  // aggregate initialisations {B, T, H, Hkv, hs, row_stride, position_ids} keep their meaning.
+  // nothing more (results bit-identical to 0). Negative: rejected.
   int window = 0;
+  // The scores' scale: scores = scale q k^T, forward and backward (Gemma's
+  // query_pre_attn_scalar^-0.5). 0 = 1 / sqrt(head_dim) computed in ComputeType<S> (fp32 on
+  // CUDA), the default, bit-identical to the op before this field. Otherwise rounded once to
+  // ComputeType<S> (fp32 on CUDA): 1 / sqrt(head_dim) given here equals 0 bit for bit wherever
+  // its rounding to fp32 is the fp32 quotient 1.0f / sqrtf(head_dim) (head_dim 1 .. 5, 8, 64,
+  // 128, 256, ...; not 6 or 7), and always for double. Must be finite and >= 0 (else rejected).
+  // window and scale are last in the struct, so the aggregate initialisations {B, T, H, Hkv, hs,
+  // row_stride, position_ids} keep their meaning.
+  double scale = 0;
 };
 
 // q: (B, T, H, hs) rows of row_stride; k, v: (B, T, Hkv, hs) rows of row_stride;
 // out: (B, T, H hs) contiguous; lse: (B, H, T) ComputeType<S> (log-sum-exp, kept for backward).
-// Requirements (STRATA_CHECK): all dims >= 1, H % Hkv == 0, row_stride >= H hs, window >= 0. out
-// must not overlap q, k or v.
+// Requirements (STRATA_CHECK): all dims >= 1, H % Hkv == 0, row_stride >= H hs, window >= 0,
+// scale finite and >= 0. out must not overlap q, k or v.
 template <typename S>
 void AttentionForward(const AttentionDims& d, const S* q, const S* k, const S* v, S* out,
                       ComputeType<S>* lse);

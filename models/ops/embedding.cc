@@ -1,6 +1,7 @@
 #include "models/ops/embedding.h"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "models/ops/parallel.h"
@@ -30,12 +31,24 @@ void CheckSequences(int64_t rows, int seq_len) {
                    "rows=" + std::to_string(rows) + " seq_len=" + std::to_string(seq_len));
 }
 
+// s = S(scale) in ComputeType<S>: rounded to the storage type first (through fp32 for the 16-bit
+// types), as transformers casts embed_scale to the weight dtype.
+template <typename S>
+ComputeType<S> StoredScale(double scale) {
+  STRATA_CHECK_MSG(std::isfinite(scale), "embedding scale " + std::to_string(scale));
+  return ToFloat(FromFloat<S>(static_cast<ComputeType<S>>(scale)));
+}
+
 }  // namespace
 
 template <typename S>
 void EmbeddingForward(const S* table, const int32_t* tokens, int64_t rows, int64_t C, int V, S* out,
-                      const S* positions, int seq_len, const int32_t* position_ids) {
+                      const S* positions, int seq_len, const int32_t* position_ids, double scale) {
+  using F = ComputeType<S>;
   if (positions != nullptr) CheckSequences(rows, seq_len);
+  const F s = StoredScale<S>(scale);
+  // Unscaled: the loops of before the scale existed (an exact copy without positions).
+  const bool scaled = s != F(1);
   ParallelRows(rows, C, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       CheckToken(tokens[r], V);
@@ -45,7 +58,15 @@ void EmbeddingForward(const S* table, const int32_t* tokens, int64_t rows, int64
         const int64_t t = position_ids != nullptr ? position_ids[r] : r % seq_len;
         STRATA_CHECK(t >= 0 && t < seq_len);
         const S* pe = positions + t * C;
-        for (int64_t c = 0; c < C; ++c) o[c] = FromFloat<S>(ToFloat(te[c]) + ToFloat(pe[c]));
+        if (scaled) {
+          for (int64_t c = 0; c < C; ++c) {
+            o[c] = FromFloat<S>(ToFloat(te[c]) * s + ToFloat(pe[c]));
+          }
+        } else {
+          for (int64_t c = 0; c < C; ++c) o[c] = FromFloat<S>(ToFloat(te[c]) + ToFloat(pe[c]));
+        }
+      } else if (scaled) {
+        for (int64_t c = 0; c < C; ++c) o[c] = FromFloat<S>(ToFloat(te[c]) * s);
       } else {
         for (int64_t c = 0; c < C; ++c) o[c] = FromFloat<S>(ToFloat(te[c]));
       }
@@ -60,9 +81,10 @@ int64_t EmbeddingBackwardScratchBytes(int64_t rows, int V) {
 template <typename S>
 void EmbeddingBackward(const int32_t* tokens, const S* dout, int64_t rows, int64_t C, int V,
                        S* dtable, void* scratch, S* dpositions, int seq_len,
-                       const int32_t* position_ids) {
+                       const int32_t* position_ids, double scale) {
   using F = ComputeType<S>;
   if (dpositions != nullptr) CheckSequences(rows, seq_len);
+  const F s = StoredScale<S>(scale);
   const EmbeddingScratch sc = CarveEmbeddingScratch(rows, V, scratch);
   // Counting sort of the rows by token id, stable (token order within an id).
   std::fill(sc.first, sc.first + V + 1, 0);
@@ -97,7 +119,9 @@ void EmbeddingBackward(const int32_t* tokens, const S* dout, int64_t rows, int64
           const S* g = dout + pos * C + c0;
           for (int64_t j = 0; j < w; ++j) acc[j] += ToFloat(g[j]);
         }
-        for (int64_t j = 0; j < w; ++j) o[c0 + j] = FromFloat<S>(acc[j]);
+        // A table row's sum scaled once, complete (times 1: exact, the unscaled sum).
+        const F mul = is_table ? s : F(1);
+        for (int64_t j = 0; j < w; ++j) o[c0 + j] = FromFloat<S>(acc[j] * mul);
       }
     }
   });
@@ -105,9 +129,9 @@ void EmbeddingBackward(const int32_t* tokens, const S* dout, int64_t rows, int64
 
 #define STRATA_INSTANTIATE_EMBEDDING(S)                                                            \
   template void EmbeddingForward<S>(const S*, const int32_t*, int64_t, int64_t, int, S*, const S*, \
-                                    int, const int32_t*);                                          \
+                                    int, const int32_t*, double);                                  \
   template void EmbeddingBackward<S>(const int32_t*, const S*, int64_t, int64_t, int, S*, void*,   \
-                                     S*, int, const int32_t*);
+                                     S*, int, const int32_t*, double);
 
 STRATA_INSTANTIATE_EMBEDDING(float)
 STRATA_INSTANTIATE_EMBEDDING(double)

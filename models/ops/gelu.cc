@@ -1,31 +1,11 @@
 #include "models/ops/gelu.h"
 
+#include "models/ops/gelu_tanh.h"
 #include "models/ops/parallel.h"
 #include "models/ops/product.h"
 
 namespace strata::models::ops {
 namespace {
-
-template <typename F>
-constexpr F kGeluScale = F(0.7978845608028654);  // sqrt(2 / pi)
-template <typename F>
-constexpr F kGeluCubic = F(0.044715);
-
-// gelu(v) = 0.5 v (1 + tanh(sqrt(2/pi) (v + 0.044715 v^3))).
-template <typename F>
-Vec<F> Gelu(const Vec<F>& v) {
-  const Vec<F> u = kGeluScale<F> * (v + kGeluCubic<F> * v * v * v);
-  return F(0.5) * v * (F(1) + u.tanh());
-}
-
-// gelu'(v).
-template <typename F>
-Vec<F> GeluGrad(const Vec<F>& v) {
-  const Vec<F> v2 = v * v;
-  const Vec<F> th = (kGeluScale<F> * (v + kGeluCubic<F> * v2 * v)).tanh();
-  const Vec<F> du = kGeluScale<F> * (F(1) + F(3) * kGeluCubic<F> * v2);
-  return F(0.5) * (F(1) + th) + F(0.5) * v * (F(1) - th * th) * du;
-}
 
 // pre = S(acc + bias), out = S(gelu(acc + bias)) from the unrounded sum (GELU_AUX).
 template <typename S>
@@ -39,7 +19,7 @@ struct BiasGeluEpilogue {
       Vec<ComputeType<S>> v = LoadVec(acc + c, len);
       if (bias != nullptr) v += LoadVec(bias + c, len);
       StoreVec<S>(v, len, pre + r * N + c);
-      StoreVec<S>(Gelu(v), len, out + c);
+      StoreVec<S>(GeluTanh(v), len, out + c);
     }
   }
 };
@@ -52,7 +32,8 @@ struct GeluGradEpilogue {
   void operator()(int64_t r, const ComputeType<S>* acc, S* out) const {
     for (int64_t c = 0; c < N; c += kVec) {
       const int64_t len = std::min<int64_t>(kVec, N - c);
-      const Vec<ComputeType<S>> g = LoadVec(acc + c, len) * GeluGrad(LoadVec(pre + r * N + c, len));
+      const Vec<ComputeType<S>> g =
+          LoadVec(acc + c, len) * GeluTanhGrad(LoadVec(pre + r * N + c, len));
       StoreVec<S>(g, len, out + c);
     }
   }
@@ -67,7 +48,7 @@ void GeluForward(const S* h, int64_t n, S* g) {
   ParallelRows(groups, kVec, [&](int64_t g0, int64_t g1) {
     for (int64_t i = g0 * kVec; i < std::min(n, g1 * kVec); i += kVec) {
       const int64_t len = std::min<int64_t>(kVec, n - i);
-      StoreVec<S>(Gelu(LoadVec(h + i, len)), len, g + i);
+      StoreVec<S>(GeluTanh(LoadVec(h + i, len)), len, g + i);
     }
   });
 }
@@ -78,7 +59,7 @@ void GeluBackward(const S* h, const S* dg, int64_t n, S* dh) {
   ParallelRows(groups, kVec, [&](int64_t g0, int64_t g1) {
     for (int64_t i = g0 * kVec; i < std::min(n, g1 * kVec); i += kVec) {
       const int64_t len = std::min<int64_t>(kVec, n - i);
-      StoreVec<S>(LoadVec(dg + i, len) * GeluGrad(LoadVec(h + i, len)), len, dh + i);
+      StoreVec<S>(LoadVec(dg + i, len) * GeluTanhGrad(LoadVec(h + i, len)), len, dh + i);
     }
   });
 }

@@ -129,13 +129,15 @@ class HostOps {
     return Status::Ok();
   }
 
-  // ops::SwigluForward / ops::SwigluBackward (dgate_up may equal gate_up).
-  Status Swiglu(const S* gate_up, int64_t rows, int64_t I, S* h) const {
-    ops::SwigluForward(gate_up, rows, I, h);
+  // ops::SwigluForward / ops::SwigluBackward (dgate_up may equal gate_up; act: SwiGLU or GeGLU).
+  Status Swiglu(const S* gate_up, int64_t rows, int64_t I, S* h,
+                GatedActivation act = GatedActivation::kSilu) const {
+    ops::SwigluForward(gate_up, rows, I, h, act);
     return Status::Ok();
   }
-  Status SwigluBackward(const S* gate_up, const S* dh, int64_t rows, int64_t I, S* dgate_up) const {
-    ops::SwigluBackward(gate_up, dh, rows, I, dgate_up);
+  Status SwigluBackward(const S* gate_up, const S* dh, int64_t rows, int64_t I, S* dgate_up,
+                        GatedActivation act = GatedActivation::kSilu) const {
+    ops::SwigluBackward(gate_up, dh, rows, I, dgate_up, act);
     return Status::Ok();
   }
 

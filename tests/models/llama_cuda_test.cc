@@ -1,11 +1,11 @@
 // The Llama family on CUDA in fp32, bf16 and fp16, on random data with odd shapes:
-//   - each CUDA op (models/ops/cuda/ops.cuh: RMSNorm forward/backward/weight gradient,
-//     the rotary table and rotation, SwiGLU, grouped-query attention with strided rows) against
-//     the host op of the same storage type (which rounds at the same points: the differences are
-//     summation orders and the GPU's expf/sqrtf) and against the host op at S = double fed the
-//     same S-rounded inputs, element by element, with bounds k eps (|ref| + rms(ref)),
-//     eps = u + K 2^-24 (op_test::Eps, u the unit roundoff of S, K the longest fp32 sum) and k
-//     the rounding points on the path, written beside each check;
+//   - each CUDA op (models/ops/cuda/ops.cuh: the scaled embedding, RMSNorm forward/backward/
+//     weight gradient, the rotary table and rotation, SwiGLU and GeGLU, grouped-query attention
+//     with strided rows) against the host op of the same storage type (which rounds at the same
+//     points: the differences are summation orders and the GPU's expf/sqrtf) and against the
+//     host op at S = double fed the same S-rounded inputs, element by element, with bounds
+//     k eps (|ref| + rms(ref)), eps = u + K 2^-24 (op_test::Eps, u the unit roundoff of S, K the
+//     longest fp32 sum) and k the rounding points on the path, written beside each check;
 //   - attention for MHA, GQA and MQA groupings, head dims 24 and 64, T across the key tiles;
 //     determinism of the backward (two runs bit-identical);
 //   - packed sequences (position_ids, issue 31): the rotation at each token's position, and
@@ -14,6 +14,8 @@
 //   - sliding-window attention (AttentionDims::window), alone and with packed sequences, on both
 //     paths against the host op; a window of T or more bit-identical to none; a key outside a
 //     query's window leaving that query's results unchanged bit for bit;
+//   - a given score scale (AttentionDims::scale) on both paths against the host op; 1 / sqrt(hs)
+//     given explicitly bit-identical to the default;
 //   - the whole model through LlamaModel::Forward/Backward with the engine's buffer layout
 //     (tests/models/gpt_model_run.h), tied and untied, on the CUDA device against the host
 //     device and against the double block functions: the loss, the logits, every block's
@@ -25,7 +27,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -38,6 +42,7 @@
 #include "models/llama_kernels.h"
 #include "models/ops/attention.h"
 #include "models/ops/cuda/ops.cuh"
+#include "models/ops/embedding.h"
 #include "models/ops/rms_norm.h"
 #include "models/ops/rope.h"
 #include "models/ops/swiglu.h"
@@ -92,6 +97,87 @@ class LlamaCudaTest : public gpu::testing::CudaTest {
 
 using StorageTypes = ::testing::Types<float, Bf16, Fp16>;
 TYPED_TEST_SUITE(LlamaCudaTest, StorageTypes);
+
+// ---------------------------------------------------------------------------
+// The scaled embedding (Gemma's embed_scale = sqrt(hidden_size), ops/embedding.h): C = 71 odd,
+// scale sqrt(71) rounded to S first, tokens with repeats and absent ones. Forward without
+// positions: D(t s) of two S values, an exact fp32 product rounded once, equal to the host op's to
+// the bit; scale 1.0 an exact copy. With a position table (the GPT path) within two roundings of
+// double. dwte: an fp32 sum of up to N rows times s, one rounding (K = N + 1).
+TYPED_TEST(LlamaCudaTest, ScaledEmbeddingMatchesTheHostOpAndDouble) {
+  using S = TypeParam;
+  using Dev = DevOf<S>;
+  constexpr int V = 53, B = 3, T = 13;
+  constexpr int64_t C = 71, N = int64_t{B} * T;
+  const double scale = std::sqrt(static_cast<double>(C));
+  std::vector<int32_t> tokens(N);
+  for (int64_t r = 0; r < N; ++r) tokens[r] = static_cast<int32_t>((r * 7 + r / 5) % (V / 2));
+  tokens[5] = tokens[20] = tokens[33] = 7;  // a token repeated across sequences
+  const std::vector<double> wte = Rounded<S>(RandomValues(V * C, 1.0, 41));
+  const std::vector<double> wpe = Rounded<S>(RandomValues(T * C, 1.0, 42));
+  const std::vector<double> dx = Rounded<S>(RandomValues(N * C, 1.0, 43));
+  const std::vector<S> wte_s = Cast<S>(wte), wpe_s = Cast<S>(wpe), dx_s = Cast<S>(dx);
+  auto gwte = this->Put(wte_s), gwpe = this->Put(wpe_s), gdx = this->Put(dx_s);
+  auto gtok = this->Put(tokens);
+  auto gout = this->Poisoned(N * C * sizeof(S)), gcopy = this->Poisoned(N * C * sizeof(S));
+  auto gpos_out = this->Poisoned(N * C * sizeof(S)), gdwte = this->Poisoned(V * C * sizeof(S));
+  auto counts = this->Put(std::vector<int32_t>(V)),
+       offsets = this->Put(std::vector<int32_t>(V + 1));
+  auto cursor = this->Put(std::vector<int32_t>(V)), order = this->Put(std::vector<int32_t>(N));
+  const lops::CountingSortScratch by_token{As<int32_t>(counts), As<int32_t>(offsets),
+                                           As<int32_t>(cursor), As<int32_t>(order)};
+  cudaStream_t cs = this->Native();
+  const int32_t* tok = As<int32_t>(gtok);
+  ASSERT_TRUE(lops::LaunchEmbeddingForward(cs, As<Dev>(gwte), static_cast<const Dev*>(nullptr), tok,
+                                           N, T, C, V, As<Dev>(gout), nullptr, scale)
+                  .ok());
+  ASSERT_TRUE(lops::LaunchEmbeddingForward(cs, As<Dev>(gwte), static_cast<const Dev*>(nullptr), tok,
+                                           N, T, C, V, As<Dev>(gcopy), nullptr, 1.0)
+                  .ok());
+  ASSERT_TRUE(lops::LaunchEmbeddingForward(cs, As<Dev>(gwte), As<Dev>(gwpe), tok, N, T, C, V,
+                                           As<Dev>(gpos_out), nullptr, scale)
+                  .ok());
+  ASSERT_TRUE(lops::LaunchEmbeddingBackward(cs, tok, As<Dev>(gdx), N, T, C, V, T, As<Dev>(gdwte),
+                                            static_cast<Dev*>(nullptr), by_token, nullptr, {},
+                                            scale)
+                  .ok());
+  this->Sync();
+
+  // The host op.
+  std::vector<S> out_h(N * C), pos_out_h(N * C), dwte_h(V * C);
+  ops::EmbeddingForward<S>(wte_s.data(), tokens.data(), N, C, V, out_h.data(), nullptr, 0, nullptr,
+                           scale);
+  ops::EmbeddingForward<S>(wte_s.data(), tokens.data(), N, C, V, pos_out_h.data(), wpe_s.data(), T,
+                           nullptr, scale);
+  std::vector<unsigned char> scratch(ops::EmbeddingBackwardScratchBytes(N, V));
+  ops::EmbeddingBackward<S>(tokens.data(), dx_s.data(), N, C, V, dwte_h.data(), scratch.data(),
+                            nullptr, 0, nullptr, scale);
+  // Double, with the scale rounded to S.
+  const double s = Rounded<S>({scale})[0];
+  std::vector<double> out_d(N * C), pos_out_d(N * C), dwte_d(V * C, 0.0);
+  for (int64_t r = 0; r < N; ++r) {
+    for (int64_t c = 0; c < C; ++c) {
+      out_d[r * C + c] = wte[tokens[r] * C + c] * s;
+      pos_out_d[r * C + c] = out_d[r * C + c] + wpe[(r % T) * C + c];
+      dwte_d[tokens[r] * C + c] += s * dx[r * C + c];
+    }
+  }
+
+  const std::vector<S> out = this->template Download<S>(gout, N * C);
+  EXPECT_EQ(std::memcmp(out.data(), out_h.data(), out.size() * sizeof(S)), 0)
+      << "the scaled lookup differs from the host op's";
+  ExpectWithinBound("out vs double", ToDoubles(out), out_d, 2, Eps<S>(1));
+  const std::vector<S> copy = this->template Download<S>(gcopy, N * C);
+  for (int64_t r = 0; r < N; ++r) {
+    ASSERT_EQ(std::memcmp(&copy[r * C], &wte_s[tokens[r] * C], C * sizeof(S)), 0) << "row " << r;
+  }
+  const std::vector<double> pos_out = this->Get(gpos_out, N * C);
+  ExpectWithinBound("out with positions vs double", pos_out, pos_out_d, 4, Eps<S>(2));
+  ExpectWithinBound("out with positions vs host", pos_out, ToDoubles(pos_out_h), 8, Eps<S>(2));
+  const std::vector<double> dwte = this->Get(gdwte, V * C);
+  ExpectWithinBound("dwte vs double", dwte, dwte_d, 2, Eps<S>(N + 1));
+  ExpectWithinBound("dwte vs host", dwte, ToDoubles(dwte_h), 4, Eps<S>(N + 1));
+}
 
 // ---------------------------------------------------------------------------
 // RMSNorm: y = S(x rstd w) one rounding; dx = S(dres + RMS'(dy)) one rounding after C-term fp32
@@ -310,6 +396,51 @@ TYPED_TEST(LlamaCudaTest, SwigluMatchesTheHostOpAndDouble) {
   ExpectWithinBound("dgate_up vs host", dgu, ToDoubles(dgu_h), 4, Eps<S>(16));
 }
 
+// GeGLU (GatedActivation::kGeluTanh, Gemma's MLP): the same rounding points, gelu and gelu' in fp32
+// with tanhf; gates with the huge (+-300), large (+-30, +-8) and near-zero (+-1e-3, +-1e-7, 0)
+// values besides random ones, and the magnitude of the terms that cancel in 1 + tanh and
+// 1 - tanh^2 (op_test::GegluTermsOf) added to the bound; where tanhf saturates (|g| >= 8) the
+// results exactly those of gelu = g or 0, gelu' = 1 or 0.
+TYPED_TEST(LlamaCudaTest, GegluMatchesTheHostOpAndDouble) {
+  using S = TypeParam;
+  using Dev = DevOf<S>;
+  constexpr ops::GatedActivation kGelu = ops::GatedActivation::kGeluTanh;
+  const int64_t rows = 19, I = 45;
+  std::vector<double> gu = RandomValues(rows * 2 * I, 6.0, 23);
+  const double special[] = {300, -300, 30, -30, 8, -8, -0.7518, 1e-3, -1e-3, 1e-7, -1e-7, 0};
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < 12; ++c) gu[r * 2 * I + c] = special[(r + c) % 12];
+  }
+  gu = Rounded<S>(gu);
+  const std::vector<double> dh = Rounded<S>(RandomValues(rows * I, 1.0, 24));
+  auto ggu = this->Put(Cast<S>(gu)), gdh = this->Put(Cast<S>(dh));
+  auto gh = this->Poisoned(rows * I * sizeof(S));
+  auto gdgu = this->Put(Cast<S>(gu));  // the backward in place over a copy of gate_up
+  cudaStream_t cs = this->Native();
+  ASSERT_TRUE(lops::LaunchSwigluForward(cs, As<Dev>(ggu), rows, I, As<Dev>(gh), kGelu).ok());
+  ASSERT_TRUE(
+      lops::LaunchSwigluBackward(cs, As<Dev>(gdgu), As<Dev>(gdh), rows, I, As<Dev>(gdgu), kGelu)
+          .ok());
+  this->Sync();
+
+  const std::vector<S> gus = Cast<S>(gu), dhs = Cast<S>(dh);
+  std::vector<S> h_h(rows * I), dgu_h(rows * 2 * I);
+  ops::SwigluForward<S>(gus.data(), rows, I, h_h.data(), kGelu);
+  ops::SwigluBackward<S>(gus.data(), dhs.data(), rows, I, dgu_h.data(), kGelu);
+  std::vector<double> h_d(rows * I), dgu_d(rows * 2 * I);
+  ops::SwigluForward<double>(gu.data(), rows, I, h_d.data(), kGelu);
+  ops::SwigluBackward<double>(gu.data(), dh.data(), rows, I, dgu_d.data(), kGelu);
+
+  const op_test::GegluTerms terms = op_test::GegluTermsOf(gu, dh, rows, I);
+  const std::vector<double> h = this->Get(gh, rows * I), dgu = this->Get(gdgu, rows * 2 * I);
+  using terms_bound::ExpectWithinTermsBound;
+  ExpectWithinTermsBound("h vs double", h, h_d, terms.h, 2, Eps<S>(8));
+  ExpectWithinTermsBound("h vs host", h, ToDoubles(h_h), terms.h, 4, Eps<S>(8));
+  ExpectWithinTermsBound("dgate_up vs double", dgu, dgu_d, terms.dgate_up, 2, Eps<S>(16));
+  ExpectWithinTermsBound("dgate_up vs host", dgu, ToDoubles(dgu_h), terms.dgate_up, 4, Eps<S>(16));
+  EXPECT_GT(op_test::ExpectSaturatedGegluIsExact<S>("CUDA", gu, dh, rows, I, h, dgu), 0);
+}
+
 // ---------------------------------------------------------------------------
 // Grouped-query attention on strided [q | k | v | pad] rows. Rounding points (ops/attention.h):
 // out one rounding after the probabilities' rounding (k = 4 with T-term fp32 sums); dq, dk, dv
@@ -439,6 +570,7 @@ class LlamaPackedAttentionTest : public LlamaCudaTest<S> {
     int B, T, H, Hkv, hs;
     std::vector<std::vector<int>> rows;  // example lengths per row; empty: not packed
     int window = 0;                      // AttentionDims::window
+    double scale = 0;                    // AttentionDims::scale
   };
 
   // Case k against the host op with the same position_ids and window and against double, on
@@ -458,6 +590,7 @@ void LlamaPackedAttentionTest<S>::ExpectMatchesTheHostOpAndDouble(const Case& k)
   ops::AttentionDims hd{k.B, k.T, k.H, k.Hkv, k.hs, ld};
   hd.position_ids = pos.empty() ? nullptr : pos.data();
   hd.window = k.window;
+  hd.scale = k.scale;
   const std::vector<S> qkv_s = Cast<S>(qkv), dout_s = Cast<S>(dout);
   std::vector<S> out_h(N * Dq), dqkv_h(N * ld);
   std::vector<float> lse_h(int64_t{k.B} * k.H * k.T);
@@ -479,6 +612,7 @@ void LlamaPackedAttentionTest<S>::ExpectMatchesTheHostOpAndDouble(const Case& k)
        {lops::AttentionPath::kAuto, lops::AttentionPath::kCudaCores}) {
     SCOPED_TRACE("T=" + std::to_string(k.T) + " hs=" + std::to_string(k.hs) +
                  (pos.empty() ? "" : " packed") + " window=" + std::to_string(k.window) +
+                 " scale=" + std::to_string(k.scale) +
                  (path == lops::AttentionPath::kAuto ? " auto" : " CUDA cores"));
     const PackedRun r = this->Run(gd, qkv, dout, path);
     const std::vector<double> out = this->Get(r.out, N * Dq);
@@ -509,6 +643,49 @@ TYPED_TEST(LlamaPackedAttentionTest, SlidingWindowMatchesTheHostOpAndDoubleOnBot
   this->ExpectMatchesTheHostOpAndDouble({2, 150, 2, 1, 64, {{10, 70, 60, 10}, {64, 1, 85}}, 37});
   this->ExpectMatchesTheHostOpAndDouble({1, 130, 2, 2, 128, {}, 1});
   this->ExpectMatchesTheHostOpAndDouble({1, 200, 4, 2, 128, {}, 70});
+}
+
+// A given score scale (AttentionDims::scale, Gemma's query_pre_attn_scalar^-0.5): 0.3 in both
+// kernel sets (head dim 24 on CUDA cores only; 64 and 128 on the tensor cores for 16-bit S), alone,
+// with a window and with packed sequences, against the host op and double with the same scale.
+TYPED_TEST(LlamaPackedAttentionTest, AGivenScaleMatchesTheHostOpAndDoubleOnBothPaths) {
+  this->ExpectMatchesTheHostOpAndDouble({2, 37, 4, 2, 24, {}, 0, 0.3});
+  this->ExpectMatchesTheHostOpAndDouble({1, 150, 2, 1, 64, {}, 0, 0.3});
+  this->ExpectMatchesTheHostOpAndDouble(
+      {2, 150, 2, 1, 64, {{10, 70, 60, 10}, {64, 1, 85}}, 37, 0.3});
+  this->ExpectMatchesTheHostOpAndDouble({1, 130, 2, 2, 128, {}, 0, 0.3});
+}
+
+// 1 / sqrt(hs) given as the scale is the default to the bit (out, lse, dqkv), on both paths: as
+// the double 1 / sqrt(hs) for head dims 64 and 128 (its fp32 rounding is the fp32 quotient), as
+// the fp32 quotient 1.0f / sqrtf(24) for head dim 24 (where the double rounds one ulp away).
+TYPED_TEST(LlamaPackedAttentionTest, OneOverSqrtHeadDimGivenExplicitlyIsBitIdenticalToTheDefault) {
+  using S = TypeParam;
+  for (const auto& [hs, scale] :
+       {std::pair{64, 1.0 / std::sqrt(64.0)}, std::pair{128, 1.0 / std::sqrt(128.0)},
+        std::pair{24, double{1.0f / std::sqrt(24.0f)}}}) {
+    const int B = 2, T = 70, H = 2, Hkv = 1;
+    const int64_t N = int64_t{B} * T, Dq = int64_t{H} * hs, ld = Dq + 2 * int64_t{Hkv} * hs;
+    const std::vector<double> qkv = Rounded<S>(RandomValues(N * ld, 1.5, 101));
+    const std::vector<double> dout = Rounded<S>(RandomValues(N * Dq, 1.0, 102));
+    const ops::AttentionDims plain{B, T, H, Hkv, hs, ld};
+    ops::AttentionDims given = plain;
+    given.scale = scale;
+    for (const lops::AttentionPath path :
+         {lops::AttentionPath::kAuto, lops::AttentionPath::kCudaCores}) {
+      SCOPED_TRACE(std::string(path == lops::AttentionPath::kAuto ? "auto" : "CUDA cores") +
+                   " hs=" + std::to_string(hs));
+      const PackedRun a = this->Run(plain, qkv, dout, path), b = this->Run(given, qkv, dout, path);
+      for (const auto& [x, y, bytes, what] :
+           {std::tuple{a.out, b.out, N * Dq * int64_t{sizeof(S)}, "out"},
+            std::tuple{a.lse, b.lse, int64_t{B} * H * T * 4, "lse"},
+            std::tuple{a.dqkv, b.dqkv, N * ld * int64_t{sizeof(S)}, "dqkv"}}) {
+        const std::vector<uint8_t> u = this->template Download<uint8_t>(x, bytes),
+                                   v = this->template Download<uint8_t>(y, bytes);
+        EXPECT_EQ(std::memcmp(u.data(), v.data(), size_t(bytes)), 0) << what;
+      }
+    }
+  }
 }
 
 // A window of T or more masks nothing: out, lse and dqkv equal those without a window to the
@@ -749,6 +926,21 @@ TEST(LlamaCudaArguments, OpLaunchersRejectBadArgumentsBeforeLaunching) {
       << "row_stride < num_heads head_dim";
   EXPECT_TRUE(invalid(lops::LaunchSwigluForward<float>(nullptr, p, 4, 0, p)));
   EXPECT_TRUE(invalid(lops::LaunchSwigluBackward<float>(nullptr, p, nullptr, 4, 8, p)));
+  const lops::CountingSortScratch sort{reinterpret_cast<int32_t*>(p), reinterpret_cast<int32_t*>(p),
+                                       reinterpret_cast<int32_t*>(p),
+                                       reinterpret_cast<int32_t*>(p)};
+  const int32_t* ids = reinterpret_cast<const int32_t*>(p);
+  for (const double scale : {std::nan(""), std::numeric_limits<double>::infinity()}) {
+    EXPECT_TRUE(invalid(lops::LaunchEmbeddingForward<float>(nullptr, p, nullptr, ids, 4, 4, 8, 16,
+                                                            p, nullptr, scale)))
+        << scale;
+    EXPECT_TRUE(invalid(lops::LaunchEmbeddingBackward<float>(nullptr, ids, p, 4, 4, 8, 16, 4, p,
+                                                             nullptr, sort, nullptr, {}, scale)))
+        << scale;
+  }
+  const auto unknown_act = static_cast<ops::GatedActivation>(7);
+  EXPECT_TRUE(invalid(lops::LaunchSwigluForward<float>(nullptr, p, 4, 8, p, unknown_act)));
+  EXPECT_TRUE(invalid(lops::LaunchSwigluBackward<float>(nullptr, p, p, 4, 8, p, unknown_act)));
   const ops::AttentionDims not_grouped{1, 8, 3, 2, 8, 64};  // 3 % 2 != 0
   EXPECT_TRUE(invalid(lops::LaunchAttentionForward<float>(nullptr, not_grouped, p, p, p, p, p)));
   const ops::AttentionDims too_wide{1, 8, 2, 1, 2 * lops::kAttentionMaxHeadDim, 1024};
@@ -765,6 +957,15 @@ TEST(LlamaCudaArguments, OpLaunchersRejectBadArgumentsBeforeLaunching) {
       invalid(lops::LaunchAttentionForward<float>(nullptr, negative_window, p, p, p, p, p)));
   EXPECT_TRUE(invalid(lops::LaunchAttentionBackward<float>(nullptr, negative_window, p, p, p, p, p,
                                                            p, p, p, p, p)));
+  for (const double scale : {-0.5, std::nan(""), std::numeric_limits<double>::infinity()}) {
+    ops::AttentionDims bad_scale = ok;
+    bad_scale.scale = scale;
+    EXPECT_TRUE(invalid(lops::LaunchAttentionForward<float>(nullptr, bad_scale, p, p, p, p, p)))
+        << scale;
+    EXPECT_TRUE(invalid(
+        lops::LaunchAttentionBackward<float>(nullptr, bad_scale, p, p, p, p, p, p, p, p, p, p)))
+        << scale;
+  }
 }
 
 }  // namespace

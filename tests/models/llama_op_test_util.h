@@ -127,4 +127,66 @@ inline bool Close(double a, double b, double atol, double rtol) {
   return std::abs(a - b) <= atol + rtol * std::max(std::abs(a), std::abs(b));
 }
 
+// GeGLU (models/ops/swiglu.h, GatedActivation::kGeluTanh) on gate_up (rows, 2I) and dh (rows, I):
+// the magnitude of the terms that cancel in each output (terms_bound.h), from the formula
+// gelu(g) = 0.5 g (1 + th), gelu'(g) = 0.5 (1 + th) + 0.5 g (1 - th^2) s (1 + 3 c g^2), th =
+// tanh(s (g + c g^3)): 1 + th and 1 - th^2 cancel for negative gates, so an fp32 tanh's absolute
+// error (a few ulp of 1, more where a fast tanh saturates early) reaches h and the gradients
+// scaled by these terms, not by their (tiny) values. h_terms (rows, I) = |u| 0.5 |g| (1 + |th|);
+// dgate_up_terms (rows, 2I) = [|dh u| (0.5 (1 + |th|) + 0.5 |g| (1 + th^2) s (1 + 3 c g^2)) |
+// |dh| 0.5 |g| (1 + |th|)].
+struct GegluTerms {
+  std::vector<double> h, dgate_up;
+};
+inline GegluTerms GegluTermsOf(const std::vector<double>& gate_up, const std::vector<double>& dh,
+                               int64_t rows, int64_t I) {
+  constexpr double kS = 0.7978845608028654, kC = 0.044715;
+  GegluTerms t{std::vector<double>(rows * I), std::vector<double>(rows * 2 * I)};
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < I; ++c) {
+      const double g = gate_up[r * 2 * I + c], u = gate_up[r * 2 * I + I + c];
+      const double d = dh[r * I + c];
+      const double th = std::tanh(kS * (g + kC * g * g * g));
+      const double gelu_terms = 0.5 * std::abs(g) * (1 + std::abs(th));
+      const double grad_terms =
+          0.5 * (1 + std::abs(th)) + 0.5 * std::abs(g) * (1 + th * th) * kS * (1 + 3 * kC * g * g);
+      t.h[r * I + c] = std::abs(u) * gelu_terms;
+      t.dgate_up[r * 2 * I + c] = std::abs(d * u) * grad_terms;
+      t.dgate_up[r * 2 * I + I + c] = std::abs(d) * gelu_terms;
+    }
+  }
+  return t;
+}
+
+// GeGLU where the fp32 tanh saturates (|g| >= 8: |sqrt(2/pi) (g + 0.044715 g^3)| > 24, tanh
+// within 1e-21 of +-1, so +-1 exactly in fp32): the terms bound above grows like g^3 there and
+// says little, but the results are exact: gelu(g) = g or -0, gelu'(g) = 1 or 0, so h = S(g u),
+// dgate = S(dh u), dup = S(dh g) for g >= 8 and all three zero for g <= -8 (the products of two S
+// values, exact in fp32 for the 16-bit types and rounded once in fp32 for float, as S(double
+// product)). h (rows, I) and dgate_up (rows, 2I) the results as doubles. Returns the number of
+// saturated gates checked.
+template <typename S>
+int64_t ExpectSaturatedGegluIsExact(const std::string& what, const std::vector<double>& gate_up,
+                                    const std::vector<double>& dh, int64_t rows, int64_t I,
+                                    const std::vector<double>& h,
+                                    const std::vector<double>& dgate_up) {
+  int64_t checked = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < I; ++c) {
+      const double g = gate_up[r * 2 * I + c], u = gate_up[r * 2 * I + I + c];
+      const double d = dh[r * I + c];
+      if (std::abs(g) < 8) continue;
+      ++checked;
+      const bool pos = g > 0;
+      const auto s = [](double v) { return static_cast<double>(ToFloat(FromDouble<S>(v))); };
+      EXPECT_EQ(h[r * I + c], pos ? s(g * u) : 0.0) << what << " h " << r << " " << c << " g=" << g;
+      EXPECT_EQ(dgate_up[r * 2 * I + c], pos ? s(d * u) : 0.0)
+          << what << " dgate " << r << " " << c << " g=" << g;
+      EXPECT_EQ(dgate_up[r * 2 * I + I + c], pos ? s(d * g) : 0.0)
+          << what << " dup " << r << " " << c << " g=" << g;
+    }
+  }
+  return checked;
+}
+
 }  // namespace strata::models::op_test

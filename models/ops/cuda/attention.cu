@@ -403,19 +403,24 @@ StatusOr<Dims> CheckDims(const char* op, const AttentionDims& d) {
   if (d.batch_size < 1 || d.seq_len < 1 || d.num_heads < 1 || d.num_kv_heads < 1 ||
       d.head_dim < 1 || d.head_dim > kAttentionMaxHeadDim || d.num_heads % d.num_kv_heads != 0 ||
       d.row_stride < int64_t{d.num_heads} * d.head_dim ||
-      int64_t{d.batch_size} * d.num_heads > kMaxGrid || d.window < 0) {
+      int64_t{d.batch_size} * d.num_heads > kMaxGrid || d.window < 0 || !std::isfinite(d.scale) ||
+      d.scale < 0) {
     return InvalidArgumentError(std::string(op) +
                                 ": need B, T, H, Hkv >= 1, H a multiple of Hkv, 1 <= head_dim <= "
-                                "128, row_stride >= H head_dim, B H <= 65535 and window >= 0");
+                                "128, row_stride >= H head_dim, B H <= 65535, window >= 0 and a "
+                                "finite scale >= 0");
   }
+  // AttentionDims::scale: 0 is 1 / sqrt(head_dim) in fp32 (as before the field existed), else the
+  // given scale rounded once to fp32; both kernel sets read it from Dims (TcDims copies it).
+  const float scale =
+      d.scale == 0 ? 1.0f / sqrtf(static_cast<float>(d.head_dim)) : static_cast<float>(d.scale);
   // A window of T or more masks nothing: dropped, so the kernels run their unwindowed schedule
   // (the same results bit for bit, and no window arithmetic near INT_MAX).
   const int window = d.window < d.seq_len ? d.window : 0;
-  return Dims{d.batch_size,   d.seq_len,
-              d.num_heads,    d.num_kv_heads,
-              d.head_dim,     d.num_heads / d.num_kv_heads,
-              d.row_stride,   1.0f / sqrtf(static_cast<float>(d.head_dim)),
-              d.position_ids, window};
+  return Dims{d.batch_size,   d.seq_len,  d.num_heads,
+              d.num_kv_heads, d.head_dim, d.num_heads / d.num_kv_heads,
+              d.row_stride,   scale,      d.position_ids,
+              window};
 }
 
 // Calls f.template operator()<kDims>() with kDims = ceil(hs / 32) in 1..4.

@@ -123,12 +123,14 @@ class CudaOps {
     return LaunchGeluBackward(cs_, D(pre), D(dg), n, D(dpre));
   }
 
-  // LaunchSwigluForward / LaunchSwigluBackward.
-  Status Swiglu(const S* gate_up, int64_t rows, int64_t I, S* h) const {
-    return LaunchSwigluForward(cs_, D(gate_up), rows, I, D(h));
+  // LaunchSwigluForward / LaunchSwigluBackward (act: SwiGLU or GeGLU, ops/swiglu.h).
+  Status Swiglu(const S* gate_up, int64_t rows, int64_t I, S* h,
+                GatedActivation act = GatedActivation::kSilu) const {
+    return LaunchSwigluForward(cs_, D(gate_up), rows, I, D(h), act);
   }
-  Status SwigluBackward(const S* gate_up, const S* dh, int64_t rows, int64_t I, S* dgate_up) const {
-    return LaunchSwigluBackward(cs_, D(gate_up), D(dh), rows, I, D(dgate_up));
+  Status SwigluBackward(const S* gate_up, const S* dh, int64_t rows, int64_t I, S* dgate_up,
+                        GatedActivation act = GatedActivation::kSilu) const {
+    return LaunchSwigluBackward(cs_, D(gate_up), D(dh), rows, I, D(dgate_up), act);
   }
 
   // LaunchRopeTable, LaunchRope.

@@ -19,17 +19,19 @@ constexpr int kBlock = 256;  // threads of the elementwise kernels
 constexpr int kPlaceThreads = 1024;
 constexpr int kScanThreads = 1024;
 
+// scale: the fp32 scale, rounded to D here (s = D(scale), the host op's S(scale)).
 template <typename D>
 __global__ void EmbeddingForwardKernel(const D* wte, const D* wpe, const int32_t* tokens, int64_t N,
                                        int T, int64_t C, int V, D* x_out,
-                                       const int32_t* position_ids) {
+                                       const int32_t* position_ids, float scale) {
+  const float s = RoundTo<D>(scale);
   STRATA_FOR_EACH_INDEX(i, N * C) {
     const int64_t r = i / C, c = i % C;
     const int32_t tok = tokens[r];
     CheckTokenOnDevice(tok, V);
-    // Without wpe (the Llama family) the row is copied exactly.
+    // Without wpe (the Llama family) and unscaled the row is copied exactly.
     if (wpe == nullptr) {
-      x_out[i] = wte[tok * C + c];
+      x_out[i] = s == 1.0f ? wte[tok * C + c] : FromF<D>(ToF(wte[tok * C + c]) * s);
       continue;
     }
     int64_t t = r % T;
@@ -37,7 +39,8 @@ __global__ void EmbeddingForwardKernel(const D* wte, const D* wpe, const int32_t
       t = position_ids[r];
       CheckTokenOnDevice(static_cast<int32_t>(t), T);
     }
-    x_out[i] = FromF<D>(ToF(wte[tok * C + c]) + ToF(wpe[t * C + c]));
+    const float e = s == 1.0f ? ToF(wte[tok * C + c]) : ToF(wte[tok * C + c]) * s;
+    x_out[i] = FromF<D>(e + ToF(wpe[t * C + c]));
   }
 }
 
@@ -99,17 +102,19 @@ __global__ void PlaceByKeyKernel(const int32_t* keys, int64_t N, int32_t* cursor
   }
 }
 
-// out[v] = D(fp32 sum of the dx_out rows sorted under key v, in their order) for v < K: dwte by
-// token, dwpe by position. blockIdx.y strides over keys; each thread owns one column.
+// out[v] = D(s * fp32 sum of the dx_out rows sorted under key v, in their order) for v < K, s =
+// D(scale) (the sum scaled once, complete; scale 1: exact, the plain sum): dwte by token, dwpe by
+// position (scale 1). blockIdx.y strides over keys; each thread owns one column.
 template <typename D>
 __global__ void SortedRowSumsKernel(const D* dx_out, const int32_t* offsets, const int32_t* order,
-                                    int64_t C, int K, D* out) {
+                                    int64_t C, int K, D* out, float scale) {
   const int64_t c = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (c >= C) return;
+  const float s = RoundTo<D>(scale);
   for (int v = blockIdx.y; v < K; v += gridDim.y) {
     float acc = 0.0f;
     for (int32_t i = offsets[v]; i < offsets[v + 1]; ++i) acc += ToF(dx_out[order[i] * C + c]);
-    out[int64_t{v} * C + c] = FromF<D>(acc);
+    out[int64_t{v} * C + c] = FromF<D>(acc * s);
   }
 }
 
@@ -145,14 +150,21 @@ Status CountingSort(cudaStream_t stream, const int32_t* keys, int64_t N, int K,
   return Status::Ok();
 }
 
-// out (K, C) from the sort of s (SortedRowSumsKernel).
+// out (K, C) from the sort of s (SortedRowSumsKernel), each row's sum times D(scale).
 template <typename D>
 Status LaunchSortedRowSums(cudaStream_t stream, const D* dx_out, const CountingSortScratch& s,
-                           int64_t C, int K, D* out) {
+                           int64_t C, int K, D* out, float scale) {
   const dim3 grid(static_cast<unsigned>((C + kBlock - 1) / kBlock),
                   static_cast<unsigned>(std::min<int64_t>(K, kMaxGrid)));
-  SortedRowSumsKernel<D><<<grid, kBlock, 0, stream>>>(dx_out, s.offsets, s.order, C, K, out);
+  SortedRowSumsKernel<D><<<grid, kBlock, 0, stream>>>(dx_out, s.offsets, s.order, C, K, out, scale);
   return Launched("SortedRowSumsKernel");
+}
+
+// The embedding scale must be finite (it is rounded to fp32, then to D, in the kernels).
+Status CheckScale(const char* op, double scale) {
+  if (std::isfinite(scale)) return Status::Ok();
+  return InvalidArgumentError(std::string(op) + ": the scale must be finite, got " +
+                              std::to_string(scale));
 }
 
 Status CheckSortScratch(const char* op, const CountingSortScratch& s, int64_t N) {
@@ -166,13 +178,14 @@ Status CheckSortScratch(const char* op, const CountingSortScratch& s, int64_t N)
 template <typename D>
 Status LaunchEmbeddingForward(cudaStream_t stream, const D* wte, const D* wpe,
                               const int32_t* tokens, int64_t N, int T, int64_t C, int V, D* x_out,
-                              const int32_t* position_ids) {
+                              const int32_t* position_ids, double scale) {
   STRATA_RETURN_IF_ERROR(CheckSizes("LaunchEmbeddingForward", {N, C}));
   if (T < 1 || V < 1) return InvalidArgumentError("LaunchEmbeddingForward: T and V must be >= 1");
+  STRATA_RETURN_IF_ERROR(CheckScale("LaunchEmbeddingForward", scale));
   if (N == 0 || C == 0) return Status::Ok();
   STRATA_RETURN_IF_ERROR(CheckPointers("LaunchEmbeddingForward", {wte, tokens, x_out}));
   EmbeddingForwardKernel<D><<<GridFor(N * C, kBlock), kBlock, 0, stream>>>(
-      wte, wpe, tokens, N, T, C, V, x_out, position_ids);
+      wte, wpe, tokens, N, T, C, V, x_out, position_ids, static_cast<float>(scale));
   return Launched("EmbeddingForwardKernel");
 }
 
@@ -180,14 +193,15 @@ template <typename D>
 Status LaunchEmbeddingBackward(cudaStream_t stream, const int32_t* tokens, const D* dx_out,
                                int64_t N, int T, int64_t C, int V, int max_seq_len, D* dwte,
                                D* dwpe, const CountingSortScratch& by_token,
-                               const int32_t* position_ids,
-                               const CountingSortScratch& by_position) {
+                               const int32_t* position_ids, const CountingSortScratch& by_position,
+                               double scale) {
   STRATA_RETURN_IF_ERROR(CheckSizes("LaunchEmbeddingBackward", {N, C}));
   if (T < 1 || V < 1 || max_seq_len < T || N % T != 0 || N > INT32_MAX) {
     return InvalidArgumentError(
         "LaunchEmbeddingBackward: need T >= 1, V >= 1, max_seq_len >= T, N a multiple of T and "
         "N < 2^31");
   }
+  STRATA_RETURN_IF_ERROR(CheckScale("LaunchEmbeddingBackward", scale));
   if (C == 0) return Status::Ok();
   STRATA_RETURN_IF_ERROR(CheckPointers("LaunchEmbeddingBackward", {dwte}));
   STRATA_RETURN_IF_ERROR(CheckSortScratch("LaunchEmbeddingBackward", by_token, N));
@@ -195,7 +209,8 @@ Status LaunchEmbeddingBackward(cudaStream_t stream, const int32_t* tokens, const
   const bool packed = dwpe != nullptr && position_ids != nullptr;
   if (packed) STRATA_RETURN_IF_ERROR(CheckSortScratch("LaunchEmbeddingBackward", by_position, N));
   STRATA_RETURN_IF_ERROR(CountingSort(stream, tokens, N, V, by_token));
-  STRATA_RETURN_IF_ERROR(LaunchSortedRowSums(stream, dx_out, by_token, C, V, dwte));
+  STRATA_RETURN_IF_ERROR(
+      LaunchSortedRowSums(stream, dx_out, by_token, C, V, dwte, static_cast<float>(scale)));
   if (dwpe == nullptr) return Status::Ok();
   if (!packed) {
     EmbeddingWpeKernel<D><<<GridFor(int64_t{max_seq_len} * C, kBlock), kBlock, 0, stream>>>(
@@ -205,7 +220,7 @@ Status LaunchEmbeddingBackward(cudaStream_t stream, const int32_t* tokens, const
   // Packed sequences: the rows sorted by position, each dwpe row their sum in row order; rows
   // T .. max_seq_len - 1 zero (all-zero bits are +0 in every D).
   STRATA_RETURN_IF_ERROR(CountingSort(stream, position_ids, N, T, by_position));
-  STRATA_RETURN_IF_ERROR(LaunchSortedRowSums(stream, dx_out, by_position, C, T, dwpe));
+  STRATA_RETURN_IF_ERROR(LaunchSortedRowSums(stream, dx_out, by_position, C, T, dwpe, 1.0f));
   if (max_seq_len == T) return Status::Ok();
   return gpu::cuda::CudaStatus(
       cudaMemsetAsync(dwpe + int64_t{T} * C, 0,
@@ -216,10 +231,11 @@ Status LaunchEmbeddingBackward(cudaStream_t stream, const int32_t* tokens, const
 
 #define STRATA_INSTANTIATE_EMBEDDING(D)                                                       \
   template Status LaunchEmbeddingForward<D>(cudaStream_t, const D*, const D*, const int32_t*, \
-                                            int64_t, int, int64_t, int, D*, const int32_t*);  \
+                                            int64_t, int, int64_t, int, D*, const int32_t*,   \
+                                            double);                                          \
   template Status LaunchEmbeddingBackward<D>(                                                 \
       cudaStream_t, const int32_t*, const D*, int64_t, int, int64_t, int, int, D*, D*,        \
-      const CountingSortScratch&, const int32_t*, const CountingSortScratch&);
+      const CountingSortScratch&, const int32_t*, const CountingSortScratch&, double);
 STRATA_INSTANTIATE_EMBEDDING(float)
 STRATA_INSTANTIATE_EMBEDDING(__half)
 STRATA_INSTANTIATE_EMBEDDING(__nv_bfloat16)

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "models/ops/cuda/common.cuh"
+#include "models/ops/cuda/gelu_tanh.cuh"
 #include "models/ops/cuda/ops.cuh"
 
 namespace strata::models::ops::cuda {
@@ -12,31 +13,15 @@ namespace {
 using namespace internal;  // NOLINT: the shared device helpers
 
 constexpr int kBlock = 256;
-constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
-constexpr float kGeluCubic = 0.044715f;
-
-// gelu'(v) of gelu(v) = 0.5 v (1 + tanh(sqrt(2/pi) (v + 0.044715 v^3))), as ops/gelu.cc.
-__device__ __forceinline__ float GeluGrad(float v) {
-  const float v2 = v * v;
-  const float th = tanhf(kGeluScale * (v + kGeluCubic * v2 * v));
-  const float du = kGeluScale * (1.0f + 3.0f * kGeluCubic * v2);
-  return 0.5f * (1.0f + th) + 0.5f * v * (1.0f - th * th) * du;
-}
-
-// gelu(v), as ops/gelu.cc Gelu.
-__device__ __forceinline__ float Gelu(float v) {
-  return 0.5f * v * (1.0f + tanhf(kGeluScale * (v + kGeluCubic * v * v * v)));
-}
-
 // acc: fp32 or the stored D (its value read exactly).
 template <typename A, typename D>
 __global__ void TimesGeluGradKernel(const A* acc, const D* pre, int64_t n, D* out) {
-  STRATA_FOR_EACH_INDEX(i, n) { out[i] = FromF<D>(ToF(acc[i]) * GeluGrad(ToF(pre[i]))); }
+  STRATA_FOR_EACH_INDEX(i, n) { out[i] = FromF<D>(ToF(acc[i]) * GeluTanhGrad(ToF(pre[i]))); }
 }
 
 template <typename D>
 __global__ void GeluKernel(const D* pre, int64_t n, D* out) {
-  STRATA_FOR_EACH_INDEX(i, n) { out[i] = FromF<D>(Gelu(ToF(pre[i]))); }
+  STRATA_FOR_EACH_INDEX(i, n) { out[i] = FromF<D>(GeluTanh(ToF(pre[i]))); }
 }
 
 template <typename A, typename D>

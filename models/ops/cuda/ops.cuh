@@ -33,6 +33,7 @@
 #include "models/ops/cuda/partials.h"
 #include "models/ops/matmul.h"
 #include "models/ops/rope.h"
+#include "models/ops/swiglu.h"
 
 namespace strata::models::ops::cuda {
 
@@ -48,18 +49,21 @@ struct CountingSortScratch {
   int32_t* order = nullptr;
 };
 
-// x_out[r] = D(wte[tokens[r]] + wpe[p(r)]), p(r) = position_ids[r] when position_ids ((N) int32,
-// packed sequences, each in [0, T); outside traps) is given, else r % T; wte (V, C), wpe (>= T,
-// C), x_out (N, C). wpe may be null (no position table, the Llama family): x_out[r] =
-// wte[tokens[r]], an exact copy, and position_ids is not read.
+// x_out[r] = D(wte[tokens[r]] s + wpe[p(r)]), p(r) = position_ids[r] when position_ids ((N)
+// int32, packed sequences, each in [0, T); outside traps) is given, else r % T; wte (V, C), wpe
+// (>= T, C), x_out (N, C). s = D(scale) (through fp32; Gemma's embed_scale, ops/embedding.h), a
+// finite scale (else kInvalidArgument), 1.0 by default: then the kernels of before the scale, bit
+// for bit. wpe may be null (no position table, the Llama family): x_out[r] = D(wte[tokens[r]] s),
+// an exact copy with scale 1, and position_ids is not read.
 template <typename D>
 Status LaunchEmbeddingForward(cudaStream_t stream, const D* wte, const D* wpe,
                               const int32_t* tokens, int64_t N, int T, int64_t C, int V, D* x_out,
-                              const int32_t* position_ids = nullptr);
+                              const int32_t* position_ids = nullptr, double scale = 1.0);
 
 // dwte (V, C), dwpe (max_seq_len, C) OVERWRITTEN: a stable counting sort of the N rows by token
-// (by_token, K = V), then dwte[v] = D(fp32 sum of the dx_out rows of token v in increasing row
-// order), 0 for absent tokens. dwpe (null: not computed): without position_ids dwpe[t] = D(fp32
+// (by_token, K = V), then dwte[v] = D(s * fp32 sum of the dx_out rows of token v in increasing
+// row order), s = D(scale) as the forward's (the sum scaled once, complete; scale 1.0 exact),
+// 0 for absent tokens. dwpe (null: not computed): without position_ids dwpe[t] = D(fp32
 // sum over b of dx_out[b T + t], b in order) for t < T; with position_ids ((N) int32, each in
 // [0, T); outside traps) a second stable counting sort of the rows by position (by_position,
 // K = T; needed only then) and dwpe[p] = D(fp32 sum of the dx_out rows at position p in
@@ -69,7 +73,7 @@ Status LaunchEmbeddingBackward(cudaStream_t stream, const int32_t* tokens, const
                                int64_t N, int T, int64_t C, int V, int max_seq_len, D* dwte,
                                D* dwpe, const CountingSortScratch& by_token,
                                const int32_t* position_ids = nullptr,
-                               const CountingSortScratch& by_position = {});
+                               const CountingSortScratch& by_position = {}, double scale = 1.0);
 
 // ---------------------------------------------------------------------------
 // LayerNorm (ops/layer_norm.h) and column sums (the bias gradient of ops/matmul.h), layer_norm.cu.
@@ -233,17 +237,21 @@ Status LaunchRope(cudaStream_t stream, D* x, int64_t rows, int64_t row_stride, i
                   const int32_t* position_ids = nullptr);
 
 // ---------------------------------------------------------------------------
-// SwiGLU (ops/swiglu.h) on rows of [gate (I) | up (I)].
+// SwiGLU and GeGLU (ops/swiglu.h) on rows of [gate (I) | up (I)], swiglu.cu: act(g) = silu(g)
+// (kSilu, the default: the kernels of before the parameter, bit for bit) or the tanh GELU of
+// ops/gelu.h (kGeluTanh, Gemma's gelu_pytorch_tanh), in fp32. An act outside the enum is
+// kInvalidArgument.
 
-// h: (rows, I) OVERWRITTEN = D(silu(g) u); must not overlap gate_up.
+// h: (rows, I) OVERWRITTEN = D(act(g) u); must not overlap gate_up.
 template <typename D>
-Status LaunchSwigluForward(cudaStream_t stream, const D* gate_up, int64_t rows, int64_t I, D* h);
+Status LaunchSwigluForward(cudaStream_t stream, const D* gate_up, int64_t rows, int64_t I, D* h,
+                           GatedActivation act = GatedActivation::kSilu);
 
-// dgate_up: (rows, 2I) OVERWRITTEN with [D(dh u silu'(g)) | D(dh silu(g))]; may equal gate_up
+// dgate_up: (rows, 2I) OVERWRITTEN with [D(dh u act'(g)) | D(dh act(g))]; may equal gate_up
 // (each pair is read before it is written); dh must not overlap either.
 template <typename D>
 Status LaunchSwigluBackward(cudaStream_t stream, const D* gate_up, const D* dh, int64_t rows,
-                            int64_t I, D* dgate_up);
+                            int64_t I, D* dgate_up, GatedActivation act = GatedActivation::kSilu);
 
 // ---------------------------------------------------------------------------
 // Causal grouped-query attention (ops/attention.h), attention.cu, fused in the manner of
@@ -270,12 +278,13 @@ inline constexpr int kAttentionMaxHeadDim = 128;
 
 // q: (B, T, H, hs) rows of row_stride; k, v: (B, T, Hkv, hs) rows of row_stride; out: (B, T, H hs)
 // contiguous, OVERWRITTEN; lse: (B, H, T) fp32 OVERWRITTEN (log-sum-exp of each query's scaled
-// scores; the backward recomputes the probabilities from it). Scores scaled by 1 / sqrt(hs) in
-// fp32, softmax in fp32 (a first pass over the keys for each row's log-sum-exp), the normalised
-// probabilities D(exp(s - lse)) rounded to D before the product with V (the host op's rounding
-// point, models/ops/attention.cc), output accumulated in fp32 and rounded once. Requirements: all
+// scores; the backward recomputes the probabilities from it). Scores scaled in fp32 by
+// 1 / sqrt(hs), or by AttentionDims::scale rounded to fp32 where it is not 0; softmax in fp32 (a
+// first pass over the keys for each row's log-sum-exp), the normalised probabilities
+// D(exp(s - lse)) rounded to D before the product with V (the host op's rounding point,
+// models/ops/attention.cc), output accumulated in fp32 and rounded once. Requirements: all
 // dims >= 1, H % Hkv == 0, hs <= kAttentionMaxHeadDim, row_stride >= H hs, B H <= 65535,
-// window >= 0. out must not overlap q, k, v.
+// window >= 0, scale finite and >= 0. out must not overlap q, k, v.
 template <typename D>
 Status LaunchAttentionForward(cudaStream_t stream, const AttentionDims& d, const D* q, const D* k,
                               const D* v, D* out, float* lse,

@@ -1,8 +1,9 @@
 // models/ops/attention.h: causal grouped-query attention on strided rows, the double
 // instantiation against a plain softmax reference (forward and backward, with k and v repeated
 // per query head as Hugging Face's repeat_kv), every storage type against double; packed
-// sequences (position_ids: block-diagonal causal attention) and sliding windows
-// (AttentionDims::window: key j seen by queries j .. j + w - 1) in the same reference and cases.
+// sequences (position_ids: block-diagonal causal attention), sliding windows
+// (AttentionDims::window: key j seen by queries j .. j + w - 1) and a given score scale
+// (AttentionDims::scale, Gemma's query_pre_attn_scalar^-0.5) in the same reference and cases.
 #include "models/ops/attention.h"
 
 #include <gtest/gtest-spi.h>
@@ -11,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -78,12 +80,19 @@ Layout Windowed(Layout l, int w) {
   return l;
 }
 
+// l with the scores scaled by `scale` (AttentionDims::scale; 0: 1 / sqrt(head_dim)).
+Layout Scaled(Layout l, double scale) {
+  l.d.scale = scale;
+  return l;
+}
+
 std::string Name(const Layout& l) {
   return "B=" + std::to_string(l.d.batch_size) + " T=" + std::to_string(l.d.seq_len) +
          " H=" + std::to_string(l.d.num_heads) + " Hkv=" + std::to_string(l.d.num_kv_heads) +
          " hs=" + std::to_string(l.d.head_dim) + " stride=" + std::to_string(l.d.row_stride) +
          (l.position_ids.empty() ? "" : " packed") +
-         (l.d.window == 0 ? "" : " window=" + std::to_string(l.d.window));
+         (l.d.window == 0 ? "" : " window=" + std::to_string(l.d.window)) +
+         (l.d.scale == 0 ? "" : " scale=" + std::to_string(l.d.scale));
 }
 
 // The cases: H / Hkv in {1, 2, 4}; T across the attention row block (64) and not a multiple of
@@ -108,6 +117,15 @@ std::vector<Layout> WindowCases() {
           Windowed(MakePacked(1, {1, 66, 3, 60}, 4, 4, 5, 0), 9)};
 }
 
+// A score scale other than 1 / sqrt(hs): 0.3 (Gemma's scaling is query_pre_attn_scalar^-0.5, not
+// tied to the head size) on the causal cases, with grouped heads, packed sequences and a window.
+std::vector<Layout> ScaleCases() {
+  return {Scaled(MakeLayout(2, 67, 4, 4, 8, 3), 0.3), Scaled(MakeLayout(3, 19, 4, 2, 7, 1), 0.3),
+          Scaled(MakeLayout(1, 1, 2, 1, 3, 0), 0.3),
+          Scaled(MakePacked(2, {10, 20, 7}, 4, 2, 6, 1), 0.3),
+          Scaled(Windowed(MakeLayout(2, 37, 4, 2, 7, 3), 5), 0.3)};
+}
+
 // The reference: per (b, h), plain softmax attention with kv head h / (H / Hkv).
 // terms: the magnitude of the terms that cancel in each dq, dk, dv element (terms_bound.h): the
 // backward evaluated with absolute values, dP's terms |dO| |v| and dS's P (|dP| + |D|), |dP| and
@@ -121,7 +139,7 @@ Ref Reference(const Layout& l, const std::vector<double>& qkv, const std::vector
   const AttentionDims& d = l.d;
   const int64_t T = d.seq_len, H = d.num_heads, hs = d.head_dim, ld = d.row_stride;
   const int64_t group = H / d.num_kv_heads, ldo = H * hs;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
+  const double scale = d.scale != 0 ? d.scale : 1.0 / std::sqrt(static_cast<double>(hs));
   Ref r{std::vector<double>(l.out_elems()), std::vector<double>(int64_t{d.batch_size} * H * T),
         std::vector<double>(l.qkv_elems(), 0.0), std::vector<double>(l.qkv_elems(), 0.0)};
   for (int64_t b = 0; b < d.batch_size; ++b) {
@@ -256,6 +274,38 @@ TEST(AttentionOp, DoubleMatchesTheWindowedSoftmaxReference) {
   }
 }
 
+// A given scale: the scores are scale q k^T in the forward and the backward (dq and dk carry the
+// scale, dv does not), with grouped heads, packed sequences and a window.
+TEST(AttentionOp, DoubleMatchesTheReferenceWithAGivenScale) {
+  for (const Layout& l : ScaleCases()) {
+    SCOPED_TRACE(Name(l));
+    const std::vector<double> qkv = Inputs(l, 21), dout = RandomDoubles(l.out_elems(), 22);
+    const Got<double> g = RunOp<double>(l, qkv, dout);
+    const Ref r = Reference(l, qkv, dout);
+    ExpectNearReference("out", g.out, r.out);
+    ExpectNearReference("lse", g.lse, r.lse);
+    const int64_t qw = int64_t{l.d.num_heads} * l.d.head_dim;
+    const int64_t kvw = int64_t{l.d.num_kv_heads} * l.d.head_dim;
+    ExpectWithinTermsBound("dq", Columns(l, g.dqkv, l.q_off, qw), Columns(l, r.dqkv, l.q_off, qw),
+                           Columns(l, r.terms, l.q_off, qw), 1.0, 1e-12);
+    ExpectWithinTermsBound("dk", Columns(l, g.dqkv, l.k_off, kvw), Columns(l, r.dqkv, l.k_off, kvw),
+                           Columns(l, r.terms, l.k_off, kvw), 1.0, 1e-12);
+    ExpectNearReference("dv", Columns(l, g.dqkv, l.v_off, kvw), Columns(l, r.dqkv, l.v_off, kvw));
+  }
+}
+
+// The reference's scale is used: on one key of one query (T = 1) lse is that key's scaled score,
+// so scale 0.3 and the default differ there by the factor between them.
+TEST(AttentionOp, LseOfASingleKeyIsItsScoreTimesTheGivenScale) {
+  const Layout l = Scaled(MakeLayout(1, 1, 1, 1, 4, 0), 0.3);
+  const std::vector<double> qkv = Inputs(l, 23), dout = RandomDoubles(l.out_elems(), 24);
+  double dot = 0;
+  for (int64_t j = 0; j < 4; ++j) dot += qkv[l.q_off + j] * qkv[l.k_off + j];
+  EXPECT_NEAR(Reference(l, qkv, dout).lse[0], 0.3 * dot, 1e-14);
+  EXPECT_NEAR(RunOp<double>(l, qkv, dout).lse[0], 0.3 * dot, 1e-14);
+  EXPECT_NEAR(RunOp<double>(Scaled(l, 0), qkv, dout).lse[0], 0.5 * dot, 1e-14);
+}
+
 // The reference itself: a window of 1 is attention to the query's own key alone (out = v of the
 // row, lse = its own scaled score), so the windowed reference is not the causal one in disguise.
 TEST(AttentionOp, WindowOfOneAttendsToTheQuerysOwnKeyOnly) {
@@ -313,6 +363,58 @@ TYPED_TEST(AttentionOpTest, IsWithinItsRoundingsOfDoubleForEveryGroupSize) {
 // The same bounds with a window (K still counts T keys: a bound for the windowed rows too).
 TYPED_TEST(AttentionOpTest, WindowedIsWithinItsRoundingsOfDouble) {
   ExpectWithinItsRoundingsOfDouble<TypeParam>(WindowCases());
+}
+
+// The same bounds with a given scale (0.3 rounded to fp32 once: within the scores' rounding).
+TYPED_TEST(AttentionOpTest, AGivenScaleIsWithinItsRoundingsOfDouble) {
+  ExpectWithinItsRoundingsOfDouble<TypeParam>(ScaleCases());
+}
+
+// 1 / sqrt(hs) given as the scale is the default to the bit: out, lse, dq, dk, dv. Given as the
+// double 1 / sqrt(hs) for head sizes whose fp32 rounding of it is the fp32 quotient (3, 5, 8, 64);
+// given as the ComputeType<S> quotient itself for every head size (6 and 7 included, where the
+// double's rounding is one ulp away from it: AttentionDims::scale).
+template <typename S>
+void ExpectAnExplicitDefaultScaleIsBitIdentical(const Layout& base, double scale) {
+  SCOPED_TRACE(Name(Scaled(base, scale)));
+  const std::vector<double> qkv = Inputs(base, 25), dout = RandomDoubles(base.out_elems(), 26);
+  const Got<S> plain = RunOp<S>(base, qkv, dout);
+  const Got<S> g = RunOp<S>(Scaled(base, scale), qkv, dout);
+  EXPECT_EQ(std::memcmp(g.out.data(), plain.out.data(), g.out.size() * sizeof(S)), 0);
+  EXPECT_EQ(std::memcmp(g.lse.data(), plain.lse.data(), g.lse.size() * sizeof(ComputeType<S>)), 0);
+  EXPECT_EQ(std::memcmp(g.dqkv.data(), plain.dqkv.data(), g.dqkv.size() * sizeof(S)), 0);
+}
+
+template <typename S>
+class AttentionScaleTest : public ::testing::Test {};
+using AllStorageTypes = ::testing::Types<double, float, Bf16, Fp16>;
+TYPED_TEST_SUITE(AttentionScaleTest, AllStorageTypes);
+
+TYPED_TEST(AttentionScaleTest, OneOverSqrtHeadDimGivenExplicitlyIsBitIdenticalToTheDefault) {
+  using S = TypeParam;
+  using F = ComputeType<S>;
+  for (const Layout& l :
+       {MakeLayout(2, 67, 4, 2, 8, 3), MakeLayout(2, 70, 4, 1, 5, 2), MakeLayout(1, 9, 2, 1, 3, 0),
+        MakeLayout(1, 70, 2, 2, 64, 1), Windowed(MakePacked(1, {1, 66, 3}, 4, 4, 8, 0), 9)}) {
+    ExpectAnExplicitDefaultScaleIsBitIdentical<S>(
+        l, 1.0 / std::sqrt(static_cast<double>(l.d.head_dim)));
+  }
+  for (const Layout& l : Cases()) {
+    const F quotient = F(1) / std::sqrt(F(l.d.head_dim));
+    ExpectAnExplicitDefaultScaleIsBitIdentical<S>(l, static_cast<double>(quotient));
+  }
+}
+
+// A given scale does change the result (the field is read): 0.3 against the default.
+TYPED_TEST(AttentionScaleTest, AGivenScaleChangesTheScores) {
+  using S = TypeParam;
+  const Layout l = MakeLayout(2, 19, 4, 2, 7, 1);
+  const std::vector<double> qkv = Inputs(l, 27), dout = RandomDoubles(l.out_elems(), 28);
+  const Got<S> plain = RunOp<S>(l, qkv, dout);
+  const Got<S> g = RunOp<S>(Scaled(l, 0.3), qkv, dout);
+  int64_t differ = 0;
+  for (size_t i = 0; i < g.lse.size(); ++i) differ += g.lse[i] != plain.lse[i];
+  EXPECT_GT(differ, int64_t(g.lse.size()) / 2);
 }
 
 // The terms bound still fails a wrong gradient: on a single key (T = 1) dq and dk are zero in
@@ -478,6 +580,18 @@ TEST(AttentionOpDeathTest, ANegativeWindowIsRejected) {
   EXPECT_DEATH(AttentionForward<float>(l.dims(), qkv.data(), qkv.data() + l.k_off,
                                        qkv.data() + l.v_off, out.data(), lse.data()),
                "window=-1");
+}
+
+// A negative or non-finite scale is a broken invariant of the caller's dims.
+TEST(AttentionOpDeathTest, ANegativeOrNonFiniteScaleIsRejected) {
+  for (const double scale : {-0.5, std::nan(""), std::numeric_limits<double>::infinity()}) {
+    Layout l = Scaled(MakeLayout(1, 4, 1, 1, 2, 0), scale);
+    const std::vector<float> qkv(l.qkv_elems(), 0.5f);
+    std::vector<float> out(l.out_elems()), lse(4);
+    EXPECT_DEATH(AttentionForward<float>(l.dims(), qkv.data(), qkv.data() + l.k_off,
+                                         qkv.data() + l.v_off, out.data(), lse.data()),
+                 "scale=");
+  }
 }
 
 // The padding columns between rows are neither read into the result nor written.
