@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <limits>
 #include <optional>
 
@@ -91,13 +92,14 @@ class Fields {
   const std::string& path_;
 };
 
-constexpr std::string_view kSupportedModelTypes = "llama, mistral, qwen2, qwen3, phi3, gpt2";
+constexpr std::string_view kSupportedModelTypes =
+    "llama, mistral, qwen2, qwen3, phi3, gemma3_text, gpt2";
 constexpr std::string_view kSupportedArchitectures =
     "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, "
-    "GPT2LMHeadModel";
+    "Gemma3ForCausalLM, GPT2LMHeadModel";
 
 constexpr LlamaArch kLlamaArchs[] = {LlamaArch::kLlama, LlamaArch::kMistral, LlamaArch::kQwen2,
-                                     LlamaArch::kQwen3, LlamaArch::kPhi3};
+                                     LlamaArch::kQwen3, LlamaArch::kPhi3,    LlamaArch::kGemma3};
 
 Status ParseRopeScaling(const Fields& f, const json* scaling, LlamaConfig& c) {
   if (scaling == nullptr) return Status::Ok();
@@ -116,11 +118,23 @@ Status ParseRopeScaling(const Fields& f, const json* scaling, LlamaConfig& c) {
   }
   if (type == "default") return Status::Ok();  // transformers' name for no scaling
   if (type.empty()) {
-    return f.Error("rope_scaling", "has no \"rope_type\" (or \"type\") string (supported: llama3)");
+    return f.Error("rope_scaling",
+                   "has no \"rope_type\" (or \"type\") string (supported: llama3, linear)");
+  }
+  if (type == "linear") {
+    const json* factor = s.Find("factor");
+    if (factor == nullptr || !factor->is_number() || !(factor->get<double>() >= 1.0) ||
+        factor->get<double>() > std::numeric_limits<float>::max()) {
+      return f.Error("rope_scaling.factor", "must be a number >= 1 (linear scaling)");
+    }
+    c.rope_linear_factor = factor->get<double>();
+    return Status::Ok();
   }
   if (type != "llama3") {
     return f.Error("rope_scaling",
-                   fmt::format("type '{}' is not supported (supported: llama3, or null)", type));
+                   fmt::format("type '{}' is not supported (supported: llama3, linear, or "
+                               "null)",
+                               Excerpt(type)));
   }
   auto num = [&](const char* key) -> StatusOr<double> {
     const json* v = s.Find(key);
@@ -207,24 +221,82 @@ Status ParseQwenWindows(const Fields& f, LlamaConfig& c) {
   return Status::Ok();
 }
 
-// model_type llama, mistral, qwen2, qwen3 and phi3: the Llama layer with the family's options
-// (llama_config.h), read as transformers' configuration classes read them.
+// Gemma 3's text model (transformers' Gemma3TextConfig): (1 + w) norms, sandwich norms, GeGLU,
+// q/k norms, embeddings times sqrt(hidden), query_pre_attn_scalar, windows on the layers
+// layer_types names "sliding_attention" (default: all but every sliding_window_pattern-th) with
+// their own RoPE base rope_local_base_freq; no soft-capping.
+Status ParseGemma3(const Fields& f, LlamaConfig& c) {
+  c.norm_unit_offset = c.sandwich_norms = c.gelu_tanh_mlp = c.qk_norm = true;
+  c.embed_scale = std::sqrt(static_cast<double>(c.hidden_size));
+  STRATA_ASSIGN_OR_RETURN(const bool bias, f.Bool("attention_bias", false));
+  c.qkv_bias = c.o_bias = bias;
+  for (const char* cap : {"attn_logit_softcapping", "final_logit_softcapping"}) {
+    if (const json* v = f.Find(cap); v != nullptr) {
+      return f.Error(cap, fmt::format("= {} is not supported (soft-capping: Gemma 2; null is)",
+                                      Fields::Dump(*v)));
+    }
+  }
+  STRATA_RETURN_IF_ERROR(f.FalseOrAbsent("use_bidirectional_attention", "a causal language model"));
+  STRATA_ASSIGN_OR_RETURN(c.query_pre_attn_scalar, f.Double("query_pre_attn_scalar", 256.0));
+  STRATA_ASSIGN_OR_RETURN(c.rope_local_theta, f.Double("rope_local_base_freq", 10000.0));
+  int window = 4096;
+  if (f.Find("sliding_window") != nullptr) {
+    STRATA_ASSIGN_OR_RETURN(window, SlidingWindow(f));
+  }
+  std::vector<bool> sliding(c.num_layers, false);
+  if (const json* types = f.Find("layer_types"); types != nullptr) {
+    if (!types->is_array() || static_cast<int64_t>(types->size()) != c.num_layers) {
+      return f.Error("layer_types",
+                     fmt::format("must be a list of {} names (one per layer), got {}", c.num_layers,
+                                 Fields::Dump(*types)));
+    }
+    for (int i = 0; i < c.num_layers; ++i) {
+      const json& t = (*types)[i];
+      if (t == "sliding_attention") {
+        sliding[i] = true;
+      } else if (t != "full_attention") {
+        return f.Error(fmt::format("layer_types[{}]", i),
+                       fmt::format("{} is not supported (full_attention, sliding_attention are)",
+                                   Fields::Dump(t)));
+      }
+    }
+  } else {
+    const char* key = f.Find("_sliding_window_pattern") != nullptr ? "_sliding_window_pattern"
+                                                                   : "sliding_window_pattern";
+    STRATA_ASSIGN_OR_RETURN(const int pattern, f.Int(key, 6));
+    for (int i = 0; i < c.num_layers; ++i) sliding[i] = (i + 1) % pattern != 0;
+  }
+  if (window > 0) {
+    c.sliding_window = window;
+    c.sliding_layers = std::move(sliding);
+  }
+  return Status::Ok();
+}
+
+// model_type llama, mistral, qwen2, qwen3, phi3 and gemma3_text: the Llama layer with the family's
+// options (llama_config.h), read as transformers' configuration classes read them.
 StatusOr<LlamaConfig> ParseLlama(const Fields& f, LlamaArch arch, const std::string& path) {
   LlamaConfig c;
   c.arch = arch;
+  // Gemma3TextConfig's defaults differ: head_dim 256, rope_theta 1e6, tied, 131072 positions.
+  const bool gemma = arch == LlamaArch::kGemma3;
   STRATA_ASSIGN_OR_RETURN(c.vocab_size, f.Int("vocab_size"));
   STRATA_ASSIGN_OR_RETURN(c.hidden_size, f.Int("hidden_size"));
   STRATA_ASSIGN_OR_RETURN(c.intermediate_size, f.Int("intermediate_size"));
   STRATA_ASSIGN_OR_RETURN(c.num_layers, f.Int("num_hidden_layers"));
   STRATA_ASSIGN_OR_RETURN(c.num_heads, f.Int("num_attention_heads"));
   STRATA_ASSIGN_OR_RETURN(c.num_kv_heads, f.Int("num_key_value_heads", c.num_heads));
-  if (f.Find("head_dim") == nullptr && c.hidden_size % c.num_heads != 0) {
+  if (!gemma && f.Find("head_dim") == nullptr && c.hidden_size % c.num_heads != 0) {
     return f.Error("hidden_size", fmt::format("= {} is not a multiple of num_attention_heads = {} "
                                               "(and there is no head_dim)",
                                               c.hidden_size, c.num_heads));
   }
-  STRATA_ASSIGN_OR_RETURN(c.head_dim, f.Int("head_dim", c.hidden_size / c.num_heads));
-  STRATA_ASSIGN_OR_RETURN(c.max_seq_len, f.Int("max_position_embeddings"));
+  STRATA_ASSIGN_OR_RETURN(c.head_dim, f.Int("head_dim", gemma ? 256 : c.hidden_size / c.num_heads));
+  if (gemma) {
+    STRATA_ASSIGN_OR_RETURN(c.max_seq_len, f.Int("max_position_embeddings", 131072));
+  } else {
+    STRATA_ASSIGN_OR_RETURN(c.max_seq_len, f.Int("max_position_embeddings"));
+  }
   STRATA_ASSIGN_OR_RETURN(c.rms_norm_eps, f.Double("rms_norm_eps", 1e-6));
   // transformers 5 writes rope_parameters {"rope_type", "rope_theta", ...} for rope_theta and
   // rope_scaling.
@@ -238,14 +310,26 @@ StatusOr<LlamaConfig> ParseLlama(const Fields& f, LlamaArch arch, const std::str
     STRATA_ASSIGN_OR_RETURN(c.rope_theta, rp.Double("rope_theta", 10000.0));
     STRATA_RETURN_IF_ERROR(ParseRopeScaling(f, rope_parameters, c));
   } else {
-    STRATA_ASSIGN_OR_RETURN(c.rope_theta, f.Double("rope_theta", 10000.0));
+    STRATA_ASSIGN_OR_RETURN(c.rope_theta, f.Double("rope_theta", gemma ? 1e6 : 10000.0));
     STRATA_RETURN_IF_ERROR(ParseRopeScaling(f, f.Find("rope_scaling"), c));
   }
-  STRATA_ASSIGN_OR_RETURN(c.tie_embeddings, f.Bool("tie_word_embeddings", false));
-  STRATA_ASSIGN_OR_RETURN(const std::string act, f.String("hidden_act", "silu"));
-  if (act != "silu") {
-    return f.Error("hidden_act",
-                   fmt::format("'{}' is not supported (the Llama MLP is SwiGLU: silu)", act));
+  STRATA_ASSIGN_OR_RETURN(c.tie_embeddings, f.Bool("tie_word_embeddings", gemma));
+  if (gemma) {
+    STRATA_ASSIGN_OR_RETURN(const std::string act,
+                            f.String("hidden_activation", "gelu_pytorch_tanh"));
+    if (act != "gelu_pytorch_tanh" && act != "gelu_new") {
+      return f.Error("hidden_activation",
+                     fmt::format("'{}' is not supported (the Gemma MLP's tanh GELU is: "
+                                 "gelu_pytorch_tanh, gelu_new)",
+                                 Excerpt(act)));
+    }
+  } else {
+    STRATA_ASSIGN_OR_RETURN(const std::string act, f.String("hidden_act", "silu"));
+    if (act != "silu") {
+      return f.Error("hidden_act", fmt::format("'{}' is not supported (the Llama MLP is SwiGLU: "
+                                               "silu)",
+                                               Excerpt(act)));
+    }
   }
   STRATA_RETURN_IF_ERROR(f.FalseOrAbsent("mlp_bias", "the MLP has no biases"));
   STRATA_RETURN_IF_ERROR(NoDropout(f, "attention_dropout"));
@@ -269,6 +353,10 @@ StatusOr<LlamaConfig> ParseLlama(const Fields& f, LlamaArch arch, const std::str
       c.qkv_bias = c.o_bias = bias;
       c.qk_norm = true;
       STRATA_RETURN_IF_ERROR(ParseQwenWindows(f, c));
+      break;
+    }
+    case LlamaArch::kGemma3: {
+      STRATA_RETURN_IF_ERROR(ParseGemma3(f, c));
       break;
     }
     case LlamaArch::kPhi3: {
@@ -430,11 +518,17 @@ std::string HfConfigJson(const HfModelConfig& config, DType torch_dtype) {
                            {"low_freq_factor", c.rope_low_freq_factor},
                            {"high_freq_factor", c.rope_high_freq_factor},
                            {"original_max_position_embeddings", c.rope_original_max_position}};
+    } else if (c.rope_linear_factor != 1.0) {
+      j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", c.rope_linear_factor}};
     } else {
       j["rope_scaling"] = nullptr;
     }
     j["tie_word_embeddings"] = c.tie_embeddings;
-    j["hidden_act"] = "silu";
+    if (c.arch == LlamaArch::kGemma3) {
+      j["hidden_activation"] = "gelu_pytorch_tanh";
+    } else {
+      j["hidden_act"] = "silu";
+    }
     j["attention_dropout"] = 0.0;
     j["initializer_range"] = 0.02;
     j["use_cache"] = true;
@@ -454,6 +548,21 @@ std::string HfConfigJson(const HfModelConfig& config, DType torch_dtype) {
           j["original_max_position_embeddings"] = c.max_seq_len;
         }
         break;
+      case LlamaArch::kGemma3: {
+        json types = json::array();
+        for (int i = 0; i < c.num_layers; ++i) {
+          types.push_back(LlamaLayerWindow(c, i) > 0 ? "sliding_attention" : "full_attention");
+        }
+        j["attention_bias"] = c.qkv_bias;
+        j["query_pre_attn_scalar"] = c.query_pre_attn_scalar;
+        j["rope_local_base_freq"] = c.rope_local_theta;
+        j["sliding_window"] = window;
+        j["layer_types"] = std::move(types);
+        j["attn_logit_softcapping"] = nullptr;
+        j["final_logit_softcapping"] = nullptr;
+        j["use_bidirectional_attention"] = false;
+        break;
+      }
       case LlamaArch::kQwen2:
       case LlamaArch::kQwen3: {
         if (c.arch == LlamaArch::kQwen3) j["attention_bias"] = c.qkv_bias;

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cmath>
+
 #include "models/cuda/llama_cuda.h"
 #include "models/decoder_model_impl.h"
 #include "models/llama_kernels.h"
@@ -59,6 +61,23 @@ LlamaConfig Mistral7B() {
   return c;
 }
 
+// Gemma 3 text models: (1 + w) and sandwich norms, GeGLU, q/k norms, embeddings times
+// sqrt(hidden), every sixth layer global (rope_theta 1e6, linear scaling), the others sliding
+// (rope_local_base_freq 1e4); tied.
+LlamaConfig Gemma3(int vocab, int C, int I, int layers, int heads, int kv_heads, int head_dim,
+                   int context, double query_pre_attn_scalar, int window, double linear_factor) {
+  LlamaConfig c = Family(LlamaArch::kGemma3, vocab, C, I, layers, heads, kv_heads, head_dim,
+                         context, 1e6, 1e-6, true);
+  c.qk_norm = c.norm_unit_offset = c.sandwich_norms = c.gelu_tanh_mlp = true;
+  c.embed_scale = std::sqrt(static_cast<double>(C));
+  c.query_pre_attn_scalar = query_pre_attn_scalar;
+  c.rope_local_theta = 10000.0;
+  c.rope_linear_factor = linear_factor;
+  c.sliding_window = window;
+  for (int i = 0; i < layers; ++i) c.sliding_layers.push_back((i + 1) % 6 != 0);
+  return c;
+}
+
 struct Preset {
   const char* name;
   LlamaConfig config;
@@ -80,6 +99,8 @@ std::vector<Preset> Presets() {
       {"qwen3-8b", Family(A::kQwen3, 151936, 4096, 12288, 36, 32, 8, 128, 40960, 1e6, 1e-6, false)},
       {"phi4",
        Family(A::kPhi3, 100352, 5120, 17920, 40, 40, 10, 128, 16384, 250000.0, 1e-5, false)},
+      {"gemma3-1b", Gemma3(262144, 1152, 6912, 26, 4, 1, 256, 32768, 256, 512, 1.0)},
+      {"gemma3-27b", Gemma3(262208, 5376, 21504, 62, 32, 16, 128, 131072, 168, 1024, 8.0)},
   };
 }
 
@@ -116,6 +137,8 @@ std::string LlamaModel::description() const {
   if (c.rope_llama3) s += fmt::format(", llama3 RoPE scaling x{}", c.rope_factor);
   if (c.qkv_bias) s += c.o_bias ? ", q/k/v/o biases" : ", q/k/v biases";
   if (c.qk_norm) s += ", q/k norms";
+  if (c.sandwich_norms) s += ", (1 + w) sandwich norms";
+  if (c.gelu_tanh_mlp) s += ", GeGLU";
   int sliding = 0;
   for (int i = 0; i < c.num_layers; ++i) sliding += LlamaLayerWindow(c, i) > 0 ? 1 : 0;
   if (sliding == c.num_layers) {

@@ -29,6 +29,8 @@ const char* LlamaArchModelType(LlamaArch arch) {
       return "qwen3";
     case LlamaArch::kPhi3:
       return "phi3";
+    case LlamaArch::kGemma3:
+      return "gemma3_text";
     case LlamaArch::kLlama:
       break;
   }
@@ -45,6 +47,8 @@ const char* LlamaArchArchitecture(LlamaArch arch) {
       return "Qwen3ForCausalLM";
     case LlamaArch::kPhi3:
       return "Phi3ForCausalLM";
+    case LlamaArch::kGemma3:
+      return "Gemma3ForCausalLM";
     case LlamaArch::kLlama:
       break;
   }
@@ -61,10 +65,29 @@ const char* LlamaArchName(LlamaArch arch) {
       return "Qwen3";
     case LlamaArch::kPhi3:
       return "Phi-3";
+    case LlamaArch::kGemma3:
+      return "Gemma 3";
     case LlamaArch::kLlama:
       break;
   }
   return "Llama";
+}
+
+ops::RopeParams LlamaLayerRopeParams(const LlamaConfig& c, int layer) {
+  ops::RopeParams p;
+  p.head_dim = c.head_dim;
+  if (c.rope_local_theta > 0 && LlamaLayerWindow(c, layer) > 0) {
+    p.theta = c.rope_local_theta;
+    return p;
+  }
+  p.theta = c.rope_theta;
+  p.llama3 = c.rope_llama3;
+  p.factor = c.rope_factor;
+  p.low_freq_factor = c.rope_low_freq_factor;
+  p.high_freq_factor = c.rope_high_freq_factor;
+  p.original_max_position = c.rope_original_max_position;
+  p.linear_factor = c.rope_linear_factor;
+  return p;
 }
 
 int LlamaLayerWindow(const LlamaConfig& c, int layer) {
@@ -108,6 +131,13 @@ Status ValidateLlamaConfig(const LlamaConfig& c) {
           c.rope_factor, c.rope_low_freq_factor, c.rope_high_freq_factor,
           c.rope_original_max_position));
     }
+  }
+  if (!(c.rope_linear_factor > 0) || !(c.embed_scale > 0) || !(c.query_pre_attn_scalar >= 0) ||
+      !(c.rope_local_theta >= 0)) {
+    return InvalidArgumentError(fmt::format(
+        "rope linear factor {}, embedding scale {}, query_pre_attn_scalar {} and local RoPE base "
+        "{} must be positive (the last two 0: the default)",
+        c.rope_linear_factor, c.embed_scale, c.query_pre_attn_scalar, c.rope_local_theta));
   }
   if (c.sliding_window < 0) {
     return InvalidArgumentError(
@@ -154,6 +184,10 @@ std::vector<LlamaTensor> LlamaLayerTensors(const LlamaConfig& c, int layer) {
   specs.push_back({p + "self_attn.o_proj.weight", {C, q}});
   if (c.o_bias) specs.push_back({p + "self_attn.o_proj.bias", {C}});
   specs.push_back({p + "post_attention_layernorm.weight", {C}});
+  if (c.sandwich_norms) {
+    specs.push_back({p + "pre_feedforward_layernorm.weight", {C}});
+    specs.push_back({p + "post_feedforward_layernorm.weight", {C}});
+  }
   if (fused) {
     specs.push_back({p + "mlp.gate_up_proj.weight", {2 * I, C}});
   } else {
@@ -181,7 +215,13 @@ LlamaLayerOffsets LlamaLayerOffsetsOf(const LlamaConfig& c) {
   if (c.qk_norm) o.qk_norm = take(2 * hs);
   o.wo = take(C * dq);
   if (c.o_bias) o.bo = take(C);
-  o.w_post = take(C);
+  if (c.sandwich_norms) {
+    o.w_attn_out = take(C);  // post_attention_layernorm
+    o.w_post = take(C);      // pre_feedforward_layernorm
+    o.w_mlp_out = take(C);   // post_feedforward_layernorm
+  } else {
+    o.w_post = take(C);
+  }
   o.wgu = take(2 * I * C);
   o.wd = take(C * I);
   o.total = at;

@@ -17,6 +17,12 @@
 //     gate_up_proj (the chunk already holds them fused, so only the names differ); a sliding
 //     window on every layer when sliding_window is set.
 //   Llama with attention_bias: biases on q, k, v and o.
+//   Gemma 3 (Gemma3ForCausalLM, gemma3_text; Gemma Team, "Gemma 3 Technical Report", 2025): every
+//     RMSNorm multiplies by (1 + w); the embedding output times sqrt(hidden); per-head q/k norms;
+//     sandwich norms (the attention and MLP outputs normalised before their residual adds, a
+//     pre-MLP norm named pre_feedforward_layernorm); a GeGLU MLP (tanh GELU); scores scaled by
+//     query_pre_attn_scalar^-1/2; sliding layers with their own RoPE base, full layers with
+//     rope_theta and linear rope scaling.
 #pragma once
 
 #include <cstdint>
@@ -24,17 +30,19 @@
 #include <vector>
 
 #include "base/status.h"
+#include "models/ops/rope.h"
 
 namespace strata::models {
 
 // Which Hugging Face family a LlamaConfig is: its model_type and architecture, tensor names and
 // config.json.
-enum class LlamaArch { kLlama, kMistral, kQwen2, kQwen3, kPhi3 };
+enum class LlamaArch { kLlama, kMistral, kQwen2, kQwen3, kPhi3, kGemma3 };
 
-// "llama", "mistral", "qwen2", "qwen3", "phi3"; and the architecture ("LlamaForCausalLM", ...).
+// "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text"; and the architecture
+// ("LlamaForCausalLM", ...).
 const char* LlamaArchModelType(LlamaArch arch);
 const char* LlamaArchArchitecture(LlamaArch arch);
-// "Llama", "Mistral", "Qwen2", "Qwen3", "Phi-3" (for plan and description text).
+// "Llama", "Mistral", "Qwen2", "Qwen3", "Phi-3", "Gemma 3" (for plan and description text).
 const char* LlamaArchName(LlamaArch arch);
 
 struct LlamaConfig {
@@ -67,7 +75,25 @@ struct LlamaConfig {
   // layer). 0: none.
   int sliding_window = 0;
   std::vector<bool> sliding_layers;
+  // rope_scaling {"rope_type": "linear", "factor": f}: every frequency / f (on the full-attention
+  // layers when the sliding ones have their own base). 1: none.
+  double rope_linear_factor = 1.0;
+  // The sliding layers' RoPE base (Gemma 3's rope_local_base_freq, unscaled); 0: rope_theta and
+  // its scaling, as the full layers.
+  double rope_local_theta = 0;
+  bool norm_unit_offset = false;  // every RMSNorm (q/k and final too) multiplies by (1 + w)
+  // post_attention_layernorm normalises the attention output before its residual add,
+  // pre_feedforward_layernorm is the MLP's input norm and post_feedforward_layernorm normalises
+  // the MLP output before its residual add (Gemma 2/3).
+  bool sandwich_norms = false;
+  bool gelu_tanh_mlp = false;  // GeGLU: gelu_pytorch_tanh(gate) * up instead of SwiGLU
+  double embed_scale = 1.0;    // the embedding's output times this, rounded to the storage type
+  // Attention scores times query_pre_attn_scalar^-1/2 (Gemma); 0: 1 / sqrt(head_dim).
+  double query_pre_attn_scalar = 0;
 };
+
+// The rotary embedding of `layer` (its base and scaling).
+ops::RopeParams LlamaLayerRopeParams(const LlamaConfig& c, int layer);
 
 // The attention window of `layer` (0: full causal attention).
 int LlamaLayerWindow(const LlamaConfig& c, int layer);
@@ -86,7 +112,9 @@ Status ValidateLlamaConfig(const LlamaConfig& config);
 //              [qkv_bias: self_attn.q_proj.bias (H hs), k_proj.bias (Hkv hs), v_proj.bias
 //              (Hkv hs)], [qk_norm: self_attn.q_norm.weight (hs), self_attn.k_norm.weight (hs)],
 //              self_attn.o_proj.weight (C, H hs), [o_bias: self_attn.o_proj.bias (C)],
-//              post_attention_layernorm.weight (C), mlp.gate_proj.weight (I, C),
+//              post_attention_layernorm.weight (C) [sandwich_norms: then
+//              pre_feedforward_layernorm.weight (C), the MLP's input norm, and
+//              post_feedforward_layernorm.weight (C)], mlp.gate_proj.weight (I, C),
 //              mlp.up_proj.weight (I, C), mlp.down_proj.weight (C, I)
 //              (names prefixed "model.layers.{i}."). Phi-3 names the three q/k/v rows
 //              self_attn.qkv_proj.weight ((H + 2 Hkv) hs, C) and gate/up mlp.gate_up_proj.weight
@@ -105,10 +133,12 @@ std::vector<LlamaTensor> LlamaHeadTensors(const LlamaConfig& c);
 
 // Element offsets of the layer chunk's parts by role (the layout above; -1 for a part the config
 // has not). wqkv is the (Dqkv, C) q/k/v matrix, bqkv its (Dqkv) bias, qk_norm the (2, hs)
-// q_norm then k_norm weights, wgu the (2I, C) gate/up matrix.
+// q_norm then k_norm weights, wgu the (2I, C) gate/up matrix. w_post is the MLP's input norm
+// (Llama's post_attention_layernorm, Gemma's pre_feedforward_layernorm); w_attn_out and w_mlp_out
+// the sandwich norms (Gemma's post_attention_layernorm and post_feedforward_layernorm).
 struct LlamaLayerOffsets {
-  int64_t w_in = 0, wqkv = 0, bqkv = -1, qk_norm = -1, wo = 0, bo = -1, w_post = 0, wgu = 0, wd = 0,
-          total = 0;
+  int64_t w_in = 0, wqkv = 0, bqkv = -1, qk_norm = -1, wo = 0, bo = -1, w_attn_out = -1, w_post = 0,
+          w_mlp_out = -1, wgu = 0, wd = 0, total = 0;
 };
 LlamaLayerOffsets LlamaLayerOffsetsOf(const LlamaConfig& c);
 

@@ -64,10 +64,11 @@ using init::NormalSampler;
 
 constexpr double kInitializerRange = 0.02;
 
-// Norm weights (names ending in "norm.weight") 1, biases 0, everything else N(0, 0.02), in
-// chunk order.
-void InitChunk(const std::vector<LlamaTensor>& tensors, uint64_t seed, uint64_t tag,
-               float* params) {
+// Norm weights (names ending in "norm.weight") 1 (0 with (1 + w) norms: the same function),
+// biases 0, everything else N(0, 0.02), in chunk order.
+void InitChunk(const LlamaConfig& c, const std::vector<LlamaTensor>& tensors, uint64_t seed,
+               uint64_t tag, float* params) {
+  const float norm = c.norm_unit_offset ? 0.0f : 1.0f;
   NormalSampler rng(seed, tag);
   for (const LlamaTensor& t : tensors) {
     float* out = params + t.offset;
@@ -77,7 +78,7 @@ void InitChunk(const std::vector<LlamaTensor>& tensors, uint64_t seed, uint64_t 
       continue;
     }
     for (int64_t i = 0; i < t.num_elems; ++i) {
-      out[i] = is_norm ? 1.0f : static_cast<float>(kInitializerRange * rng.Next());
+      out[i] = is_norm ? norm : static_cast<float>(kInitializerRange * rng.Next());
     }
   }
 }
@@ -107,27 +108,17 @@ int64_t LlamaEmbeddingNumParams(const LlamaConfig& c) { return Total(LlamaEmbedd
 int64_t LlamaLayerNumParams(const LlamaConfig& c) { return Total(LlamaLayerTensors(c, 0)); }
 int64_t LlamaHeadNumParams(const LlamaConfig& c) { return Total(LlamaHeadTensors(c)); }
 
-ops::RopeParams LlamaRopeParams(const LlamaConfig& c) {
-  ops::RopeParams p;
-  p.head_dim = c.head_dim;
-  p.theta = c.rope_theta;
-  p.llama3 = c.rope_llama3;
-  p.factor = c.rope_factor;
-  p.low_freq_factor = c.rope_low_freq_factor;
-  p.high_freq_factor = c.rope_high_freq_factor;
-  p.original_max_position = c.rope_original_max_position;
-  return p;
-}
+ops::RopeParams LlamaRopeParams(const LlamaConfig& c) { return LlamaLayerRopeParams(c, -1); }
 
 void InitLlamaEmbeddingParams(const LlamaConfig& c, uint64_t seed, float* params) {
-  InitChunk(LlamaEmbeddingTensors(c), seed, kEmbeddingTag, params);
+  InitChunk(c, LlamaEmbeddingTensors(c), seed, kEmbeddingTag, params);
 }
 void InitLlamaLayerParams(const LlamaConfig& c, int layer, uint64_t seed, float* params) {
   STRATA_CHECK(layer >= 0 && layer < c.num_layers);
-  InitChunk(LlamaLayerTensors(c, layer), seed, LayerTag(layer), params);
+  InitChunk(c, LlamaLayerTensors(c, layer), seed, LayerTag(layer), params);
 }
 void InitLlamaHeadParams(const LlamaConfig& c, uint64_t seed, float* params) {
-  InitChunk(LlamaHeadTensors(c), seed, kHeadTag, params);
+  InitChunk(c, LlamaHeadTensors(c), seed, kHeadTag, params);
 }
 
 // ---------------------------------------------------------------------------
@@ -158,15 +149,18 @@ template <typename S>
 void LlamaEmbeddingForward(const LlamaConfig& c, const S* params, const int32_t* tokens, int B,
                            int T, S* x_out) {
   CheckBatch(c, B, T);
-  ops::EmbeddingForward(params, tokens, int64_t{B} * T, c.hidden_size, c.vocab_size, x_out);
+  ops::EmbeddingForward<S>(params, tokens, int64_t{B} * T, c.hidden_size, c.vocab_size, x_out,
+                           /*positions=*/nullptr, /*seq_len=*/0, /*position_ids=*/nullptr,
+                           c.embed_scale);
 }
 
 template <typename S>
 void LlamaEmbeddingBackward(const LlamaConfig& c, const int32_t* tokens, const S* dx_out, int B,
                             int T, S* dparams, void* scratch) {
   CheckBatch(c, B, T);
-  ops::EmbeddingBackward(tokens, dx_out, int64_t{B} * T, c.hidden_size, c.vocab_size, dparams,
-                         scratch);
+  ops::EmbeddingBackward<S>(tokens, dx_out, int64_t{B} * T, c.hidden_size, c.vocab_size, dparams,
+                            scratch, /*dpositions=*/nullptr, /*seq_len=*/0,
+                            /*position_ids=*/nullptr, c.embed_scale);
 }
 
 // ---------------------------------------------------------------------------
@@ -221,7 +215,7 @@ ComputeType<S> LlamaHeadForward(const LlamaConfig& c, const S* params, const S* 
   const HeadScratch<S> sc(c, B, T, scratch);
   STRATA_CHECK_MSG(HeadWeight(c, params, tied_embed) != nullptr,
                    "Llama head without its weight (tied: the embedding chunk)");
-  ops::RmsNormForward(x_in, params, c.rms_norm_eps, d.N, d.C, sc.xn, sc.rstd);
+  ops::RmsNormForward(x_in, params, c.rms_norm_eps, d.N, d.C, sc.xn, sc.rstd, c.norm_unit_offset);
   return ops::LmHeadForward<S>(sc.xn, HeadWeight(c, params, tied_embed), WeightLayout::kOutIn,
                                targets, B, T, c.hidden_size, c.vocab_size, logits, sc.lm_head,
                                /*chunk_rows=*/0, loss_tokens);
@@ -237,13 +231,14 @@ void LlamaHeadBackward(const LlamaConfig& c, const S* params, const S* tied_embe
   const HeadScratch<S> sc(c, B, T, scratch);
   STRATA_CHECK_MSG(HeadWeight(c, params, tied_embed) != nullptr,
                    "Llama head without its weight (tied: the embedding chunk)");
-  ops::RmsNormForward(x_in, params, c.rms_norm_eps, d.N, d.C, sc.xn, sc.rstd);
+  ops::RmsNormForward(x_in, params, c.rms_norm_eps, d.N, d.C, sc.xn, sc.rstd, c.norm_unit_offset);
   // dxn into dx_in, then the norm's backward in place (dx may alias dy).
   ops::LmHeadBackward<S>(sc.xn, HeadWeight(c, params, tied_embed), WeightLayout::kOutIn, targets,
                          dloss, B, T, c.hidden_size, c.vocab_size, dx_in,
                          HeadWeight<S*>(c, dparams, tied_dembed), sc.lm_head, /*chunk_rows=*/0,
                          loss_tokens);
-  ops::RmsNormBackward<S>(x_in, params, sc.rstd, dx_in, nullptr, d.N, d.C, dx_in, dparams);
+  ops::RmsNormBackward<S>(x_in, params, sc.rstd, dx_in, nullptr, d.N, d.C, dx_in, dparams,
+                          c.norm_unit_offset);
 }
 
 #define STRATA_INSTANTIATE_LLAMA_KERNELS(S)                                                       \

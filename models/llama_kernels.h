@@ -57,7 +57,8 @@ int64_t LlamaEmbeddingNumParams(const LlamaConfig& c);  // V C
 int64_t LlamaLayerNumParams(const LlamaConfig& c);      // 2 C + (Dqkv + 2 I) C + C Dq + I C
 int64_t LlamaHeadNumParams(const LlamaConfig& c);       // C (+ V C untied)
 
-// The rotary embedding of a config (head_dim, rope_theta, rope_scaling).
+// The rotary embedding of a config's full-attention layers (head_dim, rope_theta, rope_scaling);
+// LlamaLayerRopeParams (llama_config.h) gives each layer's.
 ops::RopeParams LlamaRopeParams(const LlamaConfig& c);
 
 // Random initialisation of a chunk (fp32), Hugging Face's _init_weights with initializer_range

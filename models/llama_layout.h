@@ -36,15 +36,17 @@ struct LlamaDims {
 // q/k norms) are null when the config has none.
 template <typename P>
 struct LlamaLayerParams {
-  P w_in;     // input_layernorm (C)
-  P wqkv;     // q_proj, k_proj, v_proj: (Dqkv, C)
-  P bqkv;     // their biases (Dqkv) or null
-  P qk_norm;  // q_norm then k_norm (2, hs) or null
-  P wo;       // o_proj (C, Dq)
-  P bo;       // its bias (C) or null
-  P w_post;   // post_attention_layernorm (C)
-  P wgu;      // gate_proj, up_proj: (2I, C)
-  P wd;       // down_proj (C, I)
+  P w_in;        // input_layernorm (C)
+  P wqkv;        // q_proj, k_proj, v_proj: (Dqkv, C)
+  P bqkv;        // their biases (Dqkv) or null
+  P qk_norm;     // q_norm then k_norm (2, hs) or null
+  P wo;          // o_proj (C, Dq)
+  P bo;          // its bias (C) or null
+  P w_attn_out;  // sandwich norms: the attention output's norm (C) or null
+  P w_post;      // the MLP's input norm (C): post_attention_layernorm (Gemma: pre_feedforward_)
+  P w_mlp_out;   // sandwich norms: the MLP output's norm (C) or null
+  P wgu;         // gate_proj, up_proj: (2I, C)
+  P wd;          // down_proj (C, I)
   // base null (a backward that computes no weight gradient: LoRA's frozen layer): all null.
   LlamaLayerParams(const LlamaConfig& c, P base) {
     const LlamaLayerOffsets o = LlamaLayerOffsetsOf(c);
@@ -57,7 +59,9 @@ struct LlamaLayerParams {
     qk_norm = at(o.qk_norm);
     wo = at(o.wo);
     bo = at(o.bo);
+    w_attn_out = at(o.w_attn_out);
     w_post = at(o.w_post);
+    w_mlp_out = at(o.w_mlp_out);
     wgu = at(o.wgu);
     wd = at(o.wd);
   }
@@ -78,7 +82,10 @@ struct LlamaLayerParams {
 // partials are the CUDA ops' (the attention backward's rowsum(dO * O), the two-pass RMSNorm
 // weight gradient, and the column sums of the bias gradients); the host ops leave them unused.
 // With qk_norm (Qwen3) the forward keeps the pre-norm q and k heads in qk_raw and their rstd in
-// qk_rstd for the backward (empty regions otherwise).
+// qk_rstd for the backward (empty regions otherwise). With sandwich norms (Gemma) o holds the
+// attention's projection (N, C) and d the MLP's (N, C) before their norms (rstd3, rstd4), and
+// side the normalised MLP output in the forward, then the backward's dd and do (N, C) in turn
+// (empty regions otherwise).
 struct LlamaLayerScratchLayout {
   Region rstd1, rstd2;  // (N) F RMSNorm statistics
   Region lse;           // (B, H, T) F attention log-sum-exp
@@ -87,6 +94,8 @@ struct LlamaLayerScratchLayout {
   Region partials;      // fp32 two-pass reduction partials (CUDA): LlamaLayerPartialsBytes
   Region qk_rstd;       // (N (H + Hkv)) F per-head RMSNorm statistics (qk_norm)
   Region qk_raw;        // (N, (H + Hkv) hs) S the q and k heads before their norm (qk_norm)
+  Region rstd3, rstd4;  // (N) F the sandwich norms' statistics
+  Region o, d, side;    // (N, C) S the sandwich norms' inputs, and dn / dd / do
   Region xn;            // (N, C) S
   Region qkv;           // (N, Dqkv) S, q and k rotated
   Region att;           // (N, Dq) S attention output
@@ -132,6 +141,12 @@ LlamaLayerScratchLayout LlamaLayerScratchLayoutFor(const LlamaConfig& c, int B, 
   const int64_t qk_heads = c.qk_norm ? int64_t{c.num_heads} + c.num_kv_heads : 0;
   l.qk_rstd = k.Take(d.N * qk_heads * f);
   l.qk_raw = k.Take(d.N * qk_heads * d.hs * e);
+  const int64_t sandwich = c.sandwich_norms ? 1 : 0;
+  l.rstd3 = k.Take(sandwich * d.N * f);
+  l.rstd4 = k.Take(sandwich * d.N * f);
+  l.o = k.Take(sandwich * d.N * d.C * e);
+  l.d = k.Take(sandwich * d.N * d.C * e);
+  l.side = k.Take(sandwich * d.N * d.C * e);
   l.xn = k.Take(d.N * d.C * e);
   l.qkv = k.Take(d.N * d.Dqkv * e);
   l.att = k.Take(d.N * d.Dq * e);
@@ -156,11 +171,15 @@ std::vector<std::pair<std::string, std::vector<NamedRegion>>> LlamaLayerLivePhas
       delta{"delta", l.delta}, cos{"cos", l.cos}, sin{"sin", l.sin}, part{"partials", l.partials},
       xn{"xn", l.xn}, qkv{"qkv", l.qkv}, att{"att", l.att}, x2{"x2", l.x2}, xn2{"xn2", l.xn2},
       gu{"gu", l.gu}, h{"h", l.h}, grad{"grad", l.grad}, dqkv{"dqkv", l.dqkv},
-      qr{"qk_rstd", l.qk_rstd}, qraw{"qk_raw", l.qk_raw};
+      qr{"qk_rstd", l.qk_rstd}, qraw{"qk_raw", l.qk_raw}, r3{"rstd3", l.rstd3},
+      r4{"rstd4", l.rstd4}, o{"o", l.o}, dd{"d", l.d}, side{"side", l.side};
   return {
-      {"forward", {r1, r2, lse, cos, sin, xn, qkv, att, x2, xn2, gu, h, qr, qraw}},
-      {"mlp backward", {r1, r2, lse, cos, sin, xn, qkv, att, x2, xn2, gu, h, grad, part, qr, qraw}},
-      {"attention backward", {r1, lse, delta, cos, sin, xn, qkv, att, grad, dqkv, qr, qraw}},
+      {"forward",
+       {r1, r2, lse, cos, sin, xn, qkv, att, x2, xn2, gu, h, qr, qraw, r3, r4, o, dd, side}},
+      {"mlp backward", {r1, r2,   lse,  cos, sin,  xn, qkv, att, x2, xn2, gu,
+                        h,  grad, part, qr,  qraw, r3, r4,  o,   dd, side}},
+      {"attention backward",
+       {r1, lse, delta, cos, sin, xn, qkv, att, grad, dqkv, qr, qraw, r3, o, side}},
       {"qkv backward", {r1, cos, sin, xn, dqkv, grad, part, qr, qraw}},
   };
 }

@@ -77,7 +77,7 @@ void AddDataFlags(CLI::App& cmd, TrainFlags& f) {
       ->capture_default_str();
   cmd.add_option("--model-dir", f.model_dir,
                  "Fine-tune a Hugging Face model directory (config.json + safetensors; Llama, "
-                 "Mistral, Qwen2/2.5, Qwen3, Phi-3/Phi-4, GPT-2)");
+                 "Mistral, Qwen2/2.5, Qwen3, Phi-3/Phi-4, Gemma 3 text, GPT-2)");
 }
 
 // Steps and batch shape, over one rank and over all of them.

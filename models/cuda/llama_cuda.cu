@@ -75,7 +75,8 @@ Status LlamaCudaEmbeddingForward(const LlamaConfig& c, gpu::Stream& stream, cons
                           Prepare("LlamaCudaEmbeddingForward", c, stream, B, T, nullptr));
   STRATA_RETURN_IF_ERROR(CheckPointers("LlamaCudaEmbeddingForward", {params, tokens, x_out}));
   return oc::LaunchEmbeddingForward<Dev<S>>(cs, D(params), nullptr, tokens, int64_t{B} * T, T,
-                                            c.hidden_size, c.vocab_size, D(x_out));
+                                            c.hidden_size, c.vocab_size, D(x_out),
+                                            /*position_ids=*/nullptr, c.embed_scale);
 }
 
 template <typename S>
@@ -91,7 +92,8 @@ Status LlamaCudaEmbeddingBackward(const LlamaConfig& c, gpu::Stream& stream, con
       At<int32_t>(scratch, l.cursor), At<int32_t>(scratch, l.order)};
   return oc::LaunchEmbeddingBackward<Dev<S>>(cs, tokens, D(dx_out), int64_t{B} * T, T,
                                              c.hidden_size, c.vocab_size, c.max_seq_len, D(dparams),
-                                             nullptr, by_token);
+                                             nullptr, by_token, /*position_ids=*/nullptr,
+                                             /*by_position=*/{}, c.embed_scale);
 }
 
 template <typename S>
@@ -146,9 +148,9 @@ Status LlamaCudaHeadForward(const LlamaConfig& c, gpu::Stream& stream, const S* 
   STRATA_ASSIGN_OR_RETURN(const auto mm, MakeProducts<S>(stream, cs));
   const S* wlm = c.tie_embeddings ? tied_params : params + z.C;  // (V, C)
   S* xn = At<S>(scratch, l.xn);
-  STRATA_RETURN_IF_ERROR(oc::LaunchRmsNormForward(cs, D(x_in), D(params),
-                                                  static_cast<float>(c.rms_norm_eps), z.N, z.C,
-                                                  D(xn), At<float>(scratch, l.rstd)));
+  STRATA_RETURN_IF_ERROR(
+      oc::LaunchRmsNormForward(cs, D(x_in), D(params), static_cast<float>(c.rms_norm_eps), z.N, z.C,
+                               D(xn), At<float>(scratch, l.rstd), c.norm_unit_offset));
   return oc::ChunkedHeadForward<S>(mm, xn, wlm, kOutIn, B, T, z.C, z.V,
                                    HeadScratchOf<S>(l, scratch), logits, targets, loss,
                                    loss_tokens);
@@ -175,9 +177,9 @@ Status LlamaCudaHeadBackward(const LlamaConfig& c, gpu::Stream& stream, const S*
   const float* rstd = At<float>(scratch, l.rstd);
   S* xn = At<S>(scratch, l.xn);
   S* dxn = At<S>(scratch, l.dxn);
-  STRATA_RETURN_IF_ERROR(oc::LaunchRmsNormForward(cs, D(x_in), D(params),
-                                                  static_cast<float>(c.rms_norm_eps), z.N, z.C,
-                                                  D(xn), At<float>(scratch, l.rstd)));
+  STRATA_RETURN_IF_ERROR(
+      oc::LaunchRmsNormForward(cs, D(x_in), D(params), static_cast<float>(c.rms_norm_eps), z.N, z.C,
+                               D(xn), At<float>(scratch, l.rstd), c.norm_unit_offset));
   STRATA_RETURN_IF_ERROR(oc::ChunkedHeadBackward<S>(mm, xn, wlm, kOutIn, targets, dloss, z.N, z.C,
                                                     z.V, HeadScratchOf<S>(l, scratch), dwlm, dxn,
                                                     loss_tokens));
@@ -186,7 +188,8 @@ Status LlamaCudaHeadBackward(const LlamaConfig& c, gpu::Stream& stream, const S*
                                                        At<float>(scratch, l.partials), D(dparams)));
   }
   return oc::LaunchRmsNormBackward(cs, D(x_in), D(params), rstd, D(dxn),
-                                   static_cast<const Dev<S>*>(nullptr), z.N, z.C, D(dx_in));
+                                   static_cast<const Dev<S>*>(nullptr), z.N, z.C, D(dx_in),
+                                   c.norm_unit_offset);
 }
 
 #define STRATA_INSTANTIATE_LLAMA_CUDA(S)                                                          \

@@ -15,6 +15,10 @@ std::vector<double> RopeInverseFrequencies(const RopeParams& p) {
   for (int i = 0; i < half; ++i) {
     inv[i] = 1.0 / std::pow(p.theta, static_cast<double>(2 * i) / p.head_dim);
   }
+  if (p.linear_factor != 1.0) {
+    STRATA_CHECK(p.linear_factor > 0);
+    for (double& f : inv) f /= p.linear_factor;
+  }
   if (!p.llama3) return inv;
   const double old_len = p.original_max_position;
   const double low_wavelen = old_len / p.low_freq_factor;

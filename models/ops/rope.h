@@ -39,6 +39,10 @@ struct RopeParams {
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
   int original_max_position = 8192;
+  // rope_scaling {"rope_type": "linear", "factor": f} (position interpolation, Chen et al.,
+  // "Extending Context Window of Large Language Models via Positional Interpolation", 2023; Gemma
+  // 3's global layers): every inverse frequency divided by f. 1: none.
+  double linear_factor = 1.0;
 };
 
 // inv_freq (head_dim / 2), in double. STRATA_CHECKs head_dim even and positive.

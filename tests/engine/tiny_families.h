@@ -1,9 +1,10 @@
 // The tiny Hugging Face family models the engine's offload tests train: a Llama with
 // grouped-query attention (untied or tied head), a tied Qwen3 with every option of the Llama
 // layer's families (q/k/v and o biases, per-head q/k norms, a sliding window shorter than the
-// sequence on two of its four layers) and a tied GPT-2, all over byte tokens.
+// sequence on two of its four layers), a tied Gemma 3 and a tied GPT-2, all over byte tokens.
 #pragma once
 
+#include <cmath>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -40,12 +41,27 @@ inline models::LlamaConfig TinyQwen3Window() {
   return c;
 }
 
+// Gemma 3: (1 + w) and sandwich norms, GeGLU, q/k norms, a scaled embedding and query scale, a
+// 5-token window with its own RoPE base on layers 0-2, layer 3 global with linear scaling.
+inline models::LlamaConfig TinyGemma3() {
+  models::LlamaConfig c = TinyLlama(true);
+  c.arch = models::LlamaArch::kGemma3;
+  c.qk_norm = c.norm_unit_offset = c.sandwich_norms = c.gelu_tanh_mlp = true;
+  c.embed_scale = std::sqrt(static_cast<double>(c.hidden_size));
+  c.query_pre_attn_scalar = 8;
+  c.rope_local_theta = 100;
+  c.rope_linear_factor = 4;
+  c.sliding_window = 5;
+  c.sliding_layers = {true, true, true, false};
+  return c;
+}
+
 struct Family {
   const char* name;
   std::function<std::unique_ptr<Model>()> make;
 };
 
-// "llama" (untied, when with_untied), "llama_tied", "qwen3_window", "gpt2_tied".
+// "llama" (untied, when with_untied), "llama_tied", "qwen3_window", "gemma3", "gpt2_tied".
 inline std::vector<Family> TinyFamilies(bool with_untied = true) {
   std::vector<Family> all;
   if (with_untied) {
@@ -59,6 +75,8 @@ inline std::vector<Family> TinyFamilies(bool with_untied = true) {
   all.push_back({"qwen3_window", [] {
                    return std::unique_ptr<Model>(*models::LlamaModel::Create(TinyQwen3Window()));
                  }});
+  all.push_back(
+      {"gemma3", [] { return std::unique_ptr<Model>(*models::LlamaModel::Create(TinyGemma3())); }});
   all.push_back({"gpt2_tied", [] {
                    models::GptShape s{256, 16, 5, 2, 32};
                    s.tie_embeddings = true;

@@ -3,6 +3,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "models/gpt.h"
 #include "models/lora_adapter.h"
 #include "tests/models/hf_test_dir.h"
@@ -215,6 +217,47 @@ TEST(HfConfig, Phi3IsFusedAndRefusesPartialRotaryLongRopeAndDropout) {
       "resid_pdrop");
 }
 
+TEST(HfConfig, Gemma3TextReadsItsNormsWindowsAndTwoRopeBases) {
+  auto r = ParseHfConfig(FamilyConfig("gemma3_text", "Gemma3ForCausalLM",
+                                      R"(, "head_dim": 16, "query_pre_attn_scalar": 24,
+      "sliding_window": 8, "sliding_window_pattern": 2, "rope_theta": 1000000.0,
+      "rope_local_base_freq": 10000.0, "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+      "hidden_activation": "gelu_pytorch_tanh", "attn_logit_softcapping": null,
+      "final_logit_softcapping": null)"),
+                         kPath);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const LlamaConfig& c = r->llama;
+  EXPECT_EQ(c.arch, LlamaArch::kGemma3);
+  EXPECT_TRUE(c.norm_unit_offset && c.sandwich_norms && c.gelu_tanh_mlp && c.qk_norm);
+  EXPECT_TRUE(c.tie_embeddings);  // Gemma3TextConfig's default
+  EXPECT_DOUBLE_EQ(c.embed_scale, std::sqrt(32.0));
+  EXPECT_EQ(c.query_pre_attn_scalar, 24);
+  EXPECT_EQ(c.head_dim, 16);
+  // Every second layer global: (i + 1) % 2 == 0.
+  EXPECT_EQ(SlidingLayers(c), (std::vector<bool>{true, false, true, false}));
+  const ops::RopeParams local = LlamaLayerRopeParams(c, 0), global = LlamaLayerRopeParams(c, 1);
+  EXPECT_EQ(local.theta, 10000.0);
+  EXPECT_EQ(local.linear_factor, 1.0);  // the sliding layers' RoPE is unscaled
+  EXPECT_EQ(global.theta, 1e6);
+  EXPECT_EQ(global.linear_factor, 8.0);
+  std::vector<std::string> names;
+  for (const HfTensor& x : HfBlockTensors(*r, 1)) names.push_back(x.name);
+  EXPECT_THAT(names, ::testing::Contains("model.layers.0.pre_feedforward_layernorm.weight"));
+  EXPECT_THAT(names, ::testing::Contains("model.layers.0.post_feedforward_layernorm.weight"));
+  EXPECT_THAT(names, ::testing::Contains("model.layers.0.self_attn.q_norm.weight"));
+
+  for (const char* cap : {"attn_logit_softcapping", "final_logit_softcapping"}) {
+    ExpectOneLineError(ParseHfConfig(FamilyConfig("gemma3_text", "Gemma3ForCausalLM",
+                                                  fmt::format(R"(, "{}": 50.0)", cap)),
+                                     kPath),
+                       cap);
+  }
+  ExpectOneLineError(ParseHfConfig(FamilyConfig("gemma3_text", "Gemma3ForCausalLM",
+                                                R"(, "hidden_activation": "gelu")"),
+                                   kPath),
+                     "hidden_activation");
+}
+
 TEST(HfConfig, LlamaAttentionBiasAddsQkvAndOBiases) {
   const auto r = ParseHfConfig(
       FamilyConfig("llama", "LlamaForCausalLM", R"(, "attention_bias": true)"), kPath);
@@ -234,7 +277,10 @@ TEST(HfConfig, EveryFamilyRoundTripsThroughItsOwnConfigJson) {
       {"qwen2", R"(, "use_sliding_window": true, "sliding_window": 32, "max_window_layers": 3,
                    "tie_word_embeddings": true)"},
       {"qwen3", R"(, "head_dim": 16, "attention_bias": true)"},
-      {"phi3", R"(, "sliding_window": 48, "original_max_position_embeddings": 128)"}};
+      {"phi3", R"(, "sliding_window": 48, "original_max_position_embeddings": 128)"},
+      {"gemma3_text", R"(, "head_dim": 16, "query_pre_attn_scalar": 168, "sliding_window": 8,
+                         "sliding_window_pattern": 3, "rope_scaling": {"rope_type": "linear",
+                         "factor": 8.0}, "tie_word_embeddings": false)"}};
   for (const auto& [type, extra] : families) {
     SCOPED_TRACE(type);
     const auto a = ParseHfConfig(FamilyConfig(type, "", extra), kPath);
@@ -255,6 +301,13 @@ TEST(HfConfig, EveryFamilyRoundTripsThroughItsOwnConfigJson) {
     EXPECT_EQ(y.sliding_window, x.sliding_window);
     EXPECT_EQ(SlidingLayers(y), SlidingLayers(x));
     if (x.arch == LlamaArch::kPhi3) EXPECT_EQ(j["original_max_position_embeddings"], 128);
+    EXPECT_EQ(y.norm_unit_offset, x.norm_unit_offset);
+    EXPECT_EQ(y.sandwich_norms, x.sandwich_norms);
+    EXPECT_EQ(y.gelu_tanh_mlp, x.gelu_tanh_mlp);
+    EXPECT_EQ(y.embed_scale, x.embed_scale);
+    EXPECT_EQ(y.query_pre_attn_scalar, x.query_pre_attn_scalar);
+    EXPECT_EQ(y.rope_local_theta, x.rope_local_theta);
+    EXPECT_EQ(y.rope_linear_factor, x.rope_linear_factor);
   }
 }
 
@@ -364,10 +417,15 @@ TEST(HfConfig, UnsupportedFeaturesAreNamed) {
   // A repeated key: the last one counts (nlohmann::json, like Python's json).
   ExpectOneLineError(ParseHfConfig(LlamaConfigText(s, R"(, "hidden_act": "gelu")"), kPath),
                      "hidden_act");
+  const auto dynamic = ParseHfConfig(
+      LlamaConfigText(s, R"(, "rope_scaling": {"type": "dynamic", "factor": 2.0})"), kPath);
+  ExpectOneLineError(dynamic, "rope_scaling");
+  EXPECT_THAT(dynamic.status().message(), AllOf(HasSubstr("dynamic"), HasSubstr("llama3")));
+  // Linear scaling (position interpolation) is read: every frequency / factor.
   const auto linear = ParseHfConfig(
       LlamaConfigText(s, R"(, "rope_scaling": {"type": "linear", "factor": 2.0})"), kPath);
-  ExpectOneLineError(linear, "rope_scaling");
-  EXPECT_THAT(linear.status().message(), AllOf(HasSubstr("linear"), HasSubstr("llama3")));
+  ASSERT_TRUE(linear.ok()) << linear.status().ToString();
+  EXPECT_EQ(linear->llama.rope_linear_factor, 2.0);
   ExpectOneLineError(
       ParseHfConfig(LlamaConfigText(s, R"(, "rope_scaling": {"factor": 2.0})"), kPath),
       "rope_scaling");

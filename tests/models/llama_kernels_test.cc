@@ -91,13 +91,30 @@ LlamaConfig WithWindow(LlamaConfig c, int window, std::vector<bool> sliding) {
   c.sliding_layers = std::move(sliding);
   return c;
 }
+// Gemma 3: (1 + w) and sandwich norms, GeGLU, q/k norms, a scaled embedding, a query scale other
+// than 1/sqrt(hs); layer 0 sliding (window 3, its own RoPE base), layer 1 global with linear rope
+// scaling.
+LlamaConfig Gemma3Like(LlamaConfig c) {
+  c.arch = LlamaArch::kGemma3;
+  c.tie_embeddings = true;
+  c.qk_norm = c.norm_unit_offset = c.sandwich_norms = c.gelu_tanh_mlp = true;
+  c.embed_scale = std::sqrt(static_cast<double>(c.hidden_size));
+  c.query_pre_attn_scalar = 5;
+  c.rope_local_theta = 100;
+  c.rope_linear_factor = 2;
+  c.sliding_window = 3;
+  c.sliding_layers.assign(c.num_layers, false);
+  c.sliding_layers[0] = true;
+  return c;
+}
 
 // Finite-difference cases: GQA with head_dim * heads != hidden_size, odd widths; tied with
 // llama3 scaling whose bands all occur (hs 4: wavelengths 6.3 (blended) and 628 (divided)); one
 // kv head for three query heads; multi-head attention past the attention row block (T 70); the
 // families' options: Qwen2 biases (tied), Llama attention_bias, Qwen3 q/k norms with
 // heads * head_dim != hidden (and with biases), a window of 3 on one of two layers (Qwen2-style)
-// and of 2 on every layer (Mistral), past the row block (window 40 at T 70); Phi-3's fused names.
+// and of 2 on every layer (Mistral), past the row block (window 40 at T 70); Phi-3's fused names;
+// every Gemma 3 option.
 std::vector<Case> FiniteDifferenceCases() {
   return {
       {"gqa_untied", Config(19, 10, 14, 2, 4, 2, 6, 8), 2, 5},
@@ -116,6 +133,7 @@ std::vector<Case> FiniteDifferenceCases() {
       {"mistral_window_long",
        WithWindow(As(LlamaArch::kMistral, Config(11, 8, 6, 1, 2, 2, 4, 70)), 40, {true}), 1, 70},
       {"phi3_fused", As(LlamaArch::kPhi3, Config(11, 6, 7, 1, 2, 1, 4, 8)), 2, 4},
+      {"gemma3", Gemma3Like(Config(13, 8, 9, 2, 4, 2, 4, 8)), 2, 6},
   };
 }
 
