@@ -8,6 +8,7 @@
 #                                          # shared libraries they load (scripts/gpu/pack.sh)
 #   device tool: run(command="bash .gpurun/run.sh check; BUDGET=330 bash .gpurun/run.sh perf",
 #                    carry=[".gpurun"], timeout_s=600)          # check ~2 min, perf ~5.5 min
+#   (issue 43's families: "bash .gpurun/run.sh check; BUDGET=200 bash .gpurun/run.sh families")
 #   scripts/gpu_session.sh record DIR      # here: DIR = the call's files_at; prints the summaries
 #                                          # and appends them, dated, with the machine, to
 #                                          # bench/RESULTS.md
@@ -37,8 +38,12 @@ record() {
   local f text machine
   [[ -d $dir ]] || { echo "gpu_session.sh: no directory '$dir'" >&2; exit 1; }
   text=""
-  for f in "$dir"/summary-check.txt "$dir"/summary-perf.txt; do
-    [[ -f $f ]] && text+=$(cat "$f")$'\n'
+  local phase phases=() seen=" "
+  # check and perf first (as the call runs them), then any other phase's summary (families, ...).
+  for f in "$dir"/summary-check.txt "$dir"/summary-perf.txt "$dir"/summary-*.txt; do
+    phase=${f##*/summary-} && phase=${phase%.txt}
+    [[ -f $f && $seen != *" $phase "* ]] || continue
+    seen+="$phase " && phases+=("\`$phase\`") && text+=$(cat "$f")$'\n'
   done
   [[ -n $text ]] || { echo "gpu_session.sh: no summary-*.txt in $dir (did the call run .gpurun/run.sh?)" >&2; exit 1; }
   machine=$(tar -xzOf "$dir/logs-check.tar.gz" ./env.txt 2>/dev/null |
@@ -48,7 +53,7 @@ record() {
     echo
     echo "## $(date -u +%F) GPU check ($(git rev-parse --short HEAD)), ${machine:-GPU machine}"
     echo
-    echo "scripts/gpu_session.sh: one device call, \`.gpurun/run.sh check\` then \`perf\`."
+    echo "scripts/gpu_session.sh: one device call, \`.gpurun/run.sh\` phases ${phases[*]}."
     echo
     echo '```'
     printf '%s' "$text"

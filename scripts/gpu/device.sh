@@ -22,6 +22,13 @@
 #             (params from pinned host, AdamW on the CPU, layer-major, 16 micro-batches of
 #             2 x 2048), PyTorch resident at both shapes, then each case's step as the measured
 #             profile predicts it (strata estimate --machine) against the measured one
+#   families  issue 43: the new ops' CUDA tests (head_rms_norm_cuda_test, gemma_ops_cuda_test,
+#             llama_cuda_test's window / scale / GeGLU / embedding cases: `check` runs them too,
+#             repeated here so the phase stands alone), then scripts/gpu/families_vs_transformers.py:
+#             the tiny llama, mistral, qwen2, qwen3, phi3 and gemma3_text directories of
+#             tests/python evaluated by transformers (cuda, eager) and by strata eval on cuda and
+#             on the host backend, fp32 (bound 1e-5 relative) and bf16 (1e-2); its table closes
+#             the summary, families.json comes back  (~2 min, estimated)
 #   CMD...    any command, in the unpacked tree, with the libraries set up
 # Each phase stays inside $BUDGET seconds (default 300); each step is cut to the time left. The
 # summary (steps with their time and result, then Strata's tokens/s and MFU against PyTorch's)
@@ -223,6 +230,24 @@ targets)
   cp "$profile" "$L"/bench_device.json "$L"/torch_baseline.jsonl "$L"/gpt7b_24g.json \
     "$L"/estimate_*.json "$O/" 2>/dev/null
   ;;
+families)
+  # Issue 43: the new ops on CUDA against the host ops (the gtest summary line of each), then
+  # each family's loss from transformers, Strata on CUDA and Strata's host backend.
+  gtest_step() {  # NAME LIMIT PROGRAM ARGS...: a gtest program, its pass/skip count in the summary
+    local name=$1 limit=$2 prog=$root/$build/tests/models/$3
+    shift 3
+    step "$name" "$limit" "$L/$name.log" "$prog" "$@"
+    results[-1]="${results[-1]}: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ tests?' \
+      "$L/$name.log" | sed -E 's/^\[ +([A-Z]+) +\] ([0-9]+) tests?.*/\2 \1/' | paste -sd' ')"
+  }
+  gtest_step head_rms_norm_cuda 60 head_rms_norm_cuda_test
+  gtest_step gemma_ops_cuda 60 gemma_ops_cuda_test
+  gtest_step llama_cuda_new_ops 90 llama_cuda_test --gtest_filter='*Window*:*Scale*:*Geglu*:*Embedding*'
+  step families $(($(left) - 5)) "$L/families.log" env PYTHONUNBUFFERED=1 OUT="$L" python3 \
+    "$root/scripts/gpu/families_vs_transformers.py" --strata "$root/$build/tools/strata"
+  results[-1]="${results[-1]}: $(grep -E '^families: [0-9]|^families_vs_transformers:' "$L/families.log" | tail -1 | cut -c1-200)"
+  cp "$L/families.json" "$O/" 2>/dev/null
+  ;;
 roofline)
   # The host's memory roofline and the CPU AdamW step against it, 1..all cores (issue 29).
   step bench_memory_roofline $(($(left) - 5)) "$L/roofline.log" \
@@ -241,6 +266,11 @@ esac
   echo "=== summary: $phase ($((SECONDS - t0)) s of $BUDGET s) ==="
   for i in "${!names[@]}"; do printf '%-17s %4s s  %s\n' "${names[$i]}" "${times[$i]}" "${results[$i]}"; done
   [[ $phase == roofline ]] && cat "$O/roofline.txt"
+  if [[ $phase == families ]]; then
+    echo
+    echo "=== issue 43: each family's loss, transformers (hf) against strata eval (cuda, host) ==="
+    sed -n '/^bounds /,/^families: [0-9]/p' "$L/families.log"
+  fi
   if [[ $phase == targets ]]; then
     echo
     echo "=== issue 42 targets: measured, PyTorch, predicted by the measured profile ==="

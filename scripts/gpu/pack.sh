@@ -6,6 +6,9 @@
 #                              are not glibc, libstdc++ or CUDA's own (the GPU machine runs another
 #                              distribution and reaches no package registry)
 #   .gpurun/run.sh             what the device runs: scripts/gpu/device.sh
+# The tree carries every tracked or staged file, so the Python that phases run there comes along:
+# scripts/gpu/*.py, bench/gpu/*.py, and tests/python/*.py, whose fixture builders the `families`
+# phase imports (scripts/gpu/families_vs_transformers.py).
 # Usage: scripts/gpu/pack.sh [BUILD_DIR]   (default build/gpu; scripts/gpu_session.sh calls it)
 set -euo pipefail
 build=${1:-build/gpu}
