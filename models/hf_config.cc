@@ -184,6 +184,29 @@ StatusOr<int> SlidingWindow(const Fields& f) {
   return static_cast<int>(w->get<int64_t>());
 }
 
+// layer_types (transformers 4.53+): one "full_attention" or "sliding_attention" per layer, as
+// flags (true: sliding); all false when the field is absent.
+StatusOr<std::vector<bool>> LayerTypes(const Fields& f, int num_layers) {
+  std::vector<bool> sliding(num_layers, false);
+  const json* types = f.Find("layer_types");
+  if (types == nullptr) return sliding;
+  if (!types->is_array() || static_cast<int64_t>(types->size()) != num_layers) {
+    return f.Error("layer_types", fmt::format("must be a list of {} names (one per layer), got {}",
+                                              num_layers, Fields::Dump(*types)));
+  }
+  for (int i = 0; i < num_layers; ++i) {
+    const json& t = (*types)[i];
+    if (t == "sliding_attention") {
+      sliding[i] = true;
+    } else if (t != "full_attention") {
+      return f.Error(fmt::format("layer_types[{}]", i),
+                     fmt::format("{} is not supported (full_attention, sliding_attention are)",
+                                 Fields::Dump(t)));
+    }
+  }
+  return sliding;
+}
+
 // Qwen2 and Qwen3 (transformers' Qwen2Config/Qwen3Config): the window is sliding_window when
 // use_sliding_window, else none; layer i slides when layer_types[i] is "sliding_attention" (by
 // default: when there is a window and i >= max_window_layers) and there is a window.
@@ -194,24 +217,8 @@ Status ParseQwenWindows(const Fields& f, LlamaConfig& c) {
     STRATA_ASSIGN_OR_RETURN(window, SlidingWindow(f));
   }
   STRATA_ASSIGN_OR_RETURN(const int max_window_layers, f.Int("max_window_layers", 28));
-  std::vector<bool> sliding(c.num_layers, false);
-  if (const json* types = f.Find("layer_types"); types != nullptr) {
-    if (!types->is_array() || static_cast<int64_t>(types->size()) != c.num_layers) {
-      return f.Error("layer_types",
-                     fmt::format("must be a list of {} names (one per layer), got {}", c.num_layers,
-                                 Fields::Dump(*types)));
-    }
-    for (int i = 0; i < c.num_layers; ++i) {
-      const json& t = (*types)[i];
-      if (t == "sliding_attention") {
-        sliding[i] = true;
-      } else if (t != "full_attention") {
-        return f.Error(fmt::format("layer_types[{}]", i),
-                       fmt::format("{} is not supported (full_attention, sliding_attention are)",
-                                   Fields::Dump(t)));
-      }
-    }
-  } else {
+  STRATA_ASSIGN_OR_RETURN(std::vector<bool> sliding, LayerTypes(f, c.num_layers));
+  if (f.Find("layer_types") == nullptr) {
     for (int i = 0; i < c.num_layers; ++i) sliding[i] = window > 0 && i >= max_window_layers;
   }
   if (window > 0 && std::find(sliding.begin(), sliding.end(), true) != sliding.end()) {
@@ -243,24 +250,8 @@ Status ParseGemma3(const Fields& f, LlamaConfig& c) {
   if (f.Find("sliding_window") != nullptr) {
     STRATA_ASSIGN_OR_RETURN(window, SlidingWindow(f));
   }
-  std::vector<bool> sliding(c.num_layers, false);
-  if (const json* types = f.Find("layer_types"); types != nullptr) {
-    if (!types->is_array() || static_cast<int64_t>(types->size()) != c.num_layers) {
-      return f.Error("layer_types",
-                     fmt::format("must be a list of {} names (one per layer), got {}", c.num_layers,
-                                 Fields::Dump(*types)));
-    }
-    for (int i = 0; i < c.num_layers; ++i) {
-      const json& t = (*types)[i];
-      if (t == "sliding_attention") {
-        sliding[i] = true;
-      } else if (t != "full_attention") {
-        return f.Error(fmt::format("layer_types[{}]", i),
-                       fmt::format("{} is not supported (full_attention, sliding_attention are)",
-                                   Fields::Dump(t)));
-      }
-    }
-  } else {
+  STRATA_ASSIGN_OR_RETURN(std::vector<bool> sliding, LayerTypes(f, c.num_layers));
+  if (f.Find("layer_types") == nullptr) {
     const char* key = f.Find("_sliding_window_pattern") != nullptr ? "_sliding_window_pattern"
                                                                    : "sliding_window_pattern";
     STRATA_ASSIGN_OR_RETURN(const int pattern, f.Int(key, 6));

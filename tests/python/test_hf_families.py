@@ -916,6 +916,57 @@ class ReferenceModelTest(unittest.TestCase):
 
 
 # ---------------------------------------------------------------------------
+# Shared by the family test files (test_hf_new_families.py, test_hf_gemma3.py).
+
+def check_every_parameter_gradient(test, root, model, seq_len, micro_batch):
+    """hf_gradients on the first micro_batch windows of model.tokens: every parameter's F32
+    gradient, named as in the directory, within assert_gradient_close of float64 autograd."""
+    out = os.path.join(root, model.name + ".grad.safetensors")
+    r = run([STRATA_HF_GRADIENTS, "--model-dir", model.dir, "--data", model.data, "--seq-len",
+             seq_len, "--micro-batch-size", micro_batch, "--output", out])
+    test.assertEqual(r.returncode, 0, f"hf_gradients failed:\n{r.stdout}\n{r.stderr}")
+    got, _ = read_safetensors(out)
+    params = {n: t.clone().requires_grad_() for n, t in model.params.items()}
+    x, y = windows(model.tokens, seq_len)
+    model.loss(x[:micro_batch], y[:micro_batch], params).backward()
+    test.assertEqual(sorted(got), sorted(params), "gradient tensor names")
+    for name, leaf in params.items():
+        g, dtype, _ = got[name]
+        test.assertEqual(dtype, "F32", name)
+        assert_gradient_close(test, g, leaf.grad, f"{model.name} {name}")
+
+
+def check_lora_gradients(test, root, model, lora, adapter_dir, adapters, lora_loss, paths,
+                         seq_len, micro_batch):
+    """hf_gradients --lora-init adapter_dir with dropout 0 and 0.3: every adapter's lora_A and
+    lora_B gradient (PEFT names, layer i's module m at base_model.model.model.layers.{i}.
+    {paths[m]}) within assert_gradient_close of float64 autograd through
+    lora_loss(model, leaves, lora, inputs, targets, dropout_seed)."""
+    for p_drop in (0.0, 0.3):
+        with test.subTest(model=model.name, dropout=p_drop):
+            out = os.path.join(root, f"{model.name}.lora{p_drop}.safetensors")
+            r = run([STRATA_HF_GRADIENTS, "--model-dir", model.dir, "--data", model.data,
+                     "--seq-len", seq_len, "--micro-batch-size", micro_batch, "--lora-init",
+                     adapter_dir, "--lora-dropout", p_drop, "--seed", 5, "--output", out])
+            test.assertEqual(r.returncode, 0, f"hf_gradients failed:\n{r.stdout}\n{r.stderr}")
+            got, _ = read_safetensors(out)
+            leaves = {k: (a.clone().requires_grad_(), bb.clone().requires_grad_())
+                      for k, (a, bb) in adapters.items()}
+            x, y = windows(model.tokens, seq_len)
+            lora_loss(model, leaves, dict(lora, dropout=p_drop), x[:micro_batch],
+                      y[:micro_batch],
+                      micro_batch_dropout_seed(5) if p_drop else None).backward()
+            test.assertEqual(len(got), 2 * len(leaves), "adapter tensor count")
+            for (i, module), (a, bb) in leaves.items():
+                name = f"base_model.model.model.layers.{i}.{paths[module]}"
+                for suffix, leaf in ((".lora_A.weight", a), (".lora_B.weight", bb)):
+                    g, dtype, _ = got[name + suffix]
+                    test.assertEqual(dtype, "F32", name + suffix)
+                    assert_gradient_close(test, g, leaf.grad,
+                                          f"{model.name} p={p_drop} {name}{suffix}")
+
+
+# ---------------------------------------------------------------------------
 # strata against the references.
 
 class Fixture:

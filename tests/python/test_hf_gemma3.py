@@ -973,20 +973,7 @@ class StrataGradientTest(unittest.TestCase):
         f = Fixture.get()
         for model in f.models:
             with self.subTest(model=model.name):
-                out = os.path.join(f.root, model.name + ".grad.safetensors")
-                r = run([STRATA_HF_GRADIENTS, "--model-dir", model.dir, "--data", model.data,
-                         "--seq-len", SEQ_LEN, "--micro-batch-size", MICRO_BATCH,
-                         "--output", out])
-                self.assertEqual(r.returncode, 0, f"hf_gradients failed:\n{r.stdout}\n{r.stderr}")
-                got, _ = base.read_safetensors(out)
-                params = {n: t.clone().requires_grad_() for n, t in model.params.items()}
-                x, y = windows(model.tokens, SEQ_LEN)
-                model.loss(x[:MICRO_BATCH], y[:MICRO_BATCH], params).backward()
-                self.assertEqual(sorted(got), sorted(params), "gradient tensor names")
-                for name, leaf in params.items():
-                    g, dtype, _ = got[name]
-                    self.assertEqual(dtype, "F32", name)
-                    base.assert_gradient_close(self, g, leaf.grad, f"{model.name} {name}")
+                base.check_every_parameter_gradient(self, f.root, model, SEQ_LEN, MICRO_BATCH)
 
 
 @unittest.skipIf(torch is None, "torch is not importable")
@@ -996,30 +983,9 @@ class StrataLoraGradientTest(unittest.TestCase):
         f = Fixture.get()
         adapter_dir = os.path.join(f.root, model.name + ".lora")
         adapters = write_gemma3_lora_adapter(adapter_dir, model, lora, seed=seed)
-        for p_drop in (0.0, 0.3):
-            with self.subTest(model=model.name, dropout=p_drop):
-                out = os.path.join(f.root, f"{model.name}.lora{p_drop}.safetensors")
-                r = run([STRATA_HF_GRADIENTS, "--model-dir", model.dir, "--data", model.data,
-                         "--seq-len", SEQ_LEN, "--micro-batch-size", MICRO_BATCH,
-                         "--lora-init", adapter_dir, "--lora-dropout", p_drop,
-                         "--seed", 5, "--output", out])
-                self.assertEqual(r.returncode, 0, f"hf_gradients failed:\n{r.stdout}\n{r.stderr}")
-                got, _ = base.read_safetensors(out)
-                leaves = {k: (a.clone().requires_grad_(), bb.clone().requires_grad_())
-                          for k, (a, bb) in adapters.items()}
-                x, y = windows(model.tokens, SEQ_LEN)
-                gemma3_lora_loss(model, leaves, dict(lora, dropout=p_drop), x[:MICRO_BATCH],
-                                 y[:MICRO_BATCH],
-                                 base.micro_batch_dropout_seed(5) if p_drop else None).backward()
-                self.assertEqual(len(got), 2 * len(leaves), "adapter tensor count")
-                paths = {m: path for m, path, _, _ in gemma3_lora_modules(model.cfg)}
-                for (i, module), (a, bb) in leaves.items():
-                    name = f"base_model.model.model.layers.{i}.{paths[module]}"
-                    for suffix, leaf in ((".lora_A.weight", a), (".lora_B.weight", bb)):
-                        g, dtype, _ = got[name + suffix]
-                        self.assertEqual(dtype, "F32", name + suffix)
-                        base.assert_gradient_close(self, g, leaf.grad,
-                                                   f"{model.name} p={p_drop} {name}{suffix}")
+        paths = {m: path for m, path, _, _ in gemma3_lora_modules(model.cfg)}
+        base.check_lora_gradients(self, f.root, model, lora, adapter_dir, adapters,
+                                  gemma3_lora_loss, paths, SEQ_LEN, MICRO_BATCH)
 
     def test_adapters_on_every_projection(self):
         model = Fixture.get().models[0]  # tied, GQA, sliding and full layers
