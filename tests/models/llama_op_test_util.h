@@ -77,7 +77,7 @@ inline std::vector<double> RandomValues(size_t n, double amplitude, uint64_t see
 template <typename S>
 std::vector<S> Poisoned(size_t n) {
   std::vector<S> v(n);
-  std::memset(v.data(), 0xff, n * sizeof(S));
+  if (n > 0) std::memset(v.data(), 0xff, n * sizeof(S));  // data() may be null when empty
   return v;
 }
 
