@@ -89,14 +89,35 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
   return fmt::format("[{}]", fmt::join(shape, ", "));
 }
 
-// GPT-2 checkpoints may store the GPT2Model's names without the "transformer." prefix.
+// GPT-2 checkpoints may store the GPT2Model's names without the "transformer." prefix; a Gemma 3
+// multimodal directory stores its language model's "model.X" as "language_model.model.X" (or,
+// since transformers 4.52, "model.language_model.X") and lm_head as "language_model.lm_head".
 std::vector<std::string> CandidateNames(const HfModelConfig& config, const std::string& name) {
   std::vector<std::string> out = {name};
   constexpr std::string_view kPrefix = "transformer.";
   if (config.family == HfModelConfig::Family::kGpt2 && name.starts_with(kPrefix)) {
     out.push_back(name.substr(kPrefix.size()));
   }
+  constexpr std::string_view kModel = "model.";
+  if (config.gemma3_multimodal) {
+    if (name.starts_with(kModel)) {
+      out.push_back("language_model." + name);
+      out.push_back("model.language_model." + name.substr(kModel.size()));
+    } else {
+      out.push_back("language_model." + name);
+    }
+  }
   return out;
+}
+
+// The vision tower and projector of a Gemma 3 multimodal directory: present, never read.
+bool IsVisionTensor(const HfModelConfig& config, std::string_view name) {
+  if (!config.gemma3_multimodal) return false;
+  for (std::string_view p : {"vision_tower.", "multi_modal_projector.", "model.vision_tower.",
+                             "model.multi_modal_projector."}) {
+    if (name.starts_with(p)) return true;
+  }
+  return false;
 }
 
 }  // namespace
@@ -239,7 +260,10 @@ StatusOr<std::shared_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::string& di
   std::vector<std::string> extra;
   std::string extra_file;
   auto check_extra = [&](const std::string& name, const std::string& file) {
-    if (used.contains(name) || IsIgnoredBuffer(name) || (tied && name == "lm_head.weight")) return;
+    if (used.contains(name) || IsIgnoredBuffer(name) || IsVisionTensor(config, name) ||
+        (tied && (name == "lm_head.weight" || name == "language_model.lm_head.weight"))) {
+      return;
+    }
     if (extra.empty()) extra_file = file;
     extra.push_back(fmt::format("'{}'", Printable(name)));
   };

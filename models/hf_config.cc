@@ -269,14 +269,19 @@ Status ParseGemma3(const Fields& f, LlamaConfig& c) {
 StatusOr<LlamaConfig> ParseLlama(const Fields& f, LlamaArch arch, const std::string& path) {
   LlamaConfig c;
   c.arch = arch;
-  // Gemma3TextConfig's defaults differ: head_dim 256, rope_theta 1e6, tied, 131072 positions.
+  // Gemma3TextConfig has a default for every field (a Gemma3ForConditionalGeneration's
+  // text_config often leaves the sizes out): vocabulary 262208, 2304 channels, MLP 9216, 26
+  // layers, 8 heads, 4 key/value heads, head_dim 256, rope_theta 1e6, tied, 131072 positions.
   const bool gemma = arch == LlamaArch::kGemma3;
-  STRATA_ASSIGN_OR_RETURN(c.vocab_size, f.Int("vocab_size"));
-  STRATA_ASSIGN_OR_RETURN(c.hidden_size, f.Int("hidden_size"));
-  STRATA_ASSIGN_OR_RETURN(c.intermediate_size, f.Int("intermediate_size"));
-  STRATA_ASSIGN_OR_RETURN(c.num_layers, f.Int("num_hidden_layers"));
-  STRATA_ASSIGN_OR_RETURN(c.num_heads, f.Int("num_attention_heads"));
-  STRATA_ASSIGN_OR_RETURN(c.num_kv_heads, f.Int("num_key_value_heads", c.num_heads));
+  auto size = [&](const char* field, int gemma_default) {
+    return gemma ? f.Int(field, gemma_default) : f.Int(field);
+  };
+  STRATA_ASSIGN_OR_RETURN(c.vocab_size, size("vocab_size", 262208));
+  STRATA_ASSIGN_OR_RETURN(c.hidden_size, size("hidden_size", 2304));
+  STRATA_ASSIGN_OR_RETURN(c.intermediate_size, size("intermediate_size", 9216));
+  STRATA_ASSIGN_OR_RETURN(c.num_layers, size("num_hidden_layers", 26));
+  STRATA_ASSIGN_OR_RETURN(c.num_heads, size("num_attention_heads", 8));
+  STRATA_ASSIGN_OR_RETURN(c.num_kv_heads, f.Int("num_key_value_heads", gemma ? 4 : c.num_heads));
   if (!gemma && f.Find("head_dim") == nullptr && c.hidden_size % c.num_heads != 0) {
     return f.Error("hidden_size", fmt::format("= {} is not a multiple of num_attention_heads = {} "
                                               "(and there is no head_dim)",
@@ -418,6 +423,35 @@ std::string TorchDtype(DType dtype) {
   return "float32";
 }
 
+// A Gemma3ForConditionalGeneration directory (model_type "gemma3"): its language model, from
+// text_config (a gemma3_text config); the vision tower's weights are not read.
+StatusOr<HfModelConfig> ParseGemma3ConditionalGeneration(const Fields& f, const std::string& path,
+                                                         HfModelConfig& config) {
+  if (const json* arch = f.Find("architectures"); arch != nullptr) {
+    if (!arch->is_array() || arch->size() != 1 || (*arch)[0] != "Gemma3ForConditionalGeneration") {
+      return f.Error("architectures",
+                     fmt::format("{} is not supported for model_type 'gemma3' (supported: "
+                                 "Gemma3ForConditionalGeneration)",
+                                 Fields::Dump(*arch)));
+    }
+  }
+  const json* text = f.Find("text_config");
+  if (text == nullptr || !text->is_object()) {
+    return f.Error("text_config", "must be an object (the language model's gemma3_text config)");
+  }
+  const std::string text_path = path + " text_config";
+  const Fields t(*text, text_path);
+  STRATA_ASSIGN_OR_RETURN(const std::string text_type, t.String("model_type", "gemma3_text"));
+  if (text_type != "gemma3_text") {
+    return t.Error("model_type",
+                   fmt::format("'{}' is not supported (gemma3_text is)", Excerpt(text_type)));
+  }
+  config.family = HfModelConfig::Family::kLlama;
+  config.gemma3_multimodal = true;
+  STRATA_ASSIGN_OR_RETURN(config.llama, ParseLlama(t, LlamaArch::kGemma3, text_path));
+  return config;
+}
+
 }  // namespace
 
 StatusOr<HfModelConfig> ParseHfConfig(std::string_view json_text, const std::string& path) {
@@ -429,6 +463,9 @@ StatusOr<HfModelConfig> ParseHfConfig(std::string_view json_text, const std::str
     return InvalidArgumentError(fmt::format("{}: not a JSON object", path));
   const Fields f(config.raw, path);
   STRATA_ASSIGN_OR_RETURN(std::string model_type, f.String("model_type", ""));
+  if (model_type == "gemma3" || (model_type.empty() && f.Find("text_config") != nullptr)) {
+    return ParseGemma3ConditionalGeneration(f, path, config);
+  }
   std::string architecture;
   if (const json* arch = f.Find("architectures"); arch != nullptr) {
     if (!arch->is_array() || arch->size() != 1 || !(*arch)[0].is_string()) {

@@ -11,6 +11,8 @@
 //   "phi3"    Phi3ForCausalLM (Phi-3, Phi-4): fused qkv_proj and gate_up_proj; sliding_window on
 //             every layer; partial_rotary_factor other than 1 and rope_scaling "longrope"
 //             refused
+//   "gemma3_text" Gemma3ForCausalLM (Gemma 3's text model), and "gemma3"
+//             (Gemma3ForConditionalGeneration): its text_config's language model
 //   "gpt2"    GPT2LMHeadModel, tanh GELU ("gelu_new" or "gelu_pytorch_tanh"), n_inner = 4 n_embd
 // Every family except gpt2 refuses hidden_act other than silu, mlp_bias, rope_scaling other than
 // null/default/llama3, and a non-zero dropout (attention_dropout; Phi-3's resid_pdrop and
@@ -41,6 +43,11 @@ struct HfModelConfig {
   LlamaConfig llama;   // family kLlama
   GptShape gpt2;       // family kGpt2 (tie_embeddings and layer_norm_eps from the config)
   nlohmann::json raw;  // the parsed config.json as it was (token ids and the like)
+  // A Gemma3ForConditionalGeneration directory (model_type "gemma3"): llama holds its
+  // text_config; its language model's tensors are stored as "language_model.model.*" (or
+  // "model.language_model.*", transformers 4.52+), and the vision tower's are not read.
+  // HfConfigJson writes the text model (gemma3_text).
+  bool gemma3_multimodal = false;
 };
 
 // Parses config.json text. path_for_messages names the file in errors.

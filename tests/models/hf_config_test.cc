@@ -258,6 +258,31 @@ TEST(HfConfig, Gemma3TextReadsItsNormsWindowsAndTwoRopeBases) {
                      "hidden_activation");
 }
 
+TEST(HfConfig, Gemma3ConditionalGenerationReadsItsTextConfig) {
+  // The sizes left out of text_config take Gemma3TextConfig's defaults.
+  const auto r = ParseHfConfig(R"({"architectures": ["Gemma3ForConditionalGeneration"],
+      "model_type": "gemma3", "text_config": {"model_type": "gemma3_text", "hidden_size": 2560,
+      "intermediate_size": 10240, "num_hidden_layers": 34, "num_attention_heads": 8,
+      "num_key_value_heads": 4, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+      "sliding_window": 1024}, "vision_config": {"model_type": "siglip_vision_model"}})",
+                               kPath);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->gemma3_multimodal);
+  EXPECT_EQ(r->llama.arch, LlamaArch::kGemma3);
+  EXPECT_EQ(r->llama.vocab_size, 262208);
+  EXPECT_EQ(r->llama.head_dim, 256);
+  EXPECT_EQ(r->llama.rope_linear_factor, 8.0);
+  // Export writes the language model alone.
+  EXPECT_EQ(nlohmann::json::parse(HfConfigJson(*r))["model_type"], "gemma3_text");
+  const auto bad =
+      ParseHfConfig(R"({"model_type": "gemma3", "text_config": {"model_type": "gemma3_text",
+      "final_logit_softcapping": 30.0}})",
+                    kPath);
+  ExpectOneLineError(bad, "final_logit_softcapping");
+  EXPECT_THAT(bad.status().message(), HasSubstr("text_config"));
+  ExpectOneLineError(ParseHfConfig(R"({"model_type": "gemma3"})", kPath), "text_config");
+}
+
 TEST(HfConfig, LlamaAttentionBiasAddsQkvAndOBiases) {
   const auto r = ParseHfConfig(
       FamilyConfig("llama", "LlamaForCausalLM", R"(, "attention_bias": true)"), kPath);

@@ -958,6 +958,38 @@ class StrataEvalTest(unittest.TestCase):
             with self.subTest(model=model.name):
                 check_eval(self, model)
 
+    def test_a_multimodal_gemma3_directory_evaluates_its_language_model(self):
+        # Gemma3ForConditionalGeneration (model_type "gemma3"): the config nests the text model
+        # under text_config, the weights are the language model's under "language_model.model."
+        # (the Hub's checkpoints) or "model.language_model." (transformers 4.52+ saves), beside
+        # a vision tower and projector Strata does not read. Strata evaluates the language
+        # model: the reference loss of the same text model.
+        f = Fixture.get()
+        model = f.models[0]
+        g = torch.Generator().manual_seed(77)
+        vision = {"vision_tower.vision_model.embeddings.patch_embedding.weight": (4, 3, 2, 2),
+                  "multi_modal_projector.mm_input_projection_weight": (4, model.cfg["hidden_size"])}
+        for style, rename, vprefix in (
+                ("hub", lambda n: "language_model." + n, ""),
+                ("4.52", lambda n: "model.language_model." + n[len("model."):]
+                 if n.startswith("model.") else n, "model.")):
+            with self.subTest(style=style):
+                d = os.path.join(f.root, f"gemma3_multimodal_{style}")
+                os.makedirs(d, exist_ok=True)
+                text_config = {k: v for k, v in model.cfg.items() if k != "architectures"}
+                cfg = {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+                       "text_config": text_config,
+                       "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 4},
+                       "mm_tokens_per_image": 4, "image_token_index": 3, "boi_token_index": 4,
+                       "eoi_token_index": 5}
+                with open(os.path.join(d, "config.json"), "w") as fh:
+                    json.dump(cfg, fh, indent=2)
+                tensors = {rename(n): (t, "F32") for n, t in model.params.items()}
+                for n, shape in vision.items():
+                    tensors[vprefix + n] = (torch.randn(shape, generator=g, dtype=F64), "F32")
+                base.write_safetensors(os.path.join(d, "model.safetensors"), tensors)
+                check_eval(self, model, source=("--model-dir", d))
+
     def test_at_a_sequence_no_longer_than_the_window(self):
         # T <= w: the window hides nothing; the sliding layers still rotate with their base.
         model = Fixture.get().models[0]
