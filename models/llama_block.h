@@ -63,14 +63,13 @@ struct LlamaLayerBuffers {
 };
 
 // Grouped-query attention of `layer` over the rows [q | k | v] of qkv (N, Dqkv); position_ids
-// (B, T) or null (packed sequences); the layer's sliding window where it is shorter than T (a
-// window of T or more masks nothing); the config's query scale.
+// (B, T) or null (packed sequences); the layer's sliding window (the op itself treats a window of
+// T or more as none); the config's query scale.
 inline ops::AttentionDims LlamaAttentionDims(const LlamaConfig& c, int layer, int B, int T,
                                              const int32_t* position_ids) {
   ops::AttentionDims a{
       B, T, c.num_heads, c.num_kv_heads, c.head_dim, LlamaDims(c, B, T).Dqkv, position_ids};
-  const int window = LlamaLayerWindow(c, layer);
-  a.window = window < T ? window : 0;
+  a.window = LlamaLayerWindow(c, layer);
   a.scale = c.query_pre_attn_scalar > 0 ? 1.0 / std::sqrt(c.query_pre_attn_scalar) : 0.0;
   return a;
 }
