@@ -90,6 +90,12 @@ struct LlamaConfig {
   double embed_scale = 1.0;    // the embedding's output times this, rounded to the storage type
   // Attention scores times query_pre_attn_scalar^-1/2 (Gemma); 0: 1 / sqrt(head_dim).
   double query_pre_attn_scalar = 0;
+  // Soft-capping (Gemma 2): each scaled attention score s becomes c tanh(s / c) before the
+  // softmax (attn_logit_softcapping, ops::AttentionDims::softcap), and each logit of the head
+  // the same with its own c (final_logit_softcapping: the loss, eval and generate all see the
+  // capped logits). 0: none.
+  double attn_logit_softcapping = 0;
+  double final_logit_softcapping = 0;
 };
 
 // The rotary embedding of `layer` (its base and scaling).

@@ -27,11 +27,12 @@ void CheckDims(const AttentionDims& d) {
       d.batch_size >= 1 && d.seq_len >= 1 && d.num_heads >= 1 && d.num_kv_heads >= 1 &&
           d.head_dim >= 1 && d.num_heads % d.num_kv_heads == 0 &&
           d.row_stride >= int64_t{d.num_heads} * d.head_dim && d.window >= 0 &&
-          std::isfinite(d.scale) && d.scale >= 0,
+          std::isfinite(d.scale) && d.scale >= 0 && std::isfinite(d.softcap) && d.softcap >= 0,
       "attention dims B=" + std::to_string(d.batch_size) + " T=" + std::to_string(d.seq_len) +
           " H=" + std::to_string(d.num_heads) + " Hkv=" + std::to_string(d.num_kv_heads) +
           " hs=" + std::to_string(d.head_dim) + " row_stride=" + std::to_string(d.row_stride) +
-          " window=" + std::to_string(d.window) + " scale=" + std::to_string(d.scale));
+          " window=" + std::to_string(d.window) + " scale=" + std::to_string(d.scale) +
+          " softcap=" + std::to_string(d.softcap));
 }
 
 // AttentionDims::scale in F: 1 / sqrt(head_dim) computed in F where it is 0 (the default, as
@@ -71,12 +72,16 @@ void StoreHead(const ComputeType<S>* src, int64_t T, int64_t hs, S* dst, int64_t
 }
 
 // Scores of query rows t0..t0+nq against keys 0..nk (nk = t0 + nq), as a (nq, nk) tile:
-// scale * q k^T. Forward and backward make this same call, so the backward's scores are the
-// forward's bit for bit.
+// scale * q k^T, soft-capped (c tanh(s / c)) with a softcap c. Forward and backward make this
+// same call, so the backward's scores are the forward's bit for bit.
 template <typename F>
 void Scores(const AttentionDims& d, const F* qf, const F* kf, int64_t t0, int64_t nq, F* sc) {
   const int64_t nk = t0 + nq, hs = d.head_dim;
   Gemm<F>(false, true, nq, nk, hs, AttnScale<F>(d), qf + t0 * hs, hs, kf, hs, F(0), sc, nk);
+  if (d.softcap > 0) {
+    const F c = static_cast<F>(d.softcap);
+    for (int64_t i = 0; i < nq * nk; ++i) sc[i] = c * std::tanh(sc[i] / c);
+  }
 }
 
 // The first key query t of sequence b attends to: t - position_ids[b, t] for packed sequences,
@@ -171,6 +176,8 @@ void AttentionBackward(const AttentionDims& d, const S* q, const S* k, const S* 
     F* ds = work.Get(7, rb * T);
     F* dqf = work.Get(8, rb * hs);
     F* dsum = work.Get(9, T);
+    // Soft-capping: 1 - tanh^2 of each score, the capped score's derivative.
+    F* dcap = d.softcap > 0 ? work.Get(10, rb * T) : nullptr;
     LoadHead(k + b * T * ld + kvh * hs, ld, T, hs, kf);
     LoadHead(v + b * T * ld + kvh * hs, ld, T, hs, vf);
     std::fill(dkf, dkf + T * hs, F(0));
@@ -191,17 +198,32 @@ void AttentionBackward(const AttentionDims& d, const S* q, const S* k, const S* 
       for (int64_t t0 = 0; t0 < T; t0 += rb) {
         const int64_t nq = std::min(rb, T - t0), nk = t0 + nq;
         Scores(d, qf, kf, t0, nq, p);
+        if (dcap != nullptr) {
+          const F c = static_cast<F>(d.softcap);
+          for (int64_t i = 0; i < nq * nk; ++i) {
+            const F u = p[i] / c;
+            dcap[i] = F(1) - u * u;
+          }
+        }
         for (int64_t i = 0; i < nq; ++i) {
           ProbabilitiesInPlace<S>(p + i * nk, FirstKey(d, b, t0 + i), t0 + i, nk, lse_bh[t0 + i]);
         }
-        // dP = dO v^T; dS = S(P (dP - D)), zero where masked (P is zero there).
+        // dP = dO v^T; dS = S(P (dP - D)), zero where masked (P is zero there); soft-capped:
+        // S(P (dP - D) (1 - tanh^2)).
         Gemm<F>(false, true, nq, nk, hs, F(1), dof + t0 * hs, hs, vf, hs, F(0), ds, nk);
         for (int64_t i = 0; i < nq; ++i) {
           const F dd = dsum[t0 + i];
           F* drow = ds + i * nk;
           const F* prow = p + i * nk;
-          for (int64_t s = 0; s < nk; ++s) {
-            drow[s] = ToFloat(FromFloat<S>(prow[s] * (drow[s] - dd)));
+          if (dcap == nullptr) {
+            for (int64_t s = 0; s < nk; ++s) {
+              drow[s] = ToFloat(FromFloat<S>(prow[s] * (drow[s] - dd)));
+            }
+          } else {
+            const F* crow = dcap + i * nk;
+            for (int64_t s = 0; s < nk; ++s) {
+              drow[s] = ToFloat(FromFloat<S>(prow[s] * (drow[s] - dd) * crow[s]));
+            }
           }
         }
         // dv += P^T dO;  dq = scale dS k;  dk += scale dS^T q.

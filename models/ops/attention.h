@@ -47,15 +47,22 @@ struct AttentionDims {
   // ComputeType<S> (fp32 on CUDA): 1 / sqrt(head_dim) given here equals 0 bit for bit wherever
   // its rounding to fp32 is the fp32 quotient 1.0f / sqrtf(head_dim) (head_dim 1 .. 5, 8, 64,
   // 128, 256, ...; not 6 or 7), and always for double. Must be finite and >= 0 (else rejected).
-  // window and scale are last in the struct, so the aggregate initialisations {B, T, H, Hkv, hs,
-  // row_stride, position_ids} keep their meaning.
   double scale = 0;
+  // Attention logit soft-capping (Gemma 2; Gemma Team, "Gemma 2", 2024): each scaled score s
+  // becomes softcap tanh(s / softcap) before the mask and the softmax (transformers'
+  // eager_attention_forward with attn_logit_softcapping), and the backward multiplies the
+  // score gradient by the derivative 1 - tanh^2(s / softcap) before the scale. Computed in
+  // ComputeType<S> (fp32 on CUDA); 0 = none, the default (results bit-identical to the op before
+  // this field). Must be finite and >= 0 (else rejected).
+  double softcap = 0;
+  // window, scale and softcap are last in the struct, so the aggregate initialisations {B, T, H,
+  // Hkv, hs, row_stride, position_ids} keep their meaning.
 };
 
 // q: (B, T, H, hs) rows of row_stride; k, v: (B, T, Hkv, hs) rows of row_stride;
 // out: (B, T, H hs) contiguous; lse: (B, H, T) ComputeType<S> (log-sum-exp, kept for backward).
 // Requirements (STRATA_CHECK): all dims >= 1, H % Hkv == 0, row_stride >= H hs, window >= 0,
-// scale finite and >= 0. out must not overlap q, k or v.
+// scale and softcap finite and >= 0. out must not overlap q, k or v.
 template <typename S>
 void AttentionForward(const AttentionDims& d, const S* q, const S* k, const S* v, S* out,
                       ComputeType<S>* lse);

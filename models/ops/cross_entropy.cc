@@ -47,6 +47,26 @@ void ChunkLogits(const S* x, const S* w, bool out_in, int64_t C, int64_t V, int6
   LinearProduct(x + r0 * C, w, out_in, chunk, rows, C, V, PlainEpilogue{});
 }
 
+// A soft-capped logit: the S logit l as ComputeType, u = tanh(l / c), the capped S(c u).
+template <typename S>
+struct Capped {
+  ComputeType<S> value;  // ToFloat(S(c u))
+  ComputeType<S> u;
+};
+template <typename S>
+Capped<S> CapLogit(S l, ComputeType<S> c) {
+  const ComputeType<S> u = std::tanh(ToFloat(l) / c);
+  return {ToFloat(FromFloat<S>(c * u)), u};
+}
+
+// Rows x (rows, V) of S logits replaced by their soft-capped values S(c tanh(l / c)).
+template <typename S>
+void CapRows(S* x, int64_t rows, int64_t V, ComputeType<S> c) {
+  ParallelRows(rows, V, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0 * V; i < i1 * V; ++i) x[i] = FromFloat<S>(CapLogit(x[i], c).value);
+  });
+}
+
 using engine::kIgnoreTarget;
 
 }  // namespace
@@ -59,18 +79,23 @@ int64_t LmHeadScratchBytes(int B, int T, int C, int V, int64_t chunk_rows) {
 template <typename S>
 ComputeType<S> LmHeadForward(const S* x, const S* w, WeightLayout layout, const int32_t* targets,
                              int B, int T, int C, int V, S* last_logits, void* scratch,
-                             int64_t chunk_rows, int64_t loss_tokens) {
+                             int64_t chunk_rows, int64_t loss_tokens, double softcap) {
   using F = ComputeType<S>;
+  STRATA_CHECK_MSG(std::isfinite(softcap) && softcap >= 0,
+                   "LM head softcap=" + std::to_string(softcap));
+  const F cap = static_cast<F>(softcap);
   const LmHeadScratch<S> sc = CarveLmHeadScratch<S>(B, T, C, V, chunk_rows, scratch);
   const bool out_in = layout == WeightLayout::kOutIn;
   const int64_t N = int64_t{B} * T;
   // The last position of each sequence: rows T-1, 2T-1, ... of x (row stride T C).
   Product(false, out_in, B, V, C, x + int64_t{T - 1} * C, int64_t{T} * C, w,
           out_in ? int64_t{C} : int64_t{V}, last_logits);
+  if (cap > 0) CapRows(last_logits, B, V, cap);
   if (targets == nullptr) return F(0);
   for (int64_t r0 = 0; r0 < N; r0 += sc.chunk_rows) {
     const int64_t rows = std::min(sc.chunk_rows, N - r0);
     ChunkLogits(x, w, out_in, C, V, r0, rows, sc.chunk);
+    if (cap > 0) CapRows(sc.chunk, rows, V, cap);
     ParallelRows(rows, V, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) {
         const int64_t r = r0 + i;
@@ -94,9 +119,12 @@ ComputeType<S> LmHeadForward(const S* x, const S* w, WeightLayout layout, const 
 template <typename S>
 void LmHeadBackward(const S* x, const S* w, WeightLayout layout, const int32_t* targets,
                     ComputeType<S> dloss, int B, int T, int C, int V, S* dx, S* dw, void* scratch,
-                    int64_t chunk_rows, int64_t loss_tokens) {
+                    int64_t chunk_rows, int64_t loss_tokens, double softcap) {
   using F = ComputeType<S>;
   STRATA_CHECK(targets != nullptr);
+  STRATA_CHECK_MSG(std::isfinite(softcap) && softcap >= 0,
+                   "LM head softcap=" + std::to_string(softcap));
+  const F cap = static_cast<F>(softcap);
   const LmHeadScratch<S> sc = CarveLmHeadScratch<S>(B, T, C, V, chunk_rows, scratch);
   const bool out_in = layout == WeightLayout::kOutIn;
   const int64_t N = int64_t{B} * T;
@@ -120,6 +148,22 @@ void LmHeadBackward(const S* x, const S* w, WeightLayout layout, const int32_t* 
           continue;
         }
         CheckToken(static_cast<int32_t>(target), V);
+        if (cap > 0) {
+          // Capped: the softmax of the capped logits, each dlogit times 1 - u^2 (u from the
+          // S logit still in the row).
+          F mx = CapLogit(row[0], cap).value;
+          for (int64_t v = 1; v < V; ++v) mx = std::max(mx, CapLogit(row[v], cap).value);
+          F sum = 0;
+          for (int64_t v = 0; v < V; ++v) sum += std::exp(CapLogit(row[v], cap).value - mx);
+          const F factor = scale / sum;
+          for (int64_t v = 0; v < V; ++v) {
+            const Capped<S> l = CapLogit(row[v], cap);
+            F d = std::exp(l.value - mx) * factor;
+            if (v == target) d -= scale;
+            row[v] = FromFloat<S>(d * (F(1) - l.u * l.u));
+          }
+          continue;
+        }
         const F mx = MaxOf(row, V);
         const F factor = scale / SumExpShifted(row, V, mx);
         for (int64_t v = 0; v < V; v += kVec) {
@@ -155,10 +199,10 @@ void LmHeadBackward(const S* x, const S* w, WeightLayout layout, const int32_t* 
 #define STRATA_INSTANTIATE_LM_HEAD(S)                                                             \
   template int64_t LmHeadScratchBytes<S>(int, int, int, int, int64_t);                            \
   template ComputeType<S> LmHeadForward<S>(const S*, const S*, WeightLayout, const int32_t*, int, \
-                                           int, int, int, S*, void*, int64_t, int64_t);           \
+                                           int, int, int, S*, void*, int64_t, int64_t, double);   \
   template void LmHeadBackward<S>(const S*, const S*, WeightLayout, const int32_t*,               \
                                   ComputeType<S>, int, int, int, int, S*, S*, void*, int64_t,     \
-                                  int64_t);
+                                  int64_t, double);
 
 STRATA_INSTANTIATE_LM_HEAD(float)
 STRATA_INSTANTIATE_LM_HEAD(double)

@@ -21,6 +21,13 @@
 // targets, which the caller knows from the data: B T when none is ignored) instead of N, and
 // the backward scales by dloss / loss_tokens.
 //
+// Final-logit soft-capping (Gemma 2's final_logit_softcapping; softcap c > 0, 0 = none): every
+// logit the head produces (the chunks and last_logits) is S(c tanh(l / c)) of the product's
+// S logit l, u = tanh(l / c) in ComputeType<S>; the loss is the cross-entropy of those capped
+// logits, and the backward multiplies each dlogit by 1 - u^2 (u recomputed from l, not from the
+// rounded capped value) before rounding it to S: dlogits = S(dloss / N (softmax - onehot)
+// (1 - u^2)). Without it the results are bit-identical to the op before the parameter.
+//
 // Deterministic (bit-identical across runs and thread counts), reentrant, oneTBB loops inside.
 // Targets are int32 in [0, V) or -1 (STRATA_CHECK).
 #pragma once
@@ -57,7 +64,7 @@ int64_t LmHeadScratchBytes(int B, int T, int C, int V, int64_t chunk_rows = 0);
 template <typename S>
 ComputeType<S> LmHeadForward(const S* x, const S* w, WeightLayout layout, const int32_t* targets,
                              int B, int T, int C, int V, S* last_logits, void* scratch,
-                             int64_t chunk_rows = 0, int64_t loss_tokens = 0);
+                             int64_t chunk_rows = 0, int64_t loss_tokens = 0, double softcap = 0);
 
 // Gradient of dloss * mean cross-entropy (over loss_tokens counted tokens; 0: B T): dx (B T, C)
 // and dw (the layout of w; nullable: not computed, a frozen weight) OVERWRITTEN.
@@ -65,6 +72,6 @@ ComputeType<S> LmHeadForward(const S* x, const S* w, WeightLayout layout, const 
 template <typename S>
 void LmHeadBackward(const S* x, const S* w, WeightLayout layout, const int32_t* targets,
                     ComputeType<S> dloss, int B, int T, int C, int V, S* dx, S* dw, void* scratch,
-                    int64_t chunk_rows = 0, int64_t loss_tokens = 0);
+                    int64_t chunk_rows = 0, int64_t loss_tokens = 0, double softcap = 0);
 
 }  // namespace strata::models::ops
