@@ -33,6 +33,9 @@ class Fields {
     if (it == j_.end() || it->is_null()) return nullptr;
     return &*it;
   }
+  // Whether the config has `field` at all, null included (where null means something else than
+  // the default, as Gemma 2's soft-capping fields: null is none, absent is the default).
+  bool Has(std::string_view field) const { return j_.find(field) != j_.end(); }
   StatusOr<int> Int(std::string_view field, std::optional<int> fallback = std::nullopt) const {
     const json* v = Find(field);
     if (v == nullptr) {
@@ -93,13 +96,14 @@ class Fields {
 };
 
 constexpr std::string_view kSupportedModelTypes =
-    "llama, mistral, qwen2, qwen3, phi3, gemma3_text, gpt2";
+    "llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text, gpt2";
 constexpr std::string_view kSupportedArchitectures =
     "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, "
-    "Gemma3ForCausalLM, GPT2LMHeadModel";
+    "Gemma2ForCausalLM, Gemma3ForCausalLM, GPT2LMHeadModel";
 
 constexpr LlamaArch kLlamaArchs[] = {LlamaArch::kLlama, LlamaArch::kMistral, LlamaArch::kQwen2,
-                                     LlamaArch::kQwen3, LlamaArch::kPhi3,    LlamaArch::kGemma3};
+                                     LlamaArch::kQwen3, LlamaArch::kPhi3,    LlamaArch::kGemma2,
+                                     LlamaArch::kGemma3};
 
 Status ParseRopeScaling(const Fields& f, const json* scaling, LlamaConfig& c) {
   if (scaling == nullptr) return Status::Ok();
@@ -264,19 +268,62 @@ Status ParseGemma3(const Fields& f, LlamaConfig& c) {
   return Status::Ok();
 }
 
-// model_type llama, mistral, qwen2, qwen3, phi3 and gemma3_text: the Llama layer with the family's
-// options (llama_config.h), read as transformers' configuration classes read them.
+// A soft-capping constant (Gemma 2): a positive number, or null for none; `fallback` when absent.
+StatusOr<double> Softcap(const Fields& f, const char* field, double fallback) {
+  if (!f.Has(field)) return fallback;
+  const json* v = f.Find(field);
+  if (v == nullptr) return 0.0;  // null
+  if (!v->is_number() || !(v->get<double>() > 0) ||
+      v->get<double>() > std::numeric_limits<float>::max()) {
+    return f.Error(field,
+                   fmt::format("must be null or a positive number, got {}", Fields::Dump(*v)));
+  }
+  return v->get<double>();
+}
+
+// Gemma 2 (transformers' Gemma2Config): Gemma 3's layer without q/k norms and with one RoPE base;
+// attention scores and final logits soft-capped (attn_logit_softcapping 50 and
+// final_logit_softcapping 30 by default, null: none); windows on the layers layer_types names
+// "sliding_attention" (default: the even ones, 0, 2, ...).
+Status ParseGemma2(const Fields& f, LlamaConfig& c) {
+  c.norm_unit_offset = c.sandwich_norms = c.gelu_tanh_mlp = true;
+  c.embed_scale = std::sqrt(static_cast<double>(c.hidden_size));
+  STRATA_ASSIGN_OR_RETURN(const bool bias, f.Bool("attention_bias", false));
+  c.qkv_bias = c.o_bias = bias;
+  STRATA_ASSIGN_OR_RETURN(c.attn_logit_softcapping, Softcap(f, "attn_logit_softcapping", 50.0));
+  STRATA_ASSIGN_OR_RETURN(c.final_logit_softcapping, Softcap(f, "final_logit_softcapping", 30.0));
+  STRATA_RETURN_IF_ERROR(f.FalseOrAbsent("use_bidirectional_attention", "a causal language model"));
+  STRATA_ASSIGN_OR_RETURN(c.query_pre_attn_scalar, f.Double("query_pre_attn_scalar", 256.0));
+  int window = 4096;
+  if (f.Find("sliding_window") != nullptr) {
+    STRATA_ASSIGN_OR_RETURN(window, SlidingWindow(f));
+  }
+  STRATA_ASSIGN_OR_RETURN(std::vector<bool> sliding, LayerTypes(f, c.num_layers));
+  if (f.Find("layer_types") == nullptr) {
+    for (int i = 0; i < c.num_layers; ++i) sliding[i] = (i + 1) % 2 != 0;
+  }
+  if (window > 0) {
+    c.sliding_window = window;
+    c.sliding_layers = std::move(sliding);
+  }
+  return Status::Ok();
+}
+
+// model_type llama, mistral, qwen2, qwen3, phi3, gemma2 and gemma3_text: the Llama layer with the
+// family's options (llama_config.h), read as transformers' configuration classes read them.
 StatusOr<LlamaConfig> ParseLlama(const Fields& f, LlamaArch arch, const std::string& path) {
   LlamaConfig c;
   c.arch = arch;
   // Gemma3TextConfig has a default for every field (a Gemma3ForConditionalGeneration's
   // text_config often leaves the sizes out): vocabulary 262208, 2304 channels, MLP 9216, 26
   // layers, 8 heads, 4 key/value heads, head_dim 256, rope_theta 1e6, tied, 131072 positions.
-  const bool gemma = arch == LlamaArch::kGemma3;
+  // Gemma2Config's are the same but for vocabulary 256000, rope_theta 1e4 and 8192 positions.
+  const bool gemma2 = arch == LlamaArch::kGemma2;
+  const bool gemma = gemma2 || arch == LlamaArch::kGemma3;
   auto size = [&](const char* field, int gemma_default) {
     return gemma ? f.Int(field, gemma_default) : f.Int(field);
   };
-  STRATA_ASSIGN_OR_RETURN(c.vocab_size, size("vocab_size", 262208));
+  STRATA_ASSIGN_OR_RETURN(c.vocab_size, size("vocab_size", gemma2 ? 256000 : 262208));
   STRATA_ASSIGN_OR_RETURN(c.hidden_size, size("hidden_size", 2304));
   STRATA_ASSIGN_OR_RETURN(c.intermediate_size, size("intermediate_size", 9216));
   STRATA_ASSIGN_OR_RETURN(c.num_layers, size("num_hidden_layers", 26));
@@ -289,7 +336,8 @@ StatusOr<LlamaConfig> ParseLlama(const Fields& f, LlamaArch arch, const std::str
   }
   STRATA_ASSIGN_OR_RETURN(c.head_dim, f.Int("head_dim", gemma ? 256 : c.hidden_size / c.num_heads));
   if (gemma) {
-    STRATA_ASSIGN_OR_RETURN(c.max_seq_len, f.Int("max_position_embeddings", 131072));
+    STRATA_ASSIGN_OR_RETURN(c.max_seq_len,
+                            f.Int("max_position_embeddings", gemma2 ? 8192 : 131072));
   } else {
     STRATA_ASSIGN_OR_RETURN(c.max_seq_len, f.Int("max_position_embeddings"));
   }
@@ -306,7 +354,7 @@ StatusOr<LlamaConfig> ParseLlama(const Fields& f, LlamaArch arch, const std::str
     STRATA_ASSIGN_OR_RETURN(c.rope_theta, rp.Double("rope_theta", 10000.0));
     STRATA_RETURN_IF_ERROR(ParseRopeScaling(f, rope_parameters, c));
   } else {
-    STRATA_ASSIGN_OR_RETURN(c.rope_theta, f.Double("rope_theta", gemma ? 1e6 : 10000.0));
+    STRATA_ASSIGN_OR_RETURN(c.rope_theta, f.Double("rope_theta", gemma && !gemma2 ? 1e6 : 10000.0));
     STRATA_RETURN_IF_ERROR(ParseRopeScaling(f, f.Find("rope_scaling"), c));
   }
   STRATA_ASSIGN_OR_RETURN(c.tie_embeddings, f.Bool("tie_word_embeddings", gemma));
@@ -349,6 +397,10 @@ StatusOr<LlamaConfig> ParseLlama(const Fields& f, LlamaArch arch, const std::str
       c.qkv_bias = c.o_bias = bias;
       c.qk_norm = true;
       STRATA_RETURN_IF_ERROR(ParseQwenWindows(f, c));
+      break;
+    }
+    case LlamaArch::kGemma2: {
+      STRATA_RETURN_IF_ERROR(ParseGemma2(f, c));
       break;
     }
     case LlamaArch::kGemma3: {
@@ -552,7 +604,7 @@ std::string HfConfigJson(const HfModelConfig& config, DType torch_dtype) {
       j["rope_scaling"] = nullptr;
     }
     j["tie_word_embeddings"] = c.tie_embeddings;
-    if (c.arch == LlamaArch::kGemma3) {
+    if (c.gelu_tanh_mlp) {
       j["hidden_activation"] = "gelu_pytorch_tanh";
     } else {
       j["hidden_act"] = "silu";
@@ -576,18 +628,20 @@ std::string HfConfigJson(const HfModelConfig& config, DType torch_dtype) {
           j["original_max_position_embeddings"] = c.max_seq_len;
         }
         break;
+      case LlamaArch::kGemma2:
       case LlamaArch::kGemma3: {
         json types = json::array();
         for (int i = 0; i < c.num_layers; ++i) {
           types.push_back(LlamaLayerWindow(c, i) > 0 ? "sliding_attention" : "full_attention");
         }
+        const auto softcap = [](double v) { return v > 0 ? json(v) : json(nullptr); };
         j["attention_bias"] = c.qkv_bias;
         j["query_pre_attn_scalar"] = c.query_pre_attn_scalar;
-        j["rope_local_base_freq"] = c.rope_local_theta;
+        if (c.arch == LlamaArch::kGemma3) j["rope_local_base_freq"] = c.rope_local_theta;
         j["sliding_window"] = window;
         j["layer_types"] = std::move(types);
-        j["attn_logit_softcapping"] = nullptr;
-        j["final_logit_softcapping"] = nullptr;
+        j["attn_logit_softcapping"] = softcap(c.attn_logit_softcapping);
+        j["final_logit_softcapping"] = softcap(c.final_logit_softcapping);
         j["use_bidirectional_attention"] = false;
         break;
       }

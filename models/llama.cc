@@ -78,6 +78,22 @@ LlamaConfig Gemma3(int vocab, int C, int I, int layers, int heads, int kv_heads,
   return c;
 }
 
+// Gemma 2 models: Gemma 3's norms and MLP without q/k norms, the even layers sliding (a 4096
+// window), one RoPE base (1e4), soft-capped scores (50) and logits (30); tied.
+LlamaConfig Gemma2(int C, int I, int layers, int heads, int kv_heads, int head_dim,
+                   double query_pre_attn_scalar) {
+  LlamaConfig c = Family(LlamaArch::kGemma2, 256000, C, I, layers, heads, kv_heads, head_dim, 8192,
+                         10000.0, 1e-6, true);
+  c.norm_unit_offset = c.sandwich_norms = c.gelu_tanh_mlp = true;
+  c.embed_scale = std::sqrt(static_cast<double>(C));
+  c.query_pre_attn_scalar = query_pre_attn_scalar;
+  c.attn_logit_softcapping = 50.0;
+  c.final_logit_softcapping = 30.0;
+  c.sliding_window = 4096;
+  for (int i = 0; i < layers; ++i) c.sliding_layers.push_back(i % 2 == 0);
+  return c;
+}
+
 struct Preset {
   const char* name;
   LlamaConfig config;
@@ -99,6 +115,8 @@ std::vector<Preset> Presets() {
       {"qwen3-8b", Family(A::kQwen3, 151936, 4096, 12288, 36, 32, 8, 128, 40960, 1e6, 1e-6, false)},
       {"phi4",
        Family(A::kPhi3, 100352, 5120, 17920, 40, 40, 10, 128, 16384, 250000.0, 1e-5, false)},
+      {"gemma2-2b", Gemma2(2304, 9216, 26, 8, 4, 256, 256)},
+      {"gemma2-9b", Gemma2(3584, 14336, 42, 16, 8, 256, 256)},
       {"gemma3-1b", Gemma3(262144, 1152, 6912, 26, 4, 1, 256, 32768, 256, 512, 1.0)},
       {"gemma3-27b", Gemma3(262208, 5376, 21504, 62, 32, 16, 128, 131072, 168, 1024, 8.0)},
   };

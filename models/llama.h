@@ -39,7 +39,8 @@ namespace strata::models {
 // "llama-tiny" for tests (vocabulary 256, C 64, I 96, 2 layers,
 // 4 heads, 2 key/value heads, context 64); the other families' published base configurations:
 // "mistral-7b" (Mistral-7B-v0.1, window 4096), "qwen2.5-0.5b", "qwen2.5-7b", "qwen3-0.6b",
-// "qwen3-8b", "phi4" (Phi-4, 14.7e9 params), "gemma3-1b", "gemma3-27b" (the text model).
+// "qwen3-8b", "phi4" (Phi-4, 14.7e9 params), "gemma2-2b", "gemma2-9b", "gemma3-1b",
+// "gemma3-27b" (the text model).
 // kInvalidArgument naming the choices for another name.
 StatusOr<LlamaConfig> LlamaPreset(std::string_view name);
 std::vector<std::string> LlamaPresetNames();

@@ -71,6 +71,7 @@ inline ops::AttentionDims LlamaAttentionDims(const LlamaConfig& c, int layer, in
       B, T, c.num_heads, c.num_kv_heads, c.head_dim, LlamaDims(c, B, T).Dqkv, position_ids};
   a.window = LlamaLayerWindow(c, layer);
   a.scale = c.query_pre_attn_scalar > 0 ? 1.0 / std::sqrt(c.query_pre_attn_scalar) : 0.0;
+  a.softcap = c.attn_logit_softcapping;
   return a;
 }
 

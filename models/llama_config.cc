@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+#include <limits>
+
 namespace strata::models {
 namespace {
 
@@ -29,6 +32,8 @@ const char* LlamaArchModelType(LlamaArch arch) {
       return "qwen3";
     case LlamaArch::kPhi3:
       return "phi3";
+    case LlamaArch::kGemma2:
+      return "gemma2";
     case LlamaArch::kGemma3:
       return "gemma3_text";
     case LlamaArch::kLlama:
@@ -47,6 +52,8 @@ const char* LlamaArchArchitecture(LlamaArch arch) {
       return "Qwen3ForCausalLM";
     case LlamaArch::kPhi3:
       return "Phi3ForCausalLM";
+    case LlamaArch::kGemma2:
+      return "Gemma2ForCausalLM";
     case LlamaArch::kGemma3:
       return "Gemma3ForCausalLM";
     case LlamaArch::kLlama:
@@ -65,6 +72,8 @@ const char* LlamaArchName(LlamaArch arch) {
       return "Qwen3";
     case LlamaArch::kPhi3:
       return "Phi-3";
+    case LlamaArch::kGemma2:
+      return "Gemma 2";
     case LlamaArch::kGemma3:
       return "Gemma 3";
     case LlamaArch::kLlama:
@@ -131,6 +140,17 @@ Status ValidateLlamaConfig(const LlamaConfig& c) {
           c.rope_factor, c.rope_low_freq_factor, c.rope_high_freq_factor,
           c.rope_original_max_position));
     }
+  }
+  // A cap is divided by in fp32 on every backend: 0 (none) or a normal fp32 value.
+  const auto cap_ok = [](double v) {
+    return v == 0 ||
+           (v >= std::numeric_limits<float>::min() && v <= std::numeric_limits<float>::max());
+  };
+  if (!cap_ok(c.attn_logit_softcapping) || !cap_ok(c.final_logit_softcapping)) {
+    return InvalidArgumentError(
+        fmt::format("attn_logit_softcapping {} and final_logit_softcapping {} must be 0 (none) or "
+                    "a positive normal fp32 value",
+                    c.attn_logit_softcapping, c.final_logit_softcapping));
   }
   if (!(c.rope_linear_factor > 0) || !(c.embed_scale > 0) || !(c.query_pre_attn_scalar >= 0) ||
       !(c.rope_local_theta >= 0)) {

@@ -17,6 +17,10 @@
 //     gate_up_proj (the chunk already holds them fused, so only the names differ); a sliding
 //     window on every layer when sliding_window is set.
 //   Llama with attention_bias: biases on q, k, v and o.
+//   Gemma 2 (Gemma2ForCausalLM; Gemma Team, "Gemma 2: Improving Open Language Models at a
+//     Practical Size", 2024): Gemma 3's layer without q/k norms, one RoPE base for every layer,
+//     sliding windows on the even layers, and soft-capping of the attention scores and of the
+//     final logits (c tanh(x / c)).
 //   Gemma 3 (Gemma3ForCausalLM, gemma3_text; Gemma Team, "Gemma 3 Technical Report", 2025): every
 //     RMSNorm multiplies by (1 + w); the embedding output times sqrt(hidden); per-head q/k norms;
 //     sandwich norms (the attention and MLP outputs normalised before their residual adds, a
@@ -36,13 +40,14 @@ namespace strata::models {
 
 // Which Hugging Face family a LlamaConfig is: its model_type and architecture, tensor names and
 // config.json.
-enum class LlamaArch { kLlama, kMistral, kQwen2, kQwen3, kPhi3, kGemma3 };
+enum class LlamaArch { kLlama, kMistral, kQwen2, kQwen3, kPhi3, kGemma2, kGemma3 };
 
-// "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text"; and the architecture
+// "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text"; and the architecture
 // ("LlamaForCausalLM", ...).
 const char* LlamaArchModelType(LlamaArch arch);
 const char* LlamaArchArchitecture(LlamaArch arch);
-// "Llama", "Mistral", "Qwen2", "Qwen3", "Phi-3", "Gemma 3" (for plan and description text).
+// "Llama", "Mistral", "Qwen2", "Qwen3", "Phi-3", "Gemma 2", "Gemma 3" (for plan and description
+// text).
 const char* LlamaArchName(LlamaArch arch);
 
 struct LlamaConfig {

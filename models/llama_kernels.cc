@@ -218,7 +218,7 @@ ComputeType<S> LlamaHeadForward(const LlamaConfig& c, const S* params, const S* 
   ops::RmsNormForward(x_in, params, c.rms_norm_eps, d.N, d.C, sc.xn, sc.rstd, c.norm_unit_offset);
   return ops::LmHeadForward<S>(sc.xn, HeadWeight(c, params, tied_embed), WeightLayout::kOutIn,
                                targets, B, T, c.hidden_size, c.vocab_size, logits, sc.lm_head,
-                               /*chunk_rows=*/0, loss_tokens);
+                               /*chunk_rows=*/0, loss_tokens, c.final_logit_softcapping);
 }
 
 template <typename S>
@@ -236,7 +236,7 @@ void LlamaHeadBackward(const LlamaConfig& c, const S* params, const S* tied_embe
   ops::LmHeadBackward<S>(sc.xn, HeadWeight(c, params, tied_embed), WeightLayout::kOutIn, targets,
                          dloss, B, T, c.hidden_size, c.vocab_size, dx_in,
                          HeadWeight<S*>(c, dparams, tied_dembed), sc.lm_head, /*chunk_rows=*/0,
-                         loss_tokens);
+                         loss_tokens, c.final_logit_softcapping);
   ops::RmsNormBackward<S>(x_in, params, sc.rstd, dx_in, nullptr, d.N, d.C, dx_in, dparams,
                           c.norm_unit_offset);
 }

@@ -1,7 +1,8 @@
 // The tiny Hugging Face family models the engine's offload tests train: a Llama with
 // grouped-query attention (untied or tied head), a tied Qwen3 with every option of the Llama
 // layer's families (q/k/v and o biases, per-head q/k norms, a sliding window shorter than the
-// sequence on two of its four layers), a tied Gemma 3 and a tied GPT-2, all over byte tokens.
+// sequence on two of its four layers), a tied Gemma 3, a tied Gemma 2 with soft-capping and a tied
+// GPT-2, all over byte tokens.
 #pragma once
 
 #include <cmath>
@@ -56,12 +57,28 @@ inline models::LlamaConfig TinyGemma3() {
   return c;
 }
 
+// Gemma 2: Gemma 3's norms and MLP, no q/k norms, one RoPE base, the 5-token window on the even
+// layers, soft-capped scores and logits (caps of the order of the tiny model's values, so that
+// tanh bends).
+inline models::LlamaConfig TinyGemma2() {
+  models::LlamaConfig c = TinyGemma3();
+  c.arch = models::LlamaArch::kGemma2;
+  c.qk_norm = false;
+  c.rope_local_theta = 0;
+  c.rope_linear_factor = 1;
+  c.sliding_layers = {true, false, true, false};
+  c.attn_logit_softcapping = 1.5;
+  c.final_logit_softcapping = 2.0;
+  return c;
+}
+
 struct Family {
   const char* name;
   std::function<std::unique_ptr<Model>()> make;
 };
 
-// "llama" (untied, when with_untied), "llama_tied", "qwen3_window", "gemma3", "gpt2_tied".
+// "llama" (untied, when with_untied), "llama_tied", "qwen3_window", "gemma3", "gemma2",
+// "gpt2_tied".
 inline std::vector<Family> TinyFamilies(bool with_untied = true) {
   std::vector<Family> all;
   if (with_untied) {
@@ -77,6 +94,8 @@ inline std::vector<Family> TinyFamilies(bool with_untied = true) {
                  }});
   all.push_back(
       {"gemma3", [] { return std::unique_ptr<Model>(*models::LlamaModel::Create(TinyGemma3())); }});
+  all.push_back(
+      {"gemma2", [] { return std::unique_ptr<Model>(*models::LlamaModel::Create(TinyGemma2())); }});
   all.push_back({"gpt2_tied", [] {
                    models::GptShape s{256, 16, 5, 2, 32};
                    s.tie_embeddings = true;

@@ -258,6 +258,55 @@ TEST(HfConfig, Gemma3TextReadsItsNormsWindowsAndTwoRopeBases) {
                      "hidden_activation");
 }
 
+TEST(HfConfig, Gemma2ReadsItsSoftCapsAndEvenSlidingLayers) {
+  // Gemma2Config's defaults: scores capped at 50, logits at 30, a 4096 window on layers 0, 2, ...
+  auto r = ParseHfConfig(
+      FamilyConfig("gemma2", "Gemma2ForCausalLM", R"(, "head_dim": 16, "query_pre_attn_scalar": 24,
+      "hidden_activation": "gelu_pytorch_tanh", "hidden_act": "gelu_pytorch_tanh")"),
+      kPath);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  LlamaConfig c = r->llama;
+  EXPECT_EQ(c.arch, LlamaArch::kGemma2);
+  EXPECT_TRUE(c.norm_unit_offset && c.sandwich_norms && c.gelu_tanh_mlp);
+  EXPECT_FALSE(c.qk_norm);
+  EXPECT_TRUE(c.tie_embeddings);
+  EXPECT_DOUBLE_EQ(c.embed_scale, std::sqrt(32.0));
+  EXPECT_EQ(c.attn_logit_softcapping, 50.0);
+  EXPECT_EQ(c.final_logit_softcapping, 30.0);
+  EXPECT_EQ(c.sliding_window, 4096);
+  EXPECT_EQ(SlidingLayers(c), (std::vector<bool>{true, false, true, false}));
+  // One RoPE base on every layer (10000 by default).
+  EXPECT_EQ(LlamaLayerRopeParams(c, 0).theta, 10000.0);
+  EXPECT_EQ(LlamaLayerRopeParams(c, 1).theta, 10000.0);
+  std::vector<std::string> names;
+  for (const HfTensor& x : HfBlockTensors(*r, 1)) names.push_back(x.name);
+  EXPECT_THAT(names, ::testing::Contains("model.layers.0.pre_feedforward_layernorm.weight"));
+  EXPECT_THAT(names, ::testing::Not(::testing::Contains("model.layers.0.self_attn.q_norm.weight")));
+
+  // null: no capping; layer_types as given.
+  r = ParseHfConfig(FamilyConfig("gemma2", "Gemma2ForCausalLM",
+                                 R"(, "attn_logit_softcapping": null,
+      "final_logit_softcapping": 12.5, "sliding_window": 8, "layer_types": ["full_attention",
+      "sliding_attention", "sliding_attention", "full_attention"])"),
+                    kPath);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  c = r->llama;
+  EXPECT_EQ(c.attn_logit_softcapping, 0.0);
+  EXPECT_EQ(c.final_logit_softcapping, 12.5);
+  EXPECT_EQ(SlidingLayers(c), (std::vector<bool>{false, true, true, false}));
+
+  for (const char* bad :
+       {R"(, "attn_logit_softcapping": -1.0)", R"(, "final_logit_softcapping": "30")",
+        R"(, "attn_logit_softcapping": 0)"}) {
+    ExpectOneLineError(ParseHfConfig(FamilyConfig("gemma2", "Gemma2ForCausalLM", bad), kPath),
+                       "softcapping");
+  }
+  ExpectOneLineError(ParseHfConfig(FamilyConfig("gemma2", "Gemma2ForCausalLM",
+                                                R"(, "use_bidirectional_attention": true)"),
+                                   kPath),
+                     "use_bidirectional_attention");
+}
+
 TEST(HfConfig, Gemma3ConditionalGenerationReadsItsTextConfig) {
   // The sizes left out of text_config take Gemma3TextConfig's defaults.
   const auto r = ParseHfConfig(R"({"architectures": ["Gemma3ForConditionalGeneration"],
@@ -305,7 +354,9 @@ TEST(HfConfig, EveryFamilyRoundTripsThroughItsOwnConfigJson) {
       {"phi3", R"(, "sliding_window": 48, "original_max_position_embeddings": 128)"},
       {"gemma3_text", R"(, "head_dim": 16, "query_pre_attn_scalar": 168, "sliding_window": 8,
                          "sliding_window_pattern": 3, "rope_scaling": {"rope_type": "linear",
-                         "factor": 8.0}, "tie_word_embeddings": false)"}};
+                         "factor": 8.0}, "tie_word_embeddings": false)"},
+      {"gemma2", R"(, "head_dim": 16, "query_pre_attn_scalar": 144, "sliding_window": 8,
+                    "final_logit_softcapping": null)"}};
   for (const auto& [type, extra] : families) {
     SCOPED_TRACE(type);
     const auto a = ParseHfConfig(FamilyConfig(type, "", extra), kPath);
@@ -333,6 +384,8 @@ TEST(HfConfig, EveryFamilyRoundTripsThroughItsOwnConfigJson) {
     EXPECT_EQ(y.query_pre_attn_scalar, x.query_pre_attn_scalar);
     EXPECT_EQ(y.rope_local_theta, x.rope_local_theta);
     EXPECT_EQ(y.rope_linear_factor, x.rope_linear_factor);
+    EXPECT_EQ(y.attn_logit_softcapping, x.attn_logit_softcapping);
+    EXPECT_EQ(y.final_logit_softcapping, x.final_logit_softcapping);
   }
 }
 

@@ -108,13 +108,36 @@ LlamaConfig Gemma3Like(LlamaConfig c) {
   return c;
 }
 
+// Gemma 2: Gemma 3's layer without q/k norms or a second RoPE base, soft-capped scores and logits
+// (caps small enough that tanh bends: the test's scores and logits are of order 1); layer 0
+// sliding (window 3).
+LlamaConfig Gemma2Like(LlamaConfig c) {
+  c = Gemma3Like(c);
+  c.arch = LlamaArch::kGemma2;
+  c.qk_norm = false;
+  c.rope_local_theta = 0;
+  c.rope_linear_factor = 1;
+  c.attn_logit_softcapping = 0.6;
+  c.final_logit_softcapping = 0.8;
+  return c;
+}
+
+LlamaConfig NoAttnCap(LlamaConfig c) {
+  c.attn_logit_softcapping = 0;
+  return c;
+}
+LlamaConfig NoCaps(LlamaConfig c) {
+  c.final_logit_softcapping = 0;
+  return NoAttnCap(c);
+}
+
 // Finite-difference cases: GQA with head_dim * heads != hidden_size, odd widths; tied with
 // llama3 scaling whose bands all occur (hs 4: wavelengths 6.3 (blended) and 628 (divided)); one
 // kv head for three query heads; multi-head attention past the attention row block (T 70); the
 // families' options: Qwen2 biases (tied), Llama attention_bias, Qwen3 q/k norms with
 // heads * head_dim != hidden (and with biases), a window of 3 on one of two layers (Qwen2-style)
 // and of 2 on every layer (Mistral), past the row block (window 40 at T 70); Phi-3's fused names;
-// every Gemma 3 option.
+// every Gemma 3 option; Gemma 2's soft-capping.
 std::vector<Case> FiniteDifferenceCases() {
   return {
       {"gqa_untied", Config(19, 10, 14, 2, 4, 2, 6, 8), 2, 5},
@@ -134,6 +157,9 @@ std::vector<Case> FiniteDifferenceCases() {
        WithWindow(As(LlamaArch::kMistral, Config(11, 8, 6, 1, 2, 2, 4, 70)), 40, {true}), 1, 70},
       {"phi3_fused", As(LlamaArch::kPhi3, Config(11, 6, 7, 1, 2, 1, 4, 8)), 2, 4},
       {"gemma3", Gemma3Like(Config(13, 8, 9, 2, 4, 2, 4, 8)), 2, 6},
+      {"gemma2_softcap", Gemma2Like(Config(13, 8, 9, 2, 4, 2, 4, 8)), 2, 6},
+      {"gemma2_no_caps", NoCaps(Gemma2Like(Config(13, 8, 9, 2, 4, 2, 4, 8))), 2, 6},
+      {"gemma2_final_cap_only", NoAttnCap(Gemma2Like(Config(13, 8, 9, 2, 4, 1, 4, 8))), 2, 6},
   };
 }
 

@@ -315,22 +315,24 @@ TEST(LlamaModel, PresetsHaveThePublishedParameterCounts) {
     int64_t params;
   };
   // TinyLlama-1.1B, Llama-2-7b, Llama-2-13b, Meta-Llama-3-70B, Mistral-7B-v0.1, Qwen2.5-0.5B
-  // (tied), Qwen2.5-7B, Qwen3-0.6B (tied), Qwen3-8B, Phi-4 and Gemma 3 1B as Hugging Face counts
-  // them (q/k/v biases, q/k norms included).
+  // (tied), Qwen2.5-7B, Qwen3-0.6B (tied), Qwen3-8B, Phi-4, Gemma 2 2B and 9B and Gemma 3 1B as
+  // Hugging Face counts them (q/k/v biases, q/k norms included).
   for (const Want& w :
        {Want{"llama-1b", 1100048384}, Want{"llama-7b", 6738415616}, Want{"llama-13b", 13015864320},
         Want{"llama-70b", 70553706496}, Want{"mistral-7b", 7241732096},
         Want{"qwen2.5-0.5b", 494032768}, Want{"qwen2.5-7b", 7615616512},
         Want{"qwen3-0.6b", 596049920}, Want{"qwen3-8b", 8190735360}, Want{"phi4", 14659507200},
+        Want{"gemma2-2b", 2614341888}, Want{"gemma2-9b", 9241705984},
         Want{"gemma3-1b", 999885952}}) {
     auto c = LlamaPreset(w.name);
     ASSERT_TRUE(c.ok()) << w.name;
     EXPECT_EQ(MakeModel(*c)->num_params(), w.params) << w.name;
   }
-  EXPECT_EQ(LlamaPresetNames(), (std::vector<std::string>{
-                                    "llama-tiny", "llama-1b", "llama-7b", "llama-13b", "llama-70b",
-                                    "mistral-7b", "qwen2.5-0.5b", "qwen2.5-7b", "qwen3-0.6b",
-                                    "qwen3-8b", "phi4", "gemma3-1b", "gemma3-27b"}));
+  EXPECT_EQ(LlamaPresetNames(),
+            (std::vector<std::string>{"llama-tiny", "llama-1b", "llama-7b", "llama-13b",
+                                      "llama-70b", "mistral-7b", "qwen2.5-0.5b", "qwen2.5-7b",
+                                      "qwen3-0.6b", "qwen3-8b", "phi4", "gemma2-2b", "gemma2-9b",
+                                      "gemma3-1b", "gemma3-27b"}));
   const auto bad = LlamaPreset("llama-65b");
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);

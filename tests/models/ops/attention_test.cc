@@ -86,13 +86,20 @@ Layout Scaled(Layout l, double scale) {
   return l;
 }
 
+// l with the scores soft-capped at c (AttentionDims::softcap, Gemma 2).
+Layout Capped(Layout l, double c) {
+  l.d.softcap = c;
+  return l;
+}
+
 std::string Name(const Layout& l) {
   return "B=" + std::to_string(l.d.batch_size) + " T=" + std::to_string(l.d.seq_len) +
          " H=" + std::to_string(l.d.num_heads) + " Hkv=" + std::to_string(l.d.num_kv_heads) +
          " hs=" + std::to_string(l.d.head_dim) + " stride=" + std::to_string(l.d.row_stride) +
          (l.position_ids.empty() ? "" : " packed") +
          (l.d.window == 0 ? "" : " window=" + std::to_string(l.d.window)) +
-         (l.d.scale == 0 ? "" : " scale=" + std::to_string(l.d.scale));
+         (l.d.scale == 0 ? "" : " scale=" + std::to_string(l.d.scale)) +
+         (l.d.softcap == 0 ? "" : " softcap=" + std::to_string(l.d.softcap));
 }
 
 // The cases: H / Hkv in {1, 2, 4}; T across the attention row block (64) and not a multiple of
@@ -126,6 +133,16 @@ std::vector<Layout> ScaleCases() {
           Scaled(Windowed(MakeLayout(2, 37, 4, 2, 7, 3), 5), 0.3)};
 }
 
+// Soft-capping (Gemma 2) at caps of the order of the scores (inputs of magnitude 1.5: scores of
+// a few units), so that tanh saturates on some and is near linear on others: causal, grouped,
+// packed, windowed, with a given scale, past the 64-row block.
+std::vector<Layout> SoftcapCases() {
+  return {Capped(MakeLayout(2, 67, 4, 4, 8, 3), 2.0), Capped(MakeLayout(3, 19, 4, 2, 7, 1), 0.7),
+          Capped(MakeLayout(1, 1, 2, 1, 3, 0), 1.0),
+          Capped(MakePacked(2, {10, 20, 7}, 4, 2, 6, 1), 3.0),
+          Capped(Scaled(Windowed(MakeLayout(2, 37, 4, 2, 7, 3), 5), 0.3), 0.5)};
+}
+
 // The reference: per (b, h), plain softmax attention with kv head h / (H / Hkv).
 // terms: the magnitude of the terms that cancel in each dq, dk, dv element (terms_bound.h): the
 // backward evaluated with absolute values, dP's terms |dO| |v| and dS's P (|dP| + |D|), |dP| and
@@ -152,11 +169,18 @@ Ref Reference(const Layout& l, const std::vector<double>& qkv, const std::vector
         // Keys lo..t; p[s] stays 0 for the keys before lo (another packed example).
         const int64_t lo = l.first_key(b, t);
         std::vector<double> p(t + 1, 0.0);
+        // Soft-capped: score c tanh(x / c) of the scaled x, its derivative 1 - tanh^2.
+        std::vector<double> dcap(t + 1, 1.0);
         double mx = -INFINITY;
         for (int64_t s = lo; s <= t; ++s) {
           double sc = 0;
           for (int64_t j = 0; j < hs; ++j) sc += q(t, j) * k(s, j);
           p[s] = sc * scale;
+          if (d.softcap > 0) {
+            const double u = std::tanh(p[s] / d.softcap);
+            p[s] = d.softcap * u;
+            dcap[s] = 1 - u * u;
+          }
           mx = std::max(mx, p[s]);
         }
         double sum = 0;
@@ -181,8 +205,8 @@ Ref Reference(const Layout& l, const std::vector<double>& qkv, const std::vector
         for (int64_t s = 0; s <= t; ++s) {
           double dp = 0;
           for (int64_t j = 0; j < hs; ++j) dp += dot[j] * v(s, j);
-          const double ds = p[s] * (dp - D);
-          const double ds_terms = p[s] * (dp_terms[s] + d_terms);
+          const double ds = p[s] * (dp - D) * dcap[s];
+          const double ds_terms = p[s] * (dp_terms[s] + d_terms) * dcap[s];
           for (int64_t j = 0; j < hs; ++j) {
             r.dqkv[(b * T + t) * ld + l.q_off + h * hs + j] += scale * ds * k(s, j);
             r.dqkv[(b * T + s) * ld + l.k_off + kvh * hs + j] += scale * ds * q(t, j);
@@ -294,6 +318,41 @@ TEST(AttentionOp, DoubleMatchesTheReferenceWithAGivenScale) {
   }
 }
 
+// Soft-capped scores (c tanh(s / c)) in the forward and their derivative in the backward.
+TEST(AttentionOp, DoubleMatchesTheSoftCappedReference) {
+  for (const Layout& l : SoftcapCases()) {
+    SCOPED_TRACE(Name(l));
+    const std::vector<double> qkv = Inputs(l, 31), dout = RandomDoubles(l.out_elems(), 32);
+    const Got<double> g = RunOp<double>(l, qkv, dout);
+    const Ref r = Reference(l, qkv, dout);
+    ExpectNearReference("out", g.out, r.out);
+    ExpectNearReference("lse", g.lse, r.lse);
+    const int64_t qw = int64_t{l.d.num_heads} * l.d.head_dim;
+    const int64_t kvw = int64_t{l.d.num_kv_heads} * l.d.head_dim;
+    ExpectWithinTermsBound("dq", Columns(l, g.dqkv, l.q_off, qw), Columns(l, r.dqkv, l.q_off, qw),
+                           Columns(l, r.terms, l.q_off, qw), 1.0, 1e-12);
+    ExpectWithinTermsBound("dk", Columns(l, g.dqkv, l.k_off, kvw), Columns(l, r.dqkv, l.k_off, kvw),
+                           Columns(l, r.terms, l.k_off, kvw), 1.0, 1e-12);
+    ExpectNearReference("dv", Columns(l, g.dqkv, l.v_off, kvw), Columns(l, r.dqkv, l.v_off, kvw));
+  }
+}
+
+// The cap is read and bends: on one key of one query (T = 1) lse is that key's capped score
+// c tanh(x / c), bounded by c where the plain score is not.
+TEST(AttentionOp, LseOfASingleKeyIsItsSoftCappedScore) {
+  Layout l = MakeLayout(1, 1, 1, 1, 4, 0);
+  const std::vector<double> qkv = Inputs(l, 33), dout = RandomDoubles(l.out_elems(), 34);
+  double dot = 0;
+  for (int64_t j = 0; j < 4; ++j) dot += qkv[l.q_off + j] * qkv[l.k_off + j];
+  const double score = 0.5 * dot, cap = 0.3 * std::abs(score);  // the score lies beyond the cap
+  ASSERT_GT(cap, 0);
+  l = Capped(l, cap);
+  const double want = cap * std::tanh(score / cap);
+  EXPECT_LT(std::abs(want), 0.9 * std::abs(score));
+  EXPECT_NEAR(RunOp<double>(l, qkv, dout).lse[0], want, 1e-14 * std::abs(score));
+  EXPECT_NEAR(Reference(l, qkv, dout).lse[0], want, 1e-14 * std::abs(score));
+}
+
 // The reference's scale is used: on one key of one query (T = 1) lse is that key's scaled score,
 // so scale 0.3 and the default differ there by the factor between them.
 TEST(AttentionOp, LseOfASingleKeyIsItsScoreTimesTheGivenScale) {
@@ -368,6 +427,12 @@ TYPED_TEST(AttentionOpTest, WindowedIsWithinItsRoundingsOfDouble) {
 // The same bounds with a given scale (0.3 rounded to fp32 once: within the scores' rounding).
 TYPED_TEST(AttentionOpTest, AGivenScaleIsWithinItsRoundingsOfDouble) {
   ExpectWithinItsRoundingsOfDouble<TypeParam>(ScaleCases());
+}
+
+// The same bounds soft-capped: tanh adds one rounding of ComputeType<S> to each score and one to
+// its derivative, within the scores' share of K.
+TYPED_TEST(AttentionOpTest, SoftCappedIsWithinItsRoundingsOfDouble) {
+  ExpectWithinItsRoundingsOfDouble<TypeParam>(SoftcapCases());
 }
 
 // 1 / sqrt(hs) given as the scale is the default to the bit: out, lse, dq, dk, dv. Given as the

@@ -69,8 +69,9 @@ struct Ref {
   std::vector<double> last_logits, dx, dw_cv;  // dw as (C, V)
 };
 
-// The mean over the counted targets; an ignored row has no loss and no gradient.
-Ref Reference(const Data& d, double dloss) {
+// The mean over the counted targets; an ignored row has no loss and no gradient. cap > 0: every
+// logit l soft-capped to cap tanh(l / cap), each dlogit times 1 - tanh^2 (Gemma 2).
+Ref Reference(const Data& d, double dloss, double cap = 0) {
   Ref r{0, std::vector<double>(int64_t{kB} * kV), std::vector<double>(kN * kC, 0.0),
         std::vector<double>(int64_t{kC} * kV, 0.0)};
   const double n = static_cast<double>(Counted(d));
@@ -79,6 +80,12 @@ Ref Reference(const Data& d, double dloss) {
     for (int v = 0; v < kV; ++v) {
       for (int c = 0; c < kC; ++c) logits[v] += d.x[row * kC + c] * d.w[int64_t{c} * kV + v];
     }
+    std::vector<double> dcap(kV, 1.0);
+    for (int v = 0; cap > 0 && v < kV; ++v) {
+      const double u = std::tanh(logits[v] / cap);
+      logits[v] = cap * u;
+      dcap[v] = 1 - u * u;
+    }
     if (row % kT == kT - 1) std::copy(logits.begin(), logits.end(), &r.last_logits[row / kT * kV]);
     if (d.targets[row] < 0) continue;
     const double mx = *std::max_element(logits.begin(), logits.end());
@@ -86,8 +93,9 @@ Ref Reference(const Data& d, double dloss) {
     for (double l : logits) sum += std::exp(l - mx);
     r.loss += std::log(sum) + mx - logits[d.targets[row]];
     for (int v = 0; v < kV; ++v) {
-      const double g =
-          dloss / n * (std::exp(logits[v] - mx) / sum - (v == d.targets[row] ? 1.0 : 0.0));
+      const double g = dloss / n *
+                       (std::exp(logits[v] - mx) / sum - (v == d.targets[row] ? 1.0 : 0.0)) *
+                       dcap[v];
       for (int c = 0; c < kC; ++c) {
         r.dx[row * kC + c] += g * d.w[int64_t{c} * kV + v];
         r.dw_cv[int64_t{c} * kV + v] += d.x[row * kC + c] * g;
@@ -106,16 +114,17 @@ struct Result {
 
 // w_cv: W as (C, V); passed to the op stored in `layout`. chunk_rows 0 = the default.
 template <typename S>
-Result<S> RunOp(const Data& d, WeightLayout layout, double dloss, int64_t chunk_rows) {
+Result<S> RunOp(const Data& d, WeightLayout layout, double dloss, int64_t chunk_rows,
+                double cap = 0) {
   const std::vector<S> x = Cast<S>(d.x), w = Cast<S>(Stored(d.w, layout));
   std::vector<unsigned char> scratch(LmHeadScratchBytes<S>(kB, kT, kC, kV, chunk_rows));
   std::vector<S> last = Poisoned<S>(int64_t{kB} * kV), dx = Poisoned<S>(kN * kC),
                  dw = Poisoned<S>(int64_t{kC} * kV);
   const double loss = LmHeadForward<S>(x.data(), w.data(), layout, d.targets.data(), kB, kT, kC, kV,
-                                       last.data(), scratch.data(), chunk_rows, Counted(d));
+                                       last.data(), scratch.data(), chunk_rows, Counted(d), cap);
   LmHeadBackward<S>(x.data(), w.data(), layout, d.targets.data(),
                     static_cast<ComputeType<S>>(dloss), kB, kT, kC, kV, dx.data(), dw.data(),
-                    scratch.data(), chunk_rows, Counted(d));
+                    scratch.data(), chunk_rows, Counted(d), cap);
   // dw back to (C, V).
   std::vector<double> dw_d = ToDoubles(dw), dw_cv(dw_d.size());
   for (int c = 0; c < kC; ++c) {
@@ -149,6 +158,33 @@ TEST(LmHeadOp, DoubleMatchesThePlainSoftmaxReferenceForEveryLayoutAndChunking) {
       }
     }
   }
+}
+
+// Final-logit soft-capping (Gemma 2) at caps of the order of the logits (a few units here), so
+// that tanh saturates on some: loss, last logits and gradients against the capped reference.
+TEST(LmHeadOp, DoubleMatchesTheSoftCappedReference) {
+  for (const Data& d : {MakeData(5), MakeMaskedData(5)}) {
+    for (double cap : {0.5, 2.0}) {
+      const Ref ref = Reference(d, 0.7, cap);
+      for (WeightLayout layout : {WeightLayout::kInOut, WeightLayout::kOutIn}) {
+        for (int64_t chunk : {int64_t{7}, int64_t{0}}) {
+          SCOPED_TRACE(LayoutName(layout) + " chunk_rows=" + std::to_string(chunk) +
+                       " cap=" + std::to_string(cap));
+          const Result<double> r = RunOp<double>(d, layout, 0.7, chunk, cap);
+          ExpectNearReference("loss", {r.loss}, {ref.loss});
+          ExpectNearReference("last logits", r.last_logits, ref.last_logits);
+          ExpectNearReference("dx", r.dx, ref.dx);
+          ExpectNearReference("dw", r.dw_cv, ref.dw_cv);
+          for (double l : r.last_logits) ASSERT_LT(std::abs(l), cap);
+        }
+      }
+    }
+  }
+  // The cap is read: the uncapped loss is another.
+  const Data d = MakeData(5);
+  EXPECT_GT(std::abs(RunOp<double>(d, WeightLayout::kInOut, 0.7, 0, 2.0).loss -
+                     RunOp<double>(d, WeightLayout::kInOut, 0.7, 0).loss),
+            0.01);
 }
 
 TEST(LmHeadOp, WithoutTargetsReturnsZeroAndTheSameLastLogits) {
@@ -188,6 +224,25 @@ TYPED_TEST(LmHeadOpTest, IsWithinItsRoundingsOfDoubleInBothLayouts) {
         ExpectWithinBound("dx", got.dx, ref.dx, 6, BoundEps<S>(K));
         ExpectWithinBound("dw", got.dw_cv, ref.dw_cv, 6, BoundEps<S>(K));
       }
+    }
+  }
+}
+
+// Soft-capped: the capped logit adds a rounding to S (and tanh one in ComputeType<S>), the
+// dlogit's factor 1 - u^2 one more in ComputeType<S>.
+TYPED_TEST(LmHeadOpTest, SoftCappedIsWithinItsRoundingsOfDouble) {
+  using S = TypeParam;
+  for (const Data& d : {MakeData(6), MakeMaskedData(6)}) {
+    const Data rd{Rounded<S>(d.x), Rounded<S>(d.w), d.targets};
+    const int64_t K = std::max<int64_t>({kC, kV, kN});
+    for (WeightLayout layout : {WeightLayout::kInOut, WeightLayout::kOutIn}) {
+      SCOPED_TRACE(LayoutName(layout));
+      const Result<S> got = RunOp<S>(d, layout, 1.3, 7, 2.0);
+      const Result<double> ref = RunOp<double>(rd, layout, 1.3, 7, 2.0);
+      ExpectWithinBound("loss", {got.loss}, {ref.loss}, 3, BoundEps<S>(K));
+      ExpectWithinBound("last logits", got.last_logits, ref.last_logits, 3, BoundEps<S>(kC));
+      ExpectWithinBound("dx", got.dx, ref.dx, 8, BoundEps<S>(K));
+      ExpectWithinBound("dw", got.dw_cv, ref.dw_cv, 8, BoundEps<S>(K));
     }
   }
 }
