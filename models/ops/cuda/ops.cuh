@@ -272,6 +272,10 @@ Status LaunchSwigluBackward(cudaStream_t stream, const D* gate_up, const D* dh, 
 // what they computed before position_ids existed, bit for bit. Sliding window
 // (AttentionDims::window w >= 1): in addition, keys t - w + 1 .. t only; the kernels skip the
 // tiles outside every window of their block. 0, or w >= T: no window, bit for bit.
+// Soft-capping (AttentionDims::softcap c > 0, Gemma 2's attn_logit_softcapping): each scaled score
+// s becomes c tanh(s / c) in fp32 (c rounded to fp32) before the mask and the softmax, in both
+// implementations, and the backward's dS = D(D(P) (dP - delta) (1 - tanh^2(s / c))), the host
+// op's order; 0: none, the kernels of before the option, bit for bit.
 
 // The largest head_dim of the attention kernels.
 inline constexpr int kAttentionMaxHeadDim = 128;
@@ -284,20 +288,21 @@ inline constexpr int kAttentionMaxHeadDim = 128;
 // D(exp(s - lse)) rounded to D before the product with V (the host op's rounding point,
 // models/ops/attention.cc), output accumulated in fp32 and rounded once. Requirements: all
 // dims >= 1, H % Hkv == 0, hs <= kAttentionMaxHeadDim, row_stride >= H hs, B H <= 65535,
-// window >= 0, scale finite and >= 0. out must not overlap q, k, v.
+// window >= 0, scale finite and >= 0, softcap 0 or finite and > 0 with an fp32 rounding neither
+// inf nor 0. out must not overlap q, k, v.
 template <typename D>
 Status LaunchAttentionForward(cudaStream_t stream, const AttentionDims& d, const D* q, const D* k,
                               const D* v, D* out, float* lse,
                               AttentionPath path = AttentionPath::kAuto);
 
 // dq, dk, dv OVERWRITTEN (strides of q, k, v); delta: (B, H, T) fp32 scratch (rowsum(dout out)).
-// P recomputed from lse and rounded to D, dS = D(D(P) (dP - delta)) (the host op's rounding
-// points); dq = D(scale sum dS k); dk, dv of a kv head
-// accumulated in fp32 over the query heads of its group (in head order) and rounded once. No
-// atomics: one block per (sequence, kv head, key tile) owns its dk, dv and loops over the query
-// tiles; a separate pass writes dq. dq, dk, dv may be column blocks of one buffer; they must not
-// overlap the inputs. `path` as for the forward (the two need not match: both recompute from the
-// same lse contract).
+// P recomputed from lse and rounded to D, dS = D(D(P) (dP - delta)) (soft-capped: times
+// 1 - tanh^2(s / c) before the rounding; the host op's rounding points); dq = D(scale sum dS k);
+// dk, dv of a kv head accumulated in fp32 over the query heads of its group (in head order) and
+// rounded once. No atomics: one block per (sequence, kv head, key tile) owns its dk, dv and loops
+// over the query tiles; a separate pass writes dq. dq, dk, dv may be column blocks of one buffer;
+// they must not overlap the inputs. `path` as for the forward (the two need not match: both
+// recompute from the same lse contract).
 template <typename D>
 Status LaunchAttentionBackward(cudaStream_t stream, const AttentionDims& d, const D* q, const D* k,
                                const D* v, const D* out, const D* dout, const float* lse,
