@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -55,6 +56,18 @@ template <typename S>
 StatusOr<Products<S>> MakeProducts(gpu::Stream& stream, cudaStream_t cs,
                                    float* partials = nullptr) {
   return Products<S>::Make(stream, cs, /*allow_tf32=*/false, partials);
+}
+
+// LlamaConfig::final_logit_softcapping as the chunked head's fp32 softcap (0: none); a cap whose
+// fp32 rounding is 0 or inf (the host op's fp32 instantiation would divide by it) is refused.
+StatusOr<float> HeadSoftcap(const char* what, const LlamaConfig& c) {
+  const double cap = c.final_logit_softcapping;
+  const float f = static_cast<float>(cap);
+  if (cap == 0 || (std::isfinite(cap) && cap > 0 && std::isfinite(f) && f > 0)) return f;
+  return InvalidArgumentError(std::string(what) +
+                              ": final_logit_softcapping must be 0 (none) or finite, > 0 and "
+                              "neither 0 nor inf in fp32, got " +
+                              std::to_string(cap));
 }
 
 // The chunked head's part of the head scratch.
@@ -143,6 +156,7 @@ Status LlamaCudaHeadForward(const LlamaConfig& c, gpu::Stream& stream, const S* 
   STRATA_RETURN_IF_ERROR(CheckPointers("LlamaCudaHeadForward", {params, x_in, logits, scratch}));
   STRATA_RETURN_IF_ERROR(oc::internal::CheckTied("LlamaCudaHeadForward", c.tie_embeddings,
                                                  tied_params, nullptr, false));
+  STRATA_ASSIGN_OR_RETURN(const float softcap, HeadSoftcap("LlamaCudaHeadForward", c));
   const LlamaDims z(c, B, T);
   const LlamaCudaHeadScratchLayout l = LlamaCudaHeadScratchLayoutFor<S>(c, B, T);
   STRATA_ASSIGN_OR_RETURN(const auto mm, MakeProducts<S>(stream, cs));
@@ -152,8 +166,8 @@ Status LlamaCudaHeadForward(const LlamaConfig& c, gpu::Stream& stream, const S* 
       oc::LaunchRmsNormForward(cs, D(x_in), D(params), static_cast<float>(c.rms_norm_eps), z.N, z.C,
                                D(xn), At<float>(scratch, l.rstd), c.norm_unit_offset));
   return oc::ChunkedHeadForward<S>(mm, xn, wlm, kOutIn, B, T, z.C, z.V,
-                                   HeadScratchOf<S>(l, scratch), logits, targets, loss,
-                                   loss_tokens);
+                                   HeadScratchOf<S>(l, scratch), logits, targets, loss, loss_tokens,
+                                   softcap);
 }
 
 template <typename S>
@@ -168,6 +182,7 @@ Status LlamaCudaHeadBackward(const LlamaConfig& c, gpu::Stream& stream, const S*
   const bool weight_grads = dparams != nullptr;  // null: the frozen head of a LoRA run
   STRATA_RETURN_IF_ERROR(oc::internal::CheckTied("LlamaCudaHeadBackward", c.tie_embeddings,
                                                  tied_params, tied_grads, weight_grads));
+  STRATA_ASSIGN_OR_RETURN(const float softcap, HeadSoftcap("LlamaCudaHeadBackward", c));
   const LlamaDims z(c, B, T);
   const LlamaCudaHeadScratchLayout l = LlamaCudaHeadScratchLayoutFor<S>(c, B, T);
   STRATA_ASSIGN_OR_RETURN(const auto mm, MakeProducts<S>(stream, cs));
@@ -182,7 +197,7 @@ Status LlamaCudaHeadBackward(const LlamaConfig& c, gpu::Stream& stream, const S*
                                D(xn), At<float>(scratch, l.rstd), c.norm_unit_offset));
   STRATA_RETURN_IF_ERROR(oc::ChunkedHeadBackward<S>(mm, xn, wlm, kOutIn, targets, dloss, z.N, z.C,
                                                     z.V, HeadScratchOf<S>(l, scratch), dwlm, dxn,
-                                                    loss_tokens));
+                                                    loss_tokens, softcap));
   if (weight_grads) {
     STRATA_RETURN_IF_ERROR(oc::LaunchRmsNormWeightGrad(cs, D(x_in), rstd, D(dxn), z.N, z.C,
                                                        At<float>(scratch, l.partials), D(dparams)));

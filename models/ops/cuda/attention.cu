@@ -50,6 +50,13 @@
 // kernels compute what they computed before, bit for bit (the same tiles, the same shifts, the
 // same masks).
 //
+// Soft-capping (AttentionDims::softcap c > 0, Gemma 2): each scaled score x becomes c tanh(x / c)
+// before the mask and the softmax, in fp32, in the forward and in the backward's recomputation
+// of P; the backward multiplies D(P) (dP - delta) by 1 - tanh^2(x / c) before the rounding to D
+// (the host op's order, models/ops/attention.cc). Every kernel takes it as a template flag
+// (kCap, as FlashAttention-2's Is_softcap), so that without it the kernels are the code of
+// before the option: the same results bit for bit, the same registers.
+//
 // Indexing (both implementations, the invariant the GPT relies on): element d of head `head` of
 // row t of sequence b is at [(b T + t) row_stride + head hs + d] in q, k, v, dq, dk, dv and at
 // [(b T + t) H hs + h hs + d] in out and dout; lse and delta at [(b H + h) T + t]; query head h
@@ -130,12 +137,26 @@ __device__ bool QueriesSeeKeys(const int32_t* pos, int window, int T, int b, int
   return __syncthreads_or(sees) != 0;
 }
 
+// A soft-capped score (AttentionDims::softcap; Gemma Team, "Gemma 2: Improving Open Language
+// Models at a Practical Size", 2024): the scaled score x as c tanh(x / c), rounded to fp32 as the
+// host op rounds it (__fmul_rn: not contracted into the subtraction of the max or lse that
+// follows), and its derivative 1 - tanh^2(x / c), the factor of the score's gradient.
+struct CappedScore {
+  float value;
+  float slope;
+};
+__device__ __forceinline__ CappedScore Cap(float x, float c) {
+  const float u = tanhf(x / c);
+  return {__fmul_rn(c, u), 1.0f - u * u};
+}
+
 struct Dims {
   int B, T, H, Hkv, hs, group;
   int64_t ld;  // row stride of q, k, v, dq, dk, dv
   float scale;
   const int32_t* pos;  // (B, T) position_ids or null (AttentionDims::position_ids)
   int window;          // AttentionDims::window, 0 where it is T or more (masks nothing)
+  float softcap;       // AttentionDims::softcap in fp32, 0: none (the kernels' kCap false)
   __device__ int64_t Row(int b, int t) const { return (int64_t{b} * T + t) * ld; }
   __device__ int64_t OutRow(int b, int t) const { return (int64_t{b} * T + t) * H * hs; }
   __device__ int64_t Stat(int b, int h, int t) const { return (int64_t{b} * H + h) * T + t; }
@@ -152,7 +173,7 @@ __device__ void LoadKeyTile(const D* x, const Dims& a, int b, int kh, int k0,
   }
 }
 
-template <typename D, int kDims>
+template <typename D, int kDims, bool kCap>
 __global__ void __launch_bounds__(kQueryWarps* kWarp)
     GqaForwardKernel(const D* q, const D* k, const D* v, Dims a, D* out, float* lse) {
   constexpr int kW = kDims * 32;
@@ -172,11 +193,13 @@ __global__ void __launch_bounds__(kQueryWarps* kWarp)
   // This warp's row sees keys lo..t; the block starts at the tile of its rows' smallest lo.
   const int lo = t < a.T ? FirstKeyOf(a.pos, a.window, a.T, b, t) : 0;
   const int k_begin = BlockFirstKey(a.pos, a.window, a.T, b, q0, kQueryWarps) / kKeyTile * kKeyTile;
-  // Lane's scaled score of key j (in the tile in ks) for this warp's row t; -inf outside lo..t.
+  // Lane's scaled (kCap: and soft-capped) score of key j (in the tile in ks) for this warp's row
+  // t; -inf outside lo..t.
   const auto score = [&](int j) {
     if (j > t || j < lo) return -INFINITY;
     float dot = 0.0f;
     for (int d = 0; d < a.hs; ++d) dot += qs[warp][d] * ks[lane][d];
+    if constexpr (kCap) return Cap(dot * a.scale, a.softcap).value;
     return dot * a.scale;
   };
   // Pass 1: the row's max and sum (online softmax, fp32), hence its log-sum-exp.
@@ -241,7 +264,7 @@ __global__ void GqaDeltaKernel(const D* out, const D* dout, Dims a, float* delta
   }
 }
 
-template <typename D, int kDims>
+template <typename D, int kDims, bool kCap>
 __global__ void __launch_bounds__(kQueryWarps* kWarp)
     GqaDqKernel(const D* q, const D* k, const D* v, const D* dout, const float* lse,
                 const float* delta, Dims a, D* dq) {
@@ -280,8 +303,14 @@ __global__ void __launch_bounds__(kQueryWarps* kWarp)
         dot += qs[warp][d] * ks[lane][d];
         dp += dos[warp][d] * vs[lane][d];
       }
-      const float p = expf(dot * a.scale - row_lse);
-      ds = RoundTo<D>(RoundTo<D>(p) * (dp - row_delta));  // P rounded, as the host op
+      if constexpr (kCap) {  // P of the capped score, dS times the cap's slope before rounding
+        const CappedScore x = Cap(dot * a.scale, a.softcap);
+        const float p = expf(x.value - row_lse);
+        ds = RoundTo<D>(RoundTo<D>(p) * (dp - row_delta) * x.slope);
+      } else {
+        const float p = expf(dot * a.scale - row_lse);
+        ds = RoundTo<D>(RoundTo<D>(p) * (dp - row_delta));  // P rounded, as the host op
+      }
     }
     const int keys = min(kKeyTile, t - k0 + 1);
     for (int jj = max(0, lo - k0); jj < keys; ++jj) {
@@ -298,7 +327,7 @@ __global__ void __launch_bounds__(kQueryWarps* kWarp)
   }
 }
 
-template <typename D, int kDims>
+template <typename D, int kDims, bool kCap>
 __global__ void __launch_bounds__(kKvWarps* kWarp)
     GqaDkDvKernel(const D* q, const D* k, const D* v, const D* dout, const float* lse,
                   const float* delta, Dims a, D* dk_out, D* dv_out) {
@@ -373,9 +402,16 @@ __global__ void __launch_bounds__(kKvWarps* kWarp)
           }
           const float s = WarpSum(sp) * a.scale;
           const float dp = WarpSum(dpp);
-          const float p = expf(s - lse_s[r]);
-          const float p_rounded = RoundTo<D>(p);
-          const float ds = RoundTo<D>(p_rounded * (dp - delta_s[r]));  // as the host op
+          float p_rounded, ds;
+          if constexpr (kCap) {  // P of the capped score, dS times the cap's slope
+            const CappedScore x = Cap(s, a.softcap);
+            p_rounded = RoundTo<D>(expf(x.value - lse_s[r]));
+            ds = RoundTo<D>(p_rounded * (dp - delta_s[r]) * x.slope);
+          } else {
+            const float p = expf(s - lse_s[r]);
+            p_rounded = RoundTo<D>(p);
+            ds = RoundTo<D>(p_rounded * (dp - delta_s[r]));  // as the host op
+          }
 #pragma unroll
           for (int i = 0; i < kDims; ++i) {
             dv[kk][i] += p_rounded * gv[i];
@@ -399,16 +435,26 @@ __global__ void __launch_bounds__(kKvWarps* kWarp)
   }
 }
 
+// AttentionDims::softcap: 0 (none), or finite and > 0 with an fp32 rounding that is finite and
+// not 0 (the kernels divide by it in fp32; the host op's fp32 instantiation would divide by 0).
+bool SoftcapFitsFp32(double c) {
+  if (c == 0) return true;
+  const float f = static_cast<float>(c);
+  return std::isfinite(c) && c > 0 && std::isfinite(f) && f > 0;
+}
+
 StatusOr<Dims> CheckDims(const char* op, const AttentionDims& d) {
   if (d.batch_size < 1 || d.seq_len < 1 || d.num_heads < 1 || d.num_kv_heads < 1 ||
       d.head_dim < 1 || d.head_dim > kAttentionMaxHeadDim || d.num_heads % d.num_kv_heads != 0 ||
       d.row_stride < int64_t{d.num_heads} * d.head_dim ||
       int64_t{d.batch_size} * d.num_heads > kMaxGrid || d.window < 0 || !std::isfinite(d.scale) ||
-      d.scale < 0) {
+      d.scale < 0 || !SoftcapFitsFp32(d.softcap)) {
     return InvalidArgumentError(std::string(op) +
                                 ": need B, T, H, Hkv >= 1, H a multiple of Hkv, 1 <= head_dim <= "
-                                "128, row_stride >= H head_dim, B H <= 65535, window >= 0 and a "
-                                "finite scale >= 0");
+                                "128, row_stride >= H head_dim, B H <= 65535, window >= 0, a "
+                                "finite scale >= 0 and a softcap >= 0 (0: none) finite and not 0 "
+                                "in fp32, got softcap=" +
+                                std::to_string(d.softcap));
   }
   // AttentionDims::scale: 0 is 1 / sqrt(head_dim) in fp32 (as before the field existed), else the
   // given scale rounded once to fp32; both kernel sets read it from Dims (TcDims copies it).
@@ -417,10 +463,25 @@ StatusOr<Dims> CheckDims(const char* op, const AttentionDims& d) {
   // A window of T or more masks nothing: dropped, so the kernels run their unwindowed schedule
   // (the same results bit for bit, and no window arithmetic near INT_MAX).
   const int window = d.window < d.seq_len ? d.window : 0;
-  return Dims{d.batch_size,   d.seq_len,  d.num_heads,
-              d.num_kv_heads, d.head_dim, d.num_heads / d.num_kv_heads,
-              d.row_stride,   scale,      d.position_ids,
-              window};
+  return Dims{d.batch_size,
+              d.seq_len,
+              d.num_heads,
+              d.num_kv_heads,
+              d.head_dim,
+              d.num_heads / d.num_kv_heads,
+              d.row_stride,
+              scale,
+              d.position_ids,
+              window,
+              static_cast<float>(d.softcap)};
+}
+
+// Calls f.template operator()<kCap>() with kCap = softcap > 0: the kernels with or without
+// soft-capping.
+template <typename F>
+Status WithSoftcap(float softcap, F&& f) {
+  if (softcap > 0.0f) return f.template operator()<true>();
+  return f.template operator()<false>();
 }
 
 // Calls f.template operator()<kDims>() with kDims = ceil(hs / 32) in 1..4.
@@ -605,6 +666,7 @@ struct TcDims {
   float scale;
   const int32_t* pos;  // (B, T) position_ids or null
   int window;          // Dims::window (0: none)
+  float softcap;       // Dims::softcap (0: none; the kernels' kCap)
   // Bounded (position_ids or a window): first keys past 0, so every visited tile is masked.
   __device__ bool Bounded() const { return pos != nullptr || window > 0; }
   // First element of head `head` of sequence b in q, k, v, dq, dk, dv (rows of ld).
@@ -633,7 +695,7 @@ __device__ __forceinline__ void StoreRow(D* dst_row, const float (&acc)[kHs / 8]
 // ---------------------------------------------------------------------------
 // Forward: one block per (query tile, b h); warp w owns queries q0 + 16 w + (g, g + 8).
 
-template <typename D, int kHs>
+template <typename D, int kHs, bool kCap>
 __global__ void __launch_bounds__(kThreads)
     AttentionForwardTcKernel(const D* q, const D* k, const D* v, TcDims a, D* out, float* lse) {
   constexpr int kStride = at::SmemStride(kHs);
@@ -668,7 +730,8 @@ __global__ void __launch_bounds__(kThreads)
   Zero<kHs>(o);
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   const int last = at::LastKeyTile(qt, kQ, kK, a.T);
-  // The scaled scores of key tile k0 (in ks) for the warp's rows, -inf where masked.
+  // The scaled (kCap: and soft-capped) scores of key tile k0 (in ks) for the warp's rows, -inf
+  // where masked.
   const auto scores = [&](int k0, float(&s)[kK / 8][4]) {
     Zero<kK>(s);
     MmaABt<D, kK, kHs>(s, qs + warp * 16 * kStride, ks, kStride);
@@ -679,6 +742,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int e = 0; e < 4; ++e) {
         const int key = k0 + j * 8 + 2 * c + (e & 1);
         float x = s[j][e] * a.scale;
+        if constexpr (kCap) x = Cap(x, a.softcap).value;
         if (masked && (key > row[e / 2] || key >= a.T || key < lo[e / 2])) x = -INFINITY;
         s[j][e] = x;
       }
@@ -760,7 +824,7 @@ __global__ void __launch_bounds__(kThreads)
 // dq: one block per (query tile, b h), over the key tiles 0..last:
 // s = q k^T, p = exp(scale s - lse), dp = dout v^T, ds = D(D(p) (dp - delta)), dq += ds k.
 
-template <typename D, int kHs>
+template <typename D, int kHs, bool kCap>
 __global__ void __launch_bounds__(kThreads)
     AttentionDqTcKernel(const D* q, const D* k, const D* v, const D* dout, const float* lse,
                         const float* delta, TcDims a, D* dq_out) {
@@ -822,8 +886,14 @@ __global__ void __launch_bounds__(kThreads)
       for (int e = 0; e < 4; ++e) {
         const int key = k0 + j * 8 + 2 * c + (e & 1), r = e / 2;
         const bool valid = !masked || (key <= row[r] && key < a.T && row[r] < a.T && key >= lo[r]);
-        const float p = valid ? expf(s[j][e] * a.scale - row_lse[r]) : 0.0f;
-        s[j][e] = RoundTo<D>(p) * (dp[j][e] - row_delta[r]);  // P rounded, as the host op
+        if constexpr (kCap) {  // P of the capped score, dS times the cap's slope
+          const CappedScore x = Cap(s[j][e] * a.scale, a.softcap);
+          const float p = valid ? expf(x.value - row_lse[r]) : 0.0f;
+          s[j][e] = RoundTo<D>(p) * (dp[j][e] - row_delta[r]) * x.slope;
+        } else {
+          const float p = valid ? expf(s[j][e] * a.scale - row_lse[r]) : 0.0f;
+          s[j][e] = RoundTo<D>(p) * (dp[j][e] - row_delta[r]);  // P rounded, as the host op
+        }
       }
     }
     uint32_t ds[kK / 16][4];
@@ -844,7 +914,7 @@ __global__ void __launch_bounds__(kThreads)
 // tiles: s^T = k q^T, p^T = exp(scale s^T - lse), dp^T = v dout^T, ds^T = D(D(p^T) (dp^T - delta));
 // dv += D(p^T) dout, dk += ds^T q.
 
-template <typename D, int kHs>
+template <typename D, int kHs, bool kCap>
 __global__ void __launch_bounds__(kThreads)
     AttentionDkDvTcKernel(const D* q, const D* k, const D* v, const D* dout, const float* lse,
                           const float* delta, TcDims a, D* dk_out, D* dv_out) {
@@ -908,9 +978,16 @@ __global__ void __launch_bounds__(kThreads)
           const int qi = j * 8 + 2 * c + (e & 1), query = c0 + qi, r = e / 2;
           const bool valid = !masked || (key[r] <= query && query < a.T && key[r] < a.T &&
                                          (!bounded || key[r] >= lo_s[qi]));
-          const float p = valid ? expf(st[j][e] * a.scale - lse_s[qi]) : 0.0f;
-          st[j][e] = p;
-          dpt[j][e] = RoundTo<D>(p) * (dpt[j][e] - delta_s[qi]);  // P rounded, as the host op
+          if constexpr (kCap) {  // P of the capped score, dS times the cap's slope
+            const CappedScore x = Cap(st[j][e] * a.scale, a.softcap);
+            const float p = valid ? expf(x.value - lse_s[qi]) : 0.0f;
+            st[j][e] = p;
+            dpt[j][e] = RoundTo<D>(p) * (dpt[j][e] - delta_s[qi]) * x.slope;
+          } else {
+            const float p = valid ? expf(st[j][e] * a.scale - lse_s[qi]) : 0.0f;
+            st[j][e] = p;
+            dpt[j][e] = RoundTo<D>(p) * (dpt[j][e] - delta_s[qi]);  // P rounded, as the host op
+          }
         }
       }
       uint32_t pf[kQ / 16][4];
@@ -941,38 +1018,38 @@ Status LaunchWithSmem(const char* name, Kernel kernel, dim3 grid, size_t smem_by
   return Launched(name);
 }
 
-template <typename D>
+template <typename D, bool kCap>
 Status LaunchForward(cudaStream_t stream, const Dims& d, const D* q, const D* k, const D* v, D* out,
                      float* lse) {
-  const TcDims a{d.T, d.H, d.group, d.ld, d.scale, d.pos, d.window};
+  const TcDims a{d.T, d.H, d.group, d.ld, d.scale, d.pos, d.window, d.softcap};
   const dim3 grid(at::NumTiles(d.T, at::kQueryTile), d.B * d.H);
   if (d.hs == 64) {
-    return LaunchWithSmem("AttentionForwardTcKernel<64>", AttentionForwardTcKernel<D, 64>, grid,
-                          at::ForwardSmemBytes(64, sizeof(D)), stream, q, k, v, a, out, lse);
+    return LaunchWithSmem("AttentionForwardTcKernel<64>", AttentionForwardTcKernel<D, 64, kCap>,
+                          grid, at::ForwardSmemBytes(64, sizeof(D)), stream, q, k, v, a, out, lse);
   }
-  return LaunchWithSmem("AttentionForwardTcKernel<128>", AttentionForwardTcKernel<D, 128>, grid,
-                        at::ForwardSmemBytes(128, sizeof(D)), stream, q, k, v, a, out, lse);
+  return LaunchWithSmem("AttentionForwardTcKernel<128>", AttentionForwardTcKernel<D, 128, kCap>,
+                        grid, at::ForwardSmemBytes(128, sizeof(D)), stream, q, k, v, a, out, lse);
 }
 
 // dq, dk, dv given delta = rowsum(dout out) (B, H, T) fp32, already computed on `stream`.
-template <typename D>
+template <typename D, bool kCap>
 Status LaunchBackward(cudaStream_t stream, const Dims& d, const D* q, const D* k, const D* v,
                       const D* dout, const float* lse, const float* delta, D* dq, D* dk, D* dv) {
-  const TcDims a{d.T, d.H, d.group, d.ld, d.scale, d.pos, d.window};
+  const TcDims a{d.T, d.H, d.group, d.ld, d.scale, d.pos, d.window, d.softcap};
   const dim3 q_grid(at::NumTiles(d.T, at::kQueryTile), d.B * d.H);
   const dim3 kv_grid(at::NumTiles(d.T, at::kDkDvKeyTile), d.B * d.Hkv);
   if (d.hs == 64) {
-    STRATA_RETURN_IF_ERROR(LaunchWithSmem("AttentionDqTcKernel<64>", AttentionDqTcKernel<D, 64>,
-                                          q_grid, at::DqSmemBytes(64, sizeof(D)), stream, q, k, v,
-                                          dout, lse, delta, a, dq));
-    return LaunchWithSmem("AttentionDkDvTcKernel<64>", AttentionDkDvTcKernel<D, 64>, kv_grid,
+    STRATA_RETURN_IF_ERROR(
+        LaunchWithSmem("AttentionDqTcKernel<64>", AttentionDqTcKernel<D, 64, kCap>, q_grid,
+                       at::DqSmemBytes(64, sizeof(D)), stream, q, k, v, dout, lse, delta, a, dq));
+    return LaunchWithSmem("AttentionDkDvTcKernel<64>", AttentionDkDvTcKernel<D, 64, kCap>, kv_grid,
                           at::DkDvSmemBytes(64, sizeof(D)), stream, q, k, v, dout, lse, delta, a,
                           dk, dv);
   }
-  STRATA_RETURN_IF_ERROR(LaunchWithSmem("AttentionDqTcKernel<128>", AttentionDqTcKernel<D, 128>,
-                                        q_grid, at::DqSmemBytes(128, sizeof(D)), stream, q, k, v,
-                                        dout, lse, delta, a, dq));
-  return LaunchWithSmem("AttentionDkDvTcKernel<128>", AttentionDkDvTcKernel<D, 128>, kv_grid,
+  STRATA_RETURN_IF_ERROR(
+      LaunchWithSmem("AttentionDqTcKernel<128>", AttentionDqTcKernel<D, 128, kCap>, q_grid,
+                     at::DqSmemBytes(128, sizeof(D)), stream, q, k, v, dout, lse, delta, a, dq));
+  return LaunchWithSmem("AttentionDkDvTcKernel<128>", AttentionDkDvTcKernel<D, 128, kCap>, kv_grid,
                         at::DkDvSmemBytes(128, sizeof(D)), stream, q, k, v, dout, lse, delta, a, dk,
                         dv);
 }
@@ -1006,13 +1083,16 @@ Status LaunchAttentionForward(cudaStream_t stream, const AttentionDims& d, const
   STRATA_RETURN_IF_ERROR(CheckPointers("LaunchAttentionForward", {q, k, v, out, lse}));
   STRATA_ASSIGN_OR_RETURN(const bool use_tc,
                           UseTensorCores<D>("LaunchAttentionForward", path, a, {q, k, v, out}));
-  if constexpr (!std::is_same_v<D, float>) {
-    if (use_tc) return tc::LaunchForward<D>(stream, a, q, k, v, out, lse);
-  }
-  const dim3 grid((a.T + kQueryWarps - 1) / kQueryWarps, a.B * a.H);
-  return WithDims(a.hs, [&]<int kDims>() {
-    GqaForwardKernel<D, kDims><<<grid, kQueryWarps * kWarp, 0, stream>>>(q, k, v, a, out, lse);
-    return Launched("GqaForwardKernel");
+  return WithSoftcap(a.softcap, [&]<bool kCap>() -> Status {
+    if constexpr (!std::is_same_v<D, float>) {
+      if (use_tc) return tc::LaunchForward<D, kCap>(stream, a, q, k, v, out, lse);
+    }
+    const dim3 grid((a.T + kQueryWarps - 1) / kQueryWarps, a.B * a.H);
+    return WithDims(a.hs, [&]<int kDims>() {
+      GqaForwardKernel<D, kDims, kCap>
+          <<<grid, kQueryWarps * kWarp, 0, stream>>>(q, k, v, a, out, lse);
+      return Launched("GqaForwardKernel");
+    });
   });
 }
 
@@ -1028,18 +1108,22 @@ Status LaunchAttentionBackward(cudaStream_t stream, const AttentionDims& d, cons
   GqaDeltaKernel<D>
       <<<GridFor(int64_t{a.B} * a.T * a.H, 8), 8 * kWarp, 0, stream>>>(out, dout, a, delta);
   STRATA_RETURN_IF_ERROR(Launched("GqaDeltaKernel"));
-  if constexpr (!std::is_same_v<D, float>) {
-    if (use_tc) return tc::LaunchBackward<D>(stream, a, q, k, v, dout, lse, delta, dq, dk, dv);
-  }
-  return WithDims(a.hs, [&]<int kDims>() -> Status {
-    const dim3 q_grid((a.T + kQueryWarps - 1) / kQueryWarps, a.B * a.H);
-    GqaDqKernel<D, kDims>
-        <<<q_grid, kQueryWarps * kWarp, 0, stream>>>(q, k, v, dout, lse, delta, a, dq);
-    STRATA_RETURN_IF_ERROR(Launched("GqaDqKernel"));
-    const dim3 kv_grid((a.T + kKvKeys - 1) / kKvKeys, a.B * a.Hkv);
-    GqaDkDvKernel<D, kDims>
-        <<<kv_grid, kKvWarps * kWarp, 0, stream>>>(q, k, v, dout, lse, delta, a, dk, dv);
-    return Launched("GqaDkDvKernel");
+  return WithSoftcap(a.softcap, [&]<bool kCap>() -> Status {
+    if constexpr (!std::is_same_v<D, float>) {
+      if (use_tc) {
+        return tc::LaunchBackward<D, kCap>(stream, a, q, k, v, dout, lse, delta, dq, dk, dv);
+      }
+    }
+    return WithDims(a.hs, [&]<int kDims>() -> Status {
+      const dim3 q_grid((a.T + kQueryWarps - 1) / kQueryWarps, a.B * a.H);
+      GqaDqKernel<D, kDims, kCap>
+          <<<q_grid, kQueryWarps * kWarp, 0, stream>>>(q, k, v, dout, lse, delta, a, dq);
+      STRATA_RETURN_IF_ERROR(Launched("GqaDqKernel"));
+      const dim3 kv_grid((a.T + kKvKeys - 1) / kKvKeys, a.B * a.Hkv);
+      GqaDkDvKernel<D, kDims, kCap>
+          <<<kv_grid, kKvWarps * kWarp, 0, stream>>>(q, k, v, dout, lse, delta, a, dk, dv);
+      return Launched("GqaDkDvKernel");
+    });
   });
 }
 

@@ -133,10 +133,13 @@ Status LaunchGeluBackward(cudaStream_t stream, const D* pre, const D* dg, int64_
 // logits; with write_grad the row is then OVERWRITTEN in place with
 // D(grad_scale (softmax - onehot(target))). A target of engine::kIgnoreTarget (-1): losses[r] =
 // 0 and (write_grad) the row all zeros; any other target outside [0, V) traps. One block per
-// row.
+// row. softcap c > 0 (final-logit soft-capping, ops/cross_entropy.h): the row holds raw logits l
+// and the loss is that of the capped logits L = D(c tanh(l / c)) (u = tanh(l / c) in fp32), the
+// gradient D(grad_scale (softmax(L) - onehot) (1 - u^2)); 0: none, the kernel of before the
+// parameter. softcap must be finite and >= 0 (else kInvalidArgument).
 template <typename D>
 Status LaunchCrossEntropy(cudaStream_t stream, D* logits, const int32_t* targets, int64_t N, int V,
-                          float* losses, bool write_grad, float grad_scale);
+                          float* losses, bool write_grad, float grad_scale, float softcap = 0.0f);
 
 // *loss = float(sum of losses (N) in double, fixed order, / divisor), 0 when divisor is 0 (every
 // target ignored). One block. N >= 1, divisor >= 0: the number of counted targets.
@@ -272,6 +275,10 @@ Status LaunchSwigluBackward(cudaStream_t stream, const D* gate_up, const D* dh, 
 // what they computed before position_ids existed, bit for bit. Sliding window
 // (AttentionDims::window w >= 1): in addition, keys t - w + 1 .. t only; the kernels skip the
 // tiles outside every window of their block. 0, or w >= T: no window, bit for bit.
+// Soft-capping (AttentionDims::softcap c > 0, Gemma 2's attn_logit_softcapping): each scaled score
+// s becomes c tanh(s / c) in fp32 (c rounded to fp32) before the mask and the softmax, in both
+// implementations, and the backward's dS = D(D(P) (dP - delta) (1 - tanh^2(s / c))), the host
+// op's order; 0: none, the kernels of before the option, bit for bit.
 
 // The largest head_dim of the attention kernels.
 inline constexpr int kAttentionMaxHeadDim = 128;
@@ -284,20 +291,21 @@ inline constexpr int kAttentionMaxHeadDim = 128;
 // D(exp(s - lse)) rounded to D before the product with V (the host op's rounding point,
 // models/ops/attention.cc), output accumulated in fp32 and rounded once. Requirements: all
 // dims >= 1, H % Hkv == 0, hs <= kAttentionMaxHeadDim, row_stride >= H hs, B H <= 65535,
-// window >= 0, scale finite and >= 0. out must not overlap q, k, v.
+// window >= 0, scale finite and >= 0, softcap 0 or finite and > 0 with an fp32 rounding neither
+// inf nor 0. out must not overlap q, k, v.
 template <typename D>
 Status LaunchAttentionForward(cudaStream_t stream, const AttentionDims& d, const D* q, const D* k,
                               const D* v, D* out, float* lse,
                               AttentionPath path = AttentionPath::kAuto);
 
 // dq, dk, dv OVERWRITTEN (strides of q, k, v); delta: (B, H, T) fp32 scratch (rowsum(dout out)).
-// P recomputed from lse and rounded to D, dS = D(D(P) (dP - delta)) (the host op's rounding
-// points); dq = D(scale sum dS k); dk, dv of a kv head
-// accumulated in fp32 over the query heads of its group (in head order) and rounded once. No
-// atomics: one block per (sequence, kv head, key tile) owns its dk, dv and loops over the query
-// tiles; a separate pass writes dq. dq, dk, dv may be column blocks of one buffer; they must not
-// overlap the inputs. `path` as for the forward (the two need not match: both recompute from the
-// same lse contract).
+// P recomputed from lse and rounded to D, dS = D(D(P) (dP - delta)) (soft-capped: times
+// 1 - tanh^2(s / c) before the rounding; the host op's rounding points); dq = D(scale sum dS k);
+// dk, dv of a kv head accumulated in fp32 over the query heads of its group (in head order) and
+// rounded once. No atomics: one block per (sequence, kv head, key tile) owns its dk, dv and loops
+// over the query tiles; a separate pass writes dq. dq, dk, dv may be column blocks of one buffer;
+// they must not overlap the inputs. `path` as for the forward (the two need not match: both
+// recompute from the same lse contract).
 template <typename D>
 Status LaunchAttentionBackward(cudaStream_t stream, const AttentionDims& d, const D* q, const D* k,
                                const D* v, const D* out, const D* dout, const float* lse,
@@ -376,23 +384,34 @@ struct HeadScratch {
   void* dw_acc = nullptr;
 };
 
-// logits (B, V) = the last position (t = T - 1) of each sequence; with targets (B T) and loss
-// non-null, *loss (one fp32, device) = sum of the rows' cross-entropy (summed in double, fixed
-// order; 0 for a target of engine::kIgnoreTarget) / loss_tokens, the number of counted targets
-// (0: N = B T, the mean over every row; the loss is 0 when every target is ignored).
+// Final-logit soft-capping (softcap c > 0, Gemma 2's final_logit_softcapping; the host op's
+// semantics, ops/cross_entropy.h): every logit the head gives out or takes the loss of is
+// S(c tanh(l / c)) of the product's S logit l, u = tanh(l / c) in fp32; the backward multiplies
+// each dlogit by 1 - u^2, u recomputed from the raw S logit of the recomputed chunk, before its
+// rounding to S. 0: none, the results of before the parameter bit for bit. softcap must be finite
+// and >= 0 (else kInvalidArgument, before anything is enqueued).
+
+// logits (B, V) = the last position (t = T - 1) of each sequence (soft-capped: S(c tanh(l / c)));
+// with targets (B T) and loss non-null, *loss (one fp32, device) = sum of the rows' cross-entropy
+// (of the capped logits; summed in double, fixed order; 0 for a target of
+// engine::kIgnoreTarget) / loss_tokens, the number of counted targets (0: N = B T, the mean over
+// every row; the loss is 0 when every target is ignored).
 template <typename S>
 Status ChunkedHeadForward(const Products<S>& mm, const S* xn, const S* W, WeightLayout layout,
                           int B, int T, int64_t C, int64_t V, const HeadScratch<S>& scratch,
-                          S* logits, const int32_t* targets, float* loss, int64_t loss_tokens = 0);
+                          S* logits, const int32_t* targets, float* loss, int64_t loss_tokens = 0,
+                          float softcap = 0.0f);
 
 // Gradient of dloss * (mean cross-entropy over loss_tokens counted targets; 0: N): per chunk
-// dlogits = S(dloss / loss_tokens (softmax - onehot)) in place (zero rows for ignored targets),
-// dW (+)= xn^T dlogits in fp32 (beta 0 on the first chunk, 1 after; rounded to S once at the
-// end) and dxn rows = S(dlogits W^T). dW (the weight's shape) and dxn (N, C) OVERWRITTEN; dW
-// null: dxn only (a frozen head, LoRA).
+// dlogits = S(dloss / loss_tokens (softmax - onehot)) in place (zero rows for ignored targets;
+// soft-capped: S(dloss / loss_tokens (softmax(capped) - onehot) (1 - u^2))), dW (+)= xn^T dlogits
+// in fp32 (beta 0 on the first chunk, 1 after; rounded to S once at the end) and dxn rows =
+// S(dlogits W^T). dW (the weight's shape) and dxn (N, C) OVERWRITTEN; dW null: dxn only (a frozen
+// head, LoRA).
 template <typename S>
 Status ChunkedHeadBackward(const Products<S>& mm, const S* xn, const S* W, WeightLayout layout,
                            const int32_t* targets, float dloss, int64_t N, int64_t C, int64_t V,
-                           const HeadScratch<S>& scratch, S* dW, S* dxn, int64_t loss_tokens = 0);
+                           const HeadScratch<S>& scratch, S* dW, S* dxn, int64_t loss_tokens = 0,
+                           float softcap = 0.0f);
 
 }  // namespace strata::models::ops::cuda
