@@ -2,6 +2,7 @@
 // tojson filter (json.dumps with ensure_ascii=False, keys in insertion order).
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -128,6 +129,13 @@ std::string Indent(std::string_view s, const std::string& indention, bool first,
 // Python round() of a double to `digits` decimals, half to even.
 double PyRound(double x, int64_t digits) {
   if (digits == 0) return std::nearbyint(x);
+  if (digits > 0 && digits <= 17 && std::isfinite(x)) {
+    // Python rounds the exact binary value to the nearest decimal (round half even), as
+    // printf's %.Nf does.
+    char buf[400];
+    std::snprintf(buf, sizeof buf, "%.*f", static_cast<int>(digits), x);
+    return std::strtod(buf, nullptr);
+  }
   const double scale = std::pow(10.0, static_cast<double>(digits));
   const double y = std::nearbyint(x * scale) / scale;
   return std::isfinite(y) ? y : x;
@@ -249,6 +257,7 @@ Value SelectFilter(Interpreter& in, const Value& input, CallArgs& args, bool by_
     test_args.kw = args.kw;
   }
   std::vector<Value> out;
+  if (!Truthy(input)) return ListOf(std::move(out));  // jinja2: `if value: for item in value`
   for (const Value& item : in.Iterate(input, line)) {
     const Value subject = by_attr ? AttrPath(in, item, attr, line) : item;
     CallArgs a = test_args;
@@ -260,6 +269,7 @@ Value SelectFilter(Interpreter& in, const Value& input, CallArgs& args, bool by_
 
 Value MapFilter(Interpreter& in, const Value& input, CallArgs& args, int line) {
   std::vector<Value> out;
+  if (!Truthy(input)) return ListOf(std::move(out));  // jinja2: `if value: for item in value`
   if (args.pos.empty()) {
     const std::string_view attr = AttributeArg(args, 99, line);
     if (attr.empty()) Fail(line, "map requires a filter name or attribute=");

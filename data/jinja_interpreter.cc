@@ -684,6 +684,9 @@ Value Interpreter::EvalCompare(const Expr& e) {
           const size_t n = SeqSize(right);
           for (size_t i = 0; i < n && !found; ++i) found = Equal(SeqAt(right, i), left);
         } else if (right.is_dict()) {
+          if ((left.is_list() && !(left.kind == Kind::kList && left.tuple)) || left.is_dict()) {
+            Fail(e.line, "unhashable type: '" + std::string(TypeName(left)) + "'");
+          }
           Value ignored;
           found = DictFind(right, left, &ignored);
         } else {
