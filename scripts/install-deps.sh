@@ -7,7 +7,8 @@ pkgs=(build-essential cmake ninja-build pkg-config git ca-certificates
       liburing-dev libtbb-dev libeigen3-dev libxxhash-dev nlohmann-json3-dev libcli11-dev
       libfmt-dev libspdlog-dev libgtest-dev libgmock-dev libbenchmark-dev libsentencepiece-dev
       libpcre2-dev libicu-dev
-      libprotobuf-dev protobuf-compiler libboost-dev libopenmpi-dev openmpi-bin python3 ccache)
+      libprotobuf-dev protobuf-compiler libboost-dev libopenmpi-dev openmpi-bin python3 ccache
+      python3-jinja2)
 for arg in "$@"; do
   case "$arg" in
     --python) pkgs+=(python3-torch python3-numpy python3-protobuf) ;;
