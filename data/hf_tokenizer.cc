@@ -7,6 +7,7 @@
 #include <array>
 #include <filesystem>
 #include <limits>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 
@@ -161,14 +162,19 @@ struct HfTokenizer::Impl {
   StatusOr<std::string> Normalize(std::string_view s, bool may_prepend) const;
   Status NormalizeAligned(std::string_view s, size_t offset, bool may_prepend, std::string* out,
                           std::vector<Span>* align) const;
+  template <bool kOffsets>
   void PreTokenizeFrom(size_t k, std::string_view piece, const Span* align, bool first,
                        EncodeState* st) const;
-  void SplitThen(size_t k, std::string_view piece, const Span* align, bool first,
-                 EncodeState* st) const;
+  // Inlined into PreTokenizeFrom, as GCC did before it became a template: Encode's per-pre-token
+  // cost stays what it was.
+  template <bool kOffsets>
+  [[gnu::always_inline]] inline void SplitThen(size_t k, std::string_view piece, const Span* align,
+                                               bool first, EncodeState* st) const;
   void EncodePiece(std::string_view piece, WordCache* cache, std::vector<int32_t>* ids) const;
   void EncodePieceWithSpans(std::string_view piece, const Span* align, EncodeState* st) const;
+  template <bool kOffsets>
   Status EncodeInto(std::string_view text, bool continued, std::vector<int32_t>* ids,
-                    std::vector<TokenSpan>* spans = nullptr) const;
+                    std::vector<TokenSpan>* spans) const;
   size_t LastSafeCut(std::string_view text, size_t from) const;
   std::vector<std::string> RunDecoders(std::vector<std::string> tokens) const;
 };
@@ -367,60 +373,67 @@ Status HfTokenizer::Impl::NormalizeAligned(std::string_view s, size_t offset, bo
 
 // Applies pre-tokenizer steps [k, end) to `piece` (`first`: the segment's first piece) and
 // encodes each resulting pre-token: depth first, so no list of a segment's pieces is built.
-// `align` (EncodeWithOffsets; null for Encode) holds the text bytes of each byte of `piece`.
+// kOffsets (EncodeWithOffsets): `align` holds the text bytes of each byte of `piece`, and each
+// pre-token's tokens get their spans; Encode's instantiation (null `align`) has none of it.
+template <bool kOffsets>
 void HfTokenizer::Impl::PreTokenizeFrom(size_t k, std::string_view piece, const Span* align,
                                         bool first, EncodeState* st) const {
   if (k == config.pre_tokenizer.size()) {
-    if (align == nullptr) {
-      EncodePiece(piece, &st->cache, st->ids);
-    } else {
+    if constexpr (kOffsets) {
       EncodePieceWithSpans(piece, align, st);
+    } else {
+      EncodePiece(piece, &st->cache, st->ids);
     }
     return;
   }
   const PreTokenizerStep& step = config.pre_tokenizer[k];
   const bool may_prefix = !(st->continues && first);
   std::string owned;
-  std::vector<Span> owned_align;
+  [[maybe_unused]] std::conditional_t<kOffsets, std::vector<Span>, std::nullptr_t> owned_align{};
   if (step.kind == PreTokenizerStep::kMetaspace) {
     const std::string& r = step.replacement;
     const bool prepend =
         step.prepend_scheme == PrependScheme::kAlways ||
         (step.prepend_scheme == PrependScheme::kFirst && first && st->at_text_start);
-    if (align == nullptr) {
-      owned = ReplaceAll(piece, " ", r);
-      if (prepend && may_prefix && owned.compare(0, r.size(), r) != 0) owned.insert(0, r);
-    } else {
+    if constexpr (kOffsets) {
       ReplaceAligned(piece, align, " ", r, &owned, &owned_align);
       if (prepend && may_prefix && owned.compare(0, r.size(), r) != 0) {
         PrependAligned(r, &owned, &owned_align);
       }
       align = owned_align.data();
+    } else {
+      owned = ReplaceAll(piece, " ", r);
+      if (prepend && may_prefix && owned.compare(0, r.size(), r) != 0) owned.insert(0, r);
     }
     piece = owned;
   } else if (step.kind == PreTokenizerStep::kByteLevel && step.add_prefix_space && may_prefix &&
              piece[0] != ' ') {
-    if (align == nullptr) {
-      owned = " ";
-      owned += piece;
-    } else {
+    if constexpr (kOffsets) {
       owned = piece;
       owned_align.assign(align, align + piece.size());
       PrependAligned(" ", &owned, &owned_align);
       align = owned_align.data();
+    } else {
+      owned = " ";
+      owned += piece;
     }
     piece = owned;
   }
-  SplitThen(k, piece, align, first, st);
+  SplitThen<kOffsets>(k, piece, align, first, st);
 }
 
 // Splits `piece` by step k and hands each part to step k + 1.
+template <bool kOffsets>
 void HfTokenizer::Impl::SplitThen(size_t k, std::string_view piece, const Span* align, bool first,
                                   EncodeState* st) const {
   const PreTokenizerStep& step = config.pre_tokenizer[k];
   auto next = [&](Span s, bool f) {
-    PreTokenizeFrom(k + 1, piece.substr(s.begin, s.end - s.begin),
-                    align == nullptr ? nullptr : align + s.begin, f, st);
+    const std::string_view part = piece.substr(s.begin, s.end - s.begin);
+    if constexpr (kOffsets) {
+      PreTokenizeFrom<true>(k + 1, part, align + s.begin, f, st);
+    } else {
+      PreTokenizeFrom<false>(k + 1, part, nullptr, f, st);
+    }
   };
   if ((step.kind == PreTokenizerStep::kByteLevel && step.regex == nullptr) ||
       (step.kind == PreTokenizerStep::kMetaspace && !step.split)) {
@@ -477,7 +490,8 @@ void HfTokenizer::Impl::EncodePieceWithSpans(std::string_view piece, const Span*
   }
 }
 
-// Encode (`continued`: EncodeContinued) into `ids`; with `spans`, EncodeWithOffsets.
+// Encode (`continued`: EncodeContinued) into `ids`; kOffsets: EncodeWithOffsets, with `spans`.
+template <bool kOffsets>
 Status HfTokenizer::Impl::EncodeInto(std::string_view text, bool continued,
                                      std::vector<int32_t>* ids,
                                      std::vector<TokenSpan>* spans) const {
@@ -493,28 +507,28 @@ Status HfTokenizer::Impl::EncodeInto(std::string_view text, bool continued,
                  .spans = spans,
                  .piece_spans = {}};
   ids->reserve(ids->size() + text.size() / 3);
-  std::string aligned;
-  std::vector<Span> align;
+  [[maybe_unused]] std::conditional_t<kOffsets, std::string, std::nullptr_t> aligned{};
+  [[maybe_unused]] std::conditional_t<kOffsets, std::vector<Span>, std::nullptr_t> align{};
   for (const Segment& seg : segments) {
     if (seg.added_id >= 0) {
       ids->push_back(seg.added_id);
-      if (spans != nullptr) spans->push_back({seg.begin, seg.end});
+      if constexpr (kOffsets) spans->push_back({seg.begin, seg.end});
       continue;
     }
     st.continues = continued && seg.begin == 0;
     st.at_text_start = !continued && seg.begin == 0;
     const std::string_view raw = text.substr(seg.begin, seg.end - seg.begin);
-    if (spans != nullptr) {
+    if constexpr (kOffsets) {
       STRATA_RETURN_IF_ERROR(NormalizeAligned(raw, seg.begin, !st.continues, &aligned, &align));
-      if (!aligned.empty()) PreTokenizeFrom(0, aligned, align.data(), true, &st);
-      continue;
+      if (!aligned.empty()) PreTokenizeFrom<true>(0, aligned, align.data(), true, &st);
+    } else {
+      if (config.normalizer.empty()) {
+        PreTokenizeFrom<false>(0, raw, nullptr, true, &st);
+        continue;
+      }
+      STRATA_ASSIGN_OR_RETURN(const std::string normalized, Normalize(raw, !st.continues));
+      if (!normalized.empty()) PreTokenizeFrom<false>(0, normalized, nullptr, true, &st);
     }
-    if (config.normalizer.empty()) {
-      PreTokenizeFrom(0, raw, nullptr, true, &st);
-      continue;
-    }
-    STRATA_ASSIGN_OR_RETURN(const std::string normalized, Normalize(raw, !st.continues));
-    if (!normalized.empty()) PreTokenizeFrom(0, normalized, nullptr, true, &st);
   }
   return Status::Ok();
 }
@@ -736,21 +750,21 @@ int HfTokenizer::TokenId(std::string_view piece) const { return impl_->TokenId(p
 
 StatusOr<std::vector<int32_t>> HfTokenizer::Encode(std::string_view text) const {
   std::vector<int32_t> ids;
-  const Status s = impl_->EncodeInto(text, /*continued=*/false, &ids);
+  const Status s = impl_->EncodeInto<false>(text, /*continued=*/false, &ids, nullptr);
   if (!s.ok()) return s.WithContext(fmt::format("tokenizer '{}'", path()));
   return ids;
 }
 
 StatusOr<std::vector<int32_t>> HfTokenizer::EncodeContinued(std::string_view text) const {
   std::vector<int32_t> ids;
-  const Status s = impl_->EncodeInto(text, /*continued=*/true, &ids);
+  const Status s = impl_->EncodeInto<false>(text, /*continued=*/true, &ids, nullptr);
   if (!s.ok()) return s.WithContext(fmt::format("tokenizer '{}'", path()));
   return ids;
 }
 
 StatusOr<EncodedText> HfTokenizer::EncodeWithOffsets(std::string_view text) const {
   EncodedText out;
-  const Status s = impl_->EncodeInto(text, /*continued=*/false, &out.ids, &out.spans);
+  const Status s = impl_->EncodeInto<true>(text, /*continued=*/false, &out.ids, &out.spans);
   if (!s.ok()) return s.WithContext(fmt::format("tokenizer '{}'", path()));
   return out;
 }
