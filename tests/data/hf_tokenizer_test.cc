@@ -623,6 +623,13 @@ class HfOffsetsTest : public HfTokenizerTest {
     files.push_back({"sp-nfc", EditedFile("sp", "sp-nfc", [](Json& j) {
                        j["normalizer"]["normalizers"].push_back({{"type", "NFC"}});
                      })});
+    // Unknown characters as one (fused) <unk> instead of byte fallback.
+    files.push_back({"sp-unk", EditedFile("sp", "sp-unk",
+                                          [](Json& j) { j["model"]["byte_fallback"] = false; })});
+    // A ByteLevel pre-tokenizer that inserts a space before the text (GPT-2 as RoBERTa uses it).
+    files.push_back({"gpt2-prefix", EditedFile("gpt2", "gpt2-prefix", [](Json& j) {
+                       j["pre_tokenizer"]["add_prefix_space"] = true;
+                     })});
     return files;
   }
   static std::unique_ptr<Tokenizer> Load(const std::string& path) {
@@ -652,8 +659,9 @@ TEST_F(HfOffsetsTest, EveryConfigurationGivesEncodesIdsAndSpansThatMeetTheContra
   for (const auto& [name, path] : Files()) {
     auto t = Load(path);
     ASSERT_NE(t, nullptr) << name;
-    const bool byte_level =
-        name.starts_with("gpt2") || name.starts_with("llama3") || name == "qwen2";
+    // Byte-level without an inserted prefix: the spans tile the text.
+    const bool byte_level = (name.starts_with("gpt2") && name != "gpt2-prefix") ||
+                            name.starts_with("llama3") || name == "qwen2";
     const bool nfc = name == "qwen2" || name == "sp-nfc";
     for (const std::string& text : texts) {
       const bool nfc_changes = nfc && !hf::IsNfc(text) && *hf::Nfc(text) != text;
@@ -731,6 +739,10 @@ TEST_F(HfOffsetsTest, SentencePieceStylePrefixesAreEmptyAndReplacedSpacesAreThei
   ExpectSpans(*Config("metaspace-always-split"), " Hi  there",
               {kSpace, "H", "i", kSpace, kSpace + "the", "re"},
               {{0, 1}, {1, 2}, {2, 3}, {3, 4}, {4, 8}, {8, 10}});
+  // A ByteLevel prefix space is empty too; a fused unknown token covers its characters.
+  ExpectSpans(*Config("gpt2-prefix"), "world", {kSp + "wor", "ld"}, {{0, 3}, {3, 5}});
+  ExpectSpans(*Config("sp-unk"), "\xE2\x82\xAC\xE2\x82\xAC!", {kSpace, "<unk>", "!"},
+              {{0, 0}, {0, 6}, {6, 7}});
   // prepend_scheme "first": no "▁" after an added token.
   ExpectSpans(*Config("metaspace-first-split"), "<|im_start|>hi", {"<|im_start|>", "hi"},
               {{0, 12}, {12, 14}});
