@@ -73,23 +73,38 @@ bool BpeModel::InAnyMerge(int32_t id) const {
   return false;
 }
 
-void BpeModel::AddUnknown(std::string_view unit, int32_t* pending_unk,
-                          std::vector<Symbol>* symbols) const {
+template <bool kSpans>
+void BpeModel::AddUnknown(std::string_view unit, Span where, int32_t* pending_unk,
+                          Span* pending_span, std::vector<Symbol>* symbols,
+                          std::vector<Span>* units) const {
   if (options_.byte_fallback) {
     bool all = true;
     for (unsigned char c : unit) all = all && byte_fallback_ids_[c] >= 0;
     if (all) {
-      for (unsigned char c : unit) symbols->push_back({byte_fallback_ids_[c], 0, 0, true});
+      for (unsigned char c : unit) {
+        symbols->push_back({byte_fallback_ids_[c], 0, 0, true});
+        if constexpr (kSpans) units->push_back(where);
+      }
       return;
     }
   }
   if (unk_id_ < 0) return;  // no unknown token: the character is dropped, as HF does
-  if (*pending_unk >= 0 && !options_.fuse_unk) symbols->push_back({*pending_unk, 0, 0, true});
+  if (*pending_unk >= 0 && !options_.fuse_unk) {
+    symbols->push_back({*pending_unk, 0, 0, true});
+    if constexpr (kSpans) units->push_back(*pending_span);
+  }
+  if constexpr (kSpans) {
+    if (*pending_unk < 0 || !options_.fuse_unk) pending_span->begin = where.begin;
+    pending_span->end = where.end;
+  }
   *pending_unk = unk_id_;
 }
 
-void BpeModel::InitialSymbols(std::string_view piece, std::vector<Symbol>* symbols) const {
+template <bool kSpans>
+void BpeModel::InitialSymbols(std::string_view piece, std::vector<Symbol>* symbols,
+                              std::vector<Span>* units) const {
   int32_t pending_unk = -1;
+  Span pending_span;
   for (size_t i = 0, len = 1; i < piece.size(); i += len) {
     const auto c = static_cast<unsigned char>(piece[i]);
     int32_t id = -1;
@@ -108,14 +123,21 @@ void BpeModel::InitialSymbols(std::string_view piece, std::vector<Symbol>* symbo
       }
     }
     if (id < 0) {
-      AddUnknown(unit, &pending_unk, symbols);
+      AddUnknown<kSpans>(unit, {i, i + len}, &pending_unk, &pending_span, symbols, units);
       continue;
     }
-    if (pending_unk >= 0) symbols->push_back({pending_unk, 0, 0, true});
+    if (pending_unk >= 0) {
+      symbols->push_back({pending_unk, 0, 0, true});
+      if constexpr (kSpans) units->push_back(pending_span);
+    }
     pending_unk = -1;
     symbols->push_back({id, 0, 0, true});
+    if constexpr (kSpans) units->push_back({i, i + len});
   }
-  if (pending_unk >= 0) symbols->push_back({pending_unk, 0, 0, true});
+  if (pending_unk >= 0) {
+    symbols->push_back({pending_unk, 0, 0, true});
+    if constexpr (kSpans) units->push_back(pending_span);
+  }
   const auto n = static_cast<int32_t>(symbols->size());
   for (int32_t k = 0; k < n; ++k) {
     (*symbols)[k].prev = k - 1;
@@ -172,10 +194,38 @@ void BpeModel::Encode(std::string_view piece, std::vector<int32_t>* ids) const {
   }
   std::vector<Symbol> symbols;
   symbols.reserve(piece.size());
-  InitialSymbols(piece, &symbols);
+  InitialSymbols<false>(piece, &symbols, nullptr);
   MergeAll(&symbols);
   for (const Symbol& sym : symbols) {
     if (sym.alive) ids->push_back(sym.id);
+  }
+}
+
+void BpeModel::EncodeWithSpans(std::string_view piece, std::vector<int32_t>* ids,
+                               std::vector<Span>* spans) const {
+  if (options_.ignore_merges) {
+    const Vocab& whole = options_.byte_level ? bytes_vocab_ : vocab_;
+    if (auto it = whole.find(piece); it != whole.end()) {
+      ids->push_back(it->second);
+      spans->push_back({0, piece.size()});
+      return;
+    }
+  }
+  std::vector<Symbol> symbols;
+  std::vector<Span> units;
+  symbols.reserve(piece.size());
+  units.reserve(piece.size());
+  InitialSymbols<true>(piece, &symbols, &units);
+  MergeAll(&symbols);
+  // A merge keeps the left symbol and absorbs the right one: a live symbol k holds the starting
+  // symbols [k, next).
+  const auto n = static_cast<int32_t>(symbols.size());
+  for (int32_t k = 0; k < n; ++k) {
+    const Symbol& sym = symbols[k];
+    if (!sym.alive) continue;
+    const int32_t last = (sym.next < 0 ? n : sym.next) - 1;
+    ids->push_back(sym.id);
+    spans->push_back({units[k].begin, units[last].end});
   }
 }
 

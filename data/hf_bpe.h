@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "data/hf_text.h"
 
 namespace strata::data::hf {
 
@@ -45,6 +46,12 @@ class BpeModel {
 
   // Appends the ids of one pre-token: raw bytes for a byte-level model, else normalized text.
   void Encode(std::string_view piece, std::vector<int32_t>* ids) const;
+  // As Encode, and appends per id the bytes of `piece` it was made from: the union of its
+  // units' bytes, where a unit is a byte (byte-level), a character, each <0xXX> token of a
+  // character's byte fallback (the whole character) or an unknown token (the characters it
+  // stands for). A character dropped for want of an unknown token is in no span.
+  void EncodeWithSpans(std::string_view piece, std::vector<int32_t>* ids,
+                       std::vector<Span>* spans) const;
 
   const Vocab& vocab() const { return vocab_; }
   const BpeOptions& options() const { return options_; }
@@ -62,9 +69,16 @@ class BpeModel {
     bool alive;
   };
   BpeModel() = default;
-  // The starting symbols of `piece` (HF's merge_word before merge_all).
-  void InitialSymbols(std::string_view piece, std::vector<Symbol>* symbols) const;
-  void AddUnknown(std::string_view unit, int32_t* pending_unk, std::vector<Symbol>* symbols) const;
+  // The starting symbols of `piece` (HF's merge_word before merge_all); with kSpans, each
+  // symbol's bytes of `piece` in `units` (the same length as `symbols`).
+  template <bool kSpans>
+  void InitialSymbols(std::string_view piece, std::vector<Symbol>* symbols,
+                      std::vector<Span>* units) const;
+  // An unknown character `unit` at `where` in the piece: its byte fallback tokens, else the
+  // unknown token (held in *pending_unk, over *pending_span, until the next known character).
+  template <bool kSpans>
+  void AddUnknown(std::string_view unit, Span where, int32_t* pending_unk, Span* pending_span,
+                  std::vector<Symbol>* symbols, std::vector<Span>* units) const;
   void MergeAll(std::vector<Symbol>* symbols) const;
   const Merge* FindMerge(int32_t left, int32_t right) const {
     auto it = merges_.find((static_cast<uint64_t>(left) << 32) | static_cast<uint32_t>(right));

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <pcre2.h>
 #include <unicode/bytestream.h>
+#include <unicode/edits.h>
 #include <unicode/normalizer2.h>
 #include <unicode/uchar.h>
 
@@ -305,6 +306,27 @@ StatusOr<std::string> Nfc(std::string_view text) {
   icu::StringByteSink<std::string> sink(&out);
   UErrorCode err = U_ZERO_ERROR;
   nfc->normalizeUTF8(0, icu::StringPiece(text.data(), text.size()), sink, nullptr, err);
+  if (U_FAILURE(err)) {
+    return InvalidArgumentError(fmt::format("NFC normalization failed: {}", u_errorName(err)));
+  }
+  return out;
+}
+
+StatusOr<std::string> Nfc(std::string_view text, std::vector<NfcChange>* changes) {
+  const icu::Normalizer2* nfc = NfcInstance();
+  if (nfc == nullptr) return InternalError("ICU's NFC normalizer is not available");
+  std::string out;
+  out.reserve(text.size());
+  icu::StringByteSink<std::string> sink(&out);
+  icu::Edits edits;
+  UErrorCode err = U_ZERO_ERROR;
+  nfc->normalizeUTF8(0, icu::StringPiece(text.data(), text.size()), sink, &edits, err);
+  for (icu::Edits::Iterator it = edits.getFineChangesIterator(); U_SUCCESS(err) && it.next(err);) {
+    const auto from = static_cast<size_t>(it.sourceIndex());
+    const auto to = static_cast<size_t>(it.destinationIndex());
+    changes->push_back({{from, from + static_cast<size_t>(it.oldLength())},
+                        {to, to + static_cast<size_t>(it.newLength())}});
+  }
   if (U_FAILURE(err)) {
     return InvalidArgumentError(fmt::format("NFC normalization failed: {}", u_errorName(err)));
   }

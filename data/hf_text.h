@@ -94,6 +94,13 @@ void FindLiteral(std::string_view text, std::string_view needle, std::vector<Spa
 
 // Unicode NFC (ICU's unorm2). Errors: kInvalidArgument with ICU's error name.
 StatusOr<std::string> Nfc(std::string_view text);
+// A region NFC changed: the bytes `from` of its input became the bytes `to` of its output.
+struct NfcChange {
+  Span from, to;
+};
+// As Nfc, and appends the regions it changed, in order (ICU's fine-grained Edits: a region runs
+// between normalization boundaries; bytes outside every region are copied unchanged).
+StatusOr<std::string> Nfc(std::string_view text, std::vector<NfcChange>* changes);
 // Whether NFC never combines the text before the character `c` with `c` and what follows.
 bool NfcBoundaryBefore(char32_t c);
 // Whether `text` is in NFC (a quick check that may answer false for some NFC text).

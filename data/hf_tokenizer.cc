@@ -7,6 +7,7 @@
 #include <array>
 #include <filesystem>
 #include <limits>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 
@@ -40,6 +41,9 @@ struct EncodeState {
   std::vector<int32_t>* ids;
   bool at_text_start;  // the segment starts the text (Metaspace prepend_scheme "first")
   bool continues;      // the segment continues a cut: no prefix at its start
+  // EncodeWithOffsets: each id's bytes of the text; null for Encode.
+  std::vector<TokenSpan>* spans = nullptr;
+  std::vector<Span> piece_spans;  // scratch: a pre-token's tokens' bytes of the pre-token
 };
 
 // A part of the text: an added token's id, or text (added_id -1).
@@ -58,6 +62,51 @@ std::string ReplaceAll(std::string_view s, std::string_view from, std::string_vi
   }
   out.append(s, pos);
   return out;
+}
+
+// ---- Alignments (EncodeWithOffsets): a string made from the text, and per byte of it the bytes
+// of the text it came from. Begins and ends are non-decreasing along the string, so the bytes a
+// run [b, e) of it came from are [align[b].begin, align[e - 1].end). ----
+
+// The text's bytes [offset, offset + s.size()) as themselves.
+void IdentityAligned(std::string_view s, size_t offset, std::string* out,
+                     std::vector<Span>* align) {
+  out->assign(s);
+  align->resize(s.size());
+  for (size_t i = 0; i < s.size(); ++i) (*align)[i] = {offset + i, offset + i + 1};
+}
+
+// Where, in the text, position `i` (<= size) of an aligned string lies: the begin of byte i, or
+// past the last byte; `fallback` for an empty string.
+size_t AlignedPosition(const std::vector<Span>& align, size_t i, size_t fallback) {
+  if (i < align.size()) return align[i].begin;
+  return align.empty() ? fallback : align.back().end;
+}
+
+// `prefix` inserted at the start of a non-empty aligned string: empty, before its first byte.
+void PrependAligned(std::string_view prefix, std::string* s, std::vector<Span>* align) {
+  const size_t at = AlignedPosition(*align, 0, 0);
+  s->insert(0, prefix);
+  align->insert(align->begin(), prefix.size(), Span{at, at});
+}
+
+// ReplaceAll on an aligned string: each byte of a replacement comes from the bytes it replaced.
+void ReplaceAligned(std::string_view s, const Span* align, std::string_view from,
+                    std::string_view to, std::string* out, std::vector<Span>* out_align) {
+  out->clear();
+  out_align->clear();
+  size_t pos = 0;
+  auto copy = [&](size_t end) {
+    out->append(s, pos, end - pos);
+    out_align->insert(out_align->end(), align + pos, align + end);
+  };
+  for (size_t hit; (hit = s.find(from, pos)) != std::string_view::npos; pos = hit + from.size()) {
+    copy(hit);
+    out->append(to);
+    out_align->insert(out_align->end(), to.size(),
+                      Span{align[hit].begin, align[hit + from.size() - 1].end});
+  }
+  copy(s.size());
 }
 
 // The patterns whose cut point (before a letter after "<non-space>\n") is proven in
@@ -111,10 +160,21 @@ struct HfTokenizer::Impl {
   void SplitAdded(std::string_view text, std::vector<Segment>* out) const;
   bool SingleWordOk(std::string_view text, size_t start, size_t stop) const;
   StatusOr<std::string> Normalize(std::string_view s, bool may_prepend) const;
-  void PreTokenizeFrom(size_t k, std::string_view piece, bool first, EncodeState* st) const;
-  void SplitThen(size_t k, std::string_view piece, bool first, EncodeState* st) const;
+  Status NormalizeAligned(std::string_view s, size_t offset, bool may_prepend, std::string* out,
+                          std::vector<Span>* align) const;
+  template <bool kOffsets>
+  void PreTokenizeFrom(size_t k, std::string_view piece, const Span* align, bool first,
+                       EncodeState* st) const;
+  // Inlined into PreTokenizeFrom, as GCC did before it became a template: Encode's per-pre-token
+  // cost stays what it was.
+  template <bool kOffsets>
+  [[gnu::always_inline]] inline void SplitThen(size_t k, std::string_view piece, const Span* align,
+                                               bool first, EncodeState* st) const;
   void EncodePiece(std::string_view piece, WordCache* cache, std::vector<int32_t>* ids) const;
-  Status EncodeInto(std::string_view text, bool continued, std::vector<int32_t>* ids) const;
+  void EncodePieceWithSpans(std::string_view piece, const Span* align, EncodeState* st) const;
+  template <bool kOffsets>
+  Status EncodeInto(std::string_view text, bool continued, std::vector<int32_t>* ids,
+                    std::vector<TokenSpan>* spans) const;
   size_t LastSafeCut(std::string_view text, size_t from) const;
   std::vector<std::string> RunDecoders(std::vector<std::string> tokens) const;
 };
@@ -266,40 +326,114 @@ StatusOr<std::string> HfTokenizer::Impl::Normalize(std::string_view s, bool may_
   return out;
 }
 
+// As Normalize, with the alignment of the result to the text (`s` is the text's bytes from
+// `offset`): a prefix is empty before the first byte, a replacement comes from what it
+// replaced, and a region NFC changed from the whole region.
+Status HfTokenizer::Impl::NormalizeAligned(std::string_view s, size_t offset, bool may_prepend,
+                                           std::string* out, std::vector<Span>* align) const {
+  IdentityAligned(s, offset, out, align);
+  std::string next;
+  std::vector<Span> next_align;
+  for (const NormalizerStep& step : config.normalizer) {
+    switch (step.kind) {
+      case NormalizerStep::kPrepend:
+        if (may_prepend && !out->empty()) PrependAligned(step.a, out, align);
+        break;
+      case NormalizerStep::kReplace:
+        if (out->find(step.a) == std::string::npos) break;
+        ReplaceAligned(*out, align->data(), step.a, step.b, &next, &next_align);
+        std::swap(*out, next), std::swap(*align, next_align);
+        break;
+      case NormalizerStep::kNfc: {
+        if (hf::IsNfc(*out)) break;
+        std::vector<hf::NfcChange> changes;
+        STRATA_ASSIGN_OR_RETURN(next, hf::Nfc(*out, &changes));
+        next_align.clear();
+        size_t src = 0;
+        for (const hf::NfcChange& c : changes) {
+          next_align.insert(next_align.end(), align->begin() + static_cast<ptrdiff_t>(src),
+                            align->begin() + static_cast<ptrdiff_t>(c.from.begin));
+          const Span whole = c.from.end > c.from.begin
+                                 ? Span{(*align)[c.from.begin].begin, (*align)[c.from.end - 1].end}
+                                 : Span{AlignedPosition(*align, c.from.begin, offset),
+                                        AlignedPosition(*align, c.from.begin, offset)};
+          next_align.insert(next_align.end(), c.to.end - c.to.begin, whole);
+          src = c.from.end;
+        }
+        next_align.insert(next_align.end(), align->begin() + static_cast<ptrdiff_t>(src),
+                          align->end());
+        STRATA_CHECK(next_align.size() == next.size());
+        std::swap(*out, next), std::swap(*align, next_align);
+        break;
+      }
+    }
+  }
+  return Status::Ok();
+}
+
 // Applies pre-tokenizer steps [k, end) to `piece` (`first`: the segment's first piece) and
 // encodes each resulting pre-token: depth first, so no list of a segment's pieces is built.
-void HfTokenizer::Impl::PreTokenizeFrom(size_t k, std::string_view piece, bool first,
-                                        EncodeState* st) const {
+// kOffsets (EncodeWithOffsets): `align` holds the text bytes of each byte of `piece`, and each
+// pre-token's tokens get their spans; Encode's instantiation (null `align`) has none of it.
+template <bool kOffsets>
+void HfTokenizer::Impl::PreTokenizeFrom(size_t k, std::string_view piece, const Span* align,
+                                        bool first, EncodeState* st) const {
   if (k == config.pre_tokenizer.size()) {
-    EncodePiece(piece, &st->cache, st->ids);
+    if constexpr (kOffsets) {
+      EncodePieceWithSpans(piece, align, st);
+    } else {
+      EncodePiece(piece, &st->cache, st->ids);
+    }
     return;
   }
   const PreTokenizerStep& step = config.pre_tokenizer[k];
   const bool may_prefix = !(st->continues && first);
   std::string owned;
+  [[maybe_unused]] std::conditional_t<kOffsets, std::vector<Span>, std::nullptr_t> owned_align{};
   if (step.kind == PreTokenizerStep::kMetaspace) {
     const std::string& r = step.replacement;
-    owned = ReplaceAll(piece, " ", r);
     const bool prepend =
         step.prepend_scheme == PrependScheme::kAlways ||
         (step.prepend_scheme == PrependScheme::kFirst && first && st->at_text_start);
-    if (prepend && may_prefix && owned.compare(0, r.size(), r) != 0) owned.insert(0, r);
+    if constexpr (kOffsets) {
+      ReplaceAligned(piece, align, " ", r, &owned, &owned_align);
+      if (prepend && may_prefix && owned.compare(0, r.size(), r) != 0) {
+        PrependAligned(r, &owned, &owned_align);
+      }
+      align = owned_align.data();
+    } else {
+      owned = ReplaceAll(piece, " ", r);
+      if (prepend && may_prefix && owned.compare(0, r.size(), r) != 0) owned.insert(0, r);
+    }
     piece = owned;
   } else if (step.kind == PreTokenizerStep::kByteLevel && step.add_prefix_space && may_prefix &&
              piece[0] != ' ') {
-    owned = " ";
-    owned += piece;
+    if constexpr (kOffsets) {
+      owned = piece;
+      owned_align.assign(align, align + piece.size());
+      PrependAligned(" ", &owned, &owned_align);
+      align = owned_align.data();
+    } else {
+      owned = " ";
+      owned += piece;
+    }
     piece = owned;
   }
-  SplitThen(k, piece, first, st);
+  SplitThen<kOffsets>(k, piece, align, first, st);
 }
 
 // Splits `piece` by step k and hands each part to step k + 1.
-void HfTokenizer::Impl::SplitThen(size_t k, std::string_view piece, bool first,
+template <bool kOffsets>
+void HfTokenizer::Impl::SplitThen(size_t k, std::string_view piece, const Span* align, bool first,
                                   EncodeState* st) const {
   const PreTokenizerStep& step = config.pre_tokenizer[k];
   auto next = [&](Span s, bool f) {
-    PreTokenizeFrom(k + 1, piece.substr(s.begin, s.end - s.begin), f, st);
+    const std::string_view part = piece.substr(s.begin, s.end - s.begin);
+    if constexpr (kOffsets) {
+      PreTokenizeFrom<true>(k + 1, part, align + s.begin, f, st);
+    } else {
+      PreTokenizeFrom<false>(k + 1, part, nullptr, f, st);
+    }
   };
   if ((step.kind == PreTokenizerStep::kByteLevel && step.regex == nullptr) ||
       (step.kind == PreTokenizerStep::kMetaspace && !step.split)) {
@@ -346,29 +480,55 @@ void HfTokenizer::Impl::EncodePiece(std::string_view piece, WordCache* cache,
   }
 }
 
+// A pre-token's ids and their bytes of the text, uncached (EncodeWithOffsets).
+void HfTokenizer::Impl::EncodePieceWithSpans(std::string_view piece, const Span* align,
+                                             EncodeState* st) const {
+  st->piece_spans.clear();
+  config.model->EncodeWithSpans(piece, st->ids, &st->piece_spans);
+  for (const Span& s : st->piece_spans) {
+    st->spans->push_back({align[s.begin].begin, align[s.end - 1].end});
+  }
+}
+
+// Encode (`continued`: EncodeContinued) into `ids`; kOffsets: EncodeWithOffsets, with `spans`.
+template <bool kOffsets>
 Status HfTokenizer::Impl::EncodeInto(std::string_view text, bool continued,
-                                     std::vector<int32_t>* ids) const {
+                                     std::vector<int32_t>* ids,
+                                     std::vector<TokenSpan>* spans) const {
   if (const size_t bad = hf::FindInvalidUtf8(text); bad != std::string_view::npos) {
     return InvalidArgumentError(fmt::format("the text is not valid UTF-8 at byte {}", bad));
   }
   std::vector<Segment> segments;
   SplitAdded(text, &segments);
-  EncodeState st{.cache = {}, .ids = ids, .at_text_start = false, .continues = false};
+  EncodeState st{.cache = {},
+                 .ids = ids,
+                 .at_text_start = false,
+                 .continues = false,
+                 .spans = spans,
+                 .piece_spans = {}};
   ids->reserve(ids->size() + text.size() / 3);
+  [[maybe_unused]] std::conditional_t<kOffsets, std::string, std::nullptr_t> aligned{};
+  [[maybe_unused]] std::conditional_t<kOffsets, std::vector<Span>, std::nullptr_t> align{};
   for (const Segment& seg : segments) {
     if (seg.added_id >= 0) {
       ids->push_back(seg.added_id);
+      if constexpr (kOffsets) spans->push_back({seg.begin, seg.end});
       continue;
     }
     st.continues = continued && seg.begin == 0;
     st.at_text_start = !continued && seg.begin == 0;
     const std::string_view raw = text.substr(seg.begin, seg.end - seg.begin);
-    if (config.normalizer.empty()) {
-      PreTokenizeFrom(0, raw, true, &st);
-      continue;
+    if constexpr (kOffsets) {
+      STRATA_RETURN_IF_ERROR(NormalizeAligned(raw, seg.begin, !st.continues, &aligned, &align));
+      if (!aligned.empty()) PreTokenizeFrom<true>(0, aligned, align.data(), true, &st);
+    } else {
+      if (config.normalizer.empty()) {
+        PreTokenizeFrom<false>(0, raw, nullptr, true, &st);
+        continue;
+      }
+      STRATA_ASSIGN_OR_RETURN(const std::string normalized, Normalize(raw, !st.continues));
+      if (!normalized.empty()) PreTokenizeFrom<false>(0, normalized, nullptr, true, &st);
     }
-    STRATA_ASSIGN_OR_RETURN(const std::string normalized, Normalize(raw, !st.continues));
-    if (!normalized.empty()) PreTokenizeFrom(0, normalized, true, &st);
   }
   return Status::Ok();
 }
@@ -590,16 +750,23 @@ int HfTokenizer::TokenId(std::string_view piece) const { return impl_->TokenId(p
 
 StatusOr<std::vector<int32_t>> HfTokenizer::Encode(std::string_view text) const {
   std::vector<int32_t> ids;
-  const Status s = impl_->EncodeInto(text, /*continued=*/false, &ids);
+  const Status s = impl_->EncodeInto<false>(text, /*continued=*/false, &ids, nullptr);
   if (!s.ok()) return s.WithContext(fmt::format("tokenizer '{}'", path()));
   return ids;
 }
 
 StatusOr<std::vector<int32_t>> HfTokenizer::EncodeContinued(std::string_view text) const {
   std::vector<int32_t> ids;
-  const Status s = impl_->EncodeInto(text, /*continued=*/true, &ids);
+  const Status s = impl_->EncodeInto<false>(text, /*continued=*/true, &ids, nullptr);
   if (!s.ok()) return s.WithContext(fmt::format("tokenizer '{}'", path()));
   return ids;
+}
+
+StatusOr<EncodedText> HfTokenizer::EncodeWithOffsets(std::string_view text) const {
+  EncodedText out;
+  const Status s = impl_->EncodeInto<true>(text, /*continued=*/false, &out.ids, &out.spans);
+  if (!s.ok()) return s.WithContext(fmt::format("tokenizer '{}'", path()));
+  return out;
 }
 
 size_t HfTokenizer::LastSafeCut(std::string_view text, size_t from) const {

@@ -59,6 +59,29 @@ class SentencePieceTokenizer final : public Tokenizer {
     return std::vector<int32_t>(ids.begin(), ids.end());
   }
 
+  // libsentencepiece's own offsets (SentencePieceText's begin/end, bytes of the input), with
+  // the byte pieces of a byte-fallback character each given the whole character.
+  StatusOr<EncodedText> EncodeWithOffsets(std::string_view text) const override {
+    sentencepiece::ImmutableSentencePieceText spt;
+    const auto status = sp.Encode(text, spt.mutable_proto());
+    if (!status.ok()) {
+      return InternalError(fmt::format("tokenizer '{}' failed to encode {} bytes: {}", path(),
+                                       text.size(), OneLine(status.ToString())));
+    }
+    EncodedText out;
+    const auto n = static_cast<int>(spt.pieces_size());
+    out.ids.reserve(static_cast<size_t>(n));
+    out.spans.reserve(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) {
+      const auto piece = spt.pieces(i);
+      out.ids.push_back(static_cast<int32_t>(piece.id()));
+      out.spans.push_back({std::min<size_t>(piece.begin(), text.size()),
+                           std::min<size_t>(piece.end(), text.size())});
+    }
+    SpreadByteFallback(text, &out);
+    return out;
+  }
+
   StatusOr<std::string> Decode(std::span<const int32_t> ids) const override {
     const int vocab = vocab_size();
     for (size_t i = 0; i < ids.size(); ++i) {
@@ -75,6 +98,38 @@ class SentencePieceTokenizer final : public Tokenizer {
           fmt::format("tokenizer '{}' failed to decode: {}", path(), OneLine(status.ToString())));
     }
     return text;
+  }
+
+ private:
+  // libsentencepiece gives the byte pieces of one unknown piece one span among them (the
+  // others empty). A run of byte pieces whose spans join into exactly as many text bytes as it
+  // has pieces (nothing normalized away) gets, per piece, the character its byte is part of;
+  // any other run gets the run's whole span on every piece.
+  void SpreadByteFallback(std::string_view text, EncodedText* out) const {
+    const size_t n = out->ids.size();
+    for (size_t i = 0; i < n;) {
+      if (!sp.IsByte(out->ids[i])) {
+        ++i;
+        continue;
+      }
+      size_t j = i;
+      TokenSpan run = out->spans[i];
+      for (; j < n && sp.IsByte(out->ids[j]); ++j) {
+        run.begin = std::min(run.begin, out->spans[j].begin);
+        run.end = std::max(run.end, out->spans[j].end);
+      }
+      for (size_t k = i; k < j; ++k) out->spans[k] = run;
+      if (run.end - run.begin == j - i) {
+        for (size_t k = i, at = run.begin; k < j;) {  // at: a character's first byte
+          const auto lead = static_cast<unsigned char>(text[at]);
+          const size_t len = lead < 0xC0 ? 1 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4;
+          const TokenSpan ch{at, std::min(at + len, run.end)};
+          for (size_t b = 0; b < len && k < j; ++b) out->spans[k++] = ch;
+          at = ch.end;
+        }
+      }
+      i = j;
+    }
   }
 };
 
@@ -132,6 +187,13 @@ class ByteLevelTokenizer final : public Tokenizer {
     }
     return text;
   }
+  StatusOr<EncodedText> EncodeWithOffsets(std::string_view text) const override {
+    EncodedText out;
+    STRATA_ASSIGN_OR_RETURN(out.ids, Encode(text));
+    out.spans.resize(text.size());
+    for (size_t i = 0; i < text.size(); ++i) out.spans[i] = {i, i + 1};
+    return out;
+  }
   size_t LastSafeCut(std::string_view text, size_t from) const override {
     return text.size() > std::max<size_t>(from, 1) ? text.size() - 1 : 0;
   }
@@ -141,6 +203,11 @@ class ByteLevelTokenizer final : public Tokenizer {
 
 std::unique_ptr<Tokenizer> MakeByteLevelTokenizer() {
   return std::make_unique<ByteLevelTokenizer>();
+}
+
+StatusOr<EncodedText> Tokenizer::EncodeWithOffsets(std::string_view text) const {
+  (void)text;
+  return UnimplementedError(fmt::format("tokenizer '{}' gives no token offsets", path()));
 }
 
 StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& path) {

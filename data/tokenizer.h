@@ -17,6 +17,17 @@
 
 namespace strata::data {
 
+// A token's source: the bytes [begin, end) of the encoded text it was made from.
+struct TokenSpan {
+  size_t begin = 0, end = 0;
+  bool operator==(const TokenSpan&) const = default;
+};
+// Encode's ids and, per id, its source; ids.size() == spans.size().
+struct EncodedText {
+  std::vector<int32_t> ids;
+  std::vector<TokenSpan> spans;
+};
+
 // Text <-> token ids. Implementations: SentencePiece models (tokenizer.cc) and Hugging Face
 // tokenizer.json files (HfTokenizer, hf_tokenizer.h).
 //
@@ -50,6 +61,30 @@ class Tokenizer {
 
   // The ids of `text` (no BOS or EOS added). Errors: kInternal if the implementation fails.
   virtual StatusOr<std::vector<int32_t>> Encode(std::string_view text) const = 0;
+  // Encode(text)'s ids, bit for bit, and per id the bytes of `text` it came from: Hugging Face's
+  // offset_mapping (return_offsets_mapping=True), in bytes instead of characters. Spans are in
+  // token order with non-decreasing begins, begin <= end <= text.size(). A token's span is:
+  //  * made of text bytes: exactly those bytes (byte-level BPE: the bytes its string maps back
+  //    to, so without NFC changes the spans tile the text and text[span] is the token's bytes;
+  //    unlike HF's ByteLevel trim_offsets, a leading space stays in " wor"'s span);
+  //  * an added token: its content, with the whitespace its lstrip/rstrip swallowed;
+  //  * holding a normalizer-inserted prefix (the "▁" of a Prepend normalizer or a Metaspace
+  //    prepend_scheme): only the text bytes it holds; a token that is only the prefix is empty,
+  //    at the position of the text it precedes;
+  //  * holding a "▁" a Replace normalizer made of a space: that one space byte;
+  //  * a byte-fallback token (<0xE2>): the whole UTF-8 character its byte is part of, so the
+  //    three tokens of "€" have the same span;
+  //  * made from text NFC changed: the whole run ICU reports changed (between normalization
+  //    boundaries, e.g. "e" + U+0301), on every token made from it: conservative, and such
+  //    spans overlap.
+  // Every byte of the text is in some span, except bytes a tokenizer drops: a character with
+  // neither a vocabulary entry, a byte fallback nor an unknown token (none in real files), and,
+  // for SentencePiece models (libsentencepiece's own offsets), the whitespace its normalizer
+  // strips or folds away (leading, trailing and repeated spaces with remove_extra_whitespaces).
+  // A caller that masks by characters takes a token when any byte of its span is in the range.
+  // Thread-safety: as Encode. Errors: Encode's; kUnimplemented from a Tokenizer that does not
+  // override it.
+  virtual StatusOr<EncodedText> EncodeWithOffsets(std::string_view text) const;
   // The text of `ids`. Errors: kInvalidArgument for an id outside [0, vocab_size()).
   virtual StatusOr<std::string> Decode(std::span<const int32_t> ids) const = 0;
 

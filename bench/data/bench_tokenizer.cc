@@ -4,7 +4,7 @@
 // SentencePiece BPE model trained on the text with libsentencepiece's trainer (vocabulary 2256,
 // about the same). Bytes processed are text bytes, so the rate reads as MB/s of text (Google
 // Benchmark prints binary units: "M/s" = MiB/s). Also TokenizeTextFile with the tokenizer.json:
-// the file read in 1 MiB blocks and cut at safe points.
+// the file read in 1 MiB blocks and cut at safe points; and EncodeWithOffsets with both.
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
 #include <sentencepiece_trainer.h>
@@ -173,6 +173,23 @@ void BM_Encode(benchmark::State& state, bool hf) {
   state.counters["vocab"] = t.vocab_size();
 }
 
+// EncodeWithOffsets: the ids and each token's bytes of the text (the instruction-data path).
+void BM_EncodeWithOffsets(benchmark::State& state, bool hf) {
+  const Tokenizer& t = hf ? *fixture->hf : *fixture->sp;
+  size_t tokens = 0;
+  for (auto _ : state) {
+    auto enc = t.EncodeWithOffsets(fixture->text);
+    if (!enc.ok()) {
+      state.SkipWithError(enc.status().ToString().c_str());
+      return;
+    }
+    tokens = enc->ids.size();
+    benchmark::DoNotOptimize(enc->spans.data());
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * fixture->text.size()));
+  state.counters["tokens"] = static_cast<double>(tokens);
+}
+
 void BM_TokenizeTextFile(benchmark::State& state) {
   for (auto _ : state) {
     auto ids = TokenizeTextFile(*fixture->hf, fixture->text_path);
@@ -187,6 +204,12 @@ void BM_TokenizeTextFile(benchmark::State& state) {
 
 BENCHMARK_CAPTURE(BM_Encode, HfByteLevelJson, true)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_Encode, SentencePieceBpe, false)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_EncodeWithOffsets, HfByteLevelJson, true)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_EncodeWithOffsets, SentencePieceBpe, false)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 BENCHMARK(BM_TokenizeTextFile)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace

@@ -22,14 +22,17 @@
 #include <string>
 #include <vector>
 
+#include "data/hf_text.h"
 #include "data/tokenizer.h"
 #include "tests/data/hf_tokenizer_files.h"
+#include "tests/data/token_offsets_check.h"
 
 namespace strata::data {
 namespace {
 
 namespace fs = std::filesystem;
 using testing::AddedTokens;
+using testing::ByteChars;
 using testing::ByteLevelJson;
 using testing::ByteLevelModel;
 using ::testing::HasSubstr;
@@ -43,6 +46,7 @@ using testing::PlainBpe;
 using testing::ReadFile;
 using testing::ReferenceByteLevel;
 using testing::Shakespeare;
+using testing::SpanShape;
 using testing::SplitSpecials;
 using testing::TrainingText;
 using testing::Utf8Chars;
@@ -531,6 +535,235 @@ TEST_F(HfTokenizerTest, LstripAndRstripTokensTakeTheSpacesBesideThem) {
   const auto b = *(*t)->Encode("b");
   want.insert(want.end(), b.begin(), b.end());
   EXPECT_EQ(*(*t)->Encode("a  <|im_start|><|im_end|> \t b"), want);
+}
+
+// ---- EncodeWithOffsets ----
+
+// "\n\n" as one token, as Llama 3 and Qwen 2 have it ("ĊĊ"): the llama3 file with the merge
+// first.
+std::string WithNewlinePairMerge(Json& j) {
+  const std::string nl = "\xC4\x8A";  // Ċ
+  j["model"]["vocab"][nl + nl] = j["model"]["vocab"].size() + j["added_tokens"].size();
+  j["model"]["merges"].insert(j["model"]["merges"].begin(), Json::array({nl, nl}));
+  return nl + nl;
+}
+
+// Texts for offsets: Texts(), tinyshakespeare slices, and the cases the contract names.
+std::vector<std::string> OffsetTexts() {
+  std::vector<std::string> texts = Texts();
+  for (const std::string& t :
+       {std::string("\n\nWhat is 2+2?"), std::string("A\n\nB"), std::string("  two leading"),
+        std::string("trailing  \n\n"), std::string(" "), std::string("\n"),
+        std::string("a\n\n\n  \n\tb  c"), std::string("e\xCC\x81 = \xC3\xA9"),  // e + U+0301
+        std::string("\xCC\x81 starts with a combining mark"),
+        std::string("A\xCC\x8A k\xCC\xA3\xCC\x81 \xE1\x84\x80\xE1\x85\xA1!"),  // Å, ḳ́, 가
+        std::string("<|im_start|>e\xCC\x81<|im_end|>x"), std::string("\xE2\x82\xAC 5 \xE2\x82\xAC"),
+        std::string("a <|im_start|>  b  <|im_end|>  c <|endoftext|>"),
+        std::string("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n\nWhat is "
+                    "2+2?<|im_end|>\n<|im_start|>assistant\n4<|im_end|>\n")}) {
+    texts.push_back(t);
+  }
+  const std::string shakespeare = Shakespeare(40000);
+  for (size_t at : {size_t{0}, size_t{777}, size_t{20000}, size_t{33333}}) {
+    texts.push_back(shakespeare.substr(at, 2500));
+  }
+  return texts;
+}
+
+// Expects `text` to encode to tokens spelt `pieces` with spans `spans`.
+void ExpectSpans(const Tokenizer& t, std::string_view text, const std::vector<std::string>& pieces,
+                 const std::vector<TokenSpan>& spans) {
+  std::vector<int32_t> ids;
+  for (const std::string& p : pieces) {
+    ids.push_back(t.TokenId(p));
+    ASSERT_GE(ids.back(), 0) << "no token '" << p << "'";
+  }
+  auto enc = t.EncodeWithOffsets(text);
+  ASSERT_TRUE(enc.ok()) << enc.status().ToString();
+  EXPECT_EQ(enc->ids, ids) << "'" << text << "'";
+  ASSERT_EQ(enc->spans.size(), spans.size()) << "'" << text << "'";
+  for (size_t i = 0; i < spans.size(); ++i) {
+    EXPECT_EQ(enc->spans[i], spans[i])
+        << "'" << text << "' token " << i << " '" << pieces[i] << "': [" << enc->spans[i].begin
+        << ", " << enc->spans[i].end << ")";
+  }
+}
+
+class HfOffsetsTest : public HfTokenizerTest {
+ protected:
+  // The configurations: name -> file.
+  static std::vector<std::pair<std::string, std::string>> Files() {
+    std::vector<std::pair<std::string, std::string>> files = {
+        {"gpt2", JsonPath("gpt2")}, {"llama3", JsonPath("llama3")}, {"sp", JsonPath("sp")}};
+    files.push_back(
+        {"llama3nn", EditedFile("llama3", "llama3nn", [](Json& j) { WithNewlinePairMerge(j); })});
+    const std::string qwen2 = (*dir_ / "qwen2.json").string();
+    WriteFile(qwen2, ByteLevelJson(*byte_model_, "qwen2"));
+    files.push_back({"qwen2", qwen2});
+    auto strip = [](Json& j) {
+      for (Json& t : j["added_tokens"]) {
+        if (t["content"] == "<|im_start|>") t["lstrip"] = true;
+        if (t["content"] == "<|im_end|>") t["rstrip"] = true;
+      }
+    };
+    files.push_back({"gpt2-strip", EditedFile("gpt2", "gpt2-strip", strip)});
+    files.push_back({"sp-strip", EditedFile("sp", "sp-strip", strip)});
+    for (const char* scheme : {"always", "first"}) {
+      for (bool split : {false, true}) {
+        const std::string name = fmt::format("metaspace-{}-{}", scheme, split ? "split" : "whole");
+        files.push_back({name, EditedFile("sp", name, [&](Json& j) {
+                           j["normalizer"] = nullptr;
+                           j["pre_tokenizer"] = {{"type", "Metaspace"},
+                                                 {"replacement", kSpace},
+                                                 {"prepend_scheme", scheme},
+                                                 {"split", split}};
+                         })});
+      }
+    }
+    files.push_back({"sp-nfc", EditedFile("sp", "sp-nfc", [](Json& j) {
+                       j["normalizer"]["normalizers"].push_back({{"type", "NFC"}});
+                     })});
+    // Unknown characters as one (fused) <unk> instead of byte fallback.
+    files.push_back({"sp-unk", EditedFile("sp", "sp-unk",
+                                          [](Json& j) { j["model"]["byte_fallback"] = false; })});
+    // A ByteLevel pre-tokenizer that inserts a space before the text (GPT-2 as RoBERTa uses it).
+    files.push_back({"gpt2-prefix", EditedFile("gpt2", "gpt2-prefix", [](Json& j) {
+                       j["pre_tokenizer"]["add_prefix_space"] = true;
+                     })});
+    return files;
+  }
+  static std::unique_ptr<Tokenizer> Load(const std::string& path) {
+    auto t = Tokenizer::Load(path);
+    EXPECT_TRUE(t.ok()) << t.status().ToString();
+    return t.ok() ? std::move(*t) : nullptr;
+  }
+  static std::unique_ptr<Tokenizer> Config(const std::string& name) {
+    for (const auto& [n, path] : Files()) {
+      if (n == name) return Load(path);
+    }
+    ADD_FAILURE() << "no configuration " << name;
+    return nullptr;
+  }
+  // The bytes of each byte-level token: the model's vocabulary (in bytes) and added tokens.
+  static std::map<int32_t, std::string> ByteLevelTokenBytes() {
+    std::map<int32_t, std::string> bytes;
+    for (const auto& [token, id] : byte_model_->vocab) bytes[id] = token;
+    for (const auto& [content, id] : byte_model_->specials) bytes[id] = content;
+    return bytes;
+  }
+};
+
+TEST_F(HfOffsetsTest, EveryConfigurationGivesEncodesIdsAndSpansThatMeetTheContract) {
+  const std::vector<std::string> texts = OffsetTexts();
+  const std::map<int32_t, std::string> token_bytes = ByteLevelTokenBytes();
+  for (const auto& [name, path] : Files()) {
+    auto t = Load(path);
+    ASSERT_NE(t, nullptr) << name;
+    // Byte-level without an inserted prefix: the spans tile the text.
+    const bool byte_level = (name.starts_with("gpt2") && name != "gpt2-prefix") ||
+                            name.starts_with("llama3") || name == "qwen2";
+    const bool nfc = name == "qwen2" || name == "sp-nfc";
+    for (const std::string& text : texts) {
+      const bool nfc_changes = nfc && !hf::IsNfc(text) && *hf::Nfc(text) != text;
+      const SpanShape shape = nfc_changes  ? SpanShape::kOverlapping
+                              : byte_level ? SpanShape::kTiles
+                                           : SpanShape::kTilesWithPrefixes;
+      const EncodedText enc =
+          testing::ExpectOffsetContract(*t, text, shape, name + " on '" + text + "'");
+      if (!byte_level || nfc_changes || name == "llama3nn") continue;
+      // Byte-level: each token's span is its own bytes (an added token's, with what it swallowed).
+      for (size_t i = 0; i < enc.ids.size(); ++i) {
+        const std::string got(
+            text.substr(enc.spans[i].begin, enc.spans[i].end - enc.spans[i].begin));
+        const std::string& own = token_bytes.at(enc.ids[i]);
+        if (name == "gpt2-strip" && own.starts_with("<|")) {
+          EXPECT_THAT(got, HasSubstr(own)) << name << " token " << i;
+        } else {
+          EXPECT_EQ(got, own) << name << " token " << i << " of '" << text << "'";
+        }
+      }
+    }
+  }
+}
+
+const std::string kNl = "\xC4\x8A", kSp = "\xC4\xA0";  // Ċ, Ġ: "\n", " " byte-level
+
+TEST_F(HfOffsetsTest, TwoNewlinesMergedIntoOneTokenHaveOneSpanEvenAcrossAPartBoundary) {
+  auto t = Config("llama3nn");
+  ASSERT_NE(t, nullptr);
+  ExpectSpans(*t, "\n\nWhat is 2+2?", {kNl + kNl, "What", kSp + "is", kSp, "2", "+", "2", "?"},
+              {{0, 2}, {2, 6}, {6, 9}, {9, 10}, {10, 11}, {11, 12}, {12, 13}, {13, 14}});
+  // "A\n" ends one part of a rendered chat and "\nB" starts the next: the merged token spans
+  // both, so a mask over either part takes it.
+  ExpectSpans(*t, std::string("A\n") + "\nB", {"A", kNl + kNl, "B"}, {{0, 1}, {1, 3}, {3, 4}});
+}
+
+TEST_F(HfOffsetsTest, ByteLevelTokensSpanTheirOwnBytes) {
+  auto t = Config("gpt2");
+  ASSERT_NE(t, nullptr);
+  ExpectSpans(*t, "Hello world", {"H", "ell", "o", kSp + "wor", "ld"},
+              {{0, 1}, {1, 4}, {4, 5}, {5, 9}, {9, 11}});
+  // "€" is three bytes, each its own token here: each covers its byte.
+  ExpectSpans(*t, "\xE2\x82\xAC", {ByteChars("\xE2"), ByteChars("\x82"), ByteChars("\xAC")},
+              {{0, 1}, {1, 2}, {2, 3}});
+  ExpectSpans(*t, "<|im_start|>hi", {"<|im_start|>", "hi"}, {{0, 12}, {12, 14}});
+}
+
+TEST_F(HfOffsetsTest, LstripAndRstripTokensSpanTheWhitespaceTheySwallow) {
+  for (const char* name : {"gpt2-strip", "sp-strip"}) {
+    auto t = Config(name);
+    ASSERT_NE(t, nullptr);
+    const bool sp = std::string(name) == "sp-strip";
+    ExpectSpans(*t, "a  <|im_start|><|im_end|> \t b",
+                {sp ? kSpace + "a" : "a", "<|im_start|>", "<|im_end|>", sp ? kSpace + "b" : "b"},
+                {{0, 1}, {1, 15}, {15, 28}, {28, 29}});
+  }
+}
+
+TEST_F(HfOffsetsTest, SentencePieceStylePrefixesAreEmptyAndReplacedSpacesAreTheirByte) {
+  for (const char* name : {"sp", "metaspace-always-split"}) {
+    auto t = Config(name);
+    ASSERT_NE(t, nullptr);
+    ExpectSpans(*t, "Hello world", {kSpace, "H", "ell", "o", kSpace + "wor", "ld"},
+                {{0, 0}, {0, 1}, {1, 4}, {4, 5}, {5, 9}, {9, 11}});
+    ExpectSpans(*t, "a b", {kSpace + "a", kSpace + "b"}, {{0, 1}, {1, 3}});
+    ExpectSpans(*t, "<|im_start|>hi", {"<|im_start|>", kSpace + "h", "i"},
+                {{0, 12}, {12, 13}, {13, 14}});
+    // The three byte-fallback tokens of "€" each cover the whole character.
+    ExpectSpans(*t, "\xE2\x82\xAC", {kSpace, "<0xE2>", "<0x82>", "<0xAC>"},
+                {{0, 0}, {0, 3}, {0, 3}, {0, 3}});
+  }
+  // A Prepend normalizer adds "▁" before a leading space too; Metaspace does not.
+  ExpectSpans(*Config("sp"), " Hi  there", {kSpace, kSpace, "H", "i", kSpace, kSpace + "the", "re"},
+              {{0, 0}, {0, 1}, {1, 2}, {2, 3}, {3, 4}, {4, 8}, {8, 10}});
+  ExpectSpans(*Config("metaspace-always-split"), " Hi  there",
+              {kSpace, "H", "i", kSpace, kSpace + "the", "re"},
+              {{0, 1}, {1, 2}, {2, 3}, {3, 4}, {4, 8}, {8, 10}});
+  // A ByteLevel prefix space is empty too; a fused unknown token covers its characters.
+  ExpectSpans(*Config("gpt2-prefix"), "world", {kSp + "wor", "ld"}, {{0, 3}, {3, 5}});
+  ExpectSpans(*Config("sp-unk"), "\xE2\x82\xAC\xE2\x82\xAC!", {kSpace, "<unk>", "!"},
+              {{0, 0}, {0, 6}, {6, 7}});
+  // prepend_scheme "first": no "▁" after an added token.
+  ExpectSpans(*Config("metaspace-first-split"), "<|im_start|>hi", {"<|im_start|>", "hi"},
+              {{0, 12}, {12, 14}});
+}
+
+TEST_F(HfOffsetsTest, TokensOfARunNfcChangedSpanTheWholeRun) {
+  // "e" + U+0301 (3 bytes) becomes "é" (2 bytes, 2 tokens): both tokens cover the 3 bytes.
+  const std::string text = std::string("ae\xCC\x81") + "b";
+  ExpectSpans(*Config("qwen2"), text, {"a", ByteChars("\xC3"), ByteChars("\xA9"), "b"},
+              {{0, 1}, {1, 4}, {1, 4}, {4, 5}});
+  ExpectSpans(*Config("sp-nfc"), text, {kSpace + "a", "<0xC3>", "<0xA9>", "b"},
+              {{0, 1}, {1, 4}, {1, 4}, {4, 5}});
+}
+
+TEST_F(HfOffsetsTest, InvalidUtf8IsAnErrorAsInEncode) {
+  auto t = Config("gpt2");
+  ASSERT_NE(t, nullptr);
+  auto bad = t->EncodeWithOffsets("ok \xFF no");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr("byte 3"));
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 
 #include "data/dataset.h"
 #include "data/token_dataset.h"
+#include "tests/data/token_offsets_check.h"
 #include "tests/data/training_data_options.h"
 
 namespace strata::data {
@@ -360,6 +361,145 @@ TEST_F(TokenizerTest, ATokenizerLargerThanTheModelVocabularyIsAnError) {
   for (const auto& e : fs::directory_iterator(work_)) {
     EXPECT_NE(e.path().extension(), ".tokens") << "a cache was written: " << e.path();
   }
+}
+
+}  // namespace
+}  // namespace strata::data
+
+namespace strata::data {
+namespace {
+
+// ---- EncodeWithOffsets ----
+
+// Trains a Llama-2-like model in `dir`: BPE with byte fallback and libsentencepiece's default
+// normalization (nmt_nfkc, extra whitespace removed) on tinyshakespeare's first 200 kB. The
+// model's path, or "" when training failed.
+std::string TrainByteFallbackModel(const fs::path& dir) {
+  fs::create_directories(dir);
+  const fs::path corpus = dir / "corpus.txt";
+  WriteFile(corpus, ReadFile(STRATA_TINYSHAKESPEARE).substr(0, 200000));
+  const std::string args = fmt::format(
+      "--input={} --model_prefix={} --vocab_size=600 --model_type=bpe --byte_fallback=true "
+      "--character_coverage=1.0 --num_threads=1 --minloglevel=2",
+      corpus.string(), (dir / "bf").string());
+  return sentencepiece::SentencePieceTrainer::Train(args).ok() ? (dir / "bf.model").string() : "";
+}
+
+std::vector<std::string> SentencePieceOffsetTexts() {
+  const std::string shakespeare = ReadFile(STRATA_TINYSHAKESPEARE);
+  std::vector<std::string> texts = {"Hello world",
+                                    "a b",
+                                    " leading space",
+                                    "trailing space ",
+                                    "",
+                                    "x",
+                                    "\n\nWhat is 2+2?",
+                                    "A\n\nB",
+                                    "tabs\tand\r\nCRLF",
+                                    "Привет, мир!",
+                                    "日本語のテキスト",
+                                    "Emoji: 👍🏽 🎉 ok",
+                                    "e\xCC\x81 = \xC3\xA9",
+                                    "\xE2\x82\xAC 5 \xE2\x82\xAC",
+                                    MakeText(7, 20)};
+  for (size_t at : {size_t{0}, size_t{5000}, size_t{500000}}) {
+    texts.push_back(shakespeare.substr(at, 2000));
+  }
+  return texts;
+}
+
+// Expects `text` to encode to tokens spelt `pieces` with spans `spans`.
+void ExpectSpans(const Tokenizer& t, std::string_view text, const std::vector<std::string>& pieces,
+                 const std::vector<TokenSpan>& spans) {
+  std::vector<int32_t> ids;
+  for (const std::string& p : pieces) {
+    ids.push_back(t.TokenId(p));
+    ASSERT_GE(ids.back(), 0) << "no token '" << p << "'";
+  }
+  auto enc = t.EncodeWithOffsets(text);
+  ASSERT_TRUE(enc.ok()) << enc.status().ToString();
+  EXPECT_EQ(enc->ids, ids) << "'" << text << "'";
+  ASSERT_EQ(enc->spans.size(), spans.size()) << "'" << text << "'";
+  for (size_t i = 0; i < spans.size(); ++i) {
+    EXPECT_EQ(enc->spans[i], spans[i])
+        << "'" << text << "' token " << i << " '" << pieces[i] << "': [" << enc->spans[i].begin
+        << ", " << enc->spans[i].end << ")";
+  }
+}
+
+const std::string kSpace = "\xE2\x96\x81";  // ▁
+
+TEST_F(TokenizerTest, OffsetsOfATrainedModelGiveEncodesIdsAndTileTheText) {
+  auto t = LoadModel();
+  ASSERT_NE(t, nullptr);
+  // Identity normalization, whitespace kept: the spans tile the text but for the dummy prefix.
+  for (const std::string& text : SentencePieceOffsetTexts()) {
+    testing::ExpectOffsetContract(*t, text, testing::SpanShape::kTilesWithPrefixes,
+                                  "'" + text + "'");
+  }
+  const std::vector<std::string> words = Words();
+  const std::string text = words[0] + " " + words[1];
+  auto enc = t->EncodeWithOffsets(text);
+  ASSERT_TRUE(enc.ok());
+  ASSERT_FALSE(enc->spans.empty());
+  EXPECT_EQ(enc->spans.back().end, text.size());
+}
+
+TEST(SentencePieceOffsetsTest, ALlama2LikeModelGivesEncodesIdsAndLibsentencepiecesOffsets) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("strata_tokenizer_bf_" + std::to_string(::getpid()));
+  const std::string model = TrainByteFallbackModel(dir);
+  auto loaded = Tokenizer::Load(model);
+  fs::remove_all(dir);
+  ASSERT_NE(model, "") << "training the SentencePiece model failed";
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  const Tokenizer& t = **loaded;
+  // NFKC may change text (its tokens then share the changed run's span) and whitespace is
+  // folded (leading and repeated whitespace is in no span).
+  for (const std::string& text : SentencePieceOffsetTexts()) {
+    testing::ExpectOffsetContract(t, text, testing::SpanShape::kOverlapping, "'" + text + "'",
+                                  testing::Coverage::kAllButWhitespace);
+  }
+  ExpectSpans(t, "Hello world", {kSpace + "H", "ell", "o", kSpace + "wor", "ld"},
+              {{0, 1}, {1, 4}, {4, 5}, {5, 9}, {9, 11}});
+  // Each byte-fallback token of "€" covers the character ("5" too is a byte here); the dummy
+  // prefix is empty.
+  ExpectSpans(t, "\xE2\x82\xAC 5", {kSpace, "<0xE2>", "<0x82>", "<0xAC>", kSpace, "<0x35>"},
+              {{0, 0}, {0, 3}, {0, 3}, {0, 3}, {3, 4}, {4, 5}});
+  // The newlines fold into the "▁" of "▁B", which covers them.
+  ExpectSpans(t, "A\n\nB", {kSpace + "A", kSpace + "B"}, {{0, 1}, {1, 4}});
+}
+
+TEST(ByteLevelTokenizerTest, TokenIOfTheTextCoversByteI) {
+  const auto t = MakeByteLevelTokenizer();
+  const std::string text = "a\xE2\x82\xAC\n";
+  const EncodedText enc =
+      testing::ExpectOffsetContract(*t, text, testing::SpanShape::kTiles, "byte-level");
+  ASSERT_EQ(enc.spans.size(), text.size());
+  for (size_t i = 0; i < text.size(); ++i) EXPECT_EQ(enc.spans[i], (TokenSpan{i, i + 1}));
+  testing::ExpectOffsetContract(*t, "", testing::SpanShape::kTiles, "byte-level, empty");
+}
+
+// A tokenizer that does not override EncodeWithOffsets.
+class NoOffsetsTokenizer final : public Tokenizer {
+ public:
+  NoOffsetsTokenizer() : Tokenizer("plain.model", 0) {}
+  int vocab_size() const override { return 256; }
+  int bos_id() const override { return -1; }
+  int eos_id() const override { return -1; }
+  int TokenId(std::string_view) const override { return -1; }
+  StatusOr<std::vector<int32_t>> Encode(std::string_view) const override {
+    return std::vector<int32_t>{};
+  }
+  StatusOr<std::string> Decode(std::span<const int32_t>) const override { return std::string(); }
+};
+
+TEST(TokenizerOffsetsTest, ATokenizerWithoutOffsetsIsUnimplementedNamingIt) {
+  NoOffsetsTokenizer t;
+  auto enc = t.EncodeWithOffsets("x");
+  ASSERT_FALSE(enc.ok());
+  EXPECT_EQ(enc.status().code(), StatusCode::kUnimplemented);
+  EXPECT_THAT(enc.status().message(), HasSubstr("plain.model"));
 }
 
 }  // namespace
