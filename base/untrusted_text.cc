@@ -161,6 +161,17 @@ StatusOr<Json> ParseJsonBounded(std::string_view text, int max_depth) {
   return j;
 }
 
+StatusOr<nlohmann::ordered_json> ParseOrderedJsonBounded(std::string_view text, int max_depth) {
+  DepthCheck check(max_depth);
+  if (!Json::sax_parse(text.begin(), text.end(), &check)) {
+    return InvalidArgumentError(check.error().empty() ? "malformed JSON" : check.error());
+  }
+  nlohmann::ordered_json j =
+      nlohmann::ordered_json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return InvalidArgumentError("malformed JSON");
+  return j;
+}
+
 std::string Excerpt(std::string_view bytes, size_t max_bytes) {
   std::string out;
   size_t i = 0;

@@ -32,6 +32,10 @@ inline constexpr size_t kExcerptBytes = 64;
 // bounded excerpt), or "JSON nested deeper than 64 levels (the limit) at byte N", found by a
 // first pass that builds nothing, so a deep value never reaches the document parser.
 StatusOr<nlohmann::json> ParseJsonBounded(std::string_view text, int max_depth = kMaxJsonDepth);
+// The same, keeping each object's keys in the text's order (what a chat template's tojson and
+// dict iteration show, as Python's json module keeps them).
+StatusOr<nlohmann::ordered_json> ParseOrderedJsonBounded(std::string_view text,
+                                                         int max_depth = kMaxJsonDepth);
 
 // `bytes` for a message: at most `max_bytes` of them (cut at a UTF-8 character boundary, then
 // "... (N bytes)"), each control character, DEL and NUL written as \xNN, a backslash as \\.

@@ -14,13 +14,9 @@
 namespace strata::data {
 namespace {
 
-using json = nlohmann::json;
+using ojson = nlohmann::ordered_json;
 
 constexpr std::string_view kWhitespace = " \t\n\r\f\v";
-
-bool Has(std::string_view text, std::string_view piece) {
-  return text.find(piece) != std::string_view::npos;
-}
 
 // ASCII whitespace trimmed: what a blank JSON line is.
 std::string_view Trim(std::string_view s) {
@@ -68,372 +64,322 @@ std::string_view JinjaTrim(std::string_view s) {
   }
 }
 
-std::string_view RoleName(ChatRole role) {
-  switch (role) {
-    case ChatRole::kSystem:
-      return "system";
-    case ChatRole::kUser:
-      return "user";
-    case ChatRole::kAssistant:
-      return "assistant";
-  }
-  return "?";
-}
+bool IsBlank(std::string_view s) { return JinjaTrim(s).empty(); }
 
-// A Jinja string literal's escapes (\n, \t, \\, \', \") resolved.
-std::string Unescape(std::string_view s) {
-  std::string out;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] != '\\' || i + 1 == s.size()) {
-      out += s[i];
-      continue;
-    }
-    const char c = s[++i];
-    out += c == 'n' ? '\n' : c == 't' ? '\t' : c;
-  }
-  return out;
-}
+// ---- Lines ----
 
-// ChatML's default system line: a literal "<|im_start|>system\n TEXT <|im_end|>" whose TEXT is
-// plain (no quote, brace or '+': not an expression). Empty when the template has none.
-std::string DefaultSystemLine(std::string_view jinja) {
-  constexpr std::string_view kStart = "<|im_start|>system";
-  for (size_t at = jinja.find(kStart); at != std::string_view::npos;
-       at = jinja.find(kStart, at + 1)) {
-    std::string_view rest = jinja.substr(at + kStart.size());
-    if (rest.starts_with("\\n")) {
-      rest.remove_prefix(2);
-    } else if (rest.starts_with("\n")) {
-      rest.remove_prefix(1);
-    } else {
-      continue;
-    }
-    const size_t end = rest.find("<|im_end|>");
-    if (end == std::string_view::npos) continue;
-    const std::string_view text = rest.substr(0, end);
-    if (text.empty() || text.find_first_of("'\"{}+") != std::string_view::npos) continue;
-    return Unescape(text);
+// A message's content as a string: absent or null only for an assistant with tool calls ("").
+StatusOr<std::string_view> Content(const ojson& m, std::string_view role, const std::string& what,
+                                   bool tool_calls) {
+  const auto it = m.find("content");
+  if (it == m.end() || it->is_null()) {
+    if (role == "assistant" && tool_calls) return std::string_view();
+    return InvalidArgumentError(fmt::format("{} has no \"content\" string", what));
   }
-  return "";
-}
-
-Status Refuse(std::string_view where, std::string_view why) {
-  return InvalidArgumentError(
-      fmt::format("{}'s chat_template is not one Strata renders (llama3, chatml, mistral){}: give "
-                  "--chat-template NAME or none",
-                  where, why.empty() ? "" : fmt::format(" ({})", why)));
-}
-
-}  // namespace
-
-std::string_view ChatTemplateName(ChatTemplate kind) {
-  switch (kind) {
-    case ChatTemplate::kNone:
-      return "none";
-    case ChatTemplate::kLlama3:
-      return "llama3";
-    case ChatTemplate::kChatml:
-      return "chatml";
-    case ChatTemplate::kMistral:
-      return "mistral";
-  }
-  return "?";
-}
-
-StatusOr<ChatFormat> ChatFormatFromJinja(std::string_view jinja, std::string_view where) {
-  const bool llama3 = Has(jinja, "<|start_header_id|>") && Has(jinja, "<|eot_id|>");
-  const bool chatml = Has(jinja, "<|im_start|>") && Has(jinja, "<|im_end|>");
-  const bool mistral = Has(jinja, "[INST]") && Has(jinja, "[/INST]");
-  if (int{llama3} + int{chatml} + int{mistral} != 1) {
-    return Refuse(where, llama3 || chatml || mistral ? "the pieces of several families" : "");
-  }
-  ChatFormat f;
-  f.source = fmt::format("chat_template of {}", where);
-  if (llama3) {
-    if (Has(jinja, "Cutting Knowledge Date")) {
-      return Refuse(where, "Llama 3.1's dated system preamble");
-    }
-    f.kind = ChatTemplate::kLlama3;
-  } else if (chatml) {
-    if (Has(jinja, "<think>")) return Refuse(where, "ChatML with <think> reasoning");
-    f.kind = ChatTemplate::kChatml;
-    f.default_system = DefaultSystemLine(jinja);
-  } else {
-    if (Has(jinja, "<<SYS>>")) return Refuse(where, "Llama 2's <<SYS>> system block");
-    if (!Has(jinja, " [/INST]")) return Refuse(where, "[/INST] without a space before it");
-    f.kind = ChatTemplate::kMistral;
-  }
-  return f;
-}
-
-namespace {
-
-// tokenizer_config.json's chat_template: a string, or the "default" of a list of named ones;
-// empty when absent or null.
-StatusOr<std::string> ChatTemplateText(const json& config, const std::string& path) {
-  const auto it = config.find("chat_template");
-  if (it == config.end() || it->is_null()) return std::string();
-  if (it->is_string()) return it->get<std::string>();
-  if (it->is_array()) {
-    for (const json& t : *it) {
-      if (t.is_object() && t.value("name", "") == "default" && t.contains("template") &&
-          t["template"].is_string()) {
-        return t["template"].get<std::string>();
-      }
-    }
-  }
-  return InvalidArgumentError(fmt::format(
-      "'{}': chat_template is neither a string nor a list with a \"default\" template", path));
-}
-
-}  // namespace
-
-StatusOr<ChatFormat> ResolveChatFormat(std::string_view name, const std::string& tokenizer_path) {
-  for (ChatTemplate kind : {ChatTemplate::kNone, ChatTemplate::kLlama3, ChatTemplate::kChatml,
-                            ChatTemplate::kMistral}) {
-    if (name == ChatTemplateName(kind)) return ChatFormat{kind, "", "named"};
-  }
-  if (name != "auto") {
-    return InvalidArgumentError(
-        fmt::format("chat template '{}' is not one of auto, llama3, chatml, mistral, none", name));
-  }
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  const fs::path dir = fs::is_directory(tokenizer_path, ec)
-                           ? fs::path(tokenizer_path)
-                           : fs::path(tokenizer_path).parent_path();
-  const std::string path = (dir / "tokenizer_config.json").string();
-  const std::string dir_name = dir.empty() ? "." : dir.string();
-  if (!fs::exists(path, ec)) {
-    return ChatFormat{ChatTemplate::kNone, "",
-                      fmt::format("no tokenizer_config.json in '{}'", dir_name)};
-  }
-  auto text = ReadSmallFile(path, {.max_bytes = 64ull << 20});
-  if (!text.ok()) return text.status().WithContext("tokenizer config");
-  auto parsed = ParseJsonBounded(*text);
-  if (!parsed.ok()) return parsed.status().WithContext(fmt::format("'{}'", path));
-  const json config = std::move(*parsed);
-  if (!config.is_object()) {
-    return InvalidArgumentError(fmt::format("'{}' is not a JSON object", path));
-  }
-  STRATA_ASSIGN_OR_RETURN(std::string jinja, ChatTemplateText(config, path));
-  if (jinja.empty()) {
-    return ChatFormat{ChatTemplate::kNone, "", fmt::format("no chat_template in '{}'", path)};
-  }
-  return ChatFormatFromJinja(jinja, fmt::format("'{}'", path));
-}
-
-namespace {
-
-StatusOr<std::string> StringField(const json& j, const char* key, std::string_view what) {
-  const auto it = j.find(key);
-  if (it == j.end()) return InvalidArgumentError(fmt::format("{} has no \"{}\"", what, key));
   if (!it->is_string()) {
-    return InvalidArgumentError(fmt::format("{}'s \"{}\" is not a string", what, key));
+    return InvalidArgumentError(fmt::format("{}'s \"content\" is not a string", what));
   }
-  return it->get<std::string>();
+  return std::string_view(it->get_ref<const std::string&>());
 }
 
-StatusOr<std::vector<ChatMessage>> ParseMessages(const json& list) {
+Status CheckMessages(const ojson& list, bool from_messages) {
   if (!list.is_array()) return InvalidArgumentError("\"messages\" is not a list");
-  std::vector<ChatMessage> out;
+  bool any_assistant = false;
   for (size_t i = 0; i < list.size(); ++i) {
-    const json& m = list[i];
+    const ojson& m = list[i];
     const std::string what = fmt::format("message {}", i);
     if (!m.is_object()) return InvalidArgumentError(fmt::format("{} is not an object", what));
-    STRATA_ASSIGN_OR_RETURN(std::string role, StringField(m, "role", what));
-    STRATA_ASSIGN_OR_RETURN(std::string content, StringField(m, "content", what));
-    ChatMessage msg{ChatRole::kUser, std::move(content)};
-    if (role == "system") {
-      msg.role = ChatRole::kSystem;
-    } else if (role == "assistant") {
-      msg.role = ChatRole::kAssistant;
-    } else if (role != "user") {
-      return InvalidArgumentError(fmt::format(
-          "{} has the unknown role \"{}\" (system, user or assistant)", what, Excerpt(role)));
+    const auto role = m.find("role");
+    if (role == m.end() || !role->is_string()) {
+      return InvalidArgumentError(fmt::format("{} has no \"role\" string", what));
     }
-    out.push_back(std::move(msg));
-  }
-  return out;
-}
-
-}  // namespace
-
-StatusOr<std::vector<ChatMessage>> ParseInstructionLine(std::string_view line) {
-  // Nesting is limited: a line is untrusted input like a whole file.
-  auto parsed = ParseJsonBounded(line);
-  if (!parsed.ok()) {
-    return InvalidArgumentError(fmt::format("not valid JSON ({})", parsed.status().message()));
-  }
-  const json j = std::move(*parsed);
-  if (!j.is_object()) return InvalidArgumentError("not a JSON object");
-  std::vector<ChatMessage> messages;
-  if (j.contains("messages")) {
-    STRATA_ASSIGN_OR_RETURN(messages, ParseMessages(j["messages"]));
-  } else if (j.contains("prompt") || j.contains("response")) {
-    STRATA_ASSIGN_OR_RETURN(std::string prompt, StringField(j, "prompt", "the example"));
-    STRATA_ASSIGN_OR_RETURN(std::string response, StringField(j, "response", "the example"));
-    if (j.contains("system")) {
-      STRATA_ASSIGN_OR_RETURN(std::string system, StringField(j, "system", "the example"));
-      messages.push_back({ChatRole::kSystem, std::move(system)});
-    }
-    messages.push_back({ChatRole::kUser, std::move(prompt)});
-    messages.push_back({ChatRole::kAssistant, std::move(response)});
-  } else {
-    return InvalidArgumentError(
-        "neither \"prompt\" and \"response\" nor \"messages\" (a list of role/content objects)");
-  }
-  bool any_assistant = false;
-  for (size_t i = 0; i < messages.size(); ++i) {
-    if (messages[i].role != ChatRole::kAssistant) continue;
+    const std::string& r = role->get_ref<const std::string&>();
+    const bool tool_calls = m.contains("tool_calls") && !m["tool_calls"].is_null();
+    STRATA_ASSIGN_OR_RETURN(const std::string_view content, Content(m, r, what, tool_calls));
+    if (r != "assistant") continue;
     any_assistant = true;
-    if (JinjaTrim(messages[i].content).empty()) {
-      return InvalidArgumentError(j.contains("messages")
+    if (IsBlank(content) && !tool_calls) {
+      return InvalidArgumentError(from_messages
                                       ? fmt::format("empty response (message {}'s content)", i)
                                       : std::string("empty response"));
     }
   }
   if (!any_assistant) return InvalidArgumentError("no assistant message: nothing to learn");
-  return messages;
+  return Status::Ok();
 }
 
-namespace {
+StatusOr<std::string> StringField(const ojson& j, const char* key) {
+  const auto it = j.find(key);
+  if (it == j.end()) return InvalidArgumentError(fmt::format("the example has no \"{}\"", key));
+  if (!it->is_string()) {
+    return InvalidArgumentError(fmt::format("the example's \"{}\" is not a string", key));
+  }
+  return it->get<std::string>();
+}
 
-// Appends ids with their flags; the example-start bit goes on the first token at the end.
-class ExampleBuilder {
+ojson Message(std::string_view role, std::string content) {
+  ojson m = ojson::object();
+  m["role"] = role;
+  m["content"] = std::move(content);
+  return m;
+}
+
+// ---- Rendering with a template ----
+
+// [begin, end) byte ranges of the rendered text that the loss takes.
+using Span = std::pair<size_t, size_t>;
+
+size_t CommonPrefix(std::string_view a, std::string_view b) {
+  const size_t n = std::min(a.size(), b.size());
+  size_t i = 0;
+  while (i < n && a[i] == b[i]) ++i;
+  return i;
+}
+
+std::string_view TrimTrailingAsciiSpace(std::string_view s) {
+  while (!s.empty() &&
+         (s.back() == ' ' || s.back() == '\n' || s.back() == '\t' || s.back() == '\r')) {
+    s.remove_suffix(1);
+  }
+  return s;
+}
+
+class TemplateRenderer {
  public:
-  ExampleBuilder(const Tokenizer& tokenizer, ChatTemplate kind)
-      : tokenizer_(tokenizer), kind_(kind) {}
+  TemplateRenderer(const ChatFormat& format, const InstructionExample& example)
+      : format_(format), example_(example) {}
 
-  void Id(int32_t id, bool in_loss) {
-    out_.tokens.push_back(id);
-    out_.flags.push_back(in_loss ? kTokenFlagInLoss : 0);
-  }
-  Status Special(std::string_view piece, bool in_loss = false) {
-    const int id = tokenizer_.TokenId(piece);
-    if (id < 0) {
-      return InvalidArgumentError(fmt::format(
-          "the {} chat template needs the token \"{}\", which tokenizer '{}' does not have",
-          ChatTemplateName(kind_), piece, tokenizer_.path()));
+  StatusOr<std::string> Render(size_t num_messages, bool add_generation_prompt,
+                               std::vector<Span>* generation) const {
+    ojson context = format_.variables;
+    if (num_messages == example_.messages.size()) {
+      context["messages"] = example_.messages;
+    } else {
+      ojson part = ojson::array();
+      for (size_t i = 0; i < num_messages; ++i) part.push_back(example_.messages[i]);
+      context["messages"] = std::move(part);
     }
-    Id(id, in_loss);
-    return Status::Ok();
+    if (!example_.tools.is_null()) context["tools"] = example_.tools;
+    context["add_generation_prompt"] = add_generation_prompt;
+    STRATA_ASSIGN_OR_RETURN(RenderedChat r, format_.jinja->Render(context));
+    if (generation != nullptr) *generation = std::move(r.generation_spans);
+    return std::move(r.text);
   }
-  Status Text(std::string_view text, bool in_loss = false) {
-    if (text.empty()) return Status::Ok();
-    STRATA_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer_.Encode(text));
-    for (int32_t id : ids) Id(id, in_loss);
-    return Status::Ok();
-  }
-  RenderedExample Finish() {
-    if (!out_.flags.empty()) out_.flags[0] |= kTokenFlagExampleStart;
-    return std::move(out_);
+
+  // The assistant spans of `whole` by prefix renders (instruction_data.h).
+  StatusOr<std::vector<Span>> SpansFromPrefixes(const std::string& whole) const {
+    std::vector<Span> spans;
+    size_t from = 0;
+    for (size_t k = 0; k < example_.messages.size(); ++k) {
+      if (example_.messages[k]["role"] != "assistant") continue;
+      STRATA_ASSIGN_OR_RETURN(const std::string prompt, Render(k, true, nullptr));
+      STRATA_ASSIGN_OR_RETURN(const std::string turn, Render(k + 1, false, nullptr));
+      const size_t start = std::max(from, CommonPrefix(whole, prompt));
+      const std::string_view text =
+          TrimTrailingAsciiSpace(std::string_view(turn).substr(CommonPrefix(prompt, turn)));
+      size_t end = start;
+      if (std::string_view(whole).substr(start).starts_with(text)) {
+        end = start + text.size();
+      } else {
+        // The longest suffix of the turn's text found from `start` on: whether a suffix of
+        // length n occurs is monotone in n (a suffix of an occurring string occurs).
+        size_t lo = 0, hi = text.size(), at = std::string::npos;
+        while (lo < hi) {
+          const size_t n = (lo + hi + 1) / 2;
+          const size_t pos = whole.find(text.substr(text.size() - n), start);
+          if (pos != std::string::npos) {
+            lo = n;
+            at = pos;
+          } else {
+            hi = n - 1;
+          }
+        }
+        if (lo == 0) {
+          return InvalidArgumentError(fmt::format(
+              "message {} (assistant) is found nowhere in the conversation {} renders: give the "
+              "template {{% generation %}} blocks or choose --chat-template",
+              k, format_.jinja->where()));
+        }
+        at = whole.find(text.substr(text.size() - lo), start);
+        end = at + lo;
+      }
+      spans.push_back({start, end});
+      from = end;
+    }
+    return spans;
   }
 
  private:
-  const Tokenizer& tokenizer_;
-  const ChatTemplate kind_;
-  RenderedExample out_;
+  const ChatFormat& format_;
+  const InstructionExample& example_;
 };
 
-Status RenderLlama3(std::span<const ChatMessage> messages, ExampleBuilder& b) {
-  STRATA_RETURN_IF_ERROR(b.Special("<|begin_of_text|>"));
-  for (const ChatMessage& m : messages) {
-    const bool loss = m.role == ChatRole::kAssistant;
-    STRATA_RETURN_IF_ERROR(b.Special("<|start_header_id|>"));
-    STRATA_RETURN_IF_ERROR(b.Text(RoleName(m.role)));
-    STRATA_RETURN_IF_ERROR(b.Special("<|end_header_id|>"));
-    STRATA_RETURN_IF_ERROR(b.Text("\n\n"));
-    STRATA_RETURN_IF_ERROR(b.Text(JinjaTrim(m.content), loss));
-    STRATA_RETURN_IF_ERROR(b.Special("<|eot_id|>", loss));
+// The special tokens the template may write that the tokenizer's Encode would not make from their
+// text (a SentencePiece model's control symbols): cut out of the rendering and given their ids.
+struct SpecialCut {
+  std::string text;
+  int32_t id;
+};
+
+std::vector<SpecialCut> SpecialCuts(const ChatFormat& format, const Tokenizer& tokenizer) {
+  std::vector<std::string> candidates;
+  for (const char* key : {"bos_token", "eos_token", "unk_token", "pad_token"}) {
+    const auto it = format.variables.find(key);
+    if (it != format.variables.end() && it->is_string()) candidates.push_back(*it);
   }
-  return Status::Ok();
+  if (format.kind == ChatTemplate::kMistral) candidates.insert(candidates.end(), {"<s>", "</s>"});
+  std::vector<SpecialCut> cuts;
+  for (const std::string& c : candidates) {
+    const int id = tokenizer.TokenId(c);
+    if (c.empty() || id < 0) continue;
+    auto ids = tokenizer.Encode(c);
+    if (ids.ok() && ids->size() == 1 && (*ids)[0] == id) continue;  // Encode makes it
+    cuts.push_back({c, id});
+  }
+  return cuts;
 }
 
-Status RenderChatml(std::span<const ChatMessage> messages, const std::string& default_system,
-                    ExampleBuilder& b) {
-  auto turn = [&](ChatRole role, std::string_view content) -> Status {
-    const bool loss = role == ChatRole::kAssistant;
-    STRATA_RETURN_IF_ERROR(b.Special("<|im_start|>"));
-    STRATA_RETURN_IF_ERROR(b.Text(fmt::format("{}\n", RoleName(role))));
-    STRATA_RETURN_IF_ERROR(b.Text(content, loss));
-    STRATA_RETURN_IF_ERROR(b.Special("<|im_end|>", loss));
-    return b.Text("\n");
+// EncodeWithOffsets of `text`, with the special cuts given their ids; spans into `text`.
+StatusOr<EncodedText> EncodeRendered(const Tokenizer& tokenizer, std::string_view text,
+                                     const std::vector<SpecialCut>& cuts) {
+  if (cuts.empty()) return tokenizer.EncodeWithOffsets(text);
+  EncodedText out;
+  size_t at = 0;
+  auto encode_until = [&](size_t end) -> Status {
+    if (end == at) return Status::Ok();
+    STRATA_ASSIGN_OR_RETURN(EncodedText part,
+                            tokenizer.EncodeWithOffsets(text.substr(at, end - at)));
+    for (size_t i = 0; i < part.ids.size(); ++i) {
+      out.ids.push_back(part.ids[i]);
+      out.spans.push_back({part.spans[i].begin + at, part.spans[i].end + at});
+    }
+    return Status::Ok();
   };
-  if (!default_system.empty() && messages[0].role != ChatRole::kSystem) {
-    STRATA_RETURN_IF_ERROR(turn(ChatRole::kSystem, default_system));
+  while (at < text.size()) {
+    size_t next = std::string_view::npos;
+    const SpecialCut* cut = nullptr;
+    for (const SpecialCut& c : cuts) {
+      const size_t pos = text.find(c.text, at);
+      if (pos < next || (pos == next && cut != nullptr && c.text.size() > cut->text.size())) {
+        next = pos;
+        cut = &c;
+      }
+    }
+    if (cut == nullptr) break;
+    STRATA_RETURN_IF_ERROR(encode_until(next));
+    out.ids.push_back(cut->id);
+    out.spans.push_back({next, next + cut->text.size()});
+    at = next + cut->text.size();
   }
-  for (const ChatMessage& m : messages) STRATA_RETURN_IF_ERROR(turn(m.role, m.content));
-  return Status::Ok();
+  STRATA_RETURN_IF_ERROR(encode_until(text.size()));
+  return out;
 }
 
-Status RenderMistral(std::span<const ChatMessage> messages, const Tokenizer& tokenizer,
-                     ExampleBuilder& b) {
-  std::string system;
-  if (messages[0].role == ChatRole::kSystem) {
-    system = messages[0].content + "\n\n";
-    messages = messages.subspan(1);
+StatusOr<RenderedExample> RenderTemplate(const ChatFormat& format, const Tokenizer& tokenizer,
+                                         const InstructionExample& example) {
+  const TemplateRenderer renderer(format, example);
+  std::vector<Span> spans;
+  STRATA_ASSIGN_OR_RETURN(const std::string whole,
+                          renderer.Render(example.messages.size(), false, &spans));
+  if (!format.jinja->has_generation_blocks()) {
+    STRATA_ASSIGN_OR_RETURN(spans, renderer.SpansFromPrefixes(whole));
   }
-  const bool inst_ids = tokenizer.TokenId("[INST]") >= 0 && tokenizer.TokenId("[/INST]") >= 0;
-  STRATA_RETURN_IF_ERROR(b.Special("<s>"));
-  for (size_t i = 0; i < messages.size(); ++i) {
-    const ChatMessage& m = messages[i];
-    const ChatRole expected = i % 2 == 0 ? ChatRole::kUser : ChatRole::kAssistant;
-    if (m.role != expected) {
+  STRATA_ASSIGN_OR_RETURN(EncodedText enc,
+                          EncodeRendered(tokenizer, whole, SpecialCuts(format, tokenizer)));
+  RenderedExample out;
+  out.tokens = std::move(enc.ids);
+  out.flags.assign(out.tokens.size(), 0);
+  // Spans in order (empty ones dropped), tokens in order of their begins: one pass. A token is
+  // in the loss when a byte of it lies in a span (an empty token: when its position does).
+  std::erase_if(spans, [](const Span& x) { return x.first >= x.second; });
+  size_t s = 0;
+  for (size_t i = 0; i < out.tokens.size(); ++i) {
+    const TokenSpan t = enc.spans[i];
+    while (s < spans.size() && spans[s].second <= t.begin) ++s;
+    if (s == spans.size()) break;
+    const bool overlaps = t.begin < t.end ? spans[s].first < t.end : spans[s].first <= t.begin;
+    if (overlaps) out.flags[i] = kTokenFlagInLoss;
+  }
+  if (!out.flags.empty()) out.flags[0] |= kTokenFlagExampleStart;
+  return out;
+}
+
+// ---- No template ----
+
+// The BOS id, then each content encoded on its own, an assistant's followed by the EOS id.
+StatusOr<RenderedExample> RenderNone(const Tokenizer& tokenizer,
+                                     const InstructionExample& example) {
+  RenderedExample out;
+  auto add = [&](int32_t id, bool in_loss) {
+    out.tokens.push_back(id);
+    out.flags.push_back(in_loss ? kTokenFlagInLoss : 0);
+  };
+  if (tokenizer.bos_id() >= 0) add(tokenizer.bos_id(), false);
+  for (size_t i = 0; i < example.messages.size(); ++i) {
+    const ojson& m = example.messages[i];
+    const std::string& role = m["role"].get_ref<const std::string&>();
+    if (role != "system" && role != "user" && role != "assistant") {
       return InvalidArgumentError(fmt::format(
-          "the mistral chat template needs roles alternating user, assistant, ... (after an "
-          "optional first system message): message {} is {}",
-          i + (system.empty() ? 0 : 1), RoleName(m.role)));
+          "message {} has the role \"{}\", which the none chat template does not take (system, "
+          "user, assistant)",
+          i, Excerpt(role)));
     }
-    if (m.role == ChatRole::kAssistant) {
-      STRATA_RETURN_IF_ERROR(b.Text(m.content, true));
-      STRATA_RETURN_IF_ERROR(b.Special("</s>", true));
-      continue;
+    const bool loss = role == "assistant";
+    if (m.contains("content") && m["content"].is_string()) {
+      const std::string& content = m["content"].get_ref<const std::string&>();
+      if (!content.empty()) {
+        STRATA_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer.Encode(content));
+        for (int32_t id : ids) add(id, loss);
+      }
     }
-    const std::string user = i == 0 ? system + m.content : m.content;
-    if (inst_ids) {
-      STRATA_RETURN_IF_ERROR(b.Special("[INST]"));
-      STRATA_RETURN_IF_ERROR(b.Text(" " + user + " "));
-      STRATA_RETURN_IF_ERROR(b.Special("[/INST]"));
-    } else {
-      STRATA_RETURN_IF_ERROR(b.Text("[INST] " + user + " [/INST]"));
-    }
+    if (loss && tokenizer.eos_id() >= 0) add(tokenizer.eos_id(), true);
   }
-  return Status::Ok();
-}
-
-Status RenderNone(std::span<const ChatMessage> messages, const Tokenizer& tokenizer,
-                  ExampleBuilder& b) {
-  if (tokenizer.bos_id() >= 0) b.Id(tokenizer.bos_id(), false);
-  for (const ChatMessage& m : messages) {
-    const bool loss = m.role == ChatRole::kAssistant;
-    STRATA_RETURN_IF_ERROR(b.Text(m.content, loss));
-    if (loss && tokenizer.eos_id() >= 0) b.Id(tokenizer.eos_id(), true);
-  }
-  return Status::Ok();
+  if (!out.flags.empty()) out.flags[0] |= kTokenFlagExampleStart;
+  return out;
 }
 
 }  // namespace
 
-StatusOr<RenderedExample> RenderExample(const ChatFormat& format, const Tokenizer& tokenizer,
-                                        std::span<const ChatMessage> messages) {
-  if (messages.empty()) return InvalidArgumentError("an example without messages");
-  ExampleBuilder b(tokenizer, format.kind);
-  switch (format.kind) {
-    case ChatTemplate::kLlama3:
-      STRATA_RETURN_IF_ERROR(RenderLlama3(messages, b));
-      break;
-    case ChatTemplate::kChatml:
-      STRATA_RETURN_IF_ERROR(RenderChatml(messages, format.default_system, b));
-      break;
-    case ChatTemplate::kMistral:
-      STRATA_RETURN_IF_ERROR(RenderMistral(messages, tokenizer, b));
-      break;
-    case ChatTemplate::kNone:
-      STRATA_RETURN_IF_ERROR(RenderNone(messages, tokenizer, b));
-      break;
+StatusOr<InstructionExample> ParseInstructionLine(std::string_view line) {
+  // Nesting is limited: a line is untrusted input like a whole file.
+  auto parsed = ParseOrderedJsonBounded(line);
+  if (!parsed.ok()) {
+    return InvalidArgumentError(fmt::format("not valid JSON ({})", parsed.status().message()));
   }
-  return b.Finish();
+  ojson j = std::move(*parsed);
+  if (!j.is_object()) return InvalidArgumentError("not a JSON object");
+  InstructionExample example;
+  if (j.contains("messages")) {
+    STRATA_RETURN_IF_ERROR(CheckMessages(j["messages"], true));
+    example.messages = std::move(j["messages"]);
+  } else if (j.contains("prompt") || j.contains("response")) {
+    STRATA_ASSIGN_OR_RETURN(std::string prompt, StringField(j, "prompt"));
+    STRATA_ASSIGN_OR_RETURN(std::string response, StringField(j, "response"));
+    if (j.contains("system")) {
+      STRATA_ASSIGN_OR_RETURN(std::string system, StringField(j, "system"));
+      example.messages.push_back(Message("system", std::move(system)));
+    }
+    example.messages.push_back(Message("user", std::move(prompt)));
+    example.messages.push_back(Message("assistant", std::move(response)));
+    STRATA_RETURN_IF_ERROR(CheckMessages(example.messages, false));
+  } else {
+    return InvalidArgumentError(
+        "neither \"prompt\" and \"response\" nor \"messages\" (a list of role/content objects)");
+  }
+  if (j.contains("tools") && !j["tools"].is_null()) {
+    if (!j["tools"].is_array()) return InvalidArgumentError("\"tools\" is not a list");
+    example.tools = std::move(j["tools"]);
+  }
+  return example;
+}
+
+StatusOr<RenderedExample> RenderExample(const ChatFormat& format, const Tokenizer& tokenizer,
+                                        const InstructionExample& example) {
+  if (example.messages.empty()) return InvalidArgumentError("an example without messages");
+  if (format.kind == ChatTemplate::kNone || format.jinja == nullptr) {
+    return RenderNone(tokenizer, example);
+  }
+  return RenderTemplate(format, tokenizer, example);
 }
 
 StatusOr<InstructionTokens> TokenizeInstructionFile(const Tokenizer& tokenizer,
@@ -453,13 +399,13 @@ StatusOr<InstructionTokens> TokenizeInstructionFile(const Tokenizer& tokenizer,
     auto at = [&](const Status& s) {
       return Status(s.code(), fmt::format("'{}' line {}: {}", jsonl_path, number, s.message()));
     };
-    auto messages = ParseInstructionLine(line);
-    if (!messages.ok()) return at(messages.status());
-    auto example = RenderExample(format, tokenizer, *messages);
+    auto example = ParseInstructionLine(line);
     if (!example.ok()) return at(example.status());
-    out.tokens.insert(out.tokens.end(), example->tokens.begin(), example->tokens.end());
-    out.flags.insert(out.flags.end(), example->flags.begin(), example->flags.end());
-    for (uint8_t f : example->flags) out.tokens_in_loss += (f & kTokenFlagInLoss) != 0;
+    auto rendered = RenderExample(format, tokenizer, *example);
+    if (!rendered.ok()) return at(rendered.status());
+    out.tokens.insert(out.tokens.end(), rendered->tokens.begin(), rendered->tokens.end());
+    out.flags.insert(out.flags.end(), rendered->flags.begin(), rendered->flags.end());
+    for (uint8_t f : rendered->flags) out.tokens_in_loss += (f & kTokenFlagInLoss) != 0;
     ++out.examples;
   }
   if (in.bad()) return ErrnoToStatus(errno, fmt::format("reading '{}'", jsonl_path));

@@ -1,103 +1,75 @@
 // Instruction data -> tokens with per-token flags (data/token_dataset.h): JSON lines of
-// prompt/response pairs or chat messages, rendered with a chat template, and the mask that says
-// which tokens the loss counts (the responses) and where each example starts.
+// prompt/response pairs or chat conversations, rendered with a chat template (chat_format.h),
+// and the mask that says which tokens the loss counts (the assistant turns) and where each
+// example starts.
 //
 // Input, one JSON object per line (blank lines skipped):
 //   {"prompt": "...", "response": "..."}            optional "system": "..."; read as the
 //                                                    messages system (if given), user, assistant
-//   {"messages": [{"role": "system"|"user"|"assistant", "content": "..."}, ...]}
-// Every assistant content must hold a non-whitespace character (Python's str.isspace()), and an
-// example needs one.
+//   {"messages": [{"role": "...", "content": "..."}, ...]}  optional "tools": [...]
+// A role is any string (the template decides which it takes; `none` takes system, user and
+// assistant); a content is a string, or absent or null for an assistant message with
+// "tool_calls". Every other key of a message (tool_calls, reasoning_content, name, ...) reaches
+// the template as it is, in the line's key order. An example needs an assistant message, and
+// every assistant message needs a content holding a non-whitespace character (Python's
+// str.isspace()) or tool calls.
 //
-// Templates, by name (the literal strings; <|x|> in angle brackets with bars, <s>, </s> and
-// [INST] are vocabulary entries emitted as their id through Tokenizer::TokenId; everything else
-// is text, encoded piece by piece with Tokenizer::Encode; [loss] marks what counts in the loss):
-//   llama3   <|begin_of_text|>, then per message:
-//              <|start_header_id|> ROLE <|end_header_id|> "\n\n" CONTENT <|eot_id|>
-//            with CONTENT trimmed of leading and trailing whitespace as the template's `| trim`
-//            does (Python's str.strip(): Unicode whitespace such as U+3000 and U+00A0 too);
-//            [loss] an assistant's CONTENT and its <|eot_id|>. As Meta-Llama-3-*-Instruct.
-//   chatml   per message: <|im_start|> ROLE "\n" CONTENT <|im_end|> "\n"
-//            preceded, when the first message is not a system message and the format has a
-//            default system line (auto only: from the template text), by that system message;
-//            no BOS. [loss] an assistant's CONTENT and its <|im_end|>. As Qwen2 / Qwen2.5.
-//   mistral  <s>, then per user/assistant pair:
-//              "[INST] " USER " [/INST]" ASSISTANT </s>
-//            roles must alternate user, assistant, ... from a user; a leading system message is
-//            put before the first user's text as SYSTEM "\n\n" USER. When the tokenizer has
-//            "[INST]" and "[/INST]" as vocabulary entries (Mistral's v3 tokenizers) they are
-//            emitted as ids and " " USER " " encoded between them. [loss] ASSISTANT and its </s>.
-//            As Mistral-7B-Instruct-v0.1 / v0.2.
-//   none     the BOS id when the tokenizer has one, then every message's CONTENT in order, each
-//            assistant's followed by the EOS id when the tokenizer has one. [loss] an
-//            assistant's CONTENT and its EOS. For prompt/response: BOS PROMPT RESPONSE EOS.
-// Each text piece is encoded on its own, so a prompt and a response never share a token (a
-// SentencePiece model's dummy-prefix space starts each piece).
+// A template renders the whole conversation once (the variables of ChatFormat::variables,
+// messages, tools when the line has them, add_generation_prompt false) and the string is encoded
+// whole with Tokenizer::EncodeWithOffsets, as transformers' apply_chat_template(tokenize=True)
+// does: with add_special_tokens=False, so the BOS is the template's own (one, where it writes
+// bos_token). A special token the tokenizer's Encode would not make from its text (a
+// SentencePiece model's control symbols <s>, </s>) is cut out of the string and given its id.
 //
-// Flags: kTokenFlagInLoss on the tokens marked [loss] (each is a target predicted from the
-// tokens before it in its example); kTokenFlagExampleStart on each example's first token.
+// The loss takes the characters of the assistant turns:
+//   * a template with {% generation %} blocks: the characters written inside them (TRL's and
+//     transformers' assistant masks);
+//   * otherwise, per assistant message k, by rendering prefixes: the turn starts where the whole
+//     rendering stops agreeing with the rendering of messages [0, k) with add_generation_prompt
+//     (their longest common prefix); its text is the rendering of messages [0, k] past its common
+//     prefix with that prompt, trailing whitespace removed (the newline a template writes after
+//     an end-of-turn token is not generated); it ends after that text where the whole rendering
+//     holds it there, else after the longest suffix of it found from the start on (a template
+//     that renders a turn differently once later turns follow, as Qwen3 drops the reasoning of
+//     earlier turns); a turn found nowhere is an error naming the message. (So what a template
+//     writes between a turn and the next message without a generation prompt, a role header, or
+//     after the last message, counts as generated; the published templates put their role
+//     headers in the generation prompt and write nothing after the messages.)
+// A token is in the loss when any byte of its source (EncodeWithOffsets) lies in an assistant
+// span: a token straddling a span's edge is a target, since the model must produce it there.
+// `none` (no template) encodes each content on its own: see chat_format.h.
 //
-// Thread-safety: plain functions; the tokenizer is only read.
+// Flags: kTokenFlagInLoss on the tokens in the loss (each a target predicted from the tokens
+// before it in its example); kTokenFlagExampleStart on each example's first token.
+//
+// Thread-safety: plain functions; the tokenizer and the format are only read.
 #pragma once
 
 #include <cstdint>
-#include <span>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "base/status.h"
+#include "data/chat_format.h"
 #include "data/tokenizer.h"
 
 namespace strata::data {
 
-enum class ChatTemplate { kNone, kLlama3, kChatml, kMistral };
-
-// "none", "llama3", "chatml", "mistral".
-std::string_view ChatTemplateName(ChatTemplate kind);
-
-// How examples are rendered.
-struct ChatFormat {
-  ChatTemplate kind = ChatTemplate::kNone;
-  // chatml: the content of the system message rendered when an example has none; empty: none.
-  std::string default_system;
-  // How it was chosen, for the output line (e.g. "named", "chat_template of
-  // 'dir/tokenizer_config.json'", "no tokenizer_config.json in 'dir'").
-  std::string source;
+// One line's conversation: a JSON array of message objects, and the line's "tools" (null when it
+// has none).
+struct InstructionExample {
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  nlohmann::ordered_json tools;
 };
 
-// The family of a Jinja chat template (tokenizer_config.json's chat_template), recognised by
-// each family's literal pieces: "<|start_header_id|>" and "<|eot_id|>" (llama3), "<|im_start|>"
-// and "<|im_end|>" (chatml; a default system line is taken from a literal
-// "<|im_start|>system\n...<|im_end|>" in the text), "[INST]" and " [/INST]" (mistral).
-// `where` names the file in errors. Errors: kInvalidArgument "<where>'s chat_template is not
-// one Strata renders (llama3, chatml, mistral)...: give --chat-template NAME or none" for no
-// family, several, or one it cannot render faithfully (Llama 3.1's dated system preamble,
-// ChatML with <think> reasoning, Llama 2's <<SYS>>, Mistral v0.3's "[/INST]" without a space).
-StatusOr<ChatFormat> ChatFormatFromJinja(std::string_view jinja, std::string_view where);
-
-// The format named `name`: "llama3", "chatml", "mistral", "none" (as named: chatml without a
-// default system line), or "auto": tokenizer_config.json in the tokenizer's directory
-// (`tokenizer_path` itself when it is a directory, else its parent) through ChatFormatFromJinja;
-// no such file, or one without a chat_template (or a null one) -> none. A chat_template that is
-// a list of {"name", "template"} uses the one named "default".
-// Errors: kInvalidArgument for an unknown name, a tokenizer_config.json that is not JSON or
-// whose chat_template is neither a string nor such a list, and ChatFormatFromJinja's; the
-// errno-mapped code of reading the file.
-StatusOr<ChatFormat> ResolveChatFormat(std::string_view name, const std::string& tokenizer_path);
-
-enum class ChatRole { kSystem, kUser, kAssistant };
-
-struct ChatMessage {
-  ChatRole role = ChatRole::kUser;
-  std::string content;  // UTF-8
-};
-
-// The messages of one JSON line (see the input above). Errors (kInvalidArgument, without the
-// file and line: the caller adds them): not JSON, not an object, neither "messages" nor
-// "prompt" and "response", a value that is not a string, an unknown role, an empty response or
-// assistant content, no assistant message.
-StatusOr<std::vector<ChatMessage>> ParseInstructionLine(std::string_view line);
+// The conversation of one JSON line (see the input above). Errors (kInvalidArgument, without
+// the file and line: the caller adds them): not JSON, not an object, neither "messages" nor
+// "prompt" and "response", a message that is not an object or has no string role, a content
+// that is not a string (or null with tool calls), an empty assistant content, no assistant
+// message.
+StatusOr<InstructionExample> ParseInstructionLine(std::string_view line);
 
 // One example: tokens and their flags, the same length.
 struct RenderedExample {
@@ -105,11 +77,12 @@ struct RenderedExample {
   std::vector<uint8_t> flags;  // kTokenFlag* bits
 };
 
-// Renders `messages` with `format` (see the templates above). Errors: kInvalidArgument for a
-// special token the tokenizer lacks (naming it and the template), for mistral roles out of
-// order; Encode's.
+// Renders `example` with `format` (above). Errors: kInvalidArgument for the template's
+// (raise_exception's message, naming the template and its line), for an assistant turn found
+// nowhere in the rendering, for roles `none` does not take; kResourceExhausted for a rendering
+// past the engine's limits; EncodeWithOffsets'.
 StatusOr<RenderedExample> RenderExample(const ChatFormat& format, const Tokenizer& tokenizer,
-                                        std::span<const ChatMessage> messages);
+                                        const InstructionExample& example);
 
 // A whole JSONL file, its examples one after another.
 struct InstructionTokens {

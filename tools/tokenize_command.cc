@@ -36,10 +36,14 @@ void AddTokenizeFlags(CLI::App& cmd, TokenizeFlags& f) {
       ->check(CLI::IsMember({"auto", "text", "jsonl"}))
       ->capture_default_str();
   cmd.add_option("--chat-template", f.chat_template,
-                 "Instruction data: llama3, chatml, mistral, none (prompt then response, BOS "
-                 "and EOS), or auto: the family of tokenizer_config.json's chat_template beside "
-                 "the tokenizer (none without one)")
+                 "Instruction data: auto (the model's own template: chat_template.jinja or "
+                 "tokenizer_config.json's chat_template beside the tokenizer; none without one), "
+                 "a Jinja template FILE (a path with '/' or ending in .jinja), a built-in llama3, "
+                 "chatml or mistral, or none (BOS, contents, EOS after each response)")
       ->capture_default_str();
+  cmd.add_option("--chat-template-kwargs", f.chat_template_kwargs,
+                 "Instruction data: a JSON object whose keys become template variables, as "
+                 "apply_chat_template's keyword arguments (e.g. '{\"enable_thinking\": false}')");
 }
 
 namespace {
@@ -69,9 +73,9 @@ Status RunTokenizeJsonl(const TokenizeFlags& f) {
   } else {
     STRATA_ASSIGN_OR_RETURN(tokenizer, data::Tokenizer::Load(f.tokenizer));
   }
-  STRATA_ASSIGN_OR_RETURN(
-      data::ChatFormat format,
-      data::ResolveChatFormat(f.byte_level ? "none" : f.chat_template, f.tokenizer));
+  STRATA_ASSIGN_OR_RETURN(data::ChatFormat format,
+                          data::ResolveChatFormat(f.byte_level ? "none" : f.chat_template,
+                                                  f.tokenizer, f.chat_template_kwargs));
   STRATA_ASSIGN_OR_RETURN(data::InstructionTokens data,
                           data::TokenizeInstructionFile(*tokenizer, format, f.input));
   STRATA_RETURN_IF_ERROR(data::WriteTokenFile(f.output, data.tokens, data.flags));

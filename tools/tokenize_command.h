@@ -24,6 +24,7 @@ struct TokenizeFlags {
   std::string output;
   std::string format = "auto";         // auto (by the input's extension), text, jsonl
   std::string chat_template = "auto";  // jsonl: auto, llama3, chatml, mistral, none
+  std::string chat_template_kwargs;    // --chat-template-kwargs: a JSON object, or empty
 };
 void AddTokenizeFlags(CLI::App& cmd, TokenizeFlags& f);
 

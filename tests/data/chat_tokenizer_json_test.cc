@@ -1,15 +1,16 @@
 // Chat templates over Hugging Face tokenizer.json files, as Llama 3 and Qwen 2 users run them: a
 // model directory with a byte-level tokenizer.json (hf_tokenizer_files.h: merges learned from
 // tinyshakespeare, the model's added special tokens) and a tokenizer_config.json holding the
-// model's own Jinja chat template, then Tokenizer::Load(dir), ResolveChatFormat("auto", dir) and
-// TokenizeInstructionFile over JSON lines written here (prompt/response and messages lines,
-// non-ASCII text, emoji, whitespace around contents). Each example's ids must equal a reference
-// built here without Strata: the text the template renders (the literal pieces of
-// data/instruction_data.h, checked against a verbatim rendering of the template), its special
-// tokens by id and its text pieces through the plain reference BPE — and the same ids as that
-// reference BPE gives for the whole rendered string (what transformers'
-// apply_chat_template(tokenize=True) computes). The loss flags must cover exactly each assistant
-// content's tokens and its end-of-turn token; the example-start flag each example's first token.
+// model's own Jinja chat template, then Tokenizer::Load(dir), ResolveChatFormat("auto", dir) (the
+// model's template through the Jinja engine) and TokenizeInstructionFile over JSON lines written
+// here (prompt/response and messages lines, non-ASCII text, emoji, whitespace around contents).
+// Each example's ids must equal a reference built here without Strata: the text the template
+// renders (written here as pieces, checked against a verbatim rendering of the template) through
+// the plain reference BPE as one string (what transformers' apply_chat_template(tokenize=True)
+// computes), which here equals its pieces encoded one by one, special tokens by id. The loss flags
+// (the template has no {% generation %} blocks: from prefix renders) must cover exactly each
+// assistant content's tokens and its end-of-turn token; the example-start flag each example's
+// first token.
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -345,11 +346,12 @@ TEST_F(ChatTokenizerJsonTest, TheReferenceRendersAsTheTemplatesDo) {
   EXPECT_EQ(JinjaTrim("\u3000\u00A0 x \t\u2003"), "x");
 }
 
-TEST_F(ChatTokenizerJsonTest, Llama3DirectoryIsRecognisedAsLlama3) {
+TEST_F(ChatTokenizerJsonTest, Llama3DirectoryRendersItsOwnTemplate) {
   const std::string dir = (*dir_ / "llama3").string();
   auto f = ResolveChatFormat("auto", dir);
   ASSERT_TRUE(f.ok()) << f.status().ToString();
-  EXPECT_EQ(f->kind, ChatTemplate::kLlama3);
+  EXPECT_EQ(f->kind, ChatTemplate::kJinja);
+  EXPECT_EQ(f->variables.value("bos_token", ""), "<|begin_of_text|>");
   EXPECT_THAT(f->source, HasSubstr("chat_template of '"));
   EXPECT_THAT(f->source, HasSubstr("tokenizer_config.json'"));
   auto t = Tokenizer::Load(dir);
@@ -363,7 +365,7 @@ TEST_F(ChatTokenizerJsonTest, Llama3DirectoryIsRecognisedAsLlama3) {
 TEST_F(ChatTokenizerJsonTest, Llama3IdsAreTheTemplateTextsThroughTheReferenceBpe) {
   const Run r = TokenizeWith("llama3");
   ASSERT_NE(r.tokenizer, nullptr);
-  ASSERT_EQ(r.format.kind, ChatTemplate::kLlama3);
+  ASSERT_EQ(r.format.kind, ChatTemplate::kJinja);
   ExpectReference(r, *llama3_, kLlama3Regex, /*ignore_merges=*/true, Llama3Pieces);
 }
 
@@ -373,12 +375,11 @@ TEST_F(ChatTokenizerJsonTest, Llama3LossIsEachTrimmedAssistantContentAndItsEotId
   ExpectFlags(r, llama3_->specials.at("<|begin_of_text|>"), "<|eot_id|>", JinjaTrim);
 }
 
-TEST_F(ChatTokenizerJsonTest, Qwen2DirectoryIsRecognisedAsChatmlWithItsDefaultSystem) {
+TEST_F(ChatTokenizerJsonTest, Qwen2DirectoryRendersItsOwnTemplate) {
   const std::string dir = (*dir_ / "qwen2").string();
   auto f = ResolveChatFormat("auto", dir);
   ASSERT_TRUE(f.ok()) << f.status().ToString();
-  EXPECT_EQ(f->kind, ChatTemplate::kChatml);
-  EXPECT_EQ(f->default_system, kQwen2DefaultSystem);
+  EXPECT_EQ(f->kind, ChatTemplate::kJinja);
   auto t = Tokenizer::Load(dir);
   ASSERT_TRUE(t.ok()) << t.status().ToString();
   EXPECT_EQ((*t)->bos_id(), -1);  // bos_token null, and a ByteLevel post-processor
@@ -388,7 +389,7 @@ TEST_F(ChatTokenizerJsonTest, Qwen2DirectoryIsRecognisedAsChatmlWithItsDefaultSy
 TEST_F(ChatTokenizerJsonTest, Qwen2IdsAreTheTemplateTextsThroughTheReferenceBpe) {
   const Run r = TokenizeWith("qwen2");
   ASSERT_NE(r.tokenizer, nullptr);
-  ASSERT_EQ(r.format.kind, ChatTemplate::kChatml);
+  ASSERT_EQ(r.format.kind, ChatTemplate::kJinja);
   ExpectReference(r, *qwen2_, kQwen2Regex, /*ignore_merges=*/false, Qwen2Pieces);
 }
 
@@ -404,10 +405,13 @@ TEST_F(ChatTokenizerJsonTest, Qwen2LossIsEachAssistantContentAsWrittenAndItsImEn
 TEST_F(ChatTokenizerJsonTest, Llama3TrimsUnicodeWhitespaceAsJinjaDoes) {
   auto t = Tokenizer::Load((*dir_ / "llama3").string());
   ASSERT_TRUE(t.ok()) << t.status().ToString();
-  const ChatFormat f{ChatTemplate::kLlama3, "", "named"};
-  const std::vector<ChatMessage> messages = {{ChatRole::kUser, "\u2003 質問\u3000"},
-                                             {ChatRole::kAssistant, "\u3000\u00A0答え。\u3000\n"}};
-  auto e = RenderExample(f, **t, messages);
+  auto f = ResolveChatFormat("llama3", (*dir_ / "llama3").string());
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  auto messages = ParseInstructionLine(
+      R"({"messages": [{"role": "user", "content": "\u2003 質問\u3000"},
+          {"role": "assistant", "content": "\u3000\u00A0答え。\u3000\n"}]})");
+  ASSERT_TRUE(messages.ok()) << messages.status().ToString();
+  auto e = RenderExample(*f, **t, *messages);
   ASSERT_TRUE(e.ok()) << e.status().ToString();
   auto text = (*t)->Decode(e->tokens);
   ASSERT_TRUE(text.ok());

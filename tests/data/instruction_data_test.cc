@@ -1,9 +1,11 @@
-// Instruction data: each chat template rendered against its literal text and ids, the loss mask
-// on exactly the responses and their end-of-turn tokens, template recognition from Jinja text
-// and tokenizer_config.json, and the one-line errors naming the file and line. A tiny
-// SentencePiece model is trained here with the templates' special tokens as user-defined
-// symbols and byte fallback, without a dummy prefix, so decoding the ids gives the rendered text
-// back exactly.
+// Instruction data: each built-in chat template rendered against its literal text, the whole
+// string encoded once, the loss mask from the assistant spans ({% generation %} blocks, or prefix
+// renders for a model's template without them, Qwen3's dropped reasoning included) with the rule
+// for a token straddling a span's edge, the model's own template from tokenizer_config.json,
+// chat_template.jinja or a file, template variables and kwargs, and the one-line errors naming
+// the file and line. A tiny SentencePiece model is trained here with the templates' special
+// tokens as user-defined symbols and byte fallback, without a dummy prefix, so decoding the ids
+// gives the rendered text back exactly.
 #include "data/instruction_data.h"
 
 #include <fmt/format.h>
@@ -104,15 +106,40 @@ class InstructionDataTest : public ::testing::Test {
       EXPECT_FALSE(e.flags[i] & kTokenFlagExampleStart) << i;
     }
   }
-  RenderedExample Render(const ChatFormat& f, const std::vector<ChatMessage>& m) const {
-    auto e = RenderExample(f, *tok_, m);
+  static ChatFormat Format(std::string_view name, const std::string& tokenizer = "/nonexistent/t",
+                           std::string_view kwargs = "") {
+    auto f = ResolveChatFormat(name, tokenizer, kwargs);
+    EXPECT_TRUE(f.ok()) << f.status().ToString();
+    return f.ok() ? *f : ChatFormat{};
+  }
+  static InstructionExample Line(std::string_view json_line) {
+    auto e = ParseInstructionLine(json_line);
     EXPECT_TRUE(e.ok()) << e.status().ToString();
-    return e.ok() ? *e : RenderedExample{};
+    return e.ok() ? *e : InstructionExample{};
+  }
+  RenderedExample Render(const ChatFormat& f, const InstructionExample& e) const {
+    auto r = RenderExample(f, *tok_, e);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? *r : RenderedExample{};
   }
   static std::vector<int32_t> Cat(std::initializer_list<std::vector<int32_t>> parts) {
     std::vector<int32_t> out;
     for (const auto& p : parts) out.insert(out.end(), p.begin(), p.end());
     return out;
+  }
+  // The in-loss runs, decoded: one per assistant turn.
+  std::vector<std::string> LossRuns(const RenderedExample& e) const {
+    std::vector<std::string> runs;
+    std::vector<int32_t> run;
+    for (size_t i = 0; i <= e.tokens.size(); ++i) {
+      if (i < e.tokens.size() && (e.flags[i] & kTokenFlagInLoss)) {
+        run.push_back(e.tokens[i]);
+      } else if (!run.empty()) {
+        runs.push_back(Decode(run));
+        run.clear();
+      }
+    }
+    return runs;
   }
 
   static fs::path* dir_;
@@ -120,192 +147,210 @@ class InstructionDataTest : public ::testing::Test {
 };
 fs::path* InstructionDataTest::dir_ = nullptr;
 
-const std::vector<ChatMessage> kChat = {{ChatRole::kSystem, "Be brief."},
-                                        {ChatRole::kUser, "Hi there"},
-                                        {ChatRole::kAssistant, " Hello!\n"}};
+constexpr std::string_view kChat = R"({"messages": [{"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Hi there"}, {"role": "assistant", "content": " Hello!\n"}]})";
 
-TEST_F(InstructionDataTest, Llama3RendersHeadersTrimmedContentAndEotIds) {
-  const RenderedExample e = Render({ChatTemplate::kLlama3, "", ""}, kChat);
-  EXPECT_EQ(Decode(e.tokens),
-            "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
-            "<|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>"
-            "<|start_header_id|>assistant<|end_header_id|>\n\nHello!<|eot_id|>");
-  const int sh = Id("<|start_header_id|>"), eh = Id("<|end_header_id|>"), eot = Id("<|eot_id|>");
-  EXPECT_EQ(e.tokens, Cat({{Id("<|begin_of_text|>"), sh},
-                           Enc("system"),
-                           {eh},
-                           Enc("\n\n"),
-                           Enc("Be brief."),
-                           {eot, sh},
-                           Enc("user"),
-                           {eh},
-                           Enc("\n\n"),
-                           Enc("Hi there"),
-                           {eot, sh},
-                           Enc("assistant"),
-                           {eh},
-                           Enc("\n\n"),
-                           Enc("Hello!"),
-                           {eot}}));
-  EXPECT_EQ(InLoss(e), Cat({Enc("Hello!"), {eot}}));
+TEST_F(InstructionDataTest, Llama3RendersHeadersTrimmedContentAndEncodesTheStringOnce) {
+  const RenderedExample e = Render(Format("llama3"), Line(kChat));
+  const std::string text =
+      "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+      "<|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>"
+      "<|start_header_id|>assistant<|end_header_id|>\n\nHello!<|eot_id|>";
+  EXPECT_EQ(Decode(e.tokens), text);
+  EXPECT_EQ(e.tokens, Enc(text));
+  EXPECT_EQ(LossRuns(e), std::vector<std::string>{"Hello!<|eot_id|>"});
   ExpectOneExampleStart(e);
 }
 
-TEST_F(InstructionDataTest, ChatmlRendersTurnsWithTheDefaultSystemLineWhenTheTemplateHasOne) {
-  const std::vector<ChatMessage> m = {{ChatRole::kUser, "Hi there"},
-                                      {ChatRole::kAssistant, "Hello!"},
-                                      {ChatRole::kUser, "Again"},
-                                      {ChatRole::kAssistant, "Sure."}};
-  const RenderedExample e = Render({ChatTemplate::kChatml, "You are a helpful assistant.", ""}, m);
-  EXPECT_EQ(Decode(e.tokens),
-            "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
-            "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n"
-            "<|im_start|>user\nAgain<|im_end|>\n<|im_start|>assistant\nSure.<|im_end|>\n");
-  const int end = Id("<|im_end|>");
-  EXPECT_EQ(InLoss(e), Cat({Enc("Hello!"), {end}, Enc("Sure."), {end}}));
-  EXPECT_EQ(e.tokens[0], Id("<|im_start|>"));
+TEST_F(InstructionDataTest, ChatmlTakesEachAssistantContentAndItsImEndNotTheNewlineAfter) {
+  const RenderedExample e =
+      Render(Format("chatml"), Line(R"({"messages": [{"role": "user", "content": "Hi there"},
+          {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Again"},
+          {"role": "assistant", "content": "Sure."}]})"));
+  const std::string text =
+      "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n"
+      "<|im_start|>user\nAgain<|im_end|>\n<|im_start|>assistant\nSure.<|im_end|>\n";
+  EXPECT_EQ(Decode(e.tokens), text);
+  EXPECT_EQ(e.tokens, Enc(text));
+  EXPECT_EQ(LossRuns(e), (std::vector<std::string>{"Hello!<|im_end|>", "Sure.<|im_end|>"}));
   ExpectOneExampleStart(e);
-  // An example's own system message replaces the default; without a default there is none.
-  EXPECT_EQ(Decode(Render({ChatTemplate::kChatml, "Default.", ""}, kChat).tokens),
-            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi there<|im_end|>\n"
-            "<|im_start|>assistant\n Hello!\n<|im_end|>\n");
-  EXPECT_EQ(Decode(Render({ChatTemplate::kChatml, "", ""}, {m[0], m[1]}).tokens),
-            "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n");
 }
 
-TEST_F(InstructionDataTest, MistralRendersInstBlocksWithBosAndEosAroundEachAnswer) {
-  const std::vector<ChatMessage> m = {{ChatRole::kSystem, "Be brief."},
-                                      {ChatRole::kUser, "Q1"},
-                                      {ChatRole::kAssistant, "A1"},
-                                      {ChatRole::kUser, "Q2"},
-                                      {ChatRole::kAssistant, "A2"}};
-  const RenderedExample e = Render({ChatTemplate::kMistral, "", ""}, m);
+TEST_F(InstructionDataTest, MistralCutsItsControlSymbolsAndRefusesRolesOutOfOrder) {
+  const RenderedExample e =
+      Render(Format("mistral"), Line(R"({"messages": [{"role": "system", "content": "Be brief."},
+          {"role": "user", "content": "Q1"}, {"role": "assistant", "content": "A1"},
+          {"role": "user", "content": "Q2"}, {"role": "assistant", "content": "A2"}]})"));
+  // <s> and </s> are the model's control symbols: SentencePiece would spell them out, so they
+  // are cut from the rendering and given their ids; the text between is encoded whole.
   const int bos = Id("<s>"), eos = Id("</s>");
   EXPECT_EQ(e.tokens, Cat({{bos},
-                           Enc("[INST] Be brief.\n\nQ1 [/INST]"),
-                           Enc("A1"),
+                           Enc("[INST] Be brief.\n\nQ1 [/INST]A1"),
                            {eos},
-                           Enc("[INST] Q2 [/INST]"),
-                           Enc("A2"),
+                           Enc("[INST] Q2 [/INST]A2"),
                            {eos}}));
-  EXPECT_EQ(Decode(e.tokens), "[INST] Be brief.\n\nQ1 [/INST]A1[INST] Q2 [/INST]A2");
-  EXPECT_EQ(InLoss(e), Cat({Enc("A1"), {eos}, Enc("A2"), {eos}}));
+  EXPECT_EQ(LossRuns(e), (std::vector<std::string>{"A1", "A2"}));  // </s> decodes to ""
+  EXPECT_EQ(e.flags.back() & kTokenFlagInLoss, kTokenFlagInLoss);
   ExpectOneExampleStart(e);
-  // Roles must alternate from a user.
-  auto bad = RenderExample({ChatTemplate::kMistral, "", ""}, *tok_,
-                           std::vector<ChatMessage>{m[1], m[3], m[2]});
+  auto bad = RenderExample(Format("mistral"), *tok_,
+                           Line(R"({"messages": [{"role": "assistant", "content": "A"}]})"));
   ASSERT_FALSE(bad.ok());
-  EXPECT_THAT(bad.status().message(), HasSubstr("message 1 is user"));
+  EXPECT_THAT(bad.status().message(), HasSubstr("roles alternating user, assistant"));
+  EXPECT_THAT(bad.status().message(), HasSubstr("the built-in mistral chat template line 1"));
 }
 
-TEST_F(InstructionDataTest, NoneIsBosPromptResponseEos) {
-  const RenderedExample e = Render({ChatTemplate::kNone, "", ""},
-                                   {{ChatRole::kUser, "Q: red?"}, {ChatRole::kAssistant, "A"}});
+TEST_F(InstructionDataTest, NoneIsBosThenEachContentOnItsOwnAndEos) {
+  const RenderedExample e =
+      Render(Format("none"), Line(R"({"prompt": "Q: red?", "response": "A"})"));
   EXPECT_EQ(e.tokens, Cat({{tok_->bos_id()}, Enc("Q: red?"), Enc("A"), {tok_->eos_id()}}));
-  EXPECT_EQ(InLoss(e), Cat({Enc("A"), {tok_->eos_id()}}));
   ExpectOneExampleStart(e);
+  auto tool = RenderExample(
+      Format("none"), *tok_,
+      Line(
+          R"({"messages": [{"role": "tool", "content": "x"}, {"role": "assistant", "content": "y"}]})"));
+  ASSERT_FALSE(tool.ok());
+  EXPECT_THAT(tool.status().message(),
+              HasSubstr("the role \"tool\", which the none chat template"));
 }
 
-// A tokenizer without special tokens: every byte is a token.
-class BytesTokenizer final : public Tokenizer {
+// A model's template without {% generation %} blocks takes the turns from prefix renders; one
+// with them from the blocks; both give the built-in's mask here.
+constexpr std::string_view kQwenLike =
+    "{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' "
+    "}}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}";
+constexpr std::string_view kTurns = R"({"messages": [{"role": "user", "content": "Hi"},
+    {"role": "assistant", "content": "\n\nHello!\n"}, {"role": "user", "content": "Again"},
+    {"role": "assistant", "content": "Sure."}]})";
+
+TEST_F(InstructionDataTest, PrefixRendersAndGenerationBlocksFindTheSameTurns) {
+  const fs::path file = *dir_ / "qwen_like.jinja";
+  std::ofstream(file) << kQwenLike;
+  const ChatFormat prefixes = Format(file.string());
+  ASSERT_EQ(prefixes.kind, ChatTemplate::kJinja);
+  ASSERT_FALSE(prefixes.jinja->has_generation_blocks());
+  const RenderedExample a = Render(prefixes, Line(kTurns));
+  const RenderedExample b = Render(Format("chatml"), Line(kTurns));
+  EXPECT_EQ(a.tokens, b.tokens);
+  EXPECT_EQ(a.flags, b.flags);
+  EXPECT_EQ(LossRuns(a), (std::vector<std::string>{"\n\nHello!\n<|im_end|>", "Sure.<|im_end|>"}));
+}
+
+// Qwen3's template drops the reasoning of assistant turns before the last user message and writes
+// an empty <think> block into the generation prompt when thinking is off: the turns are still
+// found (their text past the prompt, as the whole conversation holds it).
+constexpr std::string_view kQwen3Like =
+    "{%- set ns = namespace(last_query=-1) %}"
+    "{%- for m in messages[::-1] %}{%- if m.role == 'user' and ns.last_query == -1 %}"
+    "{%- set ns.last_query = messages|length - 1 - loop.index0 %}{%- endif %}{%- endfor %}"
+    "{%- for m in messages %}{%- if m.role == 'assistant' and loop.index0 > ns.last_query %}"
+    "{{- '<|im_start|>assistant\\n<think>\\n' + (m.reasoning_content | default('')) + "
+    "'\\n</think>\\n\\n' + m.content + '<|im_end|>\\n' }}"
+    "{%- else %}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}"
+    "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}";
+
+TEST_F(InstructionDataTest, TurnsAreFoundWhereTheTemplateRendersThemDifferentlyInContext) {
+  const fs::path file = *dir_ / "qwen3_like.jinja";
+  std::ofstream(file) << kQwen3Like;
+  const std::string line = R"({"messages": [{"role": "user", "content": "Hi"},
+      {"role": "assistant", "content": "Hello!", "reasoning_content": "greet"},
+      {"role": "user", "content": "Again"},
+      {"role": "assistant", "content": "Sure.", "reasoning_content": "agree"}]})";
+  // Thinking on: the last turn's reasoning is generated; the first turn's was dropped.
+  RenderedExample e = Render(Format(file.string()), Line(line));
+  EXPECT_THAT(Decode(e.tokens), HasSubstr("<|im_start|>assistant\nHello!<|im_end|>"));
+  EXPECT_EQ(LossRuns(e), (std::vector<std::string>{"Hello!<|im_end|>",
+                                                   "<think>\nagree\n</think>\n\nSure.<|im_end|>"}));
+  // Thinking off (--chat-template-kwargs), data without reasoning: the prompt ends in the empty
+  // think block, which the whole conversation holds for the last turn only.
+  e = Render(Format(file.string(), "/nonexistent/t", R"({"enable_thinking": false})"),
+             Line(R"({"messages": [{"role": "user", "content": "Hi"},
+                 {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Again"},
+                 {"role": "assistant", "content": "Sure."}]})"));
+  EXPECT_THAT(Decode(e.tokens), HasSubstr("assistant\n<think>\n\n</think>\n\nSure."));
+  EXPECT_EQ(LossRuns(e), (std::vector<std::string>{"Hello!<|im_end|>", "Sure.<|im_end|>"}));
+}
+
+// A token straddling a span's edge is in the loss: over tokens of two bytes, the spans' edges
+// fall inside tokens.
+class PairsTokenizer final : public Tokenizer {
  public:
-  BytesTokenizer() : Tokenizer("bytes.model", 0) {}
-  int vocab_size() const override { return 256; }
+  PairsTokenizer() : Tokenizer("pairs", 0) {}
+  int vocab_size() const override { return 65536; }
   int bos_id() const override { return -1; }
   int eos_id() const override { return -1; }
   int TokenId(std::string_view) const override { return -1; }
   StatusOr<std::vector<int32_t>> Encode(std::string_view text) const override {
-    std::vector<int32_t> ids;
-    for (unsigned char c : text) ids.push_back(c);
-    return ids;
+    auto e = EncodeWithOffsets(text);
+    return e->ids;
+  }
+  StatusOr<EncodedText> EncodeWithOffsets(std::string_view text) const override {
+    EncodedText out;
+    for (size_t i = 0; i < text.size(); i += 2) {
+      const auto hi = static_cast<unsigned char>(text[i]);
+      const auto lo = i + 1 < text.size() ? static_cast<unsigned char>(text[i + 1]) : 0;
+      out.ids.push_back(hi << 8 | lo);
+      out.spans.push_back({i, std::min(i + 2, text.size())});
+    }
+    return out;
   }
   StatusOr<std::string> Decode(std::span<const int32_t> ids) const override {
-    return std::string(ids.begin(), ids.end());
+    std::string s;
+    for (int32_t id : ids) {
+      s += static_cast<char>(id >> 8);
+      if (id & 0xFF) s += static_cast<char>(id & 0xFF);
+    }
+    return s;
   }
 };
 
-TEST_F(InstructionDataTest, ASpecialTokenTheTokenizerLacksIsAnErrorNamingIt) {
-  BytesTokenizer bytes;
-  auto e = RenderExample({ChatTemplate::kChatml, "", ""}, bytes, kChat);
-  ASSERT_FALSE(e.ok());
-  EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_THAT(e.status().message(),
-              HasSubstr("the chatml chat template needs the token \"<|im_start|>\", which "
-                        "tokenizer 'bytes.model' does not have"));
-  // none needs no special token: no BOS or EOS when the tokenizer has none.
-  auto none = RenderExample({ChatTemplate::kNone, "", ""}, bytes, kChat);
-  ASSERT_TRUE(none.ok());
-  EXPECT_EQ(*bytes.Decode(none->tokens), "Be brief.Hi there Hello!\n");
-}
-
-// --- template recognition ---
-
-constexpr std::string_view kLlama3Jinja =
-    "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
-    "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | "
-    "trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% "
-    "endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ "
-    "'<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}";
-constexpr std::string_view kQwen2Jinja =
-    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ "
-    "'<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{% endif "
-    "%}{{'<|im_start|>' "
-    "+ message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if "
-    "add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
-constexpr std::string_view kQwen25Jinja =
-    "{%- if messages[0]['role'] == 'system' %}\n        {{- '<|im_start|>system\\n' + "
-    "messages[0]['content'] + '<|im_end|>\\n' }}\n    {%- else %}\n        {{- "
-    "'<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
-    "assistant.<|im_end|>\\n' }}\n    {%- endif %}\n{%- for message in messages %}{{- "
-    "'<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}{%- endfor "
-    "%}";
-constexpr std::string_view kMistralJinja =
-    "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}{{ '[INST] ' "
-    "+ message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ "
-    "message['content'] + eos_token}}{% endif %}{% endfor %}";
-
-TEST_F(InstructionDataTest, TemplatesAreRecognisedByTheirLiteralPieces) {
-  auto llama = ChatFormatFromJinja(kLlama3Jinja, "cfg");
-  ASSERT_TRUE(llama.ok()) << llama.status().ToString();
-  EXPECT_EQ(llama->kind, ChatTemplate::kLlama3);
-  auto qwen2 = ChatFormatFromJinja(kQwen2Jinja, "cfg");
-  ASSERT_TRUE(qwen2.ok()) << qwen2.status().ToString();
-  EXPECT_EQ(qwen2->kind, ChatTemplate::kChatml);
-  EXPECT_EQ(qwen2->default_system, "You are a helpful assistant.");
-  auto qwen25 = ChatFormatFromJinja(kQwen25Jinja, "cfg");
-  ASSERT_TRUE(qwen25.ok()) << qwen25.status().ToString();
-  EXPECT_EQ(qwen25->default_system,
-            "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.");
-  // ChatML without a literal default system line: none.
-  auto plain = ChatFormatFromJinja(
-      "{% for m in messages %}{{'<|im_start|>' + m['role'] + '\\n' + m['content'] + "
-      "'<|im_end|>\\n'}}{% endfor %}",
-      "cfg");
-  ASSERT_TRUE(plain.ok());
-  EXPECT_EQ(plain->default_system, "");
-  auto mistral = ChatFormatFromJinja(kMistralJinja, "cfg");
-  ASSERT_TRUE(mistral.ok()) << mistral.status().ToString();
-  EXPECT_EQ(mistral->kind, ChatTemplate::kMistral);
-}
-
-TEST_F(InstructionDataTest, TemplatesStrataCannotRenderFaithfullyAreRefusedWithWhatToDo) {
-  const std::string llama31 = std::string(kLlama3Jinja) + "Cutting Knowledge Date: December 2023";
-  for (const std::string& jinja :
-       {std::string("{% for m in messages %}<start_of_turn>{{ m['content'] }}<end_of_turn>"),
-        llama31, std::string(kQwen2Jinja) + "<think>\\n",
-        std::string("[INST] <<SYS>>\\n' + system + '\\n<</SYS>>\\n\\n [/INST]"),
-        std::string("{{ '[INST] ' + message['content'] + '[/INST]' }}")}) {
-    auto f = ChatFormatFromJinja(jinja, "'m/tokenizer_config.json'");
-    ASSERT_FALSE(f.ok()) << jinja;
-    EXPECT_EQ(f.status().code(), StatusCode::kInvalidArgument);
-    EXPECT_THAT(f.status().message(),
-                HasSubstr("'m/tokenizer_config.json''s chat_template is not one Strata renders "
-                          "(llama3, chatml, mistral)"));
-    EXPECT_THAT(f.status().message(), HasSubstr("give --chat-template NAME or none"));
+TEST_F(InstructionDataTest, ATokenStraddlingASpanEdgeIsInTheLoss) {
+  const PairsTokenizer pairs;
+  auto e =
+      RenderExample(Format("chatml"), pairs, Line(R"({"messages": [{"role": "user", "content": "Q"},
+                             {"role": "assistant", "content": "Answer"}]})"));
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  const std::string text =
+      "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\nAnswer<|im_end|>\n";
+  const size_t begin = text.find("Answer"), end = text.rfind('\n');
+  ASSERT_EQ(begin % 2, 1u);  // the span starts inside a token: "\nA"
+  for (size_t i = 0; i < e->tokens.size(); ++i) {
+    const size_t b = 2 * i, t_end = std::min(b + 2, text.size());
+    EXPECT_EQ((e->flags[i] & kTokenFlagInLoss) != 0, b < end && begin < t_end) << i;
   }
 }
 
-TEST_F(InstructionDataTest, AutoReadsTokenizerConfigBesideTheTokenizer) {
+TEST_F(InstructionDataTest, TheModelsTemplateVariablesAndToolsReachTheTemplate) {
+  const fs::path model_dir = *dir_ / "vars";
+  fs::create_directories(model_dir);
+  std::ofstream(model_dir / "tokenizer_config.json")
+      << R"({"bos_token": {"content": "<|begin_of_text|>"}, "eos_token": "<|eot_id|>",)"
+      << R"( "chat_template": "{{ bos_token }}{{ tools | tojson if tools is defined else '' }})"
+      << R"({{ greeting | default('') }}{% for m in messages %}{{ m.role }}:{{ m.content }})"
+      << R"({% if m.role == 'assistant' %}{{ eos_token }}{% endif %}{% endfor %})"
+      << R"({% if add_generation_prompt %}assistant:{% endif %}"})";
+  const std::string tokenizer = (model_dir / "tokenizer.model").string();
+  auto f = ResolveChatFormat("auto", tokenizer, R"({"greeting": "hey"})");
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  EXPECT_EQ(f->kind, ChatTemplate::kJinja);
+  EXPECT_THAT(f->source, HasSubstr("tokenizer_config.json"));
+  const RenderedExample e =
+      Render(*f, Line(R"({"messages": [{"role": "user", "content": "a"}, {"role": "assistant",
+          "content": "b"}], "tools": [{"name": "f", "z": 1, "a": 2}]})"));
+  EXPECT_EQ(Decode(e.tokens),
+            R"(<|begin_of_text|>[{"name": "f", "z": 1, "a": 2}]heyuser:aassistant:b<|eot_id|>)");
+  EXPECT_EQ(LossRuns(e), std::vector<std::string>{"b<|eot_id|>"});
+  // chat_template.jinja beside the config wins.
+  std::ofstream(model_dir / "chat_template.jinja")
+      << "{% for m in messages %}{% generation %}{{ m.content }}{% endgeneration %}{% endfor %}";
+  f = ResolveChatFormat("auto", model_dir.string());
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  EXPECT_THAT(f->source, HasSubstr("chat_template.jinja"));
+  EXPECT_TRUE(f->jinja->has_generation_blocks());
+}
+
+TEST_F(InstructionDataTest, AutoWithoutATemplateIsNoneAndBadNamesAndTemplatesAreOneLine) {
   const fs::path model_dir = *dir_ / "model";
   fs::create_directories(model_dir);
   const std::string tokenizer = (model_dir / "tokenizer.model").string();
@@ -313,28 +358,24 @@ TEST_F(InstructionDataTest, AutoReadsTokenizerConfigBesideTheTokenizer) {
   ASSERT_TRUE(none.ok()) << none.status().ToString();
   EXPECT_EQ(none->kind, ChatTemplate::kNone);
   EXPECT_THAT(none->source, HasSubstr("no tokenizer_config.json"));
-  std::ofstream(model_dir / "tokenizer_config.json")
-      << "{\"bos_token\": \"<s>\", \"chat_template\": \""
-      << "{{'<|im_start|>system\\\\nHi.<|im_end|>'}}"
-      << "{{'<|im_start|>' + m + '<|im_end|>'}}\"}";
-  for (const std::string& path : {tokenizer, model_dir.string()}) {
-    auto f = ResolveChatFormat("auto", path);
-    ASSERT_TRUE(f.ok()) << f.status().ToString();
-    EXPECT_EQ(f->kind, ChatTemplate::kChatml);
-    EXPECT_EQ(f->default_system, "Hi.");
-  }
-  // Named: as named, the file not read.
-  auto named = ResolveChatFormat("chatml", tokenizer);
-  ASSERT_TRUE(named.ok());
-  EXPECT_EQ(named->default_system, "");
   std::ofstream(model_dir / "tokenizer_config.json") << "{\"bos_token\": \"<s>\"}";
   auto absent = ResolveChatFormat("auto", tokenizer);
   ASSERT_TRUE(absent.ok());
   EXPECT_EQ(absent->kind, ChatTemplate::kNone);
+  EXPECT_THAT(absent->source, HasSubstr("no chat_template"));
   auto unknown = ResolveChatFormat("gemma", tokenizer);
   ASSERT_FALSE(unknown.ok());
   EXPECT_THAT(unknown.status().message(),
               HasSubstr("chat template 'gemma' is not one of auto, llama3, chatml, mistral, none"));
+  std::ofstream(model_dir / "tokenizer_config.json")
+      << R"({"chat_template": "{% for m in messages %}\n{{ m.content }}\n{% include 'x' %}"})";
+  auto bad = ResolveChatFormat("auto", tokenizer);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("tokenizer_config.json' chat_template line 3"));
+  EXPECT_THAT(bad.status().message(), Not(HasSubstr("\n")));
+  auto kwargs = ResolveChatFormat("chatml", tokenizer, "[1]");
+  ASSERT_FALSE(kwargs.ok());
+  EXPECT_THAT(kwargs.status().message(), HasSubstr("--chat-template-kwargs"));
 }
 
 // --- JSON lines ---
@@ -346,7 +387,7 @@ TEST_F(InstructionDataTest, AFileOfPromptResponseAndMessagesLinesIsOneExampleAft
                       << R"({"messages": [{"role": "user", "content": "Q2"},)"
                       << R"( {"role": "assistant", "content": "A2"}]})"
                       << "\n";
-  auto r = TokenizeInstructionFile(*tok_, {ChatTemplate::kNone, "", ""}, path);
+  auto r = TokenizeInstructionFile(*tok_, Format("none"), path);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->examples, 2);
   const int bos = tok_->bos_id(), eos = tok_->eos_id();
@@ -366,22 +407,28 @@ TEST_F(InstructionDataTest, BadLinesAreOneLineErrorsNamingFileAndLine) {
       {"{\"prompt\": \"Q\"", "line 2: not valid JSON"},
       {R"({"prompt": "Q"})", "line 2: the example has no \"response\""},
       {R"({"text": "Q"})", "line 2: neither \"prompt\" and \"response\" nor \"messages\""},
-      {R"({"messages": [{"role": "tool", "content": "x"}]})", "unknown role \"tool\""},
+      {R"({"messages": [{"content": "x"}]})", "message 0 has no \"role\" string"},
+      {R"({"messages": [{"role": "user", "content": 3}]})", "\"content\" is not a string"},
       {R"({"prompt": "Q", "response": "  "})", "line 2: empty response"},
       {R"({"messages": [{"role": "user", "content": "x"}]})", "no assistant message"},
       {R"({"prompt": "Q", "response": 3})", "\"response\" is not a string"},
+      {R"({"prompt": "Q", "response": "A", "tools": 1})", "\"tools\" is not a list"},
   };
   for (const auto& [line, expected] : cases) {
     std::ofstream(path) << R"({"prompt": "ok", "response": "ok"})"
                         << "\n"
                         << line << "\n";
-    auto r = TokenizeInstructionFile(*tok_, {ChatTemplate::kNone, "", ""}, path);
+    auto r = TokenizeInstructionFile(*tok_, Format("chatml"), path);
     ASSERT_FALSE(r.ok()) << line;
     EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
     EXPECT_THAT(r.status().message(), HasSubstr("'" + path + "' line 2: ")) << line;
     EXPECT_THAT(r.status().message(), HasSubstr(expected)) << line;
     EXPECT_THAT(r.status().message(), Not(HasSubstr("\n")));
   }
+  // An assistant message with tool calls may have no content.
+  EXPECT_TRUE(ParseInstructionLine(R"({"messages": [{"role": "user", "content": "q"},
+      {"role": "assistant", "tool_calls": [{"name": "f"}]}]})")
+                  .ok());
 }
 
 }  // namespace

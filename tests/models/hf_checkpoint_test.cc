@@ -292,7 +292,7 @@ TEST_F(HfCheckpointBadInput, ConfigErrorsNameConfigJson) {
   WriteModelDir(dir(), R"({"model_type": "t5"})", tensors_);
   ExpectOneLineError(Open(), StatusCode::kInvalidArgument,
                      {dir() + "/config.json", "model_type",
-                      "llama, mistral, qwen2, qwen3, phi3, gemma3_text, gpt2"});
+                      "llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text, gpt2"});
 }
 
 }  // namespace

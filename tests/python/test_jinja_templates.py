@@ -269,6 +269,7 @@ def model_cases():
     return cases
 
 
+@unittest.skipIf(jinja_reference is None, "jinja2 is not importable")
 class JinjaTemplatesAgainstJinja2(unittest.TestCase):
 
     @classmethod

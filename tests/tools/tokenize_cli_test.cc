@@ -177,7 +177,8 @@ std::string MakeChatModel(const fs::path& dir, const std::string& text, const st
 
 constexpr const char* kChatmlJinja =
     "{% for m in messages %}{{'<|im_start|>' + m['role'] + '\\\\n' + m['content'] + "
-    "'<|im_end|>\\\\n'}}{% endfor %}";
+    "'<|im_end|>\\\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant"
+    "\\\\n' }}{% endif %}";
 
 TEST_F(TokenizeCliTest, JsonlIsRenderedWithTheTemplateOfTokenizerConfigAndWrittenWithFlags) {
   const std::string model = MakeChatModel(dir_ / "chat", text_, kChatmlJinja);
@@ -196,7 +197,7 @@ TEST_F(TokenizeCliTest, JsonlIsRenderedWithTheTemplateOfTokenizerConfigAndWritte
       RunStrata("tokenize --tokenizer " + model + " --input " + input + " --output " + out);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_EQ(Lines(r.out), 1) << r.out;
-  EXPECT_THAT(r.out, HasSubstr("chat template chatml (chat_template of '"));
+  EXPECT_THAT(r.out, HasSubstr("chat template jinja (chat_template of '"));
   EXPECT_THAT(r.out, HasSubstr("3 examples"));
 
   const std::string bytes = ReadFile(out);
@@ -372,7 +373,7 @@ TEST_F(TokenizeCliTest, ALlama3TokenizerJsonDirectoryRendersJsonlWithTheLlama3Te
                              " --output " + out);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_EQ(Lines(r.out), 1) << r.out;
-  EXPECT_THAT(r.out, HasSubstr("chat template llama3 (chat_template of '" +
+  EXPECT_THAT(r.out, HasSubstr("chat template jinja (chat_template of '" +
                                (model_dir / "tokenizer_config.json").string() + "')"));
   EXPECT_THAT(r.out, HasSubstr("2 examples"));
 
@@ -415,26 +416,28 @@ TEST_F(TokenizeCliTest, ALlama3TokenizerJsonDirectoryRendersJsonlWithTheLlama3Te
   }
 }
 
-TEST_F(TokenizeCliTest, AnUnknownOrUnrenderableChatTemplateIsRefusedAndWritesNothing) {
+TEST_F(TokenizeCliTest, AnUnknownOrUnparsableChatTemplateIsRefusedAndWritesNothing) {
   const std::string input = (dir_ / "sft.jsonl").string();
   std::ofstream(input) << R"({"prompt": "dabo", "response": "bako"})"
                        << "\n";
   const std::string out = (dir_ / "sft.bin").string();
   const std::string model =
-      MakeChatModel(dir_ / "gemma", text_,
-                    "{% for m in messages %}<start_of_turn>{{ m['content'] }}{% endfor %}");
+      MakeChatModel(dir_ / "bad_template", text_,
+                    "{% for m in messages %}<start_of_turn>{{ m['content'] }}{% include 'x' %}");
   const Result unknown = RunStrata("tokenize --tokenizer " + model + " --input " + input +
                                    " --output " + out + " --chat-template gemma");
   EXPECT_EQ(unknown.exit_code, 1);
   EXPECT_EQ(Lines(unknown.err), 1) << unknown.err;
   EXPECT_THAT(unknown.err, HasSubstr("chat template 'gemma' is not one of auto, llama3, chatml, "
                                      "mistral, none"));
-  const Result unrenderable =
+  // The model's own template that the engine cannot parse: one line naming the file, the line
+  // and the construct.
+  const Result unparsable =
       RunStrata("tokenize --tokenizer " + model + " --input " + input + " --output " + out);
-  EXPECT_EQ(unrenderable.exit_code, 1);
-  EXPECT_EQ(Lines(unrenderable.err), 1) << unrenderable.err;
-  EXPECT_THAT(unrenderable.err, HasSubstr("chat_template is not one Strata renders (llama3, "
-                                          "chatml, mistral): give --chat-template NAME or none"));
+  EXPECT_EQ(unparsable.exit_code, 1);
+  EXPECT_EQ(Lines(unparsable.err), 1) << unparsable.err;
+  EXPECT_THAT(unparsable.err, HasSubstr("tokenizer_config.json' chat_template line 1"));
+  EXPECT_THAT(unparsable.err, HasSubstr("include"));
   EXPECT_FALSE(fs::exists(out));
   // Named, the template is used whatever the config says; a bad line names file and line.
   std::ofstream(input, std::ios::app) << R"({"prompt": "dabo"})"
