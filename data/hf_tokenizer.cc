@@ -35,9 +35,14 @@ using WordCache =
 constexpr size_t kMaxCachedWords = 1 << 16;
 constexpr size_t kMaxCachedWordBytes = 64;
 
+// A WordCache kept across calls (HfTokenizer::NewEncodeCache).
+struct HfEncodeCache final : EncodeCache {
+  WordCache words;
+};
+
 // What one Encode call carries through pre-tokenization.
 struct EncodeState {
-  WordCache cache;
+  WordCache* cache;
   std::vector<int32_t>* ids;
   bool at_text_start;  // the segment starts the text (Metaspace prepend_scheme "first")
   bool continues;      // the segment continues a cut: no prefix at its start
@@ -152,6 +157,11 @@ struct HfTokenizer::Impl {
   int vocab_size = 0, bos = -1, eos = -1;
   CutKind cut = CutKind::kNone;
   bool nfc = false;
+  // EncodeWithOffsets' fast path (byte-level BPE, no normalizer, no prefix space): each id's
+  // bytes (empty: none, e.g. a character outside the byte table), so that Encode's cached ids
+  // whose bytes spell the text out in order are their own spans.
+  bool tiles = false;
+  std::vector<std::string> id_bytes;
 
   int TokenId(std::string_view piece) const;
   void Index();
@@ -174,7 +184,7 @@ struct HfTokenizer::Impl {
   void EncodePieceWithSpans(std::string_view piece, const Span* align, EncodeState* st) const;
   template <bool kOffsets>
   Status EncodeInto(std::string_view text, bool continued, std::vector<int32_t>* ids,
-                    std::vector<TokenSpan>* spans) const;
+                    std::vector<TokenSpan>* spans, WordCache* cache = nullptr) const;
   size_t LastSafeCut(std::string_view text, size_t from) const;
   std::vector<std::string> RunDecoders(std::vector<std::string> tokens) const;
 };
@@ -205,6 +215,25 @@ void HfTokenizer::Impl::Index() {
   }
   for (const NormalizerStep& n : config.normalizer) nfc = nfc || n.kind == NormalizerStep::kNfc;
   cut = DecideCut();
+  tiles = config.model->options().byte_level && config.normalizer.empty();
+  for (const PreTokenizerStep& step : config.pre_tokenizer) {
+    tiles = tiles && !(step.kind == PreTokenizerStep::kByteLevel && step.add_prefix_space) &&
+            step.kind != PreTokenizerStep::kMetaspace;
+  }
+  if (!tiles) return;
+  id_bytes.resize(vocab_size);
+  for (const auto& [token, id] : config.model->vocab()) {
+    std::string& bytes = id_bytes[id];
+    for (size_t i = 0, len = 0; i < token.size(); i += len) {
+      const int b = hf::CharToByte(hf::DecodeUtf8(token, i, &len));
+      if (b < 0) {
+        bytes.clear();
+        break;
+      }
+      bytes.push_back(static_cast<char>(b));
+    }
+  }
+  for (const AddedToken& t : config.added_tokens) id_bytes[t.id] = t.content;
 }
 
 // SentencePiece-style: BPE cannot merge across a newline when the newline's token (itself or
@@ -382,7 +411,7 @@ void HfTokenizer::Impl::PreTokenizeFrom(size_t k, std::string_view piece, const 
     if constexpr (kOffsets) {
       EncodePieceWithSpans(piece, align, st);
     } else {
-      EncodePiece(piece, &st->cache, st->ids);
+      EncodePiece(piece, st->cache, st->ids);
     }
     return;
   }
@@ -493,14 +522,15 @@ void HfTokenizer::Impl::EncodePieceWithSpans(std::string_view piece, const Span*
 // Encode (`continued`: EncodeContinued) into `ids`; kOffsets: EncodeWithOffsets, with `spans`.
 template <bool kOffsets>
 Status HfTokenizer::Impl::EncodeInto(std::string_view text, bool continued,
-                                     std::vector<int32_t>* ids,
-                                     std::vector<TokenSpan>* spans) const {
+                                     std::vector<int32_t>* ids, std::vector<TokenSpan>* spans,
+                                     WordCache* cache) const {
   if (const size_t bad = hf::FindInvalidUtf8(text); bad != std::string_view::npos) {
     return InvalidArgumentError(fmt::format("the text is not valid UTF-8 at byte {}", bad));
   }
   std::vector<Segment> segments;
   SplitAdded(text, &segments);
-  EncodeState st{.cache = {},
+  WordCache local;
+  EncodeState st{.cache = cache != nullptr ? cache : &local,
                  .ids = ids,
                  .at_text_start = false,
                  .continues = false,
@@ -763,7 +793,34 @@ StatusOr<std::vector<int32_t>> HfTokenizer::EncodeContinued(std::string_view tex
 }
 
 StatusOr<EncodedText> HfTokenizer::EncodeWithOffsets(std::string_view text) const {
+  return EncodeWithOffsets(text, nullptr);
+}
+
+std::unique_ptr<EncodeCache> HfTokenizer::NewEncodeCache() const {
+  return std::make_unique<HfEncodeCache>();
+}
+
+StatusOr<EncodedText> HfTokenizer::EncodeWithOffsets(std::string_view text,
+                                                     EncodeCache* cache) const {
+  WordCache* words = cache != nullptr ? &static_cast<HfEncodeCache*>(cache)->words : nullptr;
   EncodedText out;
+  if (impl_->tiles) {
+    // Fast path: Encode's (cached) ids, each the next bytes of the text, are their own spans:
+    // what the aligned path gives where byte-level tokens tile the text. Where they do not (an
+    // lstrip/rstrip token's swallowed whitespace), the aligned path below decides.
+    const Status s = impl_->EncodeInto<false>(text, /*continued=*/false, &out.ids, nullptr, words);
+    if (!s.ok()) return s.WithContext(fmt::format("tokenizer '{}'", path()));
+    out.spans.reserve(out.ids.size());
+    size_t pos = 0;
+    for (const int32_t id : out.ids) {
+      const std::string& bytes = impl_->id_bytes[id];
+      if (bytes.empty() || text.compare(pos, bytes.size(), bytes) != 0) break;
+      out.spans.push_back({pos, pos + bytes.size()});
+      pos += bytes.size();
+    }
+    if (out.spans.size() == out.ids.size() && pos == text.size()) return out;
+    out = EncodedText();
+  }
   const Status s = impl_->EncodeInto<true>(text, /*continued=*/false, &out.ids, &out.spans);
   if (!s.ok()) return s.WithContext(fmt::format("tokenizer '{}'", path()));
   return out;

@@ -52,6 +52,10 @@ class HfTokenizer final : public Tokenizer {
   // contract in tokenizer.h). Alignment through the normalizers and the pre-tokenizer costs a
   // span per byte and skips Encode's pre-token cache: several times Encode's time.
   StatusOr<EncodedText> EncodeWithOffsets(std::string_view text) const override;
+  // The cache holds pre-tokens' ids (at most 65536 pre-tokens of up to 64 bytes, as within one
+  // Encode call).
+  StatusOr<EncodedText> EncodeWithOffsets(std::string_view text, EncodeCache* cache) const override;
+  std::unique_ptr<EncodeCache> NewEncodeCache() const override;
   // HF's decode(ids, skip_special_tokens=false): the tokens' strings through the decoder (joined
   // by spaces without one). Errors: kInvalidArgument for an id with no token.
   StatusOr<std::string> Decode(std::span<const int32_t> ids) const override;

@@ -1,6 +1,9 @@
 #include "data/instruction_data.h"
 
 #include <fmt/format.h>
+#include <tbb/enumerable_thread_specific.h>
+#include <tbb/parallel_pipeline.h>
+#include <tbb/task_arena.h>
 
 #include <cerrno>
 #include <filesystem>
@@ -144,52 +147,69 @@ std::string_view TrimTrailingAsciiSpace(std::string_view s) {
   return s;
 }
 
+// One example's renders: the context (the format's variables, the messages, the tools) built
+// once, the messages moved in; a prefix render holds the later messages aside and puts them back.
 class TemplateRenderer {
  public:
-  TemplateRenderer(const ChatFormat& format, const InstructionExample& example)
-      : format_(format), example_(example) {}
+  TemplateRenderer(const ChatFormat& format, InstructionExample example)
+      : format_(format), context_(format.variables) {
+    num_messages_ = example.messages.size();
+    roles_.reserve(num_messages_);
+    for (const ojson& m : example.messages) roles_.push_back(m["role"] == "assistant");
+    context_["messages"] = std::move(example.messages);
+    if (!example.tools.is_null()) context_["tools"] = std::move(example.tools);
+    context_["add_generation_prompt"] = false;
+  }
 
   StatusOr<std::string> Render(size_t num_messages, bool add_generation_prompt,
-                               std::vector<Span>* generation) const {
-    ojson context = format_.variables;
-    if (num_messages == example_.messages.size()) {
-      context["messages"] = example_.messages;
-    } else {
-      ojson part = ojson::array();
-      for (size_t i = 0; i < num_messages; ++i) part.push_back(example_.messages[i]);
-      context["messages"] = std::move(part);
+                               std::vector<Span>* generation) {
+    auto& messages = context_["messages"].get_ref<ojson::array_t&>();
+    while (messages.size() > num_messages) {
+      aside_.push_back(std::move(messages.back()));
+      messages.pop_back();
     }
-    if (!example_.tools.is_null()) context["tools"] = example_.tools;
-    context["add_generation_prompt"] = add_generation_prompt;
-    STRATA_ASSIGN_OR_RETURN(RenderedChat r, format_.jinja->Render(context));
+    while (messages.size() < num_messages) {
+      messages.push_back(std::move(aside_.back()));
+      aside_.pop_back();
+    }
+    context_["add_generation_prompt"] = add_generation_prompt;
+    STRATA_ASSIGN_OR_RETURN(RenderedChat r, format_.jinja->Render(context_));
     if (generation != nullptr) *generation = std::move(r.generation_spans);
     return std::move(r.text);
   }
 
   // The assistant spans of `whole` by prefix renders (instruction_data.h).
-  StatusOr<std::vector<Span>> SpansFromPrefixes(const std::string& whole) const {
+  StatusOr<std::vector<Span>> SpansFromPrefixes(const std::string& whole) {
     std::vector<Span> spans;
     size_t from = 0;
-    for (size_t k = 0; k < example_.messages.size(); ++k) {
-      if (example_.messages[k]["role"] != "assistant") continue;
+    for (size_t k = 0; k < num_messages_; ++k) {
+      if (!roles_[k]) continue;
       STRATA_ASSIGN_OR_RETURN(const std::string prompt, Render(k, true, nullptr));
       STRATA_ASSIGN_OR_RETURN(const std::string turn, Render(k + 1, false, nullptr));
-      const size_t start = std::max(from, CommonPrefix(whole, prompt));
+      size_t turn_start = CommonPrefix(prompt, turn);
+      const bool agrees = turn_start == prompt.size();
+      if (!agrees) {
+        // The template renders the messages before the turn differently once the turn follows
+        // (Mistral v3 moves the system message into the last user message): the turn starts
+        // where its own content does, found against the turn rendered with an empty content.
+        STRATA_ASSIGN_OR_RETURN(const std::string empty, RenderWithEmptyContent(k));
+        turn_start = CommonPrefix(turn, empty);
+      }
       const std::string_view text =
-          TrimTrailingAsciiSpace(std::string_view(turn).substr(CommonPrefix(prompt, turn)));
-      size_t end = start;
-      if (std::string_view(whole).substr(start).starts_with(text)) {
+          TrimTrailingAsciiSpace(std::string_view(turn).substr(turn_start));
+      size_t start = std::max(from, CommonPrefix(whole, prompt)), end = start;
+      if (agrees && std::string_view(whole).substr(start).starts_with(text)) {
         end = start + text.size();
       } else {
-        // The longest suffix of the turn's text found from `start` on: whether a suffix of
-        // length n occurs is monotone in n (a suffix of an occurring string occurs).
-        size_t lo = 0, hi = text.size(), at = std::string::npos;
+        // The longest suffix of the turn's text found from where the prompt stops agreeing (or,
+        // where it does not agree, from the previous turn's end) on: whether a suffix of length
+        // n occurs is monotone in n (a suffix of an occurring string occurs).
+        const size_t search = agrees ? start : from;
+        size_t lo = 0, hi = text.size();
         while (lo < hi) {
           const size_t n = (lo + hi + 1) / 2;
-          const size_t pos = whole.find(text.substr(text.size() - n), start);
-          if (pos != std::string::npos) {
+          if (whole.find(text.substr(text.size() - n), search) != std::string::npos) {
             lo = n;
-            at = pos;
           } else {
             hi = n - 1;
           }
@@ -200,7 +220,9 @@ class TemplateRenderer {
               "template {{% generation %}} blocks or choose --chat-template",
               k, format_.jinja->where()));
         }
-        at = whole.find(text.substr(text.size() - lo), start);
+        const size_t at = whole.find(text.substr(text.size() - lo), search);
+        // Where the prompt agrees, the turn starts after it; where it does not, at its own text.
+        if (!agrees) start = at;
         end = at + lo;
       }
       spans.push_back({start, end});
@@ -209,9 +231,23 @@ class TemplateRenderer {
     return spans;
   }
 
+  // Messages [0, k] with message k's content "" (its other fields kept).
+  StatusOr<std::string> RenderWithEmptyContent(size_t k) {
+    STRATA_RETURN_IF_ERROR(Render(k + 1, false, nullptr).status());  // messages [0, k] in place
+    ojson& content = context_["messages"][k]["content"];
+    ojson saved = std::move(content);
+    content = "";
+    auto r = Render(k + 1, false, nullptr);
+    context_["messages"][k]["content"] = std::move(saved);
+    return r;
+  }
+
  private:
   const ChatFormat& format_;
-  const InstructionExample& example_;
+  ojson context_;
+  size_t num_messages_ = 0;
+  std::vector<bool> roles_;   // per message: an assistant's
+  std::vector<ojson> aside_;  // the messages a prefix render leaves out, last first
 };
 
 // The special tokens the template may write that the tokenizer's Encode would not make from their
@@ -241,14 +277,14 @@ std::vector<SpecialCut> SpecialCuts(const ChatFormat& format, const Tokenizer& t
 
 // EncodeWithOffsets of `text`, with the special cuts given their ids; spans into `text`.
 StatusOr<EncodedText> EncodeRendered(const Tokenizer& tokenizer, std::string_view text,
-                                     const std::vector<SpecialCut>& cuts) {
-  if (cuts.empty()) return tokenizer.EncodeWithOffsets(text);
+                                     const std::vector<SpecialCut>& cuts, EncodeCache* cache) {
+  if (cuts.empty()) return tokenizer.EncodeWithOffsets(text, cache);
   EncodedText out;
   size_t at = 0;
   auto encode_until = [&](size_t end) -> Status {
     if (end == at) return Status::Ok();
     STRATA_ASSIGN_OR_RETURN(EncodedText part,
-                            tokenizer.EncodeWithOffsets(text.substr(at, end - at)));
+                            tokenizer.EncodeWithOffsets(text.substr(at, end - at), cache));
     for (size_t i = 0; i < part.ids.size(); ++i) {
       out.ids.push_back(part.ids[i]);
       out.spans.push_back({part.spans[i].begin + at, part.spans[i].end + at});
@@ -275,17 +311,26 @@ StatusOr<EncodedText> EncodeRendered(const Tokenizer& tokenizer, std::string_vie
   return out;
 }
 
+// What encoding a run of examples with one format and tokenizer keeps: the special cuts and the
+// tokenizer's cache.
+struct ExampleEncoder {
+  ExampleEncoder(const ChatFormat& format, const Tokenizer& tokenizer)
+      : cuts(SpecialCuts(format, tokenizer)), cache(tokenizer.NewEncodeCache()) {}
+  std::vector<SpecialCut> cuts;
+  std::unique_ptr<EncodeCache> cache;
+};
+
 StatusOr<RenderedExample> RenderTemplate(const ChatFormat& format, const Tokenizer& tokenizer,
-                                         const InstructionExample& example) {
-  const TemplateRenderer renderer(format, example);
+                                         InstructionExample example, ExampleEncoder& encoder) {
+  const size_t num_messages = example.messages.size();
+  TemplateRenderer renderer(format, std::move(example));
   std::vector<Span> spans;
-  STRATA_ASSIGN_OR_RETURN(const std::string whole,
-                          renderer.Render(example.messages.size(), false, &spans));
+  STRATA_ASSIGN_OR_RETURN(const std::string whole, renderer.Render(num_messages, false, &spans));
   if (!format.jinja->has_generation_blocks()) {
     STRATA_ASSIGN_OR_RETURN(spans, renderer.SpansFromPrefixes(whole));
   }
   STRATA_ASSIGN_OR_RETURN(EncodedText enc,
-                          EncodeRendered(tokenizer, whole, SpecialCuts(format, tokenizer)));
+                          EncodeRendered(tokenizer, whole, encoder.cuts, encoder.cache.get()));
   RenderedExample out;
   out.tokens = std::move(enc.ids);
   out.flags.assign(out.tokens.size(), 0);
@@ -341,12 +386,21 @@ StatusOr<RenderedExample> RenderNone(const Tokenizer& tokenizer,
 }  // namespace
 
 StatusOr<InstructionExample> ParseInstructionLine(std::string_view line) {
-  // Nesting is limited: a line is untrusted input like a whole file.
-  auto parsed = ParseOrderedJsonBounded(line);
-  if (!parsed.ok()) {
-    return InvalidArgumentError(fmt::format("not valid JSON ({})", parsed.status().message()));
+  // Nesting is limited: a line is untrusted input like a whole file. One pass (a line is parsed
+  // once: this is most of what reading instruction data costs): values deeper than the limit are
+  // discarded as they are met, so nothing deep is ever built.
+  bool too_deep = false;
+  const ojson::parser_callback_t limit = [&too_deep](int depth, ojson::parse_event_t, ojson&) {
+    if (depth <= kMaxJsonDepth) return true;
+    too_deep = true;
+    return false;
+  };
+  ojson j = ojson::parse(line.begin(), line.end(), limit, /*allow_exceptions=*/false);
+  if (too_deep) {
+    return InvalidArgumentError(
+        fmt::format("not valid JSON (nested deeper than {} levels, the limit)", kMaxJsonDepth));
   }
-  ojson j = std::move(*parsed);
+  if (j.is_discarded()) return InvalidArgumentError("not valid JSON");
   if (!j.is_object()) return InvalidArgumentError("not a JSON object");
   InstructionExample example;
   if (j.contains("messages")) {
@@ -373,18 +427,28 @@ StatusOr<InstructionExample> ParseInstructionLine(std::string_view line) {
   return example;
 }
 
-StatusOr<RenderedExample> RenderExample(const ChatFormat& format, const Tokenizer& tokenizer,
-                                        const InstructionExample& example) {
+namespace {
+
+StatusOr<RenderedExample> Render(const ChatFormat& format, const Tokenizer& tokenizer,
+                                 InstructionExample example, ExampleEncoder& encoder) {
   if (example.messages.empty()) return InvalidArgumentError("an example without messages");
   if (format.kind == ChatTemplate::kNone || format.jinja == nullptr) {
     return RenderNone(tokenizer, example);
   }
-  return RenderTemplate(format, tokenizer, example);
+  return RenderTemplate(format, tokenizer, std::move(example), encoder);
+}
+
+}  // namespace
+
+StatusOr<RenderedExample> RenderExample(const ChatFormat& format, const Tokenizer& tokenizer,
+                                        const InstructionExample& example) {
+  ExampleEncoder encoder(format, tokenizer);
+  return Render(format, tokenizer, example, encoder);
 }
 
 StatusOr<InstructionTokens> TokenizeInstructionFile(const Tokenizer& tokenizer,
                                                     const ChatFormat& format,
-                                                    const std::string& jsonl_path) {
+                                                    const std::string& jsonl_path, int threads) {
   // A FIFO or a device is refused before the stream opens it (which would wait on a FIFO).
   STRATA_RETURN_IF_ERROR(OpenRegularFile(jsonl_path, "instruction data").status());
   std::ifstream in(jsonl_path, std::ios::binary);
@@ -392,22 +456,63 @@ StatusOr<InstructionTokens> TokenizeInstructionFile(const Tokenizer& tokenizer,
     return ErrnoToStatus(errno ? errno : ENOENT,
                          fmt::format("cannot open instruction data '{}'", jsonl_path));
   }
+  // A pipeline over the lines: read in order, parse, render and encode in parallel (each thread
+  // with its own encoder: special cuts and tokenizer cache), appended in line order, so the output
+  // is the sequential one's byte for byte and the first error in line order is the one returned.
+  struct Line {
+    int64_t number = 0;
+    std::string text;
+  };
+  struct Done {
+    int64_t number = 0;
+    StatusOr<RenderedExample> example = RenderedExample{};
+  };
   InstructionTokens out;
-  std::string line;
-  for (int64_t number = 1; std::getline(in, line); ++number) {
-    if (Trim(line).empty()) continue;
-    auto at = [&](const Status& s) {
-      return Status(s.code(), fmt::format("'{}' line {}: {}", jsonl_path, number, s.message()));
-    };
-    auto example = ParseInstructionLine(line);
-    if (!example.ok()) return at(example.status());
-    auto rendered = RenderExample(format, tokenizer, *example);
-    if (!rendered.ok()) return at(rendered.status());
-    out.tokens.insert(out.tokens.end(), rendered->tokens.begin(), rendered->tokens.end());
-    out.flags.insert(out.flags.end(), rendered->flags.begin(), rendered->flags.end());
-    for (uint8_t f : rendered->flags) out.tokens_in_loss += (f & kTokenFlagInLoss) != 0;
+  Status failed = Status::Ok();
+  int64_t next_number = 0;
+  tbb::enumerable_thread_specific<ExampleEncoder> encoders(
+      [&] { return ExampleEncoder(format, tokenizer); });
+  auto read = [&](tbb::flow_control& fc) -> Line {
+    Line l;
+    while (std::getline(in, l.text)) {
+      l.number = ++next_number;
+      if (!Trim(l.text).empty()) return l;
+    }
+    fc.stop();
+    return l;
+  };
+  auto render = [&](Line l) -> Done {
+    Done d{l.number, RenderedExample{}};
+    auto example = ParseInstructionLine(l.text);
+    if (!example.ok()) {
+      d.example = example.status();
+      return d;
+    }
+    d.example = Render(format, tokenizer, std::move(*example), encoders.local());
+    return d;
+  };
+  auto append = [&](Done d) {
+    if (!failed.ok()) return;
+    if (!d.example.ok()) {
+      const Status& s = d.example.status();
+      failed = Status(s.code(), fmt::format("'{}' line {}: {}", jsonl_path, d.number, s.message()));
+      return;
+    }
+    const RenderedExample& e = *d.example;
+    out.tokens.insert(out.tokens.end(), e.tokens.begin(), e.tokens.end());
+    out.flags.insert(out.flags.end(), e.flags.begin(), e.flags.end());
+    for (uint8_t f : e.flags) out.tokens_in_loss += (f & kTokenFlagInLoss) != 0;
     ++out.examples;
-  }
+  };
+  tbb::task_arena arena(threads > 0 ? threads : tbb::task_arena::automatic);
+  arena.execute([&] {
+    tbb::parallel_pipeline(
+        static_cast<size_t>(4 * arena.max_concurrency()),
+        tbb::make_filter<void, Line>(tbb::filter_mode::serial_in_order, read) &
+            tbb::make_filter<Line, Done>(tbb::filter_mode::parallel, render) &
+            tbb::make_filter<Done, void>(tbb::filter_mode::serial_in_order, append));
+  });
+  if (!failed.ok()) return failed;
   if (in.bad()) return ErrnoToStatus(errno, fmt::format("reading '{}'", jsonl_path));
   if (out.examples == 0) {
     return InvalidArgumentError(fmt::format("instruction data '{}' has no examples", jsonl_path));

@@ -24,14 +24,19 @@
 // The loss takes the characters of the assistant turns:
 //   * a template with {% generation %} blocks: the characters written inside them (TRL's and
 //     transformers' assistant masks);
-//   * otherwise, per assistant message k, by rendering prefixes: the turn starts where the whole
-//     rendering stops agreeing with the rendering of messages [0, k) with add_generation_prompt
-//     (their longest common prefix); its text is the rendering of messages [0, k] past its common
-//     prefix with that prompt, trailing whitespace removed (the newline a template writes after
-//     an end-of-turn token is not generated); it ends after that text where the whole rendering
-//     holds it there, else after the longest suffix of it found from the start on (a template
-//     that renders a turn differently once later turns follow, as Qwen3 drops the reasoning of
-//     earlier turns); a turn found nowhere is an error naming the message. (So what a template
+//   * otherwise, per assistant message k, by rendering prefixes. P = messages [0, k) rendered
+//     with add_generation_prompt, T = messages [0, k] rendered without it, W = the whole
+//     conversation. Where P is a prefix of T (the usual case), the turn's text is T past P,
+//     trailing whitespace removed (the newline a template writes after an end-of-turn token is
+//     not generated); it starts where W stops agreeing with P (their longest common prefix, and
+//     not before the previous turn's end) and ends after that text where W holds it there, else
+//     after the longest suffix of it W holds from the start on (a template that renders a turn
+//     differently once later turns follow, as Qwen3 drops the reasoning of earlier turns). Where
+//     P is not a prefix of T (the template renders the messages before the turn differently
+//     once the turn follows: Mistral v3 moves the system message into the last user message),
+//     the turn's text is T past its common prefix with T rendered with message k's content "",
+//     whitespace-trimmed at its end, and the span is the longest suffix of it W holds after the
+//     previous turn. A turn found nowhere is an error naming the message. (So what a template
 //     writes between a turn and the next message without a generation prompt, a role header, or
 //     after the last message, counts as generated; the published templates put their role
 //     headers in the generation prompt and write nothing after the messages.)
@@ -42,7 +47,8 @@
 // Flags: kTokenFlagInLoss on the tokens in the loss (each a target predicted from the tokens
 // before it in its example); kTokenFlagExampleStart on each example's first token.
 //
-// Thread-safety: plain functions; the tokenizer and the format are only read.
+// Thread-safety: plain functions; the tokenizer and the format are only read (by several threads
+// in TokenizeInstructionFile).
 #pragma once
 
 #include <cstdint>
@@ -92,11 +98,13 @@ struct InstructionTokens {
   int64_t tokens_in_loss = 0;  // tokens with kTokenFlagInLoss
 };
 
-// Reads `jsonl_path` and renders every line. Errors: each one line naming the file and line
-// number ("'train.jsonl' line 7: ..."): ParseInstructionLine's and RenderExample's; the
-// errno-mapped code of reading the file; kInvalidArgument for a file without examples.
+// Reads `jsonl_path` and renders every line, `threads` lines at a time (0: one per core; oneTBB
+// inside): the result is the same whatever the number, the examples in line order. Errors: the
+// first line's in line order, one line naming the file and line number ("'train.jsonl' line 7:
+// ..."): ParseInstructionLine's and RenderExample's; the errno-mapped code of reading the file;
+// kInvalidArgument for a file without examples.
 StatusOr<InstructionTokens> TokenizeInstructionFile(const Tokenizer& tokenizer,
                                                     const ChatFormat& format,
-                                                    const std::string& jsonl_path);
+                                                    const std::string& jsonl_path, int threads = 0);
 
 }  // namespace strata::data

@@ -22,6 +22,12 @@ struct TokenSpan {
   size_t begin = 0, end = 0;
   bool operator==(const TokenSpan&) const = default;
 };
+// What a tokenizer keeps across EncodeWithOffsets calls (Tokenizer::NewEncodeCache): opaque.
+class EncodeCache {
+ public:
+  virtual ~EncodeCache() = default;
+};
+
 // Encode's ids and, per id, its source; ids.size() == spans.size().
 struct EncodedText {
   std::vector<int32_t> ids;
@@ -85,6 +91,16 @@ class Tokenizer {
   // Thread-safety: as Encode. Errors: Encode's; kUnimplemented from a Tokenizer that does not
   // override it.
   virtual StatusOr<EncodedText> EncodeWithOffsets(std::string_view text) const;
+  // The same, reusing `cache` (from NewEncodeCache; null: none) across calls: a tokenizer's
+  // encoding of a pre-token is the same every time, so many short texts (instruction data, one
+  // conversation each) encode as fast as one long text. The cache is the caller's, used by one
+  // thread at a time and only with the tokenizer that made it. Default: EncodeWithOffsets(text).
+  virtual StatusOr<EncodedText> EncodeWithOffsets(std::string_view text, EncodeCache* cache) const {
+    (void)cache;
+    return EncodeWithOffsets(text);
+  }
+  // A cache for the call above, or null when the tokenizer keeps none (the default).
+  virtual std::unique_ptr<EncodeCache> NewEncodeCache() const { return nullptr; }
   // The text of `ids`. Errors: kInvalidArgument for an id outside [0, vocab_size()).
   virtual StatusOr<std::string> Decode(std::span<const int32_t> ids) const = 0;
 

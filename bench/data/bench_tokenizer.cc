@@ -4,7 +4,12 @@
 // SentencePiece BPE model trained on the text with libsentencepiece's trainer (vocabulary 2256,
 // about the same). Bytes processed are text bytes, so the rate reads as MB/s of text (Google
 // Benchmark prints binary units: "M/s" = MiB/s). Also TokenizeTextFile with the tokenizer.json:
-// the file read in 1 MiB blocks and cut at safe points; and EncodeWithOffsets with both.
+// the file read in 1 MiB blocks and cut at safe points; EncodeWithOffsets with both; and the same
+// text as instruction data: its paragraphs as conversations of user and assistant turns (JSON
+// lines), tokenized by TokenizeInstructionFile with a ChatML model template (no generation
+// blocks: the loss from prefix renders, three renders per assistant turn) and with the built-in
+// chatml (generation blocks), against Encode of the text: bytes processed are the contents' bytes,
+// so the MB/s of the three compare directly (issue 44: at least 80 % of Encode's rate).
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
 #include <sentencepiece_trainer.h>
@@ -19,8 +24,10 @@
 #include <unordered_map>
 #include <vector>
 
+#include "data/chat_format.h"
 #include "data/hf_text.h"
 #include "data/hf_tokenizer_json.h"
+#include "data/instruction_data.h"
 #include "data/tokenizer.h"
 
 namespace strata::data {
@@ -112,31 +119,65 @@ StatusOr<std::string> ByteLevelJson(const std::string& text) {
                                      {"add_prefix_space", false},
                                      {"trim_offsets", true},
                                      {"use_regex", true}};
-  nlohmann::json j = {
-      {"version", "1.0"},
-      {"truncation", nullptr},
-      {"padding", nullptr},
-      {"added_tokens", {{{"id", next}, {"content", "<|endoftext|>"}, {"special", true}}}},
-      {"normalizer", nullptr},
-      {"pre_tokenizer", byte_level},
-      {"post_processor", byte_level},
-      {"decoder", byte_level},
-      {"model",
-       {{"type", "BPE"},
-        {"dropout", nullptr},
-        {"unk_token", nullptr},
-        {"fuse_unk", false},
-        {"byte_fallback", false},
-        {"vocab", vocab},
-        {"merges", merges}}}};
+  nlohmann::json j = {{"version", "1.0"},
+                      {"truncation", nullptr},
+                      {"padding", nullptr},
+                      {"added_tokens",
+                       {{{"id", next}, {"content", "<|endoftext|>"}, {"special", true}},
+                        {{"id", next + 1}, {"content", "<|im_start|>"}, {"special", true}},
+                        {{"id", next + 2}, {"content", "<|im_end|>"}, {"special", true}}}},
+                      {"normalizer", nullptr},
+                      {"pre_tokenizer", byte_level},
+                      {"post_processor", byte_level},
+                      {"decoder", byte_level},
+                      {"model",
+                       {{"type", "BPE"},
+                        {"dropout", nullptr},
+                        {"unk_token", nullptr},
+                        {"fuse_unk", false},
+                        {"byte_fallback", false},
+                        {"vocab", vocab},
+                        {"merges", merges}}}};
   return j.dump();
 }
 
-// The text and both tokenizers, made once in main.
+// A ChatML model template as Qwen2.5 writes its own (a generation prompt, no generation blocks).
+constexpr std::string_view kModelTemplate =
+    "{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' "
+    "}}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}";
+
+// The text and both tokenizers, made once in main; the text's paragraphs as instruction data.
 struct Fixture {
   std::string text_path, text;
   std::unique_ptr<Tokenizer> hf, sp;
+  std::string jsonl_path;
+  int64_t content_bytes = 0;
+  ChatFormat model_template, builtin;
 };
+
+// Conversations of four paragraphs (user, assistant, user, assistant) as JSON lines; returns the
+// contents' bytes.
+int64_t WriteInstructionData(const std::string& text, const std::string& path) {
+  std::vector<std::string> paragraphs;
+  for (size_t at = 0; at < text.size();) {
+    size_t end = text.find("\n\n", at);
+    if (end == std::string::npos) end = text.size();
+    if (end > at) paragraphs.push_back(text.substr(at, end - at));
+    at = end + 2;
+  }
+  std::ofstream out(path, std::ios::binary);
+  int64_t bytes = 0;
+  for (size_t i = 0; i + 4 <= paragraphs.size(); i += 4) {
+    nlohmann::json messages = nlohmann::json::array();
+    for (size_t k = 0; k < 4; ++k) {
+      messages.push_back(
+          {{"role", k % 2 == 0 ? "user" : "assistant"}, {"content", paragraphs[i + k]}});
+      bytes += static_cast<int64_t>(paragraphs[i + k].size());
+    }
+    out << nlohmann::json{{"messages", messages}}.dump() << "\n";
+  }
+  return bytes;
+}
 const Fixture* fixture = nullptr;
 
 StatusOr<Fixture> MakeFixture(const fs::path& dir) {
@@ -153,6 +194,13 @@ StatusOr<Fixture> MakeFixture(const fs::path& dir) {
       f.text_path, (dir / "sp").string(), 256 + kMerges));
   if (!status.ok()) return InternalError("SentencePiece training failed: " + status.ToString());
   STRATA_ASSIGN_OR_RETURN(f.sp, Tokenizer::Load((dir / "sp.model").string()));
+  f.jsonl_path = (dir / "sft.jsonl").string();
+  f.content_bytes = WriteInstructionData(f.text, f.jsonl_path);
+  std::ofstream((dir / "model.jinja").string(), std::ios::binary) << kModelTemplate;
+  const std::string tokenizer = (dir / "tokenizer.json").string();
+  STRATA_ASSIGN_OR_RETURN(f.model_template,
+                          ResolveChatFormat((dir / "model.jinja").string(), tokenizer));
+  STRATA_ASSIGN_OR_RETURN(f.builtin, ResolveChatFormat("chatml", tokenizer));
   return f;
 }
 
@@ -202,7 +250,36 @@ void BM_TokenizeTextFile(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * fixture->text.size()));
 }
 
+// The text's paragraphs as instruction data, tokenized with a template; bytes: the contents'.
+// threads: TokenizeInstructionFile's (1: one core, the same work as Encode's; 0: every core).
+void BM_TokenizeInstructionFile(benchmark::State& state, bool model_template, int threads) {
+  const ChatFormat& format = model_template ? fixture->model_template : fixture->builtin;
+  int64_t tokens = 0, in_loss = 0;
+  for (auto _ : state) {
+    auto r = TokenizeInstructionFile(*fixture->hf, format, fixture->jsonl_path, threads);
+    if (!r.ok()) {
+      state.SkipWithError(r.status().ToString().c_str());
+      return;
+    }
+    tokens = static_cast<int64_t>(r->tokens.size());
+    in_loss = r->tokens_in_loss;
+    benchmark::DoNotOptimize(r->tokens.data());
+  }
+  state.SetBytesProcessed(state.iterations() * fixture->content_bytes);
+  state.counters["tokens"] = static_cast<double>(tokens);
+  state.counters["in_loss"] = static_cast<double>(in_loss);
+}
+
 BENCHMARK_CAPTURE(BM_Encode, HfByteLevelJson, true)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_TokenizeInstructionFile, ModelTemplatePrefixRenders1Thread, true, 1)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_TokenizeInstructionFile, BuiltinChatmlGenerationBlocks1Thread, false, 1)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_TokenizeInstructionFile, ModelTemplatePrefixRendersAllCores, true, 0)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 BENCHMARK_CAPTURE(BM_Encode, SentencePieceBpe, false)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_EncodeWithOffsets, HfByteLevelJson, true)
     ->Unit(benchmark::kMillisecond)

@@ -401,6 +401,44 @@ TEST_F(InstructionDataTest, AFileOfPromptResponseAndMessagesLinesIsOneExampleAft
   }
 }
 
+// Lines are rendered in parallel: the result is the one-thread result, whatever the threads; the
+// error is the first bad line's in line order.
+TEST_F(InstructionDataTest, ThreadsChangeNothingAndTheFirstBadLineIsTheOneNamed) {
+  const std::string path = (*dir_ / "many.jsonl").string();
+  {
+    std::ofstream out(path);
+    for (int i = 0; i < 300; ++i) {
+      out << fmt::format(R"({{"messages": [{{"role": "user", "content": "Q{} ba"}},)"
+                         R"( {{"role": "assistant", "content": "A{} {}"}}]}})",
+                         i, i, std::string(i % 17, 'k'))
+          << "\n";
+    }
+  }
+  const ChatFormat chatml = Format("chatml");
+  auto one = TokenizeInstructionFile(*tok_, chatml, path, 1);
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  EXPECT_EQ(one->examples, 300);
+  for (int threads : {0, 2, 3}) {
+    auto r = TokenizeInstructionFile(*tok_, chatml, path, threads);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->tokens, one->tokens) << threads;
+    EXPECT_EQ(r->flags, one->flags) << threads;
+    EXPECT_EQ(r->tokens_in_loss, one->tokens_in_loss);
+  }
+  {
+    std::ofstream out(path);
+    for (int i = 1; i <= 200; ++i) {
+      out << (i == 57 || i == 130 ? R"({"prompt": "Q"})" : R"({"prompt": "Q", "response": "A"})")
+          << "\n";
+    }
+  }
+  for (int threads : {1, 0, 3}) {
+    auto r = TokenizeInstructionFile(*tok_, chatml, path, threads);
+    ASSERT_FALSE(r.ok());
+    EXPECT_THAT(r.status().message(), HasSubstr("line 57: ")) << threads;
+  }
+}
+
 TEST_F(InstructionDataTest, BadLinesAreOneLineErrorsNamingFileAndLine) {
   const std::string path = (*dir_ / "bad.jsonl").string();
   const std::vector<std::pair<std::string, std::string>> cases = {
