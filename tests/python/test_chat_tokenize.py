@@ -267,6 +267,7 @@ def _qwen3_turn(m, last_turn_after_query, kwargs):
     """Qwen 3's assistant turn in the loss (see the template): the reasoning block of the turn
     after the last user query, the content, <|im_end|>."""
     content, reasoning = m["content"], m.get("reasoning_content")
+    inline = not isinstance(reasoning, str) and "</think>" in content
     if not isinstance(reasoning, str):
         reasoning = ""
         if "</think>" in content:
@@ -277,14 +278,12 @@ def _qwen3_turn(m, last_turn_after_query, kwargs):
     block = "<think>\n" + reasoning.strip("\n") + "\n</think>\n\n"
     if kwargs.get("enable_thinking") is False:
         # Thinking off: the generation prompt already holds "<think>\n\n</think>\n\n", so the
-        # model generates no reasoning; a reasoning the line gives anyway departs from the prompt
-        # after "<think>\n" and the loss takes the rest of the block (measured: reasoning "4
-        # times 5." gives "4 times 5.\n</think>\n\n20<|im_end|>").
-        prompt_block = "<think>\n\n</think>\n\n"
-        same = 0
-        while same < len(prompt_block) and block[same] == prompt_block[same]:
-            same += 1
-        block = block[same:] if block != prompt_block else ""
+        # model generates no reasoning. A reasoning the line gives anyway makes the prompt no
+        # prefix of the turn, and the turn then starts at its content (instruction_data.h):
+        # reasoning "4 times 5." gives "20<|im_end|>". Reasoning inline in the content goes with
+        # the content when it is emptied, so there the turn starts after "<think>\n" (measured:
+        # "6*7 is 42.\n</think>\n\nForty-two.<|im_end|>").
+        block = block[len("<think>\n"):] if inline else ""
     return block + content.lstrip("\n") + "<|im_end|>"
 
 
@@ -316,15 +315,16 @@ FAMILIES = {
                          bos="<s>", eos="</s>", split=None, no_system=True,
                          turn=lambda m, **_: m["content"] + "</s>"),
     # Mistral v3 writes " " + content|trim + eos after [/INST]: the space is in the loss (it is
-    # part of the turn the prefix renders find), one byte more than content|trim + "</s>".
-    # With a system message the loss is not the turns (strata_defect; see
-    # test_mistral_v3_system_message_turns_hold_only_the_assistant_known_defect).
-    "mistral-v3": dict(template="mistral-v3", strata_defect=lambda line: _has_system(line),
+    # part of the turn the prefix renders find), one byte more than content|trim + "</s>". With a
+    # system message the prompt is not a prefix of the turn and the turn starts at its content:
+    # content|trim + "</s>" (the space then comes with the token straddling the start).
+    "mistral-v3": dict(template="mistral-v3",
                        added=["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]",
                               "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]",
                               "[/TOOL_RESULTS]"],
                        bos="<s>", eos="</s>", split=None,
-                       turn=lambda m, **_: " " + _strip(m["content"]) + "</s>"),
+                       turn=lambda m, line, **_: ("" if _has_system(line) else " ") +
+                       _strip(m["content"]) + "</s>"),
     "phi4": dict(template="phi4", added=CHATML_SPECIALS + ["<|im_sep|>"], bos="<|endoftext|>",
                  eos="<|im_end|>", split=LLAMA_STYLE_SPLIT,
                  turn=lambda m, **_: m["content"] + "<|im_end|>"),
@@ -427,25 +427,37 @@ def lcp(a, b):
 
 
 def prefix_spans(render, messages, whole):
-    """data/instruction_data.h's rule, from its text: per assistant message k, the turn starts
-    where the whole rendering stops agreeing with the rendering of messages [0, k) with
-    add_generation_prompt; its text is the rendering of [0, k] past its common prefix with that
-    prompt, trailing whitespace removed; it ends after that text where the whole rendering holds
-    it there, else after the longest suffix of it found from the start on. Bytes throughout."""
-    spans = []
+    """data/instruction_data.h's rule, from its text. P = messages [0, k) rendered with
+    add_generation_prompt, T = [0, k] without, W = the whole conversation. Where P is a prefix of
+    T, the turn's text is T past P less trailing ASCII whitespace; it starts where W stops
+    agreeing with P (not before the previous turn's end) and ends after the text where W holds it
+    there, else after the longest suffix of it W holds from the start on. Where P is not a prefix
+    of T, the text is T past its common prefix with T rendered with message k's content "", and
+    the span is the longest suffix of it W holds after the previous turn. Bytes throughout."""
+    spans, prev_end = [], 0
     for k, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
         prompt = render(messages[:k], True)
         turn = render(messages[:k + 1], False)
-        start = lcp(whole, prompt)
-        text = turn[lcp(prompt, turn):].rstrip()
-        if whole.startswith(text, start):
+        agrees = turn.startswith(prompt)
+        if agrees:
+            turn_start = len(prompt)
+        else:
+            turn_start = lcp(turn, render(messages[:k] + [dict(m, content="")], False))
+        text = turn[turn_start:].rstrip(b" \t\n\r")
+        start = max(prev_end, lcp(whole, prompt))
+        if agrees and whole.startswith(text, start):
             end = start + len(text)
         else:
-            n = next(n for n in range(len(text), 0, -1) if whole.find(text[-n:], start) >= 0)
-            end = whole.find(text[-n:], start) + n
+            search = start if agrees else prev_end
+            n = next(n for n in range(len(text), 0, -1) if whole.find(text[-n:], search) >= 0)
+            at = whole.find(text[-n:], search)
+            if not agrees:
+                start = at
+            end = at + n
         spans.append((start, end))
+        prev_end = end
     return spans
 
 
@@ -492,7 +504,7 @@ class Reference:
         for k, m in enumerate(messages):
             if m["role"] == "assistant":
                 out.append(self.f["turn"](m, last_after_query=k > last_user and k == len(
-                    messages) - 1, kwargs=self.kwargs).encode("utf-8"))
+                    messages) - 1, kwargs=self.kwargs, line=line).encode("utf-8"))
         return out
 
 
@@ -626,18 +638,13 @@ class ChatTokenizeMatchesApplyChatTemplate(unittest.TestCase):
                 self.assertEqual(got_ids, ids, self.diff(ref, got_ids, ids))
                 self.assertEqual(got_flags, want_flags, self.flag_diff(ref, ids, got_flags,
                                                                        want_flags, text))
-                if not self.f_defect(family)(line):
-                    self.check_turns(ref, line, ids, want_flags, text, spans, offsets)
+                self.check_turns(ref, line, ids, want_flags, text, spans, offsets)
             at += len(ids)
             n_flagged += sum(f & 1 for f in want_flags)
             n_straddling += sum(1 for (b, e), f in zip(offsets, want_flags) if f & 1 and not any(
                 sb <= b and e <= se for sb, se in spans))
         self.assertEqual(at, len(tokens), "the file holds more tokens than the examples")
         self.compared[label] = (len(lines), len(tokens), n_flagged, n_straddling)
-
-    @staticmethod
-    def f_defect(family):
-        return FAMILIES[family].get("strata_defect", lambda line: False)
 
     def check_turns(self, ref, line, ids, flags, text, spans, offsets):
         """The loss holds, per assistant message, the family's turn text: the spans exactly; the
@@ -695,21 +702,16 @@ class ChatTokenizeMatchesApplyChatTemplate(unittest.TestCase):
     def test_mistral_v3(self):
         self.check_family("mistral-v3", {}, "mistral-v3")
 
-    # Measured: Mistral v3's template writes the system message into the user message only when
-    # that user message is the conversation's last, so a conversation that ends with the
-    # assistant renders without its system message, while the prefix render of messages [0, k)
-    # (which ends with the user) holds it: the whole rendering departs from that prompt right
-    # after the user's "[INST] ", and the loss starts there. For {system, "What is 2+2?",
-    # "It is 4."} the flagged text is "What is 2+2?[/INST] It is 4.</s>", not " It is 4.</s>";
-    # in a multi-turn line every assistant turn takes the user message before it. The ids and
-    # flags still equal the reference (the rule as instruction_data.h states it, test_mistral_v3):
-    # the rule, not its implementation, puts the user's text in the loss. Reported, not fixed
-    # here: this test asserts that the turn check fails on those lines, and fails once it passes.
-    def test_mistral_v3_system_message_turns_hold_only_the_assistant_known_defect(self):
+    # Mistral v3's template writes the system message into the user message only when that user
+    # message is the conversation's last, so the prompt of messages [0, k) is not a prefix of the
+    # turn; the turn starts at its own content (instruction_data.h), and the flagged text is the
+    # assistant's alone: for {system, "What is 2+2?", "It is 4."} " It is 4.</s>" (the space in the
+    # loss through the straddling token " It"), not "What is 2+2?[/INST] It is 4.</s>".
+    def test_mistral_v3_system_message_turns_hold_only_the_assistant(self):
         ref = Reference("mistral-v3", {})
         for name, line in conversations("mistral-v3"):
             if _has_system(line):
-                with self.subTest(line=name), self.assertRaises(AssertionError):
+                with self.subTest(line=name):
                     self.check_turns(ref, line, *ref.example(line))
 
     def test_phi4(self):
