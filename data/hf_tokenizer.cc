@@ -155,6 +155,7 @@ struct HfTokenizer::Impl {
   hf::Vocab added_ids;
   std::array<std::vector<int>, 256> added_by_first_byte;  // longest first
   int vocab_size = 0, bos = -1, eos = -1;
+  bool add_bos = false, add_eos = false;  // adds_bos(), adds_eos()
   CutKind cut = CutKind::kNone;
   bool nfc = false;
   // EncodeWithOffsets' fast path (byte-level BPE, no normalizer, no prefix space): each id's
@@ -711,6 +712,8 @@ Status ResolveSpecialIds(const std::string& path, HfTokenizer::Impl* impl) {
     names = *parsed;
   }
   const hf::TokenizerJson& c = impl->config;
+  impl->add_bos = names.add_bos != 0;
+  impl->add_eos = names.add_eos == 1;
   struct Which {
     bool named;
     const std::string& name;
@@ -776,6 +779,8 @@ StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::Load(const std::string& path
 int HfTokenizer::vocab_size() const { return impl_->vocab_size; }
 int HfTokenizer::bos_id() const { return impl_->bos; }
 int HfTokenizer::eos_id() const { return impl_->eos; }
+bool HfTokenizer::adds_bos() const { return impl_->add_bos && impl_->bos >= 0; }
+bool HfTokenizer::adds_eos() const { return impl_->add_eos && impl_->eos >= 0; }
 int HfTokenizer::TokenId(std::string_view piece) const { return impl_->TokenId(piece); }
 
 StatusOr<std::vector<int32_t>> HfTokenizer::Encode(std::string_view text) const {

@@ -508,6 +508,13 @@ StatusOr<SpecialTokenNames> ParseTokenizerConfigJson(std::string_view json) {
     if (j.contains("eos_token")) {
       names.has_eos = true, names.eos = TokenName(j["eos_token"], "/eos_token");
     }
+    for (auto [key, out] :
+         {std::pair{"add_bos_token", &names.add_bos}, std::pair{"add_eos_token", &names.add_eos}}) {
+      const auto it = j.find(key);
+      if (it == j.end() || it->is_null()) continue;
+      if (!it->is_boolean()) RefuseAt(std::string("/") + key, "must be true or false");
+      *out = it->get<bool>() ? 1 : 0;
+    }
     return names;
   } catch (const Refusal& r) {
     return InvalidArgumentError(r.message);

@@ -96,12 +96,15 @@ inline constexpr const char* kGpt2Pattern =
 StatusOr<TokenizerJson> ParseTokenizerJson(std::string_view json);
 
 // bos_token / eos_token of a tokenizer_config.json's text: the token's content, "" when absent
-// (*present false) or null (*present true).
+// (*present false) or null (*present true); add_bos_token / add_eos_token when given (-1: absent,
+// else 0 or 1).
 struct SpecialTokenNames {
   bool has_bos = false, has_eos = false;
   std::string bos, eos;
+  int add_bos = -1, add_eos = -1;
 };
-// Errors: kInvalidArgument naming the JSON pointer ("/eos_token/content: must be a string").
+// Errors: kInvalidArgument naming the JSON pointer ("/eos_token/content: must be a string",
+// "/add_bos_token: must be true or false").
 StatusOr<SpecialTokenNames> ParseTokenizerConfigJson(std::string_view json);
 
 }  // namespace strata::data::hf

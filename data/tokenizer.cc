@@ -252,7 +252,7 @@ StatusOr<std::vector<int32_t>> TokenizeTextFile(const Tokenizer& tokenizer,
                                                 const std::string& text_path, size_t block_bytes) {
   STRATA_ASSIGN_OR_RETURN(UniqueFd fd, OpenRegularFile(text_path, "text file"));
   std::vector<int32_t> ids;
-  if (tokenizer.bos_id() >= 0) ids.push_back(tokenizer.bos_id());
+  if (tokenizer.adds_bos()) ids.push_back(tokenizer.bos_id());
   std::string pending;  // text after the last cut
   bool continued = false;
   size_t searched = 0;  // pending[0, searched) has no cut point
@@ -284,6 +284,7 @@ StatusOr<std::vector<int32_t>> TokenizeTextFile(const Tokenizer& tokenizer,
     searched = 0;
   }
   if (!pending.empty() || !continued) STRATA_RETURN_IF_ERROR(encode(pending));
+  if (tokenizer.adds_eos()) ids.push_back(tokenizer.eos_id());
   return ids;
 }
 

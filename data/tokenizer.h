@@ -61,6 +61,11 @@ class Tokenizer {
   // The beginning/end-of-sequence ids, or -1 when the tokenizer has none.
   virtual int bos_id() const = 0;
   virtual int eos_id() const = 0;
+  // Whether a document's tokens start with the BOS id and end with the EOS id, as Hugging Face's
+  // tokenizer(text) (add_special_tokens=True) gives them: what TokenizeTextFile writes. Default:
+  // a BOS when there is one (SentencePiece models, as LlamaTokenizer's add_bos_token), no EOS.
+  virtual bool adds_bos() const { return bos_id() >= 0; }
+  virtual bool adds_eos() const { return false; }
   // The id of the vocabulary entry spelt exactly `piece` (a special token such as "<s>" or
   // "<|eot_id|>" included), or -1 when there is none.
   virtual int TokenId(std::string_view piece) const = 0;
@@ -138,12 +143,12 @@ std::unique_ptr<Tokenizer> MakeByteLevelTokenizer();
 // The default block size of TokenizeTextFile's reads.
 inline constexpr size_t kTokenizeBlockBytes = size_t{1} << 20;
 
-// The tokens of a text file treated as one document: the BOS id first when the tokenizer has
-// one, then Encode(whole file). What `strata tokenize` writes and the token cache holds. The file
-// is read in blocks of `block_bytes` and encoded up to the tokenizer's last safe cut
-// (Tokenizer::LastSafeCut) as it goes, so the text held is a block plus what follows the last
-// cut; the ids are exactly Encode(whole file)'s. Errors: the file's errno-mapped code naming it;
-// Encode's, naming the file.
+// The tokens of a text file treated as one document: the BOS id first when the tokenizer adds
+// one (adds_bos()), then Encode(whole file), then the EOS id when it adds one (adds_eos()). What
+// `strata tokenize` writes and the token cache holds. The file is read in blocks of `block_bytes`
+// and encoded up to the tokenizer's last safe cut (Tokenizer::LastSafeCut) as it goes, so the text
+// held is a block plus what follows the last cut; the ids are exactly Encode(whole file)'s. Errors:
+// the file's errno-mapped code naming it; Encode's, naming the file.
 StatusOr<std::vector<int32_t>> TokenizeTextFile(const Tokenizer& tokenizer,
                                                 const std::string& text_path,
                                                 size_t block_bytes = kTokenizeBlockBytes);

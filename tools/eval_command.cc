@@ -283,7 +283,7 @@ Status RunGenerate(const GenerateFlags& f) {
   std::vector<int32_t> context;
   if (!tokenizer_path.empty()) {
     STRATA_ASSIGN_OR_RETURN(tokenizer, data::Tokenizer::Load(tokenizer_path));
-    if (tokenizer->bos_id() >= 0) context.push_back(tokenizer->bos_id());
+    if (tokenizer->adds_bos()) context.push_back(tokenizer->bos_id());
     STRATA_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer->Encode(f.prompt));
     context.insert(context.end(), ids.begin(), ids.end());
   } else if (spec.byte_level()) {

@@ -126,8 +126,9 @@ Status RunTokenize(const TokenizeFlags& f) {
   const auto out_bytes = std::filesystem::file_size(f.output, ec);
   int32_t max_token = 0;
   for (int32_t t : tokens) max_token = std::max(max_token, t);
-  // Bytes of text per token, the BOS not counted.
-  const size_t text_tokens = tokens.size() - (tokenizer->bos_id() >= 0 ? 1 : 0);
+  // Bytes of text per token, the BOS and EOS not counted.
+  const size_t text_tokens =
+      tokens.size() - (tokenizer->adds_bos() ? 1 : 0) - (tokenizer->adds_eos() ? 1 : 0);
   const double per_token =
       text_tokens > 0 ? static_cast<double>(text_bytes) / static_cast<double>(text_tokens) : 0.0;
   std::printf(

@@ -332,6 +332,40 @@ TEST_F(HfTokenizerTest, StreamingInTinyBlocksGivesTheIdsOfTheWholeText) {
   }
 }
 
+// add_bos_token / add_eos_token of tokenizer_config.json, as Hugging Face's tokenizer(text)
+// honours them: a document without its BOS, or ending with its EOS; absent, the BOS only.
+TEST_F(HfTokenizerTest, AddBosAndAddEosTokenDecideADocumentsSpecialTokens) {
+  const fs::path text_path = *dir_ / "doc.txt";
+  WriteFile(text_path, "Hello there.\n");
+  const fs::path dir = *dir_ / "sp_add";
+  fs::create_directories(dir);
+  fs::copy_file(JsonPath("sp"), dir / "tokenizer.json", fs::copy_options::overwrite_existing);
+  auto tokenize = [&](const std::string& config) {
+    WriteFile(dir / "tokenizer_config.json", config);
+    auto t = Tokenizer::Load((dir / "tokenizer.json").string());
+    EXPECT_TRUE(t.ok()) << t.status().ToString();
+    auto ids = TokenizeTextFile(**t, text_path.string());
+    EXPECT_TRUE(ids.ok()) << ids.status().ToString();
+    auto text = (*t)->Encode("Hello there.\n");
+    return std::make_pair(*ids, *text);
+  };
+  const int bos = sp_model_->specials.at("<s>"), eos = sp_model_->specials.at("</s>");
+  auto [ids, text] = tokenize(R"({"bos_token": "<s>", "eos_token": "</s>"})");
+  std::vector<int32_t> want = {bos};
+  want.insert(want.end(), text.begin(), text.end());
+  EXPECT_EQ(ids, want);
+  std::tie(ids, text) = tokenize(
+      R"({"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": false, "add_eos_token": true})");
+  want = text;
+  want.push_back(eos);
+  EXPECT_EQ(ids, want);
+  WriteFile(dir / "tokenizer_config.json", R"({"bos_token": "<s>", "add_bos_token": "yes"})");
+  auto bad = Tokenizer::Load((dir / "tokenizer.json").string());
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("/add_bos_token: must be true or false"));
+  EXPECT_THAT(bad.status().message(), HasSubstr("tokenizer_config.json"));
+}
+
 TEST_F(HfTokenizerTest, CutPointsAreWhereTheyAreProvablySafe) {
   auto gpt2 = LoadStyle("gpt2"), sp = LoadStyle("sp");
   ASSERT_NE(sp, nullptr);
