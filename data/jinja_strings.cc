@@ -7,9 +7,8 @@
 #include "data/jinja_value.h"
 
 namespace strata::data::jinja {
-namespace {
 
-uint32_t Decode(std::string_view s, size_t* i) {
+uint32_t DecodeUtf8(std::string_view s, size_t* i) {
   const auto c = static_cast<unsigned char>(s[*i]);
   int n = c < 0x80 ? 0 : c < 0xE0 ? 1 : c < 0xF0 ? 2 : 3;
   uint32_t cp = n == 0 ? c : n == 1 ? (c & 0x1F) : n == 2 ? (c & 0x0F) : (c & 0x07);
@@ -21,19 +20,21 @@ uint32_t Decode(std::string_view s, size_t* i) {
   return cp;
 }
 
+namespace {
+
 // The code point that ends at `end` (its start in *start).
 uint32_t DecodeBefore(std::string_view s, size_t end, size_t* start) {
   size_t b = end - 1;
   while (b > 0 && (static_cast<unsigned char>(s[b]) & 0xC0) == 0x80 && end - b < 4) --b;
   size_t i = b;
-  const uint32_t cp = Decode(s, &i);
+  const uint32_t cp = DecodeUtf8(s, &i);
   *start = b;
   return cp;
 }
 
 bool InChars(uint32_t cp, std::string_view chars) {
   for (size_t i = 0; i < chars.size();) {
-    if (Decode(chars, &i) == cp) return true;
+    if (DecodeUtf8(chars, &i) == cp) return true;
   }
   return false;
 }
@@ -87,7 +88,7 @@ std::string_view PyStrip(std::string_view s, const std::string_view* chars, bool
   if (left) {
     while (b < e) {
       size_t next = b;
-      if (!strip_it(Decode(s, &next))) break;
+      if (!strip_it(DecodeUtf8(s, &next))) break;
       b = next;
     }
   }
@@ -138,7 +139,7 @@ bool PySplit(std::string_view s, const std::string_view* sep, int64_t maxsplit, 
     while (true) {
       while (i < s.size()) {
         size_t next = i;
-        if (!IsPyWhitespace(Decode(s, &next))) break;
+        if (!IsPyWhitespace(DecodeUtf8(s, &next))) break;
         i = next;
       }
       if (i >= s.size()) break;
@@ -149,7 +150,7 @@ bool PySplit(std::string_view s, const std::string_view* sep, int64_t maxsplit, 
       size_t j = i;
       while (j < s.size()) {
         size_t next = j;
-        if (IsPyWhitespace(Decode(s, &next))) break;
+        if (IsPyWhitespace(DecodeUtf8(s, &next))) break;
         j = next;
       }
       out->push_back(s.substr(i, j - i));
@@ -191,7 +192,7 @@ std::vector<std::string_view> PySplitLines(std::string_view s) {
   size_t start = 0, i = 0;
   while (i < s.size()) {
     const size_t at = i;
-    const uint32_t cp = Decode(s, &i);
+    const uint32_t cp = DecodeUtf8(s, &i);
     const bool br = cp == '\n' || cp == '\r' || cp == '\v' || cp == '\f' || cp == 0x1C ||
                     cp == 0x1D || cp == 0x1E || cp == 0x85 || cp == 0x2028 || cp == 0x2029;
     if (!br) continue;
@@ -209,7 +210,7 @@ std::string PyLower(std::string_view s) { return Convert(s, 1); }
 std::string PyCapitalize(std::string_view s) {
   if (s.empty()) return {};
   size_t i = 0;
-  Decode(s, &i);
+  DecodeUtf8(s, &i);
   // Python capitalizes the first character with its title case.
   icu::UnicodeString first =
       icu::UnicodeString::fromUTF8(icu::StringPiece(s.data(), static_cast<int32_t>(i)));
@@ -225,7 +226,7 @@ std::string PyTitle(std::string_view s) {
   bool prev_cased = false;
   for (size_t i = 0; i < s.size();) {
     const size_t start = i;
-    const uint32_t cp = Decode(s, &i);
+    const uint32_t cp = DecodeUtf8(s, &i);
     const std::string_view ch = s.substr(start, i - start);
     const bool cased = IsCased(cp);
     if (cased) {

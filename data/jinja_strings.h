@@ -11,6 +11,10 @@
 
 namespace strata::data::jinja {
 
+// The code point of the UTF-8 sequence at s[*i] (a truncated one from the bytes it has), *i moved
+// past it. *i < s.size().
+uint32_t DecodeUtf8(std::string_view s, size_t* i);
+
 bool IsPyWhitespace(uint32_t code_point);
 // str.strip / lstrip / rstrip: chars == nullptr strips whitespace.
 std::string_view PyStrip(std::string_view s, const std::string_view* chars, bool left, bool right);

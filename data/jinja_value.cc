@@ -9,6 +9,7 @@
 #include <string>
 
 #include "data/jinja_error.h"
+#include "data/jinja_strings.h"
 
 namespace strata::data::jinja {
 namespace {
@@ -24,18 +25,6 @@ int DepthOf(const Value& v) {
   if (v.kind == Kind::kList) return v.list().depth;
   if (v.kind == Kind::kDict) return v.dict().depth;
   return 0;
-}
-
-uint32_t DecodeUtf8(std::string_view s, size_t* i) {
-  const auto c = static_cast<unsigned char>(s[*i]);
-  int n = c < 0x80 ? 0 : c < 0xE0 ? 1 : c < 0xF0 ? 2 : 3;
-  uint32_t cp = n == 0 ? c : n == 1 ? (c & 0x1F) : n == 2 ? (c & 0x0F) : (c & 0x07);
-  size_t k = *i + 1;
-  for (; n > 0 && k < s.size() && (static_cast<unsigned char>(s[k]) & 0xC0) == 0x80; --n, ++k) {
-    cp = (cp << 6) | (static_cast<unsigned char>(s[k]) & 0x3F);
-  }
-  *i = k;
-  return cp;
 }
 
 void AppendHex(std::string& out, uint32_t v, int digits) {

@@ -969,28 +969,36 @@ def check_lora_gradients(test, root, model, lora, adapter_dir, adapters, lora_lo
 # ---------------------------------------------------------------------------
 # strata against the references.
 
-class Fixture:
-    """Models and token files written once into a temporary directory."""
-    root = None
-    models = None
+class ModelFixture:
+    """Models and their token files, written once per process into a temporary directory:
+    make_models() (each a Model), model i's tokens random_tokens(seed + i, eval_tokens, its
+    vocabulary) in <root>/<name>.bin. get() writes them the first time; cleanup() removes them.
+    Every family test file keeps one."""
 
-    @classmethod
-    def get(cls):
-        if cls.root is None:
-            cls.root = tempfile.mkdtemp(prefix="strata-hf-families-")
-            cls.models = make_models()
-            for i, m in enumerate(cls.models):
-                m.write(cls.root)
-                m.tokens = random_tokens(100 + i, EVAL_TOKENS, vocab_size(m.cfg))
-                m.data = os.path.join(cls.root, m.name + ".bin")
+    def __init__(self, prefix, make_models, seed, eval_tokens):
+        self.prefix, self.make_models, self.seed, self.eval_tokens = (
+            prefix, make_models, seed, eval_tokens)
+        self.root = None
+        self.models = None
+
+    def get(self):
+        if self.root is None:
+            self.root = tempfile.mkdtemp(prefix=self.prefix)
+            self.models = self.make_models()
+            for i, m in enumerate(self.models):
+                m.write(self.root)
+                m.tokens = random_tokens(self.seed + i, self.eval_tokens, vocab_size(m.cfg))
+                m.data = os.path.join(self.root, m.name + ".bin")
                 write_tokens(m.data, m.tokens)
-        return cls
+        return self
 
-    @classmethod
-    def cleanup(cls):
-        if cls.root is not None:
-            shutil.rmtree(cls.root, ignore_errors=True)
-            cls.root = None
+    def cleanup(self):
+        if self.root is not None:
+            shutil.rmtree(self.root, ignore_errors=True)
+            self.root = None
+
+
+Fixture = ModelFixture("strata-hf-families-", lambda: make_models(), 100, EVAL_TOKENS)
 
 
 def tearDownModule():

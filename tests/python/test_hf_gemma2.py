@@ -332,26 +332,11 @@ class ReferenceSensitivityTest(unittest.TestCase):
 # ---------------------------------------------------------------------------
 # strata against the reference.
 
-class Fixture:
-    root = None
-    models = None
-
-    @classmethod
-    def get(cls):
-        if cls.root is None:
-            cls.root = tempfile.mkdtemp(prefix="strata-hf-gemma2-")
-            cls.models = make_models()
-            for i, m in enumerate(cls.models):
-                m.write(cls.root)
-                m.tokens = base.random_tokens(400 + i, EVAL_TOKENS, m.cfg["vocab_size"])
-                m.data = os.path.join(cls.root, m.name + ".bin")
-                write_tokens(m.data, m.tokens)
-        return cls
+Fixture = base.ModelFixture("strata-hf-gemma2-", lambda: make_models(), 400, EVAL_TOKENS)
 
 
 def tearDownModule():
-    if Fixture.root is not None:
-        shutil.rmtree(Fixture.root, ignore_errors=True)
+    Fixture.cleanup()
 
 
 @unittest.skipIf(torch is None, "torch is not importable")

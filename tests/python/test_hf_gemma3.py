@@ -910,27 +910,7 @@ class ReferenceSensitivityTest(unittest.TestCase):
 # ---------------------------------------------------------------------------
 # strata against the reference.
 
-class Fixture:
-    root = None
-    models = None
-
-    @classmethod
-    def get(cls):
-        if cls.root is None:
-            cls.root = tempfile.mkdtemp(prefix="strata-hf-gemma3-")
-            cls.models = make_models()
-            for i, m in enumerate(cls.models):
-                m.write(cls.root)
-                m.tokens = base.random_tokens(300 + i, EVAL_TOKENS, m.cfg["vocab_size"])
-                m.data = os.path.join(cls.root, m.name + ".bin")
-                write_tokens(m.data, m.tokens)
-        return cls
-
-    @classmethod
-    def cleanup(cls):
-        if cls.root is not None:
-            shutil.rmtree(cls.root, ignore_errors=True)
-            cls.root = None
+Fixture = base.ModelFixture("strata-hf-gemma3-", lambda: make_models(), 300, EVAL_TOKENS)
 
 
 def tearDownModule():

@@ -977,27 +977,7 @@ class ReferenceModelTest(unittest.TestCase):
 # ---------------------------------------------------------------------------
 # strata against the references.
 
-class Fixture:
-    root = None
-    models = None
-
-    @classmethod
-    def get(cls):
-        if cls.root is None:
-            cls.root = tempfile.mkdtemp(prefix="strata-hf-new-families-")
-            cls.models = make_models()
-            for i, m in enumerate(cls.models):
-                m.write(cls.root)
-                m.tokens = base.random_tokens(200 + i, EVAL_TOKENS, m.cfg["vocab_size"])
-                m.data = os.path.join(cls.root, m.name + ".bin")
-                write_tokens(m.data, m.tokens)
-        return cls
-
-    @classmethod
-    def cleanup(cls):
-        if cls.root is not None:
-            shutil.rmtree(cls.root, ignore_errors=True)
-            cls.root = None
+Fixture = base.ModelFixture("strata-hf-new-families-", lambda: make_models(), 200, EVAL_TOKENS)
 
 
 def tearDownModule():

@@ -278,12 +278,13 @@ TEST(AttentionOp, DoubleMatchesThePlainSoftmaxReferenceWithGroupedKvAndStridedRo
   }
 }
 
-// dq and dk cancel (softmax's Jacobian); with a window of 1 they are zero in exact arithmetic
-// (dS = 1 (dP - dP)), so the reference's bound adds the magnitude of their terms (Ref::terms).
-TEST(AttentionOp, DoubleMatchesTheWindowedSoftmaxReference) {
-  for (const Layout& l : WindowCases()) {
+// The double op against the reference on `cases` (inputs from `seed`). dq and dk cancel
+// (softmax's Jacobian); with a window of 1 they are zero in exact arithmetic (dS = 1 (dP - dP)),
+// so their bound adds the magnitude of their terms (Ref::terms).
+void ExpectDoubleMatchesTheReference(const std::vector<Layout>& cases, uint64_t seed) {
+  for (const Layout& l : cases) {
     SCOPED_TRACE(Name(l));
-    const std::vector<double> qkv = Inputs(l, 11), dout = RandomDoubles(l.out_elems(), 12);
+    const std::vector<double> qkv = Inputs(l, seed), dout = RandomDoubles(l.out_elems(), seed + 1);
     const Got<double> g = RunOp<double>(l, qkv, dout);
     const Ref r = Reference(l, qkv, dout);
     ExpectNearReference("out", g.out, r.out);
@@ -296,45 +297,21 @@ TEST(AttentionOp, DoubleMatchesTheWindowedSoftmaxReference) {
                            Columns(l, r.terms, l.k_off, kvw), 1.0, 1e-12);
     ExpectNearReference("dv", Columns(l, g.dqkv, l.v_off, kvw), Columns(l, r.dqkv, l.v_off, kvw));
   }
+}
+
+TEST(AttentionOp, DoubleMatchesTheWindowedSoftmaxReference) {
+  ExpectDoubleMatchesTheReference(WindowCases(), 11);
 }
 
 // A given scale: the scores are scale q k^T in the forward and the backward (dq and dk carry the
 // scale, dv does not), with grouped heads, packed sequences and a window.
 TEST(AttentionOp, DoubleMatchesTheReferenceWithAGivenScale) {
-  for (const Layout& l : ScaleCases()) {
-    SCOPED_TRACE(Name(l));
-    const std::vector<double> qkv = Inputs(l, 21), dout = RandomDoubles(l.out_elems(), 22);
-    const Got<double> g = RunOp<double>(l, qkv, dout);
-    const Ref r = Reference(l, qkv, dout);
-    ExpectNearReference("out", g.out, r.out);
-    ExpectNearReference("lse", g.lse, r.lse);
-    const int64_t qw = int64_t{l.d.num_heads} * l.d.head_dim;
-    const int64_t kvw = int64_t{l.d.num_kv_heads} * l.d.head_dim;
-    ExpectWithinTermsBound("dq", Columns(l, g.dqkv, l.q_off, qw), Columns(l, r.dqkv, l.q_off, qw),
-                           Columns(l, r.terms, l.q_off, qw), 1.0, 1e-12);
-    ExpectWithinTermsBound("dk", Columns(l, g.dqkv, l.k_off, kvw), Columns(l, r.dqkv, l.k_off, kvw),
-                           Columns(l, r.terms, l.k_off, kvw), 1.0, 1e-12);
-    ExpectNearReference("dv", Columns(l, g.dqkv, l.v_off, kvw), Columns(l, r.dqkv, l.v_off, kvw));
-  }
+  ExpectDoubleMatchesTheReference(ScaleCases(), 21);
 }
 
 // Soft-capped scores (c tanh(s / c)) in the forward and their derivative in the backward.
 TEST(AttentionOp, DoubleMatchesTheSoftCappedReference) {
-  for (const Layout& l : SoftcapCases()) {
-    SCOPED_TRACE(Name(l));
-    const std::vector<double> qkv = Inputs(l, 31), dout = RandomDoubles(l.out_elems(), 32);
-    const Got<double> g = RunOp<double>(l, qkv, dout);
-    const Ref r = Reference(l, qkv, dout);
-    ExpectNearReference("out", g.out, r.out);
-    ExpectNearReference("lse", g.lse, r.lse);
-    const int64_t qw = int64_t{l.d.num_heads} * l.d.head_dim;
-    const int64_t kvw = int64_t{l.d.num_kv_heads} * l.d.head_dim;
-    ExpectWithinTermsBound("dq", Columns(l, g.dqkv, l.q_off, qw), Columns(l, r.dqkv, l.q_off, qw),
-                           Columns(l, r.terms, l.q_off, qw), 1.0, 1e-12);
-    ExpectWithinTermsBound("dk", Columns(l, g.dqkv, l.k_off, kvw), Columns(l, r.dqkv, l.k_off, kvw),
-                           Columns(l, r.terms, l.k_off, kvw), 1.0, 1e-12);
-    ExpectNearReference("dv", Columns(l, g.dqkv, l.v_off, kvw), Columns(l, r.dqkv, l.v_off, kvw));
-  }
+  ExpectDoubleMatchesTheReference(SoftcapCases(), 31);
 }
 
 // The cap is read and bends: on one key of one query (T = 1) lse is that key's capped score
