@@ -101,6 +101,14 @@ StatusOr<std::shared_ptr<const JinjaTemplate>> ParseTemplate(std::string_view te
   return std::shared_ptr<const JinjaTemplate>(std::move(t));
 }
 
+// The built-in template `name` names (kNone for any other name).
+ChatTemplate ChatTemplateFromName(std::string_view name) {
+  if (name == "llama3") return ChatTemplate::kLlama3;
+  if (name == "chatml") return ChatTemplate::kChatml;
+  if (name == "mistral") return ChatTemplate::kMistral;
+  return ChatTemplate::kNone;
+}
+
 bool NamesAFile(std::string_view name) {
   return name.find('/') != std::string_view::npos || name.ends_with(".jinja");
 }
@@ -146,9 +154,15 @@ StatusOr<ChatFormat> ResolveChatFormat(std::string_view name, const std::string&
                            : fs::path(tokenizer_path).parent_path();
   const std::string dir_name = dir.empty() ? "." : dir.string();
   const std::string config_path = (dir / "tokenizer_config.json").string();
-  STRATA_ASSIGN_OR_RETURN(const ojson config, ReadJsonObject(config_path));
-  STRATA_ASSIGN_OR_RETURN(const ojson special_map,
-                          ReadJsonObject((dir / "special_tokens_map.json").string()));
+  // The model's files are read for its own template (auto, or a file meant for it); a built-in
+  // or none is as named, whatever they hold.
+  const bool builtin = name == "none" || !BuiltinChatTemplate(ChatTemplateFromName(name)).empty();
+  ojson config, special_map;
+  if (!builtin) {
+    STRATA_ASSIGN_OR_RETURN(config, ReadJsonObject(config_path));
+    STRATA_ASSIGN_OR_RETURN(special_map,
+                            ReadJsonObject((dir / "special_tokens_map.json").string()));
+  }
 
   ChatFormat f;
   AddSpecialTokens(config, special_map, f.variables);

@@ -62,7 +62,8 @@ struct ChatFormat {
 //   "auto"   the model's own template: chat_template.jinja in that directory, else
 //            tokenizer_config.json's chat_template (a string, or the entry named "default" of a
 //            list of {"name", "template"}); none when neither exists (or it is null);
-//   "llama3", "chatml", "mistral"  the built-in template; "none" no template;
+//   "llama3", "chatml", "mistral"  the built-in template; "none" no template (neither reads the
+//            model's files: the variables are the kwargs alone);
 //   anything else  a path to a Jinja template file (a name with a '/' or ending in ".jinja").
 // kwargs_json: "" or a JSON object whose keys become template variables (Qwen3's
 // {"enable_thinking": false}).

@@ -373,6 +373,8 @@ TEST_F(InstructionDataTest, AutoWithoutATemplateIsNoneAndBadNamesAndTemplatesAre
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(bad.status().message(), HasSubstr("tokenizer_config.json' chat_template line 3"));
   EXPECT_THAT(bad.status().message(), Not(HasSubstr("\n")));
+  // A built-in is as named: the model's files (here a template that does not parse) are not read.
+  EXPECT_TRUE(ResolveChatFormat("chatml", tokenizer).ok());
   auto kwargs = ResolveChatFormat("chatml", tokenizer, "[1]");
   ASSERT_FALSE(kwargs.ok());
   EXPECT_THAT(kwargs.status().message(), HasSubstr("--chat-template-kwargs"));
