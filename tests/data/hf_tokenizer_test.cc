@@ -604,25 +604,6 @@ std::vector<std::string> OffsetTexts() {
   return texts;
 }
 
-// Expects `text` to encode to tokens spelt `pieces` with spans `spans`.
-void ExpectSpans(const Tokenizer& t, std::string_view text, const std::vector<std::string>& pieces,
-                 const std::vector<TokenSpan>& spans) {
-  std::vector<int32_t> ids;
-  for (const std::string& p : pieces) {
-    ids.push_back(t.TokenId(p));
-    ASSERT_GE(ids.back(), 0) << "no token '" << p << "'";
-  }
-  auto enc = t.EncodeWithOffsets(text);
-  ASSERT_TRUE(enc.ok()) << enc.status().ToString();
-  EXPECT_EQ(enc->ids, ids) << "'" << text << "'";
-  ASSERT_EQ(enc->spans.size(), spans.size()) << "'" << text << "'";
-  for (size_t i = 0; i < spans.size(); ++i) {
-    EXPECT_EQ(enc->spans[i], spans[i])
-        << "'" << text << "' token " << i << " '" << pieces[i] << "': [" << enc->spans[i].begin
-        << ", " << enc->spans[i].end << ")";
-  }
-}
-
 class HfOffsetsTest : public HfTokenizerTest {
  protected:
   // The configurations: name -> file.
@@ -725,22 +706,25 @@ const std::string kNl = "\xC4\x8A", kSp = "\xC4\xA0";  // Ċ, Ġ: "\n", " " byte
 TEST_F(HfOffsetsTest, TwoNewlinesMergedIntoOneTokenHaveOneSpanEvenAcrossAPartBoundary) {
   auto t = Config("llama3nn");
   ASSERT_NE(t, nullptr);
-  ExpectSpans(*t, "\n\nWhat is 2+2?", {kNl + kNl, "What", kSp + "is", kSp, "2", "+", "2", "?"},
-              {{0, 2}, {2, 6}, {6, 9}, {9, 10}, {10, 11}, {11, 12}, {12, 13}, {13, 14}});
+  testing::ExpectSpans(*t, "\n\nWhat is 2+2?",
+                       {kNl + kNl, "What", kSp + "is", kSp, "2", "+", "2", "?"},
+                       {{0, 2}, {2, 6}, {6, 9}, {9, 10}, {10, 11}, {11, 12}, {12, 13}, {13, 14}});
   // "A\n" ends one part of a rendered chat and "\nB" starts the next: the merged token spans
   // both, so a mask over either part takes it.
-  ExpectSpans(*t, std::string("A\n") + "\nB", {"A", kNl + kNl, "B"}, {{0, 1}, {1, 3}, {3, 4}});
+  testing::ExpectSpans(*t, std::string("A\n") + "\nB", {"A", kNl + kNl, "B"},
+                       {{0, 1}, {1, 3}, {3, 4}});
 }
 
 TEST_F(HfOffsetsTest, ByteLevelTokensSpanTheirOwnBytes) {
   auto t = Config("gpt2");
   ASSERT_NE(t, nullptr);
-  ExpectSpans(*t, "Hello world", {"H", "ell", "o", kSp + "wor", "ld"},
-              {{0, 1}, {1, 4}, {4, 5}, {5, 9}, {9, 11}});
+  testing::ExpectSpans(*t, "Hello world", {"H", "ell", "o", kSp + "wor", "ld"},
+                       {{0, 1}, {1, 4}, {4, 5}, {5, 9}, {9, 11}});
   // "€" is three bytes, each its own token here: each covers its byte.
-  ExpectSpans(*t, "\xE2\x82\xAC", {ByteChars("\xE2"), ByteChars("\x82"), ByteChars("\xAC")},
-              {{0, 1}, {1, 2}, {2, 3}});
-  ExpectSpans(*t, "<|im_start|>hi", {"<|im_start|>", "hi"}, {{0, 12}, {12, 14}});
+  testing::ExpectSpans(*t, "\xE2\x82\xAC",
+                       {ByteChars("\xE2"), ByteChars("\x82"), ByteChars("\xAC")},
+                       {{0, 1}, {1, 2}, {2, 3}});
+  testing::ExpectSpans(*t, "<|im_start|>hi", {"<|im_start|>", "hi"}, {{0, 12}, {12, 14}});
 }
 
 TEST_F(HfOffsetsTest, LstripAndRstripTokensSpanTheWhitespaceTheySwallow) {
@@ -748,9 +732,10 @@ TEST_F(HfOffsetsTest, LstripAndRstripTokensSpanTheWhitespaceTheySwallow) {
     auto t = Config(name);
     ASSERT_NE(t, nullptr);
     const bool sp = std::string(name) == "sp-strip";
-    ExpectSpans(*t, "a  <|im_start|><|im_end|> \t b",
-                {sp ? kSpace + "a" : "a", "<|im_start|>", "<|im_end|>", sp ? kSpace + "b" : "b"},
-                {{0, 1}, {1, 15}, {15, 28}, {28, 29}});
+    testing::ExpectSpans(
+        *t, "a  <|im_start|><|im_end|> \t b",
+        {sp ? kSpace + "a" : "a", "<|im_start|>", "<|im_end|>", sp ? kSpace + "b" : "b"},
+        {{0, 1}, {1, 15}, {15, 28}, {28, 29}});
   }
 }
 
@@ -758,37 +743,38 @@ TEST_F(HfOffsetsTest, SentencePieceStylePrefixesAreEmptyAndReplacedSpacesAreThei
   for (const char* name : {"sp", "metaspace-always-split"}) {
     auto t = Config(name);
     ASSERT_NE(t, nullptr);
-    ExpectSpans(*t, "Hello world", {kSpace, "H", "ell", "o", kSpace + "wor", "ld"},
-                {{0, 0}, {0, 1}, {1, 4}, {4, 5}, {5, 9}, {9, 11}});
-    ExpectSpans(*t, "a b", {kSpace + "a", kSpace + "b"}, {{0, 1}, {1, 3}});
-    ExpectSpans(*t, "<|im_start|>hi", {"<|im_start|>", kSpace + "h", "i"},
-                {{0, 12}, {12, 13}, {13, 14}});
+    testing::ExpectSpans(*t, "Hello world", {kSpace, "H", "ell", "o", kSpace + "wor", "ld"},
+                         {{0, 0}, {0, 1}, {1, 4}, {4, 5}, {5, 9}, {9, 11}});
+    testing::ExpectSpans(*t, "a b", {kSpace + "a", kSpace + "b"}, {{0, 1}, {1, 3}});
+    testing::ExpectSpans(*t, "<|im_start|>hi", {"<|im_start|>", kSpace + "h", "i"},
+                         {{0, 12}, {12, 13}, {13, 14}});
     // The three byte-fallback tokens of "€" each cover the whole character.
-    ExpectSpans(*t, "\xE2\x82\xAC", {kSpace, "<0xE2>", "<0x82>", "<0xAC>"},
-                {{0, 0}, {0, 3}, {0, 3}, {0, 3}});
+    testing::ExpectSpans(*t, "\xE2\x82\xAC", {kSpace, "<0xE2>", "<0x82>", "<0xAC>"},
+                         {{0, 0}, {0, 3}, {0, 3}, {0, 3}});
   }
   // A Prepend normalizer adds "▁" before a leading space too; Metaspace does not.
-  ExpectSpans(*Config("sp"), " Hi  there", {kSpace, kSpace, "H", "i", kSpace, kSpace + "the", "re"},
-              {{0, 0}, {0, 1}, {1, 2}, {2, 3}, {3, 4}, {4, 8}, {8, 10}});
-  ExpectSpans(*Config("metaspace-always-split"), " Hi  there",
-              {kSpace, "H", "i", kSpace, kSpace + "the", "re"},
-              {{0, 1}, {1, 2}, {2, 3}, {3, 4}, {4, 8}, {8, 10}});
+  testing::ExpectSpans(*Config("sp"), " Hi  there",
+                       {kSpace, kSpace, "H", "i", kSpace, kSpace + "the", "re"},
+                       {{0, 0}, {0, 1}, {1, 2}, {2, 3}, {3, 4}, {4, 8}, {8, 10}});
+  testing::ExpectSpans(*Config("metaspace-always-split"), " Hi  there",
+                       {kSpace, "H", "i", kSpace, kSpace + "the", "re"},
+                       {{0, 1}, {1, 2}, {2, 3}, {3, 4}, {4, 8}, {8, 10}});
   // A ByteLevel prefix space is empty too; a fused unknown token covers its characters.
-  ExpectSpans(*Config("gpt2-prefix"), "world", {kSp + "wor", "ld"}, {{0, 3}, {3, 5}});
-  ExpectSpans(*Config("sp-unk"), "\xE2\x82\xAC\xE2\x82\xAC!", {kSpace, "<unk>", "!"},
-              {{0, 0}, {0, 6}, {6, 7}});
+  testing::ExpectSpans(*Config("gpt2-prefix"), "world", {kSp + "wor", "ld"}, {{0, 3}, {3, 5}});
+  testing::ExpectSpans(*Config("sp-unk"), "\xE2\x82\xAC\xE2\x82\xAC!", {kSpace, "<unk>", "!"},
+                       {{0, 0}, {0, 6}, {6, 7}});
   // prepend_scheme "first": no "▁" after an added token.
-  ExpectSpans(*Config("metaspace-first-split"), "<|im_start|>hi", {"<|im_start|>", "hi"},
-              {{0, 12}, {12, 14}});
+  testing::ExpectSpans(*Config("metaspace-first-split"), "<|im_start|>hi", {"<|im_start|>", "hi"},
+                       {{0, 12}, {12, 14}});
 }
 
 TEST_F(HfOffsetsTest, TokensOfARunNfcChangedSpanTheWholeRun) {
   // "e" + U+0301 (3 bytes) becomes "é" (2 bytes, 2 tokens): both tokens cover the 3 bytes.
   const std::string text = std::string("ae\xCC\x81") + "b";
-  ExpectSpans(*Config("qwen2"), text, {"a", ByteChars("\xC3"), ByteChars("\xA9"), "b"},
-              {{0, 1}, {1, 4}, {1, 4}, {4, 5}});
-  ExpectSpans(*Config("sp-nfc"), text, {kSpace + "a", "<0xC3>", "<0xA9>", "b"},
-              {{0, 1}, {1, 4}, {1, 4}, {4, 5}});
+  testing::ExpectSpans(*Config("qwen2"), text, {"a", ByteChars("\xC3"), ByteChars("\xA9"), "b"},
+                       {{0, 1}, {1, 4}, {1, 4}, {4, 5}});
+  testing::ExpectSpans(*Config("sp-nfc"), text, {kSpace + "a", "<0xC3>", "<0xA9>", "b"},
+                       {{0, 1}, {1, 4}, {1, 4}, {4, 5}});
 }
 
 TEST_F(HfOffsetsTest, InvalidUtf8IsAnErrorAsInEncode) {

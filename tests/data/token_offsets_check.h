@@ -86,4 +86,24 @@ inline EncodedText ExpectOffsetContract(const Tokenizer& t, std::string_view tex
   return *enc;
 }
 
+inline  // Expects `text` to encode to tokens spelt `pieces` with spans `spans`.
+    void
+    ExpectSpans(const Tokenizer& t, std::string_view text, const std::vector<std::string>& pieces,
+                const std::vector<TokenSpan>& spans) {
+  std::vector<int32_t> ids;
+  for (const std::string& p : pieces) {
+    ids.push_back(t.TokenId(p));
+    ASSERT_GE(ids.back(), 0) << "no token '" << p << "'";
+  }
+  auto enc = t.EncodeWithOffsets(text);
+  ASSERT_TRUE(enc.ok()) << enc.status().ToString();
+  EXPECT_EQ(enc->ids, ids) << "'" << text << "'";
+  ASSERT_EQ(enc->spans.size(), spans.size()) << "'" << text << "'";
+  for (size_t i = 0; i < spans.size(); ++i) {
+    EXPECT_EQ(enc->spans[i], spans[i])
+        << "'" << text << "' token " << i << " '" << pieces[i] << "': [" << enc->spans[i].begin
+        << ", " << enc->spans[i].end << ")";
+  }
+}
+
 }  // namespace strata::data::testing

@@ -408,25 +408,6 @@ std::vector<std::string> SentencePieceOffsetTexts() {
   return texts;
 }
 
-// Expects `text` to encode to tokens spelt `pieces` with spans `spans`.
-void ExpectSpans(const Tokenizer& t, std::string_view text, const std::vector<std::string>& pieces,
-                 const std::vector<TokenSpan>& spans) {
-  std::vector<int32_t> ids;
-  for (const std::string& p : pieces) {
-    ids.push_back(t.TokenId(p));
-    ASSERT_GE(ids.back(), 0) << "no token '" << p << "'";
-  }
-  auto enc = t.EncodeWithOffsets(text);
-  ASSERT_TRUE(enc.ok()) << enc.status().ToString();
-  EXPECT_EQ(enc->ids, ids) << "'" << text << "'";
-  ASSERT_EQ(enc->spans.size(), spans.size()) << "'" << text << "'";
-  for (size_t i = 0; i < spans.size(); ++i) {
-    EXPECT_EQ(enc->spans[i], spans[i])
-        << "'" << text << "' token " << i << " '" << pieces[i] << "': [" << enc->spans[i].begin
-        << ", " << enc->spans[i].end << ")";
-  }
-}
-
 const std::string kSpace = "\xE2\x96\x81";  // ▁
 
 TEST_F(TokenizerTest, OffsetsOfATrainedModelGiveEncodesIdsAndTileTheText) {
@@ -460,14 +441,15 @@ TEST(SentencePieceOffsetsTest, ALlama2LikeModelGivesEncodesIdsAndLibsentencepiec
     testing::ExpectOffsetContract(t, text, testing::SpanShape::kOverlapping, "'" + text + "'",
                                   testing::Coverage::kAllButWhitespace);
   }
-  ExpectSpans(t, "Hello world", {kSpace + "H", "ell", "o", kSpace + "wor", "ld"},
-              {{0, 1}, {1, 4}, {4, 5}, {5, 9}, {9, 11}});
+  testing::ExpectSpans(t, "Hello world", {kSpace + "H", "ell", "o", kSpace + "wor", "ld"},
+                       {{0, 1}, {1, 4}, {4, 5}, {5, 9}, {9, 11}});
   // Each byte-fallback token of "€" covers the character ("5" too is a byte here); the dummy
   // prefix is empty.
-  ExpectSpans(t, "\xE2\x82\xAC 5", {kSpace, "<0xE2>", "<0x82>", "<0xAC>", kSpace, "<0x35>"},
-              {{0, 0}, {0, 3}, {0, 3}, {0, 3}, {3, 4}, {4, 5}});
+  testing::ExpectSpans(t, "\xE2\x82\xAC 5",
+                       {kSpace, "<0xE2>", "<0x82>", "<0xAC>", kSpace, "<0x35>"},
+                       {{0, 0}, {0, 3}, {0, 3}, {0, 3}, {3, 4}, {4, 5}});
   // The newlines fold into the "▁" of "▁B", which covers them.
-  ExpectSpans(t, "A\n\nB", {kSpace + "A", kSpace + "B"}, {{0, 1}, {1, 4}});
+  testing::ExpectSpans(t, "A\n\nB", {kSpace + "A", kSpace + "B"}, {{0, 1}, {1, 4}});
 }
 
 TEST(ByteLevelTokenizerTest, TokenIOfTheTextCoversByteI) {
