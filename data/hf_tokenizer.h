@@ -54,8 +54,10 @@ class HfTokenizer final : public Tokenizer {
   // kInvalidArgument when `text` is not valid UTF-8 (naming the byte offset).
   StatusOr<std::vector<int32_t>> Encode(std::string_view text) const override;
   // HF's encode(text, add_special_tokens=false) with return_offsets_mapping, in bytes (the
-  // contract in tokenizer.h). Alignment through the normalizers and the pre-tokenizer costs a
-  // span per byte and skips Encode's pre-token cache: several times Encode's time.
+  // contract in tokenizer.h). Byte-level tokenizers without a normalizer or prefix space take
+  // Encode's ids and check that their bytes tile the text (Encode's time, bench_tokenizer);
+  // otherwise (or where they do not tile: an lstrip/rstrip token) the alignment through the
+  // normalizers and the pre-tokenizer costs a span per byte: about twice Encode's time.
   StatusOr<EncodedText> EncodeWithOffsets(std::string_view text) const override;
   // The cache holds pre-tokens' ids (at most 65536 pre-tokens of up to 64 bytes, as within one
   // Encode call).
