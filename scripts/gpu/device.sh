@@ -23,7 +23,8 @@
 #             2 x 2048), PyTorch resident at both shapes, then each case's step as the measured
 #             profile predicts it (strata estimate --machine) against the measured one
 #   families  issue 43: the new ops' CUDA tests (head_rms_norm_cuda_test, gemma_ops_cuda_test,
-#             llama_cuda_test's window / scale / GeGLU / embedding cases: `check` runs them too,
+#             softcap_cuda_test, llama_cuda_test's window / scale / GeGLU / embedding / whole-model
+#             family cases: `check` runs them too,
 #             repeated here so the phase stands alone), then scripts/gpu/families_vs_transformers.py:
 #             the tiny llama, mistral, qwen2, qwen3, phi3 and gemma3_text directories of
 #             tests/python evaluated by transformers (cuda, eager) and by strata eval on cuda and
@@ -242,7 +243,8 @@ families)
   }
   gtest_step head_rms_norm_cuda 60 head_rms_norm_cuda_test
   gtest_step gemma_ops_cuda 60 gemma_ops_cuda_test
-  gtest_step llama_cuda_new_ops 90 llama_cuda_test --gtest_filter='*Window*:*Scale*:*Geglu*:*Embedding*'
+  gtest_step llama_cuda_new_ops 90 llama_cuda_test --gtest_filter='*Window*:*Scale*:*Geglu*:*Embedding*:*LlamaFamily*'
+  gtest_step softcap_cuda 60 softcap_cuda_test
   step families $(($(left) - 5)) "$L/families.log" env PYTHONUNBUFFERED=1 OUT="$L" python3 \
     "$root/scripts/gpu/families_vs_transformers.py" --strata "$root/$build/tools/strata"
   results[-1]="${results[-1]}: $(grep -E '^families: [0-9]|^families_vs_transformers:' "$L/families.log" | tail -1 | cut -c1-200)"

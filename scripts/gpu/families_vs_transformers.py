@@ -6,10 +6,11 @@ The directories are the tiny random models of tests/python/test_hf_new_families.
 attention_bias, mistral with a window shorter than T, qwen2 with use_sliding_window on layer 1,
 qwen3 with heads * head_dim != hidden, phi3 fused with and without a window, F32 and BF16
 storage, one sharded) and tests/python/test_hf_gemma3.py (gemma3_text with sliding and global
-layers, linear rope scaling on the global ones, tied and untied): their builders (configs,
+layers, linear rope scaling on the global ones, tied and untied) and tests/python/test_hf_gemma2.py
+(gemma2 with soft-capped scores and logits, null caps, the default layer pattern): their builders (configs,
 random_params, Model, write_model_dir) are imported, and the directories, token files and
 evaluation windows are made exactly as those tests make them (tokens base.random_tokens(200 + i)
-and (300 + i), T = 13, B = 3, every full window: base.windows). For each model:
+(300 + i) and (400 + i), T = 13, B = 3, every full window: base.windows). For each model:
 
   hf     transformers' AutoModelForCausalLM.from_pretrained(dir, attn_implementation="eager")
          on cuda, in float32 and in bfloat16 (the F32 files cast on load, the BF16 files as
@@ -108,19 +109,20 @@ def load_fixture_modules(tests_dir):
     try:
         import test_hf_new_families as nf
         import test_hf_gemma3 as g3
+        import test_hf_gemma2 as g2
     except ImportError as e:
         fail_setup(f"cannot import the fixture builders from {tests_dir}: {e}")
     if nf.torch is None:
         fail_setup(f"torch or numpy is not importable by {sys.executable}")
-    return nf, g3
+    return nf, g3, g2
 
 
-def build_fixtures(nf, g3, root, wanted):
+def build_fixtures(nf, g3, g2, root, wanted):
     """[(model, T, B)] with model.dir, model.tokens and model.data set as the tests' Fixture
     classes set them (same seeds, same token counts)."""
     base = nf.base
     out = []
-    for mod, token_seed in ((nf, 200), (g3, 300)):
+    for mod, token_seed in ((nf, 200), (g3, 300), (g2, 400)):
         for i, m in enumerate(mod.make_models()):
             if wanted and not any(w in m.name for w in wanted):
                 continue
@@ -237,7 +239,7 @@ def main():
         fail_setup(f"no strata program (--strata or STRATA_CLI): {args.strata!r}")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # local directories only; the machine is offline
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    nf, g3 = load_fixture_modules(os.path.abspath(args.tests_dir))
+    nf, g3, g2 = load_fixture_modules(os.path.abspath(args.tests_dir))
     base, torch = nf.base, nf.torch
     fp32_tol = base.EVAL_REL_TOL
 
@@ -261,7 +263,7 @@ def main():
     os.makedirs(work, exist_ok=True)
     wanted = [w for w in args.models.split(",") if w]
     t0 = time.time()
-    fixtures = build_fixtures(nf, g3, work, wanted)
+    fixtures = build_fixtures(nf, g3, g2, work, wanted)
     if not fixtures:
         fail_setup(f"no fixture matches --models {args.models!r}")
 

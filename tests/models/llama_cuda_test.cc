@@ -913,7 +913,8 @@ TYPED_TEST(LlamaCudaTest, WholeModelLossAndEveryGradientMatchTheHostDeviceAndDou
 // the float64 family tests, tests/python/test_hf_families.py, which hold the host side to the
 // published architectures). Options that the host ops implement and the CUDA ops are held to
 // here: Qwen2 biases with a window on one layer, Qwen3 q/k norms with attention_bias, Gemma 3's
-// (1 + w) and sandwich norms, GeGLU, scaled embedding, query scale and two RoPE bases.
+// (1 + w) and sandwich norms, GeGLU, scaled embedding, query scale and two RoPE bases, Gemma 2's
+// soft-capped scores and logits (caps that bend the tiny model's values).
 LlamaConfig FamilyConfig(LlamaArch arch) {
   LlamaConfig c = WholeModelConfig(/*tied=*/arch != LlamaArch::kQwen3);
   c.arch = arch;
@@ -928,6 +929,14 @@ LlamaConfig FamilyConfig(LlamaArch arch) {
     c.query_pre_attn_scalar = 16;
     c.rope_local_theta = 100;
     c.rope_linear_factor = 4;
+    c.sliding_layers = {true, false};
+  }
+  if (arch == LlamaArch::kGemma2) {
+    c.norm_unit_offset = c.sandwich_norms = c.gelu_tanh_mlp = true;
+    c.embed_scale = std::sqrt(static_cast<double>(c.hidden_size));
+    c.query_pre_attn_scalar = 16;
+    c.attn_logit_softcapping = 1.5;
+    c.final_logit_softcapping = 2.0;
     c.sliding_layers = {true, false};
   }
   return c;
@@ -989,7 +998,8 @@ void ExpectFamilyMatchesTheHost(const LlamaConfig& c, int B, int T, gpu::Device&
 class LlamaFamilyCudaTest : public gpu::testing::CudaTest {};
 
 TEST_F(LlamaFamilyCudaTest, EveryFamilyMatchesTheHostBackendInFp32) {
-  for (LlamaArch arch : {LlamaArch::kQwen2, LlamaArch::kQwen3, LlamaArch::kGemma3}) {
+  for (LlamaArch arch :
+       {LlamaArch::kQwen2, LlamaArch::kQwen3, LlamaArch::kGemma3, LlamaArch::kGemma2}) {
     for (const auto& [B, T] : {std::pair{3, 11}, std::pair{1, 40}}) {
       ExpectFamilyMatchesTheHost(FamilyConfig(arch), B, T, *device_, *stream_);
     }
