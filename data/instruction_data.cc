@@ -140,11 +140,7 @@ size_t CommonPrefix(std::string_view a, std::string_view b) {
 }
 
 std::string_view TrimTrailingAsciiSpace(std::string_view s) {
-  while (!s.empty() &&
-         (s.back() == ' ' || s.back() == '\n' || s.back() == '\t' || s.back() == '\r')) {
-    s.remove_suffix(1);
-  }
-  return s;
+  return s.substr(0, s.find_last_not_of(" \t\n\r") + 1);  // npos + 1 == 0: all blank
 }
 
 // One example's renders: the context (the format's variables, the messages, the tools) built
@@ -163,15 +159,7 @@ class TemplateRenderer {
 
   StatusOr<std::string> Render(size_t num_messages, bool add_generation_prompt,
                                std::vector<Span>* generation) {
-    auto& messages = context_["messages"].get_ref<ojson::array_t&>();
-    while (messages.size() > num_messages) {
-      aside_.push_back(std::move(messages.back()));
-      messages.pop_back();
-    }
-    while (messages.size() < num_messages) {
-      messages.push_back(std::move(aside_.back()));
-      aside_.pop_back();
-    }
+    KeepMessages(num_messages);
     context_["add_generation_prompt"] = add_generation_prompt;
     STRATA_ASSIGN_OR_RETURN(RenderedChat r, format_.jinja->Render(context_));
     if (generation != nullptr) *generation = std::move(r.generation_spans);
@@ -205,11 +193,13 @@ class TemplateRenderer {
         // where it does not agree, from the previous turn's end) on: whether a suffix of length
         // n occurs is monotone in n (a suffix of an occurring string occurs).
         const size_t search = agrees ? start : from;
-        size_t lo = 0, hi = text.size();
+        size_t lo = 0, hi = text.size(), at = std::string::npos;
         while (lo < hi) {
           const size_t n = (lo + hi + 1) / 2;
-          if (whole.find(text.substr(text.size() - n), search) != std::string::npos) {
+          if (const size_t pos = whole.find(text.substr(text.size() - n), search);
+              pos != std::string::npos) {
             lo = n;
+            at = pos;
           } else {
             hi = n - 1;
           }
@@ -220,7 +210,6 @@ class TemplateRenderer {
               "template {{% generation %}} blocks or choose --chat-template",
               k, format_.jinja->where()));
         }
-        const size_t at = whole.find(text.substr(text.size() - lo), search);
         // Where the prompt agrees, the turn starts after it; where it does not, at its own text.
         if (!agrees) start = at;
         end = at + lo;
@@ -233,7 +222,7 @@ class TemplateRenderer {
 
   // Messages [0, k] with message k's content "" (its other fields kept).
   StatusOr<std::string> RenderWithEmptyContent(size_t k) {
-    STRATA_RETURN_IF_ERROR(Render(k + 1, false, nullptr).status());  // messages [0, k] in place
+    KeepMessages(k + 1);
     ojson& content = context_["messages"][k]["content"];
     ojson saved = std::move(content);
     content = "";
@@ -243,6 +232,19 @@ class TemplateRenderer {
   }
 
  private:
+  // The context's messages become [0, n): the later ones set aside, or put back.
+  void KeepMessages(size_t n) {
+    auto& messages = context_["messages"].get_ref<ojson::array_t&>();
+    while (messages.size() > n) {
+      aside_.push_back(std::move(messages.back()));
+      messages.pop_back();
+    }
+    while (messages.size() < n) {
+      messages.push_back(std::move(aside_.back()));
+      aside_.pop_back();
+    }
+  }
+
   const ChatFormat& format_;
   ojson context_;
   size_t num_messages_ = 0;

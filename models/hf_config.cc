@@ -232,40 +232,52 @@ Status ParseQwenWindows(const Fields& f, LlamaConfig& c) {
   return Status::Ok();
 }
 
-// Gemma 3's text model (transformers' Gemma3TextConfig): (1 + w) norms, sandwich norms, GeGLU,
-// q/k norms, embeddings times sqrt(hidden), query_pre_attn_scalar, windows on the layers
-// layer_types names "sliding_attention" (default: all but every sliding_window_pattern-th) with
-// their own RoPE base rope_local_base_freq; no soft-capping.
-Status ParseGemma3(const Fields& f, LlamaConfig& c) {
-  c.norm_unit_offset = c.sandwich_norms = c.gelu_tanh_mlp = c.qk_norm = true;
+// What Gemma 2 and Gemma 3 share (their configuration classes' common fields): (1 + w) and sandwich
+// norms, GeGLU, embeddings times sqrt(hidden), attention_bias, query_pre_attn_scalar, a causal
+// mask, and windows (4096 by default) on the layers layer_types names "sliding_attention" or,
+// without layer_types, on those `default_sliding` picks.
+template <typename DefaultSliding>
+Status ParseGemmaLayer(const Fields& f, LlamaConfig& c, DefaultSliding default_sliding) {
+  c.norm_unit_offset = c.sandwich_norms = c.gelu_tanh_mlp = true;
   c.embed_scale = std::sqrt(static_cast<double>(c.hidden_size));
   STRATA_ASSIGN_OR_RETURN(const bool bias, f.Bool("attention_bias", false));
   c.qkv_bias = c.o_bias = bias;
-  for (const char* cap : {"attn_logit_softcapping", "final_logit_softcapping"}) {
-    if (const json* v = f.Find(cap); v != nullptr) {
-      return f.Error(cap, fmt::format("= {} is not supported (soft-capping: Gemma 2; null is)",
-                                      Fields::Dump(*v)));
-    }
-  }
   STRATA_RETURN_IF_ERROR(f.FalseOrAbsent("use_bidirectional_attention", "a causal language model"));
   STRATA_ASSIGN_OR_RETURN(c.query_pre_attn_scalar, f.Double("query_pre_attn_scalar", 256.0));
-  STRATA_ASSIGN_OR_RETURN(c.rope_local_theta, f.Double("rope_local_base_freq", 10000.0));
   int window = 4096;
   if (f.Find("sliding_window") != nullptr) {
     STRATA_ASSIGN_OR_RETURN(window, SlidingWindow(f));
   }
   STRATA_ASSIGN_OR_RETURN(std::vector<bool> sliding, LayerTypes(f, c.num_layers));
   if (f.Find("layer_types") == nullptr) {
-    const char* key = f.Find("_sliding_window_pattern") != nullptr ? "_sliding_window_pattern"
-                                                                   : "sliding_window_pattern";
-    STRATA_ASSIGN_OR_RETURN(const int pattern, f.Int(key, 6));
-    for (int i = 0; i < c.num_layers; ++i) sliding[i] = (i + 1) % pattern != 0;
+    for (int i = 0; i < c.num_layers; ++i) sliding[i] = default_sliding(i);
   }
   if (window > 0) {
     c.sliding_window = window;
     c.sliding_layers = std::move(sliding);
   }
   return Status::Ok();
+}
+
+// Gemma 3's text model (transformers' Gemma3TextConfig): the Gemma layer with q/k norms, the
+// sliding layers (default: all but every sliding_window_pattern-th) with their own RoPE base
+// rope_local_base_freq; no soft-capping.
+Status ParseGemma3(const Fields& f, LlamaConfig& c) {
+  c.qk_norm = true;
+  for (const char* cap : {"attn_logit_softcapping", "final_logit_softcapping"}) {
+    if (const json* v = f.Find(cap); v != nullptr) {
+      return f.Error(cap, fmt::format("= {} is not supported (soft-capping: Gemma 2; null is)",
+                                      Fields::Dump(*v)));
+    }
+  }
+  STRATA_ASSIGN_OR_RETURN(c.rope_local_theta, f.Double("rope_local_base_freq", 10000.0));
+  int pattern = 6;  // read only where layer_types does not say
+  if (f.Find("layer_types") == nullptr) {
+    const char* key = f.Find("_sliding_window_pattern") != nullptr ? "_sliding_window_pattern"
+                                                                   : "sliding_window_pattern";
+    STRATA_ASSIGN_OR_RETURN(pattern, f.Int(key, 6));
+  }
+  return ParseGemmaLayer(f, c, [pattern](int i) { return (i + 1) % pattern != 0; });
 }
 
 // A soft-capping constant (Gemma 2): a positive number, or null for none; `fallback` when absent.
@@ -281,32 +293,13 @@ StatusOr<double> Softcap(const Fields& f, const char* field, double fallback) {
   return v->get<double>();
 }
 
-// Gemma 2 (transformers' Gemma2Config): Gemma 3's layer without q/k norms and with one RoPE base;
-// attention scores and final logits soft-capped (attn_logit_softcapping 50 and
-// final_logit_softcapping 30 by default, null: none); windows on the layers layer_types names
-// "sliding_attention" (default: the even ones, 0, 2, ...).
+// Gemma 2 (transformers' Gemma2Config): the Gemma layer without q/k norms and with one RoPE
+// base; attention scores and final logits soft-capped (attn_logit_softcapping 50 and
+// final_logit_softcapping 30 by default, null: none); by default the even layers 0, 2, ... slide.
 Status ParseGemma2(const Fields& f, LlamaConfig& c) {
-  c.norm_unit_offset = c.sandwich_norms = c.gelu_tanh_mlp = true;
-  c.embed_scale = std::sqrt(static_cast<double>(c.hidden_size));
-  STRATA_ASSIGN_OR_RETURN(const bool bias, f.Bool("attention_bias", false));
-  c.qkv_bias = c.o_bias = bias;
   STRATA_ASSIGN_OR_RETURN(c.attn_logit_softcapping, Softcap(f, "attn_logit_softcapping", 50.0));
   STRATA_ASSIGN_OR_RETURN(c.final_logit_softcapping, Softcap(f, "final_logit_softcapping", 30.0));
-  STRATA_RETURN_IF_ERROR(f.FalseOrAbsent("use_bidirectional_attention", "a causal language model"));
-  STRATA_ASSIGN_OR_RETURN(c.query_pre_attn_scalar, f.Double("query_pre_attn_scalar", 256.0));
-  int window = 4096;
-  if (f.Find("sliding_window") != nullptr) {
-    STRATA_ASSIGN_OR_RETURN(window, SlidingWindow(f));
-  }
-  STRATA_ASSIGN_OR_RETURN(std::vector<bool> sliding, LayerTypes(f, c.num_layers));
-  if (f.Find("layer_types") == nullptr) {
-    for (int i = 0; i < c.num_layers; ++i) sliding[i] = (i + 1) % 2 != 0;
-  }
-  if (window > 0) {
-    c.sliding_window = window;
-    c.sliding_layers = std::move(sliding);
-  }
-  return Status::Ok();
+  return ParseGemmaLayer(f, c, [](int i) { return (i + 1) % 2 != 0; });
 }
 
 // model_type llama, mistral, qwen2, qwen3, phi3, gemma2 and gemma3_text: the Llama layer with the
