@@ -154,6 +154,9 @@ StatusOr<Engine::Impl::PartRegions> Engine::Impl::CarveDeviceRegions() {
   STRATA_ASSIGN_OR_RETURN(auto logits, next());
   logits_ = logits.subspan(0, static_cast<size_t>(model_->logits_elems(shape)) * w_);
   STRATA_ASSIGN_OR_RETURN(scratch_, next());
+  if (plan_.workspace_bytes > 0) {
+    STRATA_ASSIGN_OR_RETURN(workspace_, next());
+  }
   PartRegions parts;
   STRATA_ASSIGN_OR_RETURN(parts.grad_buckets, next());
   if (plan_.device_grad_accumulators) {
@@ -296,6 +299,7 @@ BlockBuffers Engine::Impl::ForwardBuffers(int b, const ParamCache::BlockChunks& 
   if (chunks.tied) buf.tied_params = chunks.tied->params;
   buf.shape = shape;
   buf.scratch = scratch_;
+  buf.workspace = workspace_;
   if (training && plan_.blocks[b].keeps_activations) buf.scratch = act_stores_[b * held() + slot];
   SetBatchInputs(b, slot, &buf);
   if (b > 0) buf.x_in = Typed(Act(b - 1, slot));

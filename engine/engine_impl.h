@@ -224,7 +224,7 @@ class Engine::Impl {
 
   std::unique_ptr<gpu::DeviceArena> arena_;
   std::unique_ptr<gpu::Stream> compute_, h2d_, d2h_;
-  gpu::DeviceSpan loss_, logits_, scratch_;
+  gpu::DeviceSpan loss_, logits_, scratch_, workspace_;  // workspace_: Plan::workspace_bytes
   // Micro-batches held on the device at once: Plan::held_micro_batches (the layer-major
   // schedule's micro-batches, else 1), each in its batch slot: device tokens, targets and
   // position ids, whether it has position ids, and its counted targets.

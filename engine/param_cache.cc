@@ -127,7 +127,7 @@ void ParamCache::StartLoad(DeviceCopy& c, int b) {
 
 void ParamCache::StartFrozenLoad(DeviceCopy& c, int b) {
   // Never written after Initialize: no update to wait for, no all-gather (no data parallelism).
-  const uint64_t bytes = static_cast<uint64_t>(plan_.blocks[b].frozen_params) * w_;
+  const uint64_t bytes = plan_.blocks[b].frozen_bytes;  // encoded chunks: their own size
   const bool from_nvme = store_->frozen_on_nvme(b);
   const gpu::DeviceSpan dst = c.dev.subspan(0, bytes);
   const gpu::PinnedSpan staging = c.staging.span();

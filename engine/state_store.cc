@@ -56,8 +56,7 @@ StatusOr<std::unique_ptr<StateStore>> StateStore::Create(const Model& model, con
             s->regions_->swap()->Allocate(ParamsExtent(b), s->home_elems(b) * s->w_));
       }
       if (s->nvme_params() && s->frozen_streamed_from_nvme(b)) {
-        STRATA_RETURN_IF_ERROR(
-            s->regions_->swap()->Allocate(FrozenExtent(b), s->frozen_elems(b) * s->w_));
+        STRATA_RETURN_IF_ERROR(s->regions_->swap()->Allocate(FrozenExtent(b), s->frozen_bytes(b)));
       }
       if (s->nvme_optim()) {
         STRATA_RETURN_IF_ERROR(s->regions_
@@ -77,7 +76,7 @@ Status StateStore::AllocateMemory(gpu::Device* device) {
     if (frozen_elems(b) > 0 && !frozen_streamed_from_nvme(b)) {
       STRATA_ASSIGN_OR_RETURN(
           frozen_home_[b],
-          device->AllocatePinned(io::SwapStore::PaddedSize(frozen_elems(b) * w_), "frozen params"));
+          device->AllocatePinned(io::SwapStore::PaddedSize(frozen_bytes(b)), "frozen params"));
     }
     if (!trained(b)) continue;
     if (!nvme_params() || plan_.blocks[b].resident) {
@@ -158,30 +157,40 @@ Status StateStore::AllocateMemory(gpu::Device* device) {
 
 Status StateStore::InitializeFrozen(Model& model, uint64_t seed) {
   int64_t max_frozen = 0;
-  for (int b = 0; b < n_; ++b) max_frozen = std::max(max_frozen, frozen_elems(b));
+  uint64_t max_bytes = 0;
+  for (int b = 0; b < n_; ++b) {
+    max_frozen = std::max(max_frozen, frozen_elems(b));
+    max_bytes = std::max(max_bytes, frozen_bytes(b));
+  }
   if (max_frozen == 0) return Status::Ok();
-  // Through one fp32 buffer, and for an NVMe home one pinned working-precision buffer.
-  STRATA_ASSIGN_OR_RETURN(auto f32, AlignedBuffer::Allocate(max_frozen * 4, 64));
-  AlignedBuffer staging;
+  // Through one fp32 buffer (not for encoded chunks: the model writes their bytes), and for an
+  // NVMe home one pinned buffer of the largest chunk.
+  const bool encoded = model.frozen_chunk_encoded();
+  AlignedBuffer f32, staging;
+  if (!encoded) {
+    STRATA_ASSIGN_OR_RETURN(f32, AlignedBuffer::Allocate(max_frozen * 4, 64));
+  }
   for (int b = 0; b < n_; ++b) {
     const int64_t elems = frozen_elems(b);
     if (elems == 0) continue;
-    const std::span<float> p32(f32.as<float>(), elems);
-    STRATA_RETURN_IF_ERROR(model.InitFrozenParams(b, seed, p32));
+    const uint64_t bytes = frozen_bytes(b);
+    const auto fill = [&](std::byte* out) -> Status {
+      if (encoded) return model.InitFrozenChunk(b, seed, o_.precision, {out, bytes});
+      const std::span<float> p32(f32.as<float>(), elems);
+      STRATA_RETURN_IF_ERROR(model.InitFrozenParams(b, seed, p32));
+      return cpu_optim::ConvertFromF32(p32.data(), out, o_.precision, elems);
+    };
     if (!frozen_streamed_from_nvme(b)) {
-      STRATA_RETURN_IF_ERROR(
-          cpu_optim::ConvertFromF32(p32.data(), frozen_home_[b].data(), o_.precision, elems));
+      STRATA_RETURN_IF_ERROR(fill(frozen_home_[b].data()));
       continue;
     }
-    const uint64_t padded = io::SwapStore::PaddedSize(elems * w_);
+    const uint64_t padded = io::SwapStore::PaddedSize(bytes);
     if (staging.size_bytes() < padded) {
-      STRATA_ASSIGN_OR_RETURN(staging,
-                              AlignedBuffer::Allocate(io::SwapStore::PaddedSize(max_frozen * w_),
-                                                      io::SwapStore::kAlignment));
+      STRATA_ASSIGN_OR_RETURN(staging, AlignedBuffer::Allocate(io::SwapStore::PaddedSize(max_bytes),
+                                                               io::SwapStore::kAlignment));
     }
     std::memset(staging.data(), 0, padded);
-    STRATA_RETURN_IF_ERROR(
-        cpu_optim::ConvertFromF32(p32.data(), staging.data(), o_.precision, elems));
+    STRATA_RETURN_IF_ERROR(fill(staging.data()));
     STRATA_RETURN_IF_ERROR(regions_->swap()->Write(
         FrozenExtent(b), std::span<const std::byte>(staging.data(), padded)));
   }
@@ -190,7 +199,7 @@ Status StateStore::InitializeFrozen(Model& model, uint64_t seed) {
 
 Status StateStore::ReadFrozen(int b, gpu::PinnedSpan staging) {
   return regions_->swap()->Read(
-      FrozenExtent(b), staging.bytes().subspan(0, io::SwapStore::PaddedSize(frozen_elems(b) * w_)));
+      FrozenExtent(b), staging.bytes().subspan(0, io::SwapStore::PaddedSize(frozen_bytes(b))));
 }
 
 Status StateStore::Initialize(Model& model, uint64_t seed) {

@@ -229,6 +229,8 @@ class StateStore {
   // Whether block b has own (trained) params: a wholly frozen block has no state and no home.
   bool trained(int b) const { return plan_.blocks[b].num_params > 0; }
   int64_t frozen_elems(int b) const { return plan_.blocks[b].frozen_params; }
+  // Its bytes (Plan::Block::frozen_bytes: the working precision's, or an encoded chunk's).
+  uint64_t frozen_bytes(int b) const { return plan_.blocks[b].frozen_bytes; }
   bool frozen_streamed_from_nvme(int b) const {
     return nvme_params() && frozen_elems(b) > 0 && !plan_.blocks[b].frozen_resident;
   }

@@ -160,9 +160,9 @@ StepTraffic TrafficOf(const Plan& plan, const Phases& ph) {
   for (const Plan::Block& b : plan.blocks) {
     // A frozen chunk (LoRA's base) streams like a block's params and is never written.
     if (b.frozen_params > 0 && !b.frozen_resident) {
-      t.streamed_bytes_per_use += static_cast<double>(b.frozen_params) * w;
+      t.streamed_bytes_per_use += static_cast<double>(b.frozen_bytes);
       if (plan.param_home == ParamHome::kNvme) {
-        t.nvme_param_bytes_per_use += static_cast<double>(b.frozen_params) * w;
+        t.nvme_param_bytes_per_use += static_cast<double>(b.frozen_bytes);
       }
     }
     if (b.num_params == 0) continue;

@@ -69,6 +69,11 @@ Status CheckBlockBuffers(const Model& model, int block, const BlockBuffers& b, b
     return InvalidArgumentError(
         fmt::format("{}: scratch has {} bytes, needs {}", who, b.scratch.size_bytes, scratch));
   }
+  const int64_t workspace = model.workspace_bytes(block, b.shape, want);
+  if (static_cast<int64_t>(b.workspace.size_bytes) < workspace) {
+    return InvalidArgumentError(fmt::format("{}: workspace has {} bytes, needs {}", who,
+                                            b.workspace.size_bytes, workspace));
+  }
   return Status::Ok();
 }
 

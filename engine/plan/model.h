@@ -89,7 +89,9 @@ struct BlockBuffers {
   TensorRef tied_grads;
   // Frozen parameters (Model::block_frozen_params(b) > 0): the block's frozen chunk, read only;
   // empty when the block has none. When the tied block's own chunk is empty and its params are
-  // frozen, tied_params is that block's frozen chunk and tied_grads is empty.
+  // frozen, tied_params is that block's frozen chunk and tied_grads is empty. An encoded chunk
+  // (Model::frozen_chunk_encoded) keeps dtype (the working precision) and num_elems (the
+  // parameter count), but `data` holds the block_frozen_bytes bytes of the model's encoding.
   ConstTensorRef frozen_params;
   ConstTensorRef x_in;              // (B, T, C) boundary activation in; empty for the first block
   TensorRef x_out;                  // (B, T, C) out; empty for the last block
@@ -120,6 +122,10 @@ struct BlockBuffers {
   // its activations (Model::activation_store_bytes), the block's activation store for this
   // micro-batch (activation_store_bytes bytes) in its Forward and its Backward.
   gpu::DeviceSpan scratch;
+  // Model::workspace_bytes(block, shape, precision) bytes (empty when 0), contents undefined:
+  // device memory a Forward or Backward may use that is never an activation store (one region
+  // shared by every block; a 4-bit base dequantizes a layer's weights into it).
+  gpu::DeviceSpan workspace;
   // Backward only: `scratch` is this block's activation store and holds what this block's
   // Forward on this micro-batch (same params, x_in, position_ids and dropout_seed) left there,
   // untouched since; the Backward reads those activations instead of recomputing the forward,
@@ -185,6 +191,29 @@ class Model {
   virtual Status InitFrozenParams(int block, uint64_t seed, std::span<float> out) const {
     return UnimplementedError("this model has no frozen parameters");
   }
+  // Encoded frozen chunks (QLoRA's 4-bit base, Dettmers et al. 2023: models/ops/quantize_4bit.h):
+  // when true, a block's frozen chunk is block_frozen_bytes(block, precision) bytes in the
+  // model's own encoding, written by InitFrozenChunk (not InitFrozenParams), and the engine
+  // stores, streams and hands them to the block as they are (BlockBuffers::frozen_params).
+  virtual bool frozen_chunk_encoded() const { return false; }
+  // The frozen chunk's bytes in the working precision `precision`: block_frozen_params elements
+  // of it (the default), or the encoding's size. Pure.
+  virtual int64_t block_frozen_bytes(int block, DType precision) const {
+    return block_frozen_params(block) * static_cast<int64_t>(SizeOf(precision));
+  }
+  // An encoded frozen chunk into out (block_frozen_bytes bytes, host memory, OVERWRITTEN), for
+  // the working precision `precision`; called as InitFrozenParams is. Errors: those of reading
+  // the weights.
+  virtual Status InitFrozenChunk(int block, uint64_t seed, DType precision,
+                                 std::span<std::byte> out) const {
+    return UnimplementedError("this model's frozen chunks are not encoded");
+  }
+  // Device workspace of one Forward/Backward of `block` in `precision`, bytes
+  // (BlockBuffers::workspace); the engine gives every block one shared region of the largest.
+  // Default: none.
+  virtual int64_t workspace_bytes(int block, MicroBatchShape shape, DType precision) const {
+    return 0;
+  }
   // fp32 initial master weights of a block: deterministic from seed for a random
   // initialisation, or read from the weights the model was created with (an imported Hugging
   // Face checkpoint). Errors: those of reading the weights (I/O, kDataLoss naming the file).
@@ -223,9 +252,10 @@ class Model {
 // empty); frozen_params: block_frozen_params; params and grads not needed when the block has no
 // own params; activations: activation_elems; logits:
 // logits_elems); tokens for the first block, targets for the last block's backward; scratch of
-// scratch_bytes; with forward_kept (Backward), a block with an activation store and scratch of its
-// activation_store_bytes. kInvalidArgument naming the block and the buffer otherwise. Reads only
-// the Model's const interface; thread-safe if the model's const methods are.
+// scratch_bytes; workspace of workspace_bytes; with forward_kept (Backward), a block with an
+// activation store and scratch of its activation_store_bytes. kInvalidArgument naming the block and
+// the buffer otherwise. Reads only the Model's const interface; thread-safe if the model's const
+// methods are.
 Status CheckBlockBuffers(const Model& model, int block, const BlockBuffers& b, bool backward);
 
 // A Model that forwards every call to `inner` (not owned; must outlive this). Derive from it and
@@ -257,6 +287,20 @@ class ForwardingModel : public Model {
   }
   Status InitFrozenParams(int block, uint64_t seed, std::span<float> out) const override {
     return inner_->InitFrozenParams(block, seed, out);
+  }
+  bool frozen_chunk_encoded() const override { return inner_->frozen_chunk_encoded(); }
+  // An encoding is the inner model's; plain chunks follow this model's block_frozen_params (which
+  // a derived model may override).
+  int64_t block_frozen_bytes(int block, DType precision) const override {
+    return inner_->frozen_chunk_encoded() ? inner_->block_frozen_bytes(block, precision)
+                                          : Model::block_frozen_bytes(block, precision);
+  }
+  Status InitFrozenChunk(int block, uint64_t seed, DType precision,
+                         std::span<std::byte> out) const override {
+    return inner_->InitFrozenChunk(block, seed, precision, out);
+  }
+  int64_t workspace_bytes(int block, MicroBatchShape s, DType precision) const override {
+    return inner_->workspace_bytes(block, s, precision);
   }
   Status InitParams(int block, uint64_t seed, std::span<float> out) const override {
     return inner_->InitParams(block, seed, out);

@@ -44,11 +44,17 @@ void DescribeModel(const Plan& p, std::string* s) {
     const int64_t chunks = std::count_if(p.blocks.begin(), p.blocks.end(),
                                          [](const Plan::Block& b) { return b.frozen_params > 0; });
     const int resident = p.num_frozen_resident();
+    // An encoded chunk (a 4-bit base) is smaller than the working precision's.
+    const bool encoded = p.frozen_bytes != static_cast<uint64_t>(p.frozen_params) * w;
     AddLine(s,
             "  frozen   {} params ({}, {}) never trained: no gradient, master weights or optimizer "
             "state; {}",
-            p.frozen_params, FormatBytes(static_cast<uint64_t>(p.frozen_params) * w),
-            DTypeName(p.precision),
+            p.frozen_params, FormatBytes(p.frozen_bytes),
+            encoded ? fmt::format("{:.2f} bits/param encoded, {} compute",
+                                  8.0 * static_cast<double>(p.frozen_bytes) /
+                                      static_cast<double>(p.frozen_params),
+                                  DTypeName(p.precision))
+                    : std::string(DTypeName(p.precision)),
             resident == chunks ? fmt::format("all {} chunks resident", chunks)
                                : fmt::format("{} of {} chunks resident, the rest streamed from {}",
                                              resident, chunks, ParamHomeName(p.param_home)));

@@ -114,13 +114,20 @@ uint64_t Aligned(uint64_t n) { return AlignUp(n, gpu::DeviceArena::kAlignment); 
 int64_t DeviceElems(const Model& model, int b, int ranks) {
   return PartitionOf(model.block_num_params(b), ranks, 0).padded_elems;
 }
-// The largest chunk a streaming slot holds: a block's own (padded) or its frozen chunk.
-int64_t MaxChunkElems(const Model& model, int ranks) {
-  int64_t m = 0;
+// The largest chunk a streaming slot holds, bytes: a block's own (padded) or its frozen chunk
+// (Model::block_frozen_bytes: an encoded chunk's own size).
+uint64_t MaxChunkBytes(const Model& model, int ranks, DType precision) {
+  uint64_t m = 0;
   for (int b = 0; b < model.num_blocks(); ++b) {
-    m = std::max({m, DeviceElems(model, b, ranks), model.block_frozen_params(b)});
+    m = std::max({m, static_cast<uint64_t>(DeviceElems(model, b, ranks)) * SizeOf(precision),
+                  static_cast<uint64_t>(model.block_frozen_bytes(b, precision))});
   }
   return m;
+}
+uint64_t FrozenBytes(const Model& model, DType precision) {
+  uint64_t n = 0;
+  for (int b = 0; b < model.num_blocks(); ++b) n += model.block_frozen_bytes(b, precision);
+  return n;
 }
 // With frozen chunks every own chunk is resident (planner.h): their device bytes.
 uint64_t ForcedResidentBytes(const Model& model, DType precision) {
@@ -138,11 +145,12 @@ std::vector<DeviceRegion> FixedRegions(const Model& model, DType precision, Micr
                                        int held) {
   const int n = model.num_blocks();
   int64_t max_block_params = 0, max_part = 0;
-  uint64_t max_scratch = 0;
+  uint64_t max_scratch = 0, max_workspace = 0;
   for (int b = 0; b < n; ++b) {
     max_block_params = std::max(max_block_params, DeviceElems(model, b, ranks));
     max_part = std::max(max_part, PartitionOf(model.block_num_params(b), ranks, 0).part_elems);
     max_scratch = std::max<uint64_t>(max_scratch, model.scratch_bytes(b, shape, precision));
+    max_workspace = std::max<uint64_t>(max_workspace, model.workspace_bytes(b, shape, precision));
   }
   // Blocks compute in the working precision: activations, their gradients, the logits and the
   // gradients (written straight into the buckets) are all of it; params are read in place.
@@ -165,9 +173,21 @@ std::vector<DeviceRegion> FixedRegions(const Model& model, DType precision, Micr
       {fmt::format("last-position logits (B,V) {}", dt),
        static_cast<uint64_t>(model.logits_elems(shape)) * w},
       {fmt::format("block scratch ({} compute)", dt), max_scratch},
-      {fmt::format("gradient buckets (2 x one block, {}; blocks write their gradients here)", dt),
-       2 * Aligned(static_cast<uint64_t>(max_block_params) * w)},
   };
+  // Model::workspace_bytes (a 4-bit base's dequantized layer), after the scratch when there is
+  // one (the engine carves it when Plan::workspace_bytes > 0).
+  if (max_workspace > 0) {
+    fixed.push_back(
+        {fmt::format("block workspace (a layer's frozen weights dequantized to {})", dt),
+         max_workspace});
+  }
+  fixed.insert(
+      fixed.end(),
+      {
+          {fmt::format("gradient buckets (2 x one block, {}; blocks write their gradients here)",
+                       dt),
+           2 * Aligned(static_cast<uint64_t>(max_block_params) * w)},
+      });
   if (held > 1 && !(ranks > 1 || data_parallel)) {
     fixed.push_back(
         {"gradient accumulators (2 x one block, fp32: a block's gradient summed over the "
@@ -242,8 +262,7 @@ uint64_t StreamingMinimumBytes(const Model& model, DType precision, MicroBatchSh
                                     data_parallel, held_micro_batches)) {
     total += Aligned(r.size_bytes);
   }
-  const uint64_t slot =
-      AlignUp(static_cast<uint64_t>(MaxChunkElems(model, ranks)) * SizeOf(precision), 4096);
+  const uint64_t slot = AlignUp(MaxChunkBytes(model, ranks, precision), 4096);
   return total + streaming_slots * Aligned(slot) + ForcedResidentBytes(model, precision);
 }
 
@@ -257,7 +276,7 @@ uint64_t AllResidentBytes(const Model& model, DType precision, MicroBatchShape s
   }
   for (int b = 0; b < model.num_blocks(); ++b) {
     total += Aligned(static_cast<uint64_t>(DeviceElems(model, b, ranks)) * SizeOf(precision));
-    total += Aligned(static_cast<uint64_t>(model.block_frozen_params(b)) * SizeOf(precision));
+    total += Aligned(static_cast<uint64_t>(model.block_frozen_bytes(b, precision)));
   }
   return total;
 }
@@ -309,7 +328,7 @@ uint64_t AutoDeviceBudgetBytes(const Model& model, DType precision, MicroBatchSh
   const uint64_t minimum = StreamingMinimumBytes(
       model, precision, shape, slots, o.offload_activations, o.ranks, o.data_parallel, held);
   const uint64_t working =
-      static_cast<uint64_t>(model.num_params() + model.frozen_params()) * SizeOf(precision);
+      static_cast<uint64_t>(model.num_params()) * SizeOf(precision) + FrozenBytes(model, precision);
   return (working > minimum ? minimum + (working - minimum) / 2 : minimum) +
          device_optimizer_params_bytes + device_optimizer_bytes + kept;
 }
@@ -373,9 +392,7 @@ uint64_t DeviceBlockBytes(const Plan& p, int b) {
 uint64_t HomeBlockBytes(const Plan& p, int b) {
   return static_cast<uint64_t>(p.blocks[b].partition.part_elems) * SizeOf(p.precision);
 }
-uint64_t FrozenChunkBytes(const Plan& p, int b) {
-  return static_cast<uint64_t>(p.blocks[b].frozen_params) * SizeOf(p.precision);
-}
+uint64_t FrozenChunkBytes(const Plan& p, int b) { return p.blocks[b].frozen_bytes; }
 
 // Validate: the inputs as a whole, before any block is looked at: a device budget, a
 // micro-batch the model takes, a rank among the ranks, an optimizer the device runs where it is
@@ -418,7 +435,8 @@ Plan NewPlan(const PlanInputs& r) {
 struct ChunkSizes {
   int64_t max_padded = 0;            // a block's own params, padded to whole partitions
   int64_t max_part = 0;              // this rank's partition of a block's own params
-  int64_t max_frozen = 0;            // a frozen chunk
+  uint64_t max_frozen = 0;           // a frozen chunk's bytes (Plan::Block::frozen_bytes)
+  int64_t max_frozen_params = 0;     // that chunk's params
   uint64_t own_slot_bytes = 0;       // max_padded in the working precision, 4 KiB aligned
   uint64_t own_partition_bytes = 0;  // max_part likewise
 };
@@ -443,18 +461,24 @@ StatusOr<ChunkSizes> PartitionBlocks(const PlanInputs& r, Plan* p) {
     }
     p->blocks.push_back({r.model.block_name(b), np, false, PartitionOf(np, r.o.ranks, r.o.rank)});
     p->blocks.back().frozen_params = frozen;
+    p->blocks.back().frozen_bytes =
+        frozen > 0 ? static_cast<uint64_t>(r.model.block_frozen_bytes(b, r.precision)) : 0;
+    p->frozen_bytes += p->blocks.back().frozen_bytes;
     p->model_params += np;
     p->frozen_params += frozen;
     p->max_block_params = std::max(p->max_block_params, np);
     c.max_padded = std::max(c.max_padded, p->blocks.back().partition.padded_elems);
     c.max_part = std::max(c.max_part, p->blocks.back().partition.part_elems);
-    c.max_frozen = std::max(c.max_frozen, frozen);
+    if (p->blocks.back().frozen_bytes > c.max_frozen) {
+      c.max_frozen = p->blocks.back().frozen_bytes;
+      c.max_frozen_params = frozen;
+    }
   }
   // A slot and its NVMe staging hold any chunk; the gradient buckets and the pipeline's copy-out
   // only own ones.
   const size_t w = r.w;
-  p->slot_bytes = AlignUp(static_cast<uint64_t>(std::max(c.max_padded, c.max_frozen)) * w, 4096);
-  p->partition_bytes = AlignUp(static_cast<uint64_t>(std::max(c.max_part, c.max_frozen)) * w, 4096);
+  p->slot_bytes = AlignUp(std::max(static_cast<uint64_t>(c.max_padded) * w, c.max_frozen), 4096);
+  p->partition_bytes = AlignUp(std::max(static_cast<uint64_t>(c.max_part) * w, c.max_frozen), 4096);
   c.own_slot_bytes = AlignUp(static_cast<uint64_t>(c.max_padded) * w, 4096);
   c.own_partition_bytes = AlignUp(static_cast<uint64_t>(c.max_part) * w, 4096);
   return c;
@@ -519,6 +543,10 @@ FixedLayout LayOutFixedRegions(const PlanInputs& r, Plan* p) {
   f.regions = FixedRegions(r.model, r.precision, r.shape, r.o.offload_activations, r.o.ranks, r.dp,
                            p->held_micro_batches);
   p->offload_activations = r.o.offload_activations;
+  for (int b = 0; b < r.model.num_blocks(); ++b) {
+    p->workspace_bytes = std::max<uint64_t>(
+        p->workspace_bytes, std::max<int64_t>(0, r.model.workspace_bytes(b, r.shape, r.precision)));
+  }
   for (const auto& region : f.regions) f.total_bytes += Aligned(region.size_bytes);
   return f;
 }
@@ -656,9 +684,10 @@ Status StreamingBudgetShort(const PlanInputs& r, const ChunkSizes& c, const Stre
       "{} params) plus {} of activations, gradients and scratch for a {}x{} micro-batch{}{}{}; "
       "raise `device_budget` to at least {} or lower `micro_batch`{}",
       FormatBytes(o.device_budget_bytes), FormatBytes(need.minimum_bytes - o.device_budget_bytes),
-      need.slots, FormatBytes(p.slot_bytes), c.max_frozen > c.max_padded ? "frozen chunk" : "block",
-      std::max(c.max_frozen, c.max_padded), FormatBytes(need.fixed_bytes), r.shape.batch_size,
-      r.shape.seq_len,
+      need.slots, FormatBytes(p.slot_bytes),
+      c.max_frozen > static_cast<uint64_t>(c.max_padded) * r.w ? "frozen chunk" : "block",
+      c.max_frozen > static_cast<uint64_t>(c.max_padded) * r.w ? c.max_frozen_params : c.max_padded,
+      FormatBytes(need.fixed_bytes), r.shape.batch_size, r.shape.seq_len,
       need.forced_resident_bytes > 0
           ? fmt::format(", plus {} of resident trained params (the adapters)",
                         FormatBytes(need.forced_resident_bytes))

@@ -140,9 +140,12 @@ struct Plan {
   bool layer_major() const { return held_micro_batches > 1; }
   int ranks = 1;  // data-parallel ranks; the host and NVMe figures are this rank's
   int rank = 0;
-  bool data_parallel = false;      // PlacementOptions::data_parallel
-  int64_t model_params = 0;        // trained (own chunks)
-  int64_t frozen_params = 0;       // frozen chunks: working precision only, never written
+  bool data_parallel = false;  // PlacementOptions::data_parallel
+  int64_t model_params = 0;    // trained (own chunks)
+  int64_t frozen_params = 0;   // frozen chunks: working precision only, never written
+  uint64_t frozen_bytes = 0;   // their bytes (Model::block_frozen_bytes: 4-bit when encoded)
+  // Model::workspace_bytes' largest: a device region "block workspace" when > 0.
+  uint64_t workspace_bytes = 0;
   uint64_t model_state_bytes = 0;  // p16 + g16 + p32 + optimizer state over the trained params
 
   // Per block.
@@ -158,6 +161,7 @@ struct Plan {
     // and whether it has a device region of its own (else it streams through the slots from
     // param_home). A block with no own params (num_params 0) is `resident` with no region.
     int64_t frozen_params = 0;
+    uint64_t frozen_bytes = 0;  // Model::block_frozen_bytes in the plan's precision
     bool frozen_resident = false;
     // Model::activation_store_bytes for one micro-batch (0: the block cannot keep its
     // activations), and whether it keeps them: then it has a device region of
