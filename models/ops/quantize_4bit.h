@@ -1,6 +1,6 @@
 // 4-bit blockwise quantization of frozen weights as bitsandbytes stores them (QLoRA: Dettmers et
-// al. 2023, "QLoRA: Efficient Finetuning of Quantized LLMs"; bitsandbytes' kQuantizeBlockwise /
-// kDequantizeBlockwise in csrc/kernels.cu and quantize_4bit / dequantize_4bit in
+// al. 2023, "QLoRA: Efficient Finetuning of Quantized LLMs"; bitsandbytes' kQuantizeBlockwiseSmall
+// / kDequantizeBlockwise in csrc/kernels.cu and quantize_4bit / dequantize_4bit in
 // bitsandbytes/functional.py): a tensor of n values, in row-major order, is cut into blocks of
 // kQuant4BlockSize (64) values; each block keeps its absolute maximum (absmax, fp32) and each
 // value the 4-bit code of the nearest point of the type's table (Quant4Map: NF4, the normal-float
@@ -10,14 +10,40 @@
 // differences are quantized blockwise (blocks of kQuant4NestedBlockSize = 256) to bitsandbytes'
 // signed dynamic 8-bit map (DynamicMap8), with an fp32 absmax per nested block.
 //
+// Quantization, exactly as bitsandbytes' CUDA kernels compute it in fp32 (the host emulates them):
+//   - a partial last block is padded with zeros (the kernels' load fills missing items with 0):
+//     they take part in its absmax, and for odd n the last byte's low nibble is the code of that
+//     padding zero (NF4 0b0111, FP4 0b0000; NF4 0b0000 when the block's absmax is 0);
+//   - absmax = fmaxf over the block of |x| starting from -FLT_MAX (NaN ignored); the scale is the
+//     fp32 reciprocal 1.0f / absmax and each value is normalized by multiplying with it, so an
+//     all-zero block has scale inf, normalized values 0 * inf = NaN and codes 0 (NF4's -1.0 and
+//     FP4's +0.0: it dequantizes to zeros, -0.0 for NF4; with double quantization its absmax_b
+//     below is the 8-bit error around 0, and NF4 gives -absmax_b, as bitsandbytes does);
+//   - the code is picked by bitsandbytes' decision tree of midpoints (dQuantizeNF4, and
+//     dQuantizeFP4 on |x| with the sign bit for x < 0), not by a nearest search: a value on a
+//     midpoint takes the lower code; the nested 8-bit codes by dQuantize's binary search over the
+//     map and its choice between neighbours;
+//   - bitsandbytes compiles its kernels with --use_fast_math: every product flushes subnormal
+//     inputs and results to zero (emulated here), and its `1.0f / absmax` becomes the approximate
+//     rcp.approx.ftz.f32 (at most 1 ulp from the correctly rounded quotient), which cannot be
+//     reproduced off the GPU: here the quotient is correctly rounded, so a value within about one
+//     ulp of a decision threshold can get the neighbouring code from a bitsandbytes CUDA run;
+//   - offset: bitsandbytes takes torch's fp32 mean on the GPU, whose summation order cannot be
+//     reproduced; here the fp32 absmax values are summed in index order in double, divided by
+//     the count in double and rounded once to fp32 (it may differ from bitsandbytes' in the last
+//     bit; what follows uses the stored offset, so the record is self-consistent).
+//
 // Dequantization (what a forward reads): absmax_b = DynamicMap8()[q_b] * nested_absmax_{b/256} +
-// offset with double quantization (two fp32 roundings, no fused multiply-add), else the stored
-// fp32 absmax; value = Quant4Map()[code] * absmax_b, one fp32 rounding, then rounded once to the
-// storage type S. The host and the CUDA dequantization compute exactly these operations, so they
-// agree bit for bit.
+// offset with double quantization (two fp32 roundings, no fused multiply-add; the product
+// flushed as bitsandbytes' fast-math kDequantizeBlockwise flushes it, the add torch's), else the
+// stored fp32 absmax; value = Quant4Map()[code] * absmax_b, one fp32 rounding (flushed), then
+// rounded once to the storage type S. FP4's code 8 gives -0.0 (bitsandbytes' dDequantizeFP4Tree
+// multiplies 0.0 by the sign -1.0), though its stored quant_map, Quant4Map, has +0.0 there. The
+// host and the CUDA dequantization compute exactly these operations, so they agree bit for bit
+// (for records of finite values; NaN payloads may differ).
 //
 // The packed record of one tensor (host or device memory, 16-byte aligned parts, in this order;
-// Quant4Layout gives each part's offset and size):
+// Quant4Layout gives each part's offset and size; the bytes between parts are zero):
 //   codes          ceil(n / 2) bytes                 bitsandbytes' packed uint8 weight
 //   absmax         blocks fp32, or with double quantization blocks uint8
 //   nested_absmax  nested_blocks fp32                 (double quantization only)
@@ -75,8 +101,8 @@ Quant4Layout MakeQuant4Layout(int64_t n, Quant4Params params);
 
 // Quantizes x (n values, fp32: the tensor's values, already rounded to the 16-bit type the
 // model stores them in, as bitsandbytes quantizes the loaded 16-bit tensor) into `record`
-// (layout.total_bytes, host memory, OVERWRITTEN; padding bytes zero). Deterministic and
-// independent of the thread count (oneTBB inside); reentrant.
+// (layout.total_bytes, host memory, OVERWRITTEN; padding bytes zero), as the top of this file
+// says. Deterministic and independent of the thread count (oneTBB inside); reentrant.
 void Quantize4bit(const Quant4Layout& layout, const float* x, std::byte* record);
 
 // Dequantizes a record (host memory) into out (n values of storage type S: float, Bf16, Fp16,
@@ -84,9 +110,12 @@ void Quantize4bit(const Quant4Layout& layout, const float* x, std::byte* record)
 template <typename S>
 void Dequantize4bit(const Quant4Layout& layout, const std::byte* record, S* out);
 
-// The CUDA dequantization of a record in device memory into out (device memory, S as above),
-// enqueued on `stream` (a CUDA stream); bit-identical to Dequantize4bit. Errors: kInternal from
-// a failed launch; kFailedPrecondition in a build without the CUDA backend.
+// The CUDA dequantization of a record in device memory (16-byte aligned) into out (device memory,
+// S as above), enqueued on `stream` (a CUDA stream; the caller makes its device current, as for
+// the ops of models/ops/cuda/ops.cuh); bit-identical to Dequantize4bit. Allocates nothing.
+// Errors: kInvalidArgument for a null or misaligned pointer (checked before launching);
+// kInternal from a failed launch (faults of the running kernel surface at the stream's next
+// synchronization); kFailedPrecondition in a build without the CUDA backend.
 template <typename S>
 Status CudaDequantize4bit(const Quant4Layout& layout, const std::byte* record, S* out,
                           gpu::Stream& stream);
