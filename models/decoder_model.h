@@ -39,6 +39,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -46,6 +47,7 @@
 
 #include "base/status.h"
 #include "engine/plan/model.h"
+#include "models/base_quant.h"
 #include "models/decoder_blocks.h"
 #include "models/lora.h"
 #include "models/weight_source.h"
@@ -166,6 +168,24 @@ class DecoderModel : public engine::Model {
   int64_t block_frozen_params(int block) const override;
   Status InitFrozenParams(int block, uint64_t seed, std::span<float> out) const override;
 
+  // QLoRA (models/base_quant.h): from now on the layers' frozen chunks are encoded, their 2-D
+  // tensors in 4 bits (`params`), and each layer's Forward and Backward first decode its chunk
+  // into the block workspace (workspace_bytes: one layer in the working precision). A weight
+  // source that holds the tensors quantized with the same params (WeightSource::base_quant)
+  // gives their records as they are; otherwise they are quantized from its values (or the
+  // random initialisation) once, in InitFrozenChunk, block by block. Call after EnableLora,
+  // before Engine::Create, once. Errors: kFailedPrecondition without LoRA or when already on;
+  // kUnimplemented for a family whose layers are not the Llama family's nn.Linear layouts.
+  Status EnableBaseQuant(const ops::Quant4Params& params);
+  const std::optional<ops::Quant4Params>& base_quant() const { return base_quant_; }
+  bool frozen_chunk_encoded() const override { return base_quant_.has_value(); }
+  int64_t block_frozen_bytes(int block, DType precision) const override;
+  Status InitFrozenChunk(int block, uint64_t seed, DType precision,
+                         std::span<std::byte> out) const override;
+  int64_t workspace_bytes(int block, engine::MicroBatchShape s, DType precision) const override;
+  // The encoded layout of layer block `block` (1..L) in `precision`. Requires base_quant().
+  EncodedLayerLayout EncodedLayout(int block, DType precision) const;
+
   Kind kind(int block) const { return DecoderBlockOf(block, num_blocks()); }
   const Family& family() const { return family_; }
 
@@ -180,12 +200,22 @@ class DecoderModel : public engine::Model {
   // adapters' scratch after the backend's own: the CUDA layer's on_cuda, else the host's).
   template <typename S>
   BlockArgs<S> Args(int block, const engine::BlockBuffers& b, bool on_cuda) const;
+  // With base_quant: a layer's weights decoded into the workspace, enqueued on `stream`, and `a`
+  // pointed at them. Otherwise nothing.
+  template <typename S>
+  Status DecodeBase(int block, const engine::BlockBuffers& b, gpu::Stream& stream,
+                    BlockArgs<S>* a) const;
   Status InitBase(int block, uint64_t seed, std::span<float> out) const;
 
   Family family_;
   std::shared_ptr<const WeightSource> weights_;  // null: random initialisation
   std::shared_ptr<const LoraLayout> lora_;       // null: no LoRA
   std::shared_ptr<const WeightSource> lora_init_;
+  std::optional<ops::Quant4Params> base_quant_;
+  // The encoded layouts of a layer in each working precision (fp32, fp16, bf16: DType's order),
+  // made by EnableBaseQuant; every layer has the same tensor shapes. Stable addresses: the
+  // decodes enqueued on a stream point at them.
+  std::vector<std::shared_ptr<const EncodedLayerLayout>> encoded_layouts_;
 };
 
 }  // namespace strata::models

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "base/dtype.h"
+#include "cpu_optim/grad_stats.h"
 #include "models/decoder_model.h"
 
 #ifdef STRATA_HAVE_CUDA
@@ -284,6 +285,95 @@ Status DecoderModel<Family>::InitFrozenParams(int block, uint64_t seed,
 }
 
 template <typename Family>
+Status DecoderModel<Family>::EnableBaseQuant(const ops::Quant4Params& params) {
+  if (lora_ == nullptr) {
+    return FailedPreconditionError(
+        "a 4-bit base (--base-quant) holds LoRA's frozen weights: set --lora-rank too");
+  }
+  if (base_quant_.has_value()) return FailedPreconditionError("the base is already quantized");
+  if constexpr (!Family::kBaseQuant) {
+    return UnimplementedError(fmt::format(
+        "a 4-bit base (--base-quant) is built for the Llama families, not {}: use --base-quant "
+        "none",
+        Family::kName));
+  }
+  base_quant_ = params;
+  // Every layer in every working precision (DType's order), made once: the decodes enqueued on a
+  // stream point at them.
+  const int L = family_.num_layers();
+  for (DType d : {DType::kF32, DType::kF16, DType::kBF16}) {
+    STRATA_CHECK(static_cast<size_t>(d) * L == encoded_layouts_.size());
+    for (int l = 0; l < L; ++l) {
+      encoded_layouts_.push_back(std::make_shared<const EncodedLayerLayout>(
+          MakeEncodedLayerLayout(family_.TensorShapes(Kind::kLayer, l), params, d)));
+    }
+  }
+  return Status::Ok();
+}
+
+template <typename Family>
+EncodedLayerLayout DecoderModel<Family>::EncodedLayout(int block, DType precision) const {
+  STRATA_CHECK(base_quant_.has_value() && kind(block) == Kind::kLayer);
+  return *encoded_layouts_[static_cast<size_t>(precision) * family_.num_layers() + block - 1];
+}
+
+template <typename Family>
+int64_t DecoderModel<Family>::block_frozen_bytes(int block, DType precision) const {
+  if (!base_quant_.has_value() || kind(block) != Kind::kLayer) {
+    return engine::Model::block_frozen_bytes(block, precision);
+  }
+  return encoded_layouts_[static_cast<size_t>(precision) * family_.num_layers() + block - 1]->bytes;
+}
+
+template <typename Family>
+Status DecoderModel<Family>::InitFrozenChunk(int block, uint64_t seed, DType precision,
+                                             std::span<std::byte> out) const {
+  if (!base_quant_.has_value()) {
+    return engine::Model::InitFrozenChunk(block, seed, precision, out);
+  }
+  std::vector<float> values(BaseParams(block));
+  STRATA_RETURN_IF_ERROR(InitBase(block, seed, values));
+  if (kind(block) != Kind::kLayer) {
+    // The embedding and the head stay in the working precision.
+    STRATA_CHECK(static_cast<int64_t>(out.size()) == block_frozen_bytes(block, precision));
+    return cpu_optim::ConvertFromF32(values.data(), out.data(), precision,
+                                     static_cast<int64_t>(values.size()));
+  }
+  // A source quantized alike gives its records as they are.
+  RecordSource records;
+  if (weights_ != nullptr && weights_->base_quant().has_value() &&
+      weights_->base_quant()->type == base_quant_->type &&
+      weights_->base_quant()->double_quant == base_quant_->double_quant) {
+    records = [&](const EncodedPart& p, std::span<std::byte> record) -> StatusOr<bool> {
+      STRATA_RETURN_IF_ERROR(
+          weights_->ReadQuantizedTensor(block, p.chunk_offset, p.record, record));
+      return true;
+    };
+  }
+  return EncodeLayerChunk(EncodedLayout(block, precision), precision, values, out, records);
+}
+
+template <typename Family>
+int64_t DecoderModel<Family>::workspace_bytes(int block, engine::MicroBatchShape s,
+                                              DType precision) const {
+  if (!base_quant_.has_value() || kind(block) != Kind::kLayer) return 0;
+  return BaseParams(block) * static_cast<int64_t>(SizeOf(precision));
+}
+
+template <typename Family>
+template <typename S>
+Status DecoderModel<Family>::DecodeBase(int block, const engine::BlockBuffers& b,
+                                        gpu::Stream& stream, BlockArgs<S>* a) const {
+  if (!base_quant_.has_value() || kind(block) != Kind::kLayer) return Status::Ok();
+  const EncodedLayerLayout* layout =
+      encoded_layouts_[static_cast<size_t>(b.precision) * family_.num_layers() + block - 1].get();
+  S* weights = b.workspace.as<S>();
+  STRATA_RETURN_IF_ERROR(EnqueueDecodeLayerChunk<S>(layout, b.frozen_params.data, weights, stream));
+  a->params = weights;
+  return Status::Ok();
+}
+
+template <typename Family>
 Status DecoderModel<Family>::PrepareComputeStream(gpu::Stream& stream) {
   if (!decoder_internal::OnCuda(stream)) return Status::Ok();
 #ifdef STRATA_HAVE_CUDA
@@ -300,17 +390,19 @@ Status DecoderModel<Family>::Forward(int block, const engine::BlockBuffers& b,
   const Kind k = kind(block);
   if (decoder_internal::OnCuda(stream)) {
 #ifdef STRATA_HAVE_CUDA
-    return DispatchDType(b.precision, [&]<typename S>() {
-      return decoder_internal::CudaForward<S>(family_, k, Args<S>(block, b, /*on_cuda=*/true),
-                                              stream);
+    return DispatchDType(b.precision, [&]<typename S>() -> Status {
+      BlockArgs<S> a = Args<S>(block, b, /*on_cuda=*/true);
+      STRATA_RETURN_IF_ERROR(DecodeBase<S>(block, b, stream, &a));
+      return decoder_internal::CudaForward<S>(family_, k, a, stream);
     });
 #else
     return decoder_internal::NoCudaKernels(Family::kName);
 #endif
   }
-  return DispatchDType(b.precision, [&]<typename S>() {
-    return decoder_internal::HostForward<S>(family_, k, Args<S>(block, b, /*on_cuda=*/false),
-                                            stream);
+  return DispatchDType(b.precision, [&]<typename S>() -> Status {
+    BlockArgs<S> a = Args<S>(block, b, /*on_cuda=*/false);
+    STRATA_RETURN_IF_ERROR(DecodeBase<S>(block, b, stream, &a));
+    return decoder_internal::HostForward<S>(family_, k, a, stream);
   });
 }
 
@@ -334,17 +426,19 @@ Status DecoderModel<Family>::Backward(int block, const engine::BlockBuffers& b,
   if (lora_ != nullptr && k == Kind::kEmbedding) return Status::Ok();
   if (decoder_internal::OnCuda(stream)) {
 #ifdef STRATA_HAVE_CUDA
-    return DispatchDType(b.precision, [&]<typename S>() {
-      return decoder_internal::CudaBackward<S>(family_, k, Args<S>(block, b, /*on_cuda=*/true),
-                                               stream);
+    return DispatchDType(b.precision, [&]<typename S>() -> Status {
+      BlockArgs<S> a = Args<S>(block, b, /*on_cuda=*/true);
+      STRATA_RETURN_IF_ERROR(DecodeBase<S>(block, b, stream, &a));
+      return decoder_internal::CudaBackward<S>(family_, k, a, stream);
     });
 #else
     return decoder_internal::NoCudaKernels(Family::kName);
 #endif
   }
-  return DispatchDType(b.precision, [&]<typename S>() {
-    return decoder_internal::HostBackward<S>(family_, k, Args<S>(block, b, /*on_cuda=*/false),
-                                             stream);
+  return DispatchDType(b.precision, [&]<typename S>() -> Status {
+    BlockArgs<S> a = Args<S>(block, b, /*on_cuda=*/false);
+    STRATA_RETURN_IF_ERROR(DecodeBase<S>(block, b, stream, &a));
+    return decoder_internal::HostBackward<S>(family_, k, a, stream);
   });
 }
 

@@ -49,6 +49,8 @@ struct GptOptions {
 // each a call of the kernels of gpt_kernels.h (host) or models/cuda/gpt_cuda.h (CUDA).
 struct GptFamily {
   static constexpr const char* kName = "the GPT";
+  // No 4-bit base (models/base_quant.h): its layers are Conv1D (in, out) layouts.
+  static constexpr bool kBaseQuant = false;
 
   GptShape shape;
   GptOptions options;

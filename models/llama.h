@@ -49,6 +49,8 @@ std::vector<std::string> LlamaPresetNames();
 // the kernels of models/llama_kernels.h (host) or models/cuda/llama_cuda.h (CUDA).
 struct LlamaFamily {
   static constexpr const char* kName = "the Llama model";
+  // A 4-bit base (models/base_quant.h): the layers' 2-D tensors are nn.Linear (out, in) weights.
+  static constexpr bool kBaseQuant = true;
 
   LlamaConfig config;
 

@@ -18,6 +18,7 @@
 #include "formats/safetensors.h"
 #include "models/gpt_kernels.h"
 #include "models/hf_export.h"
+#include "models/llama.h"
 #include "models/lora_adapter.h"
 #include "tools/model_spec.h"
 
@@ -244,8 +245,24 @@ Status ExportHfDirectory(const ExportFlags& f) {
   }
   std::vector<float> adapters;
   // --merge-lora: the frozen base (from its directory) with each layer's adapters merged.
+  // A 4-bit base (models/base_quant.h) merges as PEFT merges into a 4-bit model: its layers'
+  // weights dequantized (as the run computed with them, in its precision), plus the adapters.
+  const auto* llama = dynamic_cast<const models::LlamaModel*>(model.get());
+  STRATA_ASSIGN_OR_RETURN(const DType run_precision, ParseDType(m.precision));
+  std::vector<std::byte> encoded;
+  auto read_base = [&](int b, std::span<float> out) -> Status {
+    if (!spec.base_quant.has_value() || llama == nullptr ||
+        llama->kind(b) != models::DecoderBlock::kLayer) {
+      return model->InitFrozenParams(b, /*seed, unused: a directory's*/ 0, out);
+    }
+    encoded.resize(llama->block_frozen_bytes(b, run_precision));
+    STRATA_RETURN_IF_ERROR(llama->InitFrozenChunk(b, 0, run_precision, encoded));
+    models::DecodeLayerChunkToF32(llama->EncodedLayout(b, run_precision), run_precision,
+                                  encoded.data(), out.data());
+    return Status::Ok();
+  };
   auto read_merged = [&](int b, std::span<float> out) -> Status {
-    STRATA_RETURN_IF_ERROR(model->InitFrozenParams(b, /*seed, unused: a directory's*/ 0, out));
+    STRATA_RETURN_IF_ERROR(read_base(b, out));
     if (model->block_num_params(b) == 0) return Status::Ok();
     adapters.resize(model->block_num_params(b));
     STRATA_RETURN_IF_ERROR(read_block(b, adapters));

@@ -25,9 +25,10 @@ namespace strata::tools {
 namespace {
 
 // The LoRA flags of an adapter directory given to eval or generate: its own config says the rest.
-LoraFlags LoraInitFlags(const std::string& dir) {
+LoraFlags LoraInitFlags(const InferenceFlags& f) {
   LoraFlags flags;
-  flags.init = dir;
+  flags.init = f.lora;
+  flags.base = f.base;
   return flags;
 }
 
@@ -44,6 +45,7 @@ void AddInferenceFlags(CLI::App& cmd, InferenceFlags& f) {
   cmd.add_option("--lora", f.lora,
                  "With --model-dir: a LoRA adapter directory (PEFT's layout, as strata export "
                  "--lora-dir writes) applied over the model");
+  AddBaseQuantFlags(cmd, f.base);
   cmd.add_option("--device-budget", f.device_budget,
                  "Device memory for the arena, e.g. 8GiB; auto = midway between the streaming "
                  "minimum and the working params alone")
@@ -72,7 +74,7 @@ StatusOr<Loaded> Load(const InferenceFlags& f, engine::MicroBatchShape shape) {
     if (precision_name == "auto") precision_name = m.precision;
   } else {
     STRATA_ASSIGN_OR_RETURN(l.spec, ResolveModelSpec("", f.model_dir));
-    STRATA_RETURN_IF_ERROR(ApplyLoraFlags(LoraInitFlags(f.lora), &l.spec));
+    STRATA_RETURN_IF_ERROR(ApplyLoraFlags(LoraInitFlags(f), &l.spec));
   }
   if (!f.lora.empty() && f.model_dir.empty()) {
     return InvalidArgumentError(
@@ -274,7 +276,7 @@ Status RunGenerate(const GenerateFlags& f) {
     STRATA_ASSIGN_OR_RETURN(spec, ModelSpecFromJson(m.trainer.model_json));
   } else if (!mf.model_dir.empty()) {
     STRATA_ASSIGN_OR_RETURN(spec, ResolveModelSpec("", mf.model_dir));
-    STRATA_RETURN_IF_ERROR(ApplyLoraFlags(LoraInitFlags(mf.lora), &spec));
+    STRATA_RETURN_IF_ERROR(ApplyLoraFlags(LoraInitFlags(mf), &spec));
   } else {
     return InvalidArgumentError("give exactly one of --model-dir DIR and --checkpoint DIR");
   }

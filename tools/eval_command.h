@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "tools/model_spec.h"
 
 namespace strata::tools {
 
@@ -20,7 +21,8 @@ struct InferenceFlags {
   std::string precision = "auto";  // auto: the checkpoint's precision, else bf16
   std::string device = "auto";
   std::string device_budget = "auto";
-  std::string lora;  // a PEFT adapter directory applied over --model-dir
+  std::string lora;     // a PEFT adapter directory applied over --model-dir
+  BaseQuantFlags base;  // --base-quant, --base-double-quant (with --lora)
 };
 
 struct EvalFlags {

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -102,7 +103,12 @@ std::string ModelSpecJson(const ModelSpec& spec) {
     j["num_heads"] = s.num_heads;
     j["channels"] = s.channels;
   }
+  if (spec.base_quant.has_value()) {
+    j["base_quant"] = {{"type", models::ops::Quant4TypeName(spec.base_quant->type)},
+                       {"double_quant", spec.base_quant->double_quant}};
+  }
   if (spec.lora.enabled()) {
+    j["base"] = BaseIdentity(spec);
     j["lora"] = {{"rank", spec.lora.rank},
                  {"alpha", spec.lora.alpha},
                  {"targets", spec.lora.targets},
@@ -132,6 +138,18 @@ StatusOr<ModelSpec> ModelSpecFromJson(const std::string& json) {
     for (const auto& t : l["targets"]) {
       if (t.is_string()) spec.lora.targets.push_back(t.get<std::string>());
     }
+  }
+  if (j.contains("base_quant")) {
+    const auto& q = j["base_quant"];
+    if (!q.is_object() || !q.contains("type") || !q["type"].is_string() ||
+        !q.contains("double_quant") || !q["double_quant"].is_boolean()) {
+      return DataLossError(
+          "the checkpoint's model description has a 'base_quant' entry without a string type and "
+          "a boolean double_quant");
+    }
+    STRATA_ASSIGN_OR_RETURN(const models::ops::Quant4Type type,
+                            models::ops::ParseQuant4Type(q["type"].get<std::string>()));
+    spec.base_quant = models::ops::Quant4Params{type, q["double_quant"].get<bool>()};
   }
   if (j.contains("tokenizer_files") && j["tokenizer_files"].is_array()) {
     for (const auto& f : j["tokenizer_files"]) {
@@ -181,6 +199,7 @@ void AddLoraFlags(CLI::App& cmd, LoraFlags& f) {
   cmd.add_option("--lora-init", f.init,
                  "LoRA: start from this PEFT adapter directory (adapter_config.json and "
                  "adapter_model.safetensors, as strata export --lora-dir writes)");
+  AddBaseQuantFlags(cmd, f.base);
 }
 
 namespace {
@@ -231,7 +250,7 @@ Status ApplyLoraFlags(const LoraFlags& given, ModelSpec* spec) {
     if (!f.targets.empty() || f.dropout != 0) {
       return InvalidArgumentError("--lora-targets and --lora-dropout need --lora-rank R (R >= 1)");
     }
-    return Status::Ok();
+    return ApplyBaseQuantFlags(given.base, spec);
   }
   spec->lora.rank = f.rank;
   spec->lora.alpha = f.alpha;
@@ -243,6 +262,121 @@ Status ApplyLoraFlags(const LoraFlags& given, ModelSpec* spec) {
                              ? std::vector<std::string>{"q_proj", "v_proj"}
                              : std::vector<std::string>{"c_attn"};
   }
+  return ApplyBaseQuantFlags(given.base, spec);
+}
+
+std::string BaseIdentity(const ModelSpec& spec) {
+  std::string s;
+  if (spec.model_dir.empty()) {
+    s = "preset " + spec.preset;
+  } else {
+    std::vector<std::string> files;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(spec.model_dir, ec)) {
+      if (e.path().extension() != ".safetensors") continue;
+      files.push_back(fmt::format("{} {} bytes", e.path().filename().string(), e.file_size(ec)));
+    }
+    std::sort(files.begin(), files.end());
+    s = fmt::format("{} ({})", spec.model_dir, fmt::join(files, ", "));
+  }
+  if (!spec.base_quant.has_value()) return s + ", 16-bit";
+  return fmt::format("{}, {}{}", s, models::ops::Quant4TypeName(spec.base_quant->type),
+                     spec.base_quant->double_quant ? " with double quantization" : "");
+}
+
+Status CheckResumeBase(const ModelSpec& spec, const std::string& checkpoint_model_json,
+                       const std::string& checkpoint) {
+  if (!spec.lora.enabled()) return Status::Ok();
+  const auto j = nlohmann::json::parse(checkpoint_model_json, nullptr, false);
+  // Checkpoints from before the base was recorded carry no "base": nothing to compare.
+  if (!j.is_object() || !j.contains("base") || !j["base"].is_string()) return Status::Ok();
+  const std::string theirs = j["base"].get<std::string>(), mine = BaseIdentity(spec);
+  if (theirs == mine) return Status::Ok();
+  return InvalidArgumentError(fmt::format(
+      "--resume {}: its adapters were trained over the base {}; this run's base is {}: give the "
+      "same --model-dir and --base-quant",
+      checkpoint, theirs, mine));
+}
+
+void AddBaseQuantFlags(CLI::App& cmd, BaseQuantFlags& f) {
+  cmd.add_option("--base-quant", f.quant,
+                 "QLoRA (Dettmers et al. 2023): hold the frozen base's layer weights in 4 bits, "
+                 "bitsandbytes' nf4 or fp4 layout (blocks of 64), dequantized per layer before its "
+                 "products; with --lora-rank in training. none: 16-bit; auto: a bitsandbytes-4bit "
+                 "directory's quantization, else none")
+      ->capture_default_str();
+  cmd.add_option("--base-double-quant", f.double_quant,
+                 "With --base-quant: quantize the per-block absmax values to 8 bits too "
+                 "(bitsandbytes' bnb_4bit_use_double_quant): on, off, or auto (the directory's, "
+                 "else on)")
+      ->capture_default_str();
+}
+
+std::optional<models::ops::Quant4Params> DirectoryBaseQuant(const models::HfModelConfig& config) {
+  const nlohmann::json& raw = config.raw;
+  if (!raw.is_object() || !raw.contains("quantization_config")) return std::nullopt;
+  const nlohmann::json& q = raw["quantization_config"];
+  if (!q.is_object() || !q.contains("load_in_4bit") || q["load_in_4bit"] != true) {
+    return std::nullopt;
+  }
+  models::ops::Quant4Params p;
+  if (q.contains("bnb_4bit_quant_type") && q["bnb_4bit_quant_type"].is_string()) {
+    auto type = models::ops::ParseQuant4Type(q["bnb_4bit_quant_type"].get<std::string>());
+    if (type.ok()) p.type = *type;
+  } else {
+    p.type = models::ops::Quant4Type::kFp4;  // BitsAndBytesConfig's default
+  }
+  p.double_quant = q.contains("bnb_4bit_use_double_quant") &&
+                   q["bnb_4bit_use_double_quant"].is_boolean() &&
+                   q["bnb_4bit_use_double_quant"].get<bool>();
+  return p;
+}
+
+Status ApplyBaseQuantFlags(const BaseQuantFlags& f, ModelSpec* spec) {
+  const std::optional<models::ops::Quant4Params> dir =
+      spec->model_dir.empty() ? std::nullopt : DirectoryBaseQuant(spec->config);
+  if (f.double_quant != "auto" && f.double_quant != "on" && f.double_quant != "off") {
+    return InvalidArgumentError(
+        fmt::format("--base-double-quant '{}': choose on, off or auto", f.double_quant));
+  }
+  std::optional<models::ops::Quant4Params> q;
+  if (f.quant == "auto") {
+    q = dir;
+  } else if (f.quant != "none") {
+    const StatusOr<models::ops::Quant4Type> type = models::ops::ParseQuant4Type(f.quant);
+    if (!type.ok()) {
+      return InvalidArgumentError(
+          fmt::format("--base-quant '{}': choose nf4, fp4, none or auto", f.quant));
+    }
+    q = models::ops::Quant4Params{*type, dir.has_value() ? dir->double_quant : true};
+  }
+  // Without LoRA nothing is frozen: a bitsandbytes directory's weights are read dequantized (the
+  // same values), and a plain model has no base to quantize.
+  if (!spec->lora.enabled()) {
+    if (f.quant != "auto" && f.quant != "none") {
+      return InvalidArgumentError(fmt::format(
+          "--base-quant {} holds LoRA's frozen base in 4 bits: give --lora-rank R (train), an "
+          "adapter with --lora (eval, generate), or a QLoRA run's checkpoint",
+          f.quant));
+    }
+    q.reset();
+  }
+  if (!q.has_value()) {
+    if (f.double_quant != "auto") {
+      return InvalidArgumentError(
+          "--base-double-quant applies to a 4-bit base: give --base-quant nf4 or fp4");
+    }
+    spec->base_quant.reset();
+    return Status::Ok();
+  }
+  if (f.double_quant != "auto") q->double_quant = f.double_quant == "on";
+  if (spec->config.family != Family::kLlama) {
+    return InvalidArgumentError(fmt::format(
+        "--base-quant {} is built for the Llama families (their layers are nn.Linear weights), "
+        "not GPT-2: use --base-quant none",
+        models::ops::Quant4TypeName(q->type)));
+  }
+  spec->base_quant = q;
   return Status::Ok();
 }
 
@@ -287,10 +421,12 @@ StatusOr<std::unique_ptr<engine::Model>> BuildModel(const ModelSpec& spec, bool 
     STRATA_ASSIGN_OR_RETURN(auto checkpoint, models::HfCheckpoint::Open(spec.model_dir));
     weights = std::move(checkpoint);
   }
+
   // LoRA: the adapters over the frozen base, from PEFT's initialisation or --lora-init's.
   auto with_lora = [&](auto& m) -> Status {
     if (!spec.lora.enabled()) return Status::Ok();
     STRATA_RETURN_IF_ERROR(m->EnableLora(spec.lora));
+    if (spec.base_quant.has_value()) STRATA_RETURN_IF_ERROR(m->EnableBaseQuant(*spec.base_quant));
     if (spec.lora_init_dir.empty()) return Status::Ok();
     STRATA_ASSIGN_OR_RETURN(
         auto init, models::OpenLoraAdapter(spec.lora_init_dir, spec.config, spec.lora, *m->lora()));

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include "engine/plan/model.h"
 #include "models/hf_config.h"
 #include "models/lora.h"
+#include "models/ops/quantize_4bit.h"
 
 namespace CLI {
 class App;
@@ -29,11 +31,22 @@ struct ModelSpec {
   // start from lora_init_dir (a PEFT adapter directory, absolute) when it is set.
   models::LoraConfig lora;
   std::string lora_init_dir;
+  // QLoRA's 4-bit base (models/base_quant.h): with LoRA, the frozen layers held in 4 bits;
+  // without (eval, generate), the weights' values as the 4-bit base gives them. nullopt: 16-bit.
+  std::optional<models::ops::Quant4Params> base_quant;
   bool byte_level() const;  // a vocabulary of 256: tokens are bytes, text needs no tokenizer
   // The tokenizer text is read with by default: the model's tokenizer.model (SentencePiece) when
   // it ships one, else its tokenizer.json (Hugging Face: Llama 3, Qwen, GPT-2), else "".
   std::string default_tokenizer() const;
 };
+
+// --base-quant, --base-double-quant (strata train, estimate, eval, generate).
+struct BaseQuantFlags {
+  std::string quant =
+      "auto";  // nf4, fp4, none, or auto: a bitsandbytes-4bit directory's, else none
+  std::string double_quant = "auto";  // on, off, or auto: the directory's, else on (QLoRA's)
+};
+void AddBaseQuantFlags(CLI::App& cmd, BaseQuantFlags& f);
 
 // --lora-rank, --lora-alpha, --lora-targets, --lora-dropout, --lora-init (strata train and
 // estimate; a config file's strata.lora section sets the same fields).
@@ -42,10 +55,22 @@ struct LoraFlags {
   double alpha = 16;
   std::vector<std::string> targets;  // empty: PEFT's default for the family
   double dropout = 0;
-  std::string init;  // a PEFT adapter directory to start from
+  std::string init;     // a PEFT adapter directory to start from
+  BaseQuantFlags base;  // --base-quant, --base-double-quant (added by AddLoraFlags too)
 };
 void AddLoraFlags(CLI::App& cmd, LoraFlags& f);
-// Sets spec->lora from the flags (rank 0: nothing). The targets default to PEFT's for the family
+
+// Sets spec->base_quant (after the LoRA flags: spec->lora is final): with LoRA, the flag's type,
+// or for `auto` a bitsandbytes-4bit directory's; without LoRA none (nothing is frozen; such a
+// directory's weights are read dequantized). Errors (kInvalidArgument, one line naming the
+// flag): an unknown value; nf4/fp4 without LoRA or on a GPT-2 model; --base-double-quant without
+// a 4-bit base.
+Status ApplyBaseQuantFlags(const BaseQuantFlags& f, ModelSpec* spec);
+// A directory's bitsandbytes 4-bit quantization (config.json's quantization_config with
+// load_in_4bit), or nullopt.
+std::optional<models::ops::Quant4Params> DirectoryBaseQuant(const models::HfModelConfig& config);
+// Sets spec->lora from the flags (rank 0: nothing), then spec->base_quant
+// (ApplyBaseQuantFlags). The targets default to PEFT's for the family
 // (Llama: q_proj,v_proj). Errors: kInvalidArgument for --lora-* without --lora-rank, and a
 // --lora-init directory that does not exist.
 Status ApplyLoraFlags(const LoraFlags& f, ModelSpec* spec);
@@ -59,6 +84,15 @@ StatusOr<ModelSpec> ResolveModelSpec(const std::string& preset, const std::strin
                                      bool config_only = false);
 // Every preset name, for help texts.
 std::string PresetNames();
+
+// A LoRA run's frozen base in words, recorded in its checkpoints (ModelSpecJson's "base"): the
+// preset, or the directory with its safetensors files' names and sizes, and the 4-bit
+// quantization ("nf4, double quantization" or "16-bit"). Resuming over another base is refused.
+std::string BaseIdentity(const ModelSpec& spec);
+// --resume of a LoRA run: kInvalidArgument naming both bases when the checkpoint's manifest
+// (`checkpoint_model_json`, from `checkpoint`) records a base other than `spec`'s.
+Status CheckResumeBase(const ModelSpec& spec, const std::string& checkpoint_model_json,
+                       const std::string& checkpoint);
 
 // The manifest form and back. ModelSpecFromJson also reads the byte-level GPT shape that
 // checkpoints before Hugging Face support wrote ({"preset", "vocab_size", ...}).

@@ -11,6 +11,7 @@
 
 #include "base/dtype.h"
 #include "base/units.h"
+#include "engine/checkpoint.h"
 #include "io/io_backend.h"
 #include "tools/optimizer_flags.h"
 #include "tools/step_prediction.h"
@@ -328,6 +329,17 @@ StatusOr<TrainInputs> OpenModelAndData(const TrainOptions& options) {
   TrainInputs in;
   STRATA_ASSIGN_OR_RETURN(in.spec, ResolveModelSpec(f.model, f.model_dir));
   STRATA_RETURN_IF_ERROR(ApplyLoraFlags(f.lora, &in.spec));
+  if (!f.checkpoint.resume.empty() && in.spec.lora.enabled()) {
+    // A LoRA checkpoint holds adapters only: refused before anything is built when it was trained
+    // over another base (its errors of reading are --resume's own, reported when it loads).
+    const std::string path =
+        f.checkpoint.resume == "latest" ? f.checkpoint.save_dir : f.checkpoint.resume;
+    if (auto dir = engine::ResolveCheckpointDir(path); dir.ok()) {
+      if (auto m = engine::ReadManifest(*dir); m.ok()) {
+        STRATA_RETURN_IF_ERROR(CheckResumeBase(in.spec, m->trainer.model_json, *dir));
+      }
+    }
+  }
   if (f.precision == "auto") in.precision_auto = AutoPrecision(in.spec, &in.precision_why);
   STRATA_ASSIGN_OR_RETURN(in.model, BuildModel(in.spec, /*load_weights=*/true, f.tf32));
   if (f.seq_len > in.model->max_seq_len()) {
