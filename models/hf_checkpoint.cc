@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -16,6 +17,7 @@
 #include "base/file.h"
 #include "base/unique_fd.h"
 #include "cpu_optim/grad_stats.h"
+#include "models/hf_bnb.h"
 
 namespace strata::models {
 namespace {
@@ -206,17 +208,89 @@ StatusOr<std::shared_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::string& di
     ck->shards_.push_back(std::move(shard));
   }
 
-  // Every tensor the config implies: where it is, its dtype and shape.
+  // A 4-bit directory (bitsandbytes): which parameters; the Llama families only.
+  STRATA_ASSIGN_OR_RETURN(ck->base_quant_,
+                          ParseBnbQuantizationConfig(config.raw, dir + "/config.json"));
+  if (ck->base_quant_) {
+    STRATA_RETURN_IF_ERROR(CheckHfBaseQuantizable(config).WithContext(dir + "/config.json"));
+  }
+
+  // Finds the tensor stored under `name`: *found is where (shard and header), false when the
+  // directory has no such tensor. An index entry whose shard lacks the tensor is an error.
+  auto locate = [&](const std::string& name, Stored* found) -> StatusOr<bool> {
+    if (indexed ? !weight_map.contains(name) : !present.contains(name)) return false;
+    const auto it = present.find(name);
+    if (indexed && (it == present.end() ||
+                    ck->shards_[it->second.first]->path != dir + "/" + weight_map[name])) {
+      return InvalidArgumentError(
+          fmt::format("{}/{}: tensor '{}' is not in the file (the index maps it there)", dir,
+                      weight_map[name], name));
+    }
+    *found = {it->second.first, it->second.second};
+    return true;
+  };
+  const std::string& names_file = indexed ? index_path : single_path;
   std::set<std::string> used;
+  // The parts of the 4-bit weight stored as `name` (its codes: `codes`), checked against
+  // bitsandbytes' format and the config, their names added to `used`.
+  auto open_quantized = [&](const std::string& name, const Stored& codes,
+                            const HfTensor& layout) -> StatusOr<Quantized> {
+    const ops::Quant4Params params = *ck->base_quant_;
+    const BnbTensorNames names = BnbNames(name, params.type);
+    BnbParts parts;
+    Stored absmax, quant_map, nested_absmax, nested_quant_map, quant_state;
+    auto part = [&](const std::string& part_name, Stored* stored, BnbPart* out) -> Status {
+      STRATA_ASSIGN_OR_RETURN(const bool found, locate(part_name, stored));
+      out->path = found ? ck->shards_[stored->shard]->path : names_file;
+      out->tensor = found ? stored->tensor : nullptr;
+      if (found) used.insert(part_name);
+      return Status::Ok();
+    };
+    parts.codes = {codes.tensor, ck->shards_[codes.shard]->path};
+    STRATA_RETURN_IF_ERROR(part(names.absmax, &absmax, &parts.absmax));
+    STRATA_RETURN_IF_ERROR(part(names.quant_map, &quant_map, &parts.quant_map));
+    STRATA_RETURN_IF_ERROR(part(names.nested_absmax, &nested_absmax, &parts.nested_absmax));
+    STRATA_RETURN_IF_ERROR(
+        part(names.nested_quant_map, &nested_quant_map, &parts.nested_quant_map));
+    STRATA_RETURN_IF_ERROR(part(names.quant_state, &quant_state, &parts.quant_state));
+    Quantized q;
+    q.layout = ops::MakeQuant4Layout(layout.num_elems, params);
+    STRATA_RETURN_IF_ERROR(CheckBnbParts(parts, names, layout.shape, q.layout));
+    q.absmax = absmax;
+    if (params.double_quant) q.nested_absmax = nested_absmax;
+
+    std::vector<float> map(ops::kQuant4NestedBlockSize);
+    STRATA_RETURN_IF_ERROR(
+        ck->ReadStored(quant_map, 0, std::as_writable_bytes(std::span(map).first(16))));
+    STRATA_RETURN_IF_ERROR(CheckBnbQuantMap(std::span(map).first(16), params.type,
+                                            parts.quant_map.path, names.quant_map));
+    if (params.double_quant) {
+      STRATA_RETURN_IF_ERROR(
+          ck->ReadStored(nested_quant_map, 0, std::as_writable_bytes(std::span(map))));
+      STRATA_RETURN_IF_ERROR(
+          CheckBnbNestedQuantMap(map, parts.nested_quant_map.path, names.nested_quant_map));
+    }
+    std::string text(static_cast<size_t>(quant_state.tensor->num_elems), '\0');
+    STRATA_RETURN_IF_ERROR(ck->ReadStored(
+        quant_state, 0, std::as_writable_bytes(std::span(text.data(), text.size()))));
+    STRATA_ASSIGN_OR_RETURN(
+        const BnbQuantState state,
+        ParseBnbQuantState(text, layout.shape, params, parts.quant_state.path, names.quant_state));
+    q.nested_offset = state.nested_offset;
+    return q;
+  };
+
+  // Every tensor the config implies: where it is, its dtype and shape.
   const int num_blocks = HfNumBlocks(config);
   for (int b = 0; b < num_blocks; ++b) {
     std::vector<Source> sources;
     int64_t num_params = 0;
     for (HfTensor& layout : HfBlockTensors(config, b)) {
-      const std::vector<std::string> candidates = CandidateNames(config, layout.name);
       std::string found;
-      for (const std::string& name : candidates) {
-        if (indexed ? weight_map.contains(name) : present.contains(name)) {
+      Stored stored;
+      for (const std::string& name : CandidateNames(config, layout.name)) {
+        STRATA_ASSIGN_OR_RETURN(const bool here, locate(name, &stored));
+        if (here) {
           found = name;
           break;
         }
@@ -227,27 +301,35 @@ StatusOr<std::shared_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::string& di
                 ? fmt::format("{}: tensor '{}' has no entry in weight_map", index_path, layout.name)
                 : fmt::format("{}: tensor '{}' is missing", single_path, layout.name));
       }
-      const auto it = present.find(found);
-      if (indexed && (it == present.end() ||
-                      ck->shards_[it->second.first]->path != dir + "/" + weight_map[found])) {
+      const formats::SafetensorsTensor* tensor = stored.tensor;
+      const std::string& path = ck->shards_[stored.shard]->path;
+      const bool quantized = ck->base_quant_ && HfBaseQuantized(config, b, layout);
+      std::optional<Quantized> q;
+      if (quantized) {
+        if (!tensor->dtype.is_u8()) {
+          return InvalidArgumentError(fmt::format(
+              "{}: tensor '{}' is stored {}, not 4-bit: a bitsandbytes directory Strata reads "
+              "holds every projection of the layers in 4 bits (an llm_int8_skip_modules that "
+              "names one is not supported)",
+              path, found, formats::SafetensorsDTypeName(tensor->dtype)));
+        }
+        STRATA_ASSIGN_OR_RETURN(q, open_quantized(found, stored, layout));
+      } else if (tensor->dtype.is_u8()) {
         return InvalidArgumentError(
-            fmt::format("{}/{}: tensor '{}' is not in the file (the index maps it there)", dir,
-                        weight_map[found], found));
-      }
-      const auto [shard, tensor] = it->second;
-      const std::string& path = ck->shards_[shard]->path;
-      if (tensor->dtype.is_u8()) {
-        return InvalidArgumentError(fmt::format(
-            "{}: tensor '{}' has dtype U8 (F32, F16 and BF16 are supported)", path, found));
-      }
-      if (tensor->shape != layout.shape) {
+            ck->base_quant_
+                ? fmt::format("{}: tensor '{}' is stored 4-bit (U8); Strata keeps embeddings, "
+                              "norms, biases and the LM head in 16 bits (F32, F16 or BF16)",
+                              path, found)
+                : fmt::format("{}: tensor '{}' has dtype U8 (F32, F16 and BF16 are supported)",
+                              path, found));
+      } else if (tensor->shape != layout.shape) {
         return InvalidArgumentError(
             fmt::format("{}: tensor '{}' has shape {}, config.json needs {}", path, found,
                         ShapeString(tensor->shape), ShapeString(layout.shape)));
       }
       used.insert(found);
       num_params += layout.num_elems;
-      sources.push_back({std::move(layout), shard, tensor});
+      sources.push_back({std::move(layout), stored.shard, tensor, std::move(q)});
     }
     ck->blocks_.push_back(std::move(sources));
     ck->block_num_params_.push_back(num_params);
@@ -294,6 +376,13 @@ int64_t HfCheckpoint::block_num_params(int block) const {
   return block_num_params_[block];
 }
 
+std::vector<formats::TensorDType> HfCheckpoint::block_dtypes(int block) const {
+  STRATA_CHECK(block >= 0 && block < num_blocks());
+  std::vector<formats::TensorDType> out;
+  for (const Source& src : blocks_[block]) out.push_back(src.tensor->dtype);
+  return out;
+}
+
 std::vector<std::string> HfCheckpoint::weight_files() const {
   std::vector<std::string> out;
   for (const auto& s : shards_) out.push_back(s->path);
@@ -310,9 +399,16 @@ Status HfCheckpoint::ReadBlock(int block, std::span<float> out) const {
                                             block_names_[block], block_num_params_[block],
                                             out.size()));
   }
-  std::vector<std::byte> staging;  // 16-bit file data
+  std::vector<std::byte> staging;  // 16-bit file data; a 4-bit tensor's record
   std::vector<float> rows;         // fp32 rows of a transposed tensor
   for (const Source& src : blocks_[block]) {
+    if (src.quantized) {
+      const ops::Quant4Layout& layout = src.quantized->layout;
+      staging.resize(static_cast<size_t>(layout.total_bytes));
+      STRATA_RETURN_IF_ERROR(ReadRecord(src, staging));
+      ops::Dequantize4bit<float>(layout, staging.data(), out.data() + src.layout.chunk_offset);
+      continue;
+    }
     const Shard& shard = *shards_[src.shard];
     const formats::SafetensorsTensor& t = *src.tensor;
     const int64_t elem_bytes = static_cast<int64_t>(t.dtype.size());
@@ -351,6 +447,63 @@ Status HfCheckpoint::ReadBlock(int block, std::span<float> out) const {
     }
   }
   return Status::Ok();
+}
+
+Status HfCheckpoint::ReadStored(const Stored& part, uint64_t offset_bytes,
+                                std::span<std::byte> out) const {
+  const Shard& shard = *shards_[part.shard];
+  Status s = formats::ReadTensorBytes(shard.file, *part.tensor, offset_bytes, out);
+  return s.ok() ? s : s.WithContext(fmt::format("{}: tensor '{}'", shard.path, part.tensor->name));
+}
+
+Status HfCheckpoint::ReadRecord(const Source& src, std::span<std::byte> record) const {
+  const Quantized& q = *src.quantized;
+  const ops::Quant4Layout& l = q.layout;
+  std::fill(record.begin(), record.end(), std::byte{0});
+  STRATA_RETURN_IF_ERROR(
+      ReadStored({src.shard, src.tensor}, 0, record.subspan(l.codes_offset, l.codes_bytes)));
+  STRATA_RETURN_IF_ERROR(ReadStored(q.absmax, 0, record.subspan(l.absmax_offset, l.absmax_bytes)));
+  if (l.params.double_quant) {
+    STRATA_RETURN_IF_ERROR(ReadStored(
+        q.nested_absmax, 0, record.subspan(l.nested_absmax_offset, l.nested_absmax_bytes)));
+    std::memcpy(record.data() + l.offset_offset, &q.nested_offset, sizeof(float));
+  }
+  return Status::Ok();
+}
+
+Status HfCheckpoint::ReadQuantizedTensor(int block, int64_t chunk_offset,
+                                         const ops::Quant4Layout& layout,
+                                         std::span<std::byte> record) const {
+  if (block < 0 || block >= num_blocks()) {
+    return InvalidArgumentError(
+        fmt::format("{}: block {} out of range [0, {})", dir_, block, num_blocks()));
+  }
+  const Source* src = nullptr;
+  for (const Source& s : blocks_[block]) {
+    if (s.layout.chunk_offset == chunk_offset) src = &s;
+  }
+  if (src == nullptr || !src->quantized) {
+    return InvalidArgumentError(fmt::format(
+        "{}: block {} has no 4-bit tensor at element {} of its chunk{}", dir_, block_names_[block],
+        chunk_offset, src == nullptr ? "" : fmt::format(" ('{}' is 16-bit)", src->layout.name)));
+  }
+  const ops::Quant4Layout& want = src->quantized->layout;
+  if (layout.n != want.n || layout.params.type != want.params.type ||
+      layout.params.double_quant != want.params.double_quant ||
+      layout.total_bytes != want.total_bytes) {
+    return InvalidArgumentError(
+        fmt::format("{}: tensor '{}' is {} values {}{}, the layout asked for {} values {}{}", dir_,
+                    src->layout.name, want.n, ops::Quant4TypeName(want.params.type),
+                    want.params.double_quant ? " with double quantization" : "", layout.n,
+                    ops::Quant4TypeName(layout.params.type),
+                    layout.params.double_quant ? " with double quantization" : ""));
+  }
+  if (static_cast<int64_t>(record.size()) != want.total_bytes) {
+    return InvalidArgumentError(
+        fmt::format("{}: tensor '{}' has a record of {} bytes, the buffer {}", dir_,
+                    src->layout.name, want.total_bytes, record.size()));
+  }
+  return ReadRecord(*src, record);
 }
 
 }  // namespace strata::models

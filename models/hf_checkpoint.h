@@ -21,18 +21,29 @@
 //
 // Files may be symbolic links (the Hugging Face hub cache's snapshots link to blobs).
 //
+// A bitsandbytes 4-bit directory (config.json's quantization_config, models/hf_bnb.h: QLoRA's
+// base, issue 45) stores the tensors HfBaseQuantized names as bitsandbytes' parts (the packed
+// codes under the weight's own name, absmax, quant_map, nested_absmax, nested_quant_map,
+// quant_state); Open checks every part's dtype and shape, and also reads the small ones (the
+// quant_map, the nested_quant_map and the quant_state JSON: under 2 KiB a tensor) to check them
+// against bitsandbytes' tables and the config (blocksize 64, nested_blocksize 256, the shape).
+// Its other tensors are read as in a plain directory. Such a directory is refused for GPT-2.
+//
 // Memory: the shard files stay open (one fd each) with their parsed headers; ReadBlock stages at
-// most kStagingBytes of file data at a time besides its output.
+// most kStagingBytes of file data at a time besides its output, and a 4-bit tensor's packed
+// record (ops::Quant4Layout::total_bytes, about n / 2 bytes) whole.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "formats/safetensors.h"
 #include "models/hf_config.h"
+#include "models/ops/quantize_4bit.h"
 #include "models/weight_source.h"
 
 namespace strata::models {
@@ -58,28 +69,63 @@ class HfCheckpoint final : public WeightSource {
   const std::vector<std::string>& tokenizer_files() const { return tokenizer_files_; }
   // The safetensors files read, in name order (DIR/model.safetensors or the shards).
   std::vector<std::string> weight_files() const;
+  // The stored element type of each tensor of `block`, in HfBlockTensors order (U8: a 4-bit
+  // tensor's codes). block in [0, num_blocks()) (STRATA_CHECK).
+  std::vector<formats::TensorDType> block_dtypes(int block) const;
 
   // Writes block `block`'s chunk as fp32 (out.size() == block_num_params(block), else
   // kInvalidArgument): each tensor read with pread in pieces of at most kStagingBytes (F32 data
   // straight into `out` when it is not transposed), F16/BF16 converted exactly to fp32.
   // kDataLoss naming the file and tensor on a short read (a file truncated since Open); other
   // I/O errors errno-derived, naming the file. Thread-compatible: one call at a time.
+  // A 4-bit tensor is dequantized (ops::Dequantize4bit<float>: fp32, not rounded to the
+  // quant_state's dtype), so eval, export and full fine-tunes read a 4-bit directory unchanged.
   Status ReadBlock(int block, std::span<float> out) const override;
+
+  // The directory's 4-bit quantization (config.json's bitsandbytes quantization_config);
+  // nullopt for a directory of 16/32-bit weights.
+  std::optional<ops::Quant4Params> base_quant() const override { return base_quant_; }
+  // The packed record (ops::Quant4Layout's parts: codes, absmax, nested_absmax, offset; padding
+  // zero) of the 4-bit tensor of `block` at element `chunk_offset` of the block's chunk (an
+  // HfTensor::chunk_offset of a tensor HfBaseQuantized names), read from the directory as
+  // bitsandbytes stored it, into `record` (host memory, layout.total_bytes, OVERWRITTEN).
+  // `layout` must be ops::MakeQuant4Layout(num_elems, *base_quant()). Errors: kInvalidArgument
+  // (no 4-bit tensor there, another layout, a record of another size), kDataLoss naming the file
+  // and tensor on a short read, errno-derived ones. Thread-safe (pread only).
+  Status ReadQuantizedTensor(int block, int64_t chunk_offset, const ops::Quant4Layout& layout,
+                             std::span<std::byte> record) const override;
 
  private:
   struct Shard {
     std::string path;
     formats::OpenSafetensors file;
   };
+  // A stored tensor: its shard and its header there (pointing into shards_[shard]).
+  struct Stored {
+    int shard = 0;
+    const formats::SafetensorsTensor* tensor = nullptr;
+  };
+  // A 4-bit tensor's parts (models/hf_bnb.h); nested_absmax unset without double quantization.
+  struct Quantized {
+    ops::Quant4Layout layout;
+    Stored absmax, nested_absmax;
+    float nested_offset = 0;  // from the quant_state JSON
+  };
   struct Source {
     HfTensor layout;  // name is the canonical Hugging Face name
     int shard = 0;
-    const formats::SafetensorsTensor* tensor = nullptr;  // points into shards_[shard]
+    const formats::SafetensorsTensor* tensor = nullptr;  // points into shards_[shard]; the codes
+    std::optional<Quantized> quantized;                  // of a 4-bit tensor
   };
   HfCheckpoint() = default;
+  // Reads out.size() bytes at `offset_bytes` of a stored tensor; errors name the file and tensor.
+  Status ReadStored(const Stored& part, uint64_t offset_bytes, std::span<std::byte> out) const;
+  // The packed record of a 4-bit source (record.size() == its layout's total_bytes).
+  Status ReadRecord(const Source& src, std::span<std::byte> record) const;
 
   std::string dir_;
   HfModelConfig config_;
+  std::optional<ops::Quant4Params> base_quant_;
   std::vector<std::unique_ptr<Shard>> shards_;  // stable addresses for Source::tensor
   std::vector<std::vector<Source>> blocks_;
   std::vector<int64_t> block_num_params_;

@@ -795,4 +795,18 @@ int64_t HfBlockNumParams(const HfModelConfig& config, int block) {
   return n;
 }
 
+bool HfBaseQuantized(const HfModelConfig& config, int block, const HfTensor& tensor) {
+  const int n = HfNumBlocks(config);
+  STRATA_CHECK(block >= 0 && block < n);
+  return config.family == HfModelConfig::Family::kLlama && block >= 1 && block <= n - 2 &&
+         tensor.shape.size() == 2;
+}
+
+Status CheckHfBaseQuantizable(const HfModelConfig& config) {
+  if (config.family == HfModelConfig::Family::kLlama) return Status::Ok();
+  return InvalidArgumentError(
+      "a 4-bit base (bitsandbytes nf4/fp4) is supported for the Llama families (llama, mistral, "
+      "qwen2, qwen3, phi3, gemma2, gemma3_text), not for gpt2 (GPT2LMHeadModel)");
+}
+
 }  // namespace strata::models

@@ -92,4 +92,16 @@ std::vector<HfTensor> HfBlockTensors(const HfModelConfig& config, int block);
 // Sum of num_elems of HfBlockTensors(config, block).
 int64_t HfBlockNumParams(const HfModelConfig& config, int block);
 
+// QLoRA's 4-bit frozen base (issue 45), the one rule everything that reads, writes or holds a
+// 4-bit base follows: the tensors stored in 4 bits are the 2-D tensors of the layer blocks
+// (1..L) of a Llama-family model -- q/k/v/o and gate/up/down projections, Phi-3's fused
+// qkv_proj and gate_up_proj -- each quantized as one Hugging Face tensor, in its stored
+// row-major (out, in) order. Embeddings, norms, biases and the LM head stay 16-bit, as
+// transformers' bitsandbytes integration leaves them (it converts the layers' nn.Linear and
+// keeps lm_head). False for every GPT-2 tensor: CheckHfBaseQuantizable refuses that family.
+// block in [0, HfNumBlocks) (STRATA_CHECK).
+bool HfBaseQuantized(const HfModelConfig& config, int block, const HfTensor& tensor);
+// OK for the Llama families; kInvalidArgument, one line naming gpt2, for GPT-2.
+Status CheckHfBaseQuantizable(const HfModelConfig& config);
+
 }  // namespace strata::models

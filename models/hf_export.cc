@@ -26,9 +26,10 @@ namespace fs = std::filesystem;
 // Elements converted and appended per piece.
 constexpr int64_t kPieceElems = int64_t{1} << 20;
 
-// A tokenizer file copied into the export, synced.
-Status CopyFile(const std::string& from, const std::string& to) {
-  STRATA_ASSIGN_OR_RETURN(UniqueFd in, OpenRegularFile(from, "tokenizer file"));
+}  // namespace
+
+Status CopyNewFile(const std::string& from, const std::string& to, std::string_view what) {
+  STRATA_ASSIGN_OR_RETURN(UniqueFd in, OpenRegularFile(from, what));
   UniqueFd out(::open(to.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
   if (!out.valid()) return ErrnoToStatus(errno, fmt::format("creating '{}'", to));
   std::vector<std::byte> buf(1 << 20);
@@ -41,6 +42,8 @@ Status CopyFile(const std::string& from, const std::string& to) {
   }
   return FsyncFile(out.get(), to);
 }
+
+namespace {
 
 // One output tensor: its block, its layout, and the shard it goes to.
 struct Planned {
@@ -150,7 +153,8 @@ Status WriteInto(const std::string& tmp, const HfModelConfig& config,
   }
   STRATA_RETURN_IF_ERROR(WriteNewFile(tmp + "/config.json", HfConfigJson(config, dtype), 0644));
   for (const std::string& from : tokenizer_files) {
-    STRATA_RETURN_IF_ERROR(CopyFile(from, tmp + "/" + fs::path(from).filename().string()));
+    STRATA_RETURN_IF_ERROR(
+        CopyNewFile(from, tmp + "/" + fs::path(from).filename().string(), "tokenizer file"));
   }
   return FsyncDirectory(tmp);
 }

@@ -50,4 +50,9 @@ Status WriteHfDirectory(const std::string& out_dir, const HfModelConfig& config,
 Status WriteDirectoryAtomically(const std::string& out_dir, std::string_view what,
                                 const std::function<Status(const std::string& tmp)>& write);
 
+// Copies the regular file `from` to the new file `to` (O_CREAT | O_EXCL | O_NOFOLLOW, mode 0644)
+// and fsyncs it; `what` names `from` in errors ("tokenizer file"). Errors: errno-derived, naming
+// the file (a missing `from`: kNotFound; an existing `to`: kAlreadyExists).
+Status CopyNewFile(const std::string& from, const std::string& to, std::string_view what);
+
 }  // namespace strata::models

@@ -14,6 +14,7 @@
 #include "tools/eval_command.h"
 #include "tools/iobench_command.h"
 #include "tools/option_flags.h"
+#include "tools/quantize_command.h"
 #include "tools/tokenize_command.h"
 #include "tools/train_command.h"
 
@@ -75,6 +76,12 @@ int main(int argc, char** argv) {
   CLI::App* export_cmd = app.add_subcommand(
       "export", "Write a checkpoint as a Hugging Face model directory (config.json, safetensors)");
   strata::tools::AddExportFlags(*export_cmd, export_flags);
+  strata::tools::QuantizeFlags quantize;
+  CLI::App* quantize_cmd = app.add_subcommand(
+      "quantize",
+      "Write a Hugging Face directory's layer weights in 4 bits as bitsandbytes stores them "
+      "(nf4/fp4: a QLoRA base)");
+  strata::tools::AddQuantizeFlags(*quantize_cmd, quantize);
   strata::tools::TokenizeFlags tokenize;
   CLI::App* tokenize_cmd = app.add_subcommand(
       "tokenize", "Tokenize a text file with a SentencePiece model into an llm.c token file");
@@ -116,6 +123,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("iobench")) status = strata::tools::RunIobench(iobench);
     if (inspect_cmd->parsed()) status = strata::tools::RunInspect(inspect);
     if (export_cmd->parsed()) status = strata::tools::RunExport(export_flags);
+    if (quantize_cmd->parsed()) status = strata::tools::RunQuantize(quantize);
     if (tokenize_cmd->parsed()) status = strata::tools::RunTokenize(tokenize);
     if (eval_cmd->parsed()) status = strata::tools::RunEval(eval);
     if (generate_cmd->parsed()) status = strata::tools::RunGenerate(generate);

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "models/gpt.h"
+#include "models/hf_bnb.h"
 #include "models/hf_checkpoint.h"
 #include "models/llama.h"
 #include "models/lora_adapter.h"
@@ -313,23 +314,9 @@ void AddBaseQuantFlags(CLI::App& cmd, BaseQuantFlags& f) {
 }
 
 std::optional<models::ops::Quant4Params> DirectoryBaseQuant(const models::HfModelConfig& config) {
-  const nlohmann::json& raw = config.raw;
-  if (!raw.is_object() || !raw.contains("quantization_config")) return std::nullopt;
-  const nlohmann::json& q = raw["quantization_config"];
-  if (!q.is_object() || !q.contains("load_in_4bit") || q["load_in_4bit"] != true) {
-    return std::nullopt;
-  }
-  models::ops::Quant4Params p;
-  if (q.contains("bnb_4bit_quant_type") && q["bnb_4bit_quant_type"].is_string()) {
-    auto type = models::ops::ParseQuant4Type(q["bnb_4bit_quant_type"].get<std::string>());
-    if (type.ok()) p.type = *type;
-  } else {
-    p.type = models::ops::Quant4Type::kFp4;  // BitsAndBytesConfig's default
-  }
-  p.double_quant = q.contains("bnb_4bit_use_double_quant") &&
-                   q["bnb_4bit_use_double_quant"].is_boolean() &&
-                   q["bnb_4bit_use_double_quant"].get<bool>();
-  return p;
+  // Open has refused a quantization_config it cannot read; here only its parameters matter.
+  auto q = models::ParseBnbQuantizationConfig(config.raw, "config.json");
+  return q.ok() ? *q : std::nullopt;
 }
 
 Status ApplyBaseQuantFlags(const BaseQuantFlags& f, ModelSpec* spec) {

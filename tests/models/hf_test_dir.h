@@ -32,7 +32,7 @@ struct TestTensor {
   std::vector<int64_t> shape;
   int block = 0;
   bool transposed = false;
-  std::string dtype = "F32";  // safetensors spelling; "I64" for bad-input tests
+  std::string dtype = "F32";  // safetensors spelling; "U8" (byte values), "I64" for bad input
   std::vector<float> values;  // exactly representable in dtype
   int64_t num_elems() const {
     int64_t n = 1;
@@ -167,6 +167,8 @@ inline void WriteSafetensors(const std::string& path, const std::vector<const Te
         const uint16_t u = t->dtype == "F16" ? FloatToHalf(v) : FloatToBf16(v);
         data.push_back(static_cast<char>(u & 0xff));
         data.push_back(static_cast<char>(u >> 8));
+      } else if (t->dtype == "U8") {  // a byte per value (bitsandbytes' 4-bit parts)
+        data.push_back(static_cast<char>(static_cast<uint8_t>(v)));
       } else {  // I64
         const int64_t x = static_cast<int64_t>(v);
         for (int i = 0; i < 8; ++i) data.push_back(static_cast<char>(uint64_t(x) >> (8 * i)));

@@ -5,7 +5,8 @@ not importable for this interpreter (Debian's python3-torch installs for
 libstrata.so) and python/ on PYTHONPATH. The modules in OWN_ENTRY are CTest entries of their
 own (python_hf_families_test, python_hf_new_families_test, python_hf_gemma3_test,
 python_hf_gemma2_test, python_jinja_templates_test, python_chat_tokenize_test,
-python_quantize_4bit_test: they drive the strata binaries, with their own environment) and are
+python_quantize_4bit_test, python_bnb_directory_test: they drive the strata binaries, with their
+own environment) and are
 left out here."""
 
 import os
@@ -15,7 +16,7 @@ import unittest
 SKIP = 77
 OWN_ENTRY = {"test_hf_families", "test_hf_new_families", "test_hf_gemma3", "test_hf_gemma2",
              "test_jinja_templates", "test_chat_tokenize",
-             "test_quantize_4bit"}  # modules with their own CTest entry
+             "test_quantize_4bit", "test_bnb_directory"}  # modules with their own CTest entry
 
 if __name__ == "__main__":
     try:
