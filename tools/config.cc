@@ -850,7 +850,8 @@ void ApplyMonitor(Context& c, const json& root, std::string_view name, std::stri
   }
 }
 
-// strata.lora: {"rank", "alpha", "targets", "dropout", "init"}, as the --lora-* flags.
+// strata.lora: {"rank", "alpha", "targets", "dropout", "init", "base_quant",
+// "base_double_quant"}, as the --lora-* and --base-* flags.
 void ApplyLora(Context& c, const json& l, LoraFlags* f) {
   Reader& r = c.r;
   if (const json* v = Find(l, "rank"))
@@ -875,6 +876,12 @@ void ApplyLora(Context& c, const json& l, LoraFlags* f) {
     f->targets = targets;
   }
   if (const json* v = Find(l, "init")) r.Set(&f->init, Reader::String(*v, "strata.lora.init"));
+  if (const json* v = Find(l, "base_quant")) {
+    r.Set(&f->base.quant, Reader::String(*v, "strata.lora.base_quant"));
+  }
+  if (const json* v = Find(l, "base_double_quant")) {
+    r.Set(&f->base.double_quant, Reader::String(*v, "strata.lora.base_double_quant"));
+  }
 }
 
 void ApplyLoraSection(Context& c, const json& strata, LoraFlags* f) {

@@ -189,6 +189,7 @@ constexpr DeepSpeedKey kKeys[] = {
     {"strata.activation_checkpointing", M},
     {"strata.lora", S}, {"strata.lora.rank", M}, {"strata.lora.alpha", M},
     {"strata.lora.targets", M}, {"strata.lora.dropout", M}, {"strata.lora.init", M},
+    {"strata.lora.base_quant", M}, {"strata.lora.base_double_quant", M},
 };
 // clang-format on
 

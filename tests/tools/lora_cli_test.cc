@@ -188,6 +188,68 @@ TEST_F(LoraCliTest, PrecisionAutoFollowsTheModelDirectorysTorchDtype) {
   EXPECT_THAT(r.out, HasSubstr("fp32 working precision"));
 }
 
+// Issue 45: QLoRA from the command line over a bf16 copy of the base. LoRA over the base held in
+// NF4 (--base-quant nf4) lowers the validation loss as over the 16-bit base; it is the same run,
+// bit for bit, as LoRA over the directory `strata quantize` writes (--base-quant auto reads its
+// records as they are); it resumes bit-identically, and resuming without the 4-bit base is
+// refused naming both bases; the merged export is the dequantized base plus the adapters.
+TEST_F(LoraCliTest, QloraLearnsResumesAndMatchesAQuantizedDirectory) {
+  Result r = RunStrata("export --checkpoint " + Path("base_ck") + " --hf-dir " + Path("base16") +
+                       " --dtype bf16");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = RunStrata("quantize --model-dir " + Path("base16") + " --out-dir " + Path("base_nf4"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string common = " --device host --data " + Path("tune.bin") +
+                             " --seq-len 32 --eval-every 0 --sample-bytes 0 --log-every 0 " +
+                             "--lora-rank 4 --lora-alpha 8 --lora-targets " +
+                             "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj " +
+                             "--steps 12 --offload-params host ";
+  r = RunStrata("train --model-dir " + Path("base16") + common + "--base-quant nf4 --save-every " +
+                "6 --save-dir " + Path("qck") + " --summary-json " + Path("q.json"));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("bits/param encoded"));
+  r = RunStrata("train --model-dir " + Path("base_nf4") + common + "--summary-json " +
+                Path("qdir.json"));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(Summary("q.json")["master_xxh3"], Summary("qdir.json")["master_xxh3"]);
+  EXPECT_EQ(Summary("q.json")["loss_last"], Summary("qdir.json")["loss_last"]);
+  r = RunStrata("train --model-dir " + Path("base16") + common + "--save-dir " + Path("ck16"));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  // Learns: the validation loss falls as with the 16-bit base (within 1% of its loss; measured
+  // 3.244 -> 2.943 over NF4, 2.941 over bf16: 0.05%).
+  const double base = EvalLoss("--model-dir " + Path("base16"));
+  const double tuned = EvalLoss("--checkpoint " + Path("qck"));
+  const double tuned16 = EvalLoss("--checkpoint " + Path("ck16"));
+  EXPECT_LT(tuned, base - 0.05) << "base " << base << ", after QLoRA " << tuned;
+  EXPECT_NEAR(tuned, tuned16, 0.01 * tuned16);
+  // Resumes bit-identically over the same 4-bit base; another base is refused by name.
+  r = RunStrata("train --model-dir " + Path("base16") + common + "--base-quant nf4 --resume " +
+                Path("qck") + "/step-6 --summary-json " + Path("qres.json"));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(Summary("q.json")["master_xxh3"], Summary("qres.json")["master_xxh3"]);
+  r = RunStrata("train --model-dir " + Path("base16") + common + "--resume " + Path("qck") +
+                "/step-6");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(Lines(r.err), 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("nf4 with double quantization; this run's base is"));
+  // The merged export: the base dequantized in the run's precision (bf16, as PEFT's merge into a
+  // 4-bit model) plus the adapters, evaluated in bf16 beside the checkpoint in bf16: one more
+  // bf16 rounding per merged weight (measured 6e-5 relative; bound 1e-3, far below the
+  // adapters' 0.3).
+  r = RunStrata("export --checkpoint " + Path("qck") + " --hf-dir " + Path("qmerged") +
+                " --merge-lora");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto eval16 = [&](const std::string& flags) {
+    const Result e = RunStrata("eval --device host --precision bf16 " + flags + " --data " +
+                               Path("tune.bin") + " --seq-len 32 --max-tokens 4000 --json");
+    EXPECT_EQ(e.exit_code, 0) << e.err;
+    return e.exit_code == 0 ? nlohmann::json::parse(e.out)["loss"].get<double>() : NAN;
+  };
+  const double merged = eval16("--model-dir " + Path("qmerged"));
+  const double run = eval16("--checkpoint " + Path("qck"));
+  EXPECT_NEAR(merged, run, 1e-3 * run);
+}
+
 TEST_F(LoraCliTest, BadInputIsOneLineNamingTheFlagOrTheFile) {
   auto expect_error = [](const Result& r, const std::string& what) {
     EXPECT_EQ(r.exit_code, 1) << r.out;
