@@ -30,6 +30,9 @@
 #             tests/python evaluated by transformers (cuda, eager) and by strata eval on cuda and
 #             on the host backend, fp32 (bound 1e-5 relative) and bf16 (1e-2); its table closes
 #             the summary, families.json comes back  (~2 min, estimated)
+#   qlora     issue 45: the 4-bit dequantization kernel and QLoRA engine tests on CUDA, then llama-7b
+#             QLoRA (rank 16, all seven modules) at 6 GiB, base resident vs streamed from host, and
+#             the bf16 base streamed beside it  (~6 min, estimated: its own call)
 #   CMD...    any command, in the unpacked tree, with the libraries set up
 # Each phase stays inside $BUDGET seconds (default 300); each step is cut to the time left. The
 # summary (steps with their time and result, then Strata's tokens/s and MFU against PyTorch's)
@@ -172,6 +175,33 @@ print("loss %.4f -> %.4f, val %s, %.0f tok/s, h2d %.3g B, d2h %.3g B, nvme writt
   results[-1]="${results[-1]}: $(tail -1 "$L/torch_peft.log" | cut -c1-200)"
   tail -1 "$L/torch_peft.log" | grep '^{' >"$L/lora_torch_peft.json"
   cp "$L"/lora_*.json "$L/lora_1b_4gib_plan.txt" "$O/" 2>/dev/null
+  ;;
+qlora)
+  # QLoRA (issue 45): the 4-bit dequantization kernel against the host and LoRA over the NF4 base
+  # against LoRA over the dequantized base on the device (bit for bit); then llama-7b's adapters
+  # (rank 16, all seven modules, 4 micro-batches of 1 x 2048) over the NF4 base resident, and at
+  # a 6 GiB device budget layer-major, where the plan keeps 12 of its 34 chunks and streams the
+  # rest from pinned host memory (issue 45's >= 0.9x target), and the bf16 base at the same
+  # budget (4 chunks resident). tokens/s and bytes moved from each --summary-json.
+  step quantize_4bit_cuda_test 60 "$L/quantize_4bit_cuda_test.log" \
+    ctest --test-dir "$build" -R 'Quantize4bit|BaseQuantTest' --output-on-failure
+  all7=q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj
+  qlora_run() {  # NAME LIMIT FLAGS...: strata train with FLAGS, then its summary in one line
+    local name=$1 limit=$2
+    shift 2
+    step "$name" "$limit" "$L/$name.log" "$build/tools/strata" train \
+      --lora-targets "$all7" --summary-json "$L/$name.json" "$@"
+    results[-1]="${results[-1]}: $(python3 -c 'import json, sys; d = json.load(open(sys.argv[1]))
+print("loss %.4f -> %.4f, %.0f tok/s, h2d %.3g B, peak %.3g B" % (d["loss_first"], d["loss_last"], d["tokens_per_second"], d["bytes_h2d"], d["device_peak_bytes"]))' "$L/$name.json" 2>&1 | tail -1)"
+  }
+  q7=(--model llama-7b --lora-rank 16 --lora-alpha 32 --seq-len 2048 --micro-batch-size 1
+    --grad-accum-steps 4 --steps 4 --log-every 1 --eval-every 0 --sample-bytes 0 --device cuda)
+  qlora_run qlora_7b_nf4_resident 120 "${q7[@]}" --base-quant nf4 --offload-params device
+  qlora_run qlora_7b_nf4_host_6gib 120 "${q7[@]}" --base-quant nf4 --offload-params host \
+    --device-budget 6GiB --schedule layer-major
+  qlora_run qlora_7b_bf16_host_6gib 120 "${q7[@]}" --offload-params host --device-budget 6GiB \
+    --schedule layer-major
+  cp "$L"/qlora_*.json "$O/" 2>/dev/null
   ;;
 schedule)
   # The layer-major schedule (issue 32) against the micro-batch-major one on gpt-7b, then what a

@@ -18,6 +18,11 @@
 #include "tests/engine/engine_test_util.h"
 #include "tests/engine/tiny_families.h"
 
+#ifdef STRATA_HAVE_CUDA
+#include "gpu/cuda/cuda_device.h"
+#include "tests/gpu/cuda_test_util.h"
+#endif
+
 namespace strata::engine {
 namespace {
 
@@ -215,6 +220,37 @@ TEST_F(BaseQuantTest, FineTuneOverAnNf4BaseLearns) {
     last.push_back(loss);
   }
   EXPECT_NEAR(last[0], last[1], 0.01f * last[1]);
+}
+
+// On CUDA (skipped without a GPU): the dequantization kernel writes what the host's decode does,
+// so LoRA over the NF4 base equals LoRA over the dequantized base on the device too, bit for bit,
+// with the base resident and streamed from pinned host memory.
+TEST_F(BaseQuantTest, OnCudaAdaptersTrainAsOverTheDequantizedBase) {
+#ifdef STRATA_HAVE_CUDA
+  if (const std::string why = gpu::testing::NoCudaReason(); !why.empty()) GTEST_SKIP() << why;
+  for (ParamHome params : {ParamHome::kDevice, ParamHome::kHost}) {
+    const models::LlamaConfig config = testing::TinyLlama(false);
+    const auto quantized = Quantized(config, {Quant4Type::kNf4, true});
+    const EngineOptions o = Options(*quantized, DType::kBF16, params, Schedule::kMicroBatchMajor,
+                                    ActivationCheckpointing::kAll);
+    const auto plain =
+        Plain(config, std::make_shared<DequantizedBase>(*quantized, o.seed, DType::kBF16));
+    TrainRun runs[2];
+    for (int i = 0; i < 2; ++i) {
+      gpu::CudaDeviceOptions d;
+      d.pinned_budget_bytes = size_t{1} << 30;
+      auto device = gpu::CreateCudaDevice(d);
+      ASSERT_TRUE(device.ok()) << device.status().ToString();
+      Model* model = i == 0 ? static_cast<Model*>(quantized.get()) : plain.get();
+      runs[i] = TrainOn(**device, *model, o, 3);
+    }
+    SCOPED_TRACE(ParamHomeName(params));
+    ASSERT_EQ(runs[0].results.size(), 3u);
+    ExpectBitIdentical(runs[0], runs[1]);
+  }
+#else
+  GTEST_SKIP() << "this build has no CUDA backend";
+#endif
 }
 
 }  // namespace
