@@ -28,6 +28,19 @@ constexpr int64_t kPieceElems = int64_t{1} << 20;
 
 }  // namespace
 
+std::string HfShardFileName(int shard, int num_shards) {
+  return num_shards == 1 ? std::string("model.safetensors")
+                         : fmt::format("model-{:05d}-of-{:05d}.safetensors", shard + 1, num_shards);
+}
+
+Status FinishHfShard(formats::SafetensorsWriter& writer, const std::string& path) {
+  STRATA_RETURN_IF_ERROR(writer.Finish().status());
+  if (::chmod(path.c_str(), 0644) != 0) {
+    return ErrnoToStatus(errno, fmt::format("chmod '{}'", path));
+  }
+  return Status::Ok();
+}
+
 Status CopyNewFile(const std::string& from, const std::string& to, std::string_view what) {
   STRATA_ASSIGN_OR_RETURN(UniqueFd in, OpenRegularFile(from, what));
   UniqueFd out(::open(to.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
@@ -75,11 +88,7 @@ Status WriteInto(const std::string& tmp, const HfModelConfig& config,
       plan.push_back({b, std::move(t), bytes, num_shards - 1});
     }
   }
-  auto shard_name = [num_shards](int shard) {
-    return num_shards == 1
-               ? std::string("model.safetensors")
-               : fmt::format("model-{:05d}-of-{:05d}.safetensors", shard + 1, num_shards);
-  };
+  auto shard_name = [num_shards](int shard) { return HfShardFileName(shard, num_shards); };
   auto create_shard = [&](int shard) -> StatusOr<formats::SafetensorsWriter> {
     std::vector<formats::SafetensorsWriter::TensorSpec> specs;
     for (const Planned& p : plan) {
@@ -88,13 +97,8 @@ Status WriteInto(const std::string& tmp, const HfModelConfig& config,
     return formats::SafetensorsWriter::Create(tmp + "/" + shard_name(shard), std::move(specs),
                                               {{"format", "pt"}});
   };
-  auto finish_shard = [&](formats::SafetensorsWriter& w, int shard) -> Status {
-    STRATA_RETURN_IF_ERROR(w.Finish().status());
-    const std::string path = tmp + "/" + shard_name(shard);
-    if (::chmod(path.c_str(), 0644) != 0) {
-      return ErrnoToStatus(errno, fmt::format("chmod '{}'", path));
-    }
-    return Status::Ok();
+  auto finish_shard = [&](formats::SafetensorsWriter& w, int shard) {
+    return FinishHfShard(w, tmp + "/" + shard_name(shard));
   };
 
   // Write: one block in memory at a time, converted piece by piece.

@@ -22,6 +22,7 @@
 
 #include "base/dtype.h"
 #include "base/status.h"
+#include "formats/safetensors.h"
 #include "models/hf_config.h"
 
 namespace strata::models {
@@ -49,6 +50,13 @@ Status WriteHfDirectory(const std::string& out_dir, const HfModelConfig& config,
 // when it fails. Errors: kInvalidArgument for a path that names no directory, write's, I/O.
 Status WriteDirectoryAtomically(const std::string& out_dir, std::string_view what,
                                 const std::function<Status(const std::string& tmp)>& write);
+
+// The file name of safetensors shard `shard` (0-based) of `num_shards`, as transformers'
+// save_pretrained names them: "model.safetensors" alone, else "model-00001-of-00003.safetensors".
+std::string HfShardFileName(int shard, int num_shards);
+// Finishes a shard's writer (formats/safetensors.h) and gives its file, `path`, mode 0644 (the
+// writer creates files 0600). Errors: the writer's, errno-derived naming the file.
+Status FinishHfShard(formats::SafetensorsWriter& writer, const std::string& path);
 
 // Copies the regular file `from` to the new file `to` (O_CREAT | O_EXCL | O_NOFOLLOW, mode 0644)
 // and fsyncs it; `what` names `from` in errors ("tokenizer file"). Errors: errno-derived, naming

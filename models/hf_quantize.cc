@@ -145,11 +145,7 @@ StatusOr<std::string> QuantizedConfigJson(const std::string& in_dir, ops::Quant4
 Status WriteInto(const std::string& tmp, const HfCheckpoint& in, std::vector<Planned>& plan,
                  int num_shards, ops::Quant4Params params, const std::string& config_text,
                  int64_t max_block) {
-  auto shard_name = [num_shards](int shard) {
-    return num_shards == 1
-               ? std::string("model.safetensors")
-               : fmt::format("model-{:05d}-of-{:05d}.safetensors", shard + 1, num_shards);
-  };
+  auto shard_name = [num_shards](int shard) { return HfShardFileName(shard, num_shards); };
   auto create_shard = [&](int shard) -> StatusOr<formats::SafetensorsWriter> {
     std::vector<formats::SafetensorsWriter::TensorSpec> specs;
     for (const Planned& p : plan) {
@@ -158,13 +154,8 @@ Status WriteInto(const std::string& tmp, const HfCheckpoint& in, std::vector<Pla
     return formats::SafetensorsWriter::Create(tmp + "/" + shard_name(shard), std::move(specs),
                                               {{"format", "pt"}});
   };
-  auto finish_shard = [&](formats::SafetensorsWriter& w, int shard) -> Status {
-    STRATA_RETURN_IF_ERROR(w.Finish().status());
-    const std::string path = tmp + "/" + shard_name(shard);
-    if (::chmod(path.c_str(), 0644) != 0) {
-      return ErrnoToStatus(errno, fmt::format("chmod '{}'", path));
-    }
-    return Status::Ok();
+  auto finish_shard = [&](formats::SafetensorsWriter& w, int shard) {
+    return FinishHfShard(w, tmp + "/" + shard_name(shard));
   };
 
   // One block in memory at a time; each tensor converted or quantized as it is appended.
