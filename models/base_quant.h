@@ -58,7 +58,7 @@ EncodedLayerLayout MakeEncodedLayerLayout(const std::vector<std::vector<int64_t>
 // first (bitsandbytes quantizes the loaded 16-bit tensor) and quantized. `source`, when given, is
 // asked first for each quantized part: it writes the part's record itself and returns true (a
 // directory that holds the tensor quantized already), or returns false (quantize `values`).
-// Errors: kInvalidArgument for a size mismatch; the source's.
+// Errors: kInvalidArgument for a size mismatch; the source's. Reentrant (oneTBB inside).
 using RecordSource = std::function<StatusOr<bool>(const EncodedPart&, std::span<std::byte>)>;
 Status EncodeLayerChunk(const EncodedLayerLayout& layout, DType precision,
                         std::span<const float> values, std::span<std::byte> out,
@@ -71,7 +71,7 @@ void DecodeLayerChunk(const EncodedLayerLayout& layout, const std::byte* chunk, 
 
 // The values a layer computes with, widened to fp32: the chunk (encoded for `precision`) decoded
 // in `precision` (its 1-D parts are stored in it) into out (num_params fp32, OVERWRITTEN). What
-// a merge of adapters into the base, or a 16-bit copy of the 4-bit base, reads.
+// a merge of adapters into the base, or a 16-bit copy of the 4-bit base, reads. Reentrant.
 void DecodeLayerChunkToF32(const EncodedLayerLayout& layout, DType precision,
                            const std::byte* chunk, float* out);
 

@@ -183,8 +183,9 @@ class DecoderModel : public engine::Model {
   Status InitFrozenChunk(int block, uint64_t seed, DType precision,
                          std::span<std::byte> out) const override;
   int64_t workspace_bytes(int block, engine::MicroBatchShape s, DType precision) const override;
-  // The encoded layout of layer block `block` (1..L) in `precision`. Requires base_quant().
-  EncodedLayerLayout EncodedLayout(int block, DType precision) const;
+  // The encoded layout of layer block `block` (1..L) in `precision`, owned by the model (stable
+  // until it is destroyed). Requires base_quant() (STRATA_CHECK). Pure; thread-safe.
+  const EncodedLayerLayout& EncodedLayout(int block, DType precision) const;
 
   Kind kind(int block) const { return DecoderBlockOf(block, num_blocks()); }
   const Family& family() const { return family_; }

@@ -312,7 +312,7 @@ Status DecoderModel<Family>::EnableBaseQuant(const ops::Quant4Params& params) {
 }
 
 template <typename Family>
-EncodedLayerLayout DecoderModel<Family>::EncodedLayout(int block, DType precision) const {
+const EncodedLayerLayout& DecoderModel<Family>::EncodedLayout(int block, DType precision) const {
   STRATA_CHECK(base_quant_.has_value() && kind(block) == Kind::kLayer);
   return *encoded_layouts_[static_cast<size_t>(precision) * family_.num_layers() + block - 1];
 }
@@ -322,7 +322,7 @@ int64_t DecoderModel<Family>::block_frozen_bytes(int block, DType precision) con
   if (!base_quant_.has_value() || kind(block) != Kind::kLayer) {
     return engine::Model::block_frozen_bytes(block, precision);
   }
-  return encoded_layouts_[static_cast<size_t>(precision) * family_.num_layers() + block - 1]->bytes;
+  return EncodedLayout(block, precision).bytes;
 }
 
 template <typename Family>
@@ -365,8 +365,7 @@ template <typename S>
 Status DecoderModel<Family>::DecodeBase(int block, const engine::BlockBuffers& b,
                                         gpu::Stream& stream, BlockArgs<S>* a) const {
   if (!base_quant_.has_value() || kind(block) != Kind::kLayer) return Status::Ok();
-  const EncodedLayerLayout* layout =
-      encoded_layouts_[static_cast<size_t>(b.precision) * family_.num_layers() + block - 1].get();
+  const EncodedLayerLayout* layout = &EncodedLayout(block, b.precision);
   S* weights = b.workspace.as<S>();
   STRATA_RETURN_IF_ERROR(EnqueueDecodeLayerChunk<S>(layout, b.frozen_params.data, weights, stream));
   a->params = weights;

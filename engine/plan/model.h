@@ -210,7 +210,7 @@ class Model {
   }
   // Device workspace of one Forward/Backward of `block` in `precision`, bytes
   // (BlockBuffers::workspace); the engine gives every block one shared region of the largest.
-  // Default: none.
+  // Default: none. Pure; thread-safe as the const methods are.
   virtual int64_t workspace_bytes(int block, MicroBatchShape shape, DType precision) const {
     return 0;
   }
