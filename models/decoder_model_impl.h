@@ -332,18 +332,23 @@ Status DecoderModel<Family>::InitFrozenChunk(int block, uint64_t seed, DType pre
     return engine::Model::InitFrozenChunk(block, seed, precision, out);
   }
   std::vector<float> values(BaseParams(block));
-  STRATA_RETURN_IF_ERROR(InitBase(block, seed, values));
+  // A source quantized alike gives a layer's records as they are, and only its other tensors'
+  // values (the 4-bit ones are neither read twice nor dequantized).
+  const bool alike = weights_ != nullptr && weights_->base_quant().has_value() &&
+                     weights_->base_quant()->type == base_quant_->type &&
+                     weights_->base_quant()->double_quant == base_quant_->double_quant;
+  if (kind(block) != Kind::kLayer || !alike) {
+    STRATA_RETURN_IF_ERROR(InitBase(block, seed, values));
+  }
   if (kind(block) != Kind::kLayer) {
     // The embedding and the head stay in the working precision.
     STRATA_CHECK(static_cast<int64_t>(out.size()) == block_frozen_bytes(block, precision));
     return cpu_optim::ConvertFromF32(values.data(), out.data(), precision,
                                      static_cast<int64_t>(values.size()));
   }
-  // A source quantized alike gives its records as they are.
   RecordSource records;
-  if (weights_ != nullptr && weights_->base_quant().has_value() &&
-      weights_->base_quant()->type == base_quant_->type &&
-      weights_->base_quant()->double_quant == base_quant_->double_quant) {
+  if (alike) {
+    STRATA_RETURN_IF_ERROR(weights_->ReadBlockSkippingQuantized(block, values));
     records = [&](const EncodedPart& p, std::span<std::byte> record) -> StatusOr<bool> {
       STRATA_RETURN_IF_ERROR(
           weights_->ReadQuantizedTensor(block, p.chunk_offset, p.record, record));

@@ -390,6 +390,14 @@ std::vector<std::string> HfCheckpoint::weight_files() const {
 }
 
 Status HfCheckpoint::ReadBlock(int block, std::span<float> out) const {
+  return ReadBlockImpl(block, out, /*skip_quantized=*/false);
+}
+
+Status HfCheckpoint::ReadBlockSkippingQuantized(int block, std::span<float> out) const {
+  return ReadBlockImpl(block, out, /*skip_quantized=*/true);
+}
+
+Status HfCheckpoint::ReadBlockImpl(int block, std::span<float> out, bool skip_quantized) const {
   if (block < 0 || block >= num_blocks()) {
     return InvalidArgumentError(
         fmt::format("{}: block {} out of range [0, {})", dir_, block, num_blocks()));
@@ -403,6 +411,7 @@ Status HfCheckpoint::ReadBlock(int block, std::span<float> out) const {
   std::vector<float> rows;         // fp32 rows of a transposed tensor
   for (const Source& src : blocks_[block]) {
     if (src.quantized) {
+      if (skip_quantized) continue;
       const ops::Quant4Layout& layout = src.quantized->layout;
       staging.resize(static_cast<size_t>(layout.total_bytes));
       STRATA_RETURN_IF_ERROR(ReadRecord(src, staging));

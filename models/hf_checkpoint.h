@@ -81,6 +81,8 @@ class HfCheckpoint final : public WeightSource {
   // A 4-bit tensor is dequantized (ops::Dequantize4bit<float>: fp32, not rounded to the
   // quant_state's dtype), so eval, export and full fine-tunes read a 4-bit directory unchanged.
   Status ReadBlock(int block, std::span<float> out) const override;
+  // ReadBlock without the 4-bit tensors (their elements untouched), as WeightSource says.
+  Status ReadBlockSkippingQuantized(int block, std::span<float> out) const override;
 
   // The directory's 4-bit quantization (config.json's bitsandbytes quantization_config);
   // nullopt for a directory of 16/32-bit weights.
@@ -121,6 +123,7 @@ class HfCheckpoint final : public WeightSource {
   // Reads out.size() bytes at `offset_bytes` of a stored tensor; errors name the file and tensor.
   Status ReadStored(const Stored& part, uint64_t offset_bytes, std::span<std::byte> out) const;
   // The packed record of a 4-bit source (record.size() == its layout's total_bytes).
+  Status ReadBlockImpl(int block, std::span<float> out, bool skip_quantized) const;
   Status ReadRecord(const Source& src, std::span<std::byte> record) const;
 
   std::string dir_;

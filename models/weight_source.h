@@ -26,6 +26,12 @@ class WeightSource {
   // nullopt (the default) for a source of plain values. ReadBlock still gives every value
   // (dequantized).
   virtual std::optional<ops::Quant4Params> base_quant() const { return std::nullopt; }
+  // ReadBlock, except that the elements of the tensors held 4-bit are left as they are (their
+  // records come from ReadQuantizedTensor): no dequantization nor read of them. The default, for
+  // sources of plain values: ReadBlock.
+  virtual Status ReadBlockSkippingQuantized(int block, std::span<float> out) const {
+    return ReadBlock(block, out);
+  }
   // The packed record (models/ops/quantize_4bit.h, `layout`) of the quantized tensor that starts
   // at element `chunk_offset` of block `block`'s chunk, into record (layout.total_bytes,
   // OVERWRITTEN), as stored: no requantization. Errors: kInvalidArgument when no quantized

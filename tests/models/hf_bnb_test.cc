@@ -214,6 +214,34 @@ TEST(HfBnb, ReadsAnNf4DoubleQuantDirectoryDequantizedToFp32) {
   ExpectBlocksBitEqual(**ck, d.expected);
 }
 
+// ReadBlockSkippingQuantized: the 16-bit tensors as ReadBlock gives them, the 4-bit ones' elements
+// untouched (what the QLoRA base reads beside ReadQuantizedTensor's records).
+TEST(HfBnb, ReadBlockSkippingQuantizedLeavesThe4BitTensorsUntouched) {
+  TempDir tmp;
+  BnbDir d = MakeBnbDir(OddShape(), kNf4Double, 1);
+  d.Write(tmp.path());
+  auto ck = HfCheckpoint::Open(tmp.path());
+  ASSERT_TRUE(ck.ok()) << ck.status().ToString();
+  for (int b = 0; b < (*ck)->num_blocks(); ++b) {
+    std::vector<float> all((*ck)->block_num_params(b)), some(all.size(), -12345.0f);
+    ASSERT_TRUE((*ck)->ReadBlock(b, all).ok());
+    ASSERT_TRUE((*ck)->ReadBlockSkippingQuantized(b, some).ok());
+    int64_t skipped = 0;
+    for (const HfTensor& t : HfBlockTensors((*ck)->config(), b)) {
+      const bool quantized = HfBaseQuantized((*ck)->config(), b, t);
+      for (int64_t i = t.chunk_offset; i < t.chunk_offset + t.num_elems; ++i) {
+        if (quantized) {
+          ASSERT_EQ(some[i], -12345.0f) << t.name;
+        } else {
+          ASSERT_EQ(std::memcmp(&some[i], &all[i], 4), 0) << t.name;
+        }
+      }
+      skipped += quantized ? 1 : 0;
+    }
+    EXPECT_EQ(skipped > 0, b >= 1 && b + 1 < (*ck)->num_blocks()) << "block " << b;
+  }
+}
+
 TEST(HfBnb, ReadsAnFp4DirectoryWithFp32BlockScalesFromShards) {
   TempDir tmp;
   BnbDir d = MakeBnbDir(OddShape(), kFp4Plain, 2);
