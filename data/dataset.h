@@ -38,6 +38,14 @@ struct Batch {
   // t) or positions[t - 1] + 1. Attention of token t covers tokens t - positions[t] .. t of its
   // row, so a packed example never sees another.
   std::vector<int32_t> positions;
+  // Preference data only (data/preference_dataset.h), else empty. sequences (B, T) int32: for
+  // each position whose target counts, the completion it belongs to within this micro-batch:
+  // 2 k for the chosen side of the micro-batch's pair k, 2 k + 1 for its rejected side; -1
+  // where the target is kIgnoreTarget. pair_ids: the index of each of the micro-batch's pairs
+  // among its split's pairs (file order), pairs().
+  std::vector<int32_t> sequences;
+  std::vector<int64_t> pair_ids;
+  int pairs() const { return static_cast<int>(pair_ids.size()); }
 };
 
 class Dataset {

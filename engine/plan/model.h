@@ -114,6 +114,19 @@ struct BlockBuffers {
   TensorRef logits;       // (B, V) last block Forward: the logits of each sequence's last position
   float* loss = nullptr;  // (1) fp32, last block Forward: sum of cross-entropy / loss_tokens
   float dloss = 1.0f;     // last block Backward: d(objective)/d(mean loss), incl. loss scale
+  // Sequence objectives (preference training, engine/sequence_objective.h), last block only.
+  // target_losses: (B, T) fp32 or null; Forward with targets writes each position's
+  // cross-entropy -log p(target) there, in fp32 as the mean loss sums them (0 where the target is
+  // kIgnoreTarget). target_weights: (B, T) fp32 or null; when set, Backward's objective is
+  // sum_t target_weights[t] CE_t instead of the mean over loss_tokens: the dlogits of row t are
+  // S(dloss * target_weights[t] * (softmax - onehot)) (0 where the target is ignored), and
+  // loss_tokens is not read. Forward's `loss` stays the mean.
+  float* target_losses = nullptr;
+  const float* target_weights = nullptr;
+  // The model's reference (Model::has_frozen_reference, Forward only): the block computes the
+  // function of its frozen parameters alone (LoRA: every adapter off), reading no own params
+  // (params may be empty). Preference training's frozen reference policy.
+  bool frozen_reference = false;
   // Training steps: this micro-batch's seed of the model's random choices (LoRA dropout, the same
   // in a block's Forward and its Backward's recomputation), never 0; 0 in evaluation and
   // generation (no dropout).
@@ -208,6 +221,10 @@ class Model {
                                  std::span<std::byte> out) const {
     return UnimplementedError("this model's frozen chunks are not encoded");
   }
+  // Whether Forward takes BlockBuffers::frozen_reference: the model's frozen parameters alone
+  // are a model of their own (LoRA's base, adapters off), the reference of preference training
+  // (Rafailov et al. 2023, "Direct Preference Optimization"). Default: false.
+  virtual bool has_frozen_reference() const { return false; }
   // Device workspace of one Forward/Backward of `block` in `precision`, bytes
   // (BlockBuffers::workspace); the engine gives every block one shared region of the largest.
   // Default: none. Pure; thread-safe as the const methods are.
