@@ -165,6 +165,26 @@ StatusOr<Engine::Impl::PartRegions> Engine::Impl::CarveDeviceRegions() {
   if (plan_.data_parallel) {
     STRATA_ASSIGN_OR_RETURN(parts.reduce_region, next());
   }
+  // A sequence objective's buffers, carved as the planner lists them (FixedRegions).
+  if (plan_.objective.target_weights) {
+    objective_slots_.resize(held());
+    const uint64_t pt = shape.tokens() * 4;
+    STRATA_ASSIGN_OR_RETURN(auto tw, next());
+    for (int i = 0; i < held(); ++i) {
+      objective_slots_[i].losses = tw.subspan(2 * i * pt, pt);
+      objective_slots_[i].weights = tw.subspan((2 * i + 1) * pt, pt);
+    }
+    if (plan_.objective.reference_forward) {
+      STRATA_ASSIGN_OR_RETURN(auto ref, next());
+      const uint64_t stride = 2 * act_bytes + pt;
+      for (int i = 0; i < held(); ++i) {
+        ObjectiveSlot& o = objective_slots_[i];
+        o.ref_acts[0] = ref.subspan(i * stride, act_bytes);
+        o.ref_acts[1] = ref.subspan(i * stride + act_bytes, act_bytes);
+        o.ref_losses = ref.subspan(i * stride + 2 * act_bytes, pt);
+      }
+    }
+  }
   parts.resident.resize(n_);
   parts.frozen.resize(n_);
   parts.slots.resize(plan_.streaming_slots);
@@ -256,7 +276,8 @@ Status Engine::Impl::CreateParamCache(const PartRegions& regions, int load_track
 
 Status Engine::Impl::AllocateHostMemory() {
   STRATA_ASSIGN_OR_RETURN(io_done_, device_->CreateEvent());
-  const uint64_t io_bytes = LogitsRowOffset() + static_cast<uint64_t>(model_->vocab_size()) * 4;
+  const uint64_t io_bytes = ObjectiveStagingOffset() +
+                            (plan_.objective.target_weights ? 3 * o_.micro_batch.tokens() * 4 : 0);
   STRATA_ASSIGN_OR_RETURN(io_pinned_, device_->AllocatePinned(io_bytes, "token staging"));
   return store_->AllocateMemory(device_);
 }
@@ -309,8 +330,52 @@ BlockBuffers Engine::Impl::ForwardBuffers(int b, const ParamCache::BlockChunks& 
     buf.targets = with_targets ? batch_[slot].targets.as<const int32_t>() : nullptr;
     buf.logits = Typed(logits_);
     buf.loss = loss_.as<float>();
+    if (training && objective_) buf.target_losses = objective_slots_[slot].losses.as<float>();
   }
   return buf;
+}
+
+Status Engine::Impl::ReferenceForward(int b, const ParamCache::BlockChunks& chunks, int slot) {
+  BlockBuffers buf = ForwardBuffers(b, chunks, slot, /*with_targets=*/true, o_.micro_batch);
+  const ObjectiveSlot& o = objective_slots_[slot];
+  buf.frozen_reference = true;
+  buf.params = {};
+  buf.dropout_seed = 0;  // the reference has no adapters, so no dropout
+  if (b > 0) buf.x_in = Typed(o.ref_acts[(b - 1) % 2]);
+  if (b < n_ - 1) {
+    buf.x_out = Typed(o.ref_acts[b % 2]);
+  } else {
+    buf.target_losses = o.ref_losses.as<float>();
+  }
+  const std::string label =
+      fmt::format("reference forward of block {} ('{}')", b, model_->block_name(b));
+  compute_->SetWorkLabel(label);
+  const Status s = model_->Forward(b, buf, *compute_);
+  if (!s.ok()) return Status(s.code(), fmt::format("{} failed: {}", label, s.message()));
+  return Status::Ok();
+}
+
+Status Engine::Impl::WeighMicroBatch(size_t i, int slot) {
+  const size_t count = o_.micro_batch.tokens();
+  const ObjectiveSlot& o = objective_slots_[slot];
+  const gpu::PinnedSpan staging =
+      io_pinned_.span().subspan(ObjectiveStagingOffset(), 3 * count * 4);
+  const bool ref = objective_->wants_reference();
+  compute_->SetWorkLabel(fmt::format("per-target losses of micro-batch {}", i));
+  STRATA_RETURN_IF_ERROR(compute_->CopyD2H(staging.subspan(0, count * 4), o.losses));
+  if (ref) {
+    STRATA_RETURN_IF_ERROR(compute_->CopyD2H(staging.subspan(count * 4, count * 4), o.ref_losses));
+  }
+  STRATA_RETURN_IF_ERROR(compute_->Synchronize());
+  const auto* losses = reinterpret_cast<const float*>(staging.data);
+  auto* weights = reinterpret_cast<float*>(staging.data + 2 * count * 4);
+  STRATA_ASSIGN_OR_RETURN(const double share,
+                          objective_->Weigh(i, {losses, count},
+                                            ref ? std::span<const float>(losses + count, count)
+                                                : std::span<const float>(),
+                                            {weights, count}));
+  objective_value_ += share;
+  return compute_->CopyH2D(o.weights, staging.subspan(2 * count * 4, count * 4));
 }
 
 StatusOr<BlockBuffers> Engine::Impl::BackwardBuffers(int b, const ParamCache::BlockChunks& chunks,
@@ -334,6 +399,8 @@ StatusOr<BlockBuffers> Engine::Impl::BackwardBuffers(int b, const ParamCache::Bl
     buf.dx_out = Typed(Dx((b + 1) % 2, slot));
   } else {
     buf.dloss = dloss;
+    buf.target_losses = nullptr;
+    if (objective_) buf.target_weights = objective_slots_[slot].weights.as<const float>();
   }
   return buf;
 }
@@ -380,11 +447,22 @@ Status Engine::Impl::RunBlock(bool backward, int b, const BlockBuffers& buf) {
 }
 
 Status Engine::Impl::ForwardPass(MicroBatchShape shape, bool with_targets, int loss_index,
-                                 std::span<const int> seq, size_t* cursor, bool save_acts) {
+                                 std::span<const int> seq, size_t* cursor, bool save_acts,
+                                 ForwardExtras extras) {
+  const bool weigh = save_acts && objective_ != nullptr;
+  const bool reference = weigh && objective_->wants_reference();
   for (int b = 0; b < n_; ++b, ++*cursor) {
     STRATA_ASSIGN_OR_RETURN(const ParamCache::BlockChunks chunks,
                             params_->AcquireBlock(b, seq, cursor));
-    const BlockBuffers buf = ForwardBuffers(b, chunks, 0, with_targets, shape, save_acts);
+    if (reference) STRATA_RETURN_IF_ERROR(ReferenceForward(b, chunks, 0));
+    BlockBuffers buf = ForwardBuffers(b, chunks, 0, with_targets, shape, save_acts);
+    if (extras.frozen_reference) {
+      buf.frozen_reference = true;
+      buf.params = {};
+    }
+    if (extras.target_losses && b == n_ - 1) {
+      buf.target_losses = objective_slots_[0].losses.as<float>();
+    }
     // Offloaded: the buffer's previous content (block b-2's output) must have been copied out.
     if (plan_.offload_activations && b < n_ - 1) {
       STRATA_RETURN_IF_ERROR(compute_->Wait(*act_saved_[b % 2]));
@@ -399,6 +477,7 @@ Status Engine::Impl::ForwardPass(MicroBatchShape shape, bool with_targets, int l
     const size_t off = LossesOffset() + loss_index * 4;
     STRATA_RETURN_IF_ERROR(compute_->CopyD2H(io_pinned_.span().subspan(off, 4), loss_));
   }
+  if (weigh) STRATA_RETURN_IF_ERROR(WeighMicroBatch(static_cast<size_t>(loss_index), 0));
   return Status::Ok();
 }
 
@@ -476,8 +555,14 @@ StatusOr<StepResult> Engine::Impl::RunStep(std::span<const MicroBatch> mbs) {
   // The mean over every counted target of this rank's micro-batches, averaged over the ranks.
   STRATA_ASSIGN_OR_RETURN(const std::vector<int64_t> loss_tokens,
                           CheckMicroBatches(mbs, shape, model_->vocab_size()));
-  STRATA_ASSIGN_OR_RETURN(const std::vector<float> dloss,
+  STRATA_ASSIGN_OR_RETURN(std::vector<float> dloss,
                           MicroBatchLossWeights(loss_tokens, shape.tokens(), scale, world()));
+  if (objective_) {
+    STRATA_RETURN_IF_ERROR(CheckObjective());
+    // The objective's weights are the step's: each micro-batch's backward gets the loss scale.
+    dloss.assign(mbs.size(), scale);
+    objective_value_ = 0;
+  }
   step_work_started_ = true;
   grads_->BeginStep();
   STRATA_RETURN_IF_ERROR(plan_.layer_major()
@@ -492,7 +577,8 @@ StatusOr<StepResult> Engine::Impl::RunStep(std::span<const MicroBatch> mbs) {
   StepResult result;
   result.loss_scale = scale;
   const auto* losses = reinterpret_cast<const float*>(io_pinned_.data() + LossesOffset());
-  result.loss = StepLoss({losses, mbs.size()}, loss_tokens, shape.tokens());
+  result.loss = objective_ ? static_cast<float>(objective_value_)
+                           : StepLoss({losses, mbs.size()}, loss_tokens, shape.tokens());
   if (dp()) {
     // Every rank clips, skips and reports alike: the squared norm, the overflow flag and the
     // loss summed over the ranks (in rank order, the same bits everywhere).
@@ -571,6 +657,50 @@ StatusOr<float> Engine::Impl::EvaluateLoss(const MicroBatch& batch, MicroBatchSh
   STRATA_RETURN_IF_ERROR(ForwardPass(shape, true, 0, seq, &cursor));
   STRATA_RETURN_IF_ERROR(compute_->Synchronize());
   return *reinterpret_cast<const float*>(io_pinned_.data() + LossesOffset());
+}
+
+Status Engine::Impl::CheckObjective() const {
+  if (!plan_.objective.target_weights) {
+    return FailedPreconditionError(
+        "a sequence objective needs a plan with its buffers (PlacementOptions::objective)");
+  }
+  if (objective_ && objective_->wants_reference() && !plan_.objective.reference_forward) {
+    return FailedPreconditionError(
+        "the objective wants the frozen reference; the plan has no reference forward "
+        "(PlacementOptions::objective.reference_forward)");
+  }
+  if (dp()) {
+    return InvalidArgumentError("a sequence objective runs on one rank (no data parallelism)");
+  }
+  return Status::Ok();
+}
+
+StatusOr<std::vector<float>> Engine::Impl::EvaluateTargetLosses(const MicroBatch& batch,
+                                                                MicroBatchShape shape,
+                                                                bool reference) {
+  STRATA_RETURN_IF_ERROR(CheckObjective());
+  if (reference && !model_->has_frozen_reference()) {
+    return InvalidArgumentError("the model has no frozen reference (LoRA's base)");
+  }
+  if (shape.batch_size < 1 || shape.seq_len < 1 || shape.tokens() > o_.micro_batch.tokens() ||
+      shape.seq_len > model_->max_seq_len()) {
+    return InvalidArgumentError("evaluation batch is larger than the training micro-batch");
+  }
+  dropout_seed_ = 0;
+  STRATA_ASSIGN_OR_RETURN(const int64_t loss_tokens,
+                          CheckMicroBatch(batch, shape, model_->vocab_size(), true));
+  STRATA_RETURN_IF_ERROR(UploadTokens(batch, shape, /*with_targets=*/true, loss_tokens));
+  const std::vector<int> seq = params_->UseOrder(false);
+  size_t cursor = 0;
+  STRATA_RETURN_IF_ERROR(ForwardPass(shape, true, -1, seq, &cursor, /*save_acts=*/false,
+                                     {.frozen_reference = reference, .target_losses = true}));
+  const size_t count = shape.tokens();
+  const gpu::PinnedSpan staging = io_pinned_.span().subspan(ObjectiveStagingOffset(), count * 4);
+  STRATA_RETURN_IF_ERROR(
+      compute_->CopyD2H(staging, objective_slots_[0].losses.subspan(0, count * 4)));
+  STRATA_RETURN_IF_ERROR(compute_->Synchronize());
+  const auto* p = reinterpret_cast<const float*>(staging.data);
+  return std::vector<float>(p, p + count);
 }
 
 StatusOr<std::vector<float>> Engine::Impl::NextTokenLogits(std::span<const int32_t> tokens) {
@@ -747,7 +877,14 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(Model* model, gpu::Device* devi
 
 const Plan& Engine::plan() const { return impl_->plan(); }
 std::string_view Engine::io_backend_name() const { return impl_->io_backend_name(); }
-StatusOr<StepResult> Engine::Step(std::span<const MicroBatch> mbs) { return impl_->Step(mbs); }
+StatusOr<StepResult> Engine::Step(std::span<const MicroBatch> mbs, SequenceObjective* objective) {
+  return impl_->Step(mbs, objective);
+}
+
+StatusOr<std::vector<float>> Engine::EvaluateTargetLosses(const MicroBatch& batch,
+                                                          MicroBatchShape shape, bool reference) {
+  return impl_->EvaluateTargetLosses(batch, shape, reference);
+}
 Status Engine::Flush() { return impl_->Flush(); }
 StatusOr<float> Engine::EvaluateLoss(const MicroBatch& batch, MicroBatchShape shape) {
   return impl_->EvaluateLoss(batch, shape);

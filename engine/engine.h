@@ -61,6 +61,7 @@
 #include "engine/micro_batch.h"
 #include "engine/plan/model.h"
 #include "engine/plan/planner.h"
+#include "engine/sequence_objective.h"
 #include "gpu/device.h"
 #include "io/io_backend.h"
 
@@ -239,7 +240,15 @@ class Engine {
   // weights in host memory or on NVMe stay those of the last good step (MasterWeights* still read
   // them); with the update during backward its speculative updates get the verdict "roll back"
   // (StateStore::AbandonSpeculativeRound).
-  StatusOr<StepResult> Step(std::span<const MicroBatch> micro_batches);
+  //
+  // With `objective` (not owned; engine/sequence_objective.h) the step's objective is its
+  // instead of the mean cross-entropy: each micro-batch's gradient is that of sum_t w_t CE_t with
+  // the weights it gives after the micro-batch's forward (the loss scale and 1 / ranks
+  // multiplied in), and StepResult::loss is the sum of its Weigh results. Needs a plan with
+  // PlacementOptions::objective.target_weights, and .reference_forward when the objective
+  // wants the reference (kFailedPrecondition otherwise); one rank only.
+  StatusOr<StepResult> Step(std::span<const MicroBatch> micro_batches,
+                            SequenceObjective* objective = nullptr);
 
   // Waits until the last Step's update has been applied everywhere (master weights, optimizer
   // state and working params in their homes, NVMe included); its error, if any.
@@ -248,6 +257,16 @@ class Engine {
   // Mean loss of a forward pass (no gradients); shape may be smaller than the
   // training micro-batch.
   StatusOr<float> EvaluateLoss(const MicroBatch& batch, MicroBatchShape shape);
+
+  // A forward pass's per-target cross-entropy, (B, T) fp32 (0 where the target is
+  // kIgnoreTarget), under the trained model or, with `reference`, its frozen reference
+  // (Model::has_frozen_reference: LoRA's base with the adapters off): what a sequence objective's
+  // Weigh gets, for evaluation and for the reference log-probabilities of full fine-tuning
+  // computed before training. Needs a plan with PlacementOptions::objective.target_weights
+  // (kFailedPrecondition otherwise); `reference` on a model without one is kInvalidArgument;
+  // batch errors as EvaluateLoss's.
+  StatusOr<std::vector<float>> EvaluateTargetLosses(const MicroBatch& batch, MicroBatchShape shape,
+                                                    bool reference = false);
 
   // Logits (V floats) of the last position of one sequence of up to seq_len tokens.
   StatusOr<std::vector<float>> NextTokenLogits(std::span<const int32_t> tokens);

@@ -61,10 +61,12 @@ class Engine::Impl {
   // failed step updated nothing (the update starts only after its backward succeeded), so the
   // master weights are those of the last good step (MasterWeights / MasterWeightsXxh3 still read
   // them when they live in host memory or on NVMe).
-  StatusOr<StepResult> Step(std::span<const MicroBatch> mbs) {
+  StatusOr<StepResult> Step(std::span<const MicroBatch> mbs, SequenceObjective* objective) {
     if (!failed_.ok()) return failed_;
     step_work_started_ = false;
+    objective_ = objective;
     StatusOr<StepResult> result = RunStep(mbs);
+    objective_ = nullptr;
     if (speculating_) {  // failed with the round open: no pipeline stage may wait for a verdict
       store_->AbandonSpeculativeRound();
       speculating_ = false;
@@ -85,6 +87,8 @@ class Engine::Impl {
                           std::span<const float> dloss, float scale);
   Status Flush();
   StatusOr<float> EvaluateLoss(const MicroBatch& batch, MicroBatchShape shape);
+  StatusOr<std::vector<float>> EvaluateTargetLosses(const MicroBatch& batch, MicroBatchShape shape,
+                                                    bool reference);
   StatusOr<std::vector<float>> NextTokenLogits(std::span<const int32_t> tokens);
   StatusOr<uint64_t> MasterWeightsXxh3();
   StatusOr<std::vector<float>> MasterWeights(int block);
@@ -192,8 +196,17 @@ class Engine::Impl {
   Status SettleUpdates() { return failed_.ok() ? Flush() : store_->Drain(); }
   // save_acts: a training forward: offloaded activations are copied out and kept activations
   // stay in their stores for the backward pass to come.
+  // In a training step with objective_: the reference forward of each block before its own
+  // (when the objective wants it), and WeighMicroBatch(loss_index) after the head.
+  // frozen_reference (evaluation): every block computes the frozen reference
+  // (BlockBuffers::frozen_reference); target_losses: the head writes slot 0's per-target losses.
+  struct ForwardExtras {  // no member initialisers: {} (the default argument) zeroes both
+    bool frozen_reference;
+    bool target_losses;
+  };
   Status ForwardPass(MicroBatchShape shape, bool with_targets, int loss_index,
-                     std::span<const int> seq, size_t* cursor, bool save_acts = false);
+                     std::span<const int> seq, size_t* cursor, bool save_acts = false,
+                     ForwardExtras extras = {});
   // The manifest of this engine's training state (files not listed yet).
   Manifest TrainingManifest(const TrainerState& trainer) const;
 
@@ -221,6 +234,10 @@ class Engine::Impl {
   uint64_t cpu_params_updated_ = 0;
   // Set while a checkpoint load copies validated data into the stores; stays set if that fails.
   bool partially_loaded_ = false;
+  // The step's sequence objective (Step's argument; null outside a Step and for the mean
+  // cross-entropy) and the sum of its micro-batches' shares of the step's objective.
+  SequenceObjective* objective_ = nullptr;
+  double objective_value_ = 0;
 
   std::unique_ptr<gpu::DeviceArena> arena_;
   std::unique_ptr<gpu::Stream> compute_, h2d_, d2h_;
@@ -235,6 +252,23 @@ class Engine::Impl {
     int64_t loss_tokens = 0;
   };
   std::vector<BatchSlot> batch_;
+  // Plan::objective's buffers per held micro-batch (empty without them): the head's per-target
+  // losses and weights, (B, T) fp32 each; with the reference forward its per-target losses and
+  // two (B, T, C) boundary activations, block b's reference output in ref_acts[b % 2].
+  struct ObjectiveSlot {
+    gpu::DeviceSpan losses, weights, ref_losses, ref_acts[2];
+  };
+  std::vector<ObjectiveSlot> objective_slots_;
+  // Block b's reference forward (BlockBuffers::frozen_reference) of held micro-batch `slot`, on
+  // the reference's own activations and the shared scratch, before the block's training forward.
+  Status ReferenceForward(int b, const ParamCache::BlockChunks& chunks, int slot);
+  // After the head's training forward of micro-batch i (in batch slot `slot`): its per-target
+  // losses to the host, objective_->Weigh, the weights back to the device (the head's backward
+  // reads them in stream order). Synchronizes the compute stream.
+  Status WeighMicroBatch(size_t i, int slot);
+  // Step's conditions on objective_: the plan's buffers for it, one rank
+  // (kFailedPrecondition, kInvalidArgument).
+  Status CheckObjective() const;
   // A (B, T, C) activation-sized buffer, or the logits, as the typed view a block sees.
   TensorRef Typed(gpu::DeviceSpan span) const {
     return TensorRef(span.data, o_.precision, static_cast<int64_t>(span.size_bytes / w_));
@@ -270,6 +304,11 @@ class Engine::Impl {
   size_t StagingOffset(int slot) const { return o_.micro_batch.tokens() * 12 * slot; }
   size_t LossesOffset() const { return StagingOffset(held()); }
   size_t LogitsRowOffset() const { return LossesOffset() + o_.grad_accum_steps * 4 + 4; }
+  // With Plan::objective: the policy's and the reference's per-target losses and the weights,
+  // (B, T) fp32 each, after the logits row.
+  size_t ObjectiveStagingOffset() const {
+    return LogitsRowOffset() + static_cast<size_t>(model_->vocab_size()) * 4;
+  }
   std::unique_ptr<gpu::Event> io_done_;
 
   // The parts of a step; declared last, so destroyed (their threads joined) first: the cache's

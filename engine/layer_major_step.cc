@@ -35,12 +35,14 @@ Status Engine::Impl::LayerMajorPasses(std::span<const MicroBatch> mbs,
   size_t cursor = 0;
   const bool offload = plan_.offload_activations;
 
+  const bool reference = objective_ && objective_->wants_reference();
   for (int b = 0; b < n_; ++b, ++cursor) {
     STRATA_ASSIGN_OR_RETURN(const ParamCache::BlockChunks chunks,
                             params_->AcquireBlock(b, seq, &cursor));
     // Offloaded: the set's previous content (block b-2's outputs) must have been copied out.
     if (offload && b < n_ - 1) STRATA_RETURN_IF_ERROR(compute_->Wait(*act_saved_[b % 2]));
     for (int i = 0; i < a; ++i) {
+      if (reference) STRATA_RETURN_IF_ERROR(ReferenceForward(b, chunks, i));
       dropout_seed_ = MicroBatchDropoutSeed(o_.seed, step_, i);
       const BlockBuffers buf =
           ForwardBuffers(b, chunks, i, true, o_.micro_batch, /*training=*/true);
@@ -49,6 +51,7 @@ Status Engine::Impl::LayerMajorPasses(std::span<const MicroBatch> mbs,
       if (b == n_ - 1) {
         STRATA_RETURN_IF_ERROR(
             compute_->CopyD2H(io_pinned_.span().subspan(LossesOffset() + i * 4, 4), loss_));
+        if (objective_) STRATA_RETURN_IF_ERROR(WeighMicroBatch(i, i));
       }
     }
     STRATA_RETURN_IF_ERROR(params_->DoneBlock(chunks, seq, cursor));

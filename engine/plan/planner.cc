@@ -142,7 +142,7 @@ uint64_t ForcedResidentBytes(const Model& model, DType precision) {
 // `held`: Plan::held_micro_batches.
 std::vector<DeviceRegion> FixedRegions(const Model& model, DType precision, MicroBatchShape shape,
                                        bool offload_activations, int ranks, bool data_parallel,
-                                       int held) {
+                                       int held, ObjectiveBuffers objective) {
   const int n = model.num_blocks();
   int64_t max_block_params = 0, max_part = 0;
   uint64_t max_scratch = 0, max_workspace = 0;
@@ -202,6 +202,19 @@ std::vector<DeviceRegion> FixedRegions(const Model& model, DType precision, Micr
          Aligned(static_cast<uint64_t>(max_block_params) * 4) +
              2 * Aligned(static_cast<uint64_t>(max_part) * 4)});
   }
+  // A sequence objective's per-target buffers, then the reference forward's (the engine carves
+  // them last, in this order).
+  const uint64_t per_target = static_cast<uint64_t>(shape.tokens()) * 4;
+  if (objective.target_weights) {
+    fixed.push_back(
+        {"per-target losses and weights (2 x (B,T) fp32" + per + ")", 2 * per_target * held});
+  }
+  if (objective.reference_forward) {
+    fixed.push_back({fmt::format("reference forward (2 x (B,T,C) {} + (B,T) fp32 per-target "
+                                 "losses{})",
+                                 dt, per),
+                     (2 * act + per_target) * held});
+  }
   return fixed;
 }
 
@@ -256,10 +269,11 @@ Status CheckDeviceOptimizerPlacement(const PlacementOptions& o, const PlanOptimi
 
 uint64_t StreamingMinimumBytes(const Model& model, DType precision, MicroBatchShape shape,
                                int streaming_slots, bool offload_activations, int ranks,
-                               bool data_parallel, int held_micro_batches) {
+                               bool data_parallel, int held_micro_batches,
+                               ObjectiveBuffers objective) {
   uint64_t total = 0;
   for (const auto& r : FixedRegions(model, precision, shape, offload_activations, ranks,
-                                    data_parallel, held_micro_batches)) {
+                                    data_parallel, held_micro_batches, objective)) {
     total += Aligned(r.size_bytes);
   }
   const uint64_t slot = AlignUp(MaxChunkBytes(model, ranks, precision), 4096);
@@ -268,10 +282,10 @@ uint64_t StreamingMinimumBytes(const Model& model, DType precision, MicroBatchSh
 
 uint64_t AllResidentBytes(const Model& model, DType precision, MicroBatchShape shape,
                           bool offload_activations, int ranks, bool data_parallel,
-                          int held_micro_batches) {
+                          int held_micro_batches, ObjectiveBuffers objective) {
   uint64_t total = 0;
   for (const auto& r : FixedRegions(model, precision, shape, offload_activations, ranks,
-                                    data_parallel, held_micro_batches)) {
+                                    data_parallel, held_micro_batches, objective)) {
     total += Aligned(r.size_bytes);
   }
   for (int b = 0; b < model.num_blocks(); ++b) {
@@ -321,12 +335,13 @@ uint64_t AutoDeviceBudgetBytes(const Model& model, DType precision, MicroBatchSh
   }
   if (o.param_home == ParamHome::kDevice || all_device) {
     return AllResidentBytes(model, precision, shape, o.offload_activations, o.ranks,
-                            o.data_parallel, held) +
+                            o.data_parallel, held, o.objective) +
            device_optimizer_bytes + kept;
   }
   const int slots = o.streaming_slots > 0 ? o.streaming_slots : 2;
-  const uint64_t minimum = StreamingMinimumBytes(
-      model, precision, shape, slots, o.offload_activations, o.ranks, o.data_parallel, held);
+  const uint64_t minimum =
+      StreamingMinimumBytes(model, precision, shape, slots, o.offload_activations, o.ranks,
+                            o.data_parallel, held, o.objective);
   const uint64_t working =
       static_cast<uint64_t>(model.num_params()) * SizeOf(precision) + FrozenBytes(model, precision);
   return (working > minimum ? minimum + (working - minimum) / 2 : minimum) +
@@ -413,6 +428,12 @@ Status ValidateInputs(const PlanInputs& r) {
   STRATA_RETURN_IF_ERROR(CheckDeviceOptimizerPlacement(o, r.optimizer));
   if (UsesNvme(o) && o.nvme_paths.empty()) {
     return InvalidArgumentError("state is placed on NVMe but no `nvme_paths` given");
+  }
+  if (o.objective.reference_forward &&
+      !(o.objective.target_weights && r.model.has_frozen_reference())) {
+    return InvalidArgumentError(
+        "objective.reference_forward needs objective.target_weights and a model with a frozen "
+        "reference (LoRA)");
   }
   return Status::Ok();
 }
@@ -541,7 +562,8 @@ FixedLayout LayOutFixedRegions(const PlanInputs& r, Plan* p) {
   p->device_grad_accumulators = p->held_micro_batches > 1 && !r.dp;
   FixedLayout f;
   f.regions = FixedRegions(r.model, r.precision, r.shape, r.o.offload_activations, r.o.ranks, r.dp,
-                           p->held_micro_batches);
+                           p->held_micro_batches, r.o.objective);
+  p->objective = r.o.objective;
   p->offload_activations = r.o.offload_activations;
   for (int b = 0; b < r.model.num_blocks(); ++b) {
     p->workspace_bytes = std::max<uint64_t>(
@@ -760,7 +782,7 @@ Status ChooseResidency(const PlanInputs& r, const ChunkSizes& c, const StateLayo
                        uint64_t fixed_bytes, Plan* p) {
   const uint64_t all_resident =
       AllResidentBytes(r.model, r.precision, r.shape, r.o.offload_activations, r.o.ranks, r.dp,
-                       p->held_micro_batches);
+                       p->held_micro_batches, r.o.objective);
   const bool all_device_optimizer = p->device_optimizer_params == p->model_params;
   if (r.o.param_home == ParamHome::kDevice || (all_device_optimizer && p->frozen_params == 0) ||
       all_resident + s.device_optimizer_bytes + p->kept_activation_bytes() <=

@@ -58,6 +58,18 @@ std::string_view ActivationCheckpointingName(ActivationCheckpointing a);  // "al
 // The inverse; kInvalidArgument naming `activation_checkpointing` and the three values otherwise.
 StatusOr<ActivationCheckpointing> ParseActivationCheckpointing(std::string_view s);
 
+// What a sequence objective (engine/sequence_objective.h: preference training) adds to the
+// device, per held micro-batch (Plan::held_micro_batches).
+struct ObjectiveBuffers {
+  // The head's per-target losses and their weights: two (B, T) fp32.
+  bool target_weights = false;
+  // The frozen reference's forward beside each block's (Model::has_frozen_reference: LoRA's base,
+  // adapters off): its two boundary activations (B, T, C) in the working precision and its
+  // per-target losses (B, T) fp32. Needs target_weights.
+  bool reference_forward = false;
+  bool any() const { return target_weights || reference_forward; }
+};
+
 struct PlacementOptions {
   uint64_t device_budget_bytes = 0;  // the whole device arena; must be > 0
   uint64_t pinned_budget_bytes = 64ull << 30;
@@ -99,6 +111,8 @@ struct PlacementOptions {
   // The engine has a communicator (EngineOptions::comm), with one rank or more: gradients are
   // widened to fp32 and reduce-scattered on the device, and the host keeps them in fp32.
   bool data_parallel = false;
+  // A sequence objective's buffers (above); none by default.
+  ObjectiveBuffers objective;
 };
 
 // The optimizer a plan is made for: its state per block (engine/plan/optimizer_state.h) and how
@@ -138,7 +152,8 @@ struct Plan {
   // at once: the step's micro-batches with the layer-major schedule, else 1.
   int held_micro_batches = 1;
   bool layer_major() const { return held_micro_batches > 1; }
-  int ranks = 1;  // data-parallel ranks; the host and NVMe figures are this rank's
+  ObjectiveBuffers objective;  // PlacementOptions::objective: its regions are in device_regions
+  int ranks = 1;               // data-parallel ranks; the host and NVMe figures are this rank's
   int rank = 0;
   bool data_parallel = false;  // PlacementOptions::data_parallel
   int64_t model_params = 0;    // trained (own chunks)
@@ -249,14 +264,15 @@ struct Plan {
 uint64_t StreamingMinimumBytes(const Model& model, DType precision, MicroBatchShape shape,
                                int streaming_slots = 2, bool offload_activations = false,
                                int ranks = 1, bool data_parallel = false,
-                               int held_micro_batches = 1);
+                               int held_micro_batches = 1, ObjectiveBuffers objective = {});
 
 // The device budget, in bytes, that keeps every block resident (ParamHome::kDevice): the same
 // fixed regions plus every block's working params, each region aligned as the arena aligns it.
 // Pure; thread-safe.
 uint64_t AllResidentBytes(const Model& model, DType precision, MicroBatchShape shape,
                           bool offload_activations = false, int ranks = 1,
-                          bool data_parallel = false, int held_micro_batches = 1);
+                          bool data_parallel = false, int held_micro_batches = 1,
+                          ObjectiveBuffers objective = {});
 
 // The device budget, in bytes, of `--device-budget auto` (strata train, estimate, eval and
 // generate take this one): with ParamHome::kDevice, AllResidentBytes (every block resident:

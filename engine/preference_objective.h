@@ -1,0 +1,138 @@
+// Preference training's objectives on chosen/rejected pairs, as TRL computes them: DPO
+// (Rafailov et al. 2023, "Direct Preference Optimization"; TRL DPOTrainer loss_type "sigmoid",
+// with label_smoothing: the conservative DPO of Mitchell 2023), IPO (Azar et al. 2023, "A
+// General Theoretical Paradigm to Understand Learning from Human Preferences"; TRL "ipo") and
+// SimPO (Meng et al. 2024, "SimPO: Simple Preference Optimization with a Reference-Free
+// Reward"; TRL CPOTrainer loss_type "simpo" with cpo_alpha 0: no added NLL term).
+//
+// Per pair, from the completions' log-probabilities pi_c, pi_r under the policy and r_c, r_r
+// under the frozen reference (each the sum over the completion's targets of log p(target), or,
+// for IPO and SimPO, that sum over the completion's target count: TRL's average_log_prob):
+//   DPO:   z = beta ((pi_c - r_c) - (pi_r - r_r)),
+//          loss = -(1 - eps) log sigmoid(z) - eps log sigmoid(-z)
+//          rewards: beta (pi_c - r_c), beta (pi_r - r_r)
+//   IPO:   h = (pi_c - r_c) - (pi_r - r_r), loss = (h - 1 / (2 beta))^2; rewards as DPO
+//   SimPO: z = beta (pi_c - pi_r) - gamma, loss as DPO's with this z (no reference);
+//          rewards: beta pi_c, beta pi_r
+// The step's loss is the mean over its pairs. Metrics as TRL logs them: rewards/chosen,
+// rewards/rejected, rewards/accuracies (the fraction with chosen reward > rejected reward),
+// rewards/margins, logps/chosen, logps/rejected (the policy's, averaged for IPO and SimPO), the
+// means over the pairs.
+//
+// Thread-safety: plain functions are pure; a PreferenceObjective is used by one thread.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "base/status.h"
+#include "engine/sequence_objective.h"
+
+namespace strata::engine {
+
+enum class PreferenceLoss { kDpo, kIpo, kSimpo };
+std::string_view PreferenceLossName(PreferenceLoss loss);  // "dpo", "ipo", "simpo"
+// The inverse; kInvalidArgument naming the three otherwise.
+StatusOr<PreferenceLoss> ParsePreferenceLoss(std::string_view name);
+
+struct PreferenceOptions {
+  PreferenceLoss loss = PreferenceLoss::kDpo;
+  double beta = 0.1;           // DPO's and SimPO's beta; IPO's tau (> 0)
+  double label_smoothing = 0;  // DPO and SimPO: eps in [0, 0.5)
+  double simpo_gamma = 0.5;    // SimPO's target reward margin gamma (TRL CPOConfig.simpo_gamma)
+  // Whether the loss reads the reference (DPO, IPO) and uses averaged log-probabilities (IPO,
+  // SimPO).
+  bool uses_reference() const { return loss != PreferenceLoss::kSimpo; }
+  bool averaged() const { return loss != PreferenceLoss::kDpo; }
+};
+// kInvalidArgument naming the option (--beta, --label-smoothing, --simpo-gamma) out of range.
+Status CheckPreferenceOptions(const PreferenceOptions& options);
+
+// One pair's log-probabilities (summed or averaged as options.averaged() says); the reference's
+// are ignored by SimPO.
+struct PairLogps {
+  double chosen = 0, rejected = 0, ref_chosen = 0, ref_rejected = 0;
+};
+// The pair's loss, its derivatives with respect to the policy's chosen and rejected
+// log-probabilities, and its rewards. In double.
+struct PairLoss {
+  double loss = 0, dchosen = 0, drejected = 0, chosen_reward = 0, rejected_reward = 0;
+};
+PairLoss PreferencePairLoss(const PreferenceOptions& options, const PairLogps& logps);
+
+// Means over the pairs seen (TRL's logged names in comments).
+struct PreferenceMetrics {
+  int64_t pairs = 0;
+  double loss = 0;
+  double rewards_chosen = 0;    // rewards/chosen
+  double rewards_rejected = 0;  // rewards/rejected
+  double rewards_accuracy = 0;  // rewards/accuracies
+  double rewards_margin = 0;    // rewards/margins
+  double logps_chosen = 0;      // logps/chosen
+  double logps_rejected = 0;    // logps/rejected
+};
+
+// Sums pairs into running means.
+class PreferenceMetricsSum {
+ public:
+  void Add(const PairLogps& logps, const PairLoss& loss);
+  PreferenceMetrics Means() const;
+  void Clear() { *this = PreferenceMetricsSum(); }
+
+ private:
+  PreferenceMetrics sum_;
+};
+
+// The completions' log-probabilities of one micro-batch: out[s] for completion s (2 k chosen,
+// 2 k + 1 rejected side of pair k, k < pairs) is -sum of target_losses[t] over the positions t
+// with sequences[t] == s (summed in double in position order), over their count when `averaged`.
+// target_losses and sequences: (B, T) each (data/dataset.h Batch::sequences). Errors
+// (kInvalidArgument): a sequence id outside [-1, 2 pairs), a completion without a target.
+StatusOr<std::vector<double>> CompletionLogps(std::span<const float> target_losses,
+                                              std::span<const int32_t> sequences, int pairs,
+                                              bool averaged);
+
+// The SequenceObjective of preference training for Engine::Step. Before each step the caller
+// describes the step's micro-batches (BeginStep); the engine then calls Weigh once per
+// micro-batch. Weights: for a target t of completion s of pair k, w_t = -dL_k/dpi_s / P (over
+// the completion's target count when averaged), P the step's pairs; the share is sum_k L_k / P.
+class PreferenceObjective final : public SequenceObjective {
+ public:
+  // reference_from_model: the reference log-probabilities come from the engine's frozen reference
+  // (LoRA: Weigh's `reference`); else from BeginStep's (computed before training, full
+  // fine-tuning). Ignored by SimPO, which has none.
+  PreferenceObjective(const PreferenceOptions& options, bool reference_from_model);
+
+  // One micro-batch of the step to come: its Batch::sequences (B T, kept alive by the caller
+  // until the step returns), its pair count, and, without a reference from the model, the
+  // reference log-probabilities of its pairs' completions (2 per pair, as CompletionLogps gives
+  // them; empty otherwise).
+  struct MicroBatchPairs {
+    std::span<const int32_t> sequences;
+    int pairs = 0;
+    std::vector<double> reference_logps;
+  };
+  // Starts a step. Errors (kInvalidArgument): a step without pairs, reference log-probabilities
+  // missing or of the wrong count.
+  Status BeginStep(std::vector<MicroBatchPairs> micro_batches);
+
+  bool wants_reference() const override {
+    return options_.uses_reference() && reference_from_model_;
+  }
+  StatusOr<double> Weigh(size_t micro_batch, std::span<const float> policy,
+                         std::span<const float> reference, std::span<float> weights) override;
+
+  // The metrics of the pairs weighed since the last call, and a reset.
+  PreferenceMetrics TakeMetrics();
+
+ private:
+  PreferenceOptions options_;
+  bool reference_from_model_;
+  std::vector<MicroBatchPairs> step_;
+  int64_t step_pairs_ = 0;
+  PreferenceMetricsSum metrics_;
+};
+
+}  // namespace strata::engine
