@@ -75,6 +75,10 @@ struct BlockArgs {
   S* logits = nullptr;
   float* loss = nullptr;
   float dloss = 1.0f;
+  // The head's sequence objectives (engine::BlockBuffers): (B, T) fp32 or null, each position's
+  // cross-entropy (Forward) and each position's weight in the objective (Backward).
+  float* target_losses = nullptr;
+  const float* target_weights = nullptr;
   void* scratch = nullptr;
   // Layer backward: the scratch holds what the layer's forward on this micro-batch left there
   // (engine::BlockBuffers::forward_kept): the backward skips its recomputed forward.
