@@ -75,12 +75,17 @@ struct BlockArgs {
   S* logits = nullptr;
   float* loss = nullptr;
   float dloss = 1.0f;
+  // The head's sequence objectives (engine::BlockBuffers): (B, T) fp32 or null, each position's
+  // cross-entropy (Forward) and each position's weight in the objective (Backward).
+  float* target_losses = nullptr;
+  const float* target_weights = nullptr;
   void* scratch = nullptr;
   // Layer backward: the scratch holds what the layer's forward on this micro-batch left there
   // (engine::BlockBuffers::forward_kept): the backward skips its recomputed forward.
   bool forward_kept = false;
   // Layers of a model with LoRA (DecoderModel::EnableLora): the adapters, their gradients and
-  // their scratch; then params are the frozen base layer's and grads null. Inactive otherwise.
+  // their scratch; then params are the frozen base layer's and grads null. Inactive otherwise, and
+  // in the frozen reference's Forward (engine::BlockBuffers::frozen_reference).
   LoraLayerArgs<S> lora;
 };
 
@@ -167,6 +172,13 @@ class DecoderModel : public engine::Model {
   void SetLoraInit(std::shared_ptr<const WeightSource> init) { lora_init_ = std::move(init); }
   int64_t block_frozen_params(int block) const override;
   Status InitFrozenParams(int block, uint64_t seed, std::span<float> out) const override;
+  // With LoRA the base model is the frozen reference (engine::BlockBuffers::frozen_reference): a
+  // Forward with the flag leaves every adapter out (the layers run with an inactive
+  // LoraLayerArgs, the code of a model without LoRA, on both backends; with a 4-bit base the
+  // layer's chunk is decoded as in any Forward) and reads no own params; the embedding and the
+  // head are frozen under LoRA anyway. Its outputs are bit for bit those of the same model
+  // without LoRA over the same base (the dequantized one with a 4-bit base) on the same backend.
+  bool has_frozen_reference() const override { return lora_ != nullptr; }
 
   // QLoRA (models/base_quant.h): from now on the layers' frozen chunks are encoded, their 2-D
   // tensors in 4 bits (`params`), and each layer's Forward and Backward first decode its chunk

@@ -38,7 +38,11 @@ inline int64_t LoraScratchOffset(int64_t block_scratch) {
 }
 
 // The block's arguments; with `lora` the base is the frozen chunk (no gradient) and a layer's
-// adapters are the trained chunk, their scratch after the backend's own (`block_scratch` bytes).
+// adapters are the trained chunk, their scratch after the backend's own (`block_scratch` bytes),
+// except in the frozen reference's Forward (b.frozen_reference), whose layers get no adapters:
+// the inactive LoraLayerArgs of a model without LoRA, so that the host and the CUDA layers run
+// their plain bodies (LoraAddsTo is false for every product: no adapter kernel, GPT-2's GELU
+// fused as without LoRA) on the frozen base.
 template <typename S>
 BlockArgs<S> ArgsOf(const engine::BlockBuffers& b, const LoraLayout* lora = nullptr,
                     DecoderBlock kind = DecoderBlock::kLayer, int layer = 0,
@@ -62,6 +66,8 @@ BlockArgs<S> ArgsOf(const engine::BlockBuffers& b, const LoraLayout* lora = null
   a.logits = b.logits.as<S>();
   a.loss = b.loss;
   a.dloss = b.dloss;
+  a.target_losses = b.target_losses;
+  a.target_weights = b.target_weights;
   a.scratch = b.scratch.data;
   a.forward_kept = b.forward_kept;
   if (lora != nullptr) {
@@ -69,7 +75,7 @@ BlockArgs<S> ArgsOf(const engine::BlockBuffers& b, const LoraLayout* lora = null
     a.params = b.frozen_params.as<S>();
     a.grads = nullptr;
     a.tied_grads = nullptr;
-    if (kind == DecoderBlock::kLayer) {
+    if (kind == DecoderBlock::kLayer && !b.frozen_reference) {
       a.lora.layout = lora;
       a.lora.layer = layer;
       a.lora.dropout_seed = b.dropout_seed;

@@ -124,7 +124,7 @@ void GptFamily::HostLayerForward(const BlockArgs<S>& a) const {
 template <typename S>
 float GptFamily::HostHeadForward(const BlockArgs<S>& a) const {
   return GptHeadForward<S>(shape, a.params, a.x_in, a.targets, a.B, a.T, a.logits, a.scratch,
-                           a.tied_params, a.loss_tokens);
+                           a.tied_params, a.loss_tokens, a.target_losses);
 }
 template <typename S>
 void GptFamily::HostEmbeddingBackward(const BlockArgs<S>& a) const {
@@ -138,7 +138,7 @@ void GptFamily::HostLayerBackward(const BlockArgs<S>& a) const {
 template <typename S>
 void GptFamily::HostHeadBackward(const BlockArgs<S>& a) const {
   GptHeadBackward<S>(shape, a.params, a.x_in, a.targets, a.dloss, a.B, a.T, a.dx_in, a.grads,
-                     a.scratch, a.tied_params, a.tied_grads, a.loss_tokens);
+                     a.scratch, a.tied_params, a.tied_grads, a.loss_tokens, a.target_weights);
 }
 
 #ifdef STRATA_HAVE_CUDA
@@ -171,7 +171,7 @@ template <typename S>
 Status GptFamily::CudaHeadForward(const BlockArgs<S>& a, gpu::Stream& stream) const {
   return cuda::GptCudaHeadForward<S>(shape, stream, a.params, a.x_in, a.targets, a.B, a.T, a.logits,
                                      a.scratch, a.loss, {.allow_tf32 = options.allow_tf32},
-                                     a.tied_params, a.loss_tokens);
+                                     a.tied_params, a.loss_tokens, a.target_losses);
 }
 template <typename S>
 Status GptFamily::CudaEmbeddingBackward(const BlockArgs<S>& a, gpu::Stream& stream) const {
@@ -186,9 +186,10 @@ Status GptFamily::CudaLayerBackward(const BlockArgs<S>& a, gpu::Stream& stream) 
 }
 template <typename S>
 Status GptFamily::CudaHeadBackward(const BlockArgs<S>& a, gpu::Stream& stream) const {
-  return cuda::GptCudaHeadBackward<S>(
-      shape, stream, a.params, a.x_in, a.targets, a.dloss, a.B, a.T, a.dx_in, a.grads, a.scratch,
-      {.allow_tf32 = options.allow_tf32}, a.tied_params, a.tied_grads, a.loss_tokens);
+  return cuda::GptCudaHeadBackward<S>(shape, stream, a.params, a.x_in, a.targets, a.dloss, a.B, a.T,
+                                      a.dx_in, a.grads, a.scratch,
+                                      {.allow_tf32 = options.allow_tf32}, a.tied_params,
+                                      a.tied_grads, a.loss_tokens, a.target_weights);
 }
 #endif
 

@@ -309,21 +309,22 @@ LmWeight<P> LmWeightOf(const GptShape& s, P params, P tied) {
 template <typename S>
 ComputeType<S> GptHeadForward(const GptShape& s, const S* params, const S* x_in,
                               const int32_t* targets, int B, int T, S* logits, void* scratch,
-                              const S* tied_params, int64_t loss_tokens) {
+                              const S* tied_params, int64_t loss_tokens, float* target_losses) {
   CheckBatch(s, B, T);
   return internal::GptHeadForwardWithChunkRows(s, params, x_in, targets, B, T, logits, scratch,
                                                HeadChunkRows(int64_t{B} * T, s.vocab_size),
-                                               tied_params, loss_tokens);
+                                               tied_params, loss_tokens, target_losses);
 }
 
 template <typename S>
 void GptHeadBackward(const GptShape& s, const S* params, const S* x_in, const int32_t* targets,
                      ComputeType<S> dloss, int B, int T, S* dx_in, S* dparams, void* scratch,
-                     const S* tied_params, S* tied_grads, int64_t loss_tokens) {
+                     const S* tied_params, S* tied_grads, int64_t loss_tokens,
+                     const float* target_weights) {
   CheckBatch(s, B, T);
   internal::GptHeadBackwardWithChunkRows(s, params, x_in, targets, dloss, B, T, dx_in, dparams,
                                          scratch, HeadChunkRows(int64_t{B} * T, s.vocab_size),
-                                         tied_params, tied_grads, loss_tokens);
+                                         tied_params, tied_grads, loss_tokens, target_weights);
 }
 
 template <typename S>
@@ -331,7 +332,7 @@ ComputeType<S> internal::GptHeadForwardWithChunkRows(const GptShape& s, const S*
                                                      const S* x_in, const int32_t* targets, int B,
                                                      int T, S* logits, void* scratch,
                                                      int64_t chunk_rows, const S* tied_params,
-                                                     int64_t loss_tokens) {
+                                                     int64_t loss_tokens, float* target_losses) {
   CheckBatch(s, B, T);
   const int64_t C = s.channels, N = int64_t{B} * T;
   const S* lnf_w = params;
@@ -340,7 +341,8 @@ ComputeType<S> internal::GptHeadForwardWithChunkRows(const GptShape& s, const S*
   const HeadScratch<S> sc = CarveHeadScratch<S>(s, B, T, chunk_rows, scratch);
   ops::LayerNormForward(x_in, lnf_w, lnf_b, s.layer_norm_eps, N, C, sc.lnf, sc.mean, sc.rstd);
   return ops::LmHeadForward(sc.lnf, lm.w, lm.layout, targets, B, T, s.channels, s.vocab_size,
-                            logits, sc.lm_head, chunk_rows, loss_tokens);
+                            logits, sc.lm_head, chunk_rows, loss_tokens, /*softcap=*/0,
+                            target_losses);
 }
 
 template <typename S>
@@ -348,7 +350,7 @@ void internal::GptHeadBackwardWithChunkRows(const GptShape& s, const S* params, 
                                             const int32_t* targets, ComputeType<S> dloss, int B,
                                             int T, S* dx_in, S* dparams, void* scratch,
                                             int64_t chunk_rows, const S* tied_params, S* tied_grads,
-                                            int64_t loss_tokens) {
+                                            int64_t loss_tokens, const float* target_weights) {
   CheckBatch(s, B, T);
   STRATA_CHECK(targets != nullptr);
   const int64_t C = s.channels, V = s.vocab_size, N = int64_t{B} * T;
@@ -369,7 +371,7 @@ void internal::GptHeadBackwardWithChunkRows(const GptShape& s, const S* params, 
   ops::LayerNormForward(x_in, lnf_w, lnf_b, s.layer_norm_eps, N, C, sc.lnf, sc.mean, sc.rstd);
   S* dlnf = dx_in;  // then LNf's backward in place
   ops::LmHeadBackward(sc.lnf, lm.w, lm.layout, targets, dloss, B, T, s.channels, s.vocab_size, dlnf,
-                      dw, sc.lm_head, chunk_rows, loss_tokens);
+                      dw, sc.lm_head, chunk_rows, loss_tokens, /*softcap=*/0, target_weights);
   ops::LayerNormBackward(x_in, lnf_w, sc.mean, sc.rstd, dlnf, static_cast<const S*>(nullptr), N, C,
                          dx_in, dlnf_w, dlnf_b);
 }
@@ -387,18 +389,18 @@ void internal::GptHeadBackwardWithChunkRows(const GptShape& s, const S* params, 
   template void GptLayerBackward<S>(const GptShape&, const S*, const S*, const S*, S*, S*, int,    \
                                     int, void*, const LoraLayerArgs<S>&, const int32_t*, bool);    \
   template ComputeType<S> GptHeadForward<S>(const GptShape&, const S*, const S*, const int32_t*,   \
-                                            int, int, S*, void*, const S*, int64_t);               \
+                                            int, int, S*, void*, const S*, int64_t, float*);       \
   template void GptHeadBackward<S>(const GptShape&, const S*, const S*, const int32_t*,            \
-                                   ComputeType<S>, int, int, S*, S*, void*, const S*, S*,          \
-                                   int64_t);                                                       \
+                                   ComputeType<S>, int, int, S*, S*, void*, const S*, S*, int64_t, \
+                                   const float*);                                                  \
   template int64_t internal::GptHeadScratchBytesWithChunkRows<S>(const GptShape&, int, int,        \
                                                                  int64_t);                         \
   template ComputeType<S> internal::GptHeadForwardWithChunkRows<S>(                                \
       const GptShape&, const S*, const S*, const int32_t*, int, int, S*, void*, int64_t, const S*, \
-      int64_t);                                                                                    \
+      int64_t, float*);                                                                            \
   template void internal::GptHeadBackwardWithChunkRows<S>(                                         \
       const GptShape&, const S*, const S*, const int32_t*, ComputeType<S>, int, int, S*, S*,       \
-      void*, int64_t, const S*, S*, int64_t);
+      void*, int64_t, const S*, S*, int64_t, const float*);
 
 STRATA_INSTANTIATE_GPT_KERNELS(float)
 STRATA_INSTANTIATE_GPT_KERNELS(double)

@@ -234,21 +234,26 @@ using ops::kHeadChunkElems;
 // (then no chunk is computed: only the B last-position rows).
 // tied_params: with shape.tie_embeddings the embedding chunk (its first V C elements are wte
 // (V, C), the LM head's weight: logits = lnf wte^T), required (STRATA_CHECK); else unused.
+// target_losses: (B, T) fp32 or null; with targets, each position's cross-entropy (0 where
+// ignored), the values the mean sums (ops::LmHeadForward's row_losses).
 template <typename S>
 ComputeType<S> GptHeadForward(const GptShape& shape, const S* params, const S* x_in,
                               const int32_t* targets, int B, int T, S* logits, void* scratch,
-                              const S* tied_params = nullptr, int64_t loss_tokens = 0);
+                              const S* tied_params = nullptr, int64_t loss_tokens = 0,
+                              float* target_losses = nullptr);
 
 // Gradient of dloss * (mean cross-entropy): recomputes the forward from x_in chunk by chunk,
 // writes dx_in: (B, T, C) and dparams (head chunk, OVERWRITTEN). targets must not be null.
 // No logits are written. scratch: GptHeadScratchBytes<S>. With shape.tie_embeddings, tied_params
 // as for GptHeadForward and tied_grads (EmbeddingNumParams elements, OVERWRITTEN): dwte in its
 // first V C elements (rounded once, as dWlm), zero in the rest (the wpe part); both required.
+// target_weights: (B, T) fp32 or null; when set the objective is dloss * sum_t w_t CE_t
+// (ops::LmHeadBackward's row_weights; loss_tokens is not read).
 template <typename S>
 void GptHeadBackward(const GptShape& shape, const S* params, const S* x_in, const int32_t* targets,
                      ComputeType<S> dloss, int B, int T, S* dx_in, S* dparams, void* scratch,
                      const S* tied_params = nullptr, S* tied_grads = nullptr,
-                     int64_t loss_tokens = 0);
+                     int64_t loss_tokens = 0, const float* target_weights = nullptr);
 
 // The head with an explicit number of rows per chunk (chunk_rows in [1, N], STRATA_CHECK), for
 // tests that compare chunkings; scratch: GptHeadScratchBytesWithChunkRows<S>. The functions
@@ -260,13 +265,14 @@ template <typename S>
 ComputeType<S> GptHeadForwardWithChunkRows(const GptShape& shape, const S* params, const S* x_in,
                                            const int32_t* targets, int B, int T, S* logits,
                                            void* scratch, int64_t chunk_rows,
-                                           const S* tied_params = nullptr, int64_t loss_tokens = 0);
+                                           const S* tied_params = nullptr, int64_t loss_tokens = 0,
+                                           float* target_losses = nullptr);
 template <typename S>
 void GptHeadBackwardWithChunkRows(const GptShape& shape, const S* params, const S* x_in,
                                   const int32_t* targets, ComputeType<S> dloss, int B, int T,
                                   S* dx_in, S* dparams, void* scratch, int64_t chunk_rows,
                                   const S* tied_params = nullptr, S* tied_grads = nullptr,
-                                  int64_t loss_tokens = 0);
+                                  int64_t loss_tokens = 0, const float* target_weights = nullptr);
 }  // namespace internal
 
 }  // namespace strata::models

@@ -250,7 +250,7 @@ void LlamaFamily::HostLayerForward(const BlockArgs<S>& a) const {
 template <typename S>
 float LlamaFamily::HostHeadForward(const BlockArgs<S>& a) const {
   return LlamaHeadForward<S>(config, a.params, a.tied_params, a.x_in, a.targets, a.B, a.T, a.logits,
-                             a.scratch, a.loss_tokens);
+                             a.scratch, a.loss_tokens, a.target_losses);
 }
 template <typename S>
 void LlamaFamily::HostEmbeddingBackward(const BlockArgs<S>& a) const {
@@ -264,7 +264,7 @@ void LlamaFamily::HostLayerBackward(const BlockArgs<S>& a) const {
 template <typename S>
 void LlamaFamily::HostHeadBackward(const BlockArgs<S>& a) const {
   LlamaHeadBackward<S>(config, a.params, a.tied_params, a.x_in, a.targets, a.dloss, a.B, a.T,
-                       a.dx_in, a.grads, a.tied_grads, a.scratch, a.loss_tokens);
+                       a.dx_in, a.grads, a.tied_grads, a.scratch, a.loss_tokens, a.target_weights);
 }
 
 #ifdef STRATA_HAVE_CUDA
@@ -288,7 +288,8 @@ Status LlamaFamily::CudaLayerForward(const BlockArgs<S>& a, gpu::Stream& stream)
 template <typename S>
 Status LlamaFamily::CudaHeadForward(const BlockArgs<S>& a, gpu::Stream& stream) const {
   return cuda::LlamaCudaHeadForward<S>(config, stream, a.params, a.tied_params, a.x_in, a.targets,
-                                       a.B, a.T, a.logits, a.scratch, a.loss, a.loss_tokens);
+                                       a.B, a.T, a.logits, a.scratch, a.loss, a.loss_tokens,
+                                       a.target_losses);
 }
 template <typename S>
 Status LlamaFamily::CudaEmbeddingBackward(const BlockArgs<S>& a, gpu::Stream& stream) const {
@@ -305,7 +306,7 @@ template <typename S>
 Status LlamaFamily::CudaHeadBackward(const BlockArgs<S>& a, gpu::Stream& stream) const {
   return cuda::LlamaCudaHeadBackward<S>(config, stream, a.params, a.tied_params, a.x_in, a.targets,
                                         a.dloss, a.B, a.T, a.dx_in, a.grads, a.tied_grads,
-                                        a.scratch, a.loss_tokens);
+                                        a.scratch, a.loss_tokens, a.target_weights);
 }
 #endif
 

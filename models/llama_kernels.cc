@@ -209,7 +209,7 @@ P HeadWeight(const LlamaConfig& c, P params, P tied) {
 template <typename S>
 ComputeType<S> LlamaHeadForward(const LlamaConfig& c, const S* params, const S* tied_embed,
                                 const S* x_in, const int32_t* targets, int B, int T, S* logits,
-                                void* scratch, int64_t loss_tokens) {
+                                void* scratch, int64_t loss_tokens, float* target_losses) {
   CheckBatch(c, B, T);
   const LlamaDims d(c, B, T);
   const HeadScratch<S> sc(c, B, T, scratch);
@@ -218,13 +218,15 @@ ComputeType<S> LlamaHeadForward(const LlamaConfig& c, const S* params, const S* 
   ops::RmsNormForward(x_in, params, c.rms_norm_eps, d.N, d.C, sc.xn, sc.rstd, c.norm_unit_offset);
   return ops::LmHeadForward<S>(sc.xn, HeadWeight(c, params, tied_embed), WeightLayout::kOutIn,
                                targets, B, T, c.hidden_size, c.vocab_size, logits, sc.lm_head,
-                               /*chunk_rows=*/0, loss_tokens, c.final_logit_softcapping);
+                               /*chunk_rows=*/0, loss_tokens, c.final_logit_softcapping,
+                               target_losses);
 }
 
 template <typename S>
 void LlamaHeadBackward(const LlamaConfig& c, const S* params, const S* tied_embed, const S* x_in,
                        const int32_t* targets, ComputeType<S> dloss, int B, int T, S* dx_in,
-                       S* dparams, S* tied_dembed, void* scratch, int64_t loss_tokens) {
+                       S* dparams, S* tied_dembed, void* scratch, int64_t loss_tokens,
+                       const float* target_weights) {
   CheckBatch(c, B, T);
   STRATA_CHECK(targets != nullptr);
   const LlamaDims d(c, B, T);
@@ -236,7 +238,7 @@ void LlamaHeadBackward(const LlamaConfig& c, const S* params, const S* tied_embe
   ops::LmHeadBackward<S>(sc.xn, HeadWeight(c, params, tied_embed), WeightLayout::kOutIn, targets,
                          dloss, B, T, c.hidden_size, c.vocab_size, dx_in,
                          HeadWeight<S*>(c, dparams, tied_dembed), sc.lm_head, /*chunk_rows=*/0,
-                         loss_tokens, c.final_logit_softcapping);
+                         loss_tokens, c.final_logit_softcapping, target_weights);
   ops::RmsNormBackward<S>(x_in, params, sc.rstd, dx_in, nullptr, d.N, d.C, dx_in, dparams,
                           c.norm_unit_offset);
 }
@@ -255,10 +257,11 @@ void LlamaHeadBackward(const LlamaConfig& c, const S* params, const S* tied_embe
                                       int, int, void*, const LoraLayerArgs<S>&, const int32_t*,   \
                                       bool, int);                                                 \
   template ComputeType<S> LlamaHeadForward<S>(const LlamaConfig&, const S*, const S*, const S*,   \
-                                              const int32_t*, int, int, S*, void*, int64_t);      \
+                                              const int32_t*, int, int, S*, void*, int64_t,       \
+                                              float*);                                            \
   template void LlamaHeadBackward<S>(const LlamaConfig&, const S*, const S*, const S*,            \
                                      const int32_t*, ComputeType<S>, int, int, S*, S*, S*, void*, \
-                                     int64_t);
+                                     int64_t, const float*);
 STRATA_INSTANTIATE_LLAMA_KERNELS(float)
 STRATA_INSTANTIATE_LLAMA_KERNELS(double)
 STRATA_INSTANTIATE_LLAMA_KERNELS(Bf16)

@@ -131,18 +131,23 @@ void LlamaLayerBackward(const LlamaConfig& c, const S* params, const S* x_in, co
 // (V, C)) when c.tie_embeddings, else ignored (may be null); x_in (B, T, C); targets (B, T) or
 // null; logits (B, V): the last position's logits of each sequence. Returns the mean
 // cross-entropy over the loss_tokens counted targets (not engine::kIgnoreTarget; 0: all B T),
-// or 0 when targets is null.
+// or 0 when targets is null. target_losses: (B, T) fp32 or null; with targets, each position's
+// cross-entropy (0 where ignored), the values the mean sums (ops::LmHeadForward's row_losses).
 template <typename S>
 ComputeType<S> LlamaHeadForward(const LlamaConfig& c, const S* params, const S* tied_embed,
                                 const S* x_in, const int32_t* targets, int B, int T, S* logits,
-                                void* scratch, int64_t loss_tokens = 0);
+                                void* scratch, int64_t loss_tokens = 0,
+                                float* target_losses = nullptr);
 
 // Gradient of dloss * mean cross-entropy: dx_in (B, T, C) and dparams (head chunk) OVERWRITTEN;
 // tied: tied_dembed (V, C), the gradient of embed_tokens through the head, OVERWRITTEN (untied:
-// ignored, may be null). targets must not be null.
+// ignored, may be null). targets must not be null. target_weights: (B, T) fp32 or null; when set
+// the objective is dloss * sum_t w_t CE_t (ops::LmHeadBackward's row_weights; loss_tokens is not
+// read).
 template <typename S>
 void LlamaHeadBackward(const LlamaConfig& c, const S* params, const S* tied_embed, const S* x_in,
                        const int32_t* targets, ComputeType<S> dloss, int B, int T, S* dx_in,
-                       S* dparams, S* tied_dembed, void* scratch, int64_t loss_tokens = 0);
+                       S* dparams, S* tied_dembed, void* scratch, int64_t loss_tokens = 0,
+                       const float* target_weights = nullptr);
 
 }  // namespace strata::models

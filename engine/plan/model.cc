@@ -36,7 +36,18 @@ Status CheckBlockBuffers(const Model& model, int block, const BlockBuffers& b, b
   const bool tied_frozen = tied >= 0 && model.block_num_params(tied) == 0;
   const int64_t tied_elems =
       tied < 0 ? 0 : (tied_frozen ? model.block_frozen_params(tied) : model.block_num_params(tied));
-  STRATA_RETURN_IF_ERROR(check("params", b.params, own, own > 0));
+  if (b.frozen_reference) {
+    if (backward) {
+      return InvalidArgumentError(
+          fmt::format("{}: frozen_reference in a Backward (the reference is forward only)", who));
+    }
+    if (!model.has_frozen_reference()) {
+      return InvalidArgumentError(fmt::format(
+          "{}: frozen_reference, but the model has no frozen reference (LoRA's base)", who));
+    }
+  }
+  // The frozen reference reads no own params.
+  STRATA_RETURN_IF_ERROR(check("params", b.params, own, own > 0 && !b.frozen_reference));
   STRATA_RETURN_IF_ERROR(check("grads", b.grads, own, own > 0 && backward));
   STRATA_RETURN_IF_ERROR(check("frozen_params", b.frozen_params, frozen, frozen > 0));
   STRATA_RETURN_IF_ERROR(check("tied_params", b.tied_params, tied_elems, tied >= 0));

@@ -270,9 +270,10 @@ class Model {
 // own params; activations: activation_elems; logits:
 // logits_elems); tokens for the first block, targets for the last block's backward; scratch of
 // scratch_bytes; workspace of workspace_bytes; with forward_kept (Backward), a block with an
-// activation store and scratch of its activation_store_bytes. kInvalidArgument naming the block and
-// the buffer otherwise. Reads only the Model's const interface; thread-safe if the model's const
-// methods are.
+// activation store and scratch of its activation_store_bytes; frozen_reference only in a Forward
+// of a model with has_frozen_reference (then params are not needed). kInvalidArgument naming the
+// block and the buffer otherwise. Reads only the Model's const interface; thread-safe if the
+// model's const methods are.
 Status CheckBlockBuffers(const Model& model, int block, const BlockBuffers& b, bool backward);
 
 // A Model that forwards every call to `inner` (not owned; must outlive this). Derive from it and

@@ -149,7 +149,7 @@ template <typename S>
 Status GptCudaHeadForward(const GptShape& shape, gpu::Stream& stream, const S* params,
                           const S* x_in, const int32_t* targets, int B, int T, S* logits,
                           void* scratch, float* loss, const GptCudaOptions& options,
-                          const S* tied_params, int64_t loss_tokens) {
+                          const S* tied_params, int64_t loss_tokens, float* target_losses) {
   STRATA_ASSIGN_OR_RETURN(cudaStream_t cs,
                           Prepare("GptCudaHeadForward", shape, stream, B, T, scratch));
   STRATA_RETURN_IF_ERROR(CheckPointers("GptCudaHeadForward", {params, x_in, logits, scratch}));
@@ -163,16 +163,18 @@ Status GptCudaHeadForward(const GptShape& shape, gpu::Stream& stream, const S* p
   const bool tied = shape.tie_embeddings;
   const S* wlm = tied ? tied_params : params + 2 * C;
   STRATA_RETURN_IF_ERROR(HeadLayerNorm<S>(shape, cs, params, x_in, N, l, scratch));
-  return oc::ChunkedHeadForward<S>(
-      mm, At<S>(scratch, l.lnf), wlm, tied ? WeightLayout::kOutIn : kInOut, B, T, C, V,
-      HeadScratchOf<S>(l, scratch), logits, targets, loss, loss_tokens);
+  return oc::ChunkedHeadForward<S>(mm, At<S>(scratch, l.lnf), wlm,
+                                   tied ? WeightLayout::kOutIn : kInOut, B, T, C, V,
+                                   HeadScratchOf<S>(l, scratch), logits, targets, loss, loss_tokens,
+                                   /*softcap=*/0.0f, target_losses);
 }
 
 template <typename S>
 Status GptCudaHeadBackward(const GptShape& shape, gpu::Stream& stream, const S* params,
                            const S* x_in, const int32_t* targets, float dloss, int B, int T,
                            S* dx_in, S* dparams, void* scratch, const GptCudaOptions& options,
-                           const S* tied_params, S* tied_grads, int64_t loss_tokens) {
+                           const S* tied_params, S* tied_grads, int64_t loss_tokens,
+                           const float* target_weights) {
   STRATA_ASSIGN_OR_RETURN(cudaStream_t cs,
                           Prepare("GptCudaHeadBackward", shape, stream, B, T, scratch));
   STRATA_RETURN_IF_ERROR(
@@ -200,9 +202,9 @@ Status GptCudaHeadBackward(const GptShape& shape, gpu::Stream& stream, const S* 
         "cudaMemsetAsync"));
   }
   STRATA_RETURN_IF_ERROR(HeadLayerNorm<S>(shape, cs, params, x_in, N, l, scratch));
-  STRATA_RETURN_IF_ERROR(
-      oc::ChunkedHeadBackward<S>(mm, lnf, wlm, tied ? WeightLayout::kOutIn : kInOut, targets, dloss,
-                                 N, C, V, HeadScratchOf<S>(l, scratch), dwlm, dlnf, loss_tokens));
+  STRATA_RETURN_IF_ERROR(oc::ChunkedHeadBackward<S>(
+      mm, lnf, wlm, tied ? WeightLayout::kOutIn : kInOut, targets, dloss, N, C, V,
+      HeadScratchOf<S>(l, scratch), dwlm, dlnf, loss_tokens, /*softcap=*/0.0f, target_weights));
   if (weight_grads) {
     STRATA_RETURN_IF_ERROR(oc::LaunchLayerNormParamGrads(cs, D(x_in), D(dlnf), mean, rstd, N, C,
                                                          partials, D(dparams), D(dparams + C)));
@@ -211,23 +213,23 @@ Status GptCudaHeadBackward(const GptShape& shape, gpu::Stream& stream, const S* 
                                      static_cast<const Dev<S>*>(nullptr), N, C, D(dx_in));
 }
 
-#define STRATA_INSTANTIATE_GPT_CUDA(S)                                                           \
-  template Status GptCudaEmbeddingForward<S>(const GptShape&, gpu::Stream&, const S*,            \
-                                             const int32_t*, int, int, S*, const int32_t*);      \
-  template Status GptCudaEmbeddingBackward<S>(const GptShape&, gpu::Stream&, const int32_t*,     \
-                                              const S*, int, int, S*, void*, const int32_t*);    \
-  template Status GptCudaLayerForward<S>(const GptShape&, gpu::Stream&, const S*, const S*, S*,  \
-                                         int, int, void*, const GptCudaOptions&, const int32_t*, \
-                                         const LoraLayerArgs<S>&);                               \
-  template Status GptCudaLayerBackward<S>(                                                       \
-      const GptShape&, gpu::Stream&, const S*, const S*, const S*, S*, S*, int, int, void*,      \
-      const GptCudaOptions&, const int32_t*, const LoraLayerArgs<S>&, bool);                     \
-  template Status GptCudaHeadForward<S>(const GptShape&, gpu::Stream&, const S*, const S*,       \
-                                        const int32_t*, int, int, S*, void*, float*,             \
-                                        const GptCudaOptions&, const S*, int64_t);               \
-  template Status GptCudaHeadBackward<S>(const GptShape&, gpu::Stream&, const S*, const S*,      \
-                                         const int32_t*, float, int, int, S*, S*, void*,         \
-                                         const GptCudaOptions&, const S*, S*, int64_t);
+#define STRATA_INSTANTIATE_GPT_CUDA(S)                                                            \
+  template Status GptCudaEmbeddingForward<S>(const GptShape&, gpu::Stream&, const S*,             \
+                                             const int32_t*, int, int, S*, const int32_t*);       \
+  template Status GptCudaEmbeddingBackward<S>(const GptShape&, gpu::Stream&, const int32_t*,      \
+                                              const S*, int, int, S*, void*, const int32_t*);     \
+  template Status GptCudaLayerForward<S>(const GptShape&, gpu::Stream&, const S*, const S*, S*,   \
+                                         int, int, void*, const GptCudaOptions&, const int32_t*,  \
+                                         const LoraLayerArgs<S>&);                                \
+  template Status GptCudaLayerBackward<S>(                                                        \
+      const GptShape&, gpu::Stream&, const S*, const S*, const S*, S*, S*, int, int, void*,       \
+      const GptCudaOptions&, const int32_t*, const LoraLayerArgs<S>&, bool);                      \
+  template Status GptCudaHeadForward<S>(const GptShape&, gpu::Stream&, const S*, const S*,        \
+                                        const int32_t*, int, int, S*, void*, float*,              \
+                                        const GptCudaOptions&, const S*, int64_t, float*);        \
+  template Status GptCudaHeadBackward<S>(                                                         \
+      const GptShape&, gpu::Stream&, const S*, const S*, const int32_t*, float, int, int, S*, S*, \
+      void*, const GptCudaOptions&, const S*, S*, int64_t, const float*);
 STRATA_INSTANTIATE_GPT_CUDA(float)
 STRATA_INSTANTIATE_GPT_CUDA(Bf16)
 STRATA_INSTANTIATE_GPT_CUDA(Fp16)

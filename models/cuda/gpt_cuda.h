@@ -140,12 +140,15 @@ Status GptCudaLayerBackward(const GptShape& shape, gpu::Stream& stream, const S*
 // rows in the scratch (no (N, V) logits).
 // scratch: GptCudaHeadScratchBytes<S>. With shape.tie_embeddings, tied_params is the embedding
 // chunk (its first V C elements: wte (V, C), the head's weight, read transposed; null is
-// kInvalidArgument); else unused.
+// kInvalidArgument); else unused. target_losses: (B, T) fp32 device memory or null; with targets,
+// each position's cross-entropy (0 where ignored), the values the loss sums
+// (ops::cuda::ChunkedHeadForward's row_losses).
 template <typename S>
 Status GptCudaHeadForward(const GptShape& shape, gpu::Stream& stream, const S* params,
                           const S* x_in, const int32_t* targets, int B, int T, S* logits,
                           void* scratch, float* loss, const GptCudaOptions& options = {},
-                          const S* tied_params = nullptr, int64_t loss_tokens = 0);
+                          const S* tied_params = nullptr, int64_t loss_tokens = 0,
+                          float* target_losses = nullptr);
 
 // Gradient of dloss * (the forward's loss): recomputes the forward chunk by chunk, writes
 // dx_in (B, T, C) and dparams (head chunk, OVERWRITTEN); the logits' gradient is dloss /
@@ -155,11 +158,14 @@ Status GptCudaHeadForward(const GptShape& shape, gpu::Stream& stream, const S* p
 // GptCudaHeadForward and tied_grads (EmbeddingNumParams elements, OVERWRITTEN): dwte (V, C) in
 // its first V C elements, accumulated and rounded as dWlm, zeros in the rest (wpe); both
 // required. dparams null: dx_in only (LoRA's frozen head; tied_grads is not read).
+// target_weights: (B, T) fp32 device memory or null; when set the logits' gradient is
+// dloss w_t (softmax - onehot) (ops::cuda::ChunkedHeadBackward's row_weights; loss_tokens is not
+// read).
 template <typename S>
 Status GptCudaHeadBackward(const GptShape& shape, gpu::Stream& stream, const S* params,
                            const S* x_in, const int32_t* targets, float dloss, int B, int T,
                            S* dx_in, S* dparams, void* scratch, const GptCudaOptions& options = {},
                            const S* tied_params = nullptr, S* tied_grads = nullptr,
-                           int64_t loss_tokens = 0);
+                           int64_t loss_tokens = 0, const float* target_weights = nullptr);
 
 }  // namespace strata::models::cuda

@@ -150,7 +150,8 @@ Status LlamaCudaLayerBackward(const LlamaConfig& c, gpu::Stream& stream, const S
 template <typename S>
 Status LlamaCudaHeadForward(const LlamaConfig& c, gpu::Stream& stream, const S* params,
                             const S* tied_params, const S* x_in, const int32_t* targets, int B,
-                            int T, S* logits, void* scratch, float* loss, int64_t loss_tokens) {
+                            int T, S* logits, void* scratch, float* loss, int64_t loss_tokens,
+                            float* target_losses) {
   STRATA_ASSIGN_OR_RETURN(cudaStream_t cs,
                           Prepare("LlamaCudaHeadForward", c, stream, B, T, scratch));
   STRATA_RETURN_IF_ERROR(CheckPointers("LlamaCudaHeadForward", {params, x_in, logits, scratch}));
@@ -167,14 +168,14 @@ Status LlamaCudaHeadForward(const LlamaConfig& c, gpu::Stream& stream, const S* 
                                D(xn), At<float>(scratch, l.rstd), c.norm_unit_offset));
   return oc::ChunkedHeadForward<S>(mm, xn, wlm, kOutIn, B, T, z.C, z.V,
                                    HeadScratchOf<S>(l, scratch), logits, targets, loss, loss_tokens,
-                                   softcap);
+                                   softcap, target_losses);
 }
 
 template <typename S>
 Status LlamaCudaHeadBackward(const LlamaConfig& c, gpu::Stream& stream, const S* params,
                              const S* tied_params, const S* x_in, const int32_t* targets,
                              float dloss, int B, int T, S* dx_in, S* dparams, S* tied_grads,
-                             void* scratch, int64_t loss_tokens) {
+                             void* scratch, int64_t loss_tokens, const float* target_weights) {
   STRATA_ASSIGN_OR_RETURN(cudaStream_t cs,
                           Prepare("LlamaCudaHeadBackward", c, stream, B, T, scratch));
   STRATA_RETURN_IF_ERROR(
@@ -197,7 +198,7 @@ Status LlamaCudaHeadBackward(const LlamaConfig& c, gpu::Stream& stream, const S*
                                D(xn), At<float>(scratch, l.rstd), c.norm_unit_offset));
   STRATA_RETURN_IF_ERROR(oc::ChunkedHeadBackward<S>(mm, xn, wlm, kOutIn, targets, dloss, z.N, z.C,
                                                     z.V, HeadScratchOf<S>(l, scratch), dwlm, dxn,
-                                                    loss_tokens, softcap));
+                                                    loss_tokens, softcap, target_weights));
   if (weight_grads) {
     STRATA_RETURN_IF_ERROR(oc::LaunchRmsNormWeightGrad(cs, D(x_in), rstd, D(dxn), z.N, z.C,
                                                        At<float>(scratch, l.partials), D(dparams)));
@@ -220,10 +221,10 @@ Status LlamaCudaHeadBackward(const LlamaConfig& c, gpu::Stream& stream, const S*
                                             const LoraLayerArgs<S>&, bool, int);                  \
   template Status LlamaCudaHeadForward<S>(const LlamaConfig&, gpu::Stream&, const S*, const S*,   \
                                           const S*, const int32_t*, int, int, S*, void*, float*,  \
-                                          int64_t);                                               \
+                                          int64_t, float*);                                       \
   template Status LlamaCudaHeadBackward<S>(const LlamaConfig&, gpu::Stream&, const S*, const S*,  \
                                            const S*, const int32_t*, float, int, int, S*, S*, S*, \
-                                           void*, int64_t);
+                                           void*, int64_t, const float*);
 STRATA_INSTANTIATE_LLAMA_CUDA(float)
 STRATA_INSTANTIATE_LLAMA_CUDA(Bf16)
 STRATA_INSTANTIATE_LLAMA_CUDA(Fp16)

@@ -88,22 +88,28 @@ Status LlamaCudaLayerBackward(const LlamaConfig& c, gpu::Stream& stream, const S
 // position of each sequence. With targets (B, T) and loss non-null, *loss (one fp32 in device
 // memory) = the sum of the tokens' cross-entropy (0 for an ignored target) / loss_tokens (0:
 // B T, the mean) (chunks of HeadChunkRows(N, V) rows; no (N, V) logits). scratch:
-// LlamaCudaHeadScratchBytes<S>.
+// LlamaCudaHeadScratchBytes<S>. target_losses: (B, T) fp32 device memory or null; with targets,
+// each position's cross-entropy (0 where ignored), the values the loss sums
+// (ops::cuda::ChunkedHeadForward's row_losses).
 template <typename S>
 Status LlamaCudaHeadForward(const LlamaConfig& c, gpu::Stream& stream, const S* params,
                             const S* tied_params, const S* x_in, const int32_t* targets, int B,
-                            int T, S* logits, void* scratch, float* loss, int64_t loss_tokens = 0);
+                            int T, S* logits, void* scratch, float* loss, int64_t loss_tokens = 0,
+                            float* target_losses = nullptr);
 
 // Gradient of dloss * (the forward's loss over loss_tokens counted targets; 0: B T): dx_in
 // (B, T, C) and dparams (head chunk) OVERWRITTEN; the rows of ignored targets add nothing; the
 // (V, C) weight gradient accumulated over the chunks in fp32 and rounded once, into the head
 // chunk (untied) or tied_grads (tied: the whole embedding chunk, OVERWRITTEN; required then).
 // dparams null: dx_in only (LoRA's frozen head; tied_grads is not read). targets must not be
-// null.
+// null. target_weights: (B, T) fp32 device memory or null; when set the logits' gradient is
+// dloss w_t (softmax - onehot) (ops::cuda::ChunkedHeadBackward's row_weights; loss_tokens is not
+// read).
 template <typename S>
 Status LlamaCudaHeadBackward(const LlamaConfig& c, gpu::Stream& stream, const S* params,
                              const S* tied_params, const S* x_in, const int32_t* targets,
                              float dloss, int B, int T, S* dx_in, S* dparams, S* tied_grads,
-                             void* scratch, int64_t loss_tokens = 0);
+                             void* scratch, int64_t loss_tokens = 0,
+                             const float* target_weights = nullptr);
 
 }  // namespace strata::models::cuda

@@ -79,7 +79,8 @@ int64_t LmHeadScratchBytes(int B, int T, int C, int V, int64_t chunk_rows) {
 template <typename S>
 ComputeType<S> LmHeadForward(const S* x, const S* w, WeightLayout layout, const int32_t* targets,
                              int B, int T, int C, int V, S* last_logits, void* scratch,
-                             int64_t chunk_rows, int64_t loss_tokens, double softcap) {
+                             int64_t chunk_rows, int64_t loss_tokens, double softcap,
+                             float* row_losses) {
   using F = ComputeType<S>;
   STRATA_CHECK_MSG(std::isfinite(softcap) && softcap >= 0,
                    "LM head softcap=" + std::to_string(softcap));
@@ -101,12 +102,13 @@ ComputeType<S> LmHeadForward(const S* x, const S* w, WeightLayout layout, const 
         const int64_t r = r0 + i;
         if (targets[r] == kIgnoreTarget) {
           sc.losses[r] = 0;
-          continue;
+        } else {
+          CheckToken(targets[r], V);
+          const S* row = sc.chunk + i * V;
+          const F mx = MaxOf(row, V);
+          sc.losses[r] = std::log(SumExpShifted(row, V, mx)) + mx - ToFloat(row[targets[r]]);
         }
-        CheckToken(targets[r], V);
-        const S* row = sc.chunk + i * V;
-        const F mx = MaxOf(row, V);
-        sc.losses[r] = std::log(SumExpShifted(row, V, mx)) + mx - ToFloat(row[targets[r]]);
+        if (row_losses != nullptr) row_losses[r] = static_cast<float>(sc.losses[r]);
       }
     });
   }
@@ -119,7 +121,8 @@ ComputeType<S> LmHeadForward(const S* x, const S* w, WeightLayout layout, const 
 template <typename S>
 void LmHeadBackward(const S* x, const S* w, WeightLayout layout, const int32_t* targets,
                     ComputeType<S> dloss, int B, int T, int C, int V, S* dx, S* dw, void* scratch,
-                    int64_t chunk_rows, int64_t loss_tokens, double softcap) {
+                    int64_t chunk_rows, int64_t loss_tokens, double softcap,
+                    const float* row_weights) {
   using F = ComputeType<S>;
   STRATA_CHECK(targets != nullptr);
   STRATA_CHECK_MSG(std::isfinite(softcap) && softcap >= 0,
@@ -134,14 +137,18 @@ void LmHeadBackward(const S* x, const S* w, WeightLayout layout, const int32_t* 
   } else {
     acc = sc.dw_acc;
   }
-  const F scale = dloss / F(loss_tokens > 0 ? loss_tokens : N);
+  // The mean's scale, or with row weights each row's own (loss_tokens unread).
+  const F mean_scale = dloss / F(loss_tokens > 0 ? loss_tokens : N);
   for (int64_t r0 = 0; r0 < N; r0 += sc.chunk_rows) {
     const int64_t rows = std::min(sc.chunk_rows, N - r0);
     ChunkLogits(x, w, out_in, C, V, r0, rows, sc.chunk);
-    // dlogits = S(dloss / N * (softmax(logits) - onehot(target))), in place.
+    // dlogits = S(scale * (softmax(logits) - onehot(target))), in place; scale = dloss / N, or
+    // dloss w_t with row weights.
     ParallelRows(rows, V, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) {
         const int64_t target = targets[r0 + i];
+        const F scale =
+            row_weights == nullptr ? mean_scale : dloss * static_cast<F>(row_weights[r0 + i]);
         S* row = sc.chunk + i * V;
         if (target == kIgnoreTarget) {
           std::fill(row, row + V, FromFloat<S>(F(0)));
@@ -199,10 +206,11 @@ void LmHeadBackward(const S* x, const S* w, WeightLayout layout, const int32_t* 
 #define STRATA_INSTANTIATE_LM_HEAD(S)                                                             \
   template int64_t LmHeadScratchBytes<S>(int, int, int, int, int64_t);                            \
   template ComputeType<S> LmHeadForward<S>(const S*, const S*, WeightLayout, const int32_t*, int, \
-                                           int, int, int, S*, void*, int64_t, int64_t, double);   \
+                                           int, int, int, S*, void*, int64_t, int64_t, double,    \
+                                           float*);                                               \
   template void LmHeadBackward<S>(const S*, const S*, WeightLayout, const int32_t*,               \
                                   ComputeType<S>, int, int, int, int, S*, S*, void*, int64_t,     \
-                                  int64_t, double);
+                                  int64_t, double, const float*);
 
 STRATA_INSTANTIATE_LM_HEAD(float)
 STRATA_INSTANTIATE_LM_HEAD(double)

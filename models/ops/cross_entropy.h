@@ -21,6 +21,16 @@
 // targets, which the caller knows from the data: B T when none is ignored) instead of N, and
 // the backward scales by dloss / loss_tokens.
 //
+// Per-row losses and weights (sequence objectives, preference training: engine::BlockBuffers::
+// target_losses and target_weights). row_losses (N) fp32, nullable: the forward writes each row's
+// cross-entropy there, the same ComputeType<S> value the mean sums (fp32 for float and the 16-bit
+// types; for S = double its rounding to fp32), 0 for an ignored row. row_weights (N) fp32,
+// nullable: the backward's objective is sum_t w_t CE_t instead of the mean, loss_tokens is not
+// read, and each counted row's dlogits are S(scale_t (softmax - onehot)) with scale_t = dloss w_t
+// rounded to ComputeType<S> once, in place of the mean's scale dloss / N (soft-capped: times
+// 1 - u^2 as below); ignored rows stay 0, whatever their weight. Weights may be zero or negative.
+// Without them the results are bit-identical to the op before the parameters.
+//
 // Final-logit soft-capping (Gemma 2's final_logit_softcapping; softcap c > 0, 0 = none): every
 // logit the head produces (the chunks and last_logits) is S(c tanh(l / c)) of the product's
 // S logit l, u = tanh(l / c) in ComputeType<S>; the loss is the cross-entropy of those capped
@@ -61,17 +71,21 @@ int64_t LmHeadScratchBytes(int B, int T, int C, int V, int64_t chunk_rows = 0);
 // no chunk is computed); last_logits (B, V) = S(x[b, T-1] W), the logits
 // of position T-1 of each sequence. x (B T, C); targets (B, T) int32 or null. scratch:
 // LmHeadScratchBytes with the same chunk_rows, contents undefined after.
+// row_losses (B T) fp32 or null: each row's loss (see above), written when targets is not null.
 template <typename S>
 ComputeType<S> LmHeadForward(const S* x, const S* w, WeightLayout layout, const int32_t* targets,
                              int B, int T, int C, int V, S* last_logits, void* scratch,
-                             int64_t chunk_rows = 0, int64_t loss_tokens = 0, double softcap = 0);
+                             int64_t chunk_rows = 0, int64_t loss_tokens = 0, double softcap = 0,
+                             float* row_losses = nullptr);
 
-// Gradient of dloss * mean cross-entropy (over loss_tokens counted tokens; 0: B T): dx (B T, C)
-// and dw (the layout of w; nullable: not computed, a frozen weight) OVERWRITTEN.
-// targets must not be null. No logits are written. dx must not overlap x.
+// Gradient of dloss * mean cross-entropy (over loss_tokens counted tokens; 0: B T), or with
+// row_weights ((B T) fp32) of dloss * sum_t row_weights[t] CE_t: dx (B T, C) and dw (the layout
+// of w; nullable: not computed, a frozen weight) OVERWRITTEN. targets must not be null. No logits
+// are written. dx must not overlap x.
 template <typename S>
 void LmHeadBackward(const S* x, const S* w, WeightLayout layout, const int32_t* targets,
                     ComputeType<S> dloss, int B, int T, int C, int V, S* dx, S* dw, void* scratch,
-                    int64_t chunk_rows = 0, int64_t loss_tokens = 0, double softcap = 0);
+                    int64_t chunk_rows = 0, int64_t loss_tokens = 0, double softcap = 0,
+                    const float* row_weights = nullptr);
 
 }  // namespace strata::models::ops

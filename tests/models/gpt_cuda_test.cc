@@ -13,7 +13,8 @@
 //     lays them out, on the CUDA device against the host device: the loss and every block's
 //     gradient, element by element;
 //   - packed sequences (position_ids) in the position table and its gradient, and ignored
-//     targets (-1) in the chunked head, against the host ops (issue 31);
+//     targets (-1) in the chunked head, against the host ops (issue 31); the head's per-row
+//     losses and per-row weights (issue 46) against the host op and double;
 //   - a token or target outside [0, V) (a target other than -1) in device memory stops the
 //     kernel reading it with a device trap, reported at the next synchronization (a death
 //     test: the fault ends the process's CUDA context).
@@ -780,6 +781,114 @@ TYPED_TEST(GptCudaTypedTest, ChunkedHeadIgnoresTargetsOfMinusOneAndDividesByTheC
     if (targets[r] != engine::kIgnoreTarget) continue;
     for (int64_t c = 0; c < C; ++c) {
       ASSERT_EQ(dx_gpu[r * C + c], 0.0) << "row " << r << " has an ignored target";
+    }
+  }
+}
+
+// The sequence objectives' per-row outputs and inputs (ops/cross_entropy.h row_losses and
+// row_weights; issue 46): the chunked head op (three chunks, untied and soft-capped) writes each
+// row's loss into the caller's buffer and scales each row's gradient by dloss * w_t, against the
+// host op with the same arguments and against double. Weights uniform in [-1.5, 1.5], every fifth
+// exactly 0, and set on the ignored rows too. Bounds: a row's loss as the mean's (gpt_cuda_test's
+// head checks: 64 2^-24 |l| + 8 u against the host, 16 u against double, per row); dx, dW as in
+// ChunkedHeadIgnoresTargetsOfMinusOneAndDividesByTheCountedOnes (the weight's fp32 product is
+// one more fp32 rounding, well inside them). Rows of ignored targets and of weight 0: dx exactly
+// 0 and (ignored) loss exactly 0. The mean loss is still the mean.
+TYPED_TEST(GptCudaTypedTest, ChunkedHeadWritesEachRowsLossAndWeighsEachRowsGradient) {
+  using S = TypeParam;
+  using F = ComputeType<S>;
+  const double u = UnitRoundoff<S>();
+  const int B = 2, T = 37, C = 48, V = 97;
+  const int64_t N = int64_t{B} * T, rows = N / 3 + 1;
+  std::vector<int32_t> targets = RandomTokens(N, V, 61);
+  int64_t loss_tokens = N;
+  for (int64_t r = 0; r < N; ++r) {
+    if (r % 3 == 1 || r == 9 || r == 29) {
+      targets[r] = engine::kIgnoreTarget;
+      --loss_tokens;
+    }
+  }
+  std::vector<float> weights(N);
+  {
+    std::mt19937_64 rng(62);
+    std::uniform_real_distribution<float> d(-1.5f, 1.5f);
+    for (int64_t r = 0; r < N; ++r) weights[r] = r % 5 == 2 ? 0.0f : d(rng);
+  }
+  const std::vector<S> x = Round<S>(Random(N * C, 1.0, 63)), w = Round<S>(Random(C * V, 0.3, 64));
+  const std::vector<double> xw = Widen(x), ww = Widen(w);
+  ASSERT_TRUE(cuda::GptCudaPrepareStream(*this->stream_).ok());
+  const cudaStream_t cs = gpu::NativeStream(*this->stream_);
+  const auto mm = ops::cuda::Products<S>::Make(*this->stream_, cs);
+  ASSERT_TRUE(mm.ok()) << mm.status().ToString();
+  for (const double softcap : {0.0, 2.0}) {
+    SCOPED_TRACE("softcap=" + std::to_string(softcap));
+    const auto kIO = ops::WeightLayout::kInOut;
+    std::vector<S> logits_host(B * V), dx_host(N * C), dw_host(C * V);
+    std::vector<double> logits_ref(B * V), dx_ref(N * C), dw_ref(C * V);
+    std::vector<float> losses_host(N), losses_ref(N);
+    std::vector<uint64_t> hsc(ops::LmHeadScratchBytes<S>(B, T, C, V, rows) / 8 + 8),
+        hscd(ops::LmHeadScratchBytes<double>(B, T, C, V, rows) / 8 + 8);
+    const float loss_host = ops::LmHeadForward<S>(x.data(), w.data(), kIO, targets.data(), B, T, C,
+                                                  V, logits_host.data(), hsc.data(), rows,
+                                                  loss_tokens, softcap, losses_host.data());
+    ops::LmHeadBackward<S>(x.data(), w.data(), kIO, targets.data(), F(0.8), B, T, C, V,
+                           dx_host.data(), dw_host.data(), hsc.data(), rows, loss_tokens, softcap,
+                           weights.data());
+    // The double op on the same S inputs: its row losses come rounded to fp32 (2^-24, far inside
+    // 16 u), its dx and dW exact up to double rounding.
+    ops::LmHeadForward<double>(xw.data(), ww.data(), kIO, targets.data(), B, T, C, V,
+                               logits_ref.data(), hscd.data(), rows, loss_tokens, softcap,
+                               losses_ref.data());
+    ops::LmHeadBackward<double>(xw.data(), ww.data(), kIO, targets.data(), 0.8, B, T, C, V,
+                                dx_ref.data(), dw_ref.data(), hscd.data(), rows, loss_tokens,
+                                softcap, weights.data());
+
+    const gpu::DeviceSpan xd = this->Put(x), wd = this->Put(w), tgt = this->Put(targets),
+                          wts = this->Put(weights);
+    const gpu::DeviceSpan chunk = this->Poisoned(rows * V * sizeof(S)),
+                          scratch_losses = this->Poisoned(N * 4),
+                          x_last = this->Poisoned(B * C * sizeof(S)),
+                          dw_acc = this->Poisoned(C * V * 4);
+    const ops::cuda::HeadScratch<S> hs{rows, this->Ptr(chunk), scratch_losses.as<float>(),
+                                       this->Ptr(x_last), dw_acc.as<void>()};
+    const gpu::DeviceSpan logits = this->Poisoned(B * V * sizeof(S)), loss = this->Poisoned(4),
+                          row_losses = this->Poisoned(N * 4),
+                          dx = this->Poisoned(N * C * sizeof(S)),
+                          dw = this->Poisoned(C * V * sizeof(S));
+    ASSERT_TRUE(ops::cuda::ChunkedHeadForward<S>(
+                    *mm, this->Ptr(xd), this->Ptr(wd), kIO, B, T, C, V, hs, this->Ptr(logits),
+                    tgt.as<int32_t>(), loss.as<float>(), loss_tokens, static_cast<float>(softcap),
+                    row_losses.as<float>())
+                    .ok());
+    ASSERT_TRUE(ops::cuda::ChunkedHeadBackward<S>(*mm, this->Ptr(xd), this->Ptr(wd), kIO,
+                                                  tgt.as<int32_t>(), 0.8f, N, C, V, hs,
+                                                  this->Ptr(dw), this->Ptr(dx), loss_tokens,
+                                                  static_cast<float>(softcap), wts.as<float>())
+                    .ok());
+    this->Sync();
+    const std::vector<float> losses_gpu = this->template Download<float>(row_losses, N);
+    const float loss_gpu = this->template Download<float>(loss, 1)[0];
+    EXPECT_NEAR(loss_gpu, loss_host, 64 * 0x1p-24 * std::abs(loss_host) + 8 * u) << "mean loss";
+    for (int64_t r = 0; r < N; ++r) {
+      if (targets[r] == engine::kIgnoreTarget) {
+        ASSERT_EQ(losses_gpu[r], 0.0f) << "row " << r << " has an ignored target";
+        continue;
+      }
+      EXPECT_NEAR(losses_gpu[r], losses_host[r], 64 * 0x1p-24 * std::abs(losses_host[r]) + 8 * u)
+          << "row " << r << " loss vs host";
+      EXPECT_NEAR(losses_gpu[r], losses_ref[r], 16 * u * std::abs(losses_ref[r]) + 0x1p-24)
+          << "row " << r << " loss vs double";
+    }
+    const std::vector<double> dx_gpu = this->Get(dx, N * C), dw_gpu = this->Get(dw, C * V);
+    ExpectWithin(dx_gpu, Widen(dx_host), 32, u, "weighted dx vs host");
+    ExpectWithin(dw_gpu, Widen(dw_host), 32, u, "weighted dW vs host");
+    ExpectWithin(dx_gpu, dx_ref, 64, u, "weighted dx vs double");
+    ExpectWithin(dw_gpu, dw_ref, 64, u, "weighted dW vs double");
+    for (int64_t r = 0; r < N; ++r) {
+      if (targets[r] != engine::kIgnoreTarget && weights[r] != 0.0f) continue;
+      for (int64_t c = 0; c < C; ++c) {
+        ASSERT_EQ(dx_gpu[r * C + c], 0.0) << "row " << r << ": ignored or weight 0";
+      }
     }
   }
 }

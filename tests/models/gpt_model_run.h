@@ -5,12 +5,15 @@
 // output, two activation-gradient buffers used in turn (dx_in of block b is dx[b % 2]), the
 // last-position logits (B, V), the fp32 loss, a tied block's tied_params (the tied block's
 // parameters) and tied_grads (its own region per tying block), and one scratch region of the
-// largest scratch_bytes(block, shape, S) over the blocks. Everything lives in one arena span; the
+// largest scratch_bytes(block, shape, S) over the blocks (and one workspace region of the largest
+// workspace_bytes, given to the blocks that have one). Everything lives in one arena span; the
 // inputs are uploaded once and every other byte starts as 0xff (NaN in every storage type), so a
 // block that reads an output before writing it shows up. A model with frozen chunks (LoRA:
 // Model::block_frozen_params) gets them as BlockBuffers::frozen_params, uploaded from the
 // `frozen` blocks of Upload/ForwardBackward; a tied block whose tied chunk is frozen reads that
-// chunk and gets no tied_grads, as the engine gives them.
+// chunk and gets no tied_grads, as the engine gives them. Preference training's buffers
+// (SequenceOptions: the head's target_losses and target_weights, the frozen reference's Forward
+// without own params) are off unless set.
 //
 // Also the whole model's error bound in the terms of the host suite (gpt_kernels_test.cc,
 // "Error model" and the whole-model Bf16 test), shared by the host and the CUDA tests.
@@ -22,6 +25,7 @@
 #include <cstring>
 #include <memory>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "base/dtype.h"
@@ -44,6 +48,19 @@ struct ModelRunResult {
   std::vector<std::vector<S>> tied_grads;
   std::vector<S> dx0;     // (B, T, C) gradient of the embedding's output
   std::vector<S> logits;  // (B, V) the head's last-position logits (its Forward)
+  // (B T) fp32, the head Forward's BlockBuffers::target_losses (SequenceOptions::target_losses);
+  // empty otherwise.
+  std::vector<float> target_losses;
+};
+
+// Preference training's buffers of a ModelRun (engine::BlockBuffers), all off by default.
+struct SequenceOptions {
+  bool target_losses = false;         // the head's Forward writes BlockBuffers::target_losses
+  std::vector<float> target_weights;  // (B T) or empty: the head Backward's target_weights
+  // Every Forward gets BlockBuffers::frozen_reference, and no own params (empty `params`) unless
+  // reference_params.
+  bool frozen_reference = false;
+  bool reference_params = false;
 };
 
 template <typename S>
@@ -65,6 +82,10 @@ class ModelRun {
   // The buffers of block `b`'s Forward and Backward, as the engine fills them.
   engine::BlockBuffers ForwardBuffers(int b) const {
     engine::BlockBuffers buf = Common(b);
+    if (seq_.frozen_reference) {
+      buf.frozen_reference = true;
+      if (!seq_.reference_params) buf.params = {};
+    }
     if (b > 0) buf.x_in = Typed(acts_[b - 1], act_elems_);
     if (b < num_blocks_ - 1) {
       buf.x_out = Typed(acts_[b], act_elems_);
@@ -72,6 +93,7 @@ class ModelRun {
       buf.targets = Span(targets_).template as<const int32_t>();
       buf.logits = Typed(logits_, logits_elems_);
       buf.loss = Span(loss_).template as<float>();
+      if (seq_.target_losses) buf.target_losses = Span(target_losses_).template as<float>();
     }
     return buf;
   }
@@ -90,16 +112,33 @@ class ModelRun {
     } else {
       buf.targets = Span(targets_).template as<const int32_t>();
       buf.dloss = 1.0f;
+      if (!seq_.target_weights.empty()) {
+        buf.target_weights = Span(target_weights_).template as<const float>();
+      }
     }
     return buf;
   }
 
   // The micro-batch's dropout seed (BlockBuffers::dropout_seed; 0, the default: no dropout).
   void set_dropout_seed(uint64_t seed) { dropout_seed_ = seed; }
+  // Preference training's buffers for the next Upload and runs (target_weights: B T or empty).
+  void set_sequence_options(SequenceOptions o) {
+    STRATA_CHECK(o.target_weights.empty() ||
+                 static_cast<int64_t>(o.target_weights.size()) == shape_.tokens());
+    seq_ = std::move(o);
+  }
+
+  // Encoded frozen chunks (Model::frozen_chunk_encoded: a 4-bit base), one per block of
+  // block_frozen_bytes(b, S) bytes (empty for a block without), which Upload copies in place of
+  // its `frozen` argument.
+  void set_frozen_bytes(std::vector<std::vector<std::byte>> chunks) {
+    STRATA_CHECK(static_cast<int>(chunks.size()) == num_blocks_);
+    frozen_bytes_ = std::move(chunks);
+  }
 
   // Poisons every byte, then copies the parameters (one chunk of S per block), the frozen chunks
-  // (`frozen`, one per block, sized block_frozen_params; null when the model has none), tokens
-  // and targets (B T each) in; waits for the copy.
+  // (`frozen`, one per block, sized block_frozen_params; null when the model has none, or
+  // set_frozen_bytes's), tokens and targets (B T each) in; waits for the copy.
   Status Upload(gpu::Stream& stream, const Model<S>& params, const std::vector<int32_t>& tokens,
                 const std::vector<int32_t>& targets,
                 const std::vector<std::vector<S>>* frozen = nullptr) {
@@ -110,7 +149,9 @@ class ModelRun {
     for (int b = 0; b < num_blocks_; ++b) {
       STRATA_CHECK(static_cast<int64_t>(params.blocks[b].size()) == model_.block_num_params(b));
       Put(params_[b], params.blocks[b]);
-      if (model_.block_frozen_params(b) > 0) {
+      if (model_.block_frozen_params(b) > 0 && !frozen_bytes_.empty()) {
+        Put(frozen_[b], frozen_bytes_[b]);
+      } else if (model_.block_frozen_params(b) > 0) {
         STRATA_CHECK(frozen != nullptr &&
                      static_cast<int64_t>((*frozen)[b].size()) == model_.block_frozen_params(b));
         Put(frozen_[b], (*frozen)[b]);
@@ -118,6 +159,7 @@ class ModelRun {
     }
     Put(tokens_, tokens);
     Put(targets_, targets);
+    if (!seq_.target_weights.empty()) Put(target_weights_, seq_.target_weights);
     STRATA_RETURN_IF_ERROR(stream.CopyH2D(all_, image_.span().subspan(0, size_bytes_)));
     return stream.Synchronize();
   }
@@ -128,13 +170,34 @@ class ModelRun {
                                               const std::vector<int32_t>& tokens,
                                               const std::vector<int32_t>& targets,
                                               const std::vector<std::vector<S>>* frozen = nullptr) {
+    return Run(stream, params, tokens, targets, frozen, /*backward=*/true);
+  }
+  // The same with the Forwards only: the loss, the logits and target_losses come back; the
+  // gradients are whatever the buffers held (poison).
+  StatusOr<ModelRunResult<S>> Forward(gpu::Stream& stream, const Model<S>& params,
+                                      const std::vector<int32_t>& tokens,
+                                      const std::vector<int32_t>& targets,
+                                      const std::vector<std::vector<S>>* frozen = nullptr) {
+    return Run(stream, params, tokens, targets, frozen, /*backward=*/false);
+  }
+
+ private:
+  struct Region {
+    size_t offset = 0;
+    size_t size_bytes = 0;
+  };
+
+  StatusOr<ModelRunResult<S>> Run(gpu::Stream& stream, const Model<S>& params,
+                                  const std::vector<int32_t>& tokens,
+                                  const std::vector<int32_t>& targets,
+                                  const std::vector<std::vector<S>>* frozen, bool backward) {
     STRATA_RETURN_IF_ERROR(model_.PrepareComputeStream(stream));
     STRATA_RETURN_IF_ERROR(Upload(stream, params, tokens, targets, frozen));
     for (int b = 0; b < num_blocks_; ++b) {
       STRATA_RETURN_IF_ERROR(
           model_.Forward(b, ForwardBuffers(b), stream).WithContext(model_.block_name(b)));
     }
-    for (int b = num_blocks_ - 1; b >= 0; --b) {
+    for (int b = num_blocks_ - 1; backward && b >= 0; --b) {
       STRATA_RETURN_IF_ERROR(
           model_.Backward(b, BackwardBuffers(b), stream).WithContext(model_.block_name(b)));
     }
@@ -150,14 +213,9 @@ class ModelRun {
     }
     r.dx0 = Get(dx_[1]);  // the embedding's dx_out
     r.logits = Get(logits_);
+    if (seq_.target_losses) r.target_losses = Get<float>(target_losses_);
     return r;
   }
-
- private:
-  struct Region {
-    size_t offset = 0;
-    size_t size_bytes = 0;
-  };
 
   ModelRun(engine::Model& model, engine::MicroBatchShape shape)
       : model_(model),
@@ -166,12 +224,13 @@ class ModelRun {
         act_elems_(model.activation_elems(shape)),
         logits_elems_(model.logits_elems(shape)) {
     const size_t act_bytes = static_cast<size_t>(act_elems_) * sizeof(S);
-    int64_t scratch_bytes = 0;
+    int64_t scratch_bytes = 0, workspace_bytes = 0;
     for (int b = 0; b < num_blocks_; ++b) {
       const size_t chunk = static_cast<size_t>(model.block_num_params(b)) * sizeof(S);
       params_.push_back(Add(chunk));
       grads_.push_back(Add(chunk));
-      frozen_.push_back(Add(static_cast<size_t>(model.block_frozen_params(b)) * sizeof(S)));
+      frozen_.push_back(Add(static_cast<size_t>(model.block_frozen_bytes(b, DTypeOf<S>()))));
+      workspace_bytes = std::max(workspace_bytes, model.workspace_bytes(b, shape, DTypeOf<S>()));
       const int t = model.tied_block(b);
       tied_grads_.push_back(t >= 0 ? Add(static_cast<size_t>(model.block_num_params(t)) * sizeof(S))
                                    : Region{});
@@ -184,7 +243,10 @@ class ModelRun {
     targets_ = Add(static_cast<size_t>(shape.tokens()) * sizeof(int32_t));
     logits_ = Add(static_cast<size_t>(logits_elems_) * sizeof(S));
     loss_ = Add(sizeof(float));
+    target_losses_ = Add(static_cast<size_t>(shape.tokens()) * sizeof(float));
+    target_weights_ = Add(static_cast<size_t>(shape.tokens()) * sizeof(float));
     scratch_ = Add(static_cast<size_t>(scratch_bytes));
+    workspace_ = Add(static_cast<size_t>(workspace_bytes));
   }
 
   // Regions start at the arena's alignment, as the engine's carves do.
@@ -214,6 +276,7 @@ class ModelRun {
     }
     buf.shape = shape_;
     buf.scratch = Span(scratch_);
+    if (model_.workspace_bytes(b, shape_, DTypeOf<S>()) > 0) buf.workspace = Span(workspace_);
     if (b == 0) buf.tokens = Span(tokens_).template as<const int32_t>();
     return buf;
   }
@@ -222,8 +285,9 @@ class ModelRun {
     STRATA_CHECK(v.size() * sizeof(T) == r.size_bytes);
     std::memcpy(image_.data() + r.offset, v.data(), r.size_bytes);
   }
-  std::vector<S> Get(const Region& r) const {
-    std::vector<S> v(r.size_bytes / sizeof(S));
+  template <typename T = S>
+  std::vector<T> Get(const Region& r) const {
+    std::vector<T> v(r.size_bytes / sizeof(T));
     std::memcpy(v.data(), image_.data() + r.offset, r.size_bytes);
     return v;
   }
@@ -234,8 +298,11 @@ class ModelRun {
   int64_t act_elems_, logits_elems_;
   size_t size_bytes_ = 0;
   uint64_t dropout_seed_ = 0;
+  SequenceOptions seq_;
+  std::vector<std::vector<std::byte>> frozen_bytes_;
   std::vector<Region> params_, grads_, frozen_, tied_grads_, acts_;
-  Region dx_[2], tokens_, targets_, logits_, loss_, scratch_;
+  Region dx_[2], tokens_, targets_, logits_, loss_, target_losses_, target_weights_, scratch_,
+      workspace_;
   std::unique_ptr<gpu::DeviceArena> arena_;
   gpu::DeviceSpan all_;
   gpu::PinnedBuffer image_;  // the span's contents on the host

@@ -6,7 +6,9 @@
 // (models/ops/cross_entropy.h): every logit l the head gives out or takes the loss of is
 // D(c tanh(l / c)); the cross-entropy kernel caps the raw logits of its row as it reads them (a
 // kCap template flag, so that without it the kernel is the code of before the option) and the
-// gradient takes the factor 1 - tanh^2(l / c) from the raw D logit still in the row.
+// gradient takes the factor 1 - tanh^2(l / c) from the raw D logit still in the row. Per-row
+// losses go straight from the kernel to the caller's buffer; per-row weights scale each row's
+// gradient by the fp32 product dloss * w_t (ops/cross_entropy.h).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -65,8 +67,8 @@ __global__ void SoftcapKernel(D* x, int64_t n, float c) {
 // kCap: the row holds raw logits l and the loss is that of D(c tanh(l / c)), c = softcap.
 template <typename D, bool kCap>
 __global__ void CrossEntropyKernel(D* logits, const int32_t* targets, int64_t N, int V,
-                                   float* losses, bool write_grad, float grad_scale,
-                                   float softcap) {
+                                   float* losses, bool write_grad, float grad_scale, float softcap,
+                                   const float* row_weights) {
   __shared__ float shared[kBlock / kWarp];
   // The logit the loss sees of a stored one.
   const auto logit = [&](D l) {
@@ -76,6 +78,9 @@ __global__ void CrossEntropyKernel(D* logits, const int32_t* targets, int64_t N,
   for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
     D* row = logits + r * V;
     const int32_t target = targets[r];
+    // The row's gradient scale: grad_scale, or its product with the row's weight (fp32, one
+    // rounding, not contracted into what follows).
+    const float scale = row_weights == nullptr ? grad_scale : __fmul_rn(grad_scale, row_weights[r]);
     if (target == engine::kIgnoreTarget) {  // uniform in the block: no barrier is skipped by part
       if (threadIdx.x == 0) losses[r] = 0.0f;
       if (write_grad) {
@@ -99,10 +104,10 @@ __global__ void CrossEntropyKernel(D* logits, const int32_t* targets, int64_t N,
         if constexpr (kCap) {  // times the cap's slope 1 - u^2, u from the raw logit
           const CappedLogit l = CapLogit(row[v], softcap);
           const float p = expf(l.value - lse);
-          row[v] = FromF<D>(grad_scale * (p - (v == target ? 1.0f : 0.0f)) * (1.0f - l.u * l.u));
+          row[v] = FromF<D>(scale * (p - (v == target ? 1.0f : 0.0f)) * (1.0f - l.u * l.u));
         } else {
           const float p = expf(ToF(row[v]) - lse);
-          row[v] = FromF<D>(grad_scale * (p - (v == target ? 1.0f : 0.0f)));
+          row[v] = FromF<D>(scale * (p - (v == target ? 1.0f : 0.0f)));
         }
       }
     }
@@ -147,7 +152,8 @@ Status LaunchSoftcap(cudaStream_t stream, D* x, int64_t n, float c) {
 
 template <typename D>
 Status LaunchCrossEntropy(cudaStream_t stream, D* logits, const int32_t* targets, int64_t N, int V,
-                          float* losses, bool write_grad, float grad_scale, float softcap) {
+                          float* losses, bool write_grad, float grad_scale, float softcap,
+                          const float* row_weights) {
   STRATA_RETURN_IF_ERROR(CheckSizes("LaunchCrossEntropy", {N}));
   if (V < 1) return InvalidArgumentError("LaunchCrossEntropy: V must be >= 1");
   STRATA_RETURN_IF_ERROR(CheckSoftcap("LaunchCrossEntropy", softcap));
@@ -155,11 +161,11 @@ Status LaunchCrossEntropy(cudaStream_t stream, D* logits, const int32_t* targets
   STRATA_RETURN_IF_ERROR(CheckPointers("LaunchCrossEntropy", {logits, targets, losses}));
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(N, kMaxGrid));
   if (softcap > 0.0f) {
-    CrossEntropyKernel<D, true><<<grid, kBlock, 0, stream>>>(logits, targets, N, V, losses,
-                                                             write_grad, grad_scale, softcap);
+    CrossEntropyKernel<D, true><<<grid, kBlock, 0, stream>>>(
+        logits, targets, N, V, losses, write_grad, grad_scale, softcap, row_weights);
   } else {
-    CrossEntropyKernel<D, false>
-        <<<grid, kBlock, 0, stream>>>(logits, targets, N, V, losses, write_grad, grad_scale, 0.0f);
+    CrossEntropyKernel<D, false><<<grid, kBlock, 0, stream>>>(
+        logits, targets, N, V, losses, write_grad, grad_scale, 0.0f, row_weights);
   }
   return Launched("CrossEntropyKernel");
 }
@@ -178,7 +184,7 @@ template <typename S>
 Status ChunkedHeadForward(const Products<S>& mm, const S* xn, const S* W, WeightLayout layout,
                           int B, int T, int64_t C, int64_t V, const HeadScratch<S>& scratch,
                           S* logits, const int32_t* targets, float* loss, int64_t loss_tokens,
-                          float softcap) {
+                          float softcap, float* row_losses) {
   STRATA_RETURN_IF_ERROR(CheckSoftcap("ChunkedHeadForward", softcap));
   const cudaStream_t cs = mm.stream;
   const int64_t N = int64_t{B} * T;
@@ -194,16 +200,19 @@ Status ChunkedHeadForward(const Products<S>& mm, const S* xn, const S* W, Weight
                             "cudaMemcpy2DAsync"));
   STRATA_RETURN_IF_ERROR(mm.Run(false, tied, B, V, C, scratch.xn_last, C, W, ldw, logits, V));
   if (softcap > 0.0f) STRATA_RETURN_IF_ERROR(LaunchSoftcap(cs, D(logits), int64_t{B} * V, softcap));
-  if (targets == nullptr || loss == nullptr) return Status::Ok();
+  if (targets == nullptr || (loss == nullptr && row_losses == nullptr)) return Status::Ok();
+  // The rows' losses: the caller's buffer when given, else the scratch's.
+  float* losses = row_losses != nullptr ? row_losses : scratch.losses;
   for (int64_t r0 = 0; r0 < N; r0 += scratch.chunk_rows) {
     const int64_t rows = std::min(scratch.chunk_rows, N - r0);
     STRATA_RETURN_IF_ERROR(
         mm.Run(false, tied, rows, V, C, xn + r0 * C, C, W, ldw, scratch.chunk, V));
     STRATA_RETURN_IF_ERROR(LaunchCrossEntropy(cs, D(scratch.chunk), targets + r0, rows,
-                                              static_cast<int>(V), scratch.losses + r0, false, 0.0f,
+                                              static_cast<int>(V), losses + r0, false, 0.0f,
                                               softcap));
   }
-  return LaunchMeanLoss(cs, scratch.losses, N, LossDivisor(loss_tokens, N), loss);
+  if (loss == nullptr) return Status::Ok();
+  return LaunchMeanLoss(cs, losses, N, LossDivisor(loss_tokens, N), loss);
 }
 
 // acc (+)= the head weight's gradient from the rows [r0, r0 + rows) (ChunkedHeadBackward):
@@ -235,7 +244,7 @@ template <typename S>
 Status ChunkedHeadBackward(const Products<S>& mm, const S* xn, const S* W, WeightLayout layout,
                            const int32_t* targets, float dloss, int64_t N, int64_t C, int64_t V,
                            const HeadScratch<S>& scratch, S* dW, S* dxn, int64_t loss_tokens,
-                           float softcap) {
+                           float softcap, const float* row_weights) {
   STRATA_RETURN_IF_ERROR(CheckSoftcap("ChunkedHeadBackward", softcap));
   const cudaStream_t cs = mm.stream;
   const bool tied = layout == WeightLayout::kOutIn;
@@ -249,10 +258,12 @@ Status ChunkedHeadBackward(const Products<S>& mm, const S* xn, const S* W, Weigh
     STRATA_RETURN_IF_ERROR(mm.Run(false, tied, rows, V, C, xn + r0 * C, C, W, ldw, chunk, V));
     // dlogits = S(dloss / loss_tokens (softmax - onehot)), in place in the chunk (0 in the rows of
     // ignored targets); soft-capped: the softmax of the capped logits, times 1 - u^2 with u from
-    // the raw logit the product just wrote.
-    STRATA_RETURN_IF_ERROR(LaunchCrossEntropy(
-        cs, D(chunk), targets + r0, rows, static_cast<int>(V), scratch.losses + r0, true,
-        dloss / static_cast<float>(LossDivisor(loss_tokens, N)), softcap));
+    // the raw logit the product just wrote. With row weights: S(dloss w_t (softmax - onehot)).
+    const float grad_scale =
+        row_weights != nullptr ? dloss : dloss / static_cast<float>(LossDivisor(loss_tokens, N));
+    STRATA_RETURN_IF_ERROR(LaunchCrossEntropy(cs, D(chunk), targets + r0, rows, static_cast<int>(V),
+                                              scratch.losses + r0, true, grad_scale, softcap,
+                                              row_weights == nullptr ? nullptr : row_weights + r0));
     if (dW != nullptr) {  // null: a frozen head (LoRA)
       STRATA_RETURN_IF_ERROR(AccumulateHeadWeightGrad(mm, xn, chunk, tied, r0, rows, C, V, acc));
     }
@@ -267,31 +278,31 @@ Status ChunkedHeadBackward(const Products<S>& mm, const S* xn, const S* W, Weigh
 template Status ChunkedHeadForward<float>(const Products<float>&, const float*, const float*,
                                           WeightLayout, int, int, int64_t, int64_t,
                                           const HeadScratch<float>&, float*, const int32_t*, float*,
-                                          int64_t, float);
+                                          int64_t, float, float*);
 template Status ChunkedHeadForward<Bf16>(const Products<Bf16>&, const Bf16*, const Bf16*,
                                          WeightLayout, int, int, int64_t, int64_t,
                                          const HeadScratch<Bf16>&, Bf16*, const int32_t*, float*,
-                                         int64_t, float);
+                                         int64_t, float, float*);
 template Status ChunkedHeadForward<Fp16>(const Products<Fp16>&, const Fp16*, const Fp16*,
                                          WeightLayout, int, int, int64_t, int64_t,
                                          const HeadScratch<Fp16>&, Fp16*, const int32_t*, float*,
-                                         int64_t, float);
+                                         int64_t, float, float*);
 template Status ChunkedHeadBackward<float>(const Products<float>&, const float*, const float*,
                                            WeightLayout, const int32_t*, float, int64_t, int64_t,
                                            int64_t, const HeadScratch<float>&, float*, float*,
-                                           int64_t, float);
+                                           int64_t, float, const float*);
 template Status ChunkedHeadBackward<Bf16>(const Products<Bf16>&, const Bf16*, const Bf16*,
                                           WeightLayout, const int32_t*, float, int64_t, int64_t,
                                           int64_t, const HeadScratch<Bf16>&, Bf16*, Bf16*, int64_t,
-                                          float);
+                                          float, const float*);
 template Status ChunkedHeadBackward<Fp16>(const Products<Fp16>&, const Fp16*, const Fp16*,
                                           WeightLayout, const int32_t*, float, int64_t, int64_t,
                                           int64_t, const HeadScratch<Fp16>&, Fp16*, Fp16*, int64_t,
-                                          float);
+                                          float, const float*);
 
 #define STRATA_INSTANTIATE_CROSS_ENTROPY(D)                                                     \
   template Status LaunchCrossEntropy<D>(cudaStream_t, D*, const int32_t*, int64_t, int, float*, \
-                                        bool, float, float);
+                                        bool, float, float, const float*);
 STRATA_INSTANTIATE_CROSS_ENTROPY(float)
 STRATA_INSTANTIATE_CROSS_ENTROPY(__half)
 STRATA_INSTANTIATE_CROSS_ENTROPY(__nv_bfloat16)

@@ -136,10 +136,13 @@ Status LaunchGeluBackward(cudaStream_t stream, const D* pre, const D* dg, int64_
 // row. softcap c > 0 (final-logit soft-capping, ops/cross_entropy.h): the row holds raw logits l
 // and the loss is that of the capped logits L = D(c tanh(l / c)) (u = tanh(l / c) in fp32), the
 // gradient D(grad_scale (softmax(L) - onehot) (1 - u^2)); 0: none, the kernel of before the
-// parameter. softcap must be finite and >= 0 (else kInvalidArgument).
+// parameter. softcap must be finite and >= 0 (else kInvalidArgument). row_weights (N) fp32 or
+// null (write_grad only): row r's scale is the fp32 product grad_scale * row_weights[r] in place
+// of grad_scale (ops/cross_entropy.h, per-row weights); null: the kernel of before the parameter.
 template <typename D>
 Status LaunchCrossEntropy(cudaStream_t stream, D* logits, const int32_t* targets, int64_t N, int V,
-                          float* losses, bool write_grad, float grad_scale, float softcap = 0.0f);
+                          float* losses, bool write_grad, float grad_scale, float softcap = 0.0f,
+                          const float* row_weights = nullptr);
 
 // *loss = float(sum of losses (N) in double, fixed order, / divisor), 0 when divisor is 0 (every
 // target ignored). One block. N >= 1, divisor >= 0: the number of counted targets.
@@ -395,23 +398,28 @@ struct HeadScratch {
 // with targets (B T) and loss non-null, *loss (one fp32, device) = sum of the rows' cross-entropy
 // (of the capped logits; summed in double, fixed order; 0 for a target of
 // engine::kIgnoreTarget) / loss_tokens, the number of counted targets (0: N = B T, the mean over
-// every row; the loss is 0 when every target is ignored).
+// every row; the loss is 0 when every target is ignored). row_losses (N) fp32 device memory or
+// null: with targets, each row's cross-entropy (0 for an ignored target), the values the mean
+// sums (the kernel writes them there instead of scratch.losses); the chunks are computed when
+// loss or row_losses is non-null.
 template <typename S>
 Status ChunkedHeadForward(const Products<S>& mm, const S* xn, const S* W, WeightLayout layout,
                           int B, int T, int64_t C, int64_t V, const HeadScratch<S>& scratch,
                           S* logits, const int32_t* targets, float* loss, int64_t loss_tokens = 0,
-                          float softcap = 0.0f);
+                          float softcap = 0.0f, float* row_losses = nullptr);
 
 // Gradient of dloss * (mean cross-entropy over loss_tokens counted targets; 0: N): per chunk
 // dlogits = S(dloss / loss_tokens (softmax - onehot)) in place (zero rows for ignored targets;
 // soft-capped: S(dloss / loss_tokens (softmax(capped) - onehot) (1 - u^2))), dW (+)= xn^T dlogits
 // in fp32 (beta 0 on the first chunk, 1 after; rounded to S once at the end) and dxn rows =
 // S(dlogits W^T). dW (the weight's shape) and dxn (N, C) OVERWRITTEN; dW null: dxn only (a frozen
-// head, LoRA).
+// head, LoRA). row_weights (N) fp32 device memory or null: the gradient of dloss * sum_t
+// row_weights[t] CE_t, each counted row's dlogits D((dloss * row_weights[t]) (softmax - onehot))
+// with the product rounded to fp32 once (ops/cross_entropy.h); loss_tokens is not read.
 template <typename S>
 Status ChunkedHeadBackward(const Products<S>& mm, const S* xn, const S* W, WeightLayout layout,
                            const int32_t* targets, float dloss, int64_t N, int64_t C, int64_t V,
                            const HeadScratch<S>& scratch, S* dW, S* dxn, int64_t loss_tokens = 0,
-                           float softcap = 0.0f);
+                           float softcap = 0.0f, const float* row_weights = nullptr);
 
 }  // namespace strata::models::ops::cuda
