@@ -307,6 +307,7 @@ class ForwardingModel : public Model {
     return inner_->InitFrozenParams(block, seed, out);
   }
   bool frozen_chunk_encoded() const override { return inner_->frozen_chunk_encoded(); }
+  bool has_frozen_reference() const override { return inner_->has_frozen_reference(); }
   // An encoding is the inner model's; plain chunks follow this model's block_frozen_params (which
   // a derived model may override).
   int64_t block_frozen_bytes(int block, DType precision) const override {

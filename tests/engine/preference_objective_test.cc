@@ -2,10 +2,22 @@
 // derivatives against central differences, and the weights the objective hands the engine.
 #include "engine/preference_objective.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <bit>
 #include <cmath>
+#include <filesystem>
+#include <memory>
 #include <vector>
+
+#include "engine/engine.h"
+#include "engine/plan/planner.h"
+#include "gpu/device.h"
+#include "models/llama.h"
+#include "tests/engine/engine_test_util.h"
+#include "tests/engine/tiny_families.h"
 
 namespace strata::engine {
 namespace {
@@ -190,6 +202,299 @@ TEST(PreferenceObjective, AStepWithoutPairsOrReferencesIsRefused) {
   EXPECT_FALSE(objective.BeginStep({{seq, 1, {-1.0}}}).ok());
   std::vector<float> w(2);
   EXPECT_FALSE(objective.Weigh(0, std::vector<float>{1, 1}, {}, w).ok());  // no step begun
+}
+
+// ---------------------------------------------------------------------------------------------
+// Through the engine, on tiny Llamas on the host backend.
+
+const models::LoraConfig kLora{.rank = 4, .alpha = 8, .targets = {"q_proj", "v_proj", "down_proj"}};
+
+// Micro-batches of preference pairs, used in turn (step s takes micro-batches s A .. s A + A - 1,
+// modulo their number): B = 2 rows (pair 0: chosen row 0, rejected row 1),
+// T = 16; each row's completion is its targets t in [7, 15) (tokens[t + 1]); the others ignored.
+struct PairData {
+  std::vector<std::vector<int32_t>> tokens, targets, sequences;
+  std::vector<MicroBatch> MicroBatches(int step, int accum) const {
+    std::vector<MicroBatch> mbs;
+    for (int i = 0; i < accum; ++i) {
+      const size_t k = (static_cast<size_t>(step) * accum + i) % tokens.size();
+      mbs.push_back({tokens[k], targets[k]});
+    }
+    return mbs;
+  }
+};
+
+PairData MakePairs(int micro_batches, uint64_t seed) {
+  PairData d;
+  const auto raw = testing::RandomTokenVectors(micro_batches, 32, seed);
+  for (const auto& r : raw) {
+    std::vector<int32_t> tokens(r.begin(), r.end()), targets(32, -1), seq(32, -1);
+    // Chosen and rejected share their prompt (tokens 0..7 of the row).
+    std::copy_n(tokens.begin(), 8, tokens.begin() + 16);
+    for (int row = 0; row < 2; ++row) {
+      for (int t = 7; t < 15; ++t) {
+        targets[row * 16 + t] = tokens[row * 16 + t + 1];
+        seq[row * 16 + t] = row;
+      }
+    }
+    d.tokens.push_back(tokens);
+    d.targets.push_back(targets);
+    d.sequences.push_back(seq);
+  }
+  return d;
+}
+
+class PreferenceEngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           fmt::format("strata_preference_engine_test_{}", ::getpid());
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  static std::unique_ptr<models::LlamaModel> Llama(bool lora) {
+    auto m = models::LlamaModel::Create(testing::TinyLlama(false));
+    EXPECT_TRUE(m.ok());
+    if (lora) EXPECT_TRUE((*m)->EnableLora(kLora).ok());
+    return std::move(*m);
+  }
+
+  EngineOptions Options(const Model& model, ParamHome params, Schedule schedule, bool reference) {
+    EngineOptions o = testing::MixedPlacementOptions(model, DType::kBF16, params,
+                                                     OptimizerHome::kHost, 2, dir_.string());
+    o.placement.schedule = schedule;
+    o.placement.objective = {.target_weights = true, .reference_forward = reference};
+    if (params != ParamHome::kDevice) {
+      const int held = schedule == Schedule::kLayerMajor ? 2 : 1;
+      o.placement.device_budget_bytes =
+          StreamingMinimumBytes(model, DType::kBF16, o.micro_batch, 3, false, 1, false, held,
+                                o.placement.objective) +
+          (model.frozen_params() > 0 ? 1024 : model.block_num_params(1) * 2 + 1024);
+    }
+    return o;
+  }
+
+  struct Run {
+    std::vector<StepResult> results;
+    std::vector<PreferenceMetrics> metrics;
+    testing::TrainRun train;
+  };
+
+  // `steps` steps of `p` over MakePairs' data: the reference from the model (LoRA) or computed
+  // with EvaluateTargetLosses before the first step (full fine-tuning).
+  // distinct: the micro-batches of the data (0: one per micro-batch of the run).
+  Run Train(Model& model, const EngineOptions& o, const PreferenceOptions& p, bool lora, int steps,
+            int distinct = 0) {
+    Run run;
+    auto device = gpu::CreateHostDevice({});
+    EXPECT_TRUE(device.ok());
+    auto engine = Engine::Create(&model, device->get(), o);
+    EXPECT_TRUE(engine.ok()) << engine.status().ToString();
+    if (!engine.ok()) return run;
+    Engine& e = **engine;
+    const int accum = o.grad_accum_steps;
+    const PairData data = MakePairs(distinct > 0 ? distinct : steps * accum, 5);
+    std::vector<std::vector<double>> reference(data.tokens.size());
+    if (!lora && p.uses_reference()) {
+      for (size_t k = 0; k < data.tokens.size(); ++k) {
+        auto ce = e.EvaluateTargetLosses({data.tokens[k], data.targets[k]}, o.micro_batch);
+        EXPECT_TRUE(ce.ok()) << ce.status().ToString();
+        if (!ce.ok()) return run;
+        reference[k] = *CompletionLogps(*ce, data.sequences[k], 1, p.averaged());
+      }
+    }
+    PreferenceObjective objective(p, lora);
+    for (int s = 0; s < steps; ++s) {
+      std::vector<PreferenceObjective::MicroBatchPairs> pairs;
+      for (int i = 0; i < accum; ++i) {
+        const size_t k = (static_cast<size_t>(s) * accum + i) % data.tokens.size();
+        pairs.push_back({data.sequences[k], 1, reference[k]});
+      }
+      EXPECT_TRUE(objective.BeginStep(pairs).ok());
+      auto r = e.Step(data.MicroBatches(s, accum), &objective);
+      EXPECT_TRUE(r.ok()) << r.status().ToString();
+      if (!r.ok()) return run;
+      run.results.push_back(*r);
+      run.metrics.push_back(objective.TakeMetrics());
+    }
+    for (int b = 0; b < model.num_blocks(); ++b) {
+      auto w = e.MasterWeights(b);
+      EXPECT_TRUE(w.ok());
+      if (w.ok()) run.train.master.push_back(*w);
+    }
+    run.train.hash = *e.MasterWeightsXxh3();
+    run.train.results = run.results;
+    return run;
+  }
+  std::filesystem::path dir_;
+};
+
+TEST_F(PreferenceEngineTest, DpoStartsAtLn2WithZeroRewardsAndLearnsThePreference) {
+  PreferenceOptions p;
+  p.beta = 0.5;
+  for (bool lora : {true, false}) {
+    SCOPED_TRACE(lora ? "LoRA, the base as reference" : "full, the initial weights as reference");
+    auto model = Llama(lora);
+    EngineOptions o = Options(*model, ParamHome::kDevice, Schedule::kMicroBatchMajor, lora);
+    o.optimizer.adamw().lr = lora ? 3e-2f : 3e-3f;
+    const Run run = Train(*model, o, p, lora, 12, /*distinct=*/2);  // the same two pairs
+    ASSERT_EQ(run.results.size(), 12u);
+    // The policy is its reference before the first update: z = 0 for every pair, bit for bit.
+    EXPECT_DOUBLE_EQ(run.results[0].loss, static_cast<float>(std::log(2.0)));
+    EXPECT_EQ(run.metrics[0].rewards_margin, 0);
+    EXPECT_EQ(run.metrics[0].rewards_chosen, 0);
+    EXPECT_LT(run.results.back().loss, 0.5f * run.results[0].loss);
+    EXPECT_GT(run.metrics.back().rewards_margin, 0);
+  }
+}
+
+TEST_F(PreferenceEngineTest, EveryPlacementAndScheduleGivesTheSameStepsBitForBit) {
+  for (PreferenceLoss loss : {PreferenceLoss::kDpo, PreferenceLoss::kIpo, PreferenceLoss::kSimpo}) {
+    PreferenceOptions p;
+    p.loss = loss;
+    p.beta = loss == PreferenceLoss::kSimpo ? 2.0 : 0.3;
+    for (bool lora : {true, false}) {
+      const bool reference = lora && p.uses_reference();
+      SCOPED_TRACE(fmt::format("{} {}", PreferenceLossName(loss), lora ? "lora" : "full"));
+      auto m0 = Llama(lora);
+      const Run ref = Train(
+          *m0, Options(*m0, ParamHome::kDevice, Schedule::kMicroBatchMajor, reference), p, lora, 3);
+      for (auto [params, schedule] : {std::pair{ParamHome::kHost, Schedule::kMicroBatchMajor},
+                                      std::pair{ParamHome::kNvme, Schedule::kLayerMajor},
+                                      std::pair{ParamHome::kDevice, Schedule::kLayerMajor}}) {
+        auto m = Llama(lora);
+        const Run run = Train(*m, Options(*m, params, schedule, reference), p, lora, 3);
+        testing::ExpectBitIdentical(ref.train, run.train);
+      }
+    }
+  }
+}
+
+// The reference log-probabilities the step hands the objective are those of a forward pass of
+// the frozen reference alone, bit for bit, also after the adapters have moved.
+class RecordingObjective final : public SequenceObjective {
+ public:
+  bool wants_reference() const override { return true; }
+  StatusOr<double> Weigh(size_t, std::span<const float> policy, std::span<const float> reference,
+                         std::span<float> weights) override {
+    policy_.assign(policy.begin(), policy.end());
+    reference_.assign(reference.begin(), reference.end());
+    for (size_t t = 0; t < weights.size(); ++t) weights[t] = t % 3 == 0 ? 0.01f : -0.02f;
+    return 0.0;
+  }
+  std::vector<float> policy_, reference_;
+};
+
+TEST_F(PreferenceEngineTest, TheReferenceForwardEqualsAForwardOfTheBaseAlone) {
+  auto model = Llama(true);
+  EngineOptions o = Options(*model, ParamHome::kHost, Schedule::kMicroBatchMajor, true);
+  o.grad_accum_steps = 1;
+  auto device = gpu::CreateHostDevice({});
+  ASSERT_TRUE(device.ok());
+  auto engine = Engine::Create(model.get(), device->get(), o);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  const PairData data = MakePairs(3, 11);
+  RecordingObjective objective;
+  for (int s = 0; s < 3; ++s) {
+    const std::vector<MicroBatch> mbs = data.MicroBatches(s, 1);
+    ASSERT_TRUE((*engine)->Step(mbs, &objective).ok());
+    ASSERT_TRUE((*engine)->Flush().ok());
+    // After the step the adapters moved; the base did not.
+    auto base = (*engine)->EvaluateTargetLosses(mbs[0], o.micro_batch, /*reference=*/true);
+    ASSERT_TRUE(base.ok()) << base.status().ToString();
+    ASSERT_EQ(base->size(), objective.reference_.size());
+    for (size_t t = 0; t < base->size(); ++t) {
+      EXPECT_EQ(std::bit_cast<uint32_t>((*base)[t]),
+                std::bit_cast<uint32_t>(objective.reference_[t]))
+          << "step " << s << " position " << t;
+    }
+    if (s > 0) {
+      auto policy = (*engine)->EvaluateTargetLosses(mbs[0], o.micro_batch);
+      ASSERT_TRUE(policy.ok());
+      EXPECT_NE(*policy, *base);
+    }
+  }
+}
+
+// Weights 1 / counted targets at every counted target are the mean cross-entropy: the objective's
+// gradient is the plain step's, to within the rounding of the two scalings.
+class MeanObjective final : public SequenceObjective {
+ public:
+  explicit MeanObjective(std::vector<std::vector<int32_t>> targets)
+      : targets_(std::move(targets)) {}
+  bool wants_reference() const override { return false; }
+  StatusOr<double> Weigh(size_t i, std::span<const float> policy, std::span<const float>,
+                         std::span<float> weights) override {
+    int64_t n = 0;
+    for (int32_t t : targets_[i]) n += t >= 0;
+    double sum = 0;
+    for (size_t t = 0; t < weights.size(); ++t) {
+      weights[t] = targets_[i][t] >= 0 ? 1.0f / static_cast<float>(n * targets_.size()) : 0.0f;
+      sum += targets_[i][t] >= 0 ? policy[t] : 0;
+    }
+    return sum / static_cast<double>(n * targets_.size());
+  }
+  std::vector<std::vector<int32_t>> targets_;
+};
+
+TEST_F(PreferenceEngineTest, MeanWeightsReproduceThePlainStepsGradient) {
+  const PairData data = MakePairs(2, 3);
+  std::vector<std::vector<float>> grads[2];
+  float losses[2] = {};
+  for (int weighted : {0, 1}) {
+    auto model = Llama(false);
+    EngineOptions o = Options(*model, ParamHome::kDevice, Schedule::kMicroBatchMajor, false);
+    o.precision = DType::kF32;
+    o.optimizer.adamw().lr = 0;
+    o.grad_clip_norm = 0;
+    auto device = gpu::CreateHostDevice({});
+    ASSERT_TRUE(device.ok());
+    auto engine = Engine::Create(model.get(), device->get(), o);
+    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+    MeanObjective mean({data.targets[0], data.targets[1]});
+    auto r = (*engine)->Step(data.MicroBatches(0, 2), weighted ? &mean : nullptr);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    losses[weighted] = r->loss;
+    for (int b = 0; b < model->num_blocks(); ++b) {
+      grads[weighted].push_back(*(*engine)->AccumulatedGradient(b));
+    }
+  }
+  EXPECT_NEAR(losses[0], losses[1], 1e-6 * losses[0]);
+  for (size_t b = 0; b < grads[0].size(); ++b) {
+    double scale = 0;
+    for (float g : grads[0][b]) scale = std::max(scale, std::abs(static_cast<double>(g)));
+    for (size_t k = 0; k < grads[0][b].size(); ++k) {
+      // fp32 throughout; the two differ in how 1/n enters the head's dlogits (one rounding each
+      // way, about 2^-24 relative), carried through the backward's sums.
+      EXPECT_NEAR(grads[0][b][k], grads[1][b][k], 1e-5 * scale + 1e-12) << b << " " << k;
+    }
+  }
+}
+
+TEST_F(PreferenceEngineTest, AnObjectiveNeedsThePlansBuffers) {
+  auto model = Llama(true);
+  EngineOptions o = Options(*model, ParamHome::kDevice, Schedule::kMicroBatchMajor, false);
+  o.placement.objective = {};
+  auto device = gpu::CreateHostDevice({});
+  auto engine = Engine::Create(model.get(), device->get(), o);
+  ASSERT_TRUE(engine.ok());
+  const PairData data = MakePairs(2, 3);
+  PreferenceObjective objective({}, /*reference_from_model=*/true);
+  ASSERT_TRUE(objective.BeginStep({{data.sequences[0], 1, {}}, {data.sequences[1], 1, {}}}).ok());
+  auto r = (*engine)->Step(data.MicroBatches(0, 2), &objective);
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("PlacementOptions::objective"), std::string::npos);
+  EXPECT_EQ((*engine)
+                ->EvaluateTargetLosses({data.tokens[0], data.targets[0]}, o.micro_batch)
+                .status()
+                .code(),
+            StatusCode::kFailedPrecondition);
+  // A reference forward on a model without a frozen reference is refused when planned.
+  auto full = Llama(false);
+  EngineOptions f = Options(*full, ParamHome::kDevice, Schedule::kMicroBatchMajor, true);
+  EXPECT_EQ(Engine::Create(full.get(), device->get(), f).status().code(),
+            StatusCode::kInvalidArgument);
 }
 
 }  // namespace
