@@ -356,6 +356,25 @@ std::string_view TrimAsciiSpace(std::string_view s) {
   return s.substr(first, s.find_last_not_of(kWhitespace) - first + 1);
 }
 
+StatusOr<ojson> ParseJsonLine(std::string_view line) {
+  // Nesting is limited: a line is untrusted input like a whole file. One pass (a line is parsed
+  // once: this is most of what reading JSONL data costs): values deeper than the limit are
+  // discarded as they are met, so nothing deep is ever built.
+  bool too_deep = false;
+  const ojson::parser_callback_t limit = [&too_deep](int depth, ojson::parse_event_t, ojson&) {
+    if (depth <= kMaxJsonDepth) return true;
+    too_deep = true;
+    return false;
+  };
+  ojson j = ojson::parse(line.begin(), line.end(), limit, /*allow_exceptions=*/false);
+  if (too_deep) {
+    return InvalidArgumentError(
+        fmt::format("not valid JSON (nested deeper than {} levels, the limit)", kMaxJsonDepth));
+  }
+  if (j.is_discarded()) return InvalidArgumentError("not valid JSON");
+  return j;
+}
+
 StatusOr<MessageKind> CheckMessage(const ojson& m, std::string_view what) {
   if (!m.is_object()) return InvalidArgumentError(fmt::format("{} is not an object", what));
   const auto role = m.find("role");

@@ -31,6 +31,12 @@ bool IsBlankText(std::string_view s);
 // `s` without ASCII whitespace at either end: what a blank JSON line is.
 std::string_view TrimAsciiSpace(std::string_view s);
 
+// One JSON line parsed, keeping each object's keys in order; values nested deeper than
+// kMaxJsonDepth (base/untrusted_text.h) are discarded as they are met, so nothing deep is built.
+// Errors: kInvalidArgument "not valid JSON" (or "... (nested deeper than 64 levels, the limit)"),
+// without the file and line.
+StatusOr<nlohmann::ordered_json> ParseJsonLine(std::string_view line);
+
 // What CheckMessage found.
 struct MessageKind {
   bool assistant = false;

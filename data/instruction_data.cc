@@ -5,7 +5,6 @@
 #include <nlohmann/json.hpp>
 #include <utility>
 
-#include "base/untrusted_text.h"
 #include "data/chat_render.h"
 
 namespace strata::data {
@@ -42,22 +41,13 @@ StatusOr<std::string> StringField(const ojson& j, const char* key) {
 }  // namespace
 
 StatusOr<InstructionExample> ParseInstructionLine(std::string_view line) {
-  // Nesting is limited: a line is untrusted input like a whole file. One pass (a line is parsed
-  // once: this is most of what reading instruction data costs): values deeper than the limit are
-  // discarded as they are met, so nothing deep is ever built.
-  bool too_deep = false;
-  const ojson::parser_callback_t limit = [&too_deep](int depth, ojson::parse_event_t, ojson&) {
-    if (depth <= kMaxJsonDepth) return true;
-    too_deep = true;
-    return false;
-  };
-  ojson j = ojson::parse(line.begin(), line.end(), limit, /*allow_exceptions=*/false);
-  if (too_deep) {
-    return InvalidArgumentError(
-        fmt::format("not valid JSON (nested deeper than {} levels, the limit)", kMaxJsonDepth));
-  }
-  if (j.is_discarded()) return InvalidArgumentError("not valid JSON");
+  STRATA_ASSIGN_OR_RETURN(ojson j, ParseJsonLine(line));
   if (!j.is_object()) return InvalidArgumentError("not a JSON object");
+  if (j.contains("chosen") && !j.contains("messages") && !j.contains("response")) {
+    return InvalidArgumentError(
+        "a preference pair (\"chosen\"), not instruction data: every line of a file is one "
+        "kind, which its first line decides");
+  }
   InstructionExample example;
   if (j.contains("messages")) {
     STRATA_RETURN_IF_ERROR(CheckMessages(j["messages"], true));
