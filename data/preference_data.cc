@@ -140,8 +140,9 @@ StatusOr<RenderedExample> RenderSide(const ChatFormat& format, const Tokenizer& 
   STRATA_ASSIGN_OR_RETURN(
       RenderedExample r,
       RenderConversation(format, tokenizer, std::move(example), prompt_messages, encoder));
+  // A target is predicted from the tokens before it: the side's first token is none.
   bool in_loss = false;
-  for (uint8_t f : r.flags) in_loss |= (f & kTokenFlagInLoss) != 0;
+  for (size_t i = 1; i < r.flags.size(); ++i) in_loss |= (r.flags[i] & kTokenFlagInLoss) != 0;
   if (!in_loss) {
     return InvalidArgumentError(
         fmt::format("the {} completion renders to no token in the loss (chat template {})", side,

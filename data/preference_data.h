@@ -74,8 +74,8 @@ struct RenderedPair {
 
 // Renders both sides of `pair` with `format` (the rules are instruction_data.h's; the loss from
 // pair.prompt_messages on) and flags them (above). Errors: RenderExample's; kInvalidArgument for
-// a side none of whose tokens is in the loss ("the rejected completion renders to no token in
-// the loss").
+// a side none of whose tokens after its first is in the loss (a target, predicted from the tokens
+// before it: "the rejected completion renders to no token in the loss").
 StatusOr<RenderedPair> RenderPreferencePair(const ChatFormat& format, const Tokenizer& tokenizer,
                                             const PreferencePair& pair);
 
