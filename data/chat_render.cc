@@ -470,9 +470,6 @@ StatusOr<JsonlTokens> TokenizeJsonlLines(const ChatFormat& format, const Tokeniz
   });
   if (!failed.ok()) return failed;
   if (in.bad()) return ErrnoToStatus(errno, fmt::format("reading '{}'", jsonl_path));
-  if (out.lines == 0) {
-    return InvalidArgumentError(fmt::format("{} '{}' has no examples", what, jsonl_path));
-  }
   return out;
 }
 

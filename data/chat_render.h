@@ -101,8 +101,8 @@ using RenderJsonlLine =
 // (0: one per core; oneTBB inside): the result is the same whatever the number, the lines'
 // examples in line order. `what` names the data in errors ("instruction data"). Errors: the
 // first line's in line order, prefixed "'<path>' line N: "; the errno-mapped code of opening or
-// reading the file (a FIFO or a device is refused without being opened); kInvalidArgument for a
-// file without a non-blank line ("<what> '<path>' has no examples").
+// reading the file (a FIFO or a device is refused without being opened). A file without a
+// non-blank line gives no tokens (lines == 0): the caller decides.
 StatusOr<JsonlTokens> TokenizeJsonlLines(const ChatFormat& format, const Tokenizer& tokenizer,
                                          const std::string& jsonl_path, std::string_view what,
                                          int threads, const RenderJsonlLine& render);

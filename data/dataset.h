@@ -67,7 +67,8 @@ class Dataset {
   virtual void SampleTrainBatch(std::mt19937_64& rng, int batch_size, int seq_len,
                                 Batch* batch) const = 0;
   // Batch `index` of `count` batches of evenly spaced windows (or rows) over the validation split
-  // (count * batch_size in all). Precondition: 0 <= index < count, val_tokens() > seq_len.
+  // (count * batch_size in all); for preference data, evenly spaced micro-batches of pairs.
+  // Precondition: 0 <= index < count, val_tokens() > seq_len.
   virtual void ValBatch(int index, int count, int batch_size, int seq_len, Batch* batch) const = 0;
 
   // One line for the run's header, e.g. "data: 3 token files (uint16), 1.2M tokens (train

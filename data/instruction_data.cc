@@ -95,6 +95,9 @@ StatusOr<InstructionTokens> TokenizeInstructionFile(const Tokenizer& tokenizer,
   STRATA_ASSIGN_OR_RETURN(
       JsonlTokens data,
       TokenizeJsonlLines(format, tokenizer, jsonl_path, "instruction data", threads, render));
+  if (data.lines == 0) {
+    return InvalidArgumentError(fmt::format("instruction data '{}' has no examples", jsonl_path));
+  }
   InstructionTokens out;
   out.tokens = std::move(data.tokens);
   out.flags = std::move(data.flags);

@@ -228,6 +228,9 @@ StatusOr<PreferenceTokens> TokenizePreferenceFile(const Tokenizer& tokenizer,
   };
   STRATA_ASSIGN_OR_RETURN(JsonlTokens data, TokenizeJsonlLines(format, tokenizer, jsonl_path,
                                                                "preference data", threads, render));
+  if (data.lines == 0) {
+    return InvalidArgumentError(fmt::format("preference data '{}' has no pairs", jsonl_path));
+  }
   PreferenceTokens out;
   out.tokens = std::move(data.tokens);
   out.flags = std::move(data.flags);

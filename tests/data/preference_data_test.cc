@@ -378,6 +378,11 @@ TEST_F(PreferenceDataTest, BadLinesAreOneLineErrorsNamingFileAndLine) {
     EXPECT_THAT(r.status().message(), HasSubstr("'" + path + "' line 3: " + expected)) << line;
     EXPECT_THAT(r.status().message(), Not(HasSubstr("\n")));
   }
+  // A file of blank lines holds no pair.
+  std::ofstream(path) << "\n  \n";
+  auto blank = TokenizePreferenceFile(*tok_, Format("chatml"), path);
+  ASSERT_FALSE(blank.ok());
+  EXPECT_EQ(blank.status().message(), "preference data '" + path + "' has no pairs");
   // An assistant message with tool calls may have no content.
   EXPECT_TRUE(
       ParsePreferenceLine(fmt::format(R"({{"prompt": [{}], "chosen": [{{"role": "assistant", )"
