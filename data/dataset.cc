@@ -217,8 +217,8 @@ StatusOr<TrainingData> OpenTrainingData(const TrainingDataOptions& o) {
     if (std::filesystem::path(path).extension() == ".jsonl") {
       return InvalidArgumentError(fmt::format(
           "'{}' is instruction or preference data (JSON lines): write it as a token file first "
-          "with `strata "
-          "tokenize --tokenizer TOKENIZER --input {} --output FILE.bin` and train on that",
+          "with `strata tokenize --tokenizer TOKENIZER --input {} --output FILE.bin` and train "
+          "on that",
           path, path));
     }
   }
