@@ -11,6 +11,7 @@
 
 #include "base/unique_fd.h"
 #include "data/example_dataset.h"
+#include "data/preference_dataset.h"
 #include "data/text_dataset.h"
 #include "data/token_dataset.h"
 #include "data/tokenizer.h"
@@ -63,6 +64,45 @@ StatusOr<TokenDataset> OpenTokens(const std::vector<std::string>& paths, const T
   return d;
 }
 
+int32_t PadId(const Tokenizer* tokenizer) {
+  return tokenizer != nullptr && tokenizer->eos_id() >= 0 ? tokenizer->eos_id() : 0;
+}
+
+// Token files whose flags mark preference pairs: micro-batches of whole pairs.
+StatusOr<std::unique_ptr<PreferenceDataset>> OpenPreference(const TrainingDataOptions& o,
+                                                            const Tokenizer* tokenizer,
+                                                            TokenDataset train,
+                                                            const std::string& train_what) {
+  const PreferenceBatchOptions groups{.seq_len = o.seq_len,
+                                      .micro_batch_size = o.micro_batch_size,
+                                      .pack = o.pack,
+                                      .long_examples = o.long_examples,
+                                      .pad_id = PadId(tokenizer)};
+  if (o.val_data.empty()) {
+    STRATA_ASSIGN_OR_RETURN(
+        PreferenceDataset d,
+        PreferenceDataset::CreateHeldOut(
+            std::move(train), o.train_fraction, groups,
+            fmt::format("{}, the last {:.0f}% of the pairs held out for validation", train_what,
+                        100 * (1 - o.train_fraction))));
+    return std::make_unique<PreferenceDataset>(std::move(d));
+  }
+  std::string val_what;
+  STRATA_ASSIGN_OR_RETURN(TokenDataset val,
+                          OpenTokens(o.val_data, tokenizer, o.vocab_size, &val_what));
+  if (!val.has_flags() || !HasPairStarts(val)) {
+    return InvalidArgumentError(fmt::format(
+        "validation data {} holds no preference pairs but the training data {} does: give "
+        "validation data written from preference data too",
+        val_what, train_what));
+  }
+  STRATA_ASSIGN_OR_RETURN(
+      PreferenceDataset d,
+      PreferenceDataset::Create(std::move(train), std::move(val), groups,
+                                fmt::format("{}; validation {}", train_what, val_what)));
+  return std::make_unique<PreferenceDataset>(std::move(d));
+}
+
 // Token files with per-token flags: rows of whole examples.
 StatusOr<std::unique_ptr<Dataset>> OpenExamples(const TrainingDataOptions& o,
                                                 const Tokenizer* tokenizer, TokenDataset train,
@@ -83,25 +123,37 @@ StatusOr<std::unique_ptr<Dataset>> OpenExamples(const TrainingDataOptions& o,
           "validation data written from instruction data too",
           val_what, train_what));
     }
+    if (HasPairStarts(val)) {
+      return InvalidArgumentError(fmt::format(
+          "validation data {} holds preference pairs but the training data {} does not: give "
+          "both splits written from the same kind of data",
+          val_what, train_what));
+    }
     description = fmt::format("{}; validation {}", train_what, val_what);
   }
-  const ExampleRowOptions rows{
-      .seq_len = o.seq_len,
-      .pack = o.pack,
-      .long_examples = o.long_examples,
-      .pad_id = tokenizer != nullptr && tokenizer->eos_id() >= 0 ? tokenizer->eos_id() : 0};
+  const ExampleRowOptions rows{.seq_len = o.seq_len,
+                               .pack = o.pack,
+                               .long_examples = o.long_examples,
+                               .pad_id = PadId(tokenizer)};
   STRATA_ASSIGN_OR_RETURN(ExampleDataset d, ExampleDataset::Create(std::move(train), std::move(val),
                                                                    rows, std::move(description)));
   return std::unique_ptr<Dataset>(std::make_unique<ExampleDataset>(std::move(d)));
 }
 
 // Token files (or text tokenized into its cache) as windows, or as examples when they carry
-// flags.
+// flags, or as pairs when their flags mark pairs (then *preference is the dataset).
 StatusOr<std::unique_ptr<Dataset>> OpenTokenData(const TrainingDataOptions& o,
-                                                 const Tokenizer* tokenizer) {
+                                                 const Tokenizer* tokenizer,
+                                                 const PreferenceDataset** preference) {
   std::string train_what;
   STRATA_ASSIGN_OR_RETURN(TokenDataset train,
                           OpenTokens(o.data, tokenizer, o.vocab_size, &train_what));
+  if (train.has_flags() && HasPairStarts(train)) {
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<PreferenceDataset> d,
+                            OpenPreference(o, tokenizer, std::move(train), train_what));
+    *preference = d.get();
+    return std::unique_ptr<Dataset>(std::move(d));
+  }
   if (train.has_flags()) return OpenExamples(o, tokenizer, std::move(train), train_what);
   TokenDataset val = train;
   std::string description;
@@ -164,8 +216,9 @@ StatusOr<TrainingData> OpenTrainingData(const TrainingDataOptions& o) {
   for (const auto& path : o.data) {
     if (std::filesystem::path(path).extension() == ".jsonl") {
       return InvalidArgumentError(fmt::format(
-          "'{}' is instruction data (JSON lines): write it as a token file first with `strata "
-          "tokenize --tokenizer TOKENIZER --input {} --output FILE.bin` and train on that",
+          "'{}' is instruction or preference data (JSON lines): write it as a token file first "
+          "with `strata tokenize --tokenizer TOKENIZER --input {} --output FILE.bin` and train "
+          "on that",
           path, path));
     }
   }
@@ -183,7 +236,7 @@ StatusOr<TrainingData> OpenTrainingData(const TrainingDataOptions& o) {
     out.byte_level = true;
     return out;
   }
-  STRATA_ASSIGN_OR_RETURN(out.dataset, OpenTokenData(o, out.tokenizer.get()));
+  STRATA_ASSIGN_OR_RETURN(out.dataset, OpenTokenData(o, out.tokenizer.get(), &out.preference));
   return out;
 }
 

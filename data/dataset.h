@@ -1,9 +1,10 @@
 // The trainer's view of its data, whatever its source: a training split it samples windows
 // from and a validation split it evaluates on. Implemented by TextDataset (bytes of one text
 // file, split 90/10) and TokenTrainingData (llm.c token files, or text tokenized by a
-// SentencePiece model into a cached token file), and ExampleDataset (token files with per-token
-// flags: whole examples, a loss mask, positions). OpenTrainingData picks one from flag-like
-// options.
+// SentencePiece model into a cached token file), ExampleDataset (token files with per-token
+// flags: whole examples, a loss mask, positions) and PreferenceDataset (token files whose flags
+// mark preference pairs: micro-batches of whole pairs). OpenTrainingData picks one from
+// flag-like options.
 //
 // Windows: a window at offset o is tokens [o, o + seq_len) as inputs and [o + 1, o + seq_len]
 // as targets (the inputs shifted by one). Example data (token files with flags,
@@ -59,13 +60,15 @@ class Dataset {
   // Fills `batch` (tokens and targets batch_size * seq_len each, resized here; positions empty
   // or batch_size * seq_len) with batch_size rows drawn from the training split with `rng`: the
   // data position is the rng state. Windows at uniformly random offsets for text and plain token
-  // files; uniformly drawn rows of examples for example data. Precondition (checked when the
-  // data is opened): the split holds a window of seq_len + 1 tokens (text, plain token files) or
-  // a row (example data); seq_len is the one the data was opened with.
+  // files; uniformly drawn rows of examples for example data; one uniformly drawn micro-batch of
+  // whole pairs for preference data (batch_size its micro_batch_size). Precondition (checked when
+  // the data is opened): the split holds a window of seq_len + 1 tokens (text, plain token files)
+  // or a row (example data); seq_len is the one the data was opened with.
   virtual void SampleTrainBatch(std::mt19937_64& rng, int batch_size, int seq_len,
                                 Batch* batch) const = 0;
   // Batch `index` of `count` batches of evenly spaced windows (or rows) over the validation split
-  // (count * batch_size in all). Precondition: 0 <= index < count, val_tokens() > seq_len.
+  // (count * batch_size in all); for preference data, evenly spaced micro-batches of pairs.
+  // Precondition: 0 <= index < count, val_tokens() > seq_len.
   virtual void ValBatch(int index, int count, int batch_size, int seq_len, Batch* batch) const = 0;
 
   // One line for the run's header, e.g. "data: 3 token files (uint16), 1.2M tokens (train
@@ -73,8 +76,13 @@ class Dataset {
   virtual std::string Describe() const = 0;
 };
 
-// What happens to an example longer than a row of example data (data/example_dataset.h).
-enum class LongExamples { kTruncate, kSkip };
+// What happens to an example longer than a row of example data (data/example_dataset.h), or to
+// a preference pair with a side longer than a row (data/preference_dataset.h): cut to the row's
+// tokens, left out (both counted in the data's statistics), or refused: opening the data is then
+// an error naming the file and the example or pair.
+enum class LongExamples { kTruncate, kSkip, kRefuse };
+
+class PreferenceDataset;
 
 // Flag-like options of OpenTrainingData (tools/ turns --data, --val-data, --tokenizer into it).
 struct TrainingDataOptions {
@@ -90,11 +98,16 @@ struct TrainingDataOptions {
   // The model's vocabulary: every token must be below it.
   int vocab_size = 0;
   double train_fraction = 0.9;
-  // Token files with per-token flags (example data, data/example_dataset.h) only: --pack packs
-  // several examples into a row; --long-examples truncates or skips an example longer than
+  // Token files with per-token flags (example data, data/example_dataset.h, and preference data,
+  // data/preference_dataset.h) only: --pack packs several examples (sides of pairs) into a row;
+  // --long-examples truncates, skips or refuses an example (a pair with a side) longer than
   // seq_len.
   bool pack = false;
   LongExamples long_examples = LongExamples::kTruncate;
+  // Preference data only: --micro-batch-size, the rows of a micro-batch, which holds whole pairs
+  // (a PreferenceDataset lays its groups out for it); must be positive there, and even unless
+  // `pack`.
+  int micro_batch_size = 0;
 };
 
 struct TrainingData {
@@ -104,6 +117,9 @@ struct TrainingData {
   std::unique_ptr<Tokenizer> tokenizer;
   // True when the tokens are bytes (TextDataset): a sample decodes as bytes.
   bool byte_level = false;
+  // `dataset` itself when it is preference data (its groups, pair counts and statistics), else
+  // null. Non-owning: valid as long as `dataset`.
+  const PreferenceDataset* preference = nullptr;
 };
 
 // Chooses the data source:
@@ -113,17 +129,24 @@ struct TrainingData {
 //     train_fraction (10%) held out; token files with per-token flags are example data
 //     (ExampleDataset: rows of whole examples, `pack` and `long_examples` apply, padding with
 //     the tokenizer's EOS id, else 0; the held-out part is the last 10% of the examples, and
-//     `val_data` must carry flags too);
+//     `val_data` must carry flags too); token files whose flags mark preference pairs
+//     (kTokenFlagPairStart) are preference data (PreferenceDataset: micro-batches of
+//     micro_batch_size rows holding whole pairs, `pack` and `long_examples` apply, the same
+//     padding; the held-out part is the last 10% of the pairs), and `val_data` must be
+//     preference data too (and for other training files must not be);
 //   - else, with `tokenizer`: `data` is one text file, tokenized into its cache (made or
 //     reused), then as token files; `val_data` may be text (tokenized the same way) or tokens;
 //   - else: one text file, byte-level, split 90/10 exactly as TextDataset::Load always did
 //     (bit-identical batches for the same rng); `val_data` is then an error.
 // Errors (one line naming the file): those of TokenDataset::Open, Tokenizer::Load,
-// TextDataset::Load, TokenizeTextFileCached, SplitExamples and ExampleDataset::Create;
-// kInvalidArgument for no --data, a *.jsonl file (instruction data is tokenized first), several
+// TextDataset::Load, TokenizeTextFileCached, SplitExamples, ExampleDataset::Create and
+// PreferenceDataset::Create / CreateHeldOut;
+// kInvalidArgument for no --data, a *.jsonl file (instruction and preference data are
+// tokenized first), several
 // text files, a split shorter than seq_len + 1 tokens,
 // a tokenizer whose vocabulary exceeds vocab_size, byte-level text with a vocab_size below 256,
-// or validation token files without flags for training files with them.
+// validation token files without flags for training files with them, or preference data for
+// one split and not the other.
 StatusOr<TrainingData> OpenTrainingData(const TrainingDataOptions& options);
 
 }  // namespace strata::data

@@ -60,6 +60,13 @@ StatusOr<ExampleDataset::Split> ExampleDataset::LayOut(TokenDataset tokens,
     const int64_t end = e + 1 < starts.size() ? starts[e + 1] : s.tokens.num_tokens();
     int64_t length = end - starts[e];
     if (length > o.seq_len) {
+      if (o.long_examples == LongExamples::kRefuse) {
+        const TokenDataset::Location at = s.tokens.Locate(starts[e]);
+        return InvalidArgumentError(fmt::format(
+            "'{}': the example at token {} has {} tokens, longer than --seq-len {}; pass "
+            "--long-examples truncate or skip",
+            at.path, at.index, length, o.seq_len));
+      }
       if (o.long_examples == LongExamples::kSkip) {
         ++s.stats.skipped;
         continue;

@@ -5,7 +5,8 @@
 // Examples: an example begins at token 0 and at every token with kTokenFlagExampleStart, and
 // runs to the next begin. Rows of seq_len (T) tokens are laid out once, when the data is opened:
 //   - one example per row (pack false): an example longer than T is truncated to its first T
-//     tokens (LongExamples::kTruncate) or left out (kSkip); a shorter one is padded;
+//     tokens (LongExamples::kTruncate), left out (kSkip) or refused (kRefuse: Create fails,
+//     naming the example's file and token); a shorter one is padded;
 //   - packed (pack true): examples, in file order, are placed greedily into rows: an example
 //     that does not fit in the rest of the current row starts the next row; longer than T:
 //     truncated or left out as above; the rest of each row padded.
@@ -53,8 +54,8 @@ class ExampleDataset final : public Dataset {
  public:
   // Lays out the rows of both splits (one pass over their flags). `description` names the
   // source for Describe(). Errors: kInvalidArgument for a split without flags, options out of
-  // range (seq_len <= 0, a negative pad id), or a split left without rows (every example
-  // skipped).
+  // range (seq_len <= 0, a negative pad id), an example longer than seq_len with kRefuse, or a
+  // split left without rows (every example skipped).
   static StatusOr<ExampleDataset> Create(TokenDataset train, TokenDataset val,
                                          const ExampleRowOptions& options, std::string description);
   // One set of files that is both splits (what `strata eval` scores: its rows are the

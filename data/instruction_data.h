@@ -47,6 +47,9 @@
 // Flags: kTokenFlagInLoss on the tokens in the loss (each a target predicted from the tokens
 // before it in its example); kTokenFlagExampleStart on each example's first token.
 //
+// The renderer and the threaded JSONL reader are data/chat_render.h's, shared with preference
+// data (data/preference_data.h).
+//
 // Thread-safety: plain functions; the tokenizer and the format are only read (by several threads
 // in TokenizeInstructionFile).
 #pragma once

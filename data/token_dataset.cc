@@ -173,7 +173,7 @@ StatusOr<std::shared_ptr<TokenDataset::Shard>> TokenDataset::OpenShard(const std
       if ((shard->flags[i] & ~kTokenFlagsKnown) != 0) {
         return InvalidArgumentError(fmt::format(
             "token file '{}': flags 0x{:02x} of token offset {} (byte offset {}) have a bit "
-            "other than 0 (in loss) and 1 (example start)",
+            "other than 0 (in loss), 1 (example start) and 2 (pair start)",
             path, shard->flags[i], i, kTokenFileHeaderBytes + shard->count * shard->width + i));
       }
     }
@@ -228,6 +228,15 @@ TokenDataset TokenDataset::Slice(int64_t begin, int64_t end) const {
   d.begin_ = begin_ + begin;
   d.end_ = begin_ + end;
   return d;
+}
+
+TokenDataset::Location TokenDataset::Locate(int64_t offset) const {
+  STRATA_CHECK_MSG(0 <= offset && offset < num_tokens(),
+                   fmt::format("token {} of {}", offset, num_tokens()));
+  const int64_t g = begin_ + offset;
+  const auto s = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), g) -
+                                     starts_.begin() - 1);
+  return {shards_[s]->path, g - starts_[s]};
 }
 
 template <typename Fn>

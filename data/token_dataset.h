@@ -7,12 +7,15 @@
 //   tokens  N uint16 or uint32
 //   flags   (only when header[3] == 1) N uint8, one per token: bit 0 (kTokenFlagInLoss) the
 //           token counts in the loss as a target (it is predicted from the tokens before it in
-//           its example); bit 1 (kTokenFlagExampleStart) the token begins an example; bits 2-7
-//           zero
+//           its example); bit 1 (kTokenFlagExampleStart) the token begins an example; bit 2
+//           (kTokenFlagPairStart) the token begins a preference pair: it is the first token of
+//           the pair's chosen sequence (an example, so bit 1 is set too), and the next example
+//           is the pair's rejected sequence (bit 1 without bit 2); bits 3-7 zero
 // so a file is exactly 1024 + N * (2 or 4) bytes, plus N with flags. llm.c's own files have
 // header[3] == 0 and read exactly as they always did. Flags are what `strata tokenize` writes
-// for instruction data (data/instruction_data.h) and what example datasets
-// (data/example_dataset.h) read.
+// for instruction data (data/instruction_data.h) and preference data (data/preference_data.h),
+// and what example datasets (data/example_dataset.h) and preference datasets
+// (data/preference_dataset.h, which checks that the pairs alternate) read.
 //
 // A TokenDataset is one or more such files (shards) read as one sequence of tokens, in order;
 // a Slice of it is a contiguous range of that sequence. Copies share the maps (cheap).
@@ -38,7 +41,11 @@ inline constexpr int64_t kTokenFileHeaderBytes = kTokenFileHeaderInts * 4;
 // Per-token flag bits (header[3] == 1).
 inline constexpr uint8_t kTokenFlagInLoss = 1;        // bit 0: a target the loss counts
 inline constexpr uint8_t kTokenFlagExampleStart = 2;  // bit 1: the first token of an example
-inline constexpr uint8_t kTokenFlagsKnown = kTokenFlagInLoss | kTokenFlagExampleStart;
+// bit 2: the first token of a preference pair's chosen sequence (with kTokenFlagExampleStart);
+// the pair's rejected sequence is the next example.
+inline constexpr uint8_t kTokenFlagPairStart = 4;
+inline constexpr uint8_t kTokenFlagsKnown =
+    kTokenFlagInLoss | kTokenFlagExampleStart | kTokenFlagPairStart;
 
 class TokenDataset {
  public:
@@ -62,6 +69,14 @@ class TokenDataset {
   int max_token_bytes() const;
   // Whether the files carry per-token flags (all of them do, or none: checked by Open).
   bool has_flags() const { return has_flags_; }
+
+  // Where token `offset` of this dataset (or slice) is stored: its file and its index in that
+  // file (for errors that name a token). Precondition (checked): 0 <= offset < num_tokens().
+  struct Location {
+    std::string path;
+    int64_t index = 0;
+  };
+  Location Locate(int64_t offset) const;
 
   // Tokens [begin, end) of this dataset, sharing its maps. Precondition (checked):
   // 0 <= begin <= end <= num_tokens().

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "data/instruction_data.h"
+#include "data/preference_data.h"
 #include "data/token_dataset.h"
 #include "data/tokenizer.h"
 
@@ -24,25 +25,29 @@ void AddTokenizeFlags(CLI::App& cmd, TokenizeFlags& f) {
   tok->excludes(bytes);
   bytes->excludes(tok);
   cmd.add_option("--input", f.input,
-                 "Text file, tokenized as one document; or instruction data (*.jsonl: one "
-                 "{\"prompt\", \"response\"} or {\"messages\": [...]} object per line)")
+                 "Text file, tokenized as one document; or JSON lines (*.jsonl): instruction "
+                 "data (one {\"prompt\", \"response\"} or {\"messages\": [...]} object per "
+                 "line), or preference data when the first line has \"chosen\" (TRL's "
+                 "{\"prompt\", \"chosen\", \"rejected\"}, strings or lists of messages, or "
+                 "{\"chosen\": [...], \"rejected\": [...]} with an implicit prompt)")
       ->required();
   cmd.add_option("--output", f.output,
                  "Token file to write (llm.c format: uint16 tokens when every id < 65536, else "
-                 "uint32; instruction data adds per-token flags: the loss mask and example "
-                 "starts); replaced crash-safely")
+                 "uint32; JSON lines add per-token flags: the loss mask, example starts and, for "
+                 "preference data, pair starts: each pair's chosen side, then its rejected "
+                 "side); replaced crash-safely")
       ->required();
   cmd.add_option("--format", f.format, "Input format: auto (*.jsonl is jsonl), text or jsonl")
       ->check(CLI::IsMember({"auto", "text", "jsonl"}))
       ->capture_default_str();
   cmd.add_option("--chat-template", f.chat_template,
-                 "Instruction data: auto (the model's own template: chat_template.jinja or "
+                 "JSON lines: auto (the model's own template: chat_template.jinja or "
                  "tokenizer_config.json's chat_template beside the tokenizer; none without one), "
                  "a Jinja template FILE (a path with '/' or ending in .jinja), a built-in llama3, "
                  "chatml or mistral, or none (BOS, contents, EOS after each response)")
       ->capture_default_str();
   cmd.add_option("--chat-template-kwargs", f.chat_template_kwargs,
-                 "Instruction data: a JSON object whose keys become template variables, as "
+                 "JSON lines: a JSON object whose keys become template variables, as "
                  "apply_chat_template's keyword arguments (e.g. '{\"enable_thinking\": false}')");
 }
 
@@ -53,13 +58,24 @@ bool IsJsonl(const TokenizeFlags& f) {
   return std::filesystem::path(f.input).extension() == ".jsonl";
 }
 
-// Instruction data: rendered examples with their flags.
+// What a JSONL file gave: its tokens and flags, and the summary's counts.
+struct JsonlOutput {
+  std::vector<int32_t> tokens;
+  std::vector<uint8_t> flags;
+  std::string counts;  // "3 examples" or "2 pairs"
+  int64_t tokens_in_loss = 0;
+};
+
+// Instruction data or preference data (the first non-blank line decides): rendered examples with
+// their flags.
 Status RunTokenizeJsonl(const TokenizeFlags& f) {
+  STRATA_ASSIGN_OR_RETURN(const bool preference, data::IsPreferenceFile(f.input));
+  const char* kind = preference ? "preference data" : "instruction data";
   if (!f.byte_level && f.tokenizer.empty()) {
-    return InvalidArgumentError(fmt::format(
-        "instruction data '{}' needs --tokenizer (its chat template's special tokens), or "
-        "--byte-level for a byte-level model (--chat-template none)",
-        f.input));
+    return InvalidArgumentError(
+        fmt::format("{} '{}' needs --tokenizer (its chat template's special tokens), or "
+                    "--byte-level for a byte-level model (--chat-template none)",
+                    kind, f.input));
   }
   std::unique_ptr<data::Tokenizer> tokenizer;
   if (f.byte_level) {
@@ -76,21 +92,30 @@ Status RunTokenizeJsonl(const TokenizeFlags& f) {
   STRATA_ASSIGN_OR_RETURN(data::ChatFormat format,
                           data::ResolveChatFormat(f.byte_level ? "none" : f.chat_template,
                                                   f.tokenizer, f.chat_template_kwargs));
-  STRATA_ASSIGN_OR_RETURN(data::InstructionTokens data,
-                          data::TokenizeInstructionFile(*tokenizer, format, f.input));
+  JsonlOutput data;
+  if (preference) {
+    STRATA_ASSIGN_OR_RETURN(data::PreferenceTokens pairs,
+                            data::TokenizePreferenceFile(*tokenizer, format, f.input));
+    data = {std::move(pairs.tokens), std::move(pairs.flags), fmt::format("{} pairs", pairs.pairs),
+            pairs.tokens_in_loss};
+  } else {
+    STRATA_ASSIGN_OR_RETURN(data::InstructionTokens examples,
+                            data::TokenizeInstructionFile(*tokenizer, format, f.input));
+    data = {std::move(examples.tokens), std::move(examples.flags),
+            fmt::format("{} examples", examples.examples), examples.tokens_in_loss};
+  }
   STRATA_RETURN_IF_ERROR(data::WriteTokenFile(f.output, data.tokens, data.flags));
   std::error_code ec;
   const auto out_bytes = std::filesystem::file_size(f.output, ec);
   int32_t max_token = 0;
   for (int32_t t : data.tokens) max_token = std::max(max_token, t);
   std::printf(
-      "tokenized instruction data '%s' with '%s' (vocabulary %d), chat template %s (%s): %lld "
-      "examples, %zu tokens, %lld tokens in loss; wrote '%s' (%s with flags, %ju bytes)\n",
-      f.input.c_str(), f.byte_level ? "bytes" : f.tokenizer.c_str(), tokenizer->vocab_size(),
+      "tokenized %s '%s' with '%s' (vocabulary %d), chat template %s (%s): %s, %zu tokens, %lld "
+      "tokens in loss; wrote '%s' (%s with flags, %ju bytes)\n",
+      kind, f.input.c_str(), f.byte_level ? "bytes" : f.tokenizer.c_str(), tokenizer->vocab_size(),
       std::string(data::ChatTemplateName(format.kind)).c_str(), format.source.c_str(),
-      static_cast<long long>(data.examples), data.tokens.size(),
-      static_cast<long long>(data.tokens_in_loss), f.output.c_str(),
-      max_token < 65536 ? "uint16" : "uint32", static_cast<uintmax_t>(out_bytes));
+      data.counts.c_str(), data.tokens.size(), static_cast<long long>(data.tokens_in_loss),
+      f.output.c_str(), max_token < 65536 ? "uint16" : "uint32", static_cast<uintmax_t>(out_bytes));
   return Status::Ok();
 }
 

@@ -7,7 +7,10 @@
 // An input named *.jsonl (or --format jsonl) is instruction data (data/instruction_data.h):
 // every line an example rendered with --chat-template (auto: the tokenizer's
 // tokenizer_config.json), written with per-token flags (the loss mask and example starts) that
-// `strata train` reads as whole examples.
+// `strata train` reads as whole examples; or, when its first non-blank line has "chosen",
+// preference data (data/preference_data.h): every line a pair, its chosen and its rejected side
+// rendered the same way, flagged as pairs (data/token_dataset.h, kTokenFlagPairStart), which
+// `strata train` reads as a PreferenceDataset. A line of the other kind is an error naming it.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -28,10 +31,10 @@ struct TokenizeFlags {
 };
 void AddTokenizeFlags(CLI::App& cmd, TokenizeFlags& f);
 
-// Prints one line: tokens, bytes/token, the file's token width; for instruction data the
-// template, examples, tokens and tokens in the loss. Nothing is written when the tokenizer or
-// the input cannot be read or rendered (their one-line errors, naming the file and line), when
-// --output names the input, or for JSONL with --byte-level (kInvalidArgument).
+// Prints one line: tokens, bytes/token, the file's token width; for instruction (preference)
+// data the template, examples (pairs), tokens and tokens in the loss. Nothing is written when the
+// tokenizer or the input cannot be read or rendered (their one-line errors, naming the file and
+// line), when --output names the input, or for JSONL with --byte-level (kInvalidArgument).
 Status RunTokenize(const TokenizeFlags& f);
 
 }  // namespace strata::tools

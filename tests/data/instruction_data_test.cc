@@ -11,7 +11,6 @@
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <sentencepiece_trainer.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -22,6 +21,7 @@
 
 #include "data/token_dataset.h"
 #include "data/tokenizer.h"
+#include "tests/data/chat_test_tokenizer.h"
 
 namespace strata::data {
 namespace {
@@ -30,40 +30,13 @@ namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-std::string MakeText(int lines) {
-  const std::string consonants = "bdfgklmnprst", vowels = "aeiou";
-  std::mt19937 gen(4);
-  std::string out;
-  for (int l = 0; l < lines; ++l) {
-    const int n = 3 + static_cast<int>(gen() % 6);
-    for (int w = 0; w < n; ++w) {
-      if (w > 0) out += ' ';
-      for (int s = 0; s < 2; ++s) {
-        out += consonants[gen() % consonants.size()];
-        out += vowels[gen() % vowels.size()];
-      }
-    }
-    out += ".\n";
-  }
-  return out;
-}
-
 class InstructionDataTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new fs::path(fs::temp_directory_path() /
                         ("strata_instruction_data_" + std::to_string(::getpid())));
     fs::create_directories(*dir_);
-    const std::string text = (*dir_ / "text.txt").string();
-    std::ofstream(text) << MakeText(400);
-    const auto status = sentencepiece::SentencePieceTrainer::Train(fmt::format(
-        "--input={} --model_prefix={} --vocab_size=330 --model_type=bpe --num_threads=1 "
-        "--minloglevel=2 --byte_fallback=true --add_dummy_prefix=false "
-        "--normalization_rule_name=identity --remove_extra_whitespaces=false "
-        "--user_defined_symbols=<|begin_of_text|>,<|start_header_id|>,<|end_header_id|>,"
-        "<|eot_id|>,<|im_start|>,<|im_end|>",
-        text, (*dir_ / "tok").string()));
-    ASSERT_TRUE(status.ok()) << status.ToString();
+    testing::TrainChatTestTokenizer(*dir_);
   }
   static void TearDownTestSuite() {
     fs::remove_all(*dir_);
@@ -453,6 +426,8 @@ TEST_F(InstructionDataTest, BadLinesAreOneLineErrorsNamingFileAndLine) {
       {R"({"messages": [{"role": "user", "content": "x"}]})", "no assistant message"},
       {R"({"prompt": "Q", "response": 3})", "\"response\" is not a string"},
       {R"({"prompt": "Q", "response": "A", "tools": 1})", "\"tools\" is not a list"},
+      {R"({"prompt": "Q", "chosen": "A", "rejected": "B"})",
+       "line 2: a preference pair (\"chosen\"), not instruction data"},
   };
   for (const auto& [line, expected] : cases) {
     std::ofstream(path) << R"({"prompt": "ok", "response": "ok"})"

@@ -179,15 +179,15 @@ TEST_F(TokenDatasetTest, BadFlagsHeadersSizesAndBitsAreOneLineErrors) {
   EXPECT_THAT(z.status().message(),
               HasSubstr("says 2 tokens (1030 bytes with the header, uint16 tokens and uint8 "
                         "flags) but the file has 1028 bytes"));
-  // An unknown bit in the second flag.
+  // An unknown bit (bit 3) in the second flag; bit 2 (pair start) is known.
   std::string payload(4, '\0');
   payload += '\x01';
-  payload += '\x05';
+  payload += '\x0d';
   const std::string bits = WriteRaw("bits.bin", {kTokenFileMagic, 1, 2, 1}, payload);
   auto b = TokenDataset::Open({bits}, 10);
   ASSERT_FALSE(b.ok());
   ExpectOneLineNaming(b.status(), bits);
-  EXPECT_THAT(b.status().message(), HasSubstr("flags 0x05 of token offset 1 (byte offset 1029)"));
+  EXPECT_THAT(b.status().message(), HasSubstr("flags 0x0d of token offset 1 (byte offset 1029)"));
 }
 
 TEST_F(TokenDatasetTest, ShardsWithAndWithoutFlagsAreRefused) {
@@ -206,7 +206,7 @@ TEST_F(TokenDatasetTest, WritingFlagsOfTheWrongCountOrWithUnknownBitsFailsAndWri
   Status s = WriteTokenFile(Path("n.bin"), tokens, std::vector<uint8_t>{1, 1});
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("2 flags for 3 tokens"));
-  s = WriteTokenFile(Path("n.bin"), tokens, std::vector<uint8_t>{1, 4, 0});
+  s = WriteTokenFile(Path("n.bin"), tokens, std::vector<uint8_t>{1, 8, 0});
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("token offset 1"));
   EXPECT_FALSE(fs::exists(Path("n.bin")));
@@ -299,6 +299,23 @@ TEST_F(TokenDatasetTest, ASliceReadsItsRangeAcrossShards) {
   EXPECT_EQ(ReadAll(s), Ramp(5, 3));
   const TokenDataset ss = s.Slice(1, 3);
   EXPECT_EQ(ReadAll(ss), (std::vector<int32_t>{4, 5}));
+}
+
+TEST_F(TokenDatasetTest, LocateNamesTheFileAndIndexOfATokenOfASliceAcrossShards) {
+  Write("a.bin", Ramp(5, 0));
+  Write("empty.bin", {});
+  Write("b.bin", Ramp(5, 5));
+  auto d = TokenDataset::Open({Path("a.bin"), Path("empty.bin"), Path("b.bin")}, 100);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->Locate(0).path, Path("a.bin"));
+  EXPECT_EQ(d->Locate(4).index, 4);
+  EXPECT_EQ(d->Locate(5).path, Path("b.bin"));  // the empty file holds no token
+  EXPECT_EQ(d->Locate(5).index, 0);
+  const TokenDataset s = d->Slice(3, 8);
+  EXPECT_EQ(s.Locate(1).path, Path("a.bin"));
+  EXPECT_EQ(s.Locate(1).index, 4);
+  EXPECT_EQ(s.Locate(4).path, Path("b.bin"));
+  EXPECT_EQ(s.Locate(4).index, 2);
 }
 
 TEST_F(TokenDatasetTest, EvalWindowsAreConsecutiveWindowsFromTheStart) {

@@ -233,6 +233,84 @@ TEST_F(TokenizeCliTest, JsonlIsRenderedWithTheTemplateOfTokenizerConfigAndWritte
   EXPECT_THAT(r.out, HasSubstr(fmt::format("{} tokens in loss", in_loss_count)));
 }
 
+// TRL's preference data (the first line has "chosen"): each pair its chosen side, then its
+// rejected side, the pair start on the chosen side's first token, each side's completion and its
+// <|im_end|> in the loss and nothing of the prompt.
+TEST_F(TokenizeCliTest, PreferenceJsonlIsWrittenAsPairsOfChosenThenRejectedWithPairStarts) {
+  const std::string model = MakeChatModel(dir_ / "chat_pref", text_, kChatmlJinja);
+  const std::string input = (dir_ / "prefs.jsonl").string();
+  std::ofstream(input) << R"({"prompt": "dabo", "chosen": "bako dige", "rejected": "fu"})"
+                       << "\n\n"
+                       << R"({"prompt": [{"role": "user", "content": "kadi"}, )"
+                       << R"({"role": "assistant", "content": "gobe"}, )"
+                       << R"({"role": "user", "content": "dabo"}], )"
+                       << R"("chosen": [{"role": "assistant", "content": "gebo daku"}], )"
+                       << R"("rejected": [{"role": "assistant", "content": "kafi"}]})"
+                       << "\n";
+  const std::vector<std::string> completions = {"bako dige", "fu", "gebo daku", "kafi"};
+  const std::string out = (dir_ / "prefs.bin").string();
+  const Result r =
+      RunStrata("tokenize --tokenizer " + model + " --input " + input + " --output " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(Lines(r.out), 1) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("tokenized preference data '" + input + "'"));
+  EXPECT_THAT(r.out, HasSubstr(": 2 pairs, "));
+
+  sentencepiece::SentencePieceProcessor sp;
+  ASSERT_TRUE(sp.Load(model).ok());
+  auto file = strata::data::TokenDataset::Open({out}, sp.GetPieceSize());
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  ASSERT_TRUE(file->has_flags());
+  const auto n = static_cast<size_t>(file->num_tokens());
+  std::vector<int32_t> tokens(n);
+  std::vector<uint8_t> flags(n);
+  file->Read(0, static_cast<int64_t>(n), tokens.data());
+  file->ReadFlags(0, static_cast<int64_t>(n), flags.data());
+  std::vector<std::vector<int>> in_loss;  // per example
+  std::vector<bool> pair_start;
+  for (size_t i = 0; i < n; ++i) {
+    if (i == 0) {
+      ASSERT_TRUE(flags[i] & strata::data::kTokenFlagExampleStart);
+    }
+    if (flags[i] & strata::data::kTokenFlagExampleStart) {
+      in_loss.emplace_back();
+      pair_start.push_back((flags[i] & strata::data::kTokenFlagPairStart) != 0);
+    } else {
+      ASSERT_EQ(flags[i] & strata::data::kTokenFlagPairStart, 0) << i;
+    }
+    if (flags[i] & strata::data::kTokenFlagInLoss) in_loss.back().push_back(tokens[i]);
+  }
+  EXPECT_EQ(pair_start, (std::vector<bool>{true, false, true, false}));
+  ASSERT_EQ(in_loss.size(), 4u);
+  for (size_t e = 0; e < 4; ++e) {
+    std::string text;
+    ASSERT_TRUE(sp.Decode(in_loss[e], &text).ok());
+    EXPECT_EQ(text, completions[e] + "<|im_end|>") << e;
+  }
+}
+
+TEST_F(TokenizeCliTest, ABadPreferenceLineIsOneLineNamingItAndWritesNothing) {
+  const std::string model = MakeChatModel(dir_ / "chat_bad", text_, kChatmlJinja);
+  const std::string out = (dir_ / "bad.bin").string();
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"prompt": "dabo", "chosen": "fu"})", "line 2: no \"rejected\""},
+      {R"({"prompt": "dabo", "response": "fu"})",
+       "line 2: instruction data (\"messages\" or \"response\"), not a preference pair"},
+  };
+  for (const auto& [line, expected] : cases) {
+    const std::string input = (dir_ / "bad.jsonl").string();
+    std::ofstream(input) << R"({"prompt": "dabo", "chosen": "bako", "rejected": "fu"})"
+                         << "\n"
+                         << line << "\n";
+    const Result r =
+        RunStrata("tokenize --tokenizer " + model + " --input " + input + " --output " + out);
+    EXPECT_EQ(r.exit_code, 1) << line;
+    EXPECT_EQ(Lines(r.err), 1) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("'" + input + "' " + expected));
+    EXPECT_FALSE(fs::exists(out));
+  }
+}
+
 // The whole path: JSON lines rendered into a flagged token file, then trained on, packed and not:
 // the engine takes the ignored targets and the per-example positions, and the run counts only
 // the response tokens in its loss (tokens_in_loss below every token it saw, above zero).
