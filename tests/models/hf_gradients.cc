@@ -112,6 +112,9 @@ StatusOr<Args> ParseArgs(int argc, char** argv) {
         "usage: hf_gradients --model-dir D (--data F | --preference P.json --objective O) "
         "--seq-len T --micro-batch-size B --output O");
   }
+  if (preference && !a.data.empty()) {
+    return InvalidArgumentError("--data and --preference exclude each other");
+  }
   if (preference != !a.objective.empty()) {
     return InvalidArgumentError("--preference and --objective go together");
   }
