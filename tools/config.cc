@@ -906,7 +906,8 @@ void ApplyStrataData(Context& c, const json& s, TrainFlags* f) {
   }
   if (const json* v = Find(s, "pack")) r.Set(&f->pack, Reader::Bool(*v, "strata.pack"));
   if (const json* v = Find(s, "long_examples")) {
-    r.Set(&f->long_examples, Reader::Choice(*v, "strata.long_examples", {"truncate", "skip"}));
+    r.Set(&f->long_examples,
+          Reader::Choice(*v, "strata.long_examples", {"auto", "truncate", "skip"}));
   }
 }
 

@@ -236,19 +236,23 @@ std::vector<Scalar> TrainMetrics::StepScalars(const engine::StepResult& result, 
 }
 
 Status TrainMetrics::RecordStep(int64_t step, const engine::StepResult& result, double lr,
-                                int64_t tokens, const Totals& totals) {
+                                int64_t tokens, const Totals& totals,
+                                std::span<const Scalar> extra) {
   if (writer_ == nullptr) return Status::Ok();
-  const std::vector<Scalar> scalars = StepScalars(result, lr, tokens, last_, totals);
+  std::vector<Scalar> scalars = StepScalars(result, lr, tokens, last_, totals);
+  scalars.insert(scalars.end(), extra.begin(), extra.end());
   last_ = totals;
   return writer_->Record(step, UnixSecondsNow(), scalars);
 }
 
 Status TrainMetrics::RecordEvaluation(int64_t step, double val_loss,
-                                      const engine::EngineCounters& counters) {
+                                      const engine::EngineCounters& counters,
+                                      std::span<const Scalar> extra) {
   if (writer_ == nullptr) return Status::Ok();
   last_.counters = counters;
-  const Scalar scalar{"val/loss", val_loss};
-  return writer_->Record(step, UnixSecondsNow(), std::span(&scalar, 1));
+  std::vector<Scalar> scalars = {{"val/loss", val_loss}};
+  scalars.insert(scalars.end(), extra.begin(), extra.end());
+  return writer_->Record(step, UnixSecondsNow(), scalars);
 }
 
 }  // namespace strata::tools

@@ -114,7 +114,9 @@ class MetricsWriter {
 // train/tokens_per_second (tokens of the step / time/step), train/skipped (0 or 1), bytes/h2d,
 // bytes/d2h, bytes/nvme_read, bytes/nvme_write (bytes moved), time/<category> for each
 // trace::Category except kOther (busy seconds, summed over tracks), time/step (seconds of the
-// timed engine calls). Per evaluation: val/loss.
+// timed engine calls). Per evaluation: val/loss. Preference training adds train/rewards/chosen,
+// train/rewards/rejected, train/rewards/accuracies, train/rewards/margins, train/logps/chosen and
+// train/logps/rejected per step, and the same under val/ per evaluation (TRL's names).
 // Thread-safety: not thread-safe, like the writer. Errors: the writer's.
 class TrainMetrics {
  public:
@@ -131,13 +133,16 @@ class TrainMetrics {
   bool enabled() const { return writer_ != nullptr; }
 
   // Records optimizer step `step` (1-based). lr: the learning rate the step used;
-  // tokens: tokens the step trained on; totals: the running totals after the step.
+  // tokens: tokens the step trained on; totals: the running totals after the step; extra:
+  // further scalars of the step (preference training's rewards/*, logps/*), written after them.
   Status RecordStep(int64_t step, const engine::StepResult& result, double lr, int64_t tokens,
-                    const Totals& totals);
+                    const Totals& totals, std::span<const Scalar> extra = {});
   // Records a validation loss at `step`. counters: the engine's counters after the evaluation;
   // the bytes moved since the last record (the evaluation's, and those of a Flush before it) are
   // skipped, not charged to the next step. Time totals are not touched (evaluation is not timed).
-  Status RecordEvaluation(int64_t step, double val_loss, const engine::EngineCounters& counters);
+  // extra: further validation scalars, written after val/loss.
+  Status RecordEvaluation(int64_t step, double val_loss, const engine::EngineCounters& counters,
+                          std::span<const Scalar> extra = {});
 
   // The scalars RecordStep would write (for tests).
   static std::vector<Scalar> StepScalars(const engine::StepResult& result, double lr,

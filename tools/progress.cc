@@ -91,11 +91,11 @@ void ProgressLine::Update(const StepReport& r) {
   const double eta = seconds_per_step * static_cast<double>(options_.total_steps - r.step);
   const double live_rate = seconds_per_step > 0 ? options_.tokens_per_step / seconds_per_step : 0.0;
   live_text_ = fmt::format(
-      "step {}/{} | loss {:.4f}{} | ETA {} | {:.0f} tok/s{} | lr {:.2e} | norm {:.3f} | "
+      "step {}/{} | loss {:.4f}{}{} | ETA {} | {:.0f} tok/s{} | lr {:.2e} | norm {:.3f} | "
       "h2d {} d2h {} nvme r {} w {} /step",
-      r.step, options_.total_steps, r.loss, r.skipped ? " | skipped" : "",
-      FormatEta(seconds_per_step > 0 ? eta : NAN), live_rate, MfuField(live_rate), r.lr,
-      r.grad_norm, FormatBytes(r.bytes_h2d - previous_.bytes_h2d),
+      r.step, options_.total_steps, r.loss, r.detail.empty() ? "" : " | " + r.detail,
+      r.skipped ? " | skipped" : "", FormatEta(seconds_per_step > 0 ? eta : NAN), live_rate,
+      MfuField(live_rate), r.lr, r.grad_norm, FormatBytes(r.bytes_h2d - previous_.bytes_h2d),
       FormatBytes(r.bytes_d2h - previous_.bytes_d2h),
       FormatBytes(r.nvme_bytes_read - previous_.nvme_bytes_read),
       FormatBytes(r.nvme_bytes_written - previous_.nvme_bytes_written));
@@ -109,10 +109,11 @@ void ProgressLine::Update(const StepReport& r) {
     const double rate = options_.tokens_per_step * interval_steps_ / interval_seconds_;
     Write(
         plain_out_,
-        fmt::format("step {:5}/{} | loss {:.4f} | norm {:6.3f} | lr {:.2e} | {:7.0f} tok/s{} | "
+        fmt::format("step {:5}/{} | loss {:.4f}{} | norm {:6.3f} | lr {:.2e} | {:7.0f} tok/s{} | "
                     "h2d {} d2h {} | nvme r {} w {}{}\n",
-                    r.step, options_.total_steps, r.loss, r.grad_norm, r.lr, rate, MfuField(rate),
-                    FormatBytes(r.bytes_h2d - a.bytes_h2d), FormatBytes(r.bytes_d2h - a.bytes_d2h),
+                    r.step, options_.total_steps, r.loss, r.detail.empty() ? "" : " | " + r.detail,
+                    r.grad_norm, r.lr, rate, MfuField(rate), FormatBytes(r.bytes_h2d - a.bytes_h2d),
+                    FormatBytes(r.bytes_d2h - a.bytes_d2h),
                     FormatBytes(r.nvme_bytes_read - a.nvme_bytes_read),
                     FormatBytes(r.nvme_bytes_written - a.nvme_bytes_written),
                     r.skipped ? " | skipped (overflow)" : ""));

@@ -69,6 +69,9 @@ struct StepReport {
   double grad_norm = 0;  // global L2 norm of the unscaled gradient
   double lr = 0;
   bool skipped = false;  // the loss scaler skipped this step's update (overflow)
+  // More of the step for the line, shown after the loss when not empty (preference training:
+  // "acc 0.75 margin 0.123").
+  std::string detail;
   // Cumulative engine counters after the step, in bytes.
   uint64_t bytes_h2d = 0;
   uint64_t bytes_d2h = 0;

@@ -66,8 +66,26 @@ void AddDataFlags(CLI::App& cmd, TrainFlags& f) {
                "Instruction data: pack several examples into each row of --seq-len tokens "
                "(greedily, in file order; attention and positions stay within each example)");
   cmd.add_option("--long-examples", f.long_examples,
-                 "Instruction data: an example longer than --seq-len is truncated or skipped")
-      ->check(CLI::IsMember({"truncate", "skip"}))
+                 "Instruction or preference data: an example (a pair's side) longer than "
+                 "--seq-len is truncated or skipped; auto: truncate instruction data, refuse "
+                 "preference data")
+      ->check(CLI::IsMember({"auto", "truncate", "skip"}))
+      ->capture_default_str();
+  cmd.add_option("--objective", f.objective,
+                 "The loss: sft (next-token cross-entropy), or on preference data (`strata "
+                 "tokenize` of TRL's prompt/chosen/rejected JSONL) dpo, ipo or simpo; the DPO/IPO "
+                 "reference is the frozen base with --lora-rank, else the initial weights "
+                 "(log-probabilities computed once before training)")
+      ->check(CLI::IsMember({"sft", "dpo", "ipo", "simpo"}))
+      ->capture_default_str();
+  cmd.add_option("--beta", f.beta,
+                 "DPO and SimPO: beta (the reward's scale); IPO: tau (the regularisation)")
+      ->capture_default_str();
+  cmd.add_option("--label-smoothing", f.label_smoothing,
+                 "DPO and SimPO: the assumed fraction of mislabelled pairs, in [0, 0.5) "
+                 "(conservative DPO)")
+      ->capture_default_str();
+  cmd.add_option("--simpo-gamma", f.simpo_gamma, "SimPO: the target reward margin gamma")
       ->capture_default_str();
   cmd.add_option("--val-data", f.val_data, "Validation token files (or text with --tokenizer)");
   cmd.add_option("--tokenizer", f.tokenizer,
@@ -302,6 +320,7 @@ struct HelpGroup {
 const std::vector<HelpGroup>& TrainHelpGroups() {
   static const std::vector<HelpGroup> groups = {
       {"Data", {"--data", "--val-data", "--tokenizer", "--pack", "--long-examples"}},
+      {"Preference training", {"--objective", "--beta", "--label-smoothing", "--simpo-gamma"}},
       {"Model", {"--model", "--model-dir", "--precision", "--seed", "--tf32"}},
       {"Batch and steps",
        {"--steps", "--micro-batch-size", "--seq-len", "--grad-accum-steps", "--global-batch-size",
@@ -497,6 +516,24 @@ nlohmann::json TimeBreakdownJson(const trace::Breakdown& parts, double step_seco
   return breakdown;
 }
 
+// Preference training's metrics under TRL's names (null for sft): the last step's and the
+// final validation's.
+nlohmann::json PreferenceJson(const TrainOutcome& r) {
+  auto metrics = [](const std::optional<engine::PreferenceMetrics>& m) {
+    if (!m) return nlohmann::json();
+    return nlohmann::json{{"pairs", m->pairs},
+                          {"loss", m->loss},
+                          {"rewards/chosen", m->rewards_chosen},
+                          {"rewards/rejected", m->rewards_rejected},
+                          {"rewards/accuracies", m->rewards_accuracy},
+                          {"rewards/margins", m->rewards_margin},
+                          {"logps/chosen", m->logps_chosen},
+                          {"logps/rejected", m->logps_rejected}};
+  };
+  if (!r.train_preference && !r.val_preference) return nlohmann::json();
+  return {{"train_last_step", metrics(r.train_preference)}, {"val", metrics(r.val_preference)}};
+}
+
 // What --summary-json gets from the run itself (the rest: SummaryJson).
 nlohmann::json OutcomeJson(const TrainOutcome& r, double wall_seconds) {
   auto num_or_null = [](float v) {
@@ -532,6 +569,7 @@ nlohmann::json OutcomeJson(const TrainOutcome& r, double wall_seconds) {
       {"time_breakdown", TimeBreakdownJson(r.parts, r.step_seconds)},
       {"overlap_efficiency", OverlapEfficiency(r.parts, r.step_seconds)},
       {"mfu", r.mfu ? nlohmann::json(*r.mfu) : nlohmann::json()},
+      {"preference", PreferenceJson(r)},
   };
 }
 

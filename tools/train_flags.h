@@ -21,7 +21,14 @@ struct TrainFlags {
   // Token files with per-token flags (instruction data from `strata tokenize`): several
   // examples packed into a row; an example longer than --seq-len truncated or skipped.
   bool pack = false;
-  std::string long_examples = "truncate";
+  // truncate, skip, or auto: truncate for instruction data, refuse for preference data.
+  std::string long_examples = "auto";
+  // Preference training (tools/preference_training.h): the loss, sft (next-token cross-entropy)
+  // or dpo, ipo, simpo on preference data, and their hyper-parameters (TRL's names and defaults).
+  std::string objective = "sft";
+  double beta = 0.1;
+  double label_smoothing = 0;
+  double simpo_gamma = 0.5;
   std::string model = "small";
   std::string model_dir;  // a Hugging Face directory: fine-tune from its weights
   int64_t steps = 300;

@@ -16,6 +16,7 @@
 #include "engine/plan/model_flops.h"
 #include "tools/checkpoint_commands.h"
 #include "tools/lr_schedule.h"
+#include "tools/preference_training.h"
 #include "tools/progress.h"
 
 namespace strata::tools {
@@ -107,10 +108,12 @@ std::string Printable(const std::string& s) {
 }
 
 StepReport CountersReport(const engine::EngineCounters& c) {
-  return {.bytes_h2d = c.bytes_h2d,
-          .bytes_d2h = c.bytes_d2h,
-          .nvme_bytes_read = c.nvme_bytes_read,
-          .nvme_bytes_written = c.nvme_bytes_written};
+  StepReport r;
+  r.bytes_h2d = c.bytes_h2d;
+  r.bytes_d2h = c.bytes_d2h;
+  r.nvme_bytes_read = c.nvme_bytes_read;
+  r.nvme_bytes_written = c.nvme_bytes_written;
+  return r;
 }
 
 ProgressOptions ProgressOptionsFor(const TrainLoopInputs& in, int64_t tokens_per_step,
@@ -130,7 +133,9 @@ ProgressOptions ProgressOptionsFor(const TrainLoopInputs& in, int64_t tokens_per
 // The steps from start_step on, and what follows the last one. One per run.
 class TrainLoop {
  public:
-  TrainLoop(const TrainLoopInputs& in, int64_t start_step, std::mt19937_64 data_rng);
+  // preference: --objective dpo, ipo or simpo; null for sft.
+  TrainLoop(const TrainLoopInputs& in, int64_t start_step, std::mt19937_64 data_rng,
+            std::unique_ptr<PreferenceTraining> preference);
   StatusOr<TrainOutcome> Run();
 
  private:
@@ -142,6 +147,8 @@ class TrainLoop {
   Status Step(int64_t step);
   void PrintBreakdownLine(int64_t step);
   Status EvaluateAt(int64_t step);
+  // The validation loss (and, with preference training, its metrics into out_.val_preference).
+  StatusOr<float> Validate();
   Status SaveCheckpointAt(int64_t step);
   Status Finish();
   Status FinalEvaluationAndSample();
@@ -153,6 +160,7 @@ class TrainLoop {
   engine::Engine& engine_;
   const data::Dataset& data_;
   std::mt19937_64 data_rng_;
+  std::unique_ptr<PreferenceTraining> preference_;
   // Over every rank: the global batch.
   const int64_t tokens_per_step_;
   std::vector<data::Batch> data_batches_;
@@ -168,13 +176,15 @@ class TrainLoop {
   TrainMetrics metrics_;
 };
 
-TrainLoop::TrainLoop(const TrainLoopInputs& in, int64_t start_step, std::mt19937_64 data_rng)
+TrainLoop::TrainLoop(const TrainLoopInputs& in, int64_t start_step, std::mt19937_64 data_rng,
+                     std::unique_ptr<PreferenceTraining> preference)
     : o_(*in.options),
       loop_(in.options->loop),
       in_(in),
       engine_(*in.engine),
       data_(*in.data->dataset),
       data_rng_(std::move(data_rng)),
+      preference_(std::move(preference)),
       tokens_per_step_(int64_t{loop_.micro_batch_size} * loop_.seq_len * loop_.grad_accum_steps *
                        o_.ranks.ranks),
       data_batches_(loop_.grad_accum_steps),
@@ -232,13 +242,27 @@ Status TrainLoop::Step(int64_t step) {
   const float lr = static_cast<float>(
       LearningRateAt(schedule, deepspeed_schedule ? step - engine_.skipped_steps() : step));
   engine_.SetLearningRate(lr);
-  STRATA_ASSIGN_OR_RETURN(auto r, Timed([&] { return engine_.Step(batches_); }));
+  engine::SequenceObjective* objective = nullptr;
+  if (preference_) {
+    STRATA_RETURN_IF_ERROR(preference_->BeginStep(data_batches_));
+    objective = preference_->objective();
+  }
+  STRATA_ASSIGN_OR_RETURN(auto r, Timed([&] { return engine_.Step(batches_, objective); }));
   if (step == out_.start_step) out_.loss_first = r.loss;
   out_.loss_last = r.loss;
   out_.skipped += r.skipped;
+  std::vector<Scalar> extra;
+  std::string detail;
+  if (preference_) {
+    out_.train_preference = preference_->TakeMetrics();
+    extra = PreferenceTraining::Scalars("train/", *out_.train_preference);
+    detail = PreferenceTraining::Summary(*out_.train_preference);
+  }
   STRATA_RETURN_IF_ERROR(metrics_.RecordStep(step + 1, r, lr, tokens_per_step_,
-                                             {engine_.counters(), out_.parts, out_.step_seconds}));
+                                             {engine_.counters(), out_.parts, out_.step_seconds},
+                                             extra));
   StepReport report = CountersReport(engine_.counters());
+  report.detail = std::move(detail);
   report.step = step + 1;
   report.loss = r.loss;
   report.grad_norm = r.grad_norm;
@@ -269,10 +293,23 @@ Status TrainLoop::EvaluateAt(int64_t step) {
   const auto pause = progress_.Suspend();
   STRATA_RETURN_IF_ERROR(Flush());
   const auto t0 = Clock::now();
-  STRATA_ASSIGN_OR_RETURN(float v, Evaluate(engine_, data_, loop_));
+  STRATA_ASSIGN_OR_RETURN(float v, Validate());
   eval_seconds_ += SecondsSince(t0);
-  std::printf("step %5lld | val loss %.4f\n", static_cast<long long>(step + 1), v);
-  return metrics_.RecordEvaluation(step + 1, v, engine_.counters());
+  std::vector<Scalar> extra;
+  if (preference_) {
+    extra = PreferenceTraining::Scalars("val/", *out_.val_preference);
+    std::printf("step %5lld | val loss %.4f | %s\n", static_cast<long long>(step + 1), v,
+                PreferenceTraining::Summary(*out_.val_preference).c_str());
+  } else {
+    std::printf("step %5lld | val loss %.4f\n", static_cast<long long>(step + 1), v);
+  }
+  return metrics_.RecordEvaluation(step + 1, v, engine_.counters(), extra);
+}
+
+StatusOr<float> TrainLoop::Validate() {
+  if (!preference_) return Evaluate(engine_, data_, loop_);
+  STRATA_ASSIGN_OR_RETURN(out_.val_preference, preference_->Evaluate(engine_));
+  return static_cast<float>(out_.val_preference->loss);
 }
 
 Status TrainLoop::SaveCheckpointAt(int64_t step) {
@@ -354,12 +391,25 @@ Status TrainLoop::Finish() {
 Status TrainLoop::FinalEvaluationAndSample() {
   const data::TrainingData& training_data = *in_.data;
   if (loop_.eval_every > 0) {
-    STRATA_ASSIGN_OR_RETURN(out_.val_loss, Evaluate(engine_, data_, loop_));
-    STRATA_RETURN_IF_ERROR(
-        metrics_.RecordEvaluation(loop_.steps, out_.val_loss, engine_.counters()));
-    std::printf("validation loss %.4f nats/%s (uniform is %.2f)\n", out_.val_loss,
-                training_data.byte_level ? "byte" : "token",
-                std::log(static_cast<double>(in_.model->vocab_size())));
+    STRATA_ASSIGN_OR_RETURN(out_.val_loss, Validate());
+    if (preference_) {
+      const engine::PreferenceMetrics& m = *out_.val_preference;
+      STRATA_RETURN_IF_ERROR(metrics_.RecordEvaluation(
+          loop_.steps, out_.val_loss, engine_.counters(), PreferenceTraining::Scalars("val/", m)));
+      std::printf(
+          "validation: %s loss %.4f over %lld pairs | rewards/accuracies %.4f | rewards/margins "
+          "%.4f | rewards/chosen %.4f | rewards/rejected %.4f | logps/chosen %.4f | "
+          "logps/rejected %.4f\n",
+          std::string(engine::PreferenceLossName(o_.preference->loss)).c_str(), out_.val_loss,
+          static_cast<long long>(m.pairs), m.rewards_accuracy, m.rewards_margin, m.rewards_chosen,
+          m.rewards_rejected, m.logps_chosen, m.logps_rejected);
+    } else {
+      STRATA_RETURN_IF_ERROR(
+          metrics_.RecordEvaluation(loop_.steps, out_.val_loss, engine_.counters()));
+      std::printf("validation loss %.4f nats/%s (uniform is %.2f)\n", out_.val_loss,
+                  training_data.byte_level ? "byte" : "token",
+                  std::log(static_cast<double>(in_.model->vocab_size())));
+    }
   }
   STRATA_ASSIGN_OR_RETURN(out_.master_hash, engine_.MasterWeightsXxh3());
   if (loop_.sample_bytes > 0 && (training_data.byte_level || training_data.tokenizer)) {
@@ -397,13 +447,22 @@ double OverlapEfficiency(const trace::Breakdown& parts, double step_seconds) {
 
 StatusOr<TrainOutcome> RunTrainLoop(const TrainLoopInputs& in) {
   std::mt19937_64 data_rng(in.options->loop.seed ^ 0x5eedda7aull);
+  const CheckpointFlags& ckpt = in.options->loop.checkpoint;
+  std::unique_ptr<PreferenceTraining> preference;
+  if (in.options->preference) {
+    // The reference of full fine-tuning is the initial weights: before a checkpoint loads.
+    preference = std::make_unique<PreferenceTraining>(
+        *in.options->preference, in.data->preference, in.spec->lora.enabled(),
+        in.options->loop.micro_batch_size, in.options->loop.seq_len);
+    STRATA_RETURN_IF_ERROR(
+        preference->PrepareReference(*in.engine, ckpt.save_dir, !ckpt.resume.empty()));
+  }
   int64_t start_step = 0;
-  if (!in.options->loop.checkpoint.resume.empty()) {
-    STRATA_ASSIGN_OR_RETURN(start_step,
-                            ResumeTraining(*in.engine, in.options->loop.checkpoint, &data_rng));
+  if (!ckpt.resume.empty()) {
+    STRATA_ASSIGN_OR_RETURN(start_step, ResumeTraining(*in.engine, ckpt, &data_rng));
   }
   InstallStopSignalHandlers();
-  TrainLoop loop(in, start_step, std::move(data_rng));
+  TrainLoop loop(in, start_step, std::move(data_rng), std::move(preference));
   return loop.Run();
 }
 

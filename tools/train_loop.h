@@ -12,6 +12,7 @@
 #include "base/trace.h"
 #include "data/dataset.h"
 #include "engine/engine.h"
+#include "engine/preference_objective.h"
 #include "tools/metrics.h"
 #include "tools/model_spec.h"
 #include "tools/train_setup.h"
@@ -53,6 +54,9 @@ struct TrainOutcome {
   std::string last_checkpoint;      // empty when none was saved
   uint64_t master_hash = 0;         // xxh3 of the master weights
   engine::EngineCounters counters;  // after the last flush, before the final validation
+  // Preference training: the last step's metrics and the final validation's (loss_* and
+  // val_loss are then the preference loss).
+  std::optional<engine::PreferenceMetrics> train_preference, val_preference;
 };
 
 // The largest part / step time: 1.0 when everything else hides under the largest part.

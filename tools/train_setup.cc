@@ -185,6 +185,35 @@ StatusOr<uint64_t> DeviceBudgetFromFlag(const std::string& flag) {
 }
 
 // --schedule: layer-major or micro-batch-major as given; auto: chosen with the plan.
+// --objective and its hyper-parameters; nullopt for sft. Errors: kInvalidArgument naming the
+// flag (a value out of range, data parallelism, a flag of another objective).
+StatusOr<std::optional<engine::PreferenceOptions>> PreferenceFromFlags(const TrainFlags& f,
+                                                                       const RankInfo& ranks) {
+  const TrainFlags defaults;
+  if (f.objective == "sft") {
+    if (f.beta != defaults.beta || f.label_smoothing != defaults.label_smoothing ||
+        f.simpo_gamma != defaults.simpo_gamma) {
+      return InvalidArgumentError(
+          "--beta, --label-smoothing and --simpo-gamma are for --objective dpo, ipo or simpo");
+    }
+    return std::optional<engine::PreferenceOptions>();
+  }
+  engine::PreferenceOptions p;
+  STRATA_ASSIGN_OR_RETURN(p.loss, engine::ParsePreferenceLoss(f.objective));
+  p.beta = f.beta;
+  p.label_smoothing = f.label_smoothing;
+  p.simpo_gamma = f.simpo_gamma;
+  STRATA_RETURN_IF_ERROR(engine::CheckPreferenceOptions(p));
+  if (p.loss != engine::PreferenceLoss::kSimpo && f.simpo_gamma != defaults.simpo_gamma) {
+    return InvalidArgumentError("--simpo-gamma is for --objective simpo");
+  }
+  if (ranks.data_parallel) {
+    return InvalidArgumentError(
+        fmt::format("--objective {} runs on one rank (not under mpirun yet)", f.objective));
+  }
+  return std::optional<engine::PreferenceOptions>(p);
+}
+
 Status ScheduleFromFlag(const TrainFlags& f, TrainOptions* o) {
   o->automatic.schedule = f.schedule == "auto";
   if (o->automatic.schedule) return Status::Ok();
@@ -268,8 +297,11 @@ data::TrainingDataOptions DataOptions(const TrainFlags& f, const ModelSpec& spec
   d.seq_len = f.seq_len;
   d.vocab_size = model.vocab_size();
   d.pack = f.pack;
-  d.long_examples =
-      f.long_examples == "skip" ? data::LongExamples::kSkip : data::LongExamples::kTruncate;
+  d.long_examples = f.long_examples == "skip"       ? data::LongExamples::kSkip
+                    : f.long_examples == "truncate" ? data::LongExamples::kTruncate
+                    : f.objective != "sft"          ? data::LongExamples::kRefuse
+                                                    : data::LongExamples::kTruncate;
+  d.micro_batch_size = f.micro_batch_size;
   return d;
 }
 
@@ -317,6 +349,12 @@ StatusOr<TrainOptions> TrainOptionsFromFlags(const TrainFlags& flags, const Rank
   // An optimizer home given explicitly is the user's choice: no split unless one is given too.
   o.automatic.device_fraction =
       f.optimizer_device_fraction == "auto" && f.offload_optimizer == "auto";
+  STRATA_ASSIGN_OR_RETURN(o.preference, PreferenceFromFlags(f, ranks));
+  if (o.preference) {
+    o.engine.placement.objective.target_weights = true;
+    o.engine.placement.objective.reference_forward =
+        f.lora.rank > 0 && o.preference->uses_reference();
+  }
   o.metrics = MetricsFromFlags(f);
   o.loop = LoopFromFlags(f);  // after ApplyRanks: accumulation steps and rank 0's outputs
   o.device.host.copy_bytes_per_second = f.copy_bandwidth;
@@ -351,6 +389,16 @@ StatusOr<TrainInputs> OpenModelAndData(const TrainOptions& options) {
     in.spec.tokenizer_files.push_back(std::filesystem::absolute(f.tokenizer).string());
   }
   STRATA_ASSIGN_OR_RETURN(in.data, data::OpenTrainingData(data_options));
+  if (options.preference && !in.data.preference) {
+    return InvalidArgumentError(fmt::format(
+        "--objective {} needs preference data (`strata tokenize` of JSONL with \"prompt\", "
+        "\"chosen\" and \"rejected\"); --data holds none",
+        f.objective));
+  }
+  if (!options.preference && in.data.preference) {
+    return InvalidArgumentError(
+        "--data holds preference pairs: train them with --objective dpo, ipo or simpo");
+  }
   return in;
 }
 

@@ -22,6 +22,7 @@
 #include "engine/plan/machine_profile.h"
 #include "engine/plan/plan_choice.h"
 #include "engine/plan/planner.h"
+#include "engine/preference_objective.h"
 #include "gpu/device.h"
 #include "tools/device_select.h"
 #include "tools/lr_schedule.h"
@@ -78,6 +79,8 @@ struct TrainOptions {
   engine::PlanAuto automatic;
   // --copy-bandwidth and the CUDA ordinal (local rank: one process per GPU); trace unset.
   DeviceSelectOptions device;
+  // --objective dpo, ipo or simpo (and engine.placement.objective's buffers); nullopt for sft.
+  std::optional<engine::PreferenceOptions> preference;
 };
 
 // Flags -> options; reads no file and allocates nothing. I/O options are checked by

@@ -256,7 +256,9 @@ class PreferenceEngineTest : public ::testing::Test {
   static std::unique_ptr<models::LlamaModel> Llama(bool lora) {
     auto m = models::LlamaModel::Create(testing::TinyLlama(false));
     EXPECT_TRUE(m.ok());
-    if (lora) EXPECT_TRUE((*m)->EnableLora(kLora).ok());
+    if (lora) {
+      EXPECT_TRUE((*m)->EnableLora(kLora).ok());
+    }
     return std::move(*m);
   }
 

@@ -19,9 +19,16 @@ using strata::cli_test::RunStrata;
 TEST(TrainHelpCli, EveryOptionIsInOneSectionAndTheSectionsPrintInOrder) {
   const Result r = RunStrata("train --help");
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  const std::vector<std::string> expected = {
-      "Data",       "Model", "Batch and steps",     "Optimizer",  "Placement and memory",
-      "I/O (NVMe)", "LoRA",  "Logging and outputs", "Checkpoints"};
+  const std::vector<std::string> expected = {"Data",
+                                             "Preference training",
+                                             "Model",
+                                             "Batch and steps",
+                                             "Optimizer",
+                                             "Placement and memory",
+                                             "I/O (NVMe)",
+                                             "LoRA",
+                                             "Logging and outputs",
+                                             "Checkpoints"};
   const std::regex header(R"(^([A-Z][A-Za-z /()]*):\s*$)");
   const std::regex option(R"(^\s+(?:-[A-Za-z], )?(--[a-z0-9-]+))");
   std::istringstream in(r.out);
@@ -56,6 +63,7 @@ TEST(TrainHelpCli, EveryOptionIsInOneSectionAndTheSectionsPrintInOrder) {
   EXPECT_EQ(section_of["--data"], "Data");
   EXPECT_EQ(section_of["--offload-optimizer"], "Placement and memory");
   EXPECT_EQ(section_of["--lora-alpha"], "LoRA");
+  EXPECT_EQ(section_of["--beta"], "Preference training");
   EXPECT_EQ(section_of["--keep-last"], "Checkpoints");
 }
 

@@ -1,0 +1,247 @@
+#include "tools/preference_training.h"
+
+#include <fmt/format.h>
+#include <xxhash.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "base/file.h"
+#include "base/untrusted_text.h"
+
+namespace strata::tools {
+namespace {
+
+constexpr std::string_view kReferenceFile = "reference-logps.json";
+constexpr std::string_view kReferenceFormat = "strata reference log-probabilities";
+constexpr uint64_t kReferenceFileMaxBytes = uint64_t{4} << 30;
+
+engine::MicroBatch MicroBatchOf(const data::Batch& b) { return {b.tokens, b.targets, b.positions}; }
+
+std::string Hex(uint64_t v) { return fmt::format("{:016x}", v); }
+
+}  // namespace
+
+PreferenceTraining::PreferenceTraining(const engine::PreferenceOptions& options,
+                                       const data::PreferenceDataset* data,
+                                       bool reference_from_model, int micro_batch_size, int seq_len)
+    : options_(options),
+      data_(data),
+      reference_from_model_(reference_from_model),
+      micro_batch_size_(micro_batch_size),
+      seq_len_(seq_len),
+      objective_(options, reference_from_model) {}
+
+std::vector<double> PreferenceTraining::ReferenceOf(const Completions& split,
+                                                    const data::Batch& batch) const {
+  std::vector<double> out(2 * static_cast<size_t>(batch.pairs()));
+  for (int k = 0; k < batch.pairs(); ++k) {
+    for (int side = 0; side < 2; ++side) {
+      const size_t s = 2 * static_cast<size_t>(batch.pair_ids[k]) + side;
+      const double sum = split.logp_sum[s];
+      out[2 * k + side] = options_.averaged() ? sum / static_cast<double>(split.targets[s]) : sum;
+    }
+  }
+  return out;
+}
+
+StatusOr<PreferenceTraining::Completions> PreferenceTraining::ComputeReference(
+    engine::Engine& engine, bool val) {
+  Completions c;
+  data::Batch batch;
+  const int64_t groups = val ? data_->val_groups() : data_->train_groups();
+  for (int64_t g = 0; g < groups; ++g) {
+    if (val) {
+      data_->ValGroup(g, &batch);
+    } else {
+      data_->TrainGroup(g, &batch);
+    }
+    STRATA_ASSIGN_OR_RETURN(
+        const std::vector<float> losses,
+        engine.EvaluateTargetLosses(MicroBatchOf(batch), {micro_batch_size_, seq_len_}));
+    STRATA_ASSIGN_OR_RETURN(const std::vector<double> sums,
+                            engine::CompletionLogps(losses, batch.sequences, batch.pairs(), false));
+    std::vector<int64_t> counts(sums.size(), 0);
+    for (int32_t s : batch.sequences) {
+      if (s >= 0) ++counts[s];
+    }
+    for (int k = 0; k < batch.pairs(); ++k) {
+      const size_t base = 2 * static_cast<size_t>(batch.pair_ids[k]);
+      if (c.logp_sum.size() < base + 2) {
+        c.logp_sum.resize(base + 2, 0.0);
+        c.targets.resize(base + 2, 0);
+      }
+      for (int side = 0; side < 2; ++side) {
+        c.logp_sum[base + side] = sums[2 * k + side];
+        c.targets[base + side] = counts[2 * k + side];
+      }
+    }
+  }
+  return c;
+}
+
+uint64_t PreferenceTraining::DataXxh3() const {
+  XXH3_state_t* state = XXH3_createState();
+  XXH3_64bits_reset(state);
+  auto add = [&](const auto& v) { XXH3_64bits_update(state, v.data(), v.size() * sizeof(v[0])); };
+  data::Batch batch;
+  for (int val = 0; val < 2; ++val) {
+    const int64_t groups = val ? data_->val_groups() : data_->train_groups();
+    for (int64_t g = 0; g < groups; ++g) {
+      if (val) {
+        data_->ValGroup(g, &batch);
+      } else {
+        data_->TrainGroup(g, &batch);
+      }
+      add(batch.tokens);
+      add(batch.targets);
+      add(batch.positions);
+      add(batch.sequences);
+      add(batch.pair_ids);
+    }
+  }
+  const uint64_t h = XXH3_64bits_digest(state);
+  XXH3_freeState(state);
+  return h;
+}
+
+Status PreferenceTraining::PrepareReference(engine::Engine& engine, const std::string& save_dir,
+                                            bool resuming) {
+  if (reference_from_model_ || !options_.uses_reference()) return Status::Ok();
+  const uint64_t data_hash = DataXxh3();
+  STRATA_ASSIGN_OR_RETURN(const uint64_t weights_hash, engine.MasterWeightsXxh3());
+  const std::string path =
+      save_dir.empty() ? "" : (std::filesystem::path(save_dir) / kReferenceFile).string();
+  if (!path.empty() && std::filesystem::exists(path)) {
+    ReadSmallFileOptions read;
+    read.max_bytes = kReferenceFileMaxBytes;
+    read.unusable_code = StatusCode::kDataLoss;
+    STRATA_ASSIGN_OR_RETURN(const std::string text, ReadSmallFile(path, read));
+    auto damaged = [&](std::string_view why) {
+      return DataLossError(fmt::format("'{}' is damaged: {}; remove it to recompute", path, why));
+    };
+    StatusOr<nlohmann::json> parsed = ParseJsonBounded(text);
+    if (!parsed.ok()) return damaged(parsed.status().message());
+    const nlohmann::json& j = *parsed;
+    if (!j.is_object() || j.value("format", "") != kReferenceFormat || !j.contains("data_xxh3") ||
+        !j.contains("initial_weights_xxh3")) {
+      return damaged("not a reference log-probabilities file");
+    }
+    std::string differs;
+    if (j["data_xxh3"] != Hex(data_hash))
+      differs = "the data (or --seq-len, --micro-batch-size, --pack)";
+    if (j["initial_weights_xxh3"] != Hex(weights_hash)) {
+      differs += std::string(differs.empty() ? "" : " and ") + "the initial weights";
+    }
+    if (differs.empty()) {
+      for (auto [key, split] : {std::pair{"train", &train_ref_}, std::pair{"val", &val_ref_}}) {
+        const nlohmann::json& s = j.value(key, nlohmann::json());
+        if (!s.is_object() || !s.contains("logp_sum") || !s.contains("targets") ||
+            !s["logp_sum"].is_array() || !s["targets"].is_array() ||
+            s["logp_sum"].size() != s["targets"].size()) {
+          return damaged(fmt::format("no \"{}\" log-probabilities", key));
+        }
+        try {
+          split->logp_sum = s["logp_sum"].get<std::vector<double>>();
+          split->targets = s["targets"].get<std::vector<int64_t>>();
+        } catch (const nlohmann::json::exception& e) {
+          return damaged(e.what());
+        }
+      }
+      std::printf("reference log-probabilities: %s (%zu train and %zu val completions)\n",
+                  path.c_str(), train_ref_.logp_sum.size(), val_ref_.logp_sum.size());
+      return Status::Ok();
+    }
+    if (resuming) {
+      return FailedPreconditionError(
+          fmt::format("'{}' was computed for other {} than this run's; a resumed run needs the "
+                      "reference it started with",
+                      path, differs));
+    }
+  }
+  STRATA_ASSIGN_OR_RETURN(train_ref_, ComputeReference(engine, /*val=*/false));
+  STRATA_ASSIGN_OR_RETURN(val_ref_, ComputeReference(engine, /*val=*/true));
+  if (path.empty()) {
+    std::printf(
+        "reference log-probabilities: computed with the initial weights (%zu train and "
+        "%zu val completions; kept in memory without --save-dir)\n",
+        train_ref_.logp_sum.size(), val_ref_.logp_sum.size());
+    return Status::Ok();
+  }
+  nlohmann::json j = {
+      {"format", kReferenceFormat},
+      {"version", 1},
+      {"data_xxh3", Hex(data_hash)},
+      {"initial_weights_xxh3", Hex(weights_hash)},
+      {"train", {{"logp_sum", train_ref_.logp_sum}, {"targets", train_ref_.targets}}},
+      {"val", {{"logp_sum", val_ref_.logp_sum}, {"targets", val_ref_.targets}}}};
+  const std::string text = j.dump() + "\n";
+  std::error_code ec;
+  std::filesystem::create_directories(save_dir, ec);
+  STRATA_ASSIGN_OR_RETURN(AtomicFileWriter w, AtomicFileWriter::Create(path, 0644));
+  STRATA_RETURN_IF_ERROR(w.Append(std::as_bytes(std::span(text))));
+  STRATA_RETURN_IF_ERROR(w.Commit());
+  std::printf("reference log-probabilities: computed with the initial weights, written to %s\n",
+              path.c_str());
+  return Status::Ok();
+}
+
+Status PreferenceTraining::BeginStep(std::span<const data::Batch> micro_batches) {
+  std::vector<engine::PreferenceObjective::MicroBatchPairs> step;
+  step.reserve(micro_batches.size());
+  const bool precomputed = options_.uses_reference() && !reference_from_model_;
+  for (const data::Batch& b : micro_batches) {
+    engine::PreferenceObjective::MicroBatchPairs m;
+    m.sequences = b.sequences;
+    m.pairs = b.pairs();
+    if (precomputed) m.reference_logps = ReferenceOf(train_ref_, b);
+    step.push_back(std::move(m));
+  }
+  return objective_.BeginStep(std::move(step));
+}
+
+StatusOr<engine::PreferenceMetrics> PreferenceTraining::Evaluate(engine::Engine& engine) {
+  engine::PreferenceMetricsSum sum;
+  data::Batch batch;
+  const bool averaged = options_.averaged();
+  for (int64_t g = 0; g < data_->val_groups(); ++g) {
+    data_->ValGroup(g, &batch);
+    const engine::MicroBatch mb = MicroBatchOf(batch);
+    const engine::MicroBatchShape shape{micro_batch_size_, seq_len_};
+    std::vector<double> ref(2 * static_cast<size_t>(batch.pairs()), 0.0);
+    if (options_.uses_reference()) {
+      if (reference_from_model_) {
+        STRATA_ASSIGN_OR_RETURN(const std::vector<float> r,
+                                engine.EvaluateTargetLosses(mb, shape, /*reference=*/true));
+        STRATA_ASSIGN_OR_RETURN(
+            ref, engine::CompletionLogps(r, batch.sequences, batch.pairs(), averaged));
+      } else {
+        ref = ReferenceOf(val_ref_, batch);
+      }
+    }
+    STRATA_ASSIGN_OR_RETURN(const std::vector<float> p, engine.EvaluateTargetLosses(mb, shape));
+    STRATA_ASSIGN_OR_RETURN(const std::vector<double> pi,
+                            engine::CompletionLogps(p, batch.sequences, batch.pairs(), averaged));
+    for (int k = 0; k < batch.pairs(); ++k) {
+      const engine::PairLogps logps{pi[2 * k], pi[2 * k + 1], ref[2 * k], ref[2 * k + 1]};
+      sum.Add(logps, engine::PreferencePairLoss(options_, logps));
+    }
+  }
+  return sum.Means();
+}
+
+std::vector<Scalar> PreferenceTraining::Scalars(std::string_view prefix,
+                                                const engine::PreferenceMetrics& m) {
+  const std::string p(prefix);
+  return {
+      {p + "rewards/chosen", m.rewards_chosen},       {p + "rewards/rejected", m.rewards_rejected},
+      {p + "rewards/accuracies", m.rewards_accuracy}, {p + "rewards/margins", m.rewards_margin},
+      {p + "logps/chosen", m.logps_chosen},           {p + "logps/rejected", m.logps_rejected}};
+}
+
+std::string PreferenceTraining::Summary(const engine::PreferenceMetrics& m) {
+  return fmt::format("acc {:.2f} margin {:.3f}", m.rewards_accuracy, m.rewards_margin);
+}
+
+}  // namespace strata::tools

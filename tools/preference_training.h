@@ -1,0 +1,84 @@
+// Preference training in `strata train` (--objective dpo|ipo|simpo, docs/preference.md): the
+// objective of each step (engine/preference_objective.h) over the micro-batches of a preference
+// dataset (data/preference_dataset.h), its reference log-probabilities, and its validation.
+//
+// The reference:
+//   - with LoRA, the frozen base (adapters off): the engine computes it in the same pass over
+//     each block as the policy (PlacementOptions::objective.reference_forward), for training and
+//     for validation (a forward pass of the reference, then one of the policy);
+//   - with full fine-tuning, the initial weights: before the first step (and before --resume
+//     loads a checkpoint) a forward pass over every training and validation pair writes each
+//     completion's summed log-probability and target count to `reference-logps.json` in the save
+//     directory (in memory only without --save-dir; TRL's precompute_ref_log_probs). The file
+//     records the xxh3 of the data's micro-batches and of the initial master weights: a fresh
+//     run recomputes a file that does not match, a resumed run refuses one (kFailedPrecondition,
+//     naming the file and what differs), and a missing file is recomputed.
+// SimPO has no reference.
+//
+// Thread-safety: one thread (the training loop's).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "data/dataset.h"
+#include "data/preference_dataset.h"
+#include "engine/engine.h"
+#include "engine/preference_objective.h"
+#include "tools/metrics.h"
+
+namespace strata::tools {
+
+class PreferenceTraining {
+ public:
+  // data: not owned, outlives this. reference_from_model: LoRA (the engine's frozen reference).
+  PreferenceTraining(const engine::PreferenceOptions& options, const data::PreferenceDataset* data,
+                     bool reference_from_model, int micro_batch_size, int seq_len);
+
+  // Full fine-tuning with a reference (DPO, IPO): the reference log-probabilities of every pair,
+  // read from save_dir/reference-logps.json or computed with the engine's current (initial)
+  // weights and written there (save_dir empty: kept in memory). Call once, before --resume loads
+  // a checkpoint. Prints one line saying which. Errors: the engine's, the file's (a damaged file
+  // is kDataLoss naming it; a resumed run's mismatch kFailedPrecondition), writing it.
+  Status PrepareReference(engine::Engine& engine, const std::string& save_dir, bool resuming);
+
+  // Describes a step's micro-batches (kept alive by the caller until the step returns) to the
+  // objective. Errors: PreferenceObjective::BeginStep's.
+  Status BeginStep(std::span<const data::Batch> micro_batches);
+  engine::SequenceObjective* objective() { return &objective_; }
+  // The metrics of the pairs weighed since the last call.
+  engine::PreferenceMetrics TakeMetrics() { return objective_.TakeMetrics(); }
+
+  // The metrics over every validation pair (the reference's pass first, then the policy's).
+  StatusOr<engine::PreferenceMetrics> Evaluate(engine::Engine& engine);
+
+  // TRL's names under `prefix` ("train/", "val/"): <prefix>rewards/chosen, rewards/rejected,
+  // rewards/accuracies, rewards/margins, logps/chosen, logps/rejected.
+  static std::vector<Scalar> Scalars(std::string_view prefix, const engine::PreferenceMetrics& m);
+  // "acc 0.75 margin 0.123" for the progress line.
+  static std::string Summary(const engine::PreferenceMetrics& m);
+
+ private:
+  // Completion s of pair p of a split: its summed log-probability and target count.
+  struct Completions {
+    std::vector<double> logp_sum;  // 2 per pair: chosen, rejected
+    std::vector<int64_t> targets;
+  };
+  // Reference log-probabilities of a micro-batch's pairs, summed or averaged as the loss wants.
+  std::vector<double> ReferenceOf(const Completions& split, const data::Batch& batch) const;
+  StatusOr<Completions> ComputeReference(engine::Engine& engine, bool val);
+  uint64_t DataXxh3() const;
+
+  engine::PreferenceOptions options_;
+  const data::PreferenceDataset* data_;
+  bool reference_from_model_;
+  int micro_batch_size_, seq_len_;
+  engine::PreferenceObjective objective_;
+  Completions train_ref_, val_ref_;  // full fine-tuning only
+};
+
+}  // namespace strata::tools
