@@ -348,6 +348,13 @@ def run_document(doc, commands, root, strata, keep, timeout):
     for k, cmd in enumerate(commands):
         out_path = os.path.join(out_dir, f"{k}.out")
         if not os.path.exists(out_path):
+            # Nothing ran it: the script stopped before (a command failed or timed out, reported
+            # above) or bash could not parse the commands (a quote left open across lines).
+            # (Without a timeout problem, `r` is the finished script.)
+            if not problems:
+                problems.append(f"{doc}:{cmd.line}: did not run (the script stopped before it"
+                                f"{': ' + r.stderr.strip()[-300:] if r.stderr.strip() else ''}): "
+                                f"{cmd.text.strip().splitlines()[0]}")
             break
         with open(out_path, encoding="utf-8", errors="replace") as f:
             output = f.read()

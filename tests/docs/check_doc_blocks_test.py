@@ -125,6 +125,20 @@ class Documents(unittest.TestCase):
         self.assertIn("doc.md:2: exited with status 3", out)
         self.assertIn("verdict: infeasible", out)
 
+    def test_a_command_the_script_never_reached_fails(self):
+        # A quote left open across lines: bash cannot parse the script, so nothing runs; that is
+        # a failure naming the command, not a pass with nothing checked.
+        rc, out = self.check("""\
+            ```sh check=run
+            python3 -c '
+            print(1)' > x.txt
+            strata train --steps 2
+            #   validation loss 2.4069 nats/token
+            ```
+            """)
+        self.assertEqual(rc, 1, out)
+        self.assertIn("doc.md:2: did not run", out)
+
     def test_long_blocks_run_only_in_the_long_tier_and_are_parsed_in_the_default_one(self):
         text = """\
             ```sh check=long
