@@ -114,6 +114,12 @@ void AddEstimateFlags(CLI::App& cmd, EstimateFlags& f) {
       ->check(CLI::IsMember({"auto", "all", "none"}))
       ->capture_default_str();
   AddLoraFlags(cmd, f.lora);
+  cmd.add_option("--objective", f.objective,
+                 "The training loss the plan is for: sft, or dpo, ipo, simpo (per-target losses "
+                 "and weights; with --lora-rank and dpo or ipo, the reference forward's "
+                 "activations)")
+      ->check(CLI::IsMember({"sft", "dpo", "ipo", "simpo"}))
+      ->capture_default_str();
   cmd.add_option("--prefetch-depth", f.prefetch_depth,
                  "Blocks loaded ahead of the one computing; 0 = the planner decides")
       ->capture_default_str()
@@ -177,6 +183,7 @@ TrainFlags AsTrainFlags(const EstimateFlags& f, int seq_len) {
   t.grad_buckets = f.grad_buckets;
   t.optimizer_buffers = f.optimizer_buffers;
   t.lora = f.lora;
+  t.objective = f.objective;
   // Without a path the plan is still made (NVMe capacity unchecked), so that a user can size a
   // machine they do not have.
   t.nvme_paths = f.nvme_paths.empty() ? std::vector<std::string>{"(unchecked)"} : f.nvme_paths;

@@ -49,6 +49,8 @@ struct EstimateFlags {
   // device and with the best GPU/CPU split.
   std::string machine;
   LoraFlags lora;  // --lora-*: the plan of a LoRA run (frozen base, adapters trained)
+  // --objective: a preference objective's buffers in the plan (with LoRA, the reference forward).
+  std::string objective = "sft";
 };
 
 void AddEstimateFlags(CLI::App& cmd, EstimateFlags& f);

@@ -33,6 +33,9 @@
 #   qlora     issue 45: the 4-bit dequantization kernel and QLoRA engine tests on CUDA, then llama-7b
 #             QLoRA (rank 16, all seven modules) at 6 GiB, base resident vs streamed from host, and
 #             the bf16 base streamed beside it  (~6 min, estimated: its own call)
+#   preference issue 46: the CUDA head and LoRA tests, tiny Llama LoRA-DPO on cuda beside the host
+#             backend, then llama-1b LoRA-DPO against SFT of the same shape (tokens/s)  (~3 min,
+#             estimated)
 #   CMD...    any command, in the unpacked tree, with the libraries set up
 # Each phase stays inside $BUDGET seconds (default 300); each step is cut to the time left. The
 # summary (steps with their time and result, then Strata's tokens/s and MFU against PyTorch's)
@@ -279,6 +282,50 @@ families)
     "$root/scripts/gpu/families_vs_transformers.py" --strata "$root/$build/tools/strata"
   results[-1]="${results[-1]}: $(grep -E '^families: [0-9]|^families_vs_transformers:' "$L/families.log" | tail -1 | cut -c1-200)"
   cp "$L/families.json" "$O/" 2>/dev/null
+  ;;
+preference)
+  # Preference training (issue 46): the head's per-target losses and weights on CUDA against the
+  # host op; tiny Llama DPO (LoRA, the base as the reference in the same pass) on cuda beside the
+  # host backend (the same held-out metrics to rounding); then llama-1b's adapters (rank 16, all
+  # seven modules, 2 micro-batches of 4 x 1024) trained with DPO on synthetic pairs and with SFT
+  # on their chosen sides: tokens/s of both from --summary-json.
+  step preference_cuda_tests 60 "$L/preference_cuda_tests.log" \
+    ctest --test-dir "$build" -R 'GptCuda|LlamaCuda|LoraCuda' --output-on-failure
+  python3 -c 'import json, random
+r = random.Random(7); L = "abcdefghijklmnopqrstuvwxyz"
+w = lambda n: " ".join("".join(r.choice(L) for _ in range(r.randint(3, 7))) for _ in range(n))
+with open("/tmp/prefs.jsonl", "w") as p, open("/tmp/sft.jsonl", "w") as s:
+    for _ in range(400):
+        q = w(60); c = q.upper()
+        p.write(json.dumps({"prompt": q, "chosen": c, "rejected": w(60)}) + "\n")
+        s.write(json.dumps({"prompt": q, "response": c}) + "\n")
+with open("/tmp/prefs_tiny.jsonl", "w") as p:
+    for _ in range(700):
+        q = w(1); p.write(json.dumps({"prompt": q, "chosen": q.upper(), "rejected": w(1)}) + "\n")' &&
+    "$build/tools/strata" tokenize --byte-level --input /tmp/prefs.jsonl --output /tmp/prefs.bin &&
+    "$build/tools/strata" tokenize --byte-level --input /tmp/prefs_tiny.jsonl \
+      --output /tmp/prefs_tiny.bin &&
+    "$build/tools/strata" tokenize --byte-level --input /tmp/sft.jsonl --output /tmp/sft.bin
+  pref_run() {  # NAME LIMIT FLAGS...: strata train with FLAGS, then its summary in one line
+    local name=$1 limit=$2
+    shift 2
+    step "$name" "$limit" "$L/$name.log" "$build/tools/strata" train --sample-bytes 0 \
+      --summary-json "$L/$name.json" "$@"
+    results[-1]="${results[-1]}: $(python3 -c 'import json, sys; d = json.load(open(sys.argv[1]))
+v = (d.get("preference") or {}).get("val") or {}
+print("loss %.4f -> %.4f, %.0f tok/s, val acc %s margin %s" % (d["loss_first"], d["loss_last"], d["tokens_per_second"], v.get("rewards/accuracies"), v.get("rewards/margins")))' "$L/$name.json" 2>&1 | tail -1)"
+  }
+  tiny=(--model llama-tiny --data /tmp/prefs_tiny.bin --objective dpo --lora-rank 8 --seq-len 64
+    --micro-batch-size 8 --grad-accum-steps 2 --steps 40 --lr 5e-3 --log-every 10 --eval-every 40)
+  pref_run pref_tiny_dpo_cuda 60 "${tiny[@]}" --device cuda
+  pref_run pref_tiny_dpo_host 60 "${tiny[@]}" --device host
+  big=(--model llama-1b --lora-rank 16 --lora-alpha 32
+    --lora-targets q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj --seq-len 1024
+    --micro-batch-size 4 --grad-accum-steps 2 --steps 6 --log-every 1 --eval-every 0
+    --device cuda --offload-params device)
+  pref_run pref_1b_sft 90 "${big[@]}" --data /tmp/sft.bin
+  pref_run pref_1b_dpo 90 "${big[@]}" --data /tmp/prefs.bin --objective dpo
+  cp "$L"/pref_*.json "$O/" 2>/dev/null
   ;;
 roofline)
   # The host's memory roofline and the CPU AdamW step against it, 1..all cores (issue 29).
