@@ -21,6 +21,18 @@ engine::MicroBatch MicroBatchOf(const data::Batch& b) { return {b.tokens, b.targ
 
 std::string Hex(uint64_t v) { return fmt::format("{:016x}", v); }
 
+// The micro-batches of a split, and micro-batch g of it.
+int64_t Groups(const data::PreferenceDataset& d, bool val) {
+  return val ? d.val_groups() : d.train_groups();
+}
+void Group(const data::PreferenceDataset& d, bool val, int64_t g, data::Batch* batch) {
+  if (val) {
+    d.ValGroup(g, batch);
+  } else {
+    d.TrainGroup(g, batch);
+  }
+}
+
 }  // namespace
 
 PreferenceTraining::PreferenceTraining(const engine::PreferenceOptions& options,
@@ -50,13 +62,8 @@ StatusOr<PreferenceTraining::Completions> PreferenceTraining::ComputeReference(
     engine::Engine& engine, bool val) {
   Completions c;
   data::Batch batch;
-  const int64_t groups = val ? data_->val_groups() : data_->train_groups();
-  for (int64_t g = 0; g < groups; ++g) {
-    if (val) {
-      data_->ValGroup(g, &batch);
-    } else {
-      data_->TrainGroup(g, &batch);
-    }
+  for (int64_t g = 0; g < Groups(*data_, val); ++g) {
+    Group(*data_, val, g, &batch);
     STRATA_ASSIGN_OR_RETURN(
         const std::vector<float> losses,
         engine.EvaluateTargetLosses(MicroBatchOf(batch), {micro_batch_size_, seq_len_}));
@@ -86,14 +93,9 @@ uint64_t PreferenceTraining::DataXxh3() const {
   XXH3_64bits_reset(state);
   auto add = [&](const auto& v) { XXH3_64bits_update(state, v.data(), v.size() * sizeof(v[0])); };
   data::Batch batch;
-  for (int val = 0; val < 2; ++val) {
-    const int64_t groups = val ? data_->val_groups() : data_->train_groups();
-    for (int64_t g = 0; g < groups; ++g) {
-      if (val) {
-        data_->ValGroup(g, &batch);
-      } else {
-        data_->TrainGroup(g, &batch);
-      }
+  for (bool val : {false, true}) {
+    for (int64_t g = 0; g < Groups(*data_, val); ++g) {
+      Group(*data_, val, g, &batch);
       add(batch.tokens);
       add(batch.targets);
       add(batch.positions);
