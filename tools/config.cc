@@ -909,6 +909,19 @@ void ApplyStrataData(Context& c, const json& s, TrainFlags* f) {
     r.Set(&f->long_examples,
           Reader::Choice(*v, "strata.long_examples", {"auto", "truncate", "skip"}));
   }
+  // Preference training (--objective, --beta, --label-smoothing, --simpo-gamma); the ranges are
+  // the flags' (tools/train_setup.cc checks them once, for both).
+  if (const json* v = Find(s, "objective")) {
+    r.Set(&f->objective, Reader::Choice(*v, "strata.objective", {"sft", "dpo", "ipo", "simpo"}));
+  }
+  if (const json* v = Find(s, "beta")) r.Set(&f->beta, Reader::Number(*v, "strata.beta", 0, true));
+  if (const json* v = Find(s, "label_smoothing")) {
+    r.Set(&f->label_smoothing, Reader::Number(*v, "strata.label_smoothing", 0, false, 0.5, true));
+  }
+  if (const json* v = Find(s, "simpo_gamma")) {
+    r.Set(&f->simpo_gamma,
+          Reader::Number(*v, "strata.simpo_gamma", -std::numeric_limits<float>::max(), false));
+  }
 }
 
 // The strata section's keys for how a step runs: the update during backward, the schedule and

@@ -180,6 +180,28 @@ TEST(TrainConfig, TheScheduleKeyTakesTheFlagsValuesAndNamesItselfWhenWrong) {
   }
 }
 
+TEST(TrainConfig, PreferenceTrainingComesFromTheStrataSection) {
+  TrainFlags f;
+  const Status s = Apply(
+      R"({"strata": {"objective": "simpo", "beta": 2.5, "label_smoothing": 0.1,
+          "simpo_gamma": 1.25, "long_examples": "skip"}})",
+      &f);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(f.objective, "simpo");
+  EXPECT_EQ(f.beta, 2.5);
+  EXPECT_EQ(f.label_smoothing, 0.1);
+  EXPECT_EQ(f.simpo_gamma, 1.25);
+  EXPECT_EQ(f.long_examples, "skip");
+  for (const char* bad_json : {R"({"strata": {"objective": "orpo"}})", R"({"strata": {"beta": 0}})",
+                               R"({"strata": {"label_smoothing": 0.5}})"}) {
+    TrainFlags g;
+    const Status bad = Apply(bad_json, &g);
+    EXPECT_FALSE(bad.ok()) << bad_json;
+    EXPECT_NE(bad.message().find("'strata."), std::string::npos) << bad.ToString();
+    EXPECT_EQ(bad.message().find('\n'), std::string::npos) << bad.ToString();
+  }
+}
+
 TEST(TrainConfig, ActivationCheckpointingComesFromTheStrataSectionNotDeepSpeeds) {
   for (const char* want : {"auto", "all", "none"}) {
     TrainFlags f;
