@@ -559,7 +559,8 @@ StatusOr<StepResult> Engine::Impl::RunStep(std::span<const MicroBatch> mbs) {
                           MicroBatchLossWeights(loss_tokens, shape.tokens(), scale, world()));
   if (objective_) {
     STRATA_RETURN_IF_ERROR(CheckObjective());
-    // The objective's weights are the step's: each micro-batch's backward gets the loss scale.
+    // The objective's weights are the step's (the whole job's, with data parallelism: the ranks'
+    // gradients are summed): each micro-batch's backward gets the loss scale alone.
     dloss.assign(mbs.size(), scale);
     objective_value_ = 0;
   }
@@ -581,12 +582,14 @@ StatusOr<StepResult> Engine::Impl::RunStep(std::span<const MicroBatch> mbs) {
                            : StepLoss({losses, mbs.size()}, loss_tokens, shape.tokens());
   if (dp()) {
     // Every rank clips, skips and reports alike: the squared norm, the overflow flag and the
-    // loss summed over the ranks (in rank order, the same bits everywhere).
-    double v[3] = {stats.sum_squares, stats.nonfinite ? 1.0 : 0.0, result.loss};
+    // loss summed over the ranks (in rank order, the same bits everywhere). A rank's mean loss
+    // is averaged; an objective's shares are of the whole job's objective already, so summed.
+    double v[3] = {stats.sum_squares, stats.nonfinite ? 1.0 : 0.0,
+                   objective_ ? objective_value_ : result.loss};
     STRATA_RETURN_IF_ERROR(o_.comm->AllReduce(v, comm::ReduceOp::kSum));
     stats.sum_squares = v[0];
     stats.nonfinite = v[1] != 0;
-    result.loss = static_cast<float>(v[2] / world());
+    result.loss = static_cast<float>(objective_ ? v[2] : v[2] / world());
   }
   const bool overflow = stats.nonfinite || !std::isfinite(stats.sum_squares);
   result.grad_norm = overflow ? INFINITY : std::sqrt(stats.sum_squares) / scale;
@@ -668,9 +671,6 @@ Status Engine::Impl::CheckObjective() const {
     return FailedPreconditionError(
         "the objective wants the frozen reference; the plan has no reference forward "
         "(PlacementOptions::objective.reference_forward)");
-  }
-  if (dp()) {
-    return InvalidArgumentError("a sequence objective runs on one rank (no data parallelism)");
   }
   return Status::Ok();
 }

@@ -244,9 +244,11 @@ class Engine {
   // With `objective` (not owned; engine/sequence_objective.h) the step's objective is its
   // instead of the mean cross-entropy: each micro-batch's gradient is that of sum_t w_t CE_t with
   // the weights it gives after the micro-batch's forward (the loss scale and 1 / ranks
-  // multiplied in), and StepResult::loss is the sum of its Weigh results. Needs a plan with
-  // PlacementOptions::objective.target_weights, and .reference_forward when the objective
-  // wants the reference (kFailedPrecondition otherwise); one rank only.
+  // multiplied in), and StepResult::loss is the sum of its Weigh results. With data parallelism
+  // the weights are the whole job's (each rank weighs its own micro-batches as a share of every
+  // rank's: the ranks' gradients are summed) and the loss is summed over the ranks. Needs a plan
+  // with PlacementOptions::objective.target_weights, and .reference_forward when the objective
+  // wants the reference (kFailedPrecondition otherwise).
   StatusOr<StepResult> Step(std::span<const MicroBatch> micro_batches,
                             SequenceObjective* objective = nullptr);
 

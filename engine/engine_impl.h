@@ -266,8 +266,7 @@ class Engine::Impl {
   // losses to the host, objective_->Weigh, the weights back to the device (the head's backward
   // reads them in stream order). Synchronizes the compute stream.
   Status WeighMicroBatch(size_t i, int slot);
-  // Step's conditions on objective_: the plan's buffers for it, one rank
-  // (kFailedPrecondition, kInvalidArgument).
+  // Step's conditions on objective_: the plan's buffers for it (kFailedPrecondition).
   Status CheckObjective() const;
   // A (B, T, C) activation-sized buffer, or the logits, as the typed view a block sees.
   TensorRef Typed(gpu::DeviceSpan span) const {

@@ -144,7 +144,8 @@ PreferenceObjective::PreferenceObjective(const PreferenceOptions& options,
                                          bool reference_from_model)
     : options_(options), reference_from_model_(reference_from_model) {}
 
-Status PreferenceObjective::BeginStep(std::vector<MicroBatchPairs> micro_batches) {
+Status PreferenceObjective::BeginStep(std::vector<MicroBatchPairs> micro_batches,
+                                      int64_t job_pairs) {
   step_pairs_ = 0;
   const bool precomputed = options_.uses_reference() && !reference_from_model_;
   for (size_t i = 0; i < micro_batches.size(); ++i) {
@@ -157,6 +158,13 @@ Status PreferenceObjective::BeginStep(std::vector<MicroBatchPairs> micro_batches
     }
   }
   if (step_pairs_ == 0) return InvalidArgumentError("a preference step without pairs");
+  if (job_pairs != 0) {
+    if (job_pairs < step_pairs_) {
+      return InvalidArgumentError(fmt::format(
+          "{} pairs in the job's step, fewer than this rank's {}", job_pairs, step_pairs_));
+    }
+    step_pairs_ = job_pairs;
+  }
   step_ = std::move(micro_batches);
   return Status::Ok();
 }

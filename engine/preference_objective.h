@@ -114,9 +114,11 @@ class PreferenceObjective final : public SequenceObjective {
     int pairs = 0;
     std::vector<double> reference_logps;
   };
-  // Starts a step. Errors (kInvalidArgument): a step without pairs, reference log-probabilities
-  // missing or of the wrong count.
-  Status BeginStep(std::vector<MicroBatchPairs> micro_batches);
+  // Starts a step. job_pairs: the pairs of the whole step over every data-parallel rank, P
+  // above (0: those of `micro_batches`, one rank). Errors (kInvalidArgument): a step without
+  // pairs, fewer job pairs than this rank's, reference log-probabilities missing or of the wrong
+  // count.
+  Status BeginStep(std::vector<MicroBatchPairs> micro_batches, int64_t job_pairs = 0);
 
   bool wants_reference() const override {
     return options_.uses_reference() && reference_from_model_;

@@ -109,7 +109,7 @@ uint64_t PreferenceTraining::DataXxh3() const {
 }
 
 Status PreferenceTraining::PrepareReference(engine::Engine& engine, const std::string& save_dir,
-                                            bool resuming) {
+                                            bool resuming, bool write) {
   if (reference_from_model_ || !options_.uses_reference()) return Status::Ok();
   const uint64_t data_hash = DataXxh3();
   STRATA_ASSIGN_OR_RETURN(const uint64_t weights_hash, engine.MasterWeightsXxh3());
@@ -164,11 +164,12 @@ Status PreferenceTraining::PrepareReference(engine::Engine& engine, const std::s
   }
   STRATA_ASSIGN_OR_RETURN(train_ref_, ComputeReference(engine, /*val=*/false));
   STRATA_ASSIGN_OR_RETURN(val_ref_, ComputeReference(engine, /*val=*/true));
-  if (path.empty()) {
+  if (path.empty() || !write) {
     std::printf(
         "reference log-probabilities: computed with the initial weights (%zu train and "
-        "%zu val completions; kept in memory without --save-dir)\n",
-        train_ref_.logp_sum.size(), val_ref_.logp_sum.size());
+        "%zu val completions; kept in memory%s)\n",
+        train_ref_.logp_sum.size(), val_ref_.logp_sum.size(),
+        path.empty() ? " without --save-dir" : "");
     return Status::Ok();
   }
   nlohmann::json j = {
@@ -189,7 +190,8 @@ Status PreferenceTraining::PrepareReference(engine::Engine& engine, const std::s
   return Status::Ok();
 }
 
-Status PreferenceTraining::BeginStep(std::span<const data::Batch> micro_batches) {
+Status PreferenceTraining::BeginStep(std::span<const data::Batch> micro_batches,
+                                     int64_t job_pairs) {
   std::vector<engine::PreferenceObjective::MicroBatchPairs> step;
   step.reserve(micro_batches.size());
   const bool precomputed = options_.uses_reference() && !reference_from_model_;
@@ -200,7 +202,25 @@ Status PreferenceTraining::BeginStep(std::span<const data::Batch> micro_batches)
     if (precomputed) m.reference_logps = ReferenceOf(train_ref_, b);
     step.push_back(std::move(m));
   }
-  return objective_.BeginStep(std::move(step));
+  return objective_.BeginStep(std::move(step), job_pairs);
+}
+
+StatusOr<engine::PreferenceMetrics> PreferenceTraining::TakeMetrics(comm::Communicator* comm) {
+  engine::PreferenceMetrics m = objective_.TakeMetrics();
+  if (comm == nullptr || comm->world_size() == 1) return m;
+  // Means to sums, summed over the ranks, back to means.
+  const double n = static_cast<double>(m.pairs);
+  double* fields[] = {
+      &m.loss,           &m.rewards_chosen, &m.rewards_rejected, &m.rewards_accuracy,
+      &m.rewards_margin, &m.logps_chosen,   &m.logps_rejected};
+  std::vector<double> sums = {n};
+  for (double* f : fields) sums.push_back(*f * n);
+  STRATA_RETURN_IF_ERROR(comm->AllReduce(sums, comm::ReduceOp::kSum));
+  m.pairs = static_cast<int64_t>(sums[0]);
+  for (size_t i = 0; i < std::size(fields); ++i) {
+    *fields[i] = m.pairs > 0 ? sums[i + 1] / sums[0] : 0.0;
+  }
+  return m;
 }
 
 StatusOr<engine::PreferenceMetrics> PreferenceTraining::Evaluate(engine::Engine& engine) {

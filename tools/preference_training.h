@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "comm/communicator.h"
 #include "data/dataset.h"
 #include "data/preference_dataset.h"
 #include "engine/engine.h"
@@ -41,17 +42,21 @@ class PreferenceTraining {
 
   // Full fine-tuning with a reference (DPO, IPO): the reference log-probabilities of every pair,
   // read from save_dir/reference-logps.json or computed with the engine's current (initial)
-  // weights and written there (save_dir empty: kept in memory). Call once, before --resume loads
-  // a checkpoint. Prints one line saying which. Errors: the engine's, the file's (a damaged file
+  // weights and written there (save_dir empty, or a data-parallel rank other than 0 (`write`
+  // false): kept in memory). Call once, before --resume loads a checkpoint. Prints one line
+  // saying which. Errors: the engine's, the file's (a damaged file
   // is kDataLoss naming it; a resumed run's mismatch kFailedPrecondition), writing it.
-  Status PrepareReference(engine::Engine& engine, const std::string& save_dir, bool resuming);
+  Status PrepareReference(engine::Engine& engine, const std::string& save_dir, bool resuming,
+                          bool write = true);
 
   // Describes a step's micro-batches (kept alive by the caller until the step returns) to the
-  // objective. Errors: PreferenceObjective::BeginStep's.
-  Status BeginStep(std::span<const data::Batch> micro_batches);
+  // objective; job_pairs: the pairs of the step over every data-parallel rank (0: one rank).
+  // Errors: PreferenceObjective::BeginStep's.
+  Status BeginStep(std::span<const data::Batch> micro_batches, int64_t job_pairs = 0);
   engine::SequenceObjective* objective() { return &objective_; }
-  // The metrics of the pairs weighed since the last call.
-  engine::PreferenceMetrics TakeMetrics() { return objective_.TakeMetrics(); }
+  // The metrics of the pairs weighed since the last call: this rank's, or with `comm` (not
+  // owned; may be null) every rank's, a collective all ranks call alike. Errors: comm's.
+  StatusOr<engine::PreferenceMetrics> TakeMetrics(comm::Communicator* comm);
 
   // The metrics over every validation pair (the reference's pass first, then the policy's).
   StatusOr<engine::PreferenceMetrics> Evaluate(engine::Engine& engine);

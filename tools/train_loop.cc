@@ -164,6 +164,7 @@ class TrainLoop {
   // Over every rank: the global batch.
   const int64_t tokens_per_step_;
   std::vector<data::Batch> data_batches_;
+  int64_t job_pairs_ = 0;  // preference pairs of the step's global batch (every rank's)
   std::vector<engine::MicroBatch> batches_;
   data::Batch skip_batch_;
   TrainOutcome out_;
@@ -218,6 +219,7 @@ Status TrainLoop::Flush() {
 // data_rng advances alike. Every rank counts the targets in the loss of the whole global batch.
 void TrainLoop::SampleBatches() {
   const int accum = loop_.grad_accum_steps;
+  job_pairs_ = 0;
   for (int k = 0; k < o_.ranks.ranks * accum; ++k) {
     const int i = k - o_.ranks.rank * accum;
     if (i >= 0 && i < accum) {
@@ -225,9 +227,11 @@ void TrainLoop::SampleBatches() {
       data_.SampleTrainBatch(data_rng_, loop_.micro_batch_size, loop_.seq_len, &b);
       batches_[i] = {b.tokens, b.targets, b.positions};
       out_.tokens_in_loss += TargetsInLoss(b);
+      job_pairs_ += b.pairs();
     } else {
       data_.SampleTrainBatch(data_rng_, loop_.micro_batch_size, loop_.seq_len, &skip_batch_);
       out_.tokens_in_loss += TargetsInLoss(skip_batch_);
+      job_pairs_ += skip_batch_.pairs();
     }
   }
 }
@@ -244,7 +248,7 @@ Status TrainLoop::Step(int64_t step) {
   engine_.SetLearningRate(lr);
   engine::SequenceObjective* objective = nullptr;
   if (preference_) {
-    STRATA_RETURN_IF_ERROR(preference_->BeginStep(data_batches_));
+    STRATA_RETURN_IF_ERROR(preference_->BeginStep(data_batches_, job_pairs_));
     objective = preference_->objective();
   }
   STRATA_ASSIGN_OR_RETURN(auto r, Timed([&] { return engine_.Step(batches_, objective); }));
@@ -254,7 +258,7 @@ Status TrainLoop::Step(int64_t step) {
   std::vector<Scalar> extra;
   std::string detail;
   if (preference_) {
-    out_.train_preference = preference_->TakeMetrics();
+    STRATA_ASSIGN_OR_RETURN(out_.train_preference, preference_->TakeMetrics(o_.engine.comm));
     extra = PreferenceTraining::Scalars("train/", *out_.train_preference);
     detail = PreferenceTraining::Summary(*out_.train_preference);
   }
@@ -454,8 +458,9 @@ StatusOr<TrainOutcome> RunTrainLoop(const TrainLoopInputs& in) {
     preference = std::make_unique<PreferenceTraining>(
         *in.options->preference, in.data->preference, in.spec->lora.enabled(),
         in.options->loop.micro_batch_size, in.options->loop.seq_len);
-    STRATA_RETURN_IF_ERROR(
-        preference->PrepareReference(*in.engine, ckpt.save_dir, !ckpt.resume.empty()));
+    // Every rank computes the same reference (whole blocks on each device); rank 0 writes it.
+    STRATA_RETURN_IF_ERROR(preference->PrepareReference(
+        *in.engine, ckpt.save_dir, !ckpt.resume.empty(), in.options->ranks.rank == 0));
   }
   int64_t start_step = 0;
   if (!ckpt.resume.empty()) {

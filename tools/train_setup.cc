@@ -184,11 +184,9 @@ StatusOr<uint64_t> DeviceBudgetFromFlag(const std::string& flag) {
   return bytes;
 }
 
-// --schedule: layer-major or micro-batch-major as given; auto: chosen with the plan.
 // --objective and its hyper-parameters; nullopt for sft. Errors: kInvalidArgument naming the
-// flag (a value out of range, data parallelism, a flag of another objective).
-StatusOr<std::optional<engine::PreferenceOptions>> PreferenceFromFlags(const TrainFlags& f,
-                                                                       const RankInfo& ranks) {
+// flag (a value out of range, a flag of another objective).
+StatusOr<std::optional<engine::PreferenceOptions>> PreferenceFromFlags(const TrainFlags& f) {
   const TrainFlags defaults;
   if (f.objective == "sft") {
     if (f.beta != defaults.beta || f.label_smoothing != defaults.label_smoothing ||
@@ -207,13 +205,10 @@ StatusOr<std::optional<engine::PreferenceOptions>> PreferenceFromFlags(const Tra
   if (p.loss != engine::PreferenceLoss::kSimpo && f.simpo_gamma != defaults.simpo_gamma) {
     return InvalidArgumentError("--simpo-gamma is for --objective simpo");
   }
-  if (ranks.data_parallel) {
-    return InvalidArgumentError(
-        fmt::format("--objective {} runs on one rank (not under mpirun yet)", f.objective));
-  }
   return std::optional<engine::PreferenceOptions>(p);
 }
 
+// --schedule: layer-major or micro-batch-major as given; auto: chosen with the plan.
 Status ScheduleFromFlag(const TrainFlags& f, TrainOptions* o) {
   o->automatic.schedule = f.schedule == "auto";
   if (o->automatic.schedule) return Status::Ok();
@@ -349,7 +344,7 @@ StatusOr<TrainOptions> TrainOptionsFromFlags(const TrainFlags& flags, const Rank
   // An optimizer home given explicitly is the user's choice: no split unless one is given too.
   o.automatic.device_fraction =
       f.optimizer_device_fraction == "auto" && f.offload_optimizer == "auto";
-  STRATA_ASSIGN_OR_RETURN(o.preference, PreferenceFromFlags(f, ranks));
+  STRATA_ASSIGN_OR_RETURN(o.preference, PreferenceFromFlags(f));
   if (o.preference) {
     o.engine.placement.objective.target_weights = true;
     o.engine.placement.objective.reference_forward =
