@@ -71,7 +71,7 @@ struct StepReport {
   bool skipped = false;  // the loss scaler skipped this step's update (overflow)
   // More of the step for the line, shown after the loss when not empty (preference training:
   // "acc 0.75 margin 0.123").
-  std::string detail;
+  std::string detail = "";
   // Cumulative engine counters after the step, in bytes.
   uint64_t bytes_h2d = 0;
   uint64_t bytes_d2h = 0;

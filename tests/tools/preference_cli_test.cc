@@ -85,7 +85,9 @@ void ExpectLearned(const nlohmann::json& s, bool starts_at_ln2) {
   EXPECT_GE(val["rewards/accuracies"].get<double>(), 0.95) << val.dump();
   EXPECT_GT(val["rewards/margins"].get<double>(), 0) << val.dump();
   EXPECT_LT(val["loss"].get<double>(), s["loss_first"].get<double>());
-  if (starts_at_ln2) EXPECT_EQ(s["loss_first"].get<float>(), static_cast<float>(std::log(2.0)));
+  if (starts_at_ln2) {
+    EXPECT_EQ(s["loss_first"].get<float>(), static_cast<float>(std::log(2.0)));
+  }
 }
 
 TEST_F(PreferenceCli, FullAndLoraDpoLearnTheRuleOnHeldOutPairsWithTheStateOffloaded) {
@@ -130,7 +132,9 @@ TEST_F(PreferenceCli, ResumingGivesTheUninterruptedRunBitForBit) {
     const nlohmann::json straight =
         Train(common + " --steps 30 --save-dir " + Path("a"), "straight.json");
     Train(common + " --save-dir " + Path("b") + " --save-every 15 --steps 15", "first.json");
-    if (lora.empty()) EXPECT_TRUE(fs::exists(dir_ / "b" / "reference-logps.json"));
+    if (lora.empty()) {
+      EXPECT_TRUE(fs::exists(dir_ / "b" / "reference-logps.json"));
+    }
     const nlohmann::json resumed =
         Train(common + " --steps 30 --save-dir " + Path("b") + " --resume latest", "resumed.json");
     EXPECT_EQ(resumed["start_step"], 15);
