@@ -12,14 +12,17 @@
 #include "base/dtype.h"
 #include "base/units.h"
 #include "data/example_dataset.h"
+#include "data/preference_dataset.h"
 #include "data/token_dataset.h"
 #include "data/tokenizer.h"
 #include "engine/checkpoint.h"
 #include "engine/engine.h"
 #include "engine/plan/plan_choice.h"
 #include "engine/plan/planner.h"
+#include "engine/preference_objective.h"
 #include "tools/device_select.h"
 #include "tools/model_spec.h"
+#include "tools/preference_training.h"
 
 namespace strata::tools {
 namespace {
@@ -60,7 +63,10 @@ struct Loaded {
   std::unique_ptr<engine::Engine> engine;
 };
 
-StatusOr<Loaded> Load(const InferenceFlags& f, engine::MicroBatchShape shape) {
+// objective_buffers: the plan holds a sequence objective's per-target losses
+// (Engine::EvaluateTargetLosses).
+StatusOr<Loaded> Load(const InferenceFlags& f, engine::MicroBatchShape shape,
+                      bool objective_buffers = false) {
   if (f.model_dir.empty() == f.checkpoint.empty()) {
     return InvalidArgumentError("give exactly one of --model-dir DIR and --checkpoint DIR");
   }
@@ -98,6 +104,7 @@ StatusOr<Loaded> Load(const InferenceFlags& f, engine::MicroBatchShape shape) {
   o.inference_only = true;
   o.placement.param_home = engine::ParamHome::kHost;
   o.placement.optimizer_home = engine::OptimizerHome::kHost;
+  o.placement.objective.target_weights = objective_buffers;
   // The plan, chosen once (engine/plan/plan_choice.h): an auto budget is the plan's own.
   engine::PlanRequest request;
   request.precision = precision;
@@ -145,6 +152,17 @@ void AddEvalFlags(CLI::App& cmd, EvalFlags& f) {
   cmd.add_option("--long-examples", f.long_examples,
                  "Instruction data: an example longer than --seq-len is truncated or skipped")
       ->check(CLI::IsMember({"truncate", "skip"}))
+      ->capture_default_str();
+  cmd.add_option("--objective", f.objective,
+                 "Preference data: score the pairs with dpo, ipo or simpo and TRL's metrics "
+                 "(DPO and IPO need a LoRA model: its base is the reference); sft: the "
+                 "cross-entropy of every completion")
+      ->check(CLI::IsMember({"sft", "dpo", "ipo", "simpo"}))
+      ->capture_default_str();
+  cmd.add_option("--beta", f.beta, "DPO and SimPO: beta; IPO: tau")->capture_default_str();
+  cmd.add_option("--label-smoothing", f.label_smoothing, "DPO and SimPO: label smoothing")
+      ->capture_default_str();
+  cmd.add_option("--simpo-gamma", f.simpo_gamma, "SimPO: the target reward margin")
       ->capture_default_str();
 }
 
@@ -216,12 +234,71 @@ Status EvalExamples(const EvalFlags& f, const Loaded& l, data::TokenDataset toke
   return Status::Ok();
 }
 
+// Preference data with --objective: every pair, laid out as training validates it.
+Status EvalPreference(const EvalFlags& f, const Loaded& l, data::TokenDataset tokens) {
+  engine::PreferenceOptions p;
+  STRATA_ASSIGN_OR_RETURN(p.loss, engine::ParsePreferenceLoss(f.objective));
+  p.beta = f.beta;
+  p.label_smoothing = f.label_smoothing;
+  p.simpo_gamma = f.simpo_gamma;
+  STRATA_RETURN_IF_ERROR(engine::CheckPreferenceOptions(p));
+  if (p.uses_reference() && !l.model->has_frozen_reference()) {
+    return InvalidArgumentError(fmt::format(
+        "--objective {} compares the model with its reference, and a full model has none here: "
+        "evaluate a LoRA model (--lora ADAPTER, or a LoRA checkpoint: its base is the reference) "
+        "or use --objective simpo",
+        f.objective));
+  }
+  if (!tokens.has_flags() || !data::HasPairStarts(tokens)) {
+    return InvalidArgumentError(fmt::format(
+        "--objective {} scores preference pairs; {} holds none (`strata tokenize` of JSONL "
+        "with \"prompt\", \"chosen\" and \"rejected\")",
+        f.objective, NameFiles(tokens)));
+  }
+  const data::PreferenceBatchOptions rows{.seq_len = f.seq_len,
+                                          .micro_batch_size = f.micro_batch_size,
+                                          .pack = f.pack,
+                                          .long_examples = f.long_examples == "skip"
+                                                               ? data::LongExamples::kSkip
+                                                               : data::LongExamples::kTruncate};
+  // The file is both splits: its micro-batches are the validation split's.
+  const std::string name = NameFiles(tokens);
+  STRATA_ASSIGN_OR_RETURN(data::PreferenceDataset d,
+                          data::PreferenceDataset::Create(tokens, tokens, rows, name));
+  PreferenceTraining scorer(p, &d, /*reference_from_model=*/true, f.micro_batch_size, f.seq_len);
+  STRATA_ASSIGN_OR_RETURN(const engine::PreferenceMetrics m, scorer.Evaluate(*l.engine));
+  if (f.json) {
+    std::printf("%s\n", nlohmann::json{{"objective", f.objective},
+                                       {"pairs", m.pairs},
+                                       {"loss", m.loss},
+                                       {"rewards/chosen", m.rewards_chosen},
+                                       {"rewards/rejected", m.rewards_rejected},
+                                       {"rewards/accuracies", m.rewards_accuracy},
+                                       {"rewards/margins", m.rewards_margin},
+                                       {"logps/chosen", m.logps_chosen},
+                                       {"logps/rejected", m.logps_rejected}}
+                            .dump()
+                            .c_str());
+    return Status::Ok();
+  }
+  std::printf("%s\n", l.model->description().c_str());
+  std::printf(
+      "eval: %lld pairs of %s: %s loss %.6f | rewards/accuracies %.4f | rewards/margins %.4f | "
+      "rewards/chosen %.4f | rewards/rejected %.4f | logps/chosen %.4f | logps/rejected %.4f\n",
+      static_cast<long long>(m.pairs), name.c_str(), f.objective.c_str(), m.loss,
+      m.rewards_accuracy, m.rewards_margin, m.rewards_chosen, m.rewards_rejected, m.logps_chosen,
+      m.logps_rejected);
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status RunEval(const EvalFlags& f) {
   const int T = f.seq_len;
-  STRATA_ASSIGN_OR_RETURN(Loaded l, Load(f.model, {f.micro_batch_size, T}));
+  const bool preference = f.objective != "sft";
+  STRATA_ASSIGN_OR_RETURN(Loaded l, Load(f.model, {f.micro_batch_size, T}, preference));
   STRATA_ASSIGN_OR_RETURN(auto data, data::TokenDataset::Open(f.data, l.model->vocab_size()));
+  if (preference) return EvalPreference(f, l, std::move(data));
   if (data.has_flags()) return EvalExamples(f, l, std::move(data));
   const int64_t windows = data.num_windows(T, f.max_tokens);
   if (windows == 0) {

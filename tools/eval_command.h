@@ -36,13 +36,21 @@ struct EvalFlags {
   // lays them out (data/example_dataset.h).
   bool pack = false;
   std::string long_examples = "truncate";
+  // Preference data (pairs from `strata tokenize`) scored with a preference loss and TRL's
+  // metrics instead of the cross-entropy (tools/preference_training.h); sft: the cross-entropy.
+  std::string objective = "sft";
+  double beta = 0.1;
+  double label_smoothing = 0;
+  double simpo_gamma = 0.5;
 };
 void AddEvalFlags(CLI::App& cmd, EvalFlags& f);
 // Mean cross-entropy in nats per target token over every full window of the first max_tokens
 // tokens: window i has inputs tokens[i T, i T + T) and targets tokens[i T + 1, i T + T + 1).
 // Files with per-token flags (instruction data) are read as whole examples instead, one per row
 // of T tokens (or packed), and the mean is over the targets in the loss only (the responses):
-// what training's validation loss of the same file reports.
+// what training's validation loss of the same file reports. With --objective dpo|ipo|simpo,
+// preference data is scored as training validates it: every pair, its loss and TRL's metrics
+// (the reference of DPO and IPO: a LoRA model's base; a full model has none to compare with).
 Status RunEval(const EvalFlags& f);
 
 struct GenerateFlags {

@@ -145,6 +145,35 @@ TEST_F(PreferenceCli, ResumingGivesTheUninterruptedRunBitForBit) {
   }
 }
 
+// strata eval --objective scores a file of pairs as training's validation does: the LoRA run's
+// final validation metrics again, from its checkpoint.
+TEST_F(PreferenceCli, EvalScoresPairsAsTrainingValidatesThem) {
+  const nlohmann::json s = Train(
+      "--objective dpo --lora-rank 4 --steps 10 --lr 5e-3 "
+      "--grad-accum-steps 2 --save-dir " +
+          Path("e"),
+      "e.json");
+  const Result r = RunStrata("eval --checkpoint " + Path("e") + " --data " + Path("val.bin") +
+                             " --seq-len 32 --micro-batch-size 8 --objective dpo --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json e = nlohmann::json::parse(r.out);
+  const nlohmann::json& val = s["preference"]["val"];
+  EXPECT_EQ(e["pairs"], val["pairs"]);
+  for (const char* key : {"loss", "rewards/accuracies", "rewards/margins", "rewards/chosen",
+                          "rewards/rejected", "logps/chosen", "logps/rejected"}) {
+    EXPECT_EQ(e[key], val[key]) << key;
+  }
+  // A full model has no reference to compare with; SimPO needs none.
+  Train("--objective dpo --steps 2 --grad-accum-steps 1 --save-dir " + Path("f"), "f.json");
+  const std::string full = "eval --checkpoint " + Path("f") + " --data " + Path("val.bin") +
+                           " --seq-len 32 --micro-batch-size 8 --json --objective ";
+  Result bad = RunStrata(full + "dpo");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_EQ(Lines(bad.err), 1) << bad.err;
+  EXPECT_NE(bad.err.find("--objective simpo"), std::string::npos) << bad.err;
+  EXPECT_EQ(RunStrata(full + "simpo").exit_code, 0);
+}
+
 TEST_F(PreferenceCli, AReferenceOfOtherDataIsRefusedOnResume) {
   Train("--objective dpo --steps 4 --grad-accum-steps 1 --save-dir " + Path("c"), "c.json");
   WritePairs(dir_ / "train.jsonl", 600, 99);
