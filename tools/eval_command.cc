@@ -235,13 +235,8 @@ Status EvalExamples(const EvalFlags& f, const Loaded& l, data::TokenDataset toke
 }
 
 // Preference data with --objective: every pair, laid out as training validates it.
-Status EvalPreference(const EvalFlags& f, const Loaded& l, data::TokenDataset tokens) {
-  engine::PreferenceOptions p;
-  STRATA_ASSIGN_OR_RETURN(p.loss, engine::ParsePreferenceLoss(f.objective));
-  p.beta = f.beta;
-  p.label_smoothing = f.label_smoothing;
-  p.simpo_gamma = f.simpo_gamma;
-  STRATA_RETURN_IF_ERROR(engine::CheckPreferenceOptions(p));
+Status EvalPreference(const EvalFlags& f, const engine::PreferenceOptions& p, const Loaded& l,
+                      data::TokenDataset tokens) {
   if (p.uses_reference() && !l.model->has_frozen_reference()) {
     return InvalidArgumentError(fmt::format(
         "--objective {} compares the model with its reference, and a full model has none here: "
@@ -295,10 +290,12 @@ Status EvalPreference(const EvalFlags& f, const Loaded& l, data::TokenDataset to
 
 Status RunEval(const EvalFlags& f) {
   const int T = f.seq_len;
-  const bool preference = f.objective != "sft";
-  STRATA_ASSIGN_OR_RETURN(Loaded l, Load(f.model, {f.micro_batch_size, T}, preference));
+  STRATA_ASSIGN_OR_RETURN(
+      const std::optional<engine::PreferenceOptions> preference,
+      PreferenceOptionsFromFlags(f.objective, f.beta, f.label_smoothing, f.simpo_gamma));
+  STRATA_ASSIGN_OR_RETURN(Loaded l, Load(f.model, {f.micro_batch_size, T}, preference.has_value()));
   STRATA_ASSIGN_OR_RETURN(auto data, data::TokenDataset::Open(f.data, l.model->vocab_size()));
-  if (preference) return EvalPreference(f, l, std::move(data));
+  if (preference) return EvalPreference(f, *preference, l, std::move(data));
   if (data.has_flags()) return EvalExamples(f, l, std::move(data));
   const int64_t windows = data.num_windows(T, f.max_tokens);
   if (windows == 0) {

@@ -35,6 +35,29 @@ void Group(const data::PreferenceDataset& d, bool val, int64_t g, data::Batch* b
 
 }  // namespace
 
+StatusOr<std::optional<engine::PreferenceOptions>> PreferenceOptionsFromFlags(
+    const std::string& objective, double beta, double label_smoothing, double simpo_gamma) {
+  const engine::PreferenceOptions defaults;
+  if (objective == "sft") {
+    if (beta != defaults.beta || label_smoothing != defaults.label_smoothing ||
+        simpo_gamma != defaults.simpo_gamma) {
+      return InvalidArgumentError(
+          "--beta, --label-smoothing and --simpo-gamma are for --objective dpo, ipo or simpo");
+    }
+    return std::optional<engine::PreferenceOptions>();
+  }
+  engine::PreferenceOptions p;
+  STRATA_ASSIGN_OR_RETURN(p.loss, engine::ParsePreferenceLoss(objective));
+  p.beta = beta;
+  p.label_smoothing = label_smoothing;
+  p.simpo_gamma = simpo_gamma;
+  STRATA_RETURN_IF_ERROR(engine::CheckPreferenceOptions(p));
+  if (p.loss != engine::PreferenceLoss::kSimpo && simpo_gamma != defaults.simpo_gamma) {
+    return InvalidArgumentError("--simpo-gamma is for --objective simpo");
+  }
+  return std::optional<engine::PreferenceOptions>(p);
+}
+
 PreferenceTraining::PreferenceTraining(const engine::PreferenceOptions& options,
                                        const data::PreferenceDataset* data,
                                        bool reference_from_model, int micro_batch_size, int seq_len)

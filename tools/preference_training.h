@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -33,6 +34,14 @@
 #include "tools/metrics.h"
 
 namespace strata::tools {
+
+// --objective sft|dpo|ipo|simpo and its hyper-parameters (train's and eval's flags, or the
+// config's keys) as options: nullopt for sft. One author for both commands. Errors
+// (kInvalidArgument, one line naming the flag): a value out of range
+// (engine::CheckPreferenceOptions), --beta, --label-smoothing or --simpo-gamma given (not at
+// their defaults) for an objective that does not read them.
+StatusOr<std::optional<engine::PreferenceOptions>> PreferenceOptionsFromFlags(
+    const std::string& objective, double beta, double label_smoothing, double simpo_gamma);
 
 class PreferenceTraining {
  public:

@@ -14,6 +14,7 @@
 #include "engine/checkpoint.h"
 #include "io/io_backend.h"
 #include "tools/optimizer_flags.h"
+#include "tools/preference_training.h"
 #include "tools/step_prediction.h"
 
 namespace strata::tools {
@@ -184,30 +185,6 @@ StatusOr<uint64_t> DeviceBudgetFromFlag(const std::string& flag) {
   return bytes;
 }
 
-// --objective and its hyper-parameters; nullopt for sft. Errors: kInvalidArgument naming the
-// flag (a value out of range, a flag of another objective).
-StatusOr<std::optional<engine::PreferenceOptions>> PreferenceFromFlags(const TrainFlags& f) {
-  const TrainFlags defaults;
-  if (f.objective == "sft") {
-    if (f.beta != defaults.beta || f.label_smoothing != defaults.label_smoothing ||
-        f.simpo_gamma != defaults.simpo_gamma) {
-      return InvalidArgumentError(
-          "--beta, --label-smoothing and --simpo-gamma are for --objective dpo, ipo or simpo");
-    }
-    return std::optional<engine::PreferenceOptions>();
-  }
-  engine::PreferenceOptions p;
-  STRATA_ASSIGN_OR_RETURN(p.loss, engine::ParsePreferenceLoss(f.objective));
-  p.beta = f.beta;
-  p.label_smoothing = f.label_smoothing;
-  p.simpo_gamma = f.simpo_gamma;
-  STRATA_RETURN_IF_ERROR(engine::CheckPreferenceOptions(p));
-  if (p.loss != engine::PreferenceLoss::kSimpo && f.simpo_gamma != defaults.simpo_gamma) {
-    return InvalidArgumentError("--simpo-gamma is for --objective simpo");
-  }
-  return std::optional<engine::PreferenceOptions>(p);
-}
-
 // --schedule: layer-major or micro-batch-major as given; auto: chosen with the plan.
 Status ScheduleFromFlag(const TrainFlags& f, TrainOptions* o) {
   o->automatic.schedule = f.schedule == "auto";
@@ -344,7 +321,8 @@ StatusOr<TrainOptions> TrainOptionsFromFlags(const TrainFlags& flags, const Rank
   // An optimizer home given explicitly is the user's choice: no split unless one is given too.
   o.automatic.device_fraction =
       f.optimizer_device_fraction == "auto" && f.offload_optimizer == "auto";
-  STRATA_ASSIGN_OR_RETURN(o.preference, PreferenceFromFlags(f));
+  STRATA_ASSIGN_OR_RETURN(o.preference, PreferenceOptionsFromFlags(
+                                            f.objective, f.beta, f.label_smoothing, f.simpo_gamma));
   if (o.preference) {
     o.engine.placement.objective.target_weights = true;
     o.engine.placement.objective.reference_forward =
