@@ -369,6 +369,15 @@ TEST_F(PreferenceEngineTest, EveryPlacementAndScheduleGivesTheSameStepsBitForBit
         const Run run = Train(*m, Options(*m, params, schedule, reference), p, lora, 3);
         testing::ExpectBitIdentical(ref.train, run.train);
       }
+      // Every layer keeping its activations: the reference forward runs before the layer's
+      // training forward, whose activations the layer's backward then reads from its store.
+      for (Schedule schedule : {Schedule::kMicroBatchMajor, Schedule::kLayerMajor}) {
+        auto m = Llama(lora);
+        EngineOptions o = Options(*m, ParamHome::kDevice, schedule, reference);
+        o.placement.activation_checkpointing = ActivationCheckpointing::kNone;
+        const Run run = Train(*m, o, p, lora, 3);
+        testing::ExpectBitIdentical(ref.train, run.train);
+      }
     }
   }
 }
