@@ -646,7 +646,8 @@ StatusOr<StepResult> Engine::Impl::RunStep(std::span<const MicroBatch> mbs) {
   return result;
 }
 
-StatusOr<float> Engine::Impl::EvaluateLoss(const MicroBatch& batch, MicroBatchShape shape) {
+Status Engine::Impl::EvaluationForward(const MicroBatch& batch, MicroBatchShape shape,
+                                       int loss_index, ForwardExtras extras) {
   if (shape.batch_size < 1 || shape.seq_len < 1 || shape.tokens() > o_.micro_batch.tokens() ||
       shape.seq_len > model_->max_seq_len()) {
     return InvalidArgumentError("evaluation batch is larger than the training micro-batch");
@@ -657,7 +658,11 @@ StatusOr<float> Engine::Impl::EvaluateLoss(const MicroBatch& batch, MicroBatchSh
   STRATA_RETURN_IF_ERROR(UploadTokens(batch, shape, /*with_targets=*/true, loss_tokens));
   const std::vector<int> seq = params_->UseOrder(false);
   size_t cursor = 0;
-  STRATA_RETURN_IF_ERROR(ForwardPass(shape, true, 0, seq, &cursor));
+  return ForwardPass(shape, true, loss_index, seq, &cursor, /*save_acts=*/false, extras);
+}
+
+StatusOr<float> Engine::Impl::EvaluateLoss(const MicroBatch& batch, MicroBatchShape shape) {
+  STRATA_RETURN_IF_ERROR(EvaluationForward(batch, shape, 0, {}));
   STRATA_RETURN_IF_ERROR(compute_->Synchronize());
   return *reinterpret_cast<const float*>(io_pinned_.data() + LossesOffset());
 }
@@ -682,18 +687,8 @@ StatusOr<std::vector<float>> Engine::Impl::EvaluateTargetLosses(const MicroBatch
   if (reference && !model_->has_frozen_reference()) {
     return InvalidArgumentError("the model has no frozen reference (LoRA's base)");
   }
-  if (shape.batch_size < 1 || shape.seq_len < 1 || shape.tokens() > o_.micro_batch.tokens() ||
-      shape.seq_len > model_->max_seq_len()) {
-    return InvalidArgumentError("evaluation batch is larger than the training micro-batch");
-  }
-  dropout_seed_ = 0;
-  STRATA_ASSIGN_OR_RETURN(const int64_t loss_tokens,
-                          CheckMicroBatch(batch, shape, model_->vocab_size(), true));
-  STRATA_RETURN_IF_ERROR(UploadTokens(batch, shape, /*with_targets=*/true, loss_tokens));
-  const std::vector<int> seq = params_->UseOrder(false);
-  size_t cursor = 0;
-  STRATA_RETURN_IF_ERROR(ForwardPass(shape, true, -1, seq, &cursor, /*save_acts=*/false,
-                                     {.frozen_reference = reference, .target_losses = true}));
+  STRATA_RETURN_IF_ERROR(
+      EvaluationForward(batch, shape, -1, {.frozen_reference = reference, .target_losses = true}));
   const size_t count = shape.tokens();
   const gpu::PinnedSpan staging = io_pinned_.span().subspan(ObjectiveStagingOffset(), count * 4);
   STRATA_RETURN_IF_ERROR(

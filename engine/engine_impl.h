@@ -207,6 +207,12 @@ class Engine::Impl {
   Status ForwardPass(MicroBatchShape shape, bool with_targets, int loss_index,
                      std::span<const int> seq, size_t* cursor, bool save_acts = false,
                      ForwardExtras extras = {});
+  // EvaluateLoss's and EvaluateTargetLosses' forward pass of `batch` (checked against `shape`,
+  // its tokens uploaded, no dropout), the loss into slot loss_index (-1: none) as ForwardPass
+  // does; enqueued on the compute stream, not waited for. Errors: the batch's (kInvalidArgument)
+  // and the pass's.
+  Status EvaluationForward(const MicroBatch& batch, MicroBatchShape shape, int loss_index,
+                           ForwardExtras extras);
   // The manifest of this engine's training state (files not listed yet).
   Manifest TrainingManifest(const TrainerState& trainer) const;
 
