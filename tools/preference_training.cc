@@ -3,9 +3,11 @@
 #include <fmt/format.h>
 #include <xxhash.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "base/file.h"
 #include "base/untrusted_text.h"
@@ -131,6 +133,66 @@ uint64_t PreferenceTraining::DataXxh3() const {
   return h;
 }
 
+StatusOr<bool> PreferenceTraining::ReadReferenceFile(const std::string& path, uint64_t data_hash,
+                                                     uint64_t weights_hash, bool resuming) {
+  ReadSmallFileOptions read;
+  read.max_bytes = kReferenceFileMaxBytes;
+  read.unusable_code = StatusCode::kDataLoss;
+  STRATA_ASSIGN_OR_RETURN(const std::string text, ReadSmallFile(path, read));
+  auto damaged = [&](std::string_view why) {
+    return DataLossError(fmt::format("'{}' is damaged: {}; remove it to recompute", path, why));
+  };
+  StatusOr<nlohmann::json> parsed = ParseJsonBounded(text);
+  if (!parsed.ok()) return damaged(parsed.status().message());
+  const nlohmann::json& j = *parsed;
+  if (!j.is_object() || j.value("format", "") != kReferenceFormat || !j.contains("data_xxh3") ||
+      !j.contains("initial_weights_xxh3")) {
+    return damaged("not a reference log-probabilities file");
+  }
+  std::string differs;
+  if (j["data_xxh3"] != Hex(data_hash)) {
+    differs = "the data (or --seq-len, --micro-batch-size, --pack)";
+  }
+  if (j["initial_weights_xxh3"] != Hex(weights_hash)) {
+    differs += std::string(differs.empty() ? "" : " and ") + "the initial weights";
+  }
+  if (!differs.empty()) {
+    if (!resuming) return false;  // a fresh run recomputes it
+    return FailedPreconditionError(
+        fmt::format("'{}' was computed for other {} than this run's; a resumed run needs the "
+                    "reference it started with",
+                    path, differs));
+  }
+  for (auto [key, split, pairs] : {std::tuple{"train", &train_ref_, data_->train_pairs()},
+                                   std::tuple{"val", &val_ref_, data_->val_pairs()}}) {
+    const nlohmann::json& s = j.value(key, nlohmann::json());
+    if (!s.is_object() || !s.contains("logp_sum") || !s.contains("targets")) {
+      return damaged(fmt::format("no \"{}\" log-probabilities", key));
+    }
+    try {
+      split->logp_sum = s["logp_sum"].get<std::vector<double>>();
+      split->targets = s["targets"].get<std::vector<int64_t>>();
+    } catch (const nlohmann::json::exception& e) {
+      return damaged(e.what());
+    }
+    // Two completions a pair, each a finite log-probability of at least one target.
+    const size_t want = 2 * static_cast<size_t>(pairs);
+    if (split->logp_sum.size() != want || split->targets.size() != want) {
+      return damaged(
+          fmt::format("\"{}\" holds {} log-probabilities and {} target counts for {} "
+                      "completions",
+                      key, split->logp_sum.size(), split->targets.size(), want));
+    }
+    for (size_t c = 0; c < want; ++c) {
+      if (!std::isfinite(split->logp_sum[c]) || split->logp_sum[c] > 0 || split->targets[c] < 1) {
+        return damaged(fmt::format("\"{}\" completion {}: log-probability {} over {} targets", key,
+                                   c, split->logp_sum[c], split->targets[c]));
+      }
+    }
+  }
+  return true;
+}
+
 Status PreferenceTraining::PrepareReference(engine::Engine& engine, const std::string& save_dir,
                                             bool resuming, bool write) {
   if (reference_from_model_ || !options_.uses_reference()) return Status::Ok();
@@ -139,50 +201,12 @@ Status PreferenceTraining::PrepareReference(engine::Engine& engine, const std::s
   const std::string path =
       save_dir.empty() ? "" : (std::filesystem::path(save_dir) / kReferenceFile).string();
   if (!path.empty() && std::filesystem::exists(path)) {
-    ReadSmallFileOptions read;
-    read.max_bytes = kReferenceFileMaxBytes;
-    read.unusable_code = StatusCode::kDataLoss;
-    STRATA_ASSIGN_OR_RETURN(const std::string text, ReadSmallFile(path, read));
-    auto damaged = [&](std::string_view why) {
-      return DataLossError(fmt::format("'{}' is damaged: {}; remove it to recompute", path, why));
-    };
-    StatusOr<nlohmann::json> parsed = ParseJsonBounded(text);
-    if (!parsed.ok()) return damaged(parsed.status().message());
-    const nlohmann::json& j = *parsed;
-    if (!j.is_object() || j.value("format", "") != kReferenceFormat || !j.contains("data_xxh3") ||
-        !j.contains("initial_weights_xxh3")) {
-      return damaged("not a reference log-probabilities file");
-    }
-    std::string differs;
-    if (j["data_xxh3"] != Hex(data_hash))
-      differs = "the data (or --seq-len, --micro-batch-size, --pack)";
-    if (j["initial_weights_xxh3"] != Hex(weights_hash)) {
-      differs += std::string(differs.empty() ? "" : " and ") + "the initial weights";
-    }
-    if (differs.empty()) {
-      for (auto [key, split] : {std::pair{"train", &train_ref_}, std::pair{"val", &val_ref_}}) {
-        const nlohmann::json& s = j.value(key, nlohmann::json());
-        if (!s.is_object() || !s.contains("logp_sum") || !s.contains("targets") ||
-            !s["logp_sum"].is_array() || !s["targets"].is_array() ||
-            s["logp_sum"].size() != s["targets"].size()) {
-          return damaged(fmt::format("no \"{}\" log-probabilities", key));
-        }
-        try {
-          split->logp_sum = s["logp_sum"].get<std::vector<double>>();
-          split->targets = s["targets"].get<std::vector<int64_t>>();
-        } catch (const nlohmann::json::exception& e) {
-          return damaged(e.what());
-        }
-      }
+    STRATA_ASSIGN_OR_RETURN(const bool read,
+                            ReadReferenceFile(path, data_hash, weights_hash, resuming));
+    if (read) {
       std::printf("reference log-probabilities: %s (%zu train and %zu val completions)\n",
                   path.c_str(), train_ref_.logp_sum.size(), val_ref_.logp_sum.size());
       return Status::Ok();
-    }
-    if (resuming) {
-      return FailedPreconditionError(
-          fmt::format("'{}' was computed for other {} than this run's; a resumed run needs the "
-                      "reference it started with",
-                      path, differs));
     }
   }
   STRATA_ASSIGN_OR_RETURN(train_ref_, ComputeReference(engine, /*val=*/false));
@@ -195,7 +219,7 @@ Status PreferenceTraining::PrepareReference(engine::Engine& engine, const std::s
         path.empty() ? " without --save-dir" : "");
     return Status::Ok();
   }
-  nlohmann::json j = {
+  const nlohmann::json j = {
       {"format", kReferenceFormat},
       {"version", 1},
       {"data_xxh3", Hex(data_hash)},

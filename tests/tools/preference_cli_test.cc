@@ -9,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -176,16 +177,31 @@ TEST_F(PreferenceCli, EvalScoresPairsAsTrainingValidatesThem) {
 
 TEST_F(PreferenceCli, AReferenceOfOtherDataIsRefusedOnResume) {
   Train("--objective dpo --steps 4 --grad-accum-steps 1 --save-dir " + Path("c"), "c.json");
+  // A file of this run's hashes whose arrays do not fit the data: damaged, named, one line.
+  const fs::path ref = dir_ / "c" / "reference-logps.json";
+  const std::string saved = [&] {
+    std::ifstream in(ref);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }();
+  nlohmann::json damaged = nlohmann::json::parse(saved);
+  damaged["train"]["logp_sum"].erase(damaged["train"]["logp_sum"].begin());
+  std::ofstream(ref) << damaged.dump();
+  const std::string resume = "train --model llama-tiny --data " + Path("train.bin") +
+                             " --val-data " + Path("val.bin") +
+                             " --seq-len 32 --micro-batch-size 8 --objective dpo --steps 8 "
+                             "--grad-accum-steps 1 --save-dir " +
+                             Path("c") + " --resume latest";
+  Result d = RunStrata(resume);
+  EXPECT_NE(d.exit_code, 0);
+  EXPECT_NE(d.err.find("reference-logps.json' is damaged"), std::string::npos) << d.err;
+  EXPECT_EQ(Lines(d.err), 1) << d.err;
+  std::ofstream(ref) << saved;
   WritePairs(dir_ / "train.jsonl", 600, 99);
   ASSERT_EQ(RunStrata("tokenize --byte-level --input " + Path("train.jsonl") + " --output " +
                       Path("train.bin"))
                 .exit_code,
             0);
-  const Result r = RunStrata("train --model llama-tiny --data " + Path("train.bin") +
-                             " --val-data " + Path("val.bin") +
-                             " --seq-len 32 --micro-batch-size 8 --objective dpo --steps 8 "
-                             "--grad-accum-steps 1 --save-dir " +
-                             Path("c") + " --resume latest");
+  const Result r = RunStrata(resume);
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("reference-logps.json"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("the data"), std::string::npos) << r.err;
