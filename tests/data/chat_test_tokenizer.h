@@ -7,11 +7,17 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <sentencepiece_trainer.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <random>
 #include <string>
+#include <string_view>
+#include <vector>
+
+#include "data/tokenizer.h"
 
 namespace strata::data::testing {
 
@@ -47,5 +53,35 @@ inline void TrainChatTestTokenizer(const std::filesystem::path& dir) {
                   text, (dir / "tok").string()));
   ASSERT_TRUE(status.ok()) << status.ToString();
 }
+
+// A test suite over that model: trained once per suite into a temporary directory (removed
+// after the suite), loaded fresh for each test as tok_. Enc: a text's ids.
+class ChatTokenizerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::filesystem::path(std::filesystem::temp_directory_path() /
+                                     ("strata_chat_tokenizer_" + std::to_string(::getpid())));
+    std::filesystem::create_directories(*dir_);
+    TrainChatTestTokenizer(*dir_);
+  }
+  static void TearDownTestSuite() {
+    std::filesystem::remove_all(*dir_);
+    delete dir_;
+    dir_ = nullptr;
+  }
+  void SetUp() override {
+    auto t = Tokenizer::Load((*dir_ / "tok.model").string());
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    tok_ = std::move(*t);
+  }
+  std::vector<int32_t> Enc(std::string_view text) const {
+    auto ids = tok_->Encode(text);
+    EXPECT_TRUE(ids.ok());
+    return *ids;
+  }
+
+  inline static std::filesystem::path* dir_ = nullptr;
+  std::unique_ptr<Tokenizer> tok_;
+};
 
 }  // namespace strata::data::testing

@@ -30,29 +30,8 @@ namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-class InstructionDataTest : public ::testing::Test {
+class InstructionDataTest : public testing::ChatTokenizerTest {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new fs::path(fs::temp_directory_path() /
-                        ("strata_instruction_data_" + std::to_string(::getpid())));
-    fs::create_directories(*dir_);
-    testing::TrainChatTestTokenizer(*dir_);
-  }
-  static void TearDownTestSuite() {
-    fs::remove_all(*dir_);
-    delete dir_;
-  }
-  void SetUp() override {
-    auto t = Tokenizer::Load((*dir_ / "tok.model").string());
-    ASSERT_TRUE(t.ok()) << t.status().ToString();
-    tok_ = std::move(*t);
-  }
-
-  std::vector<int32_t> Enc(std::string_view text) const {
-    auto ids = tok_->Encode(text);
-    EXPECT_TRUE(ids.ok());
-    return *ids;
-  }
   int Id(std::string_view piece) const {
     const int id = tok_->TokenId(piece);
     EXPECT_GE(id, 0) << piece;
@@ -114,11 +93,7 @@ class InstructionDataTest : public ::testing::Test {
     }
     return runs;
   }
-
-  static fs::path* dir_;
-  std::unique_ptr<Tokenizer> tok_;
 };
-fs::path* InstructionDataTest::dir_ = nullptr;
 
 constexpr std::string_view kChat = R"({"messages": [{"role": "system", "content": "Be brief."},
     {"role": "user", "content": "Hi there"}, {"role": "assistant", "content": " Hello!\n"}]})";

@@ -29,29 +29,8 @@ namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-class PreferenceDataTest : public ::testing::Test {
+class PreferenceDataTest : public testing::ChatTokenizerTest {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new fs::path(fs::temp_directory_path() /
-                        ("strata_preference_data_" + std::to_string(::getpid())));
-    fs::create_directories(*dir_);
-    testing::TrainChatTestTokenizer(*dir_);
-  }
-  static void TearDownTestSuite() {
-    fs::remove_all(*dir_);
-    delete dir_;
-  }
-  void SetUp() override {
-    auto t = Tokenizer::Load((*dir_ / "tok.model").string());
-    ASSERT_TRUE(t.ok()) << t.status().ToString();
-    tok_ = std::move(*t);
-  }
-
-  std::vector<int32_t> Enc(std::string_view text) const {
-    auto ids = tok_->Encode(text);
-    EXPECT_TRUE(ids.ok());
-    return *ids;
-  }
   std::string Decode(const std::vector<int32_t>& ids) const {
     auto text = tok_->Decode(ids);
     EXPECT_TRUE(text.ok());
@@ -118,11 +97,7 @@ class PreferenceDataTest : public ::testing::Test {
     for (const auto& l : lines) out << l << "\n";
     return path;
   }
-
-  static fs::path* dir_;
-  std::unique_ptr<Tokenizer> tok_;
 };
-fs::path* PreferenceDataTest::dir_ = nullptr;
 
 TEST_F(PreferenceDataTest, StandardLinesAreSystemUserAndEachCompletionAsAnAssistantTurn) {
   const PreferencePair p =
