@@ -128,7 +128,8 @@ ModelRunResult<S> RunForward(engine::Model& model, const test_model::Model<S>& p
 
 template <typename T>
 bool SameBits(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
 }
 
 // The reference (adapters off) of `lora` against `plain` (the same family and base, no LoRA):

@@ -283,12 +283,12 @@ class ModelRun {
   template <typename T>
   void Put(const Region& r, const std::vector<T>& v) {
     STRATA_CHECK(v.size() * sizeof(T) == r.size_bytes);
-    std::memcpy(image_.data() + r.offset, v.data(), r.size_bytes);
+    if (r.size_bytes > 0) std::memcpy(image_.data() + r.offset, v.data(), r.size_bytes);
   }
   template <typename T = S>
   std::vector<T> Get(const Region& r) const {
     std::vector<T> v(r.size_bytes / sizeof(T));
-    std::memcpy(v.data(), image_.data() + r.offset, r.size_bytes);
+    if (r.size_bytes > 0) std::memcpy(v.data(), image_.data() + r.offset, r.size_bytes);
     return v;
   }
 
