@@ -43,7 +43,8 @@ StatusOr<cudaStream_t> Prepare(const char* what, const LlamaConfig& c, gpu::Stre
   STRATA_RETURN_IF_ERROR(ValidateLlamaConfig(c));
   if (c.head_dim > oc::kAttentionMaxHeadDim) {
     return InvalidArgumentError(std::string(what) +
-                                ": the CUDA attention takes head_dim <= 128, got " +
+                                ": the CUDA attention takes head_dim <= " +
+                                std::to_string(oc::kAttentionMaxHeadDim) + ", got " +
                                 std::to_string(c.head_dim));
   }
   return oc::internal::PrepareBlockCall(what, stream, B, T, c.max_seq_len, scratch);

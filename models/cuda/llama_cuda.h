@@ -18,7 +18,7 @@
 // on it in order; every pointer is DEVICE memory of its device, of storage type S (tokens and
 // targets int32), 16-byte aligned, scratch kScratchAlign-aligned and at least the layout's
 // bytes; arguments checked before anything is launched (kInvalidArgument naming the problem:
-// an invalid config, B < 1, T outside [1, max_seq_len], head_dim > 128, a required pointer
+// an invalid config, B < 1, T outside [1, max_seq_len], head_dim > 256, a required pointer
 // null); cuBLAS and launch failures come back as Status; token and target values outside
 // [0, V) (a target other than engine::kIgnoreTarget, -1, which the loss does not count) and
 // position ids outside [0, T) or past their token trap on the device. Packed sequences:

@@ -6,7 +6,7 @@
 //     so each output agrees to a few roundings of S;
 //   - against a double reference (the host kernels at S = double, fed the same S-rounded
 //     inputs), with bounds derived from the unit roundoff u of S, written beside each check;
-//   - attention for head dims 8, 64 and 128 with T not a multiple of any tile; the
+//   - attention for head dims 8, 64, 128, 200 and 256 with T not a multiple of any tile; the
 //     tensor-core attention (bf16, fp16; hs 64, 128) against the CUDA-core kernels and double;
 //   - determinism: two runs bit-identical;
 //   - the whole model through GptModel::Forward/Backward with typed BlockBuffers as the engine
@@ -280,14 +280,17 @@ void ExpectWithinAbs(const std::vector<double>& got, const std::vector<double>& 
   EXPECT_EQ(bad, 0) << what;
 }
 
-TYPED_TEST(GptCudaTypedTest, AttentionMatchesANaiveDoubleReferenceForHeadDims8To128) {
+TYPED_TEST(GptCudaTypedTest, AttentionMatchesANaiveDoubleReferenceForHeadDims8To256) {
   using S = TypeParam;
   const double u = UnitRoundoff<S>();
   struct Case {
     int B, T, H, hs;
   };
   // T = 37 and 70: not multiples of the 8-row query block, the 16-key block or the 32-key tile.
-  for (const Case c : {Case{2, 37, 3, 8}, Case{1, 70, 2, 64}, Case{2, 37, 1, 128}}) {
+  // Past 128 the CUDA-core kernels with dynamic shared tiles: 256 (Gemma) and 200 (lanes' last
+  // dimensions masked).
+  for (const Case c : {Case{2, 37, 3, 8}, Case{1, 70, 2, 64}, Case{2, 37, 1, 128},
+                       Case{1, 37, 2, 256}, Case{1, 45, 1, 200}}) {
     const int C = c.H * c.hs;
     const size_t N = size_t(c.B) * c.T;
     SCOPED_TRACE("hs=" + std::to_string(c.hs) + " T=" + std::to_string(c.T));
@@ -1318,10 +1321,10 @@ TEST(GptCudaArguments, OpLaunchersRejectBadArgumentsBeforeLaunching) {
       << "a negative divisor";
   // Host arrays as large as the views GptAttentionForward forms (qkv + C, qkv + 2C): the checks
   // reject the calls before anything reads them.
-  std::vector<float> qkv(3 * 258);
-  EXPECT_EQ(GptAttentionForward<float>(nullptr, qkv.data(), 1, 4, 258, 2, &dummy, &dummy).code(),
+  std::vector<float> qkv(3 * 514);
+  EXPECT_EQ(GptAttentionForward<float>(nullptr, qkv.data(), 1, 4, 514, 2, &dummy, &dummy).code(),
             StatusCode::kInvalidArgument)
-      << "head dim 129 is past the kernels' 128";
+      << "head dim 257 is past the kernels' 256";
   EXPECT_EQ(GptAttentionForward<float>(nullptr, qkv.data(), 1, 4, 128, 2, &dummy, &dummy,
                                        AttentionPath::kTensorCores)
                 .code(),

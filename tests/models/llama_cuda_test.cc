@@ -451,7 +451,8 @@ TYPED_TEST(LlamaCudaTest, GqaAttentionMatchesTheHostOpAndDoubleAndIsDeterministi
   struct Case {
     int B, T, H, Hkv, hs;
   };
-  for (const Case& k : {Case{2, 45, 4, 2, 24}, Case{1, 70, 4, 1, 64}, Case{2, 33, 3, 3, 24}}) {
+  for (const Case& k : {Case{2, 45, 4, 2, 24}, Case{1, 70, 4, 1, 64}, Case{2, 33, 3, 3, 24},
+                        Case{1, 45, 4, 2, 256}}) {
     SCOPED_TRACE("B=" + std::to_string(k.B) + " T=" + std::to_string(k.T) +
                  " H=" + std::to_string(k.H) + " Hkv=" + std::to_string(k.Hkv) +
                  " hs=" + std::to_string(k.hs));
@@ -1003,6 +1004,17 @@ TEST_F(LlamaFamilyCudaTest, EveryFamilyMatchesTheHostBackendInFp32) {
     for (const auto& [B, T] : {std::pair{3, 11}, std::pair{1, 40}}) {
       ExpectFamilyMatchesTheHost(FamilyConfig(arch), B, T, *device_, *stream_);
     }
+  }
+}
+
+// Gemma 3 (and Gemma 2) at their own head dim, 256 (heads x head_dim != hidden, as the 1B, 4B
+// and 12B models have it): the attention past 128, on CUDA cores with dynamic shared tiles.
+TEST_F(LlamaFamilyCudaTest, GemmaAtHeadDim256MatchesTheHostBackendInFp32) {
+  for (LlamaArch arch : {LlamaArch::kGemma3, LlamaArch::kGemma2}) {
+    LlamaConfig c = FamilyConfig(arch);
+    c.head_dim = 256;
+    c.query_pre_attn_scalar = 256;
+    ExpectFamilyMatchesTheHost(c, 2, 23, *device_, *stream_);
   }
 }
 

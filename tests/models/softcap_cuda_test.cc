@@ -103,7 +103,8 @@ struct AttentionCase {
 
 // Every kernel set and mask: GQA on CUDA cores (hs 24) with and without packed sequences and a
 // window; MQA at hs 64 across the 64-row tiles; packed + window + a given scale at hs 64; MHA and
-// GQA with a window at hs 128 (the tensor cores' dk/dv query tile 32).
+// GQA with a window at hs 128 (the tensor cores' dk/dv query tile 32); Gemma's head dim 256 (CUDA
+// cores only, their dynamic shared tiles), GQA, and MQA packed with a window and a given scale.
 const std::vector<AttentionCase>& SoftcapCases() {
   static const std::vector<AttentionCase> cases = {
       {2, 37, 4, 2, 24, {}, 0, 0, 1.0},
@@ -112,6 +113,8 @@ const std::vector<AttentionCase>& SoftcapCases() {
       {2, 150, 2, 1, 64, {{10, 70, 60, 10}, {64, 1, 85}}, 37, 0.3, 0.5},
       {1, 130, 2, 2, 128, {}, 0, 0, 1.0},
       {1, 200, 4, 2, 128, {}, 70, 0, 1.5},
+      {1, 70, 4, 2, 256, {}, 0, 0, 1.0},
+      {2, 45, 2, 1, 256, {{20, 25}, {45}}, 16, 0.0625, 1.5},
   };
   return cases;
 }

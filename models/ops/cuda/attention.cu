@@ -4,7 +4,8 @@
 // from the saved log-sum-exp. One op, two implementations with the same rounding points, chosen
 // by AttentionPath (attention_tiles.h):
 //
-// CUDA cores, any head_dim <= 128, every storage type (the reference):
+// CUDA cores, any head_dim <= 256, every storage type (the reference; the only path past 128,
+// Gemma 3's 256):
 //   - forward and dq: one warp per query row, keys streamed through shared memory in tiles of
 //     kKeyTile (fp32); lane j scores key j of the tile, lane l accumulates output dimensions
 //     l + 32 i. The forward takes two passes over the keys: the first keeps the running max and
@@ -14,6 +15,10 @@
 //     their dk, dv in registers; the block loops over the query heads of the group in head
 //     order and, for each, over the query rows that see its keys in chunks of kQueryChunk. The
 //     block owns its dk, dv rows: no atomics, fixed order, bit-identical from run to run.
+//   Each lane holds kDims = ceil(head_dim / 32) output dimensions: 1..4, and 8 for head dims
+//   129..256. Up to 128 the shared tiles are static, as they always were; past it they exceed
+//   the 48 KB a kernel may declare statically and are dynamic (SharedTiles, CudaCoreLaunch),
+//   the same arrays in the same kernels: the arithmetic does not depend on where they live.
 //
 // Tensor cores, bf16 and fp16, head_dim 64 and 128 (namespace tc below; tile schedule in
 // attention_tiles.h):
@@ -162,6 +167,46 @@ struct Dims {
   __device__ int64_t Stat(int b, int h, int t) const { return (int64_t{b} * H + h) * T + t; }
 };
 
+// The largest kDims whose shared tiles are declared statically (head dim 128).
+constexpr int kStaticMaxDims = 4;
+
+// The shared tiles of each CUDA-core kernel for kDims dimensions a lane (width kW = 32 kDims;
+// the key tiles padded by a column against bank conflicts).
+template <int kDims>
+struct ForwardTiles {
+  float ks[kKeyTile][kDims * 32 + 1];
+  float vs[kKeyTile][kDims * 32 + 1];
+  float qs[kQueryWarps][kDims * 32];
+};
+template <int kDims>
+struct DqTiles {
+  float ks[kKeyTile][kDims * 32 + 1];
+  float vs[kKeyTile][kDims * 32 + 1];
+  float qs[kQueryWarps][kDims * 32];
+  float dos[kQueryWarps][kDims * 32];
+};
+template <int kDims>
+struct DkDvTiles {
+  float qs[kQueryChunk][kDims * 32];
+  float dos[kQueryChunk][kDims * 32];
+  float lse_s[kQueryChunk];
+  float delta_s[kQueryChunk];
+  int lo_s[kQueryChunk];  // bounded: the first key of each query of the chunk
+};
+
+// The kernel's tiles T: a static __shared__ variable up to kStaticMaxDims, else the start of the
+// dynamic shared memory, sizeof(T) bytes given at the launch (CudaCoreLaunch).
+template <typename T, int kDims>
+__device__ __forceinline__ T& SharedTiles() {
+  if constexpr (kDims <= kStaticMaxDims) {
+    __shared__ T tiles;
+    return tiles;
+  } else {
+    extern __shared__ uint4 cuda_core_smem[];
+    return *reinterpret_cast<T*>(cuda_core_smem);
+  }
+}
+
 // Rows [k0, k0 + kKeyTile) of kv head kh of x (k or v) into tile (fp32); rows past T are zeros.
 template <typename D, int kDims>
 __device__ void LoadKeyTile(const D* x, const Dims& a, int b, int kh, int k0,
@@ -177,9 +222,10 @@ template <typename D, int kDims, bool kCap>
 __global__ void __launch_bounds__(kQueryWarps* kWarp)
     GqaForwardKernel(const D* q, const D* k, const D* v, Dims a, D* out, float* lse) {
   constexpr int kW = kDims * 32;
-  __shared__ float ks[kKeyTile][kW + 1];
-  __shared__ float vs[kKeyTile][kW + 1];
-  __shared__ float qs[kQueryWarps][kW];
+  ForwardTiles<kDims>& tiles = SharedTiles<ForwardTiles<kDims>, kDims>();
+  auto& ks = tiles.ks;
+  auto& vs = tiles.vs;
+  auto& qs = tiles.qs;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int b = blockIdx.y / a.H, h = blockIdx.y % a.H, kh = h / a.group;
   const int q0 = blockIdx.x * kQueryWarps, t = q0 + warp;
@@ -269,10 +315,11 @@ __global__ void __launch_bounds__(kQueryWarps* kWarp)
     GqaDqKernel(const D* q, const D* k, const D* v, const D* dout, const float* lse,
                 const float* delta, Dims a, D* dq) {
   constexpr int kW = kDims * 32;
-  __shared__ float ks[kKeyTile][kW + 1];
-  __shared__ float vs[kKeyTile][kW + 1];
-  __shared__ float qs[kQueryWarps][kW];
-  __shared__ float dos[kQueryWarps][kW];
+  DqTiles<kDims>& tiles = SharedTiles<DqTiles<kDims>, kDims>();
+  auto& ks = tiles.ks;
+  auto& vs = tiles.vs;
+  auto& qs = tiles.qs;
+  auto& dos = tiles.dos;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int b = blockIdx.y / a.H, h = blockIdx.y % a.H, kh = h / a.group;
   const int q0 = blockIdx.x * kQueryWarps, t = q0 + warp;
@@ -332,11 +379,12 @@ __global__ void __launch_bounds__(kKvWarps* kWarp)
     GqaDkDvKernel(const D* q, const D* k, const D* v, const D* dout, const float* lse,
                   const float* delta, Dims a, D* dk_out, D* dv_out) {
   constexpr int kW = kDims * 32;
-  __shared__ float qs[kQueryChunk][kW];
-  __shared__ float dos[kQueryChunk][kW];
-  __shared__ float lse_s[kQueryChunk];
-  __shared__ float delta_s[kQueryChunk];
-  __shared__ int lo_s[kQueryChunk];  // bounded: the first key of each query of the chunk
+  DkDvTiles<kDims>& tiles = SharedTiles<DkDvTiles<kDims>, kDims>();
+  auto& qs = tiles.qs;
+  auto& dos = tiles.dos;
+  auto& lse_s = tiles.lse_s;
+  auto& delta_s = tiles.delta_s;
+  auto& lo_s = tiles.lo_s;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int b = blockIdx.y / a.Hkv, kh = blockIdx.y % a.Hkv;
   const int k0 = blockIdx.x * kKvKeys;
@@ -451,7 +499,7 @@ StatusOr<Dims> CheckDims(const char* op, const AttentionDims& d) {
       d.scale < 0 || !SoftcapFitsFp32(d.softcap)) {
     return InvalidArgumentError(std::string(op) +
                                 ": need B, T, H, Hkv >= 1, H a multiple of Hkv, 1 <= head_dim <= "
-                                "128, row_stride >= H head_dim, B H <= 65535, window >= 0, a "
+                                "256, row_stride >= H head_dim, B H <= 65535, window >= 0, a "
                                 "finite scale >= 0 and a softcap >= 0 (0: none) finite and not 0 "
                                 "in fp32, got softcap=" +
                                 std::to_string(d.softcap));
@@ -484,7 +532,9 @@ Status WithSoftcap(float softcap, F&& f) {
   return f.template operator()<false>();
 }
 
-// Calls f.template operator()<kDims>() with kDims = ceil(hs / 32) in 1..4.
+// Calls f.template operator()<kDims>() with kDims = ceil(hs / 32) in 1..4, and 8 for head dims
+// 129..256 (one instantiation for them: the lanes' dimensions past hs are masked, as they are
+// for any hs not a multiple of 32).
 template <typename F>
 Status WithDims(int hs, F&& f) {
   switch ((hs + 31) / 32) {
@@ -494,9 +544,29 @@ Status WithDims(int hs, F&& f) {
       return f.template operator()<2>();
     case 3:
       return f.template operator()<3>();
-    default:
+    case 4:
       return f.template operator()<4>();
+    default:
+      return f.template operator()<8>();
   }
+}
+
+// Launches a CUDA-core kernel with kDims dimensions a lane and shared tiles Tiles: no dynamic
+// shared memory up to kStaticMaxDims (the tiles are static), else sizeof(Tiles) of it, the
+// kernel's limit raised past the default 48 KB first.
+template <int kDims, typename Tiles, typename Kernel, typename... Args>
+Status CudaCoreLaunch(const char* name, Kernel kernel, dim3 grid, int threads,
+                      cudaStream_t stream, Args... args) {
+  size_t smem_bytes = 0;
+  if constexpr (kDims > kStaticMaxDims) {
+    smem_bytes = sizeof(Tiles);
+    STRATA_RETURN_IF_ERROR(gpu::cuda::CudaStatus(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(smem_bytes)),
+        name));
+  }
+  kernel<<<grid, threads, smem_bytes, stream>>>(args...);
+  return Launched(name);
 }
 
 // ---------------------------------------------------------------------------
@@ -1089,9 +1159,9 @@ Status LaunchAttentionForward(cudaStream_t stream, const AttentionDims& d, const
     }
     const dim3 grid((a.T + kQueryWarps - 1) / kQueryWarps, a.B * a.H);
     return WithDims(a.hs, [&]<int kDims>() {
-      GqaForwardKernel<D, kDims, kCap>
-          <<<grid, kQueryWarps * kWarp, 0, stream>>>(q, k, v, a, out, lse);
-      return Launched("GqaForwardKernel");
+      return CudaCoreLaunch<kDims, ForwardTiles<kDims>>(
+          "GqaForwardKernel", GqaForwardKernel<D, kDims, kCap>, grid, kQueryWarps * kWarp, stream,
+          q, k, v, a, out, lse);
     });
   });
 }
@@ -1116,13 +1186,15 @@ Status LaunchAttentionBackward(cudaStream_t stream, const AttentionDims& d, cons
     }
     return WithDims(a.hs, [&]<int kDims>() -> Status {
       const dim3 q_grid((a.T + kQueryWarps - 1) / kQueryWarps, a.B * a.H);
-      GqaDqKernel<D, kDims, kCap>
-          <<<q_grid, kQueryWarps * kWarp, 0, stream>>>(q, k, v, dout, lse, delta, a, dq);
-      STRATA_RETURN_IF_ERROR(Launched("GqaDqKernel"));
+      const Status dq_launched = CudaCoreLaunch<kDims, DqTiles<kDims>>(
+          "GqaDqKernel", GqaDqKernel<D, kDims, kCap>, q_grid, kQueryWarps * kWarp, stream, q, k,
+          v, dout, lse, delta, a, dq);
+      STRATA_RETURN_IF_ERROR(dq_launched);
       const dim3 kv_grid((a.T + kKvKeys - 1) / kKvKeys, a.B * a.Hkv);
-      GqaDkDvKernel<D, kDims, kCap>
-          <<<kv_grid, kKvWarps * kWarp, 0, stream>>>(q, k, v, dout, lse, delta, a, dk, dv);
-      return Launched("GqaDkDvKernel");
+      return CudaCoreLaunch<kDims, DkDvTiles<kDims>>("GqaDkDvKernel",
+                                                     GqaDkDvKernel<D, kDims, kCap>, kv_grid,
+                                                     kKvWarps * kWarp, stream, q, k, v, dout, lse,
+                                                     delta, a, dk, dv);
     });
   });
 }

@@ -269,8 +269,9 @@ Status LaunchSwigluBackward(cudaStream_t stream, const D* gate_up, const D* dh, 
 // Two implementations with the same rounding points, chosen by `path` (attention_tiles.h): tensor
 // cores (mma.sync m16n8k16) for bf16 and fp16 with head_dim 64 or 128, q, k, v, out (and dout, dq,
 // dk, dv) 16-byte aligned and row_stride a multiple of 8; CUDA cores (fp32 FMAs on values
-// converted from D) for everything, the fallback and the reference. kAuto picks the tensor cores
-// where they apply; kTensorCores where they do not is kInvalidArgument.
+// converted from D) for everything up to head_dim 256, the fallback and the reference (the only
+// path for head dims past 128: Gemma 3's 256). kAuto picks the tensor cores where they apply;
+// kTensorCores where they do not is kInvalidArgument.
 //
 // Packed sequences: with AttentionDims::position_ids ((B, T) int32, device memory) query t of
 // sequence b sees keys t - position_ids[b, t] .. t only (block-diagonal causal attention), in
@@ -283,8 +284,8 @@ Status LaunchSwigluBackward(cudaStream_t stream, const D* gate_up, const D* dh, 
 // implementations, and the backward's dS = D(D(P) (dP - delta) (1 - tanh^2(s / c))), the host
 // op's order; 0: none, the kernels of before the option, bit for bit.
 
-// The largest head_dim of the attention kernels.
-inline constexpr int kAttentionMaxHeadDim = 128;
+// The largest head_dim of the attention kernels (Gemma 3's 256; past 128 on CUDA cores only).
+inline constexpr int kAttentionMaxHeadDim = 256;
 
 // q: (B, T, H, hs) rows of row_stride; k, v: (B, T, Hkv, hs) rows of row_stride; out: (B, T, H hs)
 // contiguous, OVERWRITTEN; lse: (B, H, T) fp32 OVERWRITTEN (log-sum-exp of each query's scaled
