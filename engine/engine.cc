@@ -501,7 +501,7 @@ Status Engine::Impl::MicroBatchMajorPasses(std::span<const MicroBatch> mbs,
   size_t cursor = 0;
   for (size_t i = 0; i < mbs.size(); ++i) {
     const bool first_mb = i == 0, last_mb = i + 1 == mbs.size();
-    dropout_seed_ = MicroBatchDropoutSeed(o_.seed, step_, i);
+    dropout_seed_ = DropoutSeedOf(i, mbs.size());
     STRATA_RETURN_IF_ERROR(
         UploadTokens(mbs[i], o_.micro_batch, /*with_targets=*/true, loss_tokens[i]));
     STRATA_RETURN_IF_ERROR(ForwardPass(o_.micro_batch, true, static_cast<int>(i), seq, &cursor,

@@ -12,6 +12,7 @@
 #include "engine/engine.h"
 #include "engine/engine_checkpoint.h"
 #include "engine/grad_streamer.h"
+#include "engine/micro_batch.h"
 #include "engine/param_cache.h"
 #include "engine/state_store.h"
 #include "engine/update_speculation.h"
@@ -159,6 +160,13 @@ class Engine::Impl {
   // no communicator the whole chunk: own(b) = home_elems(b) = np(b).
   bool dp() const { return o_.comm != nullptr; }
   int world() const { return dp() ? o_.comm->world_size() : 1; }
+  // BlockBuffers::dropout_seed of this rank's micro-batch i of `per_rank` this step: that of its
+  // index in the global batch (rank r trains micro-batches r per_rank ... r per_rank + per_rank
+  // - 1 of it), so that N ranks draw the masks one rank accumulating them all would.
+  uint64_t DropoutSeedOf(size_t i, size_t per_rank) const {
+    const size_t rank = dp() ? static_cast<size_t>(o_.comm->rank()) : 0;
+    return MicroBatchDropoutSeed(o_.seed, step_, rank * per_rank + i);
+  }
   int64_t own(int b) const { return plan_.blocks[b].partition.own_elems; }
   int64_t home_elems(int b) const { return plan_.blocks[b].partition.part_elems; }
   // The whole block from every rank's partition (`mine`: own(b) values): collective.

@@ -43,7 +43,7 @@ Status Engine::Impl::LayerMajorPasses(std::span<const MicroBatch> mbs,
     if (offload && b < n_ - 1) STRATA_RETURN_IF_ERROR(compute_->Wait(*act_saved_[b % 2]));
     for (int i = 0; i < a; ++i) {
       if (reference) STRATA_RETURN_IF_ERROR(ReferenceForward(b, chunks, i));
-      dropout_seed_ = MicroBatchDropoutSeed(o_.seed, step_, i);
+      dropout_seed_ = DropoutSeedOf(i, mbs.size());
       const BlockBuffers buf =
           ForwardBuffers(b, chunks, i, true, o_.micro_batch, /*training=*/true);
       STRATA_RETURN_IF_ERROR(RunBlock(/*backward=*/false, b, buf));
@@ -76,7 +76,7 @@ Status Engine::Impl::LayerMajorPasses(std::span<const MicroBatch> mbs,
     const bool cpu_update = policy_ && !plan_.blocks[b].optimizer_on_device;
     for (int i = 0; i < a; ++i) {
       const bool first = i == 0, last = i + 1 == a;
-      dropout_seed_ = MicroBatchDropoutSeed(o_.seed, step_, i);
+      dropout_seed_ = DropoutSeedOf(i, mbs.size());
       STRATA_ASSIGN_OR_RETURN(const BlockBuffers buf, BackwardBuffers(b, chunks, i, dloss[i]));
       STRATA_RETURN_IF_ERROR(RunBlock(/*backward=*/true, b, buf));
       // In NextBucket's order: the block's own chunk, then the tied one.

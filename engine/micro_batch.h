@@ -46,7 +46,9 @@ StatusOr<std::vector<int64_t>> CheckMicroBatches(std::span<const MicroBatch> mbs
 
 // BlockBuffers::dropout_seed of micro-batch i of step `step` for the run's seed: SplitMix64
 // (Steele et al., "Fast splittable pseudorandom number generators", 2014) mixes, never 0. A
-// function of (seed, step, i) only, so that a resumed run draws the same.
+// function of (seed, step, i) only, so that a resumed run draws the same; i is the micro-batch's
+// index in the global batch (with data parallelism, rank r's micro-batch j of A is r A + j), so
+// that any number of ranks draws the same masks.
 uint64_t MicroBatchDropoutSeed(uint64_t seed, int64_t step, size_t i);
 
 // The d(objective)/d(mean loss) of each micro-batch for a step with these counted targets,

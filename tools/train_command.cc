@@ -654,7 +654,8 @@ Status RunTrain(const TrainFlags& f) {
   const Status s = RunTrainRanks(f, world.get());
   if (!s.ok() && world->world_size() > 1) {
     std::fflush(stdout);
-    comm::Abort(*world, fmt::format("error: {}", s.ToString()));
+    // As one process reports it (tools/main.cc): the message in the user's flags, no status code.
+    comm::Abort(*world, fmt::format("error: {}", InFlagTerms(s.message())));
   }
   return s;
 }

@@ -129,12 +129,14 @@ uint64_t FrozenBytes(const Model& model, DType precision) {
   for (int b = 0; b < model.num_blocks(); ++b) n += model.block_frozen_bytes(b, precision);
   return n;
 }
-// With frozen chunks every own chunk is resident (planner.h): their device bytes.
-uint64_t ForcedResidentBytes(const Model& model, DType precision) {
+// With frozen chunks every own chunk is resident (planner.h): their device bytes (padded to
+// whole partitions with ranks > 1, which the all-gather fills in place). Frozen chunks are whole
+// on every rank: never partitioned, never gathered.
+uint64_t ForcedResidentBytes(const Model& model, DType precision, int ranks) {
   if (model.frozen_params() == 0) return 0;
   uint64_t total = 0;
   for (int b = 0; b < model.num_blocks(); ++b) {
-    total += Aligned(static_cast<uint64_t>(model.block_num_params(b)) * SizeOf(precision));
+    total += Aligned(static_cast<uint64_t>(DeviceElems(model, b, ranks)) * SizeOf(precision));
   }
   return total;
 }
@@ -277,7 +279,7 @@ uint64_t StreamingMinimumBytes(const Model& model, DType precision, MicroBatchSh
     total += Aligned(r.size_bytes);
   }
   const uint64_t slot = AlignUp(MaxChunkBytes(model, ranks, precision), 4096);
-  return total + streaming_slots * Aligned(slot) + ForcedResidentBytes(model, precision);
+  return total + streaming_slots * Aligned(slot) + ForcedResidentBytes(model, precision, ranks);
 }
 
 uint64_t AllResidentBytes(const Model& model, DType precision, MicroBatchShape shape,
@@ -464,7 +466,7 @@ struct ChunkSizes {
 
 // Per-block partitions: every block's params, frozen chunk and this rank's partition, the
 // model's totals, and the size of a streaming slot and of a partition's pinned home. Errors: a
-// block with neither own nor frozen params; frozen chunks with data parallelism.
+// block with neither own nor frozen params.
 StatusOr<ChunkSizes> PartitionBlocks(const PlanInputs& r, Plan* p) {
   ChunkSizes c;
   for (int b = 0; b < r.model.num_blocks(); ++b) {
@@ -474,11 +476,6 @@ StatusOr<ChunkSizes> PartitionBlocks(const PlanInputs& r, Plan* p) {
       return InvalidArgumentError(
           fmt::format("block {} ('{}') has no parameters, neither trained nor frozen", b,
                       r.model.block_name(b)));
-    }
-    if (frozen > 0 && r.dp) {
-      return InvalidArgumentError(
-          "frozen parameters (LoRA's base weights) are not supported with data parallelism yet: "
-          "train on one rank");
     }
     p->blocks.push_back({r.model.block_name(b), np, false, PartitionOf(np, r.o.ranks, r.o.rank)});
     p->blocks.back().frozen_params = frozen;

@@ -297,11 +297,13 @@ uint64_t AutoDeviceBudgetBytes(const Model& model, DType precision, MicroBatchSh
 // has any (they are LoRA's adapters: small, and updated in place on the device when the optimizer
 // runs there); the frozen chunks are resident while the budget lasts, largest first, and the rest
 // stream through the slots from param_home; nothing of theirs is on the host but their home.
+// With ranks > 1 (data parallelism) the own chunks are partitioned as any block's, and the frozen
+// chunks are whole on every rank (each rank holds, streams and reads its own copy of the base).
 // Errors: kInvalidArgument (zero budget, no NVMe path for NVMe placement,
 // streaming_slots, host_grad_buckets or optimizer_buffers given but too small); kResourceExhausted
 // when the device budget cannot hold the minimum (what is short and by how much, and what the
 // minimum is made of), or when the pinned, host or NVMe needs exceed their budgets (which, by how
-// much; frozen chunks with data parallelism, a block with neither own nor frozen params), or when
+// much; a block with neither own nor frozen params), or when
 // activation_checkpointing kNone's stores do not fit beside the rest (how much they take, and to
 // use `activation_checkpointing auto` or `all`).
 StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape shape,

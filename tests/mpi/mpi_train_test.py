@@ -20,8 +20,12 @@ Cases:
   kill                                 SIGKILL of rank 1 mid-training ends the job in < 60 s,
                                        naming rank 1, leaving no process behind
   mismatch                             ranks launched with different flags refuse to start
-  preference                           DPO and IPO: 2 ranks x 1 pair == 1 rank x 2 pairs,
-                                       master weights within kBound, the job's metrics on rank 0
+  preference                           DPO and IPO, and LoRA-DPO: 2 ranks x 1 pair == 1 rank x 2
+                                       pairs, master weights within kBound, the job's metrics on
+                                       rank 0
+  lora                                 LoRA (with dropout) and QLoRA (NF4 base from NVMe,
+                                       layer-major): 2 ranks == 1 rank within kBound; a 2-rank
+                                       LoRA resume equals the straight run
   rank-error                           an error on rank 1 only ends the job with one line
                                        `strata: rank 1: ...`
 
@@ -496,10 +500,13 @@ def case_preference(runner):
             w = word()
             f.write(json.dumps({"prompt": w, "chosen": w.upper(), "rejected": word()}) + "\n")
     runner.run([runner.strata, "tokenize", "--byte-level", "--input", jsonl, "--output", tokens])
-    # (LoRA's frozen base is not data-parallel yet: Engine::Create refuses it under mpirun.)
-    for objective in ("dpo", "ipo"):
-        what = f"{objective}, the initial weights as reference"
-        flags = ["--objective", objective, "--beta", "0.5"]
+    # Full fine-tuning (the initial weights as the reference, computed before step 1 on every
+    # rank), then LoRA (the frozen base as the reference, in the same pass).
+    for objective, lora in (("dpo", False), ("ipo", False), ("dpo", True)):
+        what = (f"{objective}, " + ("LoRA, the frozen base as reference" if lora else
+                                    "the initial weights as reference"))
+        flags = ["--objective", objective, "--beta", "0.5"] + (
+            ["--lora-rank", "4", "--lora-alpha", "8"] if lora else [])
         kw = dict(model="llama-tiny", data=tokens, seq_len=32)
         one, one_dir = runner.train(1, "preference-one", extra=flags + ["--save-every", "1"], **kw)
         two, two_dir = runner.train(kRanks, "preference-two", extra=flags, **kw)
@@ -523,6 +530,41 @@ def case_preference(runner):
               f"{one['loss_last']:.4f} vs {two['loss_last']:.4f}")
 
 
+def case_lora(runner):
+    # LoRA over a frozen base under mpirun: the adapters are partitioned and reduced as any
+    # block's params, the base is whole on every rank. With dropout (each micro-batch's masks are
+    # drawn from its index in the global batch, so 2 ranks draw what 1 rank accumulating draws),
+    # then an NF4 base streamed from NVMe with the layer-major schedule; then a 2-rank resume.
+    lora = ["--lora-rank", "4", "--lora-alpha", "8"]
+    kw = dict(model="llama-tiny", seq_len=32)
+    for what, flags in (
+            ("LoRA, dropout 0.1", lora + ["--lora-dropout", "0.1", "--offload-params", "host"]),
+            ("QLoRA nf4, base from NVMe, layer-major", lora + [
+                "--base-quant", "nf4", "--offload-params", "nvme", "--schedule", "layer-major"])):
+        one, one_dir = runner.train(1, "lora-one", extra=flags + ["--save-every", "1"], **kw)
+        two, two_dir = runner.train(kRanks, "lora-two", extra=flags, **kw)
+        want = master_weights(checkpoint_dir(os.path.join(one_dir, "ckpt")))
+        got = master_weights(checkpoint_dir(os.path.join(two_dir, "ckpt")))
+        worst = compare_weights(got, want, kBound, f"{what}: 2 ranks vs 1 rank")
+        moved = check_moved(want, master_weights(os.path.join(one_dir, "ckpt", "step-1")),
+                            f"{what}: 1-rank run, step 1 -> step {kSteps}")
+        print(f"{what}: largest |2 ranks - 1 rank| {worst:.3g} (bound {kBound:g}), master_xxh3 "
+              f"{'equal' if one['master_xxh3'] == two['master_xxh3'] else 'different'}; "
+              f"{moved:.0%} of adapter weights moved; loss {one['loss_last']:.4f} vs "
+              f"{two['loss_last']:.4f}")
+    flags = lora + ["--lora-dropout", "0.1", "--offload-params", "host"]
+    k = kSteps // 2
+    straight, _ = runner.train(kRanks, "lora-straight", extra=flags, **kw)
+    _, first_dir = runner.train(kRanks, "lora-first-half", steps=k, extra=flags, **kw)
+    resumed, _ = runner.train(kRanks, "lora-resume", save_dir=os.path.join(first_dir, "ckpt"),
+                              extra=flags + ["--resume", "latest"], **kw)
+    check(resumed["start_step"] == k, f"LoRA resumed at step {resumed['start_step']}, want {k}")
+    check(resumed["master_xxh3"] == straight["master_xxh3"],
+          f"2-rank LoRA resume at step {k}: master_xxh3 {resumed['master_xxh3']} != the straight "
+          f"run's {straight['master_xxh3']}")
+    print(f"2-rank LoRA resume at step {k}: master_xxh3 {resumed['master_xxh3']} == straight")
+
+
 def case_rank_error(runner):
     d = runner.fresh_dir("rank-error")
     os.makedirs(os.path.join(d, "nvme0"))
@@ -540,6 +582,9 @@ def case_rank_error(runner):
           f"want exactly one line 'strata: rank 1: ...', got {strata_lines}:\n{out[-4000:]}")
     check("nvme1" in strata_lines[0], f"the line does not name the missing directory: "
           f"{strata_lines[0]}")
+    # As one process words it: "error: <message>", no status code (INVALID_ARGUMENT: ...).
+    check(re.match(r"strata: rank 1: error: (?![A-Z_]+: )", strata_lines[0]) is not None,
+          f"the line is not 'strata: rank 1: error: <message>': {strata_lines[0]}")
     print(f"rank 1's missing NVMe directory: exit {p.returncode} after "
           f"{time.monotonic() - t0:.1f} s: {strata_lines[0]}")
 
@@ -552,6 +597,7 @@ CASES = {
     "mismatch": case_mismatch,
     "rank-error": case_rank_error,
     "preference": case_preference,
+    "lora": case_lora,
 }
 for _precision in ("bf16", "fp16"):
     for _home in ("host", "nvme"):
