@@ -3,7 +3,7 @@
 # own so they never mix with the release build:
 #   asan  - ASan + UBSan build of everything that runs without a GPU, the full test suite
 #   tsan  - TSan build of the io, engine, offload and data tests, run (oneTBB on one thread: see
-#           tests/engine/tbb_limit.cc)
+#           tests/tbb_limit.cc)
 #   fuzz  - clang + libFuzzer: every parser of outside data fuzzed for a few seconds each from its
 #           committed seed corpus (tests/fuzz/corpus/<target>/)
 # Usage: scripts/check.sh [asan] [tsan] [fuzz]   (no argument: all three). Zero reports or it fails.
