@@ -61,6 +61,12 @@ Status CheckPreferenceOptions(const PreferenceOptions& o) {
   if (!std::isfinite(o.simpo_gamma)) {
     return InvalidArgumentError(fmt::format("--simpo-gamma {} must be finite", o.simpo_gamma));
   }
+  if (!(o.nll_alpha >= 0) || !std::isfinite(o.nll_alpha)) {
+    return InvalidArgumentError(fmt::format("--{} {} must be a finite number >= 0",
+                                            o.loss == PreferenceLoss::kSimpo ? "cpo-alpha"
+                                                                             : "rpo-alpha",
+                                            o.nll_alpha));
+  }
   return Status::Ok();
 }
 
@@ -100,7 +106,12 @@ void PreferenceMetricsSum::Add(const PairLogps& logps, const PairLoss& loss) {
   sum_.logps_rejected += logps.rejected;
 }
 
-PreferenceMetrics PreferenceMetricsSum::Means() const {
+void PreferenceMetricsSum::AddNll(double cross_entropy_sum, int64_t targets) {
+  sum_.nll_loss += cross_entropy_sum;
+  sum_.nll_targets += targets;
+}
+
+PreferenceMetrics PreferenceMetricsSum::Means(double nll_alpha) const {
   PreferenceMetrics m = sum_;
   if (m.pairs == 0) return m;
   const double n = static_cast<double>(m.pairs);
@@ -108,6 +119,8 @@ PreferenceMetrics PreferenceMetricsSum::Means() const {
                     &m.rewards_margin, &m.logps_chosen, &m.logps_rejected}) {
     *v /= n;
   }
+  if (m.nll_targets > 0) m.nll_loss /= static_cast<double>(m.nll_targets);
+  if (nll_alpha != 0) m.loss += nll_alpha * m.nll_loss;
   return m;
 }
 
@@ -140,17 +153,34 @@ StatusOr<std::vector<double>> CompletionLogps(std::span<const float> target_loss
   return sum;
 }
 
+int64_t ChosenTargets(std::span<const int32_t> sequences) {
+  int64_t n = 0;
+  for (int32_t s : sequences) n += s >= 0 && s % 2 == 0;
+  return n;
+}
+
+double ChosenCrossEntropySum(std::span<const float> target_losses,
+                             std::span<const int32_t> sequences) {
+  double sum = 0;
+  for (size_t t = 0; t < sequences.size() && t < target_losses.size(); ++t) {
+    if (sequences[t] >= 0 && sequences[t] % 2 == 0) sum += static_cast<double>(target_losses[t]);
+  }
+  return sum;
+}
+
 PreferenceObjective::PreferenceObjective(const PreferenceOptions& options,
                                          bool reference_from_model)
     : options_(options), reference_from_model_(reference_from_model) {}
 
 Status PreferenceObjective::BeginStep(std::vector<MicroBatchPairs> micro_batches,
-                                      int64_t job_pairs) {
+                                      int64_t job_pairs, int64_t job_chosen_targets) {
   step_pairs_ = 0;
+  step_chosen_targets_ = 0;
   const bool precomputed = options_.uses_reference() && !reference_from_model_;
   for (size_t i = 0; i < micro_batches.size(); ++i) {
     const MicroBatchPairs& m = micro_batches[i];
     step_pairs_ += m.pairs;
+    step_chosen_targets_ += ChosenTargets(m.sequences);
     if (precomputed && m.reference_logps.size() != 2 * static_cast<size_t>(m.pairs)) {
       return InvalidArgumentError(
           fmt::format("micro-batch {}: {} reference log-probabilities for {} pairs", i,
@@ -164,6 +194,14 @@ Status PreferenceObjective::BeginStep(std::vector<MicroBatchPairs> micro_batches
           "{} pairs in the job's step, fewer than this rank's {}", job_pairs, step_pairs_));
     }
     step_pairs_ = job_pairs;
+  }
+  if (job_chosen_targets != 0) {
+    if (job_chosen_targets < step_chosen_targets_) {
+      return InvalidArgumentError(
+          fmt::format("{} chosen targets in the job's step, fewer than this rank's {}",
+                      job_chosen_targets, step_chosen_targets_));
+    }
+    step_chosen_targets_ = job_chosen_targets;
   }
   step_ = std::move(micro_batches);
   return Status::Ok();
@@ -202,6 +240,13 @@ StatusOr<double> PreferenceObjective::Weigh(size_t i, std::span<const float> pol
     dpi[2 * k] = l.dchosen * inv_pairs;
     dpi[2 * k + 1] = l.drejected * inv_pairs;
   }
+  // The NLL term: alpha times the mean cross-entropy over the step's chosen targets.
+  const double chosen_ce = ChosenCrossEntropySum(policy, m.sequences);
+  metrics_.AddNll(chosen_ce, ChosenTargets(m.sequences));
+  const double nll_weight =
+      step_chosen_targets_ > 0 ? options_.nll_alpha / static_cast<double>(step_chosen_targets_)
+                               : 0.0;
+  share += nll_weight * chosen_ce;
   // pi_s = -sum_t CE_t (over n_s when averaged): dL/dCE_t = -dL/dpi_s (/ n_s).
   for (size_t t = 0; t < weights.size(); ++t) {
     const int32_t s = t < m.sequences.size() ? m.sequences[t] : -1;
@@ -210,13 +255,14 @@ StatusOr<double> PreferenceObjective::Weigh(size_t i, std::span<const float> pol
       continue;
     }
     const double w = averaged ? -dpi[s] / static_cast<double>(count[s]) : -dpi[s];
-    weights[t] = static_cast<float>(w);
+    // Without the term (alpha 0) the weights are the preference loss's alone, bit for bit.
+    weights[t] = static_cast<float>(s % 2 == 0 && nll_weight != 0 ? w + nll_weight : w);
   }
   return share;
 }
 
 PreferenceMetrics PreferenceObjective::TakeMetrics() {
-  const PreferenceMetrics m = metrics_.Means();
+  const PreferenceMetrics m = metrics_.Means(options_.nll_alpha);
   metrics_.Clear();
   return m;
 }

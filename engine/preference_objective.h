@@ -3,7 +3,10 @@
 // with label_smoothing: the conservative DPO of Mitchell 2023), IPO (Azar et al. 2023, "A
 // General Theoretical Paradigm to Understand Learning from Human Preferences"; TRL "ipo") and
 // SimPO (Meng et al. 2024, "SimPO: Simple Preference Optimization with a Reference-Free
-// Reward"; TRL CPOTrainer loss_type "simpo" with cpo_alpha 0: no added NLL term).
+// Reward"; TRL CPOTrainer loss_type "simpo"), each optionally with an NLL term on the chosen
+// completions: TRL DPOConfig.rpo_alpha (RPO: Pang et al. 2024, "Iterative Reasoning Preference
+// Optimization") for DPO and IPO, CPOConfig.cpo_alpha (CPO: Xu et al. 2024, "Contrastive
+// Preference Optimization"; with SimPO, "CPO-SimPO") for SimPO.
 //
 // Per pair, from the completions' log-probabilities pi_c, pi_r under the policy and r_c, r_r
 // under the frozen reference (each the sum over the completion's targets of log p(target), or,
@@ -14,10 +17,12 @@
 //   IPO:   h = (pi_c - r_c) - (pi_r - r_r), loss = (h - 1 / (2 beta))^2; rewards as DPO
 //   SimPO: z = beta (pi_c - pi_r) - gamma, loss as DPO's with this z (no reference);
 //          rewards: beta pi_c, beta pi_r
-// The step's loss is the mean over its pairs. Metrics as TRL logs them: rewards/chosen,
-// rewards/rejected, rewards/accuracies (the fraction with chosen reward > rejected reward),
-// rewards/margins, logps/chosen, logps/rejected (the policy's, averaged for IPO and SimPO), the
-// means over the pairs.
+// The step's loss is the mean over its pairs, plus alpha times the NLL term: the policy's mean
+// cross-entropy over every target of the step's chosen completions (TRL's nll_loss: one
+// cross-entropy over the chosen rows' targets, so a mean over targets, not pairs). Metrics as TRL
+// logs them: rewards/chosen, rewards/rejected, rewards/accuracies (the fraction with chosen reward
+// > rejected reward), rewards/margins, logps/chosen, logps/rejected (the policy's, averaged for
+// IPO and SimPO), the means over the pairs, and nll_loss.
 //
 // Thread-safety: plain functions are pure; a PreferenceObjective is used by one thread.
 #pragma once
@@ -42,12 +47,16 @@ struct PreferenceOptions {
   double beta = 0.1;           // DPO's and SimPO's beta; IPO's tau (> 0)
   double label_smoothing = 0;  // DPO and SimPO: eps in [0, 0.5)
   double simpo_gamma = 0.5;    // SimPO's target reward margin gamma (TRL CPOConfig.simpo_gamma)
+  // The NLL term's weight alpha >= 0 (TRL DPOConfig.rpo_alpha for DPO and IPO, CPOConfig.cpo_alpha
+  // for SimPO); 0: none.
+  double nll_alpha = 0;
   // Whether the loss reads the reference (DPO, IPO) and uses averaged log-probabilities (IPO,
   // SimPO).
   bool uses_reference() const { return loss != PreferenceLoss::kSimpo; }
   bool averaged() const { return loss != PreferenceLoss::kDpo; }
 };
-// kInvalidArgument naming the option (--beta, --label-smoothing, --simpo-gamma) out of range.
+// kInvalidArgument naming the option (--beta, --label-smoothing, --simpo-gamma, and --rpo-alpha or
+// --cpo-alpha for nll_alpha) out of range.
 Status CheckPreferenceOptions(const PreferenceOptions& options);
 
 // One pair's log-probabilities (summed or averaged as options.averaged() says); the reference's
@@ -65,6 +74,8 @@ PairLoss PreferencePairLoss(const PreferenceOptions& options, const PairLogps& l
 // Means over the pairs seen (TRL's logged names in comments).
 struct PreferenceMetrics {
   int64_t pairs = 0;
+  // The pairs' mean loss, plus alpha times nll_loss where the NLL term is on: what the steps
+  // minimise (TRL's loss).
   double loss = 0;
   double rewards_chosen = 0;    // rewards/chosen
   double rewards_rejected = 0;  // rewards/rejected
@@ -72,13 +83,20 @@ struct PreferenceMetrics {
   double rewards_margin = 0;    // rewards/margins
   double logps_chosen = 0;      // logps/chosen
   double logps_rejected = 0;    // logps/rejected
+  // nll_loss: the policy's mean cross-entropy over the chosen completions' targets (nats), and
+  // their count (its weight when means are combined).
+  double nll_loss = 0;
+  int64_t nll_targets = 0;
 };
 
 // Sums pairs into running means.
 class PreferenceMetricsSum {
  public:
   void Add(const PairLogps& logps, const PairLoss& loss);
-  PreferenceMetrics Means() const;
+  // Chosen targets' cross-entropies: their sum (nats) and count.
+  void AddNll(double cross_entropy_sum, int64_t targets);
+  // The means; loss with nll_alpha times nll_loss added (PreferenceOptions::nll_alpha).
+  PreferenceMetrics Means(double nll_alpha = 0) const;
   void Clear() { *this = PreferenceMetricsSum(); }
 
  private:
@@ -94,10 +112,19 @@ StatusOr<std::vector<double>> CompletionLogps(std::span<const float> target_loss
                                               std::span<const int32_t> sequences, int pairs,
                                               bool averaged);
 
+// The targets of chosen completions (sequence ids 2 k) in one micro-batch's Batch::sequences.
+int64_t ChosenTargets(std::span<const int32_t> sequences);
+// The sum of target_losses over those targets (double, in position order). target_losses and
+// sequences of one size.
+double ChosenCrossEntropySum(std::span<const float> target_losses,
+                             std::span<const int32_t> sequences);
+
 // The SequenceObjective of preference training for Engine::Step. Before each step the caller
 // describes the step's micro-batches (BeginStep); the engine then calls Weigh once per
 // micro-batch. Weights: for a target t of completion s of pair k, w_t = -dL_k/dpi_s / P (over
-// the completion's target count when averaged), P the step's pairs; the share is sum_k L_k / P.
+// the completion's target count when averaged), P the step's pairs, plus alpha / N for a target
+// of a chosen completion, N the step's chosen targets; the share is sum_k L_k / P plus alpha
+// times the micro-batch's chosen cross-entropies over N.
 class PreferenceObjective final : public SequenceObjective {
  public:
   // reference_from_model: the reference log-probabilities come from the engine's frozen reference
@@ -114,11 +141,12 @@ class PreferenceObjective final : public SequenceObjective {
     int pairs = 0;
     std::vector<double> reference_logps;
   };
-  // Starts a step. job_pairs: the pairs of the whole step over every data-parallel rank, P
-  // above (0: those of `micro_batches`, one rank). Errors (kInvalidArgument): a step without
-  // pairs, fewer job pairs than this rank's, reference log-probabilities missing or of the wrong
-  // count.
-  Status BeginStep(std::vector<MicroBatchPairs> micro_batches, int64_t job_pairs = 0);
+  // Starts a step. job_pairs and job_chosen_targets: the pairs and chosen targets (ChosenTargets)
+  // of the whole step over every data-parallel rank, P and N above (0: those of `micro_batches`,
+  // one rank). Errors (kInvalidArgument): a step without pairs, fewer job pairs or chosen targets
+  // than this rank's, reference log-probabilities missing or of the wrong count.
+  Status BeginStep(std::vector<MicroBatchPairs> micro_batches, int64_t job_pairs = 0,
+                   int64_t job_chosen_targets = 0);
 
   bool wants_reference() const override {
     return options_.uses_reference() && reference_from_model_;
@@ -134,6 +162,7 @@ class PreferenceObjective final : public SequenceObjective {
   bool reference_from_model_;
   std::vector<MicroBatchPairs> step_;
   int64_t step_pairs_ = 0;
+  int64_t step_chosen_targets_ = 0;
   PreferenceMetricsSum metrics_;
 };
 

@@ -909,7 +909,8 @@ void ApplyStrataData(Context& c, const json& s, TrainFlags* f) {
     r.Set(&f->long_examples,
           Reader::Choice(*v, "strata.long_examples", {"auto", "truncate", "skip"}));
   }
-  // Preference training (--objective, --beta, --label-smoothing, --simpo-gamma); the ranges are
+  // Preference training (--objective, --beta, --label-smoothing, --simpo-gamma, --rpo-alpha,
+  // --cpo-alpha); the ranges are
   // the flags' (tools/train_setup.cc checks them once, for both).
   if (const json* v = Find(s, "objective")) {
     r.Set(&f->objective, Reader::Choice(*v, "strata.objective", {"sft", "dpo", "ipo", "simpo"}));
@@ -921,6 +922,12 @@ void ApplyStrataData(Context& c, const json& s, TrainFlags* f) {
   if (const json* v = Find(s, "simpo_gamma")) {
     r.Set(&f->simpo_gamma,
           Reader::Number(*v, "strata.simpo_gamma", -std::numeric_limits<float>::max(), false));
+  }
+  if (const json* v = Find(s, "rpo_alpha")) {
+    r.Set(&f->rpo_alpha, Reader::Number(*v, "strata.rpo_alpha", 0, false));
+  }
+  if (const json* v = Find(s, "cpo_alpha")) {
+    r.Set(&f->cpo_alpha, Reader::Number(*v, "strata.cpo_alpha", 0, false));
   }
 }
 

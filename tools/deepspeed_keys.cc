@@ -182,7 +182,7 @@ constexpr DeepSpeedKey kKeys[] = {
     {"strata", S}, {"strata.io_backend", M}, {"strata.device", M}, {"strata.device_budget", M},
     {"strata.model", M}, {"strata.data", M}, {"strata.pack", M}, {"strata.long_examples", M},
     {"strata.objective", M}, {"strata.beta", M}, {"strata.label_smoothing", M},
-    {"strata.simpo_gamma", M},
+    {"strata.simpo_gamma", M}, {"strata.rpo_alpha", M}, {"strata.cpo_alpha", M},
     {"strata.steps", M}, {"strata.seq_len", M},
     {"strata.seed", M}, {"strata.warmup_steps", M}, {"strata.eval_every", M},
     {"strata.eval_batches", M}, {"strata.sample_bytes", M}, {"strata.summary_json", M},

@@ -42,6 +42,8 @@ struct EvalFlags {
   double beta = 0.1;
   double label_smoothing = 0;
   double simpo_gamma = 0.5;
+  double rpo_alpha = 0;
+  double cpo_alpha = 0;
 };
 void AddEvalFlags(CLI::App& cmd, EvalFlags& f);
 // Mean cross-entropy in nats per target token over every full window of the first max_tokens

@@ -38,13 +38,15 @@ void Group(const data::PreferenceDataset& d, bool val, int64_t g, data::Batch* b
 }  // namespace
 
 StatusOr<std::optional<engine::PreferenceOptions>> PreferenceOptionsFromFlags(
-    const std::string& objective, double beta, double label_smoothing, double simpo_gamma) {
+    const std::string& objective, double beta, double label_smoothing, double simpo_gamma,
+    double rpo_alpha, double cpo_alpha) {
   const engine::PreferenceOptions defaults;
   if (objective == "sft") {
     if (beta != defaults.beta || label_smoothing != defaults.label_smoothing ||
-        simpo_gamma != defaults.simpo_gamma) {
+        simpo_gamma != defaults.simpo_gamma || rpo_alpha != 0 || cpo_alpha != 0) {
       return InvalidArgumentError(
-          "--beta, --label-smoothing and --simpo-gamma are for --objective dpo, ipo or simpo");
+          "--beta, --label-smoothing, --simpo-gamma, --rpo-alpha and --cpo-alpha are for "
+          "--objective dpo, ipo or simpo");
     }
     return std::optional<engine::PreferenceOptions>();
   }
@@ -53,8 +55,18 @@ StatusOr<std::optional<engine::PreferenceOptions>> PreferenceOptionsFromFlags(
   p.beta = beta;
   p.label_smoothing = label_smoothing;
   p.simpo_gamma = simpo_gamma;
+  const bool simpo = p.loss == engine::PreferenceLoss::kSimpo;
+  if (simpo && rpo_alpha != 0) {
+    return InvalidArgumentError(
+        "--rpo-alpha is for --objective dpo or ipo; SimPO's NLL term is --cpo-alpha");
+  }
+  if (!simpo && cpo_alpha != 0) {
+    return InvalidArgumentError(
+        "--cpo-alpha is for --objective simpo; DPO's and IPO's NLL term is --rpo-alpha");
+  }
+  p.nll_alpha = simpo ? cpo_alpha : rpo_alpha;
   STRATA_RETURN_IF_ERROR(engine::CheckPreferenceOptions(p));
-  if (p.loss != engine::PreferenceLoss::kSimpo && simpo_gamma != defaults.simpo_gamma) {
+  if (!simpo && simpo_gamma != defaults.simpo_gamma) {
     return InvalidArgumentError("--simpo-gamma is for --objective simpo");
   }
   return std::optional<engine::PreferenceOptions>(p);
@@ -238,7 +250,7 @@ Status PreferenceTraining::PrepareReference(engine::Engine& engine, const std::s
 }
 
 Status PreferenceTraining::BeginStep(std::span<const data::Batch> micro_batches,
-                                     int64_t job_pairs) {
+                                     int64_t job_pairs, int64_t job_chosen_targets) {
   std::vector<engine::PreferenceObjective::MicroBatchPairs> step;
   step.reserve(micro_batches.size());
   const bool precomputed = options_.uses_reference() && !reference_from_model_;
@@ -249,24 +261,33 @@ Status PreferenceTraining::BeginStep(std::span<const data::Batch> micro_batches,
     if (precomputed) m.reference_logps = ReferenceOf(train_ref_, b);
     step.push_back(std::move(m));
   }
-  return objective_.BeginStep(std::move(step), job_pairs);
+  return objective_.BeginStep(std::move(step), job_pairs, job_chosen_targets);
 }
 
 StatusOr<engine::PreferenceMetrics> PreferenceTraining::TakeMetrics(comm::Communicator* comm) {
   engine::PreferenceMetrics m = objective_.TakeMetrics();
   if (comm == nullptr || comm->world_size() == 1) return m;
-  // Means to sums, summed over the ranks, back to means.
+  // Means to sums, summed over the ranks, back to means: the pairs' over the pairs, nll_loss over
+  // the chosen targets, and the NLL term added to the loss again from the job's nll_loss.
+  const double alpha = options_.nll_alpha;
+  m.loss -= alpha * m.nll_loss;
   const double n = static_cast<double>(m.pairs);
   double* fields[] = {
       &m.loss,           &m.rewards_chosen, &m.rewards_rejected, &m.rewards_accuracy,
       &m.rewards_margin, &m.logps_chosen,   &m.logps_rejected};
   std::vector<double> sums = {n};
   for (double* f : fields) sums.push_back(*f * n);
+  sums.push_back(static_cast<double>(m.nll_targets));
+  sums.push_back(m.nll_loss * static_cast<double>(m.nll_targets));
   STRATA_RETURN_IF_ERROR(comm->AllReduce(sums, comm::ReduceOp::kSum));
   m.pairs = static_cast<int64_t>(sums[0]);
   for (size_t i = 0; i < std::size(fields); ++i) {
     *fields[i] = m.pairs > 0 ? sums[i + 1] / sums[0] : 0.0;
   }
+  const double targets = sums[std::size(fields) + 1];
+  m.nll_targets = static_cast<int64_t>(targets);
+  m.nll_loss = targets > 0 ? sums[std::size(fields) + 2] / targets : 0.0;
+  m.loss += alpha * m.nll_loss;
   return m;
 }
 
@@ -296,17 +317,21 @@ StatusOr<engine::PreferenceMetrics> PreferenceTraining::Evaluate(engine::Engine&
       const engine::PairLogps logps{pi[2 * k], pi[2 * k + 1], ref[2 * k], ref[2 * k + 1]};
       sum.Add(logps, engine::PreferencePairLoss(options_, logps));
     }
+    sum.AddNll(engine::ChosenCrossEntropySum(p, batch.sequences),
+               engine::ChosenTargets(batch.sequences));
   }
-  return sum.Means();
+  return sum.Means(options_.nll_alpha);
 }
 
 std::vector<Scalar> PreferenceTraining::Scalars(std::string_view prefix,
-                                                const engine::PreferenceMetrics& m) {
+                                                const engine::PreferenceMetrics& m) const {
   const std::string p(prefix);
-  return {
+  std::vector<Scalar> s = {
       {p + "rewards/chosen", m.rewards_chosen},       {p + "rewards/rejected", m.rewards_rejected},
       {p + "rewards/accuracies", m.rewards_accuracy}, {p + "rewards/margins", m.rewards_margin},
       {p + "logps/chosen", m.logps_chosen},           {p + "logps/rejected", m.logps_rejected}};
+  if (options_.nll_alpha > 0) s.push_back({p + "nll_loss", m.nll_loss});
+  return s;
 }
 
 std::string PreferenceTraining::Summary(const engine::PreferenceMetrics& m) {

@@ -39,9 +39,11 @@ namespace strata::tools {
 // config's keys) as options: nullopt for sft. One author for both commands. Errors
 // (kInvalidArgument, one line naming the flag): a value out of range
 // (engine::CheckPreferenceOptions), --beta, --label-smoothing or --simpo-gamma given (not at
-// their defaults) for an objective that does not read them.
+// their defaults) for an objective that does not read them, and --rpo-alpha (DPO, IPO) or
+// --cpo-alpha (SimPO) for the other objectives (they set PreferenceOptions::nll_alpha).
 StatusOr<std::optional<engine::PreferenceOptions>> PreferenceOptionsFromFlags(
-    const std::string& objective, double beta, double label_smoothing, double simpo_gamma);
+    const std::string& objective, double beta, double label_smoothing, double simpo_gamma,
+    double rpo_alpha = 0, double cpo_alpha = 0);
 
 class PreferenceTraining {
  public:
@@ -59,9 +61,11 @@ class PreferenceTraining {
                           bool write = true);
 
   // Describes a step's micro-batches (kept alive by the caller until the step returns) to the
-  // objective; job_pairs: the pairs of the step over every data-parallel rank (0: one rank).
+  // objective; job_pairs and job_chosen_targets: the pairs and the chosen completions' targets
+  // (engine::ChosenTargets) of the step over every data-parallel rank (0: one rank).
   // Errors: PreferenceObjective::BeginStep's.
-  Status BeginStep(std::span<const data::Batch> micro_batches, int64_t job_pairs = 0);
+  Status BeginStep(std::span<const data::Batch> micro_batches, int64_t job_pairs = 0,
+                   int64_t job_chosen_targets = 0);
   engine::SequenceObjective* objective() { return &objective_; }
   // The metrics of the pairs weighed since the last call: this rank's, or with `comm` (not
   // owned; may be null) every rank's, a collective all ranks call alike. Errors: comm's.
@@ -71,8 +75,9 @@ class PreferenceTraining {
   StatusOr<engine::PreferenceMetrics> Evaluate(engine::Engine& engine);
 
   // TRL's names under `prefix` ("train/", "val/"): <prefix>rewards/chosen, rewards/rejected,
-  // rewards/accuracies, rewards/margins, logps/chosen, logps/rejected.
-  static std::vector<Scalar> Scalars(std::string_view prefix, const engine::PreferenceMetrics& m);
+  // rewards/accuracies, rewards/margins, logps/chosen, logps/rejected, and nll_loss where the
+  // NLL term is on (options' nll_alpha > 0).
+  std::vector<Scalar> Scalars(std::string_view prefix, const engine::PreferenceMetrics& m) const;
   // "acc 0.75 margin 0.123" for the progress line.
   static std::string Summary(const engine::PreferenceMetrics& m);
 

@@ -87,6 +87,15 @@ void AddDataFlags(CLI::App& cmd, TrainFlags& f) {
       ->capture_default_str();
   cmd.add_option("--simpo-gamma", f.simpo_gamma, "SimPO: the target reward margin gamma")
       ->capture_default_str();
+  cmd.add_option("--rpo-alpha", f.rpo_alpha,
+                 "DPO and IPO: add alpha times the policy's mean cross-entropy over the chosen "
+                 "completions' tokens to the loss (TRL's rpo_alpha: RPO, Pang et al. 2024); 0: none")
+      ->capture_default_str();
+  cmd.add_option("--cpo-alpha", f.cpo_alpha,
+                 "SimPO: add alpha times the policy's mean cross-entropy over the chosen "
+                 "completions' tokens (TRL CPOTrainer's cpo_alpha, CPO-SimPO; its default is 1, "
+                 "SimPO's paper 0); 0: none")
+      ->capture_default_str();
   cmd.add_option("--val-data", f.val_data, "Validation token files (or text with --tokenizer)");
   cmd.add_option("--tokenizer", f.tokenizer,
                  "tokenizer.model, tokenizer.json or a model directory for text data; default: the "
@@ -320,7 +329,8 @@ struct HelpGroup {
 const std::vector<HelpGroup>& TrainHelpGroups() {
   static const std::vector<HelpGroup> groups = {
       {"Data", {"--data", "--val-data", "--tokenizer", "--pack", "--long-examples"}},
-      {"Preference training", {"--objective", "--beta", "--label-smoothing", "--simpo-gamma"}},
+      {"Preference training", {"--objective", "--beta", "--label-smoothing", "--simpo-gamma", "--rpo-alpha",
+         "--cpo-alpha"}},
       {"Model", {"--model", "--model-dir", "--precision", "--seed", "--tf32"}},
       {"Batch and steps",
        {"--steps", "--micro-batch-size", "--seq-len", "--grad-accum-steps", "--global-batch-size",
@@ -528,7 +538,8 @@ nlohmann::json PreferenceJson(const TrainOutcome& r) {
                           {"rewards/accuracies", m->rewards_accuracy},
                           {"rewards/margins", m->rewards_margin},
                           {"logps/chosen", m->logps_chosen},
-                          {"logps/rejected", m->logps_rejected}};
+                          {"logps/rejected", m->logps_rejected},
+                          {"nll_loss", m->nll_loss}};
   };
   if (!r.train_preference && !r.val_preference) return nlohmann::json();
   return {{"train_last_step", metrics(r.train_preference)}, {"val", metrics(r.val_preference)}};

@@ -29,6 +29,8 @@ struct TrainFlags {
   double beta = 0.1;
   double label_smoothing = 0;
   double simpo_gamma = 0.5;
+  double rpo_alpha = 0;  // DPO, IPO: the NLL term's weight (TRL DPOConfig.rpo_alpha)
+  double cpo_alpha = 0;  // SimPO: the NLL term's weight (TRL CPOConfig.cpo_alpha)
   std::string model = "small";
   std::string model_dir;  // a Hugging Face directory: fine-tune from its weights
   int64_t steps = 300;

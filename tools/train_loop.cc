@@ -165,6 +165,7 @@ class TrainLoop {
   const int64_t tokens_per_step_;
   std::vector<data::Batch> data_batches_;
   int64_t job_pairs_ = 0;  // preference pairs of the step's global batch (every rank's)
+  int64_t job_chosen_targets_ = 0;  // and their chosen completions' targets
   std::vector<engine::MicroBatch> batches_;
   data::Batch skip_batch_;
   TrainOutcome out_;
@@ -220,6 +221,7 @@ Status TrainLoop::Flush() {
 void TrainLoop::SampleBatches() {
   const int accum = loop_.grad_accum_steps;
   job_pairs_ = 0;
+  job_chosen_targets_ = 0;
   for (int k = 0; k < o_.ranks.ranks * accum; ++k) {
     const int i = k - o_.ranks.rank * accum;
     if (i >= 0 && i < accum) {
@@ -228,10 +230,12 @@ void TrainLoop::SampleBatches() {
       batches_[i] = {b.tokens, b.targets, b.positions};
       out_.tokens_in_loss += TargetsInLoss(b);
       job_pairs_ += b.pairs();
+      job_chosen_targets_ += engine::ChosenTargets(b.sequences);
     } else {
       data_.SampleTrainBatch(data_rng_, loop_.micro_batch_size, loop_.seq_len, &skip_batch_);
       out_.tokens_in_loss += TargetsInLoss(skip_batch_);
       job_pairs_ += skip_batch_.pairs();
+      job_chosen_targets_ += engine::ChosenTargets(skip_batch_.sequences);
     }
   }
 }
@@ -248,7 +252,8 @@ Status TrainLoop::Step(int64_t step) {
   engine_.SetLearningRate(lr);
   engine::SequenceObjective* objective = nullptr;
   if (preference_) {
-    STRATA_RETURN_IF_ERROR(preference_->BeginStep(data_batches_, job_pairs_));
+    STRATA_RETURN_IF_ERROR(
+        preference_->BeginStep(data_batches_, job_pairs_, job_chosen_targets_));
     objective = preference_->objective();
   }
   STRATA_ASSIGN_OR_RETURN(auto r, Timed([&] { return engine_.Step(batches_, objective); }));
@@ -259,7 +264,7 @@ Status TrainLoop::Step(int64_t step) {
   std::string detail;
   if (preference_) {
     STRATA_ASSIGN_OR_RETURN(out_.train_preference, preference_->TakeMetrics(o_.engine.comm));
-    extra = PreferenceTraining::Scalars("train/", *out_.train_preference);
+    extra = preference_->Scalars("train/", *out_.train_preference);
     detail = PreferenceTraining::Summary(*out_.train_preference);
   }
   STRATA_RETURN_IF_ERROR(metrics_.RecordStep(step + 1, r, lr, tokens_per_step_,
@@ -301,7 +306,7 @@ Status TrainLoop::EvaluateAt(int64_t step) {
   eval_seconds_ += SecondsSince(t0);
   std::vector<Scalar> extra;
   if (preference_) {
-    extra = PreferenceTraining::Scalars("val/", *out_.val_preference);
+    extra = preference_->Scalars("val/", *out_.val_preference);
     std::printf("step %5lld | val loss %.4f | %s\n", static_cast<long long>(step + 1), v,
                 PreferenceTraining::Summary(*out_.val_preference).c_str());
   } else {
@@ -399,14 +404,16 @@ Status TrainLoop::FinalEvaluationAndSample() {
     if (preference_) {
       const engine::PreferenceMetrics& m = *out_.val_preference;
       STRATA_RETURN_IF_ERROR(metrics_.RecordEvaluation(
-          loop_.steps, out_.val_loss, engine_.counters(), PreferenceTraining::Scalars("val/", m)));
+          loop_.steps, out_.val_loss, engine_.counters(), preference_->Scalars("val/", m)));
       std::printf(
           "validation: %s loss %.4f over %lld pairs | rewards/accuracies %.4f | rewards/margins "
           "%.4f | rewards/chosen %.4f | rewards/rejected %.4f | logps/chosen %.4f | "
-          "logps/rejected %.4f\n",
+          "logps/rejected %.4f%s\n",
           std::string(engine::PreferenceLossName(o_.preference->loss)).c_str(), out_.val_loss,
           static_cast<long long>(m.pairs), m.rewards_accuracy, m.rewards_margin, m.rewards_chosen,
-          m.rewards_rejected, m.logps_chosen, m.logps_rejected);
+          m.rewards_rejected, m.logps_chosen, m.logps_rejected,
+          o_.preference->nll_alpha > 0 ? fmt::format(" | nll_loss {:.4f}", m.nll_loss).c_str()
+                                       : "");
     } else {
       STRATA_RETURN_IF_ERROR(
           metrics_.RecordEvaluation(loop_.steps, out_.val_loss, engine_.counters()));

@@ -177,6 +177,74 @@ TEST(PreferenceObjective, WeighsEachTargetWithItsCompletionsDerivative) {
   }
 }
 
+// The NLL term (rpo_alpha, cpo_alpha): alpha / N added to the weight of every chosen target, N
+// the step's chosen targets (over every rank: job_chosen_targets), alpha times the chosen
+// cross-entropies over N added to the share; the rejected targets' weights and everything at
+// alpha 0 unchanged; nll_loss the chosen targets' mean cross-entropy.
+TEST(PreferenceObjective, TheNllTermWeighsEveryChosenTargetByAlphaOverTheStepsChosenTargets) {
+  for (PreferenceOptions o :
+       {Options(PreferenceLoss::kDpo, 0.2, 0.1), Options(PreferenceLoss::kIpo, 0.5),
+        Options(PreferenceLoss::kSimpo, 2.0, 0, 0.8)}) {
+    const std::vector<int32_t> seq0 = {0, 0, 1, -1, 2, 3, 3, 3};  // chosen targets: 3
+    const std::vector<int32_t> seq1 = {-1, 0, 1, 1};              // 1
+    const std::vector<float> ce0 = {1, 2, 0.5f, 7, 0.25f, 1, 2, 3}, ce1 = {5, 1.5f, 1, 1};
+    const auto run = [&](double alpha, int64_t job_chosen, std::vector<float>* w0,
+                         std::vector<float>* w1) {
+      o.nll_alpha = alpha;
+      PreferenceObjective objective(o, /*reference_from_model=*/false);
+      std::vector<PreferenceObjective::MicroBatchPairs> step(2);
+      step[0] = {seq0, 2, {-3.0, -2.0, -1.0, -5.0}};
+      step[1] = {seq1, 1, {-0.5, -0.75}};
+      EXPECT_TRUE(objective.BeginStep(step, 0, job_chosen).ok());
+      w0->assign(8, -9);
+      w1->assign(4, -9);
+      const double share = *objective.Weigh(0, ce0, {}, *w0) + *objective.Weigh(1, ce1, {}, *w1);
+      return std::pair{share, objective.TakeMetrics()};
+    };
+    std::vector<float> p0, p1, n0, n1;
+    const auto [plain, plain_metrics] = run(0, 0, &p0, &p1);
+    EXPECT_EQ(plain_metrics.nll_targets, 4);  // measured without the term too
+    const double alpha = 0.75;
+    const auto [with, metrics] = run(alpha, 0, &n0, &n1);
+    const double n = 4, chosen_ce = 1 + 2 + 0.25 + 1.5;
+    EXPECT_NEAR(with, plain + alpha * chosen_ce / n, 1e-15);
+    // A weight is a double rounded once to float: with and without the term each within half an
+    // ulp of its double, so they differ by alpha / n to within 2^-24 of both magnitudes.
+    const auto added = [&](float got, float without, double term) {
+      const double w = without;
+      return std::abs(got - (w + term)) <= 0x1p-24 * (2 * std::abs(w) + term);
+    };
+    for (size_t t = 0; t < 8; ++t) {
+      const bool chosen = seq0[t] >= 0 && seq0[t] % 2 == 0;
+      if (chosen) {
+        EXPECT_TRUE(added(n0[t], p0[t], alpha / n)) << t << ": " << n0[t] << " vs " << p0[t];
+      } else {
+        EXPECT_EQ(n0[t], p0[t]) << t;
+      }
+    }
+    EXPECT_TRUE(added(n1[1], p1[1], alpha / n));
+    EXPECT_EQ(n1[2], p1[2]);
+    EXPECT_EQ(n1[0], 0.0f);
+    EXPECT_EQ(metrics.nll_targets, 4);
+    EXPECT_DOUBLE_EQ(metrics.nll_loss, chosen_ce / n);
+    EXPECT_DOUBLE_EQ(metrics.loss, plain_metrics.loss + alpha * chosen_ce / n);
+    // Over 2 ranks of this step each: N = 8, the term halved.
+    std::vector<float> d0, d1;
+    const auto [ranked, ranked_metrics] = run(alpha, 8, &d0, &d1);
+    EXPECT_NEAR(ranked, plain + alpha * chosen_ce / 8, 1e-15);
+    EXPECT_TRUE(added(d1[1], p1[1], alpha / 8));
+    EXPECT_EQ(ranked_metrics.nll_targets, 4);  // this rank's
+  }
+  PreferenceOptions bad = Options(PreferenceLoss::kSimpo, 2.0);
+  bad.nll_alpha = -1;
+  EXPECT_NE(CheckPreferenceOptions(bad).message().find("--cpo-alpha"), std::string::npos);
+  bad.loss = PreferenceLoss::kDpo;
+  EXPECT_NE(CheckPreferenceOptions(bad).message().find("--rpo-alpha"), std::string::npos);
+  PreferenceObjective objective(Options(PreferenceLoss::kDpo, 0.1), false);
+  const std::vector<int32_t> seq = {0, 0, 1};
+  EXPECT_FALSE(objective.BeginStep({{seq, 1, {-1, -1}}}, 0, 1).ok());  // fewer than this rank's 2
+}
+
 TEST(PreferenceObjective, ReferenceFromTheModelIsReadFromWeigh) {
   PreferenceObjective objective(Options(PreferenceLoss::kDpo, 0.1), /*reference_from_model=*/true);
   EXPECT_TRUE(objective.wants_reference());

@@ -13,7 +13,7 @@
 // (models/lora_adapter.h).
 //
 // With --preference P.json --objective dpo|ipo|simpo [--beta B] [--label-smoothing E]
-// [--simpo-gamma G] [--metrics-out M.json] (tests/python/test_preference.py): instead of the
+// [--simpo-gamma G] [--rpo-alpha A | --cpo-alpha A] [--metrics-out M.json] (tests/python/test_preference.py): instead of the
 // token file's windows, the step runs one engine::PreferenceObjective
 // (engine/preference_objective.h) over the micro-batches of P.json, one per entry (gradient
 // accumulation = their count):
@@ -30,7 +30,7 @@
 // given, else those of the initial weights (Engine::EvaluateTargetLosses before the step: the
 // policy is then its own reference). --metrics-out writes {"loss" (the step's), "pairs",
 // "rewards_chosen", "rewards_rejected", "rewards_accuracy", "rewards_margin", "logps_chosen",
-// "logps_rejected"} (engine::PreferenceMetrics). The gradient file is written as without it.
+// "logps_rejected", "nll_loss"} (engine::PreferenceMetrics). The gradient file is written as without it.
 #include <fmt/format.h>
 
 #include <cstdio>
@@ -99,6 +99,8 @@ StatusOr<Args> ParseArgs(int argc, char** argv) {
       a.preference_options.label_smoothing = std::stod(value);
     } else if (flag == "--simpo-gamma") {
       a.preference_options.simpo_gamma = std::stod(value);
+    } else if (flag == "--rpo-alpha" || flag == "--cpo-alpha") {
+      a.preference_options.nll_alpha = std::stod(value);
     } else if (flag == "--metrics-out") {
       a.metrics_out = value;
     } else {
@@ -312,7 +314,8 @@ Status WriteMetrics(const std::string& path, float loss, const engine::Preferenc
                   {"rewards_accuracy", m.rewards_accuracy},
                   {"rewards_margin", m.rewards_margin},
                   {"logps_chosen", m.logps_chosen},
-                  {"logps_rejected", m.logps_rejected}};
+                  {"logps_rejected", m.logps_rejected},
+                  {"nll_loss", m.nll_loss}};
   const std::string text = j.dump() + "\n";
   std::FILE* f = std::fopen(path.c_str(), "w");
   if (f == nullptr) return InvalidArgumentError(fmt::format("cannot create '{}'", path));

@@ -15,8 +15,12 @@ written here from TRL's source:
 - DPOTrainer.dpo_loss: logits = (pi_c - pi_r) - (ref_c - ref_r);
   sigmoid: -logsigmoid(beta logits)(1 - label_smoothing) - logsigmoid(-beta logits) label_smoothing;
   ipo: (logits - 1 / (2 beta))^2; rewards beta (pi - ref), detached.
-- CPOTrainer.cpo_loss, simpo (cpo_alpha 0): logits = (pi_c - pi_r) - simpo_gamma / beta, the
-  sigmoid loss of beta logits with label smoothing; rewards beta pi, detached.
+- CPOTrainer.cpo_loss, simpo: logits = (pi_c - pi_r) - simpo_gamma / beta, the sigmoid loss of
+  beta logits with label smoothing; rewards beta pi, detached.
+- The NLL term (DPOConfig.rpo_alpha in DPOTrainer, CPOConfig.cpo_alpha in CPOTrainer): alpha
+  times nll_loss, the cross-entropy of the chosen rows' logits against their labels with the
+  ignored targets left out (one F.cross_entropy over them: a mean over the chosen targets), added
+  to the loss; TRL computes it per forward batch, the engine per step (this step's).
 - The step's loss is the mean over all of its pairs (here 3: a micro-batch of 2 pairs and one of
   1, engine/preference_objective.h); the metrics (rewards/chosen, rewards/rejected,
   rewards/accuracies, rewards/margins, logps/chosen, logps/rejected) are means over them.
@@ -108,7 +112,13 @@ OBJECTIVES = [
     ("dpo_smoothed", "dpo", {"beta": 0.1, "label_smoothing": 0.1}),
     ("ipo", "ipo", {"beta": 0.3}),
     ("simpo", "simpo", {"beta": 2.0, "simpo_gamma": 0.8, "label_smoothing": 0.05}),
+    ("dpo_rpo", "dpo", {"beta": 0.1, "rpo_alpha": 0.5}),
+    ("simpo_cpo", "simpo", {"beta": 2.0, "simpo_gamma": 0.8, "cpo_alpha": 1.0}),
 ]
+
+
+def nll_alpha(opts):
+    return opts.get("rpo_alpha", opts.get("cpo_alpha", 0.0))
 LORA = {"r": 3, "alpha": 6.0, "dropout": 0.0,
         "targets": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
 
@@ -264,9 +274,10 @@ class ReferenceStep:
     policy: per micro-batch (per-token log-probs, completion log-probs) with a graph to the leaves;
     reference: per micro-batch the reference's completion log-probs (no graph), or None for the
     policy's own (detached); reference_from_engine: the engine computes the reference too (its
-    rounding enters the bounds)."""
+    rounding enters the bounds); micro_batches: the step's (their chosen rows' targets make the
+    NLL term's mean)."""
 
-    def __init__(self, objective, opts, policy, reference, reference_from_engine):
+    def __init__(self, objective, opts, policy, reference, reference_from_engine, micro_batches):
         self.objective, self.opts = objective, opts
         pi = torch.cat([p for _, p in policy])
         ref = pi.detach().clone() if reference is None else \
@@ -274,7 +285,16 @@ class ReferenceStep:
         pc, pr = pi[0::2], pi[1::2]
         rc, rr = ref[0::2], ref[1::2]
         losses, chosen, rejected = trl_losses(objective, opts, pc, pr, rc, rr)
-        self.loss = losses.mean()  # over all pairs of the step
+        # nll_loss: minus the mean per-token log-probability over the chosen rows' targets.
+        chosen_sum, chosen_count = 0, 0
+        for (per_token, _), mb in zip(policy, micro_batches):
+            seq = mb["sequences"]
+            mask = (seq >= 0) & (seq % 2 == 0)
+            chosen_sum = chosen_sum + (per_token * mask).sum()
+            chosen_count += int(mask.sum())
+        nll = -chosen_sum / chosen_count
+        alpha = nll_alpha(opts)
+        self.loss = losses.mean() + alpha * nll  # the pairs' mean over all pairs of the step
         self.pairs = len(losses)
         margins = chosen - rejected
         self.metrics = {
@@ -283,6 +303,7 @@ class ReferenceStep:
             "rewards_accuracy": (chosen > rejected).double().mean().item(),
             "rewards_margin": margins.mean().item(),
             "logps_chosen": pc.detach().mean().item(), "logps_rejected": pr.detach().mean().item(),
+            "nll_loss": nll.item(),
         }
 
         # First-order error bounds: |dq/dx| LOGP_REL_TOL |x| over the engine's log-probs x.
@@ -300,8 +321,11 @@ class ReferenceStep:
         err_rejected = beta * (err_pi[1::2] + ref_counts * err_ref[1::2])
         self.pair_margins, self.pair_margin_errors = margins, err_chosen + err_rejected
         self.bounds = {
+            # The NLL term: a mean of per-token log-probabilities of one sign, each within
+            # LOGP_REL_TOL of itself as the completions' sums are.
             "loss": ((d_pi.abs() * err_pi).sum() + (d_ref.abs() * err_ref).sum()).item()
-            + FLOAT_LOSS_REL * abs(self.loss.item()),
+            + alpha * LOGP_REL_TOL * abs(nll.item()) + FLOAT_LOSS_REL * abs(self.loss.item()),
+            "nll_loss": LOGP_REL_TOL * abs(nll.item()),
             "rewards_chosen": err_chosen.mean().item(),
             "rewards_rejected": err_rejected.mean().item(),
             "rewards_margin": (err_chosen + err_rejected).mean().item(),
@@ -416,6 +440,10 @@ def objective_flags(objective, opts):
         flags += ["--label-smoothing", opts["label_smoothing"]]
     if "simpo_gamma" in opts:
         flags += ["--simpo-gamma", opts["simpo_gamma"]]
+    if "rpo_alpha" in opts:
+        flags += ["--rpo-alpha", opts["rpo_alpha"]]
+    if "cpo_alpha" in opts:
+        flags += ["--cpo-alpha", opts["cpo_alpha"]]
     return flags
 
 
@@ -478,7 +506,7 @@ class StrataPreferenceTest(unittest.TestCase):
         policy = completion_logps(
             micro_batches, lambda x: policy_logits(hf.model_loss, model.cfg, leaves, x, x),
             objective)
-        return ReferenceStep(objective, opts, policy, reference, False), leaves
+        return ReferenceStep(objective, opts, policy, reference, False, micro_batches), leaves
 
     def test_full_fine_tuning_equals_trl_under_every_objective(self):
         for mi, model in enumerate(Fixture.get().models):
@@ -527,7 +555,8 @@ class StrataPreferenceTest(unittest.TestCase):
         adapter_dir = os.path.join(f.root, model.name + ".lora")
         adapters = hf.write_lora_adapter(adapter_dir, model, LORA, seed=43)
         self.assertTrue(all(bb.abs().max() > 0 for _, bb in adapters.values()))
-        for oi, (name, objective, opts) in enumerate(OBJECTIVES[:1] + OBJECTIVES[2:3]):
+        for oi, (name, objective, opts) in enumerate(OBJECTIVES[:1] + OBJECTIVES[2:3] +
+                                                     OBJECTIVES[4:5]):
             with self.subTest(objective=name):
                 mbs = make_micro_batches(700 + oi, hf.vocab_size(model.cfg))
                 got, metrics = self.run_binary(f"{model.name}.lora.{name}", model, mbs,
@@ -541,7 +570,7 @@ class StrataPreferenceTest(unittest.TestCase):
                     base = completion_logps(
                         mbs, lambda x: policy_logits(hf.model_loss, model.cfg, model.params, x,
                                                      x), objective)
-                step = ReferenceStep(objective, opts, policy, [p for _, p in base], True)
+                step = ReferenceStep(objective, opts, policy, [p for _, p in base], True, mbs)
                 what = f"{model.name} LoRA {name}"
                 self.assertGreater(abs(step.metrics["rewards_margin"]), 0, what)
                 self.check_metrics(what, metrics, step)

@@ -184,16 +184,19 @@ TEST(TrainConfig, PreferenceTrainingComesFromTheStrataSection) {
   TrainFlags f;
   const Status s = Apply(
       R"({"strata": {"objective": "simpo", "beta": 2.5, "label_smoothing": 0.1,
-          "simpo_gamma": 1.25, "long_examples": "skip"}})",
+          "simpo_gamma": 1.25, "cpo_alpha": 1.0, "rpo_alpha": 0.5, "long_examples": "skip"}})",
       &f);
   ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(f.cpo_alpha, 1.0);
+  EXPECT_EQ(f.rpo_alpha, 0.5);
   EXPECT_EQ(f.objective, "simpo");
   EXPECT_EQ(f.beta, 2.5);
   EXPECT_EQ(f.label_smoothing, 0.1);
   EXPECT_EQ(f.simpo_gamma, 1.25);
   EXPECT_EQ(f.long_examples, "skip");
   for (const char* bad_json : {R"({"strata": {"objective": "orpo"}})", R"({"strata": {"beta": 0}})",
-                               R"({"strata": {"label_smoothing": 0.5}})"}) {
+                               R"({"strata": {"label_smoothing": 0.5}})",
+                               R"({"strata": {"cpo_alpha": -1}})"}) {
     TrainFlags g;
     const Status bad = Apply(bad_json, &g);
     EXPECT_FALSE(bad.ok()) << bad_json;

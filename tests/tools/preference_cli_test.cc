@@ -114,10 +114,31 @@ TEST_F(PreferenceCli, IpoAndSimpoLearnTheRuleToo) {
   ExpectLearned(
       Train("--objective ipo --beta 0.5 --steps 40 --lr 1e-3 --grad-accum-steps 1", "ipo.json"),
       false);
-  ExpectLearned(Train("--objective simpo --beta 2 --simpo-gamma 0.5 --steps 40 --lr 1e-3 "
-                      "--grad-accum-steps 1",
-                      "simpo.json"),
-                false);
+  const nlohmann::json simpo = Train(
+      "--objective simpo --beta 2 --simpo-gamma 0.5 --steps 40 --lr 1e-3 --grad-accum-steps 1",
+      "simpo.json");
+  ExpectLearned(simpo, false);
+  // CPO-SimPO (TRL CPOTrainer's defaults: cpo_alpha 1): learns too, and the NLL term pulls the
+  // chosen completions' cross-entropy below plain SimPO's.
+  const nlohmann::json cpo = Train(
+      "--objective simpo --beta 2 --simpo-gamma 0.5 --cpo-alpha 1 --steps 40 --lr 1e-3 "
+      "--grad-accum-steps 1",
+      "cpo.json");
+  ExpectLearned(cpo, false);
+  EXPECT_LT(cpo["preference"]["val"]["nll_loss"].get<double>(),
+            simpo["preference"]["val"]["nll_loss"].get<double>());
+  // Each NLL flag belongs to its objectives: one line naming the right one.
+  for (const auto& [flags, needle] :
+       {std::pair{"--objective simpo --rpo-alpha 1", "--cpo-alpha"},
+        std::pair{"--objective dpo --cpo-alpha 1", "--rpo-alpha"},
+        std::pair{"--objective dpo --rpo-alpha -1", "--rpo-alpha"},
+        std::pair{"--rpo-alpha 1", "--objective dpo, ipo or simpo"}}) {
+    const Result r = RunStrata("train --model llama-tiny --data " + Path("train.bin") +
+                               " --seq-len 32 --micro-batch-size 8 --steps 1 " + flags);
+    EXPECT_NE(r.exit_code, 0) << flags;
+    EXPECT_EQ(Lines(r.err), 1) << r.err;
+    EXPECT_NE(r.err.find(needle), std::string::npos) << flags << ": " << r.err;
+  }
 }
 
 // Steps 1-30 in one run, or 1-15 and then --resume latest to 30: the same master weights and
@@ -161,7 +182,7 @@ TEST_F(PreferenceCli, EvalScoresPairsAsTrainingValidatesThem) {
   const nlohmann::json& val = s["preference"]["val"];
   EXPECT_EQ(e["pairs"], val["pairs"]);
   for (const char* key : {"loss", "rewards/accuracies", "rewards/margins", "rewards/chosen",
-                          "rewards/rejected", "logps/chosen", "logps/rejected"}) {
+                          "rewards/rejected", "logps/chosen", "logps/rejected", "nll_loss"}) {
     EXPECT_EQ(e[key], val[key]) << key;
   }
   // A full model has no reference to compare with; SimPO needs none.

@@ -64,6 +64,7 @@ TEST(TrainHelpCli, EveryOptionIsInOneSectionAndTheSectionsPrintInOrder) {
   EXPECT_EQ(section_of["--offload-optimizer"], "Placement and memory");
   EXPECT_EQ(section_of["--lora-alpha"], "LoRA");
   EXPECT_EQ(section_of["--beta"], "Preference training");
+  EXPECT_EQ(section_of["--rpo-alpha"], "Preference training");
   EXPECT_EQ(section_of["--keep-last"], "Checkpoints");
 }
 
