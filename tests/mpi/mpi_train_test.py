@@ -501,20 +501,29 @@ def case_preference(runner):
             f.write(json.dumps({"prompt": w, "chosen": w.upper(), "rejected": word()}) + "\n")
     runner.run([runner.strata, "tokenize", "--byte-level", "--input", jsonl, "--output", tokens])
     # Full fine-tuning (the initial weights as the reference, computed before step 1 on every
-    # rank), then LoRA (the frozen base as the reference, in the same pass).
-    for objective, lora in (("dpo", False), ("ipo", False), ("dpo", True)):
+    # rank), then LoRA (the frozen base as the reference, in the same pass), then LoRA with the
+    # NLL term (its mean over the chosen tokens of every rank).
+    for objective, lora, rpo in (("dpo", False, 0), ("ipo", False, 0), ("dpo", True, 0),
+                                 ("dpo", True, 0.5)):
         what = (f"{objective}, " + ("LoRA, the frozen base as reference" if lora else
-                                    "the initial weights as reference"))
+                                    "the initial weights as reference") +
+                (f", rpo_alpha {rpo}" if rpo else ""))
         flags = ["--objective", objective, "--beta", "0.5"] + (
-            ["--lora-rank", "4", "--lora-alpha", "8"] if lora else [])
+            ["--lora-rank", "4", "--lora-alpha", "8"] if lora else []) + (
+            ["--rpo-alpha", str(rpo)] if rpo else [])
         kw = dict(model="llama-tiny", data=tokens, seq_len=32)
         one, one_dir = runner.train(1, "preference-one", extra=flags + ["--save-every", "1"], **kw)
         two, two_dir = runner.train(kRanks, "preference-two", extra=flags, **kw)
         # The policy is its own reference at step 1: DPO's ln 2, IPO's (1 / (2 beta))^2 = 1.
         first = math.log(2) if objective == "dpo" else 1.0
-        check(one["loss_first"] == two["loss_first"] == struct.unpack("f", struct.pack(
-            "f", first))[0], f"{what}: first loss {one['loss_first']} (1 rank), "
-              f"{two['loss_first']} (2 ranks): want {first} in fp32")
+        if rpo:  # ln 2 plus the term: the same on 1 and 2 ranks
+            check(one["loss_first"] == two["loss_first"] > first,
+                  f"{what}: first loss {one['loss_first']} (1 rank), {two['loss_first']} "
+                  f"(2 ranks): want them equal and above ln 2")
+        else:
+            check(one["loss_first"] == two["loss_first"] == struct.unpack("f", struct.pack(
+                "f", first))[0], f"{what}: first loss {one['loss_first']} (1 rank), "
+                  f"{two['loss_first']} (2 ranks): want {first} in fp32")
         want = master_weights(checkpoint_dir(os.path.join(one_dir, "ckpt")))
         got = master_weights(checkpoint_dir(os.path.join(two_dir, "ckpt")))
         worst = compare_weights(got, want, kBound, f"{what}: 2 ranks vs 1 rank")
