@@ -62,10 +62,9 @@ Status CheckPreferenceOptions(const PreferenceOptions& o) {
     return InvalidArgumentError(fmt::format("--simpo-gamma {} must be finite", o.simpo_gamma));
   }
   if (!(o.nll_alpha >= 0) || !std::isfinite(o.nll_alpha)) {
-    return InvalidArgumentError(fmt::format("--{} {} must be a finite number >= 0",
-                                            o.loss == PreferenceLoss::kSimpo ? "cpo-alpha"
-                                                                             : "rpo-alpha",
-                                            o.nll_alpha));
+    return InvalidArgumentError(
+        fmt::format("--{} {} must be a finite number >= 0",
+                    o.loss == PreferenceLoss::kSimpo ? "cpo-alpha" : "rpo-alpha", o.nll_alpha));
   }
   return Status::Ok();
 }
@@ -172,8 +171,8 @@ PreferenceObjective::PreferenceObjective(const PreferenceOptions& options,
                                          bool reference_from_model)
     : options_(options), reference_from_model_(reference_from_model) {}
 
-Status PreferenceObjective::BeginStep(std::vector<MicroBatchPairs> micro_batches,
-                                      int64_t job_pairs, int64_t job_chosen_targets) {
+Status PreferenceObjective::BeginStep(std::vector<MicroBatchPairs> micro_batches, int64_t job_pairs,
+                                      int64_t job_chosen_targets) {
   step_pairs_ = 0;
   step_chosen_targets_ = 0;
   const bool precomputed = options_.uses_reference() && !reference_from_model_;
@@ -243,9 +242,9 @@ StatusOr<double> PreferenceObjective::Weigh(size_t i, std::span<const float> pol
   // The NLL term: alpha times the mean cross-entropy over the step's chosen targets.
   const double chosen_ce = ChosenCrossEntropySum(policy, m.sequences);
   metrics_.AddNll(chosen_ce, ChosenTargets(m.sequences));
-  const double nll_weight =
-      step_chosen_targets_ > 0 ? options_.nll_alpha / static_cast<double>(step_chosen_targets_)
-                               : 0.0;
+  const double nll_weight = step_chosen_targets_ > 0
+                                ? options_.nll_alpha / static_cast<double>(step_chosen_targets_)
+                                : 0.0;
   share += nll_weight * chosen_ce;
   // pi_s = -sum_t CE_t (over n_s when averaged): dL/dCE_t = -dL/dpi_s (/ n_s).
   for (size_t t = 0; t < weights.size(); ++t) {

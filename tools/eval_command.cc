@@ -167,7 +167,8 @@ void AddEvalFlags(CLI::App& cmd, EvalFlags& f) {
   cmd.add_option("--rpo-alpha", f.rpo_alpha,
                  "DPO and IPO: the NLL term's weight in the loss (as train's)")
       ->capture_default_str();
-  cmd.add_option("--cpo-alpha", f.cpo_alpha, "SimPO: the NLL term's weight in the loss (as train's)")
+  cmd.add_option("--cpo-alpha", f.cpo_alpha,
+                 "SimPO: the NLL term's weight in the loss (as train's)")
       ->capture_default_str();
 }
 
@@ -296,10 +297,9 @@ Status EvalPreference(const EvalFlags& f, const engine::PreferenceOptions& p, co
 
 Status RunEval(const EvalFlags& f) {
   const int T = f.seq_len;
-  STRATA_ASSIGN_OR_RETURN(
-      const std::optional<engine::PreferenceOptions> preference,
-      PreferenceOptionsFromFlags(f.objective, f.beta, f.label_smoothing, f.simpo_gamma,
-                                 f.rpo_alpha, f.cpo_alpha));
+  STRATA_ASSIGN_OR_RETURN(const std::optional<engine::PreferenceOptions> preference,
+                          PreferenceOptionsFromFlags(f.objective, f.beta, f.label_smoothing,
+                                                     f.simpo_gamma, f.rpo_alpha, f.cpo_alpha));
   STRATA_ASSIGN_OR_RETURN(Loaded l, Load(f.model, {f.micro_batch_size, T}, preference.has_value()));
   STRATA_ASSIGN_OR_RETURN(auto data, data::TokenDataset::Open(f.data, l.model->vocab_size()));
   if (preference) return EvalPreference(f, *preference, l, std::move(data));

@@ -249,8 +249,8 @@ Status PreferenceTraining::PrepareReference(engine::Engine& engine, const std::s
   return Status::Ok();
 }
 
-Status PreferenceTraining::BeginStep(std::span<const data::Batch> micro_batches,
-                                     int64_t job_pairs, int64_t job_chosen_targets) {
+Status PreferenceTraining::BeginStep(std::span<const data::Batch> micro_batches, int64_t job_pairs,
+                                     int64_t job_chosen_targets) {
   std::vector<engine::PreferenceObjective::MicroBatchPairs> step;
   step.reserve(micro_batches.size());
   const bool precomputed = options_.uses_reference() && !reference_from_model_;

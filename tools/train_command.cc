@@ -87,9 +87,10 @@ void AddDataFlags(CLI::App& cmd, TrainFlags& f) {
       ->capture_default_str();
   cmd.add_option("--simpo-gamma", f.simpo_gamma, "SimPO: the target reward margin gamma")
       ->capture_default_str();
-  cmd.add_option("--rpo-alpha", f.rpo_alpha,
-                 "DPO and IPO: add alpha times the policy's mean cross-entropy over the chosen "
-                 "completions' tokens to the loss (TRL's rpo_alpha: RPO, Pang et al. 2024); 0: none")
+  cmd.add_option(
+         "--rpo-alpha", f.rpo_alpha,
+         "DPO and IPO: add alpha times the policy's mean cross-entropy over the chosen "
+         "completions' tokens to the loss (TRL's rpo_alpha: RPO, Pang et al. 2024); 0: none")
       ->capture_default_str();
   cmd.add_option("--cpo-alpha", f.cpo_alpha,
                  "SimPO: add alpha times the policy's mean cross-entropy over the chosen "
@@ -329,8 +330,9 @@ struct HelpGroup {
 const std::vector<HelpGroup>& TrainHelpGroups() {
   static const std::vector<HelpGroup> groups = {
       {"Data", {"--data", "--val-data", "--tokenizer", "--pack", "--long-examples"}},
-      {"Preference training", {"--objective", "--beta", "--label-smoothing", "--simpo-gamma", "--rpo-alpha",
-         "--cpo-alpha"}},
+      {"Preference training",
+       {"--objective", "--beta", "--label-smoothing", "--simpo-gamma", "--rpo-alpha",
+        "--cpo-alpha"}},
       {"Model", {"--model", "--model-dir", "--precision", "--seed", "--tf32"}},
       {"Batch and steps",
        {"--steps", "--micro-batch-size", "--seq-len", "--grad-accum-steps", "--global-batch-size",

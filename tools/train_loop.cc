@@ -164,7 +164,7 @@ class TrainLoop {
   // Over every rank: the global batch.
   const int64_t tokens_per_step_;
   std::vector<data::Batch> data_batches_;
-  int64_t job_pairs_ = 0;  // preference pairs of the step's global batch (every rank's)
+  int64_t job_pairs_ = 0;           // preference pairs of the step's global batch (every rank's)
   int64_t job_chosen_targets_ = 0;  // and their chosen completions' targets
   std::vector<engine::MicroBatch> batches_;
   data::Batch skip_batch_;
@@ -252,8 +252,7 @@ Status TrainLoop::Step(int64_t step) {
   engine_.SetLearningRate(lr);
   engine::SequenceObjective* objective = nullptr;
   if (preference_) {
-    STRATA_RETURN_IF_ERROR(
-        preference_->BeginStep(data_batches_, job_pairs_, job_chosen_targets_));
+    STRATA_RETURN_IF_ERROR(preference_->BeginStep(data_batches_, job_pairs_, job_chosen_targets_));
     objective = preference_->objective();
   }
   STRATA_ASSIGN_OR_RETURN(auto r, Timed([&] { return engine_.Step(batches_, objective); }));

@@ -321,9 +321,9 @@ StatusOr<TrainOptions> TrainOptionsFromFlags(const TrainFlags& flags, const Rank
   // An optimizer home given explicitly is the user's choice: no split unless one is given too.
   o.automatic.device_fraction =
       f.optimizer_device_fraction == "auto" && f.offload_optimizer == "auto";
-  STRATA_ASSIGN_OR_RETURN(
-      o.preference, PreferenceOptionsFromFlags(f.objective, f.beta, f.label_smoothing,
-                                               f.simpo_gamma, f.rpo_alpha, f.cpo_alpha));
+  STRATA_ASSIGN_OR_RETURN(o.preference,
+                          PreferenceOptionsFromFlags(f.objective, f.beta, f.label_smoothing,
+                                                     f.simpo_gamma, f.rpo_alpha, f.cpo_alpha));
   if (o.preference) {
     o.engine.placement.objective.target_weights = true;
     o.engine.placement.objective.reference_forward =

@@ -42,8 +42,7 @@ StatusOr<cudaStream_t> Prepare(const char* what, const LlamaConfig& c, gpu::Stre
                                int T, const void* scratch) {
   STRATA_RETURN_IF_ERROR(ValidateLlamaConfig(c));
   if (c.head_dim > oc::kAttentionMaxHeadDim) {
-    return InvalidArgumentError(std::string(what) +
-                                ": the CUDA attention takes head_dim <= " +
+    return InvalidArgumentError(std::string(what) + ": the CUDA attention takes head_dim <= " +
                                 std::to_string(oc::kAttentionMaxHeadDim) + ", got " +
                                 std::to_string(c.head_dim));
   }

@@ -13,10 +13,10 @@
 // (models/lora_adapter.h).
 //
 // With --preference P.json --objective dpo|ipo|simpo [--beta B] [--label-smoothing E]
-// [--simpo-gamma G] [--rpo-alpha A | --cpo-alpha A] [--metrics-out M.json] (tests/python/test_preference.py): instead of the
-// token file's windows, the step runs one engine::PreferenceObjective
-// (engine/preference_objective.h) over the micro-batches of P.json, one per entry (gradient
-// accumulation = their count):
+// [--simpo-gamma G] [--rpo-alpha A | --cpo-alpha A] [--metrics-out M.json]
+// (tests/python/test_preference.py): instead of the token file's windows, the step runs one
+// engine::PreferenceObjective (engine/preference_objective.h) over the micro-batches of P.json, one
+// per entry (gradient accumulation = their count):
 //
 //   {"micro_batches": [{"tokens": [B T ints], "targets": [B T ints, -1 = ignored],
 //                       "sequences": [B T ints: -1, or 2 k / 2 k + 1 where the target belongs to
@@ -30,7 +30,8 @@
 // given, else those of the initial weights (Engine::EvaluateTargetLosses before the step: the
 // policy is then its own reference). --metrics-out writes {"loss" (the step's), "pairs",
 // "rewards_chosen", "rewards_rejected", "rewards_accuracy", "rewards_margin", "logps_chosen",
-// "logps_rejected", "nll_loss"} (engine::PreferenceMetrics). The gradient file is written as without it.
+// "logps_rejected", "nll_loss"} (engine::PreferenceMetrics). The gradient file is written as
+// without it.
 #include <fmt/format.h>
 
 #include <cstdio>

@@ -194,9 +194,9 @@ TEST(TrainConfig, PreferenceTrainingComesFromTheStrataSection) {
   EXPECT_EQ(f.label_smoothing, 0.1);
   EXPECT_EQ(f.simpo_gamma, 1.25);
   EXPECT_EQ(f.long_examples, "skip");
-  for (const char* bad_json : {R"({"strata": {"objective": "orpo"}})", R"({"strata": {"beta": 0}})",
-                               R"({"strata": {"label_smoothing": 0.5}})",
-                               R"({"strata": {"cpo_alpha": -1}})"}) {
+  for (const char* bad_json :
+       {R"({"strata": {"objective": "orpo"}})", R"({"strata": {"beta": 0}})",
+        R"({"strata": {"label_smoothing": 0.5}})", R"({"strata": {"cpo_alpha": -1}})"}) {
     TrainFlags g;
     const Status bad = Apply(bad_json, &g);
     EXPECT_FALSE(bad.ok()) << bad_json;

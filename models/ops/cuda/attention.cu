@@ -551,15 +551,12 @@ Status WithDims(int hs, F&& f) {
   }
 }
 
-// Launches a CUDA-core kernel with kDims dimensions a lane and shared tiles Tiles: no dynamic
-// shared memory up to kStaticMaxDims (the tiles are static), else sizeof(Tiles) of it, the
-// kernel's limit raised past the default 48 KB first.
-template <int kDims, typename Tiles, typename Kernel, typename... Args>
-Status CudaCoreLaunch(const char* name, Kernel kernel, dim3 grid, int threads,
+// Launches `kernel` with smem_bytes of dynamic shared memory (0: none), the kernel's limit
+// raised to it first (needed past the default 48 KB).
+template <typename Kernel, typename... Args>
+Status LaunchWithSmem(const char* name, Kernel kernel, dim3 grid, int threads, size_t smem_bytes,
                       cudaStream_t stream, Args... args) {
-  size_t smem_bytes = 0;
-  if constexpr (kDims > kStaticMaxDims) {
-    smem_bytes = sizeof(Tiles);
+  if (smem_bytes > 0) {
     STRATA_RETURN_IF_ERROR(gpu::cuda::CudaStatus(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(smem_bytes)),
@@ -567,6 +564,15 @@ Status CudaCoreLaunch(const char* name, Kernel kernel, dim3 grid, int threads,
   }
   kernel<<<grid, threads, smem_bytes, stream>>>(args...);
   return Launched(name);
+}
+
+// Launches a CUDA-core kernel with kDims dimensions a lane and shared tiles Tiles: no dynamic
+// shared memory up to kStaticMaxDims (the tiles are static), else sizeof(Tiles) of it.
+template <int kDims, typename Tiles, typename Kernel, typename... Args>
+Status CudaCoreLaunch(const char* name, Kernel kernel, dim3 grid, int threads, cudaStream_t stream,
+                      Args... args) {
+  return LaunchWithSmem(name, kernel, grid, threads, kDims > kStaticMaxDims ? sizeof(Tiles) : 0,
+                        stream, args...);
 }
 
 // ---------------------------------------------------------------------------
@@ -1076,18 +1082,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Raises the kernel's dynamic shared-memory limit (needed past 48 KB), then launches.
-template <typename Kernel, typename... Args>
-Status LaunchWithSmem(const char* name, Kernel kernel, dim3 grid, size_t smem_bytes,
-                      cudaStream_t stream, Args... args) {
-  STRATA_RETURN_IF_ERROR(gpu::cuda::CudaStatus(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(smem_bytes)),
-      name));
-  kernel<<<grid, kThreads, smem_bytes, stream>>>(args...);
-  return Launched(name);
-}
-
 template <typename D, bool kCap>
 Status LaunchForward(cudaStream_t stream, const Dims& d, const D* q, const D* k, const D* v, D* out,
                      float* lse) {
@@ -1095,10 +1089,12 @@ Status LaunchForward(cudaStream_t stream, const Dims& d, const D* q, const D* k,
   const dim3 grid(at::NumTiles(d.T, at::kQueryTile), d.B * d.H);
   if (d.hs == 64) {
     return LaunchWithSmem("AttentionForwardTcKernel<64>", AttentionForwardTcKernel<D, 64, kCap>,
-                          grid, at::ForwardSmemBytes(64, sizeof(D)), stream, q, k, v, a, out, lse);
+                          grid, kThreads, at::ForwardSmemBytes(64, sizeof(D)), stream, q, k, v, a,
+                          out, lse);
   }
   return LaunchWithSmem("AttentionForwardTcKernel<128>", AttentionForwardTcKernel<D, 128, kCap>,
-                        grid, at::ForwardSmemBytes(128, sizeof(D)), stream, q, k, v, a, out, lse);
+                        grid, kThreads, at::ForwardSmemBytes(128, sizeof(D)), stream, q, k, v, a,
+                        out, lse);
 }
 
 // dq, dk, dv given delta = rowsum(dout out) (B, H, T) fp32, already computed on `stream`.
@@ -1109,19 +1105,19 @@ Status LaunchBackward(cudaStream_t stream, const Dims& d, const D* q, const D* k
   const dim3 q_grid(at::NumTiles(d.T, at::kQueryTile), d.B * d.H);
   const dim3 kv_grid(at::NumTiles(d.T, at::kDkDvKeyTile), d.B * d.Hkv);
   if (d.hs == 64) {
-    STRATA_RETURN_IF_ERROR(
-        LaunchWithSmem("AttentionDqTcKernel<64>", AttentionDqTcKernel<D, 64, kCap>, q_grid,
-                       at::DqSmemBytes(64, sizeof(D)), stream, q, k, v, dout, lse, delta, a, dq));
+    STRATA_RETURN_IF_ERROR(LaunchWithSmem(
+        "AttentionDqTcKernel<64>", AttentionDqTcKernel<D, 64, kCap>, q_grid, kThreads,
+        at::DqSmemBytes(64, sizeof(D)), stream, q, k, v, dout, lse, delta, a, dq));
     return LaunchWithSmem("AttentionDkDvTcKernel<64>", AttentionDkDvTcKernel<D, 64, kCap>, kv_grid,
-                          at::DkDvSmemBytes(64, sizeof(D)), stream, q, k, v, dout, lse, delta, a,
-                          dk, dv);
+                          kThreads, at::DkDvSmemBytes(64, sizeof(D)), stream, q, k, v, dout, lse,
+                          delta, a, dk, dv);
   }
-  STRATA_RETURN_IF_ERROR(
-      LaunchWithSmem("AttentionDqTcKernel<128>", AttentionDqTcKernel<D, 128, kCap>, q_grid,
-                     at::DqSmemBytes(128, sizeof(D)), stream, q, k, v, dout, lse, delta, a, dq));
+  STRATA_RETURN_IF_ERROR(LaunchWithSmem(
+      "AttentionDqTcKernel<128>", AttentionDqTcKernel<D, 128, kCap>, q_grid, kThreads,
+      at::DqSmemBytes(128, sizeof(D)), stream, q, k, v, dout, lse, delta, a, dq));
   return LaunchWithSmem("AttentionDkDvTcKernel<128>", AttentionDkDvTcKernel<D, 128, kCap>, kv_grid,
-                        at::DkDvSmemBytes(128, sizeof(D)), stream, q, k, v, dout, lse, delta, a, dk,
-                        dv);
+                        kThreads, at::DkDvSmemBytes(128, sizeof(D)), stream, q, k, v, dout, lse,
+                        delta, a, dk, dv);
 }
 
 }  // namespace tc
@@ -1187,14 +1183,13 @@ Status LaunchAttentionBackward(cudaStream_t stream, const AttentionDims& d, cons
     return WithDims(a.hs, [&]<int kDims>() -> Status {
       const dim3 q_grid((a.T + kQueryWarps - 1) / kQueryWarps, a.B * a.H);
       const Status dq_launched = CudaCoreLaunch<kDims, DqTiles<kDims>>(
-          "GqaDqKernel", GqaDqKernel<D, kDims, kCap>, q_grid, kQueryWarps * kWarp, stream, q, k,
-          v, dout, lse, delta, a, dq);
+          "GqaDqKernel", GqaDqKernel<D, kDims, kCap>, q_grid, kQueryWarps * kWarp, stream, q, k, v,
+          dout, lse, delta, a, dq);
       STRATA_RETURN_IF_ERROR(dq_launched);
       const dim3 kv_grid((a.T + kKvKeys - 1) / kKvKeys, a.B * a.Hkv);
-      return CudaCoreLaunch<kDims, DkDvTiles<kDims>>("GqaDkDvKernel",
-                                                     GqaDkDvKernel<D, kDims, kCap>, kv_grid,
-                                                     kKvWarps * kWarp, stream, q, k, v, dout, lse,
-                                                     delta, a, dk, dv);
+      return CudaCoreLaunch<kDims, DkDvTiles<kDims>>("GqaDkDvKernel", GqaDkDvKernel<D, kDims, kCap>,
+                                                     kv_grid, kKvWarps * kWarp, stream, q, k, v,
+                                                     dout, lse, delta, a, dk, dv);
     });
   });
 }
