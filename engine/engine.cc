@@ -335,8 +335,9 @@ BlockBuffers Engine::Impl::ForwardBuffers(int b, const ParamCache::BlockChunks& 
   return buf;
 }
 
-Status Engine::Impl::ReferenceForward(int b, const ParamCache::BlockChunks& chunks, int slot) {
-  BlockBuffers buf = ForwardBuffers(b, chunks, slot, /*with_targets=*/true, o_.micro_batch);
+Status Engine::Impl::ReferenceForward(int b, const ParamCache::BlockChunks& chunks, int slot,
+                                      MicroBatchShape shape) {
+  BlockBuffers buf = ForwardBuffers(b, chunks, slot, /*with_targets=*/true, shape);
   const ObjectiveSlot& o = objective_slots_[slot];
   buf.frozen_reference = true;
   buf.params = {};
@@ -450,11 +451,11 @@ Status Engine::Impl::ForwardPass(MicroBatchShape shape, bool with_targets, int l
                                  std::span<const int> seq, size_t* cursor, bool save_acts,
                                  ForwardExtras extras) {
   const bool weigh = save_acts && objective_ != nullptr;
-  const bool reference = weigh && objective_->wants_reference();
+  const bool reference = (weigh && objective_->wants_reference()) || extras.with_reference;
   for (int b = 0; b < n_; ++b, ++*cursor) {
     STRATA_ASSIGN_OR_RETURN(const ParamCache::BlockChunks chunks,
                             params_->AcquireBlock(b, seq, cursor));
-    if (reference) STRATA_RETURN_IF_ERROR(ReferenceForward(b, chunks, 0));
+    if (reference) STRATA_RETURN_IF_ERROR(ReferenceForward(b, chunks, 0, shape));
     BlockBuffers buf = ForwardBuffers(b, chunks, 0, with_targets, shape, save_acts);
     if (extras.frozen_reference) {
       buf.frozen_reference = true;
@@ -687,8 +688,9 @@ StatusOr<std::vector<float>> Engine::Impl::EvaluateTargetLosses(const MicroBatch
   if (reference && !model_->has_frozen_reference()) {
     return InvalidArgumentError("the model has no frozen reference (LoRA's base)");
   }
-  STRATA_RETURN_IF_ERROR(
-      EvaluationForward(batch, shape, -1, {.frozen_reference = reference, .target_losses = true}));
+  STRATA_RETURN_IF_ERROR(EvaluationForward(
+      batch, shape, -1,
+      {.frozen_reference = reference, .target_losses = true, .with_reference = false}));
   const size_t count = shape.tokens();
   const gpu::PinnedSpan staging = io_pinned_.span().subspan(ObjectiveStagingOffset(), count * 4);
   STRATA_RETURN_IF_ERROR(
@@ -696,6 +698,34 @@ StatusOr<std::vector<float>> Engine::Impl::EvaluateTargetLosses(const MicroBatch
   STRATA_RETURN_IF_ERROR(compute_->Synchronize());
   const auto* p = reinterpret_cast<const float*>(staging.data);
   return std::vector<float>(p, p + count);
+}
+
+StatusOr<Engine::PolicyAndReferenceLosses> Engine::Impl::EvaluatePolicyAndReference(
+    const MicroBatch& batch, MicroBatchShape shape) {
+  STRATA_RETURN_IF_ERROR(CheckObjective());
+  if (!model_->has_frozen_reference()) {
+    return InvalidArgumentError("the model has no frozen reference (LoRA's base)");
+  }
+  if (!plan_.objective.reference_forward) {
+    return FailedPreconditionError(
+        "one pass of the policy and its reference needs a plan with the reference forward "
+        "(PlacementOptions::objective.reference_forward)");
+  }
+  STRATA_RETURN_IF_ERROR(EvaluationForward(
+      batch, shape, -1,
+      {.frozen_reference = false, .target_losses = true, .with_reference = true}));
+  const size_t count = shape.tokens();
+  const gpu::PinnedSpan staging =
+      io_pinned_.span().subspan(ObjectiveStagingOffset(), 2 * count * 4);
+  const ObjectiveSlot& o = objective_slots_[0];
+  STRATA_RETURN_IF_ERROR(
+      compute_->CopyD2H(staging.subspan(0, count * 4), o.losses.subspan(0, count * 4)));
+  STRATA_RETURN_IF_ERROR(
+      compute_->CopyD2H(staging.subspan(count * 4, count * 4), o.ref_losses.subspan(0, count * 4)));
+  STRATA_RETURN_IF_ERROR(compute_->Synchronize());
+  const auto* p = reinterpret_cast<const float*>(staging.data);
+  return Engine::PolicyAndReferenceLosses{std::vector<float>(p, p + count),
+                                          std::vector<float>(p + count, p + 2 * count)};
 }
 
 StatusOr<std::vector<float>> Engine::Impl::NextTokenLogits(std::span<const int32_t> tokens) {
@@ -874,6 +904,11 @@ const Plan& Engine::plan() const { return impl_->plan(); }
 std::string_view Engine::io_backend_name() const { return impl_->io_backend_name(); }
 StatusOr<StepResult> Engine::Step(std::span<const MicroBatch> mbs, SequenceObjective* objective) {
   return impl_->Step(mbs, objective);
+}
+
+StatusOr<Engine::PolicyAndReferenceLosses> Engine::EvaluatePolicyAndReference(
+    const MicroBatch& batch, MicroBatchShape shape) {
+  return impl_->EvaluatePolicyAndReference(batch, shape);
 }
 
 StatusOr<std::vector<float>> Engine::EvaluateTargetLosses(const MicroBatch& batch,

@@ -269,6 +269,18 @@ class Engine {
   // batch errors as EvaluateLoss's.
   StatusOr<std::vector<float>> EvaluateTargetLosses(const MicroBatch& batch, MicroBatchShape shape,
                                                     bool reference = false);
+  // Both of EvaluateTargetLosses' results, the trained model's and its frozen reference's, from
+  // one pass over the blocks: each block's reference forward (on the reference's own
+  // activations) just before its forward, as a training step with the reference runs them, so
+  // that a streamed base is read once for both. Bit for bit the two EvaluateTargetLosses calls.
+  // Needs a model with a frozen reference (kInvalidArgument) and a plan with
+  // PlacementOptions::objective.reference_forward (kFailedPrecondition); batch errors as
+  // EvaluateLoss's.
+  struct PolicyAndReferenceLosses {
+    std::vector<float> policy, reference;  // (B, T) fp32 each
+  };
+  StatusOr<PolicyAndReferenceLosses> EvaluatePolicyAndReference(const MicroBatch& batch,
+                                                                MicroBatchShape shape);
 
   // Logits (V floats) of the last position of one sequence of up to seq_len tokens.
   StatusOr<std::vector<float>> NextTokenLogits(std::span<const int32_t> tokens);

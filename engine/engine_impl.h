@@ -90,6 +90,8 @@ class Engine::Impl {
   StatusOr<float> EvaluateLoss(const MicroBatch& batch, MicroBatchShape shape);
   StatusOr<std::vector<float>> EvaluateTargetLosses(const MicroBatch& batch, MicroBatchShape shape,
                                                     bool reference);
+  StatusOr<Engine::PolicyAndReferenceLosses> EvaluatePolicyAndReference(const MicroBatch& batch,
+                                                                        MicroBatchShape shape);
   StatusOr<std::vector<float>> NextTokenLogits(std::span<const int32_t> tokens);
   StatusOr<uint64_t> MasterWeightsXxh3();
   StatusOr<std::vector<float>> MasterWeights(int block);
@@ -208,9 +210,13 @@ class Engine::Impl {
   // (when the objective wants it), and WeighMicroBatch(loss_index) after the head.
   // frozen_reference (evaluation): every block computes the frozen reference
   // (BlockBuffers::frozen_reference); target_losses: the head writes slot 0's per-target losses.
-  struct ForwardExtras {  // no member initialisers: {} (the default argument) zeroes both
+  // frozen_reference: the pass is the reference's; target_losses: the head's per-target losses
+  // into objective slot 0; with_reference: each block's reference forward before its own (its
+  // per-target losses into slot 0's ref_losses).
+  struct ForwardExtras {  // no member initialisers: {} (the default argument) zeroes them all
     bool frozen_reference;
     bool target_losses;
+    bool with_reference;
   };
   Status ForwardPass(MicroBatchShape shape, bool with_targets, int loss_index,
                      std::span<const int> seq, size_t* cursor, bool save_acts = false,
@@ -274,8 +280,10 @@ class Engine::Impl {
   };
   std::vector<ObjectiveSlot> objective_slots_;
   // Block b's reference forward (BlockBuffers::frozen_reference) of held micro-batch `slot`, on
-  // the reference's own activations and the shared scratch, before the block's training forward.
-  Status ReferenceForward(int b, const ParamCache::BlockChunks& chunks, int slot);
+  // the reference's own activations and the shared scratch, before the block's training forward
+  // (or, in evaluation, its forward of `shape`).
+  Status ReferenceForward(int b, const ParamCache::BlockChunks& chunks, int slot,
+                          MicroBatchShape shape);
   // After the head's training forward of micro-batch i (in batch slot `slot`): its per-target
   // losses to the host, objective_->Weigh, the weights back to the device (the head's backward
   // reads them in stream order). Synchronizes the compute stream.

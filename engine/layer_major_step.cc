@@ -42,7 +42,7 @@ Status Engine::Impl::LayerMajorPasses(std::span<const MicroBatch> mbs,
     // Offloaded: the set's previous content (block b-2's outputs) must have been copied out.
     if (offload && b < n_ - 1) STRATA_RETURN_IF_ERROR(compute_->Wait(*act_saved_[b % 2]));
     for (int i = 0; i < a; ++i) {
-      if (reference) STRATA_RETURN_IF_ERROR(ReferenceForward(b, chunks, i));
+      if (reference) STRATA_RETURN_IF_ERROR(ReferenceForward(b, chunks, i, o_.micro_batch));
       dropout_seed_ = DropoutSeedOf(i, mbs.size());
       const BlockBuffers buf =
           ForwardBuffers(b, chunks, i, true, o_.micro_batch, /*training=*/true);

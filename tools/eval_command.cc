@@ -64,9 +64,10 @@ struct Loaded {
 };
 
 // objective_buffers: the plan holds a sequence objective's per-target losses
-// (Engine::EvaluateTargetLosses).
+// (Engine::EvaluateTargetLosses); reference: and, for a model with a frozen reference (LoRA),
+// the reference's forward beside each block's (Engine::EvaluatePolicyAndReference).
 StatusOr<Loaded> Load(const InferenceFlags& f, engine::MicroBatchShape shape,
-                      bool objective_buffers = false) {
+                      bool objective_buffers = false, bool reference = false) {
   if (f.model_dir.empty() == f.checkpoint.empty()) {
     return InvalidArgumentError("give exactly one of --model-dir DIR and --checkpoint DIR");
   }
@@ -105,6 +106,8 @@ StatusOr<Loaded> Load(const InferenceFlags& f, engine::MicroBatchShape shape,
   o.placement.param_home = engine::ParamHome::kHost;
   o.placement.optimizer_home = engine::OptimizerHome::kHost;
   o.placement.objective.target_weights = objective_buffers;
+  o.placement.objective.reference_forward =
+      objective_buffers && reference && l.model->has_frozen_reference();
   // The plan, chosen once (engine/plan/plan_choice.h): an auto budget is the plan's own.
   engine::PlanRequest request;
   request.precision = precision;
@@ -300,7 +303,8 @@ Status RunEval(const EvalFlags& f) {
   STRATA_ASSIGN_OR_RETURN(const std::optional<engine::PreferenceOptions> preference,
                           PreferenceOptionsFromFlags(f.objective, f.beta, f.label_smoothing,
                                                      f.simpo_gamma, f.rpo_alpha, f.cpo_alpha));
-  STRATA_ASSIGN_OR_RETURN(Loaded l, Load(f.model, {f.micro_batch_size, T}, preference.has_value()));
+  STRATA_ASSIGN_OR_RETURN(Loaded l, Load(f.model, {f.micro_batch_size, T}, preference.has_value(),
+                                         preference && preference->uses_reference()));
   STRATA_ASSIGN_OR_RETURN(auto data, data::TokenDataset::Open(f.data, l.model->vocab_size()));
   if (preference) return EvalPreference(f, *preference, l, std::move(data));
   if (data.has_flags()) return EvalExamples(f, l, std::move(data));

@@ -300,17 +300,18 @@ StatusOr<engine::PreferenceMetrics> PreferenceTraining::Evaluate(engine::Engine&
     const engine::MicroBatch mb = MicroBatchOf(batch);
     const engine::MicroBatchShape shape{micro_batch_size_, seq_len_};
     std::vector<double> ref(2 * static_cast<size_t>(batch.pairs()), 0.0);
-    if (options_.uses_reference()) {
-      if (reference_from_model_) {
-        STRATA_ASSIGN_OR_RETURN(const std::vector<float> r,
-                                engine.EvaluateTargetLosses(mb, shape, /*reference=*/true));
-        STRATA_ASSIGN_OR_RETURN(
-            ref, engine::CompletionLogps(r, batch.sequences, batch.pairs(), averaged));
-      } else {
-        ref = ReferenceOf(val_ref_, batch);
-      }
+    std::vector<float> p;
+    if (options_.uses_reference() && reference_from_model_) {
+      // LoRA: the base and the adapted model in one pass over the (streamed) base.
+      STRATA_ASSIGN_OR_RETURN(engine::Engine::PolicyAndReferenceLosses both,
+                              engine.EvaluatePolicyAndReference(mb, shape));
+      STRATA_ASSIGN_OR_RETURN(
+          ref, engine::CompletionLogps(both.reference, batch.sequences, batch.pairs(), averaged));
+      p = std::move(both.policy);
+    } else {
+      if (options_.uses_reference()) ref = ReferenceOf(val_ref_, batch);
+      STRATA_ASSIGN_OR_RETURN(p, engine.EvaluateTargetLosses(mb, shape));
     }
-    STRATA_ASSIGN_OR_RETURN(const std::vector<float> p, engine.EvaluateTargetLosses(mb, shape));
     STRATA_ASSIGN_OR_RETURN(const std::vector<double> pi,
                             engine::CompletionLogps(p, batch.sequences, batch.pairs(), averaged));
     for (int k = 0; k < batch.pairs(); ++k) {

@@ -5,7 +5,7 @@
 // The reference:
 //   - with LoRA, the frozen base (adapters off): the engine computes it in the same pass over
 //     each block as the policy (PlacementOptions::objective.reference_forward), for training and
-//     for validation (a forward pass of the reference, then one of the policy);
+//     for validation (both in one pass too: Engine::EvaluatePolicyAndReference);
 //   - with full fine-tuning, the initial weights: before the first step (and before --resume
 //     loads a checkpoint) a forward pass over every training and validation pair writes each
 //     completion's summed log-probability and target count to `reference-logps.json` in the save
@@ -71,7 +71,8 @@ class PreferenceTraining {
   // owned; may be null) every rank's, a collective all ranks call alike. Errors: comm's.
   StatusOr<engine::PreferenceMetrics> TakeMetrics(comm::Communicator* comm);
 
-  // The metrics over every validation pair (the reference's pass first, then the policy's).
+  // The metrics over every validation pair (with LoRA the reference and the policy in one pass,
+  // Engine::EvaluatePolicyAndReference).
   StatusOr<engine::PreferenceMetrics> Evaluate(engine::Engine& engine);
 
   // TRL's names under `prefix` ("train/", "val/"): <prefix>rewards/chosen, rewards/rejected,

@@ -488,10 +488,20 @@ TEST_F(PreferenceEngineTest, TheReferenceForwardEqualsAForwardOfTheBaseAlone) {
                 std::bit_cast<uint32_t>(objective.reference_[t]))
           << "step " << s << " position " << t;
     }
+    auto policy = (*engine)->EvaluateTargetLosses(mbs[0], o.micro_batch);
+    ASSERT_TRUE(policy.ok());
     if (s > 0) {
-      auto policy = (*engine)->EvaluateTargetLosses(mbs[0], o.micro_batch);
-      ASSERT_TRUE(policy.ok());
       EXPECT_NE(*policy, *base);
+    }
+    // Both from one pass over the blocks: the two passes' losses, bit for bit.
+    auto both = (*engine)->EvaluatePolicyAndReference(mbs[0], o.micro_batch);
+    ASSERT_TRUE(both.ok()) << both.status().ToString();
+    ASSERT_EQ(both->policy.size(), policy->size());
+    for (size_t t = 0; t < policy->size(); ++t) {
+      EXPECT_EQ(std::bit_cast<uint32_t>(both->policy[t]), std::bit_cast<uint32_t>((*policy)[t]))
+          << "step " << s << " position " << t;
+      EXPECT_EQ(std::bit_cast<uint32_t>(both->reference[t]), std::bit_cast<uint32_t>((*base)[t]))
+          << "step " << s << " position " << t;
     }
   }
 }
@@ -566,6 +576,17 @@ TEST_F(PreferenceEngineTest, AnObjectiveNeedsThePlansBuffers) {
   EXPECT_NE(r.status().message().find("PlacementOptions::objective"), std::string::npos);
   EXPECT_EQ((*engine)
                 ->EvaluateTargetLosses({data.tokens[0], data.targets[0]}, o.micro_batch)
+                .status()
+                .code(),
+            StatusCode::kFailedPrecondition);
+  // One pass of both needs the reference forward's buffers: a plan with the per-target losses
+  // alone refuses it.
+  EngineOptions w = o;
+  w.placement.objective.target_weights = true;
+  auto weights_only = Engine::Create(model.get(), device->get(), w);
+  ASSERT_TRUE(weights_only.ok()) << weights_only.status().ToString();
+  EXPECT_EQ((*weights_only)
+                ->EvaluatePolicyAndReference({data.tokens[0], data.targets[0]}, o.micro_batch)
                 .status()
                 .code(),
             StatusCode::kFailedPrecondition);
