@@ -208,10 +208,9 @@ class Engine::Impl {
   // stay in their stores for the backward pass to come.
   // In a training step with objective_: the reference forward of each block before its own
   // (when the objective wants it), and WeighMicroBatch(loss_index) after the head.
-  // frozen_reference (evaluation): every block computes the frozen reference
-  // (BlockBuffers::frozen_reference); target_losses: the head writes slot 0's per-target losses.
-  // frozen_reference: the pass is the reference's; target_losses: the head's per-target losses
-  // into objective slot 0; with_reference: each block's reference forward before its own (its
+  // Evaluation: frozen_reference, every block computes the frozen reference instead
+  // (BlockBuffers::frozen_reference); target_losses, the head writes slot 0's per-target losses;
+  // with_reference, each block's reference forward runs before its own (the reference's
   // per-target losses into slot 0's ref_losses).
   struct ForwardExtras {  // no member initialisers: {} (the default argument) zeroes them all
     bool frozen_reference;
@@ -221,10 +220,10 @@ class Engine::Impl {
   Status ForwardPass(MicroBatchShape shape, bool with_targets, int loss_index,
                      std::span<const int> seq, size_t* cursor, bool save_acts = false,
                      ForwardExtras extras = {});
-  // EvaluateLoss's and EvaluateTargetLosses' forward pass of `batch` (checked against `shape`,
-  // its tokens uploaded, no dropout), the loss into slot loss_index (-1: none) as ForwardPass
-  // does; enqueued on the compute stream, not waited for. Errors: the batch's (kInvalidArgument)
-  // and the pass's.
+  // EvaluateLoss's, EvaluateTargetLosses' and EvaluatePolicyAndReference's forward pass of `batch`
+  // (checked against `shape`, its tokens uploaded, no dropout), the loss into slot loss_index (-1:
+  // none) as ForwardPass does; enqueued on the compute stream, not waited for. Errors: the batch's
+  // (kInvalidArgument) and the pass's.
   Status EvaluationForward(const MicroBatch& batch, MicroBatchShape shape, int loss_index,
                            ForwardExtras extras);
   // The manifest of this engine's training state (files not listed yet).

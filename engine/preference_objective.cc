@@ -5,6 +5,8 @@
 #include <cmath>
 #include <utility>
 
+#include "base/logging.h"
+
 namespace strata::engine {
 namespace {
 
@@ -123,6 +125,37 @@ PreferenceMetrics PreferenceMetricsSum::Means(double nll_alpha) const {
   return m;
 }
 
+std::vector<double> PreferenceMetricsSum::Packed() const {
+  const PreferenceMetrics& s = sum_;
+  return {static_cast<double>(s.pairs),
+          s.loss,
+          s.rewards_chosen,
+          s.rewards_rejected,
+          s.rewards_accuracy,
+          s.rewards_margin,
+          s.logps_chosen,
+          s.logps_rejected,
+          s.nll_loss,
+          static_cast<double>(s.nll_targets)};
+}
+
+PreferenceMetricsSum PreferenceMetricsSum::Unpacked(std::span<const double> v) {
+  STRATA_CHECK(v.size() == kPackedSize);
+  PreferenceMetricsSum r;
+  PreferenceMetrics& s = r.sum_;
+  s.pairs = static_cast<int64_t>(v[0]);
+  s.loss = v[1];
+  s.rewards_chosen = v[2];
+  s.rewards_rejected = v[3];
+  s.rewards_accuracy = v[4];
+  s.rewards_margin = v[5];
+  s.logps_chosen = v[6];
+  s.logps_rejected = v[7];
+  s.nll_loss = v[8];
+  s.nll_targets = static_cast<int64_t>(v[9]);
+  return r;
+}
+
 StatusOr<std::vector<double>> CompletionLogps(std::span<const float> target_losses,
                                               std::span<const int32_t> sequences, int pairs,
                                               bool averaged) {
@@ -175,11 +208,13 @@ Status PreferenceObjective::BeginStep(std::vector<MicroBatchPairs> micro_batches
                                       int64_t job_chosen_targets) {
   step_pairs_ = 0;
   step_chosen_targets_ = 0;
+  chosen_targets_.clear();
   const bool precomputed = options_.uses_reference() && !reference_from_model_;
   for (size_t i = 0; i < micro_batches.size(); ++i) {
     const MicroBatchPairs& m = micro_batches[i];
     step_pairs_ += m.pairs;
-    step_chosen_targets_ += ChosenTargets(m.sequences);
+    chosen_targets_.push_back(ChosenTargets(m.sequences));
+    step_chosen_targets_ += chosen_targets_.back();
     if (precomputed && m.reference_logps.size() != 2 * static_cast<size_t>(m.pairs)) {
       return InvalidArgumentError(
           fmt::format("micro-batch {}: {} reference log-probabilities for {} pairs", i,
@@ -241,7 +276,7 @@ StatusOr<double> PreferenceObjective::Weigh(size_t i, std::span<const float> pol
   }
   // The NLL term: alpha times the mean cross-entropy over the step's chosen targets.
   const double chosen_ce = ChosenCrossEntropySum(policy, m.sequences);
-  metrics_.AddNll(chosen_ce, ChosenTargets(m.sequences));
+  metrics_.AddNll(chosen_ce, chosen_targets_[i]);
   const double nll_weight = step_chosen_targets_ > 0
                                 ? options_.nll_alpha / static_cast<double>(step_chosen_targets_)
                                 : 0.0;
@@ -260,10 +295,14 @@ StatusOr<double> PreferenceObjective::Weigh(size_t i, std::span<const float> pol
   return share;
 }
 
-PreferenceMetrics PreferenceObjective::TakeMetrics() {
-  const PreferenceMetrics m = metrics_.Means(options_.nll_alpha);
+PreferenceMetricsSum PreferenceObjective::TakeSums() {
+  const PreferenceMetricsSum s = metrics_;
   metrics_.Clear();
-  return m;
+  return s;
+}
+
+PreferenceMetrics PreferenceObjective::TakeMetrics() {
+  return TakeSums().Means(options_.nll_alpha);
 }
 
 }  // namespace strata::engine

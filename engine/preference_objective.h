@@ -98,6 +98,11 @@ class PreferenceMetricsSum {
   // The means; loss with nll_alpha times nll_loss added (PreferenceOptions::nll_alpha).
   PreferenceMetrics Means(double nll_alpha = 0) const;
   void Clear() { *this = PreferenceMetricsSum(); }
+  // The running sums as kPackedSize doubles (counts included, exact below 2^53), so that sums
+  // of several data-parallel ranks add element-wise, and back.
+  static constexpr size_t kPackedSize = 10;
+  std::vector<double> Packed() const;
+  static PreferenceMetricsSum Unpacked(std::span<const double> packed);  // kPackedSize values
 
  private:
   PreferenceMetrics sum_;
@@ -154,15 +159,18 @@ class PreferenceObjective final : public SequenceObjective {
   StatusOr<double> Weigh(size_t micro_batch, std::span<const float> policy,
                          std::span<const float> reference, std::span<float> weights) override;
 
-  // The metrics of the pairs weighed since the last call, and a reset.
+  // The metrics of the pairs weighed since the last call, and a reset; TakeSums: their sums (to
+  // add over data-parallel ranks before the means).
   PreferenceMetrics TakeMetrics();
+  PreferenceMetricsSum TakeSums();
 
  private:
   PreferenceOptions options_;
   bool reference_from_model_;
   std::vector<MicroBatchPairs> step_;
   int64_t step_pairs_ = 0;
-  int64_t step_chosen_targets_ = 0;
+  int64_t step_chosen_targets_ = 0;      // N: the job's, or this rank's
+  std::vector<int64_t> chosen_targets_;  // each micro-batch's (ChosenTargets)
   PreferenceMetricsSum metrics_;
 };
 

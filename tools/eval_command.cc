@@ -272,27 +272,14 @@ Status EvalPreference(const EvalFlags& f, const engine::PreferenceOptions& p, co
   PreferenceTraining scorer(p, &d, /*reference_from_model=*/true, f.micro_batch_size, f.seq_len);
   STRATA_ASSIGN_OR_RETURN(const engine::PreferenceMetrics m, scorer.Evaluate(*l.engine));
   if (f.json) {
-    std::printf("%s\n", nlohmann::json{{"objective", f.objective},
-                                       {"pairs", m.pairs},
-                                       {"loss", m.loss},
-                                       {"rewards/chosen", m.rewards_chosen},
-                                       {"rewards/rejected", m.rewards_rejected},
-                                       {"rewards/accuracies", m.rewards_accuracy},
-                                       {"rewards/margins", m.rewards_margin},
-                                       {"logps/chosen", m.logps_chosen},
-                                       {"logps/rejected", m.logps_rejected},
-                                       {"nll_loss", m.nll_loss}}
-                            .dump()
-                            .c_str());
+    nlohmann::json j = PreferenceTraining::Json(m);
+    j["objective"] = f.objective;
+    std::printf("%s\n", j.dump().c_str());
     return Status::Ok();
   }
   std::printf("%s\n", l.model->description().c_str());
-  std::printf(
-      "eval: %lld pairs of %s: %s loss %.6f | rewards/accuracies %.4f | rewards/margins %.4f | "
-      "rewards/chosen %.4f | rewards/rejected %.4f | logps/chosen %.4f | logps/rejected %.4f\n",
-      static_cast<long long>(m.pairs), name.c_str(), f.objective.c_str(), m.loss,
-      m.rewards_accuracy, m.rewards_margin, m.rewards_chosen, m.rewards_rejected, m.logps_chosen,
-      m.logps_rejected);
+  std::printf("eval: %lld pairs of %s: %s loss %.6f | %s\n", static_cast<long long>(m.pairs),
+              name.c_str(), f.objective.c_str(), m.loss, scorer.MetricsLine(m).c_str());
   return Status::Ok();
 }
 

@@ -265,30 +265,14 @@ Status PreferenceTraining::BeginStep(std::span<const data::Batch> micro_batches,
 }
 
 StatusOr<engine::PreferenceMetrics> PreferenceTraining::TakeMetrics(comm::Communicator* comm) {
-  engine::PreferenceMetrics m = objective_.TakeMetrics();
-  if (comm == nullptr || comm->world_size() == 1) return m;
-  // Means to sums, summed over the ranks, back to means: the pairs' over the pairs, nll_loss over
-  // the chosen targets, and the NLL term added to the loss again from the job's nll_loss.
-  const double alpha = options_.nll_alpha;
-  m.loss -= alpha * m.nll_loss;
-  const double n = static_cast<double>(m.pairs);
-  double* fields[] = {
-      &m.loss,           &m.rewards_chosen, &m.rewards_rejected, &m.rewards_accuracy,
-      &m.rewards_margin, &m.logps_chosen,   &m.logps_rejected};
-  std::vector<double> sums = {n};
-  for (double* f : fields) sums.push_back(*f * n);
-  sums.push_back(static_cast<double>(m.nll_targets));
-  sums.push_back(m.nll_loss * static_cast<double>(m.nll_targets));
-  STRATA_RETURN_IF_ERROR(comm->AllReduce(sums, comm::ReduceOp::kSum));
-  m.pairs = static_cast<int64_t>(sums[0]);
-  for (size_t i = 0; i < std::size(fields); ++i) {
-    *fields[i] = m.pairs > 0 ? sums[i + 1] / sums[0] : 0.0;
+  engine::PreferenceMetricsSum sums = objective_.TakeSums();
+  if (comm != nullptr && comm->world_size() > 1) {
+    // Every rank's sums added before the means.
+    std::vector<double> packed = sums.Packed();
+    STRATA_RETURN_IF_ERROR(comm->AllReduce(packed, comm::ReduceOp::kSum));
+    sums = engine::PreferenceMetricsSum::Unpacked(packed);
   }
-  const double targets = sums[std::size(fields) + 1];
-  m.nll_targets = static_cast<int64_t>(targets);
-  m.nll_loss = targets > 0 ? sums[std::size(fields) + 2] / targets : 0.0;
-  m.loss += alpha * m.nll_loss;
-  return m;
+  return sums.Means(options_.nll_alpha);
 }
 
 StatusOr<engine::PreferenceMetrics> PreferenceTraining::Evaluate(engine::Engine& engine) {
@@ -333,6 +317,28 @@ std::vector<Scalar> PreferenceTraining::Scalars(std::string_view prefix,
       {p + "logps/chosen", m.logps_chosen},           {p + "logps/rejected", m.logps_rejected}};
   if (options_.nll_alpha > 0) s.push_back({p + "nll_loss", m.nll_loss});
   return s;
+}
+
+std::string PreferenceTraining::MetricsLine(const engine::PreferenceMetrics& m) const {
+  std::string s = fmt::format(
+      "rewards/accuracies {:.4f} | rewards/margins {:.4f} | rewards/chosen {:.4f} | "
+      "rewards/rejected {:.4f} | logps/chosen {:.4f} | logps/rejected {:.4f}",
+      m.rewards_accuracy, m.rewards_margin, m.rewards_chosen, m.rewards_rejected, m.logps_chosen,
+      m.logps_rejected);
+  if (options_.nll_alpha > 0) s += fmt::format(" | nll_loss {:.4f}", m.nll_loss);
+  return s;
+}
+
+nlohmann::json PreferenceTraining::Json(const engine::PreferenceMetrics& m) {
+  return {{"pairs", m.pairs},
+          {"loss", m.loss},
+          {"rewards/chosen", m.rewards_chosen},
+          {"rewards/rejected", m.rewards_rejected},
+          {"rewards/accuracies", m.rewards_accuracy},
+          {"rewards/margins", m.rewards_margin},
+          {"logps/chosen", m.logps_chosen},
+          {"logps/rejected", m.logps_rejected},
+          {"nll_loss", m.nll_loss}};
 }
 
 std::string PreferenceTraining::Summary(const engine::PreferenceMetrics& m) {

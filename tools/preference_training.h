@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <span>
 #include <string>
@@ -81,6 +82,12 @@ class PreferenceTraining {
   std::vector<Scalar> Scalars(std::string_view prefix, const engine::PreferenceMetrics& m) const;
   // "acc 0.75 margin 0.123" for the progress line.
   static std::string Summary(const engine::PreferenceMetrics& m);
+  // "rewards/accuracies 0.9500 | rewards/margins ... | logps/rejected -1.2345" (and " | nll_loss
+  // ..." where the NLL term is on): the metrics of a validation or eval line.
+  std::string MetricsLine(const engine::PreferenceMetrics& m) const;
+  // The metrics under TRL's names with "pairs", "loss" and "nll_loss" (for --summary-json and
+  // eval --json).
+  static nlohmann::json Json(const engine::PreferenceMetrics& m);
 
  private:
   // Completion s of pair p of a split: its summed log-probability and target count.

@@ -33,6 +33,7 @@
 #include "tools/model_spec.h"
 #include "tools/mpi_launch.h"
 #include "tools/option_flags.h"
+#include "tools/preference_training.h"
 #include "tools/run_destinations.h"
 #include "tools/step_prediction.h"
 #include "tools/train_loop.h"
@@ -532,16 +533,7 @@ nlohmann::json TimeBreakdownJson(const trace::Breakdown& parts, double step_seco
 // final validation's.
 nlohmann::json PreferenceJson(const TrainOutcome& r) {
   auto metrics = [](const std::optional<engine::PreferenceMetrics>& m) {
-    if (!m) return nlohmann::json();
-    return nlohmann::json{{"pairs", m->pairs},
-                          {"loss", m->loss},
-                          {"rewards/chosen", m->rewards_chosen},
-                          {"rewards/rejected", m->rewards_rejected},
-                          {"rewards/accuracies", m->rewards_accuracy},
-                          {"rewards/margins", m->rewards_margin},
-                          {"logps/chosen", m->logps_chosen},
-                          {"logps/rejected", m->logps_rejected},
-                          {"nll_loss", m->nll_loss}};
+    return m ? PreferenceTraining::Json(*m) : nlohmann::json();
   };
   if (!r.train_preference && !r.val_preference) return nlohmann::json();
   return {{"train_last_step", metrics(r.train_preference)}, {"val", metrics(r.val_preference)}};

@@ -404,15 +404,10 @@ Status TrainLoop::FinalEvaluationAndSample() {
       const engine::PreferenceMetrics& m = *out_.val_preference;
       STRATA_RETURN_IF_ERROR(metrics_.RecordEvaluation(
           loop_.steps, out_.val_loss, engine_.counters(), preference_->Scalars("val/", m)));
-      std::printf(
-          "validation: %s loss %.4f over %lld pairs | rewards/accuracies %.4f | rewards/margins "
-          "%.4f | rewards/chosen %.4f | rewards/rejected %.4f | logps/chosen %.4f | "
-          "logps/rejected %.4f%s\n",
-          std::string(engine::PreferenceLossName(o_.preference->loss)).c_str(), out_.val_loss,
-          static_cast<long long>(m.pairs), m.rewards_accuracy, m.rewards_margin, m.rewards_chosen,
-          m.rewards_rejected, m.logps_chosen, m.logps_rejected,
-          o_.preference->nll_alpha > 0 ? fmt::format(" | nll_loss {:.4f}", m.nll_loss).c_str()
-                                       : "");
+      std::printf("validation: %s loss %.4f over %lld pairs | %s\n",
+                  std::string(engine::PreferenceLossName(o_.preference->loss)).c_str(),
+                  out_.val_loss, static_cast<long long>(m.pairs),
+                  preference_->MetricsLine(m).c_str());
     } else {
       STRATA_RETURN_IF_ERROR(
           metrics_.RecordEvaluation(loop_.steps, out_.val_loss, engine_.counters()));
