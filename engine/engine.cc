@@ -78,6 +78,11 @@ Status Engine::Impl::CheckOptions() const {
           OptimizerFlagName(o_.optimizer)));
     }
   }
+  if (!o_.inference_only && model_->num_params() == 0) {
+    return InvalidArgumentError(
+        "every parameter of this model is frozen: nothing to train (an inference-only engine "
+        "evaluates it)");
+  }
   if (o_.inference_only && (nvme_params() || nvme_optim())) {
     return InvalidArgumentError(
         "inference keeps the working params on the device or in pinned host memory and has no "

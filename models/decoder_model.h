@@ -167,6 +167,16 @@ class DecoderModel : public engine::Model {
   // kUnimplemented for a family without LoRA; kFailedPrecondition when LoRA is already on.
   Status EnableLora(const LoraConfig& config);
   const LoraLayout* lora() const { return lora_.get(); }
+  // Inference over a frozen base without adapters (strata eval/generate --base-quant): from now
+  // on every block's params are frozen (block_frozen_params: the family's chunks, initialised as
+  // InitParams did before) and none is trained (block_num_params 0), so that EnableBaseQuant can
+  // hold the layers in 4 bits. Forward computes what it computed before, over the same values;
+  // Backward is not for such a model (nothing has a gradient: kFailedPrecondition). Call before
+  // Engine::Create (an inference-only engine: EngineOptions::inference_only), once, instead of
+  // EnableLora. Errors: kFailedPrecondition when LoRA is on or the base is already frozen.
+  Status FreezeBase();
+  // Whether the base is frozen: by EnableLora or FreezeBase.
+  bool base_frozen() const { return base_frozen_; }
   // The adapters InitParams reads instead (models/lora_adapter.h OpenLoraAdapter: the layers'
   // adapter chunks as blocks 1..L).
   void SetLoraInit(std::shared_ptr<const WeightSource> init) { lora_init_ = std::move(init); }
@@ -185,8 +195,9 @@ class DecoderModel : public engine::Model {
   // into the block workspace (workspace_bytes: one layer in the working precision). A weight
   // source that holds the tensors quantized with the same params (WeightSource::base_quant)
   // gives their records as they are; otherwise they are quantized from its values (or the
-  // random initialisation) once, in InitFrozenChunk, block by block. Call after EnableLora,
-  // before Engine::Create, once. Errors: kFailedPrecondition without LoRA or when already on;
+  // random initialisation) once, in InitFrozenChunk, block by block. Call after EnableLora or
+  // FreezeBase, before Engine::Create, once. Errors: kFailedPrecondition without a frozen base
+  // or when already on;
   // kUnimplemented for a family whose layers are not the Llama family's nn.Linear layouts.
   Status EnableBaseQuant(const ops::Quant4Params& params);
   const std::optional<ops::Quant4Params>& base_quant() const { return base_quant_; }
@@ -207,7 +218,8 @@ class DecoderModel : public engine::Model {
       : family_(std::move(family)), weights_(std::move(weights)) {}
 
  private:
-  // The base model's chunk of a block and its initialisation (without LoRA: the block's params).
+  // The base model's chunk of a block and its initialisation (without a frozen base: the block's
+  // params).
   int64_t BaseParams(int block) const { return family_.NumParams(kind(block)); }
   // The typed buffers of a block, with the LoRA arguments of a layer when LoRA is on (the
   // adapters' scratch after the backend's own: the CUDA layer's on_cuda, else the host's).
@@ -223,6 +235,7 @@ class DecoderModel : public engine::Model {
   Family family_;
   std::shared_ptr<const WeightSource> weights_;  // null: random initialisation
   std::shared_ptr<const LoraLayout> lora_;       // null: no LoRA
+  bool base_frozen_ = false;                     // EnableLora or FreezeBase
   std::shared_ptr<const WeightSource> lora_init_;
   std::optional<ops::Quant4Params> base_quant_;
   // The encoded layouts of a layer in each working precision (fp32, fp16, bf16: DType's order),

@@ -37,16 +37,16 @@ inline int64_t LoraScratchOffset(int64_t block_scratch) {
   return (block_scratch + 255) / 256 * 256;
 }
 
-// The block's arguments; with `lora` the base is the frozen chunk (no gradient) and a layer's
-// adapters are the trained chunk, their scratch after the backend's own (`block_scratch` bytes),
-// except in the frozen reference's Forward (b.frozen_reference), whose layers get no adapters:
-// the inactive LoraLayerArgs of a model without LoRA, so that the host and the CUDA layers run
-// their plain bodies (LoraAddsTo is false for every product: no adapter kernel, GPT-2's GELU
-// fused as without LoRA) on the frozen base.
+// The block's arguments; with `frozen` (DecoderModel::base_frozen) the base is the frozen chunk
+// (no gradient), and with `lora` a layer's adapters are the trained chunk, their scratch after
+// the backend's own (`block_scratch` bytes), except in the frozen reference's Forward
+// (b.frozen_reference), whose layers get no adapters: the inactive LoraLayerArgs of a model
+// without LoRA, so that the host and the CUDA layers run their plain bodies (LoraAddsTo is false
+// for every product: no adapter kernel, GPT-2's GELU fused as without LoRA) on the frozen base.
 template <typename S>
-BlockArgs<S> ArgsOf(const engine::BlockBuffers& b, const LoraLayout* lora = nullptr,
-                    DecoderBlock kind = DecoderBlock::kLayer, int layer = 0,
-                    int64_t block_scratch = 0) {
+BlockArgs<S> ArgsOf(const engine::BlockBuffers& b, bool frozen = false,
+                    const LoraLayout* lora = nullptr, DecoderBlock kind = DecoderBlock::kLayer,
+                    int layer = 0, int64_t block_scratch = 0) {
   BlockArgs<S> a;
   a.B = b.shape.batch_size;
   a.T = b.shape.seq_len;
@@ -70,12 +70,12 @@ BlockArgs<S> ArgsOf(const engine::BlockBuffers& b, const LoraLayout* lora = null
   a.target_weights = b.target_weights;
   a.scratch = b.scratch.data;
   a.forward_kept = b.forward_kept;
-  if (lora != nullptr) {
+  if (frozen) {
     // The base model is frozen: its params are the frozen chunk, and it gets no gradient.
     a.params = b.frozen_params.as<S>();
     a.grads = nullptr;
     a.tied_grads = nullptr;
-    if (kind == DecoderBlock::kLayer && !b.frozen_reference) {
+    if (lora != nullptr && kind == DecoderBlock::kLayer && !b.frozen_reference) {
       a.lora.layout = lora;
       a.lora.layer = layer;
       a.lora.dropout_seed = b.dropout_seed;
@@ -190,14 +190,14 @@ std::string DecoderModel<Family>::block_name(int block) const {
 
 template <typename Family>
 int64_t DecoderModel<Family>::block_num_params(int block) const {
-  if (lora_ == nullptr) return BaseParams(block);
-  return kind(block) == Kind::kLayer ? lora_->layer_params : 0;
+  if (!base_frozen_) return BaseParams(block);
+  return lora_ != nullptr && kind(block) == Kind::kLayer ? lora_->layer_params : 0;
 }
 
 template <typename Family>
 std::vector<std::vector<int64_t>> DecoderModel<Family>::block_tensor_shapes(int block) const {
-  if (lora_ == nullptr) return family_.TensorShapes(kind(block), block - 1);
-  if (kind(block) != Kind::kLayer) return {{0}};
+  if (!base_frozen_) return family_.TensorShapes(kind(block), block - 1);
+  if (lora_ == nullptr || kind(block) != Kind::kLayer) return {{0}};
   std::vector<std::vector<int64_t>> shapes;
   for (const LoraSite& s : lora_->sites) {
     shapes.push_back({lora_->rank, s.module.in});   // lora_A (r, in)
@@ -208,12 +208,13 @@ std::vector<std::vector<int64_t>> DecoderModel<Family>::block_tensor_shapes(int 
 
 template <typename Family>
 int64_t DecoderModel<Family>::block_frozen_params(int block) const {
-  return lora_ == nullptr ? 0 : BaseParams(block);
+  return base_frozen_ ? BaseParams(block) : 0;
 }
 
 template <typename Family>
 Status DecoderModel<Family>::EnableLora(const LoraConfig& config) {
   if (lora_ != nullptr) return FailedPreconditionError("LoRA is already on for this model");
+  if (base_frozen_) return FailedPreconditionError("the base is frozen without adapters");
   const std::vector<LoraModule> modules = family_.LoraModules();
   if (modules.empty()) {
     return UnimplementedError(fmt::format(
@@ -222,6 +223,15 @@ Status DecoderModel<Family>::EnableLora(const LoraConfig& config) {
   }
   STRATA_ASSIGN_OR_RETURN(LoraLayout layout, MakeLoraLayout(config, modules, Family::kName));
   lora_ = std::make_shared<const LoraLayout>(std::move(layout));
+  base_frozen_ = true;
+  return Status::Ok();
+}
+
+template <typename Family>
+Status DecoderModel<Family>::FreezeBase() {
+  if (lora_ != nullptr) return FailedPreconditionError("LoRA has frozen the base already");
+  if (base_frozen_) return FailedPreconditionError("the base is frozen already");
+  base_frozen_ = true;
   return Status::Ok();
 }
 
@@ -276,7 +286,7 @@ Status DecoderModel<Family>::InitBase(int block, uint64_t seed, std::span<float>
 template <typename Family>
 Status DecoderModel<Family>::InitParams(int block, uint64_t seed, std::span<float> out) const {
   STRATA_CHECK(static_cast<int64_t>(out.size()) == block_num_params(block));
-  if (lora_ == nullptr) return InitBase(block, seed, out);
+  if (!base_frozen_) return InitBase(block, seed, out);
   if (out.empty()) return Status::Ok();
   if (lora_init_ != nullptr) return lora_init_->ReadBlock(block, out);
   InitLoraLayer(*lora_, block - 1, seed, out.data());
@@ -286,15 +296,16 @@ Status DecoderModel<Family>::InitParams(int block, uint64_t seed, std::span<floa
 template <typename Family>
 Status DecoderModel<Family>::InitFrozenParams(int block, uint64_t seed,
                                               std::span<float> out) const {
-  if (lora_ == nullptr) return engine::Model::InitFrozenParams(block, seed, out);
+  if (!base_frozen_) return engine::Model::InitFrozenParams(block, seed, out);
   return InitBase(block, seed, out);
 }
 
 template <typename Family>
 Status DecoderModel<Family>::EnableBaseQuant(const ops::Quant4Params& params) {
-  if (lora_ == nullptr) {
+  if (!base_frozen_) {
     return FailedPreconditionError(
-        "a 4-bit base (--base-quant) holds LoRA's frozen weights: set --lora-rank too");
+        "a 4-bit base (--base-quant) holds frozen weights: enable LoRA (--lora-rank) or freeze "
+        "the base for inference first");
   }
   if (base_quant_.has_value()) return FailedPreconditionError("the base is already quantized");
   if constexpr (!Family::kBaseQuant) {
@@ -422,7 +433,7 @@ BlockArgs<S> DecoderModel<Family>::Args(int block, const engine::BlockBuffers& b
                                         bool on_cuda) const {
   const Kind k = kind(block);
   const int B = b.shape.batch_size, T = b.shape.seq_len;
-  return decoder_internal::ArgsOf<S>(b, lora_.get(), k, block - 1,
+  return decoder_internal::ArgsOf<S>(b, base_frozen_, lora_.get(), k, block - 1,
                                      on_cuda ? family_.template CudaScratchBytes<S>(k, B, T)
                                              : family_.template HostScratchBytes<S>(k, B, T));
 }
@@ -432,6 +443,10 @@ Status DecoderModel<Family>::Backward(int block, const engine::BlockBuffers& b,
                                       gpu::Stream& stream) {
   STRATA_RETURN_IF_ERROR(engine::CheckBlockBuffers(*this, block, b, /*backward=*/true));
   const Kind k = kind(block);
+  if (base_frozen_ && lora_ == nullptr) {
+    return FailedPreconditionError(
+        "a model frozen for inference (FreezeBase) has no gradient: nothing to run backward");
+  }
   // LoRA: the frozen embedding has nothing to compute in a backward (no gradient, no input).
   if (lora_ != nullptr && k == Kind::kEmbedding) return Status::Ok();
   if (decoder_internal::OnCuda(stream)) {

@@ -35,6 +35,14 @@ LoraFlags LoraInitFlags(const InferenceFlags& f) {
   return flags;
 }
 
+// A checkpoint records its model, 4-bit base included: the base flags have nothing to choose.
+Status CheckCheckpointBase(const InferenceFlags& f) {
+  if (f.base.quant == "auto" && f.base.double_quant == "auto") return Status::Ok();
+  return InvalidArgumentError(
+      "--base-quant and --base-double-quant choose how --model-dir's weights are held; a "
+      "checkpoint records its own (a QLoRA run's 4-bit base): drop them");
+}
+
 void AddInferenceFlags(CLI::App& cmd, InferenceFlags& f) {
   cmd.add_option("--model-dir", f.model_dir,
                  "A Hugging Face model directory (config.json + safetensors)");
@@ -78,10 +86,11 @@ StatusOr<Loaded> Load(const InferenceFlags& f, engine::MicroBatchShape shape,
     STRATA_ASSIGN_OR_RETURN(checkpoint_dir, engine::ResolveCheckpointDir(f.checkpoint));
     STRATA_ASSIGN_OR_RETURN(engine::Manifest m, engine::ReadManifest(checkpoint_dir));
     STRATA_ASSIGN_OR_RETURN(l.spec, ModelSpecFromJson(m.trainer.model_json));
+    STRATA_RETURN_IF_ERROR(CheckCheckpointBase(f));
     if (precision_name == "auto") precision_name = m.precision;
   } else {
     STRATA_ASSIGN_OR_RETURN(l.spec, ResolveModelSpec("", f.model_dir));
-    STRATA_RETURN_IF_ERROR(ApplyLoraFlags(LoraInitFlags(f), &l.spec));
+    STRATA_RETURN_IF_ERROR(ApplyLoraFlags(LoraInitFlags(f), &l.spec, /*inference=*/true));
   }
   if (!f.lora.empty() && f.model_dir.empty()) {
     return InvalidArgumentError(
@@ -346,9 +355,10 @@ Status RunGenerate(const GenerateFlags& f) {
     STRATA_ASSIGN_OR_RETURN(std::string dir, engine::ResolveCheckpointDir(mf.checkpoint));
     STRATA_ASSIGN_OR_RETURN(engine::Manifest m, engine::ReadManifest(dir));
     STRATA_ASSIGN_OR_RETURN(spec, ModelSpecFromJson(m.trainer.model_json));
+    STRATA_RETURN_IF_ERROR(CheckCheckpointBase(mf));
   } else if (!mf.model_dir.empty()) {
     STRATA_ASSIGN_OR_RETURN(spec, ResolveModelSpec("", mf.model_dir));
-    STRATA_RETURN_IF_ERROR(ApplyLoraFlags(LoraInitFlags(mf), &spec));
+    STRATA_RETURN_IF_ERROR(ApplyLoraFlags(LoraInitFlags(mf), &spec, /*inference=*/true));
   } else {
     return InvalidArgumentError("give exactly one of --model-dir DIR and --checkpoint DIR");
   }

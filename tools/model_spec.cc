@@ -226,7 +226,7 @@ Status CheckAdapterBase(const std::string& dir, const models::LoraAdapterConfig&
 
 }  // namespace
 
-Status ApplyLoraFlags(const LoraFlags& given, ModelSpec* spec) {
+Status ApplyLoraFlags(const LoraFlags& given, ModelSpec* spec, bool inference) {
   LoraFlags f = given;
   if (!f.init.empty()) {
     if (!std::filesystem::is_directory(f.init)) {
@@ -251,7 +251,7 @@ Status ApplyLoraFlags(const LoraFlags& given, ModelSpec* spec) {
     if (!f.targets.empty() || f.dropout != 0) {
       return InvalidArgumentError("--lora-targets and --lora-dropout need --lora-rank R (R >= 1)");
     }
-    return ApplyBaseQuantFlags(given.base, spec);
+    return ApplyBaseQuantFlags(given.base, spec, inference);
   }
   spec->lora.rank = f.rank;
   spec->lora.alpha = f.alpha;
@@ -263,7 +263,7 @@ Status ApplyLoraFlags(const LoraFlags& given, ModelSpec* spec) {
                              ? std::vector<std::string>{"q_proj", "v_proj"}
                              : std::vector<std::string>{"c_attn"};
   }
-  return ApplyBaseQuantFlags(given.base, spec);
+  return ApplyBaseQuantFlags(given.base, spec, inference);
 }
 
 std::string BaseIdentity(const ModelSpec& spec) {
@@ -303,8 +303,8 @@ void AddBaseQuantFlags(CLI::App& cmd, BaseQuantFlags& f) {
   cmd.add_option("--base-quant", f.quant,
                  "QLoRA (Dettmers et al. 2023): hold the frozen base's layer weights in 4 bits, "
                  "bitsandbytes' nf4 or fp4 layout (blocks of 64), dequantized per layer before its "
-                 "products; with --lora-rank in training. none: 16-bit; auto: a bitsandbytes-4bit "
-                 "directory's quantization, else none")
+                 "products; with --lora-rank in training, the whole model in eval and generate. "
+                 "none: 16-bit; auto: a bitsandbytes-4bit directory's quantization, else none")
       ->capture_default_str();
   cmd.add_option("--base-double-quant", f.double_quant,
                  "With --base-quant: quantize the per-block absmax values to 8 bits too "
@@ -319,7 +319,7 @@ std::optional<models::ops::Quant4Params> DirectoryBaseQuant(const models::HfMode
   return q.ok() ? *q : std::nullopt;
 }
 
-Status ApplyBaseQuantFlags(const BaseQuantFlags& f, ModelSpec* spec) {
+Status ApplyBaseQuantFlags(const BaseQuantFlags& f, ModelSpec* spec, bool inference) {
   const std::optional<models::ops::Quant4Params> dir =
       spec->model_dir.empty() ? std::nullopt : DirectoryBaseQuant(spec->config);
   if (f.double_quant != "auto" && f.double_quant != "on" && f.double_quant != "off") {
@@ -337,13 +337,14 @@ Status ApplyBaseQuantFlags(const BaseQuantFlags& f, ModelSpec* spec) {
     }
     q = models::ops::Quant4Params{*type, dir.has_value() ? dir->double_quant : true};
   }
-  // Without LoRA nothing is frozen: a bitsandbytes directory's weights are read dequantized (the
-  // same values), and a plain model has no base to quantize.
-  if (!spec->lora.enabled()) {
+  // Training without LoRA freezes nothing: a bitsandbytes directory's weights are read
+  // dequantized (the same values), and a plain model has no base to quantize. Inference freezes
+  // the whole model, so its layers can stay in 4 bits.
+  if (!spec->lora.enabled() && !inference) {
     if (f.quant != "auto" && f.quant != "none") {
       return InvalidArgumentError(fmt::format(
-          "--base-quant {} holds LoRA's frozen base in 4 bits: give --lora-rank R (train), an "
-          "adapter with --lora (eval, generate), or a QLoRA run's checkpoint",
+          "--base-quant {} holds a frozen base in 4 bits, and a full fine-tune trains every "
+          "weight: give --lora-rank R (QLoRA)",
           f.quant));
     }
     q.reset();
@@ -410,8 +411,13 @@ StatusOr<std::unique_ptr<engine::Model>> BuildModel(const ModelSpec& spec, bool 
   }
 
   // LoRA: the adapters over the frozen base, from PEFT's initialisation or --lora-init's.
+  // Without LoRA, a 4-bit base is an inference model's: the whole model frozen.
   auto with_lora = [&](auto& m) -> Status {
-    if (!spec.lora.enabled()) return Status::Ok();
+    if (!spec.lora.enabled()) {
+      if (!spec.base_quant.has_value()) return Status::Ok();
+      STRATA_RETURN_IF_ERROR(m->FreezeBase());
+      return m->EnableBaseQuant(*spec.base_quant);
+    }
     STRATA_RETURN_IF_ERROR(m->EnableLora(spec.lora));
     if (spec.base_quant.has_value()) STRATA_RETURN_IF_ERROR(m->EnableBaseQuant(*spec.base_quant));
     if (spec.lora_init_dir.empty()) return Status::Ok();

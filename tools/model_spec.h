@@ -32,7 +32,8 @@ struct ModelSpec {
   models::LoraConfig lora;
   std::string lora_init_dir;
   // QLoRA's 4-bit base (models/base_quant.h): with LoRA, the frozen layers held in 4 bits;
-  // without (eval, generate), the weights' values as the 4-bit base gives them. nullopt: 16-bit.
+  // without (eval, generate only), the whole model frozen for inference
+  // (DecoderModel::FreezeBase), its layers in 4 bits. nullopt: 16-bit.
   std::optional<models::ops::Quant4Params> base_quant;
   bool byte_level() const;  // a vocabulary of 256: tokens are bytes, text needs no tokenizer
   // The tokenizer text is read with by default: the model's tokenizer.model (SentencePiece) when
@@ -60,20 +61,22 @@ struct LoraFlags {
 };
 void AddLoraFlags(CLI::App& cmd, LoraFlags& f);
 
-// Sets spec->base_quant (after the LoRA flags: spec->lora is final): with LoRA, the flag's type,
-// or for `auto` a bitsandbytes-4bit directory's; without LoRA none (nothing is frozen; such a
+// Sets spec->base_quant (after the LoRA flags: spec->lora is final): with LoRA or for
+// `inference` (eval, generate: the whole model is frozen), the flag's type, or for `auto` a
+// bitsandbytes-4bit directory's; when training without LoRA none (nothing is frozen; such a
 // directory's weights are read dequantized). Errors (kInvalidArgument, one line naming the
-// flag): an unknown value; nf4/fp4 without LoRA or on a GPT-2 model; --base-double-quant without
-// a 4-bit base.
-Status ApplyBaseQuantFlags(const BaseQuantFlags& f, ModelSpec* spec);
+// flag): an unknown value; nf4/fp4 when training without LoRA, or on a GPT-2 model;
+// --base-double-quant without a 4-bit base.
+Status ApplyBaseQuantFlags(const BaseQuantFlags& f, ModelSpec* spec, bool inference = false);
 // A directory's bitsandbytes 4-bit quantization (config.json's quantization_config with
 // load_in_4bit), or nullopt.
 std::optional<models::ops::Quant4Params> DirectoryBaseQuant(const models::HfModelConfig& config);
 // Sets spec->lora from the flags (rank 0: nothing), then spec->base_quant
 // (ApplyBaseQuantFlags). The targets default to PEFT's for the family
-// (Llama: q_proj,v_proj). Errors: kInvalidArgument for --lora-* without --lora-rank, and a
-// --lora-init directory that does not exist.
-Status ApplyLoraFlags(const LoraFlags& f, ModelSpec* spec);
+// (Llama: q_proj,v_proj). inference: eval and generate (ApplyBaseQuantFlags'). Errors:
+// kInvalidArgument for --lora-* without --lora-rank, and a --lora-init directory that does not
+// exist.
+Status ApplyLoraFlags(const LoraFlags& f, ModelSpec* spec, bool inference = false);
 
 // Exactly one of preset / model_dir (a non-empty model_dir wins over the default preset).
 // Errors: an unknown preset (kInvalidArgument listing every name), the directory's config
@@ -103,7 +106,9 @@ StatusOr<ModelSpec> ModelSpecFromJson(const std::string& json);
 // (streamed block by block from the safetensors files at Engine::Create); otherwise random
 // initialisation. allow_tf32: GPT families on CUDA only. With spec.lora the model trains adapters
 // over its frozen base (DecoderModel::EnableLora), whose weights come from the directory
-// whatever load_weights says (a LoRA checkpoint holds the adapters only).
+// whatever load_weights says (a LoRA checkpoint holds the adapters only). With spec.base_quant
+// and no LoRA, an inference model: the whole base frozen (DecoderModel::FreezeBase), its layers
+// in 4 bits.
 StatusOr<std::unique_ptr<engine::Model>> BuildModel(const ModelSpec& spec, bool load_weights,
                                                     bool allow_tf32 = false);
 // `--precision auto` for a model: a directory's config.json torch_dtype (or transformers 5's

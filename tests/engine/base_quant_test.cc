@@ -3,12 +3,17 @@
 // weights dequantized to the working precision before its products), bit for bit, with the base
 // resident, streamed from pinned host memory or from NVMe, in both schedules and with activation
 // checkpointing either way; the plan counts the encoded bytes (streaming slots, pinned homes,
-// NVMe extents, the block workspace); and a tiny Llama fine-tune over an NF4 base learns.
+// NVMe extents, the block workspace); a tiny Llama fine-tune over an NF4 base learns; and a
+// wholly frozen 4-bit model (eval, generate) evaluates as the plain model over its dequantized
+// weights.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <bit>
+#include <cmath>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "engine/engine.h"
@@ -220,6 +225,116 @@ TEST_F(BaseQuantTest, FineTuneOverAnNf4BaseLearns) {
     last.push_back(loss);
   }
   EXPECT_NEAR(last[0], last[1], 0.01f * last[1]);
+}
+
+// Inference over a 4-bit model without adapters (strata eval/generate --base-quant): the whole
+// model frozen (FreezeBase), its layers in NF4 or FP4, evaluates bit for bit as the plain model
+// over the dequantized weights, with the base resident on the device or streamed from pinned host
+// memory, in every working precision; frozen without quantization it is the plain model itself.
+// It trains nothing: no Backward, and no training engine.
+TEST_F(BaseQuantTest, InferenceOverAFrozen4BitModelEqualsThePlainModelOverItsDequantizedWeights) {
+  const auto frozen = [](const models::LlamaConfig& c, std::optional<Quant4Params> q) {
+    auto m = models::LlamaModel::Create(c);
+    EXPECT_TRUE(m.ok());
+    EXPECT_TRUE((*m)->FreezeBase().ok());
+    if (q.has_value()) EXPECT_TRUE((*m)->EnableBaseQuant(*q).ok());
+    return std::move(*m);
+  };
+  const auto plain = [](const models::LlamaConfig& c,
+                        std::shared_ptr<const models::WeightSource> w) {
+    auto m = models::LlamaModel::Create(c, std::move(w));
+    EXPECT_TRUE(m.ok());
+    return std::move(*m);
+  };
+  struct Result {
+    float loss = 0;
+    std::vector<float> logits;
+    Plan plan;
+  };
+  const auto evaluate = [](Model& model, DType precision, ParamHome home) -> Result {
+    EngineOptions o;
+    o.precision = precision;
+    o.micro_batch = {2, 16};
+    o.inference_only = true;
+    o.placement.param_home = home;
+    o.placement.optimizer_home = OptimizerHome::kHost;
+    auto device = gpu::CreateHostDevice({});
+    EXPECT_TRUE(device.ok());
+    o.placement.device_budget_bytes =
+        home == ParamHome::kHost
+            ? StreamingMinimumBytes(model, precision, o.micro_batch, 3, false, 1, false, 1) + 1024
+            : uint64_t{1} << 30;
+    auto engine = Engine::Create(&model, device->get(), o);
+    EXPECT_TRUE(engine.ok()) << engine.status().ToString();
+    if (!engine.ok()) return {};
+    std::vector<int32_t> tokens(32), targets(32);
+    for (int i = 0; i < 32; ++i) {
+      tokens[i] = (i * 37 + 5) % 256;
+      targets[i] = (i * 11 + 3) % 256;
+    }
+    Result r;
+    auto loss = (*engine)->EvaluateLoss({tokens, targets}, o.micro_batch);
+    EXPECT_TRUE(loss.ok()) << loss.status().ToString();
+    r.loss = loss.ok() ? *loss : NAN;
+    auto logits = (*engine)->NextTokenLogits(std::span(tokens).first(13));
+    EXPECT_TRUE(logits.ok()) << logits.status().ToString();
+    if (logits.ok()) r.logits = *logits;
+    r.plan = (*engine)->plan();
+    return r;
+  };
+  for (const models::LlamaConfig& config : {testing::TinyLlama(false), testing::TinyLlama(true)}) {
+    for (Quant4Params q :
+         {Quant4Params{Quant4Type::kNf4, true}, Quant4Params{Quant4Type::kFp4, false}}) {
+      for (DType precision : {DType::kBF16, DType::kF16, DType::kF32}) {
+        for (ParamHome home : {ParamHome::kDevice, ParamHome::kHost}) {
+          const auto quantized = frozen(config, q);
+          SCOPED_TRACE(fmt::format("{} {}{} {} params {}", quantized->description(),
+                                   models::ops::Quant4TypeName(q.type), q.double_quant ? "+dq" : "",
+                                   DTypeName(precision), ParamHomeName(home)));
+          EXPECT_EQ(quantized->num_params(), 0);
+          const Result a = evaluate(*quantized, precision, home);
+          const auto dequantized = plain(config, std::make_shared<DequantizedBase>(
+                                                     *quantized, EngineOptions{}.seed, precision));
+          const Result b = evaluate(*dequantized, precision, home);
+          EXPECT_EQ(std::bit_cast<uint32_t>(a.loss), std::bit_cast<uint32_t>(b.loss))
+              << a.loss << " vs " << b.loss;
+          ASSERT_EQ(a.logits.size(), b.logits.size());
+          for (size_t v = 0; v < a.logits.size(); ++v) {
+            ASSERT_EQ(std::bit_cast<uint32_t>(a.logits[v]), std::bit_cast<uint32_t>(b.logits[v]))
+                << "logit " << v;
+          }
+          // The layers are held in under a byte a weight (about half), the embedding as it
+          // was, and nothing is trained.
+          EXPECT_LT(a.plan.blocks[1].frozen_bytes,
+                    static_cast<uint64_t>(b.plan.blocks[1].num_params));
+          EXPECT_EQ(a.plan.blocks[0].frozen_bytes,
+                    static_cast<uint64_t>(b.plan.blocks[0].num_params) * SizeOf(precision));
+          EXPECT_EQ(a.plan.model_params, 0);
+          // ... and not by accident: the unquantized model's loss differs.
+          if (home == ParamHome::kDevice && precision == DType::kF32) {
+            const auto unquantized = frozen(config, std::nullopt);
+            const Result u = evaluate(*unquantized, precision, home);
+            const auto original = plain(config, nullptr);
+            const Result p = evaluate(*original, precision, home);
+            EXPECT_EQ(std::bit_cast<uint32_t>(u.loss), std::bit_cast<uint32_t>(p.loss));
+            EXPECT_EQ(u.logits, p.logits);
+            EXPECT_NE(u.loss, a.loss);
+          }
+        }
+      }
+    }
+  }
+  // Nothing trains: a training engine is refused, and so is LoRA over the frozen model.
+  const auto quantized = frozen(testing::TinyLlama(false), Quant4Params{});
+  EngineOptions o = Options(*quantized, DType::kBF16, ParamHome::kDevice,
+                            Schedule::kMicroBatchMajor, ActivationCheckpointing::kAll);
+  auto device = gpu::CreateHostDevice({});
+  ASSERT_TRUE(device.ok());
+  const auto engine = Engine::Create(quantized.get(), device->get(), o);
+  ASSERT_FALSE(engine.ok());
+  EXPECT_EQ(engine.status().code(), StatusCode::kInvalidArgument) << engine.status().ToString();
+  EXPECT_EQ(quantized->EnableLora(kLora).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(quantized->FreezeBase().code(), StatusCode::kFailedPrecondition);
 }
 
 // On CUDA (skipped without a GPU): the dequantization kernel writes what the host's decode does,

@@ -250,6 +250,55 @@ TEST_F(LoraCliTest, QloraLearnsResumesAndMatchesAQuantizedDirectory) {
   EXPECT_NEAR(merged, run, 1e-3 * run);
 }
 
+// Issue 45: eval and generate of a 4-bit model without an adapter. --base-quant nf4 over the
+// bf16 directory, the directory `strata quantize` writes (auto: held in 4 bits as it is) and the
+// same directory read dequantized (--base-quant none) evaluate to the same loss, bit for bit (the
+// same values: a layer's weights decoded to the working precision, where the dequantized read
+// rounds the same fp32 values once); the 16-bit base's loss differs. Generation agrees too.
+// A checkpoint records its own base, so the base flags are refused beside --checkpoint.
+TEST_F(LoraCliTest, EvalAndGenerateHoldAModelIn4Bits) {
+  Result r = RunStrata("export --checkpoint " + Path("base_ck") + " --hf-dir " + Path("inf16") +
+                       " --dtype bf16");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = RunStrata("quantize --model-dir " + Path("inf16") + " --out-dir " + Path("inf_nf4"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto eval = [&](const std::string& flags) -> std::string {
+    const Result e = RunStrata("eval --device host --precision bf16 " + flags + " --data " +
+                               Path("tune.bin") + " --seq-len 32 --max-tokens 4000 --json");
+    EXPECT_EQ(e.exit_code, 0) << e.err;
+    return e.exit_code == 0 ? nlohmann::json::parse(e.out)["loss"].dump() : "";
+  };
+  const std::string quantized = eval("--model-dir " + Path("inf16") + " --base-quant nf4");
+  ASSERT_FALSE(quantized.empty());
+  EXPECT_EQ(eval("--model-dir " + Path("inf_nf4")), quantized);
+  EXPECT_EQ(eval("--model-dir " + Path("inf_nf4") + " --base-quant none"), quantized);
+  EXPECT_NE(eval("--model-dir " + Path("inf16")), quantized);
+  // FP4 without double quantization is another model again.
+  EXPECT_NE(eval("--model-dir " + Path("inf16") + " --base-quant fp4 --base-double-quant off"),
+            quantized);
+  const auto generate = [&](const std::string& flags) {
+    const Result g = RunStrata("generate --device host " + flags +
+                               " --prompt 'to be or' --max-new-tokens 12 --temperature 0");
+    EXPECT_EQ(g.exit_code, 0) << g.err;
+    return g.out;
+  };
+  const std::string text = generate("--model-dir " + Path("inf_nf4"));
+  EXPECT_THAT(text, ::testing::StartsWith("to be or"));
+  EXPECT_EQ(generate("--model-dir " + Path("inf16") + " --base-quant nf4"), text);
+  EXPECT_EQ(generate("--model-dir " + Path("inf_nf4") + " --base-quant none"), text);
+  // The refusals, one line each.
+  r = RunStrata("eval --device host --checkpoint " + Path("base_ck") + " --base-quant nf4 --data " +
+                Path("tune.bin") + " --seq-len 32");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(Lines(r.err), 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("a checkpoint records its own"));
+  r = RunStrata("train --model-dir " + Path("inf16") + " --device host --data " + Path("tune.bin") +
+                " --seq-len 32 --steps 1 --base-quant nf4");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(Lines(r.err), 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("give --lora-rank R (QLoRA)"));
+}
+
 TEST_F(LoraCliTest, BadInputIsOneLineNamingTheFlagOrTheFile) {
   auto expect_error = [](const Result& r, const std::string& what) {
     EXPECT_EQ(r.exit_code, 1) << r.out;
