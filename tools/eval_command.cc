@@ -71,39 +71,53 @@ struct Loaded {
   std::unique_ptr<engine::Engine> engine;
 };
 
-// objective_buffers: the plan holds a sequence objective's per-target losses
-// (Engine::EvaluateTargetLosses); reference: and, for a model with a frozen reference (LoRA),
-// the reference's forward beside each block's (Engine::EvaluatePolicyAndReference).
-StatusOr<Loaded> Load(const InferenceFlags& f, engine::MicroBatchShape shape,
-                      bool objective_buffers = false, bool reference = false) {
+// A model as a command names it, resolved without building it: its description, the checkpoint
+// directory it loads (or ""), and its working precision.
+struct Resolved {
+  ModelSpec spec;
+  std::string checkpoint_dir;
+  DType precision = DType::kBF16;
+};
+
+StatusOr<Resolved> Resolve(const InferenceFlags& f) {
   if (f.model_dir.empty() == f.checkpoint.empty()) {
     return InvalidArgumentError("give exactly one of --model-dir DIR and --checkpoint DIR");
   }
-  Loaded l;
-  std::string checkpoint_dir;
+  Resolved r;
   std::string precision_name = f.precision;
   if (!f.checkpoint.empty()) {
-    STRATA_ASSIGN_OR_RETURN(checkpoint_dir, engine::ResolveCheckpointDir(f.checkpoint));
-    STRATA_ASSIGN_OR_RETURN(engine::Manifest m, engine::ReadManifest(checkpoint_dir));
-    STRATA_ASSIGN_OR_RETURN(l.spec, ModelSpecFromJson(m.trainer.model_json));
+    STRATA_ASSIGN_OR_RETURN(r.checkpoint_dir, engine::ResolveCheckpointDir(f.checkpoint));
+    STRATA_ASSIGN_OR_RETURN(engine::Manifest m, engine::ReadManifest(r.checkpoint_dir));
+    STRATA_ASSIGN_OR_RETURN(r.spec, ModelSpecFromJson(m.trainer.model_json));
     STRATA_RETURN_IF_ERROR(CheckCheckpointBase(f));
     if (precision_name == "auto") precision_name = m.precision;
   } else {
-    STRATA_ASSIGN_OR_RETURN(l.spec, ResolveModelSpec("", f.model_dir));
-    STRATA_RETURN_IF_ERROR(ApplyLoraFlags(LoraInitFlags(f), &l.spec, /*inference=*/true));
+    STRATA_ASSIGN_OR_RETURN(r.spec, ResolveModelSpec("", f.model_dir));
+    STRATA_RETURN_IF_ERROR(ApplyLoraFlags(LoraInitFlags(f), &r.spec, /*inference=*/true));
   }
   if (!f.lora.empty() && f.model_dir.empty()) {
     return InvalidArgumentError(
         "--lora applies an adapter over --model-dir DIR; a LoRA checkpoint carries its own");
   }
-  DType precision = DType::kBF16;
   if (precision_name == "auto") {
     // A directory's config.json dtype, as transformers loads it.
-    precision = AutoPrecision(l.spec, nullptr);
+    r.precision = AutoPrecision(r.spec, nullptr);
   } else {
-    STRATA_ASSIGN_OR_RETURN(precision, ParseDType(precision_name));
+    STRATA_ASSIGN_OR_RETURN(r.precision, ParseDType(precision_name));
   }
-  STRATA_ASSIGN_OR_RETURN(l.model, BuildModel(l.spec, /*load_weights=*/checkpoint_dir.empty()));
+  return r;
+}
+
+// objective_buffers: the plan holds a sequence objective's per-target losses
+// (Engine::EvaluateTargetLosses); reference: and, for a model with a frozen reference (LoRA),
+// the reference's forward beside each block's (Engine::EvaluatePolicyAndReference). f: where the
+// model runs (--device, --device-budget).
+StatusOr<Loaded> Build(Resolved r, const InferenceFlags& f, engine::MicroBatchShape shape,
+                       bool objective_buffers = false, bool reference = false) {
+  Loaded l;
+  l.spec = std::move(r.spec);
+  const DType precision = r.precision;
+  STRATA_ASSIGN_OR_RETURN(l.model, BuildModel(l.spec, /*load_weights=*/r.checkpoint_dir.empty()));
   if (shape.seq_len > l.model->max_seq_len()) {
     return InvalidArgumentError(fmt::format("--seq-len {} exceeds the model's context of {}",
                                             shape.seq_len, l.model->max_seq_len()));
@@ -132,11 +146,17 @@ StatusOr<Loaded> Load(const InferenceFlags& f, engine::MicroBatchShape shape,
   STRATA_ASSIGN_OR_RETURN(l.device, CreateDeviceFromFlag(f.device, {}));
   STRATA_ASSIGN_OR_RETURN(
       l.engine, engine::Engine::Create(l.model.get(), l.device.get(), o, std::move(choice.plan)));
-  if (!checkpoint_dir.empty()) {
+  if (!r.checkpoint_dir.empty()) {
     engine::TrainerState trainer;
-    STRATA_RETURN_IF_ERROR(l.engine->LoadCheckpoint(checkpoint_dir, &trainer));
+    STRATA_RETURN_IF_ERROR(l.engine->LoadCheckpoint(r.checkpoint_dir, &trainer));
   }
   return l;
+}
+
+StatusOr<Loaded> Load(const InferenceFlags& f, engine::MicroBatchShape shape,
+                      bool objective_buffers = false, bool reference = false) {
+  STRATA_ASSIGN_OR_RETURN(Resolved r, Resolve(f));
+  return Build(std::move(r), f, shape, objective_buffers, reference);
 }
 
 }  // namespace
@@ -167,8 +187,9 @@ void AddEvalFlags(CLI::App& cmd, EvalFlags& f) {
       ->capture_default_str();
   cmd.add_option("--objective", f.objective,
                  "Preference data: score the pairs with dpo, ipo or simpo and TRL's metrics "
-                 "(DPO and IPO need a LoRA model: its base is the reference); sft: the "
-                 "cross-entropy of every completion")
+                 "(DPO and IPO compare with a reference: a LoRA model's base, else "
+                 "--reference-model-dir or --reference-checkpoint); sft: the cross-entropy of "
+                 "every completion")
       ->check(CLI::IsMember({"sft", "dpo", "ipo", "simpo"}))
       ->capture_default_str();
   cmd.add_option("--beta", f.beta, "DPO and SimPO: beta; IPO: tau")->capture_default_str();
@@ -182,6 +203,12 @@ void AddEvalFlags(CLI::App& cmd, EvalFlags& f) {
   cmd.add_option("--cpo-alpha", f.cpo_alpha,
                  "SimPO: the NLL term's weight in the loss (as train's)")
       ->capture_default_str();
+  cmd.add_option("--reference-model-dir", f.reference_model_dir,
+                 "DPO and IPO of a full model: the reference model, a Hugging Face directory (the "
+                 "run's initial weights reproduce training's validation); evaluated first, alone "
+                 "in memory, in the model's working precision");
+  cmd.add_option("--reference-checkpoint", f.reference_checkpoint,
+                 "DPO and IPO of a full model: the reference model as a Strata checkpoint");
 }
 
 namespace {
@@ -252,16 +279,54 @@ Status EvalExamples(const EvalFlags& f, const Loaded& l, data::TokenDataset toke
   return Status::Ok();
 }
 
-// Preference data with --objective: every pair, laid out as training validates it.
-Status EvalPreference(const EvalFlags& f, const engine::PreferenceOptions& p, const Loaded& l,
-                      data::TokenDataset tokens) {
-  if (p.uses_reference() && !l.model->has_frozen_reference()) {
+int VocabOf(const ModelSpec& spec) {
+  return spec.config.family == models::HfModelConfig::Family::kLlama ? spec.config.llama.vocab_size
+                                                                     : spec.config.gpt2.vocab_size;
+}
+
+// The reference model's flags: where and how it runs as the model does, its own weights, no
+// adapter and its own base.
+InferenceFlags ReferenceFlags(const EvalFlags& f) {
+  InferenceFlags r = f.model;
+  r.model_dir = f.reference_model_dir;
+  r.checkpoint = f.reference_checkpoint;
+  r.lora.clear();
+  r.base = BaseQuantFlags{};
+  return r;
+}
+
+// Preference data with --objective: every pair, laid out as training validates it. The
+// reference of DPO and IPO: a LoRA model's base (in the same pass), or a full model's reference
+// model, whose log-probabilities are computed first, with it alone in memory.
+Status EvalPreference(const EvalFlags& f, const engine::PreferenceOptions& p) {
+  const bool reference_model = !f.reference_model_dir.empty() || !f.reference_checkpoint.empty();
+  STRATA_ASSIGN_OR_RETURN(Resolved policy, Resolve(f.model));
+  const bool lora = policy.spec.lora.enabled();
+  if (reference_model) {
+    if (!p.uses_reference()) {
+      return InvalidArgumentError(
+          fmt::format("--objective {} has no reference model: drop --reference-model-dir and "
+                      "--reference-checkpoint",
+                      f.objective));
+    }
+    if (!f.reference_model_dir.empty() && !f.reference_checkpoint.empty()) {
+      return InvalidArgumentError(
+          "give one of --reference-model-dir DIR and --reference-checkpoint DIR");
+    }
+    if (lora) {
+      return InvalidArgumentError(
+          "a LoRA model's reference is its own base (adapters off), as in training: drop "
+          "--reference-model-dir and --reference-checkpoint");
+    }
+  } else if (p.uses_reference() && !lora) {
     return InvalidArgumentError(fmt::format(
-        "--objective {} compares the model with its reference, and a full model has none here: "
-        "evaluate a LoRA model (--lora ADAPTER, or a LoRA checkpoint: its base is the reference) "
-        "or use --objective simpo",
+        "--objective {} compares the model with a reference: give the reference model with "
+        "--reference-model-dir DIR or --reference-checkpoint DIR (the run's initial weights), "
+        "evaluate a LoRA model (its base is the reference), or use --objective simpo",
         f.objective));
   }
+  const int vocab = VocabOf(policy.spec);
+  STRATA_ASSIGN_OR_RETURN(auto tokens, data::TokenDataset::Open(f.data, vocab));
   if (!tokens.has_flags() || !data::HasPairStarts(tokens)) {
     return InvalidArgumentError(fmt::format(
         "--objective {} scores preference pairs; {} holds none (`strata tokenize` of JSONL "
@@ -278,7 +343,28 @@ Status EvalPreference(const EvalFlags& f, const engine::PreferenceOptions& p, co
   const std::string name = NameFiles(tokens);
   STRATA_ASSIGN_OR_RETURN(data::PreferenceDataset d,
                           data::PreferenceDataset::Create(tokens, tokens, rows, name));
-  PreferenceTraining scorer(p, &d, /*reference_from_model=*/true, f.micro_batch_size, f.seq_len);
+  PreferenceTraining scorer(p, &d, /*reference_from_model=*/!reference_model, f.micro_batch_size,
+                            f.seq_len);
+  const engine::MicroBatchShape shape{f.micro_batch_size, f.seq_len};
+  std::string reference_name;
+  if (reference_model) {
+    const InferenceFlags rf = ReferenceFlags(f);
+    reference_name = rf.model_dir.empty() ? rf.checkpoint : rf.model_dir;
+    STRATA_ASSIGN_OR_RETURN(Resolved r, Resolve(rf));
+    // In the model's working precision, as training computes its reference.
+    r.precision = policy.precision;
+    if (VocabOf(r.spec) != vocab) {
+      return InvalidArgumentError(fmt::format(
+          "the reference model {} has a vocabulary of {}; the model's is {}: a reference scores "
+          "the same tokens",
+          reference_name, VocabOf(r.spec), vocab));
+    }
+    STRATA_ASSIGN_OR_RETURN(Loaded ref, Build(std::move(r), rf, shape, /*objective_buffers=*/true));
+    STRATA_RETURN_IF_ERROR(scorer.ComputeValidationReference(*ref.engine));
+  }  // the reference model is released before the model is built
+  STRATA_ASSIGN_OR_RETURN(Loaded l,
+                          Build(std::move(policy), f.model, shape, /*objective_buffers=*/true,
+                                /*reference=*/p.uses_reference() && !reference_model));
   STRATA_ASSIGN_OR_RETURN(const engine::PreferenceMetrics m, scorer.Evaluate(*l.engine));
   if (f.json) {
     nlohmann::json j = PreferenceTraining::Json(m);
@@ -287,6 +373,7 @@ Status EvalPreference(const EvalFlags& f, const engine::PreferenceOptions& p, co
     return Status::Ok();
   }
   std::printf("%s\n", l.model->description().c_str());
+  if (reference_model) std::printf("reference: %s\n", reference_name.c_str());
   std::printf("eval: %lld pairs of %s: %s loss %.6f | %s\n", static_cast<long long>(m.pairs),
               name.c_str(), f.objective.c_str(), m.loss, scorer.MetricsLine(m).c_str());
   return Status::Ok();
@@ -299,10 +386,14 @@ Status RunEval(const EvalFlags& f) {
   STRATA_ASSIGN_OR_RETURN(const std::optional<engine::PreferenceOptions> preference,
                           PreferenceOptionsFromFlags(f.objective, f.beta, f.label_smoothing,
                                                      f.simpo_gamma, f.rpo_alpha, f.cpo_alpha));
-  STRATA_ASSIGN_OR_RETURN(Loaded l, Load(f.model, {f.micro_batch_size, T}, preference.has_value(),
-                                         preference && preference->uses_reference()));
+  if (preference) return EvalPreference(f, *preference);
+  if (!f.reference_model_dir.empty() || !f.reference_checkpoint.empty()) {
+    return InvalidArgumentError(
+        "--reference-model-dir and --reference-checkpoint are DPO's and IPO's reference: give "
+        "--objective dpo or ipo with preference data");
+  }
+  STRATA_ASSIGN_OR_RETURN(Loaded l, Load(f.model, {f.micro_batch_size, T}));
   STRATA_ASSIGN_OR_RETURN(auto data, data::TokenDataset::Open(f.data, l.model->vocab_size()));
-  if (preference) return EvalPreference(f, *preference, l, std::move(data));
   if (data.has_flags()) return EvalExamples(f, l, std::move(data));
   const int64_t windows = data.num_windows(T, f.max_tokens);
   if (windows == 0) {

@@ -22,7 +22,7 @@ struct InferenceFlags {
   std::string device = "auto";
   std::string device_budget = "auto";
   std::string lora;     // a PEFT adapter directory applied over --model-dir
-  BaseQuantFlags base;  // --base-quant, --base-double-quant (with --lora)
+  BaseQuantFlags base;  // --base-quant, --base-double-quant (--model-dir only)
 };
 
 struct EvalFlags {
@@ -44,6 +44,11 @@ struct EvalFlags {
   double simpo_gamma = 0.5;
   double rpo_alpha = 0;
   double cpo_alpha = 0;
+  // DPO and IPO of a full model: the reference model (TRL's ref_model; the run's initial
+  // weights reproduce training's validation), a Hugging Face directory or a checkpoint, run
+  // alone before the model is loaded. A LoRA model's reference is its base instead.
+  std::string reference_model_dir;
+  std::string reference_checkpoint;
 };
 void AddEvalFlags(CLI::App& cmd, EvalFlags& f);
 // Mean cross-entropy in nats per target token over every full window of the first max_tokens
@@ -52,7 +57,9 @@ void AddEvalFlags(CLI::App& cmd, EvalFlags& f);
 // of T tokens (or packed), and the mean is over the targets in the loss only (the responses):
 // what training's validation loss of the same file reports. With --objective dpo|ipo|simpo,
 // preference data is scored as training validates it: every pair, its loss and TRL's metrics
-// (the reference of DPO and IPO: a LoRA model's base; a full model has none to compare with).
+// (the reference of DPO and IPO: a LoRA model's base, or for a full model the reference model
+// of --reference-model-dir or --reference-checkpoint, evaluated first in the model's working
+// precision and released before the model is built: never two models in memory).
 Status RunEval(const EvalFlags& f);
 
 struct GenerateFlags {

@@ -249,6 +249,12 @@ Status PreferenceTraining::PrepareReference(engine::Engine& engine, const std::s
   return Status::Ok();
 }
 
+Status PreferenceTraining::ComputeValidationReference(engine::Engine& reference) {
+  STRATA_CHECK(!reference_from_model_);
+  STRATA_ASSIGN_OR_RETURN(val_ref_, ComputeReference(reference, /*val=*/true));
+  return Status::Ok();
+}
+
 Status PreferenceTraining::BeginStep(std::span<const data::Batch> micro_batches, int64_t job_pairs,
                                      int64_t job_chosen_targets) {
   std::vector<engine::PreferenceObjective::MicroBatchPairs> step;

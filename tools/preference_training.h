@@ -61,6 +61,12 @@ class PreferenceTraining {
   Status PrepareReference(engine::Engine& engine, const std::string& save_dir, bool resuming,
                           bool write = true);
 
+  // strata eval of a full model against a reference model (--reference-model-dir): the
+  // reference log-probabilities of every validation pair, computed with `reference` (an engine
+  // over the reference model with the evaluation's micro-batch shape and objective buffers), for
+  // Evaluate. Construct with reference_from_model false. Errors: the engine's.
+  Status ComputeValidationReference(engine::Engine& reference);
+
   // Describes a step's micro-batches (kept alive by the caller until the step returns) to the
   // objective; job_pairs and job_chosen_targets: the pairs and the chosen completions' targets
   // (engine::ChosenTargets) of the step over every data-parallel rank (0: one rank).

@@ -237,7 +237,9 @@ TEST_F(BaseQuantTest, InferenceOverAFrozen4BitModelEqualsThePlainModelOverItsDeq
     auto m = models::LlamaModel::Create(c);
     EXPECT_TRUE(m.ok());
     EXPECT_TRUE((*m)->FreezeBase().ok());
-    if (q.has_value()) EXPECT_TRUE((*m)->EnableBaseQuant(*q).ok());
+    if (q.has_value()) {
+      EXPECT_TRUE((*m)->EnableBaseQuant(*q).ok());
+    }
     return std::move(*m);
   };
   const auto plain = [](const models::LlamaConfig& c,

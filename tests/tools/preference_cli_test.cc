@@ -185,15 +185,71 @@ TEST_F(PreferenceCli, EvalScoresPairsAsTrainingValidatesThem) {
                           "rewards/rejected", "logps/chosen", "logps/rejected", "nll_loss"}) {
     EXPECT_EQ(e[key], val[key]) << key;
   }
-  // A full model has no reference to compare with; SimPO needs none.
+  // A full model without a reference model is refused; SimPO needs none.
   Train("--objective dpo --steps 2 --grad-accum-steps 1 --save-dir " + Path("f"), "f.json");
   const std::string full = "eval --checkpoint " + Path("f") + " --data " + Path("val.bin") +
                            " --seq-len 32 --micro-batch-size 8 --json --objective ";
   Result bad = RunStrata(full + "dpo");
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_EQ(Lines(bad.err), 1) << bad.err;
-  EXPECT_NE(bad.err.find("--objective simpo"), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("--reference-model-dir"), std::string::npos) << bad.err;
   EXPECT_EQ(RunStrata(full + "simpo").exit_code, 0);
+}
+
+// A full model's DPO and IPO against a reference model: a run's checkpoint evaluated with its
+// initial weights as the reference (the directory it started from, or that directory's
+// checkpoint) gives the run's final validation metrics exactly, as training computed them with
+// its precomputed reference. The reference's flags are refused where they do not apply.
+TEST_F(PreferenceCli, EvalOfAFullModelAgainstAReferenceModelScoresAsTrainingValidates) {
+  // The initial weights: a short SimPO run on the pairs, exported as a directory.
+  Train("--objective simpo --steps 3 --grad-accum-steps 1 --save-dir " + Path("sft"), "sft.json");
+  Result r = RunStrata("export --checkpoint " + Path("sft") + " --hf-dir " + Path("sft_dir"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* objective : {"dpo", "ipo"}) {
+    SCOPED_TRACE(objective);
+    const std::string run = std::string("run_") + objective;
+    r = RunStrata("train --model-dir " + Path("sft_dir") + " --data " + Path("train.bin") +
+                  " --val-data " + Path("val.bin") +
+                  " --seq-len 32 --micro-batch-size 8 --sample-bytes 0 --log-every 0 " +
+                  "--steps 6 --lr 1e-3 --grad-accum-steps 1 --objective " + objective +
+                  " --save-dir " + Path(run) + " --summary-json " + Path(run + ".json"));
+    ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+    std::ifstream in(Path(run + ".json"));
+    const nlohmann::json val = nlohmann::json::parse(in)["preference"]["val"];
+    const std::string eval = "eval --checkpoint " + Path(run) + " --data " + Path("val.bin") +
+                             " --seq-len 32 --micro-batch-size 8 --json --objective " + objective;
+    for (const std::string& reference :
+         {" --reference-model-dir " + Path("sft_dir"), " --reference-checkpoint " + Path("sft")}) {
+      SCOPED_TRACE(reference);
+      r = RunStrata(eval + reference);
+      ASSERT_EQ(r.exit_code, 0) << r.err;
+      const nlohmann::json e = nlohmann::json::parse(r.out);
+      EXPECT_EQ(e["pairs"], val["pairs"]);
+      for (const char* key : {"loss", "rewards/accuracies", "rewards/margins", "rewards/chosen",
+                              "rewards/rejected", "logps/chosen", "logps/rejected"}) {
+        EXPECT_EQ(e[key], val[key]) << key;
+      }
+    }
+    // ... and not by accident: against the trained model itself the rewards are zero.
+    r = RunStrata(eval + " --reference-checkpoint " + Path(run));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(nlohmann::json::parse(r.out)["rewards/margins"], 0.0);
+  }
+  const auto refused = [&](const std::string& command, const std::string& what) {
+    const Result b = RunStrata(command);
+    EXPECT_EQ(b.exit_code, 1) << b.out;
+    EXPECT_EQ(Lines(b.err), 1) << b.err;
+    EXPECT_NE(b.err.find(what), std::string::npos) << b.err;
+  };
+  const std::string eval = "eval --checkpoint " + Path("run_dpo") + " --data " + Path("val.bin") +
+                           " --seq-len 32 --micro-batch-size 8 ";
+  refused(eval + "--objective simpo --reference-checkpoint " + Path("sft"),
+          "has no reference model");
+  refused(eval + "--reference-checkpoint " + Path("sft"), "give --objective dpo or ipo");
+  refused(eval + "--objective dpo --reference-checkpoint " + Path("sft") +
+              " --reference-model-dir " + Path("sft_dir"),
+          "give one of --reference-model-dir");
+  refused(eval + "--objective dpo --reference-model-dir " + Path("nowhere"), "nowhere");
 }
 
 TEST_F(PreferenceCli, AReferenceOfOtherDataIsRefusedOnResume) {
