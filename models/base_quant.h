@@ -6,8 +6,9 @@
 // Which tensors: every 2-D tensor of a transformer layer (the family's TensorShapes for the
 // layer block: q/k/v/o and the MLP's projections, Phi-3's fused qkv_proj and gate_up_proj), each
 // quantized on its own in its stored row-major (out, in) order, as transformers' bitsandbytes
-// integration replaces each nn.Linear; the 1-D tensors (norms, biases) stay in the working
-// precision, and so do the embedding and the LM head (blocks other than layers are not encoded).
+// integration replaces each nn.Linear, except those a bitsandbytes directory keeps in 16 bits
+// (its llm_int8_skip_modules); the 1-D tensors (norms, biases) stay in the working precision,
+// and so do the embedding and the LM head (blocks other than layers are not encoded).
 //
 // The encoded chunk: the layer's tensors in chunk order, each part starting at a multiple of 16
 // bytes: a 1-D tensor as its n values in the working precision S, a 2-D one as its 4-bit record
@@ -49,9 +50,12 @@ struct EncodedLayerLayout {
 };
 
 // The layout of a layer with tensors `shapes` (the family's TensorShapes, chunk order) encoded
-// with `params`, for working precision `precision`. Pure.
+// with `params`, for working precision `precision`. `kept` (empty, or one flag per tensor): the
+// 2-D tensors to keep in the working precision, unquantized (a bitsandbytes directory's
+// llm_int8_skip_modules). Pure.
 EncodedLayerLayout MakeEncodedLayerLayout(const std::vector<std::vector<int64_t>>& shapes,
-                                          const ops::Quant4Params& params, DType precision);
+                                          const ops::Quant4Params& params, DType precision,
+                                          const std::vector<bool>& kept = {});
 
 // Encodes a layer's ordinary chunk `values` (fp32, num_params) into `out` (layout.bytes, host
 // memory, OVERWRITTEN): 1-D tensors rounded to `precision`; 2-D tensors rounded to `precision`

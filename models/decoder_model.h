@@ -231,6 +231,9 @@ class DecoderModel : public engine::Model {
   Status DecodeBase(int block, const engine::BlockBuffers& b, gpu::Stream& stream,
                     BlockArgs<S>* a) const;
   Status InitBase(int block, uint64_t seed, std::span<float> out) const;
+  // With base_quant: the weight source holds the layers quantized with the same params (its
+  // records are read as they are, and what it keeps in 16 bits stays so).
+  bool SourceQuantizedAlike() const;
 
   Family family_;
   std::shared_ptr<const WeightSource> weights_;  // null: random initialisation

@@ -316,16 +316,35 @@ Status DecoderModel<Family>::EnableBaseQuant(const ops::Quant4Params& params) {
   }
   base_quant_ = params;
   // Every layer in every working precision (DType's order), made once: the decodes enqueued on a
-  // stream point at them.
+  // stream point at them. A source quantized alike keeps in 16 bits what it stores so.
   const int L = family_.num_layers();
+  std::vector<std::vector<bool>> kept(L);
+  if (SourceQuantizedAlike()) {
+    for (int l = 0; l < L; ++l) {
+      int64_t offset = 0;
+      for (const std::vector<int64_t>& shape : family_.TensorShapes(Kind::kLayer, l)) {
+        kept[l].push_back(shape.size() == 2 && !weights_->HoldsQuantized(l + 1, offset));
+        int64_t n = 1;
+        for (int64_t d : shape) n *= d;
+        offset += n;
+      }
+    }
+  }
   for (DType d : {DType::kF32, DType::kF16, DType::kBF16}) {
     STRATA_CHECK(static_cast<size_t>(d) * L == encoded_layouts_.size());
     for (int l = 0; l < L; ++l) {
       encoded_layouts_.push_back(std::make_shared<const EncodedLayerLayout>(
-          MakeEncodedLayerLayout(family_.TensorShapes(Kind::kLayer, l), params, d)));
+          MakeEncodedLayerLayout(family_.TensorShapes(Kind::kLayer, l), params, d, kept[l])));
     }
   }
   return Status::Ok();
+}
+
+template <typename Family>
+bool DecoderModel<Family>::SourceQuantizedAlike() const {
+  return base_quant_.has_value() && weights_ != nullptr && weights_->base_quant().has_value() &&
+         weights_->base_quant()->type == base_quant_->type &&
+         weights_->base_quant()->double_quant == base_quant_->double_quant;
 }
 
 template <typename Family>
@@ -351,9 +370,7 @@ Status DecoderModel<Family>::InitFrozenChunk(int block, uint64_t seed, DType pre
   std::vector<float> values(BaseParams(block));
   // A source quantized alike gives a layer's records as they are, and only its other tensors'
   // values (the 4-bit ones are neither read twice nor dequantized).
-  const bool alike = weights_ != nullptr && weights_->base_quant().has_value() &&
-                     weights_->base_quant()->type == base_quant_->type &&
-                     weights_->base_quant()->double_quant == base_quant_->double_quant;
+  const bool alike = SourceQuantizedAlike();
   if (kind(block) != Kind::kLayer || !alike) {
     STRATA_RETURN_IF_ERROR(InitBase(block, seed, values));
   }

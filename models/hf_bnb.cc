@@ -133,6 +133,28 @@ StatusOr<std::optional<ops::Quant4Params>> ParseBnbQuantizationConfig(const nloh
   return std::optional<ops::Quant4Params>(params);
 }
 
+StatusOr<std::vector<std::string>> BnbSkipModules(const nlohmann::json& config,
+                                                  const std::string& path) {
+  std::vector<std::string> modules;
+  const auto q = config.find("quantization_config");
+  if (q == config.end() || !q->is_object()) return modules;
+  const QuantConfigFields f(*q, path);
+  const json* v = f.Find("llm_int8_skip_modules");
+  if (v == nullptr) return modules;
+  if (!v->is_array()) {
+    return f.Error("llm_int8_skip_modules",
+                   fmt::format("must be a list of module names, got {}", JsonExcerpt(*v)));
+  }
+  for (const json& m : *v) {
+    if (!m.is_string()) {
+      return f.Error("llm_int8_skip_modules",
+                     fmt::format("must be a list of module names, holds {}", JsonExcerpt(m)));
+    }
+    modules.push_back(m.get<std::string>());
+  }
+  return modules;
+}
+
 nlohmann::ordered_json BnbQuantizationConfigJson(ops::Quant4Params params, DType compute_dtype) {
   // BitsAndBytesConfig.to_dict's keys; PretrainedConfig writes them sorted.
   nlohmann::ordered_json j;

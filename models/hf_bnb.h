@@ -47,6 +47,14 @@ namespace strata::models {
 StatusOr<std::optional<ops::Quant4Params>> ParseBnbQuantizationConfig(const nlohmann::json& config,
                                                                       const std::string& path);
 
+// quantization_config.llm_int8_skip_modules of a bitsandbytes config (`config` as above): the
+// modules transformers leaves in 16 bits (nn.Linear) when it loads the directory, whose weights
+// the directory then stores as plain 16-bit tensors (Unsloth's dynamic 4-bit directories keep
+// some layers' projections so). Empty when absent or null. Errors: kInvalidArgument naming the
+// file and field for anything but a list of strings.
+StatusOr<std::vector<std::string>> BnbSkipModules(const nlohmann::json& config,
+                                                  const std::string& path);
+
 // The quantization_config transformers writes for BitsAndBytesConfig(load_in_4bit=True,
 // bnb_4bit_quant_type, bnb_4bit_use_double_quant, bnb_4bit_compute_dtype=compute_dtype): every
 // key of BitsAndBytesConfig.to_dict, with transformers' defaults for the rest.

@@ -211,8 +211,10 @@ StatusOr<std::shared_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::string& di
   // A 4-bit directory (bitsandbytes): which parameters; the Llama families only.
   STRATA_ASSIGN_OR_RETURN(ck->base_quant_,
                           ParseBnbQuantizationConfig(config.raw, dir + "/config.json"));
+  std::vector<std::string> skip_modules;
   if (ck->base_quant_) {
     STRATA_RETURN_IF_ERROR(CheckHfBaseQuantizable(config).WithContext(dir + "/config.json"));
+    STRATA_ASSIGN_OR_RETURN(skip_modules, BnbSkipModules(config.raw, dir + "/config.json"));
   }
 
   // Finds the tensor stored under `name`: *found is where (shard and header), false when the
@@ -303,14 +305,18 @@ StatusOr<std::shared_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::string& di
       }
       const formats::SafetensorsTensor* tensor = stored.tensor;
       const std::string& path = ck->shards_[stored.shard]->path;
-      const bool quantized = ck->base_quant_ && HfBaseQuantized(config, b, layout);
+      // A projection llm_int8_skip_modules keeps is stored in 16 bits: the tensor's dtype says
+      // which (transformers' rule for matching the names has changed between its versions; a
+      // directory it saved stores what its rule chose).
+      const bool quantized = ck->base_quant_ && HfBaseQuantized(config, b, layout) &&
+                             (tensor->dtype.is_u8() || skip_modules.empty());
       std::optional<Quantized> q;
       if (quantized) {
         if (!tensor->dtype.is_u8()) {
           return InvalidArgumentError(fmt::format(
-              "{}: tensor '{}' is stored {}, not 4-bit: a bitsandbytes directory Strata reads "
-              "holds every projection of the layers in 4 bits (an llm_int8_skip_modules that "
-              "names one is not supported)",
+              "{}: tensor '{}' is stored {}, not 4-bit, and the quantization_config's "
+              "llm_int8_skip_modules names no module: a bitsandbytes directory holds every "
+              "projection of the layers in 4 bits but those",
               path, found, formats::SafetensorsDTypeName(tensor->dtype)));
         }
         STRATA_ASSIGN_OR_RETURN(q, open_quantized(found, stored, layout));
@@ -478,6 +484,14 @@ Status HfCheckpoint::ReadRecord(const Source& src, std::span<std::byte> record) 
     std::memcpy(record.data() + l.offset_offset, &q.nested_offset, sizeof(float));
   }
   return Status::Ok();
+}
+
+bool HfCheckpoint::HoldsQuantized(int block, int64_t chunk_offset) const {
+  if (block < 0 || block >= num_blocks()) return false;
+  for (const Source& s : blocks_[block]) {
+    if (s.layout.chunk_offset == chunk_offset) return s.quantized.has_value();
+  }
+  return false;
 }
 
 Status HfCheckpoint::ReadQuantizedTensor(int block, int64_t chunk_offset,

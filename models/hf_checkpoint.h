@@ -87,6 +87,9 @@ class HfCheckpoint final : public WeightSource {
   // The directory's 4-bit quantization (config.json's bitsandbytes quantization_config);
   // nullopt for a directory of 16/32-bit weights.
   std::optional<ops::Quant4Params> base_quant() const override { return base_quant_; }
+  // Whether the tensor at `chunk_offset` of `block` is stored 4-bit: what the directory holds
+  // (a projection llm_int8_skip_modules keeps is stored 16-bit). False out of range.
+  bool HoldsQuantized(int block, int64_t chunk_offset) const override;
   // The packed record (ops::Quant4Layout's parts: codes, absmax, nested_absmax, offset; padding
   // zero) of the 4-bit tensor of `block` at element `chunk_offset` of the block's chunk (an
   // HfTensor::chunk_offset of a tensor HfBaseQuantized names), read from the directory as

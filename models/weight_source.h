@@ -26,6 +26,11 @@ class WeightSource {
   // nullopt (the default) for a source of plain values. ReadBlock still gives every value
   // (dequantized).
   virtual std::optional<ops::Quant4Params> base_quant() const { return std::nullopt; }
+  // Whether the tensor of block `block` that starts at element `chunk_offset` of its chunk is
+  // held 4-bit (its record from ReadQuantizedTensor). A bitsandbytes directory holds every
+  // tensor models/base_quant.h quantizes so, except the projections its llm_int8_skip_modules
+  // keeps in 16 bits. False (the default) for sources of plain values. Thread-safe.
+  virtual bool HoldsQuantized(int block, int64_t chunk_offset) const { return false; }
   // ReadBlock, except that the elements of the tensors held 4-bit are left as they are (their
   // records come from ReadQuantizedTensor): no dequantization nor read of them. The default, for
   // sources of plain values: ReadBlock.

@@ -253,16 +253,26 @@ TEST_F(OverlapTest, UpdateDuringBackwardIsTheUpdateAfterBackwardBitForBit) {
             const bool clipped = clip > 0 && r.grad_norm > clip;
             rolled += r.rolled_back;
             // A rollback only where the step clipped; with speculation forced, every such step.
-            if (r.rolled_back) EXPECT_TRUE(clipped) << "step " << s;
-            if (always) EXPECT_EQ(r.rolled_back, clipped) << "step " << s;
+            if (r.rolled_back) {
+              EXPECT_TRUE(clipped) << "step " << s;
+            }
+            if (always) {
+              EXPECT_EQ(r.rolled_back, clipped) << "step " << s;
+            }
             // Updates that ran during backward stood only on a step that did not clip.
-            if (r.params_updated_during_backward > 0) EXPECT_FALSE(clipped) << "step " << s;
+            if (r.params_updated_during_backward > 0) {
+              EXPECT_FALSE(clipped) << "step " << s;
+            }
             // Forced: some ran before the verdict (at most the queue depth waits at a time, and
             // with NVMe the pipeline's buffers' worth).
-            if (always && !clipped) EXPECT_GT(r.params_updated_during_backward, 0) << "step " << s;
+            if (always && !clipped) {
+              EXPECT_GT(r.params_updated_during_backward, 0) << "step " << s;
+            }
           }
           EXPECT_EQ(d.counters.rollback_steps, rolled);
-          if (clip == 1e-6f && !always) EXPECT_EQ(rolled, 0u) << "predicted: no speculation";
+          if (clip == 1e-6f && !always) {
+            EXPECT_EQ(rolled, 0u) << "predicted: no speculation";
+          }
           rollbacks += static_cast<int>(rolled);
         }
       }

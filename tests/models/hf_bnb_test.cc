@@ -13,7 +13,9 @@
 #include <filesystem>
 #include <random>
 
+#include "models/base_quant.h"
 #include "models/hf_checkpoint.h"
+#include "models/llama.h"
 #include "models/ops/quantize_4bit.h"
 #include "tests/models/hf_test_dir.h"
 
@@ -497,6 +499,94 @@ std::vector<Refusal> Refusals() {
        },
        {"quantization_config.bnb_4bit_quant_type", "'int4' is not supported"}},
   };
+}
+
+// A directory whose llm_int8_skip_modules keeps a projection in 16 bits (Unsloth's dynamic
+// 4-bit directories do): that tensor is read as stored, it holds no record, and the others stay
+// 4-bit. A skip list that is not a list of names is refused naming the field.
+TEST(HfBnb, AProjectionTheSkipListKeepsIsStored16BitAndReadSo) {
+  TempDir tmp;
+  BnbDir d = MakeBnbDir(OddShape(), kNf4Double, 9);
+  const std::string null_list = R"("llm_int8_skip_modules": null)";
+  const size_t at = d.config.find(null_list);
+  ASSERT_NE(at, std::string::npos);
+  d.config.replace(at, null_list.size(),
+                   R"("llm_int8_skip_modules": ["lm_head", "model.layers.0.mlp.down_proj"])");
+  const std::string w = kDown;
+  for (const char* suffix : {".absmax", ".quant_map", ".nested_absmax", ".nested_quant_map",
+                             ".quant_state.bitsandbytes__nf4"}) {
+    d.Remove(w + suffix);
+  }
+  TestTensor* kept = nullptr;
+  for (TestTensor& t : d.expected) {
+    if (t.name == w) kept = &t;
+  }
+  ASSERT_NE(kept, nullptr);
+  kept->dtype = "BF16";
+  for (size_t i = 0; i < kept->values.size(); ++i) {
+    kept->values[i] = static_cast<float>(static_cast<int>(i % 13) - 6) * 0.125f;  // exact in bf16
+  }
+  d.File(w) = *kept;
+  d.Write(tmp.path());
+  auto ck = HfCheckpoint::Open(tmp.path());
+  ASSERT_TRUE(ck.ok()) << ck.status().ToString();
+  ExpectBlocksBitEqual(**ck, d.expected);
+  const HfModelConfig& config = (*ck)->config();
+  int quantized = 0, plain = 0;
+  for (const HfTensor& t : HfBlockTensors(config, 1)) {
+    if (!HfBaseQuantized(config, 1, t)) continue;
+    const bool holds = (*ck)->HoldsQuantized(1, t.chunk_offset);
+    EXPECT_EQ(holds, t.name != w) << t.name;
+    (holds ? quantized : plain) += 1;
+    if (holds) continue;
+    // Read with the 16-bit tensors, and no record there.
+    std::vector<float> some((*ck)->block_num_params(1), -12345.0f);
+    ASSERT_TRUE((*ck)->ReadBlockSkippingQuantized(1, some).ok());
+    for (int64_t i = 0; i < t.num_elems; ++i) {
+      ASSERT_EQ(some[t.chunk_offset + i], kept->values[i]) << i;
+    }
+    const ops::Quant4Layout l = ops::MakeQuant4Layout(t.num_elems, kNf4Double);
+    std::vector<std::byte> record(l.total_bytes);
+    ExpectOneLineError((*ck)->ReadQuantizedTensor(1, t.chunk_offset, l, record),
+                       StatusCode::kInvalidArgument, {"is 16-bit"});
+  }
+  EXPECT_EQ(quantized, 6);
+  EXPECT_EQ(plain, 1);
+  EXPECT_TRUE((*ck)->HoldsQuantized(2, HfBlockTensors(config, 2)[1].chunk_offset));
+  EXPECT_FALSE((*ck)->HoldsQuantized(0, 0));  // the embedding
+  EXPECT_FALSE((*ck)->HoldsQuantized(99, 0));
+
+  // A QLoRA model over the directory keeps that projection in the working precision and the
+  // others' records as stored: its decoded layers are ReadBlock's values rounded to bf16, bit for
+  // bit, and the layer with the kept projection is the larger.
+  auto source = HfCheckpoint::Open(tmp.path());
+  ASSERT_TRUE(source.ok());
+  auto m =
+      LlamaModel::Create(config.llama, std::shared_ptr<const WeightSource>(std::move(*source)));
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  ASSERT_TRUE((*m)->EnableLora({.rank = 2, .alpha = 4, .targets = {"q_proj"}}).ok());
+  ASSERT_TRUE((*m)->EnableBaseQuant(kNf4Double).ok());
+  EXPECT_GT((*m)->block_frozen_bytes(1, DType::kBF16), (*m)->block_frozen_bytes(2, DType::kBF16));
+  for (int b : {1, 2}) {
+    std::vector<std::byte> chunk((*m)->block_frozen_bytes(b, DType::kBF16));
+    ASSERT_TRUE((*m)->InitFrozenChunk(b, 0, DType::kBF16, chunk).ok());
+    std::vector<float> got((*ck)->block_num_params(b)), want(got.size());
+    DecodeLayerChunkToF32((*m)->EncodedLayout(b, DType::kBF16), DType::kBF16, chunk.data(),
+                          got.data());
+    ASSERT_TRUE((*ck)->ReadBlock(b, want).ok());
+    for (size_t i = 0; i < want.size(); ++i) {
+      const float rounded = Bf16ToFloat(FloatToBf16(want[i]));
+      ASSERT_EQ(std::memcmp(&got[i], &rounded, 4), 0) << "block " << b << " element " << i;
+    }
+  }
+
+  const size_t list = d.config.find(R"(["lm_head")");
+  d.config.replace(list, std::string(R"(["lm_head", "model.layers.0.mlp.down_proj"])").size(),
+                   R"(["lm_head", 7])");
+  TempDir bad;
+  d.Write(bad.path());
+  ExpectOneLineError(HfCheckpoint::Open(bad.path()).status(), StatusCode::kInvalidArgument,
+                     {"config.json", "quantization_config.llm_int8_skip_modules", "module names"});
 }
 
 TEST(HfBnb, EveryRefusalIsOneLineNamingTheFileAndTensor) {

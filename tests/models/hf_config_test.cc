@@ -376,7 +376,9 @@ TEST(HfConfig, EveryFamilyRoundTripsThroughItsOwnConfigJson) {
     EXPECT_EQ(y.tie_embeddings, x.tie_embeddings);
     EXPECT_EQ(y.sliding_window, x.sliding_window);
     EXPECT_EQ(SlidingLayers(y), SlidingLayers(x));
-    if (x.arch == LlamaArch::kPhi3) EXPECT_EQ(j["original_max_position_embeddings"], 128);
+    if (x.arch == LlamaArch::kPhi3) {
+      EXPECT_EQ(j["original_max_position_embeddings"], 128);
+    }
     EXPECT_EQ(y.norm_unit_offset, x.norm_unit_offset);
     EXPECT_EQ(y.sandwich_norms, x.sandwich_norms);
     EXPECT_EQ(y.gelu_tanh_mlp, x.gelu_tanh_mlp);

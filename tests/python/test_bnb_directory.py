@@ -18,6 +18,9 @@ BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type, bnb_4bit_use_double_q
   model with the reference-dequantized weights (fp32 values), and the eval of a 16-bit directory
   holding those weights rounded to bf16 within the effect of that rounding (measured on the
   float64 reference) plus EVAL_REL_TOL;
+- a directory whose llm_int8_skip_modules keeps a projection in bf16 (Unsloth's dynamic 4-bit
+  directories do) evaluates against the float64 reference with that tensor as stored, and the
+  same whether held 4-bit or read dequantized, as a LoRA run over it is;
 - refused, with one line on stderr and nothing written: a GPT-2 directory, an existing
   non-empty --out-dir, an input that is already 4-bit.
 
@@ -254,6 +257,72 @@ class QuantizeTest(unittest.TestCase):
         cfg, params, dequantized, out = self.check_case("f32-nf4-dq-wide", "F32", "nf4", True,
                                                         intermediate=1001)
         self.check_eval(cfg, params, dequantized, out)
+
+    @unittest.skipIf(STRATA_CLI is None, NO_CLI)
+    @unittest.skipIf(bnb is None, NO_REFERENCE)
+    def test_a_projection_the_skip_list_keeps_in_16_bits(self):
+        """A directory whose llm_int8_skip_modules keeps one projection in bf16 (as Unsloth's
+        dynamic 4-bit directories do): `strata quantize`'s output with layer 0's down_proj stored
+        back as the input's bf16 tensor. eval holds the rest in 4 bits and equals the float64
+        reference within EVAL_REL_TOL, and equals the same directory read dequantized
+        (--base-quant none) exactly; a LoRA step over it is the same, bit for bit, either way."""
+        cfg, params, dequantized, out = self.check_case("bf16-nf4-skip", "BF16", "nf4", True)
+        kept = "model.layers.0.mlp.down_proj.weight"
+        raw = read_dir_raw(out)
+        for name in list(raw):
+            if name.startswith(kept + "."):
+                del raw[name]
+        raw[kept] = ("BF16", list(params[kept].shape), base.tensor_bytes(params[kept], "BF16"))
+        header, blobs, offset = {}, [], 0
+        for name, (dtype, shape, data) in raw.items():
+            header[name] = {"dtype": dtype, "shape": shape,
+                            "data_offsets": [offset, offset + len(data)]}
+            blobs.append(data)
+            offset += len(data)
+        header["__metadata__"] = {"format": "pt"}
+        text = json.dumps(header, separators=(",", ":")).encode()
+        text += b" " * (-len(text) % 8)
+        with open(os.path.join(out, "model.safetensors"), "wb") as f:
+            f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+        with open(os.path.join(out, "config.json")) as f:
+            config = json.load(f)
+        config["quantization_config"]["llm_int8_skip_modules"] = [
+            "lm_head", "model.layers.0.mlp.down_proj"]
+        with open(os.path.join(out, "config.json"), "w") as f:
+            json.dump(config, f)
+
+        tokens = base.random_tokens(6, EVAL_TOKENS, cfg["vocab_size"])
+        data = os.path.join(self.tmp, "eval-skip.bin")
+        base.write_tokens(data, tokens)
+        x, y = base.windows(tokens, SEQ_LEN)
+        weights = dict(params, **dequantized)
+        weights[kept] = params[kept].to(F64)
+        ref = base.model_loss(cfg, weights, x, y).item()
+        got = base.strata_eval(self, ["--model-dir", out], data, SEQ_LEN, MICRO_BATCH)
+        self.assertLessEqual(abs(got["loss"] - ref), EVAL_REL_TOL * abs(ref),
+                             f"eval {got['loss']} vs the reference {ref}")
+        plain = base.strata_eval(self, ["--model-dir", out], data, SEQ_LEN, MICRO_BATCH,
+                                 extra=["--base-quant", "none"])
+        self.assertEqual(got["loss"], plain["loss"])
+        # ... and not by accident: with that projection in 4 bits the loss is another.
+        ref_4bit = base.model_loss(cfg, dict(params, **dequantized), x, y).item()
+        self.assertGreater(abs(ref - ref_4bit), 4 * EVAL_REL_TOL * abs(ref))
+
+        for name in TOKENIZER_FILES:  # placeholders, not tokenizers training could load
+            os.remove(os.path.join(out, name))
+        hashes = []
+        for quant in ("auto", "none"):
+            summary = os.path.join(self.tmp, f"lora-{quant}.json")
+            r = run([STRATA_CLI, "train", "--model-dir", out, "--data", data, "--val-data", data,
+                     "--device", "host",
+                     "--seq-len", SEQ_LEN, "--micro-batch-size", MICRO_BATCH, "--steps", 2,
+                     "--lora-rank", 2, "--lora-targets", "down_proj,q_proj", "--base-quant",
+                     quant, "--precision", "bf16", "--eval-every", 0, "--sample-bytes", 0,
+                     "--log-every", 0, "--summary-json", summary])
+            self.assertEqual(r.returncode, 0, f"{r.stdout}\n{r.stderr}")
+            with open(summary) as f:
+                hashes.append(json.load(f)["master_xxh3"])
+        self.assertEqual(hashes[0], hashes[1])
 
     def expect_refused(self, r, *needles):
         self.assertNotEqual(r.returncode, 0, r.stdout)
