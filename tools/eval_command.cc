@@ -153,10 +153,9 @@ StatusOr<Loaded> Build(Resolved r, const InferenceFlags& f, engine::MicroBatchSh
   return l;
 }
 
-StatusOr<Loaded> Load(const InferenceFlags& f, engine::MicroBatchShape shape,
-                      bool objective_buffers = false, bool reference = false) {
+StatusOr<Loaded> Load(const InferenceFlags& f, engine::MicroBatchShape shape) {
   STRATA_ASSIGN_OR_RETURN(Resolved r, Resolve(f));
-  return Build(std::move(r), f, shape, objective_buffers, reference);
+  return Build(std::move(r), f, shape);
 }
 
 }  // namespace
@@ -440,19 +439,9 @@ void AddGenerateFlags(CLI::App& cmd, GenerateFlags& f) {
 
 Status RunGenerate(const GenerateFlags& f) {
   // The model first (its spec names the tokenizer), with a context of one sequence.
-  InferenceFlags mf = f.model;
-  ModelSpec spec;
-  if (!mf.checkpoint.empty()) {
-    STRATA_ASSIGN_OR_RETURN(std::string dir, engine::ResolveCheckpointDir(mf.checkpoint));
-    STRATA_ASSIGN_OR_RETURN(engine::Manifest m, engine::ReadManifest(dir));
-    STRATA_ASSIGN_OR_RETURN(spec, ModelSpecFromJson(m.trainer.model_json));
-    STRATA_RETURN_IF_ERROR(CheckCheckpointBase(mf));
-  } else if (!mf.model_dir.empty()) {
-    STRATA_ASSIGN_OR_RETURN(spec, ResolveModelSpec("", mf.model_dir));
-    STRATA_RETURN_IF_ERROR(ApplyLoraFlags(LoraInitFlags(mf), &spec, /*inference=*/true));
-  } else {
-    return InvalidArgumentError("give exactly one of --model-dir DIR and --checkpoint DIR");
-  }
+  const InferenceFlags& mf = f.model;
+  STRATA_ASSIGN_OR_RETURN(Resolved resolved, Resolve(mf));
+  const ModelSpec& spec = resolved.spec;
   const std::string tokenizer_path = f.tokenizer.empty() ? spec.default_tokenizer() : f.tokenizer;
   std::unique_ptr<data::Tokenizer> tokenizer;
   std::vector<int32_t> context;
@@ -473,7 +462,7 @@ Status RunGenerate(const GenerateFlags& f) {
                                         ? spec.config.llama.max_seq_len
                                         : spec.config.gpt2.max_seq_len,
                                     static_cast<int>(context.size()) + f.max_new_tokens);
-  STRATA_ASSIGN_OR_RETURN(Loaded l, Load(mf, {1, max_len}));
+  STRATA_ASSIGN_OR_RETURN(Loaded l, Build(std::move(resolved), mf, {1, max_len}));
   std::mt19937_64 rng(f.seed);
   std::uniform_real_distribution<double> uniform(0.0, 1.0);
   std::vector<int32_t> generated;

@@ -68,6 +68,14 @@ class LoraCliTest : public ::testing::Test {
                      "--log-every 0 --lora-rank 4 --lora-alpha 8 --lora-targets " +
                      "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj " + extra);
   }
+  // The base exported in bf16 as directory `bf16`, and `strata quantize`'s NF4 copy as `nf4`.
+  static void ExportBf16AndQuantize(const std::string& bf16, const std::string& nf4) {
+    Result r = RunStrata("export --checkpoint " + Path("base_ck") + " --hf-dir " + Path(bf16) +
+                         " --dtype bf16");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    r = RunStrata("quantize --model-dir " + Path(bf16) + " --out-dir " + Path(nf4));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+  }
   static nlohmann::json Summary(const std::string& name) {
     std::ifstream in(Path(name));
     std::stringstream s;
@@ -194,11 +202,8 @@ TEST_F(LoraCliTest, PrecisionAutoFollowsTheModelDirectorysTorchDtype) {
 // records as they are); it resumes bit-identically, and resuming without the 4-bit base is
 // refused naming both bases; the merged export is the dequantized base plus the adapters.
 TEST_F(LoraCliTest, QloraLearnsResumesAndMatchesAQuantizedDirectory) {
-  Result r = RunStrata("export --checkpoint " + Path("base_ck") + " --hf-dir " + Path("base16") +
-                       " --dtype bf16");
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  r = RunStrata("quantize --model-dir " + Path("base16") + " --out-dir " + Path("base_nf4"));
-  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_NO_FATAL_FAILURE(ExportBf16AndQuantize("base16", "base_nf4"));
+  Result r;
   const std::string common = " --device host --data " + Path("tune.bin") +
                              " --seq-len 32 --eval-every 0 --sample-bytes 0 --log-every 0 " +
                              "--lora-rank 4 --lora-alpha 8 --lora-targets " +
@@ -257,11 +262,8 @@ TEST_F(LoraCliTest, QloraLearnsResumesAndMatchesAQuantizedDirectory) {
 // rounds the same fp32 values once); the 16-bit base's loss differs. Generation agrees too.
 // A checkpoint records its own base, so the base flags are refused beside --checkpoint.
 TEST_F(LoraCliTest, EvalAndGenerateHoldAModelIn4Bits) {
-  Result r = RunStrata("export --checkpoint " + Path("base_ck") + " --hf-dir " + Path("inf16") +
-                       " --dtype bf16");
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  r = RunStrata("quantize --model-dir " + Path("inf16") + " --out-dir " + Path("inf_nf4"));
-  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_NO_FATAL_FAILURE(ExportBf16AndQuantize("inf16", "inf_nf4"));
+  Result r;
   const auto eval = [&](const std::string& flags) -> std::string {
     const Result e = RunStrata("eval --device host --precision bf16 " + flags + " --data " +
                                Path("tune.bin") + " --seq-len 32 --max-tokens 4000 --json");
