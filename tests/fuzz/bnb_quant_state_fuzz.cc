@@ -2,7 +2,8 @@
 // picks the parser, the rest is its input.
 //   even: a weight's quant_state JSON (the bytes of its U8 tensor), ParseBnbQuantState, for a
 //         (64, 48) weight, nf4 with double quantization when bit 1 of the byte is set, else fp4;
-//   odd:  config.json's quantization_config, ParseBnbQuantizationConfig of the parsed text.
+//   odd:  config.json's quantization_config, ParseBnbQuantizationConfig and BnbSkipModules of the
+//         parsed text.
 // Any bytes give a result in range (a 16-bit or fp32 dtype and a finite offset; nf4 or fp4) or a
 // one-line error naming the file, never a crash or a sanitizer report.
 #include <cmath>
@@ -60,5 +61,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (*config && (*config)->type != Quant4Type::kNf4 && (*config)->type != Quant4Type::kFp4) {
     std::abort();
   }
+  // Its llm_int8_skip_modules: a list of names, or one line naming the file.
+  auto skip = strata::models::BnbSkipModules(*json, "fuzz/config.json");
+  if (!skip.ok()) CheckError(skip.status(), "fuzz/config.json");
   return 0;
 }
