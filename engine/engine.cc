@@ -284,6 +284,12 @@ Status Engine::Impl::AllocateHostMemory() {
   const uint64_t io_bytes = ObjectiveStagingOffset() +
                             (plan_.objective.target_weights ? 3 * o_.micro_batch.tokens() * 4 : 0);
   STRATA_ASSIGN_OR_RETURN(io_pinned_, device_->AllocatePinned(io_bytes, "token staging"));
+  if (dp() && o_.share_frozen_base) {
+    // Every rank holds the same frozen base: one copy per machine (collective).
+    STRATA_ASSIGN_OR_RETURN(shared_frozen_, SharedFrozenBase::Create(
+                                                *o_.comm, *device_, store_->pinned_frozen_bytes()));
+    store_->ShareFrozenHomes(shared_frozen_.get());
+  }
   return store_->AllocateMemory(device_);
 }
 
@@ -906,6 +912,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(Model* model, gpu::Device* devi
 }
 
 const Plan& Engine::plan() const { return impl_->plan(); }
+int Engine::frozen_base_shared_by() const { return impl_->frozen_base_shared_by(); }
 std::string_view Engine::io_backend_name() const { return impl_->io_backend_name(); }
 StatusOr<StepResult> Engine::Step(std::span<const MicroBatch> mbs, SequenceObjective* objective) {
   return impl_->Step(mbs, objective);

@@ -160,6 +160,11 @@ struct EngineOptions {
   // calls them in the same order. Needs an optimizer with element-wise state for N > 1
   // (PartitionableOptimizer), no update_during_backward and no inference_only.
   comm::Communicator* comm = nullptr;
+  // With comm, the ranks of one machine map one copy of the frozen chunks' pinned homes (LoRA's
+  // base: the same on every rank, never written) instead of each pinning its own
+  // (engine/shared_frozen_base.h); when /dev/shm cannot hold it, a warning and a copy each.
+  // The plan's host figures still count a copy per rank. Results are the same either way.
+  bool share_frozen_base = true;
   // Tests only; production code never sets them.
   EngineTestHooks test_hooks;
 };
@@ -219,6 +224,9 @@ class Engine {
   ~Engine();
 
   const Plan& plan() const;
+  // The ranks whose frozen base this rank's is (EngineOptions::share_frozen_base): this
+  // machine's data-parallel ranks when they share one copy, else 1.
+  int frozen_base_shared_by() const;
   std::string_view io_backend_name() const;  // "uring", "posix" or "memory"; "" without NVMe
 
   // One optimizer step over micro_batches.size() == grad_accum_steps

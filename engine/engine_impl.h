@@ -101,6 +101,9 @@ class Engine::Impl {
   Status LoadCheckpoint(const std::string& path, TrainerState* trainer);
 
   const Plan& plan() const { return plan_; }
+  int frozen_base_shared_by() const {
+    return shared_frozen_ != nullptr ? shared_frozen_->ranks() : 1;
+  }
   std::string_view io_backend_name() const { return store_->io_backend_name(); }
   EngineCounters counters() const {
     EngineCounters c;
@@ -333,6 +336,9 @@ class Engine::Impl {
 
   // The parts of a step; declared last, so destroyed (their threads joined) first: the cache's
   // loads wait on the store's updates and the fold submits them during backward.
+  // The frozen homes shared by this machine's ranks (null: each rank's own). Destroyed after the
+  // store and the caches that read it.
+  std::unique_ptr<SharedFrozenBase> shared_frozen_;
   std::unique_ptr<StateStore> store_;
   std::unique_ptr<GradStreamer> grads_;
   std::unique_ptr<ParamCache> params_;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "base/units.h"
 #include "cpu_optim/grad_stats.h"
 #include "engine/device_optimizer.h"
 
@@ -69,14 +70,31 @@ StatusOr<std::unique_ptr<StateStore>> StateStore::Create(const Model& model, con
   return s;
 }
 
+uint64_t StateStore::pinned_frozen_bytes() const {
+  uint64_t total = 0;
+  for (int b = 0; b < n_; ++b) {
+    if (frozen_elems(b) > 0 && !frozen_streamed_from_nvme(b)) {
+      total += AlignUp(io::SwapStore::PaddedSize(frozen_bytes(b)), 4096);
+    }
+  }
+  return total;
+}
+
 Status StateStore::AllocateMemory(gpu::Device* device) {
   home_.resize(n_);
   frozen_home_.resize(n_);
+  frozen_owned_.resize(n_);
+  uint64_t shared_offset = 0;
   for (int b = 0; b < n_; ++b) {
     if (frozen_elems(b) > 0 && !frozen_streamed_from_nvme(b)) {
-      STRATA_ASSIGN_OR_RETURN(
-          frozen_home_[b],
-          device->AllocatePinned(io::SwapStore::PaddedSize(frozen_bytes(b)), "frozen params"));
+      const uint64_t bytes = io::SwapStore::PaddedSize(frozen_bytes(b));
+      if (shared_frozen_ != nullptr) {
+        frozen_home_[b] = shared_frozen_->span().subspan(shared_offset, bytes);
+        shared_offset += AlignUp(bytes, 4096);
+      } else {
+        STRATA_ASSIGN_OR_RETURN(frozen_owned_[b], device->AllocatePinned(bytes, "frozen params"));
+        frozen_home_[b] = frozen_owned_[b].span();
+      }
     }
     if (!trained(b)) continue;
     if (!nvme_params() || plan_.blocks[b].resident) {
@@ -181,7 +199,10 @@ Status StateStore::InitializeFrozen(Model& model, uint64_t seed) {
       return cpu_optim::ConvertFromF32(p32.data(), out, o_.precision, elems);
     };
     if (!frozen_streamed_from_nvme(b)) {
-      STRATA_RETURN_IF_ERROR(fill(frozen_home_[b].data()));
+      // A home shared by this machine's ranks is written by one of them.
+      if (shared_frozen_ == nullptr || shared_frozen_->writer()) {
+        STRATA_RETURN_IF_ERROR(fill(frozen_home_[b].data));
+      }
       continue;
     }
     const uint64_t padded = io::SwapStore::PaddedSize(bytes);
@@ -194,7 +215,7 @@ Status StateStore::InitializeFrozen(Model& model, uint64_t seed) {
     STRATA_RETURN_IF_ERROR(regions_->swap()->Write(
         FrozenExtent(b), std::span<const std::byte>(staging.data(), padded)));
   }
-  return Status::Ok();
+  return shared_frozen_ != nullptr ? shared_frozen_->Publish() : Status::Ok();
 }
 
 Status StateStore::ReadFrozen(int b, gpu::PinnedSpan staging) {

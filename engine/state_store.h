@@ -65,6 +65,7 @@
 #include "engine/plan/model.h"
 #include "engine/plan/optimizer_state.h"
 #include "engine/plan/planner.h"
+#include "engine/shared_frozen_base.h"
 #include "engine/state_regions.h"
 #include "engine/update_speculation.h"
 #include "gpu/device.h"
@@ -213,7 +214,14 @@ class StateStore {
   // "block{b}.frozen" (through a staging buffer, ReadFrozen) or loaded from its pinned home
   // (FrozenPinnedHome). Written once by Initialize, never again.
   bool frozen_on_nvme(int b) const { return frozen_streamed_from_nvme(b); }
-  gpu::PinnedSpan FrozenPinnedHome(int b) { return frozen_home_[b].span(); }
+  gpu::PinnedSpan FrozenPinnedHome(int b) { return frozen_home_[b]; }
+  // The bytes of every pinned frozen home, each 4 KiB-aligned: what a region shared by this
+  // machine's ranks must hold (ShareFrozenHomes).
+  uint64_t pinned_frozen_bytes() const;
+  // The pinned frozen homes are carved from `shared` (not owned; outlives this; size
+  // pinned_frozen_bytes) instead of each being this rank's own allocation; only its writer()
+  // writes them in Initialize, which Publishes them before returning. Before AllocateMemory.
+  void ShareFrozenHomes(SharedFrozenBase* shared) { shared_frozen_ = shared; }
   Status ReadFrozen(int b, gpu::PinnedSpan staging);
 
  private:
@@ -255,10 +263,12 @@ class StateStore {
   std::vector<RoundParams> block_round_;  // each block's last submission's round
   trace::TraceRecorder* trace_ = nullptr;
   int read_track_ = 0, update_track_ = 0, write_track_ = 0;
-  std::vector<gpu::PinnedBuffer> home_;         // pinned working params: host/device home, resident
-  std::vector<gpu::PinnedBuffer> frozen_home_;  // pinned frozen chunks (not streamed from NVMe)
-  std::vector<gpu::PinnedBuffer> opt_buf_;      // pipeline buffers: [state region][p16 copy-out]
-  uint64_t opt_state_bytes_ = 0;                // the state region part (0: state in host memory)
+  std::vector<gpu::PinnedBuffer> home_;       // pinned working params: host/device home, resident
+  std::vector<gpu::PinnedSpan> frozen_home_;  // pinned frozen chunks (not streamed from NVMe)
+  std::vector<gpu::PinnedBuffer> frozen_owned_;  // their memory, unless shared_frozen_'s
+  SharedFrozenBase* shared_frozen_ = nullptr;
+  std::vector<gpu::PinnedBuffer> opt_buf_;  // pipeline buffers: [state region][p16 copy-out]
+  uint64_t opt_state_bytes_ = 0;            // the state region part (0: state in host memory)
   // Device-optimized blocks: state regions, resident working params, the staging buffer and the
   // stream their copies run on.
   std::vector<gpu::DeviceSpan> device_state_, device_working_;

@@ -73,6 +73,33 @@ StatusOr<PinnedBuffer> Device::AllocatePinned(size_t size_bytes, std::string_vie
   });
 }
 
+StatusOr<PinnedBuffer> Device::RegisterPinned(std::byte* data, size_t size_bytes,
+                                              std::string_view label) {
+  if (reinterpret_cast<uintptr_t>(data) % 4096 != 0 || size_bytes % 4096 != 0) {
+    return InvalidArgumentError(
+        fmt::format("pinning '{}': {} at {} is not 4 KiB-aligned memory in whole pages", label,
+                    FormatBytes(size_bytes), static_cast<const void*>(data)));
+  }
+  size_t used = pinned_used_.load();
+  do {
+    if (size_bytes > pinned_budget_bytes_ - std::min(used, pinned_budget_bytes_)) {
+      return ResourceExhaustedError(fmt::format(
+          "pinned host memory: '{}' needs {} but {} of the {} budget is in use; raise the host "
+          "budget or offload more to NVMe",
+          label, FormatBytes(size_bytes), FormatBytes(used), FormatBytes(pinned_budget_bytes_)));
+    }
+  } while (!pinned_used_.compare_exchange_weak(used, used + size_bytes));
+  const Status s = PinnedRegister(data, size_bytes);
+  if (!s.ok()) {
+    pinned_used_ -= size_bytes;
+    return s.WithContext(fmt::format("pinning {} for '{}'", FormatBytes(size_bytes), label));
+  }
+  return PinnedBuffer(data, size_bytes, [this](std::byte* p, size_t n) {
+    PinnedUnregister(p, n);
+    pinned_used_ -= n;
+  });
+}
+
 DeviceCounters Device::counters() const { return {bytes_h2d_.load(), bytes_d2h_.load()}; }
 
 }  // namespace strata::gpu

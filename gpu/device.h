@@ -190,6 +190,13 @@ class Device {
   // Pinned host memory, 4 KiB-aligned, zero-filled, counted against the pinned
   // budget: kResourceExhausted naming the request, the budget and what is used.
   StatusOr<PinnedBuffer> AllocatePinned(size_t size_bytes, std::string_view label);
+  // Pins host memory the caller maps and keeps alive (a shared-memory mapping:
+  // engine/shared_frozen_base.h): page-locks [data, data + size_bytes) for DMA (CUDA:
+  // cudaHostRegister; the host backend has nothing to do), counted against the pinned budget as
+  // AllocatePinned's memory is. The buffer unpins when destroyed and never frees: the mapping
+  // must outlive it. data 4 KiB-aligned and size_bytes a multiple of 4 KiB (kInvalidArgument
+  // otherwise). Errors: kResourceExhausted as AllocatePinned's, the registration's. Thread-safe.
+  StatusOr<PinnedBuffer> RegisterPinned(std::byte* data, size_t size_bytes, std::string_view label);
   virtual StatusOr<std::unique_ptr<Stream>> CreateStream(std::string name) = 0;
   virtual StatusOr<std::unique_ptr<Event>> CreateEvent() = 0;
   DeviceCounters counters() const;
@@ -200,6 +207,9 @@ class Device {
   explicit Device(size_t pinned_budget_bytes) : pinned_budget_bytes_(pinned_budget_bytes) {}
   virtual StatusOr<std::byte*> PinnedAlloc(size_t size_bytes) = 0;
   virtual void PinnedFree(std::byte* data, size_t size_bytes) = 0;
+  // RegisterPinned's page-locking and its undoing (default: nothing, memory is already DMA-able).
+  virtual Status PinnedRegister(std::byte* data, size_t size_bytes) { return Status::Ok(); }
+  virtual void PinnedUnregister(std::byte* data, size_t size_bytes) {}
   std::atomic<uint64_t> bytes_h2d_{0};
   std::atomic<uint64_t> bytes_d2h_{0};
 

@@ -474,6 +474,20 @@ void PrintIoLine(const TrainOptions& o, const engine::Engine& engine) {
                 io.queue_depth, threads.c_str(),
                 fmt::format("{}", fmt::join(o.engine.placement.nvme_paths, ", ")).c_str());
   }
+  if (engine.frozen_base_shared_by() > 1) {
+    uint64_t frozen = 0;
+    const engine::Plan& plan = engine.plan();
+    for (const engine::Plan::Block& b : plan.blocks) {
+      // Pinned homes: every frozen chunk but those streamed from NVMe.
+      if (plan.param_home != engine::ParamHome::kNvme || b.frozen_resident) {
+        frozen += b.frozen_bytes;
+      }
+    }
+    std::printf(
+        "  frozen   one pinned copy (%s) shared by the %d ranks of this machine "
+        "(/dev/shm)\n",
+        FormatBytes(frozen).c_str(), engine.frozen_base_shared_by());
+  }
   std::fflush(stdout);
 }
 
@@ -590,6 +604,7 @@ nlohmann::json SummaryJson(const TrainOptions& o, const ModelSpec& spec, engine:
       {"device", std::string(gpu::DeviceKindName(device.kind()))},
       {"io_backend", engine.io_backend_name().empty() ? nlohmann::json()
                                                       : nlohmann::json(engine.io_backend_name())},
+      {"frozen_base_shared_by", engine.frozen_base_shared_by()},
       {"precision", DTypeName(o.engine.precision)},
       {"update_during_backward", o.engine.update_during_backward ? "on" : "off"},
       {"schedule", std::string(engine::ScheduleName(plan.schedule))},

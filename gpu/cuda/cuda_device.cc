@@ -804,6 +804,25 @@ class CudaDevice final : public Device {
     return p;
   }
 
+  Status PinnedRegister(std::byte* data, size_t size_bytes) override {
+    STRATA_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device_ordinal));
+    const cudaError_t e = cudaHostRegister(data, size_bytes, cudaHostRegisterPortable);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      return ResourceExhaustedError(fmt::format(
+          "could not pin {} of mapped host memory: {}; the locked-memory limit (ulimit -l) may "
+          "be too small",
+          FormatBytes(size_bytes), cudaGetErrorName(e)));
+    }
+    return Status::Ok();
+  }
+  void PinnedUnregister(std::byte* data, size_t size_bytes) override {
+    const cudaError_t e = cudaHostUnregister(data);
+    if (e != cudaSuccess) {
+      STRATA_LOG_WARNING("cudaHostUnregister failed: {}", cudaGetErrorName(e));
+      cudaGetLastError();
+    }
+  }
   void PinnedFree(std::byte* data, size_t size_bytes) override {
     const cudaError_t e = cudaHostUnregister(data);
     if (e != cudaSuccess) {

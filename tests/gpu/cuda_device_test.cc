@@ -5,6 +5,7 @@
 
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -118,6 +119,29 @@ TEST_F(CudaTest, CopiesOfOddSizesRoundTripAndAreCounted) {
   const DeviceCounters after = device_->counters();
   EXPECT_EQ(after.bytes_h2d - before.bytes_h2d, moved);
   EXPECT_EQ(after.bytes_d2h - before.bytes_d2h, moved);
+}
+
+// A mapping registered with RegisterPinned (what engine/shared_frozen_base.h pins) copies to the
+// device and back as AllocatePinned's memory does, and stays the caller's after unpinning.
+TEST_F(CudaTest, RegisteredMappingCopiesLikePinnedMemory) {
+  const size_t n = 3 * 4096;
+  void* map = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(map, MAP_FAILED);
+  auto* bytes = static_cast<std::byte*>(map);
+  for (size_t i = 0; i < n; ++i) bytes[i] = static_cast<std::byte>(i * 7);
+  {
+    auto pinned = device_->RegisterPinned(bytes, n, "mapping");
+    ASSERT_TRUE(pinned.ok()) << pinned.status().ToString();
+    auto out = device_->AllocatePinned(n, "out");
+    ASSERT_TRUE(out.ok());
+    DeviceSpan d = Carve(n);
+    ASSERT_TRUE(stream_->CopyH2D(d, pinned->span()).ok());
+    ASSERT_TRUE(stream_->CopyD2H(out->span(), d).ok());
+    ASSERT_TRUE(stream_->Synchronize().ok());
+    EXPECT_EQ(std::memcmp(out->data(), bytes, n), 0);
+  }
+  EXPECT_EQ(bytes[4097], static_cast<std::byte>(4097 * 7));
+  munmap(map, n);
 }
 
 TEST_F(CudaTest, CopyIntoASmallerSpanIsRejected) {

@@ -46,6 +46,34 @@ TEST(HostDevice, PinnedBudgetIsEnforcedAndReturnedOnFree) {
   EXPECT_TRUE((*dev)->AllocatePinned(8192, "all").ok());
 }
 
+// RegisterPinned (a mapping the caller keeps, e.g. a shared-memory object): counted against the
+// pinned budget while registered, whole pages only, the memory neither copied nor freed.
+TEST(HostDevice, RegisteredMemoryIsCountedAgainstTheBudgetAndLeftToItsOwner) {
+  HostDeviceOptions o;
+  o.pinned_budget_bytes = 3 * 4096;
+  auto dev = CreateHostDevice(o);
+  ASSERT_TRUE(dev.ok());
+  alignas(4096) static std::byte pages[4 * 4096];
+  pages[5] = std::byte{42};
+  {
+    auto a = (*dev)->RegisterPinned(pages, 2 * 4096, "shared");
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    EXPECT_EQ(a->data(), pages);
+    EXPECT_EQ(a->data()[5], std::byte{42});
+    EXPECT_EQ((*dev)->pinned_used_bytes(), 2u * 4096);
+    auto b = (*dev)->RegisterPinned(pages + 2 * 4096, 2 * 4096, "more");
+    EXPECT_EQ(b.status().code(), StatusCode::kResourceExhausted);
+    EXPECT_NE(b.status().message().find("more"), std::string::npos);
+    EXPECT_EQ((*dev)->pinned_used_bytes(), 2u * 4096);
+  }
+  EXPECT_EQ((*dev)->pinned_used_bytes(), 0u);
+  EXPECT_EQ(pages[5], std::byte{42});  // neither freed nor cleared
+  EXPECT_EQ((*dev)->RegisterPinned(pages + 1, 4096, "odd").status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ((*dev)->RegisterPinned(pages, 100, "odd").status().code(),
+            StatusCode::kInvalidArgument);
+}
+
 TEST(HostDevice, PinnedBuffersOfSmallAndOddSizesAreAlignedZeroedAndReturned) {
   auto dev = CreateHostDevice({});
   ASSERT_TRUE(dev.ok());

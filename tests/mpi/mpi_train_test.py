@@ -541,7 +541,7 @@ def case_preference(runner):
 
 def case_lora(runner):
     # LoRA over a frozen base under mpirun: the adapters are partitioned and reduced as any
-    # block's params, the base is whole on every rank. With dropout (each micro-batch's masks are
+    # block's params, the base is whole on every rank (one pinned copy per machine, shared). With dropout (each micro-batch's masks are
     # drawn from its index in the global batch, so 2 ranks draw what 1 rank accumulating draws),
     # then an NF4 base streamed from NVMe with the layer-major schedule; then a 2-rank resume.
     lora = ["--lora-rank", "4", "--lora-alpha", "8"]
@@ -560,7 +560,13 @@ def case_lora(runner):
         print(f"{what}: largest |2 ranks - 1 rank| {worst:.3g} (bound {kBound:g}), master_xxh3 "
               f"{'equal' if one['master_xxh3'] == two['master_xxh3'] else 'different'}; "
               f"{moved:.0%} of adapter weights moved; loss {one['loss_last']:.4f} vs "
-              f"{two['loss_last']:.4f}")
+              f"{two['loss_last']:.4f}; frozen base shared by {two['frozen_base_shared_by']}")
+        check(one["frozen_base_shared_by"] == 1, f"{what}: one rank shares its base with none")
+        if "--offload-params" in flags and flags[flags.index("--offload-params") + 1] == "host":
+            # The base's pinned homes: one copy for the machine's two ranks (/dev/shm).
+            check(two["frozen_base_shared_by"] == kRanks,
+                  f"{what}: the 2 ranks' frozen base is shared by "
+                  f"{two['frozen_base_shared_by']}, want {kRanks}")
     flags = lora + ["--lora-dropout", "0.1", "--offload-params", "host"]
     k = kSteps // 2
     straight, _ = runner.train(kRanks, "lora-straight", extra=flags, **kw)
