@@ -51,17 +51,22 @@ StatusOr<DeviceSpan> DeviceArena::Carve(size_t size_bytes, std::string_view labe
   return span;
 }
 
-StatusOr<PinnedBuffer> Device::AllocatePinned(size_t size_bytes, std::string_view label) {
-  const size_t size = AlignUp(size_bytes, 4096);
+Status Device::ReservePinned(size_t size_bytes, std::string_view label) {
   size_t used = pinned_used_.load();
   do {
-    if (size > pinned_budget_bytes_ - std::min(used, pinned_budget_bytes_)) {
+    if (size_bytes > pinned_budget_bytes_ - std::min(used, pinned_budget_bytes_)) {
       return ResourceExhaustedError(fmt::format(
           "pinned host memory: '{}' needs {} but {} of the {} budget is in use; raise the host "
           "budget or offload more to NVMe",
-          label, FormatBytes(size), FormatBytes(used), FormatBytes(pinned_budget_bytes_)));
+          label, FormatBytes(size_bytes), FormatBytes(used), FormatBytes(pinned_budget_bytes_)));
     }
-  } while (!pinned_used_.compare_exchange_weak(used, used + size));
+  } while (!pinned_used_.compare_exchange_weak(used, used + size_bytes));
+  return Status::Ok();
+}
+
+StatusOr<PinnedBuffer> Device::AllocatePinned(size_t size_bytes, std::string_view label) {
+  const size_t size = AlignUp(size_bytes, 4096);
+  STRATA_RETURN_IF_ERROR(ReservePinned(size, label));
   auto data = PinnedAlloc(size);
   if (!data.ok()) {
     pinned_used_ -= size;
@@ -80,15 +85,7 @@ StatusOr<PinnedBuffer> Device::RegisterPinned(std::byte* data, size_t size_bytes
         fmt::format("pinning '{}': {} at {} is not 4 KiB-aligned memory in whole pages", label,
                     FormatBytes(size_bytes), static_cast<const void*>(data)));
   }
-  size_t used = pinned_used_.load();
-  do {
-    if (size_bytes > pinned_budget_bytes_ - std::min(used, pinned_budget_bytes_)) {
-      return ResourceExhaustedError(fmt::format(
-          "pinned host memory: '{}' needs {} but {} of the {} budget is in use; raise the host "
-          "budget or offload more to NVMe",
-          label, FormatBytes(size_bytes), FormatBytes(used), FormatBytes(pinned_budget_bytes_)));
-    }
-  } while (!pinned_used_.compare_exchange_weak(used, used + size_bytes));
+  STRATA_RETURN_IF_ERROR(ReservePinned(size_bytes, label));
   const Status s = PinnedRegister(data, size_bytes);
   if (!s.ok()) {
     pinned_used_ -= size_bytes;

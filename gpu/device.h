@@ -214,6 +214,8 @@ class Device {
   std::atomic<uint64_t> bytes_d2h_{0};
 
  private:
+  // size_bytes more of the pinned budget, or kResourceExhausted naming `label`. Thread-safe.
+  Status ReservePinned(size_t size_bytes, std::string_view label);
   size_t pinned_budget_bytes_;
   std::atomic<size_t> pinned_used_{0};
 };
