@@ -913,6 +913,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(Model* model, gpu::Device* devi
 
 const Plan& Engine::plan() const { return impl_->plan(); }
 int Engine::frozen_base_shared_by() const { return impl_->frozen_base_shared_by(); }
+uint64_t Engine::frozen_base_shared_bytes() const { return impl_->frozen_base_shared_bytes(); }
 std::string_view Engine::io_backend_name() const { return impl_->io_backend_name(); }
 StatusOr<StepResult> Engine::Step(std::span<const MicroBatch> mbs, SequenceObjective* objective) {
   return impl_->Step(mbs, objective);

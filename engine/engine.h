@@ -227,6 +227,9 @@ class Engine {
   // The ranks whose frozen base this rank's is (EngineOptions::share_frozen_base): this
   // machine's data-parallel ranks when they share one copy, else 1.
   int frozen_base_shared_by() const;
+  // The bytes of that one shared copy (the frozen chunks' pinned homes, each 4 KiB-aligned); 0
+  // when not shared.
+  uint64_t frozen_base_shared_bytes() const;
   std::string_view io_backend_name() const;  // "uring", "posix" or "memory"; "" without NVMe
 
   // One optimizer step over micro_batches.size() == grad_accum_steps

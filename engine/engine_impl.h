@@ -104,6 +104,9 @@ class Engine::Impl {
   int frozen_base_shared_by() const {
     return shared_frozen_ != nullptr ? shared_frozen_->ranks() : 1;
   }
+  uint64_t frozen_base_shared_bytes() const {
+    return shared_frozen_ != nullptr ? shared_frozen_->span().size_bytes : 0;
+  }
   std::string_view io_backend_name() const { return store_->io_backend_name(); }
   EngineCounters counters() const {
     EngineCounters c;

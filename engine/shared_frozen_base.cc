@@ -19,7 +19,7 @@ namespace strata::engine {
 namespace {
 
 // The object this machine's ranks map: opened (created by the writer, whose pages it reserves)
-// and mapped; the name stays until Unlink.
+// and mapped; its name stays until the writer's shm_unlink (on failure, at once).
 StatusOr<std::byte*> OpenAndMap(const std::string& name, size_t size_bytes, bool writer) {
   const int flags = writer ? O_RDWR | O_CREAT | O_EXCL : O_RDWR;
   UniqueFd fd(shm_open(name.c_str(), flags, 0600));

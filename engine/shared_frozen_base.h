@@ -10,9 +10,9 @@
 // is unlinked as soon as every rank has opened it, so nothing is left in /dev/shm once the ranks
 // exit, however they exit.
 //
-// When the object cannot be had on any rank (no /dev/shm, too small a /dev/shm: Docker's
-// default is 64 MiB), Create says so in one warning on rank 0 and returns nullptr: every rank
-// then keeps its own copy, as before.
+// When the object cannot be had on some rank (no /dev/shm, too small a /dev/shm: Docker's
+// default is 64 MiB), that rank says why in one warning and Create returns nullptr on every
+// rank: each then keeps its own copy, as before.
 //
 // Threads: Create and Publish are collectives over the communicator (every rank calls them in the
 // same order as its other collectives), from the engine's driving thread, inside Engine::Create.
@@ -40,6 +40,7 @@ class SharedFrozenBase {
   SharedFrozenBase(const SharedFrozenBase&) = delete;
   SharedFrozenBase& operator=(const SharedFrozenBase&) = delete;
 
+  // The region: size_bytes, 4 KiB-aligned, pinned; the chunks' homes are carved from it.
   gpu::PinnedSpan span() const { return pinned_.span(); }
   // Whether this rank writes the chunks (local rank 0); the others only read them.
   bool writer() const { return writer_; }

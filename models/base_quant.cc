@@ -13,16 +13,14 @@ namespace strata::models {
 
 EncodedLayerLayout MakeEncodedLayerLayout(const std::vector<std::vector<int64_t>>& shapes,
                                           const ops::Quant4Params& params, DType precision,
-                                          const std::vector<bool>& kept) {
-  STRATA_CHECK(kept.empty() || kept.size() == shapes.size());
+                                          const std::function<bool(int64_t)>& kept) {
   EncodedLayerLayout l;
-  for (size_t t = 0; t < shapes.size(); ++t) {
-    const std::vector<int64_t>& shape = shapes[t];
+  for (const std::vector<int64_t>& shape : shapes) {
     EncodedPart p;
     p.chunk_offset = l.num_params;
     p.n = 1;
     for (int64_t d : shape) p.n *= d;
-    p.quantized = shape.size() == 2 && p.n > 0 && (kept.empty() || !kept[t]);
+    p.quantized = shape.size() == 2 && p.n > 0 && !(kept && kept(p.chunk_offset));
     p.byte_offset = l.bytes;
     if (p.quantized) {
       p.record = ops::MakeQuant4Layout(p.n, params);

@@ -50,12 +50,12 @@ struct EncodedLayerLayout {
 };
 
 // The layout of a layer with tensors `shapes` (the family's TensorShapes, chunk order) encoded
-// with `params`, for working precision `precision`. `kept` (empty, or one flag per tensor): the
-// 2-D tensors to keep in the working precision, unquantized (a bitsandbytes directory's
-// llm_int8_skip_modules). Pure.
+// with `params`, for working precision `precision`. `kept` (may be empty), asked with a 2-D
+// tensor's element offset in the chunk: true keeps that tensor in the working precision,
+// unquantized (a bitsandbytes directory's llm_int8_skip_modules). Pure but for `kept`.
 EncodedLayerLayout MakeEncodedLayerLayout(const std::vector<std::vector<int64_t>>& shapes,
                                           const ops::Quant4Params& params, DType precision,
-                                          const std::vector<bool>& kept = {});
+                                          const std::function<bool(int64_t)>& kept = nullptr);
 
 // Encodes a layer's ordinary chunk `values` (fp32, num_params) into `out` (layout.bytes, host
 // memory, OVERWRITTEN): 1-D tensors rounded to `precision`; 2-D tensors rounded to `precision`

@@ -175,8 +175,6 @@ class DecoderModel : public engine::Model {
   // Engine::Create (an inference-only engine: EngineOptions::inference_only), once, instead of
   // EnableLora. Errors: kFailedPrecondition when LoRA is on or the base is already frozen.
   Status FreezeBase();
-  // Whether the base is frozen: by EnableLora or FreezeBase.
-  bool base_frozen() const { return base_frozen_; }
   // The adapters InitParams reads instead (models/lora_adapter.h OpenLoraAdapter: the layers'
   // adapter chunks as blocks 1..L).
   void SetLoraInit(std::shared_ptr<const WeightSource> init) { lora_init_ = std::move(init); }

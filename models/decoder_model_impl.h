@@ -318,23 +318,14 @@ Status DecoderModel<Family>::EnableBaseQuant(const ops::Quant4Params& params) {
   // Every layer in every working precision (DType's order), made once: the decodes enqueued on a
   // stream point at them. A source quantized alike keeps in 16 bits what it stores so.
   const int L = family_.num_layers();
-  std::vector<std::vector<bool>> kept(L);
-  if (SourceQuantizedAlike()) {
-    for (int l = 0; l < L; ++l) {
-      int64_t offset = 0;
-      for (const std::vector<int64_t>& shape : family_.TensorShapes(Kind::kLayer, l)) {
-        kept[l].push_back(shape.size() == 2 && !weights_->HoldsQuantized(l + 1, offset));
-        int64_t n = 1;
-        for (int64_t d : shape) n *= d;
-        offset += n;
-      }
-    }
-  }
+  const bool alike = SourceQuantizedAlike();
   for (DType d : {DType::kF32, DType::kF16, DType::kBF16}) {
     STRATA_CHECK(static_cast<size_t>(d) * L == encoded_layouts_.size());
     for (int l = 0; l < L; ++l) {
+      const auto kept = [&](int64_t offset) { return !weights_->HoldsQuantized(l + 1, offset); };
       encoded_layouts_.push_back(std::make_shared<const EncodedLayerLayout>(
-          MakeEncodedLayerLayout(family_.TensorShapes(Kind::kLayer, l), params, d, kept[l])));
+          MakeEncodedLayerLayout(family_.TensorShapes(Kind::kLayer, l), params, d,
+                                 alike ? std::function<bool(int64_t)>(kept) : nullptr)));
     }
   }
   return Status::Ok();

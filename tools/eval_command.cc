@@ -278,11 +278,6 @@ Status EvalExamples(const EvalFlags& f, const Loaded& l, data::TokenDataset toke
   return Status::Ok();
 }
 
-int VocabOf(const ModelSpec& spec) {
-  return spec.config.family == models::HfModelConfig::Family::kLlama ? spec.config.llama.vocab_size
-                                                                     : spec.config.gpt2.vocab_size;
-}
-
 // The reference model's flags: where and how it runs as the model does, its own weights, no
 // adapter and its own base.
 InferenceFlags ReferenceFlags(const EvalFlags& f) {
@@ -324,7 +319,7 @@ Status EvalPreference(const EvalFlags& f, const engine::PreferenceOptions& p) {
         "evaluate a LoRA model (its base is the reference), or use --objective simpo",
         f.objective));
   }
-  const int vocab = VocabOf(policy.spec);
+  const int vocab = policy.spec.vocab_size();
   STRATA_ASSIGN_OR_RETURN(auto tokens, data::TokenDataset::Open(f.data, vocab));
   if (!tokens.has_flags() || !data::HasPairStarts(tokens)) {
     return InvalidArgumentError(fmt::format(
@@ -352,11 +347,11 @@ Status EvalPreference(const EvalFlags& f, const engine::PreferenceOptions& p) {
     STRATA_ASSIGN_OR_RETURN(Resolved r, Resolve(rf));
     // In the model's working precision, as training computes its reference.
     r.precision = policy.precision;
-    if (VocabOf(r.spec) != vocab) {
+    if (r.spec.vocab_size() != vocab) {
       return InvalidArgumentError(fmt::format(
           "the reference model {} has a vocabulary of {}; the model's is {}: a reference scores "
           "the same tokens",
-          reference_name, VocabOf(r.spec), vocab));
+          reference_name, r.spec.vocab_size(), vocab));
     }
     STRATA_ASSIGN_OR_RETURN(Loaded ref, Build(std::move(r), rf, shape, /*objective_buffers=*/true));
     STRATA_RETURN_IF_ERROR(scorer.ComputeValidationReference(*ref.engine));
@@ -458,10 +453,8 @@ Status RunGenerate(const GenerateFlags& f) {
         "tokenizer.json");
   }
   if (context.empty()) return InvalidArgumentError("the prompt has no tokens");
-  const int max_len = std::min<int>(spec.config.family == models::HfModelConfig::Family::kLlama
-                                        ? spec.config.llama.max_seq_len
-                                        : spec.config.gpt2.max_seq_len,
-                                    static_cast<int>(context.size()) + f.max_new_tokens);
+  const int max_len =
+      std::min<int>(spec.max_seq_len(), static_cast<int>(context.size()) + f.max_new_tokens);
   STRATA_ASSIGN_OR_RETURN(Loaded l, Build(std::move(resolved), mf, {1, max_len}));
   std::mt19937_64 rng(f.seed);
   std::uniform_real_distribution<double> uniform(0.0, 1.0);

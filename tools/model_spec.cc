@@ -53,11 +53,15 @@ std::string ModelSpec::default_tokenizer() const {
   return "";
 }
 
-bool ModelSpec::byte_level() const {
-  const int vocab =
-      config.family == Family::kGpt2 ? config.gpt2.vocab_size : config.llama.vocab_size;
-  return vocab == 256;
+int ModelSpec::vocab_size() const {
+  return config.family == Family::kGpt2 ? config.gpt2.vocab_size : config.llama.vocab_size;
 }
+
+int ModelSpec::max_seq_len() const {
+  return config.family == Family::kGpt2 ? config.gpt2.max_seq_len : config.llama.max_seq_len;
+}
+
+bool ModelSpec::byte_level() const { return vocab_size() == 256; }
 
 std::string PresetNames() {
   std::vector<std::string> names = models::GptPresetNames();

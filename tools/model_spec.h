@@ -35,6 +35,8 @@ struct ModelSpec {
   // without (eval, generate only), the whole model frozen for inference
   // (DecoderModel::FreezeBase), its layers in 4 bits. nullopt: 16-bit.
   std::optional<models::ops::Quant4Params> base_quant;
+  int vocab_size() const;   // the family config's
+  int max_seq_len() const;  // the family config's context
   bool byte_level() const;  // a vocabulary of 256: tokens are bytes, text needs no tokenizer
   // The tokenizer text is read with by default: the model's tokenizer.model (SentencePiece) when
   // it ships one, else its tokenizer.json (Hugging Face: Llama 3, Qwen, GPT-2), else "".

@@ -475,18 +475,9 @@ void PrintIoLine(const TrainOptions& o, const engine::Engine& engine) {
                 fmt::format("{}", fmt::join(o.engine.placement.nvme_paths, ", ")).c_str());
   }
   if (engine.frozen_base_shared_by() > 1) {
-    uint64_t frozen = 0;
-    const engine::Plan& plan = engine.plan();
-    for (const engine::Plan::Block& b : plan.blocks) {
-      // Pinned homes: every frozen chunk but those streamed from NVMe.
-      if (plan.param_home != engine::ParamHome::kNvme || b.frozen_resident) {
-        frozen += b.frozen_bytes;
-      }
-    }
     std::printf(
-        "  frozen   one pinned copy (%s) shared by the %d ranks of this machine "
-        "(/dev/shm)\n",
-        FormatBytes(frozen).c_str(), engine.frozen_base_shared_by());
+        "  frozen   one pinned copy (%s) shared by the %d ranks of this machine (/dev/shm)\n",
+        FormatBytes(engine.frozen_base_shared_bytes()).c_str(), engine.frozen_base_shared_by());
   }
   std::fflush(stdout);
 }

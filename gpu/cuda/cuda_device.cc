@@ -824,11 +824,7 @@ class CudaDevice final : public Device {
     }
   }
   void PinnedFree(std::byte* data, size_t size_bytes) override {
-    const cudaError_t e = cudaHostUnregister(data);
-    if (e != cudaSuccess) {
-      STRATA_LOG_WARNING("cudaHostUnregister failed: {}", cudaGetErrorName(e));
-      cudaGetLastError();
-    }
+    PinnedUnregister(data, size_bytes);
     UnmapAlignedHostMemory(data, size_bytes);
   }
 
