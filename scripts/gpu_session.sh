@@ -8,7 +8,7 @@
 #                                          # shared libraries they load (scripts/gpu/pack.sh)
 #   device tool: run(command="bash .gpurun/run.sh check; BUDGET=330 bash .gpurun/run.sh perf",
 #                    carry=[".gpurun"], timeout_s=600)          # check ~2 min, perf ~5.5 min
-#   (issue 43's families: "bash .gpurun/run.sh check; BUDGET=200 bash .gpurun/run.sh families")
+#   (issue 43's families: "bash .gpurun/run.sh check; BUDGET=330 bash .gpurun/run.sh families")
 #   scripts/gpu_session.sh record DIR      # here: DIR = the call's files_at; prints the summaries
 #                                          # and appends them, dated, with the machine, to
 #                                          # bench/RESULTS.md

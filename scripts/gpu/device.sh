@@ -29,7 +29,10 @@
 #             the tiny llama, mistral, qwen2, qwen3, phi3 and gemma3_text directories of
 #             tests/python evaluated by transformers (cuda, eager) and by strata eval on cuda and
 #             on the host backend, fp32 (bound 1e-5 relative) and bf16 (1e-2); its table closes
-#             the summary, families.json comes back  (~2 min, estimated)
+#             the summary, families.json comes back; then qwen2.5-7b at a 24 GiB device budget
+#             (8 micro-batches of 2 x 2048, placed with the H200 profile): LoRA rank 16 on all
+#             seven modules, and the full fine-tune when its plan fits the host memory
+#             (~5.5 min, estimated: BUDGET=330)
 #   qlora     issue 45: the 4-bit dequantization kernel and QLoRA engine tests on CUDA, then llama-7b
 #             QLoRA (rank 16, all seven modules) at 6 GiB, base resident vs streamed from host, and
 #             the bf16 base streamed beside it  (~6 min, estimated: its own call)
@@ -281,7 +284,36 @@ families)
   step families $(($(left) - 5)) "$L/families.log" env PYTHONUNBUFFERED=1 OUT="$L" python3 \
     "$root/scripts/gpu/families_vs_transformers.py" --strata "$root/$build/tools/strata"
   results[-1]="${results[-1]}: $(grep -E '^families: [0-9]|^families_vs_transformers:' "$L/families.log" | tail -1 | cut -c1-200)"
-  cp "$L/families.json" "$O/" 2>/dev/null
+  # Issue 43's Qwen2.5-7B figures at a 24 GiB device budget, the placement chosen with the H200
+  # profile, 8 micro-batches of 2 x 2048: the adapters (rank 16, all seven modules) over the bf16
+  # base, then the full fine-tune when its plan fits this machine's host memory (about 134 GiB
+  # with AdamW's state all on the CPU; the planner may move part of the optimizer onto the
+  # device to fit). The full fine-tune's plan is kept either way.
+  avail_gib=$(awk '/^MemAvailable:/ {print int($2 / 1048576) - 4}' /proc/meminfo)
+  mkdir -p /var/tmp/gpurun-swap
+  qwen=(--model qwen2.5-7b --device-budget 24GiB --seq-len 2048 --micro-batch-size 2
+    --grad-accum-steps 8 --machine "$root/bench/machines/h200.json" --host-budget "${avail_gib}GiB"
+    --nvme-path /var/tmp/gpurun-swap)
+  qwen_run() {  # NAME LIMIT FLAGS...: strata train with FLAGS, then its summary in one line
+    local name=$1 limit=$2
+    shift 2
+    step "$name" "$limit" "$L/$name.log" "$build/tools/strata" train "${qwen[@]}" --device cuda \
+      --steps 3 --log-every 1 --eval-every 0 --sample-bytes 0 --summary-json "$L/$name.json" "$@"
+    results[-1]="${results[-1]}: $(python3 -c 'import json, sys; d = json.load(open(sys.argv[1]))
+print("loss %.4f -> %.4f, %.0f tok/s, MFU %s, h2d %.3g B, d2h %.3g B, peak %.3g B" % (d["loss_first"], d["loss_last"], d["tokens_per_second"], d.get("mfu"), d["bytes_h2d"], d["bytes_d2h"], d["device_peak_bytes"]))' "$L/$name.json" 2>&1 | tail -1)"
+  }
+  qwen_run qwen25_7b_lora_24g 150 --lora-rank 16 --lora-alpha 32 \
+    --lora-targets q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj
+  "$build/tools/strata" estimate "${qwen[@]}" >"$L/qwen25_7b_full_24g_plan.txt" 2>&1
+  verdict=$(grep -m1 -E '^(verdict|strata: error)' "$L/qwen25_7b_full_24g_plan.txt" | cut -c1-200)
+  say "qwen2.5-7b full fine-tune at 24 GiB, host budget ${avail_gib} GiB: $verdict"
+  if [[ $verdict == "verdict: feasible"* ]]; then
+    qwen_run qwen25_7b_full_24g $(($(left) - 5))
+  else
+    names+=(qwen25_7b_full_24g) results+=("NOT RUN: $verdict") times+=(0)
+  fi
+  rm -rf /var/tmp/gpurun-swap
+  cp "$L/families.json" "$L"/qwen25_7b_*.json "$L/qwen25_7b_full_24g_plan.txt" "$O/" 2>/dev/null
   ;;
 preference)
   # Preference training (issue 46): the head's per-target losses and weights on CUDA against the
