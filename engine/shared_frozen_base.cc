@@ -64,22 +64,47 @@ StatusOr<std::unique_ptr<SharedFrozenBase>> SharedFrozenBase::Create(comm::Commu
   const std::string name = fmt::format("/strata-frozen-{:08x}{:08x}", token[0], token[1]);
   const bool writer = comm.local_rank() == 0;
 
-  // The writer creates it; then the others open it; then the name goes.
+  // The writer creates it; then the others open it; then the name goes; then each rank pins its
+  // mapping. Each stage is voted on, so a failure on one rank is every rank's fallback, never a
+  // rank left waiting in a collective the others skipped.
   StatusOr<std::byte*> data = InvalidArgumentError("not mapped");
+  // The mapping goes with this scope unless the object below takes it (also on a
+  // communicator's error).
+  auto unmap = [&](std::byte* p) { munmap(p, size_bytes); };
+  std::unique_ptr<std::byte, decltype(unmap)> mapping(nullptr, unmap);
   Status why = Status::Ok();
   if (writer) {
     data = OpenAndMap(name, size_bytes, /*writer=*/true);
-    if (!data.ok()) why = data.status();
+    if (data.ok()) {
+      mapping.reset(*data);
+    } else {
+      why = data.status();
+    }
   }
   STRATA_ASSIGN_OR_RETURN(const bool created, AllSucceeded(comm, !writer || data.ok()));
   if (created && !writer) {
     data = OpenAndMap(name, size_bytes, /*writer=*/false);
-    if (!data.ok()) why = data.status();
+    if (data.ok()) {
+      mapping.reset(*data);
+    } else {
+      why = data.status();
+    }
   }
   STRATA_ASSIGN_OR_RETURN(const bool opened, AllSucceeded(comm, !created || data.ok()));
   if (writer && data.ok()) shm_unlink(name.c_str());
-  if (!created || !opened) {
-    if (data.ok()) munmap(*data, size_bytes);
+  gpu::PinnedBuffer pinned;
+  if (created && opened) {
+    auto p = device.RegisterPinned(mapping.get(), size_bytes, "frozen params");
+    if (p.ok()) {
+      pinned = std::move(*p);
+    } else {
+      why = p.status();
+    }
+  }
+  STRATA_ASSIGN_OR_RETURN(const bool registered,
+                          AllSucceeded(comm, !(created && opened) || pinned.size_bytes() > 0));
+  if (!created || !opened || !registered) {
+    pinned = gpu::PinnedBuffer();  // unpinned before the mapping goes
     if (!why.ok()) {
       STRATA_LOG_WARNING(
           "rank {}: the frozen base cannot be shared by this machine's ranks ({}); each rank "
@@ -88,9 +113,10 @@ StatusOr<std::unique_ptr<SharedFrozenBase>> SharedFrozenBase::Create(comm::Commu
     }
     return std::unique_ptr<SharedFrozenBase>();
   }
-  std::unique_ptr<SharedFrozenBase> s(new SharedFrozenBase(comm, *data, size_bytes, writer));
+  std::unique_ptr<SharedFrozenBase> s(
+      new SharedFrozenBase(comm, mapping.release(), size_bytes, writer));
   s->ranks_ = comm.local_size();
-  STRATA_ASSIGN_OR_RETURN(s->pinned_, device.RegisterPinned(*data, size_bytes, "frozen params"));
+  s->pinned_ = std::move(pinned);
   return s;
 }
 

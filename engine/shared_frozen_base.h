@@ -11,8 +11,9 @@
 // exit, however they exit.
 //
 // When the object cannot be had on some rank (no /dev/shm, too small a /dev/shm: Docker's
-// default is 64 MiB), that rank says why in one warning and Create returns nullptr on every
-// rank: each then keeps its own copy, as before.
+// default is 64 MiB; or its mapping cannot be pinned there: the pinned budget, a memlock limit),
+// that rank says why in one warning and Create returns nullptr on every rank: each then keeps
+// its own copy, as before.
 //
 // Threads: Create and Publish are collectives over the communicator (every rank calls them in the
 // same order as its other collectives), from the engine's driving thread, inside Engine::Create.
@@ -32,8 +33,8 @@ class SharedFrozenBase {
  public:
   // A shared region of size_bytes (a multiple of 4 KiB) pinned on `device`, or nullptr (every
   // rank alike) when it cannot be had, or when no two ranks share a machine (local_size 1).
-  // comm and device are not owned and outlive the object. Errors: the communicator's, and
-  // RegisterPinned's; a failure to create or map the object is the nullptr fallback.
+  // comm and device are not owned and outlive the object. Errors: the communicator's; a failure
+  // to create, map or pin the object on any rank is the nullptr fallback on every rank.
   static StatusOr<std::unique_ptr<SharedFrozenBase>> Create(comm::Communicator& comm,
                                                             gpu::Device& device, size_t size_bytes);
   ~SharedFrozenBase();

@@ -268,7 +268,8 @@ void LlamaFamily::HostHeadBackward(const BlockArgs<S>& a) const {
 }
 
 #ifdef STRATA_HAVE_CUDA
-// The Llama CUDA blocks take every valid config (head_dim <= 128 is checked per call).
+// The Llama CUDA blocks take every valid config (head_dim <= kAttentionMaxHeadDim, 256, is
+// checked per call).
 Status LlamaFamily::CudaSupports() const { return Status::Ok(); }
 
 Status LlamaFamily::CudaPrepareStream(gpu::Stream& stream) const {

@@ -809,14 +809,19 @@ class CudaDevice final : public Device {
     const cudaError_t e = cudaHostRegister(data, size_bytes, cudaHostRegisterPortable);
     if (e != cudaSuccess) {
       cudaGetLastError();
+      // Only an allocation failure is the locked-memory limit's; say what the others are.
       return ResourceExhaustedError(fmt::format(
-          "could not pin {} of mapped host memory: {}; the locked-memory limit (ulimit -l) may "
-          "be too small",
-          FormatBytes(size_bytes), cudaGetErrorName(e)));
+          "could not pin {} of mapped host memory: {}{}", FormatBytes(size_bytes),
+          cuda::CudaStatus(e, "cudaHostRegister").message(),
+          e == cudaErrorMemoryAllocation ? "; the locked-memory limit (ulimit -l) may be too small"
+                                         : ""));
     }
     return Status::Ok();
   }
   void PinnedUnregister(std::byte* data, size_t size_bytes) override {
+    // The deleter may run on a thread with no current device: without this the runtime would
+    // make a context on device 0 for it. Portable registrations unregister from any device.
+    if (cudaSetDevice(options_.device_ordinal) != cudaSuccess) cudaGetLastError();
     const cudaError_t e = cudaHostUnregister(data);
     if (e != cudaSuccess) {
       STRATA_LOG_WARNING("cudaHostUnregister failed: {}", cudaGetErrorName(e));

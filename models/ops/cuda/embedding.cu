@@ -39,7 +39,8 @@ __global__ void EmbeddingForwardKernel(const D* wte, const D* wpe, const int32_t
       t = position_ids[r];
       CheckTokenOnDevice(static_cast<int32_t>(t), T);
     }
-    const float e = s == 1.0f ? ToF(wte[tok * C + c]) : ToF(wte[tok * C + c]) * s;
+    // The product rounded on its own, as the host's (no FMA with the position's add).
+    const float e = s == 1.0f ? ToF(wte[tok * C + c]) : __fmul_rn(ToF(wte[tok * C + c]), s);
     x_out[i] = FromF<D>(e + ToF(wpe[t * C + c]));
   }
 }
@@ -160,9 +161,9 @@ Status LaunchSortedRowSums(cudaStream_t stream, const D* dx_out, const CountingS
   return Launched("SortedRowSumsKernel");
 }
 
-// The embedding scale must be finite (it is rounded to fp32, then to D, in the kernels).
+// The embedding scale must be finite in fp32 (it is rounded to fp32, then to D, in the kernels).
 Status CheckScale(const char* op, double scale) {
-  if (std::isfinite(scale)) return Status::Ok();
+  if (std::isfinite(scale) && std::isfinite(static_cast<float>(scale))) return Status::Ok();
   return InvalidArgumentError(std::string(op) + ": the scale must be finite, got " +
                               std::to_string(scale));
 }
