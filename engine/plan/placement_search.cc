@@ -20,6 +20,19 @@ std::string CandidateName(const PlacementOptions& p) {
   return fmt::format("params {}, {}", ParamHomeName(p.param_home), optimizer);
 }
 
+// "the optimizer on the device", "... in host memory", "... on NVMe".
+std::string WhollyIn(OptimizerHome h) {
+  switch (h) {
+    case OptimizerHome::kDevice:
+      return "the optimizer on the device";
+    case OptimizerHome::kHost:
+      return "the optimizer in host memory";
+    case OptimizerHome::kNvme:
+      return "the optimizer on NVMe";
+  }
+  return "the optimizer";
+}
+
 std::string CandidateLine(const PlacementCandidate& c) {
   return fmt::format("{}: step {:.3g} s ({:.0f} tokens/s), bound by {}", c.name,
                      c.prediction.step_s, c.prediction.tokens_per_s, c.prediction.bound);
@@ -68,6 +81,13 @@ StatusOr<PlacementChoice> ChoosePlacement(const Model& model, DType precision,
   PlacementChoice choice;
   std::vector<PlacementCandidate> fit;
   Status last = ResourceExhaustedError("no placement was tried");
+  // When none fits, the reason the last candidate gives is a split's and says little (it asks
+  // for the device memory of 90 % of the optimizer). The reasons of the optimizer wholly in
+  // each home, with the params in the usual offload home (host when searched), say what is short.
+  const ParamHome reason_params = search.param_home ? ParamHome::kHost : base.param_home;
+  const double unsplit = search.device_fraction ? 0.0 : base.optimizer_device_fraction;
+  std::vector<std::string> pure_reasons;
+  bool any_planned = false;
   for (ParamHome ph : params) {
     for (const auto& [oh, fraction] : optimizers) {
       PlacementOptions p = base;
@@ -81,8 +101,14 @@ StatusOr<PlacementChoice> ChoosePlacement(const Model& model, DType precision,
       StatusOr<Plan> plan = MakePlan(model, precision, shape, p, optimizer);
       if (!plan.ok()) {
         last = plan.status();
+        if (ph == reason_params && (oh == OptimizerHome::kDevice || fraction == unsplit)) {
+          const std::string why(plan.status().message());
+          pure_reasons.push_back(
+              fmt::format("{}: {}", WhollyIn(oh), why.substr(0, why.find('\n'))));
+        }
         continue;
       }
+      any_planned = true;
       StatusOr<StepPrediction> pr = PredictStep(*plan, inputs, profile);
       if (!pr.ok()) {
         last = pr.status();
@@ -97,7 +123,15 @@ StatusOr<PlacementChoice> ChoosePlacement(const Model& model, DType precision,
       fit.push_back({p, *pr, CandidateName(p), effect});
     }
   }
-  if (fit.empty()) return last;
+  if (fit.empty()) {
+    // A prediction's error (the profile lacks what the plans need) is the answer as it is.
+    if (any_planned || choice.candidates == 1 || pure_reasons.empty()) return last;
+    std::string why;
+    for (const std::string& r : pure_reasons) why += (why.empty() ? "" : "; ") + r;
+    return ResourceExhaustedError(
+        fmt::format("none of the {} placements tried fits; with the params' home {}: {}",
+                    choice.candidates, ParamHomeName(reason_params), why));
+  }
   choice.feasible = static_cast<int>(fit.size());
   // The fastest; among equal predictions the first tried (device before host before nvme, the
   // whole optimizer on the device before splits).

@@ -1,9 +1,9 @@
 // Placement by predicted time (issue 28 item 4): among the plans that fit the budgets, the one
-// the cost model (engine/plan/cost_model.h) predicts fastest on a machine profile. The candidates are
-// every working-params home (device: all resident; host; nvme when NVMe paths are given) crossed
-// with every optimizer placement (on the device; split with 10, 20, ..., 90 % of the parameters'
-// optimizer on the device and the rest in host memory or on NVMe; host; nvme), each planned by
-// MakePlan and predicted by PredictStep. What the caller fixed is not searched.
+// the cost model (engine/plan/cost_model.h) predicts fastest on a machine profile. The candidates
+// are every working-params home (device: all resident; host; nvme when NVMe paths are given)
+// crossed with every optimizer placement (on the device; split with 10, 20, ..., 90 % of the
+// parameters' optimizer on the device and the rest in host memory or on NVMe; host; nvme), each
+// planned by MakePlan and predicted by PredictStep. What the caller fixed is not searched.
 //
 // Thread-safety: pure functions on values (MakePlan and PredictStep are).
 #pragma once
@@ -51,9 +51,13 @@ struct PlacementChoice {
   std::string Describe() const;
 };
 
-// Errors: kInvalidArgument for inputs PredictStep refuses; kResourceExhausted (the last
-// planner's reason) when no candidate fits; kFailedPrecondition when the profile lacks what
-// every candidate needs (PredictStep's message, e.g. no "device" section).
+// Errors: kInvalidArgument for inputs PredictStep refuses; kResourceExhausted when no candidate
+// fits: with more than one tried, "none of the N placements tried fits; with the params' home
+// host: the optimizer on the device: <the planner's reason>; the optimizer in host memory: ...;
+// the optimizer on NVMe: ..." (the optimizer wholly in each home searched, the params in host
+// memory when their home is searched, else in theirs), else the planner's reason;
+// kFailedPrecondition when the profile lacks what every candidate needs (PredictStep's message,
+// e.g. no "device" section).
 StatusOr<PlacementChoice> ChoosePlacement(const Model& model, DType precision,
                                           MicroBatchShape shape, const PlacementOptions& base,
                                           const PlanOptimizer& optimizer, const CostInputs& inputs,

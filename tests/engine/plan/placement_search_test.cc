@@ -115,5 +115,34 @@ TEST_F(PlacementSearchTest, FixedChoicesAreKeptAndAProfileWithoutADeviceIsAnErro
   EXPECT_NE(none.status().message().find("device"), std::string::npos) << none.status().ToString();
 }
 
+// When nothing fits, the error says what each whole optimizer home is short of (not the last
+// candidate's reason, a 90 % split's demand for device memory).
+TEST_F(PlacementSearchTest, WhenNothingFitsEachOptimizerHomeSaysWhatIsShort) {
+  base_.host_budget_bytes = 8 * kGiB;  // gpt2-1.5b's AdamW state is about 23 GiB
+  base_.nvme_capacity_bytes = 4 * kGiB;
+  auto none = Choose(6 * kGiB);
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), StatusCode::kResourceExhausted);
+  const std::string m(none.status().message());
+  EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+  EXPECT_EQ(m.rfind("none of the 63 placements tried fits; with the params' home host: ", 0), 0u)
+      << m;
+  for (const char* part : {"the optimizer on the device: device budget 6.00 GiB",
+                           "; the optimizer in host memory: host budget 8.00 GiB",
+                           "; the optimizer on NVMe: NVMe paths have 4.00 GiB free"}) {
+    EXPECT_NE(m.find(part), std::string::npos) << part << "\n" << m;
+  }
+  EXPECT_EQ(m.find("90"), std::string::npos) << m;
+
+  // One candidate: its own reason, as before.
+  PlacementSearch fixed{.param_home = false, .optimizer_home = false, .device_fraction = false};
+  base_.param_home = ParamHome::kHost;
+  base_.optimizer_home = OptimizerHome::kHost;
+  auto one = Choose(6 * kGiB, fixed);
+  ASSERT_FALSE(one.ok());
+  EXPECT_EQ(std::string(one.status().message()).rfind("host budget 8.00 GiB", 0), 0u)
+      << one.status().ToString();
+}
+
 }  // namespace
 }  // namespace strata::engine
