@@ -355,7 +355,9 @@ nlohmann::json EstimateJson(const EstimateFlags& f, const EstimateSetup& e, bool
     j.update(PredictionJson(*c.prediction));
     nlohmann::json alts = nlohmann::json::array();
     for (const engine::PlanAlternative& a : c.optimizer_alternatives) {
-      nlohmann::json alt = {{"optimizer", a.name}, {"device_fraction", a.device_fraction}};
+      nlohmann::json alt = {{"optimizer", a.name},
+                            {"device_fraction", a.device_fraction},
+                            {"device_budget_bytes", a.device_budget_bytes}};
       if (a.prediction) {
         alt.update(PredictionJson(*a.prediction));
       } else {
@@ -399,7 +401,9 @@ void PrintEstimate(const EstimateFlags& f, const EstimateSetup& e, bool with_mac
                                 FormatBytes(o.nvme_capacity_bytes))
                         .c_str());
   if (with_machine && c.prediction) {
-    std::printf("%s", DescribeStepPrediction(*c.prediction, c.optimizer_alternatives).c_str());
+    std::printf("%s", DescribeStepPrediction(*c.prediction, c.optimizer_alternatives,
+                                             plan.device_budget_bytes)
+                          .c_str());
     std::printf("%s", DescribeSchedules(c.schedules, engine::ScheduleName(plan.schedule)).c_str());
   } else if (with_machine) {
     std::printf("step time: not predicted: %s\n", InFlagTerms(c.prediction_error).c_str());

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "base/units.h"
 #include "engine/plan/model_flops.h"
 #include "tools/option_flags.h"
 
@@ -33,16 +34,20 @@ std::optional<int64_t> ModelFlopsPerTokenOf(const ModelSpec& spec, const engine:
 }
 
 std::string DescribeStepPrediction(const engine::StepPrediction& pr,
-                                   const std::vector<engine::PlanAlternative>& alternatives) {
+                                   const std::vector<engine::PlanAlternative>& alternatives,
+                                   uint64_t plan_device_budget_bytes) {
   std::string s = fmt::format("predicted: {}\n", engine::DescribePrediction(pr));
   for (const std::string& note : pr.notes) s += fmt::format("  note: {}\n", note);
   for (const engine::PlanAlternative& a : alternatives) {
     const std::string label =
-        a.name == "device" ? "optimizer on the device"
-                           : (a.prediction ? fmt::format("best split ({:.0f} % of the params' "
-                                                         "optimizer on the device)",
-                                                         100 * a.device_fraction)
-                                           : std::string("a GPU/CPU split"));
+        (a.name == "device" ? "optimizer on the device"
+                            : (a.prediction ? fmt::format("best split ({:.0f} % of the params' "
+                                                          "optimizer on the device)",
+                                                          100 * a.device_fraction)
+                                            : std::string("a GPU/CPU split"))) +
+        (a.device_budget_bytes > plan_device_budget_bytes
+             ? fmt::format(", in the device's whole {}", FormatBytes(a.device_budget_bytes))
+             : std::string());
     if (a.prediction) {
       s += fmt::format("  {}: step {:.3g} s ({:.0f} tokens/s, {:.2f}x), bound by {}\n", label,
                        a.prediction->step_s, a.prediction->tokens_per_s,

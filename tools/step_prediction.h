@@ -30,9 +30,12 @@ engine::CostInputs CostInputsOf(const ModelSpec& spec, int grad_accum_steps,
 // fit in 63 bits.
 std::optional<int64_t> ModelFlopsPerTokenOf(const ModelSpec& spec, const engine::Plan& plan);
 
-// Lines for the text output: "predicted: step ...", each part, the notes and the alternatives.
+// Lines for the text output: "predicted: step ...", each part, the notes and the alternatives;
+// an alternative planned in more device memory than the plan's budget (plan_device_budget_bytes)
+// says so ("optimizer on the device, in the device's whole 139.80 GiB: ...").
 std::string DescribeStepPrediction(const engine::StepPrediction& prediction,
-                                   const std::vector<engine::PlanAlternative>& alternatives);
+                                   const std::vector<engine::PlanAlternative>& alternatives,
+                                   uint64_t plan_device_budget_bytes);
 
 // Lines for each schedule's predicted step (engine::PlanAlternative::name: "micro-batch-major",
 // "layer-major"), `taken` marked: "  layer-major schedule (taken): step 7.12 s (9202 tokens/s),

@@ -455,8 +455,9 @@ void PrintPrediction(const engine::PlanChoice& choice) {
   if (!choice.prediction) {
     std::printf("  predicted step: none: %s\n", InFlagTerms(choice.prediction_error).c_str());
   } else {
-    std::printf("  %s",
-                DescribeStepPrediction(*choice.prediction, choice.optimizer_alternatives).c_str());
+    std::printf("  %s", DescribeStepPrediction(*choice.prediction, choice.optimizer_alternatives,
+                                               choice.plan.device_budget_bytes)
+                            .c_str());
   }
   std::fflush(stdout);
 }

@@ -194,6 +194,7 @@ PlanAlternative OptimizerAlternative(const Model& model, const PlanRequest& r, c
     p.device_budget_bytes =
         static_cast<uint64_t>(machine.device->memory_GiB * static_cast<double>(kGiB));
   }
+  alt.device_budget_bytes = p.device_budget_bytes;
   if (fraction >= 1) {
     p.param_home = ParamHome::kDevice;
     p.optimizer_home = OptimizerHome::kDevice;

@@ -79,7 +79,10 @@ struct PlanRequest {
 struct PlanAlternative {
   // "device", "split" (the optimizer alternatives), or a ScheduleName.
   std::string name;
-  double device_fraction = 0;                // of the parameters whose optimizer runs on the device
+  double device_fraction = 0;  // of the parameters whose optimizer runs on the device
+  // The device budget it was planned in: the optimizer alternatives take the profile's whole
+  // device memory, which may be more than the run's --device-budget.
+  uint64_t device_budget_bytes = 0;
   std::optional<StepPrediction> prediction;  // absent when the plan is infeasible
   std::string why_not;  // the planner's or the cost model's reason, when absent
 };

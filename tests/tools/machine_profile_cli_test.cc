@@ -122,6 +122,25 @@ TEST(EstimateMachineCli, TextShowsThePredictionOrWhatAProfileAdds) {
   EXPECT_NE(r.out.find("predicted: step"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("bound by cpu_optimizer"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("optimizer on the device: step"), std::string::npos) << r.out;
+  // Below the profile's memory, the alternatives say they were planned in the whole device.
+  r = RunStrata(
+      "estimate --model gpt2-1.5b --micro-batch-size 8 --seq-len 1024 --device-budget 12GiB "
+      "--machine " +
+      kH200);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("optimizer on the device, in the device's whole 139.80 GiB: step"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("optimizer on the device), in the device's whole 139.80 GiB: step"),
+            std::string::npos)
+      << r.out;
+  r = RunStrata(
+      "estimate --model gpt2-1.5b --micro-batch-size 8 --seq-len 1024 --device-budget 12GiB "
+      "--json --machine " +
+      kH200);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(Json(r)["alternatives"][0]["device_budget_bytes"].get<double>(),
+            static_cast<double>(static_cast<uint64_t>(139.8 * (1ull << 30))));
   r = RunStrata("estimate --model gpt2-1.5b --device-budget 8GiB");
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("--machine FILE"), std::string::npos) << r.out;
