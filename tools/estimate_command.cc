@@ -152,6 +152,10 @@ void AddEstimateFlags(CLI::App& cmd, EstimateFlags& f) {
                  "the master weights, optimizer state, host gradients and param homes, and a "
                  "comparison with one rank")
       ->capture_default_str();
+  cmd.add_option("--ranks-per-machine", f.ranks_per_machine,
+                 "Of --ranks, how many share one machine (mpirun -npernode; default: all of "
+                 "them, one workstation): adds the machine's host and pinned memory, where a "
+                 "LoRA/QLoRA frozen base is pinned once for all its ranks");
   cmd.add_flag("--json", f.json, "Print the plan as one JSON object");
   cmd.add_option("--machine", f.machine,
                  "A machine profile (JSON; `strata doctor --machine-profile FILE` writes one): "
@@ -229,6 +233,10 @@ StatusOr<EstimateSetup> MakeEstimateSetup(const EstimateFlags& f,
                     "mpirun -n)",
                     f.ranks));
   }
+  if (f.ranks_per_machine < 0 || f.ranks_per_machine > f.ranks) {
+    return InvalidArgumentError(fmt::format(
+        "--ranks-per-machine {} must be between 1 and --ranks ({})", f.ranks_per_machine, f.ranks));
+  }
   EstimateSetup e;
   // Shapes only: a directory's config.json is enough (no weights are read).
   STRATA_ASSIGN_OR_RETURN(e.spec, ResolveModelSpec(f.model, f.model_dir, /*config_only=*/true));
@@ -255,6 +263,22 @@ StatusOr<EstimateSetup> MakeEstimateSetup(const EstimateFlags& f,
   STRATA_ASSIGN_OR_RETURN(e.choice,
                           ChooseTrainPlan(*e.model, e.spec, profile, &e.options, /*compare=*/true));
   return e;
+}
+
+// One machine's share of an N-rank job: K ranks' host and pinned memory, the frozen base's pinned
+// homes once (the ranks of a machine share them: engine/shared_frozen_base.h).
+struct MachineMemory {
+  int ranks = 1;
+  uint64_t host_bytes = 0;
+  uint64_t pinned_bytes = 0;
+};
+MachineMemory MachineMemoryOf(const EstimateFlags& f, const engine::Plan& plan) {
+  MachineMemory m;
+  m.ranks = f.ranks_per_machine == 0 ? f.ranks : f.ranks_per_machine;
+  m.host_bytes = m.ranks * plan.host_bytes;
+  m.pinned_bytes = m.ranks * (plan.pinned_bytes - plan.pinned_frozen_bytes) +
+                   (m.ranks > 1 ? 1 : m.ranks) * plan.pinned_frozen_bytes;
+  return m;
 }
 
 // The cost model's figures: step_s, tokens_per_s, bound, parts (seconds), bytes and notes.
@@ -284,6 +308,11 @@ nlohmann::json SchedulesJson(const std::vector<engine::PlanAlternative>& schedul
     out[a.name] = std::move(one);
   }
   return out;
+}
+
+nlohmann::json PerMachineJson(const EstimateFlags& f, const engine::Plan& plan) {
+  const MachineMemory m = MachineMemoryOf(f, plan);
+  return {{"ranks", m.ranks}, {"host_bytes", m.host_bytes}, {"pinned_bytes", m.pinned_bytes}};
 }
 
 nlohmann::json EstimateJson(const EstimateFlags& f, const EstimateSetup& e, bool with_machine) {
@@ -338,6 +367,8 @@ nlohmann::json EstimateJson(const EstimateFlags& f, const EstimateSetup& e, bool
        f.nvme_paths.empty() ? nlohmann::json() : nlohmann::json(o.nvme_capacity_bytes)},
       {"ranks", plan.ranks},
       {"rank", plan.rank},
+      {"pinned_frozen_bytes", plan.pinned_frozen_bytes},
+      {"per_machine", PerMachineJson(f, plan)},
       {"data_parallel", plan.data_parallel},
       {"one_rank", one_rank ? nlohmann::json{{"device_total_bytes", one_rank->device_total_bytes},
                                              {"pinned_bytes", one_rank->pinned_bytes},
@@ -388,6 +419,16 @@ void PrintEstimate(const EstimateFlags& f, const EstimateSetup& e, bool with_mac
                 Versus(plan.pinned_bytes, one_rank->pinned_bytes).c_str(),
                 Versus(plan.nvme_bytes, one_rank->nvme_bytes).c_str(),
                 Versus(plan.device_total_bytes, one_rank->device_total_bytes).c_str());
+  }
+  if (f.ranks > 1) {
+    const MachineMemory m = MachineMemoryOf(f, plan);
+    std::printf("per machine of %d ranks: host %s, pinned %s%s\n", m.ranks,
+                FormatBytes(m.host_bytes).c_str(), FormatBytes(m.pinned_bytes).c_str(),
+                m.ranks > 1 && plan.pinned_frozen_bytes > 0
+                    ? fmt::format(" (the frozen base's {} once, shared by the machine's ranks)",
+                                  FormatBytes(plan.pinned_frozen_bytes))
+                          .c_str()
+                    : "");
   }
   std::printf("verdict: feasible%s: device %s of %s, host %s of %s%s\n",
               f.ranks > 1 ? fmt::format(" on each of {} ranks", f.ranks).c_str() : "",

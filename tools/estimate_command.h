@@ -43,6 +43,9 @@ struct EstimateFlags {
   // engine/plan/plan_choice.h). With --machine and more than one micro-batch both are predicted.
   std::string schedule = "auto";
   int ranks = 1;  // data-parallel ranks (>= 1); > 1 plans rank 0 of them
+  // Of them, the ranks on one machine (1..ranks; 0: all, one workstation): the per-machine host
+  // and pinned figures, the frozen base's pinned copy counted once (engine/shared_frozen_base.h).
+  int ranks_per_machine = 0;
   bool json = false;
   // A machine profile (engine/plan/machine_profile.h): adds the predicted step, its parts, what
   // bounds it and tokens/s (engine/plan/cost_model.h), and the step with the optimizer on the

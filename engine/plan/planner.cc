@@ -857,20 +857,24 @@ void SizePinnedTier(const PlanInputs& r, const ChunkSizes& c, const StateLayout&
         AlignUp(static_cast<uint64_t>(r.model.activation_elems(r.shape)) * r.w, 4096) * (n - 1) *
         p->held_micro_batches;
   }
+  p->pinned_frozen_bytes = 0;
   if (o.param_home == ParamHome::kHost || o.param_home == ParamHome::kDevice) {
     for (int b = 0; b < n; ++b) {
-      p->pinned_bytes +=
-          AlignUp(HomeBlockBytes(*p, b), 4096) + AlignUp(FrozenChunkBytes(*p, b), 4096);
+      p->pinned_bytes += AlignUp(HomeBlockBytes(*p, b), 4096);
+      p->pinned_frozen_bytes += AlignUp(FrozenChunkBytes(*p, b), 4096);
     }
   } else {
     // Resident chunks keep a pinned copy (an own one refreshed after each update); streamed ones
     // have the slots' NVMe staging and (own chunks) the pipeline's copy-out.
     for (int b = 0; b < n; ++b) {
       if (p->blocks[b].resident) p->pinned_bytes += AlignUp(HomeBlockBytes(*p, b), 4096);
-      if (p->blocks[b].frozen_resident) p->pinned_bytes += AlignUp(FrozenChunkBytes(*p, b), 4096);
+      if (p->blocks[b].frozen_resident) {
+        p->pinned_frozen_bytes += AlignUp(FrozenChunkBytes(*p, b), 4096);
+      }
     }
     p->pinned_bytes += p->streaming_slots * p->partition_bytes;
   }
+  p->pinned_bytes += p->pinned_frozen_bytes;
   if (o.optimizer_home == OptimizerHome::kNvme) p->optimizer_buffer_bytes += s.max_region;
   if (o.param_home == ParamHome::kNvme) p->optimizer_buffer_bytes += c.own_partition_bytes;
   p->pinned_bytes += p->optimizer_buffers * p->optimizer_buffer_bytes;

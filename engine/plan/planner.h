@@ -224,6 +224,10 @@ struct Plan {
   // 4 KiB; slot_bytes with one rank.
   uint64_t partition_bytes = 0;
 
+  // Of pinned_bytes, the frozen chunks' pinned homes: the one copy of the frozen base that the
+  // data-parallel ranks of one machine share (engine/shared_frozen_base.h), each counting it.
+  uint64_t pinned_frozen_bytes = 0;
+
   // Host memory.
   uint64_t host_bytes = 0;         // host gradients (+ master weights and state if on host)
   uint64_t host_grad_bytes = 0;    // of which host gradients (fp32 or working precision)

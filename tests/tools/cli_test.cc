@@ -362,6 +362,52 @@ TEST_F(CliTest, EstimateAutoDeviceBudgetCoversTheDataParallelBuffers) {
             resident_one.at("device_budget_bytes").get<uint64_t>());
 }
 
+// The ranks of one machine pin a LoRA base once (engine/shared_frozen_base.h): the per-machine
+// pinned figure is the base once plus each rank's own pinned buffers, host memory is per rank.
+TEST_F(CliTest, EstimatePerMachineCountsAFrozenBaseOnce) {
+  const std::string base =
+      "estimate --preset llama-1b --lora-rank 8 --device-budget 1GiB --offload-params host "
+      "--seq-len 256 --host-budget 64GiB --ranks 4 ";
+  auto plan = [&](const std::string& extra) {
+    const Result r = RunStrata(base + "--json " + extra);
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+    return r.exit_code == 0 ? nlohmann::json::parse(r.out) : nlohmann::json::object();
+  };
+  for (int k : {0, 1, 2, 4}) {
+    SCOPED_TRACE(k);
+    const nlohmann::json j = plan(k == 0 ? "" : "--ranks-per-machine " + std::to_string(k));
+    const int ranks = k == 0 ? 4 : k;
+    const auto frozen = j.at("pinned_frozen_bytes").get<uint64_t>();
+    const auto pinned = j.at("pinned_bytes").get<uint64_t>();
+    EXPECT_GT(frozen, uint64_t{1} << 30);  // llama-1b's 16-bit base, about 2 GiB
+    EXPECT_LT(frozen, pinned);
+    const nlohmann::json& m = j.at("per_machine");
+    EXPECT_EQ(m.at("ranks").get<int>(), ranks);
+    EXPECT_EQ(m.at("pinned_bytes").get<uint64_t>(), frozen + ranks * (pinned - frozen));
+    EXPECT_EQ(m.at("host_bytes").get<uint64_t>(), ranks * j.at("host_bytes").get<uint64_t>());
+  }
+  // Without frozen chunks nothing is shared.
+  const Result full = RunStrata(
+      "estimate --preset llama-1b --device-budget 4GiB --offload-params host --seq-len 256 "
+      "--host-budget 64GiB --ranks 2 --json");
+  ASSERT_EQ(full.exit_code, 0) << full.err;
+  const nlohmann::json f = nlohmann::json::parse(full.out);
+  EXPECT_EQ(f.at("pinned_frozen_bytes").get<uint64_t>(), 0u);
+  EXPECT_EQ(f.at("per_machine").at("pinned_bytes").get<uint64_t>(),
+            2 * f.at("pinned_bytes").get<uint64_t>());
+
+  const Result text = RunStrata(base);
+  ASSERT_EQ(text.exit_code, 0) << text.out << text.err;
+  EXPECT_NE(text.out.find("per machine of 4 ranks: host "), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find(" once, shared by the machine's ranks)"), std::string::npos) << text.out;
+  const Result bad = RunStrata(base + "--ranks-per-machine 5");
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.err.find("--ranks-per-machine 5 must be between 1 and --ranks (4)"),
+            std::string::npos)
+      << bad.err;
+  EXPECT_EQ(Lines(bad.err), 1) << bad.err;
+}
+
 TEST_F(CliTest, EstimateRefusesZeroRanksAndUnpartitionableOptimizers) {
   const Result zero = RunStrata("estimate --preset gpt-7b --device-budget 24GiB --ranks 0");
   EXPECT_EQ(zero.exit_code, 1);
