@@ -26,7 +26,8 @@ for check in "${checks[@]}"; do
       cmake --build --preset tsan -j "$jobs" --target io_test io_uring_test engine_test optimizer_pipeline_test \
         overlap_test family_offload_test token_dataset_test tokenizer_test offload_optimizer_test \
         engine_optimizers_test data_parallel_test device_optimizer_home_test frozen_params_test packed_batch_test \
-        layer_major_test activation_checkpointing_test gpu_fault_test preference_objective_test
+        layer_major_test activation_checkpointing_test gpu_fault_test preference_objective_test \
+        shared_frozen_base_test
       ctest --preset tsan -j "$jobs"
       ;;
     fuzz)

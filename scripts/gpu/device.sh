@@ -89,6 +89,11 @@ step() {
   return "$rc"
 }
 
+# Whether `check` already ran every gpu-labelled test on this machine, all passing: the phases
+# that repeat their own CUDA tests (families, preference, qlora) then skip them and say so.
+check_passed() { grep -q '^100% tests passed' /tmp/gpurun-logs-check/ctest_gpu.log 2>/dev/null; }
+skipped_tests() { names+=("$1") results+=("SKIPPED: passed in this machine's check") times+=(0); }
+
 # Unpacked at the path the build was made in (CTest files name it); kept on a warm machine.
 if [[ ! -f $root/.gpurun-unpacked ]]; then
   rm -rf "$root" && mkdir -p "$root" && tar -xJf "$here/.gpurun/strata-gpu.tar.xz" -C "$root" &&
@@ -189,8 +194,12 @@ qlora)
   # a 6 GiB device budget layer-major, where the plan keeps 12 of its 34 chunks and streams the
   # rest from pinned host memory (issue 45's >= 0.9x target), and the bf16 base at the same
   # budget (4 chunks resident). tokens/s and bytes moved from each --summary-json.
-  step quantize_4bit_cuda_test 60 "$L/quantize_4bit_cuda_test.log" \
-    ctest --test-dir "$build" -R 'Quantize4bit|BaseQuantTest' --output-on-failure
+  if check_passed; then
+    skipped_tests quantize_4bit_cuda_test
+  else
+    step quantize_4bit_cuda_test 60 "$L/quantize_4bit_cuda_test.log" \
+      ctest --test-dir "$build" -R 'Quantize4bit|BaseQuantTest' --output-on-failure
+  fi
   all7=q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj
   qlora_run() {  # NAME LIMIT FLAGS...: strata train with FLAGS, then its summary in one line
     local name=$1 limit=$2
@@ -277,10 +286,14 @@ families)
     results[-1]="${results[-1]}: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ tests?' \
       "$L/$name.log" | sed -E 's/^\[ +([A-Z]+) +\] ([0-9]+) tests?.*/\2 \1/' | paste -sd' ')"
   }
-  gtest_step head_rms_norm_cuda 60 head_rms_norm_cuda_test
-  gtest_step gemma_ops_cuda 60 gemma_ops_cuda_test
-  gtest_step llama_cuda_new_ops 90 llama_cuda_test --gtest_filter='*Window*:*Scale*:*Geglu*:*Embedding*:*LlamaFamily*'
-  gtest_step softcap_cuda 60 softcap_cuda_test
+  if check_passed; then
+    skipped_tests families_cuda_tests
+  else
+    gtest_step head_rms_norm_cuda 60 head_rms_norm_cuda_test
+    gtest_step gemma_ops_cuda 60 gemma_ops_cuda_test
+    gtest_step llama_cuda_new_ops 90 llama_cuda_test --gtest_filter='*Window*:*Scale*:*Geglu*:*Embedding*:*LlamaFamily*'
+    gtest_step softcap_cuda 60 softcap_cuda_test
+  fi
   step families $(($(left) - 5)) "$L/families.log" env PYTHONUNBUFFERED=1 OUT="$L" python3 \
     "$root/scripts/gpu/families_vs_transformers.py" --strata "$root/$build/tools/strata"
   results[-1]="${results[-1]}: $(grep -E '^families: [0-9]|^families_vs_transformers:' "$L/families.log" | tail -1 | cut -c1-200)"
@@ -321,8 +334,12 @@ preference)
   # host backend (the same held-out metrics to rounding); then llama-1b's adapters (rank 16, all
   # seven modules, 2 micro-batches of 4 x 1024) trained with DPO on synthetic pairs and with SFT
   # on their chosen sides: tokens/s of both from --summary-json.
-  step preference_cuda_tests 60 "$L/preference_cuda_tests.log" \
-    ctest --test-dir "$build" -R 'GptCuda|LlamaCuda|LoraCuda' --output-on-failure
+  if check_passed; then
+    skipped_tests preference_cuda_tests
+  else
+    step preference_cuda_tests 60 "$L/preference_cuda_tests.log" \
+      ctest --test-dir "$build" -R 'GptCuda|LlamaCuda|LoraCuda' --output-on-failure
+  fi
   python3 -c 'import json, random
 r = random.Random(7); L = "abcdefghijklmnopqrstuvwxyz"
 w = lambda n: " ".join("".join(r.choice(L) for _ in range(r.randint(3, 7))) for _ in range(n))
