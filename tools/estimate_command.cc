@@ -276,8 +276,8 @@ MachineMemory MachineMemoryOf(const EstimateFlags& f, const engine::Plan& plan) 
   MachineMemory m;
   m.ranks = f.ranks_per_machine == 0 ? f.ranks : f.ranks_per_machine;
   m.host_bytes = m.ranks * plan.host_bytes;
-  m.pinned_bytes = m.ranks * (plan.pinned_bytes - plan.pinned_frozen_bytes) +
-                   (m.ranks > 1 ? 1 : m.ranks) * plan.pinned_frozen_bytes;
+  m.pinned_bytes =
+      m.ranks * (plan.pinned_bytes - plan.pinned_frozen_bytes) + plan.pinned_frozen_bytes;
   return m;
 }
 
