@@ -299,6 +299,7 @@ Status Engine::Impl::UploadTokens(const MicroBatch& mb, MicroBatchShape shape, b
   BatchSlot& d = batch_[slot];
   d.loss_tokens = loss_tokens;
   d.with_position_ids = !mb.position_ids.empty();
+  d.max_positions = d.with_position_ids ? *std::ranges::max_element(mb.position_ids) + 1 : 0;
   // The staging may still feed the previous uploads (slot 0 comes first in a step).
   if (slot == 0) STRATA_RETURN_IF_ERROR(io_done_->Synchronize());
   const gpu::PinnedSpan staging = io_pinned_.span().subspan(StagingOffset(slot), 3 * tb);
@@ -317,6 +318,7 @@ void Engine::Impl::SetBatchInputs(int b, int slot, BlockBuffers* buf) const {
   const BatchSlot& d = batch_[slot];
   if (b == 0) buf->tokens = d.tokens.as<const int32_t>();
   if (d.with_position_ids) buf->position_ids = d.position_ids.as<const int32_t>();
+  buf->max_positions = d.max_positions;
   if (b == n_ - 1) buf->loss_tokens = d.loss_tokens;
 }
 

@@ -274,6 +274,7 @@ class Engine::Impl {
   struct BatchSlot {
     gpu::DeviceSpan tokens, targets, position_ids;
     bool with_position_ids = false;
+    int max_positions = 0;  // BlockBuffers::max_positions of the slot's micro-batch
     int64_t loss_tokens = 0;
   };
   std::vector<BatchSlot> batch_;

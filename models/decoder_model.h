@@ -71,6 +71,7 @@ struct BlockArgs {
   const int32_t* tokens = nullptr;
   const int32_t* targets = nullptr;       // engine::kIgnoreTarget where the loss does not count
   const int32_t* position_ids = nullptr;  // (B, T) or null: see engine::BlockBuffers
+  int max_positions = 0;                  // engine::BlockBuffers::max_positions (0: T)
   int64_t loss_tokens = 0;                // targets that count (the mean loss's divisor)
   S* logits = nullptr;
   float* loss = nullptr;

@@ -62,6 +62,7 @@ BlockArgs<S> ArgsOf(const engine::BlockBuffers& b, bool frozen = false,
   a.tokens = b.tokens;
   a.targets = b.targets;
   a.position_ids = b.position_ids;
+  a.max_positions = b.max_positions;
   a.loss_tokens = b.loss_tokens;
   a.logits = b.logits.as<S>();
   a.loss = b.loss;

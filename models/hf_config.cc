@@ -105,6 +105,63 @@ constexpr LlamaArch kLlamaArchs[] = {LlamaArch::kLlama, LlamaArch::kMistral, Lla
                                      LlamaArch::kQwen3, LlamaArch::kPhi3,    LlamaArch::kGemma2,
                                      LlamaArch::kGemma3};
 
+// rope_scaling {"type": "longrope", "short_factor": [...], "long_factor": [...]} of Phi-3 (128k),
+// Phi-3.5 and Phi-4-mini, read as transformers' Phi3Config and _compute_longrope_parameters read
+// it: the pretraining length is the config's own original_max_position_embeddings (Phi3Config's
+// default 4096); the scale s = max_position_embeddings / that; the attention factor the given
+// one, else sqrt(1 + ln s / ln original) (1 when s <= 1). A "factor" other than s is refused:
+// transformers 4 ignores it and 5 uses it.
+Status ParseLongRope(const Fields& f, const Fields& s, LlamaConfig& c) {
+  if (c.arch != LlamaArch::kPhi3) {
+    return f.Error("rope_scaling", fmt::format("type 'longrope' is supported for phi3 only, not {}",
+                                               LlamaArchModelType(c.arch)));
+  }
+  const int half = LlamaRotaryDim(c) / 2;
+  auto factors = [&](const char* key) -> StatusOr<std::vector<double>> {
+    const json* v = s.Find(key);
+    if (v == nullptr || !v->is_array() || static_cast<int>(v->size()) != half) {
+      return f.Error(fmt::format("rope_scaling.{}", key),
+                     fmt::format("must be a list of rotary dim / 2 = {} numbers", half));
+    }
+    std::vector<double> out;
+    for (const json& x : *v) {
+      if (!x.is_number() || !(x.get<double>() > 0) ||
+          x.get<double>() > std::numeric_limits<float>::max()) {
+        return f.Error(fmt::format("rope_scaling.{}", key),
+                       fmt::format("holds {}: every factor must be a positive finite number",
+                                   Fields::Dump(x)));
+      }
+      out.push_back(x.get<double>());
+    }
+    return out;
+  };
+  STRATA_ASSIGN_OR_RETURN(c.rope_short_factor, factors("short_factor"));
+  STRATA_ASSIGN_OR_RETURN(c.rope_long_factor, factors("long_factor"));
+  STRATA_ASSIGN_OR_RETURN(c.rope_original_max_position,
+                          f.Int("original_max_position_embeddings", 4096));
+  const double scale = static_cast<double>(c.max_seq_len) / c.rope_original_max_position;
+  if (const json* factor = s.Find("factor"); factor != nullptr && !factor->is_null()) {
+    if (!factor->is_number() || factor->get<double>() != scale) {
+      return f.Error("rope_scaling.factor",
+                     fmt::format("= {} is not max_position_embeddings / "
+                                 "original_max_position_embeddings = {} (transformers 4 reads "
+                                 "the ratio, 5 this factor: leave it out)",
+                                 Fields::Dump(*factor), scale));
+    }
+  }
+  c.rope_attention_factor =
+      LongRopeDefaultAttentionFactor(c.max_seq_len, c.rope_original_max_position);
+  if (const json* a = s.Find("attention_factor"); a != nullptr && !a->is_null()) {
+    if (!a->is_number() || !(a->get<double>() > 0) ||
+        a->get<double>() > std::numeric_limits<float>::max()) {
+      return f.Error("rope_scaling.attention_factor",
+                     fmt::format("= {} must be a positive finite number", Fields::Dump(*a)));
+    }
+    c.rope_attention_factor = a->get<double>();
+  }
+  return Status::Ok();
+}
+
 Status ParseRopeScaling(const Fields& f, const json* scaling, LlamaConfig& c) {
   if (scaling == nullptr) return Status::Ok();
   if (!scaling->is_object()) {
@@ -123,8 +180,11 @@ Status ParseRopeScaling(const Fields& f, const json* scaling, LlamaConfig& c) {
   if (type == "default") return Status::Ok();  // transformers' name for no scaling
   if (type.empty()) {
     return f.Error("rope_scaling",
-                   "has no \"rope_type\" (or \"type\") string (supported: llama3, linear)");
+                   "has no \"rope_type\" (or \"type\") string (supported: llama3, linear, and "
+                   "longrope for phi3)");
   }
+  // "su": LongRoPE's name in the first Phi-3 configs (transformers reads it as longrope).
+  if (type == "longrope" || type == "su") return ParseLongRope(f, s, c);
   if (type == "linear") {
     const json* factor = s.Find("factor");
     if (factor == nullptr || !factor->is_number() || !(factor->get<double>() >= 1.0) ||
@@ -136,8 +196,8 @@ Status ParseRopeScaling(const Fields& f, const json* scaling, LlamaConfig& c) {
   }
   if (type != "llama3") {
     return f.Error("rope_scaling",
-                   fmt::format("type '{}' is not supported (supported: llama3, linear, or "
-                               "null)",
+                   fmt::format("type '{}' is not supported (supported: llama3, linear, "
+                               "longrope for phi3, or null)",
                                Excerpt(type)));
   }
   auto num = [&](const char* key) -> StatusOr<double> {
@@ -302,6 +362,28 @@ Status ParseGemma2(const Fields& f, LlamaConfig& c) {
   return ParseGemmaLayer(f, c, [](int i) { return (i + 1) % 2 != 0; });
 }
 
+// Phi-3's partial_rotary_factor (Phi-4-mini: 0.75), at the top level or, as transformers 5 saves
+// it, in rope_parameters: RoPE on the first int(head_dim * factor) columns of each head.
+Status ParsePartialRotary(const Fields& f, LlamaConfig& c) {
+  const json* prf = f.Find("partial_rotary_factor");
+  std::string key = "partial_rotary_factor";
+  if (const json* rp = f.Find("rope_parameters");
+      prf == nullptr && rp != nullptr && rp->is_object() && rp->contains("partial_rotary_factor")) {
+    prf = &rp->at("partial_rotary_factor");
+    key = "rope_parameters.partial_rotary_factor";
+  }
+  if (prf == nullptr || prf->is_null()) return Status::Ok();
+  const double v = prf->is_number() ? prf->get<double>() : 0;
+  const int dim = static_cast<int>(c.head_dim * v);
+  if (!(v > 0 && v <= 1) || dim < 2 || dim % 2 != 0) {
+    return f.Error(key, fmt::format("= {} must be in (0, 1] and give an even number of rotated "
+                                    "columns (head_dim {} x factor = {})",
+                                    Fields::Dump(*prf), c.head_dim, dim));
+  }
+  c.partial_rotary_factor = v;
+  return Status::Ok();
+}
+
 // model_type llama, mistral, qwen2, qwen3, phi3, gemma2 and gemma3_text: the Llama layer with the
 // family's options (llama_config.h), read as transformers' configuration classes read them.
 StatusOr<LlamaConfig> ParseLlama(const Fields& f, LlamaArch arch, const std::string& path) {
@@ -335,6 +417,7 @@ StatusOr<LlamaConfig> ParseLlama(const Fields& f, LlamaArch arch, const std::str
     STRATA_ASSIGN_OR_RETURN(c.max_seq_len, f.Int("max_position_embeddings"));
   }
   STRATA_ASSIGN_OR_RETURN(c.rms_norm_eps, f.Double("rms_norm_eps", 1e-6));
+  if (arch == LlamaArch::kPhi3) STRATA_RETURN_IF_ERROR(ParsePartialRotary(f, c));
   // transformers 5 writes rope_parameters {"rope_type", "rope_theta", ...} for rope_theta and
   // rope_scaling.
   const json* rope_parameters = f.Find("rope_parameters");
@@ -403,13 +486,6 @@ StatusOr<LlamaConfig> ParseLlama(const Fields& f, LlamaArch arch, const std::str
     case LlamaArch::kPhi3: {
       STRATA_RETURN_IF_ERROR(NoDropout(f, "resid_pdrop"));
       STRATA_RETURN_IF_ERROR(NoDropout(f, "embd_pdrop"));
-      if (const json* prf = f.Find("partial_rotary_factor");
-          prf != nullptr && !(prf->is_number() && prf->get<double>() == 1.0)) {
-        return f.Error("partial_rotary_factor",
-                       fmt::format("= {} is not supported (rotary embeddings on the whole head: "
-                                   "1.0 or absent)",
-                                   Fields::Dump(*prf)));
-      }
       STRATA_ASSIGN_OR_RETURN(c.sliding_window, SlidingWindow(f));
       if (c.sliding_window > 0) c.sliding_layers.assign(c.num_layers, true);
       break;
@@ -593,6 +669,15 @@ std::string HfConfigJson(const HfModelConfig& config, DType torch_dtype) {
                            {"original_max_position_embeddings", c.rope_original_max_position}};
     } else if (c.rope_linear_factor != 1.0) {
       j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", c.rope_linear_factor}};
+    } else if (!c.rope_short_factor.empty()) {
+      // "type" as the Phi-3 directories write it (transformers 4 reads rope_scaling["type"]).
+      j["rope_scaling"] = {{"type", "longrope"},
+                           {"short_factor", c.rope_short_factor},
+                           {"long_factor", c.rope_long_factor}};
+      if (c.rope_attention_factor !=
+          LongRopeDefaultAttentionFactor(c.max_seq_len, c.rope_original_max_position)) {
+        j["rope_scaling"]["attention_factor"] = c.rope_attention_factor;
+      }
     } else {
       j["rope_scaling"] = nullptr;
     }
@@ -618,7 +703,11 @@ std::string HfConfigJson(const HfModelConfig& config, DType torch_dtype) {
         if (c.arch == LlamaArch::kPhi3) {
           j["resid_pdrop"] = 0.0;
           j["embd_pdrop"] = 0.0;
-          j["original_max_position_embeddings"] = c.max_seq_len;
+          j["original_max_position_embeddings"] =
+              c.rope_short_factor.empty() ? c.max_seq_len : c.rope_original_max_position;
+          if (c.partial_rotary_factor != 1.0) {
+            j["partial_rotary_factor"] = c.partial_rotary_factor;
+          }
         }
         break;
       case LlamaArch::kGemma2:

@@ -153,6 +153,12 @@ std::string LlamaModel::description() const {
       c.intermediate_size, c.max_seq_len, c.vocab_size);
   if (c.tie_embeddings) s += ", tied embeddings";
   if (c.rope_llama3) s += fmt::format(", llama3 RoPE scaling x{}", c.rope_factor);
+  if (!c.rope_short_factor.empty()) {
+    s += fmt::format(", LongRoPE from {} positions", c.rope_original_max_position);
+  }
+  if (LlamaRotaryDim(c) != c.head_dim) {
+    s += fmt::format(", rotary on {} of {} head dims", LlamaRotaryDim(c), c.head_dim);
+  }
   if (c.qkv_bias) s += c.o_bias ? ", q/k/v/o biases" : ", q/k/v biases";
   if (c.qk_norm) s += ", q/k norms";
   if (c.sandwich_norms) s += ", (1 + w) sandwich norms";
@@ -245,7 +251,7 @@ void LlamaFamily::HostEmbeddingForward(const BlockArgs<S>& a) const {
 template <typename S>
 void LlamaFamily::HostLayerForward(const BlockArgs<S>& a) const {
   LlamaLayerForward<S>(config, a.params, a.x_in, a.x_out, a.B, a.T, a.scratch, a.lora,
-                       a.position_ids, a.layer);
+                       a.position_ids, a.layer, a.max_positions);
 }
 template <typename S>
 float LlamaFamily::HostHeadForward(const BlockArgs<S>& a) const {
@@ -259,7 +265,7 @@ void LlamaFamily::HostEmbeddingBackward(const BlockArgs<S>& a) const {
 template <typename S>
 void LlamaFamily::HostLayerBackward(const BlockArgs<S>& a) const {
   LlamaLayerBackward<S>(config, a.params, a.x_in, a.dx_out, a.dx_in, a.grads, a.B, a.T, a.scratch,
-                        a.lora, a.position_ids, a.forward_kept, a.layer);
+                        a.lora, a.position_ids, a.forward_kept, a.layer, a.max_positions);
 }
 template <typename S>
 void LlamaFamily::HostHeadBackward(const BlockArgs<S>& a) const {
@@ -284,7 +290,8 @@ Status LlamaFamily::CudaEmbeddingForward(const BlockArgs<S>& a, gpu::Stream& str
 template <typename S>
 Status LlamaFamily::CudaLayerForward(const BlockArgs<S>& a, gpu::Stream& stream) const {
   return cuda::LlamaCudaLayerForward<S>(config, stream, a.params, a.x_in, a.x_out, a.B, a.T,
-                                        a.scratch, a.position_ids, a.lora, a.layer);
+                                        a.scratch, a.position_ids, a.lora, a.layer,
+                                        a.max_positions);
 }
 template <typename S>
 Status LlamaFamily::CudaHeadForward(const BlockArgs<S>& a, gpu::Stream& stream) const {
@@ -301,7 +308,7 @@ template <typename S>
 Status LlamaFamily::CudaLayerBackward(const BlockArgs<S>& a, gpu::Stream& stream) const {
   return cuda::LlamaCudaLayerBackward<S>(config, stream, a.params, a.x_in, a.dx_out, a.dx_in,
                                          a.grads, a.B, a.T, a.scratch, a.position_ids, a.lora,
-                                         a.forward_kept, a.layer);
+                                         a.forward_kept, a.layer, a.max_positions);
 }
 template <typename S>
 Status LlamaFamily::CudaHeadBackward(const BlockArgs<S>& a, gpu::Stream& stream) const {

@@ -92,7 +92,8 @@ template <typename S, typename Ops>
 Status LlamaLayerForwardToSwiglu(const Ops& ops, const LlamaConfig& c, int layer,
                                  const LlamaLayerParams<const S*>& p, const S* x, int B, int T,
                                  const LlamaLayerBuffers<S, typename Ops::F>& w,
-                                 const LoraLayerArgs<S>& lora, const int32_t* position_ids) {
+                                 const LoraLayerArgs<S>& lora, const int32_t* position_ids,
+                                 int max_positions) {
   const LlamaDims d(c, B, T);
   const int rope_heads = c.num_heads + c.num_kv_heads;
   const bool one = c.norm_unit_offset;
@@ -105,9 +106,11 @@ Status LlamaLayerForwardToSwiglu(const Ops& ops, const LlamaConfig& c, int layer
     STRATA_RETURN_IF_ERROR(ops.HeadRmsNormForward(w.qkv, d.Dqkv, d.N, rope_heads, c.num_heads, d.hs,
                                                   p.qk_norm, eps, w.qk_raw, w.qk_rstd, one));
   }
-  STRATA_RETURN_IF_ERROR(ops.RopeTable(LlamaLayerRopeParams(c, layer), T, w.cos, w.sin));
+  // LongRoPE's factors by the longest sequence's positions (transformers' max(position_ids) + 1).
+  const int positions = max_positions > 0 ? max_positions : T;
+  STRATA_RETURN_IF_ERROR(ops.RopeTable(LlamaLayerRopeParams(c, layer, positions), T, w.cos, w.sin));
   STRATA_RETURN_IF_ERROR(ops.Rope(w.qkv, d.N, d.Dqkv, rope_heads, c.head_dim, T, w.cos, w.sin,
-                                  /*inverse=*/false, position_ids));
+                                  /*inverse=*/false, position_ids, LlamaRotaryDim(c)));
   STRATA_RETURN_IF_ERROR(ops.Attention(LlamaAttentionDims(c, layer, B, T, position_ids), w.qkv,
                                        w.qkv + d.Dq, w.qkv + d.Dq + d.Dkv, w.att, w.lse));
   if (c.sandwich_norms) {
@@ -143,10 +146,11 @@ template <typename S, typename Ops>
 Status LlamaLayerForwardBody(const Ops& ops, const LlamaConfig& c, int layer,
                              const LlamaLayerParams<const S*>& p, const S* x_in, S* x_out, int B,
                              int T, const LlamaLayerBuffers<S, typename Ops::F>& w,
-                             const LoraLayerArgs<S>& lora, const int32_t* position_ids) {
+                             const LoraLayerArgs<S>& lora, const int32_t* position_ids,
+                             int max_positions) {
   const LlamaDims d(c, B, T);
-  STRATA_RETURN_IF_ERROR(
-      LlamaLayerForwardToSwiglu(ops, c, layer, p, x_in, B, T, w, lora, position_ids));
+  STRATA_RETURN_IF_ERROR(LlamaLayerForwardToSwiglu(ops, c, layer, p, x_in, B, T, w, lora,
+                                                   position_ids, max_positions));
   if (c.sandwich_norms) return ops.Add(w.x2, w.side, d.N * d.C, x_out);
   STRATA_RETURN_IF_ERROR(ops.Matmul(kLlamaWeights, d.N, d.I, d.C, w.h, p.wd, nullptr, w.x2, x_out));
   return ops.LoraForward(lora, kDownProduct, w.h, d.N, x_out, d.C);
@@ -163,12 +167,12 @@ Status LlamaLayerBackwardBody(const Ops& ops, const LlamaConfig& c, int layer,
                               S* dx_in, const LlamaLayerParams<S*>& dp, int B, int T,
                               const LlamaLayerBuffers<S, typename Ops::F>& w,
                               const LoraLayerArgs<S>& lora, const int32_t* position_ids,
-                              bool forward_kept) {
+                              bool forward_kept, int max_positions) {
   const LlamaDims d(c, B, T);
   const bool one = c.norm_unit_offset;
   if (!forward_kept) {
-    STRATA_RETURN_IF_ERROR(
-        LlamaLayerForwardToSwiglu(ops, c, layer, p, x_in, B, T, w, lora, position_ids));
+    STRATA_RETURN_IF_ERROR(LlamaLayerForwardToSwiglu(ops, c, layer, p, x_in, B, T, w, lora,
+                                                     position_ids, max_positions));
   }
   const S* dy = dx_out;
 
@@ -218,7 +222,7 @@ Status LlamaLayerBackwardBody(const Ops& ops, const LlamaConfig& c, int layer,
       LlamaAttentionDims(c, layer, B, T, position_ids), w.qkv, w.qkv + d.Dq, w.qkv + d.Dq + d.Dkv,
       w.att, datt, w.lse, w.delta, w.dqkv, w.dqkv + d.Dq, w.dqkv + d.Dq + d.Dkv));
   STRATA_RETURN_IF_ERROR(ops.Rope(w.dqkv, d.N, d.Dqkv, c.num_heads + c.num_kv_heads, c.head_dim, T,
-                                  w.cos, w.sin, /*inverse=*/true, position_ids));
+                                  w.cos, w.sin, /*inverse=*/true, position_ids, LlamaRotaryDim(c)));
   // The per-head q/k norms: dq and dk through them, in place, and their weights' gradient.
   if (c.qk_norm) {
     STRATA_RETURN_IF_ERROR(ops.HeadRmsNormBackward(w.qk_raw, d.N, c.num_heads + c.num_kv_heads,

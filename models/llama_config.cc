@@ -82,9 +82,20 @@ const char* LlamaArchName(LlamaArch arch) {
   return "Llama";
 }
 
-ops::RopeParams LlamaLayerRopeParams(const LlamaConfig& c, int layer) {
+int LlamaRotaryDim(const LlamaConfig& c) {
+  return static_cast<int>(c.head_dim * c.partial_rotary_factor);
+}
+
+double LongRopeDefaultAttentionFactor(int max_position_embeddings, int original_max) {
+  const double s = static_cast<double>(max_position_embeddings) / original_max;
+  if (s <= 1.0) return 1.0;
+  return std::sqrt(1.0 + std::log(s) / std::log(static_cast<double>(original_max)));
+}
+
+ops::RopeParams LlamaLayerRopeParams(const LlamaConfig& c, int layer, int seq_len) {
   ops::RopeParams p;
   p.head_dim = c.head_dim;
+  p.rotary_dim = LlamaRotaryDim(c) == c.head_dim ? 0 : LlamaRotaryDim(c);
   if (c.rope_local_theta > 0 && LlamaLayerWindow(c, layer) > 0) {
     p.theta = c.rope_local_theta;
     return p;
@@ -96,6 +107,11 @@ ops::RopeParams LlamaLayerRopeParams(const LlamaConfig& c, int layer) {
   p.high_freq_factor = c.rope_high_freq_factor;
   p.original_max_position = c.rope_original_max_position;
   p.linear_factor = c.rope_linear_factor;
+  if (!c.rope_short_factor.empty()) {
+    p.ext_factors =
+        seq_len > c.rope_original_max_position ? c.rope_long_factor : c.rope_short_factor;
+    p.attention_factor = c.rope_attention_factor;
+  }
   return p;
 }
 
@@ -139,6 +155,36 @@ Status ValidateLlamaConfig(const LlamaConfig& c) {
           "high_freq_factor {}, original_max_position_embeddings {}",
           c.rope_factor, c.rope_low_freq_factor, c.rope_high_freq_factor,
           c.rope_original_max_position));
+    }
+  }
+  const int rotary = LlamaRotaryDim(c);
+  if (!(c.partial_rotary_factor > 0 && c.partial_rotary_factor <= 1) || rotary < 2 ||
+      rotary % 2 != 0) {
+    return InvalidArgumentError(
+        fmt::format("partial_rotary_factor {} must be in (0, 1] and give an even rotary dim >= 2 "
+                    "(head_dim {} x {} = {})",
+                    c.partial_rotary_factor, c.head_dim, c.partial_rotary_factor, rotary));
+  }
+  if (!c.rope_short_factor.empty() || !c.rope_long_factor.empty()) {
+    const auto factors_ok = [&](const std::vector<double>& v) {
+      if (static_cast<int>(v.size()) != rotary / 2) return false;
+      for (const double x : v) {
+        if (!(x > 0) || !std::isfinite(x)) return false;
+      }
+      return true;
+    };
+    if (!factors_ok(c.rope_short_factor) || !factors_ok(c.rope_long_factor)) {
+      return InvalidArgumentError(fmt::format(
+          "rope_scaling (longrope) needs short_factor and long_factor of rotary dim / 2 = {} "
+          "positive numbers each; got {} and {}",
+          rotary / 2, c.rope_short_factor.size(), c.rope_long_factor.size()));
+    }
+    if (!(c.rope_attention_factor > 0) || !std::isfinite(c.rope_attention_factor) ||
+        c.rope_original_max_position <= 0 || c.rope_llama3 || c.rope_linear_factor != 1.0) {
+      return InvalidArgumentError(
+          fmt::format("rope_scaling (longrope) needs a positive finite attention_factor (got {}), "
+                      "original_max_position_embeddings > 0 (got {}) and no other RoPE scaling",
+                      c.rope_attention_factor, c.rope_original_max_position));
     }
   }
   // A cap is divided by in fp32 on every backend: 0 (none) or a normal fp32 value.

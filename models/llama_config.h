@@ -86,6 +86,16 @@ struct LlamaConfig {
   // The sliding layers' RoPE base (Gemma 3's rope_local_base_freq, unscaled); 0: rope_theta and
   // its scaling, as the full layers.
   double rope_local_theta = 0;
+  // partial_rotary_factor (Phi-4-mini): only the first int(head_dim * factor) columns of each head
+  // turn (LlamaRotaryDim); 1: all.
+  double partial_rotary_factor = 1.0;
+  // rope_scaling {"type": "longrope", "short_factor", "long_factor"} (Phi-3 128k, Phi-3.5,
+  // Phi-4-mini; transformers _compute_longrope_parameters): each frequency divided by its factor,
+  // the short ones while a forward's sequence is at most rope_original_max_position tokens, the
+  // long ones past it (as transformers switches on the longest position), and cos and sin times
+  // rope_attention_factor. Both empty: no LongRoPE; else rotary dim / 2 each.
+  std::vector<double> rope_short_factor, rope_long_factor;
+  double rope_attention_factor = 1.0;
   bool norm_unit_offset = false;  // every RMSNorm (q/k and final too) multiplies by (1 + w)
   // post_attention_layernorm normalises the attention output before its residual add,
   // pre_feedforward_layernorm is the MLP's input norm and post_feedforward_layernorm normalises
@@ -103,8 +113,17 @@ struct LlamaConfig {
   double final_logit_softcapping = 0;
 };
 
-// The rotary embedding of `layer` (its base and scaling).
-ops::RopeParams LlamaLayerRopeParams(const LlamaConfig& c, int layer);
+// The rotary embedding of `layer` (its base and scaling) for a forward over sequences of seq_len
+// tokens (which of LongRoPE's factors apply; without LongRoPE seq_len changes nothing).
+ops::RopeParams LlamaLayerRopeParams(const LlamaConfig& c, int layer, int seq_len = 0);
+
+// The columns of each head that turn: int(head_dim * partial_rotary_factor), as transformers
+// truncates it.
+int LlamaRotaryDim(const LlamaConfig& c);
+
+// LongRoPE's default attention factor (transformers): sqrt(1 + ln(s) / ln(original_max)) with
+// s = max_position_embeddings / original_max, or 1 when s <= 1.
+double LongRopeDefaultAttentionFactor(int max_position_embeddings, int original_max);
 
 // The attention window of `layer` (0: full causal attention).
 int LlamaLayerWindow(const LlamaConfig& c, int layer);

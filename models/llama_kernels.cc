@@ -169,12 +169,12 @@ void LlamaEmbeddingBackward(const LlamaConfig& c, const int32_t* tokens, const S
 template <typename S>
 void LlamaLayerForward(const LlamaConfig& c, const S* params, const S* x_in, S* x_out, int B, int T,
                        void* scratch, const LoraLayerArgs<S>& lora, const int32_t* position_ids,
-                       int layer) {
+                       int layer, int max_positions) {
   CheckBatch(c, B, T);
   const LlamaLayerBuffers<S, ComputeType<S>> w(LlamaLayerScratchLayoutFor<S>(c, B, T), scratch);
   STRATA_CHECK(LlamaLayerForwardBody(ops::HostOps<S>(), c, layer,
                                      LlamaLayerParams<const S*>(c, params), x_in, x_out, B, T, w,
-                                     lora, position_ids)
+                                     lora, position_ids, max_positions)
                    .ok());
 }
 
@@ -182,13 +182,13 @@ template <typename S>
 void LlamaLayerBackward(const LlamaConfig& c, const S* params, const S* x_in, const S* dx_out,
                         S* dx_in, S* dparams, int B, int T, void* scratch,
                         const LoraLayerArgs<S>& lora, const int32_t* position_ids,
-                        bool forward_kept, int layer) {
+                        bool forward_kept, int layer, int max_positions) {
   CheckBatch(c, B, T);
   const LlamaLayerBuffers<S, ComputeType<S>> w(LlamaLayerScratchLayoutFor<S>(c, B, T), scratch);
   STRATA_CHECK(LlamaLayerBackwardBody(ops::HostOps<S>(), c, layer,
                                       LlamaLayerParams<const S*>(c, params), x_in, dx_out, dx_in,
                                       LlamaLayerParams<S*>(c, dparams), B, T, w, lora, position_ids,
-                                      forward_kept)
+                                      forward_kept, max_positions)
                    .ok());
 }
 
@@ -252,10 +252,10 @@ void LlamaHeadBackward(const LlamaConfig& c, const S* params, const S* tied_embe
   template void LlamaEmbeddingBackward<S>(const LlamaConfig&, const int32_t*, const S*, int, int, \
                                           S*, void*);                                             \
   template void LlamaLayerForward<S>(const LlamaConfig&, const S*, const S*, S*, int, int, void*, \
-                                     const LoraLayerArgs<S>&, const int32_t*, int);               \
+                                     const LoraLayerArgs<S>&, const int32_t*, int, int);          \
   template void LlamaLayerBackward<S>(const LlamaConfig&, const S*, const S*, const S*, S*, S*,   \
                                       int, int, void*, const LoraLayerArgs<S>&, const int32_t*,   \
-                                      bool, int);                                                 \
+                                      bool, int, int);                                            \
   template ComputeType<S> LlamaHeadForward<S>(const LlamaConfig&, const S*, const S*, const S*,   \
                                               const int32_t*, int, int, S*, void*, int64_t,       \
                                               float*);                                            \

@@ -110,11 +110,13 @@ std::vector<LoraModule> LlamaLoraModules(const LlamaConfig& c);
 // targeted product adds its adapter's output (models/lora.h) before what follows it (q/k/v:
 // before RoPE). position_ids: (B, T) or null, packed examples (engine::BlockBuffers): RoPE
 // turns token t by position_ids[t] and attention stays inside each example.
-// layer: the layer's index (its sliding window, LlamaLayerWindow).
+// layer: the layer's index (its sliding window, LlamaLayerWindow). max_positions: the positions
+// the longest sequence spans (engine::BlockBuffers::max_positions; 0: T), which of LongRoPE's
+// factors apply.
 template <typename S>
 void LlamaLayerForward(const LlamaConfig& c, const S* params, const S* x_in, S* x_out, int B, int T,
                        void* scratch, const LoraLayerArgs<S>& lora = {},
-                       const int32_t* position_ids = nullptr, int layer = 0);
+                       const int32_t* position_ids = nullptr, int layer = 0, int max_positions = 0);
 
 // Recomputes the forward from x_in, then writes dx_in (B, T, C) and dparams (the whole layer
 // chunk, OVERWRITTEN; null: no weight gradient, LoRA's frozen base) from dx_out (B, T, C); with
@@ -125,7 +127,7 @@ template <typename S>
 void LlamaLayerBackward(const LlamaConfig& c, const S* params, const S* x_in, const S* dx_out,
                         S* dx_in, S* dparams, int B, int T, void* scratch,
                         const LoraLayerArgs<S>& lora = {}, const int32_t* position_ids = nullptr,
-                        bool forward_kept = false, int layer = 0);
+                        bool forward_kept = false, int layer = 0, int max_positions = 0);
 
 // Final RMSNorm and LM head. params: head chunk; tied_embed: the embedding chunk (embed_tokens
 // (V, C)) when c.tie_embeddings, else ignored (may be null); x_in (B, T, C); targets (B, T) or

@@ -108,6 +108,11 @@ struct BlockBuffers {
   // .. t of its row only, and position embeddings (learned or rotary) use position_ids[t]. Null:
   // one sequence per row, position t.
   const int32_t* position_ids = nullptr;
+  // With position_ids: max(position_ids) + 1 over the micro-batch, the positions its longest
+  // sequence spans (known on the host when the batch is staged); 0: T. Rotary embeddings whose
+  // frequencies depend on the sequence length (LongRoPE's short and long factors) choose by it,
+  // as transformers chooses by max(position_ids) + 1.
+  int max_positions = 0;
   // The number of targets that are not kIgnoreTarget, B*T when none is ignored: the divisor of
   // the mean loss (last block).
   int64_t loss_tokens = 0;

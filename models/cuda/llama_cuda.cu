@@ -112,7 +112,8 @@ Status LlamaCudaEmbeddingBackward(const LlamaConfig& c, gpu::Stream& stream, con
 template <typename S>
 Status LlamaCudaLayerForward(const LlamaConfig& c, gpu::Stream& stream, const S* params,
                              const S* x_in, S* x_out, int B, int T, void* scratch,
-                             const int32_t* position_ids, const LoraLayerArgs<S>& lora, int layer) {
+                             const int32_t* position_ids, const LoraLayerArgs<S>& lora, int layer,
+                             int max_positions) {
   STRATA_ASSIGN_OR_RETURN(cudaStream_t cs,
                           Prepare("LlamaCudaLayerForward", c, stream, B, T, scratch));
   STRATA_RETURN_IF_ERROR(CheckPointers("LlamaCudaLayerForward", {params, x_in, x_out, scratch}));
@@ -120,16 +121,17 @@ Status LlamaCudaLayerForward(const LlamaConfig& c, gpu::Stream& stream, const S*
   float* partials = RegionAt<float>(scratch, l.partials);
   STRATA_ASSIGN_OR_RETURN(const auto mm, MakeProducts<S>(stream, cs, partials));
   // The norms' weight gradients and the bias gradients use the layout's partials.
-  return LlamaLayerForwardBody(oc::CudaOps<S>(mm, partials), c, layer,
-                               LlamaLayerParams<const S*>(c, params), x_in, x_out, B, T,
-                               LlamaLayerBuffers<S, float>(l, scratch), lora, position_ids);
+  return LlamaLayerForwardBody(
+      oc::CudaOps<S>(mm, partials), c, layer, LlamaLayerParams<const S*>(c, params), x_in, x_out, B,
+      T, LlamaLayerBuffers<S, float>(l, scratch), lora, position_ids, max_positions);
 }
 
 template <typename S>
 Status LlamaCudaLayerBackward(const LlamaConfig& c, gpu::Stream& stream, const S* params,
                               const S* x_in, const S* dx_out, S* dx_in, S* dparams, int B, int T,
                               void* scratch, const int32_t* position_ids,
-                              const LoraLayerArgs<S>& lora, bool forward_kept, int layer) {
+                              const LoraLayerArgs<S>& lora, bool forward_kept, int layer,
+                              int max_positions) {
   STRATA_ASSIGN_OR_RETURN(cudaStream_t cs,
                           Prepare("LlamaCudaLayerBackward", c, stream, B, T, scratch));
   STRATA_RETURN_IF_ERROR(
@@ -144,7 +146,7 @@ Status LlamaCudaLayerBackward(const LlamaConfig& c, gpu::Stream& stream, const S
   return LlamaLayerBackwardBody(
       oc::CudaOps<S>(mm, partials), c, layer, LlamaLayerParams<const S*>(c, params), x_in, dx_out,
       dx_in, LlamaLayerParams<S*>(c, dparams), B, T, LlamaLayerBuffers<S, float>(l, scratch), lora,
-      position_ids, forward_kept);
+      position_ids, forward_kept, max_positions);
 }
 
 template <typename S>
@@ -215,10 +217,10 @@ Status LlamaCudaHeadBackward(const LlamaConfig& c, gpu::Stream& stream, const S*
                                                 const S*, int, int, S*, void*);                   \
   template Status LlamaCudaLayerForward<S>(const LlamaConfig&, gpu::Stream&, const S*, const S*,  \
                                            S*, int, int, void*, const int32_t*,                   \
-                                           const LoraLayerArgs<S>&, int);                         \
+                                           const LoraLayerArgs<S>&, int, int);                    \
   template Status LlamaCudaLayerBackward<S>(const LlamaConfig&, gpu::Stream&, const S*, const S*, \
                                             const S*, S*, S*, int, int, void*, const int32_t*,    \
-                                            const LoraLayerArgs<S>&, bool, int);                  \
+                                            const LoraLayerArgs<S>&, bool, int, int);             \
   template Status LlamaCudaHeadForward<S>(const LlamaConfig&, gpu::Stream&, const S*, const S*,   \
                                           const S*, const int32_t*, int, int, S*, void*, float*,  \
                                           int64_t, float*);                                       \

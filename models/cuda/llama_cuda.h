@@ -69,7 +69,8 @@ template <typename S>
 Status LlamaCudaLayerForward(const LlamaConfig& c, gpu::Stream& stream, const S* params,
                              const S* x_in, S* x_out, int B, int T, void* scratch,
                              const int32_t* position_ids = nullptr,
-                             const LoraLayerArgs<S>& lora = {}, int layer = 0);
+                             const LoraLayerArgs<S>& lora = {}, int layer = 0,
+                             int max_positions = 0);
 
 // Recomputes the forward from x_in, then writes dx_in (B, T, C) and dparams (the layer chunk,
 // OVERWRITTEN) from dx_out. dx_in must not overlap x_in or dx_out. position_ids and lora: the
@@ -81,7 +82,7 @@ Status LlamaCudaLayerBackward(const LlamaConfig& c, gpu::Stream& stream, const S
                               const S* x_in, const S* dx_out, S* dx_in, S* dparams, int B, int T,
                               void* scratch, const int32_t* position_ids = nullptr,
                               const LoraLayerArgs<S>& lora = {}, bool forward_kept = false,
-                              int layer = 0);
+                              int layer = 0, int max_positions = 0);
 
 // Final RMSNorm and LM head with the (V, C) weight (the head chunk's lm_head, or, tied,
 // tied_params = the embedding chunk; null then is kInvalidArgument). logits (B, V): the last

@@ -147,11 +147,14 @@ class HostOps {
     return Status::Ok();
   }
   Status Rope(S* x, int64_t rows, int64_t row_stride, int num_heads, int head_dim, int seq_len,
-              const F* cos, const F* sin, bool inverse, const int32_t* position_ids) const {
+              const F* cos, const F* sin, bool inverse, const int32_t* position_ids,
+              int rotary_dim) const {
     if (inverse) {
-      ops::RopeBackward(x, rows, row_stride, num_heads, head_dim, seq_len, cos, sin, position_ids);
+      ops::RopeBackward(x, rows, row_stride, num_heads, head_dim, seq_len, cos, sin, position_ids,
+                        rotary_dim);
     } else {
-      ops::RopeForward(x, rows, row_stride, num_heads, head_dim, seq_len, cos, sin, position_ids);
+      ops::RopeForward(x, rows, row_stride, num_heads, head_dim, seq_len, cos, sin, position_ids,
+                       rotary_dim);
     }
     return Status::Ok();
   }

@@ -9,11 +9,16 @@
 namespace strata::models::ops {
 
 std::vector<double> RopeInverseFrequencies(const RopeParams& p) {
-  STRATA_CHECK(p.head_dim > 0 && p.head_dim % 2 == 0);
-  const int half = p.head_dim / 2;
+  const int dim = RopeRotaryDim(p);
+  STRATA_CHECK(p.head_dim > 0 && p.head_dim % 2 == 0 && dim > 0 && dim % 2 == 0 &&
+               dim <= p.head_dim);
+  const int half = dim / 2;
+  STRATA_CHECK(p.ext_factors.empty() || static_cast<int>(p.ext_factors.size()) == half);
   std::vector<double> inv(half);
   for (int i = 0; i < half; ++i) {
-    inv[i] = 1.0 / std::pow(p.theta, static_cast<double>(2 * i) / p.head_dim);
+    const double ext = p.ext_factors.empty() ? 1.0 : p.ext_factors[i];
+    STRATA_CHECK(ext > 0);
+    inv[i] = 1.0 / (ext * std::pow(p.theta, static_cast<double>(2 * i) / dim));
   }
   if (p.linear_factor != 1.0) {
     STRATA_CHECK(p.linear_factor > 0);
@@ -41,12 +46,15 @@ template <typename F>
 void RopeTable(const RopeParams& p, int seq_len, F* cos, F* sin) {
   const std::vector<double> inv = RopeInverseFrequencies(p);
   const int64_t half = static_cast<int64_t>(inv.size());
+  const double a = p.attention_factor;
+  STRATA_CHECK(a > 0 && std::isfinite(a));
   ParallelRows(seq_len, half, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       for (int64_t i = 0; i < half; ++i) {
         const double angle = static_cast<double>(t) * inv[i];
-        cos[t * half + i] = static_cast<F>(std::cos(angle));
-        sin[t * half + i] = static_cast<F>(std::sin(angle));
+        // a = 1 multiplies exactly: the table of before the attention factor, bit for bit.
+        cos[t * half + i] = static_cast<F>(a * std::cos(angle));
+        sin[t * half + i] = static_cast<F>(a * std::sin(angle));
       }
     }
   });
@@ -54,15 +62,18 @@ void RopeTable(const RopeParams& p, int seq_len, F* cos, F* sin) {
 
 namespace {
 
-// Turns every pair of every head of each row by +angle (sign = 1) or -angle (sign = -1).
+// Turns every pair of the first rotary_dim columns of every head of each row by +angle
+// (sign = 1) or -angle (sign = -1).
 template <typename S>
 void Rotate(S* x, int64_t rows, int64_t row_stride, int num_heads, int head_dim, int seq_len,
             const ComputeType<S>* cos, const ComputeType<S>* sin, ComputeType<S> sign,
-            const int32_t* position_ids) {
+            const int32_t* position_ids, int rotary_dim) {
   using F = ComputeType<S>;
+  if (rotary_dim == 0) rotary_dim = head_dim;
   STRATA_CHECK(rows >= 0 && num_heads >= 1 && head_dim >= 2 && head_dim % 2 == 0 && seq_len >= 1 &&
-               row_stride >= int64_t{num_heads} * head_dim);
-  const int64_t half = head_dim / 2;
+               row_stride >= int64_t{num_heads} * head_dim && rotary_dim >= 2 &&
+               rotary_dim % 2 == 0 && rotary_dim <= head_dim);
+  const int64_t half = rotary_dim / 2;
   ParallelRows(rows, int64_t{num_heads} * head_dim, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t t = position_ids != nullptr ? position_ids[r] : r % seq_len;
@@ -86,18 +97,18 @@ void Rotate(S* x, int64_t rows, int64_t row_stride, int num_heads, int head_dim,
 
 template <typename S>
 void RopeForward(S* x, int64_t rows, int64_t row_stride, int num_heads, int head_dim, int seq_len,
-                 const ComputeType<S>* cos, const ComputeType<S>* sin,
-                 const int32_t* position_ids) {
+                 const ComputeType<S>* cos, const ComputeType<S>* sin, const int32_t* position_ids,
+                 int rotary_dim) {
   Rotate(x, rows, row_stride, num_heads, head_dim, seq_len, cos, sin, ComputeType<S>(1),
-         position_ids);
+         position_ids, rotary_dim);
 }
 
 template <typename S>
 void RopeBackward(S* dx, int64_t rows, int64_t row_stride, int num_heads, int head_dim, int seq_len,
-                  const ComputeType<S>* cos, const ComputeType<S>* sin,
-                  const int32_t* position_ids) {
+                  const ComputeType<S>* cos, const ComputeType<S>* sin, const int32_t* position_ids,
+                  int rotary_dim) {
   Rotate(dx, rows, row_stride, num_heads, head_dim, seq_len, cos, sin, ComputeType<S>(-1),
-         position_ids);
+         position_ids, rotary_dim);
 }
 
 template void RopeTable<float>(const RopeParams&, int, float*, float*);
@@ -105,9 +116,9 @@ template void RopeTable<double>(const RopeParams&, int, double*, double*);
 
 #define STRATA_INSTANTIATE_ROPE(S)                                                          \
   template void RopeForward<S>(S*, int64_t, int64_t, int, int, int, const ComputeType<S>*,  \
-                               const ComputeType<S>*, const int32_t*);                      \
+                               const ComputeType<S>*, const int32_t*, int);                 \
   template void RopeBackward<S>(S*, int64_t, int64_t, int, int, int, const ComputeType<S>*, \
-                                const ComputeType<S>*, const int32_t*);
+                                const ComputeType<S>*, const int32_t*, int);
 STRATA_INSTANTIATE_ROPE(float)
 STRATA_INSTANTIATE_ROPE(double)
 STRATA_INSTANTIATE_ROPE(Bf16)

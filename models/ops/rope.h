@@ -16,6 +16,16 @@
 //                                (high_freq_factor - low_freq_factor)
 // and no attention scaling (cos and sin are not multiplied).
 //
+// Two options of Phi-3 and Phi-4 (transformers modeling_rope_utils._compute_longrope_parameters
+// and modeling_phi3.apply_rotary_pos_emb):
+//   - partial rotary (partial_rotary_factor, Phi-4-mini): only the first rotary_dim columns of
+//     each head turn, column i < rotary_dim/2 paired with i + rotary_dim/2, with
+//     inv_freq[i] = theta^(-2i/rotary_dim); columns rotary_dim .. hs pass through unchanged.
+//   - LongRoPE (Ding et al., "LongRoPE: Extending LLM Context Window Beyond 2 Million Tokens",
+//     2024; rope_scaling type longrope): inv_freq[i] = 1 / (ext_factors[i] theta^(2i/rotary_dim))
+//     with per-frequency factors (the config's short_factor or long_factor), and cos and sin
+//     both multiplied by an attention factor (so q k^T by its square).
+//
 // Storage and rounding (models/gpt_kernels.h): the cos/sin table is evaluated in double and
 // rounded once to ComputeType<S> (fp32; double for the reference); the rotation is computed in
 // ComputeType<S> from the S inputs and each output rounded once to S. The backward is the
@@ -43,13 +53,26 @@ struct RopeParams {
   // "Extending Context Window of Large Language Models via Positional Interpolation", 2023; Gemma
   // 3's global layers): every inverse frequency divided by f. 1: none.
   double linear_factor = 1.0;
+  // The columns of each head that turn (partial rotary); 0 = all head_dim. Even, <= head_dim.
+  int rotary_dim = 0;
+  // LongRoPE's per-frequency divisors (rotary_dim / 2 of them, each > 0); empty = none.
+  std::vector<double> ext_factors;
+  // cos and sin times this (LongRoPE's attention factor); 1 = none.
+  double attention_factor = 1.0;
 };
 
-// inv_freq (head_dim / 2), in double. STRATA_CHECKs head_dim even and positive.
+// The rotated columns of each head: p.rotary_dim, or p.head_dim when it is 0.
+inline int RopeRotaryDim(const RopeParams& p) {
+  return p.rotary_dim > 0 ? p.rotary_dim : p.head_dim;
+}
+
+// inv_freq (rotary_dim / 2), in double. STRATA_CHECKs head_dim and the rotary dim even and
+// positive, the rotary dim <= head_dim, and ext_factors empty or one positive factor a frequency.
 std::vector<double> RopeInverseFrequencies(const RopeParams& p);
 
-// cos, sin: (seq_len, head_dim / 2), OVERWRITTEN: cos(t inv_freq[i]), sin(t inv_freq[i]) for
-// positions t in [0, seq_len), evaluated in double and rounded once to F (float or double).
+// cos, sin: (seq_len, rotary_dim / 2), OVERWRITTEN: a cos(t inv_freq[i]), a sin(t inv_freq[i])
+// with a = p.attention_factor, for positions t in [0, seq_len), evaluated in double and rounded
+// once to F (float or double).
 template <typename F>
 void RopeTable(const RopeParams& p, int seq_len, F* cos, F* sin);
 
@@ -57,17 +80,20 @@ void RopeTable(const RopeParams& p, int seq_len, F* cos, F* sin);
 // in each of `rows` rows of row_stride elements; row r is position t = position_ids[r] when
 // position_ids ((rows) int32, packed sequences: each in [0, seq_len)) is given, else r % seq_len
 // (rows are (B, T) token rows). cos, sin: the table of RopeTable<ComputeType<S>> for at least
-// seq_len positions. The q and k column blocks of a fused [q | k | v] projection are consecutive,
-// so one call with num_heads = H + Hkv rotates both. row_stride >= num_heads * head_dim.
+// seq_len positions, with rotary_dim / 2 entries a position. The q and k column blocks of a fused
+// [q | k | v] projection are consecutive, so one call with num_heads = H + Hkv rotates both.
+// row_stride >= num_heads * head_dim. rotary_dim: the columns of each head that turn (even,
+// <= head_dim; 0 = head_dim); the others are not touched.
 template <typename S>
 void RopeForward(S* x, int64_t rows, int64_t row_stride, int num_heads, int head_dim, int seq_len,
                  const ComputeType<S>* cos, const ComputeType<S>* sin,
-                 const int32_t* position_ids = nullptr);
+                 const int32_t* position_ids = nullptr, int rotary_dim = 0);
 
-// The gradient through RopeForward, in place on dx (same layout): dx <- R(t)^T dx.
+// The gradient through RopeForward, in place on dx (same layout): dx <- R(t)^T dx (with an
+// attention factor a, R(t) is a times a rotation and its transpose is what this applies).
 template <typename S>
 void RopeBackward(S* dx, int64_t rows, int64_t row_stride, int num_heads, int head_dim, int seq_len,
                   const ComputeType<S>* cos, const ComputeType<S>* sin,
-                  const int32_t* position_ids = nullptr);
+                  const int32_t* position_ids = nullptr, int rotary_dim = 0);
 
 }  // namespace strata::models::ops

@@ -1,8 +1,8 @@
 // The tiny Hugging Face family models the engine's offload tests train: a Llama with
 // grouped-query attention (untied or tied head), a tied Qwen3 with every option of the Llama
 // layer's families (q/k/v and o biases, per-head q/k norms, a sliding window shorter than the
-// sequence on two of its four layers), a tied Gemma 3, a tied Gemma 2 with soft-capping and a tied
-// GPT-2, all over byte tokens.
+// sequence on two of its four layers), a tied Gemma 3, a tied Gemma 2 with soft-capping, a tied
+// Phi-4-mini-style partial rotary LongRoPE and a tied GPT-2, all over byte tokens.
 #pragma once
 
 #include <cmath>
@@ -72,13 +72,27 @@ inline models::LlamaConfig TinyGemma2() {
   return c;
 }
 
+// Phi-4-mini's rotary embedding: RoPE on int(6 x 0.7) = 4 of each head's 6 columns with LongRoPE
+// from an original 8 positions (the short factors up to 8 tokens, the long ones past it) and its
+// attention factor; fused q/k/v and gate/up are only names, so this is the Llama layer otherwise.
+inline models::LlamaConfig TinyPhi4MiniLongRope() {
+  models::LlamaConfig c = TinyLlama(true);
+  c.arch = models::LlamaArch::kPhi3;
+  c.partial_rotary_factor = 0.7;
+  c.rope_original_max_position = 8;
+  c.rope_short_factor = {1.0, 1.8};
+  c.rope_long_factor = {2.5, 9.0};
+  c.rope_attention_factor = models::LongRopeDefaultAttentionFactor(c.max_seq_len, 8);
+  return c;
+}
+
 struct Family {
   const char* name;
   std::function<std::unique_ptr<Model>()> make;
 };
 
 // "llama" (untied, when with_untied), "llama_tied", "qwen3_window", "gemma3", "gemma2",
-// "gpt2_tied".
+// "phi4_mini_longrope", "gpt2_tied".
 inline std::vector<Family> TinyFamilies(bool with_untied = true) {
   std::vector<Family> all;
   if (with_untied) {
@@ -96,6 +110,9 @@ inline std::vector<Family> TinyFamilies(bool with_untied = true) {
       {"gemma3", [] { return std::unique_ptr<Model>(*models::LlamaModel::Create(TinyGemma3())); }});
   all.push_back(
       {"gemma2", [] { return std::unique_ptr<Model>(*models::LlamaModel::Create(TinyGemma2())); }});
+  all.push_back(
+      {"phi4_mini_longrope",
+       [] { return std::unique_ptr<Model>(*models::LlamaModel::Create(TinyPhi4MiniLongRope())); }});
   all.push_back({"gpt2_tied", [] {
                    models::GptShape s{256, 16, 5, 2, 32};
                    s.tie_embeddings = true;

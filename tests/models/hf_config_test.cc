@@ -182,7 +182,7 @@ TEST(HfConfig, Qwen3HasQkNormsAnOwnHeadDimAndOptionalBiases) {
   EXPECT_FALSE(r->llama.rope_llama3);
 }
 
-TEST(HfConfig, Phi3IsFusedAndRefusesPartialRotaryLongRopeAndDropout) {
+TEST(HfConfig, Phi3IsFusedAndRefusesDropout) {
   auto r = ParseHfConfig(FamilyConfig("phi3", "Phi3ForCausalLM",
                                       R"(, "sliding_window": 48, "resid_pdrop": 0.0,
       "embd_pdrop": 0.0, "attention_dropout": 0.0, "original_max_position_embeddings": 256,
@@ -204,17 +204,96 @@ TEST(HfConfig, Phi3IsFusedAndRefusesPartialRotaryLongRopeAndDropout) {
   EXPECT_EQ(t[4].shape, (std::vector<int64_t>{2 * 48, 32}));
 
   ExpectOneLineError(
-      ParseHfConfig(FamilyConfig("phi3", "Phi3ForCausalLM", R"(, "partial_rotary_factor": 0.75)"),
-                    kPath),
-      "partial_rotary_factor");
-  ExpectOneLineError(ParseHfConfig(FamilyConfig("phi3", "Phi3ForCausalLM",
-                                                R"(, "rope_scaling": {"type": "longrope",
-          "short_factor": [1.0], "long_factor": [1.0]})"),
-                                   kPath),
-                     "rope_scaling");
-  ExpectOneLineError(
       ParseHfConfig(FamilyConfig("phi3", "Phi3ForCausalLM", R"(, "resid_pdrop": 0.1)"), kPath),
       "resid_pdrop");
+}
+
+// Phi-4-mini's partial_rotary_factor and Phi-3.5's LongRoPE, as transformers' Phi3Config and
+// _compute_longrope_parameters read them (head_dim 8 here).
+TEST(HfConfig, Phi3ReadsPartialRotaryAndLongRope) {
+  // int(8 x factor) columns turn, truncated as Python's int() does.
+  for (const auto& [factor, dim] :
+       {std::pair{"0.75", 6}, {"0.5", 4}, {"0.3", 2}, {"0.6", 4}, {"1.0", 8}}) {
+    const auto r =
+        ParseHfConfig(FamilyConfig("phi3", "Phi3ForCausalLM",
+                                   fmt::format(R"(, "partial_rotary_factor": {})", factor)),
+                      kPath);
+    ASSERT_TRUE(r.ok()) << factor << ": " << r.status().ToString();
+    EXPECT_EQ(LlamaRotaryDim(r->llama), dim) << factor;
+    EXPECT_EQ(RopeRotaryDim(LlamaLayerRopeParams(r->llama, 0)), dim) << factor;
+  }
+  // transformers 5 saves it inside rope_parameters.
+  const auto v5 = ParseHfConfig(FamilyConfig("phi3", "Phi3ForCausalLM", R"(, "rope_parameters":
+      {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})"),
+                                kPath);
+  ASSERT_TRUE(v5.ok()) << v5.status().ToString();
+  EXPECT_EQ(LlamaRotaryDim(v5->llama), 4);
+  for (const char* bad : {"0.1", "0.7", "0", "1.5", "\"half\""}) {
+    ExpectOneLineError(
+        ParseHfConfig(FamilyConfig("phi3", "Phi3ForCausalLM",
+                                   fmt::format(R"(, "partial_rotary_factor": {})", bad)),
+                      kPath),
+        "partial_rotary_factor");
+  }
+
+  // LongRoPE over the 6 rotated columns: 3 factors each; 256 positions over an original 64.
+  const std::string longrope = R"(, "partial_rotary_factor": 0.75,
+      "original_max_position_embeddings": 64, "rope_scaling": {"type": "longrope",
+      "short_factor": [1.0, 1.5, 2.25], "long_factor": [3.0, 4.5, 6.75]})";
+  const auto r = ParseHfConfig(FamilyConfig("phi3", "Phi3ForCausalLM", longrope), kPath);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const LlamaConfig& c = r->llama;
+  EXPECT_EQ(c.rope_short_factor, (std::vector<double>{1.0, 1.5, 2.25}));
+  EXPECT_EQ(c.rope_long_factor, (std::vector<double>{3.0, 4.5, 6.75}));
+  EXPECT_EQ(c.rope_original_max_position, 64);
+  // sqrt(1 + ln(256 / 64) / ln 64) = sqrt(1 + 1/3).
+  EXPECT_DOUBLE_EQ(c.rope_attention_factor, std::sqrt(4.0 / 3.0));
+  // The short factors while a forward's sequence fits the original 64 positions, the long past it.
+  EXPECT_EQ(LlamaLayerRopeParams(c, 1, 64).ext_factors, c.rope_short_factor);
+  EXPECT_EQ(LlamaLayerRopeParams(c, 1, 65).ext_factors, c.rope_long_factor);
+  EXPECT_EQ(LlamaLayerRopeParams(c, 1, 65).attention_factor, c.rope_attention_factor);
+  const std::vector<double> inv = RopeInverseFrequencies(LlamaLayerRopeParams(c, 0, 200));
+  ASSERT_EQ(inv.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_DOUBLE_EQ(inv[i], 1.0 / (c.rope_long_factor[i] * std::pow(10000.0, 2.0 * i / 6)));
+  }
+  // "su" (the first Phi-3 configs), an explicit attention factor, and Phi3Config's default
+  // original length of 4096 (here above max_position_embeddings: no scaling, factor 1).
+  const auto su = ParseHfConfig(FamilyConfig("phi3", "Phi3ForCausalLM", R"(,
+      "rope_scaling": {"type": "su", "short_factor": [1, 1, 1, 1], "long_factor": [2, 2, 2, 2],
+      "attention_factor": 1.25})"),
+                                kPath);
+  ASSERT_TRUE(su.ok()) << su.status().ToString();
+  EXPECT_EQ(su->llama.rope_original_max_position, 4096);
+  EXPECT_EQ(su->llama.rope_attention_factor, 1.25);
+  const auto none = ParseHfConfig(FamilyConfig("phi3", "Phi3ForCausalLM", R"(,
+      "rope_scaling": {"type": "longrope", "short_factor": [1, 1, 1, 1], "long_factor": [2, 2, 2, 2]})"),
+                                  kPath);
+  ASSERT_TRUE(none.ok()) << none.status().ToString();
+  EXPECT_EQ(none->llama.rope_attention_factor, 1.0);
+
+  // Refused, each naming its key: factor lists of the wrong length or with a non-positive entry,
+  // a factor other than the positions' ratio, longrope outside phi3.
+  for (const auto& [extra, key] :
+       {std::pair{R"(, "rope_scaling": {"type": "longrope", "short_factor": [1.0],
+                      "long_factor": [1, 1, 1, 1]})",
+                  "rope_scaling.short_factor"},
+        {R"(, "rope_scaling": {"type": "longrope", "short_factor": [1, 1, 1, 1],
+                      "long_factor": [1, 0, 1, 1]})",
+         "rope_scaling.long_factor"},
+        {R"(, "rope_scaling": {"type": "longrope", "short_factor": [1, 1, 1, 1],
+                      "long_factor": [1, 1, 1, 1], "factor": 4.0})",
+         "rope_scaling.factor"},
+        {R"(, "rope_scaling": {"type": "longrope", "short_factor": [1, 1, 1, 1],
+                      "long_factor": [1, 1, 1, 1], "attention_factor": -1})",
+         "rope_scaling.attention_factor"}}) {
+    ExpectOneLineError(ParseHfConfig(FamilyConfig("phi3", "Phi3ForCausalLM", extra), kPath), key);
+  }
+  ExpectOneLineError(ParseHfConfig(FamilyConfig("llama", "LlamaForCausalLM",
+                                                R"(, "rope_scaling": {"type": "longrope",
+          "short_factor": [1, 1, 1, 1], "long_factor": [1, 1, 1, 1]})"),
+                                   kPath),
+                     "phi3 only");
 }
 
 TEST(HfConfig, Gemma3TextReadsItsNormsWindowsAndTwoRopeBases) {
@@ -352,6 +431,9 @@ TEST(HfConfig, EveryFamilyRoundTripsThroughItsOwnConfigJson) {
                    "tie_word_embeddings": true)"},
       {"qwen3", R"(, "head_dim": 16, "attention_bias": true)"},
       {"phi3", R"(, "sliding_window": 48, "original_max_position_embeddings": 128)"},
+      {"phi3", R"(, "partial_rotary_factor": 0.75, "original_max_position_embeddings": 64,
+                  "rope_scaling": {"type": "longrope", "short_factor": [1.0, 1.5, 2.25],
+                  "long_factor": [3.0, 4.5, 6.75], "attention_factor": 1.125})"},
       {"gemma3_text", R"(, "head_dim": 16, "query_pre_attn_scalar": 168, "sliding_window": 8,
                          "sliding_window_pattern": 3, "rope_scaling": {"rope_type": "linear",
                          "factor": 8.0}, "tie_word_embeddings": false)"},
@@ -377,8 +459,13 @@ TEST(HfConfig, EveryFamilyRoundTripsThroughItsOwnConfigJson) {
     EXPECT_EQ(y.sliding_window, x.sliding_window);
     EXPECT_EQ(SlidingLayers(y), SlidingLayers(x));
     if (x.arch == LlamaArch::kPhi3) {
-      EXPECT_EQ(j["original_max_position_embeddings"], 128);
+      EXPECT_EQ(j["original_max_position_embeddings"], x.rope_short_factor.empty() ? 128 : 64);
     }
+    EXPECT_EQ(y.partial_rotary_factor, x.partial_rotary_factor);
+    EXPECT_EQ(y.rope_short_factor, x.rope_short_factor);
+    EXPECT_EQ(y.rope_long_factor, x.rope_long_factor);
+    EXPECT_EQ(y.rope_attention_factor, x.rope_attention_factor);
+    EXPECT_EQ(y.rope_original_max_position, x.rope_original_max_position);
     EXPECT_EQ(y.norm_unit_offset, x.norm_unit_offset);
     EXPECT_EQ(y.sandwich_norms, x.sandwich_norms);
     EXPECT_EQ(y.gelu_tanh_mlp, x.gelu_tanh_mlp);

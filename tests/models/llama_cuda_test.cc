@@ -240,64 +240,79 @@ TYPED_TEST(LlamaCudaTest, RmsNormMatchesTheHostOpAndDouble) {
 // Rotary embeddings: the device table against RopeTable<float> (the same double evaluation,
 // rounded once: equal up to one fp32 ulp where the device's double cos/sin round the other way);
 // the rotation in place on the q and k heads of a strided [q | k | v | pad] buffer (one rounding
-// per output after a two-term fp32 sum), the v and pad columns untouched bit for bit.
+// per output after a two-term fp32 sum), the v and pad columns untouched bit for bit. Twice: the
+// whole head with Llama 3's scaling, and Phi-4-mini's partial rotary (12 of 16 columns) with
+// LongRoPE factors and attention factor, whose other 4 columns of each head stay untouched too.
 TYPED_TEST(LlamaCudaTest, RopeTableAndRotationMatchTheHostOpAndDouble) {
   using S = TypeParam;
   using Dev = DevOf<S>;
-  ops::RopeParams p;
-  p.head_dim = 16;
-  p.theta = 500000.0;
-  p.llama3 = true;
-  p.original_max_position = 16;  // puts frequencies in all three llama3 bands
-  const int B = 2, T = 37, H = 4, Hkv = 2, hs = p.head_dim, half = hs / 2;
-  const int64_t rows = int64_t{B} * T, stride = int64_t{H + 2 * Hkv} * hs + 5;
-  const std::vector<double> x = Rounded<S>(RandomValues(rows * stride, 1.0, 11));
+  ops::RopeParams llama3;
+  llama3.head_dim = 16;
+  llama3.theta = 500000.0;
+  llama3.llama3 = true;
+  llama3.original_max_position = 16;  // puts frequencies in all three llama3 bands
+  ops::RopeParams longrope;
+  longrope.head_dim = 16;
+  longrope.rotary_dim = 12;
+  longrope.ext_factors = {1.0, 1.5, 2.0, 4.0, 9.0, 30.0};
+  longrope.attention_factor = 1.1902380714238083;
+  for (const ops::RopeParams& p : {llama3, longrope}) {
+    SCOPED_TRACE(p.rotary_dim == 0 ? "whole head, llama3" : "partial rotary, longrope");
+    const int rd = ops::RopeRotaryDim(p);
+    const int B = 2, T = 37, H = 4, Hkv = 2, hs = p.head_dim, half = rd / 2;
+    const int64_t rows = int64_t{B} * T, stride = int64_t{H + 2 * Hkv} * hs + 5;
+    const std::vector<double> x = Rounded<S>(RandomValues(rows * stride, 1.0, 11));
 
-  auto gcos = this->Poisoned(int64_t{T} * half * 4), gsin = this->Poisoned(int64_t{T} * half * 4);
-  auto gx = this->Put(Cast<S>(x)), gdx = this->Put(Cast<S>(x));
-  cudaStream_t cs = this->Native();
-  ASSERT_TRUE(lops::LaunchRopeTable(cs, p, T, As<float>(gcos), As<float>(gsin)).ok());
-  ASSERT_TRUE(lops::LaunchRope(cs, As<Dev>(gx), rows, stride, H + Hkv, hs, T, As<float>(gcos),
-                               As<float>(gsin), false)
-                  .ok());
-  ASSERT_TRUE(lops::LaunchRope(cs, As<Dev>(gdx), rows, stride, H + Hkv, hs, T, As<float>(gcos),
-                               As<float>(gsin), true)
-                  .ok());
-  this->Sync();
+    auto gcos = this->Poisoned(int64_t{T} * half * 4), gsin = this->Poisoned(int64_t{T} * half * 4);
+    auto gx = this->Put(Cast<S>(x)), gdx = this->Put(Cast<S>(x));
+    cudaStream_t cs = this->Native();
+    ASSERT_TRUE(lops::LaunchRopeTable(cs, p, T, As<float>(gcos), As<float>(gsin)).ok());
+    ASSERT_TRUE(lops::LaunchRope(cs, As<Dev>(gx), rows, stride, H + Hkv, hs, T, As<float>(gcos),
+                                 As<float>(gsin), false, nullptr, rd)
+                    .ok());
+    ASSERT_TRUE(lops::LaunchRope(cs, As<Dev>(gdx), rows, stride, H + Hkv, hs, T, As<float>(gcos),
+                                 As<float>(gsin), true, nullptr, rd)
+                    .ok());
+    this->Sync();
 
-  std::vector<float> cos_h(int64_t{T} * half), sin_h(int64_t{T} * half);
-  ops::RopeTable<float>(p, T, cos_h.data(), sin_h.data());
-  std::vector<double> cos_d(int64_t{T} * half), sin_d(int64_t{T} * half);
-  ops::RopeTable<double>(p, T, cos_d.data(), sin_d.data());
-  const std::vector<float> cos_g = this->template Download<float>(gcos, cos_h.size()),
-                           sin_g = this->template Download<float>(gsin, sin_h.size());
-  for (size_t i = 0; i < cos_h.size(); ++i) {
-    // One rounding of the double value: within one fp32 unit roundoff of it (and of the host's).
-    EXPECT_LE(std::abs(cos_g[i] - cos_d[i]), 0x1p-24 * std::abs(cos_d[i]) + 1e-30) << i;
-    EXPECT_LE(std::abs(sin_g[i] - sin_d[i]), 0x1p-24 * std::abs(sin_d[i]) + 1e-30) << i;
-  }
-
-  for (bool inverse : {false, true}) {
-    SCOPED_TRACE(inverse ? "backward" : "forward");
-    std::vector<S> xh = Cast<S>(x);
-    std::vector<double> xd = x;
-    if (inverse) {
-      ops::RopeBackward<S>(xh.data(), rows, stride, H + Hkv, hs, T, cos_h.data(), sin_h.data());
-      ops::RopeBackward<double>(xd.data(), rows, stride, H + Hkv, hs, T, cos_d.data(),
-                                sin_d.data());
-    } else {
-      ops::RopeForward<S>(xh.data(), rows, stride, H + Hkv, hs, T, cos_h.data(), sin_h.data());
-      ops::RopeForward<double>(xd.data(), rows, stride, H + Hkv, hs, T, cos_d.data(), sin_d.data());
+    std::vector<float> cos_h(int64_t{T} * half), sin_h(int64_t{T} * half);
+    ops::RopeTable<float>(p, T, cos_h.data(), sin_h.data());
+    std::vector<double> cos_d(int64_t{T} * half), sin_d(int64_t{T} * half);
+    ops::RopeTable<double>(p, T, cos_d.data(), sin_d.data());
+    const std::vector<float> cos_g = this->template Download<float>(gcos, cos_h.size()),
+                             sin_g = this->template Download<float>(gsin, sin_h.size());
+    for (size_t i = 0; i < cos_h.size(); ++i) {
+      // One rounding of the double value: within one fp32 unit roundoff of it (and the host's).
+      EXPECT_LE(std::abs(cos_g[i] - cos_d[i]), 0x1p-24 * std::abs(cos_d[i]) + 1e-30) << i;
+      EXPECT_LE(std::abs(sin_g[i] - sin_d[i]), 0x1p-24 * std::abs(sin_d[i]) + 1e-30) << i;
     }
-    const std::vector<S> got_s = this->template Download<S>(inverse ? gdx : gx, rows * stride);
-    const std::vector<double> got = ToDoubles(got_s);
-    ExpectWithinBound("rotated vs double", got, xd, 2, Eps<S>(2));
-    ExpectWithinBound("rotated vs host", got, ToDoubles(xh), 4, Eps<S>(2));
-    const std::vector<S> in = Cast<S>(x);
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t c = int64_t{H + Hkv} * hs; c < stride; ++c) {
-        ASSERT_EQ(std::memcmp(&got_s[r * stride + c], &in[r * stride + c], sizeof(S)), 0)
-            << "column " << c << " of row " << r << " is not a q or k column but changed";
+
+    for (bool inverse : {false, true}) {
+      SCOPED_TRACE(inverse ? "backward" : "forward");
+      std::vector<S> xh = Cast<S>(x);
+      std::vector<double> xd = x;
+      if (inverse) {
+        ops::RopeBackward<S>(xh.data(), rows, stride, H + Hkv, hs, T, cos_h.data(), sin_h.data(),
+                             nullptr, rd);
+        ops::RopeBackward<double>(xd.data(), rows, stride, H + Hkv, hs, T, cos_d.data(),
+                                  sin_d.data(), nullptr, rd);
+      } else {
+        ops::RopeForward<S>(xh.data(), rows, stride, H + Hkv, hs, T, cos_h.data(), sin_h.data(),
+                            nullptr, rd);
+        ops::RopeForward<double>(xd.data(), rows, stride, H + Hkv, hs, T, cos_d.data(),
+                                 sin_d.data(), nullptr, rd);
+      }
+      const std::vector<S> got_s = this->template Download<S>(inverse ? gdx : gx, rows * stride);
+      const std::vector<double> got = ToDoubles(got_s);
+      ExpectWithinBound("rotated vs double", got, xd, 2, Eps<S>(2));
+      ExpectWithinBound("rotated vs host", got, ToDoubles(xh), 4, Eps<S>(2));
+      const std::vector<S> in = Cast<S>(x);
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t c = 0; c < stride; ++c) {
+          if (c < int64_t{H + Hkv} * hs && c % hs < rd) continue;  // a turning column
+          ASSERT_EQ(std::memcmp(&got_s[r * stride + c], &in[r * stride + c], sizeof(S)), 0)
+              << "column " << c << " of row " << r << " does not turn but changed";
+        }
       }
     }
   }
@@ -915,7 +930,8 @@ TYPED_TEST(LlamaCudaTest, WholeModelLossAndEveryGradientMatchTheHostDeviceAndDou
 // published architectures). Options that the host ops implement and the CUDA ops are held to
 // here: Qwen2 biases with a window on one layer, Qwen3 q/k norms with attention_bias, Gemma 3's
 // (1 + w) and sandwich norms, GeGLU, scaled embedding, query scale and two RoPE bases, Gemma 2's
-// soft-capped scores and logits (caps that bend the tiny model's values).
+// soft-capped scores and logits (caps that bend the tiny model's values), Phi-4-mini's partial
+// rotary with LongRoPE's short (T 11) and long (T 40) factors and attention factor.
 LlamaConfig FamilyConfig(LlamaArch arch) {
   LlamaConfig c = WholeModelConfig(/*tied=*/arch != LlamaArch::kQwen3);
   c.arch = arch;
@@ -939,6 +955,14 @@ LlamaConfig FamilyConfig(LlamaArch arch) {
     c.attn_logit_softcapping = 1.5;
     c.final_logit_softcapping = 2.0;
     c.sliding_layers = {true, false};
+  }
+  if (arch == LlamaArch::kPhi3) {  // Phi-4-mini's rotary: 8 of 12 columns turn, LongRoPE
+    c.partial_rotary_factor = 0.67;
+    for (int i = 0; i < LlamaRotaryDim(c) / 2; ++i) {
+      c.rope_short_factor.push_back(1.0 + 0.5 * i);  // T = 11 <= 16 positions
+      c.rope_long_factor.push_back(2.0 + 3.0 * i);   // T = 40 > 16
+    }
+    c.rope_attention_factor = LongRopeDefaultAttentionFactor(c.max_seq_len, 16);
   }
   return c;
 }
@@ -999,8 +1023,8 @@ void ExpectFamilyMatchesTheHost(const LlamaConfig& c, int B, int T, gpu::Device&
 class LlamaFamilyCudaTest : public gpu::testing::CudaTest {};
 
 TEST_F(LlamaFamilyCudaTest, EveryFamilyMatchesTheHostBackendInFp32) {
-  for (LlamaArch arch :
-       {LlamaArch::kQwen2, LlamaArch::kQwen3, LlamaArch::kGemma3, LlamaArch::kGemma2}) {
+  for (LlamaArch arch : {LlamaArch::kQwen2, LlamaArch::kQwen3, LlamaArch::kGemma3,
+                         LlamaArch::kGemma2, LlamaArch::kPhi3}) {
     for (const auto& [B, T] : {std::pair{3, 11}, std::pair{1, 40}}) {
       ExpectFamilyMatchesTheHost(FamilyConfig(arch), B, T, *device_, *stream_);
     }
@@ -1036,6 +1060,21 @@ TEST(LlamaCudaArguments, OpLaunchersRejectBadArgumentsBeforeLaunching) {
   EXPECT_TRUE(invalid(lops::LaunchRopeTable(nullptr, wide, 4, p, p)));
   EXPECT_TRUE(invalid(lops::LaunchRope<float>(nullptr, p, 4, 15, 2, 8, 4, p, p, false)))
       << "row_stride < num_heads head_dim";
+  EXPECT_TRUE(invalid(lops::LaunchRope<float>(nullptr, p, 4, 16, 2, 8, 4, p, p, false, nullptr, 5)))
+      << "an odd rotary dim";
+  EXPECT_TRUE(
+      invalid(lops::LaunchRope<float>(nullptr, p, 4, 16, 2, 8, 4, p, p, false, nullptr, 10)))
+      << "a rotary dim past head_dim";
+  ops::RopeParams factors;
+  factors.head_dim = 8;
+  factors.rotary_dim = 6;
+  factors.ext_factors = {1.0, 2.0};  // 3 needed
+  EXPECT_TRUE(invalid(lops::LaunchRopeTable(nullptr, factors, 4, p, p)));
+  factors.ext_factors = {1.0, 0.0, 2.0};
+  EXPECT_TRUE(invalid(lops::LaunchRopeTable(nullptr, factors, 4, p, p)));
+  factors.ext_factors = {1.0, 1.0, 2.0};
+  factors.attention_factor = 0;
+  EXPECT_TRUE(invalid(lops::LaunchRopeTable(nullptr, factors, 4, p, p)));
   EXPECT_TRUE(invalid(lops::LaunchSwigluForward<float>(nullptr, p, 4, 0, p)));
   EXPECT_TRUE(invalid(lops::LaunchSwigluBackward<float>(nullptr, p, nullptr, 4, 8, p)));
   const lops::CountingSortScratch sort{reinterpret_cast<int32_t*>(p), reinterpret_cast<int32_t*>(p),

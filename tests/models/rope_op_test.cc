@@ -260,6 +260,76 @@ TEST(RopeOp, PositionIdsTurnEachRowByItsPositionWithinItsExample) {
   }
 }
 
+// Phi-4-mini's partial rotary with Phi-3.5's LongRoPE (transformers _compute_longrope_parameters
+// and modeling_phi3.apply_rotary_pos_emb, from their formulas): the first rotary_dim columns of a
+// head turn, pair i with i + rotary_dim / 2, inv_freq[i] = 1 / (ext[i] theta^(2i / rotary_dim)),
+// cos and sin times the attention factor a; the other columns pass through. The backward is the
+// transpose of that map (a times a rotation).
+TEST(RopeOp, PartialRotaryWithLongRopeFactorsTurnsTheFirstColumnsScaledByTheAttentionFactor) {
+  const int hs = 16, rd = 12, half = rd / 2, heads = 3, T = 9, B = 2;
+  const int64_t stride = heads * hs + 5, rows = int64_t{B} * T;
+  RopeParams p = Plain(hs, 500.0);
+  p.rotary_dim = rd;
+  p.ext_factors = {1.0, 1.25, 2.0, 3.5, 8.0, 20.0};
+  p.attention_factor = 1.1902380714238083;  // sqrt(1 + ln 32 / ln 4096), Phi-3.5-mini's
+  std::vector<double> inv(half);
+  for (int i = 0; i < half; ++i) {
+    inv[i] = 1.0 / (p.ext_factors[i] * std::pow(500.0, 2.0 * i / rd));
+  }
+  const std::vector<double> got_inv = RopeInverseFrequencies(p);
+  ASSERT_EQ(got_inv.size(), static_cast<size_t>(half));
+  for (int i = 0; i < half; ++i) EXPECT_TRUE(Close(got_inv[i], inv[i], 0, 1e-14)) << i;
+  std::vector<double> cd(T * half), sd(T * half);
+  std::vector<float> cf(T * half), sf(T * half);
+  RopeTable<double>(p, T, cd.data(), sd.data());
+  RopeTable<float>(p, T, cf.data(), sf.data());
+  for (int t = 0; t < T; ++t) {
+    for (int i = 0; i < half; ++i) {
+      EXPECT_TRUE(Close(cd[t * half + i], p.attention_factor * std::cos(t * inv[i]), 1e-15, 1e-13));
+      EXPECT_TRUE(Close(sd[t * half + i], p.attention_factor * std::sin(t * inv[i]), 1e-15, 1e-13));
+      EXPECT_EQ(cf[t * half + i], static_cast<float>(cd[t * half + i]));
+    }
+  }
+  const std::vector<double> x = RandomValues(rows * stride, 1.0, 77);
+  for (int sign : {1, -1}) {
+    std::vector<double> y = x;
+    if (sign > 0) {
+      RopeForward<double>(y.data(), rows, stride, heads, hs, T, cd.data(), sd.data(), nullptr, rd);
+    } else {
+      RopeBackward<double>(y.data(), rows, stride, heads, hs, T, cd.data(), sd.data(), nullptr, rd);
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      const int t = static_cast<int>(r % T);
+      for (int64_t j = 0; j < stride; ++j) {
+        const int64_t h = j / hs, col = j % hs;
+        double want = x[r * stride + j];
+        if (h < heads && col < rd) {
+          const int i = static_cast<int>(col % half);
+          const double c = p.attention_factor * std::cos(t * inv[i]);
+          const double s = sign * p.attention_factor * std::sin(t * inv[i]);
+          const double a = x[r * stride + h * hs + i], b = x[r * stride + h * hs + i + half];
+          want = col < half ? a * c - b * s : b * c + a * s;
+          ASSERT_TRUE(Close(y[r * stride + j], want, 1e-13, 1e-12))
+              << (sign > 0 ? "forward" : "backward") << " row " << r << " column " << j;
+        } else {
+          ASSERT_EQ(y[r * stride + j], want) << "a column that does not turn changed: " << j;
+        }
+      }
+    }
+  }
+  // The backward is the transpose: <R x, g> = <x, R^T g> over the whole buffer.
+  const std::vector<double> g = RandomValues(rows * stride, 1.0, 78);
+  std::vector<double> rx = x, rtg = g;
+  RopeForward<double>(rx.data(), rows, stride, heads, hs, T, cd.data(), sd.data(), nullptr, rd);
+  RopeBackward<double>(rtg.data(), rows, stride, heads, hs, T, cd.data(), sd.data(), nullptr, rd);
+  double lhs = 0, rhs = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    lhs += rx[i] * g[i];
+    rhs += x[i] * rtg[i];
+  }
+  EXPECT_TRUE(Close(lhs, rhs, 1e-12, 1e-12)) << lhs << " vs " << rhs;
+}
+
 template <typename S>
 class RopeTypedTest : public ::testing::Test {};
 using StorageTypes = ::testing::Types<float, Bf16, Fp16>;

@@ -17,8 +17,16 @@ per-family differences are spelled out in family_traits:
   layer;
 - phi3 (Phi3ForCausalLM): fused self_attn.qkv_proj ((H + 2 Hkv) hs, C: rows q, then k, then
   v) and mlp.gate_up_proj (2I, C: gate = first I rows, up = last I; out = down(up * silu(gate))),
-  sliding_window as Mistral's (every layer; null: none), no biases; partial_rotary_factor 1.0
-  and rope_scaling null only (the reference raises on anything else);
+  sliding_window as Mistral's (every layer; null: none), no biases; partial_rotary_factor
+  (Phi-4-mini): RoPE on the first int(head_dim * factor) columns of each head only
+  (modeling_phi3.apply_rotary_pos_emb: rotary_dim = cos.shape[-1], the rest passed through),
+  inv_freq over that dim; rope_scaling longrope (Phi-3 128k, Phi-3.5, Phi-4-mini;
+  modeling_rope_utils._compute_longrope_parameters with Phi3Config's
+  original_max_position_embeddings, default 4096): inv_freq[j] = 1 / (ext[j] theta^(2j/dim))
+  with ext = long_factor when the sequence is longer than original_max_position_embeddings
+  (dynamic_rope_update's longrope switch on max(position_ids) + 1), else short_factor, and cos
+  and sin times attention_factor (default sqrt(1 + ln s / ln original), s = max_position /
+  original, 1 when s <= 1);
 - llama (LlamaForCausalLM) with attention_bias true: q, k, v AND o biases.
 
 Tiny random models of each (config.json with the fields and value shapes Hugging Face's
@@ -141,20 +149,46 @@ def layer_windows(cfg):
     return [None] * n
 
 
-def rope_inv_freq(cfg):
-    """theta^(-2j/hs), j < hs/2; Llama-3 scaling for llama/mistral as base does; the reference
-    refuses a partial rotary factor and any other rope_scaling."""
-    hs = head_dim(cfg)
-    if cfg.get("partial_rotary_factor", 1.0) != 1.0:
-        raise ValueError("reference has no partial rotary embedding")
-    inv = cfg.get("rope_theta", 10000.0) ** (-(torch.arange(0, hs, 2, dtype=F64) / hs))
+def rotary_dim(cfg):
+    """int(head_dim * partial_rotary_factor) (phi3 only; the others rotate the whole head)."""
+    if cfg["model_type"] != "phi3":
+        return head_dim(cfg)
+    return int(head_dim(cfg) * cfg.get("partial_rotary_factor", 1.0))
+
+
+def rope_tables(cfg, t, full_rotary=False):
+    """cos, sin (T, rotary dim) of positions 0..T-1, each half duplicated, times LongRoPE's
+    attention factor. inv_freq: theta^(-2j/dim), j < dim/2; Llama-3 scaling for llama/mistral
+    as base does; longrope for phi3 (the module docstring); the reference raises on any other
+    rope_scaling. full_rotary: the whole head turns (LongRoPE's factors padded with 1), for
+    ReferenceSensitivityTest only."""
+    dim = head_dim(cfg) if full_rotary else rotary_dim(cfg)
+    theta = cfg.get("rope_theta", 10000.0)
+    base_freq = theta ** (torch.arange(0, dim, 2, dtype=F64) / dim)
+    inv, attention = 1 / base_freq, 1.0
     rs = cfg.get("rope_scaling")
     if rs:
         kind = rs.get("rope_type", rs.get("type"))
-        if kind != "llama3" or cfg["model_type"] not in ("llama", "mistral"):
+        if kind == "llama3" and cfg["model_type"] in ("llama", "mistral"):
+            inv = base.llama3_scale_inv_freq(inv, rs)
+        elif kind in ("longrope", "su") and cfg["model_type"] == "phi3":
+            original = cfg.get("original_max_position_embeddings", 4096)
+            ext = rs["long_factor"] if t > original else rs["short_factor"]
+            ext = torch.tensor(list(ext) + [1.0] * (dim // 2 - len(ext)), dtype=F64)
+            inv = 1 / (ext * base_freq)
+            scale = cfg["max_position_embeddings"] / original
+            attention = rs.get("attention_factor") or (
+                math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
+        else:
             raise ValueError(f"reference has no rope_scaling {kind!r} for {cfg['model_type']}")
-        inv = base.llama3_scale_inv_freq(inv, rs)
-    return inv
+    cos, sin = rope_cos_sin(inv, t)
+    return cos * attention, sin * attention
+
+
+def apply_partial_rope(x, cos, sin):
+    """apply_rope on the first cos.shape[-1] columns of x's heads, the rest passed through."""
+    d = cos.shape[-1]
+    return torch.cat([apply_rope(x[..., :d], cos, sin), x[..., d:]], -1)
 
 
 def visible(t, window=None):
@@ -210,17 +244,18 @@ def decoder_param_shapes(cfg):
     return shapes
 
 
-def decoder_loss(p, cfg, inputs, targets, head=None, delta=None, qk_norm_after_rope=False):
+def decoder_loss(p, cfg, inputs, targets, head=None, delta=None, qk_norm_after_rope=False,
+                 full_rotary=False):
     """Mean next-token cross-entropy of the family's ForCausalLM with parameters p (Hugging
     Face names, float64), inputs/targets (B, T) int64. head overrides the output matrix
     (default lm_head, or embed_tokens when tied). delta(layer, module, x) -> tensor or None
     is added to the output of every projection (LoRA). qk_norm_after_rope: the wrong order,
-    for ReferenceSensitivityTest only."""
+    and full_rotary (rope_tables), for ReferenceSensitivityTest only."""
     tr = family_traits(cfg)
     b, t = inputs.shape
     hs, eps = head_dim(cfg), cfg["rms_norm_eps"]
     h, hkv = cfg["num_attention_heads"], kv_heads(cfg)
-    cos, sin = rope_cos_sin(rope_inv_freq(cfg), t)
+    cos, sin = rope_tables(cfg, t, full_rotary)
     layer_window = layer_windows(cfg)
 
     def proj(i, path, x, bias):
@@ -250,7 +285,7 @@ def decoder_loss(p, cfg, inputs, targets, head=None, delta=None, qk_norm_after_r
             q = rms_norm(q, p[pre + "self_attn.q_norm.weight"], eps)
             k = rms_norm(k, p[pre + "self_attn.k_norm.weight"], eps)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = apply_partial_rope(q, cos, sin), apply_partial_rope(k, cos, sin)
         if tr["qk_norm"] and qk_norm_after_rope:
             q = rms_norm(q, p[pre + "self_attn.q_norm.weight"], eps)
             k = rms_norm(k, p[pre + "self_attn.k_norm.weight"], eps)
@@ -377,9 +412,11 @@ def mistral_config(layers, heads, kv, window, tied=False, torch_dtype="float32")
 
 
 def phi3_config(layers, heads, kv, window, tied=False, torch_dtype="float32",
-                partial_rotary_factor=None, rope_scaling=None):
+                partial_rotary_factor=None, rope_scaling=None, original_max=64):
     """Phi-3-mini-4k-instruct's config.json shape (sliding_window 2047, rope_scaling null,
-    original_max_position_embeddings, the dropouts at 0). partial_rotary_factor None: absent."""
+    original_max_position_embeddings, the dropouts at 0); with rope_scaling longrope that of
+    Phi-3.5-mini-instruct (and partial_rotary_factor 0.75, Phi-4-mini-instruct's).
+    partial_rotary_factor None: absent."""
     cfg = {
         "architectures": ["Phi3ForCausalLM"],
         "attention_bias": False,
@@ -396,7 +433,7 @@ def phi3_config(layers, heads, kv, window, tied=False, torch_dtype="float32",
         "num_attention_heads": heads,
         "num_hidden_layers": layers,
         "num_key_value_heads": kv,
-        "original_max_position_embeddings": 64,
+        "original_max_position_embeddings": original_max,
         "pad_token_id": 100,
         "resid_pdrop": 0.0,
         "rms_norm_eps": 1e-05,
@@ -471,6 +508,25 @@ def _make_models():
                            max_window_layers=1, rope_theta=10000.0, realistic_extras=False,
                            use_sliding_window=True),
               seed=59),
+        # As Phi-4-mini: RoPE on int(6 x 0.75) = 4 of each head's 6 columns, LongRoPE; T = 13
+        # is past the original 8 positions, so the long factors apply; s = 64 / 8, attention
+        # factor sqrt(1 + ln 8 / ln 8) = sqrt(2).
+        Model("phi3_longrope_partial_long_f32",
+              phi3_config(layers=2, heads=4, kv=2, window=None, partial_rotary_factor=0.75,
+                          rope_scaling={"type": "longrope", "short_factor": [1.0, 1.7],
+                                        "long_factor": [2.5, 7.0]},
+                          original_max=8),
+              seed=60),
+        # As Phi-3.5-mini: the whole head turns, LongRoPE; T = 13 is within the original 16
+        # positions: the short factors, attention factor sqrt(1 + ln 4 / ln 16); tied, BF16.
+        Model("phi3_longrope_short_tied_bf16",
+              phi3_config(layers=2, heads=2, kv=1, window=PHI3_WINDOW, tied=True,
+                          torch_dtype="bfloat16",
+                          rope_scaling={"type": "longrope",
+                                        "short_factor": [1.0, 1.1, 1.3, 2.0, 3.5, 6.0],
+                                        "long_factor": [1.5, 4.0, 9.0, 16.0, 30.0, 60.0]},
+                          original_max=16),
+              seed=61, storage="BF16"),
     ]
 
 
@@ -896,6 +952,18 @@ class ReferenceSensitivityTest(unittest.TestCase):
         self.check_mistake(5, "up before gate", params=swapped_mlp)
         self.check_mistake(5, "v before k", params=swapped_kv)
 
+    def test_longrope_factors_attention_factor_and_partial_rotary(self):
+        # 9: long factors (T past the original length), rotary on 4 of 6 columns; 10: short.
+        for index, used, other in ((9, "long_factor", "short_factor"),
+                                   (10, "short_factor", "long_factor")):
+            cfg = self.models[index].cfg
+            rs = cfg["rope_scaling"]
+            self.check_mistake(index, f"{other} instead of {used}",
+                               cfg=dict(cfg, rope_scaling=dict(rs, **{used: rs[other]})))
+            self.check_mistake(index, "no attention factor",
+                               cfg=dict(cfg, rope_scaling=dict(rs, attention_factor=1.0)))
+        self.check_mistake(9, "the whole head turns", full_rotary=True)
+
     def test_qwen3_head_dim_is_not_hidden_over_heads(self):
         for model in self.models[2:4]:
             cfg = model.cfg
@@ -1048,13 +1116,20 @@ class StrataLoraGradientTest(unittest.TestCase):
 
 
 def fine_tune_models():
-    """One untied F32 model per family, the fixture's shapes."""
+    """One untied F32 model per family, the fixture's shapes (Phi-3 also with Phi-4-mini's
+    partial rotary and LongRoPE)."""
     return [
         Model("ft_qwen2", qwen2_config(2, 4, 2, False, sliding_window=4, max_window_layers=1),
               seed=61),
         Model("ft_qwen3", qwen3_config(2, 4, 2, hd=10, tied=False, attention_bias=True), seed=62),
         Model("ft_mistral", mistral_config(2, 4, 2, window=MISTRAL_WINDOW), seed=63),
         Model("ft_phi3", phi3_config(2, 4, 2, window=PHI3_WINDOW), seed=64),
+        Model("ft_phi3_longrope",
+              phi3_config(2, 4, 2, window=None, partial_rotary_factor=0.75,
+                          rope_scaling={"type": "longrope", "short_factor": [1.0, 1.7],
+                                        "long_factor": [2.5, 7.0]},
+                          original_max=8),
+              seed=66),
         Model("ft_llama_bias", llama_bias_config(2, 4, 2), seed=65),
     ]
 
@@ -1065,10 +1140,11 @@ EXPORTED_FIELDS = {
     "qwen2": ["use_sliding_window"],
     "qwen3": ["head_dim", "attention_bias", "use_sliding_window"],
     "mistral": ["sliding_window"],
-    "phi3": ["sliding_window"],
+    "phi3": ["sliding_window", "partial_rotary_factor", "rope_scaling",
+             "original_max_position_embeddings"],
     "llama": ["attention_bias"],
 }
-HF_DEFAULTS = {"attention_bias": False, "use_sliding_window": False}
+HF_DEFAULTS = {"attention_bias": False, "use_sliding_window": False, "partial_rotary_factor": 1.0}
 
 
 @unittest.skipIf(torch is None, "torch is not importable")
@@ -1126,7 +1202,8 @@ class StrataFineTuneTest(unittest.TestCase):
                     "intermediate_size", "num_hidden_layers", "num_attention_heads",
                     "num_key_value_heads", "rms_norm_eps", "rope_theta", "tie_word_embeddings",
                     *EXPORTED_FIELDS[mt]]:
-            self.assertEqual(out_cfg.get(key, HF_DEFAULTS.get(key)), cfg[key],
+            self.assertEqual(out_cfg.get(key, HF_DEFAULTS.get(key)),
+                             cfg.get(key, HF_DEFAULTS.get(key)),
                              f"exported config.json {key}")
         tensors = base.read_model_dir_tensors(out)
         shapes = decoder_param_shapes(cfg)
@@ -1188,20 +1265,19 @@ class StrataBadInputTest(unittest.TestCase):
             json.dump(dict(model.cfg, **changes), fh)
         return d
 
-    def test_phi3_partial_rotary_factor_is_refused(self):
-        model = self.model("phi3")
-        d = self.with_config(model, partial_rotary_factor=0.75)
+    def test_phi3_partial_rotary_factor_giving_an_odd_rotary_dim_is_refused(self):
+        model = self.model("phi3")  # head_dim 6: int(6 x 0.5) = 3 columns cannot pair up
+        d = self.with_config(model, partial_rotary_factor=0.5)
         self.expect_error(d, model.data, "config.json", "partial_rotary_factor")
 
-    def test_phi3_longrope_scaling_is_refused(self):
-        # As Phi-3-mini-128k-instruct's: one factor per rotary frequency (head_dim / 2).
+    def test_phi3_longrope_factors_of_the_wrong_length_are_refused(self):
+        # One factor per rotary frequency (head_dim / 2 = 3) is what the config must carry.
         model = self.model("phi3")
-        n = head_dim(model.cfg) // 2
         d = self.with_config(model, rope_scaling={"type": "longrope",
-                                                  "short_factor": [1.0] * n,
-                                                  "long_factor": [1.5] * n},
+                                                  "short_factor": [1.0] * 2,
+                                                  "long_factor": [1.5] * 3},
                              max_position_embeddings=256)
-        self.expect_error(d, model.data, "config.json", "rope_scaling")
+        self.expect_error(d, model.data, "config.json", "rope_scaling.short_factor")
 
     def test_mistral_window_of_zero_is_refused(self):
         model = self.model("mistral")

@@ -138,9 +138,10 @@ class CudaOps {
     return LaunchRopeTable(cs_, p, seq_len, cos, sin);
   }
   Status Rope(S* x, int64_t rows, int64_t row_stride, int num_heads, int head_dim, int seq_len,
-              const F* cos, const F* sin, bool inverse, const int32_t* position_ids) const {
+              const F* cos, const F* sin, bool inverse, const int32_t* position_ids,
+              int rotary_dim) const {
     return LaunchRope(cs_, D(x), rows, row_stride, num_heads, head_dim, seq_len, cos, sin, inverse,
-                      position_ids);
+                      position_ids, rotary_dim);
   }
 
   // LaunchAttentionForward / LaunchAttentionBackward.

@@ -224,11 +224,13 @@ Status LaunchAdd(cudaStream_t stream, const D* a, const D* b, int64_t n, D* out)
 // argument).
 inline constexpr int kRopeMaxHeadDim = 256;
 
-// cos, sin: (seq_len, head_dim / 2) fp32 OVERWRITTEN, the table of ops::RopeTable<float>: the
+// cos, sin: (seq_len, rotary_dim / 2) fp32 OVERWRITTEN, the table of ops::RopeTable<float>: the
 // inverse frequencies come from ops::RopeInverseFrequencies (host, double) and each entry is
-// float(cos(double(t) * inv_freq[i])) evaluated in double on the device, so it matches the host
-// table except where the device's double cos/sin (within 2 ulp of double) round to the other
-// float. head_dim even, 2 <= head_dim <= kRopeMaxHeadDim, seq_len >= 1.
+// float(a * cos(double(t) * inv_freq[i])) (a = p.attention_factor) evaluated in double on the
+// device, so it matches the host table except where the device's double cos/sin (within 2 ulp of
+// double) round to the other float. head_dim even, 2 <= head_dim <= kRopeMaxHeadDim, the rotary
+// dim (ops::RopeRotaryDim) even in [2, head_dim], ext_factors empty or one positive factor a
+// frequency, a positive and finite, seq_len >= 1; else kInvalidArgument.
 Status LaunchRopeTable(cudaStream_t stream, const RopeParams& p, int seq_len, float* cos,
                        float* sin);
 
@@ -237,10 +239,12 @@ Status LaunchRopeTable(cudaStream_t stream, const RopeParams& p, int seq_len, fl
 // int32, packed sequences, each in [0, seq_len); outside traps) is given, else r % seq_len;
 // cos/sin from LaunchRopeTable for at least seq_len positions. inverse = false: the forward
 // rotation; true: its transpose (the backward on the gradient). Each output rounded once.
+// rotary_dim: the columns of each head that turn (partial rotary; even, <= head_dim; 0 =
+// head_dim), the others untouched; the table has rotary_dim / 2 entries a position.
 template <typename D>
 Status LaunchRope(cudaStream_t stream, D* x, int64_t rows, int64_t row_stride, int num_heads,
                   int head_dim, int seq_len, const float* cos, const float* sin, bool inverse,
-                  const int32_t* position_ids = nullptr);
+                  const int32_t* position_ids = nullptr, int rotary_dim = 0);
 
 // ---------------------------------------------------------------------------
 // SwiGLU and GeGLU (ops/swiglu.h) on rows of [gate (I) | up (I)], swiglu.cu: act(g) = silu(g)
