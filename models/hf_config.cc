@@ -374,8 +374,8 @@ Status ParsePartialRotary(const Fields& f, LlamaConfig& c) {
   }
   if (prf == nullptr || prf->is_null()) return Status::Ok();
   const double v = prf->is_number() ? prf->get<double>() : 0;
-  const int dim = static_cast<int>(c.head_dim * v);
-  if (!(v > 0 && v <= 1) || dim < 2 || dim % 2 != 0) {
+  const int dim = v > 0 && v <= 1 ? static_cast<int>(c.head_dim * v) : 0;  // in range to cast
+  if (dim < 2 || dim % 2 != 0) {
     return f.Error(key, fmt::format("= {} must be in (0, 1] and give an even number of rotated "
                                     "columns (head_dim {} x factor = {})",
                                     Fields::Dump(*prf), c.head_dim, dim));

@@ -157,9 +157,9 @@ Status ValidateLlamaConfig(const LlamaConfig& c) {
           c.rope_original_max_position));
     }
   }
-  const int rotary = LlamaRotaryDim(c);
-  if (!(c.partial_rotary_factor > 0 && c.partial_rotary_factor <= 1) || rotary < 2 ||
-      rotary % 2 != 0) {
+  const bool factor_ok = c.partial_rotary_factor > 0 && c.partial_rotary_factor <= 1;
+  const int rotary = factor_ok ? LlamaRotaryDim(c) : 0;  // in range before the cast
+  if (rotary < 2 || rotary % 2 != 0) {
     return InvalidArgumentError(
         fmt::format("partial_rotary_factor {} must be in (0, 1] and give an even rotary dim >= 2 "
                     "(head_dim {} x {} = {})",
