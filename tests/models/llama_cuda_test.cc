@@ -237,6 +237,33 @@ TYPED_TEST(LlamaCudaTest, RmsNormMatchesTheHostOpAndDouble) {
 }
 
 // ---------------------------------------------------------------------------
+// The host op's rotation of x (rows of `stride`, `heads` turning heads of p.head_dim) with p's
+// table for T positions, in S and in double; inverse: the backward's. What the device is held to.
+template <typename S>
+std::pair<std::vector<S>, std::vector<double>> HostRope(const ops::RopeParams& p,
+                                                        const std::vector<double>& x, int64_t rows,
+                                                        int64_t stride, int heads, int T,
+                                                        bool inverse, const int32_t* pos) {
+  const int rd = ops::RopeRotaryDim(p), half = rd / 2, hs = p.head_dim;
+  std::vector<float> cos_h(int64_t{T} * half), sin_h(int64_t{T} * half);
+  ops::RopeTable<float>(p, T, cos_h.data(), sin_h.data());
+  std::vector<double> cos_d(int64_t{T} * half), sin_d(int64_t{T} * half);
+  ops::RopeTable<double>(p, T, cos_d.data(), sin_d.data());
+  std::vector<S> xh = Cast<S>(x);
+  std::vector<double> xd = x;
+  if (inverse) {
+    ops::RopeBackward<S>(xh.data(), rows, stride, heads, hs, T, cos_h.data(), sin_h.data(), pos,
+                         rd);
+    ops::RopeBackward<double>(xd.data(), rows, stride, heads, hs, T, cos_d.data(), sin_d.data(),
+                              pos, rd);
+  } else {
+    ops::RopeForward<S>(xh.data(), rows, stride, heads, hs, T, cos_h.data(), sin_h.data(), pos, rd);
+    ops::RopeForward<double>(xd.data(), rows, stride, heads, hs, T, cos_d.data(), sin_d.data(), pos,
+                             rd);
+  }
+  return {std::move(xh), std::move(xd)};
+}
+
 // Rotary embeddings: the device table against RopeTable<float> (the same double evaluation,
 // rounded once: equal up to one fp32 ulp where the device's double cos/sin round the other way);
 // the rotation in place on the q and k heads of a strided [q | k | v | pad] buffer (one rounding
@@ -275,13 +302,11 @@ TYPED_TEST(LlamaCudaTest, RopeTableAndRotationMatchTheHostOpAndDouble) {
                     .ok());
     this->Sync();
 
-    std::vector<float> cos_h(int64_t{T} * half), sin_h(int64_t{T} * half);
-    ops::RopeTable<float>(p, T, cos_h.data(), sin_h.data());
     std::vector<double> cos_d(int64_t{T} * half), sin_d(int64_t{T} * half);
     ops::RopeTable<double>(p, T, cos_d.data(), sin_d.data());
-    const std::vector<float> cos_g = this->template Download<float>(gcos, cos_h.size()),
-                             sin_g = this->template Download<float>(gsin, sin_h.size());
-    for (size_t i = 0; i < cos_h.size(); ++i) {
+    const std::vector<float> cos_g = this->template Download<float>(gcos, cos_d.size()),
+                             sin_g = this->template Download<float>(gsin, sin_d.size());
+    for (size_t i = 0; i < cos_d.size(); ++i) {
       // One rounding of the double value: within one fp32 unit roundoff of it (and the host's).
       EXPECT_LE(std::abs(cos_g[i] - cos_d[i]), 0x1p-24 * std::abs(cos_d[i]) + 1e-30) << i;
       EXPECT_LE(std::abs(sin_g[i] - sin_d[i]), 0x1p-24 * std::abs(sin_d[i]) + 1e-30) << i;
@@ -289,19 +314,7 @@ TYPED_TEST(LlamaCudaTest, RopeTableAndRotationMatchTheHostOpAndDouble) {
 
     for (bool inverse : {false, true}) {
       SCOPED_TRACE(inverse ? "backward" : "forward");
-      std::vector<S> xh = Cast<S>(x);
-      std::vector<double> xd = x;
-      if (inverse) {
-        ops::RopeBackward<S>(xh.data(), rows, stride, H + Hkv, hs, T, cos_h.data(), sin_h.data(),
-                             nullptr, rd);
-        ops::RopeBackward<double>(xd.data(), rows, stride, H + Hkv, hs, T, cos_d.data(),
-                                  sin_d.data(), nullptr, rd);
-      } else {
-        ops::RopeForward<S>(xh.data(), rows, stride, H + Hkv, hs, T, cos_h.data(), sin_h.data(),
-                            nullptr, rd);
-        ops::RopeForward<double>(xd.data(), rows, stride, H + Hkv, hs, T, cos_d.data(),
-                                 sin_d.data(), nullptr, rd);
-      }
+      const auto [xh, xd] = HostRope<S>(p, x, rows, stride, H + Hkv, T, inverse, nullptr);
       const std::vector<S> got_s = this->template Download<S>(inverse ? gdx : gx, rows * stride);
       const std::vector<double> got = ToDoubles(got_s);
       ExpectWithinBound("rotated vs double", got, xd, 2, Eps<S>(2));
@@ -354,25 +367,9 @@ TYPED_TEST(LlamaCudaTest, RopeAtPositionIdsMatchesTheHostOpAndDouble) {
   }
   this->Sync();
 
-  std::vector<float> cos_h(int64_t{T} * half), sin_h(int64_t{T} * half);
-  ops::RopeTable<float>(p, T, cos_h.data(), sin_h.data());
-  std::vector<double> cos_d(int64_t{T} * half), sin_d(int64_t{T} * half);
-  ops::RopeTable<double>(p, T, cos_d.data(), sin_d.data());
   for (bool inverse : {false, true}) {
     SCOPED_TRACE(inverse ? "backward" : "forward");
-    std::vector<S> xh = Cast<S>(x);
-    std::vector<double> xd = x;
-    if (inverse) {
-      ops::RopeBackward<S>(xh.data(), rows, stride, H + Hkv, hs, T, cos_h.data(), sin_h.data(),
-                           pos.data());
-      ops::RopeBackward<double>(xd.data(), rows, stride, H + Hkv, hs, T, cos_d.data(), sin_d.data(),
-                                pos.data());
-    } else {
-      ops::RopeForward<S>(xh.data(), rows, stride, H + Hkv, hs, T, cos_h.data(), sin_h.data(),
-                          pos.data());
-      ops::RopeForward<double>(xd.data(), rows, stride, H + Hkv, hs, T, cos_d.data(), sin_d.data(),
-                               pos.data());
-    }
+    const auto [xh, xd] = HostRope<S>(p, x, rows, stride, H + Hkv, T, inverse, pos.data());
     const std::vector<double> got = this->Get(inverse ? gdx : gx, rows * stride);
     ExpectWithinBound("rotated vs double", got, xd, 2, Eps<S>(2));
     ExpectWithinBound("rotated vs host", got, ToDoubles(xh), 4, Eps<S>(2));
