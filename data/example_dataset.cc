@@ -150,7 +150,7 @@ void ExampleDataset::FillRow(const Split& split, int64_t row, int32_t* tokens, i
   for (int t = used; t < T; ++t) {
     tokens[t] = options_.pad_id;
     targets[t] = kIgnoreTarget;
-    positions[t] = positions[t - 1] + 1;
+    positions[t] = 0;  // a one-token example of its own (example_dataset.h)
   }
 }
 

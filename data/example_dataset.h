@@ -10,8 +10,12 @@
 //   - packed (pack true): examples, in file order, are placed greedily into rows: an example
 //     that does not fit in the rest of the current row starts the next row; longer than T:
 //     truncated or left out as above; the rest of each row padded.
-// Padding: the pad id (the tokenizer's EOS, else 0), target kIgnoreTarget, positions counting on
-// from the token before it. Positions restart at 0 at each example. Targets:
+// Padding: the pad id (the tokenizer's EOS, else 0), target kIgnoreTarget, position 0 (each pad
+// token a one-token example of its own: it sees only itself, and max(positions) + 1 is the
+// longest example's length, the sequence length transformers sees for a batch padded to its
+// longest example or packed without padding, which LongRoPE's factors depend on; no real token
+// sees a pad token either way, so this changes no loss or gradient). Positions restart at 0 at
+// each example. Targets:
 //   targets[t] = tokens[t + 1] when t + 1 is in the same row and the same example and its flags
 //                have kTokenFlagInLoss; else kIgnoreTarget
 // so an example's last token never predicts the next example's first, and a truncated example's

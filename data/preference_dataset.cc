@@ -310,7 +310,7 @@ void PreferenceDataset::FillGroup(const Split& split, int64_t g, Batch* batch) c
   }
   for (int r = 0; r < B; ++r) {
     int32_t* positions = batch->positions.data() + static_cast<size_t>(r) * T;
-    for (int t = used[r]; t < T; ++t) positions[t] = t == 0 ? 0 : positions[t - 1] + 1;
+    for (int t = used[r]; t < T; ++t) positions[t] = 0;  // one-token examples of their own
   }
 }
 

@@ -29,9 +29,9 @@
 //
 // Tokens, targets and positions are those of example data (data/example_dataset.h), a side
 // being an example: targets[t] = tokens[t + 1] when t + 1 is in the same row and the same side
-// and its flags have kTokenFlagInLoss, else kIgnoreTarget; positions restart at 0 at each side
-// and count on through the padding after it (a row of padding only: 0 .. T - 1); padding is the
-// pad id. Batch::sequences (B, T) is 2 k for a counted target of the group's pair k's chosen
+// and its flags have kTokenFlagInLoss, else kIgnoreTarget; positions restart at 0 at each side;
+// padding is the pad id at position 0 (each pad token a one-token example of its own, as in
+// example data). Batch::sequences (B, T) is 2 k for a counted target of the group's pair k's chosen
 // side, 2 k + 1 for its rejected side, -1 where the target is kIgnoreTarget; Batch::pair_ids[k]
 // is the pair's index among its split's laid-out pairs in file order (0 .. train_pairs() - 1 or
 // val_pairs() - 1: the pairs of one group are consecutive).

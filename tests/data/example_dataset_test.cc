@@ -102,7 +102,8 @@ TEST_F(ExampleDatasetTest, OneExamplePerRowIsPaddedWithIgnoredTargetsAndCounting
                                             2000, 2001, 2002, 2003, 2004, 2005}));
   EXPECT_EQ(b.targets, (std::vector<int32_t>{1001, 1002, I, I, I, I,  //
                                              I, I, 2003, 2004, 2005, I}));
-  EXPECT_EQ(b.positions, (std::vector<int32_t>{0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5}));
+  // Each pad token at position 0: max(positions) + 1 is the longest example, 6 here.
+  EXPECT_EQ(b.positions, (std::vector<int32_t>{0, 1, 2, 0, 0, 0, 0, 1, 2, 3, 4, 5}));
   EXPECT_EQ(d->val_stats().tokens_in_loss, 5);
   EXPECT_EQ(d->val_tokens(), 9);
 }
@@ -119,7 +120,7 @@ TEST_F(ExampleDatasetTest, PackedRowsRestartPositionsAndNeverPredictAcrossExampl
   EXPECT_EQ(b.tokens, (std::vector<int32_t>{1000, 1001, 1002, 2000, 2001, 2002, 2003, 0,  //
                                             3000, 3001, 4000, 4001, 4002, 4003, 4004, 4005,
                                             5000, 5001, 5002, 5003, 5004, 5005, 5006, 5007}));
-  EXPECT_EQ(b.positions, (std::vector<int32_t>{0, 1, 2, 0, 1, 2, 3, 4,  //
+  EXPECT_EQ(b.positions, (std::vector<int32_t>{0, 1, 2, 0, 1, 2, 3, 0,  //
                                                0, 1, 0, 1, 2, 3, 4, 5,  //
                                                0, 1, 2, 3, 4, 5, 6, 7}));
   // In the loss: from position length / 2 on. The last token of each example (and of the

@@ -125,8 +125,9 @@ TEST_F(PreferenceDatasetTest, UnpackedGroupsHoldHalfAsManyPairsAsRowsChosenThenR
                                              I,    1102, 1103, I,    I, I,  //
                                              2001, I,    I,    I,    I, I,  //
                                              I,    2102, 2103, 2104, I, I}));
-  EXPECT_EQ(b.positions, (std::vector<int32_t>{0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5,  //
-                                               0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5}));
+  // Pad tokens at position 0, each a one-token example of its own.
+  EXPECT_EQ(b.positions, (std::vector<int32_t>{0, 1, 2, 0, 0, 0, 0, 1, 2, 3, 0, 0,  //
+                                               0, 1, 0, 0, 0, 0, 0, 1, 2, 3, 4, 0}));
   EXPECT_EQ(b.sequences, (std::vector<int32_t>{0,  0,  -1, -1, -1, -1,  //
                                                -1, 1,  1,  -1, -1, -1,  //
                                                2,  -1, -1, -1, -1, -1,  //
@@ -164,8 +165,8 @@ TEST_F(PreferenceDatasetTest, PackedSidesFillRowsGreedilyAndAPairThatDoesNotFitS
   d->TrainGroup(0, &b);
   EXPECT_EQ(b.tokens, (std::vector<int32_t>{1000, 1001, 1002, 1100, 1101, 1102, 1103, P,  //
                                             2000, 2001, 2100, 2101, 2102, 2103, 2104, P}));
-  EXPECT_EQ(b.positions, (std::vector<int32_t>{0, 1, 2, 0, 1, 2, 3, 4,  //
-                                               0, 1, 0, 1, 2, 3, 4, 5}));
+  EXPECT_EQ(b.positions, (std::vector<int32_t>{0, 1, 2, 0, 1, 2, 3, 0,  //
+                                               0, 1, 0, 1, 2, 3, 4, 0}));
   // A side's last token predicts nothing: never the next side's first.
   EXPECT_EQ(b.targets, (std::vector<int32_t>{1001, 1002, I, I, 1102, 1103, I, I,  //
                                              2001, I, I, 2102, 2103, 2104, I, I}));
@@ -175,8 +176,8 @@ TEST_F(PreferenceDatasetTest, PackedSidesFillRowsGreedilyAndAPairThatDoesNotFitS
   d->TrainGroup(1, &b);
   EXPECT_EQ(b.tokens, (std::vector<int32_t>{3000, 3001, 3002, 3003, 3004, 3005, P, P,  //
                                             3100, 3101, 3102, P, P, P, P, P}));
-  EXPECT_EQ(b.positions, (std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7,  //
-                                               0, 1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(b.positions, (std::vector<int32_t>{0, 1, 2, 3, 4, 5, 0, 0,  //
+                                               0, 1, 2, 0, 0, 0, 0, 0}));
   EXPECT_EQ(b.targets, (std::vector<int32_t>{I, I, 3003, 3004, 3005, I, I, I,  //
                                              3101, 3102, I, I, I, I, I, I}));
   EXPECT_EQ(b.sequences, (std::vector<int32_t>{-1, -1, 0, 0, 0, -1, -1, -1,  //
@@ -186,7 +187,7 @@ TEST_F(PreferenceDatasetTest, PackedSidesFillRowsGreedilyAndAPairThatDoesNotFitS
   EXPECT_EQ(b.tokens, (std::vector<int32_t>{4000, 4001, 4002, 4003, 4100, 4101, 4102, 4103,  //
                                             P, P, P, P, P, P, P, P}));
   EXPECT_EQ(b.positions, (std::vector<int32_t>{0, 1, 2, 3, 0, 1, 2, 3,  //
-                                               0, 1, 2, 3, 4, 5, 6, 7}));
+                                               0, 0, 0, 0, 0, 0, 0, 0}));
   EXPECT_EQ(b.targets, (std::vector<int32_t>{I, 4002, 4003, I, I, 4102, 4103, I,  //
                                              I, I, I, I, I, I, I, I}));
   EXPECT_EQ(b.sequences, (std::vector<int32_t>{-1, 0, 0, -1, -1, 1, 1, -1,  //

@@ -139,6 +139,35 @@ TEST_P(PackedBatchTest, PackedLossIsTheExamplesLossesWeightedByTheirTargets) {
   }
 }
 
+// A row of one example padded as example data pads it (data/example_dataset.h: pad tokens at
+// position 0, each a one-token example of its own, their targets ignored) has the example's loss
+// alone: the longest sequence is the example, so LongRoPE uses the factors the example alone
+// uses (short ones here: 6 <= 8 original positions; padding counted on to 16 would pick the
+// long ones), as transformers does for a batch padded to its longest example.
+TEST_P(PackedBatchTest, APaddedRowHasItsExamplesLossAlone) {
+  for (DType precision : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(precision));
+    auto engine = MakeEngine(precision);
+    ASSERT_NE(engine, nullptr);
+    const Example ex = RandomExamples({6}, 5)[0];
+    const Packed alone = Pack({ex});
+    Packed padded = alone;
+    for (int t = 6; t < kT; ++t) {
+      padded.tokens.push_back(0);
+      padded.targets.push_back(kIgnoreTarget);
+      padded.position_ids.push_back(0);
+    }
+    const float want = Loss(*engine, {alone.tokens, alone.targets}, 6);
+#ifdef STRATA_PACKED_BATCH_CUDA
+    const double bound = precision == DType::kF32 ? 0x1p-12 : 0x1p-6;
+#else
+    const double bound = 0x1p-22;
+#endif
+    const float got = Loss(*engine, padded.batch(), kT);
+    EXPECT_NEAR(got, want, bound * std::abs(want)) << "padded " << got << " alone " << want;
+  }
+}
+
 // Changing one example changes nothing of another's loss: with only the first example's
 // targets counted, the loss is the same to the bit whatever the second example holds.
 TEST_P(PackedBatchTest, AnExampleDoesNotSeeTheOtherExamplesOfItsRow) {
