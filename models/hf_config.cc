@@ -194,6 +194,13 @@ Status ParseRopeScaling(const Fields& f, const json* scaling, LlamaConfig& c) {
     c.rope_linear_factor = factor->get<double>();
     return Status::Ok();
   }
+  if (type == "yarn") {
+    // What Qwen2.5's and Qwen3's model cards suggest adding for long contexts.
+    return f.Error("rope_scaling",
+                   "type 'yarn' is not supported: transformers versions compute it three "
+                   "different ways (docs/real-models.md); remove rope_scaling to fine-tune at up "
+                   "to the model's original context");
+  }
   if (type != "llama3") {
     return f.Error("rope_scaling",
                    fmt::format("type '{}' is not supported (supported: llama3, linear, "

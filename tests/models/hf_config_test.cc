@@ -154,7 +154,7 @@ TEST(HfConfig, Qwen2HasQkvBiasesAndWindowsFromMaxWindowLayers) {
                                                 R"(, "rope_scaling": {"type": "yarn",
           "factor": 4.0, "original_max_position_embeddings": 32768})"),
                                    kPath),
-                     "rope_scaling");
+                     "remove rope_scaling");
 }
 
 TEST(HfConfig, Qwen3HasQkNormsAnOwnHeadDimAndOptionalBiases) {
