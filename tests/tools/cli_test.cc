@@ -32,6 +32,12 @@ class CliTest : public ::testing::Test {
            "--nvme-path " +
            dir_.string();
   }
+  // `strata ARGS --json`'s plan; an empty object (and a failed expectation) when it fails.
+  static nlohmann::json EstimateJson(const std::string& args) {
+    const Result r = RunStrata(args + " --json");
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+    return r.exit_code == 0 ? nlohmann::json::parse(r.out) : nlohmann::json::object();
+  }
   std::filesystem::path dir_;
 };
 
@@ -256,13 +262,9 @@ TEST_F(CliTest, EstimatePrintsThePlanOrTheShortfallWithoutTraining) {
 // Issue 16: 16-bit host gradients at one micro-batch halve the host gradient memory of gpt-7b,
 // and the optimizer's state sets the NVMe footprint.
 TEST_F(CliTest, EstimateShowsHalfTheHostGradientsAtOneMicroBatchAndEachOptimizersState) {
-  auto plan = [&](const std::string& extra) {
-    const Result r = RunStrata(
-        "estimate --preset gpt-7b --device-budget 24GiB --host-budget "
-        "512GiB --json " +
-        extra);
-    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
-    return r.exit_code == 0 ? nlohmann::json::parse(r.out) : nlohmann::json::object();
+  auto plan = [](const std::string& extra) {
+    return EstimateJson("estimate --preset gpt-7b --device-budget 24GiB --host-budget 512GiB " +
+                        extra);
   };
   const auto one = plan("--grad-accum-steps 1"), eight = plan("--grad-accum-steps 8");
   const auto params = one.at("model_params").get<uint64_t>();
@@ -287,11 +289,7 @@ TEST_F(CliTest, EstimateWithTwoRanksHalvesTheHostAndNvmeBytesOfOneRank) {
   const std::string base =
       "estimate --preset gpt-7b --device-budget 24GiB --host-budget 512GiB "
       "--grad-accum-steps 2 ";
-  auto plan = [&](const std::string& extra) {
-    const Result r = RunStrata(base + "--json " + extra);
-    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
-    return r.exit_code == 0 ? nlohmann::json::parse(r.out) : nlohmann::json::object();
-  };
+  auto plan = [&](const std::string& extra) { return EstimateJson(base + extra); };
   // Each rank's share is rounded up to 64 elements per block and every state part to 4 KiB, so
   // rank 0 holds at least half and at most half plus that padding: 64 KiB per block covers it
   // (master, two Adam moments and the params home, 4 KiB each, for both runs).
@@ -341,11 +339,9 @@ TEST_F(CliTest, EstimateWithTwoRanksHalvesTheHostAndNvmeBytesOfOneRank) {
 }
 
 TEST_F(CliTest, EstimateAutoDeviceBudgetCoversTheDataParallelBuffers) {
-  auto plan = [&](const std::string& extra) {
-    const Result r = RunStrata(
-        "estimate --preset gpt-7b --device-budget auto --host-budget 512GiB --json " + extra);
-    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
-    return r.exit_code == 0 ? nlohmann::json::parse(r.out) : nlohmann::json::object();
+  auto plan = [](const std::string& extra) {
+    return EstimateJson("estimate --preset gpt-7b --device-budget auto --host-budget 512GiB " +
+                        extra);
   };
   // Streaming: with 2 ranks the device also holds the fp32 reduce-scatter buffers (one block and
   // two partitions) and blocks padded to whole partitions, so the auto budget grows.
@@ -368,11 +364,7 @@ TEST_F(CliTest, EstimatePerMachineCountsAFrozenBaseOnce) {
   const std::string base =
       "estimate --preset llama-1b --lora-rank 8 --device-budget 1GiB --offload-params host "
       "--seq-len 256 --host-budget 64GiB --ranks 4 ";
-  auto plan = [&](const std::string& extra) {
-    const Result r = RunStrata(base + "--json " + extra);
-    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
-    return r.exit_code == 0 ? nlohmann::json::parse(r.out) : nlohmann::json::object();
-  };
+  auto plan = [&](const std::string& extra) { return EstimateJson(base + extra); };
   for (int k : {0, 1, 2, 4}) {
     SCOPED_TRACE(k);
     const nlohmann::json j = plan(k == 0 ? "" : "--ranks-per-machine " + std::to_string(k));
