@@ -1,15 +1,19 @@
 // One task per (sequence, head) in the forward and per (sequence, kv head) in the backward; a
 // task copies q, k, v of its heads into compute-type tiles and works on blocks of kAttnRowBlock
-// query rows, each block's scores against all keys up to its last row at once (instead of an
-// online softmax: the same probabilities, one pass).
+// query rows, each block's scores against all keys up to its last row at once; the forward's
+// probabilities are then rounded where the online softmax of the CUDA kernels rounds them
+// (key tiles of kAttentionKeyTile, attention.h), and the backward's are the normalised ones.
 #include "models/ops/attention.h"
 
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
+#include <type_traits>
 
 #include "gpu/host/host_gemm.h"
 #include "models/ops/parallel.h"
@@ -101,7 +105,8 @@ int64_t FirstKey(const AttentionDims& d, int64_t b, int64_t t) {
 }
 
 // Replaces the scores of query row t (sc, nk wide) by P = S(exp(score - lse)) for keys lo..t
-// (as ComputeType values) and zero for the masked keys.
+// (as ComputeType values) and zero for the masked keys: the backward's probabilities, and the
+// forward's where S is its own compute type (nothing rounded).
 template <typename S>
 void ProbabilitiesInPlace(ComputeType<S>* row, int64_t lo, int64_t t, int64_t nk,
                           ComputeType<S> lse) {
@@ -114,6 +119,38 @@ void ProbabilitiesInPlace(ComputeType<S>* row, int64_t lo, int64_t t, int64_t nk
     for (int64_t j = 0; j < len; ++j) row[i + j] = ToFloat(FromFloat<S>(p[j]));
   }
   std::fill(row + n, row + nk, F(0));
+}
+
+// The forward's weights of the values for query row t (sc, nk wide, scores of keys lo..t in;
+// lse the row's log-sum-exp): FlashAttention-2's online softmax at its rounding points
+// (attention.h). Keys in tiles of kAttentionKeyTile; tile i's probabilities S(exp(s - m_i)), m_i
+// the running max through tile i, then times exp(m_i - lse) = exp(m_i - m) / l in
+// ComputeType<S>, so that P V is the sum of the tiles' products rescaled to the row's final
+// max m and divided by its sum l, as the one-pass kernel forms it (up to fp32 rounding). Masked
+// keys zero. S = float or double: S(exp(s - lse)), nothing to round.
+template <typename S>
+void ForwardWeightsInPlace(ComputeType<S>* row, int64_t lo, int64_t t, int64_t nk,
+                           ComputeType<S> lse) {
+  using F = ComputeType<S>;
+  if constexpr (std::is_same_v<S, F>) {
+    ProbabilitiesInPlace<S>(row, lo, t, nk, lse);
+  } else {
+    constexpr int64_t kTile = kAttentionKeyTile;
+    const int64_t n = t + 1;
+    std::fill(row, row + lo, F(0));
+    F m = -std::numeric_limits<F>::infinity();
+    for (int64_t k0 = lo / kTile * kTile; k0 < n; k0 += kTile) {
+      const int64_t begin = std::max(lo, k0), end = std::min(n, k0 + kTile);
+      m = std::max(m, MaxOf(row + begin, end - begin));  // finite: key `begin` is seen
+      const F to_final = std::exp(m - lse);
+      for (int64_t i = begin; i < end; i += kVec) {
+        const int64_t len = std::min<int64_t>(kVec, end - i);
+        const Vec<F> p = (LoadVec(row + i, len) - m).exp();
+        for (int64_t j = 0; j < len; ++j) row[i + j] = ToFloat(FromFloat<S>(p[j])) * to_final;
+      }
+    }
+    std::fill(row + n, row + nk, F(0));
+  }
 }
 
 }  // namespace
@@ -146,7 +183,7 @@ void AttentionForward(const AttentionDims& d, const S* q, const S* k, const S* v
         F* row = sc + i * nk;
         const F m = MaxOf(row + lo, t + 1 - lo);
         lse_bh[t] = m + std::log(SumExpShifted(row + lo, t + 1 - lo, m));
-        ProbabilitiesInPlace<S>(row, lo, t, nk, lse_bh[t]);
+        ForwardWeightsInPlace<S>(row, lo, t, nk, lse_bh[t]);
       }
       Gemm<F>(false, false, nq, hs, nk, F(1), sc, nk, vf, hs, F(0), of, hs);
       StoreHead<S>(of, nq, hs, out + (b * T + t0) * ld_out + h * hs, ld_out);

@@ -6,8 +6,13 @@
 // (AttentionDims::position_ids, AttentionDims::window): each bounds a query's first key.
 //
 // Storage and rounding: S in {float, double, Bf16, Fp16}. Scores and softmax in ComputeType<S>
-// (row max and log-sum-exp kept in fp32, never rounded to S); the probabilities rounded to S
-// before their product with V; the output accumulated in fp32 and rounded once. Backward:
+// (row max and log-sum-exp kept in fp32, never rounded to S). Forward, FlashAttention-2's online
+// softmax (Dao, 2023, Algorithm 1) with its rounding points: the keys in tiles of
+// kAttentionKeyTile; the probabilities of a tile's keys exp(s - m) with m the row's running max
+// (the max of the scores it sees in that tile and the ones before), rounded to S before their
+// product with V; the products rescaled to the row's final max and divided by its sum in fp32,
+// the output rounded once. For S = float and double nothing is rounded there and the op computes
+// exp(s - lse) directly (the same values up to fp32 / fp64 rounding). Backward:
 // D = rowsum(dO * O) in fp32; probabilities recomputed from q, k and the log-sum-exp (the
 // forward's scores bit for bit); dS = P (dP - D) rounded to S before its products; dq, dk, dv
 // accumulated in fp32 and rounded once each (dk, dv summed over the query heads of their group
@@ -27,6 +32,14 @@
 #include "base/dtype.h"
 
 namespace strata::models::ops {
+
+// The key tile of the forward's online softmax: tile i holds keys [64 i, 64 i + 64) of the
+// sequence row (positions in the row, also for packed sequences), and within query row t the
+// probabilities of tile i's keys are rounded to S as exp(s - m_i), m_i the max of the scores row
+// t sees in tiles 0..i. Where the tiles fall is a rounding point: every backend uses this one
+// (the host op, and the CUDA kernels, attention_tiles.h and attention.cu), so that they round
+// where each other round. One pass over the keys, as FlashAttention-2's forward.
+inline constexpr int kAttentionKeyTile = 64;
 
 struct AttentionDims {
   int batch_size, seq_len, num_heads, num_kv_heads, head_dim;

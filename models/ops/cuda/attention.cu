@@ -8,9 +8,8 @@
 // Gemma 3's 256):
 //   - forward and dq: one warp per query row, keys streamed through shared memory in tiles of
 //     kKeyTile (fp32); lane j scores key j of the tile, lane l accumulates output dimensions
-//     l + 32 i. The forward takes two passes over the keys: the first keeps the running max and
-//     sum (online softmax, fp32) for the row's log-sum-exp, the second rescores the keys and
-//     accumulates the output from the normalised, rounded probabilities.
+//     l + 32 i. The forward is one pass over the keys (online softmax), its softmax tiles of
+//     kAttentionKeyTile keys two shared tiles each.
 //   - dk/dv: one block per (sequence, kv head, kKvKeys keys), kKeysPerWarp keys per warp with
 //     their dk, dv in registers; the block loops over the query heads of the group in head
 //     order and, for each, over the query rows that see its keys in chunks of kQueryChunk. The
@@ -32,9 +31,13 @@
 //   rounding points). dk/dv: one block per (key tile, sequence, kv head) looping over the query
 //   heads of the group in head order, as the CUDA-core kernel.
 //
-// Rounding points of both, those of the host op (models/ops/attention.cc): scores scaled in fp32,
-// a first pass of online softmax in fp32 for lse, then P = exp(s - lse) (normalised) rounded to D
-// before P V, O in fp32 rounded once, lse fp32; backward P = exp(s - lse) from q, k, rounded to D,
+// Rounding points of both, those of the host op (models/ops/attention.cc): scores scaled in fp32;
+// the forward one pass of online softmax (FlashAttention-2, Algorithm 1) over key tiles of
+// kAttentionKeyTile (models/ops/attention.h; tile i holds keys 64 i .. 64 i + 63 of the row): per
+// tile the running max m and sum l in fp32, the accumulator rescaled by exp(m_old - m), the
+// tile's P~ = exp(s - m) rounded to D before P~ V; at the end O = acc / l rounded once, lse =
+// m + ln l in fp32 (until issue 42 the forward took a second pass to round the normalised
+// exp(s - lse), computing q k^T twice); backward P = exp(s - lse) from q, k, rounded to D,
 // dS = D(D(P) (dP - delta)), dq, dk, dv accumulated in fp32 and rounded once (dk, dv over the
 // query heads of their group in head order). Deterministic: no atomics; dk, dv per key tile over
 // the query heads and tiles in order, dq per query tile over the key tiles in order.
@@ -236,58 +239,75 @@ __global__ void __launch_bounds__(kQueryWarps* kWarp)
   float o[kDims];
 #pragma unroll
   for (int i = 0; i < kDims; ++i) o[i] = 0.0f;
-  // This warp's row sees keys lo..t; the block starts at the tile of its rows' smallest lo.
+  // This warp's row sees keys lo..t; the block starts at the softmax tile of its rows' smallest
+  // lo.
+  constexpr int kSoftmaxTile = kAttentionKeyTile;  // two shared key tiles
+  static_assert(kSoftmaxTile == 2 * kKeyTile);
   const int lo = t < a.T ? FirstKeyOf(a.pos, a.window, a.T, b, t) : 0;
-  const int k_begin = BlockFirstKey(a.pos, a.window, a.T, b, q0, kQueryWarps) / kKeyTile * kKeyTile;
+  const int k_begin =
+      BlockFirstKey(a.pos, a.window, a.T, b, q0, kQueryWarps) / kSoftmaxTile * kSoftmaxTile;
   // Lane's scaled (kCap: and soft-capped) score of key j (in the tile in ks) for this warp's row
   // t; -inf outside lo..t.
   const auto score = [&](int j) {
-    if (j > t || j < lo) return -INFINITY;
+    if (t >= a.T || j > t || j < lo) return -INFINITY;
     float dot = 0.0f;
     for (int d = 0; d < a.hs; ++d) dot += qs[warp][d] * ks[lane][d];
     if constexpr (kCap) return Cap(dot * a.scale, a.softcap).value;
     return dot * a.scale;
   };
-  // Pass 1: the row's max and sum (online softmax, fp32), hence its log-sum-exp.
-  float m = -INFINITY, l = 0.0f;
-  for (int k0 = k_begin; k0 <= last; k0 += kKeyTile) {
-    __syncthreads();
-    LoadKeyTile<D, kDims>(k, a, b, kh, k0, ks);
-    __syncthreads();
-    if (t >= a.T || k0 > t || k0 + kKeyTile <= lo) continue;  // the row sees no key of the tile
-    const int j = k0 + lane;
-    const float s = score(j);
-    const float m_new = fmaxf(m, WarpMax(s));
-    const float shift = m_new == -INFINITY ? 0.0f : m_new;  // no key seen yet: exp(-inf) = 0
-    const float p = (j <= t && j >= lo) ? expf(s - shift) : 0.0f;
-    l = l * expf(m - shift) + WarpSum(p);  // m = -inf on the first tile: the factor is 0
-    m = m_new;
-  }
-  const float row_lse = m + logf(l);
-  // Pass 2: o = sum_j D(exp(s_j - lse)) v_j, the probabilities normalised before they are
-  // rounded to D (the host op's rounding point, models/ops/attention.cc), the sum in fp32.
-  for (int k0 = k_begin; k0 <= last; k0 += kKeyTile) {
-    __syncthreads();
-    LoadKeyTile<D, kDims>(k, a, b, kh, k0, ks);
-    LoadKeyTile<D, kDims>(v, a, b, kh, k0, vs);
-    __syncthreads();
-    if (t >= a.T || k0 > t || k0 + kKeyTile <= lo) continue;
-    const int j = k0 + lane;
-    const float p_rounded = (j <= t && j >= lo) ? RoundTo<D>(expf(score(j) - row_lse)) : 0.0f;
+  // o += sum over key tile k0 (v rows in vs) of D(p_j) v_j, p_j on lane j - k0.
+  const auto accumulate = [&](int k0, float p) {
+    if (t >= a.T || k0 > t || k0 + kKeyTile <= lo) return;  // the row sees no key of the tile
+    const float p_rounded = RoundTo<D>(p);                  // 0 where masked
     const int keys = min(kKeyTile, t - k0 + 1);
     for (int jj = max(0, lo - k0); jj < keys; ++jj) {
       const float pj = __shfl_sync(0xffffffffu, p_rounded, jj);
 #pragma unroll
       for (int i = 0; i < kDims; ++i) o[i] += pj * vs[jj][lane + 32 * i];
     }
+  };
+  // One pass (FlashAttention-2's online softmax, Algorithm 1) over softmax tiles of
+  // kAttentionKeyTile keys, each two shared tiles of kKeyTile (lane j scores key k0 + j and key
+  // k0 + kKeyTile + j): the row's running max m and sum l (fp32, of the unrounded exp(s - m)),
+  // o rescaled by exp(m_old - m), the tile's probabilities exp(s - m) rounded to D before P V
+  // (the host op's rounding points, models/ops/attention.cc ForwardWeightsInPlace); at the end
+  // o / l rounded once, lse = m + ln l. The loads are block-uniform, the barriers unconditional.
+  float m = -INFINITY, l = 0.0f;
+  for (int k0 = k_begin; k0 <= last; k0 += kSoftmaxTile) {
+    const int k1 = k0 + kKeyTile;
+    const bool second = k1 <= last;  // the block's rows see a key of the second half
+    __syncthreads();                 // the previous tiles are consumed
+    LoadKeyTile<D, kDims>(k, a, b, kh, k0, ks);
+    __syncthreads();
+    const float s0 = score(k0 + lane);
+    __syncthreads();
+    if (second) LoadKeyTile<D, kDims>(k, a, b, kh, k1, ks);
+    LoadKeyTile<D, kDims>(v, a, b, kh, k0, vs);
+    __syncthreads();
+    const float s1 = second ? score(k1 + lane) : -INFINITY;
+    const float m_new = fmaxf(m, WarpMax(fmaxf(s0, s1)));
+    const float shift = m_new == -INFINITY ? 0.0f : m_new;  // no key seen yet: exp(-inf) = 0
+    const float rescale = expf(m - shift);  // 0 until the row has seen a key (o and l are 0)
+    const float p0 = expf(s0 - shift), p1 = expf(s1 - shift);  // 0 where masked
+    l = l * rescale + WarpSum(p0 + p1);
+    m = m_new;
+#pragma unroll
+    for (int i = 0; i < kDims; ++i) o[i] *= rescale;
+    accumulate(k0, p0);
+    if (!second) continue;  // block-uniform
+    __syncthreads();
+    LoadKeyTile<D, kDims>(v, a, b, kh, k1, vs);
+    __syncthreads();
+    accumulate(k1, p1);
   }
-  if (t >= a.T) return;
+  if (t >= a.T) return;  // a row below T has seen its own key: l >= 1
+  const float inv_l = 1.0f / l;
 #pragma unroll
   for (int i = 0; i < kDims; ++i) {
     const int d = lane + 32 * i;
-    if (d < a.hs) out[a.OutRow(b, t) + int64_t{h} * a.hs + d] = FromF<D>(o[i]);
+    if (d < a.hs) out[a.OutRow(b, t) + int64_t{h} * a.hs + d] = FromF<D>(o[i] * inv_l);
   }
-  if (lane == 0) lse[a.Stat(b, h, t)] = row_lse;
+  if (lane == 0) lse[a.Stat(b, h, t)] = m + logf(l);
 }
 
 // delta[b, h, t] = sum_d dout * out (fp32). One warp per (row, head).
@@ -824,13 +844,19 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   };
-  // Pass 1: each row's max and sum (online softmax, fp32), hence its log-sum-exp.
+  // One pass (FlashAttention-2's online softmax, Algorithm 1): per key tile the rows' running
+  // max m and sum l (fp32, of the unrounded exp(s - m)), o rescaled by exp(m_old - m) and the
+  // tile's probabilities exp(s - m) rounded to D before P V (the host op's rounding points,
+  // models/ops/attention.cc ForwardWeightsInPlace: kK is kAttentionKeyTile, tile kt holds keys
+  // kt kK .. kt kK + kK - 1 of the row); at the end o / l, rounded once, and lse = m + ln l.
   for (int kt = first; kt <= last; ++kt) {
     const int k0 = kt * kK;
-    __syncthreads();  // the previous k tile is consumed
+    __syncthreads();  // the previous k and v tiles are consumed
     LoadTile<D, kHs, kK>(ks, k_src, ld, k0, a.T);
     CpAsyncCommit();
-    CpAsyncWait<0>();  // q and k have landed
+    LoadTile<D, kHs, kK>(vs, v_src, ld, k0, a.T);
+    CpAsyncCommit();
+    CpAsyncWait<1>();  // q and k have landed; v may still be in flight
     __syncthreads();
     float s[kK / 8][4];
     scores(k0, s);
@@ -840,59 +866,48 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int e = 0; e < 4; ++e) mx[e / 2] = fmaxf(mx[e / 2], s[j][e]);
     }
-    float m_new[2], shift[2];
+    float shift[2], rescale[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
       // Finite unbounded (key 0 is valid for every row); -inf for a bounded row (packed or
       // windowed) that has seen no key yet, which shifts by 0 then (exp(-inf) = 0, no NaN).
-      m_new[r] = fmaxf(m[r], mx[r]);
-      shift[r] = m_new[r] == -INFINITY ? 0.0f : m_new[r];
+      const float m_new = fmaxf(m[r], mx[r]);
+      shift[r] = m_new == -INFINITY ? 0.0f : m_new;
+      rescale[r] = expf(m[r] - shift[r]);  // 0 until the row has seen a key (o and l are 0)
+      m[r] = m_new;
     }
 #pragma unroll
     for (int j = 0; j < kK / 8; ++j) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) sum[e / 2] += expf(s[j][e] - shift[e / 2]);  // 0 where masked
+      for (int e = 0; e < 4; ++e) {
+        s[j][e] = expf(s[j][e] - shift[e / 2]);  // 0 where masked
+        sum[e / 2] += s[j][e];
+      }
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 1);
       sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 2);
-      l[r] = l[r] * expf(m[r] - shift[r]) + sum[r];  // the factor is 0 on the first tile
-      m[r] = m_new[r];
+      l[r] = l[r] * rescale[r] + sum[r];
     }
-  }
-  const float row_lse[2] = {m[0] + logf(l[0]), m[1] + logf(l[1])};
-  // Pass 2: o = sum_j D(exp(s_j - lse)) v_j, the probabilities normalised before they are
-  // rounded to D (the host op's rounding point, models/ops/attention.cc), the sum in fp32.
-  for (int kt = first; kt <= last; ++kt) {
-    const int k0 = kt * kK;
-    __syncthreads();  // the previous k and v tiles are consumed
-    LoadTile<D, kHs, kK>(ks, k_src, ld, k0, a.T);
-    CpAsyncCommit();
-    LoadTile<D, kHs, kK>(vs, v_src, ld, k0, a.T);
-    CpAsyncCommit();
-    CpAsyncWait<1>();  // k has landed; v may still be in flight
-    __syncthreads();
-    float s[kK / 8][4];
-    scores(k0, s);
 #pragma unroll
-    for (int j = 0; j < kK / 8; ++j) {
+    for (int nt = 0; nt < kHs / 8; ++nt) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[j][e] = expf(s[j][e] - row_lse[e / 2]);  // 0 where masked
+      for (int e = 0; e < 4; ++e) o[nt][e] *= rescale[e / 2];
     }
     uint32_t p[kK / 16][4];
-    ToFragments<D, kK>(s, p);  // P rounded to D
+    ToFragments<D, kK>(s, p);  // exp(s - m) rounded to D
     CpAsyncWait<0>();
     __syncthreads();  // v has landed for every thread
     MmaAB<D, kHs, kK>(o, p, vs, kStride);
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    if (row[r] >= a.T) continue;
-    StoreRow<D, kHs>(out + a.Out(b, h, kHs) + int64_t{row[r]} * a.H * kHs, o, r, 1.0f);
-    if (c == 0) lse[a.Stat(b, h) + row[r]] = row_lse[r];
+    if (row[r] >= a.T) continue;  // a row below T has seen its own key: l >= 1
+    StoreRow<D, kHs>(out + a.Out(b, h, kHs) + int64_t{row[r]} * a.H * kHs, o, r, 1.0f / l[r]);
+    if (c == 0) lse[a.Stat(b, h) + row[r]] = m[r] + logf(l[r]);
   }
 }
 

@@ -24,6 +24,7 @@
 #include <cstddef>
 
 #include "base/host_device.h"
+#include "models/ops/attention.h"
 
 // The index functions run in the kernels too: STRATA_HD (host and device under nvcc).
 
@@ -39,8 +40,10 @@ namespace attention_tiles {
 
 constexpr int kWarpsPerBlock = 4;  // every tensor-core kernel: 4 warps of 32 threads
 constexpr int kRowsPerWarp = 16;   // the m of mma.m16n8k16
-constexpr int kQueryTile = kWarpsPerBlock * kRowsPerWarp;    // forward and dq: 64 queries
-constexpr int kKeyTile = 64;                                 // forward and dq: keys per tile
+constexpr int kQueryTile = kWarpsPerBlock * kRowsPerWarp;  // forward and dq: 64 queries
+// Forward and dq: keys per tile. The forward's tiles are the online softmax's, a rounding point
+// every backend shares (kAttentionKeyTile, models/ops/attention.h).
+constexpr int kKeyTile = kAttentionKeyTile;
 constexpr int kDkDvKeyTile = kWarpsPerBlock * kRowsPerWarp;  // dk/dv: 64 keys per block
 // dk/dv: queries per tile. 32 for hs 128 keeps the accumulators (dk, dv: 2 hs / 8 fp32 per
 // thread) and the two score tiles (2 tile / 8 fp32) within the registers without spills.
