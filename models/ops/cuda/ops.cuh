@@ -294,10 +294,11 @@ inline constexpr int kAttentionMaxHeadDim = 256;
 // q: (B, T, H, hs) rows of row_stride; k, v: (B, T, Hkv, hs) rows of row_stride; out: (B, T, H hs)
 // contiguous, OVERWRITTEN; lse: (B, H, T) fp32 OVERWRITTEN (log-sum-exp of each query's scaled
 // scores; the backward recomputes the probabilities from it). Scores scaled in fp32 by
-// 1 / sqrt(hs), or by AttentionDims::scale rounded to fp32 where it is not 0; softmax in fp32 (a
-// first pass over the keys for each row's log-sum-exp), the normalised probabilities
-// D(exp(s - lse)) rounded to D before the product with V (the host op's rounding point,
-// models/ops/attention.cc), output accumulated in fp32 and rounded once. Requirements: all
+// 1 / sqrt(hs), or by AttentionDims::scale rounded to fp32 where it is not 0; one pass of online
+// softmax in fp32 (FlashAttention-2) over key tiles of kAttentionKeyTile, each tile's
+// probabilities D(exp(s - m)), m the row's running max, rounded to D before the product with V,
+// the accumulator rescaled per tile and divided by the row's sum once (the host op's rounding
+// points, models/ops/attention.h), output rounded once. Requirements: all
 // dims >= 1, H % Hkv == 0, hs <= kAttentionMaxHeadDim, row_stride >= H hs, B H <= 65535,
 // window >= 0, scale finite and >= 0, softcap 0 or finite and > 0 with an fp32 rounding neither
 // inf nor 0. out must not overlap q, k, v.
