@@ -89,7 +89,7 @@ void ExpectPositionsInvariant(const Batch& b, int T) {
   }
 }
 
-TEST_F(ExampleDatasetTest, OneExamplePerRowIsPaddedWithIgnoredTargetsAndCountingPositions) {
+TEST_F(ExampleDatasetTest, OneExamplePerRowIsPaddedWithIgnoredTargetsAtPositionZero) {
   const TokenDataset train = Open("train.bin", MakeExamples({4}));
   const TokenDataset val = Open("val.bin", MakeExamples({3, 6}));
   auto d = ExampleDataset::Create(train, val, {.seq_len = 6, .pad_id = 7}, "test");
