@@ -58,7 +58,7 @@ struct Layout {
 
 Layout MakeLayout(int B, int T, int H, int Hkv, int hs, int pad) {
   const int64_t q = int64_t{H} * hs, kv = int64_t{Hkv} * hs;
-  return {{B, T, H, Hkv, hs, q + 2 * kv + pad}, 0, q, q + kv};
+  return {{B, T, H, Hkv, hs, q + 2 * kv + pad}, 0, q, q + kv, {}};
 }
 
 // MakeLayout(B, T, ...) with every sequence packed from examples of these lengths (summing to T).
