@@ -85,7 +85,7 @@ Value FormatPercent(std::string_view format, const Value& args, int line) {
       continue;
     }
     if (c != 's' && c != 'r' && c != 'd' && c != 'i') {
-      Fail(line, std::string("'%") + c + "' string formatting is not supported");
+      Fail(line, "'" + Excerpt(format.substr(i - 1, 2)) + "' string formatting is not supported");
     }
     if (next >= items.size()) Fail(line, "not enough arguments for format string");
     const Value& v = items[next++];

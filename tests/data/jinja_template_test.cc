@@ -195,6 +195,14 @@ TEST(JinjaTemplate, DeeplyNestedTemplatesAreRefusedNotOverflowed) {
 TEST(JinjaTemplate, ErrorsAreOneLine) {
   const Status s = RenderError("{{ raise_exception('two\nlines') }}");
   EXPECT_EQ(s.message().find('\n'), std::string::npos);
+  // A conversion the engine refuses is quoted escaped (found by chat_template_fuzz: '%' then a
+  // newline inside a format string put a raw newline into the message).
+  EXPECT_EQ(RenderError("{{ 'a %\n' % 1 }}").message(),
+            "'test' chat_template line 2: '%\\x0A' string formatting is not supported");
+  EXPECT_EQ(RenderError("{{ '%\x01' % 1 }}").message(),
+            "'test' chat_template line 1: '%\\x01' string formatting is not supported");
+  EXPECT_EQ(RenderError("{{ '%q' % 1 }}").message(),
+            "'test' chat_template line 1: '%q' string formatting is not supported");
 }
 
 TEST(JinjaTemplate, RenderIsRepeatableAndConstOverOneParse) {
