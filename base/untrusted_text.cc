@@ -107,8 +107,16 @@ std::string Cut(std::string_view s, size_t max_bytes) {
 
 void AppendJson(const Json& v, int depth, size_t budget, std::string* out) {
   if (out->size() > budget) return;
+  // JSON escapes the C0 controls; DEL it leaves raw, so it is written \u007f here.
   const auto dump_string = [&](const std::string& s) {
-    *out += Json(s.substr(0, budget)).dump(-1, ' ', false, Json::error_handler_t::replace);
+    for (const char c :
+         Json(s.substr(0, budget)).dump(-1, ' ', false, Json::error_handler_t::replace)) {
+      if (c == '\x7f') {
+        *out += "\\u007f";
+      } else {
+        out->push_back(c);
+      }
+    }
   };
   if (v.is_object() || v.is_array()) {
     const bool object = v.is_object();

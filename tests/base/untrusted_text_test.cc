@@ -81,6 +81,10 @@ TEST(JsonExcerpt, DoesNotRecurseIntoADeepValue) {
 
 TEST(JsonExcerpt, EscapesControlCharactersOfAString) {
   EXPECT_EQ(JsonExcerpt(nlohmann::json(std::string("a\0b", 3))), "\"a\\u0000b\"");
+  // DEL, which JSON leaves unescaped (found by tokenizer_json_fuzz: a key holding it was quoted
+  // raw into a message), and in an object's key.
+  EXPECT_EQ(JsonExcerpt(nlohmann::json(std::string{'a', '\x7f', 'b'})), "\"a\\u007fb\"");
+  EXPECT_EQ(JsonExcerpt(nlohmann::json::parse("{\"k\\u007f\": 1}")), "{\"k\\u007f\":1}");
 }
 
 TEST(JsonPointerChild, EscapesTildeAndSlash) {
