@@ -166,6 +166,10 @@ class Stream {
 struct DeviceMemoryInfo {
   size_t free_bytes = 0;   // what an arena could take now
   size_t total_bytes = 0;  // the device's memory
+  // What the backend itself takes beside the arena once a compute stream runs its first matrix
+  // product (CUDA: that stream's 32 MiB cuBLAS workspace; host: 0): an arena of more than
+  // free_bytes - outside_arena_bytes leaves the workspace's allocation to fail.
+  size_t outside_arena_bytes = 0;
 };
 
 struct DeviceCounters {

@@ -409,15 +409,23 @@ StatusOr<engine::PlanChoice> ChooseTrainPlan(const engine::Model& model, const M
 Status CheckDeviceBudgetFits(gpu::Device& device, const engine::Plan& plan, bool budget_auto) {
   STRATA_ASSIGN_OR_RETURN(const gpu::DeviceMemoryInfo m, device.MemoryInfo());
   const uint64_t asked = budget_auto ? plan.device_total_bytes : plan.device_budget_bytes;
-  if (asked <= m.free_bytes) return Status::Ok();
+  // The arena and, beside it, what the backend takes for itself (CUDA: the cuBLAS workspace); the
+  // message's "free" is what is left for the arena.
+  const uint64_t usable = m.free_bytes - std::min(m.outside_arena_bytes, m.free_bytes);
+  if (asked <= usable) return Status::Ok();
   const auto gib = [](uint64_t b) { return static_cast<double>(b) / static_cast<double>(kGiB); };
+  const std::string beside =
+      m.outside_arena_bytes == 0
+          ? std::string()
+          : fmt::format("; {} MiB more are kept for the backend's own buffers",
+                        (m.outside_arena_bytes + (1 << 20) - 1) >> 20);
   return ResourceExhaustedError(fmt::format(
       "{} {:.2f} GiB of device memory, more than the {:.2f} GiB free on the {} device (of {:.2f} "
-      "GiB; other processes may hold the rest): give --device-budget {:.2f}GiB or less, or free "
+      "GiB; other processes may hold the rest{}): give --device-budget {:.2f}GiB or less, or free "
       "the device",
-      budget_auto ? "--device-budget auto planned" : "--device-budget is", gib(asked),
-      gib(m.free_bytes), gpu::DeviceKindName(device.kind()), gib(m.total_bytes),
-      std::floor(gib(m.free_bytes) * 100) / 100));
+      budget_auto ? "--device-budget auto planned" : "--device-budget is", gib(asked), gib(usable),
+      gpu::DeviceKindName(device.kind()), gib(m.total_bytes), beside,
+      std::floor(gib(usable) * 100) / 100));
 }
 
 StatusOr<TrainDevice> CreateTrainDevice(comm::Communicator* world, trace::TraceRecorder* trace,

@@ -129,8 +129,10 @@ StatusOr<TrainDevice> CreateTrainDevice(comm::Communicator* world, trace::TraceR
 
 // Before Engine::Create: the device budget against the device's free memory (gpu::Device::
 // MemoryInfo: on a GPU what other processes hold is not free; on the host backend the host's
-// available memory, or HostDeviceOptions::memory_bytes). A budget given as a size must not exceed
-// it; an `auto` budget (`budget_auto`) must plan no more than it (plan.device_total_bytes).
+// available memory, or HostDeviceOptions::memory_bytes), less what the backend takes beside the
+// arena (DeviceMemoryInfo::outside_arena_bytes: CUDA's cuBLAS workspace). A budget given as a
+// size must not exceed that; an `auto` budget (`budget_auto`) must plan no more than it
+// (plan.device_total_bytes).
 // Errors: kResourceExhausted, one line naming --device-budget, the budget (or what auto planned)
 // and the free memory in GiB; the memory query's error.
 Status CheckDeviceBudgetFits(gpu::Device& device, const engine::Plan& plan, bool budget_auto);

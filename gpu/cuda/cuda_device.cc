@@ -741,6 +741,7 @@ class CudaDevice final : public Device {
     STRATA_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device_ordinal));
     DeviceMemoryInfo m;
     STRATA_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&m.free_bytes, &m.total_bytes));
+    m.outside_arena_bytes = kCublasWorkspaceBytes;  // the compute stream's (CudaStream::cublas)
     return m;
   }
 

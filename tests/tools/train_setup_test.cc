@@ -16,6 +16,8 @@
 #include "engine/plan/machine_profile.h"
 #include "engine/plan/plan_choice.h"
 #include "engine/plan/planner.h"
+#include "gpu/device.h"
+#include "gpu/pinned_memory.h"
 #include "io/io_backend.h"
 #include "tools/device_select.h"
 #include "tools/model_spec.h"
@@ -406,6 +408,71 @@ TEST(TrainSetup, TheEngineRunsTheChosenPlanAndPlansNothing) {
         << refused.status().message();
   }
   std::filesystem::remove_all(dir);
+}
+
+// A device that reports fixed memory figures, as a GPU would (free after the CUDA context, and
+// the cuBLAS workspace the compute stream takes beside the arena); nothing else is used.
+class FixedMemoryDevice final : public gpu::Device {
+ public:
+  explicit FixedMemoryDevice(gpu::DeviceMemoryInfo m) : Device(size_t{1} << 30), m_(m) {}
+  gpu::DeviceKind kind() const override { return gpu::DeviceKind::kCuda; }
+  std::string description() const override { return "fixed memory figures"; }
+  StatusOr<std::unique_ptr<gpu::DeviceArena>> CreateArena(size_t) override {
+    return InternalError("not used");
+  }
+  StatusOr<gpu::DeviceMemoryInfo> MemoryInfo() override { return m_; }
+  StatusOr<std::unique_ptr<gpu::Stream>> CreateStream(std::string) override {
+    return InternalError("not used");
+  }
+  StatusOr<std::unique_ptr<gpu::Event>> CreateEvent() override { return InternalError("not used"); }
+
+ protected:
+  StatusOr<std::byte*> PinnedAlloc(size_t n) override { return gpu::MapAlignedHostMemory(n); }
+  void PinnedFree(std::byte* p, size_t n) override { gpu::UnmapAlignedHostMemory(p, n); }
+
+ private:
+  gpu::DeviceMemoryInfo m_;
+};
+
+// The budget is checked against free memory less what the backend takes beside the arena, so a
+// budget in that margin is refused before anything is allocated (not later, by the workspace's
+// cudaMalloc), and the advice is a budget that fits.
+TEST(TrainSetup, TheDeviceBudgetLeavesRoomForWhatTheBackendTakesBesideTheArena) {
+  gpu::DeviceMemoryInfo m;
+  m.free_bytes = 10 * kGiB;
+  m.total_bytes = 16 * kGiB;
+  m.outside_arena_bytes = size_t{32} << 20;
+  FixedMemoryDevice device(m);
+  engine::Plan plan;
+  plan.device_budget_bytes = m.free_bytes - m.outside_arena_bytes;
+  plan.device_total_bytes = plan.device_budget_bytes - 4096;
+  EXPECT_TRUE(CheckDeviceBudgetFits(device, plan, /*budget_auto=*/false).ok());
+  EXPECT_TRUE(CheckDeviceBudgetFits(device, plan, /*budget_auto=*/true).ok());
+
+  plan.device_budget_bytes += 1;  // one byte into the workspace's share: refused
+  EXPECT_EQ(CheckDeviceBudgetFits(device, plan, /*budget_auto=*/false).code(),
+            StatusCode::kResourceExhausted);
+  plan.device_budget_bytes = m.free_bytes;  // all of free memory: was accepted, then failed later
+  const Status s = CheckDeviceBudgetFits(device, plan, /*budget_auto=*/false);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(s.message(),
+            "--device-budget is 10.00 GiB of device memory, more than the 9.97 GiB free on the "
+            "cuda device (of 16.00 GiB; other processes may hold the rest; 32 MiB more are kept "
+            "for the backend's own buffers): give --device-budget 9.96GiB or less, or free the "
+            "device");
+  // An auto budget is judged by what it planned, not by the budget field.
+  EXPECT_TRUE(CheckDeviceBudgetFits(device, plan, /*budget_auto=*/true).ok());
+  plan.device_total_bytes = m.free_bytes;
+  const Status a = CheckDeviceBudgetFits(device, plan, /*budget_auto=*/true);
+  ASSERT_FALSE(a.ok());
+  EXPECT_THAT(a.message(), ::testing::StartsWith("--device-budget auto planned 10.00 GiB"));
+
+  // Without a margin (the host backend) the whole of free memory is the arena's.
+  m.outside_arena_bytes = 0;
+  FixedMemoryDevice host_like(m);
+  plan.device_budget_bytes = m.free_bytes;
+  EXPECT_TRUE(CheckDeviceBudgetFits(host_like, plan, /*budget_auto=*/false).ok());
 }
 
 }  // namespace
