@@ -1,24 +1,26 @@
 #include "base/units.h"
 
+#include <fmt/format.h>
+
 #include <charconv>
 #include <cmath>
 
-#include <fmt/format.h>
+#include "base/untrusted_text.h"
 
 namespace strata {
 
 StatusOr<uint64_t> ParseSize(std::string_view text) {
   auto bad = [&](std::string_view why) {
-    return InvalidArgumentError(fmt::format(
-        "bad size '{}': {}; write a byte count with an optional unit, e.g. 4096, 1e9, "
-        "512MiB, 8GiB, 2GB (GB = 1e9 bytes, GiB = 2^30)",
-        text, why));
+    return InvalidArgumentError(
+        fmt::format("bad size '{}': {}; write a byte count with an optional unit, e.g. 4096, 1e9, "
+                    "512MiB, 8GiB, 2GB (GB = 1e9 bytes, GiB = 2^30)",
+                    Excerpt(text), why));
   };
   if (text.empty()) return bad("it is empty");
   size_t i = 0;
-  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.' ||
-                             text[i] == 'e' || text[i] == 'E' || text[i] == '+' ||
-                             (text[i] == '-' && i > 0))) {
+  while (i < text.size() &&
+         (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.' || text[i] == 'e' ||
+          text[i] == 'E' || text[i] == '+' || (text[i] == '-' && i > 0))) {
     ++i;
   }
   // "1e9" vs a unit starting with 'E' (none exists): digits/exponent consumed above.
@@ -33,16 +35,26 @@ StatusOr<uint64_t> ParseSize(std::string_view text) {
   }
   if (value < 0) return bad("it is negative");
   double mult;
-  if (unit.empty() || unit == "B") mult = 1;
-  else if (unit == "KB" || unit == "kB") mult = 1e3;
-  else if (unit == "MB") mult = 1e6;
-  else if (unit == "GB") mult = 1e9;
-  else if (unit == "TB") mult = 1e12;
-  else if (unit == "KiB") mult = static_cast<double>(kKiB);
-  else if (unit == "MiB") mult = static_cast<double>(kMiB);
-  else if (unit == "GiB") mult = static_cast<double>(kGiB);
-  else if (unit == "TiB") mult = static_cast<double>(kGiB) * 1024.0;
-  else return bad(fmt::format("unknown unit '{}'", unit));
+  if (unit.empty() || unit == "B")
+    mult = 1;
+  else if (unit == "KB" || unit == "kB")
+    mult = 1e3;
+  else if (unit == "MB")
+    mult = 1e6;
+  else if (unit == "GB")
+    mult = 1e9;
+  else if (unit == "TB")
+    mult = 1e12;
+  else if (unit == "KiB")
+    mult = static_cast<double>(kKiB);
+  else if (unit == "MiB")
+    mult = static_cast<double>(kMiB);
+  else if (unit == "GiB")
+    mult = static_cast<double>(kGiB);
+  else if (unit == "TiB")
+    mult = static_cast<double>(kGiB) * 1024.0;
+  else
+    return bad(fmt::format("unknown unit '{}'", Excerpt(unit)));
   double bytes = value * mult;
   if (bytes >= 18446744073709551615.0) return bad("it is too large");
   if (bytes != std::floor(bytes)) return bad("it is not a whole number of bytes");

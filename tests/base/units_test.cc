@@ -23,6 +23,12 @@ TEST(ParseSize, RejectsMalformedInputWithAMessageNamingIt) {
     EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
     EXPECT_NE(r.status().message().find(std::string("'") + bad + "'"), std::string::npos);
   }
+  // A control character in the text is quoted escaped (found by parse_size_fuzz: "1\05GB").
+  const auto r = ParseSize(std::string{'1', '\0', '5', 'G', 'B'});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message().rfind("bad size '1\\x005GB': unknown unit '\\x005GB';", 0), 0u)
+      << r.status().message();
+  EXPECT_EQ(ParseSize("1G\tB").status().message().find('\t'), std::string::npos);
 }
 
 TEST(FormatBytes, SaysWhichUnit) {
