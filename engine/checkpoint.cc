@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/file.h"
+#include "base/untrusted_text.h"
 #include "engine/optimizer_json.h"
 #include "engine/plan/optimizer_state.h"
 #include "formats/safetensors.h"
@@ -83,7 +84,7 @@ class Fields {
 StatusOr<uint64_t> ParseHex64(const std::string& s, std::string_view what) {
   if (s.size() != 16 || !std::all_of(s.begin(), s.end(), [](char c) { return std::isxdigit(c); })) {
     return DataLossError(
-        fmt::format("manifest: {} '{}' is not 16 hex digits", what, s.substr(0, 40)));
+        fmt::format("manifest: {} '{}' is not 16 hex digits", what, Excerpt(s, 40)));
   }
   return std::strtoull(s.c_str(), nullptr, 16);
 }
@@ -166,7 +167,7 @@ StatusOr<Manifest> ParseManifest(std::string_view text) {
   STRATA_ASSIGN_OR_RETURN(std::string format, top.String("format"));
   if (format != "strata-checkpoint") {
     return DataLossError(
-        fmt::format("manifest format '{}' is not strata-checkpoint", format.substr(0, 40)));
+        fmt::format("manifest format '{}' is not strata-checkpoint", Excerpt(format, 40)));
   }
   STRATA_ASSIGN_OR_RETURN(int64_t version, top.Int("format_version", 0, INT32_MAX));
   if (version != kCheckpointFormatVersion && version != 1) {
@@ -177,8 +178,8 @@ StatusOr<Manifest> ParseManifest(std::string_view text) {
   m.format_version = static_cast<int>(version);
   STRATA_ASSIGN_OR_RETURN(m.precision, top.String("precision"));
   if (m.precision != "fp32" && m.precision != "fp16" && m.precision != "bf16") {
-    return DataLossError(fmt::format("manifest precision '{}' is not fp32, fp16 or bf16",
-                                     m.precision.substr(0, 20)));
+    return DataLossError(
+        fmt::format("manifest precision '{}' is not fp32, fp16 or bf16", Excerpt(m.precision, 20)));
   }
 
   STRATA_ASSIGN_OR_RETURN(const json* model, top.Get("model", json::value_t::object));
@@ -260,11 +261,12 @@ StatusOr<Manifest> ParseManifest(std::string_view text) {
     if (!IsPlainFileName(f.name) || f.name == kManifestFileName) {
       return DataLossError(
           fmt::format("manifest: files[{}].name '{}' is not a plain file name of this checkpoint",
-                      i, f.name.substr(0, 80)));
+                      i, Excerpt(f.name, 80)));
     }
     for (const auto& other : m.files) {
       if (other.name == f.name) {
-        return DataLossError(fmt::format("manifest: file '{}' is listed twice", f.name));
+        return DataLossError(
+            fmt::format("manifest: file '{}' is listed twice", Excerpt(f.name, 80)));
       }
     }
     STRATA_ASSIGN_OR_RETURN(int64_t size, ff.Int("size_bytes", 0, INT64_MAX));
@@ -290,7 +292,7 @@ StatusOr<std::string> ResolveCheckpointDir(const std::string& path) {
   while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
   if (!IsPlainFileName(name)) {
     return DataLossError(fmt::format("'{}' names '{}', which is not a checkpoint directory name",
-                                     latest, name.substr(0, 80)));
+                                     latest, Excerpt(name, 80)));
   }
   return path + "/" + name;
 }

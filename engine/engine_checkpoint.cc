@@ -8,6 +8,7 @@
 
 #include "base/aligned_buffer.h"
 #include "base/file.h"
+#include "base/untrusted_text.h"
 #include "cpu_optim/grad_stats.h"
 
 namespace strata::engine {
@@ -284,14 +285,14 @@ Status EngineCheckpoint::CheckManifestMatchesModel(const Manifest& m) const {
     return InvalidArgumentError(fmt::format(
         "the checkpoint's model ({}: {} blocks, vocabulary {}, context {}) is not this run's "
         "({}: {} blocks, vocabulary {}, context {})",
-        m.model_description, m.block_names.size(), m.vocab_size, m.max_seq_len,
+        Excerpt(m.model_description, 200), m.block_names.size(), m.vocab_size, m.max_seq_len,
         model_.description(), model_.num_blocks(), model_.vocab_size(), model_.max_seq_len()));
   }
   for (int b = 0; b < model_.num_blocks(); ++b) {
     if (m.block_names[b] != model_.block_name(b) || m.block_num_params[b] != np(b)) {
       return InvalidArgumentError(fmt::format(
           "checkpoint block {} is '{}' with {} parameters, this model's is '{}' with {}", b,
-          m.block_names[b].substr(0, 80), m.block_num_params[b], model_.block_name(b), np(b)));
+          Excerpt(m.block_names[b], 80), m.block_num_params[b], model_.block_name(b), np(b)));
     }
   }
   return Status::Ok();

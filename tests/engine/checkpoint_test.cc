@@ -316,6 +316,13 @@ TEST_F(CorruptionTest, ManifestNamingAFileOutsideTheCheckpointIsRejected) {
   ExpectRejected(StatusCode::kDataLoss, "not a plain file name");
 }
 
+TEST_F(CorruptionTest, AFileNameWithAControlCharacterIsQuotedEscaped) {
+  // Found by manifest_fuzz: the name was quoted raw, a tab in the one-line message.
+  EditManifest([](nlohmann::json& j) { j["files"][0]["name"] = "master\tweights.safetensors"; });
+  ExpectRejected(StatusCode::kDataLoss,
+                 "'master\\x09weights.safetensors' is not a plain file name");
+}
+
 TEST_F(CorruptionTest, LatestNamingAPathOutsideTheSaveDirIsRejected) {
   WriteFile(fs::path(save_dir_) / kLatestFileName, "../step-2\n");
   ExpectRejected(StatusCode::kDataLoss, "not a checkpoint directory name");
