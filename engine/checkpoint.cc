@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "base/file.h"
@@ -59,9 +60,15 @@ class Fields {
     }
     return x;
   }
+  // A number that fits fp32 (one beyond it would become inf, and be written back as null).
   StatusOr<float> Float(const char* key) const {
     STRATA_ASSIGN_OR_RETURN(const json* v, Get(key, json::value_t::number_float));
-    return v->get<float>();
+    const double d = v->get<double>();
+    if (!(std::abs(d) <= std::numeric_limits<float>::max())) {
+      return DataLossError(
+          fmt::format("manifest: {}.{} = {} does not fit fp32", where_, key, v->dump()));
+    }
+    return static_cast<float>(d);
   }
   StatusOr<std::string> String(const char* key) const {
     STRATA_ASSIGN_OR_RETURN(const json* v, Get(key, json::value_t::string));

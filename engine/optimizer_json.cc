@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+#include <limits>
 #include <string>
 #include <type_traits>
 
@@ -106,7 +108,20 @@ StatusOr<cpu_optim::AnyOptimizer> OptimizerFromJson(const Json& j, std::string_v
               }
               return;
             }
-            v = it->template get<T>();
+            if constexpr (std::is_floating_point_v<T>) {
+              // JSON holds no inf or NaN, but a number beyond T's range would become one.
+              const double d = it->template get<double>();
+              if (!(std::abs(d) <= static_cast<double>(std::numeric_limits<T>::max()))) {
+                if (status.ok()) {
+                  status = DataLossError(fmt::format("{}: \"{}\" = {} does not fit fp{}", where,
+                                                     name, it->dump(), 8 * sizeof(T)));
+                }
+                return;
+              }
+              v = static_cast<T>(d);
+            } else {
+              v = it->template get<T>();
+            }
           });
         },
         o.config);

@@ -77,6 +77,16 @@ TEST(Manifest, RoundTripsAndRejectsBadInput) {
   EXPECT_EQ(replace("20\n", "20, 30\n").status().code(), StatusCode::kDataLoss);
   EXPECT_EQ(replace("\"loss_scale\": 32768.0", "\"loss_scale\": -1.0").status().code(),
             StatusCode::kDataLoss);
+  // A number beyond fp32 is refused, not made inf (which serialized again as null and made the
+  // manifest unreadable: found by manifest_fuzz).
+  nlohmann::json edited = nlohmann::json::parse(text);
+  edited["optimizer"]["weight_decay"] = 1e39;
+  const auto huge = ParseManifest(edited.dump());
+  EXPECT_EQ(huge.status().code(), StatusCode::kDataLoss);
+  EXPECT_EQ(huge.status().message(),
+            "manifest: optimizer: \"weight_decay\" = 1e+39 does not fit fp32");
+  EXPECT_EQ(replace("\"grad_clip_norm\": 1.0", "\"grad_clip_norm\": -4e38").status().message(),
+            "manifest: engine.grad_clip_norm = -4e+38 does not fit fp32");
 }
 
 TEST(Manifest, ReadsVersionOneAsAdamW) {
@@ -105,6 +115,9 @@ TEST(Manifest, ReadsVersionOneAsAdamW) {
   EXPECT_EQ(p->optimizer.adamw().lr, 0.5f);
   EXPECT_EQ(p->optimizer.adamw().beta1, 0.8f);
   EXPECT_FALSE(p->optimizer.adamw().decoupled_weight_decay);
+  j["optimizer"]["lr"] = 6.7e98;
+  EXPECT_EQ(ParseManifest(j.dump()).status().message(),
+            "manifest: optimizer.lr = 6.7e+98 does not fit fp32");
 }
 
 }  // namespace
