@@ -8,14 +8,14 @@
 #include <string_view>
 
 #include "models/lora_adapter.h"
+#include "tests/fuzz/one_line_message.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto c = strata::models::ParseLoraAdapterConfig(
       std::string_view(reinterpret_cast<const char*>(data), size), "fuzz/adapter_config.json");
   if (!c.ok()) {
     const std::string m = c.status().message();
-    if (m.find("fuzz/adapter_config.json") == std::string::npos ||
-        m.find('\n') != std::string::npos || m.size() > 4096) {
+    if (!strata::fuzz::IsOneCleanLine(m, "fuzz/adapter_config.json")) {
       std::abort();
     }
     return 0;

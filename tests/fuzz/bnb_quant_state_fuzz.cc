@@ -16,12 +16,13 @@
 
 #include "base/untrusted_text.h"
 #include "models/hf_bnb.h"
+#include "tests/fuzz/one_line_message.h"
 
 namespace {
 
 void CheckError(const strata::Status& s, std::string_view path) {
   const std::string& m = s.message();
-  if (m.find(path) == std::string::npos || m.find('\n') != std::string::npos || m.size() > 4096) {
+  if (!strata::fuzz::IsOneCleanLine(m, path)) {
     std::abort();
   }
 }

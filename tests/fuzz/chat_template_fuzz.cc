@@ -9,12 +9,13 @@
 #include <string_view>
 
 #include "data/chat_template.h"
+#include "tests/fuzz/one_line_message.h"
 
 namespace {
 
 void CheckMessage(const strata::Status& s) {
   const std::string& m = s.message();
-  if (m.empty() || m.find('\n') != std::string::npos) std::abort();
+  if (!strata::fuzz::IsOneCleanLine(m)) std::abort();
 }
 
 }  // namespace

@@ -8,14 +8,14 @@
 #include <string_view>
 
 #include "models/hf_config.h"
+#include "tests/fuzz/one_line_message.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto c = strata::models::ParseHfConfig(
       std::string_view(reinterpret_cast<const char*>(data), size), "fuzz/config.json");
   if (!c.ok()) {
     const std::string m = c.status().message();
-    if (m.find("fuzz/config.json") == std::string::npos || m.find('\n') != std::string::npos ||
-        m.size() > 4096) {
+    if (!strata::fuzz::IsOneCleanLine(m, "fuzz/config.json")) {
       std::abort();
     }
     return 0;

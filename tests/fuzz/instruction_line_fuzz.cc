@@ -10,12 +10,13 @@
 
 #include "data/chat_format.h"
 #include "data/instruction_data.h"
+#include "tests/fuzz/one_line_message.h"
 
 namespace {
 
 void CheckOneLine(const strata::Status& s) {
   const std::string m = s.message();
-  if (m.empty() || m.find('\n') != std::string::npos || m.size() > 4096) std::abort();
+  if (!strata::fuzz::IsOneCleanLine(m)) std::abort();
 }
 
 }  // namespace

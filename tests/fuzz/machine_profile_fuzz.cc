@@ -7,14 +7,14 @@
 #include <string>
 
 #include "engine/plan/machine_profile.h"
+#include "tests/fuzz/one_line_message.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
   auto p = strata::engine::ParseMachineProfile(text, "'fuzz.json'");
   if (!p.ok()) {
     const std::string m = p.status().message();
-    if (m.find("'fuzz.json'") == std::string::npos || m.find('\n') != std::string::npos ||
-        m.size() > 4096) {
+    if (!strata::fuzz::IsOneCleanLine(m, "'fuzz.json'")) {
       std::abort();
     }
     return 0;

@@ -7,12 +7,13 @@
 #include <string_view>
 
 #include "engine/checkpoint.h"
+#include "tests/fuzz/one_line_message.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   strata::StatusOr<strata::engine::Manifest> manifest =
       strata::engine::ParseManifest(std::string_view(reinterpret_cast<const char*>(data), size));
   if (!manifest.ok()) {
-    if (manifest.status().message().empty()) std::abort();
+    if (!strata::fuzz::IsOneCleanLine(manifest.status().message())) std::abort();
     return 0;
   }
   const std::string again = strata::engine::SerializeManifest(*manifest);

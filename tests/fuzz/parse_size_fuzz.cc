@@ -7,12 +7,14 @@
 #include <string_view>
 
 #include "base/units.h"
+#include "tests/fuzz/one_line_message.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);
   strata::StatusOr<uint64_t> parsed = strata::ParseSize(text);
   if (!parsed.ok()) {
-    if (parsed.status().message().empty()) std::abort();  // every error says what was wrong
+    // Every error says what was wrong, in one line.
+    if (!strata::fuzz::IsOneCleanLine(parsed.status().message())) std::abort();
     return 0;
   }
   // A plain decimal byte count of the result parses to the same value.

@@ -12,12 +12,13 @@
 #include "data/chat_format.h"
 #include "data/preference_data.h"
 #include "data/token_dataset.h"
+#include "tests/fuzz/one_line_message.h"
 
 namespace {
 
 void CheckOneLine(const strata::Status& s) {
   const std::string m = s.message();
-  if (m.empty() || m.find('\n') != std::string::npos || m.size() > 4096) std::abort();
+  if (!strata::fuzz::IsOneCleanLine(m)) std::abort();
 }
 
 // A side's messages past the prompt hold an assistant message; the prompts are the same.

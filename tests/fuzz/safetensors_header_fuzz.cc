@@ -8,13 +8,14 @@
 
 #include "base/dtype.h"
 #include "formats/safetensors.h"
+#include "tests/fuzz/one_line_message.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::span<const std::byte> file(reinterpret_cast<const std::byte*>(data), size);
   strata::StatusOr<strata::formats::SafetensorsHeader> header =
       strata::formats::ParseSafetensorsHeader(file, size);
   if (!header.ok()) {
-    if (header.status().message().empty()) std::abort();
+    if (!strata::fuzz::IsOneCleanLine(header.status().message())) std::abort();
     return 0;
   }
   if (header->data_offset_bytes != 8 + header->header_bytes || header->data_offset_bytes > size) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "data/token_dataset.h"
+#include "tests/fuzz/one_line_message.h"
 #include "tests/fuzz/scratch_file.h"
 
 namespace {
@@ -31,7 +32,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto d = strata::data::TokenDataset::Open({ScratchFile()}, kVocab);
   if (!d.ok()) {
     const std::string m = d.status().message();
-    if (m.find(ScratchFile()) == std::string::npos || m.find('\n') != std::string::npos) {
+    if (!strata::fuzz::IsOneCleanLine(m, ScratchFile())) {
       std::abort();
     }
     return 0;

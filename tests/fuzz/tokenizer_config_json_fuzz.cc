@@ -7,13 +7,14 @@
 #include <string_view>
 
 #include "data/hf_tokenizer_json.h"
+#include "tests/fuzz/one_line_message.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto names = strata::data::hf::ParseTokenizerConfigJson(
       std::string_view(reinterpret_cast<const char*>(data), size));
   if (!names.ok()) {
     const std::string m = names.status().message();
-    if (m.empty() || m.find('\n') != std::string::npos || m.size() > 4096) std::abort();
+    if (!strata::fuzz::IsOneCleanLine(m)) std::abort();
   }
   return 0;
 }

@@ -14,6 +14,7 @@
 
 #include "data/hf_tokenizer.h"
 #include "data/hf_tokenizer_json.h"
+#include "tests/fuzz/one_line_message.h"
 #include "tests/fuzz/scratch_file.h"
 
 namespace {
@@ -29,7 +30,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto parsed = strata::data::hf::ParseTokenizerJson(text);
   if (!parsed.ok()) {
     const std::string m = parsed.status().message();
-    if (m.empty() || m.find('\n') != std::string::npos || m.size() > 4096) std::abort();
+    if (!strata::fuzz::IsOneCleanLine(m)) std::abort();
     return 0;
   }
   // Accepted: the id table is bounded by the entries, and the tokenizer loads from the file.
@@ -44,7 +45,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (t.ok()) {
     const int v = (*t)->vocab_size();
     if ((*t)->bos_id() >= v || (*t)->eos_id() >= v) std::abort();
-  } else if (t.status().message().empty()) {
+  } else if (!strata::fuzz::IsOneCleanLine(t.status().message())) {
     std::abort();
   }
   return 0;
