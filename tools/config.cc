@@ -199,8 +199,9 @@ class KeyWalker {
         // DeepSpeed reads its top level key by key and ignores the others (LLaMA-Factory's
         // monitor_config, say); named on one note, with the key a typo most likely meant.
         const std::string_view best = NearestKey(key, DeepSpeedKeysUnder(""));
-        ignored_top_.push_back(best.empty() ? key
-                                            : fmt::format("{} (did you mean '{}'?)", key, best));
+        ignored_top_.push_back(best.empty()
+                                   ? Excerpt(key)
+                                   : fmt::format("{} (did you mean '{}'?)", Excerpt(key), best));
         continue;
       }
       if (k == nullptr) {
@@ -229,7 +230,7 @@ class KeyWalker {
   // Inside a section DeepSpeed validates (its pydantic models forbid unknown fields): an error
   // with the key a typo most likely meant, or the three nearest.
   static std::string UnknownKey(const std::string& section, const std::string& key) {
-    const std::string path = section + "." + key;
+    const std::string path = section + "." + Excerpt(key);
     const auto children = DeepSpeedKeysUnder(section);
     const std::string_view best = NearestKey(key, children);
     if (!best.empty()) {
@@ -279,9 +280,9 @@ void CheckParams(Context& c, const json& params, const std::string& path,
     all.insert(all.end(), ignored.begin(), ignored.end());
     const std::string_view best = NearestKey(key, all);
     c.r.Add(best.empty() ? fmt::format("unknown key '{}.{}' for type \"{}\"; it takes: {}", path,
-                                       key, type, fmt::join(all, ", "))
+                                       Excerpt(key), type, fmt::join(all, ", "))
                          : fmt::format("unknown key '{}.{}' for type \"{}\" (did you mean '{}'?)",
-                                       path, key, type, best));
+                                       path, Excerpt(key), type, best));
   }
   if (!noted.empty()) {
     c.notes.push_back(fmt::format("ignored (implementation switches of torch/DeepSpeed): {}",

@@ -379,6 +379,16 @@ TEST(TrainConfig, TrainBatchSizeCountsTheProcessesOfTheLauncher) {
   EXPECT_EQ(g.grad_accum_steps, 8);  // one process again
 }
 
+TEST(TrainConfig, AnUnknownKeyIsQuotedWithItsControlCharactersEscaped) {
+  // Found by train_config_fuzz: a key holding DEL or a tab was quoted raw into the message.
+  EXPECT_EQ(ErrorOf("{\"zero_optimization\": {\"overlap_com\\u007f\": true}}"),
+            "run.json: unknown key 'zero_optimization.overlap_com\\x7F' (did you mean "
+            "'overlap_comm'?)");
+  EXPECT_EQ(
+      ErrorOf("{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"bet\\tas\": 1}}}").find('\t'),
+      std::string::npos);
+}
+
 TEST(TrainConfig, UnknownKeysAreRejectedByTheirJsonPathWithTheKnownOnes) {
   EXPECT_EQ(ErrorOf(R"({"zero_optimization": {"offload_param": {"device": "cpu", "foo": 1}}})"),
             "run.json: unknown key 'zero_optimization.offload_param.foo'; the nearest in "
