@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/file.h"
+#include "base/json_fields.h"
 #include "base/untrusted_text.h"
 #include "engine/optimizer_json.h"
 #include "engine/plan/optimizer_state.h"
@@ -30,70 +31,6 @@ constexpr uint64_t kMaxManifestBytes = 16 << 20;
 // file or is larger than `max_bytes` is a damaged checkpoint (kDataLoss).
 constexpr ReadSmallFileOptions OwnFileOptions(uint64_t max_bytes) {
   return {.max_bytes = max_bytes, .follow_symlinks = false, .unusable_code = StatusCode::kDataLoss};
-}
-
-// Typed field access that reports the JSON path of what is missing or wrong.
-class Fields {
- public:
-  Fields(const json& j, std::string where) : j_(j), where_(std::move(where)) {}
-  StatusOr<const json*> Get(const char* key, json::value_t type) const {
-    if (!j_.is_object()) return DataLossError(fmt::format("manifest: {} is not an object", where_));
-    const auto it = j_.find(key);
-    const bool ok =
-        it != j_.end() &&
-        (it->type() == type || (type == json::value_t::number_float && it->is_number()) ||
-         (type == json::value_t::number_integer && it->is_number_integer()) ||
-         (type == json::value_t::number_unsigned && it->is_number_unsigned()));
-    if (!ok) {
-      return DataLossError(fmt::format("manifest: {}.{} is missing or not a {}", where_, key,
-                                       json(type).type_name()));
-    }
-    return &*it;
-  }
-  StatusOr<int64_t> Int(const char* key, int64_t lo, int64_t hi) const {
-    STRATA_ASSIGN_OR_RETURN(const json* v, Get(key, json::value_t::number_integer));
-    const bool too_big = v->is_number_unsigned() && v->get<uint64_t>() > INT64_MAX;
-    const int64_t x = too_big ? 0 : v->get<int64_t>();
-    if (too_big || x < lo || x > hi) {
-      return DataLossError(
-          fmt::format("manifest: {}.{} = {} is outside [{}, {}]", where_, key, v->dump(), lo, hi));
-    }
-    return x;
-  }
-  // A number that fits fp32 (one beyond it would become inf, and be written back as null).
-  StatusOr<float> Float(const char* key) const {
-    STRATA_ASSIGN_OR_RETURN(const json* v, Get(key, json::value_t::number_float));
-    const double d = v->get<double>();
-    if (!(std::abs(d) <= std::numeric_limits<float>::max())) {
-      return DataLossError(
-          fmt::format("manifest: {}.{} = {} does not fit fp32", where_, key, v->dump()));
-    }
-    return static_cast<float>(d);
-  }
-  StatusOr<std::string> String(const char* key) const {
-    STRATA_ASSIGN_OR_RETURN(const json* v, Get(key, json::value_t::string));
-    return v->get<std::string>();
-  }
-  StatusOr<bool> Bool(const char* key) const {
-    STRATA_ASSIGN_OR_RETURN(const json* v, Get(key, json::value_t::boolean));
-    return v->get<bool>();
-  }
-  StatusOr<std::string> ObjectText(const char* key) const {
-    STRATA_ASSIGN_OR_RETURN(const json* v, Get(key, json::value_t::object));
-    return v->dump();
-  }
-
- private:
-  const json& j_;
-  std::string where_;
-};
-
-StatusOr<uint64_t> ParseHex64(const std::string& s, std::string_view what) {
-  if (s.size() != 16 || !std::all_of(s.begin(), s.end(), [](char c) { return std::isxdigit(c); })) {
-    return DataLossError(
-        fmt::format("manifest: {} '{}' is not 16 hex digits", what, Excerpt(s, 40)));
-  }
-  return std::strtoull(s.c_str(), nullptr, 16);
 }
 
 // Checkpoint directories are "step-N"; returns N, or -1 for any other name.
@@ -170,7 +107,7 @@ StatusOr<Manifest> ParseManifest(std::string_view text) {
   const json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return DataLossError("manifest is not a JSON object");
   Manifest m;
-  const Fields top(j, "manifest");
+  const JsonFields top(j, "manifest", "manifest");
   STRATA_ASSIGN_OR_RETURN(std::string format, top.String("format"));
   if (format != "strata-checkpoint") {
     return DataLossError(
@@ -190,7 +127,7 @@ StatusOr<Manifest> ParseManifest(std::string_view text) {
   }
 
   STRATA_ASSIGN_OR_RETURN(const json* model, top.Get("model", json::value_t::object));
-  const Fields mf(*model, "model");
+  const JsonFields mf(*model, "manifest", "model");
   STRATA_ASSIGN_OR_RETURN(m.model_description, mf.String("description"));
   STRATA_ASSIGN_OR_RETURN(const json* names, mf.Get("block_names", json::value_t::array));
   STRATA_ASSIGN_OR_RETURN(const json* sizes, mf.Get("block_num_params", json::value_t::array));
@@ -214,7 +151,7 @@ StatusOr<Manifest> ParseManifest(std::string_view text) {
   STRATA_ASSIGN_OR_RETURN(m.trainer.model_json, mf.ObjectText("config"));
 
   STRATA_ASSIGN_OR_RETURN(const json* eng, top.Get("engine", json::value_t::object));
-  const Fields ef(*eng, "engine");
+  const JsonFields ef(*eng, "manifest", "engine");
   STRATA_ASSIGN_OR_RETURN(m.engine_steps, ef.Int("steps", 0, INT64_MAX));
   STRATA_ASSIGN_OR_RETURN(m.adam_steps, ef.Int("adam_steps", 0, m.engine_steps));
   STRATA_ASSIGN_OR_RETURN(m.loss_scaler.scale, ef.Float("loss_scale"));
@@ -237,7 +174,7 @@ StatusOr<Manifest> ParseManifest(std::string_view text) {
   STRATA_ASSIGN_OR_RETURN(const json* opt, top.Get("optimizer", json::value_t::object));
   if (version == 1) {
     // Version 1 held AdamW or Adam only, with these fields.
-    const Fields of(*opt, "optimizer");
+    const JsonFields of(*opt, "manifest", "optimizer");
     cpu_optim::AdamWConfig& c = m.optimizer.adamw();
     STRATA_ASSIGN_OR_RETURN(c.lr, of.Float("lr"));
     STRATA_ASSIGN_OR_RETURN(c.beta1, of.Float("beta1"));
@@ -252,7 +189,7 @@ StatusOr<Manifest> ParseManifest(std::string_view text) {
     STRATA_ASSIGN_OR_RETURN(m.optimizer, OptimizerFromJson(*opt, "manifest: optimizer"));
   }
   STRATA_ASSIGN_OR_RETURN(const json* tr, top.Get("trainer", json::value_t::object));
-  const Fields tf(*tr, "trainer");
+  const JsonFields tf(*tr, "manifest", "trainer");
   STRATA_ASSIGN_OR_RETURN(m.trainer.step, tf.Int("step", 0, INT64_MAX));
   STRATA_ASSIGN_OR_RETURN(m.trainer.tokens_seen, tf.Int("tokens_seen", 0, INT64_MAX));
   STRATA_ASSIGN_OR_RETURN(m.trainer.data_rng, tf.String("data_rng"));
@@ -262,7 +199,7 @@ StatusOr<Manifest> ParseManifest(std::string_view text) {
   STRATA_ASSIGN_OR_RETURN(const json* files, top.Get("files", json::value_t::array));
   if (files->size() > 64) return DataLossError("manifest: more than 64 files");
   for (size_t i = 0; i < files->size(); ++i) {
-    const Fields ff((*files)[i], fmt::format("files[{}]", i));
+    const JsonFields ff((*files)[i], "manifest", fmt::format("files[{}]", i));
     ManifestFile f;
     STRATA_ASSIGN_OR_RETURN(f.name, ff.String("name"));
     if (!IsPlainFileName(f.name) || f.name == kManifestFileName) {
@@ -278,8 +215,7 @@ StatusOr<Manifest> ParseManifest(std::string_view text) {
     }
     STRATA_ASSIGN_OR_RETURN(int64_t size, ff.Int("size_bytes", 0, INT64_MAX));
     f.size_bytes = static_cast<uint64_t>(size);
-    STRATA_ASSIGN_OR_RETURN(std::string hex, ff.String("xxh3"));
-    STRATA_ASSIGN_OR_RETURN(f.xxh3, ParseHex64(hex, "xxh3"));
+    STRATA_ASSIGN_OR_RETURN(f.xxh3, ff.Hex64("xxh3"));
     m.files.push_back(std::move(f));
   }
   return m;

@@ -7,6 +7,8 @@
 #include <string>
 #include <type_traits>
 
+#include "base/untrusted_text.h"
+
 namespace strata::engine {
 namespace {
 
@@ -128,7 +130,7 @@ StatusOr<cpu_optim::AnyOptimizer> OptimizerFromJson(const Json& j, std::string_v
     if (!status.ok()) return status;
     return o;
   }
-  return DataLossError(fmt::format("{}: unknown optimizer kind '{}'", where, kind.substr(0, 40)));
+  return DataLossError(fmt::format("{}: unknown optimizer kind '{}'", where, Excerpt(kind, 40)));
 }
 
 }  // namespace strata::engine

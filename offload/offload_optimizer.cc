@@ -22,9 +22,11 @@
 
 #include "base/aligned_buffer.h"
 #include "base/file.h"
+#include "base/json_fields.h"
 #include "base/logging.h"
 #include "base/thread_annotations.h"
 #include "base/units.h"
+#include "base/untrusted_text.h"
 #include "cpu_optim/grad_stats.h"
 #include "cpu_optim/threading.h"
 #include "engine/checkpoint.h"
@@ -1051,126 +1053,152 @@ Status OffloadOptimizer::Impl::Load(const std::string& dir) {
       ReadSmallFile(dir + "/" + kManifestFileName, {.max_bytes = 64 << 20,
                                                     .follow_symlinks = false,
                                                     .unusable_code = StatusCode::kDataLoss}));
-  // Everything is checked before anything changes.
+  // Everything is checked before anything changes. The manifest may be damaged or made by hand:
+  // every field is read with its type and range (JsonFields), and text from it is quoted escaped.
+  const std::string manifest = fmt::format("{}: {}", where, kManifestFileName);
+  StatusOr<Json> parsed = ParseJsonBounded(text);
+  if (!parsed.ok())
+    return DataLossError(fmt::format("{}: {}", manifest, parsed.status().message()));
+  const Json& m = *parsed;
+  const JsonFields top(m, manifest, "");
+  STRATA_ASSIGN_OR_RETURN(const std::string format, top.String("format"));
+  if (format != kOffloadFormat) {
+    return InvalidArgumentError(fmt::format("{}: not an offload optimizer state (format '{}')",
+                                            where, Excerpt(format, 40)));
+  }
+  STRATA_ASSIGN_OR_RETURN(const int64_t version, top.Int("format_version", 0, INT32_MAX));
+  if (version != kOffloadFormatVersion) {
+    return FailedPreconditionError(fmt::format("{}: format version {}, this build reads version {}",
+                                               where, version, kOffloadFormatVersion));
+  }
+  STRATA_ASSIGN_OR_RETURN(const Json* groups, top.Get("groups", Json::value_t::array));
+  if (groups->size() != groups_.size()) {
+    return InvalidArgumentError(fmt::format("{}: the saved state has {} groups, this optimizer {}",
+                                            where, groups->size(), groups_.size()));
+  }
   std::vector<cpu_optim::AnyOptimizer> new_optimizers;
   std::vector<int64_t> new_steps;
-  std::string file_name;
-  uint64_t file_size = 0, file_xxh3 = 0;
-  try {
-    const Json m = Json::parse(text);
-    if (m.at("format").get<std::string>() != kOffloadFormat) {
-      return InvalidArgumentError(fmt::format("{}: not an offload optimizer state (format '{}')",
-                                              where, m.at("format").get<std::string>()));
-    }
-    const int version = m.at("format_version").get<int>();
-    if (version != kOffloadFormatVersion) {
-      return FailedPreconditionError(
-          fmt::format("{}: format version {}, this build reads version {}", where, version,
-                      kOffloadFormatVersion));
-    }
-    const Json& groups = m.at("groups");
-    if (groups.size() != groups_.size()) {
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const JsonFields jg((*groups)[g], manifest, fmt::format("groups[{}]", g));
+    STRATA_ASSIGN_OR_RETURN(const Json* opt, jg.Get("optimizer", Json::value_t::object));
+    STRATA_ASSIGN_OR_RETURN(
+        const std::string kind,
+        JsonFields(*opt, manifest, fmt::format("groups[{}].optimizer", g)).String("kind"));
+    const std::string_view mine = cpu_optim::OptimizerKindName(groups_[g].optimizer.kind);
+    if (kind != mine) {
       return InvalidArgumentError(
-          fmt::format("{}: the saved state has {} groups, this optimizer {}", where, groups.size(),
-                      groups_.size()));
+          fmt::format("{}: group {} was {}, here it is {}", where, g, Excerpt(kind, 40), mine));
     }
-    for (size_t g = 0; g < groups_.size(); ++g) {
-      const Json& opt = groups[g].at("optimizer");
-      const std::string kind = opt.at("kind").get<std::string>();
-      if (kind != cpu_optim::OptimizerKindName(groups_[g].optimizer.kind)) {
-        return InvalidArgumentError(
-            fmt::format("{}: group {} was {}, here it is {}", where, g, kind,
-                        cpu_optim::OptimizerKindName(groups_[g].optimizer.kind)));
-      }
-      STRATA_ASSIGN_OR_RETURN(cpu_optim::AnyOptimizer o,
-                              OptimizerFromJson(opt, fmt::format("{}: group {}", where, g)));
-      if (Status v = cpu_optim::Validate(o); !v.ok()) {
-        return DataLossError(fmt::format("{}: group {}: {}", where, g, v.message()));
-      }
-      for (size_t b = 0; b < buckets_.size(); ++b) {
-        const Bucket& k = buckets_[b];
-        if (k.group != static_cast<int>(g)) continue;
-        const auto saved = BucketLayout(o, k.shapes, nullptr);
-        if (!SameLayout(saved, k.sections)) {
-          return InvalidArgumentError(fmt::format(
-              "{}: group {}'s saved config gives bucket {} the state ({}), here it has ({}) "
-              "(amsgrad, SGD momentum or Adafactor's beta1 differ)",
-              where, g, b, LayoutString(saved), LayoutString(k.sections)));
-        }
-      }
-      const int64_t step = groups[g].at("step").get<int64_t>();
-      if (step < 0) return DataLossError(fmt::format("{}: group {} step {}", where, g, step));
-      new_optimizers.push_back(o);
-      new_steps.push_back(step);
-    }
-    const Json& buckets = m.at("buckets");
-    if (buckets.size() != buckets_.size()) {
-      return InvalidArgumentError(
-          fmt::format("{}: the saved state has {} buckets, this optimizer {}", where,
-                      buckets.size(), buckets_.size()));
+    STRATA_ASSIGN_OR_RETURN(cpu_optim::AnyOptimizer o,
+                            OptimizerFromJson(*opt, fmt::format("{}: group {}", where, g)));
+    if (Status v = cpu_optim::Validate(o); !v.ok()) {
+      return DataLossError(fmt::format("{}: group {}: {}", where, g, v.message()));
     }
     for (size_t b = 0; b < buckets_.size(); ++b) {
-      const Json& jb = buckets[b];
       const Bucket& k = buckets_[b];
-      const std::vector<int64_t> segs = jb.at("segments").get<std::vector<int64_t>>();
-      std::vector<int64_t> mine;
-      for (const OffloadSegment& seg : k.segments) mine.push_back(seg.num_elems);
-      // Saves before segment shapes existed hold flat segments.
-      std::vector<std::vector<int64_t>> shapes;
-      if (jb.contains("shapes")) {
-        shapes = jb.at("shapes").get<std::vector<std::vector<int64_t>>>();
-      } else {
-        for (int64_t n : segs) shapes.push_back({n});
-      }
-      // Shapes matter where they change the state layout (Adafactor): the saved shapes must
-      // give this bucket's sections and per-segment parts.
-      if (segs == mine && shapes.size() == mine.size()) {
-        std::vector<std::vector<OffloadStateRange>> saved_ranges;
-        const auto saved =
-            BucketLayout(new_optimizers[static_cast<size_t>(k.group)], shapes, &saved_ranges);
-        bool same = SameLayout(saved, k.sections);
-        for (size_t s = 0; same && s < saved_ranges.size(); ++s) {
-          for (size_t x = 0; same && x < saved_ranges[s].size(); ++x) {
-            same = saved_ranges[s][x].offset_elems == k.ranges[s][x].offset_elems &&
-                   saved_ranges[s][x].num_elems == k.ranges[s][x].num_elems;
-          }
-        }
-        if (!same) {
-          std::vector<std::string> a, h;
-          for (const auto& x : shapes) a.push_back(fmt::format("[{}]", fmt::join(x, ", ")));
-          for (const auto& x : k.shapes) h.push_back(fmt::format("[{}]", fmt::join(x, ", ")));
-          return InvalidArgumentError(fmt::format(
-              "{}: bucket {} differs: saved segment shapes {} give the state ({}); here shapes "
-              "{} give ({})",
-              where, b, fmt::join(a, " "), LayoutString(saved), fmt::join(h, " "),
-              LayoutString(k.sections)));
-        }
-      }
-      if (jb.at("group").get<int>() != k.group ||
-          jb.at("dtype").get<std::string>() != DTypeName(k.dtype) || segs != mine) {
+      if (k.group != static_cast<int>(g)) continue;
+      const auto saved = BucketLayout(o, k.shapes, nullptr);
+      if (!SameLayout(saved, k.sections)) {
         return InvalidArgumentError(fmt::format(
-            "{}: bucket {} differs: saved group {}, dtype {}, {} segments of {} elements; here "
-            "group {}, dtype {}, {} segments of {} elements",
-            where, b, jb.at("group").get<int>(), jb.at("dtype").get<std::string>(), segs.size(),
-            fmt::join(segs, "+"), k.group, DTypeName(k.dtype), mine.size(), fmt::join(mine, "+")));
+            "{}: group {}'s saved config gives bucket {} the state ({}), here it has ({}) "
+            "(amsgrad, SGD momentum or Adafactor's beta1 differ)",
+            where, g, b, LayoutString(saved), LayoutString(k.sections)));
       }
     }
-    const Json& files = m.at("files");
-    if (files.size() != 1 || files[0].at("name").get<std::string>() != kOffloadTensorFile) {
-      return DataLossError(
-          fmt::format("{}: the manifest must list exactly '{}'", where, kOffloadTensorFile));
-    }
-    file_name = kOffloadTensorFile;
-    file_size = files[0].at("size_bytes").get<uint64_t>();
-    file_xxh3 = std::stoull(files[0].at("xxh3").get<std::string>(), nullptr, 16);
-  } catch (const std::exception& e) {
-    return DataLossError(
-        fmt::format("{}: {} is not a valid manifest: {}", where, kManifestFileName, e.what()));
+    STRATA_ASSIGN_OR_RETURN(const int64_t step, jg.Int("step", 0, INT64_MAX));
+    new_optimizers.push_back(o);
+    new_steps.push_back(step);
   }
+  STRATA_ASSIGN_OR_RETURN(const Json* buckets, top.Get("buckets", Json::value_t::array));
+  if (buckets->size() != buckets_.size()) {
+    return InvalidArgumentError(fmt::format("{}: the saved state has {} buckets, this optimizer {}",
+                                            where, buckets->size(), buckets_.size()));
+  }
+  constexpr size_t kMaxSavedSegments = 1 << 20, kMaxSavedDims = 8;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    const Bucket& k = buckets_[b];
+    const JsonFields jb((*buckets)[b], manifest, fmt::format("buckets[{}]", b));
+    STRATA_ASSIGN_OR_RETURN(const int64_t group, jb.Int("group", 0, INT32_MAX));
+    STRATA_ASSIGN_OR_RETURN(const std::string dtype, jb.String("dtype"));
+    STRATA_ASSIGN_OR_RETURN(const std::vector<int64_t> segs,
+                            jb.Ints("segments", 1, INT64_MAX, kMaxSavedSegments));
+    std::vector<int64_t> mine;
+    for (const OffloadSegment& seg : k.segments) mine.push_back(seg.num_elems);
+    if (group != k.group || dtype != DTypeName(k.dtype) || segs != mine) {
+      return InvalidArgumentError(fmt::format(
+          "{}: bucket {} differs: saved group {}, dtype {}, {} segments of {} elements; here "
+          "group {}, dtype {}, {} segments of {} elements",
+          where, b, group, Excerpt(dtype, 20), segs.size(), fmt::join(segs, "+"), k.group,
+          DTypeName(k.dtype), mine.size(), fmt::join(mine, "+")));
+    }
+    // Saves before segment shapes existed hold flat segments. Saved shapes hold their
+    // segment's elements (checked without overflow before any layout is computed from them).
+    std::vector<std::vector<int64_t>> shapes;
+    if ((*buckets)[b].contains("shapes")) {
+      STRATA_ASSIGN_OR_RETURN(const Json* js, jb.Get("shapes", Json::value_t::array));
+      if (js->size() != segs.size()) {
+        return DataLossError(fmt::format("{} lists {} shapes for {} segments", jb.Name("shapes"),
+                                         js->size(), segs.size()));
+      }
+      for (size_t s = 0; s < segs.size(); ++s) {
+        const std::string name = fmt::format("{}[{}]", jb.Name("shapes"), s);
+        STRATA_ASSIGN_OR_RETURN(std::vector<int64_t> shape,
+                                JsonInts((*js)[s], name, 1, INT64_MAX, kMaxSavedDims));
+        int64_t elems = 1;
+        for (int64_t d : shape) {
+          if (elems > segs[s] / d) {
+            elems = -1;
+            break;
+          }
+          elems *= d;
+        }
+        if (elems != segs[s]) {
+          return DataLossError(fmt::format("{} [{}] does not hold the segment's {} elements", name,
+                                           fmt::join(shape, ", "), segs[s]));
+        }
+        shapes.push_back(std::move(shape));
+      }
+    } else {
+      for (int64_t n : segs) shapes.push_back({n});
+    }
+    // Shapes matter where they change the state layout (Adafactor): the saved shapes must give
+    // this bucket's sections and per-segment parts.
+    std::vector<std::vector<OffloadStateRange>> saved_ranges;
+    const auto saved =
+        BucketLayout(new_optimizers[static_cast<size_t>(k.group)], shapes, &saved_ranges);
+    bool same = SameLayout(saved, k.sections);
+    for (size_t s = 0; same && s < saved_ranges.size(); ++s) {
+      for (size_t x = 0; same && x < saved_ranges[s].size(); ++x) {
+        same = saved_ranges[s][x].offset_elems == k.ranges[s][x].offset_elems &&
+               saved_ranges[s][x].num_elems == k.ranges[s][x].num_elems;
+      }
+    }
+    if (!same) {
+      std::vector<std::string> a, h;
+      for (const auto& x : shapes) a.push_back(fmt::format("[{}]", fmt::join(x, ", ")));
+      for (const auto& x : k.shapes) h.push_back(fmt::format("[{}]", fmt::join(x, ", ")));
+      return InvalidArgumentError(fmt::format(
+          "{}: bucket {} differs: saved segment shapes {} give the state ({}); here shapes "
+          "{} give ({})",
+          where, b, fmt::join(a, " "), LayoutString(saved), fmt::join(h, " "),
+          LayoutString(k.sections)));
+    }
+  }
+  STRATA_ASSIGN_OR_RETURN(const Json* files, top.Get("files", Json::value_t::array));
+  const Json no_file;  // null: "files[0] is not an object"
+  const JsonFields jf(files->empty() ? no_file : (*files)[0], manifest, "files[0]");
+  STRATA_ASSIGN_OR_RETURN(const std::string listed, jf.String("name"));
+  if (files->size() != 1 || listed != kOffloadTensorFile) {
+    return DataLossError(
+        fmt::format("{}: the manifest must list exactly '{}'", where, kOffloadTensorFile));
+  }
+  const std::string file_name = kOffloadTensorFile;
+  STRATA_ASSIGN_OR_RETURN(const int64_t file_size, jf.Int("size_bytes", 0, INT64_MAX));
+  STRATA_ASSIGN_OR_RETURN(const uint64_t file_xxh3, jf.Hex64("xxh3"));
   const std::string path = dir + "/" + file_name;
   uint64_t size = 0;
   STRATA_ASSIGN_OR_RETURN(uint64_t xxh3, formats::FileXxh3(path, &size));
-  if (size != file_size || xxh3 != file_xxh3) {
+  if (size != static_cast<uint64_t>(file_size) || xxh3 != file_xxh3) {
     return DataLossError(fmt::format(
         "{}: '{}' is damaged: {} bytes with xxh3 {:016x}, the manifest says {} bytes, {:016x}",
         where, file_name, size, xxh3, file_size, file_xxh3));

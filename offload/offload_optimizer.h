@@ -295,8 +295,10 @@ class OffloadOptimizer {
   // masters, state, hyper-parameters and step counts; the caller's
   // segments receive the loaded master weights. Everything is checked (manifest, sizes, xxh3,
   // tensor names and shapes) before anything changes: kInvalidArgument naming the first
-  // difference in structure, kDataLoss for a damaged file, kFailedPrecondition for another
-  // format version.
+  // difference in structure, kDataLoss for a damaged file (a manifest field of the wrong type
+  // or range is named by its place, "manifest.json: buckets[1].segments[0] = 2.5 is not an
+  // integer in [1, ...]"; text quoted from the file is escaped), kFailedPrecondition for another
+  // format version. Every message is one line starting "offload optimizer: Load '<dir>'".
   Status Load(const std::string& dir);
 
   OffloadCounters counters() const;

@@ -87,6 +87,16 @@ TEST(Manifest, RoundTripsAndRejectsBadInput) {
             "manifest: optimizer: \"weight_decay\" = 1e+39 does not fit fp32");
   EXPECT_EQ(replace("\"grad_clip_norm\": 1.0", "\"grad_clip_norm\": -4e38").status().message(),
             "manifest: engine.grad_clip_norm = -4e+38 does not fit fp32");
+  // An unknown kind is quoted escaped, cut whole characters at a time (it was cut at 40 bytes
+  // and quoted raw).
+  edited = nlohmann::json::parse(text);
+  edited["optimizer"]["kind"] = "Lamb\x1b[2J" + std::string(60, 'x');
+  EXPECT_EQ(
+      ParseManifest(edited.dump()).status().message(),
+      "manifest: optimizer: unknown optimizer kind 'Lamb\\x1B[2Jxxxxxxxxxxxxxxxxxxxxxxxxxxxxx... "
+      "(68 bytes)'");
+  EXPECT_EQ(replace("fedcba9876543210", "fedcba98765432zz").status().message(),
+            "manifest: files[0].xxh3 'fedcba98765432zz' is not 16 hex digits");
 }
 
 TEST(Manifest, ReadsVersionOneAsAdamW) {

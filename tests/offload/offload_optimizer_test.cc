@@ -14,8 +14,11 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <iterator>
 #include <limits>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
@@ -463,6 +466,122 @@ TEST(OffloadOptimizer, SaveLoadIntoANewOptimizerContinuesBitIdentically) {
     opt_d.reset();
     std::filesystem::remove_all(dir);
   }
+}
+
+// A saved state's manifest.json is read back from a file that may be damaged or edited by hand:
+// each bad field is one clean line naming it (text from the file escaped, no number converted
+// out of range), and the optimizer is left as it was.
+TEST(OffloadOptimizer, AHandEditedManifestIsOneCleanLineAndChangesNothing) {
+  const std::string dir = TempDir("manifest");
+  const std::string ckpt = dir + "/opt";
+  TestModel a = MakeModel(11);
+  {
+    auto opt_a = Create(a, {});
+    const Grads g = MakeGrads(a, DType::kBF16, 500, 0.3f);
+    Submit(*opt_a, a, g, HandOff::kWhole);
+    ASSERT_TRUE(opt_a->Step({}, nullptr).ok());
+    ASSERT_TRUE(opt_a->Save(ckpt).ok());
+  }
+  const std::string manifest_path = ckpt + "/manifest.json";
+  std::string saved_text;
+  {
+    std::ifstream in(manifest_path);
+    saved_text.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const nlohmann::json saved = nlohmann::json::parse(saved_text);
+  ASSERT_TRUE(saved.at("buckets").at(2).contains("shapes")) << saved_text;
+  using Edit = std::function<void(nlohmann::json&)>;
+  struct Case {
+    std::string name;
+    Edit edit;  // applied to the saved manifest; nullptr: `text` is written instead
+    std::string text;
+    StatusCode code;
+    std::string expected;  // a part of the message
+  };
+  const std::vector<Case> cases = {
+      {"a control character in the format", [](auto& m) { m["format"] = "strata\x01offload"; }, "",
+       StatusCode::kInvalidArgument, "(format 'strata\\x01offload')"},
+      {"a control character in a kind",
+       [](auto& m) { m["groups"][0]["optimizer"]["kind"] = "Ad\x1b[2Jam"; }, "",
+       StatusCode::kInvalidArgument, "group 0 was Ad\\x1B[2Jam, here it is AdamW"},
+      {"an lr beyond fp32", [](auto& m) { m["groups"][0]["optimizer"]["lr"] = 6.7e98; }, "",
+       StatusCode::kDataLoss, "\"lr\" = 6.7e+98 does not fit fp32"},
+      {"a version beyond int", [](auto& m) { m["format_version"] = 1e300; }, "",
+       StatusCode::kDataLoss, "manifest.json: format_version is missing or not a number"},
+      {"a step beyond int64", [](auto& m) { m["groups"][1]["step"] = 1e300; }, "",
+       StatusCode::kDataLoss, "manifest.json: groups[1].step is missing or not a number"},
+      {"a negative step", [](auto& m) { m["groups"][1]["step"] = -2; }, "", StatusCode::kDataLoss,
+       "groups[1].step = -2 is outside [0, 9223372036854775807]"},
+      {"a fractional segment", [](auto& m) { m["buckets"][0]["segments"][1] = 3.5; }, "",
+       StatusCode::kDataLoss, "buckets[0].segments[1] = 3.5 is not an integer in [1, "},
+      {"a group beyond int", [](auto& m) { m["buckets"][0]["group"] = -1e300; }, "",
+       StatusCode::kDataLoss, "buckets[0].group is missing or not a number"},
+      {"a DEL in a dtype",
+       [](auto& m) {
+         m["buckets"][1]["dtype"] =
+             "f\x7f"
+             "32";
+       },
+       "", StatusCode::kInvalidArgument, "saved group 1, dtype f\\x7F32,"},
+      {"shapes whose product overflows",
+       [](auto& m) {
+         m["buckets"][2]["shapes"] = nlohmann::json::array(
+             {nlohmann::json::array({int64_t{1} << 32, int64_t{1} << 32, 3})});
+       },
+       "", StatusCode::kDataLoss,
+       "buckets[2].shapes[0] [4294967296, 4294967296, 3] does not hold the segment's 5001 "
+       "elements"},
+      {"a shape per segment missing", [](auto& m) { m["buckets"][0]["shapes"].erase(0); }, "",
+       StatusCode::kDataLoss, "buckets[0].shapes lists 2 shapes for 3 segments"},
+      {"an xxh3 that is not hex", [](auto& m) { m["files"][0]["xxh3"] = "12zz\n"; }, "",
+       StatusCode::kDataLoss, "files[0].xxh3 '12zz\\x0A' is not 16 hex digits"},
+      {"a negative size", [](auto& m) { m["files"][0]["size_bytes"] = -3; }, "",
+       StatusCode::kDataLoss, "files[0].size_bytes = -3 is outside"},
+      {"no file", [](auto& m) { m["files"] = nlohmann::json::array(); }, "", StatusCode::kDataLoss,
+       "files[0] is not an object"},
+      {"nested too deep", nullptr, std::string(100, '[') + std::string(100, ']'),
+       StatusCode::kDataLoss, "nested deeper than 64 levels"},
+      {"a control character where the JSON breaks", nullptr, "{\"format\": \x01\x02}",
+       StatusCode::kDataLoss, "manifest.json: malformed JSON"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    {
+      std::ofstream out(manifest_path, std::ios::trunc);
+      if (c.edit) {
+        nlohmann::json m = saved;
+        c.edit(m);
+        out << m.dump(2, ' ', /*ensure_ascii=*/false, nlohmann::json::error_handler_t::replace);
+      } else {
+        out << c.text;
+      }
+    }
+    TestModel b = MakeModel(12);
+    const std::vector<float> before = b.buckets[0].Values();
+    auto opt = Create(b, {});
+    const Status loaded = opt->Load(ckpt);
+    EXPECT_EQ(loaded.code(), c.code) << loaded.ToString();
+    const std::string& message = loaded.message();
+    EXPECT_NE(message.find(c.expected), std::string::npos) << message;
+    EXPECT_NE(message.find("offload optimizer: Load '" + ckpt + "'"), std::string::npos) << message;
+    for (char ch : message) {
+      EXPECT_TRUE(static_cast<unsigned char>(ch) >= 0x20 && ch != 0x7f)
+          << "byte " << static_cast<int>(static_cast<unsigned char>(ch)) << " in " << message;
+    }
+    EXPECT_EQ(opt->group_step(0), 0);
+    EXPECT_EQ(opt->group_step(1), 0);
+    EXPECT_EQ(b.buckets[0].Values(), before);
+  }
+  // The saved text itself still loads.
+  { std::ofstream(manifest_path, std::ios::trunc) << saved_text; }
+  TestModel c = MakeModel(12);
+  auto opt_c = Create(c, {});
+  const Status loaded = opt_c->Load(ckpt);
+  EXPECT_TRUE(loaded.ok()) << loaded.ToString();
+  EXPECT_EQ(opt_c->group_step(0), 1);
+  EXPECT_EQ(c.buckets[0].Values(), a.buckets[0].Values());
+  opt_c.reset();
+  std::filesystem::remove_all(dir);
 }
 
 TEST(OffloadOptimizer, BadUseIsAClearErrorAndChangesNothing) {
