@@ -16,6 +16,7 @@
 
 #include "base/file.h"
 #include "base/unique_fd.h"
+#include "base/untrusted_text.h"
 #include "cpu_optim/grad_stats.h"
 #include "models/hf_bnb.h"
 
@@ -50,15 +51,6 @@ bool PlainFileName(std::string_view name) {
   });
 }
 
-std::string Printable(std::string_view s) {
-  std::string out;
-  for (char c : s.substr(0, 120)) {
-    const auto u = static_cast<unsigned char>(c);
-    out += (u >= 0x20 && u < 0x7f) ? std::string(1, c) : fmt::format("\\x{:02x}", u);
-  }
-  return s.size() > 120 ? out + "..." : out;
-}
-
 // OpenSafetensorsFile rejects a dtype other than F32/F16/BF16 without naming the tensor; this
 // names it by reading the header's JSON again. Returns `original` when it finds nothing better.
 Status NameUnsupportedDtype(const std::string& path, const Status& original) {
@@ -81,7 +73,7 @@ Status NameUnsupportedDtype(const std::string& path, const Status& original) {
     if (d != "F32" && d != "F16" && d != "BF16") {
       return InvalidArgumentError(
           fmt::format("{}: tensor '{}' has dtype {} (F32, F16 and BF16 are supported)", path,
-                      Printable(name), Printable(d)));
+                      Excerpt(name, 120), Excerpt(d, 120)));
     }
   }
   return original;
@@ -124,6 +116,30 @@ bool IsVisionTensor(const HfModelConfig& config, std::string_view name) {
 
 }  // namespace
 
+StatusOr<std::map<std::string, std::string>> ParseSafetensorsIndex(std::string_view text,
+                                                                   std::string_view index_path) {
+  StatusOr<json> parsed = ParseJsonBounded(text);
+  if (!parsed.ok()) {
+    return InvalidArgumentError(fmt::format("{}: {}", index_path, parsed.status().message()));
+  }
+  const json& j = *parsed;
+  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
+    return InvalidArgumentError(
+        fmt::format("{}: not a JSON object with a \"weight_map\" object", index_path));
+  }
+  std::map<std::string, std::string> weight_map;
+  for (const auto& [tensor, shard] : j["weight_map"].items()) {
+    if (!shard.is_string() || !PlainFileName(shard.get_ref<const std::string&>())) {
+      return InvalidArgumentError(
+          fmt::format("{}: weight_map entry of tensor '{}' must be a plain file name in the "
+                      "directory, got {}",
+                      index_path, Excerpt(tensor, 120), JsonExcerpt(shard, 120)));
+    }
+    weight_map[tensor] = shard.get<std::string>();
+  }
+  return weight_map;
+}
+
 StatusOr<std::shared_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::string& dir) {
   std::shared_ptr<HfCheckpoint> ck(new HfCheckpoint());
   ck->dir_ = dir;
@@ -145,22 +161,9 @@ StatusOr<std::shared_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::string& di
   } else {
     STRATA_ASSIGN_OR_RETURN(const std::string text,
                             ReadSmallFile(index_path, {.max_bytes = kMaxIndexBytes}));
-    const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
-      return InvalidArgumentError(
-          fmt::format("{}: not a JSON object with a \"weight_map\" object", index_path));
-    }
+    STRATA_ASSIGN_OR_RETURN(weight_map, ParseSafetensorsIndex(text, index_path));
     std::set<std::string> names;
-    for (const auto& [tensor, shard] : j["weight_map"].items()) {
-      if (!shard.is_string() || !PlainFileName(shard.get_ref<const std::string&>())) {
-        return InvalidArgumentError(
-            fmt::format("{}: weight_map entry of tensor '{}' must be a plain file name in the "
-                        "directory, got {}",
-                        index_path, Printable(tensor), Printable(shard.dump())));
-      }
-      weight_map[tensor] = shard.get<std::string>();
-      names.insert(shard.get<std::string>());
-    }
+    for (const auto& [tensor, shard] : weight_map) names.insert(shard);
     shard_names.assign(names.begin(), names.end());
   }
 
@@ -190,7 +193,7 @@ StatusOr<std::shared_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::string& di
           }
         }
         s = NotFoundError(fmt::format("{}: shard '{}' (holding tensor '{}') is missing: {}",
-                                      index_path, Printable(name), Printable(first_tensor),
+                                      index_path, Excerpt(name, 120), Excerpt(first_tensor, 120),
                                       s.message()));
       }
       return s;
@@ -201,7 +204,7 @@ StatusOr<std::shared_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::string& di
       const auto [it, inserted] = present.emplace(t.name, std::make_pair(index, &t));
       if (!inserted) {
         return InvalidArgumentError(fmt::format("{}: tensor '{}' is also in {}", shard->path,
-                                                Printable(t.name),
+                                                Excerpt(t.name, 120),
                                                 ck->shards_[it->second.first]->path));
       }
     }
@@ -353,7 +356,7 @@ StatusOr<std::shared_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::string& di
       return;
     }
     if (extra.empty()) extra_file = file;
-    extra.push_back(fmt::format("'{}'", Printable(name)));
+    extra.push_back(fmt::format("'{}'", Excerpt(name, 120)));
   };
   for (const auto& [name, where] : present) check_extra(name, ck->shards_[where.first]->path);
   for (const auto& [name, shard] : weight_map) {

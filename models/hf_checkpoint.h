@@ -35,10 +35,12 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "formats/safetensors.h"
@@ -138,5 +140,15 @@ class HfCheckpoint final : public WeightSource {
   std::vector<std::string> block_names_;
   std::vector<std::string> tokenizer_files_;
 };
+
+// The weight_map of a model.safetensors.index.json: `text`, read from `index_path` (which
+// messages name). Returns tensor name -> shard file name, each shard a plain file name inside
+// the model directory (not empty, ".", "..", no '/', '\\' or control character, at most 255
+// bytes). The rest of the file ("metadata") is not read. kInvalidArgument, one line naming the
+// file and, for a bad entry, the tensor (excerpts escaped, base/untrusted_text.h), when the text
+// is not JSON, nests deeper than kMaxJsonDepth, or is not an object with a "weight_map" object
+// of such strings. Pure function; fuzzed by tests/fuzz/hf_index_json_fuzz.cc.
+StatusOr<std::map<std::string, std::string>> ParseSafetensorsIndex(std::string_view text,
+                                                                   std::string_view index_path);
 
 }  // namespace strata::models

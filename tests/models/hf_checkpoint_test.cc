@@ -6,6 +6,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <map>
 
 #include "tests/models/hf_test_dir.h"
 
@@ -269,6 +270,35 @@ TEST_F(HfCheckpointBadInput, DataRangeOutsideTheFileIsDataLossNamingTheFile) {
   const std::string shard = dir() + "/w-1.safetensors";
   ASSERT_EQ(::truncate(shard.c_str(), std::filesystem::file_size(shard) - 4), 0);
   ExpectOneLineError(Open(), StatusCode::kDataLoss, {shard});
+}
+
+// The index is a user's file: nesting past the limit is refused before anything walks it (a
+// shard value 100,000 deep was printed with a recursive dump()), and what the message quotes
+// from the file is cut and escaped.
+TEST_F(HfCheckpointBadInput, AHostileIndexIsOneCleanLine) {
+  WriteModelDir(dir(), LlamaConfigText(shape_), tensors_, 2);
+  const std::string index_path = dir() + "/model.safetensors.index.json";
+  WriteFile(index_path, R"({"weight_map": {"a": )" + std::string(100000, '[') +
+                            std::string(100000, ']') + "}}");
+  ExpectOneLineError(Open(), StatusCode::kInvalidArgument,
+                     {"model.safetensors.index.json: JSON nested deeper than 64 levels"});
+  const std::string deep = std::string(50, '[') + "1" + std::string(50, ']');
+  auto r = ParseSafetensorsIndex(R"({"weight_map": {"t\u001b[2J": )" + deep + "}}", "idx.json");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(
+      r.status().message(),
+      "idx.json: weight_map entry of tensor 't\\x1B[2J' must be a plain file name in the "
+      "directory, got [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]"
+      "]]]]]]]]]]]]]]]]]]]]]]]]]]]]]");
+  r = ParseSafetensorsIndex(R"({"weight_map": {"t": "w\u007f.safetensors"}})", "idx.json");
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr(R"(got "w\u007f.safetensors")"));
+  r = ParseSafetensorsIndex(R"({"metadata": {"total_size": 4}, "weight_map": {"t": "w-0.bin"}})",
+                            "idx.json");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(*r, (std::map<std::string, std::string>{{"t", "w-0.bin"}}));
+  EXPECT_EQ(ParseSafetensorsIndex("{\"weight_map\": \x01}", "idx.json").status().code(),
+            StatusCode::kInvalidArgument);
 }
 
 TEST_F(HfCheckpointBadInput, FileTruncatedAfterOpenIsDataLossAtReadBlock) {
