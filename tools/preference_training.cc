@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "base/file.h"
+#include "base/json_fields.h"
 #include "base/untrusted_text.h"
 
 namespace strata::tools {
@@ -183,10 +184,15 @@ StatusOr<bool> PreferenceTraining::ReadReferenceFile(const std::string& path, ui
     }
     try {
       split->logp_sum = s["logp_sum"].get<std::vector<double>>();
-      split->targets = s["targets"].get<std::vector<int64_t>>();
     } catch (const nlohmann::json::exception& e) {
       return damaged(e.what());
     }
+    // Counts read with their type and range: get<int64_t>() of 1e300 is undefined.
+    StatusOr<std::vector<int64_t>> targets =
+        JsonInts(s["targets"], fmt::format("\"{}\".targets", key), 1, INT64_MAX,
+                 2 * static_cast<size_t>(pairs));
+    if (!targets.ok()) return damaged(targets.status().message());
+    split->targets = std::move(*targets);
     // Two completions a pair, each a finite log-probability of at least one target.
     const size_t want = 2 * static_cast<size_t>(pairs);
     if (split->logp_sum.size() != want || split->targets.size() != want) {

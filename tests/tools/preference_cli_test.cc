@@ -272,6 +272,16 @@ TEST_F(PreferenceCli, AReferenceOfOtherDataIsRefusedOnResume) {
   EXPECT_NE(d.exit_code, 0);
   EXPECT_NE(d.err.find("reference-logps.json' is damaged"), std::string::npos) << d.err;
   EXPECT_EQ(Lines(d.err), 1) << d.err;
+  // A target count beyond int64 is named, not converted (undefined behaviour before).
+  damaged = nlohmann::json::parse(saved);
+  damaged["val"]["targets"][1] = 1e300;
+  std::ofstream(ref) << damaged.dump();
+  d = RunStrata(resume);
+  EXPECT_NE(d.exit_code, 0);
+  EXPECT_NE(d.err.find("is damaged: \"val\".targets[1] = 1e+300 is not an integer in [1, "),
+            std::string::npos)
+      << d.err;
+  EXPECT_EQ(Lines(d.err), 1) << d.err;
   std::ofstream(ref) << saved;
   WritePairs(dir_ / "train.jsonl", 600, 99);
   ASSERT_EQ(RunStrata("tokenize --byte-level --input " + Path("train.jsonl") + " --output " +
