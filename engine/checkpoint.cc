@@ -104,8 +104,15 @@ std::string SerializeManifest(const Manifest& m) {
 }
 
 StatusOr<Manifest> ParseManifest(std::string_view text) {
-  const json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return DataLossError("manifest is not a JSON object");
+  // Bounded: a value nested millions deep overflowed the stack of the dump() that keeps the
+  // model's config as text.
+  StatusOr<json> parsed = ParseJsonBounded(text);
+  if (!parsed.ok()) {
+    return DataLossError(
+        fmt::format("manifest is not a JSON object: {}", parsed.status().message()));
+  }
+  const json& j = *parsed;
+  if (!j.is_object()) return DataLossError("manifest is not a JSON object");
   Manifest m;
   const JsonFields top(j, "manifest", "manifest");
   STRATA_ASSIGN_OR_RETURN(std::string format, top.String("format"));

@@ -13,6 +13,7 @@
 #include <set>
 
 #include "base/file.h"
+#include "base/untrusted_text.h"
 
 namespace strata::formats {
 namespace {
@@ -154,10 +155,14 @@ StatusOr<SafetensorsHeader> ParseSafetensorsHeader(std::span<const std::byte> fi
   h.data_offset_bytes = 8 + h.header_bytes;
   const uint64_t data_bytes = file_size - h.data_offset_bytes;
   const auto* text = reinterpret_cast<const char*>(file_prefix.data() + 8);
-  const json j = json::parse(text, text + h.header_bytes, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) {
-    return DataLossError("safetensors header is not a JSON object");
+  // Bounded: a header nested millions deep is refused before it is built (it held gigabytes).
+  StatusOr<json> parsed = ParseJsonBounded(std::string_view(text, h.header_bytes));
+  if (!parsed.ok()) {
+    return DataLossError(
+        fmt::format("safetensors header is not a JSON object: {}", parsed.status().message()));
   }
+  const json& j = *parsed;
+  if (!j.is_object()) return DataLossError("safetensors header is not a JSON object");
   for (const auto& [key, value] : j.items()) {
     if (key == "__metadata__") {
       if (!value.is_object()) return DataLossError("safetensors __metadata__ is not an object");

@@ -1,5 +1,6 @@
 // The checkpoint manifest: serialization round trip, validation of hostile input, and the
 // format-version-1 manifests (AdamW only) still read.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -97,6 +98,19 @@ TEST(Manifest, RoundTripsAndRejectsBadInput) {
       "(68 bytes)'");
   EXPECT_EQ(replace("fedcba9876543210", "fedcba98765432zz").status().message(),
             "manifest: files[0].xxh3 'fedcba98765432zz' is not 16 hex digits");
+  // A model config nested two million deep: refused by the parser's nesting limit (it overflowed
+  // the stack of the dump() that keeps the config as text).
+  const std::string deep = std::string(2000000, '[') + std::string(2000000, ']');
+  const std::string config_key = "\"config\": {";
+  const size_t at = text.find(config_key);
+  ASSERT_NE(at, std::string::npos) << text;
+  std::string nested = text;
+  nested.insert(at + config_key.size(), "\"deep\": " + deep + ", ");
+  const auto too_deep = ParseManifest(nested);
+  EXPECT_EQ(too_deep.status().code(), StatusCode::kDataLoss);
+  EXPECT_THAT(too_deep.status().message(),
+              ::testing::StartsWith("manifest is not a JSON object: JSON nested deeper than 64 "
+                                    "levels (the limit) under /model/config/deep/0/"));
 }
 
 TEST(Manifest, ReadsVersionOneAsAdamW) {

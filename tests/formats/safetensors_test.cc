@@ -105,6 +105,12 @@ TEST(SafetensorsHeader, HostileHeadersAreClearErrors) {
               StatusCode::kDataLoss, "two non-negative integers");
   ExpectError(Parse(R"({"a":[1]})", 4), StatusCode::kDataLoss, "not a JSON object");
   ExpectError(Parse(R"({"__metadata__":{"k":1}})", 0), StatusCode::kDataLoss, "not a string");
+  // Nesting past the limit is refused before anything is built (a 100 MB header of brackets
+  // held gigabytes of nodes).
+  const std::string deep = std::string(1000000, '[') + std::string(1000000, ']');
+  ExpectError(Parse(R"({"a":{"dtype":"F32","shape":)" + deep + R"(,"data_offsets":[0,4]}})", 4),
+              StatusCode::kDataLoss,
+              "safetensors header is not a JSON object: JSON nested deeper than 64 levels");
 }
 
 // Every prefix and every single-byte change of a valid file is either parsed into a header whose
