@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "base/untrusted_text.h"
 #include "models/gpt.h"
 #include "models/hf_bnb.h"
 #include "models/hf_checkpoint.h"
@@ -130,11 +131,13 @@ StatusOr<ModelSpec> ModelSpecFromJson(const std::string& json) {
   if (j.contains("model_dir") && j["model_dir"].is_string()) spec.model_dir = j["model_dir"];
   if (j.contains("lora") && j["lora"].is_object()) {
     const auto& l = j["lora"];
-    if (!l.contains("rank") || !l["rank"].is_number_integer() || !l.contains("alpha") ||
+    if (!l.contains("rank") || !l["rank"].is_number_integer() || l["rank"].get<int64_t>() < 1 ||
+        l["rank"].get<int64_t>() > models::kMaxAdapterRank || !l.contains("alpha") ||
         !l["alpha"].is_number() || !l.contains("targets") || !l["targets"].is_array() ||
         !l.contains("dropout") || !l["dropout"].is_number()) {
       return DataLossError(
-          "the checkpoint's model description has a 'lora' entry without an integer rank, "
+          "the checkpoint's model description has a 'lora' entry without an integer rank (1 to "
+          "65536), "
           "numbers alpha and dropout and a list of targets");
     }
     spec.lora.rank = l["rank"].get<int>();
@@ -300,7 +303,7 @@ Status CheckResumeBase(const ModelSpec& spec, const std::string& checkpoint_mode
   return InvalidArgumentError(fmt::format(
       "--resume {}: its adapters were trained over the base {}; this run's base is {}: give the "
       "same --model-dir and --base-quant",
-      checkpoint, theirs, mine));
+      checkpoint, Excerpt(theirs, 200), mine));
 }
 
 void AddBaseQuantFlags(CLI::App& cmd, BaseQuantFlags& f) {

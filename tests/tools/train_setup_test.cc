@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -476,4 +477,33 @@ TEST(TrainSetup, TheDeviceBudgetLeavesRoomForWhatTheBackendTakesBesideTheArena) 
 }
 
 }  // namespace
+// A checkpoint's model description is read back from its manifest, which may be edited: a LoRA
+// rank outside 1..65536 is refused, and the recorded base is quoted escaped when it differs.
+TEST(TrainSetup, ACheckpointsModelDescriptionIsCheckedAsItIsReadBack) {
+  auto spec = ResolveModelSpec("tiny", "", /*config_only=*/true);
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  spec->lora.rank = 4;
+  spec->lora.alpha = 8;
+  spec->lora.targets = {"attn"};
+  nlohmann::json j = nlohmann::json::parse(ModelSpecJson(*spec));
+  ASSERT_TRUE(ModelSpecFromJson(j.dump()).ok());
+  for (const nlohmann::json& rank :
+       {nlohmann::json(0), nlohmann::json(65537), nlohmann::json(int64_t{1} << 40),
+        nlohmann::json(uint64_t{1} << 63), nlohmann::json(2.5)}) {
+    j["lora"]["rank"] = rank;
+    auto r = ModelSpecFromJson(j.dump());
+    EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << rank.dump();
+    EXPECT_THAT(r.status().message(), ::testing::HasSubstr("an integer rank (1 to 65536)"))
+        << rank.dump();
+  }
+  j["lora"]["rank"] = 4;
+  j["base"] = "preset other\x1b[2J";
+  const Status differs = CheckResumeBase(*spec, j.dump(), "ckpt/step-4");
+  EXPECT_EQ(differs.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(
+      differs.message(),
+      ::testing::HasSubstr("its adapters were trained over the base preset other\\x1B[2J; this "
+                           "run's base is"));
+}
+
 }  // namespace strata::tools
