@@ -13,6 +13,7 @@
 
 #include "base/file.h"
 #include "base/unique_fd.h"
+#include "base/untrusted_text.h"
 #include "data/hf_tokenizer.h"
 #include "data/token_dataset.h"
 
@@ -27,11 +28,9 @@ StatusOr<std::string> ReadWholeFile(const std::string& path, std::string_view wh
   return bytes;
 }
 
-// SentencePiece's message, on one line.
-std::string OneLine(std::string s) {
-  std::replace(s.begin(), s.end(), '\n', ' ');
-  return s;
-}
+// SentencePiece's message, on one line: it may quote a piece of the model file (a duplicate
+// piece "is already defined"), so it is escaped and bounded like any text from a file.
+std::string OneLine(std::string_view s) { return Excerpt(s, 512); }
 
 // A SentencePiece model behind the Tokenizer interface.
 class SentencePieceTokenizer final : public Tokenizer {

@@ -452,6 +452,37 @@ TEST(SentencePieceOffsetsTest, ALlama2LikeModelGivesEncodesIdsAndLibsentencepiec
   testing::ExpectSpans(t, "A\n\nB", {kSpace + "A", kSpace + "B"}, {{0, 1}, {1, 4}});
 }
 
+// A model file's pieces reach libsentencepiece's messages ("<piece> is already defined"): the
+// error quotes them escaped, for C and Python callers too (not only the CLI's last escape).
+TEST(SentencePieceLoadTest, APieceQuotedInTheLibrarysErrorIsEscaped) {
+  // ModelProto by hand: repeated SentencePiece pieces = 1 {piece = 1, score = 2, type = 3}.
+  auto piece = [](const std::string& text, char type) {
+    std::string inner;
+    inner.push_back('\x0a');
+    inner.push_back(static_cast<char>(text.size()));
+    inner.append(text);
+    inner.append({'\x15', '\x00', '\x00', '\x80', '\xbf'});  // score -1.0f
+    inner.append({'\x18', type});
+    std::string out;
+    out.push_back('\x0a');
+    out.push_back(static_cast<char>(inner.size()));
+    return out.append(inner);
+  };
+  const fs::path dir =
+      fs::temp_directory_path() / ("strata_tokenizer_dup_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string path = (dir / "dup.model").string();
+  std::ofstream(path, std::ios::binary)
+      << piece("<unk>", 2) << piece("a\x1b[31m", 1) << piece("a\x1b[31m", 1);
+  auto loaded = Tokenizer::Load(path);
+  fs::remove_all(dir);
+  ASSERT_FALSE(loaded.ok());
+  const std::string m = loaded.status().message();
+  EXPECT_THAT(m, ::testing::HasSubstr("does not load as a SentencePiece model: a\\x1B[31m is "
+                                      "already defined"));
+  for (char c : m) EXPECT_FALSE(static_cast<unsigned char>(c) < 0x20 || c == 0x7f) << m;
+}
+
 TEST(ByteLevelTokenizerTest, TokenIOfTheTextCoversByteI) {
   const auto t = MakeByteLevelTokenizer();
   const std::string text = "a\xE2\x82\xAC\n";
