@@ -201,4 +201,24 @@ Status AtomicFileWriter::Commit() {
   return FsyncDirectory(ParentOf(path_));
 }
 
+Status WriteOutputFile(const std::string& path, std::string_view bytes, std::string_view what) {
+  const auto data = std::as_bytes(std::span(bytes.data(), bytes.size()));
+  std::string target = path;
+  std::error_code ec;
+  if (std::filesystem::is_symlink(path, ec)) {
+    const std::filesystem::path resolved = std::filesystem::canonical(path, ec);
+    if (!ec) target = resolved.string();
+  }
+  struct stat st;
+  if (::stat(target.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    UniqueFd fd(::open(target.c_str(), O_WRONLY | O_CLOEXEC));
+    if (!fd.valid()) return ErrnoToStatus(errno, fmt::format("{} '{}': opening", what, path));
+    return WriteAll(fd.get(), data, path).WithContext(what);
+  }
+  StatusOr<AtomicFileWriter> w = AtomicFileWriter::Create(target, 0644);
+  if (!w.ok()) return w.status().WithContext(what);
+  STRATA_RETURN_IF_ERROR(w->Append(data).WithContext(what));
+  return w->Commit().WithContext(what);
+}
+
 }  // namespace strata

@@ -88,6 +88,14 @@ void RemoveTree(const std::string& path);
 Status MoveIntoPlace(const std::string& temp_dir, const std::string& target,
                      std::string* displaced);
 
+// A command's small output file (--summary-json, iobench --config-out): `bytes` replace `path`
+// through an AtomicFileWriter (below) when path is a regular file or does not exist, so a crash
+// or a full disk leaves the old file or none, never a part of the new one; anything else that
+// exists (/dev/stdout, a FIFO, a terminal) is opened and written directly. A symlink is
+// followed to its target: the link stays and the target is replaced. Errors name `path`, prefixed
+// with `what` ("--summary-json").
+Status WriteOutputFile(const std::string& path, std::string_view bytes, std::string_view what);
+
 // A file written under a temporary name beside its final path and renamed over it when
 // complete, so a reader (or a crash) sees the old file or the whole new one, never a part:
 //   Create  opens PATH.tmp-<pid>-<nanoseconds> (O_CREAT | O_EXCL | O_NOFOLLOW, `mode`);

@@ -12,7 +12,6 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <numeric>
@@ -20,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/file.h"
 #include "base/logging.h"
 #include "base/unique_fd.h"
 #include "base/units.h"
@@ -629,12 +629,7 @@ Status RunIobench(const IobenchFlags& f) {
   std::fflush(stderr);
   std::printf("%s\n", block.c_str());
   if (!f.config_out.empty()) {
-    std::ofstream out(f.config_out);
-    out << block << "\n";
-    out.close();
-    if (!out) {
-      return ErrnoToStatus(errno, fmt::format("--config-out '{}': cannot write", f.config_out));
-    }
+    STRATA_RETURN_IF_ERROR(WriteOutputFile(f.config_out, block + "\n", "--config-out"));
   }
   return Status::Ok();
 }

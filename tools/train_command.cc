@@ -8,7 +8,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -19,6 +18,7 @@
 #include <vector>
 
 #include "base/dtype.h"
+#include "base/file.h"
 #include "base/trace.h"
 #include "base/units.h"
 #include "comm/communicator.h"
@@ -639,11 +639,7 @@ nlohmann::json SummaryJson(const TrainOptions& o, const ModelSpec& spec, engine:
 }
 
 Status WriteSummaryJson(const std::string& path, const nlohmann::json& j) {
-  std::ofstream out(path);
-  out << j.dump(2) << "\n";
-  out.close();
-  if (!out) return ErrnoToStatus(errno, fmt::format("writing --summary-json '{}'", path));
-  return Status::Ok();
+  return WriteOutputFile(path, j.dump(2) + "\n", "--summary-json");
 }
 
 Status RunTrainRanks(const TrainFlags& flags, comm::Communicator* world);

@@ -166,6 +166,33 @@ TEST_F(FileTest, WriteNewFileWritesWithTheModeAndNeverReplaces) {
   EXPECT_EQ(no_dir.code(), StatusCode::kNotFound);
 }
 
+// A command's output file: replaced whole (the old file until the new one is complete, no
+// temporary left), through a symlink to its target, and written directly to what is not a
+// regular file (here a FIFO with a reader, as /dev/stdout piped would be).
+TEST_F(FileTest, WriteOutputFileReplacesAFileWholeAndWritesAFifoDirectly) {
+  ASSERT_TRUE(WriteOutputFile(Path("out.json"), "{\"a\": 1}\n", "--summary-json").ok());
+  EXPECT_EQ(Read("out.json"), "{\"a\": 1}\n");
+  ASSERT_TRUE(WriteOutputFile(Path("out.json"), "{}\n", "--summary-json").ok());
+  EXPECT_EQ(Read("out.json"), "{}\n");
+  EXPECT_EQ(Entries(), (std::vector<std::string>{"out.json"}));
+
+  fs::create_symlink("out.json", Path("link.json"));
+  ASSERT_TRUE(WriteOutputFile(Path("link.json"), "[1]\n", "--summary-json").ok());
+  EXPECT_TRUE(fs::is_symlink(Path("link.json")));
+  EXPECT_EQ(Read("out.json"), "[1]\n");
+
+  ASSERT_EQ(::mkfifo(Path("fifo").c_str(), 0600), 0);
+  auto reader = std::async(std::launch::async, [&] { return Read("fifo"); });
+  ASSERT_TRUE(WriteOutputFile(Path("fifo"), "piped\n", "--summary-json").ok());
+  EXPECT_EQ(reader.get(), "piped\n");
+  EXPECT_EQ(Entries(), (std::vector<std::string>{"fifo", "link.json", "out.json"}));
+
+  const Status missing = WriteOutputFile(Path("nodir/out.json"), "{}", "--config-out");
+  EXPECT_EQ(missing.code(), StatusCode::kNotFound);
+  const std::string prefix = "--config-out: creating '";
+  EXPECT_THAT(missing.message(), HasSubstr(prefix + Path("nodir/out.json")));
+}
+
 TEST_F(FileTest, WriteAllWritesEveryByteAndNamesThePathOnError) {
   std::string big(3 << 20, 'x');  // several pipe-buffer-sized writes into a file
   for (size_t i = 0; i < big.size(); i += 4093) big[i] = static_cast<char>('a' + i % 26);
