@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "base/file.h"
+
 namespace strata::trace {
 
 std::string_view CategoryName(Category category) {
@@ -109,15 +111,8 @@ Status TraceRecorder::WriteChromeTrace(const std::string& path) const {
   }
   const std::string text =
       nlohmann::json{{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}}.dump();
-  std::FILE* f = std::fopen(path.c_str(), "w");
-  if (!f) return ErrnoToStatus(errno, fmt::format("cannot create trace file '{}'", path));
-  const bool written = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  const int write_errno = errno;
-  if (std::fclose(f) != 0 || !written) {
-    return ErrnoToStatus(written ? errno : write_errno,
-                         fmt::format("cannot write trace file '{}'", path));
-  }
-  return Status::Ok();
+  // Whole or not at all (base/file.h): a crash mid-write leaves the previous trace, not a part.
+  return WriteOutputFile(path, text, "trace file");
 }
 
 }  // namespace strata::trace

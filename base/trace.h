@@ -82,7 +82,8 @@ class TraceRecorder {
   Breakdown breakdown() const;
   void ResetBreakdown();
 
-  // Writes the kept events as Chrome trace-event JSON to `path` (created 0644, replaced).
+  // Writes the kept events as Chrome trace-event JSON to `path` (created 0644, replaced whole:
+  // WriteOutputFile).
   // kFailedPrecondition when events are not kept; I/O errors name the path.
   Status WriteChromeTrace(const std::string& path) const;
 
