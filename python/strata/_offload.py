@@ -26,6 +26,7 @@ import ctypes
 import json
 import math
 import os
+import reprlib
 
 import torch
 
@@ -47,6 +48,50 @@ __all__ = [
 _PARAM_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _PARAM_GROUPS_FILE = "torch_param_groups.json"
 DEFAULT_BUCKET_SIZE = 1 << 22  # elements: 16 MiB of fp32 gradient per staging buffer
+
+
+def _is_number(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _same_kind(value, want):
+    """Whether a param group value read from JSON can stand where `want` (the live
+    group's value, None when the key is new) is."""
+    if isinstance(want, bool):
+        return isinstance(value, bool)
+    if _is_number(want):
+        return _is_number(value)
+    if isinstance(want, (tuple, list)):
+        return (isinstance(value, list) and len(value) == len(want)
+                and all(_is_number(x) for x in value))
+    if isinstance(want, str):
+        return isinstance(value, str)
+    # None, or a key this optimizer's groups do not have (a scheduler's initial_lr).
+    return (value is None or isinstance(value, (bool, str)) or _is_number(value)
+            or (isinstance(value, list) and all(_is_number(x) for x in value)))
+
+
+def _kind_name(want):
+    if isinstance(want, bool):
+        return "a bool"
+    if _is_number(want):
+        return "a number"
+    if isinstance(want, (tuple, list)):
+        return f"a list of {len(want)} numbers"
+    if isinstance(want, str):
+        return "a string"
+    return "null, a bool, a number, a string or a list of numbers"
+
+
+def _short(text, limit=80):
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+# Values quoted from a file: bounded in length and depth, control characters escaped.
+_REPR = reprlib.Repr()
+_REPR.maxstring = 60
+_REPR.maxother = 60
+_REPR.maxlevel = 3
 
 
 class _Bucket:
@@ -548,11 +593,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         groups_file = os.path.join(path, _PARAM_GROUPS_FILE)
         groups = None
         if os.path.exists(groups_file):
-            with open(groups_file) as f:
-                groups = json.load(f)
-            if len(groups) != len(self.param_groups):
-                raise ValueError(f"{self._name()}.load: {path} has {len(groups)} parameter "
-                                 f"groups, this optimizer {len(self.param_groups)}")
+            groups = self._read_param_groups(path, groups_file)
         _lib.check(_lib.lib().strata_offload_load(self._live_handle(), os.fsencode(path)))
         if groups is not None:
             for group, saved in zip(self.param_groups, groups):
@@ -654,6 +695,33 @@ class OffloadOptimizer(torch.optim.Optimizer):
         _lib.check(_lib.lib().strata_offload_get_group_step(self._live_handle(), gi,
                                                             ctypes.byref(step)))
         return step.value
+
+    def _read_param_groups(self, path, groups_file):
+        """save()'s torch_param_groups.json, checked before load changes anything: a
+        list of one object per param group whose values have the kinds this
+        optimizer's groups hold (a number where a number is, a bool where a bool is,
+        a list of as many numbers where a tuple is). A damaged or hand-edited file
+        raises ValueError naming it, the group and the key."""
+        where = f"{self._name()}.load: {groups_file}"
+        try:
+            with open(groups_file, "rb") as f:
+                groups = json.loads(f.read().decode("utf-8"))
+        except (OSError, ValueError, RecursionError) as e:
+            raise ValueError(f"{where}: not a JSON file of param groups "
+                             f"({_short(str(e))})") from None
+        if not isinstance(groups, list) or not all(isinstance(g, dict) for g in groups):
+            raise ValueError(f"{where}: not a list of param group objects")
+        if len(groups) != len(self.param_groups):
+            raise ValueError(f"{self._name()}.load: {path} has {len(groups)} parameter "
+                             f"groups, this optimizer {len(self.param_groups)}")
+        for gi, (live, saved) in enumerate(zip(self.param_groups, groups)):
+            for key, value in saved.items():
+                want = live.get(key, self.defaults.get(key))
+                if key == "params" or not _same_kind(value, want):
+                    raise ValueError(
+                        f"{where}: param group {gi}'s {_REPR.repr(key)} = "
+                        f"{_REPR.repr(value)} is not {_kind_name(want)}")
+        return groups
 
     def _tuples_as_defaults(self, group):
         """group with JSON's lists turned back into tuples where the defaults have

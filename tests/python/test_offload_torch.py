@@ -395,6 +395,54 @@ class StateTest(OffloadTestCase):
         resumed.load_state_dict(torch.load(out))
         self.assert_params_equal(resumed, model, "resumed in a fresh process")
 
+    def test_a_damaged_param_groups_file_is_named_before_anything_changes(self):
+        ckpt = os.path.join(self.tmp.name, "ckpt")
+        model = make_model(7)
+        opt = st.OffloadAdamW(model, lr=3e-3, betas=(0.9, 0.95), bucket_size=5000)
+        train(model, opt, 2)
+        opt.save(ckpt)
+        groups_file = os.path.join(ckpt, "torch_param_groups.json")
+        with open(groups_file) as f:
+            saved = f.read()
+        cases = [
+            ("{\"lr\": ", "not a JSON file of param groups"),
+            ("[" * 5000 + "]" * 5000, "not a JSON file of param groups"),
+            ("{\"lr\": 1}", "not a list of param group objects"),
+            ("[1]", "not a list of param group objects"),
+            (json.dumps([{"lr": "fast\x1b[2J"}]),
+             "param group 0's 'lr' = 'fast\\x1b[2J' is not a number"),
+            (json.dumps([{"betas": [0.9]}]), "'betas' = [0.9] is not a list of 2 numbers"),
+            (json.dumps([{"amsgrad": 1}]), "'amsgrad' = 1 is not a bool"),
+            (json.dumps([{"initial_lr": {"a": [[[[1]]]]}}]),
+             "'initial_lr' = {'a': [[[...]]]} is not null, a bool, a number"),
+            (json.dumps([{"params": [0, 1]}]), "'params'"),
+        ]
+        for text, expected in cases:
+            with self.subTest(text=text[:40]):
+                with open(groups_file, "w") as f:
+                    f.write(text)
+                fresh = make_model(8)
+                before = [p.detach().clone() for p in fresh.parameters()]
+                other = st.OffloadAdamW(fresh, lr=3e-3, betas=(0.9, 0.95), bucket_size=5000)
+                with self.assertRaises(ValueError) as raised:
+                    other.load(ckpt)
+                message = str(raised.exception)
+                self.assertIn(groups_file, message)
+                self.assertIn(expected, message)
+                self.assertNotIn("\n", message)
+                self.assertTrue(all(ord(c) >= 0x20 and c != "\x7f" for c in message), message)
+                self.assertEqual(other.param_groups[0]["lr"], 3e-3)
+                self.assertTrue(all(torch.equal(p, q) for p, q in zip(fresh.parameters(), before)))
+                other.close()
+        with open(groups_file, "w") as f:
+            f.write(saved)
+        fresh = make_model(8)
+        other = st.OffloadAdamW(fresh, lr=1e-3, betas=(0.9, 0.95), bucket_size=5000)
+        other.load(ckpt)
+        self.assertEqual(other.param_groups[0]["lr"], 3e-3)
+        self.assert_params_equal(fresh, model, "loaded")
+        other.close()
+
 
 def resume_main(tmp, out):
     """The fresh process of test_save_and_resume_...: loads the model and the
