@@ -4,6 +4,7 @@ ZeRO-Offload / ZeRO-Infinity."""
 
 import json
 import os
+import reprlib
 
 from strata import _offload
 from strata._scaler import GradScaler
@@ -39,8 +40,48 @@ _OPTIMIZERS = {
 }
 
 
+# Values quoted from a config: bounded in length and depth, control characters escaped.
+_REPR = reprlib.Repr()
+_REPR.maxstring = 60
+_REPR.maxother = 60
+_REPR.maxlevel = 3
+
+
 def _error(where, message):
     return ValueError(f"strata.torch.from_deepspeed_config: {where}: {message}")
+
+
+def _name(where, key):
+    """A key's place for messages: "file.json: fp16.hysteresis", "fp16.hysteresis", or
+    a top-level "file.json: gradient_clipping" (where is then "file.json: " or "")."""
+    return f"{where}{key}" if not where or where.endswith(": ") else f"{where}.{key}"
+
+
+def _number(where, section, key, default, integer=False, lo=None, hi=None):
+    """section[key] (default when absent) as a float, or an int where integer is set
+    (an integral float such as 5e8 is taken): ValueError naming where.key when it is
+    a bool, a string, null, fractional where an integer is wanted, or outside
+    [lo, hi]."""
+    value = section.get(key, default)
+    name = _name(where, key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        raise _error(name, f"must be a number, got {_REPR.repr(value)}")
+    if integer:
+        if isinstance(value, float) and not value.is_integer():
+            raise _error(name, f"must be an integer, got {value!r}")
+        value = int(value)
+    elif abs(value) > 3.4e38:
+        raise _error(name, f"{value!r} does not fit fp32")
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise _error(name, f"must be in [{lo}, {hi}], got {value!r}")
+    return float(value) if not integer else value
+
+
+def _flag(where, section, key, default):
+    value = section.get(key, default)
+    if not isinstance(value, bool):
+        raise _error(_name(where, key), f"must be true or false, got {_REPR.repr(value)}")
+    return value
 
 
 def _check_keys(where, section, known):
@@ -48,7 +89,7 @@ def _check_keys(where, section, known):
         raise _error(where, f"must be a JSON object, got {type(section).__name__}")
     for key in section:
         if key not in known:
-            raise _error(where, f"unknown or unsupported key {key!r} (strata.torch reads "
+            raise _error(where, f"unknown or unsupported key {_REPR.repr(key)} (strata.torch reads "
                          f"{', '.join(sorted(known))}; keys that only tune DeepSpeed's own "
                          "engine are ignored, others are refused rather than silently dropped)")
 
@@ -93,24 +134,33 @@ def from_deepspeed_config(config, params, *, module=None, num_threads=0, bucket_
 
     Returns the optimizer and a strata.torch.GradScaler (disabled unless fp16 is
     enabled, so the training loop reads the same either way)."""
+    at = ""  # a file's name before each key in messages
     if isinstance(config, (str, os.PathLike)):
-        with open(config) as f:
-            config = json.load(f)
+        source = os.fspath(config)
+        at = f"{source}: "
+        try:
+            with open(source, "rb") as f:
+                config = json.loads(f.read().decode("utf-8"))
+        except (OSError, ValueError, RecursionError) as e:
+            raise _error(source, f"not a JSON file ({_REPR.repr(str(e))[1:-1]})") from None
     if not isinstance(config, dict):
-        raise _error("config", f"must be a dict or a JSON file path, got "
+        raise _error(f"{at}config", f"must be a dict or a JSON file path, got "
                      f"{type(config).__name__}")
-    _check_keys("config", config, _IGNORED_TOP | {
+    _check_keys(f"{at}config", config, _IGNORED_TOP | {
         "optimizer", "zero_optimization", "gradient_clipping", "fp16"})
 
     optimizer = config.get("optimizer")
     if optimizer is None:
-        raise _error("optimizer", "missing: strata.torch needs optimizer.type and "
+        raise _error(f"{at}optimizer", "missing: strata.torch needs optimizer.type and "
                      "optimizer.params")
-    _check_keys("optimizer", optimizer, {"type", "params"})
+    _check_keys(f"{at}optimizer", optimizer, {"type", "params"})
     kind = str(optimizer.get("type", "")).lower()
     if kind not in _OPTIMIZERS:
-        raise _error("optimizer.type", f"{optimizer.get('type')!r} is not one of AdamW, Adam, "
+        raise _error(f"{at}optimizer.type", f"{_REPR.repr(optimizer.get('type'))} is not one of AdamW, Adam, "
                      "Adagrad, Lion, SGD, AdamW8bit, Adafactor")
+    if not isinstance(optimizer.get("params", {}), dict):
+        raise _error(f"{at}optimizer.params", "must be a JSON object of the optimizer's "
+                     f"arguments, got {type(optimizer['params']).__name__}")
     args = dict(optimizer.get("params", {}))
     cls = _OPTIMIZERS[kind]
     adam_w_mode = args.pop("adam_w_mode", True)
@@ -118,61 +168,67 @@ def from_deepspeed_config(config, params, *, module=None, num_threads=0, bucket_
     if kind == "adam" and not adam_w_mode:
         cls = _offload.OffloadAdam
     if not args.pop("bias_correction", True):
-        raise _error("optimizer.params.bias_correction", "false is not supported")
+        raise _error(f"{at}optimizer.params.bias_correction", "false is not supported")
     for key in ("betas", "eps"):
         if isinstance(args.get(key), list):
             args[key] = tuple(args[key])
 
     zero = config.get("zero_optimization", {})
-    _check_keys("zero_optimization", zero, _IGNORED_ZERO | {
+    _check_keys(f"{at}zero_optimization", zero, _IGNORED_ZERO | {
         "offload_optimizer", "reduce_bucket_size"})
     offload = zero.get("offload_optimizer") or {}
-    _check_keys("zero_optimization.offload_optimizer", offload, _IGNORED_OFFLOAD | {
+    _check_keys(f"{at}zero_optimization.offload_optimizer", offload, _IGNORED_OFFLOAD | {
         "device", "nvme_path", "pin_memory", "buffer_count", "ratio"})
     device = offload.get("device", "cpu")
     if device == "none":
         device = "cpu"
     if device not in ("cpu", "nvme"):
-        raise _error("zero_optimization.offload_optimizer.device",
-                     f"{device!r} is not \"cpu\", \"nvme\" or \"none\"")
-    if float(offload.get("ratio", 1.0)) != 1.0:
-        raise _error("zero_optimization.offload_optimizer.ratio",
+        raise _error(f"{at}zero_optimization.offload_optimizer.device",
+                     f"{_REPR.repr(device)} is not \"cpu\", \"nvme\" or \"none\"")
+    if _number(f"{at}zero_optimization.offload_optimizer", offload, "ratio", 1.0) != 1.0:
+        raise _error(f"{at}zero_optimization.offload_optimizer.ratio",
                      "partial offload is not supported (ratio must be 1)")
     options = dict(
         offload=device,
         nvme_path=offload.get("nvme_path") if device == "nvme" else None,
-        pin_memory=bool(offload.get("pin_memory", True)),
-        buffer_count=int(offload.get("buffer_count", 4)),
-        max_grad_norm=float(config.get("gradient_clipping", 0.0)),
+        pin_memory=_flag(f"{at}zero_optimization.offload_optimizer", offload, "pin_memory", True),
+        buffer_count=_number(f"{at}zero_optimization.offload_optimizer", offload, "buffer_count",
+                             4, integer=True, lo=1, hi=1 << 16),
+        max_grad_norm=_number(at, config, "gradient_clipping", 0.0, lo=0.0),
         num_threads=num_threads,
         module=module,
     )
     if device == "nvme" and not options["nvme_path"]:
-        raise _error("zero_optimization.offload_optimizer.nvme_path",
+        raise _error(f"{at}zero_optimization.offload_optimizer.nvme_path",
                      "device \"nvme\" needs nvme_path")
     if bucket_size is not None:
         options["bucket_size"] = int(bucket_size)
     elif "reduce_bucket_size" in zero:
-        options["bucket_size"] = int(float(zero["reduce_bucket_size"]))
+        options["bucket_size"] = _number(f"{at}zero_optimization", zero, "reduce_bucket_size",
+                                         None, integer=True, lo=1, hi=1 << 40)
 
     fp16 = config.get("fp16", {})
-    _check_keys("fp16", fp16, {"enabled", "loss_scale", "initial_scale_power",
+    _check_keys(f"{at}fp16", fp16, {"enabled", "loss_scale", "initial_scale_power",
                                "loss_scale_window", "hysteresis", "min_loss_scale",
                                "consecutive_hysteresis"})
     if fp16.get("enabled", False):
-        hysteresis = int(fp16.get("hysteresis", 2))  # DeepSpeed's default
+        hysteresis = _number(f"{at}fp16", fp16, "hysteresis", 2, integer=True,  # DeepSpeed's
+                             lo=-(1 << 31), hi=1 << 31)
         if hysteresis < 1:
-            raise _error("fp16.hysteresis", f"must be >= 1, got {hysteresis}")
-        loss_scale = float(fp16.get("loss_scale", 0))
+            raise _error(f"{at}fp16.hysteresis", f"must be >= 1, got {hysteresis}")
+        loss_scale = _number(f"{at}fp16", fp16, "loss_scale", 0, lo=0.0)
         if loss_scale > 0:
             scaler = GradScaler(init_scale=loss_scale, dynamic=False)
         else:
-            scaler = GradScaler(init_scale=2.0 ** int(fp16.get("initial_scale_power", 16)),
-                                growth_interval=int(fp16.get("loss_scale_window", 1000)),
-                                min_scale=float(fp16.get("min_loss_scale", 1)),
-                                hysteresis=hysteresis,
-                                consecutive_hysteresis=bool(
-                                    fp16.get("consecutive_hysteresis", False)))
+            power = _number(f"{at}fp16", fp16, "initial_scale_power", 16, integer=True, lo=0,
+                            hi=127)
+            scaler = GradScaler(
+                init_scale=2.0 ** power,
+                growth_interval=_number(f"{at}fp16", fp16, "loss_scale_window", 1000,
+                                        integer=True, lo=1, hi=1 << 62),
+                min_scale=_number(f"{at}fp16", fp16, "min_loss_scale", 1, lo=0.0),
+                hysteresis=hysteresis,
+                consecutive_hysteresis=_flag(f"{at}fp16", fp16, "consecutive_hysteresis", False))
     else:
         scaler = GradScaler(enabled=False)
     return cls(params, **args, **options), scaler

@@ -507,6 +507,59 @@ class DeepSpeedConfigTest(OffloadTestCase):
                     st.from_deepspeed_config(config, make_model())
 
 
+    def test_a_bad_value_in_a_config_file_names_the_file_and_the_key(self):
+        path = os.path.join(self.tmp.name, "ds.json")
+        cases = [
+            ("{\"optimizer\": ", "ds.json: not a JSON file"),
+            ("[" * 5000 + "]" * 5000, "ds.json: not a JSON file"),
+            ({"zero_optimization": {"offload_optimizer": {"device": "cpu",
+                                                          "buffer_count": "four"}}},
+             "ds.json: zero_optimization.offload_optimizer.buffer_count: must be a number, "
+             "got 'four'"),
+            ({"zero_optimization": {"offload_optimizer": {"device": "cpu",
+                                                          "pin_memory": "yes"}}},
+             "pin_memory: must be true or false"),
+            ({"gradient_clipping": None}, "ds.json: gradient_clipping: must be a number"),
+            ({"gradient_clipping": 1e300}, "gradient_clipping: 1e+300 does not fit fp32"),
+            ({"zero_optimization": {"reduce_bucket_size": 2.5}},
+             "zero_optimization.reduce_bucket_size: must be an integer, got 2.5"),
+            ({"fp16": {"enabled": True, "initial_scale_power": 100000}},
+             "fp16.initial_scale_power: must be in [0, 127]"),
+            ({"fp16": {"enabled": True, "loss_scale_window": [1]}},
+             "fp16.loss_scale_window: must be a number, got [1]"),
+            ({"optimizer": {"type": "Adam\x1b[2J", "params": {}}},
+             "optimizer.type: 'Adam\\x1b[2J' is not one of"),
+            ({"optimizer": {"type": "AdamW", "params": [0.1]}},
+             "optimizer.params: must be a JSON object"),
+            ({"zero_optimization": {"stage": 2, "x" * 500: 1}}, "unknown or unsupported key 'xxx"),
+        ]
+        for patch, expected in cases:
+            with self.subTest(expected=expected):
+                with open(path, "w") as f:
+                    if isinstance(patch, str):
+                        f.write(patch)
+                    else:
+                        config = self.config()
+                        for key, value in patch.items():
+                            if isinstance(value, dict) and isinstance(config.get(key), dict):
+                                merged = dict(config[key])
+                                for k, v in value.items():
+                                    if isinstance(v, dict) and isinstance(merged.get(k), dict):
+                                        merged[k] = dict(merged[k], **v)
+                                    else:
+                                        merged[k] = v
+                                config[key] = merged
+                            else:
+                                config[key] = value
+                        json.dump(config, f)
+                with self.assertRaises(ValueError) as raised:
+                    st.from_deepspeed_config(path, make_model())
+                message = str(raised.exception)
+                self.assertIn(expected, message)
+                self.assertIn(path, message)
+                self.assertLess(len(message), 1000, message)
+                self.assertTrue(all(ord(c) >= 0x20 and c != "\x7f" for c in message), message)
+
 class BadUseTest(OffloadTestCase):
     def test_unwritable_nvme_path_is_a_clear_error(self):
         blocker = os.path.join(self.tmp.name, "a-file")
