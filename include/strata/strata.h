@@ -794,8 +794,9 @@ STRATA_API strata_status strata_offload_reload_masters(strata_offload* offload, 
  * (safetensors plus a JSON manifest with xxh3 checksums), bucket by bucket; and
  * loads it into an optimizer with the same groups and buckets (checked before
  * anything changes: INVALID_ARGUMENT naming a difference, DATA_LOSS for a damaged
- * file, FAILED_PRECONDITION for another format version). Loading writes the master
- * weights into the caller's segments. */
+ * or hand-edited file naming the manifest field, FAILED_PRECONDITION for another
+ * format version; strata_last_error is one line, text from the file escaped).
+ * Loading writes the master weights into the caller's segments. */
 STRATA_API strata_status strata_offload_save(strata_offload* offload, const char* dir);
 STRATA_API strata_status strata_offload_load(strata_offload* offload, const char* dir);
 
