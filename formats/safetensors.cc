@@ -27,7 +27,7 @@ StatusOr<TensorDType> DTypeFromSafetensors(std::string_view name) {
   if (name == "U8") return TensorDType::U8();
   return InvalidArgumentError(
       fmt::format("safetensors dtype '{}' is not supported here (F32, F16, BF16 and U8 are)",
-                  name.substr(0, 32)));
+                  Excerpt(name, 32)));
 }
 
 // A tensor name is a key: 1..1024 printable ASCII characters.
