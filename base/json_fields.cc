@@ -2,9 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <charconv>
 #include <cmath>
 #include <limits>
 #include <optional>
+#include <system_error>
 #include <utility>
 
 #include "base/untrusted_text.h"
@@ -116,16 +118,9 @@ StatusOr<std::string> JsonFields::ObjectText(std::string_view key) const {
 StatusOr<uint64_t> JsonFields::Hex64(std::string_view key) const {
   STRATA_ASSIGN_OR_RETURN(std::string s, String(key));
   uint64_t x = 0;
-  bool ok = s.size() == 16;
-  for (size_t i = 0; ok && i < s.size(); ++i) {
-    const char c = s[i];
-    const int digit = c >= '0' && c <= '9'   ? c - '0'
-                      : c >= 'a' && c <= 'f' ? c - 'a' + 10
-                      : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                                             : -1;
-    ok = digit >= 0;
-    x = x << 4 | static_cast<uint64_t>(digit < 0 ? 0 : digit);
-  }
+  const char* end = s.data() + s.size();
+  const auto [ptr, ec] = std::from_chars(s.data(), end, x, 16);
+  const bool ok = s.size() == 16 && ec == std::errc() && ptr == end;
   if (!ok) {
     return DataLossError(fmt::format("{} '{}' is not 16 hex digits", Name(key), Excerpt(s, 40)));
   }

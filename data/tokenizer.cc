@@ -28,9 +28,10 @@ StatusOr<std::string> ReadWholeFile(const std::string& path, std::string_view wh
   return bytes;
 }
 
-// SentencePiece's message, on one line: it may quote a piece of the model file (a duplicate
-// piece "is already defined"), so it is escaped and bounded like any text from a file.
-std::string OneLine(std::string_view s) { return Excerpt(s, 512); }
+// libsentencepiece's messages may quote a piece of the model file (a duplicate piece "is
+// already defined"): they are quoted through Excerpt, escaped and bounded like any text from a
+// file.
+constexpr size_t kLibraryMessageBytes = 512;
 
 // A SentencePiece model behind the Tokenizer interface.
 class SentencePieceTokenizer final : public Tokenizer {
@@ -53,7 +54,8 @@ class SentencePieceTokenizer final : public Tokenizer {
     const auto status = sp.Encode(text, &ids);
     if (!status.ok()) {
       return InternalError(fmt::format("tokenizer '{}' failed to encode {} bytes: {}", path(),
-                                       text.size(), OneLine(status.ToString())));
+                                       text.size(),
+                                       Excerpt(status.ToString(), kLibraryMessageBytes)));
     }
     return std::vector<int32_t>(ids.begin(), ids.end());
   }
@@ -65,7 +67,8 @@ class SentencePieceTokenizer final : public Tokenizer {
     const auto status = sp.Encode(text, spt.mutable_proto());
     if (!status.ok()) {
       return InternalError(fmt::format("tokenizer '{}' failed to encode {} bytes: {}", path(),
-                                       text.size(), OneLine(status.ToString())));
+                                       text.size(),
+                                       Excerpt(status.ToString(), kLibraryMessageBytes)));
     }
     EncodedText out;
     const auto n = static_cast<int>(spt.pieces_size());
@@ -93,8 +96,8 @@ class SentencePieceTokenizer final : public Tokenizer {
     std::string text;
     const auto status = sp.Decode(std::vector<int>(ids.begin(), ids.end()), &text);
     if (!status.ok()) {
-      return InternalError(
-          fmt::format("tokenizer '{}' failed to decode: {}", path(), OneLine(status.ToString())));
+      return InternalError(fmt::format("tokenizer '{}' failed to decode: {}", path(),
+                                       Excerpt(status.ToString(), kLibraryMessageBytes)));
     }
     return text;
   }
@@ -147,7 +150,7 @@ StatusOr<std::unique_ptr<Tokenizer>> LoadSentencePiece(const std::string& path) 
     const std::string why =
         std::string_view(status.message()).find("ParseFromArray") != std::string_view::npos
             ? "not a serialized SentencePiece model"
-            : OneLine(status.message());
+            : Excerpt(status.message(), kLibraryMessageBytes);
     return InvalidArgumentError(
         fmt::format("tokenizer file '{}' ({} bytes) does not load as a SentencePiece model: {}",
                     path, bytes.size(), why));

@@ -18,6 +18,7 @@
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <utility>
 
 #include "base/aligned_buffer.h"
@@ -105,6 +106,16 @@ std::string LayoutString(std::span<const cpu_optim::StateSpec> layout) {
                                 spec.num_elems));
   }
   return parts.empty() ? std::string("no state") : fmt::format("{}", fmt::join(parts, ", "));
+}
+
+// Whether `shape` (dimensions > 0) holds exactly `num_elems` elements, its product computed
+// without overflow: what AddBucket asks of a caller's shape and Load of a saved one.
+bool ShapeHolds(std::span<const int64_t> shape, int64_t num_elems) {
+  int64_t product = 1;
+  for (int64_t d : shape) {
+    if (d <= 0 || __builtin_mul_overflow(product, d, &product)) return false;
+  }
+  return product == num_elems;
 }
 
 std::string StateExtent(int b) { return fmt::format("bucket{}.state", b); }
@@ -460,19 +471,11 @@ StatusOr<int> OffloadOptimizer::Impl::AddBucket(int group, DType dtype,
           "offload optimizer: AddBucket: segment {} at {} is not aligned to its {}-byte elements",
           s, seg.data, elem));
     }
-    if (!seg.shape.empty()) {
-      int64_t product = 1;
-      bool positive = true;
-      for (int64_t d : seg.shape) {
-        positive = positive && d > 0;
-        if (positive) product = d > INT64_MAX / product ? -1 : product * d;
-      }
-      if (!positive || product != seg.num_elems) {
-        return InvalidArgumentError(fmt::format(
-            "offload optimizer: AddBucket: segment {} has shape [{}] for {} elements; a shape's "
-            "dimensions must be > 0 with product num_elems (or give no shape: flat)",
-            s, fmt::join(seg.shape, ", "), seg.num_elems));
-      }
+    if (!seg.shape.empty() && !ShapeHolds(seg.shape, seg.num_elems)) {
+      return InvalidArgumentError(fmt::format(
+          "offload optimizer: AddBucket: segment {} has shape [{}] for {} elements; a shape's "
+          "dimensions must be > 0 with product num_elems (or give no shape: flat)",
+          s, fmt::join(seg.shape, ", "), seg.num_elems));
     }
     k.segments.push_back(seg);
     k.shapes.push_back(SegmentShape(seg));
@@ -1057,8 +1060,9 @@ Status OffloadOptimizer::Impl::Load(const std::string& dir) {
   // every field is read with its type and range (JsonFields), and text from it is quoted escaped.
   const std::string manifest = fmt::format("{}: {}", where, kManifestFileName);
   StatusOr<Json> parsed = ParseJsonBounded(text);
-  if (!parsed.ok())
+  if (!parsed.ok()) {
     return DataLossError(fmt::format("{}: {}", manifest, parsed.status().message()));
+  }
   const Json& m = *parsed;
   const JsonFields top(m, manifest, "");
   STRATA_ASSIGN_OR_RETURN(const std::string format, top.String("format"));
@@ -1144,15 +1148,7 @@ Status OffloadOptimizer::Impl::Load(const std::string& dir) {
         const std::string name = fmt::format("{}[{}]", jb.Name("shapes"), s);
         STRATA_ASSIGN_OR_RETURN(std::vector<int64_t> shape,
                                 JsonInts((*js)[s], name, 1, INT64_MAX, kMaxSavedDims));
-        int64_t elems = 1;
-        for (int64_t d : shape) {
-          if (elems > segs[s] / d) {
-            elems = -1;
-            break;
-          }
-          elems *= d;
-        }
-        if (elems != segs[s]) {
+        if (!ShapeHolds(shape, segs[s])) {
           return DataLossError(fmt::format("{} [{}] does not hold the segment's {} elements", name,
                                            fmt::join(shape, ", "), segs[s]));
         }

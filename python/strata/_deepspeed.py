@@ -4,9 +4,9 @@ ZeRO-Offload / ZeRO-Infinity."""
 
 import json
 import os
-import reprlib
 
 from strata import _offload
+from strata._offload import _REPR  # values quoted from a file: bounded, escaped
 from strata._scaler import GradScaler
 
 __all__ = ["from_deepspeed_config"]
@@ -38,13 +38,6 @@ _OPTIMIZERS = {
     "lion": _offload.OffloadLion,
     "sgd": _offload.OffloadSGD,
 }
-
-
-# Values quoted from a config: bounded in length and depth, control characters escaped.
-_REPR = reprlib.Repr()
-_REPR.maxstring = 60
-_REPR.maxother = 60
-_REPR.maxlevel = 3
 
 
 def _error(where, message):
