@@ -30,7 +30,7 @@ int GridFor(int64_t n) {
   return static_cast<int>(std::clamp<int64_t>((n + kBlock - 1) / kBlock, 1, kMaxGrid));
 }
 
-Status Launched(const char* kernel) { return gpu::cuda::CudaStatus(cudaGetLastError(), kernel); }
+Status Launched(const char* kernel) { return gpu::cuda::LaunchStatus(cudaGetLastError(), kernel); }
 
 template <DType kD>
 __device__ __forceinline__ float Load(const void* p, int64_t i) {

@@ -205,18 +205,18 @@ Status LaunchConvert(cudaStream_t stream, void* dst, DType dst_dtype, const void
     const int64_t first = std::min(num_elems, kFirstChunk);
     ConvertFirstChunkKernel<<<1, kFirstChunkThreads, 0, stream>>>(dst, dst_dtype, src, src_dtype,
                                                                   first, scale);
-    STRATA_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "ConvertFirstChunkKernel launch"));
+    STRATA_RETURN_IF_ERROR(LaunchStatus(cudaGetLastError(), "ConvertFirstChunkKernel"));
     for (int64_t lo = first; lo < num_elems; lo *= 2) {
       const int64_t hi = std::min(num_elems, 2 * lo);
       ConvertKernel<<<GridFor(hi - lo), kBlock, 0, stream>>>(dst, dst_dtype, src, src_dtype, lo, hi,
                                                              scale);
-      STRATA_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "ConvertKernel launch"));
+      STRATA_RETURN_IF_ERROR(LaunchStatus(cudaGetLastError(), "ConvertKernel"));
     }
     return Status::Ok();
   }
   ConvertKernel<<<GridFor(num_elems), kBlock, 0, stream>>>(dst, dst_dtype, src, src_dtype, 0,
                                                            num_elems, scale);
-  return CudaStatus(cudaGetLastError(), "ConvertKernel launch");
+  return LaunchStatus(cudaGetLastError(), "ConvertKernel");
 }
 
 Status LaunchScale(cudaStream_t stream, void* x, DType dtype, int64_t num_elems, float scale) {
@@ -251,9 +251,9 @@ Status LaunchNonFiniteAndSumSquares(cudaStream_t stream, const void* x, DType dt
   auto* counts = static_cast<unsigned long long*>(workspace);
   auto* sums = reinterpret_cast<float*>(counts + blocks);
   SumSquaresPartialKernel<<<blocks, kBlock, 0, stream>>>(x, dtype, num_elems, sums, counts);
-  STRATA_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "SumSquaresPartialKernel launch"));
+  STRATA_RETURN_IF_ERROR(LaunchStatus(cudaGetLastError(), "SumSquaresPartialKernel"));
   SumSquaresFinalKernel<<<1, kBlock, 0, stream>>>(sums, counts, blocks, result);
-  return CudaStatus(cudaGetLastError(), "SumSquaresFinalKernel launch");
+  return LaunchStatus(cudaGetLastError(), "SumSquaresFinalKernel");
 }
 
 Status LaunchPackBucket(cudaStream_t stream, void* bucket, DType bucket_dtype,
@@ -276,7 +276,7 @@ Status LaunchPackBucket(cudaStream_t stream, void* bucket, DType bucket_dtype,
   }
   PackBucketKernel<<<GridFor(total_elems), kBlock, 0, stream>>>(bucket, bucket_dtype, segments,
                                                                 num_segments, scale);
-  return CudaStatus(cudaGetLastError(), "PackBucketKernel launch");
+  return LaunchStatus(cudaGetLastError(), "PackBucketKernel");
 }
 
 }  // namespace strata::gpu::cuda

@@ -54,6 +54,33 @@ Status CudaStatus(cudaError_t error, const char* call) {
       fmt::format("{} failed: {} ({})", call, cudaGetErrorName(error), cudaGetErrorString(error)));
 }
 
+bool IsStickyKernelFault(cudaError_t error) {
+  switch (error) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorHardwareStackError:
+    case cudaErrorAssert:
+    case cudaErrorLaunchFailure:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorECCUncorrectable:
+      return true;
+    default:
+      return false;
+  }
+}
+
+Status LaunchStatus(cudaError_t error, const char* kernel) {
+  if (!IsStickyKernelFault(error)) return CudaStatus(error, kernel);
+  cudaGetLastError();
+  return InternalError(fmt::format(
+      "{} was not launched: an earlier kernel on this device faulted: {} ({}); rerun with "
+      "CUDA_LAUNCH_BLOCKING=1 to stop at the kernel that faulted",
+      kernel, cudaGetErrorName(error), cudaGetErrorString(error)));
+}
+
 const char* CublasStatusName(cublasStatus_t status) {
   switch (status) {
     case CUBLAS_STATUS_SUCCESS:

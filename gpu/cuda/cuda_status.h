@@ -30,6 +30,20 @@ namespace strata::gpu::cuda {
 // handled error does not reappear at the next kernel-launch check.
 Status CudaStatus(cudaError_t error, const char* call);
 
+// Whether `error` is one of the faults of a running kernel that leave the CUDA context unusable
+// (an illegal or misaligned address, an illegal instruction, a trap or assert, a stack overflow,
+// a timeout, an uncorrectable ECC error: the CUDA Runtime API's "sticky" errors). Every later
+// runtime call in the process returns the same error, whoever made it.
+bool IsStickyKernelFault(cudaError_t error);
+
+// The check after a kernel launch (cudaGetLastError()): OK for cudaSuccess. A launch error of its
+// own (a bad configuration, too many resources) is CudaStatus's "<kernel> failed: ...". A sticky
+// fault found at this launch was almost always an earlier kernel's (an asynchronous fault shows
+// at the next call), so the message does not blame `kernel`: "<kernel> was not launched: an
+// earlier kernel on this device faulted: <name> (<description>); rerun with
+// CUDA_LAUNCH_BLOCKING=1 to stop at the kernel that faulted" (kInternal).
+Status LaunchStatus(cudaError_t error, const char* kernel);
+
 // OK for CUBLAS_STATUS_SUCCESS; otherwise "<call> failed: <CUBLAS_STATUS_...>".
 Status CublasStatus(cublasStatus_t status, const char* call);
 

@@ -23,6 +23,7 @@
 #include "gpu/cuda/cublas_loader.h"
 #include "gpu/cuda/cuda_gemm.h"
 #include "gpu/cuda/cuda_native.h"
+#include "gpu/cuda/cuda_status.h"
 #include "tests/gpu/cuda_test_util.h"
 #include "tests/gpu/pinned_sizes.h"
 
@@ -55,6 +56,34 @@ TEST(CudaDeviceWithoutGpu, NativeStreamOfAHostStreamIsAProgrammingError) {
   auto stream = (*dev)->CreateStream("host");
   ASSERT_TRUE(stream.ok());
   EXPECT_DEATH(NativeStream(**stream), "CUDA device");
+}
+
+// A kernel's fault is asynchronous: it shows at a later runtime call, often the next launch's
+// cudaGetLastError, where the launch check must not blame the kernel being launched. Pure
+// mapping of error codes: needs no GPU.
+TEST(CudaStatusWithoutGpu, AFaultSeenAtALaunchIsAnEarlierKernelsAndALaunchErrorIsItsOwn) {
+  for (const cudaError_t e :
+       {cudaErrorIllegalAddress, cudaErrorMisalignedAddress, cudaErrorIllegalInstruction,
+        cudaErrorLaunchFailure, cudaErrorAssert, cudaErrorHardwareStackError}) {
+    EXPECT_TRUE(cuda::IsStickyKernelFault(e)) << cudaGetErrorName(e);
+    const Status s = cuda::LaunchStatus(e, "RmsNormForwardKernel");
+    EXPECT_EQ(s.code(), StatusCode::kInternal);
+    const std::string want = std::string(
+                                 "RmsNormForwardKernel was not launched: an earlier kernel "
+                                 "on this device faulted: ") +
+                             cudaGetErrorName(e) + " (";
+    EXPECT_EQ(s.message().rfind(want, 0), 0u) << s.message();
+    EXPECT_NE(s.message().find("CUDA_LAUNCH_BLOCKING=1"), std::string::npos) << s.message();
+  }
+  EXPECT_TRUE(cuda::LaunchStatus(cudaSuccess, "K").ok());
+  for (const cudaError_t e : {cudaErrorInvalidConfiguration, cudaErrorLaunchOutOfResources,
+                              cudaErrorMemoryAllocation, cudaErrorNoKernelImageForDevice}) {
+    EXPECT_FALSE(cuda::IsStickyKernelFault(e)) << cudaGetErrorName(e);
+    const Status s = cuda::LaunchStatus(e, "K");
+    EXPECT_EQ(s.message().rfind(std::string("K failed: ") + cudaGetErrorName(e), 0), 0u)
+        << s.message();
+    EXPECT_EQ(s.code(), cuda::CudaStatus(e, "K").code());
+  }
 }
 
 TEST_F(CudaTest, DescriptionNamesTheGpuAndVersions) {

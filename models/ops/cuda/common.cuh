@@ -24,8 +24,10 @@ inline int GridFor(int64_t n, int64_t per_block) {
   return static_cast<int>(std::clamp<int64_t>((n + per_block - 1) / per_block, 1, kMaxGrid));
 }
 
+// The check after each launch (gpu::cuda::LaunchStatus: a sticky fault found here is named as an
+// earlier kernel's, not `kernel`'s).
 inline Status Launched(const char* kernel) {
-  return gpu::cuda::CudaStatus(cudaGetLastError(), kernel);
+  return gpu::cuda::LaunchStatus(cudaGetLastError(), kernel);
 }
 
 // The checks every CUDA block call of models/cuda/ makes after its family's configuration check:
