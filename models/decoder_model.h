@@ -23,7 +23,8 @@
 //     // with the CUDA backend (STRATA_HAVE_CUDA) the CUDA blocks, enqueued on the stream:
 //     template <typename S> Status CudaEmbeddingForward(const BlockArgs<S>&, gpu::Stream&) const;
 //     //   and the five others as above; Status CudaSupports() const (what the CUDA blocks do
-//     //   not implement, checked before every CUDA block); Status CudaPrepareStream(gpu::Stream&).
+//     //   not implement: checked when the engine prepares its CUDA compute stream, and again
+//     //   before every CUDA block); Status CudaPrepareStream(gpu::Stream&).
 //   };
 //
 // DecoderModel<Family> does the rest: block kinds and names, the tied head, activation and
@@ -156,8 +157,9 @@ class DecoderModel : public engine::Model {
   Status InitParams(int block, uint64_t seed, std::span<float> out) const override;
   Status Forward(int block, const engine::BlockBuffers& buffers, gpu::Stream& stream) override;
   Status Backward(int block, const engine::BlockBuffers& buffers, gpu::Stream& stream) override;
-  // CUDA stream: the family's CudaPrepareStream (cuBLAS/cuBLASLt handles and workspace, now
-  // rather than at the first product of a step). Host stream: nothing.
+  // CUDA stream: the family's CudaSupports (kUnimplemented for a config its CUDA blocks do not
+  // take), then its CudaPrepareStream (cuBLAS/cuBLASLt handles and workspace, now rather than at
+  // the first product of a step). Host stream: nothing.
   Status PrepareComputeStream(gpu::Stream& stream) override;
 
   // LoRA (models/lora.h): from now on the model's trained params are the layers' adapters only

@@ -407,6 +407,7 @@ template <typename Family>
 Status DecoderModel<Family>::PrepareComputeStream(gpu::Stream& stream) {
   if (!decoder_internal::OnCuda(stream)) return Status::Ok();
 #ifdef STRATA_HAVE_CUDA
+  STRATA_RETURN_IF_ERROR(family_.CudaSupports());  // refused at Engine::Create, not mid-step
   return family_.CudaPrepareStream(stream);
 #else
   return decoder_internal::NoCudaKernels(Family::kName);

@@ -274,9 +274,15 @@ void LlamaFamily::HostHeadBackward(const BlockArgs<S>& a) const {
 }
 
 #ifdef STRATA_HAVE_CUDA
-// The Llama CUDA blocks take every valid config (head_dim <= kAttentionMaxHeadDim, 256, is
-// checked per call).
-Status LlamaFamily::CudaSupports() const { return Status::Ok(); }
+// The Llama CUDA blocks take every valid config up to head_dim 256 (the attention kernels').
+Status LlamaFamily::CudaSupports() const {
+  if (config.head_dim > cuda::kLlamaCudaMaxHeadDim) {
+    return UnimplementedError(
+        fmt::format("the Llama CUDA kernels take head_dim <= {}, not {}; use --device host",
+                    cuda::kLlamaCudaMaxHeadDim, config.head_dim));
+  }
+  return Status::Ok();
+}
 
 Status LlamaFamily::CudaPrepareStream(gpu::Stream& stream) const {
   return cuda::LlamaCudaPrepareStream(stream);

@@ -37,6 +37,7 @@ using oc::internal::Dev;
 using ops::WeightLayout;
 
 constexpr WeightLayout kOutIn = kLlamaWeights;
+static_assert(kLlamaCudaMaxHeadDim == oc::kAttentionMaxHeadDim);
 
 StatusOr<cudaStream_t> Prepare(const char* what, const LlamaConfig& c, gpu::Stream& stream, int B,
                                int T, const void* scratch) {

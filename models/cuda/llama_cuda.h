@@ -43,6 +43,11 @@
 
 namespace strata::models::cuda {
 
+// The largest head_dim the CUDA blocks take (the attention kernels' ops::cuda::
+// kAttentionMaxHeadDim, Gemma 3's 256); the host blocks take any. LlamaFamily::CudaSupports
+// refuses a larger one when the engine prepares its CUDA stream, before the first step.
+inline constexpr int kLlamaCudaMaxHeadDim = 256;
+
 // Takes the stream's cuBLAS handle and workspace and makes the device's cuBLASLt handle, once,
 // before any block runs (ops::cuda::PrepareStream, as GptCudaPrepareStream of gpt_cuda.h).
 Status LlamaCudaPrepareStream(gpu::Stream& stream);

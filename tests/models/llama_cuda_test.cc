@@ -1072,6 +1072,24 @@ TEST(LlamaCudaArguments, OpLaunchersRejectBadArgumentsBeforeLaunching) {
   factors.ext_factors = {1.0, 1.0, 2.0};
   factors.attention_factor = 0;
   EXPECT_TRUE(invalid(lops::LaunchRopeTable(nullptr, factors, 4, p, p)));
+  // Config validation refuses these for a model; the launcher itself returns the error rather
+  // than reaching RopeInverseFrequencies' process-ending checks.
+  ops::RopeParams scaled;
+  scaled.head_dim = 8;
+  for (const double f : {0.0, -2.0, std::nan(""), std::numeric_limits<double>::infinity()}) {
+    scaled.linear_factor = f;
+    EXPECT_TRUE(invalid(lops::LaunchRopeTable(nullptr, scaled, 4, p, p))) << f;
+  }
+  scaled.linear_factor = 1.0;
+  scaled.llama3 = true;
+  scaled.high_freq_factor = scaled.low_freq_factor;
+  EXPECT_TRUE(invalid(lops::LaunchRopeTable(nullptr, scaled, 4, p, p)));
+  scaled.high_freq_factor = 4.0;
+  scaled.factor = 0;
+  EXPECT_TRUE(invalid(lops::LaunchRopeTable(nullptr, scaled, 4, p, p)));
+  scaled.factor = 8.0;
+  scaled.original_max_position = 0;
+  EXPECT_TRUE(invalid(lops::LaunchRopeTable(nullptr, scaled, 4, p, p)));
   EXPECT_TRUE(invalid(lops::LaunchSwigluForward<float>(nullptr, p, 4, 0, p)));
   EXPECT_TRUE(invalid(lops::LaunchSwigluBackward<float>(nullptr, p, nullptr, 4, 8, p)));
   const lops::CountingSortScratch sort{reinterpret_cast<int32_t*>(p), reinterpret_cast<int32_t*>(p),
@@ -1114,6 +1132,21 @@ TEST(LlamaCudaArguments, OpLaunchersRejectBadArgumentsBeforeLaunching) {
         lops::LaunchAttentionBackward<float>(nullptr, bad_scale, p, p, p, p, p, p, p, p, p, p)))
         << scale;
   }
+}
+
+// A head_dim past the CUDA attention's is a valid model (the host blocks take it), refused for
+// CUDA when the engine prepares its compute stream (DecoderModel::PrepareComputeStream), not at
+// the first block of the first step. Needs no GPU.
+TEST(LlamaCudaArguments, AHeadDimPastTheCudaAttentionsIsRefusedBeforeTheFirstStep) {
+  LlamaConfig c = WholeModelConfig(/*tied=*/false);
+  c.head_dim = cuda::kLlamaCudaMaxHeadDim;
+  EXPECT_TRUE(LlamaFamily{c}.CudaSupports().ok());
+  c.head_dim = cuda::kLlamaCudaMaxHeadDim + 32;
+  ASSERT_TRUE(ValidateLlamaConfig(c).ok()) << "the host blocks take it";
+  const Status s = LlamaFamily{c}.CudaSupports();
+  EXPECT_EQ(s.code(), StatusCode::kUnimplemented);
+  EXPECT_NE(s.message().find("head_dim <= 256, not 288"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("--device host"), std::string::npos) << s.message();
 }
 
 }  // namespace

@@ -230,7 +230,9 @@ inline constexpr int kRopeMaxHeadDim = 256;
 // device, so it matches the host table except where the device's double cos/sin (within 2 ulp of
 // double) round to the other float. head_dim even, 2 <= head_dim <= kRopeMaxHeadDim, the rotary
 // dim (ops::RopeRotaryDim) even in [2, head_dim], ext_factors empty or one positive factor a
-// frequency, a positive and finite, seq_len >= 1; else kInvalidArgument.
+// frequency, a positive and finite, the linear factor positive and finite, with p.llama3 its
+// factors as ValidateLlamaConfig wants them (factor > 0, high > low > 0, original max > 0), and
+// seq_len >= 1; else kInvalidArgument.
 Status LaunchRopeTable(cudaStream_t stream, const RopeParams& p, int seq_len, float* cos,
                        float* sin);
 

@@ -68,6 +68,15 @@ Status LaunchRopeTable(cudaStream_t stream, const RopeParams& p, int seq_len, fl
         "LaunchRopeTable: need an even head_dim in [2, 256], an even rotary dim in [2, head_dim], "
         "rotary_dim / 2 ext_factors or none, a positive finite attention factor and seq_len >= 1");
   }
+  if (!(p.linear_factor > 0) || !std::isfinite(p.linear_factor) ||
+      (p.llama3 && (!(p.factor > 0) || !std::isfinite(p.factor) || !(p.low_freq_factor > 0) ||
+                    !(p.high_freq_factor > p.low_freq_factor) ||
+                    !std::isfinite(p.high_freq_factor) || p.original_max_position <= 0))) {
+    return InvalidArgumentError(
+        "LaunchRopeTable: need a positive finite linear factor and, with the Llama-3 rescaling, a "
+        "positive finite factor, high_freq_factor > low_freq_factor > 0 and "
+        "original_max_position > 0");
+  }
   for (const double e : p.ext_factors) {
     if (!(e > 0) || !std::isfinite(e)) {
       return InvalidArgumentError("LaunchRopeTable: every ext_factor must be positive and finite");
