@@ -30,7 +30,11 @@ struct strata_optimizer {
 namespace strata::capi {
 namespace {
 
-// shape[0..ndim) checked: ndim >= 0, every dimension > 0, the product fits int64.
+// The most elements of one tensor: far past any memory, and low enough that no byte count of its
+// state (a few bytes an element) overflows.
+constexpr int64_t kMaxTensorElems = int64_t{1} << 50;
+
+// shape[0..ndim) checked: ndim >= 0, every dimension > 0, the product at most kMaxTensorElems.
 StatusOr<std::vector<int64_t>> ParseShape(const char* call, const int64_t* shape, int ndim) {
   if (ndim < 0 || (ndim > 0 && shape == nullptr)) {
     return InvalidArgumentError(
@@ -41,10 +45,10 @@ StatusOr<std::vector<int64_t>> ParseShape(const char* call, const int64_t* shape
   std::vector<int64_t> dims(shape, shape + ndim);
   int64_t n = 1;
   for (int i = 0; i < ndim; ++i) {
-    if (dims[i] <= 0 || dims[i] > INT64_MAX / n) {
+    if (dims[i] <= 0 || dims[i] > kMaxTensorElems / n) {
       return InvalidArgumentError(
           fmt::format("{}: dimension {} of the shape is {}; each must be > 0 (and the product "
-                      "fit in int64)",
+                      "at most 2^50 elements)",
                       call, i, dims[i]));
     }
     n *= dims[i];
@@ -312,6 +316,13 @@ strata_status strata_optimizer_init_state(const strata_optimizer* optimizer, con
       if (state == nullptr || state[i] == nullptr) {
         return InvalidArgumentError(
             fmt::format("{}: the buffer of section '{}' is NULL", kCall, layout[i].name));
+      }
+      // fp32 sections are written as floats (8-bit codes need no alignment), as step_state reads
+      // them.
+      if (layout[i].dtype == cpu_optim::StateDType::kF32 &&
+          reinterpret_cast<uintptr_t>(state[i]) % alignof(float) != 0) {
+        return InvalidArgumentError(fmt::format(
+            "{}: the buffer of fp32 section '{}' is not 4-byte aligned", kCall, layout[i].name));
       }
     }
     for (size_t i = 0; i < layout.size(); ++i) {

@@ -47,6 +47,9 @@ using Json = nlohmann::json;
 constexpr const char* kOffloadFormat = "strata-offload-optimizer";
 constexpr int kOffloadFormatVersion = 1;
 constexpr const char* kOffloadTensorFile = "optimizer.safetensors";
+// The most elements of one bucket (4 PiB of fp32 master weights): far past any memory, and low
+// enough that no byte count of a bucket's state (at most a few bytes an element) overflows.
+constexpr int64_t kMaxBucketElems = int64_t{1} << 50;
 
 // Bytes a tensor of size_bytes takes inside a bucket's state block (4096-aligned, so the block
 // is one O_DIRECT extent and each tensor starts on its own page).
@@ -279,11 +282,13 @@ class OffloadOptimizer::Impl {
   Status error_;  // sticky: the first error of asynchronous work
   mutable std::mutex error_mu_;
 
-  // Staging pool.
+  // Staging pool: each buffer free, held by the caller (acquired, not yet submitted), or queued
+  // (submitted; its fold frees it).
+  enum class Staging : uint8_t { kFree, kHeld, kQueued };
   std::mutex staging_mu_;
   std::condition_variable staging_cv_;
   std::vector<HostBuffer> staging_;
-  std::vector<bool> staging_free_ STRATA_GUARDED_BY(staging_mu_);
+  std::vector<Staging> staging_state_ STRATA_GUARDED_BY(staging_mu_);
 
   // The update of one step, read by the pipeline stages (set by Step after every fold, so after
   // every update of the previous step finished).
@@ -296,6 +301,10 @@ class OffloadOptimizer::Impl {
   std::vector<HostBuffer> pipe_buf_;
   std::unique_ptr<WorkQueue> folder_;
   std::unique_ptr<OptimizerPipeline> pipeline_;
+  // What WaitBucket, which may run beside any other call, reads: the bucket count and the
+  // pipeline, published by AddBucket and Freeze once they are complete.
+  std::atomic<int> published_buckets_{0};
+  std::atomic<OptimizerPipeline*> published_pipeline_{nullptr};
 
   int fold_track_ = 0, read_track_ = 0, update_track_ = 0, write_track_ = 0;
   std::atomic<int64_t> steps_{0}, skipped_{0};
@@ -466,6 +475,12 @@ StatusOr<int> OffloadOptimizer::Impl::AddBucket(int group, DType dtype,
           "memory and > 0 elements",
           s, seg.data, seg.num_elems));
     }
+    if (seg.num_elems > kMaxBucketElems - k.num_elems) {
+      return InvalidArgumentError(fmt::format(
+          "offload optimizer: AddBucket: segment {} has {} elements, which makes the bucket more "
+          "than the 2^50 elements a bucket can hold",
+          s, seg.num_elems));
+    }
     if (reinterpret_cast<uintptr_t>(seg.data) % elem != 0) {
       return InvalidArgumentError(fmt::format(
           "offload optimizer: AddBucket: segment {} at {} is not aligned to its {}-byte elements",
@@ -537,6 +552,7 @@ StatusOr<int> OffloadOptimizer::Impl::AddBucket(int group, DType dtype,
     if (nvme()) return Fail(s);
     return s;
   }
+  published_buckets_.store(b + 1, std::memory_order_release);
   return b;
 }
 
@@ -569,7 +585,7 @@ Status OffloadOptimizer::Impl::Freeze() {
   {
     std::lock_guard lock(staging_mu_);
     staging_ = std::move(staging);
-    staging_free_.assign(staging_.size(), true);
+    staging_state_.assign(staging_.size(), Staging::kFree);
   }
   OptimizerPipeline::Stages stages;
   if (nvme()) {
@@ -579,6 +595,7 @@ Status OffloadOptimizer::Impl::Freeze() {
   stages.update = [this](int b, int i) { return UpdateStage(b, i); };
   pipeline_ = std::make_unique<OptimizerPipeline>(static_cast<int>(buckets_.size()),
                                                   nvme() ? o_.buffer_count : 1, std::move(stages));
+  published_pipeline_.store(pipeline_.get(), std::memory_order_release);
   frozen_ = true;
   return Status::Ok();
 }
@@ -596,17 +613,25 @@ StatusOr<std::span<std::byte>> OffloadOptimizer::Impl::AcquireStaging(int bucket
   std::unique_lock lock(staging_mu_);
   int index = -1;
   for (;;) {
-    for (size_t i = 0; i < staging_free_.size(); ++i) {
-      if (staging_free_[i]) {
-        index = static_cast<int>(i);
-        break;
-      }
+    const auto free = std::find(staging_state_.begin(), staging_state_.end(), Staging::kFree);
+    if (free != staging_state_.end()) {
+      index = static_cast<int>(free - staging_state_.begin());
+      break;
     }
-    if (index >= 0) break;
     // Folds return staging buffers; a fold that failed returns its buffer too, so this wakes.
+    // With none queued every buffer is the caller's (calls on a handle do not overlap), so no
+    // fold would ever return one: say so rather than wait forever.
+    if (std::find(staging_state_.begin(), staging_state_.end(), Staging::kQueued) ==
+        staging_state_.end()) {
+      return FailedPreconditionError(fmt::format(
+          "offload optimizer: AcquireStaging: all {} staging buffers are acquired and none was "
+          "submitted, so none would come back: submit one (SubmitGradient) first, or create the "
+          "optimizer with more staging buffers",
+          staging_state_.size()));
+    }
     staging_cv_.wait(lock);
   }
-  staging_free_[index] = false;
+  staging_state_[index] = Staging::kHeld;
   lock.unlock();
   AddWait(t0);
   return std::span<std::byte>(staging_[index].data(), buckets_[bucket].num_elems * SizeOf(dtype));
@@ -688,6 +713,10 @@ Status OffloadOptimizer::Impl::SubmitGradient(int bucket, int segment, const voi
   for (size_t i = 0; i < staging_.size(); ++i) {
     if (staging_[i].data() == grad) staging_index = static_cast<int>(i);
   }
+  if (staging_index >= 0) {
+    std::lock_guard lock(staging_mu_);
+    staging_state_[staging_index] = Staging::kQueued;
+  }
   folder_->Submit([=, this, ready = std::move(ready)]() -> Status {
     Status s = Status::Ok();
     if (ready) s = ready();
@@ -697,7 +726,7 @@ Status OffloadOptimizer::Impl::SubmitGradient(int bucket, int segment, const voi
     if (s.ok()) s = Fold(bucket, segment, grad, dtype, overwrite);
     if (staging_index >= 0) {
       std::lock_guard lock(staging_mu_);
-      staging_free_[staging_index] = true;
+      staging_state_[staging_index] = Staging::kFree;
       staging_cv_.notify_all();
     }
     return s;
@@ -839,12 +868,18 @@ Status OffloadOptimizer::Impl::WriteStage(int b, int i) {
   return s;
 }
 
+// May run beside any other call but the destructor: reads only what AddBucket and Freeze publish.
 Status OffloadOptimizer::Impl::WaitBucket(int bucket) {
   STRATA_RETURN_IF_ERROR(CheckUsable());
-  STRATA_RETURN_IF_ERROR(CheckBucket(bucket, "offload optimizer: WaitBucket"));
-  if (!pipeline_) return Status::Ok();
+  const int num_buckets = published_buckets_.load(std::memory_order_acquire);
+  if (bucket < 0 || bucket >= num_buckets) {
+    return InvalidArgumentError(fmt::format(
+        "offload optimizer: WaitBucket: unknown bucket {} (there are {})", bucket, num_buckets));
+  }
+  OptimizerPipeline* pipeline = published_pipeline_.load(std::memory_order_acquire);
+  if (pipeline == nullptr) return Status::Ok();
   const auto t0 = Clock::now();
-  Status s = pipeline_->WaitUpdated(bucket);
+  Status s = pipeline->WaitUpdated(bucket);
   AddWait(t0);
   return Fail(s);
 }
@@ -1214,16 +1249,24 @@ Status OffloadOptimizer::Impl::Load(const std::string& dir) {
       }
     }
   }
-  // Validated: now change state. An I/O error from here on leaves the optimizer unusable.
+  // With state on NVMe each bucket passes through one host buffer, taken now: a memory failure
+  // changes nothing.
+  AlignedBuffer scratch;
+  if (nvme()) {
+    uint64_t most = 0;
+    for (const Bucket& k : buckets_) most = std::max(most, StateBytes(k));
+    STRATA_ASSIGN_OR_RETURN(scratch, AlignedBuffer::Allocate(most));
+  }
+  // Validated: now change state. Any error from here on leaves the optimizer unusable (Fail):
+  // its buckets would hold parts of two states.
   for (size_t g = 0; g < groups_.size(); ++g) {
     groups_[g].optimizer = new_optimizers[g];
     groups_[g].step = new_steps[g];
   }
   for (size_t b = 0; b < buckets_.size(); ++b) {
     const Bucket& k = buckets_[b];
-    AlignedBuffer scratch;
-    STRATA_ASSIGN_OR_RETURN(float* block,
-                            LoadStateBlock(static_cast<int>(b), &scratch, /*read=*/false));
+    float* block = nvme() ? scratch.as<float>()
+                          : reinterpret_cast<float*>(regions_->Region(static_cast<int>(b), 0));
     for (int t = 0; t < k.num_tensors; ++t) {
       const std::string name = TensorName(static_cast<int>(b), t);
       const formats::SafetensorsTensor* st = file.header.Find(name);
@@ -1233,7 +1276,7 @@ Status OffloadOptimizer::Impl::Load(const std::string& dir) {
                     TensorBytes(k, t)))));
     }
     STRATA_RETURN_IF_ERROR(StoreStateBlock(static_cast<int>(b), block));
-    STRATA_RETURN_IF_ERROR(CopyOutMasters(static_cast<int>(b), block));
+    STRATA_RETURN_IF_ERROR(Fail(CopyOutMasters(static_cast<int>(b), block)));
   }
   return Status::Ok();
 }

@@ -197,7 +197,8 @@ class OffloadOptimizer {
   // kBF16. Reads the segments into the master weights (exactly widened) and initializes the
   // state (cpu_optim::InitializeState), in host memory or on NVMe. Every segment has
   // num_elems > 0, a non-null data aligned to its elements and a shape that is empty or whose
-  // product is num_elems; segments of one optimizer must not overlap.
+  // product is num_elems; segments of one optimizer must not overlap; a bucket holds at most
+  // 2^50 elements.
   // kFailedPrecondition after the first gradient, staging buffer or Step. Swap-store errors
   // (kResourceExhausted for a full drive) leave no bucket behind and are sticky (the failed
   // extent keeps its name in the store): make a new optimizer with room on the drive.
@@ -214,7 +215,8 @@ class OffloadOptimizer {
   // bucket_num_elems(bucket) elements, 64-byte aligned, pinned when pin_memory. Blocks until a
   // buffer is free. The caller fills it (segment after segment) and hands it back by
   // SubmitGradient(bucket, -1, its data, grad_dtype, ...); it returns to the pool when that
-  // fold finished. A buffer acquired and never submitted stays taken.
+  // fold finished. A buffer acquired and never submitted stays taken; when every buffer is taken
+  // so and none is submitted (waiting would never end), kFailedPrecondition saying so.
   StatusOr<std::span<std::byte>> AcquireStaging(int bucket, DType grad_dtype);
 
   // One micro-batch's gradient for segment `segment` of `bucket` (-1 = the whole bucket: every

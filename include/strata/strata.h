@@ -443,7 +443,8 @@ typedef struct strata_state_section {
  * the first min(count, max_sections) are written to sections (which may be NULL
  * when max_sections is 0: a query of the count). Errors (INVALID_ARGUMENT, nothing
  * written): NULL handle or num_sections, shape NULL with ndim > 0, ndim < 0, a
- * dimension <= 0, sections NULL with max_sections > 0. Thread-safe as
+ * dimension <= 0, more than 2^50 elements, sections NULL with max_sections > 0.
+ * Thread-safe as
  * strata_optimizer_step. */
 STRATA_API strata_status strata_optimizer_state_layout(const strata_optimizer* optimizer,
                                                        const int64_t* shape, int ndim,
@@ -453,7 +454,8 @@ STRATA_API strata_status strata_optimizer_state_layout(const strata_optimizer* o
 /* Writes each section's initial value (initial_value / initial_code) into state,
  * num_sections buffers of the layout's sizes, in its order (e.g. before a first
  * step). Errors as strata_optimizer_state_layout, and INVALID_ARGUMENT for
- * num_sections different from the layout's or a NULL buffer. */
+ * num_sections different from the layout's, a NULL buffer, or an fp32 section's
+ * buffer not 4-byte aligned. */
 STRATA_API strata_status strata_optimizer_init_state(const strata_optimizer* optimizer,
                                                      const int64_t* shape, int ndim,
                                                      void* const* state, int num_sections);
@@ -648,9 +650,11 @@ STRATA_API strata_status strata_offload_set_group_step(strata_offload* offload, 
  * strata_offload_wait_bucket. Buckets are updated in the order they were added:
  * add them in the order the next forward uses them. *bucket receives the index.
  * Errors: INVALID_ARGUMENT (unknown group or dtype, NULL or empty segments, a
- * segment not aligned to its element size); FAILED_PRECONDITION once a gradient,
- * a staging buffer or a step happened; RESOURCE_EXHAUSTED for
- * memory or a full drive. */
+ * segment not aligned to its element size, segments that overlap, a bucket of
+ * more than 2^50 elements); FAILED_PRECONDITION once a gradient, a staging buffer
+ * or a step happened; RESOURCE_EXHAUSTED for memory or a full drive. With state
+ * on NVMe a failed write to the drive is sticky (as the errors of asynchronous
+ * work above): make a new handle with room on the drive. */
 STRATA_API strata_status strata_offload_add_bucket(strata_offload* offload, int group,
                                                    strata_dtype param_dtype, void* const* segments,
                                                    const int64_t* segment_num_elems,
@@ -676,7 +680,11 @@ STRATA_API strata_status strata_offload_add_bucket_shaped(
 /* A staging buffer for one whole-bucket gradient of grad_dtype: the bucket's
  * element count, 64-byte aligned, pinned when pin_memory. Blocks until a buffer
  * is free. Fill it and hand it back with strata_offload_submit_grad(bucket, -1,
- * *data, ...); it returns to the pool when that gradient is folded. */
+ * *data, ...); it returns to the pool when that gradient is folded. A buffer
+ * acquired and never submitted stays taken. Errors: INVALID_ARGUMENT for an
+ * unknown bucket or dtype; FAILED_PRECONDITION when every staging buffer is
+ * acquired and none submitted (no fold would free one: waiting would never end;
+ * *data is NULL). */
 STRATA_API strata_status strata_offload_acquire_staging(strata_offload* offload, int bucket,
                                                         strata_dtype grad_dtype, void** data);
 

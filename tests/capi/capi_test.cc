@@ -1167,6 +1167,27 @@ TEST(CApiStateLayout, BadUseIsInvalidArgumentAndChangesNothing) {
             STRATA_INVALID_ARGUMENT);
   EXPECT_EQ(strata_optimizer_state_layout(opt, shape, 1, nullptr, 2, &count),
             STRATA_INVALID_ARGUMENT);
+  // A shape whose state bytes would overflow (2^62 elements: its fp32 absmax and codes) is
+  // refused, not answered with wrapped sizes.
+  const int64_t huge_shape[2] = {int64_t{1} << 40, int64_t{1} << 22};
+  EXPECT_EQ(strata_optimizer_state_layout(opt, huge_shape, 2, nullptr, 0, &count),
+            STRATA_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(strata_last_error()).find("at most 2^50 elements"), std::string::npos)
+      << strata_last_error();
+  // An fp32 section's buffer must be 4-byte aligned (as step_state wants it), codes need not be.
+  std::vector<void*> shifted = b.ptrs;
+  bool any_f32 = false;
+  for (size_t i = 0; i < b.sections.size(); ++i) {
+    if (b.sections[i].dtype != STRATA_STATE_F32) continue;
+    any_f32 = true;
+    shifted[i] = static_cast<std::byte*>(b.ptrs[i]) + 1;  // inside its buffer (4 spare bytes)
+  }
+  ASSERT_TRUE(any_f32);
+  EXPECT_EQ(
+      strata_optimizer_init_state(opt, shape, 1, shifted.data(), static_cast<int>(shifted.size())),
+      STRATA_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(strata_last_error()).find("not 4-byte aligned"), std::string::npos)
+      << strata_last_error();
   EXPECT_EQ(
       strata_optimizer_step_state(opt, 0, 1.0f, p.data(), shape, 1, b.ptrs.data(), b.sizes.data(),
                                   4, g.data(), STRATA_DTYPE_F32, nullptr, STRATA_DTYPE_F32),

@@ -750,6 +750,21 @@ TEST(OffloadCApi, BadGradientsAreRefusedWithMessagesAndQueueNothing) {
   ExpectSameSnapshot(h.Snap(), ref.Snap(), "after refused gradients");
 }
 
+// A C caller that acquires every staging buffer and submits none gets an error, not a hang.
+TEST(OffloadCApi, AcquiringEveryStagingBufferWithoutSubmittingIsRefusedNotHung) {
+  Harness h(HarnessOptions{});  // 2 staging buffers
+  ASSERT_NE(h.get(), nullptr);
+  void* a = nullptr;
+  void* b = nullptr;
+  void* c = &a;
+  ASSERT_EQ(strata_offload_acquire_staging(h.get(), 0, STRATA_DTYPE_BF16, &a), STRATA_OK);
+  ASSERT_EQ(strata_offload_acquire_staging(h.get(), 1, STRATA_DTYPE_BF16, &b), STRATA_OK);
+  EXPECT_ERROR(strata_offload_acquire_staging(h.get(), 0, STRATA_DTYPE_BF16, &c),
+               STRATA_FAILED_PRECONDITION, "strata_offload_acquire_staging",
+               "all 2 staging buffers are acquired and none was submitted");
+  EXPECT_EQ(c, nullptr);
+}
+
 TEST(OffloadCApi, StepBeforeEveryBucketArrivedIsRefusedAndChangesNothing) {
   Harness h(HarnessOptions{
       .device = STRATA_OFFLOAD_CPU, .nvme_path = "", .num_threads = 2, .staging = false});

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -21,6 +22,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "base/dtype.h"
@@ -636,6 +638,95 @@ TEST(OffloadOptimizer, BadUseIsAClearErrorAndChangesNothing) {
       StatusCode::kInvalidArgument);
   cpu_optim::AdamWConfig lr_changed{.lr = 3e-4f, .weight_decay = 0.1f};
   EXPECT_TRUE(opt2->SetGroupOptimizer(0, AnyOptimizer{OptimizerKind::kAdamW, lr_changed}).ok());
+}
+
+// Every staging buffer acquired and none submitted: no fold would ever return one, so the next
+// AcquireStaging says so instead of waiting forever (calls on one handle do not overlap).
+TEST(OffloadOptimizer, AcquiringMoreStagingThanThePoolHoldsIsAnErrorNotAHang) {
+  TestModel s = MakeModel(6);
+  OffloadOptimizerOptions o;
+  o.staging_buffers = 2;
+  auto opt = Create(s, o);
+  ASSERT_NE(opt, nullptr);
+  auto first = opt->AcquireStaging(0, DType::kF32);
+  auto second = opt->AcquireStaging(1, DType::kF32);
+  ASSERT_TRUE(first.ok() && second.ok());
+  const auto third = opt->AcquireStaging(2, DType::kF32);
+  EXPECT_EQ(third.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(third.status().message().find("all 2 staging buffers are acquired and none was "
+                                          "submitted"),
+            std::string::npos)
+      << third.status().ToString();
+  // Not sticky: once one is submitted, its fold frees it for the next acquire.
+  const Grads g = MakeGrads(s, DType::kF32, 2, 1.0f);
+  std::memcpy(first->data(), g.per_bucket[0].data(), first->size());
+  ASSERT_TRUE(opt->SubmitGradient(0, -1, first->data(), DType::kF32, s.buckets[0].total()).ok());
+  auto again = opt->AcquireStaging(2, DType::kF32);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->data(), first->data());
+}
+
+// WaitBucket may run beside any other call (a framework's forward hooks): here beside AddBucket,
+// the first gradient (which builds the pipeline) and steps. TSan checks it in CI
+// (scripts/check.sh tsan).
+TEST(OffloadOptimizer, WaitBucketMayRunBesideAddBucketAndTheFirstGradient) {
+  TestModel s = MakeModel(8);
+  auto made = OffloadOptimizer::Create({});
+  ASSERT_TRUE(made.ok());
+  std::unique_ptr<OffloadOptimizer> opt = std::move(*made);
+  for (const AnyOptimizer& g : s.groups) ASSERT_TRUE(opt->AddGroup(g).ok());
+  std::atomic<bool> done{false};
+  std::atomic<int> waited{0}, unknown{0};
+  std::thread waiter([&] {
+    while (!done.load()) {
+      for (int b = 0; b < 3; ++b) {
+        const Status w = opt->WaitBucket(b);
+        if (w.ok()) {
+          waited.fetch_add(1);
+        } else if (w.code() == StatusCode::kInvalidArgument) {
+          unknown.fetch_add(1);  // not added yet
+        } else {
+          ADD_FAILURE() << w.ToString();
+        }
+      }
+    }
+  });
+  // The caller's work, beside the waiter (ASSERTs end this lambda, and the waiter is still joined).
+  [&] {
+    while (unknown.load() == 0) std::this_thread::yield();  // the waiter runs from here on
+    for (CallerBucket& b : s.buckets) {
+      std::vector<OffloadSegment> segs;
+      for (size_t i = 0; i < b.lengths.size(); ++i) segs.push_back({b.data(i), b.lengths[i], {}});
+      ASSERT_TRUE(opt->AddBucket(b.group, b.dtype, segs).ok());
+    }
+    for (int step = 1; step <= 2; ++step) {
+      const Grads g = MakeGrads(s, DType::kBF16, step, 1.0f);  // read by the folds until Step
+      Submit(*opt, s, g, HandOff::kWhole);
+      ASSERT_TRUE(opt->Step({}, nullptr).ok());
+    }
+    ASSERT_TRUE(opt->Synchronize().ok());
+    while (waited.load() == 0) std::this_thread::yield();
+  }();
+  done.store(true);
+  waiter.join();
+  EXPECT_EQ(opt->WaitBucket(3).code(), StatusCode::kInvalidArgument);
+}
+
+TEST(OffloadOptimizer, ABucketPastTwoToTheFiftyElementsIsRefusedBeforeItIsRead) {
+  TestModel s = MakeModel(4);
+  auto opt = Create(s, {});
+  ASSERT_NE(opt, nullptr);
+  std::vector<float> small(16);
+  // Never read: the count is refused first (a caller's bad length, not memory it has).
+  const OffloadSegment huge{small.data(), int64_t{1} << 50, {}};
+  const OffloadSegment one{small.data(), 1, {}};
+  const OffloadSegment over[] = {huge, one};
+  const Status s2 = opt->AddBucket(0, DType::kF32, over).status();
+  EXPECT_EQ(s2.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s2.message().find("2^50"), std::string::npos) << s2.ToString();
+  const OffloadSegment max_both[] = {huge, {small.data(), INT64_MAX, {}}};
+  EXPECT_EQ(opt->AddBucket(0, DType::kF32, max_both).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(opt->num_buckets(), 3);
 }
 
 TEST(OffloadOptimizer, UnusableNvmePathIsAnError) {
