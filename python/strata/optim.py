@@ -48,6 +48,7 @@ class _StrataOptimizer(torch.optim.Optimizer):
       _twin        the torch.optim class whose arguments and state_dict they mirror
       _kind        strata_optimizer_kind
       _keys        per-parameter fp32 state tensors, in the C API's order
+      _counts_step whether the state keeps torch's 'step' count (not SGD, Lion)
     and implement _config(group) -> ctypes config struct. Optimizers whose state
     differs from "a 'step' tensor plus zero-initialised _keys" (amsgrad, SGD,
     Lion, Adagrad) override _state_keys, _new_state and _advance."""
@@ -55,6 +56,7 @@ class _StrataOptimizer(torch.optim.Optimizer):
     _twin = None
     _kind = None
     _keys = ()
+    _counts_step = True
 
     def __init__(self, params, defaults, num_threads, cores=None):
         if not isinstance(num_threads, int) or num_threads < 0:
@@ -114,9 +116,15 @@ class _StrataOptimizer(torch.optim.Optimizer):
           that receive the updated weights in the same pass (round to nearest
           even, as tensor.to(dtype)), e.g. a bf16 model's weights.
 
-        Every parameter, gradient and state tensor is checked before any is
-        updated: TypeError/ValueError for a bad dtype, device, layout or shape, and
-        nothing changes. Returns the closure's loss (or None)."""
+        Every param group's hyper-parameters and every parameter, gradient,
+        copy_out and state tensor are checked before any is updated, and nothing
+        changes when one is refused: TypeError/ValueError for a bad dtype, device,
+        layout or shape, for tensors that share memory (a gradient or copy_out
+        that is a view of its parameter, two state tensors that are one), or a
+        state's bad 'step'; StrataError naming the param group for
+        hyper-parameters the library refuses (a NaN lr). A parameter's new state
+        and step count are stored only once its update succeeded. Returns the
+        closure's loss (or None)."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -129,24 +137,19 @@ class _StrataOptimizer(torch.optim.Optimizer):
             return loss
         library = _lib.lib()
         handle = self._get_handle()
-        current_group = None
-        for group, p, g, out in work:
-            if group is not current_group:
-                config = self._config(group)
-                _lib.check(library.strata_optimizer_set_config(handle, ctypes.byref(config)))
-                keys = self._state_keys(group)
-                state_ptrs = (ctypes.c_void_p * max(len(keys), 1))()
-                current_group = group
-            state = self.state[p]
-            if len(state) == 0:
-                state.update(self._new_state(group, p))
-            t = self._advance(group, p, state)
-            for i, key in enumerate(keys):
-                state_ptrs[i] = state[key].data_ptr()
+        # Every group's config and every step count first: nothing changes when one is bad.
+        plan = [(group, p, g, out, *self._advance(group, p, self.state.get(p, {})))
+                for group, p, g, out in self._configured(handle, work)]
+        for group, p, g, out, t, new in self._configured(handle, plan):
+            state = {**self.state.get(p, {}), **new}
+            keys = self._state_keys(group)
+            state_ptrs = (ctypes.c_void_p * max(len(keys), 1))(
+                *[state[key].data_ptr() for key in keys])
             _lib.check(library.strata_optimizer_step(
                 handle, t, float(grad_scale), p.data_ptr(), state_ptrs, len(keys),
                 g.data_ptr(), DTYPES[g.dtype], None if out is None else out.data_ptr(),
                 _lib.DTYPE_F32 if out is None else DTYPES[out.dtype], p.numel()))
+            self._commit(p, new)
         return loss
 
     # -- helpers -----------------------------------------------------------------
@@ -166,9 +169,20 @@ class _StrataOptimizer(torch.optim.Optimizer):
         return state
 
     def _advance(self, group, p, state):
-        """Counts the step in state as torch does; returns the C API's step t."""
-        state["step"] += 1
-        return int(state["step"].item())
+        """The C API's step t of p's next step and the state entries it creates
+        (torch's lazy init, {} after the first step), leaving state (p's current
+        state, {} before its first step) as it is: step() stores them with
+        _commit once the update succeeded."""
+        new = {} if state else self._new_state(group, p)
+        return int(float((state or new)["step"] + 1)), new  # fp32 count, as torch's
+
+    def _commit(self, p, new):
+        """After p's update succeeded: stores the state entries _advance created and
+        counts the step (in place, as torch)."""
+        state = self.state[p]
+        state.update(new)
+        if self._counts_step:
+            state["step"] += 1
 
     def _stored_keys(self, group, state):
         """The state tensors an existing (possibly loaded) state must have."""
@@ -197,6 +211,25 @@ class _StrataOptimizer(torch.optim.Optimizer):
             # Kept on the instance: module globals may be gone when __del__ runs at exit.
             self._destroy = library.strata_optimizer_destroy
         return self._handle
+
+    def _configured(self, handle, work):
+        """Yields work's (group, ...) items in order, first sending each group's
+        hyper-parameters to the handle, which checks them: StrataError naming the
+        group for values the library refuses (e.g. a NaN lr)."""
+        current = None
+        for item in work:
+            group = item[0]
+            if group is not current:
+                config = self._config(group)
+                try:
+                    _lib.check(_lib.lib().strata_optimizer_set_config(handle,
+                                                                      ctypes.byref(config)))
+                except _lib.StrataError as e:
+                    index = next(i for i, g in enumerate(self.param_groups) if g is group)
+                    raise _lib.StrataError(e.status,
+                                           f"{self._name()}: param_groups[{index}]: {e}") from None
+                current = group
+            yield item
 
     def _collect(self, grads, copy_out):
         """Checks every parameter that will be stepped, its gradient, its copy-out
@@ -233,6 +266,11 @@ class _StrataOptimizer(torch.optim.Optimizer):
                     raise ValueError(f"{what}: gradient shape {tuple(g.shape)} differs from the "
                                      f"parameter's {tuple(p.shape)}")
                 state = self.state.get(p)
+                if state and self._counts_step:
+                    step = state.get("step")
+                    if step is None or not (math.isfinite(float(step)) and float(step) >= 0):
+                        raise ValueError(f"{what}: state['step'] is {step!r}, expected a step "
+                                         "count >= 0 (a state_dict of another optimizer?)")
                 if state:
                     for key in self._stored_keys(group, state):
                         t = state.get(key)
@@ -250,12 +288,27 @@ class _StrataOptimizer(torch.optim.Optimizer):
                     if out.shape != p.shape:
                         raise ValueError(f"{what}: copy_out shape {tuple(out.shape)} differs "
                                          f"from the parameter's {tuple(p.shape)}")
+                stored = self._stored_keys(group, state) if state else ()
+                _check_disjoint(what, {"the parameter": p, "its gradient": g, "its copy_out": out,
+                                       **{f"state['{key}']": state[key] for key in stored}})
                 work.append((group, p, g, out))
         return work
 
     def _check_group(self, group):
         """Rejects options a param group may have gained from a loaded state_dict."""
         _reject_unsupported(self._name(), group)
+
+
+def _check_disjoint(what, tensors):
+    """ValueError when two of the named (contiguous) tensors share memory, which the
+    library refuses: a step reads and writes them as separate buffers."""
+    spans = [(name, t.data_ptr(), t.data_ptr() + t.numel() * t.element_size())
+             for name, t in tensors.items() if t is not None and t.numel() > 0]
+    for i, (a, a_begin, a_end) in enumerate(spans):
+        for b, b_begin, b_end in spans[i + 1:]:
+            if a_begin < b_end and b_begin < a_end:
+                raise ValueError(f"{what}: {a} and {b} share memory; the step needs separate "
+                                 "tensors (e.g. pass a .clone())")
 
 
 def _reject_unsupported(name, options):
@@ -463,6 +516,7 @@ class SGD(_StrataOptimizer):
 
     _twin = torch.optim.SGD
     _kind = _lib.OPTIMIZER_SGD
+    _counts_step = False
 
     def __init__(self, params, lr=_REQUIRED, momentum=0, dampening=0,
                  weight_decay=0, nesterov=False, *, maximize=_UNSET, foreach=_UNSET,
@@ -503,12 +557,11 @@ class SGD(_StrataOptimizer):
         # torch: the buffer starts as a clone of the gradient (the C API's t == 1),
         # and is updated with momentum and dampening afterwards (t > 1).
         if group["momentum"] == 0:
-            state["momentum_buffer"] = None
-            return 1
+            return 1, {"momentum_buffer": None}
         if state.get("momentum_buffer") is None:
-            state["momentum_buffer"] = torch.empty_like(p, memory_format=torch.preserve_format)
-            return 1
-        return 2
+            return 1, {"momentum_buffer": torch.empty_like(p,
+                                                           memory_format=torch.preserve_format)}
+        return 2, {}
 
     @staticmethod
     def _config(group):
@@ -533,6 +586,7 @@ class Lion(_StrataOptimizer):
 
     _kind = _lib.OPTIMIZER_LION
     _keys = ("exp_avg",)
+    _counts_step = False
 
     def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0, *,
                  maximize=False, num_threads=0, cores=None):
@@ -549,7 +603,7 @@ class Lion(_StrataOptimizer):
         return {"exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format)}
 
     def _advance(self, group, p, state):
-        return 1  # Lion does not use the step count
+        return 1, {} if state else self._new_state(group, p)  # Lion has no step count
 
     @staticmethod
     def _config(group):
@@ -615,18 +669,13 @@ class _SectionOptimizer(_StrataOptimizer):
         library = _lib.lib()
         handle = self._get_handle()
         plan = []
-        current_group = None
-        # Check every state first: nothing changes when one is wrong.
-        for group, p, g, out in work:
-            if group is not current_group:
-                config = self._config(group)
-                _lib.check(library.strata_optimizer_set_config(handle, ctypes.byref(config)))
-                current_group = group
+        # Every group's config and every state first: nothing changes when one is wrong.
+        for group, p, g, out in self._configured(handle, work):
             shape, sections = self._layout(handle, p)
-            state = self.state.get(p)
+            state = self.state.get(p, {})
+            names = [sec.name.decode() for sec in sections]
             if state:
-                for sec in sections:
-                    key = sec.name.decode()
+                for sec, key in zip(sections, names):
                     t = state.get(key)
                     want = torch.uint8 if sec.dtype == _lib.STATE_U8 else torch.float32
                     what = f"{self._name()}: state['{key}'] of a parameter of shape {tuple(p.shape)}"
@@ -637,20 +686,17 @@ class _SectionOptimizer(_StrataOptimizer):
                             or t.device.type != "cpu" or not t.is_contiguous()):
                         raise ValueError(f"{what} must be a contiguous CPU {want} tensor of "
                                          f"{sec.num_elems} elements")
-            plan.append((group, p, g, out, shape, sections))
-        current_group = None
-        for group, p, g, out, shape, sections in plan:
-            if group is not current_group:
-                config = self._config(group)
-                _lib.check(library.strata_optimizer_set_config(handle, ctypes.byref(config)))
-                current_group = group
-            state = self.state[p]
-            if len(state) == 0:
-                state["step"] = torch.tensor(0.0)
-                for sec in sections:
-                    state[sec.name.decode()] = self._section_tensor(sec, p)
-            state["step"] += 1
-            t = int(state["step"].item())
+                _check_disjoint(f"{self._name()}: a parameter of shape {tuple(p.shape)}",
+                                {"the parameter": p, "its gradient": g, "its copy_out": out,
+                                 **{f"state['{key}']": state[key] for key in names}})
+                new = {}
+            else:
+                new = {"step": torch.tensor(0.0),
+                       **{key: self._section_tensor(sec, p) for sec, key in zip(sections, names)}}
+            t = int(float((state or new)["step"] + 1))  # fp32 count, as torch's
+            plan.append((group, p, g, out, shape, sections, t, new))
+        for group, p, g, out, shape, sections, t, new in self._configured(handle, plan):
+            state = {**self.state.get(p, {}), **new}
             n = max(len(sections), 1)
             ptrs = (ctypes.c_void_p * n)(*[state[s.name.decode()].data_ptr() for s in sections])
             sizes = (ctypes.c_int64 * n)(*[s.size_bytes for s in sections])
@@ -659,6 +705,7 @@ class _SectionOptimizer(_StrataOptimizer):
                 len(sections), g.data_ptr(), DTYPES[g.dtype],
                 None if out is None else out.data_ptr(),
                 _lib.DTYPE_F32 if out is None else DTYPES[out.dtype]))
+            self._commit(p, new)
         return loss
 
 

@@ -22,6 +22,7 @@ scalars in fp64 from fp32 hyper-parameters), so bit equality is not expected.
 import copy
 import os
 import unittest
+import unittest.mock
 
 import torch
 
@@ -430,6 +431,130 @@ class BadInputTest(unittest.TestCase):
                     opt.step(grads=[good.grad, grad])
                 self.assertTrue(torch.equal(good.detach(), before))
                 self.assertEqual(len(opt.state), 0)
+
+    def test_a_step_refused_for_a_later_parameter_or_group_changes_nothing(self):
+        """Arguments the library refuses (a gradient or copy_out sharing memory with
+        the weights, a NaN lr) in the second param group: the step raises before the
+        first group is stepped, on a fresh optimizer and on one that has stepped."""
+        makers = {
+            "AdamW": lambda groups: strata.optim.AdamW(groups),
+            "AdamW amsgrad": lambda groups: strata.optim.AdamW(groups, amsgrad=True),
+            "Adagrad": lambda groups: strata.optim.Adagrad(groups),
+            "SGD momentum": lambda groups: strata.optim.SGD(groups, lr=0.1, momentum=0.9),
+            "Lion": lambda groups: strata.optim.Lion(groups),
+            "AdamW8bit": lambda groups: strata.optim.AdamW8bit(groups),
+            "Adafactor": lambda groups: strata.optim.Adafactor(groups, lr=1e-2,
+                                                                relative_step=False),
+        }
+
+        def aliased_grad(opt, good, bad):
+            return dict(grads=[good.grad, bad.detach()])
+
+        def aliased_copy_out(opt, good, bad):
+            return dict(grads=[good.grad, torch.randn(bad.shape)], copy_out=[None, bad.detach()])
+
+        def nan_lr_in_group_1(opt, good, bad):
+            opt.param_groups[1]["lr"] = float("nan")
+            return dict(grads=[good.grad, torch.randn(bad.shape)])
+
+        cases = {
+            "aliased grad": (aliased_grad, ValueError,
+                             r"param_groups\[1\]\['params'\]\[0\]: the parameter and its "
+                             "gradient share memory"),
+            "aliased copy_out": (aliased_copy_out, ValueError,
+                                 r"param_groups\[1\]\['params'\]\[0\]: the parameter and its "
+                                 "copy_out share memory"),
+            "NaN lr in group 1": (nan_lr_in_group_1, strata.StrataError,
+                                  r"param_groups\[1\]: .*lr must be finite"),
+        }
+
+        def snapshot(opt):
+            return {id(p): {k: v.clone() if torch.is_tensor(v) else v for k, v in s.items()}
+                    for p, s in opt.state.items()}
+
+        for name, make in makers.items():
+            for stepped in (False, True):
+                for case, (setup, error, text) in cases.items():
+                    with self.subTest(name, stepped=stepped, case=case):
+                        good = torch.nn.Parameter(torch.randn(4, 8))
+                        bad = torch.nn.Parameter(torch.randn(3, 5))
+                        good.grad = torch.randn(4, 8)
+                        opt = make([{"params": [good]}, {"params": [bad]}])
+                        if stepped:
+                            opt.step(grads=[torch.randn(4, 8), torch.randn(3, 5)])
+                        before = snapshot(opt)
+                        good_before, bad_before = good.detach().clone(), bad.detach().clone()
+                        kwargs = setup(opt, good, bad)
+                        with self.assertRaisesRegex(error, text):
+                            opt.step(**kwargs)
+                        self.assertTrue(torch.equal(good.detach(), good_before))
+                        self.assertTrue(torch.equal(bad.detach(), bad_before))
+                        after = snapshot(opt)
+                        self.assertEqual(after.keys(), before.keys())
+                        for key, state in before.items():
+                            self.assertEqual(after[key].keys(), state.keys())
+                            for k, v in state.items():
+                                if torch.is_tensor(v):
+                                    self.assertTrue(torch.equal(after[key][k], v), k)
+                                else:
+                                    self.assertEqual(after[key][k], v, k)
+
+    def test_a_library_failure_mid_step_leaves_the_parameters_it_did_not_update_as_they_were(self):
+        """A failure no argument check foresees (RESOURCE_EXHAUSTED for Adafactor's
+        scratch, here injected into the second parameter's C step): the parameter
+        stepped before it keeps its update and counts it; that one and the next are
+        unchanged, with no state created or step counted for them."""
+
+        class FailingSecondStep:
+            def __init__(self, library, call):
+                self.library, self.call, self.calls = library, call, 0
+
+            def __getattr__(self, name):
+                real = getattr(self.library, name)
+                if name != self.call:
+                    return real
+
+                def step(*args):
+                    self.calls += 1
+                    return 8 if self.calls == 2 else real(*args)  # RESOURCE_EXHAUSTED
+                return step
+
+        makers = {
+            "AdamW": (lambda ps: strata.optim.AdamW(ps), "strata_optimizer_step"),
+            "SGD momentum": (lambda ps: strata.optim.SGD(ps, lr=0.1, momentum=0.9),
+                             "strata_optimizer_step"),
+            "Adafactor": (lambda ps: strata.optim.Adafactor(ps, lr=1e-2, relative_step=False),
+                          "strata_optimizer_step_state"),
+        }
+        library = strata._lib.lib()
+        for name, (make, call) in makers.items():
+            for stepped in (False, True):
+                with self.subTest(name, stepped=stepped):
+                    params = [torch.nn.Parameter(torch.randn(4, 8)) for _ in range(3)]
+                    opt = make(params)
+                    if stepped:
+                        opt.step(grads=[torch.randn(4, 8) for _ in params])
+                    before = [p.detach().clone() for p in params]
+                    states = [{k: v.clone() if torch.is_tensor(v) else v
+                               for k, v in opt.state[p].items()} if p in opt.state else None
+                              for p in params]
+                    failing = FailingSecondStep(library, call)
+                    with unittest.mock.patch.object(strata._lib, "lib", lambda: failing):
+                        with self.assertRaises(strata.StrataError) as raised:
+                            opt.step(grads=[torch.randn(4, 8) for _ in params])
+                    self.assertEqual(raised.exception.status, "RESOURCE_EXHAUSTED")
+                    self.assertFalse(torch.equal(params[0].detach(), before[0]))
+                    self.assertIn(params[0], opt.state)
+                    if "step" in opt.state[params[0]]:
+                        self.assertEqual(float(opt.state[params[0]]["step"]), 1 + stepped)
+                    for p, b, s in zip(params[1:], before[1:], states[1:]):
+                        self.assertTrue(torch.equal(p.detach(), b))
+                        if s is None:
+                            self.assertNotIn(p, opt.state)
+                        else:
+                            self.assertEqual(opt.state[p].keys(), s.keys())
+                            for k, v in s.items():
+                                self.assertTrue(torch.equal(opt.state[p][k], v), k)
 
     def test_non_contiguous_and_fp64_grads_are_rejected(self):
         p = torch.nn.Parameter(torch.randn(4, 6))
