@@ -199,6 +199,7 @@ StatusOr<SafetensorsHeader> ParseSafetensorsHeader(std::span<const std::byte> fi
 
 StatusOr<OpenSafetensors> OpenSafetensorsFile(const std::string& path) {
   OpenSafetensors f;
+  f.path = path;
   // Non-blocking until the type is checked: a FIFO is refused, not waited on.
   f.fd = UniqueFd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK));
   if (!f.fd.valid()) return ErrnoToStatus(errno, fmt::format("opening '{}'", path));
@@ -249,10 +250,12 @@ Status ReadTensorBytes(const OpenSafetensors& file, const SafetensorsTensor& t,
     const ssize_t r = ::pread(file.fd.get(), out.data() + done, out.size() - done,
                               static_cast<off_t>(pos + done));
     if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return ErrnoToStatus(errno, fmt::format("reading tensor '{}'", t.name));
+    if (r < 0) {
+      return ErrnoToStatus(errno, fmt::format("'{}': reading tensor '{}'", file.path, t.name));
+    }
     if (r == 0) {
-      return DataLossError(
-          fmt::format("tensor '{}': file ends at byte {} (truncated)", t.name, pos + done));
+      return DataLossError(fmt::format("'{}': tensor '{}': file ends at byte {} (truncated)",
+                                       file.path, t.name, pos + done));
     }
     done += static_cast<size_t>(r);
   }

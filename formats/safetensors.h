@@ -89,6 +89,7 @@ StatusOr<SafetensorsHeader> ParseSafetensorsHeader(std::span<const std::byte> fi
 // fd is positioned nowhere in particular; use pread. Errors: as ParseSafetensorsHeader, and
 // errno-derived ones naming the path.
 struct OpenSafetensors {
+  std::string path;  // as opened; names the file in ReadTensorBytes' errors
   UniqueFd fd;
   uint64_t file_size = 0;
   SafetensorsHeader header;
@@ -96,7 +97,8 @@ struct OpenSafetensors {
 StatusOr<OpenSafetensors> OpenSafetensorsFile(const std::string& path);
 
 // Reads bytes [offset_bytes, offset_bytes + out.size()) of tensor `t`'s data. kOutOfRange when
-// the range is outside the tensor; kDataLoss on a short read (file truncated since it was opened).
+// the range is outside the tensor; kDataLoss on a short read (file truncated since it was opened);
+// errno-derived errors on a failed read. Read errors name file.path and the tensor.
 Status ReadTensorBytes(const OpenSafetensors& file, const SafetensorsTensor& t,
                        uint64_t offset_bytes, std::span<std::byte> out);
 

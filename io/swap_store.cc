@@ -40,6 +40,16 @@ int ProbeWrite(int fd) {
   return static_cast<size_t>(w) == SwapStore::kAlignment ? 0 : ENOSPC;
 }
 
+// Whether a backend error is a full drive or quota (ENOSPC, EDQUOT) rather than another cause
+// that ErrnoToStatus also maps to kResourceExhausted (ENOMEM, EMFILE, EFBIG). Its message ends
+// with "(errno N)", and context is only ever put in front.
+bool IsOutOfSpace(const Status& status) {
+  if (status.code() != StatusCode::kResourceExhausted) return false;
+  const std::string& message = status.message();
+  return message.ends_with(fmt::format("(errno {})", ENOSPC)) ||
+         message.ends_with(fmt::format("(errno {})", EDQUOT));
+}
+
 }  // namespace
 
 uint64_t SwapStore::PaddedSize(uint64_t size_bytes) { return AlignUp(size_bytes, kAlignment); }
@@ -335,9 +345,8 @@ Status SwapStore::Write(std::string_view name, std::span<const std::byte> buf) {
                         buf.subspan(run.buf_offset_bytes, run.size_bytes), labels[run.file]});
   }
   Status status = backend_->WriteBatch(segments);
-  if (status.code() == StatusCode::kResourceExhausted) {
-    status = OutOfSpaceError(name, size_bytes, status);
-  }
+  status = IsOutOfSpace(status) ? OutOfSpaceError(name, size_bytes, status)
+                                : WithExtent(name, size_bytes, status);
   {
     std::lock_guard<std::mutex> lock(mu_);
     Extent& e = extents_.find(name)->second;  // extents are never erased once allocated
@@ -368,6 +377,19 @@ Status SwapStore::OutOfSpaceError(std::string_view name, uint64_t size_bytes,
       "swap store out of space writing extent '{}' ({} bytes): {}; free space on the swap "
       "drive(s) or pass other swap directories ({})",
       name, size_bytes, fmt::join(parts, "; "), cause.message()));
+}
+
+Status SwapStore::WithExtent(std::string_view name, uint64_t size_bytes,
+                             const Status& status) const {
+  if (status.ok() || status.message().find(fmt::format("extent '{}'", name)) != std::string::npos) {
+    return status;
+  }
+  const std::vector<uint64_t> share_bytes = ShareBytes(PaddedSize(size_bytes));
+  std::vector<std::string_view> paths;
+  for (size_t j = 0; j < files_.size(); ++j) {
+    if (share_bytes[j] > 0) paths.push_back(files_[j].path);
+  }
+  return status.WithContext(fmt::format("extent '{}' in {}", name, fmt::join(paths, ", ")));
 }
 
 Status SwapStore::Read(std::string_view name, std::span<std::byte> buf) {
@@ -405,12 +427,12 @@ Status SwapStore::Read(std::string_view name, std::span<std::byte> buf) {
     segments.push_back({files_[run.file].fd.get(), run.file_offset_bytes,
                         buf.subspan(run.buf_offset_bytes, run.size_bytes), labels[run.file]});
   }
-  Status status = backend_->ReadBatch(segments);
+  const Status status = backend_->ReadBatch(segments);
   {
     std::lock_guard<std::mutex> lock(mu_);
     --extents_.find(name)->second.readers;
   }
-  STRATA_RETURN_IF_ERROR(status);
+  STRATA_RETURN_IF_ERROR(WithExtent(name, size_bytes, status));
   if (options_.verify_checksums) {
     const uint64_t actual = XXH3_64bits(buf.data(), size_bytes);
     if (actual != checksum) {

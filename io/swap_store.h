@@ -84,10 +84,12 @@ class SwapStore {
   // Errors: kNotFound (no such extent); kFailedPrecondition (Read of an extent never written or
   // whose last Write failed, or concurrent use of one extent); kDataLoss naming the extent ("extent
   // 'block3.m' ...") for a short read or a checksum mismatch; backend errors (io_backend.h) with
-  // the extent and file in the message. A failed Write leaves the extent unreadable until it is
-  // written again. Running out of space during a Write (possible where fallocate is unsupported,
-  // or on thin-provisioned storage) is kResourceExhausted naming the swap file(s), the bytes the
-  // extent needs there, the bytes free and the shortfall.
+  // the extent and file(s) in the message, also those that name no piece (a ring that cannot be
+  // made, a failed submit). A failed Write leaves the extent unreadable until it is written
+  // again. Running out of space during a Write (ENOSPC or EDQUOT; possible where fallocate is
+  // unsupported, or on thin-provisioned storage) is kResourceExhausted naming the swap file(s),
+  // the bytes the extent needs there, the bytes free and the shortfall; the other
+  // kResourceExhausted causes (ENOMEM, EMFILE, EFBIG) keep the backend's message.
   Status Write(std::string_view name, std::span<const std::byte> buf);
   Status Read(std::string_view name, std::span<std::byte> buf);
 
@@ -153,6 +155,9 @@ class SwapStore {
                  const std::vector<uint64_t>& share_bytes);
   std::vector<std::string> Labels(std::string_view name) const;
   Status OutOfSpaceError(std::string_view name, uint64_t size_bytes, const Status& cause) const;
+  // `status` as is when it names extent `name` already (the backends' piece errors carry Labels()),
+  // else with "extent '<name>' in <the files it spans>" as context.
+  Status WithExtent(std::string_view name, uint64_t size_bytes, const Status& status) const;
 
   IoBackend* const backend_;
   const SwapStoreOptions options_;

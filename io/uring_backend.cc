@@ -20,7 +20,10 @@
 // Submission and reaping. Up to queue_depth pieces are kept in flight; every round prepares up to
 // kMaxSqesPerEnter entries, submits them and, when nothing else is waiting to be prepared, waits
 // for at least one completion in the same io_uring_submit_and_wait system call; then it reaps
-// every completion that is ready.
+// every completion that is ready. EntriesTaken (uring_backend.h) turns a submit result into the
+// number of entries now in flight.
+#include "io/uring_backend.h"
+
 #include <fmt/format.h>
 #include <liburing.h>
 #include <sys/uio.h>
@@ -40,6 +43,12 @@
 
 namespace strata::io {
 namespace internal {
+
+unsigned EntriesTaken(int r, unsigned prepared, bool sqpoll) {
+  if (r < 0) return 0;
+  return sqpoll ? prepared : std::min(static_cast<unsigned>(r), prepared);
+}
+
 namespace {
 
 // More idle rings than this are closed when given back (each holds queue_depth entries).
@@ -436,10 +445,10 @@ class UringBackend final : public SegmentBackend {
       // are waiting to be prepared).
       if (prepared > 0 && *healthy) {
         const int r = more ? io_uring_submit(ring) : io_uring_submit_and_wait(ring, 1);
-        if (r > 0) {
-          // With SQPOLL, liburing reports every entry the SQ thread has not consumed yet, also
-          // those flushed by an earlier call: count each entry once.
-          const unsigned taken = std::min(static_cast<unsigned>(r), prepared);
+        // Every entry counted in flight completes once: in_kernel never wraps, and the wait below
+        // never waits for a completion that will not come.
+        const unsigned taken = EntriesTaken(r, prepared, options_.sqpoll);
+        if (taken > 0) {
           prepared -= taken;
           in_kernel += taken;
           submit_retries = 0;

@@ -432,10 +432,9 @@ Status HfCheckpoint::ReadBlockImpl(int block, std::span<float> out, bool skip_qu
     const int64_t elem_bytes = static_cast<int64_t>(t.dtype.size());
     float* dst = out.data() + src.layout.chunk_offset;
     auto read = [&](int64_t first_elem, int64_t num_elems, std::byte* into) -> Status {
-      Status s = formats::ReadTensorBytes(
+      return formats::ReadTensorBytes(  // its errors name the shard's path and the tensor
           shard.file, t, static_cast<uint64_t>(first_elem * elem_bytes),
           std::span<std::byte>(into, static_cast<size_t>(num_elems * elem_bytes)));
-      return s.ok() ? s : s.WithContext(shard.path);
     };
     // Reads elements [first, first + n) as fp32 into `to`.
     auto read_f32 = [&](int64_t first, int64_t n, float* to) -> Status {
@@ -470,8 +469,8 @@ Status HfCheckpoint::ReadBlockImpl(int block, std::span<float> out, bool skip_qu
 Status HfCheckpoint::ReadStored(const Stored& part, uint64_t offset_bytes,
                                 std::span<std::byte> out) const {
   const Shard& shard = *shards_[part.shard];
-  Status s = formats::ReadTensorBytes(shard.file, *part.tensor, offset_bytes, out);
-  return s.ok() ? s : s.WithContext(fmt::format("{}: tensor '{}'", shard.path, part.tensor->name));
+  // Its errors name the shard's path and the tensor.
+  return formats::ReadTensorBytes(shard.file, *part.tensor, offset_bytes, out);
 }
 
 Status HfCheckpoint::ReadRecord(const Source& src, std::span<std::byte> record) const {

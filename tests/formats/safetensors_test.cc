@@ -270,5 +270,29 @@ TEST_F(SafetensorsFileTest, UnfinishedOrShortWritesAreReported) {
   EXPECT_EQ(f.status().code(), StatusCode::kDataLoss);
 }
 
+// The same tensor name is in several files of a checkpoint (master, exp_avg, working params):
+// a read error names the file, not only the tensor.
+TEST_F(SafetensorsFileTest, ReadOfAFileTruncatedAfterOpeningNamesTheFile) {
+  const std::string path = (dir_ / "exp_avg.safetensors").string();
+  auto w = SafetensorsWriter::Create(path, {{"layers.3", DType::kF32, {4}}}, {});
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  const float x[4] = {1, 2, 3, 4};
+  ASSERT_TRUE(w->Append(std::as_bytes(std::span(x))).ok());
+  ASSERT_TRUE(w->Finish().ok());
+  auto f = OpenSafetensorsFile(path);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  const SafetensorsTensor* t = f->header.Find("layers.3");
+  ASSERT_NE(t, nullptr);
+  fs::resize_file(path, f->file_size - 5);  // cut after opening: the header is valid
+  float back[4];
+  const Status s = ReadTensorBytes(*f, *t, 0, std::as_writable_bytes(std::span(back)));
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s.ToString();
+  EXPECT_NE(s.message().find(std::string("'") + path + "'"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("tensor 'layers.3'"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find(std::string("file ends at byte ") + std::to_string(f->file_size - 5)),
+            std::string::npos)
+      << s.ToString();
+}
+
 }  // namespace
 }  // namespace strata::formats

@@ -281,6 +281,41 @@ TEST_P(SwapStoreTest, EnospcOnWriteIsResourceExhaustedAndLeavesTheExtentUnreadab
   EXPECT_TRUE(SameBytes(back.data(), data.data(), size));
 }
 
+TEST_P(SwapStoreTest, EdquotOnWriteIsOutOfSpaceToo) {
+  auto backend = MakeFaulty(GetParam());
+  ASSERT_NE(backend, nullptr);
+  StoreFixture f(backend.get(), 1);
+  ASSERT_NE(f.store, nullptr);
+  ASSERT_TRUE(f.store->Allocate("block7.v", 2 * kBlockBytes).ok());
+  AlignedBuffer data = RandomAligned(2 * kBlockBytes, 7);
+  backend->AddFault(Fault::Errno(IoOp::kWrite, EDQUOT));
+  const Status s = f.store->Write("block7.v", data.span());
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.ToString();
+  EXPECT_THAT(s.message(), HasSubstr("out of space writing extent 'block7.v'"));
+}
+
+// ErrnoToStatus maps ENOMEM (and EMFILE, EFBIG) to kResourceExhausted too, but that is no full
+// disk: the cause is kept, naming the extent and its file.
+TEST_P(SwapStoreTest, EnomemOnWriteKeepsItsCauseAndIsNotCalledOutOfSpace) {
+  auto backend = MakeFaulty(GetParam());
+  ASSERT_NE(backend, nullptr);
+  StoreFixture f(backend.get(), 1);
+  ASSERT_NE(f.store, nullptr);
+  ASSERT_TRUE(f.store->Allocate("block8.m", 3 * kBlockBytes).ok());
+  AlignedBuffer data = RandomAligned(3 * kBlockBytes, 8);
+  backend->AddFault(Fault::Errno(IoOp::kWrite, ENOMEM, /*nth=*/2));
+  Status s = f.store->Write("block8.m", data.span());
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.ToString();
+  EXPECT_THAT(s.message(), ::testing::Not(HasSubstr("out of space")));
+  EXPECT_THAT(s.message(), ::testing::Not(HasSubstr("free space")));
+  EXPECT_THAT(s.message(), HasSubstr("extent 'block8.m'"));
+  EXPECT_THAT(s.message(), HasSubstr(f.store->file_paths()[0]));
+  EXPECT_THAT(s.message(), HasSubstr("(errno 12)"));
+  // The extent is unreadable until written again, as after any failed write.
+  AlignedBuffer back = ZeroAligned(3 * kBlockBytes);
+  EXPECT_EQ(f.store->Read("block8.m", back.span()).code(), StatusCode::kFailedPrecondition);
+}
+
 TEST_P(SwapStoreTest, ReadDuringAWriteOfTheSameExtentIsFailedPrecondition) {
   auto backend = MakeFaulty(GetParam());
   ASSERT_NE(backend, nullptr);
@@ -450,6 +485,64 @@ TEST_P(SwapStoreOnDiskTest, WithChecksumsOffAFlippedByteGoesUnnoticed) {
   AlignedBuffer back = ZeroAligned(4096);
   ASSERT_TRUE(f.store->Read("plain", back.span()).ok());
   EXPECT_EQ(back.data()[100], data.data()[100] ^ std::byte{1});
+}
+
+// A backend whose every read or every write fails with `error`, as "uring" does when it cannot
+// make a ring or submit: such errors name no piece. The other operation does nothing.
+class FailingBackend final : public IoBackend {
+ public:
+  FailingBackend(IoOp op, Status error) : op_(op), error_(std::move(error)) {}
+  std::string_view name() const override { return "failing"; }
+  Status Read(int, uint64_t, std::span<std::byte>, std::string_view) override {
+    return op_ == IoOp::kRead ? error_ : Status::Ok();
+  }
+  Status Write(int, uint64_t, std::span<const std::byte>, std::string_view) override {
+    return op_ == IoOp::kWrite ? error_ : Status::Ok();
+  }
+
+ private:
+  IoOp op_;
+  Status error_;
+};
+
+TEST(SwapStore, BackendErrorsThatNameNoPieceGetTheExtentAndItsFiles) {
+  const Status submit = ErrnoToStatus(EAGAIN, "io_uring_submit made no progress");
+  for (IoOp op : {IoOp::kWrite, IoOp::kRead}) {
+    SCOPED_TRACE(IoOpName(op));
+    FailingBackend backend(op, submit);
+    StoreFixture f(&backend, 2);
+    ASSERT_NE(f.store, nullptr);
+    ASSERT_TRUE(f.store->Allocate("block9.m", 4 * kStripeBytes).ok());
+    AlignedBuffer data = RandomAligned(4 * kStripeBytes, 9);
+    Status s = f.store->Write("block9.m", data.span());
+    if (op == IoOp::kRead) {
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      s = f.store->Read("block9.m", data.span());
+    }
+    EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
+    EXPECT_THAT(s.message(), HasSubstr("extent 'block9.m'"));
+    EXPECT_THAT(s.message(), HasSubstr(f.store->file_paths()[0]));
+    EXPECT_THAT(s.message(), HasSubstr(f.store->file_paths()[1]));
+    EXPECT_THAT(s.message(), HasSubstr(submit.message()));
+  }
+}
+
+TEST(SwapStore, RingSetupEnomemOnWriteIsNotCalledOutOfSpace) {
+  FailingBackend backend(
+      IoOp::kWrite,
+      ErrnoToStatus(ENOMEM,
+                    "io_uring_queue_init(4 entries) (RLIMIT_MEMLOCK too low for the ring on this "
+                    "kernel)"));
+  StoreFixture f(&backend, 1);
+  ASSERT_NE(f.store, nullptr);
+  ASSERT_TRUE(f.store->Allocate("block10.v", kStripeBytes).ok());
+  AlignedBuffer data = RandomAligned(kStripeBytes, 10);
+  const Status s = f.store->Write("block10.v", data.span());
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.ToString();
+  EXPECT_THAT(s.message(), ::testing::Not(HasSubstr("out of space")));
+  EXPECT_THAT(s.message(), HasSubstr("extent 'block10.v'"));
+  EXPECT_THAT(s.message(), HasSubstr(f.store->file_paths()[0]));
+  EXPECT_THAT(s.message(), HasSubstr("RLIMIT_MEMLOCK"));
 }
 
 }  // namespace

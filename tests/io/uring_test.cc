@@ -1,11 +1,13 @@
 // io_uring specifics: the probe, a forced "uring" backend, and its ring pool under many threads.
 #include <gtest/gtest.h>
 
+#include <cerrno>
 #include <thread>
 #include <vector>
 
 #include "io/io_backend.h"
 #include "io/swap_store.h"
+#include "io/uring_backend.h"
 #include "tests/io/io_test_util.h"
 
 namespace strata::io::testing {
@@ -146,6 +148,26 @@ TEST_F(UringTest, SqpollRoundTripsOrIsRefusedNamingSqpoll) {
   AlignedBuffer back = ZeroAligned(7 * kBlockBytes);
   ASSERT_TRUE((*backend)->Read(fd.get(), 0, back.span(), "f").ok());
   EXPECT_TRUE(SameBytes(back.data(), data.data(), data.size_bytes()));
+}
+
+// With SQPOLL, io_uring_submit returns the entries the kernel's polling thread has not consumed
+// yet, which may be fewer than were just prepared (even 0) or more (entries of an earlier call).
+// Counting fewer left entries uncounted whose completions then wrapped the in-flight counter (and
+// the wait for the next completion blocked forever), or, at 0, ended the call with "io_uring_submit
+// made no progress" while they were in flight.
+TEST(UringSubmit, WithSqpollEveryPreparedEntryIsInFlightWhateverSubmitReturns) {
+  for (int r : {0, 1, 2, 5}) {
+    EXPECT_EQ(internal::EntriesTaken(r, 2, /*sqpoll=*/true), 2u) << "r = " << r;
+  }
+  EXPECT_EQ(internal::EntriesTaken(-EINTR, 2, /*sqpoll=*/true), 0u);
+}
+
+TEST(UringSubmit, WithoutSqpollTheEntriesTheKernelTookAreInFlight) {
+  EXPECT_EQ(internal::EntriesTaken(0, 2, /*sqpoll=*/false), 0u);  // the rest stay queued
+  EXPECT_EQ(internal::EntriesTaken(1, 2, /*sqpoll=*/false), 1u);
+  EXPECT_EQ(internal::EntriesTaken(2, 2, /*sqpoll=*/false), 2u);
+  EXPECT_EQ(internal::EntriesTaken(3, 2, /*sqpoll=*/false), 2u);
+  EXPECT_EQ(internal::EntriesTaken(-EAGAIN, 2, /*sqpoll=*/false), 0u);
 }
 
 }  // namespace
