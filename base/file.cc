@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdio>  // renameat2, RENAME_EXCHANGE
 #include <filesystem>
 #include <utility>
 
@@ -133,18 +134,33 @@ Status MoveIntoPlace(const std::string& temp_dir, const std::string& target,
                      std::string* displaced) {
   displaced->clear();
   struct stat st;
-  if (::lstat(target.c_str(), &st) == 0) {
-    const std::string name = std::filesystem::path(target).filename().string();
-    STRATA_ASSIGN_OR_RETURN(std::string aside, MakeTempDirectory(fmt::format(
-                                                   "{}/.old-{}-XXXXXX", ParentOf(target), name)));
-    if (::rename(target.c_str(), aside.c_str()) != 0) {
-      const Status moved = ErrnoToStatus(errno, fmt::format("moving aside '{}'", target));
-      ::rmdir(aside.c_str());
-      return moved;
-    }
-    *displaced = aside;
+  if (::lstat(target.c_str(), &st) != 0) return RenameDurably(temp_dir, target);
+  // One step: no moment without a complete directory under target (Linux 3.15; ext4, xfs,
+  // btrfs, tmpfs).
+  if (::renameat2(AT_FDCWD, temp_dir.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0) {
+    *displaced = temp_dir;
+    return FsyncDirectory(ParentOf(target));
   }
-  return RenameDurably(temp_dir, target);
+  if (errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP) {
+    return ErrnoToStatus(errno, fmt::format("replacing '{}' by '{}'", target, temp_dir));
+  }
+  // A file system without the exchange: aside, then into place, and back if that fails.
+  const std::string name = std::filesystem::path(target).filename().string();
+  STRATA_ASSIGN_OR_RETURN(std::string aside, MakeTempDirectory(fmt::format(
+                                                 "{}/.old-{}-XXXXXX", ParentOf(target), name)));
+  if (::rename(target.c_str(), aside.c_str()) != 0) {
+    const Status moved = ErrnoToStatus(errno, fmt::format("moving aside '{}'", target));
+    ::rmdir(aside.c_str());
+    return moved;
+  }
+  if (::rename(temp_dir.c_str(), target.c_str()) != 0) {
+    const Status failed =
+        ErrnoToStatus(errno, fmt::format("renaming '{}' to '{}'", temp_dir, target));
+    ::rename(aside.c_str(), target.c_str());  // best effort: the old directory back in place
+    return failed;
+  }
+  *displaced = aside;
+  return FsyncDirectory(ParentOf(target));
 }
 
 AtomicFileWriter::AtomicFileWriter(std::string path, std::string temp_path, UniqueFd fd)

@@ -82,9 +82,12 @@ StatusOr<std::string> MakeTempDirectory(std::string path_template);
 void RemoveTree(const std::string& path);
 
 // Renames the complete directory temp_dir to target and fsyncs target's parent. An existing
-// target is first renamed aside to PARENT/.old-<name>-XXXXXX, returned in *displaced ("" when
-// there was none) for the caller to remove once the new state is committed: a crash at any
-// point leaves a complete directory under target or under the aside name.
+// target is exchanged with temp_dir in one step (renameat2 RENAME_EXCHANGE): target names the
+// old directory, then the new one, never nothing, and temp_dir holds the old one, returned in
+// *displaced ("" when there was none) for the caller to remove once the new state is committed.
+// Where the file system cannot exchange, the old target is renamed aside to
+// PARENT/.old-<name>-XXXXXX (returned in *displaced) and moved back if the rename into place
+// fails. On an error target is as it was, unless only the final fsync failed.
 Status MoveIntoPlace(const std::string& temp_dir, const std::string& target,
                      std::string* displaced);
 

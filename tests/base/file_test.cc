@@ -252,13 +252,28 @@ TEST_F(FileTest, MoveIntoPlaceMovesAnExistingTargetAsideForTheCallerToRemove) {
   Write("newer/f", "3");
   ASSERT_TRUE(MoveIntoPlace(Path("newer"), Path("target"), &displaced).ok());
   EXPECT_EQ(Read("target/f"), "3");
-  ASSERT_THAT(displaced, HasSubstr(Path(".old-target-")));
-  EXPECT_EQ(Read(fs::path(displaced).filename().string() + "/f"), "2");
+  // Exchanged: the old directory is under the temporary's name.
+  ASSERT_EQ(displaced, Path("newer"));
+  EXPECT_EQ(Read("newer/f"), "2");
   RemoveTree(displaced);
   EXPECT_EQ(Entries(), std::vector<std::string>{"target"});
 
   const Status missing = MoveIntoPlace(Path("gone"), Path("other"), &displaced);
   EXPECT_EQ(missing.code(), StatusCode::kNotFound);
+}
+
+// A replacement that fails leaves the old target in place (a crash could not leave it missing
+// either: the exchange is one step), so `latest` never names a directory that is not there.
+TEST_F(FileTest, MoveIntoPlaceThatFailsLeavesTheOldTargetInPlace) {
+  fs::create_directory(Path("target"));
+  Write("target/f", "1");
+  std::string displaced = "stale";
+  const Status gone = MoveIntoPlace(Path("gone"), Path("target"), &displaced);
+  EXPECT_EQ(gone.code(), StatusCode::kNotFound) << gone.ToString();
+  EXPECT_THAT(gone.message(), HasSubstr(Path("gone")));
+  EXPECT_EQ(displaced, "");
+  EXPECT_EQ(Read("target/f"), "1");
+  EXPECT_EQ(Entries(), std::vector<std::string>{"target"});
 }
 
 TEST_F(FileTest, AtomicFileWriterShowsTheOldFileUntilCommit) {
