@@ -23,18 +23,19 @@ std::optional<DType> ToDType(strata_dtype dtype);
 // An INVALID_ARGUMENT Status naming the parameter and the bad dtype value.
 Status BadDType(const char* what, strata_dtype dtype);
 
+// Reports the exception being handled (call only inside a catch block):
+// std::bad_alloc as RESOURCE_EXHAUSTED "out of memory", anything else as INTERNAL
+// naming it. Throws nothing: when even the message cannot be had, the code alone.
+strata_status ReportCurrentException() noexcept;
+
 // Runs fn() -> Status and reports it; an exception (from oneTBB or an allocation)
 // becomes RESOURCE_EXHAUSTED or INTERNAL instead of unwinding through C frames.
 template <typename F>
 strata_status Guard(const F& fn) {
   try {
     return Report(fn());
-  } catch (const std::bad_alloc&) {
-    return Report(ResourceExhaustedError("out of memory"));
-  } catch (const std::exception& e) {
-    return Report(InternalError(std::string("unexpected exception: ") + e.what()));
   } catch (...) {
-    return Report(InternalError("unexpected exception of unknown type"));
+    return ReportCurrentException();
   }
 }
 

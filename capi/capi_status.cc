@@ -43,6 +43,25 @@ strata_status Report(const Status& status) {
   return static_cast<strata_status>(status.code());
 }
 
+strata_status ReportCurrentException() noexcept {
+  StatusCode code = StatusCode::kInternal;
+  try {
+    try {
+      throw;
+    } catch (const std::bad_alloc&) {
+      code = StatusCode::kResourceExhausted;
+      return Report(ResourceExhaustedError("out of memory"));
+    } catch (const std::exception& e) {
+      return Report(InternalError(std::string("unexpected exception: ") + e.what()));
+    } catch (...) {
+      return Report(InternalError("unexpected exception of unknown type"));
+    }
+  } catch (...) {  // building the message threw (no memory): the code still says what happened
+    LastError().clear();
+    return static_cast<strata_status>(code);
+  }
+}
+
 std::optional<DType> ToDType(strata_dtype dtype) {
   switch (dtype) {
     case STRATA_DTYPE_F32:

@@ -930,9 +930,11 @@ class OffloadOptimizer(torch.optim.Optimizer):
             b.events.append(ev)
         status = library.strata_offload_submit_grad(self._handle, b.index, -1, b.staging_ptr,
                                                     DTYPES[b.dtype], b.num_elems, event)
-        if status == _lib.STATUS_FAILED_PRECONDITION and event is not None:
+        if (status == _lib.STATUS_FAILED_PRECONDITION and event is not None
+                and b"no CUDA runtime" in library.strata_last_error()):
             # No CUDA runtime that libstrata can use: nothing was queued; submit
-            # after a host-side wait from now on.
+            # after a host-side wait from now on. (Other refusals, a sticky error
+            # say, are raised below as they are.)
             self._cuda_events = False
             b.events[-1].synchronize()
             status = library.strata_offload_submit_grad(self._handle, b.index, -1,
