@@ -277,7 +277,11 @@ Status VerifyCheckpointFiles(const std::string& dir, const Manifest& manifest) {
 }
 
 StatusOr<std::string> CreateCheckpointTempDir(const std::string& save_dir, int64_t step) {
-  if (::mkdir(save_dir.c_str(), S_IRWXU) != 0 && errno != EEXIST) {
+  if (::mkdir(save_dir.c_str(), S_IRWXU) == 0) {
+    // A new save directory is durable before the first checkpoint in it is.
+    const std::filesystem::path parent = std::filesystem::path(save_dir).parent_path();
+    STRATA_RETURN_IF_ERROR(FsyncDirectory(parent.empty() ? std::string(".") : parent.string()));
+  } else if (errno != EEXIST) {
     return ErrnoToStatus(errno, fmt::format("creating the save directory '{}'", save_dir));
   }
   struct stat st;
@@ -294,7 +298,8 @@ Status CommitCheckpoint(const std::string& save_dir, const std::string& temp_dir
   STRATA_RETURN_IF_ERROR(FsyncDirectory(temp_dir));
   const std::string name = fmt::format("step-{}", manifest.trainer.step);
   const std::string target = save_dir + "/" + name;
-  // A checkpoint of this step may exist (a save after a resume from it): it is moved aside.
+  // A checkpoint of this step may exist (a save after a resume from it): it is exchanged with
+  // the new one in one step (MoveIntoPlace), and removed once `latest` is written.
   std::string displaced;
   STRATA_RETURN_IF_ERROR(MoveIntoPlace(temp_dir, target, &displaced));
   const std::string latest_tmp = save_dir + "/" + kLatestFileName + ".tmp";

@@ -1072,8 +1072,8 @@ Status OffloadOptimizer::Impl::Save(const std::string& dir) {
     STRATA_RETURN_IF_ERROR(
         WriteNewFile(temp + "/" + kManifestFileName, manifest.dump(2) + "\n", 0600));
     STRATA_RETURN_IF_ERROR(FsyncDirectory(temp));
-    // The old state (if any) is moved aside first: a crash leaves one complete state under
-    // `dir` or its aside name.
+    // The old state (if any) is exchanged with the new one in one step (MoveIntoPlace): `dir`
+    // always holds a complete state.
     std::string displaced;
     STRATA_RETURN_IF_ERROR(MoveIntoPlace(temp, target.string(), &displaced));
     if (!displaced.empty()) RemoveTree(displaced);
