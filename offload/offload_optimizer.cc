@@ -50,6 +50,42 @@ constexpr const char* kOffloadTensorFile = "optimizer.safetensors";
 // The most elements of one bucket (4 PiB of fp32 master weights): far past any memory, and low
 // enough that no byte count of a bucket's state (at most a few bytes an element) overflows.
 constexpr int64_t kMaxBucketElems = int64_t{1} << 50;
+// What a directory Save replaces may hold: a save's two files, and the param groups strata.torch
+// writes beside them (python/strata/_offload.py).
+constexpr std::string_view kSavedEntries[] = {
+    "manifest.json", kOffloadTensorFile, "torch_param_groups.json", "torch_param_groups.json.tmp"};
+
+// Save replaces its directory whole, so it may only replace a directory of what it writes (an
+// earlier save) or nothing: never a user's file or other files that share the directory.
+Status CheckSaveTarget(const std::filesystem::path& target) {
+  struct stat st;
+  if (::lstat(target.c_str(), &st) != 0) {
+    if (errno == ENOENT) return Status::Ok();
+    return ErrnoToStatus(errno, fmt::format("offload optimizer: Save: '{}'", target.string()));
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return AlreadyExistsError(fmt::format(
+        "offload optimizer: Save: '{}' exists and is {}, not a saved optimizer state (Save "
+        "replaces its directory whole): give a new or empty directory",
+        target.string(), FileTypeName(st.st_mode)));
+  }
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(target, ec)) {
+    const std::string name = e.path().filename().string();
+    if (std::find(std::begin(kSavedEntries), std::end(kSavedEntries), name) ==
+        std::end(kSavedEntries)) {
+      return AlreadyExistsError(fmt::format(
+          "offload optimizer: Save: '{}' holds '{}', which is not part of a saved optimizer "
+          "state (Save replaces the directory whole): give a new or empty directory",
+          target.string(), Excerpt(name)));
+    }
+  }
+  if (ec) {
+    return ErrnoToStatus(ec.value(),
+                         fmt::format("offload optimizer: Save: listing '{}'", target.string()));
+  }
+  return Status::Ok();
+}
 
 // Bytes a tensor of size_bytes takes inside a bucket's state block (4096-aligned, so the block
 // is one O_DIRECT extent and each tensor starts on its own page).
@@ -1021,6 +1057,7 @@ Status OffloadOptimizer::Impl::Save(const std::string& dir) {
   if (dir.empty()) return InvalidArgumentError("offload optimizer: Save: empty directory name");
   std::filesystem::path target = std::filesystem::absolute(dir).lexically_normal();
   if (target.filename().empty()) target = target.parent_path();
+  STRATA_RETURN_IF_ERROR(CheckSaveTarget(target));
   const std::string parent = target.parent_path().string();
   auto made =
       MakeTempDirectory(fmt::format("{}/.{}.tmp-XXXXXX", parent, target.filename().string()));

@@ -289,8 +289,11 @@ class OffloadOptimizer {
   //                          hyper-parameter, step count), buckets (group, dtype, segment
   //                          lengths and shapes), and the size and xxh3 of
   //                          optimizer.safetensors
-  // into a temporary sibling directory that is fsynced and renamed over `dir`: a crash leaves
+  // into a temporary sibling directory that is fsynced and exchanged with `dir`: a crash leaves
   // either the old or the new state. The caller's parameters are not saved (the model's).
+  // `dir` may be new, empty, or an earlier save (what it holds is replaced whole); anything else
+  // that exists there (a file, a directory holding other files) is kAlreadyExists naming it,
+  // with nothing written.
   Status Save(const std::string& dir);
   // Restores a state written by Save into an optimizer with the same groups (kinds, state
   // layouts) and buckets (dtypes, segment lengths and shapes; a save without shapes is flat):

@@ -798,7 +798,8 @@ STRATA_API strata_status strata_offload_write_state_bytes(strata_offload* offloa
 STRATA_API strata_status strata_offload_reload_masters(strata_offload* offload, int bucket);
 
 /* Saves the whole optimizer state into directory `dir` (crash-safe: written under
- * a temporary name, fsynced, renamed over dir), in Strata's checkpoint format
+ * a temporary name, fsynced, exchanged with dir; dir may be new, empty or an earlier
+ * save, anything else there is ALREADY_EXISTS naming it), in Strata's checkpoint format
  * (safetensors plus a JSON manifest with xxh3 checksums), bucket by bucket; and
  * loads it into an optimizer with the same groups and buckets (checked before
  * anything changes: INVALID_ARGUMENT naming a difference, DATA_LOSS for a damaged

@@ -416,6 +416,20 @@ TEST(OffloadOptimizer, SaveLoadIntoANewOptimizerContinuesBitIdentically) {
     const std::string ckpt = dir + "/opt";
     ASSERT_TRUE(opt_b->Save(ckpt).ok());
     ASSERT_TRUE(opt_b->Save(ckpt).ok());  // replacing an existing save works
+    // Save replaces its directory whole: never a user's file, or a directory of other files.
+    std::ofstream(dir + "/model.pt") << "the model";
+    std::filesystem::create_directory(dir + "/shared");
+    std::ofstream(dir + "/shared/model.pt") << "the model";
+    for (const std::string& not_ours : {dir + "/model.pt", dir + "/shared"}) {
+      const Status refused = opt_b->Save(not_ours);
+      EXPECT_EQ(refused.code(), StatusCode::kAlreadyExists) << not_ours;
+      EXPECT_NE(refused.message().find("model.pt"), std::string::npos) << refused.ToString();
+    }
+    EXPECT_EQ(opt_b->Save(dir).code(), StatusCode::kAlreadyExists);  // holds opt/, model.pt, ...
+    std::ifstream kept(dir + "/shared/model.pt");
+    EXPECT_EQ(std::string(std::istreambuf_iterator<char>(kept), {}), "the model");
+    EXPECT_TRUE(std::filesystem::is_regular_file(dir + "/model.pt"));
+    EXPECT_TRUE(std::filesystem::is_regular_file(ckpt + "/manifest.json"));
     opt_b.reset();
     TestModel c = MakeModel(999);  // different initial weights: the load must replace them
     auto opt_c = Create(c, o);
