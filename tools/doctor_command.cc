@@ -29,6 +29,7 @@
 #include "io/io_backend.h"
 #include "tools/machine_measure.h"
 #include "tools/pinned_bandwidth.h"
+#include "tools/run_destinations.h"
 #ifdef STRATA_HAVE_CUDA
 #include "gpu/cuda/cuda_device.h"
 #endif
@@ -638,6 +639,8 @@ constexpr int64_t kProfileParams = int64_t{16} << 20;
 
 // --machine-profile: measure, print what was measured, write the file.
 Status RunMachineProfile(const DoctorFlags& f) {
+  // Before a minute of measurements, not after.
+  STRATA_RETURN_IF_ERROR(CheckWritableFile("--machine-profile", f.machine_profile));
   engine::MachineProfile profile;
   STRATA_ASSIGN_OR_RETURN(CpuInfo cpu, DetectCpuInfo());
   engine::MachineProfile::Host host;

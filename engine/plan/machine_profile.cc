@@ -211,13 +211,7 @@ StatusOr<MachineProfile> ReadMachineProfile(const std::string& path) {
 }
 
 Status WriteMachineProfile(const MachineProfile& profile, const std::string& path) {
-  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
-  std::remove(tmp.c_str());
-  if (Status s = WriteNewFile(tmp, MachineProfileJson(profile), 0644); !s.ok()) {
-    std::remove(tmp.c_str());
-    return s;
-  }
-  return RenameDurably(tmp, path);
+  return WriteOutputFile(path, MachineProfileJson(profile), "machine profile");
 }
 
 }  // namespace strata::engine

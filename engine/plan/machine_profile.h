@@ -89,8 +89,9 @@ StatusOr<MachineProfile> ParseMachineProfile(const std::string& json_text,
 // kPermissionDenied-style errors of opening the file (naming it).
 StatusOr<MachineProfile> ReadMachineProfile(const std::string& path);
 
-// Writes MachineProfileJson to `path` (replacing it). Errors: the open or write error, naming the
-// path.
+// Writes MachineProfileJson to `path` whole (WriteOutputFile: a regular file is replaced
+// atomically, a crash or a full disk leaves the old one; /dev/stdout or a pipe is written
+// directly). Errors: the open or write error, naming the path.
 Status WriteMachineProfile(const MachineProfile& profile, const std::string& path);
 
 }  // namespace strata::engine

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "run_strata.h"
 
@@ -268,6 +269,28 @@ TEST(DoctorMachineProfileCli, WritesAProfileThatEstimateAccepts) {
     // Compute runs on a device: a host-only profile plans but cannot predict, and says why.
     EXPECT_NE(j["prediction_error"].get<std::string>().find("\"device\""), std::string::npos);
   }
+  std::filesystem::remove_all(dir);
+}
+
+// A path the profile cannot be written to is refused before the measurements, not after them,
+// and leaves no temporary file behind.
+TEST(DoctorMachineProfileCli, AnUnwritablePathIsRefusedFirstAndLeavesNothing) {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("strata_profile_bad_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir / "a-directory");
+  for (const std::string& target :
+       {(dir / "a-directory").string(), (dir / "missing" / "machine.json").string()}) {
+    const Result r = RunStrata("doctor --machine-profile " + target +
+                               " --profile-seconds 0.05 --path " + dir.string());
+    EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+    EXPECT_NE(r.err.find("--machine-profile"), std::string::npos) << r.err;
+    EXPECT_EQ(r.out.find("cpu optimizer"), std::string::npos) << "measured first:\n" << r.out;
+  }
+  std::vector<std::string> left;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    left.push_back(e.path().filename().string());
+  }
+  EXPECT_EQ(left, std::vector<std::string>{"a-directory"});
   std::filesystem::remove_all(dir);
 }
 
