@@ -18,6 +18,10 @@ How a training step flows (see OffloadOptimizer below for the contract):
             buckets (strata_offload_wait_bucket) before the module runs, so the
             update of later buckets overlaps the forward of earlier ones.
 
+The hooks hold the optimizer weakly: a model outlives its optimizer, and a dropped
+optimizer is freed (its hooks removed, its native state and swap files released)
+without close().
+
 This module is imported as strata.torch (python/strata/torch.py re-exports it);
 it imports the real torch with an absolute import.
 """
@@ -27,6 +31,8 @@ import json
 import math
 import os
 import reprlib
+import threading
+import weakref
 
 import torch
 
@@ -48,6 +54,14 @@ __all__ = [
 _PARAM_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _PARAM_GROUPS_FILE = "torch_param_groups.json"
 DEFAULT_BUCKET_SIZE = 1 << 22  # elements: 16 MiB of fp32 gradient per staging buffer
+
+# Modules whose forward reads their children's parameters without calling the
+# children: nn.MultiheadAttention passes out_proj.weight and out_proj.bias to
+# F.multi_head_attention_forward, and the fast path of nn.TransformerEncoderLayer /
+# TransformerDecoderLayer reads every child's parameters in one fused call. Their
+# forward pre-hook waits for all the parameters under them, not only their own.
+_READS_CHILD_PARAMETERS = (torch.nn.MultiheadAttention, torch.nn.TransformerEncoderLayer,
+                           torch.nn.TransformerDecoderLayer)
 
 
 def _is_number(v):
@@ -172,7 +186,10 @@ class OffloadOptimizer(torch.optim.Optimizer):
 
     Overlap: pass the model as params (OffloadAdamW(model, ...)) or as module=
     (or call attach(model)): a forward pre-hook on each module that owns
-    parameters waits for its buckets, so the update overlaps the next forward.
+    parameters waits for its buckets, so the update overlaps the next forward
+    (nn.MultiheadAttention and nn.TransformerEncoderLayer / DecoderLayer, which
+    read their children's parameters directly, wait for those too; parameter
+    groups added later are hooked into the attached modules as well).
     Without an attached module, step() waits for the whole update before it
     returns. Either way, call synchronize() before reading parameters outside the
     attached modules' forward (e.g. model.state_dict(), an evaluation that calls a
@@ -207,7 +224,13 @@ class OffloadOptimizer(torch.optim.Optimizer):
     Not picklable or copyable (it owns a native handle): use state_dict() /
     load_state_dict() (torch.optim's format, in memory) or save(dir) / load(dir)
     (Strata's checkpoint, streamed bucket by bucket, for NVMe-sized state).
-    close() frees the native state (also done when the optimizer is collected).
+    close() frees the native state (also done when the optimizer is collected:
+    the hooks do not keep it alive).
+
+    Threads: the gradient hooks may run on several autograd threads at once (CPU
+    and CUDA parameters, or several GPUs); a lock serializes every call on the
+    native handle except strata_offload_wait_bucket (the forward pre-hooks), as
+    strata.h requires.
     """
 
     _twin = None  # the strata.optim class whose arguments, defaults and config we use
@@ -218,10 +241,15 @@ class OffloadOptimizer(torch.optim.Optimizer):
                  num_threads, pin_memory, buffer_count, staging_buffers=4, io_backend=None,
                  module=None):
         name = f"strata.torch.{type(self).__name__}"
+        # Held around every call on the handle but strata_offload_wait_bucket (which may
+        # run concurrently with any): the gradient hooks run on each device's autograd
+        # thread, and strata.h forbids concurrent calls on one handle.
+        self._lock = threading.Lock()
         self._handle = None
         self._buckets = []
         self._hooks = []
         self._module_hooks = []
+        self._attached = []  # modules given to attach(): add_param_group hooks them too
         self._ready = False
         self._stepped = False
         if isinstance(params, torch.nn.Module):
@@ -302,8 +330,9 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._names = {}
         if module is not None:
             self._names = {p: n for n, p in module.named_parameters()}
-        for gi, group in enumerate(self.param_groups):
-            self._register_group(gi, group)
+        with self._lock:
+            for gi, group in enumerate(self.param_groups):
+                self._register_group(gi, group)
         self._ready = True
         if module is not None:
             self.attach(module)
@@ -316,13 +345,19 @@ class OffloadOptimizer(torch.optim.Optimizer):
                                "before the first step()")
         super().add_param_group(param_group)
         if getattr(self, "_ready", False):
-            self._register_group(len(self.param_groups) - 1, self.param_groups[-1])
+            first = len(self._buckets)
+            with self._lock:
+                self._register_group(len(self.param_groups) - 1, self.param_groups[-1])
+            for module in self._attached:
+                self._attach_buckets(module, self._buckets[first:])
 
     def zero_grad(self, set_to_none=True):
         """Nothing to clear: gradients are handed to Strata during backward. Raises
         RuntimeError when some were handed over since the last step() (they cannot
         be taken back: torch would have discarded them here)."""
-        if any(b.micro_batches or b.count for b in self._buckets):
+        with self._lock:
+            handed_over = any(b.micro_batches or b.count for b in self._buckets)
+        if handed_over:
             raise RuntimeError(
                 f"{self._name()}.zero_grad() after backward() and before step(): the gradients "
                 "of that backward are already accumulated in Strata and cannot be discarded; "
@@ -352,6 +387,14 @@ class OffloadOptimizer(torch.optim.Optimizer):
             raise ValueError(f"{self._name()}.step: loss_scale must be finite and > 0, got "
                              f"{loss_scale}")
         self._check_max_grad_norm(self.max_grad_norm)
+        with self._lock:
+            self._step_locked(loss_scale)
+        if not self._module_hooks:
+            self.synchronize()
+        return loss
+
+    def _step_locked(self, loss_scale):
+        """step() under self._lock."""
         self._check_complete()
         library = _lib.lib()
         handle = self._live_handle()
@@ -371,10 +414,10 @@ class OffloadOptimizer(torch.optim.Optimizer):
         for b in self._buckets:
             b.micro_batches = 0
             b.events = []
-            b.pending = not self.skipped
-        if not self._module_hooks:
-            self.synchronize()
-        return loss
+            # A skipped step writes nothing, but an earlier update may still be
+            # unwaited for (a bucket whose module did not run since): keep its flag,
+            # or its CUDA mirror would never be copied to the device.
+            b.pending = b.pending or not self.skipped
 
     def state_dict(self):
         """torch.optim's state_dict of the twin (torch.optim.AdamW for
@@ -389,6 +432,11 @@ class OffloadOptimizer(torch.optim.Optimizer):
         state), except with Adagrad. Materializes the whole state in host memory:
         for NVMe-sized state use save(dir)."""
         self.synchronize()
+        with self._lock:
+            return self._read_state_dict()
+
+    def _read_state_dict(self):
+        """state_dict() under self._lock, after a synchronize."""
         library = _lib.lib()
         handle = self._live_handle()
         index_of = {}
@@ -436,6 +484,12 @@ class OffloadOptimizer(torch.optim.Optimizer):
         'master' where present, else from the parameters as they are now (load the
         model's weights first). Everything is checked before anything changes."""
         self.synchronize()
+        with self._lock:
+            self._load_state_dict_locked(state_dict)
+        self.synchronize()
+
+    def _load_state_dict_locked(self, state_dict):
+        """load_state_dict() under self._lock, after a synchronize."""
         groups = self.param_groups
         saved_groups = state_dict["param_groups"]
         if len(groups) != len(saved_groups):
@@ -517,7 +571,6 @@ class OffloadOptimizer(torch.optim.Optimizer):
                         section.size_bytes))
             if b.mirror is not None:
                 b.pending = True  # write_state(0) rewrote the mirror
-        self.synchronize()
 
     def __getstate__(self):
         raise TypeError(f"{self._name()} owns native state and cannot be pickled or copied; "
@@ -537,34 +590,49 @@ class OffloadOptimizer(torch.optim.Optimizer):
     def attach(self, module):
         """Installs a forward pre-hook on every module of `module` that owns some of
         this optimizer's parameters: it waits for their buckets' update (and, for
-        CUDA parameters, copies them to the device) before the module runs. From
-        then on step() returns before the update finished."""
+        CUDA parameters, copies them to the device) before the module runs (the
+        modules of _READS_CHILD_PARAMETERS wait for their children's parameters
+        too). From then on step() returns before the update finished. Parameter
+        groups added later (add_param_group) are hooked into `module` as well. The
+        hooks hold this optimizer weakly and do nothing once it is collected."""
         for name, p in module.named_parameters():
             self._names.setdefault(p, name)
         for b in self._buckets:
             b.names = [self._param_name(p) for p in b.params]
+        if not any(m is module for m in self._attached):
+            self._attached.append(module)
+        self._attach_buckets(module, self._buckets)
+
+    def _attach_buckets(self, module, buckets):
+        """The forward pre-hooks of attach() for `buckets` (a subset of this
+        optimizer's) on the modules of `module` that read their parameters."""
         bucket_of = {}
-        for b in self._buckets:
+        for b in buckets:
             for p in b.params:
                 bucket_of[p] = b
+        this = weakref.ref(self)
         for m in module.modules():
-            mine = sorted({bucket_of[p].index for p in m.parameters(recurse=False)
-                           if p in bucket_of})
+            recurse = isinstance(m, _READS_CHILD_PARAMETERS)
+            mine = {bucket_of[p].index: bucket_of[p] for p in m.parameters(recurse=recurse)
+                    if p in bucket_of}
             if not mine:
                 continue
-            buckets = [self._buckets[i] for i in mine]
+            waited = [mine[i] for i in sorted(mine)]
 
-            def pre_hook(mod, inputs, buckets=buckets):
-                self._wait(buckets)
+            def pre_hook(mod, inputs, waited=waited):
+                opt = this()
+                if opt is not None:
+                    opt._wait(waited)
 
             self._module_hooks.append(m.register_forward_pre_hook(pre_hook))
 
     def synchronize(self):
         """Waits for every gradient fold and update; afterwards the parameters hold
         the updated weights."""
-        if self._handle is None:
-            return
-        _lib.check(_lib.lib().strata_offload_synchronize(self._handle))
+        with self._lock:
+            if self._handle is None:
+                return
+            _lib.check(_lib.lib().strata_offload_synchronize(self._handle))
         self._wait(self._buckets)
 
     def save(self, path):
@@ -572,14 +640,19 @@ class OffloadOptimizer(torch.optim.Optimizer):
         hyper-parameters) to directory `path` in Strata's checkpoint format
         (crash-safe: a temporary directory renamed over `path`), streamed bucket by
         bucket, plus the torch param_groups' hyper-parameters. The model's weights
-        are not included: save them yourself (model.state_dict())."""
+        are not included: save them yourself (model.state_dict()). A param group
+        value JSON cannot hold (a tensor lr, say) is a TypeError naming it, raised
+        before anything is written."""
         self.synchronize()
         path = os.fspath(path)
-        _lib.check(_lib.lib().strata_offload_save(self._live_handle(), os.fsencode(path)))
-        groups = [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]
+        # Serialized first: the C save exchanges the new directory into place, so a
+        # failure after it would leave a state without its param groups.
+        text = self._param_groups_json()
+        with self._lock:
+            _lib.check(_lib.lib().strata_offload_save(self._live_handle(), os.fsencode(path)))
         tmp = os.path.join(path, _PARAM_GROUPS_FILE + ".tmp")
         with open(tmp, "w") as f:
-            json.dump(groups, f)
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, os.path.join(path, _PARAM_GROUPS_FILE))
@@ -587,14 +660,21 @@ class OffloadOptimizer(torch.optim.Optimizer):
     def load(self, path):
         """Restores a state written by save() into an optimizer over the same model
         (same groups, dtypes and parameter sizes; checked before anything changes).
-        The parameters receive the saved master weights (rounded to their dtype)."""
+        The parameters receive the saved master weights (rounded to their dtype).
+        A directory whose param groups file is only a torch_param_groups.json.tmp (a
+        save() that did not finish) is refused with ValueError."""
         self.synchronize()
         path = os.fspath(path)
         groups_file = os.path.join(path, _PARAM_GROUPS_FILE)
         groups = None
         if os.path.exists(groups_file):
             groups = self._read_param_groups(path, groups_file)
-        _lib.check(_lib.lib().strata_offload_load(self._live_handle(), os.fsencode(path)))
+        elif os.path.exists(groups_file + ".tmp"):
+            raise ValueError(f"{self._name()}.load: {path} holds {_PARAM_GROUPS_FILE}.tmp but "
+                             f"no {_PARAM_GROUPS_FILE}: a save() that did not finish (its "
+                             "param groups were not written); nothing was loaded")
+        with self._lock:
+            _lib.check(_lib.lib().strata_offload_load(self._live_handle(), os.fsencode(path)))
         if groups is not None:
             for group, saved in zip(self.param_groups, groups):
                 group.update(self._tuples_as_defaults(saved))
@@ -607,7 +687,9 @@ class OffloadOptimizer(torch.optim.Optimizer):
         nvme_bytes_written, update_seconds, wait_seconds (1 - wait/update is the
         fraction of the update hidden under the caller's work), host_state_bytes."""
         s = _lib.OffloadStats()
-        _lib.check(_lib.lib().strata_offload_get_stats(self._live_handle(), ctypes.byref(s)))
+        with self._lock:
+            _lib.check(_lib.lib().strata_offload_get_stats(self._live_handle(),
+                                                           ctypes.byref(s)))
         return {name: getattr(s, name) for name, _ in _lib.OffloadStats._fields_}
 
     def close(self):
@@ -617,11 +699,16 @@ class OffloadOptimizer(torch.optim.Optimizer):
             h.remove()
         self._hooks = []
         self._module_hooks = []
-        handle = getattr(self, "_handle", None)
-        destroy = getattr(self, "_destroy", None)
-        self._handle = None
-        if handle is not None and destroy is not None:
-            destroy(handle)
+        self._attached = []
+        lock = getattr(self, "_lock", None)
+        if lock is None:  # __init__ failed before making it: no handle either
+            return
+        with lock:
+            handle = getattr(self, "_handle", None)
+            destroy = getattr(self, "_destroy", None)
+            self._handle = None
+            if handle is not None and destroy is not None:
+                destroy(handle)
 
     # -- helpers --------------------------------------------------------------------
 
@@ -695,6 +782,25 @@ class OffloadOptimizer(torch.optim.Optimizer):
         _lib.check(_lib.lib().strata_offload_get_group_step(self._live_handle(), gi,
                                                             ctypes.byref(step)))
         return step.value
+
+    def _param_groups_json(self):
+        """The param groups' hyper-parameters (without 'params') as save() writes
+        them; TypeError naming the first group and key JSON cannot hold."""
+        groups = [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]
+        try:
+            return json.dumps(groups)
+        except (TypeError, ValueError) as e:
+            for gi, group in enumerate(groups):
+                for key, value in group.items():
+                    try:
+                        json.dumps({key: value})
+                    except (TypeError, ValueError) as why:
+                        raise TypeError(
+                            f"{self._name()}.save: param group {gi}'s {_REPR.repr(key)} = "
+                            f"{_REPR.repr(value)} cannot be written as JSON "
+                            f"({_short(str(why))}); nothing was saved") from None
+            raise TypeError(f"{self._name()}.save: the param groups cannot be written as "
+                            f"JSON ({_short(str(e))}); nothing was saved") from None
 
     def _read_param_groups(self, path, groups_file):
         """save()'s torch_param_groups.json, checked before load changes anything: a
@@ -867,6 +973,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
             ctypes.byref(index)))
         b.index = index.value
         self._buckets.append(b)
+        this = weakref.ref(self)  # the node outlives us; a strong self would leak us
         with torch.enable_grad():
             for slot, p in enumerate(params):
                 # The AccumulateGrad node of p; kept alive by the hook handle's
@@ -874,13 +981,20 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 accumulate = p.expand_as(p).grad_fn.next_functions[0][0]
 
                 def hook(*unused, b=b, slot=slot):
-                    self._on_gradient(b, slot)
+                    opt = this()
+                    if opt is not None:
+                        opt._on_gradient(b, slot)
 
                 self._hooks.append(_NodeHook(accumulate, accumulate.register_hook(hook)))
 
     def _on_gradient(self, b, slot):
         """AccumulateGrad post hook: p.grad holds this backward's gradient of
-        b.params[slot]."""
+        b.params[slot]. Runs on the autograd thread of p's device, possibly
+        while another device's thread runs it for another bucket."""
+        with self._lock:
+            self._take_gradient(b, slot)
+
+    def _take_gradient(self, b, slot):
         p = b.params[slot]
         g = p.grad
         if g is None:

@@ -11,13 +11,18 @@ strata runs (a skipped step, a resumed run).
 """
 
 import ctypes
+import gc
 import json
 import math
 import os
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 import unittest
+import weakref
+from unittest import mock
 
 import torch
 
@@ -117,6 +122,52 @@ def train(model, opt, steps, first_step=0, micro_batches=1, clip=None, scheduler
 
 def warmup(opt):
     return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 10))
+
+
+TINY_BUCKET = 20  # elements: tiny_mlp's layers are one bucket each (16 + 4, 8 + 2)
+
+
+def tiny_mlp(seed):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+
+
+def tiny_step(model, opt, step):
+    """One forward, backward and step() of tiny_mlp on a batch fixed by step."""
+    g = torch.Generator().manual_seed(step)
+    x, y = torch.randn(3, 4, generator=g), torch.randn(3, 2, generator=g)
+    (model(x) - y).square().mean().backward()
+    opt.step()
+
+
+class HandleCallProbe:
+    """Stands in for libstrata (strata._lib.lib()): every strata_offload_* call but
+    strata_offload_wait_bucket (which strata.h lets run concurrently) sleeps 10 ms
+    inside, to widen the window, and the most calls in flight at once is kept."""
+
+    def __init__(self, real):
+        self.real = real
+        self.lock = threading.Lock()
+        self.inside = 0
+        self.most = 0
+
+    def __getattr__(self, name):
+        fn = getattr(self.real, name)
+        if not name.startswith("strata_offload_") or name == "strata_offload_wait_bucket":
+            return fn
+
+        def call(*args):
+            with self.lock:
+                self.inside += 1
+                self.most = max(self.most, self.inside)
+            try:
+                time.sleep(0.01)
+                return fn(*args)
+            finally:
+                with self.lock:
+                    self.inside -= 1
+
+        return call
 
 
 class OffloadTestCase(unittest.TestCase):
@@ -271,6 +322,140 @@ class AutoOffloadTest(OffloadTestCase):
     def test_an_unknown_offload_value_names_the_three(self):
         with self.assertRaisesRegex(ValueError, '"cpu", "nvme" or "auto"'):
             st.OffloadAdamW(make_model(), offload="disk")
+
+
+class HooksTest(OffloadTestCase):
+    """The gradient and forward pre-hooks: who they keep alive, what they wait for,
+    and on which threads they may run."""
+
+    def test_a_dropped_optimizer_is_freed_and_a_new_one_on_the_model_trains_as_fresh(self):
+        swap = os.path.join(self.tmp.name, "swap")
+        os.mkdir(swap)
+        model = tiny_mlp(1)
+        opt1 = st.OffloadAdamW(model, lr=1e-2, offload="nvme", nvme_path=swap,
+                               bucket_size=TINY_BUCKET)
+        tiny_step(model, opt1, 0)
+        opt1.synchronize()
+        alive = weakref.ref(opt1)
+        del opt1
+        gc.collect()
+        self.assertIsNone(alive(), "the model's hooks keep a dropped optimizer alive")
+        self.assertEqual(os.listdir(swap), [], "a dropped optimizer's swap files remain")
+        ref = tiny_mlp(2)
+        ref.load_state_dict(model.state_dict())
+        opt2 = st.OffloadAdamW(model, lr=1e-2, bucket_size=TINY_BUCKET)
+        fresh = st.OffloadAdamW(ref, lr=1e-2, bucket_size=TINY_BUCKET)
+        for step in range(1, 4):
+            tiny_step(model, opt2, step)
+            tiny_step(ref, fresh, step)
+        opt2.synchronize()
+        fresh.synchronize()
+        self.assert_params_equal(model, ref, "a second optimizer on the same model")
+
+    def test_a_skipped_step_keeps_the_update_nobody_waited_for_pending(self):
+        model = tiny_mlp(3)
+        opt = st.OffloadAdamW(model, bucket_size=TINY_BUCKET)
+        tiny_step(model, opt, 0)  # attached: step() returns before the update is waited for
+        self.assertEqual([b.pending for b in opt._buckets], [True, True])
+        # A backward that runs no module forward (nothing waits), with an inf gradient.
+        params = list(model.parameters())
+        torch.autograd.backward(params, [torch.full_like(p, math.inf) for p in params])
+        opt.step()
+        self.assertTrue(opt.skipped)
+        self.assertEqual([b.pending for b in opt._buckets], [True, True],
+                         "a skipped step forgot an update nobody waited for (on CUDA: its "
+                         "mirror is never copied to the device)")
+        opt.synchronize()
+        self.assertEqual([b.pending for b in opt._buckets], [False, False])
+
+    def assert_forward_waits_for_every_bucket(self, module, run, bucket_size):
+        """module's parameters split over several buckets; a forward pre-hook
+        registered after the optimizer's sees none of them pending."""
+        opt = st.OffloadAdamW(module, lr=1e-2, bucket_size=bucket_size)
+        self.assertGreater(len(opt._buckets), 1, "the test wants several buckets")
+        seen = []
+        module.register_forward_pre_hook(
+            lambda mod, inputs: seen.append([b.pending for b in opt._buckets]))
+        for _ in range(2):
+            run().square().mean().backward()
+            opt.step()
+        run()
+        self.assertEqual(seen, [[False] * len(opt._buckets)] * 3,
+                         "the forward started while an update of its parameters was running")
+        opt.close()
+
+    def test_modules_that_read_their_childrens_parameters_wait_for_them(self):
+        x = torch.randn(3, 1, 8, generator=torch.Generator().manual_seed(4))
+        torch.manual_seed(4)
+        mha = torch.nn.MultiheadAttention(8, 2)
+        # in_proj_weight (24, 8) and in_proj_bias (24): 216 elements, one bucket;
+        # out_proj, read by F.multi_head_attention_forward without calling it: another.
+        with self.subTest("MultiheadAttention"):
+            self.assert_forward_waits_for_every_bucket(mha, lambda: mha(x, x, x)[0], 216)
+        torch.manual_seed(4)
+        layer = torch.nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.0)
+        with self.subTest("TransformerEncoderLayer"):  # owns no parameter of its own
+            self.assert_forward_waits_for_every_bucket(layer, lambda: layer(x), 216)
+
+    def test_a_param_group_added_later_is_waited_for_by_its_attached_module(self):
+        model = tiny_mlp(5)
+        opt = st.OffloadAdamW(list(model[0].parameters()), module=model,
+                              bucket_size=TINY_BUCKET)
+        opt.add_param_group({"params": list(model[1].parameters()), "lr": 1e-2})
+        self.assertEqual(len(opt._buckets), 2)
+        seen = []
+        model[1].register_forward_pre_hook(
+            lambda mod, inputs: seen.append([b.pending for b in opt._buckets]))
+        tiny_step(model, opt, 0)
+        tiny_step(model, opt, 1)
+        self.assertEqual(seen, [[False, False]] * 2,
+                         "model[1] ran while its group's update was running")
+
+    def run_two_layers(self, threaded):
+        """Two independent layers, one bucket each, trained 2 steps; each step's two
+        backward passes run on two threads at once (as autograd runs a CPU and a CUDA
+        part) or one after the other. Returns the layers' parameters and the most
+        strata_offload calls that ran at once."""
+        torch.manual_seed(6)
+        pair = torch.nn.ModuleList([torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)])
+        opt = st.OffloadAdamW(pair, lr=1e-2, bucket_size=TINY_BUCKET)
+        probe = HandleCallProbe(strata._lib.lib())
+        errors = []
+
+        def backward(loss, barrier):
+            try:
+                barrier.wait()
+                loss.backward()
+            except BaseException as e:  # re-raised on the main thread
+                errors.append(e)
+
+        for step in range(2):
+            x = torch.randn(3, 4, generator=torch.Generator().manual_seed(step))
+            losses = [layer(x).square().sum() for layer in pair]
+            with mock.patch.object(strata._lib, "lib", lambda: probe):
+                if threaded:
+                    barrier = threading.Barrier(len(losses), timeout=60)
+                    threads = [threading.Thread(target=backward, args=(loss, barrier))
+                               for loss in losses]
+                    for t in threads:
+                        t.start()
+                    for t in threads:
+                        t.join()
+                else:
+                    for loss in losses:
+                        loss.backward()
+            if errors:
+                raise errors[0]
+            opt.step()
+        opt.synchronize()
+        return [p.detach().clone() for p in pair.parameters()], probe.most
+
+    def test_gradient_hooks_on_two_threads_never_call_the_handle_at_once(self):
+        params, most = self.run_two_layers(threaded=True)
+        self.assertEqual(most, 1, "two threads called the strata_offload handle at once")
+        ref_params, _ = self.run_two_layers(threaded=False)
+        for p, q in zip(params, ref_params):
+            self.assertTrue(torch.equal(p, q), "two threads trained otherwise than one")
 
 
 class StateTest(OffloadTestCase):
@@ -442,6 +627,47 @@ class StateTest(OffloadTestCase):
         self.assertEqual(other.param_groups[0]["lr"], 3e-3)
         self.assert_params_equal(fresh, model, "loaded")
         other.close()
+
+
+    def test_a_param_group_json_cannot_hold_fails_before_the_save_changes_anything(self):
+        ckpt = os.path.join(self.tmp.name, "ckpt")
+        model = tiny_mlp(7)
+        opt = st.OffloadAdamW(model, lr=1e-2, bucket_size=TINY_BUCKET)
+        tiny_step(model, opt, 0)
+        opt.save(ckpt)
+        opt.synchronize()
+        saved = [p.detach().clone() for p in model.parameters()]
+        tiny_step(model, opt, 1)
+        opt.param_groups[0]["lr"] = torch.tensor(5e-3)
+        with self.assertRaisesRegex(TypeError, r"param group 0's 'lr' = tensor\(0\.0050\) "
+                                    "cannot be written as JSON.*nothing was saved"):
+            opt.save(ckpt)
+        self.assertIn("torch_param_groups.json", os.listdir(ckpt))
+        self.assertNotIn("torch_param_groups.json.tmp", os.listdir(ckpt))
+        fresh = tiny_mlp(8)
+        other = st.OffloadAdamW(fresh, lr=1e-3, bucket_size=TINY_BUCKET)
+        other.load(ckpt)
+        self.assertEqual(other.param_groups[0]["lr"], 1e-2)
+        for p, q in zip(fresh.parameters(), saved):
+            self.assertTrue(torch.equal(p, q), "the earlier save was changed")
+
+    def test_load_refuses_a_save_that_did_not_write_its_param_groups(self):
+        ckpt = os.path.join(self.tmp.name, "ckpt")
+        model = tiny_mlp(9)
+        opt = st.OffloadAdamW(model, lr=1e-2, bucket_size=TINY_BUCKET)
+        tiny_step(model, opt, 0)
+        opt.save(ckpt)
+        groups_file = os.path.join(ckpt, "torch_param_groups.json")
+        os.replace(groups_file, groups_file + ".tmp")  # as a save interrupted before its rename
+        fresh = tiny_mlp(10)
+        before = [p.detach().clone() for p in fresh.parameters()]
+        other = st.OffloadAdamW(fresh, lr=1e-3, bucket_size=TINY_BUCKET)
+        with self.assertRaisesRegex(ValueError, "torch_param_groups.json.tmp but no "
+                                    "torch_param_groups.json: a save\\(\\) that did not finish"):
+            other.load(ckpt)
+        self.assertEqual(other.param_groups[0]["lr"], 1e-3)
+        for p, q in zip(fresh.parameters(), before):
+            self.assertTrue(torch.equal(p, q), "a refused load changed a parameter")
 
 
 def resume_main(tmp, out):
