@@ -33,16 +33,24 @@ constexpr ReadSmallFileOptions OwnFileOptions(uint64_t max_bytes) {
   return {.max_bytes = max_bytes, .follow_symlinks = false, .unusable_code = StatusCode::kDataLoss};
 }
 
-// Checkpoint directories are "step-N"; returns N, or -1 for any other name.
-int64_t StepOfName(std::string_view name) {
-  if (name.substr(0, 5) != "step-" || name.size() == 5 || name.size() > 24) return -1;
+}  // namespace
+
+int64_t CheckpointStepOfName(std::string_view name) {
+  constexpr std::string_view kPrefix = "step-";
+  // More than 18 digits: no int64 step count, and the sum below would overflow.
+  if (!name.starts_with(kPrefix) || name.size() == kPrefix.size() ||
+      name.size() > kPrefix.size() + 18) {
+    return -1;
+  }
   int64_t n = 0;
-  for (char c : name.substr(5)) {
+  for (const char c : name.substr(kPrefix.size())) {
     if (c < '0' || c > '9') return -1;
     n = n * 10 + (c - '0');
   }
   return n;
 }
+
+namespace {
 
 // The optimizer object of a manifest: OptimizerToJson plus the `strata train --optimizer` name.
 json OptimizerManifestJson(const cpu_optim::AnyOptimizer& optimizer) {
@@ -320,7 +328,7 @@ Status CommitCheckpoint(const std::string& save_dir, const std::string& temp_dir
       const std::string n = e.path().filename().string();
       if (n.rfind(".tmp-step-", 0) == 0 || n.rfind(".old-step-", 0) == 0) {
         leftovers.push_back(e.path().string());
-      } else if (const int64_t s = StepOfName(n);
+      } else if (const int64_t s = CheckpointStepOfName(n);
                  s >= 0 && n != name && e.is_directory(ec) && !e.is_symlink(ec)) {
         complete.emplace_back(s, e.path().string());
       }

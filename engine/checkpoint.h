@@ -47,6 +47,10 @@ namespace strata::engine {
 inline constexpr int kCheckpointFormatVersion = 2;
 inline constexpr const char* kManifestFileName = "manifest.json";
 inline constexpr const char* kLatestFileName = "latest";
+
+// N of a checkpoint directory's name "step-N", or -1 for any other name (and for more than 18
+// digits, past any int64 step count).
+int64_t CheckpointStepOfName(std::string_view name);
 // The tensor files: master weights first, the optimizer's sections, the working weights last.
 inline constexpr const char* kMasterFile = "master.safetensors";
 inline constexpr const char* kExpAvgFile = "exp_avg.safetensors";       // AdamW's m

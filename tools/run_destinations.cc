@@ -5,12 +5,15 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <filesystem>
 #include <system_error>
 
 #include "base/dtype.h"
+#include "base/file.h"
 #include "base/units.h"
+#include "engine/checkpoint.h"
 
 namespace strata::tools {
 
@@ -21,6 +24,58 @@ uint64_t FreeBytes(const std::string& dir) {
   struct statvfs vfs {};
   if (::statvfs(dir.c_str(), &vfs) != 0) return 0;
   return static_cast<uint64_t>(vfs.f_bavail) * static_cast<uint64_t>(vfs.f_frsize);
+}
+
+// The step `<save_dir>/latest` names, or -1 when it is missing, unreadable or names no step-N.
+int64_t LatestStep(const std::string& save_dir) {
+  const std::string path = (std::filesystem::path(save_dir) / engine::kLatestFileName).string();
+  StatusOr<std::string> name = ReadSmallFile(path, {.max_bytes = 4096, .follow_symlinks = false});
+  if (!name.ok()) return -1;
+  while (!name->empty() && (name->back() == '\n' || name->back() == ' ')) name->pop_back();
+  return engine::CheckpointStepOfName(*name);
+}
+
+// Refuses a save directory that holds a run (a `latest` file or a step-N entry): a new run would
+// replace its checkpoints of the same steps and its `latest`, and --keep-last would count its
+// later steps as the newest. Leftovers of killed saves (.tmp-step-*, .old-step-*) are no run.
+Status CheckSaveDirHoldsNoRun(const std::string& save_dir) {
+  bool has_latest = false;
+  int64_t newest = -1;
+  int64_t checkpoints = 0;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(save_dir, ec), end; !ec && it != end;
+       it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name == engine::kLatestFileName) {
+      has_latest = true;
+    } else if (const int64_t step = engine::CheckpointStepOfName(name); step >= 0) {
+      newest = std::max(newest, step);
+      ++checkpoints;
+    }
+  }
+  if (ec) {
+    return ErrnoToStatus(ec.value(),
+                         fmt::format("--save-dir '{}': cannot list the directory", save_dir));
+  }
+  if (!has_latest && checkpoints == 0) return Status::Ok();
+  const std::string head = fmt::format("--save-dir '{}' already holds a run", save_dir);
+  if (const int64_t latest = has_latest ? LatestStep(save_dir) : -1; latest >= 0) {
+    return AlreadyExistsError(fmt::format(
+        "{} (latest: step-{}): resume it with --resume latest, or give another --save-dir", head,
+        latest));
+  }
+  if (checkpoints == 0) {
+    return AlreadyExistsError(
+        fmt::format("{} (a '{}' that names no checkpoint): remove it, or give another --save-dir",
+                    head, engine::kLatestFileName));
+  }
+  const std::string older =
+      checkpoints > 1 ? fmt::format(" and {} older", checkpoints - 1) : std::string();
+  return AlreadyExistsError(
+      fmt::format("{} (step-{}{}, no readable '{}'): resume it with --resume {}, or give "
+                  "another --save-dir",
+                  head, newest, older, engine::kLatestFileName,
+                  (std::filesystem::path(save_dir) / fmt::format("step-{}", newest)).string()));
 }
 
 }  // namespace
@@ -82,6 +137,11 @@ Status PrepareRunDestinations(const TrainFlags& flags, const engine::Plan& plan)
   const std::string& save_dir = flags.checkpoint.save_dir;
   if (!save_dir.empty()) {
     STRATA_RETURN_IF_ERROR(MakeWritableDirectory("--save-dir", save_dir, S_IRWXU));
+    // Rank 0 commits every checkpoint and writes `latest`: it decides alone, and the job ends
+    // with its one line (the other ranks end when it aborts the job).
+    if (flags.checkpoint.resume.empty() && plan.rank == 0) {
+      STRATA_RETURN_IF_ERROR(CheckSaveDirHoldsNoRun(save_dir));
+    }
     const uint64_t need = CheckpointBytes(plan);
     const uint64_t free = FreeBytes(save_dir);
     if (free > 0 && free < need) {

@@ -42,7 +42,14 @@ uint64_t CheckpointBytes(const engine::Plan& plan);
 // Everything `flags` (after TrainOptionsFromFlags: {rank} replaced, the outputs of ranks other
 // than 0 cleared) will write to, checked before the engine is created:
 //   --save-dir: MakeWritableDirectory (the directory itself 0700, as the checkpoint writer made
-//     it), and its file system has room for one checkpoint
+//     it); without --resume, on rank 0 (plan.rank: it commits every checkpoint and decides
+//     alone, so that a job ends with its one line), it must hold no run: a `latest` or a step-N
+//     entry is kAlreadyExists, "--save-dir 'DIR' already holds a run (latest: step-N): resume
+//     it with --resume latest, or give another --save-dir" (the newest step-N named for
+//     --resume when `latest` is missing or names none), since the new run would replace its
+//     checkpoints, `latest` and DPO reference; leftovers of killed saves (.tmp-step-*,
+//     .old-step-*) and other files are no run (a directory it cannot list: ErrnoToStatus,
+//     "cannot list the directory"); and its file system has room for one checkpoint
 //     (CheckpointBytes; kResourceExhausted naming both sizes otherwise);
 //   --nvme-path (each; "." when none is given), when the plan keeps anything on NVMe:
 //     MakeWritableDirectory;

@@ -28,6 +28,25 @@ std::string ReadFile(const fs::path& p) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
+// The step-N directory of `save_dir` with the highest N, or "" when there is none.
+std::string NewestCheckpoint(const fs::path& save_dir) {
+  std::string newest;
+  int64_t newest_step = -1;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(save_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("step-", 0) != 0 || name.size() == 5 ||
+        name.find_first_not_of("0123456789", 5) != std::string::npos) {
+      continue;
+    }
+    if (const int64_t step = std::stoll(name.substr(5)); step > newest_step) {
+      newest_step = step;
+      newest = e.path().string();
+    }
+  }
+  return newest;
+}
+
 struct Proc {
   pid_t pid = -1;
 };
@@ -353,9 +372,13 @@ TEST_F(CheckpointCliTest, SigkillAtRandomMomentsAlwaysLeavesALoadableLatest) {
         Tiny() + std::vector<std::string>{"--steps",      "1000000", "--save-dir",  save,
                                           "--save-every", "1",       "--keep-last", "2"};
     // From the second run on, continue from the last checkpoint: a resume that fails would exit
-    // at once with code 1 instead of being killed.
-    if (fs::exists(fs::path(save) / "latest"))
+    // at once with code 1 instead of being killed. A kill between a step-N's rename and `latest`
+    // leaves step-N alone: a run too (a new one is refused there), resumed by its directory.
+    if (fs::exists(fs::path(save) / "latest")) {
       args = args + std::vector<std::string>{"--resume", "latest"};
+    } else if (const std::string newest = NewestCheckpoint(save); !newest.empty()) {
+      args = args + std::vector<std::string>{"--resume", newest};
+    }
     Proc p = Spawn(args, dir_ / "run.txt");
     ASSERT_GT(p.pid, 0);
     std::this_thread::sleep_for(std::chrono::microseconds(300000 + rng() % 1200000));

@@ -1,12 +1,15 @@
 // `strata train` with destinations it cannot write (issue 48): each fails at start, in under a
 // second, with one line naming its flag, before step 1; a save directory and an NVMe path under
 // missing parents are created (as `mkdir -p`) and the run completes. Paths under a regular file
-// stand for unwritable ones (permission bits do not stop root, which CI runs as).
+// stand for unwritable ones (permission bits do not stop root, which CI runs as). A save
+// directory that holds an earlier run is refused unless the run resumes, and left as it was.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 
 #include "run_strata.h"
@@ -14,6 +17,7 @@
 namespace {
 
 namespace fs = std::filesystem;
+using strata::cli_test::Lines;
 using strata::cli_test::Result;
 using strata::cli_test::RunStrata;
 
@@ -26,10 +30,12 @@ class RunDestinationsCliTest : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
   std::string Path(const std::string& name) const { return (dir_ / name).string(); }
-  // Two steps of the tiny model, a progress line every step, swap files in the scratch directory.
-  std::string Tiny() const {
+  // Two steps (or `steps`) of the tiny model, a progress line every step, swap files in the
+  // scratch directory.
+  std::string Tiny(int steps = 2) const {
     return std::string("train --device host --data ") + STRATA_DATA +
-           " --model tiny --seq-len 16 --steps 2 --log-every 1 --eval-batches 1 --sample-bytes 0 ";
+           " --model tiny --seq-len 16 --steps " + std::to_string(steps) +
+           " --log-every 1 --eval-batches 1 --sample-bytes 0 ";
   }
   // Runs a train that must fail at start: a non-zero exit, `expected` in the error line, no
   // step started (the progress line of step 1 is absent).
@@ -42,12 +48,72 @@ class RunDestinationsCliTest : public ::testing::Test {
   fs::path dir_;
 };
 
+std::string ReadFile(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// What a second run must leave as it was: `latest`, the checkpoint's manifest and master weights
+// (bytes), and the checkpoint directory itself (its inode: not exchanged for a new one).
+struct SavedRun {
+  std::string latest, manifest, master;
+  ino_t step_inode = 0;
+  bool operator==(const SavedRun&) const = default;
+};
+SavedRun ReadSavedRun(const fs::path& save, const std::string& step) {
+  SavedRun s{ReadFile(save / "latest"), ReadFile(save / step / "manifest.json"),
+             ReadFile(save / step / "master.safetensors")};
+  struct stat st {};
+  if (::stat((save / step).c_str(), &st) == 0) s.step_inode = st.st_ino;
+  return s;
+}
+
 TEST_F(RunDestinationsCliTest, SaveDirUnderMissingParentsIsCreatedAndGetsTheCheckpoint) {
   const Result r =
       RunStrata(Tiny() + "--nvme-path " + dir_.string() + " --save-dir " + Path("runs/deep/a"));
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_TRUE(fs::exists(Path("runs/deep/a/latest")));
   EXPECT_TRUE(fs::is_directory(Path("runs/deep/a/step-2")));
+}
+
+// The fault this guards against: a second run into the same --save-dir replaced step-2 and
+// `latest` of the first, which could then no longer be resumed.
+TEST_F(RunDestinationsCliTest, ASaveDirHoldingARunIsRefusedWithoutResumeAndKeptAsItWas) {
+  const std::string save = Path("runs/a");
+  const std::string flags = std::string("--nvme-path ") + dir_.string() + " --save-dir " + save;
+  Result r = RunStrata(Tiny() + flags);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const SavedRun before = ReadSavedRun(save, "step-2");
+  ASSERT_EQ(before.latest, "step-2\n");
+  ASSERT_FALSE(before.master.empty());
+  // Another seed: a run that did write would write other bytes.
+  r = RunStrata(Tiny() + flags + " --seed 9 --save-every 1 --keep-last 1");
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_EQ(Lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find(std::string("--save-dir '") + save +
+                       "' already holds a run (latest: step-2): resume it "
+                       "with --resume latest, or give another --save-dir"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.out.find("| loss"), std::string::npos) << "a step ran:\n" << r.out;
+  EXPECT_TRUE(ReadSavedRun(save, "step-2") == before);
+  EXPECT_FALSE(fs::exists(Path("runs/a/step-1")));
+  // Resuming it is what the line says, and it runs.
+  r = RunStrata(Tiny(3) + flags + " --resume latest");
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(ReadFile(Path("runs/a/latest")), "step-3\n");
+}
+
+// Leftovers of saves that were killed (.tmp-step-*, .old-step-*) alone are no run.
+TEST_F(RunDestinationsCliTest, LeftoversOfKilledSavesAloneAreNotARun) {
+  fs::create_directories(Path("runs/b/.tmp-step-4-Xa1b2c"));
+  std::ofstream(Path("runs/b/.tmp-step-4-Xa1b2c/master.safetensors")) << "partial";
+  fs::create_directories(Path("runs/b/.old-step-2-Yd3e4f"));
+  const Result r =
+      RunStrata(Tiny() + "--nvme-path " + dir_.string() + " --save-dir " + Path("runs/b"));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(ReadFile(Path("runs/b/latest")), "step-2\n");
+  EXPECT_TRUE(fs::is_directory(Path("runs/b/step-2")));
 }
 
 TEST_F(RunDestinationsCliTest, NvmePathUnderMissingParentsIsCreated) {

@@ -1,7 +1,8 @@
 // tools/run_destinations.h on a scratch directory: directories made with their parents, paths
 // that cannot be written refused with their flag, the checkpoint's room checked, NVMe paths made
-// only when the plan keeps something there. (Paths under a regular file stand for unwritable
-// ones: permission bits do not stop root, which CI runs as.)
+// only when the plan keeps something there, a save directory that holds an earlier run refused
+// unless the run resumes. (Paths under a regular file stand for unwritable ones: permission bits
+// do not stop root, which CI runs as.)
 #include "tools/run_destinations.h"
 
 #include <gtest/gtest.h>
@@ -10,6 +11,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
+#include <iterator>
 #include <string>
 
 namespace strata::tools {
@@ -133,6 +136,91 @@ TEST_F(RunDestinationsTest, TheFirstBadOutputFileIsNamedByItsFlag) {
       << s.message();
   flags.trace = Path("trace.json");
   EXPECT_TRUE(PrepareRunDestinations(flags, PlanOf(1000, 8000, 0)).ok());
+}
+
+// A save directory as a run leaves it: `latest` when given, a step-N directory per step.
+void MakeRun(const std::string& dir, std::initializer_list<int> steps, const char* latest) {
+  fs::create_directories(dir);
+  for (int step : steps) {
+    fs::create_directories(dir + "/step-" + std::to_string(step));
+    std::ofstream(dir + "/step-" + std::to_string(step) + "/manifest.json") << "{}";
+  }
+  if (latest != nullptr) std::ofstream(dir + "/latest") << latest;
+}
+
+TEST_F(RunDestinationsTest, ASaveDirHoldingARunIsRefusedNamingItsLatestUnlessTheRunResumes) {
+  TrainFlags flags;
+  flags.checkpoint.save_dir = Path("runs/a");
+  MakeRun(flags.checkpoint.save_dir, {100, 1000, 200}, "step-1000\n");
+  const Status s = PrepareRunDestinations(flags, PlanOf(1000, 8000, 0));
+  EXPECT_EQ(s.code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(s.message(), std::string("--save-dir '") + Path("runs/a") +
+                             "' already holds a run (latest: step-1000): resume it with --resume "
+                             "latest, or give another --save-dir");
+  // Refused before anything is written: the directory is as it was.
+  EXPECT_EQ(std::distance(fs::directory_iterator(Path("runs/a")), fs::directory_iterator()), 4);
+  flags.checkpoint.resume = "latest";
+  EXPECT_TRUE(PrepareRunDestinations(flags, PlanOf(1000, 8000, 0)).ok());
+  flags.checkpoint.resume = Path("runs/a/step-100");
+  EXPECT_TRUE(PrepareRunDestinations(flags, PlanOf(1000, 8000, 0)).ok());
+}
+
+TEST_F(RunDestinationsTest, StepDirectoriesWithoutAReadableLatestAreARunResumedFromTheNewest) {
+  TrainFlags flags;
+  flags.checkpoint.save_dir = Path("runs/b");
+  MakeRun(flags.checkpoint.save_dir, {3, 12, 7}, nullptr);
+  Status s = PrepareRunDestinations(flags, PlanOf(1000, 8000, 0));
+  EXPECT_EQ(s.code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(s.message(), std::string("--save-dir '") + Path("runs/b") +
+                             "' already holds a run (step-12 and 2 older, no readable 'latest'): "
+                             "resume it with --resume " +
+                             Path("runs/b/step-12") + ", or give another --save-dir");
+  // A `latest` that names no checkpoint is not read as one.
+  std::ofstream(Path("runs/b/latest")) << "../elsewhere\n";
+  s = PrepareRunDestinations(flags, PlanOf(1000, 8000, 0));
+  EXPECT_NE(s.message().find("(step-12 and 2 older, no readable 'latest')"), std::string::npos)
+      << s.message();
+  // A `latest` alone (its checkpoints removed by hand) is still another run's.
+  fs::remove_all(Path("runs/b"));
+  MakeRun(Path("runs/b"), {}, "step-5\n");
+  s = PrepareRunDestinations(flags, PlanOf(1000, 8000, 0));
+  EXPECT_EQ(s.code(), StatusCode::kAlreadyExists);
+  EXPECT_NE(s.message().find("already holds a run (latest: step-5)"), std::string::npos)
+      << s.message();
+  std::ofstream(Path("runs/b/latest")) << "junk";
+  s = PrepareRunDestinations(flags, PlanOf(1000, 8000, 0));
+  EXPECT_EQ(s.code(), StatusCode::kAlreadyExists);
+  EXPECT_NE(s.message().find("already holds a run (a 'latest' that names no checkpoint): remove "
+                             "it, or give another --save-dir"),
+            std::string::npos)
+      << s.message();
+}
+
+TEST_F(RunDestinationsTest, LeftoversOfKilledSavesAndOtherFilesAreNotARun) {
+  TrainFlags flags;
+  flags.checkpoint.save_dir = Path("runs/c");
+  MakeRun(flags.checkpoint.save_dir, {}, nullptr);
+  for (const char* leftover : {".tmp-step-4-abc123", ".old-step-2-def456"}) {
+    fs::create_directories(Path("runs/c/") + leftover);
+  }
+  std::ofstream(Path("runs/c/reference-logps.json")) << "{}";
+  std::ofstream(Path("runs/c/latest.tmp")) << "step-4\n";
+  fs::create_directories(Path("runs/c/step-x"));
+  fs::create_directories(Path("runs/c/steps-4"));
+  EXPECT_TRUE(PrepareRunDestinations(flags, PlanOf(1000, 8000, 0)).ok());
+}
+
+// Rank 0 commits every checkpoint of a data-parallel run, and decides alone, so that a job ends
+// with its one line; the other ranks end when it aborts the job.
+TEST_F(RunDestinationsTest, OnlyRankZeroRefusesASaveDirHoldingARun) {
+  TrainFlags flags;
+  flags.checkpoint.save_dir = Path("runs/d");
+  MakeRun(flags.checkpoint.save_dir, {2}, "step-2\n");
+  engine::Plan plan = PlanOf(1000, 8000, 0);
+  plan.ranks = 2;
+  EXPECT_EQ(PrepareRunDestinations(flags, plan).code(), StatusCode::kAlreadyExists);
+  plan.rank = 1;
+  EXPECT_TRUE(PrepareRunDestinations(flags, plan).ok());
 }
 
 }  // namespace
