@@ -1,6 +1,7 @@
 #include "tools/checkpoint_commands.h"
 
 #include <fmt/format.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -13,6 +14,7 @@
 #include <sstream>
 
 #include "base/dtype.h"
+#include "base/file.h"
 #include "base/units.h"
 #include "engine/checkpoint.h"
 #include "formats/safetensors.h"
@@ -442,6 +444,12 @@ Status RunExport(const ExportFlags& f) {
   if (!f.hf_dir.empty() || !f.lora_dir.empty()) return ExportHfDirectory(f);
   STRATA_ASSIGN_OR_RETURN(DType dtype, ParseDType(f.dtype));
   if (dtype == DType::kF16) return InvalidArgumentError("--dtype must be bf16 or fp32");
+  // Refused now, not after the whole model is written (the link at the end refuses it too).
+  if (struct stat st; ::lstat(f.out.c_str(), &st) == 0) {
+    return AlreadyExistsError(
+        fmt::format("--safetensors '{}' exists ({}): export never replaces a file, give a new path",
+                    f.out, FileTypeName(st.st_mode)));
+  }
   STRATA_ASSIGN_OR_RETURN(std::string dir, engine::ResolveCheckpointDir(f.checkpoint));
   STRATA_ASSIGN_OR_RETURN(engine::Manifest m, engine::ReadManifest(dir));
   STRATA_RETURN_IF_ERROR(engine::VerifyCheckpointFiles(dir, m));
@@ -456,7 +464,8 @@ Status RunExport(const ExportFlags& f) {
     if (t.transpose) std::swap(dims[0], dims[1]);
     specs.push_back({t.name, dtype, dims});
   }
-  const std::string tmp = f.out + ".tmp";
+  // A name of this process's own: a leftover of a killed export blocks no later one.
+  const std::string tmp = fmt::format("{}.tmp-{}", f.out, ::getpid());
   STRATA_ASSIGN_OR_RETURN(
       auto writer,
       formats::SafetensorsWriter::Create(
@@ -470,6 +479,10 @@ Status RunExport(const ExportFlags& f) {
     status = ErrnoToStatus(errno, fmt::format("creating '{}'", f.out));
   }
   ::unlink(tmp.c_str());
+  if (status.ok()) {  // the new name, durable
+    const std::string parent = std::filesystem::path(f.out).parent_path().string();
+    status = FsyncDirectory(parent.empty() ? "." : parent);
+  }
   if (!status.ok()) return status;
   std::printf("exported %zu tensors (%s) from %s to %s\n", out.size(),
               std::string(DTypeName(dtype)).c_str(), dir.c_str(), f.out.c_str());

@@ -236,10 +236,20 @@ TEST_F(CheckpointCliTest, ExportWritesGpt2NamesThatPythonCanLoad) {
   ASSERT_EQ(r.code, 0) << r.out;
   for (const char* dtype : {"fp32", "bf16"}) {
     const std::string out = (dir_ / (std::string(dtype) + ".safetensors")).string();
+    // A leftover of a killed export (the old fixed temporary name) blocks nothing.
+    std::ofstream(out + ".tmp") << "partial";
     r = Run({"export", "--checkpoint", save, "--safetensors", out, "--dtype", dtype});
     ASSERT_EQ(r.code, 0) << r.out;
-    // Exporting onto an existing file is refused.
-    EXPECT_EQ(Run({"export", "--checkpoint", save, "--safetensors", out}).code, 1);
+    fs::remove(out + ".tmp");
+    // Exporting onto an existing file is refused at once, naming it, and leaves nothing.
+    const auto before = fs::last_write_time(out);
+    r = Run({"export", "--checkpoint", save, "--safetensors", out});
+    EXPECT_EQ(r.code, 1);
+    EXPECT_NE(r.out.find("--safetensors '" + out + "' exists"), std::string::npos) << r.out;
+    EXPECT_EQ(fs::last_write_time(out), before);
+    for (const auto& e : fs::directory_iterator(dir_)) {
+      EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
+    }
     // An independent reader: Python's standard library parses the header and checks names,
     // shapes, offsets, and that ln weights are 1-ish and lm_head is the transpose of the
     // checkpoint's (C, V) head matrix.
