@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <boost/crc.hpp>
 #include <cerrno>
@@ -13,6 +14,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "base/logging.h"
 #include "tools/tensorboard_event.pb.h"
 
 namespace strata::tools {
@@ -27,6 +29,41 @@ constexpr const char* kFileVersion = "brain.Event:2";
 // errno after a failed stdio call; EIO when the library left it unset.
 Status StdioError(std::string_view context) {
   return ErrnoToStatus(errno != 0 ? errno : EIO, context);
+}
+
+// A log opened for appending and reading ("a+b": a resumed run's) ends with a whole line: a partial
+// last line (a full disk or a kill mid-write) is cut back to the last newline, with a warning, so
+// the appended lines stay parseable. `what`: "--metrics-jsonl 'PATH'", for the messages.
+Status CutPartialLastLine(std::FILE* file, const std::string& what) {
+  const int fd = ::fileno(file);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return ErrnoToStatus(errno, fmt::format("{}: stat", what));
+  off_t end = st.st_size;
+  char last = '\n';
+  if (end == 0) return Status::Ok();
+  if (::pread(fd, &last, 1, end - 1) != 1) {
+    return ErrnoToStatus(errno != 0 ? errno : EIO, fmt::format("{}: read", what));
+  }
+  if (last == '\n') return Status::Ok();
+  std::array<char, 4096> chunk;
+  off_t keep = 0;  // bytes up to and including the last newline
+  for (off_t pos = end; pos > 0 && keep == 0;) {
+    const off_t from = std::max<off_t>(0, pos - static_cast<off_t>(chunk.size()));
+    const ssize_t n = ::pread(fd, chunk.data(), static_cast<size_t>(pos - from), from);
+    if (n != pos - from)
+      return ErrnoToStatus(errno != 0 ? errno : EIO, fmt::format("{}: read", what));
+    for (ssize_t i = n - 1; i >= 0; --i) {
+      if (chunk[i] == '\n') {
+        keep = from + i + 1;
+        break;
+      }
+    }
+    pos = from;
+  }
+  if (::ftruncate(fd, keep) != 0) return ErrnoToStatus(errno, fmt::format("{}: truncate", what));
+  STRATA_LOG_WARNING("{}: cut a partial last line ({} bytes) left by an earlier run", what,
+                     end - keep);
+  return Status::Ok();
 }
 
 void AppendLittleEndian(uint64_t value, int num_bytes, std::string* out) {
@@ -113,11 +150,13 @@ StatusOr<std::unique_ptr<MetricsWriter>> MetricsWriter::Create(const MetricsOpti
     }
   }
   if (!options.jsonl_path.empty()) {
-    w->jsonl_.reset(std::fopen(options.jsonl_path.c_str(), "ab"));
+    w->jsonl_.reset(std::fopen(options.jsonl_path.c_str(), "a+b"));
     if (!w->jsonl_) {
       return StdioError(
           fmt::format("--metrics-jsonl '{}': cannot open for appending", options.jsonl_path));
     }
+    STRATA_RETURN_IF_ERROR(CutPartialLastLine(
+        w->jsonl_.get(), fmt::format("--metrics-jsonl '{}'", options.jsonl_path)));
   }
   if (!options.csv_dir.empty()) {
     STRATA_RETURN_IF_ERROR(MakeDirectory("--metrics-csv-dir", options.csv_dir));
@@ -145,8 +184,10 @@ Status MetricsWriter::WriteCsv(int64_t step, const Scalar& scalar) {
   const std::string path =
       (std::filesystem::path(options_.csv_dir) / CsvFileName(scalar.tag)).string();
   if (it == csv_files_.end()) {
-    File file(std::fopen(path.c_str(), "ab"));
+    File file(std::fopen(path.c_str(), "a+b"));  // read too: CutPartialLastLine
     if (!file) return StdioError(fmt::format("--metrics-csv-dir: cannot open '{}'", path));
+    STRATA_RETURN_IF_ERROR(
+        CutPartialLastLine(file.get(), fmt::format("--metrics-csv-dir: '{}'", path)));
     struct stat st {};
     if (::fstat(::fileno(file.get()), &st) != 0) {
       return StdioError(fmt::format("--metrics-csv-dir: stat '{}'", path));

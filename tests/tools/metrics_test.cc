@@ -293,6 +293,31 @@ TEST_F(MetricsFiles, ASecondRunAppendsToJsonLinesAndCsvWithoutASecondHeader) {
   EXPECT_EQ(ReadRecords(ReadFile((*w)->event_file())).size(), 2u);
 }
 
+// A run killed (or out of disk) mid-line leaves a partial last line; the resumed run's lines
+// must not be glued onto it. Cut back to the last whole line, the CSV header kept.
+TEST_F(MetricsFiles, AResumedRunCutsAPartialLastLineBeforeAppending) {
+  const Scalar first{"train/loss", 3.0}, second{"train/loss", 2.0};
+  {
+    auto w = MetricsWriter::Create(Options());
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    ASSERT_TRUE((*w)->Record(1, 1.7e9, std::span(&first, 1)).ok());
+  }
+  const fs::path csv = dir_ / "csv" / "job" / "train_loss.csv";
+  std::ofstream(dir_ / "metrics.jsonl", std::ios::app) << "{\"step\": 2, \"train/lo";
+  std::ofstream(csv, std::ios::app) << "2,2.5";
+  MetricsOptions o = Options();
+  o.pid = 4243;
+  auto w = MetricsWriter::Create(o);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  ASSERT_TRUE((*w)->Record(2, 1.7e9, std::span(&second, 1)).ok());
+  EXPECT_EQ(ReadFile(csv), "step,train/loss\n1,3\n2,2\n");
+  const std::vector<std::string> lines = Lines(ReadFile(dir_ / "metrics.jsonl"));
+  ASSERT_EQ(lines.size(), 2u);
+  for (const std::string& line : lines) {
+    EXPECT_FALSE(nlohmann::json::parse(line, nullptr, false).is_discarded()) << line;
+  }
+}
+
 TEST_F(MetricsFiles, AnExistingEventFileIsNeverReplaced) {
   auto first = MetricsWriter::Create(Options());
   ASSERT_TRUE(first.ok()) << first.status().ToString();
