@@ -97,6 +97,29 @@ def _kind_name(want):
     return "null, a bool, a number, a string or a list of numbers"
 
 
+# Param group keys torch's LR schedulers read as numbers (LRScheduler, OneCycleLR,
+# CyclicLR): checked as strictly as the optimizer's own hyper-parameters.
+_SCHEDULER_KEYS = frozenset(("initial_lr", "max_lr", "min_lr", "base_momentum",
+                             "max_momentum"))
+
+
+def _json_kind(value):
+    """The JSON kind of a param group value: 'a list' for lists and tuples, ..."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a bool"
+    if _is_number(value):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
 def _short(text, limit=80):
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
@@ -806,8 +829,11 @@ class OffloadOptimizer(torch.optim.Optimizer):
         """save()'s torch_param_groups.json, checked before load changes anything: a
         list of one object per param group whose values have the kinds this
         optimizer's groups hold (a number where a number is, a bool where a bool is,
-        a list of as many numbers where a tuple is). A damaged or hand-edited file
-        raises ValueError naming it, the group and the key."""
+        a list of as many numbers where a tuple is) for the keys the optimizer or an
+        LR scheduler reads (its defaults, _SCHEDULER_KEYS); any other key (torch's
+        param_names, a user's tags) is restored as saved when it is of the live
+        group's JSON kind, or the live group lacks it or holds None. A damaged or
+        hand-edited file raises ValueError naming it, the group and the key."""
         where = f"{self._name()}.load: {groups_file}"
         try:
             with open(groups_file, "rb") as f:
@@ -823,10 +849,17 @@ class OffloadOptimizer(torch.optim.Optimizer):
         for gi, (live, saved) in enumerate(zip(self.param_groups, groups)):
             for key, value in saved.items():
                 want = live.get(key, self.defaults.get(key))
-                if key == "params" or not _same_kind(value, want):
+                if key == "params":
+                    kind, ok = _kind_name(want), False
+                elif key in self.defaults or key in _SCHEDULER_KEYS:
+                    kind, ok = _kind_name(want), _same_kind(value, want)
+                else:
+                    kind = _json_kind(want)
+                    ok = want is None or _json_kind(value) == kind
+                if not ok:
                     raise ValueError(
                         f"{where}: param group {gi}'s {_REPR.repr(key)} = "
-                        f"{_REPR.repr(value)} is not {_kind_name(want)}")
+                        f"{_REPR.repr(value)} is not {kind}")
         return groups
 
     def _tuples_as_defaults(self, group):

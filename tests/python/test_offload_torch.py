@@ -629,6 +629,37 @@ class StateTest(OffloadTestCase):
         other.close()
 
 
+    def test_param_group_keys_the_optimizer_does_not_read_round_trip(self):
+        # torch adds param_names to groups built from named parameters; users add their own.
+        ckpt = os.path.join(self.tmp.name, "ckpt")
+        model = make_model(7)
+        opt = st.OffloadAdamW(model, lr=3e-3, betas=(0.9, 0.95), bucket_size=5000)
+        train(model, opt, 2)
+        opt.param_groups[0]["param_names"] = ["0.weight", "0.bias"]
+        opt.param_groups[0]["tags"] = {"stage": "warmup"}
+        opt.save(ckpt)
+        other = st.OffloadAdamW(make_model(8), lr=1e-3, betas=(0.9, 0.95), bucket_size=5000)
+        other.load(ckpt)
+        self.assertEqual(other.param_groups[0]["param_names"], ["0.weight", "0.bias"])
+        self.assertEqual(other.param_groups[0]["tags"], {"stage": "warmup"})
+        self.assertEqual(other.param_groups[0]["lr"], 3e-3)
+        self.assertEqual(other.param_groups[0]["betas"], (0.9, 0.95))
+        # Against a live group holding the key, the saved value must be of its kind.
+        other.param_groups[0]["tags"] = {"stage": "other"}
+        groups_file = os.path.join(ckpt, "torch_param_groups.json")
+        with open(groups_file) as f:
+            groups = json.load(f)
+        groups[0]["tags"] = 3
+        with open(groups_file, "w") as f:
+            json.dump(groups, f)
+        with self.assertRaises(ValueError) as raised:
+            other.load(ckpt)
+        self.assertIn(groups_file, str(raised.exception))
+        self.assertIn("param group 0's 'tags' = 3 is not an object", str(raised.exception))
+        self.assertEqual(other.param_groups[0]["tags"], {"stage": "other"})
+        other.close()
+        opt.close()
+
     def test_a_param_group_json_cannot_hold_fails_before_the_save_changes_anything(self):
         ckpt = os.path.join(self.tmp.name, "ckpt")
         model = tiny_mlp(7)
