@@ -480,6 +480,16 @@ strata_status strata_offload_wait_grads(strata_offload* offload) {
   });
 }
 
+strata_status strata_offload_discard_grads(strata_offload* offload) {
+  using namespace strata;
+  using namespace strata::capi;
+  constexpr const char* kCall = "strata_offload_discard_grads";
+  return Guard([&]() -> Status {
+    if (offload == nullptr) return NullHandle(kCall);
+    return offload->optimizer->DiscardGradients().WithContext(kCall);
+  });
+}
+
 strata_status strata_offload_step(strata_offload* offload,
                                   const strata_offload_step_options* options,
                                   strata_offload_step_result* result) {

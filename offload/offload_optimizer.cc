@@ -221,6 +221,7 @@ class OffloadOptimizer::Impl {
   Status SubmitGradient(int bucket, int segment, const void* grad, DType dtype, int64_t n,
                         std::function<Status()> ready);
   Status WaitGradients();
+  Status DiscardGradients();
 
   // --- step ---
   Status Step(const OffloadStepOptions& options, OffloadStepResult* result);
@@ -774,6 +775,19 @@ Status OffloadOptimizer::Impl::WaitGradients() {
   STRATA_RETURN_IF_ERROR(CheckUsable());
   if (!folder_) return Status::Ok();
   return Fail(folder_->Drain());
+}
+
+Status OffloadOptimizer::Impl::DiscardGradients() {
+  STRATA_RETURN_IF_ERROR(CheckUsable());
+  if (!frozen_) return Status::Ok();  // no gradient or staging buffer yet
+  // A queued fold still writes the accumulator and returns its staging buffer: let it finish,
+  // then forget what it folded (received 0: the next fold overwrites).
+  STRATA_RETURN_IF_ERROR(Fail(folder_->Drain()));
+  for (Bucket& k : buckets_) std::fill(k.received.begin(), k.received.end(), 0);
+  std::lock_guard lock(staging_mu_);
+  std::replace(staging_state_.begin(), staging_state_.end(), Staging::kHeld, Staging::kFree);
+  staging_cv_.notify_all();
+  return Status::Ok();
 }
 
 Status OffloadOptimizer::Impl::Step(const OffloadStepOptions& options, OffloadStepResult* result) {
@@ -1378,6 +1392,7 @@ Status OffloadOptimizer::SubmitGradient(int bucket, int segment, const void* gra
   return impl_->SubmitGradient(bucket, segment, grad, dtype, num_elems, std::move(ready));
 }
 Status OffloadOptimizer::WaitGradients() { return impl_->WaitGradients(); }
+Status OffloadOptimizer::DiscardGradients() { return impl_->DiscardGradients(); }
 Status OffloadOptimizer::Step(const OffloadStepOptions& options, OffloadStepResult* result) {
   return impl_->Step(options, result);
 }

@@ -235,6 +235,15 @@ class OffloadOptimizer {
   // Waits until every gradient submitted so far is folded; the fold error, if any.
   Status WaitGradients();
 
+  // Drops every gradient since the last Step (torch's zero_grad between backward and step, or
+  // after a backward that failed halfway): waits for the folds in flight, sets every segment's
+  // gradient count to 0 (the next gradient overwrites the accumulator) and returns the staging
+  // buffers acquired and not submitted to the pool (the caller must not touch them again).
+  // Master weights, state and step counts do not change; an update in flight goes on. Errors:
+  // a fold's error (sticky, as every error of the asynchronous work); kFailedPrecondition after
+  // an earlier error.
+  Status DiscardGradients();
+
   // --- Step and write-back ------------------------------------------------------------------
 
   // Starts the update of every bucket (see the top of this file) and returns once it is queued;

@@ -707,6 +707,15 @@ STRATA_API strata_status strata_offload_submit_grad(strata_offload* offload, int
 /* Waits until every submitted gradient is folded. */
 STRATA_API strata_status strata_offload_wait_grads(strata_offload* offload);
 
+/* Drops every gradient submitted since the last step (since 0.4; torch's zero_grad
+ * between backward and step, or after a backward that raised halfway): waits for
+ * the folds in flight, then the next gradient of each segment starts a new
+ * accumulation, and the staging buffers acquired and not submitted return to the
+ * pool (the caller must not use them again). Master weights, state and step counts
+ * do not change; an update in flight goes on. Errors: a fold's error (sticky);
+ * FAILED_PRECONDITION after an earlier error. */
+STRATA_API strata_status strata_offload_discard_grads(strata_offload* offload);
+
 typedef struct strata_offload_step_options {
   size_t struct_size;   /* = sizeof(strata_offload_step_options); checked */
   double max_grad_norm; /* clip to this global L2 norm as torch's clip_grad_norm_;

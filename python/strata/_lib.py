@@ -307,6 +307,7 @@ def _declare(lib):
         "strata_offload_submit_grad": (
             c_int, [c_void_p, c_int, c_int, c_void_p, c_int, c_int64, c_void_p]),
         "strata_offload_wait_grads": (c_int, [c_void_p]),
+        "strata_offload_discard_grads": (c_int, [c_void_p]),
         "strata_offload_step_options_init": (None, [ctypes.POINTER(OffloadStepOptions)]),
         "strata_offload_step": (
             c_int, [c_void_p, ctypes.POINTER(OffloadStepOptions),

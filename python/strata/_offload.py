@@ -131,6 +131,9 @@ _REPR.maxother = 60
 _REPR.maxlevel = 3
 
 
+_FLOAT_P = ctypes.POINTER(ctypes.c_float)
+
+
 class _Bucket:
     """Consecutive parameters of one param group, dtype and device: the unit of
     gradient hand-off and update (a strata_offload bucket)."""
@@ -160,6 +163,28 @@ class _Bucket:
         self.events = []  # CUDA events of this step's gradient copies, kept alive
         self.micro_batches = 0  # whole-bucket gradients submitted since the last step
         self.pending = False  # an update whose write-back nobody waited for yet
+        # Each parameter's torch version counter when Strata's masters last matched it: an
+        # in-place change since (model.load_state_dict, torch.nn.init, p.copy_ under no_grad)
+        # is read into the masters before the next update (OffloadOptimizer._refresh_masters).
+        self.versions = [p._version for p in params]
+
+    def forget_gradients(self):
+        """This step's gradient bookkeeping back to none (after
+        strata_offload_discard_grads)."""
+        self.staging = None
+        self.staging_ptr = None
+        self.arrived = [False] * len(self.params)
+        self.count = 0
+        self.events = []
+        self.micro_batches = 0
+
+    def first_missing(self):
+        """The name of the first parameter of this bucket still without this
+        backward's gradient (the first one when none arrived)."""
+        for name, done in zip(self.names, self.arrived):
+            if not done:
+                return name
+        return self.names[0]
 
     @property
     def is_cuda(self):
@@ -199,13 +224,27 @@ class OffloadOptimizer(torch.optim.Optimizer):
     waited for. Parameters with requires_grad=False (or no elements) when the
     optimizer is made are left out: no state, never updated.
 
-    Every trainable parameter must receive a gradient in every backward pass
-    (freeze an unused one with requires_grad_(False) before making the optimizer):
-    a bucket left incomplete is a RuntimeError naming the parameter at step() (or
-    when one of its parameters gets a second gradient first). Several backward
-    passes before one step() accumulate (a sum, as torch's .grad). zero_grad() has
-    nothing to clear; it raises when gradients were already handed to Strata since
-    the last step (Strata cannot discard them, torch would have).
+    Every trainable parameter must receive exactly one gradient in every backward
+    pass (freeze an unused one with requires_grad_(False) before making the
+    optimizer): a bucket left incomplete is a RuntimeError naming the parameter at
+    step(), and a parameter that receives a second gradient before another one its
+    first (one used in two reentrant checkpoints, torch.utils.checkpoint with
+    use_reentrant=True, gets its gradient in pieces: use use_reentrant=False) is
+    one naming both, raised from backward. Several backward passes before one
+    step() accumulate (a sum, as torch's .grad). zero_grad() discards the gradients
+    handed to Strata since the last step(), as torch's discards .grad: after a
+    backward that raised halfway (or one of the errors above), zero_grad() and the
+    next backward go on as if it had not happened.
+
+    Parameters changed in place after the optimizer is made (model.load_state_dict,
+    torch.nn.init, p.copy_ under torch.no_grad(): anything that advances the
+    tensor's version counter) are read into the master weights before the next
+    update, state_dict() or save(), so the update applies to the new weights, as
+    torch.optim's would; for fp16/bf16 parameters only the elements whose value
+    changed take it, the others keep their fp32 master bits. A change that
+    bypasses the version counter (p.data.copy_(...)) needs reload_parameters().
+    Change parameters after synchronize() (or before the first step()), not while
+    an update may still write them.
 
     Overlap: pass the model as params (OffloadAdamW(model, ...)) or as module=
     (or call attach(model)): a forward pre-hook on each module that owns
@@ -270,6 +309,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._lock = threading.Lock()
         self._handle = None
         self._buckets = []
+        self._least = None  # _least_served()'s cache
         self._hooks = []
         self._module_hooks = []
         self._attached = []  # modules given to attach(): add_param_group hooks them too
@@ -375,16 +415,14 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 self._attach_buckets(module, self._buckets[first:])
 
     def zero_grad(self, set_to_none=True):
-        """Nothing to clear: gradients are handed to Strata during backward. Raises
-        RuntimeError when some were handed over since the last step() (they cannot
-        be taken back: torch would have discarded them here)."""
+        """Discards the gradients handed to Strata since the last step() (as torch's
+        zero_grad discards .grad): those of whole backward passes and of one that
+        raised halfway (strata_offload_discard_grads). Master weights, state and
+        the update in flight are untouched. p.grad of the trainable parameters is
+        None already; it is set to None for every parameter of the groups."""
         with self._lock:
-            handed_over = any(b.micro_batches or b.count for b in self._buckets)
-        if handed_over:
-            raise RuntimeError(
-                f"{self._name()}.zero_grad() after backward() and before step(): the gradients "
-                "of that backward are already accumulated in Strata and cannot be discarded; "
-                "call zero_grad() only before backward() or after step()")
+            if any(b.micro_batches or b.count for b in self._buckets):
+                self._discard_gradients()
         for group in self.param_groups:
             for p in group["params"]:
                 p.grad = None
@@ -419,6 +457,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
     def _step_locked(self, loss_scale):
         """step() under self._lock."""
         self._check_complete()
+        self._refresh_masters(self._buckets)
         library = _lib.lib()
         handle = self._live_handle()
         for gi, group in enumerate(self.param_groups):
@@ -434,6 +473,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._stepped = True
         self.grad_norm = result.grad_norm
         self.skipped = bool(result.skipped)
+        self._least = None
         for b in self._buckets:
             b.micro_batches = 0
             b.events = []
@@ -456,6 +496,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         for NVMe-sized state use save(dir)."""
         self.synchronize()
         with self._lock:
+            self._refresh_masters(self._buckets)
             return self._read_state_dict()
 
     def _read_state_dict(self):
@@ -594,6 +635,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
                         section.size_bytes))
             if b.mirror is not None:
                 b.pending = True  # write_state(0) rewrote the mirror
+            b.versions = [p._version for p in b.params]
 
     def __getstate__(self):
         raise TypeError(f"{self._name()} owns native state and cannot be pickled or copied; "
@@ -616,14 +658,30 @@ class OffloadOptimizer(torch.optim.Optimizer):
         CUDA parameters, copies them to the device) before the module runs (the
         modules of _READS_CHILD_PARAMETERS wait for their children's parameters
         too). From then on step() returns before the update finished. Parameter
-        groups added later (add_param_group) are hooked into `module` as well. The
-        hooks hold this optimizer weakly and do nothing once it is collected."""
+        groups added later (add_param_group) are hooked into `module` as well. A
+        load_state_dict pre-hook on `module` waits for the update in flight, so
+        that it cannot write over the loaded weights. The hooks hold this optimizer
+        weakly and do nothing once it is collected."""
         for name, p in module.named_parameters():
             self._names.setdefault(p, name)
         for b in self._buckets:
             b.names = [self._param_name(p) for p in b.params]
         if not any(m is module for m in self._attached):
             self._attached.append(module)
+            this = weakref.ref(self)
+
+            def load_pre_hook(*unused):
+                # model.load_state_dict() writes the parameters: let the update in flight
+                # finish first, or it would write over the loaded weights (which the next
+                # step then reads into the masters: _refresh_masters).
+                opt = this()
+                if opt is not None and opt._handle is not None:
+                    opt.synchronize()
+
+            register = getattr(module, "register_load_state_dict_pre_hook", None)
+            if register is None:  # torch < 2.5: the same hook, under its older name
+                register = module._register_load_state_dict_pre_hook
+            self._module_hooks.append(register(load_pre_hook))
         self._attach_buckets(module, self._buckets)
 
     def _attach_buckets(self, module, buckets):
@@ -658,6 +716,16 @@ class OffloadOptimizer(torch.optim.Optimizer):
             _lib.check(_lib.lib().strata_offload_synchronize(self._handle))
         self._wait(self._buckets)
 
+    def reload_parameters(self):
+        """Reads the parameters into the master weights, every bucket, whatever their
+        version counters say: after a change that bypasses them (p.data.copy_(x),
+        writes through numpy or ctypes). For fp16/bf16 parameters only the elements
+        whose value differs from the master rounded to their dtype take it. Waits
+        for the update in flight first."""
+        self.synchronize()
+        with self._lock:
+            self._refresh_masters(self._buckets, force=True)
+
     def save(self, path):
         """Writes the whole optimizer state (masters, state, step counts,
         hyper-parameters) to directory `path` in Strata's checkpoint format
@@ -672,6 +740,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         # failure after it would leave a state without its param groups.
         text = self._param_groups_json()
         with self._lock:
+            self._refresh_masters(self._buckets)
             _lib.check(_lib.lib().strata_offload_save(self._live_handle(), os.fsencode(path)))
         tmp = os.path.join(path, _PARAM_GROUPS_FILE + ".tmp")
         with open(tmp, "w") as f:
@@ -704,6 +773,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
         for b in self._buckets:
             b.pending = b.mirror is not None
         self.synchronize()
+        for b in self._buckets:  # the parameters hold the loaded masters now
+            b.versions = [p._version for p in b.params]
 
     def stats(self):
         """Strata's counters: a dict of steps, skipped_steps, nvme_bytes_read,
@@ -1006,6 +1077,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
             ctypes.byref(index)))
         b.index = index.value
         self._buckets.append(b)
+        self._least = None
         this = weakref.ref(self)  # the node outlives us; a strong self would leak us
         with torch.enable_grad():
             for slot, p in enumerate(params):
@@ -1032,13 +1104,27 @@ class OffloadOptimizer(torch.optim.Optimizer):
         g = p.grad
         if g is None:
             return
+        behind = None
         if b.arrived[slot]:
-            missing = [n for n, done in zip(b.names, b.arrived) if not done]
+            behind = b if b.count < len(b.params) else None
+            if behind is None:  # a whole bucket whose submission failed: see zero_grad
+                raise RuntimeError(
+                    f"{self._name()}: {b.names[slot]} received a gradient while its bucket's "
+                    "last one could not be handed to Strata (the error raised then); call "
+                    "zero_grad() to discard this step's gradients")
+        elif b.count == 0 and b.micro_batches > self._least_served()[0]:
+            # The bucket's next micro-batch starts while another bucket has not finished the
+            # one before: a second gradient within one backward.
+            least = self._least_served()[0]
+            behind = next(c for c in self._buckets if c.micro_batches == least)
+        if behind is not None:
             raise RuntimeError(
-                f"{self._name()}: {b.names[slot]} received a second gradient before "
-                f"{missing[0]} received one: every trainable parameter must receive a gradient "
-                "in every backward (freeze unused ones with requires_grad_(False) before making "
-                "the optimizer)")
+                f"{self._name()}: {b.names[slot]} received a second gradient in one backward "
+                f"before {behind.first_missing()} received its first: every trainable parameter "
+                "must receive exactly one gradient per backward (a parameter used in two "
+                "reentrant checkpoints, or inside one and outside it, gets its gradient in "
+                "pieces: pass use_reentrant=False to torch.utils.checkpoint); zero_grad() "
+                "discards this step's gradients")
         if g.layout != torch.strided:
             raise RuntimeError(f"{self._name()}: {b.names[slot]} has a sparse gradient; "
                                "strata.torch needs dense gradients")
@@ -1092,7 +1178,20 @@ class OffloadOptimizer(torch.optim.Optimizer):
         b.staging_ptr = None
         b.arrived = [False] * len(b.params)
         b.count = 0
+        if self._least is not None and b.micro_batches == self._least[0]:
+            self._least[1] -= 1
+            if self._least[1] == 0:
+                self._least = None  # every bucket is past it: recounted when next asked
         b.micro_batches += 1
+
+    def _least_served(self):
+        """[the fewest whole-bucket gradients any bucket received since the last step,
+        how many buckets have that few]: counted once per micro-batch, then kept up
+        to date as buckets complete (so a backward costs O(buckets), not O(buckets²))."""
+        if self._least is None:
+            least = min((b.micro_batches for b in self._buckets), default=0)
+            self._least = [least, sum(1 for b in self._buckets if b.micro_batches == least)]
+        return self._least
 
     def _check_complete(self):
         for b in self._buckets:
@@ -1102,8 +1201,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
                     f"{self._name()}.step: {missing[0]} received no gradient in the last "
                     "backward while other parameters did: every trainable parameter must "
                     "receive a gradient in every backward (freeze unused ones with "
-                    "requires_grad_(False) before making the optimizer); this optimizer "
-                    "cannot be used further")
+                    "requires_grad_(False) before making the optimizer); zero_grad() "
+                    "discards this step's gradients")
         counts = [b.micro_batches for b in self._buckets]
         if not counts:
             return
@@ -1116,7 +1215,10 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 raise RuntimeError(
                     f"{self._name()}.step: {b.names[0]} received gradients in "
                     f"{b.micro_batches} of {most} backward passes since the last step: every "
-                    "trainable parameter must receive a gradient in every backward")
+                    "trainable parameter must receive exactly one gradient in every backward "
+                    "(a parameter used in two reentrant checkpoints gets it in pieces: pass "
+                    "use_reentrant=False to torch.utils.checkpoint); zero_grad() discards "
+                    "this step's gradients")
 
     def _wait(self, buckets):
         library = None
@@ -1129,7 +1231,48 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 with torch.no_grad():
                     for p, offset, n in zip(b.params, b.offsets, b.numels):
                         p.copy_(b.mirror[offset:offset + n].view(p.shape), non_blocking=True)
+                b.versions = [p._version for p in b.params]  # our own copy
             b.pending = False
+
+    def _discard_gradients(self):
+        """zero_grad()'s work under self._lock: Strata drops what it holds, and the
+        buckets' bookkeeping starts over."""
+        devices = {b.device for b in self._buckets if b.is_cuda and b.staging is not None}
+        for device in devices:
+            # Copies into a held staging buffer may still be queued: the pool reuses it.
+            torch.cuda.synchronize(device)
+        _lib.check(_lib.lib().strata_offload_discard_grads(self._live_handle()))
+        for b in self._buckets:
+            b.forget_gradients()
+        self._least = None
+
+    def _refresh_masters(self, buckets, force=False):
+        """Reads parameters changed in place since Strata last wrote them (their
+        version counter moved; every one with force) into the master weights: fp32
+        parameters whole, fp16/bf16 ones element by element where the value differs
+        from the master rounded to their dtype (the others keep their fp32 bits).
+        Under self._lock; waits for the bucket's update in flight (read_state)."""
+        library = _lib.lib()
+        for b in buckets:
+            versions = [p._version for p in b.params]
+            if not force and versions == b.versions:
+                continue
+            handle = self._live_handle()
+            with torch.no_grad():
+                current = torch.cat([p.detach().reshape(-1).cpu() for p in b.params])
+            master = torch.empty(b.num_elems, dtype=torch.float32)
+            _lib.check(library.strata_offload_read_state(
+                handle, b.index, 0, ctypes.cast(master.data_ptr(), _FLOAT_P), b.num_elems))
+            bits = torch.int32 if b.dtype == torch.float32 else torch.int16
+            changed = master.to(b.dtype).view(bits) != current.view(bits)
+            if bool(changed.any()):
+                master[changed] = current[changed].float()
+                # Also writes the masters, rounded, into the segments (the CUDA mirror):
+                # the changed elements are the parameter's, the others round to it.
+                _lib.check(library.strata_offload_write_state(
+                    handle, b.index, 0, ctypes.cast(master.data_ptr(), _FLOAT_P),
+                    b.num_elems))
+            b.versions = versions
 
     def _reload_cuda_masters(self, b):
         with torch.no_grad():

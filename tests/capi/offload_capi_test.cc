@@ -763,6 +763,38 @@ TEST(OffloadCApi, AcquiringEveryStagingBufferWithoutSubmittingIsRefusedNotHung) 
                STRATA_FAILED_PRECONDITION, "strata_offload_acquire_staging",
                "all 2 staging buffers are acquired and none was submitted");
   EXPECT_EQ(c, nullptr);
+  // strata_offload_discard_grads (torch's zero_grad) returns both to the pool.
+  ASSERT_EQ(strata_offload_discard_grads(h.get()), STRATA_OK) << strata_last_error();
+  ASSERT_EQ(strata_offload_acquire_staging(h.get(), 0, STRATA_DTYPE_BF16, &c), STRATA_OK)
+      << strata_last_error();
+  EXPECT_TRUE(c == a || c == b);
+  EXPECT_ERROR(strata_offload_discard_grads(nullptr), STRATA_INVALID_ARGUMENT,
+               "strata_offload_discard_grads", "");
+}
+
+// A half micro-batch discarded leaves no trace: the next whole one steps as the reference.
+TEST(OffloadCApi, DiscardedGradientsLeaveNoTrace) {
+  Harness h(HarnessOptions{
+      .device = STRATA_OFFLOAD_CPU, .nvme_path = "", .num_threads = 2, .staging = false});
+  ASSERT_NE(h.get(), nullptr);
+  strata_offload* o = h.get();
+  Reference ref;
+  Train(h, 0, 1);
+  Train(ref, 0, 1);
+  const MicroBatch junk = Gradients(7, 0);
+  for (int b : {3, 1}) {
+    ASSERT_EQ(strata_offload_submit_grad(o, b, -1, junk.bytes[b].data(), Specs()[b].grad_dtype,
+                                         TotalElems(Specs()[b]), nullptr),
+              STRATA_OK)
+        << strata_last_error();
+  }
+  ASSERT_EQ(strata_offload_discard_grads(o), STRATA_OK) << strata_last_error();
+  strata_offload_step_result r{};
+  EXPECT_ERROR(strata_offload_step(o, nullptr, &r), STRATA_FAILED_PRECONDITION,
+               "strata_offload_step", "bucket 0");
+  Train(h, 1, 2);
+  Train(ref, 1, 2);
+  ExpectSameSnapshot(h.Snap(), ref.Snap(), "after the discarded half micro-batch");
 }
 
 TEST(OffloadCApi, StepBeforeEveryBucketArrivedIsRefusedAndChangesNothing) {
