@@ -217,8 +217,9 @@ Status AtomicFileWriter::Commit() {
   return FsyncDirectory(ParentOf(path_));
 }
 
-Status WriteOutputFile(const std::string& path, std::string_view bytes, std::string_view what) {
-  const auto data = std::as_bytes(std::span(bytes.data(), bytes.size()));
+StatusOr<OutputFileWriter> OutputFileWriter::Create(const std::string& path,
+                                                    std::string_view what) {
+  OutputFileWriter w(path, std::string(what));
   std::string target = path;
   std::error_code ec;
   if (std::filesystem::is_symlink(path, ec)) {
@@ -227,14 +228,40 @@ Status WriteOutputFile(const std::string& path, std::string_view bytes, std::str
   }
   struct stat st;
   if (::stat(target.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
-    UniqueFd fd(::open(target.c_str(), O_WRONLY | O_CLOEXEC));
-    if (!fd.valid()) return ErrnoToStatus(errno, fmt::format("{} '{}': opening", what, path));
-    return WriteAll(fd.get(), data, path).WithContext(what);
+    w.direct_ = UniqueFd(::open(target.c_str(), O_WRONLY | O_CLOEXEC));
+    if (!w.direct_.valid())
+      return ErrnoToStatus(errno, fmt::format("{} '{}': opening", what, path));
+    return w;
   }
-  StatusOr<AtomicFileWriter> w = AtomicFileWriter::Create(target, 0644);
-  if (!w.ok()) return w.status().WithContext(what);
-  STRATA_RETURN_IF_ERROR(w->Append(data).WithContext(what));
-  return w->Commit().WithContext(what);
+  StatusOr<AtomicFileWriter> atomic = AtomicFileWriter::Create(target, 0644);
+  if (!atomic.ok()) return atomic.status().WithContext(what);
+  w.atomic_.emplace(std::move(*atomic));
+  return w;
+}
+
+Status OutputFileWriter::Append(std::span<const std::byte> bytes) {
+  if (atomic_) return atomic_->Append(bytes).WithContext(what_);
+  if (!direct_.valid()) {
+    return FailedPreconditionError(fmt::format("{} '{}': Append after Commit", what_, path_));
+  }
+  return WriteAll(direct_.get(), bytes, path_).WithContext(what_);
+}
+
+Status OutputFileWriter::Commit() {
+  if (atomic_) return atomic_->Commit().WithContext(what_);
+  if (!direct_.valid()) {
+    return FailedPreconditionError(fmt::format("{} '{}': Commit called twice", what_, path_));
+  }
+  if (::close(direct_.release()) != 0) {
+    return ErrnoToStatus(errno, fmt::format("{} '{}': closing", what_, path_));
+  }
+  return Status::Ok();
+}
+
+Status WriteOutputFile(const std::string& path, std::string_view bytes, std::string_view what) {
+  STRATA_ASSIGN_OR_RETURN(OutputFileWriter w, OutputFileWriter::Create(path, what));
+  STRATA_RETURN_IF_ERROR(w.Append(std::as_bytes(std::span(bytes.data(), bytes.size()))));
+  return w.Commit();
 }
 
 }  // namespace strata

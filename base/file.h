@@ -13,6 +13,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -134,6 +135,32 @@ class AtomicFileWriter {
   std::string path_;
   std::string temp_path_;  // empty once renamed over path_, or moved from
   UniqueFd fd_;
+};
+
+// WriteOutputFile streamed, for an output too large to hold whole (strata tokenize's token
+// file): Create decides as WriteOutputFile does (a regular file, or nothing, is written through
+// an AtomicFileWriter on the symlink's target; /dev/stdout, a FIFO or a terminal is opened and
+// written directly), Append writes, Commit puts the file in place (or, written directly,
+// returns OK). Destroyed without Commit, a file written atomically is left as it was. Errors
+// name the path, prefixed with `what`. Move-only; one thread at a time.
+class OutputFileWriter {
+ public:
+  static StatusOr<OutputFileWriter> Create(const std::string& path, std::string_view what);
+
+  Status Append(std::span<const std::byte> bytes);
+  Status Commit();
+
+  // False when the output is written directly (not a regular file): what a failed command
+  // wrote there stays written.
+  bool atomic() const { return atomic_.has_value(); }
+
+ private:
+  OutputFileWriter(std::string path, std::string what) : path_(std::move(path)), what_(what) {}
+
+  std::string path_;
+  std::string what_;
+  std::optional<AtomicFileWriter> atomic_;
+  UniqueFd direct_;
 };
 
 }  // namespace strata

@@ -359,8 +359,9 @@ Status WriteTokenFile(const std::string& path, std::span<const int32_t> tokens,
     max = std::max(max, tokens[i]);
   }
   const int width = max < 65536 ? 2 : 4;
-  auto written = [&]() -> Status {
-    STRATA_ASSIGN_OR_RETURN(AtomicFileWriter file, AtomicFileWriter::Create(path, 0644));
+  // A regular file (or none) is replaced whole; /dev/stdout or a FIFO is written directly.
+  STRATA_ASSIGN_OR_RETURN(OutputFileWriter file, OutputFileWriter::Create(path, "token file"));
+  {
     std::vector<int32_t> header(kTokenFileHeaderInts, 0);
     header[0] = kTokenFileMagic;
     header[1] = width == 2 ? 1 : 2;
@@ -381,10 +382,8 @@ Status WriteTokenFile(const std::string& path, std::span<const int32_t> tokens,
       STRATA_RETURN_IF_ERROR(file.Append(std::as_bytes(std::span(buf.data(), n * width))));
     }
     if (!flags.empty()) STRATA_RETURN_IF_ERROR(file.Append(std::as_bytes(flags)));
-    return file.Commit();
-  }();
-  if (!written.ok()) return written.WithContext("token file");
-  return Status::Ok();
+  }
+  return file.Commit();
 }
 
 TokenTrainingData::TokenTrainingData(TokenDataset train, TokenDataset val, std::string description)

@@ -1,12 +1,15 @@
 #include "tools/tokenize_command.h"
 
 #include <fmt/format.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "data/instruction_data.h"
@@ -52,6 +55,20 @@ void AddTokenizeFlags(CLI::App& cmd, TokenizeFlags& f) {
 }
 
 namespace {
+
+// The summary line goes to stdout, or to stderr when the token file itself goes to a stream
+// (--output /dev/stdout, a FIFO), so that what a reader of the stream gets is the file alone.
+std::FILE* ReportStream(const std::string& output) {
+  struct stat st;
+  return ::stat(output.c_str(), &st) == 0 && !S_ISREG(st.st_mode) ? stderr : stdout;
+}
+
+// The bytes WriteTokenFile wrote (a stream has no size to ask for).
+uintmax_t TokenFileBytes(std::span<const int32_t> tokens, size_t num_flags) {
+  const int32_t max = tokens.empty() ? 0 : *std::max_element(tokens.begin(), tokens.end());
+  return static_cast<uintmax_t>(data::kTokenFileHeaderBytes) +
+         tokens.size() * (max < 65536 ? 2u : 4u) + num_flags;
+}
 
 bool IsJsonl(const TokenizeFlags& f) {
   if (f.format != "auto") return f.format == "jsonl";
@@ -105,17 +122,17 @@ Status RunTokenizeJsonl(const TokenizeFlags& f) {
             fmt::format("{} examples", examples.examples), examples.tokens_in_loss};
   }
   STRATA_RETURN_IF_ERROR(data::WriteTokenFile(f.output, data.tokens, data.flags));
-  std::error_code ec;
-  const auto out_bytes = std::filesystem::file_size(f.output, ec);
+  const uintmax_t out_bytes = TokenFileBytes(data.tokens, data.flags.size());
   int32_t max_token = 0;
   for (int32_t t : data.tokens) max_token = std::max(max_token, t);
-  std::printf(
+  std::fprintf(
+      ReportStream(f.output),
       "tokenized %s '%s' with '%s' (vocabulary %d), chat template %s (%s): %s, %zu tokens, %lld "
       "tokens in loss; wrote '%s' (%s with flags, %ju bytes)\n",
       kind, f.input.c_str(), f.byte_level ? "bytes" : f.tokenizer.c_str(), tokenizer->vocab_size(),
       std::string(data::ChatTemplateName(format.kind)).c_str(), format.source.c_str(),
       data.counts.c_str(), data.tokens.size(), static_cast<long long>(data.tokens_in_loss),
-      f.output.c_str(), max_token < 65536 ? "uint16" : "uint32", static_cast<uintmax_t>(out_bytes));
+      f.output.c_str(), max_token < 65536 ? "uint16" : "uint32", out_bytes);
   return Status::Ok();
 }
 
@@ -136,8 +153,8 @@ Status RunTokenize(const TokenizeFlags& f) {
     std::vector<int32_t> tokens(text.begin(), text.end());
     for (auto& t : tokens) t &= 0xFF;
     STRATA_RETURN_IF_ERROR(data::WriteTokenFile(f.output, tokens));
-    std::printf("wrote '%s': %zu byte-level tokens (uint16) of '%s'\n", f.output.c_str(),
-                tokens.size(), f.input.c_str());
+    std::fprintf(ReportStream(f.output), "wrote '%s': %zu byte-level tokens (uint16) of '%s'\n",
+                 f.output.c_str(), tokens.size(), f.input.c_str());
     return Status::Ok();
   }
   if (f.tokenizer.empty()) {
@@ -148,7 +165,7 @@ Status RunTokenize(const TokenizeFlags& f) {
   STRATA_ASSIGN_OR_RETURN(auto tokens, data::TokenizeTextFile(*tokenizer, f.input));
   STRATA_RETURN_IF_ERROR(data::WriteTokenFile(f.output, tokens));
   const auto text_bytes = std::filesystem::file_size(f.input, ec);
-  const auto out_bytes = std::filesystem::file_size(f.output, ec);
+  const uintmax_t out_bytes = TokenFileBytes(tokens, 0);
   int32_t max_token = 0;
   for (int32_t t : tokens) max_token = std::max(max_token, t);
   // Bytes of text per token, the BOS and EOS not counted.
@@ -156,11 +173,11 @@ Status RunTokenize(const TokenizeFlags& f) {
       tokens.size() - (tokenizer->adds_bos() ? 1 : 0) - (tokenizer->adds_eos() ? 1 : 0);
   const double per_token =
       text_tokens > 0 ? static_cast<double>(text_bytes) / static_cast<double>(text_tokens) : 0.0;
-  std::printf(
-      "tokenized '%s' with '%s' (vocabulary %d): %zu tokens, %.3f bytes/token; wrote '%s' "
-      "(%s, %ju bytes)\n",
-      f.input.c_str(), tokenizer->path().c_str(), tokenizer->vocab_size(), tokens.size(), per_token,
-      f.output.c_str(), max_token < 65536 ? "uint16" : "uint32", static_cast<uintmax_t>(out_bytes));
+  std::fprintf(ReportStream(f.output),
+               "tokenized '%s' with '%s' (vocabulary %d): %zu tokens, %.3f bytes/token; wrote '%s' "
+               "(%s, %ju bytes)\n",
+               f.input.c_str(), tokenizer->path().c_str(), tokenizer->vocab_size(), tokens.size(),
+               per_token, f.output.c_str(), max_token < 65536 ? "uint16" : "uint32", out_bytes);
   return Status::Ok();
 }
 

@@ -193,6 +193,38 @@ TEST_F(FileTest, WriteOutputFileReplacesAFileWholeAndWritesAFifoDirectly) {
   EXPECT_THAT(missing.message(), HasSubstr(prefix + Path("nodir/out.json")));
 }
 
+// The streamed form: a regular file keeps its old bytes until Commit (and keeps them when the
+// writer is dropped uncommitted); a FIFO receives each Append as it comes.
+TEST_F(FileTest, OutputFileWriterStreamsWholeIntoAFileAndDirectlyIntoAFifo) {
+  ASSERT_TRUE(WriteOutputFile(Path("tokens.bin"), "old", "token file").ok());
+  {
+    auto w = OutputFileWriter::Create(Path("tokens.bin"), "token file");
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    EXPECT_TRUE(w->atomic());
+    ASSERT_TRUE(w->Append(std::as_bytes(std::span("new part", 8))).ok());
+    EXPECT_EQ(Read("tokens.bin"), "old");
+  }  // dropped: the old file stays, no temporary left
+  EXPECT_EQ(Read("tokens.bin"), "old");
+  EXPECT_EQ(Entries(), (std::vector<std::string>{"tokens.bin"}));
+  auto w = OutputFileWriter::Create(Path("tokens.bin"), "token file");
+  ASSERT_TRUE(w.ok());
+  ASSERT_TRUE(w->Append(std::as_bytes(std::span("ab", 2))).ok());
+  ASSERT_TRUE(w->Append(std::as_bytes(std::span("cd", 2))).ok());
+  ASSERT_TRUE(w->Commit().ok());
+  EXPECT_EQ(Read("tokens.bin"), "abcd");
+  EXPECT_EQ(w->Commit().code(), StatusCode::kFailedPrecondition);
+
+  ASSERT_EQ(::mkfifo(Path("pipe").c_str(), 0600), 0);
+  auto reader = std::async(std::launch::async, [&] { return Read("pipe"); });
+  auto f = OutputFileWriter::Create(Path("pipe"), "token file");
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  EXPECT_FALSE(f->atomic());
+  ASSERT_TRUE(f->Append(std::as_bytes(std::span("12", 2))).ok());
+  ASSERT_TRUE(f->Append(std::as_bytes(std::span("34", 2))).ok());
+  ASSERT_TRUE(f->Commit().ok());
+  EXPECT_EQ(reader.get(), "1234");
+}
+
 TEST_F(FileTest, WriteAllWritesEveryByteAndNamesThePathOnError) {
   std::string big(3 << 20, 'x');  // several pipe-buffer-sized writes into a file
   for (size_t i = 0; i < big.size(); i += 4093) big[i] = static_cast<char>('a' + i % 26);

@@ -158,6 +158,28 @@ TEST_F(TokenizeCliTest, ByteLevelWritesEveryByteAsATokenAndNeedsNoTokenizer) {
   EXPECT_FALSE(fs::exists(out + ".2"));
 }
 
+// --output as every command's output file: a symlink is followed (the link stays, its target is
+// replaced whole), and /dev/stdout (here a pipe) receives the token file alone, the summary line
+// going to stderr.
+TEST_F(TokenizeCliTest, OutputThroughASymlinkOrToStdoutIsTheTokenFileAlone) {
+  std::ofstream(text_, std::ios::binary) << "abc";
+  const std::string target = (dir_ / "target.bin").string();
+  const std::string link = (dir_ / "link.bin").string();
+  std::ofstream(target) << "old";
+  fs::create_symlink("target.bin", link);
+  const Result r = RunStrata("tokenize --byte-level --input " + text_ + " --output " + link);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_TRUE(fs::is_symlink(link));
+  EXPECT_EQ(ReadFile(target).size(), 1024u + 2 * 3);
+  EXPECT_THAT(r.out, HasSubstr("wrote '" + link + "'"));
+
+  const Result piped =
+      RunStrata("tokenize --byte-level --input " + text_ + " --output /dev/stdout");
+  ASSERT_EQ(piped.exit_code, 0) << piped.err;
+  EXPECT_EQ(piped.out, ReadFile(target)) << "stdout holds exactly the token file";
+  EXPECT_THAT(piped.err, HasSubstr("wrote '/dev/stdout': 3 byte-level tokens"));
+}
+
 // --- instruction data (JSONL) ---
 
 // A model directory: a SentencePiece model with ChatML's special tokens, and a
