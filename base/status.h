@@ -51,8 +51,12 @@ class [[nodiscard]] Status {
   // "DATA_LOSS: extent 'block3.m' checksum mismatch ..." or "OK".
   std::string ToString() const;
 
-  // Returns a copy whose message is "context: message" (the code is kept).
+  // Returns a copy whose message is "context: message" (the code and sys_errno are kept).
   Status WithContext(std::string_view context) const;
+
+  // The errno value ErrnoToStatus made this status from (kept through WithContext), else 0: what
+  // tells a full drive (ENOSPC, EDQUOT) from the other errors that share kResourceExhausted.
+  int sys_errno() const { return sys_errno_; }
 
   // Explicitly ignore a Status (e.g. best-effort cleanup).
   void IgnoreError() const {}
@@ -62,8 +66,11 @@ class [[nodiscard]] Status {
   }
 
  private:
+  friend Status ErrnoToStatus(int errno_value, std::string_view context);
+
   StatusCode code_ = StatusCode::kOk;
   std::string message_;
+  int sys_errno_ = 0;
 };
 
 Status InvalidArgumentError(std::string message);
@@ -82,8 +89,8 @@ Status AbortedError(std::string message);
 
 // Maps an errno value to the canonical code a caller should act on (ENOSPC ->
 // kResourceExhausted, ENOENT -> kNotFound, EACCES -> kPermissionDenied, EIO ->
-// kDataLoss, EAGAIN -> kUnavailable, ...) with message "context: strerror (errno N)".
-// The one place errno becomes a Status (after leveldb's PosixError).
+// kDataLoss, EAGAIN -> kUnavailable, ...) with message "context: strerror (errno N)" and
+// sys_errno() N. The one place errno becomes a Status (after leveldb's PosixError).
 Status ErrnoToStatus(int errno_value, std::string_view context);
 
 [[noreturn]] void CheckFailed(const char* file, int line, const char* condition,
@@ -100,19 +107,28 @@ class [[nodiscard]] StatusOr {
   StatusOr(Status&& status) : v_(std::move(status)) {  // NOLINT
     if (std::get<0>(v_).ok()) CheckFailed(__FILE__, __LINE__, "!status.ok()", "StatusOr from OK");
   }
-  StatusOr(const T& value) : v_(value) {}  // NOLINT
+  StatusOr(const T& value) : v_(value) {}        // NOLINT
   StatusOr(T&& value) : v_(std::move(value)) {}  // NOLINT
   template <typename U>
-    requires(std::is_convertible_v<U &&, T> && !std::is_same_v<std::decay_t<U>, T> &&
-             !std::is_same_v<std::decay_t<U>, Status>)
-  StatusOr(U&& value) : v_(T(std::forward<U>(value))) {}  // NOLINT
+  requires(std::is_convertible_v<U&&, T> && !std::is_same_v<std::decay_t<U>, T> &&
+           !std::is_same_v<std::decay_t<U>, Status>) StatusOr(U&& value)
+      : v_(T(std::forward<U>(value))) {}  // NOLINT
 
   bool ok() const { return v_.index() == 1; }
   Status status() const { return ok() ? Status::Ok() : std::get<0>(v_); }
 
-  T& value() & { Check(); return std::get<1>(v_); }
-  const T& value() const& { Check(); return std::get<1>(v_); }
-  T&& value() && { Check(); return std::get<1>(std::move(v_)); }
+  T& value() & {
+    Check();
+    return std::get<1>(v_);
+  }
+  const T& value() const& {
+    Check();
+    return std::get<1>(v_);
+  }
+  T&& value() && {
+    Check();
+    return std::get<1>(std::move(v_));
+  }
   T& operator*() & { return value(); }
   const T& operator*() const& { return value(); }
   T&& operator*() && { return std::move(*this).value(); }
@@ -132,9 +148,9 @@ class [[nodiscard]] StatusOr {
 #define STRATA_CONCAT_(a, b) STRATA_CONCAT_INNER_(a, b)
 
 // Returns from the enclosing function if `expr` (a Status) is not OK.
-#define STRATA_RETURN_IF_ERROR(expr)               \
-  do {                                             \
-    ::strata::Status strata_status_ = (expr);      \
+#define STRATA_RETURN_IF_ERROR(expr)                 \
+  do {                                               \
+    ::strata::Status strata_status_ = (expr);        \
     if (!strata_status_.ok()) return strata_status_; \
   } while (0)
 
@@ -148,11 +164,11 @@ class [[nodiscard]] StatusOr {
 
 // Always-on check for broken invariants only, never for anything the outside
 // world (I/O results, allocation, user input) can cause.
-#define STRATA_CHECK(cond)                                          \
-  do {                                                              \
+#define STRATA_CHECK(cond)                                             \
+  do {                                                                 \
     if (!(cond)) ::strata::CheckFailed(__FILE__, __LINE__, #cond, ""); \
   } while (0)
-#define STRATA_CHECK_MSG(cond, msg)                                    \
-  do {                                                                 \
+#define STRATA_CHECK_MSG(cond, msg)                                       \
+  do {                                                                    \
     if (!(cond)) ::strata::CheckFailed(__FILE__, __LINE__, #cond, (msg)); \
   } while (0)

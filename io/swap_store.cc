@@ -41,13 +41,9 @@ int ProbeWrite(int fd) {
 }
 
 // Whether a backend error is a full drive or quota (ENOSPC, EDQUOT) rather than another cause
-// that ErrnoToStatus also maps to kResourceExhausted (ENOMEM, EMFILE, EFBIG). Its message ends
-// with "(errno N)", and context is only ever put in front.
+// that ErrnoToStatus also maps to kResourceExhausted (ENOMEM, EMFILE, EFBIG).
 bool IsOutOfSpace(const Status& status) {
-  if (status.code() != StatusCode::kResourceExhausted) return false;
-  const std::string& message = status.message();
-  return message.ends_with(fmt::format("(errno {})", ENOSPC)) ||
-         message.ends_with(fmt::format("(errno {})", EDQUOT));
+  return status.sys_errno() == ENOSPC || status.sys_errno() == EDQUOT;
 }
 
 }  // namespace
