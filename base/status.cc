@@ -37,9 +37,7 @@ std::string Status::ToString() const {
 
 Status Status::WithContext(std::string_view context) const {
   if (ok()) return *this;
-  Status s(code_, fmt::format("{}: {}", context, message_));
-  s.sys_errno_ = sys_errno_;
-  return s;
+  return Status(code_, fmt::format("{}: {}", context, message_));
 }
 
 Status InvalidArgumentError(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
@@ -77,9 +75,7 @@ Status ErrnoToStatus(int e, std::string_view context) {
     case ECANCELED: code = StatusCode::kCancelled; break;
     default: code = StatusCode::kUnknown; break;
   }
-  Status s(code, fmt::format("{}: {} (errno {})", context, std::strerror(e), e));
-  s.sys_errno_ = e;
-  return s;
+  return Status(code, fmt::format("{}: {} (errno {})", context, std::strerror(e), e));
 }
 
 void CheckFailed(const char* file, int line, const char* condition, const std::string& message) {

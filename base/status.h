@@ -51,12 +51,8 @@ class [[nodiscard]] Status {
   // "DATA_LOSS: extent 'block3.m' checksum mismatch ..." or "OK".
   std::string ToString() const;
 
-  // Returns a copy whose message is "context: message" (the code and sys_errno are kept).
+  // Returns a copy whose message is "context: message" (the code is kept).
   Status WithContext(std::string_view context) const;
-
-  // The errno value ErrnoToStatus made this status from (kept through WithContext), else 0: what
-  // tells a full drive (ENOSPC, EDQUOT) from the other errors that share kResourceExhausted.
-  int sys_errno() const { return sys_errno_; }
 
   // Explicitly ignore a Status (e.g. best-effort cleanup).
   void IgnoreError() const {}
@@ -66,11 +62,8 @@ class [[nodiscard]] Status {
   }
 
  private:
-  friend Status ErrnoToStatus(int errno_value, std::string_view context);
-
   StatusCode code_ = StatusCode::kOk;
   std::string message_;
-  int sys_errno_ = 0;
 };
 
 Status InvalidArgumentError(std::string message);
@@ -89,8 +82,8 @@ Status AbortedError(std::string message);
 
 // Maps an errno value to the canonical code a caller should act on (ENOSPC ->
 // kResourceExhausted, ENOENT -> kNotFound, EACCES -> kPermissionDenied, EIO ->
-// kDataLoss, EAGAIN -> kUnavailable, ...) with message "context: strerror (errno N)" and
-// sys_errno() N. The one place errno becomes a Status (after leveldb's PosixError).
+// kDataLoss, EAGAIN -> kUnavailable, ...) with message "context: strerror (errno N)".
+// The one place errno becomes a Status (after leveldb's PosixError).
 Status ErrnoToStatus(int errno_value, std::string_view context);
 
 [[noreturn]] void CheckFailed(const char* file, int line, const char* condition,

@@ -41,9 +41,13 @@ int ProbeWrite(int fd) {
 }
 
 // Whether a backend error is a full drive or quota (ENOSPC, EDQUOT) rather than another cause
-// that ErrnoToStatus also maps to kResourceExhausted (ENOMEM, EMFILE, EFBIG).
+// that ErrnoToStatus also maps to kResourceExhausted (ENOMEM, EMFILE, EFBIG). Its message ends
+// with "(errno N)", and context is only ever put in front.
 bool IsOutOfSpace(const Status& status) {
-  return status.sys_errno() == ENOSPC || status.sys_errno() == EDQUOT;
+  if (status.code() != StatusCode::kResourceExhausted) return false;
+  const std::string& message = status.message();
+  return message.ends_with(fmt::format("(errno {})", ENOSPC)) ||
+         message.ends_with(fmt::format("(errno {})", EDQUOT));
 }
 
 }  // namespace

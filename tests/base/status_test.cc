@@ -29,18 +29,6 @@ TEST(Status, ErrnoMapsToTheCodeACallerActsOn) {
   EXPECT_NE(s.message().find("errno 28"), std::string::npos);
 }
 
-// sys_errno carries the cause past any context a caller adds (the swap store tells a full drive
-// from ENOMEM by it), and a status made from a message alone has none.
-TEST(Status, TheErrnoTravelsThroughContextAndCopies) {
-  const Status s =
-      ErrnoToStatus(EDQUOT, "write").WithContext("extent 'a'").WithContext("(errno 12)");
-  EXPECT_EQ(s.sys_errno(), EDQUOT);
-  const Status copy = s;
-  EXPECT_EQ(copy.sys_errno(), EDQUOT);
-  EXPECT_EQ(ResourceExhaustedError("write: No space left on device (errno 28)").sys_errno(), 0);
-  EXPECT_EQ(Status::Ok().sys_errno(), 0);
-}
-
 TEST(Status, AssignOrReturnPropagatesErrorsAndValues) {
   int v = 0;
   EXPECT_TRUE(UseHalf(8, &v).ok());
