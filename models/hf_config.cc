@@ -18,6 +18,9 @@ namespace {
 using json = nlohmann::json;
 
 constexpr uint64_t kMaxConfigBytes = 16u << 20;
+// The most layers a config.json may give (num_hidden_layers, n_layer): more is refused naming the
+// field before anything per layer is made.
+constexpr int kMaxHfLayers = 4096;
 
 // Field access with one-line errors "PATH: field 'NAME' ...".
 class Fields {
@@ -49,6 +52,18 @@ class Fields {
       return Error(field, fmt::format("= {} is out of range (1..{})", x, INT_MAX));
     }
     return static_cast<int>(x);
+  }
+  // A layer count: Int, at most kMaxHfLayers (each layer gets its own entries here, in the
+  // config written back and in the plan: a count of millions is a damaged file that would take
+  // minutes and gigabytes before anything refused it).
+  StatusOr<int> Layers(std::string_view field, std::optional<int> fallback = std::nullopt) const {
+    STRATA_ASSIGN_OR_RETURN(const int n, Int(field, fallback));
+    if (n > kMaxHfLayers) {
+      return Error(field, fmt::format("= {} is out of range (1..{}: the deepest published "
+                                      "decoders have about 130 layers)",
+                                      n, kMaxHfLayers));
+    }
+    return n;
   }
   StatusOr<double> Double(std::string_view field, std::optional<double> fallback) const {
     const json* v = Find(field);
@@ -405,10 +420,13 @@ StatusOr<LlamaConfig> ParseLlama(const Fields& f, LlamaArch arch, const std::str
   auto size = [&](const char* field, int gemma_default) {
     return gemma ? f.Int(field, gemma_default) : f.Int(field);
   };
+  auto layers = [&](const char* field, int gemma_default) {
+    return gemma ? f.Layers(field, gemma_default) : f.Layers(field);
+  };
   STRATA_ASSIGN_OR_RETURN(c.vocab_size, size("vocab_size", gemma2 ? 256000 : 262208));
   STRATA_ASSIGN_OR_RETURN(c.hidden_size, size("hidden_size", 2304));
   STRATA_ASSIGN_OR_RETURN(c.intermediate_size, size("intermediate_size", 9216));
-  STRATA_ASSIGN_OR_RETURN(c.num_layers, size("num_hidden_layers", 26));
+  STRATA_ASSIGN_OR_RETURN(c.num_layers, layers("num_hidden_layers", 26));
   STRATA_ASSIGN_OR_RETURN(c.num_heads, size("num_attention_heads", 8));
   STRATA_ASSIGN_OR_RETURN(c.num_kv_heads, f.Int("num_key_value_heads", gemma ? 4 : c.num_heads));
   if (!gemma && f.Find("head_dim") == nullptr && c.hidden_size % c.num_heads != 0) {
@@ -506,7 +524,7 @@ StatusOr<GptShape> ParseGpt2(const Fields& f, const std::string& path) {
   GptShape g;
   STRATA_ASSIGN_OR_RETURN(g.vocab_size, f.Int("vocab_size", 50257));
   STRATA_ASSIGN_OR_RETURN(g.channels, f.Int("n_embd"));
-  STRATA_ASSIGN_OR_RETURN(g.num_layers, f.Int("n_layer"));
+  STRATA_ASSIGN_OR_RETURN(g.num_layers, f.Layers("n_layer"));
   STRATA_ASSIGN_OR_RETURN(g.num_heads, f.Int("n_head"));
   if (f.Find("n_positions") != nullptr) {
     STRATA_ASSIGN_OR_RETURN(g.max_seq_len, f.Int("n_positions"));

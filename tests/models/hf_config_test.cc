@@ -1,5 +1,6 @@
 #include "models/hf_config.h"
 
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -569,6 +570,22 @@ TEST(HfConfig, FieldsOutOfRangeAreNamed) {
       "num_attention_heads": 2, "max_position_embeddings": 8})",
                                    kPath),
                      "num_hidden_layers");
+  // A layer count past 4096 is a damaged file: refused before anything per layer is made
+  // (4444592 layers of a gemma3_text took 30 s to parse; INT_MAX would exhaust memory).
+  for (const char* type : {"llama", "gemma3_text", "qwen2"}) {
+    const auto r = ParseHfConfig(
+        fmt::format(R"({{"model_type": "{}", "vocab_size": 10, "hidden_size": 8,
+            "intermediate_size": 8, "num_hidden_layers": {}, "num_attention_heads": 2,
+            "head_dim": 4, "max_position_embeddings": 8}})",
+                    type, 4097),
+        kPath);
+    ExpectOneLineError(r, "num_hidden_layers");
+    EXPECT_THAT(r.status().message(), HasSubstr("out of range (1..4096"));
+  }
+  ExpectOneLineError(ParseHfConfig(R"({"model_type": "gpt2", "n_embd": 16, "n_layer": 2147483647,
+      "n_head": 2, "n_positions": 8})",
+                                   kPath),
+                     "n_layer");
   ExpectOneLineError(ParseHfConfig(R"({"model_type": "llama", "vocab_size": "many"})", kPath),
                      "vocab_size");
   ExpectOneLineError(ParseHfConfig(R"({"model_type": "gpt2", "n_embd": 16, "n_layer": 1,
