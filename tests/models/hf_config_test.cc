@@ -573,12 +573,12 @@ TEST(HfConfig, FieldsOutOfRangeAreNamed) {
   // A layer count past 4096 is a damaged file: refused before anything per layer is made
   // (4444592 layers of a gemma3_text took 30 s to parse; INT_MAX would exhaust memory).
   for (const char* type : {"llama", "gemma3_text", "qwen2"}) {
-    const auto r = ParseHfConfig(
-        fmt::format(R"({{"model_type": "{}", "vocab_size": 10, "hidden_size": 8,
+    const auto r =
+        ParseHfConfig(fmt::format(R"({{"model_type": "{}", "vocab_size": 10, "hidden_size": 8,
             "intermediate_size": 8, "num_hidden_layers": {}, "num_attention_heads": 2,
             "head_dim": 4, "max_position_embeddings": 8}})",
-                    type, 4097),
-        kPath);
+                                  type, 4097),
+                      kPath);
     ExpectOneLineError(r, "num_hidden_layers");
     EXPECT_THAT(r.status().message(), HasSubstr("out of range (1..4096"));
   }
