@@ -8,7 +8,6 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
-#include <span>
 #include <string>
 #include <vector>
 
@@ -63,11 +62,11 @@ std::FILE* ReportStream(const std::string& output) {
   return ::stat(output.c_str(), &st) == 0 && !S_ISREG(st.st_mode) ? stderr : stdout;
 }
 
-// The bytes WriteTokenFile wrote (a stream has no size to ask for).
-uintmax_t TokenFileBytes(std::span<const int32_t> tokens, size_t num_flags) {
-  const int32_t max = tokens.empty() ? 0 : *std::max_element(tokens.begin(), tokens.end());
+// The bytes WriteTokenFile wrote for num_tokens tokens whose largest is max_token (a stream has
+// no size to ask for).
+uintmax_t TokenFileBytes(size_t num_tokens, int32_t max_token, size_t num_flags) {
   return static_cast<uintmax_t>(data::kTokenFileHeaderBytes) +
-         tokens.size() * (max < 65536 ? 2u : 4u) + num_flags;
+         num_tokens * (max_token < 65536 ? 2u : 4u) + num_flags;
 }
 
 bool IsJsonl(const TokenizeFlags& f) {
@@ -122,9 +121,9 @@ Status RunTokenizeJsonl(const TokenizeFlags& f) {
             fmt::format("{} examples", examples.examples), examples.tokens_in_loss};
   }
   STRATA_RETURN_IF_ERROR(data::WriteTokenFile(f.output, data.tokens, data.flags));
-  const uintmax_t out_bytes = TokenFileBytes(data.tokens, data.flags.size());
   int32_t max_token = 0;
   for (int32_t t : data.tokens) max_token = std::max(max_token, t);
+  const uintmax_t out_bytes = TokenFileBytes(data.tokens.size(), max_token, data.flags.size());
   std::fprintf(
       ReportStream(f.output),
       "tokenized %s '%s' with '%s' (vocabulary %d), chat template %s (%s): %s, %zu tokens, %lld "
@@ -165,9 +164,9 @@ Status RunTokenize(const TokenizeFlags& f) {
   STRATA_ASSIGN_OR_RETURN(auto tokens, data::TokenizeTextFile(*tokenizer, f.input));
   STRATA_RETURN_IF_ERROR(data::WriteTokenFile(f.output, tokens));
   const auto text_bytes = std::filesystem::file_size(f.input, ec);
-  const uintmax_t out_bytes = TokenFileBytes(tokens, 0);
   int32_t max_token = 0;
   for (int32_t t : tokens) max_token = std::max(max_token, t);
+  const uintmax_t out_bytes = TokenFileBytes(tokens.size(), max_token, 0);
   // Bytes of text per token, the BOS and EOS not counted.
   const size_t text_tokens =
       tokens.size() - (tokenizer->adds_bos() ? 1 : 0) - (tokenizer->adds_eos() ? 1 : 0);
