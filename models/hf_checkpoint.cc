@@ -372,10 +372,11 @@ StatusOr<std::shared_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::string& di
         extra.size() > shown ? ", ..." : ""));
   }
 
-  for (const char* name : {"tokenizer.model", "tokenizer.json", "tokenizer_config.json",
-                           "special_tokens_map.json", "vocab.json", "merges.txt"}) {
+  for (const char* name :
+       {"tokenizer.model", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+        "vocab.json", "merges.txt", "chat_template.jinja", "generation_config.json"}) {
     const std::string path = dir + "/" + name;
-    if (IsRegularFile(path)) ck->tokenizer_files_.push_back(path);
+    if (IsRegularFile(path)) ck->companion_files_.push_back(path);
   }
   return ck;
 }

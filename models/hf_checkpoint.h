@@ -4,7 +4,7 @@
 //   DIR/model.safetensors                 one file, or
 //   DIR/model.safetensors.index.json      {"metadata": {...}, "weight_map": {tensor: shard}}
 //   DIR/<shard>.safetensors ...           the shards it names (plain file names in DIR)
-//   DIR/tokenizer.model, tokenizer.json, ... (optional; listed by tokenizer_files())
+//   DIR/tokenizer.model, tokenizer.json, ... (optional; listed by companion_files())
 //
 // Open reads the config and the headers of every safetensors file (never tensor data), and
 // checks, before any training starts, every tensor the config implies (HfBlockTensors): present
@@ -66,9 +66,12 @@ class HfCheckpoint final : public WeightSource {
   int64_t block_num_params(int block) const;
   // "embedding", "layer0", ..., "head".
   const std::vector<std::string>& block_names() const { return block_names_; }
-  // Paths (DIR/NAME) of the tokenizer files present in DIR, in this order: tokenizer.model,
-  // tokenizer.json, tokenizer_config.json, special_tokens_map.json, vocab.json, merges.txt.
-  const std::vector<std::string>& tokenizer_files() const { return tokenizer_files_; }
+  // Paths (DIR/NAME) of the files that travel with the weights, those present in DIR, in this
+  // order: the tokenizer's (tokenizer.model, tokenizer.json, tokenizer_config.json,
+  // special_tokens_map.json, vocab.json, merges.txt), its chat_template.jinja, and
+  // generation_config.json (the sampling defaults and end-of-turn ids). Export and quantize copy
+  // them into the directories they write, as save_pretrained does.
+  const std::vector<std::string>& companion_files() const { return companion_files_; }
   // The safetensors files read, in name order (DIR/model.safetensors or the shards).
   std::vector<std::string> weight_files() const;
   // The stored element type of each tensor of `block`, in HfBlockTensors order (U8: a 4-bit
@@ -138,7 +141,7 @@ class HfCheckpoint final : public WeightSource {
   std::vector<std::vector<Source>> blocks_;
   std::vector<int64_t> block_num_params_;
   std::vector<std::string> block_names_;
-  std::vector<std::string> tokenizer_files_;
+  std::vector<std::string> companion_files_;
 };
 
 // The weight_map of a model.safetensors.index.json: `text`, read from `index_path` (which

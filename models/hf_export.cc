@@ -68,7 +68,7 @@ struct Planned {
 
 Status WriteInto(const std::string& tmp, const HfModelConfig& config,
                  const std::function<Status(int, std::span<float>)>& read_block, DType dtype,
-                 uint64_t max_shard_bytes, const std::vector<std::string>& tokenizer_files) {
+                 uint64_t max_shard_bytes, const std::vector<std::string>& companion_files) {
   // Plan: tensors in block order, packed greedily into shards of at most max_shard_bytes.
   const int num_blocks = HfNumBlocks(config);
   std::vector<Planned> plan;
@@ -156,9 +156,9 @@ Status WriteInto(const std::string& tmp, const HfModelConfig& config,
         WriteNewFile(tmp + "/model.safetensors.index.json", index.dump(2) + "\n", 0644));
   }
   STRATA_RETURN_IF_ERROR(WriteNewFile(tmp + "/config.json", HfConfigJson(config, dtype), 0644));
-  for (const std::string& from : tokenizer_files) {
+  for (const std::string& from : companion_files) {
     STRATA_RETURN_IF_ERROR(
-        CopyNewFile(from, tmp + "/" + fs::path(from).filename().string(), "tokenizer file"));
+        CopyNewFile(from, tmp + "/" + fs::path(from).filename().string(), "model file"));
   }
   return FsyncDirectory(tmp);
 }
@@ -168,23 +168,23 @@ Status WriteInto(const std::string& tmp, const HfModelConfig& config,
 Status WriteHfDirectory(const std::string& out_dir, const HfModelConfig& config,
                         const std::function<Status(int block, std::span<float> out)>& read_block,
                         DType dtype, uint64_t max_shard_bytes,
-                        const std::vector<std::string>& tokenizer_files) {
+                        const std::vector<std::string>& companion_files) {
   STRATA_RETURN_IF_ERROR(config.family == HfModelConfig::Family::kLlama
                              ? ValidateLlamaConfig(config.llama)
                              : ValidateShape(config.gpt2));
   if (max_shard_bytes == 0) return InvalidArgumentError("max_shard_bytes must be positive");
   std::set<std::string> names;
-  for (const std::string& f : tokenizer_files) {
+  for (const std::string& f : companion_files) {
     const std::string name = fs::path(f).filename().string();
     if (name.empty() || name == "config.json" || name.ends_with(".safetensors") ||
         name.ends_with(".index.json") || !names.insert(name).second) {
       return InvalidArgumentError(fmt::format(
-          "tokenizer file '{}': its name is empty, repeated or that of a weights/config file", f));
+          "companion file '{}': its name is empty, repeated or that of a weights/config file", f));
     }
   }
 
   return WriteDirectoryAtomically(out_dir, "export", [&](const std::string& tmp) {
-    return WriteInto(tmp, config, read_block, dtype, max_shard_bytes, tokenizer_files);
+    return WriteInto(tmp, config, read_block, dtype, max_shard_bytes, companion_files);
   });
 }
 

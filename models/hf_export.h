@@ -5,7 +5,9 @@
 //   OUT/model-00001-of-0000N.safetensors   shards of at most max_shard_bytes of tensor data
 //   OUT/model.safetensors.index.json       (a tensor larger than that gets a shard of its own)
 //                                          and {"metadata": {"total_size": B}, "weight_map"}
-//   OUT/<tokenizer files>                  copies of the files named
+//   OUT/<companion files>                  copies of the files named (HfCheckpoint::
+//                                          companion_files: the tokenizer's, chat_template.jinja,
+//                                          generation_config.json)
 //
 // Tensors carry the family's Hugging Face names, shapes and layouts (HfBlockTensors: the GPT-2
 // untied lm_head transposed back to (V, C); a tied model has no lm_head.weight), in block order,
@@ -36,13 +38,13 @@ namespace strata::models {
 // that is renamed to out_dir at the end, so out_dir appears complete or not at all. On any error
 // the temporary directory is removed and out_dir is left as it was.
 //
-// Errors: kInvalidArgument (config out of range, max_shard_bytes == 0, two tokenizer files with
-// one name), kAlreadyExists, the first error of read_block, errno-derived I/O errors naming the
-// file (a missing tokenizer file: kNotFound).
+// Errors: kInvalidArgument (config out of range, max_shard_bytes == 0, two companion files with
+// one name or one named as a weights or config file), kAlreadyExists, the first error of
+// read_block, errno-derived I/O errors naming the file (a missing companion file: kNotFound).
 Status WriteHfDirectory(const std::string& out_dir, const HfModelConfig& config,
                         const std::function<Status(int block, std::span<float> out)>& read_block,
                         DType dtype, uint64_t max_shard_bytes,
-                        const std::vector<std::string>& tokenizer_files);
+                        const std::vector<std::string>& companion_files);
 
 // The crash-safe directory write WriteHfDirectory uses, for any directory of files: out_dir must
 // not exist or be empty (else kAlreadyExists, `what` naming the kind of write: "export"); `write`

@@ -206,13 +206,7 @@ Status WriteInto(const std::string& tmp, const HfCheckpoint& in, std::vector<Pla
         WriteNewFile(tmp + "/model.safetensors.index.json", index.dump(2) + "\n", 0644));
   }
   STRATA_RETURN_IF_ERROR(WriteNewFile(tmp + "/config.json", config_text, 0644));
-  std::vector<std::string> copies = in.tokenizer_files();
-  for (const char* name : {"chat_template.jinja", "generation_config.json"}) {
-    const std::string path = in.dir() + "/" + name;
-    std::error_code ec;
-    if (fs::is_regular_file(path, ec)) copies.push_back(path);
-  }
-  for (const std::string& from : copies) {
+  for (const std::string& from : in.companion_files()) {
     STRATA_RETURN_IF_ERROR(
         CopyNewFile(from, tmp + "/" + fs::path(from).filename().string(), "model file"));
   }

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <vector>
 
 #include "base/file.h"
@@ -110,6 +111,22 @@ StatusOr<LoraAdapterConfig> ParseLoraAdapterConfig(std::string_view text, const 
     return InvalidArgumentError(
         fmt::format("{}: bias is not \"none\"; Strata trains no bias adapters", path));
   }
+  if (const json* b = field("lora_bias"); b && !(b->is_boolean() && !b->get<bool>())) {
+    return InvalidArgumentError(fmt::format(
+        "{}: lora_bias is {}; Strata's adapters have no lora_B bias", path, JsonExcerpt(*b)));
+  }
+  // Whole modules an adapter replaces or extends (PEFT's modules_to_save: a retrained lm_head or
+  // embedding, often after adding chat tokens; trainable_token_indices: some embedding rows):
+  // applying only the A/B matrices would silently run the base's versions of them.
+  for (const char* unsupported :
+       {"modules_to_save", "trainable_token_indices", "layer_replication", "target_parameters"}) {
+    if (const json* v = field(unsupported);
+        v && !((v->is_array() || v->is_object()) && v->empty())) {
+      return InvalidArgumentError(
+          fmt::format("{}: {} is {}; Strata applies the A/B matrices of target_modules only", path,
+                      unsupported, JsonExcerpt(*v)));
+    }
+  }
   LoraAdapterConfig c;
   const json* r = field("r");
   const json* alpha = field("lora_alpha");
@@ -195,7 +212,7 @@ Status WriteLoraAdapterDir(
       // The chunk is A then B per site, the tensors' order: appended as it is.
       STRATA_RETURN_IF_ERROR(w.Append(std::as_bytes(std::span(chunk))));
     }
-    STRATA_RETURN_IF_ERROR(w.Finish().status());
+    STRATA_RETURN_IF_ERROR(FinishHfShard(w, tmp + "/" + kWeightsFile));
     return FsyncDirectory(tmp);
   });
 }
@@ -223,12 +240,14 @@ StatusOr<std::shared_ptr<const WeightSource>> OpenLoraAdapter(const std::string&
   }
   const std::string path = dir + "/" + kWeightsFile;
   STRATA_ASSIGN_OR_RETURN(auto file, formats::OpenSafetensorsFile(path));
+  std::set<std::string> expected;
   for (int l = 0; l < NumLayers(config); ++l) {
     for (const LoraSite& s : layout.sites) {
       const std::string prefix = LoraTensorPrefix(config, l, s);
       for (const auto& [suffix, shape] :
            {std::pair{".lora_A.weight", std::vector<int64_t>{layout.rank, s.module.in}},
             std::pair{".lora_B.weight", std::vector<int64_t>{s.module.out, layout.rank}}}) {
+        expected.insert(prefix + suffix);
         const formats::SafetensorsTensor* t = file.header.Find(prefix + suffix);
         if (t == nullptr) {
           return InvalidArgumentError(
@@ -245,6 +264,16 @@ StatusOr<std::shared_ptr<const WeightSource>> OpenLoraAdapter(const std::string&
               fmt::join(t->shape, ", "), fmt::join(shape, ", ")));
         }
       }
+    }
+  }
+  // Anything else (a modules_to_save copy, a lora_B bias, a layer past the model's) would be
+  // left out of the run without a word: refused, naming it.
+  for (const formats::SafetensorsTensor& t : file.header.tensors) {
+    if (!expected.contains(t.name)) {
+      return InvalidArgumentError(fmt::format(
+          "{}: tensor '{}' is not a LoRA A/B matrix of this model's target_modules (Strata "
+          "applies those only)",
+          path, Excerpt(t.name)));
     }
   }
   return std::shared_ptr<const WeightSource>(

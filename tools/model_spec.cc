@@ -86,7 +86,7 @@ StatusOr<ModelSpec> ResolveModelSpec(const std::string& preset, const std::strin
   ModelSpec spec;
   spec.model_dir = dir;
   spec.config = checkpoint->config();
-  for (const auto& f : checkpoint->tokenizer_files()) {
+  for (const auto& f : checkpoint->companion_files()) {
     spec.tokenizer_files.push_back(std::filesystem::path(f).is_absolute() ? f : dir + "/" + f);
   }
   return spec;

@@ -56,7 +56,7 @@ TEST(HfCheckpoint, ReadsAnUntiedGqaLlamaFromOneF32File) {
             (std::vector<std::string>{"embedding", "layer0", "layer1", "head"}));
   EXPECT_EQ((*ck)->block_num_params(0), int64_t{s.V} * s.C);
   EXPECT_EQ((*ck)->block_num_params(3), int64_t{s.C} + int64_t{s.V} * s.C);
-  EXPECT_TRUE((*ck)->tokenizer_files().empty());
+  EXPECT_TRUE((*ck)->companion_files().empty());
   ExpectBlocksEqual(**ck, tensors);
 }
 
@@ -76,12 +76,16 @@ TEST(HfCheckpoint, ReadsATiedLlamaFromBf16ShardsWithAnIndexIgnoringItsLmHead) {
   WriteModelDir(tmp.path(), LlamaConfigText(s), with_extras, /*num_shards=*/3);
   WriteFile(tmp.path() + "/tokenizer.json", "{}");
   WriteFile(tmp.path() + "/tokenizer.model", "x");
+  WriteFile(tmp.path() + "/generation_config.json", R"({"eos_token_id": [1, 106]})");
+  WriteFile(tmp.path() + "/chat_template.jinja", "{{ messages }}");
   auto ck = HfCheckpoint::Open(tmp.path());
   ASSERT_TRUE(ck.ok()) << ck.status().ToString();
   EXPECT_EQ((*ck)->weight_files().size(), 3u);
   EXPECT_EQ((*ck)->block_num_params(s.L + 1), s.C);  // the head holds only model.norm
-  EXPECT_EQ((*ck)->tokenizer_files(), (std::vector<std::string>{tmp.path() + "/tokenizer.model",
-                                                                tmp.path() + "/tokenizer.json"}));
+  EXPECT_EQ((*ck)->companion_files(),
+            (std::vector<std::string>{
+                tmp.path() + "/tokenizer.model", tmp.path() + "/tokenizer.json",
+                tmp.path() + "/chat_template.jinja", tmp.path() + "/generation_config.json"}));
   ExpectBlocksEqual(**ck, with_extras);  // the extras belong to block -1: never expected
 }
 

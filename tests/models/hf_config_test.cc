@@ -693,11 +693,23 @@ TEST(LoraAdapterConfig, OutOfRangeOrDeepValuesAreRefusedNamingTheFile) {
   const auto ok = ParseLoraAdapterConfig(head + R"("r": 8, "lora_alpha": 16})", kAdapter);
   ASSERT_TRUE(ok.ok()) << ok.status().ToString();
   EXPECT_EQ(ok->lora.rank, 8);
+  // What PEFT writes when those options are off.
+  const auto peft_off = ParseLoraAdapterConfig(
+      head + R"("r": 8, "lora_alpha": 16, "modules_to_save": null, "lora_bias": false,
+                "trainable_token_indices": null, "layer_replication": null})",
+      kAdapter);
+  ASSERT_TRUE(peft_off.ok()) << peft_off.status().ToString();
   for (const auto& [fields, what] : std::vector<std::pair<std::string, std::string>>{
            {R"("r": 1099511627776, "lora_alpha": 16})", "r is 1099511627776, not an integer"},
            {R"("r": 0, "lora_alpha": 16})", "r is 0"},
            {R"("r": 8, "lora_alpha": 1e300})", "lora_alpha is 1e+300"},
            {R"("r": 8, "lora_alpha": 16, "lora_dropout": 1.5})", "lora_dropout is 1.5"},
+           // PEFT options whose tensors are more than the A/B matrices: refused, not half-applied.
+           {R"("r": 8, "lora_alpha": 16, "modules_to_save": ["lm_head"]})",
+            "modules_to_save is [\"lm_head\"]"},
+           {R"("r": 8, "lora_alpha": 16, "lora_bias": true})", "lora_bias is true"},
+           {R"("r": 8, "lora_alpha": 16, "trainable_token_indices": [5, 6]})",
+            "trainable_token_indices is [5,6]"},
            {R"("r": )" + std::string(100000, '[') + std::string(100000, ']') + "}",
             "nested deeper than 64 levels (the limit) under /r/"}}) {
     const auto r = ParseLoraAdapterConfig(head + fields, kAdapter);

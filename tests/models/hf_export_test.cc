@@ -220,7 +220,9 @@ TEST(HfExport, ATensorLargerThanTheShardLimitGetsAShardOfItsOwn) {
   EXPECT_EQ(files.size(), tensors.size());
 }
 
-TEST(HfExport, CopiesTokenizerFiles) {
+// The tokenizer's files, its chat_template.jinja and generation_config.json (its end-of-turn ids):
+// what save_pretrained writes beside the weights, and what a chat model needs to be served.
+TEST(HfExport, CopiesTheTokenizerChatTemplateAndGenerationConfig) {
   TempDir tmp;
   LlamaTestShape s;
   auto tensors = LlamaTestTensors(s);
@@ -228,15 +230,21 @@ TEST(HfExport, CopiesTokenizerFiles) {
   WriteModelDir(tmp.path() + "/in", LlamaConfigText(s), tensors);
   WriteFile(tmp.path() + "/in/tokenizer.model", std::string("\x0a\x00\xff spm", 7));
   WriteFile(tmp.path() + "/in/tokenizer_config.json", R"({"add_bos_token": true})");
+  WriteFile(tmp.path() + "/in/chat_template.jinja",
+            "{% for m in messages %}{{ m.content }}{% endfor %}");
+  WriteFile(tmp.path() + "/in/generation_config.json", R"({"eos_token_id": [2, 7]})");
   auto ck = HfCheckpoint::Open(tmp.path() + "/in");
   ASSERT_TRUE(ck.ok());
-  ASSERT_EQ((*ck)->tokenizer_files().size(), 2u);
+  ASSERT_EQ((*ck)->companion_files().size(), 4u);
   const std::string out = tmp.path() + "/out";
   ASSERT_TRUE(WriteHfDirectory(out, (*ck)->config(), Reader(**ck), DType::kF32, 1 << 30,
-                               (*ck)->tokenizer_files())
+                               (*ck)->companion_files())
                   .ok());
   EXPECT_EQ(ReadFileBytes(out + "/tokenizer.model"), std::string("\x0a\x00\xff spm", 7));
   EXPECT_EQ(ReadFileBytes(out + "/tokenizer_config.json"), R"({"add_bos_token": true})");
+  EXPECT_EQ(ReadFileBytes(out + "/chat_template.jinja"),
+            "{% for m in messages %}{{ m.content }}{% endfor %}");
+  EXPECT_EQ(ReadFileBytes(out + "/generation_config.json"), R"({"eos_token_id": [2, 7]})");
 }
 
 TEST(HfExport, RefusesANonEmptyOutputDirectoryAndWritesNothing) {

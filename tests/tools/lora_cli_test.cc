@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -90,6 +91,25 @@ class LoraCliTest : public ::testing::Test {
     return r.exit_code == 0 ? nlohmann::json::parse(r.out)["loss"].get<double>() : NAN;
   }
 
+  // Rewrites the safetensors file at `path` with one more tensor, `name`: F32 [1], value 0.5.
+  static void AppendF32Tensor(const std::string& path, const std::string& name) {
+    std::ifstream in(path, std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    uint64_t n = 0;
+    std::memcpy(&n, bytes.data(), 8);
+    nlohmann::ordered_json header = nlohmann::ordered_json::parse(bytes.substr(8, n));
+    const std::string data = bytes.substr(8 + n);
+    header[name] = {
+        {"dtype", "F32"}, {"shape", {1}}, {"data_offsets", {data.size(), data.size() + 4}}};
+    std::string text = header.dump();
+    text.resize((text.size() + 7) / 8 * 8, ' ');
+    const uint64_t m = text.size();
+    const float half = 0.5F;
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char*>(&m), 8);
+    out << text << data;
+    out.write(reinterpret_cast<const char*>(&half), 4);
+  }
   static fs::path* dir_;
 };
 fs::path* LoraCliTest::dir_ = nullptr;
@@ -131,8 +151,13 @@ TEST_F(LoraCliTest, AdapterExportReproducesTheRunAndTheMergedModelEvaluatesEqual
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   r = RunStrata("export --checkpoint " + Path("ck_export") + " --lora-dir " + Path("adapter"));
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_TRUE(fs::exists(Path("adapter") + "/adapter_config.json"));
-  EXPECT_TRUE(fs::exists(Path("adapter") + "/adapter_model.safetensors"));
+  // Both files readable by others (a serving container, another user), as every export writes.
+  for (const char* name : {"/adapter_config.json", "/adapter_model.safetensors"}) {
+    EXPECT_EQ(fs::status(Path("adapter") + name).permissions() & fs::perms::all,
+              fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read |
+                  fs::perms::others_read)
+        << name;
+  }
   r = RunStrata("export --checkpoint " + Path("ck_export") + " --hf-dir " + Path("merged") +
                 " --merge-lora");
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -328,6 +353,14 @@ TEST_F(LoraCliTest, BadInputIsOneLineNamingTheFlagOrTheFile) {
   expect_error(RunStrata("eval --device host --model-dir " + Path("other_base") + " --lora " +
                          Path("adapter_bad") + " --data " + Path("tune.bin") + " --seq-len 32"),
                "base_model_name_or_path");
+  // A tensor beyond the A/B matrices (PEFT's modules_to_save copy of lm_head) is refused by name,
+  // not left out of the run.
+  fs::copy(Path("adapter_bad"), Path("adapter_extra"), fs::copy_options::recursive);
+  AppendF32Tensor(Path("adapter_extra") + "/adapter_model.safetensors",
+                  "base_model.model.lm_head.weight");
+  expect_error(RunStrata("eval --device host --model-dir " + Path("base") + " --lora " +
+                         Path("adapter_extra") + " --data " + Path("tune.bin") + " --seq-len 32"),
+               "tensor 'base_model.model.lm_head.weight' is not a LoRA A/B matrix");
   expect_error(RunStrata("export --checkpoint " + Path("ck_bad") + " --hf-dir " + Path("x")),
                "is a LoRA run");
   expect_error(RunStrata("export --checkpoint " + Path("base_ck") + " --lora-dir " + Path("y")),
