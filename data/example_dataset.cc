@@ -71,9 +71,20 @@ StatusOr<ExampleDataset::Split> ExampleDataset::LayOut(TokenDataset tokens,
         ++s.stats.skipped;
         continue;
       }
-      ++s.stats.truncated;
       length = o.seq_len;
     }
+    // Only the targets that stay in the row count: a prompt longer than T, cut to its first T
+    // tokens, leaves none, and a row of such examples alone would train nothing (a step drawing
+    // only those would have no loss at all).
+    flags.resize(static_cast<size_t>(length));
+    s.tokens.ReadFlags(starts[e], length, flags.data());
+    int64_t in_loss = 0;
+    for (int64_t t = 1; t < length; ++t) in_loss += (flags[t] & kTokenFlagInLoss);
+    if (in_loss == 0) {
+      ++s.stats.no_target;
+      continue;
+    }
+    if (length < end - starts[e]) ++s.stats.truncated;
     if (!o.pack || used + length > o.seq_len) {
       s.row_starts.push_back(static_cast<int64_t>(s.pieces.size()));
       used = 0;
@@ -81,16 +92,17 @@ StatusOr<ExampleDataset::Split> ExampleDataset::LayOut(TokenDataset tokens,
     s.pieces.push_back({starts[e], static_cast<int32_t>(length)});
     used += length;
     s.stats.tokens += length;
-    flags.resize(static_cast<size_t>(length));
-    s.tokens.ReadFlags(starts[e], length, flags.data());
-    for (int64_t t = 1; t < length; ++t) s.stats.tokens_in_loss += (flags[t] & kTokenFlagInLoss);
+    s.stats.tokens_in_loss += in_loss;
   }
   s.stats.rows = static_cast<int64_t>(s.row_starts.size());
   s.row_starts.push_back(static_cast<int64_t>(s.pieces.size()));
   if (s.stats.rows == 0) {
     return InvalidArgumentError(fmt::format(
-        "{} has no example of at most {} tokens ({} example{}, {} longer skipped)", what, o.seq_len,
-        s.stats.examples, s.stats.examples == 1 ? "" : "s", s.stats.skipped));
+        "{} has no example of at most {} tokens with a target in the loss ({} example{}, {} longer "
+        "skipped, {} without a target{})",
+        what, o.seq_len, s.stats.examples, s.stats.examples == 1 ? "" : "s", s.stats.skipped,
+        s.stats.no_target,
+        s.stats.no_target > 0 ? fmt::format(" within their first {} tokens", o.seq_len) : ""));
   }
   return s;
 }
@@ -215,6 +227,10 @@ std::string ExampleDataset::Describe() const {
   if (t.skipped + v.skipped > 0) {
     long_line =
         fmt::format("; {} longer than {} tokens skipped", t.skipped + v.skipped, options_.seq_len);
+  }
+  if (t.no_target + v.no_target > 0) {
+    long_line += fmt::format("; {} without a target in the loss in their first {} tokens skipped",
+                             t.no_target + v.no_target, options_.seq_len);
   }
   return fmt::format(
       "{}: {} examples (train {}, val {}) in {} rows of {} tokens (train {}, val {}), {}{}; {} "

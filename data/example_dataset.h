@@ -19,7 +19,10 @@
 //   targets[t] = tokens[t + 1] when t + 1 is in the same row and the same example and its flags
 //                have kTokenFlagInLoss; else kIgnoreTarget
 // so an example's last token never predicts the next example's first, and a truncated example's
-// last token in the row predicts nothing.
+// last token in the row predicts nothing. An example left without a target in the loss (its
+// prompt fills the first T tokens, or it has no response tokens) is left out and counted
+// (SplitStats::no_target): rows of it alone would train nothing, and a step that drew only such
+// rows would have no loss to take a mean of.
 //
 // Thread-safety: immutable after Create; every const method may run concurrently.
 #pragma once
@@ -59,7 +62,7 @@ class ExampleDataset final : public Dataset {
   // Lays out the rows of both splits (one pass over their flags). `description` names the
   // source for Describe(). Errors: kInvalidArgument for a split without flags, options out of
   // range (seq_len <= 0, a negative pad id), an example longer than seq_len with kRefuse, or a
-  // split left without rows (every example skipped).
+  // split left without rows (every example skipped or without a target in the loss).
   static StatusOr<ExampleDataset> Create(TokenDataset train, TokenDataset val,
                                          const ExampleRowOptions& options, std::string description);
   // One set of files that is both splits (what `strata eval` scores: its rows are the
@@ -74,6 +77,8 @@ class ExampleDataset final : public Dataset {
     int64_t rows = 0;            // of seq_len tokens
     int64_t truncated = 0;       // examples cut to seq_len tokens
     int64_t skipped = 0;         // examples left out (longer than seq_len, kSkip)
+    int64_t no_target = 0;       // examples left out: no target in the loss in the row (a
+                                 // prompt longer than seq_len, truncated; an empty response)
     int64_t tokens = 0;          // example tokens placed in rows (padding not counted)
     int64_t tokens_in_loss = 0;  // targets other than kIgnoreTarget over all rows
   };

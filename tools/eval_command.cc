@@ -272,9 +272,11 @@ Status EvalExamples(const EvalFlags& f, const Loaded& l, data::TokenDataset toke
         "evaluate");
   }
   PrintEval(f, l, sum / static_cast<double>(counted), counted, s.rows,
-            fmt::format("{} examples in {} rows of {} tokens{}{}", s.examples, s.rows, T,
-                        f.pack ? ", packed" : "",
-                        s.truncated > 0 ? fmt::format("; {} truncated", s.truncated) : ""));
+            fmt::format(
+                "{} examples in {} rows of {} tokens{}{}{}", s.examples, s.rows, T,
+                f.pack ? ", packed" : "",
+                s.truncated > 0 ? fmt::format("; {} truncated", s.truncated) : "",
+                s.no_target > 0 ? fmt::format("; {} without a target skipped", s.no_target) : ""));
   return Status::Ok();
 }
 

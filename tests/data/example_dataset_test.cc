@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <random>
@@ -150,6 +151,41 @@ TEST_F(ExampleDatasetTest, SkippedExamplesAreLeftOutAndCounted) {
   EXPECT_THAT(e.status().message(), HasSubstr("2 longer skipped"));
 }
 
+// A prompt longer than T, truncated, leaves its example no target in the row: the example is
+// left out and counted, so that no row trains nothing (a step that drew only such rows would have
+// no loss to average). The same for an example without response tokens.
+TEST_F(ExampleDatasetTest, ExamplesLeftWithoutATargetAreLeftOutAndCounted) {
+  // T = 4: the 12 has its first loss token at 6, the 1 has none; the 10 keeps 5..9 out of
+  // its first 4 tokens; the 2 and the 3 keep theirs.
+  const TokenDataset train = Open("train.bin", MakeExamples({2, 12, 1, 10, 3}));
+  const TokenDataset val = Open("val.bin", MakeExamples({4, 9}));
+  for (const bool pack : {false, true}) {
+    ExampleRowOptions o{.seq_len = 4, .pack = pack, .long_examples = LongExamples::kTruncate};
+    auto d = ExampleDataset::Create(train, val, o, "t");
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    EXPECT_EQ(d->train_stats().no_target, 3);
+    EXPECT_EQ(d->train_stats().truncated, 0);  // the long ones were left out, not truncated
+    EXPECT_EQ(d->train_stats().rows, 2);       // [2] and [3] (2 + 3 > 4)
+    EXPECT_EQ(d->train_tokens(), 5);
+    EXPECT_EQ(d->train_stats().tokens_in_loss, 1 + 2);
+    EXPECT_EQ(d->val_stats().no_target, 1);  // the 9: loss from 4 on
+    EXPECT_THAT(d->Describe(),
+                HasSubstr("; 4 without a target in the loss in their first 4 tokens skipped"));
+    // Every row has a target in the loss.
+    Batch b;
+    d->ValBatch(0, 1, static_cast<int>(d->val_stats().rows), 4, &b);
+    EXPECT_THAT(b.targets, ::testing::Contains(::testing::Ne(I)));
+  }
+  // Nothing left: an error that says why.
+  const TokenDataset prompts_only = Open("prompts.bin", MakeExamples({12, 1}));
+  auto e = ExampleDataset::Create(prompts_only, val, {.seq_len = 4}, "t");
+  ASSERT_FALSE(e.ok());
+  EXPECT_THAT(e.status().message(),
+              HasSubstr("has no example of at most 4 tokens with a target in the loss (2 "
+                        "examples, 0 longer skipped, 2 without a target within their first 4 "
+                        "tokens)"));
+}
+
 // `strata eval` scores one set of files: its refusal names them, not a training split.
 TEST_F(ExampleDatasetTest, OneWholeSetNamesItsFilesNotATrainingSplit) {
   ExampleRowOptions o{.seq_len = 4, .pack = true, .long_examples = LongExamples::kSkip};
@@ -183,10 +219,17 @@ TEST_F(ExampleDatasetTest, PackedRowsHoldEveryExampleExactlyOnceInFileOrder) {
     if (b.tokens[i] != 0) seen.push_back(b.tokens[i]);
     in_loss += b.targets[i] != kIgnoreTarget;
   }
+  // Truncated to T; a one-token example has no target and is left out.
   std::vector<int32_t> expected;
-  for (size_t i = 0; i < ex.tokens.size(); ++i) {
-    if (ex.tokens[i] % 1000 < T) expected.push_back(ex.tokens[i]);  // truncated to T
+  int64_t no_target = 0;
+  for (size_t e = 0; e < lengths.size(); ++e) {
+    no_target += lengths[e] == 1;
+    for (int i = 0; i < std::min(lengths[e], T) && lengths[e] > 1; ++i) {
+      expected.push_back(1000 * static_cast<int32_t>(e + 1) + i);
+    }
   }
+  ASSERT_GT(no_target, 0);
+  EXPECT_EQ(d->val_stats().no_target, no_target);
   EXPECT_EQ(seen, expected);
   EXPECT_EQ(in_loss, d->val_stats().tokens_in_loss);
 }
