@@ -6,11 +6,14 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <random>
 
 #include "base/dtype.h"
+#include "base/file.h"
 #include "base/units.h"
+#include "base/untrusted_text.h"
 #include "data/example_dataset.h"
 #include "data/preference_dataset.h"
 #include "data/token_dataset.h"
@@ -416,6 +419,68 @@ Status RunEval(const EvalFlags& f) {
   return Status::Ok();
 }
 
+// The eos_token_id of a generation_config.json or config.json object `j` (a number or a list of
+// numbers), appended to *ids; absent or null adds nothing. Errors name `path` and the key.
+Status AppendEosIds(const nlohmann::json& j, const std::string& path, std::vector<int32_t>* ids) {
+  if (!j.is_object() || !j.contains("eos_token_id") || j["eos_token_id"].is_null()) {
+    return Status::Ok();
+  }
+  const nlohmann::json& v = j["eos_token_id"];
+  auto append = [&](const nlohmann::json& id) -> Status {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
+        id.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+      return InvalidArgumentError(
+          fmt::format("{}: eos_token_id holds {}, not a token id", path, JsonExcerpt(id)));
+    }
+    ids->push_back(static_cast<int32_t>(id.get<int64_t>()));
+    return Status::Ok();
+  };
+  if (!v.is_array()) return append(v);
+  for (const nlohmann::json& id : v) STRATA_RETURN_IF_ERROR(append(id));
+  return Status::Ok();
+}
+
+// The ids that end a generation, as transformers' generate() takes them: generation_config.json's
+// eos_token_id (one id or a list: Gemma 3's <end_of_turn> beside <eos>, Llama 3's <|eot_id|>),
+// else config.json's (at the top, else a multimodal config's text_config); and the tokenizer's
+// EOS. The files are the model directory's (a run's: the one it started from, or the copy of
+// generation_config.json it recorded), where they still exist.
+StatusOr<std::vector<int32_t>> EndOfGenerationIds(const ModelSpec& spec,
+                                                  const data::Tokenizer* tokenizer) {
+  std::vector<int32_t> ids;
+  if (tokenizer != nullptr) ids.push_back(tokenizer->eos_id());
+  auto read = [](const std::string& path) -> StatusOr<nlohmann::json> {
+    STRATA_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(path, {.max_bytes = 1 << 20}));
+    auto j = ParseJsonBounded(text);
+    if (!j.ok()) return InvalidArgumentError(fmt::format("{}: {}", path, j.status().message()));
+    return std::move(*j);
+  };
+  std::string generation_config;
+  for (const std::string& f : spec.tokenizer_files) {
+    if (std::filesystem::path(f).filename() == "generation_config.json") generation_config = f;
+  }
+  std::error_code ec;
+  if (generation_config.empty() && !spec.model_dir.empty() &&
+      std::filesystem::is_regular_file(spec.model_dir + "/generation_config.json", ec)) {
+    generation_config = spec.model_dir + "/generation_config.json";
+  }
+  const size_t before = ids.size();
+  if (!generation_config.empty() && std::filesystem::is_regular_file(generation_config, ec)) {
+    STRATA_ASSIGN_OR_RETURN(const nlohmann::json j, read(generation_config));
+    STRATA_RETURN_IF_ERROR(AppendEosIds(j, generation_config, &ids));
+  }
+  const std::string config = spec.model_dir + "/config.json";
+  if (ids.size() == before && !spec.model_dir.empty() &&
+      std::filesystem::is_regular_file(config, ec)) {
+    STRATA_ASSIGN_OR_RETURN(const nlohmann::json j, read(config));
+    STRATA_RETURN_IF_ERROR(AppendEosIds(j, config, &ids));
+    if (ids.size() == before && j.is_object() && j.contains("text_config")) {
+      STRATA_RETURN_IF_ERROR(AppendEosIds(j["text_config"], config + " text_config", &ids));
+    }
+  }
+  return ids;
+}
+
 void AddGenerateFlags(CLI::App& cmd, GenerateFlags& f) {
   AddInferenceFlags(cmd, f.model);
   cmd.add_option("--prompt", f.prompt, "Text to continue")->required();
@@ -442,11 +507,12 @@ Status RunGenerate(const GenerateFlags& f) {
   const std::string tokenizer_path = f.tokenizer.empty() ? spec.default_tokenizer() : f.tokenizer;
   std::unique_ptr<data::Tokenizer> tokenizer;
   std::vector<int32_t> context;
+  std::vector<int32_t> prompt_ids;
   if (!tokenizer_path.empty()) {
     STRATA_ASSIGN_OR_RETURN(tokenizer, data::Tokenizer::Load(tokenizer_path));
     if (tokenizer->adds_bos()) context.push_back(tokenizer->bos_id());
-    STRATA_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer->Encode(f.prompt));
-    context.insert(context.end(), ids.begin(), ids.end());
+    STRATA_ASSIGN_OR_RETURN(prompt_ids, tokenizer->Encode(f.prompt));
+    context.insert(context.end(), prompt_ids.begin(), prompt_ids.end());
   } else if (spec.byte_level()) {
     for (unsigned char c : f.prompt) context.push_back(c);
   } else {
@@ -455,6 +521,8 @@ Status RunGenerate(const GenerateFlags& f) {
         "tokenizer.json");
   }
   if (context.empty()) return InvalidArgumentError("the prompt has no tokens");
+  STRATA_ASSIGN_OR_RETURN(const std::vector<int32_t> end_ids,
+                          EndOfGenerationIds(spec, tokenizer.get()));
   const int max_len =
       std::min<int>(spec.max_seq_len(), static_cast<int>(context.size()) + f.max_new_tokens);
   STRATA_ASSIGN_OR_RETURN(Loaded l, Build(std::move(resolved), mf, {1, max_len}));
@@ -482,13 +550,24 @@ Status RunGenerate(const GenerateFlags& f) {
       while (j + 1 < k && r >= p[j]) r -= p[j++];
       next = order[j];
     }
-    if (tokenizer && next == tokenizer->eos_id()) break;
+    if (std::find(end_ids.begin(), end_ids.end(), next) != end_ids.end()) break;
     context.push_back(next);
     generated.push_back(next);
   }
   std::string text;
   if (tokenizer) {
-    STRATA_ASSIGN_OR_RETURN(text, tokenizer->Decode(generated));
+    // Decoded with the prompt and cut after the prompt's text, as transformers' pipelines do: a
+    // decoder that strips the first token's leading space (SentencePiece, Llama 2's and
+    // Mistral's tokenizer.json) would otherwise drop the space between prompt and continuation.
+    STRATA_ASSIGN_OR_RETURN(const std::string prompt_text, tokenizer->Decode(prompt_ids));
+    std::vector<int32_t> all = prompt_ids;
+    all.insert(all.end(), generated.begin(), generated.end());
+    STRATA_ASSIGN_OR_RETURN(const std::string all_text, tokenizer->Decode(all));
+    if (all_text.starts_with(prompt_text)) {
+      text = all_text.substr(prompt_text.size());
+    } else {
+      STRATA_ASSIGN_OR_RETURN(text, tokenizer->Decode(generated));
+    }
   } else {
     for (int32_t t : generated) text.push_back(static_cast<char>(t));
   }
