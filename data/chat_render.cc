@@ -313,8 +313,8 @@ StatusOr<RenderedExample> RenderTemplate(const ChatFormat& format, const Tokeniz
   return out;
 }
 
-// The BOS id, then each content encoded on its own, an assistant's followed by the EOS id (in
-// the loss from first_loss_message on).
+// The BOS id, then each content encoded on its own, an assistant's followed by the EOS id (the
+// assistant turns from first_loss_message on in the loss, with their EOS).
 StatusOr<RenderedExample> RenderNone(const Tokenizer& tokenizer, const InstructionExample& example,
                                      size_t first_loss_message) {
   RenderedExample out;
@@ -340,7 +340,9 @@ StatusOr<RenderedExample> RenderNone(const Tokenizer& tokenizer, const Instructi
         for (int32_t id : ids) add(id, loss);
       }
     }
-    if (loss && tokenizer.eos_id() >= 0) add(tokenizer.eos_id(), true);
+    // Every assistant turn ends with the EOS, in the loss when the turn is: a preference pair's
+    // earlier turns (its prompt) render as the same conversation does as instruction data.
+    if (role == "assistant" && tokenizer.eos_id() >= 0) add(tokenizer.eos_id(), loss);
   }
   if (!out.flags.empty()) out.flags[0] |= kTokenFlagExampleStart;
   return out;

@@ -163,9 +163,11 @@ TEST_F(PreferenceDataTest, OnlyTheSidesOwnAssistantTurnsAreInTheLossNotThoseOfTh
   for (const char* s : {"Hi", "Hello!", "Again", "Sure."}) {
     const auto ids = Enc(s);
     want.insert(want.end(), ids.begin(), ids.end());
+    // Every assistant turn ends with the EOS, the prompt's too (outside the loss).
+    if (std::string_view(s) == "Hello!" || std::string_view(s) == "Sure.") want.push_back(eos);
   }
-  want.push_back(eos);
   EXPECT_EQ(none.chosen.tokens, want);
+  EXPECT_EQ(AsInstruction(Format("none"), p.chosen).tokens, none.chosen.tokens);
   std::vector<int32_t> in_loss;
   for (size_t i = 0; i < want.size(); ++i) {
     if (none.chosen.flags[i] & kTokenFlagInLoss) in_loss.push_back(none.chosen.tokens[i]);
@@ -224,7 +226,8 @@ TEST_F(PreferenceDataTest, AFileIsPairAfterPairWithTheFlagsWhereEachCompletionIs
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->pairs, 2);
   const int bos = tok_->bos_id(), eos = tok_->eos_id();
-  // Each example: BOS, the prompt's contents, the completion's and its EOS, in the loss.
+  // Each example: BOS, the prompt's contents (its assistant turn followed by the EOS), the
+  // completion's and its EOS, in the loss.
   struct Side {
     std::vector<std::string> prompt;
     std::string completion;
@@ -241,6 +244,7 @@ TEST_F(PreferenceDataTest, AFileIsPairAfterPairWithTheFlagsWhereEachCompletionIs
     flags.push_back(0);
     for (const auto& p : sides[s].prompt) {
       for (int32_t id : Enc(p)) tokens.push_back(id), flags.push_back(0);
+      if (p == "Hello!") tokens.push_back(eos), flags.push_back(0);  // the assistant's turn
     }
     for (int32_t id : Enc(sides[s].completion)) tokens.push_back(id), flags.push_back(1);
     tokens.push_back(eos);
