@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 
 #include "base/logging.h"
 #include "base/trace.h"
@@ -566,11 +567,23 @@ StatusOr<StepResult> Engine::Impl::RunStep(std::span<const MicroBatch> mbs) {
   }
   const MicroBatchShape shape = o_.micro_batch;
   const float scale = scaler_.scale();
-  // The mean over every counted target of this rank's micro-batches, averaged over the ranks.
+  // The mean over every counted target of the whole job's micro-batches: each rank weights its
+  // own by their share of the targets every rank counts (all-reduced), so that instruction data,
+  // whose micro-batches count different numbers of targets, trains as on one rank.
   STRATA_ASSIGN_OR_RETURN(const std::vector<int64_t> loss_tokens,
                           CheckMicroBatches(mbs, shape, model_->vocab_size()));
-  STRATA_ASSIGN_OR_RETURN(std::vector<float> dloss,
-                          MicroBatchLossWeights(loss_tokens, shape.tokens(), scale, world()));
+  int64_t job_loss_tokens = std::accumulate(loss_tokens.begin(), loss_tokens.end(), int64_t{0});
+  if (dp() && !objective_) {
+    // Counts below 2^53 add exactly in double.
+    double total = static_cast<double>(job_loss_tokens);
+    STRATA_RETURN_IF_ERROR(o_.comm->AllReduce(std::span(&total, 1), comm::ReduceOp::kSum));
+    job_loss_tokens = static_cast<int64_t>(total);
+  }
+  const bool every_target_counts =
+      job_loss_tokens == static_cast<int64_t>(mbs.size()) * world() * shape.tokens();
+  STRATA_ASSIGN_OR_RETURN(
+      std::vector<float> dloss,
+      MicroBatchLossWeights(loss_tokens, shape.tokens(), scale, world(), job_loss_tokens));
   if (objective_) {
     STRATA_RETURN_IF_ERROR(CheckObjective());
     // The objective's weights are the step's (the whole job's, with data parallelism: the ranks'
@@ -596,14 +609,25 @@ StatusOr<StepResult> Engine::Impl::RunStep(std::span<const MicroBatch> mbs) {
                            : StepLoss({losses, mbs.size()}, loss_tokens, shape.tokens());
   if (dp()) {
     // Every rank clips, skips and reports alike: the squared norm, the overflow flag and the
-    // loss summed over the ranks (in rank order, the same bits everywhere). A rank's mean loss
-    // is averaged; an objective's shares are of the whole job's objective already, so summed.
+    // loss summed over the ranks (in rank order, the same bits everywhere). When every target
+    // counts, a rank's mean loss is averaged; else each rank's sum over its counted targets is
+    // summed and divided by the job's count. An objective's shares are of the whole job's
+    // objective already, so summed.
+    double rank_loss = result.loss;
+    if (!objective_ && !every_target_counts) {
+      rank_loss = 0;
+      for (size_t i = 0; i < mbs.size(); ++i) {
+        rank_loss += static_cast<double>(losses[i]) * static_cast<double>(loss_tokens[i]);
+      }
+    }
     double v[3] = {stats.sum_squares, stats.nonfinite ? 1.0 : 0.0,
-                   objective_ ? objective_value_ : result.loss};
+                   objective_ ? objective_value_ : rank_loss};
     STRATA_RETURN_IF_ERROR(o_.comm->AllReduce(v, comm::ReduceOp::kSum));
     stats.sum_squares = v[0];
     stats.nonfinite = v[1] != 0;
-    result.loss = static_cast<float>(objective_ ? v[2] : v[2] / world());
+    result.loss = static_cast<float>(objective_            ? v[2]
+                                     : every_target_counts ? v[2] / world()
+                                                           : v[2] / job_loss_tokens);
   }
   const bool overflow = stats.nonfinite || !std::isfinite(stats.sum_squares);
   result.grad_norm = overflow ? INFINITY : std::sqrt(stats.sum_squares) / scale;

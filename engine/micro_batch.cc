@@ -79,22 +79,26 @@ uint64_t MicroBatchDropoutSeed(uint64_t seed, int64_t step, size_t i) {
 
 StatusOr<std::vector<float>> MicroBatchLossWeights(std::span<const int64_t> loss_tokens,
                                                    int64_t tokens_per_micro_batch, float scale,
-                                                   int world) {
+                                                   int world, int64_t job_loss_tokens) {
   const size_t n = loss_tokens.size();
-  if (AllTargetsCount(loss_tokens, tokens_per_micro_batch)) {
+  const int64_t own = std::accumulate(loss_tokens.begin(), loss_tokens.end(), int64_t{0});
+  if (job_loss_tokens < own) {
+    return InvalidArgumentError(fmt::format(
+        "the job's counted targets {} are fewer than this rank's {}", job_loss_tokens, own));
+  }
+  if (job_loss_tokens == static_cast<int64_t>(n) * world * tokens_per_micro_batch) {
     return std::vector<float>(n, scale / static_cast<float>(n * world));
   }
-  const int64_t total = std::accumulate(loss_tokens.begin(), loss_tokens.end(), int64_t{0});
-  if (total == 0) {
+  if (job_loss_tokens == 0) {
     return InvalidArgumentError(fmt::format(
-        "no target of this step's {} micro-batches counts in the loss (all prompt or padding): "
+        "no target of this step's {} micro-batches{} counts in the loss (all prompt or padding): "
         "check the data's loss mask",
-        n));
+        n * world, world > 1 ? fmt::format(" on {} ranks", world) : ""));
   }
   std::vector<float> weights(n);
   for (size_t i = 0; i < n; ++i) {
     weights[i] = static_cast<float>(static_cast<double>(scale) * loss_tokens[i] /
-                                    (static_cast<double>(total) * world));
+                                    static_cast<double>(job_loss_tokens));
   }
   return weights;
 }

@@ -51,15 +51,20 @@ StatusOr<std::vector<int64_t>> CheckMicroBatches(std::span<const MicroBatch> mbs
 // that any number of ranks draws the same masks.
 uint64_t MicroBatchDropoutSeed(uint64_t seed, int64_t step, size_t i);
 
-// The d(objective)/d(mean loss) of each micro-batch for a step with these counted targets,
-// including the loss scale, over `world` ranks: scale / (n world) each when every micro-batch
-// counts all of its B T targets (exactly today's weights), else scale c_i / (C world) (in
-// double, rounded once to float).
-// Errors: kInvalidArgument when no target of the step counts (nothing to learn from: the data
-// is all prompt or padding).
+// The d(objective)/d(mean loss) of each of this rank's n micro-batches for a step with these
+// counted targets c_i, including the loss scale, over `world` ranks whose micro-batches count
+// `job_loss_tokens` targets in all (C: the sum of every rank's c_i, all-reduced; sum(c_i) with
+// one rank): scale / (n world) each when every micro-batch of every rank counts all of its B T
+// targets (C = n world B T: exactly today's weights), else scale c_i / C (in double, rounded
+// once to float). The ranks' gradients are summed, so the step's gradient is that of the mean
+// over the whole job's counted targets, as one rank accumulating them all computes it, whatever
+// the rank count (transformers' num_items_in_batch, gathered across devices); a rank whose
+// micro-batches count none contributes nothing.
+// Errors: kInvalidArgument when no target of the step counts on any rank (nothing to learn from:
+// the data is all prompt or padding), or job_loss_tokens below this rank's own sum.
 StatusOr<std::vector<float>> MicroBatchLossWeights(std::span<const int64_t> loss_tokens,
                                                    int64_t tokens_per_micro_batch, float scale,
-                                                   int world);
+                                                   int world, int64_t job_loss_tokens);
 
 // The step's loss from the micro-batches' mean losses: their plain mean (float, in order) when
 // every target counts, else sum_i c_i L_i / C in double.

@@ -18,6 +18,7 @@
 // loss. That examples do not see each other still holds to the bit (a row's products do not
 // read other rows; masked keys give exact zeros).
 #include <fmt/format.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -248,17 +249,39 @@ INSTANTIATE_TEST_SUITE_P(Families, PackedBatchTest, ::testing::ValuesIn(testing:
 
 TEST(MicroBatchLossWeights, AreTodaysWeightsWhenEveryTargetCountsElseTheCountedShares) {
   const std::vector<int64_t> full = {16, 16, 16};
-  auto w = MicroBatchLossWeights(full, 16, 1024.0f, 2);
+  auto w = MicroBatchLossWeights(full, 16, 1024.0f, 2, 2 * 48);
   ASSERT_TRUE(w.ok());
   for (float x : *w) EXPECT_EQ(x, 1024.0f / static_cast<float>(3 * 2));
   const std::vector<int64_t> partial = {16, 4, 0};
-  w = MicroBatchLossWeights(partial, 16, 8.0f, 1);
+  w = MicroBatchLossWeights(partial, 16, 8.0f, 1, 20);
   ASSERT_TRUE(w.ok());
   EXPECT_EQ((*w)[0], 8.0f * 16 / 20);
   EXPECT_EQ((*w)[1], 8.0f * 4 / 20);
   EXPECT_EQ((*w)[2], 0.0f);
   const std::vector<int64_t> none = {0, 0};
-  EXPECT_FALSE(MicroBatchLossWeights(none, 16, 1.0f, 1).ok());
+  EXPECT_FALSE(MicroBatchLossWeights(none, 16, 1.0f, 1, 0).ok());
+  // Two ranks: each micro-batch's share of the targets both ranks count, so that the summed
+  // gradients are one rank's over all four micro-batches ({16, 4} here, {10, 2} there: 32).
+  const std::vector<int64_t> here = {16, 4}, there = {10, 2}, all = {16, 4, 10, 2};
+  const auto one_rank = MicroBatchLossWeights(all, 16, 8.0f, 1, 32);
+  const auto rank0 = MicroBatchLossWeights(here, 16, 8.0f, 2, 32);
+  const auto rank1 = MicroBatchLossWeights(there, 16, 8.0f, 2, 32);
+  ASSERT_TRUE(one_rank.ok() && rank0.ok() && rank1.ok());
+  EXPECT_EQ((*rank0)[0], (*one_rank)[0]);
+  EXPECT_EQ((*rank0)[1], (*one_rank)[1]);
+  EXPECT_EQ((*rank1)[0], (*one_rank)[2]);
+  EXPECT_EQ((*rank1)[1], (*one_rank)[3]);
+  // A rank whose micro-batches count nothing contributes nothing, and is no error while another
+  // rank's count; all of them counting every target on one rank only is not "every target".
+  const auto empty = MicroBatchLossWeights(none, 16, 8.0f, 2, 32);
+  ASSERT_TRUE(empty.ok()) << empty.status().ToString();
+  EXPECT_EQ(*empty, (std::vector<float>{0.0f, 0.0f}));
+  const auto half = MicroBatchLossWeights(std::vector<int64_t>{16, 16}, 16, 8.0f, 2, 32);
+  ASSERT_TRUE(half.ok());
+  EXPECT_EQ(*half, (std::vector<float>{4.0f, 4.0f}));
+  EXPECT_THAT(MicroBatchLossWeights(none, 16, 1.0f, 2, 0).status().message(),
+              ::testing::HasSubstr("no target of this step's 4 micro-batches on 2 ranks"));
+  EXPECT_FALSE(MicroBatchLossWeights(here, 16, 1.0f, 2, 3).ok());
   const std::vector<float> losses = {2.0f, 4.0f};
   const std::vector<int64_t> counts = {16, 16}, uneven = {12, 4};
   EXPECT_EQ(StepLoss(losses, counts, 16), 3.0f);

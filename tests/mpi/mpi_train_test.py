@@ -26,6 +26,9 @@ Cases:
   lora                                 LoRA (with dropout) and QLoRA (NF4 base from NVMe,
                                        layer-major): 2 ranks == 1 rank within kBound; a 2-rank
                                        LoRA resume equals the straight run
+  instruction                          instruction data (responses of 1 to 12 of a row's 16
+                                       tokens): 2 ranks == 1 rank within kBound, the loss the
+                                       mean over the whole job's counted targets
   rank-error                           an error on rank 1 only ends the job with one line
                                        `strata: rank 1: ...`
 
@@ -539,6 +542,37 @@ def case_preference(runner):
               f"{one['loss_last']:.4f} vs {two['loss_last']:.4f}")
 
 
+def case_instruction(runner):
+    # Instruction data counts a different number of targets in each micro-batch: each rank weights
+    # its own by their share of the targets of the whole job, so that 2 ranks train as 1 rank
+    # accumulating all of them (a mean per rank, averaged over the ranks, is not that mean).
+    d = runner.fresh_dir("instruction-data")
+    jsonl, tokens = os.path.join(d, "sft.jsonl"), os.path.join(d, "sft.bin")
+    rng = __import__("random").Random(11)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    with open(jsonl, "w") as f:
+        for _ in range(400):
+            prompt = "".join(rng.choice(letters) for _ in range(rng.randint(1, 3)))
+            response = "".join(rng.choice(letters) for _ in range(rng.randint(1, 12)))
+            f.write(json.dumps({"prompt": prompt, "response": response}) + "\n")
+    runner.run([runner.strata, "tokenize", "--byte-level", "--input", jsonl, "--output", tokens])
+    for precision, home in (("fp32", "host"), ("bf16", "nvme")):
+        what = f"instruction data, {precision}, optimizer on {home}"
+        kw = dict(data=tokens, precision=precision, optimizer_home=home)
+        one, one_dir = runner.train(1, "instruction-one", extra=["--save-every", "1"], **kw)
+        two, two_dir = runner.train(kRanks, "instruction-two", **kw)
+        want = master_weights(checkpoint_dir(os.path.join(one_dir, "ckpt")))
+        got = master_weights(checkpoint_dir(os.path.join(two_dir, "ckpt")))
+        worst = compare_weights(got, want, kBound, f"{what}: 2 ranks vs 1 rank")
+        after_first = master_weights(os.path.join(one_dir, "ckpt", "step-1"))
+        check_moved(want, after_first, f"{what}: 1-rank run, step 1 -> step {kSteps}")
+        check(abs(one["loss_last"] - two["loss_last"]) <= 1e-5 * abs(one["loss_last"]),
+              f"{what}: last step's loss {one['loss_last']} (1 rank) vs {two['loss_last']} "
+              "(2 ranks)")
+        print(f"{what}: largest |2 ranks - 1 rank| {worst:.3g} (bound {kBound:g}); loss "
+              f"{one['loss_last']:.6f} vs {two['loss_last']:.6f}")
+
+
 def case_lora(runner):
     # LoRA over a frozen base under mpirun: the adapters are partitioned and reduced as any
     # block's params, the base is whole on every rank (one pinned copy per machine, shared). With dropout (each micro-batch's masks are
@@ -612,6 +646,7 @@ CASES = {
     "mismatch": case_mismatch,
     "rank-error": case_rank_error,
     "preference": case_preference,
+    "instruction": case_instruction,
     "lora": case_lora,
 }
 for _precision in ("bf16", "fp16"):
