@@ -107,8 +107,8 @@ class MetricsWriter {
 // byte counters and of the trace breakdown) into the scalars of one optimizer step, and hands them
 // to a MetricsWriter. A step's bytes and times are the growth of the totals since the previous
 // record: times since the previous RecordStep (so a timed Flush before an evaluation or a
-// checkpoint counts in the next step), bytes since the previous RecordStep or RecordEvaluation
-// (an evaluation's traffic is not charged to the next step).
+// checkpoint counts in the next step), bytes since the previous RecordStep, RecordEvaluation or
+// SkipBytes (an evaluation's or a checkpoint's traffic is not charged to the next step).
 //
 // Tags per step: train/loss, train/lr, train/grad_norm, train/loss_scale,
 // train/tokens_per_second (tokens of the step / time/step), train/skipped (0 or 1), bytes/h2d,
@@ -143,6 +143,10 @@ class TrainMetrics {
   // extra: further validation scalars, written after val/loss.
   Status RecordEvaluation(int64_t step, double val_loss, const engine::EngineCounters& counters,
                           std::span<const Scalar> extra = {});
+
+  // After a checkpoint (and the Flush before it): the bytes moved since the last record are
+  // skipped, as an evaluation's are, not charged to the next step.
+  void SkipBytes(const engine::EngineCounters& counters) { last_.counters = counters; }
 
   // The scalars RecordStep would write (for tests).
   static std::vector<Scalar> StepScalars(const engine::StepResult& result, double lr,

@@ -133,6 +133,18 @@ void ProgressLine::Update(const StepReport& r) {
   }
 }
 
+void ProgressLine::SkipBytes(const StepReport& counters) {
+  auto skip = [&](uint64_t StepReport::*field) {
+    interval_start_.*field += counters.*field - previous_.*field;
+    previous_.*field = counters.*field;
+  };
+  for (uint64_t StepReport::*field :
+       {&StepReport::bytes_h2d, &StepReport::bytes_d2h, &StepReport::nvme_bytes_read,
+        &StepReport::nvme_bytes_written}) {
+    skip(field);
+  }
+}
+
 void ProgressLine::Draw(bool newline) {
   std::fflush(plain_out_);  // what the caller printed to stdout goes above the line
   const std::string text = FitToWidth(live_text_, options_.terminal_width());

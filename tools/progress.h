@@ -114,6 +114,10 @@ class ProgressLine {
   // After every optimizer step, steps in increasing order: prints the plain line or commit
   // due at this step and redraws the live line (rate-limited).
   void Update(const StepReport& report);
+  // After work between steps that is not a step's (an evaluation, a checkpoint, and the Flush
+  // before them): its bytes, those of `counters` (cumulative, as StepReport's) beyond the last
+  // step's, are not charged to the next step's line nor to the plain line's interval.
+  void SkipBytes(const StepReport& counters);
 
   // Clears the live line until the guard ends, then redraws it; the time in between is left
   // out of the step rate and the plain lines' tok/s. Not nested.

@@ -171,6 +171,7 @@ class TrainLoop {
   TrainOutcome out_;
   const Clock::time_point t_train_;
   double eval_seconds_ = 0;
+  double checkpoint_seconds_ = 0;  // in SaveTraining, left out of train_seconds like eval_seconds_
   trace::Breakdown parts_at_breakdown_;  // --config wall_clock_breakdown: at the last time line
   double step_seconds_at_breakdown_ = 0;
   // Ends its live line with a newline on every way out of Run, errors included.
@@ -311,6 +312,7 @@ Status TrainLoop::EvaluateAt(int64_t step) {
   } else {
     std::printf("step %5lld | val loss %.4f\n", static_cast<long long>(step + 1), v);
   }
+  progress_.SkipBytes(CountersReport(engine_.counters()));
   return metrics_.RecordEvaluation(step + 1, v, engine_.counters(), extra);
 }
 
@@ -323,16 +325,27 @@ StatusOr<float> TrainLoop::Validate() {
 Status TrainLoop::SaveCheckpointAt(int64_t step) {
   const auto pause = progress_.Suspend();  // SaveTraining prints the checkpoint line
   STRATA_RETURN_IF_ERROR(Flush());
+  // Not a step's time nor its bytes: left out of train_seconds (and tokens/s) and of the next
+  // step's byte counts, as an evaluation is.
+  const auto t0 = Clock::now();
   STRATA_ASSIGN_OR_RETURN(
       out_.last_checkpoint,
       SaveTraining(engine_, loop_.checkpoint,
                    {step + 1, (step + 1) * tokens_per_step_, &data_rng_,
                     LrScheduleJson(o_.schedule, step + 1), ModelSpecJson(*in_.spec)}));
+  checkpoint_seconds_ += SecondsSince(t0);
+  progress_.SkipBytes(CountersReport(engine_.counters()));
+  metrics_.SkipBytes(engine_.counters());
   return Status::Ok();
 }
 
 StatusOr<TrainOutcome> TrainLoop::Run() {
   const CheckpointFlags& ckpt = loop_.checkpoint;
+  if (out_.start_step >= loop_.steps) {
+    // A finished run resumed (the same command run again): nothing is trained or saved.
+    std::printf("nothing to train: the run is at step %lld, --steps is %lld\n",
+                static_cast<long long>(out_.start_step), static_cast<long long>(loop_.steps));
+  }
   for (int64_t step = out_.start_step; step < loop_.steps; ++step) {
     STRATA_RETURN_IF_ERROR(Step(step));
     const bool last = step + 1 == loop_.steps;
@@ -363,11 +376,12 @@ StatusOr<TrainOutcome> TrainLoop::Run() {
 Status TrainLoop::Finish() {
   progress_.Finish();
   STRATA_RETURN_IF_ERROR(Flush());  // the last step's update
-  out_.train_seconds = SecondsSince(t_train_) - eval_seconds_;
+  out_.train_seconds = SecondsSince(t_train_) - eval_seconds_ - checkpoint_seconds_;
   out_.counters = engine_.counters();
   STRATA_RETURN_IF_ERROR(FinalEvaluationAndSample());
-  out_.tokens_per_second = static_cast<double>(tokens_per_step_ * (loop_.steps - out_.start_step)) /
-                           std::max(out_.train_seconds, 1e-9);
+  const int64_t steps_run = std::max<int64_t>(0, loop_.steps - out_.start_step);
+  out_.tokens_per_second =
+      static_cast<double>(tokens_per_step_ * steps_run) / std::max(out_.train_seconds, 1e-9);
   out_.mfu = engine::ModelFlopsUtilisation(
       in_.model_flops_per_token, out_.tokens_per_second / o_.ranks.ranks, in_.peak_bf16_TFLOPs);
   PrintTimeLines();
@@ -386,11 +400,16 @@ Status TrainLoop::Finish() {
     std::printf("trace: %s (%zu events; open in https://ui.perfetto.dev or chrome://tracing)\n",
                 loop_.trace_path.c_str(), in_.recorder->num_events());
   }
+  // The steps this command ran (a resumed run's: from its checkpoint's step to --steps).
   std::printf(
-      "done: %lld steps in %.1f s, %.0f tokens/s, %lld skipped; device peak %s of %s; "
+      "done: %lld steps%s in %.1f s, %.0f tokens/s, %lld skipped; device peak %s of %s; "
       "master weights xxh3 %016llx\n",
-      static_cast<long long>(loop_.steps), out_.train_seconds, out_.tokens_per_second,
-      static_cast<long long>(out_.skipped), FormatBytes(out_.counters.device_peak_bytes).c_str(),
+      static_cast<long long>(steps_run),
+      out_.start_step > 0
+          ? fmt::format(" (to step {})", std::max(loop_.steps, out_.start_step)).c_str()
+          : "",
+      out_.train_seconds, out_.tokens_per_second, static_cast<long long>(out_.skipped),
+      FormatBytes(out_.counters.device_peak_bytes).c_str(),
       FormatBytes(engine_.plan().device_budget_bytes).c_str(),
       static_cast<unsigned long long>(out_.master_hash));
   return Status::Ok();

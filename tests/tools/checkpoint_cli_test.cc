@@ -195,6 +195,16 @@ TEST_F(CheckpointCliTest, EachOptimizerResumesExactlyAndRefusesAnothersCheckpoin
     EXPECT_NE(r.out.find("holds " + optimizer + " optimizer state, this run uses adamw"),
               std::string::npos)
         << r.out;
+    // Resuming a finished run (the same command again) trains nothing, says so, and reports
+    // no rate of "-N steps"; nothing is saved over the checkpoint.
+    const auto before = fs::last_write_time(fs::path(save) / "step-4" / "manifest.json");
+    r = Run(args + std::vector<std::string>{"--resume", save + "/step-4"});
+    EXPECT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("nothing to train: the run is at step 4, --steps is 4"), std::string::npos)
+        << r.out;
+    EXPECT_NE(r.out.find("done: 0 steps (to step 4) in "), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(" 0 tokens/s"), std::string::npos) << r.out;
+    EXPECT_EQ(fs::last_write_time(fs::path(save) / "step-4" / "manifest.json"), before);
   }
   // The 8-bit state files hold U8 codes.
   Result r = Run({"inspect", (dir_ / "save-adamw8bit" / "step-2").string()});

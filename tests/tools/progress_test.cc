@@ -189,6 +189,40 @@ TEST(ProgressLine, LiveLineShowsStepLossEtaRateLrNormAndBytesOfTheLastStep) {
       << p.live_text();
 }
 
+// An evaluation's or a checkpoint's bytes between two steps: neither the next step's live line
+// nor the plain line's interval counts them.
+TEST(ProgressLine, BytesSkippedBetweenStepsAreNotChargedToTheNextStep) {
+  FakeClock clock;
+  MemoryFile plain, live;
+  {
+    ProgressLine p(Options(ProgressMode::kLiveAndPlain, 4, 4, &clock), plain.get(), live.get());
+    for (int step = 1; step <= 4; ++step) {
+      clock.now += 1;
+      StepReport r = Report(step);
+      if (step >= 3) {  // 1 MiB read and written by a checkpoint after step 2
+        r.nvme_bytes_read += 1 << 20;
+        r.nvme_bytes_written += 1 << 20;
+      }
+      p.Update(r);
+      if (step == 2) {
+        StepReport after = Report(2);
+        after.nvme_bytes_read += 1 << 20;
+        after.nvme_bytes_written += 1 << 20;
+        p.SkipBytes(after);
+      }
+      if (step == 3) {
+        EXPECT_NE(p.live_text().find("nvme r 4.0 KiB w 8.0 KiB /step"), std::string::npos)
+            << p.live_text();
+      }
+    }
+  }
+  // The interval since step 1's line, steps 2..4: their 3 steps' bytes only.
+  EXPECT_NE(plain.str().find("step     4/4 | loss 2.5000 | norm  0.750 | lr 1.00e-03 |      60 "
+                             "tok/s | h2d 3.0 KiB d2h 1.5 KiB | nvme r 12.0 KiB w 24.0 KiB\n"),
+            std::string::npos)
+      << plain.str();
+}
+
 TEST(ProgressLine, MfuFollowsTokPerSecondWhenThePeakIsKnown) {
   // 60 tokens per step, 1e6 model FLOPs per token, a 1e9 FLOP/s peak: MFU = 6e7 / step_s / 1e9.
   FakeClock clock;
