@@ -277,7 +277,7 @@ namespace {
 
 StatusOr<RenderedExample> RenderTemplate(const ChatFormat& format, const Tokenizer& tokenizer,
                                          InstructionExample example, size_t first_loss_message,
-                                         ExampleEncoder& encoder) {
+                                         ExampleEncoder& encoder, PromptEncoding prompt_encoding) {
   const size_t num_messages = example.messages.size();
   TemplateRenderer renderer(format, std::move(example));
   std::vector<Span> spans;
@@ -293,14 +293,29 @@ StatusOr<RenderedExample> RenderTemplate(const ChatFormat& format, const Tokeniz
     const size_t cut = CommonPrefix(whole, prompt);
     for (Span& s : spans) s.first = std::max(s.first, cut);
   }
-  STRATA_ASSIGN_OR_RETURN(EncodedText enc,
-                          EncodeRendered(tokenizer, whole, encoder.cuts(), encoder.cache()));
-  RenderedExample out;
-  out.tokens = std::move(enc.ids);
-  out.flags.assign(out.tokens.size(), 0);
   // Spans in order (empty ones dropped), tokens in order of their begins: one pass. A token is
   // in the loss when a byte of it lies in a span (an empty token: when its position does).
   std::erase_if(spans, [](const Span& x) { return x.first >= x.second; });
+  // kApart: the text before the first counted span (the prompt, with the generation prompt)
+  // encoded on its own, then the rest, so that no token merges across the boundary.
+  const size_t apart = prompt_encoding == PromptEncoding::kApart && !spans.empty()
+                           ? std::min(spans.front().first, whole.size())
+                           : 0;
+  const std::string_view text(whole);
+  STRATA_ASSIGN_OR_RETURN(EncodedText enc,
+                          EncodeRendered(tokenizer, apart > 0 ? text.substr(0, apart) : text,
+                                         encoder.cuts(), encoder.cache()));
+  if (apart > 0) {
+    STRATA_ASSIGN_OR_RETURN(EncodedText rest, EncodeRendered(tokenizer, text.substr(apart),
+                                                             encoder.cuts(), encoder.cache()));
+    for (size_t i = 0; i < rest.ids.size(); ++i) {
+      enc.ids.push_back(rest.ids[i]);
+      enc.spans.push_back({rest.spans[i].begin + apart, rest.spans[i].end + apart});
+    }
+  }
+  RenderedExample out;
+  out.tokens = std::move(enc.ids);
+  out.flags.assign(out.tokens.size(), 0);
   size_t s = 0;
   for (size_t i = 0; i < out.tokens.size(); ++i) {
     const TokenSpan t = enc.spans[i];
@@ -401,12 +416,14 @@ ojson ChatMessage(std::string_view role, std::string content) {
 
 StatusOr<RenderedExample> RenderConversation(const ChatFormat& format, const Tokenizer& tokenizer,
                                              InstructionExample example, size_t first_loss_message,
-                                             ExampleEncoder& encoder) {
+                                             ExampleEncoder& encoder,
+                                             PromptEncoding prompt_encoding) {
   if (example.messages.empty()) return InvalidArgumentError("an example without messages");
   if (format.kind == ChatTemplate::kNone || format.jinja == nullptr) {
     return RenderNone(tokenizer, example, first_loss_message);
   }
-  return RenderTemplate(format, tokenizer, std::move(example), first_loss_message, encoder);
+  return RenderTemplate(format, tokenizer, std::move(example), first_loss_message, encoder,
+                        prompt_encoding);
 }
 
 StatusOr<JsonlTokens> TokenizeJsonlLines(const ChatFormat& format, const Tokenizer& tokenizer,

@@ -75,13 +75,28 @@ class ExampleEncoder {
   std::unique_ptr<EncodeCache> cache_;
 };
 
+// How a rendered conversation's text becomes tokens.
+enum class PromptEncoding {
+  // The whole text at once (instruction data: TRL's SFTTrainer encodes the conversation whole).
+  kWhole,
+  // The text before the first counted span (the prompt and the generation prompt) encoded on its
+  // own, then the rest: a preference pair's prompt is then the same tokens on both sides and no
+  // token of it is in the loss, as TRL's DPOTrainer encodes prompt and completions apart. A
+  // template that writes the completion right after the prompt's text (no special token or
+  // newline between) would otherwise let BPE merge across the boundary.
+  kApart,
+};
+
 // Renders `example` as RenderExample does (instruction_data.h), except that only the assistant
 // messages at index first_loss_message or later count in the loss (a preference pair's
-// completion after its prompt; 0: every assistant message). `encoder` was made for `format` and
-// `tokenizer`. Errors: RenderExample's, and kInvalidArgument for an example without messages.
-StatusOr<RenderedExample> RenderConversation(const ChatFormat& format, const Tokenizer& tokenizer,
-                                             InstructionExample example, size_t first_loss_message,
-                                             ExampleEncoder& encoder);
+// completion after its prompt; 0: every assistant message), its text encoded as
+// `prompt_encoding` says (the none template encodes each content apart anyway). `encoder` was
+// made for `format` and `tokenizer`. Errors: RenderExample's, and kInvalidArgument for an
+// example without messages.
+StatusOr<RenderedExample> RenderConversation(
+    const ChatFormat& format, const Tokenizer& tokenizer, InstructionExample example,
+    size_t first_loss_message, ExampleEncoder& encoder,
+    PromptEncoding prompt_encoding = PromptEncoding::kWhole);
 
 // A JSONL file's lines rendered, one after another.
 struct JsonlTokens {

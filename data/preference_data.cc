@@ -137,9 +137,9 @@ StatusOr<PreferencePair> ConversationalPair(ojson& j) {
 StatusOr<RenderedExample> RenderSide(const ChatFormat& format, const Tokenizer& tokenizer,
                                      InstructionExample example, size_t prompt_messages,
                                      const char* side, ExampleEncoder& encoder) {
-  STRATA_ASSIGN_OR_RETURN(
-      RenderedExample r,
-      RenderConversation(format, tokenizer, std::move(example), prompt_messages, encoder));
+  STRATA_ASSIGN_OR_RETURN(RenderedExample r,
+                          RenderConversation(format, tokenizer, std::move(example), prompt_messages,
+                                             encoder, PromptEncoding::kApart));
   // A target is predicted from the tokens before it: the side's first token is none.
   bool in_loss = false;
   for (size_t i = 1; i < r.flags.size(); ++i) in_loss |= (r.flags[i] & kTokenFlagInLoss) != 0;

@@ -20,9 +20,11 @@
 // character (Python's str.isspace()) or tool calls.
 //
 // Each side, the prompt's messages followed by the side's own, is rendered with the chat template
-// and encoded exactly as instruction data renders a conversation (data/chat_render.h), except
-// that only the side's own assistant messages count in the loss: assistant turns inside the
-// prompt (earlier turns of a conversation) are context, as TRL's DPO trainer has them.
+// as instruction data renders a conversation (data/chat_render.h), except that only the side's
+// own assistant messages count in the loss: assistant turns inside the prompt (earlier turns of a
+// conversation) are context, as TRL's DPO trainer has them; and the text before the completion is
+// encoded apart from the rest (PromptEncoding::kApart), as TRL's DPO trainer encodes prompt and
+// completions, so both sides share the prompt's tokens.
 //
 // Flags: kTokenFlagInLoss on the completion's tokens in the loss; the chosen side's first token
 // kTokenFlagExampleStart | kTokenFlagPairStart; the rejected side's first token

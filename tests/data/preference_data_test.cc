@@ -178,6 +178,47 @@ TEST_F(PreferenceDataTest, OnlyTheSidesOwnAssistantTurnsAreInTheLossNotThoseOfTh
   ExpectPairFlags(none);
 }
 
+// A template that writes the completion right after the prompt's text: encoded whole, BPE would
+// merge the prompt's last characters with the completion's first, giving the two sides different
+// prompt tokens and a merged token in the loss. The prompt is encoded on its own, as TRL's
+// DPOTrainer encodes prompt and completions: the same prompt tokens on both sides, none of them
+// in the loss, each side's rest its completion's own encoding.
+TEST_F(PreferenceDataTest, ThePromptIsEncodedApartSoBothSidesShareItsTokens) {
+  const ChatFormat plain = FileFormat(
+      "plain.jinja", "{% for message in messages %}{{ message['content'] }}{% endfor %}");
+  // A split of a trained syllable that the tokenizer merges across ("b" + "a" -> "ba", say).
+  std::string head, tail;
+  for (const char c : std::string("bdfgklmnprst")) {
+    for (const char v : std::string("aeiou")) {
+      if (!head.empty()) break;
+      const std::string a(1, c), b(1, v);
+      std::vector<int32_t> apart = Enc("mi " + a);
+      const std::vector<int32_t> rest = Enc(b);
+      apart.insert(apart.end(), rest.begin(), rest.end());
+      if (Enc("mi " + a + b) != apart) head = a, tail = b;
+    }
+  }
+  ASSERT_FALSE(head.empty()) << "no merge across a syllable boundary: the test cannot fail";
+  const PreferencePair p = Line(fmt::format(
+      R"({{"prompt": "mi {}", "chosen": "{} ke", "rejected": "{}"}})", head, tail, tail + "ra"));
+  const RenderedPair r = Render(plain, p);
+  ExpectPairFlags(r);
+  const std::vector<int32_t> want_prompt = Enc("mi " + head);  // the template writes no BOS
+  for (const auto& [side, completion] :
+       {std::pair{&r.chosen, tail + " ke"}, std::pair{&r.rejected, tail + "ra"}}) {
+    SCOPED_TRACE(completion);
+    ASSERT_GT(side->tokens.size(), want_prompt.size());
+    EXPECT_EQ(std::vector<int32_t>(side->tokens.begin(), side->tokens.begin() + want_prompt.size()),
+              want_prompt);
+    std::vector<int32_t> want_rest = Enc(completion);
+    EXPECT_EQ(std::vector<int32_t>(side->tokens.begin() + want_prompt.size(), side->tokens.end()),
+              want_rest);
+    for (size_t i = 0; i < side->tokens.size(); ++i) {
+      EXPECT_EQ((side->flags[i] & kTokenFlagInLoss) != 0, i >= want_prompt.size()) << i;
+    }
+  }
+}
+
 TEST_F(PreferenceDataTest, AnImplicitPromptIsTheMessagesBothSidesBeginWith) {
   const PreferencePair implicit = Line(
       R"({"chosen": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
