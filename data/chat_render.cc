@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <fstream>
+#include <optional>
 #include <utility>
 
 #include "base/file.h"
@@ -141,8 +142,19 @@ class TemplateRenderer {
       const std::string_view text =
           TrimTrailingAsciiSpace(std::string_view(turn).substr(turn_start));
       size_t start = std::max(from, CommonPrefix(whole, prompt)), end = start;
-      if (agrees && std::string_view(whole).substr(start).starts_with(text)) {
+      const std::string_view at_start = std::string_view(whole).substr(start);
+      // The turn rendered as the last message may end with what the template writes after the
+      // last message only (Phi-3's eos_token when no generation prompt follows), which the whole
+      // conversation has at its end, after its own last message: then the turn is the rest.
+      std::string_view before_tail;
+      if (agrees && !at_start.starts_with(text)) {
+        before_tail = text.substr(0, text.size() - TailOf(text, whole).size());
+      }
+      if (agrees && at_start.starts_with(text)) {
         end = start + text.size();
+      } else if (agrees && !before_tail.empty() && before_tail.size() < text.size() &&
+                 at_start.starts_with(before_tail)) {
+        end = start + TrimTrailingAsciiSpace(before_tail).size();
       } else {
         // The longest suffix of the turn's text found from where the prompt stops agreeing (or,
         // where it does not agree, from the previous turn's end) on: whether a suffix of length
@@ -175,6 +187,21 @@ class TemplateRenderer {
     return spans;
   }
 
+  // The longest suffix of what the template writes for no messages and no generation prompt
+  // (its text after the last message, Phi-3's eos_token; before the first, a BOS) that both
+  // `turn` and `whole` end with; "" when there is none or the template fails without messages.
+  std::string_view TailOf(std::string_view turn, std::string_view whole) {
+    if (!empty_render_) {
+      auto r = Render(0, false, nullptr);
+      empty_render_ = r.ok() ? std::move(*r) : std::string();
+    }
+    std::string_view tail = *empty_render_;
+    while (!tail.empty() && !(turn.ends_with(tail) && whole.ends_with(tail))) {
+      tail.remove_prefix(1);
+    }
+    return tail;
+  }
+
   // Messages [0, k] with message k's content "" (its other fields kept).
   StatusOr<std::string> RenderWithEmptyContent(size_t k) {
     KeepMessages(k + 1);
@@ -203,8 +230,9 @@ class TemplateRenderer {
   const ChatFormat& format_;
   ojson context_;
   size_t num_messages_ = 0;
-  std::vector<bool> roles_;   // per message: an assistant's
-  std::vector<ojson> aside_;  // the messages a prefix render leaves out, last first
+  std::vector<bool> roles_;                  // per message: an assistant's
+  std::vector<ojson> aside_;                 // the messages a prefix render leaves out, last first
+  std::optional<std::string> empty_render_;  // Render(0, false): TailOf's, made once
 };
 
 using SpecialCut = ExampleEncoder::SpecialCut;

@@ -30,7 +30,10 @@
 //     trailing whitespace removed (the newline a template writes after an end-of-turn token is
 //     not generated); it starts where W stops agreeing with P (their longest common prefix, and
 //     not before the previous turn's end) and ends after that text where W holds it there, else
-//     after the longest suffix of it W holds from the start on (a template that renders a turn
+//     after that text less its tail where W holds that there (the tail: the longest suffix of
+//     the template rendered with no messages that T and W both end with, what it writes after
+//     the last message only: Phi-3's eos_token), else after the longest suffix of it W holds
+//     from the start on (a template that renders a turn
 //     differently once later turns follow, as Qwen3 drops the reasoning of earlier turns). Where
 //     P is not a prefix of T (the template renders the messages before the turn differently
 //     once the turn follows: Mistral v3 moves the system message into the last user message),
@@ -38,8 +41,8 @@
 //     whitespace-trimmed at its end, and the span is the longest suffix of it W holds after the
 //     previous turn. A turn found nowhere is an error naming the message. (So what a template
 //     writes between a turn and the next message without a generation prompt, a role header, or
-//     after the last message, counts as generated; the published templates put their role
-//     headers in the generation prompt and write nothing after the messages.)
+//     after the last message, counts as generated for the last turn; the published templates
+//     put their role headers in the generation prompt.)
 // A token is in the loss when any byte of its source (EncodeWithOffsets) lies in an assistant
 // span: a token straddling a span's edge is a target, since the model must produce it there.
 // `none` (no template) encodes each content on its own: see chat_format.h.

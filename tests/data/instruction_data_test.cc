@@ -220,6 +220,31 @@ TEST_F(InstructionDataTest, TurnsAreFoundWhereTheTemplateRendersThemDifferentlyI
   EXPECT_EQ(LossRuns(e), (std::vector<std::string>{"Hello!<|im_end|>", "Sure.<|im_end|>"}));
 }
 
+// Phi-3-mini's template writes eos_token after the last message when no generation prompt
+// follows: a turn rendered as the last message ends in it, where the whole conversation has the
+// next user turn. Each turn is what the two agree on; the last keeps its EOS.
+TEST_F(InstructionDataTest, TurnsAreFoundWhenTheTemplateEndsTheLastMessageWithTheEos) {
+  const fs::path file = *dir_ / "phi3_like.jinja";
+  std::ofstream(file)
+      << "{% for message in messages %}{% if message['role'] == 'system' %}{{'<|system|>\n' + "
+         "message['content'] + '<|end|>\n'}}{% elif message['role'] == 'user' %}{{'<|user|>\n' "
+         "+ message['content'] + '<|end|>\n'}}{% elif message['role'] == 'assistant' "
+         "%}{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}{% endif %}{% endfor %}{% "
+         "if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}";
+  // The tokenizer's EOS piece as the template's eos_token (a tokenizer_config.json would give it).
+  const RenderedExample e = Render(
+      Format(file.string(), "/nonexistent/t", R"({"eos_token": "</s>"})"), Line(R"({"messages": [
+      {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
+      {"role": "user", "content": "Again"}, {"role": "assistant", "content": "Sure."}]})"));
+  const std::vector<std::string> runs = LossRuns(e);
+  ASSERT_EQ(runs.size(), 2u) << Decode(e.tokens);
+  EXPECT_EQ(runs[0], "Hello!<|end|>");
+  EXPECT_THAT(runs[1], ::testing::StartsWith("Sure.<|end|>"));
+  ASSERT_GE(e.tokens.size(), 1u);
+  EXPECT_EQ(e.tokens.back(), tok_->eos_id());
+  EXPECT_NE(e.flags.back() & kTokenFlagInLoss, 0);
+}
+
 // A token straddling a span's edge is in the loss: over tokens of two bytes, the spans' edges
 // fall inside tokens.
 class PairsTokenizer final : public Tokenizer {
