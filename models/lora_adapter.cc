@@ -33,20 +33,43 @@ std::vector<std::string> Sorted(std::vector<std::string> v) {
   return v;
 }
 
+// The regular expression a multimodal Gemma 3's target_modules are written as (PEFT matches a
+// string against whole module names): the language model's modules, not the vision tower's.
+constexpr std::string_view kLanguageModelTargetsHead = ".*language_model.*\\.(";
+
+std::string LanguageModelTargets(const std::vector<std::string>& targets) {
+  return fmt::format("{}{})", kLanguageModelTargetsHead, fmt::join(targets, "|"));
+}
+
+// The layer prefixes an adapter's tensors may carry: Strata's (LoraTensorPrefix) and, for a
+// multimodal Gemma 3, that of PEFT over transformers before 4.52 (its language model as
+// Gemma3ForCausalLM: "language_model.model.layers").
+std::vector<std::string> LoraTensorPrefixes(const HfModelConfig& config, int layer,
+                                            const LoraSite& site) {
+  std::vector<std::string> out = {LoraTensorPrefix(config, layer, site)};
+  if (config.family == HfModelConfig::Family::kLlama && config.gemma3_multimodal) {
+    out.push_back(
+        fmt::format("base_model.model.language_model.model.layers.{}.{}", layer, site.module.path));
+  }
+  return out;
+}
+
 class AdapterSource final : public WeightSource {
  public:
+  // prefix_style: the index into LoraTensorPrefixes of the names the file holds.
   AdapterSource(formats::OpenSafetensors file, std::string path, HfModelConfig config,
-                LoraLayout layout)
+                LoraLayout layout, size_t prefix_style)
       : file_(std::move(file)),
         path_(std::move(path)),
         config_(std::move(config)),
-        layout_(std::move(layout)) {}
+        layout_(std::move(layout)),
+        prefix_style_(prefix_style) {}
 
   Status ReadBlock(int block, std::span<float> out) const override {
     if (out.empty()) return Status::Ok();  // the embedding and the head have no adapters
     const int layer = block - 1;
     for (const LoraSite& s : layout_.sites) {
-      const std::string prefix = LoraTensorPrefix(config_, layer, s);
+      const std::string prefix = LoraTensorPrefixes(config_, layer, s)[prefix_style_];
       for (const auto& [suffix, offset, elems] :
            {std::tuple{".lora_A.weight", s.a_offset, layout_.rank * s.module.in},
             std::tuple{".lora_B.weight", s.b_offset, s.module.out * layout_.rank}}) {
@@ -67,13 +90,15 @@ class AdapterSource final : public WeightSource {
   std::string path_;
   HfModelConfig config_;
   LoraLayout layout_;
+  size_t prefix_style_;
 };
 
 }  // namespace
 
 std::string LoraTensorPrefix(const HfModelConfig& config, int layer, const LoraSite& site) {
-  const char* layers =
-      config.family == HfModelConfig::Family::kLlama ? "model.layers" : "transformer.h";
+  const char* layers = config.family != HfModelConfig::Family::kLlama ? "transformer.h"
+                       : config.gemma3_multimodal ? "model.language_model.layers"
+                                                  : "model.layers";
   return fmt::format("base_model.model.{}.{}.{}", layers, layer, site.module.path);
 }
 
@@ -151,7 +176,21 @@ StatusOr<LoraAdapterConfig> ParseLoraAdapterConfig(std::string_view text, const 
         "{}: lora_alpha is {}, not a positive number that fits fp32", path, JsonExcerpt(*alpha)));
   }
   if (targets->is_string()) {
-    c.lora.targets.push_back(targets->get<std::string>());
+    // A regular expression: the form a multimodal Gemma 3's adapters are written in is read as
+    // its names; any other string stays one name (and differs from every run's targets).
+    const std::string& t = targets->get_ref<const std::string&>();
+    if (t.starts_with(kLanguageModelTargetsHead) && t.ends_with(")") &&
+        t.find_first_of("()", kLanguageModelTargetsHead.size()) == t.size() - 1) {
+      const std::string_view names = std::string_view(t).substr(
+          kLanguageModelTargetsHead.size(), t.size() - 1 - kLanguageModelTargetsHead.size());
+      for (size_t at = 0; at <= names.size();) {
+        const size_t bar = std::min(names.find('|', at), names.size());
+        c.lora.targets.emplace_back(names.substr(at, bar - at));
+        at = bar + 1;
+      }
+    } else {
+      c.lora.targets.push_back(t);
+    }
   } else if (targets->is_array()) {
     for (const json& t : *targets) {
       if (!t.is_string())
@@ -179,20 +218,23 @@ Status WriteLoraAdapterDir(
     const LoraLayout& layout, const std::string& base_model,
     const std::function<Status(int layer, std::span<float> out)>& read_layer) {
   const bool gpt2 = config.family == HfModelConfig::Family::kGpt2;
-  const json cfg = {{"peft_type", "LORA"},
-                    {"task_type", "CAUSAL_LM"},
-                    {"r", lora.rank},
-                    {"lora_alpha", lora.alpha},
-                    {"lora_dropout", lora.dropout},
-                    {"target_modules", Sorted(lora.targets)},
-                    {"bias", "none"},
-                    {"fan_in_fan_out", gpt2},  // GPT-2's Conv1D base weights are (in, out)
-                    {"inference_mode", true},
-                    {"init_lora_weights", true},
-                    {"use_rslora", false},
-                    {"use_dora", false},
-                    {"modules_to_save", nullptr},
-                    {"base_model_name_or_path", base_model}};
+  const json cfg = {
+      {"peft_type", "LORA"},
+      {"task_type", "CAUSAL_LM"},
+      {"r", lora.rank},
+      {"lora_alpha", lora.alpha},
+      {"lora_dropout", lora.dropout},
+      {"target_modules", config.family == HfModelConfig::Family::kLlama && config.gemma3_multimodal
+                             ? json(LanguageModelTargets(Sorted(lora.targets)))
+                             : json(Sorted(lora.targets))},
+      {"bias", "none"},
+      {"fan_in_fan_out", gpt2},  // GPT-2's Conv1D base weights are (in, out)
+      {"inference_mode", true},
+      {"init_lora_weights", true},
+      {"use_rslora", false},
+      {"use_dora", false},
+      {"modules_to_save", nullptr},
+      {"base_model_name_or_path", base_model}};
   std::vector<formats::SafetensorsWriter::TensorSpec> tensors;
   const int layers = NumLayers(config);
   for (int l = 0; l < layers; ++l) {
@@ -240,10 +282,21 @@ StatusOr<std::shared_ptr<const WeightSource>> OpenLoraAdapter(const std::string&
   }
   const std::string path = dir + "/" + kWeightsFile;
   STRATA_ASSIGN_OR_RETURN(auto file, formats::OpenSafetensorsFile(path));
+  // The naming the file uses: the first of LoraTensorPrefixes whose first A matrix it holds.
+  size_t style = 0;
+  if (!layout.sites.empty() && NumLayers(config) > 0) {
+    const std::vector<std::string> prefixes = LoraTensorPrefixes(config, 0, layout.sites.front());
+    for (size_t k = 0; k < prefixes.size(); ++k) {
+      if (file.header.Find(prefixes[k] + ".lora_A.weight") != nullptr) {
+        style = k;
+        break;
+      }
+    }
+  }
   std::set<std::string> expected;
   for (int l = 0; l < NumLayers(config); ++l) {
     for (const LoraSite& s : layout.sites) {
-      const std::string prefix = LoraTensorPrefix(config, l, s);
+      const std::string prefix = LoraTensorPrefixes(config, l, s)[style];
       for (const auto& [suffix, shape] :
            {std::pair{".lora_A.weight", std::vector<int64_t>{layout.rank, s.module.in}},
             std::pair{".lora_B.weight", std::vector<int64_t>{s.module.out, layout.rank}}}) {
@@ -277,7 +330,7 @@ StatusOr<std::shared_ptr<const WeightSource>> OpenLoraAdapter(const std::string&
     }
   }
   return std::shared_ptr<const WeightSource>(
-      std::make_shared<AdapterSource>(std::move(file), path, config, layout));
+      std::make_shared<AdapterSource>(std::move(file), path, config, layout, style));
 }
 
 }  // namespace strata::models

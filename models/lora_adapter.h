@@ -9,8 +9,14 @@
 //                                  path>.lora_A.weight (r, in) and .lora_B.weight (out, r)
 //
 // (Llama's layer prefix is model.layers: base_model.model.model.layers.0.self_attn.q_proj.
-// lora_A.weight.) The adapters of layer l are the engine chunk of layer block l + 1 (models/
-// lora.h: A then B per site). Values are fp32 on write; F32, BF16 and F16 tensors are read.
+// lora_A.weight. A multimodal Gemma 3's is its language model's, model.language_model.layers, as
+// PEFT names it over transformers 4.52+'s Gemma3ForConditionalGeneration; the layout of earlier
+// versions, language_model.model.layers, is read too. Its target_modules are then written as the
+// regular expression ".*language_model.*\.(q_proj|v_proj|...)", which PEFT matches against whole
+// module names, so that the vision tower's q_proj/k_proj/v_proj get no adapters; that form is
+// read back as its names.) The adapters of layer l are the engine chunk of layer block l + 1
+// (models/lora.h: A then B per site). Values are fp32 on write; F32, BF16 and F16 tensors are
+// read.
 #pragma once
 
 #include <cstdint>
@@ -63,7 +69,8 @@ StatusOr<std::shared_ptr<const WeightSource>> OpenLoraAdapter(const std::string&
                                                               const LoraLayout& layout);
 
 // "base_model.model.model.layers.3.self_attn.q_proj" for layer 3's q_proj of a Llama: the prefix
-// of the site's lora_A.weight / lora_B.weight.
+// of the site's lora_A.weight / lora_B.weight as Strata writes it (a multimodal Gemma 3's:
+// "base_model.model.model.language_model.layers.3.self_attn.q_proj").
 std::string LoraTensorPrefix(const HfModelConfig& config, int layer, const LoraSite& site);
 
 }  // namespace strata::models

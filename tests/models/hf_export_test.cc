@@ -5,9 +5,13 @@
 
 #include <cstring>
 #include <filesystem>
+#include <nlohmann/json.hpp>
+#include <regex>
 
 #include "formats/safetensors.h"
 #include "models/hf_checkpoint.h"
+#include "models/llama_kernels.h"
+#include "models/lora_adapter.h"
 #include "tests/models/hf_test_dir.h"
 
 namespace strata::models {
@@ -296,6 +300,85 @@ TEST(HfExport, AFailingReadLeavesNoOutputAndNoTemporaryDirectory) {
                 .code(),
             StatusCode::kNotFound);
   EXPECT_FALSE(fs::exists(out));
+}
+
+// A multimodal Gemma 3 (Gemma3ForConditionalGeneration): PEFT over transformers 4.52+ names the
+// language model's modules model.language_model.layers.N..., and a plain list of target_modules
+// would also match the vision tower's q_proj/k_proj/v_proj. The adapter is written with those
+// names and a regular expression for the language model's modules; it is read back, and so is
+// the layout of PEFT over earlier transformers (language_model.model.layers.N...).
+TEST(LoraAdapterDir, AMultimodalGemma3sAdaptersAreItsLanguageModels) {
+  const auto config = ParseHfConfig(R"({"architectures": ["Gemma3ForConditionalGeneration"],
+      "model_type": "gemma3", "text_config": {"model_type": "gemma3_text", "vocab_size": 64,
+      "hidden_size": 16, "intermediate_size": 24, "num_hidden_layers": 2,
+      "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8},
+      "vision_config": {"model_type": "siglip_vision_model"}})",
+                                    "config.json");
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  ASSERT_TRUE(config->gemma3_multimodal);
+  const LoraConfig lora{.rank = 2, .alpha = 4, .targets = {"q_proj", "v_proj", "down_proj"}};
+  const auto layout = MakeLoraLayout(lora, LlamaLoraModules(config->llama), "gemma3");
+  ASSERT_TRUE(layout.ok()) << layout.status().ToString();
+  auto value = [](int layer, int64_t i) { return 0.25f * static_cast<float>(layer + 1) + i; };
+  TempDir tmp;
+  const std::string dir = tmp.path() + "/adapter";
+  ASSERT_TRUE(WriteLoraAdapterDir(dir, *config, lora, *layout, "base",
+                                  [&](int layer, std::span<float> out) {
+                                    for (size_t i = 0; i < out.size(); ++i) {
+                                      out[i] = value(layer, static_cast<int64_t>(i));
+                                    }
+                                    return Status::Ok();
+                                  })
+                  .ok());
+  const auto cfg = nlohmann::json::parse(ReadFileBytes(dir + "/adapter_config.json"));
+  const std::string targets = cfg["target_modules"].get<std::string>();
+  // PEFT: re.fullmatch(target_modules, module name).
+  const std::regex re(targets);
+  EXPECT_TRUE(std::regex_match("model.language_model.layers.1.self_attn.q_proj", re)) << targets;
+  EXPECT_TRUE(std::regex_match("model.language_model.layers.0.mlp.down_proj", re));
+  EXPECT_FALSE(std::regex_match("model.language_model.layers.0.self_attn.k_proj", re));
+  EXPECT_FALSE(
+      std::regex_match("model.vision_tower.vision_model.encoder.layers.0.self_attn.q_proj", re));
+  const auto parsed = ReadLoraAdapterConfig(dir);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  EXPECT_THAT(parsed->lora.targets,
+              ::testing::UnorderedElementsAre("q_proj", "v_proj", "down_proj"));
+  const auto header = ReadAllTensors(dir);
+  EXPECT_TRUE(header.contains(
+      "base_model.model.model.language_model.layers.1.self_attn.q_proj.lora_A.weight"));
+  EXPECT_EQ(header.size(), 2u * 3u * 2u);
+
+  // Read back, with Strata's names and with the earlier layout's.
+  for (const bool legacy : {false, true}) {
+    SCOPED_TRACE(legacy ? "language_model.model.layers" : "model.language_model.layers");
+    std::string from = dir;
+    if (legacy) {
+      from = tmp.path() + "/legacy";
+      fs::create_directories(from);
+      fs::copy_file(dir + "/adapter_config.json", from + "/adapter_config.json");
+      std::vector<TestTensor> renamed;
+      for (const auto& [name, t] : header) {
+        TestTensor r(std::regex_replace(name, std::regex("model\\.model\\.language_model\\.layers"),
+                                        "model.language_model.model.layers"),
+                     t.shape, 0);
+        r.values.resize(t.bytes.size() / sizeof(float));
+        std::memcpy(r.values.data(), t.bytes.data(), t.bytes.size());
+        renamed.push_back(std::move(r));
+      }
+      std::vector<const TestTensor*> ptrs;
+      for (const TestTensor& t : renamed) ptrs.push_back(&t);
+      WriteSafetensors(from + "/adapter_model.safetensors", ptrs);
+    }
+    const auto source = OpenLoraAdapter(from, *config, lora, *layout);
+    ASSERT_TRUE(source.ok()) << source.status().ToString();
+    std::vector<float> chunk(layout->layer_params);
+    for (int layer = 0; layer < 2; ++layer) {
+      ASSERT_TRUE((*source)->ReadBlock(layer + 1, chunk).ok());
+      for (size_t i = 0; i < chunk.size(); ++i) {
+        ASSERT_EQ(chunk[i], value(layer, static_cast<int64_t>(i))) << layer << " " << i;
+      }
+    }
+  }
 }
 
 }  // namespace
