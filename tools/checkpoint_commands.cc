@@ -1,6 +1,7 @@
 #include "tools/checkpoint_commands.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -11,11 +12,15 @@
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
+#include <string_view>
+#include <vector>
 
 #include "base/dtype.h"
 #include "base/file.h"
 #include "base/units.h"
+#include "base/untrusted_text.h"
 #include "engine/checkpoint.h"
 #include "formats/safetensors.h"
 #include "models/gpt_kernels.h"
@@ -66,8 +71,38 @@ void InstallStopSignalHandlers() {
 
 int StopSignal() { return g_stop_signal; }
 
+namespace {
+
+// "peak_lr 0.003 -> 0.001, total_steps 300 -> 600": the fields of two LrScheduleJson objects that
+// differ, next_step aside; "" when none does or the saved one is not an object (an older
+// checkpoint's "{}" names nothing).
+std::string ScheduleDifferences(std::string_view saved_json, std::string_view run_json) {
+  const nlohmann::json saved = nlohmann::json::parse(saved_json, nullptr, false);
+  const nlohmann::json run = nlohmann::json::parse(run_json, nullptr, false);
+  if (!saved.is_object() || saved.empty() || !run.is_object()) return "";
+  std::vector<std::string> parts;
+  auto text = [](const nlohmann::json* v) {
+    return v == nullptr     ? std::string("(none)")
+           : v->is_string() ? v->get<std::string>()
+                            : v->dump();
+  };
+  std::set<std::string> keys;
+  for (const auto& [k, v] : saved.items()) keys.insert(k);
+  for (const auto& [k, v] : run.items()) keys.insert(k);
+  for (const std::string& k : keys) {
+    if (k == "next_step") continue;
+    const nlohmann::json* a = saved.contains(k) ? &saved[k] : nullptr;
+    const nlohmann::json* b = run.contains(k) ? &run[k] : nullptr;
+    if (a != nullptr && b != nullptr && *a == *b) continue;
+    parts.push_back(fmt::format("{} {} -> {}", k, Excerpt(text(a)), Excerpt(text(b))));
+  }
+  return fmt::format("{}", fmt::join(parts, ", "));
+}
+
+}  // namespace
+
 StatusOr<int64_t> ResumeTraining(engine::Engine& engine, const CheckpointFlags& flags,
-                                 std::mt19937_64* data_rng) {
+                                 std::mt19937_64* data_rng, std::string_view run_lr_schedule_json) {
   std::string path = flags.resume;
   if (path == "latest") {
     if (flags.save_dir.empty()) {
@@ -94,6 +129,13 @@ StatusOr<int64_t> ResumeTraining(engine::Engine& engine, const CheckpointFlags& 
   std::printf("resumed from %s at step %lld (%lld tokens seen), loaded in %.3f s\n", dir.c_str(),
               static_cast<long long>(state.step), static_cast<long long>(state.tokens_seen),
               seconds);
+  if (const std::string diff = ScheduleDifferences(state.lr_schedule_json, run_lr_schedule_json);
+      !diff.empty()) {
+    std::printf(
+        "note: this run's learning-rate schedule differs from the checkpoint's (%s); this run's is "
+        "followed from step %lld on\n",
+        diff.c_str(), static_cast<long long>(state.step + 1));
+  }
   return state.step;
 }
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <string_view>
 
 #include "base/status.h"
 #include "engine/engine.h"
@@ -36,9 +37,13 @@ struct TrainProgress {
   std::string model_json = "{}";
 };
 // --resume: loads the checkpoint into `engine`, restores *data_rng, returns the step to continue
-// from (prints one line saying from where). kInvalidArgument for "latest" without --save-dir.
+// from (prints one line saying from where). run_lr_schedule_json: this run's schedule
+// (LrScheduleJson); where it differs from the one the checkpoint recorded (another --lr,
+// --warmup-steps, --lr-schedule, or --steps, which stretches a decay), a second line names each
+// difference: this run's schedule is the one followed. kInvalidArgument for "latest" without
+// --save-dir.
 StatusOr<int64_t> ResumeTraining(engine::Engine& engine, const CheckpointFlags& flags,
-                                 std::mt19937_64* data_rng);
+                                 std::mt19937_64* data_rng, std::string_view run_lr_schedule_json);
 // Saves a checkpoint into --save-dir; returns its directory.
 StatusOr<std::string> SaveTraining(engine::Engine& engine, const CheckpointFlags& flags,
                                    const TrainProgress& progress);

@@ -484,7 +484,9 @@ StatusOr<TrainOutcome> RunTrainLoop(const TrainLoopInputs& in) {
   }
   int64_t start_step = 0;
   if (!ckpt.resume.empty()) {
-    STRATA_ASSIGN_OR_RETURN(start_step, ResumeTraining(*in.engine, ckpt, &data_rng));
+    STRATA_ASSIGN_OR_RETURN(start_step,
+                            ResumeTraining(*in.engine, ckpt, &data_rng,
+                                           LrScheduleJson(in.options->schedule, /*next_step=*/0)));
   }
   InstallStopSignalHandlers();
   TrainLoop loop(in, start_step, std::move(data_rng), std::move(preference));

@@ -150,6 +150,7 @@ TEST_P(ResumeCliTest, ResumeFromStepNGivesTheSameMasterWeightsAsTheUninterrupted
                                                             resumed.string()});
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("resumed from " + save + "/step-2 at step 2"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("schedule differs"), std::string::npos) << r.out;  // the same flags
   const auto a = Summary(straight), b = Summary(resumed);
   EXPECT_EQ(b["start_step"], 2);
   EXPECT_EQ(a["master_xxh3"], b["master_xxh3"]);
@@ -193,6 +194,18 @@ TEST_F(CheckpointCliTest, EachOptimizerResumesExactlyAndRefusesAnothersCheckpoin
     r = Run(Tiny() + std::vector<std::string>{"--steps", "4", "--resume", save + "/step-2"});
     EXPECT_NE(r.code, 0);
     EXPECT_NE(r.out.find("holds " + optimizer + " optimizer state, this run uses adamw"),
+              std::string::npos)
+        << r.out;
+    // Resuming with another learning rate and more steps: said, each difference named.
+    r = Run(Tiny() + std::vector<std::string>{"--optimizer", optimizer, "--steps", "5", "--lr",
+                                              "1e-3", "--resume", save + "/step-2"});
+    EXPECT_EQ(r.code, 0) << r.out;
+    // (Each optimizer's default --lr is its own.)
+    EXPECT_NE(r.out.find("note: this run's learning-rate schedule differs from the checkpoint's "
+                         "(peak_lr "),
+              std::string::npos)
+        << r.out;
+    EXPECT_NE(r.out.find(" -> 0.001, total_steps 4 -> 5); this run's is followed from step 3 on"),
               std::string::npos)
         << r.out;
     // Resuming a finished run (the same command again) trains nothing, says so, and reports
