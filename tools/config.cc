@@ -579,8 +579,16 @@ void ApplySchedulerParams(Context& c, const json& params, const std::string& p,
   }
   if (const json* v = Find(params, "warmup_max_lr")) {
     c.r.Set(&f->lr, Reader::Number(*v, p + ".warmup_max_lr", 0, true));
-  } else if (!has_optimizer_lr) {
-    f->lr = 1e-3;  // DeepSpeed's default warmup_max_lr
+  } else {
+    // DeepSpeed's WarmupLR and WarmupDecayLR set every group's rate from warmup_min_lr and
+    // warmup_max_lr alone (default 0.001): the optimizer's lr is not their peak.
+    if (has_optimizer_lr && f->lr != 1e-3) {
+      c.notes.push_back(fmt::format(
+          "'{}.warmup_max_lr' is absent: the peak learning rate is DeepSpeed's default 0.001, not "
+          "optimizer.params.lr {} (as DeepSpeed's {} has it); give warmup_max_lr to choose it",
+          p, f->lr, type));
+    }
+    f->lr = 1e-3;
   }
 }
 

@@ -507,6 +507,20 @@ TEST(TrainConfig, SchedulersMapToTheirScheduleWithDeepSpeedsDefaults) {
   EXPECT_EQ(g.warmup_steps, 1000);  // DeepSpeed's default warmup_num_steps
   EXPECT_EQ(g.warmup_type, "log");
   EXPECT_DOUBLE_EQ(g.cos_min_ratio, 1e-4);
+  // WarmupLR without warmup_max_lr: DeepSpeed's default 0.001 is the peak whatever the
+  // optimizer's lr (its rate is set from warmup_min_lr and warmup_max_lr alone), with a note.
+  TrainFlags w;
+  ASSERT_TRUE(Apply(R"({"optimizer": {"type": "AdamW", "params": {"lr": 2e-4}},
+                        "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10}}})",
+                    &w)
+                  .ok());
+  EXPECT_DOUBLE_EQ(w.lr, 1e-3);
+  std::string notes;
+  for (const std::string& n : w.config_notes) notes += n + "\n";
+  EXPECT_NE(notes.find("'scheduler.params.warmup_max_lr' is absent: the peak learning rate is "
+                       "DeepSpeed's default 0.001, not optimizer.params.lr 0.0002"),
+            std::string::npos)
+      << notes;
   TrainFlags h;
   ASSERT_TRUE(Apply(R"({"optimizer": {"type": "AdamW", "params": {"lr": 5e-5}}})", &h).ok());
   EXPECT_EQ(h.lr_schedule, "constant");  // an optimizer and no scheduler: a constant rate
