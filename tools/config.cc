@@ -479,6 +479,21 @@ void ApplyOptimizer(Context& c, const json& opt, TrainFlags* f) {
   f->optimizer = type == "adam" ? "adamw" : type;
   f->adam_decoupled_weight_decay = true;
   const json* params = Find(opt, "params");
+  if (type == "adafactor") {
+    // DeepSpeed builds any optimizer type it does not implement from torch.optim, so its
+    // "Adafactor" is torch.optim.Adafactor (torch 2.5+), whose step is min(lr, 1/sqrt(t)) times
+    // max(eps2, RMS(p)) and whose eps1 is a floor under sqrt(v); Strata's is transformers'. Said,
+    // so that the same config's different step sizes are not a surprise.
+    c.notes.push_back(fmt::format(
+        "optimizer Adafactor: Strata runs transformers.Adafactor (step lr{}, eps1 added to g^2), "
+        "not the torch.optim.Adafactor DeepSpeed builds for this type (step min(lr, 1/sqrt(t)) x "
+        "max(eps2, RMS(p)), eps1 a floor under sqrt(v), weight decay lr x weight_decay)",
+        [&] {
+          const json* v =
+              params != nullptr && params->is_object() ? Find(*params, "scale_parameter") : nullptr;
+          return v != nullptr && v->is_boolean() && v->get<bool>() ? " x max(eps2, RMS(p))" : "";
+        }()));
+  }
   if (params == nullptr) return;
   const std::string p = "optimizer.params";
   if (!params->is_object()) {

@@ -305,6 +305,12 @@ TEST(TrainConfig, OptimizerTypeNamesEveryStrataOptimizer) {
     ASSERT_TRUE(s.ok()) << type << ": " << s.ToString();
     EXPECT_EQ(f.optimizer, name) << type;
     EXPECT_TRUE(BuildOptimizer(f).ok()) << type;
+    // DeepSpeed's "Adafactor" is torch.optim.Adafactor; Strata's transformers' one: said.
+    std::string notes;
+    for (const std::string& n : f.config_notes) notes += n + "\n";
+    EXPECT_EQ(notes.find("not the torch.optim.Adafactor DeepSpeed builds") != std::string::npos,
+              name == "adafactor")
+        << notes;
   }
   TrainFlags f;
   ASSERT_TRUE(Apply(R"({"optimizer": {"type": "SGD", "params": {"momentum": 0.5}}})", &f).ok());
