@@ -756,12 +756,20 @@ std::string HfConfigJson(const HfModelConfig& config, DType torch_dtype) {
       case LlamaArch::kQwen3: {
         if (c.arch == LlamaArch::kQwen3) j["attention_bias"] = c.qkv_bias;
         json types = json::array();
+        // transformers before 4.53 reads no layer_types: layer i slides when i >=
+        // max_window_layers. The sliding layers as such a suffix where they are one (Qwen2's
+        // own rule), else all layers full for those versions (layer_types says the rest).
+        int first_sliding = c.num_layers;
+        bool suffix = true;
         for (int i = 0; i < c.num_layers; ++i) {
-          types.push_back(LlamaLayerWindow(c, i) > 0 ? "sliding_attention" : "full_attention");
+          const bool slides = LlamaLayerWindow(c, i) > 0;
+          types.push_back(slides ? "sliding_attention" : "full_attention");
+          if (slides && first_sliding == c.num_layers) first_sliding = i;
+          suffix = suffix && (slides == (i >= first_sliding));
         }
         j["use_sliding_window"] = c.sliding_window > 0;
         j["sliding_window"] = window;
-        j["max_window_layers"] = c.num_layers;
+        j["max_window_layers"] = suffix ? first_sliding : c.num_layers;
         j["layer_types"] = std::move(types);
         break;
       }

@@ -463,6 +463,15 @@ TEST(HfConfig, EveryFamilyRoundTripsThroughItsOwnConfigJson) {
     if (x.arch == LlamaArch::kPhi3) {
       EXPECT_EQ(j["original_max_position_embeddings"], x.rope_short_factor.empty() ? 128 : 64);
     }
+    if (x.arch == LlamaArch::kQwen2) {
+      // What transformers before 4.53 (no layer_types) reads: layers 3.. slide.
+      EXPECT_EQ(j["max_window_layers"], 3);
+      nlohmann::json old = j;
+      old.erase("layer_types");
+      const auto c = ParseHfConfig(old.dump(), kPath);
+      ASSERT_TRUE(c.ok()) << c.status().ToString();
+      EXPECT_EQ(SlidingLayers(c->llama), SlidingLayers(x));
+    }
     EXPECT_EQ(y.partial_rotary_factor, x.partial_rotary_factor);
     EXPECT_EQ(y.rope_short_factor, x.rope_short_factor);
     EXPECT_EQ(y.rope_long_factor, x.rope_long_factor);
