@@ -222,10 +222,14 @@ void CpuChecks(std::vector<Check>* checks) {
     c.value = fmt::format("{} total, {} available", FormatBytes(cpu.mem_total_bytes),
                           FormatBytes(cpu.mem_available_bytes));
     c.raw = {{"total_bytes", cpu.mem_total_bytes}, {"available_bytes", cpu.mem_available_bytes}};
-    // fp32 master weights + Adam m, v: 12 B/param when --offload-optimizer host.
-    const double params_b = static_cast<double>(cpu.mem_available_bytes) / 12 / 1e9;
+    // --offload-optimizer host --offload-params host: fp32 master weights and AdamW's m and v
+    // (12 B/param), the pinned 16-bit working params (2 B) and the host gradients (2 B, fp32
+    // for a tied embedding): about 16 B/param before the buckets (gpt2-1.5b plans 15.4).
+    const double params_b = static_cast<double>(cpu.mem_available_bytes) / 16 / 1e9;
     c.advice = fmt::format(
-        "--offload-optimizer host holds 12 B/param: about {:.1f}B params fit; nvme beyond",
+        "--offload-optimizer host --offload-params host hold about 16 B/param (12 of master "
+        "weights and AdamW state, 2 of working params, 2 of gradients): about {:.1f}B params "
+        "fit; nvme beyond (strata estimate gives the exact need)",
         params_b);
     if (cpu.mem_available_bytes < 4 * kGiB) {
       c.verdict = Verdict::kWarn;

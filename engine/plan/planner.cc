@@ -878,6 +878,17 @@ void SizePinnedTier(const PlanInputs& r, const ChunkSizes& c, const StateLayout&
   if (o.optimizer_home == OptimizerHome::kNvme) p->optimizer_buffer_bytes += s.max_region;
   if (o.param_home == ParamHome::kNvme) p->optimizer_buffer_bytes += c.own_partition_bytes;
   p->pinned_bytes += p->optimizer_buffers * p->optimizer_buffer_bytes;
+  // The device optimizer's state staging (StateStore: one pinned region of its largest block's
+  // master weights and state, through which checkpoints save and load them) and its gradient
+  // statistics records (GradStreamer: one per block, read back each step).
+  uint64_t device_region = 0, stats = 0;
+  for (int b = 0; b < n; ++b) {
+    if (p->blocks[b].optimizer_on_device) {
+      device_region = std::max(device_region, s.states[b].region_bytes);
+      stats += AlignUp(DeviceGradStatsBytes(p->blocks[b].partition.own_elems), 64);
+    }
+  }
+  p->pinned_bytes += AlignUp(device_region, 4096) + AlignUp(stats, 4096);
 }
 
 // Host and NVMe tiers (this rank's partitions): the host gradients of the blocks the CPU
