@@ -99,7 +99,10 @@ class TemplateRenderer {
     roles_.reserve(num_messages_);
     for (const ojson& m : example.messages) roles_.push_back(m["role"] == "assistant");
     context_["messages"] = std::move(example.messages);
-    if (!example.tools.is_null()) context_["tools"] = std::move(example.tools);
+    // As transformers' apply_chat_template passes them: always defined, None when not given
+    // (a template's `tools is defined` is true, `tools is not none` false).
+    context_["tools"] = std::move(example.tools);
+    context_["documents"] = nullptr;
     context_["add_generation_prompt"] = false;
   }
 

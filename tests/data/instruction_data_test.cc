@@ -314,6 +314,14 @@ TEST_F(InstructionDataTest, TheModelsTemplateVariablesAndToolsReachTheTemplate) 
   EXPECT_EQ(Decode(e.tokens),
             R"(<|begin_of_text|>[{"name": "f", "z": 1, "a": 2}]heyuser:aassistant:b<|eot_id|>)");
   EXPECT_EQ(LossRuns(e), std::vector<std::string>{"b<|eot_id|>"});
+  // Without tools, tools and documents are defined and None, as transformers passes them.
+  std::ofstream(*dir_ / "defined.jinja")
+      << "{% if tools is defined and tools is none %}T{% endif %}{% if documents is defined and "
+         "documents is none %}D{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}";
+  const RenderedExample d = Render(Format((*dir_ / "defined.jinja").string()),
+                                   Line(R"({"messages": [{"role": "user", "content": "a"},
+                                       {"role": "assistant", "content": "b"}]})"));
+  EXPECT_EQ(Decode(d.tokens), "TDab");
   // chat_template.jinja beside the config wins.
   std::ofstream(model_dir / "chat_template.jinja")
       << "{% for m in messages %}{% generation %}{{ m.content }}{% endgeneration %}{% endfor %}";

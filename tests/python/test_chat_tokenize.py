@@ -470,10 +470,9 @@ class Reference:
         self.source = TEMPLATES[self.f["template"]]
 
     def _render(self, messages, tools, gen):
+        # transformers' apply_chat_template always passes tools and documents (None when absent).
         ctx = dict(self.kwargs, messages=messages, add_generation_prompt=gen,
-                   bos_token=self.f["bos"], eos_token=self.f["eos"])
-        if tools is not None:
-            ctx["tools"] = tools
+                   bos_token=self.f["bos"], eos_token=self.f["eos"], tools=tools, documents=None)
         r = jinja_reference.render(self.env, self.source, ctx)
         if not r["ok"]:
             raise ValueError(r["error"])
