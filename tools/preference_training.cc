@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <tuple>
 
+#include "base/dtype.h"
 #include "base/file.h"
 #include "base/json_fields.h"
 #include "base/untrusted_text.h"
@@ -147,7 +148,8 @@ uint64_t PreferenceTraining::DataXxh3() const {
 }
 
 StatusOr<bool> PreferenceTraining::ReadReferenceFile(const std::string& path, uint64_t data_hash,
-                                                     uint64_t weights_hash, bool resuming) {
+                                                     uint64_t weights_hash,
+                                                     std::string_view precision, bool resuming) {
   ReadSmallFileOptions read;
   read.max_bytes = kReferenceFileMaxBytes;
   read.unusable_code = StatusCode::kDataLoss;
@@ -164,16 +166,22 @@ StatusOr<bool> PreferenceTraining::ReadReferenceFile(const std::string& path, ui
   }
   std::string differs;
   if (j["data_xxh3"] != Hex(data_hash)) {
-    differs = "the data (or --seq-len, --micro-batch-size, --pack)";
+    differs = "data (or --seq-len, --micro-batch-size, --pack)";
   }
   if (j["initial_weights_xxh3"] != Hex(weights_hash)) {
-    differs += std::string(differs.empty() ? "" : " and ") + "the initial weights";
+    differs += std::string(differs.empty() ? "" : " and ") + "initial weights";
+  }
+  // The log-probabilities of a bf16 forward are not an fp32 one's: the same weights in another
+  // working precision are another reference. (A file from before the field: recomputed by a
+  // fresh run, taken by a resumed one.)
+  if (j.contains("precision") ? j["precision"] != precision : !resuming) {
+    differs += std::string(differs.empty() ? "" : " and ") + "working precision";
   }
   if (!differs.empty()) {
     if (!resuming) return false;  // a fresh run recomputes it
     return FailedPreconditionError(
-        fmt::format("'{}' was computed for other {} than this run's; a resumed run needs the "
-                    "reference it started with",
+        fmt::format("'{}' does not match this run's {}; a resumed run needs the reference it "
+                    "started with",
                     path, differs));
   }
   for (auto [key, split, pairs] : {std::tuple{"train", &train_ref_, data_->train_pairs()},
@@ -216,11 +224,12 @@ Status PreferenceTraining::PrepareReference(engine::Engine& engine, const std::s
   if (reference_from_model_ || !options_.uses_reference()) return Status::Ok();
   const uint64_t data_hash = DataXxh3();
   STRATA_ASSIGN_OR_RETURN(const uint64_t weights_hash, engine.MasterWeightsXxh3());
+  const std::string precision(DTypeName(engine.plan().precision));
   const std::string path =
       save_dir.empty() ? "" : (std::filesystem::path(save_dir) / kReferenceFile).string();
   if (!path.empty() && std::filesystem::exists(path)) {
     STRATA_ASSIGN_OR_RETURN(const bool read,
-                            ReadReferenceFile(path, data_hash, weights_hash, resuming));
+                            ReadReferenceFile(path, data_hash, weights_hash, precision, resuming));
     if (read) {
       std::printf("reference log-probabilities: %s (%zu train and %zu val completions)\n",
                   path.c_str(), train_ref_.logp_sum.size(), val_ref_.logp_sum.size());
@@ -242,6 +251,7 @@ Status PreferenceTraining::PrepareReference(engine::Engine& engine, const std::s
       {"version", 1},
       {"data_xxh3", Hex(data_hash)},
       {"initial_weights_xxh3", Hex(weights_hash)},
+      {"precision", precision},
       {"train", {{"logp_sum", train_ref_.logp_sum}, {"targets", train_ref_.targets}}},
       {"val", {{"logp_sum", val_ref_.logp_sum}, {"targets", val_ref_.targets}}}};
   const std::string text = j.dump() + "\n";

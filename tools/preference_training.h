@@ -24,6 +24,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "base/status.h"
@@ -104,13 +105,14 @@ class PreferenceTraining {
   // Reference log-probabilities of a micro-batch's pairs, summed or averaged as the loss wants.
   std::vector<double> ReferenceOf(const Completions& split, const data::Batch& batch) const;
   StatusOr<Completions> ComputeReference(engine::Engine& engine, bool val);
-  // Fills train_ref_ and val_ref_ from the file at `path` when it was made for this data and
-  // these initial weights (true); false when it was not and the run is fresh (recompute).
-  // Errors: kDataLoss naming the file (unreadable, not the format, arrays not two completions
-  // a pair of finite log-probabilities over >= 1 target each); kFailedPrecondition for a resumed
-  // run's file of other data or weights.
+  // Fills train_ref_ and val_ref_ from the file at `path` when it was made for this data,
+  // these initial weights and this working precision ("bf16", ...) (true); false when it was not
+  // and the run is fresh (recompute). Errors: kDataLoss naming the file (unreadable, not the
+  // format, arrays not two completions a pair of finite log-probabilities over >= 1 target
+  // each); kFailedPrecondition for a resumed run's file of other data, weights or precision.
   StatusOr<bool> ReadReferenceFile(const std::string& path, uint64_t data_hash,
-                                   uint64_t weights_hash, bool resuming);
+                                   uint64_t weights_hash, std::string_view precision,
+                                   bool resuming);
   uint64_t DataXxh3() const;
 
   engine::PreferenceOptions options_;

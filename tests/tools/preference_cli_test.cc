@@ -252,6 +252,32 @@ TEST_F(PreferenceCli, EvalOfAFullModelAgainstAReferenceModelScoresAsTrainingVali
   refused(eval + "--objective dpo --reference-model-dir " + Path("nowhere"), "nowhere");
 }
 
+// A save directory holding only a reference file (a run stopped before its first checkpoint) and
+// a fresh run in another working precision: the file is of other log-probabilities, and is
+// recomputed, not taken; a resumed run in another precision is refused naming it.
+TEST_F(PreferenceCli, AReferenceOfAnotherPrecisionIsRecomputedOrRefused) {
+  Train("--objective dpo --steps 1 --grad-accum-steps 1 --precision fp32 --save-dir " + Path("p32"),
+        "p32.json");
+  fs::create_directories(dir_ / "p16");
+  fs::copy_file(dir_ / "p32" / "reference-logps.json", dir_ / "p16" / "reference-logps.json");
+  const std::string flags = "train --model llama-tiny --data " + Path("train.bin") +
+                            " --val-data " + Path("val.bin") +
+                            " --seq-len 32 --micro-batch-size 8 --objective dpo "
+                            "--grad-accum-steps 1 --eval-every 0 --sample-bytes 0 --log-every 1 ";
+  Result r = RunStrata(flags + "--steps 1 --precision bf16 --save-dir " + Path("p16"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("reference log-probabilities: computed with the initial weights"),
+            std::string::npos)
+      << r.out;
+  // The policy is its own reference at step 1: no margin.
+  EXPECT_NE(r.out.find("acc 0.00 margin 0.000"), std::string::npos) << r.out;
+  r = RunStrata(flags + "--steps 2 --precision fp16 --save-dir " + Path("p32") +
+                " --resume latest");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("does not match this run's working precision"), std::string::npos) << r.err;
+  EXPECT_EQ(Lines(r.err), 1) << r.err;
+}
+
 TEST_F(PreferenceCli, AReferenceOfOtherDataIsRefusedOnResume) {
   Train("--objective dpo --steps 4 --grad-accum-steps 1 --save-dir " + Path("c"), "c.json");
   // A file of this run's hashes whose arrays do not fit the data: damaged, named, one line.
@@ -291,7 +317,7 @@ TEST_F(PreferenceCli, AReferenceOfOtherDataIsRefusedOnResume) {
   const Result r = RunStrata(resume);
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("reference-logps.json"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("the data"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("does not match this run's data"), std::string::npos) << r.err;
   EXPECT_EQ(Lines(r.err), 1) << r.err;
 }
 
