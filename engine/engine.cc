@@ -104,7 +104,6 @@ Status Engine::Impl::CreateStateStore() {
   so.gradient = [this](int b) { return grads_->HostGradient(b); };
   so.init_progress = o_.init_progress;
   so.speculate = policy_ != nullptr;
-  so.speculation_backup_bytes = o_.speculation_backup_bytes;
   so.finish_speculation_before_verdict = o_.test_hooks.finish_speculation_before_verdict;
   STRATA_ASSIGN_OR_RETURN(store_, StateStore::Create(*model_, plan_, so));
   return Status::Ok();
@@ -881,6 +880,10 @@ PlacementOptions PlacementWithRanks(const EngineOptions& options) {
     placement.rank = options.comm->rank();
     placement.data_parallel = true;
   }
+  // The update during backward as Impl::Init turns it on (given a CPU-optimized block).
+  placement.update_during_backward =
+      options.update_during_backward && options.overlap && !options.inference_only;
+  placement.speculation_backup_bytes = options.speculation_backup_bytes;
   return placement;
 }
 
@@ -908,6 +911,10 @@ Status CheckPlanFits(const Model& model, const EngineOptions& options, const Pla
     why =
         "other placement options (schedule, params home, device budget or activation "
         "checkpointing)";
+  } else if (plan.update_during_backward != placement.update_during_backward) {
+    why = fmt::format("update_during_backward {} (options: {}, with overlap and training)",
+                      plan.update_during_backward ? "on" : "off",
+                      placement.update_during_backward ? "on" : "off");
   }
   if (why.empty()) return Status::Ok();
   return InvalidArgumentError(

@@ -131,7 +131,9 @@ struct EngineOptions {
   bool update_during_backward = false;
   // Its backup area in host memory (what speculative updates overwrite, for a rollback); 0: the
   // default, max(64 MiB, 1/8 of what all CPU-optimized blocks would need). Updates that would not
-  // fit wait for the verdict.
+  // fit wait for the verdict. The plan holds it in its host total (Plan::speculation_backup_bytes,
+  // from PlacementOptions::update_during_backward and speculation_backup_bytes, which Create sets
+  // from these two).
   uint64_t speculation_backup_bytes = 0;
   // Inference only (`strata eval`, `strata generate`): no optimizer state, no gradient
   // accumulators and no NVMe; the working params live in their device or pinned host home,
@@ -211,7 +213,8 @@ class Engine {
   // (options.placement and options.update_during_backward as the choice resolved them): takes
   // the device arena and pinned memory the plan lists, lays out the swap store, initialises
   // master weights from options.seed. Plans nothing itself. Errors: a plan made for other
-  // options (kInvalidArgument naming the difference: precision, micro-batch, ranks, blocks),
+  // options (kInvalidArgument naming the difference: precision, micro-batch, ranks, blocks, the
+  // update during backward, whose backup area the plan holds),
   // bad options (kInvalidArgument), an unusable NVMe path (its Status, naming the path). model
   // and device are not owned and must outlive the engine.
   static StatusOr<std::unique_ptr<Engine>> Create(Model* model, gpu::Device* device,

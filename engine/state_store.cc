@@ -146,15 +146,8 @@ Status StateStore::AllocateMemory(gpu::Device* device) {
         regions_->AddUnit(state_[b].region_bytes, !on_device(b) && trained(b)).status());
   }
   if (o_.speculate) {
-    // The backup area: by default an eighth of what every CPU-optimized block would need (updates
-    // that do not fit wait for the verdict), at least 64 MiB, never more than all of it.
-    uint64_t all = 0;
-    for (int b = 0; b < n_; ++b) {
-      if (!on_device(b)) all += (SpeculationBackupBytes(b) + 63) / 64 * 64;
-    }
-    const uint64_t bytes = o_.speculation_backup_bytes > 0 ? o_.speculation_backup_bytes
-                                                           : std::max<uint64_t>(64 << 20, all / 8);
-    speculation_ = std::make_unique<UpdateSpeculation>(n_, std::min(bytes, all));
+    // The backup area, as the plan sized it (updates that do not fit wait for the verdict).
+    speculation_ = std::make_unique<UpdateSpeculation>(n_, plan_.speculation_backup_bytes);
     STRATA_RETURN_IF_ERROR(speculation_->Allocate());
   }
   OptimizerPipeline::Stages stages;

@@ -89,9 +89,9 @@ struct StateStoreOptions {
   // EngineOptions::init_progress, called by Initialize on its calling thread.
   std::function<void(int blocks_done, int num_blocks, int64_t params_done, int64_t num_params)>
       init_progress;
-  // EngineOptions::update_during_backward (the engine decides) and speculation_backup_bytes.
+  // EngineOptions::update_during_backward (the engine decides); the backup area is the plan's
+  // (Plan::speculation_backup_bytes).
   bool speculate = false;
-  uint64_t speculation_backup_bytes = 0;
   bool finish_speculation_before_verdict = false;  // EngineTestHooks
 };
 

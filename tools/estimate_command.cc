@@ -17,6 +17,7 @@
 #include "engine/plan/cost_model.h"
 #include "engine/plan/machine_profile.h"
 #include "engine/plan/optimizer_state.h"
+#include "engine/plan/plan_choice.h"
 #include "engine/plan/planner.h"
 #include "tools/model_spec.h"
 #include "tools/optimizer_flags.h"
@@ -75,8 +76,8 @@ void AddEstimateFlags(CLI::App& cmd, EstimateFlags& f) {
       "--device-budget", f.device_budget,
       "Device memory for the whole arena, e.g. 24GiB (GB = 1e9 B, GiB = 2^30 B), or auto "
       "as strata train's: midway between the streaming minimum and the working params "
-      "(every block's needs with --offload-params device); default with --machine: the "
-      "profile's device memory");
+      "(every block's needs with --offload-params device); default with --machine: 95 % of "
+      "the profile's device memory (what an auto placement plans in)");
   cmd.add_option("--host-budget", f.host_budget,
                  "Host memory for pinned buffers, gradient accumulators and host-resident "
                  "optimizer state; auto = this machine's total memory")
@@ -468,10 +469,9 @@ Status RunEstimate(const EstimateFlags& flags) {
     if (!profile || !profile->device) {
       return InvalidArgumentError(
           "--device-budget is required: give a size such as 24GiB or auto (with --machine FILE "
-          "whose profile has a device, its memory is the default)");
+          "whose profile has a device, 95 % of its memory is the default)");
     }
-    f.device_budget = fmt::format(
-        "{}", static_cast<uint64_t>(profile->device->memory_GiB * static_cast<double>(kGiB)));
+    f.device_budget = fmt::format("{}", engine::MachineDeviceBudgetBytes(*profile));
   }
   STRATA_ASSIGN_OR_RETURN(EstimateSetup e, MakeEstimateSetup(f, profile ? &*profile : nullptr));
   if (f.json) {

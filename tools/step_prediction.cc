@@ -46,7 +46,8 @@ std::string DescribeStepPrediction(const engine::StepPrediction& pr,
                                                           100 * a.device_fraction)
                                             : std::string("a GPU/CPU split"))) +
         (a.device_budget_bytes > plan_device_budget_bytes
-             ? fmt::format(", in the device's whole {}", FormatBytes(a.device_budget_bytes))
+             ? fmt::format(", in 95 % of the device's memory ({})",
+                           FormatBytes(a.device_budget_bytes))
              : std::string());
     if (a.prediction) {
       s += fmt::format("  {}: step {:.3g} s ({:.0f} tokens/s, {:.2f}x), bound by {}\n", label,

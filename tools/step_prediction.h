@@ -32,7 +32,7 @@ std::optional<int64_t> ModelFlopsPerTokenOf(const ModelSpec& spec, const engine:
 
 // Lines for the text output: "predicted: step ...", each part, the notes and the alternatives;
 // an alternative planned in more device memory than the plan's budget (plan_device_budget_bytes)
-// says so ("optimizer on the device, in the device's whole 139.80 GiB: ...").
+// says so ("optimizer on the device, in 95 % of the device's memory (132.81 GiB): ...").
 std::string DescribeStepPrediction(const engine::StepPrediction& prediction,
                                    const std::vector<engine::PlanAlternative>& alternatives,
                                    uint64_t plan_device_budget_bytes);

@@ -377,10 +377,13 @@ StatusOr<StepPrediction> PredictStep(const Plan& plan, const CostInputs& in,
         plan.model_params, plan.frozen_params, in.num_layers, in.channels, plan.shape.seq_len));
   }
   out.model_flops = static_cast<double>(*per_token) * out.tokens_per_step;
+  // A recomputed forward is a third of the model FLOPs (2P + 4LTC of 6P + 12LTC). The profile's
+  // rate is the model FLOPs over a step in which every block recomputes (4 thirds of them run),
+  // so the compute time is that of (3 + recomputed) quarters of the model FLOPs at that rate.
   const double recomputed = RecomputedFraction(plan);
-  out.recompute_flops = out.model_flops / 4 * recomputed;
-  out.saved_recompute_flops = out.model_flops / 4 * (1 - recomputed);
-  out.parts = PartsOf(plan, traffic, rates, out.model_flops - out.saved_recompute_flops, profile);
+  out.recompute_flops = out.model_flops / 3 * recomputed;
+  out.saved_recompute_flops = out.model_flops / 3 * (1 - recomputed);
+  out.parts = PartsOf(plan, traffic, rates, out.model_flops * (3 + recomputed) / 4, profile);
 
   const StepTimeline timeline = TimelineOf(plan, in, ph, traffic, rates, out.parts);
   out.step_s = timeline.step_s;

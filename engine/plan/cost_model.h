@@ -13,7 +13,9 @@
 //              recomputed forward 3/4. Blocks that keep their activations (activation
 //              checkpointing, Plan::Block::keeps_activations) skip their recomputed forward: with
 //              a fraction k of the blocks that can keep keeping (layers alike), the recomputed
-//              forward is (1 - k)/4 of that figure and the compute (3 + (1 - k))/4 of it.
+//              forward is (1 - k)/4 of that figure and the compute (3 + (1 - k))/4 of it (in
+//              FLOPs a recomputed forward is a third of the model FLOPs, 2 P + 4 L T C: the
+//              rate counts the model FLOPs only).
 //   h2d        streamed blocks' 16-bit params x loads, plus the new 16-bit params of resident
 //              blocks the CPU updated (once).
 //   d2h        gradients of the blocks the CPU updates: micro-batch-major 16-bit (fp32 for a
@@ -108,8 +110,9 @@ struct StepPrediction {
   std::string bound;  // "compute", "h2d", "d2h", "cpu_optimizer", "device_optimizer", "nvme"
   StepParts parts;
   double model_flops = 0;  // per step, recomputation not counted
-  // Per step: the recomputed forwards' FLOPs the kept activations save (model_flops / 4 x the
-  // fraction of the blocks that can keep which do), and those still recomputed.
+  // Per step: the recomputed forwards' FLOPs the kept activations save (model_flops / 3, a
+  // forward's 2P + 4LTC of 6P + 12LTC, x the fraction of the blocks that can keep which do), and
+  // those still recomputed.
   double saved_recompute_flops = 0;
   double recompute_flops = 0;
   double tokens_per_step = 0;

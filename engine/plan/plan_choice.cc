@@ -22,11 +22,17 @@ struct Resolving {
   bool auto_schedule = false;
 };
 
+// The update during backward as resolved, and the placement that holds its backup area when the
+// engine will run it (with overlap).
+void SetUpdateDuringBackward(const PlanRequest& r, bool on, Resolving* s) {
+  s->update_during_backward = on;
+  s->placement.update_during_backward = on && r.overlap;
+}
+
 Resolving Start(const PlanRequest& r) {
   const PlanAuto& a = r.automatic;
   Resolving s;
   s.placement = r.placement;
-  s.update_during_backward = a.update_during_backward ? false : r.update_during_backward;
   s.auto_device_budget = a.device_budget;
   if (a.device_budget) s.placement.device_budget_bytes = 0;
   s.search = {a.param_home, a.optimizer_home, a.device_fraction, false};
@@ -36,6 +42,7 @@ Resolving Start(const PlanRequest& r) {
       a.update_during_backward && !r.placement.data_parallel && r.overlap;
   if (a.schedule) s.placement.schedule = Schedule::kMicroBatchMajor;  // until decided
   s.auto_schedule = a.schedule && r.grad_accum_steps > 1;
+  SetUpdateDuringBackward(r, a.update_during_backward ? false : r.update_during_backward, &s);
   return s;
 }
 
@@ -59,8 +66,7 @@ StatusOr<std::string> ChoosePlacementFor(const Model& model, const PlanRequest& 
   PlacementOptions base = s->placement;
   if (s->auto_device_budget) {
     if (machine->device) {
-      base.device_budget_bytes =
-          static_cast<uint64_t>(0.95 * machine->device->memory_GiB * static_cast<double>(kGiB));
+      base.device_budget_bytes = MachineDeviceBudgetBytes(*machine);
     } else {
       search.auto_device_budget = true;
     }
@@ -91,38 +97,79 @@ void ResolveDeviceBudget(const Model& model, const PlanRequest& r, Resolving* s)
       model, r.precision, r.micro_batch, s->placement, {r.optimizer, r.grad_accum_steps});
 }
 
+// A plan and the placement it was made with.
+struct Planned {
+  Plan plan;
+  PlacementOptions placement;
+};
+
 // The plan the run would make with `schedule`, its placement and budget chosen for it as the run
 // chooses them (for layer-major with an auto budget: the micro-batch-major plan's, when that one
 // fits, so that layer-major never asks for more device memory).
-StatusOr<Plan> SchedulePlan(const Model& model, const PlanRequest& r, const MachineProfile* machine,
-                            Resolving s, Schedule schedule) {
+StatusOr<Planned> SchedulePlan(const Model& model, const PlanRequest& r,
+                               const MachineProfile* machine, Resolving s, Schedule schedule) {
   if (schedule == Schedule::kLayerMajor && s.auto_device_budget) {
     auto micro_batch_major = SchedulePlan(model, r, machine, s, Schedule::kMicroBatchMajor);
     if (micro_batch_major.ok()) {
       s.auto_device_budget = false;
-      s.placement.device_budget_bytes = micro_batch_major->device_budget_bytes;
+      s.placement.device_budget_bytes = micro_batch_major->plan.device_budget_bytes;
     }
   }
   s.placement.schedule = schedule;
   STRATA_RETURN_IF_ERROR(ChoosePlacementFor(model, r, machine, &s).status());
   ResolveDeviceBudget(model, r, &s);
-  return PlanFor(model, r, s.placement);
+  STRATA_ASSIGN_OR_RETURN(Plan plan, PlanFor(model, r, s.placement));
+  return Planned{std::move(plan), s.placement};
 }
 
-// The rule of step 4: on from a 10 % shorter predicted step.
-bool UpdateDuringBackwardPays(const StepPrediction& on, const StepPrediction& off) {
-  return on.step_s < 0.9 * off.step_s;
+// The rule of step 4 for a plan made without the update during backward: on from a 10 % shorter
+// predicted step, when the plan that holds its backup area still fits (the host budget).
+struct UpdateDuringBackwardRule {
+  bool on = false;
+  StepPrediction prediction;  // with the update during backward as decided
+  std::string why;            // the reason's words after "auto: "
+};
+StatusOr<UpdateDuringBackwardRule> ApplyUpdateDuringBackwardRule(const Model& model,
+                                                                 const Planned& planned,
+                                                                 const PlanRequest& r,
+                                                                 const MachineProfile& machine) {
+  STRATA_ASSIGN_OR_RETURN(StepPrediction off,
+                          PredictStep(planned.plan, CostInputsOf(r, false), machine));
+  STRATA_ASSIGN_OR_RETURN(StepPrediction on,
+                          PredictStep(planned.plan, CostInputsOf(r, true), machine));
+  UpdateDuringBackwardRule rule;
+  const std::string predicted =
+      fmt::format("predicted step {:.3g} s with it, {:.3g} s without", on.step_s, off.step_s);
+  rule.prediction = off;
+  if (!(on.step_s < 0.9 * off.step_s)) {
+    rule.why = predicted + "; on from 10 % shorter";
+    return rule;
+  }
+  PlacementOptions with = planned.placement;
+  with.update_during_backward = true;
+  const StatusOr<Plan> backed = PlanFor(model, r, with);
+  if (!backed.ok()) {
+    const std::string why = backed.status().message();
+    rule.why = fmt::format("{}, but its backup area does not fit: {}", predicted,
+                           why.substr(0, why.find('\n')));
+    return rule;
+  }
+  rule.on = true;
+  rule.prediction = on;
+  rule.why = predicted + "; on from 10 % shorter";
+  return rule;
 }
 
-// `plan`'s prediction with the update during backward it would run with.
-StatusOr<StepPrediction> PredictAsResolved(const Plan& plan, const PlanRequest& r,
-                                           const Resolving& s, const MachineProfile& machine) {
-  STRATA_ASSIGN_OR_RETURN(StepPrediction as_set,
-                          PredictStep(plan, CostInputsOf(r, s.update_during_backward), machine));
-  if (!s.auto_update_during_backward) return as_set;
-  STRATA_ASSIGN_OR_RETURN(StepPrediction off, PredictStep(plan, CostInputsOf(r, false), machine));
-  STRATA_ASSIGN_OR_RETURN(StepPrediction on, PredictStep(plan, CostInputsOf(r, true), machine));
-  return UpdateDuringBackwardPays(on, off) ? on : off;
+// `planned`'s prediction with the update during backward it would run with.
+StatusOr<StepPrediction> PredictAsResolved(const Model& model, const Planned& planned,
+                                           const PlanRequest& r, const Resolving& s,
+                                           const MachineProfile& machine) {
+  if (!s.auto_update_during_backward) {
+    return PredictStep(planned.plan, CostInputsOf(r, s.update_during_backward), machine);
+  }
+  STRATA_ASSIGN_OR_RETURN(UpdateDuringBackwardRule rule,
+                          ApplyUpdateDuringBackwardRule(model, planned, r, machine));
+  return rule.prediction;
 }
 
 // 1. The schedule: sets s->placement.schedule (and, choosing layer-major without a machine, the
@@ -143,24 +190,31 @@ std::string ChooseSchedule(const Model& model, const PlanRequest& r, const Machi
         a, why.substr(0, why.find('\n')));
   }
   schedule = Schedule::kLayerMajor;
-  if (machine == nullptr) {
-    // The budget it was planned in (ResolveDeviceBudget would give it its own).
+  // An auto budget stays the one the chosen schedule's plan was made and predicted in
+  // (ResolveDeviceBudget would give layer-major its own, larger one).
+  const auto keep_budget = [s](const Plan& plan) {
+    if (!s->auto_device_budget) return;
     s->auto_device_budget = false;
-    s->placement.device_budget_bytes = layer_major->device_budget_bytes;
+    s->placement.device_budget_bytes = plan.device_budget_bytes;
+  };
+  if (machine == nullptr) {
+    keep_budget(layer_major->plan);
     return fmt::format(
         "schedule: layer-major (auto: its plan of {} micro-batches fits; `machine` compares the "
         "predicted steps)\n",
         a);
   }
-  auto lm = PredictAsResolved(*layer_major, r, *s, *machine);
+  auto lm = PredictAsResolved(model, *layer_major, r, *s, *machine);
   StatusOr<StepPrediction> mb = micro_batch_major.ok()
-                                    ? PredictAsResolved(*micro_batch_major, r, *s, *machine)
+                                    ? PredictAsResolved(model, *micro_batch_major, r, *s, *machine)
                                     : StatusOr<StepPrediction>(micro_batch_major.status());
   if (!lm.ok() || !mb.ok()) {
+    keep_budget(layer_major->plan);
     return fmt::format("schedule: layer-major (auto: its plan fits; steps not predicted: {})\n",
                        (lm.ok() ? mb.status() : lm.status()).message());
   }
   if (lm->step_s > mb->step_s) schedule = Schedule::kMicroBatchMajor;
+  keep_budget(schedule == Schedule::kLayerMajor ? layer_major->plan : micro_batch_major->plan);
   return fmt::format(
       "schedule: {} (auto: predicted step {:.3g} s layer-major, {:.3g} s micro-batch-major)\n",
       ScheduleName(schedule), lm->step_s, mb->step_s);
@@ -171,15 +225,11 @@ std::string ChooseSchedule(const Model& model, const PlanRequest& r, const Machi
 StatusOr<std::string> ChooseUpdateDuringBackward(const Model& model, const PlanRequest& r,
                                                  const MachineProfile* machine, Resolving* s) {
   if (!s->auto_update_during_backward || machine == nullptr) return std::string();
-  STRATA_ASSIGN_OR_RETURN(const Plan plan, PlanFor(model, r, s->placement));
-  auto off = PredictStep(plan, CostInputsOf(r, false), *machine);
-  auto on = PredictStep(plan, CostInputsOf(r, true), *machine);
-  if (!off.ok() || !on.ok()) return std::string();
-  s->update_during_backward = UpdateDuringBackwardPays(*on, *off);
-  return fmt::format(
-      "update during backward: {} (auto: predicted step {:.3g} s with it, {:.3g} s without; on "
-      "from 10 % shorter)\n",
-      s->update_during_backward ? "on" : "off", on->step_s, off->step_s);
+  STRATA_ASSIGN_OR_RETURN(Plan plan, PlanFor(model, r, s->placement));
+  auto rule = ApplyUpdateDuringBackwardRule(model, {std::move(plan), s->placement}, r, *machine);
+  if (!rule.ok()) return std::string();  // not predicted: off
+  SetUpdateDuringBackward(r, rule->on, s);
+  return fmt::format("update during backward: {} (auto: {})\n", rule->on ? "on" : "off", rule->why);
 }
 
 // The optimizer with `fraction` of the parameters on the device (1: all, every block resident),
@@ -190,10 +240,7 @@ PlanAlternative OptimizerAlternative(const Model& model, const PlanRequest& r, c
   alt.name = fraction >= 1 ? "device" : "split";
   alt.device_fraction = fraction;
   PlacementOptions p = s.placement;
-  if (machine.device) {
-    p.device_budget_bytes =
-        static_cast<uint64_t>(machine.device->memory_GiB * static_cast<double>(kGiB));
-  }
+  if (machine.device) p.device_budget_bytes = MachineDeviceBudgetBytes(machine);
   alt.device_budget_bytes = p.device_budget_bytes;
   if (fraction >= 1) {
     p.param_home = ParamHome::kDevice;
@@ -244,9 +291,9 @@ std::vector<PlanAlternative> ScheduleAlternatives(const Model& model, const Plan
   for (const Schedule schedule : {Schedule::kMicroBatchMajor, Schedule::kLayerMajor}) {
     PlanAlternative alt;
     alt.name = ScheduleName(schedule);
-    auto plan = SchedulePlan(model, r, &machine, start, schedule);
-    auto pr = plan.ok() ? PredictAsResolved(*plan, r, start, machine)
-                        : StatusOr<StepPrediction>(plan.status());
+    auto planned = SchedulePlan(model, r, &machine, start, schedule);
+    auto pr = planned.ok() ? PredictAsResolved(model, *planned, r, start, machine)
+                           : StatusOr<StepPrediction>(planned.status());
     if (pr.ok()) {
       alt.prediction = *pr;
     } else {
@@ -338,6 +385,11 @@ StatusOr<PlanChoice> Choose(const Model& model, const PlanRequest& r,
 }
 
 }  // namespace
+
+uint64_t MachineDeviceBudgetBytes(const MachineProfile& machine) {
+  if (!machine.device) return 0;
+  return static_cast<uint64_t>(0.95 * machine.device->memory_GiB * static_cast<double>(kGiB));
+}
 
 CostInputs CostInputsOf(const PlanRequest& request, bool update_during_backward) {
   CostInputs in;

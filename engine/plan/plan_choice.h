@@ -113,13 +113,19 @@ struct PlanChoice {
   // With PlanRequest::compare: the same run on one rank (ranks > 1: same device budget, the host,
   // pinned and NVMe budgets unchecked); with a machine, the optimizer on the device (every block
   // resident) and the best GPU/CPU split (the fraction among 0.05 ... 0.95 with the shortest
-  // predicted step), each with the device budget set to the profile's device memory; and with more
+  // predicted step), each with the device budget MachineDeviceBudgetBytes; and with more
   // than one micro-batch each schedule's plan as the run would make it, predicted.
   std::optional<Plan> one_rank;
   std::vector<PlanAlternative> optimizer_alternatives;
   std::vector<PlanAlternative> schedules;
   int plans_built = 0;  // MakePlan calls this choice made
 };
+
+// The device budget an auto budget takes on `machine` when the choice plans against it (the
+// placement search, the optimizer alternatives, `strata estimate --machine`'s default): 95 % of
+// its device memory, the rest left to the CUDA context and the backend's own buffers; 0 when the
+// profile has no device section. Pure; thread-safe.
+uint64_t MachineDeviceBudgetBytes(const MachineProfile& machine);
 
 // The cost model's inputs of a request: its model facts, accumulation and `udb`.
 CostInputs CostInputsOf(const PlanRequest& request, bool update_during_backward);

@@ -199,9 +199,12 @@ void DescribeHostAndNvme(const Plan& p, std::string* s) {
           : fmt::format("gradients ({} params {}, the rest fp32 accumulators)",
                         p.host_grad16_params, DTypeName(p.precision));
   const std::string state = fmt::format("fp32 master weights, {} state", p.optimizer_name);
-  AddLine(s, "  host     {}: {} {}{}", FormatBytes(p.host_bytes), grads,
+  AddLine(s, "  host     {}: {} {}{}{}", FormatBytes(p.host_bytes), grads,
           FormatBytes(p.host_grad_bytes),
-          p.optimizer_home == OptimizerHome::kHost ? ", " + state : "");
+          p.optimizer_home == OptimizerHome::kHost ? ", " + state : "",
+          p.speculation_backup_bytes > 0 ? fmt::format(", the update during backward's backup {}",
+                                                       FormatBytes(p.speculation_backup_bytes))
+                                         : "");
   if (p.nvme_bytes > 0) {
     AddLine(s, "  nvme     {}: {}{}", FormatBytes(p.nvme_bytes),
             p.optimizer_home == OptimizerHome::kNvme ? state : "",

@@ -919,6 +919,22 @@ void SizeHostAndNvmeTiers(const PlanInputs& r, const StateLayout& s, Plan* p) {
   if (o.optimizer_home == OptimizerHome::kNvme) {
     p->nvme_bytes += s.master_bytes + s.rank_state_bytes;
   }
+  p->update_during_backward = o.update_during_backward;
+  if (o.update_during_backward) {
+    uint64_t all = 0;  // every CPU-optimized block's backup, each 64-byte aligned
+    for (int b = 0; b < n; ++b) {
+      if (p->blocks[b].optimizer_on_device) continue;
+      uint64_t bytes = o.optimizer_home == OptimizerHome::kNvme ? 0 : s.states[b].region_bytes;
+      if (o.param_home != ParamHome::kNvme || p->blocks[b].resident) {
+        bytes += static_cast<uint64_t>(p->blocks[b].partition.own_elems) * r.w;
+      }
+      all += AlignUp(bytes, 64);
+    }
+    const uint64_t asked = o.speculation_backup_bytes > 0 ? o.speculation_backup_bytes
+                                                          : std::max<uint64_t>(64 << 20, all / 8);
+    p->speculation_backup_bytes = std::min(asked, all);
+    p->host_bytes += p->speculation_backup_bytes;
+  }
 }
 
 // Budget checks: the pinned, host (pinned included) and NVMe needs against their budgets (a
@@ -932,12 +948,17 @@ Status CheckHostBudgets(const PlacementOptions& o, const Plan& p) {
   const uint64_t host_total = p.host_bytes + p.pinned_bytes;
   if (o.host_budget_bytes > 0 && host_total > o.host_budget_bytes) {
     return ResourceExhaustedError(fmt::format(
-        "host budget {} is {} short: the plan needs {} ({} pinned + {} of host gradients{}); "
-        "raise `host_budget`{}",
+        "host budget {} is {} short: the plan needs {} ({} pinned + {} of host gradients{}{}); "
+        "raise `host_budget`{}{}",
         FormatBytes(o.host_budget_bytes), FormatBytes(host_total - o.host_budget_bytes),
         FormatBytes(host_total), FormatBytes(p.pinned_bytes), FormatBytes(p.host_bytes),
         o.optimizer_home == OptimizerHome::kHost ? " and optimizer state" : "",
-        o.optimizer_home == OptimizerHome::kHost ? " or use `optimizer_home nvme`" : ""));
+        p.speculation_backup_bytes > 0
+            ? fmt::format(", {} of it the update during backward's backup",
+                          FormatBytes(p.speculation_backup_bytes))
+            : "",
+        o.optimizer_home == OptimizerHome::kHost ? " or use `optimizer_home nvme`" : "",
+        p.speculation_backup_bytes > 0 ? " or turn off `update_during_backward`" : ""));
   }
   if (o.nvme_capacity_bytes > 0 && p.nvme_bytes > o.nvme_capacity_bytes) {
     return ResourceExhaustedError(

@@ -113,6 +113,12 @@ struct PlacementOptions {
   bool data_parallel = false;
   // A sequence objective's buffers (above); none by default.
   ObjectiveBuffers objective;
+  // The CPU update during backward (EngineOptions::update_during_backward, engine/
+  // update_speculation.h) will run: its backup area in host memory is part of the plan
+  // (Plan::speculation_backup_bytes). speculation_backup_bytes: its size in bytes; 0 = the
+  // default, max(64 MiB, an eighth of what every CPU-optimized block's backup would need).
+  bool update_during_backward = false;
+  uint64_t speculation_backup_bytes = 0;
 };
 
 // The optimizer a plan is made for: its state per block (engine/plan/optimizer_state.h) and how
@@ -230,6 +236,12 @@ struct Plan {
 
   // Host memory.
   uint64_t host_bytes = 0;         // host gradients (+ master weights and state if on host)
+  // Of host_bytes, the update during backward's backup area (PlacementOptions::
+  // update_during_backward; 0 without it or without a CPU-optimized block): what a speculative
+  // update overwrites, copied aside for a rollback (a block's state region unless on NVMe, and
+  // its working params unless streamed from NVMe), never more than all the blocks' backups.
+  uint64_t speculation_backup_bytes = 0;
+  bool update_during_backward = false;  // PlacementOptions::update_during_backward
   uint64_t host_grad_bytes = 0;    // of which host gradients (fp32 or working precision)
   int64_t host_grad16_params = 0;  // params whose host gradient stays 16-bit
 

@@ -47,9 +47,9 @@ TEST(EstimateMachineCli, JsonHasTheStepItsPartsAndTheBound) {
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   const nlohmann::json j = Json(r);
   ExpectPrediction(j);
-  // The default budget is the profile's device memory.
+  // The default budget is 95 % of the profile's device memory, what an auto placement plans in.
   EXPECT_EQ(j["device_budget_bytes"].get<double>(),
-            static_cast<double>(static_cast<uint64_t>(139.8 * (1ull << 30))));
+            static_cast<double>(static_cast<uint64_t>(0.95 * 139.8 * (1ull << 30))));
   ASSERT_TRUE(j["alternatives"].is_array());
   ASSERT_EQ(j["alternatives"].size(), 2u);
   EXPECT_EQ(j["alternatives"][0]["optimizer"], "device");
@@ -123,17 +123,19 @@ TEST(EstimateMachineCli, TextShowsThePredictionOrWhatAProfileAdds) {
   EXPECT_NE(r.out.find("predicted: step"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("bound by cpu_optimizer"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("optimizer on the device: step"), std::string::npos) << r.out;
-  // Below the profile's memory, the alternatives say they were planned in the whole device.
+  // Below the profile's memory, the alternatives say they were planned in 95 % of it.
   r = RunStrata(
       "estimate --model gpt2-1.5b --micro-batch-size 8 --seq-len 1024 --device-budget 12GiB "
       "--machine " +
       kH200);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-  EXPECT_NE(r.out.find("optimizer on the device, in the device's whole 139.80 GiB: step"),
-            std::string::npos)
+  EXPECT_NE(
+      r.out.find("optimizer on the device, in 95 % of the device's memory (132.81 GiB): step"),
+      std::string::npos)
       << r.out;
-  EXPECT_NE(r.out.find("optimizer on the device), in the device's whole 139.80 GiB: step"),
-            std::string::npos)
+  EXPECT_NE(
+      r.out.find("optimizer on the device), in 95 % of the device's memory (132.81 GiB): step"),
+      std::string::npos)
       << r.out;
   r = RunStrata(
       "estimate --model gpt2-1.5b --micro-batch-size 8 --seq-len 1024 --device-budget 12GiB "
@@ -141,7 +143,7 @@ TEST(EstimateMachineCli, TextShowsThePredictionOrWhatAProfileAdds) {
       kH200);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_EQ(Json(r)["alternatives"][0]["device_budget_bytes"].get<double>(),
-            static_cast<double>(static_cast<uint64_t>(139.8 * (1ull << 30))));
+            static_cast<double>(static_cast<uint64_t>(0.95 * 139.8 * (1ull << 30))));
   r = RunStrata("estimate --model gpt2-1.5b --device-budget 8GiB");
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("--machine FILE"), std::string::npos) << r.out;

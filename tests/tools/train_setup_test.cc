@@ -407,6 +407,18 @@ TEST(TrainSetup, TheEngineRunsTheChosenPlanAndPlansNothing) {
     EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
     EXPECT_NE(refused.status().message().find("the plan was made for"), std::string::npos)
         << refused.status().message();
+    // The update during backward the plan did not hold a backup area for: refused too.
+    engine::EngineOptions during = o->engine;
+    ASSERT_FALSE(choice->plan.update_during_backward);
+    during.update_during_backward = true;
+    auto no_backup = engine::Engine::Create(model->get(), device->get(), during, choice->plan);
+    ASSERT_FALSE(no_backup.ok());
+    EXPECT_NE(no_backup.status().message().find("update_during_backward off (options: on"),
+              std::string::npos)
+        << no_backup.status().message();
+    // Without overlap the engine does not run it, and the plan is the one it needs.
+    during.overlap = false;
+    EXPECT_TRUE(engine::Engine::Create(model->get(), device->get(), during, choice->plan).ok());
   }
   std::filesystem::remove_all(dir);
 }

@@ -2,6 +2,7 @@
 // request; each auto field is resolved as its rule says, once; the counters see every plan built.
 #include "engine/plan/plan_choice.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -146,6 +147,10 @@ TEST(ChoosePlan, TheAutoUpdateDuringBackwardFollowsThePredictionWithOneRankAndOv
               0u)
         << choice->update_during_backward_reason;
     EXPECT_EQ(choice->prediction->step_s, (choice->update_during_backward ? on : off)->step_s);
+    // The plan holds the backup area of the update during backward it chose.
+    EXPECT_EQ(choice->placement.update_during_backward, choice->update_during_backward);
+    EXPECT_EQ(choice->plan.update_during_backward, choice->update_during_backward);
+    EXPECT_EQ(choice->plan.speculation_backup_bytes > 0, choice->update_during_backward);
     // Never without overlap, never with data parallelism, never without a machine.
     PlanRequest no_overlap = g.request;
     no_overlap.overlap = false;
@@ -161,6 +166,93 @@ TEST(ChoosePlan, TheAutoUpdateDuringBackwardFollowsThePredictionWithOneRankAndOv
       EXPECT_EQ(c->update_during_backward_reason, "");
     }
   }
+}
+
+// Its backup area is host memory: where the host budget holds the plan but not the area, the
+// update during backward stays off and says why (a run that took it needed ~10 GiB past the
+// estimate for gpt-7b).
+TEST(ChoosePlan, TheAutoUpdateDuringBackwardStaysOffWhenItsBackupAreaDoesNotFitTheHostBudget) {
+  const MachineProfile h200 = testing::H200Profile();
+  // Issue 42's case: gpt-7b at 24 GiB, 16 micro-batches of 2 x 2048, layer-major.
+  Gpt g = MakeGpt("gpt-7b", {2, 2048});
+  g.request.placement.param_home = ParamHome::kHost;
+  g.request.placement.optimizer_home = OptimizerHome::kHost;
+  g.request.placement.device_budget_bytes = 24 * kGiB;
+  g.request.placement.schedule = Schedule::kLayerMajor;
+  g.request.grad_accum_steps = 16;
+  g.request.automatic.update_during_backward = true;
+  auto on = ChoosePlan(*g.model, g.request, &h200);
+  ASSERT_TRUE(on.ok()) << on.status().ToString();
+  ASSERT_TRUE(on->update_during_backward) << on->update_during_backward_reason;
+  const Plan& with = on->plan;
+  ASSERT_GT(with.speculation_backup_bytes, 0u);
+  const uint64_t without = with.host_bytes + with.pinned_bytes - with.speculation_backup_bytes;
+
+  g.request.placement.host_budget_bytes = without + with.speculation_backup_bytes;  // just enough
+  auto fits = ChoosePlan(*g.model, g.request, &h200);
+  ASSERT_TRUE(fits.ok()) << fits.status().ToString();
+  EXPECT_TRUE(fits->update_during_backward);
+
+  g.request.placement.host_budget_bytes = without + with.speculation_backup_bytes - 1;
+  auto off = ChoosePlan(*g.model, g.request, &h200);
+  ASSERT_TRUE(off.ok()) << off.status().ToString();
+  EXPECT_FALSE(off->update_during_backward);
+  EXPECT_FALSE(off->placement.update_during_backward);
+  EXPECT_EQ(off->plan.speculation_backup_bytes, 0u);
+  EXPECT_EQ(off->plan.host_bytes + off->plan.pinned_bytes, without);
+  EXPECT_NE(off->update_during_backward_reason.find("but its backup area does not fit: host "
+                                                    "budget"),
+            std::string::npos)
+      << off->update_during_backward_reason;
+  EXPECT_NE(off->update_during_backward_reason.find("1 B short"), std::string::npos)
+      << off->update_during_backward_reason;
+
+  // Asked for outright, the plan that does not hold it is refused naming it.
+  g.request.automatic.update_during_backward = false;
+  g.request.update_during_backward = true;
+  auto asked = ChoosePlan(*g.model, g.request, &h200);
+  ASSERT_FALSE(asked.ok());
+  EXPECT_EQ(asked.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(asked.status().message().find("of it the update during backward's backup"),
+            std::string::npos)
+      << asked.status().message();
+  EXPECT_NE(asked.status().message().find("turn off `update_during_backward`"), std::string::npos)
+      << asked.status().message();
+}
+
+// With a machine too, `--schedule auto` plans layer-major in the budget micro-batch-major gets
+// (it took its own, larger auto budget, and was predicted in the smaller one).
+TEST(ChoosePlan, TheAutoScheduleWithAMachineKeepsTheMicroBatchMajorAutoBudget) {
+  const MachineProfile h200 = testing::H200Profile();
+  Gpt g = MakeGpt("gpt2-1.5b", {1, 128});
+  g.request.placement.param_home = ParamHome::kHost;
+  g.request.placement.optimizer_home = OptimizerHome::kHost;
+  g.request.grad_accum_steps = 4;
+  g.request.automatic.schedule = true;
+  g.request.automatic.device_budget = true;
+  g.request.compare = true;
+  auto choice = ChoosePlan(*g.model, g.request, &h200);
+  ASSERT_TRUE(choice.ok()) << choice.status().ToString();
+  ASSERT_EQ(choice->placement.schedule, Schedule::kLayerMajor) << choice->schedule_reason;
+  PlacementOptions micro_batch_major = g.request.placement;
+  micro_batch_major.schedule = Schedule::kMicroBatchMajor;
+  const uint64_t budget = AutoDeviceBudgetBytes(*g.model, DType::kBF16, {1, 128}, micro_batch_major,
+                                                {g.request.optimizer, 4});
+  PlacementOptions layer_major = micro_batch_major;
+  layer_major.schedule = Schedule::kLayerMajor;
+  ASSERT_LT(budget, AutoDeviceBudgetBytes(*g.model, DType::kBF16, {1, 128}, layer_major,
+                                          {g.request.optimizer, 4}));
+  EXPECT_EQ(choice->placement.device_budget_bytes, budget);
+  EXPECT_EQ(choice->plan.device_budget_bytes, budget);
+  // The step the reason and the schedules' table quote is the taken plan's.
+  ASSERT_TRUE(choice->prediction);
+  ASSERT_EQ(choice->schedules.size(), 2u);
+  ASSERT_TRUE(choice->schedules[1].prediction);
+  EXPECT_EQ(choice->schedules[1].prediction->step_s, choice->prediction->step_s);
+  EXPECT_NE(
+      choice->schedule_reason.find(fmt::format("{:.3g} s layer-major", choice->prediction->step_s)),
+      std::string::npos)
+      << choice->schedule_reason;
 }
 
 TEST(ChoosePlan, CompareAddsTheOneRankPlanTheOptimizerAlternativesAndBothSchedules) {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "base/units.h"
+#include "engine/plan/optimizer_state.h"
 #include "models/gpt.h"
 
 namespace strata::engine {
@@ -84,6 +85,87 @@ TEST(Planner, AutoDeviceBudgetKeepsEveryBlockWithDeviceHomeAndIsTheMinimumForSma
   const uint64_t minimum = StreamingMinimumBytes(**model, DType::kBF16, long_mb, 2, true);
   ASSERT_GT(minimum, static_cast<uint64_t>((*model)->num_params()) * 2);
   EXPECT_EQ(AutoDeviceBudgetBytes(**model, DType::kBF16, long_mb, o), minimum);
+}
+
+// The update during backward's backup area (engine/update_speculation.h) is host memory the plan
+// counts: max(64 MiB, an eighth of every CPU-optimized block's backup: its state region unless on
+// NVMe, its working params unless streamed from NVMe), never more than all of them.
+TEST(Planner, TheUpdateDuringBackwardsBackupAreaIsInTheHostTotal) {
+  auto model = models::GptModel::Create(*models::GptPreset("gpt2-124m"));
+  ASSERT_TRUE(model.ok());
+  const MicroBatchShape mb{1, 64};
+  PlacementOptions o;
+  o.param_home = ParamHome::kHost;
+  o.optimizer_home = OptimizerHome::kHost;
+  o.device_budget_bytes = 1 << 30;
+  auto off = MakePlan(**model, DType::kBF16, mb, o);
+  ASSERT_TRUE(off.ok()) << off.status().ToString();
+  EXPECT_FALSE(off->update_during_backward);
+  EXPECT_EQ(off->speculation_backup_bytes, 0u);
+
+  const cpu_optim::AnyOptimizer adamw;
+  uint64_t all = 0;
+  for (int b = 0; b < (*model)->num_blocks(); ++b) {
+    const uint64_t region = LayoutBlockState(**model, b, adamw).region_bytes;
+    const uint64_t params = static_cast<uint64_t>((*model)->block_num_params(b)) * 2;
+    all += (region + params + 63) / 64 * 64;
+  }
+  ASSERT_GT(all / 8, uint64_t{64} << 20);  // the eighth decides
+  o.update_during_backward = true;
+  auto on = MakePlan(**model, DType::kBF16, mb, o);
+  ASSERT_TRUE(on.ok()) << on.status().ToString();
+  EXPECT_TRUE(on->update_during_backward);
+  EXPECT_EQ(on->speculation_backup_bytes, all / 8);
+  EXPECT_EQ(on->host_bytes, off->host_bytes + all / 8);
+  EXPECT_EQ(on->pinned_bytes, off->pinned_bytes);
+  EXPECT_NE(on->Describe().find("the update during backward's backup " + FormatBytes(all / 8)),
+            std::string::npos)
+      << on->Describe();
+
+  o.speculation_backup_bytes = 5 * kMiB;  // as asked
+  EXPECT_EQ(MakePlan(**model, DType::kBF16, mb, o)->speculation_backup_bytes, 5 * kMiB);
+  o.speculation_backup_bytes = 4 * all;  // never more than all
+  EXPECT_EQ(MakePlan(**model, DType::kBF16, mb, o)->speculation_backup_bytes, all);
+  // A model whose backups are below the 64 MiB floor backs them all up.
+  auto small = models::GptModel::Create(*models::GptPreset("small"));
+  ASSERT_TRUE(small.ok());
+  o.speculation_backup_bytes = 0;
+  uint64_t small_all = 0;
+  for (int b = 0; b < (*small)->num_blocks(); ++b) {
+    small_all += (LayoutBlockState(**small, b, adamw).region_bytes +
+                  static_cast<uint64_t>((*small)->block_num_params(b)) * 2 + 63) /
+                 64 * 64;
+  }
+  ASSERT_LT(small_all, uint64_t{64} << 20);
+  EXPECT_EQ(MakePlan(**small, DType::kBF16, mb, o)->speculation_backup_bytes, small_all);
+
+  // Optimizer state on NVMe (its pipeline rolls back by not writing) and working params streamed
+  // from NVMe: only the resident blocks' working params are backed up.
+  o.speculation_backup_bytes = 0;
+  o.param_home = ParamHome::kNvme;
+  o.optimizer_home = OptimizerHome::kNvme;
+  o.nvme_paths = {"/tmp"};
+  o.device_budget_bytes = AutoDeviceBudgetBytes(**model, DType::kBF16, mb, o);
+  auto nvme = MakePlan(**model, DType::kBF16, mb, o);
+  ASSERT_TRUE(nvme.ok()) << nvme.status().ToString();
+  ASSERT_GT(nvme->num_resident(), 0);
+  ASSERT_LT(nvme->num_resident(), (*model)->num_blocks());
+  uint64_t resident = 0;
+  for (int b = 0; b < (*model)->num_blocks(); ++b) {
+    if (nvme->blocks[b].resident) {
+      resident += (static_cast<uint64_t>((*model)->block_num_params(b)) * 2 + 63) / 64 * 64;
+    }
+  }
+  EXPECT_EQ(nvme->speculation_backup_bytes,
+            std::min(std::max(uint64_t{64} << 20, resident / 8), resident));
+
+  // The device optimizer leaves no block to back up.
+  o.param_home = ParamHome::kDevice;
+  o.optimizer_home = OptimizerHome::kDevice;
+  o.device_budget_bytes = 8ull << 30;
+  auto device = MakePlan(**model, DType::kBF16, mb, o);
+  ASSERT_TRUE(device.ok()) << device.status().ToString();
+  EXPECT_EQ(device->speculation_backup_bytes, 0u);
 }
 
 TEST(Planner, RejectsZeroBudgetAndMissingNvmePath) {
