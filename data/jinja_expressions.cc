@@ -500,6 +500,7 @@ Value Interpreter::CallMacro(const Callable& c, CallArgs& args, int line) {
       --self->call_depth_;
     }
   } restore{this, saved_base};
+  for (const auto& [name, value] : c.closure) Assign(name, value);
   for (size_t k = 0; k < m.params.size(); ++k) {
     const Value* given = args.Get(k, m.params[k]);
     if (given) {

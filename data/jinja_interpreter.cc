@@ -119,7 +119,10 @@ Interpreter::Flow Interpreter::ExecStmt(const Stmt& s) {
       return Flow::kNormal;
     }
     case StmtKind::kFilterBlock: {
+      // Its body is a scope of its own: a `set` inside does not leak out (as jinja2).
+      PushFrame();
       Value v = Value::String(Capture(s.body));
+      PopFrame();
       for (const auto& f : s.filters) v = ApplyFilter(*f, v);
       Emit(v, s.line);
       return Flow::kNormal;
@@ -129,6 +132,11 @@ Interpreter::Flow Interpreter::ExecStmt(const Stmt& s) {
       c->type = Callable::Type::kMacro;
       c->macro = &s;
       c->name = s.text;
+      if (frames_.size() > 1) {
+        // Inside a for, a macro or a block: what it sees there beyond the top level.
+        const size_t from = frames_[std::max<size_t>(macro_base_, 1)];
+        c->closure.assign(vars_.begin() + static_cast<std::ptrdiff_t>(from), vars_.end());
+      }
       Value v;
       v.kind = Kind::kCallable;
       v.owner = std::move(c);

@@ -39,6 +39,11 @@ struct Callable {
   const Stmt* macro = nullptr;  // kMacro
   Value self;                   // kMethod: the object; kLoopCycle: the loop
   std::string_view name;        // kMethod / kGlobal: its name (a static string)
+  // kMacro defined inside a for, a macro or a block: the variables it saw there (not the
+  // template's top level, which every macro sees), as they were when it was defined. jinja2's
+  // closures see a later `set` of them too; chat templates define a macro and call it in the
+  // same iteration.
+  std::vector<std::pair<std::string_view, Value>> closure;
 };
 
 struct LoopData {

@@ -207,16 +207,25 @@ std::vector<std::string_view> PySplitLines(std::string_view s) {
 std::string PyUpper(std::string_view s) { return Convert(s, 0); }
 std::string PyLower(std::string_view s) { return Convert(s, 1); }
 
+namespace {
+
+// One character (its UTF-8 bytes) in its title case, as Python's capitalize and title write a
+// word's first: 'ß' -> "Ss", 'ǆ' -> 'ǅ' (upper would give "SS" and 'Ǆ').
+void AppendTitleCase(std::string_view ch, std::string* out) {
+  icu::UnicodeString u =
+      icu::UnicodeString::fromUTF8(icu::StringPiece(ch.data(), static_cast<int32_t>(ch.size())));
+  u.toTitle(nullptr, icu::Locale::getRoot(), U_TITLECASE_NO_LOWERCASE);
+  u.toUTF8String(*out);
+}
+
+}  // namespace
+
 std::string PyCapitalize(std::string_view s) {
   if (s.empty()) return {};
   size_t i = 0;
   DecodeUtf8(s, &i);
-  // Python capitalizes the first character with its title case.
-  icu::UnicodeString first =
-      icu::UnicodeString::fromUTF8(icu::StringPiece(s.data(), static_cast<int32_t>(i)));
-  first.toTitle(nullptr, icu::Locale::getRoot(), U_TITLECASE_NO_LOWERCASE);
   std::string out;
-  first.toUTF8String(out);
+  AppendTitleCase(s.substr(0, i), &out);
   out += PyLower(s.substr(i));
   return out;
 }
@@ -229,8 +238,10 @@ std::string PyTitle(std::string_view s) {
     const uint32_t cp = DecodeUtf8(s, &i);
     const std::string_view ch = s.substr(start, i - start);
     const bool cased = IsCased(cp);
-    if (cased) {
-      out += prev_cased ? PyLower(ch) : PyUpper(ch);
+    if (cased && prev_cased) {
+      out += PyLower(ch);
+    } else if (cased) {
+      AppendTitleCase(ch, &out);
     } else {
       out.append(ch);
     }

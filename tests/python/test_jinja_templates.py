@@ -81,6 +81,9 @@ CONSTRUCTS = r"""
 {% macro rec(k) %}{% if k > 0 %}{{ k }}{{ rec(k - 1) }}{% endif %}{% endmacro %}{{ rec(5) }}
 {% macro uses_top() %}{{ s }}{{ n }}{% endmacro %}{% for n in [9] %}{{ uses_top() }}{% endfor %}
 {% filter upper %}shout {{ s }}{% endfilter %}
+{% set leak = 'out' %}{% filter upper %}{% set leak = 'in' %}{{ leak }}{% endfilter %}{{ leak }}{% set ns3 = namespace(v=0) %}{% filter upper %}{% set ns3.v = 2 %}{% endfilter %}{{ ns3.v }}
+{% for i in [1, 2] %}{% macro shows(k) %}{{ i }}{{ k }}{{ s }}{% endmacro %}{{ shows('x') }}{% endfor %}|{% macro outer(a) %}{% macro inner(b) %}{{ a }}{{ b }}{% endmacro %}{{ inner(a + 1) }}{% endmacro %}{{ outer(5) }}|{% for i in [1] %}{% macro m2(i) %}{{ i }}{% endmacro %}{{ m2(3) }}{% endfor %}
+{{ 'ßa bß'.title() }}{{ 'ǆx'.title() }}{{ 'ßa'.capitalize() }}{{ 'ßa bß'|title }}{{ 'ǆx'|title }}
 {% raw %}{{ raw }}{% endraw %}
 {{ 'x'|upper }}{{ 'X'|lower }}{{ 'hello world'|capitalize }}{{ 'hello-world (x)'|title }}{{ s|title }}
 {{ ws|trim }}|{{ 'xxaxx'|trim('x') }}|{{ s|replace('l', 'L') }}|{{ s|replace('l', 'L', 1) }}|{{ s|replace('', '-') }}
