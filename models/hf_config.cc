@@ -259,8 +259,40 @@ Status NoDropout(const Fields& f, std::string_view field) {
   return Status::Ok();
 }
 
-// sliding_window as an integer >= 1, or 0 for null/absent.
-StatusOr<int> SlidingWindow(const Fields& f) {
+// A config with rope_parameters (transformers 5) and also the older rope_theta or rope_scaling:
+// refused where they differ (which of the two a reader takes would change the model).
+Status RopeKeysAgree(const Fields& f, const json& rope_parameters, double rope_theta) {
+  if (const json* theta = f.Find("rope_theta");
+      theta != nullptr && (!theta->is_number() || theta->get<double>() != rope_theta)) {
+    return f.Error("rope_theta", fmt::format("= {} differs from rope_parameters.rope_theta = {}; "
+                                             "give one",
+                                             Fields::Dump(*theta), rope_theta));
+  }
+  if (const json* scaling = f.Find("rope_scaling"); scaling != nullptr) {
+    // The same keys but rope_theta, "type" read as "rope_type".
+    auto normalized = [](json j) {
+      if (!j.is_object()) return j;
+      j.erase("rope_theta");
+      if (j.contains("type") && !j.contains("rope_type")) {
+        j["rope_type"] = j["type"];
+        j.erase("type");
+      }
+      return j;
+    };
+    if (normalized(*scaling) != normalized(rope_parameters)) {
+      return f.Error("rope_scaling",
+                     fmt::format("= {} differs from rope_parameters = {}; give one",
+                                 Fields::Dump(*scaling), Fields::Dump(rope_parameters)));
+    }
+  }
+  return Status::Ok();
+}
+
+// sliding_window as an integer >= 1, 0 for null (no window), and `absent` when the config has no
+// such key (the configuration class's default: 4096 for Mistral, Qwen2 and Qwen3, none for
+// Phi-3).
+StatusOr<int> SlidingWindow(const Fields& f, int absent) {
+  if (!f.Has("sliding_window")) return absent;
   const json* w = f.Find("sliding_window");
   if (w == nullptr) return 0;
   if (!w->is_number_integer() || w->get<int64_t>() <= 0 || w->get<int64_t>() > INT_MAX) {
@@ -300,7 +332,7 @@ Status ParseQwenWindows(const Fields& f, LlamaConfig& c) {
   STRATA_ASSIGN_OR_RETURN(const bool use, f.Bool("use_sliding_window", false));
   int window = 0;
   if (use) {
-    STRATA_ASSIGN_OR_RETURN(window, SlidingWindow(f));
+    STRATA_ASSIGN_OR_RETURN(window, SlidingWindow(f, 4096));
   }
   STRATA_ASSIGN_OR_RETURN(const int max_window_layers, f.Int("max_window_layers", 28));
   STRATA_ASSIGN_OR_RETURN(std::vector<bool> sliding, LayerTypes(f, c.num_layers));
@@ -326,10 +358,11 @@ Status ParseGemmaLayer(const Fields& f, LlamaConfig& c, DefaultSliding default_s
   c.qkv_bias = c.o_bias = bias;
   STRATA_RETURN_IF_ERROR(f.FalseOrAbsent("use_bidirectional_attention", "a causal language model"));
   STRATA_ASSIGN_OR_RETURN(c.query_pre_attn_scalar, f.Double("query_pre_attn_scalar", 256.0));
-  int window = 4096;
-  if (f.Find("sliding_window") != nullptr) {
-    STRATA_ASSIGN_OR_RETURN(window, SlidingWindow(f));
+  // Null is refused: transformers' Gemma masks need a window on the sliding layers.
+  if (f.Has("sliding_window") && f.Find("sliding_window") == nullptr) {
+    return f.Error("sliding_window", "is null; Gemma's sliding layers need a positive window");
   }
+  STRATA_ASSIGN_OR_RETURN(const int window, SlidingWindow(f, 4096));
   STRATA_ASSIGN_OR_RETURN(std::vector<bool> sliding, LayerTypes(f, c.num_layers));
   if (f.Find("layer_types") == nullptr) {
     for (int i = 0; i < c.num_layers; ++i) sliding[i] = default_sliding(i);
@@ -429,19 +462,27 @@ StatusOr<LlamaConfig> ParseLlama(const Fields& f, LlamaArch arch, const std::str
   STRATA_ASSIGN_OR_RETURN(c.num_layers, layers("num_hidden_layers", 26));
   STRATA_ASSIGN_OR_RETURN(c.num_heads, size("num_attention_heads", 8));
   STRATA_ASSIGN_OR_RETURN(c.num_kv_heads, f.Int("num_key_value_heads", gemma ? 4 : c.num_heads));
-  if (!gemma && f.Find("head_dim") == nullptr && c.hidden_size % c.num_heads != 0) {
+  if (!gemma && arch != LlamaArch::kQwen3 && f.Find("head_dim") == nullptr &&
+      c.hidden_size % c.num_heads != 0) {
     return f.Error("hidden_size", fmt::format("= {} is not a multiple of num_attention_heads = {} "
                                               "(and there is no head_dim)",
                                               c.hidden_size, c.num_heads));
   }
-  STRATA_ASSIGN_OR_RETURN(c.head_dim, f.Int("head_dim", gemma ? 256 : c.hidden_size / c.num_heads));
+  // The configuration classes' defaults: Gemma's and Qwen3Config's head_dim are their own (256,
+  // 128), the others' hidden_size / num_attention_heads.
+  STRATA_ASSIGN_OR_RETURN(
+      c.head_dim, f.Int("head_dim", gemma                       ? 256
+                                    : arch == LlamaArch::kQwen3 ? 128
+                                                                : c.hidden_size / c.num_heads));
   if (gemma) {
     STRATA_ASSIGN_OR_RETURN(c.max_seq_len,
                             f.Int("max_position_embeddings", gemma2 ? 8192 : 131072));
   } else {
     STRATA_ASSIGN_OR_RETURN(c.max_seq_len, f.Int("max_position_embeddings"));
   }
-  STRATA_ASSIGN_OR_RETURN(c.rms_norm_eps, f.Double("rms_norm_eps", 1e-6));
+  // Phi3Config's default epsilon is 1e-5; the other classes' 1e-6.
+  STRATA_ASSIGN_OR_RETURN(c.rms_norm_eps,
+                          f.Double("rms_norm_eps", arch == LlamaArch::kPhi3 ? 1e-5 : 1e-6));
   if (arch == LlamaArch::kPhi3) STRATA_RETURN_IF_ERROR(ParsePartialRotary(f, c));
   // transformers 5 writes rope_parameters {"rope_type", "rope_theta", ...} for rope_theta and
   // rope_scaling.
@@ -450,12 +491,16 @@ StatusOr<LlamaConfig> ParseLlama(const Fields& f, LlamaArch arch, const std::str
     return f.Error("rope_parameters", fmt::format("must be null or an object, got {}",
                                                   Fields::Dump(*rope_parameters)));
   }
-  if (rope_parameters != nullptr && f.Find("rope_theta") == nullptr) {
+  const double default_theta = gemma && !gemma2 ? 1e6 : 10000.0;
+  if (rope_parameters != nullptr) {
+    // rope_parameters decides, as transformers 5 reads it; a top-level rope_theta or rope_scaling
+    // beside it must say the same.
     const Fields rp(*rope_parameters, path);
-    STRATA_ASSIGN_OR_RETURN(c.rope_theta, rp.Double("rope_theta", 10000.0));
+    STRATA_ASSIGN_OR_RETURN(c.rope_theta, rp.Double("rope_theta", default_theta));
+    STRATA_RETURN_IF_ERROR(RopeKeysAgree(f, *rope_parameters, c.rope_theta));
     STRATA_RETURN_IF_ERROR(ParseRopeScaling(f, rope_parameters, c));
   } else {
-    STRATA_ASSIGN_OR_RETURN(c.rope_theta, f.Double("rope_theta", gemma && !gemma2 ? 1e6 : 10000.0));
+    STRATA_ASSIGN_OR_RETURN(c.rope_theta, f.Double("rope_theta", default_theta));
     STRATA_RETURN_IF_ERROR(ParseRopeScaling(f, f.Find("rope_scaling"), c));
   }
   STRATA_ASSIGN_OR_RETURN(c.tie_embeddings, f.Bool("tie_word_embeddings", gemma));
@@ -485,7 +530,7 @@ StatusOr<LlamaConfig> ParseLlama(const Fields& f, LlamaArch arch, const std::str
       break;
     }
     case LlamaArch::kMistral: {
-      STRATA_ASSIGN_OR_RETURN(c.sliding_window, SlidingWindow(f));
+      STRATA_ASSIGN_OR_RETURN(c.sliding_window, SlidingWindow(f, 4096));
       if (c.sliding_window > 0) c.sliding_layers.assign(c.num_layers, true);
       break;
     }
@@ -511,7 +556,7 @@ StatusOr<LlamaConfig> ParseLlama(const Fields& f, LlamaArch arch, const std::str
     case LlamaArch::kPhi3: {
       STRATA_RETURN_IF_ERROR(NoDropout(f, "resid_pdrop"));
       STRATA_RETURN_IF_ERROR(NoDropout(f, "embd_pdrop"));
-      STRATA_ASSIGN_OR_RETURN(c.sliding_window, SlidingWindow(f));
+      STRATA_ASSIGN_OR_RETURN(c.sliding_window, SlidingWindow(f, 0));
       if (c.sliding_window > 0) c.sliding_layers.assign(c.num_layers, true);
       break;
     }

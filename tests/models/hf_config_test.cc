@@ -110,6 +110,72 @@ TEST(HfConfig, MistralSlidingWindowCoversEveryLayer) {
       "sliding_window");
 }
 
+// What a key left out means is the configuration class's default (transformers'
+// MistralConfig, Qwen2Config, Qwen3Config, Phi3Config, Gemma3TextConfig), which is not always the
+// same across families.
+TEST(HfConfig, AbsentKeysTakeTheirFamilysDefaults) {
+  // sliding_window: 4096 for Mistral, and for Qwen2/Qwen3 with use_sliding_window; null is none.
+  auto r = ParseHfConfig(FamilyConfig("mistral", "MistralForCausalLM", ""), kPath);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->llama.sliding_window, 4096);
+  EXPECT_EQ(SlidingLayers(r->llama), std::vector<bool>(4, true));
+  for (const char* type : {"qwen2", "qwen3"}) {
+    r = ParseHfConfig(FamilyConfig(type, "", R"(, "head_dim": 8, "use_sliding_window": true,
+        "max_window_layers": 1)"),
+                      kPath);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->llama.sliding_window, 4096) << type;
+    EXPECT_EQ(SlidingLayers(r->llama), (std::vector<bool>{false, true, true, true})) << type;
+  }
+  r = ParseHfConfig(FamilyConfig("phi3", "Phi3ForCausalLM", ""), kPath);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->llama.sliding_window, 0);  // Phi3Config's default is None
+  // rms_norm_eps: Phi3Config's is 1e-5, the others' 1e-6.
+  EXPECT_EQ(r->llama.rms_norm_eps, 1e-5);
+  for (const char* type : {"llama", "mistral", "qwen2", "qwen3"}) {
+    r = ParseHfConfig(FamilyConfig(type, "", R"(, "head_dim": 8)"), kPath);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->llama.rms_norm_eps, 1e-6) << type;
+  }
+  // head_dim: Qwen3Config's is 128 whatever the width; the others' hidden / heads.
+  r = ParseHfConfig(FamilyConfig("qwen3", "Qwen3ForCausalLM", ""), kPath);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->llama.head_dim, 128);
+  r = ParseHfConfig(FamilyConfig("qwen2", "Qwen2ForCausalLM", ""), kPath);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->llama.head_dim, 8);
+  // Gemma's sliding layers need a window: null is refused, not read as the default.
+  ExpectOneLineError(
+      ParseHfConfig(FamilyConfig("gemma3_text", "", R"(, "sliding_window": null)"), kPath),
+      "sliding_window");
+}
+
+// transformers 5's rope_parameters decides; an older rope_theta or rope_scaling beside it must
+// say the same (before, a top-level rope_theta made the reader skip rope_parameters' scaling).
+TEST(HfConfig, RopeParametersDecideAndTheOlderKeysMustAgree) {
+  auto r = ParseHfConfig(FamilyConfig("mistral", "", R"(, "rope_theta": 10000.0,
+      "rope_parameters": {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0})"),
+                         kPath);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->llama.rope_theta, 10000.0);
+  EXPECT_EQ(r->llama.rope_linear_factor, 4.0);
+  r = ParseHfConfig(FamilyConfig("mistral", "", R"(, "rope_theta": 10000.0,
+      "rope_scaling": {"type": "linear", "factor": 4.0},
+      "rope_parameters": {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0})"),
+                    kPath);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->llama.rope_linear_factor, 4.0);
+  ExpectOneLineError(ParseHfConfig(FamilyConfig("mistral", "", R"(, "rope_theta": 500000.0,
+      "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0})"),
+                                   kPath),
+                     "rope_theta");
+  ExpectOneLineError(ParseHfConfig(FamilyConfig("mistral", "", R"(,
+      "rope_scaling": {"type": "linear", "factor": 2.0},
+      "rope_parameters": {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0})"),
+                                   kPath),
+                     "rope_scaling");
+}
+
 TEST(HfConfig, Qwen2HasQkvBiasesAndWindowsFromMaxWindowLayers) {
   auto r = ParseHfConfig(FamilyConfig("qwen2", "Qwen2ForCausalLM",
                                       R"(, "use_sliding_window": false, "sliding_window": 32,
