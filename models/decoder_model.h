@@ -195,7 +195,9 @@ class DecoderModel : public engine::Model {
   // tensors in 4 bits (`params`), and each layer's Forward and Backward first decode its chunk
   // into the block workspace (workspace_bytes: one layer in the working precision). A weight
   // source that holds the tensors quantized with the same params (WeightSource::base_quant)
-  // gives their records as they are; otherwise they are quantized from its values (or the
+  // gives their records as they are, dequantized to its dtype (bitsandbytes' quant_state dtype,
+  // then the working precision) whatever `params.dtype` says; otherwise they are quantized from
+  // its values (or the
   // random initialisation) once, in InitFrozenChunk, block by block. Call after EnableLora or
   // FreezeBase, before Engine::Create, once. Errors: kFailedPrecondition without a frozen base
   // or when already on;

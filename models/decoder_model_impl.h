@@ -317,15 +317,17 @@ Status DecoderModel<Family>::EnableBaseQuant(const ops::Quant4Params& params) {
   }
   base_quant_ = params;
   // Every layer in every working precision (DType's order), made once: the decodes enqueued on a
-  // stream point at them. A source quantized alike keeps in 16 bits what it stores so.
+  // stream point at them. A source quantized alike keeps in 16 bits what it stores so, and its
+  // records dequantize to the type they were quantized from (their quant_state's dtype).
   const int L = family_.num_layers();
   const bool alike = SourceQuantizedAlike();
+  if (alike) base_quant_->dtype = weights_->base_quant()->dtype;
   for (DType d : {DType::kF32, DType::kF16, DType::kBF16}) {
     STRATA_CHECK(static_cast<size_t>(d) * L == encoded_layouts_.size());
     for (int l = 0; l < L; ++l) {
       const auto kept = [&](int64_t offset) { return !weights_->HoldsQuantized(l + 1, offset); };
       encoded_layouts_.push_back(std::make_shared<const EncodedLayerLayout>(
-          MakeEncodedLayerLayout(family_.TensorShapes(Kind::kLayer, l), params, d,
+          MakeEncodedLayerLayout(family_.TensorShapes(Kind::kLayer, l), *base_quant_, d,
                                  alike ? std::function<bool(int64_t)>(kept) : nullptr)));
     }
   }

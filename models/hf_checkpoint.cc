@@ -236,6 +236,9 @@ StatusOr<std::shared_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::string& di
   };
   const std::string& names_file = indexed ? index_path : single_path;
   std::set<std::string> used;
+  // The quant_state dtype of the 4-bit tensors read so far (all must share it) and the first's.
+  std::optional<DType> quant_dtype;
+  std::string quant_dtype_from;
   // The parts of the 4-bit weight stored as `name` (its codes: `codes`), checked against
   // bitsandbytes' format and the config, their names added to `used`.
   auto open_quantized = [&](const std::string& name, const Stored& codes,
@@ -282,6 +285,17 @@ StatusOr<std::shared_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::string& di
         const BnbQuantState state,
         ParseBnbQuantState(text, layout.shape, params, parts.quant_state.path, names.quant_state));
     q.nested_offset = state.nested_offset;
+    if (!quant_dtype) {
+      quant_dtype = state.dtype;
+      quant_dtype_from = names.quant_state;
+    } else if (*quant_dtype != state.dtype) {
+      return InvalidArgumentError(fmt::format(
+          "{}: tensor '{}' says dtype {}, '{}' {}: Strata dequantizes every 4-bit weight of a "
+          "model to one type",
+          parts.quant_state.path, Excerpt(names.quant_state, 120), DTypeName(state.dtype),
+          Excerpt(quant_dtype_from, 120), DTypeName(*quant_dtype)));
+    }
+    q.layout.params.dtype = state.dtype;
     return q;
   };
 
@@ -344,6 +358,8 @@ StatusOr<std::shared_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::string& di
     ck->block_num_params_.push_back(num_params);
     ck->block_names_.push_back(HfBlockName(config, b));
   }
+  // What every 4-bit weight dequantizes to (their quant_state's dtype), as bitsandbytes does.
+  if (ck->base_quant_ && quant_dtype) ck->base_quant_->dtype = *quant_dtype;
 
   // Tensors nothing uses: the config and the weights disagree.
   const bool tied = config.family == HfModelConfig::Family::kLlama ? config.llama.tie_embeddings

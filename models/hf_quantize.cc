@@ -88,14 +88,15 @@ class QuantizedTensorWriter {
     rounded_.resize(static_cast<size_t>(l.n));
     for (int64_t i = 0; i < l.n; ++i) {
       const float v = values[i];
-      if (!std::isfinite(v)) {
-        return InvalidArgumentError(fmt::format(
-            "tensor '{}' holds a non-finite value ({}) at element {}: its 4-bit block scale "
-            "would not be finite",
-            p.tensor.name, v, i));
-      }
       rounded_[i] = p.quantized_from == DType::kF16 ? HalfToFloat(FloatToHalf(v))
                                                     : Bf16ToFloat(FloatToBf16(v));
+      // Checked after the rounding: a finite value past the 16-bit type's range becomes inf.
+      if (!std::isfinite(rounded_[i])) {
+        return InvalidArgumentError(fmt::format(
+            "tensor '{}' holds a value that is not finite in {} ({}) at element {}: its 4-bit "
+            "block scale would not be finite",
+            p.tensor.name, DTypeName(p.quantized_from), v, i));
+      }
     }
     record_.assign(static_cast<size_t>(l.total_bytes), std::byte{0});
     ops::Quantize4bit(l, rounded_.data(), record_.data());

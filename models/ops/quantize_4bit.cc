@@ -352,7 +352,8 @@ void Dequantize4bit(const Quant4Layout& layout, const std::byte* record, S* out)
       const int64_t end = std::min(n, (b + 1) * kQuant4BlockSize);
       for (int64_t i = b * kQuant4BlockSize; i < end; ++i) {
         const uint8_t code = i % 2 == 0 ? codes[i / 2] >> 4 : codes[i / 2] & 0x0F;
-        out[i] = FromFloat<S>(quant4::DequantizedValue(table[code], absmax));
+        out[i] = FromFloat<S>(quant4::RoundToQuantDType(
+            quant4::DequantizedValue(table[code], absmax), layout.params.dtype));
       }
     }
   });

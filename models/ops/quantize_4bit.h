@@ -55,6 +55,7 @@
 #include <span>
 #include <string_view>
 
+#include "base/dtype.h"
 #include "base/status.h"
 
 namespace strata::gpu {
@@ -82,6 +83,12 @@ std::span<const float, 256> DynamicMap8();
 struct Quant4Params {
   Quant4Type type = Quant4Type::kNf4;
   bool double_quant = true;  // bnb_4bit_use_double_quant
+  // The type bitsandbytes' dequantize_4bit returns (a checkpoint's quant_state `dtype`, the type
+  // the weight was quantized from): each dequantized value is rounded to it (nearest even)
+  // before the conversion to the output's type, as MatMul4Bit casts dequantize_4bit's result to
+  // the compute dtype. kF32: no rounding but the output's (a base quantized on the fly from
+  // values already in the working precision).
+  DType dtype = DType::kF32;
 };
 
 // Where the parts of one tensor's packed record lie, bytes from the record's start.

@@ -54,6 +54,20 @@ STRATA_HD inline float DequantizedValue(float table_value, float absmax) {
   return FlushedProduct(table_value, absmax);
 }
 
+// A dequantized value rounded to bitsandbytes' output type (Quant4Params::dtype): bf16 and fp16
+// to nearest even, fp32 unchanged.
+STRATA_HD inline float RoundToQuantDType(float value, DType dtype) {
+  switch (dtype) {
+    case DType::kBF16:
+      return Bf16ToFloat(FloatToBf16(value));
+    case DType::kF16:
+      return HalfToFloat(FloatToHalf(value));
+    case DType::kF32:
+      break;
+  }
+  return value;
+}
+
 // What the dequantization multiplies absmax by, per code: Quant4Map(type), except FP4's code 8
 // (negative zero), which bitsandbytes' dDequantizeFP4Tree gives as -0.0 (0.0 * -1.0) where its
 // stored quant_map (get_4bit_type('fp4')) has +0.0.

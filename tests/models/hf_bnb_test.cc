@@ -68,10 +68,11 @@ std::vector<float> Bytes(std::string_view text) {
   return v;
 }
 
-std::string QuantStateText(ops::Quant4Params p, const std::vector<int64_t>& shape, float offset) {
-  std::string s = fmt::format(
-      R"({{"quant_type": "{}", "blocksize": 64, "dtype": "bfloat16", "shape": [{}, {}])",
-      p.type == ops::Quant4Type::kNf4 ? "nf4" : "fp4", shape[0], shape[1]);
+std::string QuantStateText(ops::Quant4Params p, const std::vector<int64_t>& shape, float offset,
+                           std::string_view dtype = "bfloat16") {
+  std::string s =
+      fmt::format(R"({{"quant_type": "{}", "blocksize": 64, "dtype": "{}", "shape": [{}, {}])",
+                  p.type == ops::Quant4Type::kNf4 ? "nf4" : "fp4", dtype, shape[0], shape[1]);
   if (p.double_quant) {
     s += fmt::format(
         R"(, "nested_blocksize": 256, "nested_dtype": "float32", "nested_offset": {:.17g})",
@@ -80,7 +81,10 @@ std::string QuantStateText(ops::Quant4Params p, const std::vector<int64_t>& shap
   return s + "}";
 }
 
-BnbDir MakeBnbDir(const LlamaTestShape& s, ops::Quant4Params p, uint64_t seed) {
+// `quant_dtype`: the quant_state's dtype, what bitsandbytes dequantizes to (each expected value
+// rounded to it, to nearest even).
+BnbDir MakeBnbDir(const LlamaTestShape& s, ops::Quant4Params p, uint64_t seed,
+                  std::string_view quant_dtype = "bfloat16") {
   BnbDir d;
   d.shape = s;
   d.params = p;
@@ -126,7 +130,10 @@ BnbDir MakeBnbDir(const LlamaTestShape& s, ops::Quant4Params p, uint64_t seed) {
     TestTensor e = t;
     for (int64_t i = 0; i < n; ++i) {
       const int code = i % 2 == 0 ? codes[i / 2] >> 4 : codes[i / 2] & 15;
-      e.values[i] = table[code] * absmax[i / 64];
+      const float v = table[code] * absmax[i / 64];
+      e.values[i] = quant_dtype == "bfloat16"  ? Bf16ToFloat(FloatToBf16(v))
+                    : quant_dtype == "float16" ? HalfToFloat(FloatToHalf(v))
+                                               : v;
     }
     e.dtype = "F32";
     d.expected.push_back(e);
@@ -163,7 +170,7 @@ BnbDir MakeBnbDir(const LlamaTestShape& s, ops::Quant4Params p, uint64_t seed) {
       part(t.name + ".nested_quant_map", {256}, "F32",
            std::vector<float>(map8.begin(), map8.end()));
     }
-    const std::string state = QuantStateText(p, t.shape, offset);
+    const std::string state = QuantStateText(p, t.shape, offset, quant_dtype);
     part(fmt::format("{}.quant_state.bitsandbytes__{}", t.name,
                      p.type == ops::Quant4Type::kNf4 ? "nf4" : "fp4"),
          {static_cast<int64_t>(state.size())}, "U8", Bytes(state));
@@ -218,6 +225,38 @@ TEST(HfBnb, ReadsAnNf4DoubleQuantDirectoryDequantizedToFp32) {
 
 // ReadBlockSkippingQuantized: the 16-bit tensors as ReadBlock gives them, the 4-bit ones' elements
 // untouched (what the QLoRA base reads beside ReadQuantizedTensor's records).
+// bitsandbytes' dequantize_4bit returns its quant_state's dtype, which MatMul4Bit then casts to
+// the compute dtype: fp32 reads get each value rounded to that dtype first (before, the fp32
+// product itself), and every weight of a model must share it.
+TEST(HfBnb, DequantizesToTheQuantStatesDtypeAndRefusesMixedOnes) {
+  for (const char* dtype : {"float16", "float32", "bfloat16"}) {
+    TempDir tmp;
+    BnbDir d = MakeBnbDir(OddShape(), kNf4Double, 7, dtype);
+    d.Write(tmp.path());
+    auto ck = HfCheckpoint::Open(tmp.path());
+    ASSERT_TRUE(ck.ok()) << ck.status().ToString();
+    const std::string_view name = dtype;
+    EXPECT_EQ((*ck)->base_quant()->dtype, name == "float16"   ? DType::kF16
+                                          : name == "float32" ? DType::kF32
+                                                              : DType::kBF16);
+    ExpectBlocksBitEqual(**ck, d.expected);
+  }
+  TempDir tmp;
+  BnbDir d = MakeBnbDir(OddShape(), kNf4Double, 7);
+  const std::string state_name =
+      "model.layers.1.mlp.down_proj.weight.quant_state.bitsandbytes__nf4";
+  TestTensor& state = d.File(state_name);
+  std::string text(state.values.begin(), state.values.end());
+  const size_t at = text.find("bfloat16");
+  ASSERT_NE(at, std::string::npos);
+  text.replace(at, 8, "float16");
+  state.values = Bytes(text);
+  state.shape = {static_cast<int64_t>(text.size())};
+  d.Write(tmp.path());
+  ExpectOneLineError(HfCheckpoint::Open(tmp.path()).status(), StatusCode::kInvalidArgument,
+                     {state_name, "says dtype fp16", "bf16", "one type"});
+}
+
 TEST(HfBnb, ReadBlockSkippingQuantizedLeavesThe4BitTensorsUntouched) {
   TempDir tmp;
   BnbDir d = MakeBnbDir(OddShape(), kNf4Double, 1);

@@ -90,8 +90,12 @@ void QuantizeAndCheck(const std::string& in_dir, const std::string& out_dir,
       ops::Quantize4bit(l, rounded.data(), want.data());
       ASSERT_TRUE((*out)->ReadQuantizedTensor(b, t.chunk_offset, l, got).ok()) << t.name;
       EXPECT_EQ(got, want) << t.name;
+      // Read back as bitsandbytes dequantizes it: to the quant_state's dtype, the 16-bit type.
+      ops::Quant4Layout read = l;
+      read.params.dtype = src->dtype == "F16" ? DType::kF16 : DType::kBF16;
+      EXPECT_EQ((*out)->base_quant()->dtype, read.params.dtype);
       std::vector<float> dequantized(t.num_elems);
-      ops::Dequantize4bit<float>(l, want.data(), dequantized.data());
+      ops::Dequantize4bit<float>(read, want.data(), dequantized.data());
       EXPECT_EQ(std::memcmp(chunk.data() + t.chunk_offset, dequantized.data(), 4 * t.num_elems), 0)
           << t.name;
     }
@@ -217,9 +221,23 @@ TEST(HfQuantize, RefusesAnExistingOutputAQuantizedInputGpt2AndNonFiniteValues) {
   ASSERT_TRUE(ick.ok());
   ExpectOneLineError(WriteQuantizedHfDirectory(**ick, tmp.path() + "/inf4", {nf4}).status(),
                      StatusCode::kInvalidArgument,
-                     {"model.layers.1.mlp.up_proj.weight", "non-finite", "element 7"});
+                     {"model.layers.1.mlp.up_proj.weight", "not finite", "element 7"});
+  // A finite fp32 value past bf16's range is inf once rounded to the type it is quantized from:
+  // refused too (it was quantized as an infinite block scale).
+  for (TestTensor& t : tensors) {
+    if (t.name != "model.layers.1.mlp.up_proj.weight") continue;
+    t.values[7] = 0.5f;
+    t.values[9] = 3.4e38f;
+    t.dtype = "F32";
+  }
+  WriteModelDir(tmp.path() + "/big", LlamaConfigText(s), tensors);
+  auto bck = HfCheckpoint::Open(tmp.path() + "/big");
+  ASSERT_TRUE(bck.ok()) << bck.status().ToString();
+  ExpectOneLineError(WriteQuantizedHfDirectory(**bck, tmp.path() + "/big4", {nf4}).status(),
+                     StatusCode::kInvalidArgument,
+                     {"model.layers.1.mlp.up_proj.weight", "not finite in bf16", "element 9"});
   // Nothing half-written: no output, no temporary directory beside it.
-  EXPECT_EQ(Entries(tmp.path()), (std::vector<std::string>{"gpt2", "in", "inf", "out"}));
+  EXPECT_EQ(Entries(tmp.path()), (std::vector<std::string>{"big", "gpt2", "in", "inf", "out"}));
 }
 
 }  // namespace

@@ -199,7 +199,10 @@ class QuantizeTest(unittest.TestCase):
             self.assertEqual(list(state), list(want_state), "bitsandbytes' key order")
             seen.update(parts)
             seen.add(state_name)
-            dequantized[pname] = bnb.dequantize_4bit(q, torch.float32).to(F64).reshape(shape)
+            # bitsandbytes' dequantize_4bit returns the quant_state's dtype (what MatMul4Bit
+            # then casts to the compute dtype).
+            dequantized[pname] = bnb.dequantize_4bit(
+                q, getattr(torch, TORCH_NAME[quantized_from])).to(F64).reshape(shape)
         self.assertEqual(sorted(got), sorted(seen), "tensors other than the model's")
 
         with open(os.path.join(in_dir, "config.json")) as f:

@@ -34,7 +34,7 @@ struct RecordParts {
 
 template <typename D>
 __global__ void Dequantize4bitKernel(RecordParts rec, int64_t n, int64_t codes_bytes, Tables t,
-                                     D* out) {
+                                     DType dtype, D* out) {
   __shared__ float code4[16];
   __shared__ float map8[256];
   for (int i = threadIdx.x; i < 256; i += blockDim.x) map8[i] = t.map8[i];
@@ -49,8 +49,12 @@ __global__ void Dequantize4bitKernel(RecordParts rec, int64_t n, int64_t codes_b
                                    rec.nested_absmax[b / kQuant4NestedBlockSize], *rec.offset)
             : rec.absmax[b];
     const uint8_t byte = rec.codes[i];
-    out[v] = FromF<D>(quant4::DequantizedValue(code4[byte >> 4], absmax));
-    if (v + 1 < n) out[v + 1] = FromF<D>(quant4::DequantizedValue(code4[byte & 0x0F], absmax));
+    out[v] = FromF<D>(
+        quant4::RoundToQuantDType(quant4::DequantizedValue(code4[byte >> 4], absmax), dtype));
+    if (v + 1 < n) {
+      out[v + 1] = FromF<D>(
+          quant4::RoundToQuantDType(quant4::DequantizedValue(code4[byte & 0x0F], absmax), dtype));
+    }
   }
 }
 
@@ -85,7 +89,7 @@ Status CudaDequantize4bit(const Quant4Layout& layout, const std::byte* record, S
   }
   Dequantize4bitKernel<Dev<S>>
       <<<GridFor(layout.codes_bytes, kBlock), kBlock, 0, gpu::NativeStream(stream)>>>(
-          rec, layout.n, layout.codes_bytes, t, D(out));
+          rec, layout.n, layout.codes_bytes, t, layout.params.dtype, D(out));
   return Launched("Dequantize4bitKernel");
 }
 
