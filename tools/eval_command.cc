@@ -26,6 +26,7 @@
 #include "tools/device_select.h"
 #include "tools/model_spec.h"
 #include "tools/preference_training.h"
+#include "tools/sampling.h"
 
 namespace strata::tools {
 namespace {
@@ -445,6 +446,18 @@ Status AppendEosIds(const nlohmann::json& j, const std::string& path, std::vecto
 // else config.json's (at the top, else a multimodal config's text_config); and the tokenizer's
 // EOS. The files are the model directory's (a run's: the one it started from, or the copy of
 // generation_config.json it recorded), where they still exist.
+// The model's generation_config.json: the copy a run recorded, else the model directory's; ""
+// when neither exists.
+std::string GenerationConfigPath(const ModelSpec& spec) {
+  std::string path;
+  for (const std::string& f : spec.tokenizer_files) {
+    if (std::filesystem::path(f).filename() == "generation_config.json") path = f;
+  }
+  std::error_code ec;
+  if (path.empty() && !spec.model_dir.empty()) path = spec.model_dir + "/generation_config.json";
+  return std::filesystem::is_regular_file(path, ec) ? path : std::string();
+}
+
 StatusOr<std::vector<int32_t>> EndOfGenerationIds(const ModelSpec& spec,
                                                   const data::Tokenizer* tokenizer) {
   std::vector<int32_t> ids;
@@ -455,17 +468,10 @@ StatusOr<std::vector<int32_t>> EndOfGenerationIds(const ModelSpec& spec,
     if (!j.ok()) return InvalidArgumentError(fmt::format("{}: {}", path, j.status().message()));
     return std::move(*j);
   };
-  std::string generation_config;
-  for (const std::string& f : spec.tokenizer_files) {
-    if (std::filesystem::path(f).filename() == "generation_config.json") generation_config = f;
-  }
+  const std::string generation_config = GenerationConfigPath(spec);
   std::error_code ec;
-  if (generation_config.empty() && !spec.model_dir.empty() &&
-      std::filesystem::is_regular_file(spec.model_dir + "/generation_config.json", ec)) {
-    generation_config = spec.model_dir + "/generation_config.json";
-  }
   const size_t before = ids.size();
-  if (!generation_config.empty() && std::filesystem::is_regular_file(generation_config, ec)) {
+  if (!generation_config.empty()) {
     STRATA_ASSIGN_OR_RETURN(const nlohmann::json j, read(generation_config));
     STRATA_RETURN_IF_ERROR(AppendEosIds(j, generation_config, &ids));
   }
@@ -490,14 +496,49 @@ void AddGenerateFlags(CLI::App& cmd, GenerateFlags& f) {
   cmd.add_option("--max-new-tokens", f.max_new_tokens, "Tokens to sample")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  cmd.add_option("--temperature", f.temperature, "Sampling temperature; 0 = greedy")
-      ->capture_default_str()
+  cmd.add_option("--temperature", f.temperature,
+                 "Sampling temperature; 0 = greedy (default: the model's generation_config.json, "
+                 "greedy when its do_sample is false; without one 0.8)")
       ->check(CLI::NonNegativeNumber);
-  cmd.add_option("--top-k", f.top_k, "Sample among the k most likely tokens; 0 = all")
-      ->capture_default_str()
+  cmd.add_option("--top-k", f.top_k,
+                 "Sample among the k most likely tokens (and those tied with the k-th); 0 = all "
+                 "(default: generation_config.json's, else 40)")
       ->check(CLI::NonNegativeNumber);
+  cmd.add_option("--top-p", f.top_p,
+                 "Sample among the most likely tokens until their probability reaches p "
+                 "(default: generation_config.json's, else 1 = all)")
+      ->check(CLI::Range(0.0, 1.0));
+  cmd.add_option("--repetition-penalty", f.repetition_penalty,
+                 "Divide the logits of tokens already in the text by this (multiply negative "
+                 "ones) (default: generation_config.json's, else 1 = none)")
+      ->check(CLI::PositiveNumber);
   cmd.add_option("--seed", f.seed, "Sampling seed")->capture_default_str();
 }
+
+namespace {
+
+// The sampling of a generation: the flags given, over generation_config.json's, over Strata's
+// defaults without one; notes for what the file asks that is not applied.
+StatusOr<SamplingSettings> GenerateSampling(const GenerateFlags& f, const ModelSpec& spec,
+                                            std::vector<std::string>* notes) {
+  SamplingSettings s;  // without generation_config.json: temperature 0.8, top-k 40
+  if (const std::string path = GenerationConfigPath(spec); !path.empty()) {
+    STRATA_ASSIGN_OR_RETURN(const std::string text, ReadSmallFile(path, {.max_bytes = 1 << 20}));
+    STRATA_ASSIGN_OR_RETURN(GenerationConfigSampling g, ParseGenerationConfigSampling(text, path));
+    s = g.settings;
+    *notes = std::move(g.notes);
+  }
+  if (f.temperature) {
+    s.greedy = *f.temperature == 0;
+    if (!s.greedy) s.temperature = *f.temperature;
+  }
+  if (f.top_k) s.top_k = *f.top_k;
+  if (f.top_p) s.top_p = *f.top_p;
+  if (f.repetition_penalty) s.repetition_penalty = *f.repetition_penalty;
+  return s;
+}
+
+}  // namespace
 
 Status RunGenerate(const GenerateFlags& f) {
   // The model first (its spec names the tokenizer), with a context of one sequence.
@@ -521,38 +562,40 @@ Status RunGenerate(const GenerateFlags& f) {
         "tokenizer.json");
   }
   if (context.empty()) return InvalidArgumentError("the prompt has no tokens");
+  const int context_len = spec.max_seq_len();
+  if (static_cast<int64_t>(context.size()) > context_len) {
+    return InvalidArgumentError(fmt::format(
+        "the prompt is {} tokens, more than the model's context of {}: shorten --prompt",
+        context.size(), context_len));
+  }
   STRATA_ASSIGN_OR_RETURN(const std::vector<int32_t> end_ids,
                           EndOfGenerationIds(spec, tokenizer.get()));
-  const int max_len =
-      std::min<int>(spec.max_seq_len(), static_cast<int>(context.size()) + f.max_new_tokens);
+  std::vector<std::string> notes;
+  STRATA_ASSIGN_OR_RETURN(const SamplingSettings sampling, GenerateSampling(f, spec, &notes));
+  for (const std::string& note : notes) std::fprintf(stderr, "note: %s\n", note.c_str());
+  // Ids a tokenizer cannot decode (a vocabulary padded past the tokenizer's) are never sampled.
+  const int64_t vocab_limit =
+      tokenizer ? tokenizer->vocab_size() : std::numeric_limits<int64_t>::max();
+  const int max_len = static_cast<int>(
+      std::min<int64_t>(context_len, static_cast<int64_t>(context.size()) + f.max_new_tokens));
   STRATA_ASSIGN_OR_RETURN(Loaded l, Build(std::move(resolved), mf, {1, max_len}));
   std::mt19937_64 rng(f.seed);
-  std::uniform_real_distribution<double> uniform(0.0, 1.0);
   std::vector<int32_t> generated;
+  bool stopped_at_context = true;
   for (int i = 0; i < f.max_new_tokens; ++i) {
-    const size_t keep = std::min<size_t>(context.size(), max_len);
-    STRATA_ASSIGN_OR_RETURN(auto logits, l.engine->NextTokenLogits(std::span(context).last(keep)));
-    std::vector<int32_t> order(logits.size());
-    for (size_t v = 0; v < order.size(); ++v) order[v] = static_cast<int32_t>(v);
-    // Ties broken by token id, so the choice is deterministic.
-    std::stable_sort(order.begin(), order.end(),
-                     [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
-    int32_t next = order[0];
-    if (f.temperature > 0) {
-      const size_t k = f.top_k > 0 ? std::min<size_t>(f.top_k, order.size()) : order.size();
-      std::vector<double> p(k);
-      double z = 0;
-      for (size_t j = 0; j < k; ++j) {
-        z += p[j] = std::exp((logits[order[j]] - logits[order[0]]) / f.temperature);
-      }
-      double r = uniform(rng) * z;
-      size_t j = 0;
-      while (j + 1 < k && r >= p[j]) r -= p[j++];
-      next = order[j];
+    if (static_cast<int>(context.size()) >= context_len) break;
+    STRATA_ASSIGN_OR_RETURN(auto logits, l.engine->NextTokenLogits(context));
+    const int32_t next = SampleNextToken(logits, sampling, vocab_limit, context, rng);
+    if (std::find(end_ids.begin(), end_ids.end(), next) != end_ids.end()) {
+      stopped_at_context = false;
+      break;
     }
-    if (std::find(end_ids.begin(), end_ids.end(), next) != end_ids.end()) break;
     context.push_back(next);
     generated.push_back(next);
+  }
+  if (stopped_at_context && static_cast<int>(generated.size()) < f.max_new_tokens) {
+    std::fprintf(stderr, "note: stopped after %zu new tokens at the model's context of %d\n",
+                 generated.size(), context_len);
   }
   std::string text;
   if (tokenizer) {
@@ -571,7 +614,9 @@ Status RunGenerate(const GenerateFlags& f) {
   } else {
     for (int32_t t : generated) text.push_back(static_cast<char>(t));
   }
-  std::printf("%s%s\n", f.prompt.c_str(), text.c_str());
+  // Written whole: a NUL among the bytes ends nothing.
+  text = f.prompt + text + "\n";
+  std::fwrite(text.data(), 1, text.size(), stdout);
   return Status::Ok();
 }
 

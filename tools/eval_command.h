@@ -6,6 +6,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -67,8 +68,13 @@ struct GenerateFlags {
   std::string prompt;
   std::string tokenizer;  // default: ModelSpec::default_tokenizer
   int max_new_tokens = 64;
-  double temperature = 0.8;
-  int top_k = 40;  // 0 = the whole vocabulary
+  // Sampling (tools/sampling.h): each given flag over the model's generation_config.json, whose
+  // keys are transformers' (do_sample false: greedy), over Strata's defaults without one
+  // (temperature 0.8, top-k 40, top-p 1, no repetition penalty). temperature 0: greedy.
+  std::optional<double> temperature;
+  std::optional<int> top_k;  // 0 = the whole vocabulary
+  std::optional<double> top_p;
+  std::optional<double> repetition_penalty;
   uint64_t seed = 1337;
 };
 void AddGenerateFlags(CLI::App& cmd, GenerateFlags& f);

@@ -184,6 +184,58 @@ TEST_F(GenerateCliTest, StopsAtTheModelsEndIdsAndKeepsTheSpaceAfterThePrompt) {
   EXPECT_THAT(r.err, HasSubstr("generation_config.json: eos_token_id holds \"<eos>\""));
 }
 
+// Sampling settings not given as flags come from generation_config.json as transformers reads
+// it (do_sample false: greedy), and the model's context bounds prompt and continuation: a prompt
+// past it is refused, a continuation stops at it with a note (a huge --max-new-tokens included).
+TEST_F(GenerateCliTest, TakesGenerationConfigsSamplingAndStopsAtTheContext) {
+  const std::string dir = (*dir_ / "hf_sampling").string();
+  Result r = RunStrata("export --checkpoint " + Checkpoint() + " --hf-dir " + dir);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  fs::remove(fs::path(dir) / "generation_config.json");
+  const std::string generate =
+      "generate --device host --model-dir " + dir + " --prompt 'to be' --max-new-tokens 12 ";
+  const Result greedy = RunStrata(generate + "--temperature 0");
+  ASSERT_EQ(greedy.exit_code, 0) << greedy.err;
+  const Result sampled = RunStrata(generate + "--temperature 1 --top-k 20 --top-p 0.9 --seed 7");
+  ASSERT_EQ(sampled.exit_code, 0) << sampled.err;
+
+  WriteText(fs::path(dir) / "generation_config.json", R"({"do_sample": false})");
+  r = RunStrata(generate + "--seed 7");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, greedy.out);
+  WriteText(fs::path(dir) / "generation_config.json",
+            R"({"do_sample": true, "temperature": 1.0, "top_k": 20, "top_p": 0.9,
+                "num_beams": 3})");
+  r = RunStrata(generate + "--seed 7");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, sampled.out);
+  EXPECT_THAT(r.err, HasSubstr("note: " + dir +
+                               "/generation_config.json: num_beams 3 is not "
+                               "applied"));
+  r = RunStrata(generate + "--seed 7 --temperature 0");  // a flag over the file
+  EXPECT_EQ(r.out, greedy.out);
+  WriteText(fs::path(dir) / "generation_config.json", R"({"top_p": 2})");
+  r = RunStrata(generate);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(Lines(r.err), 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("generation_config.json: top_p = 2 is outside [0, 1]"));
+  fs::remove(fs::path(dir) / "generation_config.json");
+
+  // llama-tiny's context is 64 tokens (bytes here).
+  const std::string prompt(60, 'a');
+  for (const char* n : {"10", "2147483647"}) {
+    r = RunStrata("generate --device host --model-dir " + dir + " --prompt " + prompt +
+                  " --temperature 0 --max-new-tokens " + n);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.out.size(), 64u + 1u) << r.out;
+    EXPECT_THAT(r.err, HasSubstr("stopped after 4 new tokens at the model's context of 64"));
+  }
+  r = RunStrata("generate --device host --model-dir " + dir + " --prompt " + std::string(65, 'a'));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(Lines(r.err), 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("the prompt is 65 tokens, more than the model's context of 64"));
+}
+
 TEST_F(GenerateCliTest, BadRequestsAreOneLineErrors) {
   const Result both = RunStrata("generate --checkpoint " + Checkpoint() + " --model-dir " +
                                 dir_->string() + " --prompt x");
