@@ -22,14 +22,18 @@ namespace {
 // Whether --data names llm.c token files rather than text: a glob (text is one file), a
 // *.bin / *.tokens name, or a file that starts with the magic.
 bool LooksLikeTokenFiles(const std::string& first) {
-  if (first.find_first_of("*?[") != std::string::npos) return true;
+  // A glob, unless a file has that name (as the token reader's expansion takes it).
+  std::error_code ec;
+  if (first.find_first_of("*?[") != std::string::npos && !std::filesystem::exists(first, ec)) {
+    return true;
+  }
   const std::string ext = std::filesystem::path(first).extension().string();
   if (ext == ".bin" || ext == ".tokens") return true;
   // Non-blocking: a FIFO is refused later by the reader of the file, not waited on here.
   UniqueFd fd(::open(first.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
   int32_t magic = 0;
   return fd.valid() && ::pread(fd.get(), &magic, sizeof magic, 0) == sizeof magic &&
-         magic == kTokenFileMagic;
+         (magic == kTokenFileMagic || magic == kLlama3TokenFileMagic);
 }
 
 std::string NameFiles(const std::vector<std::string>& paths) {

@@ -712,7 +712,16 @@ Status ResolveSpecialIds(const std::string& path, HfTokenizer::Impl* impl) {
     names = *parsed;
   }
   const hf::TokenizerJson& c = impl->config;
-  impl->add_bos = names.add_bos != 0;
+  // Without add_bos_token, as transformers' tokenizer(text): the classes whose add_bos_token
+  // defaults to true rebuild the post-processor with a BOS (LlamaTokenizerFast's
+  // update_post_processor); any other (PreTrainedTokenizerFast, GPT2TokenizerFast, ...) adds what
+  // tokenizer.json's post-processor template adds.
+  std::string_view cls = names.tokenizer_class;
+  if (cls.ends_with("Fast")) cls.remove_suffix(4);
+  const bool bos_by_default = cls == "LlamaTokenizer" || cls == "CodeLlamaTokenizer" ||
+                              cls == "GemmaTokenizer" || cls == "CohereTokenizer";
+  impl->add_bos =
+      names.add_bos >= 0 ? names.add_bos == 1 : bos_by_default || !c.template_bos.empty();
   impl->add_eos = names.add_eos == 1;
   struct Which {
     bool named;

@@ -42,8 +42,10 @@ class HfTokenizer final : public Tokenizer {
   int bos_id() const override;
   int eos_id() const override;
   // tokenizer_config.json's add_bos_token / add_eos_token where it gives them (with a BOS / EOS
-  // to add: Llama 2's and Gemma's true, some fine-tunes' add_eos_token true); absent, a BOS
-  // whenever bos_id() has one (as LlamaTokenizer's default) and no EOS.
+  // to add: Llama 2's and Gemma's true, some fine-tunes' add_eos_token true); absent, a BOS when
+  // its tokenizer_class defaults add_bos_token to true (Llama, CodeLlama, Gemma, Cohere) or
+  // tokenizer.json's post-processor template starts with one (Llama 3's), as transformers'
+  // tokenizer(text) adds it, and no EOS.
   bool adds_bos() const override;
   bool adds_eos() const override;
   // An added token's content, else a model vocabulary entry (byte-level entries are spelt in

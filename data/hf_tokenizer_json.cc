@@ -515,6 +515,9 @@ StatusOr<SpecialTokenNames> ParseTokenizerConfigJson(std::string_view json) {
       if (!it->is_boolean()) RefuseAt(std::string("/") + key, "must be true or false");
       *out = it->get<bool>() ? 1 : 0;
     }
+    if (const auto it = j.find("tokenizer_class"); it != j.end() && !it->is_null()) {
+      names.tokenizer_class = StringAt(*it, "/tokenizer_class");
+    }
     return names;
   } catch (const Refusal& r) {
     return InvalidArgumentError(r.message);

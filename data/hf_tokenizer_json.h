@@ -97,14 +97,15 @@ StatusOr<TokenizerJson> ParseTokenizerJson(std::string_view json);
 
 // bos_token / eos_token of a tokenizer_config.json's text: the token's content, "" when absent
 // (*present false) or null (*present true); add_bos_token / add_eos_token when given (-1: absent,
-// else 0 or 1).
+// else 0 or 1); tokenizer_class ("" when absent or null).
 struct SpecialTokenNames {
   bool has_bos = false, has_eos = false;
   std::string bos, eos;
   int add_bos = -1, add_eos = -1;
+  std::string tokenizer_class;
 };
 // Errors: kInvalidArgument naming the JSON pointer ("/eos_token/content: must be a string",
-// "/add_bos_token: must be true or false").
+// "/add_bos_token: must be true or false", "/tokenizer_class: must be a string").
 StatusOr<SpecialTokenNames> ParseTokenizerConfigJson(std::string_view json);
 
 }  // namespace strata::data::hf

@@ -96,13 +96,20 @@ int64_t FirstTokenAtOrAbove(const T* tokens, int64_t count, uint64_t limit) {
 // The header's magic, version, flags word and count against the file size; *width gets the
 // bytes per token.
 Status CheckHeader(const std::string& path, const int32_t header[4], int64_t size, int* width) {
-  if (header[0] != kTokenFileMagic) {
+  if (header[0] == kLlama3TokenFileMagic) {
+    // llm.c's Llama 3 file: version 7, uint32 tokens.
+    if (header[1] != kLlama3TokenFileVersion) {
+      return InvalidArgumentError(fmt::format(
+          "token file '{}': version {} at byte offset 4 is not supported with magic {} (llm.c's "
+          "Llama 3 files are version {})",
+          path, header[1], kLlama3TokenFileMagic, kLlama3TokenFileVersion));
+    }
+  } else if (header[0] != kTokenFileMagic) {
     return InvalidArgumentError(
         fmt::format("token file '{}': bad magic {} at byte offset 0 (an llm.c token file starts "
-                    "with {})",
-                    path, header[0], kTokenFileMagic));
-  }
-  if (header[1] != 1 && header[1] != 2) {
+                    "with {}, or {} for its Llama 3 files)",
+                    path, header[0], kTokenFileMagic, kLlama3TokenFileMagic));
+  } else if (header[1] != 1 && header[1] != 2) {
     return InvalidArgumentError(
         fmt::format("token file '{}': version {} at byte offset 4 is not supported (1: uint16 "
                     "tokens, 2: uint32 tokens)",
@@ -114,7 +121,7 @@ Status CheckHeader(const std::string& path, const int32_t header[4], int64_t siz
                     "flags, 1: one uint8 flag per token after the tokens)",
                     path, header[3]));
   }
-  *width = header[1] == 1 ? 2 : 4;
+  *width = header[0] == kTokenFileMagic && header[1] == 1 ? 2 : 4;
   const int64_t per_token = *width + (header[3] == 1 ? 1 : 0);
   const int64_t expected = kTokenFileHeaderBytes + int64_t{header[2]} * per_token;
   if (header[2] < 0 || expected != size) {
@@ -136,10 +143,11 @@ Status TokenDataset::CheckTokens(const Shard& shard, int vocab_size) {
                           : FirstTokenAtOrAbove(reinterpret_cast<const uint32_t*>(shard.tokens),
                                                 shard.count, static_cast<uint64_t>(vocab_size));
   if (bad < 0) return Status::Ok();
-  return InvalidArgumentError(fmt::format(
-      "token file '{}': token {} at token offset {} (byte offset {}) is not below the "
-      "vocabulary size {}",
-      shard.path, shard.Token(bad), bad, kTokenFileHeaderBytes + bad * shard.width, vocab_size));
+  return InvalidArgumentError(
+      fmt::format("token file '{}': token {} at token offset {} (byte offset {}) is not below the "
+                  "vocabulary size {}",
+                  shard.path, static_cast<uint32_t>(shard.Token(bad)), bad,
+                  kTokenFileHeaderBytes + bad * shard.width, vocab_size));
 }
 
 StatusOr<std::shared_ptr<TokenDataset::Shard>> TokenDataset::OpenShard(const std::string& path,

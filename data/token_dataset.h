@@ -12,10 +12,12 @@
 //           the pair's chosen sequence (an example, so bit 1 is set too), and the next example
 //           is the pair's rejected sequence (bit 1 without bit 2); bits 3-7 zero
 // so a file is exactly 1024 + N * (2 or 4) bytes, plus N with flags. llm.c's own files have
-// header[3] == 0 and read exactly as they always did. Flags are what `strata tokenize` writes
-// for instruction data (data/instruction_data.h) and preference data (data/preference_data.h),
-// and what example datasets (data/example_dataset.h) and preference datasets
-// (data/preference_dataset.h, which checks that the pairs alternate) read.
+// header[3] == 0 and read exactly as they always did: its GPT-2 files are version 1 above, its
+// Llama 3 files (dev/data/data_common.py, train_llama3.py) magic 20240801 version 7 with uint32
+// tokens, read as version 2 (Strata writes uint32 files as magic 20240520 version 2). Flags are
+// what `strata tokenize` writes for instruction data (data/instruction_data.h) and preference data
+// (data/preference_data.h), and what example datasets (data/example_dataset.h) and preference
+// datasets (data/preference_dataset.h, which checks that the pairs alternate) read.
 //
 // A TokenDataset is one or more such files (shards) read as one sequence of tokens, in order;
 // a Slice of it is a contiguous range of that sequence. Copies share the maps (cheap).
@@ -36,6 +38,9 @@
 namespace strata::data {
 
 inline constexpr int32_t kTokenFileMagic = 20240520;
+// llm.c's Llama 3 token files: this magic, version 7, uint32 tokens.
+inline constexpr int32_t kLlama3TokenFileMagic = 20240801;
+inline constexpr int32_t kLlama3TokenFileVersion = 7;
 inline constexpr int kTokenFileHeaderInts = 256;
 inline constexpr int64_t kTokenFileHeaderBytes = kTokenFileHeaderInts * 4;
 // Per-token flag bits (header[3] == 1).

@@ -8,13 +8,16 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
+#include <filesystem>
 #include <limits>
 
 #include "base/file.h"
 #include "base/unique_fd.h"
 #include "base/untrusted_text.h"
 #include "data/hf_tokenizer.h"
+#include "data/hf_tokenizer_json.h"
 #include "data/token_dataset.h"
 
 namespace strata::data {
@@ -40,9 +43,15 @@ class SentencePieceTokenizer final : public Tokenizer {
       : Tokenizer(std::move(path), fingerprint) {}
   sentencepiece::SentencePieceProcessor sp;
 
+  // tokenizer_config.json's add_bos_token / add_eos_token beside the model, as LlamaTokenizer
+  // reads them (absent: a BOS and no EOS).
+  bool add_bos = true, add_eos = false;
+
   int vocab_size() const override { return sp.GetPieceSize(); }
   int bos_id() const override { return sp.bos_id(); }
   int eos_id() const override { return sp.eos_id(); }
+  bool adds_bos() const override { return add_bos && bos_id() >= 0; }
+  bool adds_eos() const override { return add_eos && eos_id() >= 0; }
   int TokenId(std::string_view piece) const override {
     const int id = sp.PieceToId(piece);
     // PieceToId answers unk_id for a piece it does not know.
@@ -158,6 +167,20 @@ StatusOr<std::unique_ptr<Tokenizer>> LoadSentencePiece(const std::string& path) 
   if (tokenizer->sp.GetPieceSize() <= 0) {
     return InvalidArgumentError(
         fmt::format("tokenizer file '{}' is a SentencePiece model without pieces", path));
+  }
+  const std::string config_path =
+      (std::filesystem::path(path).parent_path() / "tokenizer_config.json").string();
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(config_path, ec)) {
+    auto config = ReadSmallFile(config_path, {.max_bytes = uint64_t{64} << 20});
+    if (!config.ok()) return config.status().WithContext("tokenizer config");
+    auto names = hf::ParseTokenizerConfigJson(*config);
+    if (!names.ok()) {
+      return InvalidArgumentError(
+          fmt::format("tokenizer_config.json '{}': {}", config_path, names.status().message()));
+    }
+    if (names->add_bos >= 0) tokenizer->add_bos = names->add_bos == 1;
+    tokenizer->add_eos = names->add_eos == 1;
   }
   return std::unique_ptr<Tokenizer>(std::move(tokenizer));
 }
@@ -291,14 +314,32 @@ StatusOr<std::vector<int32_t>> TokenizeTextFile(const Tokenizer& tokenizer,
 }
 
 std::string TokenCachePath(const std::string& text_path, const Tokenizer& tokenizer) {
-  return fmt::format("{}.{:016x}.tokens", text_path, tokenizer.fingerprint());
+  // The tokenizer file's bytes and what decides a document's special tokens (tokenizer_config.json
+  // for a tokenizer.json), little-endian fixed widths.
+  std::array<std::byte, 18> key{};
+  const uint64_t fingerprint = tokenizer.fingerprint();
+  const int32_t bos = tokenizer.adds_bos() ? tokenizer.bos_id() : -1;
+  const int32_t eos = tokenizer.adds_eos() ? tokenizer.eos_id() : -1;
+  for (int i = 0; i < 8; ++i) key[i] = static_cast<std::byte>(fingerprint >> (8 * i));
+  for (int i = 0; i < 4; ++i) {
+    key[8 + i] = static_cast<std::byte>(static_cast<uint32_t>(bos) >> (8 * i));
+    key[12 + i] = static_cast<std::byte>(static_cast<uint32_t>(eos) >> (8 * i));
+  }
+  key[16] = std::byte{1};  // the key's version
+  return fmt::format("{}.{:016x}.tokens", text_path, XXH3_64bits(key.data(), key.size()));
 }
 
 namespace {
 
-bool NewerThan(const struct stat& a, const struct stat& b) {
-  if (a.st_mtim.tv_sec != b.st_mtim.tv_sec) return a.st_mtim.tv_sec > b.st_mtim.tv_sec;
-  return a.st_mtim.tv_nsec > b.st_mtim.tv_nsec;
+bool NewerThan(const struct timespec& a, const struct timespec& b) {
+  if (a.tv_sec != b.tv_sec) return a.tv_sec > b.tv_sec;
+  return a.tv_nsec > b.tv_nsec;
+}
+
+// Whether a cache written at `cache`'s mtime saw `input` as it is: modified and changed (the
+// inode's ctime, which a copy that keeps an older mtime, tar or rsync -a cannot set back) before.
+bool Saw(const struct stat& cache, const struct stat& input) {
+  return NewerThan(cache.st_mtim, input.st_mtim) && NewerThan(cache.st_mtim, input.st_ctim);
 }
 
 }  // namespace
@@ -313,8 +354,8 @@ StatusOr<std::string> TokenizeTextFileCached(const Tokenizer& tokenizer,
   if (::stat(tokenizer.path().c_str(), &tokenizer_st) != 0) {
     return ErrnoToStatus(errno, fmt::format("cannot stat tokenizer file '{}'", tokenizer.path()));
   }
-  if (::stat(cache.c_str(), &cache_st) == 0 && NewerThan(cache_st, text_st) &&
-      NewerThan(cache_st, tokenizer_st)) {
+  if (::stat(cache.c_str(), &cache_st) == 0 && Saw(cache_st, text_st) &&
+      Saw(cache_st, tokenizer_st)) {
     if (reused != nullptr) *reused = true;
     return cache;
   }

@@ -63,7 +63,8 @@ class Tokenizer {
   virtual int eos_id() const = 0;
   // Whether a document's tokens start with the BOS id and end with the EOS id, as Hugging Face's
   // tokenizer(text) (add_special_tokens=True) gives them: what TokenizeTextFile writes. Default:
-  // a BOS when there is one (SentencePiece models, as LlamaTokenizer's add_bos_token), no EOS.
+  // a BOS when there is one, no EOS. A SentencePiece model follows add_bos_token / add_eos_token of
+  // a tokenizer_config.json beside it, as LlamaTokenizer does (absent: that default).
   virtual bool adds_bos() const { return bos_id() >= 0; }
   virtual bool adds_eos() const { return false; }
   // The id of the vocabulary entry spelt exactly `piece` (a special token such as "<s>" or
@@ -153,14 +154,18 @@ StatusOr<std::vector<int32_t>> TokenizeTextFile(const Tokenizer& tokenizer,
                                                 const std::string& text_path,
                                                 size_t block_bytes = kTokenizeBlockBytes);
 
-// "<text_path>.<16 lowercase hex digits of tokenizer.fingerprint()>.tokens".
+// "<text_path>.<16 lowercase hex digits>.tokens": XXH3_64bits of tokenizer.fingerprint() and the
+// document's special tokens (the BOS and EOS it adds, which a tokenizer.json's
+// tokenizer_config.json decides), so that another tokenizer or another add_bos_token /
+// add_eos_token names another cache.
 std::string TokenCachePath(const std::string& text_path, const Tokenizer& tokenizer);
 
-// The path of `text_path`'s token cache, made now unless it exists and was modified after both
-// the text file and the tokenizer file (then it is reused as is; its contents are validated
-// when opened). A made cache is written crash-safely (WriteTokenFile). `*reused` (may be null)
-// says which happened.
-// Errors: those of TokenizeTextFile and WriteTokenFile; the errno-mapped code of a stat.
+// The path of `text_path`'s token cache, made now unless it exists and was modified after the
+// text file and the tokenizer file were both modified and changed (their mtime and ctime: a text
+// replaced by a copy with an older mtime is seen) (then it is reused as is; its contents are
+// validated when opened). A made cache is written crash-safely (WriteTokenFile). `*reused` (may be
+// null) says which happened. Errors: those of TokenizeTextFile and WriteTokenFile; the errno-mapped
+// code of a stat.
 StatusOr<std::string> TokenizeTextFileCached(const Tokenizer& tokenizer,
                                              const std::string& text_path, bool* reused);
 

@@ -318,7 +318,7 @@ TEST_F(HfTokenizerTest, StreamingInTinyBlocksGivesTheIdsOfTheWholeText) {
     auto t = LoadStyle(style);
     ASSERT_NE(t, nullptr);
     std::vector<int32_t> want;
-    if (t->bos_id() >= 0) want.push_back(t->bos_id());
+    if (t->adds_bos()) want.push_back(t->bos_id());
     const auto whole = t->Encode(text);
     ASSERT_TRUE(whole.ok());
     want.insert(want.end(), whole->begin(), whole->end());
@@ -333,7 +333,9 @@ TEST_F(HfTokenizerTest, StreamingInTinyBlocksGivesTheIdsOfTheWholeText) {
 }
 
 // add_bos_token / add_eos_token of tokenizer_config.json, as Hugging Face's tokenizer(text)
-// honours them: a document without its BOS, or ending with its EOS; absent, the BOS only.
+// honours them: a document without its BOS, or ending with its EOS; absent, the BOS of a
+// tokenizer_class whose add_bos_token defaults to true (LlamaTokenizerFast) or of the
+// post-processor's template, and no EOS.
 TEST_F(HfTokenizerTest, AddBosAndAddEosTokenDecideADocumentsSpecialTokens) {
   const fs::path text_path = *dir_ / "doc.txt";
   WriteFile(text_path, "Hello there.\n");
@@ -350,15 +352,37 @@ TEST_F(HfTokenizerTest, AddBosAndAddEosTokenDecideADocumentsSpecialTokens) {
     return std::make_pair(*ids, *text);
   };
   const int bos = sp_model_->specials.at("<s>"), eos = sp_model_->specials.at("</s>");
-  auto [ids, text] = tokenize(R"({"bos_token": "<s>", "eos_token": "</s>"})");
+  // Llama 2's and Mistral's class: a BOS though this tokenizer.json has no post-processor.
+  auto [ids, text] = tokenize(
+      R"({"bos_token": "<s>", "eos_token": "</s>", "tokenizer_class": "LlamaTokenizerFast"})");
   std::vector<int32_t> want = {bos};
   want.insert(want.end(), text.begin(), text.end());
   EXPECT_EQ(ids, want);
+  // Another class (or none) and no post-processor template: no BOS, as tokenizer(text) (before,
+  // a named bos_token alone added one).
+  for (const char* config : {R"({"bos_token": "<s>", "eos_token": "</s>"})",
+                             R"({"bos_token": "<s>", "tokenizer_class": "GPT2TokenizerFast"})"}) {
+    std::tie(ids, text) = tokenize(config);
+    EXPECT_EQ(ids, text) << config;
+  }
   std::tie(ids, text) = tokenize(
       R"({"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": false, "add_eos_token": true})");
   want = text;
   want.push_back(eos);
   EXPECT_EQ(ids, want);
+  // The text cache is named by what decides these too: another config, another cache.
+  auto cache_of = [&](const std::string& config) {
+    WriteFile(dir / "tokenizer_config.json", config);
+    auto t = Tokenizer::Load((dir / "tokenizer.json").string());
+    EXPECT_TRUE(t.ok());
+    return TokenCachePath(text_path.string(), **t);
+  };
+  const std::string with_bos =
+      cache_of(R"({"bos_token": "<s>", "tokenizer_class": "LlamaTokenizerFast"})");
+  EXPECT_EQ(with_bos, cache_of(R"({"bos_token": "<s>", "add_bos_token": true})"));
+  EXPECT_NE(with_bos, cache_of(R"({"bos_token": "<s>", "add_bos_token": false})"));
+  EXPECT_NE(with_bos, cache_of(R"({"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": true,
+                                   "add_eos_token": true})"));
   WriteFile(dir / "tokenizer_config.json", R"({"bos_token": "<s>", "add_bos_token": "yes"})");
   auto bad = Tokenizer::Load((dir / "tokenizer.json").string());
   ASSERT_FALSE(bad.ok());

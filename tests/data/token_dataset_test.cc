@@ -165,6 +165,29 @@ TEST_F(TokenDatasetTest, AnLlmcFileWithoutFlagsReadsAsBeforeAndSaysItHasNone) {
   EXPECT_EQ(ReadAll(*d), (std::vector<int32_t>{7, 0, 65535, 12}));
 }
 
+// llm.c's Llama 3 files (dev/data/data_common.py's HEADERS_INFO, train_llama3.py): magic
+// 20240801, version 7, uint32 tokens. Refused before ("bad magic 20240801"). A token past 2^31 is
+// named as the uint32 it is.
+TEST_F(TokenDatasetTest, AnLlmcLlama3FileReadsItsUint32Tokens) {
+  std::string payload;
+  for (uint32_t t : {128000u, 5u, 128255u}) payload.append(reinterpret_cast<const char*>(&t), 4);
+  const std::string path = WriteRaw("llama3.bin", {kLlama3TokenFileMagic, 7, 3}, payload);
+  auto d = TokenDataset::Open({path}, 128256);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(ReadAll(*d), (std::vector<int32_t>{128000, 5, 128255}));
+  const std::string v2 = WriteRaw("llama3v2.bin", {kLlama3TokenFileMagic, 2, 3}, payload);
+  auto bad = TokenDataset::Open({v2}, 128256);
+  ASSERT_FALSE(bad.ok());
+  ExpectOneLineNaming(bad.status(), v2);
+  EXPECT_THAT(bad.status().message(), HasSubstr("version 2 at byte offset 4 is not supported"));
+  std::string big;
+  for (uint32_t t : {1u, 3000000000u}) big.append(reinterpret_cast<const char*>(&t), 4);
+  const std::string huge = WriteRaw("huge.bin", {kLlama3TokenFileMagic, 7, 2}, big);
+  auto h = TokenDataset::Open({huge}, 128256);
+  ASSERT_FALSE(h.ok());
+  EXPECT_THAT(h.status().message(), HasSubstr("token 3000000000 at token offset 1"));
+}
+
 TEST_F(TokenDatasetTest, BadFlagsHeadersSizesAndBitsAreOneLineErrors) {
   const std::string word = WriteRaw("word.bin", {kTokenFileMagic, 1, 1, 2}, std::string(3, '\0'));
   auto w = TokenDataset::Open({word}, 10);

@@ -251,6 +251,36 @@ TEST_F(TokenizerTest, ATextFileIsOneDocumentWithBosFirst) {
   for (size_t i = 0; i < whole->size(); ++i) ASSERT_EQ((*ids)[i + 1], (*whole)[i]) << i;
 }
 
+// A tokenizer_config.json beside the model decides as LlamaTokenizer reads it: add_bos_token
+// false drops the BOS, add_eos_token true ends the document with the EOS (before, both were
+// ignored), and the text cache is another file.
+TEST_F(TokenizerTest, TokenizerConfigBesideTheModelDecidesBosAndEos) {
+  const std::string text = MakeText(2, 20);
+  const std::string text_path = (work_ / "doc.txt").string();
+  WriteFile(text_path, text);
+  auto plain = LoadModel();
+  ASSERT_NE(plain, nullptr);
+  auto whole = plain->Encode(text);
+  ASSERT_TRUE(whole.ok());
+  WriteFile(work_ / "tokenizer_config.json", R"({"add_bos_token": false, "add_eos_token": true})");
+  auto t = LoadModel();
+  ASSERT_NE(t, nullptr);
+  EXPECT_FALSE(t->adds_bos());
+  EXPECT_TRUE(t->adds_eos());
+  auto ids = TokenizeTextFile(*t, text_path);
+  ASSERT_TRUE(ids.ok()) << ids.status().ToString();
+  std::vector<int32_t> want = *whole;
+  want.push_back(t->eos_id());
+  EXPECT_EQ(*ids, want);
+  EXPECT_NE(TokenCachePath(text_path, *t), TokenCachePath(text_path, *plain));
+  WriteFile(work_ / "tokenizer_config.json", R"({"add_bos_token": 1})");
+  auto bad = Tokenizer::Load(model_);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("/add_bos_token: must be true or false"), std::string::npos)
+      << bad.status().message();
+  EXPECT_NE(bad.status().message().find("tokenizer_config.json"), std::string::npos);
+}
+
 TEST_F(TokenizerTest, TheCacheIsATokenFileBesideTheTextNamedByTheTokenizerHash) {
   auto t = LoadModel();
   ASSERT_NE(t, nullptr);
@@ -258,8 +288,10 @@ TEST_F(TokenizerTest, TheCacheIsATokenFileBesideTheTextNamedByTheTokenizerHash) 
   WriteFile(text_path, MakeText(3, 50));
   SetMtime(text_path, std::chrono::seconds(-100));
   SetMtime(model_, std::chrono::seconds(-100));
-  const std::string want_path = fmt::format("{}.{:016x}.tokens", text_path, t->fingerprint());
-  EXPECT_EQ(TokenCachePath(text_path, *t), want_path);
+  const std::string want_path = TokenCachePath(text_path, *t);
+  ASSERT_EQ(want_path.size(), text_path.size() + 1 + 16 + 7) << want_path;  // .<16 hex>.tokens
+  EXPECT_TRUE(want_path.starts_with(text_path + ".") && want_path.ends_with(".tokens"));
+  EXPECT_NE(want_path, fmt::format("{}.{:016x}.tokens", text_path, t->fingerprint()));
   bool reused = true;
   auto cache = TokenizeTextFileCached(*t, text_path, &reused);
   ASSERT_TRUE(cache.ok()) << cache.status().ToString();
@@ -319,6 +351,19 @@ TEST_F(TokenizerTest, ACacheOlderThanTheTextOrTheTokenizerIsMadeAgain) {
   ASSERT_TRUE(third.ok()) << third.status().ToString();
   EXPECT_FALSE(reused);
   EXPECT_EQ(ReadTokens(*third, kVocab), *ids);
+  // Another text put in place with an older mtime (cp -p, tar, rsync -a): its ctime is new, so
+  // the cache is made again (before, an mtime older than the cache's kept the old tokens).
+  SetMtime(model_, std::chrono::seconds(-100));
+  auto fresh = TokenizeTextFileCached(*t, text_path, &reused);
+  ASSERT_TRUE(fresh.ok());
+  WriteFile(text_path, MakeText(8, 40));
+  SetMtime(text_path, std::chrono::seconds(-1000));
+  auto copied = TokenizeTextFileCached(*t, text_path, &reused);
+  ASSERT_TRUE(copied.ok()) << copied.status().ToString();
+  EXPECT_FALSE(reused);
+  auto copied_ids = TokenizeTextFile(*t, text_path);
+  ASSERT_TRUE(copied_ids.ok());
+  EXPECT_EQ(ReadTokens(*copied, kVocab), *copied_ids);
 }
 
 TEST_F(TokenizerTest, TrainingDataFromTextAndATokenizerAreItsTokenizedCache) {
