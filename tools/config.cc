@@ -594,9 +594,10 @@ void ApplySchedulerParams(Context& c, const json& params, const std::string& p,
   }
   if (const json* v = Find(params, "warmup_max_lr")) {
     c.r.Set(&f->lr, Reader::Number(*v, p + ".warmup_max_lr", 0, true));
-  } else {
-    // DeepSpeed's WarmupLR and WarmupDecayLR set every group's rate from warmup_min_lr and
-    // warmup_max_lr alone (default 0.001): the optimizer's lr is not their peak.
+  } else if (type == "WarmupDecayLR") {
+    // DeepSpeed's WarmupDecayLR defaults warmup_max_lr to 0.001 and sets every group's rate from
+    // it: the optimizer's lr is not its peak. (WarmupLR without it peaks at the optimizer's lr,
+    // as deepspeed.runtime.lr_schedules.WarmupLR takes param_groups[0]['lr'] for None.)
     if (has_optimizer_lr && f->lr != 1e-3) {
       c.notes.push_back(fmt::format(
           "'{}.warmup_max_lr' is absent: the peak learning rate is DeepSpeed's default 0.001, not "

@@ -20,7 +20,7 @@ enum class LrScheduleKind {
   kCosine,          // Strata: linear warmup to peak over warmup_steps, cosine to 10 % at `steps`
   kConstant,        // peak at every step (DeepSpeed with an optimizer and no scheduler)
   kWarmupLR,        // DeepSpeed WarmupLR: warmup_min_lr -> peak over warmup_steps, then peak
-  kWarmupDecayLR,   // DeepSpeed WarmupDecayLR: WarmupLR, then linear decay to 0 at total_steps
+  kWarmupDecayLR,   // DeepSpeed WarmupDecayLR: WarmupLR, then linear decay to warmup_min_lr
   kWarmupCosineLR,  // DeepSpeed WarmupCosineLR: ratios of peak, cosine to cos_min_ratio
 };
 

@@ -513,11 +513,22 @@ TEST(TrainConfig, SchedulersMapToTheirScheduleWithDeepSpeedsDefaults) {
   EXPECT_EQ(g.warmup_steps, 1000);  // DeepSpeed's default warmup_num_steps
   EXPECT_EQ(g.warmup_type, "log");
   EXPECT_DOUBLE_EQ(g.cos_min_ratio, 1e-4);
-  // WarmupLR without warmup_max_lr: DeepSpeed's default 0.001 is the peak whatever the
-  // optimizer's lr (its rate is set from warmup_min_lr and warmup_max_lr alone), with a note.
-  TrainFlags w;
+  // WarmupLR without warmup_max_lr peaks at the optimizer's lr (DeepSpeed's WarmupLR takes
+  // param_groups[0]['lr'] for None); WarmupDecayLR's default 0.001 is the peak whatever the
+  // optimizer's lr, with a note.
+  TrainFlags l;
   ASSERT_TRUE(Apply(R"({"optimizer": {"type": "AdamW", "params": {"lr": 2e-4}},
                         "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10}}})",
+                    &l)
+                  .ok());
+  EXPECT_DOUBLE_EQ(l.lr, 2e-4);
+  for (const std::string& n : l.config_notes) {
+    EXPECT_EQ(n.find("warmup_max_lr"), std::string::npos) << n;
+  }
+  TrainFlags w;
+  ASSERT_TRUE(Apply(R"({"optimizer": {"type": "AdamW", "params": {"lr": 2e-4}},
+                        "scheduler": {"type": "WarmupDecayLR",
+                                      "params": {"warmup_num_steps": 10, "total_num_steps": 50}}})",
                     &w)
                   .ok());
   EXPECT_DOUBLE_EQ(w.lr, 1e-3);
