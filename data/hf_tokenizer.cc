@@ -699,18 +699,7 @@ std::string OneLine(std::string s) {
 Status ResolveSpecialIds(const std::string& path, HfTokenizer::Impl* impl) {
   const std::string config_path =
       (std::filesystem::path(path).parent_path() / "tokenizer_config.json").string();
-  hf::SpecialTokenNames names;
-  std::error_code ec;
-  if (std::filesystem::is_regular_file(config_path, ec)) {
-    auto bytes = ReadSmallFile(config_path, {.max_bytes = uint64_t{64} << 20});
-    if (!bytes.ok()) return bytes.status().WithContext("tokenizer config");
-    auto parsed = hf::ParseTokenizerConfigJson(*bytes);
-    if (!parsed.ok()) {
-      return InvalidArgumentError(fmt::format("tokenizer_config.json '{}': {}", config_path,
-                                              OneLine(std::string(parsed.status().message()))));
-    }
-    names = *parsed;
-  }
+  STRATA_ASSIGN_OR_RETURN(const hf::SpecialTokenNames names, hf::ReadTokenizerConfigBeside(path));
   const hf::TokenizerJson& c = impl->config;
   // Without add_bos_token, as transformers' tokenizer(text): the classes whose add_bos_token
   // defaults to true rebuild the post-processor with a BOS (LlamaTokenizerFast's

@@ -3,8 +3,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "base/file.h"
 #include "base/untrusted_text.h"
 
 namespace strata::data::hf {
@@ -524,6 +526,22 @@ StatusOr<SpecialTokenNames> ParseTokenizerConfigJson(std::string_view json) {
   } catch (const Json::exception& e) {
     return InvalidArgumentError(fmt::format("malformed: {}", Excerpt(e.what(), 240)));
   }
+}
+
+StatusOr<SpecialTokenNames> ReadTokenizerConfigBeside(const std::string& tokenizer_path) {
+  const std::string path =
+      (std::filesystem::path(tokenizer_path).parent_path() / "tokenizer_config.json").string();
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return SpecialTokenNames{};
+  auto bytes = ReadSmallFile(path, {.max_bytes = uint64_t{64} << 20});
+  if (!bytes.ok()) return bytes.status().WithContext("tokenizer config");
+  auto parsed = ParseTokenizerConfigJson(*bytes);
+  if (!parsed.ok()) {
+    std::string why(parsed.status().message());
+    std::replace(why.begin(), why.end(), '\n', ' ');
+    return InvalidArgumentError(fmt::format("tokenizer_config.json '{}': {}", path, why));
+  }
+  return parsed;
 }
 
 }  // namespace strata::data::hf

@@ -108,4 +108,9 @@ struct SpecialTokenNames {
 // "/add_bos_token: must be true or false", "/tokenizer_class: must be a string").
 StatusOr<SpecialTokenNames> ParseTokenizerConfigJson(std::string_view json);
 
+// The tokenizer_config.json in the directory of `tokenizer_path` (a tokenizer.json or
+// tokenizer.model), parsed as above; the defaults (nothing named, add_* -1) when there is none.
+// Errors: the read's (naming the file), or ParseTokenizerConfigJson's on one line naming the file.
+StatusOr<SpecialTokenNames> ReadTokenizerConfigBeside(const std::string& tokenizer_path);
+
 }  // namespace strata::data::hf

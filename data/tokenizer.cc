@@ -168,20 +168,9 @@ StatusOr<std::unique_ptr<Tokenizer>> LoadSentencePiece(const std::string& path) 
     return InvalidArgumentError(
         fmt::format("tokenizer file '{}' is a SentencePiece model without pieces", path));
   }
-  const std::string config_path =
-      (std::filesystem::path(path).parent_path() / "tokenizer_config.json").string();
-  std::error_code ec;
-  if (std::filesystem::is_regular_file(config_path, ec)) {
-    auto config = ReadSmallFile(config_path, {.max_bytes = uint64_t{64} << 20});
-    if (!config.ok()) return config.status().WithContext("tokenizer config");
-    auto names = hf::ParseTokenizerConfigJson(*config);
-    if (!names.ok()) {
-      return InvalidArgumentError(
-          fmt::format("tokenizer_config.json '{}': {}", config_path, names.status().message()));
-    }
-    if (names->add_bos >= 0) tokenizer->add_bos = names->add_bos == 1;
-    tokenizer->add_eos = names->add_eos == 1;
-  }
+  STRATA_ASSIGN_OR_RETURN(const hf::SpecialTokenNames names, hf::ReadTokenizerConfigBeside(path));
+  if (names.add_bos >= 0) tokenizer->add_bos = names.add_bos == 1;
+  tokenizer->add_eos = names.add_eos == 1;
   return std::unique_ptr<Tokenizer>(std::move(tokenizer));
 }
 
