@@ -135,6 +135,18 @@ Status CheckHeader(const std::string& path, const int32_t header[4], int64_t siz
 
 }  // namespace
 
+bool TokenFileLooksWhole(const std::string& path) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+  struct stat st;
+  if (!fd.valid() || ::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) return false;
+  int32_t header[4];
+  if (::pread(fd.get(), header, sizeof header, 0) != static_cast<ssize_t>(sizeof header)) {
+    return false;
+  }
+  int width = 0;
+  return CheckHeader(path, header, st.st_size, &width).ok();
+}
+
 // Every token of `shard` below vocab_size.
 Status TokenDataset::CheckTokens(const Shard& shard, int vocab_size) {
   const int64_t bad = shard.width == 2

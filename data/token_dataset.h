@@ -132,6 +132,11 @@ class TokenDataset {
   bool has_flags_ = false;
 };
 
+// Whether `path` is a regular file whose header (magic, version, flags word, count) describes
+// its size exactly: a cheap check of a token cache before it is reused (a truncated or
+// overwritten one is made again). False for anything unreadable. Thread-safe.
+bool TokenFileLooksWhole(const std::string& path);
+
 // Writes `tokens` as an llm.c token file at `path`: version 1 (uint16) when every token is
 // below 65536, else version 2 (uint32). `flags` empty: no flags (header[3] = 0, a file llm.c
 // reads); else one per token (header[3] = 1, the flags after the tokens). Crash-safe: written

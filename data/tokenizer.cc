@@ -344,7 +344,7 @@ StatusOr<std::string> TokenizeTextFileCached(const Tokenizer& tokenizer,
     return ErrnoToStatus(errno, fmt::format("cannot stat tokenizer file '{}'", tokenizer.path()));
   }
   if (::stat(cache.c_str(), &cache_st) == 0 && Saw(cache_st, text_st) &&
-      Saw(cache_st, tokenizer_st)) {
+      Saw(cache_st, tokenizer_st) && TokenFileLooksWhole(cache)) {
     if (reused != nullptr) *reused = true;
     return cache;
   }

@@ -322,6 +322,29 @@ TEST_F(TokenizerTest, ACacheNewerThanBothInputsIsReusedAsIs) {
   EXPECT_EQ(ReadTokens(*second, kVocab), (std::vector<int32_t>{7, 8, 9}));
 }
 
+// A cache cut short (a full disk under another tool, a truncation) is newer than its inputs but
+// its header no longer describes its size: made again rather than refused when opened.
+TEST_F(TokenizerTest, ATruncatedCacheIsMadeAgain) {
+  auto t = LoadModel();
+  ASSERT_NE(t, nullptr);
+  const std::string text_path = (work_ / "train.txt").string();
+  WriteFile(text_path, MakeText(9, 50));
+  SetMtime(text_path, std::chrono::seconds(-100));
+  SetMtime(model_, std::chrono::seconds(-100));
+  bool reused = true;
+  auto cache = TokenizeTextFileCached(*t, text_path, &reused);
+  ASSERT_TRUE(cache.ok()) << cache.status().ToString();
+  EXPECT_TRUE(TokenFileLooksWhole(*cache));
+  fs::resize_file(*cache, fs::file_size(*cache) - 3);
+  EXPECT_FALSE(TokenFileLooksWhole(*cache));
+  auto again = TokenizeTextFileCached(*t, text_path, &reused);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_FALSE(reused);
+  auto ids = TokenizeTextFile(*t, text_path);
+  ASSERT_TRUE(ids.ok());
+  EXPECT_EQ(ReadTokens(*again, kVocab), *ids);
+}
+
 TEST_F(TokenizerTest, ACacheOlderThanTheTextOrTheTokenizerIsMadeAgain) {
   auto t = LoadModel();
   ASSERT_NE(t, nullptr);
