@@ -163,9 +163,9 @@ std::string TokenCachePath(const std::string& text_path, const Tokenizer& tokeni
 // The path of `text_path`'s token cache, made now unless it exists and was modified after the
 // text file and the tokenizer file were both modified and changed (their mtime and ctime: a text
 // replaced by a copy with an older mtime is seen) and its header describes its size (then it is
-// reused as is; its tokens are validated when opened; a truncated cache is made again). A made cache is written crash-safely (WriteTokenFile). `*reused` (may be
-// null) says which happened. Errors: those of TokenizeTextFile and WriteTokenFile; the errno-mapped
-// code of a stat.
+// reused as is; its tokens are validated when opened; a truncated cache is made again). A made
+// cache is written crash-safely (WriteTokenFile). `*reused` (may be null) says which happened.
+// Errors: those of TokenizeTextFile and WriteTokenFile; the errno-mapped code of a stat.
 StatusOr<std::string> TokenizeTextFileCached(const Tokenizer& tokenizer,
                                              const std::string& text_path, bool* reused);
 
