@@ -24,6 +24,7 @@
 #include "base/unique_fd.h"
 #include "base/units.h"
 #include "io/io_backend.h"
+#include "tools/checkpoint_commands.h"
 
 namespace strata::tools {
 namespace {
@@ -144,10 +145,11 @@ Status OpenFiles(const RunConfig& c, std::vector<BenchFile>* files) {
     const int base = O_RDWR | O_NOFOLLOW | O_CLOEXEC;
     int fd = ::open(f.path.c_str(), base | O_CREAT | O_EXCL | O_DIRECT, 0600);
     f.created = fd >= 0;
-    if (fd < 0 && errno == EEXIST) fd = ::open(f.path.c_str(), base | O_DIRECT);
+    const bool existed = fd < 0 && errno == EEXIST;  // reused and kept, whatever follows
+    if (existed) fd = ::open(f.path.c_str(), base | O_DIRECT);
     if (fd < 0 && errno == EINVAL) {  // the file system refuses O_DIRECT (tmpfs)
       fd = ::open(f.path.c_str(), base | O_CREAT, 0600);
-      f.created = true;
+      f.created = !existed;
       f.direct = false;
     }
     if (fd < 0) {
@@ -263,12 +265,21 @@ class BenchRun {
     STRATA_RETURN_IF_ERROR(Open());
     STRATA_RETURN_IF_ERROR(AllocateBuffers());
     STRATA_RETURN_IF_ERROR(LayOut());
+    STRATA_RETURN_IF_ERROR(Stopped());
     DropCache(files_);
     done_bytes_.store(0);
     backend_->ResetStats();
     STRATA_RETURN_IF_ERROR(Measure());
+    STRATA_RETURN_IF_ERROR(Stopped());
     backend_->UnregisterFiles(fds_);
     return Result();
+  }
+  // kCancelled after SIGINT or SIGTERM (InstallStopSignalHandlers): the run ends, and the
+  // destructor removes the files it created.
+  static Status Stopped() {
+    if (StopSignal() == 0) return Status::Ok();
+    return CancelledError(
+        fmt::format("iobench stopped by signal {}; its files are removed", StopSignal()));
   }
 
  private:
@@ -304,7 +315,10 @@ Status BenchRun::Open() {
   STRATA_ASSIGN_OR_RETURN(options.kind, io::ParseBackendKind(c_.backend));
   options.queue_depth = c_.queue_depth;
   options.block_size_bytes = c_.block_bytes;
-  options.posix_threads = std::min(c_.queue_depth, 256);  // posix: concurrency = threads
+  // posix: concurrency = worker threads, queue_depth for each submitting thread (one backend
+  // serves them all).
+  options.posix_threads =
+      static_cast<int>(std::min<int64_t>(int64_t{c_.queue_depth} * std::max(1, c_.threads), 256));
   STRATA_ASSIGN_OR_RETURN(backend_, io::CreateIoBackend(options));
   STRATA_RETURN_IF_ERROR(OpenFiles(c_, &files_));
   for (const BenchFile& f : files_) fds_.push_back(f.fd.get());
@@ -382,7 +396,8 @@ void BenchRun::Report() {
   while (!finished_.load()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     const auto now = std::chrono::steady_clock::now();
-    if (c_.runtime_s > 0 && now - start_ >= std::chrono::duration<double>(c_.runtime_s)) {
+    if ((c_.runtime_s > 0 && now - start_ >= std::chrono::duration<double>(c_.runtime_s)) ||
+        StopSignal() != 0) {
       stop_.store(true);
     }
     if (progress_ && now >= next) {
@@ -404,7 +419,7 @@ Status BenchRun::Measure() {
   double excluded_s = 0;  // --first-write: deallocating and reallocating between passes
   double excluded_cpu_s = 0;
   for (int pass = 0; status.ok(); ++pass) {
-    if (c_.runtime_s > 0 ? stop_.load() : pass >= c_.loops) break;
+    if (StopSignal() != 0 || (c_.runtime_s > 0 ? stop_.load() : pass >= c_.loops)) break;
     if (pass > 0) DropCache(files_);
     if (c_.first_write) {
       const auto t0 = std::chrono::steady_clock::now();
@@ -418,6 +433,13 @@ Status BenchRun::Measure() {
       if (!status.ok()) break;
     }
     status = RunThreads(write_, pass);
+  }
+  // Buffered writes end on the drive, as fio's end_fsync: the last pass's too (the passes before
+  // it were synced by DropCache, inside the timing), so the figure does not depend on --loops.
+  if (write_ && status.ok()) {
+    for (const BenchFile& f : files_) {
+      if (!f.direct) ::fdatasync(f.fd.get());
+    }
   }
   const double cpu1 = CpuSeconds() - excluded_cpu_s;
   const auto end = std::chrono::steady_clock::now();
@@ -493,6 +515,13 @@ nlohmann::json ConfigBlock(const RunResult& best) {
   // params on NVMe, under the swept paths), bf16, and the best I/O settings in Strata's own terms
   // (DeepSpeed's aio keys scale the queue depth by the thread count).
   const nlohmann::json nvme = {{"device", "nvme"}, {"nvme_path", best.config.paths}};
+  // Training's io_threads are the posix backend's worker threads: as many as the measured run
+  // kept I/Os in flight (BenchRun::Open), not its submitting threads.
+  const int io_threads =
+      best.config.backend == "posix"
+          ? static_cast<int>(std::min<int64_t>(
+                int64_t{best.config.queue_depth} * std::max(1, best.config.threads), 256))
+          : best.config.threads;
   return {
       {"bf16", {{"enabled", true}}},
       {"zero_optimization", {{"stage", 3}, {"offload_optimizer", nvme}, {"offload_param", nvme}}},
@@ -500,7 +529,7 @@ nlohmann::json ConfigBlock(const RunResult& best) {
        {{"io_backend", best.config.backend},
         {"io_block_size", best.config.block_bytes},
         {"io_queue_depth", best.config.queue_depth},
-        {"io_threads", best.config.threads}}}};
+        {"io_threads", io_threads}}}};
 }
 
 Status CheckConfig(const RunConfig& c) {
@@ -584,6 +613,8 @@ Status RunIobench(const IobenchFlags& f) {
   if (!f.config_out.empty() && !f.sweep) {
     return InvalidArgumentError("--config-out needs --sweep");
   }
+  // SIGINT or SIGTERM ends the run and removes the files it made (exit code 130 or 143).
+  InstallStopSignalHandlers();
   if (!f.sweep) {
     STRATA_RETURN_IF_ERROR(CheckConfig(base));
     STRATA_ASSIGN_OR_RETURN(RunResult r, RunOne(base, /*progress=*/true));

@@ -3,11 +3,15 @@
 // behind. The "posix" backend keeps these independent of io_uring being allowed here.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <csignal>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -56,6 +60,72 @@ TEST_F(IobenchCliTest, WriteToANewFileLaysItOutFirstThenMeasuresOneOverwritePass
   EXPECT_EQ(j.at("bytes_per_call").get<uint64_t>(), 8 * kMiB);
   // The file iobench made is removed.
   EXPECT_FALSE(std::filesystem::exists(BenchFile()));
+}
+
+// SIGTERM (or SIGINT) ends the run: exit code 143, and the file iobench made is removed (before,
+// the 64 MiB file stayed behind).
+TEST_F(IobenchCliTest, ASignalEndsTheRunAndRemovesItsFile) {
+  const std::string out = (dir_ / "out.txt").string();
+  const std::string command = std::string(STRATA_BINARY) + " iobench --path " + dir_.string() +
+                              " --block-size 1MiB --queue-depth 4 --backend posix --rw read " +
+                              "--size 64MiB --runtime 60 >" + out + " 2>&1";
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::execl("/bin/sh", "sh", "-c", ("exec " + command).c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  // Wait until it measures (the file laid out and the progress line printed), then stop it.
+  bool measuring = false;
+  for (int i = 0; i < 300 && !measuring; ++i) {
+    ::usleep(100 * 1000);
+    std::ifstream f(out);
+    const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    measuring = text.find("iobench: read") != std::string::npos;
+  }
+  EXPECT_TRUE(measuring) << "no progress line within 30 s";
+  EXPECT_TRUE(std::filesystem::exists(BenchFile()));
+  ::kill(pid, SIGTERM);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 143);
+  EXPECT_FALSE(std::filesystem::exists(BenchFile()));
+}
+
+// The sweep's config block carries the fastest run's settings in training's terms: for a posix
+// winner io_threads is the worker threads it ran with (queue depth x threads, at most 256: what
+// strata train's posix backend then keeps in flight), not its submitting threads.
+TEST_F(IobenchCliTest, TheSweepsBlockGivesTrainingTheWinnersConcurrency) {
+  const Result r =
+      RunStrata("iobench --path " + dir_.string() + " --size 16MiB --rw read --sweep --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  nlohmann::json best;
+  std::string block;
+  size_t at = 0;
+  while (at < r.out.size()) {
+    const size_t end = r.out.find('\n', at);
+    const std::string line = r.out.substr(at, end == std::string::npos ? end : end - at);
+    if (line.rfind("{\"", 0) == 0) {  // a result, one line each; the block is indented
+      const nlohmann::json j = nlohmann::json::parse(line);
+      if (best.is_null() || j.at("gb_per_s").get<double>() > best.at("gb_per_s").get<double>()) {
+        best = j;
+      }
+    } else {
+      block += line + "\n";
+    }
+    if (end == std::string::npos) break;
+    at = end + 1;
+  }
+  ASSERT_FALSE(best.is_null()) << r.out;
+  const nlohmann::json strata = nlohmann::json::parse(block).at("strata");
+  EXPECT_EQ(strata.at("io_backend"), best.at("backend"));
+  EXPECT_EQ(strata.at("io_block_size"), best.at("block_size_bytes"));
+  EXPECT_EQ(strata.at("io_queue_depth"), best.at("queue_depth"));
+  const int qd = best.at("queue_depth").get<int>(), threads = best.at("threads").get<int>();
+  EXPECT_EQ(strata.at("io_threads").get<int>(),
+            best.at("backend") == "posix" ? std::min(qd * threads, 256) : threads)
+      << block;
 }
 
 TEST_F(IobenchCliTest, WriteToALaidOutFileDoesNotLayItOutAgainAndKeepsIt) {
