@@ -117,6 +117,16 @@ class TokenizerTest : public ::testing::Test {
     fs::copy_file(*model_path_, model_);
   }
 
+  // "train.txt" holding MakeText(seed, words), it and the model modified 100 s ago (so that a
+  // cache made now is newer than both).
+  std::string OldText(int seed, int words) {
+    const std::string path = (work_ / "train.txt").string();
+    WriteFile(path, MakeText(seed, words));
+    SetMtime(path, std::chrono::seconds(-100));
+    SetMtime(model_, std::chrono::seconds(-100));
+    return path;
+  }
+
   std::unique_ptr<Tokenizer> LoadModel() {
     auto t = Tokenizer::Load(model_);
     EXPECT_TRUE(t.ok()) << t.status().ToString();
@@ -284,10 +294,7 @@ TEST_F(TokenizerTest, TokenizerConfigBesideTheModelDecidesBosAndEos) {
 TEST_F(TokenizerTest, TheCacheIsATokenFileBesideTheTextNamedByTheTokenizerHash) {
   auto t = LoadModel();
   ASSERT_NE(t, nullptr);
-  const std::string text_path = (work_ / "train.txt").string();
-  WriteFile(text_path, MakeText(3, 50));
-  SetMtime(text_path, std::chrono::seconds(-100));
-  SetMtime(model_, std::chrono::seconds(-100));
+  const std::string text_path = OldText(3, 50);
   const std::string want_path = TokenCachePath(text_path, *t);
   ASSERT_EQ(want_path.size(), text_path.size() + 1 + 16 + 7) << want_path;  // .<16 hex>.tokens
   EXPECT_TRUE(want_path.starts_with(text_path + ".") && want_path.ends_with(".tokens"));
@@ -305,10 +312,7 @@ TEST_F(TokenizerTest, TheCacheIsATokenFileBesideTheTextNamedByTheTokenizerHash) 
 TEST_F(TokenizerTest, ACacheNewerThanBothInputsIsReusedAsIs) {
   auto t = LoadModel();
   ASSERT_NE(t, nullptr);
-  const std::string text_path = (work_ / "train.txt").string();
-  WriteFile(text_path, MakeText(4, 50));
-  SetMtime(text_path, std::chrono::seconds(-100));
-  SetMtime(model_, std::chrono::seconds(-100));
+  const std::string text_path = OldText(4, 50);
   bool reused = true;
   auto first = TokenizeTextFileCached(*t, text_path, &reused);
   ASSERT_TRUE(first.ok()) << first.status().ToString();
@@ -327,10 +331,7 @@ TEST_F(TokenizerTest, ACacheNewerThanBothInputsIsReusedAsIs) {
 TEST_F(TokenizerTest, ATruncatedCacheIsMadeAgain) {
   auto t = LoadModel();
   ASSERT_NE(t, nullptr);
-  const std::string text_path = (work_ / "train.txt").string();
-  WriteFile(text_path, MakeText(9, 50));
-  SetMtime(text_path, std::chrono::seconds(-100));
-  SetMtime(model_, std::chrono::seconds(-100));
+  const std::string text_path = OldText(9, 50);
   bool reused = true;
   auto cache = TokenizeTextFileCached(*t, text_path, &reused);
   ASSERT_TRUE(cache.ok()) << cache.status().ToString();
@@ -348,10 +349,7 @@ TEST_F(TokenizerTest, ATruncatedCacheIsMadeAgain) {
 TEST_F(TokenizerTest, ACacheOlderThanTheTextOrTheTokenizerIsMadeAgain) {
   auto t = LoadModel();
   ASSERT_NE(t, nullptr);
-  const std::string text_path = (work_ / "train.txt").string();
-  WriteFile(text_path, MakeText(5, 50));
-  SetMtime(text_path, std::chrono::seconds(-100));
-  SetMtime(model_, std::chrono::seconds(-100));
+  const std::string text_path = OldText(5, 50);
   bool reused = true;
   auto cache = TokenizeTextFileCached(*t, text_path, &reused);
   ASSERT_TRUE(cache.ok()) << cache.status().ToString();
