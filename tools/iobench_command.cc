@@ -558,6 +558,10 @@ Status CheckConfig(const RunConfig& c) {
     return InvalidArgumentError(fmt::format("--backend '{}': use uring or posix", c.backend));
   }
   if (c.loops < 1) return InvalidArgumentError(fmt::format("--loops {}: use >= 1", c.loops));
+  if (!(c.runtime_s >= 0) || c.runtime_s > 1e6) {
+    return InvalidArgumentError(
+        fmt::format("--runtime {}: use 0 (--loops passes) or a number of seconds", c.runtime_s));
+  }
   if (c.first_write && c.rw != "write" && c.rw != "randwrite") {
     return InvalidArgumentError(fmt::format(
         "--first-write measures writes: use it with --rw write or randwrite, not '{}'", c.rw));
@@ -628,6 +632,9 @@ Status RunIobench(const IobenchFlags& f) {
     std::fprintf(stderr, "iobench: skipping uring in the sweep: %s\n", probe.ToString().c_str());
     backends = {"posix"};
   }
+  // The grid, every configuration checked before the first runs (a --size too small for the
+  // largest is refused at once, not after the others ran).
+  std::vector<RunConfig> grid;
   for (uint64_t bs : {128 * kKiB, kMiB, 4 * kMiB}) {
     for (int qd : {8, 32, 64}) {
       for (int threads : {1, 2}) {
@@ -637,17 +644,27 @@ Status RunIobench(const IobenchFlags& f) {
           c.queue_depth = qd;
           c.threads = threads;
           c.backend = backend;
-          STRATA_RETURN_IF_ERROR(CheckConfig(c));
-          std::fprintf(stderr, "iobench: sweep %zu/%zu: %s bs=%s qd=%d threads=%d\n",
-                       results.size() + 1, 18 * backends.size(), backend.c_str(),
-                       FormatBytes(bs).c_str(), qd, threads);
-          STRATA_ASSIGN_OR_RETURN(RunResult r, RunOne(c, /*progress=*/false));
-          if (f.json) std::printf("%s\n", ToJson(r).dump().c_str());
-          std::fflush(stdout);
-          results.push_back(std::move(r));
+          STRATA_RETURN_IF_ERROR(CheckConfig(c).WithContext("--sweep"));
+          grid.push_back(std::move(c));
         }
       }
     }
+  }
+  const IobenchFlags defaults;
+  if (f.block_size != defaults.block_size || f.queue_depth != defaults.queue_depth ||
+      f.threads != defaults.threads || f.backend != defaults.backend) {
+    std::fprintf(stderr,
+                 "iobench: note: --sweep tries its own block sizes, queue depths, threads and "
+                 "backends; --block-size, --queue-depth, --threads and --backend are not used\n");
+  }
+  for (const RunConfig& c : grid) {
+    std::fprintf(stderr, "iobench: sweep %zu/%zu: %s bs=%s qd=%d threads=%d\n", results.size() + 1,
+                 grid.size(), c.backend.c_str(), FormatBytes(c.block_bytes).c_str(), c.queue_depth,
+                 c.threads);
+    STRATA_ASSIGN_OR_RETURN(RunResult r, RunOne(c, /*progress=*/false));
+    if (f.json) std::printf("%s\n", ToJson(r).dump().c_str());
+    std::fflush(stdout);
+    results.push_back(std::move(r));
   }
   std::sort(results.begin(), results.end(),
             [](const RunResult& a, const RunResult& b) { return a.gb_per_s() > b.gb_per_s(); });

@@ -171,6 +171,23 @@ TEST_F(IobenchCliTest, FirstWriteWritesFreshlyAllocatedBlocksOfAnExistingFileEve
   }
 }
 
+// A sweep whose --size is too small for its largest configuration (4 MiB blocks x 2 threads) is
+// refused before any configuration runs (before, after 26 of them); a negative --runtime is
+// refused (before, it ran one pass); the flags a sweep does not use are said to be unused.
+TEST_F(IobenchCliTest, BadSweepsAndRuntimesAreRefusedBeforeAnythingRuns) {
+  Result r = RunStrata("iobench --path " + dir_.string() + " --size 4MiB --rw read --sweep");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("--sweep: --size 4.0 MiB is too small"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("iobench: sweep 1/"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out, "");
+  r = Iobench("--rw read --size 8MiB --runtime -1");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("--runtime -1: use 0"), std::string::npos) << r.err;
+  r = RunStrata("iobench --path " + dir_.string() + " --size 16MiB --rw read --sweep --threads 2");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("--threads and --backend are not used"), std::string::npos) << r.err;
+}
+
 TEST_F(IobenchCliTest, FirstWriteWithReadsIsRefusedNamingTheFlag) {
   const Result r = Iobench("--rw read --size 8MiB --first-write");
   EXPECT_NE(r.exit_code, 0);
