@@ -235,15 +235,15 @@ struct Plan {
   uint64_t pinned_frozen_bytes = 0;
 
   // Host memory.
-  uint64_t host_bytes = 0;         // host gradients (+ master weights and state if on host)
+  uint64_t host_bytes = 0;  // host gradients (+ master weights and state if on host)
   // Of host_bytes, the update during backward's backup area (PlacementOptions::
   // update_during_backward; 0 without it or without a CPU-optimized block): what a speculative
   // update overwrites, copied aside for a rollback (a block's state region unless on NVMe, and
   // its working params unless streamed from NVMe), never more than all the blocks' backups.
   uint64_t speculation_backup_bytes = 0;
   bool update_during_backward = false;  // PlacementOptions::update_during_backward
-  uint64_t host_grad_bytes = 0;    // of which host gradients (fp32 or working precision)
-  int64_t host_grad16_params = 0;  // params whose host gradient stays 16-bit
+  uint64_t host_grad_bytes = 0;         // of which host gradients (fp32 or working precision)
+  int64_t host_grad16_params = 0;       // params whose host gradient stays 16-bit
 
   // NVMe.
   uint64_t nvme_bytes = 0;  // swap store payload

@@ -218,9 +218,9 @@ TEST(CostModel, TheUpdateDuringBackwardHidesUpToTheLastBackwardMinusItsBackupCop
   EXPECT_EQ(d_after->step_s, d_during->step_s);
 }
 
-// The layer-major schedule (engine/plan/planner.h Schedule): plans of `a` micro-batches per step with
-// every block streamed from host memory (each schedule at its own streaming minimum, so that no
-// block is resident in either) or every block resident, the optimizer on the host.
+// The layer-major schedule (engine/plan/planner.h Schedule): plans of `a` micro-batches per step
+// with every block streamed from host memory (each schedule at its own streaming minimum, so that
+// no block is resident in either) or every block resident, the optimizer on the host.
 Plan ScheduledPlan(const Shaped& s, Schedule schedule, int a, ParamHome home) {
   PlacementOptions p;
   p.param_home = home;
