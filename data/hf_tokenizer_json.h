@@ -111,6 +111,7 @@ StatusOr<SpecialTokenNames> ParseTokenizerConfigJson(std::string_view json);
 // The tokenizer_config.json in the directory of `tokenizer_path` (a tokenizer.json or
 // tokenizer.model), parsed as above; the defaults (nothing named, add_* -1) when there is none.
 // Errors: the read's (naming the file), or ParseTokenizerConfigJson's on one line naming the file.
+// Reads the file once per call (at most 64 MiB); thread-safe.
 StatusOr<SpecialTokenNames> ReadTokenizerConfigBeside(const std::string& tokenizer_path);
 
 }  // namespace strata::data::hf

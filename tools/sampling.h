@@ -30,7 +30,8 @@ struct SamplingSettings {
 // temperature 1, top_k 50, top_p 1, repetition_penalty 1 where a key is absent or null), and the
 // keys it sets that `strata generate` does not apply (num_beams > 1, min_p, typical_p < 1,
 // no_repeat_ngram_size > 0: beam search and the other warpers), one note each. `path` names the
-// file in errors: kInvalidArgument naming the key for a value of the wrong type or out of range.
+// file in errors: kInvalidArgument naming the key for a value of the wrong type or out of range,
+// or for text that is not a JSON object. Pure; thread-safe.
 struct GenerationConfigSampling {
   SamplingSettings settings;
   std::vector<std::string> notes;
@@ -55,7 +56,9 @@ std::vector<TokenProbability> NextTokenDistribution(std::span<const float> logit
                                                     int64_t vocab_limit,
                                                     std::span<const int32_t> previous);
 
-// One draw from NextTokenDistribution with `rng` (one uniform double per call, also greedy).
+// One draw from NextTokenDistribution with `rng` (one uniform double per call, also greedy): a
+// token id below min(logits.size(), vocab_limit). Advances `rng`: not thread-safe for a shared
+// rng, thread-safe otherwise.
 int32_t SampleNextToken(std::span<const float> logits, const SamplingSettings& settings,
                         int64_t vocab_limit, std::span<const int32_t> previous,
                         std::mt19937_64& rng);
