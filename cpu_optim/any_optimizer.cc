@@ -6,6 +6,8 @@
 #include <numeric>
 #include <string>
 
+#include "cpu_optim/kernels.h"
+
 namespace strata::cpu_optim {
 
 std::string_view OptimizerKindName(OptimizerKind kind) {
@@ -188,10 +190,13 @@ const void* Offset(const void* p, DType dtype, int64_t offset) {
 
 // Adafactor over the tensors of `shapes`, one after the other, each with its slices of the
 // sections (in StateLayout's order).
+// decayed[k]: whether tensor k of `shapes` takes weight decay (empty: every tensor does).
 Status AdafactorUpdateTensors(const AdafactorConfig& c, const OptimStep& step,
                               std::span<const std::vector<int64_t>> shapes, std::span<float> master,
                               std::span<const std::span<float>> sections, GradView grad,
-                              CopyOut copy_out) {
+                              CopyOut copy_out, const std::vector<bool>& decayed) {
+  AdafactorConfig no_decay = c;
+  no_decay.weight_decay = 0.0f;
   const AdafactorSections sizes = AdafactorSectionSizes(shapes);
   // The sections present, in order: row, col, unfactored, exp_avg (zero-sized ones left out).
   size_t next = 0;
@@ -201,7 +206,8 @@ Status AdafactorUpdateTensors(const AdafactorConfig& c, const OptimStep& step,
   std::span<float> exp_avg =
       c.beta1 > 0 ? take(static_cast<int64_t>(master.size())) : std::span<float>();
   int64_t offset = 0, row_at = 0, col_at = 0, unfactored_at = 0;
-  for (const auto& shape : shapes) {
+  for (size_t k = 0; k < shapes.size(); ++k) {
+    const std::vector<int64_t>& shape = shapes[k];
     const int64_t n = NumElems(shape);
     AdafactorState state;
     if (AdafactorFactored(shape)) {
@@ -217,15 +223,160 @@ Status AdafactorUpdateTensors(const AdafactorConfig& c, const OptimStep& step,
     if (!exp_avg.empty()) state.exp_avg = exp_avg.subspan(offset, n);
     CopyOut out = copy_out;
     if (out.data) out.data = const_cast<void*>(Offset(out.data, out.dtype, offset));
-    STRATA_RETURN_IF_ERROR(
-        AdafactorUpdate(c, step, shape, master.subspan(offset, n), state,
-                        GradView{Offset(grad.data, grad.dtype, offset), grad.dtype}, out));
+    STRATA_RETURN_IF_ERROR(AdafactorUpdate(
+        decayed.empty() || decayed[k] ? c : no_decay, step, shape, master.subspan(offset, n), state,
+        GradView{Offset(grad.data, grad.dtype, offset), grad.dtype}, out));
     offset += n;
   }
   return Status::Ok();
 }
 
+// Element `offset` of a gradient or a copy-out.
+GradView GradAt(GradView g, int64_t offset) { return {Offset(g.data, g.dtype, offset), g.dtype}; }
+CopyOut CopyOutAt(CopyOut out, int64_t offset) {
+  if (out.data != nullptr) out.data = const_cast<void*>(Offset(out.data, out.dtype, offset));
+  return out;
+}
+
+Status CheckNoDecayRanges(const AnyOptimizer& o, std::span<const ElemRange> ranges, int64_t n) {
+  int64_t at = 0;
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    const ElemRange& r = ranges[i];
+    if (r.begin < at || r.end <= r.begin || r.end > n) {
+      return InvalidArgumentError(
+          std::string(OptimizerKindName(o.kind)) + ": no-decay range " + std::to_string(i) + " [" +
+          std::to_string(r.begin) + ", " + std::to_string(r.end) +
+          ") must be non-empty, after the one before it and within the buffer of " +
+          std::to_string(n) + " elements");
+    }
+    at = r.end;
+  }
+  return Status::Ok();
+}
+
+// [0, n) cut into runs of consecutive elements that all take weight decay or all do not.
+struct DecayRun {
+  int64_t begin = 0, end = 0;
+  bool decayed = true;
+};
+std::vector<DecayRun> DecayRuns(std::span<const ElemRange> no_decay, int64_t n) {
+  std::vector<DecayRun> runs;
+  int64_t at = 0;
+  for (const ElemRange& r : no_decay) {
+    if (r.begin > at) runs.push_back({at, r.begin, true});
+    runs.push_back({r.begin, r.end, false});
+    at = r.end;
+  }
+  if (at < n) runs.push_back({at, n, true});
+  return runs;
+}
+
+// Whether each tensor of `shapes` takes weight decay; kInvalidArgument when a range cuts one.
+StatusOr<std::vector<bool>> TensorsDecayed(const AnyOptimizer& o,
+                                           std::span<const std::vector<int64_t>> shapes,
+                                           std::span<const ElemRange> no_decay) {
+  std::vector<bool> decayed;
+  const std::vector<DecayRun> runs = DecayRuns(no_decay, TotalElems(shapes));
+  size_t run = 0;
+  int64_t offset = 0;
+  for (const auto& shape : shapes) {
+    const int64_t n = NumElems(shape);
+    while (run < runs.size() && runs[run].end <= offset) ++run;
+    if (n > 0 && runs[run].end < offset + n) {
+      return InvalidArgumentError(std::string(OptimizerKindName(o.kind)) +
+                                  ": the no-decay ranges cut tensor " +
+                                  std::to_string(decayed.size()) + " [" + std::to_string(offset) +
+                                  ", " + std::to_string(offset + n) +
+                                  ") (its step is per tensor: a range must cover whole tensors)");
+    }
+    decayed.push_back(n == 0 || runs[run].decayed);
+    offset += n;
+  }
+  return decayed;
+}
+
+// A per-element kind over runs: each run one call with its group's config, after the checks of
+// the whole buffer.
+Status UpdateRuns(const AnyOptimizer& o, const OptimStep& step, std::span<float> master,
+                  std::span<const std::span<float>> state, GradView grad, CopyOut copy_out,
+                  std::span<const ElemRange> no_decay) {
+  STRATA_RETURN_IF_ERROR(Update(o, step, {}, {}, grad, {}));  // hyper-parameters and step
+  std::vector<std::string> names;
+  std::vector<internal::NamedState> named;
+  for (size_t i = 0; i < state.size(); ++i) names.emplace_back(StateName(o, static_cast<int>(i)));
+  for (size_t i = 0; i < state.size(); ++i) named.push_back({state[i], names[i].c_str()});
+  STRATA_RETURN_IF_ERROR(
+      internal::ValidateBuffers(OptimizerKindName(o.kind), master, named, grad, copy_out));
+  const AnyOptimizer undecayed = WithoutWeightDecay(o);
+  std::vector<std::span<float>> part(state.size());
+  for (const DecayRun& r : DecayRuns(no_decay, static_cast<int64_t>(master.size()))) {
+    const size_t len = static_cast<size_t>(r.end - r.begin);
+    for (size_t i = 0; i < state.size(); ++i) part[i] = state[i].subspan(r.begin, len);
+    STRATA_RETURN_IF_ERROR(Update(r.decayed ? o : undecayed, step, master.subspan(r.begin, len),
+                                  part, GradAt(grad, r.begin), CopyOutAt(copy_out, r.begin)));
+  }
+  return Status::Ok();
+}
+
+// AdamW8bit over runs. Whole quantization blocks inside one run go to AdamW8bitUpdate in groups;
+// a block that straddles runs is dequantized, stepped in fp32 per run (AdamWUpdate: the same
+// formulas and operation order as the 8-bit update's), and quantized once (QuantizeBlockwise:
+// the 8-bit update's own re-quantization).
+Status AdamW8bitUpdateRuns(const AdamWConfig& c, const OptimStep& step, std::span<float> master,
+                           QuantizedState m, QuantizedState v, GradView grad, CopyOut copy_out,
+                           std::span<const ElemRange> no_decay) {
+  STRATA_RETURN_IF_ERROR(internal::ValidateAdamW8bit(c, step, master, m, v, grad, copy_out));
+  AdamWConfig undecayed = c;
+  undecayed.weight_decay = 0.0f;
+  const int64_t n = static_cast<int64_t>(master.size());
+  constexpr int64_t kB = kQuantBlockElems;
+  const std::vector<DecayRun> runs = DecayRuns(no_decay, n);
+  auto sub = [&](QuantizedState q, int64_t begin, int64_t end) {
+    return QuantizedState{q.codes.subspan(begin, end - begin),
+                          q.absmax.subspan(begin / kB, QuantizedAbsmaxCount(end - begin))};
+  };
+  std::vector<float> m32, v32;
+  size_t run = 0;
+  for (int64_t block = 0; block < n;) {
+    const int64_t block_end = std::min(n, block + kB);
+    while (runs[run].end <= block) ++run;
+    if (runs[run].end >= block_end) {
+      // Whole blocks of this run, up to the last one it covers entirely (or the buffer's end).
+      const int64_t end = runs[run].end == n ? n : runs[run].end / kB * kB;
+      const size_t len = static_cast<size_t>(end - block);
+      STRATA_RETURN_IF_ERROR(AdamW8bitUpdate(
+          runs[run].decayed ? c : undecayed, step, master.subspan(block, len), sub(m, block, end),
+          sub(v, block, end), GradAt(grad, block), CopyOutAt(copy_out, block)));
+      block = end;
+      continue;
+    }
+    const size_t len = static_cast<size_t>(block_end - block);
+    m32.resize(len);
+    v32.resize(len);
+    STRATA_RETURN_IF_ERROR(DequantizeBlockwise(sub(m, block, block_end), true, m32));
+    STRATA_RETURN_IF_ERROR(DequantizeBlockwise(sub(v, block, block_end), false, v32));
+    for (size_t r = run; r < runs.size() && runs[r].begin < block_end; ++r) {
+      const int64_t begin = std::max(runs[r].begin, block), end = std::min(runs[r].end, block_end);
+      const auto at = static_cast<size_t>(begin - block), count = static_cast<size_t>(end - begin);
+      STRATA_RETURN_IF_ERROR(
+          AdamWUpdate(runs[r].decayed ? c : undecayed, step, master.subspan(begin, count),
+                      std::span(m32).subspan(at, count), std::span(v32).subspan(at, count),
+                      GradAt(grad, begin), CopyOutAt(copy_out, begin)));
+    }
+    STRATA_RETURN_IF_ERROR(QuantizeBlockwise(m32, true, sub(m, block, block_end)));
+    STRATA_RETURN_IF_ERROR(QuantizeBlockwise(v32, false, sub(v, block, block_end)));
+    block = block_end;
+  }
+  return Status::Ok();
+}
+
 }  // namespace
+
+AnyOptimizer WithoutWeightDecay(const AnyOptimizer& optimizer) {
+  AnyOptimizer o = optimizer;
+  std::visit([](auto& c) { c.weight_decay = 0.0f; }, o.config);
+  return o;
+}
 
 std::vector<StateSpec> StateLayout(const AnyOptimizer& o,
                                    std::span<const std::vector<int64_t>> shapes) {
@@ -269,7 +420,8 @@ void InitializeState(const StateSpec& spec, std::span<std::byte> bytes) {
 
 Status UpdateState(const AnyOptimizer& o, const OptimStep& step,
                    std::span<const std::vector<int64_t>> shapes, std::span<float> master,
-                   std::span<const std::span<std::byte>> state, GradView grad, CopyOut copy_out) {
+                   std::span<const std::span<std::byte>> state, GradView grad, CopyOut copy_out,
+                   std::span<const ElemRange> no_decay) {
   if (!ConfigMatchesKind(o)) return Validate(o);
   if (TotalElems(shapes) != static_cast<int64_t>(master.size())) {
     return InvalidArgumentError(std::string(OptimizerKindName(o.kind)) +
@@ -293,6 +445,7 @@ Status UpdateState(const AnyOptimizer& o, const OptimStep& step,
           " bytes (fp32 sections 4-byte aligned); got " + std::to_string(state[i].size()));
     }
   }
+  STRATA_RETURN_IF_ERROR(CheckNoDecayRanges(o, no_decay, static_cast<int64_t>(master.size())));
   std::vector<std::span<float>> f32;
   for (const auto& s : state) {
     f32.emplace_back(reinterpret_cast<float*>(s.data()), s.size() / sizeof(float));
@@ -301,14 +454,20 @@ Status UpdateState(const AnyOptimizer& o, const OptimStep& step,
     auto codes = [&](size_t i) {
       return std::span<uint8_t>(reinterpret_cast<uint8_t*>(state[i].data()), state[i].size());
     };
-    return AdamW8bitUpdate(o.adamw(), step, master, QuantizedState{codes(0), f32[1]},
-                           QuantizedState{codes(2), f32[3]}, grad, copy_out);
+    const QuantizedState m{codes(0), f32[1]}, v{codes(2), f32[3]};
+    if (no_decay.empty()) return AdamW8bitUpdate(o.adamw(), step, master, m, v, grad, copy_out);
+    return AdamW8bitUpdateRuns(o.adamw(), step, master, m, v, grad, copy_out, no_decay);
   }
   if (o.kind == OptimizerKind::kAdafactor) {
+    std::vector<bool> decayed;
+    if (!no_decay.empty()) {
+      STRATA_ASSIGN_OR_RETURN(decayed, TensorsDecayed(o, shapes, no_decay));
+    }
     return AdafactorUpdateTensors(std::get<AdafactorConfig>(o.config), step, shapes, master, f32,
-                                  grad, copy_out);
+                                  grad, copy_out, decayed);
   }
-  return Update(o, step, master, f32, grad, copy_out);
+  if (no_decay.empty()) return Update(o, step, master, f32, grad, copy_out);
+  return UpdateRuns(o, step, master, f32, grad, copy_out, no_decay);
 }
 
 float LearningRate(const AnyOptimizer& o) {

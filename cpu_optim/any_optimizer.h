@@ -121,14 +121,36 @@ std::vector<StateSpec> StateLayout(const AnyOptimizer& optimizer,
 // kF32; the caller owns them). Thread-safe for distinct buffers.
 void InitializeState(const StateSpec& spec, std::span<std::byte> bytes);
 
+// Elements [begin, end) of a buffer (element counts, not bytes).
+struct ElemRange {
+  int64_t begin = 0;
+  int64_t end = 0;
+  friend bool operator==(const ElemRange&, const ElemRange&) = default;
+};
+
 // One step over the buffer `master` made of the tensors of `shapes`: state holds one byte span
 // per section of StateLayout(optimizer, shapes), in that order, each of its size, fp32 sections
 // 4-byte aligned (kInvalidArgument otherwise, naming the section; kU8 codes need no alignment).
 // Numerics, threading and errors are the kind's XxxUpdate's (optimizer.h).
+//
+// Weight decay groups: the elements of `no_decay` (ranges sorted, disjoint, non-empty, within
+// the buffer; kInvalidArgument otherwise) are stepped with weight_decay 0, as torch.optim steps a
+// second parameter group that differs only in weight_decay=0 (transformers' Trainer puts biases
+// and norm weights there: get_decay_parameter_names). The result equals, element by element and
+// bit for bit, this call without ranges for the other elements and this call with weight_decay 0
+// for those of the ranges; AdamW8bit's moments stay quantized per block of the whole buffer (a
+// block that straddles a range's edge is quantized once, from both groups' new moments, through
+// 16 KiB of fp32 scratch the call allocates); each
+// range must cover whole tensors of `shapes` for Adafactor, whose step is per tensor. The
+// arguments are checked for the whole buffer before anything is written.
 Status UpdateState(const AnyOptimizer& optimizer, const OptimStep& step,
                    std::span<const std::vector<int64_t>> shapes, std::span<float> master,
                    std::span<const std::span<std::byte>> state, GradView grad,
-                   CopyOut copy_out = {});
+                   CopyOut copy_out = {}, std::span<const ElemRange> no_decay = {});
+
+// `optimizer` with weight_decay 0 (every kind has the hyper-parameter): the config that steps a
+// no-decay group. Pure.
+AnyOptimizer WithoutWeightDecay(const AnyOptimizer& optimizer);
 
 // The learning rate of any kind's config, and setting it (the caller serializes writes).
 float LearningRate(const AnyOptimizer& optimizer);

@@ -137,6 +137,17 @@ Status CheckUpdate(const co::AnyOptimizer& optimizer, const co::OptimStep& step,
     ranges.push_back(
         {b.working.data, static_cast<size_t>(n) * ElemBytes(b.working_dtype), "working"});
   }
+  int64_t at = 0;
+  for (size_t i = 0; i < b.no_decay.size(); ++i) {
+    const co::ElemRange& r = b.no_decay[i];
+    if (r.begin < at || r.end <= r.begin || r.end > n) {
+      return InvalidArgumentError(fmt::format(
+          "{}: no-decay range {} [{}, {}) must be non-empty, after the one before it and within "
+          "the {} elements",
+          kFn, i, r.begin, r.end, n));
+    }
+    at = r.end;
+  }
   return CheckNoOverlap(kFn, ranges);
 }
 
@@ -145,8 +156,9 @@ std::string NoCudaBackend(const char* fn) {
 }
 
 #if defined(STRATA_HAVE_CUDA)
-Status LaunchCudaUpdate(gpu::Stream& stream, const co::AnyOptimizer& o, const co::OptimStep& step,
-                        const DeviceUpdateBuffers& b) {
+// One kernel over all of b's elements with one config (b.no_decay is not read).
+Status LaunchCudaUpdateRun(gpu::Stream& stream, const co::AnyOptimizer& o,
+                           const co::OptimStep& step, const DeviceUpdateBuffers& b) {
   const cudaStream_t cs = gpu::NativeStream(stream);
   const int64_t n = b.num_elems;
   float* master = b.master.as<float>();
@@ -179,6 +191,38 @@ Status LaunchCudaUpdate(gpu::Stream& stream, const co::AnyOptimizer& o, const co
   }
   return CheckDeviceOptimizer(o);
 }
+
+// One launch per run of elements of one weight decay group (the buffers' pointers moved to the
+// run's first element; the launcher takes the four-element path where they stay aligned).
+Status LaunchCudaUpdate(gpu::Stream& stream, const co::AnyOptimizer& o, const co::OptimStep& step,
+                        const DeviceUpdateBuffers& b) {
+  if (b.no_decay.empty()) return LaunchCudaUpdateRun(stream, o, step, b);
+  const co::AnyOptimizer undecayed = co::WithoutWeightDecay(o);
+  auto launch = [&](int64_t begin, int64_t end, bool decayed) {
+    DeviceUpdateBuffers run;
+    run.num_elems = end - begin;
+    auto part = [&](const gpu::DeviceSpan& span, size_t elem_bytes) {
+      if (span.data == nullptr) return span;
+      return gpu::DeviceSpan{span.data + static_cast<size_t>(begin) * elem_bytes,
+                             static_cast<size_t>(end - begin) * elem_bytes};
+    };
+    run.master = part(b.master, 4);
+    for (const gpu::DeviceSpan& st : b.state) run.state.push_back(part(st, 4));
+    run.grad = part(b.grad, ElemBytes(b.grad_dtype));
+    run.grad_dtype = b.grad_dtype;
+    run.working = part(b.working, ElemBytes(b.working_dtype));
+    run.working_dtype = b.working_dtype;
+    return LaunchCudaUpdateRun(stream, decayed ? o : undecayed, step, run);
+  };
+  int64_t at = 0;
+  for (const co::ElemRange& r : b.no_decay) {
+    if (r.begin > at) STRATA_RETURN_IF_ERROR(launch(at, r.begin, true));
+    STRATA_RETURN_IF_ERROR(launch(r.begin, r.end, false));
+    at = r.end;
+  }
+  if (at < b.num_elems) STRATA_RETURN_IF_ERROR(launch(at, b.num_elems, true));
+  return Status::Ok();
+}
 #endif
 
 }  // namespace
@@ -200,13 +244,14 @@ Status EnqueueDeviceUpdate(gpu::Stream& stream, const co::AnyOptimizer& optimize
   for (const gpu::DeviceSpan& s : buffers.state) state.emplace_back(s.data, n * 4);
   co::CopyOut copy_out;
   if (buffers.working.data != nullptr) copy_out = {buffers.working.data, buffers.working_dtype};
-  return stream.LaunchHost(
-      [optimizer, step, master = buffers.master.as<float>(), n, state = std::move(state),
-       grad = co::GradView{buffers.grad.data, buffers.grad_dtype}, copy_out]() {
-        const std::vector<int64_t> shape = {static_cast<int64_t>(n)};
-        return co::UpdateState(optimizer, step, std::span(&shape, 1), std::span(master, n), state,
-                               grad, copy_out);
-      });
+  return stream.LaunchHost([optimizer, step, master = buffers.master.as<float>(), n,
+                            state = std::move(state),
+                            grad = co::GradView{buffers.grad.data, buffers.grad_dtype}, copy_out,
+                            no_decay = buffers.no_decay]() {
+    const std::vector<int64_t> shape = {static_cast<int64_t>(n)};
+    return co::UpdateState(optimizer, step, std::span(&shape, 1), std::span(master, n), state, grad,
+                           copy_out, no_decay);
+  });
 }
 
 Status EnqueueDeviceGradStats(gpu::Stream& stream, gpu::DeviceSpan grad, DType dtype,

@@ -67,10 +67,15 @@ struct DeviceUpdateBuffers {
   // nearest even as base/dtype.h. An empty span (data == nullptr) means no copy-out.
   gpu::DeviceSpan working;
   DType working_dtype = DType::kBF16;
+  // Weight decay groups: elements stepped with weight_decay 0, as cpu_optim::UpdateState's
+  // no_decay (sorted, disjoint, non-empty, within num_elems; kInvalidArgument otherwise). The
+  // CUDA backend launches one kernel per run of elements of one group.
+  std::vector<cpu_optim::ElemRange> no_decay;
 };
 
 // Enqueues one optimizer step over buffers.num_elems elements on `stream`; the result equals
-// cpu_optim::UpdateState(optimizer, step, {{num_elems}}, master, state, grad, working) bit for bit.
+// cpu_optim::UpdateState(optimizer, step, {{num_elems}}, master, state, grad, working,
+// buffers.no_decay) bit for bit.
 // Gradients are read as float(grad) * step.grad_scale (then negated with maximize). The caller
 // checks the gradient statistics first and skips the step on a non-finite gradient. The work is
 // complete when the stream's work enqueued so far is. num_elems == 0 enqueues nothing.

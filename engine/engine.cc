@@ -98,6 +98,7 @@ Status Engine::Impl::CreateStateStore() {
   so.optimizer = &o_.optimizer;
   so.inference_only = o_.inference_only;
   so.data_parallel = dp();
+  so.decay_norms_and_biases = o_.decay_norms_and_biases;
   so.io = o_.io;
   so.nvme_paths = o_.placement.nvme_paths;
   so.io_backend_factory = o_.test_hooks.io_backend_factory;

@@ -99,6 +99,11 @@ struct EngineOptions {
   // The CPU optimizer and its hyper-parameters (cpu_optim/any_optimizer.h): AdamW by default;
   // every kind there, with its state laid out per block as engine/plan/optimizer_state.h says.
   cpu_optim::AnyOptimizer optimizer;
+  // Weight decay groups: false (the default) steps the elements the model names in
+  // Model::block_no_decay_ranges (the decoder families' biases and norm weights) with
+  // weight_decay 0, as transformers' Trainer does; true decays every trained element, as one
+  // torch.optim parameter group over model.parameters() does.
+  bool decay_norms_and_biases = false;
   float grad_clip_norm = 1.0f;    // clip by global L2 norm; 0 = off
   LossScalerOptions loss_scaler;  // used when precision is fp16
   PlacementOptions placement;     // budgets, homes, NVMe paths

@@ -343,6 +343,8 @@ Status StateStore::EnqueueDeviceUpdate(int b, gpu::Stream& stream, gpu::DeviceSp
       device_working_[b].subspan(static_cast<size_t>(plan_.blocks[b].partition.offset_elems) * w_,
                                  static_cast<size_t>(own(b)) * w_);
   u.working_dtype = o_.precision;
+  const std::span<const cpu_optim::ElemRange> no_decay = NoDecay(b);
+  u.no_decay.assign(no_decay.begin(), no_decay.end());
   return engine::EnqueueDeviceUpdate(stream, BlockOptimizer(round_.optimizer, st), round_.step, u);
 }
 
@@ -353,6 +355,11 @@ std::array<std::span<std::byte>, 2> StateStore::SpeculatedBytes(int b, int buffe
     parts[1] = home_[b].span().bytes().subspan(0, static_cast<size_t>(own(b)) * w_);
   }
   return parts;
+}
+
+std::span<const cpu_optim::ElemRange> StateStore::NoDecay(int b) const {
+  if (o_.decay_norms_and_biases) return {};
+  return state_[b].no_decay;
 }
 
 uint64_t StateStore::SpeculationBackupBytes(int b) const {
@@ -434,10 +441,10 @@ Status StateStore::UpdateBlock(int b, int i) {
   std::vector<std::span<std::byte>> sections;
   for (size_t k = 0; k < state_[b].sections.size(); ++k) sections.push_back(Section(b, i, k));
   const RoundParams& round = block_round_[b];
-  return cpu_optim::UpdateState(BlockOptimizer(round.optimizer, state_[b]), round.step,
-                                state_[b].shapes, std::span<float>(Master(b, i), own(b)), sections,
-                                o_.gradient(b),
-                                cpu_optim::CopyOut{WorkingHome(b, i).data, o_.precision});
+  return cpu_optim::UpdateState(
+      BlockOptimizer(round.optimizer, state_[b]), round.step, state_[b].shapes,
+      std::span<float>(Master(b, i), own(b)), sections, o_.gradient(b),
+      cpu_optim::CopyOut{WorkingHome(b, i).data, o_.precision}, NoDecay(b));
 }
 
 Status StateStore::WriteBack(int b, int i) {

@@ -78,6 +78,9 @@ struct StateStoreOptions {
   const cpu_optim::AnyOptimizer* optimizer = nullptr;  // the run's (layouts only); not owned
   bool inference_only = false;                         // working homes only: no state, no update
   bool data_parallel = false;  // zero the homes' padding past a partition's end
+  // EngineOptions::decay_norms_and_biases: false steps each block's BlockState::no_decay
+  // elements with weight_decay 0 (cpu_optim::UpdateState's weight decay groups).
+  bool decay_norms_and_biases = false;
   io::IoBackendOptions io;
   std::vector<std::string> nvme_paths;
   // EngineTestHooks::io_backend_factory: when set, makes the swap store's I/O backend.
@@ -176,6 +179,9 @@ class StateStore {
   // What a speculative update of block b overwrites in memory: its state region when in host
   // memory, and its working params when their home is a pinned buffer.
   uint64_t SpeculationBackupBytes(int b) const;
+  // The elements of block b's state buffer its update steps with weight_decay 0: the block's
+  // BlockState::no_decay, or none with StateStoreOptions::decay_norms_and_biases.
+  std::span<const cpu_optim::ElemRange> NoDecay(int b) const;
   // Those bytes of block b, in backup order: its state region (in pipeline buffer `buffer`), or
   // empty on NVMe, then its working params in their pinned home, or empty for an NVMe home.
   std::array<std::span<std::byte>, 2> SpeculatedBytes(int b, int buffer);

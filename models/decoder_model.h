@@ -140,6 +140,9 @@ class DecoderModel : public engine::Model {
   std::string block_name(int block) const override;
   int64_t block_num_params(int block) const override;
   std::vector<std::vector<int64_t>> block_tensor_shapes(int block) const override;
+  // The block's one-dimensional tensors: its biases and norm weights (transformers' Trainer's
+  // no-decay group for every family here). None for LoRA's adapters (all matrices).
+  std::vector<cpu_optim::ElemRange> block_no_decay_ranges(int block) const override;
   int64_t activation_elems(engine::MicroBatchShape s) const override;
   int64_t logits_elems(engine::MicroBatchShape s) const override;
   int vocab_size() const override { return family_.vocab_size(); }

@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <functional>
+#include <numeric>
 
 #include "base/dtype.h"
 #include "cpu_optim/grad_stats.h"
@@ -205,6 +207,25 @@ std::vector<std::vector<int64_t>> DecoderModel<Family>::block_tensor_shapes(int 
     shapes.push_back({s.module.out, lora_->rank});  // lora_B (out, r)
   }
   return shapes;
+}
+
+template <typename Family>
+std::vector<cpu_optim::ElemRange> DecoderModel<Family>::block_no_decay_ranges(int block) const {
+  std::vector<cpu_optim::ElemRange> ranges;
+  if (base_frozen_) return ranges;
+  int64_t offset = 0;
+  for (const std::vector<int64_t>& shape : family_.TensorShapes(kind(block), block - 1)) {
+    const int64_t n = std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<>());
+    if (shape.size() == 1 && n > 0) {
+      if (!ranges.empty() && ranges.back().end == offset) {
+        ranges.back().end += n;  // adjacent: one range
+      } else {
+        ranges.push_back({offset, offset + n});
+      }
+    }
+    offset += n;
+  }
+  return ranges;
 }
 
 template <typename Family>

@@ -172,8 +172,12 @@ void AddOptimizerFlags(CLI::App& cmd, TrainFlags& f) {
       ->check(CLI::IsMember({"log", "linear"}));
   cmd.add_option("--weight-decay", f.weight_decay,
                  "Weight decay (decoupled for adamw, adamw8bit, lion, adafactor; L2 for adam, "
-                 "sgd, adagrad)")
+                 "sgd, adagrad), on every trained matrix; biases and norm weights take none, as "
+                 "transformers' Trainer does")
       ->capture_default_str();
+  cmd.add_flag("--decay-norms-and-biases", f.decay_norms_and_biases,
+               "Apply --weight-decay to the biases and norm weights too (one parameter group, as "
+               "a torch optimizer over model.parameters())");
   cmd.add_option("--grad-clip", f.grad_clip, "Clip the global gradient norm to this; 0 = off")
       ->capture_default_str();
 }
@@ -397,16 +401,33 @@ namespace {
 std::string RankConfiguration(const TrainFlags& f) {
   return fmt::format(
       "model={} model_dir={} data={} val={} tokenizer={} precision={} mb={} seq={} accum={} "
-      "global={} optimizer={} lr={} wd={} b1={} b2={} eps={} clip={} steps={} seed={} "
+      "global={} optimizer={} lr={} wd={} wd_all={} b1={} b2={} eps={} clip={} steps={} seed={} "
       "schedule={} warmup={} params={} optim_home={} fp16={}/{}/{}/{} eval={} save={} resume={} "
       "order={}",
       f.model, f.model_dir, fmt::join(f.data, ","), fmt::join(f.val_data, ","), f.tokenizer,
       f.precision, f.micro_batch_size, f.seq_len, f.grad_accum_steps, f.global_batch_size,
-      f.optimizer, f.lr, f.weight_decay, f.adam_beta1.value_or(-1), f.adam_beta2.value_or(-1),
-      f.adam_eps.value_or(-1), f.grad_clip, f.steps, f.seed, f.lr_schedule, f.warmup_steps,
-      f.offload_params, f.offload_optimizer, f.fp16_initial_scale, f.fp16_scale_window,
-      f.fp16_hysteresis, f.fp16_min_scale, f.eval_every, f.checkpoint.save_dir, f.checkpoint.resume,
-      f.schedule);
+      f.optimizer, f.lr, f.weight_decay, f.decay_norms_and_biases, f.adam_beta1.value_or(-1),
+      f.adam_beta2.value_or(-1), f.adam_eps.value_or(-1), f.grad_clip, f.steps, f.seed,
+      f.lr_schedule, f.warmup_steps, f.offload_params, f.offload_optimizer, f.fp16_initial_scale,
+      f.fp16_scale_window, f.fp16_hysteresis, f.fp16_min_scale, f.eval_every, f.checkpoint.save_dir,
+      f.checkpoint.resume, f.schedule);
+}
+
+// The plan's "decay" line: which trained parameters --weight-decay applies to.
+std::string DescribeWeightDecay(const TrainFlags& f, const engine::Model& model) {
+  int64_t trained = 0, exempt = 0;
+  for (int b = 0; b < model.num_blocks(); ++b) {
+    trained += model.block_num_params(b);
+    for (const cpu_optim::ElemRange& r : model.block_no_decay_ranges(b)) exempt += r.end - r.begin;
+  }
+  if (f.decay_norms_and_biases || exempt == 0) {
+    return fmt::format("weight decay {:g} on every trained parameter ({}){}", f.weight_decay,
+                       trained, f.decay_norms_and_biases ? ", biases and norm weights too" : "");
+  }
+  return fmt::format(
+      "weight decay {:g} on {} parameters; none on the {} of biases and norm weights "
+      "(--decay-norms-and-biases decays them too)",
+      f.weight_decay, trained - exempt, exempt);
 }
 
 // The lines before the plan: the model, the config notes, the data and the device.
@@ -419,7 +440,7 @@ void PrintRunLines(const TrainOptions& o, const TrainInputs& in, const gpu::Devi
 
 // The plan, then the batch, the schedule and fp16's loss scaling: all known before the engine is
 // created.
-void PrintPlan(const TrainOptions& o, const engine::Plan& plan) {
+void PrintPlan(const TrainOptions& o, const engine::Plan& plan, const engine::Model& model) {
   const TrainFlags& f = o.flags;
   const int ranks = o.ranks.ranks;
   std::printf("%s", InFlagTerms(plan.Describe()).c_str());
@@ -434,6 +455,7 @@ void PrintPlan(const TrainOptions& o, const engine::Plan& plan) {
                 : "",
       f.grad_clip > 0 ? fmt::format("at norm {:g}", f.grad_clip).c_str() : "off");
   std::printf("  lr       %s\n", DescribeLrSchedule(o.schedule).c_str());
+  if (f.weight_decay > 0) std::printf("  decay    %s\n", DescribeWeightDecay(f, model).c_str());
   if (o.engine.precision == DType::kF16) {
     std::printf(
         "  fp16     %s\n",
@@ -721,7 +743,7 @@ Status RunTrainRanks(const TrainFlags& flags, comm::Communicator* world) {
   o.engine.trace = &recorder;
   STRATA_ASSIGN_OR_RETURN(TrainDevice device, CreateTrainDevice(world, &recorder, &o));
   PrintRunLines(o, in, *device.device);
-  PrintPlan(o, choice.plan);
+  PrintPlan(o, choice.plan, *in.model);
   std::printf("%s", InFlagTerms(choice.Reasons()).c_str());
   if (machine) PrintPrediction(choice);
   // The budget against the device's free memory, then the save directory, swap directories,

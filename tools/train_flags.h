@@ -57,6 +57,9 @@ struct TrainFlags {
   double warmup_min_ratio = 0;      // WarmupCosineLR
   double cos_min_ratio = 1e-4;      // WarmupCosineLR
   double weight_decay = 0.0;
+  // --decay-norms-and-biases: weight decay on the biases and norm weights too (one parameter
+  // group); off: they take none, as transformers' Trainer does.
+  bool decay_norms_and_biases = false;
   double momentum = 0.9;                  // sgd
   double adafactor_decay_rate = -0.8;     // adafactor: beta2_t = 1 - t^decay_rate
   double adafactor_clip_threshold = 1.0;  // adafactor: update clipping (RMS)

@@ -220,6 +220,7 @@ StatusOr<engine::EngineOptions> EngineOptionsFromFlags(const TrainFlags& f) {
   o.grad_accum_steps = f.grad_accum_steps;
   o.loss_scaler = LossScalerFromFlags(f);
   o.grad_clip_norm = static_cast<float>(f.grad_clip);
+  o.decay_norms_and_biases = f.decay_norms_and_biases;
   o.seed = f.seed;
   o.overlap = !f.no_overlap;
   // "auto": chosen with the plan (off until then).

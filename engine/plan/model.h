@@ -29,6 +29,7 @@
 
 #include "base/dtype.h"
 #include "base/status.h"
+#include "cpu_optim/any_optimizer.h"
 #include "gpu/device.h"
 
 namespace strata::engine {
@@ -167,6 +168,13 @@ class Model {
   virtual std::vector<std::vector<int64_t>> block_tensor_shapes(int block) const {
     return {{block_num_params(block)}};
   }
+  // Weight decay groups: the elements of a block's chunk that weight decay leaves alone, as
+  // sorted, disjoint, non-empty ranges that cover whole tensors of block_tensor_shapes. The
+  // decoder families name their biases and norm weights (every one-dimensional tensor), the
+  // parameters transformers' Trainer puts in its weight_decay=0 group (get_decay_parameter_names)
+  // and nanoGPT and llm.c leave undecayed. The engine steps them with weight_decay 0 unless
+  // EngineOptions::decay_norms_and_biases. The default: none (every element is decayed).
+  virtual std::vector<cpu_optim::ElemRange> block_no_decay_ranges(int block) const { return {}; }
   virtual int64_t activation_elems(MicroBatchShape shape) const = 0;  // (B, T, C)
   // (B, V): the head's Forward writes the logits of the last position (t = T - 1) of each
   // sequence, all generation needs; the (B, T, V) logits never exist (the head computes the
@@ -293,6 +301,9 @@ class ForwardingModel : public Model {
   int64_t block_num_params(int block) const override { return inner_->block_num_params(block); }
   std::vector<std::vector<int64_t>> block_tensor_shapes(int block) const override {
     return inner_->block_tensor_shapes(block);
+  }
+  std::vector<cpu_optim::ElemRange> block_no_decay_ranges(int block) const override {
+    return inner_->block_no_decay_ranges(block);
   }
   int64_t activation_elems(MicroBatchShape s) const override { return inner_->activation_elems(s); }
   int64_t logits_elems(MicroBatchShape s) const override { return inner_->logits_elems(s); }

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "base/units.h"
 #include "cpu_optim/kernels.h"
 #include "engine/plan/partition.h"
@@ -19,9 +21,18 @@ BlockState LayoutBlockState(const Model& model, int block, const cpu_optim::AnyO
                                            : cpu_optim::OptimizerKind::kAdam;
   }
   int64_t elems = model.block_num_params(block);
+  s.no_decay = model.block_no_decay_ranges(block);
   if (partition != nullptr && partition->part_elems != elems) {
     elems = partition->own_elems;
     s.shapes = {{elems}};
+    const int64_t begin = partition->offset_elems, end = begin + elems;
+    std::vector<cpu_optim::ElemRange> own;
+    for (const cpu_optim::ElemRange& r : s.no_decay) {
+      if (r.end > begin && r.begin < end) {
+        own.push_back({std::max(r.begin, begin) - begin, std::min(r.end, end) - begin});
+      }
+    }
+    s.no_decay = std::move(own);
   } else {
     s.shapes = model.block_tensor_shapes(block);
   }

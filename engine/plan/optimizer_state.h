@@ -34,6 +34,9 @@ struct BlockState {
   // the hyper-parameters are always the run's.
   cpu_optim::OptimizerKind kind = cpu_optim::OptimizerKind::kAdamW;
   std::vector<std::vector<int64_t>> shapes;  // Model::block_tensor_shapes
+  // Model::block_no_decay_ranges, in the elements of this state's buffer (with a partition:
+  // intersected with the rank's own elements and counted from their first).
+  std::vector<cpu_optim::ElemRange> no_decay;
   std::vector<cpu_optim::StateSpec> sections;
   std::vector<uint64_t> offsets;  // byte offset of each section in the region
   uint64_t master_bytes = 0;      // padded fp32 master weights (the region starts with them)

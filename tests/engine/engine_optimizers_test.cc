@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <filesystem>
 #include <numeric>
@@ -283,6 +284,52 @@ TEST_F(EngineOptimizersTest, ATiedChunkKeepsAnFp32AccumulatorAtOneMicroBatch) {
   EXPECT_EQ(grad16.plan.host_grad16_params, (*tied)->num_params() - embedding);
   o.test_hooks.fp32_host_grads = true;
   ExpectBitIdentical(grad16, TrainOn(*device_, **tied, o, 4));
+}
+
+// Weight decay groups: one step of every optimizer with a large weight decay leaves the GPT's
+// biases and LayerNorm parameters (GptModel::block_no_decay_ranges) exactly where the step
+// without weight decay puts them, and every other element where the step that decays all
+// (decay_norms_and_biases) puts it; in every optimizer home, the device's (the emulated
+// device update) for the kinds that run there. One step: all three runs see the same gradient.
+TEST_F(EngineOptimizersTest, WeightDecaySkipsTheBiasesAndNormWeights) {
+  int64_t exempt = 0;
+  for (int b = 0; b < model_->num_blocks(); ++b) {
+    for (const cpu_optim::ElemRange& r : model_->block_no_decay_ranges(b))
+      exempt += r.end - r.begin;
+  }
+  ASSERT_GT(exempt, 0);
+  for (AnyOptimizer optimizer : Optimizers()) {
+    std::visit([](auto& c) { c.weight_decay = 0.5f; }, optimizer.config);
+    const bool on_device = CheckDeviceOptimizer(optimizer).ok();
+    for (OptimizerHome home :
+         {OptimizerHome::kHost, OptimizerHome::kNvme, OptimizerHome::kDevice}) {
+      if (home == OptimizerHome::kDevice && !on_device) continue;
+      SCOPED_TRACE(fmt::format("{} {}", OptimizerFlagName(optimizer), OptimizerHomeName(home)));
+      const ParamHome params =
+          home == OptimizerHome::kDevice ? ParamHome::kDevice : ParamHome::kHost;
+      EngineOptions decay_all = Options(optimizer, params, home);
+      decay_all.decay_norms_and_biases = true;
+      const TrainRun all = TrainOn(*device_, *model_, decay_all, 1);
+      const TrainRun none = TrainOn(
+          *device_, *model_, Options(cpu_optim::WithoutWeightDecay(optimizer), params, home), 1);
+      const TrainRun groups = TrainOn(*device_, *model_, Options(optimizer, params, home), 1);
+      ASSERT_EQ(groups.master.size(), all.master.size());
+      int64_t decay_showed = 0;  // exempt elements that decay would have moved
+      for (size_t b = 0; b < groups.master.size(); ++b) {
+        const auto ranges = model_->block_no_decay_ranges(static_cast<int>(b));
+        for (size_t i = 0; i < groups.master[b].size(); ++i) {
+          bool exempt_elem = false;
+          for (const auto& r : ranges)
+            exempt_elem |= static_cast<int64_t>(i) >= r.begin && static_cast<int64_t>(i) < r.end;
+          const float want = exempt_elem ? none.master[b][i] : all.master[b][i];
+          ASSERT_EQ(std::bit_cast<uint32_t>(groups.master[b][i]), std::bit_cast<uint32_t>(want))
+              << "block " << b << " element " << i << (exempt_elem ? " (exempt)" : "");
+          decay_showed += exempt_elem && all.master[b][i] != none.master[b][i];
+        }
+      }
+      EXPECT_GT(decay_showed, 0);  // the LayerNorm weights (the biases start at 0)
+    }
+  }
 }
 
 }  // namespace

@@ -9,8 +9,10 @@
 //     weight source.
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <cstring>
 #include <memory>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -408,6 +410,44 @@ TEST(LlamaModel, RandomInitParamsAreTheKernelInitsPerBlock) {
     }
     EXPECT_EQ(got, want) << b;
   }
+}
+
+// transformers' Trainer leaves out of weight decay every parameter of an nn.LayerNorm and every
+// parameter whose name matches one of get_decay_parameter_names' forbidden patterns
+// (trainer_pt_utils.py / trainer.py: "bias", "layernorm", "rmsnorm", "(?:^|\.)norm(?:$|\.)",
+// "_norm(?:$|\.)", on the lower-cased name). The families' own no-decay ranges must be exactly
+// those tensors, for every family's Hugging Face names.
+TEST(LlamaModel, NoDecayRangesAreTheTensorsTransformersLeavesUndecayed) {
+  const std::regex forbidden("bias|layernorm|rmsnorm|(?:^|\\.)norm(?:$|\\.)|_norm(?:$|\\.)");
+  for (const char* preset : {"llama-tiny", "mistral-7b", "qwen2.5-0.5b", "qwen3-0.6b", "phi4",
+                             "gemma2-2b", "gemma3-1b"}) {
+    SCOPED_TRACE(preset);
+    const LlamaConfig c = *LlamaPreset(preset);
+    const auto model = MakeModel(c);
+    int64_t exempt = 0;
+    for (int b = 0; b < model->num_blocks(); ++b) {
+      std::vector<cpu_optim::ElemRange> want;
+      for (const LlamaTensor& t : llama_test::BlockTensors(c, b)) {
+        std::string name = t.name;
+        for (char& ch : name) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+        if (!std::regex_search(name, forbidden)) continue;
+        if (!want.empty() && want.back().end == t.offset) {
+          want.back().end += t.num_elems;
+        } else {
+          want.push_back({t.offset, t.offset + t.num_elems});
+        }
+        exempt += t.num_elems;
+      }
+      EXPECT_EQ(model->block_no_decay_ranges(b), want) << "block " << b;
+    }
+    // Every layer has at least its norms; Qwen2's q/k/v biases and Qwen3's q/k norms are in.
+    EXPECT_GE(exempt, int64_t{2} * c.num_layers * c.hidden_size);
+  }
+  // LoRA's adapters are all decayed matrices; the frozen base has no state.
+  LlamaConfig c = *LlamaPreset("llama-tiny");
+  auto lora = MakeModel(c);
+  ASSERT_TRUE(lora->EnableLora({.rank = 2, .alpha = 4, .targets = {"q_proj", "v_proj"}}).ok());
+  for (int b = 0; b < lora->num_blocks(); ++b) EXPECT_TRUE(lora->block_no_decay_ranges(b).empty());
 }
 
 }  // namespace
