@@ -238,39 +238,6 @@ CopyOut CopyOutAt(CopyOut out, int64_t offset) {
   return out;
 }
 
-Status CheckNoDecayRanges(const AnyOptimizer& o, std::span<const ElemRange> ranges, int64_t n) {
-  int64_t at = 0;
-  for (size_t i = 0; i < ranges.size(); ++i) {
-    const ElemRange& r = ranges[i];
-    if (r.begin < at || r.end <= r.begin || r.end > n) {
-      return InvalidArgumentError(
-          std::string(OptimizerKindName(o.kind)) + ": no-decay range " + std::to_string(i) + " [" +
-          std::to_string(r.begin) + ", " + std::to_string(r.end) +
-          ") must be non-empty, after the one before it and within the buffer of " +
-          std::to_string(n) + " elements");
-    }
-    at = r.end;
-  }
-  return Status::Ok();
-}
-
-// [0, n) cut into runs of consecutive elements that all take weight decay or all do not.
-struct DecayRun {
-  int64_t begin = 0, end = 0;
-  bool decayed = true;
-};
-std::vector<DecayRun> DecayRuns(std::span<const ElemRange> no_decay, int64_t n) {
-  std::vector<DecayRun> runs;
-  int64_t at = 0;
-  for (const ElemRange& r : no_decay) {
-    if (r.begin > at) runs.push_back({at, r.begin, true});
-    runs.push_back({r.begin, r.end, false});
-    at = r.end;
-  }
-  if (at < n) runs.push_back({at, n, true});
-  return runs;
-}
-
 // Whether each tensor of `shapes` takes weight decay; kInvalidArgument when a range cuts one.
 StatusOr<std::vector<bool>> TensorsDecayed(const AnyOptimizer& o,
                                            std::span<const std::vector<int64_t>> shapes,
@@ -372,6 +339,34 @@ Status AdamW8bitUpdateRuns(const AdamWConfig& c, const OptimStep& step, std::spa
 
 }  // namespace
 
+Status CheckNoDecayRanges(std::string_view who, std::span<const ElemRange> no_decay,
+                          int64_t num_elems) {
+  int64_t at = 0;
+  for (size_t i = 0; i < no_decay.size(); ++i) {
+    const ElemRange& r = no_decay[i];
+    if (r.begin < at || r.end <= r.begin || r.end > num_elems) {
+      return InvalidArgumentError(std::string(who) + ": no-decay range " + std::to_string(i) +
+                                  " [" + std::to_string(r.begin) + ", " + std::to_string(r.end) +
+                                  ") must be non-empty, after the one before it and within the " +
+                                  std::to_string(num_elems) + " elements");
+    }
+    at = r.end;
+  }
+  return Status::Ok();
+}
+
+std::vector<DecayRun> DecayRuns(std::span<const ElemRange> no_decay, int64_t num_elems) {
+  std::vector<DecayRun> runs;
+  int64_t at = 0;
+  for (const ElemRange& r : no_decay) {
+    if (r.begin > at) runs.push_back({at, r.begin, true});
+    runs.push_back({r.begin, r.end, false});
+    at = r.end;
+  }
+  if (at < num_elems) runs.push_back({at, num_elems, true});
+  return runs;
+}
+
 AnyOptimizer WithoutWeightDecay(const AnyOptimizer& optimizer) {
   AnyOptimizer o = optimizer;
   std::visit([](auto& c) { c.weight_decay = 0.0f; }, o.config);
@@ -445,7 +440,8 @@ Status UpdateState(const AnyOptimizer& o, const OptimStep& step,
           " bytes (fp32 sections 4-byte aligned); got " + std::to_string(state[i].size()));
     }
   }
-  STRATA_RETURN_IF_ERROR(CheckNoDecayRanges(o, no_decay, static_cast<int64_t>(master.size())));
+  STRATA_RETURN_IF_ERROR(
+      CheckNoDecayRanges(OptimizerKindName(o.kind), no_decay, static_cast<int64_t>(master.size())));
   std::vector<std::span<float>> f32;
   for (const auto& s : state) {
     f32.emplace_back(reinterpret_cast<float*>(s.data()), s.size() / sizeof(float));

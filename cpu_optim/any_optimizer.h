@@ -148,6 +148,19 @@ Status UpdateState(const AnyOptimizer& optimizer, const OptimStep& step,
                    std::span<const std::span<std::byte>> state, GradView grad,
                    CopyOut copy_out = {}, std::span<const ElemRange> no_decay = {});
 
+// OK when `no_decay` is sorted, disjoint, non-empty ranges within [0, num_elems); otherwise
+// kInvalidArgument prefixed with `who`, naming the first bad range. Pure; thread-safe.
+Status CheckNoDecayRanges(std::string_view who, std::span<const ElemRange> no_decay,
+                          int64_t num_elems);
+
+// [0, num_elems) cut at the edges of `no_decay` (checked ranges) into runs of consecutive
+// elements of one group, in order. Pure; thread-safe.
+struct DecayRun {
+  int64_t begin = 0, end = 0;
+  bool decayed = true;  // false: a no-decay range
+};
+std::vector<DecayRun> DecayRuns(std::span<const ElemRange> no_decay, int64_t num_elems);
+
 // `optimizer` with weight_decay 0 (every kind has the hyper-parameter): the config that steps a
 // no-decay group. Pure.
 AnyOptimizer WithoutWeightDecay(const AnyOptimizer& optimizer);

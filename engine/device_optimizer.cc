@@ -137,17 +137,7 @@ Status CheckUpdate(const co::AnyOptimizer& optimizer, const co::OptimStep& step,
     ranges.push_back(
         {b.working.data, static_cast<size_t>(n) * ElemBytes(b.working_dtype), "working"});
   }
-  int64_t at = 0;
-  for (size_t i = 0; i < b.no_decay.size(); ++i) {
-    const co::ElemRange& r = b.no_decay[i];
-    if (r.begin < at || r.end <= r.begin || r.end > n) {
-      return InvalidArgumentError(fmt::format(
-          "{}: no-decay range {} [{}, {}) must be non-empty, after the one before it and within "
-          "the {} elements",
-          kFn, i, r.begin, r.end, n));
-    }
-    at = r.end;
-  }
+  STRATA_RETURN_IF_ERROR(co::CheckNoDecayRanges(kFn, b.no_decay, n));
   return CheckNoOverlap(kFn, ranges);
 }
 
@@ -214,13 +204,9 @@ Status LaunchCudaUpdate(gpu::Stream& stream, const co::AnyOptimizer& o, const co
     run.working_dtype = b.working_dtype;
     return LaunchCudaUpdateRun(stream, decayed ? o : undecayed, step, run);
   };
-  int64_t at = 0;
-  for (const co::ElemRange& r : b.no_decay) {
-    if (r.begin > at) STRATA_RETURN_IF_ERROR(launch(at, r.begin, true));
-    STRATA_RETURN_IF_ERROR(launch(r.begin, r.end, false));
-    at = r.end;
+  for (const co::DecayRun& r : co::DecayRuns(b.no_decay, b.num_elems)) {
+    STRATA_RETURN_IF_ERROR(launch(r.begin, r.end, r.decayed));
   }
-  if (at < b.num_elems) STRATA_RETURN_IF_ERROR(launch(at, b.num_elems, true));
   return Status::Ok();
 }
 #endif
