@@ -57,10 +57,11 @@ StatusOr<TokenDataset> OpenTokens(const std::vector<std::string>& paths, const T
           "{} text files given ('{}', ...): tokenized text is one file", paths.size(), paths[0]));
     }
     bool reused = false;
+    std::string note;
     STRATA_ASSIGN_OR_RETURN(std::string cache,
-                            TokenizeTextFileCached(*tokenizer, paths[0], &reused));
-    *what = fmt::format("'{}' tokenized by '{}' (cache '{}', {})", paths[0], tokenizer->path(),
-                        cache, reused ? "reused" : "made now");
+                            TokenizeTextFileCached(*tokenizer, paths[0], &reused, &note));
+    *what = fmt::format("'{}' tokenized by '{}' (cache '{}', {}{}{})", paths[0], tokenizer->path(),
+                        cache, reused ? "reused" : "made now", note.empty() ? "" : " ", note);
     return TokenDataset::Open({cache}, vocab_size);
   }
   STRATA_ASSIGN_OR_RETURN(TokenDataset d, TokenDataset::Open(paths, vocab_size));

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cstdlib>
 #include <filesystem>
 #include <limits>
 
@@ -302,9 +303,12 @@ StatusOr<std::vector<int32_t>> TokenizeTextFile(const Tokenizer& tokenizer,
   return ids;
 }
 
-std::string TokenCachePath(const std::string& text_path, const Tokenizer& tokenizer) {
-  // The tokenizer file's bytes and what decides a document's special tokens (tokenizer_config.json
-  // for a tokenizer.json), little-endian fixed widths.
+namespace {
+
+// XXH3_64bits of what decides a text's tokens besides the text: the tokenizer file's bytes and a
+// document's special tokens (tokenizer_config.json for a tokenizer.json), little-endian fixed
+// widths.
+uint64_t TokenCacheKey(const Tokenizer& tokenizer) {
   std::array<std::byte, 18> key{};
   const uint64_t fingerprint = tokenizer.fingerprint();
   const int32_t bos = tokenizer.adds_bos() ? tokenizer.bos_id() : -1;
@@ -315,7 +319,33 @@ std::string TokenCachePath(const std::string& text_path, const Tokenizer& tokeni
     key[12 + i] = static_cast<std::byte>(static_cast<uint32_t>(eos) >> (8 * i));
   }
   key[16] = std::byte{1};  // the key's version
-  return fmt::format("{}.{:016x}.tokens", text_path, XXH3_64bits(key.data(), key.size()));
+  return XXH3_64bits(key.data(), key.size());
+}
+
+}  // namespace
+
+std::string TokenCachePath(const std::string& text_path, const Tokenizer& tokenizer) {
+  return fmt::format("{}.{:016x}.tokens", text_path, TokenCacheKey(tokenizer));
+}
+
+std::string UserTokenCacheDir() {
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  if (xdg != nullptr && xdg[0] == '/') return std::string(xdg) + "/strata/tokens";
+  const char* home = std::getenv("HOME");
+  if (home != nullptr && home[0] == '/') return std::string(home) + "/.cache/strata/tokens";
+  return "";
+}
+
+std::string UserTokenCachePath(const std::string& text_path, const Tokenizer& tokenizer) {
+  const std::string dir = UserTokenCacheDir();
+  if (dir.empty()) return "";
+  std::error_code ec;
+  std::filesystem::path absolute = std::filesystem::weakly_canonical(text_path, ec);
+  if (ec) absolute = std::filesystem::absolute(text_path, ec);
+  if (ec) absolute = text_path;
+  const std::string name = absolute.native();
+  return fmt::format("{}/{}.{:016x}.{:016x}.tokens", dir, absolute.filename().native(),
+                     XXH3_64bits(name.data(), name.size()), TokenCacheKey(tokenizer));
 }
 
 namespace {
@@ -333,25 +363,66 @@ bool Saw(const struct stat& cache, const struct stat& input) {
 
 }  // namespace
 
+namespace {
+
+// Whether `cache` holds `text_path`'s tokens as they are now (TokenizeTextFileCached's rule).
+bool IsFresh(const std::string& cache, const struct stat& text_st,
+             const struct stat& tokenizer_st) {
+  struct stat cache_st;
+  return ::stat(cache.c_str(), &cache_st) == 0 && Saw(cache_st, text_st) &&
+         Saw(cache_st, tokenizer_st) && TokenFileLooksWhole(cache);
+}
+
+}  // namespace
+
 StatusOr<std::string> TokenizeTextFileCached(const Tokenizer& tokenizer,
-                                             const std::string& text_path, bool* reused) {
+                                             const std::string& text_path, bool* reused,
+                                             std::string* user_cache_note) {
+  if (user_cache_note != nullptr) user_cache_note->clear();
   const std::string cache = TokenCachePath(text_path, tokenizer);
-  struct stat text_st, tokenizer_st, cache_st;
+  const std::string user_cache = UserTokenCachePath(text_path, tokenizer);
+  struct stat text_st, tokenizer_st;
   if (::stat(text_path.c_str(), &text_st) != 0) {
     return ErrnoToStatus(errno, fmt::format("cannot stat text file '{}'", text_path));
   }
   if (::stat(tokenizer.path().c_str(), &tokenizer_st) != 0) {
     return ErrnoToStatus(errno, fmt::format("cannot stat tokenizer file '{}'", tokenizer.path()));
   }
-  if (::stat(cache.c_str(), &cache_st) == 0 && Saw(cache_st, text_st) &&
-      Saw(cache_st, tokenizer_st) && TokenFileLooksWhole(cache)) {
-    if (reused != nullptr) *reused = true;
-    return cache;
+  for (const std::string* candidate : {&cache, &user_cache}) {
+    if (!candidate->empty() && IsFresh(*candidate, text_st, tokenizer_st)) {
+      if (reused != nullptr) *reused = true;
+      if (user_cache_note != nullptr && candidate == &user_cache) {
+        *user_cache_note = "in the user cache, made when the text's directory could not hold it";
+      }
+      return *candidate;
+    }
   }
   STRATA_ASSIGN_OR_RETURN(std::vector<int32_t> ids, TokenizeTextFile(tokenizer, text_path));
-  STRATA_RETURN_IF_ERROR(WriteTokenFile(cache, ids));
   if (reused != nullptr) *reused = false;
-  return cache;
+  const Status beside = WriteTokenFile(cache, ids);
+  if (beside.ok()) return cache;
+  // The text's directory may be read-only (a shared dataset mount): the user's cache directory
+  // holds it instead, named by the text's absolute path.
+  if (user_cache.empty()) {
+    return beside.WithContext(
+        "token cache (no user cache directory: neither XDG_CACHE_HOME nor "
+        "HOME is an absolute path)");
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(user_cache).parent_path(), ec);
+  if (ec) {
+    return beside.WithContext(
+        fmt::format("token cache (nor could the user cache directory '{}' "
+                    "be made: {})",
+                    std::filesystem::path(user_cache).parent_path().native(), ec.message()));
+  }
+  if (Status s = WriteTokenFile(user_cache, ids); !s.ok()) {
+    return beside.WithContext(fmt::format("token cache (nor in the user cache: {})", s.message()));
+  }
+  if (user_cache_note != nullptr) {
+    *user_cache_note = fmt::format("in the user cache: {}", beside.message());
+  }
+  return user_cache;
 }
 
 }  // namespace strata::data

@@ -160,13 +160,30 @@ StatusOr<std::vector<int32_t>> TokenizeTextFile(const Tokenizer& tokenizer,
 // add_eos_token names another cache.
 std::string TokenCachePath(const std::string& text_path, const Tokenizer& tokenizer);
 
-// The path of `text_path`'s token cache, made now unless it exists and was modified after the
-// text file and the tokenizer file were both modified and changed (their mtime and ctime: a text
-// replaced by a copy with an older mtime is seen) and its header describes its size (then it is
-// reused as is; its tokens are validated when opened; a truncated cache is made again). A made
-// cache is written crash-safely (WriteTokenFile). `*reused` (may be null) says which happened.
-// Errors: those of TokenizeTextFile and WriteTokenFile; the errno-mapped code of a stat.
+// The directory of token caches that cannot sit beside their text (a read-only dataset mount):
+// $XDG_CACHE_HOME/strata/tokens, else $HOME/.cache/strata/tokens (the XDG base directory
+// specification's default); "" when neither variable is an absolute path. Reads the
+// environment: not thread-safe against setenv.
+std::string UserTokenCacheDir();
+
+// "<UserTokenCacheDir()>/<text file name>.<16 hex>.<16 hex>.tokens": XXH3_64bits of the text's
+// absolute path (symlinks resolved where they exist), then TokenCachePath's key; "" when there is
+// no user cache directory.
+std::string UserTokenCachePath(const std::string& text_path, const Tokenizer& tokenizer);
+
+// The path of `text_path`'s token cache: TokenCachePath, else UserTokenCachePath. Either is reused
+// as is when it was modified after the text file and the tokenizer file were both modified and
+// changed (their mtime and ctime: a text replaced by a copy with an older mtime is seen) and its
+// header describes its size (its tokens are validated when opened; a truncated cache is made
+// again). Otherwise the cache is made now, crash-safely (WriteTokenFile), beside the text; when
+// that write fails (a read-only directory, no space there), in the user cache directory (made with
+// its parents). `*reused` (may be null) says whether a cache was reused; `*user_cache_note` (may
+// be null) is "" for a cache beside the text, else says why it is in the user cache (the error of
+// the write beside the text when made now). Errors: those of TokenizeTextFile; the errno-mapped
+// code of a stat; when neither place can be written, the write beside the text's, with the user
+// cache's failure in its context.
 StatusOr<std::string> TokenizeTextFileCached(const Tokenizer& tokenizer,
-                                             const std::string& text_path, bool* reused);
+                                             const std::string& text_path, bool* reused,
+                                             std::string* user_cache_note = nullptr);
 
 }  // namespace strata::data

@@ -7,6 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sentencepiece_trainer.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -15,6 +16,7 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "data/dataset.h"
@@ -81,6 +83,34 @@ void SetMtime(const fs::path& path, std::chrono::seconds from_now) {
   fs::last_write_time(path, fs::file_time_type::clock::now() + from_now);
 }
 
+// A cache is trusted only when dated after its inputs' ctime, in the file system's clock, whose
+// ticks may be coarse (4 ms): a cache written in an input's tick is made again. Returns once a
+// file written now is dated after every path's ctime, so that the test's next cache is.
+void WaitPastCtimes(const fs::path& dir, const std::vector<fs::path>& paths) {
+  struct timespec latest {};
+  for (const fs::path& p : paths) {
+    struct stat st;
+    ASSERT_EQ(::stat(p.c_str(), &st), 0) << p;
+    if (st.st_ctim.tv_sec > latest.tv_sec ||
+        (st.st_ctim.tv_sec == latest.tv_sec && st.st_ctim.tv_nsec > latest.tv_nsec)) {
+      latest = st.st_ctim;
+    }
+  }
+  const fs::path probe = dir / "clock.probe";
+  for (int tries = 0; tries < 2000; ++tries) {
+    WriteFile(probe, "x");
+    struct stat st;
+    ASSERT_EQ(::stat(probe.c_str(), &st), 0);
+    if (st.st_mtim.tv_sec > latest.tv_sec ||
+        (st.st_mtim.tv_sec == latest.tv_sec && st.st_mtim.tv_nsec > latest.tv_nsec)) {
+      fs::remove(probe);
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  FAIL() << "the file system's clock did not move past the inputs' ctime in 2 s";
+}
+
 class TokenizerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -88,6 +118,10 @@ class TokenizerTest : public ::testing::Test {
                         ("strata_tokenizer_" + std::to_string(::getpid())));
     fs::remove_all(*dir_);
     fs::create_directories(*dir_);
+    // The user token cache of these tests (never the real ~/.cache).
+    const char* xdg = std::getenv("XDG_CACHE_HOME");
+    saved_xdg_ = new std::string(xdg == nullptr ? "" : xdg);
+    ::setenv("XDG_CACHE_HOME", (*dir_ / "xdg-cache").c_str(), 1);
     const fs::path corpus = *dir_ / "corpus.txt";
     WriteFile(corpus, MakeText(1, 400));
     // Identity normalization and kept whitespace: decode(encode(x)) == x for text of the
@@ -102,6 +136,12 @@ class TokenizerTest : public ::testing::Test {
     model_path_ = new std::string((*dir_ / "tiny.model").string());
   }
   static void TearDownTestSuite() {
+    if (saved_xdg_->empty()) {
+      ::unsetenv("XDG_CACHE_HOME");
+    } else {
+      ::setenv("XDG_CACHE_HOME", saved_xdg_->c_str(), 1);
+    }
+    delete saved_xdg_;
     fs::remove_all(*dir_);
     delete dir_;
     delete model_path_;
@@ -124,6 +164,7 @@ class TokenizerTest : public ::testing::Test {
     WriteFile(path, MakeText(seed, words));
     SetMtime(path, std::chrono::seconds(-100));
     SetMtime(model_, std::chrono::seconds(-100));
+    WaitPastCtimes(work_, {path, model_});
     return path;
   }
 
@@ -144,6 +185,7 @@ class TokenizerTest : public ::testing::Test {
 
   static fs::path* dir_;
   static std::string* model_path_;
+  static std::string* saved_xdg_;
   static std::string* train_error_;
   fs::path work_;
   std::string model_;
@@ -151,6 +193,7 @@ class TokenizerTest : public ::testing::Test {
 
 fs::path* TokenizerTest::dir_ = nullptr;
 std::string* TokenizerTest::model_path_ = nullptr;
+std::string* TokenizerTest::saved_xdg_ = nullptr;
 std::string* TokenizerTest::train_error_ = nullptr;
 
 TEST_F(TokenizerTest, TheTrainedModelHasItsVocabularyAndSpecialIds) {
@@ -385,6 +428,112 @@ TEST_F(TokenizerTest, ACacheOlderThanTheTextOrTheTokenizerIsMadeAgain) {
   auto copied_ids = TokenizeTextFile(*t, text_path);
   ASSERT_TRUE(copied_ids.ok());
   EXPECT_EQ(ReadTokens(*copied, kVocab), *copied_ids);
+}
+
+// A text whose directory cannot hold the cache (a read-only dataset mount; here a directory
+// squats on the cache's name, which even root cannot replace) is cached in the user cache
+// directory, named by its absolute path, and reused from there.
+TEST_F(TokenizerTest, ACacheThatCannotSitBesideTheTextGoesToTheUserCache) {
+  auto t = LoadModel();
+  ASSERT_NE(t, nullptr);
+  const std::string text_path = OldText(10, 50);
+  fs::create_directories(fs::path(TokenCachePath(text_path, *t)) / "squatter");
+  const std::string user_path = UserTokenCachePath(text_path, *t);
+  EXPECT_EQ(fs::path(user_path).parent_path(), *dir_ / "xdg-cache" / "strata" / "tokens");
+  EXPECT_TRUE(fs::path(user_path).filename().string().starts_with("train.txt."));
+  bool reused = true;
+  std::string note;
+  auto cache = TokenizeTextFileCached(*t, text_path, &reused, &note);
+  ASSERT_TRUE(cache.ok()) << cache.status().ToString();
+  EXPECT_EQ(*cache, user_path);
+  EXPECT_FALSE(reused);
+  EXPECT_THAT(note, HasSubstr("in the user cache: "));
+  EXPECT_THAT(note, HasSubstr(TokenCachePath(text_path, *t)));
+  auto ids = TokenizeTextFile(*t, text_path);
+  ASSERT_TRUE(ids.ok());
+  EXPECT_EQ(ReadTokens(*cache, kVocab), *ids);
+  auto again = TokenizeTextFileCached(*t, text_path, &reused, &note);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(*again, user_path);
+  EXPECT_TRUE(reused);
+  EXPECT_THAT(note, HasSubstr("in the user cache"));
+  // The text changes: its user cache is made again.
+  WriteFile(text_path, MakeText(11, 30));
+  SetMtime(*cache, std::chrono::seconds(-50));
+  auto changed = TokenizeTextFileCached(*t, text_path, &reused, &note);
+  ASSERT_TRUE(changed.ok()) << changed.status().ToString();
+  EXPECT_FALSE(reused);
+  auto changed_ids = TokenizeTextFile(*t, text_path);
+  ASSERT_TRUE(changed_ids.ok());
+  EXPECT_EQ(ReadTokens(*changed, kVocab), *changed_ids);
+  // The directory can hold a cache again: the fresh user cache is still reused, not made again.
+  // (A cache written in the same clock tick as the text is not trusted, and this one may have
+  // been: it is dated a second later, as a cache written after the text would be.)
+  fs::remove_all(TokenCachePath(text_path, *t));
+  SetMtime(*changed, std::chrono::seconds(1));
+  auto later = TokenizeTextFileCached(*t, text_path, &reused, &note);
+  ASSERT_TRUE(later.ok()) << later.status().ToString();
+  EXPECT_EQ(*later, user_path);
+  EXPECT_TRUE(reused);
+}
+
+TEST_F(TokenizerTest, TheUserCacheIsNamedByTheTextsAbsolutePath) {
+  auto t = LoadModel();
+  ASSERT_NE(t, nullptr);
+  const fs::path a = work_ / "a" / "train.txt", b = work_ / "b" / "train.txt";
+  fs::create_directories(a.parent_path());
+  fs::create_directories(b.parent_path());
+  WriteFile(a, MakeText(12, 20));
+  WriteFile(b, MakeText(13, 20));
+  EXPECT_NE(UserTokenCachePath(a.string(), *t), UserTokenCachePath(b.string(), *t));
+  const fs::path cwd = fs::current_path();
+  fs::current_path(work_);
+  const std::string relative = UserTokenCachePath("a/train.txt", *t);
+  fs::current_path(cwd);
+  EXPECT_EQ(relative, UserTokenCachePath(a.string(), *t));
+}
+
+// A read-only directory: permissions root ignores, so this runs only for other users.
+TEST_F(TokenizerTest, AReadOnlyTextDirectoryIsCachedInTheUserCache) {
+  if (::geteuid() == 0) GTEST_SKIP() << "root writes into a directory of mode 0555";
+  auto t = LoadModel();
+  ASSERT_NE(t, nullptr);
+  const std::string text_path = OldText(14, 50);
+  fs::permissions(work_, fs::perms::owner_read | fs::perms::owner_exec);
+  bool reused = true;
+  std::string note;
+  auto cache = TokenizeTextFileCached(*t, text_path, &reused, &note);
+  fs::permissions(work_, fs::perms::owner_all);
+  ASSERT_TRUE(cache.ok()) << cache.status().ToString();
+  EXPECT_EQ(*cache, UserTokenCachePath(text_path, *t));
+  EXPECT_THAT(note, HasSubstr("ermission denied"));
+}
+
+TEST_F(TokenizerTest, WhenNeitherPlaceCanHoldTheCacheBothAreNamed) {
+  auto t = LoadModel();
+  ASSERT_NE(t, nullptr);
+  const std::string text_path = OldText(15, 50);
+  fs::create_directories(fs::path(TokenCachePath(text_path, *t)) / "squatter");
+  const std::string xdg = std::getenv("XDG_CACHE_HOME");
+  // The user cache directory's place is a file.
+  WriteFile(work_ / "not-a-dir", "x");
+  ::setenv("XDG_CACHE_HOME", (work_ / "not-a-dir").c_str(), 1);
+  bool reused = true;
+  auto no_dir = TokenizeTextFileCached(*t, text_path, &reused);
+  // No user cache directory at all.
+  ::setenv("XDG_CACHE_HOME", "relative", 1);
+  const char* home = std::getenv("HOME");
+  const std::string saved_home = home == nullptr ? "" : home;
+  ::setenv("HOME", "relative", 1);
+  auto none = TokenizeTextFileCached(*t, text_path, &reused);
+  ::setenv("HOME", saved_home.c_str(), 1);
+  ::setenv("XDG_CACHE_HOME", xdg.c_str(), 1);
+  ASSERT_FALSE(no_dir.ok());
+  EXPECT_THAT(no_dir.status().message(), HasSubstr(TokenCachePath(text_path, *t)));
+  EXPECT_THAT(no_dir.status().message(), HasSubstr("user cache directory"));
+  EXPECT_THAT(no_dir.status().message(), HasSubstr("not-a-dir"));
+  ASSERT_FALSE(none.ok());
+  EXPECT_THAT(none.status().message(), HasSubstr("no user cache directory"));
 }
 
 TEST_F(TokenizerTest, TrainingDataFromTextAndATokenizerAreItsTokenizedCache) {
