@@ -1,6 +1,7 @@
 #include "engine/checkpoint.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -12,6 +13,8 @@
 #include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 #include "base/file.h"
 #include "base/json_fields.h"
@@ -69,6 +72,35 @@ bool IsPlainFileName(std::string_view name) {
   });
 }
 
+std::string UpdateSettingsDifferences(const Manifest& saved,
+                                      const cpu_optim::AnyOptimizer& optimizer,
+                                      float grad_clip_norm, bool decay_norms_and_biases) {
+  json a = OptimizerToJson(saved.optimizer), b = OptimizerToJson(optimizer);
+  a.erase("lr"), b.erase("lr");
+  a.erase("kind"), b.erase("kind");
+  // Numbers as the fp32 values they are ("0.1", not 0.10000000149011612).
+  auto text = [](const json* v) {
+    if (v == nullptr) return std::string("(none)");
+    if (v->is_number_float()) return fmt::format("{}", static_cast<float>(v->get<double>()));
+    return v->dump();
+  };
+  std::vector<std::string> parts;
+  auto compare = [&](const std::string& key, const json* x, const json* y) {
+    if (x != nullptr && y != nullptr && text(x) == text(y)) return;
+    parts.push_back(fmt::format("{} {} -> {}", key, text(x), text(y)));
+  };
+  json keys = a;
+  keys.update(b);
+  for (const auto& [key, unused] : keys.items()) {
+    compare(key, a.contains(key) ? &a[key] : nullptr, b.contains(key) ? &b[key] : nullptr);
+  }
+  const json clip_a = saved.grad_clip_norm, clip_b = grad_clip_norm;
+  compare("grad_clip_norm", &clip_a, &clip_b);
+  const json decay_a = saved.decay_norms_and_biases, decay_b = decay_norms_and_biases;
+  compare("decay_norms_and_biases", &decay_a, &decay_b);
+  return fmt::format("{}", fmt::join(parts, ", "));
+}
+
 std::string SerializeManifest(const Manifest& m) {
   json files = json::array();
   for (const auto& f : m.files) {
@@ -98,6 +130,7 @@ std::string SerializeManifest(const Manifest& m) {
         {"loss_scaler_overflows", m.loss_scaler.overflows},
         {"loss_scaler_hysteresis_left", m.loss_scaler.hysteresis_left},
         {"grad_clip_norm", m.grad_clip_norm},
+        {"decay_norms_and_biases", m.decay_norms_and_biases},
         {"ranks", m.ranks}}},
       {"optimizer", OptimizerManifestJson(m.optimizer)},
       {"trainer",
@@ -181,6 +214,10 @@ StatusOr<Manifest> ParseManifest(std::string_view text) {
     m.loss_scaler.hysteresis_left = static_cast<int>(left);
   }
   STRATA_ASSIGN_OR_RETURN(m.grad_clip_norm, ef.Float("grad_clip_norm"));
+  m.decay_norms_and_biases = true;  // before weight decay groups every element was decayed
+  if (eng->contains("decay_norms_and_biases")) {
+    STRATA_ASSIGN_OR_RETURN(m.decay_norms_and_biases, ef.Bool("decay_norms_and_biases"));
+  }
   if (eng->contains("ranks")) {
     STRATA_ASSIGN_OR_RETURN(int64_t ranks, ef.Int("ranks", 1, 1 << 20));
     m.ranks = static_cast<int>(ranks);

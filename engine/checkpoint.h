@@ -94,6 +94,10 @@ struct Manifest {
   LossScalerState loss_scaler;
   cpu_optim::AnyOptimizer optimizer;  // lr = the rate of the last step
   float grad_clip_norm = 0;
+  // EngineOptions::decay_norms_and_biases of the run that saved it: true when biases and norm
+  // weights were decayed too. A manifest without the field (written before weight decay groups,
+  // when every element was decayed) reads as true.
+  bool decay_norms_and_biases = false;
   TrainerState trainer;
   // The data-parallel ranks of the run that saved it, for information: the files hold whole
   // tensors, and a run with any number of ranks loads them (each rank reads its partitions).
@@ -107,6 +111,15 @@ std::string SerializeManifest(const Manifest& manifest);
 // kCheckpointFormatVersion (else kFailedPrecondition naming both), consistent block
 // lists, file names that are plain names (kDataLoss otherwise). Pure function; never crashes.
 StatusOr<Manifest> ParseManifest(std::string_view json);
+
+// The settings of the update that a checkpoint records but a resume takes from the run: the
+// optimizer's hyper-parameters but its learning rate (the schedule sets that), the clipping norm
+// and the weight decay groups. "weight_decay 0.1 -> 0.01, grad_clip_norm 1 -> 0.5": each that
+// differs between `saved` and the run's, saved first, in a fixed order; "" when none does.
+// Optimizers of different kinds list the fields either has (a resume refuses them anyway). Pure.
+std::string UpdateSettingsDifferences(const Manifest& saved,
+                                      const cpu_optim::AnyOptimizer& optimizer,
+                                      float grad_clip_norm, bool decay_norms_and_biases);
 
 // A file name that may appear in a manifest: 1..255 of [A-Za-z0-9._-], not starting with '.'.
 bool IsPlainFileName(std::string_view name);

@@ -840,6 +840,7 @@ Manifest Engine::Impl::TrainingManifest(const TrainerState& trainer) const {
   manifest.loss_scaler = {scaler_.scale(), scaler_.clean_steps(), scaler_.overflows(),
                           scaler_.hysteresis_left()};
   manifest.grad_clip_norm = o_.grad_clip_norm;
+  manifest.decay_norms_and_biases = o_.decay_norms_and_biases;
   manifest.trainer = trainer;
   return manifest;
 }

@@ -102,7 +102,8 @@ std::string ScheduleDifferences(std::string_view saved_json, std::string_view ru
 }  // namespace
 
 StatusOr<int64_t> ResumeTraining(engine::Engine& engine, const CheckpointFlags& flags,
-                                 std::mt19937_64* data_rng, std::string_view run_lr_schedule_json) {
+                                 std::mt19937_64* data_rng, std::string_view run_lr_schedule_json,
+                                 const engine::EngineOptions& run) {
   std::string path = flags.resume;
   if (path == "latest") {
     if (flags.save_dir.empty()) {
@@ -134,6 +135,16 @@ StatusOr<int64_t> ResumeTraining(engine::Engine& engine, const CheckpointFlags& 
     std::printf(
         "note: this run's learning-rate schedule differs from the checkpoint's (%s); this run's is "
         "followed from step %lld on\n",
+        diff.c_str(), static_cast<long long>(state.step + 1));
+  }
+  // The run's optimizer settings apply from here on (the engine keeps them); say which changed.
+  STRATA_ASSIGN_OR_RETURN(engine::Manifest saved, engine::ReadManifest(dir));
+  if (const std::string diff = engine::UpdateSettingsDifferences(
+          saved, run.optimizer, run.grad_clip_norm, run.decay_norms_and_biases);
+      !diff.empty()) {
+    std::printf(
+        "note: this run's optimizer settings differ from the checkpoint's (%s); this run's are "
+        "used from step %lld on\n",
         diff.c_str(), static_cast<long long>(state.step + 1));
   }
   return state.step;

@@ -40,10 +40,14 @@ struct TrainProgress {
 // from (prints one line saying from where). run_lr_schedule_json: this run's schedule
 // (LrScheduleJson); where it differs from the one the checkpoint recorded (another --lr,
 // --warmup-steps, --lr-schedule, or --steps, which stretches a decay), a second line names each
-// difference: this run's schedule is the one followed. kInvalidArgument for "latest" without
-// --save-dir.
+// difference: this run's schedule is the one followed. `run`: the options the engine was built
+// with; where its optimizer settings differ from the checkpoint's (engine::
+// UpdateSettingsDifferences: another --weight-decay, --beta2, --grad-clip or
+// --decay-norms-and-biases), a note names each: this run's are used. kInvalidArgument for
+// "latest" without --save-dir; the errors of engine::ReadManifest.
 StatusOr<int64_t> ResumeTraining(engine::Engine& engine, const CheckpointFlags& flags,
-                                 std::mt19937_64* data_rng, std::string_view run_lr_schedule_json);
+                                 std::mt19937_64* data_rng, std::string_view run_lr_schedule_json,
+                                 const engine::EngineOptions& run);
 // Saves a checkpoint into --save-dir; returns its directory.
 StatusOr<std::string> SaveTraining(engine::Engine& engine, const CheckpointFlags& flags,
                                    const TrainProgress& progress);

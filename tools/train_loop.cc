@@ -484,9 +484,10 @@ StatusOr<TrainOutcome> RunTrainLoop(const TrainLoopInputs& in) {
   }
   int64_t start_step = 0;
   if (!ckpt.resume.empty()) {
-    STRATA_ASSIGN_OR_RETURN(start_step,
-                            ResumeTraining(*in.engine, ckpt, &data_rng,
-                                           LrScheduleJson(in.options->schedule, /*next_step=*/0)));
+    STRATA_ASSIGN_OR_RETURN(
+        start_step,
+        ResumeTraining(*in.engine, ckpt, &data_rng,
+                       LrScheduleJson(in.options->schedule, /*next_step=*/0), in.options->engine));
   }
   InstallStopSignalHandlers();
   TrainLoop loop(in, start_step, std::move(data_rng), std::move(preference));

@@ -144,5 +144,54 @@ TEST(Manifest, ReadsVersionOneAsAdamW) {
             "manifest: optimizer.lr = 6.7e+98 does not fit fp32");
 }
 
+// The weight decay groups are recorded; a manifest from before them (no field) decayed every
+// element and reads so.
+TEST(Manifest, RecordsTheWeightDecayGroupsAndReadsTheirAbsenceAsDecayAll) {
+  Manifest m;
+  m.precision = "bf16";
+  m.model_description = "GPT";
+  m.block_names = {"embedding", "head"};
+  m.block_num_params = {10, 20};
+  m.vocab_size = 256;
+  m.max_seq_len = 16;
+  m.files = {{"master.safetensors", 123, 1}};
+  for (const bool decay_all : {false, true}) {
+    m.decay_norms_and_biases = decay_all;
+    auto p = ParseManifest(SerializeManifest(m));
+    ASSERT_TRUE(p.ok()) << p.status().ToString();
+    EXPECT_EQ(p->decay_norms_and_biases, decay_all);
+  }
+  m.decay_norms_and_biases = false;
+  nlohmann::json j = nlohmann::json::parse(SerializeManifest(m));
+  ASSERT_TRUE(j["engine"].contains("decay_norms_and_biases"));
+  j["engine"].erase("decay_norms_and_biases");
+  auto old = ParseManifest(j.dump());
+  ASSERT_TRUE(old.ok()) << old.status().ToString();
+  EXPECT_TRUE(old->decay_norms_and_biases);
+  j["engine"]["decay_norms_and_biases"] = 1;
+  EXPECT_EQ(ParseManifest(j.dump()).status().code(), StatusCode::kDataLoss);
+}
+
+TEST(Manifest, UpdateSettingsDifferencesNameEachChangedSettingButTheLearningRate) {
+  Manifest saved;
+  saved.optimizer.adamw() = {.lr = 3e-4f, .beta2 = 0.95f, .weight_decay = 0.1f};
+  saved.grad_clip_norm = 1.0f;
+  saved.decay_norms_and_biases = false;
+  cpu_optim::AnyOptimizer run = saved.optimizer;
+  run.adamw().lr = 1e-5f;  // the schedule's: not a setting
+  EXPECT_EQ(UpdateSettingsDifferences(saved, run, 1.0f, false), "");
+  run.adamw().weight_decay = 0.01f;
+  run.adamw().beta2 = 0.999f;
+  EXPECT_EQ(UpdateSettingsDifferences(saved, run, 0.5f, true),
+            "beta2 0.95 -> 0.999, weight_decay 0.1 -> 0.01, grad_clip_norm 1 -> 0.5, "
+            "decay_norms_and_biases false -> true");
+  // Another kind: the fields either has; the weight decay both have, equal, is not named.
+  cpu_optim::AnyOptimizer lion{.kind = cpu_optim::OptimizerKind::kLion,
+                               .config = cpu_optim::LionConfig{.weight_decay = 0.1f}};
+  EXPECT_EQ(UpdateSettingsDifferences(saved, lion, 1.0f, false),
+            "amsgrad false -> (none), beta2 0.95 -> 0.99, bias_correction true -> (none), "
+            "decoupled_weight_decay true -> (none), eps 1e-08 -> (none)");
+}
+
 }  // namespace
 }  // namespace strata::engine

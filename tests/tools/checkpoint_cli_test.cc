@@ -226,6 +226,41 @@ TEST_F(CheckpointCliTest, EachOptimizerResumesExactlyAndRefusesAnothersCheckpoin
   EXPECT_NE(r.out.find("exp_avg.absmax"), std::string::npos) << r.out;
 }
 
+// A resume takes the optimizer settings of its own flags: each one that differs from what the
+// checkpoint recorded is named, and a checkpoint from before weight decay groups (no field: every
+// element decayed) is said to differ from today's default.
+TEST_F(CheckpointCliTest, AResumeNamesEachOptimizerSettingThatDiffersFromTheCheckpoint) {
+  const std::string save = (dir_ / "save-settings").string();
+  const auto args = Tiny() + std::vector<std::string>{"--steps", "3", "--weight-decay", "0.1"};
+  Result r = Run(args + std::vector<std::string>{"--save-every", "2", "--save-dir", save});
+  ASSERT_EQ(r.code, 0) << r.out;
+  const fs::path manifest_path = fs::path(save) / "step-2" / "manifest.json";
+  nlohmann::json manifest = nlohmann::json::parse(ReadFile(manifest_path));
+  EXPECT_EQ(manifest["engine"]["decay_norms_and_biases"], false);
+  // The same flags: no note.
+  r = Run(args + std::vector<std::string>{"--resume", save + "/step-2"});
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.find("optimizer settings differ"), std::string::npos) << r.out;
+  r = Run(Tiny() + std::vector<std::string>{"--steps", "3", "--weight-decay", "0.01", "--grad-clip",
+                                            "0.5", "--decay-norms-and-biases", "--resume",
+                                            save + "/step-2"});
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("note: this run's optimizer settings differ from the checkpoint's "
+                       "(weight_decay 0.1 -> 0.01, grad_clip_norm 1 -> 0.5, "
+                       "decay_norms_and_biases false -> true); this run's are used from step 3 "
+                       "on"),
+            std::string::npos)
+      << r.out;
+  manifest["engine"].erase("decay_norms_and_biases");
+  {
+    std::ofstream out(manifest_path, std::ios::trunc);
+    out << manifest.dump(2);
+  }
+  r = Run(args + std::vector<std::string>{"--resume", save + "/step-2"});
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("(decay_norms_and_biases true -> false)"), std::string::npos) << r.out;
+}
+
 TEST_F(CheckpointCliTest, InspectListsTensorsAndReportsTheFirstCorruptFile) {
   const std::string save = (dir_ / "save").string();
   Result r = Run(Tiny() + std::vector<std::string>{"--steps", "2", "--save-dir", save});
