@@ -14,6 +14,17 @@
 //                                              copy-out): factored 1 = a (params / 4096,
 //                                              4096) matrix, 0 = a vector
 //
+//   BM_UpdateStateDecayGroups/kind/groups/threads  UpdateState (the engine's call) over one
+//                                              GPT-2 1.5B block (30.7M parameters, bf16 gradients,
+//                                              bf16 copy-out): kind 1 = AdamW, 6 = AdamW8bit
+//                                              (OptimizerKind values); groups 0 = every element
+//                                              decayed (one call), 1 = its biases and norm weights
+//                                              exempt (the default since weight decay groups: 6
+//                                              no-decay runs between 4 matrices, 10 calls; with
+//                                              AdamW8bit the blocks a run boundary cuts are stepped
+//                                              in fp32 and quantized once). The pair is the cost of
+//                                              the groups, in the same run.
+//
 // <isa> is every variant this CPU runs (avx512, avx2, generic). grad: 0 = fp32,
 // 1 = fp16, 2 = bf16 (DType values). Copy-out is bf16 but in BM_AdamWCopyOut, so bf16
 // gradients are the engine's case and the headline. Bytes per parameter (bytes_per_second):
@@ -62,6 +73,7 @@
 #include "cpu_optim/adagrad.h"
 #include "cpu_optim/adamw.h"
 #include "cpu_optim/adamw8bit.h"
+#include "cpu_optim/any_optimizer.h"
 #include "cpu_optim/kernels.h"
 #include "cpu_optim/lion.h"
 #include "cpu_optim/sgd.h"
@@ -423,6 +435,69 @@ void RunAdafactor(benchmark::State& state, const internal::KernelTable& kernels)
       static_cast<double>(state.iterations() * b->n), benchmark::Counter::kIsRate);
 }
 
+// One GPT-2 1.5B block (d = 1600) in transformers' order: the shapes, and its 1-D tensors
+// (biases, LayerNorm weights) as element ranges.
+struct Gpt2Block {
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<ElemRange> no_decay;
+  int64_t n = 0;
+
+  Gpt2Block() {
+    constexpr int64_t d = 1600;
+    shapes = {{d}, {d}, {3 * d, d}, {3 * d}, {d, d},     {d},
+              {d}, {d}, {4 * d, d}, {4 * d}, {d, 4 * d}, {d}};
+    for (const std::vector<int64_t>& s : shapes) {
+      const int64_t size = s.size() == 1 ? s[0] : s[0] * s[1];
+      if (s.size() == 1) {
+        if (!no_decay.empty() && no_decay.back().end == n) {
+          no_decay.back().end += size;
+        } else {
+          no_decay.push_back({n, n + size});
+        }
+      }
+      n += size;
+    }
+  }
+};
+
+// UpdateState over one block with the given optimizer kind, with and without the no-decay runs.
+void BM_UpdateStateDecayGroups(benchmark::State& state) {
+  const Gpt2Block block;
+  AnyOptimizer optimizer{.kind = static_cast<OptimizerKind>(state.range(0))};
+  optimizer.adamw().weight_decay = 0.1f;
+  optimizer.adamw().decoupled_weight_decay = true;
+  const bool groups = state.range(1) != 0;
+  const auto b = Buffers::Make(block.n, DType::kBF16);
+  if (!b) return state.SkipWithError("allocation failed");
+  const std::vector<StateSpec> layout = StateLayout(optimizer, block.shapes);
+  std::vector<AlignedBuffer> sections;
+  std::vector<std::span<std::byte>> views;
+  for (const StateSpec& spec : layout) {
+    StatusOr<AlignedBuffer> buf = AlignedBuffer::Allocate(spec.size_bytes());
+    if (!buf.ok()) return state.SkipWithError("allocation failed");
+    sections.push_back(std::move(buf).value());
+    views.emplace_back(static_cast<std::byte*>(sections.back().data()), spec.size_bytes());
+    InitializeState(spec, views.back());
+  }
+  const std::span<const ElemRange> no_decay =
+      groups ? std::span<const ElemRange>(block.no_decay) : std::span<const ElemRange>();
+  tbb::task_arena arena(static_cast<int>(state.range(2)));
+  int64_t t = 0;
+  for (auto _ : state) {
+    Status s;
+    arena.execute([&] {
+      s = UpdateState(optimizer, {.step = ++t, .grad_scale = 0.5f}, block.shapes, b->span(b->p),
+                      views, GradView{b->grad.data(), b->grad_dtype},
+                      CopyOut{b->out.data(), DType::kBF16}, no_decay);
+    });
+    if (!s.ok()) return state.SkipWithError(s.ToString().c_str());
+  }
+  state.SetItemsProcessed(state.iterations() * block.n);
+  state.counters["runs"] = static_cast<double>(groups ? DecayRuns(no_decay, block.n).size() : 1);
+  state.counters["params_per_second"] = benchmark::Counter(
+      static_cast<double>(state.iterations() * block.n), benchmark::Counter::kIsRate);
+}
+
 // One thread and all threads (oneTBB's default concurrency).
 std::vector<int64_t> ThreadCounts() {
   std::vector<int64_t> t = {1};
@@ -526,6 +601,13 @@ void Register() {
               ->ArgsProduct({{k100M}, {bf16}, threads}),
           k100M);
   }
+  sized(benchmark::RegisterBenchmark("BM_UpdateStateDecayGroups", BM_UpdateStateDecayGroups)
+            ->ArgNames({"kind", "groups", "threads"})
+            ->ArgsProduct({{static_cast<int64_t>(OptimizerKind::kAdamW),
+                            static_cast<int64_t>(OptimizerKind::kAdamW8bit)},
+                           {0, 1},
+                           threads}),
+        k10M);
   sized(benchmark::RegisterBenchmark("BM_Triad", BM_Triad)
             ->ArgNames({"params", "threads"})
             ->ArgsProduct({{k100M}, threads}),
