@@ -1,9 +1,11 @@
 #include "models/lora.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 
 #include "base/dtype.h"
@@ -12,6 +14,44 @@
 #include "models/ops/parallel.h"
 
 namespace strata::models {
+
+StatusOr<std::vector<std::string>> LoraTargetNames(std::span<const std::string> targets,
+                                                   std::span<const LoraModule> modules,
+                                                   std::string_view family_name,
+                                                   std::string_view what) {
+  std::vector<std::string> names;  // the family's, each once, in its module order
+  for (const LoraModule& m : modules) {
+    if (std::find(names.begin(), names.end(), m.name) == names.end()) names.push_back(m.name);
+  }
+  std::vector<std::string> selected_names;
+  for (const std::string& t : targets) {
+    const auto selects = [&](const LoraModule& m) {
+      return m.name == t || m.path == t ||
+             (m.path.size() > t.size() && m.path.ends_with(t) &&
+              m.path[m.path.size() - t.size() - 1] == '.');
+    };
+    bool any = false;
+    for (const LoraModule& m : modules) {
+      if (!selects(m)) continue;
+      any = true;
+      for (const LoraModule& other : modules) {
+        if (other.name == m.name && !selects(other)) {
+          return InvalidArgumentError(fmt::format(
+              "{}: '{}' selects {} but not {}; Strata adapts every module named {} or none", what,
+              t, m.path, other.path, m.name));
+        }
+      }
+      if (std::find(selected_names.begin(), selected_names.end(), m.name) == selected_names.end()) {
+        selected_names.push_back(m.name);
+      }
+    }
+    if (!any) {
+      return InvalidArgumentError(fmt::format("{}: {} has no module '{}'; its modules are {}", what,
+                                              family_name, t, fmt::join(names, ",")));
+    }
+  }
+  return selected_names;
+}
 
 StatusOr<LoraLayout> MakeLoraLayout(const LoraConfig& config, std::span<const LoraModule> modules,
                                     std::string_view family_name) {
@@ -25,26 +65,26 @@ StatusOr<LoraLayout> MakeLoraLayout(const LoraConfig& config, std::span<const Lo
   if (!(config.dropout >= 0 && config.dropout < 1)) {
     return InvalidArgumentError(fmt::format("--lora-dropout {} is not in [0, 1)", config.dropout));
   }
-  if (!std::isfinite(config.alpha)) {
-    return InvalidArgumentError("--lora-alpha must be a finite number");
+  // As PEFT's adapter_config.json and strata.lora.alpha: a negative alpha flips the adapters'
+  // sign and 0 switches them off, neither what a user asking for LoRA means.
+  if (!(config.alpha > 0 && config.alpha <= std::numeric_limits<float>::max())) {
+    return InvalidArgumentError(fmt::format(
+        "--lora-alpha {} is not a positive number that fits fp32 (the adapters' output is "
+        "scaled by alpha / rank)",
+        config.alpha));
   }
   if (config.targets.empty()) {
     return InvalidArgumentError(
         fmt::format("--lora-targets is empty; {} modules are {}", family_name, names));
   }
-  for (const std::string& t : config.targets) {
-    if (std::none_of(modules.begin(), modules.end(),
-                     [&](const LoraModule& m) { return m.name == t; })) {
-      return InvalidArgumentError(fmt::format(
-          "--lora-targets: {} has no module '{}'; its modules are {}", family_name, t, names));
-    }
-  }
+  STRATA_ASSIGN_OR_RETURN(const std::vector<std::string> targets,
+                          LoraTargetNames(config.targets, modules, family_name, "--lora-targets"));
   LoraLayout l;
   l.rank = config.rank;
   l.scaling = static_cast<float>(config.alpha / config.rank);
   l.dropout = static_cast<float>(config.dropout);
   for (const LoraModule& m : modules) {
-    if (std::find(config.targets.begin(), config.targets.end(), m.name) == config.targets.end()) {
+    if (std::find(targets.begin(), targets.end(), m.name) == targets.end()) {
       continue;
     }
     LoraSite s{m, l.layer_params, l.layer_params + config.rank * m.in};

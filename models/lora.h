@@ -83,9 +83,23 @@ struct LoraLayout {
   int64_t layer_params = 0;     // the trained chunk of a layer: sum of r (in + out)
 };
 
-// The layout of `config` over a family's `modules` (family_name for messages). Errors
-// (kInvalidArgument, one line naming the flag): rank < 1, dropout outside [0, 1), no targets, a
-// target that is not one of the family's module names (listing them).
+// PEFT's rule for a list of target_modules (peft tuners_utils.check_target_module_exists): a
+// module is adapted when its name within the model equals a target or ends with "." + target,
+// so "q_proj" and "self_attn.q_proj" both select every layer's self_attn.q_proj. Returns the
+// names (LoraModule::name) of the `modules` that `targets` select, in the order of `targets`,
+// each once. Errors (kInvalidArgument, one line led by `what`, e.g. "--lora-targets"): a target
+// that selects none of them (listing the names; a target with a layer index, which PEFT applies
+// to that layer only, is one), or one that selects some modules of a name but not all (GPT-2's
+// "attn.c_proj": Strata adapts every module of a name or none). Pure.
+StatusOr<std::vector<std::string>> LoraTargetNames(std::span<const std::string> targets,
+                                                   std::span<const LoraModule> modules,
+                                                   std::string_view family_name,
+                                                   std::string_view what);
+
+// The layout of `config` over a family's `modules` (family_name for messages); config.targets
+// are read with LoraTargetNames. Errors (kInvalidArgument, one line naming the flag): rank < 1,
+// alpha not positive, dropout outside [0, 1), no targets, a target that selects none of the
+// family's modules (listing their names).
 StatusOr<LoraLayout> MakeLoraLayout(const LoraConfig& config, std::span<const LoraModule> modules,
                                     std::string_view family_name);
 

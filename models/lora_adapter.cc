@@ -14,7 +14,9 @@
 #include "base/untrusted_text.h"
 #include "cpu_optim/grad_stats.h"
 #include "formats/safetensors.h"
+#include "models/gpt_kernels.h"
 #include "models/hf_export.h"
+#include "models/llama_kernels.h"
 
 namespace strata::models {
 namespace {
@@ -25,6 +27,11 @@ constexpr const char* kWeightsFile = "adapter_model.safetensors";
 
 int NumLayers(const HfModelConfig& c) {
   return c.family == HfModelConfig::Family::kLlama ? c.llama.num_layers : c.gpt2.num_layers;
+}
+
+std::vector<LoraModule> FamilyLoraModules(const HfModelConfig& c) {
+  return c.family == HfModelConfig::Family::kLlama ? LlamaLoraModules(c.llama)
+                                                   : GptLoraModules(c.gpt2);
 }
 
 std::vector<std::string> Sorted(std::vector<std::string> v) {
@@ -120,10 +127,34 @@ StatusOr<LoraAdapterConfig> ParseLoraAdapterConfig(std::string_view text, const 
     return InvalidArgumentError(
         fmt::format("{}: peft_type is not \"LORA\" (Strata reads LoRA adapters only)", path));
   }
-  for (const char* unsupported : {"use_rslora", "use_dora"}) {
+  // Variants whose output is not x·W + (alpha/r)·x·Aᵀ·Bᵀ: rsLoRA scales by alpha/sqrt(r), DoRA
+  // adds a magnitude vector, QA-LoRA pools the input before A.
+  for (const char* unsupported : {"use_rslora", "use_dora", "use_qalora"}) {
     if (const json* v = field(unsupported); v && v->is_boolean() && v->get<bool>()) {
       return InvalidArgumentError(
           fmt::format("{}: {} is true; Strata implements plain LoRA only", path, unsupported));
+    }
+  }
+  // Activated LoRA (aLoRA) applies the adapter only from its invocation tokens on.
+  if (const json* v = field("alora_invocation_tokens"); v && !(v->is_array() && v->empty())) {
+    return InvalidArgumentError(
+        fmt::format("{}: alora_invocation_tokens is {}; Strata applies an adapter at every token",
+                    path, JsonExcerpt(*v)));
+  }
+  // PiSSA, OLoRA, CorDA, LoftQ and LoRA-GA initialise A and B from the base weights and subtract
+  // their product from them, so the adapter fits only that changed base: PEFT converts it to a
+  // plain LoRA on save_pretrained(..., path_initial_model_for_weight_conversion=...), which writes
+  // init_lora_weights true (LoftQ's quantized base cannot be converted). true, false ("B = 0, A
+  // random" or both random), "gaussian", "eva" and "orthogonal" leave the base as it is.
+  if (const json* v = field("init_lora_weights"); v && !v->is_boolean()) {
+    const bool base_unchanged =
+        v->is_string() && (*v == "gaussian" || *v == "eva" || *v == "orthogonal");
+    if (!base_unchanged) {
+      return InvalidArgumentError(fmt::format(
+          "{}: init_lora_weights is {}, which changes the base weights (or is not one Strata "
+          "knows leaves them as they are); convert the adapter to a plain LoRA with PEFT's "
+          "save_pretrained(..., path_initial_model_for_weight_conversion=...)",
+          path, JsonExcerpt(*v)));
     }
   }
   for (const char* unsupported : {"rank_pattern", "alpha_pattern", "layers_to_transform"}) {
@@ -259,6 +290,15 @@ Status WriteLoraAdapterDir(
   });
 }
 
+StatusOr<std::vector<std::string>> AdapterTargetNames(const LoraAdapterConfig& adapter,
+                                                      const HfModelConfig& config,
+                                                      const std::string& dir) {
+  const bool llama = config.family == HfModelConfig::Family::kLlama;
+  return LoraTargetNames(adapter.lora.targets, FamilyLoraModules(config),
+                         llama ? "the Llama model" : "the GPT",
+                         fmt::format("{}/{}: target_modules", dir, kConfigFile));
+}
+
 StatusOr<std::shared_ptr<const WeightSource>> OpenLoraAdapter(const std::string& dir,
                                                               const HfModelConfig& config,
                                                               const LoraConfig& lora,
@@ -274,11 +314,16 @@ StatusOr<std::shared_ptr<const WeightSource>> OpenLoraAdapter(const std::string&
     return InvalidArgumentError(fmt::format("{}: lora_alpha is {}, the run's --lora-alpha {}",
                                             cfg_path, c.lora.alpha, lora.alpha));
   }
-  if (Sorted(c.lora.targets) != Sorted(lora.targets)) {
+  STRATA_ASSIGN_OR_RETURN(std::vector<std::string> adapter_targets,
+                          AdapterTargetNames(c, config, dir));
+  STRATA_ASSIGN_OR_RETURN(
+      std::vector<std::string> run_targets,
+      LoraTargetNames(lora.targets, FamilyLoraModules(config), "the model", "--lora-targets"));
+  if (Sorted(adapter_targets) != Sorted(run_targets)) {
     return InvalidArgumentError(fmt::format(
         "{}: target_modules are {}, the run's --lora-targets {}: give --lora-targets {}", cfg_path,
-        fmt::join(Sorted(c.lora.targets), ","), fmt::join(Sorted(lora.targets), ","),
-        fmt::join(Sorted(c.lora.targets), ",")));
+        fmt::join(Sorted(adapter_targets), ","), fmt::join(Sorted(run_targets), ","),
+        fmt::join(Sorted(adapter_targets), ",")));
   }
   const std::string path = dir + "/" + kWeightsFile;
   STRATA_ASSIGN_OR_RETURN(auto file, formats::OpenSafetensorsFile(path));

@@ -51,6 +51,15 @@ StatusOr<LoraAdapterConfig> ReadLoraAdapterConfig(const std::string& dir);
 inline constexpr int kMaxAdapterRank = 65536;
 StatusOr<LoraAdapterConfig> ParseLoraAdapterConfig(std::string_view text, const std::string& path);
 
+// The module names (LoraModule::name, the form --lora-targets takes) that `adapter`'s
+// target_modules select in `config`'s family, by PEFT's rule (models/lora.h LoraTargetNames:
+// "self_attn.q_proj" is q_proj). `dir` names the adapter directory in errors: kInvalidArgument,
+// one line naming DIR/adapter_config.json, a target that selects none of the family's modules or
+// only some of those of a name. Pure.
+StatusOr<std::vector<std::string>> AdapterTargetNames(const LoraAdapterConfig& adapter,
+                                                      const HfModelConfig& config,
+                                                      const std::string& dir);
+
 // Writes an adapter directory, crash-safe (WriteDirectoryAtomically: out_dir must not exist or be
 // empty). read_layer(l, out) writes layer l's adapter chunk (layout.layer_params fp32) into out,
 // called once per layer in order. base_model: base_model_name_or_path.
@@ -61,8 +70,9 @@ Status WriteLoraAdapterDir(
 
 // The adapters of DIR as a WeightSource of the LoRA model's blocks (block l + 1: layer l's chunk;
 // the embedding and the head have none). Checks up front that adapter_config.json's rank,
-// alpha and targets are `lora`'s and that every tensor is there with its shape; kInvalidArgument
-// naming the file and what differs otherwise. ReadBlock errors: I/O naming the file.
+// alpha and targets (by the module names they select) are `lora`'s and that every tensor is there
+// with its shape; kInvalidArgument naming the file and what differs otherwise. ReadBlock errors:
+// I/O naming the file.
 StatusOr<std::shared_ptr<const WeightSource>> OpenLoraAdapter(const std::string& dir,
                                                               const HfModelConfig& config,
                                                               const LoraConfig& lora,

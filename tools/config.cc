@@ -882,10 +882,11 @@ void ApplyLora(Context& c, const json& l, LoraFlags* f) {
   if (const json* v = Find(l, "rank"))
     r.Set(&f->rank, Reader::Int(*v, "strata.lora.rank", 0, kMaxInt));
   if (const json* v = Find(l, "alpha")) {
-    r.Set(&f->alpha, Reader::Number(*v, "strata.lora.alpha", 0, true));
+    f->alpha_given = r.Set(&f->alpha, Reader::Number(*v, "strata.lora.alpha", 0, true));
   }
   if (const json* v = Find(l, "dropout")) {
-    r.Set(&f->dropout, Reader::Number(*v, "strata.lora.dropout", 0, false, 1, true));
+    f->dropout_given =
+        r.Set(&f->dropout, Reader::Number(*v, "strata.lora.dropout", 0, false, 1, true));
   }
   if (const json* v = Find(l, "targets")) {
     std::vector<std::string> targets;

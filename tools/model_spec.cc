@@ -196,14 +196,16 @@ void AddLoraFlags(CLI::App& cmd, LoraFlags& f) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   cmd.add_option("--lora-alpha", f.alpha, "LoRA: the adapters' output is scaled by alpha / rank")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->each([&f](const std::string&) { f.alpha_given = true; });
   cmd.add_option("--lora-targets", f.targets,
                  "LoRA: the Hugging Face module names to adapt, comma-separated (Llama: q_proj, "
                  "k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; GPT-2: c_attn, c_proj, "
                  "c_fc); default PEFT's: q_proj,v_proj (Llama), c_attn (GPT-2)")
       ->delimiter(',');
   cmd.add_option("--lora-dropout", f.dropout, "LoRA: dropout on the adapters' input, in [0, 1)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->each([&f](const std::string&) { f.dropout_given = true; });
   cmd.add_option("--lora-init", f.init,
                  "LoRA: start from this PEFT adapter directory (adapter_config.json and "
                  "adapter_model.safetensors, as strata export --lora-dir writes)");
@@ -212,8 +214,23 @@ void AddLoraFlags(CLI::App& cmd, LoraFlags& f) {
 
 namespace {
 
+// "Org/Name" for a Hugging Face hub cache snapshot, .../models--Org--Name/snapshots/<revision>
+// (what huggingface_hub's snapshot_download returns; the hub refuses "--" inside a repo id, so
+// the folder name splits back unambiguously), else "".
+std::string HubCacheRepoId(std::string dir) {
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  const std::filesystem::path snapshots = std::filesystem::path(dir).parent_path();
+  const std::string repo = snapshots.parent_path().filename().string();
+  if (snapshots.filename() != "snapshots" || !repo.starts_with("models--")) return "";
+  std::string id = repo.substr(std::string_view("models--").size());
+  for (size_t at = id.find("--"); at != std::string::npos; at = id.find("--", at + 1)) {
+    id.replace(at, 2, "/");
+  }
+  return id;
+}
+
 // An adapter directory's base must be this run's model: the same directory (or one of the same
-// name, moved), or the same preset.
+// name, moved), the hub repository whose cached snapshot it is, or the same preset.
 Status CheckAdapterBase(const std::string& dir, const models::LoraAdapterConfig& c,
                         const ModelSpec& spec) {
   const std::string mine = spec.model_dir.empty() ? "strata:" + spec.preset : spec.model_dir;
@@ -221,8 +238,10 @@ Status CheckAdapterBase(const std::string& dir, const models::LoraAdapterConfig&
     while (p.size() > 1 && p.back() == '/') p.pop_back();
     return std::filesystem::path(p).filename().string();
   };
+  const std::string repo = spec.model_dir.empty() ? "" : HubCacheRepoId(spec.model_dir);
   if (c.base_model.empty() || c.base_model == mine ||
-      (!spec.model_dir.empty() && name(c.base_model) == name(spec.model_dir))) {
+      (!spec.model_dir.empty() && name(c.base_model) == name(spec.model_dir)) ||
+      (!repo.empty() && name(c.base_model) == name(repo))) {
     return Status::Ok();
   }
   return InvalidArgumentError(fmt::format(
@@ -246,11 +265,15 @@ Status ApplyLoraFlags(const LoraFlags& given, ModelSpec* spec, bool inference) {
                             models::ReadLoraAdapterConfig(f.init));
     STRATA_RETURN_IF_ERROR(CheckAdapterBase(f.init, c, *spec));
     if (f.rank == 0) {
-      // --lora-init alone: the adapter's own rank, alpha, targets and dropout.
+      // --lora-init alone: the adapter's own rank, and its alpha, targets and dropout where
+      // those flags were not given (a given alpha or targets that differ are refused when the
+      // adapter is opened; a given dropout is this run's choice).
       f.rank = c.lora.rank;
-      f.alpha = c.lora.alpha;
-      f.dropout = c.lora.dropout;
-      if (f.targets.empty()) f.targets = c.lora.targets;
+      if (!f.alpha_given) f.alpha = c.lora.alpha;
+      if (!f.dropout_given) f.dropout = c.lora.dropout;
+      if (f.targets.empty()) {
+        STRATA_ASSIGN_OR_RETURN(f.targets, models::AdapterTargetNames(c, spec->config, f.init));
+      }
     }
     spec->lora_init_dir = std::filesystem::absolute(f.init).string();
   }

@@ -58,6 +58,10 @@ struct LoraFlags {
   double alpha = 16;
   std::vector<std::string> targets;  // empty: PEFT's default for the family
   double dropout = 0;
+  // Whether --lora-alpha / --lora-dropout (or strata.lora's keys) were given: with --lora-init
+  // alone, what was not given is the adapter's.
+  bool alpha_given = false;
+  bool dropout_given = false;
   std::string init;     // a PEFT adapter directory to start from
   BaseQuantFlags base;  // --base-quant, --base-double-quant (added by AddLoraFlags too)
 };

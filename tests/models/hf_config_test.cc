@@ -771,9 +771,17 @@ TEST(LoraAdapterConfig, OutOfRangeOrDeepValuesAreRefusedNamingTheFile) {
   // What PEFT writes when those options are off.
   const auto peft_off = ParseLoraAdapterConfig(
       head + R"("r": 8, "lora_alpha": 16, "modules_to_save": null, "lora_bias": false,
-                "trainable_token_indices": null, "layer_replication": null})",
+                "trainable_token_indices": null, "layer_replication": null,
+                "use_qalora": false, "alora_invocation_tokens": null})",
       kAdapter);
   ASSERT_TRUE(peft_off.ok()) << peft_off.status().ToString();
+  // Initialisations that leave the base weights as they are: A and B are read from the adapter.
+  for (const char* init : {"true", "false", R"("gaussian")", R"("eva")", R"("orthogonal")"}) {
+    const auto r = ParseLoraAdapterConfig(
+        head + fmt::format(R"("r": 8, "lora_alpha": 16, "init_lora_weights": {}}})", init),
+        kAdapter);
+    EXPECT_TRUE(r.ok()) << init << ": " << r.status().ToString();
+  }
   for (const auto& [fields, what] : std::vector<std::pair<std::string, std::string>>{
            {R"("r": 1099511627776, "lora_alpha": 16})", "r is 1099511627776, not an integer"},
            {R"("r": 0, "lora_alpha": 16})", "r is 0"},
@@ -785,6 +793,18 @@ TEST(LoraAdapterConfig, OutOfRangeOrDeepValuesAreRefusedNamingTheFile) {
            {R"("r": 8, "lora_alpha": 16, "lora_bias": true})", "lora_bias is true"},
            {R"("r": 8, "lora_alpha": 16, "trainable_token_indices": [5, 6]})",
             "trainable_token_indices is [5,6]"},
+           // Variants that compute something other than W + (alpha/r)·B·A, or fit a changed base.
+           {R"("r": 8, "lora_alpha": 16, "use_qalora": true})", "use_qalora is true"},
+           {R"("r": 8, "lora_alpha": 16, "alora_invocation_tokens": [151644, 77091]})",
+            "alora_invocation_tokens is [151644,77091]"},
+           {R"("r": 8, "lora_alpha": 16, "init_lora_weights": "pissa"})",
+            "init_lora_weights is \"pissa\", which changes the base weights"},
+           {R"("r": 8, "lora_alpha": 16, "init_lora_weights": "pissa_niter_16"})",
+            "init_lora_weights is \"pissa_niter_16\""},
+           {R"("r": 8, "lora_alpha": 16, "init_lora_weights": "olora"})", "\"olora\""},
+           {R"("r": 8, "lora_alpha": 16, "init_lora_weights": "corda"})", "\"corda\""},
+           {R"("r": 8, "lora_alpha": 16, "init_lora_weights": "loftq"})", "\"loftq\""},
+           {R"("r": 8, "lora_alpha": 16, "init_lora_weights": 3})", "init_lora_weights is 3"},
            {R"("r": )" + std::string(100000, '[') + std::string(100000, ']') + "}",
             "nested deeper than 64 levels (the limit) under /r/"}}) {
     const auto r = ParseLoraAdapterConfig(head + fields, kAdapter);

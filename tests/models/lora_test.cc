@@ -66,6 +66,63 @@ TEST(LoraLayout, BadSettingsAreOneLineErrorsNamingTheFlag) {
             StatusCode::kInvalidArgument);
   EXPECT_EQ(MakeLoraLayout({.rank = 2, .targets = {}}, modules, "x").status().code(),
             StatusCode::kInvalidArgument);
+  // A negative alpha would flip the adapters' sign, 0 switch them off.
+  for (const double alpha : {0.0, -8.0, double{NAN}, 1e300}) {
+    const auto r = MakeLoraLayout({.rank = 2, .alpha = alpha, .targets = {"q_proj"}}, modules, "x");
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << alpha;
+    EXPECT_NE(r.status().message().find("is not a positive number that fits fp32"),
+              std::string::npos)
+        << r.status().message();
+  }
+}
+
+// PEFT's list rule (tuners_utils.check_target_module_exists): a module is adapted when its name
+// equals a target or ends with "." + target; Strata adapts whole module names.
+TEST(LoraLayout, TargetsSelectModulesByPeftsSuffixRule) {
+  const auto llama = LlamaLoraModules(TinyLlama());
+  const auto names = [&](std::vector<std::string> targets) {
+    auto r = LoraTargetNames(targets, llama, "the Llama model", "--lora-targets");
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? *r : std::vector<std::string>{};
+  };
+  using V = std::vector<std::string>;
+  EXPECT_EQ(names({"q_proj", "v_proj"}), (V{"q_proj", "v_proj"}));
+  EXPECT_EQ(names({"self_attn.v_proj", "mlp.down_proj", "q_proj", "self_attn.q_proj"}),
+            (V{"v_proj", "down_proj", "q_proj"}));
+  auto layout = MakeLoraLayout({.rank = 2, .targets = {"self_attn.q_proj", "mlp.up_proj"}}, llama,
+                               "the Llama model");
+  ASSERT_TRUE(layout.ok()) << layout.status().ToString();
+  ASSERT_EQ(layout->sites.size(), 2u);
+  EXPECT_EQ(layout->sites[0].module.name, "q_proj");
+  EXPECT_EQ(layout->sites[1].module.name, "up_proj");
+  // Not a suffix at a dot, a layer index (PEFT would adapt one layer), another family's path.
+  for (const char* t : {"proj", "_proj", "layers.0.self_attn.q_proj", "mlp.q_proj", "self_attn"}) {
+    const auto r = LoraTargetNames(std::vector<std::string>{t}, llama, "the Llama model",
+                                   "x/adapter_config.json: target_modules");
+    ASSERT_FALSE(r.ok()) << t;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(
+        r.status().message(),
+        std::string("x/adapter_config.json: target_modules: the Llama model has no module '") + t +
+            "'; its modules are q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj");
+  }
+  // GPT-2 names two modules c_proj: a target that selects one of them is refused.
+  GptShape g;
+  g.vocab_size = 64;
+  g.max_seq_len = 8;
+  g.num_layers = 1;
+  g.num_heads = 2;
+  g.channels = 8;
+  const auto gpt = GptLoraModules(g);
+  auto both =
+      LoraTargetNames(std::vector<std::string>{"c_proj", "attn.c_attn"}, gpt, "the GPT", "t");
+  ASSERT_TRUE(both.ok()) << both.status().ToString();
+  EXPECT_EQ(*both, (V{"c_proj", "c_attn"}));
+  auto half = LoraTargetNames(std::vector<std::string>{"attn.c_proj"}, gpt, "the GPT", "t");
+  ASSERT_FALSE(half.ok());
+  EXPECT_EQ(half.status().message(),
+            "t: 'attn.c_proj' selects attn.c_proj but not mlp.c_proj; Strata adapts every module "
+            "named c_proj or none");
 }
 
 TEST(LoraLayout, InitialisationIsPeftsKaimingUniformAAndZeroB) {

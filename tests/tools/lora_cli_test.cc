@@ -164,6 +164,15 @@ TEST_F(LoraCliTest, AdapterExportReproducesTheRunAndTheMergedModelEvaluatesEqual
   const double run = EvalLoss("--checkpoint " + Path("ck_export"));
   // The adapter over the base (what --lora-init starts from): the same numbers exactly.
   EXPECT_EQ(EvalLoss("--model-dir " + Path("base") + " --lora " + Path("adapter")), run);
+  // target_modules as paths inside a layer ("self_attn.q_proj"), which PEFT matches as suffixes
+  // of the module names: the same adapter.
+  fs::copy(Path("adapter"), Path("adapter_paths"), fs::copy_options::recursive);
+  nlohmann::json config = Summary("adapter_paths/adapter_config.json");
+  config["target_modules"] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                              "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
+                              "mlp.down_proj"};
+  std::ofstream(Path("adapter_paths/adapter_config.json"), std::ios::trunc) << config.dump();
+  EXPECT_EQ(EvalLoss("--model-dir " + Path("base") + " --lora " + Path("adapter_paths")), run);
   // Merged weights W + s B A are rounded to fp32 once each (half an ulp, 2^-24 relative); the
   // fp32 evaluation of weights that differ by that much moves the mean loss by a few ulps of its
   // terms: 1e-5 relative is over a hundred ulps of the loss, and far below the adapters' effect
@@ -349,10 +358,49 @@ TEST_F(LoraCliTest, BadInputIsOneLineNamingTheFlagOrTheFile) {
                          Path("adapter_bad") + " --lora-rank 8 --lora-alpha 8 --lora-targets " +
                          "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"),
                "adapter_config.json: r is 4");
+  // --lora-init alone takes the adapter's alpha only when --lora-alpha is not given: a given one
+  // that differs is refused, not silently replaced; a given dropout is the run's own.
+  expect_error(
+      RunStrata("train --model-dir " + Path("base") + " --device host --data " + Path("tune.bin") +
+                " --seq-len 32 --steps 1 --lora-init " + Path("adapter_bad") + " --lora-alpha 4"),
+      "adapter_config.json: lora_alpha is 8, the run's --lora-alpha 4");
+  r = RunStrata("train --model-dir " + Path("base") + " --device host --data " + Path("tune.bin") +
+                " --seq-len 32 --steps 1 --eval-every 0 --sample-bytes 0 --log-every 0 " +
+                "--lora-init " + Path("adapter_bad") + " --lora-dropout 0.25 --save-dir " +
+                Path("ck_dropout"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json lora = Summary("ck_dropout/step-1/manifest.json")["model"]["config"]["lora"];
+  EXPECT_EQ(lora["dropout"], 0.25) << lora;
+  EXPECT_EQ(lora["alpha"], 8) << lora;
+  EXPECT_EQ(lora["rank"], 4) << lora;
+  // An alpha that is not positive would flip or switch off the adapters.
+  for (const char* alpha : {"0", "-8"}) {
+    expect_error(RunStrata("train --model-dir " + Path("base") + " --device host --data " +
+                           Path("tune.bin") + " --seq-len 32 --steps 1 --lora-rank 4 " +
+                           "--lora-alpha=" + alpha),
+                 std::string("--lora-alpha ") + alpha + " is not a positive number");
+  }
   fs::copy(Path("base"), Path("other_base"), fs::copy_options::recursive);
   expect_error(RunStrata("eval --device host --model-dir " + Path("other_base") + " --lora " +
                          Path("adapter_bad") + " --data " + Path("tune.bin") + " --seq-len 32"),
                "base_model_name_or_path");
+  // A hub cache snapshot of the base (what snapshot_download returns for "org/base") is the
+  // adapter's base, whether the adapter names it by repository id or by a local copy's path.
+  const std::string snapshot = Path("hub/models--org--base/snapshots/0123abcd");
+  fs::create_directories(fs::path(snapshot).parent_path());
+  fs::copy(Path("base"), snapshot, fs::copy_options::recursive);
+  fs::copy(Path("adapter_bad"), Path("adapter_hub"), fs::copy_options::recursive);
+  nlohmann::json hub_config = Summary("adapter_hub/adapter_config.json");
+  hub_config["base_model_name_or_path"] = "org/base";
+  std::ofstream(Path("adapter_hub/adapter_config.json"), std::ios::trunc) << hub_config.dump();
+  for (const char* adapter : {"adapter_bad", "adapter_hub"}) {
+    r = RunStrata("eval --device host --model-dir " + snapshot + " --lora " + Path(adapter) +
+                  " --data " + Path("tune.bin") + " --seq-len 32 --max-tokens 200");
+    EXPECT_EQ(r.exit_code, 0) << adapter << ": " << r.err;
+  }
+  expect_error(RunStrata("eval --device host --model-dir " + Path("other_base") + " --lora " +
+                         Path("adapter_hub") + " --data " + Path("tune.bin") + " --seq-len 32"),
+               "base_model_name_or_path is 'org/base'");
   // A tensor beyond the A/B matrices (PEFT's modules_to_save copy of lm_head) is refused by name,
   // not left out of the run.
   fs::copy(Path("adapter_bad"), Path("adapter_extra"), fs::copy_options::recursive);
