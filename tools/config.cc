@@ -396,7 +396,14 @@ void ApplyCommonOptimizerParams(Context& c, const json& params, const std::strin
   if (const json* v = Find(params, "adam_w_mode")) {
     bool w = true;
     if (c.r.Set(&w, Reader::Bool(*v, p + ".adam_w_mode"))) {
-      if (type != "adam" && !w) {
+      if (type == "adamw" && !w) {
+        // DeepSpeed runs AdamW for this type whatever adam_w_mode says (effective_adam_w_mode).
+        c.notes.push_back(fmt::format(
+            "{}.adam_w_mode false is ignored for type \"{}\", as DeepSpeed does (type \"Adam\" "
+            "with adam_w_mode false is Adam with L2 weight decay)",
+            p, type_name));
+        w = true;
+      } else if (type != "adam" && !w) {
         c.r.Add(
             fmt::format("'{}.adam_w_mode' false contradicts type \"{}\"; use type \"Adam\" "
                         "for L2 weight decay",
@@ -478,6 +485,16 @@ void ApplyOptimizer(Context& c, const json& opt, TrainFlags* f) {
   // DeepSpeed: "Adam" is AdamW unless adam_w_mode is false.
   f->optimizer = type == "adam" ? "adamw" : type;
   f->adam_decoupled_weight_decay = true;
+  // What params leaves out is the default of the optimizer DeepSpeed builds for the type, not
+  // Strata's flag defaults: FusedAdam / DeepSpeedCPUAdam, bitsandbytes' AdamW8bit, FusedLion /
+  // DeepSpeedCPULion (betas 0.9, 0.999) and torch.optim.SGD take lr 1e-3, DeepSpeedCPUAdagrad
+  // and torch.optim.Adagrad 1e-2. (Adafactor keeps Strata's: its algorithm is transformers',
+  // not the torch.optim.Adafactor whose default lr DeepSpeed would use; the note below.)
+  if (type != "adafactor") f->lr = type == "adagrad" ? 1e-2 : 1e-3;
+  if (type == "lion") {
+    f->adam_beta1 = 0.9;
+    f->adam_beta2 = 0.999;
+  }
   const json* params = Find(opt, "params");
   if (type == "adafactor") {
     // DeepSpeed builds any optimizer type it does not implement from torch.optim, so its
@@ -559,7 +576,9 @@ void CheckSchedulerParamNames(Context& c, const json& params, const std::string&
 void ApplySchedulerParams(Context& c, const json& params, const std::string& p,
                           const std::string& type, bool has_optimizer_lr, TrainFlags* f) {
   if (const json* v = Find(params, "warmup_num_steps")) {
-    c.r.Set(&f->warmup_steps, Reader::Int(*v, p + ".warmup_num_steps", 1, kMax));
+    // 0 is what a Hugging Face Trainer fills in without warmup; DeepSpeed's schedulers warm up
+    // over max(2, warmup_num_steps) steps, as LearningRateAt does.
+    c.r.Set(&f->warmup_steps, Reader::Int(*v, p + ".warmup_num_steps", 0, kMax));
   }
   if (const json* v = Find(params, "warmup_type")) {
     c.r.Set(&f->warmup_type, Reader::Choice(*v, p + ".warmup_type", {"log", "linear"}));
@@ -632,16 +651,29 @@ void ApplyScheduler(Context& c, const json& sched, bool has_optimizer_lr, TrainF
 
 void ApplyPrecision(Context& c, const json& root, TrainFlags* f) {
   const json* fp16 = Find(root, "fp16");
+  // "bfloat16" is the section's old name, which DeepSpeed still reads (get_bfloat16_enabled).
   const json* bf16 = Find(root, "bf16");
+  const char* bf16_name = "bf16";
+  if (const json* old = Find(root, "bfloat16"); old != nullptr) {
+    if (bf16 != nullptr) {
+      c.r.Add("'bf16' and its old name 'bfloat16' are both given; keep one");
+    } else {
+      bf16 = old;
+      bf16_name = "bfloat16";
+    }
+  }
   bool fp16_on = false, bf16_on = false;
   if (bf16 != nullptr) {
-    if (const json* v = Find(*bf16, "enabled")) c.r.Set(&bf16_on, Reader::Bool(*v, "bf16.enabled"));
+    if (const json* v = Find(*bf16, "enabled")) {
+      c.r.Set(&bf16_on, Reader::Bool(*v, fmt::format("{}.enabled", bf16_name)));
+    }
   }
   if (fp16 != nullptr) {
     if (const json* v = Find(*fp16, "enabled")) c.r.Set(&fp16_on, Reader::Bool(*v, "fp16.enabled"));
   }
   if (fp16_on && bf16_on) {
-    c.r.Add("'fp16.enabled' and 'bf16.enabled' are both true; enable at most one");
+    c.r.Add(fmt::format("'fp16.enabled' and '{}.enabled' are both true; enable at most one",
+                        bf16_name));
   }
   // As DeepSpeed: fp32 unless a section is enabled.
   f->precision = fp16_on ? "fp16" : bf16_on ? "bf16" : "fp32";
@@ -1133,6 +1165,13 @@ Status ApplyTrainConfigText(std::string_view text, std::string_view source, Trai
   ApplyBatch(c, root, f);
   if (const json* v = Find(root, "gradient_clipping")) {
     c.r.Set(&f->grad_clip, Reader::Number(*v, "gradient_clipping", 0, false));
+  } else {
+    // DeepSpeed's default is 0, no clipping (GRADIENT_CLIPPING_DEFAULT); Strata's flag default
+    // clips at 1, so the difference is said.
+    f->grad_clip = 0;
+    c.notes.push_back(
+        "no gradient_clipping: gradients are not clipped, as DeepSpeed (give gradient_clipping "
+        "or --grad-clip to clip)");
   }
   if (const json* v = Find(root, "steps_per_print")) {
     c.r.Set(&f->log_every, Reader::Int(*v, "steps_per_print", 0, kMax));

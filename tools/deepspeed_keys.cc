@@ -67,6 +67,11 @@ constexpr DeepSpeedKey kKeys[] = {
     {"bf16.check_grad_overflow", N, Why::kAlways},
     {"bf16.bf16_master_weights_and_grads", N, Why::kPrecision},
     {"bf16.bf16_optimizer_states", N, Why::kPrecision},
+    // The bf16 section's old name (DeepSpeed's BFLOAT16_OLD), read the same way.
+    {"bfloat16", S}, {"bfloat16.enabled", M}, {"bfloat16.immediate_grad_update", N, Why::kAlways},
+    {"bfloat16.check_grad_overflow", N, Why::kAlways},
+    {"bfloat16.bf16_master_weights_and_grads", N, Why::kPrecision},
+    {"bfloat16.bf16_optimizer_states", N, Why::kPrecision},
     {"amp", A, Why::kFeature}, {"torch_autocast", A, Why::kAlways},
     {"data_types", S, Why::kPrecision}, {"data_types.grad_accum_dtype", N, Why::kPrecision},
     // ZeRO.

@@ -512,8 +512,8 @@ std::string ToLine(const RunResult& r) {
 
 nlohmann::json ConfigBlock(const RunResult& best) {
   // A complete training config: the placement the sweep was measured for (state and working
-  // params on NVMe, under the swept paths), bf16, and the best I/O settings in Strata's own terms
-  // (DeepSpeed's aio keys scale the queue depth by the thread count).
+  // params on NVMe, under the swept paths), bf16, clipping at 1, and the best I/O settings in
+  // Strata's own terms (DeepSpeed's aio keys scale the queue depth by the thread count).
   const nlohmann::json nvme = {{"device", "nvme"}, {"nvme_path", best.config.paths}};
   // Training's io_threads are the posix backend's worker threads: as many as the measured run
   // kept I/Os in flight (BenchRun::Open), not its submitting threads.
@@ -524,6 +524,8 @@ nlohmann::json ConfigBlock(const RunResult& best) {
           : best.config.threads;
   return {
       {"bf16", {{"enabled", true}}},
+      // Strata's default clipping, written out: a DeepSpeed file without the key does not clip.
+      {"gradient_clipping", 1.0},
       {"zero_optimization", {{"stage", 3}, {"offload_optimizer", nvme}, {"offload_param", nvme}}},
       {"strata",
        {{"io_backend", best.config.backend},

@@ -439,6 +439,8 @@ TEST_F(CliTest, IobenchSweepConfigRoundTripsThroughTrainConfig) {
   EXPECT_EQ(block.at("zero_optimization").at("offload_optimizer").at("device"), "nvme");
   EXPECT_EQ(block.at("zero_optimization").at("offload_param").at("nvme_path"),
             nlohmann::json::array({dir_.string()}));
+  // Strata's default clipping, written out (a DeepSpeed file without the key does not clip).
+  EXPECT_EQ(block.at("gradient_clipping"), 1.0);
   // The same block is the last thing on stdout.
   const auto brace = sweep.out.rfind("{\n  \"bf16\"");
   ASSERT_NE(brace, std::string::npos) << sweep.out;
@@ -449,7 +451,9 @@ TEST_F(CliTest, IobenchSweepConfigRoundTripsThroughTrainConfig) {
                                  config.string() + " --summary-json " + summary.string());
   ASSERT_EQ(train.exit_code, 0) << train.out << train.err;
   std::ifstream sin(summary);
-  EXPECT_EQ(nlohmann::json::parse(sin).at("io_backend"), backend);
+  const nlohmann::json trained = nlohmann::json::parse(sin);
+  EXPECT_EQ(trained.at("io_backend"), backend);
+  EXPECT_EQ(trained.at("grad_clip"), 1.0);
   const auto io_line = train.out.find("  io ");
   ASSERT_NE(io_line, std::string::npos) << train.out;
   const std::string line = train.out.substr(io_line, train.out.find('\n', io_line) - io_line);

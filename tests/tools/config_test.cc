@@ -323,6 +323,92 @@ TEST(TrainConfig, OptimizerTypeNamesEveryStrataOptimizer) {
   EXPECT_NE(lamb.message().find("AdamW8bit"), std::string::npos) << lamb.ToString();
 }
 
+// What a DeepSpeed file leaves out is what DeepSpeed makes of it (docs/deepspeed.md), not
+// Strata's flag defaults.
+TEST(TrainConfig, WhatAFileLeavesOutIsDeepSpeedsDefault) {
+  // The optimizer's lr and betas: the defaults of the optimizer DeepSpeed builds for the type.
+  for (const auto& [type, lr] :
+       std::vector<std::pair<std::string, double>>{{"AdamW", 1e-3},
+                                                   {"Adam", 1e-3},
+                                                   {"AdamW8bit", 1e-3},
+                                                   {"Lion", 1e-3},
+                                                   {"SGD", 1e-3},
+                                                   {"Adagrad", 1e-2},
+                                                   {"Adafactor", 1.5e-3}}) {
+    TrainFlags f;
+    ASSERT_TRUE(Apply(R"({"optimizer": {"type": ")" + type + R"(", "params": {}}})", &f).ok())
+        << type;
+    EXPECT_DOUBLE_EQ(PeakLearningRate(f), lr) << type;
+  }
+  TrainFlags lion;
+  ASSERT_TRUE(
+      Apply(R"({"optimizer": {"type": "Lion", "params": {"weight_decay": 0.1}}})", &lion).ok());
+  auto o = BuildOptimizer(lion);
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(std::get<cpu_optim::LionConfig>(o->config).beta2, 0.999f);  // FusedLion's
+  EXPECT_EQ(std::get<cpu_optim::LionConfig>(o->config).lr, 1e-3f);
+  ASSERT_TRUE(Apply(R"({"optimizer": {"type": "Lion", "params": {"lr": 2e-4,
+                        "betas": [0.95, 0.98]}}})",
+                    &lion)
+                  .ok());
+  o = BuildOptimizer(lion);
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(std::get<cpu_optim::LionConfig>(o->config).beta2, 0.98f);
+  EXPECT_DOUBLE_EQ(PeakLearningRate(lion), 2e-4);
+  // No gradient_clipping: no clipping (DeepSpeed's default 0), said in a note.
+  TrainFlags clip;
+  ASSERT_EQ(clip.grad_clip, 1.0);  // the flag's default
+  ASSERT_TRUE(Apply(R"({"train_micro_batch_size_per_gpu": 2})", &clip).ok());
+  EXPECT_EQ(clip.grad_clip, 0.0);
+  std::string notes;
+  for (const std::string& n : clip.config_notes) notes += n + "\n";
+  EXPECT_NE(notes.find("no gradient_clipping: gradients are not clipped, as DeepSpeed"),
+            std::string::npos)
+      << notes;
+  ASSERT_TRUE(Apply(R"({"gradient_clipping": 0.7})", &clip).ok());
+  EXPECT_EQ(clip.grad_clip, 0.7);
+  // warmup_num_steps 0 (a Hugging Face Trainer's without warmup): DeepSpeed warms up over
+  // max(2, 0) steps, so every rate is the one of warmup_num_steps 2.
+  TrainFlags zero, two;
+  for (auto& [flags, steps] : {std::pair{&zero, 0}, std::pair{&two, 2}}) {
+    ASSERT_TRUE(Apply(fmt::format(R"({{"optimizer": {{"type": "AdamW", "params": {{"lr": 1e-3}}}},
+                          "scheduler": {{"type": "WarmupDecayLR", "params": {{"total_num_steps": 20,
+                          "warmup_min_lr": 0, "warmup_max_lr": 1e-3, "warmup_num_steps": {}}}}}}})",
+                                  steps),
+                      flags)
+                    .ok())
+        << steps;
+  }
+  EXPECT_EQ(zero.warmup_steps, 0);
+  for (int step = 0; step < 20; ++step) {
+    EXPECT_EQ(LearningRate(zero, step), LearningRate(two, step)) << step;
+  }
+  EXPECT_GT(LearningRate(zero, 2), 0.0f);
+  // The bf16 section's old name, as DeepSpeed reads it; both names at once are refused.
+  TrainFlags old_name;
+  ASSERT_TRUE(Apply(R"({"bfloat16": {"enabled": true}})", &old_name).ok());
+  EXPECT_EQ(old_name.precision, "bf16");
+  notes.clear();
+  for (const std::string& n : old_name.config_notes) notes += n + "\n";
+  EXPECT_EQ(notes.find("bfloat16"), std::string::npos) << notes;  // not "ignored"
+  EXPECT_NE(ErrorOf(R"({"bf16": {"enabled": true}, "bfloat16": {"enabled": true}})")
+                .find("'bf16' and its old name 'bfloat16' are both given"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(R"({"fp16": {"enabled": true}, "bfloat16": {"enabled": true}})")
+                .find("'fp16.enabled' and 'bfloat16.enabled' are both true"),
+            std::string::npos);
+  // Type AdamW is AdamW whatever adam_w_mode says, as DeepSpeed runs it; noted.
+  TrainFlags adamw;
+  ASSERT_TRUE(
+      Apply(R"({"optimizer": {"type": "AdamW", "params": {"adam_w_mode": false}}})", &adamw).ok());
+  EXPECT_EQ(adamw.optimizer, "adamw");
+  EXPECT_TRUE(adamw.adam_decoupled_weight_decay);
+  notes.clear();
+  for (const std::string& n : adamw.config_notes) notes += n + "\n";
+  EXPECT_NE(notes.find("adam_w_mode false is ignored for type \"AdamW\""), std::string::npos)
+      << notes;
+}
+
 TEST(TrainFlags, EachOptimizerHasItsDefaultLearningRateUnlessOneIsGiven) {
   TrainFlags f;
   EXPECT_DOUBLE_EQ(PeakLearningRate(f), 3e-3);
