@@ -1136,6 +1136,12 @@ void ApplyBatch(Context& c, const json& root, TrainFlags* f) {
   }
   if (micro) f->micro_batch_size = static_cast<int>(*micro);
   if (accum) f->grad_accum_steps = static_cast<int>(*accum);
+  if (total) {
+    // Kept as the global batch: the accumulation is derived again once the flags that override
+    // the file and the real ranks are known (tools/train_setup.cc ApplyRanks).
+    f->global_batch_size = static_cast<int>(*total);
+    f->global_batch_from_config = true;
+  }
 }
 
 }  // namespace

@@ -123,11 +123,13 @@ void AddBatchFlags(CLI::App& cmd, TrainFlags& f) {
   cmd.add_option("--grad-accum-steps", f.grad_accum_steps,
                  "Micro-batches per optimizer step on each rank")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::PositiveNumber)
+      ->each([&f](const std::string&) { f.grad_accum_given = true; });
   cmd.add_option("--global-batch-size", f.global_batch_size,
                  "Sequences per optimizer step over all data-parallel ranks (mpirun -n N): sets "
                  "the accumulation steps to it / (micro-batch size x N), which must divide")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::NonNegativeNumber)
+      ->each([&f](const std::string&) { f.global_batch_from_config = false; });
   cmd.add_option("--comm-timeout", f.comm_timeout,
                  "Seconds a collective waits for the other ranks before the job is aborted with "
                  "a line naming it (0 = no limit)")

@@ -40,6 +40,12 @@ struct TrainFlags {
   // Sequences per optimizer step over every data-parallel rank; 0 = micro-batch x accumulation x
   // ranks. When given, the accumulation steps per rank are derived from it (it must divide).
   int global_batch_size = 0;
+  // Where global_batch_size came from, for its errors: the --config file's train_batch_size
+  // (DeepSpeed's) or --global-batch-size.
+  bool global_batch_from_config = false;
+  // Whether --grad-accum-steps was given on the command line: with a global batch it must agree
+  // (it is derived otherwise).
+  bool grad_accum_given = false;
   // Seconds a collective may wait for the other ranks before the job is aborted (0 = forever).
   double comm_timeout = 300;
   // The CPU optimizer: adamw, adam, adamw8bit, adafactor, lion, sgd or adagrad

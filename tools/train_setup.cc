@@ -34,15 +34,30 @@ std::string RankPath(std::string path, const RankInfo& ranks) {
 // What the ranks change in the flags (TrainOptions::flags).
 Status ApplyRanks(const RankInfo& ranks, TrainFlags* f) {
   if (f->global_batch_size > 0) {
+    // Derived here, after the flags that override a config file and with the real ranks, so
+    // that a file's train_batch_size holds with another --micro-batch-size (as DeepSpeed derives
+    // the accumulation from train_batch_size and the micro-batch).
+    const std::string global =
+        f->global_batch_from_config
+            ? fmt::format("the --config file's train_batch_size {}", f->global_batch_size)
+            : fmt::format("--global-batch-size {}", f->global_batch_size);
     const int per_step = f->micro_batch_size * ranks.ranks;
     if (f->global_batch_size % per_step != 0) {
       return InvalidArgumentError(fmt::format(
-          "--global-batch-size {} is not a multiple of micro-batch size {} x {} rank{}: pick a "
-          "multiple of {}",
-          f->global_batch_size, f->micro_batch_size, ranks.ranks, ranks.ranks == 1 ? "" : "s",
-          per_step));
+          "{} is not a multiple of micro-batch size {} x {} rank{}: pick a multiple "
+          "of {}",
+          global, f->micro_batch_size, ranks.ranks, ranks.ranks == 1 ? "" : "s", per_step));
     }
-    f->grad_accum_steps = f->global_batch_size / per_step;
+    const int accum = f->global_batch_size / per_step;
+    if (f->grad_accum_given && f->grad_accum_steps != accum) {
+      return InvalidArgumentError(
+          fmt::format("--grad-accum-steps {} contradicts {}: micro-batch size {} x {} rank{} x {} "
+                      "accumulation steps is {}; give one of them",
+                      f->grad_accum_steps, global, f->micro_batch_size, ranks.ranks,
+                      ranks.ranks == 1 ? "" : "s", f->grad_accum_steps,
+                      int64_t{per_step} * f->grad_accum_steps));
+    }
+    f->grad_accum_steps = accum;
   }
   if (ranks.rank != 0) {
     // Rank 0 alone writes the metrics.

@@ -63,6 +63,10 @@ TEST(TrainConfig, EveryAcceptedKeyParsesToItsField) {
   ASSERT_TRUE(s.ok()) << s.ToString();
   EXPECT_EQ(f.micro_batch_size, 4);
   EXPECT_EQ(f.grad_accum_steps, 3);
+  // train_batch_size is kept as the global batch, the accumulation derived again after the
+  // flags (tools/train_setup.cc).
+  EXPECT_EQ(f.global_batch_size, 12);
+  EXPECT_TRUE(f.global_batch_from_config);
   EXPECT_DOUBLE_EQ(f.grad_clip, 0.5);
   EXPECT_EQ(f.log_every, 7);
   EXPECT_EQ(f.precision, "fp16");

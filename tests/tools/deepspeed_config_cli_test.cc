@@ -61,12 +61,13 @@ class DeepSpeedConfigCli : public ::testing::Test {
 
   // `strata train --config FILE --steps 3`, its swap under the test's directory (the files name
   // /local_nvme, as the public ones do; a flag overrides a file).
-  Result Run(const std::string& file) {
+  Result Run(const std::string& file, const std::string& extra_flags = "") {
     summary_ = nlohmann::json();
     const auto summary_path = dir_ / (file + ".summary.json");
+    std::filesystem::remove(summary_path);
     const Result r = RunStrata("train --config " + std::string(STRATA_DS_CONFIGS) + "/" + file +
                                " --steps 3 --nvme-path " + dir_.string() + " --summary-json " +
-                               summary_path.string());
+                               summary_path.string() + " " + extra_flags);
     std::ifstream in(summary_path);
     if (in.good()) summary_ = nlohmann::json::parse(in);
     return r;
@@ -176,6 +177,21 @@ TEST_F(DeepSpeedConfigCli, HuggingFaceZeroTwoKeepsParamsOnTheDeviceAndStateOnThe
   EXPECT_EQ(rates[0].second, 0.0);  // log warmup from 0: iteration -1
   // Iteration 1 of a log warmup over 10 steps: ln 2 / ln 10 of the peak.
   EXPECT_NEAR(rates[1].second, 5e-5 * std::log(2.0) / std::log(10.0), 0.006 * 1.5e-5);
+}
+
+// train_batch_size is the global batch, as in DeepSpeed: a flag that overrides the file's
+// micro-batch keeps it, one that contradicts it is refused.
+TEST_F(DeepSpeedConfigCli, TheFilesTrainBatchSizeHoldsWhenAFlagChangesTheMicroBatch) {
+  Result r = Run("hf_trainer_zero2.json", "--micro-batch-size 2");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(summary_["micro_batch_size"], 2);
+  EXPECT_EQ(summary_["grad_accum_steps"], 4);  // 8 = 2 x 4
+  r = Run("hf_trainer_zero2.json", "--grad-accum-steps 3");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.err.find("--grad-accum-steps 3 contradicts the --config file's train_batch_size 8"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(Lines(r.err), 1) << r.err;
 }
 
 TEST_F(DeepSpeedConfigCli, FineTuningRecipeCheckpointsActivationsToTheHostAndWritesItsMonitors) {

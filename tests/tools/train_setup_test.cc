@@ -188,6 +188,45 @@ TEST(TrainSetup, RanksDeriveAccumulationStepsAndOnlyRankZeroWritesOutputs) {
   EXPECT_NE(bad.status().message().find("--global-batch-size 6"), std::string::npos);
 }
 
+// A DeepSpeed file's train_batch_size is the global batch: a --micro-batch-size that overrides
+// the file's keeps it (the accumulation is derived again, as DeepSpeed derives it), and a
+// --grad-accum-steps that contradicts it is refused rather than silently replaced.
+TEST(TrainSetup, AConfigFilesTrainBatchSizeHoldsOverTheFlagsThatOverrideTheFile) {
+  TrainFlags f;  // what {"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4} sets
+  f.global_batch_size = 32;
+  f.global_batch_from_config = true;
+  f.micro_batch_size = 4;
+  f.grad_accum_steps = 8;
+  auto o = TrainOptionsFromFlags(f, {});
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->flags.grad_accum_steps, 8);
+  f.micro_batch_size = 8;  // --micro-batch-size 8 after --config
+  o = TrainOptionsFromFlags(f, {});
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->flags.grad_accum_steps, 4);
+  EXPECT_EQ(o->engine.grad_accum_steps, 4);
+  // Two ranks (the launcher's world unknown to the file): 32 = 8 x 2 ranks x 2.
+  o = TrainOptionsFromFlags(f, {.ranks = 2, .rank = 0, .data_parallel = true});
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->flags.grad_accum_steps, 2);
+  f.micro_batch_size = 5;
+  auto bad = TrainOptionsFromFlags(f, {});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().message(),
+            "the --config file's train_batch_size 32 is not a multiple of micro-batch size 5 x 1 "
+            "rank: pick a multiple of 5");
+  f.micro_batch_size = 8;
+  f.grad_accum_steps = 8;  // --grad-accum-steps 8
+  f.grad_accum_given = true;
+  bad = TrainOptionsFromFlags(f, {});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().message(),
+            "--grad-accum-steps 8 contradicts the --config file's train_batch_size 32: "
+            "micro-batch size 8 x 1 rank x 8 accumulation steps is 64; give one of them");
+  f.grad_accum_steps = 4;  // agrees
+  EXPECT_TRUE(TrainOptionsFromFlags(f, {}).ok());
+}
+
 TEST(TrainSetup, TheUpdateDuringBackwardIsAutoWithOneRankAndRefusedWithRanks) {
   TrainFlags f;
   auto one = TrainOptionsFromFlags(f, {});
