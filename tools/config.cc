@@ -214,6 +214,9 @@ class KeyWalker {
                         (k->treatment == KeyTreatment::kSection && k->reason != NoopReason::kNone);
       if (noop && !in_noop) (*noops_)[k->reason].push_back(path);
       if (k->treatment == KeyTreatment::kSection) {
+        // DeepSpeed's deprecated "zero_optimization": true / false (read_zero_config_deprecated):
+        // stage 1 / 0, read by ApplyZero.
+        if (path == "zero_optimization" && value.is_boolean()) continue;
         if (!value.is_object()) {
           r_->Add(Reader::WrongValue(path, value, "an object"));
           continue;
@@ -772,6 +775,14 @@ Offload ReadOffload(Context& c, const json* section, const std::string& path, bo
 
 void ApplyZero(Context& c, const json* zero, TrainFlags* f) {
   const json empty = json::object();
+  if (zero != nullptr && zero->is_boolean()) {
+    // The deprecated boolean form: true is stage 1, false stage 0 (DeepSpeed's
+    // read_zero_config_deprecated).
+    c.stage = zero->get<bool>() ? 1 : 0;
+    c.notes.push_back(
+        fmt::format("zero_optimization {} is DeepSpeed's deprecated form of {{\"stage\": {}}}",
+                    zero->get<bool>(), c.stage));
+  }
   if (zero == nullptr || !zero->is_object()) zero = &empty;
   const std::string z = "zero_optimization";
   if (const json* v = Find(*zero, "stage")) {

@@ -47,6 +47,7 @@ constexpr DeepSpeedKey kKeys[] = {
     {"managed_gradient_accumulation", N, Why::kFeature},
     // Optimizer and scheduler: their params are checked per type.
     {"optimizer", S}, {"optimizer.type", M}, {"optimizer.params", M},
+    {"optimizer.legacy_fusion", N, Why::kFeature},
     {"scheduler", S}, {"scheduler.type", M}, {"scheduler.params", M},
     {"zero_allow_untested_optimizer", N, Why::kFeature},
     {"zero_force_ds_cpu_optimizer", N, Why::kFeature},

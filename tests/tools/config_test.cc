@@ -413,6 +413,33 @@ TEST(TrainConfig, WhatAFileLeavesOutIsDeepSpeedsDefault) {
       << notes;
 }
 
+// Forms DeepSpeed still accepts: the boolean zero_optimization (stage 1 / 0) and the optimizer's
+// legacy_fusion switch (a no-op here).
+TEST(TrainConfig, DeepSpeedsDeprecatedFormsAreReadOrNamedAsNoOps) {
+  for (const bool on : {true, false}) {
+    TrainFlags f;
+    const Status s = Apply(fmt::format(R"({{"zero_optimization": {}}})", on), &f);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    std::string notes;
+    for (const std::string& n : f.config_notes) notes += n + "\n";
+    EXPECT_NE(notes.find(fmt::format("zero_optimization {} is DeepSpeed's deprecated form of "
+                                     "{{\"stage\": {}}}",
+                                     on, on ? 1 : 0)),
+              std::string::npos)
+        << notes;
+    EXPECT_EQ(f.offload_optimizer, "device");
+  }
+  EXPECT_NE(ErrorOf(R"({"zero_optimization": 3})").find("'zero_optimization'"), std::string::npos);
+  TrainFlags f;
+  ASSERT_TRUE(
+      Apply(R"({"optimizer": {"type": "AdamW", "legacy_fusion": false, "params": {"lr": 1e-4}}})",
+            &f)
+          .ok());
+  std::string notes;
+  for (const std::string& n : f.config_notes) notes += n + "\n";
+  EXPECT_NE(notes.find("optimizer.legacy_fusion"), std::string::npos) << notes;
+}
+
 TEST(TrainFlags, EachOptimizerHasItsDefaultLearningRateUnlessOneIsGiven) {
   TrainFlags f;
   EXPECT_DOUBLE_EQ(PeakLearningRate(f), 3e-3);
