@@ -11,6 +11,19 @@
 namespace strata::engine {
 namespace {
 
+// A valid manifest of two blocks, bf16, the rest at its defaults.
+Manifest SmallManifest() {
+  Manifest m;
+  m.precision = "bf16";
+  m.model_description = "GPT";
+  m.block_names = {"embedding", "head"};
+  m.block_num_params = {10, 20};
+  m.vocab_size = 256;
+  m.max_seq_len = 16;
+  m.files = {{"master.safetensors", 123, 1}};
+  return m;
+}
+
 TEST(Manifest, RoundTripsAndRejectsBadInput) {
   Manifest m;
   m.precision = "fp16";
@@ -115,14 +128,7 @@ TEST(Manifest, RoundTripsAndRejectsBadInput) {
 
 TEST(Manifest, ReadsVersionOneAsAdamW) {
   // A manifest of format version 1 (before any optimizer but AdamW/Adam): its optimizer object.
-  Manifest m;
-  m.precision = "bf16";
-  m.model_description = "GPT";
-  m.block_names = {"embedding", "head"};
-  m.block_num_params = {10, 20};
-  m.vocab_size = 256;
-  m.max_seq_len = 16;
-  m.files = {{"master.safetensors", 123, 1}};
+  Manifest m = SmallManifest();
   nlohmann::json j = nlohmann::json::parse(SerializeManifest(m));
   j["format_version"] = 1;
   j["optimizer"] = {{"name", "adam"},
@@ -147,14 +153,7 @@ TEST(Manifest, ReadsVersionOneAsAdamW) {
 // The weight decay groups are recorded; a manifest from before them (no field) decayed every
 // element and reads so.
 TEST(Manifest, RecordsTheWeightDecayGroupsAndReadsTheirAbsenceAsDecayAll) {
-  Manifest m;
-  m.precision = "bf16";
-  m.model_description = "GPT";
-  m.block_names = {"embedding", "head"};
-  m.block_num_params = {10, 20};
-  m.vocab_size = 256;
-  m.max_seq_len = 16;
-  m.files = {{"master.safetensors", 123, 1}};
+  Manifest m = SmallManifest();
   for (const bool decay_all : {false, true}) {
     m.decay_norms_and_biases = decay_all;
     auto p = ParseManifest(SerializeManifest(m));

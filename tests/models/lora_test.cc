@@ -32,6 +32,16 @@ LlamaConfig TinyLlama() {
   return c;
 }
 
+GptShape TinyGpt() {
+  GptShape g;
+  g.vocab_size = 64;
+  g.max_seq_len = 8;
+  g.num_layers = 1;
+  g.num_heads = 2;
+  g.channels = 8;
+  return g;
+}
+
 TEST(LoraLayout, TargetsInTheFamilyOrderWithAThenB) {
   const LlamaConfig c = TinyLlama();
   LoraConfig lc{.rank = 3, .alpha = 6, .targets = {"down_proj", "q_proj", "v_proj"}};
@@ -107,12 +117,7 @@ TEST(LoraLayout, TargetsSelectModulesByPeftsSuffixRule) {
             "'; its modules are q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj");
   }
   // GPT-2 names two modules c_proj: a target that selects one of them is refused.
-  GptShape g;
-  g.vocab_size = 64;
-  g.max_seq_len = 8;
-  g.num_layers = 1;
-  g.num_heads = 2;
-  g.channels = 8;
+  const GptShape g = TinyGpt();
   const auto gpt = GptLoraModules(g);
   auto both =
       LoraTargetNames(std::vector<std::string>{"c_proj", "attn.c_attn"}, gpt, "the GPT", "t");
@@ -245,12 +250,7 @@ TEST(LoraLayer, GptLayerEqualsTheLayerWithMergedConv1DWeights) {
   // GPT-2's base weights are (in, out) (Conv1D); MergeLoraLayer adds s B A transposed into
   // them. The layer with adapters equals the layer with the merged weights (double precision),
   // and MergeLoraLayer (fp32) is that merge rounded once per weight.
-  GptShape g;
-  g.vocab_size = 64;
-  g.max_seq_len = 8;
-  g.num_layers = 1;
-  g.num_heads = 2;
-  g.channels = 8;
+  const GptShape g = TinyGpt();
   auto layout = MakeLoraLayout({.rank = 2, .alpha = 3, .targets = {"c_attn", "c_proj", "c_fc"}},
                                GptLoraModules(g), "the GPT");
   ASSERT_TRUE(layout.ok()) << layout.status().ToString();
