@@ -68,7 +68,7 @@ struct Planned {
 
 Status WriteInto(const std::string& tmp, const HfModelConfig& config,
                  const std::function<Status(int, std::span<float>)>& read_block, DType dtype,
-                 uint64_t max_shard_bytes, const std::vector<std::string>& companion_files) {
+                 uint64_t max_shard_bytes, const std::vector<CompanionFile>& companion_files) {
   // Plan: tensors in block order, packed greedily into shards of at most max_shard_bytes.
   const int num_blocks = HfNumBlocks(config);
   std::vector<Planned> plan;
@@ -156,30 +156,36 @@ Status WriteInto(const std::string& tmp, const HfModelConfig& config,
         WriteNewFile(tmp + "/model.safetensors.index.json", index.dump(2) + "\n", 0644));
   }
   STRATA_RETURN_IF_ERROR(WriteNewFile(tmp + "/config.json", HfConfigJson(config, dtype), 0644));
-  for (const std::string& from : companion_files) {
-    STRATA_RETURN_IF_ERROR(
-        CopyNewFile(from, tmp + "/" + fs::path(from).filename().string(), "model file"));
+  for (const CompanionFile& from : companion_files) {
+    STRATA_RETURN_IF_ERROR(CopyNewFile(from.path, tmp + "/" + from.out_name(), "model file"));
   }
   return FsyncDirectory(tmp);
 }
 
 }  // namespace
 
+std::string CompanionFile::out_name() const {
+  return name.empty() ? fs::path(path).filename().string() : name;
+}
+
 Status WriteHfDirectory(const std::string& out_dir, const HfModelConfig& config,
                         const std::function<Status(int block, std::span<float> out)>& read_block,
                         DType dtype, uint64_t max_shard_bytes,
-                        const std::vector<std::string>& companion_files) {
+                        const std::vector<CompanionFile>& companion_files) {
   STRATA_RETURN_IF_ERROR(config.family == HfModelConfig::Family::kLlama
                              ? ValidateLlamaConfig(config.llama)
                              : ValidateShape(config.gpt2));
   if (max_shard_bytes == 0) return InvalidArgumentError("max_shard_bytes must be positive");
   std::set<std::string> names;
-  for (const std::string& f : companion_files) {
-    const std::string name = fs::path(f).filename().string();
-    if (name.empty() || name == "config.json" || name.ends_with(".safetensors") ||
-        name.ends_with(".index.json") || !names.insert(name).second) {
+  for (const CompanionFile& f : companion_files) {
+    const std::string name = f.out_name();
+    if (name.empty() || name.find('/') != std::string::npos || name == "config.json" ||
+        name.ends_with(".safetensors") || name.ends_with(".index.json") ||
+        !names.insert(name).second) {
       return InvalidArgumentError(fmt::format(
-          "companion file '{}': its name is empty, repeated or that of a weights/config file", f));
+          "companion file '{}' as '{}': its name is empty, repeated or that of a weights/config "
+          "file",
+          f.path, name));
     }
   }
 

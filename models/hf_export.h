@@ -41,10 +41,21 @@ namespace strata::models {
 // Errors: kInvalidArgument (config out of range, max_shard_bytes == 0, two companion files with
 // one name or one named as a weights or config file), kAlreadyExists, the first error of
 // read_block, errno-derived I/O errors naming the file (a missing companion file: kNotFound).
+//
+// companion_files are copied in as they are (tokenizer files, generation_config.json, ...), each
+// under `name`, or its own file name when that is empty (a run's tokenizer trained from
+// my_tok.json is written as the tokenizer.json transformers looks for).
+struct CompanionFile {
+  CompanionFile(std::string path_in, std::string name_in = "")  // NOLINT: a path is a file
+      : path(std::move(path_in)), name(std::move(name_in)) {}
+  std::string path;
+  std::string name;
+  std::string out_name() const;  // name, else path's file name
+};
 Status WriteHfDirectory(const std::string& out_dir, const HfModelConfig& config,
                         const std::function<Status(int block, std::span<float> out)>& read_block,
                         DType dtype, uint64_t max_shard_bytes,
-                        const std::vector<std::string>& companion_files);
+                        const std::vector<CompanionFile>& companion_files);
 
 // The crash-safe directory write WriteHfDirectory uses, for any directory of files: out_dir must
 // not exist or be empty (else kAlreadyExists, `what` naming the kind of write: "export"); `write`

@@ -324,11 +324,11 @@ Status ExportHfDirectory(const ExportFlags& f) {
     models::MergeLoraLayer(*lora, adapters.data(), out.data());
     return Status::Ok();
   };
-  std::vector<std::string> tokenizer_files;
-  for (const auto& file : spec.tokenizer_files) {
+  std::vector<models::CompanionFile> tokenizer_files;
+  for (const auto& [file, name] : ExportedTokenizerFiles(spec)) {
     std::error_code ec;
     if (std::filesystem::exists(file, ec)) {
-      tokenizer_files.push_back(file);
+      tokenizer_files.emplace_back(file, name);
     } else {
       std::fprintf(stderr, "strata: warning: tokenizer file '%s' of the run is gone; not copied\n",
                    file.c_str());

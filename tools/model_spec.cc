@@ -46,6 +46,7 @@ StatusOr<ModelSpec> PresetSpec(const std::string& name) {
 }  // namespace
 
 std::string ModelSpec::default_tokenizer() const {
+  if (!tokenizer.empty()) return tokenizer;
   for (const char* name : {"tokenizer.model", "tokenizer.json"}) {
     for (const auto& file : tokenizer_files) {
       if (std::filesystem::path(file).filename() == name) return file;
@@ -100,6 +101,7 @@ std::string ModelSpecJson(const ModelSpec& spec) {
       {"hf_config", nlohmann::json::parse(models::HfConfigJson(spec.config))},
       {"tokenizer_files", spec.tokenizer_files},
   };
+  if (!spec.tokenizer.empty()) j["tokenizer"] = spec.tokenizer;
   if (spec.config.family == Family::kGpt2) {
     // The GPT shape as checkpoints before Hugging Face support wrote it.
     const models::GptShape& s = spec.config.gpt2;
@@ -164,6 +166,7 @@ StatusOr<ModelSpec> ModelSpecFromJson(const std::string& json) {
       if (f.is_string()) spec.tokenizer_files.push_back(f);
     }
   }
+  if (j.contains("tokenizer") && j["tokenizer"].is_string()) spec.tokenizer = j["tokenizer"];
   if (j.contains("hf_config")) {
     STRATA_ASSIGN_OR_RETURN(spec.config,
                             models::ParseHfConfig(j["hf_config"].dump(), "checkpoint manifest"));
@@ -186,6 +189,61 @@ StatusOr<ModelSpec> ModelSpecFromJson(const std::string& json) {
   spec.config.family = Family::kGpt2;
   spec.config.gpt2 = s;
   return spec;
+}
+
+Status UseTokenizer(const std::string& given, ModelSpec* spec) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path file = fs::absolute(given, ec).lexically_normal();
+  if (fs::is_directory(file, ec)) {
+    fs::path found;
+    for (const char* name : {"tokenizer.json", "tokenizer.model"}) {
+      if (fs::exists(file / name, ec)) {
+        found = file / name;
+        break;
+      }
+    }
+    if (found.empty()) {
+      return NotFoundError(fmt::format(
+          "tokenizer directory '{}' has neither tokenizer.json nor tokenizer.model", given));
+    }
+    file = found;
+  }
+  spec->tokenizer = file.string();
+  const fs::path dir = file.parent_path();
+  if (!spec->model_dir.empty() && dir == fs::path(spec->model_dir).lexically_normal()) {
+    // The model directory's own file: already among its tokenizer files.
+    if (std::find(spec->tokenizer_files.begin(), spec->tokenizer_files.end(), spec->tokenizer) ==
+        spec->tokenizer_files.end()) {
+      spec->tokenizer_files.push_back(spec->tokenizer);
+    }
+    return Status::Ok();
+  }
+  const auto named = [](const std::string& path, std::initializer_list<const char*> names) {
+    const std::string name = fs::path(path).filename().string();
+    return std::any_of(names.begin(), names.end(), [&](const char* n) { return name == n; });
+  };
+  std::erase_if(spec->tokenizer_files, [&](const std::string& f) {
+    return named(f, {"tokenizer.json", "tokenizer.model", "vocab.json", "merges.txt"});
+  });
+  for (const char* name :
+       {"tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"}) {
+    if (!fs::is_regular_file(dir / name, ec)) continue;
+    std::erase_if(spec->tokenizer_files, [&](const std::string& f) { return named(f, {name}); });
+    spec->tokenizer_files.push_back((dir / name).string());
+  }
+  spec->tokenizer_files.push_back(spec->tokenizer);
+  return Status::Ok();
+}
+
+std::vector<std::pair<std::string, std::string>> ExportedTokenizerFiles(const ModelSpec& spec) {
+  std::vector<std::pair<std::string, std::string>> files;
+  for (const std::string& f : spec.tokenizer_files) {
+    std::string name = std::filesystem::path(f).filename().string();
+    if (f == spec.tokenizer) name = name.ends_with(".json") ? "tokenizer.json" : "tokenizer.model";
+    files.emplace_back(f, name);
+  }
+  return files;
 }
 
 void AddLoraFlags(CLI::App& cmd, LoraFlags& f) {

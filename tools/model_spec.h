@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/status.h"
@@ -26,7 +27,11 @@ struct ModelSpec {
   std::string preset;            // the preset's name, or "" for a directory
   std::string model_dir;         // the Hugging Face directory (absolute), or ""
   models::HfModelConfig config;  // family and shape; the byte-level presets are untied GPT-2s
-  std::vector<std::string> tokenizer_files;  // absolute paths (model_dir's, or --tokenizer)
+  std::vector<std::string> tokenizer_files;  // absolute paths (model_dir's, or --tokenizer's)
+  // The file a run tokenized its text with when --tokenizer named one (absolute; one of
+  // tokenizer_files), else "": the model directory's. Exported as tokenizer.json or
+  // tokenizer.model whatever its own name.
+  std::string tokenizer;
   // LoRA (models/lora.h): the base model frozen, adapters trained; rank 0 = none. The adapters
   // start from lora_init_dir (a PEFT adapter directory, absolute) when it is set.
   models::LoraConfig lora;
@@ -66,6 +71,19 @@ struct LoraFlags {
   BaseQuantFlags base;  // --base-quant, --base-double-quant (added by AddLoraFlags too)
 };
 void AddLoraFlags(CLI::App& cmd, LoraFlags& f);
+
+// A run's --tokenizer (a tokenizer.json, a tokenizer.model, or a directory: its tokenizer.json,
+// else its tokenizer.model, as data::Tokenizer::Load picks) recorded in `spec`: spec->tokenizer
+// is the file, and a tokenizer from outside the model directory replaces the directory's
+// tokenizer files (tokenizer.json, tokenizer.model, vocab.json, merges.txt) in
+// spec->tokenizer_files, with its own directory's tokenizer_config.json, special_tokens_map.json
+// and chat_template.jinja where it has them, so that an export carries the tokenizer the run
+// trained with. Errors: kNotFound for a directory with neither file.
+Status UseTokenizer(const std::string& given, ModelSpec* spec);
+
+// The tokenizer files to copy into an export of `spec`: each under its own name, the run's
+// tokenizer (spec.tokenizer) under tokenizer.json / tokenizer.model.
+std::vector<std::pair<std::string, std::string>> ExportedTokenizerFiles(const ModelSpec& spec);
 
 // Sets spec->base_quant (after the LoRA flags: spec->lora is final): with LoRA or for
 // `inference` (eval, generate: the whole model is frozen), the flag's type, or for `auto` a

@@ -375,9 +375,7 @@ StatusOr<TrainInputs> OpenModelAndData(const TrainOptions& options) {
                                             f.seq_len, in.model->max_seq_len()));
   }
   const data::TrainingDataOptions data_options = DataOptions(f, in.spec, *in.model);
-  if (!f.tokenizer.empty()) {
-    in.spec.tokenizer_files.push_back(std::filesystem::absolute(f.tokenizer).string());
-  }
+  if (!f.tokenizer.empty()) STRATA_RETURN_IF_ERROR(UseTokenizer(f.tokenizer, &in.spec));
   STRATA_ASSIGN_OR_RETURN(in.data, data::OpenTrainingData(data_options));
   if (options.preference && !in.data.preference) {
     return InvalidArgumentError(fmt::format(

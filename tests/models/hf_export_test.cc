@@ -241,14 +241,30 @@ TEST(HfExport, CopiesTheTokenizerChatTemplateAndGenerationConfig) {
   ASSERT_TRUE(ck.ok());
   ASSERT_EQ((*ck)->companion_files().size(), 4u);
   const std::string out = tmp.path() + "/out";
-  ASSERT_TRUE(WriteHfDirectory(out, (*ck)->config(), Reader(**ck), DType::kF32, 1 << 30,
-                               (*ck)->companion_files())
-                  .ok());
+  std::vector<CompanionFile> files((*ck)->companion_files().begin(),
+                                   (*ck)->companion_files().end());
+  ASSERT_TRUE(
+      WriteHfDirectory(out, (*ck)->config(), Reader(**ck), DType::kF32, 1 << 30, files).ok());
   EXPECT_EQ(ReadFileBytes(out + "/tokenizer.model"), std::string("\x0a\x00\xff spm", 7));
   EXPECT_EQ(ReadFileBytes(out + "/tokenizer_config.json"), R"({"add_bos_token": true})");
   EXPECT_EQ(ReadFileBytes(out + "/chat_template.jinja"),
             "{% for m in messages %}{{ m.content }}{% endfor %}");
   EXPECT_EQ(ReadFileBytes(out + "/generation_config.json"), R"({"eos_token_id": [2, 7]})");
+  // A file copied under another name (a run's tokenizer trained from my_tok.json is the
+  // tokenizer.json transformers reads); two files under one name are refused, nothing written.
+  WriteFile(tmp.path() + "/my_tok.json", R"({"model": {}})");
+  const std::string renamed = tmp.path() + "/renamed";
+  ASSERT_TRUE(WriteHfDirectory(renamed, (*ck)->config(), Reader(**ck), DType::kF32, 1 << 30,
+                               {{tmp.path() + "/my_tok.json", "tokenizer.json"}})
+                  .ok());
+  EXPECT_EQ(ReadFileBytes(renamed + "/tokenizer.json"), R"({"model": {}})");
+  EXPECT_FALSE(fs::exists(renamed + "/my_tok.json"));
+  const Status twice = WriteHfDirectory(
+      tmp.path() + "/twice", (*ck)->config(), Reader(**ck), DType::kF32, 1 << 30,
+      {{tmp.path() + "/my_tok.json", "tokenizer.model"}, {tmp.path() + "/in/tokenizer.model"}});
+  EXPECT_EQ(twice.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(twice.message(), HasSubstr("as 'tokenizer.model'"));
+  EXPECT_FALSE(fs::exists(tmp.path() + "/twice"));
 }
 
 TEST(HfExport, RefusesANonEmptyOutputDirectoryAndWritesNothing) {

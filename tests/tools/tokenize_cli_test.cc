@@ -550,3 +550,46 @@ TEST_F(TokenizeCliTest, AnUnknownOrUnparsableChatTemplateIsRefusedAndWritesNothi
 }
 
 }  // namespace
+
+// A run trained with --tokenizer exports the tokenizer it trained with, under the name
+// transformers reads (tokenizer.model), whether --tokenizer named a file of another name, a
+// directory, or the model directory's own file; a tokenizer from elsewhere replaces the model
+// directory's; and the checkpoint generates with it without --tokenizer.
+TEST_F(TokenizeCliTest, ARunTrainedWithTokenizerExportsTheTokenizerItTrainedWith) {
+  const auto path = [&](const std::string& name) { return (dir_ / name).string(); };
+  const auto train = [&](const std::string& model_flags, const std::string& tokenizer,
+                         const std::string& save) {
+    return RunStrata("train " + model_flags + " --device host --data " + text_ + " --tokenizer " +
+                     tokenizer + " --steps 2 --seq-len 32 --eval-every 0 " +
+                     "--sample-bytes 0 --log-every 0 --save-dir " + path(save));
+  };
+  // tok.model (the fixture's, 60 pieces), as a file of its own name.
+  Result r = train("--model llama-tiny", model_, "ck_file");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  r = RunStrata("export --checkpoint " + path("ck_file") + " --hf-dir " + path("out_file"));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(ReadFile(path("out_file/tokenizer.model")), ReadFile(model_));
+  EXPECT_FALSE(fs::exists(path("out_file/tok.model")));
+  r = RunStrata("generate --device host --checkpoint " + path("ck_file") +
+                " --prompt 'bada kefi' --max-new-tokens 4 --temperature 0");
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  // The exported directory as the model, with its own tokenizer.model named by --tokenizer.
+  r = train("--model-dir " + path("out_file"), path("out_file/tokenizer.model"), "ck_own");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  r = RunStrata("export --checkpoint " + path("ck_own") + " --hf-dir " + path("out_own"));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(ReadFile(path("out_own/tokenizer.model")), ReadFile(model_));
+  // Another tokenizer (40 pieces) as a directory: it replaces the model directory's.
+  fs::create_directories(dir_ / "other");
+  const auto status = sentencepiece::SentencePieceTrainer::Train(
+      fmt::format("--input={} --model_prefix={} --vocab_size=40 --model_type=bpe --num_threads=1 "
+                  "--minloglevel=2",
+                  text_, path("other/tokenizer")));
+  ASSERT_TRUE(status.ok()) << status.ToString();
+  ASSERT_NE(ReadFile(path("other/tokenizer.model")), ReadFile(model_));
+  r = train("--model-dir " + path("out_file"), path("other"), "ck_dir");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  r = RunStrata("export --checkpoint " + path("ck_dir") + " --hf-dir " + path("out_dir"));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(ReadFile(path("out_dir/tokenizer.model")), ReadFile(path("other/tokenizer.model")));
+}
