@@ -788,8 +788,27 @@ std::string HfConfigJson(const HfModelConfig& config, DType torch_dtype) {
         }
         const auto softcap = [](double v) { return v > 0 ? json(v) : json(nullptr); };
         j["attention_bias"] = c.qkv_bias;
-        j["query_pre_attn_scalar"] = c.query_pre_attn_scalar;
-        if (c.arch == LlamaArch::kGemma3) j["rope_local_base_freq"] = c.rope_local_theta;
+        // An int where it is one: transformers 5's strict config dataclasses type it int.
+        const double scalar = c.query_pre_attn_scalar;
+        j["query_pre_attn_scalar"] = scalar == std::floor(scalar) && std::abs(scalar) < 1e15
+                                         ? json(static_cast<int64_t>(scalar))
+                                         : json(scalar);
+        if (c.arch == LlamaArch::kGemma3) {
+          j["rope_local_base_freq"] = c.rope_local_theta;
+          // transformers before 4.53 (and candle, MLX) read no layer_types: layer i slides
+          // unless (i + 1) % sliding_window_pattern == 0. The pattern where the layers follow
+          // one (Gemma 3's own layout), else left out (layer_types says it to 4.53+).
+          for (int p = 1; p <= c.num_layers + 1; ++p) {
+            bool fits = true;
+            for (int i = 0; i < c.num_layers && fits; ++i) {
+              fits = (LlamaLayerWindow(c, i) > 0) == ((i + 1) % p != 0);
+            }
+            if (fits) {
+              j["sliding_window_pattern"] = p;
+              break;
+            }
+          }
+        }
         j["sliding_window"] = window;
         j["layer_types"] = std::move(types);
         j["attn_logit_softcapping"] = softcap(c.attn_logit_softcapping);
@@ -848,8 +867,14 @@ std::string HfConfigJson(const HfModelConfig& config, DType torch_dtype) {
             config.llama.arch == LlamaArch::kPhi3)) {
         continue;
       }
+      // A multimodal Gemma 3's ids may be in its text_config only (exported as its text model).
       const auto it = config.raw.find(key);
-      if (it != config.raw.end()) j[key] = *it;
+      const auto text = config.raw.find("text_config");
+      if (it != config.raw.end()) {
+        j[key] = *it;
+      } else if (text != config.raw.end() && text->is_object() && text->contains(key)) {
+        j[key] = (*text)[key];
+      }
     }
   }
   j["torch_dtype"] = TorchDtype(torch_dtype);

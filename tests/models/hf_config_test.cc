@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <nlohmann/json.hpp>
 
 #include "models/gpt.h"
 #include "models/lora_adapter.h"
@@ -387,6 +388,25 @@ TEST(HfConfig, Gemma3TextReadsItsNormsWindowsAndTwoRopeBases) {
   EXPECT_EQ(local.linear_factor, 1.0);  // the sliding layers' RoPE is unscaled
   EXPECT_EQ(global.theta, 1e6);
   EXPECT_EQ(global.linear_factor, 8.0);
+  // Written back with layer_types and, for transformers before 4.53, the pattern they follow;
+  // query_pre_attn_scalar as the int transformers 5's config types it.
+  const auto written = nlohmann::json::parse(HfConfigJson(*r));
+  EXPECT_EQ(written["sliding_window_pattern"], 2);
+  EXPECT_TRUE(written["query_pre_attn_scalar"].is_number_integer()) << written;
+  EXPECT_EQ(written["query_pre_attn_scalar"], 24);
+  auto without_types = written;
+  without_types.erase("layer_types");
+  auto back = ParseHfConfig(without_types.dump(), kPath);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(SlidingLayers(back->llama), SlidingLayers(c));
+  // Layers that follow no pattern: layer_types alone.
+  auto odd = ParseHfConfig(
+      FamilyConfig("gemma3_text", "Gemma3ForCausalLM",
+                   R"(, "head_dim": 16, "sliding_window": 8, "layer_types": ["full_attention",
+          "sliding_attention", "sliding_attention", "full_attention"])"),
+      kPath);
+  ASSERT_TRUE(odd.ok()) << odd.status().ToString();
+  EXPECT_FALSE(nlohmann::json::parse(HfConfigJson(*odd)).contains("sliding_window_pattern"));
   std::vector<std::string> names;
   for (const HfTensor& x : HfBlockTensors(*r, 1)) names.push_back(x.name);
   EXPECT_THAT(names, ::testing::Contains("model.layers.0.pre_feedforward_layernorm.weight"));
@@ -470,6 +490,16 @@ TEST(HfConfig, Gemma3ConditionalGenerationReadsItsTextConfig) {
   EXPECT_EQ(r->llama.rope_linear_factor, 8.0);
   // Export writes the language model alone.
   EXPECT_EQ(nlohmann::json::parse(HfConfigJson(*r))["model_type"], "gemma3_text");
+  // Token ids kept only in text_config go to the text model's top level; the top's win.
+  const auto ids = ParseHfConfig(R"({"model_type": "gemma3", "eos_token_id": [1, 106],
+      "text_config": {"model_type": "gemma3_text", "bos_token_id": 2, "eos_token_id": 1,
+      "pad_token_id": 0}})",
+                                 kPath);
+  ASSERT_TRUE(ids.ok()) << ids.status().ToString();
+  const auto written = nlohmann::json::parse(HfConfigJson(*ids));
+  EXPECT_EQ(written["bos_token_id"], 2);
+  EXPECT_EQ(written["pad_token_id"], 0);
+  EXPECT_EQ(written["eos_token_id"], nlohmann::json::parse("[1, 106]"));
   const auto bad =
       ParseHfConfig(R"({"model_type": "gemma3", "text_config": {"model_type": "gemma3_text",
       "final_logit_softcapping": 30.0}})",
