@@ -21,6 +21,7 @@
 #include "base/file.h"
 #include "base/units.h"
 #include "base/untrusted_text.h"
+#include "data/tokenizer.h"
 #include "engine/checkpoint.h"
 #include "formats/safetensors.h"
 #include "models/gpt_kernels.h"
@@ -335,9 +336,21 @@ Status ExportHfDirectory(const ExportFlags& f) {
     }
   }
   if (!f.lora_dir.empty()) return ExportLoraAdapters(f, dir, m, spec, *lora, read_block);
+  // A run given --tokenizer: its BOS/EOS ids where config.json has none (a preset's has no ids
+  // at all), else transformers' generate() would stop on its family's defaults (Llama: 2).
+  models::HfModelConfig config = spec.config;
+  if (!spec.tokenizer.empty()) {
+    if (auto tokenizer = data::Tokenizer::Load(spec.tokenizer); tokenizer.ok()) {
+      if (!config.raw.is_object()) config.raw = nlohmann::json::object();
+      for (const auto& [key, id] : {std::pair{"bos_token_id", (*tokenizer)->bos_id()},
+                                    std::pair{"eos_token_id", (*tokenizer)->eos_id()}}) {
+        if (id >= 0 && !config.raw.contains(key)) config.raw[key] = id;
+      }
+    }
+  }
   STRATA_RETURN_IF_ERROR(models::WriteHfDirectory(
-      f.hf_dir, spec.config, f.merge_lora ? ReadFn(read_merged) : ReadFn(read_block), dtype,
-      max_shard, tokenizer_files));
+      f.hf_dir, config, f.merge_lora ? ReadFn(read_merged) : ReadFn(read_block), dtype, max_shard,
+      tokenizer_files));
   std::printf("exported %s (%s, step %lld) from %s to %s\n", model->description().c_str(),
               std::string(DTypeName(dtype)).c_str(), static_cast<long long>(m.trainer.step),
               dir.c_str(), f.hf_dir.c_str());

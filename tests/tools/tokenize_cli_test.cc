@@ -570,6 +570,13 @@ TEST_F(TokenizeCliTest, ARunTrainedWithTokenizerExportsTheTokenizerItTrainedWith
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_EQ(ReadFile(path("out_file/tokenizer.model")), ReadFile(model_));
   EXPECT_FALSE(fs::exists(path("out_file/tok.model")));
+  // The preset's config.json has no token ids of its own: the tokenizer's.
+  auto tokenizer = strata::data::Tokenizer::Load(model_);
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status().ToString();
+  ASSERT_GE((*tokenizer)->eos_id(), 0);
+  const auto config = nlohmann::json::parse(ReadFile(path("out_file/config.json")));
+  EXPECT_EQ(config.value("bos_token_id", -1), (*tokenizer)->bos_id()) << config;
+  EXPECT_EQ(config.value("eos_token_id", -1), (*tokenizer)->eos_id()) << config;
   r = RunStrata("generate --device host --checkpoint " + path("ck_file") +
                 " --prompt 'bada kefi' --max-new-tokens 4 --temperature 0");
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
