@@ -225,16 +225,19 @@ StatusOr<EncodedText> Tokenizer::EncodeWithOffsets(std::string_view text) const 
   return UnimplementedError(fmt::format("tokenizer '{}' gives no token offsets", path()));
 }
 
-StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& path) {
+StatusOr<std::string> Tokenizer::FilePath(const std::string& path) {
   struct stat st;
-  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
-    for (const char* name : {"tokenizer.json", "tokenizer.model"}) {
-      const std::string file = path + "/" + name;
-      if (::stat(file.c_str(), &st) == 0) return Load(file);
-    }
-    return NotFoundError(fmt::format(
-        "tokenizer directory '{}' has neither tokenizer.json nor tokenizer.model", path));
+  if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return path;
+  for (const char* name : {"tokenizer.json", "tokenizer.model"}) {
+    const std::string file = path + "/" + name;
+    if (::stat(file.c_str(), &st) == 0) return file;
   }
+  return NotFoundError(
+      fmt::format("tokenizer directory '{}' has neither tokenizer.json nor tokenizer.model", path));
+}
+
+StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& given) {
+  STRATA_ASSIGN_OR_RETURN(const std::string path, FilePath(given));
   if (EndsWith(path, ".json")) {
     STRATA_ASSIGN_OR_RETURN(auto hf, HfTokenizer::Load(path));
     return std::unique_ptr<Tokenizer>(std::move(hf));
@@ -360,10 +363,6 @@ bool NewerThan(const struct timespec& a, const struct timespec& b) {
 bool Saw(const struct stat& cache, const struct stat& input) {
   return NewerThan(cache.st_mtim, input.st_mtim) && NewerThan(cache.st_mtim, input.st_ctim);
 }
-
-}  // namespace
-
-namespace {
 
 // Whether `cache` holds `text_path`'s tokens as they are now (TokenizeTextFileCached's rule).
 bool IsFresh(const std::string& cache, const struct stat& text_st,

@@ -47,6 +47,10 @@ class Tokenizer {
   // kPermissionDenied, ...; kNotFound for a directory with neither file); kInvalidArgument when
   // it is not a tokenizer Strata reads.
   static StatusOr<std::unique_ptr<Tokenizer>> Load(const std::string& path);
+  // The file Load reads for `path`: a directory's tokenizer.json, else its tokenizer.model;
+  // any other path as it is. Reads the file system only. Errors: kNotFound (one line naming the
+  // directory) for a directory with neither file.
+  static StatusOr<std::string> FilePath(const std::string& path);
   virtual ~Tokenizer() = default;
   Tokenizer(const Tokenizer&) = delete;
   Tokenizer& operator=(const Tokenizer&) = delete;

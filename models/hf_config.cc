@@ -859,6 +859,7 @@ std::string HfConfigJson(const HfModelConfig& config, DType torch_dtype) {
     j["use_cache"] = true;
   }
   if (config.raw.is_object()) {
+    const auto text = config.raw.find("text_config");
     // Phi-3's original_max_position_embeddings is the one it was read with.
     for (const char* key :
          {"bos_token_id", "eos_token_id", "pad_token_id", "original_max_position_embeddings"}) {
@@ -869,7 +870,6 @@ std::string HfConfigJson(const HfModelConfig& config, DType torch_dtype) {
       }
       // A multimodal Gemma 3's ids may be in its text_config only (exported as its text model).
       const auto it = config.raw.find(key);
-      const auto text = config.raw.find("text_config");
       if (it != config.raw.end()) {
         j[key] = *it;
       } else if (text != config.raw.end() && text->is_object() && text->contains(key)) {

@@ -29,6 +29,17 @@
 
 namespace strata::models {
 
+// A file copied into an exported directory as it is, under `name`, or its own file name when
+// that is empty (a run's tokenizer trained from my_tok.json is written as the tokenizer.json
+// transformers looks for).
+struct CompanionFile {
+  CompanionFile(std::string path_in, std::string name_in = "")  // NOLINT: a path is a file
+      : path(std::move(path_in)), name(std::move(name_in)) {}
+  std::string path;
+  std::string name;
+  std::string out_name() const;  // name, else path's file name; pure
+};
+
 // read_block(b, out) writes block b's fp32 chunk (HfBlockNumParams(config, b) elements, the
 // layout of HfBlockTensors) into out; it is called once per block, in order, with one reused
 // buffer of the largest block: the whole model is never in memory.
@@ -42,16 +53,8 @@ namespace strata::models {
 // one name or one named as a weights or config file), kAlreadyExists, the first error of
 // read_block, errno-derived I/O errors naming the file (a missing companion file: kNotFound).
 //
-// companion_files are copied in as they are (tokenizer files, generation_config.json, ...), each
-// under `name`, or its own file name when that is empty (a run's tokenizer trained from
-// my_tok.json is written as the tokenizer.json transformers looks for).
-struct CompanionFile {
-  CompanionFile(std::string path_in, std::string name_in = "")  // NOLINT: a path is a file
-      : path(std::move(path_in)), name(std::move(name_in)) {}
-  std::string path;
-  std::string name;
-  std::string out_name() const;  // name, else path's file name
-};
+// companion_files (tokenizer files, generation_config.json, ...) are copied in as they are, each
+// under its CompanionFile::out_name().
 Status WriteHfDirectory(const std::string& out_dir, const HfModelConfig& config,
                         const std::function<Status(int block, std::span<float> out)>& read_block,
                         DType dtype, uint64_t max_shard_bytes,

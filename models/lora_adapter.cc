@@ -14,8 +14,10 @@
 #include "base/untrusted_text.h"
 #include "cpu_optim/grad_stats.h"
 #include "formats/safetensors.h"
+#include "models/gpt.h"
 #include "models/gpt_kernels.h"
 #include "models/hf_export.h"
+#include "models/llama.h"
 #include "models/llama_kernels.h"
 
 namespace strata::models {
@@ -32,6 +34,10 @@ int NumLayers(const HfModelConfig& c) {
 std::vector<LoraModule> FamilyLoraModules(const HfModelConfig& c) {
   return c.family == HfModelConfig::Family::kLlama ? LlamaLoraModules(c.llama)
                                                    : GptLoraModules(c.gpt2);
+}
+
+const char* FamilyName(const HfModelConfig& c) {
+  return c.family == HfModelConfig::Family::kLlama ? LlamaFamily::kName : GptFamily::kName;
 }
 
 std::vector<std::string> Sorted(std::vector<std::string> v) {
@@ -293,9 +299,7 @@ Status WriteLoraAdapterDir(
 StatusOr<std::vector<std::string>> AdapterTargetNames(const LoraAdapterConfig& adapter,
                                                       const HfModelConfig& config,
                                                       const std::string& dir) {
-  const bool llama = config.family == HfModelConfig::Family::kLlama;
-  return LoraTargetNames(adapter.lora.targets, FamilyLoraModules(config),
-                         llama ? "the Llama model" : "the GPT",
+  return LoraTargetNames(adapter.lora.targets, FamilyLoraModules(config), FamilyName(config),
                          fmt::format("{}/{}: target_modules", dir, kConfigFile));
 }
 
@@ -316,9 +320,9 @@ StatusOr<std::shared_ptr<const WeightSource>> OpenLoraAdapter(const std::string&
   }
   STRATA_ASSIGN_OR_RETURN(std::vector<std::string> adapter_targets,
                           AdapterTargetNames(c, config, dir));
-  STRATA_ASSIGN_OR_RETURN(
-      std::vector<std::string> run_targets,
-      LoraTargetNames(lora.targets, FamilyLoraModules(config), "the model", "--lora-targets"));
+  STRATA_ASSIGN_OR_RETURN(std::vector<std::string> run_targets,
+                          LoraTargetNames(lora.targets, FamilyLoraModules(config),
+                                          FamilyName(config), "--lora-targets"));
   if (Sorted(adapter_targets) != Sorted(run_targets)) {
     return InvalidArgumentError(fmt::format(
         "{}: target_modules are {}, the run's --lora-targets {}: give --lora-targets {}", cfg_path,

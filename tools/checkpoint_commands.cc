@@ -326,13 +326,13 @@ Status ExportHfDirectory(const ExportFlags& f) {
     return Status::Ok();
   };
   std::vector<models::CompanionFile> tokenizer_files;
-  for (const auto& [file, name] : ExportedTokenizerFiles(spec)) {
+  for (models::CompanionFile& file : ExportedTokenizerFiles(spec)) {
     std::error_code ec;
-    if (std::filesystem::exists(file, ec)) {
-      tokenizer_files.emplace_back(file, name);
+    if (std::filesystem::exists(file.path, ec)) {
+      tokenizer_files.push_back(std::move(file));
     } else {
       std::fprintf(stderr, "strata: warning: tokenizer file '%s' of the run is gone; not copied\n",
-                   file.c_str());
+                   file.path.c_str());
     }
   }
   if (!f.lora_dir.empty()) return ExportLoraAdapters(f, dir, m, spec, *lora, read_block);

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/untrusted_text.h"
+#include "data/tokenizer.h"
 #include "models/gpt.h"
 #include "models/hf_bnb.h"
 #include "models/hf_checkpoint.h"
@@ -193,22 +194,9 @@ StatusOr<ModelSpec> ModelSpecFromJson(const std::string& json) {
 
 Status UseTokenizer(const std::string& given, ModelSpec* spec) {
   namespace fs = std::filesystem;
+  STRATA_ASSIGN_OR_RETURN(const std::string resolved, data::Tokenizer::FilePath(given));
   std::error_code ec;
-  fs::path file = fs::absolute(given, ec).lexically_normal();
-  if (fs::is_directory(file, ec)) {
-    fs::path found;
-    for (const char* name : {"tokenizer.json", "tokenizer.model"}) {
-      if (fs::exists(file / name, ec)) {
-        found = file / name;
-        break;
-      }
-    }
-    if (found.empty()) {
-      return NotFoundError(fmt::format(
-          "tokenizer directory '{}' has neither tokenizer.json nor tokenizer.model", given));
-    }
-    file = found;
-  }
+  const fs::path file = fs::absolute(resolved, ec).lexically_normal();
   spec->tokenizer = file.string();
   const fs::path dir = file.parent_path();
   if (!spec->model_dir.empty() && dir == fs::path(spec->model_dir).lexically_normal()) {
@@ -236,12 +224,14 @@ Status UseTokenizer(const std::string& given, ModelSpec* spec) {
   return Status::Ok();
 }
 
-std::vector<std::pair<std::string, std::string>> ExportedTokenizerFiles(const ModelSpec& spec) {
-  std::vector<std::pair<std::string, std::string>> files;
+std::vector<models::CompanionFile> ExportedTokenizerFiles(const ModelSpec& spec) {
+  std::vector<models::CompanionFile> files;
   for (const std::string& f : spec.tokenizer_files) {
-    std::string name = std::filesystem::path(f).filename().string();
-    if (f == spec.tokenizer) name = name.ends_with(".json") ? "tokenizer.json" : "tokenizer.model";
-    files.emplace_back(f, name);
+    if (f != spec.tokenizer) {
+      files.emplace_back(f);
+    } else {
+      files.emplace_back(f, f.ends_with(".json") ? "tokenizer.json" : "tokenizer.model");
+    }
   }
   return files;
 }

@@ -8,12 +8,12 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "base/status.h"
 #include "engine/plan/model.h"
 #include "models/hf_config.h"
+#include "models/hf_export.h"
 #include "models/lora.h"
 #include "models/ops/quantize_4bit.h"
 
@@ -78,12 +78,13 @@ void AddLoraFlags(CLI::App& cmd, LoraFlags& f);
 // tokenizer files (tokenizer.json, tokenizer.model, vocab.json, merges.txt) in
 // spec->tokenizer_files, with its own directory's tokenizer_config.json, special_tokens_map.json
 // and chat_template.jinja where it has them, so that an export carries the tokenizer the run
-// trained with. Errors: kNotFound for a directory with neither file.
+// trained with. Reads the file system (which files the tokenizer's directory has). Errors:
+// data::Tokenizer::FilePath's (kNotFound for a directory with neither file).
 Status UseTokenizer(const std::string& given, ModelSpec* spec);
 
 // The tokenizer files to copy into an export of `spec`: each under its own name, the run's
-// tokenizer (spec.tokenizer) under tokenizer.json / tokenizer.model.
-std::vector<std::pair<std::string, std::string>> ExportedTokenizerFiles(const ModelSpec& spec);
+// tokenizer (spec.tokenizer) under tokenizer.json / tokenizer.model. Pure.
+std::vector<models::CompanionFile> ExportedTokenizerFiles(const ModelSpec& spec);
 
 // Sets spec->base_quant (after the LoRA flags: spec->lora is final): with LoRA or for
 // `inference` (eval, generate: the whole model is frozen), the flag's type, or for `auto` a

@@ -25,13 +25,8 @@ Manifest SmallManifest() {
 }
 
 TEST(Manifest, RoundTripsAndRejectsBadInput) {
-  Manifest m;
+  Manifest m = SmallManifest();
   m.precision = "fp16";
-  m.model_description = "GPT";
-  m.block_names = {"embedding", "head"};
-  m.block_num_params = {10, 20};
-  m.vocab_size = 256;
-  m.max_seq_len = 16;
   m.engine_steps = 9;
   m.adam_steps = 7;
   m.loss_scaler = {32768.0f, 3, 2};
