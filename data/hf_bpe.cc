@@ -46,15 +46,13 @@ StatusOr<std::unique_ptr<BpeModel>> BpeModel::Create(
   m->merges_.reserve(merges.size() * 2);
   for (size_t rank = 0; rank < merges.size(); ++rank) {
     const auto& [a, b] = merges[rank];
-    auto ia = m->vocab_.find(a), ib = m->vocab_.find(b), ic = m->vocab_.find(a + b);
-    const std::string_view missing = ia == m->vocab_.end()   ? std::string_view(a)
-                                     : ib == m->vocab_.end() ? std::string_view(b)
-                                     : ic == m->vocab_.end() ? std::string_view(a + b)
-                                                             : std::string_view();
+    const std::string merged = a + b;
+    auto ia = m->vocab_.find(a), ib = m->vocab_.find(b), ic = m->vocab_.find(merged);
     if (ia == m->vocab_.end() || ib == m->vocab_.end() || ic == m->vocab_.end()) {
+      const std::string& missing = ia == m->vocab_.end() ? a : ib == m->vocab_.end() ? b : merged;
       return InvalidArgumentError(
           fmt::format("/model/merges/{} ('{}' '{}'): '{}' is not in /model/vocab", rank, Excerpt(a),
-                      Excerpt(b), Excerpt(ic == m->vocab_.end() ? a + b : std::string(missing))));
+                      Excerpt(b), Excerpt(missing)));
     }
     const uint64_t key =
         (static_cast<uint64_t>(ia->second) << 32) | static_cast<uint32_t>(ib->second);

@@ -21,11 +21,7 @@ std::string FrozenExtent(int b) { return fmt::format("block{}.frozen", b); }
 }  // namespace
 
 StateStore::StateStore(const Model& model, const Plan& plan, StateStoreOptions options)
-    : model_(model),
-      plan_(plan),
-      o_(std::move(options)),
-      n_(model.num_blocks()),
-      w_(SizeOf(o_.precision)) {}
+    : plan_(plan), o_(std::move(options)), n_(model.num_blocks()), w_(SizeOf(o_.precision)) {}
 
 StateStore::~StateStore() {
   if (pipeline_) pipeline_->Drain().IgnoreError();

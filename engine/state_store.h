@@ -258,7 +258,6 @@ class StateStore {
   Status UpdateBlock(int b, int buffer);
   Status InitBlock(Model& model, uint64_t seed, int b, int buffer, AlignedBuffer* whole);
 
-  const Model& model_;
   const Plan& plan_;
   const StateStoreOptions o_;
   const int n_;

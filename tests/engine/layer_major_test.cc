@@ -192,7 +192,7 @@ TEST_F(LayerMajorTest, OffloadedActivationsMatchBitForBit) {
 class ContributionRecorder final : public ForwardingModel {
  public:
   ContributionRecorder(Model* inner, gpu::Device* device, int micro_batches)
-      : ForwardingModel(inner), device_(device) {
+      : ForwardingModel(inner) {
     head_ = inner->num_blocks() - 1;
     tied_ = inner->tied_block(head_);
     const size_t bytes = inner->block_num_params(tied_) * 4;  // fp32 holds any precision
@@ -224,7 +224,6 @@ class ContributionRecorder final : public ForwardingModel {
   int tied() const { return tied_; }
 
  private:
-  gpu::Device* device_;
   int head_ = 0, tied_ = 0, next_ = 0;
   DType dtype_ = DType::kF32;
   std::vector<gpu::PinnedBuffer> copies_;
@@ -240,10 +239,14 @@ class ContributionRecorder final : public ForwardingModel {
 TEST_F(LayerMajorTest, TiedChunkGradientIsWithinTheReorderedSumsBound) {
   for (const testing::Family& family : testing::TinyFamilies(/*with_untied=*/false)) {
     for (DType precision : {DType::kBF16, DType::kF16, DType::kF32}) {
-      for (auto [accum, params] : {std::pair{2, ParamHome::kDevice},
-                                   {8, ParamHome::kDevice},
-                                   {2, ParamHome::kHost},
-                                   {8, ParamHome::kNvme}}) {
+      for (const std::pair<int, ParamHome>& c : {std::pair{2, ParamHome::kDevice},
+                                                 {8, ParamHome::kDevice},
+                                                 {2, ParamHome::kHost},
+                                                 {8, ParamHome::kNvme}}) {
+        // Named variables, not a structured binding: the lambda below captures them (clang 14,
+        // which builds the sanitizer checks, cannot capture a binding).
+        const int accum = c.first;
+        const ParamHome params = c.second;
         SCOPED_TRACE(fmt::format("{} {} accum {} params {}", family.name, DTypeName(precision),
                                  accum, ParamHomeName(params)));
         std::unique_ptr<Model> model = family.make();
