@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The continuous checks beyond the README's test command (issue 7), each a build preset of its
-# own so they never mix with the release build:
-#   asan  - ASan + UBSan build of everything that runs without a GPU, the full test suite
+# own so they never mix with the release build, all built with clang (scripts/install-deps.sh
+# --clang), which compiles an instrumented file in about 0.6 of GCC's time:
+#   asan  - ASan + UBSan build of the libraries and the tests of the folders where a memory error
+#           can hide (the CLI and its subprocess tests are left out: docs/continuous-checks.md)
 #   tsan  - TSan build of the io, engine, offload and data tests, run (oneTBB on one thread: see
 #           tests/tbb_limit.cc)
-#   fuzz  - clang + libFuzzer: every parser of outside data fuzzed for a few seconds each from its
+#   fuzz  - libFuzzer: every parser of outside data fuzzed for a few seconds each from its
 #           committed seed corpus (tests/fuzz/corpus/<target>/)
 # Usage: scripts/check.sh [asan] [tsan] [fuzz]   (no argument: all three). Zero reports or it fails.
 set -euo pipefail
@@ -12,6 +14,7 @@ cd "$(dirname "$0")/.."
 jobs=${STRATA_JOBS:-$(nproc)}
 checks=("$@")
 ((${#checks[@]})) || checks=(asan tsan fuzz)
+./scripts/install-deps.sh --clang
 
 for check in "${checks[@]}"; do
   echo "=== check: $check ==="
@@ -31,7 +34,6 @@ for check in "${checks[@]}"; do
       ctest --preset tsan -j "$jobs"
       ;;
     fuzz)
-      ./scripts/install-deps.sh --fuzz
       cmake --preset fuzz
       cmake --build --preset fuzz -j "$jobs"
       ctest --preset fuzz -j "$jobs"

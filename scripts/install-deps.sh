@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages Strata builds and tests with. Safe to run again.
 #   --python  also PyTorch for the Python package's tests (large: about 1 GB)
-#   --fuzz    also clang and libFuzzer for scripts/check.sh fuzz
+#   --clang   also clang with its sanitizer runtimes and libFuzzer, which scripts/check.sh builds with
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config git ca-certificates
       liburing-dev libtbb-dev libeigen3-dev libxxhash-dev nlohmann-json3-dev libcli11-dev
@@ -12,8 +12,8 @@ pkgs=(build-essential cmake ninja-build pkg-config git ca-certificates
 for arg in "$@"; do
   case "$arg" in
     --python) pkgs+=(python3-torch python3-numpy python3-protobuf) ;;
-    --fuzz) pkgs+=(clang libclang-rt-14-dev llvm) ;;
-    *) echo "install-deps.sh: unknown option '$arg' (--python, --fuzz)" >&2; exit 2 ;;
+    --clang) pkgs+=(clang libclang-rt-14-dev llvm) ;;
+    *) echo "install-deps.sh: unknown option '$arg' (--python, --clang)" >&2; exit 2 ;;
   esac
 done
 missing=()
