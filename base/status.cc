@@ -37,7 +37,7 @@ std::string Status::ToString() const {
 
 Status Status::WithContext(std::string_view context) const {
   if (ok()) return *this;
-  return Status(code_, fmt::format("{}: {}", context, message_));
+  return Status(code_, fmt::format("{}: {}", context, message_), os_error_);
 }
 
 Status InvalidArgumentError(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
@@ -75,7 +75,7 @@ Status ErrnoToStatus(int e, std::string_view context) {
     case ECANCELED: code = StatusCode::kCancelled; break;
     default: code = StatusCode::kUnknown; break;
   }
-  return Status(code, fmt::format("{}: {} (errno {})", context, std::strerror(e), e));
+  return Status(code, fmt::format("{}: {} (errno {})", context, std::strerror(e), e), e);
 }
 
 void CheckFailed(const char* file, int line, const char* condition, const std::string& message) {

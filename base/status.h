@@ -42,12 +42,19 @@ class [[nodiscard]] Status {
  public:
   Status() = default;  // OK
   Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
+  // A status that came from the operating system's error number `os_error` (ErrnoToStatus).
+  Status(StatusCode code, std::string message, int os_error)
+      : code_(code), message_(std::move(message)), os_error_(os_error) {}
 
   static Status Ok() { return Status(); }
 
   bool ok() const { return code_ == StatusCode::kOk; }
   StatusCode code() const { return code_; }
   const std::string& message() const { return message_; }
+  // The errno a status made by ErrnoToStatus came from, kept by WithContext; 0 for any other.
+  // For a caller that acts on one cause among those a code covers (a full drive, ENOSPC or
+  // EDQUOT, among kResourceExhausted's ENOMEM, EMFILE and EFBIG).
+  int os_error() const { return os_error_; }
   // "DATA_LOSS: extent 'block3.m' checksum mismatch ..." or "OK".
   std::string ToString() const;
 
@@ -64,6 +71,7 @@ class [[nodiscard]] Status {
  private:
   StatusCode code_ = StatusCode::kOk;
   std::string message_;
+  int os_error_ = 0;
 };
 
 Status InvalidArgumentError(std::string message);
@@ -82,7 +90,8 @@ Status AbortedError(std::string message);
 
 // Maps an errno value to the canonical code a caller should act on (ENOSPC ->
 // kResourceExhausted, ENOENT -> kNotFound, EACCES -> kPermissionDenied, EIO ->
-// kDataLoss, EAGAIN -> kUnavailable, ...) with message "context: strerror (errno N)".
+// kDataLoss, EAGAIN -> kUnavailable, ...) with message "context: strerror (errno N)", and
+// errno_value as its os_error().
 // The one place errno becomes a Status (after leveldb's PosixError).
 Status ErrnoToStatus(int errno_value, std::string_view context);
 

@@ -41,13 +41,9 @@ int ProbeWrite(int fd) {
 }
 
 // Whether a backend error is a full drive or quota (ENOSPC, EDQUOT) rather than another cause
-// that ErrnoToStatus also maps to kResourceExhausted (ENOMEM, EMFILE, EFBIG). Its message ends
-// with "(errno N)", and context is only ever put in front.
+// that ErrnoToStatus also maps to kResourceExhausted (ENOMEM, EMFILE, EFBIG).
 bool IsOutOfSpace(const Status& status) {
-  if (status.code() != StatusCode::kResourceExhausted) return false;
-  const std::string& message = status.message();
-  return message.ends_with(fmt::format("(errno {})", ENOSPC)) ||
-         message.ends_with(fmt::format("(errno {})", EDQUOT));
+  return status.os_error() == ENOSPC || status.os_error() == EDQUOT;
 }
 
 }  // namespace
@@ -373,10 +369,11 @@ Status SwapStore::OutOfSpaceError(std::string_view name, uint64_t size_bytes,
                     FormatBytes(share_bytes[j]), FormatBytes(free_bytes),
                     FormatBytes(share_bytes[j] > free_bytes ? share_bytes[j] - free_bytes : 0)));
   }
-  return ResourceExhaustedError(fmt::format(
-      "swap store out of space writing extent '{}' ({} bytes): {}; free space on the swap "
-      "drive(s) or pass other swap directories ({})",
-      name, size_bytes, fmt::join(parts, "; "), cause.message()));
+  return Status(StatusCode::kResourceExhausted,
+                fmt::format("swap store out of space writing extent '{}' ({} bytes): {}; free "
+                            "space on the swap drive(s) or pass other swap directories ({})",
+                            name, size_bytes, fmt::join(parts, "; "), cause.message()),
+                cause.os_error());
 }
 
 Status SwapStore::WithExtent(std::string_view name, uint64_t size_bytes,

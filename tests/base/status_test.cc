@@ -29,6 +29,19 @@ TEST(Status, ErrnoMapsToTheCodeACallerActsOn) {
   EXPECT_NE(s.message().find("errno 28"), std::string::npos);
 }
 
+// The errno stays with the status through added context, so that a caller tells a full drive
+// from the other causes of kResourceExhausted without reading the message.
+TEST(Status, KeepsTheErrnoItCameFromThroughContext) {
+  const Status full = ErrnoToStatus(ENOSPC, "write /mnt/a").WithContext("extent 'b.m'");
+  EXPECT_EQ(full.os_error(), ENOSPC);
+  EXPECT_EQ(full.code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(ErrnoToStatus(EDQUOT, "write").os_error(), EDQUOT);
+  EXPECT_EQ(ErrnoToStatus(ENOMEM, "write").os_error(), ENOMEM);
+  EXPECT_EQ(ResourceExhaustedError("pinned budget short").os_error(), 0);
+  EXPECT_EQ(ResourceExhaustedError("x (errno 28)").os_error(), 0);  // words are not the cause
+  EXPECT_EQ(Status::Ok().os_error(), 0);
+}
+
 TEST(Status, AssignOrReturnPropagatesErrorsAndValues) {
   int v = 0;
   EXPECT_TRUE(UseHalf(8, &v).ok());
