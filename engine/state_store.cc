@@ -359,9 +359,7 @@ std::span<const cpu_optim::ElemRange> StateStore::NoDecay(int b) const {
 }
 
 uint64_t StateStore::SpeculationBackupBytes(int b) const {
-  uint64_t bytes = nvme_optim() ? 0 : state_[b].region_bytes;
-  if (!nvme_params() || plan_.blocks[b].resident) bytes += static_cast<uint64_t>(own(b)) * w_;
-  return bytes;
+  return engine::SpeculationBackupBytes(plan_, b, state_[b].region_bytes);
 }
 
 namespace {

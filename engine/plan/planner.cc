@@ -924,11 +924,7 @@ void SizeHostAndNvmeTiers(const PlanInputs& r, const StateLayout& s, Plan* p) {
     uint64_t all = 0;  // every CPU-optimized block's backup, each 64-byte aligned
     for (int b = 0; b < n; ++b) {
       if (p->blocks[b].optimizer_on_device) continue;
-      uint64_t bytes = o.optimizer_home == OptimizerHome::kNvme ? 0 : s.states[b].region_bytes;
-      if (o.param_home != ParamHome::kNvme || p->blocks[b].resident) {
-        bytes += static_cast<uint64_t>(p->blocks[b].partition.own_elems) * r.w;
-      }
-      all += AlignUp(bytes, 64);
+      all += AlignUp(SpeculationBackupBytes(*p, b, s.states[b].region_bytes), 64);
     }
     const uint64_t asked = o.speculation_backup_bytes > 0 ? o.speculation_backup_bytes
                                                           : std::max<uint64_t>(64 << 20, all / 8);
@@ -972,6 +968,14 @@ Status CheckHostBudgets(const PlacementOptions& o, const Plan& p) {
 }
 
 }  // namespace
+
+uint64_t SpeculationBackupBytes(const Plan& plan, int b, uint64_t state_region_bytes) {
+  uint64_t bytes = plan.optimizer_home == OptimizerHome::kNvme ? 0 : state_region_bytes;
+  if (plan.param_home != ParamHome::kNvme || plan.blocks[b].resident) {
+    bytes += static_cast<uint64_t>(plan.blocks[b].partition.own_elems) * SizeOf(plan.precision);
+  }
+  return bytes;
+}
 
 StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape shape,
                         const PlacementOptions& o, const PlanOptimizer& optimizer) {

@@ -325,6 +325,14 @@ uint64_t AutoDeviceBudgetBytes(const Model& model, DType precision, MicroBatchSh
 StatusOr<Plan> MakePlan(const Model& model, DType precision, MicroBatchShape shape,
                         const PlacementOptions& options, const PlanOptimizer& optimizer = {});
 
+// The bytes the update during backward backs up before it updates block b of `plan` while the
+// step's verdict is pending (engine/update_speculation.h): the block's master weights and
+// optimizer state (`state_region_bytes`: its BlockState::region_bytes, optimizer_state.h) unless
+// their home is NVMe, and its own working params unless their home is NVMe and the block
+// streams. Unaligned; for a block whose optimizer runs on the host. The planner sizes the backup
+// area from it and StateStore backs up exactly this much. Pure; thread-safe.
+uint64_t SpeculationBackupBytes(const Plan& plan, int b, uint64_t state_region_bytes);
+
 // The planning calls made in this process so far: ChoosePlan calls (engine/plan/plan_choice.h),
 // MakePlan calls, and of them those made inside a ChoosePlan. A front end that plans once makes
 // one choice and no plan outside it (tests check that nothing re-plans after the choice).
