@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <utility>
 
 #include "base/units.h"
@@ -128,6 +129,7 @@ struct UpdateDuringBackwardRule {
   bool on = false;
   StepPrediction prediction;  // with the update during backward as decided
   std::string why;            // the reason's words after "auto: "
+  std::optional<Plan> backed;  // on: the plan that holds the backup area
 };
 StatusOr<UpdateDuringBackwardRule> ApplyUpdateDuringBackwardRule(const Model& model,
                                                                  const Planned& planned,
@@ -147,7 +149,7 @@ StatusOr<UpdateDuringBackwardRule> ApplyUpdateDuringBackwardRule(const Model& mo
   }
   PlacementOptions with = planned.placement;
   with.update_during_backward = true;
-  const StatusOr<Plan> backed = PlanFor(model, r, with);
+  StatusOr<Plan> backed = PlanFor(model, r, with);
   if (!backed.ok()) {
     const std::string why = backed.status().message();
     rule.why = fmt::format("{}, but its backup area does not fit: {}", predicted,
@@ -155,6 +157,7 @@ StatusOr<UpdateDuringBackwardRule> ApplyUpdateDuringBackwardRule(const Model& mo
     return rule;
   }
   rule.on = true;
+  rule.backed = std::move(*backed);
   rule.prediction = on;
   rule.why = predicted + "; on from 10 % shorter";
   return rule;
@@ -221,14 +224,21 @@ std::string ChooseSchedule(const Model& model, const PlanRequest& r, const Machi
 }
 
 // 4. The update during backward: sets s->update_during_backward and returns the line that says
-// why, or "" when not auto or without a machine.
+// why, or "" when not auto or without a machine. Deciding it makes the run's plan, which it
+// leaves in *plan (untouched when nothing is decided).
 StatusOr<std::string> ChooseUpdateDuringBackward(const Model& model, const PlanRequest& r,
-                                                 const MachineProfile* machine, Resolving* s) {
+                                                 const MachineProfile* machine, Resolving* s,
+                                                 std::optional<Plan>* plan) {
   if (!s->auto_update_during_backward || machine == nullptr) return std::string();
-  STRATA_ASSIGN_OR_RETURN(Plan plan, PlanFor(model, r, s->placement));
-  auto rule = ApplyUpdateDuringBackwardRule(model, {std::move(plan), s->placement}, r, *machine);
-  if (!rule.ok()) return std::string();  // not predicted: off
+  STRATA_ASSIGN_OR_RETURN(Plan off, PlanFor(model, r, s->placement));
+  Planned planned{std::move(off), s->placement};
+  auto rule = ApplyUpdateDuringBackwardRule(model, planned, r, *machine);
+  if (!rule.ok()) {  // not predicted: off
+    *plan = std::move(planned.plan);
+    return std::string();
+  }
   SetUpdateDuringBackward(r, rule->on, s);
+  *plan = rule->on ? std::move(rule->backed) : std::move(planned.plan);
   return fmt::format("update during backward: {} (auto: {})\n", rule->on ? "on" : "off", rule->why);
 }
 
@@ -361,9 +371,14 @@ StatusOr<PlanChoice> Choose(const Model& model, const PlanRequest& r,
   c.schedule_reason = ChooseSchedule(model, r, machine, &s);
   STRATA_ASSIGN_OR_RETURN(c.placement_reason, ChoosePlacementFor(model, r, machine, &s));
   ResolveDeviceBudget(model, r, &s);
+  std::optional<Plan> decided;
   STRATA_ASSIGN_OR_RETURN(c.update_during_backward_reason,
-                          ChooseUpdateDuringBackward(model, r, machine, &s));
-  STRATA_ASSIGN_OR_RETURN(c.plan, PlanFor(model, r, s.placement));
+                          ChooseUpdateDuringBackward(model, r, machine, &s, &decided));
+  if (decided) {
+    c.plan = std::move(*decided);
+  } else {
+    STRATA_ASSIGN_OR_RETURN(c.plan, PlanFor(model, r, s.placement));
+  }
   c.activation_checkpointing_reason = ActivationCheckpointingReason(c.plan);
   c.placement = s.placement;
   c.update_during_backward = s.update_during_backward;

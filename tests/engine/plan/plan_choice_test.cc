@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <utility>
@@ -151,6 +152,13 @@ TEST(ChoosePlan, TheAutoUpdateDuringBackwardFollowsThePredictionWithOneRankAndOv
     EXPECT_EQ(choice->placement.update_during_backward, choice->update_during_backward);
     EXPECT_EQ(choice->plan.update_during_backward, choice->update_during_backward);
     EXPECT_EQ(choice->plan.speculation_backup_bytes > 0, choice->update_during_backward);
+    // Deciding makes the plan without it and, when on, the one with its backup area: the run's
+    // plan is the one decided on, not built a third time.
+    EXPECT_EQ(choice->plans_built, choice->update_during_backward ? 2 : 1) << preset;
+    auto same = MakePlan(*g.model, g.request.precision, {8, 1024}, choice->placement,
+                         {g.request.optimizer, std::max(1, g.request.grad_accum_steps)});
+    ASSERT_TRUE(same.ok()) << same.status().ToString();
+    EXPECT_EQ(choice->plan.Describe(), same->Describe()) << preset;
     // Never without overlap, never with data parallelism, never without a machine.
     PlanRequest no_overlap = g.request;
     no_overlap.overlap = false;
