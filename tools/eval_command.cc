@@ -420,6 +420,8 @@ Status RunEval(const EvalFlags& f) {
   return Status::Ok();
 }
 
+namespace {
+
 // The eos_token_id of a generation_config.json or config.json object `j` (a number or a list of
 // numbers), appended to *ids; absent or null adds nothing. Errors name `path` and the key.
 Status AppendEosIds(const nlohmann::json& j, const std::string& path, std::vector<int32_t>* ids) {
@@ -441,44 +443,52 @@ Status AppendEosIds(const nlohmann::json& j, const std::string& path, std::vecto
   return Status::Ok();
 }
 
+// The model's generation_config.json, read and parsed once: the copy a run recorded, else the
+// model directory's. `path` is "" (and `json` null) when neither exists.
+struct GenerationConfigFile {
+  std::string path;
+  nlohmann::json json;
+};
+
+StatusOr<nlohmann::json> ReadJsonFile(const std::string& path) {
+  STRATA_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(path, {.max_bytes = 1 << 20}));
+  auto j = ParseJsonBounded(text);
+  if (!j.ok()) return InvalidArgumentError(fmt::format("{}: {}", path, j.status().message()));
+  return std::move(*j);
+}
+
+StatusOr<GenerationConfigFile> ReadGenerationConfig(const ModelSpec& spec) {
+  GenerationConfigFile g;
+  for (const std::string& f : spec.tokenizer_files) {
+    if (std::filesystem::path(f).filename() == "generation_config.json") g.path = f;
+  }
+  std::error_code ec;
+  if (g.path.empty() && !spec.model_dir.empty())
+    g.path = spec.model_dir + "/generation_config.json";
+  if (!std::filesystem::is_regular_file(g.path, ec)) return GenerationConfigFile{};
+  STRATA_ASSIGN_OR_RETURN(g.json, ReadJsonFile(g.path));
+  return g;
+}
+
 // The ids that end a generation, as transformers' generate() takes them: generation_config.json's
 // eos_token_id (one id or a list: Gemma 3's <end_of_turn> beside <eos>, Llama 3's <|eot_id|>),
 // else config.json's (at the top, else a multimodal config's text_config); and the tokenizer's
 // EOS. The files are the model directory's (a run's: the one it started from, or the copy of
 // generation_config.json it recorded), where they still exist.
-// The model's generation_config.json: the copy a run recorded, else the model directory's; ""
-// when neither exists.
-std::string GenerationConfigPath(const ModelSpec& spec) {
-  std::string path;
-  for (const std::string& f : spec.tokenizer_files) {
-    if (std::filesystem::path(f).filename() == "generation_config.json") path = f;
-  }
-  std::error_code ec;
-  if (path.empty() && !spec.model_dir.empty()) path = spec.model_dir + "/generation_config.json";
-  return std::filesystem::is_regular_file(path, ec) ? path : std::string();
-}
-
 StatusOr<std::vector<int32_t>> EndOfGenerationIds(const ModelSpec& spec,
+                                                  const GenerationConfigFile& generation_config,
                                                   const data::Tokenizer* tokenizer) {
   std::vector<int32_t> ids;
   if (tokenizer != nullptr) ids.push_back(tokenizer->eos_id());
-  auto read = [](const std::string& path) -> StatusOr<nlohmann::json> {
-    STRATA_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(path, {.max_bytes = 1 << 20}));
-    auto j = ParseJsonBounded(text);
-    if (!j.ok()) return InvalidArgumentError(fmt::format("{}: {}", path, j.status().message()));
-    return std::move(*j);
-  };
-  const std::string generation_config = GenerationConfigPath(spec);
   std::error_code ec;
   const size_t before = ids.size();
-  if (!generation_config.empty()) {
-    STRATA_ASSIGN_OR_RETURN(const nlohmann::json j, read(generation_config));
-    STRATA_RETURN_IF_ERROR(AppendEosIds(j, generation_config, &ids));
+  if (!generation_config.path.empty()) {
+    STRATA_RETURN_IF_ERROR(AppendEosIds(generation_config.json, generation_config.path, &ids));
   }
   const std::string config = spec.model_dir + "/config.json";
   if (ids.size() == before && !spec.model_dir.empty() &&
       std::filesystem::is_regular_file(config, ec)) {
-    STRATA_ASSIGN_OR_RETURN(const nlohmann::json j, read(config));
+    STRATA_ASSIGN_OR_RETURN(const nlohmann::json j, ReadJsonFile(config));
     STRATA_RETURN_IF_ERROR(AppendEosIds(j, config, &ids));
     if (ids.size() == before && j.is_object() && j.contains("text_config")) {
       STRATA_RETURN_IF_ERROR(AppendEosIds(j["text_config"], config + " text_config", &ids));
@@ -486,6 +496,8 @@ StatusOr<std::vector<int32_t>> EndOfGenerationIds(const ModelSpec& spec,
   }
   return ids;
 }
+
+}  // namespace
 
 void AddGenerateFlags(CLI::App& cmd, GenerateFlags& f) {
   AddInferenceFlags(cmd, f.model);
@@ -519,12 +531,14 @@ namespace {
 
 // The sampling of a generation: the flags given, over generation_config.json's, over Strata's
 // defaults without one; notes for what the file asks that is not applied.
-StatusOr<SamplingSettings> GenerateSampling(const GenerateFlags& f, const ModelSpec& spec,
+StatusOr<SamplingSettings> GenerateSampling(const GenerateFlags& f,
+                                            const GenerationConfigFile& generation_config,
                                             std::vector<std::string>* notes) {
   SamplingSettings s;  // without generation_config.json: temperature 0.8, top-k 40
-  if (const std::string path = GenerationConfigPath(spec); !path.empty()) {
-    STRATA_ASSIGN_OR_RETURN(const std::string text, ReadSmallFile(path, {.max_bytes = 1 << 20}));
-    STRATA_ASSIGN_OR_RETURN(GenerationConfigSampling g, ParseGenerationConfigSampling(text, path));
+  if (!generation_config.path.empty()) {
+    STRATA_ASSIGN_OR_RETURN(
+        GenerationConfigSampling g,
+        ParseGenerationConfigSampling(generation_config.json, generation_config.path));
     s = g.settings;
     *notes = std::move(g.notes);
   }
@@ -568,10 +582,12 @@ Status RunGenerate(const GenerateFlags& f) {
         "the prompt is {} tokens, more than the model's context of {}: shorten --prompt",
         context.size(), context_len));
   }
+  STRATA_ASSIGN_OR_RETURN(const GenerationConfigFile generation_config, ReadGenerationConfig(spec));
   STRATA_ASSIGN_OR_RETURN(const std::vector<int32_t> end_ids,
-                          EndOfGenerationIds(spec, tokenizer.get()));
+                          EndOfGenerationIds(spec, generation_config, tokenizer.get()));
   std::vector<std::string> notes;
-  STRATA_ASSIGN_OR_RETURN(const SamplingSettings sampling, GenerateSampling(f, spec, &notes));
+  STRATA_ASSIGN_OR_RETURN(const SamplingSettings sampling,
+                          GenerateSampling(f, generation_config, &notes));
   for (const std::string& note : notes) std::fprintf(stderr, "note: %s\n", note.c_str());
   // Ids a tokenizer cannot decode (a vocabulary padded past the tokenizer's) are never sampled.
   const int64_t vocab_limit =

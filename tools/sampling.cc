@@ -29,7 +29,11 @@ StatusOr<GenerationConfigSampling> ParseGenerationConfigSampling(std::string_vie
   if (!parsed.ok()) {
     return InvalidArgumentError(fmt::format("{}: {}", path, parsed.status().message()));
   }
-  const nlohmann::json& j = *parsed;
+  return ParseGenerationConfigSampling(*parsed, path);
+}
+
+StatusOr<GenerationConfigSampling> ParseGenerationConfigSampling(const nlohmann::json& j,
+                                                                 const std::string& path) {
   if (!j.is_object()) return InvalidArgumentError(fmt::format("{}: not a JSON object", path));
   auto bad = [&](std::string_view key, std::string_view what) {
     return InvalidArgumentError(fmt::format("{}: {} {}", path, key, what));

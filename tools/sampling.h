@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <random>
 #include <span>
 #include <string>
@@ -37,6 +38,10 @@ struct GenerationConfigSampling {
   std::vector<std::string> notes;
 };
 StatusOr<GenerationConfigSampling> ParseGenerationConfigSampling(std::string_view text,
+                                                                 const std::string& path);
+// The same from the file's JSON value, parsed already (`strata generate` reads the file once for
+// its sampling and its eos_token_id).
+StatusOr<GenerationConfigSampling> ParseGenerationConfigSampling(const nlohmann::json& j,
                                                                  const std::string& path);
 
 // The probabilities of the tokens the settings keep, in descending order of probability (ties in
