@@ -82,7 +82,7 @@ STRATA_HF_GRADIENTS = base.STRATA_HF_GRADIENTS
 NO_CLI = base.NO_CLI
 NO_GRADIENTS = base.NO_GRADIENTS
 Model = base.Model
-run, windows, write_tokens = base.run, base.windows, base.write_tokens
+run, windows = base.run, base.windows
 
 SEQ_LEN = 13  # longer than the sliding window below, odd
 MICRO_BATCH = 3
@@ -1035,73 +1035,20 @@ class StrataFineTuneTest(unittest.TestCase):
     STEPS = 30
 
     def test_fine_tune_lowers_the_loss_and_exports_gemma3_text(self):
-        f = Fixture.get()
-        work = os.path.join(f.root, "finetune")
-        os.makedirs(work)
         model = gemma3_model("ft_gemma3", gemma3_config(layers=2, heads=4, kv=2,
                                                        rope_scaling=LINEAR_SCALING), seed=74)
-        model.write(work)
-        cfg, v = model.cfg, model.cfg["vocab_size"]
-        train_data = os.path.join(work, "train.bin")
-        val_data = os.path.join(work, "val.bin")
-        write_tokens(train_data, base.pattern_tokens(4000, v))
-        val_tokens = base.pattern_tokens(10 * SEQ_LEN + 1, v, phase=5)
-        write_tokens(val_data, val_tokens)
-        x, y = windows(val_tokens, SEQ_LEN)
+        cfg = model.cfg
 
-        before = base.strata_eval(self, ("--model-dir", model.dir), val_data, SEQ_LEN,
-                                  MICRO_BATCH)
-        with torch.no_grad():
-            ref_before = model.loss(x, y).item()
-        self.assertLessEqual(abs(before["loss"] - ref_before), EVAL_REL_TOL * ref_before)
+        def check_config(out_cfg):
+            self.assertEqual(out_cfg.get("model_type"), "gemma3_text")
+            self.assertEqual(out_cfg.get("architectures"), ["Gemma3ForCausalLM"])
+            got_eff, want_eff = effective_config(out_cfg), effective_config(cfg)
+            for key, want in want_eff.items():
+                self.assertEqual(got_eff[key], want, f"exported config.json {key}")
 
-        save = os.path.join(work, "ck")
-        r = run([STRATA_CLI, "train", "--model-dir", model.dir, "--data", train_data,
-                 "--val-data", val_data, "--steps", self.STEPS, "--seq-len", SEQ_LEN,
-                 "--micro-batch-size", MICRO_BATCH, "--grad-accum-steps", "2", "--lr", "3e-3",
-                 "--warmup-steps", "3", "--precision", "fp32", "--device", "host",
-                 "--offload-optimizer", "host", "--offload-params", "host", "--eval-every", "0",
-                 "--sample-bytes", "0", "--save-dir", save], timeout=600)
-        self.assertEqual(r.returncode, 0, f"strata train failed:\n{r.stdout}\n{r.stderr}")
-        final = os.path.join(save, f"step-{self.STEPS}")
-        self.assertTrue(os.path.isdir(final), os.listdir(save))
-        after = base.strata_eval(self, ("--checkpoint", final), val_data, SEQ_LEN, MICRO_BATCH)
-        # The pattern is a bigram: the same 30 AdamW steps on the float64 reference (warmup 3,
-        # cosine, clip 1, weight decay 0 or 0.1) take this loss from 5.58 to 1.35 nats.
-        self.assertLess(after["loss"], before["loss"] - 0.5,
-                        f"fine-tuning did not lower the loss: {before['loss']} -> {after['loss']}")
-
-        out = os.path.join(work, "export")
-        r = run([STRATA_CLI, "export", "--checkpoint", final, "--hf-dir", out, "--dtype", "fp32"])
-        self.assertEqual(r.returncode, 0, f"strata export failed:\n{r.stdout}\n{r.stderr}")
-        again = base.strata_eval(self, ("--model-dir", out), val_data, SEQ_LEN, MICRO_BATCH)
-        self.assertEqual(again["loss"], after["loss"])
-        self.assertEqual(again["tokens"], after["tokens"])
-        with open(os.path.join(out, "config.json")) as fh:
-            out_cfg = json.load(fh)
-        self.assertEqual(out_cfg.get("model_type"), "gemma3_text")
-        self.assertEqual(out_cfg.get("architectures"), ["Gemma3ForCausalLM"])
-        got_eff, want_eff = effective_config(out_cfg), effective_config(cfg)
-        for key, want in want_eff.items():
-            self.assertEqual(got_eff[key], want, f"exported config.json {key}")
-        tensors = base.read_model_dir_tensors(out)
-        shapes = gemma3_param_shapes(cfg)
-        self.assertEqual(sorted(tensors), sorted(shapes), "exported tensor names")
-        changed = 0
-        for name, shape in shapes.items():
-            t, dtype, got_shape = tensors[name]
-            self.assertEqual(dtype, "F32", name)
-            self.assertEqual(got_shape, list(shape), name)
-            changed += not torch.equal(t, model.params[name])
-        self.assertGreater(changed, len(shapes) // 2, "training left most tensors unchanged")
-        exported = {n: t for n, (t, _, _) in tensors.items()}
-        with torch.no_grad():
-            ref_after = model.loss(x, y, exported).item()
-            # The exported config.json read as Hugging Face would describes the same model.
-            ref_out_cfg = gemma3_loss(exported, out_cfg, x, y).item()
-        self.assertLessEqual(abs(again["loss"] - ref_after), EVAL_REL_TOL * ref_after)
-        self.assertLessEqual(abs(ref_out_cfg - ref_after), 1e-12 * ref_after,
-                             "the exported config.json describes another model")
+        base.check_fine_tune_and_export(
+            self, model, os.path.join(Fixture.get().root, "finetune"), self.STEPS, SEQ_LEN,
+            MICRO_BATCH, gemma3_param_shapes(cfg), gemma3_loss, check_config)
 
 
 @unittest.skipIf(torch is None, "torch is not importable")

@@ -81,7 +81,7 @@ STRATA_HF_GRADIENTS = base.STRATA_HF_GRADIENTS
 NO_CLI = base.NO_CLI
 NO_GRADIENTS = base.NO_GRADIENTS
 Model = base.Model
-run, windows, write_tokens = base.run, base.windows, base.write_tokens
+run, windows = base.run, base.windows
 rms_norm, apply_rope, rope_cos_sin = base.rms_norm, base.apply_rope, base.rope_cos_sin
 
 SEQ_LEN = 13  # longer than every sliding window below, odd
@@ -1157,73 +1157,22 @@ class StrataFineTuneTest(unittest.TestCase):
     STEPS = 30
 
     def check_fine_tune(self, model):
-        f = Fixture.get()
-        work = os.path.join(f.root, "finetune-" + model.name)
-        os.makedirs(work)
-        model.write(work)
-        cfg, v = model.cfg, model.cfg["vocab_size"]
-        train_data = os.path.join(work, "train.bin")
-        val_data = os.path.join(work, "val.bin")
-        write_tokens(train_data, base.pattern_tokens(4000, v))
-        val_tokens = base.pattern_tokens(10 * SEQ_LEN + 1, v, phase=5)
-        write_tokens(val_data, val_tokens)
-        x, y = windows(val_tokens, SEQ_LEN)
-
-        before = base.strata_eval(self, ("--model-dir", model.dir), val_data, SEQ_LEN,
-                                  MICRO_BATCH)
-        with torch.no_grad():
-            ref_before = model.loss(x, y).item()
-        self.assertLessEqual(abs(before["loss"] - ref_before), EVAL_REL_TOL * ref_before)
-
-        save = os.path.join(work, "ck")
-        r = run([STRATA_CLI, "train", "--model-dir", model.dir, "--data", train_data,
-                 "--val-data", val_data, "--steps", self.STEPS, "--seq-len", SEQ_LEN,
-                 "--micro-batch-size", MICRO_BATCH, "--grad-accum-steps", "2", "--lr", "3e-3",
-                 "--warmup-steps", "3", "--precision", "fp32", "--device", "host",
-                 "--offload-optimizer", "host", "--offload-params", "host", "--eval-every", "0",
-                 "--sample-bytes", "0", "--save-dir", save], timeout=600)
-        self.assertEqual(r.returncode, 0, f"strata train failed:\n{r.stdout}\n{r.stderr}")
-        final = os.path.join(save, f"step-{self.STEPS}")
-        self.assertTrue(os.path.isdir(final), os.listdir(save))
-        after = base.strata_eval(self, ("--checkpoint", final), val_data, SEQ_LEN, MICRO_BATCH)
-        self.assertLess(after["loss"], before["loss"] - 0.5,
-                        f"fine-tuning did not lower the loss: {before['loss']} -> {after['loss']}")
-
-        out = os.path.join(work, "export")
-        r = run([STRATA_CLI, "export", "--checkpoint", final, "--hf-dir", out, "--dtype", "fp32"])
-        self.assertEqual(r.returncode, 0, f"strata export failed:\n{r.stdout}\n{r.stderr}")
-        again = base.strata_eval(self, ("--model-dir", out), val_data, SEQ_LEN, MICRO_BATCH)
-        self.assertEqual(again["loss"], after["loss"])
-        self.assertEqual(again["tokens"], after["tokens"])
-        with open(os.path.join(out, "config.json")) as fh:
-            out_cfg = json.load(fh)
+        cfg = model.cfg
         mt = cfg["model_type"]
-        for key in ["model_type", "architectures", "vocab_size", "hidden_size",
-                    "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                    "num_key_value_heads", "rms_norm_eps", "rope_theta", "tie_word_embeddings",
-                    *EXPORTED_FIELDS[mt]]:
-            self.assertEqual(out_cfg.get(key, HF_DEFAULTS.get(key)),
-                             cfg.get(key, HF_DEFAULTS.get(key)),
-                             f"exported config.json {key}")
-        tensors = base.read_model_dir_tensors(out)
-        shapes = decoder_param_shapes(cfg)
-        self.assertEqual(sorted(tensors), sorted(shapes), "exported tensor names")
-        changed = 0
-        for name, shape in shapes.items():
-            t, dtype, got_shape = tensors[name]
-            self.assertEqual(dtype, "F32", name)
-            self.assertEqual(got_shape, list(shape), name)
-            changed += not torch.equal(t, model.params[name])
-        self.assertGreater(changed, len(shapes) // 2, "training left most tensors unchanged")
-        exported = {n: t for n, (t, _, _) in tensors.items()}
-        with torch.no_grad():
-            ref_after = model.loss(x, y, exported).item()
-            # The exported config.json read as Hugging Face would (defaults where absent)
-            # describes the same model.
-            ref_out_cfg = decoder_loss(exported, out_cfg, x, y).item()
-        self.assertLessEqual(abs(again["loss"] - ref_after), EVAL_REL_TOL * ref_after)
-        self.assertLessEqual(abs(ref_out_cfg - ref_after), 1e-12 * ref_after,
-                             "the exported config.json describes another model")
+
+        def check_config(out_cfg):
+            for key in ["model_type", "architectures", "vocab_size", "hidden_size",
+                        "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                        "num_key_value_heads", "rms_norm_eps", "rope_theta",
+                        "tie_word_embeddings", *EXPORTED_FIELDS[mt]]:
+                self.assertEqual(out_cfg.get(key, HF_DEFAULTS.get(key)),
+                                 cfg.get(key, HF_DEFAULTS.get(key)),
+                                 f"exported config.json {key}")
+
+        # The exported config.json read as Hugging Face would (defaults where absent).
+        base.check_fine_tune_and_export(
+            self, model, os.path.join(Fixture.get().root, "finetune-" + model.name), self.STEPS,
+            SEQ_LEN, MICRO_BATCH, decoder_param_shapes(cfg), decoder_loss, check_config)
 
     def test_each_family_fine_tunes_and_exports(self):
         for model in fine_tune_models():
