@@ -511,8 +511,9 @@ class SGD(_StrataOptimizer):
     momentum (Sutskever et al., "On the importance of initialization and momentum
     in deep learning", ICML 2013). Same arguments and state_dict as torch's: no
     'step'; 'momentum_buffer' created from the first gradient, None when momentum
-    is 0. foreach is accepted and has no effect; differentiable=True raises
-    ValueError. num_threads and cores as strata.optim.AdamW."""
+    is 0 (a buffer that exists is kept, untouched, through steps taken with
+    momentum 0, as torch keeps it). foreach is accepted and has no effect;
+    differentiable=True raises ValueError. num_threads and cores as strata.optim.AdamW."""
 
     _twin = torch.optim.SGD
     _kind = _lib.OPTIMIZER_SGD
@@ -557,7 +558,9 @@ class SGD(_StrataOptimizer):
         # torch: the buffer starts as a clone of the gradient (the C API's t == 1),
         # and is updated with momentum and dampening afterwards (t > 1).
         if group["momentum"] == 0:
-            return 1, {"momentum_buffer": None}
+            # torch keeps a buffer that exists, untouched, for a later step with momentum.
+            return 1, ({} if state.get("momentum_buffer") is not None
+                       else {"momentum_buffer": None})
         if state.get("momentum_buffer") is None:
             return 1, {"momentum_buffer": torch.empty_like(p,
                                                            memory_format=torch.preserve_format)}
@@ -656,14 +659,16 @@ class _SectionOptimizer(_StrataOptimizer):
 
     @torch.no_grad()
     def step(self, closure=None, *, grads=None, grad_scale=1.0, copy_out=None):
-        """As strata.optim.AdamW.step (grads, grad_scale, copy_out)."""
+        """As strata.optim.AdamW.step (grads, grad_scale, copy_out). A parameter with
+        no elements has nothing to update and no state (the C API's layout refuses a
+        zero dimension): it is left out, as the offload optimizers leave it out."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
         if not math.isfinite(grad_scale):
             raise ValueError(f"grad_scale must be finite, got {grad_scale}")
-        work = self._collect(grads, copy_out)
+        work = [w for w in self._collect(grads, copy_out) if w[1].numel() > 0]
         if not work:
             return loss
         library = _lib.lib()

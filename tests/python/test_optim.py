@@ -198,6 +198,28 @@ class OptimizerTwinTest(unittest.TestCase):
                        dict(lr=3e-2, weight_decay=0.1, maximize=True), torch.float32, seed=26,
                        lr_schedule=0.97)
 
+    def test_sgd_keeps_its_momentum_buffer_through_steps_without_momentum(self):
+        """momentum 0.9, then 0 for two steps, then 0.9 again (a param_groups edit):
+        torch keeps the buffer, untouched, while momentum is 0 and goes on from it."""
+        values = make_params(27)
+        s_params, t_params = leaves(values), leaves(values)
+        s_opt = strata.optim.SGD(s_params, lr=2e-2, momentum=0.9)
+        t_opt = torch.optim.SGD(t_params, lr=2e-2, momentum=0.9)
+        gen = torch.Generator().manual_seed(28)
+        for momentum in (0.9, 0.9, 0.0, 0.0, 0.9, 0.9):
+            grads = make_grads(gen, values, torch.float32)
+            for opt, params in ((s_opt, s_params), (t_opt, t_params)):
+                opt.param_groups[0]["momentum"] = momentum
+                for p, g in zip(params, grads):
+                    p.grad = g.clone()
+                opt.step()
+            for s, t in zip(s_params, t_params):
+                self.assertIsNotNone(s_opt.state[s]["momentum_buffer"])
+                torch.testing.assert_close(s_opt.state[s]["momentum_buffer"],
+                                           t_opt.state[t]["momentum_buffer"], rtol=1e-6,
+                                           atol=1e-7)
+                torch.testing.assert_close(s.detach(), t.detach(), rtol=1e-6, atol=1e-7)
+
     def test_as_close_to_float64_as_torch(self):
         """strata (fp32) and torch (fp32) against torch run in float64 on the same
         problem: strata's worst and mean errors are no larger than torch's (with a

@@ -152,5 +152,28 @@ class AdamW8bitTest(unittest.TestCase):
         self.assertTrue(torch.equal(p, before))
 
 
+class EmptyParameterTest(unittest.TestCase):
+    def test_a_parameter_without_elements_is_left_out_and_the_rest_steps_as_alone(self):
+        # A (0, 4) parameter beside a real one: torch.optim steps it as nothing; the 8-bit
+        # and factored layouts have no state for it (the C API refuses a zero dimension).
+        for cls in (strata.optim.AdamW8bit, strata.optim.Adafactor):
+            with self.subTest(cls.__name__):
+                torch.manual_seed(3)
+                w, grad = torch.randn(64, 8), torch.randn(64, 8)
+                with_empty = [torch.nn.Parameter(w.clone()), torch.nn.Parameter(torch.empty(0, 4))]
+                alone = [torch.nn.Parameter(w.clone())]
+                opt_a, opt_b = cls(with_empty), cls(alone)
+                for _ in range(3):
+                    with_empty[0].grad, with_empty[1].grad = grad.clone(), torch.empty(0, 4)
+                    alone[0].grad = grad.clone()
+                    opt_a.step()
+                    opt_b.step()
+                self.assertTrue(torch.equal(with_empty[0], alone[0]))
+                self.assertNotIn(with_empty[1], opt_a.state)
+                state = opt_a.state_dict()
+                opt_c = cls([torch.nn.Parameter(w.clone()), torch.nn.Parameter(torch.empty(0, 4))])
+                opt_c.load_state_dict(state)
+
+
 if __name__ == "__main__":
     unittest.main()
