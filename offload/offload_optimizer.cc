@@ -147,6 +147,14 @@ std::string LayoutString(std::span<const cpu_optim::StateSpec> layout) {
   return parts.empty() ? std::string("no state") : fmt::format("{}", fmt::join(parts, ", "));
 }
 
+// The names of a layout's sections ("exp_avg, exp_avg_sq"), or "no state": what a config
+// change refused by its layout has and would have, without the probe's sizes.
+std::string SectionNames(std::span<const cpu_optim::StateSpec> layout) {
+  std::vector<std::string_view> names;
+  for (const auto& spec : layout) names.push_back(spec.name);
+  return names.empty() ? std::string("no state") : fmt::format("state {}", fmt::join(names, ", "));
+}
+
 // Whether `shape` (dimensions > 0) holds exactly `num_elems` elements, its product computed
 // without overflow: what AddBucket asks of a caller's shape and Load of a saved one.
 bool ShapeHolds(std::span<const int64_t> shape, int64_t num_elems) {
@@ -453,11 +461,11 @@ Status OffloadOptimizer::Impl::SetGroupOptimizer(int group,
   const auto new_layout = BucketLayout(optimizer, probe, nullptr);
   if (optimizer.kind != old.kind || !SameLayout(old_layout, new_layout)) {
     return InvalidArgumentError(fmt::format(
-        "offload optimizer: group {} is {} with state sections ({}); its new config is {} with "
-        "({}): the kind, amsgrad, SGD momentum and Adafactor's beta1 > 0 cannot change after "
-        "the group was added",
-        group, cpu_optim::OptimizerKindName(old.kind), LayoutString(old_layout),
-        cpu_optim::OptimizerKindName(optimizer.kind), LayoutString(new_layout)));
+        "offload optimizer: group {} is {} with {}; its new config is {} with {}: the kind, "
+        "amsgrad, whether SGD has momentum (0 or not) and whether Adafactor has beta1 cannot "
+        "change after the group was added",
+        group, cpu_optim::OptimizerKindName(old.kind), SectionNames(old_layout),
+        cpu_optim::OptimizerKindName(optimizer.kind), SectionNames(new_layout)));
   }
   groups_[group].optimizer = optimizer;
   return Status::Ok();
@@ -805,9 +813,15 @@ Status OffloadOptimizer::Impl::Step(const OffloadStepOptions& options, OffloadSt
     return FailedPreconditionError("offload optimizer: Step: no bucket was added (AddBucket)");
   }
   const int64_t n = buckets_[0].received[0];
+  if (n == 0) {
+    return FailedPreconditionError(
+        "offload optimizer: Step with no gradient since the last step (bucket 0 segment 0 has "
+        "none); hand every segment its gradient for each micro-batch (SubmitGradient) before "
+        "stepping");
+  }
   for (size_t b = 0; b < buckets_.size(); ++b) {
     for (size_t s = 0; s < buckets_[b].received.size(); ++s) {
-      if (buckets_[b].received[s] != n || n == 0) {
+      if (buckets_[b].received[s] != n) {
         return FailedPreconditionError(fmt::format(
             "offload optimizer: Step before every gradient arrived: bucket {} segment {} has {} "
             "gradient(s) since the last step, bucket 0 segment 0 has {}; hand every segment its "

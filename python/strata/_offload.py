@@ -314,6 +314,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._module_hooks = []
         self._attached = []  # modules given to attach(): add_param_group hooks them too
         self._ready = False
+        self._groups_added = 0  # C groups added (_register_group)
         self._stepped = False
         if isinstance(params, torch.nn.Module):
             if module is not None and module is not params:
@@ -403,14 +404,25 @@ class OffloadOptimizer(torch.optim.Optimizer):
     # -- torch.optim.Optimizer protocol ---------------------------------------------
 
     def add_param_group(self, param_group):
+        if getattr(self, "_ready", False):
+            self._live_handle()  # RuntimeError once close() ran
         if getattr(self, "_stepped", False):
             raise RuntimeError(f"{self._name()}.add_param_group: parameter groups must be added "
                                "before the first step()")
         super().add_param_group(param_group)
         if getattr(self, "_ready", False):
             first = len(self._buckets)
-            with self._lock:
-                self._register_group(len(self.param_groups) - 1, self.param_groups[-1])
+            gi = len(self.param_groups) - 1
+            try:
+                with self._lock:
+                    self._register_group(gi, self.param_groups[gi])
+            except Exception:
+                # Refused before Strata added its group (a parameter's dtype, a
+                # hyper-parameter): the group is not kept, as torch.optim validates
+                # before it appends.
+                if self._groups_added <= gi:
+                    self.param_groups.pop()
+                raise
             for module in self._attached:
                 self._attach_buckets(module, self._buckets[first:])
 
@@ -440,6 +452,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         fewer than the others); StrataError for an error of Strata's threads
         (an NVMe write that failed: the optimizer is then unusable; load a saved
         state into a new one)."""
+        self._live_handle()  # RuntimeError once close() ran
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -1015,18 +1028,11 @@ class OffloadOptimizer(torch.optim.Optimizer):
                              "counts; Strata keeps one step count per param group")
         return steps.pop()
 
-    def _register_group(self, gi, group):
-        """Adds the C group of param group gi and its buckets, and the gradient
-        hooks of its parameters."""
-        library = _lib.lib()
-        handle = self._handle
+    def _prepare_group(self, gi, group):
+        """Param group gi's checks, made before anything of it is added: its
+        hyper-parameters (the C config, returned) and every trainable parameter's
+        dtype, device and layout."""
         config = self._config(group)
-        index = ctypes.c_int()
-        _lib.check(library.strata_offload_add_group(handle, self._kind, ctypes.byref(config),
-                                                    ctypes.byref(index)))
-        if index.value != gi:
-            raise RuntimeError(f"{self._name()}: internal: group {gi} became {index.value}")
-        current, size = [], 0
         for pi, p in enumerate(group["params"]):
             if not p.requires_grad or p.numel() == 0:
                 continue
@@ -1039,6 +1045,25 @@ class OffloadOptimizer(torch.optim.Optimizer):
                                  "parameters")
             if p.layout != torch.strided or not p.is_contiguous():
                 raise ValueError(f"{what} is not a dense contiguous tensor")
+        return config
+
+    def _register_group(self, gi, group):
+        """Adds the C group of param group gi and its buckets, and the gradient
+        hooks of its parameters; every check that can refuse the group runs
+        before the C group is added (self._groups_added counts those)."""
+        library = _lib.lib()
+        handle = self._handle
+        config = self._prepare_group(gi, group)
+        index = ctypes.c_int()
+        _lib.check(library.strata_offload_add_group(handle, self._kind, ctypes.byref(config),
+                                                    ctypes.byref(index)))
+        if index.value != gi:
+            raise RuntimeError(f"{self._name()}: internal: group {gi} became {index.value}")
+        self._groups_added = gi + 1
+        current, size = [], 0
+        for p in group["params"]:
+            if not p.requires_grad or p.numel() == 0:
+                continue
             if current and (p.dtype != current[0].dtype or p.device != current[0].device
                             or size + p.numel() > self._bucket_size):
                 self._add_bucket(gi, current)

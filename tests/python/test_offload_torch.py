@@ -412,6 +412,34 @@ class HooksTest(OffloadTestCase):
         self.assertEqual(seen, [[False, False]] * 2,
                          "model[1] ran while its group's update was running")
 
+    def test_a_refused_param_group_is_not_kept(self):
+        # As torch.optim, which validates a group before it appends it: an fp64 parameter
+        # or a NaN lr leaves param_groups, the state_dict and later steps as they were.
+        model = tiny_mlp(7)
+        opt = st.OffloadAdamW(list(model[0].parameters()), bucket_size=TINY_BUCKET)
+        extra = torch.nn.Parameter(torch.randn(4))
+        wide = torch.nn.Parameter(torch.randn(4, dtype=torch.float64))
+        for group, error in (({"params": [wide]}, TypeError),
+                             ({"params": [extra], "lr": float("nan")}, strata.StrataError)):
+            with self.assertRaises(error):
+                opt.add_param_group(group)
+            self.assertEqual(len(opt.param_groups), 1)
+        opt.add_param_group({"params": list(model[1].parameters()), "lr": 1e-2})
+        self.assertEqual(len(opt.param_groups), 2)
+        tiny_step(model, opt, 0)
+        self.assertEqual(len(opt.state_dict()["param_groups"]), 2)
+
+    def test_a_closed_optimizer_says_so(self):
+        model = tiny_mlp(8)
+        opt = st.OffloadAdamW(model, bucket_size=TINY_BUCKET)
+        tiny_step(model, opt, 0)
+        opt.close()
+        for call in (opt.step, opt.stats,
+                     lambda: opt.add_param_group({"params": [torch.nn.Parameter(torch.randn(2))]})):
+            with self.assertRaisesRegex(RuntimeError, "OffloadAdamW was closed"):
+                call()
+        self.assertEqual(len(opt.param_groups), 1)
+
     def run_two_layers(self, threaded):
         """Two independent layers, one bucket each, trained 2 steps; each step's two
         backward passes run on two threads at once (as autograd runs a CPU and a CUDA
