@@ -179,10 +179,10 @@ const Quant8Map& GetQuant8Map(bool is_signed) { return Tables(is_signed).view; }
 
 Status ValidateAdamW8bit(const AdamWConfig& config, const OptimStep& step, std::span<float> master,
                          QuantizedState m, QuantizedState v, GradView grad, CopyOut copy_out) {
-  STRATA_RETURN_IF_ERROR(ValidateAdamWParams(config, step));
+  STRATA_RETURN_IF_ERROR(ValidateAdamWParams(config, step, "AdamW8bit"));
   if (config.amsgrad) {
     return InvalidArgumentError(
-        "AdamW8bit: amsgrad is not supported with 8-bit state (use AdamWUpdate)");
+        "AdamW8bit: amsgrad is not supported with 8-bit state (AdamW keeps it)");
   }
   const auto n = static_cast<int64_t>(master.size());
   STRATA_RETURN_IF_ERROR(CheckState("m", n, m.codes, m.absmax));

@@ -430,14 +430,18 @@ Status UpdateState(const AnyOptimizer& o, const OptimStep& step,
                                 std::to_string(specs.size()));
   }
   for (size_t i = 0; i < specs.size(); ++i) {
+    if (state[i].size() != specs[i].size_bytes()) {
+      return InvalidArgumentError(std::string(OptimizerKindName(o.kind)) + ": state section '" +
+                                  specs[i].name + "' must be " +
+                                  std::to_string(specs[i].size_bytes()) + " bytes; got " +
+                                  std::to_string(state[i].size()));
+    }
     // fp32 sections are read as floats; 8-bit codes need no alignment.
-    const bool misaligned =
-        specs[i].dtype == StateDType::kF32 && reinterpret_cast<uintptr_t>(state[i].data()) % 4 != 0;
-    if (state[i].size() != specs[i].size_bytes() || misaligned) {
-      return InvalidArgumentError(
-          std::string(OptimizerKindName(o.kind)) + ": state section '" + specs[i].name +
-          "' must be " + std::to_string(specs[i].size_bytes()) +
-          " bytes (fp32 sections 4-byte aligned); got " + std::to_string(state[i].size()));
+    if (specs[i].dtype == StateDType::kF32 &&
+        reinterpret_cast<uintptr_t>(state[i].data()) % alignof(float) != 0) {
+      return InvalidArgumentError(std::string(OptimizerKindName(o.kind)) +
+                                  ": the buffer of fp32 state section '" + specs[i].name +
+                                  "' is not 4-byte aligned");
     }
   }
   STRATA_RETURN_IF_ERROR(

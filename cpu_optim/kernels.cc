@@ -78,27 +78,30 @@ bool Overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
   return ua < ub + b_bytes && ub < ua + a_bytes;
 }
 
-Status ValidateAdamWParams(const AdamWConfig& c, const OptimStep& step) {
+Status ValidateAdamWParams(const AdamWConfig& c, const OptimStep& step,
+                           std::string_view optimizer) {
   if (!Finite(c.lr) || c.lr < 0.0f) {
-    return InvalidArgumentError(fmt::format("AdamW: lr must be finite and >= 0, got {}", c.lr));
+    return InvalidArgumentError(
+        fmt::format("{}: lr must be finite and >= 0, got {}", optimizer, c.lr));
   }
   if (!Finite(c.eps) || c.eps < 0.0f) {
-    return InvalidArgumentError(fmt::format("AdamW: eps must be finite and >= 0, got {}", c.eps));
+    return InvalidArgumentError(
+        fmt::format("{}: eps must be finite and >= 0, got {}", optimizer, c.eps));
   }
   if (!Finite(c.weight_decay) || c.weight_decay < 0.0f) {
     return InvalidArgumentError(
-        fmt::format("AdamW: weight_decay must be finite and >= 0, got {}", c.weight_decay));
+        fmt::format("{}: weight_decay must be finite and >= 0, got {}", optimizer, c.weight_decay));
   }
   if (!(c.beta1 >= 0.0f && c.beta1 < 1.0f) || !(c.beta2 >= 0.0f && c.beta2 < 1.0f)) {
     return InvalidArgumentError(
-        fmt::format("AdamW: betas must lie in [0, 1), got ({}, {})", c.beta1, c.beta2));
+        fmt::format("{}: betas must lie in [0, 1), got ({}, {})", optimizer, c.beta1, c.beta2));
   }
   if (step.step < 1) {
-    return InvalidArgumentError(fmt::format("AdamW: step must be >= 1, got {}", step.step));
+    return InvalidArgumentError(fmt::format("{}: step must be >= 1, got {}", optimizer, step.step));
   }
   if (!Finite(step.grad_scale)) {
     return InvalidArgumentError(
-        fmt::format("AdamW: grad_scale must be finite, got {}", step.grad_scale));
+        fmt::format("{}: grad_scale must be finite, got {}", optimizer, step.grad_scale));
   }
   return Status::Ok();
 }

@@ -235,8 +235,10 @@ const KernelTable* FindKernelTable(std::string_view name);
 
 bool IsValidDType(DType dtype);
 // kInvalidArgument for hyper-parameters PyTorch rejects (negative lr, eps or
-// weight_decay; betas outside [0, 1)), non-finite values, step < 1.
-Status ValidateAdamWParams(const AdamWConfig& config, const OptimStep& step);
+// weight_decay; betas outside [0, 1)), non-finite values, step < 1; the messages start with
+// `optimizer`'s name.
+Status ValidateAdamWParams(const AdamWConfig& config, const OptimStep& step,
+                           std::string_view optimizer = "AdamW");
 // A state buffer and its name for error messages.
 struct NamedState {
   std::span<float> data;
