@@ -2,6 +2,7 @@
 #include "formats/safetensors.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cstring>
 #include <filesystem>
@@ -245,6 +246,19 @@ TEST_F(SafetensorsFileTest, PartWritersFromSeveralProcessesMakeTheStreamingWrite
             StatusCode::kDataLoss);
   EXPECT_EQ(SafetensorsPartWriter::Create(parts, specs, meta).status().code(),
             StatusCode::kAlreadyExists);
+}
+
+// A FIFO or a directory where a checkpoint's data file belongs (inspect and resume hash every
+// file first) is refused at once, not waited on for a writer that never comes.
+TEST_F(SafetensorsFileTest, HashingAFifoOrADirectoryIsRefusedWithoutWaiting) {
+  const std::string fifo = (dir_ / "master.safetensors").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  uint64_t size = 0;
+  for (const std::string& path : {fifo, dir_.string()}) {
+    const auto hash = FileXxh3(path, &size);
+    EXPECT_EQ(hash.status().code(), StatusCode::kDataLoss) << hash.status().ToString();
+    EXPECT_EQ(hash.status().message(), "'" + path + "' is not a regular file");
+  }
 }
 
 TEST_F(SafetensorsFileTest, UnfinishedOrShortWritesAreReported) {
