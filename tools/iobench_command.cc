@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -25,6 +26,7 @@
 #include "base/units.h"
 #include "io/io_backend.h"
 #include "tools/checkpoint_commands.h"
+#include "tools/run_destinations.h"
 
 namespace strata::tools {
 namespace {
@@ -139,9 +141,28 @@ Status OpenFiles(const RunConfig& c, std::vector<BenchFile>* files) {
     if (!S_ISDIR(st.st_mode)) {
       return InvalidArgumentError(fmt::format("--path '{}' is not a directory", dir));
     }
+    const std::string path = fmt::format("{}/strata-iobench.{}", dir, i);
+    const uint64_t size_bytes = (units / n + (i < units % n ? 1 : 0)) * c.block_bytes;
+    // The file must fit the drive's free space (what an earlier run left in place counts as
+    // free): filling the drive first and failing then would take the space from everything
+    // else on it for the length of the run.
+    struct statvfs sv;
+    if (::statvfs(dir.c_str(), &sv) == 0) {
+      uint64_t free_bytes = static_cast<uint64_t>(sv.f_bavail) * sv.f_frsize;
+      struct stat existing;
+      if (::stat(path.c_str(), &existing) == 0 && S_ISREG(existing.st_mode)) {
+        free_bytes += static_cast<uint64_t>(existing.st_blocks) * 512;
+      }
+      if (size_bytes > free_bytes) {
+        return ResourceExhaustedError(fmt::format(
+            "--path '{}' has {} free, less than the {} its file '{}' would take: give a smaller "
+            "--size (or more --path directories on other drives)",
+            dir, FormatBytes(free_bytes), FormatBytes(size_bytes), path));
+      }
+    }
     BenchFile& f = files->emplace_back();
-    f.path = fmt::format("{}/strata-iobench.{}", dir, i);
-    f.size_bytes = (units / n + (i < units % n ? 1 : 0)) * c.block_bytes;
+    f.path = path;
+    f.size_bytes = size_bytes;
     const int base = O_RDWR | O_NOFOLLOW | O_CLOEXEC;
     int fd = ::open(f.path.c_str(), base | O_CREAT | O_EXCL | O_DIRECT, 0600);
     f.created = fd >= 0;
@@ -619,6 +640,9 @@ Status RunIobench(const IobenchFlags& f) {
   if (!f.config_out.empty() && !f.sweep) {
     return InvalidArgumentError("--config-out needs --sweep");
   }
+  // Before minutes of measurements, not after.
+  if (!f.config_out.empty())
+    STRATA_RETURN_IF_ERROR(CheckWritableFile("--config-out", f.config_out));
   // SIGINT or SIGTERM ends the run and removes the files it made (exit code 130 or 143).
   InstallStopSignalHandlers();
   if (!f.sweep) {

@@ -188,6 +188,23 @@ TEST_F(IobenchCliTest, BadSweepsAndRuntimesAreRefusedBeforeAnythingRuns) {
   EXPECT_NE(r.err.find("--threads and --backend are not used"), std::string::npos) << r.err;
 }
 
+// A --size past the drive's free space is refused before a byte is written (a run that filled
+// the drive first would take the space from everything else on it), and a --config-out that
+// cannot be written is refused before the sweep's minutes of measuring.
+TEST_F(IobenchCliTest, ASizePastTheFreeSpaceAndAnUnwritableConfigOutAreRefusedFirst) {
+  Result r = Iobench("--rw write --size 1000TiB");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("--path '" + dir_.string() + "' has "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("free, less than the "), std::string::npos) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(BenchFile()));
+  r = RunStrata("iobench --path " + dir_.string() + " --size 16MiB --rw read --sweep " +
+                "--config-out " + (dir_ / "missing" / "best.json").string());
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("--config-out"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("iobench: sweep 1/"), std::string::npos) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(BenchFile()));
+}
+
 TEST_F(IobenchCliTest, FirstWriteWithReadsIsRefusedNamingTheFlag) {
   const Result r = Iobench("--rw read --size 8MiB --first-write");
   EXPECT_NE(r.exit_code, 0);

@@ -274,6 +274,13 @@ TEST(DoctorMachineProfileCli, WritesAProfileThatEstimateAccepts) {
   std::filesystem::remove_all(dir);
 }
 
+// A regular file in `dir` ("a-file"), for a --path that is not a directory.
+std::string RegularFileIn(const std::filesystem::path& dir) {
+  const std::string path = (dir / "a-file").string();
+  std::ofstream(path) << "x";
+  return path;
+}
+
 // A path the profile cannot be written to is refused before the measurements, not after them,
 // and leaves no temporary file behind.
 TEST(DoctorMachineProfileCli, AnUnwritablePathIsRefusedFirstAndLeavesNothing) {
@@ -288,6 +295,15 @@ TEST(DoctorMachineProfileCli, AnUnwritablePathIsRefusedFirstAndLeavesNothing) {
     EXPECT_NE(r.err.find("--machine-profile"), std::string::npos) << r.err;
     EXPECT_EQ(r.out.find("cpu optimizer"), std::string::npos) << "measured first:\n" << r.out;
   }
+  // So is a --path to measure that is not a directory (it would leave out the NVMe section).
+  for (const std::string& path : {(dir / "missing").string(), RegularFileIn(dir)}) {
+    const Result r = RunStrata("doctor --machine-profile " + (dir / "m.json").string() +
+                               " --profile-seconds 0.05 --path " + path);
+    EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+    EXPECT_NE(r.err.find("--path '" + path + "'"), std::string::npos) << r.err;
+    EXPECT_EQ(r.out.find("cpu optimizer"), std::string::npos) << "measured first:\n" << r.out;
+  }
+  std::filesystem::remove(dir / "a-file");
   std::vector<std::string> left;
   for (const auto& e : std::filesystem::directory_iterator(dir)) {
     left.push_back(e.path().filename().string());
