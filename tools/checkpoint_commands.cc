@@ -104,7 +104,7 @@ std::string ScheduleDifferences(std::string_view saved_json, std::string_view ru
 
 StatusOr<int64_t> ResumeTraining(engine::Engine& engine, const CheckpointFlags& flags,
                                  std::mt19937_64* data_rng, std::string_view run_lr_schedule_json,
-                                 const engine::EngineOptions& run) {
+                                 const engine::EngineOptions& run, int64_t* tokens_seen) {
   std::string path = flags.resume;
   if (path == "latest") {
     if (flags.save_dir.empty()) {
@@ -148,6 +148,7 @@ StatusOr<int64_t> ResumeTraining(engine::Engine& engine, const CheckpointFlags& 
         "used from step %lld on\n",
         diff.c_str(), static_cast<long long>(state.step + 1));
   }
+  if (tokens_seen != nullptr) *tokens_seen = state.tokens_seen;
   return state.step;
 }
 

@@ -44,10 +44,12 @@ struct TrainProgress {
 // with; where its optimizer settings differ from the checkpoint's (engine::
 // UpdateSettingsDifferences: another --weight-decay, --beta2, --grad-clip or
 // --decay-norms-and-biases), a note names each: this run's are used. kInvalidArgument for
-// "latest" without --save-dir; the errors of engine::ReadManifest.
+// "latest" without --save-dir; the errors of engine::ReadManifest. *tokens_seen (when not null):
+// the tokens the run had trained on by then, as its manifest recorded them (a resumed run may
+// take another number of tokens per step).
 StatusOr<int64_t> ResumeTraining(engine::Engine& engine, const CheckpointFlags& flags,
                                  std::mt19937_64* data_rng, std::string_view run_lr_schedule_json,
-                                 const engine::EngineOptions& run);
+                                 const engine::EngineOptions& run, int64_t* tokens_seen = nullptr);
 // Saves a checkpoint into --save-dir; returns its directory.
 StatusOr<std::string> SaveTraining(engine::Engine& engine, const CheckpointFlags& flags,
                                    const TrainProgress& progress);

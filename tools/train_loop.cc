@@ -134,8 +134,8 @@ ProgressOptions ProgressOptionsFor(const TrainLoopInputs& in, int64_t tokens_per
 class TrainLoop {
  public:
   // preference: --objective dpo, ipo or simpo; null for sft.
-  TrainLoop(const TrainLoopInputs& in, int64_t start_step, std::mt19937_64 data_rng,
-            std::unique_ptr<PreferenceTraining> preference);
+  TrainLoop(const TrainLoopInputs& in, int64_t start_step, int64_t start_tokens_seen,
+            std::mt19937_64 data_rng, std::unique_ptr<PreferenceTraining> preference);
   StatusOr<TrainOutcome> Run();
 
  private:
@@ -163,6 +163,8 @@ class TrainLoop {
   std::unique_ptr<PreferenceTraining> preference_;
   // Over every rank: the global batch.
   const int64_t tokens_per_step_;
+  // The tokens trained on before start_step (a resumed run's, as its checkpoint recorded them).
+  const int64_t start_tokens_seen_;
   std::vector<data::Batch> data_batches_;
   int64_t job_pairs_ = 0;           // preference pairs of the step's global batch (every rank's)
   int64_t job_chosen_targets_ = 0;  // and their chosen completions' targets
@@ -179,8 +181,8 @@ class TrainLoop {
   TrainMetrics metrics_;
 };
 
-TrainLoop::TrainLoop(const TrainLoopInputs& in, int64_t start_step, std::mt19937_64 data_rng,
-                     std::unique_ptr<PreferenceTraining> preference)
+TrainLoop::TrainLoop(const TrainLoopInputs& in, int64_t start_step, int64_t start_tokens_seen,
+                     std::mt19937_64 data_rng, std::unique_ptr<PreferenceTraining> preference)
     : o_(*in.options),
       loop_(in.options->loop),
       in_(in),
@@ -190,6 +192,7 @@ TrainLoop::TrainLoop(const TrainLoopInputs& in, int64_t start_step, std::mt19937
       preference_(std::move(preference)),
       tokens_per_step_(int64_t{loop_.micro_batch_size} * loop_.seq_len * loop_.grad_accum_steps *
                        o_.ranks.ranks),
+      start_tokens_seen_(start_tokens_seen),
       data_batches_(loop_.grad_accum_steps),
       batches_(loop_.grad_accum_steps),
       t_train_(Clock::now()),
@@ -331,8 +334,8 @@ Status TrainLoop::SaveCheckpointAt(int64_t step) {
   STRATA_ASSIGN_OR_RETURN(
       out_.last_checkpoint,
       SaveTraining(engine_, loop_.checkpoint,
-                   {step + 1, (step + 1) * tokens_per_step_, &data_rng_,
-                    LrScheduleJson(o_.schedule, step + 1), ModelSpecJson(*in_.spec)}));
+                   {step + 1, start_tokens_seen_ + (step + 1 - out_.start_step) * tokens_per_step_,
+                    &data_rng_, LrScheduleJson(o_.schedule, step + 1), ModelSpecJson(*in_.spec)}));
   checkpoint_seconds_ += SecondsSince(t0);
   progress_.SkipBytes(CountersReport(engine_.counters()));
   metrics_.SkipBytes(engine_.counters());
@@ -482,15 +485,15 @@ StatusOr<TrainOutcome> RunTrainLoop(const TrainLoopInputs& in) {
     STRATA_RETURN_IF_ERROR(preference->PrepareReference(
         *in.engine, ckpt.save_dir, !ckpt.resume.empty(), in.options->ranks.rank == 0));
   }
-  int64_t start_step = 0;
+  int64_t start_step = 0, start_tokens_seen = 0;
   if (!ckpt.resume.empty()) {
-    STRATA_ASSIGN_OR_RETURN(
-        start_step,
-        ResumeTraining(*in.engine, ckpt, &data_rng,
-                       LrScheduleJson(in.options->schedule, /*next_step=*/0), in.options->engine));
+    STRATA_ASSIGN_OR_RETURN(start_step,
+                            ResumeTraining(*in.engine, ckpt, &data_rng,
+                                           LrScheduleJson(in.options->schedule, /*next_step=*/0),
+                                           in.options->engine, &start_tokens_seen));
   }
   InstallStopSignalHandlers();
-  TrainLoop loop(in, start_step, std::move(data_rng), std::move(preference));
+  TrainLoop loop(in, start_step, start_tokens_seen, std::move(data_rng), std::move(preference));
   return loop.Run();
 }
 

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -259,6 +260,27 @@ TEST_F(CheckpointCliTest, AResumeNamesEachOptimizerSettingThatDiffersFromTheChec
   r = Run(args + std::vector<std::string>{"--resume", save + "/step-2"});
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("(decay_norms_and_biases true -> false)"), std::string::npos) << r.out;
+}
+
+// A resumed run that takes another number of tokens per step (--grad-accum-steps 1 after 2)
+// counts on from the checkpoint's tokens_seen: 2 steps of 2 x 16 tokens, then 1 of 16.
+TEST_F(CheckpointCliTest, AResumeWithAnotherStepSizeCountsTokensOnFromTheCheckpoint) {
+  const std::string save = (dir_ / "save-tokens").string();
+  Result r = Run(Tiny() + std::vector<std::string>{"--steps", "2", "--save-dir", save});
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto tokens_seen = [&](const std::string& step) {
+    return nlohmann::json::parse(
+               ReadFile(fs::path(save) / step / "manifest.json"))["trainer"]["tokens_seen"]
+        .get<int64_t>();
+  };
+  ASSERT_EQ(tokens_seen("step-2"), 2 * 2 * 16);
+  std::vector<std::string> one_micro_batch = Tiny();
+  *(std::find(one_micro_batch.begin(), one_micro_batch.end(), "--grad-accum-steps") + 1) = "1";
+  r = Run(one_micro_batch +
+          std::vector<std::string>{"--steps", "3", "--save-dir", save, "--resume", "latest"});
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("at step 2 (64 tokens seen)"), std::string::npos) << r.out;
+  EXPECT_EQ(tokens_seen("step-3"), 2 * 2 * 16 + 16);
 }
 
 TEST_F(CheckpointCliTest, InspectListsTensorsAndReportsTheFirstCorruptFile) {
