@@ -2,7 +2,9 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <new>
 #include <string>
@@ -108,10 +110,29 @@ int main(int argc, char** argv) {
     // A config file's problems are complete as they are (the file and its keys, not a flag to
     // look up); a flag error gets the pointer.
     if (what.find('\n') != std::string::npos || what.starts_with("--config: ")) return Fail(what);
-    return Fail(what + " (see 'strata --help' or 'strata train --help')");
+    // The help of the subcommand being read (`strata iobench --help`), else the list of them.
+    std::string help = "strata --help";
+    for (const CLI::App* sub : app.get_subcommands())
+      help = "strata " + sub->get_name() + " --help";
+    return Fail(fmt::format("{} (see '{}')", what, help));
   } catch (const std::exception& e) {
     return Fail(fmt::format("internal error while reading the command line: {}",
                             strata::Excerpt(e.what(), 300)));
+  }
+  // CLI11 reads "nan" and "inf" as numbers, and a range check passes a NaN; no option of Strata
+  // takes either (--lr nan trained at the default rate).
+  for (const CLI::App* sub : app.get_subcommands()) {
+    for (const CLI::Option* opt : sub->get_options()) {
+      if (opt->get_type_name().find("FLOAT") == std::string::npos) continue;
+      for (const std::string& v : opt->results()) {
+        char* end = nullptr;
+        const double x = std::strtod(v.c_str(), &end);
+        if (end != v.c_str() && !std::isfinite(x)) {
+          return Fail(fmt::format("{}: {} is not a finite number (see 'strata {} --help')",
+                                  opt->get_name(), v, sub->get_name()));
+        }
+      }
+    }
   }
   strata::Status status;
   // Errors travel as Status; an exception that escapes a command anyway (an allocation that

@@ -68,4 +68,28 @@ TEST(TrainHelpCli, EveryOptionIsInOneSectionAndTheSectionsPrintInOrder) {
   EXPECT_EQ(section_of["--keep-last"], "Checkpoints");
 }
 
+// A flag error points to the help of the subcommand being read, and a number option given
+// "nan" or "inf" is refused by name (CLI11 reads both as numbers and a range check passes NaN:
+// `--lr nan` trained at the default rate).
+TEST(TrainHelpCli, FlagErrorsPointToTheirSubcommandsHelpAndNonFiniteNumbersAreRefused) {
+  for (const std::string& sub : {"train", "doctor", "iobench", "inspect", "generate"}) {
+    const Result r = RunStrata(sub + " --no-such-flag");
+    EXPECT_EQ(r.exit_code, 1) << sub;
+    EXPECT_NE(r.err.find("(see 'strata " + sub + " --help')"), std::string::npos) << r.err;
+  }
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"train --lr nan --steps 1", "--lr: nan is not a finite number (see 'strata train --help')"},
+      {"train --weight-decay -nan --steps 1", "--weight-decay: -nan is not a finite number"},
+      {"train --grad-clip inf --steps 1", "--grad-clip: inf is not a finite number"},
+      {"doctor --probe-seconds nan", "--probe-seconds: nan is not a finite number"},
+      {"generate --model-dir x --prompt x --temperature NaN",
+       "--temperature: NaN is not a finite"}};
+  for (const auto& [args, message] : cases) {
+    const Result r = RunStrata(args);
+    EXPECT_EQ(r.exit_code, 1) << args;
+    EXPECT_NE(r.err.find(message), std::string::npos) << args << ": " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  }
+}
+
 }  // namespace
