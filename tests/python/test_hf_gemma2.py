@@ -61,7 +61,7 @@ EVAL_REL_TOL = base.EVAL_REL_TOL
 GRAD_REL_TOL = base.GRAD_REL_TOL
 STRATA_CLI = base.STRATA_CLI
 STRATA_HF_GRADIENTS = base.STRATA_HF_GRADIENTS
-run, windows, write_tokens = base.run, base.windows, base.write_tokens
+run, windows = base.run, base.windows
 
 SEQ_LEN = 13  # longer than the window, odd
 MICRO_BATCH = 3
@@ -386,57 +386,21 @@ class StrataFineTuneTest(unittest.TestCase):
     STEPS = 30
 
     def test_fine_tune_lowers_the_loss_and_exports_gemma2(self):
-        f = Fixture.get()
-        work = os.path.join(f.root, "finetune")
-        os.makedirs(work)
-        model = g3.gemma3_model("ft_gemma2", gemma2_config(layers=2, heads=4, kv=2,
-                                                          attn_cap=1.0, final_cap=3.0), seed=84)
-        model.write(work)
-        v = model.cfg["vocab_size"]
-        train_data = os.path.join(work, "train.bin")
-        val_data = os.path.join(work, "val.bin")
-        write_tokens(train_data, base.pattern_tokens(4000, v))
-        val_tokens = base.pattern_tokens(10 * SEQ_LEN + 1, v, phase=5)
-        write_tokens(val_data, val_tokens)
-        x, y = windows(val_tokens, SEQ_LEN)
-        before = base.strata_eval(self, ("--model-dir", model.dir), val_data, SEQ_LEN,
-                                  MICRO_BATCH)
-        save = os.path.join(work, "ck")
-        r = run([STRATA_CLI, "train", "--model-dir", model.dir, "--data", train_data,
-                 "--val-data", val_data, "--steps", self.STEPS, "--seq-len", SEQ_LEN,
-                 "--micro-batch-size", MICRO_BATCH, "--grad-accum-steps", "2", "--lr", "3e-3",
-                 "--warmup-steps", "3", "--precision", "fp32", "--device", "host",
-                 "--offload-optimizer", "host", "--offload-params", "host", "--eval-every", "0",
-                 "--sample-bytes", "0", "--save-dir", save], timeout=600)
-        self.assertEqual(r.returncode, 0, f"strata train failed:\n{r.stdout}\n{r.stderr}")
-        final = os.path.join(save, f"step-{self.STEPS}")
-        after = base.strata_eval(self, ("--checkpoint", final), val_data, SEQ_LEN, MICRO_BATCH)
         # A cap of 3 on the logits bounds how low the loss can go (the logits span at most 6
         # nats), but a bigram pattern still falls well below the random start.
-        self.assertLess(after["loss"], before["loss"] - 0.5,
-                        f"fine-tuning did not lower the loss: {before['loss']} -> {after['loss']}")
+        model = g3.gemma3_model("ft_gemma2", gemma2_config(layers=2, heads=4, kv=2,
+                                                          attn_cap=1.0, final_cap=3.0), seed=84)
 
-        out = os.path.join(work, "export")
-        r = run([STRATA_CLI, "export", "--checkpoint", final, "--hf-dir", out, "--dtype", "fp32"])
-        self.assertEqual(r.returncode, 0, f"strata export failed:\n{r.stdout}\n{r.stderr}")
-        again = base.strata_eval(self, ("--model-dir", out), val_data, SEQ_LEN, MICRO_BATCH)
-        self.assertEqual(again["loss"], after["loss"])
-        with open(os.path.join(out, "config.json")) as fh:
-            out_cfg = json.load(fh)
-        self.assertEqual(out_cfg.get("model_type"), "gemma2")
-        self.assertEqual(out_cfg.get("architectures"), ["Gemma2ForCausalLM"])
-        self.assertEqual(out_cfg.get("attn_logit_softcapping"), 1.0)
-        self.assertEqual(out_cfg.get("final_logit_softcapping"), 3.0)
-        self.assertEqual(gemma2_layer_types(out_cfg), gemma2_layer_types(model.cfg))
-        tensors = base.read_model_dir_tensors(out)
-        self.assertEqual(sorted(tensors), sorted(gemma2_param_shapes(model.cfg)))
-        exported = {n: t for n, (t, _, _) in tensors.items()}
-        with torch.no_grad():
-            ref_after = model.loss(x, y, exported).item()
-            ref_out_cfg = gemma2_loss(exported, out_cfg, x, y).item()
-        self.assertLessEqual(abs(again["loss"] - ref_after), EVAL_REL_TOL * ref_after)
-        self.assertLessEqual(abs(ref_out_cfg - ref_after), 1e-12 * ref_after,
-                             "the exported config.json describes another model")
+        def check_config(out_cfg):
+            self.assertEqual(out_cfg.get("model_type"), "gemma2")
+            self.assertEqual(out_cfg.get("architectures"), ["Gemma2ForCausalLM"])
+            self.assertEqual(out_cfg.get("attn_logit_softcapping"), 1.0)
+            self.assertEqual(out_cfg.get("final_logit_softcapping"), 3.0)
+            self.assertEqual(gemma2_layer_types(out_cfg), gemma2_layer_types(model.cfg))
+
+        base.check_fine_tune_and_export(
+            self, model, os.path.join(Fixture.get().root, "finetune"), self.STEPS, SEQ_LEN,
+            MICRO_BATCH, gemma2_param_shapes(model.cfg), gemma2_loss, check_config)
 
 
 @unittest.skipIf(torch is None, "torch is not importable")
