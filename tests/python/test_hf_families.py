@@ -662,6 +662,22 @@ def strata_eval(test, source_flags, data, t=SEQ_LEN, b=MICRO_BATCH, extra=()):
     return last_json(r.stdout)
 
 
+def check_exported_tensors(test, out, param_shapes, model):
+    """The fp32 tensors of the exported directory `out`: exactly the names of `param_shapes`
+    (name -> shape) with those shapes, most of them changed from `model`'s (training moved
+    them). Returns them, name -> tensor."""
+    tensors = read_model_dir_tensors(out)
+    test.assertEqual(sorted(tensors), sorted(param_shapes), "exported tensor names")
+    changed = 0
+    for name, shape in param_shapes.items():
+        t, dtype, got_shape = tensors[name]
+        test.assertEqual(dtype, "F32", name)
+        test.assertEqual(got_shape, list(shape), name)
+        changed += not torch.equal(t, model.params[name])
+    test.assertGreater(changed, len(param_shapes) // 2, "training left most tensors unchanged")
+    return {n: t for n, (t, _, _) in tensors.items()}
+
+
 def check_fine_tune_and_export(test, model, work, steps, t, b, param_shapes, config_loss,
                                 check_config):
     """A family's fine-tune from its directory, end to end: `model` (written into `work`)
@@ -712,16 +728,7 @@ def check_fine_tune_and_export(test, model, work, steps, t, b, param_shapes, con
     with open(os.path.join(out, "config.json")) as fh:
         out_cfg = json.load(fh)
     check_config(out_cfg)
-    tensors = read_model_dir_tensors(out)
-    test.assertEqual(sorted(tensors), sorted(param_shapes), "exported tensor names")
-    changed = 0
-    for name, shape in param_shapes.items():
-        t_, dtype, got_shape = tensors[name]
-        test.assertEqual(dtype, "F32", name)
-        test.assertEqual(got_shape, list(shape), name)
-        changed += not torch.equal(t_, model.params[name])
-    test.assertGreater(changed, len(param_shapes) // 2, "training left most tensors unchanged")
-    exported = {n: t_ for n, (t_, _, _) in tensors.items()}
+    exported = check_exported_tensors(test, out, param_shapes, model)
     with torch.no_grad():
         ref_after = model.loss(x, y, exported).item()
         ref_out_cfg = config_loss(exported, out_cfg, x, y).item()
@@ -1476,17 +1483,7 @@ class StrataFineTuneTest(unittest.TestCase):
                     "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                     "rms_norm_eps", "rope_theta", "tie_word_embeddings"):
             self.assertEqual(out_cfg.get(key), cfg[key], f"exported config.json {key}")
-        tensors = read_model_dir_tensors(out)
-        shapes = llama_param_shapes(cfg)
-        self.assertEqual(sorted(tensors), sorted(shapes))
-        changed = 0
-        for name, shape in shapes.items():
-            t, dtype, got_shape = tensors[name]
-            self.assertEqual(dtype, "F32", name)
-            self.assertEqual(got_shape, list(shape), name)
-            changed += not torch.equal(t, model.params[name])
-        self.assertGreater(changed, len(shapes) // 2, "training left most tensors unchanged")
-        exported = {n: v[0] for n, v in tensors.items()}
+        exported = check_exported_tensors(self, out, llama_param_shapes(cfg), model)
         with torch.no_grad():
             ref_after = model.loss(x, y, exported).item()
         self.assertLessEqual(abs(again["loss"] - ref_after), EVAL_REL_TOL * ref_after)
