@@ -1,14 +1,16 @@
 #include "base/status.h"
 
+#include <fmt/format.h>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 
-#include <fmt/format.h>
-
 namespace strata {
 
 std::string_view StatusCodeName(StatusCode code) {
+  // A table: one case a line.
+  // clang-format off
   switch (code) {
     case StatusCode::kOk: return "OK";
     case StatusCode::kCancelled: return "CANCELLED";
@@ -27,6 +29,7 @@ std::string_view StatusCodeName(StatusCode code) {
     case StatusCode::kUnavailable: return "UNAVAILABLE";
     case StatusCode::kDataLoss: return "DATA_LOSS";
   }
+  // clang-format on
   return "UNKNOWN";
 }
 
@@ -43,7 +46,9 @@ Status Status::WithContext(std::string_view context) const {
 Status InvalidArgumentError(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
 Status NotFoundError(std::string m) { return {StatusCode::kNotFound, std::move(m)}; }
 Status AlreadyExistsError(std::string m) { return {StatusCode::kAlreadyExists, std::move(m)}; }
-Status PermissionDeniedError(std::string m) { return {StatusCode::kPermissionDenied, std::move(m)}; }
+Status PermissionDeniedError(std::string m) {
+  return {StatusCode::kPermissionDenied, std::move(m)};
+}
 Status ResourceExhaustedError(std::string m) {
   return {StatusCode::kResourceExhausted, std::move(m)};
 }
@@ -60,6 +65,8 @@ Status AbortedError(std::string m) { return {StatusCode::kAborted, std::move(m)}
 
 Status ErrnoToStatus(int e, std::string_view context) {
   StatusCode code;
+  // A table: one case a line.
+  // clang-format off
   switch (e) {
     case 0: return Status::Ok();
     case EINVAL: case EBADF: case ENAMETOOLONG: case ENOTDIR: case EISDIR: case ELOOP:
@@ -75,6 +82,7 @@ Status ErrnoToStatus(int e, std::string_view context) {
     case ECANCELED: code = StatusCode::kCancelled; break;
     default: code = StatusCode::kUnknown; break;
   }
+  // clang-format on
   return Status(code, fmt::format("{}: {} (errno {})", context, std::strerror(e), e), e);
 }
 

@@ -127,8 +127,8 @@ StatusOr<Planned> SchedulePlan(const Model& model, const PlanRequest& r,
 // predicted step, when the plan that holds its backup area still fits (the host budget).
 struct UpdateDuringBackwardRule {
   bool on = false;
-  StepPrediction prediction;  // with the update during backward as decided
-  std::string why;            // the reason's words after "auto: "
+  StepPrediction prediction;   // with the update during backward as decided
+  std::string why;             // the reason's words after "auto: "
   std::optional<Plan> backed;  // on: the plan that holds the backup area
 };
 StatusOr<UpdateDuringBackwardRule> ApplyUpdateDuringBackwardRule(const Model& model,

@@ -1,8 +1,8 @@
 #include "base/status.h"
 
-#include <cerrno>
-
 #include <gtest/gtest.h>
+
+#include <cerrno>
 
 namespace strata {
 namespace {
