@@ -420,15 +420,7 @@ StatusOr<SafetensorsWriter::Result> SafetensorsWriter::Finish() {
 }
 
 StatusOr<uint64_t> FileXxh3(const std::string& path, uint64_t* size_bytes) {
-  // Non-blocking until the type is checked: a FIFO is refused, not waited on.
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK));
-  if (!fd.valid()) return ErrnoToStatus(errno, fmt::format("opening '{}'", path));
-  struct stat st;
-  if (::fstat(fd.get(), &st) != 0) return ErrnoToStatus(errno, fmt::format("stat '{}'", path));
-  if (!S_ISREG(st.st_mode)) return DataLossError(fmt::format("'{}' is not a regular file", path));
-  if (const int fl = ::fcntl(fd.get(), F_GETFL); fl >= 0) {
-    ::fcntl(fd.get(), F_SETFL, fl & ~O_NONBLOCK);
-  }
+  STRATA_ASSIGN_OR_RETURN(UniqueFd fd, OpenRegularFile(path, "file", O_NOFOLLOW));
   return FdXxh3(fd.get(), path, size_bytes);
 }
 

@@ -180,8 +180,8 @@ class SafetensorsPartWriter {
   std::vector<std::pair<uint64_t, uint64_t>> ranges_;  // [begin, end) of each tensor's data
 };
 
-// XXH3_64bits of a whole regular file, read in pieces; errors name the path (kDataLoss for a
-// FIFO, device or directory, refused without waiting on it).
+// XXH3_64bits of a whole regular file, read in pieces; errors name the path (OpenRegularFile's:
+// a FIFO, device or directory is refused without waiting on it).
 StatusOr<uint64_t> FileXxh3(const std::string& path, uint64_t* size_bytes);
 // The same over an open file descriptor (read with pread from offset 0); `what` names it in errors.
 StatusOr<uint64_t> FdXxh3(int fd, std::string_view what, uint64_t* size_bytes);

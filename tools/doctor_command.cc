@@ -646,15 +646,7 @@ Status RunMachineProfile(const DoctorFlags& f) {
   // Before a minute of measurements, not after.
   STRATA_RETURN_IF_ERROR(CheckWritableFile("--machine-profile", f.machine_profile));
   // A --path that is no directory would leave the profile without its NVMe section, quietly.
-  if (!f.paths.empty()) {
-    struct stat st;
-    if (::stat(f.paths.front().c_str(), &st) != 0) {
-      return ErrnoToStatus(errno, fmt::format("--path '{}'", f.paths.front()));
-    }
-    if (!S_ISDIR(st.st_mode)) {
-      return InvalidArgumentError(fmt::format("--path '{}' is not a directory", f.paths.front()));
-    }
-  }
+  if (!f.paths.empty()) STRATA_RETURN_IF_ERROR(CheckDirectory("--path", f.paths.front()));
   engine::MachineProfile profile;
   STRATA_ASSIGN_OR_RETURN(CpuInfo cpu, DetectCpuInfo());
   engine::MachineProfile::Host host;

@@ -463,8 +463,9 @@ StatusOr<GenerationConfigFile> ReadGenerationConfig(const ModelSpec& spec) {
     if (std::filesystem::path(f).filename() == "generation_config.json") g.path = f;
   }
   std::error_code ec;
-  if (g.path.empty() && !spec.model_dir.empty())
+  if (g.path.empty() && !spec.model_dir.empty()) {
     g.path = spec.model_dir + "/generation_config.json";
+  }
   if (!std::filesystem::is_regular_file(g.path, ec)) return GenerationConfigFile{};
   STRATA_ASSIGN_OR_RETURN(g.json, ReadJsonFile(g.path));
   return g;

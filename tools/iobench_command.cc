@@ -134,13 +134,7 @@ Status OpenFiles(const RunConfig& c, std::vector<BenchFile>* files) {
   const uint64_t n = c.paths.size();
   for (uint64_t i = 0; i < n; ++i) {
     const std::string& dir = c.paths[i];
-    struct stat st;
-    if (::stat(dir.c_str(), &st) != 0) {
-      return ErrnoToStatus(errno, fmt::format("--path '{}'", dir));
-    }
-    if (!S_ISDIR(st.st_mode)) {
-      return InvalidArgumentError(fmt::format("--path '{}' is not a directory", dir));
-    }
+    STRATA_RETURN_IF_ERROR(CheckDirectory("--path", dir));
     const std::string path = fmt::format("{}/strata-iobench.{}", dir, i);
     const uint64_t size_bytes = (units / n + (i < units % n ? 1 : 0)) * c.block_bytes;
     // The file must fit the drive's free space (what an earlier run left in place counts as
@@ -179,6 +173,7 @@ Status OpenFiles(const RunConfig& c, std::vector<BenchFile>* files) {
                                               dir, f.path));
     }
     f.fd.reset(fd);
+    struct stat st;
     if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
       return InvalidArgumentError(fmt::format("'{}' exists and is not a regular file", f.path));
     }
@@ -641,8 +636,9 @@ Status RunIobench(const IobenchFlags& f) {
     return InvalidArgumentError("--config-out needs --sweep");
   }
   // Before minutes of measurements, not after.
-  if (!f.config_out.empty())
+  if (!f.config_out.empty()) {
     STRATA_RETURN_IF_ERROR(CheckWritableFile("--config-out", f.config_out));
+  }
   // SIGINT or SIGTERM ends the run and removes the files it made (exit code 130 or 143).
   InstallStopSignalHandlers();
   if (!f.sweep) {

@@ -112,8 +112,9 @@ int main(int argc, char** argv) {
     if (what.find('\n') != std::string::npos || what.starts_with("--config: ")) return Fail(what);
     // The help of the subcommand being read (`strata iobench --help`), else the list of them.
     std::string help = "strata --help";
-    for (const CLI::App* sub : app.get_subcommands())
+    for (const CLI::App* sub : app.get_subcommands()) {
       help = "strata " + sub->get_name() + " --help";
+    }
     return Fail(fmt::format("{} (see '{}')", what, help));
   } catch (const std::exception& e) {
     return Fail(fmt::format("internal error while reading the command line: {}",

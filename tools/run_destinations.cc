@@ -106,6 +106,17 @@ Status MakeWritableDirectory(std::string_view flag, const std::string& dir, mode
   return Status::Ok();
 }
 
+Status CheckDirectory(std::string_view flag, const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    return ErrnoToStatus(errno, fmt::format("{} '{}'", flag, path));
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return InvalidArgumentError(fmt::format("{} '{}' is not a directory", flag, path));
+  }
+  return Status::Ok();
+}
+
 Status CheckWritableFile(std::string_view flag, const std::string& path) {
   std::error_code ec;
   if (std::filesystem::exists(path, ec)) {

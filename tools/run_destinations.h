@@ -29,6 +29,11 @@ namespace strata::tools {
 // "FLAG 'DIR': cannot create the directory" / "cannot write into the directory".
 Status MakeWritableDirectory(std::string_view flag, const std::string& dir, mode_t mode = 0777);
 
+// An existing directory at `path`, which the command reads or writes in (it is not created).
+// Errors name `flag`: ErrnoToStatus's code of stat ("FLAG 'PATH': ..."), kInvalidArgument "FLAG
+// 'PATH' is not a directory". Thread-safe.
+Status CheckDirectory(std::string_view flag, const std::string& path);
+
 // A file the run writes at its end (replaced if it exists): an existing `path` must be a
 // writable non-directory; otherwise its directory must exist (it is not created) and take a new
 // file. Nothing is written at `path` itself. Errors: kNotFound for a missing directory,
