@@ -7,6 +7,7 @@
 #include <new>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "base/dtype.h"
 #include "base/status.h"
@@ -22,6 +23,9 @@ strata_status Report(const Status& status);
 std::optional<DType> ToDType(strata_dtype dtype);
 // An INVALID_ARGUMENT Status naming the parameter and the bad dtype value.
 Status BadDType(const char* what, strata_dtype dtype);
+// INVALID_ARGUMENT "CALL: PARAM is NULL with num_elems N" when `data` is NULL and num_elems > 0
+// (a NULL buffer of no elements is allowed, as the header says); OK otherwise.
+Status CheckBuffer(const char* call, std::string_view param, const void* data, int64_t num_elems);
 
 // Reports the exception being handled (call only inside a catch block):
 // std::bad_alloc as RESOURCE_EXHAUSTED "out of memory", anything else as INTERNAL

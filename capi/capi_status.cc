@@ -74,6 +74,12 @@ std::optional<DType> ToDType(strata_dtype dtype) {
   return std::nullopt;
 }
 
+Status CheckBuffer(const char* call, std::string_view param, const void* data, int64_t num_elems) {
+  if (data != nullptr || num_elems <= 0) return Status::Ok();
+  return InvalidArgumentError(
+      fmt::format("{}: {} is NULL with num_elems {}", call, param, num_elems));
+}
+
 Status BadDType(const char* what, strata_dtype dtype) {
   return InvalidArgumentError(
       fmt::format("{}: unknown dtype {} (use STRATA_DTYPE_F32, STRATA_DTYPE_F16 or "

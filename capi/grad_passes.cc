@@ -37,6 +37,7 @@ strata_status strata_grad_stats_compute(const void* grad, strata_dtype dtype, in
     if (out == nullptr) return InvalidArgumentError("strata_grad_stats_compute: out is NULL");
     const auto d = ToDType(dtype);
     if (!d) return BadDType("strata_grad_stats_compute", dtype);
+    STRATA_RETURN_IF_ERROR(CheckBuffer("strata_grad_stats_compute", "grad", grad, num_elems));
     STRATA_ASSIGN_OR_RETURN(const cpu_optim::GradStats stats,
                             cpu_optim::ComputeGradStats({grad, *d}, num_elems, scale));
     *out = ToC(stats);
@@ -52,6 +53,8 @@ strata_status strata_grad_accumulate(float* accum, const void* grad, strata_dtyp
     STRATA_RETURN_IF_ERROR(CheckCount("strata_grad_accumulate", num_elems));
     const auto d = ToDType(grad_dtype);
     if (!d) return BadDType("strata_grad_accumulate", grad_dtype);
+    STRATA_RETURN_IF_ERROR(CheckBuffer("strata_grad_accumulate", "accum", accum, num_elems));
+    STRATA_RETURN_IF_ERROR(CheckBuffer("strata_grad_accumulate", "grad", grad, num_elems));
     STRATA_ASSIGN_OR_RETURN(
         const cpu_optim::GradStats result,
         cpu_optim::AccumulateGrad(std::span<float>(accum, static_cast<size_t>(num_elems)),
@@ -68,6 +71,8 @@ strata_status strata_convert_from_f32(const float* src, void* dst, strata_dtype 
   return Guard([&]() -> Status {
     const auto d = ToDType(dst_dtype);
     if (!d) return BadDType("strata_convert_from_f32", dst_dtype);
+    STRATA_RETURN_IF_ERROR(CheckBuffer("strata_convert_from_f32", "src", src, num_elems));
+    STRATA_RETURN_IF_ERROR(CheckBuffer("strata_convert_from_f32", "dst", dst, num_elems));
     return cpu_optim::ConvertFromF32(src, dst, *d, num_elems);
   });
 }
@@ -79,6 +84,8 @@ strata_status strata_convert_to_f32(const void* src, strata_dtype src_dtype, flo
   return Guard([&]() -> Status {
     const auto d = ToDType(src_dtype);
     if (!d) return BadDType("strata_convert_to_f32", src_dtype);
+    STRATA_RETURN_IF_ERROR(CheckBuffer("strata_convert_to_f32", "src", src, num_elems));
+    STRATA_RETURN_IF_ERROR(CheckBuffer("strata_convert_to_f32", "dst", dst, num_elems));
     return cpu_optim::ConvertToF32(src, *d, dst, num_elems);
   });
 }

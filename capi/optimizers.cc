@@ -240,8 +240,17 @@ strata_status strata_optimizer_step(const strata_optimizer* optimizer, int64_t s
       return InvalidArgumentError(
           fmt::format("{} step: num_state is {}, expected {}", name, num_state, expected_state));
     }
-    if (state == nullptr && num_state > 0) {
-      return InvalidArgumentError(fmt::format("{} step: state is NULL", name));
+    constexpr const char* kCall = "strata_optimizer_step";
+    STRATA_RETURN_IF_ERROR(CheckBuffer(kCall, "params", params, num_elems));
+    STRATA_RETURN_IF_ERROR(CheckBuffer(kCall, "grad", grad, num_elems));
+    if (state == nullptr && num_state > 0 && num_elems > 0) {
+      return InvalidArgumentError(fmt::format(
+          "{}: state is NULL with num_state {} and num_elems {}", kCall, num_state, num_elems));
+    }
+    for (int i = 0; state != nullptr && i < num_state; ++i) {
+      STRATA_RETURN_IF_ERROR(
+          CheckBuffer(kCall, fmt::format("state[{}] ({})", i, cpu_optim::StateName(opt, i)),
+                      state[i], num_elems));
     }
     const auto gd = ToDType(grad_dtype);
     if (!gd) return BadDType("strata_optimizer_step grad_dtype", grad_dtype);
@@ -253,7 +262,8 @@ strata_status strata_optimizer_step(const strata_optimizer* optimizer, int64_t s
     }
     const size_t n = static_cast<size_t>(num_elems);
     std::array<std::span<float>, 3> spans;
-    for (int i = 0; i < num_state; ++i) spans[i] = std::span<float>(state[i], n);
+    for (int i = 0; state != nullptr && i < num_state; ++i)
+      spans[i] = std::span<float>(state[i], n);
     auto run = [&] {
       return cpu_optim::Update(opt, cpu_optim::OptimStep{.step = step, .grad_scale = grad_scale},
                                std::span<float>(params, n),
@@ -349,9 +359,8 @@ strata_status strata_optimizer_step_state(const strata_optimizer* optimizer, int
     STRATA_ASSIGN_OR_RETURN(std::vector<int64_t> dims, ParseShape(kCall, shape, ndim));
     int64_t n = 1;
     for (int64_t d : dims) n *= d;
-    if (params == nullptr || grad == nullptr) {
-      return InvalidArgumentError(fmt::format("{}: params and grad must not be NULL", kCall));
-    }
+    STRATA_RETURN_IF_ERROR(CheckBuffer(kCall, "params", params, n));
+    STRATA_RETURN_IF_ERROR(CheckBuffer(kCall, "grad", grad, n));
     if (num_sections < 0 ||
         (num_sections > 0 && (state == nullptr || state_size_bytes == nullptr))) {
       return InvalidArgumentError(

@@ -126,8 +126,8 @@ Status ValidateBuffers(std::string_view optimizer, std::span<float> master,
   }
   if (n == 0) return Status::Ok();
   if (master.data() == nullptr || grad.data == nullptr) {
-    return InvalidArgumentError(
-        fmt::format("{}: null master or gradient pointer with num_elems {}", optimizer, n));
+    return InvalidArgumentError(fmt::format("{}: null {} pointer with num_elems {}", optimizer,
+                                            master.data() == nullptr ? "master" : "gradient", n));
   }
   struct Range {
     const void* p;

@@ -397,7 +397,8 @@ STRATA_API int strata_optimizer_num_state(const strata_optimizer* optimizer);
  * No buffer may overlap another. Non-finite gradients are not an error (a NaN
  * gradient makes NaN weights): check strata_grad_stats_compute's nonfinite first.
  * Errors (nothing modified): STRATA_INVALID_ARGUMENT for a NULL handle, num_state
- * different from strata_optimizer_num_state, a NULL pointer with num_elems > 0,
+ * different from strata_optimizer_num_state, a NULL buffer with num_elems > 0
+ * (the message names it: params, grad, state[i]),
  * num_elems < 0, an unknown dtype, overlapping buffers, step < 1, a non-finite
  * grad_scale. STRATA_RESOURCE_EXHAUSTED / STRATA_INTERNAL when oneTBB fails (the
  * buffers may then be partly updated). Runs on the calling thread and the handle's
@@ -472,10 +473,11 @@ STRATA_API strata_status strata_optimizer_init_state(const strata_optimizer* opt
  * Numerics as the kind's definition above; for the per-element kinds the same
  * bits as strata_optimizer_step. No buffer may overlap another. Errors (nothing
  * modified): INVALID_ARGUMENT for the layout's errors, a section count or size
- * that differs from the layout (the message names the section), a NULL pointer,
- * an unknown dtype, step < 1, a non-finite grad_scale, a rejected config (AdamW8bit
- * with amsgrad); RESOURCE_EXHAUSTED / INTERNAL as strata_optimizer_step
- * (Adafactor allocates fp64 partial sums of about num_elems / 64 values). */
+ * that differs from the layout (the message names the section), a NULL params
+ * or grad with num_elems > 0, an unknown dtype, step < 1, a non-finite
+ * grad_scale, a rejected config (AdamW8bit with amsgrad); RESOURCE_EXHAUSTED /
+ * INTERNAL as strata_optimizer_step (Adafactor allocates fp64 partial sums of
+ * about num_elems / 64 values). */
 STRATA_API strata_status
 strata_optimizer_step_state(const strata_optimizer* optimizer, int64_t step, float grad_scale,
                             float* params, const int64_t* shape, int ndim, void* const* state,

@@ -782,6 +782,68 @@ TEST(CApiOptimizer, StepRejectsBadArgumentsAndModifiesNothing) {
   strata_optimizer_destroy(opt);
 }
 
+// A NULL buffer is refused naming the call and the parameter; one of no elements is allowed.
+TEST(CApiErrors, ANullBufferIsNamedByItsParameter) {
+  strata_adamw_config c;
+  strata_adamw_config_init(&c);
+  strata_optimizer* opt = MakeOptimizer(STRATA_OPTIMIZER_ADAMW, c);
+  ASSERT_NE(opt, nullptr);
+  std::vector<float> p(5, 1.0f), m(5, 0.0f), v(5, 0.0f), g(5, 0.5f);
+  float* state[2] = {m.data(), v.data()};
+  const std::vector<float> p_before = p;
+  auto expect = [&](strata_status status, const std::string& message) {
+    EXPECT_EQ(status, STRATA_INVALID_ARGUMENT) << message;
+    EXPECT_EQ(std::string(strata_last_error()), "INVALID_ARGUMENT: " + message);
+    EXPECT_EQ(p, p_before);  // nothing modified
+  };
+  expect(strata_optimizer_step(opt, 1, 1.0f, nullptr, state, 2, g.data(), STRATA_DTYPE_F32, nullptr,
+                               STRATA_DTYPE_F32, 5),
+         "strata_optimizer_step: params is NULL with num_elems 5");
+  expect(strata_optimizer_step(opt, 1, 1.0f, p.data(), state, 2, nullptr, STRATA_DTYPE_F32, nullptr,
+                               STRATA_DTYPE_F32, 5),
+         "strata_optimizer_step: grad is NULL with num_elems 5");
+  float* half_state[2] = {m.data(), nullptr};
+  expect(strata_optimizer_step(opt, 1, 1.0f, p.data(), half_state, 2, g.data(), STRATA_DTYPE_F32,
+                               nullptr, STRATA_DTYPE_F32, 5),
+         "strata_optimizer_step: state[1] (exp_avg_sq) is NULL with num_elems 5");
+  expect(strata_optimizer_step(opt, 1, 1.0f, p.data(), nullptr, 2, g.data(), STRATA_DTYPE_F32,
+                               nullptr, STRATA_DTYPE_F32, 5),
+         "strata_optimizer_step: state is NULL with num_state 2 and num_elems 5");
+  // No elements: every buffer may be NULL, as the header says.
+  EXPECT_EQ(strata_optimizer_step(opt, 1, 1.0f, nullptr, nullptr, 2, nullptr, STRATA_DTYPE_F32,
+                                  nullptr, STRATA_DTYPE_F32, 0),
+            STRATA_OK)
+      << strata_last_error();
+  const int64_t shape[1] = {5};
+  void* sections[2] = {m.data(), v.data()};
+  const int64_t sizes[2] = {20, 20};
+  expect(strata_optimizer_step_state(opt, 1, 1.0f, nullptr, shape, 1, sections, sizes, 2, g.data(),
+                                     STRATA_DTYPE_F32, nullptr, STRATA_DTYPE_F32),
+         "strata_optimizer_step_state: params is NULL with num_elems 5");
+  expect(strata_optimizer_step_state(opt, 1, 1.0f, p.data(), shape, 1, sections, sizes, 2, nullptr,
+                                     STRATA_DTYPE_F32, nullptr, STRATA_DTYPE_F32),
+         "strata_optimizer_step_state: grad is NULL with num_elems 5");
+  strata_optimizer_destroy(opt);
+
+  std::vector<float> accum(5, 0.0f);
+  expect(strata_grad_accumulate(nullptr, g.data(), STRATA_DTYPE_F32, 5, 1, nullptr),
+         "strata_grad_accumulate: accum is NULL with num_elems 5");
+  expect(strata_grad_accumulate(accum.data(), nullptr, STRATA_DTYPE_F32, 5, 1, nullptr),
+         "strata_grad_accumulate: grad is NULL with num_elems 5");
+  strata_grad_stats stats;
+  expect(strata_grad_stats_compute(nullptr, STRATA_DTYPE_F32, 5, 1.0f, &stats),
+         "strata_grad_stats_compute: grad is NULL with num_elems 5");
+  std::vector<uint16_t> h(5);
+  expect(strata_convert_from_f32(nullptr, h.data(), STRATA_DTYPE_BF16, 5),
+         "strata_convert_from_f32: src is NULL with num_elems 5");
+  expect(strata_convert_from_f32(p.data(), nullptr, STRATA_DTYPE_BF16, 5),
+         "strata_convert_from_f32: dst is NULL with num_elems 5");
+  expect(strata_convert_to_f32(nullptr, STRATA_DTYPE_BF16, accum.data(), 5),
+         "strata_convert_to_f32: src is NULL with num_elems 5");
+  expect(strata_convert_to_f32(h.data(), STRATA_DTYPE_BF16, nullptr, 5),
+         "strata_convert_to_f32: dst is NULL with num_elems 5");
+}
+
 TEST(CApiErrors, LastErrorIsPerThread) {
   EXPECT_EQ(strata_optimizer_create(STRATA_OPTIMIZER_ADAMW, nullptr, nullptr, nullptr),
             STRATA_INVALID_ARGUMENT);
