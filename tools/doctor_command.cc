@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -451,9 +452,12 @@ std::optional<std::string> DirectoryCheck(const std::string& path, std::vector<C
     return std::nullopt;
   }
   if (::access(path.c_str(), W_OK | X_OK) != 0) {
-    where.value = "not writable by this user";
+    // A read-only file system refuses every user alike: its owner and mode are not the cause.
+    const bool read_only = errno == EROFS;
+    where.value = read_only ? "on a read-only file system" : "not writable by this user";
     where.verdict = Verdict::kFail;
-    where.advice = "chown/chmod the directory or pick another --path";
+    where.advice = read_only ? "remount it read-write or pick another --path"
+                             : "chown/chmod the directory or pick another --path";
     checks->push_back(std::move(where));
     return std::nullopt;
   }

@@ -59,22 +59,32 @@ Status CheckSaveDirHoldsNoRun(const std::string& save_dir) {
   }
   if (!has_latest && checkpoints == 0) return Status::Ok();
   const std::string head = fmt::format("--save-dir '{}' already holds a run", save_dir);
-  if (const int64_t latest = has_latest ? LatestStep(save_dir) : -1; latest >= 0) {
+  const int64_t latest = has_latest ? LatestStep(save_dir) : -1;
+  // `latest` counts only when the checkpoint it names is there (removed by hand, or by a
+  // --keep-last of another run, it is not).
+  const bool latest_there =
+      latest >= 0 && std::filesystem::is_directory(
+                         std::filesystem::path(save_dir) / fmt::format("step-{}", latest), ec);
+  if (latest_there) {
     return AlreadyExistsError(fmt::format(
         "{} (latest: step-{}): resume it with --resume latest, or give another --save-dir", head,
         latest));
   }
+  const std::string latest_state = latest >= 0
+                                       ? fmt::format("a '{}' naming step-{}, which is not there",
+                                                     engine::kLatestFileName, latest)
+                                       : fmt::format("no readable '{}'", engine::kLatestFileName);
   if (checkpoints == 0) {
-    return AlreadyExistsError(
-        fmt::format("{} (a '{}' that names no checkpoint): remove it, or give another --save-dir",
-                    head, engine::kLatestFileName));
+    return AlreadyExistsError(fmt::format(
+        "{} ({}): remove it, or give another --save-dir", head,
+        latest >= 0 ? latest_state
+                    : fmt::format("a '{}' that names no checkpoint", engine::kLatestFileName)));
   }
   const std::string older =
       checkpoints > 1 ? fmt::format(" and {} older", checkpoints - 1) : std::string();
   return AlreadyExistsError(
-      fmt::format("{} (step-{}{}, no readable '{}'): resume it with --resume {}, or give "
-                  "another --save-dir",
-                  head, newest, older, engine::kLatestFileName,
+      fmt::format("{} (step-{}{}, {}): resume it with --resume {}, or give another --save-dir",
+                  head, newest, older, latest_state,
                   (std::filesystem::path(save_dir) / fmt::format("step-{}", newest)).string()));
 }
 

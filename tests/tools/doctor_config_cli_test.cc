@@ -159,6 +159,38 @@ TEST_F(DoctorConfigCliTest, DoctorFailsForAMissingPathAndNamesIt) {
   EXPECT_NE(f.err.find("1 check(s) failed"), std::string::npos) << f.err;
 }
 
+// A directory mounted read-only on this machine (from /proc/self/mounts), or "" when none is.
+std::string ReadOnlyMountPoint() {
+  std::ifstream in("/proc/self/mounts");
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    std::string device, dir, type, options;
+    if (!(fields >> device >> dir >> type >> options)) continue;
+    options = "," + options + ",";
+    // Octal escapes (a space is \040) are not worth decoding for a test.
+    if (options.find(",ro,") == std::string::npos || dir.find('\\') != std::string::npos) {
+      continue;
+    }
+    std::error_code ec;
+    if (std::filesystem::is_directory(dir, ec)) return dir;
+  }
+  return "";
+}
+
+TEST_F(DoctorConfigCliTest, AReadOnlyPathIsBlamedOnItsMountNotOnItsOwnerOrMode) {
+  const std::string read_only = ReadOnlyMountPoint();
+  if (read_only.empty()) GTEST_SKIP() << "no read-only mount on this machine";
+  const Result r = RunStrata("doctor --json --probe-seconds 0 --path " + read_only);
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  const auto report = nlohmann::json::parse(r.out);
+  const auto* path = FindCheck(report, "path");
+  ASSERT_NE(path, nullptr) << r.out;
+  EXPECT_EQ((*path)["verdict"], "FAIL");
+  EXPECT_EQ((*path)["value"], "on a read-only file system") << r.out;
+  EXPECT_EQ((*path)["advice"], "remount it read-write or pick another --path") << r.out;
+}
+
 TEST_F(DoctorConfigCliTest, TrainTakesDeepSpeedsAioBlockWithItsThreadsAsParallelism) {
   // DeepSpeed keeps queue_depth requests in flight on each of thread_count threads: 8 x 2.
   const std::string config =

@@ -180,13 +180,22 @@ TEST_F(RunDestinationsTest, StepDirectoriesWithoutAReadableLatestAreARunResumedF
   s = PrepareRunDestinations(flags, PlanOf(1000, 8000, 0));
   EXPECT_NE(s.message().find("(step-12 and 2 older, no readable 'latest')"), std::string::npos)
       << s.message();
-  // A `latest` alone (its checkpoints removed by hand) is still another run's.
+  // A `latest` naming a checkpoint that is gone points the resume at the newest one there.
+  std::ofstream(Path("runs/b/latest")) << "step-20\n";
+  s = PrepareRunDestinations(flags, PlanOf(1000, 8000, 0));
+  EXPECT_EQ(s.message(), std::string("--save-dir '") + Path("runs/b") +
+                             "' already holds a run (step-12 and 2 older, a 'latest' naming "
+                             "step-20, which is not there): resume it with --resume " +
+                             Path("runs/b/step-12") + ", or give another --save-dir");
+  // A `latest` alone (its checkpoints removed by hand) is still another run's, and is not
+  // named as one to resume.
   fs::remove_all(Path("runs/b"));
   MakeRun(Path("runs/b"), {}, "step-5\n");
   s = PrepareRunDestinations(flags, PlanOf(1000, 8000, 0));
   EXPECT_EQ(s.code(), StatusCode::kAlreadyExists);
-  EXPECT_NE(s.message().find("already holds a run (latest: step-5)"), std::string::npos)
-      << s.message();
+  EXPECT_EQ(s.message(), std::string("--save-dir '") + Path("runs/b") +
+                             "' already holds a run (a 'latest' naming step-5, which is not "
+                             "there): remove it, or give another --save-dir");
   std::ofstream(Path("runs/b/latest")) << "junk";
   s = PrepareRunDestinations(flags, PlanOf(1000, 8000, 0));
   EXPECT_EQ(s.code(), StatusCode::kAlreadyExists);

@@ -72,7 +72,7 @@ TEST(TrainHelpCli, EveryOptionIsInOneSectionAndTheSectionsPrintInOrder) {
 // "nan" or "inf" is refused by name (CLI11 reads both as numbers and a range check passes NaN:
 // `--lr nan` trained at the default rate).
 TEST(TrainHelpCli, FlagErrorsPointToTheirSubcommandsHelpAndNonFiniteNumbersAreRefused) {
-  for (const std::string& sub : {"train", "doctor", "iobench", "inspect", "generate"}) {
+  for (const std::string sub : {"train", "doctor", "iobench", "inspect", "generate"}) {
     const Result r = RunStrata(sub + " --no-such-flag");
     EXPECT_EQ(r.exit_code, 1) << sub;
     EXPECT_NE(r.err.find("(see 'strata " + sub + " --help')"), std::string::npos) << r.err;
