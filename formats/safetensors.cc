@@ -200,15 +200,8 @@ StatusOr<SafetensorsHeader> ParseSafetensorsHeader(std::span<const std::byte> fi
 StatusOr<OpenSafetensors> OpenSafetensorsFile(const std::string& path) {
   OpenSafetensors f;
   f.path = path;
-  // Non-blocking until the type is checked: a FIFO is refused, not waited on.
-  f.fd = UniqueFd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK));
-  if (!f.fd.valid()) return ErrnoToStatus(errno, fmt::format("opening '{}'", path));
   struct stat st;
-  if (::fstat(f.fd.get(), &st) != 0) return ErrnoToStatus(errno, fmt::format("stat '{}'", path));
-  if (!S_ISREG(st.st_mode)) return DataLossError(fmt::format("'{}' is not a regular file", path));
-  if (const int fl = ::fcntl(f.fd.get(), F_GETFL); fl >= 0) {
-    ::fcntl(f.fd.get(), F_SETFL, fl & ~O_NONBLOCK);
-  }
+  STRATA_ASSIGN_OR_RETURN(f.fd, OpenRegularFile(path, "safetensors file", O_NOFOLLOW, &st));
   f.file_size = static_cast<uint64_t>(st.st_size);
   std::byte len[8];
   const ssize_t n = f.file_size >= 8 ? ::pread(f.fd.get(), len, 8, 0) : 0;

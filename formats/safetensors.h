@@ -85,9 +85,11 @@ struct SafetensorsHeader {
 StatusOr<SafetensorsHeader> ParseSafetensorsHeader(std::span<const std::byte> file_prefix,
                                                    uint64_t file_size);
 
-// Opens `path` (O_RDONLY | O_NOFOLLOW | O_CLOEXEC), reads and validates its header. The returned
-// fd is positioned nowhere in particular; use pread. Errors: as ParseSafetensorsHeader, and
-// errno-derived ones naming the path.
+// Opens `path` (O_RDONLY | O_NOFOLLOW | O_CLOEXEC, base's OpenRegularFile: a FIFO or a directory
+// is refused, not waited on), reads and validates its header. The returned fd is positioned
+// nowhere in particular; use pread. Errors: as ParseSafetensorsHeader and OpenRegularFile
+// (kInvalidArgument "safetensors file 'PATH' is a FIFO, not a regular file"), and errno-derived
+// ones naming the path.
 struct OpenSafetensors {
   std::string path;  // as opened; names the file in ReadTensorBytes' errors
   UniqueFd fd;
