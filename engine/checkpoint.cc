@@ -300,23 +300,66 @@ StatusOr<Manifest> ReadManifest(const std::string& dir) {
   return m;
 }
 
+Status CheckFileAgainstManifest(const std::string& path, const ManifestFile& listed,
+                                uint64_t size_bytes, uint64_t xxh3) {
+  if (size_bytes != listed.size_bytes) {
+    return DataLossError(
+        fmt::format("'{}' is {} bytes, the manifest says {} (truncated or extended)", path,
+                    size_bytes, listed.size_bytes));
+  }
+  if (xxh3 != listed.xxh3) {
+    return DataLossError(
+        fmt::format("'{}': xxh3 {:016x} does not match the manifest's {:016x} (the file is "
+                    "corrupted)",
+                    path, xxh3, listed.xxh3));
+  }
+  return Status::Ok();
+}
+
+Status CheckManifestListsItsFiles(const Manifest& manifest) {
+  const auto listed = [&](std::string_view name) {
+    return std::any_of(manifest.files.begin(), manifest.files.end(),
+                       [&](const ManifestFile& f) { return f.name == name; });
+  };
+  for (const char* name : {kMasterFile, kWorkingFile}) {
+    if (!listed(name)) {
+      return DataLossError(
+          fmt::format("the manifest lists no '{}', which every checkpoint has", name));
+    }
+  }
+  const auto trained =
+      std::find_if(manifest.block_num_params.begin(), manifest.block_num_params.end(),
+                   [](int64_t n) { return n > 0; });
+  if (trained == manifest.block_num_params.end()) return Status::Ok();  // nothing has state
+  const cpu_optim::AnyOptimizer& o = manifest.optimizer;
+  const std::string optimizer = OptimizerFlagName(o);
+  const auto missing = [&](std::string_view section) {
+    return DataLossError(fmt::format(
+        "the manifest lists no '{}.safetensors', which its {} state needs (a resume refuses it; "
+        "export reads only the master weights)",
+        section, optimizer));
+  };
+  if (o.kind == cpu_optim::OptimizerKind::kAdafactor) {
+    const auto* c = std::get_if<cpu_optim::AdafactorConfig>(&o.config);
+    if (c != nullptr && c->beta1 > 0 && !listed("exp_avg.safetensors")) return missing("exp_avg");
+    if (!listed("exp_avg_sq_row.safetensors") && !listed("exp_avg_sq.safetensors")) {
+      return missing("exp_avg_sq");
+    }
+    return Status::Ok();
+  }
+  const std::vector<std::vector<int64_t>> shapes = {{*trained}};
+  for (const cpu_optim::StateSpec& spec : cpu_optim::StateLayout(o, shapes)) {
+    if (!listed(spec.name + ".safetensors")) return missing(spec.name);
+  }
+  return Status::Ok();
+}
+
 Status VerifyCheckpointFiles(const std::string& dir, const Manifest& manifest) {
   for (const auto& f : manifest.files) {
     const std::string path = dir + "/" + f.name;
     uint64_t size = 0;
     STRATA_ASSIGN_OR_RETURN(uint64_t hash, formats::FileXxh3(path, &size));
-    if (size != f.size_bytes) {
-      return DataLossError(
-          fmt::format("'{}' is {} bytes, the manifest says {} (truncated or "
-                      "extended)",
-                      path, size, f.size_bytes));
-    }
-    if (hash != f.xxh3) {
-      return DataLossError(
-          fmt::format("'{}': xxh3 {:016x} does not match the manifest's {:016x} "
-                      "(the file is corrupted)",
-                      path, hash, f.xxh3));
-    }
+    STRATA_RETURN_IF_ERROR(CheckFileAgainstManifest(path, f, size, hash));
   }
   return Status::Ok();
 }

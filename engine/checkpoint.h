@@ -134,6 +134,17 @@ StatusOr<Manifest> ReadManifest(const std::string& dir);
 // Checks that every file of the manifest exists with its size and xxh3. Returns the first
 // mismatch as kDataLoss naming the file and both values (kNotFound for a missing file).
 Status VerifyCheckpointFiles(const std::string& dir, const Manifest& manifest);
+// Checks that the manifest lists every file a resume of it reads: the master and working weights
+// and the optimizer state files its optimizer keeps (one per section, cpu_optim::StateLayout;
+// for Adafactor, whose factored sections depend on the tensors' shapes, which the manifest does
+// not hold: exp_avg when beta1 > 0 and at least one of its second moments). kDataLoss naming
+// the first file missing and who needs it. Pure.
+Status CheckManifestListsItsFiles(const Manifest& manifest);
+// The check VerifyCheckpointFiles makes of one file, from the size and xxh3 the caller read at
+// `path` (once, through the descriptor it goes on reading): kDataLoss naming the path and both
+// values when either differs from `listed`. Pure.
+Status CheckFileAgainstManifest(const std::string& path, const ManifestFile& listed,
+                                uint64_t size_bytes, uint64_t xxh3);
 
 // Step 1: creates SAVE_DIR (0700) if missing and a private SAVE_DIR/.tmp-step-N-XXXXXX.
 StatusOr<std::string> CreateCheckpointTempDir(const std::string& save_dir, int64_t step);

@@ -104,6 +104,7 @@ Status Engine::Impl::CreateStateStore() {
   so.io_backend_factory = o_.test_hooks.io_backend_factory;
   so.gradient = [this](int b) { return grads_->HostGradient(b); };
   so.init_progress = o_.init_progress;
+  so.cancel_requested = o_.cancel_requested;
   so.speculate = policy_ != nullptr;
   so.finish_speculation_before_verdict = o_.test_hooks.finish_speculation_before_verdict;
   STRATA_ASSIGN_OR_RETURN(store_, StateStore::Create(*model_, plan_, so));
@@ -847,14 +848,16 @@ Manifest Engine::Impl::TrainingManifest(const TrainerState& trainer) const {
 
 Status Engine::Impl::LoadCheckpoint(const std::string& path, TrainerState* trainer) {
   // Phase 1: validate everything; no engine state changes.
-  STRATA_ASSIGN_OR_RETURN(EngineCheckpoint::Validated checkpoint, checkpoint_->Validate(path));
+  STRATA_ASSIGN_OR_RETURN(EngineCheckpoint::Validated checkpoint,
+                          checkpoint_->Validate(path, o_.cancel_requested));
   // Phase 2: stream the validated tensors into the stores, block by block, once nothing reads
   // them any more (the last update applied, no H2D copy from a pinned home in flight).
   STRATA_RETURN_IF_ERROR(Flush());
   STRATA_RETURN_IF_ERROR(params_->Drain());
   STRATA_RETURN_IF_ERROR(h2d_->Synchronize());
   partially_loaded_ = true;
-  STRATA_RETURN_IF_ERROR(checkpoint_->Read(checkpoint, [this](int b) { params_->Invalidate(b); }));
+  STRATA_RETURN_IF_ERROR(checkpoint_->Read(
+      checkpoint, [this](int b) { params_->Invalidate(b); }, o_.cancel_requested));
   const Manifest& m = checkpoint.manifest;
   if (!o_.inference_only) {
     step_ = m.engine_steps;

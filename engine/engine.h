@@ -117,6 +117,15 @@ struct EngineOptions {
   // progress line for a large model.
   std::function<void(int blocks_done, int num_blocks, int64_t params_done, int64_t num_params)>
       init_progress;
+  // May be empty. Polled on the calling thread between blocks while Create initialises the
+  // state (frozen base, master weights, optimizer state, working params) and while
+  // LoadCheckpoint verifies and reads a checkpoint (between files, then between blocks): once it
+  // returns true the call stops and returns kCancelled ("cancelled while ..., block B of N").
+  // A cancelled Create destroys what it made (its swap files and their directories are
+  // removed); a load cancelled while verifying changes nothing, one cancelled while reading
+  // leaves the engine partially loaded, as an I/O error there does. `strata train` sets it to
+  // "SIGINT or SIGTERM arrived", so that a signal during a long start ends the run cleanly.
+  std::function<bool()> cancel_requested;
   // Not owned, may be null: the engine's host threads record their work on tracks "host:
   // prefetch (nvme read)", "host: gradient fold", "host: optimizer state read", "host: cpu
   // optimizer" and "host: optimizer state write" (the device records its streams itself when
@@ -338,7 +347,9 @@ class Engine {
   // every tensor's name, dtype, shape and offsets (kDataLoss). A load that fails validation leaves
   // the engine exactly as it was. Only an I/O error while copying validated data into the stores
   // (a failing disk) leaves the engine partially loaded; it then refuses to Step
-  // (kFailedPrecondition) until a later LoadCheckpoint succeeds.
+  // (kFailedPrecondition) until a later LoadCheckpoint succeeds; so does a load that
+  // EngineOptions::cancel_requested stopped while copying (kCancelled; one stopped while
+  // validating leaves the engine as it was). Each file is read once to validate it.
   // On success the engine continues bit-identically to the run that saved (step counter, Adam's
   // t, loss scaler state; the learning rate is that of the saved step until SetLearningRate) and
   // *trainer receives the trainer's state.

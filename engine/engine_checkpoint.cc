@@ -298,7 +298,8 @@ Status EngineCheckpoint::CheckManifestMatchesModel(const Manifest& m) const {
   return Status::Ok();
 }
 
-StatusOr<EngineCheckpoint::Validated> EngineCheckpoint::Validate(const std::string& path) const {
+StatusOr<EngineCheckpoint::Validated> EngineCheckpoint::Validate(
+    const std::string& path, const std::function<bool()>& cancel_requested) const {
   STRATA_ASSIGN_OR_RETURN(std::string dir, ResolveCheckpointDir(path));
   STRATA_ASSIGN_OR_RETURN(Manifest m, ReadManifest(dir));
   STRATA_RETURN_IF_ERROR(CheckManifestMatchesModel(m).WithContext(dir));
@@ -343,22 +344,48 @@ StatusOr<EngineCheckpoint::Validated> EngineCheckpoint::Validate(const std::stri
       }
     }
   }
-  // Every listed file, whole, against its manifest size and xxh3; the tensor files are checked
-  // through the same descriptors phase 2 reads from, so what is loaded is what was verified.
-  STRATA_RETURN_IF_ERROR(VerifyCheckpointFiles(dir, m));
+  // Every listed file, whole, against its manifest size and xxh3, each read once: the tensor
+  // files through the descriptors phase 2 reads from (what is loaded is what was verified), any
+  // other (an inference load's optimizer state) by its path.
+  const auto cancel_point = [&](const std::string& file) -> Status {
+    if (!cancel_requested || !cancel_requested()) return Status::Ok();
+    return CancelledError(
+        fmt::format("cancelled while verifying checkpoint '{}' (before '{}'); the run's state "
+                    "is unchanged",
+                    dir, file));
+  };
+  for (const ManifestFile& listed : m.files) {
+    const bool opened = std::any_of(expected.begin(), expected.end(),
+                                    [&](const CheckpointFile& e) { return e.name == listed.name; });
+    if (opened) continue;
+    STRATA_RETURN_IF_ERROR(cancel_point(listed.name));
+    const std::string file = dir + "/" + listed.name;
+    uint64_t size = 0;
+    STRATA_ASSIGN_OR_RETURN(uint64_t hash, FileXxh3(file, &size));
+    STRATA_RETURN_IF_ERROR(CheckFileAgainstManifest(file, listed, size, hash));
+  }
   std::vector<OpenSafetensors> files;
   std::vector<std::vector<const SafetensorsTensor*>> tensors(expected.size());
   for (size_t i = 0; i < expected.size(); ++i) {
+    STRATA_RETURN_IF_ERROR(cancel_point(expected[i].name));
     const std::string file = dir + "/" + expected[i].name;
-    STRATA_ASSIGN_OR_RETURN(auto f, OpenSafetensorsFile(file));
+    const ManifestFile& listed =
+        *std::find_if(m.files.begin(), m.files.end(),
+                      [&](const ManifestFile& mf) { return mf.name == expected[i].name; });
+    StatusOr<OpenSafetensors> opened = OpenSafetensorsFile(file);
+    if (!opened.ok()) {
+      // A damaged header is named as the manifest sees it (another size or checksum) when the
+      // file is there to hash.
+      uint64_t size = 0;
+      if (StatusOr<uint64_t> hash = FileXxh3(file, &size); hash.ok()) {
+        STRATA_RETURN_IF_ERROR(CheckFileAgainstManifest(file, listed, size, *hash));
+      }
+      return opened.status();
+    }
+    OpenSafetensors f = std::move(*opened);
     uint64_t size = 0;
     STRATA_ASSIGN_OR_RETURN(uint64_t hash, FdXxh3(f.fd.get(), file, &size));
-    const auto listed = std::find_if(m.files.begin(), m.files.end(), [&](const ManifestFile& mf) {
-      return mf.name == expected[i].name;
-    });
-    if (size != listed->size_bytes || hash != listed->xxh3) {
-      return DataLossError(fmt::format("'{}' changed while it was being verified", file));
-    }
+    STRATA_RETURN_IF_ERROR(CheckFileAgainstManifest(file, listed, size, hash));
     if (f.header.tensors.size() != expected[i].tensors.size()) {
       return DataLossError(fmt::format("'{}' holds {} tensors, expected {}", file,
                                        f.header.tensors.size(), expected[i].tensors.size()));
@@ -378,16 +405,23 @@ StatusOr<EngineCheckpoint::Validated> EngineCheckpoint::Validate(const std::stri
 }
 
 Status EngineCheckpoint::Read(const Validated& checkpoint,
-                              const std::function<void(int block)>& loaded) {
+                              const std::function<void(int block)>& loaded,
+                              const std::function<bool()>& cancel_requested) {
   const std::vector<OpenSafetensors>& files = checkpoint.files;
   const auto& tensors = checkpoint.tensors;
   const size_t working_file = files.size() - 1;
   const int n_blocks = model_.num_blocks();
   const size_t w = SizeOf(precision_);
+  const auto cancel_point = [&](int b) -> Status {
+    if (!cancel_requested || !cancel_requested()) return Status::Ok();
+    return CancelledError(
+        fmt::format("cancelled while reading the checkpoint, block {} of {}", b + 1, n_blocks));
+  };
   if (inference_only_) {
     // The master weights, converted to this engine's precision.
     STRATA_ASSIGN_OR_RETURN(auto f32, AlignedBuffer::Allocate(plan_.max_block_params * 4, 64));
     for (int b = 0; b < n_blocks; ++b) {
+      STRATA_RETURN_IF_ERROR(cancel_point(b));
       const std::span<float> p32(f32.as<float>(), np(b));
       STRATA_RETURN_IF_ERROR(
           ReadTensorBytes(files[0], *tensors[0][b], 0, std::as_writable_bytes(p32)));
@@ -401,6 +435,7 @@ Status EngineCheckpoint::Read(const Validated& checkpoint,
   // Each rank reads its partition of every tensor, whatever the number of ranks that saved them
   // (element-wise state when ranks > 1); one rank reads whole tensors.
   for (int b = 0; b < n_blocks; ++b) {
+    STRATA_RETURN_IF_ERROR(cancel_point(b));
     const size_t n = static_cast<size_t>(own(b));
     const uint64_t off = plan_.blocks[b].partition.offset_elems;
     STRATA_RETURN_IF_ERROR(store_->Load(b, /*read=*/false).status());

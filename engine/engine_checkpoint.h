@@ -65,12 +65,16 @@ class EngineCheckpoint {
   Manifest ModelManifest() const;
 
   // Phase 1 of a load: resolves `path` (a checkpoint or a save directory), validates it against
-  // this run. Changes nothing.
-  StatusOr<Validated> Validate(const std::string& path) const;
+  // this run, reading each listed file once. Changes nothing. `cancel_requested` (may be empty;
+  // EngineOptions::cancel_requested) is polled before each file: kCancelled once it says so.
+  StatusOr<Validated> Validate(const std::string& path,
+                               const std::function<bool()>& cancel_requested = {}) const;
   // Phase 2: copies the validated tensors into the store, block by block; `loaded(b)` after
   // block b's home was written (the caller marks its device copies stale). Inference: the master
   // weights, converted to the working precision, into the working homes only.
-  Status Read(const Validated& checkpoint, const std::function<void(int block)>& loaded);
+  // `cancel_requested` is polled before each block: kCancelled, blocks before it loaded.
+  Status Read(const Validated& checkpoint, const std::function<void(int block)>& loaded,
+              const std::function<bool()>& cancel_requested = {});
 
   // Block b's whole fp32 tensor from this rank's partition `mine` (own_elems floats): a copy with
   // one rank; with a communicator, every rank's partition all-gathered in rank order (a

@@ -180,6 +180,7 @@ Status StateStore::InitializeFrozen(Model& model, uint64_t seed) {
   for (int b = 0; b < n_; ++b) {
     const int64_t elems = frozen_elems(b);
     if (elems == 0) continue;
+    STRATA_RETURN_IF_ERROR(InitCancelPoint("the frozen base", b));
     const uint64_t bytes = frozen_bytes(b);
     const auto fill = [&](std::byte* out) -> Status {
       if (encoded) return model.InitFrozenChunk(b, seed, o_.precision, {out, bytes});
@@ -212,6 +213,12 @@ Status StateStore::ReadFrozen(int b, gpu::PinnedSpan staging) {
       FrozenExtent(b), staging.bytes().subspan(0, io::SwapStore::PaddedSize(frozen_bytes(b))));
 }
 
+Status StateStore::InitCancelPoint(std::string_view what, int b) const {
+  if (!o_.cancel_requested || !o_.cancel_requested()) return Status::Ok();
+  return CancelledError(
+      fmt::format("cancelled while initialising {}, block {} of {}", what, b + 1, n_));
+}
+
 Status StateStore::Initialize(Model& model, uint64_t seed) {
   STRATA_RETURN_IF_ERROR(InitializeFrozen(model, seed));
   const auto np = [&](int b) { return model.block_num_params(b); };
@@ -220,6 +227,7 @@ Status StateStore::Initialize(Model& model, uint64_t seed) {
     STRATA_ASSIGN_OR_RETURN(auto f32, AlignedBuffer::Allocate(plan_.max_block_params * 4, 64));
     for (int b = 0; b < n_; ++b) {
       if (!trained(b)) continue;
+      STRATA_RETURN_IF_ERROR(InitCancelPoint("the working params", b));
       const std::span<float> p32(f32.as<float>(), np(b));
       STRATA_RETURN_IF_ERROR(model.InitParams(b, seed, p32));
       STRATA_RETURN_IF_ERROR(
@@ -246,6 +254,7 @@ Status StateStore::Initialize(Model& model, uint64_t seed) {
   int done_blocks = 0;
   if (o_.init_progress) o_.init_progress(0, n_, 0, total_params);  // allocated and pinned
   for (int first = 0; first < n_; first += wave) {
+    STRATA_RETURN_IF_ERROR(InitCancelPoint("the master weights and optimizer state", first));
     const int last = std::min(n_, first + wave);
     std::vector<Status> status(static_cast<size_t>(last - first));
     tbb::parallel_for(first, last, [&](int b) {
@@ -265,6 +274,7 @@ Status StateStore::Initialize(Model& model, uint64_t seed) {
   }
   for (int b = 0; b < n_; ++b) {
     if (!on_device(b)) continue;
+    STRATA_RETURN_IF_ERROR(InitCancelPoint("the master weights and optimizer state", b));
     STRATA_RETURN_IF_ERROR(InitBlock(model, seed, b, 0, o_.data_parallel ? &whole[0] : nullptr));
     STRATA_RETURN_IF_ERROR(WriteBack(b, 0));
     done_params += np(b);

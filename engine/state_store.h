@@ -92,6 +92,8 @@ struct StateStoreOptions {
   // EngineOptions::init_progress, called by Initialize on its calling thread.
   std::function<void(int blocks_done, int num_blocks, int64_t params_done, int64_t num_params)>
       init_progress;
+  // EngineOptions::cancel_requested, polled by Initialize on its calling thread between blocks.
+  std::function<bool()> cancel_requested;
   // EngineOptions::update_during_backward (the engine decides); the backup area is the plan's
   // (Plan::speculation_backup_bytes).
   bool speculate = false;
@@ -250,6 +252,9 @@ class StateStore {
   }
   // The frozen chunks into their homes (pinned, or NVMe through one staging buffer).
   Status InitializeFrozen(Model& model, uint64_t seed);
+  // kCancelled "cancelled while initialising <what>, block b+1 of n" once
+  // o_.cancel_requested says so; OK otherwise.
+  Status InitCancelPoint(std::string_view what, int b) const;
   int64_t home_elems(int b) const { return plan_.blocks[b].partition.part_elems; }
   bool nvme_params() const { return plan_.param_home == ParamHome::kNvme; }
   bool nvme_optim() const { return plan_.optimizer_home == OptimizerHome::kNvme; }

@@ -72,6 +72,13 @@ void InstallStopSignalHandlers() {
 
 int StopSignal() { return g_stop_signal; }
 
+Status StoppedBeforeTheFirstStep(Status s) {
+  if (s.code() != StatusCode::kCancelled || StopSignal() == 0) return s;
+  std::string_view what = s.message();
+  if (what.starts_with("cancelled ")) what.remove_prefix(std::string_view("cancelled ").size());
+  return CancelledError(fmt::format("stopped by signal {} {}; no step ran", StopSignal(), what));
+}
+
 namespace {
 
 // "peak_lr 0.003 -> 0.001, total_steps 300 -> 600": the fields of two LrScheduleJson objects that
@@ -211,6 +218,7 @@ Status RunInspect(const InspectFlags& f) {
     }
   }
   STRATA_RETURN_IF_ERROR(engine::VerifyCheckpointFiles(dir, m));
+  STRATA_RETURN_IF_ERROR(engine::CheckManifestListsItsFiles(m).WithContext(dir));
   std::printf("verified: %zu files, sizes and xxh3 match the manifest\n", m.files.size());
   return Status::Ok();
 }

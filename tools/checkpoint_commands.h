@@ -23,10 +23,17 @@ struct CheckpointFlags {
 };
 void AddCheckpointFlags(CLI::App& cmd, CheckpointFlags& f);
 
-// SIGINT / SIGTERM set a flag (and nothing else) that the training loop checks between steps.
+// SIGINT / SIGTERM set a flag (and nothing else) that the training loop checks between steps,
+// and the start before it (EngineOptions::cancel_requested, the reference pass) between blocks.
+// `strata train` installs them before the engine makes its swap files, so that a signal at any
+// point of a run removes them (the engine's destructor) and ends in one line.
 void InstallStopSignalHandlers();
 // The signal that asked to stop (SIGINT, SIGTERM), or 0.
 int StopSignal();
+// What a stop requested before the first step (a kCancelled `s` while StopSignal() is set) says
+// in the run's words: "stopped by signal N while <what s says>; no step ran". Any other status
+// as it is.
+Status StoppedBeforeTheFirstStep(Status s);
 
 // Trainer glue. The data position is the data sampler's std::mt19937_64.
 struct TrainProgress {

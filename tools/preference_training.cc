@@ -98,10 +98,16 @@ std::vector<double> PreferenceTraining::ReferenceOf(const Completions& split,
 }
 
 StatusOr<PreferenceTraining::Completions> PreferenceTraining::ComputeReference(
-    engine::Engine& engine, bool val) {
+    engine::Engine& engine, bool val, const std::function<bool()>& cancel_requested) {
   Completions c;
   data::Batch batch;
   for (int64_t g = 0; g < Groups(*data_, val); ++g) {
+    if (cancel_requested && cancel_requested()) {
+      return CancelledError(fmt::format(
+          "cancelled while computing the reference log-probabilities ({} group {} of {}); "
+          "nothing was written",
+          val ? "validation" : "training", g + 1, Groups(*data_, val)));
+    }
     Group(*data_, val, g, &batch);
     STRATA_ASSIGN_OR_RETURN(
         const std::vector<float> losses,
@@ -220,7 +226,8 @@ StatusOr<bool> PreferenceTraining::ReadReferenceFile(const std::string& path, ui
 }
 
 Status PreferenceTraining::PrepareReference(engine::Engine& engine, const std::string& save_dir,
-                                            bool resuming, bool write) {
+                                            bool resuming, bool write,
+                                            const std::function<bool()>& cancel_requested) {
   if (reference_from_model_ || !options_.uses_reference()) return Status::Ok();
   const uint64_t data_hash = DataXxh3();
   STRATA_ASSIGN_OR_RETURN(const uint64_t weights_hash, engine.MasterWeightsXxh3());
@@ -236,8 +243,8 @@ Status PreferenceTraining::PrepareReference(engine::Engine& engine, const std::s
       return Status::Ok();
     }
   }
-  STRATA_ASSIGN_OR_RETURN(train_ref_, ComputeReference(engine, /*val=*/false));
-  STRATA_ASSIGN_OR_RETURN(val_ref_, ComputeReference(engine, /*val=*/true));
+  STRATA_ASSIGN_OR_RETURN(train_ref_, ComputeReference(engine, /*val=*/false, cancel_requested));
+  STRATA_ASSIGN_OR_RETURN(val_ref_, ComputeReference(engine, /*val=*/true, cancel_requested));
   if (path.empty() || !write) {
     std::printf(
         "reference log-probabilities: computed with the initial weights (%zu train and "

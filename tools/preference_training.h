@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -57,10 +58,12 @@ class PreferenceTraining {
   // read from save_dir/reference-logps.json or computed with the engine's current (initial)
   // weights and written there (save_dir empty, or a data-parallel rank other than 0 (`write`
   // false): kept in memory). Call once, before --resume loads a checkpoint. Prints one line
-  // saying which. Errors: the engine's, the file's (a damaged file
-  // is kDataLoss naming it; a resumed run's mismatch kFailedPrecondition), writing it.
+  // saying which. `cancel_requested` (may be empty; strata train's stop signal) is polled before
+  // each group of pairs: kCancelled once it says so, nothing written. Errors: the engine's, the
+  // file's (a damaged file is kDataLoss naming it; a resumed run's mismatch
+  // kFailedPrecondition), writing it.
   Status PrepareReference(engine::Engine& engine, const std::string& save_dir, bool resuming,
-                          bool write = true);
+                          bool write = true, const std::function<bool()>& cancel_requested = {});
 
   // strata eval of a full model against a reference model (--reference-model-dir): the
   // reference log-probabilities of every validation pair, computed with `reference` (an engine
@@ -104,7 +107,8 @@ class PreferenceTraining {
   };
   // Reference log-probabilities of a micro-batch's pairs, summed or averaged as the loss wants.
   std::vector<double> ReferenceOf(const Completions& split, const data::Batch& batch) const;
-  StatusOr<Completions> ComputeReference(engine::Engine& engine, bool val);
+  StatusOr<Completions> ComputeReference(engine::Engine& engine, bool val,
+                                         const std::function<bool()>& cancel_requested = {});
   // Fills train_ref_ and val_ref_ from the file at `path` when it was made for this data,
   // these initial weights and this working precision ("bf16", ...) (true); false when it was not
   // and the run is fresh (recompute). Errors: kDataLoss naming the file (unreadable, not the

@@ -754,8 +754,14 @@ Status RunTrainRanks(const TrainFlags& flags, comm::Communicator* world) {
       CheckDeviceBudgetFits(*device.device, choice.plan, o.automatic.device_budget));
   STRATA_RETURN_IF_ERROR(PrepareRunDestinations(o.flags, choice.plan));
   o.engine.init_progress = InitProgressLines();
-  STRATA_ASSIGN_OR_RETURN(auto engine, engine::Engine::Create(in.model.get(), device.device.get(),
-                                                              o.engine, std::move(choice.plan)));
+  // From here a signal stops the run between blocks or steps (tools/checkpoint_commands.h): the
+  // engine's destructor removes its swap files whenever it comes.
+  InstallStopSignalHandlers();
+  o.engine.cancel_requested = [] { return StopSignal() != 0; };
+  StatusOr<std::unique_ptr<engine::Engine>> created =
+      engine::Engine::Create(in.model.get(), device.device.get(), o.engine, std::move(choice.plan));
+  STRATA_RETURN_IF_ERROR(StoppedBeforeTheFirstStep(created.status()));
+  std::unique_ptr<engine::Engine> engine = std::move(*created);
   PrintIoLine(o, *engine);
   // MFU needs the device's peak: the --machine profile's, when it has one.
   const double peak_tflops = machine && machine->device ? machine->device->peak_bf16_TFLOPs : 0;

@@ -482,17 +482,18 @@ StatusOr<TrainOutcome> RunTrainLoop(const TrainLoopInputs& in) {
         *in.options->preference, in.data->preference, in.spec->lora.enabled(),
         in.options->loop.micro_batch_size, in.options->loop.seq_len);
     // Every rank computes the same reference (whole blocks on each device); rank 0 writes it.
-    STRATA_RETURN_IF_ERROR(preference->PrepareReference(
-        *in.engine, ckpt.save_dir, !ckpt.resume.empty(), in.options->ranks.rank == 0));
+    STRATA_RETURN_IF_ERROR(StoppedBeforeTheFirstStep(preference->PrepareReference(
+        *in.engine, ckpt.save_dir, !ckpt.resume.empty(), in.options->ranks.rank == 0,
+        [] { return StopSignal() != 0; })));
   }
   int64_t start_step = 0, start_tokens_seen = 0;
   if (!ckpt.resume.empty()) {
-    STRATA_ASSIGN_OR_RETURN(start_step,
-                            ResumeTraining(*in.engine, ckpt, &data_rng,
-                                           LrScheduleJson(in.options->schedule, /*next_step=*/0),
-                                           in.options->engine, &start_tokens_seen));
+    StatusOr<int64_t> resumed = ResumeTraining(
+        *in.engine, ckpt, &data_rng, LrScheduleJson(in.options->schedule, /*next_step=*/0),
+        in.options->engine, &start_tokens_seen);
+    STRATA_RETURN_IF_ERROR(StoppedBeforeTheFirstStep(resumed.status()));
+    start_step = *resumed;
   }
-  InstallStopSignalHandlers();
   TrainLoop loop(in, start_step, start_tokens_seen, std::move(data_rng), std::move(preference));
   return loop.Run();
 }

@@ -238,6 +238,66 @@ TEST_F(CheckpointTest, SavingTheSameStepAgainReplacesItAtomically) {
   EXPECT_EQ(entries, 2);  // latest, step-1
 }
 
+// EngineOptions::cancel_requested (strata train's SIGINT/SIGTERM): a cancelled Create leaves no
+// swap files; a load cancelled while verifying leaves the engine as it was, one cancelled while
+// reading refuses to step until a load succeeds.
+TEST_F(CheckpointTest, CancelledCreateAndLoadsStopBetweenBlocksAndLeaveNothingBehind) {
+  int polls = 0;
+  int cancel_at = 0;  // the poll that says "cancel" (and every later one); -1: never
+  EngineOptions o = Options(DType::kBF16, OptimizerHome::kNvme);
+  o.cancel_requested = [&] { return cancel_at >= 0 && polls++ >= cancel_at; };
+  {
+    auto cancelled = Engine::Create(model_.get(), device_.get(), o);
+    ASSERT_FALSE(cancelled.ok());
+    EXPECT_EQ(cancelled.status().code(), StatusCode::kCancelled);
+    EXPECT_NE(cancelled.status().message().find(
+                  "cancelled while initialising the master weights and optimizer state, block 1 "
+                  "of "),
+              std::string::npos)
+        << cancelled.status().ToString();
+    EXPECT_TRUE(fs::is_empty(root_ / "swap"));  // the swap directory is removed
+  }
+  cancel_at = -1;
+  auto e = MakeEngine(o);
+  ASSERT_NE(e, nullptr);
+  Run(*e, 0, 2);
+  std::string dir;
+  ASSERT_TRUE(e->SaveCheckpoint(save_dir_, State(2), {}, &dir).ok());
+  const uint64_t saved = *e->MasterWeightsXxh3();
+  Run(*e, 2, 3);
+  const uint64_t after = *e->MasterWeightsXxh3();
+  TrainerState t;
+  // While verifying (before the second file): nothing changes, the engine steps on.
+  polls = 0;
+  cancel_at = 1;
+  Status s = e->LoadCheckpoint(save_dir_, &t);
+  EXPECT_EQ(s.code(), StatusCode::kCancelled) << s.ToString();
+  EXPECT_NE(s.message().find("cancelled while verifying checkpoint '" + dir + "'"),
+            std::string::npos)
+      << s.ToString();
+  EXPECT_EQ(*e->MasterWeightsXxh3(), after);
+  EXPECT_EQ(e->steps_taken(), 3);
+  // While reading (one poll per file verified, then one per block): the second block.
+  const auto manifest = ReadManifest(dir);
+  ASSERT_TRUE(manifest.ok());
+  polls = 0;
+  cancel_at = static_cast<int>(manifest->files.size()) + 1;
+  s = e->LoadCheckpoint(save_dir_, &t);
+  EXPECT_EQ(s.code(), StatusCode::kCancelled) << s.ToString();
+  EXPECT_NE(s.message().find("cancelled while reading the checkpoint, block 2 of " +
+                             std::to_string(model_->num_blocks())),
+            std::string::npos)
+      << s.ToString();
+  std::vector<MicroBatch> mbs = {{tokens_[0], tokens_[1]}, {tokens_[2], tokens_[3]}};
+  EXPECT_EQ(e->Step(mbs).status().code(), StatusCode::kFailedPrecondition);
+  cancel_at = -1;
+  ASSERT_TRUE(e->LoadCheckpoint(save_dir_, &t).ok());
+  EXPECT_EQ(*e->MasterWeightsXxh3(), saved);
+  EXPECT_EQ(t.step, 2);
+  Run(*e, 2, 3);
+  EXPECT_EQ(*e->MasterWeightsXxh3(), after);
+}
+
 // Corrupted or hostile checkpoints: each is a clear error and leaves the engine as it was.
 class CorruptionTest : public CheckpointTest {
  protected:

@@ -187,5 +187,70 @@ TEST(Manifest, UpdateSettingsDifferencesNameEachChangedSettingButTheLearningRate
             "decoupled_weight_decay true -> (none), eps 1e-08 -> (none)");
 }
 
+// `strata inspect` passes a checkpoint only when its manifest lists what a resume reads.
+TEST(Manifest, ListsEveryFileItsOptimizerKeepsOrSaysWhichIsMissing) {
+  using cpu_optim::OptimizerKind;
+  const auto with_files = [](cpu_optim::AnyOptimizer o, std::vector<std::string> names) {
+    Manifest m = SmallManifest();
+    m.optimizer = std::move(o);
+    m.files.clear();
+    for (std::string& n : names) m.files.push_back({std::move(n) + ".safetensors", 1, 1});
+    return m;
+  };
+  cpu_optim::AnyOptimizer adamw;  // AdamW: exp_avg, exp_avg_sq
+  EXPECT_TRUE(
+      CheckManifestListsItsFiles(with_files(adamw, {"master", "exp_avg", "exp_avg_sq", "working"}))
+          .ok());
+  Status s = CheckManifestListsItsFiles(with_files(adamw, {"master", "exp_avg", "working"}));
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss);
+  EXPECT_EQ(s.message(),
+            "the manifest lists no 'exp_avg_sq.safetensors', which its adamw state needs (a "
+            "resume refuses it; export reads only the master weights)");
+  s = CheckManifestListsItsFiles(with_files(adamw, {"exp_avg", "exp_avg_sq", "working"}));
+  EXPECT_EQ(s.message(), "the manifest lists no 'master.safetensors', which every checkpoint has");
+  s = CheckManifestListsItsFiles(with_files(adamw, {"master", "exp_avg", "exp_avg_sq"}));
+  EXPECT_EQ(s.message(), "the manifest lists no 'working.safetensors', which every checkpoint has");
+
+  cpu_optim::AnyOptimizer amsgrad;
+  amsgrad.adamw().amsgrad = true;
+  s = CheckManifestListsItsFiles(
+      with_files(amsgrad, {"master", "exp_avg", "exp_avg_sq", "working"}));
+  EXPECT_NE(s.message().find("'max_exp_avg_sq.safetensors'"), std::string::npos) << s.message();
+
+  cpu_optim::AnyOptimizer sgd;  // momentum 0 keeps no state
+  sgd.kind = OptimizerKind::kSgd;
+  sgd.config = cpu_optim::SgdConfig{};
+  EXPECT_TRUE(CheckManifestListsItsFiles(with_files(sgd, {"master", "working"})).ok());
+  sgd.config = cpu_optim::SgdConfig{.momentum = 0.9f};
+  s = CheckManifestListsItsFiles(with_files(sgd, {"master", "working"}));
+  EXPECT_NE(s.message().find("'momentum_buffer.safetensors', which its sgd"), std::string::npos)
+      << s.message();
+
+  cpu_optim::AnyOptimizer eight_bit;
+  eight_bit.kind = OptimizerKind::kAdamW8bit;
+  s = CheckManifestListsItsFiles(
+      with_files(eight_bit, {"master", "exp_avg", "exp_avg_sq", "exp_avg_sq.absmax", "working"}));
+  EXPECT_NE(s.message().find("'exp_avg.absmax.safetensors'"), std::string::npos) << s.message();
+
+  cpu_optim::AnyOptimizer adafactor;  // factored or not, some second moment; exp_avg with beta1
+  adafactor.kind = OptimizerKind::kAdafactor;
+  adafactor.config = cpu_optim::AdafactorConfig{};
+  EXPECT_TRUE(CheckManifestListsItsFiles(
+                  with_files(adafactor, {"master", "exp_avg_sq_row", "exp_avg_sq_col", "working"}))
+                  .ok());
+  EXPECT_TRUE(
+      CheckManifestListsItsFiles(with_files(adafactor, {"master", "exp_avg_sq", "working"})).ok());
+  s = CheckManifestListsItsFiles(with_files(adafactor, {"master", "working"}));
+  EXPECT_NE(s.message().find("'exp_avg_sq.safetensors'"), std::string::npos) << s.message();
+  adafactor.config = cpu_optim::AdafactorConfig{.beta1 = 0.9f};
+  s = CheckManifestListsItsFiles(with_files(adafactor, {"master", "exp_avg_sq", "working"}));
+  EXPECT_NE(s.message().find("'exp_avg.safetensors'"), std::string::npos) << s.message();
+
+  // A model without trained params (every block frozen) keeps no optimizer state.
+  Manifest frozen = with_files(adamw, {"master", "working"});
+  frozen.block_num_params = {0, 0};
+  EXPECT_TRUE(CheckManifestListsItsFiles(frozen).ok());
+}
+
 }  // namespace
 }  // namespace strata::engine

@@ -308,6 +308,24 @@ TEST_F(CheckpointCliTest, InspectListsTensorsAndReportsTheFirstCorruptFile) {
   r = Run(Tiny() + std::vector<std::string>{"--steps", "3", "--resume", save});
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_NE(r.out.find("corrupted"), std::string::npos) << r.out;
+  // A manifest that leaves out a state file (and the file gone with it) verifies what it lists,
+  // but a resume reads more: inspect says which file is missing.
+  fs::remove(victim);
+  const fs::path manifest = fs::path(save) / "step-2" / "manifest.json";
+  nlohmann::json j = nlohmann::json::parse(ReadFile(manifest));
+  nlohmann::json kept = nlohmann::json::array();
+  for (const auto& f : j["files"]) {
+    if (f["name"] != "exp_avg.safetensors") kept.push_back(f);
+  }
+  j["files"] = kept;
+  fs::remove(manifest);
+  std::ofstream(manifest) << j.dump();
+  r = Run({"inspect", save});
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("the manifest lists no 'exp_avg.safetensors', which its adamw state needs"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("verified:"), std::string::npos) << r.out;
 }
 
 TEST_F(CheckpointCliTest, ExportWritesGpt2NamesThatPythonCanLoad) {
@@ -420,6 +438,31 @@ TEST_F(CheckpointCliTest, SigintWithoutSaveOnSignalExits130AndSaysNoCheckpoint) 
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.out.find("needs --save-dir"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("plan:"), std::string::npos) << r.out;
+}
+
+// A signal while the engine initialises (from when its swap directory exists) stops the start
+// at the next block: one line, exit 130, the swap directory removed, no step.
+TEST_F(CheckpointCliTest, SigintWhileTheEngineInitialisesRemovesTheSwapDirectory) {
+  std::vector<std::string> args = Tiny();
+  *std::find(args.begin(), args.end(), "tiny") = "gpt2-124m";  // ~1 GiB of state to lay out
+  const fs::path out = dir_ / "run.txt";
+  Proc p = Spawn(args + std::vector<std::string>{"--steps", "5"}, out);
+  ASSERT_GT(p.pid, 0);
+  bool made = false;
+  for (int i = 0; i < 60000 && !made; ++i) {
+    made = !fs::is_empty(dir_ / "swap");
+    if (!made) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ::kill(p.pid, SIGINT);
+  const int code = Wait(p);
+  const std::string text = ReadFile(out);
+  ASSERT_TRUE(made) << text;
+  EXPECT_EQ(code, 130) << text;
+  EXPECT_NE(text.find("strata: stopped by signal 2 while initialising "), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("; no step ran"), std::string::npos) << text;
+  EXPECT_EQ(text.find("step     1/"), std::string::npos) << text;
+  EXPECT_TRUE(fs::is_empty(dir_ / "swap")) << text;
 }
 
 TEST_F(CheckpointCliTest, SigtermFinishesTheStepSavesAndExits143) {
