@@ -29,6 +29,7 @@
 #include "models/llama.h"
 #include "models/lora_adapter.h"
 #include "tools/model_spec.h"
+#include "tools/option_flags.h"
 
 namespace strata::tools {
 namespace {
@@ -47,12 +48,12 @@ void AddCheckpointFlags(CLI::App& cmd, CheckpointFlags& f) {
   cmd.add_option("--save-every", f.save_every,
                  "Save a checkpoint every N steps; 0 = only at the end")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegativeNumber());
   cmd.add_option("--keep-last", f.keep_last,
                  "Keep only the newest K checkpoints in --save-dir (never the one 'latest' names); "
                  "0 = keep all")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegativeNumber());
   cmd.add_option("--resume", f.resume,
                  "Continue exactly from a checkpoint: its directory, a save directory (uses its "
                  "'latest'), or 'latest' (the --save-dir's); --steps is the total");

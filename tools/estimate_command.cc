@@ -89,10 +89,10 @@ void AddEstimateFlags(CLI::App& cmd, EstimateFlags& f) {
                  "Swap directories (repeatable); their free space is checked against the plan");
   cmd.add_option("--micro-batch-size", f.micro_batch_size, "Sequences per micro-batch")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(PositiveNumber());
   cmd.add_option("--seq-len", f.seq_len, "Tokens per sequence; 0 = the model's context")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegativeNumber());
   cmd.add_option("--precision", f.precision, "Working params and gradients: bf16, fp16 or fp32")
       ->capture_default_str();
   cmd.add_option("--optimizer-device-fraction", f.optimizer_device_fraction,
@@ -124,15 +124,15 @@ void AddEstimateFlags(CLI::App& cmd, EstimateFlags& f) {
   cmd.add_option("--prefetch-depth", f.prefetch_depth,
                  "Blocks loaded ahead of the one computing; 0 = the planner decides")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegativeNumber());
   cmd.add_option("--grad-buckets", f.grad_buckets,
                  "Pinned gradient landing buckets (>= 2); 0 = the planner decides")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegativeNumber());
   cmd.add_option("--optimizer-buffers", f.optimizer_buffers,
                  "Optimizer pipeline buffers; 0 = the planner decides")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegativeNumber());
   cmd.add_option("--optimizer", f.optimizer,
                  "CPU optimizer, as strata train's: its state sets host or NVMe bytes")
       ->capture_default_str()
@@ -141,7 +141,7 @@ void AddEstimateFlags(CLI::App& cmd, EstimateFlags& f) {
                  "Micro-batches per step; at 1 the host keeps 16-bit gradients, else fp32 "
                  "accumulators")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(PositiveNumber());
   cmd.add_option("--schedule", f.schedule,
                  "As strata train's: layer-major, micro-batch-major, or auto (layer-major when its "
                  "plan fits micro-batch-major's budget and, with --machine, its predicted step is "

@@ -25,6 +25,7 @@
 #include "engine/preference_objective.h"
 #include "tools/device_select.h"
 #include "tools/model_spec.h"
+#include "tools/option_flags.h"
 #include "tools/preference_training.h"
 #include "tools/sampling.h"
 
@@ -171,14 +172,14 @@ void AddEvalFlags(CLI::App& cmd, EvalFlags& f) {
       ->required();
   cmd.add_option("--seq-len", f.seq_len, "Tokens per window (<= the model's context)")
       ->required()
-      ->check(CLI::PositiveNumber);
+      ->check(PositiveNumber());
   cmd.add_option("--max-tokens", f.max_tokens,
                  "Only the windows within the first N tokens; 0 = the whole data")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegativeNumber());
   cmd.add_option("--micro-batch-size", f.micro_batch_size, "Windows per forward pass")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(PositiveNumber());
   cmd.add_flag("--json", f.json,
                "Print one JSON object: loss, perplexity, tokens (target positions), windows");
   cmd.add_flag("--pack", f.pack,
@@ -508,15 +509,15 @@ void AddGenerateFlags(CLI::App& cmd, GenerateFlags& f) {
                  "run's, tokenizer.model first; byte-level models need none)");
   cmd.add_option("--max-new-tokens", f.max_new_tokens, "Tokens to sample")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(PositiveNumber());
   cmd.add_option("--temperature", f.temperature,
                  "Sampling temperature; 0 = greedy (default: the model's generation_config.json, "
                  "greedy when its do_sample is false; without one 0.8)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegativeNumber());
   cmd.add_option("--top-k", f.top_k,
                  "Sample among the k most likely tokens (and those tied with the k-th); 0 = all "
                  "(default: generation_config.json's, else 40)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegativeNumber());
   cmd.add_option("--top-p", f.top_p,
                  "Sample among the most likely tokens until their probability reaches p "
                  "(default: generation_config.json's, else 1 = all)")
@@ -524,7 +525,7 @@ void AddGenerateFlags(CLI::App& cmd, GenerateFlags& f) {
   cmd.add_option("--repetition-penalty", f.repetition_penalty,
                  "Divide the logits of tokens already in the text by this (multiply negative "
                  "ones) (default: generation_config.json's, else 1 = none)")
-      ->check(CLI::PositiveNumber);
+      ->check(PositiveNumber());
   cmd.add_option("--seed", f.seed, "Sampling seed")->capture_default_str();
 }
 

@@ -14,6 +14,7 @@
 #include "models/hf_checkpoint.h"
 #include "models/llama.h"
 #include "models/lora_adapter.h"
+#include "tools/option_flags.h"
 
 namespace strata::tools {
 namespace {
@@ -242,7 +243,7 @@ void AddLoraFlags(CLI::App& cmd, LoraFlags& f) {
                  "targeted weights and freeze the base model (no gradient, master weights or "
                  "optimizer state for it); 0 = full training")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegativeNumber());
   cmd.add_option("--lora-alpha", f.alpha, "LoRA: the adapters' output is scaled by alpha / rank")
       ->capture_default_str()
       ->each([&f](const std::string&) { f.alpha_given = true; });

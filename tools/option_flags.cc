@@ -1,9 +1,38 @@
 #include "tools/option_flags.h"
 
 #include <array>
+#include <cmath>
+#include <cstdlib>
+#include <string>
 #include <utility>
 
 namespace strata::tools {
+
+namespace {
+
+// A validator that refuses a value that is not a finite number, or one `ok` refuses, saying
+// "must be WHAT, got VALUE".
+CLI::Validator NumberCheck(bool (*ok)(double), std::string_view what, std::string name) {
+  return CLI::Validator(
+      [ok, what = std::string(what)](std::string& value) -> std::string {
+        char* end = nullptr;
+        const double x = std::strtod(value.c_str(), &end);
+        if (end == value.c_str() || *end != '\0') return value + " is not a number";
+        if (!std::isfinite(x)) return value + " is not a finite number";
+        return ok(x) ? std::string() : "must be " + what + ", got " + value;
+      },
+      std::move(name));
+}
+
+}  // namespace
+
+CLI::Validator PositiveNumber() {
+  return NumberCheck([](double x) { return x > 0; }, "> 0", "POSITIVE");
+}
+
+CLI::Validator NonNegativeNumber() {
+  return NumberCheck([](double x) { return x >= 0; }, ">= 0", "NONNEGATIVE");
+}
 namespace {
 
 // Engine option (PlacementOptions, EngineOptions, PlanRequest fields) -> the flag of `strata

@@ -7,10 +7,19 @@
 // Thread-safety: pure functions.
 #pragma once
 
+#include <CLI/CLI.hpp>
 #include <string>
 #include <string_view>
 
 namespace strata::tools {
+
+// Checks of a number option's value for CLI11's `check`: "--lr: must be > 0, got -1" and
+// "--save-every: must be >= 0, got -1"; a value that is not finite is refused as main.cc refuses
+// it ("--lr: inf is not a finite number"). CLI11's own CLI::PositiveNumber and
+// CLI::NonNegativeNumber are ranges up to DBL_MAX, whose error printed all of its 309 digits
+// (and "Value 0 not in range 0.000000 to ..." for PositiveNumber, whose bound is DBL_MIN).
+CLI::Validator PositiveNumber();
+CLI::Validator NonNegativeNumber();
 
 // `message` with every `option` (backticked, optionally followed by values inside the backticks)
 // replaced by the flag spelling, e.g. "raise `device_budget` to at least 3.25 GiB" -> "raise

@@ -113,28 +113,28 @@ void AddDataFlags(CLI::App& cmd, TrainFlags& f) {
 void AddBatchFlags(CLI::App& cmd, TrainFlags& f) {
   cmd.add_option("--steps", f.steps, "Optimizer steps")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(PositiveNumber());
   cmd.add_option("--micro-batch-size", f.micro_batch_size, "Sequences per micro-batch")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(PositiveNumber());
   cmd.add_option("--seq-len", f.seq_len, "Tokens per sequence (<= the model's context)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(PositiveNumber());
   cmd.add_option("--grad-accum-steps", f.grad_accum_steps,
                  "Micro-batches per optimizer step on each rank")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber)
+      ->check(PositiveNumber())
       ->each([&f](const std::string&) { f.grad_accum_given = true; });
   cmd.add_option("--global-batch-size", f.global_batch_size,
                  "Sequences per optimizer step over all data-parallel ranks (mpirun -n N): sets "
                  "the accumulation steps to it / (micro-batch size x N), which must divide")
-      ->check(CLI::NonNegativeNumber)
+      ->check(NonNegativeNumber())
       ->each([&f](const std::string&) { f.global_batch_from_config = false; });
   cmd.add_option("--comm-timeout", f.comm_timeout,
                  "Seconds a collective waits for the other ranks before the job is aborted with "
                  "a line naming it (0 = no limit)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegativeNumber());
 }
 
 // The CPU optimizer and its schedule.
@@ -159,7 +159,7 @@ void AddOptimizerFlags(CLI::App& cmd, TrainFlags& f) {
   cmd.add_option("--lr", f.lr,
                  "Peak learning rate (linear warmup, cosine decay to 10%); default by optimizer: "
                  "3e-3 adamw/adam/adamw8bit, 1.5e-3 adafactor, 3e-4 lion, 0.1 sgd, 1e-2 adagrad")
-      ->check(CLI::PositiveNumber);
+      ->check(PositiveNumber());
   cmd.add_option("--warmup-steps", f.warmup_steps, "Learning-rate warmup steps")
       ->capture_default_str();
   cmd.add_option("--lr-schedule", f.lr_schedule,
@@ -249,7 +249,7 @@ void AddOutputFlags(CLI::App& cmd, TrainFlags& f) {
       ->capture_default_str();
   cmd.add_option("--eval-batches", f.eval_batches, "Micro-batches per validation pass")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(PositiveNumber());
   cmd.add_option("--sample-bytes", f.sample_bytes, "Bytes of text to sample at the end; 0 = off")
       ->capture_default_str();
   cmd.add_option("--log-every", f.log_every, "Print a progress line every N steps")
@@ -311,16 +311,16 @@ void AddPipelineFlags(CLI::App& cmd, TrainFlags& f) {
                  "Blocks loaded ahead of the one computing (streaming slots - 1); 0 = the "
                  "planner decides (2 when the device budget holds the slots, else 1)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegativeNumber());
   cmd.add_option("--grad-buckets", f.grad_buckets,
                  "Pinned gradient landing buckets (>= 2); 0 = the planner decides (3)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegativeNumber());
   cmd.add_option("--optimizer-buffers", f.optimizer_buffers,
                  "Pinned buffers of the optimizer pipeline (read b+1, update b, write b-1); 0 = "
                  "the planner decides (3 with NVMe, else 1)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegativeNumber());
 }
 
 }  // namespace
