@@ -165,6 +165,7 @@ StatusOr<ChatFormat> ResolveChatFormat(std::string_view name, const std::string&
   }
 
   ChatFormat f;
+  f.now = std::time(nullptr);
   AddSpecialTokens(config, special_map, f.variables);
   if (!kwargs_json.empty()) {
     auto kwargs = ParseOrderedJsonBounded(kwargs_json);
@@ -173,7 +174,20 @@ StatusOr<ChatFormat> ResolveChatFormat(std::string_view name, const std::string&
           fmt::format("--chat-template-kwargs '{}' is not a JSON object{}", Excerpt(kwargs_json),
                       kwargs.ok() ? "" : fmt::format(" ({})", kwargs.status().message())));
     }
-    for (const auto& [key, value] : kwargs->items()) f.variables[key] = value;
+    for (const auto& [key, value] : kwargs->items()) {
+      // apply_chat_template's own arguments: set for each example and each render, never from
+      // here (they were overwritten without a word).
+      if (key == "messages" || key == "tools" || key == "documents" ||
+          key == "add_generation_prompt") {
+        return InvalidArgumentError(fmt::format(
+            "--chat-template-kwargs: '{}' is not a template kwarg: {}", key,
+            key == "tools" ? "give an example's tools as its line's \"tools\" list"
+            : key == "add_generation_prompt"
+                ? "training renders each conversation without it and each prompt with it"
+                : "it comes from each example's line"));
+      }
+      f.variables[key] = value;
+    }
   }
 
   for (ChatTemplate kind : {ChatTemplate::kLlama3, ChatTemplate::kChatml, ChatTemplate::kMistral}) {

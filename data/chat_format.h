@@ -10,9 +10,10 @@
 //   chatml   per message: <|im_start|> ROLE "\n" CONTENT <|im_end|> "\n"
 //            [loss: an assistant's CONTENT and its <|im_end|>] — Qwen2 / Qwen2.5 without their
 //            default system line.
-//   mistral  bos_token, then per user/assistant pair: "[INST] " USER " [/INST]" ASSISTANT
-//   eos_token,
-//            a leading system message put before the first user's text as SYSTEM "\n\n" USER;
+//   mistral  <s>, then per user/assistant pair: "[INST] " USER " [/INST]" ASSISTANT </s>
+//            (Mistral's BOS and EOS pieces, written as text: a built-in reads no tokenizer
+//            files), a leading system message put before the first user's text as
+//            SYSTEM "\n\n" USER;
 //            roles must alternate user, assistant, ... (raise_exception otherwise)
 //            [loss: ASSISTANT and its eos_token] — Mistral-7B-Instruct-v0.1 / v0.2.
 //   none     no template: the BOS id when the tokenizer has one, then each message's CONTENT,
@@ -23,6 +24,7 @@
 // template's Render is const).
 #pragma once
 
+#include <ctime>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -54,6 +56,11 @@ struct ChatFormat {
   // passes them: bos_token, eos_token, unk_token, pad_token (tokenizer_config.json's, else the
   // tokenizer's BOS/EOS pieces), then the --chat-template-kwargs object's keys (which win).
   nlohmann::ordered_json variables = nlohmann::ordered_json::object();
+  // strftime_now's clock for every render made with this format (ChatRenderOptions::now): read
+  // once when it is resolved, so that the prefix renders that find an example's loss spans, and
+  // both sides of a preference pair, show the same time (a clock that ticked between them put a
+  // prompt in the loss).
+  std::time_t now = 0;
 };
 
 // The format `name` names, for the tokenizer at `tokenizer_path` (a tokenizer.json,

@@ -78,6 +78,10 @@ StatusOr<std::string_view> Content(const ojson& m, std::string_view role, std::s
 // [begin, end) byte ranges of the rendered text that the loss takes.
 using Span = std::pair<size_t, size_t>;
 
+// A content no template writes itself and no text begins with: where a turn rendered with it
+// parts from the turn rendered with the real content is where the content starts.
+constexpr std::string_view kContentMark = "\x01";
+
 size_t CommonPrefix(std::string_view a, std::string_view b) {
   const size_t n = std::min(a.size(), b.size());
   size_t i = 0;
@@ -118,7 +122,8 @@ class TemplateRenderer {
                                std::vector<Span>* generation) {
     KeepMessages(num_messages);
     context_["add_generation_prompt"] = add_generation_prompt;
-    STRATA_ASSIGN_OR_RETURN(RenderedChat r, format_.jinja->Render(context_));
+    STRATA_ASSIGN_OR_RETURN(RenderedChat r,
+                            format_.jinja->Render(context_, ChatRenderOptions{.now = format_.now}));
     if (generation != nullptr) *generation = std::move(r.generation_spans);
     return std::move(r.text);
   }
@@ -137,32 +142,48 @@ class TemplateRenderer {
       const bool agrees = turn_start == prompt.size();
       if (!agrees) {
         // The template renders the messages before the turn differently once the turn follows
-        // (Mistral v3 moves the system message into the last user message): the turn starts
-        // where its own content does, found against the turn rendered with an empty content.
-        STRATA_ASSIGN_OR_RETURN(const std::string empty, RenderWithEmptyContent(k));
-        turn_start = CommonPrefix(turn, empty);
+        // (Mistral v3 moves the system message into the last user message), or its generation
+        // prompt is not how a turn begins (DeepSeek-R1's "<think>\n"): the turn starts where
+        // its own content does, where it parts from the turn rendered with a content no
+        // template writes (an empty one lost a content's first bytes when they equal what
+        // follows the content, the '<' of "<b>" before "<|end|>"). A turn that does not show its
+        // content (a tool call alone) starts where it parts from the same turn as a plain answer
+        // (its tool calls left out), so that what the template writes for the calls
+        // ("[TOOL_CALLS]") is the model's to learn.
+        STRATA_ASSIGN_OR_RETURN(std::string marked,
+                                RenderWithContent(k, kContentMark, false, k + 1));
+        turn_start = CommonPrefix(turn, marked);
+        if (turn_start == turn.size()) {
+          STRATA_ASSIGN_OR_RETURN(marked, RenderWithContent(k, kContentMark, true, k + 1));
+          turn_start = CommonPrefix(turn, marked);
+        }
       }
       const std::string_view text =
           TrimTrailingAsciiSpace(std::string_view(turn).substr(turn_start));
-      size_t start = std::max(from, CommonPrefix(whole, prompt)), end = start;
+      // Whether the whole conversation begins with the prompt: a template that writes something
+      // before the last user message only (Mistral's tools) renders the earlier turns' prompts
+      // otherwise there, and their turns are then found by their text, not after the prompt.
+      const size_t prompt_in_whole = CommonPrefix(whole, prompt);
+      const bool in_place = agrees && prompt_in_whole == prompt.size();
+      size_t start = std::max(from, prompt_in_whole), end = start;
       const std::string_view at_start = std::string_view(whole).substr(start);
       // The turn rendered as the last message may end with what the template writes after the
       // last message only (Phi-3's eos_token when no generation prompt follows), which the whole
       // conversation has at its end, after its own last message: then the turn is the rest.
       std::string_view before_tail;
-      if (agrees && !at_start.starts_with(text)) {
+      if (in_place && !at_start.starts_with(text)) {
         before_tail = text.substr(0, text.size() - TailOf(text, whole).size());
       }
-      if (agrees && at_start.starts_with(text)) {
+      if (in_place && at_start.starts_with(text)) {
         end = start + text.size();
-      } else if (agrees && !before_tail.empty() && before_tail.size() < text.size() &&
+      } else if (in_place && !before_tail.empty() && before_tail.size() < text.size() &&
                  at_start.starts_with(before_tail)) {
         end = start + TrimTrailingAsciiSpace(before_tail).size();
       } else {
         // The longest suffix of the turn's text found from where the prompt stops agreeing (or,
         // where it does not agree, from the previous turn's end) on: whether a suffix of length
         // n occurs is monotone in n (a suffix of an occurring string occurs).
-        const size_t search = agrees ? start : from;
+        const size_t search = in_place ? start : from;
         size_t lo = 0, hi = text.size(), at = std::string::npos;
         while (lo < hi) {
           const size_t n = (lo + hi + 1) / 2;
@@ -180,8 +201,18 @@ class TemplateRenderer {
               "template {{% generation %}} blocks or choose --chat-template",
               k, format_.jinja->where()));
         }
-        // Where the prompt agrees, the turn starts after it; where it does not, at its own text.
-        if (!agrees) start = at;
+        // Where the prompt is in place, the turn starts after it; elsewhere at its own text, or
+        // where the prompt agrees with the turn, where the conversation shows the turn's content,
+        // when that is before the text found (Qwen3 strips the leading newlines of a last turn's
+        // content, the whole conversation keeps them in an earlier turn).
+        if (!in_place) {
+          start = at;
+          if (agrees) {
+            STRATA_ASSIGN_OR_RETURN(const std::string marked,
+                                    RenderWithContent(k, kContentMark, false, num_messages_));
+            start = std::min(at, std::max(from, CommonPrefix(whole, marked)));
+          }
+        }
         end = at + lo;
       }
       spans.push_back({start, end});
@@ -205,14 +236,17 @@ class TemplateRenderer {
     return tail;
   }
 
-  // Messages [0, k] with message k's content "" (its other fields kept).
-  StatusOr<std::string> RenderWithEmptyContent(size_t k) {
-    KeepMessages(k + 1);
-    ojson& content = context_["messages"][k]["content"];
-    ojson saved = std::move(content);
-    content = "";
-    auto r = Render(k + 1, false, nullptr);
-    context_["messages"][k]["content"] = std::move(saved);
+  // Messages [0, num_messages) (num_messages > k) with message k's content `content_text` (its
+  // other fields kept, but its tool calls when drop_tool_calls).
+  StatusOr<std::string> RenderWithContent(size_t k, std::string_view content_text,
+                                          bool drop_tool_calls, size_t num_messages) {
+    KeepMessages(num_messages);
+    ojson& message = context_["messages"][k];
+    const ojson saved = message;
+    message["content"] = content_text;
+    if (drop_tool_calls) message.erase("tool_calls");
+    auto r = Render(num_messages, false, nullptr);
+    context_["messages"][k] = saved;
     return r;
   }
 
@@ -430,7 +464,11 @@ StatusOr<MessageKind> CheckMessage(const ojson& m, std::string_view what) {
     return InvalidArgumentError(fmt::format("{} has no \"role\" string", what));
   }
   const std::string& r = role->get_ref<const std::string&>();
-  const bool tool_calls = m.contains("tool_calls") && !m["tool_calls"].is_null();
+  // An empty list calls no tool: such a message answers nothing (as transformers' templates,
+  // which test `message.tool_calls` for truth, render it).
+  const auto calls = m.find("tool_calls");
+  const bool tool_calls =
+      calls != m.end() && !calls->is_null() && !(calls->is_array() && calls->empty());
   STRATA_ASSIGN_OR_RETURN(const std::string_view content, Content(m, r, what, tool_calls));
   MessageKind kind;
   kind.assistant = r == "assistant";

@@ -28,21 +28,28 @@
 //     with add_generation_prompt, T = messages [0, k] rendered without it, W = the whole
 //     conversation. Where P is a prefix of T (the usual case), the turn's text is T past P,
 //     trailing whitespace removed (the newline a template writes after an end-of-turn token is
-//     not generated); it starts where W stops agreeing with P (their longest common prefix, and
-//     not before the previous turn's end) and ends after that text where W holds it there, else
+//     not generated); where W begins with P, it starts after P (not before the previous turn's
+//     end) and ends after that text where W holds it there, else
 //     after that text less its tail where W holds that there (the tail: the longest suffix of
 //     the template rendered with no messages that T and W both end with, what it writes after
 //     the last message only: Phi-3's eos_token), else after the longest suffix of it W holds
 //     from the start on (a template that renders a turn
-//     differently once later turns follow, as Qwen3 drops the reasoning of earlier turns). Where
+//     differently once later turns follow, as Qwen3 drops the reasoning of earlier turns); where
+//     W does not begin with P (Mistral writes the tools before the last user message only), the
+//     span is the longest suffix of the turn's text W holds after the previous turn, begun where
+//     W shows message k's content when that is earlier (W rendered with that content "\x01", see
+//     below: Qwen3 strips a last turn's leading newlines, which W keeps in an earlier turn). Where
 //     P is not a prefix of T (the template renders the messages before the turn differently
-//     once the turn follows: Mistral v3 moves the system message into the last user message),
-//     the turn's text is T past its common prefix with T rendered with message k's content "",
-//     whitespace-trimmed at its end, and the span is the longest suffix of it W holds after the
-//     previous turn. A turn found nowhere is an error naming the message. (So what a template
-//     writes between a turn and the next message without a generation prompt, a role header, or
-//     after the last message, counts as generated for the last turn; the published templates
-//     put their role headers in the generation prompt.)
+//     once the turn follows: Mistral v3 moves the system message into the last user message;
+//     or its generation prompt is not how a turn begins: DeepSeek-R1's "<think>\n"), the turn's
+//     text is T past its common prefix with T rendered with message k's content "\x01" (a
+//     content no template writes, so that a content's first bytes are never taken for the
+//     template's), or where that leaves nothing (tool calls alone) with message k as a plain
+//     answer of that content, whitespace-trimmed at its end, and the span is the longest suffix
+//     of it W holds after the previous turn. A turn found nowhere is an error naming the
+//     message. (So what a template writes between a turn and the next message without a
+//     generation prompt, a role header, or after the last message, counts as generated for the
+//     last turn; the published templates put their role headers in the generation prompt.)
 // A token is in the loss when any byte of its source (EncodeWithOffsets) lies in an assistant
 // span: a token straddling a span's edge is a target, since the model must produce it there.
 // `none` (no template) encodes each content on its own: see chat_format.h.

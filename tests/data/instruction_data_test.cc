@@ -220,6 +220,81 @@ TEST_F(InstructionDataTest, TurnsAreFoundWhereTheTemplateRendersThemDifferentlyI
   EXPECT_EQ(LossRuns(e), (std::vector<std::string>{"Hello!<|im_end|>", "Sure.<|im_end|>"}));
 }
 
+// Found by a review against jinja2 and transformers (2026-12-02): each of these put the wrong
+// characters in the loss, or refused a conversation transformers renders.
+TEST_F(InstructionDataTest, TurnsAreFoundWhereThePromptMovesOrTheContentIsHidden) {
+  // Mistral's tools go before the last user message only: the whole conversation renders the
+  // first turn's prompt without them, and that turn is its text, not its user message.
+  std::ofstream(*dir_ / "tools_last.jinja")
+      << "<s>{% set last = (messages | selectattr('role', 'equalto', 'user') | list)[-1] %}"
+         "{% for m in messages %}{% if m.role == 'user' %}{% if tools and m == last %}"
+         "[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}"
+         "[INST]{{ m.content }}[/INST]{% else %}{{ m.content }}</s>{% endif %}{% endfor %}";
+  RenderedExample e = Render(Format((*dir_ / "tools_last.jinja").string()),
+                             Line(R"({"messages": [{"role": "user", "content": "q1"},
+                 {"role": "assistant", "content": "a1"}, {"role": "user", "content": "q2"},
+                 {"role": "assistant", "content": "a2"}], "tools": [{"name": "f"}]})"));
+  std::vector<std::string> runs = LossRuns(e);
+  ASSERT_EQ(runs.size(), 2u) << Decode(e.tokens);
+  EXPECT_THAT(runs[0], HasSubstr("a1</s>"));
+  EXPECT_THAT(runs[0], Not(HasSubstr("q1")));  // was "[INST]q1[/INST]a1</s>"
+  EXPECT_THAT(runs[1], HasSubstr("a2</s>"));
+  // A generation prompt that is not how a turn begins (DeepSeek-R1's "<think>\n"), and a content
+  // whose first byte is the first of what follows it: the turn keeps its '<'.
+  std::ofstream(*dir_ / "think_prompt.jinja")
+      << "{% for m in messages %}{% if m.role == 'user' %}<U>{{ m.content }}{% else %}<A>"
+         "{{ m.content }}<end>{% endif %}{% endfor %}"
+         "{% if add_generation_prompt %}<A><think>{{ '\n' }}{% endif %}";
+  e = Render(Format((*dir_ / "think_prompt.jinja").string()),
+             Line(R"({"messages": [{"role": "user", "content": "q"},
+                 {"role": "assistant", "content": "<b>bold</b>"}]})"));
+  runs = LossRuns(e);
+  ASSERT_EQ(runs.size(), 1u) << Decode(e.tokens);
+  EXPECT_THAT(runs[0], HasSubstr("<b>bold</b><end>"));  // was "b>bold</b><end>"
+  // A turn of tool calls alone, whose prompt the template renders otherwise once it follows (the
+  // system message moves into the last user message): found, with its [TOOL_CALLS] and not the
+  // user message before it (was "found nowhere", then "q[/INST][TOOL_CALLS]...").
+  std::ofstream(*dir_ / "tool_turn.jinja")
+      << "<s>{% if messages[0].role == 'system' %}{% set sys = messages[0].content %}"
+         "{% set msgs = messages[1:] %}{% else %}{% set msgs = messages %}{% endif %}"
+         "{% for m in msgs %}{% if m.role == 'user' %}{% if loop.last and sys is defined %}"
+         "[INST]{{ sys }}{{ '\n\n' }}{{ m.content }}[/INST]{% else %}[INST]{{ m.content }}[/INST]"
+         "{% endif %}{% elif m.tool_calls is defined %}[TOOL_CALLS]{{ m.tool_calls | tojson }}</s>"
+         "{% elif m.role == 'assistant' %}{{ m.content }}</s>{% elif m.role == 'tool' %}"
+         "[TOOL_RESULTS]{{ m.content }}[/TOOL_RESULTS]{% endif %}{% endfor %}";
+  e = Render(Format((*dir_ / "tool_turn.jinja").string()),
+             Line(R"({"messages": [{"role": "system", "content": "S"},
+                 {"role": "user", "content": "q"},
+                 {"role": "assistant", "content": "", "tool_calls": [{"name": "f"}]},
+                 {"role": "tool", "content": "r"}, {"role": "assistant", "content": "a"}]})"));
+  runs = LossRuns(e);
+  ASSERT_EQ(runs.size(), 2u) << Decode(e.tokens);
+  EXPECT_THAT(runs[0], HasSubstr(R"([TOOL_CALLS][{"name": "f"}]</s>)"));
+  EXPECT_THAT(runs[0], Not(HasSubstr("q")));
+  EXPECT_THAT(runs[1], HasSubstr("a</s>"));
+}
+
+// strftime_now reads the format's clock, read once when it is resolved: every prefix render of
+// an example shows the same time (a clock that ticked between them put the prompt in the loss).
+TEST_F(InstructionDataTest, EveryRenderOfARunShowsTheSameTime) {
+  std::ofstream(*dir_ / "clock.jinja")
+      << "[{{ strftime_now('%Y') }}]{% for m in messages %}<{{ m.role }}>{{ m.content }}</s>"
+         "{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}";
+  ChatFormat f = Format((*dir_ / "clock.jinja").string());
+  EXPECT_NE(f.now, 0);
+  f.now = 400 * 86400;  // 1971-02-05
+  const RenderedExample e = Render(f, Line(R"({"prompt": "Q", "response": "A"})"));
+  EXPECT_THAT(Decode(e.tokens), HasSubstr("[1971]<user>Q</s>"));
+  EXPECT_EQ(LossRuns(e), std::vector<std::string>{"A</s>"});
+  // apply_chat_template's own arguments are not kwargs: refused, not silently overwritten.
+  for (const std::string key : {"tools", "add_generation_prompt", "documents", "messages"}) {
+    auto r = ResolveChatFormat("chatml", "/nonexistent/t", "{\"" + key + "\": true}");
+    ASSERT_FALSE(r.ok()) << key;
+    EXPECT_THAT(r.status().message(),
+                HasSubstr("--chat-template-kwargs: '" + key + "' is not a template kwarg"));
+  }
+}
+
 // Phi-3-mini's template writes eos_token after the last message when no generation prompt
 // follows: a turn rendered as the last message ends in it, where the whole conversation has the
 // next user turn. Each turn is what the two agree on; the last keeps its EOS.
@@ -436,6 +511,10 @@ TEST_F(InstructionDataTest, BadLinesAreOneLineErrorsNamingFileAndLine) {
       {R"({"prompt": "Q", "response": "A", "tools": 1})", "\"tools\" is not a list"},
       {R"({"prompt": "Q", "chosen": "A", "rejected": "B"})",
        "line 2: a preference pair (\"chosen\"), not instruction data"},
+      // An empty list calls no tool: the turn answers nothing.
+      {R"({"messages": [{"role": "user", "content": "q"}, )"
+       R"({"role": "assistant", "content": " ", "tool_calls": []}]})",
+       "line 2: empty response"},
   };
   for (const auto& [line, expected] : cases) {
     std::ofstream(path) << R"({"prompt": "ok", "response": "ok"})"
