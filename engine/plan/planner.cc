@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <string>
 #include <utility>
 #include <vector>
@@ -109,6 +110,22 @@ int Plan::num_frozen_resident() const {
 
 namespace {
 uint64_t Aligned(uint64_t n) { return AlignUp(n, gpu::DeviceArena::kAlignment); }
+
+// What the swap store pads each extent to (io::SwapStore::kAlignment, PaddedSize; the plan is
+// below io/ and states it; engine checkpoint_test checks the plan against the swap file).
+constexpr uint64_t kSwapExtentAlignment = 4096;
+
+// FormatBytes rounded up at the digits it shows, for a size the user is told to give at least
+// (FormatBytes rounds to nearest: "raise to at least 57.0 MiB" was 3.5 KiB short given as such).
+std::string FormatBytesUp(uint64_t n) {
+  constexpr double kKiB = 1024.0, kMiB = kKiB * 1024, kGiB = kMiB * 1024;
+  const double d = static_cast<double>(n);
+  const auto up = [](double x, double scale) { return std::ceil(x * scale) / scale; };
+  if (d >= kGiB) return fmt::format("{:.2f} GiB", up(d / kGiB, 100));
+  if (d >= kMiB) return fmt::format("{:.1f} MiB", up(d / kMiB, 10));
+  if (d >= kKiB) return fmt::format("{:.1f} KiB", up(d / kKiB, 10));
+  return fmt::format("{} B", n);
+}
 
 // A block's elements on the device: padded to whole partitions with ranks > 1.
 int64_t DeviceElems(const Model& model, int b, int ranks) {
@@ -511,6 +528,9 @@ struct StateLayout {
   uint64_t max_region = 0;
   uint64_t master_bytes = 0;
   uint64_t rank_state_bytes = 0;
+  // Their state regions as extents of an NVMe optimizer home: each padded as the swap store pads
+  // an extent (io::SwapStore::PaddedSize).
+  uint64_t nvme_region_bytes = 0;
   // Blocks whose optimizer runs on the device: master weights, state and gradients there.
   uint64_t device_optimizer_bytes = 0;
 };
@@ -537,6 +557,7 @@ StateLayout LayOutOptimizerState(const PlanInputs& r, Plan* p) {
     }
     s.rank_state_bytes += state.state_bytes();
     s.master_bytes += state.master_bytes;
+    s.nvme_region_bytes += AlignUp(state.region_bytes, kSwapExtentAlignment);
     s.max_region = std::max(s.max_region, state.region_bytes);
   }
   p->optimizer_name = OptimizerFlagName(r.optimizer.optimizer);
@@ -702,7 +723,7 @@ Status StreamingBudgetShort(const PlanInputs& r, const ChunkSizes& c, const Stre
       "device budget {} is {} short: streaming needs {} slots of {} (the largest {}'s "
       "{} params) plus {} of activations, gradients and scratch for a {}x{} micro-batch{}{}{}; "
       "raise `device_budget` to at least {} or lower `micro_batch`{}",
-      FormatBytes(o.device_budget_bytes), FormatBytes(need.minimum_bytes - o.device_budget_bytes),
+      FormatBytes(o.device_budget_bytes), FormatBytesUp(need.minimum_bytes - o.device_budget_bytes),
       need.slots, FormatBytes(p.slot_bytes),
       c.max_frozen > static_cast<uint64_t>(c.max_padded) * r.w ? "frozen chunk" : "block",
       c.max_frozen > static_cast<uint64_t>(c.max_padded) * r.w ? c.max_frozen_params : c.max_padded,
@@ -722,7 +743,7 @@ Status StreamingBudgetShort(const PlanInputs& r, const ChunkSizes& c, const Stre
                         "`activation_checkpointing none`; `auto` keeps as many as fit, `all` none)",
                         FormatBytes(p.kept_activation_bytes()), p.num_keeping_activations())
           : std::string(),
-      FormatBytes(need.minimum_bytes),
+      FormatBytesUp(need.minimum_bytes),
       need.device_optimizer_bytes > 0 ? " or `optimizer_device_fraction`" : ""));
 }
 
@@ -909,16 +930,18 @@ void SizeHostAndNvmeTiers(const PlanInputs& r, const StateLayout& s, Plan* p) {
   if (o.optimizer_home == OptimizerHome::kHost) {
     p->host_bytes += s.master_bytes + s.rank_state_bytes;
   }
-  uint64_t params_w = 0;  // streamed blocks' working params (an NVMe home's extents)
-  uint64_t frozen_w = 0;  // frozen chunks streamed from NVMe have an extent there
+  // An NVMe home's extents, each padded as the swap store pads it (a plan that counted them
+  // unpadded passed `strata estimate`'s free-space check and failed in `strata train`).
+  uint64_t params_w = 0;  // streamed blocks' working params
+  uint64_t frozen_w = 0;  // frozen chunks streamed from NVMe
   for (int b = 0; b < n; ++b) {
-    if (!p->blocks[b].resident) params_w += AlignUp(HomeBlockBytes(*p, b), p->ranks > 1 ? 4096 : 1);
-    if (!p->blocks[b].frozen_resident) frozen_w += FrozenChunkBytes(*p, b);
+    if (!p->blocks[b].resident) params_w += AlignUp(HomeBlockBytes(*p, b), kSwapExtentAlignment);
+    if (!p->blocks[b].frozen_resident) {
+      frozen_w += AlignUp(FrozenChunkBytes(*p, b), kSwapExtentAlignment);
+    }
   }
   if (o.param_home == ParamHome::kNvme) p->nvme_bytes += params_w + frozen_w;
-  if (o.optimizer_home == OptimizerHome::kNvme) {
-    p->nvme_bytes += s.master_bytes + s.rank_state_bytes;
-  }
+  if (o.optimizer_home == OptimizerHome::kNvme) p->nvme_bytes += s.nvme_region_bytes;
   p->update_during_backward = o.update_during_backward;
   if (o.update_during_backward) {
     uint64_t all = 0;  // every CPU-optimized block's backup, each 64-byte aligned
@@ -939,15 +962,15 @@ Status CheckHostBudgets(const PlacementOptions& o, const Plan& p) {
   if (p.pinned_bytes > o.pinned_budget_bytes) {
     return ResourceExhaustedError(fmt::format(
         "pinned host budget {} is {} short: the plan pins {}", FormatBytes(o.pinned_budget_bytes),
-        FormatBytes(p.pinned_bytes - o.pinned_budget_bytes), FormatBytes(p.pinned_bytes)));
+        FormatBytesUp(p.pinned_bytes - o.pinned_budget_bytes), FormatBytesUp(p.pinned_bytes)));
   }
   const uint64_t host_total = p.host_bytes + p.pinned_bytes;
   if (o.host_budget_bytes > 0 && host_total > o.host_budget_bytes) {
     return ResourceExhaustedError(fmt::format(
         "host budget {} is {} short: the plan needs {} ({} pinned + {} of host gradients{}{}); "
         "raise `host_budget`{}{}",
-        FormatBytes(o.host_budget_bytes), FormatBytes(host_total - o.host_budget_bytes),
-        FormatBytes(host_total), FormatBytes(p.pinned_bytes), FormatBytes(p.host_bytes),
+        FormatBytes(o.host_budget_bytes), FormatBytesUp(host_total - o.host_budget_bytes),
+        FormatBytesUp(host_total), FormatBytes(p.pinned_bytes), FormatBytes(p.host_bytes),
         o.optimizer_home == OptimizerHome::kHost ? " and optimizer state" : "",
         p.speculation_backup_bytes > 0
             ? fmt::format(", {} of it the update during backward's backup",

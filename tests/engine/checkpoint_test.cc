@@ -238,6 +238,22 @@ TEST_F(CheckpointTest, SavingTheSameStepAgainReplacesItAtomically) {
   EXPECT_EQ(entries, 2);  // latest, step-1
 }
 
+// The plan's NVMe bytes are what the swap store lays out: each extent padded to 4 KiB (the plan
+// counted them unpadded, so `strata estimate` passed a drive that `strata train` then filled).
+TEST_F(CheckpointTest, ThePlansNvmeBytesAreTheSwapFilesSize) {
+  for (DType precision : {DType::kBF16, DType::kF32}) {
+    const EngineOptions o = Options(precision, OptimizerHome::kNvme);
+    auto e = MakeEngine(o);
+    ASSERT_NE(e, nullptr);
+    uint64_t on_disk = 0;
+    for (const auto& dir : fs::recursive_directory_iterator(root_ / "swap")) {
+      if (dir.is_regular_file()) on_disk += fs::file_size(dir.path());
+    }
+    EXPECT_GT(on_disk, 0u);
+    EXPECT_EQ(e->plan().nvme_bytes, on_disk) << DTypeName(precision);
+  }
+}
+
 // EngineOptions::cancel_requested (strata train's SIGINT/SIGTERM): a cancelled Create leaves no
 // swap files; a load cancelled while verifying leaves the engine as it was, one cancelled while
 // reading refuses to step until a load succeeds.
