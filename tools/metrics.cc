@@ -33,17 +33,29 @@ Status StdioError(std::string_view context) {
 
 // A log opened for appending and reading ("a+b": a resumed run's) ends with a whole line: a partial
 // last line (a full disk or a kill mid-write) is cut back to the last newline, with a warning, so
-// the appended lines stay parseable. `what`: "--metrics-jsonl 'PATH'", for the messages.
-Status CutPartialLastLine(std::FILE* file, const std::string& what) {
+// the appended lines stay parseable. Only in a file of this kind, whose first bytes and whose
+// partial line's are `record_start`'s (a JSONL record's "{"; a CSV file's header or row): any
+// other file is refused, untouched, as not Strata's (a notes file given by mistake lost its last
+// line). `what`: "--metrics-jsonl 'PATH'", for the messages.
+Status CutPartialLastLine(std::FILE* file, const std::string& what,
+                          bool (*record_start)(char first)) {
   const int fd = ::fileno(file);
   struct stat st {};
   if (::fstat(fd, &st) != 0) return ErrnoToStatus(errno, fmt::format("{}: stat", what));
   off_t end = st.st_size;
   char last = '\n';
   if (end == 0) return Status::Ok();
-  if (::pread(fd, &last, 1, end - 1) != 1) {
+  char first = 0;
+  if (::pread(fd, &first, 1, 0) != 1 || ::pread(fd, &last, 1, end - 1) != 1) {
     return ErrnoToStatus(errno != 0 ? errno : EIO, fmt::format("{}: read", what));
   }
+  const auto not_ours = [&] {
+    return InvalidArgumentError(
+        fmt::format("{} holds something other than metrics of this kind; it is left as it is: "
+                    "give another path",
+                    what));
+  };
+  if (!record_start(first)) return not_ours();
   if (last == '\n') return Status::Ok();
   std::array<char, 4096> chunk;
   off_t keep = 0;  // bytes up to and including the last newline
@@ -60,6 +72,11 @@ Status CutPartialLastLine(std::FILE* file, const std::string& what) {
     }
     pos = from;
   }
+  char partial_first = 0;
+  if (::pread(fd, &partial_first, 1, keep) != 1) {
+    return ErrnoToStatus(errno != 0 ? errno : EIO, fmt::format("{}: read", what));
+  }
+  if (!record_start(partial_first)) return not_ours();
   if (::ftruncate(fd, keep) != 0) return ErrnoToStatus(errno, fmt::format("{}: truncate", what));
   STRATA_LOG_WARNING("{}: cut a partial last line ({} bytes) left by an earlier run", what,
                      end - keep);
@@ -155,8 +172,9 @@ StatusOr<std::unique_ptr<MetricsWriter>> MetricsWriter::Create(const MetricsOpti
       return StdioError(
           fmt::format("--metrics-jsonl '{}': cannot open for appending", options.jsonl_path));
     }
-    STRATA_RETURN_IF_ERROR(CutPartialLastLine(
-        w->jsonl_.get(), fmt::format("--metrics-jsonl '{}'", options.jsonl_path)));
+    STRATA_RETURN_IF_ERROR(
+        CutPartialLastLine(w->jsonl_.get(), fmt::format("--metrics-jsonl '{}'", options.jsonl_path),
+                           [](char c) { return c == '{'; }));
   }
   if (!options.csv_dir.empty()) {
     STRATA_RETURN_IF_ERROR(MakeDirectory("--metrics-csv-dir", options.csv_dir));
@@ -187,7 +205,8 @@ Status MetricsWriter::WriteCsv(int64_t step, const Scalar& scalar) {
     File file(std::fopen(path.c_str(), "a+b"));  // read too: CutPartialLastLine
     if (!file) return StdioError(fmt::format("--metrics-csv-dir: cannot open '{}'", path));
     STRATA_RETURN_IF_ERROR(
-        CutPartialLastLine(file.get(), fmt::format("--metrics-csv-dir: '{}'", path)));
+        CutPartialLastLine(file.get(), fmt::format("--metrics-csv-dir: '{}'", path),
+                           [](char c) { return c == 's' || (c >= '0' && c <= '9'); }));
     struct stat st {};
     if (::fstat(::fileno(file.get()), &st) != 0) {
       return StdioError(fmt::format("--metrics-csv-dir: stat '{}'", path));

@@ -246,14 +246,17 @@ void AddOutputFlags(CLI::App& cmd, TrainFlags& f) {
                  "Write the run's summary as one JSON object here");
   cmd.add_option("--eval-every", f.eval_every,
                  "Validation loss every N steps and at the end; 0 = off")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(NonNegativeNumber());
   cmd.add_option("--eval-batches", f.eval_batches, "Micro-batches per validation pass")
       ->capture_default_str()
       ->check(PositiveNumber());
   cmd.add_option("--sample-bytes", f.sample_bytes, "Bytes of text to sample at the end; 0 = off")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(NonNegativeNumber());
   cmd.add_option("--log-every", f.log_every, "Print a progress line every N steps")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(NonNegativeNumber());
   cmd.add_option("--trace", f.trace,
                  "Write a Chrome trace-event JSON of the run here: one track per stream and "
                  "thread (open in https://ui.perfetto.dev or chrome://tracing)");

@@ -86,6 +86,8 @@ StatusOr<std::string> Sample(engine::Engine& e, const TrainLoopOptions& loop, st
   std::string out;
   const double temperature = 0.8;
   while (static_cast<int64_t>(out.size()) < loop.sample_bytes) {
+    // A long sample (a forward per token) ends at a stop signal, as a step does.
+    if (StopSignal() != 0) return CancelledError("while sampling text");
     const size_t keep = std::min<size_t>(context.size(), loop.seq_len);
     STRATA_ASSIGN_OR_RETURN(auto logits, e.NextTokenLogits(std::span(context).last(keep)));
     const int32_t tok = DrawToken(logits, temperature, rng);
@@ -420,6 +422,15 @@ Status TrainLoop::Finish() {
 
 Status TrainLoop::FinalEvaluationAndSample() {
   const data::TrainingData& training_data = *in_.data;
+  // A signal after the last step (its checkpoint saved) skips what is left: the validation and
+  // the sample, which for a long --sample-bytes ran for minutes with the signal unheard.
+  const auto stopped = [&](std::string_view when) {
+    return CancelledError(fmt::format(
+        "stopped by signal {} after the last step ({}), {}; {}", StopSignal(), loop_.steps, when,
+        !out_.last_checkpoint.empty() ? "last checkpoint: " + out_.last_checkpoint
+                                      : std::string("no checkpoint saved")));
+  };
+  if (StopSignal() != 0) return stopped("before the final validation");
   if (loop_.eval_every > 0) {
     STRATA_ASSIGN_OR_RETURN(out_.val_loss, Validate());
     if (preference_) {
@@ -441,8 +452,10 @@ Status TrainLoop::FinalEvaluationAndSample() {
   STRATA_ASSIGN_OR_RETURN(out_.master_hash, engine_.MasterWeightsXxh3());
   if (loop_.sample_bytes > 0 && (training_data.byte_level || training_data.tokenizer)) {
     std::mt19937_64 sample_rng(loop_.seed ^ 0x5a3b1eull);
-    STRATA_ASSIGN_OR_RETURN(std::string text,
-                            Sample(engine_, loop_, sample_rng, training_data.tokenizer.get()));
+    StatusOr<std::string> sampled =
+        Sample(engine_, loop_, sample_rng, training_data.tokenizer.get());
+    if (sampled.status().code() == StatusCode::kCancelled) return stopped("while sampling text");
+    STRATA_ASSIGN_OR_RETURN(std::string text, std::move(sampled));
     std::printf("sample:\n%s\n", Printable(text).c_str());
   }
   return Status::Ok();

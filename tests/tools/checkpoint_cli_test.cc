@@ -465,6 +465,29 @@ TEST_F(CheckpointCliTest, SigintWhileTheEngineInitialisesRemovesTheSwapDirectory
   EXPECT_TRUE(fs::is_empty(dir_ / "swap")) << text;
 }
 
+// After the last step a long text sample (a forward per token) hears a signal too: it used to run
+// on for minutes with SIGINT and SIGTERM caught and ignored.
+TEST_F(CheckpointCliTest, SigintWhileSamplingAfterTheLastStepStopsIt) {
+  std::vector<std::string> args = Tiny();
+  *(std::find(args.begin(), args.end(), "--sample-bytes") + 1) = "100000000";
+  *(std::find(args.begin(), args.end(), "--eval-every") + 1) = "1";
+  const fs::path out = dir_ / "run.txt";
+  Proc p = Spawn(args + std::vector<std::string>{"--steps", "2"}, out);
+  ASSERT_GT(p.pid, 0);
+  for (int i = 0; i < 1200 && ReadFile(out).find("validation loss") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ::kill(p.pid, SIGINT);
+  const int code = Wait(p);
+  const std::string text = ReadFile(out);
+  EXPECT_EQ(code, 130) << text;
+  EXPECT_NE(text.find("strata: stopped by signal 2 after the last step (2), while sampling text; "
+                      "no checkpoint saved"),
+            std::string::npos)
+      << text;
+  EXPECT_TRUE(fs::is_empty(dir_ / "swap")) << text;
+}
+
 TEST_F(CheckpointCliTest, SigtermFinishesTheStepSavesAndExits143) {
   const std::string save = (dir_ / "save").string();
   const fs::path out = dir_ / "run.txt";

@@ -318,6 +318,35 @@ TEST_F(MetricsFiles, AResumedRunCutsAPartialLastLineBeforeAppending) {
   }
 }
 
+// A file that is not Strata's metrics, given by mistake, is refused and left as it was (a notes
+// file without a final newline lost its one line as "a partial last line").
+TEST_F(MetricsFiles, AFileThatIsNotMetricsIsRefusedUntouched) {
+  for (const std::string text : {"all my notes on one line", "{\n  \"a\": 1\n}", "notes\n"}) {
+    std::ofstream(dir_ / "notes.txt", std::ios::trunc) << text;
+    MetricsOptions o;
+    o.jsonl_path = (dir_ / "notes.txt").string();
+    auto w = MetricsWriter::Create(o);
+    ASSERT_FALSE(w.ok()) << text;
+    EXPECT_EQ(w.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(w.status().message(),
+              "--metrics-jsonl '" + o.jsonl_path +
+                  "' holds something other than metrics of this kind; it is left as it is: give "
+                  "another path");
+    EXPECT_EQ(ReadFile(dir_ / "notes.txt"), text);
+  }
+  // A CSV file of another program in the CSV directory: refused at its tag's first value.
+  fs::create_directories(dir_ / "csv2");
+  std::ofstream(dir_ / "csv2" / "train_loss.csv") << "name,value";
+  MetricsOptions o;
+  o.csv_dir = (dir_ / "csv2").string();
+  auto w = MetricsWriter::Create(o);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  const Scalar loss{"train/loss", 3.0};
+  const Status s = (*w)->Record(1, 1.7e9, std::span(&loss, 1));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_EQ(ReadFile(dir_ / "csv2" / "train_loss.csv"), "name,value");
+}
+
 TEST_F(MetricsFiles, AnExistingEventFileIsNeverReplaced) {
   auto first = MetricsWriter::Create(Options());
   ASSERT_TRUE(first.ok()) << first.status().ToString();
