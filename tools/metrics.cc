@@ -87,16 +87,32 @@ void AppendLittleEndian(uint64_t value, int num_bytes, std::string* out) {
   for (int i = 0; i < num_bytes; ++i) out->push_back(static_cast<char>((value >> (8 * i)) & 0xff));
 }
 
-// Creates `dir` and its parents; names `flag` in every error.
-Status MakeDirectory(std::string_view flag, const std::string& dir) {
+// Creates `dir` and its parents; names `flag` in every error. Appends the directories it creates
+// to `created`, parents first.
+Status MakeDirectory(std::string_view flag, const std::string& dir,
+                     std::vector<std::string>* created) {
   std::error_code ec;
   if (std::filesystem::exists(dir, ec) && !std::filesystem::is_directory(dir, ec)) {
     return InvalidArgumentError(fmt::format("{} '{}' exists and is not a directory", flag, dir));
   }
+  std::vector<std::string> missing;  // deepest first
+  for (std::filesystem::path p = std::filesystem::path(dir).lexically_normal();
+       !p.empty() && p != p.root_path() && !std::filesystem::exists(p, ec); p = p.parent_path()) {
+    if (p.filename().empty()) continue;  // "a/b/": the trailing separator
+    missing.push_back(p.string());
+  }
   std::filesystem::create_directories(dir, ec);
-  if (std::filesystem::is_directory(dir)) return Status::Ok();
-  return ErrnoToStatus(ec ? ec.value() : ENOTDIR,
-                       fmt::format("{} '{}': cannot create the directory", flag, dir));
+  if (!std::filesystem::is_directory(dir)) {
+    return ErrnoToStatus(ec ? ec.value() : ENOTDIR,
+                         fmt::format("{} '{}': cannot create the directory", flag, dir));
+  }
+  created->insert(created->end(), missing.rbegin(), missing.rend());
+  return Status::Ok();
+}
+
+bool Exists(const std::string& path) {
+  struct stat st {};
+  return ::lstat(path.c_str(), &st) == 0;
 }
 
 std::string HostName() {
@@ -142,9 +158,16 @@ double UnixSecondsNow() {
 }
 
 StatusOr<std::unique_ptr<MetricsWriter>> MetricsWriter::Create(const MetricsOptions& options) {
+  // On an error `w` is destroyed, removing what it created.
   std::unique_ptr<MetricsWriter> w(new MetricsWriter(options));
+  const auto make_directory = [&](std::string_view flag, const std::string& dir) -> Status {
+    std::vector<std::string> made;
+    STRATA_RETURN_IF_ERROR(MakeDirectory(flag, dir, &made));
+    for (const std::string& d : made) w->WillCreate(d, /*is_directory=*/true);
+    return Status::Ok();
+  };
   if (!options.tensorboard_dir.empty()) {
-    STRATA_RETURN_IF_ERROR(MakeDirectory("--tensorboard-dir", options.tensorboard_dir));
+    STRATA_RETURN_IF_ERROR(make_directory("--tensorboard-dir", options.tensorboard_dir));
     const int64_t seconds = options.file_unix_seconds != 0
                                 ? options.file_unix_seconds
                                 : static_cast<int64_t>(std::floor(UnixSecondsNow()));
@@ -158,6 +181,7 @@ StatusOr<std::unique_ptr<MetricsWriter>> MetricsWriter::Create(const MetricsOpti
     if (!w->events_) {
       return StdioError(fmt::format("--tensorboard-dir: cannot create '{}'", w->event_path_));
     }
+    w->WillCreate(w->event_path_, /*is_directory=*/false);
     strata::tensorboard::Event first;
     first.set_wall_time(UnixSecondsNow());
     first.set_file_version(kFileVersion);
@@ -167,27 +191,48 @@ StatusOr<std::unique_ptr<MetricsWriter>> MetricsWriter::Create(const MetricsOpti
     }
   }
   if (!options.jsonl_path.empty()) {
+    const bool existed = Exists(options.jsonl_path);
     w->jsonl_.reset(std::fopen(options.jsonl_path.c_str(), "a+b"));
     if (!w->jsonl_) {
       return StdioError(
           fmt::format("--metrics-jsonl '{}': cannot open for appending", options.jsonl_path));
     }
+    if (!existed) w->WillCreate(options.jsonl_path, /*is_directory=*/false);
     STRATA_RETURN_IF_ERROR(
         CutPartialLastLine(w->jsonl_.get(), fmt::format("--metrics-jsonl '{}'", options.jsonl_path),
                            [](char c) { return c == '{'; }));
   }
   if (!options.csv_dir.empty()) {
-    STRATA_RETURN_IF_ERROR(MakeDirectory("--metrics-csv-dir", options.csv_dir));
-    // The per-tag files come with their first values; make sure they can.
+    STRATA_RETURN_IF_ERROR(make_directory("--metrics-csv-dir", options.csv_dir));
+    // The other tags' files come with their first values; make sure they can.
     if (::access(options.csv_dir.c_str(), W_OK | X_OK) != 0) {
       return StdioError(
           fmt::format("--metrics-csv-dir '{}': cannot write into the directory", options.csv_dir));
     }
+    for (const std::string& tag : options.csv_tags) STRATA_RETURN_IF_ERROR(w->OpenCsv(tag));
   }
   return w;
 }
 
-MetricsWriter::~MetricsWriter() = default;
+MetricsWriter::~MetricsWriter() {
+  events_.reset();
+  jsonl_.reset();
+  csv_files_.clear();
+  for (auto it = created_.rbegin(); it != created_.rend(); ++it) {
+    const auto& [path, is_directory] = *it;
+    std::error_code ec;
+    if (is_directory) {
+      std::filesystem::remove(path, ec);  // only when empty; ENOTEMPTY otherwise
+      continue;
+    }
+    const bool empty = std::filesystem::file_size(path, ec) == 0 && !ec;
+    if (empty || (path == event_path_ && !recorded_)) std::filesystem::remove(path, ec);
+  }
+}
+
+void MetricsWriter::WillCreate(const std::string& path, bool is_directory) {
+  created_.emplace_back(path, is_directory);
+}
 
 Status MetricsWriter::WriteEvent(std::string_view serialized_event) {
   const std::string record = FrameTfRecord(serialized_event);
@@ -197,34 +242,42 @@ Status MetricsWriter::WriteEvent(std::string_view serialized_event) {
   return Status::Ok();
 }
 
+Status MetricsWriter::OpenCsv(const std::string& tag) {
+  if (csv_files_.count(tag) != 0) return Status::Ok();
+  const std::string path = (std::filesystem::path(options_.csv_dir) / CsvFileName(tag)).string();
+  const bool existed = Exists(path);
+  File file(std::fopen(path.c_str(), "a+b"));  // read too: CutPartialLastLine
+  if (!file) return StdioError(fmt::format("--metrics-csv-dir: cannot open '{}'", path));
+  if (!existed) WillCreate(path, /*is_directory=*/false);
+  STRATA_RETURN_IF_ERROR(
+      CutPartialLastLine(file.get(), fmt::format("--metrics-csv-dir: '{}'", path),
+                         [](char c) { return c == 's' || (c >= '0' && c <= '9'); }));
+  struct stat st {};
+  if (::fstat(::fileno(file.get()), &st) != 0) {
+    return StdioError(fmt::format("--metrics-csv-dir: stat '{}'", path));
+  }
+  csv_files_.emplace(tag, CsvFile{std::move(file), /*header_due=*/st.st_size == 0});
+  return Status::Ok();
+}
+
 Status MetricsWriter::WriteCsv(int64_t step, const Scalar& scalar) {
-  auto it = csv_files_.find(scalar.tag);
+  STRATA_RETURN_IF_ERROR(OpenCsv(scalar.tag));
+  CsvFile& csv = csv_files_.at(scalar.tag);
   const std::string path =
       (std::filesystem::path(options_.csv_dir) / CsvFileName(scalar.tag)).string();
-  if (it == csv_files_.end()) {
-    File file(std::fopen(path.c_str(), "a+b"));  // read too: CutPartialLastLine
-    if (!file) return StdioError(fmt::format("--metrics-csv-dir: cannot open '{}'", path));
-    STRATA_RETURN_IF_ERROR(
-        CutPartialLastLine(file.get(), fmt::format("--metrics-csv-dir: '{}'", path),
-                           [](char c) { return c == 's' || (c >= '0' && c <= '9'); }));
-    struct stat st {};
-    if (::fstat(::fileno(file.get()), &st) != 0) {
-      return StdioError(fmt::format("--metrics-csv-dir: stat '{}'", path));
-    }
-    if (st.st_size == 0 && std::fprintf(file.get(), "step,%s\n", scalar.tag.c_str()) < 0) {
-      return StdioError(fmt::format("--metrics-csv-dir: writing '{}'", path));
-    }
-    it = csv_files_.emplace(scalar.tag, std::move(file)).first;
-  }
-  const std::string row = fmt::format("{},{}\n", step, FormatValue(scalar.value));
-  if (std::fwrite(row.data(), 1, row.size(), it->second.get()) != row.size()) {
+  std::string text;
+  if (csv.header_due) text = fmt::format("step,{}\n", scalar.tag);
+  text += fmt::format("{},{}\n", step, FormatValue(scalar.value));
+  if (std::fwrite(text.data(), 1, text.size(), csv.file.get()) != text.size()) {
     return StdioError(fmt::format("--metrics-csv-dir: writing '{}'", path));
   }
+  csv.header_due = false;
   return Status::Ok();
 }
 
 Status MetricsWriter::Record(int64_t step, double wall_time_seconds,
                              std::span<const Scalar> scalars) {
+  recorded_ = true;  // from here the sinks may hold a record, whole or partial: kept
   if (events_) {
     strata::tensorboard::Event event;
     event.set_wall_time(wall_time_seconds);
@@ -256,14 +309,20 @@ Status MetricsWriter::Record(int64_t step, double wall_time_seconds,
   }
   if (!options_.csv_dir.empty()) {
     for (const Scalar& s : scalars) STRATA_RETURN_IF_ERROR(WriteCsv(step, s));
-    for (auto& [tag, file] : csv_files_) {
-      if (std::fflush(file.get()) != 0) {
+    for (auto& [tag, csv] : csv_files_) {
+      if (std::fflush(csv.file.get()) != 0) {
         return StdioError(fmt::format("--metrics-csv-dir: writing the file of '{}' in '{}'", tag,
                                       options_.csv_dir));
       }
     }
   }
   return Status::Ok();
+}
+
+std::vector<std::string> TrainMetrics::StepTags() {
+  std::vector<std::string> tags;
+  for (Scalar& s : StepScalars({}, 0, 0, {}, {})) tags.push_back(std::move(s.tag));
+  return tags;
 }
 
 std::vector<Scalar> TrainMetrics::StepScalars(const engine::StepResult& result, double lr,

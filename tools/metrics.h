@@ -17,7 +17,11 @@
 //   - CSV (--metrics-csv-dir DIR), as DeepSpeed's csv_monitor lays it out: one file per tag,
 //     DIR/<tag with '/' and ' ' replaced by '_'>.csv ("train/loss" -> train_loss.csv), header
 //     "step,<tag>", then one "step,value" row per Record call that carries the tag. Appended; the
-//     header is written only when the file is new or empty.
+//     header is written only when the file is new or empty. The files of the tags in
+//     MetricsOptions::csv_tags are opened by Create; any other tag's with its first value.
+// A file the writer created that holds no record when it is destroyed (a run refused or stopped
+// before its first record; a tag that never got a value) is removed, with the directories it
+// created for it that are left empty: a run that recorded nothing leaves nothing behind.
 // Every sink is flushed to the kernel (fflush, not fsync) at the end of each Record call, so a
 // crash of the process loses nothing recorded and a live run is visible while it trains.
 //
@@ -55,6 +59,9 @@ struct MetricsOptions {
   std::string tensorboard_dir;  // empty: no event file; created (with parents) if missing
   std::string jsonl_path;       // empty: no JSON lines; its directory must exist
   std::string csv_dir;          // empty: no CSV; created (with parents) if missing
+  // Tags whose CSV files Create opens (so that a file that cannot be written, a directory in its
+  // place, fails before training); ignored without csv_dir.
+  std::vector<std::string> csv_tags;
   // Clock and identity for the event file's name; 0 / empty = now, gethostname(), getpid().
   // (Tests set them to get a predictable name.)
   int64_t file_unix_seconds = 0;
@@ -71,9 +78,11 @@ struct Scalar {
 class MetricsWriter {
  public:
   // Creates the directories and opens every sink that `options` names (writing the event file's
-  // file_version record), so that a bad path fails here, before training. All paths empty: a
-  // writer whose Record does nothing.
+  // file_version record) and the CSV files of options.csv_tags, so that a bad path fails here,
+  // before training. All paths empty: a writer whose Record does nothing. On an error what it
+  // created is removed again.
   static StatusOr<std::unique_ptr<MetricsWriter>> Create(const MetricsOptions& options);
+  // Closes the sinks and removes the files it created that hold no record (see above).
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;
@@ -94,13 +103,24 @@ class MetricsWriter {
 
   explicit MetricsWriter(const MetricsOptions& options) : options_(options) {}
   Status WriteEvent(std::string_view serialized_event);
+  Status OpenCsv(const std::string& tag);
   Status WriteCsv(int64_t step, const Scalar& scalar);
+  // Records `path` (a file or a directory this writer is about to create) for the destructor.
+  void WillCreate(const std::string& path, bool is_directory);
 
   MetricsOptions options_;
   std::string event_path_;
   File events_;
   File jsonl_;
-  std::map<std::string, File> csv_files_;  // by tag, opened on a tag's first value
+  struct CsvFile {
+    File file;
+    bool header_due = false;  // new or empty: "step,<tag>" goes before the first row
+  };
+  std::map<std::string, CsvFile> csv_files_;  // by tag, opened by Create or with a first value
+  bool recorded_ = false;                     // a Record call has written every sink
+  // What this writer created, in order: removed in reverse by the destructor when it holds no
+  // record (a file still empty, or the event file when nothing was recorded; a directory empty).
+  std::vector<std::pair<std::string, bool>> created_;  // path, is a directory
 };
 
 // Turns what the training loop already keeps (the step's result, running totals of the engine's
@@ -147,6 +167,9 @@ class TrainMetrics {
   // After a checkpoint (and the Flush before it): the bytes moved since the last record are
   // skipped, as an evaluation's are, not charged to the next step.
   void SkipBytes(const engine::EngineCounters& counters) { last_.counters = counters; }
+
+  // The tags RecordStep writes before its `extra` scalars, in order (train/loss ... time/step).
+  static std::vector<std::string> StepTags();
 
   // The scalars RecordStep would write (for tests).
   static std::vector<Scalar> StepScalars(const engine::StepResult& result, double lr,

@@ -337,15 +337,31 @@ StatusOr<engine::PreferenceMetrics> PreferenceTraining::Evaluate(engine::Engine&
   return sum.Means(options_.nll_alpha);
 }
 
-std::vector<Scalar> PreferenceTraining::Scalars(std::string_view prefix,
-                                                const engine::PreferenceMetrics& m) const {
+namespace {
+
+std::vector<Scalar> ScalarsOf(std::string_view prefix, const engine::PreferenceMetrics& m,
+                              const engine::PreferenceOptions& options) {
   const std::string p(prefix);
   std::vector<Scalar> s = {
       {p + "rewards/chosen", m.rewards_chosen},       {p + "rewards/rejected", m.rewards_rejected},
       {p + "rewards/accuracies", m.rewards_accuracy}, {p + "rewards/margins", m.rewards_margin},
       {p + "logps/chosen", m.logps_chosen},           {p + "logps/rejected", m.logps_rejected}};
-  if (options_.nll_alpha > 0) s.push_back({p + "nll_loss", m.nll_loss});
+  if (options.nll_alpha > 0) s.push_back({p + "nll_loss", m.nll_loss});
   return s;
+}
+
+}  // namespace
+
+std::vector<Scalar> PreferenceTraining::Scalars(std::string_view prefix,
+                                                const engine::PreferenceMetrics& m) const {
+  return ScalarsOf(prefix, m, options_);
+}
+
+std::vector<std::string> PreferenceTraining::Tags(std::string_view prefix,
+                                                  const engine::PreferenceOptions& options) {
+  std::vector<std::string> tags;
+  for (Scalar& s : ScalarsOf(prefix, {}, options)) tags.push_back(std::move(s.tag));
+  return tags;
 }
 
 std::string PreferenceTraining::MetricsLine(const engine::PreferenceMetrics& m) const {

@@ -90,6 +90,9 @@ class PreferenceTraining {
   // rewards/accuracies, rewards/margins, logps/chosen, logps/rejected, and nll_loss where the
   // NLL term is on (options' nll_alpha > 0).
   std::vector<Scalar> Scalars(std::string_view prefix, const engine::PreferenceMetrics& m) const;
+  // The tags of Scalars under `prefix` for a run with these options, in its order.
+  static std::vector<std::string> Tags(std::string_view prefix,
+                                       const engine::PreferenceOptions& options);
   // "acc 0.75 margin 0.123" for the progress line.
   static std::string Summary(const engine::PreferenceMetrics& m);
   // "rewards/accuracies 0.9500 | rewards/margins ... | logps/rejected -1.2345" (and " | nll_loss

@@ -732,7 +732,19 @@ Status RunTrainRanks(const TrainFlags& flags, comm::Communicator* world) {
   if (!flags.machine.empty()) {
     STRATA_ASSIGN_OR_RETURN(machine, engine::ReadMachineProfile(flags.machine));
   }
-  // Opened before the model is built, so that a bad metrics path fails at once.
+  // Opened before the model is built, so that a bad metrics path fails at once: the CSV files too
+  // of the tags every step and every validation records.
+  if (!o.metrics.csv_dir.empty()) {
+    const auto add = [&](const std::vector<std::string>& tags) {
+      o.metrics.csv_tags.insert(o.metrics.csv_tags.end(), tags.begin(), tags.end());
+    };
+    add(TrainMetrics::StepTags());
+    if (o.preference) add(PreferenceTraining::Tags("train/", *o.preference));
+    if (o.loop.eval_every > 0) {
+      add({"val/loss"});
+      if (o.preference) add(PreferenceTraining::Tags("val/", *o.preference));
+    }
+  }
   STRATA_ASSIGN_OR_RETURN(auto metrics_writer, MetricsWriter::Create(o.metrics));
   STRATA_ASSIGN_OR_RETURN(TrainInputs in, OpenModelAndData(o));
   if (in.precision_auto) {

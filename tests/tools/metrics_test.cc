@@ -383,6 +383,72 @@ TEST_F(MetricsFiles, UnusablePathsFailAtCreateNamingTheFlagAndThePath) {
   }
 }
 
+// What a writer made and never recorded into goes when it does: a run refused or stopped before
+// its first step leaves no empty JSONL file, no header-only event file and no empty CSV files,
+// nor the directories made for them. What was there before stays.
+TEST_F(MetricsFiles, AWriterThatRecordedNothingLeavesNothingItMade) {
+  MetricsOptions o = Options();
+  o.csv_tags = {"train/loss", "val/loss"};
+  {
+    auto w = MetricsWriter::Create(o);
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    EXPECT_TRUE(fs::exists((*w)->event_file()));
+    EXPECT_TRUE(fs::exists(dir_ / "metrics.jsonl"));
+    EXPECT_TRUE(fs::exists(dir_ / "csv" / "job" / "val_loss.csv"));
+  }
+  EXPECT_TRUE(fs::is_empty(dir_));
+
+  // Kept: an earlier run's JSONL and CSV files (even empty ones) and the directories it made.
+  fs::create_directories(dir_ / "csv" / "job");
+  std::ofstream(dir_ / "metrics.jsonl") << "{\"step\":1}\n";
+  std::ofstream(dir_ / "csv" / "job" / "val_loss.csv");
+  {
+    auto w = MetricsWriter::Create(o);
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+  }
+  EXPECT_EQ(ReadFile(dir_ / "metrics.jsonl"), "{\"step\":1}\n");
+  EXPECT_TRUE(fs::exists(dir_ / "csv" / "job" / "val_loss.csv"));
+  EXPECT_FALSE(fs::exists(dir_ / "csv" / "job" / "train_loss.csv"));
+  EXPECT_FALSE(fs::exists(dir_ / "tb"));
+}
+
+// A writer that recorded keeps its event file and the CSV files of the tags that got values; a
+// tag opened by Create that never got one leaves no header-only file.
+TEST_F(MetricsFiles, ATagOpenedAtCreateGetsItsHeaderWithItsFirstValue) {
+  MetricsOptions o = Options();
+  o.csv_tags = {"train/loss", "val/loss"};
+  std::string event_file;
+  {
+    auto w = MetricsWriter::Create(o);
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    EXPECT_EQ(ReadFile(dir_ / "csv" / "job" / "train_loss.csv"), "");
+    const Scalar loss{"train/loss", 3.0};
+    ASSERT_TRUE((*w)->Record(1, 1.7e9, std::span(&loss, 1)).ok());
+    event_file = (*w)->event_file();
+  }
+  EXPECT_EQ(ReadFile(dir_ / "csv" / "job" / "train_loss.csv"), "step,train/loss\n1,3\n");
+  EXPECT_FALSE(fs::exists(dir_ / "csv" / "job" / "val_loss.csv"));
+  EXPECT_EQ(ReadRecords(ReadFile(event_file)).size(), 2u);
+  EXPECT_EQ(Lines(ReadFile(dir_ / "metrics.jsonl")).size(), 1u);
+}
+
+// A tag's CSV file that cannot be opened fails at Create, naming it, and the sinks Create had
+// made are removed again.
+TEST_F(MetricsFiles, ATagsCsvFileThatCannotBeOpenedFailsAtCreate) {
+  MetricsOptions o = Options();
+  o.csv_tags = {"train/loss", "val/loss"};
+  fs::create_directories(dir_ / "csv" / "job" / "val_loss.csv");
+  auto w = MetricsWriter::Create(o);
+  ASSERT_FALSE(w.ok());
+  const std::string path = (dir_ / "csv" / "job" / "val_loss.csv").string();
+  EXPECT_EQ(w.status().message().rfind("--metrics-csv-dir: cannot open '" + path + "'", 0), 0u)
+      << w.status().ToString();
+  EXPECT_FALSE(fs::exists(dir_ / "metrics.jsonl"));
+  EXPECT_FALSE(fs::exists(dir_ / "tb"));
+  EXPECT_FALSE(fs::exists(dir_ / "csv" / "job" / "train_loss.csv"));
+  EXPECT_TRUE(fs::is_directory(path));
+}
+
 TEST(TrainMetrics, StepScalarsAreTheDifferencesOfTheRunningTotals) {
   TrainMetrics::Totals before, after;
   before.counters = {

@@ -167,4 +167,36 @@ TEST_F(RunDestinationsCliTest, MetricsCsvDirUnderAFileFailsBeforeStepOne) {
   ExpectFailsBeforeStepOne("--metrics-csv-dir " + Path("file/csv"), "--metrics-csv-dir");
 }
 
+// A run refused after the metrics sinks are opened (here by its --summary-json) leaves none of
+// them behind: an empty JSONL file and an event file holding only its header stayed, and the
+// directories made for them.
+TEST_F(RunDestinationsCliTest, ARunRefusedAfterItsMetricsOpenedLeavesNoMetricsFiles) {
+  ExpectFailsBeforeStepOne("--metrics-jsonl " + Path("m.jsonl") + " --tensorboard-dir " +
+                               Path("tb/run") + " --metrics-csv-dir " + Path("csv/run") +
+                               " --summary-json " + Path("missing/run.json"),
+                           "--summary-json");
+  EXPECT_FALSE(fs::exists(Path("m.jsonl")));
+  EXPECT_FALSE(fs::exists(Path("tb")));
+  EXPECT_FALSE(fs::exists(Path("csv")));
+}
+
+// A CSV file a step would write that cannot be opened (a directory in its place) fails before the
+// first step, not at its first value after minutes of setup.
+TEST_F(RunDestinationsCliTest, ACsvTagFileThatCannotBeOpenedFailsBeforeStepOne) {
+  fs::create_directories(Path("csv/train_grad_norm.csv"));
+  ExpectFailsBeforeStepOne("--metrics-csv-dir " + Path("csv"),
+                           "--metrics-csv-dir: cannot open '" + Path("csv/train_grad_norm.csv"));
+  EXPECT_EQ(std::distance(fs::directory_iterator(Path("csv")), fs::directory_iterator()), 1);
+}
+
+// A run that records keeps its files; a tag never recorded (validation, with --eval-every 0)
+// leaves no empty CSV file.
+TEST_F(RunDestinationsCliTest, ARunKeepsTheCsvFilesOfTheTagsItRecorded) {
+  const Result r = RunStrata(Tiny() + "--nvme-path " + dir_.string() + " --eval-every 0 " +
+                             "--metrics-csv-dir " + Path("csv"));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(ReadFile(Path("csv/train_loss.csv")).substr(0, 16), "step,train/loss\n");
+  EXPECT_FALSE(fs::exists(Path("csv/val_loss.csv")));
+}
+
 }  // namespace
