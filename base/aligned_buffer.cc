@@ -7,6 +7,7 @@
 #include <cstring>
 #include <utility>
 
+#include "base/exceptions.h"
 #include "base/units.h"
 
 namespace strata {
@@ -22,8 +23,9 @@ StatusOr<AlignedBuffer> AlignedBuffer::Allocate(size_t size_bytes, size_t alignm
     void* m =
         mmap(nullptr, b.size_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED) {
-      return ResourceExhaustedError(
-          fmt::format("could not allocate {} of host memory", FormatBytes(b.size_bytes_)));
+      return ResourceExhaustedError(fmt::format("could not allocate {} of host memory{}",
+                                                FormatBytes(b.size_bytes_),
+                                                ProcessLimitsNote(/*threads=*/false)));
     }
     b.data_ = static_cast<std::byte*>(m);
     b.mapped_ = true;
@@ -31,8 +33,9 @@ StatusOr<AlignedBuffer> AlignedBuffer::Allocate(size_t size_bytes, size_t alignm
   }
   void* p = std::aligned_alloc(alignment, b.size_bytes_);
   if (p == nullptr) {
-    return ResourceExhaustedError(
-        fmt::format("could not allocate {} of host memory", FormatBytes(b.size_bytes_)));
+    return ResourceExhaustedError(fmt::format("could not allocate {} of host memory{}",
+                                              FormatBytes(b.size_bytes_),
+                                              ProcessLimitsNote(/*threads=*/false)));
   }
   std::memset(p, 0, b.size_bytes_);
   b.data_ = static_cast<std::byte*>(p);

@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "base/exceptions.h"
+
 namespace strata::engine {
 
 WorkQueue::WorkQueue(std::string name) : name_(std::move(name)) {
@@ -59,7 +61,8 @@ void WorkQueue::Run() {
       skip = !error_.ok();
     }
     // Run outside the lock: tasks do I/O and wait on other queues.
-    Status s = skip ? Status::Ok() : fn();
+    // A throw (std::bad_alloc) fails the queue as an error would, not the process.
+    Status s = skip ? Status::Ok() : CallCatchingExceptions(name_, fn);
     fn = nullptr;  // release captures before completing
     {
       std::lock_guard<std::mutex> lock(mu_);

@@ -9,6 +9,7 @@
 #include <new>
 #include <string>
 
+#include "base/exceptions.h"
 #include "base/logging.h"
 #include "base/untrusted_text.h"
 #include "tools/doctor_command.h"
@@ -149,10 +150,11 @@ int main(int argc, char** argv) {
     if (tokenize_cmd->parsed()) status = strata::tools::RunTokenize(tokenize);
     if (eval_cmd->parsed()) status = strata::tools::RunEval(eval);
     if (generate_cmd->parsed()) status = strata::tools::RunGenerate(generate);
-  } catch (const std::bad_alloc&) {
-    return Fail("out of memory (an allocation failed; nothing more is known of where)");
-  } catch (const std::exception& e) {
-    return Fail(fmt::format("internal error: {}", strata::Excerpt(e.what(), 300)));
+  } catch (...) {
+    // Where it was thrown is not known here; what it was is, and a process limit that may be why.
+    const strata::Status s = strata::StatusOfException(std::current_exception(), "");
+    const std::string message = strata::Excerpt(s.message(), 400);
+    return Fail(s.code() == strata::StatusCode::kInternal ? "internal error: " + message : message);
   }
   if (status.code() == strata::StatusCode::kCancelled && strata::tools::StopSignal() != 0) {
     std::fprintf(stderr, "strata: %s\n", status.message().c_str());

@@ -767,6 +767,7 @@ Status RunTrainRanks(const TrainFlags& flags, comm::Communicator* world) {
   // summary and trace: made or refused before the work.
   STRATA_RETURN_IF_ERROR(
       CheckDeviceBudgetFits(*device.device, choice.plan, o.automatic.device_budget));
+  STRATA_RETURN_IF_ERROR(CheckPlanFitsAddressSpace(device.device->kind(), choice.plan));
   STRATA_RETURN_IF_ERROR(PrepareRunDestinations(o.flags, choice.plan));
   o.engine.init_progress = InitProgressLines();
   // From here a signal stops the run between blocks or steps (tools/checkpoint_commands.h): the

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "base/dtype.h"
+#include "base/exceptions.h"
 #include "base/units.h"
 #include "engine/checkpoint.h"
 #include "io/io_backend.h"
@@ -440,6 +441,23 @@ Status CheckDeviceBudgetFits(gpu::Device& device, const engine::Plan& plan, bool
       budget_auto ? "--device-budget auto planned" : "--device-budget is", gib(asked), gib(usable),
       gpu::DeviceKindName(device.kind()), gib(m.total_bytes), beside,
       std::floor(gib(usable) * 100) / 100));
+}
+
+Status CheckPlanFitsAddressSpace(gpu::DeviceKind kind, const engine::Plan& plan) {
+  const uint64_t limit = AddressSpaceLimitBytes();
+  if (limit == 0) return Status::Ok();
+  const bool arena = kind == gpu::DeviceKind::kHost;
+  const uint64_t needed =
+      plan.host_bytes + plan.pinned_bytes + (arena ? plan.device_budget_bytes : 0);
+  if (needed <= limit) return Status::Ok();
+  return ResourceExhaustedError(fmt::format(
+      "the plan needs {} of host memory ({} host, {} pinned{}), more than the {} this process's "
+      "address space is limited to (ulimit -v): raise the limit or plan a smaller run",
+      FormatBytes(needed), FormatBytes(plan.host_bytes), FormatBytes(plan.pinned_bytes),
+      arena ? fmt::format(", {} device arena of the host backend",
+                          FormatBytes(plan.device_budget_bytes))
+            : std::string(),
+      FormatBytes(limit)));
 }
 
 StatusOr<TrainDevice> CreateTrainDevice(comm::Communicator* world, trace::TraceRecorder* trace,

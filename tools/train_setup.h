@@ -137,4 +137,11 @@ StatusOr<TrainDevice> CreateTrainDevice(comm::Communicator* world, trace::TraceR
 // and the free memory in GiB; the memory query's error.
 Status CheckDeviceBudgetFits(gpu::Device& device, const engine::Plan& plan, bool budget_auto);
 
+// Before Engine::Create: the plan's host memory (host_bytes + pinned_bytes, and on the host
+// backend, whose device memory is host memory, the device arena too) against the address space
+// this process may map (RLIMIT_AS, `ulimit -v`; none: nothing to check). A run that could not
+// even allocate its plan is refused here, before it prints its first step's allocations fail.
+// Errors: kResourceExhausted, one line with both sizes.
+Status CheckPlanFitsAddressSpace(gpu::DeviceKind kind, const engine::Plan& plan);
+
 }  // namespace strata::tools

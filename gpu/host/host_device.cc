@@ -16,6 +16,7 @@
 
 #include "base/cpu_info.h"
 #include "base/dtype.h"
+#include "base/exceptions.h"
 #include "base/thread_annotations.h"
 #include "base/trace.h"
 #include "base/units.h"
@@ -262,7 +263,8 @@ class HostStream final : public Stream {
         std::this_thread::sleep_for(std::chrono::microseconds(us(delay_rng_)));
       }
       const int64_t begin_ns = trace_ && w.name ? trace_->NowNs() : 0;
-      Status s = w.fn();
+      // A throw (std::bad_alloc in a kernel's scratch) fails the stream as an error would.
+      Status s = CallCatchingExceptions("", w.fn);
       if (trace_ && w.name) trace_->Record(track_, w.name, w.category, begin_ns, trace_->NowNs());
       {
         std::lock_guard<std::mutex> lock(mu_);

@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <thread>
 #include <vector>
 
@@ -48,6 +49,16 @@ TEST(WorkQueue, AnErrorIsStickyAndLaterTasksAreSkipped) {
   EXPECT_EQ(ran.load(), 1);  // the task after the failure did not run
   EXPECT_TRUE(q.Done(failing));
   EXPECT_EQ(q.Drain().code(), StatusCode::kDataLoss);
+}
+
+// A task that throws fails the queue as an error would, naming the queue, instead of ending the
+// process in std::terminate on the worker thread.
+TEST(WorkQueue, ATaskThatThrowsIsAnError) {
+  WorkQueue q("optimizer");
+  const uint64_t t = q.Submit([]() -> Status { throw std::bad_alloc(); });
+  const Status s = q.WaitFor(t);
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(s.message().rfind("optimizer: out of host memory", 0), 0u) << s.message();
 }
 
 // Records which stage ran when, and checks that no two submissions hold one buffer at once.

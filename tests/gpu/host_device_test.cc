@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <new>
 #include <thread>
 #include <vector>
 
@@ -141,6 +142,21 @@ TEST(HostDevice, ErrorsAreStickyAndEventsStillComplete) {
   EXPECT_NE(st.message().find("kernel failed"), std::string::npos);
   EXPECT_EQ(ran, 0);
   EXPECT_EQ((*s)->Synchronize().code(), StatusCode::kInternal);
+}
+
+// A kernel whose scratch allocation throws (std::bad_alloc under ulimit -v) fails its stream as an
+// error would: on the worker thread the throw reached std::terminate, which aborted the process
+// and left the run's swap files behind.
+TEST(HostDevice, AKernelThatThrowsFailsItsStreamNotTheProcess) {
+  auto dev = CreateHostDevice({});
+  auto s = (*dev)->CreateStream("compute");
+  (*s)->SetWorkLabel("block 2 forward");
+  ASSERT_TRUE((*s)->LaunchHost([]() -> Status { throw std::bad_alloc(); }).ok());
+  const Status st = (*s)->Synchronize();
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(st.message().rfind("block 2 forward failed on stream 'compute': out of host memory", 0),
+            0u)
+      << st.message();
 }
 
 TEST(HostDevice, ConvertMatchesScalarConversionsIncludingInPlace) {

@@ -199,4 +199,21 @@ TEST_F(RunDestinationsCliTest, ARunKeepsTheCsvFilesOfTheTagsItRecorded) {
   EXPECT_FALSE(fs::exists(Path("csv/val_loss.csv")));
 }
 
+// A plan that needs more host memory than `ulimit -v` lets the process map is refused before the
+// engine allocates, with both sizes; out of memory later names the limit too.
+TEST_F(RunDestinationsCliTest, APlanLargerThanTheAddressSpaceLimitIsRefusedBeforeAllocating) {
+  const Result r = RunStrata(std::string("train --device host --data ") + STRATA_DATA +
+                                 " --model gpt2-124m --seq-len 16 --offload-optimizer host "
+                                 "--steps 1 --nvme-path " +
+                                 dir_.string(),
+                             "ulimit -v 1048576; ");
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_NE(r.err.find("of host memory ("), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("more than the 1.00 GiB this process's address space is limited to "
+                       "(ulimit -v)"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(Lines(r.err), 1) << r.err;
+}
+
 }  // namespace

@@ -18,11 +18,12 @@ struct Result {
   std::string err;  // stderr
 };
 
-// `args` go through the shell (`strata ARGS 2>tmpfile`): quote accordingly.
-inline Result RunStrata(const std::string& args) {
+// `args` go through the shell (`strata ARGS 2>tmpfile`): quote accordingly. `shell_prefix`, when
+// given, runs first in the same shell ("ulimit -v 1048576; ").
+inline Result RunStrata(const std::string& args, const std::string& shell_prefix = "") {
   const auto dir = std::filesystem::temp_directory_path();
   const std::string err_file = (dir / ("strata_cli_err_" + std::to_string(::getpid()))).string();
-  const std::string cmd = std::string(STRATA_BINARY) + " " + args + " 2>" + err_file;
+  const std::string cmd = shell_prefix + std::string(STRATA_BINARY) + " " + args + " 2>" + err_file;
   Result r{-1, "", ""};
   FILE* p = ::popen(cmd.c_str(), "r");
   if (!p) return r;
