@@ -69,6 +69,15 @@ std::string FormatBytes(uint64_t n) {
   return fmt::format("{} B", n);
 }
 
+std::string FormatBytesUp(uint64_t n) {
+  const double d = static_cast<double>(n);
+  const auto up = [](double x, double scale) { return std::ceil(x * scale) / scale; };
+  if (n >= kGiB) return fmt::format("{:.2f} GiB", up(d / kGiB, 100));
+  if (n >= kMiB) return fmt::format("{:.1f} MiB", up(d / kMiB, 10));
+  if (n >= kKiB) return fmt::format("{:.1f} KiB", up(d / kKiB, 10));
+  return fmt::format("{} B", n);
+}
+
 std::string FormatRate(double bps) {
   if (bps >= 1e9) return fmt::format("{:.2f} GB/s", bps / 1e9);
   if (bps >= 1e6) return fmt::format("{:.1f} MB/s", bps / 1e6);

@@ -23,6 +23,9 @@ StatusOr<uint64_t> ParseSize(std::string_view text);
 
 // "1.50 GiB", "312.0 MiB", "4.0 KiB", "512 B": binary units, for sizes of memory.
 std::string FormatBytes(uint64_t size_bytes);
+// FormatBytes rounded up at the digits it shows, for a size the user must give at least or a
+// shortfall ("raise to at least 57.0 MiB" rounded to nearest was 3.5 KiB short).
+std::string FormatBytesUp(uint64_t size_bytes);
 
 // "2.41 GB/s": decimal units for throughput.
 std::string FormatRate(double bytes_per_second);

@@ -168,9 +168,10 @@ SwapStore::~SwapStore() {
   }
 }
 
-std::vector<uint64_t> SwapStore::ShareBytes(uint64_t padded_bytes) const {
-  const uint64_t n = files_.size();
-  const uint64_t unit = options_.stripe_unit_bytes;
+std::vector<uint64_t> SwapStore::StripeShareBytes(uint64_t padded_bytes, size_t num_files,
+                                                  uint64_t stripe_unit_bytes) {
+  const uint64_t n = num_files;
+  const uint64_t unit = stripe_unit_bytes;
   const uint64_t full_units = padded_bytes / unit;
   const uint64_t tail_bytes = padded_bytes % unit;
   std::vector<uint64_t> share(n);

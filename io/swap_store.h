@@ -78,6 +78,12 @@ class SwapStore {
   // AlignUp(size_bytes, 4096): the bytes an extent of size_bytes occupies and a buffer must hold.
   static uint64_t PaddedSize(uint64_t size_bytes);
 
+  // The bytes of an extent occupying `padded_bytes` that land in each of `num_files` swap files
+  // striped in units of `stripe_unit_bytes` (unit k in file k % num_files; the last, partial unit
+  // too): what Allocate preallocates in each. Pure; num_files and stripe_unit_bytes must be > 0.
+  static std::vector<uint64_t> StripeShareBytes(uint64_t padded_bytes, size_t num_files,
+                                                uint64_t stripe_unit_bytes);
+
   // Writes / reads a whole extent. buf.data() must be 4096-aligned and buf.size() at least
   // PaddedSize(extent size), else kInvalidArgument; only the first size_bytes are meaningful (the
   // padding is written from / read into the buffer as is). Blocks until the transfer completed.
@@ -147,8 +153,10 @@ class SwapStore {
 
   SwapStore(IoBackend* backend, SwapStoreOptions options);
   Status OpenDir(size_t index, const std::string& parent_dir);
-  // Bytes of a padded extent that land in each file.
-  std::vector<uint64_t> ShareBytes(uint64_t padded_bytes) const;
+  // Bytes of a padded extent that land in each file (StripeShareBytes with this store's files).
+  std::vector<uint64_t> ShareBytes(uint64_t padded_bytes) const {
+    return StripeShareBytes(padded_bytes, files_.size(), options_.stripe_unit_bytes);
+  }
   std::vector<Run> Runs(const std::vector<uint64_t>& file_offset_bytes,
                         uint64_t padded_bytes) const;
   Status Reserve(std::string_view name, const std::vector<uint64_t>& file_offset_bytes,

@@ -22,6 +22,7 @@
 #include "tools/model_spec.h"
 #include "tools/optimizer_flags.h"
 #include "tools/option_flags.h"
+#include "tools/run_destinations.h"
 #include "tools/step_prediction.h"
 #include "tools/train_setup.h"
 
@@ -263,6 +264,9 @@ StatusOr<EstimateSetup> MakeEstimateSetup(const EstimateFlags& f,
   }
   STRATA_ASSIGN_OR_RETURN(e.choice,
                           ChooseTrainPlan(*e.model, e.spec, profile, &e.options, /*compare=*/true));
+  // The planner checks the paths' free space summed; the swap store stripes each extent over
+  // them, so each path must hold its own share (as strata train checks before it allocates).
+  STRATA_RETURN_IF_ERROR(CheckNvmePathsHoldThePlan(f.nvme_paths, e.choice.plan));
   return e;
 }
 

@@ -14,6 +14,7 @@
 #include "base/file.h"
 #include "base/units.h"
 #include "engine/checkpoint.h"
+#include "io/swap_store.h"
 
 namespace strata::tools {
 
@@ -154,6 +155,61 @@ uint64_t CheckpointBytes(const engine::Plan& plan) {
   return params * (4 + SizeOf(plan.precision)) + plan.optimizer_state_bytes;
 }
 
+Status CheckNvmePathsHoldThePlan(const std::vector<std::string>& paths, const engine::Plan& plan) {
+  if (paths.empty() || plan.nvme_bytes == 0) return Status::Ok();
+  const io::SwapStoreOptions defaults;  // the engine's stripe unit
+  std::vector<uint64_t> per_path(paths.size(), 0);
+  for (uint64_t extent : plan.nvme_extent_bytes) {
+    const std::vector<uint64_t> share =
+        io::SwapStore::StripeShareBytes(extent, paths.size(), defaults.stripe_unit_bytes);
+    for (size_t j = 0; j < paths.size(); ++j) per_path[j] += share[j];
+  }
+  struct FileSystem {
+    dev_t device;
+    std::vector<std::string> paths;
+    uint64_t need_bytes = 0;
+    uint64_t free_bytes = 0;
+  };
+  std::vector<FileSystem> systems;
+  for (size_t j = 0; j < paths.size(); ++j) {
+    struct stat st {};
+    struct statvfs vfs {};
+    if (::stat(paths[j].c_str(), &st) != 0 || ::statvfs(paths[j].c_str(), &vfs) != 0) {
+      return ErrnoToStatus(errno, fmt::format("--nvme-path '{}'", paths[j]));
+    }
+    auto it = std::find_if(systems.begin(), systems.end(),
+                           [&](const FileSystem& f) { return f.device == st.st_dev; });
+    if (it == systems.end()) {
+      systems.push_back(
+          {st.st_dev,
+           {},
+           0,
+           static_cast<uint64_t>(vfs.f_bavail) * static_cast<uint64_t>(vfs.f_frsize)});
+      it = systems.end() - 1;
+    }
+    it->paths.push_back(paths[j]);
+    it->need_bytes += per_path[j];
+  }
+  for (const FileSystem& f : systems) {
+    if (f.need_bytes <= f.free_bytes) continue;
+    std::string names;
+    for (const std::string& p : f.paths)
+      names += fmt::format("{}'{}'", names.empty() ? "" : ", ", p);
+    const std::string where = f.paths.size() == 1 ? "--nvme-path " + names
+                                                  : "--nvme-path " + names + " (one file system)";
+    const std::string what =
+        paths.size() == 1
+            ? fmt::format("the plan swaps {} there", FormatBytes(f.need_bytes))
+            : fmt::format("{} of the {} the plan swaps, striped over {} paths, land there",
+                          FormatBytes(f.need_bytes), FormatBytes(plan.nvme_bytes), paths.size());
+    return ResourceExhaustedError(fmt::format(
+        "{}: {}, but its file system has {} free ({} short): free space there{}", where, what,
+        FormatBytes(f.free_bytes), FormatBytesUp(f.need_bytes - f.free_bytes),
+        paths.size() == systems.size() ? " or add a --nvme-path on another drive" : ""));
+  }
+  return Status::Ok();
+}
+
 Status PrepareRunDestinations(const TrainFlags& flags, const engine::Plan& plan) {
   const std::string& save_dir = flags.checkpoint.save_dir;
   if (!save_dir.empty()) {
@@ -179,6 +235,8 @@ Status PrepareRunDestinations(const TrainFlags& flags, const engine::Plan& plan)
     for (const std::string& path : flags.nvme_paths) {
       STRATA_RETURN_IF_ERROR(MakeWritableDirectory("--nvme-path", path));
     }
+    STRATA_RETURN_IF_ERROR(CheckNvmePathsHoldThePlan(
+        flags.nvme_paths.empty() ? std::vector<std::string>{"."} : flags.nvme_paths, plan));
   }
   if (!flags.summary_json.empty()) {
     STRATA_RETURN_IF_ERROR(CheckWritableFile("--summary-json", flags.summary_json));

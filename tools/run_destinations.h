@@ -44,6 +44,14 @@ Status CheckWritableFile(std::string_view flag, const std::string& path);
 // optimizer's state, the working params), before the manifest's few KiB.
 uint64_t CheckpointBytes(const engine::Plan& plan);
 
+// The swap store's bytes on each NVMe path (`paths`: existing directories, in --nvme-path order)
+// against its file system's free space: the plan's extents (Plan::nvme_extent_bytes) striped
+// over the paths as the swap store stripes them (io::SwapStore::StripeShareBytes, 1 MiB units:
+// an extent smaller than one lands whole on the first path), the shares of paths on one file
+// system summed. Errors: kResourceExhausted, one line naming the path(s), what the plan swaps
+// there, the free space and the shortfall; ErrnoToStatus of stat/statvfs naming the path.
+Status CheckNvmePathsHoldThePlan(const std::vector<std::string>& paths, const engine::Plan& plan);
+
 // Everything `flags` (after TrainOptionsFromFlags: {rank} replaced, the outputs of ranks other
 // than 0 cleared) will write to, checked before the engine is created:
 //   --save-dir: MakeWritableDirectory (the directory itself 0700, as the checkpoint writer made
@@ -57,7 +65,7 @@ uint64_t CheckpointBytes(const engine::Plan& plan);
 //     "cannot list the directory"); and its file system has room for one checkpoint
 //     (CheckpointBytes; kResourceExhausted naming both sizes otherwise);
 //   --nvme-path (each; "." when none is given), when the plan keeps anything on NVMe:
-//     MakeWritableDirectory;
+//     MakeWritableDirectory, then CheckNvmePathsHoldThePlan;
 //   --summary-json, --trace: CheckWritableFile (their directories are not created).
 // Returns the first problem.
 Status PrepareRunDestinations(const TrainFlags& flags, const engine::Plan& plan);

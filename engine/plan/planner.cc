@@ -115,18 +115,6 @@ uint64_t Aligned(uint64_t n) { return AlignUp(n, gpu::DeviceArena::kAlignment); 
 // below io/ and states it; engine checkpoint_test checks the plan against the swap file).
 constexpr uint64_t kSwapExtentAlignment = 4096;
 
-// FormatBytes rounded up at the digits it shows, for a size the user is told to give at least
-// (FormatBytes rounds to nearest: "raise to at least 57.0 MiB" was 3.5 KiB short given as such).
-std::string FormatBytesUp(uint64_t n) {
-  constexpr double kKiB = 1024.0, kMiB = kKiB * 1024, kGiB = kMiB * 1024;
-  const double d = static_cast<double>(n);
-  const auto up = [](double x, double scale) { return std::ceil(x * scale) / scale; };
-  if (d >= kGiB) return fmt::format("{:.2f} GiB", up(d / kGiB, 100));
-  if (d >= kMiB) return fmt::format("{:.1f} MiB", up(d / kMiB, 10));
-  if (d >= kKiB) return fmt::format("{:.1f} KiB", up(d / kKiB, 10));
-  return fmt::format("{} B", n);
-}
-
 // A block's elements on the device: padded to whole partitions with ranks > 1.
 int64_t DeviceElems(const Model& model, int b, int ranks) {
   return PartitionOf(model.block_num_params(b), ranks, 0).padded_elems;
@@ -531,6 +519,7 @@ struct StateLayout {
   // Their state regions as extents of an NVMe optimizer home: each padded as the swap store pads
   // an extent (io::SwapStore::PaddedSize).
   uint64_t nvme_region_bytes = 0;
+  std::vector<uint64_t> nvme_region_extents;  // those extents, one per block
   // Blocks whose optimizer runs on the device: master weights, state and gradients there.
   uint64_t device_optimizer_bytes = 0;
 };
@@ -558,6 +547,9 @@ StateLayout LayOutOptimizerState(const PlanInputs& r, Plan* p) {
     s.rank_state_bytes += state.state_bytes();
     s.master_bytes += state.master_bytes;
     s.nvme_region_bytes += AlignUp(state.region_bytes, kSwapExtentAlignment);
+    if (state.region_bytes > 0) {
+      s.nvme_region_extents.push_back(AlignUp(state.region_bytes, kSwapExtentAlignment));
+    }
     s.max_region = std::max(s.max_region, state.region_bytes);
   }
   p->optimizer_name = OptimizerFlagName(r.optimizer.optimizer);
@@ -932,16 +924,22 @@ void SizeHostAndNvmeTiers(const PlanInputs& r, const StateLayout& s, Plan* p) {
   }
   // An NVMe home's extents, each padded as the swap store pads it (a plan that counted them
   // unpadded passed `strata estimate`'s free-space check and failed in `strata train`).
-  uint64_t params_w = 0;  // streamed blocks' working params
-  uint64_t frozen_w = 0;  // frozen chunks streamed from NVMe
-  for (int b = 0; b < n; ++b) {
-    if (!p->blocks[b].resident) params_w += AlignUp(HomeBlockBytes(*p, b), kSwapExtentAlignment);
-    if (!p->blocks[b].frozen_resident) {
-      frozen_w += AlignUp(FrozenChunkBytes(*p, b), kSwapExtentAlignment);
+  p->nvme_extent_bytes.clear();
+  if (o.param_home == ParamHome::kNvme) {
+    for (int b = 0; b < n; ++b) {
+      if (!p->blocks[b].resident && HomeBlockBytes(*p, b) > 0) {
+        p->nvme_extent_bytes.push_back(AlignUp(HomeBlockBytes(*p, b), kSwapExtentAlignment));
+      }
+      if (!p->blocks[b].frozen_resident && FrozenChunkBytes(*p, b) > 0) {
+        p->nvme_extent_bytes.push_back(AlignUp(FrozenChunkBytes(*p, b), kSwapExtentAlignment));
+      }
     }
   }
-  if (o.param_home == ParamHome::kNvme) p->nvme_bytes += params_w + frozen_w;
-  if (o.optimizer_home == OptimizerHome::kNvme) p->nvme_bytes += s.nvme_region_bytes;
+  if (o.optimizer_home == OptimizerHome::kNvme) {
+    p->nvme_extent_bytes.insert(p->nvme_extent_bytes.end(), s.nvme_region_extents.begin(),
+                                s.nvme_region_extents.end());
+  }
+  for (uint64_t e : p->nvme_extent_bytes) p->nvme_bytes += e;
   p->update_during_backward = o.update_during_backward;
   if (o.update_during_backward) {
     uint64_t all = 0;  // every CPU-optimized block's backup, each 64-byte aligned

@@ -247,6 +247,11 @@ struct Plan {
 
   // NVMe.
   uint64_t nvme_bytes = 0;  // swap store payload
+  // The extents that payload is made of (streamed params, frozen chunks, optimizer state regions),
+  // each padded as the swap store pads it; they sum to nvme_bytes. The swap store stripes each
+  // one over the NVMe paths on its own (io::SwapStore::StripeShareBytes), so what each path must
+  // hold depends on them, not on the sum alone.
+  std::vector<uint64_t> nvme_extent_bytes;
 
   // Optimizer.
   std::string optimizer_name;  // "adamw", "adamw8bit", ... (OptimizerFlagName)

@@ -37,5 +37,18 @@ TEST(FormatBytes, SaysWhichUnit) {
   EXPECT_EQ(FormatBytes(312 * kMiB), "312.0 MiB");
 }
 
+// FormatBytesUp never shows less than the size (a minimum the user must give); FormatBytes rounds
+// to nearest.
+TEST(FormatBytesUp, RoundsUpAtTheShownDigit) {
+  EXPECT_EQ(FormatBytes(57 * kMiB - 3584), "57.0 MiB");
+  EXPECT_EQ(FormatBytesUp(57 * kMiB - 3584), "57.0 MiB");
+  EXPECT_EQ(FormatBytesUp(57 * kMiB + 1), "57.1 MiB");
+  EXPECT_EQ(FormatBytes(57 * kMiB + 1), "57.0 MiB");
+  EXPECT_EQ(FormatBytesUp(kGiB), "1.00 GiB");
+  EXPECT_EQ(FormatBytesUp(kGiB + 1), "1.01 GiB");
+  EXPECT_EQ(FormatBytesUp(1023), "1023 B");
+  EXPECT_EQ(FormatBytesUp(1025), "1.1 KiB");
+}
+
 }  // namespace
 }  // namespace strata

@@ -20,6 +20,7 @@
 #include "formats/safetensors.h"
 #include "gpu/device.h"
 #include "io/fault_injection.h"
+#include "io/swap_store.h"
 #include "models/gpt.h"
 #include "tests/engine/engine_test_util.h"
 
@@ -252,6 +253,37 @@ TEST_F(CheckpointTest, ThePlansNvmeBytesAreTheSwapFilesSize) {
     EXPECT_GT(on_disk, 0u);
     EXPECT_EQ(e->plan().nvme_bytes, on_disk) << DTypeName(precision);
   }
+}
+
+// With two NVMe paths each swap file holds the plan's extents striped as
+// io::SwapStore::StripeShareBytes says (what `strata train` and `estimate` check each path's free
+// space against): an extent under one stripe unit lands whole on the first path, so the paths'
+// sums differ from half the total (estimate passed two drives a run then could not fill).
+TEST_F(CheckpointTest, EachSwapFileHoldsThePlansStripesOfItsExtents) {
+  EngineOptions o = Options(DType::kBF16, OptimizerHome::kNvme);
+  o.placement.nvme_paths = {(root_ / "swap").string(), (root_ / "swap2").string()};
+  fs::create_directories(root_ / "swap2");
+  auto e = MakeEngine(o);
+  ASSERT_NE(e, nullptr);
+  const Plan& plan = e->plan();
+  uint64_t sum = 0;
+  std::vector<uint64_t> expected(2, 0);
+  for (uint64_t extent : plan.nvme_extent_bytes) {
+    sum += extent;
+    const std::vector<uint64_t> share =
+        io::SwapStore::StripeShareBytes(extent, 2, io::SwapStoreOptions{}.stripe_unit_bytes);
+    expected[0] += share[0];
+    expected[1] += share[1];
+  }
+  EXPECT_EQ(sum, plan.nvme_bytes);
+  for (int j = 0; j < 2; ++j) {
+    uint64_t on_disk = 0;
+    for (const auto& f : fs::recursive_directory_iterator(o.placement.nvme_paths[j])) {
+      if (f.is_regular_file()) on_disk += fs::file_size(f.path());
+    }
+    EXPECT_EQ(on_disk, expected[j]) << "path " << j;
+  }
+  EXPECT_NE(expected[0], expected[1]);
 }
 
 // EngineOptions::cancel_requested (strata train's SIGINT/SIGTERM): a cancelled Create leaves no

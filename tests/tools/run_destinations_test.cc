@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -14,6 +15,9 @@
 #include <initializer_list>
 #include <iterator>
 #include <string>
+
+#include "base/units.h"
+#include "engine/engine.h"
 
 namespace strata::tools {
 namespace {
@@ -230,6 +234,42 @@ TEST_F(RunDestinationsTest, OnlyRankZeroRefusesASaveDirHoldingARun) {
   EXPECT_EQ(PrepareRunDestinations(flags, plan).code(), StatusCode::kAlreadyExists);
   plan.rank = 1;
   EXPECT_TRUE(PrepareRunDestinations(flags, plan).ok());
+}
+
+// Each NVMe path against its share of the plan's extents as the swap store stripes them: a plan
+// this file system holds passes; one it cannot is refused naming the path, the share and the
+// shortfall; two paths on one file system count together.
+TEST_F(RunDestinationsTest, NvmePathsAreCheckedForTheirStripesOfThePlansExtents) {
+  struct statvfs vfs {};
+  ASSERT_EQ(::statvfs(dir_.c_str(), &vfs), 0);
+  const uint64_t free = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+  fs::create_directories(Path("n1"));
+  fs::create_directories(Path("n2"));
+  engine::Plan plan;
+  plan.nvme_extent_bytes = {4096, 8192};
+  plan.nvme_bytes = 12288;
+  EXPECT_TRUE(CheckNvmePathsHoldThePlan({Path("n1")}, plan).ok());
+  EXPECT_TRUE(CheckNvmePathsHoldThePlan({Path("n1"), Path("n2")}, plan).ok());
+
+  // Twice the free space, in 1 MiB stripes over two paths of one file system: refused as one.
+  const uint64_t big = (free / (1 << 20) + 1) * 2 * (1 << 20);
+  plan.nvme_extent_bytes = {big};
+  plan.nvme_bytes = big;
+  const Status one = CheckNvmePathsHoldThePlan({Path("n1")}, plan);
+  EXPECT_EQ(one.code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(one.message().rfind("--nvme-path '" + Path("n1") + "': the plan swaps " +
+                                    FormatBytes(big) + " there, but its file system has ",
+                                0),
+            0u)
+      << one.message();
+  EXPECT_NE(one.message().find("or add a --nvme-path on another drive"), std::string::npos);
+  const Status two = CheckNvmePathsHoldThePlan({Path("n1"), Path("n2")}, plan);
+  EXPECT_EQ(two.code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(two.message().rfind(
+                "--nvme-path '" + Path("n1") + "', '" + Path("n2") + "' (one file system): ", 0),
+            0u)
+      << two.message();
+  EXPECT_EQ(two.message().find("another drive"), std::string::npos) << two.message();
 }
 
 }  // namespace
