@@ -34,6 +34,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "base/dtype.h"
 #include "base/status.h"
@@ -121,5 +122,9 @@ StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(Communicator& boo
 // on every rank: kInvalidArgument "the configuration of rank R differs from rank 0's (WHAT):
 // launch every rank with the same flags and files". Collective.
 Status CheckSameOnAllRanks(Communicator& comm, std::string_view what, std::string_view text);
+// As above for named items (a flag and its value each, the same names in the same order on every
+// rank): the message names the first item that differs, "(WHAT: --lr)". Collective.
+Status CheckSameOnAllRanks(Communicator& comm, std::string_view what,
+                           std::span<const std::pair<std::string, std::string>> items);
 
 }  // namespace strata::comm

@@ -88,4 +88,42 @@ Status CheckSameOnAllRanks(Communicator& comm, std::string_view what, std::strin
   return Status::Ok();
 }
 
+Status CheckSameOnAllRanks(Communicator& comm, std::string_view what,
+                           std::span<const std::pair<std::string, std::string>> items) {
+  const int n = comm.world_size();
+  if (n == 1) return Status::Ok();
+  // One hash per item, the count first (a rank of another build may list other items).
+  std::vector<uint64_t> mine = {items.size()};
+  for (const auto& [name, value] : items) {
+    mine.push_back(XXH3_64bits(name.data(), name.size()) ^
+                   XXH3_64bits(value.data(), value.size()) * 0x9E3779B97F4A7C15ull);
+  }
+  std::vector<uint64_t> counts(n);
+  const uint64_t count = mine.size();
+  STRATA_RETURN_IF_ERROR(comm.AllGatherBytes(std::as_bytes(std::span(&count, 1)),
+                                             std::as_writable_bytes(std::span(counts))));
+  for (int r = 1; r < n; ++r) {
+    if (counts[r] != counts[0]) {
+      return InvalidArgumentError(fmt::format(
+          "the configuration of rank {} differs from rank 0's ({}; another build of strata?): "
+          "launch every rank with the same strata, flags and files",
+          r, what));
+    }
+  }
+  std::vector<uint64_t> all(static_cast<size_t>(n) * mine.size());
+  STRATA_RETURN_IF_ERROR(
+      comm.AllGatherBytes(std::as_bytes(std::span(mine)), std::as_writable_bytes(std::span(all))));
+  for (int r = 1; r < n; ++r) {
+    for (size_t i = 1; i < mine.size(); ++i) {
+      if (all[r * mine.size() + i] != all[i]) {
+        return InvalidArgumentError(fmt::format(
+            "the configuration of rank {} differs from rank 0's ({}: {}): launch every rank with "
+            "the same flags and files",
+            r, what, items[i - 1].first));
+      }
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace strata::comm

@@ -35,6 +35,7 @@ namespace strata::tools {
 namespace {
 
 volatile std::sig_atomic_t g_stop_signal = 0;
+std::atomic<bool> g_stop_agreed{false};  // AdoptStopSignal's
 
 void OnStopSignal(int sig) { g_stop_signal = sig; }
 
@@ -72,6 +73,14 @@ void InstallStopSignalHandlers() {
 }
 
 int StopSignal() { return g_stop_signal; }
+
+void AdoptStopSignal(int sig) {
+  if (sig == 0) return;
+  if (g_stop_signal == 0) g_stop_signal = sig;
+  g_stop_agreed = true;
+}
+
+bool StopSignalAgreed() { return g_stop_agreed; }
 
 Status StoppedBeforeTheFirstStep(Status s) {
   if (s.code() != StatusCode::kCancelled || StopSignal() == 0) return s;

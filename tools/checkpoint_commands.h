@@ -30,6 +30,13 @@ void AddCheckpointFlags(CLI::App& cmd, CheckpointFlags& f);
 void InstallStopSignalHandlers();
 // The signal that asked to stop (SIGINT, SIGTERM), or 0.
 int StopSignal();
+// Data parallelism: a signal may reach one rank only (kill of one process, not of mpirun). The
+// training loop all-reduces StopSignal() between steps; every rank then adopts the agreed signal
+// here, so that all of them save (--save-on-signal) and stop after the same step, and
+// StopSignalAgreed() says the job stops together (each rank ends with exit code 130/143, none
+// aborts the job). `sig` 0 does nothing.
+void AdoptStopSignal(int sig);
+bool StopSignalAgreed();
 // What a stop requested before the first step (a kCancelled `s` while StopSignal() is set) says
 // in the run's words: "stopped by signal N while <what s says>; no step ran". Any other status
 // as it is.

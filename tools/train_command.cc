@@ -403,19 +403,66 @@ namespace {
 
 // What every rank must agree on (CheckSameOnAllRanks): the flags that shape the model, the data,
 // the batch, the optimizer and the schedule.
-std::string RankConfiguration(const TrainFlags& f) {
-  return fmt::format(
-      "model={} model_dir={} data={} val={} tokenizer={} precision={} mb={} seq={} accum={} "
-      "global={} optimizer={} lr={} wd={} wd_all={} b1={} b2={} eps={} clip={} steps={} seed={} "
-      "schedule={} warmup={} params={} optim_home={} fp16={}/{}/{}/{} eval={} save={} resume={} "
-      "order={}",
-      f.model, f.model_dir, fmt::join(f.data, ","), fmt::join(f.val_data, ","), f.tokenizer,
-      f.precision, f.micro_batch_size, f.seq_len, f.grad_accum_steps, f.global_batch_size,
-      f.optimizer, f.lr, f.weight_decay, f.decay_norms_and_biases, f.adam_beta1.value_or(-1),
-      f.adam_beta2.value_or(-1), f.adam_eps.value_or(-1), f.grad_clip, f.steps, f.seed,
-      f.lr_schedule, f.warmup_steps, f.offload_params, f.offload_optimizer, f.fp16_initial_scale,
-      f.fp16_scale_window, f.fp16_hysteresis, f.fp16_min_scale, f.eval_every, f.checkpoint.save_dir,
-      f.checkpoint.resume, f.schedule);
+std::vector<std::pair<std::string, std::string>> RankConfiguration(const TrainFlags& f) {
+  // Every flag that changes what a rank computes or the order of its collectives, by name, so
+  // that a difference is named. Paths of the outputs are left out ({rank} may make them differ).
+  const auto str = [](const auto& v) { return fmt::format("{}", v); };
+  const auto opt = [](const std::optional<double>& v) {
+    return v ? fmt::format("{}", *v) : std::string("default");
+  };
+  return {
+      {"--model", f.model},
+      {"--model-dir", f.model_dir},
+      {"--data", fmt::format("{}", fmt::join(f.data, ","))},
+      {"--val-data", fmt::format("{}", fmt::join(f.val_data, ","))},
+      {"--tokenizer", f.tokenizer},
+      {"--pack", str(f.pack)},
+      {"--long-examples", f.long_examples},
+      {"--objective", f.objective},
+      {"--beta", str(f.beta)},
+      {"--label-smoothing", str(f.label_smoothing)},
+      {"--simpo-gamma", str(f.simpo_gamma)},
+      {"--rpo-alpha", str(f.rpo_alpha)},
+      {"--cpo-alpha", str(f.cpo_alpha)},
+      {"--precision", f.precision},
+      {"--micro-batch-size", str(f.micro_batch_size)},
+      {"--seq-len", str(f.seq_len)},
+      {"--grad-accum-steps", str(f.grad_accum_steps)},
+      {"--global-batch-size", str(f.global_batch_size)},
+      {"--optimizer", f.optimizer},
+      {"--lr", str(f.lr)},
+      {"--weight-decay", str(f.weight_decay)},
+      {"--decay-norms-and-biases", str(f.decay_norms_and_biases)},
+      {"--beta1", opt(f.adam_beta1)},
+      {"--beta2", opt(f.adam_beta2)},
+      {"--eps", opt(f.adam_eps)},
+      {"--grad-clip", str(f.grad_clip)},
+      {"--steps", str(f.steps)},
+      {"--seed", str(f.seed)},
+      {"--lr-schedule", f.lr_schedule},
+      {"--warmup-steps", str(f.warmup_steps)},
+      {"--device-budget", f.device_budget},
+      {"--offload-params", f.offload_params},
+      {"--offload-optimizer", f.offload_optimizer},
+      {"--optimizer-device-fraction", f.optimizer_device_fraction},
+      {"--update-during-backward", f.update_during_backward},
+      {"--schedule", f.schedule},
+      {"--activation-checkpointing", f.activation_checkpointing},
+      {"--offload-activations", str(f.offload_activations)},
+      {"--prefetch-depth", str(f.prefetch_depth)},
+      {"--grad-buckets", str(f.grad_buckets)},
+      {"--lora-rank", str(f.lora.rank)},
+      {"--lora-alpha", str(f.lora.alpha)},
+      {"--lora-targets", fmt::format("{}", fmt::join(f.lora.targets, ","))},
+      {"--lora-dropout", str(f.lora.dropout)},
+      {"--lora-init", f.lora.init},
+      {"the fp16 loss scaling",
+       fmt::format("{}/{}/{}/{}", f.fp16_initial_scale, f.fp16_scale_window, f.fp16_hysteresis,
+                   f.fp16_min_scale)},
+      {"--eval-every", str(f.eval_every)},
+      {"--save-dir", f.checkpoint.save_dir},
+      {"--resume", f.checkpoint.resume},
+  };
 }
 
 // The plan's "decay" line: which trained parameters --weight-decay applies to.
@@ -687,7 +734,10 @@ Status RunTrain(const TrainFlags& f) {
     }
   }
   const Status s = RunTrainRanks(f, world.get());
-  if (!s.ok() && world->world_size() > 1) {
+  // A stop every rank agreed on after a step (tools/checkpoint_commands.h) ends each rank alike,
+  // with 130/143; anything else on one rank ends the job.
+  const bool stopped_together = s.code() == StatusCode::kCancelled && StopSignalAgreed();
+  if (!s.ok() && world->world_size() > 1 && !stopped_together) {
     std::fflush(stdout);
     // As one process reports it (tools/main.cc): the message in the user's flags, no status code.
     comm::Abort(*world, fmt::format("error: {}", InFlagTerms(s.message())));

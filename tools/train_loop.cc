@@ -153,6 +153,9 @@ class TrainLoop {
   StatusOr<float> Validate();
   Status SaveCheckpointAt(int64_t step);
   Status Finish();
+  // Whether to stop after this step: this rank's StopSignal(), or with data parallelism any
+  // rank's (a collective every rank calls after each step; AdoptStopSignal). Errors: comm's.
+  StatusOr<bool> StopAgreed();
   Status FinalEvaluationAndSample();
   void PrintTimeLines();
 
@@ -344,6 +347,19 @@ Status TrainLoop::SaveCheckpointAt(int64_t step) {
   return Status::Ok();
 }
 
+StatusOr<bool> TrainLoop::StopAgreed() {
+  comm::Communicator* comm = o_.engine.comm;
+  if (comm == nullptr || !o_.ranks.data_parallel || comm->world_size() == 1) {
+    return StopSignal() != 0;
+  }
+  // A signal to one rank stops every rank after the same step (its save a collective too);
+  // without this the others waited in the next step's collectives until --comm-timeout.
+  double sig = StopSignal();
+  STRATA_RETURN_IF_ERROR(comm->AllReduce(std::span(&sig, 1), comm::ReduceOp::kMax));
+  AdoptStopSignal(static_cast<int>(sig));
+  return sig != 0;
+}
+
 StatusOr<TrainOutcome> TrainLoop::Run() {
   const CheckpointFlags& ckpt = loop_.checkpoint;
   if (out_.start_step >= loop_.steps) {
@@ -362,7 +378,7 @@ StatusOr<TrainOutcome> TrainLoop::Run() {
       STRATA_RETURN_IF_ERROR(EvaluateAt(step));
     }
     const bool periodic = ckpt.save_every > 0 && (step + 1) % ckpt.save_every == 0;
-    const bool stopping = StopSignal() != 0;
+    STRATA_ASSIGN_OR_RETURN(const bool stopping, StopAgreed());
     if (!ckpt.save_dir.empty() && (periodic || last || (stopping && ckpt.save_on_signal))) {
       STRATA_RETURN_IF_ERROR(SaveCheckpointAt(step));
     }

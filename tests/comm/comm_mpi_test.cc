@@ -387,6 +387,23 @@ TEST_F(MpiCommunicatorTest, CheckSameOnAllRanksPassesForOneConfigAndNamesRankOne
   EXPECT_THAT(s.message(), HasSubstr("the configuration of rank 1 differs from rank 0's (model)"));
 }
 
+// Named items: the first that differs is named (what a user must fix), on every rank.
+TEST_F(MpiCommunicatorTest, CheckSameOnAllRanksNamesTheFirstItemThatDiffers) {
+  std::vector<std::pair<std::string, std::string>> items = {
+      {"--model", "small"}, {"--lr", "0.001"}, {"--seq-len", "64"}};
+  EXPECT_TRUE(CheckSameOnAllRanks(*comm_, "the flags", items).ok());
+  if (rank_ == 1) items[1].second = "0.0003";
+  if (rank_ == 1) items[2].second = "32";
+  const Status s = CheckSameOnAllRanks(*comm_, "the flags", items);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(),
+              HasSubstr("the configuration of rank 1 differs from rank 0's (the flags: --lr)"));
+  // A value moved to another name is a difference too.
+  std::vector<std::pair<std::string, std::string>> swapped = {{"--a", "1"}, {"--b", ""}};
+  if (rank_ == 1) swapped = {{"--a", ""}, {"--b", "1"}};
+  EXPECT_THAT(CheckSameOnAllRanks(*comm_, "x", swapped).message(), HasSubstr("(x: --a)"));
+}
+
 }  // namespace
 }  // namespace strata::comm
 

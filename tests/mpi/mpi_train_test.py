@@ -487,8 +487,82 @@ def case_mismatch(runner):
     check("differs from rank 0's" in out,
           f"no 'differs from rank 0's' in the output (exit {p.returncode}):\n{out[-4000:]}")
     check(not re.search(r"^\s*step\s+\d+", out, re.M), "the job trained before refusing")
+    check("(the flags of strata train: --seed)" in out,
+          f"the line does not name --seed:\n{out[-4000:]}")
     print(f"mismatched --seed: exit {p.returncode} after {time.monotonic() - t0:.1f} s: " +
           next(l for l in out.splitlines() if "differs from rank 0's" in l))
+    # A placement flag changes the order of the collectives: a rank that streamed where rank 0
+    # kept blocks resident waited in another collective until --comm-timeout.
+    command = (list(runner.mpirun) + ["-n", "1"] + runner.train_args(nvme=nvme) +
+               [":", "-n", "1"] + runner.train_args(nvme=nvme, extra=["--device-budget", "8MiB"]))
+    t0 = time.monotonic()
+    p = runner.run(command, timeout=100, expect_ok=False)
+    out = p.stdout
+    check(p.returncode != 0 and "(the flags of strata train: --device-budget)" in out,
+          f"a --device-budget on one rank was not refused by name (exit {p.returncode}):\n"
+          f"{out[-4000:]}")
+    check(time.monotonic() - t0 < 30, f"the refusal took {time.monotonic() - t0:.1f} s")
+
+
+def case_signal_one_rank(runner):
+    """SIGTERM to one rank (not to mpirun) with --save-on-signal: every rank stops after the same
+    step, the checkpoint is saved, each rank exits 143 and no swap directory is left. (The other
+    rank used to wait in the next step's collectives until --comm-timeout, then abort unsaved.)"""
+    d = runner.fresh_dir("signal-one-rank")
+    for r in range(kRanks):
+        os.makedirs(os.path.join(d, f"nvme{r}"))
+    save = os.path.join(d, "ckpt")
+    command = runner.launch(kRanks, runner.train_args(
+        steps=1000000, nvme=os.path.join(d, "nvme{rank}"), save_dir=save,
+        extra=["--save-on-signal"]))
+    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           stdin=subprocess.DEVNULL, text=True, errors="replace",
+                           start_new_session=True)
+    lines = []
+    stepping = threading.Event()
+
+    def read():
+        for line in job.stdout:
+            lines.append(line)
+            if re.match(r"\s*step\s+\d+", line):
+                stepping.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        if not stepping.wait(90):
+            raise Failure("no step line within 90 s:\n" + "".join(lines[-50:]))
+        ranks = {}
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            ranks = {rank: pid for pid, (_, rank) in job_pids(job.pid).items() if rank is not None}
+            if 0 in ranks and 1 in ranks:
+                break
+            time.sleep(0.2)
+        check(0 in ranks and 1 in ranks, "ranks of the job not found")
+        os.kill(ranks[1], signal.SIGTERM)
+        t_signal = time.monotonic()
+        try:
+            rc = job.wait(40)
+        except subprocess.TimeoutExpired:
+            raise Failure("mpirun still running 40 s after SIGTERM to rank 1:\n" +
+                          "".join(lines[-30:]))
+        seconds = time.monotonic() - t_signal
+        reader.join(10)
+        out = "".join(lines)
+        tail = out[-4000:]
+        check(rc == 143, f"mpirun exited {rc}, not 143:\n{tail}")
+        check("stopped by signal 15 after step" in out, f"no 'stopped by signal 15':\n{tail}")
+        check("MPI_ABORT" not in out, f"the job was aborted:\n{tail}")
+        check(os.path.exists(os.path.join(save, "latest")), f"no checkpoint saved:\n{tail}")
+        left = [e for r in range(kRanks) for e in os.listdir(os.path.join(d, f"nvme{r}"))]
+        check(not left, f"left in the NVMe directories: {left}")
+        print(f"SIGTERM to rank 1: the job saved and exited {rc} after {seconds:.1f} s: " +
+              next((l.strip() for l in lines if "stopped by signal" in l), ""))
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
 
 
 def case_preference(runner):
@@ -645,6 +719,7 @@ CASES = {
     "kill": case_kill,
     "mismatch": case_mismatch,
     "rank-error": case_rank_error,
+    "signal-one-rank": case_signal_one_rank,
     "preference": case_preference,
     "instruction": case_instruction,
     "lora": case_lora,
