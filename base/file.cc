@@ -128,6 +128,9 @@ StatusOr<std::string> MakeTempDirectory(std::string path_template) {
 void RemoveTree(const std::string& path) {
   std::error_code ec;
   std::filesystem::remove_all(path, ec);  // does not follow symlinks
+  // remove_all opens the directory to list it; out of file descriptors (EMFILE, the error that
+  // may have ended the save) an empty directory still goes by name.
+  if (ec) ::rmdir(path.c_str());
 }
 
 Status MoveIntoPlace(const std::string& temp_dir, const std::string& target,

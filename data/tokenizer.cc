@@ -416,7 +416,10 @@ StatusOr<std::string> TokenizeTextFileCached(const Tokenizer& tokenizer,
                     std::filesystem::path(user_cache).parent_path().native(), ec.message()));
   }
   if (Status s = WriteTokenFile(user_cache, ids); !s.ok()) {
-    return beside.WithContext(fmt::format("token cache (nor in the user cache: {})", s.message()));
+    // Both places, in the order they were tried.
+    return Status(beside.code(),
+                  fmt::format("token cache of '{}': beside the text: {}; in the user cache: {}",
+                              text_path, beside.message(), s.message()));
   }
   if (user_cache_note != nullptr) {
     *user_cache_note = fmt::format("in the user cache: {}", beside.message());

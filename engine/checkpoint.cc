@@ -394,8 +394,18 @@ Status CommitCheckpoint(const std::string& save_dir, const std::string& temp_dir
   if (::unlink(latest_tmp.c_str()) != 0 && errno != ENOENT) {
     return ErrnoToStatus(errno, fmt::format("removing stale '{}'", latest_tmp));
   }
-  STRATA_RETURN_IF_ERROR(WriteNewFile(latest_tmp, name + "\n", 0600));
-  STRATA_RETURN_IF_ERROR(RenameDurably(latest_tmp, save_dir + "/" + kLatestFileName));
+  Status latest_written = WriteNewFile(latest_tmp, name + "\n", 0600);
+  if (latest_written.ok()) {
+    latest_written = RenameDurably(latest_tmp, save_dir + "/" + kLatestFileName);
+  }
+  if (!latest_written.ok()) {
+    // The checkpoint is whole in its place; `latest` still names the one before it.
+    ::unlink(latest_tmp.c_str());
+    return Status(latest_written.code(),
+                  fmt::format("checkpoint '{}' is complete but '{}' still names the one before "
+                              "(resume from '{}' by name): {}",
+                              target, kLatestFileName, target, latest_written.message()));
+  }
   if (!displaced.empty()) RemoveTree(displaced);
   if (final_dir) *final_dir = target;
 

@@ -1,8 +1,10 @@
 #include "io/swap_store.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -44,6 +46,65 @@ int ProbeWrite(int fd) {
 // that ErrnoToStatus also maps to kResourceExhausted (ENOMEM, EMFILE, EFBIG).
 bool IsOutOfSpace(const Status& status) {
   return status.os_error() == ENOSPC || status.os_error() == EDQUOT;
+}
+
+constexpr const char* kPrivatePrefix = "strata-swap-";
+constexpr const char* kNewPrefix = ".strata-swap-new-";
+constexpr const char* kKeptMarker = "kept";  // in a private directory left by `keep`
+
+bool IsSwapFileName(std::string_view name) {
+  if (!name.starts_with("swap.") || name.size() == 5) return false;
+  return std::all_of(name.begin() + 5, name.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// Removes the private directories in `parent_dir` of runs that ended without their destructor
+// (SIGKILL, MPI_Abort ending a data-parallel job, a crash): a live store holds a flock on its
+// directory, a dead one's lock went with its process. Only directories of this user holding
+// nothing but swap.<i> files are removed (not those `keep` left). Best effort: what cannot be
+// read or locked is left as it is.
+void RemoveStaleSwapDirs(const std::string& parent_dir) {
+  UniqueFd parent(::open(parent_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!parent.valid()) return;
+  DIR* listing = ::fdopendir(::dup(parent.get()));
+  if (listing == nullptr) return;
+  std::vector<std::string> names;
+  while (const dirent* e = ::readdir(listing)) {
+    if (std::string_view(e->d_name).starts_with(kPrivatePrefix)) names.emplace_back(e->d_name);
+  }
+  ::closedir(listing);
+  for (const std::string& name : names) {
+    UniqueFd dir(
+        ::openat(parent.get(), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    struct stat st {};
+    if (!dir.valid() || ::fstat(dir.get(), &st) != 0 || st.st_uid != ::geteuid()) continue;
+    if (::flock(dir.get(), LOCK_EX | LOCK_NB) != 0) continue;  // a live run's (or no flock)
+    DIR* inside = ::fdopendir(::dup(dir.get()));
+    if (inside == nullptr) continue;
+    std::vector<std::string> files;
+    bool only_swap_files = true;
+    while (const dirent* e = ::readdir(inside)) {
+      const std::string_view f = e->d_name;
+      if (f == "." || f == "..") continue;
+      if (!IsSwapFileName(f)) only_swap_files = false;
+      files.emplace_back(f);
+    }
+    ::closedir(inside);
+    if (!only_swap_files) continue;
+    uint64_t bytes = 0;
+    for (const std::string& f : files) {
+      struct stat fs {};
+      if (::fstatat(dir.get(), f.c_str(), &fs, AT_SYMLINK_NOFOLLOW) == 0) {
+        bytes += static_cast<uint64_t>(fs.st_blocks) * 512;
+      }
+      ::unlinkat(dir.get(), f.c_str(), 0);
+    }
+    if (::unlinkat(parent.get(), name.c_str(), AT_REMOVEDIR) == 0) {
+      STRATA_LOG_WARNING(
+          "swap dir '{}': removed '{}' ({} allocated), left by a run that ended without removing "
+          "it (killed, or aborted with its data-parallel job)",
+          parent_dir, name, FormatBytes(bytes));
+    }
+  }
 }
 
 }  // namespace
@@ -95,14 +156,26 @@ StatusOr<std::unique_ptr<SwapStore>> SwapStore::Create(IoBackend* backend,
 
 Status SwapStore::OpenDir(size_t index, const std::string& parent_dir) {
   if (parent_dir.empty()) return InvalidArgumentError("swap store: empty swap directory path");
-  std::string private_dir = parent_dir;
-  if (private_dir.back() != '/') private_dir += '/';
-  private_dir += "strata-swap-XXXXXX";
-  if (::mkdtemp(private_dir.data()) == nullptr) {  // mode 0700
+  RemoveStaleSwapDirs(parent_dir);
+  std::string prefix = parent_dir;
+  if (prefix.back() != '/') prefix += '/';
+  // Made under a name no scan considers, locked, then renamed into view: another run's scan
+  // never sees it unlocked.
+  std::string new_dir = prefix + kNewPrefix + "XXXXXX";
+  if (::mkdtemp(new_dir.data()) == nullptr) {  // mode 0700
     return ErrnoToStatus(
         errno, fmt::format("swap dir '{}': cannot create a private directory in it", parent_dir));
   }
+  const std::string private_dir = prefix + kPrivatePrefix + new_dir.substr(new_dir.size() - 6);
   File& file = files_.emplace_back();
+  file.lock.reset(::open(new_dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (file.lock.valid()) (void)::flock(file.lock.get(), LOCK_EX | LOCK_NB);
+  if (::rename(new_dir.c_str(), private_dir.c_str()) != 0) {
+    const int err = errno;
+    ::rmdir(new_dir.c_str());
+    return ErrnoToStatus(
+        err, fmt::format("swap dir '{}': cannot create a private directory in it", parent_dir));
+  }
   file.parent_dir = parent_dir;
   file.private_dir = private_dir;
   struct stat st;
@@ -162,6 +235,10 @@ SwapStore::~SwapStore() {
     }
   }
   for (const File& f : files_) {
+    if (keep_ && !f.private_dir.empty()) {  // not a dead run's: the next store leaves it
+      UniqueFd marker(::open(fmt::format("{}/{}", f.private_dir, kKeptMarker).c_str(),
+                             O_WRONLY | O_CREAT | O_CLOEXEC, 0600));
+    }
     if (!keep_ && ::rmdir(f.private_dir.c_str()) != 0 && errno != ENOENT) {
       STRATA_LOG_WARNING("swap store: cannot remove '{}': {}", f.private_dir, std::strerror(errno));
     }

@@ -9,7 +9,10 @@
 // k % N. Each file holds its share of an extent contiguously, appended after the previous extents
 // at a 4096-aligned offset, preallocated with fallocate at Allocate. Extents are never freed
 // before the store is destroyed. Nothing is durable: the destructor removes the files and private
-// directories unless `keep` (durable state goes into checkpoints).
+// directories unless `keep` (durable state goes into checkpoints). A store holds a flock on each
+// private directory while it lives; Create removes the private directories in its parent
+// directories that nobody holds and that hold only swap files: those of runs killed before their
+// destructor ran (SIGKILL, a data-parallel job aborted by MPI), with one warning each.
 //
 // Integrity. Write records the xxh3-64 (XXH3_64bits) of the first size_bytes of the buffer; Read
 // verifies it. A short read or a checksum mismatch is kDataLoss naming the extent: garbage is
@@ -131,6 +134,9 @@ class SwapStore {
     std::string private_dir;  // parent_dir/strata-swap-XXXXXX
     std::string path;         // private_dir/swap.<i>
     UniqueFd fd;
+    // private_dir, open and flock'ed for the store's life: a directory nobody holds is a dead
+    // run's, removed by the next store made in parent_dir.
+    UniqueFd lock;
     dev_t device = 0;  // for summing space needs of dirs on one file system
     bool direct = false;
   };

@@ -212,7 +212,7 @@ Status WriteDirectoryAtomically(const std::string& out_dir, std::string_view wha
   }
   const fs::path parent = target.has_parent_path() ? target.parent_path() : fs::path(".");
   auto made = MakeTempDirectory(
-      (parent / fmt::format(".{}.tmp-{}-XXXXXX", target.filename().string(), what)).string());
+      (parent / fmt::format(".{}.tmp-XXXXXX", target.filename().string())).string());
   if (!made.ok()) return made.status().WithContext(fmt::format("writing '{}'", out_dir));
   const std::string tmp = *made;
   Status s = write(tmp);

@@ -7,6 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -347,6 +348,27 @@ TEST_F(FileTest, AnAbandonedAtomicFileWriterLeavesTheOldFileAndNoTemporary) {
   auto missing = AtomicFileWriter::Create(Path("nodir/f"), 0644);
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
   EXPECT_THAT(missing.status().message(), HasSubstr(Path("nodir/f")));
+}
+
+// Out of file descriptors (the EMFILE that may have ended a save), RemoveTree still removes an
+// empty directory: remove_all needs a descriptor to list it and left it behind. In a child, whose
+// descriptor table is filled.
+TEST(RemoveTree, RemovesAnEmptyDirectoryWithNoFileDescriptorLeft) {
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("strata_rmtree_" + std::to_string(::getpid())))
+          .string();
+  std::filesystem::create_directories(dir);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    while (::dup(0) >= 0) {
+    }
+    RemoveTree(dir);
+    ::_exit(::access(dir.c_str(), F_OK) != 0 ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

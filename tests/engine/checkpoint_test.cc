@@ -239,6 +239,26 @@ TEST_F(CheckpointTest, SavingTheSameStepAgainReplacesItAtomically) {
   EXPECT_EQ(entries, 2);  // latest, step-1
 }
 
+// `latest` that cannot be replaced (a full drive; here a directory in its place): the save says
+// the checkpoint is complete and where, `latest` is as it was, and no latest.tmp is left.
+TEST_F(CheckpointTest, ALatestThatCannotBeWrittenLeavesTheCompleteCheckpointNamed) {
+  auto e = MakeEngine(Options(DType::kBF16, OptimizerHome::kHost));
+  ASSERT_NE(e, nullptr);
+  Run(*e, 0, 1);
+  fs::create_directories(save_dir_ + "/latest/occupied");
+  const Status s = e->SaveCheckpoint(save_dir_, State(1));
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("checkpoint '" + save_dir_ +
+                             "/step-1' is complete but 'latest' "
+                             "still names the one before"),
+            std::string::npos)
+      << s.ToString();
+  EXPECT_FALSE(fs::exists(save_dir_ + "/latest.tmp"));
+  EXPECT_TRUE(fs::exists(save_dir_ + "/step-1/manifest.json"));
+  TrainerState t;
+  EXPECT_TRUE(e->LoadCheckpoint(save_dir_ + "/step-1", &t).ok());
+}
+
 // The plan's NVMe bytes are what the swap store lays out: each extent padded to 4 KiB (the plan
 // counted them unpadded, so `strata estimate` passed a drive that `strata train` then filled).
 TEST_F(CheckpointTest, ThePlansNvmeBytesAreTheSwapFilesSize) {

@@ -9,7 +9,9 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "io/fault_injection.h"
@@ -424,6 +426,45 @@ TEST_P(SwapStoreTest, KeepLeavesTheFilesInPlace) {
   if (real_files()) {
     EXPECT_EQ(std::filesystem::file_size(file), 4096u);
   }
+}
+
+// A run killed before its destructor (SIGKILL, MPI_Abort of its job) left its private directory
+// and a full-size swap file; the next store in that parent removes it. A live store's directory
+// (flock held), one `keep` left, and one holding other files stay.
+TEST_P(SwapStoreTest, ADeadRunsPrivateDirectoryIsRemovedByTheNextStore) {
+  auto backend = MakeBackend(GetParam());
+  TempDir dir;
+  namespace fs = std::filesystem;
+  const fs::path parent = dir.path();
+  fs::create_directory(parent / "strata-swap-dead01");
+  std::ofstream(parent / "strata-swap-dead01" / "swap.0") << std::string(8192, 'x');
+  fs::create_directory(parent / "strata-swap-notes1");
+  std::ofstream(parent / "strata-swap-notes1" / "notes.txt") << "mine";
+  SwapStoreOptions options;
+  options.dirs = {dir.path()};
+  options.keep = true;
+  {
+    auto kept = SwapStore::Create(backend.get(), options);
+    ASSERT_TRUE(kept.ok()) << kept.status().ToString();
+  }
+  options.keep = false;
+  auto live = SwapStore::Create(backend.get(), options);
+  ASSERT_TRUE(live.ok()) << live.status().ToString();
+  EXPECT_FALSE(fs::exists(parent / "strata-swap-dead01"));
+  const AlignedBuffer data = AllocateAndWrite(**live, "x", 10000, 11);
+  auto next = SwapStore::Create(backend.get(), options);
+  ASSERT_TRUE(next.ok()) << next.status().ToString();
+  // The live store's directory and data are untouched by the next store's scan.
+  AlignedBuffer back = RandomAligned(data.size_bytes(), 99);
+  ASSERT_TRUE((*live)->Read("x", back.span()).ok());
+  EXPECT_EQ(std::memcmp(back.data(), data.data(), 10000), 0);
+  int dirs = 0;
+  for (const auto& e : fs::directory_iterator(parent)) {
+    EXPECT_EQ(e.path().filename().string().rfind("strata-swap-", 0), 0u) << e.path();
+    ++dirs;
+  }
+  EXPECT_EQ(dirs, 4);  // kept, notes1, live, next
+  EXPECT_TRUE(fs::exists(parent / "strata-swap-notes1" / "notes.txt"));
 }
 
 // Byte-level corruption of the real swap files.
