@@ -410,49 +410,70 @@ def alive(pid):
     return stat[stat.rindex(")") + 2:].split()[0] != "Z"
 
 
+class SteppingJob:
+    """A job started in its own session whose output a thread collects; started() waits for its
+    first step line and returns {rank: pid} of its two ranks. Use as a context manager: a job
+    still running at the end is killed."""
+
+    def __init__(self, command):
+        self.job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, text=True, errors="replace",
+                                    start_new_session=True)
+        self.lines = []
+        self.stepping = threading.Event()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.job.stdout:
+            self.lines.append(line)
+            if re.match(r"\s*step\s+\d+", line):
+                self.stepping.set()
+
+    def started(self):
+        if not self.stepping.wait(90):
+            raise Failure("no step line within 90 s:\n" + "".join(self.lines[-50:]))
+        ranks = {}
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            ranks = {rank: pid for pid, (_, rank) in job_pids(self.job.pid).items()
+                     if rank is not None}
+            if 0 in ranks and 1 in ranks:
+                break
+            time.sleep(0.2)
+        check(0 in ranks and 1 in ranks, f"ranks of the job not found among "
+              f"{job_pids(self.job.pid)}")
+        return ranks
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.job.poll() is None:
+            os.killpg(self.job.pid, signal.SIGKILL)
+            self.job.wait()
+        return False
+
+
 def case_kill(runner):
     d = runner.fresh_dir("kill")
     for r in range(kRanks):
         os.makedirs(os.path.join(d, f"nvme{r}"))
     command = runner.launch(kRanks, runner.train_args(
         steps=1000000, nvme=os.path.join(d, "nvme{rank}")))
-    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           stdin=subprocess.DEVNULL, text=True, errors="replace",
-                           start_new_session=True)
-    lines = []
-    stepping = threading.Event()
-
-    def read():
-        for line in job.stdout:
-            lines.append(line)
-            if re.match(r"\s*step\s+\d+", line):
-                stepping.set()
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    try:
-        if not stepping.wait(90):
-            raise Failure("no step line within 90 s:\n" + "".join(lines[-50:]))
-        ranks = {}
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            pids = job_pids(job.pid)
-            ranks = {rank: pid for pid, (_, rank) in pids.items() if rank is not None}
-            if 0 in ranks and 1 in ranks:
-                break
-            time.sleep(0.2)
-        check(0 in ranks and 1 in ranks, f"ranks of the job not found among {job_pids(job.pid)}")
-        everything = set(job_pids(job.pid))
+    with SteppingJob(command) as j:
+        ranks = j.started()
+        everything = set(job_pids(j.job.pid))
         os.kill(ranks[1], signal.SIGKILL)
         t_kill = time.monotonic()
         try:
-            rc = job.wait(60)
+            rc = j.job.wait(60)
         except subprocess.TimeoutExpired:
             raise Failure("mpirun still running 60 s after rank 1 was killed:\n" +
-                          "".join(lines[-30:]))
+                          "".join(j.lines[-30:]))
         seconds = time.monotonic() - t_kill
-        reader.join(10)
-        out = "".join(lines)
+        j.reader.join(10)
+        out = "".join(j.lines)
         tail = out[-4000:]
         check(rc != 0, f"mpirun exited 0 after rank 1 was killed:\n{tail}")
         check(re.search(r"rank 1\b", out) is not None,
@@ -467,11 +488,7 @@ def case_kill(runner):
         check(not left, f"processes of the job still running: {left}")
         print(f"rank 1 (pid {ranks[1]}) killed: mpirun exited {rc} after {seconds:.1f} s, "
               f"{len(everything)} processes of the job all gone; its line: " +
-              next((l.strip() for l in lines if "rank 1" in l), ""))
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
-            job.wait()
+              next((l.strip() for l in j.lines if "rank 1" in l), ""))
 
 
 def case_mismatch(runner):
@@ -515,41 +532,18 @@ def case_signal_one_rank(runner):
     command = runner.launch(kRanks, runner.train_args(
         steps=1000000, nvme=os.path.join(d, "nvme{rank}"), save_dir=save,
         extra=["--save-on-signal"]))
-    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           stdin=subprocess.DEVNULL, text=True, errors="replace",
-                           start_new_session=True)
-    lines = []
-    stepping = threading.Event()
-
-    def read():
-        for line in job.stdout:
-            lines.append(line)
-            if re.match(r"\s*step\s+\d+", line):
-                stepping.set()
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    try:
-        if not stepping.wait(90):
-            raise Failure("no step line within 90 s:\n" + "".join(lines[-50:]))
-        ranks = {}
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            ranks = {rank: pid for pid, (_, rank) in job_pids(job.pid).items() if rank is not None}
-            if 0 in ranks and 1 in ranks:
-                break
-            time.sleep(0.2)
-        check(0 in ranks and 1 in ranks, "ranks of the job not found")
+    with SteppingJob(command) as j:
+        ranks = j.started()
         os.kill(ranks[1], signal.SIGTERM)
         t_signal = time.monotonic()
         try:
-            rc = job.wait(40)
+            rc = j.job.wait(40)
         except subprocess.TimeoutExpired:
             raise Failure("mpirun still running 40 s after SIGTERM to rank 1:\n" +
-                          "".join(lines[-30:]))
+                          "".join(j.lines[-30:]))
         seconds = time.monotonic() - t_signal
-        reader.join(10)
-        out = "".join(lines)
+        j.reader.join(10)
+        out = "".join(j.lines)
         tail = out[-4000:]
         check(rc == 143, f"mpirun exited {rc}, not 143:\n{tail}")
         check("stopped by signal 15 after step" in out, f"no 'stopped by signal 15':\n{tail}")
@@ -558,11 +552,7 @@ def case_signal_one_rank(runner):
         left = [e for r in range(kRanks) for e in os.listdir(os.path.join(d, f"nvme{r}"))]
         check(not left, f"left in the NVMe directories: {left}")
         print(f"SIGTERM to rank 1: the job saved and exited {rc} after {seconds:.1f} s: " +
-              next((l.strip() for l in lines if "stopped by signal" in l), ""))
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
-            job.wait()
+              next((l.strip() for l in j.lines if "stopped by signal" in l), ""))
 
 
 def case_preference(runner):
