@@ -123,7 +123,9 @@ StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(Communicator& boo
 // launch every rank with the same flags and files". Collective.
 Status CheckSameOnAllRanks(Communicator& comm, std::string_view what, std::string_view text);
 // As above for named items (a flag and its value each, the same names in the same order on every
-// rank): the message names the first item that differs, "(WHAT: --lr)". Collective.
+// rank): the message names the first item that differs, "(WHAT: --lr)" (an item named "" is not
+// named). A rank listing another number of items (another build) is refused as such.
+// Collective: two AllGatherBytes; their errors come back.
 Status CheckSameOnAllRanks(Communicator& comm, std::string_view what,
                            std::span<const std::pair<std::string, std::string>> items);
 

@@ -71,21 +71,8 @@ void Abort(const Communicator& comm, std::string_view why) {
 }
 
 Status CheckSameOnAllRanks(Communicator& comm, std::string_view what, std::string_view text) {
-  const int n = comm.world_size();
-  if (n == 1) return Status::Ok();
-  const uint64_t mine = XXH3_64bits(text.data(), text.size());
-  std::vector<uint64_t> all(n);
-  STRATA_RETURN_IF_ERROR(comm.AllGatherBytes(std::as_bytes(std::span(&mine, 1)),
-                                             std::as_writable_bytes(std::span(all))));
-  for (int r = 1; r < n; ++r) {
-    if (all[r] != all[0]) {
-      return InvalidArgumentError(fmt::format(
-          "the configuration of rank {} differs from rank 0's ({}): launch every rank with the "
-          "same flags and files",
-          r, what));
-    }
-  }
-  return Status::Ok();
+  const std::pair<std::string, std::string> whole{"", std::string(text)};
+  return CheckSameOnAllRanks(comm, what, std::span(&whole, 1));
 }
 
 Status CheckSameOnAllRanks(Communicator& comm, std::string_view what,
@@ -116,10 +103,11 @@ Status CheckSameOnAllRanks(Communicator& comm, std::string_view what,
   for (int r = 1; r < n; ++r) {
     for (size_t i = 1; i < mine.size(); ++i) {
       if (all[r * mine.size() + i] != all[i]) {
+        const std::string& name = items[i - 1].first;
         return InvalidArgumentError(fmt::format(
-            "the configuration of rank {} differs from rank 0's ({}: {}): launch every rank with "
+            "the configuration of rank {} differs from rank 0's ({}{}{}): launch every rank with "
             "the same flags and files",
-            r, what, items[i - 1].first));
+            r, what, name.empty() ? "" : ": ", name));
       }
     }
   }

@@ -516,10 +516,9 @@ struct StateLayout {
   uint64_t max_region = 0;
   uint64_t master_bytes = 0;
   uint64_t rank_state_bytes = 0;
-  // Their state regions as extents of an NVMe optimizer home: each padded as the swap store pads
-  // an extent (io::SwapStore::PaddedSize).
-  uint64_t nvme_region_bytes = 0;
-  std::vector<uint64_t> nvme_region_extents;  // those extents, one per block
+  // Their state regions as extents of an NVMe optimizer home, one per block: each padded as the
+  // swap store pads an extent (io::SwapStore::PaddedSize).
+  std::vector<uint64_t> nvme_region_extents;
   // Blocks whose optimizer runs on the device: master weights, state and gradients there.
   uint64_t device_optimizer_bytes = 0;
 };
@@ -546,7 +545,6 @@ StateLayout LayOutOptimizerState(const PlanInputs& r, Plan* p) {
     }
     s.rank_state_bytes += state.state_bytes();
     s.master_bytes += state.master_bytes;
-    s.nvme_region_bytes += AlignUp(state.region_bytes, kSwapExtentAlignment);
     if (state.region_bytes > 0) {
       s.nvme_region_extents.push_back(AlignUp(state.region_bytes, kSwapExtentAlignment));
     }
